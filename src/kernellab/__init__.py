@@ -1,0 +1,24 @@
+"""kernellab: kernels for the ops deep-learning models use, checked and timed honestly.
+
+    import kernellab
+    y = kernellab.gelu(x)                       # fastest backend available here
+    y = kernellab.gelu(x, backend="triton")     # a chosen one
+    kernellab.impls("gelu")                     # every registered implementation
+"""
+
+import os as _os
+
+import torch as _torch
+
+# Triton kernels must see TRITON_INTERPRET before they are defined: with no GPU, run them
+# under the interpreter on CPU tensors (set it to 0 yourself to opt out).
+if not _torch.cuda.is_available():
+    _os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from kernellab.registry import Impl, get, impls, ops, register, unregister  # noqa: E402
+from kernellab.ops.spec import get_spec  # noqa: E402
+from kernellab.ops.add import add  # noqa: E402
+from kernellab.ops.gelu import gelu  # noqa: E402
+
+__version__ = "0.1.0"
+__all__ = ["Impl", "add", "gelu", "get", "get_spec", "impls", "ops", "register", "unregister"]

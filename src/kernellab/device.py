@@ -1,0 +1,161 @@
+"""What this machine has: a CUDA GPU, or only the CPU (Triton under its interpreter).
+
+Also the device's *measured* ceilings (``kernellab peaks``): device-to-device copy
+bandwidth and matmul rates, measured once and cached per GPU model.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def default_device() -> str:
+    return "cuda" if has_cuda() else "cpu"
+
+
+def triton_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def gpu_name() -> str:
+    if not has_cuda():
+        return "cpu"
+    return torch.cuda.get_device_name()
+
+
+def capability() -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability() if has_cuda() else None
+
+
+def arch() -> str | None:
+    cap = capability()
+    return f"sm_{cap[0]}{cap[1]}" if cap else None
+
+
+def l2_bytes() -> int:
+    if not has_cuda():
+        return 0
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
+
+
+def summary() -> dict:
+    d = {"device": gpu_name(), "torch": torch.__version__}
+    try:
+        import triton
+
+        d["triton"] = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency on Linux
+        d["triton"] = None
+    if has_cuda():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        d.update(
+            capability=arch(),
+            sms=props.multi_processor_count,
+            l2_mb=round(l2_bytes() / 2**20, 1),
+            memory_gb=round(props.total_memory / 2**30, 1),
+            cuda=torch.version.cuda,
+        )
+    else:
+        d["triton_mode"] = "interpreter" if triton_interpreted() else "unavailable"
+    return d
+
+
+# --------------------------------------------------------------------------- ceilings
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("KERNELLAB_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kernellab"
+    )
+    p = Path(root)
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _peaks_path() -> Path:
+    safe = "".join(c if c.isalnum() else "_" for c in gpu_name())
+    return cache_dir() / f"peaks-{safe}.json"
+
+
+def _median_ms(fn, reps: int) -> float:
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        start[i].record()
+        fn()
+        end[i].record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(start, end))
+    return times[len(times) // 2]
+
+
+def measure_peaks(copy_gib: float = 1.0, mm: int = 8192, progress=None) -> dict:
+    """Measure copy bandwidth (bytes read + written) and matmul rates on random data."""
+    if not has_cuda():
+        raise RuntimeError("kernellab peaks needs a CUDA GPU; this machine has none")
+    n = int(copy_gib * 2**30) // 4
+    src = torch.randn(n, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    ms = _median_ms(lambda: dst.copy_(src), 30)
+    copy_gbps = 2 * n * 4 / ms / 1e6
+    del src, dst
+    rates = {}
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for label, dtype, tf32 in [
+            ("fp32", torch.float32, False),
+            ("tf32", torch.float32, True),
+            ("fp16", torch.float16, False),
+            ("bf16", torch.bfloat16, False),
+        ]:
+            if progress:
+                progress(label)
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            a = torch.randn(mm, mm, device="cuda", dtype=dtype)
+            b = torch.randn(mm, mm, device="cuda", dtype=dtype)
+            for _ in range(3):
+                a @ b
+            ms = _median_ms(lambda: a @ b, 10)
+            rates[label] = round(2 * mm**3 / ms / 1e9, 1)
+            del a, b
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+    torch.cuda.empty_cache()
+    return {
+        "gpu": gpu_name(),
+        "copy_gbps": round(copy_gbps, 1),
+        "matmul_tflops": rates,
+        "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "torch": torch.__version__,
+    }
+
+
+def peaks(measure_if_missing: bool = True, refresh: bool = False) -> dict | None:
+    """The cached ceilings of this GPU (measured on first use); None on the CPU."""
+    if not has_cuda():
+        return None
+    path = _peaks_path()
+    if path.exists() and not refresh:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+    if not measure_if_missing and not refresh:
+        return None
+    result = measure_peaks()
+    path.write_text(json.dumps(result, indent=2))
+    return result

@@ -1,0 +1,1 @@
+"""Ops: one folder each; importing an op's package registers its backends."""

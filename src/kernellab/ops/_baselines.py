@@ -1,0 +1,53 @@
+"""The three baselines every op has: manual (PyTorch primitives), torch (PyTorch's own
+op) and compile (torch.compile of manual)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernellab.registry import register
+
+
+def _raise_recompile_limit(n: int = 256) -> None:
+    # Tests and sweeps call compiled functions at many shapes, dtypes and layouts; past
+    # Dynamo's default limit (8) it would silently fall back to eager.
+    cfg = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(cfg, name) and getattr(cfg, name) < n:
+            setattr(cfg, name, n)
+
+
+def compiled(fn):
+    """torch.compile(fn), compiled lazily at first call."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if wrapper._compiled is None:
+            _raise_recompile_limit()
+            wrapper._compiled = torch.compile(fn)
+        return wrapper._compiled(*args, **kwargs)
+
+    wrapper._compiled = None
+    return wrapper
+
+
+def _compile_unavailable() -> str | None:
+    try:
+        import torch._inductor  # noqa: F401
+    except Exception as e:  # pragma: no cover
+        return f"torch.compile unavailable: {e}"
+    return None
+
+
+def register_baseline(op: str, manual, torch_fn, compile_fn) -> None:
+    register(op, "manual", builtin=True, description=(manual.__doc__ or "").split("\n")[0])(manual)
+    register(op, "torch", builtin=True, description=(torch_fn.__doc__ or "").split("\n")[0])(torch_fn)
+    register(
+        op,
+        "compile",
+        builtin=True,
+        available=_compile_unavailable,
+        description="torch.compile of manual",
+    )(compile_fn)

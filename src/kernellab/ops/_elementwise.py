@@ -1,0 +1,89 @@
+"""Shared plumbing for elementwise ops: their custom ops, autograd and the fast path.
+
+Each Triton / CUDA backend supplies launchers (``fwd(x) -> y``, ``bwd(dy, x) -> dx``)
+that take any strided tensor and return a fresh contiguous output. This module turns
+them into ``torch.library`` custom ops (fake kernels for torch.compile, autograd
+through the backward op) and into the callable the registry holds.
+
+Fast path: calling a custom op goes through the dispatcher and Python again (several
+microseconds of host time). When no autograd graph is being recorded and we are not
+being traced by torch.compile, the registry callable calls the launcher directly; the
+result is the same kernel on the same stream.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+
+def _empty_like_contig(x: Tensor) -> Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def unary_op(name: str, fwd: Callable, bwd: Callable):
+    """Custom ops ``kernellab::<name>`` and ``kernellab::<name>_backward``; returns the
+    registry callable (with ``.custom_ops`` for opcheck)."""
+
+    def _fwd(x: Tensor) -> Tensor:
+        return fwd(x)
+
+    def _bwd(dy: Tensor, x: Tensor) -> Tensor:
+        return bwd(dy, x)
+
+    op = torch.library.custom_op(f"kernellab::{name}", _fwd, mutates_args=())
+    bop = torch.library.custom_op(f"kernellab::{name}_backward", _bwd, mutates_args=())
+    op.register_fake(_empty_like_contig)
+    bop.register_fake(lambda dy, x: _empty_like_contig(x))
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0])
+
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return bop(dy, x)
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+    def call(x: Tensor) -> Tensor:
+        if (x.requires_grad and torch.is_grad_enabled()) or _tracing():
+            return op(x)
+        return fwd(x)
+
+    call.custom_ops = [
+        (op, lambda make: (make(1),), True),
+        (bop, lambda make: (make(0), make(0)), False),
+    ]
+    call.__name__ = name
+    return call
+
+
+def binary_op(name: str, fwd: Callable):
+    """Custom op ``kernellab::<name>(a, b)`` whose gradient passes ``dy`` to both inputs
+    (the gradient of a + b); returns the registry callable."""
+
+    def _fwd(a: Tensor, b: Tensor) -> Tensor:
+        return fwd(a, b)
+
+    op = torch.library.custom_op(f"kernellab::{name}", _fwd, mutates_args=())
+    op.register_fake(lambda a, b: _empty_like_contig(a))
+
+    def backward(ctx, dy):
+        return dy, dy
+
+    op.register_autograd(backward, setup_context=lambda ctx, inputs, output: None)
+
+    def call(a: Tensor, b: Tensor) -> Tensor:
+        if ((a.requires_grad or b.requires_grad) and torch.is_grad_enabled()) or _tracing():
+            return op(a, b)
+        return fwd(a, b)
+
+    call.custom_ops = [(op, lambda make: (make(1), make(1)), True)]
+    call.__name__ = name
+    return call

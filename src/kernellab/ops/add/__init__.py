@@ -1,0 +1,53 @@
+"""Elementwise add of two tensors of the same shape and dtype (no broadcasting).
+
+The simplest memory-bound op: 2 reads + 1 write per element, 1 flop. Its best time is
+the copy ceiling scaled by 3/2 bytes, which makes it the yardstick for the launch and
+streaming machinery every other kernel uses. The gradient is dy for both inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernellab import registry
+from kernellab.ops.spec import OpSpec, define, elementwise_shapes
+
+
+def add_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a + b
+
+
+def _bytes(shape, dtype, mode):
+    # Forward only: add's backward hands dy to both inputs without a kernel.
+    return 3 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+SPEC = define(
+    OpSpec(
+        name="add",
+        arg_names=("a", "b"),
+        reference=add_reference,
+        flops=lambda shape, mode: math.prod(shape),
+        bytes_moved=_bytes,
+        test_shapes=elementwise_shapes(),
+        quick_shapes=[(0,), (1,), (1025,), (129, 1000)],
+        bench_shapes=[(2**p,) for p in (16, 20, 24, 26, 28)],
+        cpu_bench_shapes=[(2**p,) for p in (10, 14, 18)],
+        layout_shape=(37, 1025),
+        grad_args=(0, 1),
+        modes=("fwd",),
+        doc=__doc__.strip().split("\n")[0],
+    )
+)
+
+
+def add(a: torch.Tensor, b: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """a + b with the chosen backend (default: the fastest available here)."""
+    return registry.call("add", backend, a, b)
+
+
+from kernellab.ops.add import cuda as _cuda  # noqa: E402,F401  (registrations)
+from kernellab.ops.add import reference as _reference  # noqa: E402,F401
+from kernellab.ops.add import triton as _triton  # noqa: E402,F401

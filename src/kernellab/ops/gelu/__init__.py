@@ -1,0 +1,66 @@
+"""GeLU, tanh approximation (the lecture's formula), with backward.
+
+    gelu(x) = 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))
+
+Same as ``torch.nn.functional.gelu(x, approximate="tanh")``. fp32 / fp16 / bf16, math in
+fp32. Like the formula (and PyTorch), gelu(-inf) is NaN and gelu(+inf) is +inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernellab import registry
+from kernellab.ops.spec import OpSpec, define, elementwise_shapes
+
+_K = math.sqrt(2.0 / math.pi)
+
+
+def gelu_reference(x: torch.Tensor) -> torch.Tensor:
+    """The formula, evaluated in whatever dtype ``x`` has (float64 in checks)."""
+    return 0.5 * x * (1.0 + torch.tanh(_K * (x + 0.044715 * x * x * x)))
+
+
+def _bytes(shape, dtype, mode):
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    # fwd: read x, write y. bwd: read dy and x, write dx. fwdbwd: both.
+    return {"fwd": 2 * n, "bwd": 3 * n, "fwdbwd": 5 * n}[mode]
+
+
+def _flops(shape, mode):
+    # ~8 flops forward (x^3, fma, scale, tanh counted as 1, 1 +, 2 mul), ~14 backward.
+    n = math.prod(shape)
+    return {"fwd": 8 * n, "bwd": 14 * n, "fwdbwd": 22 * n}[mode]
+
+
+SPEC = define(
+    OpSpec(
+        name="gelu",
+        arg_names=("x",),
+        reference=gelu_reference,
+        flops=_flops,
+        bytes_moved=_bytes,
+        test_shapes=elementwise_shapes(),
+        quick_shapes=[(0,), (1,), (1025,), (129, 1000)],
+        bench_shapes=[(2**p,) for p in (16, 20, 24, 26, 28)],
+        cpu_bench_shapes=[(2**p,) for p in (10, 14, 18)],
+        layout_shape=(37, 1025),
+        grad_args=(0,),
+        scale=3.0,  # reach both tails of tanh
+        specials=(float("nan"), float("inf"), float("-inf"), 1e4, -1e4, 60.0, -60.0),
+        doc=__doc__.strip().split("\n")[0],
+    )
+)
+
+
+def gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+    """GeLU (tanh approximation) of ``x`` with the chosen backend (default: the fastest
+    available here: cuda, then triton, then torch)."""
+    return registry.call("gelu", backend, x)
+
+
+from kernellab.ops.gelu import cuda as _cuda  # noqa: E402,F401  (registrations)
+from kernellab.ops.gelu import reference as _reference  # noqa: E402,F401
+from kernellab.ops.gelu import triton as _triton  # noqa: E402,F401

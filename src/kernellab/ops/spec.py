@@ -1,0 +1,313 @@
+"""OpSpec: everything the harness needs to know about one op, and nothing about backends.
+
+An OpSpec builds inputs (shape, dtype, seed, layout), computes the float64 reference,
+counts flops and the minimal bytes moved (each input read once, each output written
+once), lists test shapes (edge shapes included), bench shapes and bad-input cases,
+and validates arguments for every implementation of the op.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+SPECS: dict[str, "OpSpec"] = {}
+OP_MODULES = ["kernellab.ops.add", "kernellab.ops.gelu"]
+
+DTYPES = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# Layouts every tensor input is tried in. Each either computes correctly or is refused
+# with a clear error.
+LAYOUTS = ("contiguous", "transposed", "sliced", "offset", "expanded")
+
+
+_LOADED = False
+
+
+def load_all() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    for mod in OP_MODULES:
+        importlib.import_module(mod)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def parse_dtype(s: str) -> torch.dtype:
+    try:
+        return DTYPES[s.lower()]
+    except KeyError:
+        raise ValueError(f"dtype {s!r} not understood; use one of fp32, fp16, bf16") from None
+
+
+def parse_shape(s: str) -> tuple[int, ...]:
+    """'4096x1024', '2^28', '1<<20', '268435456' -> tuple of ints."""
+    dims = []
+    for part in re.split(r"[x,]", s.strip()):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)\s*(?:\^|\*\*)\s*(\d+)", part)
+        if m:
+            dims.append(int(m.group(1)) ** int(m.group(2)))
+            continue
+        m = re.fullmatch(r"(\d+)\s*<<\s*(\d+)", part)
+        if m:
+            dims.append(int(m.group(1)) << int(m.group(2)))
+            continue
+        if not part.isdigit():
+            raise ValueError(f"shape {s!r} not understood; write e.g. 4096x1024 or 2^28")
+        dims.append(int(part))
+    return tuple(dims)
+
+
+def shape_str(shape: Sequence[int]) -> str:
+    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _sample(shape, dtype, device, gen, scale: float) -> torch.Tensor:
+    # Sample in fp32 on the target device, then round: fresh, non-zero, reproducible.
+    t = torch.randn(shape, dtype=torch.float32, device=device, generator=gen)
+    return (t * scale).to(dtype)
+
+
+def make_tensor(shape, dtype, device, gen, layout="contiguous", scale=1.0) -> torch.Tensor | None:
+    """A random tensor of ``shape`` in ``layout``; None where the layout does not apply."""
+    shape = tuple(shape)
+    n = math.prod(shape)
+    if layout == "contiguous":
+        return _sample(shape, dtype, device, gen, scale)
+    if layout == "transposed":
+        if len(shape) < 2 or shape[-1] == shape[-2] == 1:
+            return None
+        base = _sample(shape[:-2] + (shape[-1], shape[-2]), dtype, device, gen, scale)
+        return base.transpose(-1, -2)
+    if layout == "sliced":
+        if not shape:
+            return None
+        base = _sample(shape[:-1] + (2 * shape[-1],), dtype, device, gen, scale)
+        return base[..., ::2]
+    if layout == "offset":
+        # Storage offset of one element: contiguous but misaligned for 16-byte loads.
+        flat = _sample((n + 1,), dtype, device, gen, scale)
+        return flat[1:].view(shape)
+    if layout == "expanded":
+        if not shape or n <= 1:
+            return None
+        base = _sample((1,) * (len(shape) - 1) + (shape[-1],), dtype, device, gen, scale)
+        if len(shape) == 1:
+            base = _sample((1,), dtype, device, gen, scale)
+        return base.expand(shape)
+    raise ValueError(f"layout {layout!r} unknown; expected one of {', '.join(LAYOUTS)}")
+
+
+@dataclass
+class BadInput:
+    """One bad call: ``build(device, dtype) -> (args, kwargs)`` must raise an exception
+    of a type in ``exc`` whose message names ``arg``.
+
+    gpu_only: the case is for backends that run only on CUDA (a CPU tensor given to them).
+    needs_gpu: the case needs a CUDA device to be built (e.g. mixed devices).
+    """
+
+    name: str
+    build: Callable
+    arg: str
+    exc: tuple = (TypeError, ValueError)
+    gpu_only: bool = False
+    needs_gpu: bool = False
+
+
+@dataclass
+class OpSpec:
+    name: str
+    arg_names: tuple[str, ...]  # tensor inputs, in call order
+    reference: Callable  # float64 tensors -> float64 output(s)
+    flops: Callable[[tuple, str], int]  # (shape, mode) -> floating-point operations
+    bytes_moved: Callable[[tuple, torch.dtype, str], int]  # (shape, dtype, mode) -> bytes
+    test_shapes: list
+    quick_shapes: list
+    bench_shapes: list  # GPU sweep
+    cpu_bench_shapes: list  # small sweep for the CPU (Triton interpreter is slow)
+    layout_shape: tuple  # the shape every layout is tried at
+    grad_args: tuple[int, ...] = ()  # indices of args that take gradients
+    dtypes: tuple = FLOAT_DTYPES
+    scale: float = 1.0  # inputs ~ N(0, scale^2)
+    specials: tuple = (float("nan"), float("inf"), float("-inf"))
+    default_backends: tuple = ("cuda", "triton", "torch")
+    doc: str = ""
+    extra_bad_inputs: list = field(default_factory=list)
+    metric: str = "gbps"  # which ceiling the op lives under: gbps (memory) or tflops
+    modes: tuple = ("fwd", "bwd", "fwdbwd")  # what the benchmark can time
+
+    # -- inputs ---------------------------------------------------------------------
+    def make_inputs(self, shape, dtype, device, seed, layout="contiguous"):
+        """Fresh inputs: a tuple of tensors (None where ``layout`` does not apply)."""
+        gen = torch.Generator(device=device).manual_seed(seed)
+        args = []
+        for _ in self.arg_names:
+            t = make_tensor(shape, dtype, device, gen, layout, self.scale)
+            if t is None:
+                return None
+            args.append(t)
+        return tuple(args)
+
+    def plant_specials(self, args, seed):
+        """Copy of ``args`` with NaN/+inf/-inf (and op-specific extremes) at random places
+        of the first input."""
+        x = args[0].clone()
+        n = x.numel()
+        if n == 0:
+            return args
+        gen = torch.Generator().manual_seed(seed)
+        k = min(n, len(self.specials))
+        pos = torch.randperm(n, generator=gen)[:k]
+        flat = x.view(-1)
+        for p, v in zip(pos.tolist(), self.specials):
+            flat[p] = v
+        return (x,) + tuple(args[1:])
+
+    def ref(self, *args):
+        return self.reference(*[a.detach().to(torch.float64) for a in args])
+
+    # -- validation -----------------------------------------------------------------
+    def validate(self, args, kwargs, devices=("cuda", "cpu")) -> None:
+        """Raise TypeError/ValueError naming the offending argument."""
+        if len(args) != len(self.arg_names):
+            raise TypeError(
+                f"{self.name}() takes {len(self.arg_names)} tensor arguments "
+                f"({', '.join(self.arg_names)}), got {len(args)}"
+            )
+        first = None
+        for name, a in zip(self.arg_names, args):
+            if not isinstance(a, torch.Tensor):
+                raise TypeError(f"{self.name}: {name} must be a torch.Tensor, got {type(a).__name__}")
+            if a.dtype not in self.dtypes:
+                allowed = ", ".join(dtype_name(d) for d in self.dtypes)
+                raise TypeError(f"{self.name}: {name} has dtype {a.dtype}; expected one of {allowed}")
+            if a.device.type not in devices:
+                raise ValueError(
+                    f"{self.name}: {name} is on {a.device}, but this backend runs on "
+                    f"{' or '.join(devices)} tensors only"
+                )
+            if first is None:
+                first = (name, a)
+                continue
+            fname, f = first
+            if a.device != f.device:
+                raise ValueError(f"{self.name}: {name} is on {a.device} but {fname} is on {f.device}")
+            if a.dtype != f.dtype:
+                raise TypeError(f"{self.name}: {name} has dtype {a.dtype} but {fname} has {f.dtype}")
+            if a.shape != f.shape:
+                raise ValueError(
+                    f"{self.name}: {name} has shape {tuple(a.shape)} but {fname} has "
+                    f"{tuple(f.shape)}; shapes must match (no broadcasting)"
+                )
+        if kwargs:
+            raise TypeError(f"{self.name}() got unexpected keyword arguments {sorted(kwargs)}")
+
+    # -- bad inputs -----------------------------------------------------------------
+    def bad_inputs(self) -> list[BadInput]:
+        first = self.arg_names[0]
+
+        def wrong_dtype(device, dtype):
+            args = self.make_inputs((33,), torch.float32, device, 0)
+            return (args[0].to(torch.int32),) + args[1:], {}
+
+        def float64(device, dtype):
+            args = self.make_inputs((33,), torch.float32, device, 0)
+            return tuple(a.double() for a in args), {}
+
+        def not_a_tensor(device, dtype):
+            args = self.make_inputs((5,), dtype, device, 0)
+            return ([1.0, 2.0, 3.0, 4.0, 5.0],) + args[1:], {}
+
+        def cpu_tensor(device, dtype):
+            return self.make_inputs((33,), dtype, "cpu", 0), {}
+
+        cases = [
+            BadInput("integer dtype", wrong_dtype, first),
+            BadInput("float64 (unsupported dtype)", float64, first),
+            BadInput("a list instead of a tensor", not_a_tensor, first),
+            BadInput("CPU tensor to a GPU-only backend", cpu_tensor, first, gpu_only=True),
+        ]
+        if len(self.arg_names) > 1:
+            second = self.arg_names[1]
+
+            def mismatched_shape(device, dtype):
+                a = self.make_inputs((4, 8), dtype, device, 0)
+                b = self.make_inputs((8, 4), dtype, device, 1)
+                return (a[0], b[1]) + a[2:], {}
+
+            def mismatched_dtype(device, dtype):
+                a = self.make_inputs((33,), torch.float32, device, 0)
+                return (a[0], a[1].half()) + a[2:], {}
+
+            def mixed_devices(device, dtype):
+                a = self.make_inputs((33,), dtype, "cuda", 0)
+                return (a[0], a[1].cpu()) + a[2:], {}
+
+            cases += [
+                BadInput("mismatched shapes", mismatched_shape, second),
+                BadInput("mismatched dtypes", mismatched_dtype, second),
+                BadInput("tensors on different devices", mixed_devices, second, needs_gpu=True),
+            ]
+        return cases + list(self.extra_bad_inputs)
+
+    # -- counts ---------------------------------------------------------------------
+    def gbps(self, shape, dtype, mode, ms) -> float:
+        return self.bytes_moved(tuple(shape), dtype, mode) / (ms * 1e-3) / 1e9 if ms > 0 else 0.0
+
+    def tflops(self, shape, mode, ms) -> float:
+        return self.flops(tuple(shape), mode) / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
+
+
+def define(spec: OpSpec) -> OpSpec:
+    SPECS[spec.name] = spec
+    return spec
+
+
+def get_spec(op: str) -> OpSpec:
+    load_all()
+    try:
+        return SPECS[op]
+    except KeyError:
+        raise KeyError(f"unknown op {op!r}; known ops: {', '.join(sorted(SPECS))}") from None
+
+
+def elementwise_shapes():
+    """Edge shapes for elementwise ops: empty, 1, primes, block size +-1, > 65535 rows,
+    non-power-of-two widths."""
+    return [
+        (0,),
+        (1,),
+        (17,),
+        (113,),
+        (1023,),
+        (1024,),
+        (1025,),
+        (4097,),
+        (3, 0, 5),
+        (65537, 3),
+        (129, 1000),
+        (2, 3, 1025),
+    ]

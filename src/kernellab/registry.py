@@ -1,0 +1,207 @@
+"""The one table of implementations: (op, backend) -> Impl.
+
+The CLI, the check engine, the benchmark and the tests never import a backend by
+name; they ask this registry. A user's own kernel joins the table through the
+public :func:`register` decorator and is then checked and benchmarked exactly like
+a built-in one::
+
+    @kernellab.register("gelu", "my_ext", devices=("cuda",))
+    def my_gelu(x):
+        return my_extension.gelu(x)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+# Backend names are ordered for display: the baselines, then ours, then numbered
+# teaching variants, then peers and user registrations.
+_ORDER = ["manual", "torch", "compile", "triton", "cuda"]
+_BACKEND_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass
+class Impl:
+    """One implementation of one op.
+
+    fn:          the callable, same signature as the op's public function minus
+                 ``backend``; returns the op's output(s).
+    devices:     device types it can run on ("cuda", "cpu").
+    available:   optional ``() -> str | None``: None when usable, else *why not*
+                 (peer not installed, no NVRTC, ...). Device support is separate.
+    precompile:  optional ``(archs) -> list[str]``: compile without running (CUDA
+                 backends compile with NVRTC for each arch); returns one line each.
+    custom_ops:  ``torch.library`` ops behind this impl, for ``opcheck``; each is
+                 ``(op, make_args)`` where ``make_args(device, dtype)`` builds a sample.
+    builtin:     False for registrations made by users.
+    """
+
+    op: str
+    backend: str
+    fn: Callable
+    devices: tuple[str, ...] = ("cuda", "cpu")
+    available: Callable[[], str | None] | None = None
+    precompile: Callable[[Iterable[str]], list[str]] | None = None
+    custom_ops: list = field(default_factory=list)
+    builtin: bool = True
+    description: str = ""
+    dtypes: tuple | None = None  # None: whatever the op's spec allows
+    _spec: object = field(default=None, repr=False, compare=False)
+
+    def why_unavailable(self, device: str | None = None) -> str | None:
+        """None if this impl can run on ``device`` (default: the best device here)."""
+        from kernellab import device as _dev
+
+        device = device or _dev.default_device()
+        if self.available is not None:
+            reason = self.available()
+            if reason:
+                return reason
+        if device not in self.devices:
+            if "cuda" in self.devices and device == "cpu":
+                return "no GPU" if not _dev.has_cuda() else "GPU-only backend"
+            return f"runs on {', '.join(self.devices)} only"
+        if device == "cuda" and not _dev.has_cuda():
+            return "no GPU"
+        return None
+
+    def __call__(self, *args, **kwargs):
+        """Validate the arguments (clear errors naming the argument), then run."""
+        spec = self._spec
+        if spec is None:
+            from kernellab.ops.spec import get_spec
+
+            spec = self._spec = get_spec(self.op)
+        spec.validate(args, kwargs, self.devices)
+        return self.fn(*args, **kwargs)
+
+    @property
+    def name(self) -> str:
+        return f"{self.op}/{self.backend}"
+
+
+_TABLE: dict[tuple[str, str], Impl] = {}
+
+
+def _sort_key(backend: str):
+    m = re.fullmatch(r"cuda_v(\d+)", backend)
+    if backend in _ORDER:
+        return (_ORDER.index(backend), 0, backend)
+    if m:
+        return (len(_ORDER), int(m.group(1)), backend)
+    return (len(_ORDER) + 1, 0, backend)
+
+
+def add_impl(impl: Impl, *, replace: bool = False) -> Impl:
+    if not _BACKEND_RE.match(impl.backend):
+        raise ValueError(f"backend name {impl.backend!r} must be an identifier (letters, digits, _)")
+    key = (impl.op, impl.backend)
+    if key in _TABLE and not replace:
+        raise ValueError(
+            f"{impl.op}/{impl.backend} is already registered; pass replace=True to override it"
+        )
+    _TABLE[key] = impl
+    return impl
+
+
+def register(
+    op: str,
+    backend: str,
+    *,
+    devices: Iterable[str] = ("cuda", "cpu"),
+    available: Callable[[], str | None] | None = None,
+    precompile=None,
+    custom_ops=None,
+    description: str = "",
+    dtypes=None,
+    replace: bool = False,
+    builtin: bool = False,
+):
+    """Decorator: register ``fn`` as ``backend`` of ``op``.
+
+    The op must exist (its OpSpec defines inputs, reference and checks). A user's
+    registration is checked and benchmarked like a built-in one.
+    """
+    from kernellab.ops import spec as _spec
+
+    if op not in _spec.SPECS:
+        _spec.load_all()
+    if op not in _spec.SPECS:
+        raise ValueError(f"unknown op {op!r}; known ops: {', '.join(sorted(_spec.SPECS))}")
+    devices = tuple(devices)
+    for d in devices:
+        if d not in ("cuda", "cpu"):
+            raise ValueError(f"devices must hold 'cuda' and/or 'cpu', got {d!r}")
+
+    def deco(fn):
+        add_impl(
+            Impl(
+                op=op,
+                backend=backend,
+                fn=fn,
+                devices=devices,
+                available=available,
+                precompile=precompile,
+                custom_ops=list(custom_ops or []),
+                builtin=builtin,
+                description=description or (fn.__doc__ or "").strip().split("\n")[0],
+                dtypes=tuple(dtypes) if dtypes else None,
+            ),
+            replace=replace,
+        )
+        return fn
+
+    return deco
+
+
+def unregister(op: str, backend: str) -> None:
+    _TABLE.pop((op, backend), None)
+
+
+def impls(op: str | None = None) -> list[Impl]:
+    from kernellab.ops import spec as _spec
+
+    _spec.load_all()
+    rows = [i for i in _TABLE.values() if op is None or i.op == op]
+    return sorted(rows, key=lambda i: (i.op, _sort_key(i.backend)))
+
+
+def get(op: str, backend: str) -> Impl:
+    from kernellab.ops import spec as _spec
+
+    _spec.load_all()
+    try:
+        return _TABLE[(op, backend)]
+    except KeyError:
+        known = ", ".join(i.backend for i in impls(op)) or "none"
+        raise KeyError(f"no backend {backend!r} for op {op!r}; registered: {known}") from None
+
+
+def ops() -> list[str]:
+    from kernellab.ops import spec as _spec
+
+    _spec.load_all()
+    return sorted(_spec.SPECS)
+
+
+def call(op: str, backend: str | None, *args, **kwargs):
+    """Run ``op`` with ``backend`` (None: the op's preferred backend usable on the
+    device of the first tensor argument)."""
+    if backend is None:
+        backend = default_backend(op, args[0] if args else None)
+    return get(op, backend)(*args, **kwargs)
+
+
+def default_backend(op: str, sample=None) -> str:
+    from kernellab.ops.spec import get_spec
+
+    import torch
+
+    device = sample.device.type if isinstance(sample, torch.Tensor) else None
+    for b in get_spec(op).default_backends:
+        impl = _TABLE.get((op, b))
+        if impl is not None and impl.why_unavailable(device) is None:
+            return b
+    return "torch"

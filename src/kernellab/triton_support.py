@@ -1,0 +1,34 @@
+"""Triton availability: compiled kernels on a CUDA GPU, the interpreter on the CPU.
+
+kernellab sets ``TRITON_INTERPRET=1`` itself (in ``kernellab/__init__``, before any
+kernel is defined) when no GPU is present, so Triton kernels run on CPU tensors. The
+interpreter runs programs one after another: it proves indexing and masking, not the
+absence of races, and it is slow - keep CPU shapes small.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from kernellab import device
+
+
+@functools.lru_cache(maxsize=None)
+def unavailable() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except Exception as e:
+        return f"triton not importable: {e}"
+    if not device.has_cuda() and not device.triton_interpreted():
+        return "no GPU and TRITON_INTERPRET is off"
+    return None
+
+
+def devices() -> tuple[str, ...]:
+    return ("cuda", "cpu") if device.triton_interpreted() else ("cuda",)
+
+
+def block_for(element_size: int, warps: int = 8, accesses: int = 4) -> int:
+    """Elements per program for streaming kernels: each thread makes ``accesses``
+    16-byte accesses (fp32: 4096 elements with 8 warps, fp16/bf16: 8192)."""
+    return warps * 32 * accesses * (16 // element_size)
