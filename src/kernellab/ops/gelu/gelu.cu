@@ -18,19 +18,31 @@ namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCoeff = 0.044715f;
 
+// sigmoid(2u) and sigmoid(2u) * (1 - sigmoid(2u)) without overflow or cancellation:
+// with t = exp(-2|u|) <= 1 and q = 1 / (1 + t), s = q (u >= 0) or t q (u < 0), and
+// s (1 - s) = t q^2 for either sign. (1 - s computed directly loses ~10 bits near s = 1.)
+__device__ __forceinline__ void sigmoid2(float u, float& s, float& s1s) {
+    const float t = expf(-2.0f * fabsf(u));
+    const float q = 1.0f / (1.0f + t);
+    s = u >= 0.0f ? q : t * q;
+    s1s = t * q * q;
+}
+
 struct GeluFwd {
     __device__ __forceinline__ float operator()(float x) const {
-        const float u = kSqrt2OverPi * (x + kCoeff * x * x * x);
-        return x / (1.0f + expf(-2.0f * u));  // x * sigmoid(2u); x = -inf gives NaN, as the formula
+        float s, s1s;
+        sigmoid2(kSqrt2OverPi * (x + kCoeff * x * x * x), s, s1s);
+        return x * s;  // x = -inf gives -inf * 0 = NaN, as the formula does
     }
 };
 
 struct GeluBwd {
     __device__ __forceinline__ float operator()(float dy, float x) const {
-        const float u = kSqrt2OverPi * (x + kCoeff * x * x * x);
-        const float s = 1.0f / (1.0f + expf(-2.0f * u));
+        float s, s1s;
+        sigmoid2(kSqrt2OverPi * (x + kCoeff * x * x * x), s, s1s);
         const float du = kSqrt2OverPi * (1.0f + 3.0f * kCoeff * x * x);
-        return dy * (s + 2.0f * x * s * (1.0f - s) * du);
+        // s1s == 0 for |x| >~ 10, where du may overflow: the term is exactly 0 there.
+        return dy * (s + (s1s > 0.0f ? 2.0f * x * s1s * du : 0.0f));
     }
 };
 }  // namespace
