@@ -1,0 +1,323 @@
+"""kernellab command line: list | check | bench | peaks | report | info."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console()
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+
+
+def _dtypes(arg):
+    from kernellab.ops.spec import parse_dtype
+
+    return [parse_dtype(d) for d in arg] if arg else None
+
+
+def _split(values):
+    """--backend a,b --backend c -> [a, b, c]"""
+    out = []
+    for v in values or []:
+        out += [p for p in v.split(",") if p]
+    return out or None
+
+
+# --------------------------------------------------------------------------- list
+
+
+def cmd_list(args) -> int:
+    import kernellab
+    from kernellab import device
+
+    info = device.summary()
+    console.print(f"device: [bold]{info['device']}[/]  torch {info['torch']}  triton {info['triton']}")
+    table = Table(title="ops x backends (green: runs here)")
+    table.add_column("op")
+    table.add_column("backend")
+    table.add_column("here")
+    table.add_column("what")
+    for impl in kernellab.impls():
+        why = impl.why_unavailable()
+        status = "[green]yes[/]" if why is None else f"[yellow]no: {why}[/]"
+        if why == "no GPU" and impl.precompile is not None:
+            status = "[yellow]compile only: no GPU[/]"
+        who = "" if impl.builtin else " (user)"
+        table.add_row(impl.op, impl.backend + who, status, impl.description)
+    console.print(table)
+    return 0
+
+
+# --------------------------------------------------------------------------- check
+
+
+def cmd_check(args) -> int:
+    from kernellab import registry
+    from kernellab.harness import check as chk
+
+    ops = args.ops or None
+    for op in ops or []:
+        if op not in registry.ops():
+            console.print(f"[red]unknown op {op!r}[/]; known: {', '.join(registry.ops())}")
+            return 2
+    backends = _split(args.backend)
+    dtypes = _dtypes(_split(args.dtype))
+    total = chk.plan_size(ops, backends, dtypes)
+    if total == 0:
+        console.print("[red]nothing to check[/] (no implementation matches)")
+        return 2
+    reports = []
+    with _progress() as prog:
+        task = prog.add_task("checking", total=total)
+
+        def on_start(impl, dtype):
+            prog.update(task, description=f"checking {impl.name} {dtype}".replace("torch.", ""))
+
+        def on_result(rep):
+            reports.append(rep)
+            prog.advance(task)
+
+        chk.check(
+            ops, backends, dtypes, quick=args.quick, seed=args.seed, on_start=on_start, on_result=on_result
+        )
+
+    table = Table(title=f"kernellab check ({'quick' if args.quick else 'full'}) on {reports[0].device}")
+    for col in ("op", "backend", "dtype", "status", "cases", "worst err/bound", "notes"):
+        table.add_column(col)
+    failed = 0
+    for r in reports:
+        style = {"pass": "green", "fail": "red", "compiled": "cyan", "unavailable": "yellow"}[r.status]
+        n_pass = sum(c.status == "pass" for c in r.cases)
+        refused = [c.name for c in r.cases if c.status == "refused"]
+        notes = r.reason
+        if refused:
+            notes += ("; " if notes else "") + "refused layouts: " + ", ".join(refused)
+        for c in r.failures[:3]:
+            notes += ("; " if notes else "") + f"{c.kind} {c.name}: {c.detail}"
+        worst = f"{r.worst_ratio:.2f}" if r.worst_ratio is not None else "-"
+        status = r.status if r.status != "compiled" else "compiled, not run"
+        table.add_row(r.op, r.backend, r.dtype, f"[{style}]{status}[/]", f"{n_pass}/{len(r.cases)}", worst, notes)
+        failed += r.status == "fail"
+    console.print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r.to_dict() for r in reports], f, indent=1, default=str)
+    counts = {s: sum(r.status == s for r in reports) for s in ("pass", "fail", "compiled", "unavailable")}
+    console.print(
+        f"{counts['pass']} passed, {counts['fail']} failed, {counts['compiled']} compiled (not run), "
+        f"{counts['unavailable']} unavailable; seed {reports[0].seed} (--seed to reproduce)"
+    )
+    return 1 if failed else 0
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def cmd_bench(args) -> int:
+    from kernellab import registry
+    from kernellab.harness import bench as bn
+    from kernellab.harness import results
+    from kernellab.ops.spec import get_spec, parse_shape
+
+    if args.op not in registry.ops():
+        console.print(f"[red]unknown op {args.op!r}[/]; known: {', '.join(registry.ops())}")
+        return 2
+    spec = get_spec(args.op)
+    backends = _split(args.backend)
+    try:
+        shapes = [parse_shape(s) for s in _split(args.shape)] if args.shape else None
+        dtypes = _dtypes(_split(args.dtype))
+    except ValueError as e:
+        console.print(f"[red]{e}[/]")
+        return 2
+    modes = _split(args.mode) or ["fwd"]
+    if args.tf32:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    rows = []
+    try:
+        with _progress() as prog:
+            n_impl = len([i for i in registry.impls(args.op) if not backends or i.backend in backends])
+            from kernellab import device
+
+            n_shapes = len(shapes or (spec.bench_shapes if device.has_cuda() else spec.cpu_bench_shapes))
+            total = n_impl * n_shapes * len(dtypes or spec.dtypes) * len(modes)
+            task = prog.add_task("bench", total=total)
+
+            def on_start(impl, shape, dtype, mode):
+                prog.update(task, description=f"{impl.backend} {mode} {'x'.join(map(str, shape))} {dtype}")
+
+            def on_row(row):
+                rows.append(row)
+                prog.advance(task)
+
+            bn.bench(
+                args.op, backends, shapes, dtypes, modes, graph=args.graph, flush=not args.no_flush,
+                budget_s=args.budget, on_row=on_row, on_start=on_start,
+            )
+    except (KeyError, ValueError) as e:
+        console.print(f"[red]{e}[/]")
+        return 2
+    print_bench_table(rows)
+    if args.json:
+        n = results.write_jsonl(rows, args.json)
+        console.print(f"{n} rows appended to {args.json}")
+    if args.plot:
+        from kernellab.harness.plot import plot_sweep
+
+        try:
+            console.print(f"plot written to {plot_sweep(rows, args.plot)}")
+        except ValueError as e:
+            console.print(f"[yellow]no plot: {e}[/]")
+    return 1 if any(r.get("status") in ("rejected", "error") for r in rows) else 0
+
+
+def print_bench_table(rows) -> None:
+    if not rows:
+        return
+    r0 = rows[0]
+    title = f"{r0['op']} on {r0['gpu']} (torch {r0['torch']}, triton {r0['triton']})"
+    table = Table(title=title)
+    for col in ("shape", "dtype", "mode", "backend", "median ms", "p20-p80", "GB/s", "TFLOP/s", "% peak",
+                "host us", "vs torch", "check"):
+        table.add_column(col, justify="right" if col not in ("backend", "check", "mode") else "left")
+    prev = None
+    for r in rows:
+        key = (r["shape"], r["dtype"], r["mode"])
+        if prev is not None and key != prev:
+            table.add_section()
+        prev = key
+        if r["status"] == "unavailable":
+            table.add_row(*key, r["backend"], "-", "-", "-", "-", "-", "-", "-", f"[yellow]{r['reason']}[/]")
+            continue
+        if r["status"] in ("rejected", "error"):
+            table.add_row(*key, r["backend"], "-", "-", "-", "-", "-", "-", "-",
+                          f"[red]{r['status'].upper()}: {r['reason']}[/]")
+            continue
+        sp = r.get("speedup_vs_torch")
+        table.add_row(
+            *key[:2], key[2] + (" graph" if r.get("graph") else ""), r["backend"],
+            f"{r['median_ms']:.4f}", f"{r['p20_ms']:.4f}-{r['p80_ms']:.4f}",
+            f"{r['gbps']:.1f}", f"{r['tflops']:.3f}",
+            f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "-",
+            f"{r['host_us']:.1f}" if r.get("host_us") is not None else "-",
+            f"{sp:.2f}x" if sp else "-",
+            f"[green]ok[/] ({r['check_ratio']:.2f})",
+        )
+    console.print(table)
+    if r0.get("device") == "cpu":
+        console.print("[dim]CPU: host-clock timing, no cache flush; Triton runs under its interpreter.[/]")
+
+
+# --------------------------------------------------------------------------- peaks / report / info
+
+
+def cmd_peaks(args) -> int:
+    from kernellab import device
+
+    if not device.has_cuda():
+        console.print("[yellow]kernellab peaks needs a CUDA GPU; this machine has none.[/]")
+        return 1
+    with console.status("measuring copy bandwidth and matmul rates ..."):
+        p = device.peaks(refresh=args.refresh)
+    console.print_json(json.dumps(p))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from kernellab.harness import results
+
+    rows = []
+    for path in args.files:
+        rows += results.read_jsonl(path)
+    print(results.markdown_table(rows, ops=args.op or None))
+    return 0
+
+
+def cmd_info(args) -> int:
+    from kernellab import device
+    from kernellab.cuda.runtime import include_dirs, nvrtc_unavailable, nvrtc_version
+
+    d = device.summary()
+    why = nvrtc_unavailable()
+    d["nvrtc"] = nvrtc_version() if why is None else f"unavailable: {why}"
+    d["cuda_headers"] = list(include_dirs())
+    console.print_json(json.dumps(d))
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kernellab", description=__doc__)
+    sub = p.add_subparsers(dest="cmd")
+
+    s = sub.add_parser("list", help="ops x backends and whether each runs here")
+    s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("check", help="check implementations against the float64 reference")
+    s.add_argument("ops", nargs="*", help="ops to check (default: all)")
+    s.add_argument("--backend", "-b", action="append", help="backend(s), comma-separated or repeated")
+    s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: all)")
+    s.add_argument("--quick", action="store_true", help="fewer shapes and gradient cases")
+    s.add_argument("--seed", type=int, default=None, help="base seed (default: fresh each run)")
+    s.add_argument("--json", help="write the full report to this file")
+    s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("bench", help="time an op's backends, re-checking the timed outputs")
+    s.add_argument("op")
+    s.add_argument("--backend", "-b", action="append", help="backend(s), comma-separated or repeated")
+    s.add_argument("--shape", "-s", action="append", help="e.g. 2^28, 4096x4096 (repeatable)")
+    s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: all)")
+    s.add_argument("--mode", action="append", help="fwd, bwd, fwdbwd (default fwd)")
+    s.add_argument("--graph", action="store_true", help="time CUDA-graph replays (launch-bound work)")
+    s.add_argument("--no-flush", action="store_true", help="do not flush the L2 between calls")
+    s.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (for every backend alike)")
+    s.add_argument("--budget", type=float, default=1.5, help="seconds of timing per measurement (max)")
+    s.add_argument("--json", help="append result rows to this JSONL file")
+    s.add_argument("--plot", help="draw the sweep to this PNG file")
+    s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("peaks", help="measure and cache the device's copy bandwidth and matmul rates")
+    s.add_argument("--refresh", action="store_true", help="measure again even if cached")
+    s.set_defaults(func=cmd_peaks)
+
+    s = sub.add_parser("report", help="markdown table from JSONL result files")
+    s.add_argument("files", nargs="+")
+    s.add_argument("--op", action="append")
+    s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("info", help="what this machine has (GPU, NVRTC, Triton mode)")
+    s.set_defaults(func=cmd_info)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        # The main job: with no command, check everything.
+        args = parser.parse_args(["check", *(argv or [])])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""The benchmark engine: sweeps of (shape, dtype, mode) x backends, one result row each.
+
+For every (shape, dtype, mode) one set of fresh random inputs is made, and every backend
+is timed on it (harness.timer), then *re-checked*: the output of the last timed call is
+judged against the float64 reference (2 x PyTorch's error), and the inputs are then
+refreshed in place with new random values and the call repeated and judged again - an
+implementation that returns a cached or stale result is rejected, and a rejected row
+carries no speed claim. Each row holds GB/s and TFLOP/s from the OpSpec's counts and the
+fraction of the device's measured ceilings (``kernellab peaks``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import subprocess
+
+import torch
+
+from kernellab import device as _device
+from kernellab import registry
+from kernellab.harness import timer
+from kernellab.harness.compare import judge
+from kernellab.ops.spec import dtype_name, get_spec, shape_str
+
+MODES = ("fwd", "bwd", "fwdbwd")
+
+
+@functools.lru_cache(maxsize=None)
+def git_sha() -> str:
+    env = os.environ.get("KERNELLAB_GIT_SHA")
+    if env:
+        return env
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=os.path.dirname(__file__),
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        if out.returncode == 0:
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+@functools.lru_cache(maxsize=None)
+def versions() -> dict:
+    v = {"torch": torch.__version__, "triton": None, "cuda": torch.version.cuda}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return v
+
+
+def _outputs(out):
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class _Problem:
+    """Inputs, reference and PyTorch's baseline for one (op, shape, dtype, mode)."""
+
+    def __init__(self, spec, shape, dtype, mode, dev, seed):
+        self.spec, self.shape, self.dtype, self.mode, self.dev = spec, shape, dtype, mode, dev
+        self.args = spec.make_inputs(shape, dtype, dev, seed)
+        gen = torch.Generator(device=dev).manual_seed(seed + 1)
+        self.wrt = [i for i in spec.grad_args] if mode != "fwd" else []
+        if self.wrt:
+            self.args = tuple(a.requires_grad_(i in self.wrt) for i, a in enumerate(self.args))
+            out_shape = _outputs(spec.ref(*self.args))[0].shape
+            self.dy = torch.randn(out_shape, generator=gen, device=dev).to(dtype)
+        self.seed = seed
+        self.expected = self._expected()
+
+    def _expected(self):
+        """float64 reference of what the timed call returns (outputs, or gradients)."""
+        spec = self.spec
+        if self.mode == "fwd":
+            return _outputs(spec.ref(*self.args))
+        args64 = [a.detach().to(torch.float64).requires_grad_(i in self.wrt) for i, a in enumerate(self.args)]
+        out = _outputs(spec.reference(*args64))[0]
+        return tuple(torch.autograd.grad(out, [args64[i] for i in self.wrt], self.dy.to(torch.float64)))
+
+    def call(self, impl):
+        """A zero-argument function doing one timed unit of work, and a box holding its
+        last result."""
+        box = [None]
+        args, wrt = self.args, self.wrt
+        if self.mode == "fwd":
+
+            def fn():
+                with torch.no_grad():
+                    box[0] = _outputs(impl(*args))
+
+        elif self.mode == "bwd":
+            out = _outputs(impl(*args))[0]
+            leaves = [args[i] for i in wrt]
+
+            def fn():
+                box[0] = torch.autograd.grad(out, leaves, self.dy, retain_graph=True)
+
+        else:
+            leaves = [args[i] for i in wrt]
+
+            def fn():
+                box[0] = torch.autograd.grad(_outputs(impl(*args))[0], leaves, self.dy)
+
+        return fn, box
+
+    def refresh(self):
+        """New random values written in place into the same input tensors."""
+        gen = torch.Generator(device=self.dev).manual_seed(self.seed + 12345)
+        with torch.no_grad():
+            for a in self.args:
+                a.copy_(torch.randn(a.shape, generator=gen, device=self.dev).to(a.dtype) * self.spec.scale)
+        self.expected = self._expected()
+
+
+def _judge_all(outs, expected, dtype, baseline) -> tuple[bool, float, str]:
+    if outs is None:
+        return False, float("inf"), "no output"
+    if len(outs) != len(expected):
+        return False, float("inf"), f"{len(outs)} outputs, expected {len(expected)}"
+    worst = 0.0
+    for i, (o, e) in enumerate(zip(outs, expected)):
+        v = judge(o, e, dtype, baseline[i] if baseline else None)
+        if not v.ok:
+            return False, v.err, v.detail
+        worst = max(worst, v.ratio)
+    return True, worst, ""
+
+
+def bench(
+    op: str,
+    backends=None,
+    shapes=None,
+    dtypes=None,
+    modes=("fwd",),
+    *,
+    device: str | None = None,
+    graph: bool = False,
+    flush: bool = True,
+    budget_s: float = 1.5,
+    seed: int = 0,
+    on_row=None,
+    on_start=None,
+) -> list[dict]:
+    """Time ``op`` for every backend x shape x dtype x mode; returns result rows (measured
+    or rejected; unavailable backends appear with status "unavailable" and no timing)."""
+    spec = get_spec(op)
+    dev = device or _device.default_device()
+    impls = [i for i in registry.impls(op) if not backends or i.backend in backends]
+    if backends:
+        missing = set(backends) - {i.backend for i in impls}
+        if missing:
+            raise KeyError(f"no backend(s) {', '.join(sorted(missing))} for op {op!r}")
+    shapes = [tuple(s) for s in (shapes or (spec.bench_shapes if dev == "cuda" else spec.cpu_bench_shapes))]
+    dtypes = list(dtypes or spec.dtypes)
+    for m in modes:
+        if m not in spec.modes:
+            raise ValueError(f"mode {m!r} not available for {op}; choose from {', '.join(spec.modes)}")
+    if graph and dev != "cuda":
+        raise ValueError("graph=True (CUDA-graph timing) needs a GPU")
+    peaks = _device.peaks() if dev == "cuda" else None
+    gpu = _device.gpu_name()
+    rows = []
+    torch_impl = next((i for i in registry.impls(op) if i.backend == "torch"), None)
+
+    for dtype in dtypes:
+        for shape in shapes:
+            for mode in modes:
+                prob = _Problem(spec, shape, dtype, mode, dev, seed)
+                base_fn, base_box = prob.call(torch_impl) if torch_impl else (None, None)
+                if base_fn:
+                    base_fn()
+                baseline = base_box[0] if base_box else None
+                group = []
+                for impl in impls:
+                    row = _base_row(op, impl.backend, mode, shape, dtype, gpu, dev)
+                    why = impl.why_unavailable(dev)
+                    if why is None and dtype not in (impl.dtypes or spec.dtypes):
+                        why = f"{dtype_name(dtype)} not supported"
+                    if why:
+                        row.update(status="unavailable", reason=why)
+                        group.append(row)
+                        continue
+                    if on_start:
+                        on_start(impl, shape, dtype, mode)
+                    row.update(_measure(impl, prob, baseline, dev, graph, flush, budget_s))
+                    _rates(row, spec, shape, dtype, mode, peaks)
+                    group.append(row)
+                    if dev == "cuda":
+                        torch.cuda.empty_cache()
+                # speed-up against torch within this group
+                t_ms = next((r["median_ms"] for r in group if r["backend"] == "torch" and r["status"] == "ok"), None)
+                for r in group:
+                    if t_ms and r.get("status") == "ok":
+                        r["speedup_vs_torch"] = round(t_ms / r["median_ms"], 3)
+                    if on_row:
+                        on_row(r)
+                rows.extend(group)
+                del prob, baseline, base_box
+    return rows
+
+
+def _base_row(op, backend, mode, shape, dtype, gpu, dev) -> dict:
+    v = versions()
+    return {
+        "op": op,
+        "backend": backend,
+        "mode": mode,
+        "shape": shape_str(shape),
+        "dtype": dtype_name(dtype),
+        "median_ms": None,
+        "p20_ms": None,
+        "p80_ms": None,
+        "gbps": None,
+        "tflops": None,
+        "pct_peak": None,
+        "gpu": gpu,
+        "device": dev,
+        "torch": v["torch"],
+        "triton": v["triton"],
+        "cuda": v["cuda"],
+        "git_sha": git_sha(),
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "status": "ok",
+    }
+
+
+def _measure(impl, prob, baseline, dev, graph, flush, budget_s) -> dict:
+    fn, box = prob.call(impl)
+    try:
+        if dev == "cuda" and graph:
+            if prob.mode != "fwd":
+                raise ValueError("CUDA-graph timing is for forward calls")
+            t = timer.time_cuda_graph(fn, budget_s=budget_s)
+        elif dev == "cuda":
+            t = timer.time_cuda(fn, flush=flush, budget_s=budget_s)
+        else:
+            t = timer.time_host(fn, budget_s=budget_s)
+        # Host cost per call, on its own (on the CPU the host clock already is the time).
+        host = None
+        if dev == "cuda":
+            host = round(timer.host_cost_us(fn, calls=int(min(200, max(20, 200 / max(t.median_ms, 1e-3))))), 2)
+    except Exception as e:  # noqa: BLE001 - a crash is reported, not raised
+        return {"status": "error", "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+    out = {**t.as_dict(), "host_us": host, "graph": bool(graph)}
+
+    # Re-check 1: the output of the last timed call.
+    ok, ratio, detail = _judge_all(box[0], prob.expected, prob.dtype, baseline)
+    if ok:
+        # Re-check 2: new values in the same input buffers, one more call (graph mode
+        # replays the captured graph): a cached or stale result fails here.
+        prob.refresh()
+        base2 = None
+        if baseline is not None:
+            torch_fn, torch_box = prob.call(registry.get(prob.spec.name, "torch"))
+            torch_fn()
+            base2 = torch_box[0]
+        if graph and hasattr(t, "_graph"):
+            t._graph.replay()
+            torch.cuda.synchronize()
+        else:
+            fn2, box2 = prob.call(impl)
+            fn2()
+            box = box2
+        ok, ratio2, detail = _judge_all(box[0], prob.expected, prob.dtype, base2)
+        ratio = max(ratio, ratio2)
+        if not ok:
+            detail = "after refreshing the inputs: " + detail
+    if not ok:
+        out.update(status="rejected", reason=f"wrong output in timed run: {detail}")
+        for k in ("median_ms", "p20_ms", "p80_ms"):
+            out[k] = None
+    out["check_ratio"] = round(ratio, 4) if ok else None
+    return out
+
+
+def _rates(row, spec, shape, dtype, mode, peaks) -> None:
+    ms = row.get("median_ms")
+    if not ms:
+        return
+    row["gbps"] = round(spec.gbps(shape, dtype, mode, ms), 2)
+    row["tflops"] = round(spec.tflops(shape, mode, ms), 4)
+    row["bytes"] = spec.bytes_moved(tuple(shape), dtype, mode)
+    row["flops"] = spec.flops(tuple(shape), mode)
+    if peaks:
+        row["peak_copy_gbps"] = peaks["copy_gbps"]
+        row["pct_bw"] = round(100 * row["gbps"] / peaks["copy_gbps"], 1)
+        key = {"fp32": "tf32" if row["tf32"] else "fp32", "fp16": "fp16", "bf16": "bf16"}[dtype_name(dtype)]
+        mm = peaks["matmul_tflops"].get(key)
+        if mm:
+            row["pct_flops"] = round(100 * row["tflops"] / mm, 2)
+        row["pct_peak"] = row["pct_bw"] if spec.metric == "gbps" else row.get("pct_flops")

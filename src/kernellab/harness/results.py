@@ -1,0 +1,77 @@
+"""Result rows as JSONL (one row per measurement) and tables built from them.
+
+Committed results live in ``benchmarks/results/<gpu>.jsonl``; the README's tables are
+printed from those files by ``kernellab report``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# The fields DESIGN.md promises in every row, in order; extra fields follow.
+FIELDS = (
+    "op", "backend", "mode", "shape", "dtype", "median_ms", "p20_ms", "p80_ms", "gbps", "tflops",
+    "pct_peak", "gpu", "torch", "triton", "cuda", "git_sha", "time",
+)
+
+
+def write_jsonl(rows, path: str | Path, append: bool = True) -> int:
+    """Append measured rows (status ok or rejected) to ``path``; returns how many."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = [r for r in rows if r.get("status") in ("ok", "rejected")]
+    with path.open("a" if append else "w") as f:
+        for r in kept:
+            ordered = {k: r.get(k) for k in FIELDS}
+            ordered.update({k: v for k, v in r.items() if k not in ordered})
+            f.write(json.dumps(ordered) + "\n")
+    return len(kept)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as e:
+            raise ValueError(f"{path}:{i}: not a JSON row ({e})") from None
+    return rows
+
+
+def _fmt(v, nd=3):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)
+
+
+def markdown_table(rows, ops=None) -> str:
+    """One line per (op, shape, dtype, mode, backend) - the latest row of each -, with
+    time, GB/s, % of measured copy bandwidth and speed-up against torch."""
+    latest = {}
+    for r in rows:
+        if ops and r["op"] not in ops:
+            continue
+        latest[(r["op"], r["shape"], r["dtype"], r["mode"], r["backend"], bool(r.get("graph")))] = r
+    lines = [
+        "| op | shape | dtype | mode | backend | median ms (p20-p80) | GB/s | % copy BW | host us | vs torch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key in sorted(latest, key=lambda k: (k[0], k[2], k[1], k[3], k[5])):
+        r = latest[key]
+        if r.get("status") == "rejected":
+            timing = "rejected: " + r.get("reason", "")
+        else:
+            timing = f"{_fmt(r['median_ms'], 4)} ({_fmt(r['p20_ms'], 4)}-{_fmt(r['p80_ms'], 4)})"
+        mode = r["mode"] + (" graph" if r.get("graph") else "")
+        lines.append(
+            f"| {r['op']} | {r['shape']} | {r['dtype']} | {mode} | {r['backend']} | {timing} | "
+            f"{_fmt(r.get('gbps'), 4)} | {_fmt(r.get('pct_bw'))} | {_fmt(r.get('host_us'))} | "
+            f"{_fmt(r.get('speedup_vs_torch'))} |"
+        )
+    return "\n".join(lines)

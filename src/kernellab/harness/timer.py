@@ -1,0 +1,204 @@
+"""Timing that tells the truth (DESIGN.md "Timing").
+
+On a GPU: CUDA events around each call; warm-up first; the L2 flushed before every call
+by zeroing a buffer of twice the device's L2 (outside the events); repetitions grow
+until the median is known to +-``rel_tol`` (a distribution-free confidence interval of
+the median from order statistics) or the time budget is spent; median with p20/p80.
+A CUDA-graph mode replays many captured calls per graph launch, for small launch-bound
+work. The host cost per call is measured on its own: calls issued back to back with no
+synchronization, host clock only.
+
+On the CPU: the host clock around each call (no cache flush; rows say so).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    reps: int
+    method: str  # "cuda-events", "cuda-graph", "host-clock"
+    flushed: bool
+
+    def as_dict(self) -> dict:
+        return {
+            "median_ms": self.median_ms,
+            "p20_ms": self.p20_ms,
+            "p80_ms": self.p80_ms,
+            "reps": self.reps,
+            "timer": self.method,
+            "l2_flush": self.flushed,
+        }
+
+
+def _quantile(sorted_times, q: float) -> float:
+    if not sorted_times:
+        return float("nan")
+    pos = q * (len(sorted_times) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_times[lo] + (sorted_times[hi] - sorted_times[lo]) * (pos - lo)
+
+
+def median_is_stable(sorted_times, rel_tol: float) -> bool:
+    """True when the ~95% confidence interval of the median (order statistics
+    n/2 +- 0.98 sqrt(n)) is narrower than +-rel_tol of the median."""
+    n = len(sorted_times)
+    if n < 5:
+        return False
+    half = 0.98 * math.sqrt(n)
+    lo = sorted_times[max(0, math.floor(n / 2 - half))]
+    hi = sorted_times[min(n - 1, math.ceil(n / 2 + half))]
+    med = _quantile(sorted_times, 0.5)
+    return med > 0 and (hi - lo) / med <= 2 * rel_tol
+
+
+def _summarize(times, method, flushed) -> Timing:
+    s = sorted(times)
+    return Timing(_quantile(s, 0.5), _quantile(s, 0.2), _quantile(s, 0.8), len(s), method, flushed)
+
+
+_FLUSH: dict = {}
+
+
+def _flush_buffer() -> torch.Tensor:
+    """A buffer of at least twice the L2 (DESIGN.md); zeroing it evicts our data."""
+    from kernellab.device import l2_bytes
+
+    dev = torch.cuda.current_device()
+    buf = _FLUSH.get(dev)
+    if buf is None:
+        buf = torch.empty(max(2 * l2_bytes(), 64 * 2**20), dtype=torch.int8, device="cuda")
+        _FLUSH[dev] = buf
+    return buf
+
+
+def time_cuda(
+    fn,
+    *,
+    flush: bool = True,
+    warmup: int = 3,
+    min_reps: int = 10,
+    max_reps: int = 2000,
+    budget_s: float = 1.5,
+    rel_tol: float = 0.01,
+) -> Timing:
+    """Time ``fn()`` on the current CUDA stream with events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    buf = _flush_buffer() if flush else None
+    times: list[float] = []
+    t_start = time.perf_counter()
+    batch = min_reps
+    while True:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+        for i in range(batch):
+            if buf is not None:
+                buf.zero_()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        times.extend(s.elapsed_time(e) for s, e in zip(starts, ends))
+        s = sorted(times)
+        spent = time.perf_counter() - t_start
+        if len(times) >= max_reps or spent > budget_s or (len(times) >= min_reps and median_is_stable(s, rel_tol)):
+            break
+        # Next batch: double what we have, within the remaining budget.
+        per_call_s = max(spent / len(times), 1e-6)
+        batch = int(min(len(times), max_reps - len(times), max(1, (budget_s - spent) / per_call_s)))
+        batch = max(batch, 1)
+    return _summarize(times, "cuda-events", buf is not None)
+
+
+def time_cuda_graph(
+    fn,
+    *,
+    calls_per_graph: int = 20,
+    warmup: int = 3,
+    min_reps: int = 10,
+    max_reps: int = 500,
+    budget_s: float = 1.5,
+    rel_tol: float = 0.01,
+) -> Timing:
+    """Capture ``calls_per_graph`` calls of ``fn`` into one CUDA graph and time replays;
+    per-call time = replay time / calls_per_graph. No flush between the calls of a graph:
+    this mode is for small, launch-bound work."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as CUDA graphs require
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls_per_graph):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times: list[float] = []
+    t_start = time.perf_counter()
+    batch = min_reps
+    while True:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+        for i in range(batch):
+            starts[i].record()
+            graph.replay()
+            ends[i].record()
+        torch.cuda.synchronize()
+        times.extend(s.elapsed_time(e) / calls_per_graph for s, e in zip(starts, ends))
+        spent = time.perf_counter() - t_start
+        if len(times) >= max_reps or spent > budget_s or median_is_stable(sorted(times), rel_tol):
+            break
+        batch = max(1, min(len(times), max_reps - len(times)))
+    t = _summarize(times, "cuda-graph", False)
+    t._graph = graph  # keep the graph (and its memory) alive while the caller re-checks
+    return t
+
+
+def time_host(fn, *, warmup: int = 2, min_reps: int = 5, max_reps: int = 1000, budget_s: float = 1.0,
+              rel_tol: float = 0.02) -> Timing:
+    """Time ``fn()`` with the host clock (the CPU path)."""
+    for _ in range(warmup):
+        fn()
+    times: list[float] = []
+    t_start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+        spent = time.perf_counter() - t_start
+        if len(times) >= max_reps or spent > budget_s and len(times) >= min_reps:
+            break
+        if len(times) >= min_reps and median_is_stable(sorted(times), rel_tol):
+            break
+    return _summarize(times, "host-clock", False)
+
+
+def host_cost_us(fn, calls: int = 200) -> float:
+    """Host time per call, with calls issued back to back and no synchronization inside
+    the loop: for work shorter than its launch this is the launch overhead."""
+    cuda = torch.cuda.is_available()
+    for _ in range(3):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    if cuda:
+        torch.cuda.synchronize()
+    return (t1 - t0) / calls * 1e6
