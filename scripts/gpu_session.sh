@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One device call: environment, ceilings, gpu tests, `kernellab check`, the benchmarks an
+# issue names, compute-sanitizer on small shapes. Results land under $OUT (or ./.out):
+#   results.jsonl  bench rows         check.json   full check report
+#   log.txt        everything printed summary.txt  the short tables printed last
+# Usage: scripts/gpu_session.sh [quick|full]   (quick: smoke test of every stage)
+set -u
+MODE=${1:-full}
+OUT=${OUT:-$PWD/.out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1 COLUMNS=160
+export KERNELLAB_CACHE=${KERNELLAB_CACHE:-/tmp/kernellab-cache}
+KL="python3 -m kernellab"
+LOG=$OUT/log.txt
+RES=$OUT/results.jsonl
+: >"$LOG"
+step() { echo; echo "=== $* ===" | tee -a "$LOG"; }
+run() { echo "+ $*" >>"$LOG"; "$@" 2>&1 | tee -a "$LOG"; return "${PIPESTATUS[0]}"; }
+
+step environment
+run nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv
+run python3 -c "import torch, triton, cuda.core, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, 'cuda.core', cuda.core.__version__)"
+run $KL info
+
+step peaks
+run $KL peaks
+
+step "gpu tests"
+if [ "$MODE" = quick ]; then
+  run python3 -m pytest -q -x -m gpu tests -p no:cacheprovider
+else
+  run python3 -m pytest -q -m gpu tests -p no:cacheprovider
+fi
+
+step "kernellab check"
+if [ "$MODE" = quick ]; then
+  run $KL check --quick --json "$OUT/check.json"
+else
+  run $KL check --json "$OUT/check.json"
+fi
+
+step benchmarks
+if [ "$MODE" = quick ]; then
+  run $KL bench gelu -s 2^24 --dtype fp32 --mode fwd,fwdbwd --json "$RES"
+  run $KL bench add -s 2^24 --dtype fp32 --json "$RES"
+  run $KL bench add -s 2^10 --dtype fp32 --json "$RES"
+else
+  # The issue's targets: 2^28 elements, fp32 and bf16, every backend side by side.
+  run $KL bench gelu -s 2^28 --dtype fp32 --dtype bf16 --mode fwd --mode fwdbwd --json "$RES"
+  run $KL bench add -s 2^28 --dtype fp32 --dtype bf16 --json "$RES"
+  # Sweeps for the plots.
+  run $KL bench gelu --dtype fp32 --dtype bf16 --json "$RES" --plot "$OUT/gelu_sweep.png"
+  # Launch cost: tiny tensors, host time per call (host us column) and CUDA-graph replays.
+  run $KL bench add -s 2^10 --dtype fp32 --json "$RES"
+  run $KL bench gelu -s 2^10 --dtype fp32 --json "$RES"
+  run $KL bench add -s 2^10 --dtype fp32 --graph --json "$RES"
+fi
+
+step "compute-sanitizer"
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 run compute-sanitizer --tool $tool --error-exitcode 9 \
+      python3 scripts/sanitize_cases.py
+    echo "compute-sanitizer $tool exit $?" | tee -a "$OUT/summary.txt"
+  done
+else
+  echo "compute-sanitizer not installed" | tee -a "$OUT/summary.txt"
+fi
+
+step summary
+{
+  grep -E "passed|failed|error" "$LOG" | grep -vE "^\+" | tail -5
+  python3 - "$RES" <<'PY'
+import sys
+from kernellab.harness.results import read_jsonl, markdown_table
+try:
+    rows = read_jsonl(sys.argv[1])
+except FileNotFoundError:
+    rows = []
+print(markdown_table(rows))
+PY
+} | tee -a "$OUT/summary.txt"
