@@ -9,7 +9,7 @@ import torch
 
 import kernellab
 
-for op in kernellab.ops():
+for op in kernellab.op_names():
     spec = kernellab.get_spec(op)
     for impl in kernellab.impls(op):
         if not impl.backend.startswith("cuda") or impl.why_unavailable("cuda"):

@@ -72,8 +72,8 @@ def cmd_check(args) -> int:
 
     ops = args.ops or None
     for op in ops or []:
-        if op not in registry.ops():
-            console.print(f"[red]unknown op {op!r}[/]; known: {', '.join(registry.ops())}")
+        if op not in registry.op_names():
+            console.print(f"[red]unknown op {op!r}[/]; known: {', '.join(registry.op_names())}")
             return 2
     backends = _split(args.backend)
     dtypes = _dtypes(_split(args.dtype))
@@ -134,8 +134,8 @@ def cmd_bench(args) -> int:
     from kernellab.harness import results
     from kernellab.ops.spec import get_spec, parse_shape
 
-    if args.op not in registry.ops():
-        console.print(f"[red]unknown op {args.op!r}[/]; known: {', '.join(registry.ops())}")
+    if args.op not in registry.op_names():
+        console.print(f"[red]unknown op {args.op!r}[/]; known: {', '.join(registry.op_names())}")
         return 2
     spec = get_spec(args.op)
     backends = _split(args.backend)

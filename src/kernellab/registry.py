@@ -69,12 +69,7 @@ class Impl:
 
     def __call__(self, *args, **kwargs):
         """Validate the arguments (clear errors naming the argument), then run."""
-        spec = self._spec
-        if spec is None:
-            from kernellab.ops.spec import get_spec
-
-            spec = self._spec = get_spec(self.op)
-        spec.validate(args, kwargs, self.devices)
+        self._spec.validate(args, kwargs, self.devices)
         return self.fn(*args, **kwargs)
 
     @property
@@ -97,12 +92,21 @@ def _sort_key(backend: str):
 def add_impl(impl: Impl, *, replace: bool = False) -> Impl:
     if not _BACKEND_RE.match(impl.backend):
         raise ValueError(f"backend name {impl.backend!r} must be an identifier (letters, digits, _)")
+    from kernellab.ops.spec import SPECS
+
+    if impl.op not in SPECS:
+        raise ValueError(f"unknown op {impl.op!r}; define its OpSpec first")
+    impl._spec = SPECS[impl.op]
     key = (impl.op, impl.backend)
     if key in _TABLE and not replace:
         raise ValueError(
             f"{impl.op}/{impl.backend} is already registered; pass replace=True to override it"
         )
     _TABLE[key] = impl
+    if _DEFAULTS:  # keep the default-backend table current (eagerly, see _DEFAULTS)
+        for (op, d) in list(_DEFAULTS):
+            if op == impl.op:
+                _DEFAULTS[(op, d)] = default_backend(op, d)
     return impl
 
 
@@ -158,6 +162,8 @@ def register(
 
 def unregister(op: str, backend: str) -> None:
     _TABLE.pop((op, backend), None)
+    for key in [k for k in _DEFAULTS if k[0] == op]:
+        _DEFAULTS[key] = default_backend(op, key[1])
 
 
 def impls(op: str | None = None) -> list[Impl]:
@@ -169,6 +175,9 @@ def impls(op: str | None = None) -> list[Impl]:
 
 
 def get(op: str, backend: str) -> Impl:
+    impl = _TABLE.get((op, backend))  # hot path: no import machinery (Dynamo traces this)
+    if impl is not None:
+        return impl
     from kernellab.ops import spec as _spec
 
     _spec.load_all()
@@ -179,29 +188,42 @@ def get(op: str, backend: str) -> Impl:
         raise KeyError(f"no backend {backend!r} for op {op!r}; registered: {known}") from None
 
 
-def ops() -> list[str]:
+def op_names() -> list[str]:
     from kernellab.ops import spec as _spec
 
     _spec.load_all()
     return sorted(_spec.SPECS)
 
 
+# (op, device type) -> backend used when none is named. Filled eagerly (warm_defaults,
+# at import) so that torch.compile traces a dict lookup, not the availability probes.
+_DEFAULTS: dict[tuple[str, str], str] = {}
+
+
 def call(op: str, backend: str | None, *args, **kwargs):
     """Run ``op`` with ``backend`` (None: the op's preferred backend usable on the
     device of the first tensor argument)."""
     if backend is None:
-        backend = default_backend(op, args[0] if args else None)
+        dev = args[0].device.type if args and hasattr(args[0], "device") else "cpu"
+        backend = _DEFAULTS.get((op, dev)) or default_backend(op, dev)
     return get(op, backend)(*args, **kwargs)
 
 
-def default_backend(op: str, sample=None) -> str:
+def default_backend(op: str, device: str | None = None) -> str:
+    """The first of the op's preferred backends that runs on ``device``."""
     from kernellab.ops.spec import get_spec
 
-    import torch
-
-    device = sample.device.type if isinstance(sample, torch.Tensor) else None
     for b in get_spec(op).default_backends:
         impl = _TABLE.get((op, b))
         if impl is not None and impl.why_unavailable(device) is None:
             return b
     return "torch"
+
+
+def warm_defaults() -> None:
+    from kernellab import device as _dev
+
+    devices = ["cpu"] + (["cuda"] if _dev.has_cuda() else [])
+    for op in op_names():
+        for d in devices:
+            _DEFAULTS[(op, d)] = default_backend(op, d)

@@ -244,6 +244,12 @@ except AttributeError:  # pragma: no cover - older or CPU-only torch builds
         return torch.cuda.current_stream(device_index).cuda_stream
 
 
+try:  # torch.cuda.current_device() without its lazy-init bookkeeping
+    _get_device = torch._C._cuda_getDevice
+except AttributeError:  # pragma: no cover
+    _get_device = torch.cuda.current_device
+
+
 class Kernel:
     """A loaded kernel with a fixed signature, e.g. ``("ptr", "ptr", "i64")``."""
 
@@ -256,32 +262,35 @@ class Kernel:
         self._params = (ctypes.c_void_p * len(self._slots))(
             *[ctypes.addressof(s) for s in self._slots]
         )
+        self._nargs = len(self._slots)
         self._lock = threading.Lock()
+        self._launch = _libcuda().cuLaunchKernel
         self._use_core = os.environ.get("KERNELLAB_LAUNCH", "") == "core"
 
     def __call__(self, grid, block, *args, shared: int = 0, device_index: int | None = None):
         """Launch on torch's current stream. ``grid``/``block`` are int or 3-tuples;
-        ``args`` match the signature (tensors are passed as their data pointers)."""
-        if len(args) != len(self.signature):
-            raise TypeError(f"{self.name} takes {len(self.signature)} arguments, got {len(args)}")
-        gx, gy, gz = (grid, 1, 1) if isinstance(grid, int) else tuple(grid) + (1,) * (3 - len(grid))
-        bx, by, bz = (block, 1, 1) if isinstance(block, int) else tuple(block) + (1,) * (3 - len(block))
-        current = torch.cuda.current_device()
+        ``args`` match the signature (tensors are passed as their data pointers).
+
+        This is the hot path (host cost per launch is a benchmark): no object is built per
+        call; the argument values go into the kernel's preallocated ctypes slots."""
+        if len(args) != self._nargs:
+            raise TypeError(f"{self.name} takes {self._nargs} arguments, got {len(args)}")
+        current = _get_device()
         if device_index is None:
             device_index = current
         elif device_index != current:  # launch in the tensors' device context
             with torch.cuda.device(device_index):
                 return self(grid, block, *args, shared=shared, device_index=device_index)
+        gx, gy, gz = (grid, 1, 1) if type(grid) is int else (tuple(grid) + (1, 1))[:3]
+        bx, by, bz = (block, 1, 1) if type(block) is int else (tuple(block) + (1, 1))[:3]
         stream = _raw_stream(device_index)
-        values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
         if self._use_core:
+            values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
             return self._launch_core(stream, (gx, gy, gz), (bx, by, bz), shared, values)
         with self._lock:
-            for slot, v in zip(self._slots, values):
-                slot.value = v
-            rc = _libcuda().cuLaunchKernel(
-                self._handle, gx, gy, gz, bx, by, bz, shared, stream, self._params, None
-            )
+            for slot, a in zip(self._slots, args):
+                slot.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
+            rc = self._launch(self._handle, gx, gy, gz, bx, by, bz, shared, stream, self._params, None)
         if rc != 0:
             raise CudaError(f"launch of {self.name} failed: {_error_string(rc)} ({rc})")
 

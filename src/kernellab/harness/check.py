@@ -384,7 +384,7 @@ def check(
     """Check every matching implementation x dtype. ``on_start(impl, dtype)`` and
     ``on_result(report)`` are progress hooks."""
     reports = []
-    for op in ops or registry.ops():
+    for op in ops or registry.op_names():
         spec = get_spec(op)
         for impl in registry.impls(op):
             if backends and impl.backend not in backends:
@@ -403,7 +403,7 @@ def check(
 
 def plan_size(ops=None, backends=None, dtypes=None) -> int:
     n = 0
-    for op in ops or registry.ops():
+    for op in ops or registry.op_names():
         spec = get_spec(op)
         for impl in registry.impls(op):
             if backends and impl.backend not in backends:

@@ -5,10 +5,13 @@ that take any strided tensor and return a fresh contiguous output. This module t
 them into ``torch.library`` custom ops (fake kernels for torch.compile, autograd
 through the backward op) and into the callable the registry holds.
 
-Fast path: calling a custom op goes through the dispatcher and Python again (several
-microseconds of host time). When no autograd graph is being recorded and we are not
-being traced by torch.compile, the registry callable calls the launcher directly; the
-result is the same kernel on the same stream.
+Eager fast path: a custom op with registered autograd goes through the dispatcher and
+Python several times per call; measured on an H100 the fwd+bwd host cost was ~270 us
+against 96 us for PyTorch's gelu, so small and medium tensors were host-bound. Under
+torch.compile the custom op is used (it is what Dynamo can trace); in eager mode the
+registry callable calls the launcher directly when no gradient is needed, and a plain
+``torch.autograd.Function`` around the same launchers when one is. Same kernels, same
+stream; ``opcheck`` verifies the custom op, the check engine the eager path.
 """
 
 from __future__ import annotations
@@ -51,9 +54,22 @@ def unary_op(name: str, fwd: Callable, bwd: Callable):
 
     op.register_autograd(backward, setup_context=setup_context)
 
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return fwd(x)
+
+        @staticmethod
+        def backward(ctx, dy):
+            (x,) = ctx.saved_tensors
+            return bwd(dy, x)
+
     def call(x: Tensor) -> Tensor:
-        if (x.requires_grad and torch.is_grad_enabled()) or _tracing():
+        if _tracing():
             return op(x)
+        if x.requires_grad and torch.is_grad_enabled():
+            return Eager.apply(x)
         return fwd(x)
 
     call.custom_ops = [
@@ -79,9 +95,20 @@ def binary_op(name: str, fwd: Callable):
 
     op.register_autograd(backward, setup_context=lambda ctx, inputs, output: None)
 
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, a, b):
+            return fwd(a, b)
+
+        @staticmethod
+        def backward(ctx, dy):
+            return dy, dy
+
     def call(a: Tensor, b: Tensor) -> Tensor:
-        if ((a.requires_grad or b.requires_grad) and torch.is_grad_enabled()) or _tracing():
+        if _tracing():
             return op(a, b)
+        if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
+            return Eager.apply(a, b)
         return fwd(a, b)
 
     call.custom_ops = [(op, lambda make: (make(1), make(1)), True)]

@@ -287,6 +287,9 @@ def define(spec: OpSpec) -> OpSpec:
 
 
 def get_spec(op: str) -> OpSpec:
+    spec = SPECS.get(op)
+    if spec is not None:
+        return spec
     load_all()
     try:
         return SPECS[op]

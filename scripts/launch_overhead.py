@@ -1,0 +1,64 @@
+"""Host cost per call of the CUDA launch path, piece by piece, against torch.add.
+
+Each line: microseconds of host time per call, calls issued back to back on a 1024-element
+fp32 tensor (the GPU work is far shorter than the launch, so this is pure host cost).
+Writes JSON rows to the file given as argv[1] (optional).
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+import kernellab
+from kernellab.cuda import elementwise
+from kernellab.ops.add import cuda as add_cuda
+from kernellab.ops.spec import get_spec
+
+
+def per_call_us(fn, n=20000):
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+a = torch.randn(1024, device="cuda")
+b = torch.randn(1024, device="cuda")
+y = torch.empty_like(a)
+spec = get_spec("add")
+impl = kernellab.get("add", "cuda")
+k = add_cuda.MODULE.kernel("add_f32", ("ptr", "ptr", "ptr", "i64"), 0)
+
+rows = {
+    "torch.add(a, b)": lambda: torch.add(a, b),
+    "torch.empty_like(a)": lambda: torch.empty_like(a),
+    "spec.validate": lambda: spec.validate((a, b), {}, ("cuda",)),
+    "Kernel(...) launch only, preallocated y": lambda: k(1, 256, a, b, y, 1024, device_index=0),
+    "elementwise.launch (alloc + launch)": lambda: elementwise.launch(add_cuda.MODULE, "add", [a, b]),
+    "kernellab.get('add','cuda')(a, b)": lambda: impl(a, b),
+    "kernellab.add(a, b, backend='cuda')": lambda: kernellab.add(a, b, backend="cuda"),
+    "torch.nn.functional.gelu(a)": lambda: torch.nn.functional.gelu(a, approximate="tanh"),
+    "kernellab.gelu(a, backend='cuda')": lambda: kernellab.gelu(a, backend="cuda"),
+}
+k._use_core = True
+rows["Kernel(...) via cuda.core.launch"] = lambda: k(1, 256, a, b, y, 1024, device_index=0)
+out = []
+for name, fn in rows.items():
+    us = per_call_us(fn, 5000 if "cuda.core" in name else 20000)
+    out.append({"what": name, "host_us": round(us, 2)})
+k._use_core = False
+base = out[0]["host_us"]
+print(f"{'what':45s} {'host us/call':>12s} {'vs torch.add':>12s}")
+for r in out:
+    print(f"{r['what']:45s} {r['host_us']:12.2f} {r['host_us'] / base:11.2f}x")
+if len(sys.argv) > 1:
+    with open(sys.argv[1], "w") as f:
+        for r in out:
+            f.write(json.dumps({**r, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__}) + "\n")

@@ -1,0 +1,106 @@
+"""Shared pytest setup for kernellab's tests.
+
+- Tests marked ``gpu`` are skipped (cleanly, with a reason) when torch sees no CUDA
+  device; on the lent H100/H200 they run.
+- Fixtures: ``device`` (the best device here), ``cuda`` (skips without a GPU),
+  ``planted`` (register throw-away implementations that are always unregistered),
+  ``kl_cache`` (a fresh KERNELLAB_CACHE under tmp_path).
+
+Helpers shared by several test files live in ``tests/kltest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+
+# tests/ on sys.path so every test module can `import kltest` (pytest's default
+# "prepend" import mode adds this folder too; be explicit so other modes work as well).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import kernellab  # noqa: E402  (sets TRITON_INTERPRET=1 on a machine without a GPU)
+from kernellab import registry  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    mode = "cuda: " + torch.cuda.get_device_name() if HAS_CUDA else "cpu only (gpu tests skipped)"
+    return [
+        f"kernellab {kernellab.__version__}, torch {torch.__version__}, {mode}, "
+        f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}"
+    ]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_numpy_in_triton_interpreter():
+    # NaN/inf inputs are deliberate in several tests; the Triton interpreter evaluates
+    # kernels with numpy, which would warn about them.
+    import numpy as np
+
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+@pytest.fixture
+def device() -> str:
+    """The best device here: "cuda" on the GPU machines, "cpu" elsewhere."""
+    return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture
+def cuda() -> str:
+    """A CUDA device, or skip the test."""
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    return "cuda"
+
+
+@pytest.fixture
+def planted():
+    """Register throw-away implementations; every one is unregistered at teardown.
+
+        impl = planted("gelu", "planted_zeros", fn, devices=("cpu",))
+    """
+    added: list[tuple[str, str]] = []
+
+    def plant(op: str, backend: str, fn, **kw):
+        kw.setdefault("replace", True)
+        added.append((op, backend))
+        kernellab.register(op, backend, **kw)(fn)
+        return kernellab.get(op, backend)
+
+    def plant_impl(impl: registry.Impl):
+        """Add a hand-built Impl (e.g. one whose validation is bypassed)."""
+        added.append((impl.op, impl.backend))
+        registry.add_impl(impl, replace=True)
+        return impl
+
+    plant.impl = plant_impl
+    try:
+        yield plant
+    finally:
+        for op, backend in added:
+            kernellab.unregister(op, backend)
+
+
+@pytest.fixture
+def kl_cache(tmp_path, monkeypatch):
+    """A fresh, empty kernellab cache (KERNELLAB_CACHE is read at every use)."""
+    root = tmp_path / "klcache"
+    monkeypatch.setenv("KERNELLAB_CACHE", str(root))
+    return root

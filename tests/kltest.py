@@ -1,0 +1,103 @@
+"""Helpers shared by kernellab's tests (imported as ``kltest``; conftest puts tests/ on
+sys.path).
+
+Tests never import a backend by name: they ask the registry which implementations can
+run where (DESIGN.md, "Style" point 6).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+
+import kernellab
+from kernellab.ops.spec import dtype_name, shape_str
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Odd shapes: one element, primes, block size +- 1 (1023/1025 around 1024), an empty
+# tensor with a zero in the middle of its shape, and rows wider than a power of two.
+ODD_SHAPES = [(1,), (17,), (1023,), (1025,), (3, 0, 5), (129, 1000)]
+# Layouts every input is tried in besides contiguous (see OpSpec.make_inputs).
+LAYOUTS = ("transposed", "sliced", "offset", "expanded")
+
+# torch.compile takes seconds per dtype and shape on the CPU: it is tested on its own,
+# sparingly, not in the big matrix.
+SLOW_BACKENDS = ("compile",)
+
+
+def dtype_id(dtype) -> str:
+    return dtype_name(dtype)
+
+
+def shape_id(shape) -> str:
+    return shape_str(shape)
+
+
+def seed_for(*parts) -> int:
+    """A reproducible seed per test case (a failure re-runs with the same inputs)."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def cpu_backends(op: str, exclude=SLOW_BACKENDS) -> list[str]:
+    """Backends of ``op`` the registry says run on CPU tensors here."""
+    return [
+        i.backend for i in kernellab.impls(op) if i.backend not in exclude and i.why_unavailable("cpu") is None
+    ]
+
+
+def cuda_backends(op: str, exclude=SLOW_BACKENDS) -> list[str]:
+    """Backends of ``op`` that run on CUDA tensors on a GPU machine (here: all whose only
+    obstacle is the missing GPU)."""
+    out = []
+    for i in kernellab.impls(op):
+        if i.backend in exclude or "cuda" not in i.devices:
+            continue
+        if i.why_unavailable("cuda") in (None, "no GPU"):
+            out.append(i.backend)
+    return out
+
+
+def backend_matrix(op: str, exclude=SLOW_BACKENDS) -> list:
+    """pytest params (device, backend): CPU-capable backends on "cpu", and every
+    CUDA-capable backend on "cuda" (marked ``gpu``, skipped without a GPU)."""
+    params = [pytest.param("cpu", b, id=f"cpu-{b}") for b in cpu_backends(op, exclude)]
+    params += [
+        pytest.param("cuda", b, id=f"cuda-{b}", marks=pytest.mark.gpu) for b in cuda_backends(op, exclude)
+    ]
+    return params
+
+
+def gpu_only_backends(op: str) -> list[str]:
+    return [i.backend for i in kernellab.impls(op) if tuple(i.devices) == ("cuda",)]
+
+
+def reference_grads(spec, args, dy):
+    """Autograd of the float64 reference: gradients w.r.t. spec.grad_args, in float64."""
+    args64 = [a.detach().to(torch.float64).requires_grad_(i in spec.grad_args) for i, a in enumerate(args)]
+    out = spec.reference(*args64)
+    return torch.autograd.grad(out, [args64[i] for i in spec.grad_args], dy.to(torch.float64))
+
+
+def impl_grads(fn, spec, args, dy):
+    """Gradients of ``fn(*args)`` w.r.t. spec.grad_args (fresh leaves, strides kept)."""
+    leaves = [a.detach().requires_grad_(i in spec.grad_args) for i, a in enumerate(args)]
+    out = fn(*leaves)
+    assert out.requires_grad, "output does not require grad: the implementation has no autograd"
+    return torch.autograd.grad(out, [leaves[i] for i in spec.grad_args], dy)
+
+
+def rounds_like_torch(backend: str, dtype, device: str) -> bool:
+    """Whether ``backend`` rounds its fp32 result to ``dtype`` as PyTorch does (round to
+    nearest even), so that e.g. add is bit-identical to torch.add.
+
+    Not under the Triton CPU interpreter for bf16: Triton 3.9's interpreter converts
+    fp32 -> bf16 by truncation (round toward zero), while compiled Triton on a GPU rounds
+    to nearest even. The result is still within the check's bound, just not bit-equal.
+    """
+    from kernellab import device as kl_device
+
+    if backend == "triton" and dtype == torch.bfloat16 and device == "cpu" and kl_device.triton_interpreted():
+        return False
+    return True

@@ -1,0 +1,309 @@
+"""The registry: the one table of implementations, the public register decorator, and
+default backend selection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernellab
+from kernellab import registry
+from kernellab.harness.check import check_impl
+
+BUILTIN = ["manual", "torch", "compile", "triton", "cuda", "cuda_v1"]
+
+
+# --------------------------------------------------------------------------- lookups
+
+
+def test_ops_lists_the_ops():
+    assert registry.ops() == ["add", "gelu"]
+    for op in registry.ops():
+        assert kernellab.get_spec(op).name == op
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="src bug: kernellab/__init__.py imports `ops` from registry, then the import of "
+    "kernellab.ops.spec rebinds the package attribute `kernellab.ops` to the subpackage, so "
+    "the public `kernellab.ops()` (listed in __all__) is a module, not the function",
+)
+def test_public_ops_is_the_registry_function():
+    assert kernellab.ops is registry.ops
+    assert kernellab.ops() == ["add", "gelu"]
+
+
+def test_public_api_names():
+    for name in ("Impl", "add", "gelu", "get", "get_spec", "impls", "register", "unregister"):
+        assert name in kernellab.__all__ and callable(getattr(kernellab, name)), name
+    assert kernellab.get is registry.get and kernellab.impls is registry.impls
+    assert kernellab.register is registry.register and kernellab.unregister is registry.unregister
+
+
+@pytest.mark.parametrize("op", ["gelu", "add"])
+def test_impls_lists_builtins_in_display_order(op):
+    rows = kernellab.impls(op)
+    backends = [i.backend for i in rows]
+    assert backends[: len(BUILTIN)] == BUILTIN
+    assert all(i.op == op for i in rows)
+    assert all(i.builtin for i in rows if i.backend in BUILTIN)
+    assert all(i.description for i in rows), "every built-in describes itself"
+
+
+def test_impls_without_op_lists_every_op():
+    rows = kernellab.impls()
+    assert {i.op for i in rows} == {"add", "gelu"}
+    assert [i.op for i in rows] == sorted(i.op for i in rows)
+
+
+def test_get_returns_the_impl():
+    impl = kernellab.get("gelu", "torch")
+    assert isinstance(impl, registry.Impl)
+    assert (impl.op, impl.backend, impl.name) == ("gelu", "torch", "gelu/torch")
+    assert impl in kernellab.impls("gelu")
+    x = torch.randn(10)
+    torch.testing.assert_close(impl(x), torch.nn.functional.gelu(x, approximate="tanh"), rtol=0, atol=0)
+
+
+def test_unknown_backend_error_lists_the_registered_ones():
+    with pytest.raises(KeyError) as e:
+        kernellab.get("gelu", "nope")
+    msg = str(e.value)
+    assert "'nope'" in msg and "'gelu'" in msg
+    for b in BUILTIN:
+        assert b in msg
+    with pytest.raises(KeyError, match="no backend 'nope' for op 'gelu'"):
+        kernellab.gelu(torch.randn(3), backend="nope")
+    with pytest.raises(KeyError, match="no backend 'nope' for op 'add'"):
+        kernellab.add(torch.randn(3), torch.randn(3), backend="nope")
+
+
+def test_unknown_op_errors_name_the_op():
+    with pytest.raises(KeyError, match=r"unknown op 'softmaxx'; known ops: add, gelu"):
+        kernellab.get_spec("softmaxx")
+    with pytest.raises(KeyError, match=r"'softmaxx'.*registered: none"):
+        kernellab.get("softmaxx", "torch")
+    assert kernellab.impls("softmaxx") == []
+    with pytest.raises(ValueError, match=r"unknown op 'softmaxx'; known ops: add, gelu"):
+        kernellab.register("softmaxx", "mine")
+
+
+# --------------------------------------------------------------------------- availability
+
+
+def test_why_unavailable_on_this_machine():
+    has_cuda = torch.cuda.is_available()
+    for impl in kernellab.impls():
+        if impl.backend in ("manual", "torch", "compile"):
+            assert impl.why_unavailable("cpu") is None, impl.name
+        if tuple(impl.devices) == ("cuda",):  # cuda, cuda_v1
+            if has_cuda:
+                assert impl.why_unavailable("cpu") == "GPU-only backend"
+                assert impl.why_unavailable("cuda") is None
+            else:
+                assert impl.why_unavailable("cpu") == "no GPU", impl.name
+                assert impl.why_unavailable("cuda") == "no GPU", impl.name
+                assert impl.why_unavailable() == "no GPU", impl.name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-machine view")
+def test_triton_runs_under_the_interpreter_without_gpu():
+    import os
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+    for op in registry.ops():
+        assert kernellab.get(op, "triton").why_unavailable("cpu") is None
+        assert "cpu" in kernellab.get(op, "triton").devices
+
+
+def test_why_unavailable_reasons_of_hand_made_impls():
+    fn = lambda x: x  # noqa: E731
+    cpu_only = registry.Impl("gelu", "t_cpu_only", fn, devices=("cpu",))
+    assert cpu_only.why_unavailable("cpu") is None
+    assert cpu_only.why_unavailable("cuda") == "runs on cpu only"
+    missing = registry.Impl("gelu", "t_missing", fn, available=lambda: "peer not installed")
+    assert missing.why_unavailable("cpu") == "peer not installed"
+    assert missing.why_unavailable("cuda") == "peer not installed"
+
+
+# --------------------------------------------------------------------------- register
+
+
+def user_gelu(x: torch.Tensor) -> torch.Tensor:
+    """My GeLU: PyTorch's, through a user function."""
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def test_register_user_impl_is_checked_like_a_builtin(device):
+    name = "t_user_gelu"
+    try:
+        returned = kernellab.register("gelu", name)(user_gelu)
+        assert returned is user_gelu, "the decorator returns the function unchanged"
+        impl = kernellab.get("gelu", name)
+        assert impl.fn is user_gelu and impl.builtin is False
+        assert impl.description == "My GeLU: PyTorch's, through a user function."
+        backends = [i.backend for i in kernellab.impls("gelu")]
+        assert name in backends and backends.index(name) > backends.index("cuda_v1"), backends
+        # The public function reaches it, with the same validation as every backend.
+        x = torch.randn(100, device=device)
+        assert torch.equal(kernellab.gelu(x, backend=name), user_gelu(x))
+        with pytest.raises(TypeError, match=r"\bx\b"):
+            kernellab.gelu(x.double(), backend=name)
+        # And `check` treats it exactly like a built-in.
+        for dtype in (torch.float32, torch.bfloat16):
+            rep = check_impl(impl, dtype, device=device, quick=True, seed=1)
+            assert rep.status == "pass", [c for c in rep.cases if c.status == "fail"]
+            kinds = {c.kind for c in rep.cases}
+            assert {"shape", "rerun", "special", "layout", "grad", "bad"} <= kinds
+        # A user registration never becomes the default.
+        assert registry.default_backend("gelu", x) != name
+    finally:
+        kernellab.unregister("gelu", name)
+    with pytest.raises(KeyError):
+        kernellab.get("gelu", name)
+    assert name not in [i.backend for i in kernellab.impls("gelu")]
+
+
+def test_register_user_add_with_keywords():
+    name = "t_user_add"
+    try:
+
+        @kernellab.register("add", name, devices=("cpu",), dtypes=(torch.float32,), description="mine")
+        def my_add(a, b):
+            return a + b
+
+        impl = kernellab.get("add", name)
+        assert impl.devices == ("cpu",) and impl.dtypes == (torch.float32,) and impl.description == "mine"
+        assert check_impl(impl, torch.float32, device="cpu", quick=True, seed=2).status == "pass"
+        rep = check_impl(impl, torch.float16, device="cpu", quick=True)
+        assert rep.status == "unavailable" and rep.reason == "fp16 not supported by this backend"
+    finally:
+        kernellab.unregister("add", name)
+
+
+def test_duplicate_registration_is_refused():
+    with pytest.raises(ValueError, match=r"gelu/torch is already registered; pass replace=True"):
+        kernellab.register("gelu", "torch")(user_gelu)
+    # The built-in is untouched.
+    assert kernellab.get("gelu", "torch").fn is not user_gelu
+    assert kernellab.get("gelu", "torch").builtin is True
+
+
+def test_replace_true_overrides_a_user_registration():
+    name = "t_replace"
+    try:
+        kernellab.register("gelu", name)(user_gelu)
+        with pytest.raises(ValueError, match="already registered"):
+            kernellab.register("gelu", name)(torch.nn.functional.relu)
+        kernellab.register("gelu", name, replace=True)(torch.nn.functional.relu)
+        assert kernellab.get("gelu", name).fn is torch.nn.functional.relu
+        assert [i.backend for i in kernellab.impls("gelu")].count(name) == 1
+    finally:
+        kernellab.unregister("gelu", name)
+
+
+@pytest.mark.parametrize("bad", ["my-backend", "1st", "", "a b", "gelu/x", "naïve?", "tab\tname"])
+def test_invalid_backend_names_are_refused(bad):
+    with pytest.raises(ValueError, match="must be an identifier"):
+        kernellab.register("gelu", bad)(user_gelu)
+    assert bad not in [i.backend for i in kernellab.impls("gelu")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="src bug: registry._BACKEND_RE uses `$`, which also matches before a trailing "
+    "newline, so add_impl accepts the backend name 'name\\n' (use re.fullmatch or \\Z)",
+)
+def test_backend_name_with_trailing_newline_is_refused():
+    try:
+        with pytest.raises(ValueError, match="must be an identifier"):
+            kernellab.register("gelu", "t_newline\n")(user_gelu)
+    finally:
+        kernellab.unregister("gelu", "t_newline\n")
+
+
+def test_invalid_devices_are_refused():
+    with pytest.raises(ValueError, match=r"devices must hold 'cuda' and/or 'cpu', got 'tpu'"):
+        kernellab.register("gelu", "t_tpu", devices=("tpu",))
+    assert "t_tpu" not in [i.backend for i in kernellab.impls("gelu")]
+
+
+def test_unregister_unknown_is_a_no_op():
+    kernellab.unregister("gelu", "never_registered")
+    kernellab.unregister("no_such_op", "x")
+    assert [i.backend for i in kernellab.impls("gelu")][: len(BUILTIN)] == BUILTIN
+
+
+def test_numbered_variants_sort_numerically():
+    names = ["cuda_v10", "cuda_v2", "zz_peer", "aa_peer"]
+    try:
+        for n in names:
+            kernellab.register("gelu", n, devices=("cuda",))(user_gelu)
+        backends = [i.backend for i in kernellab.impls("gelu")]
+        assert backends == BUILTIN + ["cuda_v2", "cuda_v10", "aa_peer", "zz_peer"]
+    finally:
+        for n in names:
+            kernellab.unregister("gelu", n)
+
+
+# --------------------------------------------------------------------------- defaults
+
+
+def _expected_default(op, device):
+    for b in kernellab.get_spec(op).default_backends:
+        try:
+            impl = kernellab.get(op, b)
+        except KeyError:
+            continue
+        if impl.why_unavailable(device) is None:
+            return b
+    return "torch"
+
+
+def test_default_backend_selection(device):
+    spec = kernellab.get_spec("gelu")
+    assert spec.default_backends == ("cuda", "triton", "torch")
+    x = torch.randn(8, device=device)
+    for op in ("gelu", "add"):
+        assert registry.default_backend(op, x) == _expected_default(op, device)
+    if device == "cpu":
+        assert registry.default_backend("gelu", x) == "triton"
+    else:
+        assert registry.default_backend("gelu", x) == "cuda"
+
+
+def test_default_backend_falls_back_when_preferred_unavailable(monkeypatch):
+    x = torch.randn(8)
+    for op in ("gelu", "add"):
+        monkeypatch.setattr(kernellab.get(op, "triton"), "available", lambda: "disabled by the test")
+        assert registry.default_backend(op, x) == "torch"
+        assert kernellab.get(op, "triton").why_unavailable("cpu") == "disabled by the test"
+
+
+def test_default_backend_follows_the_sample_device():
+    # A list (no device): the best device of this machine decides.
+    assert registry.default_backend("gelu", [1.0]) == _expected_default(
+        "gelu", "cuda" if torch.cuda.is_available() else "cpu"
+    )
+    assert registry.default_backend("gelu", torch.randn(2)) == _expected_default("gelu", "cpu")
+
+
+def test_public_functions_default_backend_on_cpu():
+    from kernellab.harness.compare import judge
+
+    spec = kernellab.get_spec("gelu")
+    (x,) = spec.make_inputs((3, 1000), torch.float32, "cpu", 0)
+    y = kernellab.gelu(x)
+    assert y.shape == x.shape and y.dtype == x.dtype and y.device.type == "cpu"
+    default = registry.default_backend("gelu", x)
+    assert torch.equal(y, kernellab.gelu(x, backend=default))
+    v = judge(y, spec.ref(x), torch.float32, torch.nn.functional.gelu(x, approximate="tanh"))
+    assert v.ok, v.detail
+
+    a, b = kernellab.get_spec("add").make_inputs((3, 1000), torch.float16, "cpu", 0)
+    y = kernellab.add(a, b)
+    assert y.dtype == torch.float16 and torch.equal(y, a + b)
+    # Gradients flow through the default backend too.
+    a.requires_grad_()
+    kernellab.add(a, b).sum().backward()
+    assert torch.equal(a.grad, torch.ones_like(a))
