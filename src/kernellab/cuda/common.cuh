@@ -33,11 +33,44 @@ template <typename T> union Vec16 {
 //
 // Contract: x, y (and a, b) are contiguous and 16-byte aligned (the host checks and
 // falls back to a scalar kernel otherwise); n may be any count, the n % N tail is done
-// element by element. Each thread keeps UNROLL independent 16-byte loads in flight
-// before the first use: at ~1 us of DRAM latency and ~3.3 TB/s an H100 needs ~25 KB in
-// flight per SM; 2048 threads x 4 packs x 16 B x (1 or 2 inputs) is 128-256 KB.
-// The grid is a grid-stride loop over tiles of blockDim * UNROLL packs.
-constexpr int UNROLL = 4;
+// element by element. Each thread issues all its 16-byte loads before the first use: at
+// ~1 us of DRAM latency and ~3.3 TB/s an H100 needs ~25 KB in flight per SM; 2048 threads
+// x 64 B is 128 KB. The host launches one tile (blockDim x packs per thread) per block;
+// the loop is grid-stride, so any grid size stays correct.
+// 16-byte packs each thread keeps in flight per input: 4 for one input, 2 for two, so
+// either way 64 B per thread are in flight. Measured on an H100 at 2^28 elements
+// (scripts/tune_elementwise.py): 1 is 2-10% slower, 8 no better; a capped grid-stride
+// grid (8-32 blocks per SM) lost 1-20% against one tile per block, and evict-first cache
+// hints lost 2-20%.
+#ifndef KL_UNROLL
+#define KL_UNROLL 4
+#endif
+// Cache hints for streaming data that is touched once (tuning knob, see
+// scripts/tune_elementwise.py): 0 plain ld/st, 1 ld.global.nc (read-only path),
+// 2 ld.global.cs / st.global.cs (evict-first: keep the L2 for data that is reused).
+#ifndef KL_CACHE_HINT
+#define KL_CACHE_HINT 0
+#endif
+constexpr int UNROLL = KL_UNROLL;        // map1: packs per thread
+constexpr int UNROLL2 = (KL_UNROLL + 1) / 2;  // map2: packs per thread and input
+
+__device__ __forceinline__ int4 load16(const int4* p) {
+#if KL_CACHE_HINT == 1
+    return __ldg(p);
+#elif KL_CACHE_HINT == 2
+    return __ldcs(p);
+#else
+    return *p;
+#endif
+}
+
+__device__ __forceinline__ void store16(int4* p, int4 v) {
+#if KL_CACHE_HINT == 2
+    __stcs(p, v);
+#else
+    *p = v;
+#endif
+}
 
 template <typename T, typename F>
 __device__ __forceinline__ void map1_vec16(const T* __restrict__ x, T* __restrict__ y, long long n, F f) {
@@ -51,7 +84,7 @@ __device__ __forceinline__ void map1_vec16(const T* __restrict__ x, T* __restric
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             long long p = base + (long long)u * blockDim.x;
-            if (p < npacks) r[u].raw = x4[p];
+            if (p < npacks) r[u].raw = load16(x4 + p);
         }
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -60,7 +93,7 @@ __device__ __forceinline__ void map1_vec16(const T* __restrict__ x, T* __restric
                 V o;
 #pragma unroll
                 for (int j = 0; j < V::N; ++j) o.e[j] = from_f<T>(f(to_f(r[u].e[j])));
-                y4[p] = o.raw;
+                store16(y4 + p, o.raw);
             }
         }
     }
@@ -76,25 +109,25 @@ __device__ __forceinline__ void map2_vec16(const T* __restrict__ a, const T* __r
     const int4* a4 = reinterpret_cast<const int4*>(a);
     const int4* b4 = reinterpret_cast<const int4*>(b);
     int4* y4 = reinterpret_cast<int4*>(y);
-    const long long tile = (long long)blockDim.x * UNROLL;
+    const long long tile = (long long)blockDim.x * UNROLL2;
     for (long long base = blockIdx.x * tile + threadIdx.x; base < npacks; base += gridDim.x * tile) {
-        V ra[UNROLL], rb[UNROLL];
+        V ra[UNROLL2], rb[UNROLL2];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < UNROLL2; ++u) {
             long long p = base + (long long)u * blockDim.x;
             if (p < npacks) {
-                ra[u].raw = a4[p];
-                rb[u].raw = b4[p];
+                ra[u].raw = load16(a4 + p);
+                rb[u].raw = load16(b4 + p);
             }
         }
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < UNROLL2; ++u) {
             long long p = base + (long long)u * blockDim.x;
             if (p < npacks) {
                 V o;
 #pragma unroll
                 for (int j = 0; j < V::N; ++j) o.e[j] = from_f<T>(f(to_f(ra[u].e[j]), to_f(rb[u].e[j])));
-                y4[p] = o.raw;
+                store16(y4 + p, o.raw);
             }
         }
     }

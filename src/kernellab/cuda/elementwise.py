@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from kernellab.cuda.runtime import Module, ceil_div, sm_count
+from kernellab.cuda.runtime import Module, ceil_div
 
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS = 256
-UNROLL = 4  # kl::UNROLL in common.cuh
+UNROLL = {1: 4, 2: 2}  # packs per thread for 1 and 2 inputs: kl::UNROLL, kl::UNROLL2
 
 
 def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.Tensor:
@@ -32,9 +32,9 @@ def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.
     if vectorized and all(t.data_ptr() % 16 == 0 for t in inputs):
         k = module.kernel(f"{base}_{sfx}", sig, dev)
         packs = n // (16 // x0.element_size())
-        # grid-stride: at most 16 blocks of 256 threads per SM are needed to keep every
-        # SM's 2048 threads busy twice over; more blocks only add scheduling.
-        grid = max(1, min(ceil_div(packs, THREADS * UNROLL), sm_count(dev) * 16))
+        # One tile per block (the kernel's loop is grid-stride, so this is only a choice):
+        # measured faster than a grid capped at 8-32 blocks per SM.
+        grid = max(1, ceil_div(packs, THREADS * UNROLL[len(inputs)]))
     else:
         k = module.kernel(f"{base}_v1_{sfx}", sig, dev)
         grid = ceil_div(n, THREADS)

@@ -298,7 +298,8 @@ class Kernel:
         from cuda.core import LaunchConfig, Stream, launch
 
         cfg = LaunchConfig(grid=grid, block=block, shmem_size=shared)
-        typed = [_CTYPE[t](v) for t, v in zip(self.signature, values)]
+        # cuda.core passes a Python int as a pointer-sized integer; scalars as ctypes.
+        typed = [v if t == "ptr" else _CTYPE[t](v) for t, v in zip(self.signature, values)]
         launch(Stream.from_handle(stream), cfg, self._core_kernel, *typed)
 
 

@@ -3,8 +3,8 @@
 // Variants (registered as backends of op "add"):
 //   v1  add_v1_*   one element per thread. Teaching baseline; also the fallback for storage
 //                  that is not 16-byte aligned.
-//   v2  add_*      (backend "cuda") 16-byte vector loads/stores, UNROLL=4 packs in flight per
-//                  thread, grid-stride. add moves 12 B per fp32 element (2 reads, 1 write)
+//   v2  add_*      (backend "cuda") 16-byte vector loads/stores, 2 packs per input in flight
+//                  per thread, one tile per block. add moves 12 B per fp32 element (2 reads, 1 write)
 //                  and does 1 flop: pure bandwidth, so the goal is the copy ceiling.
 #include "common.cuh"
 

@@ -8,8 +8,8 @@
 //   v1  gelu_fwd_v1_*  one element per thread, the lecture's formula with tanhf. Teaching
 //                      baseline; also the fallback for storage that is not 16-byte aligned.
 //   v2  gelu_fwd_*     (backend "cuda") 16-byte vector loads/stores (4 fp32 or 8 fp16/bf16
-//                      per access), UNROLL=4 packs in flight per thread, grid-stride over
-//                      tiles. GeLU is memory-bound: 1 read + 1 write per element (8 B fp32),
+//                      per access), 4 packs in flight per thread (2 per input for bwd),
+//                      exp2 + rcp instead of expf + division (KL_GELU_FAST). GeLU is memory-bound: 1 read + 1 write per element (8 B fp32),
 //                      ~20 flops; at 3.3 TB/s the tanh math is hidden under the traffic.
 //       gelu_bwd_*     dx = dy * gelu'(x): 2 reads + 1 write, same vector loop.
 #include "common.cuh"
@@ -21,9 +21,19 @@ constexpr float kCoeff = 0.044715f;
 // sigmoid(2u) and sigmoid(2u) * (1 - sigmoid(2u)) without overflow or cancellation:
 // with t = exp(-2|u|) <= 1 and q = 1 / (1 + t), s = q (u >= 0) or t q (u < 0), and
 // s (1 - s) = t q^2 for either sign. (1 - s computed directly loses ~10 bits near s = 1.)
+#ifndef KL_GELU_FAST
+#define KL_GELU_FAST 1
+#endif
 __device__ __forceinline__ void sigmoid2(float u, float& s, float& s1s) {
+#if KL_GELU_FAST
+    // exp2 on the SFU (ex2.approx, ~2 ulp) and a correctly rounded reciprocal instead of
+    // expf + IEEE division: ~8 fewer instructions per element, within the 2x-PyTorch rule.
+    const float t = exp2f(-2.8853900817779268f * fabsf(u));  // exp(-2|u|) = 2^(-2 log2(e) |u|)
+    const float q = __frcp_rn(1.0f + t);
+#else
     const float t = expf(-2.0f * fabsf(u));
     const float q = 1.0f / (1.0f + t);
+#endif
     s = u >= 0.0f ? q : t * q;
     s1s = t * q * q;
 }
