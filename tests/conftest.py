@@ -4,7 +4,8 @@
   device; on the lent H100/H200 they run.
 - Fixtures: ``device`` (the best device here), ``cuda`` (skips without a GPU),
   ``planted`` (register throw-away implementations that are always unregistered),
-  ``kl_cache`` (a fresh KERNELLAB_CACHE under tmp_path).
+  ``kl_cache`` (a fresh KERNELLAB_CACHE under tmp_path). The whole session compiles
+  into a private cache, never the user's ~/.cache/kernellab.
 
 Helpers shared by several test files live in ``tests/kltest.py``.
 """
@@ -28,6 +29,25 @@ from kernellab import registry  # noqa: E402
 HAS_CUDA = torch.cuda.is_available()
 
 
+def _hypothesis_out_of_the_repo() -> None:
+    # Hypothesis keeps a .hypothesis/ folder in the working directory (example database,
+    # constants cache); keep it in a temporary folder instead.
+    import atexit
+    import shutil
+    import tempfile
+
+    try:
+        from hypothesis.configuration import set_hypothesis_home_dir
+    except ImportError:  # pragma: no cover - older hypothesis
+        return
+    home = tempfile.mkdtemp(prefix="kernellab-hypothesis-")
+    set_hypothesis_home_dir(home)
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+
+
+_hypothesis_out_of_the_repo()
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
         return
@@ -43,6 +63,22 @@ def pytest_report_header(config):
         f"kernellab {kernellab.__version__}, torch {torch.__version__}, {mode}, "
         f"TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')}"
     ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_kernellab_cache(tmp_path_factory):
+    """The suite compiles into its own cache, not the user's ~/.cache/kernellab: every
+    CUDA module is really compiled once per run (tests that need an empty cache use
+    ``kl_cache``)."""
+    old = os.environ.get("KERNELLAB_CACHE")
+    os.environ["KERNELLAB_CACHE"] = str(tmp_path_factory.mktemp("kernellab-cache"))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("KERNELLAB_CACHE", None)
+        else:
+            os.environ["KERNELLAB_CACHE"] = old
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +110,7 @@ def cuda() -> str:
 def planted():
     """Register throw-away implementations; every one is unregistered at teardown.
 
-        impl = planted("gelu", "planted_zeros", fn, devices=("cpu",))
+    impl = planted("gelu", "planted_zeros", fn, devices=("cpu",))
     """
     added: list[tuple[str, str]] = []
 

@@ -43,7 +43,9 @@ def seed_for(*parts) -> int:
 def cpu_backends(op: str, exclude=SLOW_BACKENDS) -> list[str]:
     """Backends of ``op`` the registry says run on CPU tensors here."""
     return [
-        i.backend for i in kernellab.impls(op) if i.backend not in exclude and i.why_unavailable("cpu") is None
+        i.backend
+        for i in kernellab.impls(op)
+        if i.backend not in exclude and i.why_unavailable("cpu") is None
     ]
 
 
@@ -101,3 +103,22 @@ def rounds_like_torch(backend: str, dtype, device: str) -> bool:
     if backend == "triton" and dtype == torch.bfloat16 and device == "cpu" and kl_device.triton_interpreted():
         return False
     return True
+
+
+def launched_cuda_kernels(fn, prefix: str = "") -> list[str]:
+    """Names of the CUDA kernels ``fn()`` launches (seen by the profiler, so it does not
+    depend on how kernellab looks its kernels up or caches them)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return [n for n in names if n.startswith(prefix)]
+
+
+# Modules made by tests stay alive for the whole session: kernellab caches launchers by
+# module, and a module freed mid-session could hand its id to the next one.
+KEEP_ALIVE: list = []

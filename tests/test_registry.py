@@ -16,25 +16,15 @@ BUILTIN = ["manual", "torch", "compile", "triton", "cuda", "cuda_v1"]
 # --------------------------------------------------------------------------- lookups
 
 
-def test_ops_lists_the_ops():
-    assert registry.ops() == ["add", "gelu"]
-    for op in registry.ops():
+def test_op_names_lists_the_ops():
+    assert registry.op_names() == ["add", "gelu"]
+    assert kernellab.op_names is registry.op_names and kernellab.op_names() == ["add", "gelu"]
+    for op in registry.op_names():
         assert kernellab.get_spec(op).name == op
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: kernellab/__init__.py imports `ops` from registry, then the import of "
-    "kernellab.ops.spec rebinds the package attribute `kernellab.ops` to the subpackage, so "
-    "the public `kernellab.ops()` (listed in __all__) is a module, not the function",
-)
-def test_public_ops_is_the_registry_function():
-    assert kernellab.ops is registry.ops
-    assert kernellab.ops() == ["add", "gelu"]
-
-
 def test_public_api_names():
-    for name in ("Impl", "add", "gelu", "get", "get_spec", "impls", "register", "unregister"):
+    for name in ("Impl", "add", "gelu", "get", "get_spec", "impls", "op_names", "register", "unregister"):
         assert name in kernellab.__all__ and callable(getattr(kernellab, name)), name
     assert kernellab.get is registry.get and kernellab.impls is registry.impls
     assert kernellab.register is registry.register and kernellab.unregister is registry.unregister
@@ -86,6 +76,9 @@ def test_unknown_op_errors_name_the_op():
     assert kernellab.impls("softmaxx") == []
     with pytest.raises(ValueError, match=r"unknown op 'softmaxx'; known ops: add, gelu"):
         kernellab.register("softmaxx", "mine")
+    with pytest.raises(ValueError, match=r"unknown op 'softmaxx'"):
+        registry.add_impl(registry.Impl("softmaxx", "mine", lambda x: x))
+    assert ("softmaxx", "mine") not in {(i.op, i.backend) for i in kernellab.impls()}
 
 
 # --------------------------------------------------------------------------- availability
@@ -111,7 +104,7 @@ def test_triton_runs_under_the_interpreter_without_gpu():
     import os
 
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    for op in registry.ops():
+    for op in registry.op_names():
         assert kernellab.get(op, "triton").why_unavailable("cpu") is None
         assert "cpu" in kernellab.get(op, "triton").devices
 
@@ -124,6 +117,21 @@ def test_why_unavailable_reasons_of_hand_made_impls():
     missing = registry.Impl("gelu", "t_missing", fn, available=lambda: "peer not installed")
     assert missing.why_unavailable("cpu") == "peer not installed"
     assert missing.why_unavailable("cuda") == "peer not installed"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AttributeError,
+    reason="src bug: Impl.__call__ uses self._spec.validate, but _spec is only set by "
+    "registry.add_impl; an Impl built by hand (kernellab.Impl is public, check_impl takes "
+    "one) raises AttributeError: 'NoneType' object has no attribute 'validate'",
+)
+def test_hand_made_impl_can_be_called_and_validates():
+    impl = registry.Impl("gelu", "t_unregistered", torch.nn.functional.relu)
+    x = torch.randn(5)
+    assert torch.equal(impl(x), torch.nn.functional.relu(x))
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        impl(x.double())
 
 
 # --------------------------------------------------------------------------- register
@@ -156,7 +164,7 @@ def test_register_user_impl_is_checked_like_a_builtin(device):
             kinds = {c.kind for c in rep.cases}
             assert {"shape", "rerun", "special", "layout", "grad", "bad"} <= kinds
         # A user registration never becomes the default.
-        assert registry.default_backend("gelu", x) != name
+        assert registry.default_backend("gelu", device) != name
     finally:
         kernellab.unregister("gelu", name)
     with pytest.raises(KeyError):
@@ -174,7 +182,12 @@ def test_register_user_add_with_keywords():
 
         impl = kernellab.get("add", name)
         assert impl.devices == ("cpu",) and impl.dtypes == (torch.float32,) and impl.description == "mine"
-        assert check_impl(impl, torch.float32, device="cpu", quick=True, seed=2).status == "pass"
+        rep = check_impl(impl, torch.float32, device="cpu", quick=True, seed=2)
+        # On a GPU machine the "tensors on different devices" case fails for every CPU-only
+        # impl: a known src bug, pinned by test_check.py::test_cpu_only_impl_passes_check_on_a_gpu_machine.
+        failures = [c for c in rep.failures if c.name != "tensors on different devices"]
+        assert not failures and rep.cases
+        assert all(c.status == "pass" for c in rep.cases if c.kind in ("shape", "grad", "layout"))
         rep = check_impl(impl, torch.float16, device="cpu", quick=True)
         assert rep.status == "unavailable" and rep.reason == "fp16 not supported by this backend"
     finally:
@@ -261,31 +274,49 @@ def _expected_default(op, device):
 
 
 def test_default_backend_selection(device):
-    spec = kernellab.get_spec("gelu")
-    assert spec.default_backends == ("cuda", "triton", "torch")
-    x = torch.randn(8, device=device)
+    assert kernellab.get_spec("gelu").default_backends == ("cuda", "triton", "torch")
     for op in ("gelu", "add"):
-        assert registry.default_backend(op, x) == _expected_default(op, device)
-    if device == "cpu":
-        assert registry.default_backend("gelu", x) == "triton"
+        for dev in ("cpu", device):
+            assert registry.default_backend(op, dev) == _expected_default(op, dev)
+    if torch.cuda.is_available():
+        assert registry.default_backend("gelu", "cuda") == "cuda"
     else:
-        assert registry.default_backend("gelu", x) == "cuda"
+        assert registry.default_backend("gelu", "cpu") == "triton"
+        assert registry.default_backend("add", "cpu") == "triton"
 
 
 def test_default_backend_falls_back_when_preferred_unavailable(monkeypatch):
-    x = torch.randn(8)
     for op in ("gelu", "add"):
-        monkeypatch.setattr(kernellab.get(op, "triton"), "available", lambda: "disabled by the test")
-        assert registry.default_backend(op, x) == "torch"
+        for b in kernellab.get_spec(op).default_backends[:-1]:
+            monkeypatch.setattr(kernellab.get(op, b), "available", lambda: "disabled by the test")
+        assert registry.default_backend(op, "cpu") == "torch"
+        assert registry.default_backend(op, "cuda") == "torch"
         assert kernellab.get(op, "triton").why_unavailable("cpu") == "disabled by the test"
 
 
-def test_default_backend_follows_the_sample_device():
-    # A list (no device): the best device of this machine decides.
-    assert registry.default_backend("gelu", [1.0]) == _expected_default(
-        "gelu", "cuda" if torch.cuda.is_available() else "cpu"
-    )
-    assert registry.default_backend("gelu", torch.randn(2)) == _expected_default("gelu", "cpu")
+def test_default_dispatch_follows_the_registry_table():
+    """kernellab.gelu(x) without a backend runs whatever the table holds for the default
+    backend of x's device, also after that entry is replaced or removed."""
+    x = torch.randn(16)
+    default = registry.default_backend("gelu", "cpu")
+    original = kernellab.get("gelu", default)
+
+    def marker(x):
+        return torch.full_like(x, 42.0)
+
+    try:
+        kernellab.register("gelu", default, devices=("cpu",), replace=True)(marker)
+        assert bool((kernellab.gelu(x) == 42.0).all()), "the default call did not use the new entry"
+        registry.add_impl(original, replace=True)
+        assert not bool((kernellab.gelu(x) == 42.0).any())
+        if default != "torch":
+            kernellab.unregister("gelu", default)
+            y = kernellab.gelu(x)  # falls back to the next usable backend
+            torch.testing.assert_close(y, torch.nn.functional.gelu(x, approximate="tanh"))
+    finally:
+        registry.add_impl(original, replace=True)
+    assert kernellab.get("gelu", default) is original
+    assert registry.default_backend("gelu", "cpu") == default
 
 
 def test_public_functions_default_backend_on_cpu():
@@ -295,7 +326,7 @@ def test_public_functions_default_backend_on_cpu():
     (x,) = spec.make_inputs((3, 1000), torch.float32, "cpu", 0)
     y = kernellab.gelu(x)
     assert y.shape == x.shape and y.dtype == x.dtype and y.device.type == "cpu"
-    default = registry.default_backend("gelu", x)
+    default = registry.default_backend("gelu", "cpu")
     assert torch.equal(y, kernellab.gelu(x, backend=default))
     v = judge(y, spec.ref(x), torch.float32, torch.nn.functional.gelu(x, approximate="tanh"))
     assert v.ok, v.detail

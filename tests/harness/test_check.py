@@ -325,6 +325,20 @@ def test_gpu_only_impl_accepting_cpu_tensors_fails_without_a_gpu(planted, monkey
     assert rep.failures[0].detail == "accepted bad input without an error"
 
 
+@pytest.mark.gpu
+@pytest.mark.xfail(
+    strict=True,
+    reason="src bug: _Runner.bad_inputs runs the needs_gpu case 'tensors on different devices' "
+    "(a on cuda, b on cpu, error must name b) for every impl on a GPU machine; a CPU-only impl "
+    "rightly refuses a first ('a is on cuda:0, but this backend runs on cpu tensors only'), "
+    "so check_impl fails every correct CPU-only registration there",
+)
+def test_cpu_only_impl_passes_check_on_a_gpu_machine(planted):
+    impl = planted("add", "planted_cpu_only", _correct("add"), devices=("cpu",))
+    rep = check_impl(impl, torch.float32, device="cpu", quick=True, seed=SEED)
+    assert rep.status == PASS, rep.failures
+
+
 def test_precompile_error_fails(planted, monkeypatch):
     from kernellab import device as kl_device
     from kernellab.cuda.runtime import CudaError
@@ -353,7 +367,9 @@ def test_precompile_error_report_keeps_the_nvrtc_log(planted, monkeypatch):
 
     monkeypatch.setattr(kl_device, "has_cuda", lambda: False)
     broken = Module(source='extern "C" __global__ void k(float* y) { y[0] = not_declared; }')
-    impl = planted("gelu", "planted_broken_cu", _correct("gelu"), devices=("cuda",), precompile=broken.precompile)
+    impl = planted(
+        "gelu", "planted_broken_cu", _correct("gelu"), devices=("cuda",), precompile=broken.precompile
+    )
     rep = _run(impl)
     assert rep.status == FAIL and rep.reason == "does not compile"
     assert "not_declared" in rep.failures[0].detail
@@ -525,7 +541,9 @@ def test_gpu_backends_pass(op, backend, dtype):
 def test_gpu_planted_wrong_tail_fails_with_nan(planted, op):
     """On the GPU the caching allocator hands out the NaN-poisoned block: the unwritten
     tail reads NaN and the parity rule names it."""
-    rep = check_impl(planted(op, "planted_tail", make_wrong_tail(op)), torch.float32, device="cuda", quick=True)
+    rep = check_impl(
+        planted(op, "planted_tail", make_wrong_tail(op)), torch.float32, device="cuda", quick=True
+    )
     assert rep.status == FAIL
     fails = [c for c in rep.failures if c.kind == "shape" and c.name == "129x1000"]
     assert fails and "NaN where the reference is not" in fails[0].detail
@@ -546,7 +564,9 @@ def test_check_driver_hooks_and_plan_size():
         on_start=lambda impl, dtype: started.append((impl.name, dtype)),
         on_result=results.append,
     )
-    assert len(reps) == 8 == chk.plan_size(["gelu", "add"], ["torch", "manual"], [torch.float32, torch.float16])
+    assert (
+        len(reps) == 8 == chk.plan_size(["gelu", "add"], ["torch", "manual"], [torch.float32, torch.float16])
+    )
     assert len(started) == 8 and results == reps
     assert all(r.status == PASS for r in reps)
     assert {(r.op, r.backend, r.dtype) for r in reps} == {

@@ -133,7 +133,9 @@ def test_noise_floor_scales_with_the_output():
     assert judge(torch.tensor([1000.0 + 2**-14, 3.0]), ref, torch.float32, baseline).ok
     # The floor never drops below one eps (scale >= 1), so tiny outputs keep a floor.
     small = _ref([2**-10])
-    assert judge(torch.tensor([2**-10]), small, torch.float32, torch.tensor([2**-10])).bound == eps(torch.float32)
+    assert judge(torch.tensor([2**-10]), small, torch.float32, torch.tensor([2**-10])).bound == eps(
+        torch.float32
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)

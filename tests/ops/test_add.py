@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernellab
+from kernellab.harness.compare import judge
 from kltest import (
     DTYPES,
     LAYOUTS,
@@ -25,7 +26,6 @@ from kltest import (
     seed_for,
     shape_id,
 )
-from kernellab.harness.compare import judge
 
 OP = "add"
 SPEC = kernellab.get_spec(OP)
@@ -175,7 +175,12 @@ def test_mixed_layouts_and_aliasing(dev, backend):
 
 
 @pytest.mark.parametrize("backend", [b for b in ("triton",) if b in ALL_BACKENDS])
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12,
+    deadline=None,
+    database=None,  # no .hypothesis/ folder in the repo
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(
     shape=st.lists(st.integers(min_value=0, max_value=70), min_size=1, max_size=3).map(tuple),
     dtype=st.sampled_from(DTYPES),
@@ -321,37 +326,31 @@ def test_compile_backend_fp32_quick(device):
 # --------------------------------------------------------------------------- GPU only
 
 
+SFX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_gpu_misaligned_offset_takes_the_scalar_kernel(dtype, monkeypatch):
-    from kernellab.ops.add import cuda as add_cuda
+def test_gpu_misaligned_offset_takes_the_scalar_kernel(dtype):
+    from kltest import launched_cuda_kernels
 
-    mod = add_cuda.MODULE
-    asked = []
-    real_kernel = mod.kernel
-
-    def spy(name, signature, device_index=None):
-        asked.append(name)
-        return real_kernel(name, signature, device_index)
-
-    monkeypatch.setattr(mod, "kernel", spy)
-    sfx = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    sfx = SFX[dtype]
     for n in (1, 9, 1025, 4097):
         a = torch.randn(n, device="cuda").to(dtype)
         b_mis = torch.randn(n + 1, device="cuda").to(dtype)[1:]  # only b is misaligned
-        asked.clear()
-        y = kernellab.add(a, b_mis, backend="cuda")
-        assert asked == [f"add_v1_{sfx}"], asked
-        assert torch.equal(y, a + b_mis)
-        asked.clear()
-        y = kernellab.add(a, b_mis.clone(), backend="cuda")
-        assert asked == [f"add_{sfx}"], asked
-        assert torch.equal(y, a + b_mis)
+        out = []
+        ran = launched_cuda_kernels(lambda: out.append(kernellab.add(a, b_mis, backend="cuda")), "add")
+        assert ran == [f"add_v1_{sfx}"], ran
+        assert torch.equal(out[0], a + b_mis)
+        b = b_mis.clone()
+        ran = launched_cuda_kernels(lambda: out.append(kernellab.add(a, b, backend="cuda")), "add")
+        assert ran == [f"add_{sfx}"], ran
+        assert torch.equal(out[1], a + b)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "cuda_v1"])
-def test_gpu_grid_stride_and_tails(backend):
+def test_gpu_large_and_tail_sizes(backend):
     from kernellab.harness.check import poison_allocator
 
     for n in (2**24 + 3, 4097, 5):
@@ -360,6 +359,23 @@ def test_gpu_grid_stride_and_tails(backend):
         poison_allocator((n,), torch.float32, "cuda")
         y = kernellab.add(a, b, backend=backend)
         assert torch.equal(y, a + b), f"{backend} n={n}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gpu_vectorized_kernel_is_correct_for_any_grid(dtype):
+    """The two-input vectorized loop is grid-stride too: any grid writes everything."""
+    from kernellab.ops.add import cuda as add_cuda
+
+    n = 3 * 256 * 2 * 8 + 5
+    a = torch.randn(n, device="cuda").to(dtype)
+    b = torch.randn(n, device="cuda").to(dtype)
+    k = add_cuda.MODULE.kernel(f"add_{SFX[dtype]}", ("ptr", "ptr", "ptr", "i64"))
+    for grid in (1, 2, 7):
+        y = torch.full_like(a, float("nan"))
+        k(grid, 256, a, b, y, n)
+        torch.cuda.synchronize()
+        assert torch.equal(y, a + b), f"grid={grid}"
 
 
 @pytest.mark.gpu
@@ -386,13 +402,20 @@ def test_gpu_cuda_graph_capture():
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "cuda_v1"])
 def test_gpu_cuda_core_launch_path_gives_identical_results(backend, monkeypatch):
+    """KERNELLAB_LAUNCH=core: cuda.core.launch gives the same answer (fresh Module, since
+    the variable is read when a Kernel is made)."""
+    from kernellab.cuda import elementwise
+    from kernellab.cuda.runtime import Module
     from kernellab.ops.add import cuda as add_cuda
+    from kltest import KEEP_ALIVE
 
     a = torch.randn(3, 1001, device="cuda", dtype=torch.float16)
     b = torch.randn(3, 1001, device="cuda", dtype=torch.float16)
     default = kernellab.add(a, b, backend=backend)
-    for k in list(add_cuda.MODULE._kernels.values()):
-        monkeypatch.setattr(k, "_use_core", True)
-    core = kernellab.add(a, b, backend=backend)
+    monkeypatch.setenv("KERNELLAB_LAUNCH", "core")
+    core_mod = Module(add_cuda.MODULE.path)
+    KEEP_ALIVE.append(core_mod)
+    core = elementwise.launch(core_mod, "add", [a, b], backend == "cuda")
     torch.cuda.synchronize()
+    assert core_mod._kernels and all(k._use_core for k in core_mod._kernels.values())
     assert torch.equal(default, core) and torch.equal(core, a + b)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernellab
+from kernellab.harness.compare import judge
 from kltest import (
     DTYPES,
     LAYOUTS,
@@ -28,7 +29,6 @@ from kltest import (
     seed_for,
     shape_id,
 )
-from kernellab.harness.compare import judge
 
 OP = "gelu"
 SPEC = kernellab.get_spec(OP)
@@ -194,7 +194,12 @@ def test_hand_made_views(dev, backend):
 
 
 @pytest.mark.parametrize("backend", [b for b in ("triton",) if b in ALL_BACKENDS])
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=12,
+    deadline=None,
+    database=None,  # no .hypothesis/ folder in the repo
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(
     shape=st.lists(st.integers(min_value=0, max_value=70), min_size=1, max_size=3).map(tuple),
     dtype=st.sampled_from(DTYPES),
@@ -318,7 +323,9 @@ def test_compile_backend_fp32_quick(device):
     assert v.ok, v.detail
     dy = torch.randn_like(x)
     (dx,) = impl_grads(impl.fn, SPEC, (x,), dy)
-    v = judge(dx, reference_grads(SPEC, (x,), dy)[0], torch.float32, impl_grads(_torch_fn(), SPEC, (x,), dy)[0])
+    v = judge(
+        dx, reference_grads(SPEC, (x,), dy)[0], torch.float32, impl_grads(_torch_fn(), SPEC, (x,), dy)[0]
+    )
     assert v.ok, v.detail
 
 
@@ -331,52 +338,76 @@ def _cuda_module():
     return gelu_cuda.MODULE
 
 
+SFX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("backend", ["cuda", "cuda_v1"])
-def test_gpu_misaligned_offset_takes_the_scalar_kernel(backend, dtype, monkeypatch):
+def test_gpu_misaligned_offset_takes_the_scalar_kernel(backend, dtype):
     """A storage offset of one element is not 16-byte aligned: the vectorized backend must
     fall back to the one-element-per-thread kernel and still be right."""
-    mod = _cuda_module()
-    asked = []
-    real_kernel = mod.kernel
+    from kltest import launched_cuda_kernels
 
-    def spy(name, signature, device_index=None):
-        asked.append(name)
-        return real_kernel(name, signature, device_index)
-
-    monkeypatch.setattr(mod, "kernel", spy)
-    sfx = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    sfx = SFX[dtype]
     for n in (1, 7, 1025, 4097):
         flat = torch.randn(n + 1, device="cuda").mul(3).to(dtype)
         x = flat[1:]
         assert x.data_ptr() % 16 != 0
-        asked.clear()
-        y = kernellab.gelu(x, backend=backend)
-        assert asked == [f"gelu_fwd_v1_{sfx}"], asked
-        v = judge(y, SPEC.ref(x), dtype, _baseline(backend, x))
+        out = []
+        ran = launched_cuda_kernels(lambda: out.append(kernellab.gelu(x, backend=backend)), "gelu_")
+        assert ran == [f"gelu_fwd_v1_{sfx}"], ran
+        v = judge(out[0], SPEC.ref(x), dtype, _baseline(backend, x))
         assert v.ok, f"{backend} n={n}: {v.detail}"
-        xa = flat[:n].clone()  # aligned copy: the vectorized kernel for "cuda"
-        asked.clear()
-        kernellab.gelu(xa, backend=backend)
-        expect = f"gelu_fwd_{sfx}" if backend == "cuda" else f"gelu_fwd_v1_{sfx}"
-        assert asked == [expect], asked
+        xa = flat[:n].clone()  # aligned: the vectorized kernel for "cuda"
+        ran = launched_cuda_kernels(lambda: kernellab.gelu(xa, backend=backend), "gelu_")
+        assert ran == [f"gelu_fwd_{sfx}" if backend == "cuda" else f"gelu_fwd_v1_{sfx}"], ran
+        # Backward with a misaligned x: the scalar backward kernel, right answer.
+        leaf = x.detach().requires_grad_()
+        dy = torch.randn(n, device="cuda").to(dtype)
+        grads = []
+        y = kernellab.gelu(leaf, backend=backend)
+        ran = launched_cuda_kernels(lambda: grads.append(torch.autograd.grad(y, leaf, dy)[0]), "gelu_")
+        assert ran == [f"gelu_bwd_v1_{sfx}"], ran
+        (ref_dx,) = reference_grads(SPEC, (x,), dy)
+        v = judge(grads[0], ref_dx, dtype, impl_grads(_torch_fn(), SPEC, (x,), dy)[0])
+        assert v.ok, f"{backend} n={n} dx: {v.detail}"
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "cuda_v1"])
-def test_gpu_grid_stride_and_tails(backend):
-    """Past the grid cap (16 blocks per SM) the vectorized kernel loops; n % 4 != 0 leaves
-    a scalar tail. Every element must be written (output poisoned first)."""
+def test_gpu_large_and_tail_sizes(backend):
+    """Every element written (output poisoned first), past 2^24 elements and with an
+    n % 4 tail."""
     from kernellab.harness.check import poison_allocator
 
-    for n in (2**24 + 3, 4 * 256 * 4 + 1, 5):
+    for n in (2**24 + 3, 4097, 5):
         x = torch.randn(n, device="cuda") * 3
         poison_allocator((n,), torch.float32, "cuda")
         y = kernellab.gelu(x, backend=backend)
         torch.cuda.synchronize()
         v = judge(y, SPEC.ref(x), torch.float32, _baseline(backend, x))
         assert v.ok, f"{backend} n={n}: {v.detail}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gpu_vectorized_kernel_is_correct_for_any_grid(dtype):
+    """The vectorized loop is grid-stride: a grid smaller than one tile per block (the
+    host's choice) must still write every element."""
+    mod = _cuda_module()
+    sfx = SFX[dtype]
+    n = 3 * 256 * 4 * 8 + 5  # several tiles plus a tail
+    x = (torch.randn(n, device="cuda") * 3).to(dtype)
+    ref = SPEC.ref(x)
+    base = _torch_fn()(x)
+    fwd = mod.kernel(f"gelu_fwd_{sfx}", ("ptr", "ptr", "i64"))
+    for grid in (1, 2, 7):
+        y = torch.full_like(x, float("nan"))
+        fwd(grid, 256, x, y, n)
+        torch.cuda.synchronize()
+        v = judge(y, ref, dtype, base)
+        assert v.ok, f"grid={grid}: {v.detail}"
 
 
 @pytest.mark.gpu
@@ -406,35 +437,39 @@ def test_gpu_cuda_graph_capture():
 @pytest.mark.parametrize("backend", ["cuda", "cuda_v1"])
 def test_gpu_cuda_core_launch_path_gives_identical_results(backend, monkeypatch):
     """KERNELLAB_LAUNCH=core (cuda.core.launch instead of cuLaunchKernel) must give
-    bit-identical forward and backward results."""
-    from kernellab.cuda.runtime import Kernel
+    bit-identical forward and backward results. The variable is read when a Kernel is
+    made, so the core path runs on a fresh Module of the same .cu file."""
+    import cuda.core
 
-    mod = _cuda_module()
+    from kernellab.cuda import elementwise
+    from kernellab.cuda.runtime import Module
+    from kltest import KEEP_ALIVE
+
+    vec = backend == "cuda"
     x = torch.randn(3, 1001, device="cuda") * 3
-    x_mis = torch.randn(3 * 1001 + 1, device="cuda")[1:].view(3, 1001)
+    x_mis = (torch.randn(3 * 1001 + 1, device="cuda") * 3)[1:].view(3, 1001)
     dy = torch.randn_like(x)
+    default = []
+    for inp in (x, x_mis):
+        leaf = inp.detach().requires_grad_()
+        y = kernellab.gelu(leaf, backend=backend)
+        (dx,) = torch.autograd.grad(y, leaf, dy)
+        default += [y.detach(), dx]
 
-    def run():
-        outs = []
-        for inp in (x, x_mis):
-            leaf = inp.detach().requires_grad_()
-            y = kernellab.gelu(leaf, backend=backend)
-            (dx,) = torch.autograd.grad(y, leaf, dy)
-            outs += [y.detach().clone(), dx.clone()]
-        torch.cuda.synchronize()
-        return outs
-
-    default = run()
-    assert mod._kernels, "no kernel was loaded"
-    for k in list(mod._kernels.values()):
-        assert k._use_core is False
-        monkeypatch.setattr(k, "_use_core", True)
-    core = run()
-    for a, b in zip(default, core):
-        assert torch.equal(a, b)
-
-    # The environment variable is read when a Kernel is made.
+    calls = []
+    real_launch = cuda.core.launch
+    monkeypatch.setattr(cuda.core, "launch", lambda *a, **k: (calls.append(1), real_launch(*a, **k))[1])
     monkeypatch.setenv("KERNELLAB_LAUNCH", "core")
-    k0 = next(iter(mod._kernels.values()))
-    fresh = Kernel(k0._core_kernel, k0.name, k0.signature)
-    assert fresh._use_core is True
+    core_mod = Module(_cuda_module().path)
+    KEEP_ALIVE.append(core_mod)
+    core = []
+    for inp in (x, x_mis):
+        core += [
+            elementwise.launch(core_mod, "gelu_fwd", [inp], vec),
+            elementwise.launch(core_mod, "gelu_bwd", [dy, inp], vec),
+        ]
+    torch.cuda.synchronize()
+    assert len(calls) == 4, "cuda.core.launch was not used"
+    assert core_mod._kernels and all(k._use_core for k in core_mod._kernels.values())
+    for a, b in zip(default, core, strict=True):
+        assert torch.equal(a, b)

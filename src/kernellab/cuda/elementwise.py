@@ -9,34 +9,54 @@ from __future__ import annotations
 
 import torch
 
-from kernellab.cuda.runtime import Module, ceil_div
+from kernellab.cuda.runtime import Module, _get_device
 
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS = 256
 UNROLL = {1: 4, 2: 2}  # packs per thread for 1 and 2 inputs: kl::UNROLL, kl::UNROLL2
 
 
+_KERNELS: dict = {}  # (module, base, dtype, device, vectorized, n_inputs) -> (Kernel, packs per block)
+
+
+def _kernel(module: Module, base: str, dtype, dev: int, vec: bool, n_in: int):
+    key = (id(module), base, dtype, dev, vec, n_in)
+    hit = _KERNELS.get(key)
+    if hit is None:
+        sig = ("ptr",) * (n_in + 1) + ("i64",)
+        name = f"{base}_{SUFFIX[dtype]}" if vec else f"{base}_v1_{SUFFIX[dtype]}"
+        per_block = THREADS * UNROLL[n_in] if vec else THREADS
+        hit = _KERNELS[key] = (module.kernel(name, sig, dev), per_block)
+    return hit
+
+
 def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.Tensor:
-    """y = f(*inputs) elementwise; inputs share shape, dtype and CUDA device."""
-    inputs = [t.contiguous() for t in inputs]  # strided inputs are packed first
+    """y = f(*inputs) elementwise; inputs share shape, dtype and CUDA device.
+
+    Host cost matters here (small tensors are launch-bound): one pass over the inputs, a
+    cached kernel lookup, and a launch with plain-int arguments."""
+    inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]  # strided: pack first
     x0 = inputs[0]
     y = torch.empty_like(x0)
     n = x0.numel()
     if n == 0:
         return y
     dev = x0.device.index
-    sig = ("ptr",) * (len(inputs) + 1) + ("i64",)
-    sfx = SUFFIX[x0.dtype]
+    if dev != _get_device():  # launch in the tensors' device context
+        with torch.cuda.device(dev):
+            return launch(module, base, inputs, vectorized)
+    ptrs = [t.data_ptr() for t in inputs]
     # A storage offset can leave a tensor misaligned for 16-byte accesses (offset of one
     # element): then the scalar kernel runs. The allocator aligns y.
-    if vectorized and all(t.data_ptr() % 16 == 0 for t in inputs):
-        k = module.kernel(f"{base}_{sfx}", sig, dev)
-        packs = n // (16 // x0.element_size())
+    vec = vectorized and not any(p & 15 for p in ptrs)
+    kernel, per_block = _kernel(module, base, x0.dtype, dev, vec, len(inputs))
+    if vec:
         # One tile per block (the kernel's loop is grid-stride, so this is only a choice):
         # measured faster than a grid capped at 8-32 blocks per SM.
-        grid = max(1, ceil_div(packs, THREADS * UNROLL[len(inputs)]))
+        grid = (n // (16 // x0.element_size()) + per_block - 1) // per_block or 1
     else:
-        k = module.kernel(f"{base}_v1_{sfx}", sig, dev)
-        grid = ceil_div(n, THREADS)
-    k(grid, THREADS, *inputs, y, n, device_index=dev)
+        grid = (n + per_block - 1) // per_block
+    ptrs.append(y.data_ptr())
+    ptrs.append(n)
+    kernel.launch_1d(grid, THREADS, ptrs, dev)
     return y

@@ -250,6 +250,21 @@ except AttributeError:  # pragma: no cover
     _get_device = torch.cuda.current_device
 
 
+def _function_handle(kernel) -> int:
+    """A CUfunction for the current context. cuda.core loads code as a library and hands
+    out context-independent CUkernel handles; cuLaunchKernel accepts those too, but then
+    resolves the function for the context on every launch. Resolve it once here."""
+    try:
+        from cuda.bindings import driver
+
+        err, fn = driver.cuKernelGetFunction(kernel.handle)
+        if int(err) == 0:
+            return int(fn)
+    except Exception:  # older bindings: launch with the CUkernel handle
+        pass
+    return int(kernel.handle)
+
+
 class Kernel:
     """A loaded kernel with a fixed signature, e.g. ``("ptr", "ptr", "i64")``."""
 
@@ -257,7 +272,7 @@ class Kernel:
         self.name = name
         self.signature = tuple(signature)
         self._core_kernel = kernel
-        self._handle = int(kernel.handle)
+        self._handle = _function_handle(kernel)
         self._slots = [_CTYPE[t]() for t in self.signature]
         self._params = (ctypes.c_void_p * len(self._slots))(
             *[ctypes.addressof(s) for s in self._slots]
@@ -291,6 +306,19 @@ class Kernel:
             for slot, a in zip(self._slots, args):
                 slot.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
             rc = self._launch(self._handle, gx, gy, gz, bx, by, bz, shared, stream, self._params, None)
+        if rc != 0:
+            raise CudaError(f"launch of {self.name} failed: {_error_string(rc)} ({rc})")
+
+    def launch_1d(self, grid: int, block: int, values, device_index: int) -> None:
+        """Hot path for 1-D launches whose arguments are already plain ints (pointers from
+        ``data_ptr()`` and scalars), on ``device_index``, which must be current."""
+        stream = _raw_stream(device_index)
+        if self._use_core:
+            return self._launch_core(stream, (grid, 1, 1), (block, 1, 1), 0, values)
+        with self._lock:
+            for slot, v in zip(self._slots, values):
+                slot.value = v
+            rc = self._launch(self._handle, grid, 1, 1, block, 1, 1, 0, stream, self._params, None)
         if rc != 0:
             raise CudaError(f"launch of {self.name} failed: {_error_string(rc)} ({rc})")
 

@@ -344,7 +344,8 @@ def check_impl(
                 rep.cases.append(CaseResult("compile", ", ".join(CHECK_ARCHS), PASS, detail="; ".join(lines)))
                 rep.status, rep.reason = "compiled", "compiled, not run: no GPU"
             except Exception as e:  # noqa: BLE001
-                rep.cases.append(CaseResult("compile", ", ".join(CHECK_ARCHS), FAIL, detail=_short(e)))
+                # The whole NVRTC log: the first line alone only says that it failed.
+                rep.cases.append(CaseResult("compile", ", ".join(CHECK_ARCHS), FAIL, detail=str(e)[:4000]))
                 rep.status, rep.reason = FAIL, "does not compile"
             # Input validation runs without a GPU: a CPU tensor must be refused clearly.
             rep.cases.extend(runner.bad_inputs(runnable=False))

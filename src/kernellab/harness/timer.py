@@ -81,20 +81,38 @@ def _flush_buffer() -> torch.Tensor:
     return buf
 
 
+def warm_up(fn, min_calls: int = 3, min_s: float = 0.1) -> None:
+    """Call ``fn`` for at least ``min_calls`` calls and ``min_s`` seconds of device time.
+
+    By count alone (3 calls) is not enough: measured on an H100, a bandwidth-bound kernel
+    timed right after the GPU sat idle for a second (a Triton JIT compile, a float64
+    reference on the host) ran ~15% slow for its first ~20 calls while the clocks came
+    back up, and a stable-looking median of 20 calls recorded that."""
+    t0 = time.perf_counter()
+    calls = 0
+    while calls < min_calls or time.perf_counter() - t0 < min_s:
+        fn()
+        calls += 1
+        if calls % 8 == 0 and torch.cuda.is_available():
+            torch.cuda.synchronize()  # count device time, not queued work
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def time_cuda(
     fn,
     *,
     flush: bool = True,
-    warmup: int = 3,
+    warmup_s: float = 0.1,
     min_reps: int = 10,
+    min_time_s: float = 0.2,
     max_reps: int = 2000,
     budget_s: float = 1.5,
     rel_tol: float = 0.01,
 ) -> Timing:
-    """Time ``fn()`` on the current CUDA stream with events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
+    """Time ``fn()`` on the current CUDA stream with events. Stops when the median is
+    stable to +-rel_tol *and* at least min_time_s has been spent, or at the budget."""
+    warm_up(fn, min_s=warmup_s)
     buf = _flush_buffer() if flush else None
     times: list[float] = []
     t_start = time.perf_counter()
@@ -112,7 +130,8 @@ def time_cuda(
         times.extend(s.elapsed_time(e) for s, e in zip(starts, ends))
         s = sorted(times)
         spent = time.perf_counter() - t_start
-        if len(times) >= max_reps or spent > budget_s or (len(times) >= min_reps and median_is_stable(s, rel_tol)):
+        stable = len(times) >= min_reps and spent >= min_time_s and median_is_stable(s, rel_tol)
+        if len(times) >= max_reps or spent > budget_s or stable:
             break
         # Next batch: double what we have, within the remaining budget.
         per_call_s = max(spent / len(times), 1e-6)
@@ -139,6 +158,7 @@ def time_cuda_graph(
     with torch.cuda.stream(side):  # warm-up off the capture stream, as CUDA graphs require
         for _ in range(warmup):
             fn()
+        warm_up(fn, min_s=0.05)
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -160,7 +180,9 @@ def time_cuda_graph(
         torch.cuda.synchronize()
         times.extend(s.elapsed_time(e) / calls_per_graph for s, e in zip(starts, ends))
         spent = time.perf_counter() - t_start
-        if len(times) >= max_reps or spent > budget_s or median_is_stable(sorted(times), rel_tol):
+        if len(times) >= max_reps or spent > budget_s:
+            break
+        if len(times) >= min_reps and spent >= 0.1 and median_is_stable(sorted(times), rel_tol):
             break
         batch = max(1, min(len(times), max_reps - len(times)))
     t = _summarize(times, "cuda-graph", False)
@@ -171,8 +193,7 @@ def time_cuda_graph(
 def time_host(fn, *, warmup: int = 2, min_reps: int = 5, max_reps: int = 1000, budget_s: float = 1.0,
               rel_tol: float = 0.02) -> Timing:
     """Time ``fn()`` with the host clock (the CPU path)."""
-    for _ in range(warmup):
-        fn()
+    warm_up(fn, min_calls=warmup, min_s=0.0)
     times: list[float] = []
     t_start = time.perf_counter()
     while True:

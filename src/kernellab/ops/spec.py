@@ -192,6 +192,21 @@ class OpSpec:
     # -- validation -----------------------------------------------------------------
     def validate(self, args, kwargs, devices=("cuda", "cpu")) -> None:
         """Raise TypeError/ValueError naming the offending argument."""
+        # Fast accept for the common case (this runs on every call: host cost matters);
+        # anything unusual goes through the full checks below for a precise message.
+        if not kwargs and len(args) == len(self.arg_names):
+            a0 = args[0]
+            if isinstance(a0, torch.Tensor) and a0.dtype in self.dtypes and a0.device.type in devices:
+                dt, dev, shape = a0.dtype, a0.device, a0.shape
+                for a in args[1:]:
+                    if not (isinstance(a, torch.Tensor) and a.dtype is dt and a.shape == shape
+                            and a.device == dev):
+                        break
+                else:
+                    return
+        self._validate_slow(args, kwargs, devices)
+
+    def _validate_slow(self, args, kwargs, devices) -> None:
         if len(args) != len(self.arg_names):
             raise TypeError(
                 f"{self.name}() takes {len(self.arg_names)} tensor arguments "

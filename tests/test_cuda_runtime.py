@@ -1,0 +1,300 @@
+"""The NVRTC runtime (kernellab.cuda.runtime).
+
+Without a GPU: every .cu module compiles for sm_80 and sm_90 (cubin), the vectorized
+kernels really use 16-byte accesses and no local memory (PTX), the disk cache is hit,
+compile errors carry the NVRTC log. With a GPU (``gpu`` tests): a module from a source
+string runs and gives the right answer, also on a non-default stream.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernellab
+from kernellab.cuda import runtime
+from kernellab.cuda.runtime import CHECK_ARCHS, CudaError, Module, compile_source
+
+PKG = Path(kernellab.__file__).resolve().parent
+CU_FILES = sorted(PKG.rglob("*.cu"))
+ELF_MAGIC = b"\x7fELF"
+
+SCALE_SRC = r"""
+extern "C" __global__ void scale_add(const float* x, float* y, float a, long long n) {
+    long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + 1.0f;
+}
+"""
+
+
+def _entries(ptx: str) -> dict[str, str]:
+    """Kernel name -> its PTX body."""
+    out = {}
+    for chunk in re.split(r"\.entry\s+", ptx)[1:]:
+        out[chunk.split("(", 1)[0].strip()] = chunk
+    return out
+
+
+def _registry_modules() -> set[Path]:
+    """The .cu files behind registered backends with a precompile hook."""
+    paths = set()
+    for impl in kernellab.impls():
+        pre = impl.precompile
+        owner = getattr(pre, "__self__", None)
+        if isinstance(owner, Module) and owner.path is not None:
+            paths.add(owner.path.resolve())
+    return paths
+
+
+# --------------------------------------------------------------------------- compile (CPU)
+
+
+def test_nvrtc_is_usable_here():
+    # CI proves the CUDA kernels compile: NVRTC and the CUDA headers must be installed.
+    assert runtime.nvrtc_unavailable() is None
+    assert re.fullmatch(r"\d+\.\d+", runtime.nvrtc_version())
+    assert CHECK_ARCHS == ("sm_80", "sm_90")
+
+
+def test_every_cu_file_belongs_to_a_registered_backend():
+    assert CU_FILES, "no .cu files found in the package"
+    assert {p.resolve() for p in CU_FILES} == _registry_modules()
+
+
+@pytest.mark.parametrize("path", CU_FILES, ids=lambda p: p.name)
+def test_every_module_compiles_to_cubin_for_check_archs(path, kl_cache):
+    mod = Module(path)
+    lines = mod.precompile(CHECK_ARCHS)
+    assert len(lines) == len(CHECK_ARCHS)
+    for arch, line in zip(CHECK_ARCHS, lines, strict=True):
+        assert line.startswith(f"{path.name}: {arch} cubin ")
+        cubin = mod.compile(arch)  # now from the cache
+        assert cubin[:4] == ELF_MAGIC
+    # Both cubins were written to the (fresh) cache.
+    assert len(list((kl_cache / "cuda").glob("*.cubin"))) == len(CHECK_ARCHS)
+
+
+@pytest.mark.parametrize("path", CU_FILES, ids=lambda p: p.name)
+def test_cubin_holds_every_kernel_the_host_asks_for(path):
+    """The naming contract of cuda/elementwise.py: <base>_<dtype> (vectorized) and
+    <base>_v1_<dtype> (scalar) for f32, f16 and bf16."""
+    cubin = Module(path).compile("sm_90")
+    names = set(_entries(Module(path).compile("sm_90", target="ptx").decode()))
+    assert names, "no kernels"
+    for name in names:
+        assert name.encode() in cubin, name
+    vectorized = {n for n in names if "_v1_" not in n}
+    for n in vectorized:
+        base, sfx = n.rsplit("_", 1)
+        assert sfx in ("f32", "f16", "bf16"), n
+        assert f"{base}_v1_{sfx}" in names, f"{n} has no scalar fallback {base}_v1_{sfx}"
+    for sfx in ("f32", "f16", "bf16"):
+        assert any(n.endswith("_" + sfx) for n in vectorized), sfx
+
+
+@pytest.mark.parametrize("arch", CHECK_ARCHS)
+@pytest.mark.parametrize("path", CU_FILES, ids=lambda p: p.name)
+def test_ptx_vector_accesses_and_no_local_memory(path, arch):
+    ptx = Module(path).compile(arch, target="ptx").decode()
+    assert f".target {arch}" in ptx
+    entries = _entries(ptx)
+    vectorized = {n: body for n, body in entries.items() if "_v1_" not in n}
+    assert vectorized
+    for name, body in vectorized.items():
+        assert re.search(r"\bld\.global(\.nc)?\.v4\.", body), f"{name}: no 16-byte vector load"
+        assert re.search(r"\bst\.global\.v4\.", body), f"{name}: no 16-byte vector store"
+    for name, body in entries.items():
+        # .local: stack frames or register spills - arrays indexed at run time, too many
+        # registers; none of these kernels needs any.
+        assert ".local" not in body, f"{name} uses local memory"
+    assert ".local" not in ptx
+
+
+def test_ptx_scalar_kernels_do_plain_accesses():
+    ptx = Module(CU_FILES[0]).compile("sm_90", target="ptx").decode()
+    scalar = {n: b for n, b in _entries(ptx).items() if "_v1_" in n}
+    assert scalar
+    for name, body in scalar.items():
+        assert not re.search(r"\.v4\.", body), f"{name} (v1) should not use vector accesses"
+
+
+# --------------------------------------------------------------------------- disk cache
+
+
+def test_disk_cache_is_written_and_hit(kl_cache, monkeypatch):
+    import cuda.core
+
+    first = compile_source(SCALE_SRC, "sm_80", name="scale")
+    files = list((kl_cache / "cuda").glob("*.cubin"))
+    assert len(files) == 1 and files[0].read_bytes() == first
+    assert first[:4] == ELF_MAGIC
+
+    # The second compile must not reach NVRTC at all.
+    class NoCompile:
+        def __init__(self, *a, **k):
+            raise AssertionError("NVRTC was called although the cubin is cached")
+
+    monkeypatch.setattr(cuda.core, "Program", NoCompile)
+    assert compile_source(SCALE_SRC, "sm_80", name="scale") == first
+    # use_cache=False compiles again (here: reaches the patched Program).
+    with pytest.raises(CudaError, match="NVRTC was called"):
+        compile_source(SCALE_SRC, "sm_80", name="scale", use_cache=False)
+
+
+def test_ptx_cache_is_hit(kl_cache, monkeypatch):
+    first = compile_source(SCALE_SRC, "sm_90", target="ptx")
+    assert (kl_cache / "cuda").glob("*.ptx")
+    assert len(list((kl_cache / "cuda").glob("*.ptx"))) == 1
+
+    def no_ptx(*a, **k):
+        raise AssertionError("NVRTC was called although the PTX is cached")
+
+    monkeypatch.setattr(runtime, "_nvrtc_ptx", no_ptx)
+    assert compile_source(SCALE_SRC, "sm_90", target="ptx") == first
+
+
+def test_cache_key_covers_source_arch_target_and_options(kl_cache):
+    compile_source(SCALE_SRC, "sm_80")
+    compile_source(SCALE_SRC, "sm_90")
+    compile_source(SCALE_SRC + "\n// changed\n", "sm_80")
+    compile_source(SCALE_SRC, "sm_80", options=("--use_fast_math",))
+    compile_source(SCALE_SRC, "sm_80", target="ptx")
+    compile_source(SCALE_SRC, "sm_80")  # a hit: no new file
+    cache = kl_cache / "cuda"
+    assert len(list(cache.glob("*.cubin"))) == 4
+    assert len(list(cache.glob("*.ptx"))) == 1
+    assert not list(cache.glob("*.tmp*")), "temporary files left behind"
+
+
+def test_cache_key_covers_included_headers(kl_cache, tmp_path):
+    """Editing a local header included by a .cu file must invalidate its cubin."""
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    header = src_dir / "mine.cuh"
+    header.write_text("#define KL_VALUE 1.0f\n")
+    cu = src_dir / "k.cu"
+    cu.write_text('#include "mine.cuh"\nextern "C" __global__ void k(float* y) { y[0] = KL_VALUE; }\n')
+    mod = Module(cu)
+    mod.compile("sm_80")
+    header.write_text("#define KL_VALUE 2.0f\n")
+    mod.compile("sm_80")
+    assert len(list((kl_cache / "cuda").glob("*.cubin"))) == 2
+
+
+def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
+    from kernellab.device import cache_dir
+
+    for name in ("a", "b"):
+        monkeypatch.setenv("KERNELLAB_CACHE", str(tmp_path / name))
+        assert cache_dir() == tmp_path / name and (tmp_path / name).is_dir()
+
+
+# --------------------------------------------------------------------------- errors and options
+
+
+BROKEN_SRC = 'extern "C" __global__ void k(float* y) { y[0] = undefined_symbol_xyz; }\n'
+
+
+@pytest.mark.parametrize("target", ["cubin", "ptx"])
+def test_compile_error_raises_cuda_error_with_the_nvrtc_log(kl_cache, target):
+    with pytest.raises(CudaError) as e:
+        compile_source(BROKEN_SRC, "sm_90", target=target, name="broken.cu")
+    msg = str(e.value)
+    assert "NVRTC failed to compile broken.cu" in msg
+    assert 'identifier "undefined_symbol_xyz" is undefined' in msg
+    assert not list((kl_cache / "cuda").glob("*")), "a failed compile must not be cached"
+
+
+def test_module_from_broken_source_fails_precompile():
+    with pytest.raises(CudaError, match="undefined_symbol_xyz"):
+        Module(source=BROKEN_SRC).precompile(["sm_80"])
+
+
+def test_macros_reach_nvrtc(kl_cache):
+    src = (
+        "#ifndef KL_N\n#error KL_N must be defined\n#endif\n"
+        'extern "C" __global__ void k(int* y) { y[0] = KL_N; }\n'
+    )
+    with pytest.raises(CudaError, match="KL_N must be defined"):
+        compile_source(src, "sm_80")
+    assert compile_source(src, "sm_80", options=("-DKL_N=7",))[:4] == ELF_MAGIC
+    ptx = compile_source(src, "sm_80", options=("-DKL_N=7",), target="ptx").decode()
+    assert re.search(r"mov\.u32\s+%r\d+,\s*7;|st\.global\.u32\s+\[%rd\d+\],\s*7;", ptx), ptx[-400:]
+
+
+def test_unsupported_option_is_refused():
+    with pytest.raises(ValueError, match=r"compile option '--keep' is not supported"):
+        compile_source(SCALE_SRC, "sm_80", options=("--keep",), use_cache=False)
+
+
+def test_module_needs_exactly_one_of_path_or_source(tmp_path):
+    with pytest.raises(ValueError, match="exactly one of path or source"):
+        Module()
+    with pytest.raises(ValueError, match="exactly one of path or source"):
+        Module(CU_FILES[0], source=SCALE_SRC)
+    assert Module(source=SCALE_SRC).label == "<source>"
+    assert Module(CU_FILES[0]).label == CU_FILES[0].name
+    assert Module(CU_FILES[0]).source == CU_FILES[0].read_text()
+
+
+def test_ceil_div():
+    assert [runtime.ceil_div(a, 4) for a in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_gpu_module_from_source_runs():
+    mod = Module(source=SCALE_SRC)
+    k = mod.kernel("scale_add", ("ptr", "ptr", "f32", "i64"))
+    assert mod.kernel("scale_add", ("ptr", "ptr", "f32", "i64")) is k  # cached
+    for n in (1, 255, 256, 257, 100_003):
+        x = torch.randn(n, device="cuda")
+        y = torch.full_like(x, float("nan"))
+        k(runtime.ceil_div(n, 256), 256, x, y, 2.5, n)
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y, 2.5 * x + 1.0, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_launch_on_a_non_default_stream():
+    """The launch goes to torch's current stream: on a side stream it is ordered after the
+    work queued there before it (a slow spin, then the fill it reads)."""
+    mod = Module(source=SCALE_SRC)
+    k = mod.kernel("scale_add", ("ptr", "ptr", "f32", "i64"))
+    n = 1 << 20
+    x = torch.zeros(n, device="cuda")
+    y = torch.empty_like(x)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    assert s != torch.cuda.current_stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(50_000_000)  # ~tens of ms of spinning on s
+        x.fill_(3.0)
+        k(runtime.ceil_div(n, 256), 256, x, y, 2.0, n)
+    s.synchronize()
+    assert bool((y == 7.0).all()), "the kernel did not run after the work queued on its stream"
+
+
+@pytest.mark.gpu
+def test_gpu_kernel_argument_count_is_checked():
+    k = Module(source=SCALE_SRC).kernel("scale_add", ("ptr", "ptr", "f32", "i64"))
+    x = torch.zeros(4, device="cuda")
+    with pytest.raises(TypeError, match="scale_add takes 4 arguments, got 3"):
+        k(1, 256, x, x, 1.0)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_core_launch_path(monkeypatch):
+    monkeypatch.setenv("KERNELLAB_LAUNCH", "core")
+    k = Module(source=SCALE_SRC).kernel("scale_add", ("ptr", "ptr", "f32", "i64"))
+    assert k._use_core is True
+    x = torch.randn(1000, device="cuda")
+    y = torch.empty_like(x)
+    k(4, 256, x, y, -1.5, 1000)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, -1.5 * x + 1.0, rtol=1e-6, atol=1e-6)
