@@ -170,6 +170,7 @@ def bench(
     peaks = _device.peaks() if dev == "cuda" else None
     gpu = _device.gpu_name()
     rows = []
+    admitted: dict = {}
     torch_impl = next((i for i in registry.impls(op) if i.backend == "torch"), None)
 
     for dtype in dtypes:
@@ -192,6 +193,11 @@ def bench(
                         continue
                     if on_start:
                         on_start(impl, shape, dtype, mode)
+                    gate = _admit(impl, dtype, dev, admitted)
+                    if gate:
+                        row.update(status="rejected", reason=gate)
+                        group.append(row)
+                        continue
                     row.update(_measure(impl, prob, baseline, dev, graph, flush, budget_s))
                     _rates(row, spec, shape, dtype, mode, peaks)
                     group.append(row)
@@ -207,6 +213,23 @@ def bench(
                 rows.extend(group)
                 del prob, baseline, base_box
     return rows
+
+
+def _admit(impl, dtype, dev, cache: dict) -> str:
+    """'' when ``impl`` passes the admission check (forward on odd shapes, NaN/inf and
+    every layout) for ``dtype``, else why not. The timed inputs are plain contiguous
+    tensors, so a kernel that is only wrong on strided or edge-case inputs would pass the
+    re-check of its timed output; it must not make a speed claim either."""
+    key = (impl.op, impl.backend, dtype)
+    if key not in cache:
+        from kernellab.harness.check import check_impl
+
+        rep = check_impl(impl, dtype, device=dev, gate=True, opcheck=False)
+        bad = rep.failures
+        cache[key] = (
+            "" if not bad else f"failed the admission check: {bad[0].kind} {bad[0].name}: {bad[0].detail}"
+        )
+    return cache[key]
 
 
 def _base_row(op, backend, mode, shape, dtype, gpu, dev) -> dict:
@@ -288,8 +311,8 @@ def _rates(row, spec, shape, dtype, mode, peaks) -> None:
     ms = row.get("median_ms")
     if not ms:
         return
-    row["gbps"] = round(spec.gbps(shape, dtype, mode, ms), 2)
-    row["tflops"] = round(spec.tflops(shape, mode, ms), 4)
+    row["gbps"] = spec.gbps(shape, dtype, mode, ms)
+    row["tflops"] = spec.tflops(shape, mode, ms)
     row["bytes"] = spec.bytes_moved(tuple(shape), dtype, mode)
     row["flops"] = spec.flops(tuple(shape), mode)
     if peaks:

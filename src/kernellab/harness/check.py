@@ -320,9 +320,11 @@ def check_impl(
     quick: bool = False,
     seed: int | None = None,
     opcheck: bool = True,
+    gate: bool = False,
 ) -> Report:
     """Check one implementation for one dtype; returns a Report (never raises for a
-    wrong implementation)."""
+    wrong implementation). ``gate=True`` runs only the forward cases on the quick shapes,
+    specials and layouts: the benchmark's admission test before it times anything."""
     spec = get_spec(impl.op)
     dev = device or _device.default_device()
     seed = random.SystemRandom().randrange(2**30) if seed is None else seed
@@ -353,8 +355,12 @@ def check_impl(
                 rep.status = FAIL
         return rep
 
-    stages = [runner.shapes, runner.specials, runner.layouts, runner.grads, runner.bad_inputs]
-    if opcheck and impl.custom_ops:
+    if gate:
+        runner.quick = True
+        stages = [runner.shapes, runner.specials, runner.layouts]
+    else:
+        stages = [runner.shapes, runner.specials, runner.layouts, runner.grads, runner.bad_inputs]
+    if opcheck and impl.custom_ops and not gate:
         stages.append(runner.opchecks)
     for stage in stages:
         try:

@@ -1,0 +1,146 @@
+"""The benchmark engine: rows, rates, and - above all - that it cannot be fooled.
+
+Every planted wrong implementation must come out of ``bench`` as a *rejected* row that
+carries no timing: either the admission check (odd shapes, NaN/inf, layouts) refuses it,
+or the re-check of its timed output does, or the re-check after the inputs were
+refreshed in place does.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernellab.harness import results
+from kernellab.harness.bench import bench
+
+GELU = lambda x: torch.nn.functional.gelu(x, approximate="tanh")  # noqa: E731
+SMALL = [(4096,)]
+
+
+def _rows(backends, shapes=SMALL, dtypes=(torch.float32,), op="gelu", **kw):
+    rows = bench(op, backends=backends, shapes=shapes, dtypes=list(dtypes), budget_s=0.05, **kw)
+    return {r["backend"]: r for r in rows}
+
+
+def _assert_rejected(row, why: str):
+    assert row["status"] == "rejected", row
+    assert why in row["reason"], row["reason"]
+    assert row["median_ms"] is None and row["gbps"] is None  # no speed claim
+
+
+def test_correct_backends_measure_and_carry_the_design_fields():
+    rows = _rows(["manual", "torch", "triton"])
+    for name, r in rows.items():
+        assert r["status"] == "ok", r
+        for f in results.FIELDS:
+            assert f in r, f
+        assert r["median_ms"] > 0 and r["p20_ms"] <= r["median_ms"] <= r["p80_ms"]
+        # GB/s from the OpSpec's byte count: read x + write y, 4 bytes each.
+        assert r["gbps"] == pytest.approx(2 * 4096 * 4 / (r["median_ms"] * 1e-3) / 1e9, rel=1e-2)
+        assert r["check_ratio"] is not None and r["check_ratio"] <= 1.0
+    assert rows["torch"]["speedup_vs_torch"] == 1.0
+
+
+def test_all_zeros_is_rejected(planted):
+    planted("gelu", "pl_zeros", lambda x: torch.zeros_like(x))
+    _assert_rejected(_rows(["pl_zeros"])["pl_zeros"], "admission")
+
+
+def test_wrong_tail_is_rejected(planted):
+    def wrong_tail(x):
+        y = torch.empty_like(x)
+        flat = y.view(-1)
+        flat[:-3] = GELU(x.reshape(-1)[:-3]) if x.numel() > 3 else flat[:-3]
+        return y
+
+    planted("gelu", "pl_tail", wrong_tail)
+    _assert_rejected(_rows(["pl_tail"])["pl_tail"], "admission")
+
+
+def test_wrong_for_strided_input_is_rejected(planted):
+    # Right on the contiguous inputs the benchmark times; wrong on strided ones.
+    planted("gelu", "pl_strided", lambda x: GELU(x) if x.is_contiguous() else GELU(x.contiguous()) * 0.5)
+    _assert_rejected(_rows(["pl_strided"])["pl_strided"], "layout")
+
+
+def test_low_precision_is_rejected(planted):
+    planted("gelu", "pl_bf16", lambda x: GELU(x.to(torch.bfloat16)).to(x.dtype))
+    _assert_rejected(_rows(["pl_bf16"])["pl_bf16"], "admission")
+
+
+def test_cached_by_pointer_is_rejected_after_refresh(planted):
+    # Keyed by the input's storage: passes the admission check (fresh tensors there) and
+    # the timed output's check, but not the call after the inputs change in place.
+    cache = {}
+
+    def cached(x):
+        key = (x.data_ptr(), tuple(x.shape), x.dtype)
+        if key not in cache:
+            cache[key] = GELU(x)
+        return cache[key]
+
+    planted("gelu", "pl_cached", cached)
+    _assert_rejected(_rows(["pl_cached"])["pl_cached"], "after refreshing the inputs")
+
+
+def test_wrong_only_at_bench_sizes_is_rejected(planted):
+    # Right on every shape the admission check tries, wrong on the large timed input.
+    planted("gelu", "pl_large", lambda x: GELU(x) if x.numel() < 200_000 else GELU(x) + 1e-2)
+    row = _rows(["pl_large"], shapes=[(2**18,)])["pl_large"]
+    _assert_rejected(row, "wrong output in timed run")
+
+
+def test_backward_mode_rechecks_gradients(planted):
+    class WrongGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return GELU(x)
+
+        @staticmethod
+        def backward(ctx, dy):
+            return dy  # as if gelu were the identity
+
+    planted("gelu", "pl_grad", WrongGrad.apply)
+    rows = _rows(["torch", "pl_grad"], modes=("fwd", "fwdbwd"))
+    # rows keyed by backend keep the last mode: fwdbwd
+    assert rows["torch"]["mode"] == "fwdbwd" and rows["torch"]["status"] == "ok"
+    _assert_rejected(rows["pl_grad"], "wrong output in timed run")
+
+
+def test_unavailable_backends_are_reported_not_timed():
+    rows = _rows(["cuda"]) if not torch.cuda.is_available() else {}
+    if rows:
+        assert rows["cuda"]["status"] == "unavailable"
+        assert rows["cuda"]["reason"] == "no GPU"
+
+
+def test_bad_arguments_are_refused_clearly():
+    with pytest.raises(KeyError, match="no_such_backend"):
+        bench("gelu", backends=["no_such_backend"], shapes=SMALL)
+    with pytest.raises(ValueError, match="mode"):
+        bench("add", backends=["torch"], shapes=SMALL, modes=("bwd",))
+    with pytest.raises(KeyError, match="unknown op"):
+        bench("no_such_op")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="GPU"):
+            bench("gelu", backends=["torch"], shapes=SMALL, graph=True)
+
+
+def test_jsonl_round_trip_and_markdown(tmp_path):
+    rows = bench("add", backends=["torch", "manual"], shapes=SMALL, dtypes=[torch.float32], budget_s=0.05)
+    path = tmp_path / "r.jsonl"
+    assert results.write_jsonl(rows, path) == 2
+    assert results.write_jsonl(rows, path) == 2  # appends
+    back = results.read_jsonl(path)
+    assert len(back) == 4
+    assert list(back[0])[: len(results.FIELDS)] == list(results.FIELDS)
+    table = results.markdown_table(back)
+    assert table.count("\n| add | 4096 | fp32 | fwd |") == 2  # latest row per backend only
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(rows[0]) + "\n{not json\n")
+    with pytest.raises(ValueError, match="bad.jsonl:2"):
+        results.read_jsonl(bad)

@@ -1,0 +1,106 @@
+"""The command line, end to end on small sizes (CPU here; the same commands on a GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kernellab import cli
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    # Rich wraps table cells to the terminal width (80 without one): keep lines whole.
+    from rich.console import Console
+
+    monkeypatch.setattr(cli, "console", Console(width=300))
+
+
+def run(capsys, *argv) -> tuple[int, str]:
+    code = cli.main(list(argv))
+    return code, capsys.readouterr().out
+
+
+def test_list_shows_every_op_and_backend_with_availability(capsys):
+    code, out = run(capsys, "list")
+    assert code == 0
+    for op in ("add", "gelu"):
+        assert op in out
+    for backend in ("manual", "torch", "compile", "triton", "cuda_v1"):
+        assert backend in out
+    if not torch.cuda.is_available():
+        assert "compile only: no GPU" in out
+
+
+def test_check_quick_passes_and_writes_json(capsys, tmp_path):
+    path = tmp_path / "check.json"
+    code, out = run(capsys, "check", "gelu", "-b", "torch,triton", "--dtype", "fp32", "--quick",
+                    "--json", str(path))
+    assert code == 0, out
+    assert "2 passed, 0 failed" in out
+    rep = json.loads(path.read_text())
+    assert {r["backend"] for r in rep} == {"torch", "triton"}
+    assert all(r["status"] == "pass" and r["cases"] for r in rep)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU report of CUDA backends")
+def test_check_reports_cuda_as_compiled_not_run(capsys):
+    code, out = run(capsys, "check", "add", "-b", "cuda", "--dtype", "bf16", "--quick")
+    assert code == 0, out
+    assert "compiled, not run" in out and "1 compiled (not run)" in out
+
+
+def test_check_fails_on_a_wrong_backend(capsys, planted):
+    planted("gelu", "cli_wrong", lambda x: torch.zeros_like(x))
+    code, out = run(capsys, "check", "gelu", "-b", "cli_wrong", "--dtype", "fp32", "--quick")
+    assert code == 1
+    assert "0 passed, 1 failed" in out
+
+
+def test_check_unknown_op_is_a_clear_error(capsys):
+    code, out = run(capsys, "check", "nope")
+    assert code == 2 and "unknown op 'nope'" in out
+
+
+def test_bench_table_json_plot_and_report(capsys, tmp_path):
+    js, png = tmp_path / "r.jsonl", tmp_path / "p.png"
+    code, out = run(capsys, "bench", "gelu", "-b", "torch,triton,manual", "-s", "2^10", "-s", "3000",
+                    "--dtype", "fp32", "--mode", "fwd,fwdbwd", "--budget", "0.05",
+                    "--json", str(js), "--plot", str(png))
+    assert code == 0, out
+    assert "12 rows appended" in out
+    assert png.exists() and png.stat().st_size > 10_000
+    rows = [json.loads(line) for line in js.read_text().splitlines()]
+    assert {r["mode"] for r in rows} == {"fwd", "fwdbwd"} and {r["shape"] for r in rows} == {"1024", "3000"}
+    code, out = run(capsys, "report", str(js))
+    assert code == 0 and out.count("| gelu |") == 12
+
+
+def test_bench_rejected_backend_sets_exit_code(capsys, planted):
+    planted("gelu", "cli_zero", lambda x: torch.zeros_like(x))
+    code, out = run(capsys, "bench", "gelu", "-b", "torch,cli_zero", "-s", "1024", "--dtype", "fp32",
+                    "--budget", "0.05")
+    assert code == 1
+    assert "REJECTED" in out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["bench", "gelu", "-s", "12q"], "shape '12q' not understood"),
+    (["bench", "gelu", "--dtype", "fp8"], "dtype 'fp8' not understood"),
+    (["bench", "nope"], "unknown op"),
+    (["bench", "add", "--mode", "bwd", "-b", "torch"], "mode 'bwd' not available"),
+])
+def test_bench_bad_arguments(capsys, argv, msg):
+    code, out = run(capsys, *argv)
+    assert code == 2
+    assert msg in out.replace("\n", " ")
+
+
+def test_peaks_and_info(capsys):
+    code, out = run(capsys, "info")
+    assert code == 0 and "nvrtc" in out
+    if not torch.cuda.is_available():
+        code, out = run(capsys, "peaks")
+        assert code == 1 and "needs a CUDA GPU" in out
