@@ -29,9 +29,16 @@ for dtype in (torch.float32, torch.bfloat16):
             meds_keep.append(time_cuda(keep, budget_s=0.3).median_ms)
             meds_drop.append(time_cuda(fn, budget_s=0.3).median_ms)
             del spacer, box
-        print(f"{name:5s} {str(dtype)[6:]:9s} keep-output medians: " + " ".join(f"{m:.4f}" for m in meds_keep))
-        print(f"{name:5s} {str(dtype)[6:]:9s} drop-output medians: " + " ".join(f"{m:.4f}" for m in meds_drop))
+        print(
+            f"{name:5s} {str(dtype)[6:]:9s} keep-output medians: " + " ".join(f"{m:.4f}" for m in meds_keep)
+        )
+        print(
+            f"{name:5s} {str(dtype)[6:]:9s} drop-output medians: " + " ".join(f"{m:.4f}" for m in meds_drop)
+        )
     ys = [torch.empty_like(x) for _ in range(4)]
-    print("add out=y_i:", " ".join(f"{time_cuda(lambda y=y: torch.add(x, b, out=y), budget_s=0.3).median_ms:.4f}" for y in ys))
+    print(
+        "add out=y_i:",
+        " ".join(f"{time_cuda(lambda y=y: torch.add(x, b, out=y), budget_s=0.3).median_ms:.4f}" for y in ys),
+    )
     del x, b, ys
     torch.cuda.empty_cache()

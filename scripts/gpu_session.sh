@@ -3,9 +3,14 @@
 # issue names, compute-sanitizer on small shapes. Results land under $OUT (or ./.out):
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
-# Usage: scripts/gpu_session.sh [quick|full]   (quick: smoke test of every stage)
+# Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
+#   stages: env tests check bench launch sanitize summary (default: all, in that order);
+#   split them over two device calls when one would pass the 10-minute limit.
 set -u
 MODE=${1:-full}
+shift || true
+STAGES=${*:-env tests check bench launch sanitize summary}
+want() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 OUT=${OUT:-$PWD/.out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
@@ -14,10 +19,11 @@ export KERNELLAB_CACHE=${KERNELLAB_CACHE:-/tmp/kernellab-cache}
 KL="python3 -m kernellab"
 LOG=$OUT/log.txt
 RES=$OUT/results.jsonl
-: >"$LOG"
+touch "$LOG"
 step() { echo; echo "=== $* ===" | tee -a "$LOG"; }
 run() { echo "+ $*" >>"$LOG"; "$@" 2>&1 | tee -a "$LOG"; return "${PIPESTATUS[0]}"; }
 
+if want env; then
 step environment
 run nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,driver_version --format=csv
 run python3 -c "import torch, triton, cuda.core, sys; print(sys.version.split()[0], torch.__version__, triton.__version__, 'cuda.core', cuda.core.__version__)"
@@ -25,7 +31,9 @@ run $KL info
 
 step peaks
 run $KL peaks
+fi
 
+if want tests; then
 step "gpu tests"
 if [ "$MODE" = quick ]; then
   run python3 -m pytest -q -x -m gpu tests -p no:cacheprovider
@@ -33,6 +41,9 @@ else
   run python3 -m pytest -q -m gpu tests -p no:cacheprovider
 fi
 
+fi
+
+if want check; then
 step "kernellab check"
 if [ "$MODE" = quick ]; then
   run $KL check --quick --json "$OUT/check.json"
@@ -40,6 +51,9 @@ else
   run $KL check --json "$OUT/check.json"
 fi
 
+fi
+
+if want bench; then
 step benchmarks
 if [ "$MODE" = quick ]; then
   run $KL bench gelu -s 2^24 --dtype fp32 --mode fwd,fwdbwd --json "$RES"
@@ -57,6 +71,14 @@ else
   run $KL bench add -s 2^10 --dtype fp32 --graph --json "$RES"
 fi
 
+fi
+
+if want launch; then
+step "launch overhead"
+run python3 scripts/launch_overhead.py "$OUT/launch.jsonl"
+fi
+
+if want sanitize; then
 step "compute-sanitizer"
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
@@ -68,6 +90,9 @@ else
   echo "compute-sanitizer not installed" | tee -a "$OUT/summary.txt"
 fi
 
+fi
+
+if want summary; then
 step summary
 {
   grep -E "passed|failed|error" "$LOG" | grep -vE "^\+" | tail -5
@@ -81,3 +106,4 @@ except FileNotFoundError:
 print(markdown_table(rows))
 PY
 } | tee -a "$OUT/summary.txt"
+fi

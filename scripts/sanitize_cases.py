@@ -18,7 +18,9 @@ for op in kernellab.op_names():
             for shape in [(1,), (7,), (1025,), (3, 4097)]:
                 for layout in ("contiguous", "offset"):
                     args = spec.make_inputs(shape, dtype, "cuda", 0, layout)
-                    leaves = [a.detach().clone().requires_grad_(i in spec.grad_args) for i, a in enumerate(args)]
+                    leaves = [
+                        a.detach().clone().requires_grad_(i in spec.grad_args) for i, a in enumerate(args)
+                    ]
                     out = impl(*leaves)
                     if spec.grad_args:
                         out.backward(torch.randn_like(out))

@@ -75,8 +75,14 @@ def main():
                 v = judge(out, ref[kname], dtype, bout[kname])
                 t = time_cuda(f, budget_s=0.4)
                 out_rows.append(
-                    dict(kernel=kname, dtype=str(dtype)[6:], config=f"u{unroll} h{hint} f{fast} cap{cap}",
-                         ms=t.median_ms, ok=v.ok, ratio=round(v.ratio, 3))
+                    dict(
+                        kernel=kname,
+                        dtype=str(dtype)[6:],
+                        config=f"u{unroll} h{hint} f{fast} cap{cap}",
+                        ms=t.median_ms,
+                        ok=v.ok,
+                        ratio=round(v.ratio, 3),
+                    )
                 )
                 del out
         del x, dy, b, ref, bout
@@ -87,9 +93,11 @@ def main():
         t = next(r["ms"] for r in rs if r["config"] == "torch")
         best = sorted([r for r in rs if r["config"] != "torch"], key=lambda r: r["ms"])[:6]
         worst = max([r for r in rs if r["config"] != "torch"], key=lambda r: r["ms"])
-        print(f"{key[0]:9s} {key[1]:9s} torch {t:.4f} ms | " + "  ".join(
-            f"{r['config']}: {r['ms']:.4f}{'' if r['ok'] else ' WRONG'}" for r in best) +
-            f" | worst {worst['config']} {worst['ms']:.4f}")
+        print(
+            f"{key[0]:9s} {key[1]:9s} torch {t:.4f} ms | "
+            + "  ".join(f"{r['config']}: {r['ms']:.4f}{'' if r['ok'] else ' WRONG'}" for r in best)
+            + f" | worst {worst['config']} {worst['ms']:.4f}"
+        )
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as fh:
             for r in out_rows:

@@ -36,8 +36,9 @@ def test_list_shows_every_op_and_backend_with_availability(capsys):
 
 def test_check_quick_passes_and_writes_json(capsys, tmp_path):
     path = tmp_path / "check.json"
-    code, out = run(capsys, "check", "gelu", "-b", "torch,triton", "--dtype", "fp32", "--quick",
-                    "--json", str(path))
+    code, out = run(
+        capsys, "check", "gelu", "-b", "torch,triton", "--dtype", "fp32", "--quick", "--json", str(path)
+    )
     assert code == 0, out
     assert "2 passed, 0 failed" in out
     rep = json.loads(path.read_text())
@@ -66,9 +67,27 @@ def test_check_unknown_op_is_a_clear_error(capsys):
 
 def test_bench_table_json_plot_and_report(capsys, tmp_path):
     js, png = tmp_path / "r.jsonl", tmp_path / "p.png"
-    code, out = run(capsys, "bench", "gelu", "-b", "torch,triton,manual", "-s", "2^10", "-s", "3000",
-                    "--dtype", "fp32", "--mode", "fwd,fwdbwd", "--budget", "0.05",
-                    "--json", str(js), "--plot", str(png))
+    code, out = run(
+        capsys,
+        "bench",
+        "gelu",
+        "-b",
+        "torch,triton,manual",
+        "-s",
+        "2^10",
+        "-s",
+        "3000",
+        "--dtype",
+        "fp32",
+        "--mode",
+        "fwd,fwdbwd",
+        "--budget",
+        "0.05",
+        "--json",
+        str(js),
+        "--plot",
+        str(png),
+    )
     assert code == 0, out
     assert "12 rows appended" in out
     assert png.exists() and png.stat().st_size > 10_000
@@ -80,18 +99,22 @@ def test_bench_table_json_plot_and_report(capsys, tmp_path):
 
 def test_bench_rejected_backend_sets_exit_code(capsys, planted):
     planted("gelu", "cli_zero", lambda x: torch.zeros_like(x))
-    code, out = run(capsys, "bench", "gelu", "-b", "torch,cli_zero", "-s", "1024", "--dtype", "fp32",
-                    "--budget", "0.05")
+    code, out = run(
+        capsys, "bench", "gelu", "-b", "torch,cli_zero", "-s", "1024", "--dtype", "fp32", "--budget", "0.05"
+    )
     assert code == 1
     assert "REJECTED" in out
 
 
-@pytest.mark.parametrize("argv, msg", [
-    (["bench", "gelu", "-s", "12q"], "shape '12q' not understood"),
-    (["bench", "gelu", "--dtype", "fp8"], "dtype 'fp8' not understood"),
-    (["bench", "nope"], "unknown op"),
-    (["bench", "add", "--mode", "bwd", "-b", "torch"], "mode 'bwd' not available"),
-])
+@pytest.mark.parametrize(
+    "argv, msg",
+    [
+        (["bench", "gelu", "-s", "12q"], "shape '12q' not understood"),
+        (["bench", "gelu", "--dtype", "fp8"], "dtype 'fp8' not understood"),
+        (["bench", "nope"], "unknown op"),
+        (["bench", "add", "--mode", "bwd", "-b", "torch"], "mode 'bwd' not available"),
+    ],
+)
 def test_bench_bad_arguments(capsys, argv, msg):
     code, out = run(capsys, *argv)
     assert code == 2

@@ -1,9 +1,9 @@
 """kernellab: kernels for the ops deep-learning models use, checked and timed honestly.
 
-    import kernellab
-    y = kernellab.gelu(x)                       # fastest backend available here
-    y = kernellab.gelu(x, backend="triton")     # a chosen one
-    kernellab.impls("gelu")                     # every registered implementation
+import kernellab
+y = kernellab.gelu(x)                       # fastest backend available here
+y = kernellab.gelu(x, backend="triton")     # a chosen one
+kernellab.impls("gelu")                     # every registered implementation
 """
 
 import os as _os
@@ -15,12 +15,11 @@ import torch as _torch
 if not _torch.cuda.is_available():
     _os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernellab.registry import Impl, get, impls, op_names, register, unregister  # noqa: E402
-from kernellab.ops.spec import get_spec  # noqa: E402
+from kernellab import registry as _registry  # noqa: E402
 from kernellab.ops.add import add  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
-
-from kernellab import registry as _registry  # noqa: E402
+from kernellab.ops.spec import get_spec  # noqa: E402
+from kernellab.registry import Impl, get, impls, op_names, register, unregister  # noqa: E402
 
 _registry.warm_defaults()
 

@@ -111,7 +111,9 @@ def cmd_check(args) -> int:
             notes += ("; " if notes else "") + f"{c.kind} {c.name}: {c.detail}"
         worst = f"{r.worst_ratio:.2f}" if r.worst_ratio is not None else "-"
         status = r.status if r.status != "compiled" else "compiled, not run"
-        table.add_row(r.op, r.backend, r.dtype, f"[{style}]{status}[/]", f"{n_pass}/{len(r.cases)}", worst, notes)
+        table.add_row(
+            r.op, r.backend, r.dtype, f"[{style}]{status}[/]", f"{n_pass}/{len(r.cases)}", worst, notes
+        )
         failed += r.status == "fail"
     console.print(table)
     if args.json:
@@ -169,8 +171,16 @@ def cmd_bench(args) -> int:
                 prog.advance(task)
 
             bn.bench(
-                args.op, backends, shapes, dtypes, modes, graph=args.graph, flush=not args.no_flush,
-                budget_s=args.budget, on_row=on_row, on_start=on_start,
+                args.op,
+                backends,
+                shapes,
+                dtypes,
+                modes,
+                graph=args.graph,
+                flush=not args.no_flush,
+                budget_s=args.budget,
+                on_row=on_row,
+                on_start=on_start,
             )
     except (KeyError, ValueError) as e:
         console.print(f"[red]{e}[/]")
@@ -195,8 +205,20 @@ def print_bench_table(rows) -> None:
     r0 = rows[0]
     title = f"{r0['op']} on {r0['gpu']} (torch {r0['torch']}, triton {r0['triton']})"
     table = Table(title=title)
-    for col in ("shape", "dtype", "mode", "backend", "median ms", "p20-p80", "GB/s", "TFLOP/s", "% peak",
-                "host us", "vs torch", "check"):
+    for col in (
+        "shape",
+        "dtype",
+        "mode",
+        "backend",
+        "median ms",
+        "p20-p80",
+        "GB/s",
+        "TFLOP/s",
+        "% peak",
+        "host us",
+        "vs torch",
+        "check",
+    ):
         table.add_column(col, justify="right" if col not in ("backend", "check", "mode") else "left")
     prev = None
     for r in rows:
@@ -208,14 +230,28 @@ def print_bench_table(rows) -> None:
             table.add_row(*key, r["backend"], "-", "-", "-", "-", "-", "-", "-", f"[yellow]{r['reason']}[/]")
             continue
         if r["status"] in ("rejected", "error"):
-            table.add_row(*key, r["backend"], "-", "-", "-", "-", "-", "-", "-",
-                          f"[red]{r['status'].upper()}: {r['reason']}[/]")
+            table.add_row(
+                *key,
+                r["backend"],
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                f"[red]{r['status'].upper()}: {r['reason']}[/]",
+            )
             continue
         sp = r.get("speedup_vs_torch")
         table.add_row(
-            *key[:2], key[2] + (" graph" if r.get("graph") else ""), r["backend"],
-            f"{r['median_ms']:.4f}", f"{r['p20_ms']:.4f}-{r['p80_ms']:.4f}",
-            f"{r['gbps']:.1f}", f"{r['tflops']:.3f}",
+            *key[:2],
+            key[2] + (" graph" if r.get("graph") else ""),
+            r["backend"],
+            f"{r['median_ms']:.4f}",
+            f"{r['p20_ms']:.4f}-{r['p80_ms']:.4f}",
+            f"{r['gbps']:.1f}",
+            f"{r['tflops']:.3f}",
             f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "-",
             f"{r['host_us']:.1f}" if r.get("host_us") is not None else "-",
             f"{sp:.2f}x" if sp else "-",

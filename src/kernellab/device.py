@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def has_cuda() -> bool:
     return torch.cuda.is_available()
 
@@ -101,18 +101,30 @@ def _median_ms(fn, reps: int) -> float:
     return times[len(times) // 2]
 
 
-def measure_peaks(copy_gib: float = 1.0, mm: int = 8192, progress=None) -> dict:
-    """Measure copy bandwidth (bytes read + written) and matmul rates on random data."""
-    if not has_cuda():
-        raise RuntimeError("kernellab peaks needs a CUDA GPU; this machine has none")
-    n = int(copy_gib * 2**30) // 4
+def _copy_gbps(n: int) -> float:
     src = torch.randn(n, device="cuda")
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
     ms = _median_ms(lambda: dst.copy_(src), 30)
-    copy_gbps = 2 * n * 4 / ms / 1e6
-    del src, dst
+    return 2 * n * src.element_size() / ms / 1e6  # bytes read + bytes written
+
+
+def _matmul_tflops(mm: int, dtype: torch.dtype) -> float:
+    a = torch.randn(mm, mm, device="cuda", dtype=dtype)  # random data: zeros run faster
+    b = torch.randn(mm, mm, device="cuda", dtype=dtype)
+    for _ in range(3):
+        a @ b
+    ms = _median_ms(lambda: a @ b, 10)
+    return 2 * mm**3 / ms / 1e9
+
+
+def measure_peaks(copy_gib: float = 1.0, mm: int = 8192, progress=None) -> dict:
+    """Measure copy bandwidth (bytes read + written) and matmul rates on random data."""
+    if not has_cuda():
+        raise RuntimeError("kernellab peaks needs a CUDA GPU; this machine has none")
+    copy_gbps = _copy_gbps(int(copy_gib * 2**30) // 4)
+    torch.cuda.empty_cache()
     rates = {}
     old_tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -125,16 +137,10 @@ def measure_peaks(copy_gib: float = 1.0, mm: int = 8192, progress=None) -> dict:
             if progress:
                 progress(label)
             torch.backends.cuda.matmul.allow_tf32 = tf32
-            a = torch.randn(mm, mm, device="cuda", dtype=dtype)
-            b = torch.randn(mm, mm, device="cuda", dtype=dtype)
-            for _ in range(3):
-                a @ b
-            ms = _median_ms(lambda: a @ b, 10)
-            rates[label] = round(2 * mm**3 / ms / 1e9, 1)
-            del a, b
+            rates[label] = round(_matmul_tflops(mm, dtype), 1)
+            torch.cuda.empty_cache()
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old_tf32
-    torch.cuda.empty_cache()
     return {
         "gpu": gpu_name(),
         "copy_gbps": round(copy_gbps, 1),

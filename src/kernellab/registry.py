@@ -13,8 +13,8 @@ a built-in one::
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
 # Backend names are ordered for display: the baselines, then ours, then numbered
 # teaching variants, then peers and user registrations.
@@ -104,12 +104,10 @@ def add_impl(impl: Impl, *, replace: bool = False) -> Impl:
     impl._spec = SPECS[impl.op]
     key = (impl.op, impl.backend)
     if key in _TABLE and not replace:
-        raise ValueError(
-            f"{impl.op}/{impl.backend} is already registered; pass replace=True to override it"
-        )
+        raise ValueError(f"{impl.op}/{impl.backend} is already registered; pass replace=True to override it")
     _TABLE[key] = impl
     if _DEFAULTS:  # keep the default-backend table current (eagerly, see _DEFAULTS)
-        for (op, d) in list(_DEFAULTS):
+        for op, d in list(_DEFAULTS):
             if op == impl.op:
                 _DEFAULTS[(op, d)] = default_backend(op, d)
     return impl

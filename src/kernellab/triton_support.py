@@ -13,7 +13,7 @@ import functools
 from kernellab import device
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def unavailable() -> str | None:
     try:
         import triton  # noqa: F401

@@ -20,7 +20,7 @@ _KERNELS: dict = {}  # (module, base, dtype, device, vectorized, n_inputs) -> (K
 
 
 def _kernel(module: Module, base: str, dtype, dev: int, vec: bool, n_in: int):
-    key = (id(module), base, dtype, dev, vec, n_in)
+    key = (module, base, dtype, dev, vec, n_in)  # holds the module: no id() reuse
     hit = _KERNELS.get(key)
     if hit is None:
         sig = ("ptr",) * (n_in + 1) + ("i64",)

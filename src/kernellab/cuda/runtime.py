@@ -22,8 +22,8 @@ import os
 import re
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -40,7 +40,7 @@ class CudaError(RuntimeError):
 # --------------------------------------------------------------------------- NVRTC
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nvrtc_unavailable() -> str | None:
     """None when NVRTC and the CUDA headers can be used, else why not."""
     try:
@@ -60,7 +60,7 @@ def nvrtc_unavailable() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def nvrtc_version() -> str:
     from cuda.bindings import nvrtc
 
@@ -68,7 +68,7 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def include_dirs() -> tuple[str, ...]:
     """Where cuda_fp16.h & co live: the pip package first, then a CUDA toolkit."""
     found = []
@@ -217,14 +217,18 @@ _CTYPE = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _libcuda():
     lib = ctypes.CDLL("libcuda.so.1")
-    lib.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-    ]
+    lib.cuLaunchKernel.argtypes = (
+        [ctypes.c_void_p]
+        + [ctypes.c_uint] * 7
+        + [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
+    )
     lib.cuLaunchKernel.restype = ctypes.c_int
     lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     return lib
@@ -274,9 +278,7 @@ class Kernel:
         self._core_kernel = kernel
         self._handle = _function_handle(kernel)
         self._slots = [_CTYPE[t]() for t in self.signature]
-        self._params = (ctypes.c_void_p * len(self._slots))(
-            *[ctypes.addressof(s) for s in self._slots]
-        )
+        self._params = (ctypes.c_void_p * len(self._slots))(*[ctypes.addressof(s) for s in self._slots])
         self._nargs = len(self._slots)
         self._lock = threading.Lock()
         self._launch = _libcuda().cuLaunchKernel
@@ -397,6 +399,6 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count

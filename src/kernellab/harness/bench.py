@@ -27,7 +27,7 @@ from kernellab.ops.spec import dtype_name, get_spec, shape_str
 MODES = ("fwd", "bwd", "fwdbwd")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def git_sha() -> str:
     env = os.environ.get("KERNELLAB_GIT_SHA")
     if env:
@@ -47,7 +47,7 @@ def git_sha() -> str:
     return "unknown"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def versions() -> dict:
     v = {"torch": torch.__version__, "triton": None, "cuda": torch.version.cuda}
     try:
@@ -204,7 +204,9 @@ def bench(
                     if dev == "cuda":
                         torch.cuda.empty_cache()
                 # speed-up against torch within this group
-                t_ms = next((r["median_ms"] for r in group if r["backend"] == "torch" and r["status"] == "ok"), None)
+                t_ms = next(
+                    (r["median_ms"] for r in group if r["backend"] == "torch" and r["status"] == "ok"), None
+                )
                 for r in group:
                     if t_ms and r.get("status") == "ok":
                         r["speedup_vs_torch"] = round(t_ms / r["median_ms"], 3)
@@ -272,7 +274,9 @@ def _measure(impl, prob, baseline, dev, graph, flush, budget_s) -> dict:
         # Host cost per call, on its own (on the CPU the host clock already is the time).
         host = None
         if dev == "cuda":
-            host = round(timer.host_cost_us(fn, calls=int(min(200, max(20, 200 / max(t.median_ms, 1e-3))))), 2)
+            host = round(
+                timer.host_cost_us(fn, calls=int(min(200, max(20, 200 / max(t.median_ms, 1e-3))))), 2
+            )
     except Exception as e:  # noqa: BLE001 - a crash is reported, not raised
         return {"status": "error", "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
     out = {**t.as_dict(), "host_us": host, "graph": bool(graph)}

@@ -220,7 +220,9 @@ class _Runner:
             return [a.detach().clone().requires_grad_(i in spec.grad_args) for i, a in enumerate(src)]
 
         # Reference: autograd through the float64 formula.
-        args64 = [a.detach().to(torch.float64).requires_grad_(i in spec.grad_args) for i, a in enumerate(args)]
+        args64 = [
+            a.detach().to(torch.float64).requires_grad_(i in spec.grad_args) for i, a in enumerate(args)
+        ]
         ref_out = _outputs(spec.reference(*args64))[0]
         if strided_dy:
             dy = torch.randn(ref_out.shape[:-1] + (2 * ref_out.shape[-1],), generator=gen, device=self.dev)
@@ -283,8 +285,8 @@ class _Runner:
         for case in self.spec.bad_inputs():
             if case.gpu_only and "cpu" in self.impl.devices:
                 continue
-            if case.needs_gpu and not _device.has_cuda():
-                continue
+            if case.needs_gpu and (self.dev != "cuda" or not _device.has_cuda()):
+                continue  # mixed devices: only meaningful for a backend checked on the GPU
             if not runnable and not case.gpu_only:
                 continue
             yield check_bad_input(self.impl, case, self.dev, self.dtype)
@@ -370,7 +372,9 @@ def check_impl(
                     rep.cases.append(case)
         except Exception as e:  # noqa: BLE001 - a crash in the harness itself is a failure
             rep.cases.append(
-                CaseResult(stage.__name__, "harness", FAIL, detail=_short(e) + "\n" + traceback.format_exc(limit=3))
+                CaseResult(
+                    stage.__name__, "harness", FAIL, detail=_short(e) + "\n" + traceback.format_exc(limit=3)
+                )
             )
     if rep.failures:
         rep.status = FAIL

@@ -11,8 +11,23 @@ from pathlib import Path
 
 # The fields DESIGN.md promises in every row, in order; extra fields follow.
 FIELDS = (
-    "op", "backend", "mode", "shape", "dtype", "median_ms", "p20_ms", "p80_ms", "gbps", "tflops",
-    "pct_peak", "gpu", "torch", "triton", "cuda", "git_sha", "time",
+    "op",
+    "backend",
+    "mode",
+    "shape",
+    "dtype",
+    "median_ms",
+    "p20_ms",
+    "p80_ms",
+    "gbps",
+    "tflops",
+    "pct_peak",
+    "gpu",
+    "torch",
+    "triton",
+    "cuda",
+    "git_sha",
+    "time",
 )
 
 
@@ -59,7 +74,8 @@ def markdown_table(rows, ops=None) -> str:
             continue
         latest[(r["op"], r["shape"], r["dtype"], r["mode"], r["backend"], bool(r.get("graph")))] = r
     lines = [
-        "| op | shape | dtype | mode | backend | median ms (p20-p80) | GB/s | % copy BW | host us | vs torch |",
+        "| op | shape | dtype | mode | backend | median ms (p20-p80) | GB/s | % copy BW | host us "
+        "| vs torch |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in sorted(latest, key=lambda k: (k[0], k[2], k[1], k[3], k[5])):

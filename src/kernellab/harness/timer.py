@@ -190,8 +190,15 @@ def time_cuda_graph(
     return t
 
 
-def time_host(fn, *, warmup: int = 2, min_reps: int = 5, max_reps: int = 1000, budget_s: float = 1.0,
-              rel_tol: float = 0.02) -> Timing:
+def time_host(
+    fn,
+    *,
+    warmup: int = 2,
+    min_reps: int = 5,
+    max_reps: int = 1000,
+    budget_s: float = 1.0,
+    rel_tol: float = 0.02,
+) -> Timing:
     """Time ``fn()`` with the host clock (the CPU path)."""
     warm_up(fn, min_calls=warmup, min_s=0.0)
     times: list[float] = []

@@ -16,7 +16,7 @@ stream; ``opcheck`` verifies the custom op, the check engine the eager path.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor

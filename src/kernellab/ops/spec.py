@@ -11,12 +11,12 @@ from __future__ import annotations
 import importlib
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 
-SPECS: dict[str, "OpSpec"] = {}
+SPECS: dict[str, OpSpec] = {}
 OP_MODULES = ["kernellab.ops.add", "kernellab.ops.gelu"]
 
 DTYPES = {
@@ -199,8 +199,9 @@ class OpSpec:
             if isinstance(a0, torch.Tensor) and a0.dtype in self.dtypes and a0.device.type in devices:
                 dt, dev, shape = a0.dtype, a0.device, a0.shape
                 for a in args[1:]:
-                    if not (isinstance(a, torch.Tensor) and a.dtype is dt and a.shape == shape
-                            and a.device == dev):
+                    if not (
+                        isinstance(a, torch.Tensor) and a.dtype is dt and a.shape == shape and a.device == dev
+                    ):
                         break
                 else:
                     return
