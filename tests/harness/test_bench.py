@@ -77,6 +77,8 @@ def test_cached_by_pointer_is_rejected_after_refresh(planted):
     cache = {}
 
     def cached(x):
+        if x.numel() != 4096:  # only at the timed size: the admission check sees it correct
+            return GELU(x)
         key = (x.data_ptr(), tuple(x.shape), x.dtype)
         if key not in cache:
             cache[key] = GELU(x)
