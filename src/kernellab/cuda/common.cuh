@@ -48,6 +48,10 @@ template <typename T> union Vec16 {
 // Cache hints for streaming data that is touched once (tuning knob, see
 // scripts/tune_elementwise.py): 0 plain ld/st, 1 ld.global.nc (read-only path),
 // 2 ld.global.cs / st.global.cs (evict-first: keep the L2 for data that is reused).
+// Threads per block of the vectorized kernels (the host launches exactly this many).
+#ifndef KL_THREADS
+#define KL_THREADS 256
+#endif
 #ifndef KL_CACHE_HINT
 #define KL_CACHE_HINT 0
 #endif

@@ -20,13 +20,18 @@ def _raise_recompile_limit(n: int = 256) -> None:
 
 
 def compiled(fn):
-    """torch.compile(fn), compiled lazily at first call."""
+    """torch.compile(fn, dynamic=False), compiled lazily at first call.
+
+    Static shapes: each shape gets the kernel a fixed-shape model would. With automatic
+    dynamic shapes the check's many odd shapes turned the function dynamic before the
+    benchmark ran, and the dynamic kernel took 5.0 ms at 2^28 elements on an H100 for
+    every op and dtype (0.71 ms static)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if wrapper._compiled is None:
             _raise_recompile_limit()
-            wrapper._compiled = torch.compile(fn)
+            wrapper._compiled = torch.compile(fn, dynamic=False)
         return wrapper._compiled(*args, **kwargs)
 
     wrapper._compiled = None

@@ -24,7 +24,7 @@ __device__ void add_v1(const T* a, const T* b, T* y, long long n) {
     extern "C" __global__ void add_v1_##NAME(const T* a, const T* b, T* y, long long n) {       \
         add_v1<T>(a, b, y, n);                                                                  \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(256)                                           \
+    extern "C" __global__ void __launch_bounds__(KL_THREADS)                                           \
         add_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, long long n) { \
         kl::map2_vec16<T>(a, b, y, n, Add{});                                                   \
     }

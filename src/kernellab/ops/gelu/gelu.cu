@@ -79,11 +79,11 @@ __device__ void gelu_bwd_v1(const T* dy, const T* x, T* dx, long long n) {
     extern "C" __global__ void gelu_bwd_v1_##NAME(const T* dy, const T* x, T* dx, long long n) {  \
         gelu_bwd_v1<T>(dy, x, dx, n);                                                             \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256)                                             \
+    extern "C" __global__ void __launch_bounds__(KL_THREADS)                                             \
         gelu_fwd_##NAME(const T* __restrict__ x, T* __restrict__ y, long long n) {                \
         kl::map1_vec16<T>(x, y, n, GeluFwd{});                                                    \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256) gelu_bwd_##NAME(                            \
+    extern "C" __global__ void __launch_bounds__(KL_THREADS) gelu_bwd_##NAME(                            \
         const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
         kl::map2_vec16<T>(dy, x, dx, n, GeluBwd{});                                               \
     }
