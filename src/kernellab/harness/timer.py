@@ -5,8 +5,8 @@ by zeroing a buffer of twice the device's L2 (outside the events); repetitions g
 until the median is known to +-``rel_tol`` (a distribution-free confidence interval of
 the median from order statistics) or the time budget is spent; median with p20/p80.
 A CUDA-graph mode replays many captured calls per graph launch, for small launch-bound
-work. The host cost per call is measured on its own: calls issued back to back with no
-synchronization, host clock only.
+work. The host cost per call is measured on its own: the host clock around single calls
+issued to an idle device.
 
 On the CPU: the host clock around each call (no cache flush; rows say so).
 """
@@ -215,18 +215,22 @@ def time_host(
     return _summarize(times, "host-clock", False)
 
 
-def host_cost_us(fn, calls: int = 200) -> float:
-    """Host time per call, with calls issued back to back and no synchronization inside
-    the loop: for work shorter than its launch this is the launch overhead."""
+def host_cost_us(fn, calls: int = 100, budget_s: float = 0.5) -> float:
+    """Median host time of one call, each call starting with the device idle and its
+    queue empty (synchronized outside the timed region): what the CPU spends issuing the
+    work, unaffected by a full launch queue. Back-to-back calls of a long GPU job would
+    otherwise block in the driver once ~1000 launches are queued and report GPU time."""
     cuda = torch.cuda.is_available()
     for _ in range(3):
         fn()
-    if cuda:
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
+    times = []
+    t_start = time.perf_counter()
+    while len(times) < calls and (len(times) < 10 or time.perf_counter() - t_start < budget_s):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
         fn()
-    t1 = time.perf_counter()
+        times.append(time.perf_counter() - t0)
     if cuda:
         torch.cuda.synchronize()
-    return (t1 - t0) / calls * 1e6
+    return _quantile(sorted(times), 0.5) * 1e6
