@@ -1,6 +1,8 @@
 """Timing that tells the truth (DESIGN.md "Timing").
 
-On a GPU: CUDA events around each call; warm-up first; the L2 flushed before every call
+On a GPU: CUDA events around each call (a spin kernel holds the device while the host
+queues each batch, so the events time device work, not Python); warm-up first (by device
+time, so clocks have ramped up); the L2 flushed before every call
 by zeroing a buffer of twice the device's L2 (outside the events); repetitions grow
 until the median is known to +-``rel_tol`` (a distribution-free confidence interval of
 the median from order statistics) or the time budget is spent; median with p20/p80.
