@@ -283,7 +283,10 @@ def cmd_report(args) -> int:
     rows = []
     for path in args.files:
         rows += results.read_jsonl(path)
-    print(results.markdown_table(rows, ops=args.op or None))
+    if args.pivot:
+        print(results.pivot_table(rows, ops=args.op or None, shapes=_split(args.shape)))
+    else:
+        print(results.markdown_table(rows, ops=args.op or None))
     return 0
 
 
@@ -339,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="markdown table from JSONL result files")
     s.add_argument("files", nargs="+")
     s.add_argument("--op", action="append")
+    s.add_argument("--pivot", action="store_true", help="one column per backend")
+    s.add_argument("--shape", "-s", action="append", help="only these shapes (as written in the rows)")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("info", help="what this machine has (GPU, NVRTC, Triton mode)")

@@ -78,7 +78,7 @@ def markdown_table(rows, ops=None) -> str:
         "| vs torch |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for key in sorted(latest, key=lambda k: (k[0], k[2], k[1], k[3], k[5])):
+    for key in sorted(latest, key=lambda k: (k[0], k[2], _numel(k[1]), k[3], k[5])):
         r = latest[key]
         if r.get("status") == "rejected":
             timing = "rejected: " + r.get("reason", "")
@@ -90,4 +90,53 @@ def markdown_table(rows, ops=None) -> str:
             f"{_fmt(r.get('gbps'), 4)} | {_fmt(r.get('pct_bw'))} | {_fmt(r.get('host_us'))} | "
             f"{_fmt(r.get('speedup_vs_torch'))} |"
         )
+    return "\n".join(lines)
+
+
+def _numel(shape: str) -> int:
+    n = 1
+    for d in shape.split("x"):
+        n *= int(d) if d.isdigit() else 1
+    return n
+
+
+def pivot_table(rows, ops=None, shapes=None) -> str:
+    """One line per (op, shape, dtype, mode), one column per backend: median time and
+    % of the measured copy bandwidth; the fastest of our own backends (not manual, torch,
+    compile) in bold when it is at least as fast as torch."""
+    latest, backends = {}, []
+    for r in rows:
+        if (ops and r["op"] not in ops) or (shapes and r["shape"] not in shapes) or r.get("graph"):
+            continue
+        latest[(r["op"], r["shape"], r["dtype"], r["mode"], r["backend"])] = r
+        if r["backend"] not in backends:
+            backends.append(r["backend"])
+    groups = sorted({k[:4] for k in latest}, key=lambda g: (g[0], _numel(g[1]), g[2], g[3]))
+    head = "| op | shape | dtype | mode | " + " | ".join(backends) + " |"
+    lines = [head, "|" + "---|" * (4 + len(backends))]
+    for g in groups:
+        cells = []
+        torch_ms = (latest.get(g + ("torch",)) or {}).get("median_ms")
+        ours = [
+            latest[g + (b,)]
+            for b in backends
+            if g + (b,) in latest
+            and b not in ("manual", "torch", "compile")
+            and latest[g + (b,)].get("median_ms")
+        ]
+        best = min(ours, key=lambda r: r["median_ms"]) if ours else None
+        for b in backends:
+            r = latest.get(g + (b,))
+            if r is None:
+                cells.append("-")
+            elif r.get("status") != "ok":
+                cells.append(r.get("status", "?"))
+            else:
+                c = f"{r['median_ms']:.4g} ms"
+                if r.get("pct_bw") is not None:
+                    c += f" ({r['pct_bw']:.0f}%)"
+                if r is best and torch_ms and r["median_ms"] <= torch_ms:
+                    c = f"**{c}**"
+                cells.append(c)
+        lines.append(f"| {g[0]} | {g[1]} | {g[2]} | {g[3]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
