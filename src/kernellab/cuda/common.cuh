@@ -55,8 +55,12 @@ template <typename T> union Vec16 {
 #ifndef KL_CACHE_HINT
 #define KL_CACHE_HINT 0
 #endif
-constexpr int UNROLL = KL_UNROLL;        // map1: packs per thread
+constexpr int UNROLL = KL_UNROLL;             // map1: packs per thread
 constexpr int UNROLL2 = (KL_UNROLL + 1) / 2;  // map2: packs per thread and input
+// Kernels come in two widths: the default (UNROLL packs per thread, for large tensors)
+// and "x1" (one pack per thread): a 1M-element bf16 tensor is only 128 tiles of
+// 256 x 4 packs, one per SM, too few blocks to hide latency; the host picks x1 below a
+// size threshold (cuda/elementwise.py).
 
 __device__ __forceinline__ int4 load16(const int4* p) {
 #if KL_CACHE_HINT == 1
@@ -76,22 +80,22 @@ __device__ __forceinline__ void store16(int4* p, int4 v) {
 #endif
 }
 
-template <typename T, typename F>
+template <int U, typename T, typename F>
 __device__ __forceinline__ void map1_vec16(const T* __restrict__ x, T* __restrict__ y, long long n, F f) {
     using V = Vec16<T>;
     const long long npacks = n / V::N;
     const int4* x4 = reinterpret_cast<const int4*>(x);
     int4* y4 = reinterpret_cast<int4*>(y);
-    const long long tile = (long long)blockDim.x * UNROLL;
+    const long long tile = (long long)blockDim.x * U;
     for (long long base = blockIdx.x * tile + threadIdx.x; base < npacks; base += gridDim.x * tile) {
-        V r[UNROLL];
+        V r[U];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             long long p = base + (long long)u * blockDim.x;
             if (p < npacks) r[u].raw = load16(x4 + p);
         }
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             long long p = base + (long long)u * blockDim.x;
             if (p < npacks) {
                 V o;
@@ -105,7 +109,7 @@ __device__ __forceinline__ void map1_vec16(const T* __restrict__ x, T* __restric
     if (i < n) y[i] = from_f<T>(f(to_f(x[i])));
 }
 
-template <typename T, typename F>
+template <int U, typename T, typename F>
 __device__ __forceinline__ void map2_vec16(const T* __restrict__ a, const T* __restrict__ b,
                                            T* __restrict__ y, long long n, F f) {
     using V = Vec16<T>;
@@ -113,11 +117,11 @@ __device__ __forceinline__ void map2_vec16(const T* __restrict__ a, const T* __r
     const int4* a4 = reinterpret_cast<const int4*>(a);
     const int4* b4 = reinterpret_cast<const int4*>(b);
     int4* y4 = reinterpret_cast<int4*>(y);
-    const long long tile = (long long)blockDim.x * UNROLL2;
+    const long long tile = (long long)blockDim.x * U;
     for (long long base = blockIdx.x * tile + threadIdx.x; base < npacks; base += gridDim.x * tile) {
-        V ra[UNROLL2], rb[UNROLL2];
+        V ra[U], rb[U];
 #pragma unroll
-        for (int u = 0; u < UNROLL2; ++u) {
+        for (int u = 0; u < U; ++u) {
             long long p = base + (long long)u * blockDim.x;
             if (p < npacks) {
                 ra[u].raw = load16(a4 + p);
@@ -125,7 +129,7 @@ __device__ __forceinline__ void map2_vec16(const T* __restrict__ a, const T* __r
             }
         }
 #pragma unroll
-        for (int u = 0; u < UNROLL2; ++u) {
+        for (int u = 0; u < U; ++u) {
             long long p = base + (long long)u * blockDim.x;
             if (p < npacks) {
                 V o;

@@ -1,31 +1,38 @@
 """Host side of the elementwise kernels built on ``common.cuh``'s map loops.
 
 Kernel naming contract (see add.cu, gelu.cu): ``<base>_<dtype>`` is the vectorized
-kernel (16-byte accesses; needs 16-byte aligned contiguous storage), ``<base>_v1_<dtype>``
-the one-element-per-thread kernel; both take (inputs..., output, n).
+kernel (16-byte accesses, several per thread; needs 16-byte aligned contiguous storage),
+``<base>_x1_<dtype>`` the same with one 16-byte pack per thread (more, thinner blocks for
+mid-size tensors), ``<base>_v1_<dtype>`` the one-element-per-thread kernel; all take
+(inputs..., output, n).
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernellab.cuda.runtime import Module, _get_device
+from kernellab.cuda.runtime import Module, _get_device, sm_count
 
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS = 256
 UNROLL = {1: 4, 2: 2}  # packs per thread for 1 and 2 inputs: kl::UNROLL, kl::UNROLL2
 
 
-_KERNELS: dict = {}  # (module, base, dtype, device, vectorized, n_inputs) -> (Kernel, packs per block)
+# Below this many fat blocks per SM, the x1 kernel (one pack per thread) runs instead:
+# a fat grid that small leaves SMs idle or unbalanced (scripts/tune_widths.py).
+FAT_MIN_BLOCKS_PER_SM = 16
+
+_KERNELS: dict = {}  # (module, base, dtype, device, kind, n_inputs) -> (Kernel, packs or elements per block)
 
 
-def _kernel(module: Module, base: str, dtype, dev: int, vec: bool, n_in: int):
-    key = (module, base, dtype, dev, vec, n_in)  # holds the module: no id() reuse
+def _kernel(module: Module, base: str, dtype, dev: int, kind: str, n_in: int):
+    key = (module, base, dtype, dev, kind, n_in)  # holds the module: no id() reuse
     hit = _KERNELS.get(key)
     if hit is None:
         sig = ("ptr",) * (n_in + 1) + ("i64",)
-        name = f"{base}_{SUFFIX[dtype]}" if vec else f"{base}_v1_{SUFFIX[dtype]}"
-        per_block = THREADS * UNROLL[n_in] if vec else THREADS
+        sfx = SUFFIX[dtype]
+        name = {"vec": f"{base}_{sfx}", "x1": f"{base}_x1_{sfx}", "v1": f"{base}_v1_{sfx}"}[kind]
+        per_block = THREADS * UNROLL[n_in] if kind == "vec" else THREADS
         hit = _KERNELS[key] = (module.kernel(name, sig, dev), per_block)
     return hit
 
@@ -46,15 +53,18 @@ def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.
         with torch.cuda.device(dev):
             return launch(module, base, inputs, vectorized)
     ptrs = [t.data_ptr() for t in inputs]
-    # A storage offset can leave a tensor misaligned for 16-byte accesses (offset of one
-    # element): then the scalar kernel runs. The allocator aligns y.
-    vec = vectorized and not any(p & 15 for p in ptrs)
-    kernel, per_block = _kernel(module, base, x0.dtype, dev, vec, len(inputs))
-    if vec:
+    if vectorized and not any(p & 15 for p in ptrs):
+        packs = n // (16 // x0.element_size())
+        fat = (packs + THREADS * UNROLL[len(inputs)] - 1) // (THREADS * UNROLL[len(inputs)])
+        kind = "vec" if fat >= FAT_MIN_BLOCKS_PER_SM * sm_count(dev) else "x1"
+        kernel, per_block = _kernel(module, base, x0.dtype, dev, kind, len(inputs))
         # One tile per block (the kernel's loop is grid-stride, so this is only a choice):
         # measured faster than a grid capped at 8-32 blocks per SM.
-        grid = (n // (16 // x0.element_size()) + per_block - 1) // per_block or 1
+        grid = (packs + per_block - 1) // per_block or 1
     else:
+        # A storage offset can leave a tensor misaligned for 16-byte accesses (offset of
+        # one element): then the scalar kernel runs. The allocator aligns y.
+        kernel, per_block = _kernel(module, base, x0.dtype, dev, "v1", len(inputs))
         grid = (n + per_block - 1) // per_block
     ptrs.append(y.data_ptr())
     ptrs.append(n)

@@ -24,8 +24,12 @@ __device__ void add_v1(const T* a, const T* b, T* y, long long n) {
     extern "C" __global__ void add_v1_##NAME(const T* a, const T* b, T* y, long long n) {       \
         add_v1<T>(a, b, y, n);                                                                  \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(KL_THREADS)                                           \
+    extern "C" __global__ void __launch_bounds__(KL_THREADS)                                    \
         add_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, long long n) { \
-        kl::map2_vec16<T>(a, b, y, n, Add{});                                                   \
+        kl::map2_vec16<kl::UNROLL2, T>(a, b, y, n, Add{});                                      \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(KL_THREADS)                                    \
+        add_x1_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, long long n) { \
+        kl::map2_vec16<1, T>(a, b, y, n, Add{});                                                \
     }
 KL_FOR_EACH_DTYPE(KL_ADD)
