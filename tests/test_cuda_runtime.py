@@ -79,18 +79,20 @@ def test_every_module_compiles_to_cubin_for_check_archs(path, kl_cache):
 
 @pytest.mark.parametrize("path", CU_FILES, ids=lambda p: p.name)
 def test_cubin_holds_every_kernel_the_host_asks_for(path):
-    """The naming contract of cuda/elementwise.py: <base>_<dtype> (vectorized) and
-    <base>_v1_<dtype> (scalar) for f32, f16 and bf16."""
+    """The naming contract of cuda/elementwise.py: <base>_<dtype> (vectorized),
+    <base>_x1_<dtype> (vectorized, one pack per thread) and <base>_v1_<dtype> (scalar)
+    for f32, f16 and bf16."""
     cubin = Module(path).compile("sm_90")
     names = set(_entries(Module(path).compile("sm_90", target="ptx").decode()))
     assert names, "no kernels"
     for name in names:
         assert name.encode() in cubin, name
-    vectorized = {n for n in names if "_v1_" not in n}
+    vectorized = {n for n in names if "_v1_" not in n and "_x1_" not in n}
     for n in vectorized:
         base, sfx = n.rsplit("_", 1)
         assert sfx in ("f32", "f16", "bf16"), n
         assert f"{base}_v1_{sfx}" in names, f"{n} has no scalar fallback {base}_v1_{sfx}"
+        assert f"{base}_x1_{sfx}" in names, f"{n} has no one-pack-per-thread twin {base}_x1_{sfx}"
     for sfx in ("f32", "f16", "bf16"):
         assert any(n.endswith("_" + sfx) for n in vectorized), sfx
 

@@ -361,7 +361,8 @@ def test_gpu_misaligned_offset_takes_the_scalar_kernel(backend, dtype):
         assert v.ok, f"{backend} n={n}: {v.detail}"
         xa = flat[:n].clone()  # aligned: the vectorized kernel for "cuda"
         ran = launched_cuda_kernels(lambda: kernellab.gelu(xa, backend=backend), "gelu_")
-        assert ran == [f"gelu_fwd_{sfx}" if backend == "cuda" else f"gelu_fwd_v1_{sfx}"], ran
+        # small tensors take the one-pack-per-thread vectorized kernel (see the width test)
+        assert ran == [f"gelu_fwd_x1_{sfx}" if backend == "cuda" else f"gelu_fwd_v1_{sfx}"], ran
         # Backward with a misaligned x: the scalar backward kernel, right answer.
         leaf = x.detach().requires_grad_()
         dy = torch.randn(n, device="cuda").to(dtype)
@@ -473,3 +474,22 @@ def test_gpu_cuda_core_launch_path_gives_identical_results(backend, monkeypatch)
     assert core_mod._kernels and all(k._use_core for k in core_mod._kernels.values())
     for a, b in zip(default, core, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gpu_large_tensors_take_the_fat_vectorized_kernel(dtype):
+    """From 8 fat blocks (256 threads x 4 packs) per SM up, the forward runs the kernel
+    with 4 packs per thread; an odd tail still comes out right."""
+    from kernellab.cuda import elementwise as ew
+    from kernellab.cuda.runtime import sm_count
+    from kltest import launched_cuda_kernels
+
+    per_pack = 16 // torch.empty((), dtype=dtype).element_size()
+    n = ew.FAT_MIN_BLOCKS_PER_SM * sm_count(0) * ew.THREADS * ew.UNROLL[1] * per_pack + 13
+    x = torch.randn(n, device="cuda").mul(3).to(dtype)
+    out = []
+    ran = launched_cuda_kernels(lambda: out.append(kernellab.gelu(x, backend="cuda")), "gelu_")
+    assert ran == [f"gelu_fwd_{SFX[dtype]}"], ran
+    v = judge(out[0], SPEC.ref(x), dtype, _baseline("cuda", x))
+    assert v.ok, v.detail

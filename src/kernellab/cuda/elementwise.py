@@ -18,9 +18,11 @@ THREADS = 256
 UNROLL = {1: 4, 2: 2}  # packs per thread for 1 and 2 inputs: kl::UNROLL, kl::UNROLL2
 
 
-# Below this many fat blocks per SM, the x1 kernel (one pack per thread) runs instead:
-# a fat grid that small leaves SMs idle or unbalanced (scripts/tune_widths.py).
-FAT_MIN_BLOCKS_PER_SM = 16
+# Which width runs (scripts/tune_widths.py, H100, 2^18..2^26 elements): one-input kernels
+# take the fat one (4 packs per thread) from 8 fat blocks per SM up, x1 below (a 1M bf16
+# GeLU: 8.45 us fat, 6.69 us x1); two-input kernels (2 streams in already) were as fast
+# or faster with x1 at every size, so they always take it.
+FAT_MIN_BLOCKS_PER_SM = 8
 
 _KERNELS: dict = {}  # (module, base, dtype, device, kind, n_inputs) -> (Kernel, packs or elements per block)
 
@@ -56,7 +58,7 @@ def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.
     if vectorized and not any(p & 15 for p in ptrs):
         packs = n // (16 // x0.element_size())
         fat = (packs + THREADS * UNROLL[len(inputs)] - 1) // (THREADS * UNROLL[len(inputs)])
-        kind = "vec" if fat >= FAT_MIN_BLOCKS_PER_SM * sm_count(dev) else "x1"
+        kind = "vec" if len(inputs) == 1 and fat >= FAT_MIN_BLOCKS_PER_SM * sm_count(dev) else "x1"
         kernel, per_block = _kernel(module, base, x0.dtype, dev, kind, len(inputs))
         # One tile per block (the kernel's loop is grid-stride, so this is only a choice):
         # measured faster than a grid capped at 8-32 blocks per SM.

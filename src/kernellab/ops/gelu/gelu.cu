@@ -9,7 +9,8 @@
 //                      baseline; also the fallback for storage that is not 16-byte aligned.
 //   v2  gelu_fwd_*     (backend "cuda") 16-byte vector loads/stores (4 fp32 or 8 fp16/bf16
 //                      per access), 4 packs in flight per thread (2 per input for bwd),
-//                      exp2 + rcp instead of expf + division (KL_GELU_FAST). GeLU is memory-bound: 1 read + 1 write per element (8 B fp32),
+//                      exp2 + rcp instead of expf + division (KL_GELU_FAST), tanh.approx
+//                      for 16-bit outputs; gelu_*_x1_* one pack per thread, for mid sizes. GeLU is memory-bound: 1 read + 1 write per element (8 B fp32),
 //                      ~20 flops; at 3.3 TB/s the tanh math is hidden under the traffic.
 //       gelu_bwd_*     dx = dy * gelu'(x): 2 reads + 1 write, same vector loop.
 #include "common.cuh"
@@ -38,11 +39,27 @@ __device__ __forceinline__ void sigmoid2(float u, float& s, float& s1s) {
     s1s = t * q * q;
 }
 
+// One SFU instruction (MUFU.TANH, sm_75+), max relative error ~2^-11: below the rounding
+// of a bf16 output (2^-9) and about that of fp16 (2^-11), so 16-bit outputs use it; fp32
+// keeps the accurate path. At 1M-64M bf16 elements the accurate math cost 2-7% against
+// torch (scripts/tune_widths.py): 16-bit GeLU has twice the flops per byte of fp32.
+__device__ __forceinline__ float tanh_approx(float u) {
+    float r;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(u));
+    return r;
+}
+
+template <bool kApproxTanh>
 struct GeluFwd {
     __device__ __forceinline__ float operator()(float x) const {
-        float s, s1s;
-        sigmoid2(kSqrt2OverPi * (x + kCoeff * x * x * x), s, s1s);
-        return x * s;  // x = -inf gives -inf * 0 = NaN, as the formula does
+        const float u = kSqrt2OverPi * (x + kCoeff * x * x * x);
+        if constexpr (kApproxTanh) {
+            return 0.5f * x * (1.0f + tanh_approx(u));  // x = -inf: -inf * 0 = NaN, as the formula
+        } else {
+            float s, s1s;
+            sigmoid2(u, s, s1s);
+            return x * s;  // x = -inf gives -inf * 0 = NaN, as the formula does
+        }
     }
 };
 
@@ -81,11 +98,11 @@ __device__ void gelu_bwd_v1(const T* dy, const T* x, T* dx, long long n) {
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(KL_THREADS)                                      \
         gelu_fwd_##NAME(const T* __restrict__ x, T* __restrict__ y, long long n) {                \
-        kl::map1_vec16<kl::UNROLL, T>(x, y, n, GeluFwd{});                                        \
+        kl::map1_vec16<kl::UNROLL, T>(x, y, n, GeluFwd<(sizeof(T) == 2)>{});                                        \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(KL_THREADS)                                      \
         gelu_fwd_x1_##NAME(const T* __restrict__ x, T* __restrict__ y, long long n) {             \
-        kl::map1_vec16<1, T>(x, y, n, GeluFwd{});                                                 \
+        kl::map1_vec16<1, T>(x, y, n, GeluFwd<(sizeof(T) == 2)>{});                                                 \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(KL_THREADS) gelu_bwd_##NAME(                     \
         const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
