@@ -49,8 +49,9 @@ for dtype in (torch.float32, torch.bfloat16):
                 {"kernel": name, "dtype": str(dtype)[6:], "n": n, "fat_blocks_per_sm": fat_per_sm, **res}
             )
             print(
-                f"{name:9s} {str(dtype)[6:]:9s} 2^{p:<3d} fat/SM {fat_per_sm:7.1f}  torch {res['torch'] * 1e3:8.2f} us"
-                f"  vec {res['vec'] * 1e3:8.2f}  x1 {res['x1'] * 1e3:8.2f}"
+                f"{name:9s} {str(dtype)[6:]:9s} 2^{p:<3d} fat/SM {fat_per_sm:7.1f}"
+                f"  torch {res['torch'] * 1e3:8.2f} us  vec {res['vec'] * 1e3:8.2f}"
+                f"  x1 {res['x1'] * 1e3:8.2f}"
             )
 if len(sys.argv) > 1:
     with open(sys.argv[1], "w") as fh:
