@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from kernellab import device
 
 
@@ -32,3 +34,17 @@ def block_for(element_size: int, warps: int = 8, accesses: int = 4) -> int:
     """Elements per program for streaming kernels: each thread makes ``accesses``
     16-byte accesses (fp32: 4096 elements with 8 warps, fp16/bf16: 8192)."""
     return warps * 32 * accesses * (16 // element_size)
+
+
+def launch_streaming(kernel, inputs) -> torch.Tensor:
+    """Run an elementwise ``kernel(*inputs, out, n, BLOCK=...)`` over contiguous copies
+    of ``inputs`` (same shape and dtype) into a fresh contiguous output."""
+    inputs = [t.contiguous() for t in inputs]
+    y = torch.empty_like(inputs[0])
+    n = y.numel()
+    if n:
+        import triton
+
+        block = block_for(y.element_size())
+        kernel[(triton.cdiv(n, block),)](*inputs, y, n, BLOCK=block, num_warps=8)
+    return y

@@ -72,3 +72,23 @@ def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.
     ptrs.append(n)
     kernel.launch_1d(grid, THREADS, ptrs, dev)
     return y
+
+
+def register_variants(op: str, module: Module, make_fn, variants) -> None:
+    """Register one backend per ``(backend, vectorized, description)`` in ``variants``;
+    ``make_fn(backend, vectorized)`` returns the registry callable (with ``.custom_ops``)."""
+    from kernellab.cuda.runtime import nvrtc_unavailable
+    from kernellab.registry import register
+
+    for backend, vec, what in variants:
+        fn = make_fn(backend, vec)
+        register(
+            op,
+            backend,
+            devices=("cuda",),
+            available=nvrtc_unavailable,
+            precompile=module.precompile,
+            custom_ops=fn.custom_ops,
+            builtin=True,
+            description=what,
+        )(fn)

@@ -9,28 +9,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from kernellab.cuda import elementwise
-from kernellab.cuda.runtime import Module, nvrtc_unavailable
+from kernellab.cuda.runtime import Module
 from kernellab.ops._elementwise import unary_op
-from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("gelu.cu"))
 
-for backend, vec, what in [
-    ("cuda_v1", False, "CUDA v1: one element per thread (lecture)"),
-    ("cuda", True, "CUDA v2: 16-byte vector accesses, grid-stride"),
-]:
-    fn = unary_op(
+elementwise.register_variants(
+    "gelu",
+    MODULE,
+    lambda backend, vec: unary_op(
         f"gelu_{backend}",
-        lambda x, vec=vec: elementwise.launch(MODULE, "gelu_fwd", [x], vec),
-        lambda dy, x, vec=vec: elementwise.launch(MODULE, "gelu_bwd", [dy, x], vec),
-    )
-    register(
-        "gelu",
-        backend,
-        devices=("cuda",),
-        available=nvrtc_unavailable,
-        precompile=MODULE.precompile,
-        custom_ops=fn.custom_ops,
-        builtin=True,
-        description=what,
-    )(fn)
+        lambda x: elementwise.launch(MODULE, "gelu_fwd", [x], vec),
+        lambda dy, x: elementwise.launch(MODULE, "gelu_bwd", [dy, x], vec),
+    ),
+    [
+        ("cuda_v1", False, "CUDA v1: one element per thread (lecture)"),
+        ("cuda", True, "CUDA v2: 16-byte vector accesses"),
+    ],
+)

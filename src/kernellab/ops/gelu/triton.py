@@ -58,24 +58,11 @@ def _gelu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
 
 
 def _fwd(x: torch.Tensor) -> torch.Tensor:
-    x = x.contiguous()
-    y = torch.empty_like(x)
-    n = x.numel()
-    if n:
-        block = triton_support.block_for(x.element_size())
-        _gelu_fwd_kernel[(triton.cdiv(n, block),)](x, y, n, BLOCK=block, num_warps=8)
-    return y
+    return triton_support.launch_streaming(_gelu_fwd_kernel, [x])
 
 
 def _bwd(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    x = x.contiguous()
-    dy = dy.contiguous()
-    dx = torch.empty_like(x)
-    n = x.numel()
-    if n:
-        block = triton_support.block_for(x.element_size())
-        _gelu_bwd_kernel[(triton.cdiv(n, block),)](dy, x, dx, n, BLOCK=block, num_warps=8)
-    return dx
+    return triton_support.launch_streaming(_gelu_bwd_kernel, [dy, x])
 
 
 gelu_triton = unary_op("gelu_triton", _fwd, _bwd)
