@@ -4,7 +4,8 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check bench launch sanitize summary (default: all, in that order);
+#   stages: env tests check bench launch profile sanitize summary (default: all but
+#   profile, in that order);
 #   split them over two device calls when one would pass the 10-minute limit.
 set -u
 MODE=${1:-full}
@@ -76,6 +77,14 @@ fi
 if want launch; then
 step "launch overhead"
 run python3 scripts/launch_overhead.py "$OUT/launch.jsonl"
+fi
+
+if want profile; then
+step "profile and demos"
+run $KL demo gelu --json "$OUT/demo_gelu.json"
+run $KL demo mlp --json "$OUT/demo_mlp.json" --trace-dir /tmp/kernellab-mlp-traces
+run $KL profile gelu -b manual -s 2^24 --trace /tmp/kernellab-profile-trace.json --json "$OUT/profile_gelu_manual.json"
+run $KL profile gelu -b cuda -s 2^28 --ncu --json "$OUT/profile_gelu_cuda_ncu.json"
 fi
 
 if want sanitize; then

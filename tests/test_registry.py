@@ -255,6 +255,8 @@ def test_numbered_variants_sort_numerically():
 
 def _expected_default(op, device):
     for b in kernellab.get_spec(op).default_backends:
+        if b == "triton" and device == "cpu":
+            continue  # the interpreter is for correctness, never the default
         try:
             impl = kernellab.get(op, b)
         except KeyError:
@@ -272,8 +274,9 @@ def test_default_backend_selection(device):
     if torch.cuda.is_available():
         assert registry.default_backend("gelu", "cuda") == "cuda"
     else:
-        assert registry.default_backend("gelu", "cpu") == "triton"
-        assert registry.default_backend("add", "cpu") == "triton"
+        # Triton runs here only under its interpreter: correct, slow, not the default.
+        assert registry.default_backend("gelu", "cpu") == "torch"
+        assert registry.default_backend("add", "cpu") == "torch"
 
 
 def test_default_backend_falls_back_when_preferred_unavailable(monkeypatch):

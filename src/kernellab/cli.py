@@ -1,4 +1,4 @@
-"""kernellab command line: list | check | bench | peaks | report | info."""
+"""kernellab command line: list | check | bench | peaks | report | profile | demo | info."""
 
 from __future__ import annotations
 
@@ -302,6 +302,221 @@ def cmd_info(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- profile / demo
+
+
+def _one(values, what, default=None):
+    vals = _split(values)
+    if not vals:
+        return default
+    if len(vals) > 1:
+        raise ValueError(f"profile takes one {what}, got {', '.join(vals)}")
+    return vals[0]
+
+
+def cmd_profile(args) -> int:
+    from kernellab import device, registry
+    from kernellab.ops.spec import dtype_name, get_spec, parse_dtype, parse_shape, shape_str
+    from kernellab.profile import ncu
+    from kernellab.profile.torchprof import op_call, profile_call
+
+    if args.op not in registry.op_names():
+        console.print(f"[red]unknown op {args.op!r}[/]; known: {', '.join(registry.op_names())}")
+        return 2
+    spec = get_spec(args.op)
+    dev = device.default_device()
+    try:
+        backend = _one(args.backend, "backend") or registry.default_backend(args.op, dev)
+        shape_s = _one(args.shape, "shape")
+        shape = (
+            parse_shape(shape_s)
+            if shape_s
+            else (spec.bench_shapes if dev == "cuda" else spec.cpu_bench_shapes)[-1]
+        )
+        dtype = parse_dtype(_one(args.dtype, "dtype", "fp32"))
+        mode = _one(args.mode, "mode", "fwd")
+        fn = op_call(args.op, backend, shape, dtype, mode)
+    except (KeyError, ValueError) as e:
+        console.print(f"[red]{e}[/]")
+        return 2
+    if args.ncu_target:  # the process ncu runs: warm up, then one call inside the NVTX range
+        import torch
+
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_push(ncu.NVTX_RANGE)
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        return 0
+    what = f"{args.op}/{backend} {mode} {shape_str(shape)} {dtype_name(dtype)}"
+    res = profile_call(fn, iters=args.iters, trace_path=args.trace)
+    table = Table(title=f"profile {what} on {device.gpu_name()} ({args.iters} calls)")
+    kind = "kernel" if res.device == "cuda" else "CPU op"
+    for col in (
+        kind,
+        "calls",
+        "calls/iter",
+        "self time us" if res.device == "cpu" else "self CUDA us",
+        "share",
+    ):
+        table.add_column(col, justify="left" if col == kind else "right")
+    for r in res.rows[:25]:
+        table.add_row(
+            r.name[:90],
+            str(r.calls),
+            f"{r.calls / res.iters:.1f}",
+            f"{r.self_us:.1f}",
+            f"{100 * r.share:.1f}%",
+        )
+    console.print(table)
+    if res.device == "cuda":
+        console.print(
+            f"kernels launched per call: {res.kernels_per_call:.1f}; "
+            f"host time per call {res.cpu_us_per_call:.1f} us, "
+            f"GPU kernel time per call {res.gpu_us_per_call:.1f} us"
+            + (" (host-bound)" if res.cpu_us_per_call > res.gpu_us_per_call else " (GPU-bound)")
+        )
+    else:
+        console.print(f"[yellow]{res.note}[/]; host time per call {res.cpu_us_per_call:.1f} us")
+    if res.trace_path:
+        console.print(
+            f"Chrome/Perfetto trace written to {res.trace_path} (open in ui.perfetto.dev or chrome://tracing)"
+        )
+    out = {"what": what, "profile": res.to_dict()}
+    if args.ncu:
+        if dev != "cuda":
+            console.print("[yellow]--ncu needs a CUDA GPU; this machine has none.[/]")
+            out["ncu"] = {"error": "no CUDA device"}
+        else:
+            with console.status("running Nsight Compute ..."):
+                out["ncu"] = n = ncu.run(
+                    args.op, backend, shape_s or "x".join(map(str, shape)), dtype_name(dtype), mode
+                )
+            if "error" in n:
+                console.print(f"[yellow]ncu: {n['error']}[/]")
+            else:
+                print_ncu(n["kernels"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    return 0
+
+
+def print_ncu(kernels) -> None:
+    t = Table(title="Nsight Compute (clock control: none)")
+    cols = (
+        "kernel",
+        "time us",
+        "mem SOL %",
+        "DRAM %",
+        "compute SOL %",
+        "occupancy % (theory)",
+        "limiter",
+        "regs/thread",
+        "smem/block B",
+        "block",
+        "grid",
+    )
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("kernel", "limiter") else "right")
+
+    def f(v, nd=1):
+        return "-" if v is None else f"{v:.{nd}f}"
+
+    for k in kernels:
+        smem = (k.get("static_smem_per_block") or 0) + (k.get("dynamic_smem_per_block") or 0)
+        t.add_row(
+            k["kernel"][:60],
+            f(k.get("duration_us"), 2),
+            f(k.get("mem_sol_pct")),
+            f(k.get("dram_pct")),
+            f(k.get("compute_sol_pct")),
+            f"{f(k.get('achieved_occupancy_pct'))} ({f(k.get('theoretical_occupancy_pct'))})",
+            k.get("occupancy_limiter", "-"),
+            f(k.get("registers_per_thread"), 0),
+            f(smem, 0),
+            f(k.get("block_size"), 0),
+            f(k.get("grid_size"), 0),
+        )
+    console.print(t)
+
+
+def cmd_demo(args) -> int:
+    from kernellab import demos
+    from kernellab.ops.spec import parse_dtype, parse_shape
+
+    if args.which == "gelu":
+        try:
+            shape = parse_shape(args.shape) if args.shape else None
+            dtype = parse_dtype(args.dtype)
+        except ValueError as e:
+            console.print(f"[red]{e}[/]")
+            return 2
+        rows = demos.demo_gelu(shape, dtype)
+        t = Table(title=f"GeLU {rows[0]['shape']} {rows[0]['dtype']} on {rows[0]['gpu']}")
+        for c in ("backend", "time ms", "GB/s", "% copy BW", "kernels/call", "vs torch"):
+            t.add_column(c, justify="left" if c == "backend" else "right")
+        for r in rows:
+            if r["status"] != "ok":
+                t.add_row(r["backend"], r["status"], "-", "-", "-", "-")
+                continue
+            kpc = r.get("kernels_per_call")
+            t.add_row(
+                r["backend"],
+                f"{r['median_ms']:.4f}",
+                f"{r['gbps']:.1f}",
+                f"{r['pct_bw']:.1f}%" if r.get("pct_bw") is not None else "-",
+                f"{kpc:g}" if kpc is not None else "n/a (CPU)",
+                f"{r.get('speedup_vs_torch') or 0:.2f}x",
+            )
+        console.print(t)
+        result = rows
+    else:
+        try:
+            result = demos.demo_mlp(
+                args.dim, args.layers, args.batch, args.steps, args.backend, args.trace_dir
+            )
+        except ValueError as e:
+            console.print(f"[red]{e}[/]")
+            return 2
+        t = Table(
+            title=f"MLP dim={args.dim} layers={args.layers} batch={args.batch}, {args.steps} steps on "
+            f"{result['device']} (GeLU: {result['gelu_backend']})"
+        )
+        for c in (
+            "run",
+            "step ms",
+            "CPU ahead of GPU us (mean)",
+            "GPU idle us",
+            "GPU idle %",
+            "kernels/step",
+        ):
+            t.add_column(c, justify="left" if c == "run" else "right")
+        for r in result["runs"]:
+
+            def f(v, scale=1.0):
+                return "-" if v is None else f"{v * scale:.1f}"
+
+            t.add_row(
+                r["mode"],
+                f"{r['step_ms']:.3f}",
+                f(r["mean_run_ahead_us"]),
+                f(r["gpu_idle_us"]),
+                f(r["gpu_idle_frac"], 100),
+                f(r["kernels_per_step"]),
+            )
+        console.print(t)
+        if result.get("note"):
+            console.print(f"[yellow]{result['note']}[/]")
+        console.print(f"traces: {', '.join(r['trace'] for r in result['runs'])}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1, default=str)
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -345,6 +560,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--pivot", action="store_true", help="one column per backend")
     s.add_argument("--shape", "-s", action="append", help="only these shapes (as written in the rows)")
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser(
+        "profile", help="torch.profiler kernel table and trace of one op (--ncu: Nsight Compute)"
+    )
+    s.add_argument("op")
+    s.add_argument("--backend", "-b", action="append")
+    s.add_argument("--shape", "-s", action="append")
+    s.add_argument("--dtype", action="append")
+    s.add_argument("--mode", action="append", help="fwd, bwd, fwdbwd (default fwd)")
+    s.add_argument("--iters", type=int, default=10)
+    s.add_argument("--trace", help="write a Chrome/Perfetto trace here")
+    s.add_argument("--ncu", action="store_true", help="also profile the kernels with Nsight Compute")
+    s.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
+    s.add_argument("--json", help="write the profile (and ncu summary) as JSON")
+    s.set_defaults(func=cmd_profile)
+
+    s = sub.add_parser("demo", help="the lecture's demonstrations: gelu | mlp")
+    s.add_argument("which", choices=["gelu", "mlp"])
+    s.add_argument("--shape", "-s", help="gelu: tensor shape (default 2^24 on a GPU)")
+    s.add_argument("--dtype", default="fp32", help="gelu: fp32, fp16, bf16")
+    s.add_argument("--dim", type=int, default=128)
+    s.add_argument("--layers", type=int, default=16)
+    s.add_argument("--batch", type=int, default=128)
+    s.add_argument("--steps", type=int, default=5)
+    s.add_argument("--backend", "-b", help="mlp: GeLU backend (default: the fastest here)")
+    s.add_argument("--trace-dir", help="mlp: where the two profiler traces go")
+    s.add_argument("--json", help="write the result as JSON")
+    s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("info", help="what this machine has (GPU, NVRTC, Triton mode)")
     s.set_defaults(func=cmd_info)

@@ -217,6 +217,8 @@ def default_backend(op: str, device: str | None = None) -> str:
     from kernellab.ops.spec import get_spec
 
     for b in get_spec(op).default_backends:
+        if b == "triton" and device == "cpu":
+            continue  # the interpreter proves Triton kernels correct on the CPU; it is not fast
         impl = _TABLE.get((op, b))
         if impl is not None and impl.why_unavailable(device) is None:
             return b

@@ -23,6 +23,7 @@ from kernellab import registry
 from kernellab.harness import timer
 from kernellab.harness.compare import judge
 from kernellab.ops.spec import dtype_name, get_spec, shape_str
+from kernellab.profile.nvtx import nvtx_range
 
 MODES = ("fwd", "bwd", "fwdbwd")
 
@@ -201,7 +202,10 @@ def bench(
                         row.update(status="rejected", reason=gate)
                         group.append(row)
                         continue
-                    row.update(_measure(impl, prob, baseline, dev, graph, flush, budget_s))
+                    with nvtx_range(
+                        f"bench {op}/{impl.backend} {mode} {shape_str(shape)} {dtype_name(dtype)}"
+                    ):
+                        row.update(_measure(impl, prob, baseline, dev, graph, flush, budget_s))
                     _rates(row, spec, shape, dtype, mode, peaks)
                     group.append(row)
                     if dev == "cuda":

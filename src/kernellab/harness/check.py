@@ -32,6 +32,7 @@ from kernellab import device as _device
 from kernellab import registry
 from kernellab.harness.compare import Verdict, judge
 from kernellab.ops.spec import LAYOUTS, OpSpec, dtype_name, get_spec, shape_str
+from kernellab.profile.nvtx import nvtx_range
 
 PASS, FAIL, REFUSED, SKIP = "pass", "fail", "refused", "skip"
 # Exceptions that count as a clear refusal of an unsupported layout.
@@ -405,7 +406,8 @@ def check(
                     continue
                 if on_start:
                     on_start(impl, dtype)
-                rep = check_impl(impl, dtype, device=device, quick=quick, seed=seed)
+                with nvtx_range(f"check {impl.name} {dtype_name(dtype)}"):
+                    rep = check_impl(impl, dtype, device=device, quick=quick, seed=seed)
                 reports.append(rep)
                 if on_result:
                     on_result(rep)

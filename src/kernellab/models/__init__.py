@@ -1,0 +1,1 @@
+"""End-to-end models built on kernellab's ops."""

@@ -1,0 +1,1 @@
+"""Profiling: torch.profiler tables and traces, NVTX ranges, Nsight Compute summaries."""
