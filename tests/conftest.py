@@ -140,3 +140,20 @@ def kl_cache(tmp_path, monkeypatch):
     root = tmp_path / "klcache"
     monkeypatch.setenv("KERNELLAB_CACHE", str(root))
     return root
+
+
+@pytest.fixture
+def cli_run(monkeypatch, capsys):
+    """Run the kernellab CLI in-process; returns (exit code, printed text). The console
+    is made wide so rich never wraps a table cell across lines."""
+    from rich.console import Console
+
+    from kernellab import cli
+
+    monkeypatch.setattr(cli, "console", Console(width=300))
+
+    def run(*argv):
+        code = cli.main(list(argv))
+        return code, capsys.readouterr().out
+
+    return run

@@ -7,24 +7,9 @@ import json
 import pytest
 import torch
 
-from kernellab import cli
 
-
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    # Rich wraps table cells to the terminal width (80 without one): keep lines whole.
-    from rich.console import Console
-
-    monkeypatch.setattr(cli, "console", Console(width=300))
-
-
-def run(capsys, *argv) -> tuple[int, str]:
-    code = cli.main(list(argv))
-    return code, capsys.readouterr().out
-
-
-def test_list_shows_every_op_and_backend_with_availability(capsys):
-    code, out = run(capsys, "list")
+def test_list_shows_every_op_and_backend_with_availability(cli_run):
+    code, out = cli_run("list")
     assert code == 0
     for op in ("add", "gelu"):
         assert op in out
@@ -34,10 +19,10 @@ def test_list_shows_every_op_and_backend_with_availability(capsys):
         assert "compile only: no GPU" in out
 
 
-def test_check_quick_passes_and_writes_json(capsys, tmp_path):
+def test_check_quick_passes_and_writes_json(cli_run, tmp_path):
     path = tmp_path / "check.json"
-    code, out = run(
-        capsys, "check", "gelu", "-b", "torch,triton", "--dtype", "fp32", "--quick", "--json", str(path)
+    code, out = cli_run(
+        "check", "gelu", "-b", "torch,triton", "--dtype", "fp32", "--quick", "--json", str(path)
     )
     assert code == 0, out
     assert "2 passed, 0 failed" in out
@@ -47,28 +32,27 @@ def test_check_quick_passes_and_writes_json(capsys, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU report of CUDA backends")
-def test_check_reports_cuda_as_compiled_not_run(capsys):
-    code, out = run(capsys, "check", "add", "-b", "cuda", "--dtype", "bf16", "--quick")
+def test_check_reports_cuda_as_compiled_not_run(cli_run):
+    code, out = cli_run("check", "add", "-b", "cuda", "--dtype", "bf16", "--quick")
     assert code == 0, out
     assert "compiled, not run" in out and "1 compiled (not run)" in out
 
 
-def test_check_fails_on_a_wrong_backend(capsys, planted):
+def test_check_fails_on_a_wrong_backend(cli_run, planted):
     planted("gelu", "cli_wrong", lambda x: torch.zeros_like(x))
-    code, out = run(capsys, "check", "gelu", "-b", "cli_wrong", "--dtype", "fp32", "--quick")
+    code, out = cli_run("check", "gelu", "-b", "cli_wrong", "--dtype", "fp32", "--quick")
     assert code == 1
     assert "0 passed, 1 failed" in out
 
 
-def test_check_unknown_op_is_a_clear_error(capsys):
-    code, out = run(capsys, "check", "nope")
+def test_check_unknown_op_is_a_clear_error(cli_run):
+    code, out = cli_run("check", "nope")
     assert code == 2 and "unknown op 'nope'" in out
 
 
-def test_bench_table_json_plot_and_report(capsys, tmp_path):
+def test_bench_table_json_plot_and_report(cli_run, tmp_path):
     js, png = tmp_path / "r.jsonl", tmp_path / "p.png"
-    code, out = run(
-        capsys,
+    code, out = cli_run(
         "bench",
         "gelu",
         "-b",
@@ -93,14 +77,14 @@ def test_bench_table_json_plot_and_report(capsys, tmp_path):
     assert png.exists() and png.stat().st_size > 10_000
     rows = [json.loads(line) for line in js.read_text().splitlines()]
     assert {r["mode"] for r in rows} == {"fwd", "fwdbwd"} and {r["shape"] for r in rows} == {"1024", "3000"}
-    code, out = run(capsys, "report", str(js))
+    code, out = cli_run("report", str(js))
     assert code == 0 and out.count("| gelu |") == 12
 
 
-def test_bench_rejected_backend_sets_exit_code(capsys, planted):
+def test_bench_rejected_backend_sets_exit_code(cli_run, planted):
     planted("gelu", "cli_zero", lambda x: torch.zeros_like(x))
-    code, out = run(
-        capsys, "bench", "gelu", "-b", "torch,cli_zero", "-s", "1024", "--dtype", "fp32", "--budget", "0.05"
+    code, out = cli_run(
+        "bench", "gelu", "-b", "torch,cli_zero", "-s", "1024", "--dtype", "fp32", "--budget", "0.05"
     )
     assert code == 1
     assert "REJECTED" in out
@@ -115,15 +99,15 @@ def test_bench_rejected_backend_sets_exit_code(capsys, planted):
         (["bench", "add", "--mode", "bwd", "-b", "torch"], "mode 'bwd' not available"),
     ],
 )
-def test_bench_bad_arguments(capsys, argv, msg):
-    code, out = run(capsys, *argv)
+def test_bench_bad_arguments(cli_run, argv, msg):
+    code, out = cli_run(*argv)
     assert code == 2
     assert msg in out.replace("\n", " ")
 
 
-def test_peaks_and_info(capsys):
-    code, out = run(capsys, "info")
+def test_peaks_and_info(cli_run):
+    code, out = cli_run("info")
     assert code == 0 and "nvrtc" in out
     if not torch.cuda.is_available():
-        code, out = run(capsys, "peaks")
+        code, out = cli_run("peaks")
         assert code == 1 and "needs a CUDA GPU" in out

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from kernellab import cli, demos
+from kernellab import demos
 from kernellab.models import mlp as mlp_model
 from kernellab.profile import ncu
 from kernellab.profile.nvtx import nvtx_range
@@ -16,25 +16,12 @@ from kernellab.profile.torchprof import op_call, profile_call, trace_summary
 HAS_CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    from rich.console import Console
-
-    monkeypatch.setattr(cli, "console", Console(width=300))
-
-
-def run(capsys, *argv):
-    code = cli.main(list(argv))
-    return code, capsys.readouterr().out
-
-
 # --------------------------------------------------------------------------- profile
 
 
-def test_profile_cli_prints_table_writes_trace_and_json(capsys, tmp_path):
+def test_profile_cli_prints_table_writes_trace_and_json(cli_run, tmp_path):
     trace, js = tmp_path / "t.json", tmp_path / "p.json"
-    code, out = run(
-        capsys,
+    code, out = cli_run(
         "profile",
         "gelu",
         "-b",
@@ -78,21 +65,21 @@ def test_profile_cli_prints_table_writes_trace_and_json(capsys, tmp_path):
         (["profile", "gelu", "-b", "torch", "-s", "8", "-s", "9"], "one shape"),
     ],
 )
-def test_profile_cli_bad_arguments(capsys, argv, msg):
-    code, out = run(capsys, *argv)
+def test_profile_cli_bad_arguments(cli_run, argv, msg):
+    code, out = cli_run(*argv)
     assert code == 2 and msg in out
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the CPU message")
-def test_profile_cuda_backend_on_cpu_is_refused(capsys):
-    code, out = run(capsys, "profile", "gelu", "-b", "cuda", "-s", "64")
+def test_profile_cuda_backend_on_cpu_is_refused(cli_run):
+    code, out = cli_run("profile", "gelu", "-b", "cuda", "-s", "64")
     assert code == 2 and "cannot run here: no GPU" in out
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the CPU message")
-def test_profile_ncu_without_gpu_says_so(capsys, tmp_path):
+def test_profile_ncu_without_gpu_says_so(cli_run, tmp_path):
     js = tmp_path / "p.json"
-    code, out = run(capsys, "profile", "gelu", "-b", "torch", "-s", "64", "--ncu", "--json", str(js))
+    code, out = cli_run("profile", "gelu", "-b", "torch", "-s", "64", "--ncu", "--json", str(js))
     assert code == 0 and "--ncu needs a CUDA GPU" in out
     assert json.loads(js.read_text())["ncu"] == {"error": "no CUDA device"}
 
@@ -216,10 +203,9 @@ def test_mlp_trains_and_refuses_bad_sizes():
         mlp_model.MLP(0, 2)
 
 
-def test_demo_mlp_cli(capsys, tmp_path):
+def test_demo_mlp_cli(cli_run, tmp_path):
     js = tmp_path / "m.json"
-    code, out = run(
-        capsys,
+    code, out = cli_run(
         "demo",
         "mlp",
         "--dim",
@@ -248,9 +234,9 @@ def test_demo_mlp_cli(capsys, tmp_path):
         assert "run-ahead and GPU idle need a GPU" in out
 
 
-def test_demo_gelu_cli(capsys, tmp_path):
+def test_demo_gelu_cli(cli_run, tmp_path):
     js = tmp_path / "g.json"
-    code, out = run(capsys, "demo", "gelu", "-s", "2048", "--json", str(js))
+    code, out = cli_run("demo", "gelu", "-s", "2048", "--json", str(js))
     assert code == 0, out
     rows = json.loads(js.read_text())
     got = {r["backend"] for r in rows}
