@@ -64,19 +64,20 @@ def _outputs(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-class _Problem:
+class Problem:
     """Inputs, reference and PyTorch's baseline for one (op, shape, dtype, mode)."""
 
     def __init__(self, spec, shape, dtype, mode, dev, seed):
         self.spec, self.shape, self.dtype, self.mode, self.dev = spec, shape, dtype, mode, dev
         self.args = spec.make_inputs(shape, dtype, dev, seed)
         gen = torch.Generator(device=dev).manual_seed(seed + 1)
-        self.wrt = [i for i in spec.grad_args] if mode != "fwd" else []
+        self.wrt = list(spec.grad_args) if mode != "fwd" else []
         if self.wrt:
             self.args = tuple(a.requires_grad_(i in self.wrt) for i, a in enumerate(self.args))
             out_shape = _outputs(spec.ref(*self.args))[0].shape
             self.dy = torch.randn(out_shape, generator=gen, device=dev).to(dtype)
         self.seed = seed
+        self._refreshes = 0
         self.expected = self._expected()
 
     def _expected(self):
@@ -118,7 +119,7 @@ class _Problem:
         """New random values written in place into the same input tensors."""
         # A new seed each time: the inputs must really change for every implementation
         # re-checked on this problem, not only for the first.
-        self._refreshes = getattr(self, "_refreshes", 0) + 1
+        self._refreshes += 1
         gen = torch.Generator(device=self.dev).manual_seed(self.seed + 7919 * self._refreshes)
         with torch.no_grad():
             for a in self.args:
@@ -180,7 +181,7 @@ def bench(
     for dtype in dtypes:
         for shape in shapes:
             for mode in modes:
-                prob = _Problem(spec, shape, dtype, mode, dev, seed)
+                prob = Problem(spec, shape, dtype, mode, dev, seed)
                 base_fn, base_box = prob.call(torch_impl) if torch_impl else (None, None)
                 if base_fn:
                     base_fn()

@@ -112,7 +112,7 @@ def op_call(op: str, backend: str, shape, dtype, mode: str = "fwd", device: str 
     """A zero-argument callable running one unit of ``op``'s work, as the benchmark does."""
     from kernellab import device as _device
     from kernellab import registry
-    from kernellab.harness.bench import _Problem
+    from kernellab.harness.bench import Problem
     from kernellab.ops.spec import get_spec
 
     spec = get_spec(op)
@@ -123,7 +123,7 @@ def op_call(op: str, backend: str, shape, dtype, mode: str = "fwd", device: str 
         raise ValueError(f"{op}/{backend} cannot run here: {why}")
     if mode not in spec.modes:
         raise ValueError(f"mode {mode!r} not available for {op}; choose from {', '.join(spec.modes)}")
-    prob = _Problem(spec, tuple(shape), dtype, mode, dev, seed)
+    prob = Problem(spec, tuple(shape), dtype, mode, dev, seed)
     fn, _ = prob.call(impl)
     return fn
 
