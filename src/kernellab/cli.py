@@ -1,4 +1,4 @@
-"""kernellab command line: list | check | bench | peaks | report | profile | demo | info."""
+"""kernellab command line: list | check | bench | peaks | report | profile | demo | asm | info."""
 
 from __future__ import annotations
 
@@ -517,6 +517,113 @@ def cmd_demo(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- asm
+
+
+def cmd_asm(args) -> int:
+    from kernellab import device, registry
+    from kernellab.cuda.elementwise import SUFFIX
+    from kernellab.inspect import asm
+    from kernellab.ops.spec import parse_dtype, parse_shape
+
+    if args.op not in registry.op_names():
+        console.print(f"[red]unknown op {args.op!r}[/]; known: {', '.join(registry.op_names())}")
+        return 2
+    try:
+        impl = registry.get(args.op, args.backend)
+        dtype = parse_dtype(args.dtype)
+        shape = parse_shape(args.shape) if args.shape else (4096,)
+    except (KeyError, ValueError) as e:
+        console.print(f"[red]{e}[/]")
+        return 2
+    arch = args.arch or device.arch() or "sm_90"
+    if impl.module is not None:
+        try:
+            kernels, note = asm.cuda_report(impl.module, arch, impl.backend, SUFFIX.get(dtype), args.kernel)
+        except Exception as e:  # noqa: BLE001 - an NVRTC failure is reported
+            console.print(f"[red]{e}[/]")
+            return 1
+        where = f"{impl.module.label} for {arch} (NVRTC)"
+    elif impl.backend == "triton":
+        kernels, note = asm.triton_artifacts(args.op, shape, args.dtype)
+        where = f"Triton, {shape} {args.dtype}"
+    else:
+        console.print(
+            f"[yellow]{args.op}/{args.backend} has no kernel source of ours to show "
+            f"(asm reads CUDA and Triton backends).[/]"
+        )
+        return 1
+    if note:
+        console.print(f"[yellow]{note}[/]")
+    if not kernels:
+        console.print("[red]no kernel matched[/]")
+        return 1
+    t = Table(title=f"{args.op}/{args.backend}: {where}")
+    cols = (
+        "kernel",
+        "regs",
+        "stack B",
+        "smem B",
+        "local B",
+        "ld.global.v4",
+        "LDG.128",
+        "STG.128",
+        "LDL/STL",
+        "HMMA",
+        "HGMMA",
+        "MUFU",
+        "SASS instr",
+    )
+    for c in cols:
+        t.add_column(c, justify="left" if c == "kernel" else "right")
+
+    def f(v):
+        return "-" if v is None else str(v)
+
+    for k in kernels:
+        c = k.counts
+        t.add_row(
+            k.name,
+            f(k.registers),
+            f(k.stack_bytes),
+            f(k.shared_bytes),
+            f(k.local_bytes),
+            f(c["ptx_ld_global_v4"]),
+            f(c["LDG_128"]) if k.sass else "-",
+            f(c["STG_128"]) if k.sass else "-",
+            f(c["LDL_STL"]) if k.sass else "-",
+            f(c["HMMA"]) if k.sass else "-",
+            f(c["HGMMA"]) if k.sass else "-",
+            f(c["MUFU"]) if k.sass else "-",
+            f(c["sass_instructions"]),
+        )
+    console.print(t)
+    for k in kernels:
+        verdict = []
+        if k.counts["ptx_ld_global_v4"] or k.counts["LDG_128"]:
+            verdict.append("16-byte global loads")
+        else:
+            verdict.append("no 16-byte global loads")
+        if k.counts["LDL_STL"] or k.counts["ptx_local"] or (k.local_bytes or 0) > 0:
+            verdict.append(
+                f"local memory traffic ({k.counts['LDL_STL']} LDL/STL): spills or a runtime-indexed array"
+            )
+        if k.counts["HMMA"] or k.counts["HGMMA"]:
+            verdict.append(f"tensor cores ({k.counts['HMMA']} HMMA, {k.counts['HGMMA']} HGMMA)")
+        console.print(f"{k.name}: " + "; ".join(verdict))
+    for k in kernels if (args.ptx or args.sass) else []:
+        if args.ptx:
+            console.rule(f"PTX {k.name}")
+            print(k.ptx)
+        if args.sass:
+            console.rule(f"SASS {k.name}")
+            print(k.sass or "(no SASS: see the note above)")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump([k.to_dict(with_text=True) for k in kernels], fh, indent=1)
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -588,6 +695,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trace-dir", help="mlp: where the two profiler traces go")
     s.add_argument("--json", help="write the result as JSON")
     s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("asm", help="PTX/SASS, registers, spills, shared memory of a backend's kernels")
+    s.add_argument("op")
+    s.add_argument("--backend", "-b", required=True)
+    s.add_argument("--dtype", default="fp32")
+    s.add_argument("--shape", "-s", help="Triton: the shape to compile for (default 4096)")
+    s.add_argument("--arch", help="CUDA: target arch, e.g. sm_90 (default: this GPU's, or sm_90)")
+    s.add_argument("--kernel", help="only kernels whose name matches this regex")
+    s.add_argument("--ptx", action="store_true", help="print the PTX")
+    s.add_argument("--sass", action="store_true", help="print the SASS (needs cuobjdump)")
+    s.add_argument("--json", help="write everything (text included) as JSON")
+    s.set_defaults(func=cmd_asm)
 
     s = sub.add_parser("info", help="what this machine has (GPU, NVRTC, Triton mode)")
     s.set_defaults(func=cmd_info)

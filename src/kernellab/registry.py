@@ -48,6 +48,7 @@ class Impl:
     builtin: bool = True
     description: str = ""
     dtypes: tuple | None = None  # None: whatever the op's spec allows
+    module: object = None  # the cuda.runtime.Module of a CUDA backend (for `kernellab asm`)
     _spec: object = field(default=None, repr=False, compare=False)
 
     def why_unavailable(self, device: str | None = None) -> str | None:
@@ -125,6 +126,7 @@ def register(
     dtypes=None,
     replace: bool = False,
     builtin: bool = False,
+    module=None,
 ):
     """Decorator: register ``fn`` as ``backend`` of ``op``.
 
@@ -155,6 +157,7 @@ def register(
                 builtin=builtin,
                 description=description or (fn.__doc__ or "").strip().split("\n")[0],
                 dtypes=tuple(dtypes) if dtypes else None,
+                module=module,
             ),
             replace=replace,
         )

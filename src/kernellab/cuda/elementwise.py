@@ -91,4 +91,5 @@ def register_variants(op: str, module: Module, make_fn, variants) -> None:
             custom_ops=fn.custom_ops,
             builtin=True,
             description=what,
+            module=module,
         )(fn)

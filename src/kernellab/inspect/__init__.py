@@ -1,0 +1,1 @@
+"""Reading the machine code: PTX, SASS, registers, spills, shared memory."""

@@ -1,0 +1,228 @@
+"""Reading the machine code: PTX, SASS and resource usage of a backend's kernels.
+
+CUDA backends: the module's source is compiled here with NVRTC (PTX, and a cubin for the
+chosen arch), so this works without a GPU. SASS and the resource report (registers, stack,
+shared and local memory per thread/block) come from ``cuobjdump``, found on PATH, in a CUDA
+toolkit, or in Triton's wheel (which ships one).
+
+Triton backends: their kernels are compiled on first use on a GPU; ``triton_artifacts`` runs
+the backend once with a private TRITON_CACHE_DIR and reads the PTX/cubin Triton wrote. On a
+machine without a GPU Triton runs under its interpreter and compiles nothing - said so.
+
+The summary counts what usually decides speed: 16-byte global accesses (``ld.global.v4`` /
+``LDG.E.128``), local-memory traffic (spills: ``LDL``/``STL``), tensor-core instructions
+(``HMMA``, ``HGMMA``), special-function instructions (``MUFU``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def find_tool(name: str) -> str | None:
+    """cuobjdump / nvdisasm: PATH, CUDA_HOME/bin, /usr/local/cuda/bin, Triton's wheel."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root and os.access(os.path.join(root, "bin", name), os.X_OK):
+            return os.path.join(root, "bin", name)
+    try:
+        import triton
+
+        p = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+        if os.access(p, os.X_OK):
+            return str(p)
+    except ImportError:
+        pass
+    return None
+
+
+@dataclass
+class KernelAsm:
+    name: str
+    registers: int | None = None
+    stack_bytes: int | None = None
+    shared_bytes: int | None = None
+    local_bytes: int | None = None
+    counts: dict = field(default_factory=dict)
+    ptx: str = ""
+    sass: str = ""
+
+    def to_dict(self, with_text: bool = False) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k not in ("ptx", "sass")}
+        if with_text:
+            d.update(ptx=self.ptx, sass=self.sass)
+        return d
+
+
+def split_ptx(ptx: str) -> dict[str, str]:
+    """PTX text of each ``.entry``."""
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"\.(?:visible\s+)?\.entry\s+(\w+)", ptx)]
+    out = {}
+    for i, (pos, name) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else len(ptx)
+        out[name] = ptx[pos:end]
+    return out
+
+
+def parse_res_usage(text: str) -> dict[str, dict]:
+    """``cuobjdump -res-usage`` -> {function: {REG, STACK, SHARED, LOCAL}}."""
+    out, current = {}, None
+    for line in text.splitlines():
+        m = re.match(r"\s*Function\s+(\S+?):?\s*$", line)
+        if m:
+            current = m.group(1)
+            continue
+        if current and "REG:" in line:
+            out[current] = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", line)}
+            current = None
+    return out
+
+
+def split_sass(text: str) -> dict[str, str]:
+    """``cuobjdump -sass`` -> {function: instructions} (encoding-only lines dropped)."""
+    out, name, lines = {}, None, []
+    for line in text.splitlines():
+        m = re.match(r"\s*Function\s*:\s*(\S+)", line)
+        if m:
+            if name:
+                out[name] = "\n".join(lines)
+            name, lines = m.group(1), []
+            continue
+        if name and re.search(r"/\*[0-9a-f]{4}\*/", line):
+            lines.append(re.sub(r"\s*/\* 0x[0-9a-f]+ \*/\s*$", "", line).rstrip())
+    if name:
+        out[name] = "\n".join(lines)
+    return out
+
+
+_PATTERNS = {
+    "ptx_ld_global_v4": (r"ld\.global(?:\.\w+)*\.v4\.", "ptx"),
+    "ptx_st_global_v4": (r"st\.global(?:\.\w+)*\.v4\.", "ptx"),
+    "ptx_local": (r"\b(?:ld|st)\.local\b", "ptx"),
+    "LDG_128": (r"\bLDG\.E\.128\b|\bLDG\.E\.(?:\w+\.)*128\b", "sass"),
+    "STG_128": (r"\bSTG\.E\.128\b|\bSTG\.E\.(?:\w+\.)*128\b", "sass"),
+    "LDG": (r"\bLDG\b", "sass"),
+    "STG": (r"\bSTG\b", "sass"),
+    "LDL_STL": (r"\b(?:LDL|STL)\b", "sass"),
+    "HMMA": (r"\bHMMA\b", "sass"),
+    "HGMMA": (r"\bHGMMA\b", "sass"),
+    "MUFU": (r"\bMUFU\b", "sass"),
+}
+
+
+def count_instructions(ptx: str, sass: str) -> dict:
+    text = {"ptx": ptx, "sass": sass}
+    c = {k: len(re.findall(pat, text[src])) for k, (pat, src) in _PATTERNS.items()}
+    c["sass_instructions"] = len([ln for ln in sass.splitlines() if ln.strip()])
+    return c
+
+
+def analyze(ptx: str, cubin: bytes | None, names_filter=None) -> tuple[list[KernelAsm], str]:
+    """KernelAsm per entry of ``ptx`` (optionally filtered by a callable on the name); with
+    a cubin and cuobjdump, SASS and resources too. Returns (kernels, note)."""
+    ptx_by = split_ptx(ptx)
+    names = [n for n in ptx_by if names_filter is None or names_filter(n)]
+    res, sass_by, note = {}, {}, ""
+    tool = find_tool("cuobjdump")
+    if cubin is None:
+        note = "no cubin: PTX only"
+    elif tool is None:
+        note = "cuobjdump not found: PTX only (install the CUDA toolkit or Triton)"
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(cubin)
+            r = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True, timeout=120)
+            s = subprocess.run([tool, "-sass", path], capture_output=True, text=True, timeout=120)
+        res = parse_res_usage(r.stdout)
+        sass_by = split_sass(s.stdout)
+        if not sass_by:
+            note = f"cuobjdump printed no SASS: {(s.stderr or r.stderr).strip()[:200]}"
+    out = []
+    for n in names:
+        u = res.get(n, {})
+        sass = sass_by.get(n, "")
+        out.append(
+            KernelAsm(
+                n,
+                u.get("REG"),
+                u.get("STACK"),
+                u.get("SHARED"),
+                u.get("LOCAL"),
+                count_instructions(ptx_by[n], sass),
+                ptx_by[n],
+                sass,
+            )
+        )
+    return out, note
+
+
+def cuda_backend_filter(backend: str, dtype_suffix: str | None):
+    """Kernel names of a backend, by the naming contract of our .cu files: cuda_vN owns
+    ``*_vN_*``; ``cuda`` owns the names without a version tag; a dtype suffix narrows."""
+    m = re.fullmatch(r"cuda_v(\d+)", backend)
+
+    def keep(name: str) -> bool:
+        if dtype_suffix and not name.endswith("_" + dtype_suffix):
+            return False
+        if m:
+            return f"_v{m.group(1)}_" in name
+        return re.search(r"_v\d+_", name) is None
+
+    return keep
+
+
+def cuda_report(module, arch: str, backend: str, dtype_suffix: str | None, kernel_regex: str | None = None):
+    ptx = module.compile(arch, target="ptx").decode()
+    cubin = module.compile(arch)
+    keep = cuda_backend_filter(backend, dtype_suffix)
+    rx = re.compile(kernel_regex) if kernel_regex else None
+    return analyze(ptx, cubin, lambda n: keep(n) and (rx is None or rx.search(n)))
+
+
+def triton_artifacts(op: str, shape, dtype: str) -> tuple[list[KernelAsm], str]:
+    """Run ``op``'s Triton backend once in a fresh process (so it really compiles) with a
+    private TRITON_CACHE_DIR, then analyze the PTX and cubin Triton wrote there."""
+    import sys
+
+    from kernellab import device
+
+    if not device.has_cuda():
+        return [], (
+            "Triton compiles kernels only for a GPU here; on this machine kernellab runs them under "
+            "the Triton interpreter, which produces no PTX or SASS - run `kernellab asm` on a GPU"
+        )
+    code = (
+        "import torch\n"
+        "from kernellab.ops.spec import parse_dtype\n"
+        "from kernellab.profile.torchprof import op_call\n"
+        f"op_call({op!r}, 'triton', {tuple(shape)!r}, parse_dtype({dtype!r}))()\n"
+        "torch.cuda.synchronize()\n"
+    )
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, TRITON_CACHE_DIR=d)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+        )
+        if proc.returncode != 0:
+            return [], f"running the Triton backend failed: {proc.stderr.strip()[-400:]}"
+        ptxs = sorted(Path(d).rglob("*.ptx"))
+        if not ptxs:
+            return [], "Triton wrote no PTX to its cache"
+        kernels, notes = [], []
+        for p in ptxs:
+            cubins = list(p.parent.glob("*.cubin"))
+            ks, note = analyze(p.read_text(), cubins[0].read_bytes() if cubins else None)
+            kernels += ks
+            if note:
+                notes.append(note)
+        return kernels, "; ".join(sorted(set(notes)))

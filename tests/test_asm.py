@@ -1,0 +1,104 @@
+"""kernellab asm: PTX, SASS and resource usage of our kernels (CUDA ones without a GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import kernellab
+from kernellab.inspect import asm
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_CUOBJDUMP = asm.find_tool("cuobjdump") is not None
+
+
+def test_backend_filters_follow_the_naming_contract():
+    names = ["gelu_fwd_f32", "gelu_fwd_x1_f32", "gelu_fwd_v1_f32", "gelu_fwd_bf16", "gelu_bwd_v1_bf16"]
+    cuda = asm.cuda_backend_filter("cuda", "f32")
+    v1 = asm.cuda_backend_filter("cuda_v1", None)
+    assert [n for n in names if cuda(n)] == ["gelu_fwd_f32", "gelu_fwd_x1_f32"]
+    assert [n for n in names if v1(n)] == ["gelu_fwd_v1_f32", "gelu_bwd_v1_bf16"]
+
+
+def test_parsers_on_small_samples():
+    ptx = (
+        ".visible .entry a(\n ld.global.nc.v4.u32 {%r1,%r2,%r3,%r4}, [%rd1];\n}\n"
+        ".visible .entry b(\n ld.local.u32 %r1, [%rd2];\n}"
+    )
+    parts = asm.split_ptx(ptx)
+    assert list(parts) == ["a", "b"]
+    res = asm.parse_res_usage(
+        "Resource usage:\n Function a:\n  REG:40 STACK:0 SHARED:1024 LOCAL:8 CONSTANT[0]:552\n"
+    )
+    assert res == {"a": {"REG": 40, "STACK": 0, "SHARED": 1024, "LOCAL": 8}}
+    sass = asm.split_sass(
+        "\t\tFunction : a\n        /*0000*/   LDG.E.128 R4, desc[UR4][R2.64] ;   /* 0x0000 */\n"
+        "                                                  /* 0x000fe2 */\n"
+        "        /*0010*/   STL [R1], R4 ;   /* 0x0001 */\n"
+    )
+    assert list(sass) == ["a"] and len(sass["a"].splitlines()) == 2
+    c = asm.count_instructions(parts["a"] + parts["b"], sass["a"])
+    assert c["ptx_ld_global_v4"] == 1 and c["ptx_local"] == 1 and c["LDG_128"] == 1 and c["LDL_STL"] == 1
+
+
+@pytest.mark.parametrize("op", ["gelu", "add"])
+def test_vectorized_cuda_kernels_use_16_byte_accesses_and_no_local_memory(op):
+    impl = kernellab.get(op, "cuda")
+    kernels, note = asm.cuda_report(impl.module, "sm_90", "cuda", "bf16")
+    assert kernels and all(k.name.endswith("_bf16") and "_v1_" not in k.name for k in kernels)
+    for k in kernels:
+        assert k.counts["ptx_ld_global_v4"] >= 1, k.name
+        assert k.counts["ptx_local"] == 0, k.name
+        if HAS_CUOBJDUMP:
+            assert not note, note
+            assert k.registers and k.registers > 0 and k.local_bytes == 0
+            assert k.counts["LDG_128"] >= 1 and k.counts["LDL_STL"] == 0, k.name
+
+
+def test_v1_kernels_have_no_vector_loads():
+    kernels, _ = asm.cuda_report(kernellab.get("gelu", "cuda_v1").module, "sm_80", "cuda_v1", "f32")
+    assert {k.name for k in kernels} == {"gelu_fwd_v1_f32", "gelu_bwd_v1_f32"}
+    assert all(k.counts["ptx_ld_global_v4"] == 0 for k in kernels)
+
+
+def test_asm_cli_cuda(cli_run, tmp_path):
+    js = tmp_path / "a.json"
+    code, out = cli_run(
+        "asm", "gelu", "-b", "cuda", "--kernel", "fwd_f32$", "--ptx", "--arch", "sm_90", "--json", str(js)
+    )
+    assert code == 0, out
+    assert "gelu_fwd_f32: 16-byte global loads" in out
+    assert ".entry gelu_fwd_f32" in out
+    rows = json.loads(js.read_text())
+    assert [r["name"] for r in rows] == ["gelu_fwd_f32"] and "ld.global" in rows[0]["ptx"]
+
+
+@pytest.mark.parametrize(
+    "argv, code_, msg",
+    [
+        (["asm", "gelu", "-b", "manual"], 1, "no kernel source of ours"),
+        (["asm", "gelu", "-b", "cuda", "--kernel", "nothing_like_this"], 1, "no kernel matched"),
+        (["asm", "gelu", "-b", "cuda", "--dtype", "fp8"], 2, "not understood"),
+        (["asm", "gelu", "-b", "nope"], 2, "no backend 'nope'"),
+        (["asm", "nope", "-b", "cuda"], 2, "unknown op"),
+    ],
+)
+def test_asm_cli_refusals(cli_run, argv, code_, msg):
+    code, out = cli_run(*argv)
+    assert code == code_ and msg in out
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CPU message")
+def test_asm_triton_without_gpu_says_why(cli_run):
+    code, out = cli_run("asm", "gelu", "-b", "triton")
+    assert code == 1 and "Triton interpreter" in out
+
+
+@pytest.mark.gpu
+def test_gpu_asm_triton_reads_what_triton_compiled():
+    kernels, note = asm.triton_artifacts("gelu", (3 * 4096 + 5,), "fp16")
+    assert kernels, note
+    assert any(k.counts["ptx_ld_global_v4"] >= 1 for k in kernels)
+    assert all(k.registers for k in kernels) or "cuobjdump" in note
