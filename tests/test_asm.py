@@ -90,10 +90,25 @@ def test_asm_cli_refusals(cli_run, argv, code_, msg):
     assert code == code_ and msg in out
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="the CPU message")
-def test_asm_triton_without_gpu_says_why(cli_run):
-    code, out = cli_run("asm", "gelu", "-b", "triton")
-    assert code == 1 and "Triton interpreter" in out
+@pytest.mark.parametrize("op, n_kernels", [("gelu", 2), ("add", 1)])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_kernels_compile_ahead_of_time_with_16_byte_accesses(op, n_kernels, dtype):
+    # No GPU needed: triton.compile for a GPUTarget, specialized as our launches are
+    # (16-byte aligned pointers), so the code is the code that runs.
+    kernels, note = asm.triton_report(kernellab.get(op, "triton"), dtype, "sm_90")
+    assert len(kernels) == n_kernels, note
+    for k in kernels:
+        assert k.counts["ptx_ld_global_v4"] >= 1 and k.counts["ptx_local"] == 0, k.name
+        if HAS_CUOBJDUMP:
+            assert k.registers and k.counts["LDG_128"] >= 1
+
+
+def test_asm_cli_triton(cli_run):
+    code, out = cli_run("asm", "gelu", "-b", "triton", "--dtype", "fp16", "--arch", "sm_80", "--sass")
+    assert code == 0, out
+    assert "_gelu_fwd_kernel: 16-byte global loads" in out
+    if HAS_CUOBJDUMP:
+        assert "SASS _gelu_fwd_kernel" in out and "LDG.E.128" in out
 
 
 @pytest.mark.gpu

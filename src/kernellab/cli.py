@@ -544,9 +544,13 @@ def cmd_asm(args) -> int:
             console.print(f"[red]{e}[/]")
             return 1
         where = f"{impl.module.label} for {arch} (NVRTC)"
-    elif impl.backend == "triton":
-        kernels, note = asm.triton_artifacts(args.op, shape, args.dtype)
-        where = f"Triton, {shape} {args.dtype}"
+    elif impl.triton_kernels is not None:
+        from kernellab.ops.spec import dtype_name
+
+        kernels, note = asm.triton_report(impl, dtype_name(dtype), arch)
+        if not kernels and device.has_cuda():  # ahead-of-time compile failed: read a real run's
+            kernels, note = asm.triton_artifacts(args.op, shape, args.dtype)
+        where = f"Triton, compiled for {arch}"
     else:
         console.print(
             f"[yellow]{args.op}/{args.backend} has no kernel source of ours to show "

@@ -49,6 +49,7 @@ class Impl:
     description: str = ""
     dtypes: tuple | None = None  # None: whatever the op's spec allows
     module: object = None  # the cuda.runtime.Module of a CUDA backend (for `kernellab asm`)
+    triton_kernels: Callable | None = None  # dtype -> [(kernel, signature, constexprs, warps)]
     _spec: object = field(default=None, repr=False, compare=False)
 
     def why_unavailable(self, device: str | None = None) -> str | None:
@@ -127,6 +128,7 @@ def register(
     replace: bool = False,
     builtin: bool = False,
     module=None,
+    triton_kernels=None,
 ):
     """Decorator: register ``fn`` as ``backend`` of ``op``.
 
@@ -158,6 +160,7 @@ def register(
                 description=description or (fn.__doc__ or "").strip().split("\n")[0],
                 dtypes=tuple(dtypes) if dtypes else None,
                 module=module,
+                triton_kernels=triton_kernels,
             ),
             replace=replace,
         )

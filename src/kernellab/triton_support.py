@@ -9,6 +9,7 @@ absence of races, and it is slow - keep CPU shapes small.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 
@@ -48,3 +49,22 @@ def launch_streaming(kernel, inputs) -> torch.Tensor:
         block = block_for(y.element_size())
         kernel[(triton.cdiv(n, block),)](*inputs, y, n, BLOCK=block, num_warps=8)
     return y
+
+
+def streaming_kernels(*kernels):
+    """``Impl.triton_kernels`` for kernels of the form ``k(ptrs..., n, BLOCK)`` as launched
+    by ``launch_streaming``: every pointer of the dtype, n an i32, BLOCK and the warps as
+    the launcher picks them."""
+
+    def specs(dtype: str):
+        size = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
+        out = []
+        for k in kernels:
+            params = list(inspect.signature(k.fn).parameters)
+            sig = {p: f"*{dtype}" for p in params[:-2]}
+            sig[params[-2]] = "i32"
+            sig[params[-1]] = "constexpr"
+            out.append((k, sig, {params[-1]: block_for(size)}, 8))
+        return out
+
+    return specs

@@ -5,9 +5,11 @@ chosen arch), so this works without a GPU. SASS and the resource report (registe
 shared and local memory per thread/block) come from ``cuobjdump``, found on PATH, in a CUDA
 toolkit, or in Triton's wheel (which ships one).
 
-Triton backends: their kernels are compiled on first use on a GPU; ``triton_artifacts`` runs
-the backend once with a private TRITON_CACHE_DIR and reads the PTX/cubin Triton wrote. On a
-machine without a GPU Triton runs under its interpreter and compiles nothing - said so.
+Triton backends: each declares its kernels and their signatures for a dtype
+(``Impl.triton_kernels``); ``triton_report`` compiles them ahead of time for the chosen arch
+with ``triton.compile`` and a ``GPUTarget`` - no GPU needed (Triton 3.9 does this on the CPU
+machine). Where that fails, on a GPU ``triton_artifacts`` runs the backend once in a fresh
+process with a private TRITON_CACHE_DIR and reads what Triton wrote.
 
 The summary counts what usually decides speed: 16-byte global accesses (``ld.global.v4`` /
 ``LDG.E.128``), local-memory traffic (spills: ``LDL``/``STL``), tensor-core instructions
@@ -226,3 +228,57 @@ def triton_artifacts(op: str, shape, dtype: str) -> tuple[list[KernelAsm], str]:
             if note:
                 notes.append(note)
         return kernels, "; ".join(sorted(set(notes)))
+
+
+_TRITON_TYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+
+
+def _jit(kernel):
+    """The JITFunction behind a kernel (under TRITON_INTERPRET=1 ``triton.jit`` returns an
+    InterpretedFunction; a JITFunction of the same Python function compiles normally)."""
+    from triton.runtime.jit import JITFunction
+
+    return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
+
+
+def triton_report(impl, dtype_name: str, arch: str) -> tuple[list[KernelAsm], str]:
+    """Compile the backend's declared kernels for ``arch`` with triton.compile and analyze
+    them. ``impl.triton_kernels(dtype_name)`` yields (kernel, signature, constexprs,
+    num_warps) with Triton's type strings ("*fp32", "i32", "constexpr")."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if impl.triton_kernels is None:
+        return [], f"{impl.name} declares no Triton kernels to compile ahead of time"
+    cap = int(arch.removeprefix("sm_").rstrip("a"))
+    out, notes = [], []
+    for kernel, signature, constexprs, num_warps in impl.triton_kernels(_TRITON_TYPES[dtype_name]):
+        fn = _jit(kernel)
+        names = list(signature)
+        # The specialization Triton makes at run time for our launches: every pointer is
+        # 16-byte aligned (the allocator) and so is n at the benchmark sizes. Without it
+        # the compiled code has no 16-byte accesses - not what runs.
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] != "constexpr"}
+        attempts = (constexprs, {(names.index(k),): v for k, v in constexprs.items()})
+        compiled, err = None, None
+        for cx in attempts:  # constexpr keys by name (Triton 3.9) or by index (older)
+            try:
+                src = ASTSource(fn=fn, signature=signature, constexprs=cx, attrs=attrs)
+                compiled = triton.compile(
+                    src, target=GPUTarget("cuda", cap, 32), options={"num_warps": num_warps}
+                )
+                break
+            except Exception as e:  # noqa: BLE001 - reported below
+                err = e
+        if compiled is None:
+            notes.append(f"{fn.__name__}: triton.compile failed: {type(err).__name__}: {str(err)[:200]}")
+            continue
+        ks, note = analyze(compiled.asm["ptx"], compiled.asm.get("cubin"))
+        for k in ks:
+            if k.shared_bytes is None:
+                k.shared_bytes = getattr(compiled.metadata, "shared", None)
+        out += ks
+        if note:
+            notes.append(note)
+    return out, "; ".join(sorted(set(notes)))

@@ -38,5 +38,6 @@ register(
     available=triton_support.unavailable,
     custom_ops=add_triton.custom_ops,
     builtin=True,
+    triton_kernels=triton_support.streaming_kernels(_add_kernel),
     description="Triton, one pass, 16-byte accesses",
 )(add_triton)

@@ -73,5 +73,6 @@ register(
     available=triton_support.unavailable,
     custom_ops=gelu_triton.custom_ops,
     builtin=True,
+    triton_kernels=triton_support.streaming_kernels(_gelu_fwd_kernel, _gelu_bwd_kernel),
     description="Triton, one fused pass, 16-byte accesses",
 )(gelu_triton)
