@@ -90,7 +90,7 @@ def test_asm_cli_refusals(cli_run, argv, code_, msg):
     assert code == code_ and msg in out
 
 
-@pytest.mark.parametrize("op, n_kernels", [("gelu", 2), ("add", 1)])
+@pytest.mark.parametrize("op, n_kernels", [("gelu", 2), ("add", 1), ("softmax", 2)])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_triton_kernels_compile_ahead_of_time_with_16_byte_accesses(op, n_kernels, dtype):
     # No GPU needed: triton.compile for a GPUTarget, specialized as our launches are

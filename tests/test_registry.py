@@ -17,14 +17,25 @@ BUILTIN = ["manual", "torch", "compile", "triton", "cuda", "cuda_v1"]
 
 
 def test_op_names_lists_the_ops():
-    assert registry.op_names() == ["add", "gelu"]
-    assert kernellab.op_names is registry.op_names and kernellab.op_names() == ["add", "gelu"]
+    assert registry.op_names() == ["add", "gelu", "softmax"]
+    assert kernellab.op_names is registry.op_names and kernellab.op_names() == ["add", "gelu", "softmax"]
     for op in registry.op_names():
         assert kernellab.get_spec(op).name == op
 
 
 def test_public_api_names():
-    for name in ("Impl", "add", "gelu", "get", "get_spec", "impls", "op_names", "register", "unregister"):
+    for name in (
+        "Impl",
+        "add",
+        "gelu",
+        "get",
+        "get_spec",
+        "impls",
+        "op_names",
+        "register",
+        "softmax",
+        "unregister",
+    ):
         assert name in kernellab.__all__ and callable(getattr(kernellab, name)), name
     assert kernellab.get is registry.get and kernellab.impls is registry.impls
     assert kernellab.register is registry.register and kernellab.unregister is registry.unregister
@@ -42,7 +53,7 @@ def test_impls_lists_builtins_in_display_order(op):
 
 def test_impls_without_op_lists_every_op():
     rows = kernellab.impls()
-    assert {i.op for i in rows} == {"add", "gelu"}
+    assert {i.op for i in rows} == {"add", "gelu", "softmax"}
     assert [i.op for i in rows] == sorted(i.op for i in rows)
 
 

@@ -234,31 +234,32 @@ _TRITON_TYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 
 
 def _jit(kernel):
-    """The JITFunction behind a kernel (under TRITON_INTERPRET=1 ``triton.jit`` returns an
-    InterpretedFunction; a JITFunction of the same Python function compiles normally)."""
+    """The JITFunction behind a kernel (an InterpretedFunction's Python function otherwise)."""
     from triton.runtime.jit import JITFunction
 
     return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
 
 
-def triton_report(impl, dtype_name: str, arch: str) -> tuple[list[KernelAsm], str]:
-    """Compile the backend's declared kernels for ``arch`` with triton.compile and analyze
-    them. ``impl.triton_kernels(dtype_name)`` yields (kernel, signature, constexprs,
-    num_warps) with Triton's type strings ("*fp32", "i32", "constexpr")."""
+def compile_triton_kernels(op: str, backend: str, dtype_name: str, arch: str, out_dir: str) -> list[str]:
+    """Compile the backend's declared kernels with triton.compile for ``arch`` and write
+    ``<kernel>.ptx`` / ``<kernel>.cubin`` into ``out_dir``; returns error lines. Runs in a
+    process with TRITON_INTERPRET=0: under the interpreter Triton's own library functions
+    (the combine functions of tl.max, tl.sum) are interpreter objects and cannot compile."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    if impl.triton_kernels is None:
-        return [], f"{impl.name} declares no Triton kernels to compile ahead of time"
+    from kernellab import registry
+
+    impl = registry.get(op, backend)
     cap = int(arch.removeprefix("sm_").rstrip("a"))
-    out, notes = [], []
+    errors = []
     for kernel, signature, constexprs, num_warps in impl.triton_kernels(_TRITON_TYPES[dtype_name]):
         fn = _jit(kernel)
         names = list(signature)
         # The specialization Triton makes at run time for our launches: every pointer is
-        # 16-byte aligned (the allocator) and so is n at the benchmark sizes. Without it
-        # the compiled code has no 16-byte accesses - not what runs.
+        # 16-byte aligned (the allocator) and so are the sizes at benchmark shapes. Without
+        # it the compiled code has no 16-byte accesses - not what runs.
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] != "constexpr"}
         attempts = (constexprs, {(names.index(k),): v for k, v in constexprs.items()})
         compiled, err = None, None
@@ -269,16 +270,49 @@ def triton_report(impl, dtype_name: str, arch: str) -> tuple[list[KernelAsm], st
                     src, target=GPUTarget("cuda", cap, 32), options={"num_warps": num_warps}
                 )
                 break
-            except Exception as e:  # noqa: BLE001 - reported below
+            except Exception as e:  # noqa: BLE001 - reported to the caller
                 err = e
         if compiled is None:
-            notes.append(f"{fn.__name__}: triton.compile failed: {type(err).__name__}: {str(err)[:200]}")
+            errors.append(f"{fn.__name__}: triton.compile failed: {type(err).__name__}: {str(err)[-300:]}")
             continue
-        ks, note = analyze(compiled.asm["ptx"], compiled.asm.get("cubin"))
-        for k in ks:
-            if k.shared_bytes is None:
-                k.shared_bytes = getattr(compiled.metadata, "shared", None)
-        out += ks
-        if note:
-            notes.append(note)
-    return out, "; ".join(sorted(set(notes)))
+        base = os.path.join(out_dir, fn.__name__)
+        with open(base + ".ptx", "w") as f:
+            f.write(compiled.asm["ptx"])
+        if compiled.asm.get("cubin"):
+            with open(base + ".cubin", "wb") as f:
+                f.write(compiled.asm["cubin"])
+    return errors
+
+
+def triton_report(impl, dtype_name: str, arch: str) -> tuple[list[KernelAsm], str]:
+    """Ahead-of-time compile of the backend's declared kernels (``impl.triton_kernels``) for
+    ``arch`` - no GPU needed - in a fresh process, then analyze the PTX and cubins."""
+    import json
+    import sys
+
+    if impl.triton_kernels is None:
+        return [], f"{impl.name} declares no Triton kernels to compile ahead of time"
+    with tempfile.TemporaryDirectory() as d:
+        code = (
+            "import json, sys\n"
+            "from kernellab.inspect.asm import compile_triton_kernels\n"
+            f"errs = compile_triton_kernels({impl.op!r}, {impl.backend!r}, {dtype_name!r}, {arch!r}, {d!r})\n"
+            "print(json.dumps(errs))\n"
+        )
+        env = dict(os.environ, TRITON_INTERPRET="0")
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600
+        )
+        notes = []
+        try:
+            notes += json.loads(proc.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            notes.append(f"ahead-of-time compile failed: {proc.stderr.strip()[-400:]}")
+        kernels = []
+        for p in sorted(Path(d).glob("*.ptx")):
+            cubin = p.with_suffix(".cubin")
+            ks, note = analyze(p.read_text(), cubin.read_bytes() if cubin.exists() else None)
+            kernels += ks
+            if note:
+                notes.append(note)
+    return kernels, "; ".join(sorted(set(notes)))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 SPECS: dict[str, OpSpec] = {}
-OP_MODULES = ["kernellab.ops.add", "kernellab.ops.gelu"]
+OP_MODULES = ["kernellab.ops.add", "kernellab.ops.gelu", "kernellab.ops.softmax"]
 
 DTYPES = {
     "fp32": torch.float32,
@@ -158,6 +158,7 @@ class OpSpec:
     extra_bad_inputs: list = field(default_factory=list)
     metric: str = "gbps"  # which ceiling the op lives under: gbps (memory) or tflops
     modes: tuple = ("fwd", "bwd", "fwdbwd")  # what the benchmark can time
+    plant_extra: Callable | None = None  # in place on the specials' copy, e.g. a fully masked row
 
     # -- inputs ---------------------------------------------------------------------
     def make_inputs(self, shape, dtype, device, seed, layout="contiguous"):
@@ -184,6 +185,8 @@ class OpSpec:
         flat = x.view(-1)
         for p, v in zip(pos.tolist(), self.specials):
             flat[p] = v
+        if self.plant_extra is not None:
+            self.plant_extra(x)
         return (x,) + tuple(args[1:])
 
     def ref(self, *args):

@@ -1,0 +1,209 @@
+"""Softmax in Triton: kernels, launchers, custom op, registration.
+
+Rows that fit one block (next power of two <= MAX_SINGLE) are loaded once, reduced in
+registers and written: 1 read + 1 write per element, the minimum; short rows share a
+program (ROWS of them, ~4096 elements). A longer
+row is streamed twice with the online-softmax recurrence: the first pass keeps the running
+max m and the running sum s (rescaled by exp(m_old - m_new) whenever the max grows), the
+second writes exp(x - m) / s: 2 reads + 1 write per element instead of the 3 reads + 1 write
+of max / sum / write passes.
+
+Backward, dx = y * (dy - sum(dy * y)), has the same two shapes (one block, or a sum pass and
+a write pass).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernellab import triton_support
+from kernellab.registry import register
+
+MAX_SINGLE = 8192  # widest row kept in one block (fp32: 32 KB of registers per row program)
+STREAM_BLOCK = 4096  # columns per step when streaming a longer row
+
+
+@triton.jit
+def _softmax_fwd_kernel(
+    x_ptr, y_ptr, n_rows, n_cols, BLOCK: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr
+):
+    # x, y: contiguous [n_rows, n_cols]; math in fp32. SINGLE: ROWS whole rows per program
+    # (short rows share a program: one 3-wide row per program would leave it idle);
+    # otherwise one row per program, streamed BLOCK columns at a time.
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    if SINGLE:
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+        offs = rows[:, None] * n_cols + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
+        e = tl.exp(x - tl.max(x, axis=1)[:, None])
+        tl.store(y_ptr + offs, (e / tl.sum(e, axis=1)[:, None]).to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        x_row = x_ptr + pid * n_cols
+        y_row = y_ptr + pid * n_cols
+        m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)  # running max
+        s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)  # running sum of exp(x - m)
+        for start in range(0, n_cols, BLOCK):
+            mask = start + cols < n_cols
+            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+            m = m_new
+        for start in range(0, n_cols, BLOCK):
+            mask = start + cols < n_cols
+            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            tl.store(y_row + start + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_bwd_kernel(
+    y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, BLOCK: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr
+):
+    # y, dy, dx: contiguous [n_rows, n_cols]; dx = y * (dy - sum(dy * y)) per row.
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    if SINGLE:
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+        offs = rows[:, None] * n_cols + cols[None, :]
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dot = tl.sum(y * dy, axis=1)[:, None]
+        tl.store(dx_ptr + offs, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+    else:
+        base = pid * n_cols
+        dot = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+        for start in range(0, n_cols, BLOCK):
+            mask = start + cols < n_cols
+            y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            dot += tl.sum(y * dy, axis=0)
+        for start in range(0, n_cols, BLOCK):
+            mask = start + cols < n_cols
+            y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(dx_ptr + base + start + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _config(n_cols: int):
+    """(BLOCK, ROWS, SINGLE, num_warps) for a row width: whole rows in one block up to
+    MAX_SINGLE columns, ~4096 elements per program (several short rows share one)."""
+    block = triton.next_power_of_2(max(n_cols, 1))
+    if block <= MAX_SINGLE:
+        rows = max(1, min(64, 4096 // block))
+        return block, rows, True, 4 if block * rows <= 2048 else 8
+    return STREAM_BLOCK, 1, False, 8
+
+
+def _launch(kernel, inputs):
+    inputs = [t.contiguous() for t in inputs]
+    out = torch.empty_like(inputs[0])
+    n_cols = out.shape[-1] if out.dim() else 1
+    n_rows = out.numel() // n_cols if n_cols else 0
+    if n_rows and n_cols:
+        block, rows, single, warps = _config(n_cols)
+        grid = (triton.cdiv(n_rows, rows),)
+        kernel[grid](*inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps)
+    return out
+
+
+def _fwd(x: torch.Tensor) -> torch.Tensor:
+    return _launch(_softmax_fwd_kernel, [x])
+
+
+def _bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    return _launch(_softmax_bwd_kernel, [y, dy])
+
+
+# -- custom op and autograd (the backward needs the output, not the input) ---------------
+
+
+@torch.library.custom_op("kernellab::softmax_triton", mutates_args=())
+def softmax_op(x: torch.Tensor) -> torch.Tensor:
+    return _fwd(x)
+
+
+@torch.library.custom_op("kernellab::softmax_triton_backward", mutates_args=())
+def softmax_backward_op(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    return _bwd(y, dy)
+
+
+@softmax_op.register_fake
+def _(x):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+@softmax_backward_op.register_fake
+def _(y, dy):
+    return torch.empty(y.shape, dtype=y.dtype, device=y.device)
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(output)
+
+
+def _backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return softmax_backward_op(y, dy)
+
+
+softmax_op.register_autograd(_backward, setup_context=_setup)
+
+
+class _Eager(torch.autograd.Function):
+    # Same kernels without the custom-op dispatch on the eager path (see ops/_elementwise).
+    @staticmethod
+    def forward(ctx, x):
+        y = _fwd(x)
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return _bwd(y, dy)
+
+
+def softmax_triton(x: torch.Tensor) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return softmax_op(x)
+    if x.requires_grad and torch.is_grad_enabled():
+        return _Eager.apply(x)
+    return _fwd(x)
+
+
+softmax_triton.custom_ops = [
+    (softmax_op, lambda make: (make(1),), True),
+    (softmax_backward_op, lambda make: (make(0), make(0)), False),
+]
+
+
+def _kernel_specs(dtype: str):
+    """For `kernellab asm`: both kernels as launched for 4096-wide rows."""
+    block, rows, single, warps = _config(4096)
+    cx = {"BLOCK": block, "ROWS": rows, "SINGLE": single}
+    tail = {
+        "n_rows": "i32",
+        "n_cols": "i32",
+        "BLOCK": "constexpr",
+        "ROWS": "constexpr",
+        "SINGLE": "constexpr",
+    }
+    fwd = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **tail}
+    bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail}
+    return [(_softmax_fwd_kernel, fwd, cx, warps), (_softmax_bwd_kernel, bwd, cx, warps)]
+
+
+register(
+    "softmax",
+    "triton",
+    devices=triton_support.devices(),
+    available=triton_support.unavailable,
+    custom_ops=softmax_triton.custom_ops,
+    builtin=True,
+    triton_kernels=_kernel_specs,
+    description="Triton: one program per row, online softmax for long rows",
+)(softmax_triton)
