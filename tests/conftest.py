@@ -23,6 +23,17 @@ import torch
 # "prepend" import mode adds this folder too; be explicit so other modes work as well).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+# A private Inductor cache per test session: the on-disk AOTAutograd cache keys on the
+# forward graph, so after a custom op's backward changed, a cache left by an earlier run
+# replayed the old backward (seen: softmax's backward arguments reordered -> wrong grads).
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import atexit as _atexit
+    import shutil as _shutil
+    import tempfile as _tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _tempfile.mkdtemp(prefix="kernellab-inductor-")
+    _atexit.register(_shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+
 import kernellab  # noqa: E402  (sets TRITON_INTERPRET=1 on a machine without a GPU)
 from kernellab import registry  # noqa: E402
 

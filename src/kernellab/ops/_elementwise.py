@@ -30,40 +30,42 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling()
 
 
-def unary_op(name: str, fwd: Callable, bwd: Callable):
+def unary_op(name: str, fwd: Callable, bwd: Callable, save_output: bool = False):
     """Custom ops ``kernellab::<name>`` and ``kernellab::<name>_backward``; returns the
-    registry callable (with ``.custom_ops`` for opcheck)."""
+    registry callable (with ``.custom_ops`` for opcheck). The backward is ``bwd(dy, s)``
+    with ``s`` the input (GeLU) or, with ``save_output``, the output (softmax)."""
 
     def _fwd(x: Tensor) -> Tensor:
         return fwd(x)
 
-    def _bwd(dy: Tensor, x: Tensor) -> Tensor:
-        return bwd(dy, x)
+    def _bwd(dy: Tensor, saved: Tensor) -> Tensor:
+        return bwd(dy, saved)
 
     op = torch.library.custom_op(f"kernellab::{name}", _fwd, mutates_args=())
     bop = torch.library.custom_op(f"kernellab::{name}_backward", _bwd, mutates_args=())
     op.register_fake(_empty_like_contig)
-    bop.register_fake(lambda dy, x: _empty_like_contig(x))
+    bop.register_fake(lambda dy, saved: _empty_like_contig(saved))
 
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(inputs[0])
+        ctx.save_for_backward(output if save_output else inputs[0])
 
     def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        return bop(dy, x)
+        (saved,) = ctx.saved_tensors
+        return bop(dy, saved)
 
     op.register_autograd(backward, setup_context=setup_context)
 
     class Eager(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return fwd(x)
+            y = fwd(x)
+            ctx.save_for_backward(y if save_output else x)
+            return y
 
         @staticmethod
         def backward(ctx, dy):
-            (x,) = ctx.saved_tensors
-            return bwd(dy, x)
+            (saved,) = ctx.saved_tensors
+            return bwd(dy, saved)
 
     def call(x: Tensor) -> Tensor:
         if _tracing():

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._elementwise import unary_op
 from kernellab.registry import register
 
 MAX_SINGLE = 8192  # widest row kept in one block (fp32: 32 KB of registers per row program)
@@ -114,71 +115,12 @@ def _fwd(x: torch.Tensor) -> torch.Tensor:
     return _launch(_softmax_fwd_kernel, [x])
 
 
-def _bwd(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+def _bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return _launch(_softmax_bwd_kernel, [y, dy])
 
 
-# -- custom op and autograd (the backward needs the output, not the input) ---------------
-
-
-@torch.library.custom_op("kernellab::softmax_triton", mutates_args=())
-def softmax_op(x: torch.Tensor) -> torch.Tensor:
-    return _fwd(x)
-
-
-@torch.library.custom_op("kernellab::softmax_triton_backward", mutates_args=())
-def softmax_backward_op(y: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
-    return _bwd(y, dy)
-
-
-@softmax_op.register_fake
-def _(x):
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
-@softmax_backward_op.register_fake
-def _(y, dy):
-    return torch.empty(y.shape, dtype=y.dtype, device=y.device)
-
-
-def _setup(ctx, inputs, output):
-    ctx.save_for_backward(output)
-
-
-def _backward(ctx, dy):
-    (y,) = ctx.saved_tensors
-    return softmax_backward_op(y, dy)
-
-
-softmax_op.register_autograd(_backward, setup_context=_setup)
-
-
-class _Eager(torch.autograd.Function):
-    # Same kernels without the custom-op dispatch on the eager path (see ops/_elementwise).
-    @staticmethod
-    def forward(ctx, x):
-        y = _fwd(x)
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        (y,) = ctx.saved_tensors
-        return _bwd(y, dy)
-
-
-def softmax_triton(x: torch.Tensor) -> torch.Tensor:
-    if torch.compiler.is_compiling():
-        return softmax_op(x)
-    if x.requires_grad and torch.is_grad_enabled():
-        return _Eager.apply(x)
-    return _fwd(x)
-
-
-softmax_triton.custom_ops = [
-    (softmax_op, lambda make: (make(1),), True),
-    (softmax_backward_op, lambda make: (make(0), make(0)), False),
-]
+# The backward needs the output, not the input.
+softmax_triton = unary_op("softmax_triton", _fwd, _bwd, save_output=True)
 
 
 def _kernel_specs(dtype: str):
