@@ -182,3 +182,46 @@ def test_graph_mode_rejects_a_cached_result(planted):
     }
     assert rows["torch"]["status"] == "ok"
     _assert_rejected(rows["pl_graph_cached"], "after refreshing the inputs")
+
+
+def test_event_loop_batching_logic_with_fake_events(monkeypatch):
+    # The GPU timing loop, driven by host-clock stand-ins for CUDA events: it must time
+    # every call, run `before` ahead of each, divide by per_event and stop by its rules.
+    import time as _time
+
+    from kernellab.harness import timer
+
+    class FakeEvent:
+        def __init__(self, enable_timing=True):
+            self.t = None
+
+        def record(self):
+            self.t = _time.perf_counter()
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(timer, "_hold_device", lambda s: None)
+    calls = {"call": 0, "before": 0}
+
+    def call():
+        calls["call"] += 1
+        _time.sleep(0.001)
+
+    times = timer._event_loop(
+        call,
+        before=lambda: calls.__setitem__("before", calls["before"] + 1),
+        per_event=2,
+        min_reps=5,
+        min_time_s=0.05,
+        max_reps=40,
+        budget_s=2.0,
+        rel_tol=0.5,
+    )
+    assert calls["call"] == calls["before"] == len(times)
+    assert 5 <= len(times) <= 40
+    assert all(0.4 < t < 50 for t in times)  # ~1 ms per call, halved by per_event
+    capped = timer._event_loop(call, min_reps=3, min_time_s=10.0, max_reps=12, budget_s=5.0, rel_tol=1e-9)
+    assert len(capped) == 12  # never stable: stops at max_reps

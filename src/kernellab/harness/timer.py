@@ -101,6 +101,58 @@ def warm_up(fn, min_calls: int = 3, min_s: float = 0.1) -> None:
         torch.cuda.synchronize()
 
 
+def _event_loop(
+    call,
+    *,
+    before=None,
+    per_event: int = 1,
+    min_reps: int,
+    min_time_s: float,
+    max_reps: int,
+    budget_s: float,
+    rel_tol: float,
+) -> list[float]:
+    """Times of ``call()`` (ms, divided by ``per_event``) between CUDA events, in batches
+    that grow until the median is stable to +-rel_tol and min_time_s has passed, or the
+    budget or max_reps is reached. ``before()`` runs ahead of each start event (the flush)."""
+    times: list[float] = []
+    t_start = time.perf_counter()
+    batch = min_reps
+    host_per_iter = 500e-6  # first guess; measured on every batch
+    while True:
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
+        # Keep the device busy while the host enqueues the batch. Otherwise, when one
+        # call's host cost exceeds its device time (a 2^20-element GeLU: ~4 us on the GPU,
+        # ~30 us of Python), the GPU idles between the start event and the kernel and the
+        # events time the host. Measured on an H100: 35 us "device time" for a 4 us kernel.
+        _hold_device(host_per_iter * batch * 1.5)
+        t_enq = time.perf_counter()
+        for i in range(batch):
+            if before is not None:
+                before()
+            starts[i].record()
+            call()
+            ends[i].record()
+        host_per_iter = (time.perf_counter() - t_enq) / batch
+        torch.cuda.synchronize()
+        times.extend(s.elapsed_time(e) / per_event for s, e in zip(starts, ends))
+        spent = time.perf_counter() - t_start
+        stable = len(times) >= min_reps and spent >= min_time_s and median_is_stable(sorted(times), rel_tol)
+        if len(times) >= max_reps or spent > budget_s or stable:
+            return times
+        # Next batch: double what we have, within the remaining budget.
+        per_call_s = max(spent / len(times), 1e-6)
+        batch = max(1, int(min(len(times), max_reps - len(times), max(1, (budget_s - spent) / per_call_s))))
+
+
+def _hold_device(seconds: float) -> None:
+    """Queue a spin kernel of about ``seconds`` (capped at 0.25 s) on the current stream."""
+    sleep = getattr(torch.cuda, "_sleep", None)
+    if sleep is not None and seconds > 0:
+        sleep(int(min(seconds, 0.25) * 2.0e9))  # clock cycles at ~2 GHz; longer is harmless
+
+
 def time_cuda(
     fn,
     *,
@@ -116,45 +168,16 @@ def time_cuda(
     stable to +-rel_tol *and* at least min_time_s has been spent, or at the budget."""
     warm_up(fn, min_s=warmup_s)
     buf = _flush_buffer() if flush else None
-    times: list[float] = []
-    t_start = time.perf_counter()
-    batch = min_reps
-    host_per_iter = 500e-6  # first guess; measured on every batch
-    while True:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
-        # Keep the device busy while the host enqueues the batch. Otherwise, when one
-        # call's host cost exceeds its device time (a 2^20-element GeLU: ~4 us on the GPU,
-        # ~30 us of Python), the GPU idles between the start event and the kernel and the
-        # events time the host. Measured on an H100: 35 us "device time" for a 4 us kernel.
-        _hold_device(host_per_iter * batch * 1.5)
-        t_enq = time.perf_counter()
-        for i in range(batch):
-            if buf is not None:
-                buf.zero_()
-            starts[i].record()
-            fn()
-            ends[i].record()
-        host_per_iter = (time.perf_counter() - t_enq) / batch
-        torch.cuda.synchronize()
-        times.extend(s.elapsed_time(e) for s, e in zip(starts, ends))
-        s = sorted(times)
-        spent = time.perf_counter() - t_start
-        stable = len(times) >= min_reps and spent >= min_time_s and median_is_stable(s, rel_tol)
-        if len(times) >= max_reps or spent > budget_s or stable:
-            break
-        # Next batch: double what we have, within the remaining budget.
-        per_call_s = max(spent / len(times), 1e-6)
-        batch = int(min(len(times), max_reps - len(times), max(1, (budget_s - spent) / per_call_s)))
-        batch = max(batch, 1)
+    times = _event_loop(
+        fn,
+        before=buf.zero_ if buf is not None else None,
+        min_reps=min_reps,
+        min_time_s=min_time_s,
+        max_reps=max_reps,
+        budget_s=budget_s,
+        rel_tol=rel_tol,
+    )
     return _summarize(times, "cuda-events", buf is not None)
-
-
-def _hold_device(seconds: float) -> None:
-    """Queue a spin kernel of about ``seconds`` (capped at 0.25 s) on the current stream."""
-    sleep = getattr(torch.cuda, "_sleep", None)
-    if sleep is not None and seconds > 0:
-        sleep(int(min(seconds, 0.25) * 2.0e9))  # clock cycles at ~2 GHz; longer is harmless
 
 
 def time_cuda_graph(
@@ -184,24 +207,15 @@ def time_cuda_graph(
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    times: list[float] = []
-    t_start = time.perf_counter()
-    batch = min_reps
-    while True:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(batch)]
-        for i in range(batch):
-            starts[i].record()
-            graph.replay()
-            ends[i].record()
-        torch.cuda.synchronize()
-        times.extend(s.elapsed_time(e) / calls_per_graph for s, e in zip(starts, ends))
-        spent = time.perf_counter() - t_start
-        if len(times) >= max_reps or spent > budget_s:
-            break
-        if len(times) >= min_reps and spent >= 0.1 and median_is_stable(sorted(times), rel_tol):
-            break
-        batch = max(1, min(len(times), max_reps - len(times)))
+    times = _event_loop(
+        graph.replay,
+        per_event=calls_per_graph,
+        min_reps=min_reps,
+        min_time_s=0.1,
+        max_reps=max_reps,
+        budget_s=budget_s,
+        rel_tol=rel_tol,
+    )
     t = _summarize(times, "cuda-graph", False)
     t._graph = graph  # keep the graph (and its memory) alive while the caller re-checks
     return t
