@@ -77,14 +77,21 @@ def gpu_only_backends(op: str) -> list[str]:
 
 def reference_grads(spec, args, dy):
     """Autograd of the float64 reference: gradients w.r.t. spec.grad_args, in float64."""
-    args64 = [a.detach().to(torch.float64).requires_grad_(i in spec.grad_args) for i, a in enumerate(args)]
+    from kernellab.ops.spec import to64
+
+    args64 = [to64(a) for a in args]
+    for i in spec.grad_args:
+        args64[i].requires_grad_(True)
     out = spec.reference(*args64)
     return torch.autograd.grad(out, [args64[i] for i in spec.grad_args], dy.to(torch.float64))
 
 
 def impl_grads(fn, spec, args, dy):
     """Gradients of ``fn(*args)`` w.r.t. spec.grad_args (fresh leaves, strides kept)."""
-    leaves = [a.detach().requires_grad_(i in spec.grad_args) for i, a in enumerate(args)]
+    leaves = [
+        a.detach().requires_grad_(i in spec.grad_args) if isinstance(a, torch.Tensor) else a
+        for i, a in enumerate(args)
+    ]
     out = fn(*leaves)
     assert out.requires_grad, "output does not require grad: the implementation has no autograd"
     return torch.autograd.grad(out, [leaves[i] for i in spec.grad_args], dy)

@@ -130,6 +130,33 @@ def cmd_check(args) -> int:
 # --------------------------------------------------------------------------- bench
 
 
+def _parse_value(v: str):
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low == "none":
+        return None
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
+
+
+def _parse_options(items) -> dict | None:
+    """['causal=true', 'reduction=sum'] -> {'causal': True, 'reduction': 'sum'}; None if none given."""
+    if not items:
+        return None
+    out = {}
+    for item in _split(items):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--opt {item!r} not understood; write KEY=VALUE, e.g. causal=true")
+        out[key.strip()] = _parse_value(value.strip())
+    return out
+
+
 def cmd_bench(args) -> int:
     from kernellab import registry
     from kernellab.harness import bench as bn
@@ -148,6 +175,11 @@ def cmd_bench(args) -> int:
         console.print(f"[red]{e}[/]")
         return 2
     modes = _split(args.mode) or ["fwd"]
+    try:
+        options = _parse_options(args.opt)
+    except ValueError as e:
+        console.print(f"[red]{e}[/]")
+        return 2
     if args.tf32:
         import torch
 
@@ -160,7 +192,8 @@ def cmd_bench(args) -> int:
             from kernellab import device
 
             n_shapes = len(shapes or (spec.bench_shapes if device.has_cuda() else spec.cpu_bench_shapes))
-            total = n_impl * n_shapes * len(dtypes or spec.dtypes) * len(modes)
+            n_opts = 1 if options is not None else len(spec.bench_options)
+            total = n_impl * n_shapes * len(dtypes or spec.dtypes) * len(modes) * n_opts
             task = prog.add_task("bench", total=total)
 
             def on_start(impl, shape, dtype, mode):
@@ -181,6 +214,7 @@ def cmd_bench(args) -> int:
                 budget_s=args.budget,
                 on_row=on_row,
                 on_start=on_start,
+                options=options,
             )
     except (KeyError, ValueError) as e:
         console.print(f"[red]{e}[/]")
@@ -222,7 +256,9 @@ def print_bench_table(rows) -> None:
         table.add_column(col, justify="right" if col not in ("backend", "check", "mode") else "left")
     prev = None
     for r in rows:
-        key = (r["shape"], r["dtype"], r["mode"])
+        from kernellab.harness.results import mode_label
+
+        key = (r["shape"], r["dtype"], mode_label(r))
         if prev is not None and key != prev:
             table.add_section()
         prev = key
@@ -657,6 +693,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-flush", action="store_true", help="do not flush the L2 between calls")
     s.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (for every backend alike)")
     s.add_argument("--budget", type=float, default=1.5, help="seconds of timing per measurement (max)")
+    s.add_argument("--opt", action="append", help="keyword option KEY=VALUE, e.g. causal=true (repeatable)")
     s.add_argument("--json", help="append result rows to this JSONL file")
     s.add_argument("--plot", help="draw the sweep to this PNG file")
     s.set_defaults(func=cmd_bench)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import functools
+import itertools
 import os
 import subprocess
 
@@ -22,7 +23,7 @@ from kernellab import device as _device
 from kernellab import registry
 from kernellab.harness import timer
 from kernellab.harness.compare import judge
-from kernellab.ops.spec import dtype_name, get_spec, shape_str
+from kernellab.ops.spec import dtype_name, get_spec, options_str, shape_str, to64
 from kernellab.profile.nvtx import nvtx_range
 
 MODES = ("fwd", "bwd", "fwdbwd")
@@ -67,14 +68,16 @@ def _outputs(out):
 class Problem:
     """Inputs, reference and PyTorch's baseline for one (op, shape, dtype, mode)."""
 
-    def __init__(self, spec, shape, dtype, mode, dev, seed):
+    def __init__(self, spec, shape, dtype, mode, dev, seed, options=None):
         self.spec, self.shape, self.dtype, self.mode, self.dev = spec, shape, dtype, mode, dev
+        self.options = dict(options or {})
         self.args = spec.make_inputs(shape, dtype, dev, seed)
         gen = torch.Generator(device=dev).manual_seed(seed + 1)
         self.wrt = list(spec.grad_args) if mode != "fwd" else []
         if self.wrt:
-            self.args = tuple(a.requires_grad_(i in self.wrt) for i, a in enumerate(self.args))
-            out_shape = _outputs(spec.ref(*self.args))[0].shape
+            for i in self.wrt:
+                self.args[i].requires_grad_(True)
+            out_shape = _outputs(spec.ref(*self.args, **self.options))[0].shape
             self.dy = torch.randn(out_shape, generator=gen, device=dev).to(dtype)
         self.seed = seed
         self._refreshes = 0
@@ -84,24 +87,26 @@ class Problem:
         """float64 reference of what the timed call returns (outputs, or gradients)."""
         spec = self.spec
         if self.mode == "fwd":
-            return _outputs(spec.ref(*self.args))
-        args64 = [a.detach().to(torch.float64).requires_grad_(i in self.wrt) for i, a in enumerate(self.args)]
-        out = _outputs(spec.reference(*args64))[0]
+            return _outputs(spec.ref(*self.args, **self.options))
+        args64 = [to64(a) for a in self.args]
+        for i in self.wrt:
+            args64[i].requires_grad_(True)
+        out = _outputs(spec.reference(*args64, **self.options))[0]
         return tuple(torch.autograd.grad(out, [args64[i] for i in self.wrt], self.dy.to(torch.float64)))
 
     def call(self, impl):
         """A zero-argument function doing one timed unit of work, and a box holding its
         last result."""
         box = [None]
-        args, wrt = self.args, self.wrt
+        args, wrt, kw = self.args, self.wrt, self.options
         if self.mode == "fwd":
 
             def fn():
                 with torch.no_grad():
-                    box[0] = _outputs(impl(*args))
+                    box[0] = _outputs(impl(*args, **kw))
 
         elif self.mode == "bwd":
-            out = _outputs(impl(*args))[0]
+            out = _outputs(impl(*args, **kw))[0]
             leaves = [args[i] for i in wrt]
 
             def fn():
@@ -111,7 +116,7 @@ class Problem:
             leaves = [args[i] for i in wrt]
 
             def fn():
-                box[0] = torch.autograd.grad(_outputs(impl(*args))[0], leaves, self.dy)
+                box[0] = torch.autograd.grad(_outputs(impl(*args, **kw))[0], leaves, self.dy)
 
         return fn, box
 
@@ -120,10 +125,11 @@ class Problem:
         # A new seed each time: the inputs must really change for every implementation
         # re-checked on this problem, not only for the first.
         self._refreshes += 1
-        gen = torch.Generator(device=self.dev).manual_seed(self.seed + 7919 * self._refreshes)
+        fresh = self.spec.make_inputs(self.shape, self.dtype, self.dev, self.seed + 7919 * self._refreshes)
         with torch.no_grad():
-            for a in self.args:
-                a.copy_(torch.randn(a.shape, generator=gen, device=self.dev).to(a.dtype) * self.spec.scale)
+            for a, f in zip(self.args, fresh):
+                if isinstance(a, torch.Tensor):
+                    a.copy_(f)
         self.expected = self._expected()
 
 
@@ -155,8 +161,10 @@ def bench(
     seed: int = 0,
     on_row=None,
     on_start=None,
+    options: dict | None = None,
 ) -> list[dict]:
-    """Time ``op`` for every backend x shape x dtype x mode; returns result rows (measured
+    """Time ``op`` for every backend x shape x dtype x mode (x keyword-option case: the
+    spec's ``bench_options``, or ``options`` when given); returns result rows (measured
     or rejected; unavailable backends appear with status "unavailable" and no timing)."""
     spec = get_spec(op)
     dev = device or _device.default_device()
@@ -178,50 +186,47 @@ def bench(
     admitted: dict = {}
     torch_impl = next((i for i in registry.impls(op) if i.backend == "torch"), None)
 
-    for dtype in dtypes:
-        for shape in shapes:
-            for mode in modes:
-                prob = Problem(spec, shape, dtype, mode, dev, seed)
-                base_fn, base_box = prob.call(torch_impl) if torch_impl else (None, None)
-                if base_fn:
-                    base_fn()
-                baseline = base_box[0] if base_box else None
-                group = []
-                for impl in impls:
-                    row = _base_row(op, impl.backend, mode, shape, dtype, gpu, dev)
-                    why = impl.why_unavailable(dev)
-                    if why is None and dtype not in (impl.dtypes or spec.dtypes):
-                        why = f"{dtype_name(dtype)} not supported"
-                    if why:
-                        row.update(status="unavailable", reason=why)
-                        group.append(row)
-                        continue
-                    if on_start:
-                        on_start(impl, shape, dtype, mode)
-                    gate = _admit(impl, dtype, dev, admitted)
-                    if gate:
-                        row.update(status="rejected", reason=gate)
-                        group.append(row)
-                        continue
-                    with nvtx_range(
-                        f"bench {op}/{impl.backend} {mode} {shape_str(shape)} {dtype_name(dtype)}"
-                    ):
-                        row.update(_measure(impl, prob, baseline, dev, graph, flush, budget_s))
-                    _rates(row, spec, shape, dtype, mode, peaks)
-                    group.append(row)
-                    if dev == "cuda":
-                        torch.cuda.empty_cache()
-                # speed-up against torch within this group
-                t_ms = next(
-                    (r["median_ms"] for r in group if r["backend"] == "torch" and r["status"] == "ok"), None
-                )
-                for r in group:
-                    if t_ms and r.get("status") == "ok":
-                        r["speedup_vs_torch"] = round(t_ms / r["median_ms"], 3)
-                    if on_row:
-                        on_row(r)
-                rows.extend(group)
-                del prob, baseline, base_box
+    cases = [dict(options)] if options is not None else [dict(o) for o in spec.bench_options]
+    for dtype, shape, opts, mode in itertools.product(dtypes, shapes, cases, modes):
+        prob = Problem(spec, shape, dtype, mode, dev, seed, opts)
+        base_fn, base_box = prob.call(torch_impl) if torch_impl else (None, None)
+        if base_fn:
+            base_fn()
+        baseline = base_box[0] if base_box else None
+        group = []
+        for impl in impls:
+            row = _base_row(op, impl.backend, mode, shape, dtype, gpu, dev)
+            if opts:
+                row["options"] = options_str(opts)
+            why = impl.why_unavailable(dev)
+            if why is None and dtype not in (impl.dtypes or spec.dtypes):
+                why = f"{dtype_name(dtype)} not supported"
+            if why:
+                row.update(status="unavailable", reason=why)
+                group.append(row)
+                continue
+            if on_start:
+                on_start(impl, shape, dtype, mode)
+            gate = _admit(impl, dtype, dev, admitted)
+            if gate:
+                row.update(status="rejected", reason=gate)
+                group.append(row)
+                continue
+            with nvtx_range(f"bench {op}/{impl.backend} {mode} {shape_str(shape)} {dtype_name(dtype)}"):
+                row.update(_measure(impl, prob, baseline, dev, graph, flush, budget_s))
+            _rates(row, spec, shape, dtype, mode, peaks, opts)
+            group.append(row)
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+        # speed-up against torch within this group
+        t_ms = next((r["median_ms"] for r in group if r["backend"] == "torch" and r["status"] == "ok"), None)
+        for r in group:
+            if t_ms and r.get("status") == "ok":
+                r["speedup_vs_torch"] = round(t_ms / r["median_ms"], 3)
+            if on_row:
+                on_row(r)
+        rows.extend(group)
+        del prob, baseline, base_box
     return rows
 
 
@@ -317,14 +322,15 @@ def _measure(impl, prob, baseline, dev, graph, flush, budget_s) -> dict:
     return out
 
 
-def _rates(row, spec, shape, dtype, mode, peaks) -> None:
+def _rates(row, spec, shape, dtype, mode, peaks, options=None) -> None:
     ms = row.get("median_ms")
     if not ms:
         return
-    row["gbps"] = spec.gbps(shape, dtype, mode, ms)
-    row["tflops"] = spec.tflops(shape, mode, ms)
-    row["bytes"] = spec.bytes_moved(tuple(shape), dtype, mode)
-    row["flops"] = spec.flops(tuple(shape), mode)
+    row["gbps"] = spec.gbps(shape, dtype, mode, ms, options)
+    row["tflops"] = spec.tflops(shape, mode, ms, options)
+    row["bytes"] = spec.count_bytes(shape, dtype, mode, options)
+    row["flops"] = spec.count_flops(shape, mode, options)
+    row["metric"] = spec.metric
     if peaks:
         row["peak_copy_gbps"] = peaks["copy_gbps"]
         row["pct_bw"] = round(100 * row["gbps"] / peaks["copy_gbps"], 1)

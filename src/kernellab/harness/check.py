@@ -9,6 +9,8 @@ For one implementation and one dtype it runs:
 - ``special`` NaN / +-inf / extremes planted in the input: parity with the reference;
 - ``layout``  transposed, sliced, storage offset 1, expanded inputs: computed correctly
               or refused with a clear error;
+- ``option``  each of the op's keyword-option cases (``OpSpec.option_sets``), forward and
+              gradient;
 - ``grad``    every gradient vs autograd of the float64 reference, with a contiguous and
               a strided grad_output;
 - ``opcheck`` ``torch.library.opcheck`` on each custom op behind the implementation;
@@ -31,7 +33,7 @@ import torch
 from kernellab import device as _device
 from kernellab import registry
 from kernellab.harness.compare import Verdict, judge
-from kernellab.ops.spec import LAYOUTS, OpSpec, dtype_name, get_spec, shape_str
+from kernellab.ops.spec import LAYOUTS, OpSpec, dtype_name, get_spec, options_str, shape_str, to64
 from kernellab.profile.nvtx import nvtx_range
 
 PASS, FAIL, REFUSED, SKIP = "pass", "fail", "refused", "skip"
@@ -99,19 +101,36 @@ def _sync(dev: str) -> None:
 def poison_allocator(shape, dtype, dev: str, copies: int = 3) -> None:
     """Leave NaN-filled blocks of the output's size in the allocator's free lists, so an
     implementation that allocates its output and leaves elements unwritten returns NaN
-    there (caught by the parity rule) - never a stale correct answer from an earlier run."""
+    there (caught by the parity rule) - never a stale correct answer from an earlier run.
+    Integer outputs (indices) get the most negative value, which no index equals."""
     n = 1
     for d in shape:
         n *= d
     if n == 0:
         return
-    bufs = [torch.full((n,), float("nan"), dtype=dtype, device=dev) for _ in range(copies)]
+    fill = float("nan") if dtype.is_floating_point else torch.iinfo(dtype).min
+    bufs = [torch.full((n,), fill, dtype=dtype, device=dev) for _ in range(copies)]
     _sync(dev)
     del bufs
 
 
 def _outputs(out):
     return out if isinstance(out, (tuple, list)) else (out,)
+
+
+def _leaf(a, requires_grad: bool):
+    """A fresh leaf copy of an argument (None and non-tensors pass through)."""
+    if not isinstance(a, torch.Tensor):
+        return a
+    return a.detach().clone().requires_grad_(requires_grad)
+
+
+def _dy_like(ref_out, dtype, dev, gen, strided: bool):
+    """A random grad_output for ``ref_out`` (strided: every other column of a wider one)."""
+    if strided:
+        dy = torch.randn(ref_out.shape[:-1] + (2 * ref_out.shape[-1],), generator=gen, device=dev)
+        return dy.to(dtype)[..., ::2]
+    return torch.randn(ref_out.shape, generator=gen, device=dev).to(dtype)
 
 
 def _short(e: BaseException) -> str:
@@ -140,19 +159,19 @@ class _Runner:
         return self.seed + 7919 * self._n
 
     # -- forward cases -------------------------------------------------------------
-    def run_forward(self, kind: str, name: str, args) -> CaseResult:
+    def run_forward(self, kind: str, name: str, args, options=None) -> CaseResult:
         spec = self.spec
-        ref = _outputs(spec.ref(*args))
+        options = options or {}
+        ref = _outputs(spec.ref(*args, **options))
         base = None
         if self.baseline is not None:
             with torch.no_grad():
-                base = _outputs(self.baseline.fn(*args))
-        shapes = [r.shape for r in ref]
-        for s in shapes:
-            poison_allocator(s, self.dtype, self.dev)
+                base = _outputs(self.baseline.fn(*args, **options))
+        for r in ref:
+            poison_allocator(r.shape, self.dtype if r.is_floating_point() else r.dtype, self.dev)
         try:
             with torch.no_grad():
-                out = _outputs(self.impl(*args))
+                out = _outputs(self.impl(*args, **options))
             _sync(self.dev)
         except _REFUSAL as e:
             if kind == "layout":
@@ -198,6 +217,15 @@ class _Runner:
                 continue
             yield self.run_forward("layout", layout, args)
 
+    # -- keyword options -----------------------------------------------------------
+    def options(self):
+        spec = self.spec
+        for opts in spec.option_sets:
+            args = spec.make_inputs(spec.layout_shape, self.dtype, self.dev, self.next_seed())
+            yield self.run_forward("option", options_str(opts), args, opts)
+            if spec.grad_args and getattr(self.impl.fn, "differentiable", True) is not False:
+                yield self._grad_case(spec.layout_shape, f"grad {options_str(opts)}", False, opts)
+
     # -- gradients -----------------------------------------------------------------
     def grads(self):
         spec = self.spec
@@ -206,46 +234,43 @@ class _Runner:
         if getattr(self.impl.fn, "differentiable", True) is False:
             yield CaseResult("grad", "all", SKIP, detail="registered without gradients")
             return
-        shapes = [spec.layout_shape] if self.quick else [spec.layout_shape, (1025,)]
+        shapes = spec.gradient_shapes[:1] if self.quick else spec.gradient_shapes
         for shape in shapes:
             for strided_dy in (False, True):
                 name = f"{shape_str(shape)}{' strided dy' if strided_dy else ''}"
                 yield self._grad_case(shape, name, strided_dy)
 
-    def _grad_case(self, shape, name, strided_dy) -> CaseResult:
+    def _grad_case(self, shape, name, strided_dy, options=None) -> CaseResult:
         spec = self.spec
+        options = options or {}
         args = spec.make_inputs(shape, self.dtype, self.dev, self.next_seed())
         gen = torch.Generator(device=self.dev).manual_seed(self.next_seed())
 
         def leaves(src):
-            return [a.detach().clone().requires_grad_(i in spec.grad_args) for i, a in enumerate(src)]
+            return [_leaf(a, i in spec.grad_args) for i, a in enumerate(src)]
 
         # Reference: autograd through the float64 formula.
-        args64 = [
-            a.detach().to(torch.float64).requires_grad_(i in spec.grad_args) for i, a in enumerate(args)
-        ]
-        ref_out = _outputs(spec.reference(*args64))[0]
-        if strided_dy:
-            dy = torch.randn(ref_out.shape[:-1] + (2 * ref_out.shape[-1],), generator=gen, device=self.dev)
-            dy = dy.to(self.dtype)[..., ::2]
-        else:
-            dy = torch.randn(ref_out.shape, generator=gen, device=self.dev).to(self.dtype)
+        args64 = [_leaf(to64(a), i in spec.grad_args) for i, a in enumerate(args)]
+        ref_out = _outputs(spec.reference(*args64, **options))[0]
+        if strided_dy and ref_out.dim() == 0:
+            return CaseResult("grad", name, SKIP, detail="scalar output: no strided grad_output")
+        dy = _dy_like(ref_out, self.dtype, self.dev, gen, strided_dy)
         wrt64 = [args64[i] for i in spec.grad_args]
         ref_grads = torch.autograd.grad(ref_out, wrt64, dy.to(torch.float64))
 
         base_grads = None
         if self.baseline is not None:
             b_args = leaves(args)
-            b_out = _outputs(self.baseline.fn(*b_args))[0]
+            b_out = _outputs(self.baseline.fn(*b_args, **options))[0]
             base_grads = torch.autograd.grad(b_out, [b_args[i] for i in spec.grad_args], dy)
 
         i_args = leaves(args)
         try:
-            out = _outputs(self.impl(*i_args))[0]
+            out = _outputs(self.impl(*i_args, **options))[0]
             if not out.requires_grad:
                 return CaseResult("grad", name, FAIL, detail="output does not require grad (no autograd)")
             for i in spec.grad_args:
-                poison_allocator(args[i].shape, self.dtype, self.dev)
+                poison_allocator(args[i].shape, args[i].dtype, self.dev)
             grads = torch.autograd.grad(out, [i_args[i] for i in spec.grad_args], dy)
             _sync(self.dev)
         except Exception as e:  # noqa: BLE001
@@ -272,6 +297,14 @@ class _Runner:
             def make(requires_grad, gen=gen):
                 t = torch.randn(spec.layout_shape, generator=gen, device=self.dev).to(self.dtype)
                 return t.requires_grad_(bool(requires_grad))
+
+            def make_args(requires_grad, seed=seed):
+                args = spec.make_inputs(spec.layout_shape, self.dtype, self.dev, seed)
+                return tuple(
+                    _leaf(a, bool(requires_grad) and i in spec.grad_args) for i, a in enumerate(args)
+                )
+
+            make.args = make_args
 
             name = str(getattr(op, "_qualname", None) or getattr(op, "__name__", op))
             try:
@@ -362,7 +395,14 @@ def check_impl(
         runner.quick = True
         stages = [runner.shapes, runner.specials, runner.layouts]
     else:
-        stages = [runner.shapes, runner.specials, runner.layouts, runner.grads, runner.bad_inputs]
+        stages = [
+            runner.shapes,
+            runner.specials,
+            runner.layouts,
+            runner.options,
+            runner.grads,
+            runner.bad_inputs,
+        ]
     if opcheck and impl.custom_ops and not gate:
         stages.append(runner.opchecks)
     for stage in stages:

@@ -84,6 +84,13 @@ def judge(
         return Verdict(False, float("inf"), 0.0, f"returned {type(out).__name__}, expected a tensor")
     if tuple(out.shape) != tuple(ref.shape):
         return Verdict(False, float("inf"), 0.0, f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}")
+    if not ref.is_floating_point():  # indices, counts: exact
+        if out.dtype != ref.dtype:
+            return Verdict(False, float("inf"), 0.0, f"dtype {out.dtype}, expected {ref.dtype}")
+        wrong = int((out.cpu() != ref.cpu()).sum()) if ref.numel() else 0
+        return Verdict(
+            wrong == 0, float(wrong), 0.0, f"{wrong} of {ref.numel()} values differ" if wrong else ""
+        )
     if out.dtype != dtype:
         return Verdict(False, float("inf"), 0.0, f"dtype {out.dtype}, expected {dtype}")
     scale = max(1.0, _finite_max_abs(ref))

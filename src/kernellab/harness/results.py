@@ -65,6 +65,11 @@ def _fmt(v, nd=3):
     return str(v)
 
 
+def mode_label(r: dict) -> str:
+    """The row's mode with its keyword options, e.g. 'fwd [causal=True]'."""
+    return r["mode"] + (f" [{r['options']}]" if r.get("options") else "")
+
+
 def markdown_table(rows, ops=None) -> str:
     """One line per (op, shape, dtype, mode, backend) - the latest row of each -, with
     time, GB/s, % of measured copy bandwidth and speed-up against torch."""
@@ -72,7 +77,7 @@ def markdown_table(rows, ops=None) -> str:
     for r in rows:
         if ops and r["op"] not in ops:
             continue
-        latest[(r["op"], r["shape"], r["dtype"], r["mode"], r["backend"], bool(r.get("graph")))] = r
+        latest[(r["op"], r["shape"], r["dtype"], mode_label(r), r["backend"], bool(r.get("graph")))] = r
     lines = [
         "| op | shape | dtype | mode | backend | median ms (p20-p80) | GB/s | % copy BW | host us "
         "| vs torch |",
@@ -84,7 +89,7 @@ def markdown_table(rows, ops=None) -> str:
             timing = "rejected: " + r.get("reason", "")
         else:
             timing = f"{_fmt(r['median_ms'], 4)} ({_fmt(r['p20_ms'], 4)}-{_fmt(r['p80_ms'], 4)})"
-        mode = r["mode"] + (" graph" if r.get("graph") else "")
+        mode = mode_label(r) + (" graph" if r.get("graph") else "")
         lines.append(
             f"| {r['op']} | {r['shape']} | {r['dtype']} | {mode} | {r['backend']} | {timing} | "
             f"{_fmt(r.get('gbps'), 4)} | {_fmt(r.get('pct_bw'))} | {_fmt(r.get('host_us'))} | "
@@ -108,7 +113,7 @@ def pivot_table(rows, ops=None, shapes=None) -> str:
     for r in rows:
         if (ops and r["op"] not in ops) or (shapes and r["shape"] not in shapes) or r.get("graph"):
             continue
-        latest[(r["op"], r["shape"], r["dtype"], r["mode"], r["backend"])] = r
+        latest[(r["op"], r["shape"], r["dtype"], mode_label(r), r["backend"])] = r
         if r["backend"] not in backends:
             backends.append(r["backend"])
     groups = sorted({k[:4] for k in latest}, key=lambda g: (g[0], _numel(g[1]), g[2], g[3]))
@@ -133,7 +138,9 @@ def pivot_table(rows, ops=None, shapes=None) -> str:
                 cells.append(r.get("status", "?"))
             else:
                 c = f"{r['median_ms']:.4g} ms"
-                if r.get("pct_bw") is not None:
+                if r.get("metric") == "tflops" and r.get("tflops"):
+                    c += f" ({r['tflops']:.0f} TF/s)"
+                elif r.get("pct_bw") is not None:
                     c += f" ({r['pct_bw']:.0f}%)"
                 if r is best and torch_ms and r["median_ms"] <= torch_ms:
                     c = f"**{c}**"

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 import torch
 
 SPECS: dict[str, OpSpec] = {}
+# v2: ops whose arguments are not N same-shape float tensors (matmul, attention, norms with
+# weights, cross-entropy with integer targets): the ``inputs`` / ``validator`` hooks,
+# keyword options (``option_sets``, ``bench_options``), ``grad_shapes``, ``bad_shape``.
+SPEC_API_VERSION = 2
 OP_MODULES = ["kernellab.ops.add", "kernellab.ops.gelu", "kernellab.ops.softmax"]
 
 DTYPES = {
@@ -159,11 +163,29 @@ class OpSpec:
     metric: str = "gbps"  # which ceiling the op lives under: gbps (memory) or tflops
     modes: tuple = ("fwd", "bwd", "fwdbwd")  # what the benchmark can time
     plant_extra: Callable | None = None  # in place on the specials' copy, e.g. a fully masked row
+    # -- v2 hooks (absent: every arg is a float tensor of the problem shape) -----------
+    # (shape, dtype, device, gen, layout, scale) -> tuple of args or None (layout n/a).
+    # Args may be non-float tensors (int64 targets) or None (an absent optional tensor).
+    inputs: Callable | None = None
+    # (args, kwargs, devices) -> None; raises TypeError/ValueError naming the argument.
+    validator: Callable | None = None
+    option_sets: list = field(default_factory=list)  # extra keyword cases the check runs
+    bench_options: list = field(default_factory=lambda: [{}])  # keyword cases the bench times
+    grad_shapes: list | None = None  # problem shapes of the gradient stage
+    bad_shape: tuple = (33,)  # a small valid problem shape for the generic bad-input cases
 
     # -- inputs ---------------------------------------------------------------------
+    @property
+    def same_shape(self) -> bool:
+        """Whether every argument is a float tensor of the problem shape (the v1 contract)."""
+        return self.inputs is None
+
     def make_inputs(self, shape, dtype, device, seed, layout="contiguous"):
-        """Fresh inputs: a tuple of tensors (None where ``layout`` does not apply)."""
+        """Fresh inputs: a tuple of args (None where ``layout`` does not apply)."""
         gen = torch.Generator(device=device).manual_seed(seed)
+        if self.inputs is not None:
+            out = self.inputs(tuple(shape), dtype, device, gen, layout, self.scale)
+            return None if out is None else tuple(out)
         args = []
         for _ in self.arg_names:
             t = make_tensor(shape, dtype, device, gen, layout, self.scale)
@@ -189,12 +211,19 @@ class OpSpec:
             self.plant_extra(x)
         return (x,) + tuple(args[1:])
 
-    def ref(self, *args):
-        return self.reference(*[a.detach().to(torch.float64) for a in args])
+    def ref(self, *args, **options):
+        return self.reference(*[to64(a) for a in args], **{k: to64(v) for k, v in options.items()})
+
+    @property
+    def gradient_shapes(self) -> list:
+        return list(self.grad_shapes) if self.grad_shapes is not None else [self.layout_shape, (1025,)]
 
     # -- validation -----------------------------------------------------------------
     def validate(self, args, kwargs, devices=("cuda", "cpu")) -> None:
         """Raise TypeError/ValueError naming the offending argument."""
+        if self.validator is not None:
+            self.validator(args, kwargs, devices)
+            return
         # Fast accept for the common case (this runs on every call: host cost matters);
         # anything unusual goes through the full checks below for a precise message.
         if not kwargs and len(args) == len(self.arg_names):
@@ -248,20 +277,22 @@ class OpSpec:
     def bad_inputs(self) -> list[BadInput]:
         first = self.arg_names[0]
 
+        bad = self.bad_shape
+
         def wrong_dtype(device, dtype):
-            args = self.make_inputs((33,), torch.float32, device, 0)
+            args = self.make_inputs(bad, torch.float32, device, 0)
             return (args[0].to(torch.int32),) + args[1:], {}
 
         def float64(device, dtype):
-            args = self.make_inputs((33,), torch.float32, device, 0)
-            return tuple(a.double() for a in args), {}
+            args = self.make_inputs(bad, torch.float32, device, 0)
+            return tuple(_float64(a) for a in args), {}
 
         def not_a_tensor(device, dtype):
-            args = self.make_inputs((5,), dtype, device, 0)
-            return ([1.0, 2.0, 3.0, 4.0, 5.0],) + args[1:], {}
+            args = self.make_inputs(bad, dtype, device, 0)
+            return (args[0].tolist(),) + args[1:], {}
 
         def cpu_tensor(device, dtype):
-            return self.make_inputs((33,), dtype, "cpu", 0), {}
+            return self.make_inputs(bad, dtype, "cpu", 0), {}
 
         cases = [
             BadInput("integer dtype", wrong_dtype, first),
@@ -269,7 +300,7 @@ class OpSpec:
             BadInput("a list instead of a tensor", not_a_tensor, first),
             BadInput("CPU tensor to a GPU-only backend", cpu_tensor, first, gpu_only=True),
         ]
-        if len(self.arg_names) > 1:
+        if len(self.arg_names) > 1 and self.same_shape:
             second = self.arg_names[1]
 
             def mismatched_shape(device, dtype):
@@ -293,11 +324,37 @@ class OpSpec:
         return cases + list(self.extra_bad_inputs)
 
     # -- counts ---------------------------------------------------------------------
-    def gbps(self, shape, dtype, mode, ms) -> float:
-        return self.bytes_moved(tuple(shape), dtype, mode) / (ms * 1e-3) / 1e9 if ms > 0 else 0.0
+    def count_bytes(self, shape, dtype, mode, options=None) -> int:
+        if options:
+            return self.bytes_moved(tuple(shape), dtype, mode, **options)
+        return self.bytes_moved(tuple(shape), dtype, mode)
 
-    def tflops(self, shape, mode, ms) -> float:
-        return self.flops(tuple(shape), mode) / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
+    def count_flops(self, shape, mode, options=None) -> int:
+        if options:
+            return self.flops(tuple(shape), mode, **options)
+        return self.flops(tuple(shape), mode)
+
+    def gbps(self, shape, dtype, mode, ms, options=None) -> float:
+        return self.count_bytes(shape, dtype, mode, options) / (ms * 1e-3) / 1e9 if ms > 0 else 0.0
+
+    def tflops(self, shape, mode, ms, options=None) -> float:
+        return self.count_flops(shape, mode, options) / (ms * 1e-3) / 1e12 if ms > 0 else 0.0
+
+
+def to64(a):
+    """float64 copy of a floating tensor (detached); anything else unchanged."""
+    if isinstance(a, torch.Tensor) and a.is_floating_point():
+        return a.detach().to(torch.float64)
+    return a
+
+
+def _float64(a):
+    return a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+
+
+def options_str(options: dict | None) -> str:
+    """'causal=True,reduction=sum' (sorted keys); '' for no options."""
+    return ",".join(f"{k}={options[k]}" for k in sorted(options)) if options else ""
 
 
 def define(spec: OpSpec) -> OpSpec:
