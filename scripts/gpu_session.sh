@@ -37,9 +37,9 @@ fi
 if want tests; then
 step "gpu tests"
 if [ "$MODE" = quick ]; then
-  run python3 -m pytest -q -x -m gpu tests -p no:cacheprovider
+  run python3 -m pytest -q -x -m gpu ${TESTS:-tests} -p no:cacheprovider
 else
-  run python3 -m pytest -q -m gpu tests -p no:cacheprovider
+  run python3 -m pytest -q -m gpu ${TESTS:-tests} -p no:cacheprovider --durations=15
 fi
 
 fi

@@ -65,7 +65,7 @@ def main():
             t = time_cuda(f, budget_s=0.6)
             out_rows.append(dict(kernel=kname, dtype=str(dtype)[6:], config="torch", ms=t.median_ms))
         if quick:
-            grid_cfgs = [(u, 0, 1, 0, t) for u in (2, 4, 8) for t in (128, 256, 512)]
+            grid_cfgs = [(u, 0, 1, 0, t) for u in (1, 2, 4, 8) for t in (128, 256, 512)]
         else:
             grid_cfgs = [
                 (u, h, f, c, 256)
