@@ -1,0 +1,181 @@
+"""Reference and baseline backends of attention: the float64 reference, manual, torch
+(SDPA's own choice), the SDPA peers sdpa_flash / sdpa_cudnn / sdpa_efficient (one SDPA
+kernel forced through ``torch.nn.attention.sdpa_kernel``) and compile (torch.compile of
+manual).
+
+Causal is bottom-right everywhere (see the package docstring). SDPA's ``is_causal`` is
+top-left, which is the same thing when S_q == S_k; for S_q != S_k the torch backend passes
+the bottom-right boolean mask instead, and the flash / cuDNN peers refuse (torch reaches
+neither with a bottom-right mask of unequal lengths).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from kernellab.ops._baselines import _compile_unavailable, compiled
+from kernellab.ops.attention import causal_allowed, check_dtype, check_head_dim, resolve_scale
+from kernellab.registry import register
+
+
+def reference_attention(q, k, v, causal: bool = False, scale=None):
+    """softmax(q k^T scale) v in the inputs' dtype (float64 in the check), bottom-right
+    causal mask built explicitly; query rows with no allowed key give 0.
+
+    Differentiable: the empty rows' scores are set to 0 (not -inf) before the softmax and
+    the probabilities multiplied by 0 after, so no NaN reaches autograd."""
+    sc = resolve_scale(q, scale)
+    s = torch.matmul(q, k.transpose(-1, -2)) * sc
+    if causal:
+        allowed = causal_allowed(q.shape[-2], k.shape[-2], q.device)
+        has_key = allowed.any(-1, keepdim=True)
+        fill = torch.where(has_key, float("-inf"), 0.0).to(s.dtype)
+        s = torch.where(allowed, s, fill)
+        p = torch.softmax(s, dim=-1) * has_key
+    else:
+        p = torch.softmax(s, dim=-1)
+    return torch.matmul(p, v)
+
+
+def manual_attention(q, k, v, causal: bool = False, scale=None):
+    """softmax(QK^T * scale) V with PyTorch ops: the S x S scores materialized in fp32."""
+    # Scores in fp32 (q, k upcast): scores rounded to bf16 before the softmax would cost
+    # ~|s| 2^-9 in every exponent, far more than any fused kernel's error. P is rounded to
+    # the input dtype before PV, as the fused kernels do.
+    sc = resolve_scale(q, scale)
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * sc
+    if causal:
+        allowed = causal_allowed(q.shape[-2], k.shape[-2], q.device)
+        has_key = allowed.any(-1, keepdim=True)
+        s = s.masked_fill(~allowed, float("-inf")).masked_fill(~has_key, 0.0)
+        p = torch.softmax(s, dim=-1) * has_key
+    else:
+        p = torch.softmax(s, dim=-1)
+    return torch.matmul(p.to(q.dtype), v)
+
+
+# --------------------------------------------------------------------------- SDPA
+
+
+def _as4d(t: torch.Tensor) -> torch.Tensor:
+    # SDPA's fused kernels take 4-D (B, H, S, D) only: fold every leading dim into H.
+    return t.reshape((1, -1) + tuple(t.shape[-2:]))
+
+
+def _tf32_fp32(q) -> bool:
+    return q.dtype == torch.float32 and q.is_cuda and torch.backends.cuda.matmul.allow_tf32
+
+
+def _sdpa(q, k, v, causal, scale, force_contiguous=False):
+    out_shape = q.shape[:-1] + (v.shape[-1],)
+    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
+    if force_contiguous:  # the fused kernels want a unit last-dim stride
+        q4, k4, v4 = (t if t.stride(-1) == 1 else t.contiguous() for t in (q4, k4, v4))
+    s_q, s_k = q.shape[-2], k.shape[-2]
+    if causal and s_q != s_k:
+        allowed = causal_allowed(s_q, s_k, q.device)
+        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale)
+        if s_q > s_k:  # rows with no key: 0 (what the math path's safe softmax gives)
+            o = o * allowed.any(-1, keepdim=True)
+    else:
+        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
+    return o.reshape(out_shape)
+
+
+def torch_attention(q, k, v, causal: bool = False, scale=None):
+    """F.scaled_dot_product_attention, PyTorch's own choice of kernel."""
+    if _tf32_fp32(q):
+        # fp32 with TF32 on: the math path (its matmuls honour the TF32 flag), so that the
+        # baseline computes its dots the way the TF32 kernels do (package docstring).
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel([SDPBackend.MATH]):
+            return _sdpa(q, k, v, causal, scale)
+    return _sdpa(q, k, v, causal, scale)
+
+
+register("attention", "manual", builtin=True, description=manual_attention.__doc__.split("\n")[0])(manual_attention)
+register("attention", "torch", builtin=True, description=torch_attention.__doc__.split("\n")[0])(torch_attention)
+register(
+    "attention",
+    "compile",
+    builtin=True,
+    available=_compile_unavailable,
+    description="torch.compile of manual",
+)(compiled(manual_attention))
+
+
+# Peers: one SDPA kernel each, forced. ------------------------------------------------
+
+_PEERS = {
+    # backend: (SDPBackend name, dtypes, head dims, refuses causal S_q != S_k)
+    "sdpa_flash": ("FLASH_ATTENTION", (torch.float16, torch.bfloat16), tuple(range(8, 257, 8)), True),
+    "sdpa_cudnn": ("CUDNN_ATTENTION", (torch.float16, torch.bfloat16), tuple(range(8, 129, 8)), True),
+    "sdpa_efficient": (
+        "EFFICIENT_ATTENTION",
+        (torch.float32, torch.float16, torch.bfloat16),
+        tuple(range(8, 257, 8)),
+        False,
+    ),
+}
+
+
+def _peer_unavailable(name: str):
+    @functools.cache
+    def why() -> str | None:
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: F401
+        except ImportError as e:  # pragma: no cover - torch < 2.3
+            return f"torch.nn.attention.sdpa_kernel not available: {e}"
+        sdp = _PEERS[name][0]
+        if not hasattr(SDPBackend, sdp):
+            return f"this torch has no SDPBackend.{sdp}"
+        if not torch.cuda.is_available():
+            return "no GPU"
+        if name == "sdpa_flash" and not torch.backends.cuda.is_flash_attention_available():
+            return "torch built without flash attention"
+        if name == "sdpa_cudnn":
+            v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+            if not v or v < 90000:
+                return f"cuDNN attention needs cuDNN >= 9 (have {v})"
+            if torch.cuda.get_device_capability() < (8, 0):
+                return "cuDNN attention needs sm_80 or newer"
+        return None
+
+    return why
+
+
+def _make_peer(name: str):
+    sdp, dtypes, dims, refuses_offset_causal = _PEERS[name]
+
+    def peer(q, k, v, causal: bool = False, scale=None):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        check_dtype(q, dtypes, name)
+        check_head_dim(q, dims, name)
+        if causal and refuses_offset_causal and q.shape[-2] != k.shape[-2]:
+            raise ValueError(
+                f"attention/{name}: causal with S_q != S_k (q has {q.shape[-2]} rows, k {k.shape[-2]}): "
+                "torch's is_causal is top-left, and a bottom-right mask never reaches this kernel"
+            )
+        with sdpa_kernel([getattr(SDPBackend, sdp)]):
+            return _sdpa(q, k, v, causal, scale, force_contiguous=True)
+
+    peer.__name__ = name
+    peer.__doc__ = f"SDPA forced to {sdp} (torch.nn.attention.sdpa_kernel)"
+    return peer
+
+
+for _name, (_sdp, _dtypes, _dims, _) in _PEERS.items():
+    register(
+        "attention",
+        _name,
+        devices=("cuda",),
+        available=_peer_unavailable(_name),
+        dtypes=_dtypes,
+        builtin=True,
+        description=f"SDPA forced to {_sdp}; head dims {_dims[0]}..{_dims[-1]} (multiples of 8)",
+    )(_make_peer(_name))

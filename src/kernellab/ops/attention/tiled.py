@@ -1,0 +1,150 @@
+"""FlashAttention-2 written with PyTorch ops: the readable specification of the algorithm
+the Triton kernels implement, runnable on the CPU.
+
+Shapes: q (BH, S_q, D), k and v (BH, S_k, D) after folding the leading dims; every tile
+below is a slice of those, all heads at once. Math in fp32 (inputs upcast tile by tile).
+
+Forward, for each query block Q_i (BLOCK_M rows):
+    m = -inf, l = 0, acc = 0                       running max, running sum, unnormalized O
+    for each key block K_j, V_j the block may see (causal: stop at the diagonal):
+        S = Q_i K_j^T * scale                      (BLOCK_M x BLOCK_N), masked -inf
+        m_new = max(m, rowmax(S))
+        P = exp(S - m_new);  alpha = exp(m - m_new)
+        l = alpha l + rowsum(P);  acc = alpha acc + P V_j
+        m = m_new
+    O_i = acc / l;  LSE_i = m + log(l)             (the one tensor saved for the backward)
+
+Backward, with D_i = rowsum(dO_i * O_i) (so that dS = P (dP - D)):
+    for each key block j, for each query block i it meets:
+        P = exp(Q_i K_j^T scale - LSE_i)           recomputed: no S x S tensor is kept
+        dV_j += P^T dO_i
+        dP = dO_i V_j^T;  dS = P (dP - D_i)
+        dK_j += dS^T Q_i scale;  dQ_i += dS K_j scale
+
+Rows with no allowed key (causal, S_q > S_k) keep l = 0: O = 0, LSE = -inf, and their P is
+0 in the backward (LSE replaced by +inf there).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernellab.ops.attention import resolve_scale
+from kernellab.registry import register
+
+BLOCK_M = 32  # query rows per tile
+BLOCK_N = 16  # keys per tile (unequal on purpose: the causal bookkeeping must not assume M == N)
+
+
+def _fold(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape((-1,) + tuple(t.shape[-2:]))
+
+
+def _key_end(i0: int, s_q: int, s_k: int, causal: bool) -> int:
+    """One past the last key that any of the query rows [i0, i0 + BLOCK_M) may see."""
+    if not causal:
+        return s_k
+    return max(0, min(s_k, i0 + BLOCK_M + s_k - s_q))
+
+
+def _mask(i0, j0, m, n, s_q, s_k, device):
+    """True where query i0 + a may attend key j0 + b (bottom-right causal)."""
+    i = torch.arange(i0, i0 + m, device=device)[:, None]
+    j = torch.arange(j0, j0 + n, device=device)[None, :]
+    return j <= i + (s_k - s_q)
+
+
+def forward(q, k, v, causal: bool = False, scale=None):
+    """(o, lse): o like q (D_v = D), lse (..., S_q) fp32."""
+    sc = resolve_scale(q, scale)
+    lead, s_q, s_k = q.shape[:-2], q.shape[-2], k.shape[-2]
+    qf, kf, vf = _fold(q), _fold(k), _fold(v)
+    bh, d = qf.shape[0], qf.shape[-1]
+    o = torch.empty(bh, s_q, d, dtype=q.dtype, device=q.device)
+    lse = torch.empty(bh, s_q, dtype=torch.float32, device=q.device)
+    for i0 in range(0, s_q, BLOCK_M):
+        qi = qf[:, i0 : i0 + BLOCK_M].float()
+        m_rows = qi.shape[1]
+        m = torch.full((bh, m_rows), float("-inf"), device=q.device)
+        l = torch.zeros(bh, m_rows, device=q.device)
+        acc = torch.zeros(bh, m_rows, d, device=q.device)
+        for j0 in range(0, _key_end(i0, s_q, s_k, causal), BLOCK_N):
+            kj = kf[:, j0 : j0 + BLOCK_N].float()
+            vj = vf[:, j0 : j0 + BLOCK_N].float()
+            s = qi @ kj.transpose(-1, -2) * sc
+            if causal:
+                s = s.masked_fill(~_mask(i0, j0, m_rows, kj.shape[1], s_q, s_k, q.device), float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
+            p = torch.exp(s - m_safe[..., None])
+            alpha = torch.exp(m - m_safe)
+            l = alpha * l + p.sum(-1)
+            # P is rounded to the storage dtype before PV, as the kernels feed the MMA.
+            acc = alpha[..., None] * acc + p.to(q.dtype).float() @ vj
+            m = m_new
+        empty = l == 0
+        o[:, i0 : i0 + BLOCK_M] = (acc / torch.where(empty, 1.0, l)[..., None]).to(q.dtype)
+        lse[:, i0 : i0 + BLOCK_M] = torch.where(empty, float("-inf"), m + torch.log(l))
+    return o.reshape(lead + (s_q, d)), lse.reshape(lead + (s_q,))
+
+
+def backward(do, q, k, v, o, lse, causal: bool = False, scale=None):
+    """(dq, dk, dv) by recomputation from the LSE."""
+    sc = resolve_scale(q, scale)
+    s_q, s_k = q.shape[-2], k.shape[-2]
+    qf, kf, vf = _fold(q).float(), _fold(k).float(), _fold(v).float()
+    dof, of = _fold(do).float(), _fold(o).float()
+    lsef = lse.reshape(-1, s_q)
+    lsef = torch.where(lsef == float("-inf"), float("inf"), lsef)  # empty rows: P = 0
+    delta = (dof * of).sum(-1)  # (BH, S_q)
+    dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+    for j0 in range(0, s_k, BLOCK_N):
+        kj, vj = kf[:, j0 : j0 + BLOCK_N], vf[:, j0 : j0 + BLOCK_N]
+        # Causal: the first query row that sees key j0 is j0 - (S_k - S_q).
+        i_start = max(0, j0 - (s_k - s_q)) // BLOCK_M * BLOCK_M if causal else 0
+        for i0 in range(i_start, s_q, BLOCK_M):
+            qi, doi = qf[:, i0 : i0 + BLOCK_M], dof[:, i0 : i0 + BLOCK_M]
+            s = qi @ kj.transpose(-1, -2) * sc
+            if causal:
+                s = s.masked_fill(~_mask(i0, j0, qi.shape[1], kj.shape[1], s_q, s_k, q.device), float("-inf"))
+            p = torch.exp(s - lsef[:, i0 : i0 + BLOCK_M, None])
+            dv[:, j0 : j0 + BLOCK_N] += p.to(q.dtype).float().transpose(-1, -2) @ doi
+            dp = doi @ vj.transpose(-1, -2)
+            ds = p * (dp - delta[:, i0 : i0 + BLOCK_M, None])
+            dk[:, j0 : j0 + BLOCK_N] += ds.transpose(-1, -2) @ qi * sc
+            dq[:, i0 : i0 + BLOCK_M] += ds @ kj * sc
+    return (
+        dq.to(q.dtype).reshape(q.shape),
+        dk.to(k.dtype).reshape(k.shape),
+        dv.to(v.dtype).reshape(v.shape),
+    )
+
+
+class _Tiled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o, lse = forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def tiled_attention(q, k, v, causal: bool = False, scale=None):
+    """FlashAttention-2 in PyTorch ops: tiles, online softmax, LSE; backward by recomputation."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Tiled.apply(q, k, v, causal, scale)
+    return forward(q, k, v, causal, scale)[0]
+
+
+register(
+    "attention",
+    "tiled",
+    builtin=True,
+    description="FlashAttention-2 in PyTorch ops (tiles, online softmax, LSE): the readable spec",
+)(tiled_attention)

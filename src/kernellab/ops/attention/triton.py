@@ -1,0 +1,632 @@
+"""FlashAttention-2 in Triton: forward, backward (preprocess + dK/dV pass + dQ pass),
+launchers, custom op + eager autograd, registration. tiled.py is the same algorithm in
+PyTorch ops, readable line by line; this file is that algorithm with the tiles in SRAM.
+
+Contract: q (..., S_q, D), k and v (..., S_k, D), same leading dims (folded into one BH
+axis, a view when the strides allow), any strides (passed to the kernels); D in 16, 32,
+64, 128, 256; fp16 / bf16 (fp32 accumulation) or fp32 (TF32 dots when
+``torch.backends.cuda.matmul.allow_tf32``, IEEE fp32 dots otherwise; see the package
+docstring). Outputs are fresh and contiguous: o (..., S_q, D) and lse (..., S_q) fp32, the
+natural log-sum-exp of the scaled scores, the only tensor saved for the backward besides
+the inputs and o.
+
+Forward (one program per (query block, head)): Q_i stays in registers; K_j, V_j stream
+through shared memory (num_stages deep). Scores use exp2 with the scale folded into
+log2(e): S * scale * log2(e) - m in one FMA per element, then one MUFU.EX2. No division
+in the loop: O is normalized once at the end. The loop has two stages: key blocks that
+every row of Q_i may see in full run without any mask (no iota / compare / select), then
+the few blocks on the causal diagonal or the S_k tail run masked. Causal blocks above the
+diagonal are never visited (half the work), and with causal the query blocks are issued
+longest-first, so the short ones fill the tail of the grid.
+
+Napkin math (H100, bf16, B=4 H=16 S=4096 D=128, not causal): 4 B H S^2 D = 550 GFLOP;
+q, k, v, o = 4 x 64 MB. Each program re-reads K and V (S_k x D x 2 x 2 B = 2 MB) from L2;
+consecutive program ids share a head, so those reads hit L2. At ~600 TFLOP/s of dense
+bf16 MMA the forward is ~1 ms, compute-bound: what matters is keeping the tensor cores
+fed (wgmma from shared memory, K/V loads pipelined) and the softmax math (~6 non-MMA
+instructions per score) under the MMA shadow.
+
+Backward (FlashAttention-2's split): delta = rowsum(dO * O) first (one small kernel);
+then one program per key block accumulates dK_j, dV_j over the query blocks that see it
+(no atomics), and one program per query block accumulates dQ_i over the key blocks it
+sees. P is recomputed from the LSE in both passes (2 extra QK^T matmuls: 7 matmuls
+instead of 5, against atomics on dQ); measured choice pending on the H100, the separate
+passes are the deterministic default.
+
+Rows with no allowed key (causal, S_q > S_k) give o = 0 and lse = -inf; the backward
+reads that -inf as +inf so their P is exactly 0.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernellab import device as _device
+from kernellab import triton_support
+from kernellab.ops.attention import check_head_dim, resolve_scale
+from kernellab.registry import register
+
+HEAD_DIMS = (16, 32, 64, 128, 256)
+LOG2E = 1.4426950408889634
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def _cfg(bm, bn, warps, stages):
+    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=warps, num_stages=stages)
+
+
+def fwd_configs():
+    """Forward tiles. Hopper: a 128-row query tile with 8 warps (two warpgroups, one
+    64-row wgmma each) and 64- or 128-key tiles, 2-3 stages of K/V in shared memory
+    (D=128, bf16: 16-32 KB per stage). Smaller tiles for D=256 and fp32 (pruned below).
+    Under the CPU interpreter, one small config with BLOCK_M != BLOCK_N so that tests
+    exercise the causal bookkeeping with unequal tiles."""
+    if _device.triton_interpreted():
+        return [_cfg(32, 16, 4, 1)]
+    return [
+        _cfg(128, 64, 8, 3),
+        _cfg(128, 128, 8, 2),
+        _cfg(128, 64, 8, 2),
+        _cfg(128, 128, 8, 3),
+        _cfg(64, 64, 4, 3),
+        _cfg(64, 32, 4, 2),  # always kept: the fallback for D=256 and fp32
+    ]
+
+
+def bwd_dkdv_configs():
+    """dK/dV pass: BLOCK_N keys held in registers (k, v, dk, dv: 4 x BLOCK_N x D), BLOCK_M
+    query rows streamed per step."""
+    if _device.triton_interpreted():
+        return [_cfg(16, 32, 4, 1)]
+    return [
+        _cfg(64, 128, 8, 2),
+        _cfg(32, 128, 8, 3),
+        _cfg(64, 64, 4, 3),
+        _cfg(32, 64, 4, 2),  # fallback
+    ]
+
+
+def bwd_dq_configs():
+    """dQ pass: BLOCK_M query rows held (q, dO, dq), BLOCK_N keys streamed per step."""
+    if _device.triton_interpreted():
+        return [_cfg(32, 16, 4, 1)]
+    return [
+        _cfg(128, 64, 8, 2),
+        _cfg(128, 32, 8, 3),
+        _cfg(64, 64, 4, 3),
+        _cfg(64, 32, 4, 2),  # fallback
+    ]
+
+
+def _prune(configs, nargs, **kwargs):
+    """Drop tiles that cannot fit: D=256 and fp32 keep tiles of at most 64 x 64 and 2
+    stages (a 128 x 256 bf16 Q tile alone is 64 KB, and fp32 doubles every tile)."""
+    d = kwargs.get("HEAD_D", nargs.get("HEAD_D"))
+    q = nargs.get("Q")
+    wide = d is not None and d >= 256
+    fp32 = q is not None and getattr(q, "dtype", None) == torch.float32
+    if not (wide or fp32):
+        return configs
+    kept = [
+        c
+        for c in configs
+        if c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64 and c.num_stages <= 2
+    ]
+    return kept or configs[-1:]
+
+
+# Autotune key: bucketed sequence lengths (next power of two, so odd lengths share a
+# tuning), the head dim, causal and the dot precision; Triton adds the tensors' dtypes.
+_KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "CAUSAL", "PREC"]
+
+
+# --------------------------------------------------------------------------- forward
+
+
+@triton.jit
+def _fwd_inner(
+    acc, l_i, m_i, q,
+    k_ptrs, v_ptrs, stride_kn, stride_vn,
+    offs_m, offs_n, start, end, qk_scale, S_k, OFFSET,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+    F32_DOTS: tl.constexpr,
+):  # fmt: skip
+    # One pass over key blocks [start, end). m_i is in log2 units (scores * scale * log2 e).
+    for start_n in range(start, end, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        if MASKED:
+            key_ok = (start_n + offs_n) < S_k
+            k = tl.load(k_ptrs + start_n * stride_kn, mask=key_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs + start_n * stride_kn)
+        if F32_DOTS:
+            k = k.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k), input_precision=PREC)
+        if MASKED:
+            allowed = key_ok[None, :]
+            if CAUSAL:
+                allowed = allowed & ((start_n + offs_n)[None, :] <= offs_m[:, None] + OFFSET)
+            qk = tl.where(allowed, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
+            p = tl.math.exp2(qk - m_sub[:, None])
+            v = tl.load(v_ptrs + start_n * stride_vn, mask=key_ok[:, None], other=0.0)
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            m_sub = m_new
+            p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
+            v = tl.load(v_ptrs + start_n * stride_vn)
+        if F32_DOTS:
+            v = v.to(tl.float32)
+        alpha = tl.math.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc=acc, input_precision=PREC)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.autotune(configs=fwd_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _attn_fwd(
+    Q, K, V, O, LSE,  # q (BH, S_q, D), k/v (BH, S_k, D) strided; o (BH, S_q, D), lse (BH, S_q) contiguous
+    qk_scale,  # scale * log2(e)
+    stride_qb, stride_qs, stride_qd,
+    stride_kb, stride_ks, stride_kd,
+    stride_vb, stride_vs, stride_vd,
+    S_q, S_k,  # grid: cdiv(S_q, BLOCK_M) * BH programs
+    S_Q_KEY, S_K_KEY,  # autotune buckets only
+    HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(S_q, BLOCK_M)
+    bh = (pid // num_m).to(tl.int64)  # consecutive programs share a head: K/V stay in L2
+    pid_m = pid % num_m
+    if CAUSAL:
+        pid_m = num_m - 1 - pid_m  # longest rows first
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_D)
+    OFFSET = S_k - S_q  # bottom-right causal: query i sees keys j <= i + OFFSET
+
+    q_ptrs = Q + bh * stride_qb + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=offs_m[:, None] < S_q, other=0.0)
+    if F32_DOTS:
+        q = q.to(tl.float32)
+    k_ptrs = K + bh * stride_kb + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = V + bh * stride_vb + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+
+    # Key blocks [0, full) are whole (below S_k) and visible to every row of this block
+    # (causal: all keys <= start_m + OFFSET); [full, end) are masked.
+    full = (S_k // BLOCK_N) * BLOCK_N
+    end = S_k
+    if CAUSAL:
+        diag = (tl.maximum(start_m + OFFSET + 1, 0) // BLOCK_N) * BLOCK_N
+        full = tl.minimum(full, diag)
+        end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET), 0)
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n,
+        0, full, qk_scale, S_k, OFFSET, False, CAUSAL, BLOCK_N, PREC, F32_DOTS,
+    )  # fmt: skip
+    acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n,
+        full, end, qk_scale, S_k, OFFSET, True, CAUSAL, BLOCK_N, PREC, F32_DOTS,
+    )  # fmt: skip
+
+    empty = l_i == 0.0  # no allowed key (only possible with causal and S_q > S_k)
+    l_div = tl.where(empty, 1.0, l_i)
+    o = acc / l_div[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * 0.6931471805599453)
+    row_ok = offs_m < S_q
+    o_ptrs = O + bh * S_q * HEAD_D + offs_m[:, None] * HEAD_D + offs_d[None, :]
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LSE + bh * S_q + offs_m, lse, mask=row_ok)
+
+
+# --------------------------------------------------------------------------- backward
+
+
+@triton.jit
+def _attn_bwd_pre(
+    O, DO, DELTA,  # o (BH, S_q, D) contiguous, dO strided, delta (BH, S_q) fp32
+    stride_ob, stride_os, stride_dob, stride_dos, stride_dod,
+    S_q, num_m, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    # delta_i = sum_d dO[i, d] * O[i, d]  (= rowsum(P * dP), so dS = P (dP - delta))
+    pid = tl.program_id(0)
+    bh = (pid // num_m).to(tl.int64)
+    offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_D)
+    row_ok = offs_m < S_q
+    o = tl.load(O + bh * stride_ob + offs_m[:, None] * stride_os + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(
+        DO + bh * stride_dob + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + bh * S_q + offs_m, delta, mask=row_ok)
+
+
+@triton.jit
+def _dkdv_inner(
+    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+    offs_m0, offs_n, start, end, qk_scale, S_q, OFFSET,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
+    F32_DOTS: tl.constexpr,
+):  # fmt: skip
+    # Query blocks [start, end) against the key block held in k, v (transposed math:
+    # P^T (BLOCK_N x BLOCK_M) so dV += P^T dO and dK += dS^T Q need no transposes of big tiles).
+    for start_m in range(start, end, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        offs_m = start_m + offs_m0
+        if MASKED:
+            row_ok = offs_m < S_q
+            q = tl.load(q_ptrs + start_m * stride_qs, mask=row_ok[:, None], other=0.0)
+            do = tl.load(do_ptrs + start_m * stride_dos, mask=row_ok[:, None], other=0.0)
+            lse = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf"))
+            delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
+        else:
+            q = tl.load(q_ptrs + start_m * stride_qs)
+            do = tl.load(do_ptrs + start_m * stride_dos)
+            lse = tl.load(lse_ptr + offs_m)
+            delta = tl.load(delta_ptr + offs_m)
+        if F32_DOTS:
+            q = q.to(tl.float32)
+            do = do.to(tl.float32)
+        lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634  # empty rows: P = 0
+        qkT = tl.dot(k, tl.trans(q), input_precision=PREC)
+        pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
+        if MASKED:
+            if CAUSAL:
+                pT = tl.where(offs_n[:, None] <= offs_m[None, :] + OFFSET, pT, 0.0)
+        dv = tl.dot(pT.to(do.dtype), do, acc=dv, input_precision=PREC)
+        dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+        dsT = pT * (dpT - delta[None, :])
+        dk = tl.dot(dsT.to(q.dtype), q, acc=dk, input_precision=PREC)
+    return dk, dv
+
+
+@triton.autotune(configs=bwd_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _attn_bwd_dkdv(
+    Q, K, V, DO, LSE, DELTA, DK, DV,  # dk, dv (BH, S_k, D) contiguous
+    qk_scale, sm_scale,
+    stride_qb, stride_qs, stride_qd,
+    stride_kb, stride_ks, stride_kd,
+    stride_vb, stride_vs, stride_vd,
+    stride_dob, stride_dos, stride_dod,
+    S_q, S_k, S_Q_KEY, S_K_KEY,
+    HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_n = tl.cdiv(S_k, BLOCK_N)
+    bh = (pid // num_n).to(tl.int64)
+    start_n = (pid % num_n) * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_D)
+    OFFSET = S_k - S_q
+    key_ok = offs_n < S_k
+    # Keys past S_k load as 0; their dk/dv rows are computed and never stored.
+    k = tl.load(K + bh * stride_kb + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd, mask=key_ok[:, None], other=0.0)
+    v = tl.load(V + bh * stride_vb + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd, mask=key_ok[:, None], other=0.0)
+    if F32_DOTS:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    q_ptrs = Q + bh * stride_qb + offs_m0[:, None] * stride_qs + offs_d[None, :] * stride_qd
+    do_ptrs = DO + bh * stride_dob + offs_m0[:, None] * stride_dos + offs_d[None, :] * stride_dod
+    lse_ptr = LSE + bh * S_q
+    delta_ptr = DELTA + bh * S_q
+    dk = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
+
+    # Query blocks: [lo, mid) on the causal diagonal (masked), [mid, full_end) whole and
+    # fully visible (no mask), [tail, S_q) the S_q tail (masked).
+    q_pad = tl.cdiv(S_q, BLOCK_M) * BLOCK_M
+    lo = 0
+    mid = 0
+    if CAUSAL:
+        # The first query that sees key start_n is start_n - OFFSET; every query from
+        # start_n + BLOCK_N - 1 - OFFSET on sees the whole key block.
+        lo = tl.minimum((tl.maximum(start_n - OFFSET, 0) // BLOCK_M) * BLOCK_M, q_pad)
+        see_all = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - OFFSET, 0), BLOCK_M) * BLOCK_M
+        mid = tl.maximum(lo, tl.minimum(see_all, q_pad))
+    tail = tl.maximum(mid, (S_q // BLOCK_M) * BLOCK_M)
+    dk, dv = _dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, lo, mid, qk_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
+    )  # fmt: skip
+    dk, dv = _dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, mid, tail, qk_scale, S_q, OFFSET, False, CAUSAL, BLOCK_M, PREC, F32_DOTS,
+    )  # fmt: skip
+    dk, dv = _dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, tail, q_pad, qk_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
+    )  # fmt: skip
+    dk = dk * sm_scale
+    out = bh * S_k * HEAD_D + offs_n[:, None] * HEAD_D + offs_d[None, :]
+    tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=key_ok[:, None])
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=key_ok[:, None])
+
+
+@triton.jit
+def _dq_inner(
+    dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+    offs_m, offs_n, start, end, qk_scale, S_k, OFFSET,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+    F32_DOTS: tl.constexpr,
+):  # fmt: skip
+    for start_n in range(start, end, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        if MASKED:
+            key_ok = (start_n + offs_n) < S_k
+            k = tl.load(k_ptrs + start_n * stride_kn, mask=key_ok[:, None], other=0.0)
+            v = tl.load(v_ptrs + start_n * stride_vn, mask=key_ok[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptrs + start_n * stride_kn)
+            v = tl.load(v_ptrs + start_n * stride_vn)
+        if F32_DOTS:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        qk = tl.dot(q, tl.trans(k), input_precision=PREC)
+        p = tl.math.exp2(qk * qk_scale - lse[:, None])
+        if MASKED:
+            allowed = key_ok[None, :]
+            if CAUSAL:
+                allowed = allowed & ((start_n + offs_n)[None, :] <= offs_m[:, None] + OFFSET)
+            p = tl.where(allowed, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, acc=dq, input_precision=PREC)
+    return dq
+
+
+@triton.autotune(configs=bwd_dq_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
+@triton.jit
+def _attn_bwd_dq(
+    Q, K, V, DO, LSE, DELTA, DQ,  # dq (BH, S_q, D) contiguous
+    qk_scale, sm_scale,
+    stride_qb, stride_qs, stride_qd,
+    stride_kb, stride_ks, stride_kd,
+    stride_vb, stride_vs, stride_vd,
+    stride_dob, stride_dos, stride_dod,
+    S_q, S_k, S_Q_KEY, S_K_KEY,
+    HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(S_q, BLOCK_M)
+    bh = (pid // num_m).to(tl.int64)
+    pid_m = pid % num_m
+    if CAUSAL:
+        pid_m = num_m - 1 - pid_m
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_D)
+    OFFSET = S_k - S_q
+    row_ok = offs_m < S_q
+    q = tl.load(Q + bh * stride_qb + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + bh * stride_dob + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
+    if F32_DOTS:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.load(LSE + bh * S_q + offs_m, mask=row_ok, other=float("inf"))
+    lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+    delta = tl.load(DELTA + bh * S_q + offs_m, mask=row_ok, other=0.0)
+    k_ptrs = K + bh * stride_kb + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = V + bh * stride_vb + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    dq = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+
+    full = (S_k // BLOCK_N) * BLOCK_N
+    end = S_k
+    if CAUSAL:
+        diag = (tl.maximum(start_m + OFFSET + 1, 0) // BLOCK_N) * BLOCK_N
+        full = tl.minimum(full, diag)
+        end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET), 0)
+    dq = _dq_inner(
+        dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
+        offs_m, offs_n, 0, full, qk_scale, S_k, OFFSET, False, CAUSAL, BLOCK_N, PREC, F32_DOTS,
+    )  # fmt: skip
+    dq = _dq_inner(
+        dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
+        offs_m, offs_n, full, end, qk_scale, S_k, OFFSET, True, CAUSAL, BLOCK_N, PREC, F32_DOTS,
+    )  # fmt: skip
+    dq = dq * sm_scale
+    tl.store(DQ + bh * S_q * HEAD_D + offs_m[:, None] * HEAD_D + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _prec(dtype: torch.dtype) -> str:
+    """tl.dot input precision: TF32 for fp32 exactly when PyTorch's matmuls use it."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"  # (ignored for fp16 / bf16 operands)
+
+
+def _f32_dots(dtype: torch.dtype) -> bool:
+    """The CPU interpreter gets bf16 dots and fp32 -> bf16 casts wrong (numpy has no bf16):
+    there, bf16 tiles are upcast to fp32 before the dots (on a GPU: never)."""
+    return dtype == torch.bfloat16 and _device.triton_interpreted()
+
+
+def _fold(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape((-1,) + tuple(t.shape[-2:]))
+
+
+def _bucket(n: int) -> int:
+    return triton.next_power_of_2(max(n, 1))
+
+
+def forward(q, k, v, causal: bool, scale: float):
+    """(o, lse) for any strided q, k, v; o contiguous like q, lse (..., S_q) fp32."""
+    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    q3, k3, v3 = _fold(q), _fold(k), _fold(v)
+    bh = q3.shape[0]
+    o = torch.empty((bh, s_q, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
+    if bh and s_q:
+        # The grid depends on the tile the autotuner picks.
+        _attn_fwd[lambda meta: (triton.cdiv(s_q, meta["BLOCK_M"]) * bh,)](
+            q3, k3, v3, o, lse, scale * LOG2E,
+            *q3.stride(), *k3.stride(), *v3.stride(),
+            s_q, s_k, _bucket(s_q), _bucket(s_k),
+            HEAD_D=d, CAUSAL=causal, PREC=_prec(q3.dtype), F32_DOTS=_f32_dots(q3.dtype),
+        )  # fmt: skip
+    return o.reshape(lead + (s_q, d)), lse.reshape(lead + (s_q,))
+
+
+def backward(do, q, k, v, o, lse, causal: bool, scale: float):
+    """(dq, dk, dv), contiguous, from the saved o and lse."""
+    s_q, s_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    q3, k3, v3, do3, o3 = _fold(q), _fold(k), _fold(v), _fold(do), _fold(o)
+    bh = q3.shape[0]
+    lse2 = lse.reshape(bh, s_q)
+    dq = torch.empty((bh, s_q, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty((bh, s_k, d), dtype=k.dtype, device=k.device)
+    dv = torch.empty((bh, s_k, d), dtype=v.dtype, device=v.device)
+    if bh:
+        delta = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
+        prec = _prec(q.dtype)
+        common = (scale * LOG2E, scale, *q3.stride(), *k3.stride(), *v3.stride(), *do3.stride())
+        if s_q:
+            pre_m = 64 if not _device.triton_interpreted() else 32
+            num_m = triton.cdiv(s_q, pre_m)
+            _attn_bwd_pre[(num_m * bh,)](
+                o3, do3, delta, o3.stride(0), o3.stride(1), *do3.stride(), s_q, num_m, HEAD_D=d, BLOCK_M=pre_m
+            )
+        if s_k:
+            _attn_bwd_dkdv[lambda meta: (triton.cdiv(s_k, meta["BLOCK_N"]) * bh,)](
+                q3, k3, v3, do3, lse2, delta, dk, dv, *common,
+                s_q, s_k, _bucket(s_q), _bucket(s_k),
+                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q3.dtype),
+            )  # fmt: skip
+        if s_q:
+            _attn_bwd_dq[lambda meta: (triton.cdiv(s_q, meta["BLOCK_M"]) * bh,)](
+                q3, k3, v3, do3, lse2, delta, dq, *common,
+                s_q, s_k, _bucket(s_q), _bucket(s_k),
+                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q3.dtype),
+            )  # fmt: skip
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+@torch.library.custom_op("kernellab::attention_triton", mutates_args=())
+def attention_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return forward(q, k, v, causal, scale)
+
+
+@attention_op.register_fake
+def _(q, k, v, causal, scale):
+    return (
+        q.new_empty(q.shape[:-1] + (v.shape[-1],)),
+        q.new_empty(q.shape[:-1], dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("kernellab::attention_triton_backward", mutates_args=())
+def attention_backward_op(
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return backward(do, q, k, v, o, lse, causal, scale)
+
+
+@attention_backward_op.register_fake
+def _(do, q, k, v, o, lse, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _op_backward(ctx, do, _dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = attention_backward_op(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+attention_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """Eager fast path (same kernels, no dispatcher round trips; see ops/_elementwise.py).
+    Saves q, k, v, o and the LSE: one tensor beyond the inputs and the output."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o, lse = forward(q, k, v, causal, scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def triton_attention(q, k, v, causal: bool = False, scale=None):
+    """FlashAttention-2 in Triton: online softmax in SRAM, causal blocks skipped, autotuned tiles."""
+    check_head_dim(q, HEAD_DIMS, "triton")
+    sc = resolve_scale(q, scale)
+    if torch.compiler.is_compiling():
+        return attention_op(q, k, v, causal, sc)[0]
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Eager.apply(q, k, v, causal, sc)
+    return forward(q, k, v, causal, sc)[0]
+
+
+def _opcheck_fwd(make):
+    return (make(1), make(1), make(1), True, 0.125)
+
+
+def _opcheck_bwd(make):
+    q, k, v = make(0), make(0), make(0)
+    o, lse = forward(q, k, v, True, 0.125)
+    return (make(0), q, k, v, o, lse, True, 0.125)
+
+
+triton_attention.custom_ops = [(attention_op, _opcheck_fwd, True), (attention_backward_op, _opcheck_bwd, False)]
+
+
+register(
+    "attention",
+    "triton",
+    devices=triton_support.devices(),
+    available=triton_support.unavailable,
+    custom_ops=triton_attention.custom_ops,
+    builtin=True,
+    description="Triton FlashAttention-2: fwd + (delta, dK/dV, dQ) bwd, exp2 online softmax, autotuned",
+)(triton_attention)
