@@ -36,7 +36,6 @@ Problem shapes (OpSpec): ``(B, S, D)`` -> 3-D tensors with S_q = S_k = S;
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
@@ -191,10 +190,6 @@ def causal_allowed(s_q: int, s_k: int, device) -> torch.Tensor:
 # --------------------------------------------------------------------------- bad inputs
 
 
-def _bad(builder, arg):
-    return builder, arg
-
-
 def _mk(device, dtype, shape=(1, 2, 9, 16)):
     gen = torch.Generator(device=device).manual_seed(0)
     return _inputs(shape, dtype, device, gen)
@@ -288,25 +283,7 @@ _V2 = dict(
     bad_shape=(1, 2, 9, 16),
 )
 
-_FIELDS = {f.name for f in dataclasses.fields(OpSpec)}
-if "inputs" in _FIELDS:
-    SPEC = define(OpSpec(**_COMMON, **{k: v for k, v in _V2.items() if k in _FIELDS}))
-else:  # pragma: no cover - until OpSpec API v2 lands: the same contract, by hand
-
-    class _AttentionSpec(OpSpec):
-        def make_inputs(self, shape, dtype, device, seed, layout="contiguous"):
-            gen = torch.Generator(device=device).manual_seed(seed)
-            return _inputs(shape, dtype, device, gen, layout, self.scale)
-
-        def validate(self, args, kwargs, devices=("cuda", "cpu")):
-            validate(args, kwargs, devices)
-
-        def bad_inputs(self):
-            return list(self.extra_bad_inputs)
-
-    SPEC = define(_AttentionSpec(**_COMMON))
-    for _k, _v in _V2.items():
-        setattr(SPEC, _k, _v)
+SPEC = define(OpSpec(**_COMMON, **_V2))
 
 
 def attention(

@@ -21,16 +21,11 @@ from kernellab.ops.attention import causal_allowed, check_dtype, check_head_dim,
 from kernellab.registry import register
 
 
-def reference_attention(q, k, v, causal: bool = False, scale=None):
-    """softmax(q k^T scale) v in the inputs' dtype (float64 in the check), bottom-right
-    causal mask built explicitly; query rows with no allowed key give 0.
-
-    Differentiable: the empty rows' scores are set to 0 (not -inf) before the softmax and
-    the probabilities multiplied by 0 after, so no NaN reaches autograd."""
-    sc = resolve_scale(q, scale)
+def _reference_rows(q, k, v, i0: int, causal: bool, sc: float, s_q: int):
+    """Reference output of query rows [i0, i0 + q.shape[-2]) of a problem with s_q rows."""
     s = torch.matmul(q, k.transpose(-1, -2)) * sc
     if causal:
-        allowed = causal_allowed(q.shape[-2], k.shape[-2], q.device)
+        allowed = causal_allowed(s_q, k.shape[-2], q.device)[i0 : i0 + q.shape[-2]]
         has_key = allowed.any(-1, keepdim=True)
         fill = torch.where(has_key, float("-inf"), 0.0).to(s.dtype)
         s = torch.where(allowed, s, fill)
@@ -38,6 +33,36 @@ def reference_attention(q, k, v, causal: bool = False, scale=None):
     else:
         p = torch.softmax(s, dim=-1)
     return torch.matmul(p, v)
+
+
+# Scores kept at once by the reference: 2^27 float64 (1 GiB). Bigger problems (the bench's
+# B=1 H=16 S=16384: 34 GB of float64 scores) are computed in query-row chunks, each under
+# activation checkpointing, so autograd of the reference holds one chunk's scores too.
+_REF_CHUNK_ELEMS = 2**27
+
+
+def reference_attention(q, k, v, causal: bool = False, scale=None):
+    """softmax(q k^T scale) v in the inputs' dtype (float64 in the check), bottom-right
+    causal mask built explicitly; query rows with no allowed key give 0.
+
+    Differentiable: the empty rows' scores are set to 0 (not -inf) before the softmax and
+    the probabilities multiplied by 0 after, so no NaN reaches autograd."""
+    sc = resolve_scale(q, scale)
+    s_q, s_k = q.shape[-2], k.shape[-2]
+    heads = max(1, q.numel() // max(1, s_q * q.shape[-1]))
+    rows = max(1, _REF_CHUNK_ELEMS // max(1, heads * s_k))
+    if rows >= s_q:
+        return _reference_rows(q, k, v, 0, causal, sc, s_q)
+    from torch.utils.checkpoint import checkpoint
+
+    outs = []
+    for i0 in range(0, s_q, rows):
+        qi = q[..., i0 : i0 + rows, :]
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            outs.append(checkpoint(_reference_rows, qi, k, v, i0, causal, sc, s_q, use_reentrant=False))
+        else:
+            outs.append(_reference_rows(qi, k, v, i0, causal, sc, s_q))
+    return torch.cat(outs, dim=-2)
 
 
 def manual_attention(q, k, v, causal: bool = False, scale=None):
