@@ -1,0 +1,116 @@
+"""Plumbing shared by the fused backends (Triton, CUDA): custom ops, autograd, the eager
+fast path and the reduction.
+
+A backend supplies two launchers over contiguous tensors:
+
+- ``fwd(logits, target, ignore_index) -> (loss_rows, lse)``: per-row loss (0 on ignored rows)
+  and log-sum-exp, both fp32 [N]; one read of the logits.
+- ``bwd(logits, target, lse, scale, ignore_index, out) -> None``: writes
+  ``out = scale[:, None] * (exp(logits - lse) - onehot(target))`` (0 on ignored rows) in the
+  logits' dtype; ``scale`` is fp32 [N]. ``out`` may be ``logits`` itself (in-place backward):
+  each element is read before it is written, by the same thread.
+
+The reduction ("none" / "sum" / "mean") is done by PyTorch on the N per-row losses, so the
+per-row scale of the backward comes out of autograd for every reduction (dy, dy broadcast,
+dy / count) and one backward kernel serves all three; its cost is a few tiny kernels on N
+floats. The row count for "mean" stays on the device (no sync).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def reduce_rows(loss_rows: Tensor, target: Tensor, ignore_index: int, reduction: str, dtype) -> Tensor:
+    if reduction == "none":
+        return loss_rows.to(dtype)
+    if reduction == "sum":
+        return loss_rows.sum().to(dtype)
+    count = (target != ignore_index).sum()
+    return (loss_rows.sum() / count).to(dtype)  # all ignored: 0 / 0 = NaN, as PyTorch
+
+
+def fused_backend(name: str, fwd, bwd):
+    """Custom ops ``kernellab::<name>_fwd`` / ``_bwd`` and the registry callable."""
+
+    def _fwd(logits: Tensor, target: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
+        return fwd(logits.contiguous(), target.contiguous(), ignore_index)
+
+    def _bwd(logits: Tensor, target: Tensor, lse: Tensor, scale: Tensor, ignore_index: int) -> Tensor:
+        logits = logits.contiguous()
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        bwd(logits, target.contiguous(), lse, scale.float().contiguous(), ignore_index, out)
+        return out
+
+    op = torch.library.custom_op(f"kernellab::{name}_fwd", _fwd, mutates_args=())
+    bop = torch.library.custom_op(f"kernellab::{name}_bwd", _bwd, mutates_args=())
+
+    @op.register_fake
+    def _(logits, target, ignore_index):
+        n = logits.shape[0]
+        return (
+            logits.new_empty((n,), dtype=torch.float32),
+            logits.new_empty((n,), dtype=torch.float32),
+        )
+
+    @bop.register_fake
+    def _(logits, target, lse, scale, ignore_index):
+        return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+
+    def setup_context(ctx, inputs, output):
+        logits, target, ignore_index = inputs
+        ctx.save_for_backward(logits, target, output[1])
+        ctx.ignore_index = ignore_index
+
+    def backward(ctx, g_loss, g_lse):
+        logits, target, lse = ctx.saved_tensors
+        return bop(logits, target, lse, g_loss, ctx.ignore_index), None, None
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, logits, target, ignore_index, inplace):
+            lc, tc = logits.contiguous(), target.contiguous()
+            loss_rows, lse = fwd(lc, tc, ignore_index)
+            ctx.save_for_backward(lc, tc, lse)
+            ctx.ignore_index, ctx.inplace = ignore_index, inplace
+            ctx.mark_non_differentiable(lse)
+            return loss_rows, lse
+
+        @staticmethod
+        def backward(ctx, g_loss, g_lse):
+            lc, tc, lse = ctx.saved_tensors
+            # In place: dlogits overwrite the (contiguous) logits; they are returned as
+            # the gradient, so no logits-sized buffer is allocated.
+            out = lc if ctx.inplace else torch.empty(lc.shape, dtype=lc.dtype, device=lc.device)
+            bwd(lc, tc, lse, g_loss.float().contiguous(), ctx.ignore_index, out)
+            return out, None, None, None
+
+    def call(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
+        if _tracing():
+            loss_rows, _ = op(logits, target, ignore_index)
+        elif logits.requires_grad and torch.is_grad_enabled():
+            loss_rows, _ = Eager.apply(logits, target, ignore_index, inplace_backward)
+        else:
+            loss_rows, _ = fwd(logits.contiguous(), target.contiguous(), ignore_index)
+        return reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)
+
+    def _fwd_args(make):
+        logits, target = make.args(1)
+        return (logits, target, -100)
+
+    def _bwd_args(make):
+        logits, target = make.args(0)
+        _, lse = _fwd(logits, target, -100)
+        scale = torch.randn(logits.shape[0], device=logits.device)
+        return (logits, target, lse, scale, -100)
+
+    call.custom_ops = [(op, _fwd_args, True), (bop, _bwd_args, False)]
+    call.__name__ = name
+    return call

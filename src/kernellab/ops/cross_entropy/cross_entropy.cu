@@ -1,0 +1,203 @@
+// Cross-entropy over [N, V] logits with int64 targets, forward and backward; fp32 / fp16 /
+// bf16 storage, fp32 math. One block per row in every kernel (a row of 50304 bf16 is
+// 100 KB: plenty of work for one block; N = 8192 rows is ~8 waves of 8 blocks per SM).
+//
+//   forward:  lse = log sum_j exp(x_j),  loss = lse - x[t]   (0 where t == ignore_index)
+//   backward: dx_j = g * (exp(x_j - lse) - [j == t])          (0 where t == ignore_index)
+//
+// The forward writes loss and lse (fp32, one each per row); the backward recomputes the
+// softmax from the logits and lse, so the softmax is never stored. dx may alias x
+// (in-place backward): every element is loaded before it is stored, by the same thread.
+// Targets out of [0, V) (validation skipped under torch.compile) give a NaN loss and
+// are never used as an address.
+//
+// Variants (backends of op "cross_entropy"):
+//   v1  ce_fwd_v1_* / ce_bwd_v1_*  (backend "cuda_v1") one block per row, one element per
+//       thread per step, three passes in the forward: max (block reduction), sum of
+//       exp(x - max) (block reduction), then the target. The teaching baseline, and the
+//       fallback of "cuda" when a row is not 16-byte aligned (e.g. V = 32001 in bf16).
+//       Traffic: the row is read twice in the forward (the second read mostly from L2).
+//   v2  ce_fwd_* / ce_bwd_*  (backend "cuda") the forward reads the row once: each thread
+//       keeps an online (max, sum) pair over 16-byte packs (8 bf16 per load, 4 packs in
+//       flight per thread), the block combines the pairs with one warp-shuffle reduction
+//       (kl::block_allreduce(MaxSum)); one exp per element plus one per pack. The backward
+//       uses the same 16-byte loads and stores, and ignored rows only write zeros.
+#include "common.cuh"
+#include "reduce.cuh"
+
+namespace {
+
+constexpr int kUnroll = 4;  // 16-byte packs in flight per thread (64 B: see common.cuh)
+
+// exp for the row's values (argument <= 0 except for NaN/inf rows). 16-bit logits use the
+// SFU's ex2.approx (error far below their rounding); fp32 keeps the accurate expf.
+template <typename T> __device__ __forceinline__ float row_exp(float v) { return __expf(v); }
+template <> __device__ __forceinline__ float row_exp<float>(float v) { return expf(v); }
+
+// The loss of one row from its lse and its target.
+template <typename T>
+__device__ __forceinline__ float row_loss(const T* xr, long long t, long long V, long long ii, float lse) {
+    if (t == ii) return 0.0f;
+    if (t < 0 || t >= V) return __int_as_float(0x7fc00000);  // NaN: never an address
+    return lse - kl::to_f(xr[t]);
+}
+
+// Adds v into the running (m, s) pair: -inf entries contribute nothing (no -inf - -inf),
+// NaN and +inf rows end as NaN, as in PyTorch.
+template <typename T>
+__device__ __forceinline__ void online_add(float& m, float& s, const float* v, int n) {
+    float mb = v[0];
+#pragma unroll
+    for (int j = 1; j < 8; ++j)
+        if (j < n) mb = fmaxf(mb, v[j]);
+    const float m_new = fmaxf(m, mb);
+    if (m_new == kl::neg_inf()) return;  // nothing but -inf so far
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        if (j < n) acc += row_exp<T>(v[j] - m_new);
+    s = (m == m_new ? s : s * row_exp<T>(m - m_new)) + acc;
+    m = m_new;
+}
+
+// ----------------------------------------------------------------------------- v1
+
+template <typename T>
+__device__ void ce_fwd_v1(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
+                          float* __restrict__ lse_out, long long V, long long ii) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    const T* xr = x + row * V;
+    float m = kl::neg_inf();
+    for (long long j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, kl::to_f(xr[j]));
+    m = kl::block_allreduce(m, kl::MaxOp{}, scratch);
+    float s = 0.0f;
+    if (m != kl::neg_inf())  // an all -inf row keeps s = 0: lse = -inf, loss NaN (as PyTorch)
+        for (long long j = threadIdx.x; j < V; j += blockDim.x) s += row_exp<T>(kl::to_f(xr[j]) - m);
+    s = kl::block_allreduce(s, kl::SumOp{}, scratch);
+    if (threadIdx.x == 0) {
+        // A NaN anywhere in the row: fmaxf dropped it from m, but exp(NaN - m) made s NaN.
+        const float lse = m + logf(s);
+        lse_out[row] = lse;
+        loss[row] = row_loss(xr, target[row], V, ii, lse);
+    }
+}
+
+template <typename T>
+__device__ void ce_bwd_v1(const T* x, const long long* __restrict__ target, const float* __restrict__ lse,
+                          const float* __restrict__ g, T* dx, long long V, long long ii) {
+    const long long row = blockIdx.x;
+    const T* xr = x + row * V;
+    T* dr = dx + row * V;
+    const long long t = target[row];
+    if (t == ii) {
+        for (long long j = threadIdx.x; j < V; j += blockDim.x) dr[j] = kl::from_f<T>(0.0f);
+        return;
+    }
+    const float l = lse[row], gr = g[row];
+    for (long long j = threadIdx.x; j < V; j += blockDim.x) {
+        const float p = row_exp<T>(kl::to_f(xr[j]) - l);
+        dr[j] = kl::from_f<T>(gr * (j == t ? p - 1.0f : p));
+    }
+}
+
+// ----------------------------------------------------------------------------- v2
+
+// Contract: x (and dx) 16-byte aligned and V * sizeof(T) a multiple of 16, so every row
+// starts on a 16-byte boundary (the host checks; v1 otherwise).
+template <typename T>
+__device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
+                          float* __restrict__ lse_out, long long V, long long ii) {
+    using Vec = kl::Vec16<T>;
+    __shared__ float scratch[64];
+    const long long row = blockIdx.x;
+    const T* xr = x + row * V;
+    const int4* x4 = reinterpret_cast<const int4*>(xr);
+    const long long npacks = V / Vec::N;
+    float m = kl::neg_inf(), s = 0.0f;
+    for (long long base = threadIdx.x; base < npacks; base += (long long)blockDim.x * kUnroll) {
+        Vec r[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {  // all loads first: 4 x 16 B in flight
+            const long long p = base + (long long)u * blockDim.x;
+            if (p < npacks) r[u].raw = kl::load16(x4 + p);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const long long p = base + (long long)u * blockDim.x;
+            if (p < npacks) {
+                float v[8];
+#pragma unroll
+                for (int j = 0; j < Vec::N; ++j) v[j] = kl::to_f(r[u].e[j]);
+                online_add<T>(m, s, v, Vec::N);
+            }
+        }
+    }
+    // (V % N == 0 by the contract: no tail.)
+    kl::MaxSum ms = kl::block_allreduce(kl::MaxSum{m, s}, scratch);
+    if (threadIdx.x == 0) {
+        const float lse = ms.m + logf(ms.s);
+        lse_out[row] = lse;
+        loss[row] = row_loss(xr, target[row], V, ii, lse);
+    }
+}
+
+template <typename T>
+__device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, const float* __restrict__ lse,
+                          const float* __restrict__ g, T* dx, long long V, long long ii) {
+    using Vec = kl::Vec16<T>;
+    const long long row = blockIdx.x;
+    const int4* x4 = reinterpret_cast<const int4*>(x + row * V);
+    int4* d4 = reinterpret_cast<int4*>(dx + row * V);
+    const long long npacks = V / Vec::N;
+    const long long t = target[row];
+    if (t == ii) {  // ignored row: zeros, without reading the logits
+        const int4 z = make_int4(0, 0, 0, 0);
+        for (long long p = threadIdx.x; p < npacks; p += blockDim.x) kl::store16(d4 + p, z);
+        return;
+    }
+    const float l = lse[row], gr = g[row];
+    for (long long base = threadIdx.x; base < npacks; base += (long long)blockDim.x * kUnroll) {
+        Vec r[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const long long p = base + (long long)u * blockDim.x;
+            if (p < npacks) r[u].raw = kl::load16(x4 + p);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const long long p = base + (long long)u * blockDim.x;
+            if (p < npacks) {
+                Vec o;
+#pragma unroll
+                for (int j = 0; j < Vec::N; ++j) {
+                    const float pr = row_exp<T>(kl::to_f(r[u].e[j]) - l);
+                    o.e[j] = kl::from_f<T>(gr * (p * Vec::N + j == t ? pr - 1.0f : pr));
+                }
+                kl::store16(d4 + p, o.raw);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+#define KL_CE_KERNELS(SFX, T)                                                                               \
+    extern "C" __global__ void ce_fwd_v1_##SFX(const T* x, const long long* t, float* loss, float* lse,      \
+                                               long long V, long long ii) {                                \
+        ce_fwd_v1<T>(x, t, loss, lse, V, ii);                                                               \
+    }                                                                                                       \
+    extern "C" __global__ void ce_bwd_v1_##SFX(const T* x, const long long* t, const float* lse,            \
+                                               const float* g, T* dx, long long V, long long ii) {          \
+        ce_bwd_v1<T>(x, t, lse, g, dx, V, ii);                                                              \
+    }                                                                                                       \
+    extern "C" __global__ void ce_fwd_##SFX(const T* x, const long long* t, float* loss, float* lse,         \
+                                            long long V, long long ii) {                                   \
+        ce_fwd_v2<T>(x, t, loss, lse, V, ii);                                                               \
+    }                                                                                                       \
+    extern "C" __global__ void ce_bwd_##SFX(const T* x, const long long* t, const float* lse, const float* g, \
+                                            T* dx, long long V, long long ii) {                             \
+        ce_bwd_v2<T>(x, t, lse, g, dx, V, ii);                                                              \
+    }
+
+KL_FOR_EACH_DTYPE(KL_CE_KERNELS)

@@ -1,0 +1,87 @@
+"""Cross-entropy in CUDA C++ (cross_entropy.cu, compiled by NVRTC): launchers, custom ops,
+registrations. Backends ``cuda_v1`` (one element per thread, three-pass forward) and
+``cuda`` (online log-sum-exp over 16-byte packs; v1 when rows are not 16-byte aligned).
+See the variant list at the top of cross_entropy.cu."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kernellab.cuda.runtime import Module, _get_device, nvrtc_unavailable
+from kernellab.ops.cross_entropy._fused import fused_backend
+from kernellab.registry import register
+
+MODULE = Module(Path(__file__).with_name("cross_entropy.cu"))
+SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+THREADS_V1 = 256
+THREADS = 256  # v2: 8 blocks (rows) per SM, 4 x 16 B in flight per thread
+FWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "i64")
+BWD_SIG = ("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64")
+
+_KERNELS: dict = {}
+
+
+def _kernel(name: str, sig, dev: int):
+    key = (name, dev)
+    k = _KERNELS.get(key)
+    if k is None:
+        k = _KERNELS[key] = MODULE.kernel(name, sig, dev)
+    return k
+
+
+def _vec_ok(v: int, *tensors) -> bool:
+    """16-byte loads need every row on a 16-byte boundary."""
+    es = tensors[0].element_size()
+    return (v * es) % 16 == 0 and not any(t.data_ptr() & 15 for t in tensors)
+
+
+def _make(vectorized: bool):
+    def fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
+        n, v = logits.shape
+        loss = torch.empty(n, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+        if n:
+            dev = logits.device.index
+            if dev != _get_device():
+                with torch.cuda.device(dev):
+                    return fwd(logits, target, ignore_index)
+            vec = vectorized and _vec_ok(v, logits)
+            name = f"ce_fwd_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}"
+            k = _kernel(name, FWD_SIG, dev)
+            k(n, THREADS if vec else THREADS_V1, logits, target, loss, lse, v, ignore_index, device_index=dev)
+        return loss, lse
+
+    def bwd(logits, target, lse, scale, ignore_index, out) -> None:
+        n, v = logits.shape
+        if not n:
+            return
+        dev = logits.device.index
+        if dev != _get_device():
+            with torch.cuda.device(dev):
+                return bwd(logits, target, lse, scale, ignore_index, out)
+        vec = vectorized and _vec_ok(v, logits, out)
+        name = f"ce_bwd_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}"
+        k = _kernel(name, BWD_SIG, dev)
+        k(n, THREADS if vec else THREADS_V1, logits, target, lse, scale, out, v, ignore_index, device_index=dev)
+
+    return fwd, bwd
+
+
+for _backend, _vec, _what in (
+    ("cuda_v1", False, "CUDA v1: one block per row, one element per thread, three-pass forward"),
+    ("cuda", True, "CUDA v2: one-pass online log-sum-exp over 16-byte packs, warp-shuffle combine"),
+):
+    _fn = fused_backend(f"cross_entropy_{_backend}", *_make(_vec))
+    register(
+        "cross_entropy",
+        _backend,
+        devices=("cuda",),
+        available=nvrtc_unavailable,
+        precompile=MODULE.precompile,
+        custom_ops=_fn.custom_ops,
+        builtin=True,
+        description=_what,
+        module=MODULE,
+    )(_fn)

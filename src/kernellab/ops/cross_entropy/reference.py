@@ -1,0 +1,33 @@
+"""manual, torch and compile backends of cross_entropy."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernellab.ops._baselines import compiled, register_baseline
+
+
+def manual_cross_entropy(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
+    """log_softmax in fp32 + gather + masked reduction: stores the fp32 log-softmax [N, V]."""
+    keep = target != ignore_index
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    picked = logp.gather(1, torch.where(keep, target, 0).unsqueeze(1)).squeeze(1)
+    loss = torch.where(keep, -picked, 0.0)  # select, not multiply: a NaN row that is ignored stays 0
+    if reduction == "none":
+        out = loss
+    elif reduction == "sum":
+        out = loss.sum()
+    else:
+        out = loss.sum() / keep.sum()  # all ignored: 0 / 0 = NaN, as PyTorch
+    return out.to(logits.dtype)
+
+
+def torch_cross_entropy(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
+    """torch.nn.functional.cross_entropy (log_softmax + nll_loss kernels)."""
+    return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+
+
+register_baseline(
+    "cross_entropy", manual_cross_entropy, torch_cross_entropy, compiled(manual_cross_entropy)
+)

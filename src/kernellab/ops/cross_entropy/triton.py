@@ -1,0 +1,143 @@
+"""Cross-entropy in Triton: kernels, launchers, custom op, registration.
+
+Forward: one program per row streams the row once in BLOCK-wide chunks with the
+online-softmax recurrence (running max m and sum s of exp(x - m), s rescaled by
+exp(m_old - m_new) when the max grows: one exp per element), loads the target logit
+directly, and writes loss = m + log(s) - x[t] and lse = m + log(s) (fp32, N each).
+Traffic: N*V*es read + ~16 N bytes; the softmax is never stored.
+
+Backward: one program per row reads the row again and writes
+dx = g * (exp(x - lse) - [j == t]): 1 read + 1 write per element, any reduction (the
+per-row scale g comes from autograd, see _fused.py). Ignored rows write zeros without
+reading the logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernellab import triton_support
+from kernellab.ops.cross_entropy._fused import fused_backend
+from kernellab.registry import register
+
+BLOCK_MAX = 4096  # columns per chunk: 16 fp32 / 8-16 elements per thread at 8 warps
+
+
+@triton.jit
+def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
+    # x: contiguous [N, n_cols] (fp32/fp16/bf16); t: int64 [N]; loss, lse: fp32 [N].
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * n_cols
+    cols = tl.arange(0, BLOCK)
+    m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)  # running max
+    s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)  # running sum of exp(x - m)
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        # -inf entries contribute 0 (no -inf - -inf = NaN while the row is still all -inf);
+        # NaN and +inf propagate to NaN, as in PyTorch.
+        e = tl.where(x == -float("inf"), 0.0, tl.exp(x - m_new))
+        alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
+        s = s * alpha + tl.sum(e, axis=0)
+        m = m_new
+    lse = m + tl.log(s)
+    t = tl.load(t_ptr + row)
+    in_range = (t >= 0) & (t < n_cols)
+    xt = tl.load(x_row + tl.where(in_range, t, 0)).to(tl.float32)
+    # Out-of-range targets (only possible when validation was skipped, under
+    # torch.compile) give NaN and are never read out of bounds.
+    loss = tl.where(in_range, lse - xt, float("nan"))
+    loss = tl.where(t == ignore_index, 0.0, loss)
+    tl.store(loss_ptr + row, loss)
+    tl.store(lse_ptr + row, lse)
+
+
+@triton.jit
+def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, g_ptr, dx_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
+    # x, dx: contiguous [N, n_cols] (dx may alias x: each element is loaded before it is
+    # stored, by the same program); t: int64 [N]; lse, g: fp32 [N].
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * n_cols
+    dx_row = dx_ptr + row * n_cols
+    cols = tl.arange(0, BLOCK)
+    t = tl.load(t_ptr + row)
+    if t == ignore_index:
+        for start in range(0, n_cols, BLOCK):
+            mask = start + cols < n_cols
+            tl.store(dx_row + start + cols, tl.zeros([BLOCK], tl.float32).to(dx_ptr.dtype.element_ty), mask=mask)
+    else:
+        lse = tl.load(lse_ptr + row)
+        g = tl.load(g_ptr + row)
+        for start in range(0, n_cols, BLOCK):
+            mask = start + cols < n_cols
+            x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            p = tl.exp(x - lse)
+            d = tl.where(start + cols == t, p - 1.0, p)
+            tl.store(dx_row + start + cols, (g * d).to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _config(n_cols: int):
+    """(BLOCK, num_warps): a whole row in one chunk up to BLOCK_MAX columns."""
+    block = min(triton.next_power_of_2(max(n_cols, 1)), BLOCK_MAX)
+    return block, 8 if block >= 2048 else 4
+
+
+def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
+    n, v = logits.shape
+    loss = torch.empty(n, dtype=torch.float32, device=logits.device)
+    lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+    if n:
+        block, warps = _config(v)
+        _ce_fwd_kernel[(n,)](logits, target, loss, lse, v, ignore_index, BLOCK=block, num_warps=warps)
+    return loss, lse
+
+
+def _bwd(logits, target, lse, scale, ignore_index, out) -> None:
+    n, v = logits.shape
+    if n:
+        block, warps = _config(v)
+        _ce_bwd_kernel[(n,)](logits, target, lse, scale, out, v, ignore_index, BLOCK=block, num_warps=warps)
+
+
+cross_entropy_triton = fused_backend("cross_entropy_triton", _fwd, _bwd)
+
+
+def _kernel_specs(dtype: str):
+    """For `kernellab asm`: both kernels as launched for a 50304-wide vocabulary."""
+    block, warps = _config(50304)
+    cx = {"BLOCK": block}
+    fwd = {
+        "x_ptr": f"*{dtype}",
+        "t_ptr": "*i64",
+        "loss_ptr": "*fp32",
+        "lse_ptr": "*fp32",
+        "n_cols": "i32",
+        "ignore_index": "i32",
+        "BLOCK": "constexpr",
+    }
+    bwd = {
+        "x_ptr": f"*{dtype}",
+        "t_ptr": "*i64",
+        "lse_ptr": "*fp32",
+        "g_ptr": "*fp32",
+        "dx_ptr": f"*{dtype}",
+        "n_cols": "i32",
+        "ignore_index": "i32",
+        "BLOCK": "constexpr",
+    }
+    return [(_ce_fwd_kernel, fwd, cx, warps), (_ce_bwd_kernel, bwd, cx, warps)]
+
+
+register(
+    "cross_entropy",
+    "triton",
+    devices=triton_support.devices(),
+    available=triton_support.unavailable,
+    custom_ops=cross_entropy_triton.custom_ops,
+    builtin=True,
+    triton_kernels=_kernel_specs,
+    description="Triton: one program per row, online log-sum-exp; backward recomputes softmax from lse",
+)(cross_entropy_triton)
