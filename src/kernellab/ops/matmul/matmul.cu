@@ -279,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(256) matmul_v6_f32(const float* __r
 #define V7_BM 128
 #define V7_BN 128
 #define V7_BK 16
-extern "C" __global__ void __launch_bounds__(256) matmul_v7_f32(const float* __restrict__ A,
+extern "C" __global__ void __launch_bounds__(256, 2) matmul_v7_f32(const float* __restrict__ A,
                                                                 const float* __restrict__ B,
                                                                 float* __restrict__ C, int M, int N, int K,
                                                                 int vec) {

@@ -1,0 +1,220 @@
+"""Matmul with an optional fused epilogue (issue 4).
+
+    y = act(a @ b + bias)      a [..., M, K], b [..., K, N], bias [N], y [..., M, N]
+
+2-D or batched (a and b with the same leading dims; no broadcasting between them).
+fp32 / fp16 / bf16 storage, fp32 accumulation. ``activation`` is None, "relu" or "gelu"
+(the tanh approximation, as kernellab's gelu op). Gradients: with dz = dy * act'(z),
+da = dz @ b^T, db = a^T @ dz, dbias = sum of dz over all rows.
+
+Problem shape for the harness: (M, N, K), or (Bt, M, N, K) for a batch of Bt products.
+fp32 comparisons run with TF32 off (``torch.backends.cuda.matmul.allow_tf32 = False``):
+the reference, cuBLAS and our kernels then all do full fp32 products.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernellab import registry
+from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, dtype_name, make_tensor
+
+ACTIVATIONS = (None, "relu", "gelu")
+_GELU_K = 0.7978845608028654
+
+
+def apply_epilogue(z: torch.Tensor, bias, activation):
+    """bias add and activation on the product ``z`` with PyTorch ops (any dtype)."""
+    if bias is not None:
+        z = z + bias
+    if activation == "relu":
+        z = torch.relu(z)
+    elif activation == "gelu":
+        z = torch.nn.functional.gelu(z, approximate="tanh")
+    return z
+
+
+def matmul_reference(a, b, bias=None, activation=None):
+    """float64 in (the harness upcasts), float64 out."""
+    if bias is not None:
+        bias = bias.to(a.dtype)
+    return apply_epilogue(torch.matmul(a, b), bias, activation)
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+def _split(shape):
+    """Problem shape -> (batch dims, M, N, K)."""
+    shape = tuple(shape)
+    if len(shape) < 3:
+        raise ValueError(f"matmul problem shape is (M, N, K) or (Bt, M, N, K), got {shape}")
+    return shape[:-3], shape[-3], shape[-2], shape[-1]
+
+
+def _flops(shape, mode, **options):
+    batch, m, n, k = _split(shape)
+    one = 2 * math.prod(batch) * m * n * k  # a multiply and an add per (m, n, k)
+    return {"fwd": one, "bwd": 2 * one, "fwdbwd": 3 * one}[mode]
+
+
+def _bytes(shape, dtype, mode, **options):
+    batch, m, n, k = _split(shape)
+    e = torch.empty((), dtype=dtype).element_size() * math.prod(batch)
+    a, b, c = m * k * e, k * n * e, m * n * e
+    # fwd: read a, b, write y. bwd: read dy, a, b, write da, db.
+    return {"fwd": a + b + c, "bwd": 2 * (a + b) + c, "fwdbwd": 3 * (a + b) + 2 * c}[mode]
+
+
+def make_matmul_inputs(shape, dtype, device, gen, layout="contiguous", scale=1.0):
+    """(a [..., M, K], b [..., K, N]), both in ``layout``; None where it does not apply."""
+    batch, m, n, k = _split(shape)
+    a = make_tensor(batch + (m, k), dtype, device, gen, layout, scale)
+    b = make_tensor(batch + (k, n), dtype, device, gen, layout, scale)
+    if a is None or b is None:
+        return None
+    return a, b
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate_matmul(args, kwargs, devices=("cuda", "cpu")) -> None:
+    """Raise TypeError/ValueError naming the argument (a, b, bias, activation)."""
+    if len(args) != 2:
+        raise TypeError(f"matmul() takes 2 tensor arguments (a, b), got {len(args)}")
+    a, b = args
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"matmul: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"matmul: {name} has dtype {t.dtype}; expected one of fp32, fp16, bf16")
+        if t.device.type not in devices:
+            raise ValueError(
+                f"matmul: {name} is on {t.device}, but this backend runs on "
+                f"{' or '.join(devices)} tensors only"
+            )
+        if t.dim() < 2:
+            raise ValueError(
+                f"matmul: {name} must have at least 2 dimensions ([..., rows, cols]), "
+                f"got a {t.dim()}-d tensor"
+            )
+    if b.device != a.device:
+        raise ValueError(f"matmul: b is on {b.device} but a is on {a.device}")
+    if b.dtype != a.dtype:
+        raise TypeError(f"matmul: b has dtype {b.dtype} but a has {a.dtype}")
+    if b.shape[:-2] != a.shape[:-2]:
+        raise ValueError(
+            f"matmul: b has shape {tuple(b.shape)} and a {tuple(a.shape)}; the leading (batch) dims "
+            f"must be equal (no broadcasting)"
+        )
+    if b.shape[-2] != a.shape[-1]:
+        raise ValueError(
+            f"matmul: b has {b.shape[-2]} rows but a has {a.shape[-1]} columns "
+            f"(a [..., M, K] @ b [..., K, N]); "
+            f"shapes {tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    if kwargs:
+        unknown = sorted(set(kwargs) - {"bias", "activation"})
+        if unknown:
+            raise TypeError(f"matmul() got unexpected keyword arguments {unknown}")
+        act = kwargs.get("activation")
+        if act not in ACTIVATIONS:
+            raise ValueError(f"matmul: activation must be None, 'relu' or 'gelu', got {act!r}")
+        bias = kwargs.get("bias")
+        if bias is not None:
+            if not isinstance(bias, torch.Tensor):
+                raise TypeError(f"matmul: bias must be a torch.Tensor or None, got {type(bias).__name__}")
+            if bias.dtype != a.dtype:
+                raise TypeError(f"matmul: bias has dtype {bias.dtype} but a has {a.dtype}")
+            if bias.device != a.device:
+                raise ValueError(f"matmul: bias is on {bias.device} but a is on {a.device}")
+            if tuple(bias.shape) != (b.shape[-1],):
+                raise ValueError(
+                    f"matmul: bias must have shape ({b.shape[-1]},) (N), got {tuple(bias.shape)}"
+                )
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+def _pair(device, dtype, sa, sb, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    a = torch.randn(sa, generator=g, device=device).to(dtype)
+    b = torch.randn(sb, generator=g, device=device).to(dtype)
+    return a, b
+
+
+_EXTRA_BAD = [
+    BadInput("mismatched inner dims", lambda d, t: (_pair(d, t, (5, 7), (6, 4)), {}), "b"),
+    BadInput("batch dims differ", lambda d, t: (_pair(d, t, (2, 5, 7), (3, 7, 4)), {}), "b"),
+    BadInput("1-d a", lambda d, t: (_pair(d, t, (7,), (7, 4)), {}), "a"),
+    BadInput("0-d b", lambda d, t: ((_pair(d, t, (5, 7), ())), {}), "b"),
+    BadInput(
+        "mismatched dtypes",
+        lambda d, t: ((lambda p: (p[0].float(), p[1].half()))(_pair(d, t, (5, 7), (7, 4))), {}),
+        "b",
+    ),
+    BadInput(
+        "bias of the wrong length",
+        lambda d, t: (_pair(d, t, (5, 7), (7, 4)), {"bias": torch.zeros(5, dtype=t, device=d)}),
+        "bias",
+    ),
+    BadInput(
+        "unknown activation", lambda d, t: (_pair(d, t, (5, 7), (7, 4)), {"activation": "tanh"}), "activation"
+    ),
+]
+
+SPEC = define(
+    OpSpec(
+        name="matmul",
+        arg_names=("a", "b"),
+        reference=matmul_reference,
+        flops=_flops,
+        bytes_moved=_bytes,
+        test_shapes=[
+            (1, 1, 1),
+            (0, 5, 7),
+            (17, 33, 65),
+            (64, 48, 80),
+            (127, 129, 63),
+            (33, 17, 0),
+            (2, 17, 33, 65),
+        ],
+        quick_shapes=[(1, 1, 1), (17, 33, 65), (2, 9, 15, 31)],
+        bench_shapes=[(4096, 4096, 4096), (8192, 8192, 8192)],
+        cpu_bench_shapes=[(256, 256, 256)],
+        layout_shape=(37, 45, 29),
+        grad_args=(0, 1),
+        specials=(float("nan"), float("inf")),
+        metric="tflops",
+        default_backends=("cuda", "triton", "torch"),
+        doc=__doc__.strip().split("\n")[0],
+        extra_bad_inputs=_EXTRA_BAD,
+        inputs=make_matmul_inputs,
+        validator=validate_matmul,
+        option_sets=[{"activation": "relu"}, {"activation": "gelu"}],
+        bench_options=[{}],
+        grad_shapes=[(37, 45, 29), (2, 17, 19, 23)],
+        bad_shape=(5, 6, 7),
+    )
+)
+
+
+def matmul(a, b, bias=None, activation=None, *, backend: str | None = None):
+    """``act(a @ b + bias)`` with the chosen backend (None: the preferred one for the device)."""
+    if bias is None and activation is None:
+        return registry.call("matmul", backend, a, b)
+    kw = {"activation": activation}
+    if bias is not None:
+        kw["bias"] = bias
+    return registry.call("matmul", backend, a, b, **kw)
+
+
+__all__ = ["matmul", "SPEC", "matmul_reference", "validate_matmul", "make_matmul_inputs", "dtype_name"]
+
+from kernellab.ops.matmul import cuda as _cuda  # noqa: E402,F401
+from kernellab.ops.matmul import reference as _reference  # noqa: E402,F401  (registrations)
+from kernellab.ops.matmul import triton as _triton  # noqa: E402,F401

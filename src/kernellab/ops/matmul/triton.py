@@ -1,0 +1,277 @@
+"""Matmul in Triton: autotuned kernel, launcher, custom op, registration.
+
+One program computes a BLOCK_M x BLOCK_N tile of C, walking K in BLOCK_K steps with
+``tl.dot`` (tensor cores: wgmma on Hopper, mma.sync on Ampere) and an fp32 accumulator;
+bias and activation are applied to the accumulator before the single store (the fused
+epilogue saves a read and a write of C: 2 x 4096^2 x 2 bytes = 64 MB at 4096^2 bf16).
+
+Program order (GROUP_M): programs are numbered down columns of GROUP_M tile-rows, so the
+programs resident at one time share GROUP_M rows of A and a few columns of B in L2 instead
+of sweeping a whole row of C (which touches all of B). Triton tutorial 03 measures ~10%.
+
+Any M, N, K: rows and columns past the edge are wrapped (``% M``) for the loads, so the inner
+loop masks only K; the store is masked. Any strides (transposed, sliced, expanded operands
+go straight in; no copy); batch over program_id(1).
+
+fp32: ``input_precision`` follows ``torch.backends.cuda.matmul.allow_tf32``: "tf32" when it is
+on (tensor cores, 10-bit mantissa inputs), "ieee" when off (exact fp32 FMA products, as cuBLAS
+with TF32 off). fp16/bf16 always use tensor cores with fp32 accumulation.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernellab import triton_support
+from kernellab.ops.matmul._autograd import matmul_op
+from kernellab.registry import register
+
+_ACT = {None: 0, "relu": 1, "gelu": 2}
+
+
+@triton.jit
+def _matmul_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    bias_ptr,  # a [Bt, M, K], b [Bt, K, N], c [Bt, M, N] (any strides), bias [N]
+    M,
+    N,
+    K,
+    s_ab,
+    s_am,
+    s_ak,  # strides of a, in elements
+    s_bb,
+    s_bk,
+    s_bn,
+    s_cb,
+    s_cm,
+    s_cn,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,  # 0 none, 1 relu, 2 gelu (tanh)
+    PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32"
+    UPCAST: tl.constexpr,  # dot in fp32 (the CPU interpreter has no bf16 dot)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    bz = tl.program_id(1).to(tl.int64)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % per_group) % group_rows)
+    pid_n = (pid % per_group) // group_rows
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    am = rm % M  # wrapped rows / columns: always in bounds, never stored
+    bn = rn % N
+    a_ptrs = a_ptr + bz * s_ab + am[:, None] * s_am + rk[None, :] * s_ak
+    b_ptrs = b_ptr + bz * s_bb + rk[:, None] * s_bk + bn[None, :] * s_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if ACT == 1:
+        acc = tl.maximum(acc, 0.0)
+    elif ACT == 2:
+        # tanh(u) = 1 - 2 / (1 + exp(2u)): exact limits +-1 when exp over/underflows.
+        u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = 0.5 * acc * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * u)))
+    c_ptrs = c_ptr + bz * s_cb + rm[:, None] * s_cm + rn[None, :] * s_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# --------------------------------------------------------------------------- configs
+
+
+def matmul_configs() -> list:
+    """Candidate tiles, largest first. Hopper wants big tiles (128x256 with 8 warps keeps
+    two warpgroups of wgmma busy; 3-4 stages of cp.async/TMA hide the HBM latency);
+    the smaller ones serve small or skinny problems and fp32 (4-byte elements double
+    the shared memory per stage)."""
+    rows = [
+        # BM, BN, BK, GROUP_M, stages, warps
+        (128, 256, 64, 8, 3, 8),
+        (256, 128, 64, 8, 3, 8),
+        (128, 256, 64, 8, 4, 8),
+        (128, 128, 64, 8, 4, 8),
+        (128, 128, 64, 8, 3, 4),
+        (128, 128, 32, 8, 4, 4),
+        (128, 64, 32, 8, 4, 4),
+        (64, 128, 32, 8, 4, 4),
+        (64, 64, 32, 8, 4, 4),
+        (128, 128, 32, 8, 3, 8),
+        (64, 64, 64, 8, 3, 4),
+        (32, 64, 32, 8, 5, 2),
+        (64, 32, 32, 8, 5, 2),
+        (32, 32, 32, 8, 4, 2),
+    ]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}, num_stages=s, num_warps=w)
+        for bm, bn, bk, g, s, w in rows
+    ]
+
+
+@functools.cache
+def _max_shared(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or 166912)  # A100's, if unknown
+
+
+def _fits(cfg, m: int, n: int, k: int, elem: int, max_shared: int) -> bool:
+    kw = cfg.kwargs
+    bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
+    # Shared memory of the software pipeline: one A and one B tile per stage.
+    if (bm * bk + bk * bn) * elem * cfg.num_stages > max_shared:
+        return False
+
+    # A tile much larger than the problem wastes the whole tile's MMAs on padding.
+    def cap(d):
+        return max(32, triton.next_power_of_2(max(d, 1)))
+
+    return bm <= cap(m) and bn <= cap(n) and bk <= cap(k)
+
+
+def prune_configs(configs, named_args, **kwargs):
+    """Drop configs whose pipeline does not fit the device's shared memory or whose tiles
+    are larger than the problem; keep at least the smallest."""
+    a = named_args["a_ptr"]
+    m, n, k = named_args["M"], named_args["N"], named_args["K"]
+    limit = _max_shared(a.device.index or 0) if a.is_cuda else 232448  # H100's opt-in limit
+    kept = [c for c in configs if _fits(c, m, n, k, a.element_size(), limit)]
+    if not kept:
+        kept = [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.num_stages)]
+    return kept
+
+
+# Autotune key: M, N, K (the tile choice depends on the problem's size) and the precision;
+# Triton adds the argument dtypes to the key itself.
+_matmul_tuned = triton.autotune(
+    configs=matmul_configs(),
+    key=["M", "N", "K", "PRECISION"],
+    prune_configs_by={"early_config_prune": prune_configs},
+)(_matmul_kernel)
+
+# The CPU interpreter runs programs one by one: one small config, no tuning.
+_CPU_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+def _precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"  # fp32 with TF32 allowed; for fp16/bf16 inputs the setting has no effect
+
+
+def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
+    """act(a @ b + bias) for [..., M, K] @ [..., K, N] (any strides); a fresh contiguous output."""
+    batch = tuple(a.shape[:-2])
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    a3 = a.reshape(math.prod(batch), m, k)  # a view whenever the strides allow it
+    b3 = b.reshape(math.prod(batch), k, n)
+    bt = a3.shape[0]
+    c = torch.empty((bt, m, n), dtype=a.dtype, device=a.device)
+    if bt and m and n:
+        args = (
+            a3,
+            b3,
+            c,
+            bias if bias is not None else c,
+            m,
+            n,
+            k,
+            a3.stride(0),
+            a3.stride(1),
+            a3.stride(2),
+            b3.stride(0),
+            b3.stride(1),
+            b3.stride(2),
+            c.stride(0),
+            c.stride(1),
+            c.stride(2),
+        )
+        consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])
+        if a.device.type == "cuda":
+            consts.update(PRECISION=_precision(a.dtype), UPCAST=False)
+
+            def grid(meta):
+                return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), bt)
+
+            with torch.cuda.device(a.device):
+                _matmul_tuned[grid](*args, **consts)
+        else:
+            consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
+            cfg = _CPU_CONFIG
+            grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), bt)
+            _matmul_kernel[grid](*args, **consts, **cfg, num_warps=4)
+    return c.reshape(batch + (m, n))
+
+
+matmul_triton = matmul_op("matmul_triton", triton_matmul_fwd)
+
+
+def _kernel_specs(dtype: str):
+    """For `kernellab asm`: the kernel as the tuner usually picks it at 4096^3 on an H100
+    (fp16/bf16: 128x256x64, 8 warps, 3 stages; fp32 with TF32 off: 128x128x32, 4 stages)."""
+    half = dtype in ("fp16", "bf16")
+    cx = {"HAS_BIAS": False, "ACT": 0, "PRECISION": "tf32" if half else "ieee", "UPCAST": False, "GROUP_M": 8}
+    cx.update(
+        {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64}
+        if half
+        else {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32}
+    )
+    sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}"}
+    sig.update(
+        {
+            p: "i32"
+            for p in ("M", "N", "K", "s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn", "s_cb", "s_cm", "s_cn")
+        }
+    )
+    sig.update(
+        {
+            p: "constexpr"
+            for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")
+        }
+    )
+    return [(_matmul_kernel, sig, cx, 8 if half else 4)]
+
+
+def _unavailable():
+    return triton_support.unavailable()
+
+
+register(
+    "matmul",
+    "triton",
+    devices=triton_support.devices(),
+    available=_unavailable,
+    custom_ops=matmul_triton.custom_ops,
+    builtin=True,
+    triton_kernels=_kernel_specs,
+    description="Triton: autotuned tiles, grouped program order, fused bias/activation",
+)(matmul_triton)

@@ -1,0 +1,293 @@
+"""matmul: every backend that runs here x odd shapes x dtypes, forward and gradients against
+float64 autograd; operand layouts; the fused epilogue; bad input; the CUDA ladder compiles
+(NVRTC) and its machine code shows what each step is about; GPU runs of every variant."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernellab
+import kernellab.ops.matmul as mm  # registers the op (not yet in OP_MODULES)
+from kernellab.harness.compare import judge
+from kernellab.ops import spec as spec_mod
+from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
+
+SPEC = kernellab.get_spec("matmul")
+CPU_BACKENDS = cpu_backends("matmul")  # manual, torch, triton (interpreter); compile on its own
+CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 9)] + ["cuda"]
+SHAPES = [(1, 1, 1), (0, 5, 7), (33, 17, 0), (17, 33, 65), (64, 48, 80), (127, 129, 63), (2, 9, 15, 31)]
+
+
+def _inputs(shape, dtype, device="cpu", layout="contiguous", seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    return mm.make_matmul_inputs(shape, dtype, device, gen, layout)
+
+
+def _grads_ref(a, b, dy, bias=None, activation=None, dtype=None):
+    """(float64 autograd grads, PyTorch-in-dtype grads) of act(a @ b + bias)."""
+    leaves64 = [t.detach().double().requires_grad_() for t in (a, b) + ((bias,) if bias is not None else ())]
+    y64 = mm.matmul_reference(leaves64[0], leaves64[1], leaves64[2] if bias is not None else None, activation)
+    g64 = torch.autograd.grad(y64, leaves64, dy.double())
+    leaves = [t.detach().clone().requires_grad_() for t in (a, b) + ((bias,) if bias is not None else ())]
+    y = mm.apply_epilogue(
+        torch.matmul(leaves[0], leaves[1]), leaves[2] if bias is not None else None, activation
+    )
+    gt = torch.autograd.grad(y, leaves, dy)
+    return g64, gt
+
+
+def _run_and_judge(backend, a, b, dtype, bias=None, activation=None, grads=True):
+    y = mm.matmul(a, b, bias, activation, backend=backend)
+    ref = (
+        SPEC.ref(a, b)
+        if bias is None and activation is None
+        else mm.matmul_reference(a.double(), b.double(), None if bias is None else bias.double(), activation)
+    )
+    base = mm.apply_epilogue(torch.matmul(a, b), bias, activation)
+    v = judge(y, ref, dtype, base)
+    assert v.ok, f"forward: {v.detail}"
+    if not grads or a.numel() == 0 or b.numel() == 0:
+        return
+    leaves = [a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()]
+    if bias is not None:
+        leaves.append(bias.detach().clone().requires_grad_())
+    out = mm.matmul(
+        leaves[0], leaves[1], leaves[2] if bias is not None else None, activation, backend=backend
+    )
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(dtype)
+    got = torch.autograd.grad(out, leaves, dy)
+    g64, gt = _grads_ref(a, b, dy, bias, activation, dtype)
+    for name, g, r, t in zip(("da", "db", "dbias"), got, g64, gt):
+        v = judge(g, r, dtype, t)
+        assert v.ok, f"{name}: {v.detail}"
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_forward_and_gradients(backend, dtype, shape):
+    a, b = _inputs(shape, dtype, seed=seed_for(backend, shape))
+    _run_and_judge(backend, a, b, dtype)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "offset", "expanded"])
+def test_layouts(backend, layout):
+    for shape in [(37, 45, 29), (2, 13, 11, 9)]:
+        a, b = _inputs(shape, torch.float32, layout=layout, seed=seed_for(backend, layout, shape))
+        _run_and_judge(backend, a, b, torch.float32, grads=shape == (37, 45, 29))
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_epilogue_bias_and_activation(backend, activation, dtype):
+    a, b = _inputs((2, 21, 35, 19), dtype, seed=seed_for(backend, activation))
+    bias = torch.randn(35).to(dtype)
+    _run_and_judge(backend, a, b, dtype, bias=bias, activation=activation)
+    _run_and_judge(backend, a[0], b[0], dtype, bias=None, activation=activation)
+
+
+def test_epilogue_is_really_applied():
+    # relu output is non-negative and differs from the bare product where it is negative
+    a, b = _inputs((16, 24, 8), torch.float32, seed=3)
+    for backend in CPU_BACKENDS:
+        y = mm.matmul(a, b, activation="relu", backend=backend)
+        assert (y >= 0).all() and not torch.equal(y, a @ b), backend
+
+
+def _expect(exc, pattern, *args, backend, **kw):
+    with pytest.raises(exc, match=pattern):
+        mm.matmul(*args, backend=backend, **kw)
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS + ["cuda_v7"])
+def test_bad_input_names_the_argument(backend):
+    a, b = torch.randn(5, 7), torch.randn(7, 4)
+    if backend.startswith("cuda"):  # GPU-only backend given CPU tensors
+        _expect(ValueError, r"\ba\b.*cpu", a, b, backend=backend)
+        return
+    _expect(ValueError, r"\bb\b.*6 rows.*7 columns", a, torch.randn(6, 4), backend=backend)
+    _expect(ValueError, r"\bb\b.*batch", torch.randn(2, 5, 7), torch.randn(3, 7, 4), backend=backend)
+    _expect(ValueError, r"\ba\b.*1-d", torch.randn(7), b, backend=backend)
+    _expect(ValueError, r"\bb\b.*0-d", a, torch.tensor(1.0), backend=backend)
+    _expect(TypeError, r"\ba\b.*int", a.int(), b, backend=backend)
+    _expect(TypeError, r"\ba\b.*float64", a.double(), b.double(), backend=backend)
+    _expect(TypeError, r"\bb\b.*dtype", a, b.half(), backend=backend)
+    _expect(TypeError, r"\bb\b.*Tensor", a, [[1.0]], backend=backend)
+    _expect(ValueError, r"\bbias\b", a, b, torch.zeros(5), backend=backend)
+    _expect(TypeError, r"\bbias\b", a, b, torch.zeros(4).half(), backend=backend)
+    _expect(ValueError, r"\bactivation\b", a, b, None, "tanh", backend=backend)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        kernellab.registry.call("matmul", backend, a, b, alpha=2.0)
+
+
+def test_spec_counts_and_cases():
+    assert SPEC.metric == "tflops"
+    assert SPEC.flops((4096, 4096, 4096), "fwd") == 2 * 4096**3
+    assert SPEC.flops((3, 10, 20, 30), "fwdbwd") == 3 * 2 * 3 * 10 * 20 * 30
+    assert SPEC.flops((10, 20, 30), "bwd") == 2 * 2 * 10 * 20 * 30
+    assert SPEC.bytes_moved((10, 20, 30), torch.float16, "fwd") == 2 * (10 * 30 + 30 * 20 + 10 * 20)
+    a, b = _inputs((2, 5, 6, 7), torch.float32, layout="transposed")
+    assert a.shape == (2, 5, 7) and b.shape == (2, 7, 6) and not a.is_contiguous()
+    for case in SPEC.extra_bad_inputs:  # every op-specific bad case raises, naming its argument
+        args, kw = case.build("cpu", torch.float32)
+        with pytest.raises(case.exc, match=rf"\b{case.arg}\b"):
+            kernellab.registry.call("matmul", "torch", *args, **kw)
+
+
+def test_triton_config_pruning():
+    from kernellab.ops.matmul import triton as tm
+
+    configs = tm.matmul_configs()
+
+    def tiles(cs):
+        return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_stages) for c in cs}
+
+    big = tiles(c for c in configs if tm._fits(c, 8192, 8192, 8192, 2, 232448))
+    assert (128, 256, 64, 3) in big and (128, 256, 64, 4) in big
+    fp32 = tiles(c for c in configs if tm._fits(c, 8192, 8192, 8192, 4, 232448))
+    assert (128, 256, 64, 3) not in fp32  # 288 KB of pipeline > 227 KB
+    small = tiles(c for c in configs if tm._fits(c, 17, 33, 65, 2, 232448))
+    assert small and all(bm <= 32 and bn <= 64 for bm, bn, _, _ in small)
+    assert (
+        len(
+            tm.prune_configs(
+                configs,
+                {"a_ptr": torch.empty(1), "M": 1, "N": 1, "K": 1},
+            )
+        )
+        >= 1
+    )
+
+
+def test_triton_fp32_precision_follows_tf32_flag():
+    from kernellab.ops.matmul import triton as tm
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert tm._precision(torch.float32) == "ieee"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert tm._precision(torch.float32) == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_compile_backend_quick():
+    a, b = _inputs((19, 23, 17), torch.float32, seed=1)
+    bias = torch.randn(23)
+    y = mm.matmul(a, b, bias, "gelu", backend="compile")
+    torch.testing.assert_close(y, mm.apply_epilogue(a @ b, bias, "gelu"), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif("triton" not in CPU_BACKENDS, reason="Triton unavailable")
+def test_triton_custom_op_under_torch_compile():
+    f = torch.compile(lambda x, y: mm.matmul(x, y, activation="relu", backend="triton") * 2, fullgraph=True)
+    a = torch.randn(9, 21, requires_grad=True)
+    b = torch.randn(21, 13, requires_grad=True)
+    f(a, b).sum().backward()
+    a2, b2 = a.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    (torch.relu(a2 @ b2) * 2).sum().backward()
+    torch.testing.assert_close(a.grad, a2.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(b.grad, b2.grad, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif("triton" not in CPU_BACKENDS, reason="Triton unavailable")
+def test_triton_opcheck():
+    op = kernellab.registry.get("matmul", "triton").fn.op
+    a = torch.randn(6, 10, requires_grad=True)
+    b = torch.randn(10, 7, requires_grad=True)
+    bias = torch.randn(7, requires_grad=True)
+    torch.library.opcheck(op, (a, b, None, None))
+    torch.library.opcheck(op, (a, b, bias, "gelu"))
+
+
+# --------------------------------------------------------------------------- CUDA, no GPU
+
+
+def test_every_cu_compiles_for_sm80_and_sm90():
+    from kernellab.cuda.runtime import nvrtc_unavailable
+    from kernellab.ops.matmul import cuda as mc
+
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    lines = mc.MODULE.precompile(("sm_80", "sm_90"))
+    assert len(lines) == 2 and all("cubin" in s for s in lines)
+
+
+def _ptx_of(backend, suffix):
+    from kernellab.cuda.runtime import nvrtc_unavailable
+    from kernellab.inspect import asm
+    from kernellab.ops.matmul import cuda as mc
+
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    kernels, _ = asm.cuda_report(mc.MODULE, "sm_90", backend, suffix)
+    assert kernels, f"no kernels for {backend}"
+    return kernels
+
+
+def test_asm_v6_shows_16_byte_loads():
+    (k,) = _ptx_of("cuda_v6", "f32")
+    assert k.name == "matmul_v6_f32"
+    assert "ld.global.v4" in k.ptx or "ld.global.nc.v4" in k.ptx
+    assert (k.local_bytes or 0) == 0  # no spills
+
+
+def test_asm_tensor_core_variant_shows_mma():
+    (k,) = _ptx_of("cuda_v8", "bf16")
+    assert "mma.sync.aligned.m16n8k16" in k.ptx and "ldmatrix" in k.ptx and "cp.async" in k.ptx
+    if k.sass:
+        assert "HMMA" in k.sass
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_check_engine_quick(backend):
+    if getattr(spec_mod, "SPEC_API_VERSION", 1) < 2:
+        pytest.skip("OpSpec API v2 not in spec.py yet")
+    from kernellab.harness.check import check_impl
+
+    for dtype in DTYPES:
+        rep = check_impl(kernellab.registry.get("matmul", backend), dtype, device="cpu", quick=True)
+        assert rep.status == "pass", (backend, dtype, rep.reason, [(c.name, c.detail) for c in rep.failures])
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _gpu_dtypes(backend):
+    impl = kernellab.registry.get("matmul", backend)
+    return [d for d in DTYPES if impl.dtypes is None or d in impl.dtypes]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", CUDA_VARIANTS + ["triton", "torch", "manual"])
+def test_gpu_forward_and_gradients(backend):
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # every side full fp32
+    try:
+        for dtype in _gpu_dtypes(backend):
+            for shape in [(1000, 1023, 997), (3, 129, 65, 257), (17, 33, 65)]:
+                if backend == "manual" and shape[0] == 1000:
+                    continue  # the broadcast formulation is slow at this size
+                a, b = _inputs(shape, dtype, "cuda", seed=seed_for(backend, shape))
+                _run_and_judge(backend, a, b, dtype, grads=shape[0] != 1000)
+            for layout in ("transposed", "sliced", "offset", "expanded"):
+                a, b = _inputs((37, 45, 29), dtype, "cuda", layout=layout, seed=5)
+                _run_and_judge(backend, a, b, dtype, grads=False)
+            a, b = _inputs((2, 40, 72, 56), dtype, "cuda", seed=9)
+            bias = torch.randn(72, device="cuda").to(dtype)
+            _run_and_judge(backend, a, b, dtype, bias=bias, activation="gelu")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.gpu
+def test_gpu_mixed_devices_named():
+    a = torch.randn(5, 7, device="cuda")
+    with pytest.raises(ValueError, match=r"\bb\b"):
+        mm.matmul(a, torch.randn(7, 4), backend="torch")
+    with pytest.raises(ValueError, match=r"\bbias\b"):
+        mm.matmul(a, torch.randn(7, 4, device="cuda"), torch.randn(4), backend="triton")
