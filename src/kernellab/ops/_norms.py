@@ -1,0 +1,324 @@
+"""What layer_norm and rms_norm share: argument validation, input builders, byte counts,
+and the custom-op / eager-autograd plumbing around a backend's launchers.
+
+Contract of a backend's launchers (Triton and CUDA alike), over the last dimension D:
+
+    fwd(x, w, b, eps, rms) -> (y, mean, rstd)
+        x: [..., D] contiguous, w (and b, or None): [D], same dtype as x.
+        y: like x (contiguous). mean, rstd: fp32 [rows] (rows = x.numel() // D), saved for
+        the backward; rms=True: mean is None and rstd = 1 / sqrt(mean(x^2) + eps).
+    bwd(dy, x, w, mean, rstd, rms, has_bias) -> (dx, dw, db)
+        dx like x; dw (and db, None when rms or no bias) [D] in w's dtype. dw/db are
+        reduced from per-program partial sums (no atomics, no second pass over x).
+
+Math, with xhat = (x - mean) * rstd (rms: x * rstd) and g = w * dy:
+    y  = xhat * w + b
+    dx = rstd * (g - xhat * mean(g * xhat) - mean(g))      (rms: no mean(g) term)
+    dw = sum_rows(dy * xhat),  db = sum_rows(dy)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+from torch import Tensor
+
+from kernellab.ops.spec import FLOAT_DTYPES, dtype_name, make_tensor
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_tensor(op: str, name: str, t, devices) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected one of {allowed}")
+    if t.device.type not in devices:
+        raise ValueError(
+            f"{op}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only"
+        )
+
+
+def check_eps(op: str, eps) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{op}: eps must be a float, got {type(eps).__name__}")
+    eps = float(eps)
+    if not (eps >= 0.0 and math.isfinite(eps)):
+        raise ValueError(f"{op}: eps must be finite and >= 0, got {eps!r}")
+    return eps
+
+
+def make_validator(op: str, arg_names: tuple[str, ...]):
+    """validator(args, kwargs, devices) for ``op(x, weight[, bias], *, eps)``."""
+    n = len(arg_names)
+
+    def validate(args, kwargs, devices) -> None:
+        if len(args) != n:
+            raise TypeError(f"{op}() takes {n} tensor arguments ({', '.join(arg_names)}), got {len(args)}")
+        x, w = args[0], args[1]
+        _check_tensor(op, "x", x, devices)
+        if x.dim() == 0:
+            raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
+        d = x.shape[-1]
+        for name, t in zip(arg_names[1:], args[1:]):
+            if t is None and name == "bias":
+                continue
+            _check_tensor(op, name, t, devices)
+            if t.device != x.device:
+                raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
+            if t.dtype != x.dtype:
+                raise TypeError(f"{op}: {name} has dtype {t.dtype} but x has {x.dtype}; they must match")
+            if t.shape != (d,):
+                raise ValueError(
+                    f"{op}: {name} must have shape [{d}] (the last dimension of x), got {list(t.shape)}"
+                )
+        for k, v in kwargs.items():
+            if k != "eps":
+                raise TypeError(f"{op}() got an unexpected keyword argument {k!r}")
+            check_eps(op, v)
+        del w
+
+    return validate
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def make_inputs_fn(with_bias: bool):
+    """inputs(shape, dtype, device, gen, layout, scale): x of ``shape`` in ``layout``,
+    weight (and bias) ~ 1 + N(0, 0.1^2), contiguous [D]."""
+
+    def inputs(shape, dtype, device, gen, layout, scale):
+        x = make_tensor(shape, dtype, device, gen, layout, scale)
+        if x is None:
+            return None
+        d = shape[-1] if shape else 1
+        w = (1.0 + make_tensor((d,), torch.float32, device, gen, "contiguous", 0.1)).to(dtype)
+        if not with_bias:
+            return x, w
+        b = (1.0 + make_tensor((d,), torch.float32, device, gen, "contiguous", 0.1)).to(dtype)
+        return x, w, b
+
+    return inputs
+
+
+def plant_constant_rows(x: Tensor) -> None:
+    """Row 1 constant (0.5: its fp32 sum is exact, so the variance is exactly 0) and row 2
+    all zeros: both normalize through the eps term alone (layer_norm: y = bias there)."""
+    if x.dim() < 2 or not x.is_contiguous():
+        return
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.shape[0] >= 2:
+        rows[1].fill_(0.5)
+    if rows.shape[0] >= 3:
+        rows[2].zero_()
+
+
+def counts(with_bias: bool, rms: bool):
+    """(flops, bytes_moved) for the spec. Bytes: fwd reads x (+ w, b) and writes y and the
+    fp32 row statistics; bwd reads dy, x, w and the statistics and writes dx, dw (, db)."""
+
+    def _bytes(shape, dtype, mode, **options):
+        es = torch.empty((), dtype=dtype).element_size()
+        n = math.prod(shape)
+        d = shape[-1] if shape else 1
+        rows = n // d if d else 0
+        stats = (1 if rms else 2) * 4 * rows
+        params = (2 if with_bias else 1) * d * es
+        fwd = 2 * n * es + params + stats
+        bwd = 3 * n * es + stats + 2 * params
+        return {"fwd": fwd, "bwd": bwd, "fwdbwd": fwd + bwd}[mode]
+
+    def _flops(shape, mode, **options):
+        n = math.prod(shape)
+        f, b = (4, 9) if rms else (7, 12)  # per element: fwd sum/sq/scale, bwd products + sums
+        return {"fwd": f * n, "bwd": b * n, "fwdbwd": (f + b) * n}[mode]
+
+    return _flops, _bytes
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def rows_of(x: Tensor) -> tuple[int, int]:
+    d = x.shape[-1]
+    return (x.numel() // d if d else 0), d
+
+
+def empty_stats(x: Tensor, rms: bool):
+    rows, _ = rows_of(x)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    mean = None if rms else torch.empty(rows, dtype=torch.float32, device=x.device)
+    return mean, rstd
+
+
+def reduce_partials(partial: Tensor, dtype) -> Tensor:
+    """[programs, D] fp32 partial sums -> [D] in ``dtype`` (one small reduction)."""
+    return partial.sum(0).to(dtype)
+
+
+def _contig(t):
+    return t if t is None or t.is_contiguous() else t.contiguous()
+
+
+# --------------------------------------------------------------------------- custom ops
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling()
+
+
+def layer_norm_op(name: str, fwd, bwd):
+    """Custom ops ``kernellab::<name>`` (x, w, b?, eps) -> (y, mean, rstd) and
+    ``kernellab::<name>_backward``; returns the registry callable ``(x, w, b, eps=1e-5)``
+    (eager fast path: the launchers directly, or a plain autograd.Function)."""
+
+    def _fwd(x: Tensor, w: Tensor, b: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+        return fwd(_contig(x), w, b, eps, False)
+
+    def _bwd(
+        dy: Tensor, x: Tensor, w: Tensor, mean: Tensor, rstd: Tensor, has_bias: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        dx, dw, db = bwd(_contig(dy), _contig(x), w, mean, rstd, False, True)
+        return dx, dw, db
+
+    op = torch.library.custom_op(f"kernellab::{name}", _fwd, mutates_args=())
+    bop = torch.library.custom_op(f"kernellab::{name}_backward", _bwd, mutates_args=())
+
+    @op.register_fake
+    def _(x, w, b, eps):
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        f32 = dict(dtype=torch.float32, device=x.device)
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(rows, **f32), x.new_empty(rows, **f32)
+
+    @bop.register_fake
+    def _(dy, x, w, mean, rstd, has_bias):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(w), torch.empty_like(w)
+
+    def setup_context(ctx, inputs, output):
+        x, w, b, _eps = inputs
+        _, mean, rstd = output
+        ctx.has_bias = b is not None
+        ctx.save_for_backward(x, w, mean, rstd)
+
+    def backward(ctx, dy, _dmean, _drstd):
+        x, w, mean, rstd = ctx.saved_tensors
+        dx, dw, db = bop(dy, x, w, mean, rstd, ctx.has_bias)
+        return dx, dw, (db if ctx.has_bias else None), None
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b, eps):
+            x = _contig(x)
+            y, mean, rstd = fwd(x, w, b, eps, False)
+            ctx.has_bias = b is not None
+            ctx.save_for_backward(x, w, mean, rstd)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w, mean, rstd = ctx.saved_tensors
+            dx, dw, db = bwd(_contig(dy), x, w, mean, rstd, False, ctx.has_bias)
+            return dx, dw, db, None
+
+    def call(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+        eps = float(eps)
+        if _tracing():
+            return op(x, weight, bias, eps)[0]
+        if torch.is_grad_enabled() and (
+            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+        ):
+            return Eager.apply(x, weight, bias, eps)
+        return fwd(_contig(x), weight, bias, eps, False)[0]
+
+    call.custom_ops = [
+        (op, lambda make: (*make.args(True), 1e-5), True),
+        (bop, lambda make: _bwd_sample(make, rms=False) + (True,), False),
+    ]
+    call.__name__ = name
+    return call
+
+
+def rms_norm_op(name: str, fwd, bwd):
+    """Custom ops ``kernellab::<name>`` (x, w, eps) -> (y, rstd) and
+    ``kernellab::<name>_backward``; returns the registry callable ``(x, w, eps=1e-6)``."""
+
+    def _fwd(x: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        y, _, rstd = fwd(_contig(x), w, None, eps, True)
+        return y, rstd
+
+    def _bwd(dy: Tensor, x: Tensor, w: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
+        dx, dw, _ = bwd(_contig(dy), _contig(x), w, None, rstd, True, False)
+        return dx, dw
+
+    op = torch.library.custom_op(f"kernellab::{name}", _fwd, mutates_args=())
+    bop = torch.library.custom_op(f"kernellab::{name}_backward", _bwd, mutates_args=())
+
+    @op.register_fake
+    def _(x, w, eps):
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(rows, dtype=torch.float32)
+
+    @bop.register_fake
+    def _(dy, x, w, rstd):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(w)
+
+    def setup_context(ctx, inputs, output):
+        x, w, _eps = inputs
+        ctx.save_for_backward(x, w, output[1])
+
+    def backward(ctx, dy, _drstd):
+        x, w, rstd = ctx.saved_tensors
+        dx, dw = bop(dy, x, w, rstd)
+        return dx, dw, None
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, eps):
+            x = _contig(x)
+            y, _, rstd = fwd(x, w, None, eps, True)
+            ctx.save_for_backward(x, w, rstd)
+            return y
+
+        @staticmethod
+        def backward(ctx, dy):
+            x, w, rstd = ctx.saved_tensors
+            dx, dw, _ = bwd(_contig(dy), x, w, None, rstd, True, False)
+            return dx, dw, None
+
+    def call(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+        eps = float(eps)
+        if _tracing():
+            return op(x, weight, eps)[0]
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            return Eager.apply(x, weight, eps)
+        return fwd(_contig(x), weight, None, eps, True)[0]
+
+    call.custom_ops = [
+        (op, lambda make: (*make.args(True), 1e-6), True),
+        (bop, lambda make: _bwd_sample(make, rms=True), False),
+    ]
+    call.__name__ = name
+    return call
+
+
+def _bwd_sample(make, rms: bool):
+    """opcheck args of a backward op: (dy, x, w, [mean,] rstd) with statistics computed
+    by PyTorch in fp32 from a fresh sample."""
+    args = make.args(False)
+    x, w = args[0], args[1]
+    dy = make(False).to(x.dtype).reshape(x.shape)
+    x32 = x.float().reshape(-1, x.shape[-1])
+    if rms:
+        rstd = torch.rsqrt(x32.square().mean(-1) + 1e-6)
+        return (dy, x, w, rstd)
+    mean = x32.mean(-1)
+    rstd = torch.rsqrt(x32.var(-1, unbiased=False) + 1e-5)
+    return (dy, x, w, mean, rstd)

@@ -1,0 +1,108 @@
+"""LayerNorm over the last dimension, forward and backward (issue 3).
+
+    y = (x - mean(x)) / sqrt(var(x) + eps) * weight + bias       (per row of D = x.shape[-1])
+
+As ``torch.nn.functional.layer_norm(x, (D,), weight, bias, eps)``: biased variance,
+fp32 / fp16 / bf16 storage (x, weight and bias share one dtype), fp32 math, one rounding
+at the end. Gradients for x, weight and bias; ``bias=None`` is supported (then there is
+no bias gradient). A constant row has variance 0 and gives y = bias (normalized through
+eps alone), as PyTorch does. The Triton and CUDA kernels keep the fp32 mean and rstd of
+each row for the backward, which reduces dweight / dbias from per-program partial sums.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernellab import registry
+from kernellab.ops import _norms
+from kernellab.ops.spec import BadInput, OpSpec, define
+
+
+def layer_norm_reference(x, weight, bias, eps=1e-5):
+    """The formula in x's dtype (float64 in checks)."""
+    mean = x.mean(-1, keepdim=True)
+    var = (x - mean).square().mean(-1, keepdim=True)
+    y = (x - mean) / torch.sqrt(var + eps) * weight
+    return y + bias if bias is not None else y
+
+
+_flops, _bytes = _norms.counts(with_bias=True, rms=False)
+
+
+def _bad_weight(device, dtype):
+    x = torch.randn(4, 8, device=device).to(dtype)
+    return (x, torch.ones(7, device=device, dtype=dtype), torch.zeros(8, device=device, dtype=dtype)), {}
+
+
+def _bad_bias(device, dtype):
+    x = torch.randn(4, 8, device=device).to(dtype)
+    return (x, torch.ones(8, device=device, dtype=dtype), torch.zeros(4, 8, device=device, dtype=dtype)), {}
+
+
+def _bad_eps(device, dtype):
+    x = torch.randn(4, 8, device=device).to(dtype)
+    w = torch.ones(8, device=device, dtype=dtype)
+    return (x, w, w.clone()), {"eps": -1.0}
+
+
+def _bad_weight_dtype(device, dtype):
+    x = torch.randn(4, 8, device=device)
+    return (x, torch.ones(8, device=device, dtype=torch.float16), torch.zeros(8, device=device)), {}
+
+
+def _unknown_option(device, dtype):
+    x = torch.randn(4, 8, device=device).to(dtype)
+    w = torch.ones(8, device=device, dtype=dtype)
+    return (x, w, w.clone()), {"epsilon": 1e-5}
+
+
+SPEC = define(
+    OpSpec(
+        name="layer_norm",
+        arg_names=("x", "weight", "bias"),
+        reference=layer_norm_reference,
+        flops=_flops,
+        bytes_moved=_bytes,
+        test_shapes=[(0, 7), (1,), (17,), (3, 123), (5, 1025), (2, 3, 257), (65537, 3), (4, 4097), (3, 8192)],
+        quick_shapes=[(0, 7), (1,), (3, 123), (4, 1025)],
+        bench_shapes=[(16384, 4096)],
+        cpu_bench_shapes=[(64, 1024)],
+        layout_shape=(37, 1025),
+        grad_args=(0, 1, 2),
+        scale=2.0,
+        plant_extra=_norms.plant_constant_rows,
+        default_backends=("cuda", "triton", "torch"),
+        doc=__doc__.strip().split("\n")[0],
+        inputs=_norms.make_inputs_fn(with_bias=True),
+        validator=_norms.make_validator("layer_norm", ("x", "weight", "bias")),
+        option_sets=[{"eps": 1e-2}],
+        grad_shapes=[(37, 1025), (1025,)],
+        bad_shape=(4, 33),
+        extra_bad_inputs=[
+            BadInput("weight of the wrong length", _bad_weight, "weight"),
+            BadInput("bias of the wrong shape", _bad_bias, "bias"),
+            BadInput("weight dtype differs from x", _bad_weight_dtype, "weight"),
+            BadInput("negative eps", _bad_eps, "eps"),
+            BadInput("unknown keyword", _unknown_option, "epsilon"),
+        ],
+    )
+)
+
+
+def layer_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """LayerNorm of ``x`` over its last dimension with the chosen backend."""
+    return registry.call("layer_norm", backend, x, weight, bias, eps=eps)
+
+
+from kernellab.ops.layer_norm import cuda as _cuda  # noqa: E402,F401  (registrations)
+from kernellab.ops.layer_norm import liger as _liger  # noqa: E402,F401
+from kernellab.ops.layer_norm import reference as _reference  # noqa: E402,F401
+from kernellab.ops.layer_norm import triton as _triton  # noqa: E402,F401

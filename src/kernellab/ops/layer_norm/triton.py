@@ -1,0 +1,264 @@
+"""LayerNorm and RMSNorm in Triton: kernels, launchers, custom ops, registration.
+
+One pair of kernels serves both ops (``RMS`` constexpr: no mean, no bias).
+
+Forward: a row of D <= MAX_D columns is loaded once into registers, reduced twice
+(mean, then the variance of x - mean: the two-pass variance, exact for constant rows) and
+written once: 1 read + 1 write per element, the minimum. Short rows share a program (ROWS
+of them, ~4096 elements per program). The fp32 mean and rstd of each row are stored for
+the backward (8 bytes per row against 2 * D bytes of x).
+
+Backward: a fixed number of programs (a few per SM) each walks a contiguous group of
+rows; per row it recomputes xhat from x, mean, rstd, writes dx, and adds dy * xhat and dy
+into fp32 accumulators held in registers. Each program then writes one partial row of
+dweight (and dbias); a torch.sum over the [programs, D] partials (~528 x D fp32, a few MB
+against hundreds of MB of x and dy at the bench size) gives the result. No atomics, and x
+and dy are read exactly once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernellab import triton_support
+from kernellab.ops import _norms
+from kernellab.registry import register
+
+MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
+ROW_ELEMS = 4096  # elements per forward program when rows are short
+
+
+@triton.jit
+def _norm_fwd_kernel(
+    x_ptr,  # [n_rows, n_cols] contiguous, storage dtype
+    w_ptr,  # [n_cols]
+    b_ptr,  # [n_cols] (unused unless HAS_BIAS)
+    y_ptr,  # [n_rows, n_cols] contiguous, storage dtype
+    mean_ptr,  # [n_rows] fp32 (unused when RMS)
+    rstd_ptr,  # [n_rows] fp32
+    n_rows,
+    n_cols,
+    eps,
+    BLOCK: tl.constexpr,  # next power of two >= n_cols
+    ROWS: tl.constexpr,  # rows per program
+    RMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    rows = pid * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    rmask = rows < n_rows
+    cmask = cols < n_cols
+    mask = rmask[:, None] & cmask[None, :]
+    offs = rows[:, None] * n_cols + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, axis=1) / n_cols
+        tl.store(mean_ptr + rows, mean, mask=rmask)
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(xc * xc, axis=1) / n_cols
+    rstd = 1.0 / tl.sqrt_rn(var + eps)
+    tl.store(rstd_ptr + rows, rstd, mask=rmask)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    y = xc * rstd[:, None] * w[None, :]
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = y + b[None, :]
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_bwd_kernel(
+    dy_ptr,  # [n_rows, n_cols] contiguous
+    x_ptr,  # [n_rows, n_cols] contiguous
+    w_ptr,  # [n_cols]
+    mean_ptr,  # [n_rows] fp32 (unused when RMS)
+    rstd_ptr,  # [n_rows] fp32
+    dx_ptr,  # [n_rows, n_cols] contiguous
+    dw_part_ptr,  # [programs, n_cols] fp32: this program's sum of dy * xhat
+    db_part_ptr,  # [programs, n_cols] fp32: sum of dy (unused when RMS)
+    n_rows,
+    n_cols,
+    rows_per_prog,
+    BLOCK: tl.constexpr,
+    RMS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK], dtype=tl.float32)
+    first = pid.to(tl.int64) * rows_per_prog
+    for i in range(0, rows_per_prog):
+        row = first + i
+        # The last group may be short: rows past the end load zeros (dy = 0 adds nothing
+        # to the partials) and store nothing; their statistics are read at a valid row.
+        mask = cmask & ((cols * 0 + row) < n_rows)
+        offs = row * n_cols + cols
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        srow = tl.minimum(row, n_rows - 1)
+        rstd = tl.load(rstd_ptr + srow)
+        if RMS:
+            xhat = x * rstd
+        else:
+            mean = tl.load(mean_ptr + srow)
+            xhat = tl.where(mask, (x - mean) * rstd, 0.0)
+        g = dy * w
+        c1 = tl.sum(g * xhat, axis=0) / n_cols
+        if RMS:
+            dx = (g - xhat * c1) * rstd
+        else:
+            c2 = tl.sum(g, axis=0) / n_cols
+            dx = (g - (xhat * c1 + c2)) * rstd
+            db_acc += dy
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw_acc += dy * xhat
+    tl.store(dw_part_ptr + pid * n_cols + cols, dw_acc, mask=cmask)
+    if not RMS:
+        tl.store(db_part_ptr + pid * n_cols + cols, db_acc, mask=cmask)
+
+
+def _fwd_config(n_cols: int):
+    """(BLOCK, ROWS, num_warps): whole rows in registers, ~ROW_ELEMS elements per program."""
+    block = triton.next_power_of_2(max(n_cols, 1))
+    if block > MAX_D:
+        raise ValueError(f"x: rows of {n_cols} elements are wider than the triton backend's limit ({MAX_D})")
+    rows = max(1, min(64, ROW_ELEMS // block))
+    elems = block * rows
+    warps = 4 if elems <= 2048 else 8 if elems <= 8192 else 16
+    return block, rows, warps
+
+
+def _bwd_programs(n_rows: int, dev) -> int:
+    """Programs of the backward: 4 per SM on a GPU (each holds a row of x and dy and two
+    fp32 accumulators in registers); a handful under the interpreter (several rows per
+    program, so the group loop and its short last group are exercised)."""
+    if dev.type == "cuda":
+        return max(1, min(n_rows, 4 * torch.cuda.get_device_properties(dev).multi_processor_count))
+    return max(1, min(n_rows, 4))
+
+
+def norm_fwd(x, w, b, eps, rms):
+    """See _norms: (y, mean, rstd); x contiguous."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    mean, rstd = _norms.empty_stats(x, rms)
+    n_rows, n_cols = _norms.rows_of(x)
+    block, rows, warps = _fwd_config(n_cols)
+    if n_rows and n_cols:
+        _norm_fwd_kernel[(triton.cdiv(n_rows, rows),)](
+            x,
+            w,
+            b if b is not None else w,
+            y,
+            mean if mean is not None else rstd,
+            rstd,
+            n_rows,
+            n_cols,
+            eps,
+            BLOCK=block,
+            ROWS=rows,
+            RMS=rms,
+            HAS_BIAS=b is not None,
+            num_warps=warps,
+        )
+    return y, mean, rstd
+
+
+def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
+    """See _norms: (dx, dw, db); dy and x contiguous."""
+    n_rows, n_cols = _norms.rows_of(x)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    want_db = has_bias and not rms
+    if not (n_rows and n_cols):
+        db = torch.zeros_like(w) if want_db else None
+        return dx, torch.zeros_like(w), db
+    block = triton.next_power_of_2(n_cols)
+    if block > MAX_D:
+        raise ValueError(f"x: rows of {n_cols} elements are wider than the triton backend's limit ({MAX_D})")
+    programs = _bwd_programs(n_rows, x.device)
+    per = triton.cdiv(n_rows, programs)
+    programs = triton.cdiv(n_rows, per)
+    dw_part = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device)
+    db_part = torch.empty_like(dw_part) if not rms else dw_part
+    _norm_bwd_kernel[(programs,)](
+        dy,
+        x,
+        w,
+        mean if mean is not None else rstd,
+        rstd,
+        dx,
+        dw_part,
+        db_part,
+        n_rows,
+        n_cols,
+        per,
+        BLOCK=block,
+        RMS=rms,
+        num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16,
+    )
+    dw = _norms.reduce_partials(dw_part, w.dtype)
+    db = _norms.reduce_partials(db_part, w.dtype) if want_db else None
+    return dx, dw, db
+
+
+layer_norm_triton = _norms.layer_norm_op("layer_norm_triton", norm_fwd, norm_bwd)
+
+
+def kernel_specs(rms: bool):
+    """For `kernellab asm`: both kernels as launched for 4096-wide rows."""
+
+    def specs(dtype: str):
+        block, rows, warps = _fwd_config(4096)
+        fwd = {
+            "x_ptr": f"*{dtype}",
+            "w_ptr": f"*{dtype}",
+            "b_ptr": f"*{dtype}",
+            "y_ptr": f"*{dtype}",
+            "mean_ptr": "*fp32",
+            "rstd_ptr": "*fp32",
+            "n_rows": "i32",
+            "n_cols": "i32",
+            "eps": "fp32",
+            "BLOCK": "constexpr",
+            "ROWS": "constexpr",
+            "RMS": "constexpr",
+            "HAS_BIAS": "constexpr",
+        }
+        bwd = {
+            "dy_ptr": f"*{dtype}",
+            "x_ptr": f"*{dtype}",
+            "w_ptr": f"*{dtype}",
+            "mean_ptr": "*fp32",
+            "rstd_ptr": "*fp32",
+            "dx_ptr": f"*{dtype}",
+            "dw_part_ptr": "*fp32",
+            "db_part_ptr": "*fp32",
+            "n_rows": "i32",
+            "n_cols": "i32",
+            "rows_per_prog": "i32",
+            "BLOCK": "constexpr",
+            "RMS": "constexpr",
+        }
+        fcx = {"BLOCK": block, "ROWS": rows, "RMS": rms, "HAS_BIAS": not rms}
+        bcx = {"BLOCK": 4096, "RMS": rms}
+        return [(_norm_fwd_kernel, fwd, fcx, warps), (_norm_bwd_kernel, bwd, bcx, 8)]
+
+    return specs
+
+
+register(
+    "layer_norm",
+    "triton",
+    devices=triton_support.devices(),
+    available=triton_support.unavailable,
+    custom_ops=layer_norm_triton.custom_ops,
+    builtin=True,
+    triton_kernels=kernel_specs(False),
+    description="Triton: row in registers, saved mean/rstd, per-program dweight/dbias partials",
+)(layer_norm_triton)

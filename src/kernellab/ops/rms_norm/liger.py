@@ -1,0 +1,31 @@
+"""liger-kernel's RMSNorm as a peer backend (``liger``), when liger-kernel is installed.
+
+Called as ``LigerRMSNormFunction.apply(x, weight, eps, offset=0.0, casting_mode="gemma",
+in_place=False)``: offset 0 is plain RMSNorm (Gemma's ``1 + weight`` would be offset 1);
+casting mode "gemma" keeps everything in fp32 and rounds once, which is what
+``torch.nn.functional.rms_norm`` computes ("llama" rounds x * rstd to bf16/fp16 before the
+weight multiply and would not match PyTorch's numbers). ``in_place=False``: liger's
+default writes dx into the dy buffer, which the harness reuses between timed calls.
+"""
+
+from __future__ import annotations
+
+from kernellab.ops.layer_norm.liger import liger_unavailable
+from kernellab.registry import register
+
+
+def liger_rms_norm(x, weight, eps=1e-6):
+    """liger-kernel LigerRMSNormFunction (Triton, casting mode gemma, offset 0)."""
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    return LigerRMSNormFunction.apply(x, weight, float(eps), 0.0, "gemma", False)
+
+
+register(
+    "rms_norm",
+    "liger",
+    devices=("cuda",),
+    available=liger_unavailable,
+    builtin=True,
+    description="liger-kernel LigerRMSNormFunction, casting mode gemma (peer)",
+)(liger_rms_norm)
