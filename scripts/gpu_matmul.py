@@ -1,0 +1,187 @@
+"""Matmul on a lent GPU (issue 4): correctness of every backend, then the benchmarks.
+
+    python scripts/gpu_matmul.py --out $OUT [--quick]
+
+TF32 is OFF for the whole run (``torch.backends.cuda.matmul.allow_tf32 = False``, cuDNN too):
+fp32 means full fp32 products for cuBLAS, Inductor, Triton (input_precision="ieee") and our
+CUDA kernels alike; every JSONL row records ``tf32: false``.
+
+1. correctness at 1000x1023x997 and a batched 3x129x65x257 for every backend x dtype it
+   supports (float64 reference, 2 x PyTorch's error rule), forward and, for the batched
+   shape, gradients;
+2. the fp32 CUDA ladder at 4096^3 (cuda_v1 ... cuda_v7 and cuBLAS): GFLOP/s and % of cuBLAS,
+   a markdown table like SGEMM_CUDA's -> $OUT/matmul_ladder.md;
+3. torch / compile / triton / cuda (best) / cuda_v8 at 4096^3 and 8192^3, fp32 and bf16
+   -> $OUT/matmul_bench.md.
+All timed rows (kernellab.harness.bench: L2 flushed, CUDA events, median of a stable run,
+outputs re-checked) go to $OUT/matmul.jsonl. ``manual`` (a broadcast-multiply-sum) is only
+checked, never timed at these sizes (it would take minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+
+torch.backends.cuda.matmul.allow_tf32 = False  # stated above: full fp32 everywhere
+torch.backends.cudnn.allow_tf32 = False
+
+import kernellab  # noqa: E402
+import kernellab.ops.matmul as mm  # noqa: E402
+from kernellab.harness import bench as kbench  # noqa: E402
+from kernellab.harness.compare import judge  # noqa: E402
+from kernellab.harness.results import write_jsonl  # noqa: E402
+
+LADDER = [f"cuda_v{i}" for i in range(1, 8)]
+TOP = ["torch", "compile", "triton", "cuda", "cuda_v8"]
+DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def supported(backend, dtype):
+    impl = kernellab.registry.get("matmul", backend)
+    return impl.dtypes is None or dtype in impl.dtypes
+
+
+def correctness(lines) -> bool:
+    ok_all = True
+    backends = [i.backend for i in kernellab.impls("matmul")]
+    for backend in backends:
+        for name, dtype in DT.items():
+            if not supported(backend, dtype):
+                continue
+            t0 = time.perf_counter()
+            status = []
+            for shape, grads in (((1000, 1023, 997), False), ((3, 129, 65, 257), True)):
+                if backend == "manual" and shape[0] == 1000 and dtype != torch.float32:
+                    continue
+                gen = torch.Generator(device="cuda").manual_seed(11)
+                a, b = mm.make_matmul_inputs(shape, dtype, "cuda", gen)
+                try:
+                    y = mm.matmul(a, b, backend=backend)
+                    v = judge(y, mm.SPEC.ref(a, b), dtype, torch.matmul(a, b))
+                    good, detail = v.ok, f"ratio {v.ratio:.2f}" if v.ok else v.detail
+                    if good and grads:
+                        la, lb = a.clone().requires_grad_(), b.clone().requires_grad_()
+                        dy = torch.randn(y.shape, device="cuda", generator=gen).to(dtype)
+                        got = torch.autograd.grad(mm.matmul(la, lb, backend=backend), (la, lb), dy)
+                        a64, b64 = a.double().requires_grad_(), b.double().requires_grad_()
+                        ref = torch.autograd.grad(a64 @ b64, (a64, b64), dy.double())
+                        ta, tb = a.clone().requires_grad_(), b.clone().requires_grad_()
+                        base = torch.autograd.grad(ta @ tb, (ta, tb), dy)
+                        for g, r, t in zip(got, ref, base):
+                            vg = judge(g, r, dtype, t)
+                            if not vg.ok:
+                                good, detail = False, "grad: " + vg.detail
+                except Exception as e:  # noqa: BLE001 - reported, the run goes on
+                    good, detail = False, f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                status.append(f"{'x'.join(map(str, shape))} {'ok' if good else 'FAIL'} ({detail})")
+                ok_all &= good
+            line = f"check {backend:9s} {name}: " + "; ".join(status) + f"  [{time.perf_counter() - t0:.1f}s]"
+            print(line, flush=True)
+            lines.append(line)
+    return ok_all
+
+
+def ladder_table(rows) -> str:
+    by = {r["backend"]: r for r in rows if r["dtype"] == "fp32" and r["shape"] == "4096x4096x4096"}
+    ref = by.get("torch", {}).get("tflops")
+    out = [
+        "| variant | what changes | GFLOP/s | % of cuBLAS |",
+        "|---|---|---:|---:|",
+    ]
+    from kernellab.ops.matmul.cuda import VARIANTS
+
+    for b in LADDER + ["torch"]:
+        r = by.get(b)
+        desc = "cuBLAS (torch.matmul), TF32 off"
+        if b.startswith("cuda_v"):
+            desc = VARIANTS[b[5:]][4].split(": ", 1)[1]
+        if not r or not r.get("tflops"):
+            out.append(f"| {b} | {desc} | {r.get('status') if r else 'not run'} | |")
+            continue
+        pct = f"{100 * r['tflops'] / ref:.1f}%" if ref else ""
+        out.append(f"| {b} | {desc} | {r['tflops'] * 1e3:,.0f} | {pct} |")
+    return "\n".join(out)
+
+
+def top_table(rows) -> str:
+    out = ["| shape | dtype | backend | ms | TFLOP/s | % of cuBLAS |", "|---|---|---|---:|---:|---:|"]
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["dtype"]), []).append(r)
+    for (shape, dt), rs in groups.items():
+        ref = next((r["tflops"] for r in rs if r["backend"] == "torch" and r.get("tflops")), None)
+        for r in rs:
+            if r.get("status") == "unavailable":
+                continue
+            if not r.get("tflops"):
+                why = f"{r.get('status')}: {r.get('reason', '')[:60]}"
+                out.append(f"| {shape} | {dt} | {r['backend']} | {why} | | |")
+                continue
+            pct = f"{100 * r['tflops'] / ref:.1f}%" if ref else ""
+            ms, tf = r["median_ms"], r["tflops"]
+            out.append(f"| {shape} | {dt} | {r['backend']} | {ms:.3f} | {tf:.1f} | {pct} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--quick", action="store_true", help="correctness and the 4096^3 runs only")
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not torch.cuda.is_available():
+        print("no GPU")
+        return 2
+    t_start = time.perf_counter()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  allow_tf32 {tf32}")
+    lines = []
+    ok = correctness(lines)
+    print(f"correctness: {'all ok' if ok else 'FAILURES'} ({time.perf_counter() - t_start:.0f}s)", flush=True)
+
+    jsonl = out / "matmul.jsonl"
+
+    def on_row(r):
+        write_jsonl([r], jsonl)
+        ms = r.get("median_ms")
+        tf = r.get("tflops")
+        why = f"{r.get('status')} {r.get('reason', '')[:90]}"
+        what = f"{ms:.3f} ms {tf:.1f} TFLOP/s" if ms and tf else why
+        print(f"  {r['backend']:9s} {r['dtype']} {r['shape']}: {what}", flush=True)
+
+    t0 = time.perf_counter()
+    ladder = kbench.bench(
+        "matmul", LADDER + ["torch"], [(4096,) * 3], [torch.float32], ("fwd",), budget_s=1.0, on_row=on_row
+    )
+    print(f"ladder: {time.perf_counter() - t0:.0f}s", flush=True)
+    shapes = [(4096, 4096, 4096)] + ([] if args.quick else [(8192, 8192, 8192)])
+    t0 = time.perf_counter()
+    top = kbench.bench(
+        "matmul", TOP, shapes, [torch.float32, torch.bfloat16], ("fwd",), budget_s=1.0, on_row=on_row
+    )
+    print(f"top: {time.perf_counter() - t0:.0f}s", flush=True)
+
+    lt, tt = ladder_table(ladder), top_table(top)
+    (out / "matmul_ladder.md").write_text(lt + "\n")
+    (out / "matmul_bench.md").write_text(tt + "\n")
+    (out / "matmul_check.txt").write_text("\n".join(lines) + "\n")
+    (out / "matmul_summary.json").write_text(
+        json.dumps({"correct": ok, "seconds": round(time.perf_counter() - t_start), "tf32": tf32}, indent=2)
+    )
+    print("\n## fp32 ladder, 4096^3 (TF32 off)\n" + lt)
+    print("\n## 4096^3 and 8192^3\n" + tt)
+    print(f"\ntotal {time.perf_counter() - t_start:.0f}s; correctness {'ok' if ok else 'FAILED'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
