@@ -1,1 +1,165 @@
-"""placeholder"""
+"""LayerNorm (and RMSNorm) in CUDA C++ (norms.cu, compiled by NVRTC): launchers, custom
+ops, registrations. rms_norm's CUDA backends reuse these launchers (``rms=True``).
+
+Backends: ``cuda_v1`` (one block per row, shared-memory reductions, the row re-read per
+pass) and ``cuda`` (= v2: the row in registers, 16-byte accesses, warp shuffles, several
+short rows per block; falls back to v1 when D is not a multiple of 16 bytes, a row is
+not 16-byte aligned, or D is wider than v2 holds). See the variant list in norms.cu.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kernellab.cuda.runtime import Module, nvrtc_unavailable, sm_count
+from kernellab.ops import _norms
+from kernellab.registry import register
+
+MODULE = Module(Path(__file__).with_name("norms.cu"))
+SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+V1_THREADS = 256
+V2_THREADS = 256  # norms.cu's __launch_bounds__ for v2
+V2_MAX_PACKS = 8 * 256  # P = 8 packs per thread, 256 threads per row
+
+_FWD_SIG = ("ptr",) * 6
+_KERNELS: dict = {}
+
+
+def _kernel(name: str, sig, dev: int):
+    key = (name, dev)
+    k = _KERNELS.get(key)
+    if k is None:
+        k = _KERNELS[key] = MODULE.kernel(name, sig, dev)
+    return k
+
+
+def _v2_shape(packs: int, target: int):
+    """(threads per row, packs per thread P) for a row of ``packs`` 16-byte packs: about
+    ``target`` packs per thread (4 forward; 2 backward, which holds x, g and two partials
+    per pack), 32..256 threads per row, P a power of two <= 8; None when it does not fit."""
+    if packs > V2_MAX_PACKS:
+        return None
+    tpr = 32
+    while tpr < 256 and tpr * target < packs:
+        tpr *= 2
+    p = 1
+    while p * tpr < packs:
+        p *= 2
+    return tpr, p
+
+
+def _use_v2(x: torch.Tensor, vectorized: bool, target: int):
+    if not vectorized:
+        return None
+    n_cols = x.shape[-1]
+    es = x.element_size()
+    n = 16 // es
+    if n_cols % n or x.data_ptr() % 16:
+        return None
+    return _v2_shape(n_cols // n, target)
+
+
+def _launchers(vectorized: bool):
+    def fwd(x, w, b, eps, rms):
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        mean, rstd = _norms.empty_stats(x, rms)
+        n_rows, n_cols = _norms.rows_of(x)
+        if not (n_rows and n_cols):
+            return y, mean, rstd
+        dev = x.device.index
+        sfx, kind = SUFFIX[x.dtype], "rms" if rms else "ln"
+        b_ptr = b.data_ptr() if b is not None and not rms else 0
+        mean_ptr = mean.data_ptr() if mean is not None else 0
+        v2 = _use_v2(x, vectorized, 4)
+        if v2 is not None and (b is None or b.data_ptr() % 16 == 0) and w.data_ptr() % 16 == 0:
+            tpr, p = v2
+            rpb = V2_THREADS // tpr
+            k = _kernel(f"{kind}_fwd_p{p}_{sfx}", _FWD_SIG + ("i64", "i32", "i32", "f32"), dev)
+            grid = (n_rows + rpb - 1) // rpb
+            k(grid, V2_THREADS, x, w, b_ptr, y, mean_ptr, rstd, n_rows, n_cols, tpr, eps, device_index=dev)
+        else:
+            k = _kernel(f"{kind}_fwd_v1_{sfx}", _FWD_SIG + ("i32", "f32"), dev)
+            for start in range(0, n_rows, 2**31 - 1):  # grid.x limit
+                cnt = min(n_rows - start, 2**31 - 1)
+                off = start * n_cols * x.element_size()
+                k(
+                    cnt,
+                    V1_THREADS,
+                    x.data_ptr() + off,
+                    w,
+                    b_ptr,
+                    y.data_ptr() + off,
+                    (mean_ptr + 4 * start) if mean_ptr else 0,
+                    rstd.data_ptr() + 4 * start,
+                    n_cols,
+                    eps,
+                    device_index=dev,
+                )
+        return y, mean, rstd
+
+    def bwd(dy, x, w, mean, rstd, rms, has_bias):
+        n_rows, n_cols = _norms.rows_of(x)
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        want_db = has_bias and not rms
+        if not (n_rows and n_cols):
+            return dx, torch.zeros_like(w), (torch.zeros_like(w) if want_db else None)
+        dev = x.device.index
+        sfx, kind = SUFFIX[x.dtype], "rms" if rms else "ln"
+        sms = sm_count(dev)
+        mean_ptr = mean.data_ptr() if mean is not None else 0
+        v2 = _use_v2(x, vectorized, 2)
+        if v2 is not None and dy.data_ptr() % 16 == 0 and w.data_ptr() % 16 == 0:
+            tpr, p = v2
+            rpb = V2_THREADS // tpr
+            # 4 blocks of 256 threads per SM (register-limited to ~2 resident at P = 2;
+            # the rest form a second wave): enough rows in flight, and the partial
+            # buffer stays small (528 x D fp32 on an H100).
+            grid = max(1, min((n_rows + rpb - 1) // rpb, 4 * sms))
+            slots = grid * rpb
+            dw_part = torch.empty((slots, n_cols), dtype=torch.float32, device=x.device)
+            db_part = torch.empty_like(dw_part) if not rms else dw_part
+            k = _kernel(f"{kind}_bwd_p{p}_{sfx}", ("ptr",) * 8 + ("i64", "i32", "i32"), dev)
+            k(grid, V2_THREADS, dy, x, w, mean_ptr, rstd, dx, dw_part, db_part, n_rows, n_cols, tpr, device_index=dev)
+        else:
+            grid = max(1, min(n_rows, 8 * sms))
+            dw_part = torch.zeros((grid, n_cols), dtype=torch.float32, device=x.device)
+            db_part = torch.zeros_like(dw_part) if not rms else dw_part
+            k = _kernel(f"{kind}_bwd_v1_{sfx}", ("ptr",) * 8 + ("i64", "i32"), dev)
+            k(grid, V1_THREADS, dy, x, w, mean_ptr, rstd, dx, dw_part, db_part, n_rows, n_cols, device_index=dev)
+        dw = _norms.reduce_partials(dw_part, w.dtype)
+        db = _norms.reduce_partials(db_part, w.dtype) if want_db else None
+        return dx, dw, db
+
+    return fwd, bwd
+
+
+LAUNCHERS = {
+    "cuda_v1": _launchers(vectorized=False),
+    "cuda": _launchers(vectorized=True),
+}
+VARIANTS = [
+    ("cuda_v1", "CUDA v1: one block per row, shared-memory reductions, row re-read per pass"),
+    ("cuda", "CUDA v2: row in registers, 16-byte loads, warp shuffles, dw/db partials in registers"),
+]
+
+
+def register_variants(op: str, make_op) -> None:
+    for backend, what in VARIANTS:
+        fwd, bwd = LAUNCHERS[backend]
+        fn = make_op(f"{op}_{backend}", fwd, bwd)
+        register(
+            op,
+            backend,
+            devices=("cuda",),
+            available=nvrtc_unavailable,
+            precompile=MODULE.precompile,
+            custom_ops=fn.custom_ops,
+            builtin=True,
+            description=what,
+            module=MODULE,
+        )(fn)
+
+
+register_variants("layer_norm", _norms.layer_norm_op)
