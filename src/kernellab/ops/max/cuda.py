@@ -1,0 +1,79 @@
+"""max / argmax over the last dim in CUDA C++ (max.cu, NVRTC): launchers, custom ops,
+registrations. ``cuda_v1``: one thread per row (naive); ``cuda``: a warp or a block per
+row with 16-byte loads and shuffles (see the top of max.cu)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kernellab.cuda.elementwise import SUFFIX
+from kernellab.cuda.runtime import Module, _get_device, nvrtc_unavailable
+from kernellab.ops.max._op import max_backends
+from kernellab.registry import register
+
+MODULE = Module(Path(__file__).with_name("max.cu"))
+THREADS = 256
+WARP_ROW_MAX = 1024  # rows up to this many columns get one warp each
+_SIG = ("ptr", "ptr", "ptr", "i64", "i32")
+_KERNELS: dict = {}
+
+
+def _kernel(name: str, dtype, dev: int):
+    key = (name, dtype, dev)
+    k = _KERNELS.get(key)
+    if k is None:
+        k = _KERNELS[key] = MODULE.kernel(f"{name}_{SUFFIX[dtype]}", _SIG, dev)
+    return k
+
+
+def max_rows(x: torch.Tensor, want_values: bool, variant: str):
+    x = x.contiguous()
+    n_cols = x.shape[-1] if x.dim() else 1
+    if n_cols == 0:
+        raise ValueError(f"max: x has shape {tuple(x.shape)}: its last dim is empty")
+    if n_cols >= 2**31:
+        raise ValueError(f"max: x has rows of {n_cols} elements; at most 2^31 - 1 are supported")
+    idx = torch.empty(x.shape[:-1], dtype=torch.int64, device=x.device)
+    vals = torch.empty(x.shape[:-1], dtype=x.dtype, device=x.device) if want_values else None
+    n_rows = idx.numel()
+    if n_rows == 0:
+        return vals, idx
+    dev = x.device.index
+    if dev != _get_device():
+        with torch.cuda.device(dev):
+            return max_rows(x, want_values, variant)
+    vptr = vals.data_ptr() if want_values else 0  # null: argmax writes indices only
+    if variant == "v1":
+        _kernel("max_rows_v1", x.dtype, dev)(-(-n_rows // THREADS), THREADS, x, vptr, idx, n_rows, n_cols)
+        return vals, idx
+    vec = (x.data_ptr() & 15) == 0 and (n_cols * x.element_size()) % 16 == 0
+    sfx = "_vec" if vec else ""
+    if n_cols <= WARP_ROW_MAX:
+        grid = -(-n_rows // (THREADS // 32))
+        _kernel("max_rows_warp" + sfx, x.dtype, dev)(grid, THREADS, x, vptr, idx, n_rows, n_cols)
+    else:
+        _kernel("max_rows_block" + sfx, x.dtype, dev)(n_rows, THREADS, x, vptr, idx, n_rows, n_cols)
+    return vals, idx
+
+
+VARIANTS = [
+    ("cuda_v1", "v1", "CUDA v1: one thread per row (naive, uncoalesced)"),
+    ("cuda", "good", "CUDA: warp or block per row, 16-byte loads, shuffles"),
+]
+
+for _backend, _variant, _what in VARIANTS:
+    _max, _argmax = max_backends(_backend, lambda x, want, _v=_variant: max_rows(x, want, _v))
+    for _op, _fn in (("max", _max), ("argmax", _argmax)):
+        register(
+            _op,
+            _backend,
+            devices=("cuda",),
+            available=nvrtc_unavailable,
+            precompile=MODULE.precompile,
+            custom_ops=_fn.custom_ops,
+            builtin=True,
+            description=_what,
+            module=MODULE,
+        )(_fn)

@@ -1,0 +1,155 @@
+// max.cu - max (values and indices) and argmax over the last dim, as torch.max(x, -1).
+//
+// Semantics (torch's, on CPU and CUDA): the largest value and the index of its first
+// occurrence; a row holding NaN gives NaN and the index of its first NaN; a row of -inf
+// gives -inf and index 0. `beats` below is that order on (value, index) pairs; it is a
+// total order, so any combine tree (and any assignment of elements to threads) gives the
+// same answer: bitwise deterministic.
+//
+// Variants:
+//   v1   max_rows_v1_*     one thread per row, a serial scan (neighbouring threads read
+//                          addresses a row apart: uncoalesced) - the naive baseline.
+//   cuda max_rows_warp_* / max_rows_block_*: a warp per row (rows <= 1024 columns) or a
+//                          256-thread block per row; each thread keeps U 16-byte loads in
+//                          flight (`_vec`, when every row is 16-byte aligned; scalar loads
+//                          otherwise) and a running (value, index); warp shuffles, then one
+//                          shared-memory step across warps. Read once, 12 bytes written per row.
+// vals may be null (argmax): only indices are written.
+#include "common.cuh"
+#include "reduce.cuh"
+
+namespace {
+
+constexpr int U = 4;  // 16-byte packs in flight per thread and loop step
+constexpr int NO_INDEX = 0x7fffffff;
+
+// Whether (av, ai) comes before (bv, bi): NaN first (the earlier NaN among NaNs), then the
+// larger value, then the smaller index. The identity (-inf, NO_INDEX) loses to every element.
+__device__ __forceinline__ bool beats(float av, int ai, float bv, int bi) {
+    if (av != av) return bv == bv || ai < bi;
+    if (bv != bv) return false;
+    return av > bv || (av == bv && ai < bi);
+}
+
+struct Best {
+    float v = kl::neg_inf();
+    int i = NO_INDEX;
+    __device__ __forceinline__ void take(float v2, int i2) {
+        if (beats(v2, i2, v, i)) {
+            v = v2;
+            i = i2;
+        }
+    }
+};
+
+__device__ __forceinline__ Best warp_best(Best b) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float v = __shfl_xor_sync(kl::FULL_MASK, b.v, off);
+        const int i = __shfl_xor_sync(kl::FULL_MASK, b.i, off);
+        b.take(v, i);
+    }
+    return b;
+}
+
+template <typename T>
+__device__ __forceinline__ void write(T* vals, long long* idx, long long r, Best b) {
+    idx[r] = b.i;
+    if (vals) vals[r] = kl::from_f<T>(b.v);
+}
+
+template <typename T>
+__device__ void max_rows_v1(const T* __restrict__ x, T* vals, long long* __restrict__ idx, long long rows, int cols) {
+    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const T* row = x + r * cols;
+    Best b;
+    for (int j = 0; j < cols; ++j) b.take(kl::to_f(row[j]), j);
+    write(vals, idx, r, b);
+}
+
+// The running best of one thread of a G-thread group that owns the row.
+template <typename T, bool VEC>
+__device__ __forceinline__ Best group_row_best(const T* __restrict__ row, int cols, int lane, int G) {
+    using V = kl::Vec16<T>;
+    Best b;
+    int done = 0;
+    if (VEC) {
+        const int npacks = cols / V::N;
+        const int4* p = reinterpret_cast<const int4*>(row);
+        for (int base = lane; base < npacks; base += G * U) {
+            V r[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int q = base + u * G;
+                if (q < npacks) r[u].raw = kl::load16(p + q);
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int q = base + u * G;
+                if (q < npacks) {
+#pragma unroll
+                    for (int j = 0; j < V::N; ++j) b.take(kl::to_f(r[u].e[j]), q * V::N + j);
+                }
+            }
+        }
+        done = npacks * V::N;
+    }
+    for (int j = done + lane; j < cols; j += G) b.take(kl::to_f(row[j]), j);
+    return b;
+}
+
+template <typename T, bool VEC>
+__device__ void max_rows_warp(const T* __restrict__ x, T* vals, long long* __restrict__ idx, long long rows, int cols) {
+    const long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (r >= rows) return;  // whole warps leave together
+    const int lane = threadIdx.x & 31;
+    const Best b = warp_best(group_row_best<T, VEC>(x + r * cols, cols, lane, 32));
+    if (lane == 0) write(vals, idx, r, b);
+}
+
+template <typename T, bool VEC>
+__device__ void max_rows_block(const T* __restrict__ x, T* vals, long long* __restrict__ idx, long long rows, int cols) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const long long r = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    Best b = warp_best(group_row_best<T, VEC>(x + r * cols, cols, threadIdx.x, blockDim.x));
+    if (lane == 0) {
+        sv[warp] = b.v;
+        si[warp] = b.i;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        Best c;
+        if (lane < warps) {
+            c.v = sv[lane];
+            c.i = si[lane];
+        }
+        c = warp_best(c);
+        if (lane == 0) write(vals, idx, r, c);
+    }
+}
+
+}  // namespace
+
+#define KL_MAX_KERNELS(S, T)                                                                                    \
+    extern "C" __global__ void max_rows_v1_##S(const T* x, T* vals, long long* idx, long long rows, int cols) { \
+        max_rows_v1<T>(x, vals, idx, rows, cols);                                                               \
+    }                                                                                                           \
+    extern "C" __global__ void max_rows_warp_##S(const T* x, T* vals, long long* idx, long long rows, int cols) { \
+        max_rows_warp<T, false>(x, vals, idx, rows, cols);                                                      \
+    }                                                                                                           \
+    extern "C" __global__ void max_rows_warp_vec_##S(const T* x, T* vals, long long* idx, long long rows,       \
+                                                     int cols) {                                                \
+        max_rows_warp<T, true>(x, vals, idx, rows, cols);                                                       \
+    }                                                                                                           \
+    extern "C" __global__ void max_rows_block_##S(const T* x, T* vals, long long* idx, long long rows, int cols) { \
+        max_rows_block<T, false>(x, vals, idx, rows, cols);                                                     \
+    }                                                                                                           \
+    extern "C" __global__ void max_rows_block_vec_##S(const T* x, T* vals, long long* idx, long long rows,      \
+                                                      int cols) {                                               \
+        max_rows_block<T, true>(x, vals, idx, rows, cols);                                                      \
+    }
+
+KL_FOR_EACH_DTYPE(KL_MAX_KERNELS)
