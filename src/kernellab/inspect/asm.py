@@ -106,8 +106,9 @@ def split_sass(text: str) -> dict[str, str]:
 
 
 _PATTERNS = {
-    "ptx_ld_global_v4": (r"ld\.global(?:\.\w+)*\.v4\.", "ptx"),
-    "ptx_st_global_v4": (r"st\.global(?:\.\w+)*\.v4\.", "ptx"),
+    # qualifiers may include cache policies such as .L1::evict_last
+    "ptx_ld_global_v4": (r"ld\.global(?:\.[\w:]+)*\.v4\.", "ptx"),
+    "ptx_st_global_v4": (r"st\.global(?:\.[\w:]+)*\.v4\.", "ptx"),
     "ptx_local": (r"\b(?:ld|st)\.local\b", "ptx"),
     "LDG_128": (r"\bLDG\.E\.128\b|\bLDG\.E\.(?:\w+\.)*128\b", "sass"),
     "STG_128": (r"\bSTG\.E\.128\b|\bSTG\.E\.(?:\w+\.)*128\b", "sass"),
@@ -186,9 +187,23 @@ def cuda_backend_filter(backend: str, dtype_suffix: str | None):
 def cuda_report(module, arch: str, backend: str, dtype_suffix: str | None, kernel_regex: str | None = None):
     ptx = module.compile(arch, target="ptx").decode()
     cubin = module.compile(arch)
-    keep = cuda_backend_filter(backend, dtype_suffix)
+    # A module may name the variants an alias backend runs (matmul's ``cuda`` is v7 for
+    # fp32 and v8 for fp16/bf16): ``module.asm_aliases = {"cuda": ("cuda_v7", "cuda_v8")}``.
+    targets = getattr(module, "asm_aliases", {}).get(backend, (backend,))
     rx = re.compile(kernel_regex) if kernel_regex else None
-    return analyze(ptx, cubin, lambda n: keep(n) and (rx is None or rx.search(n)))
+    names = list(split_ptx(ptx))
+
+    def chooser(suffix):
+        keeps = [cuda_backend_filter(b, suffix) for b in targets]
+        return lambda n: any(k(n) for k in keeps) and (rx is None or rx.search(n) is not None)
+
+    keep = chooser(dtype_suffix)
+    if dtype_suffix and not any(keep(n) for n in names) and any(chooser(None)(n) for n in names):
+        # e.g. a tensor-core variant asked for fp32: show its kernels for the dtypes it has
+        kernels, note = analyze(ptx, cubin, chooser(None))
+        extra = f"{backend} has no {dtype_suffix} kernel; showing its other dtypes"
+        return kernels, f"{note}; {extra}" if note else extra
+    return analyze(ptx, cubin, keep)
 
 
 def triton_artifacts(op: str, shape, dtype: str) -> tuple[list[KernelAsm], str]:

@@ -23,6 +23,7 @@ from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("matmul.cu"))
+MODULE.asm_aliases = {"cuda": ("cuda_v7", "cuda_v8")}  # `kernellab asm matmul --backend cuda`
 _FP32 = (torch.float32,)
 _HALF = (torch.float16, torch.bfloat16)
 _SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
