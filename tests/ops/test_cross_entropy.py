@@ -1,0 +1,342 @@
+"""cross_entropy: every backend that runs here x vocabularies (odd ones included) x dtypes x
+reductions, forward and dlogits against the float64 reference; ignore_index (default and
+not), all-ignored batches, +-1e4 fp16 logits, out-of-range targets, the in-place backward,
+the check engine (and planted wrong implementations it must reject), torch.compile over the
+Triton backend, the CUDA source compiling; GPU tests at scaled-down bench shapes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernellab
+import kernellab.ops.cross_entropy as ce  # registers the op and its backends
+from kernellab import registry
+from kernellab.harness.check import FAIL, PASS, check_impl
+from kernellab.harness.compare import judge
+from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, seed_for, shape_id
+
+SPEC = ce.SPEC
+CPU = cpu_backends("cross_entropy")  # manual, torch, triton (compile is tested on its own)
+GPU = cuda_backends("cross_entropy")
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+def _case(backend, dtype, shape, reduction, device="cpu", ignore_index=-100, target=None, seed=0, inplace=False):
+    """Forward and dlogits of ``backend`` judged against float64 (2 x PyTorch's error)."""
+    logits, t = SPEC.make_inputs(shape, dtype, device, seed)
+    if target is not None:
+        t = target
+    kw = {"ignore_index": ignore_index, "reduction": reduction}
+    ref = F.cross_entropy(logits.double(), t, **kw)
+    with torch.no_grad():
+        base = F.cross_entropy(logits, t, **kw)
+        y = ce.cross_entropy(logits, t, **kw, backend=backend)
+    v = judge(y, ref, dtype, base)
+    assert v.ok, ("forward", v.detail)
+
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    dy = torch.randn(ref.shape, generator=gen, device=device).to(dtype)
+    x = logits.detach().clone().requires_grad_()
+    (g,) = torch.autograd.grad(ce.cross_entropy(x, t, **kw, backend=backend, inplace_backward=inplace), x, dy)
+    x64 = logits.detach().double().requires_grad_()
+    (g_ref,) = torch.autograd.grad(F.cross_entropy(x64, t, **kw), x64, dy.double())
+    xt = logits.detach().clone().requires_grad_()
+    (g_torch,) = torch.autograd.grad(F.cross_entropy(xt, t, **kw), xt, dy)
+    v = judge(g, g_ref, dtype, g_torch)
+    assert v.ok, ("dlogits", v.detail)
+
+
+# --------------------------------------------------------------------------- CPU matrix
+
+SHAPES = [(1, 1), (3, 1000), (7, 1023), (2, 4097)]
+VOCABS = [(2, 32000), (2, 32001), (1, 50304), (1, 128256)]  # the issue's vocabularies, few rows
+
+
+def test_matrix_is_not_empty():
+    assert {"manual", "torch", "triton"} <= set(CPU)
+    assert {"cuda", "cuda_v1", "triton", "liger"} <= {i.backend for i in kernellab.impls("cross_entropy")}
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_forward_and_gradient(backend, dtype, shape):
+    _case(backend, dtype, shape, "mean", seed=seed_for(backend, dtype, shape))
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("shape", VOCABS, ids=shape_id)
+def test_vocabularies_bf16(backend, shape):
+    _case(backend, torch.bfloat16, shape, "mean", seed=seed_for(backend, shape))
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_reductions(backend, dtype, reduction):
+    _case(backend, dtype, (9, 1000), reduction, seed=seed_for(backend, dtype, reduction))
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("ignore_index", [0, 7, -1])
+def test_non_default_ignore_index(backend, ignore_index):
+    n, v = 11, 300
+    t = torch.randint(0, v, (n,), generator=torch.Generator().manual_seed(ignore_index + 5))
+    t[::3] = ignore_index
+    t[1] = ignore_index + 1 if ignore_index >= 0 else 5  # a valid class next to the ignored one
+    for reduction in REDUCTIONS:
+        _case(backend, torch.float32, (n, v), reduction, ignore_index=ignore_index, target=t, seed=3)
+    # -100 is an ordinary (out-of-range) target when another value is ignored.
+    t[0] = -100
+    logits = torch.randn(n, v)
+    with pytest.raises(ValueError, match=r"\btarget\b"):
+        ce.cross_entropy(logits, t, ignore_index=ignore_index, backend=backend)
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_all_ignored_batch_behaves_like_pytorch(backend, dtype):
+    logits = torch.randn(4, 50).to(dtype)
+    t = torch.full((4,), -100, dtype=torch.int64)
+    for reduction in REDUCTIONS:
+        x = logits.clone().requires_grad_()
+        y = ce.cross_entropy(x, t, reduction=reduction, backend=backend)
+        ref = F.cross_entropy(logits, t, reduction=reduction)
+        assert y.dtype == ref.dtype == dtype
+        assert torch.equal(torch.isnan(y), torch.isnan(ref)), (reduction, y, ref)
+        if reduction == "mean":
+            assert torch.isnan(y)  # 0 / 0, as PyTorch
+        else:
+            assert (y == 0).all()
+        (g,) = torch.autograd.grad(y.sum(), x)
+        assert (g == 0).all()
+    # an empty batch
+    e = torch.randn(0, 9).to(dtype)
+    et = torch.zeros(0, dtype=torch.int64)
+    assert torch.isnan(ce.cross_entropy(e, et, backend=backend))
+    assert ce.cross_entropy(e, et, reduction="sum", backend=backend) == 0
+    assert ce.cross_entropy(e, et, reduction="none", backend=backend).shape == (0,)
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_fp16_logits_of_1e4_stay_finite(backend):
+    n, width = 6, 2000
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(n, width, generator=g) * 3).half()
+    logits[0, ::2], logits[0, 1::2] = 1e4, -1e4
+    logits[1, :] = -1e4
+    logits[1, 17] = 1e4
+    logits[2, :] = 1e4
+    t = torch.tensor([0, 1, 5, 17, -100, 3])
+    for reduction in REDUCTIONS:
+        ref = F.cross_entropy(logits, t, reduction=reduction)
+        y = ce.cross_entropy(logits, t, reduction=reduction, backend=backend)
+        assert torch.isfinite(ref).all()
+        assert torch.isfinite(y).all(), (reduction, y)
+        verdict = judge(y, F.cross_entropy(logits.double(), t, reduction=reduction), torch.float16, ref)
+        assert verdict.ok, (reduction, verdict.detail)
+
+
+def test_nan_and_inf_rows_match_pytorch():
+    logits = torch.randn(5, 40)
+    logits[0, 3] = float("nan")
+    logits[1, 4] = float("inf")
+    logits[2, :] = float("-inf")
+    logits[3, 7] = float("-inf")  # the target's logit is -inf: loss +inf
+    t = torch.tensor([1, 2, 3, 7, 9])
+    ref = F.cross_entropy(logits, t, reduction="none")
+    for backend in CPU:
+        y = ce.cross_entropy(logits, t, reduction="none", backend=backend)
+        assert torch.equal(torch.isnan(y), torch.isnan(ref)), backend
+        assert torch.equal(torch.isinf(y), torch.isinf(ref)), backend
+        torch.testing.assert_close(y[4], ref[4])
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_out_of_range_targets_raise(backend):
+    logits = torch.randn(3, 10)
+    for bad in (10, 11, -1, -101):
+        with pytest.raises(ValueError, match=r"target\[1\] = "):
+            ce.cross_entropy(logits, torch.tensor([0, bad, 2]), backend=backend)
+    with pytest.raises(TypeError, match=r"\btarget\b"):
+        ce.cross_entropy(logits, torch.tensor([0, 1, 2], dtype=torch.int32), backend=backend)
+    with pytest.raises(ValueError, match=r"\breduction\b"):
+        ce.cross_entropy(logits, torch.tensor([0, 1, 2]), reduction="avg", backend=backend)
+    with pytest.raises(TypeError, match=r"\binplace_backward\b"):
+        ce.cross_entropy(logits, torch.tensor([0, 1, 2]), backend=backend, inplace_backward=1)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        registry.call("cross_entropy", backend, logits, torch.tensor([0, 1, 2]), label_smoothing=0.1)
+
+
+def test_inplace_backward_reuses_the_logits_buffer():
+    logits, t = SPEC.make_inputs((5, 1000), torch.float32, "cpu", 4)
+    a = logits.clone().requires_grad_()
+    ce.cross_entropy(a, t, backend="triton").backward()
+    b = logits.clone().requires_grad_()
+    ce.cross_entropy(b, t, backend="triton", inplace_backward=True).backward()
+    torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0)
+    # the logits now hold the gradient (documented: the flag trades them for memory)
+    torch.testing.assert_close(b.detach(), b.grad, rtol=0, atol=0)
+    assert not torch.equal(b.detach(), logits)
+    # a strided input is packed first: the copy is overwritten, the caller's logits survive
+    c = logits.t().contiguous().t().requires_grad_()  # [5, 1000] with strides (1, 5)
+    assert not c.is_contiguous()
+    before = c.detach().clone()
+    ce.cross_entropy(c, t, backend="triton", inplace_backward=True).backward()
+    assert torch.equal(c.detach(), before)
+
+
+# --------------------------------------------------------------------------- check engine
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_check_engine_passes(backend):
+    rep = check_impl(registry.get("cross_entropy", backend), torch.float32, device="cpu", quick=True, seed=11)
+    assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+    kinds = {c.kind for c in rep.cases if c.status == PASS}
+    assert {"shape", "rerun", "special", "layout", "option", "grad", "bad"} <= kinds
+
+
+def test_check_engine_passes_triton_bf16():
+    rep = check_impl(registry.get("cross_entropy", "triton"), torch.bfloat16, device="cpu", quick=True, seed=12)
+    assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+    assert any(c.kind == "opcheck" and c.status == PASS for c in rep.cases)
+
+
+def _rows(logits, target, ignore_index):
+    return torch.nn.functional.cross_entropy(logits.float(), target.clamp(min=0), reduction="none")
+
+
+def _no_ignore(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
+    loss = _rows(logits, target, ignore_index)  # ignored rows scored against class 0
+    return {"none": loss, "sum": loss.sum(), "mean": loss.mean()}[reduction].to(logits.dtype)
+
+
+def _mean_over_all_rows(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
+    loss = torch.where(target != ignore_index, _rows(logits, target, ignore_index), 0.0)
+    return {"none": loss, "sum": loss.sum(), "mean": loss.mean()}[reduction].to(logits.dtype)
+
+
+class _NoOnehot(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target):
+        ctx.save_for_backward(logits, target)
+        return F.cross_entropy(logits, target)
+
+    @staticmethod
+    def backward(ctx, dy):
+        logits, target = ctx.saved_tensors
+        keep = (target != -100).unsqueeze(1)
+        return torch.where(keep, torch.softmax(logits.float(), -1) * dy / keep.sum(), 0.0).to(logits.dtype), None
+
+
+def _wrong_grad(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
+    if reduction != "mean":
+        return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
+    return _NoOnehot.apply(logits, target)
+
+
+@pytest.mark.parametrize(
+    "fn", [_no_ignore, _mean_over_all_rows, _wrong_grad], ids=["ignores ignore_index", "mean over N", "grad no onehot"]
+)
+def test_planted_wrong_implementations_fail_the_check(fn):
+    registry.register("cross_entropy", "planted_wrong")(fn)
+    try:
+        rep = check_impl(registry.get("cross_entropy", "planted_wrong"), torch.float32, device="cpu", quick=True, seed=13)
+    finally:
+        registry.unregister("cross_entropy", "planted_wrong")
+    assert rep.status == FAIL
+
+
+# --------------------------------------------------------------------------- compile, CUDA source
+
+
+def test_compile_backend_quick():
+    logits, t = SPEC.make_inputs((6, 300), torch.float32, "cpu", 5)
+    y = ce.cross_entropy(logits, t, backend="compile")
+    torch.testing.assert_close(y, F.cross_entropy(logits, t))
+
+
+def test_under_torch_compile_fullgraph():
+    f = torch.compile(lambda x, t: ce.cross_entropy(x, t, backend="triton", reduction="sum") * 2, fullgraph=True)
+    logits, t = SPEC.make_inputs((5, 77), torch.float32, "cpu", 6)
+    x = logits.clone().requires_grad_()
+    y = f(x, t)
+    y.backward()
+    x2 = logits.clone().requires_grad_()
+    y2 = F.cross_entropy(x2, t, reduction="sum") * 2
+    y2.backward()
+    torch.testing.assert_close(y, y2)
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_cuda_source_compiles():
+    from kernellab.ops.cross_entropy.cuda import MODULE
+
+    lines = MODULE.precompile(("sm_80", "sm_90"))
+    assert len(lines) == 2 and all("cubin" in ln for ln in lines)
+
+
+# --------------------------------------------------------------------------- GPU
+
+GPU_SHAPES = [(64, 50304), (32, 128256), (48, 32000), (8, 32001), (5, 1000), (3, 7), (70000, 3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gpu_forward_and_gradient(backend, dtype):
+    for shape in GPU_SHAPES:
+        for reduction in REDUCTIONS:
+            _case(backend, dtype, shape, reduction, device="cuda", seed=seed_for(backend, shape, reduction))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", [b for b in GPU if b != "liger"])
+def test_gpu_edges(backend):
+    # all ignored, out-of-range targets, +-1e4 fp16, offset (misaligned) logits, in-place
+    logits = torch.randn(4, 4096, device="cuda").half()
+    t = torch.full((4,), -100, dtype=torch.int64, device="cuda")
+    assert torch.isnan(ce.cross_entropy(logits, t, backend=backend))
+    with pytest.raises(ValueError, match=r"\btarget\b"):
+        ce.cross_entropy(logits, torch.tensor([0, 4096, 1, 2], device="cuda"), backend=backend)
+    x = logits.clone()
+    x[0, ::2], x[0, 1::2] = 1e4, -1e4
+    t = torch.tensor([0, 1, -100, 3], device="cuda")
+    y = ce.cross_entropy(x, t, reduction="none", backend=backend)
+    assert torch.isfinite(y).all() and torch.isfinite(F.cross_entropy(x, t, reduction="none")).all()
+    flat = torch.randn(8 * 1000 + 1, device="cuda").bfloat16()
+    _case_tensors(backend, flat[1:].view(8, 1000), torch.arange(8, device="cuda") * 3)
+    if backend in ("triton", "cuda", "cuda_v1"):
+        _case(backend, torch.bfloat16, (16, 50304), "mean", device="cuda", inplace=True)
+
+
+def _case_tensors(backend, logits, t):
+    y = ce.cross_entropy(logits, t, backend=backend)
+    v = judge(y, F.cross_entropy(logits.double(), t), logits.dtype, F.cross_entropy(logits, t))
+    assert v.ok, v.detail
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU)
+def test_gpu_check_engine(backend):
+    for dtype in DTYPES:
+        rep = check_impl(registry.get("cross_entropy", backend), dtype, device="cuda", quick=True, seed=21)
+        assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+
+
+@pytest.mark.gpu
+def test_gpu_inplace_backward_extra_memory_is_small():
+    logits, t = SPEC.make_inputs((256, 50304), torch.bfloat16, "cuda", 0)
+    for backend in ("triton", "cuda"):
+        x = logits.clone().requires_grad_()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        ce.cross_entropy(x, t, backend=backend, inplace_backward=True).backward()
+        torch.cuda.synchronize()
+        extra = torch.cuda.max_memory_allocated() - before
+        assert extra < 0.05 * logits.numel() * 2, (backend, extra)  # N floats, not a logits-sized buffer
+        del x
