@@ -122,7 +122,11 @@ def launched_cuda_kernels(fn, prefix: str = "") -> list[str]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == DeviceType.CUDA]
+    names = [
+        e.name
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
     return [n for n in names if n.startswith(prefix)]
 
 

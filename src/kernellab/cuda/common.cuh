@@ -52,6 +52,11 @@ template <typename T> union Vec16 {
 #ifndef KL_THREADS
 #define KL_THREADS 256
 #endif
+// The x1 kernels may be launched with up to this many threads (the host launches 512 for
+// large 16-bit one-input tensors, see cuda/elementwise.py).
+#ifndef KL_X1_MAX_THREADS
+#define KL_X1_MAX_THREADS 512
+#endif
 #ifndef KL_CACHE_HINT
 #define KL_CACHE_HINT 0
 #endif

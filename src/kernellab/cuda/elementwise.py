@@ -23,6 +23,11 @@ UNROLL = {1: 4, 2: 2}  # packs per thread for 1 and 2 inputs: kl::UNROLL, kl::UN
 # GeLU: 8.45 us fat, 6.69 us x1); two-input kernels (2 streams in already) were as fast
 # or faster with x1 at every size, so they always take it.
 FAT_MIN_BLOCKS_PER_SM = 8
+# Large 16-bit one-input tensors: x1 kernels in 512-thread blocks instead of the fat ones.
+# scripts/tune_elementwise.py --threads (H100, 2^28 bf16 GeLU, time / torch's): x1 at 512
+# threads 0.997, x1 at 256 1.001, fat (4 packs) at 256 1.005; fp32 keeps the fat kernel
+# (x1 there: 1.025-1.086). All within ~0.5% of torch, i.e. at the copy ceiling.
+WIDE_X1_THREADS = 512
 
 _KERNELS: dict = {}  # (module, base, dtype, device, kind, n_inputs) -> (Kernel, packs or elements per block)
 
@@ -59,7 +64,11 @@ def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.
         packs = n // (16 // x0.element_size())
         fat = (packs + THREADS * UNROLL[len(inputs)] - 1) // (THREADS * UNROLL[len(inputs)])
         kind = "vec" if len(inputs) == 1 and fat >= FAT_MIN_BLOCKS_PER_SM * sm_count(dev) else "x1"
+        threads = THREADS
+        if kind == "vec" and x0.element_size() == 2:
+            kind, threads = "x1", WIDE_X1_THREADS
         kernel, per_block = _kernel(module, base, x0.dtype, dev, kind, len(inputs))
+        per_block = per_block * threads // THREADS
         # One tile per block (the kernel's loop is grid-stride, so this is only a choice):
         # measured faster than a grid capped at 8-32 blocks per SM.
         grid = (packs + per_block - 1) // per_block or 1
@@ -67,10 +76,11 @@ def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.
         # A storage offset can leave a tensor misaligned for 16-byte accesses (offset of
         # one element): then the scalar kernel runs. The allocator aligns y.
         kernel, per_block = _kernel(module, base, x0.dtype, dev, "v1", len(inputs))
+        threads = THREADS
         grid = (n + per_block - 1) // per_block
     ptrs.append(y.data_ptr())
     ptrs.append(n)
-    kernel.launch_1d(grid, THREADS, ptrs, dev)
+    kernel.launch_1d(grid, threads, ptrs, dev)
     return y
 
 

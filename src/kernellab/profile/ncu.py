@@ -65,6 +65,18 @@ def _number(text: str):
         return None
 
 
+_TIME_TO_US = {
+    "nsecond": 1e-3,
+    "ns": 1e-3,
+    "usecond": 1.0,
+    "us": 1.0,
+    "msecond": 1e3,
+    "ms": 1e3,
+    "second": 1e6,
+    "s": 1e6,
+}
+
+
 def parse_csv(text: str) -> list[dict]:
     """Kernels from ``ncu --csv --page details`` output (lines before the header, such as
     ``==PROF==`` messages and the program's own output, are skipped)."""
@@ -84,10 +96,14 @@ def parse_csv(text: str) -> list[dict]:
         val = _number(row.get("Metric Value", ""))
         unit = (row.get("Metric Unit") or "").strip()
         if key == "duration" and val is not None:
-            val = val / 1000.0 if unit == "nsecond" else val * 1000.0 if unit == "msecond" else val
+            # ncu writes "nsecond"/"usecond"/"msecond" or, in newer releases, "ns"/"us"/"ms".
+            val = val * _TIME_TO_US.get(unit, 1.0)
+            k["duration_unit_seen"] = unit
             key = "duration_us"
         elif key in ("static_smem_per_block", "dynamic_smem_per_block") and val is not None:
-            val = val * {"byte": 1, "Kbyte": 1024, "Mbyte": 2**20}.get(unit, 1)
+            val = val * {"byte": 1, "B": 1, "Kbyte": 1024, "KB": 1024, "Mbyte": 2**20, "MB": 2**20}.get(
+                unit, 1
+            )
         k[key] = val
     out = []
     for k in kernels.values():

@@ -85,7 +85,15 @@ def profile_call(
     res.cpu_us_per_call = t_host / iters * 1e6
     events = prof.key_averages()
     if cuda:
-        kernels = [e for e in events if str(e.device_type).endswith("CUDA") and _self_device_us(e) > 0]
+        # GPU-side copies of record_function / NVTX ranges ("user annotations") carry the
+        # range's duration on the CUDA timeline: they are not kernels.
+        kernels = [
+            e
+            for e in events
+            if str(e.device_type).endswith("CUDA")
+            and not getattr(e, "is_user_annotation", False)
+            and _self_device_us(e) > 0
+        ]
         total = sum(_self_device_us(e) for e in kernels) or 1.0
         res.rows = sorted(
             (KernelRow(e.key, e.count, _self_device_us(e), _self_device_us(e) / total) for e in kernels),

@@ -28,7 +28,7 @@ __device__ void add_v1(const T* a, const T* b, T* y, long long n) {
         add_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, long long n) { \
         kl::map2_vec16<kl::UNROLL2, T>(a, b, y, n, Add{});                                      \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(KL_THREADS)                                    \
+    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS)                                    \
         add_x1_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, long long n) { \
         kl::map2_vec16<1, T>(a, b, y, n, Add{});                                                \
     }

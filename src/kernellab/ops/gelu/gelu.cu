@@ -100,7 +100,7 @@ __device__ void gelu_bwd_v1(const T* dy, const T* x, T* dx, long long n) {
         gelu_fwd_##NAME(const T* __restrict__ x, T* __restrict__ y, long long n) {                \
         kl::map1_vec16<kl::UNROLL, T>(x, y, n, GeluFwd<(sizeof(T) == 2)>{});                                        \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_THREADS)                                      \
+    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS)                                      \
         gelu_fwd_x1_##NAME(const T* __restrict__ x, T* __restrict__ y, long long n) {             \
         kl::map1_vec16<1, T>(x, y, n, GeluFwd<(sizeof(T) == 2)>{});                                                 \
     }                                                                                             \
@@ -108,7 +108,7 @@ __device__ void gelu_bwd_v1(const T* dy, const T* x, T* dx, long long n) {
         const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
         kl::map2_vec16<kl::UNROLL2, T>(dy, x, dx, n, GeluBwd{});                                  \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_THREADS) gelu_bwd_x1_##NAME(                  \
+    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS) gelu_bwd_x1_##NAME(                  \
         const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
         kl::map2_vec16<1, T>(dy, x, dx, n, GeluBwd{});                                            \
     }
