@@ -83,6 +83,8 @@ if want profile; then
 step "profile and demos"
 run $KL demo gelu --json "$OUT/demo_gelu.json"
 run $KL demo mlp --json "$OUT/demo_mlp.json" --trace-dir /tmp/kernellab-mlp-traces
+# The same at a GPU-bound size: here the host runs ahead, and loss.item() costs overlap.
+run $KL demo mlp --dim 2048 --layers 16 --batch 1024 --steps 5 --json "$OUT/demo_mlp_large.json" --trace-dir /tmp/kernellab-mlp-traces-large
 run $KL profile gelu -b manual -s 2^24 --trace /tmp/kernellab-profile-trace.json --json "$OUT/profile_gelu_manual.json"
 run $KL profile gelu -b cuda -s 2^28 --ncu --json "$OUT/profile_gelu_cuda_ncu.json"
 fi

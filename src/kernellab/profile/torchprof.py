@@ -181,6 +181,7 @@ def trace_summary(trace, step_prefix: str = "step") -> dict:
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "correlation" in e.get("args", {})
     }
     out_steps = []
+    in_steps = []  # kernels launched inside a step (the window excludes set-up work)
     for s in steps:
         s0, s1 = s["ts"], s["ts"] + s["dur"]
         ks = [
@@ -188,6 +189,7 @@ def trace_summary(trace, step_prefix: str = "step") -> dict:
             for la in launches
             if s0 <= la["ts"] <= s1 and la["args"]["correlation"] in kernels
         ]
+        in_steps.extend(ks)
         out_steps.append(
             StepTiming(
                 s["name"],
@@ -199,7 +201,7 @@ def trace_summary(trace, step_prefix: str = "step") -> dict:
             )
         )
     # GPU busy = union of kernel intervals; idle = the gaps inside [first start, last end].
-    spans = sorted((k["ts"], k["ts"] + k["dur"]) for k in kernels.values())
+    spans = sorted((k["ts"], k["ts"] + k["dur"]) for k in (in_steps if steps else kernels.values()))
     busy, cur_s, cur_e = 0.0, None, None
     for a, b in spans:
         if cur_e is None or a > cur_e:
