@@ -21,7 +21,7 @@ from kernellab.ops.max._op import max_backends
 from kernellab.registry import register
 
 MAX_BLOCK = 4096
-NO_INDEX = 2**31 - 1
+NO_INDEX = tl.constexpr(2**31 - 1)  # "no index yet" (a global used in a kernel: constexpr)
 
 
 @triton.jit
@@ -40,7 +40,9 @@ def _max_rows_kernel(
     for start in range(0, n_cols, BLOCK):
         cc = start + cols
         mask = rmask[:, None] & (cc[None, :] < n_cols)
-        x = tl.load(x_ptr + rows[:, None] * n_cols + cc[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+        x = tl.load(x_ptr + rows[:, None] * n_cols + cc[None, :], mask=mask, other=float("-inf")).to(
+            tl.float32
+        )
         isnan = (x != x) & mask
         xs = tl.where(isnan, float("-inf"), x)
         bm = tl.max(xs, axis=1)
@@ -75,9 +77,16 @@ def max_rows(x: torch.Tensor, want_values: bool):
         block, rows, warps = _config(n_cols)
         grid = (triton.cdiv(n_rows, rows),)
         _max_rows_kernel[grid](
-            x, vals if want_values else idx, idx, n_rows, n_cols,
-            BLOCK=block, ROWS=rows, WRITE_VALS=want_values, num_warps=warps,
-        )  # fmt: skip
+            x,
+            vals if want_values else idx,
+            idx,
+            n_rows,
+            n_cols,
+            BLOCK=block,
+            ROWS=rows,
+            WRITE_VALS=want_values,
+            num_warps=warps,
+        )
     return vals, idx
 
 

@@ -60,7 +60,9 @@ def check_x(x, devices, op: str) -> None:
         allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
         raise TypeError(f"{op}: x has dtype {x.dtype}; expected one of {allowed}")
     if x.device.type not in devices:
-        raise ValueError(f"{op}: x is on {x.device}, but this backend runs on {' or '.join(devices)} tensors only")
+        raise ValueError(
+            f"{op}: x is on {x.device}, but this backend runs on {' or '.join(devices)} tensors only"
+        )
 
 
 def _validate(args, kwargs, devices) -> None:
@@ -124,6 +126,7 @@ SPEC = define(
         doc=__doc__.strip().split("\n")[0],
     )
 )
+
 
 def sum(x: torch.Tensor, dim: int | None = None, *, backend: str | None = None) -> torch.Tensor:  # noqa: A001
     """Sum of ``x`` (dim None: every element, a 0-d tensor; else along ``dim``) with the

@@ -134,7 +134,12 @@ def sum_rows(x: torch.Tensor, variant: str) -> torch.Tensor:
 
 
 VARIANTS = [
-    ("cuda_v1", "v1", "v1", "CUDA v1: shared-memory tree, interleaved addressing (divergent); rows: thread per row"),
+    (
+        "cuda_v1",
+        "v1",
+        "v1",
+        "CUDA v1: shared-memory tree, interleaved addressing (divergent); rows: thread per row",
+    ),
     ("cuda_v2", "v2", "v2", "CUDA v2: shared-memory tree, sequential addressing; rows: block per row"),
     ("cuda_v3", "v3", "v3", "CUDA v3: coarsened 16-byte loads + shuffles, global atomicAdd combine"),
     ("cuda_v4", "v4", "v3", "CUDA v4: private block partials, last-block-done combine (deterministic)"),

@@ -1,0 +1,223 @@
+"""max / argmax: every backend that runs here x odd shapes x dtypes against torch.max's
+semantics (indices exact: first index on ties, NaN first), the gradient (dy at the
+argmax), dim handling, the check engine passes the real backends and rejects planted
+wrong ones, torch.compile fullgraph, the CUDA kernels compile; GPU-marked tests."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import kernellab
+import kernellab.ops.max as kmax  # registers max and argmax (not yet in OP_MODULES)
+from kernellab.harness.check import FAIL, PASS, check_impl
+from kernellab.harness.compare import judge
+from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, seed_for, shape_id
+
+SPEC = kernellab.get_spec("max")
+CPU = cpu_backends("max")
+SHAPES = [(1,), (41,), (3, 123), (5, 1025), (2, 3, 257), (300, 3), (0, 7), (2, 5000)]
+
+
+def _x(shape, dtype, seed, device="cpu"):
+    (x,) = SPEC.make_inputs(shape, dtype, device, seed)
+    return x
+
+
+def _assert_like_torch(backend, x):
+    v, i = kernellab.get("max", backend)(x)
+    tv, ti = torch.max(x, dim=-1)
+    assert i.dtype == torch.int64 and torch.equal(i, ti), (i, ti)
+    assert v.dtype == x.dtype and torch.equal(v.isnan(), tv.isnan())
+    assert torch.equal(v.nan_to_num(), tv.nan_to_num())
+    a = kernellab.get("argmax", backend)(x)
+    assert a.dtype == torch.int64 and torch.equal(a, ti)
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
+def test_forward_and_gradient(backend, dtype, shape):
+    x = _x(shape, dtype, seed_for(backend, shape))
+    _assert_like_torch(backend, x)
+    v = judge(kernellab.get("max", backend)(x)[0], SPEC.ref(x)[0], dtype, torch.max(x, -1)[0])
+    assert v.ok, v.detail
+    leaf = x.detach().clone().requires_grad_()
+    vals, idx = kernellab.get("max", backend)(leaf)
+    assert not idx.requires_grad
+    dy = torch.randn(vals.shape).to(dtype)
+    (g,) = torch.autograd.grad(vals, leaf, dy)
+    t = x.detach().clone().requires_grad_()
+    (g_torch,) = torch.autograd.grad(torch.max(t, -1)[0], t, dy)
+    assert torch.equal(g, g_torch)
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_ties_nan_and_inf_rows(backend, dtype):
+    nan, inf = float("nan"), float("inf")
+    rows = [
+        [1, 3, 3, nan, 2, nan],  # NaN wins, the first NaN
+        [3, 1, 3, -1, 3, 0],  # ties: the first
+        [-inf] * 6,  # all -inf: index 0
+        [-inf, -inf, -5, -inf, -5, -inf],
+        [0, 2, inf, 2, inf, nan],
+        [nan, 1, 2, 3, 4, 5],
+    ]
+    x = torch.tensor(rows).to(dtype)
+    _assert_like_torch(backend, x)
+    long = torch.randn(3, 9000).to(dtype)  # ties across the Triton column blocks
+    long[:, 100] = long[:, 8500] = 50.0
+    long[1, 4500] = nan
+    long[1, 8999] = nan
+    _assert_like_torch(backend, long)
+    assert kernellab.get("argmax", backend)(long).tolist() == [100, 4500, 100]
+    ints = torch.randint(-3, 4, (64, 77)).to(dtype)  # many ties
+    _assert_like_torch(backend, ints)
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_dim_argument(backend):
+    x = torch.randn(6, 7, 5)
+    for dim in (0, 1, 2, -1, -2, -3):
+        v, i = kmax.max(x, dim, backend=backend)
+        tv, ti = torch.max(x, dim)
+        assert torch.equal(v, tv) and torch.equal(i, ti)
+        assert torch.equal(kmax.argmax(x, dim, backend=backend), torch.argmax(x, dim))
+    r = kmax.max(x, backend=backend)
+    assert r.values.shape == (6, 7) and r.indices.shape == (6, 7)
+    s = kmax.max(torch.tensor(2.5), backend=backend)
+    assert s.values.item() == 2.5 and s.indices.item() == 0 and s.indices.dim() == 0
+    for bad in (3, -4, 1.0, None, True):
+        with pytest.raises(ValueError, match="dim"):
+            kmax.max(x, bad, backend=backend)
+        with pytest.raises(ValueError, match="dim"):
+            kmax.argmax(x, bad, backend=backend)
+    with pytest.raises(ValueError, match=r"\bx\b.*empty"):
+        kmax.max(torch.empty(3, 0), backend=backend)
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        kmax.argmax([1.0, 2.0], backend=backend)
+
+
+@pytest.mark.parametrize("op", ["max", "argmax"])
+@pytest.mark.parametrize("backend", ["manual", "torch", "triton"])
+def test_check_engine_passes(op, backend):
+    # bf16 (ties are common) for the fast backends; fp32 under the slow interpreter (the
+    # special case plants a tie, a -inf row and a two-NaN row in every dtype).
+    dtype = torch.float32 if backend == "triton" else torch.bfloat16
+    rep = check_impl(kernellab.get(op, backend), dtype, device="cpu", quick=True, seed=13)
+    assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+    assert any(c.kind == "special" and c.status == PASS for c in rep.cases)
+
+
+def _wrong_impls():
+    def last_on_ties(x):  # flip the row: argmax then finds the last occurrence
+        i = x.shape[-1] - 1 - torch.max(x.flip(-1), dim=-1)[1]
+        return x.gather(-1, i.unsqueeze(-1)).squeeze(-1), i
+
+    def drops_nan(x):  # NaN treated as -inf (what a plain fmaxf / tl.argmax does)
+        xs = torch.where(x.isnan(), torch.full_like(x, float("-inf")), x)
+        i = torch.max(xs, dim=-1)[1]
+        return x.gather(-1, i.unsqueeze(-1)).squeeze(-1), i
+
+    def int32_indices(x):
+        v, i = torch.max(x, dim=-1)
+        return v, i.to(torch.int32)
+
+    def shared_grad(x):  # amax's backward shares dy among ties
+        m = x.amax(-1)
+        return m, torch.max(x.detach(), dim=-1)[1]
+
+    return {
+        "last_on_ties": last_on_ties,
+        "drops_nan": drops_nan,
+        "int32_indices": int32_indices,
+        "shared_grad": shared_grad,
+    }
+
+
+@pytest.mark.parametrize("name", list(_wrong_impls()))
+def test_check_engine_rejects_planted_wrong_max(planted, name):
+    impl = planted("max", f"planted_{name}", _wrong_impls()[name], devices=("cpu",))
+    rep = check_impl(impl, torch.bfloat16, device="cpu", quick=True, seed=5, opcheck=False)
+    assert rep.status == FAIL, name
+
+
+def test_compile_backend_quick():  # one Inductor compile (seconds on the CPU)
+    x = torch.randn(4, 100)
+    v, i = kernellab.get("max", "compile")(x)
+    tv, ti = torch.max(x, -1)
+    assert torch.equal(v, tv) and torch.equal(i, ti)
+
+
+def test_under_torch_compile_fullgraph():
+    def f(t):
+        r = kmax.max(t, backend="triton")
+        return r.values.sum() * 2, kmax.argmax(t, backend="triton")
+
+    g = torch.compile(f, fullgraph=True)
+    x = torch.randn(5, 33, requires_grad=True)
+    s, a = g(x)
+    s.backward()
+    ti = torch.argmax(x.detach(), -1)
+    assert torch.equal(a, ti)
+    expect = torch.zeros_like(x).scatter_(-1, ti.unsqueeze(-1), 2.0)
+    assert torch.equal(x.grad, expect)
+
+
+def test_cuda_kernels_compile_and_export():
+    from kernellab.cuda.runtime import nvrtc_unavailable
+    from kernellab.ops.max import cuda as mcuda
+
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    names = ["max_rows_v1", "max_rows_warp", "max_rows_warp_vec", "max_rows_block", "max_rows_block_vec"]
+    for arch in ("sm_80", "sm_90"):
+        ptx = mcuda.MODULE.compile(arch, target="ptx").decode()
+        entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
+        want = {f"{n}_{s}" for n in names for s in ("f32", "f16", "bf16")}
+        assert want <= entries, sorted(want - entries)
+    assert {"cuda", "cuda_v1"} <= {i.backend for i in kernellab.impls("argmax")}
+
+
+# --------------------------------------------------------------------------- GPU
+
+GPU_BACKENDS = [b for b in cuda_backends("max") if b not in ("manual", "compile")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gpu_like_torch(backend, dtype):
+    shapes = [(1,), (41,), (3, 123), (17, 1024), (5, 1025), (65537, 3), (64, 4096), (4, 262144), (2, 3, 257)]
+    for shape in shapes:
+        _assert_like_torch(backend, _x(shape, dtype, seed_for(backend, shape), "cuda"))
+    ints = torch.randint(-3, 4, (300, 4096), device="cuda").to(dtype)  # ties everywhere
+    ints[7, 100] = ints[7, 3000] = float("nan")
+    ints[8] = float("-inf")
+    _assert_like_torch(backend, ints)
+    flat = torch.randn(37 * 1025 + 1, device="cuda").to(dtype)  # misaligned: scalar path
+    _assert_like_torch(backend, flat[1:].view(37, 1025))
+    x = _x((33, 2048), dtype, 1, "cuda").requires_grad_()
+    vals, _ = kernellab.get("max", backend)(x)
+    dy = torch.randn_like(vals)
+    (g,) = torch.autograd.grad(vals, x, dy)
+    t = x.detach().clone().requires_grad_()
+    (gt,) = torch.autograd.grad(torch.max(t, -1)[0], t, dy)
+    assert torch.equal(g, gt)
+
+
+@pytest.mark.gpu
+def test_gpu_check_engine_quick():
+    for op in ("max", "argmax"):
+        for backend in GPU_BACKENDS:
+            for dtype in DTYPES:
+                rep = check_impl(kernellab.get(op, backend), dtype, device="cuda", quick=True, seed=3)
+                assert rep.status == PASS, (
+                    op,
+                    backend,
+                    dtype,
+                    [(c.kind, c.name, c.detail) for c in rep.failures],
+                )
