@@ -51,7 +51,12 @@ __device__ __forceinline__ void online_add(float& m, float& s, const float* v, i
     for (int j = 1; j < 8; ++j)
         if (j < n) mb = fmaxf(mb, v[j]);
     const float m_new = fmaxf(m, mb);
-    if (m_new == kl::neg_inf()) return;  // nothing but -inf so far
+    if (m_new == kl::neg_inf()) {  // nothing but -inf so far (fmaxf dropped any NaN: keep it in s)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if (j < n && v[j] != v[j]) s = v[j];
+        return;
+    }
     float acc = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
