@@ -73,7 +73,8 @@ def fwd_configs():
         _cfg(128, 64, 8, 2),
         _cfg(128, 128, 8, 3),
         _cfg(64, 64, 4, 3),
-        _cfg(64, 32, 4, 2),  # always kept: the fallback for D=256 and fp32
+        _cfg(64, 32, 4, 2),  # the fallback for D=256 or fp32
+        _cfg(32, 32, 4, 1),  # the fallback for D=256 and fp32 (shared memory)
     ]
 
 
@@ -83,10 +84,11 @@ def bwd_dkdv_configs():
     if _device.triton_interpreted():
         return [_cfg(16, 32, 4, 1)]
     return [
-        _cfg(64, 128, 8, 2),
         _cfg(32, 128, 8, 3),
-        _cfg(64, 64, 4, 3),
-        _cfg(32, 64, 4, 2),  # fallback
+        _cfg(64, 128, 8, 3),  # D <= 64 only (pruned for D = 128: 255 registers, spills)
+        _cfg(64, 64, 8, 3),
+        _cfg(32, 64, 4, 2),  # the fallback for D=256 or fp32
+        _cfg(16, 32, 4, 1),  # the fallback for D=256 and fp32 (shared memory)
     ]
 
 
@@ -98,25 +100,37 @@ def bwd_dq_configs():
         _cfg(128, 64, 8, 2),
         _cfg(128, 32, 8, 3),
         _cfg(64, 64, 4, 3),
-        _cfg(64, 32, 4, 2),  # fallback
+        _cfg(64, 32, 4, 2),  # the fallback for D=256 or fp32
+        _cfg(32, 16, 4, 1),  # the fallback for D=256 and fp32 (shared memory)
     ]
 
 
 def _prune(configs, nargs, **kwargs):
-    """Drop tiles that cannot fit: D=256 and fp32 keep tiles of at most 64 x 64 and 2
-    stages (a 128 x 256 bf16 Q tile alone is 64 KB, and fp32 doubles every tile)."""
+    """Drop tiles that cannot fit: D=256 or fp32 keep tiles of at most 64 x 64 and 2
+    stages (a 128 x 256 bf16 Q tile alone is 64 KB, and fp32 doubles every tile); D=256
+    in fp32 keeps only the last, smallest config (compiled for sm_90, the 32 x 64 dK/dV
+    and 64 x 32 dQ tiles ask for 262 KB of shared memory; the limit is 227 KB)."""
     d = kwargs.get("HEAD_D", nargs.get("HEAD_D"))
     q = nargs.get("Q")
     wide = d is not None and d >= 256
     fp32 = q is not None and getattr(q, "dtype", None) == torch.float32
+    if wide and fp32:
+        return configs[-1:]
     if not (wide or fp32):
-        return configs
-    kept = [
-        c
-        for c in configs
-        if c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64 and c.num_stages <= 2
-    ]
+        return [c for c in configs if c.num_stages > 1 or len(configs) == 1]  # the tiny one: only as a fallback
+    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64 and c.num_stages <= 2]
     return kept or configs[-1:]
+
+
+def _prune_dkdv(configs, nargs, **kwargs):
+    """As _prune, and no 64 x 128 tile at D >= 128: compiled for sm_90 (Triton 3.9) the
+    64 x 128 x 128 dK/dV program needs 255 registers and spills (257 LDL/STL); 32 x 128
+    and 64 x 64 fit in 244-251 without spilling."""
+    configs = _prune(configs, nargs, **kwargs)
+    d = kwargs.get("HEAD_D", nargs.get("HEAD_D"))
+    if d is not None and d >= 128:
+        configs = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 4096] or configs[-1:]
+    return configs
 
 
 # Autotune key: bucketed sequence lengths (next power of two, so odd lengths share a
@@ -297,7 +311,7 @@ def _dkdv_inner(
     return dk, dv
 
 
-@triton.autotune(configs=bwd_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(configs=bwd_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune_dkdv})
 @triton.jit
 def _attn_bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV,  # dk, dv (BH, S_k, D) contiguous
@@ -618,6 +632,53 @@ def _opcheck_bwd(make):
     return (make(0), q, k, v, o, lse, True, 0.125)
 
 
+def _kernel_specs(dtype: str):
+    """For `kernellab asm`: the forward and both backward kernels as launched at the bench's
+    B=4 H=16 S=4096 D=128 bf16 causal problem, contiguous (unit head-dim strides, which
+    Triton specializes as constants at run time), with the first config of each list (the
+    Hopper default; the autotuner may pick another)."""
+    ptr = f"*{dtype}"
+
+    def strides(*names):
+        sig, cx = {}, {}
+        for n in names:
+            for suffix in ("b", "s", "d"):
+                key = f"stride_{n}{suffix}"
+                if suffix == "d":
+                    sig[key], cx[key] = "constexpr", 1
+                else:
+                    sig[key] = "i32"
+        return sig, cx
+
+    def spec(kernel, ptrs, scalars, stride_names, cfg):
+        sig = {p_: ("*fp32" if p_ in ("LSE", "DELTA") else ptr) for p_ in ptrs}
+        sig.update({s_: "fp32" for s_ in scalars})
+        st_sig, st_cx = strides(*stride_names)
+        sig.update(st_sig)
+        sig.update({"S_q": "i32", "S_k": "i32", "S_Q_KEY": "i32", "S_K_KEY": "i32"})
+        cx = dict(st_cx, HEAD_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, **cfg.kwargs)
+        sig.update({k: "constexpr" for k in ("HEAD_D", "CAUSAL", "PREC", "F32_DOTS", "BLOCK_M", "BLOCK_N")})
+        return (kernel.fn, sig, cx, cfg.num_warps)
+
+    return [
+        spec(_attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale",), ("q", "k", "v"), fwd_configs()[0]),
+        spec(
+            _attn_bwd_dkdv,
+            ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV"),
+            ("qk_scale", "sm_scale"),
+            ("q", "k", "v", "do"),
+            bwd_dkdv_configs()[0],
+        ),
+        spec(
+            _attn_bwd_dq,
+            ("Q", "K", "V", "DO", "LSE", "DELTA", "DQ"),
+            ("qk_scale", "sm_scale"),
+            ("q", "k", "v", "do"),
+            bwd_dq_configs()[0],
+        ),
+    ]
+
+
 triton_attention.custom_ops = [(attention_op, _opcheck_fwd, True), (attention_backward_op, _opcheck_bwd, False)]
 
 
@@ -628,5 +689,6 @@ register(
     available=triton_support.unavailable,
     custom_ops=triton_attention.custom_ops,
     builtin=True,
+    triton_kernels=_kernel_specs,
     description="Triton FlashAttention-2: fwd + (delta, dK/dV, dQ) bwd, exp2 online softmax, autotuned",
 )(triton_attention)
