@@ -243,6 +243,34 @@ def test_asm_tensor_core_variant_shows_mma():
         assert "HMMA" in k.sass
 
 
+def test_asm_alias_backend_shows_the_best_variant_per_dtype():
+    names = {sfx: [k.name for k in _ptx_of("cuda", sfx)] for sfx in ("f32", "bf16")}
+    assert names == {"f32": ["matmul_v7_f32"], "bf16": ["matmul_v8_bf16"]}
+
+
+def test_triton_kernels_compile_for_sm90_ahead_of_time(tmp_path):
+    """Both Triton kernels compile for an H100 without one (TRITON_INTERPRET=0, as
+    `kernellab asm` does): the pointer kernel to wgmma, the TMA one to bulk tensor copies."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import kernellab.ops.matmul\n"
+        "from kernellab.inspect import asm\n"
+        "for b in ('triton', 'triton_tma'):\n"
+        f"    print(b, asm.compile_triton_kernels('matmul', b, 'bf16', 'sm_90', {str(tmp_path)!r}))\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "triton []" in r.stdout and "triton_tma []" in r.stdout, r.stdout
+    ptr = (tmp_path / "_matmul_kernel.ptx").read_text()
+    tma = (tmp_path / "_matmul_tma_kernel.ptx").read_text()
+    assert "wgmma.mma_async" in ptr and "wgmma.mma_async" in tma
+    assert "cp.async.bulk.tensor" in tma
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 def test_check_engine_quick(backend):
     if getattr(spec_mod, "SPEC_API_VERSION", 1) < 2:
@@ -263,7 +291,7 @@ def _gpu_dtypes(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", CUDA_VARIANTS + ["triton", "torch", "manual"])
+@pytest.mark.parametrize("backend", CUDA_VARIANTS + ["triton", "triton_tma", "torch", "manual"])
 def test_gpu_forward_and_gradients(backend):
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # every side full fp32

@@ -218,3 +218,4 @@ __all__ = ["matmul", "SPEC", "matmul_reference", "validate_matmul", "make_matmul
 from kernellab.ops.matmul import cuda as _cuda  # noqa: E402,F401
 from kernellab.ops.matmul import reference as _reference  # noqa: E402,F401  (registrations)
 from kernellab.ops.matmul import triton as _triton  # noqa: E402,F401
+from kernellab.ops.matmul import triton_tma as _triton_tma  # noqa: E402,F401

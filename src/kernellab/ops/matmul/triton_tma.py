@@ -1,0 +1,192 @@
+"""Matmul in Triton with TMA tensor descriptors (Hopper+; Triton >= 3.4): backend ``triton_tma``.
+
+Same tile loop as triton.py, but A, B and C move through ``tl.make_tensor_descriptor``: on
+Hopper each tile load is one TMA instruction issued by one thread (the copy engine computes
+the addresses and zero-fills past the edges) instead of 128 threads computing pointers and
+masks, which frees registers and issue slots for wgmma; the C tile is written by a TMA store.
+
+Contract: fp16/bf16, rows whose pitch is a multiple of 16 bytes (K and N multiples of 8) and
+16-byte aligned bases; other inputs are packed (``.contiguous()``) or, when the pitch rule
+cannot hold (K or N not a multiple of 8), handed to the pointer kernel of triton.py. Device-side
+descriptors need a global scratch allocator (128 bytes per descriptor), set once with
+``triton.set_allocator``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernellab import triton_support
+from kernellab.ops.matmul._autograd import matmul_op
+from kernellab.ops.matmul.triton import _ACT, _max_shared, triton_matmul_fwd
+from kernellab.registry import register
+
+
+@triton.jit
+def _matmul_tma_kernel(
+    a_ptr,  # [Bt, M, K] contiguous
+    b_ptr,  # [Bt, K, N] contiguous
+    c_ptr,  # [Bt, M, N] contiguous
+    bias_ptr,  # [N] or unused
+    M,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    bz = tl.program_id(1).to(tl.int64)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % per_group) % group_rows)
+    pid_n = (pid % per_group) // group_rows
+
+    a_desc = tl.make_tensor_descriptor(a_ptr + bz * M * K, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
+    b_desc = tl.make_tensor_descriptor(b_ptr + bz * K * N, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
+    c_desc = tl.make_tensor_descriptor(c_ptr + bz * M * N, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_m, k * BLOCK_K])  # zero-filled past M and K
+        b = b_desc.load([k * BLOCK_K, off_n])
+        acc = tl.dot(a, b, acc)
+    if HAS_BIAS:
+        rn = off_n + tl.arange(0, BLOCK_N)
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if ACT == 1:
+        acc = tl.maximum(acc, 0.0)
+    elif ACT == 2:
+        u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = 0.5 * acc * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * u)))
+    c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))  # clipped at the edges
+
+
+def tma_configs() -> list:
+    """Large Hopper tiles first (128x256x64 with 8 warps: two consumer warpgroups)."""
+    rows = [
+        (128, 256, 64, 8, 3, 8),
+        (256, 128, 64, 8, 3, 8),
+        (128, 256, 64, 8, 4, 8),
+        (128, 128, 64, 8, 4, 8),
+        (128, 128, 64, 8, 4, 4),
+        (128, 128, 64, 8, 3, 4),
+        (64, 128, 64, 8, 4, 4),
+        (128, 64, 64, 8, 4, 4),
+        (64, 64, 64, 8, 4, 4),
+    ]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}, num_stages=s, num_warps=w)
+        for bm, bn, bk, g, s, w in rows
+    ]
+
+
+def _fits_tma(cfg, m, n, k, elem, max_shared) -> bool:
+    kw = cfg.kwargs
+    bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
+    pipeline = (bm * bk + bk * bn) * elem * cfg.num_stages
+    staging = bm * bn * elem  # the C tile staged in shared memory for the TMA store
+    if pipeline + staging > max_shared:
+        return False
+
+    def cap(d):
+        return max(64, triton.next_power_of_2(max(d, 1)))
+
+    return bm <= cap(m) and bn <= cap(n) and bk <= cap(k)
+
+
+def prune_tma_configs(configs, named_args, **kwargs):
+    """Drop configs that do not fit shared memory or are much larger than the problem."""
+    a = named_args["a_ptr"]
+    m, n, k = named_args["M"], named_args["N"], named_args["K"]
+    limit = _max_shared(a.device.index or 0) if a.is_cuda else 232448
+    kept = [c for c in configs if _fits_tma(c, m, n, k, a.element_size(), limit)]
+    return kept or [configs[-1]]
+
+
+_tma_tuned = triton.autotune(
+    configs=tma_configs(), key=["M", "N", "K"], prune_configs_by={"early_config_prune": prune_tma_configs}
+)(_matmul_tma_kernel)
+
+
+@functools.cache
+def _install_allocator() -> None:
+    def alloc(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+
+    triton.set_allocator(alloc)
+
+
+def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
+    """act(a @ b + bias) through TMA descriptors; falls back to the pointer kernel when a row
+    pitch cannot be a multiple of 16 bytes."""
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    per16 = 16 // a.element_size()
+    if a.device.type != "cuda" or k % per16 or n % per16:
+        return triton_matmul_fwd(a, b, bias, activation)
+    batch = tuple(a.shape[:-2])
+    bt = math.prod(batch)
+    a3 = a.reshape(bt, m, k).contiguous()
+    b3 = b.reshape(bt, k, n).contiguous()
+    if a3.data_ptr() % 16 or b3.data_ptr() % 16:  # a storage offset: realign with a copy
+        a3, b3 = a3.clone(), b3.clone()
+    c = torch.empty((bt, m, n), dtype=a.dtype, device=a.device)
+    if bt and m and n:
+        _install_allocator()
+
+        def grid(meta):
+            return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), bt)
+
+        with torch.cuda.device(a.device):
+            _tma_tuned[grid](
+                a3, b3, c, bias if bias is not None else c, m, n, k,
+                HAS_BIAS=bias is not None, ACT=_ACT[activation],
+            )  # fmt: skip
+    return c.reshape(batch + (m, n))
+
+
+matmul_triton_tma = matmul_op("matmul_triton_tma", tma_matmul_fwd)
+
+
+def _kernel_specs(dtype: str):
+    """For `kernellab asm`: 128x256x64, 8 warps (what the tuner usually picks at 4096^3)."""
+    cx = {"HAS_BIAS": False, "ACT": 0, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}
+    sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}"}
+    sig.update({"M": "i32", "N": "i32", "K": "i32"})
+    sig.update({p: "constexpr" for p in cx})
+    return [(_matmul_tma_kernel, sig, cx, 8)]
+
+
+def _unavailable():
+    why = triton_support.unavailable()
+    if why:
+        return why
+    if not hasattr(tl, "make_tensor_descriptor") or not hasattr(triton, "set_allocator"):
+        return f"Triton {triton.__version__} has no tl.make_tensor_descriptor (needs >= 3.4)"
+    return None
+
+
+register(
+    "matmul",
+    "triton_tma",
+    devices=("cuda",),
+    available=_unavailable,
+    custom_ops=matmul_triton_tma.custom_ops,
+    builtin=True,
+    dtypes=(torch.float16, torch.bfloat16),
+    triton_kernels=_kernel_specs,
+    description="Triton with TMA tensor descriptors (Hopper), autotuned, fused epilogue",
+)(matmul_triton_tma)
