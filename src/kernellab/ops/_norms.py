@@ -192,7 +192,11 @@ def layer_norm_op(name: str, fwd, bwd):
     def _(x, w, b, eps):
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         f32 = dict(dtype=torch.float32, device=x.device)
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(rows, **f32), x.new_empty(rows, **f32)
+        return (
+            torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            x.new_empty(rows, **f32),
+            x.new_empty(rows, **f32),
+        )
 
     @bop.register_fake
     def _(dy, x, w, mean, rstd, has_bias):

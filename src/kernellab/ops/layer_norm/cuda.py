@@ -121,13 +121,42 @@ def _launchers(vectorized: bool):
             dw_part = torch.empty((slots, n_cols), dtype=torch.float32, device=x.device)
             db_part = torch.empty_like(dw_part) if not rms else dw_part
             k = _kernel(f"{kind}_bwd_p{p}_{sfx}", ("ptr",) * 8 + ("i64", "i32", "i32"), dev)
-            k(grid, V2_THREADS, dy, x, w, mean_ptr, rstd, dx, dw_part, db_part, n_rows, n_cols, tpr, device_index=dev)
+            k(
+                grid,
+                V2_THREADS,
+                dy,
+                x,
+                w,
+                mean_ptr,
+                rstd,
+                dx,
+                dw_part,
+                db_part,
+                n_rows,
+                n_cols,
+                tpr,
+                device_index=dev,
+            )
         else:
             grid = max(1, min(n_rows, 8 * sms))
             dw_part = torch.zeros((grid, n_cols), dtype=torch.float32, device=x.device)
             db_part = torch.zeros_like(dw_part) if not rms else dw_part
             k = _kernel(f"{kind}_bwd_v1_{sfx}", ("ptr",) * 8 + ("i64", "i32"), dev)
-            k(grid, V1_THREADS, dy, x, w, mean_ptr, rstd, dx, dw_part, db_part, n_rows, n_cols, device_index=dev)
+            k(
+                grid,
+                V1_THREADS,
+                dy,
+                x,
+                w,
+                mean_ptr,
+                rstd,
+                dx,
+                dw_part,
+                db_part,
+                n_rows,
+                n_cols,
+                device_index=dev,
+            )
         dw = _norms.reduce_partials(dw_part, w.dtype)
         db = _norms.reduce_partials(db_part, w.dtype) if want_db else None
         return dx, dw, db

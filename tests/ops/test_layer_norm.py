@@ -1,0 +1,264 @@
+"""layer_norm: every backend that runs here x odd shapes x dtypes, forward and the three
+gradients against the float64 reference; bias=None; constant rows (the eps path); the
+check engine passes the CPU backends and rejects planted mistakes; custom ops (opcheck,
+torch.compile fullgraph); the CUDA source compiles; GPU cases (marked ``gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernellab
+import kernellab.ops.layer_norm as ln
+from kernellab import registry
+from kernellab.harness.check import FAIL, PASS, check_impl
+from kernellab.harness.compare import judge
+from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, seed_for, shape_id
+
+OP = "layer_norm"
+SPEC = kernellab.get_spec(OP)
+CPU = cpu_backends(OP)
+SHAPES = [(1,), (17,), (3, 123), (5, 1025), (2, 3, 257), (70, 3), (2, 4097)]
+
+
+def _torch(x, w, b, eps=1e-5):
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def _grads(fn, args, dy, wrt):
+    leaves = [
+        a.detach().clone().requires_grad_(i in wrt) if a is not None else None for i, a in enumerate(args)
+    ]
+    out = fn(*leaves)
+    return torch.autograd.grad(out, [leaves[i] for i in wrt], dy)
+
+
+def _assert_fwd_bwd(backend, args, dtype, eps=1e-5, seed=0):
+    x, w, b = args
+    y = ln.layer_norm(x, w, b, eps, backend=backend)
+    v = judge(y, SPEC.ref(x, w, b, eps=eps), dtype, _torch(x, w, b, eps))
+    assert v.ok, f"forward: {v.detail}"
+    wrt = [0, 1] + ([2] if b is not None else [])
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    got = _grads(lambda *a: ln.layer_norm(*a, eps, backend=backend), args, dy, wrt)
+    a64 = [a.double() if a is not None else None for a in args]
+    ref = _grads(lambda *a: ln.layer_norm_reference(*a, eps), a64, dy.double(), wrt)
+    base = _grads(lambda *a: _torch(*a, eps), args, dy, wrt)
+    for name, g, r, t in zip(("dx", "dweight", "dbias"), got, ref, base):
+        v = judge(g, r, dtype, t)
+        assert v.ok, f"{name}: {v.detail}"
+
+
+def _matrix():
+    out = []
+    for backend in CPU:
+        for dtype in DTYPES:
+            for shape in SHAPES:
+                marks = ()
+                if backend == "manual" and dtype == torch.float32 and shape == (2, 4097):
+                    # Found by this test: autograd through the fp32 primitives loses ~3x more
+                    # on dx than PyTorch's fused backward over 4097-wide rows (6.6e-7 against
+                    # a bound of 5.2e-7 with this seed). A property of the naive baseline.
+                    marks = pytest.mark.xfail(strict=True, reason="manual fp32 dx beyond 2x torch at D=4097")
+                ids = f"{shape_id(shape)}-{dtype_id(dtype)}-{backend}"
+                out.append(pytest.param(backend, dtype, shape, marks=marks, id=ids))
+    return out
+
+
+@pytest.mark.parametrize("backend,dtype,shape", _matrix())
+def test_forward_and_gradients(backend, dtype, shape):
+    seed = seed_for(backend, shape, dtype)
+    _assert_fwd_bwd(backend, SPEC.make_inputs(shape, dtype, "cpu", seed), dtype, seed=seed)
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_without_bias_and_other_eps(backend, dtype):
+    x, w, _ = SPEC.make_inputs((6, 300), dtype, "cpu", 3)
+    _assert_fwd_bwd(backend, (x, w, None), dtype, eps=1e-2)
+    x.requires_grad_()
+    y = ln.layer_norm(x, w, backend=backend)  # defaults: bias None, eps 1e-5
+    torch.testing.assert_close(
+        y.float(), _torch(x, w, None).float(), rtol=0, atol=4 * torch.finfo(dtype).eps * 4
+    )
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_constant_rows_give_the_bias(backend):
+    # variance 0: y = (x - mean) * rsqrt(0 + eps) * w + b = b exactly; gradients finite
+    x, w, b = SPEC.make_inputs((4, 257), torch.float32, "cpu", 5)
+    x[1] = 0.5
+    x[2] = 0.0
+    y = ln.layer_norm(x, w, b, backend=backend)
+    assert torch.equal(y[1], b) and torch.equal(y[2], b)
+    _assert_fwd_bwd(backend, (x, w, b), torch.float32)
+
+
+@pytest.mark.parametrize("backend", [b for b in CPU if b in ("triton", "manual")])
+def test_check_engine_passes(backend):
+    rep = check_impl(
+        registry.get(OP, backend), torch.float32, device="cpu", quick=True, opcheck=False, seed=1
+    )
+    assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+
+
+# Planted mistakes, each caught by some stage of the check.
+def _ln(x, w, b, eps, *, unbiased=False, eps_out=False, center=True):
+    x32 = x.float()
+    mean = x32.mean(-1, keepdim=True) if center else 0.0
+    var = x32.var(-1, keepdim=True, unbiased=unbiased) if center else x32.square().mean(-1, keepdim=True)
+    r = 1.0 / (torch.sqrt(var) + eps) if eps_out else torch.rsqrt(var + eps)
+    y = (x32 - mean) * r * w.float()
+    return (y + b.float() if b is not None else y).to(x.dtype)
+
+
+class _WrongDW(torch.autograd.Function):
+    # right forward and dx; dweight = sum(dy) (forgets xhat)
+    @staticmethod
+    def forward(ctx, x, w, b, eps):
+        ctx.save_for_backward(x, w, b)
+        ctx.eps = eps
+        return _ln(x, w, b, eps)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, b = ctx.saved_tensors
+        with torch.enable_grad():
+            xs = x.detach().requires_grad_()
+            (dx,) = torch.autograd.grad(_ln(xs, w, b, ctx.eps), xs, dy)
+        flat = dy.reshape(-1, dy.shape[-1]).float().sum(0)
+        return dx, flat.to(w.dtype), flat.to(w.dtype), None
+
+
+PLANTED = {
+    "ignores_eps": lambda x, w, b, eps=1e-5: _ln(x, w, b, 0.0),  # NaN on constant rows
+    "eps_outside_sqrt": lambda x, w, b, eps=1e-5: _ln(x, w, b, eps, eps_out=True),
+    "unbiased_variance": lambda x, w, b, eps=1e-5: _ln(x, w, b, eps, unbiased=True),
+    "wrong_dweight": lambda x, w, b, eps=1e-5: _WrongDW.apply(x, w, b, eps),
+    "ignores_bias": lambda x, w, b, eps=1e-5: _ln(x, w, None, eps),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_planted_mistakes_are_rejected(name):
+    registry.register(OP, f"planted_{name}", devices=("cpu",))(PLANTED[name])
+    try:
+        rep = check_impl(registry.get(OP, f"planted_{name}"), torch.float32, device="cpu", quick=True, seed=2)
+    finally:
+        registry.unregister(OP, f"planted_{name}")
+    assert rep.status == FAIL, f"planted {name} passed the check"
+
+
+def test_bad_inputs_name_the_argument():
+    x = torch.randn(3, 8)
+    w = torch.ones(8)
+    with pytest.raises(ValueError, match="weight"):
+        ln.layer_norm(x, torch.ones(7), backend="triton")
+    with pytest.raises(ValueError, match="bias"):
+        ln.layer_norm(x, w, torch.ones(3, 8), backend="torch")
+    with pytest.raises(TypeError, match="bias"):
+        ln.layer_norm(x, w, torch.ones(8, dtype=torch.float16), backend="triton")
+    with pytest.raises(ValueError, match="eps"):
+        ln.layer_norm(x, w, eps=float("nan"), backend="triton")
+    with pytest.raises(TypeError, match="eps"):
+        ln.layer_norm(x, w, eps=None, backend="manual")
+    with pytest.raises(ValueError, match=r"\bx\b"):
+        ln.layer_norm(torch.tensor(1.0), torch.ones(1), backend="triton")
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        ln.layer_norm(x.double(), w.double(), backend="triton")
+
+
+def test_triton_refuses_rows_wider_than_its_limit():
+    from kernellab.ops.layer_norm import triton as lt
+
+    x = torch.randn(1, lt.MAX_D + 1)
+    with pytest.raises(ValueError, match=r"\bx\b"):
+        ln.layer_norm(x, torch.ones(lt.MAX_D + 1), backend="triton")
+
+
+def test_triton_configs():
+    from kernellab.ops.layer_norm import triton as lt
+
+    assert lt._fwd_config(3) == (4, 64, 4)  # short rows share a program
+    assert lt._fwd_config(4096)[:2] == (4096, 1)
+    assert lt._bwd_programs(70, torch.device("cpu")) == 4  # 18 rows per program, short last group
+
+
+def test_custom_ops_opcheck():
+    impl = registry.get(OP, "triton")
+    gen = torch.Generator().manual_seed(0)
+
+    def make(rg):
+        return torch.randn(4, 33, generator=gen).requires_grad_(bool(rg))
+
+    def args(rg):
+        return tuple(a.requires_grad_(bool(rg)) for a in SPEC.make_inputs((4, 33), torch.float32, "cpu", 9))
+
+    make.args = args
+    for op, build, _ in impl.custom_ops:
+        torch.library.opcheck(op, build(make))
+
+
+def test_under_torch_compile_fullgraph():
+    x, w, b = SPEC.make_inputs((5, 40), torch.float32, "cpu", 4)
+    # aot_eager: Dynamo must trace the custom op whole and AOTAutograd its backward; Inductor's
+    # code generation (tens of seconds here) adds nothing to that.
+    f = torch.compile(
+        lambda x, w, b: ln.layer_norm(x, w, b, backend="triton") * 2, fullgraph=True, backend="aot_eager"
+    )
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    f(*leaves).sum().backward()
+    ref = [t.clone().requires_grad_() for t in (x, w, b)]
+    (_torch(*ref) * 2).sum().backward()
+    for a, r in zip(leaves, ref):
+        torch.testing.assert_close(a.grad, r.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_compile_backend_quick():
+    x, w, b = SPEC.make_inputs((4, 100), torch.float32, "cpu", 6)
+    torch.testing.assert_close(ln.layer_norm(x, w, b, backend="compile"), _torch(x, w, b))
+
+
+# norms.cu compiling for sm_80 and sm_90: tests/test_cuda_runtime.py compiles every .cu
+# of the package (30 s for this one on the CPU machine; not repeated here).
+
+
+def test_cuda_v2_shapes():
+    from kernellab.ops.layer_norm.cuda import _v2_shape
+
+    assert _v2_shape(512, 4) == (128, 4)  # 4096 bf16 forward
+    assert _v2_shape(512, 2) == (256, 2)  # ... backward
+    assert _v2_shape(3, 4) == (32, 1)
+    assert _v2_shape(2048, 2) == (256, 8) and _v2_shape(2049, 2) is None
+
+
+# --------------------------------------------------------------------------- GPU
+
+GPU_SHAPES = [(1,), (3, 123), (70000, 3), (17, 1025), (256, 4096), (64, 8192), (8, 16384), (3, 20000)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", cuda_backends(OP))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gpu_forward_and_gradients(backend, dtype):
+    impl = registry.get(OP, backend)
+    if impl.why_unavailable("cuda"):
+        pytest.skip(impl.why_unavailable("cuda"))
+    for shape in GPU_SHAPES:
+        if backend == "triton" and shape[-1] > 16384:
+            continue
+        args = SPEC.make_inputs(shape, dtype, "cuda", seed_for(backend, shape))
+        _assert_fwd_bwd(backend, args, dtype, seed=1)
+    x, w, _ = SPEC.make_inputs((33, 4096), dtype, "cuda", 2)
+    _assert_fwd_bwd(backend, (x, w, None), dtype, eps=1e-2)
+    flat = torch.randn(33 * 4096 + 1, device="cuda").to(dtype)
+    _assert_fwd_bwd(backend, (flat[1:].view(33, 4096), w, w.clone()), dtype)  # misaligned rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "cuda_v1", "triton"])
+def test_gpu_check_engine(backend):
+    for dtype in DTYPES:
+        rep = check_impl(registry.get(OP, backend), dtype, device="cuda", quick=True)
+        assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
