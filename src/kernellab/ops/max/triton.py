@@ -92,7 +92,17 @@ def max_rows(x: torch.Tensor, want_values: bool):
 
 max_triton, argmax_triton = max_backends("triton", max_rows)
 
-for _op, _fn in (("max", max_triton), ("argmax", argmax_triton)):
+
+def _kernel_specs(dtype: str, write_vals: bool = True):
+    """For `kernellab asm`: the kernel as launched for 4096-wide rows."""
+    block, rows, warps = _config(4096)
+    sig = {"x_ptr": f"*{dtype}", "val_ptr": f"*{dtype}", "idx_ptr": "*i64", "n_rows": "i32", "n_cols": "i32"}
+    sig.update(BLOCK="constexpr", ROWS="constexpr", WRITE_VALS="constexpr")
+    cx = {"BLOCK": block, "ROWS": rows, "WRITE_VALS": write_vals}
+    return [(_max_rows_kernel, sig, cx, warps)]
+
+
+for _op, _fn, _vals in (("max", max_triton, True), ("argmax", argmax_triton, False)):
     register(
         _op,
         "triton",
@@ -100,5 +110,6 @@ for _op, _fn in (("max", max_triton), ("argmax", argmax_triton)):
         available=triton_support.unavailable,
         custom_ops=_fn.custom_ops,
         builtin=True,
+        triton_kernels=lambda dtype, _v=_vals: _kernel_specs(dtype, _v),
         description="Triton: rows per program, running (value, index, first NaN)",
     )(_fn)

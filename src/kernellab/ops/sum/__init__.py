@@ -27,7 +27,7 @@ import math
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, dtype_name
+from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, dtype_name, make_tensor
 
 
 def sum_reference(x: torch.Tensor, dim=None) -> torch.Tensor:
@@ -76,6 +76,26 @@ def _validate(args, kwargs, devices) -> None:
         check_dim(args[0], kwargs["dim"])
 
 
+# fp32 inputs are N(1, 1), not N(0, 1). The check judges PyTorch's own op (the torch
+# backend, and the bench's admission of it) by a tolerance relative to |result|
+# (compare.DOC_RTOL, 2e-6 for fp32). A zero-mean sum cancels: |result| ~ sqrt(n) while the
+# rounding error of any fp32 summation also grows like sqrt(n), and torch.sum failed its own
+# tolerance on about one input in eight (seen on the CPU at 37x1025). With mean 1 the
+# result is ~n and the tolerance is meaningful. fp16/bf16 keep mean 0: their tolerance is
+# wide enough, and a mean of 1 would overflow fp16 (65504) at the test sizes.
+FP32_MEAN = 1.0
+
+
+def _inputs(shape, dtype, device, gen, layout, scale):
+    x = make_tensor(shape, dtype, device, gen, layout, scale)
+    if x is None:
+        return None
+    if dtype == torch.float32:
+        with torch.no_grad():
+            (x if x._base is None else x._base).add_(FP32_MEAN)  # the storage: keeps the layout
+    return (x,)
+
+
 def _bad_dim(device, dtype):
     return (torch.randn(4, 5, device=device).to(dtype),), {"dim": 2}
 
@@ -114,6 +134,7 @@ SPEC = define(
         layout_shape=(37, 1025),
         grad_args=(0,),
         modes=("fwd", "fwdbwd"),
+        inputs=_inputs,
         validator=_validate,
         option_sets=[{"dim": -1}],
         bench_options=[{}],

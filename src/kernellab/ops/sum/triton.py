@@ -121,6 +121,21 @@ def sum_rows(x: torch.Tensor) -> torch.Tensor:
 
 sum_triton = sum_backend("triton", sum_all, sum_rows)
 
+
+def _kernel_specs(dtype: str):
+    """For `kernellab asm`: the three kernels as launched at the bench sizes."""
+    block, rows, warps = _rows_config(4096)
+    part = {"x_ptr": f"*{dtype}", "part_ptr": "*fp64", "n": "i64", "BLOCK": "constexpr", "ITERS": "constexpr"}
+    final = {"part_ptr": "*fp64", "out_ptr": f"*{dtype}", "n_part": "i32", "BLOCK": "constexpr"}
+    rows_sig = {"x_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "n_rows": "i32", "n_cols": "i32"}
+    rows_sig.update(BLOCK="constexpr", ROWS="constexpr")
+    return [
+        (_sum_partials_kernel, part, {"BLOCK": BLOCK_ALL, "ITERS": ITERS_ALL}, 8),
+        (_sum_final_kernel, final, {"BLOCK": FINAL_BLOCK}, 4),
+        (_sum_rows_kernel, rows_sig, {"BLOCK": block, "ROWS": rows}, warps),
+    ]
+
+
 register(
     "sum",
     "triton",
@@ -128,5 +143,6 @@ register(
     available=triton_support.unavailable,
     custom_ops=sum_triton.custom_ops,
     builtin=True,
+    triton_kernels=_kernel_specs,
     description="Triton: compensated fp32 lanes, float64 combine; partials + final program",
 )(sum_triton)
