@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._baselines import compiled, register_baseline
+from kernellab.ops._peers import liger_unavailable
+from kernellab.registry import register
 
 
 def manual_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -21,3 +23,24 @@ def torch_softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 register_baseline("softmax", manual_softmax, torch_softmax, compiled(manual_softmax))
+
+
+def liger_softmax(x: torch.Tensor) -> torch.Tensor:
+    """liger-kernel's softmax (Triton; peer backend). Liger takes contiguous 2-D rows: other
+    inputs are packed and reshaped around the call, as a user of it would."""
+    from liger_kernel.ops.softmax import LigerSoftmaxFunction
+
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    rows = x.contiguous().view(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
+    return LigerSoftmaxFunction.apply(rows).view(x.shape)
+
+
+register(
+    "softmax",
+    "liger",
+    devices=("cuda",),
+    available=liger_unavailable,
+    builtin=True,
+    description="liger-kernel's Triton softmax (peer)",
+)(liger_softmax)

@@ -1,0 +1,103 @@
+"""Softmax in CUDA C++ (softmax.cu, compiled by NVRTC): launchers and registrations.
+
+Backends ``cuda_v1`` (a thread per row), ``cuda_v2`` (a block per row, shared-memory tree),
+``cuda_v3`` (warp shuffles, 16-byte loads, the row in registers, online softmax for long
+rows) and ``cuda`` (v4: v3 with the block fitted to the row and a warp per short row);
+the variant list with what each changes is at the top of softmax.cu.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kernellab.cuda.elementwise import SUFFIX
+from kernellab.cuda.runtime import Module, nvrtc_unavailable
+from kernellab.ops._elementwise import unary_op
+from kernellab.registry import register
+
+MODULE = Module(Path(__file__).with_name("softmax.cu"))
+
+MAX_PACKS = 4  # softmax.cu: packs a thread keeps in registers
+RESIDENT_MAX_THREADS = 512
+STREAM_THREADS = 1024
+V3_THREADS = 256
+WARP_BLOCK = 256  # warp-per-row kernels: 8 rows per block
+_FWD_SIG = ("ptr", "ptr", "i64", "i32")
+_BWD_SIG = ("ptr", "ptr", "ptr", "i64", "i32")
+
+
+def _rows_cols(t: torch.Tensor):
+    cols = t.shape[-1] if t.dim() else 1
+    return (t.numel() // cols if cols else 0), cols
+
+
+def plan(variant: int, cols: int, elem_size: int, aligned: bool):
+    """(entry kind, threads per block, rows per block) for a row width; kind as in
+    softmax.cu: 'v1', 'v2', or r/o/w followed by v (16-byte packs) or s (scalar)."""
+    if variant == 1:
+        return "v1", 128, 128
+    if variant == 2:
+        return "v2", 256, 1
+    n = 16 // elem_size
+    vec = aligned and cols % n == 0
+    npacks = cols // n if vec else cols
+    sfx = "v" if vec else "s"
+    if variant == 3:
+        return ("r" if npacks <= MAX_PACKS * V3_THREADS else "o") + sfx, V3_THREADS, 1
+    # v4: a warp per short row; otherwise a block fitted to the row.
+    if npacks <= MAX_PACKS * 32:
+        return "w" + sfx, WARP_BLOCK, WARP_BLOCK // 32
+    if npacks <= MAX_PACKS * RESIDENT_MAX_THREADS:
+        threads = -(-npacks // MAX_PACKS)
+        threads = min(RESIDENT_MAX_THREADS, max(64, -(-threads // 32) * 32))
+        return "r" + sfx, threads, 1
+    return "o" + sfx, STREAM_THREADS, 1
+
+
+def _launch(variant: int, direction: str, inputs) -> torch.Tensor:
+    inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
+    out = torch.empty(inputs[0].shape, dtype=inputs[0].dtype, device=inputs[0].device)
+    rows, cols = _rows_cols(out)
+    if rows == 0 or cols == 0:
+        return out
+    aligned = not any(t.data_ptr() & 15 for t in (*inputs, out))
+    kind, threads, rows_per_block = plan(variant, cols, out.element_size(), aligned)
+    dev = out.device.index
+    name = f"softmax_{direction}_{kind}_{SUFFIX[out.dtype]}"
+    kernel = MODULE.kernel(name, _FWD_SIG if direction == "fwd" else _BWD_SIG, dev)
+    grid = -(-rows // rows_per_block)
+    kernel(grid, threads, *inputs, out, rows, cols, device_index=dev)
+    return out
+
+
+def _make(variant: int):
+    return unary_op(
+        f"softmax_cuda_v{variant}",
+        lambda x: _launch(variant, "fwd", [x]),
+        lambda dy, y: _launch(variant, "bwd", [y, dy]),
+        save_output=True,
+    )
+
+
+VARIANTS = [
+    ("cuda_v1", 1, "CUDA v1: one thread per row, three passes"),
+    ("cuda_v2", 2, "CUDA v2: one block per row, shared-memory tree"),
+    ("cuda_v3", 3, "CUDA v3: warp shuffles, 16-byte loads, row in registers / online"),
+    ("cuda", 4, "CUDA v4: block fitted to the row, a warp per short row"),
+]
+
+for _backend, _variant, _what in VARIANTS:
+    _fn = _make(_variant)
+    register(
+        "softmax",
+        _backend,
+        devices=("cuda",),
+        available=nvrtc_unavailable,
+        precompile=MODULE.precompile,
+        custom_ops=_fn.custom_ops,
+        builtin=True,
+        description=_what,
+        module=MODULE,
+    )(_fn)

@@ -1,0 +1,362 @@
+// Softmax over the last dimension, forward and backward: fp32 / fp16 / bf16 storage, fp32 math.
+//
+//   y  = exp(x - max(x)) / sum(exp(x - max(x)))     dx = y * (dy - sum(dy * y))
+//
+// x, y, dy, dx are contiguous [rows, cols]. The variants walk the reduction lecture's
+// checklist; each kernel name ends in _<dtype> (f32, f16, bf16):
+//
+//   v1  softmax_fwd_v1 / softmax_bwd_v1: one thread per row, three passes over the row
+//       (max, sum, write). Neighbouring threads read addresses a row apart: nothing is
+//       coalesced, and a 4096-wide row is 12K dependent loads for one thread.
+//   v2  softmax_fwd_v2 / softmax_bwd_v2: one block per row; each pass is coalesced (thread
+//       t reads t, t + 256, ...) and combined by a shared-memory tree with sequential
+//       addressing (no divergent warps, no bank conflicts). Still three reads of the row,
+//       scalar loads, and a barrier per tree level.
+//   v3  one block of 256 threads per row, warp shuffles
+//       (one shared-memory exchange per reduction instead of log2(256) barriers), 16-byte
+//       loads, and the row kept in registers (up to 4 packs per thread) so it is read once
+//       and written once - the minimum traffic. Longer rows stream twice with the online
+//       softmax recurrence (running max and rescaled sum in one pass).
+//   v4  (backend "cuda"): v3 with the block fitted to the row (32-512 threads, so that
+//       every thread holds up to 4 packs: thread coarsening without idle lanes; 1024 for
+//       streamed rows), and one warp per row for short rows (8 rows per block, no shared
+//       memory, no barrier).
+//
+// v3 and v4 share the entry points softmax_{fwd,bwd}_{r,o,w}{v,s}_<dtype>: r = one block
+// per row, row in registers; o = one block per row, streamed (online softmax); w = one
+// warp per row; v = 16-byte packs, s = the scalar twin for rows that are not 16-byte
+// aligned (odd widths, storage offsets). The host (cuda.py) picks.
+#include "common.cuh"
+#include "reduce.cuh"
+
+namespace {
+
+using kl::from_f;
+using kl::to_f;
+
+constexpr int MAX_PACKS = 4;  // packs a thread keeps in registers (v3, v4)
+// Register-resident rows use at most 512 threads per block, so the compiler may give each
+// thread 128 registers: the backward holds 2 x 4 packs (64 floats for 16-bit types).
+#define RESIDENT_MAX_THREADS 512
+
+// A "pack": 16 bytes (N = 16 / sizeof(T) elements) for the vector kernels, one element
+// for their scalar twins.
+template <typename T, bool VEC>
+struct Pack {
+    static constexpr int N = VEC ? 16 / sizeof(T) : 1;
+    float v[N];
+    __device__ __forceinline__ void load(const T* row, long long p) {
+        if constexpr (VEC) {
+            kl::Vec16<T> r;
+            r.raw = *reinterpret_cast<const int4*>(row + p * N);
+#pragma unroll
+            for (int j = 0; j < N; ++j) v[j] = to_f(r.e[j]);
+        } else {
+            v[0] = to_f(row[p]);
+        }
+    }
+    __device__ __forceinline__ void store(T* row, long long p) const {
+        if constexpr (VEC) {
+            kl::Vec16<T> r;
+#pragma unroll
+            for (int j = 0; j < N; ++j) r.e[j] = from_f<T>(v[j]);
+            *reinterpret_cast<int4*>(row + p * N) = r.raw;
+        } else {
+            row[p] = from_f<T>(v[0]);
+        }
+    }
+    __device__ __forceinline__ void fill(float f) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) v[j] = f;
+    }
+};
+
+// ---------------------------------------------------------------------------- v1
+
+template <typename T>
+__device__ void fwd_v1(const T* x, T* y, long long rows, int cols) {
+    const long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const T* xr = x + r * cols;
+    T* yr = y + r * cols;
+    float m = kl::neg_inf();
+    for (int c = 0; c < cols; ++c) m = fmaxf(m, to_f(xr[c]));
+    float s = 0.0f;
+    for (int c = 0; c < cols; ++c) s += expf(to_f(xr[c]) - m);
+    const float inv = 1.0f / s;
+    for (int c = 0; c < cols; ++c) yr[c] = from_f<T>(expf(to_f(xr[c]) - m) * inv);
+}
+
+template <typename T>
+__device__ void bwd_v1(const T* y, const T* dy, T* dx, long long rows, int cols) {
+    const long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (r >= rows) return;
+    const long long o = r * cols;
+    float dot = 0.0f;
+    for (int c = 0; c < cols; ++c) dot += to_f(y[o + c]) * to_f(dy[o + c]);
+    for (int c = 0; c < cols; ++c) dx[o + c] = from_f<T>(to_f(y[o + c]) * (to_f(dy[o + c]) - dot));
+}
+
+// ---------------------------------------------------------------------------- v2
+
+constexpr int V2_THREADS = 256;
+
+// Shared-memory tree with sequential addressing: at each level the lower half of the
+// active threads adds the upper half (contiguous threads stay busy; no bank conflicts).
+template <typename Op>
+__device__ __forceinline__ float tree_reduce(float v, float* buf, Op op) {
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = V2_THREADS / 2; half > 0; half >>= 1) {
+        if (threadIdx.x < half) buf[threadIdx.x] = op(buf[threadIdx.x], buf[threadIdx.x + half]);
+        __syncthreads();
+    }
+    const float out = buf[0];
+    __syncthreads();  // buf is reused by the next reduction
+    return out;
+}
+
+template <typename T>
+__device__ void fwd_v2(const T* x, T* y, int cols) {
+    __shared__ float buf[V2_THREADS];
+    const T* xr = x + blockIdx.x * (long long)cols;
+    T* yr = y + blockIdx.x * (long long)cols;
+    float m = kl::neg_inf();
+    for (int c = threadIdx.x; c < cols; c += V2_THREADS) m = fmaxf(m, to_f(xr[c]));
+    m = tree_reduce(m, buf, kl::MaxOp{});
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += V2_THREADS) s += expf(to_f(xr[c]) - m);
+    s = tree_reduce(s, buf, kl::SumOp{});
+    const float inv = 1.0f / s;
+    for (int c = threadIdx.x; c < cols; c += V2_THREADS) yr[c] = from_f<T>(expf(to_f(xr[c]) - m) * inv);
+}
+
+template <typename T>
+__device__ void bwd_v2(const T* y, const T* dy, T* dx, int cols) {
+    __shared__ float buf[V2_THREADS];
+    const long long o = blockIdx.x * (long long)cols;
+    float dot = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += V2_THREADS) dot += to_f(y[o + c]) * to_f(dy[o + c]);
+    dot = tree_reduce(dot, buf, kl::SumOp{});
+    for (int c = threadIdx.x; c < cols; c += V2_THREADS)
+        dx[o + c] = from_f<T>(to_f(y[o + c]) * (to_f(dy[o + c]) - dot));
+}
+
+// ---------------------------------------------------------------------------- v3 / v4
+
+// Reductions over the threads that share a row: the whole block (WARP_ROWS false) or one
+// warp (WARP_ROWS true: a row per warp, no shared memory, no barrier).
+template <bool WARP_ROWS, typename Op>
+__device__ __forceinline__ float row_allreduce(float v, Op op, float* scratch) {
+    if constexpr (WARP_ROWS) return kl::warp_allreduce(v, op);
+    else return kl::block_allreduce(v, op, scratch);
+}
+
+template <bool WARP_ROWS>
+__device__ __forceinline__ kl::MaxSum row_allreduce(kl::MaxSum v, float* scratch) {
+    if constexpr (WARP_ROWS) return kl::warp_allreduce(v);
+    else return kl::block_allreduce(v, scratch);
+}
+
+// One row per block (or per warp): lane = this thread's index among the row's threads,
+// width = their number. Packs p = lane, lane + width, ... of the row belong to this thread.
+// The row stays in registers when npacks <= MAX_PACKS * width (the host guarantees it
+// for RESIDENT), otherwise it is streamed twice (online max and sum, then the write).
+template <typename T, bool VEC, bool WARP_ROWS, bool RESIDENT>
+__device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, int width, float* scratch) {
+    using P = Pack<T, VEC>;
+    const int npacks = cols / P::N;  // VEC: the host guarantees cols % N == 0
+    if constexpr (RESIDENT) {
+        P r[MAX_PACKS];
+        float m = kl::neg_inf();
+#pragma unroll
+        for (int k = 0; k < MAX_PACKS; ++k) {
+            const int p = lane + k * width;
+            if (p < npacks) r[k].load(xr, p);
+            else r[k].fill(kl::neg_inf());
+#pragma unroll
+            for (int j = 0; j < P::N; ++j) m = fmaxf(m, r[k].v[j]);
+        }
+        m = row_allreduce<WARP_ROWS>(m, kl::MaxOp{}, scratch);
+        float s = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MAX_PACKS; ++k)
+#pragma unroll
+            for (int j = 0; j < P::N; ++j) {
+                r[k].v[j] = __expf(r[k].v[j] - m);
+                s += lane + k * width < npacks ? r[k].v[j] : 0.0f;
+            }
+        s = row_allreduce<WARP_ROWS>(s, kl::SumOp{}, scratch);
+        const float inv = __frcp_rn(s);
+#pragma unroll
+        for (int k = 0; k < MAX_PACKS; ++k) {
+            const int p = lane + k * width;
+            if (p < npacks) {
+#pragma unroll
+                for (int j = 0; j < P::N; ++j) r[k].v[j] *= inv;
+                r[k].store(yr, p);
+            }
+        }
+    } else {
+        // Online softmax: per pack, one rescale of the running sum by exp(m_old - m_new).
+        kl::MaxSum acc{kl::neg_inf(), 0.0f};
+        for (int p = lane; p < npacks; p += width) {
+            P a;
+            a.load(xr, p);
+            float pm = a.v[0];
+#pragma unroll
+            for (int j = 1; j < P::N; ++j) pm = fmaxf(pm, a.v[j]);
+            const float m = fmaxf(acc.m, pm);
+            if (m == kl::neg_inf()) continue;  // all -inf so far: nothing to add
+            float ps = 0.0f;
+#pragma unroll
+            for (int j = 0; j < P::N; ++j) ps += __expf(a.v[j] - m);
+            acc.s = acc.s * __expf(acc.m - m) + ps;
+            acc.m = m;
+        }
+        acc = row_allreduce<WARP_ROWS>(acc, scratch);
+        const float inv = __frcp_rn(acc.s);
+        for (int p = lane; p < npacks; p += width) {
+            P a;
+            a.load(xr, p);
+#pragma unroll
+            for (int j = 0; j < P::N; ++j) a.v[j] = __expf(a.v[j] - acc.m) * inv;
+            a.store(yr, p);
+        }
+    }
+}
+
+template <typename T, bool VEC, bool WARP_ROWS, bool RESIDENT>
+__device__ __forceinline__ void bwd_row(const T* yr, const T* dyr, T* dxr, int cols, int lane, int width,
+                                        float* scratch) {
+    using P = Pack<T, VEC>;
+    const int npacks = cols / P::N;
+    if constexpr (RESIDENT) {
+        P a[MAX_PACKS], g[MAX_PACKS];
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < MAX_PACKS; ++k) {
+            const int p = lane + k * width;
+            if (p < npacks) {
+                a[k].load(yr, p);
+                g[k].load(dyr, p);
+            } else {
+                a[k].fill(0.0f);
+                g[k].fill(0.0f);
+            }
+#pragma unroll
+            for (int j = 0; j < P::N; ++j) dot += a[k].v[j] * g[k].v[j];
+        }
+        dot = row_allreduce<WARP_ROWS>(dot, kl::SumOp{}, scratch);
+#pragma unroll
+        for (int k = 0; k < MAX_PACKS; ++k) {
+            const int p = lane + k * width;
+            if (p < npacks) {
+#pragma unroll
+                for (int j = 0; j < P::N; ++j) a[k].v[j] *= g[k].v[j] - dot;
+                a[k].store(dxr, p);
+            }
+        }
+    } else {
+        float dot = 0.0f;
+        for (int p = lane; p < npacks; p += width) {
+            P a, g;
+            a.load(yr, p);
+            g.load(dyr, p);
+#pragma unroll
+            for (int j = 0; j < P::N; ++j) dot += a.v[j] * g.v[j];
+        }
+        dot = row_allreduce<WARP_ROWS>(dot, kl::SumOp{}, scratch);
+        for (int p = lane; p < npacks; p += width) {
+            P a, g;
+            a.load(yr, p);
+            g.load(dyr, p);
+#pragma unroll
+            for (int j = 0; j < P::N; ++j) a.v[j] *= g.v[j] - dot;
+            a.store(dxr, p);
+        }
+    }
+}
+
+// Block-per-row entry: blockIdx.x is the row. Warp-per-row entry: blockDim.x / 32 rows per
+// block.
+template <typename T, bool VEC, bool RESIDENT>
+__device__ __forceinline__ void fwd_block(const T* x, T* y, long long rows, int cols) {
+    __shared__ float scratch[64];
+    const long long r = blockIdx.x;
+    fwd_row<T, VEC, false, RESIDENT>(x + r * cols, y + r * cols, cols, threadIdx.x, blockDim.x, scratch);
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void fwd_warp(const T* x, T* y, long long rows, int cols) {
+    const long long r = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;  // whole warps leave together: the shuffles stay full-mask
+    fwd_row<T, VEC, true, true>(x + r * cols, y + r * cols, cols, threadIdx.x & 31, 32, nullptr);
+}
+
+template <typename T, bool VEC, bool RESIDENT>
+__device__ __forceinline__ void bwd_block(const T* y, const T* dy, T* dx, long long rows, int cols) {
+    __shared__ float scratch[64];
+    const long long o = blockIdx.x * (long long)cols;
+    bwd_row<T, VEC, false, RESIDENT>(y + o, dy + o, dx + o, cols, threadIdx.x, blockDim.x, scratch);
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void bwd_warp(const T* y, const T* dy, T* dx, long long rows, int cols) {
+    const long long r = blockIdx.x * (long long)(blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const long long o = r * cols;
+    bwd_row<T, VEC, true, true>(y + o, dy + o, dx + o, cols, threadIdx.x & 31, 32, nullptr);
+}
+
+}  // namespace
+
+// Entry points. v3 and v4 share the row routines; the host decides the block shape
+// (v3: always 256 threads per row; v4: fitted to the row, or a warp per row) and whether
+// the row is register-resident (_r) or streamed (_o, online).
+#define KL_SOFTMAX(NAME, T)                                                                               \
+    extern "C" __global__ void softmax_fwd_v1_##NAME(const T* x, T* y, long long rows, int cols) {        \
+        fwd_v1<T>(x, y, rows, cols);                                                                      \
+    }                                                                                                     \
+    extern "C" __global__ void softmax_bwd_v1_##NAME(const T* y, const T* dy, T* dx, long long rows,      \
+                                                     int cols) {                                          \
+        bwd_v1<T>(y, dy, dx, rows, cols);                                                                 \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(V2_THREADS)                                              \
+        softmax_fwd_v2_##NAME(const T* x, T* y, long long rows, int cols) {                               \
+        fwd_v2<T>(x, y, cols);                                                                            \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(V2_THREADS)                                              \
+        softmax_bwd_v2_##NAME(const T* y, const T* dy, T* dx, long long rows, int cols) {                 \
+        bwd_v2<T>(y, dy, dx, cols);                                                                       \
+    }                                                                                                     \
+    KL_SOFTMAX_ROWS(NAME, T, v, true)                                                                     \
+    KL_SOFTMAX_ROWS(NAME, T, s, false)
+
+#define KL_SOFTMAX_ROWS(NAME, T, KIND, VEC)                                                               \
+    extern "C" __global__ void __launch_bounds__(RESIDENT_MAX_THREADS)                                    \
+        softmax_fwd_r##KIND##_##NAME(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols) { \
+        fwd_block<T, VEC, true>(x, y, rows, cols);                                                        \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(1024)                                                    \
+        softmax_fwd_o##KIND##_##NAME(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols) { \
+        fwd_block<T, VEC, false>(x, y, rows, cols);                                                       \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256)                                                     \
+        softmax_fwd_w##KIND##_##NAME(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols) { \
+        fwd_warp<T, VEC>(x, y, rows, cols);                                                               \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(RESIDENT_MAX_THREADS) softmax_bwd_r##KIND##_##NAME(                      \
+        const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, int cols) { \
+        bwd_block<T, VEC, true>(y, dy, dx, rows, cols);                                                   \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(1024) softmax_bwd_o##KIND##_##NAME(                      \
+        const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, int cols) { \
+        bwd_block<T, VEC, false>(y, dy, dx, rows, cols);                                                  \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) softmax_bwd_w##KIND##_##NAME(                       \
+        const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, int cols) { \
+        bwd_warp<T, VEC>(y, dy, dx, rows, cols);                                                          \
+    }
+
+KL_FOR_EACH_DTYPE(KL_SOFTMAX)
