@@ -6,9 +6,9 @@ TF32 is OFF for the whole run (``torch.backends.cuda.matmul.allow_tf32 = False``
 fp32 means full fp32 products for cuBLAS, Inductor, Triton (input_precision="ieee") and our
 CUDA kernels alike; every JSONL row records ``tf32: false``.
 
-1. correctness at 1000x1023x997 and a batched 3x129x65x257 for every backend x dtype it
-   supports (float64 reference, 2 x PyTorch's error rule), forward and, for the batched
-   shape, gradients;
+1. correctness at 1000x1023x997 (scalar paths) and batched 3x129x65x257 and 2x264x392x136
+   (16-byte paths, partial tiles) for every backend x dtype it supports (float64 reference,
+   2 x PyTorch's error rule), forward and, for the batched shapes, gradients;
 2. the fp32 CUDA ladder at 4096^3 (cuda_v1 ... cuda_v7 and cuBLAS): GFLOP/s and % of cuBLAS,
    a markdown table like SGEMM_CUDA's -> $OUT/matmul_ladder.md;
 3. torch / compile / triton / triton_tma / cuda (best) / cuda_v8 at 4096^3 and 8192^3, fp32 and bf16
@@ -44,32 +44,37 @@ TOP = ["torch", "compile", "triton", "triton_tma", "cuda", "cuda_v8"]
 DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+# (problem shape, check gradients): no dim a multiple of 4 (scalar paths); batched with
+# 16-byte paths (K, N multiples of 8) and partial tiles in every dim.
+CHECK_SHAPES = (((1000, 1023, 997), False), ((3, 129, 65, 257), True), ((2, 264, 392, 136), True))
+
+
 def supported(backend, dtype):
     impl = kernellab.registry.get("matmul", backend)
     return impl.dtypes is None or dtype in impl.dtypes
 
 
-def correctness(lines) -> bool:
+def correctness(lines, dev="cuda", shapes=CHECK_SHAPES) -> bool:
     ok_all = True
-    backends = [i.backend for i in kernellab.impls("matmul")]
+    backends = [i.backend for i in kernellab.impls("matmul") if i.why_unavailable(dev) is None]
     for backend in backends:
         for name, dtype in DT.items():
             if not supported(backend, dtype):
                 continue
             t0 = time.perf_counter()
             status = []
-            for shape, grads in (((1000, 1023, 997), False), ((3, 129, 65, 257), True)):
+            for shape, grads in shapes:
                 if backend == "manual" and shape[0] == 1000 and dtype != torch.float32:
                     continue
-                gen = torch.Generator(device="cuda").manual_seed(11)
-                a, b = mm.make_matmul_inputs(shape, dtype, "cuda", gen)
+                gen = torch.Generator(device=dev).manual_seed(11)
+                a, b = mm.make_matmul_inputs(shape, dtype, dev, gen)
                 try:
                     y = mm.matmul(a, b, backend=backend)
                     v = judge(y, mm.SPEC.ref(a, b), dtype, torch.matmul(a, b))
                     good, detail = v.ok, f"ratio {v.ratio:.2f}" if v.ok else v.detail
                     if good and grads:
                         la, lb = a.clone().requires_grad_(), b.clone().requires_grad_()
-                        dy = torch.randn(y.shape, device="cuda", generator=gen).to(dtype)
+                        dy = torch.randn(y.shape, device=dev, generator=gen).to(dtype)
                         got = torch.autograd.grad(mm.matmul(la, lb, backend=backend), (la, lb), dy)
                         a64, b64 = a.double().requires_grad_(), b.double().requires_grad_()
                         ref = torch.autograd.grad(a64 @ b64, (a64, b64), dy.double())
@@ -90,7 +95,7 @@ def correctness(lines) -> bool:
 
 
 def ladder_table(rows) -> str:
-    by = {r["backend"]: r for r in rows if r["dtype"] == "fp32" and r["shape"] == "4096x4096x4096"}
+    by = {r["backend"]: r for r in rows if r["dtype"] == "fp32"}
     ref = by.get("torch", {}).get("tflops")
     out = [
         "| variant | what changes | GFLOP/s | % of cuBLAS |",
@@ -135,17 +140,21 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="correctness and the 4096^3 runs only")
+    p.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU: tests this script")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if not torch.cuda.is_available():
-        print("no GPU")
+    dry = args.cpu_dry_run
+    if not dry and not torch.cuda.is_available():
+        print("no GPU (use --cpu-dry-run to exercise the script on the CPU)")
         return 2
+    dev = "cpu" if dry else "cuda"
     t_start = time.perf_counter()
     tf32 = torch.backends.cuda.matmul.allow_tf32
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  allow_tf32 {tf32}")
+    gpu = "cpu dry run" if dry else torch.cuda.get_device_name()
+    print(f"{gpu}  torch {torch.__version__}  allow_tf32 {tf32}")
     lines = []
-    ok = correctness(lines)
+    ok = correctness(lines, dev, (((33, 17, 21), False), ((2, 24, 40, 16), True)) if dry else CHECK_SHAPES)
     print(f"correctness: {'all ok' if ok else 'FAILURES'} ({time.perf_counter() - t_start:.0f}s)", flush=True)
 
     jsonl = out / "matmul.jsonl"
@@ -159,14 +168,29 @@ def main() -> int:
         print(f"  {r['backend']:9s} {r['dtype']} {r['shape']}: {what}", flush=True)
 
     t0 = time.perf_counter()
+    big = (64,) * 3 if dry else (4096,) * 3
     ladder = kbench.bench(
-        "matmul", LADDER + ["torch"], [(4096,) * 3], [torch.float32], ("fwd",), budget_s=1.0, on_row=on_row
+        "matmul",
+        LADDER + ["torch"],
+        [big],
+        [torch.float32],
+        ("fwd",),
+        device=dev,
+        budget_s=1.0,
+        on_row=on_row,
     )
     print(f"ladder: {time.perf_counter() - t0:.0f}s", flush=True)
-    shapes = [(4096, 4096, 4096)] + ([] if args.quick else [(8192, 8192, 8192)])
+    shapes = [big] + ([] if args.quick or dry else [(8192, 8192, 8192)])
     t0 = time.perf_counter()
     top = kbench.bench(
-        "matmul", TOP, shapes, [torch.float32, torch.bfloat16], ("fwd",), budget_s=1.0, on_row=on_row
+        "matmul",
+        TOP,
+        shapes,
+        [torch.float32, torch.bfloat16],
+        ("fwd",),
+        device=dev,
+        budget_s=1.0,
+        on_row=on_row,
     )
     print(f"top: {time.perf_counter() - t0:.0f}s", flush=True)
 

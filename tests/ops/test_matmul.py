@@ -55,7 +55,7 @@ def _run_and_judge(backend, a, b, dtype, bias=None, activation=None, grads=True)
     out = mm.matmul(
         leaves[0], leaves[1], leaves[2] if bias is not None else None, activation, backend=backend
     )
-    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(dtype)
+    dy = torch.randn(out.shape, generator=torch.Generator().manual_seed(7)).to(out.device, dtype)
     got = torch.autograd.grad(out, leaves, dy)
     g64, gt = _grads_ref(a, b, dy, bias, activation, dtype)
     for name, g, r, t in zip(("da", "db", "dbias"), got, g64, gt):
@@ -297,7 +297,9 @@ def test_gpu_forward_and_gradients(backend):
     torch.backends.cuda.matmul.allow_tf32 = False  # every side full fp32
     try:
         for dtype in _gpu_dtypes(backend):
-            for shape in [(1000, 1023, 997), (3, 129, 65, 257), (17, 33, 65)]:
+            # 1000x1023x997: no dim a multiple of 4 (scalar paths); 2x264x392x136: the 16-byte
+            # paths (K, N multiples of 8) with partial tiles in every dim
+            for shape in [(1000, 1023, 997), (3, 129, 65, 257), (17, 33, 65), (2, 264, 392, 136)]:
                 if backend == "manual" and shape[0] == 1000:
                     continue  # the broadcast formulation is slow at this size
                 a, b = _inputs(shape, dtype, "cuda", seed=seed_for(backend, shape))
