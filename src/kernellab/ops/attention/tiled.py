@@ -2,7 +2,11 @@
 the Triton kernels implement, runnable on the CPU.
 
 Shapes: q (BH, S_q, D), k and v (BH, S_k, D) after folding the leading dims; every tile
-below is a slice of those, all heads at once. Math in fp32 (inputs upcast tile by tile).
+below is a slice of those, all heads at once. Math in fp32 for fp16 / bf16 inputs (tiles
+upcast one by one, P rounded to the input dtype before PV as the kernels do), and in
+float64 for fp32 inputs: in fp32 the extra rounding of S * scale here (the kernels fuse it
+into one FMA with the max subtraction) cost the spec the 2x-PyTorch rule on rows whose two
+largest scores are ~70 and close together (1 seed in 10 of the check's large-score case).
 
 Forward, for each query block Q_i (BLOCK_M rows):
     m = -inf, l = 0, acc = 0                       running max, running sum, unnormalized O
@@ -54,23 +58,28 @@ def _mask(i0, j0, m, n, s_q, s_k, device):
     return j <= i + (s_k - s_q)
 
 
+def _math_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
+
 def forward(q, k, v, causal: bool = False, scale=None):
     """(o, lse): o like q (D_v = D), lse (..., S_q) fp32."""
     sc = resolve_scale(q, scale)
+    f = _math_dtype(q.dtype)
     lead, s_q, s_k = q.shape[:-2], q.shape[-2], k.shape[-2]
     qf, kf, vf = _fold(q), _fold(k), _fold(v)
     bh, d = qf.shape[0], qf.shape[-1]
     o = torch.empty(bh, s_q, d, dtype=q.dtype, device=q.device)
     lse = torch.empty(bh, s_q, dtype=torch.float32, device=q.device)
     for i0 in range(0, s_q, BLOCK_M):
-        qi = qf[:, i0 : i0 + BLOCK_M].float()
+        qi = qf[:, i0 : i0 + BLOCK_M].to(f)
         m_rows = qi.shape[1]
-        m = torch.full((bh, m_rows), float("-inf"), device=q.device)
-        l = torch.zeros(bh, m_rows, device=q.device)
-        acc = torch.zeros(bh, m_rows, d, device=q.device)
+        m = torch.full((bh, m_rows), float("-inf"), dtype=f, device=q.device)
+        l = torch.zeros(bh, m_rows, dtype=f, device=q.device)
+        acc = torch.zeros(bh, m_rows, d, dtype=f, device=q.device)
         for j0 in range(0, _key_end(i0, s_q, s_k, causal), BLOCK_N):
-            kj = kf[:, j0 : j0 + BLOCK_N].float()
-            vj = vf[:, j0 : j0 + BLOCK_N].float()
+            kj = kf[:, j0 : j0 + BLOCK_N].to(f)
+            vj = vf[:, j0 : j0 + BLOCK_N].to(f)
             s = qi @ kj.transpose(-1, -2) * sc
             if causal:
                 s = s.masked_fill(~_mask(i0, j0, m_rows, kj.shape[1], s_q, s_k, q.device), float("-inf"))
@@ -80,21 +89,22 @@ def forward(q, k, v, causal: bool = False, scale=None):
             alpha = torch.exp(m - m_safe)
             l = alpha * l + p.sum(-1)
             # P is rounded to the storage dtype before PV, as the kernels feed the MMA.
-            acc = alpha[..., None] * acc + p.to(q.dtype).float() @ vj
+            acc = alpha[..., None] * acc + p.to(q.dtype).to(f) @ vj
             m = m_new
         empty = l == 0
         o[:, i0 : i0 + BLOCK_M] = (acc / torch.where(empty, 1.0, l)[..., None]).to(q.dtype)
-        lse[:, i0 : i0 + BLOCK_M] = torch.where(empty, float("-inf"), m + torch.log(l))
+        lse[:, i0 : i0 + BLOCK_M] = torch.where(empty, float("-inf"), m + torch.log(l)).float()
     return o.reshape(lead + (s_q, d)), lse.reshape(lead + (s_q,))
 
 
 def backward(do, q, k, v, o, lse, causal: bool = False, scale=None):
     """(dq, dk, dv) by recomputation from the LSE."""
     sc = resolve_scale(q, scale)
+    f = _math_dtype(q.dtype)
     s_q, s_k = q.shape[-2], k.shape[-2]
-    qf, kf, vf = _fold(q).float(), _fold(k).float(), _fold(v).float()
-    dof, of = _fold(do).float(), _fold(o).float()
-    lsef = lse.reshape(-1, s_q)
+    qf, kf, vf = _fold(q).to(f), _fold(k).to(f), _fold(v).to(f)
+    dof, of = _fold(do).to(f), _fold(o).to(f)
+    lsef = lse.reshape(-1, s_q).to(f)
     lsef = torch.where(lsef == float("-inf"), float("inf"), lsef)  # empty rows: P = 0
     delta = (dof * of).sum(-1)  # (BH, S_q)
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
@@ -108,7 +118,7 @@ def backward(do, q, k, v, o, lse, causal: bool = False, scale=None):
             if causal:
                 s = s.masked_fill(~_mask(i0, j0, qi.shape[1], kj.shape[1], s_q, s_k, q.device), float("-inf"))
             p = torch.exp(s - lsef[:, i0 : i0 + BLOCK_M, None])
-            dv[:, j0 : j0 + BLOCK_N] += p.to(q.dtype).float().transpose(-1, -2) @ doi
+            dv[:, j0 : j0 + BLOCK_N] += p.to(q.dtype).to(f).transpose(-1, -2) @ doi
             dp = doi @ vj.transpose(-1, -2)
             ds = p * (dp - delta[:, i0 : i0 + BLOCK_M, None])
             dk[:, j0 : j0 + BLOCK_N] += ds.transpose(-1, -2) @ qi * sc
