@@ -4,8 +4,8 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check bench launch profile sanitize summary (default: all but
-#   profile, in that order);
+#   stages: env tests check bench rowwise launch profile sanitize summary (default: all
+#   but rowwise and profile, in that order; ROWWISE_OPS picks the row-wise ops);
 #   split them over two device calls when one would pass the 10-minute limit.
 set -u
 MODE=${1:-full}
@@ -14,6 +14,11 @@ STAGES=${*:-env tests check bench launch sanitize summary}
 want() { case " $STAGES " in *" $1 "*) return 0 ;; esac; return 1; }
 OUT=${OUT:-$PWD/.out}
 mkdir -p "$OUT"
+# Peer libraries (liger-kernel) travel as wheels in .whl/ (the GPU machine has no index).
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 COLUMNS=160
 export KERNELLAB_CACHE=${KERNELLAB_CACHE:-/tmp/kernellab-cache}
@@ -72,6 +77,23 @@ else
   run $KL bench add -s 2^10 --dtype fp32 --graph --json "$RES"
 fi
 
+fi
+
+if want rowwise; then
+step "row-wise ops (issue 3)"
+for op in ${ROWWISE_OPS:-softmax}; do
+  case $op in
+    softmax) shapes="-s 32768x4096" ;;
+    layer_norm|rms_norm) shapes="-s 16384x4096" ;;
+    cross_entropy) shapes="-s 8192x50304 -s 8192x128256" ;;
+    sum) shapes="-s 2^28" ;;
+    max|argmax) shapes="-s 32768x4096" ;;
+    *) shapes="" ;;
+  esac
+  modes="--mode fwd --mode fwdbwd"
+  [ "$op" = argmax ] && modes="--mode fwd"
+  run $KL bench $op $shapes --dtype fp32 --dtype bf16 $modes --json "$RES"
+done
 fi
 
 if want launch; then
