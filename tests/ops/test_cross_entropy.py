@@ -179,6 +179,7 @@ def test_inplace_backward_reuses_the_logits_buffer():
     torch.testing.assert_close(b.grad, a.grad, rtol=0, atol=0)
     # the logits now hold the gradient (documented: the flag trades them for memory)
     torch.testing.assert_close(b.detach(), b.grad, rtol=0, atol=0)
+    assert b.grad.data_ptr() == b.data_ptr()  # adopted as .grad, not cloned: no logits-sized copy
     assert not torch.equal(b.detach(), logits)
     # a strided input is packed first: the copy is overwritten, the caller's logits survive
     c = logits.t().contiguous().t().requires_grad_()  # [5, 1000] with strides (1, 5)

@@ -78,7 +78,12 @@ def fused_backend(name: str, fwd, bwd):
         def forward(ctx, logits, target, ignore_index, inplace):
             lc, tc = logits.contiguous(), target.contiguous()
             loss_rows, lse = fwd(lc, tc, ignore_index)
-            ctx.save_for_backward(lc, tc, lse)
+            # In place, the logits are saved as a detached alias: after this node's saved
+            # tensors are released, the returned gradient is the only reference to that
+            # alias, and autograd's AccumulateGrad then adopts it as .grad instead of
+            # cloning it (saving ``logits`` itself, also held by the caller, made it clone:
+            # a logits-sized copy, the memory the option exists to avoid).
+            ctx.save_for_backward(lc.detach() if inplace else lc, tc, lse)
             ctx.ignore_index, ctx.inplace = ignore_index, inplace
             ctx.mark_non_differentiable(lse)
             return loss_rows, lse
