@@ -1,6 +1,6 @@
 """Reductions on a lent GPU (issue 3): sum, max, argmax - every backend checked, then timed.
 
-    python scripts/gpu_reductions.py --out $OUT [--budget 0.6]
+    python scripts/gpu_reductions.py --out $OUT [--budget 0.6] [--skip compile]
 
 1. ``kernellab.harness.check`` (quick) for every backend of sum, max and argmax x fp32 /
    fp16 / bf16 (``compile`` is left to the bench's admission check: each of its shapes
@@ -108,6 +108,12 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--budget", type=float, default=0.6, help="seconds of timing per row")
+    p.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        help="backends left out of the bench (e.g. compile: its Inductor compiles)",
+    )
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
