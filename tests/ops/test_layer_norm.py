@@ -40,7 +40,7 @@ def _assert_fwd_bwd(backend, args, dtype, eps=1e-5, seed=0):
     v = judge(y, SPEC.ref(x, w, b, eps=eps), dtype, _torch(x, w, b, eps))
     assert v.ok, f"forward: {v.detail}"
     wrt = [0, 1] + ([2] if b is not None else [])
-    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(x.device)
     got = _grads(lambda *a: ln.layer_norm(*a, eps, backend=backend), args, dy, wrt)
     a64 = [a.double() if a is not None else None for a in args]
     ref = _grads(lambda *a: ln.layer_norm_reference(*a, eps), a64, dy.double(), wrt)
