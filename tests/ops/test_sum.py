@@ -232,6 +232,7 @@ def test_gpu_v4_is_deterministic_and_reusable_on_streams():
     a = impl(x)
     assert all(torch.equal(a, impl(x)) for _ in range(5))
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())  # x was written on the default stream
     with torch.cuda.stream(s):
         b = impl(x)
     s.synchronize()
