@@ -224,6 +224,19 @@ def main() -> int:
         print(f"bench {shape} {mode}: {time.perf_counter() - t0:.0f}s", flush=True)
         torch.cuda.empty_cache()
 
+    # What the target range check costs per call (validator alone: 3 tiny kernels + a sync).
+    logits, target = ce.SPEC.make_inputs(SHAPES[0], torch.bfloat16, "cuda", 5)
+    for _ in range(5):
+        ce.SPEC.validate((logits, target), {}, ("cuda",))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        ce.SPEC.validate((logits, target), {}, ("cuda",))
+    line = f"validator (target range check) per call, idle GPU: {(time.perf_counter() - t0) / 200 * 1e6:.1f} us"
+    print(line, flush=True)
+    lines.append(line)
+    del logits, target
+
     mem_rows = []
     for shape in SHAPES:
         t0 = time.perf_counter()
