@@ -155,12 +155,22 @@ def _fits(cfg, m: int, n: int, k: int, elem: int, max_shared: int) -> bool:
 
 
 def prune_configs(configs, named_args, **kwargs):
-    """Drop configs whose pipeline does not fit the device's shared memory or whose tiles
-    are larger than the problem; keep at least the smallest."""
+    """Drop configs whose pipeline does not fit the device's shared memory, whose tiles
+    are larger than the problem, and (fp32 without TF32) the tensor-core-sized tiles; keep
+    at least the smallest."""
     a = named_args["a_ptr"]
     m, n, k = named_args["M"], named_args["N"], named_args["K"]
     limit = _max_shared(a.device.index or 0) if a.is_cuda else 232448  # H100's opt-in limit
     kept = [c for c in configs if _fits(c, m, n, k, a.element_size(), limit)]
+    if kwargs.get("PRECISION") == "ieee" and a.element_size() == 4:
+        # fp32 without TF32 runs on FMA units, not tensor cores: a thread holds its share of
+        # the accumulator in registers, and past 128x128 (64 fp32 per thread at 8 warps,
+        # 128 at 4) it spills; the big tensor-core tiles only cost tuning time here.
+        kept = [
+            c
+            for c in kept
+            if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 128 * 128 and c.kwargs["BLOCK_K"] <= 32
+        ]
     if not kept:
         kept = [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.num_stages)]
     return kept
