@@ -31,8 +31,8 @@
 // values are converted to fp32; a thread that adds many of them keeps a Kahan-compensated
 // fp32 sum (4 adds per element: ~50 us of issue at 2^28 elements on 132 SMs, hidden under
 // ~350 us of DRAM time); everything above the thread (trees, shuffles, partials) is
-// float64; the output is rounded once. An fp32 tree over 2^28 values is as inaccurate as
-// torch.sum itself and would fail the check's 2x-torch rule at random.
+// float64; the output is rounded once. An fp32 tree over 2^28 values is about as
+// inaccurate as torch.sum itself and fails the check's 2x-torch rule now and then.
 //
 // Contract: x contiguous; `head` = elements before the first 16-byte aligned address
 // (the host computes it, 0..N-1, so a storage offset of one element still gets 16-byte
