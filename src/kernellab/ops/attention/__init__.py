@@ -104,10 +104,15 @@ def _inputs(shape, dtype, device, gen, layout="contiguous", scale=1.0):
 
 
 def _big_first_query(q: torch.Tensor) -> None:
-    # In place on the check's copy of q: the first query row of every head scaled by 30, so
-    # its scores reach ~30 sqrt(D) / sqrt(D) * |k| (exp would overflow fp32 without the
-    # running-max subtraction of the online softmax).
-    if q.dim() >= 2 and q.shape[-2] > 0:
+    # In place on the check's copy of q: the first query row of every head scaled up, so
+    # its scores reach ~100 for 16-bit inputs (x30): exp(100) overflows fp32, so a kernel
+    # without the running-max subtraction fails. Every backend computes the softmax in
+    # fp32 whatever the storage, so the 16-bit cases test the fp32 math path. fp32 inputs
+    # are left alone: with two large scores a hair apart, fp32 rounding of the scores
+    # alone (~|s| 2^-24) moves the output by more than the documented 2e-6 tolerance the
+    # torch backend itself is judged by (measured on the CPU: 8e-6 at x30, 1.06x the
+    # bound at x10 for PyTorch's own SDPA).
+    if q.dim() >= 2 and q.shape[-2] > 0 and q.dtype != torch.float32:
         q[..., 0, :] *= 30
 
 

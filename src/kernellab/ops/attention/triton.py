@@ -39,6 +39,8 @@ reads that -inf as +inf so their P is exactly 0.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -70,7 +72,6 @@ def fwd_configs():
     return [
         _cfg(128, 64, 8, 3),
         _cfg(128, 128, 8, 2),
-        _cfg(128, 64, 8, 2),
         _cfg(128, 128, 8, 3),
         _cfg(64, 64, 4, 3),
         _cfg(64, 32, 4, 2),  # the fallback for D=256 or fp32
@@ -105,7 +106,23 @@ def bwd_dq_configs():
     ]
 
 
+# KERNELLAB_ATTN_AUTOTUNE=0: no tuning, the first config that fits (tests that sweep many
+# shapes set it: every autotuned key compiles and times each candidate). Problems with
+# both lengths under AUTOTUNE_MIN_S are never tuned either: they are launch-bound.
+AUTOTUNE = os.environ.get("KERNELLAB_ATTN_AUTOTUNE", "1") != "0"
+AUTOTUNE_MIN_S = 1024
+
+
+def _tuned(kept, nargs):
+    big = max(nargs.get("S_Q_KEY") or 0, nargs.get("S_K_KEY") or 0) >= AUTOTUNE_MIN_S
+    return kept if AUTOTUNE and big else kept[:1]
+
+
 def _prune(configs, nargs, **kwargs):
+    return _tuned(_fit(configs, nargs, **kwargs), nargs)
+
+
+def _fit(configs, nargs, **kwargs):
     """Drop tiles that cannot fit: D=256 or fp32 keep tiles of at most 64 x 64 and 2
     stages (a 128 x 256 bf16 Q tile alone is 64 KB, and fp32 doubles every tile); D=256
     in fp32 keeps only the last, smallest config (compiled for sm_90, the 32 x 64 dK/dV
@@ -126,11 +143,11 @@ def _prune_dkdv(configs, nargs, **kwargs):
     """As _prune, and no 64 x 128 tile at D >= 128: compiled for sm_90 (Triton 3.9) the
     64 x 128 x 128 dK/dV program needs 255 registers and spills (257 LDL/STL); 32 x 128
     and 64 x 64 fit in 244-251 without spilling."""
-    configs = _prune(configs, nargs, **kwargs)
+    configs = _fit(configs, nargs, **kwargs)
     d = kwargs.get("HEAD_D", nargs.get("HEAD_D"))
     if d is not None and d >= 128:
         configs = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 4096] or configs[-1:]
-    return configs
+    return _tuned(configs, nargs)
 
 
 # Autotune key: bucketed sequence lengths (next power of two, so odd lengths share a
