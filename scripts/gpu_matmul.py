@@ -11,7 +11,7 @@ CUDA kernels alike; every JSONL row records ``tf32: false``.
    2 x PyTorch's error rule), forward and, for the batched shapes, gradients;
 2. the fp32 CUDA ladder at 4096^3 (cuda_v1 ... cuda_v7 and cuBLAS): GFLOP/s and % of cuBLAS,
    a markdown table like SGEMM_CUDA's -> $OUT/matmul_ladder.md;
-3. torch / compile / triton / triton_tma / cuda (best) / cuda_v8 at 4096^3 and 8192^3, fp32 and bf16
+3. torch / compile / triton / triton_tma / cuda (best) / cuda_v8 / cuda_v9 at 4096^3 and 8192^3, fp32 and bf16
    -> $OUT/matmul_bench.md.
 All timed rows (kernellab.harness.bench: L2 flushed, CUDA events, median of a stable run,
 outputs re-checked) go to $OUT/matmul.jsonl. ``manual`` (a broadcast-multiply-sum) is only
@@ -40,7 +40,7 @@ from kernellab.harness.compare import judge  # noqa: E402
 from kernellab.harness.results import write_jsonl  # noqa: E402
 
 LADDER = [f"cuda_v{i}" for i in range(1, 8)]
-TOP = ["torch", "compile", "triton", "triton_tma", "cuda", "cuda_v8"]
+TOP = ["torch", "compile", "triton", "triton_tma", "cuda", "cuda_v8", "cuda_v9"]
 DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 

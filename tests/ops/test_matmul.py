@@ -15,7 +15,7 @@ from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
 
 SPEC = kernellab.get_spec("matmul")
 CPU_BACKENDS = cpu_backends("matmul")  # manual, torch, triton (interpreter); compile on its own
-CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 9)] + ["cuda"]
+CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 10)] + ["cuda"]
 SHAPES = [(1, 1, 1), (0, 5, 7), (33, 17, 0), (17, 33, 65), (64, 48, 80), (127, 129, 63), (2, 9, 15, 31)]
 
 
@@ -236,9 +236,11 @@ def test_asm_v6_shows_16_byte_loads():
     assert (k.local_bytes or 0) == 0  # no spills
 
 
-def test_asm_tensor_core_variant_shows_mma():
-    (k,) = _ptx_of("cuda_v8", "bf16")
+@pytest.mark.parametrize("backend", ["cuda_v8", "cuda_v9"])
+def test_asm_tensor_core_variant_shows_mma(backend):
+    (k,) = _ptx_of(backend, "bf16")
     assert "mma.sync.aligned.m16n8k16" in k.ptx and "ldmatrix" in k.ptx and "cp.async" in k.ptx
+    assert (k.local_bytes or 0) == 0  # no spills
     if k.sass:
         assert "HMMA" in k.sass
 

@@ -283,6 +283,7 @@ class Kernel:
         self._lock = threading.Lock()
         self._launch = _libcuda().cuLaunchKernel
         self._use_core = os.environ.get("KERNELLAB_LAUNCH", "") == "core"
+        self.max_dynamic_shared = 48 * 1024  # the default limit; see set_max_dynamic_shared
 
     def __call__(self, grid, block, *args, shared: int = 0, device_index: int | None = None):
         """Launch on torch's current stream. ``grid``/``block`` are int or 3-tuples;
@@ -323,6 +324,24 @@ class Kernel:
             rc = self._launch(self._handle, grid, 1, 1, block, 1, 1, 0, stream, self._params, None)
         if rc != 0:
             raise CudaError(f"launch of {self.name} failed: {_error_string(rc)} ({rc})")
+
+    def set_max_dynamic_shared(self, nbytes: int) -> None:
+        """Allow launches with up to ``nbytes`` of dynamic shared memory per block. Above
+        48 KB a kernel must opt in (cuFuncSetAttribute MAX_DYNAMIC_SHARED_SIZE_BYTES; an
+        H100 allows 227 KB). Call once after loading; launches are unaffected."""
+        if nbytes <= self.max_dynamic_shared:
+            return
+        lib = _libcuda()
+        lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+        lib.cuFuncSetAttribute.restype = ctypes.c_int
+        max_dynamic_shared_size_bytes = 8  # CUfunction_attribute enum value
+        with self._lock:
+            rc = lib.cuFuncSetAttribute(self._handle, max_dynamic_shared_size_bytes, int(nbytes))
+        if rc != 0:
+            raise CudaError(
+                f"{self.name}: cannot allow {nbytes} B of dynamic shared memory: {_error_string(rc)}"
+            )
+        self.max_dynamic_shared = int(nbytes)
 
     def _launch_core(self, stream, grid, block, shared, values):
         from cuda.core import LaunchConfig, Stream, launch

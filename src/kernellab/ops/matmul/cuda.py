@@ -1,10 +1,11 @@
 """Matmul in CUDA C++ (matmul.cu, compiled by NVRTC): launchers, custom ops, registrations.
 
 Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of matmul.cu),
-``cuda_v8`` (tensor cores, fp16/bf16) and ``cuda`` (the best per dtype: v7 for fp32, v8 for
-fp16/bf16). The kernels take contiguous row-major operands: strided inputs (transposed,
-sliced, expanded) are packed with ``.contiguous()`` first, which costs a copy but computes
-correctly; the backward calls the same kernels on transposed (hence packed) views.
+``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16) and ``cuda`` (the best per dtype: v7 for
+fp32, v8 for fp16/bf16 until a GPU run shows v9 ahead). The kernels take contiguous row-major
+operands: strided inputs (transposed, sliced, expanded) are packed with ``.contiguous()``
+first, which costs a copy but computes correctly; the backward calls the same kernels on
+transposed (hence packed) views.
 
 The epilogue (bias, activation) runs as PyTorch ops after the kernel: the ladder is about the
 product; Triton's kernel is the one with a fused epilogue.
@@ -61,7 +62,11 @@ VARIANTS = {
         _HALF,
         "CUDA v8: tensor cores (mma.sync m16n8k16, ldmatrix, cp.async)",
     ),
+    "v9": (_tiles(128, 256), 256, True, _HALF, "CUDA v9: v8 with 128x256 tiles and a 3-stage pipeline"),
 }
+# Dynamic shared memory per block (bytes) of the variants that use it: v9 keeps 3 stages of
+# a 128x40 A tile and a 32x264 B tile (padded halfs).
+DYN_SHARED = {"v9": 3 * (128 * 40 + 32 * 264) * 2}
 BEST = {torch.float32: "v7", torch.float16: "v8", torch.bfloat16: "v8"}
 
 
@@ -97,7 +102,10 @@ def _product(variant: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
             # of 4 floats (8 halfs) and aligned base pointers.
             per16 = 16 // a.element_size()
             args.append(int(k % per16 == 0 and n % per16 == 0 and _aligned16(a3, b3, c)))
-        kern(grid_fn(m, n, bt), block, *args, device_index=dev)
+        shared = DYN_SHARED.get(variant, 0)
+        if shared > kern.max_dynamic_shared:
+            kern.set_max_dynamic_shared(shared)
+        kern(grid_fn(m, n, bt), block, *args, shared=shared, device_index=dev)
     return c.reshape(batch + (m, n))
 
 

@@ -32,6 +32,8 @@
 //      with cp.async (16-byte, zero-fill past the edges) into two stages so the copy of
 //      tile k+1 overlaps the MMAs on tile k. Padded shared rows (40 and 136 halfs) make
 //      every ldmatrix phase conflict-free.
+//   v9 v8 with 128x256x32 block tiles (warp tile 64x64: each A fragment feeds 8 MMAs instead
+//      of 4) and a 3-stage cp.async pipeline in 81 KB of dynamic shared memory.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -552,4 +554,144 @@ extern "C" __global__ void __launch_bounds__(256) matmul_v8_f16(const __half* __
                                                                 __half* __restrict__ C, int M, int N, int K,
                                                                 int vec) {
     v8_body<__half, false>(A, B, C, M, N, K, vec);
+}
+
+// ------------------------------------------------------------------ v9 bigger tiles, 3 stages
+// v8 with a 128x256x32 block tile (8 warps of 64x64: twice the MMAs per ldmatrix of A)
+// and a 3-stage cp.async pipeline (two tiles in flight while one is computed). 81 KB of
+// dynamic shared memory (the launcher raises the 48 KB default), one block per SM.
+#define V9_BM 128
+#define V9_BN 256
+#define V9_BK 32
+#define V9_STAGES 3
+#define V9_APITCH 40   // halfs per A row (32 + 8): ldmatrix rows 80 B apart, conflict-free
+#define V9_BPITCH 264  // halfs per B row (256 + 8): rows 528 B apart, conflict-free
+#define V9_A_STAGE (V9_BM * V9_APITCH)
+#define V9_B_STAGE (V9_BK * V9_BPITCH)
+
+template <typename T>
+__device__ __forceinline__ void v9_load_tile(const T* __restrict__ A, const T* __restrict__ B,
+                                             unsigned short* As, unsigned short* Bs, int M, int N,
+                                             int K, int m0, int n0, int k0, int vec) {
+    const int t = threadIdx.x;
+    if (vec) {
+#pragma unroll
+        for (int h = 0; h < (V9_BM * V9_BK / 8) / 256; ++h) {  // A: 128 rows x 4 chunks
+            const int c = t + h * 256;
+            const int r = c / (V9_BK / 8), col = (c % (V9_BK / 8)) * 8;
+            const bool in = (m0 + r < M) && (k0 + col < K);
+            const T* g = in ? A + (long long)(m0 + r) * K + k0 + col : A;
+            cp_async16(smem_addr(As + r * V9_APITCH + col), g, in ? 16 : 0);
+        }
+#pragma unroll
+        for (int h = 0; h < (V9_BK * V9_BN / 8) / 256; ++h) {  // B: 32 rows x 32 chunks
+            const int c = t + h * 256;
+            const int r = c / (V9_BN / 8), col = (c % (V9_BN / 8)) * 8;
+            const bool in = (k0 + r < K) && (n0 + col < N);
+            const T* g = in ? B + (long long)(k0 + r) * N + n0 + col : B;
+            cp_async16(smem_addr(Bs + r * V9_BPITCH + col), g, in ? 16 : 0);
+        }
+    } else {
+        const unsigned short* A16 = reinterpret_cast<const unsigned short*>(A);
+        const unsigned short* B16 = reinterpret_cast<const unsigned short*>(B);
+        for (int e = t; e < V9_BM * V9_BK; e += 256) {
+            const int r = e / V9_BK, c = e % V9_BK;
+            As[r * V9_APITCH + c] = (m0 + r < M && k0 + c < K) ? A16[(long long)(m0 + r) * K + k0 + c] : 0;
+        }
+        for (int e = t; e < V9_BK * V9_BN; e += 256) {
+            const int r = e / V9_BN, c = e % V9_BN;
+            Bs[r * V9_BPITCH + c] = (k0 + r < K && n0 + c < N) ? B16[(long long)(k0 + r) * N + n0 + c] : 0;
+        }
+    }
+}
+
+template <typename T, bool BF16>
+__device__ __forceinline__ void v9_body(const T* __restrict__ A, const T* __restrict__ B, T* __restrict__ C,
+                                        int M, int N, int K, int vec) {
+    KL_BATCH_OFFSETS
+    extern __shared__ __align__(128) unsigned short v9_smem[];
+    unsigned short* As = v9_smem;                          // [STAGES][BM * APITCH]
+    unsigned short* Bs = v9_smem + V9_STAGES * V9_A_STAGE;  // [STAGES][BK * BPITCH]
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    const int wm = (warp / 4) * 64, wn = (warp % 4) * 64;  // warp tile 64x64
+    const int m0 = blockIdx.y * V9_BM, n0 = blockIdx.x * V9_BN;
+    float acc[4][8][4] = {};  // [m16 tile][n8 tile][fragment]
+    const int ktiles = (K + V9_BK - 1) / V9_BK;
+
+    // Prologue: tiles 0 .. STAGES-2 in flight. One commit per tile slot, even when empty,
+    // so that "wait until at most STAGES-2 groups are pending" always means "tile kt landed".
+#pragma unroll
+    for (int s = 0; s < V9_STAGES - 1; ++s) {
+        if (s < ktiles) v9_load_tile<T>(A, B, As + s * V9_A_STAGE, Bs + s * V9_B_STAGE, M, N, K, m0, n0, s * V9_BK, vec);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int kt = 0; kt < ktiles; ++kt) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(V9_STAGES - 2));
+        __syncthreads();  // tile kt visible to all; everyone is done with tile kt-1's stage
+        const int pf = kt + V9_STAGES - 1;  // prefetch into the stage tile kt-1 used
+        if (pf < ktiles) {
+            const int s = pf % V9_STAGES;
+            v9_load_tile<T>(A, B, As + s * V9_A_STAGE, Bs + s * V9_B_STAGE, M, N, K, m0, n0, pf * V9_BK, vec);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        const unsigned short* as = As + (kt % V9_STAGES) * V9_A_STAGE;
+        const unsigned short* bs = Bs + (kt % V9_STAGES) * V9_B_STAGE;
+#pragma unroll
+        for (int kk = 0; kk < V9_BK; kk += 16) {
+            unsigned af[4][4], bf[8][2];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const unsigned short* p = as + (wm + i * 16 + (lane % 16)) * V9_APITCH + kk + (lane / 16) * 8;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3])
+                             : "r"(smem_addr(p)));
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j += 2) {
+                const unsigned short* p =
+                    bs + (kk + (lane % 8) + ((lane / 8) % 2) * 8) * V9_BPITCH + wn + j * 8 + (lane / 16) * 8;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1])
+                             : "r"(smem_addr(p)));
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) mma16816<BF16>(acc[i][j], af[i], bf[j]);
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);  // no copy may outlive the block
+    const int g = lane / 4, q = lane % 4;
+    const bool pair_ok = (N % 2) == 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = m0 + wm + i * 16 + g + h * 8;
+                const int col = n0 + wn + j * 8 + 2 * q;
+                if (row >= M) continue;
+                T* pc = C + (long long)row * N + col;
+                if (pair_ok && col + 1 < N) {
+                    store2(pc, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                } else {
+                    if (col < N) store1(pc, acc[i][j][2 * h]);
+                    if (col + 1 < N) store1(pc + 1, acc[i][j][2 * h + 1]);
+                }
+            }
+}
+
+extern "C" __global__ void __launch_bounds__(256) matmul_v9_bf16(const __nv_bfloat16* __restrict__ A,
+                                                                 const __nv_bfloat16* __restrict__ B,
+                                                                 __nv_bfloat16* __restrict__ C, int M, int N,
+                                                                 int K, int vec) {
+    v9_body<__nv_bfloat16, true>(A, B, C, M, N, K, vec);
+}
+
+extern "C" __global__ void __launch_bounds__(256) matmul_v9_f16(const __half* __restrict__ A,
+                                                                const __half* __restrict__ B,
+                                                                __half* __restrict__ C, int M, int N, int K,
+                                                                int vec) {
+    v9_body<__half, false>(A, B, C, M, N, K, vec);
 }
