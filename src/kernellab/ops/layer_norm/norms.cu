@@ -219,24 +219,42 @@ __device__ void norm_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, c
     for (int k = 0; k < P; ++k)
 #pragma unroll
         for (int j = 0; j < N; ++j) dw[k][j] = db[k][j] = 0.0f;
-    // The loop bound is uniform over the block (row_sum has barriers).
-    for (long long r0 = (long long)blockIdx.x * rpb; r0 < rows; r0 += (long long)gridDim.x * rpb) {
-        const long long row = r0 + sub;
+    // Raw 16-byte packs of x and dy of one row of this thread's slot (zeros past the end).
+    auto load_row = [&](long long row, int4 (&xa)[P], int4 (&da)[P]) {
         const bool live = row < rows;
         const int4* xr = reinterpret_cast<const int4*>(x + (live ? row : 0) * d);
         const int4* dyr = reinterpret_cast<const int4*>(dy + (live ? row : 0) * d);
+#pragma unroll
+        for (int k = 0; k < P; ++k) {
+            const int p = lt + k * tpr;
+            const bool in = live && p < packs;
+            xa[k] = in ? xr[p] : make_int4(0, 0, 0, 0);
+            da[k] = in ? dyr[p] : make_int4(0, 0, 0, 0);
+        }
+    };
+    const long long stride = (long long)gridDim.x * rpb;
+    int4 xa[P], da[P];
+    load_row((long long)blockIdx.x * rpb + sub, xa, da);
+    // The loop bound is uniform over the block (row_sum has barriers). The next row's
+    // packs are loaded before this row is reduced: two rows of loads in flight per thread
+    // (a block walks its rows one after another; with ~2 resident blocks per SM one row
+    // in flight is ~16 KB per SM, too little to cover DRAM latency).
+    for (long long r0 = (long long)blockIdx.x * rpb; r0 < rows; r0 += stride) {
+        const long long row = r0 + sub;
+        const bool live = row < rows;
         const float mean = (RMS || !live) ? 0.0f : mean_in[row];
         const float rstd = live ? rstd_in[row] : 0.0f;
+        int4 xn[P], dn[P];
+        load_row(r0 + stride + sub, xn, dn);
         float xh[P][N], g[P][N];
         float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
         for (int k = 0; k < P; ++k) {
             const int p = lt + k * tpr;
             V xk, dk, wk;
-            const bool in = live && p < packs;
-            xk.raw = in ? xr[p] : make_int4(0, 0, 0, 0);
-            dk.raw = in ? dyr[p] : make_int4(0, 0, 0, 0);
-            wk.raw = in ? w4[p] : make_int4(0, 0, 0, 0);
+            xk.raw = xa[k];
+            dk.raw = da[k];
+            wk.raw = (live && p < packs) ? w4[p] : make_int4(0, 0, 0, 0);
 #pragma unroll
             for (int j = 0; j < N; ++j) {
                 const float dyv = kl::to_f(dk.e[j]);
@@ -247,6 +265,11 @@ __device__ void norm_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, c
                 dw[k][j] += dyv * xh[k][j];
                 if (!RMS) db[k][j] += dyv;
             }
+        }
+#pragma unroll
+        for (int k = 0; k < P; ++k) {
+            xa[k] = xn[k];
+            da[k] = dn[k];
         }
         const float c1 = row_sum(s1, tpr, scratch) / d;
         const float c2 = RMS ? 0.0f : row_sum(s2, tpr, scratch) / d;
