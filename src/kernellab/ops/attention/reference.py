@@ -100,11 +100,16 @@ def _sdpa(q, k, v, causal, scale, force_contiguous=False):
     if force_contiguous:  # the fused kernels want a unit last-dim stride
         q4, k4, v4 = (t if t.stride(-1) == 1 else t.contiguous() for t in (q4, k4, v4))
     s_q, s_k = q.shape[-2], k.shape[-2]
-    if causal and s_q != s_k:
-        allowed = causal_allowed(s_q, s_k, q.device)
+    if causal and s_q > s_k:
+        # Bottom-right: the first S_q - S_k rows see no key (0, as SDPA's safe softmax
+        # gives for a fully masked row); the last S_k rows are the square top-left causal
+        # problem. Split rather than mask: a fused kernel given fully masked rows may
+        # return NaN there, and NaN * 0 is still NaN in the forward and in the gradients.
+        tail = F.scaled_dot_product_attention(q4[..., s_q - s_k :, :], k4, v4, is_causal=True, scale=scale)
+        o = torch.cat([tail.new_zeros(tail.shape[:-2] + (s_q - s_k, tail.shape[-1])), tail], dim=-2)
+    elif causal and s_q < s_k:
+        allowed = causal_allowed(s_q, s_k, q.device)  # no empty row: every row sees key 0
         o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale)
-        if s_q > s_k:  # rows with no key: 0 (what the math path's safe softmax gives)
-            o = o * allowed.any(-1, keepdim=True)
     else:
         o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
     return o.reshape(out_shape)
