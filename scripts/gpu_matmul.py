@@ -1,6 +1,6 @@
 """Matmul on a lent GPU (issue 4): correctness of every backend, then the benchmarks.
 
-    python scripts/gpu_matmul.py --out $OUT [--quick]
+    python scripts/gpu_matmul.py --out $OUT [--quick] [--skip cuda_v9,triton_tma]
 
 TF32 is OFF for the whole run (``torch.backends.cuda.matmul.allow_tf32 = False``, cuDNN too):
 fp32 means full fp32 products for cuBLAS, Inductor, Triton (input_precision="ieee") and our
@@ -54,9 +54,13 @@ def supported(backend, dtype):
     return impl.dtypes is None or dtype in impl.dtypes
 
 
-def correctness(lines, dev="cuda", shapes=CHECK_SHAPES) -> bool:
+def correctness(lines, dev="cuda", shapes=CHECK_SHAPES, skip=()) -> bool:
     ok_all = True
-    backends = [i.backend for i in kernellab.impls("matmul") if i.why_unavailable(dev) is None]
+    backends = [
+        i.backend
+        for i in kernellab.impls("matmul")
+        if i.why_unavailable(dev) is None and i.backend not in skip
+    ]
     for backend in backends:
         for name, dtype in DT.items():
             if not supported(backend, dtype):
@@ -143,7 +147,13 @@ def main() -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--quick", action="store_true", help="correctness and the 4096^3 runs only")
     p.add_argument("--cpu-dry-run", action="store_true", help="tiny shapes on the CPU: tests this script")
+    p.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated backends to leave out (e.g. one whose fault poisoned the CUDA context)",
+    )
     args = p.parse_args()
+    skip = {b for b in args.skip.split(",") if b}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dry = args.cpu_dry_run
@@ -156,7 +166,9 @@ def main() -> int:
     gpu = "cpu dry run" if dry else torch.cuda.get_device_name()
     print(f"{gpu}  torch {torch.__version__}  allow_tf32 {tf32}")
     lines = []
-    ok = correctness(lines, dev, (((33, 17, 21), False), ((2, 24, 40, 16), True)) if dry else CHECK_SHAPES)
+    ok = correctness(
+        lines, dev, (((33, 17, 21), False), ((2, 24, 40, 16), True)) if dry else CHECK_SHAPES, skip
+    )
     print(f"correctness: {'all ok' if ok else 'FAILURES'} ({time.perf_counter() - t_start:.0f}s)", flush=True)
 
     jsonl = out / "matmul.jsonl"
@@ -173,7 +185,7 @@ def main() -> int:
     big = (64,) * 3 if dry else (4096,) * 3
     ladder = kbench.bench(
         "matmul",
-        LADDER + ["torch"],
+        [b for b in LADDER + ["torch"] if b not in skip],
         [big],
         [torch.float32],
         ("fwd",),
@@ -186,7 +198,7 @@ def main() -> int:
     t0 = time.perf_counter()
     top = kbench.bench(
         "matmul",
-        TOP,
+        [b for b in TOP if b not in skip],
         shapes,
         [torch.float32, torch.bfloat16],
         ("fwd",),
