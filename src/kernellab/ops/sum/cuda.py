@@ -22,7 +22,7 @@ MODULE = Module(Path(__file__).with_name("sum.cu"))
 
 THREADS = 256  # every kernel's block size (v1/v2 and sum_rows_v2 size their shared tree by it)
 U = 4  # 16-byte packs per thread and loop step (sum.cu's U)
-BLOCKS_PER_SM = 8  # 8 x 256 threads = 2048, a full H100 SM
+BLOCKS_PER_SM = 8  # at most 8 x 256 threads = 2048, a full H100 SM (see _resident_blocks)
 WARP_ROW_MAX = 1024  # rows up to this many columns get one warp each, longer ones a block
 FINAL_THREADS = 1024
 
@@ -44,9 +44,34 @@ def _head(x: torch.Tensor) -> int:
     return min(((16 - (x.data_ptr() & 15)) & 15) // es, x.numel())
 
 
-def _coarse_grid(n: int, x: torch.Tensor, dev: int) -> int:
+_RESIDENT: dict = {}
+
+
+def _resident_blocks(kernel) -> int:
+    """Blocks of THREADS that fit on one SM at once (the driver's occupancy answer): the
+    grid-stride grid is exactly one wave of them. sm_90 NVRTC builds of v3/v4 use 40-56
+    registers, so 4-6 blocks fit, not the 8 a 32-register kernel would get; a grid of 8 per
+    SM would run a second, partial wave. Falls back to 4 (always resident at <= 64 regs)."""
+    n = _RESIDENT.get(kernel)
+    if n is None:
+        n = 4
+        try:
+            from cuda.bindings import driver
+
+            err, got = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                driver.CUfunction(kernel._handle), THREADS, 0
+            )
+            if int(err) == 0 and int(got) > 0:
+                n = min(int(got), BLOCKS_PER_SM)
+        except Exception:  # noqa: BLE001 - an older binding, a CUkernel handle: the fallback
+            pass
+        _RESIDENT[kernel] = n
+    return n
+
+
+def _coarse_grid(n: int, x: torch.Tensor, dev: int, kernel) -> int:
     packs = n * x.element_size() // 16
-    return max(1, min(-(-packs // (THREADS * U)), BLOCKS_PER_SM * sm_count(dev)))
+    return max(1, min(-(-packs // (THREADS * U)), _resident_blocks(kernel) * sm_count(dev)))
 
 
 _TICKETS: dict = {}
@@ -92,14 +117,16 @@ def sum_all(x: torch.Tensor, variant: str) -> torch.Tensor:
         _kernel(f"sum_all_{variant}", x.dtype, ("ptr", "ptr", "i64"), dev)(blocks, THREADS, x, part, n)
         _finish(part, blocks, out, dev)
         return out
-    head, grid = _head(x), _coarse_grid(n, x, dev)
+    head = _head(x)
     if variant == "v3":
+        k = _kernel("sum_all_v3", x.dtype, ("ptr", "i64", "i64", "ptr"), dev)
         acc = torch.zeros((), dtype=torch.float64, device=x.device)
-        _kernel("sum_all_v3", x.dtype, ("ptr", "i64", "i64", "ptr"), dev)(grid, THREADS, x, n, head, acc)
+        k(_coarse_grid(n, x, dev, k), THREADS, x, n, head, acc)
         return acc.to(x.dtype)
+    k = _kernel("sum_all_v4", x.dtype, ("ptr", "i64", "i64", "ptr", "ptr", "ptr"), dev)
+    grid = _coarse_grid(n, x, dev, k)
     part = torch.empty(grid, dtype=torch.float64, device=x.device)
-    sig = ("ptr", "i64", "i64", "ptr", "ptr", "ptr")
-    _kernel("sum_all_v4", x.dtype, sig, dev)(grid, THREADS, x, n, head, part, _ticket(dev), out)
+    k(grid, THREADS, x, n, head, part, _ticket(dev), out)
     return out
 
 
