@@ -58,7 +58,7 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
     def validate(args, kwargs, devices) -> None:
         if len(args) != n:
             raise TypeError(f"{op}() takes {n} tensor arguments ({', '.join(arg_names)}), got {len(args)}")
-        x, w = args[0], args[1]
+        x = args[0]
         _check_tensor(op, "x", x, devices)
         if x.dim() == 0:
             raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
@@ -79,7 +79,6 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
             if k != "eps":
                 raise TypeError(f"{op}() got an unexpected keyword argument {k!r}")
             check_eps(op, v)
-        del w
 
     return validate
 

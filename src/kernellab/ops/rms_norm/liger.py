@@ -5,10 +5,13 @@ in_place=False)``: offset 0 is plain RMSNorm (Gemma's ``1 + weight`` would be of
 casting mode "gemma" keeps everything in fp32 and rounds once, which is what
 ``torch.nn.functional.rms_norm`` computes ("llama" rounds x * rstd to bf16/fp16 before the
 weight multiply and would not match PyTorch's numbers). ``in_place=False``: liger's
-default writes dx into the dy buffer, which the harness reuses between timed calls.
+default writes dx into the dy buffer, which the harness reuses between timed calls. An
+empty x (no rows) is answered by torch's op (see kernellab/ops/layer_norm/liger.py).
 """
 
 from __future__ import annotations
+
+import torch
 
 from kernellab.ops.layer_norm.liger import liger_unavailable
 from kernellab.registry import register
@@ -18,6 +21,8 @@ def liger_rms_norm(x, weight, eps=1e-6):
     """liger-kernel LigerRMSNormFunction (Triton, casting mode gemma, offset 0)."""
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
+    if x.numel() == 0:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
     return LigerRMSNormFunction.apply(x, weight, float(eps), 0.0, "gemma", False)
 
 
