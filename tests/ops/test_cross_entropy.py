@@ -341,3 +341,16 @@ def test_gpu_inplace_backward_extra_memory_is_small():
         extra = torch.cuda.max_memory_allocated() - before
         assert extra < 0.05 * logits.numel() * 2, (backend, extra)  # N floats, not a logits-sized buffer
         del x
+
+
+def test_cuda_vector_path_choice():
+    # v2 peels rows to a 16-byte boundary: any start works for the forward; the backward
+    # needs dx rows aligned like the logits rows (else v1).
+    from kernellab.ops.cross_entropy.cuda import _vec_ok
+
+    flat = torch.empty(8 * 1000 + 64, dtype=torch.bfloat16)
+    off = flat[1 : 1 + 8 * 1000].view(8, 1000)
+    fresh = torch.empty(8, 1000, dtype=torch.bfloat16)
+    assert _vec_ok(off) and _vec_ok(off, off)
+    assert not _vec_ok(off, fresh) or (off.data_ptr() - fresh.data_ptr()) % 16 == 0
+    assert _vec_ok(flat[8:8 + 8 * 1000].view(8, 1000), fresh) == ((flat.data_ptr() + 16 - fresh.data_ptr()) % 16 == 0)

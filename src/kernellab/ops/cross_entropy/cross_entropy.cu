@@ -15,13 +15,15 @@
 //   v1  ce_fwd_v1_* / ce_bwd_v1_*  (backend "cuda_v1") one block per row, one element per
 //       thread per step, three passes in the forward: max (block reduction), sum of
 //       exp(x - max) (block reduction), then the target. The teaching baseline, and the
-//       fallback of "cuda" when a row is not 16-byte aligned (e.g. V = 32001 in bf16).
 //       Traffic: the row is read twice in the forward (the second read mostly from L2).
 //   v2  ce_fwd_* / ce_bwd_*  (backend "cuda") the forward reads the row once: each thread
 //       keeps an online (max, sum) pair over 16-byte packs (8 bf16 per load, 4 packs in
 //       flight per thread), the block combines the pairs with one warp-shuffle reduction
-//       (kl::block_allreduce(MaxSum)); one exp per element plus one per pack. The backward
-//       uses the same 16-byte loads and stores, and ignored rows only write zeros.
+//       (kl::block_allreduce(MaxSum)); one exp per element plus one per pack. Rows of any
+//       V and alignment: a scalar head up to the first 16-byte boundary and a scalar tail
+//       (odd vocabularies such as 32001 keep the vector loop). The backward uses the same
+//       16-byte loads and stores (v1 when dx and x rows are not equally aligned, e.g. an
+//       offset input with a fresh dx), and ignored rows only write zeros.
 #include "common.cuh"
 #include "reduce.cuh"
 
@@ -108,8 +110,23 @@ __device__ void ce_bwd_v1(const T* x, const long long* __restrict__ target, cons
 
 // ----------------------------------------------------------------------------- v2
 
-// Contract: x (and dx) 16-byte aligned and V * sizeof(T) a multiple of 16, so every row
-// starts on a 16-byte boundary (the host checks; v1 otherwise).
+// A row [xr, xr + V) split for 16-byte access: ``head`` scalar elements up to the first
+// 16-byte boundary (< N of them), ``npacks`` aligned packs, then a scalar tail (< N). Any
+// V and any element-aligned row start work, so odd vocabularies (V = 32001 in bf16:
+// rows 64002 B apart, each starting at a different offset) keep the vector loop.
+template <typename T>
+struct RowSplit {
+    long long head, npacks, tail_start;
+    __device__ __forceinline__ RowSplit(const T* xr, long long V) {
+        constexpr int N = kl::Vec16<T>::N;
+        const unsigned mis = static_cast<unsigned>(reinterpret_cast<unsigned long long>(xr) & 15ull);
+        head = mis ? (16 - mis) / sizeof(T) : 0;
+        if (head > V) head = V;
+        npacks = (V - head) / N;
+        tail_start = head + npacks * N;
+    }
+};
+
 template <typename T>
 __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
                           float* __restrict__ lse_out, long long V, long long ii) {
@@ -117,20 +134,24 @@ __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__
     __shared__ float scratch[64];
     const long long row = blockIdx.x;
     const T* xr = x + row * V;
-    const int4* x4 = reinterpret_cast<const int4*>(xr);
-    const long long npacks = V / Vec::N;
+    const RowSplit<T> sp(xr, V);
+    const int4* x4 = reinterpret_cast<const int4*>(xr + sp.head);
     float m = kl::neg_inf(), s = 0.0f;
-    for (long long base = threadIdx.x; base < npacks; base += (long long)blockDim.x * kUnroll) {
+    if (threadIdx.x < sp.head) {  // scalar head
+        const float v = kl::to_f(xr[threadIdx.x]);
+        online_add<T>(m, s, &v, 1);
+    }
+    for (long long base = threadIdx.x; base < sp.npacks; base += (long long)blockDim.x * kUnroll) {
         Vec r[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {  // all loads first: 4 x 16 B in flight
             const long long p = base + (long long)u * blockDim.x;
-            if (p < npacks) r[u].raw = kl::load16(x4 + p);
+            if (p < sp.npacks) r[u].raw = kl::load16(x4 + p);
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const long long p = base + (long long)u * blockDim.x;
-            if (p < npacks) {
+            if (p < sp.npacks) {
                 float v[8];
 #pragma unroll
                 for (int j = 0; j < Vec::N; ++j) v[j] = kl::to_f(r[u].e[j]);
@@ -138,7 +159,11 @@ __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__
             }
         }
     }
-    // (V % N == 0 by the contract: no tail.)
+    const long long jt = sp.tail_start + threadIdx.x;  // scalar tail
+    if (jt < V) {
+        const float v = kl::to_f(xr[jt]);
+        online_add<T>(m, s, &v, 1);
+    }
     kl::MaxSum ms = kl::block_allreduce(kl::MaxSum{m, s}, scratch);
     if (threadIdx.x == 0) {
         const float lse = ms.m + logf(ms.s);
@@ -147,41 +172,56 @@ __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__
     }
 }
 
+// Contract (host-checked): x and dx rows share their offset modulo 16 bytes (both from
+// the allocator, or dx == x), so one RowSplit serves both.
 template <typename T>
 __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, const float* __restrict__ lse,
                           const float* __restrict__ g, T* dx, long long V, long long ii) {
     using Vec = kl::Vec16<T>;
     const long long row = blockIdx.x;
-    const int4* x4 = reinterpret_cast<const int4*>(x + row * V);
-    int4* d4 = reinterpret_cast<int4*>(dx + row * V);
-    const long long npacks = V / Vec::N;
+    const T* xr = x + row * V;
+    T* dr = dx + row * V;
+    const RowSplit<T> sp(xr, V);
+    const int4* x4 = reinterpret_cast<const int4*>(xr + sp.head);
+    int4* d4 = reinterpret_cast<int4*>(dr + sp.head);
     const long long t = target[row];
+    const long long jh = threadIdx.x, jt = sp.tail_start + threadIdx.x;  // this thread's head / tail element
     if (t == ii) {  // ignored row: zeros, without reading the logits
         const int4 z = make_int4(0, 0, 0, 0);
-        for (long long p = threadIdx.x; p < npacks; p += blockDim.x) kl::store16(d4 + p, z);
+        if (jh < sp.head) dr[jh] = kl::from_f<T>(0.0f);
+        for (long long p = threadIdx.x; p < sp.npacks; p += blockDim.x) kl::store16(d4 + p, z);
+        if (jt < V) dr[jt] = kl::from_f<T>(0.0f);
         return;
     }
     const float l = lse[row], gr = g[row];
-    for (long long base = threadIdx.x; base < npacks; base += (long long)blockDim.x * kUnroll) {
+    if (jh < sp.head) {
+        const float pr = row_exp<T>(kl::to_f(xr[jh]) - l);
+        dr[jh] = kl::from_f<T>(gr * (jh == t ? pr - 1.0f : pr));
+    }
+    for (long long base = threadIdx.x; base < sp.npacks; base += (long long)blockDim.x * kUnroll) {
         Vec r[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const long long p = base + (long long)u * blockDim.x;
-            if (p < npacks) r[u].raw = kl::load16(x4 + p);
+            if (p < sp.npacks) r[u].raw = kl::load16(x4 + p);
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
             const long long p = base + (long long)u * blockDim.x;
-            if (p < npacks) {
+            if (p < sp.npacks) {
                 Vec o;
 #pragma unroll
                 for (int j = 0; j < Vec::N; ++j) {
                     const float pr = row_exp<T>(kl::to_f(r[u].e[j]) - l);
-                    o.e[j] = kl::from_f<T>(gr * (p * Vec::N + j == t ? pr - 1.0f : pr));
+                    o.e[j] = kl::from_f<T>(gr * (sp.head + p * Vec::N + j == t ? pr - 1.0f : pr));
                 }
                 kl::store16(d4 + p, o.raw);
             }
         }
+    }
+    if (jt < V) {
+        const float pr = row_exp<T>(kl::to_f(xr[jt]) - l);
+        dr[jt] = kl::from_f<T>(gr * (jt == t ? pr - 1.0f : pr));
     }
 }
 

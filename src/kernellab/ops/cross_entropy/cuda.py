@@ -1,6 +1,7 @@
 """Cross-entropy in CUDA C++ (cross_entropy.cu, compiled by NVRTC): launchers, custom ops,
 registrations. Backends ``cuda_v1`` (one element per thread, three-pass forward) and
-``cuda`` (online log-sum-exp over 16-byte packs; v1 when rows are not 16-byte aligned).
+``cuda`` (online log-sum-exp over 16-byte packs, rows peeled to a 16-byte boundary; the
+backward takes v1 when dx rows are not aligned like the logits rows).
 See the variant list at the top of cross_entropy.cu."""
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ def _kernel(name: str, sig, dev: int):
     return k
 
 
-def _vec_ok(v: int, *tensors) -> bool:
-    """16-byte loads need every row on a 16-byte boundary."""
-    es = tensors[0].element_size()
-    return (v * es) % 16 == 0 and not any(t.data_ptr() & 15 for t in tensors)
+def _vec_ok(x: torch.Tensor, out: torch.Tensor | None = None) -> bool:
+    """The v2 kernels peel each row to its first 16-byte boundary, so any V and any
+    element-aligned start work; the backward needs dx rows aligned like x rows."""
+    es = x.element_size()
+    if x.data_ptr() % es:
+        return False
+    return out is None or (x.data_ptr() - out.data_ptr()) % 16 == 0
 
 
 def _make(vectorized: bool):
@@ -47,7 +51,7 @@ def _make(vectorized: bool):
             if dev != _get_device():
                 with torch.cuda.device(dev):
                     return fwd(logits, target, ignore_index)
-            vec = vectorized and _vec_ok(v, logits)
+            vec = vectorized and _vec_ok(logits)
             name = f"ce_fwd_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}"
             k = _kernel(name, FWD_SIG, dev)
             k(n, THREADS if vec else THREADS_V1, logits, target, loss, lse, v, ignore_index, device_index=dev)
@@ -61,7 +65,7 @@ def _make(vectorized: bool):
         if dev != _get_device():
             with torch.cuda.device(dev):
                 return bwd(logits, target, lse, scale, ignore_index, out)
-        vec = vectorized and _vec_ok(v, logits, out)
+        vec = vectorized and _vec_ok(logits, out)
         name = f"ce_bwd_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}"
         k = _kernel(name, BWD_SIG, dev)
         k(n, THREADS if vec else THREADS_V1, logits, target, lse, scale, out, v, ignore_index, device_index=dev)
