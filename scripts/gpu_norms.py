@@ -2,7 +2,10 @@
 the issue's benchmark (bf16 and fp32 16384x4096, fwd and fwdbwd) with all backends side
 by side. Under 3 minutes on an H100.
 
-    PYTHONPATH=src python scripts/gpu_norms.py --out $OUT [--tests] [--budget 0.7]
+    PYTHONPATH=src python scripts/gpu_norms.py --out $OUT [--tests] [--opcheck] [--budget 0.7]
+
+The check skips ``compile`` (a dozen recompiles per dtype; the benchmark's admission check
+still gates it) and, unless --opcheck, torch.library.opcheck.
 
 Writes to --out: norms_results.jsonl (bench rows), norms_check.json (check reports),
 norms_summary.md (what is printed last): per op and dtype, fwd and fwdbwd time of each
@@ -31,7 +34,7 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def run_checks(out: Path, dtypes, skip) -> list[dict]:
+def run_checks(out: Path, dtypes, skip, opcheck: bool) -> list[dict]:
     from kernellab import registry
     from kernellab.harness.check import check_impl
 
@@ -42,7 +45,7 @@ def run_checks(out: Path, dtypes, skip) -> list[dict]:
                 continue
             for dtype in dtypes:
                 t = time.time()
-                rep = check_impl(impl, dtype, device="cuda", quick=True)
+                rep = check_impl(impl, dtype, device="cuda", quick=True, opcheck=opcheck)
                 d = rep.to_dict()
                 reports.append(d)
                 fails = "; ".join(f"{c.kind} {c.name}: {c.detail}"[:160] for c in rep.failures[:3])
@@ -137,6 +140,11 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=0.7, help="seconds of timing per measurement")
     ap.add_argument("--tests", action="store_true", help="also run the gpu-marked pytest cases of both ops")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument(
+        "--opcheck",
+        action="store_true",
+        help="also torch.library.opcheck the custom ops (~+1 min; the gpu tests do it)",
+    )
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--shapes", default="16384x4096")
     ap.add_argument("--dtypes", default="bf16,fp32")
@@ -169,7 +177,9 @@ def main(argv=None) -> int:
 
     failed = 0
     if not args.no_check:
-        reps = run_checks(out, [torch.float32, torch.float16, torch.bfloat16], skip=("compile",))
+        reps = run_checks(
+            out, [torch.float32, torch.float16, torch.bfloat16], skip=("compile",), opcheck=args.opcheck
+        )
         failed = sum(r["status"] == "fail" for r in reps)
         _log(f"check: {len(reps)} reports, {failed} failed ({time.time() - t0:.0f} s)")
 
