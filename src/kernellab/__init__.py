@@ -17,12 +17,30 @@ if not _torch.cuda.is_available():
 
 from kernellab import registry as _registry  # noqa: E402
 from kernellab.ops.add import add  # noqa: E402
+from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
+from kernellab.ops.max import argmax, max  # noqa: E402,A004
 from kernellab.ops.softmax import softmax  # noqa: E402
 from kernellab.ops.spec import get_spec  # noqa: E402
+from kernellab.ops.sum import sum  # noqa: E402,A004
 from kernellab.registry import Impl, get, impls, op_names, register, unregister  # noqa: E402
 
 _registry.warm_defaults()
 
 __version__ = "0.1.0"
-__all__ = ["Impl", "add", "gelu", "get", "get_spec", "impls", "op_names", "register", "softmax", "unregister"]
+__all__ = [
+    "Impl",
+    "add",
+    "argmax",
+    "cross_entropy",
+    "gelu",
+    "get",
+    "get_spec",
+    "impls",
+    "max",
+    "op_names",
+    "register",
+    "softmax",
+    "sum",
+    "unregister",
+]

@@ -21,7 +21,14 @@ SPECS: dict[str, OpSpec] = {}
 # weights, cross-entropy with integer targets): the ``inputs`` / ``validator`` hooks,
 # keyword options (``option_sets``, ``bench_options``), ``grad_shapes``, ``bad_shape``.
 SPEC_API_VERSION = 2
-OP_MODULES = ["kernellab.ops.add", "kernellab.ops.gelu", "kernellab.ops.softmax"]
+OP_MODULES = [
+    "kernellab.ops.add",
+    "kernellab.ops.gelu",
+    "kernellab.ops.softmax",
+    "kernellab.ops.cross_entropy",
+    "kernellab.ops.sum",
+    "kernellab.ops.max",
+]
 
 DTYPES = {
     "fp32": torch.float32,
