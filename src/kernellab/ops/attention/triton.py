@@ -35,6 +35,13 @@ passes are the deterministic default.
 
 Rows with no allowed key (causal, S_q > S_k) give o = 0 and lse = -inf; the backward
 reads that -inf as +inf so their P is exactly 0.
+
+Tiles: autotuned (configs from fwd_configs / bwd_dkdv_configs / bwd_dq_configs, pruned by
+what fits; key: lengths bucketed to powers of two, head dim, causal, dot precision, dtype)
+for problems at least 1024 long; shorter ones, and every problem when
+KERNELLAB_ATTN_AUTOTUNE=0, take the first config that fits. Under the CPU interpreter: one
+small config, and bf16 tiles upcast to fp32 before the dots (F32_DOTS: the interpreter's
+bf16 dot is wrong), never on a GPU.
 """
 
 from __future__ import annotations
