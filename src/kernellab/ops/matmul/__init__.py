@@ -183,7 +183,9 @@ SPEC = define(
             (33, 17, 0),
             (2, 17, 33, 65),
         ],
-        quick_shapes=[(1, 1, 1), (17, 33, 65), (2, 9, 15, 31)],
+        # (2, 136, 264, 72): the CUDA 16-byte paths (K, N multiples of 8) with partial tiles in
+        # every dim and 3 k-tiles (the full cp.async ring); compute-sanitizer runs these shapes.
+        quick_shapes=[(1, 1, 1), (17, 33, 65), (2, 9, 15, 31), (2, 136, 264, 72)],
         bench_shapes=[(4096, 4096, 4096), (8192, 8192, 8192)],
         cpu_bench_shapes=[(256, 256, 256)],
         layout_shape=(37, 45, 29),
