@@ -8,10 +8,10 @@ The check skips ``compile`` (a dozen recompiles per dtype; the benchmark's admis
 still gates it) and, unless --opcheck, torch.library.opcheck.
 
 Writes to --out: norms_results.jsonl (bench rows), norms_check.json (check reports),
-norms_summary.md (what is printed last): per op and dtype, fwd and fwdbwd time of each
-backend, fwd GB/s and % of the measured copy bandwidth, and whether the issue's targets
-hold (best of ours >= 85% of copy forward; ours no slower than the fastest of torch,
-compile and liger for fwd and fwdbwd).
+(with --sweep) norms_sweep.jsonl, and norms_summary.md (what is printed last): per op and
+dtype, fwd and fwdbwd time of each backend, fwd GB/s and % of the measured copy
+bandwidth, and whether the issue's targets hold (best of ours >= 85% of copy forward;
+ours no slower than the fastest of torch, compile and liger for fwd and fwdbwd).
 """
 
 from __future__ import annotations
@@ -73,6 +73,38 @@ def run_bench(out: Path, shapes, dtypes, budget: float) -> list[dict]:
         path.unlink()
     results.write_jsonl(rows, path)
     return rows
+
+
+def sweep(out: Path, budget: float) -> None:
+    """fwdbwd time of the cuda and triton backends at bf16 16384x4096 for 1, 2, 4, 8
+    backward blocks (programs) per SM: the knob that sets rows in flight against the size
+    of the dw/db partial buffer."""
+    from kernellab.harness import bench, results
+    from kernellab.ops.layer_norm import cuda as lc
+    from kernellab.ops.layer_norm import triton as lt
+
+    rows, old = [], (lc.BWD_BLOCKS_PER_SM, lt.BWD_PROGRAMS_PER_SM)
+    try:
+        for per_sm in (1, 2, 4, 8):
+            lc.BWD_BLOCKS_PER_SM = lt.BWD_PROGRAMS_PER_SM = per_sm
+            for op in OPS:
+                got = bench.bench(
+                    op,
+                    backends=["cuda", "triton"],
+                    shapes=[(16384, 4096)],
+                    dtypes=[torch.bfloat16],
+                    modes=["fwdbwd"],
+                    device="cuda",
+                    budget_s=budget,
+                )
+                for r in got:
+                    r["bwd_blocks_per_sm"] = per_sm
+                    ms, st = r.get("median_ms"), r.get("status")
+                    _log(f"sweep {op:10s} {r['backend']:6s} {per_sm} per SM: {ms} ms {st}")
+                rows += got
+    finally:
+        lc.BWD_BLOCKS_PER_SM, lt.BWD_PROGRAMS_PER_SM = old
+    results.write_jsonl(rows, out / "norms_sweep.jsonl", append=False)
 
 
 def summary(rows, peaks) -> str:
@@ -146,6 +178,7 @@ def main(argv=None) -> int:
         help="also torch.library.opcheck the custom ops (~+1 min; the gpu tests do it)",
     )
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="time 1/2/4/8 backward blocks per SM (~1 min)")
     ap.add_argument("--shapes", default="16384x4096")
     ap.add_argument("--dtypes", default="bf16,fp32")
     args = ap.parse_args(argv)
@@ -190,6 +223,8 @@ def main(argv=None) -> int:
         text = summary(rows, peaks)
         (out / "norms_summary.md").write_text(text + "\n")
         _log("\n" + text)
+    if args.sweep:
+        sweep(out, args.budget)
     _log(f"total {time.time() - t0:.0f} s")
     return 1 if failed else 0
 

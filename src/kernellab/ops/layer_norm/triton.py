@@ -28,6 +28,7 @@ from kernellab.registry import register
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
 ROW_ELEMS = 4096  # elements per forward program when rows are short
+BWD_PROGRAMS_PER_SM = 4  # backward grid (tuning knob: scripts/gpu_norms.py --sweep)
 
 
 @triton.jit
@@ -136,11 +137,12 @@ def _fwd_config(n_cols: int):
 
 
 def _bwd_programs(n_rows: int, dev) -> int:
-    """Programs of the backward: 4 per SM on a GPU (each holds a row of x and dy and two
-    fp32 accumulators in registers); a handful under the interpreter (several rows per
-    program, so the group loop and its short last group are exercised)."""
+    """Programs of the backward: BWD_PROGRAMS_PER_SM per SM on a GPU (each holds a row of
+    x and dy and two fp32 accumulators in registers); a handful under the interpreter
+    (several rows per program, so the group loop and its short last group are exercised)."""
     if dev.type == "cuda":
-        return max(1, min(n_rows, 4 * torch.cuda.get_device_properties(dev).multi_processor_count))
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        return max(1, min(n_rows, BWD_PROGRAMS_PER_SM * sms))
     return max(1, min(n_rows, 4))
 
 
