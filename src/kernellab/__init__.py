@@ -19,6 +19,7 @@ from kernellab import registry as _registry  # noqa: E402
 from kernellab.ops.add import add  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
+from kernellab.ops.matmul import matmul  # noqa: E402
 from kernellab.ops.max import argmax, max  # noqa: E402,A004
 from kernellab.ops.softmax import softmax  # noqa: E402
 from kernellab.ops.spec import get_spec  # noqa: E402
@@ -37,6 +38,7 @@ __all__ = [
     "get",
     "get_spec",
     "impls",
+    "matmul",
     "max",
     "op_names",
     "register",

@@ -28,6 +28,7 @@ OP_MODULES = [
     "kernellab.ops.cross_entropy",
     "kernellab.ops.sum",
     "kernellab.ops.max",
+    "kernellab.ops.matmul",
 ]
 
 DTYPES = {
