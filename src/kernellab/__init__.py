@@ -19,8 +19,10 @@ from kernellab import registry as _registry  # noqa: E402
 from kernellab.ops.add import add  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
+from kernellab.ops.layer_norm import layer_norm  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
 from kernellab.ops.max import argmax, max  # noqa: E402,A004
+from kernellab.ops.rms_norm import rms_norm  # noqa: E402
 from kernellab.ops.softmax import softmax  # noqa: E402
 from kernellab.ops.spec import get_spec  # noqa: E402
 from kernellab.ops.sum import sum  # noqa: E402,A004
@@ -38,10 +40,12 @@ __all__ = [
     "get",
     "get_spec",
     "impls",
+    "layer_norm",
     "matmul",
     "max",
     "op_names",
     "register",
+    "rms_norm",
     "softmax",
     "sum",
     "unregister",

@@ -25,6 +25,8 @@ OP_MODULES = [
     "kernellab.ops.add",
     "kernellab.ops.gelu",
     "kernellab.ops.softmax",
+    "kernellab.ops.layer_norm",
+    "kernellab.ops.rms_norm",
     "kernellab.ops.cross_entropy",
     "kernellab.ops.sum",
     "kernellab.ops.max",
