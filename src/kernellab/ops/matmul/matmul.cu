@@ -44,6 +44,15 @@
     B += bz * (long long)K * N;                                 \
     C += bz * (long long)M * N;
 
+// KL_SPLIT_NOTE (v1-v4): each thread keeps four partial sums, one per k % 4, and adds them
+// pairwise at the end. One sequential fp32 FMA chain over K accumulates rounding error
+// ~linearly in K, while cuBLAS's blocked order does better: on an H100 (TF32 off) v1 and v4
+// failed the 2x-cuBLAS error rule at K=65 (9.6e-6 > 8.4e-6). A CPU model of the orders
+// (scripts/matmul_acc_model.py: 20 seeds, K = 65, 997, 4096) puts the 4-chain error at
+// 0.32-0.6x the single chain's. The chains are also independent FMAs (ILP: no FMA waits for
+// the previous one's 4-cycle latency), which matters for these one-output-per-thread kernels.
+// The register cost is 3 floats per output, affordable here and not in v5-v7 (64 outputs).
+
 // ------------------------------------------------------------------ v1 naive
 // grid (ceil(M/32), ceil(N/32), batch), block 32x32: x -> row, y -> column.
 extern "C" __global__ void matmul_v1_f32(const float* __restrict__ A, const float* __restrict__ B,
@@ -52,9 +61,15 @@ extern "C" __global__ void matmul_v1_f32(const float* __restrict__ A, const floa
     const int row = blockIdx.x * blockDim.x + threadIdx.x;
     const int col = blockIdx.y * blockDim.y + threadIdx.y;
     if (row < M && col < N) {
-        float acc = 0.f;
-        for (int k = 0; k < K; ++k) acc += A[(long long)row * K + k] * B[(long long)k * N + col];
-        C[(long long)row * N + col] = acc;
+        // Four independent chains (k % 4), summed pairwise at the end: see KL_SPLIT_NOTE.
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        int k = 0;
+        for (; k + 4 <= K; k += 4) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[q] += A[(long long)row * K + k + q] * B[(long long)(k + q) * N + col];
+        }
+        for (int q = 0; k < K; ++k, ++q) acc[q] += A[(long long)row * K + k] * B[(long long)k * N + col];
+        C[(long long)row * N + col] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
 }
 
@@ -67,9 +82,15 @@ extern "C" __global__ void matmul_v2_f32(const float* __restrict__ A, const floa
     const int col = blockIdx.x * blockDim.x + threadIdx.x;
     const int row = blockIdx.y * blockDim.y + threadIdx.y;
     if (row < M && col < N) {
-        float acc = 0.f;
-        for (int k = 0; k < K; ++k) acc += A[(long long)row * K + k] * B[(long long)k * N + col];
-        C[(long long)row * N + col] = acc;
+        // Four independent chains (k % 4), summed pairwise at the end: see KL_SPLIT_NOTE.
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        int k = 0;
+        for (; k + 4 <= K; k += 4) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc[q] += A[(long long)row * K + k + q] * B[(long long)(k + q) * N + col];
+        }
+        for (int q = 0; k < K; ++k, ++q) acc[q] += A[(long long)row * K + k] * B[(long long)k * N + col];
+        C[(long long)row * N + col] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
     }
 }
 
@@ -84,16 +105,16 @@ extern "C" __global__ void matmul_v3_f32(const float* __restrict__ A, const floa
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int col = blockIdx.x * V3_T + tx;
     const int row = blockIdx.y * V3_T + ty;
-    float acc = 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};  // chains k % 4: see KL_SPLIT_NOTE
     for (int k0 = 0; k0 < K; k0 += V3_T) {
         As[ty][tx] = (row < M && k0 + tx < K) ? A[(long long)row * K + k0 + tx] : 0.f;
         Bs[ty][tx] = (k0 + ty < K && col < N) ? B[(long long)(k0 + ty) * N + col] : 0.f;
         __syncthreads();
 #pragma unroll
-        for (int k = 0; k < V3_T; ++k) acc += As[ty][k] * Bs[k][tx];
+        for (int k = 0; k < V3_T; ++k) acc[k % 4] += As[ty][k] * Bs[k][tx];
         __syncthreads();
     }
-    if (row < M && col < N) C[(long long)row * N + col] = acc;
+    if (row < M && col < N) C[(long long)row * N + col] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
 // ------------------------------------------------------------------ v4 1-D block tiling
@@ -113,7 +134,7 @@ extern "C" __global__ void matmul_v4_f32(const float* __restrict__ A, const floa
     // loaders: A tile 64x8 (one per thread), B tile 8x64 (one per thread)
     const int a_r = t / V4_BK, a_c = t % V4_BK;
     const int b_r = t / V4_BN, b_c = t % V4_BN;
-    float acc[V4_TM] = {0.f};
+    float acc[4][V4_TM] = {};  // [chain k % 4][row]: see KL_SPLIT_NOTE
     for (int k0 = 0; k0 < K; k0 += V4_BK) {
         As[a_r][a_c] = (m0 + a_r < M && k0 + a_c < K) ? A[(long long)(m0 + a_r) * K + k0 + a_c] : 0.f;
         Bs[b_r][b_c] = (k0 + b_r < K && n0 + b_c < N) ? B[(long long)(k0 + b_r) * N + n0 + b_c] : 0.f;
@@ -122,7 +143,7 @@ extern "C" __global__ void matmul_v4_f32(const float* __restrict__ A, const floa
         for (int k = 0; k < V4_BK; ++k) {
             const float b = Bs[k][tcol];  // reused TM times from a register
 #pragma unroll
-            for (int i = 0; i < V4_TM; ++i) acc[i] += As[trow + i][k] * b;
+            for (int i = 0; i < V4_TM; ++i) acc[k % 4][i] += As[trow + i][k] * b;
         }
         __syncthreads();
     }
@@ -130,7 +151,7 @@ extern "C" __global__ void matmul_v4_f32(const float* __restrict__ A, const floa
 #pragma unroll
     for (int i = 0; i < V4_TM; ++i) {
         const int row = m0 + trow + i;
-        if (row < M && col < N) C[(long long)row * N + col] = acc[i];
+        if (row < M && col < N) C[(long long)row * N + col] = (acc[0][i] + acc[1][i]) + (acc[2][i] + acc[3][i]);
     }
 }
 

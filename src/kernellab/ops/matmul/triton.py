@@ -52,6 +52,9 @@ def _matmul_kernel(
     s_cb,
     s_cm,
     s_cn,
+    M_KEY,  # autotuner key only (size buckets, see _tune_keys); unused by the kernel
+    N_KEY,
+    K_KEY,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,  # 0 none, 1 relu, 2 gelu (tanh)
     PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32"
@@ -176,13 +179,44 @@ def prune_configs(configs, named_args, **kwargs):
     return kept
 
 
-# Autotune key: M, N, K (the tile choice depends on the problem's size) and the precision;
-# Triton adds the argument dtypes to the key itself.
+# Autotune key: size buckets of M, N, K (see _tune_keys) and the precision; Triton adds the
+# argument dtypes to the key itself. So one tuning run (a dozen configs, each compiled and
+# timed: ~5-10 s) serves every big problem of one bucket and dtype, not every exact shape.
 _matmul_tuned = triton.autotune(
     configs=matmul_configs(),
-    key=["M", "N", "K", "PRECISION"],
+    key=["M_KEY", "N_KEY", "K_KEY", "PRECISION"],
     prune_configs_by={"early_config_prune": prune_configs},
 )(_matmul_kernel)
+
+# Problems with fewer multiply-adds than this (bt*M*N*K: 1024^3, ~2 GFLOP, ~0.1 ms on an H100
+# in bf16) take one fixed config and are never tuned: tuning such a problem costs seconds to
+# save microseconds, and correctness checks run dozens of small odd shapes (on the H100 the
+# per-shape tuning made `check` take 80-95 s per dtype). At and above it a kernel runs for
+# ~0.1 ms or more, is called many times (training, benchmarks), and the tile choice is worth
+# 10-30%.
+TUNE_MIN_WORK = 1 << 30
+
+
+def _tune_keys(m: int, n: int, k: int) -> tuple[int, int, int]:
+    """Bucket a dimension to its power of two at or above it: 3000 and 4000 share a tuning."""
+    return triton.next_power_of_2(m), triton.next_power_of_2(n), triton.next_power_of_2(k)
+
+
+def fixed_config(elem: int, precision: str, max_shared: int) -> dict:
+    """The untuned config for small problems: tensor-core-sized 128x128 tiles for fp16/bf16
+    and TF32, 64x64x32 for fp32 on FMA units (a 128x128 fp32 accumulator would mean 128
+    registers per thread at 4 warps); a 64x64x32 2-stage fallback if shared memory is short."""
+    if elem == 4 and precision == "ieee":
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_stages": 3, "num_warps": 4}
+    elif elem == 4:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8, "num_stages": 3, "num_warps": 4}
+    else:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_stages": 3, "num_warps": 8}
+    smem = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * elem * cfg["num_stages"]
+    if smem > max_shared:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_stages": 2, "num_warps": 4}
+    return cfg
+
 
 # The CPU interpreter runs programs one by one: one small config, no tuning.
 _CPU_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
@@ -224,6 +258,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
             c.stride(0),
             c.stride(1),
             c.stride(2),
+            *_tune_keys(m, n, k),
         )
         consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])
         if a.device.type == "cuda":
@@ -233,7 +268,11 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
                 return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), bt)
 
             with torch.cuda.device(a.device):
-                _matmul_tuned[grid](*args, **consts)
+                if bt * m * n * k >= TUNE_MIN_WORK:
+                    _matmul_tuned[grid](*args, **consts)
+                else:
+                    cfg = fixed_config(a.element_size(), consts["PRECISION"], _max_shared(a.device.index or 0))
+                    _matmul_kernel[grid](*args, **consts, **cfg)
         else:
             consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
             cfg = _CPU_CONFIG
@@ -258,7 +297,7 @@ def _kernel_specs(dtype: str):
     )
     cx.update({"s_ak": 1, "s_bn": 1, "s_cn": 1})
     sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}"}
-    for p in ("M", "N", "K", "s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn", "s_cb", "s_cm", "s_cn"):
+    for p in ("M", "N", "K", "M_KEY", "N_KEY", "K_KEY", "s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn", "s_cb", "s_cm", "s_cn"):
         sig[p] = "constexpr" if p in cx else "i32"
     for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"):
         sig[p] = "constexpr"

@@ -14,7 +14,6 @@ descriptors need a global scratch allocator (128 bytes per descriptor), set once
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -23,7 +22,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops.matmul._autograd import matmul_op
-from kernellab.ops.matmul.triton import _ACT, _max_shared, triton_matmul_fwd
+from kernellab.ops.matmul.triton import TUNE_MIN_WORK, _ACT, _max_shared, _tune_keys, triton_matmul_fwd
 from kernellab.registry import register
 
 
@@ -36,6 +35,9 @@ def _matmul_tma_kernel(
     M,
     N,
     K,
+    M_KEY,  # autotuner key only (size buckets); unused by the kernel
+    N_KEY,
+    K_KEY,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -116,17 +118,49 @@ def prune_tma_configs(configs, named_args, **kwargs):
     return kept or [configs[-1]]
 
 
+# Tuned only at bt*M*N*K >= TUNE_MIN_WORK, once per (size bucket, dtype): see triton.py.
 _tma_tuned = triton.autotune(
-    configs=tma_configs(), key=["M", "N", "K"], prune_configs_by={"early_config_prune": prune_tma_configs}
+    configs=tma_configs(), key=["M_KEY", "N_KEY", "K_KEY"], prune_configs_by={"early_config_prune": prune_tma_configs}
 )(_matmul_tma_kernel)
 
 
-@functools.cache
 def _install_allocator() -> None:
-    def alloc(size: int, alignment: int, stream):
-        return torch.empty(size, dtype=torch.int8, device="cuda")
+    """Give Triton a torch-backed scratch allocator for device-side descriptors, unless the
+    caller already set one.
 
-    triton.set_allocator(alloc)
+    Triton keeps the allocator in a ``contextvars.ContextVar`` (3.5+; a plain module global
+    before): a value set in one thread is invisible in another, and autograd runs the
+    backward pass of CUDA tensors in its own worker thread. So this runs before every TMA
+    launch (one ContextVar lookup) instead of once per process: it installs ours only where
+    the current context still holds Triton's ``NullAllocator`` and never replaces an
+    allocator the user set. (A once-per-process install is what failed on the H100: the
+    forward launched, the backward in autograd's thread raised "no allocator was set".)
+    """
+    try:
+        from triton.runtime import _allocation
+
+        current = _allocation._allocator
+        current = current.get() if hasattr(current, "get") else current
+        unset = isinstance(current, _allocation.NullAllocator)
+    except (ImportError, AttributeError):  # a Triton whose internals moved: cannot tell
+        unset = True
+    if unset:
+        triton.set_allocator(_torch_alloc)
+
+
+def _torch_alloc(size: int, alignment: int, stream):
+    # torch's caching allocator returns 512-byte aligned blocks (TMA descriptors need 64 B);
+    # the stream is the current torch stream, where the launch happens.
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _fixed_tma_config(device_index: int) -> dict:
+    """Untuned config for small problems: 128x128x64, 3 stages, 8 warps (96 KB of pipeline +
+    32 KB C staging); 64x64x64 with 2 stages where shared memory is smaller."""
+    cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_stages": 3, "num_warps": 8}
+    if (128 + 128) * 64 * 2 * 3 + 128 * 128 * 2 > _max_shared(device_index):
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_stages": 2, "num_warps": 4}
+    return cfg
 
 
 def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
@@ -150,11 +184,13 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None)
         def grid(meta):
             return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), bt)
 
+        args = (a3, b3, c, bias if bias is not None else c, m, n, k, *_tune_keys(m, n, k))
+        consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])
         with torch.cuda.device(a.device):
-            _tma_tuned[grid](
-                a3, b3, c, bias if bias is not None else c, m, n, k,
-                HAS_BIAS=bias is not None, ACT=_ACT[activation],
-            )  # fmt: skip
+            if bt * m * n * k >= TUNE_MIN_WORK:
+                _tma_tuned[grid](*args, **consts)
+            else:
+                _matmul_tma_kernel[grid](*args, **consts, **_fixed_tma_config(a.device.index or 0))
     return c.reshape(batch + (m, n))
 
 
@@ -165,7 +201,7 @@ def _kernel_specs(dtype: str):
     """For `kernellab asm`: 128x256x64, 8 warps (what the tuner usually picks at 4096^3)."""
     cx = {"HAS_BIAS": False, "ACT": 0, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}
     sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}"}
-    sig.update({"M": "i32", "N": "i32", "K": "i32"})
+    sig.update({p: "i32" for p in ("M", "N", "K", "M_KEY", "N_KEY", "K_KEY")})
     sig.update({p: "constexpr" for p in cx})
     return [(_matmul_tma_kernel, sig, cx, 8)]
 
