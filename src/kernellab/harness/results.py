@@ -105,10 +105,16 @@ def _numel(shape: str) -> int:
     return n
 
 
+def is_ours(backend: str) -> bool:
+    """kernellab's own kernels, as opposed to the baselines (manual, torch, compile) and peers."""
+    return backend.startswith(("triton", "cuda")) or backend == "tiled"
+
+
 def pivot_table(rows, ops=None, shapes=None) -> str:
     """One line per (op, shape, dtype, mode), one column per backend: median time and
-    % of the measured copy bandwidth; the fastest of our own backends (not manual, torch,
-    compile) in bold when it is at least as fast as torch."""
+    % of the measured copy bandwidth (TFLOP/s for compute-bound ops); the fastest of our
+    own backends (triton*, cuda*, tiled) in bold when it is at least as fast as every
+    reference in the row (torch, compile and the peers: liger, sdpa_*, ...)."""
     latest, backends = {}, []
     for r in rows:
         if (ops and r["op"] not in ops) or (shapes and r["shape"] not in shapes) or r.get("graph"):
@@ -121,13 +127,16 @@ def pivot_table(rows, ops=None, shapes=None) -> str:
     lines = [head, "|" + "---|" * (4 + len(backends))]
     for g in groups:
         cells = []
-        torch_ms = (latest.get(g + ("torch",)) or {}).get("median_ms")
+        ref_ms = [
+            latest[g + (b,)]["median_ms"]
+            for b in backends
+            if g + (b,) in latest and not is_ours(b) and b != "manual" and latest[g + (b,)].get("median_ms")
+        ]
+        torch_ms = min(ref_ms) if ref_ms else None
         ours = [
             latest[g + (b,)]
             for b in backends
-            if g + (b,) in latest
-            and b not in ("manual", "torch", "compile")
-            and latest[g + (b,)].get("median_ms")
+            if g + (b,) in latest and is_ours(b) and latest[g + (b,)].get("median_ms")
         ]
         best = min(ours, key=lambda r: r["median_ms"]) if ours else None
         for b in backends:
