@@ -7,6 +7,8 @@ product is exact in float64, one rounding per step, as the GPU's FFMA). Orders m
   seq    one chain k = 0..K-1            (v5, v6, v7; v1-v4 before the four-chain change)
   split2 two chains k % 2, then added
   split4 four chains k % 4, then (c0 + c1) + (c2 + c3)   (v1-v4 now)
+  chunk4 four chains over contiguous K slices, added pairwise (v5-v7 on small grids: the
+         launcher's split-K, cuda.py SPLIT_K)
 Against: float64 reference; torch's fp32 matmul on this CPU as the stand-in for the baseline of
 the 2x-PyTorch error rule (bound = 2 * torch_err + eps32 * max(1, max|ref|), harness/compare.py).
 On the GPU the baseline is cuBLAS, whose order differs: the ratios, not the bounds, carry over.
@@ -34,7 +36,13 @@ def fma_chains(a, b, chains):
 
 def orders(k):
     ks = list(range(k))
-    return {"seq": [ks], "split2": [ks[0::2], ks[1::2]], "split4": [ks[i::4] for i in range(4)]}
+    q = -(-k // 4)
+    return {
+        "seq": [ks],
+        "split2": [ks[0::2], ks[1::2]],
+        "split4": [ks[i::4] for i in range(4)],
+        "chunk4": [ks[i * q : (i + 1) * q] for i in range(4)],
+    }
 
 
 def main():

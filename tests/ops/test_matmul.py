@@ -277,6 +277,39 @@ def test_every_cu_compiles_for_sm80_and_sm90():
     assert len(lines) == 2 and all("cubin" in s for s in lines)
 
 
+def test_cuda_split_k_launcher_slices_and_sums_pairwise(monkeypatch):
+    """v5-v7 on a small grid: K cut into 4 zero-padded slices run as extra batch entries and
+    summed (p0 + p1) + (p2 + p3). The kernel is replaced by an exact float64 bmm here (no GPU),
+    so this checks the slicing, padding, batch order and the sum, not the kernel."""
+    from kernellab.ops.matmul import cuda as mc
+
+    launches = []
+
+    def fake_launch(variant, a3, b3, dev):
+        assert a3.is_contiguous() and b3.is_contiguous()
+        launches.append((variant, tuple(a3.shape), tuple(b3.shape)))
+        return torch.bmm(a3.double(), b3.double()).float()
+
+    monkeypatch.setattr(mc, "_launch", fake_launch)
+    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
+    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(2, 3, 17, 65, generator=gen)
+    b = torch.randn(2, 3, 65, 33, generator=gen)
+    out = mc._product("v7", a.transpose(-1, -2).contiguous().transpose(-1, -2), b)
+    assert launches == [("v7", (24, 17, 17), (24, 17, 33))]  # 4 slices x 6 products, K 65 -> 4 x 17
+    ref = (a.double() @ b.double()).float()
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-5)
+    # the sum order: slices of 17 along K, pairwise
+    p = [(a[..., j * 17 : (j + 1) * 17].double() @ b[..., j * 17 : (j + 1) * 17, :].double()).float() for j in range(4)]
+    assert torch.equal(out, (p[0] + p[1]) + (p[2] + p[3]))
+    launches.clear()
+    assert mc.split_k_slices("v7", 4096, 4096, 4096, 1, 132) == 1  # a full grid: no split
+    assert mc.split_k_slices("v4", 17, 33, 65, 1, 132) == 1  # v1-v4 split inside the thread
+    mc._product("v5", torch.randn(2000, 64), torch.randn(64, 2000))
+    assert launches == [("v5", (1, 2000, 64), (1, 64, 2000))]  # 16x16 = 256 blocks >= 132 SMs
+
+
 def _ptx_of(backend, suffix):
     from kernellab.cuda.runtime import nvrtc_unavailable
     from kernellab.inspect import asm

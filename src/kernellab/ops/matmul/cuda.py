@@ -5,7 +5,8 @@ Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of ma
 fp32, v8 for fp16/bf16 until a GPU run shows v9 ahead). The kernels take contiguous row-major
 operands: strided inputs (transposed, sliced, expanded) are packed with ``.contiguous()``
 first, which costs a copy but computes correctly; the backward calls the same kernels on
-transposed (hence packed) views.
+transposed (hence packed) views. v5-v7 on grids smaller than the GPU split K into 4 slices
+(SPLIT_K below: accuracy against cuBLAS, and idle SMs get work).
 
 The epilogue (bias, activation) runs as PyTorch ops after the kernel: the ladder is about the
 product; Triton's kernel is the one with a fused epilogue.
@@ -13,6 +14,7 @@ product; Triton's kernel is the one with a fused epilogue.
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -74,9 +76,63 @@ def _aligned16(*ts) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in ts)
 
 
+# Split-K for the fp32 variants whose threads own 64 outputs each (v5-v7: no registers left
+# for several partial sums per output, unlike v1-v4, see KL_SPLIT_NOTE in matmul.cu). When the
+# output tiles do not fill the GPU (fewer blocks than SMs), the launcher cuts K into
+# SPLIT_K contiguous slices, runs the unchanged kernel on each slice as extra batch entries
+# (so 4x more blocks: the otherwise idle SMs get work, as cuBLAS does for such shapes), and
+# adds the partial products pairwise, (p0 + p1) + (p2 + p3), in a fixed order (deterministic).
+# Each output then sums 4 chains of K/4 FMAs instead of one of K: on the H100 a single chain
+# failed the 2x-cuBLAS error rule at 17x33x65 (v1, same order as v5-v7); the CPU model
+# (scripts/matmul_acc_model.py, "chunk4") puts the 4-slice error at 0.6-0.73x the single
+# chain's for K = 29 ... 4096. Big problems (4096^3: 1024 blocks) are unchanged.
+SPLIT_K = 4
+SPLIT_K_VARIANTS = ("v5", "v6", "v7")
+
+
+@functools.cache
+def _sm_count(dev: int) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def split_k_slices(variant: str, m: int, n: int, k: int, bt: int, sms: int) -> int:
+    """How many K slices the launcher uses (1: none); see SPLIT_K above."""
+    if variant not in SPLIT_K_VARIANTS or k < 2 * SPLIT_K or bt * SPLIT_K > 65535:
+        return 1
+    return SPLIT_K if math.prod(VARIANTS[variant][0](m, n, bt)) < sms else 1
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _launch(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
+    """One kernel launch: contiguous a3 [bt, M, K] @ b3 [bt, K, N] -> fresh [bt, M, N]."""
+    grid_fn, block, has_vec, _, _ = VARIANTS[variant]
+    bt, m, k = a3.shape
+    n = b3.shape[-1]
+    c = torch.empty((bt, m, n), dtype=a3.dtype, device=a3.device)
+    kern = MODULE.kernel(
+        f"matmul_{variant}_{_SUFFIX[a3.dtype]}",
+        ("ptr", "ptr", "ptr", "i32", "i32", "i32") + (("i32",) if has_vec else ()),
+        dev,
+    )
+    args = [a3, b3, c, m, n, k]
+    if has_vec:
+        # 16-byte vectors need rows that start on 16-byte boundaries: K and N multiples
+        # of 4 floats (8 halfs) and aligned base pointers.
+        per16 = 16 // a3.element_size()
+        args.append(int(k % per16 == 0 and n % per16 == 0 and _aligned16(a3, b3, c)))
+    shared = DYN_SHARED.get(variant, 0)
+    if shared > kern.max_dynamic_shared:
+        kern.set_max_dynamic_shared(shared)
+    kern(grid_fn(m, n, bt), block, *args, shared=shared, device_index=dev)
+    return c
+
+
 def _product(variant: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a [..., M, K] @ b [..., K, N] with one kernel of the ladder; fresh contiguous output."""
-    grid_fn, block, has_vec, dtypes, _ = VARIANTS[variant]
+    dtypes = VARIANTS[variant][3]
     if a.dtype not in dtypes:
         names = "/".join(_SUFFIX[d] for d in dtypes)
         raise TypeError(f"matmul: cuda_{variant} takes {names} tensors; a has dtype {a.dtype}")
@@ -86,27 +142,25 @@ def _product(variant: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a3 = a.reshape(math.prod(batch), m, k).contiguous()
     b3 = b.reshape(math.prod(batch), k, n).contiguous()
     bt = a3.shape[0]
-    c = torch.empty((bt, m, n), dtype=a.dtype, device=a.device)
-    if bt and m and n:
-        if bt > 65535:
-            raise ValueError(f"matmul: a batch of {bt} products exceeds the CUDA grid's z limit (65535)")
-        dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        kern = MODULE.kernel(
-            f"matmul_{variant}_{_SUFFIX[a.dtype]}",
-            ("ptr", "ptr", "ptr", "i32", "i32", "i32") + (("i32",) if has_vec else ()),
-            dev,
-        )
-        args = [a3, b3, c, m, n, k]
-        if has_vec:
-            # 16-byte vectors need rows that start on 16-byte boundaries: K and N multiples
-            # of 4 floats (8 halfs) and aligned base pointers.
-            per16 = 16 // a.element_size()
-            args.append(int(k % per16 == 0 and n % per16 == 0 and _aligned16(a3, b3, c)))
-        shared = DYN_SHARED.get(variant, 0)
-        if shared > kern.max_dynamic_shared:
-            kern.set_max_dynamic_shared(shared)
-        kern(grid_fn(m, n, bt), block, *args, shared=shared, device_index=dev)
-    return c.reshape(batch + (m, n))
+    if not (bt and m and n):
+        return torch.empty(batch + (m, n), dtype=a.dtype, device=a.device)
+    if bt > 65535:
+        raise ValueError(f"matmul: a batch of {bt} products exceeds the CUDA grid's z limit (65535)")
+    dev = _device_index(a)
+    s = split_k_slices(variant, m, n, k, bt, _sm_count(dev))
+    if s == 1:
+        return _launch(variant, a3, b3, dev).reshape(batch + (m, n))
+    ks = _cdiv(k, s)
+    if ks * s != k:  # zero padding: the extra FMAs add exact zeros
+        a3 = torch.nn.functional.pad(a3, (0, ks * s - k))
+        b3 = torch.nn.functional.pad(b3, (0, 0, 0, ks * s - k))
+    # slice-major batches: entry j * bt + i is slice j of product i
+    a_s = a3.reshape(bt, m, s, ks).permute(2, 0, 1, 3).reshape(s * bt, m, ks).contiguous()
+    b_s = b3.reshape(bt, s, ks, n).transpose(0, 1).reshape(s * bt, ks, n).contiguous()
+    p = _launch(variant, a_s, b_s, dev).reshape(s, bt, m, n)
+    while p.shape[0] > 1:  # pairwise, fixed order
+        p = p[0::2] + p[1::2]
+    return p[0].reshape(batch + (m, n))
 
 
 def _make_fwd(variant: str):

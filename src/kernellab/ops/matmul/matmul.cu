@@ -16,6 +16,7 @@
 //      each global value is read once per block instead of once per thread (32x reuse).
 //   v4 1-D block tiling: each thread computes TM=8 outputs of a column; the B value it
 //      reads from shared memory is reused 8 times from a register (fewer shared loads per FMA).
+//   (v1-v4 keep four partial sums per output over k % 4, for accuracy: see KL_SPLIT_NOTE.)
 //   v5 2-D block tiling: 8x8 outputs per thread (128x128 block tile, BK=8): per k step a
 //      thread loads 8+8 values and does 64 FMAs (4 FMA per shared load instead of ~1).
 //   v6 vectorized: 16-byte (float4) global loads and an A tile stored transposed in shared
@@ -46,12 +47,16 @@
 
 // KL_SPLIT_NOTE (v1-v4): each thread keeps four partial sums, one per k % 4, and adds them
 // pairwise at the end. One sequential fp32 FMA chain over K accumulates rounding error
-// ~linearly in K, while cuBLAS's blocked order does better: on an H100 (TF32 off) v1 and v4
-// failed the 2x-cuBLAS error rule at K=65 (9.6e-6 > 8.4e-6). A CPU model of the orders
+// ~linearly in K, and loses to cuBLAS's order: on an H100 (TF32 off) v1 and v4 failed the
+// 2x-cuBLAS error rule at K=65 (9.6e-6 > 8.4e-6). A CPU model of the orders
 // (scripts/matmul_acc_model.py: 20 seeds, K = 65, 997, 4096) puts the 4-chain error at
-// 0.32-0.6x the single chain's. The chains are also independent FMAs (ILP: no FMA waits for
-// the previous one's 4-cycle latency), which matters for these one-output-per-thread kernels.
-// The register cost is 3 floats per output, affordable here and not in v5-v7 (64 outputs).
+// 0.57-0.88x the single chain's on the same draw (worst over seeds). The chains are also
+// independent FMAs (ILP: no FMA waits for the previous one's 4-cycle latency), which helps
+// these one-output-per-thread kernels. The cost is 3 registers per output: affordable here,
+// not in v5-v7 (64 outputs per thread; v7 already uses all 128 registers that
+// __launch_bounds__(256, 2) allows). For those the launcher (cuda.py, SPLIT_K) cuts K into 4
+// slices when the grid has fewer blocks than the GPU has SMs: the small problems, where the
+// H100 run showed cuBLAS's error furthest below a single chain's.
 
 // ------------------------------------------------------------------ v1 naive
 // grid (ceil(M/32), ceil(N/32), batch), block 32x32: x -> row, y -> column.
