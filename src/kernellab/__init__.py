@@ -17,6 +17,7 @@ if not _torch.cuda.is_available():
 
 from kernellab import registry as _registry  # noqa: E402
 from kernellab.ops.add import add  # noqa: E402
+from kernellab.ops.attention import attention  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
 from kernellab.ops.layer_norm import layer_norm  # noqa: E402
@@ -35,6 +36,7 @@ __all__ = [
     "Impl",
     "add",
     "argmax",
+    "attention",
     "cross_entropy",
     "gelu",
     "get",

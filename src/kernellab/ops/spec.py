@@ -31,6 +31,7 @@ OP_MODULES = [
     "kernellab.ops.sum",
     "kernellab.ops.max",
     "kernellab.ops.matmul",
+    "kernellab.ops.attention",
 ]
 
 DTYPES = {
