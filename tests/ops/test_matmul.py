@@ -176,8 +176,13 @@ def test_triton_tunes_only_big_problems_by_size_bucket():
         smem = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * elem * cfg["num_stages"]
         assert smem <= 101376  # fits even a 99 KB consumer GPU
         small = tm.fixed_config(elem, prec, 48 * 1024)
-        assert (small["BLOCK_M"] + small["BLOCK_N"]) * small["BLOCK_K"] * elem * small["num_stages"] <= 48 * 1024
-    assert tm.fixed_config(4, "ieee", 232448)["BLOCK_M"] * tm.fixed_config(4, "ieee", 232448)["BLOCK_N"] <= 64 * 64
+        assert (small["BLOCK_M"] + small["BLOCK_N"]) * small["BLOCK_K"] * elem * small[
+            "num_stages"
+        ] <= 48 * 1024
+    assert (
+        tm.fixed_config(4, "ieee", 232448)["BLOCK_M"] * tm.fixed_config(4, "ieee", 232448)["BLOCK_N"]
+        <= 64 * 64
+    )
 
 
 def test_tma_allocator_installed_per_thread_and_never_replaces_the_users():
@@ -301,7 +306,10 @@ def test_cuda_split_k_launcher_slices_and_sums_pairwise(monkeypatch):
     ref = (a.double() @ b.double()).float()
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-5)
     # the sum order: slices of 17 along K, pairwise
-    p = [(a[..., j * 17 : (j + 1) * 17].double() @ b[..., j * 17 : (j + 1) * 17, :].double()).float() for j in range(4)]
+    p = [
+        (a[..., j * 17 : (j + 1) * 17].double() @ b[..., j * 17 : (j + 1) * 17, :].double()).float()
+        for j in range(4)
+    ]
     assert torch.equal(out, (p[0] + p[1]) + (p[2] + p[3]))
     launches.clear()
     assert mc.split_k_slices("v7", 4096, 4096, 4096, 1, 132) == 1  # a full grid: no split

@@ -271,7 +271,9 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
                 if bt * m * n * k >= TUNE_MIN_WORK:
                     _matmul_tuned[grid](*args, **consts)
                 else:
-                    cfg = fixed_config(a.element_size(), consts["PRECISION"], _max_shared(a.device.index or 0))
+                    cfg = fixed_config(
+                        a.element_size(), consts["PRECISION"], _max_shared(a.device.index or 0)
+                    )
                     _matmul_kernel[grid](*args, **consts, **cfg)
         else:
             consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
@@ -297,7 +299,23 @@ def _kernel_specs(dtype: str):
     )
     cx.update({"s_ak": 1, "s_bn": 1, "s_cn": 1})
     sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}"}
-    for p in ("M", "N", "K", "M_KEY", "N_KEY", "K_KEY", "s_ab", "s_am", "s_ak", "s_bb", "s_bk", "s_bn", "s_cb", "s_cm", "s_cn"):
+    for p in (
+        "M",
+        "N",
+        "K",
+        "M_KEY",
+        "N_KEY",
+        "K_KEY",
+        "s_ab",
+        "s_am",
+        "s_ak",
+        "s_bb",
+        "s_bk",
+        "s_bn",
+        "s_cb",
+        "s_cm",
+        "s_cn",
+    ):
         sig[p] = "constexpr" if p in cx else "i32"
     for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"):
         sig[p] = "constexpr"

@@ -22,7 +22,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops.matmul._autograd import matmul_op
-from kernellab.ops.matmul.triton import TUNE_MIN_WORK, _ACT, _max_shared, _tune_keys, triton_matmul_fwd
+from kernellab.ops.matmul.triton import _ACT, TUNE_MIN_WORK, _max_shared, _tune_keys, triton_matmul_fwd
 from kernellab.registry import register
 
 
@@ -120,7 +120,9 @@ def prune_tma_configs(configs, named_args, **kwargs):
 
 # Tuned only at bt*M*N*K >= TUNE_MIN_WORK, once per (size bucket, dtype): see triton.py.
 _tma_tuned = triton.autotune(
-    configs=tma_configs(), key=["M_KEY", "N_KEY", "K_KEY"], prune_configs_by={"early_config_prune": prune_tma_configs}
+    configs=tma_configs(),
+    key=["M_KEY", "N_KEY", "K_KEY"],
+    prune_configs_by={"early_config_prune": prune_tma_configs},
 )(_matmul_tma_kernel)
 
 
