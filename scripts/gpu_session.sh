@@ -4,8 +4,9 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check bench rowwise launch profile sanitize summary (default: all
-#   but rowwise and profile, in that order; ROWWISE_OPS picks the row-wise ops);
+#   stages: env tests check bench rowwise norms ce reductions matmul attention launch
+#   profile sanitize summary (default: env tests check bench launch sanitize summary, in
+#   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
 #   split them over two device calls when one would pass the 10-minute limit.
 set -u
 MODE=${1:-full}
@@ -94,6 +95,31 @@ for op in ${ROWWISE_OPS:-softmax}; do
   [ "$op" = argmax ] && modes="--mode fwd"
   run $KL bench $op $shapes --dtype fp32 --dtype bf16 $modes --json "$RES"
 done
+fi
+
+if want norms; then
+step "layer_norm, rms_norm (issue 3)"
+run python3 scripts/gpu_norms.py --out "$OUT/norms"
+fi
+
+if want ce; then
+step "cross_entropy (issue 3)"
+run python3 scripts/gpu_cross_entropy.py --out "$OUT/cross_entropy"
+fi
+
+if want reductions; then
+step "sum, max, argmax (issue 3)"
+run python3 scripts/gpu_reductions.py --out "$OUT/reductions" --skip compile
+fi
+
+if want matmul; then
+step "matmul (issue 4)"
+run python3 scripts/gpu_matmul.py --out "$OUT/matmul"
+fi
+
+if want attention; then
+step "attention (issue 5)"
+run python3 scripts/gpu_attention.py --out "$OUT/attention"
 fi
 
 if want launch; then
