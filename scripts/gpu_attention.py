@@ -1,6 +1,13 @@
 """Attention on a lent GPU (issue 5): correctness of every backend, then the benchmarks.
 
-    python scripts/gpu_attention.py --out $OUT [--quick] [--skip-check] [--budget 200]
+    python scripts/gpu_attention.py --out $OUT [--quick] [--skip-check] [--full-check] [--budget 150]
+
+Order (the default run takes under 4 minutes): benchmarks first, then peak memory, then a
+short correctness pass (bf16 at the first check shape for every backend, and fp32 at the
+non-causal 2x4x1023x1025x64 problem, where the fp32 dv bound is tightest). ``--full-check``
+runs the full correctness matrix below instead (about 3 minutes by itself: the Triton fp32
+kernels compile once per head dim x causal x stage). The first H100 run did correctness
+first and spent 169 s there, so the peers were never timed.
 
 TF32 is OFF for the whole run (PyTorch's default): fp32 means IEEE fp32 dots for every
 backend (the Triton kernels follow ``torch.backends.cuda.matmul.allow_tf32``); the
@@ -49,10 +56,13 @@ SPEC = A.SPEC
 DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 BENCH = [  # (shape, backends)
     # ours and the targets first: when the budget runs out, the baselines are what is skipped
-    ((4, 16, 4096, 128), ["triton", "sdpa_flash", "sdpa_cudnn", "torch", "sdpa_efficient", "manual", "compile"]),
+    ((4, 16, 4096, 128), ["triton", "sdpa_flash", "sdpa_cudnn", "torch", "sdpa_efficient", "compile", "manual"]),
     ((1, 16, 16384, 64), ["triton", "sdpa_flash", "sdpa_cudnn", "torch", "sdpa_efficient"]),
 ]
+BENCH_ORDER = ["triton", "sdpa_flash", "sdpa_cudnn", "torch", "sdpa_efficient", "compile", "manual"]
 CHECK_SHAPES = [((2, 4, 1023, 1025, 64), True), ((1, 4, 257, 128), False), ((1, 2, 300, 256), True)]
+# The default short pass: dtype -> problems.
+SHORT_CHECK = {"bf16": [CHECK_SHAPES[0]], "fp32": [((2, 4, 1023, 1025, 64), False)]}
 
 
 def supported(backend, dtype, shape, causal) -> bool:
@@ -94,7 +104,7 @@ def check_one(backend, dtype, shape, causal):
     return worst
 
 
-def correctness(lines, quick) -> bool:
+def correctness(lines, quick, full=True, deadline=float("inf"), skipped=None) -> bool:
     ok_all = True
     for impl in kernellab.impls("attention"):
         for name, dtype in DT.items():
@@ -102,9 +112,18 @@ def correctness(lines, quick) -> bool:
                 continue
             if impl.backend == "compile" and dtype != torch.bfloat16:
                 continue  # one dtype: each shape x dtype x causal is a fresh Inductor compile
+            if full:
+                shapes = CHECK_SHAPES[: 1 if quick or impl.backend == "compile" else None]
+            else:
+                shapes = SHORT_CHECK.get(name, [])
+            if not shapes:
+                continue
+            if time.perf_counter() > deadline:
+                if skipped is not None:
+                    skipped.append(f"check {impl.backend} {name}")
+                continue
             t0 = time.perf_counter()
             parts = []
-            shapes = CHECK_SHAPES[: 1 if quick or impl.backend == "compile" else None]
             for shape, causal in shapes:
                 if not supported(impl.backend, dtype, shape, causal):
                     continue
@@ -123,34 +142,38 @@ def correctness(lines, quick) -> bool:
 def benchmarks(out: Path, budget_end: float, skipped: list) -> list[dict]:
     rows = []
     jsonl = out / "attention.jsonl"
+    # Backend-major (ours and the targets at both shapes first, the slow baselines last),
+    # one bench call per backend and shape: rows land in the JSONL as they come.
+    order = []
     for shape, backends in BENCH:
-        for backend in backends:  # one bench call per backend: rows land as they come
-            if time.perf_counter() > budget_end:
-                skipped.append(f"{backend} {'x'.join(map(str, shape))}")
-                continue
-            t0 = time.perf_counter()
-            try:
-                got = kbench.bench(
-                    "attention",
-                    backends=[backend],
-                    shapes=[shape],
-                    dtypes=[torch.bfloat16],
-                    modes=("fwd", "fwdbwd"),
-                    device="cuda",
-                    budget_s=0.8,
-                )
-            except Exception as e:  # noqa: BLE001
-                print(f"bench {backend} {shape}: {type(e).__name__}: {e}", flush=True)
-                traceback.print_exc()
-                continue
-            write_jsonl(got, jsonl)
-            rows.extend(got)
-            for r in got:
-                t = f"{r['tflops']:.1f} TFLOP/s {r['median_ms']:.3f} ms" if r.get("tflops") else r.get("reason", "")
-                print(f"  {r['backend']:15s} {r['shape']:>16s} {r['mode']:7s} {r.get('options', ''):12s} "
-                      f"{r['status']:10s} {t}", flush=True)  # fmt: skip
-            print(f"  ({backend}: {time.perf_counter() - t0:.0f} s)", flush=True)
-            torch.cuda.empty_cache()
+        order += [(BENCH_ORDER.index(b), i, b, shape) for i, b in enumerate(backends)]
+    for _, _, backend, shape in sorted(order, key=lambda t: t[0]):
+        if time.perf_counter() > budget_end:
+            skipped.append(f"{backend} {'x'.join(map(str, shape))}")
+            continue
+        t0 = time.perf_counter()
+        try:
+            got = kbench.bench(
+                "attention",
+                backends=[backend],
+                shapes=[shape],
+                dtypes=[torch.bfloat16],
+                modes=("fwd", "fwdbwd"),
+                device="cuda",
+                budget_s=0.8,
+            )
+        except Exception as e:  # noqa: BLE001
+            print(f"bench {backend} {shape}: {type(e).__name__}: {e}", flush=True)
+            traceback.print_exc()
+            continue
+        write_jsonl(got, jsonl)
+        rows.extend(got)
+        for r in got:
+            t = f"{r['tflops']:.1f} TFLOP/s {r['median_ms']:.3f} ms" if r.get("tflops") else r.get("reason", "")
+            print(f"  {r['backend']:15s} {r['shape']:>16s} {r['mode']:7s} {r.get('options', ''):12s} "
+                  f"{r['status']:10s} {t}", flush=True)  # fmt: skip
+        print(f"  ({backend}: {time.perf_counter() - t0:.0f} s)", flush=True)
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -223,8 +246,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".out")
     ap.add_argument("--quick", action="store_true", help="one correctness shape, no memory sweep")
-    ap.add_argument("--budget", type=float, default=200.0, help="seconds before remaining bench groups are skipped")
+    ap.add_argument("--budget", type=float, default=150.0, help="seconds before remaining bench groups are skipped")
+    ap.add_argument("--check-budget", type=float, default=225.0,
+                    help="seconds from the start after which remaining correctness groups are skipped")
     ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--full-check", action="store_true", help="the full correctness matrix (slow), after the rest")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -237,17 +263,12 @@ def main() -> int:
     ok = True
     from kernellab.ops.attention import triton as at
 
-    if not args.skip_check:
-        print("== correctness (worst error / bound over o, dq, dk, dv; <= 1 passes)", flush=True)
-        at.AUTOTUNE = False  # first fitting tile: correctness does not need tuning, only compiles
-        ok = correctness(lines, args.quick)
-        at.AUTOTUNE = True
-        print(f"   ({time.perf_counter() - t_start:.0f} s)", flush=True)
     print("== benchmarks", flush=True)
     skipped: list = []
     rows = benchmarks(out, t_start + args.budget, skipped)
     table = bench_table(rows)
     (out / "attention_bench.md").write_text(table + "\n")
+    print(f"   ({time.perf_counter() - t_start:.0f} s)", flush=True)
     mem = ""
     if not args.quick:
         print("== peak memory, fwd + bwd, B=1 H=16 D=64 bf16 causal", flush=True)
@@ -256,6 +277,15 @@ def main() -> int:
             (out / "attention_memory.md").write_text(mem + "\n")
         except Exception as e:  # noqa: BLE001
             mem = f"peak memory failed: {type(e).__name__}: {e}"
+        print(mem + f"\n   ({time.perf_counter() - t_start:.0f} s)", flush=True)
+    if not args.skip_check:
+        what = "full" if args.full_check else "short: bf16 first shape, fp32 2x4x1023x1025x64"
+        print(f"== correctness ({what}; worst error / bound over o, dq, dk, dv; <= 1 passes)", flush=True)
+        at.AUTOTUNE = False  # first fitting tile: correctness does not need tuning, only compiles
+        deadline = float("inf") if args.full_check else t_start + args.check_budget
+        ok = correctness(lines, args.quick, full=args.full_check, deadline=deadline, skipped=skipped)
+        at.AUTOTUNE = True
+        print(f"   ({time.perf_counter() - t_start:.0f} s)", flush=True)
     choices = autotune_choices()
     (out / "attention_check.txt").write_text("\n".join(lines + choices) + "\n")
     (out / "attention_summary.json").write_text(

@@ -3,10 +3,12 @@ fast path and the reduction.
 
 A backend supplies two launchers over contiguous tensors:
 
-- ``fwd(logits, target, ignore_index) -> (loss_rows, lse)``: per-row loss (0 on ignored rows)
-  and log-sum-exp, both fp32 [N]; one read of the logits.
+- ``fwd(logits, target, ignore_index) -> (loss_rows, lse)``: per-row loss (0 on ignored rows),
+  fp32 [N], and log-sum-exp as an unevaluated pair, fp32 [2, N] (lse = lse[0] + lse[1]: one
+  rounded fp32 lse cost the backward up to half an ulp of |lse| in every exp(x - lse),
+  which failed the 2x-PyTorch rule for fp32 at small V); one read of the logits.
 - ``bwd(logits, target, lse, scale, ignore_index, out) -> None``: writes
-  ``out = scale[:, None] * (exp(logits - lse) - onehot(target))`` (0 on ignored rows) in the
+  ``out = scale[:, None] * (exp((logits - lse[0]) - lse[1]) - onehot(target))`` (0 on ignored rows) in the
   logits' dtype; ``scale`` is fp32 [N]. ``out`` may be ``logits`` itself (in-place backward):
   each element is read before it is written, by the same thread.
 
@@ -55,7 +57,7 @@ def fused_backend(name: str, fwd, bwd):
         n = logits.shape[0]
         return (
             logits.new_empty((n,), dtype=torch.float32),
-            logits.new_empty((n,), dtype=torch.float32),
+            logits.new_empty((2, n), dtype=torch.float32),
         )
 
     @bop.register_fake

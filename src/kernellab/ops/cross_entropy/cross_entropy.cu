@@ -36,12 +36,25 @@ constexpr int kUnroll = 4;  // 16-byte packs in flight per thread (64 B: see com
 template <typename T> __device__ __forceinline__ float row_exp(float v) { return __expf(v); }
 template <> __device__ __forceinline__ float row_exp<float>(float v) { return expf(v); }
 
-// The loss of one row from its lse and its target.
+// lse = m + log(s) kept as an unevaluated pair hi + lo (TwoSum): one rounded fp32 lse
+// costs every exp(x - lse) of the backward up to half an ulp of |lse| (PyTorch keeps x - m
+// and log s apart), which failed the 2x-PyTorch rule for fp32 at small V. The lse buffer
+// is [2, N]: hi at [row], lo at [N + row] (N = gridDim.x, one block per row).
+__device__ __forceinline__ void store_lse(float* lse_out, long long row, float m, float log_s, float& hi, float& lo) {
+    hi = m + log_s;
+    const float bb = hi - m;
+    lo = (m - (hi - bb)) + (log_s - bb);
+    if (!isfinite(hi)) lo = 0.0f;  // inf / NaN rows: hi alone carries the value
+    lse_out[row] = hi;
+    lse_out[gridDim.x + row] = lo;
+}
+
+// The loss of one row from its lse pair and its target.
 template <typename T>
-__device__ __forceinline__ float row_loss(const T* xr, long long t, long long V, long long ii, float lse) {
+__device__ __forceinline__ float row_loss(const T* xr, long long t, long long V, long long ii, float hi, float lo) {
     if (t == ii) return 0.0f;
     if (t < 0 || t >= V) return __int_as_float(0x7fc00000);  // NaN: never an address
-    return lse - kl::to_f(xr[t]);
+    return (hi - kl::to_f(xr[t])) + lo;
 }
 
 // Adds v into the running (m, s) pair: -inf entries contribute nothing (no -inf - -inf),
@@ -84,9 +97,9 @@ __device__ void ce_fwd_v1(const T* __restrict__ x, const long long* __restrict__
     s = kl::block_allreduce(s, kl::SumOp{}, scratch);
     if (threadIdx.x == 0) {
         // A NaN anywhere in the row: fmaxf dropped it from m, but exp(NaN - m) made s NaN.
-        const float lse = m + logf(s);
-        lse_out[row] = lse;
-        loss[row] = row_loss(xr, target[row], V, ii, lse);
+        float hi, lo;
+        store_lse(lse_out, row, m, logf(s), hi, lo);
+        loss[row] = row_loss(xr, target[row], V, ii, hi, lo);
     }
 }
 
@@ -101,9 +114,9 @@ __device__ void ce_bwd_v1(const T* x, const long long* __restrict__ target, cons
         for (long long j = threadIdx.x; j < V; j += blockDim.x) dr[j] = kl::from_f<T>(0.0f);
         return;
     }
-    const float l = lse[row], gr = g[row];
+    const float l = lse[row], lo = lse[gridDim.x + row], gr = g[row];
     for (long long j = threadIdx.x; j < V; j += blockDim.x) {
-        const float p = row_exp<T>(kl::to_f(xr[j]) - l);
+        const float p = row_exp<T>((kl::to_f(xr[j]) - l) - lo);
         dr[j] = kl::from_f<T>(gr * (j == t ? p - 1.0f : p));
     }
 }
@@ -166,9 +179,9 @@ __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__
     }
     kl::MaxSum ms = kl::block_allreduce(kl::MaxSum{m, s}, scratch);
     if (threadIdx.x == 0) {
-        const float lse = ms.m + logf(ms.s);
-        lse_out[row] = lse;
-        loss[row] = row_loss(xr, target[row], V, ii, lse);
+        float hi, lo;
+        store_lse(lse_out, row, ms.m, logf(ms.s), hi, lo);
+        loss[row] = row_loss(xr, target[row], V, ii, hi, lo);
     }
 }
 
@@ -193,9 +206,9 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
         if (jt < V) dr[jt] = kl::from_f<T>(0.0f);
         return;
     }
-    const float l = lse[row], gr = g[row];
+    const float l = lse[row], lo = lse[gridDim.x + row], gr = g[row];
     if (jh < sp.head) {
-        const float pr = row_exp<T>(kl::to_f(xr[jh]) - l);
+        const float pr = row_exp<T>((kl::to_f(xr[jh]) - l) - lo);
         dr[jh] = kl::from_f<T>(gr * (jh == t ? pr - 1.0f : pr));
     }
     for (long long base = threadIdx.x; base < sp.npacks; base += (long long)blockDim.x * kUnroll) {
@@ -212,7 +225,7 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
                 Vec o;
 #pragma unroll
                 for (int j = 0; j < Vec::N; ++j) {
-                    const float pr = row_exp<T>(kl::to_f(r[u].e[j]) - l);
+                    const float pr = row_exp<T>((kl::to_f(r[u].e[j]) - l) - lo);
                     o.e[j] = kl::from_f<T>(gr * (sp.head + p * Vec::N + j == t ? pr - 1.0f : pr));
                 }
                 kl::store16(d4 + p, o.raw);
@@ -220,7 +233,7 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
         }
     }
     if (jt < V) {
-        const float pr = row_exp<T>(kl::to_f(xr[jt]) - l);
+        const float pr = row_exp<T>((kl::to_f(xr[jt]) - l) - lo);
         dr[jt] = kl::from_f<T>(gr * (jt == t ? pr - 1.0f : pr));
     }
 }

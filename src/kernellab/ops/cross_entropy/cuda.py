@@ -45,7 +45,7 @@ def _make(vectorized: bool):
     def fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
         n, v = logits.shape
         loss = torch.empty(n, dtype=torch.float32, device=logits.device)
-        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+        lse = torch.empty((2, n), dtype=torch.float32, device=logits.device)  # hi, lo
         if n:
             dev = logits.device.index
             if dev != _get_device():

@@ -13,6 +13,10 @@ after the forward). Called here as follows:
   script (scripts/gpu_cross_entropy.py) times and measures it that way with fresh logits
   for every call.
 
+Non-contiguous logits (transposed, sliced, expanded views) are packed with
+``.contiguous()`` first, as a user would: liger reads rows at ``i * stride(0)`` with unit
+column stride (a copy that the in-place mode then overwrites, never the caller's view).
+
 Known differences from PyTorch, reported by the tests rather than papered over: an
 all-ignored non-empty batch gives 0 for "mean" (PyTorch: NaN). An empty batch (N = 0) is
 answered here without launching liger's kernel (PyTorch's result: NaN for "mean", 0 for
@@ -45,8 +49,11 @@ def liger_cross_entropy(logits, target, ignore_index=-100, reduction="mean", inp
         empty = logits.sum(dim=-1).float()  # keeps autograd's link to the logits
         out = {"none": empty, "sum": empty.sum(), "mean": empty.sum() / 0.0}[reduction]
         return out.to(logits.dtype)
-    x = logits
-    if logits.requires_grad and torch.is_grad_enabled() and not inplace_backward:
+    # Liger's kernel assumes contiguous rows (it reads row i at i * stride(0) with unit
+    # column stride: an expanded [N, V] view with stride 0 gave wrong losses, error ~1 on
+    # the GPU). Packed with .contiguous() as a user would; a no-op for contiguous logits.
+    x = logits.contiguous()
+    if x is logits and logits.requires_grad and torch.is_grad_enabled() and not inplace_backward:
         x = logits.clone()  # liger overwrites its input with the gradient
     out = LigerCrossEntropyFunction.apply(
         x, target, None, ignore_index, 0.0, 0.0, reduction, None, False, False, False

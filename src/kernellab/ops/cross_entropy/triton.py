@@ -3,7 +3,7 @@
 Forward: one program per row streams the row once in BLOCK-wide chunks with the
 online-softmax recurrence (running max m and sum s of exp(x - m), s rescaled by
 exp(m_old - m_new) when the max grows: one exp per element), loads the target logit
-directly, and writes loss = m + log(s) - x[t] and lse = m + log(s) (fp32, N each).
+directly, and writes loss = m + log(s) - x[t] and lse = m + log(s) as a pair hi + lo (fp32, [2, N]: see the kernel).
 Traffic: N*V*es read + ~16 N bytes; the softmax is never stored.
 
 Backward: one program per row reads the row again and writes
@@ -43,16 +43,26 @@ def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK:
         alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
         s = s * alpha + tl.sum(e, axis=0)
         m = m_new
-    lse = m + tl.log(s)
+    # lse as an unevaluated sum hi + lo (TwoSum of m and log s): one fp32 lse rounds away
+    # up to half an ulp of m + log s, which the backward's exp(x - lse) turned into a
+    # relative error of p that failed the 2x-PyTorch rule at V = 3 (PyTorch keeps x - m
+    # and log s apart). lse_ptr holds [2, N]: hi in row 0, lo in row 1.
+    log_s = tl.log(s)
+    hi = m + log_s
+    bb = hi - m
+    lo = (m - (hi - bb)) + (log_s - bb)
+    lo = tl.where(hi == hi, lo, 0.0)  # inf / NaN rows: lo is meaningless, keep hi's value
+    lo = tl.where((hi == float("inf")) | (hi == -float("inf")), 0.0, lo)
     t = tl.load(t_ptr + row)
     in_range = (t >= 0) & (t < n_cols)
     xt = tl.load(x_row + tl.where(in_range, t, 0)).to(tl.float32)
     # Out-of-range targets (only possible when validation was skipped, under
     # torch.compile) give NaN and are never read out of bounds.
-    loss = tl.where(in_range, lse - xt, float("nan"))
+    loss = tl.where(in_range, (hi - xt) + lo, float("nan"))
     loss = tl.where(t == ignore_index, 0.0, loss)
     tl.store(loss_ptr + row, loss)
-    tl.store(lse_ptr + row, lse)
+    tl.store(lse_ptr + row, hi)
+    tl.store(lse_ptr + tl.num_programs(0) + row, lo)
 
 
 @triton.jit
@@ -69,12 +79,13 @@ def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, g_ptr, dx_ptr, n_cols, ignore_index, B
             mask = start + cols < n_cols
             tl.store(dx_row + start + cols, tl.zeros([BLOCK], tl.float32).to(dx_ptr.dtype.element_ty), mask=mask)
     else:
-        lse = tl.load(lse_ptr + row)
+        lse = tl.load(lse_ptr + row)  # hi; lo in row 1 of the [2, N] lse
+        lo = tl.load(lse_ptr + tl.num_programs(0) + row)
         g = tl.load(g_ptr + row)
         for start in range(0, n_cols, BLOCK):
             mask = start + cols < n_cols
             x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
-            p = tl.exp(x - lse)
+            p = tl.exp((x - lse) - lo)
             d = tl.where(start + cols == t, p - 1.0, p)
             tl.store(dx_row + start + cols, (g * d).to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -88,7 +99,7 @@ def _config(n_cols: int):
 def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
     n, v = logits.shape
     loss = torch.empty(n, dtype=torch.float32, device=logits.device)
-    lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+    lse = torch.empty((2, n), dtype=torch.float32, device=logits.device)
     if n:
         block, warps = _config(v)
         _ce_fwd_kernel[(n,)](logits, target, loss, lse, v, ignore_index, BLOCK=block, num_warps=warps)
