@@ -227,15 +227,36 @@ def main() -> int:
         print(f"bench {shape} {mode}: {time.perf_counter() - t0:.0f}s", flush=True)
         torch.cuda.empty_cache()
 
-    # What the target range check costs per call (validator alone: 3 tiny kernels + a sync).
+    # What the target range check costs per call: the validator (no range check now), the
+    # PyTorch check the unfused backends run (3 tiny kernels + a sync), and the fused
+    # backends' flag (one 4-byte read after the forward): cuda forward per call with the
+    # check vs the bare kernel launcher (no flag, one sync at the end), both wall-clock.
+    from kernellab.ops.cross_entropy import cuda as ce_cuda
+    from kernellab.ops.cross_entropy._fused import check_targets
+
     logits, target = ce.SPEC.make_inputs(SHAPES[0], torch.bfloat16, "cuda", 5)
-    for _ in range(5):
-        ce.SPEC.validate((logits, target), {}, ("cuda",))
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(200):
-        ce.SPEC.validate((logits, target), {}, ("cuda",))
-    line = f"validator (target range check) per call, idle GPU: {(time.perf_counter() - t0) / 200 * 1e6:.1f} us"
+    fwd_raw = ce_cuda._make(True)[0]
+
+    def per_call(fn, n=200):
+        for _ in range(5):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e6
+
+    with torch.no_grad():
+        costs = {
+            "validator": per_call(lambda: ce.SPEC.validate((logits, target), {}, ("cuda",))),
+            "torch range check": per_call(lambda: check_targets(logits, target, -100)),
+            "cuda fwd, fused check (public call)": per_call(lambda: ce.cross_entropy(logits, target, backend="cuda")),
+            "cuda fwd kernel alone (no flag)": per_call(lambda: fwd_raw(logits, target, -100)),
+        }
+    line = "target range check per call (us, idle GPU, bf16 %s): " % (SHAPES[0],) + "; ".join(
+        f"{k} {v:.1f}" for k, v in costs.items()
+    )
     print(line, flush=True)
     lines.append(line)
     del logits, target

@@ -154,12 +154,39 @@ def test_nan_and_inf_rows_match_pytorch():
         torch.testing.assert_close(y[4], ref[4])
 
 
+def test_range_check_is_fused_into_the_triton_forward():
+    # The validator no longer checks the range (it cost a sync per call on a GPU); the
+    # Triton forward flags the bad row itself, and the flag is zero again after the raise.
+    from kernellab.ops.cross_entropy import _fused
+    from kernellab.ops.cross_entropy.triton import _fwd
+
+    logits, t = torch.randn(5, 33), torch.tensor([0, 32, -100, 33, 1])
+    SPEC.validate((logits, t), {}, ("cpu",))  # no error: not the validator's job any more
+    flag = torch.zeros(1, dtype=torch.int32)
+    loss, _ = _fwd(logits, t, -100, flag)
+    assert int(flag) == 1 and torch.isnan(loss[3]) and not torch.isnan(loss[:3]).any()
+    flag.zero_()
+    _fwd(logits, torch.tensor([0, 32, -100, 7, 1]), -100, flag)
+    assert int(flag) == 0
+    with pytest.raises(ValueError, match=r"target\[3\] = 33"):
+        ce.cross_entropy(logits, t, backend="triton")
+    assert int(_fused._flag(logits.device)) == 0
+
+
 @pytest.mark.parametrize("backend", CPU)
 def test_out_of_range_targets_raise(backend):
     logits = torch.randn(3, 10)
     for bad in (10, 11, -1, -101):
         with pytest.raises(ValueError, match=r"target\[1\] = "):
             ce.cross_entropy(logits, torch.tensor([0, bad, 2]), backend=backend)
+        # with autograd too (the fused backends' Eager path passes the flag as well)
+        with pytest.raises(ValueError, match=r"target\[1\] = "):
+            ce.cross_entropy(logits.clone().requires_grad_(), torch.tensor([0, bad, 2]), backend=backend)
+    # the fused backends' flag is reset after raising: a valid call afterwards passes
+    good = torch.tensor([0, 9, -100])
+    torch.testing.assert_close(
+        ce.cross_entropy(logits, good, backend=backend), F.cross_entropy(logits, good), atol=1e-6, rtol=1e-6
+    )
     with pytest.raises(TypeError, match=r"\btarget\b"):
         ce.cross_entropy(logits, torch.tensor([0, 1, 2], dtype=torch.int32), backend=backend)
     with pytest.raises(ValueError, match=r"\breduction\b"):

@@ -11,13 +11,15 @@ fp32 / fp16 / bf16 logits, fp32 math; the loss has the logits' dtype, as
 ignored gives NaN for "mean" (0 / 0), 0 for "sum", zeros for "none", and a zero gradient.
 
 Out-of-range targets (not ignore_index and < 0 or >= V) raise ValueError naming
-``target``. The check costs three tiny kernels over the N targets (where, aminmax,
-stack) and one device->host copy of two numbers per call, which waits for the GPU's queue
-(estimated 15-30 us per call on a GPU, to be measured; ~5-10% of the 0.28 ms forward at
-bf16 8192 x 50304, paid by every backend alike since the registry validates every call);
-PyTorch itself only asserts on the device. Under
-torch.compile the check is skipped (it would break the graph); the fused kernels then
-never read out of bounds: an out-of-range target gives a NaN loss for its row.
+``target``. A check before the call (three tiny kernels and a device->host copy that
+waits for the GPU's queue) cost 122 us per call on an H100 in the bench loop, 1/3 of the
+bf16 8192 x 50304 forward; so the fused backends (triton, cuda, cuda_v1) check inside
+their forward kernel: a bad row sets an int32 flag, read with one 4-byte copy after the
+forward and the reduction are queued (one sync, no extra kernel; the flag is reset only
+when set). The other backends (manual, torch, compile, liger) run that PyTorch check
+(``_fused.check_targets``) before the op. PyTorch itself only asserts on the device.
+Under torch.compile the check is skipped (it would break the graph); the fused kernels
+then never read out of bounds: an out-of-range target gives a NaN loss for its row.
 
 The fused backends (triton, cuda_v1, cuda) read the logits once in the forward, save
 only the per-row log-sum-exp (N fp32) and recompute the softmax in the backward; the
@@ -106,17 +108,8 @@ def _validate(args, kwargs, devices):
     ib = kwargs.get("inplace_backward", False)
     if not isinstance(ib, bool):
         raise TypeError(f"cross_entropy: inplace_backward must be a bool, got {ib!r}")
-    if n and not torch.compiler.is_compiling():
-        # Smallest and largest target with the ignored ones read as 0: three tiny kernels
-        # and one device->host copy of two numbers (see the module docstring).
-        lo, hi = torch.stack(torch.aminmax(torch.where(target == ii, 0, target))).tolist()
-        if lo < 0 or hi >= v:
-            bad = ((target < 0) | (target >= v)) & (target != ii)
-            first = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"cross_entropy: target[{first}] = {int(target[first])} is out of range: targets must be "
-                f"in [0, {v}) or equal ignore_index ({ii})"
-            )
+    # The target range check is not here (the validator runs before every call of every
+    # backend): each backend makes it itself, see the module docstring.
 
 
 # --------------------------------------------------------------------------- counts

@@ -3,10 +3,12 @@ fast path and the reduction.
 
 A backend supplies two launchers over contiguous tensors:
 
-- ``fwd(logits, target, ignore_index) -> (loss_rows, lse)``: per-row loss (0 on ignored rows),
+- ``fwd(logits, target, ignore_index, flag=None) -> (loss_rows, lse)``: per-row loss (0 on ignored rows),
   fp32 [N], and log-sum-exp as an unevaluated pair, fp32 [2, N] (lse = lse[0] + lse[1]: one
   rounded fp32 lse cost the backward up to half an ulp of |lse| in every exp(x - lse),
-  which failed the 2x-PyTorch rule for fp32 at small V); one read of the logits.
+  which failed the 2x-PyTorch rule for fp32 at small V); one read of the logits. When
+  ``flag`` (int32 [1]) is given, a row whose target is neither ignore_index nor in [0, V)
+  sets ``flag[0] = 1`` (the range check, see ``fused_backend``).
 - ``bwd(logits, target, lse, scale, ignore_index, out) -> None``: writes
   ``out = scale[:, None] * (exp((logits - lse[0]) - lse[1]) - onehot(target))`` (0 on ignored rows) in the
   logits' dtype; ``scale`` is fp32 [N]. ``out`` may be ``logits`` itself (in-place backward):
@@ -28,6 +30,46 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling()
 
 
+def check_targets(logits: Tensor, target: Tensor, ignore_index: int) -> None:
+    """ValueError naming ``target`` when a target is neither ignore_index nor in [0, V).
+
+    PyTorch ops on the targets: three tiny kernels (where, aminmax, stack) and one
+    device->host copy, which on a GPU waits for everything queued before it (122 us per
+    call measured on an H100 inside the bench loop). The backends without a fused kernel
+    call it on every eager call; the fused backends only after their kernel flagged a row."""
+    n, v = logits.shape
+    if not n:
+        return
+    lo, hi = torch.stack(torch.aminmax(torch.where(target == ignore_index, 0, target))).tolist()
+    if lo < 0 or hi >= v:
+        bad = ((target < 0) | (target >= v)) & (target != ignore_index)
+        first = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"cross_entropy: target[{first}] = {int(target[first])} is out of range: targets must be "
+            f"in [0, {v}) or equal ignore_index ({ignore_index})"
+        )
+
+
+_FLAGS: dict = {}
+
+
+def _flag(device: torch.device) -> Tensor:
+    """One int32 error flag per device, zero between calls: a forward kernel sets it only
+    on a bad target, and the caller resets it before raising, so no memset per call."""
+    f = _FLAGS.get(device)
+    if f is None:
+        f = _FLAGS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return f
+
+
+def _raise_if_flagged(flag: Tensor, logits: Tensor, target: Tensor, ignore_index: int) -> None:
+    # One 4-byte device->host copy after the forward (and the reduction) were queued: the
+    # host waits for this call's own kernels only, not before launching them.
+    if int(flag.item()):
+        flag.zero_()
+        check_targets(logits, target, ignore_index)  # finds the row, raises ValueError
+
+
 def reduce_rows(loss_rows: Tensor, target: Tensor, ignore_index: int, reduction: str, dtype) -> Tensor:
     if reduction == "none":
         return loss_rows.to(dtype)
@@ -41,7 +83,7 @@ def fused_backend(name: str, fwd, bwd):
     """Custom ops ``kernellab::<name>_fwd`` / ``_bwd`` and the registry callable."""
 
     def _fwd(logits: Tensor, target: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
-        return fwd(logits.contiguous(), target.contiguous(), ignore_index)
+        return fwd(logits.contiguous(), target.contiguous(), ignore_index)  # no range check: traced
 
     def _bwd(logits: Tensor, target: Tensor, lse: Tensor, scale: Tensor, ignore_index: int) -> Tensor:
         logits = logits.contiguous()
@@ -77,9 +119,9 @@ def fused_backend(name: str, fwd, bwd):
 
     class Eager(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, logits, target, ignore_index, inplace):
+        def forward(ctx, logits, target, ignore_index, inplace, flag):
             lc, tc = logits.contiguous(), target.contiguous()
-            loss_rows, lse = fwd(lc, tc, ignore_index)
+            loss_rows, lse = fwd(lc, tc, ignore_index, flag)
             # In place, the logits are saved as a detached alias: after this node's saved
             # tensors are released, the returned gradient is the only reference to that
             # alias, and autograd's AccumulateGrad then adopts it as .grad instead of
@@ -97,16 +139,24 @@ def fused_backend(name: str, fwd, bwd):
             # the gradient, so no logits-sized buffer is allocated.
             out = lc if ctx.inplace else torch.empty(lc.shape, dtype=lc.dtype, device=lc.device)
             bwd(lc, tc, lse, g_loss.float().contiguous(), ctx.ignore_index, out)
-            return out, None, None, None
+            return out, None, None, None, None
 
     def call(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
+        # The target range check is fused into the forward kernel (a flag, read once after
+        # the kernels are queued); under torch.compile it is skipped (it would break the
+        # graph) and an out-of-range target gives a NaN loss for its row.
         if _tracing():
             loss_rows, _ = op(logits, target, ignore_index)
-        elif logits.requires_grad and torch.is_grad_enabled():
-            loss_rows, _ = Eager.apply(logits, target, ignore_index, inplace_backward)
+            return reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)
+        flag = _flag(logits.device) if logits.shape[0] else None
+        if logits.requires_grad and torch.is_grad_enabled():
+            loss_rows, _ = Eager.apply(logits, target, ignore_index, inplace_backward, flag)
         else:
-            loss_rows, _ = fwd(logits.contiguous(), target.contiguous(), ignore_index)
-        return reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)
+            loss_rows, _ = fwd(logits.contiguous(), target.contiguous(), ignore_index, flag)
+        out = reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)
+        if flag is not None:
+            _raise_if_flagged(flag, logits, target, ignore_index)
+        return out
 
     def _fwd_args(make):
         logits, target = make.args(1)

@@ -49,6 +49,13 @@ __device__ __forceinline__ void store_lse(float* lse_out, long long row, float m
     lse_out[gridDim.x + row] = lo;
 }
 
+// The range check fused into the forward (thread 0 of each row): a target that is neither
+// ignore_index nor in [0, V) sets *flag = 1 (flag == nullptr: no check, e.g. under
+// torch.compile). The host reads the flag once after the call.
+__device__ __forceinline__ void flag_target(int* flag, long long t, long long V, long long ii) {
+    if (flag != nullptr && t != ii && (t < 0 || t >= V)) *flag = 1;
+}
+
 // The loss of one row from its lse pair and its target.
 template <typename T>
 __device__ __forceinline__ float row_loss(const T* xr, long long t, long long V, long long ii, float hi, float lo) {
@@ -84,7 +91,7 @@ __device__ __forceinline__ void online_add(float& m, float& s, const float* v, i
 
 template <typename T>
 __device__ void ce_fwd_v1(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
-                          float* __restrict__ lse_out, long long V, long long ii) {
+                          float* __restrict__ lse_out, int* flag, long long V, long long ii) {
     __shared__ float scratch[32];
     const long long row = blockIdx.x;
     const T* xr = x + row * V;
@@ -100,6 +107,7 @@ __device__ void ce_fwd_v1(const T* __restrict__ x, const long long* __restrict__
         float hi, lo;
         store_lse(lse_out, row, m, logf(s), hi, lo);
         loss[row] = row_loss(xr, target[row], V, ii, hi, lo);
+        flag_target(flag, target[row], V, ii);
     }
 }
 
@@ -142,7 +150,7 @@ struct RowSplit {
 
 template <typename T>
 __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
-                          float* __restrict__ lse_out, long long V, long long ii) {
+                          float* __restrict__ lse_out, int* flag, long long V, long long ii) {
     using Vec = kl::Vec16<T>;
     __shared__ float scratch[64];
     const long long row = blockIdx.x;
@@ -182,6 +190,7 @@ __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__
         float hi, lo;
         store_lse(lse_out, row, ms.m, logf(ms.s), hi, lo);
         loss[row] = row_loss(xr, target[row], V, ii, hi, lo);
+        flag_target(flag, target[row], V, ii);
     }
 }
 
@@ -242,16 +251,16 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
 
 #define KL_CE_KERNELS(SFX, T)                                                                               \
     extern "C" __global__ void ce_fwd_v1_##SFX(const T* x, const long long* t, float* loss, float* lse,      \
-                                               long long V, long long ii) {                                \
-        ce_fwd_v1<T>(x, t, loss, lse, V, ii);                                                               \
+                                               int* flag, long long V, long long ii) {                     \
+        ce_fwd_v1<T>(x, t, loss, lse, flag, V, ii);                                                               \
     }                                                                                                       \
     extern "C" __global__ void ce_bwd_v1_##SFX(const T* x, const long long* t, const float* lse,            \
                                                const float* g, T* dx, long long V, long long ii) {          \
         ce_bwd_v1<T>(x, t, lse, g, dx, V, ii);                                                              \
     }                                                                                                       \
     extern "C" __global__ void ce_fwd_##SFX(const T* x, const long long* t, float* loss, float* lse,         \
-                                            long long V, long long ii) {                                   \
-        ce_fwd_v2<T>(x, t, loss, lse, V, ii);                                                               \
+                                            int* flag, long long V, long long ii) {                        \
+        ce_fwd_v2<T>(x, t, loss, lse, flag, V, ii);                                                               \
     }                                                                                                       \
     extern "C" __global__ void ce_bwd_##SFX(const T* x, const long long* t, const float* lse, const float* g, \
                                             T* dx, long long V, long long ii) {                             \

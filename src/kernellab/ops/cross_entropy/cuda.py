@@ -18,7 +18,7 @@ MODULE = Module(Path(__file__).with_name("cross_entropy.cu"))
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS_V1 = 256
 THREADS = 256  # v2: 8 blocks (rows) per SM, 4 x 16 B in flight per thread
-FWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "i64")
+FWD_SIG = ("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64")  # x, t, loss, lse, flag (0: none), V, ii
 BWD_SIG = ("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64")
 
 _KERNELS: dict = {}
@@ -42,7 +42,7 @@ def _vec_ok(x: torch.Tensor, out: torch.Tensor | None = None) -> bool:
 
 
 def _make(vectorized: bool):
-    def fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
+    def fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, flag=None):
         n, v = logits.shape
         loss = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty((2, n), dtype=torch.float32, device=logits.device)  # hi, lo
@@ -50,11 +50,12 @@ def _make(vectorized: bool):
             dev = logits.device.index
             if dev != _get_device():
                 with torch.cuda.device(dev):
-                    return fwd(logits, target, ignore_index)
+                    return fwd(logits, target, ignore_index, flag)
             vec = vectorized and _vec_ok(logits)
             name = f"ce_fwd_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}"
             k = _kernel(name, FWD_SIG, dev)
-            k(n, THREADS if vec else THREADS_V1, logits, target, loss, lse, v, ignore_index, device_index=dev)
+            k(n, THREADS if vec else THREADS_V1, logits, target, loss, lse, 0 if flag is None else flag, v, ignore_index,
+              device_index=dev)
         return loss, lse
 
     def bwd(logits, target, lse, scale, ignore_index, out) -> None:

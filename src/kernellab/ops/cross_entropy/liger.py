@@ -29,6 +29,7 @@ import functools
 
 import torch
 
+from kernellab.ops.cross_entropy._fused import check_targets
 from kernellab.registry import register
 
 
@@ -45,6 +46,7 @@ def liger_cross_entropy(logits, target, ignore_index=-100, reduction="mean", inp
     """LigerCrossEntropyFunction (gradient computed in the forward, stored in the logits)."""
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
 
+    check_targets(logits, target, ignore_index)  # liger has no range check of its own
     if logits.shape[0] == 0:
         empty = logits.sum(dim=-1).float()  # keeps autograd's link to the logits
         out = {"none": empty, "sum": empty.sum(), "mean": empty.sum() / 0.0}[reduction]

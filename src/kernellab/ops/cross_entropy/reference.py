@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from kernellab.ops._baselines import compiled, register_baseline
+from kernellab.ops.cross_entropy._fused import check_targets
+
+
+def _checked(fn):
+    """``fn`` after the PyTorch target range check (skipped while torch.compile traces)."""
+
+    @functools.wraps(fn)
+    def wrapper(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
+        if not torch.compiler.is_compiling():
+            check_targets(logits, target, ignore_index)
+        return fn(logits, target, ignore_index, reduction, inplace_backward)
+
+    return wrapper
 
 
 def manual_cross_entropy(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
@@ -29,5 +44,8 @@ def torch_cross_entropy(logits, target, ignore_index=-100, reduction="mean", inp
 
 
 register_baseline(
-    "cross_entropy", manual_cross_entropy, torch_cross_entropy, compiled(manual_cross_entropy)
+    "cross_entropy",
+    _checked(manual_cross_entropy),
+    _checked(torch_cross_entropy),
+    _checked(compiled(manual_cross_entropy)),
 )

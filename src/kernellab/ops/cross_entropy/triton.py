@@ -26,7 +26,8 @@ BLOCK_MAX = 4096  # columns per chunk: 16 fp32 / 8-16 elements per thread at 8 w
 
 
 @triton.jit
-def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
+def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, flag_ptr, n_cols, ignore_index, BLOCK: tl.constexpr,
+                   CHECK: tl.constexpr):
     # x: contiguous [N, n_cols] (fp32/fp16/bf16); t: int64 [N]; loss, lse: fp32 [N].
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * n_cols
@@ -60,6 +61,9 @@ def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK:
     # torch.compile) give NaN and are never read out of bounds.
     loss = tl.where(in_range, (hi - xt) + lo, float("nan"))
     loss = tl.where(t == ignore_index, 0.0, loss)
+    if CHECK:  # the range check: flag[0] = 1 for a target neither ignored nor in [0, V)
+        if (t != ignore_index) & ((t < 0) | (t >= n_cols)):
+            tl.store(flag_ptr, 1)
     tl.store(loss_ptr + row, loss)
     tl.store(lse_ptr + row, hi)
     tl.store(lse_ptr + tl.num_programs(0) + row, lo)
@@ -96,13 +100,16 @@ def _config(n_cols: int):
     return block, 8 if block >= 2048 else 4
 
 
-def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
+def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, flag=None):
     n, v = logits.shape
     loss = torch.empty(n, dtype=torch.float32, device=logits.device)
     lse = torch.empty((2, n), dtype=torch.float32, device=logits.device)
     if n:
         block, warps = _config(v)
-        _ce_fwd_kernel[(n,)](logits, target, loss, lse, v, ignore_index, BLOCK=block, num_warps=warps)
+        _ce_fwd_kernel[(n,)](
+            logits, target, loss, lse, loss if flag is None else flag, v, ignore_index,
+            BLOCK=block, CHECK=flag is not None, num_warps=warps,
+        )
     return loss, lse
 
 
@@ -120,14 +127,17 @@ def _kernel_specs(dtype: str):
     """For `kernellab asm`: both kernels as launched for a 50304-wide vocabulary."""
     block, warps = _config(50304)
     cx = {"BLOCK": block}
+    cxf = {"BLOCK": block, "CHECK": True}
     fwd = {
         "x_ptr": f"*{dtype}",
         "t_ptr": "*i64",
         "loss_ptr": "*fp32",
         "lse_ptr": "*fp32",
+        "flag_ptr": "*i32",
         "n_cols": "i32",
         "ignore_index": "i32",
         "BLOCK": "constexpr",
+        "CHECK": "constexpr",
     }
     bwd = {
         "x_ptr": f"*{dtype}",
@@ -139,7 +149,7 @@ def _kernel_specs(dtype: str):
         "ignore_index": "i32",
         "BLOCK": "constexpr",
     }
-    return [(_ce_fwd_kernel, fwd, cx, warps), (_ce_bwd_kernel, bwd, cx, warps)]
+    return [(_ce_fwd_kernel, fwd, cxf, warps), (_ce_bwd_kernel, bwd, cx, warps)]
 
 
 register(
