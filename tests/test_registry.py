@@ -17,8 +17,21 @@ BUILTIN = ["manual", "torch", "compile", "triton", "cuda", "cuda_v1"]
 
 
 def test_op_names_lists_the_ops():
-    assert registry.op_names() == ["add", "gelu", "softmax"]
-    assert kernellab.op_names is registry.op_names and kernellab.op_names() == ["add", "gelu", "softmax"]
+    ops = [
+        "add",
+        "argmax",
+        "attention",
+        "cross_entropy",
+        "gelu",
+        "layer_norm",
+        "matmul",
+        "max",
+        "rms_norm",
+        "softmax",
+        "sum",
+    ]
+    assert registry.op_names() == ops
+    assert kernellab.op_names is registry.op_names and kernellab.op_names() == ops
     for op in registry.op_names():
         assert kernellab.get_spec(op).name == op
 
@@ -53,7 +66,7 @@ def test_impls_lists_builtins_in_display_order(op):
 
 def test_impls_without_op_lists_every_op():
     rows = kernellab.impls()
-    assert {i.op for i in rows} == {"add", "gelu", "softmax"}
+    assert {i.op for i in rows} == set(registry.op_names())
     assert [i.op for i in rows] == sorted(i.op for i in rows)
 
 
@@ -80,12 +93,12 @@ def test_unknown_backend_error_lists_the_registered_ones():
 
 
 def test_unknown_op_errors_name_the_op():
-    with pytest.raises(KeyError, match=r"unknown op 'softmaxx'; known ops: add, gelu"):
+    with pytest.raises(KeyError, match=r"unknown op 'softmaxx'; known ops: add, argmax, attention"):
         kernellab.get_spec("softmaxx")
     with pytest.raises(KeyError, match=r"'softmaxx'.*registered: none"):
         kernellab.get("softmaxx", "torch")
     assert kernellab.impls("softmaxx") == []
-    with pytest.raises(ValueError, match=r"unknown op 'softmaxx'; known ops: add, gelu"):
+    with pytest.raises(ValueError, match=r"unknown op 'softmaxx'; known ops: add, argmax, attention"):
         kernellab.register("softmaxx", "mine")
     with pytest.raises(ValueError, match=r"unknown op 'softmaxx'"):
         registry.add_impl(registry.Impl("softmaxx", "mine", lambda x: x))
