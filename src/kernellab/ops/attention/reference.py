@@ -94,9 +94,18 @@ def _tf32_fp32(q) -> bool:
     return q.dtype == torch.float32 and q.is_cuda and torch.backends.cuda.matmul.allow_tf32
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    # SDPA's fused CUDA kernels read 16-byte vectors without checking the base pointer: on
+    # the H100 (torch 2.11) an fp32 input with a storage offset of one element faulted with
+    # "misaligned address" in `kernellab check` (offset layout), which poisons the CUDA
+    # context for the rest of the process. A misaligned input gets an aligned copy (what
+    # .contiguous() would not do: the tensor already is contiguous).
+    return t.clone() if t.is_cuda and t.data_ptr() % 16 else t
+
+
 def _sdpa(q, k, v, causal, scale, force_contiguous=False):
     out_shape = q.shape[:-1] + (v.shape[-1],)
-    q4, k4, v4 = _as4d(q), _as4d(k), _as4d(v)
+    q4, k4, v4 = (_aligned(_as4d(t)) for t in (q, k, v))
     if force_contiguous:  # the fused kernels want a unit last-dim stride
         q4, k4, v4 = (t if t.stride(-1) == 1 else t.contiguous() for t in (q4, k4, v4))
     s_q, s_k = q.shape[-2], k.shape[-2]
