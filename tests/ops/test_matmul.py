@@ -381,7 +381,7 @@ def test_check_engine_quick(backend):
     from kernellab.harness.check import check_impl
 
     for dtype in (torch.float32, torch.bfloat16):  # fp16: the forward/gradient matrix above
-        rep = check_impl(kernellab.registry.get("matmul", backend), dtype, device="cpu", quick=True)
+        rep = check_impl(kernellab.registry.get("matmul", backend), dtype, device="cpu", quick=True, seed=11)
         assert rep.status == "pass", (backend, dtype, rep.reason, [(c.name, c.detail) for c in rep.failures])
 
 

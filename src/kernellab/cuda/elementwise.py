@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from kernellab.cuda.runtime import Module, _get_device, sm_count
+from kernellab.cuda.runtime import Module, _get_device, register_cuda, sm_count
 
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS = 256
@@ -87,19 +87,7 @@ def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.
 def register_variants(op: str, module: Module, make_fn, variants) -> None:
     """Register one backend per ``(backend, vectorized, description)`` in ``variants``;
     ``make_fn(backend, vectorized)`` returns the registry callable (with ``.custom_ops``)."""
-    from kernellab.cuda.runtime import nvrtc_unavailable
-    from kernellab.registry import register
 
     for backend, vec, what in variants:
         fn = make_fn(backend, vec)
-        register(
-            op,
-            backend,
-            devices=("cuda",),
-            available=nvrtc_unavailable,
-            precompile=module.precompile,
-            custom_ops=fn.custom_ops,
-            builtin=True,
-            description=what,
-            module=module,
-        )(fn)
+        register_cuda(op, backend, fn, module, what)

@@ -421,3 +421,22 @@ def ceil_div(a: int, b: int) -> int:
 @functools.cache
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def register_cuda(op: str, backend: str, fn, module: Module, description: str) -> None:
+    """Register ``fn`` as CUDA backend ``backend`` of ``op``, built from ``module``: GPU
+    only, available where NVRTC is, precompiled for the "compiled, not run" report, its
+    custom ops (``fn.custom_ops``) checked with opcheck."""
+    from kernellab.registry import register
+
+    register(
+        op,
+        backend,
+        devices=("cuda",),
+        available=nvrtc_unavailable,
+        precompile=module.precompile,
+        custom_ops=getattr(fn, "custom_ops", ()),
+        builtin=True,
+        description=description,
+        module=module,
+    )(fn)

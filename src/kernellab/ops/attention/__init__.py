@@ -62,7 +62,9 @@ def parse_problem(shape) -> tuple[tuple[int, ...], int, int, int]:
     if len(shape) == 5:
         b, h, sq, sk, d = shape
         return (b, h), sq, sk, d
-    raise ValueError(f"attention problem shape {shape} not understood: use (B, S, D), (B, H, S, D) or (B, H, S_q, S_k, D)")
+    raise ValueError(
+        f"attention problem shape {shape} not understood: use (B, S, D), (B, H, S, D) or (B, H, S_q, S_k, D)"
+    )
 
 
 def _pairs(shape, causal: bool) -> float:
@@ -135,11 +137,17 @@ def validate(args, kwargs, devices=("cuda", "cpu")) -> None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(f"attention: {name} has dtype {t.dtype}; expected one of float32, float16, bfloat16")
+            raise TypeError(
+                f"attention: {name} has dtype {t.dtype}; expected one of float32, float16, bfloat16"
+            )
         if t.device.type not in devices:
-            raise ValueError(f"attention: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only")
+            raise ValueError(
+                f"attention: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only"
+            )
         if t.dim() < 2:
-            raise ValueError(f"attention: {name} must have at least 2 dims (..., S, D), got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"attention: {name} must have at least 2 dims (..., S, D), got shape {tuple(t.shape)}"
+            )
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise ValueError(f"attention: {name} is on {t.device} but q is on {q.device}")
@@ -153,7 +161,9 @@ def validate(args, kwargs, devices=("cuda", "cpu")) -> None:
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"attention: k has head dim {k.shape[-1]} but q has {q.shape[-1]}; they must match")
     if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"attention: v has {v.shape[-2]} keys (dim -2) but k has {k.shape[-2]}; they must match")
+        raise ValueError(
+            f"attention: v has {v.shape[-2]} keys (dim -2) but k has {k.shape[-2]}; they must match"
+        )
     if v.shape[-1] != q.shape[-1]:
         raise ValueError(f"attention: v has head dim {v.shape[-1]} but q has {q.shape[-1]}; D_v must equal D")
     causal = kwargs.get("causal", False)
@@ -179,7 +189,9 @@ def check_head_dim(q: torch.Tensor, allowed, backend: str) -> None:
 def check_dtype(q: torch.Tensor, allowed, backend: str) -> None:
     if q.dtype not in allowed:
         names = ", ".join(_dtype_name(d) for d in allowed)
-        raise TypeError(f"attention/{backend}: q has dtype {_dtype_name(q.dtype)}; this backend supports {names}")
+        raise TypeError(
+            f"attention/{backend}: q has dtype {_dtype_name(q.dtype)}; this backend supports {names}"
+        )
 
 
 def resolve_scale(q: torch.Tensor, scale) -> float:
@@ -304,7 +316,7 @@ def attention(
     return registry.call("attention", backend, q, k, v, causal=causal, scale=scale)
 
 
+from kernellab.ops.attention import cuda as _cuda  # noqa: E402,F401
 from kernellab.ops.attention import reference as _reference  # noqa: E402,F401  (registrations)
 from kernellab.ops.attention import tiled as _tiled  # noqa: E402,F401
 from kernellab.ops.attention import triton as _triton  # noqa: E402,F401
-from kernellab.ops.attention import cuda as _cuda  # noqa: E402,F401

@@ -136,8 +136,12 @@ def torch_attention(q, k, v, causal: bool = False, scale=None):
     return _sdpa(q, k, v, causal, scale)
 
 
-register("attention", "manual", builtin=True, description=manual_attention.__doc__.split("\n")[0])(manual_attention)
-register("attention", "torch", builtin=True, description=torch_attention.__doc__.split("\n")[0])(torch_attention)
+register("attention", "manual", builtin=True, description=manual_attention.__doc__.split("\n")[0])(
+    manual_attention
+)
+register("attention", "torch", builtin=True, description=torch_attention.__doc__.split("\n")[0])(
+    torch_attention
+)
 register(
     "attention",
     "compile",

@@ -141,8 +141,12 @@ def _fit(configs, nargs, **kwargs):
     if wide and fp32:
         return configs[-1:]
     if not (wide or fp32):
-        return [c for c in configs if c.num_stages > 1 or len(configs) == 1]  # the tiny one: only as a fallback
-    kept = [c for c in configs if c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64 and c.num_stages <= 2]
+        return [
+            c for c in configs if c.num_stages > 1 or len(configs) == 1
+        ]  # the tiny one: only as a fallback
+    kept = [
+        c for c in configs if c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64 and c.num_stages <= 2
+    ]
     return kept or configs[-1:]
 
 
@@ -286,7 +290,9 @@ def _attn_bwd_pre(
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
     row_ok = offs_m < S_q
-    o = tl.load(O + bh * stride_ob + offs_m[:, None] * stride_os + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    o = tl.load(
+        O + bh * stride_ob + offs_m[:, None] * stride_os + offs_d[None, :], mask=row_ok[:, None], other=0.0
+    )
     do = tl.load(
         DO + bh * stride_dob + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
         mask=row_ok[:, None],
@@ -358,8 +364,16 @@ def _attn_bwd_dkdv(
     OFFSET = S_k - S_q
     key_ok = offs_n < S_k
     # Keys past S_k load as 0; their dk/dv rows are computed and never stored.
-    k = tl.load(K + bh * stride_kb + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd, mask=key_ok[:, None], other=0.0)
-    v = tl.load(V + bh * stride_vb + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd, mask=key_ok[:, None], other=0.0)
+    k = tl.load(
+        K + bh * stride_kb + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
+        mask=key_ok[:, None],
+        other=0.0,
+    )
+    v = tl.load(
+        V + bh * stride_vb + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+        mask=key_ok[:, None],
+        other=0.0,
+    )
     if F32_DOTS:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -457,8 +471,16 @@ def _attn_bwd_dq(
     offs_d = tl.arange(0, HEAD_D)
     OFFSET = S_k - S_q
     row_ok = offs_m < S_q
-    q = tl.load(Q + bh * stride_qb + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd, mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + bh * stride_dob + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod, mask=row_ok[:, None], other=0.0)
+    q = tl.load(
+        Q + bh * stride_qb + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+        mask=row_ok[:, None],
+        other=0.0,
+    )
+    do = tl.load(
+        DO + bh * stride_dob + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
+        mask=row_ok[:, None],
+        other=0.0,
+    )
     if F32_DOTS:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
@@ -484,7 +506,11 @@ def _attn_bwd_dq(
         offs_m, offs_n, full, end, qk_scale, S_k, OFFSET, True, CAUSAL, BLOCK_N, PREC, F32_DOTS,
     )  # fmt: skip
     dq = dq * sm_scale
-    tl.store(DQ + bh * S_q * HEAD_D + offs_m[:, None] * HEAD_D + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(
+        DQ + bh * S_q * HEAD_D + offs_m[:, None] * HEAD_D + offs_d[None, :],
+        dq.to(DQ.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
 
 
 # --------------------------------------------------------------------------- launchers
@@ -703,7 +729,10 @@ def _kernel_specs(dtype: str):
     ]
 
 
-triton_attention.custom_ops = [(attention_op, _opcheck_fwd, True), (attention_backward_op, _opcheck_bwd, False)]
+triton_attention.custom_ops = [
+    (attention_op, _opcheck_fwd, True),
+    (attention_backward_op, _opcheck_bwd, False),
+]
 
 
 register(

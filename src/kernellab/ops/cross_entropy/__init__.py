@@ -45,7 +45,9 @@ OPTIONS = ("ignore_index", "reduction", "inplace_backward")
 DEFAULT_IGNORE = -100
 
 
-def cross_entropy_reference(logits, target, ignore_index=DEFAULT_IGNORE, reduction="mean", inplace_backward=False):
+def cross_entropy_reference(
+    logits, target, ignore_index=DEFAULT_IGNORE, reduction="mean", inplace_backward=False
+):
     return F.cross_entropy(logits, target, ignore_index=ignore_index, reduction=reduction)
 
 
@@ -93,7 +95,9 @@ def _validate(args, kwargs, devices):
     if target.dtype != torch.int64:
         raise TypeError(f"cross_entropy: target has dtype {target.dtype}; expected torch.int64")
     if target.dim() != 1 or target.shape[0] != n:
-        raise ValueError(f"cross_entropy: target must have shape [{n}] (one per logits row), got {tuple(target.shape)}")
+        raise ValueError(
+            f"cross_entropy: target must have shape [{n}] (one per logits row), got {tuple(target.shape)}"
+        )
     if target.device != logits.device:
         raise ValueError(f"cross_entropy: target is on {target.device} but logits is on {logits.device}")
     unknown = set(kwargs) - set(OPTIONS)
@@ -175,7 +179,10 @@ EXTRA_BAD = [
     ),
     BadInput(
         "1-D logits",
-        lambda device, dtype: ((torch.randn(4, device=device).to(dtype), torch.zeros(4, dtype=torch.int64, device=device)), {}),
+        lambda device, dtype: (
+            (torch.randn(4, device=device).to(dtype), torch.zeros(4, dtype=torch.int64, device=device)),
+            {},
+        ),
         "logits",
     ),
     BadInput("unknown reduction", _opt(reduction="avg"), "reduction"),
@@ -229,7 +236,7 @@ def cross_entropy(
     return registry.call("cross_entropy", backend, logits, target, **opts)
 
 
-from kernellab.ops.cross_entropy import reference as _reference  # noqa: E402,F401  (registrations)
-from kernellab.ops.cross_entropy import triton as _triton  # noqa: E402,F401
 from kernellab.ops.cross_entropy import cuda as _cuda  # noqa: E402,F401
 from kernellab.ops.cross_entropy import liger as _liger  # noqa: E402,F401
+from kernellab.ops.cross_entropy import reference as _reference  # noqa: E402,F401  (registrations)
+from kernellab.ops.cross_entropy import triton as _triton  # noqa: E402,F401

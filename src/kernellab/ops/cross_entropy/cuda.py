@@ -10,9 +10,8 @@ from pathlib import Path
 
 import torch
 
-from kernellab.cuda.runtime import Module, _get_device, nvrtc_unavailable
+from kernellab.cuda.runtime import Module, _get_device, register_cuda
 from kernellab.ops.cross_entropy._fused import fused_backend
-from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("cross_entropy.cu"))
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -54,8 +53,18 @@ def _make(vectorized: bool):
             vec = vectorized and _vec_ok(logits)
             name = f"ce_fwd_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}"
             k = _kernel(name, FWD_SIG, dev)
-            k(n, THREADS if vec else THREADS_V1, logits, target, loss, lse, 0 if flag is None else flag, v, ignore_index,
-              device_index=dev)
+            k(
+                n,
+                THREADS if vec else THREADS_V1,
+                logits,
+                target,
+                loss,
+                lse,
+                0 if flag is None else flag,
+                v,
+                ignore_index,
+                device_index=dev,
+            )
         return loss, lse
 
     def bwd(logits, target, lse, scale, ignore_index, out) -> None:
@@ -69,7 +78,18 @@ def _make(vectorized: bool):
         vec = vectorized and _vec_ok(logits, out)
         name = f"ce_bwd_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}"
         k = _kernel(name, BWD_SIG, dev)
-        k(n, THREADS if vec else THREADS_V1, logits, target, lse, scale, out, v, ignore_index, device_index=dev)
+        k(
+            n,
+            THREADS if vec else THREADS_V1,
+            logits,
+            target,
+            lse,
+            scale,
+            out,
+            v,
+            ignore_index,
+            device_index=dev,
+        )
 
     return fwd, bwd
 
@@ -79,14 +99,4 @@ for _backend, _vec, _what in (
     ("cuda", True, "CUDA v2: one-pass online log-sum-exp over 16-byte packs, warp-shuffle combine"),
 ):
     _fn = fused_backend(f"cross_entropy_{_backend}", *_make(_vec))
-    register(
-        "cross_entropy",
-        _backend,
-        devices=("cuda",),
-        available=nvrtc_unavailable,
-        precompile=MODULE.precompile,
-        custom_ops=_fn.custom_ops,
-        builtin=True,
-        description=_what,
-        module=MODULE,
-    )(_fn)
+    register_cuda("cross_entropy", _backend, _fn, MODULE, _what)

@@ -26,8 +26,9 @@ BLOCK_MAX = 4096  # columns per chunk: 16 fp32 / 8-16 elements per thread at 8 w
 
 
 @triton.jit
-def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, flag_ptr, n_cols, ignore_index, BLOCK: tl.constexpr,
-                   CHECK: tl.constexpr):
+def _ce_fwd_kernel(
+    x_ptr, t_ptr, loss_ptr, lse_ptr, flag_ptr, n_cols, ignore_index, BLOCK: tl.constexpr, CHECK: tl.constexpr
+):
     # x: contiguous [N, n_cols] (fp32/fp16/bf16); t: int64 [N]; loss, lse: fp32 [N].
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * n_cols
@@ -81,7 +82,9 @@ def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, g_ptr, dx_ptr, n_cols, ignore_index, B
     if t == ignore_index:
         for start in range(0, n_cols, BLOCK):
             mask = start + cols < n_cols
-            tl.store(dx_row + start + cols, tl.zeros([BLOCK], tl.float32).to(dx_ptr.dtype.element_ty), mask=mask)
+            tl.store(
+                dx_row + start + cols, tl.zeros([BLOCK], tl.float32).to(dx_ptr.dtype.element_ty), mask=mask
+            )
     else:
         lse = tl.load(lse_ptr + row)  # hi; lo in row 1 of the [2, N] lse
         lo = tl.load(lse_ptr + tl.num_programs(0) + row)
@@ -107,8 +110,16 @@ def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, flag=Non
     if n:
         block, warps = _config(v)
         _ce_fwd_kernel[(n,)](
-            logits, target, loss, lse, loss if flag is None else flag, v, ignore_index,
-            BLOCK=block, CHECK=flag is not None, num_warps=warps,
+            logits,
+            target,
+            loss,
+            lse,
+            loss if flag is None else flag,
+            v,
+            ignore_index,
+            BLOCK=block,
+            CHECK=flag is not None,
+            num_warps=warps,
         )
     return loss, lse
 

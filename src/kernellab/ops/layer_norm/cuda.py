@@ -13,9 +13,8 @@ from pathlib import Path
 
 import torch
 
-from kernellab.cuda.runtime import Module, nvrtc_unavailable, sm_count
+from kernellab.cuda.runtime import Module, register_cuda, sm_count
 from kernellab.ops import _norms
-from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("norms.cu"))
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -181,17 +180,7 @@ def register_variants(op: str, make_op) -> None:
     for backend, what in VARIANTS:
         fwd, bwd = LAUNCHERS[backend]
         fn = make_op(f"{op}_{backend}", fwd, bwd)
-        register(
-            op,
-            backend,
-            devices=("cuda",),
-            available=nvrtc_unavailable,
-            precompile=MODULE.precompile,
-            custom_ops=fn.custom_ops,
-            builtin=True,
-            description=what,
-            module=MODULE,
-        )(fn)
+        register_cuda(op, backend, fn, MODULE, what)
 
 
 register_variants("layer_norm", _norms.layer_norm_op)

@@ -9,9 +9,8 @@ from pathlib import Path
 import torch
 
 from kernellab.cuda.elementwise import SUFFIX
-from kernellab.cuda.runtime import Module, _get_device, nvrtc_unavailable
+from kernellab.cuda.runtime import Module, _get_device, register_cuda
 from kernellab.ops.max._op import max_backends
-from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("max.cu"))
 THREADS = 256
@@ -66,14 +65,4 @@ VARIANTS = [
 for _backend, _variant, _what in VARIANTS:
     _max, _argmax = max_backends(_backend, lambda x, want, _v=_variant: max_rows(x, want, _v))
     for _op, _fn in (("max", _max), ("argmax", _argmax)):
-        register(
-            _op,
-            _backend,
-            devices=("cuda",),
-            available=nvrtc_unavailable,
-            precompile=MODULE.precompile,
-            custom_ops=_fn.custom_ops,
-            builtin=True,
-            description=_what,
-            module=MODULE,
-        )(_fn)
+        register_cuda(_op, _backend, _fn, MODULE, _what)

@@ -13,9 +13,8 @@ from pathlib import Path
 import torch
 
 from kernellab.cuda.elementwise import SUFFIX
-from kernellab.cuda.runtime import Module, nvrtc_unavailable
+from kernellab.cuda.runtime import Module, register_cuda
 from kernellab.ops._elementwise import unary_op
-from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("softmax.cu"))
 
@@ -90,14 +89,4 @@ VARIANTS = [
 
 for _backend, _variant, _what in VARIANTS:
     _fn = _make(_variant)
-    register(
-        "softmax",
-        _backend,
-        devices=("cuda",),
-        available=nvrtc_unavailable,
-        precompile=MODULE.precompile,
-        custom_ops=_fn.custom_ops,
-        builtin=True,
-        description=_what,
-        module=MODULE,
-    )(_fn)
+    register_cuda("softmax", _backend, _fn, MODULE, _what)

@@ -14,9 +14,14 @@ from pathlib import Path
 import torch
 
 from kernellab.cuda.elementwise import SUFFIX
-from kernellab.cuda.runtime import Module, _get_device, _raw_stream, nvrtc_unavailable, sm_count
+from kernellab.cuda.runtime import (
+    Module,
+    _get_device,
+    _raw_stream,
+    register_cuda,
+    sm_count,
+)
 from kernellab.ops.sum._op import sum_backend
-from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("sum.cu"))
 
@@ -180,14 +185,4 @@ def _make(backend: str, whole: str, rows: str):
 
 for _backend, _whole, _rows, _what in VARIANTS:
     _fn = _make(_backend, _whole, _rows)
-    register(
-        "sum",
-        _backend,
-        devices=("cuda",),
-        available=nvrtc_unavailable,
-        precompile=MODULE.precompile,
-        custom_ops=_fn.custom_ops,
-        builtin=True,
-        description=_what,
-        module=MODULE,
-    )(_fn)
+    register_cuda("sum", _backend, _fn, MODULE, _what)
