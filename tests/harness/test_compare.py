@@ -184,3 +184,16 @@ def test_verdict_ratio():
     assert Verdict(True, 1.0, 2.0).ratio == 0.5
     assert Verdict(True, 0.0, 0.0).ratio == 0.0
     assert Verdict(False, 1.0, 0.0).ratio == INF
+
+
+def test_a_reference_beyond_the_dtype_range_expects_inf():
+    """77000 does not fit fp16 (max 65504): inf is the correctly rounded fp16 result, and a
+    finite saturated value is not."""
+    ref = torch.tensor([77000.0, 1.5], dtype=torch.float64)
+    out = torch.tensor([float("inf"), 1.5], dtype=torch.float16)
+    assert judge(out, ref, torch.float16).ok
+    sat = torch.tensor([65504.0, 1.5], dtype=torch.float16)
+    assert not judge(sat, ref, torch.float16).ok
+    # in range: an inf is still wrong
+    ref2 = torch.tensor([60000.0, 1.5], dtype=torch.float64)
+    assert not judge(torch.tensor([float("inf"), 1.5], dtype=torch.float16), ref2, torch.float16).ok
