@@ -31,6 +31,16 @@ def test_check_quick_passes_and_writes_json(cli_run, tmp_path):
     assert all(r["status"] == "pass" and r["cases"] for r in rep)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU default")
+def test_check_without_a_gpu_defaults_to_quick_and_full_overrides(cli_run):
+    code, out = cli_run("check", "add", "-b", "torch", "--dtype", "fp32")
+    assert code == 0, out
+    assert "no GPU: quick check" in out and "kernellab check (quick)" in out
+    code, out = cli_run("check", "add", "-b", "torch", "--dtype", "fp32", "--full")
+    assert code == 0, out
+    assert "no GPU: quick check" not in out and "kernellab check (full)" in out
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU report of CUDA backends")
 def test_check_reports_cuda_as_compiled_not_run(cli_run):
     code, out = cli_run("check", "add", "-b", "cuda", "--dtype", "bf16", "--quick")

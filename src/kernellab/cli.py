@@ -77,6 +77,16 @@ def cmd_check(args) -> int:
             return 2
     backends = _split(args.backend)
     dtypes = _dtypes(_split(args.dtype))
+    if args.quick is None:
+        # Without a GPU the Triton kernels run under the interpreter and torch.compile builds
+        # CPU code for every shape: the full check of every op took over 25 minutes on a
+        # 2-core machine. Quick mode keeps every stage (edge shapes, specials, layouts,
+        # gradients, opcheck, bad input) on fewer shapes; --full runs them all.
+        from kernellab import device as _dev
+
+        args.quick = not _dev.has_cuda()
+        if args.quick:
+            console.print("no GPU: quick check (fewer shapes; --full for every test shape)")
     total = chk.plan_size(ops, backends, dtypes)
     if total == 0:
         console.print("[red]nothing to check[/] (no implementation matches)")
@@ -678,7 +688,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("ops", nargs="*", help="ops to check (default: all)")
     s.add_argument("--backend", "-b", action="append", help="backend(s), comma-separated or repeated")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: all)")
-    s.add_argument("--quick", action="store_true", help="fewer shapes and gradient cases")
+    s.add_argument(
+        "--quick",
+        action="store_true",
+        default=None,
+        help="fewer shapes and gradient cases (the default on a machine without a GPU)",
+    )
+    s.add_argument("--full", dest="quick", action="store_false", help="every test shape, even without a GPU")
     s.add_argument("--seed", type=int, default=None, help="base seed (default: fresh each run)")
     s.add_argument("--json", help="write the full report to this file")
     s.set_defaults(func=cmd_check)
