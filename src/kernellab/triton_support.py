@@ -68,3 +68,21 @@ def streaming_kernels(*kernels):
         return out
 
     return specs
+
+
+def register_triton(op: str, fn, kernels, description: str, backend: str = "triton") -> None:
+    """Register ``fn`` (with ``.custom_ops``) as a Triton backend of ``op``: it runs where
+    Triton does (the CPU through the interpreter); ``kernels`` tells `kernellab asm` which
+    kernels and signatures to compile ahead of time."""
+    from kernellab.registry import register
+
+    register(
+        op,
+        backend,
+        devices=devices(),
+        available=unavailable,
+        custom_ops=getattr(fn, "custom_ops", ()),
+        builtin=True,
+        triton_kernels=kernels,
+        description=description,
+    )(fn)

@@ -18,3 +18,13 @@ def liger_unavailable() -> str | None:
             return "liger-kernel not installed (pip install liger-kernel)"
         return f"liger-kernel does not import: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     return None
+
+
+def register_liger(op: str, fn, description: str) -> None:
+    """Register ``fn`` (a wrapper around a liger-kernel function) as backend ``liger`` of
+    ``op``: GPU only, available when liger-kernel imports."""
+    from kernellab.registry import register
+
+    register(
+        op, "liger", devices=("cuda",), available=liger_unavailable, builtin=True, description=description
+    )(fn)

@@ -12,7 +12,6 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._elementwise import binary_op
-from kernellab.registry import register
 
 
 @triton.jit
@@ -31,13 +30,6 @@ def _fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 add_triton = binary_op("add_triton", _fwd)
-register(
-    "add",
-    "triton",
-    devices=triton_support.devices(),
-    available=triton_support.unavailable,
-    custom_ops=add_triton.custom_ops,
-    builtin=True,
-    triton_kernels=triton_support.streaming_kernels(_add_kernel),
-    description="Triton, one pass, 16-byte accesses",
-)(add_triton)
+triton_support.register_triton(
+    "add", add_triton, triton_support.streaming_kernels(_add_kernel), "Triton, one pass, 16-byte accesses"
+)

@@ -55,7 +55,6 @@ import triton.language as tl
 from kernellab import device as _device
 from kernellab import triton_support
 from kernellab.ops.attention import check_head_dim, resolve_scale
-from kernellab.registry import register
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LOG2E = 1.4426950408889634
@@ -735,13 +734,9 @@ triton_attention.custom_ops = [
 ]
 
 
-register(
+triton_support.register_triton(
     "attention",
-    "triton",
-    devices=triton_support.devices(),
-    available=triton_support.unavailable,
-    custom_ops=triton_attention.custom_ops,
-    builtin=True,
-    triton_kernels=_kernel_specs,
-    description="Triton FlashAttention-2: fwd + (delta, dK/dV, dQ) bwd, exp2 online softmax, autotuned",
-)(triton_attention)
+    triton_attention,
+    _kernel_specs,
+    "Triton FlashAttention-2: fwd + (delta, dK/dV, dQ) bwd, exp2 online softmax, autotuned",
+)

@@ -32,8 +32,6 @@ the flag and ignore it (it never changes a result).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 

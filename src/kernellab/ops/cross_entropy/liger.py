@@ -25,21 +25,10 @@ answered here without launching liger's kernel (PyTorch's result: NaN for "mean"
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
+from kernellab.ops._peers import register_liger
 from kernellab.ops.cross_entropy._fused import check_targets
-from kernellab.registry import register
-
-
-@functools.cache
-def _liger_unavailable() -> str | None:
-    try:
-        from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means the peer cannot run
-        return "liger-kernel not installed (pip install liger-kernel)"
-    return None
 
 
 def liger_cross_entropy(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
@@ -63,11 +52,8 @@ def liger_cross_entropy(logits, target, ignore_index=-100, reduction="mean", inp
     return out[0] if isinstance(out, tuple) else out
 
 
-register(
+register_liger(
     "cross_entropy",
-    "liger",
-    devices=("cuda",),
-    available=_liger_unavailable,
-    builtin=True,
-    description="liger-kernel LigerCrossEntropyFunction (gradient in the forward, in the logits buffer)",
-)(liger_cross_entropy)
+    liger_cross_entropy,
+    "liger-kernel LigerCrossEntropyFunction (gradient in the forward, in the logits buffer)",
+)

@@ -20,7 +20,6 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops.cross_entropy._fused import fused_backend
-from kernellab.registry import register
 
 BLOCK_MAX = 4096  # columns per chunk: 16 fp32 / 8-16 elements per thread at 8 warps
 
@@ -163,13 +162,9 @@ def _kernel_specs(dtype: str):
     return [(_ce_fwd_kernel, fwd, cxf, warps), (_ce_bwd_kernel, bwd, cx, warps)]
 
 
-register(
+triton_support.register_triton(
     "cross_entropy",
-    "triton",
-    devices=triton_support.devices(),
-    available=triton_support.unavailable,
-    custom_ops=cross_entropy_triton.custom_ops,
-    builtin=True,
-    triton_kernels=_kernel_specs,
-    description="Triton: one program per row, online log-sum-exp; backward recomputes softmax from lse",
-)(cross_entropy_triton)
+    cross_entropy_triton,
+    _kernel_specs,
+    "Triton: one program per row, online log-sum-exp; backward recomputes softmax from lse",
+)

@@ -15,7 +15,6 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._elementwise import unary_op
-from kernellab.registry import register
 
 _K = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
 _C = tl.constexpr(0.044715)
@@ -66,13 +65,9 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 gelu_triton = unary_op("gelu_triton", _fwd, _bwd)
-register(
+triton_support.register_triton(
     "gelu",
-    "triton",
-    devices=triton_support.devices(),
-    available=triton_support.unavailable,
-    custom_ops=gelu_triton.custom_ops,
-    builtin=True,
-    triton_kernels=triton_support.streaming_kernels(_gelu_fwd_kernel, _gelu_bwd_kernel),
-    description="Triton, one fused pass, 16-byte accesses",
-)(gelu_triton)
+    gelu_triton,
+    triton_support.streaming_kernels(_gelu_fwd_kernel, _gelu_bwd_kernel),
+    "Triton, one fused pass, 16-byte accesses",
+)

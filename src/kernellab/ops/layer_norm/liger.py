@@ -10,21 +10,9 @@ would make the benchmark's admission check drop liger from the comparison altoge
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from kernellab.registry import register
-
-
-@functools.cache
-def liger_unavailable() -> str | None:
-    try:
-        import liger_kernel.ops.layer_norm  # noqa: F401
-        import liger_kernel.ops.rms_norm  # noqa: F401
-    except Exception as e:  # ImportError, or liger's own Triton import failing
-        return f"liger-kernel not installed (pip install liger-kernel): {type(e).__name__}: {e}"
-    return None
+from kernellab.ops._peers import register_liger
 
 
 def liger_layer_norm(x, weight, bias=None, eps=1e-5):
@@ -38,11 +26,4 @@ def liger_layer_norm(x, weight, bias=None, eps=1e-5):
     return LigerLayerNormFunction.apply(x, weight, bias, float(eps))
 
 
-register(
-    "layer_norm",
-    "liger",
-    devices=("cuda",),
-    available=liger_unavailable,
-    builtin=True,
-    description="liger-kernel LigerLayerNormFunction (peer)",
-)(liger_layer_norm)
+register_liger("layer_norm", liger_layer_norm, "liger-kernel LigerLayerNormFunction (peer)")

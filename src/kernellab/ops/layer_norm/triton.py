@@ -24,7 +24,6 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops import _norms
-from kernellab.registry import register
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
 ROW_ELEMS = 4096  # elements per forward program when rows are short
@@ -254,13 +253,9 @@ def kernel_specs(rms: bool):
     return specs
 
 
-register(
+triton_support.register_triton(
     "layer_norm",
-    "triton",
-    devices=triton_support.devices(),
-    available=triton_support.unavailable,
-    custom_ops=layer_norm_triton.custom_ops,
-    builtin=True,
-    triton_kernels=kernel_specs(False),
-    description="Triton: row in registers, saved mean/rstd, per-program dweight/dbias partials",
-)(layer_norm_triton)
+    layer_norm_triton,
+    kernel_specs(False),
+    "Triton: row in registers, saved mean/rstd, per-program dweight/dbias partials",
+)

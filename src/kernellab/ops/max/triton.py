@@ -18,7 +18,6 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops.max._op import max_backends
-from kernellab.registry import register
 
 MAX_BLOCK = 4096
 NO_INDEX = tl.constexpr(2**31 - 1)  # "no index yet" (a global used in a kernel: constexpr)
@@ -103,13 +102,9 @@ def _kernel_specs(dtype: str, write_vals: bool = True):
 
 
 for _op, _fn, _vals in (("max", max_triton, True), ("argmax", argmax_triton, False)):
-    register(
+    triton_support.register_triton(
         _op,
-        "triton",
-        devices=triton_support.devices(),
-        available=triton_support.unavailable,
-        custom_ops=_fn.custom_ops,
-        builtin=True,
-        triton_kernels=lambda dtype, _v=_vals: _kernel_specs(dtype, _v),
-        description="Triton: rows per program, running (value, index, first NaN)",
-    )(_fn)
+        _fn,
+        lambda dtype, _v=_vals: _kernel_specs(dtype, _v),
+        "Triton: rows per program, running (value, index, first NaN)",
+    )

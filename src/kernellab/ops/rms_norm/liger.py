@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kernellab.ops.layer_norm.liger import liger_unavailable
-from kernellab.registry import register
+from kernellab.ops._peers import register_liger
 
 
 def liger_rms_norm(x, weight, eps=1e-6):
@@ -26,11 +25,4 @@ def liger_rms_norm(x, weight, eps=1e-6):
     return LigerRMSNormFunction.apply(x, weight, float(eps), 0.0, "gemma", False)
 
 
-register(
-    "rms_norm",
-    "liger",
-    devices=("cuda",),
-    available=liger_unavailable,
-    builtin=True,
-    description="liger-kernel LigerRMSNormFunction, casting mode gemma (peer)",
-)(liger_rms_norm)
+register_liger("rms_norm", liger_rms_norm, "liger-kernel LigerRMSNormFunction, casting mode gemma (peer)")

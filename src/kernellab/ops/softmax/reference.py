@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._baselines import compiled, register_baseline
-from kernellab.ops._peers import liger_unavailable
-from kernellab.registry import register
+from kernellab.ops._peers import register_liger
 
 
 def manual_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -36,11 +35,4 @@ def liger_softmax(x: torch.Tensor) -> torch.Tensor:
     return LigerSoftmaxFunction.apply(rows).view(x.shape)
 
 
-register(
-    "softmax",
-    "liger",
-    devices=("cuda",),
-    available=liger_unavailable,
-    builtin=True,
-    description="liger-kernel's Triton softmax (peer)",
-)(liger_softmax)
+register_liger("softmax", liger_softmax, "liger-kernel's Triton softmax (peer)")

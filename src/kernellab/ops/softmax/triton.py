@@ -20,7 +20,6 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._elementwise import unary_op
-from kernellab.registry import register
 
 MAX_SINGLE = 8192  # widest row kept in one block (fp32: 32 KB of registers per row program)
 STREAM_BLOCK = 4096  # columns per step when streaming a longer row
@@ -139,13 +138,6 @@ def _kernel_specs(dtype: str):
     return [(_softmax_fwd_kernel, fwd, cx, warps), (_softmax_bwd_kernel, bwd, cx, warps)]
 
 
-register(
-    "softmax",
-    "triton",
-    devices=triton_support.devices(),
-    available=triton_support.unavailable,
-    custom_ops=softmax_triton.custom_ops,
-    builtin=True,
-    triton_kernels=_kernel_specs,
-    description="Triton: one program per row, online softmax for long rows",
-)(softmax_triton)
+triton_support.register_triton(
+    "softmax", softmax_triton, _kernel_specs, "Triton: one program per row, online softmax for long rows"
+)

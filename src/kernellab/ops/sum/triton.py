@@ -23,7 +23,6 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops.sum._op import sum_backend
-from kernellab.registry import register
 
 BLOCK_ALL = 4096  # elements per load step of a program (8 warps: 16 fp32 per thread)
 ITERS_ALL = 8  # load steps per program: 32768 elements per program
@@ -136,13 +135,9 @@ def _kernel_specs(dtype: str):
     ]
 
 
-register(
+triton_support.register_triton(
     "sum",
-    "triton",
-    devices=triton_support.devices(),
-    available=triton_support.unavailable,
-    custom_ops=sum_triton.custom_ops,
-    builtin=True,
-    triton_kernels=_kernel_specs,
-    description="Triton: compensated fp32 lanes, float64 combine; partials + final program",
-)(sum_triton)
+    sum_triton,
+    _kernel_specs,
+    "Triton: compensated fp32 lanes, float64 combine; partials + final program",
+)
