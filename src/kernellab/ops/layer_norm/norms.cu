@@ -96,7 +96,7 @@ __device__ void norm_bwd_v1(const T* __restrict__ dy, const T* __restrict__ x, c
         const float rstd = rstd_in[row];
         float s1 = 0.0f, s2 = 0.0f;
         for (int j = threadIdx.x; j < d; j += V1_THREADS) {
-            const float g = kl::to_f(dyr[j]) * kl::to_f(w[j]);
+            const float g = __fmul_rn(kl::to_f(dyr[j]), kl::to_f(w[j]));
             s1 += g * (kl::to_f(xr[j]) - mean) * rstd;
             s2 += g;
         }
@@ -105,7 +105,7 @@ __device__ void norm_bwd_v1(const T* __restrict__ dy, const T* __restrict__ x, c
         for (int j = threadIdx.x; j < d; j += V1_THREADS) {
             const float dyv = kl::to_f(dyr[j]);
             const float xhat = (kl::to_f(xr[j]) - mean) * rstd;
-            const float g = dyv * kl::to_f(w[j]);
+            const float g = __fmul_rn(dyv, kl::to_f(w[j]));  // rounded as in c2: no fma
             dx[row * d + j] = kl::from_f<T>((g - (xhat * c1 + c2)) * rstd);
             dwp[j] += dyv * xhat;
             if (!RMS) dbp[j] += dyv;
@@ -259,7 +259,7 @@ __device__ void norm_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, c
             for (int j = 0; j < N; ++j) {
                 const float dyv = kl::to_f(dk.e[j]);
                 xh[k][j] = (kl::to_f(xk.e[j]) - mean) * rstd;
-                g[k][j] = dyv * kl::to_f(wk.e[j]);
+                g[k][j] = __fmul_rn(dyv, kl::to_f(wk.e[j]));  // never fused: dx of d = 1 is exactly 0
                 s1 += g[k][j] * xh[k][j];
                 s2 += g[k][j];
                 dw[k][j] += dyv * xh[k][j];

@@ -202,6 +202,9 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
         BLOCK=block,
         RMS=rms,
         num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16,
+        # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g),
+        # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
+        enable_fp_fusion=False,
     )
     dw = _norms.reduce_partials(dw_part, w.dtype)
     db = _norms.reduce_partials(db_part, w.dtype) if want_db else None
