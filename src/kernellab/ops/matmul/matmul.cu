@@ -300,88 +300,102 @@ extern "C" __global__ void __launch_bounds__(256) matmul_v6_f32(const float* __r
 }
 
 // ------------------------------------------------------------------ v7 warp tiling
-// Block tile 128x128, BK=16, 256 threads = 8 warps as 2 (M) x 4 (N); warp tile 64x32 made of
-// 2x2 sub-tiles of 32x16; in a sub-tile lane l computes rows (l/4)*4..+3, columns (l%4)*4..+3.
-// Global tiles for step k+1 are loaded into registers before the math of step k (latency
-// hidden behind 2048 FMAs per thread) and stored to the other shared buffer after it.
-#define V7_BM 128
-#define V7_BN 128
-#define V7_BK 16
-extern "C" __global__ void __launch_bounds__(256, 2) matmul_v7_f32(const float* __restrict__ A,
-                                                                const float* __restrict__ B,
-                                                                float* __restrict__ C, int M, int N, int K,
-                                                                int vec) {
-    KL_BATCH_OFFSETS
-    __shared__ __align__(16) float As[2][V7_BK][V7_BM];
-    __shared__ __align__(16) float Bs[2][V7_BK][V7_BN];
+// One body, templated on the tile shape: block tile BM x BN, BK deep; WARPS_M x WARPS_N warps,
+// warp tile (BM/WARPS_M) x (BN/WARPS_N) made of sub-tiles of 32x16 in which lane l computes
+// rows (l/4)*4..+3 and columns (l%4)*4..+3 (so a warp reads 8 distinct float4 of A and 4 of B
+// per k: conflict-free broadcasts). Global tiles for step k+1 are loaded into registers before
+// the math of step k (latency hidden behind the FMAs) and stored to the other shared buffer
+// after it: one barrier per BK step. `matmul_v7_f32` is the shape chosen by measurement
+// (scripts/tune_matmul_v7.py); the `matmul_v7s_*` instantiations are the candidates it times.
+template <int BM, int BN, int BK, int WARPS_M, int WARPS_N>
+__device__ __forceinline__ void v7_body(const float* __restrict__ A, const float* __restrict__ B,
+                                        float* __restrict__ C, int M, int N, int K, int vec) {
+    constexpr int NT = 32 * WARPS_M * WARPS_N;
+    constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;  // warp tile
+    constexpr int SUBM = WTM / 32, SUBN = WTN / 16;         // 32x16 sub-tiles per warp
+    constexpr int A4 = BM * BK / 4 / NT, B4 = BK * BN / 4 / NT;  // float4 per thread per tile
+    static_assert(WTM % 32 == 0 && WTN % 16 == 0, "warp tile must be made of 32x16 sub-tiles");
+    static_assert(A4 * 4 * NT == BM * BK && B4 * 4 * NT == BK * BN, "tiles must split evenly");
+    __shared__ __align__(16) float As[2][BK][BM];
+    __shared__ __align__(16) float Bs[2][BK][BN];
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
-    const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;  // warp tile origin in the block tile
-    const int lm = (lane / 4) * 4, ln = (lane % 4) * 4;     // lane origin in a 32x16 sub-tile
-    const int m0 = blockIdx.y * V7_BM, n0 = blockIdx.x * V7_BN;
-    // Loaders: A tile 128x16 = 512 float4: rows t/4 and t/4+64, columns (t%4)*4.
-    //          B tile 16x128 = 512 float4: rows t/32 and t/32+8, columns (t%32)*4.
-    const int a_r = t / 4, a_c = (t % 4) * 4;
-    const int b_r = t / 32, b_c = (t % 32) * 4;
-    float4 pa[2], pb[2];
+    const int wm = (warp / WARPS_N) * WTM, wn = (warp % WARPS_N) * WTN;
+    const int lm = (lane / 4) * 4, ln = (lane % 4) * 4;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    float4 pa[A4], pb[B4];
 
     auto fetch = [&](int k0) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int ar = m0 + a_r + h * 64, ac = k0 + a_c;
-            const int br = k0 + b_r + h * 8, bc = n0 + b_c;
+        for (int h = 0; h < A4; ++h) {
+            const int c = t + h * NT;
+            const int ar = m0 + c / (BK / 4), ac = k0 + (c % (BK / 4)) * 4;
             if (vec) {
                 pa[h] = (ar < M && ac < K) ? *reinterpret_cast<const float4*>(A + (long long)ar * K + ac)
                                            : make_float4(0.f, 0.f, 0.f, 0.f);
+            } else {
+                const float* q = A + (long long)ar * K;
+                const bool r = ar < M;
+                pa[h].x = (r && ac + 0 < K) ? q[ac + 0] : 0.f;
+                pa[h].y = (r && ac + 1 < K) ? q[ac + 1] : 0.f;
+                pa[h].z = (r && ac + 2 < K) ? q[ac + 2] : 0.f;
+                pa[h].w = (r && ac + 3 < K) ? q[ac + 3] : 0.f;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < B4; ++h) {
+            const int c = t + h * NT;
+            const int br = k0 + c / (BN / 4), bc = n0 + (c % (BN / 4)) * 4;
+            if (vec) {
                 pb[h] = (br < K && bc < N) ? *reinterpret_cast<const float4*>(B + (long long)br * N + bc)
                                            : make_float4(0.f, 0.f, 0.f, 0.f);
             } else {
-                const float* qa = A + (long long)ar * K;
-                const bool ra = ar < M;
-                pa[h].x = (ra && ac + 0 < K) ? qa[ac + 0] : 0.f;
-                pa[h].y = (ra && ac + 1 < K) ? qa[ac + 1] : 0.f;
-                pa[h].z = (ra && ac + 2 < K) ? qa[ac + 2] : 0.f;
-                pa[h].w = (ra && ac + 3 < K) ? qa[ac + 3] : 0.f;
-                const float* qb = B + (long long)br * N;
-                const bool rb = br < K;
-                pb[h].x = (rb && bc + 0 < N) ? qb[bc + 0] : 0.f;
-                pb[h].y = (rb && bc + 1 < N) ? qb[bc + 1] : 0.f;
-                pb[h].z = (rb && bc + 2 < N) ? qb[bc + 2] : 0.f;
-                pb[h].w = (rb && bc + 3 < N) ? qb[bc + 3] : 0.f;
+                const float* q = B + (long long)br * N;
+                const bool r = br < K;
+                pb[h].x = (r && bc + 0 < N) ? q[bc + 0] : 0.f;
+                pb[h].y = (r && bc + 1 < N) ? q[bc + 1] : 0.f;
+                pb[h].z = (r && bc + 2 < N) ? q[bc + 2] : 0.f;
+                pb[h].w = (r && bc + 3 < N) ? q[bc + 3] : 0.f;
             }
         }
     };
     auto stash = [&](int s) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int r = a_r + h * 64;
-            As[s][a_c + 0][r] = pa[h].x;
-            As[s][a_c + 1][r] = pa[h].y;
-            As[s][a_c + 2][r] = pa[h].z;
-            As[s][a_c + 3][r] = pa[h].w;
-            *reinterpret_cast<float4*>(&Bs[s][b_r + h * 8][b_c]) = pb[h];
+        for (int h = 0; h < A4; ++h) {
+            const int c = t + h * NT;
+            const int r = c / (BK / 4), k = (c % (BK / 4)) * 4;
+            As[s][k + 0][r] = pa[h].x;  // transposed: a lane's 4 rows of one k are contiguous
+            As[s][k + 1][r] = pa[h].y;
+            As[s][k + 2][r] = pa[h].z;
+            As[s][k + 3][r] = pa[h].w;
+        }
+#pragma unroll
+        for (int h = 0; h < B4; ++h) {
+            const int c = t + h * NT;
+            *reinterpret_cast<float4*>(&Bs[s][c / (BN / 4)][(c % (BN / 4)) * 4]) = pb[h];
         }
     };
 
-    float acc[2][2][4][4] = {};  // [sub-tile m][sub-tile n][row][col]
+    float acc[SUBM][SUBN][4][4] = {};  // [sub-tile m][sub-tile n][row][col]
     fetch(0);
     stash(0);
     __syncthreads();
     int s = 0;
-    for (int k0 = 0; k0 < K; k0 += V7_BK) {
-        const bool more = k0 + V7_BK < K;
-        if (more) fetch(k0 + V7_BK);
+    for (int k0 = 0; k0 < K; k0 += BK) {
+        const bool more = k0 + BK < K;
+        if (more) fetch(k0 + BK);
 #pragma unroll
-        for (int k = 0; k < V7_BK; ++k) {
-            float ra[2][4], rb[2][4];
+        for (int k = 0; k < BK; ++k) {
+            float ra[SUBM][4], rb[SUBN][4];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
+            for (int i = 0; i < SUBM; ++i)
                 *reinterpret_cast<float4*>(ra[i]) = *reinterpret_cast<const float4*>(&As[s][k][wm + i * 32 + lm]);
-                *reinterpret_cast<float4*>(rb[i]) = *reinterpret_cast<const float4*>(&Bs[s][k][wn + i * 16 + ln]);
-            }
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int j = 0; j < SUBN; ++j)
+                *reinterpret_cast<float4*>(rb[j]) = *reinterpret_cast<const float4*>(&Bs[s][k][wn + j * 16 + ln]);
 #pragma unroll
-                for (int j = 0; j < 2; ++j)
+            for (int i = 0; i < SUBM; ++i)
+#pragma unroll
+                for (int j = 0; j < SUBN; ++j)
 #pragma unroll
                     for (int r = 0; r < 4; ++r)
 #pragma unroll
@@ -394,14 +408,14 @@ extern "C" __global__ void __launch_bounds__(256, 2) matmul_v7_f32(const float* 
         }
     }
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < SUBM; ++i)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
             const int row = m0 + wm + i * 32 + lm + r;
             if (row >= M) continue;
             float* pc = C + (long long)row * N;
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
+            for (int j = 0; j < SUBN; ++j) {
                 const int col = n0 + wn + j * 16 + ln;
                 if (vec && col < N) {
                     *reinterpret_cast<float4*>(pc + col) =
@@ -414,6 +428,25 @@ extern "C" __global__ void __launch_bounds__(256, 2) matmul_v7_f32(const float* 
             }
         }
 }
+
+#define KL_V7_KERNEL(NAME, BM, BN, BK, WARPS_M, WARPS_N, MIN_BLOCKS)                                   \
+    extern "C" __global__ void __launch_bounds__(32 * WARPS_M * WARPS_N, MIN_BLOCKS)                    \
+        NAME(const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M,   \
+             int N, int K, int vec) {                                                                  \
+        KL_BATCH_OFFSETS                                                                               \
+        v7_body<BM, BN, BK, WARPS_M, WARPS_N>(A, B, C, M, N, K, vec);                                  \
+    }
+
+// The shipped v7: 128x128 tile, BK=16, 8 warps (2x4) of 64x32, 64 outputs per thread.
+KL_V7_KERNEL(matmul_v7_f32, 128, 128, 16, 2, 4, 2)
+// Candidates timed by scripts/tune_matmul_v7.py (name: BM x BN x BK, warps M x N).
+KL_V7_KERNEL(matmul_v7s_128x128x8_2x4_f32, 128, 128, 8, 2, 4, 2)
+KL_V7_KERNEL(matmul_v7s_128x128x16_2x2_f32, 128, 128, 16, 2, 2, 2)
+KL_V7_KERNEL(matmul_v7s_128x128x8_2x2_f32, 128, 128, 8, 2, 2, 2)
+KL_V7_KERNEL(matmul_v7s_128x256x8_2x4_f32, 128, 256, 8, 2, 4, 1)
+KL_V7_KERNEL(matmul_v7s_256x128x8_4x2_f32, 256, 128, 8, 4, 2, 1)
+KL_V7_KERNEL(matmul_v7s_128x256x16_2x4_f32, 128, 256, 16, 2, 4, 1)
+KL_V7_KERNEL(matmul_v7s_64x128x16_2x2_f32, 64, 128, 16, 2, 2, 3)
 
 // ------------------------------------------------------------------ v8 tensor cores
 // fp16 / bf16 in, fp32 accumulate, fp16 / bf16 out. grid (ceil(N/128), ceil(M/128), batch),
