@@ -20,18 +20,16 @@ from kernellab.harness.compare import judge  # noqa: E402
 from kernellab.harness.timer import time_cuda  # noqa: E402
 from kernellab.ops.matmul.cuda import MODULE  # noqa: E402
 
-NAME = re.compile(r"matmul_v7s_(\d+)x(\d+)x(\d+)_(\d+)x(\d+)_f32")
+# KL_V7_KERNEL(name, BM, BN, BK, WARPS_M, WARPS_N, MIN_BLOCKS) lines of matmul.cu
+MACRO = re.compile(r"^KL_V7_KERNEL\((\w+), (\d+), (\d+), \d+, (\d+), (\d+), \d+\)", re.M)
 
 
 def candidates():
-    names = sorted(set(re.findall(r"KL_V7_KERNEL\((matmul_v7s?_\w+?_f32|matmul_v7_f32)", MODULE.source)))
-    out = {}
-    for n in names:
-        m = NAME.fullmatch(n)
-        bm, bn = (int(m.group(1)), int(m.group(2))) if m else (128, 128)
-        threads = 32 * int(m.group(4)) * int(m.group(5)) if m else 256
-        out[n] = (bm, bn, threads)
-    return out
+    """name -> (BM, BN, threads) of every instantiation, the shipped matmul_v7_f32 included."""
+    return {
+        name: (int(bm), int(bn), 32 * int(wm) * int(wn))
+        for name, bm, bn, wm, wn in MACRO.findall(MODULE.source)
+    }
 
 
 def launch(name, bm, bn, threads, a, b, c, vec):
@@ -46,13 +44,15 @@ def main():
     rows = []
     for name, (bm, bn, threads) in candidates().items():
         ok = True
-        for (m, n, k) in ((1000, 1023, 997), (4096, 4096, 4096)):
+        for m, n, k in ((1000, 1023, 997), (4096, 4096, 4096)):
             g = torch.Generator(device="cuda").manual_seed(m)
             a = torch.randn(m, k, device="cuda", generator=g)
             b = torch.randn(k, n, device="cuda", generator=g)
             c = torch.empty(m, n, device="cuda")
             vec = int(k % 4 == 0 and n % 4 == 0)
-            v = judge(launch(name, bm, bn, threads, a, b, c, vec), a.double() @ b.double(), torch.float32, a @ b)
+            v = judge(
+                launch(name, bm, bn, threads, a, b, c, vec), a.double() @ b.double(), torch.float32, a @ b
+            )
             ok = ok and v.ok
             if not v.ok:
                 print(f"{name} {m}x{n}x{k}: WRONG {v.detail}", flush=True)
@@ -63,12 +63,21 @@ def main():
             t = time_cuda(lambda: launch(name, bm, bn, threads, a, b, c, 1), budget_s=1.0)
             tc = time_cuda(lambda: a @ b, budget_s=1.0)
             tf = 2 * s**3 / t.median_ms / 1e9
-            row = dict(config=name, size=s, ms=t.median_ms, tflops=tf, cublas_ms=tc.median_ms,
-                       pct_cublas=100 * tc.median_ms / t.median_ms, ok=ok)
+            row = dict(
+                config=name,
+                size=s,
+                ms=t.median_ms,
+                tflops=tf,
+                cublas_ms=tc.median_ms,
+                pct_cublas=100 * tc.median_ms / t.median_ms,
+                ok=ok,
+            )
             rows.append(row)
-            print(f"{name:34s} {s:5d}  {t.median_ms:8.3f} ms  {tf:5.1f} TF/s  "
-                  f"{row['pct_cublas']:5.1f}% of cuBLAS ({tc.median_ms:.3f} ms)  {'ok' if ok else 'WRONG'}",
-                  flush=True)
+            print(
+                f"{name:34s} {s:5d}  {t.median_ms:8.3f} ms  {tf:5.1f} TF/s  "
+                f"{row['pct_cublas']:5.1f}% of cuBLAS ({tc.median_ms:.3f} ms)  {'ok' if ok else 'WRONG'}",
+                flush=True,
+            )
             del a, b, c
     if len(sys.argv) > 1:
         with open(sys.argv[1], "a") as f:

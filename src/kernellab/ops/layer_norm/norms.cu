@@ -97,7 +97,8 @@ __device__ void norm_bwd_v1(const T* __restrict__ dy, const T* __restrict__ x, c
         float s1 = 0.0f, s2 = 0.0f;
         for (int j = threadIdx.x; j < d; j += V1_THREADS) {
             const float g = __fmul_rn(kl::to_f(dyr[j]), kl::to_f(w[j]));
-            s1 += g * (kl::to_f(xr[j]) - mean) * rstd;
+            const float xhat = (kl::to_f(xr[j]) - mean) * rstd;  // exactly as in the dx loop
+            s1 += g * xhat;
             s2 += g;
         }
         const float c1 = v1_block_sum(s1, red) / d;

@@ -56,7 +56,7 @@ VARIANTS = {
     "v4": (_tiles(64, 64), 512, False, _FP32, "CUDA v4: 1-D block tiling, 8 outputs per thread"),
     "v5": (_tiles(128, 128), 256, False, _FP32, "CUDA v5: 2-D block tiling, 8x8 outputs per thread"),
     "v6": (_tiles(128, 128), 256, True, _FP32, "CUDA v6: float4 loads, transposed A tile"),
-    "v7": (_tiles(128, 128), 256, True, _FP32, "CUDA v7: warp tiling, double-buffered BK=16"),
+    "v7": (_tiles(128, 256), 256, True, _FP32, "CUDA v7: warp tiling, 128 outputs per thread, BK=8"),
     "v8": (
         _tiles(128, 128),
         256,
