@@ -42,15 +42,19 @@ def _entries(ptx: str) -> dict[str, str]:
     return out
 
 
-def _registry_modules() -> set[Path]:
-    """The .cu files behind registered backends with a precompile hook."""
-    paths = set()
+def _registry_module_objects() -> dict[Path, Module]:
+    """The .cu files behind registered backends with a precompile hook -> their Module."""
+    mods = {}
     for impl in kernellab.impls():
         pre = impl.precompile
         owner = getattr(pre, "__self__", None)
         if isinstance(owner, Module) and owner.path is not None:
-            paths.add(owner.path.resolve())
-    return paths
+            mods[owner.path.resolve()] = owner
+    return mods
+
+
+def _registry_modules() -> set[Path]:
+    return set(_registry_module_objects())
 
 
 # --------------------------------------------------------------------------- compile (CPU)
@@ -70,15 +74,18 @@ def test_every_cu_file_belongs_to_a_registered_backend():
 
 @pytest.mark.parametrize("path", CU_FILES, ids=lambda p: p.name)
 def test_every_module_compiles_to_cubin_for_check_archs(path, kl_cache):
-    mod = Module(path)
+    # A module registered with arch-specific targets (matmul_sm90.cu: sm_90a) compiles for
+    # those instead of the check archs.
+    mod = Module(path, archs=_registry_module_objects()[path.resolve()].archs)
+    archs = mod.archs or CHECK_ARCHS
     lines = mod.precompile(CHECK_ARCHS)
-    assert len(lines) == len(CHECK_ARCHS)
-    for arch, line in zip(CHECK_ARCHS, lines, strict=True):
+    assert len(lines) == len(archs)
+    for arch, line in zip(archs, lines, strict=True):
         assert line.startswith(f"{path.name}: {arch} cubin ")
         cubin = mod.compile(arch)  # now from the cache
         assert cubin[:4] == ELF_MAGIC
-    # Both cubins were written to the (fresh) cache.
-    assert len(list((kl_cache / "cuda").glob("*.cubin"))) == len(CHECK_ARCHS)
+    # Every cubin was written to the (fresh) cache.
+    assert len(list((kl_cache / "cuda").glob("*.cubin"))) == len(archs)
 
 
 @pytest.mark.parametrize("path", ELEMENTWISE_CU, ids=lambda p: p.name)
@@ -244,6 +251,30 @@ def test_module_needs_exactly_one_of_path_or_source(tmp_path):
     assert Module(source=SCALE_SRC).label == "<source>"
     assert Module(CU_FILES[0]).label == CU_FILES[0].name
     assert Module(CU_FILES[0]).source == CU_FILES[0].read_text()
+
+
+# wgmma exists only on sm_90a: ptxas refuses it for plain sm_90.
+WGMMA_SRC = (
+    'extern "C" __global__ void k(float* y) { asm volatile("wgmma.fence.sync.aligned;"); y[0] = 1.f; }\n'
+)
+
+
+def test_module_archs_map_to_arch_specific_targets(kl_cache):
+    plain = Module(source=SCALE_SRC)
+    assert plain.archs is None and plain.target_arch("sm_80") == "sm_80"  # unchanged default
+    with pytest.raises(CudaError, match="not supported on .target 'sm_90'"):
+        Module(source=WGMMA_SRC).compile("sm_90")
+    mod = Module(source=WGMMA_SRC, archs=("sm_90a",))
+    assert mod.target_arch("sm_90") == "sm_90a"  # what Module.kernel asks for on an H100
+    assert mod.target_arch("sm_90a") == "sm_90a"
+    assert mod.compile("sm_90")[:4] == ELF_MAGIC
+    assert ".target sm_90a" in mod.compile("sm_90", target="ptx").decode()
+    with pytest.raises(CudaError, match=r"built only for sm_90a, not for sm_80"):
+        mod.compile("sm_80")
+    # precompile (the CPU check's "compiled, not run") compiles for the module's archs
+    lines = mod.precompile(CHECK_ARCHS)
+    assert len(lines) == 1 and lines[0].startswith("<source>: sm_90a cubin ")
+    assert len(list((kl_cache / "cuda").glob("*.cubin"))) == 1
 
 
 def test_ceil_div():

@@ -15,7 +15,7 @@ from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
 
 SPEC = kernellab.get_spec("matmul")
 CPU_BACKENDS = cpu_backends("matmul")  # manual, torch, triton (interpreter); compile on its own
-CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 10)] + ["cuda"]
+CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 11)] + ["cuda"]
 SHAPES = [(1, 1, 1), (0, 5, 7), (33, 17, 0), (17, 33, 65), (64, 48, 80), (127, 129, 63), (2, 9, 15, 31)]
 
 
@@ -321,11 +321,11 @@ def test_cuda_split_k_launcher_slices_and_sums_pairwise(monkeypatch):
 def _ptx_of(backend, suffix):
     from kernellab.cuda.runtime import nvrtc_unavailable
     from kernellab.inspect import asm
-    from kernellab.ops.matmul import cuda as mc
 
     if nvrtc_unavailable():
         pytest.skip(nvrtc_unavailable())
-    kernels, _ = asm.cuda_report(mc.MODULE, "sm_90", backend, suffix)
+    module = kernellab.registry.get("matmul", backend).module
+    kernels, _ = asm.cuda_report(module, "sm_90", backend, suffix)
     assert kernels, f"no kernels for {backend}"
     return kernels
 
@@ -344,6 +344,93 @@ def test_asm_tensor_core_variant_shows_mma(backend):
     assert (k.local_bytes or 0) == 0  # no spills
     if k.sass:
         assert "HMMA" in k.sass
+
+
+def test_sm90_module_compiles_for_sm90a_only():
+    """v10 (wgmma) lives in its own module, built for sm_90a whatever arch is asked: the CPU
+    check's precompile reports an sm_90a cubin, an H100 (sm_90) gets sm_90a, sm_80 is refused."""
+    from kernellab.cuda.runtime import CudaError, nvrtc_unavailable
+    from kernellab.ops.matmul import cuda as mc
+
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    impl = kernellab.registry.get("matmul", "cuda_v10")
+    assert impl.module is mc.MODULE_SM90 and impl.dtypes == (torch.float16, torch.bfloat16)
+    lines = impl.precompile(("sm_80", "sm_90"))
+    assert len(lines) == 1 and lines[0].startswith("matmul_sm90.cu: sm_90a cubin ")
+    assert mc.MODULE_SM90.target_arch("sm_90") == "sm_90a"
+    with pytest.raises(CudaError, match="sm_90a"):
+        mc.MODULE_SM90.compile("sm_80")
+
+
+def test_sm90_availability_names_the_gpu(monkeypatch):
+    from kernellab.ops.matmul import cuda as mc
+
+    if mc.nvrtc_unavailable():
+        pytest.skip(mc.nvrtc_unavailable())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert mc._available_sm90() == "needs sm_90 (Hopper wgmma); this GPU is sm_80"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))
+    assert mc._available_sm90() == "needs sm_90 (Hopper wgmma); this GPU is sm_100"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert mc._available_sm90() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert mc._available_sm90() is None  # no GPU: "compiled, not run"
+
+
+def test_asm_v10_shows_wgmma_from_swizzled_shared_memory():
+    for sfx, ty in (("bf16", "bf16"), ("f16", "f16")):
+        (k,) = _ptx_of("cuda_v10", sfx)
+        assert k.name == f"matmul_v10_{sfx}"
+        assert f"wgmma.mma_async.sync.aligned.m64n256k16.f32.{ty}.{ty}" in k.ptx
+        assert "cp.async.cg.shared.global" in k.ptx and "fence.proxy.async.shared::cta" in k.ptx
+        assert "wgmma.wait_group.sync.aligned 1" in k.ptx  # one MMA group kept in flight
+        assert (k.local_bytes or 0) == 0  # no spills: 128 accumulators + addressing fit
+        if k.sass:
+            assert "HGMMA.64x256x16.F32" in k.sass and "tnspB" in k.sass  # B read N-major
+
+
+def test_v10_launcher_pads_k_and_n_to_multiples_of_8(monkeypatch):
+    """v10's kernel needs K, N multiples of 8 and 16-byte aligned operands: the launcher pads
+    with zeros (exact: they add nothing) and slices, or copies a misaligned view. The kernel
+    is replaced by a float64 bmm here (no GPU): this checks the padding and slicing only."""
+    from kernellab.ops.matmul import cuda as mc
+
+    seen = []
+
+    def fake_kernel(variant, a3, b3, dev):
+        bt, m, k = a3.shape
+        assert variant == "v10" and b3.shape[:2] == (bt, k)
+        assert k % 8 == 0 and b3.shape[-1] % 8 == 0 and mc._aligned16(a3, b3)
+        assert a3.is_contiguous() and b3.is_contiguous()
+        seen.append((tuple(a3.shape), tuple(b3.shape)))
+        return torch.bmm(a3.double(), b3.double()).to(a3.dtype)
+
+    monkeypatch.setattr(mc, "_launch_kernel", fake_kernel)
+    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
+    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    gen = torch.Generator().manual_seed(5)
+    for shape, padded in (
+        ((1000, 1023, 997), ((1, 1000, 1000), (1, 1000, 1024))),
+        ((3, 129, 65, 257), ((3, 129, 264), (3, 264, 72))),
+        ((17, 32, 64), ((1, 17, 64), (1, 64, 32))),  # nothing to pad
+        ((9, 5, 0), ((1, 9, 0), (1, 0, 8))),
+    ):
+        *batch, m, n, k = shape
+        a = torch.randn(*batch, m, k, generator=gen).to(torch.bfloat16)
+        b = torch.randn(*batch, k, n, generator=gen).to(torch.bfloat16)
+        seen.clear()
+        out = mc._product("v10", a, b)
+        assert seen == [padded], shape
+        assert out.shape == (*batch, m, n) and out.is_contiguous()
+        torch.testing.assert_close(out, (a.double() @ b.double()).to(torch.bfloat16), rtol=0, atol=0)
+    # a view one element into its storage is 2 bytes off 16: copied before the launch
+    base = torch.randn(1 + 24 * 16, generator=gen).to(torch.bfloat16)
+    a = base[1:].view(24, 16)
+    b = torch.randn(16, 8, generator=gen).to(torch.bfloat16)
+    assert not mc._aligned16(a)
+    torch.testing.assert_close(mc._product("v10", a, b), (a.double() @ b.double()).to(torch.bfloat16))
 
 
 def test_asm_alias_backend_shows_the_best_variant_per_dtype():
@@ -396,6 +483,8 @@ def _gpu_dtypes(backend):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", CUDA_VARIANTS + ["triton", "triton_tma", "torch", "manual"])
 def test_gpu_forward_and_gradients(backend):
+    if backend == "cuda_v10" and kernellab.registry.get("matmul", backend).why_unavailable("cuda"):
+        pytest.skip(kernellab.registry.get("matmul", backend).why_unavailable("cuda"))  # not sm_90
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # every side full fp32
     try:
@@ -415,6 +504,40 @@ def test_gpu_forward_and_gradients(backend):
             _run_and_judge(backend, a, b, dtype, bias=bias, activation="gelu")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_gpu_v10_tile_edges_and_long_k(dtype):
+    """cuda_v10 (wgmma, 128x256x64 tiles, 4 stages) around its tile edges: exact tiles, one
+    more and one less in every dim, K from 0 to many k-tiles (the 4-stage ring wraps around
+    many times), a partial group of the grouped raster (12 row tiles, groups of 8),
+    K and N not multiples of 8 (launcher pads), batches."""
+    impl = kernellab.registry.get("matmul", "cuda_v10")
+    if impl.why_unavailable("cuda"):
+        pytest.skip(impl.why_unavailable("cuda"))
+    shapes = [
+        (128, 256, 64),
+        (256, 512, 128),
+        (129, 257, 65),
+        (127, 255, 63),
+        (1, 8, 8),
+        (33, 17, 0),
+        (64, 256, 4096),
+        (300, 1000, 8),
+        (1413, 768, 136),
+        (2, 5, 600, 72),
+        (1000, 1023, 997),
+        (17, 33, 65),
+        (3, 129, 65, 257),
+        (2, 264, 392, 136),
+        (512, 512, 520),
+    ]
+    for i, shape in enumerate(shapes):
+        a, b = _inputs(shape, dtype, "cuda", seed=100 + i)
+        y = mm.matmul(a, b, backend="cuda_v10")
+        v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
+        assert v.ok, f"{shape}: {v.detail}"
 
 
 @pytest.mark.gpu

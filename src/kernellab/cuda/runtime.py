@@ -353,14 +353,30 @@ class Kernel:
 
 
 class Module:
-    """A .cu file (or source string): compiled for the current device at first use."""
+    """A .cu file (or source string): compiled for the current device at first use.
 
-    def __init__(self, path: str | Path | None = None, *, source: str | None = None, options=()):
+    ``archs`` (default None: any arch asked for) restricts a module to arch-specific
+    targets, e.g. ``("sm_90a",)`` for Hopper-only instructions (wgmma, setmaxnreg) that
+    ptxas refuses for plain sm_90. An arch asked for (the device's ``sm_XY``, an arch
+    given to ``compile``) then maps to ``sm_XY`` or ``sm_XYa`` from that list
+    (``target_arch``), other archs are refused with a clear error, and ``precompile``
+    compiles for the listed archs instead of the check archs. An sm_90a cubin runs only
+    on sm_90 devices: whoever registers such a module says so in its availability check."""
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        source: str | None = None,
+        options=(),
+        archs: Sequence[str] | None = None,
+    ):
         if (path is None) == (source is None):
             raise ValueError("give exactly one of path or source")
         self.path = Path(path) if path else None
         self._source = source
         self.options = tuple(options)
+        self.archs = tuple(archs) if archs else None
         self._objects = {}  # device index -> cuda.core ObjectCode
         self._kernels = {}
         self._lock = threading.Lock()
@@ -373,10 +389,19 @@ class Module:
     def label(self) -> str:
         return self.path.name if self.path else "<source>"
 
+    def target_arch(self, arch: str) -> str:
+        """The arch this module is compiled for when ``arch`` is asked for (see archs)."""
+        if self.archs is None:
+            return arch
+        for candidate in (arch, arch + "a"):
+            if candidate in self.archs:
+                return candidate
+        raise CudaError(f"{self.label} is built only for {', '.join(self.archs)}, not for {arch}")
+
     def compile(self, arch: str, target: str = "cubin") -> bytes:
         return compile_source(
             self.source,
-            arch,
+            self.target_arch(arch),
             options=self.options,
             base_dir=self.path.parent if self.path else HERE,
             target=target,
@@ -384,9 +409,10 @@ class Module:
         )
 
     def precompile(self, archs: Sequence[str] = CHECK_ARCHS) -> list[str]:
-        """Compile without a GPU; one line per arch, for 'compiled, not run' reports."""
+        """Compile without a GPU; one line per arch, for 'compiled, not run' reports.
+        A module restricted to ``archs`` (see the class) compiles for those instead."""
         lines = []
-        for arch in archs:
+        for arch in self.archs or archs:
             t0 = time.perf_counter()
             code = self.compile(arch)
             lines.append(

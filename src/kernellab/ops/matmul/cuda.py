@@ -1,8 +1,9 @@
 """Matmul in CUDA C++ (matmul.cu, compiled by NVRTC): launchers, custom ops, registrations.
 
 Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of matmul.cu),
-``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16) and ``cuda`` (the best per dtype: v7 for
-fp32, v8 for fp16/bf16 until a GPU run shows v9 ahead). The kernels take contiguous row-major
+``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` (Hopper wgmma, fp16/bf16,
+matmul_sm90.cu, sm_90 GPUs only) and ``cuda`` (the best per dtype: v7 for fp32, v8 for
+fp16/bf16 until a GPU run shows v9 ahead). The kernels take contiguous row-major
 operands: strided inputs (transposed, sliced, expanded) are packed with ``.contiguous()``
 first, which costs a copy but computes correctly; the backward calls the same kernels on
 transposed (hence packed) views. v5-v7 on grids smaller than the GPU split K into 4 slices
@@ -27,6 +28,9 @@ from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("matmul.cu"))
 MODULE.asm_aliases = {"cuda": ("cuda_v7", "cuda_v8")}  # `kernellab asm matmul --backend cuda`
+# wgmma is an arch-specific (sm_90a) instruction: this module compiles only for sm_90a, also
+# in the CPU check ("compiled, not run"), and runs only on sm_90 GPUs (H100, H200).
+MODULE_SM90 = Module(Path(__file__).with_name("matmul_sm90.cu"), archs=("sm_90a",))
 _FP32 = (torch.float32,)
 _HALF = (torch.float16, torch.bfloat16)
 _SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -65,10 +69,20 @@ VARIANTS = {
         "CUDA v8: tensor cores (mma.sync m16n8k16, ldmatrix, cp.async)",
     ),
     "v9": (_tiles(128, 256), 256, True, _HALF, "CUDA v9: v8 with 128x256 tiles and a 3-stage pipeline"),
+    "v10": (
+        _tiles(128, 256),
+        256,
+        False,
+        _HALF,
+        "CUDA v10: Hopper wgmma (m64n256k16 from 128B-swizzled smem, cp.async, 4 stages; sm_90 only)",
+    ),
 }
 # Dynamic shared memory per block (bytes) of the variants that use it: v9 keeps 3 stages of
-# a 128x40 A tile and a 32x264 B tile (padded halfs).
-DYN_SHARED = {"v9": 3 * (128 * 40 + 32 * 264) * 2}
+# a 128x40 A tile and a 32x264 B tile (padded halfs); v10 4 stages of a 128x64 A tile and a
+# 64x256 B tile, plus 1 KB to align the base to 1024 bytes (128-byte swizzle atoms).
+DYN_SHARED = {"v9": 3 * (128 * 40 + 32 * 264) * 2, "v10": 4 * (128 * 64 + 64 * 256) * 2 + 1024}
+# The module of each variant that is not in matmul.cu.
+MODULES = {"v10": MODULE_SM90}
 BEST = {torch.float32: "v7", torch.float16: "v8", torch.bfloat16: "v8"}
 
 
@@ -108,11 +122,35 @@ def _device_index(t: torch.Tensor) -> int:
 
 def _launch(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
     """One kernel launch: contiguous a3 [bt, M, K] @ b3 [bt, K, N] -> fresh [bt, M, N]."""
+    if variant == "v10":
+        return _launch_v10(a3, b3, dev)
+    return _launch_kernel(variant, a3, b3, dev)
+
+
+def _launch_v10(a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
+    """v10 copies whole 16-byte chunks (cp.async): its contract needs K and N multiples of 8
+    halfs and 16-byte aligned operands. Otherwise K and N are zero-padded up to multiples
+    of 8 (the extra products are exact zeros) and the output's extra columns sliced off;
+    a misaligned operand (a view with a storage offset) is copied to a fresh, aligned one.
+    Partial tiles (M, N, K not multiples of 128, 256, 64) are handled in the kernel."""
+    k, n = a3.shape[-1], b3.shape[-1]
+    kp, np8 = _cdiv(k, 8) * 8, _cdiv(n, 8) * 8
+    if kp != k:
+        a3 = torch.nn.functional.pad(a3, (0, kp - k))
+    if kp != k or np8 != n:
+        b3 = torch.nn.functional.pad(b3, (0, np8 - n, 0, kp - k))
+    a3 = a3 if _aligned16(a3) else a3.clone()
+    b3 = b3 if _aligned16(b3) else b3.clone()
+    c = _launch_kernel("v10", a3, b3, dev)
+    return c if np8 == n else c[..., :n].contiguous()
+
+
+def _launch_kernel(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
     grid_fn, block, has_vec, _, _ = VARIANTS[variant]
     bt, m, k = a3.shape
     n = b3.shape[-1]
     c = torch.empty((bt, m, n), dtype=a3.dtype, device=a3.device)
-    kern = MODULE.kernel(
+    kern = MODULES.get(variant, MODULE).kernel(
         f"matmul_{variant}_{_SUFFIX[a3.dtype]}",
         ("ptr", "ptr", "ptr", "i32", "i32", "i32") + (("i32",) if has_vec else ()),
         dev,
@@ -181,24 +219,39 @@ def _available():
     return nvrtc_unavailable()
 
 
-def _register(backend: str, fwd, dtypes, description: str) -> None:
+def _available_sm90():
+    """v10's wgmma exists on sm_90 only (an sm_90a cubin runs nowhere else). Without a GPU
+    this is None, so the check reports it "compiled, not run" (compiled for sm_90a)."""
+    why = nvrtc_unavailable()
+    if why or not torch.cuda.is_available():
+        return why
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"needs sm_90 (Hopper wgmma); this GPU is sm_{major}{minor}"
+    return None
+
+
+def _register(backend: str, fwd, dtypes, description: str, module=MODULE, available=_available) -> None:
     call = matmul_op(f"matmul_{backend}", fwd)
     register(
         "matmul",
         backend,
         devices=("cuda",),
-        available=_available,
-        precompile=MODULE.precompile,
+        available=available,
+        precompile=module.precompile,
         custom_ops=call.custom_ops,
         builtin=True,
         dtypes=dtypes,
-        module=MODULE,
+        module=module,
         description=description,
     )(call)
 
 
 for _v, (_g, _b, _hv, _dt, _desc) in VARIANTS.items():
-    _register(f"cuda_{_v}", _make_fwd(_v), _dt, _desc)
+    if _v in MODULES:
+        _register(f"cuda_{_v}", _make_fwd(_v), _dt, _desc, MODULES[_v], _available_sm90)
+    else:
+        _register(f"cuda_{_v}", _make_fwd(_v), _dt, _desc)
 _register(
     "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 for fp32, v8 tensor cores for fp16/bf16)"
 )
