@@ -283,9 +283,9 @@ def test_every_cu_compiles_for_sm80_and_sm90():
 
 
 def test_cuda_split_k_launcher_slices_and_sums_pairwise(monkeypatch):
-    """v5-v7 on a small grid: K cut into 4 zero-padded slices run as extra batch entries and
-    summed (p0 + p1) + (p2 + p3). The kernel is replaced by an exact float64 bmm here (no GPU),
-    so this checks the slicing, padding, batch order and the sum, not the kernel."""
+    """The fp32 ladder on a small grid: K cut into zero-padded slices run as extra batch entries
+    and summed pairwise. The kernel is replaced by an exact float64 bmm here (no GPU), so this
+    checks the slice count, slicing, padding, batch order and the sum, not the kernel."""
     from kernellab.ops.matmul import cuda as mc
 
     launches = []
@@ -302,18 +302,27 @@ def test_cuda_split_k_launcher_slices_and_sums_pairwise(monkeypatch):
     a = torch.randn(2, 3, 17, 65, generator=gen)
     b = torch.randn(2, 3, 65, 33, generator=gen)
     out = mc._product("v7", a.transpose(-1, -2).contiguous().transpose(-1, -2), b)
-    assert launches == [("v7", (24, 17, 17), (24, 17, 33))]  # 4 slices x 6 products, K 65 -> 4 x 17
+    # 6 blocks on 132 SMs: 4 -> 8 -> 16 slices (the cap); K 65 -> 16 x 5 (padded to 80)
+    assert launches == [("v7", (96, 17, 5), (96, 5, 33))]
     ref = (a.double() @ b.double()).float()
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-5)
-    # the sum order: slices of 17 along K, pairwise
+    # the sum order: slices of 5 along K (the last one zero-padded), adjacent pairs first
+    ap = torch.nn.functional.pad(a, (0, 15))
+    bp = torch.nn.functional.pad(b, (0, 0, 0, 15))
     p = [
-        (a[..., j * 17 : (j + 1) * 17].double() @ b[..., j * 17 : (j + 1) * 17, :].double()).float()
-        for j in range(4)
+        (ap[..., j * 5 : (j + 1) * 5].double() @ bp[..., j * 5 : (j + 1) * 5, :].double()).float()
+        for j in range(16)
     ]
-    assert torch.equal(out, (p[0] + p[1]) + (p[2] + p[3]))
+    while len(p) > 1:
+        p = [p[i] + p[i + 1] for i in range(0, len(p), 2)]
+    assert torch.equal(out, p[0])
     launches.clear()
     assert mc.split_k_slices("v7", 4096, 4096, 4096, 1, 132) == 1  # a full grid: no split
-    assert mc.split_k_slices("v4", 17, 33, 65, 1, 132) == 1  # v1-v4 split inside the thread
+    assert mc.split_k_slices("v4", 17, 33, 65, 1, 132) == 16  # one block
+    assert mc.split_k_slices("v1", 64, 64, 997, 1, 132) == 16  # 2x2 blocks: 16 x 4 = 64 < 132
+    assert mc.split_k_slices("v5", 640, 512, 997, 1, 132) == 8  # 20 blocks: x4 = 80 < 132, x8 = 160
+    assert mc.split_k_slices("v5", 64, 64, 7, 1, 132) == 2  # K = 7: slices of at least 2
+    assert mc.split_k_slices("v8", 17, 33, 65, 1, 132) == 1  # tensor cores: no split
     mc._product("v5", torch.randn(2000, 64), torch.randn(64, 2000))
     assert launches == [("v5", (1, 2000, 64), (1, 64, 2000))]  # 16x16 = 256 blocks >= 132 SMs
 
@@ -435,7 +444,7 @@ def test_v10_launcher_pads_k_and_n_to_multiples_of_8(monkeypatch):
 
 def test_asm_alias_backend_shows_the_best_variant_per_dtype():
     names = {sfx: [k.name for k in _ptx_of("cuda", sfx)] for sfx in ("f32", "bf16")}
-    assert names == {"f32": ["matmul_v7_f32"], "bf16": ["matmul_v8_bf16"]}
+    assert names == {"f32": ["matmul_v7_f32"], "bf16": ["matmul_v9_bf16"]}
 
 
 def test_triton_kernels_compile_for_sm90_ahead_of_time(tmp_path):

@@ -2,12 +2,12 @@
 
 Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of matmul.cu),
 ``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` (Hopper wgmma, fp16/bf16,
-matmul_sm90.cu, sm_90 GPUs only) and ``cuda`` (the best per dtype: v7 for fp32, v8 for
-fp16/bf16 until a GPU run shows v9 ahead). The kernels take contiguous row-major
+matmul_sm90.cu, sm_90 GPUs only) and ``cuda`` (the best per dtype: v7 for fp32; for
+fp16/bf16 v10 on sm_90, v9 elsewhere). The kernels take contiguous row-major
 operands: strided inputs (transposed, sliced, expanded) are packed with ``.contiguous()``
 first, which costs a copy but computes correctly; the backward calls the same kernels on
-transposed (hence packed) views. v5-v7 on grids smaller than the GPU split K into 4 slices
-(SPLIT_K below: accuracy against cuBLAS, and idle SMs get work).
+transposed (hence packed) views. v1-v7 on grids smaller than the GPU split K into 4-16 slices
+(SPLIT_K_MIN below: accuracy against cuBLAS, and idle SMs get work).
 
 The epilogue (bias, activation) runs as PyTorch ops after the kernel: the ladder is about the
 product; Triton's kernel is the one with a fused epilogue.
@@ -27,7 +27,7 @@ from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("matmul.cu"))
-MODULE.asm_aliases = {"cuda": ("cuda_v7", "cuda_v8")}  # `kernellab asm matmul --backend cuda`
+MODULE.asm_aliases = {"cuda": ("cuda_v7", "cuda_v9")}  # `kernellab asm matmul --backend cuda`
 # wgmma is an arch-specific (sm_90a) instruction: this module compiles only for sm_90a, also
 # in the CPU check ("compiled, not run"), and runs only on sm_90 GPUs (H100, H200).
 MODULE_SM90 = Module(Path(__file__).with_name("matmul_sm90.cu"), archs=("sm_90a",))
@@ -83,25 +83,29 @@ VARIANTS = {
 DYN_SHARED = {"v9": 3 * (128 * 40 + 32 * 264) * 2, "v10": 4 * (128 * 64 + 64 * 256) * 2 + 1024}
 # The module of each variant that is not in matmul.cu.
 MODULES = {"v10": MODULE_SM90}
-BEST = {torch.float32: "v7", torch.float16: "v8", torch.bfloat16: "v8"}
+# The best variant per dtype (H100 runs: v7 86% of cuBLAS fp32; v9 ahead of v8 in bf16,
+# 272 against 243 TFLOP/s at 4096^3; v10 564 where the GPU has wgmma, see _best_fwd).
+BEST = {torch.float32: "v7", torch.float16: "v9", torch.bfloat16: "v9"}
 
 
 def _aligned16(*ts) -> bool:
     return all(t.data_ptr() % 16 == 0 for t in ts)
 
 
-# Split-K for the fp32 variants whose threads own 64 outputs each (v5-v7: no registers left
-# for several partial sums per output, unlike v1-v4, see KL_SPLIT_NOTE in matmul.cu). When the
-# output tiles do not fill the GPU (fewer blocks than SMs), the launcher cuts K into
-# SPLIT_K contiguous slices, runs the unchanged kernel on each slice as extra batch entries
-# (so 4x more blocks: the otherwise idle SMs get work, as cuBLAS does for such shapes), and
-# adds the partial products pairwise, (p0 + p1) + (p2 + p3), in a fixed order (deterministic).
-# Each output then sums 4 chains of K/4 FMAs instead of one of K: on the H100 a single chain
-# failed the 2x-cuBLAS error rule at 17x33x65 (v1, same order as v5-v7); the CPU model
-# (scripts/matmul_acc_model.py, "chunk4") puts the 4-slice error at 0.6-0.73x the single
-# chain's for K = 29 ... 4096. Big problems (4096^3: 1024 blocks) are unchanged.
-SPLIT_K = 4
-SPLIT_K_VARIANTS = ("v5", "v6", "v7")
+# Split-K for the fp32 ladder on small grids. When the output tiles do not fill the GPU
+# (fewer blocks than SMs), the launcher cuts K into s contiguous slices (s = 4, doubled while
+# the blocks still fit on the SMs, at most 16), runs the unchanged kernel on each slice as
+# extra batch entries (the otherwise idle SMs get work, as cuBLAS does for such shapes), and
+# adds the partial products pairwise, (p0 + p1) + (p2 + p3) ..., in a fixed order
+# (deterministic). Each output then sums s chains of K/s FMAs instead of one of K (v1-v4 keep
+# four partial sums inside each slice as well, see KL_SPLIT_NOTE in matmul.cu). The reason is
+# accuracy: cuBLAS splits small problems too, and the 2x-cuBLAS rule follows it. On the H100 a
+# single chain failed at 17x33x65; four slices still failed at 64x64x997 on 1 seed in 30
+# (6.1e-5 against a bound of 5.7e-5, every variant), which is why small grids now take up to
+# 16 (chains of ~62 at K=997). The CPU model (scripts/matmul_acc_model.py) puts the error of
+# s chunks at roughly 1/sqrt(s) of one chain's. Big problems (4096^3) are unchanged.
+SPLIT_K_MIN, SPLIT_K_MAX = 4, 16
+SPLIT_K_VARIANTS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
 
 
 @functools.cache
@@ -110,10 +114,18 @@ def _sm_count(dev: int) -> int:
 
 
 def split_k_slices(variant: str, m: int, n: int, k: int, bt: int, sms: int) -> int:
-    """How many K slices the launcher uses (1: none); see SPLIT_K above."""
-    if variant not in SPLIT_K_VARIANTS or k < 2 * SPLIT_K or bt * SPLIT_K > 65535:
+    """How many K slices the launcher uses (1: none); see SPLIT_K_MIN above."""
+    if variant not in SPLIT_K_VARIANTS:
         return 1
-    return SPLIT_K if math.prod(VARIANTS[variant][0](m, n, bt)) < sms else 1
+    blocks = math.prod(VARIANTS[variant][0](m, n, bt))
+    if blocks >= sms:
+        return 1
+    s = SPLIT_K_MIN
+    while s < SPLIT_K_MAX and blocks * s < sms:
+        s *= 2
+    while s > 1 and (k < 2 * s or bt * s > 65535):  # slices of at least 2; the grid's z limit
+        s //= 2
+    return s
 
 
 def _device_index(t: torch.Tensor) -> int:
@@ -212,7 +224,10 @@ def _make_fwd(variant: str):
 
 
 def _best_fwd(a, b, bias=None, activation=None):
-    return _make_fwd(BEST[a.dtype])(a, b, bias, activation)
+    variant = BEST[a.dtype]
+    if a.dtype != torch.float32 and a.is_cuda and torch.cuda.get_device_capability(a.device) == (9, 0):
+        variant = "v10"  # Hopper: wgmma
+    return _make_fwd(variant)(a, b, bias, activation)
 
 
 def _available():
@@ -253,5 +268,5 @@ for _v, (_g, _b, _hv, _dt, _desc) in VARIANTS.items():
     else:
         _register(f"cuda_{_v}", _make_fwd(_v), _dt, _desc)
 _register(
-    "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 for fp32, v8 tensor cores for fp16/bf16)"
+    "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 fp32; v10 wgmma on sm_90, else v9, fp16/bf16)"
 )
