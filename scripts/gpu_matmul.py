@@ -9,7 +9,7 @@ CUDA kernels alike; every JSONL row records ``tf32: false``.
 1. correctness at 1000x1023x997 (scalar paths) and batched 3x129x65x257 and 2x264x392x136
    (16-byte paths, partial tiles) for every backend x dtype it supports (float64 reference,
    2 x PyTorch's error rule), forward and, for the batched shapes, gradients;
-2. bf16: torch / compile / triton / triton_tma / cuda_v8 / cuda_v9 at 4096^3 and 8192^3
+2. bf16: torch / compile / triton / triton_tma / cuda / cuda_v8 / cuda_v9 / cuda_v10 at 4096^3 and 8192^3
    -> $OUT/matmul_bench_bf16.md (first: the issue's tensor-core targets);
 3. the same backends (and cuda = best fp32 variant) in fp32 -> $OUT/matmul_bench_fp32.md;
 4. the fp32 CUDA ladder at 4096^3 (cuda_v1 ... cuda_v7 and cuBLAS): GFLOP/s and % of cuBLAS,
@@ -44,7 +44,7 @@ from kernellab.harness.compare import judge  # noqa: E402
 from kernellab.harness.results import write_jsonl  # noqa: E402
 
 LADDER = [f"cuda_v{i}" for i in range(1, 8)]
-TOP = ["torch", "compile", "triton", "triton_tma", "cuda", "cuda_v8", "cuda_v9"]
+TOP = ["torch", "compile", "triton", "triton_tma", "cuda", "cuda_v8", "cuda_v9", "cuda_v10"]
 DT = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
