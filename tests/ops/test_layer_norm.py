@@ -252,6 +252,13 @@ def test_gpu_forward_and_gradients(backend, dtype, request):
         request.applymarker(
             pytest.mark.xfail(strict=True, reason="manual fp32 forward beyond 2x torch on the GPU")
         )
+    if backend == "liger" and dtype == torch.float32:
+        # The peer's kernel, found by this test on an H100: dx of a one-element row is
+        # 4.5e-6 instead of exactly 0 (w * dy contracted into an fma on one side of
+        # g - mean(g)); ours round g once for that reason (norms.cu, triton.py).
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="liger fp32: dx of a one-element row is not 0")
+        )
     for shape in GPU_SHAPES:
         if backend == "triton" and shape[-1] > 16384:
             continue

@@ -36,8 +36,9 @@ constexpr int V2_THREADS = 256;
 // ---------------------------------------------------------------------------- v1
 
 // Sum over the block through shared memory: each step halves the active threads.
-// ``red`` holds V1_THREADS floats; every thread gets the result.
-__device__ __forceinline__ float v1_block_sum(float v, float* red) {
+// ``red`` holds V1_THREADS values (float, or double for the backward's mean); every thread gets the result.
+template <typename A>
+__device__ __forceinline__ A v1_block_sum(A v, A* red) {
     __syncthreads();  // red may still be read by the previous call
     red[threadIdx.x] = v;
     __syncthreads();
@@ -87,17 +88,29 @@ __device__ void norm_bwd_v1(const T* __restrict__ dy, const T* __restrict__ x, c
                             T* __restrict__ dx, float* __restrict__ dw_part, float* __restrict__ db_part,
                             long long rows, int d) {
     __shared__ float red[V1_THREADS];
+    __shared__ double red64[V1_THREADS];
     float* dwp = dw_part + (long long)blockIdx.x * d;
     float* dbp = db_part + (long long)blockIdx.x * d;
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
         const T* xr = x + row * d;
         const T* dyr = dy + row * d;
-        const float mean = RMS ? 0.0f : mean_in[row];
+        // The row mean again, in float64: xhat = (x - mean) * rstd inherits the saved fp32
+        // mean's rounding as a shift rstd * dmean, and dx carries it times rstd again. Rows of
+        // nearly equal values (rstd ~ 1/sqrt(eps) = 316) turn half an ulp of the mean into
+        // dx errors of ~1e-3: on the H100 a 70000x3 fp32 case failed the 2x-PyTorch rule
+        // (1.5e-3 > 1.1e-3). One more read of the row (from L1/L2) removes it.
+        double mean64 = 0.0;
+        if (!RMS) {
+            double sx = 0.0;
+            for (int j = threadIdx.x; j < d; j += V1_THREADS) sx += (double)kl::to_f(xr[j]);
+            mean64 = v1_block_sum(sx, red64) / d;
+        }
+        (void)mean_in;
         const float rstd = rstd_in[row];
         float s1 = 0.0f, s2 = 0.0f;
         for (int j = threadIdx.x; j < d; j += V1_THREADS) {
             const float g = __fmul_rn(kl::to_f(dyr[j]), kl::to_f(w[j]));
-            const float xhat = (kl::to_f(xr[j]) - mean) * rstd;  // exactly as in the dx loop
+            const float xhat = (float)((double)kl::to_f(xr[j]) - mean64) * rstd;  // as in the dx loop
             s1 += g * xhat;
             s2 += g;
         }
@@ -105,7 +118,7 @@ __device__ void norm_bwd_v1(const T* __restrict__ dy, const T* __restrict__ x, c
         const float c2 = RMS ? 0.0f : v1_block_sum(s2, red) / d;
         for (int j = threadIdx.x; j < d; j += V1_THREADS) {
             const float dyv = kl::to_f(dyr[j]);
-            const float xhat = (kl::to_f(xr[j]) - mean) * rstd;
+            const float xhat = (float)((double)kl::to_f(xr[j]) - mean64) * rstd;
             const float g = __fmul_rn(dyv, kl::to_f(w[j]));  // rounded as in c2: no fma
             dx[row * d + j] = kl::from_f<T>((g - (xhat * c1 + c2)) * rstd);
             dwp[j] += dyv * xhat;
