@@ -16,9 +16,13 @@ import torch
 
 torch.backends.cuda.matmul.allow_tf32 = False
 
+from kernellab.cuda.runtime import Module  # noqa: E402
 from kernellab.harness.compare import judge  # noqa: E402
 from kernellab.harness.timer import time_cuda  # noqa: E402
-from kernellab.ops.matmul.cuda import MODULE  # noqa: E402
+from kernellab.ops.matmul.cuda import MODULE as LIB  # noqa: E402
+
+# matmul.cu with the candidate instantiations switched on
+MODULE = Module(LIB.path, options=["-DKL_V7_CANDIDATES"])
 
 # KL_V7_KERNEL(name, BM, BN, BK, WARPS_M, WARPS_N, MIN_BLOCKS) lines of matmul.cu
 MACRO = re.compile(r"^KL_V7_KERNEL\((\w+), (\d+), (\d+), \d+, (\d+), (\d+), \d+\)", re.M)

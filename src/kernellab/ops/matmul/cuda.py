@@ -225,7 +225,7 @@ def _make_fwd(variant: str):
 
 def _best_fwd(a, b, bias=None, activation=None):
     variant = BEST[a.dtype]
-    if a.dtype != torch.float32 and a.is_cuda and torch.cuda.get_device_capability(a.device) == (9, 0):
+    if a.dtype != torch.float32 and a.is_cuda and _is_sm90(_device_index(a)):
         variant = "v10"  # Hopper: wgmma
     return _make_fwd(variant)(a, b, bias, activation)
 
@@ -244,6 +244,13 @@ def _available_sm90():
     if (major, minor) != (9, 0):
         return f"needs sm_90 (Hopper wgmma); this GPU is sm_{major}{minor}"
     return None
+
+
+@functools.cache
+def _is_sm90(dev: int) -> bool:
+    """Whether device ``dev`` runs v10's sm_90a cubin: asked once per device, not per call
+    of the `cuda` backend."""
+    return torch.cuda.get_device_capability(dev) == (9, 0)
 
 
 def _register(backend: str, fwd, dtypes, description: str, module=MODULE, available=_available) -> None:

@@ -446,11 +446,14 @@ __device__ __forceinline__ void v7_body(const float* __restrict__ A, const float
 // More outputs per thread mean fewer shared-memory loads per FMA (6 LDS.128 per 128 FMAs
 // instead of 4 per 64); BK=8 keeps the register-staged prefetch at 3 float4 per thread.
 KL_V7_KERNEL(matmul_v7_f32, 128, 256, 8, 2, 4, 1)
-// Candidates timed by scripts/tune_matmul_v7.py (name: BM x BN x BK, warps M x N).
+// Candidates timed by scripts/tune_matmul_v7.py (name: BM x BN x BK, warps M x N), compiled
+// only when that script asks (-DKL_V7_CANDIDATES): the library's own build stays one v7.
+#ifdef KL_V7_CANDIDATES
 KL_V7_KERNEL(matmul_v7s_128x128x16_2x4_f32, 128, 128, 16, 2, 4, 2)
 KL_V7_KERNEL(matmul_v7s_256x128x8_4x2_f32, 256, 128, 8, 4, 2, 1)
 KL_V7_KERNEL(matmul_v7s_128x256x8_4x2_f32, 128, 256, 8, 4, 2, 1)
 KL_V7_KERNEL(matmul_v7s_256x128x8_2x4_f32, 256, 128, 8, 2, 4, 1)
+#endif
 
 // ------------------------------------------------------------------ v8 tensor cores
 // fp16 / bf16 in, fp32 accumulate, fp16 / bf16 out. grid (ceil(N/128), ceil(M/128), batch),
