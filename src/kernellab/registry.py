@@ -36,6 +36,10 @@ class Impl:
     custom_ops:  ``torch.library`` ops behind this impl, for ``opcheck``; each is
                  ``(op, make_args)`` where ``make_args(device, dtype)`` builds a sample.
     builtin:     False for registrations made by users.
+    limits:      optional ``(*args, **options) -> str | None``: why these arguments lie
+                 outside what the backend computes by design (None: inside). The backend
+                 must refuse such a call with TypeError / ValueError; ``check`` then counts
+                 the case as refused, not failed (and judges it as usual if it computes).
     """
 
     op: str
@@ -50,6 +54,7 @@ class Impl:
     dtypes: tuple | None = None  # None: whatever the op's spec allows
     module: object = None  # the cuda.runtime.Module of a CUDA backend (for `kernellab asm`)
     triton_kernels: Callable | None = None  # dtype -> [(kernel, signature, constexprs, warps)]
+    limits: Callable[..., str | None] | None = None
     _spec: object = field(default=None, repr=False, compare=False)
 
     def why_unavailable(self, device: str | None = None) -> str | None:
@@ -78,6 +83,10 @@ class Impl:
             spec = self._spec = get_spec(self.op)
         spec.validate(args, kwargs, self.devices)
         return self.fn(*args, **kwargs)
+
+    def outside_limits(self, args, options) -> str | None:
+        """Why (args, options) are outside this backend's documented limits, or None."""
+        return self.limits(*args, **(options or {})) if self.limits is not None else None
 
     @property
     def name(self) -> str:
@@ -129,6 +138,7 @@ def register(
     builtin: bool = False,
     module=None,
     triton_kernels=None,
+    limits=None,
 ):
     """Decorator: register ``fn`` as ``backend`` of ``op``.
 
@@ -161,6 +171,7 @@ def register(
                 dtypes=tuple(dtypes) if dtypes else None,
                 module=module,
                 triton_kernels=triton_kernels,
+                limits=limits,
             ),
             replace=replace,
         )

@@ -47,13 +47,11 @@ def _supported(backend, dtype, shape, causal) -> str | None:
     if backend == "triton" and d not in (16, 32, 64, 128, 256):
         return "triton head dims 16..256"
     if backend.startswith("sdpa_"):
-        from kernellab.ops.attention.reference import _PEERS
-
-        _, dtypes, dims, refuses = _PEERS[backend]
-        if dtype not in dtypes or d not in dims:
-            return f"{backend}: dtype/head dim not supported"
-        if causal and refuses and s_q != s_k:
-            return f"{backend}: no bottom-right causal with S_q != S_k"
+        # The peer's declared limits (what it refuses; test_peer_limits_are_refused_clearly).
+        lead, _, _, _ = A.parse_problem(shape)
+        q = torch.empty(lead + (s_q, d), dtype=dtype, device="meta")
+        k = torch.empty(lead + (s_k, d), dtype=dtype, device="meta")
+        return kernellab.registry.get("attention", backend).outside_limits((q, k, k), {"causal": causal})
     return None
 
 
@@ -289,6 +287,44 @@ def test_unsupported_head_dim_and_dtype_per_backend():
         A.attention(q, k, v, backend="triton")
     # manual and tiled take any head dim
     A.attention(q, k, v, backend="tiled")
+
+
+@pytest.mark.parametrize(
+    "backend,shape,dtype,causal,pattern",
+    [
+        ("sdpa_cudnn", (2, 3, 1, 1, 64), torch.bfloat16, False, r"\bk\b has 1 key"),
+        ("sdpa_cudnn", (1, 2, 9, 1, 64), torch.float16, False, r"\bk\b has 1 key"),
+        ("sdpa_flash", (1, 2, 9, 12, 64), torch.bfloat16, True, r"S_q != S_k"),
+        ("sdpa_cudnn", (1, 2, 9, 16, 256), torch.bfloat16, False, r"\bq\b has head dim 256"),
+        ("sdpa_flash", (1, 2, 9, 16, 64), torch.float32, False, r"\bq\b has dtype float32"),
+    ],
+)
+def test_peer_limits_are_refused_clearly(backend, shape, dtype, causal, pattern):
+    """Each peer declares what its forced SDPA kernel cannot compute (Impl.limits), and
+    refuses exactly those calls with an error naming the argument, before SDPA's own
+    "No available kernel"; `check` counts such a case as refused, not failed."""
+    impl = kernellab.registry.get("attention", backend)
+    dev = "cuda" if torch.cuda.is_available() else "meta"
+    q, k, v = SPEC.make_inputs(shape, dtype, "cpu", 0)
+    q, k, v = (t.to(dev) for t in (q, k, v))
+    assert impl.outside_limits((q, k, v), {"causal": causal})
+    with pytest.raises((ValueError, TypeError), match=pattern):
+        impl.fn(q, k, v, causal=causal)
+    inside = SPEC.make_inputs((1, 2, 9, 9, 64), torch.bfloat16, "cpu", 0)
+    assert impl.outside_limits(inside, {"causal": causal}) is None
+
+
+def test_check_counts_a_declared_limit_as_refused():
+    from kernellab.harness import check as C
+
+    impl = kernellab.registry.get("attention", "sdpa_cudnn")
+    runner = C._Runner(impl, SPEC, torch.bfloat16, "cpu", 0, True)
+    args = SPEC.make_inputs((2, 3, 1, 1, 64), torch.bfloat16, "cpu", 1)
+    # On this machine the peer refuses every CPU tensor: only the case outside its limits
+    # (one key) counts as a refusal; a case inside them that raises is a failure.
+    assert runner.run_forward("shape", "one key", args).status == C.REFUSED
+    args = SPEC.make_inputs((1, 2, 9, 9, 64), torch.bfloat16, "cpu", 1)
+    assert runner.run_forward("shape", "nine keys", args).status == C.FAIL
 
 
 @pytest.mark.parametrize("backend", ["cuda_v1", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient"])

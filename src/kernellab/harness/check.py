@@ -176,6 +176,9 @@ class _Runner:
         except _REFUSAL as e:
             if kind == "layout":
                 return CaseResult(kind, name, REFUSED, detail=_short(e))
+            why = self.impl.outside_limits(args, options)
+            if why:  # a documented limit of the backend, refused clearly
+                return CaseResult(kind, name, REFUSED, detail=f"{why}: {_short(e)}")
             return CaseResult(kind, name, FAIL, detail="raised " + _short(e))
         except Exception as e:  # noqa: BLE001 - any other exception is a failure to report
             return CaseResult(kind, name, FAIL, detail="raised " + _short(e))
@@ -274,6 +277,9 @@ class _Runner:
             grads = torch.autograd.grad(out, [i_args[i] for i in spec.grad_args], dy)
             _sync(self.dev)
         except Exception as e:  # noqa: BLE001
+            why = self.impl.outside_limits(args, options) if isinstance(e, _REFUSAL) else None
+            if why:
+                return CaseResult("grad", name, REFUSED, detail=f"{why}: {_short(e)}")
             return CaseResult("grad", name, FAIL, detail="raised " + _short(e))
         worst = None
         for k, (g, r) in enumerate(zip(grads, ref_grads)):

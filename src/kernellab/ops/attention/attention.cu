@@ -7,9 +7,13 @@
 //       rows per thread block; K and V stream through shared memory in tiles of BC = 32
 //       keys (BC x D x 4 B x 2 = 32 KB at D = 128), loaded once per tile by the whole
 //       block and read by every thread (same address for all threads of a warp: a
-//       broadcast, no bank conflict). Online softmax per row: running max m, running sum
-//       l, unnormalized accumulator acc[D] in registers, rescaled by exp(m_old - m_new)
-//       when the max grows; o = acc / l at the end, lse = m + log(l).
+//       broadcast, no bank conflict). Online softmax per row, a tile at a time (as
+//       FlashAttention does): the tile's 32 scores in registers, its max, then one rescale
+//       of the running sum l and the unnormalized accumulator acc[D] by exp(m_old - m_new)
+//       per tile; o = acc / l at the end, lse = m + log(l). The tile's P V is summed
+//       apart from acc with Kahan compensation: adding every key into acc in sequence
+//       measured 2.3e-6 against a bound of 9.4e-7 on the H100 for inputs whose rows are
+//       all equal (the exact answer is v's row; the error is only the summation's).
 //       Correctness, not speed: every score is a D-long dot product in FP32 FMAs on one
 //       thread (no tensor cores), and acc[D] + q[D] is 2 x D registers per thread (spills
 //       at D = 128). Tiled MMA (one warp per 16 rows) is what the Triton kernel does.
@@ -30,6 +34,7 @@ __device__ void attn_fwd_v1(const float* __restrict__ q, const float* __restrict
                             float* __restrict__ lse, int S_q, int S_k, float scale, int causal) {
     __shared__ float ks[BC][D];
     __shared__ float vs[BC][D];
+    __shared__ float ps[BC][BR];  // each thread's tile of scores, then probabilities (a column)
     const long long bh = blockIdx.y;
     const int row0 = blockIdx.x * BR;
     const int row = row0 + threadIdx.x;
@@ -61,26 +66,48 @@ __device__ void attn_fwd_v1(const float* __restrict__ q, const float* __restrict
         }
         __syncthreads();
         if (active) {
-            const int jn = min(BC, my_end - j0);  // keys of this tile this row may see
-            for (int jj = 0; jj < jn; ++jj) {
-                float s = 0.0f;
+            const int jn = max(0, min(BC, my_end - j0));  // keys of this tile this row may see
+            if (jn > 0) {
+                // Scores of the tile (kept in this thread's column of ps), its max, then one
+                // rescale of l and acc per tile instead of one per key.
+                float m_tile = neg_inf;
+                for (int jj = 0; jj < jn; ++jj) {
+                    float s = 0.0f;
 #pragma unroll
-                for (int d = 0; d < D; ++d) s += qr[d] * ks[jj][d];
-                const float m_new = fmaxf(m, s);
-                const float alpha = expf(m - m_new);  // 0 when m = -inf
-                const float p = expf(s - m_new);
-                l = l * alpha + p;
+                    for (int d = 0; d < D; ++d) s = fmaf(qr[d], ks[jj][d], s);
+                    ps[jj][threadIdx.x] = s;
+                    m_tile = fmaxf(m_tile, s);
+                }
+                const float m_new = fmaxf(m, m_tile);  // finite: jn > 0
+                const float alpha = expf(m - m_new);   // 0 when m = -inf
+                float l_tile = 0.0f;
+                for (int jj = 0; jj < jn; ++jj) {
+                    const float p = expf(ps[jj][threadIdx.x] - m_new);
+                    ps[jj][threadIdx.x] = p;
+                    l_tile += p;
+                }
+                l = fmaf(l, alpha, l_tile);
+                // P V of the tile: Kahan-compensated, summed apart from acc, then added.
 #pragma unroll
-                for (int d = 0; d < D; ++d) acc[d] = acc[d] * alpha + p * vs[jj][d];
+                for (int d = 0; d < D; ++d) {
+                    float t = 0.0f, c = 0.0f;
+#pragma unroll 1
+                    for (int jj = 0; jj < jn; ++jj) {
+                        const float y = fmaf(ps[jj][threadIdx.x], vs[jj][d], -c);
+                        const float t2 = t + y;
+                        c = (t2 - t) - y;
+                        t = t2;
+                    }
+                    acc[d] = fmaf(acc[d], alpha, t);
+                }
                 m = m_new;
             }
         }
         __syncthreads();  // the next tile overwrites ks / vs
     }
     if (active) {
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         float* ob = o + (bh * S_q + row) * D;
-        for (int d = 0; d < D; ++d) ob[d] = acc[d] * inv;
+        for (int d = 0; d < D; ++d) ob[d] = l > 0.0f ? acc[d] / l : 0.0f;  // one rounding
         lse[bh * S_q + row] = l > 0.0f ? m + logf(l) : neg_inf;
     }
 }

@@ -155,6 +155,7 @@ register(
 
 _PEERS = {
     # backend: (SDPBackend name, dtypes, head dims, refuses causal S_q != S_k)
+    # (and sdpa_cudnn: no S_k = 1, see _peer_limits)
     "sdpa_flash": ("FLASH_ATTENTION", (torch.float16, torch.bfloat16), tuple(range(8, 257, 8)), True),
     "sdpa_cudnn": ("CUDNN_ATTENTION", (torch.float16, torch.bfloat16), tuple(range(8, 129, 8)), True),
     "sdpa_efficient": (
@@ -191,6 +192,27 @@ def _peer_unavailable(name: str):
     return why
 
 
+def _peer_limits(name: str):
+    """What a forced SDPA kernel cannot compute: ``(q, k, v, causal, scale) -> why | None``.
+    The peer refuses those calls (ValueError / TypeError) before SDPA would fail with
+    "No available kernel"; ``check`` and the tests read the same function."""
+    _, dtypes, dims, refuses_offset_causal = _PEERS[name]
+
+    def limits(q, k, v, causal: bool = False, scale=None) -> str | None:
+        if q.dtype not in dtypes:
+            return f"{name} takes {', '.join(str(d).replace('torch.', '') for d in dtypes)} only"
+        if q.shape[-1] not in dims:
+            return f"{name} takes head dims {dims[0]}..{dims[-1]} (multiples of 8) only"
+        if causal and refuses_offset_causal and q.shape[-2] != k.shape[-2]:
+            return f"{name}: no bottom-right causal with S_q != S_k"
+        if name == "sdpa_cudnn" and k.shape[-2] == 1:
+            # PyTorch (2.11): "cudnn SDPA does not support key/value sequence length 1"
+            return "sdpa_cudnn: cuDNN SDPA takes no key/value sequence of length 1"
+        return None
+
+    return limits
+
+
 def _make_peer(name: str):
     sdp, dtypes, dims, refuses_offset_causal = _PEERS[name]
 
@@ -203,6 +225,11 @@ def _make_peer(name: str):
             raise ValueError(
                 f"attention/{name}: causal with S_q != S_k (q has {q.shape[-2]} rows, k {k.shape[-2]}): "
                 "torch's is_causal is top-left, and a bottom-right mask never reaches this kernel"
+            )
+        if name == "sdpa_cudnn" and k.shape[-2] == 1:
+            raise ValueError(
+                "attention/sdpa_cudnn: k has 1 key (dim -2); cuDNN SDPA takes no key/value sequence of "
+                "length 1 (use sdpa_flash, sdpa_efficient or another backend)"
             )
         with sdpa_kernel([getattr(SDPBackend, sdp)]):
             return _sdpa(q, k, v, causal, scale, force_contiguous=True)
@@ -221,4 +248,5 @@ for _name, (_sdp, _dtypes, _dims, _) in _PEERS.items():
         dtypes=_dtypes,
         builtin=True,
         description=f"SDPA forced to {_sdp}; head dims {_dims[0]}..{_dims[-1]} (multiples of 8)",
+        limits=_peer_limits(_name),
     )(_make_peer(_name))
