@@ -27,7 +27,10 @@ from kernellab.ops import _norms
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
 ROW_ELEMS = 4096  # elements per forward program when rows are short
-BWD_PROGRAMS_PER_SM = 4  # backward grid (tuning knob: scripts/gpu_norms.py --sweep)
+BWD_PROGRAMS_PER_SM = 4  # backward grid (tuning knobs: scripts/tune_norm_bwd.py)
+BWD_WARPS = None  # None: 4 / 8 / 16 warps for rows up to 1024 / 4096 / wider
+BWD_PREFETCH = False
+BWD_PAIR_SUM = False  # (the interpreter runs a custom tl.reduce as a sequential fold: never there)
 
 
 @triton.jit
@@ -72,6 +75,11 @@ def _norm_fwd_kernel(
 
 
 @triton.jit
+def _add2(a0, b0, a1, b1):
+    return a0 + a1, b0 + b1
+
+
+@triton.jit
 def _norm_bwd_kernel(
     dy_ptr,  # [n_rows, n_cols] contiguous
     x_ptr,  # [n_rows, n_cols] contiguous
@@ -86,6 +94,8 @@ def _norm_bwd_kernel(
     rows_per_prog,
     BLOCK: tl.constexpr,
     RMS: tl.constexpr,
+    PREFETCH: tl.constexpr,  # load row i + 1 (x, dy, stats) before row i's reductions
+    PAIR_SUM: tl.constexpr,  # both layer_norm row sums in one tl.reduce
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -94,27 +104,58 @@ def _norm_bwd_kernel(
     dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK], dtype=tl.float32)
     first = pid.to(tl.int64) * rows_per_prog
+    # The last group may be short: rows past the end load zeros (dy = 0 adds nothing to
+    # the partials) and store nothing; their statistics are read at a valid row.
+    if PREFETCH:
+        nmask = cmask & ((cols * 0 + first) < n_rows)
+        x_nx = tl.load(x_ptr + first * n_cols + cols, mask=nmask, other=0.0)
+        dy_nx = tl.load(dy_ptr + first * n_cols + cols, mask=nmask, other=0.0)
+        srow = tl.minimum(first, n_rows - 1)
+        rstd_nx = tl.load(rstd_ptr + srow)
+        mean_nx = rstd_nx
+        if not RMS:
+            mean_nx = tl.load(mean_ptr + srow)
     for i in range(0, rows_per_prog):
         row = first + i
-        # The last group may be short: rows past the end load zeros (dy = 0 adds nothing
-        # to the partials) and store nothing; their statistics are read at a valid row.
         mask = cmask & ((cols * 0 + row) < n_rows)
         offs = row * n_cols + cols
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        srow = tl.minimum(row, n_rows - 1)
-        rstd = tl.load(rstd_ptr + srow)
+        if PREFETCH:
+            x = x_nx.to(tl.float32)
+            dy = dy_nx.to(tl.float32)
+            rstd = rstd_nx
+            mean = mean_nx
+            nrow = row + 1
+            nmask = cmask & ((cols * 0 + nrow) < tl.minimum(n_rows, first + rows_per_prog))
+            x_nx = tl.load(x_ptr + nrow * n_cols + cols, mask=nmask, other=0.0)
+            dy_nx = tl.load(dy_ptr + nrow * n_cols + cols, mask=nmask, other=0.0)
+            nsrow = tl.minimum(nrow, n_rows - 1)
+            rstd_nx = tl.load(rstd_ptr + nsrow)
+            if not RMS:
+                mean_nx = tl.load(mean_ptr + nsrow)
+        else:
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            srow = tl.minimum(row, n_rows - 1)
+            rstd = tl.load(rstd_ptr + srow)
+            mean = rstd
+            if not RMS:
+                mean = tl.load(mean_ptr + srow)
         if RMS:
             xhat = x * rstd
         else:
-            mean = tl.load(mean_ptr + srow)
             xhat = tl.where(mask, (x - mean) * rstd, 0.0)
         g = dy * w
-        c1 = tl.sum(g * xhat, axis=0) / n_cols
         if RMS:
+            c1 = tl.sum(g * xhat, axis=0) / n_cols
             dx = (g - xhat * c1) * rstd
         else:
-            c2 = tl.sum(g, axis=0) / n_cols
+            if PAIR_SUM:  # one trip through shared memory, not two
+                s1, s2 = tl.reduce((g * xhat, g), 0, _add2)
+            else:
+                s1 = tl.sum(g * xhat, axis=0)
+                s2 = tl.sum(g, axis=0)
+            c1 = s1 / n_cols
+            c2 = s2 / n_cols
             dx = (g - (xhat * c1 + c2)) * rstd
             db_acc += dy
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -201,7 +242,9 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
         per,
         BLOCK=block,
         RMS=rms,
-        num_warps=4 if block <= 1024 else 8 if block <= 4096 else 16,
+        PREFETCH=BWD_PREFETCH,
+        PAIR_SUM=BWD_PAIR_SUM and x.device.type == "cuda",
+        num_warps=BWD_WARPS or (4 if block <= 1024 else 8 if block <= 4096 else 16),
         # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g),
         # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
         enable_fp_fusion=False,
@@ -248,9 +291,11 @@ def kernel_specs(rms: bool):
             "rows_per_prog": "i32",
             "BLOCK": "constexpr",
             "RMS": "constexpr",
+            "PREFETCH": "constexpr",
+            "PAIR_SUM": "constexpr",
         }
         fcx = {"BLOCK": block, "ROWS": rows, "RMS": rms, "HAS_BIAS": not rms}
-        bcx = {"BLOCK": 4096, "RMS": rms}
+        bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH, "PAIR_SUM": BWD_PAIR_SUM}
         return [(_norm_fwd_kernel, fwd, fcx, warps), (_norm_bwd_kernel, bwd, bcx, 8)]
 
     return specs
