@@ -180,13 +180,13 @@ def _tf32_rn(x):
 
 
 @triton.jit
-def _dot(a, b, PREC: tl.constexpr):
-    """a @ b in fp32: PREC "ieee" (fp32 FMAs), "tf32" (16-bit operands: ignored), or
-    "tf32rn" (fp32 operands rounded to TF32 by _tf32_rn, then TF32 tensor-core dots)."""
+def _dot(a, b, PREC: tl.constexpr, c=None):
+    """c + a @ b in fp32 (c None: 0): PREC "ieee" (fp32 FMAs), "tf32" (16-bit operands:
+    ignored), or "tf32rn" (fp32 operands rounded to TF32 by _tf32_rn, then TF32 dots)."""
     if PREC == "tf32rn":
-        return tl.dot(_tf32_rn(a), _tf32_rn(b), input_precision="tf32")
+        return tl.dot(_tf32_rn(a), _tf32_rn(b), acc=c, input_precision="tf32")
     else:
-        return tl.dot(a, b, input_precision=PREC)
+        return tl.dot(a, b, acc=c, input_precision=PREC)
 
 
 @triton.jit
@@ -198,7 +198,10 @@ def _mma(a, b, acc, PREC: tl.constexpr):
     a CPU model of the two orders gives 5.1e-6 chained, 1.6e-6 two-level at 64-row blocks.
     16-bit operands accumulate in the MMA (acc=), as every fast kernel does."""
     if a.dtype == tl.float32:
-        return acc + _dot(a, b, PREC)
+        # The block's product starts from acc * 0.0, not from a constant 0: Triton's
+        # dot-add combine rewrites "acc + dot(a, b, 0)" into dot(a, b, acc), the very chain
+        # this avoids (the first H100 run of this code measured the same 6.1e-6).
+        return acc + _dot(a, b, PREC, acc * 0.0)
     else:
         return tl.dot(a, b, acc=acc, input_precision=PREC)
 
