@@ -37,11 +37,14 @@ import kernellab.ops.cross_entropy as ce  # noqa: E402  (registers the op)
 from kernellab.harness import bench as kbench  # noqa: E402
 from kernellab.harness.check import check_impl  # noqa: E402
 from kernellab.harness.results import pivot_table, write_jsonl  # noqa: E402
-from kernellab.ops.spec import dtype_name  # noqa: E402
+from kernellab.ops.spec import dtype_name, options_str  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SHAPES = [(8192, 50304), (8192, 128256)]
 OURS = ("triton", "cuda", "cuda_v1")
+# The default (targets range-checked: one 4-byte flag read, a host sync, per call) and the
+# opt-out check_targets=False (no check, no sync), every backend under both.
+OPTION_SETS = [("checked", {}), ("check_targets=False", {"check_targets": False})]
 PEERS = ("torch", "compile", "liger")
 
 
@@ -140,30 +143,33 @@ def memory_table(rows) -> str:
 
 def targets(bench_rows, mem_rows) -> list[str]:
     lines = []
-    for shape in SHAPES:
+    for shape, (label, want) in [(s, o) for s in SHAPES for o in OPTION_SETS]:
         s = "x".join(map(str, shape))
 
-        def ms(mode, backends):
-            got = [
-                (r["median_ms"], r["backend"])
-                for r in bench_rows
+        def rows_of(mode, backends):
+            return [
+                r for r in bench_rows
                 if r["shape"] == s and r["mode"] == mode and r.get("status") == "ok" and r["backend"] in backends
-            ]
+                and (r.get("options") or "") == options_str(want)
+            ]  # fmt: skip
+
+        def ms(mode, backends):
+            got = [(r["median_ms"], r["backend"]) for r in rows_of(mode, backends)]
             return min(got) if got else (None, None)
 
         for mode in ("fwd", "fwdbwd"):
             (o, ob), (p, pb) = ms(mode, OURS), ms(mode, PEERS)
-            pct = next(
-                (r.get("pct_bw") for r in bench_rows
-                 if r["shape"] == s and r["mode"] == mode and r["backend"] == ob and r.get("status") == "ok"),
-                None,
-            )  # fmt: skip
+            pct = next((r.get("pct_bw") for r in rows_of(mode, (ob,))), None)
             if o is None or p is None:
-                lines.append(f"{s} {mode}: not judged (ours {o}, peers {p})")
+                lines.append(f"{s} {mode} ({label}): not judged (ours {o}, peers {p})")
                 continue
             verdict = "met" if o <= p else "MISSED"
             extra = f", {pct}% of copy BW" if mode == "fwd" else ""
-            lines.append(f"{s} {mode}: best ours {ob} {o:.3f} ms{extra} vs fastest peer {pb} {p:.3f} ms: {verdict}")
+            lines.append(
+                f"{s} {mode} ({label}): best ours {ob} {o:.3f} ms{extra} vs fastest peer {pb} {p:.3f} ms: {verdict}"
+            )
+        if want:
+            continue
         (c, _), (o, ob) = ms("fwdbwd", ("compile",)), ms("fwdbwd", OURS)
         if c is not None and o is not None:
             lines.append(f"{s} fwdbwd vs compile: {ob} {o:.3f} ms vs {c:.3f} ms: {'met' if o <= c else 'MISSED'}")
@@ -203,12 +209,12 @@ def main() -> int:
 
     backends = [i.backend for i in kernellab.impls("cross_entropy") if not (args.skip_compile and i.backend == "compile")]
     bench_rows = []
-    for shape, mode in [(s, m) for s in SHAPES for m in ("fwd", "fwdbwd")]:
+    for shape, mode, (_, opts) in [(s, m, o) for s in SHAPES for m in ("fwd", "fwdbwd") for o in OPTION_SETS]:
         t0 = time.perf_counter()
         try:  # the float64 reference of 8192 x 128256 with its gradient is ~25 GB: report an OOM, go on
             got = kbench.bench(
                 "cross_entropy", backends=backends, shapes=[shape], dtypes=[torch.bfloat16],
-                modes=[mode], device="cuda", budget_s=args.budget,
+                modes=[mode], device="cuda", budget_s=args.budget, options=opts,
             )  # fmt: skip
         except Exception as e:  # noqa: BLE001
             line = f"bench {shape} {mode} failed: {type(e).__name__}: {str(e)[:200]}"
@@ -220,11 +226,11 @@ def main() -> int:
         write_jsonl(got, out / "cross_entropy.jsonl")
         for r in got:
             if r.get("status") == "ok":
-                print(f"  {r['shape']} {r['mode']:6s} {r['backend']:8s} {r['median_ms']:.4f} ms "
+                print(f"  {r['shape']} {r['mode']:6s} {opts or ''} {r['backend']:8s} {r['median_ms']:.4f} ms "
                       f"{r['gbps']:.0f} GB/s {r.get('pct_bw')}%", flush=True)  # fmt: skip
             elif r.get("status") != "unavailable":
                 print(f"  {r['shape']} {r['mode']} {r['backend']}: {r.get('status')} {(r.get('reason') or '')[:160]}")
-        print(f"bench {shape} {mode}: {time.perf_counter() - t0:.0f}s", flush=True)
+        print(f"bench {shape} {mode} {opts or ''}: {time.perf_counter() - t0:.0f}s", flush=True)
         torch.cuda.empty_cache()
 
     # What the target range check costs per call: the validator (no range check now), the
@@ -252,6 +258,9 @@ def main() -> int:
             "validator": per_call(lambda: ce.SPEC.validate((logits, target), {}, ("cuda",))),
             "torch range check": per_call(lambda: check_targets(logits, target, -100)),
             "cuda fwd, fused check (public call)": per_call(lambda: ce.cross_entropy(logits, target, backend="cuda")),
+            "cuda fwd, check_targets=False (public call)": per_call(
+                lambda: ce.cross_entropy(logits, target, backend="cuda", check_targets=False)
+            ),
             "cuda fwd kernel alone (no flag)": per_call(lambda: fwd_raw(logits, target, -100)),
         }
     line = "target range check per call (us, idle GPU, bf16 %s): " % (SHAPES[0],) + "; ".join(

@@ -1,17 +1,17 @@
-"""Sweep the Triton layer_norm / rms_norm backward's knobs on a GPU (issue 3).
+"""Sweep the knobs of the Triton layer_norm / rms_norm kernels on a GPU (issue 3).
 
     python scripts/tune_norm_bwd.py [--out DIR] [--shape 16384x4096] [--dtype bf16]
 
-Times the backward launcher alone (``norm_bwd``: the kernel plus the reduction of the
-dweight/dbias partials) with ``triton.testing.do_bench`` (L2 flushed between calls,
-median) for every combination of
-    BWD_PREFETCH   (load row i + 1 before row i's reductions),
-    BWD_PAIR_SUM   (layer_norm: both row sums in one tl.reduce),
-    BWD_PROGRAMS_PER_SM (2, 4, 8) and BWD_WARPS (4, 8, 16),
-then torch.compile's backward of the same op for reference (fwd+bwd minus fwd, both by
-do_bench), and the bytes floor (read x, dy; write dx) at the measured copy rate. Each
-configuration's dx / dweight are compared with the default's (identical math, so they
-must agree to a few ulp). Rows -> DIR/tune_norm_bwd.jsonl; the table is printed.
+Backward: times the launcher alone (``norm_bwd``: the kernel plus the sum of the
+dweight/dbias partials) for BWD_PREFETCH (load row i + 1 before row i's reductions) x
+BWD_PROGRAMS_PER_SM x BWD_WARPS. Forward: ``norm_fwd`` for FWD_WARPS x FWD_EVICT (the
+eviction policy of the x load and the y store), beside liger's forward when liger-kernel is
+installed. ``triton.testing.do_bench`` (L2 flushed between calls, median); the bytes floor
+(backward: read x, dy, write dx; forward: read x, write y) at the measured copy rate. Each
+configuration's outputs are compared with the first one's (same math: a few ulp at most).
+Rows -> DIR/tune_norm_bwd.jsonl; the fastest configurations are printed last.
+(The first H100 sweep also tried one paired tl.reduce for the two layer_norm row sums:
+no gain, removed.)
 """
 
 from __future__ import annotations
@@ -30,12 +30,18 @@ import triton  # noqa: E402
 
 import kernellab.ops.layer_norm.triton as lt  # noqa: E402
 
+KNOBS = ("BWD_PREFETCH", "BWD_PROGRAMS_PER_SM", "BWD_WARPS", "FWD_WARPS", "FWD_EVICT")
+
 
 def _copy_gbps() -> float:
     x = torch.empty(2**28, device="cuda")
     y = torch.empty_like(x)
     ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=300)
     return 2 * x.numel() * 4 / ms / 1e6
+
+
+def _diff(got, ref) -> float:
+    return max(float((g.float() - r.float()).abs().max()) for g, r in zip(got, ref) if g is not None)
 
 
 def main() -> int:
@@ -52,58 +58,71 @@ def main() -> int:
     w = (1 + 0.1 * torch.randn(d, device="cuda", generator=gen)).to(dtype)
     b = (0.1 * torch.randn(d, device="cuda", generator=gen)).to(dtype)
     copy = _copy_gbps()
-    floor_ms = 3 * x.numel() * x.element_size() / copy / 1e6
-    print(f"copy {copy:.0f} GB/s; bytes floor of the backward (read x, dy; write dx): {floor_ms:.4f} ms", flush=True)
+    nbytes = x.numel() * x.element_size()
+    print(f"copy {copy:.0f} GB/s; floors: fwd {2 * nbytes / copy / 1e6:.4f} ms, bwd {3 * nbytes / copy / 1e6:.4f} ms")
+    saved = {k: getattr(lt, k) for k in KNOBS}
     rows = []
-    knobs0 = (lt.BWD_PREFETCH, lt.BWD_PAIR_SUM, lt.BWD_PROGRAMS_PER_SM, lt.BWD_WARPS)
-    for rms in (False, True):
-        op = "rms_norm" if rms else "layer_norm"
-        _, mean, rstd = lt.norm_fwd(x, w, None if rms else b, 1e-5, rms)
-        ref = lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms)
-        pairs = (False,) if rms else (False, True)
-        for pre, pair, per_sm, warps in itertools.product((False, True), pairs, (2, 4, 8), (4, 8, 16)):
-            lt.BWD_PREFETCH, lt.BWD_PAIR_SUM, lt.BWD_PROGRAMS_PER_SM, lt.BWD_WARPS = pre, pair, per_sm, warps
-            try:
-                got = lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms)
-                diff = max(float((g.float() - r.float()).abs().max()) for g, r in zip(got, ref) if g is not None)
-                ms = triton.testing.do_bench(lambda: lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms), warmup=25, rep=200)
-                row = dict(op=op, prefetch=pre, pair_sum=pair, per_sm=per_sm, warps=warps, ms=ms, max_diff=diff)
-            except Exception as e:  # noqa: BLE001
-                row = dict(op=op, prefetch=pre, pair_sum=pair, per_sm=per_sm, warps=warps, error=f"{type(e).__name__}: {e}"[:200])
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        lt.BWD_PREFETCH, lt.BWD_PAIR_SUM, lt.BWD_PROGRAMS_PER_SM, lt.BWD_WARPS = knobs0
-        # torch.compile of the same math: fwd+bwd minus fwd.
-        xr = x.detach().clone().requires_grad_()
-        wr = w.detach().clone().requires_grad_()
-        br = b.detach().clone().requires_grad_()
-        if rms:
-            f = torch.compile(lambda x_, w_: torch.nn.functional.rms_norm(x_, (d,), w_, 1e-5), dynamic=False)
-            fargs = (xr, wr)
-        else:
-            f = torch.compile(lambda x_, w_, b_: torch.nn.functional.layer_norm(x_, (d,), w_, b_, 1e-5), dynamic=False)
-            fargs = (xr, wr, br)
-        t_f = triton.testing.do_bench(lambda: f(*fargs), warmup=25, rep=200)
-        t_fb = triton.testing.do_bench(lambda: f(*fargs).backward(dy), warmup=25, rep=200, grad_to_none=list(fargs))
-        row = dict(op=op, backend="compile", fwd_ms=t_f, fwdbwd_ms=t_fb, bwd_ms=t_fb - t_f)
+
+    def record(row):
         rows.append(row)
         print(json.dumps(row), flush=True)
+
+    try:
+        for rms in (False, True):
+            op = "rms_norm" if rms else "layer_norm"
+            bias = None if rms else b
+            ref_f = lt.norm_fwd(x, w, bias, 1e-5, rms)
+            for warps, evict in itertools.product((4, 8, 16), ("", "evict_first")):
+                lt.FWD_WARPS, lt.FWD_EVICT = warps, evict
+                diff = _diff(lt.norm_fwd(x, w, bias, 1e-5, rms), ref_f)
+                ms = triton.testing.do_bench(lambda: lt.norm_fwd(x, w, bias, 1e-5, rms), warmup=25, rep=200)
+                record(dict(op=op, pass_="fwd", warps=warps, evict=evict, ms=ms, max_diff=diff))
+            lt.FWD_WARPS, lt.FWD_EVICT = saved["FWD_WARPS"], saved["FWD_EVICT"]
+            try:
+                if rms:
+                    from liger_kernel.transformers.functional import liger_rms_norm as lf
+
+                    def liger():
+                        return lf(x, w, 1e-5)
+                else:
+                    from liger_kernel.transformers.functional import liger_layer_norm as lf
+
+                    def liger():
+                        return lf(x, w, b, 1e-5)
+
+                ms = triton.testing.do_bench(liger, warmup=25, rep=200)
+                record(dict(op=op, pass_="fwd", backend="liger", ms=ms))
+            except Exception as e:  # noqa: BLE001
+                record(dict(op=op, pass_="fwd", backend="liger", error=f"{type(e).__name__}: {e}"[:160]))
+            _, mean, rstd = ref_f
+            ref_b = None
+            for pre, per_sm, warps in itertools.product((True, False), (1, 2, 3, 4), (4, 8)):
+                lt.BWD_PREFETCH, lt.BWD_PROGRAMS_PER_SM, lt.BWD_WARPS = pre, per_sm, warps
+                got = lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms)
+                ref_b = ref_b or got
+                diff = _diff(got, ref_b)
+                ms = triton.testing.do_bench(lambda: lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms), warmup=25, rep=200)
+                record(dict(op=op, pass_="bwd", prefetch=pre, per_sm=per_sm, warps=warps, ms=ms, max_diff=diff))
+            for k in ("BWD_PREFETCH", "BWD_PROGRAMS_PER_SM", "BWD_WARPS"):
+                setattr(lt, k, saved[k])
+    finally:
+        for k, v in saved.items():
+            setattr(lt, k, v)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    meta = dict(shape=args.shape, dtype=args.dtype, gpu=torch.cuda.get_device_name(), copy_gbps=copy, time=time.time())
     with open(out / "tune_norm_bwd.jsonl", "w") as fh:
         for r in rows:
-            fh.write(json.dumps(dict(r, shape=args.shape, dtype=args.dtype, gpu=torch.cuda.get_device_name(), time=time.time())) + "\n")
-    print("\nfastest per op:")
+            fh.write(json.dumps(dict(r, **meta)) + "\n")
+    print("\nfastest:")
     for op in ("layer_norm", "rms_norm"):
-        ok = sorted((r for r in rows if r["op"] == op and "ms" in r), key=lambda r: r["ms"])
-        comp = [r for r in rows if r["op"] == op and r.get("backend") == "compile"]
-        default = [r for r in ok if (r["prefetch"], r["pair_sum"], r["per_sm"], r["warps"]) == (False, False, 4, 8)]
-        for r in ok[:5]:
-            print(f"  {op}: {r['ms']:.4f} ms ({floor_ms / r['ms']:.0%} of floor) prefetch={r['prefetch']} pair={r['pair_sum']} per_sm={r['per_sm']} warps={r['warps']} diff={r['max_diff']:.2e}")
-        if default:
-            print(f"  {op}: default {default[0]['ms']:.4f} ms")
-        if comp:
-            print(f"  {op}: compile bwd ~{comp[0]['bwd_ms']:.4f} ms (fwdbwd {comp[0]['fwdbwd_ms']:.4f} - fwd {comp[0]['fwd_ms']:.4f})")
+        for p in ("fwd", "bwd"):
+            ok = sorted((r for r in rows if r["op"] == op and r["pass_"] == p and "ms" in r), key=lambda r: r["ms"])
+            print(f"  {op} {p}: " + "; ".join(
+                f"{r['ms']:.4f} " + ",".join(f"{k}={v}" for k, v in r.items() if k not in ("op", "pass_", "ms"))
+                for r in ok[:4]
+            ))
+    print("shipped: " + ", ".join(f"{k}={v}" for k, v in saved.items()))
     return 0
 
 

@@ -23,7 +23,9 @@ GPU = cuda_backends("cross_entropy")
 REDUCTIONS = ["mean", "sum", "none"]
 
 
-def _case(backend, dtype, shape, reduction, device="cpu", ignore_index=-100, target=None, seed=0, inplace=False):
+def _case(
+    backend, dtype, shape, reduction, device="cpu", ignore_index=-100, target=None, seed=0, inplace=False
+):
     """Forward and dlogits of ``backend`` judged against float64 (2 x PyTorch's error)."""
     logits, t = SPEC.make_inputs(shape, dtype, device, seed)
     if target is not None:
@@ -197,6 +199,30 @@ def test_out_of_range_targets_raise(backend):
         registry.call("cross_entropy", backend, logits, torch.tensor([0, 1, 2]), label_smoothing=0.1)
 
 
+@pytest.mark.parametrize(
+    "backend",
+    ["triton", pytest.param("cuda", marks=pytest.mark.gpu), pytest.param("cuda_v1", marks=pytest.mark.gpu)],
+)
+def test_check_targets_false_skips_the_check(backend):
+    """check_targets=False: no range check and no flag read (no host sync on a GPU); the
+    fused kernels give a NaN loss for a bad row and the right loss for every other row,
+    and the shared flag is left untouched."""
+    from kernellab.ops.cross_entropy import _fused
+
+    dev = "cuda" if backend.startswith("cuda") else "cpu"
+    logits = torch.randn(4, 10, device=dev)
+    t = torch.tensor([0, 10, -100, 3], device=dev)
+    rows = ce.cross_entropy(logits, t, reduction="none", backend=backend, check_targets=False)
+    assert torch.isnan(rows[1]) and not torch.isnan(rows[[0, 2, 3]]).any()
+    torch.testing.assert_close(rows[[0, 3]], F.cross_entropy(logits[[0, 3]], t[[0, 3]], reduction="none"))
+    assert int(_fused._flag(logits.device)) == 0
+    # the default still raises, on the same inputs
+    with pytest.raises(ValueError, match=r"target\[1\] = 10"):
+        ce.cross_entropy(logits, t, backend=backend)
+    with pytest.raises(TypeError, match=r"\bcheck_targets\b"):
+        ce.cross_entropy(logits, t, backend=backend, check_targets=0)
+
+
 def test_inplace_backward_reuses_the_logits_buffer():
     logits, t = SPEC.make_inputs((5, 1000), torch.float32, "cpu", 4)
     a = logits.clone().requires_grad_()
@@ -228,7 +254,9 @@ def test_check_engine_passes(backend):
 
 
 def test_check_engine_passes_triton_bf16():
-    rep = check_impl(registry.get("cross_entropy", "triton"), torch.bfloat16, device="cpu", quick=True, seed=12)
+    rep = check_impl(
+        registry.get("cross_entropy", "triton"), torch.bfloat16, device="cpu", quick=True, seed=12
+    )
     assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
     assert any(c.kind == "opcheck" and c.status == PASS for c in rep.cases)
 
@@ -257,7 +285,9 @@ class _NoOnehot(torch.autograd.Function):
     def backward(ctx, dy):
         logits, target = ctx.saved_tensors
         keep = (target != -100).unsqueeze(1)
-        return torch.where(keep, torch.softmax(logits.float(), -1) * dy / keep.sum(), 0.0).to(logits.dtype), None
+        return torch.where(keep, torch.softmax(logits.float(), -1) * dy / keep.sum(), 0.0).to(
+            logits.dtype
+        ), None
 
 
 def _wrong_grad(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
@@ -267,12 +297,16 @@ def _wrong_grad(logits, target, ignore_index=-100, reduction="mean", inplace_bac
 
 
 @pytest.mark.parametrize(
-    "fn", [_no_ignore, _mean_over_all_rows, _wrong_grad], ids=["ignores ignore_index", "mean over N", "grad no onehot"]
+    "fn",
+    [_no_ignore, _mean_over_all_rows, _wrong_grad],
+    ids=["ignores ignore_index", "mean over N", "grad no onehot"],
 )
 def test_planted_wrong_implementations_fail_the_check(fn):
     registry.register("cross_entropy", "planted_wrong")(fn)
     try:
-        rep = check_impl(registry.get("cross_entropy", "planted_wrong"), torch.float32, device="cpu", quick=True, seed=13)
+        rep = check_impl(
+            registry.get("cross_entropy", "planted_wrong"), torch.float32, device="cpu", quick=True, seed=13
+        )
     finally:
         registry.unregister("cross_entropy", "planted_wrong")
     assert rep.status == FAIL
@@ -288,7 +322,9 @@ def test_compile_backend_quick():
 
 
 def test_under_torch_compile_fullgraph():
-    f = torch.compile(lambda x, t: ce.cross_entropy(x, t, backend="triton", reduction="sum") * 2, fullgraph=True)
+    f = torch.compile(
+        lambda x, t: ce.cross_entropy(x, t, backend="triton", reduction="sum") * 2, fullgraph=True
+    )
     logits, t = SPEC.make_inputs((5, 77), torch.float32, "cpu", 6)
     x = logits.clone().requires_grad_()
     y = f(x, t)
@@ -348,7 +384,9 @@ def _case_tensors(backend, logits, t):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", [b for b in GPU if b != "liger"])  # the peer's check: scripts/gpu_cross_entropy.py
+@pytest.mark.parametrize(
+    "backend", [b for b in GPU if b != "liger"]
+)  # the peer's check: scripts/gpu_cross_entropy.py
 def test_gpu_check_engine(backend):
     for dtype in DTYPES:
         rep = check_impl(registry.get("cross_entropy", backend), dtype, device="cuda", quick=True, seed=21)

@@ -141,14 +141,14 @@ def fused_backend(name: str, fwd, bwd):
             bwd(lc, tc, lse, g_loss.float().contiguous(), ctx.ignore_index, out)
             return out, None, None, None, None
 
-    def call(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
+    def call(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=True):
         # The target range check is fused into the forward kernel (a flag, read once after
-        # the kernels are queued); under torch.compile it is skipped (it would break the
-        # graph) and an out-of-range target gives a NaN loss for its row.
+        # the kernels are queued); under torch.compile, or with check_targets=False, it is
+        # skipped (no host sync) and an out-of-range target gives a NaN loss for its row.
         if _tracing():
             loss_rows, _ = op(logits, target, ignore_index)
             return reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)
-        flag = _flag(logits.device) if logits.shape[0] else None
+        flag = _flag(logits.device) if logits.shape[0] and check_targets else None
         if logits.requires_grad and torch.is_grad_enabled():
             loss_rows, _ = Eager.apply(logits, target, ignore_index, inplace_backward, flag)
         else:

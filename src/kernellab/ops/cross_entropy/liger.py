@@ -28,14 +28,17 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._peers import register_liger
-from kernellab.ops.cross_entropy._fused import check_targets
+from kernellab.ops.cross_entropy._fused import check_targets as _check_targets
 
 
-def liger_cross_entropy(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
+def liger_cross_entropy(
+    logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=True
+):
     """LigerCrossEntropyFunction (gradient computed in the forward, stored in the logits)."""
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
 
-    check_targets(logits, target, ignore_index)  # liger has no range check of its own
+    if check_targets:
+        _check_targets(logits, target, ignore_index)  # liger has no range check of its own
     if logits.shape[0] == 0:
         empty = logits.sum(dim=-1).float()  # keeps autograd's link to the logits
         out = {"none": empty, "sum": empty.sum(), "mean": empty.sum() / 0.0}[reduction]

@@ -8,16 +8,16 @@ import torch
 import torch.nn.functional as F
 
 from kernellab.ops._baselines import compiled, register_baseline
-from kernellab.ops.cross_entropy._fused import check_targets
+from kernellab.ops.cross_entropy._fused import check_targets as _check_targets
 
 
 def _checked(fn):
     """``fn`` after the PyTorch target range check (skipped while torch.compile traces)."""
 
     @functools.wraps(fn)
-    def wrapper(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
-        if not torch.compiler.is_compiling():
-            check_targets(logits, target, ignore_index)
+    def wrapper(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=True):
+        if check_targets and not torch.compiler.is_compiling():
+            _check_targets(logits, target, ignore_index)
         return fn(logits, target, ignore_index, reduction, inplace_backward)
 
     return wrapper

@@ -27,10 +27,17 @@ from kernellab.ops import _norms
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
 ROW_ELEMS = 4096  # elements per forward program when rows are short
-BWD_PROGRAMS_PER_SM = 4  # backward grid (tuning knobs: scripts/tune_norm_bwd.py)
-BWD_WARPS = None  # None: 4 / 8 / 16 warps for rows up to 1024 / 4096 / wider
-BWD_PREFETCH = False
-BWD_PAIR_SUM = False  # (the interpreter runs a custom tl.reduce as a sequential fold: never there)
+# Backward knobs, from scripts/tune_norm_bwd.py on the H100 (bf16 16384 x 4096, backward
+# alone; rows in benchmarks/results/tune_norm_bwd-H100.jsonl): layer_norm 0.228 ms at the
+# first guess (4 programs per SM, 8 warps, no prefetch) -> 0.170 ms (2 per SM, 4 warps,
+# prefetch); rms_norm 0.212 -> 0.156-0.159. Fewer programs mean fewer dweight partial
+# rows to sum afterwards (2 x 132 x D fp32 instead of 4 x 132 x D); the prefetch keeps
+# the next row's loads in flight across this row's two block-wide reductions.
+BWD_PROGRAMS_PER_SM = 2
+BWD_WARPS = None  # None: ~32 elements per thread (4 warps up to 4096 columns, then 8, 16)
+BWD_PREFETCH = True
+FWD_WARPS = None  # None: _fwd_config's choice
+FWD_EVICT = ""  # eviction policy of the forward's x load and y store ("" or "evict_first")
 
 
 @triton.jit
@@ -48,6 +55,7 @@ def _norm_fwd_kernel(
     ROWS: tl.constexpr,  # rows per program
     RMS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    EVICT: tl.constexpr,  # eviction policy of the x load and the y store
 ):
     pid = tl.program_id(0).to(tl.int64)
     rows = pid * ROWS + tl.arange(0, ROWS)
@@ -56,7 +64,7 @@ def _norm_fwd_kernel(
     cmask = cols < n_cols
     mask = rmask[:, None] & cmask[None, :]
     offs = rows[:, None] * n_cols + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if RMS:
         xc = x
     else:
@@ -71,12 +79,7 @@ def _norm_fwd_kernel(
     if HAS_BIAS:
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y + b[None, :]
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _add2(a0, b0, a1, b1):
-    return a0 + a1, b0 + b1
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -95,7 +98,6 @@ def _norm_bwd_kernel(
     BLOCK: tl.constexpr,
     RMS: tl.constexpr,
     PREFETCH: tl.constexpr,  # load row i + 1 (x, dy, stats) before row i's reductions
-    PAIR_SUM: tl.constexpr,  # both layer_norm row sums in one tl.reduce
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -149,13 +151,8 @@ def _norm_bwd_kernel(
             c1 = tl.sum(g * xhat, axis=0) / n_cols
             dx = (g - xhat * c1) * rstd
         else:
-            if PAIR_SUM:  # one trip through shared memory, not two
-                s1, s2 = tl.reduce((g * xhat, g), 0, _add2)
-            else:
-                s1 = tl.sum(g * xhat, axis=0)
-                s2 = tl.sum(g, axis=0)
-            c1 = s1 / n_cols
-            c2 = s2 / n_cols
+            c1 = tl.sum(g * xhat, axis=0) / n_cols
+            c2 = tl.sum(g, axis=0) / n_cols
             dx = (g - (xhat * c1 + c2)) * rstd
             db_acc += dy
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -207,7 +204,8 @@ def norm_fwd(x, w, b, eps, rms):
             ROWS=rows,
             RMS=rms,
             HAS_BIAS=b is not None,
-            num_warps=warps,
+            EVICT=FWD_EVICT,
+            num_warps=FWD_WARPS or warps,
         )
     return y, mean, rstd
 
@@ -243,8 +241,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
         BLOCK=block,
         RMS=rms,
         PREFETCH=BWD_PREFETCH,
-        PAIR_SUM=BWD_PAIR_SUM and x.device.type == "cuda",
-        num_warps=BWD_WARPS or (4 if block <= 1024 else 8 if block <= 4096 else 16),
+        num_warps=BWD_WARPS or max(4, min(16, block // 1024)),
         # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g),
         # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
         enable_fp_fusion=False,
@@ -276,6 +273,7 @@ def kernel_specs(rms: bool):
             "ROWS": "constexpr",
             "RMS": "constexpr",
             "HAS_BIAS": "constexpr",
+            "EVICT": "constexpr",
         }
         bwd = {
             "dy_ptr": f"*{dtype}",
@@ -292,11 +290,11 @@ def kernel_specs(rms: bool):
             "BLOCK": "constexpr",
             "RMS": "constexpr",
             "PREFETCH": "constexpr",
-            "PAIR_SUM": "constexpr",
         }
-        fcx = {"BLOCK": block, "ROWS": rows, "RMS": rms, "HAS_BIAS": not rms}
-        bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH, "PAIR_SUM": BWD_PAIR_SUM}
-        return [(_norm_fwd_kernel, fwd, fcx, warps), (_norm_bwd_kernel, bwd, bcx, 8)]
+        fcx = {"BLOCK": block, "ROWS": rows, "RMS": rms, "HAS_BIAS": not rms, "EVICT": FWD_EVICT}
+        bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH}
+        bwarps = BWD_WARPS or max(4, min(16, 4096 // 1024))
+        return [(_norm_fwd_kernel, fwd, fcx, FWD_WARPS or warps), (_norm_bwd_kernel, bwd, bcx, bwarps)]
 
     return specs
 
