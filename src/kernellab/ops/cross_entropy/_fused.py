@@ -4,14 +4,16 @@ fast path and the reduction.
 A backend supplies two launchers over contiguous tensors:
 
 - ``fwd(logits, target, ignore_index, flag=None) -> (loss_rows, lse)``: per-row loss (0 on ignored rows),
-  fp32 [N], and log-sum-exp as an unevaluated pair, fp32 [2, N] (lse = lse[0] + lse[1]: one
-  rounded fp32 lse cost the backward up to half an ulp of |lse| in every exp(x - lse),
-  which failed the 2x-PyTorch rule for fp32 at small V); one read of the logits. When
+  fp32 [N], and log-sum-exp, fp32 [lse_rows(dtype), N]: for fp32 logits an unevaluated
+  pair (lse = lse[0] + lse[1]: one rounded fp32 lse cost the backward up to half an ulp of
+  |lse| in every exp(x - lse), which failed the 2x-PyTorch rule for fp32 at small V), for
+  16-bit logits lse[0] alone (their dx rounds far coarser); one read of the logits. When
   ``flag`` (int32 [1]) is given, a row whose target is neither ignore_index nor in [0, V)
   sets ``flag[0] = 1`` (the range check, see ``fused_backend``).
 - ``bwd(logits, target, lse, scale, ignore_index, out) -> None``: writes
   ``out = scale[:, None] * (exp((logits - lse[0]) - lse[1]) - onehot(target))`` (0 on ignored rows) in the
-  logits' dtype; ``scale`` is fp32 [N]. ``out`` may be ``logits`` itself (in-place backward):
+  logits' dtype; ``scale`` is fp32 [N] with any stride (stride 0: the "mean" and "sum"
+  reductions' one scale, never copied to N floats). ``out`` may be ``logits`` itself (in-place backward):
   each element is read before it is written, by the same thread.
 
 The reduction ("none" / "sum" / "mean") is done by PyTorch on the N per-row losses, so the
@@ -24,6 +26,11 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+
+def lse_rows(dtype: torch.dtype) -> int:
+    """Rows of the saved lse: 2 (hi, lo) for fp32 logits, 1 for 16-bit ones."""
+    return 2 if dtype == torch.float32 else 1
 
 
 def _tracing() -> bool:
@@ -99,7 +106,7 @@ def fused_backend(name: str, fwd, bwd):
         n = logits.shape[0]
         return (
             logits.new_empty((n,), dtype=torch.float32),
-            logits.new_empty((2, n), dtype=torch.float32),
+            logits.new_empty((lse_rows(logits.dtype), n), dtype=torch.float32),
         )
 
     @bop.register_fake
@@ -138,7 +145,8 @@ def fused_backend(name: str, fwd, bwd):
             # In place: dlogits overwrite the (contiguous) logits; they are returned as
             # the gradient, so no logits-sized buffer is allocated.
             out = lc if ctx.inplace else torch.empty(lc.shape, dtype=lc.dtype, device=lc.device)
-            bwd(lc, tc, lse, g_loss.float().contiguous(), ctx.ignore_index, out)
+            g = g_loss.float()  # [N]; stride 0 when it is one scale broadcast ("mean", "sum")
+            bwd(lc, tc, lse, g if g.stride(0) in (0, 1) else g.contiguous(), ctx.ignore_index, out)
             return out, None, None, None, None
 
     def call(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=True):

@@ -39,14 +39,31 @@ template <> __device__ __forceinline__ float row_exp<float>(float v) { return ex
 // lse = m + log(s) kept as an unevaluated pair hi + lo (TwoSum): one rounded fp32 lse
 // costs every exp(x - lse) of the backward up to half an ulp of |lse| (PyTorch keeps x - m
 // and log s apart), which failed the 2x-PyTorch rule for fp32 at small V. The lse buffer
-// is [2, N]: hi at [row], lo at [N + row] (N = gridDim.x, one block per row).
+// is [2, N]: hi at [row], lo at [N + row] (N = gridDim.x, one block per row). 16-bit
+// logits keep hi alone ([1, N]): their dx rounds to 8-11 bits, far above hi's rounding,
+// and the 32 KB saved per 8192 rows is what kept the in-place fwd+bwd's extra memory
+// above liger's (0.17 MB vs 0.09 MB on the H100).
+template <typename T>
+__device__ constexpr bool lse_pair() { return sizeof(T) == 4; }
+
+template <typename T>
 __device__ __forceinline__ void store_lse(float* lse_out, long long row, float m, float log_s, float& hi, float& lo) {
     hi = m + log_s;
     const float bb = hi - m;
     lo = (m - (hi - bb)) + (log_s - bb);
     if (!isfinite(hi)) lo = 0.0f;  // inf / NaN rows: hi alone carries the value
     lse_out[row] = hi;
-    lse_out[gridDim.x + row] = lo;
+    if (lse_pair<T>()) lse_out[gridDim.x + row] = lo;
+}
+
+// The saved lse of a row (hi, lo) and the row's gradient scale g[row * gs] (gs = 0: one
+// scale for every row, e.g. the "mean" reduction's, read without a copy per row).
+template <typename T>
+__device__ __forceinline__ void load_lse_g(const float* lse, const float* g, long long gs, long long row, float& hi,
+                                           float& lo, float& gr) {
+    hi = lse[row];
+    lo = lse_pair<T>() ? lse[gridDim.x + row] : 0.0f;
+    gr = g[row * gs];
 }
 
 // The range check fused into the forward (thread 0 of each row): a target that is neither
@@ -105,7 +122,7 @@ __device__ void ce_fwd_v1(const T* __restrict__ x, const long long* __restrict__
     if (threadIdx.x == 0) {
         // A NaN anywhere in the row: fmaxf dropped it from m, but exp(NaN - m) made s NaN.
         float hi, lo;
-        store_lse(lse_out, row, m, logf(s), hi, lo);
+        store_lse<T>(lse_out, row, m, logf(s), hi, lo);
         loss[row] = row_loss(xr, target[row], V, ii, hi, lo);
         flag_target(flag, target[row], V, ii);
     }
@@ -113,7 +130,7 @@ __device__ void ce_fwd_v1(const T* __restrict__ x, const long long* __restrict__
 
 template <typename T>
 __device__ void ce_bwd_v1(const T* x, const long long* __restrict__ target, const float* __restrict__ lse,
-                          const float* __restrict__ g, T* dx, long long V, long long ii) {
+                          const float* __restrict__ g, long long gs, T* dx, long long V, long long ii) {
     const long long row = blockIdx.x;
     const T* xr = x + row * V;
     T* dr = dx + row * V;
@@ -122,7 +139,8 @@ __device__ void ce_bwd_v1(const T* x, const long long* __restrict__ target, cons
         for (long long j = threadIdx.x; j < V; j += blockDim.x) dr[j] = kl::from_f<T>(0.0f);
         return;
     }
-    const float l = lse[row], lo = lse[gridDim.x + row], gr = g[row];
+    float l, lo, gr;
+    load_lse_g<T>(lse, g, gs, row, l, lo, gr);
     for (long long j = threadIdx.x; j < V; j += blockDim.x) {
         const float p = row_exp<T>((kl::to_f(xr[j]) - l) - lo);
         dr[j] = kl::from_f<T>(gr * (j == t ? p - 1.0f : p));
@@ -188,7 +206,7 @@ __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__
     kl::MaxSum ms = kl::block_allreduce(kl::MaxSum{m, s}, scratch);
     if (threadIdx.x == 0) {
         float hi, lo;
-        store_lse(lse_out, row, ms.m, logf(ms.s), hi, lo);
+        store_lse<T>(lse_out, row, ms.m, logf(ms.s), hi, lo);
         loss[row] = row_loss(xr, target[row], V, ii, hi, lo);
         flag_target(flag, target[row], V, ii);
     }
@@ -198,7 +216,7 @@ __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__
 // the allocator, or dx == x), so one RowSplit serves both.
 template <typename T>
 __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, const float* __restrict__ lse,
-                          const float* __restrict__ g, T* dx, long long V, long long ii) {
+                          const float* __restrict__ g, long long gs, T* dx, long long V, long long ii) {
     using Vec = kl::Vec16<T>;
     const long long row = blockIdx.x;
     const T* xr = x + row * V;
@@ -215,7 +233,8 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
         if (jt < V) dr[jt] = kl::from_f<T>(0.0f);
         return;
     }
-    const float l = lse[row], lo = lse[gridDim.x + row], gr = g[row];
+    float l, lo, gr;
+    load_lse_g<T>(lse, g, gs, row, l, lo, gr);
     if (jh < sp.head) {
         const float pr = row_exp<T>((kl::to_f(xr[jh]) - l) - lo);
         dr[jh] = kl::from_f<T>(gr * (jh == t ? pr - 1.0f : pr));
@@ -252,19 +271,20 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
 #define KL_CE_KERNELS(SFX, T)                                                                               \
     extern "C" __global__ void ce_fwd_v1_##SFX(const T* x, const long long* t, float* loss, float* lse,      \
                                                int* flag, long long V, long long ii) {                     \
-        ce_fwd_v1<T>(x, t, loss, lse, flag, V, ii);                                                               \
+        ce_fwd_v1<T>(x, t, loss, lse, flag, V, ii);                                                         \
     }                                                                                                       \
     extern "C" __global__ void ce_bwd_v1_##SFX(const T* x, const long long* t, const float* lse,            \
-                                               const float* g, T* dx, long long V, long long ii) {          \
-        ce_bwd_v1<T>(x, t, lse, g, dx, V, ii);                                                              \
+                                               const float* g, long long gs, T* dx, long long V,            \
+                                               long long ii) {                                              \
+        ce_bwd_v1<T>(x, t, lse, g, gs, dx, V, ii);                                                          \
     }                                                                                                       \
     extern "C" __global__ void ce_fwd_##SFX(const T* x, const long long* t, float* loss, float* lse,         \
                                             int* flag, long long V, long long ii) {                        \
-        ce_fwd_v2<T>(x, t, loss, lse, flag, V, ii);                                                               \
+        ce_fwd_v2<T>(x, t, loss, lse, flag, V, ii);                                                         \
     }                                                                                                       \
     extern "C" __global__ void ce_bwd_##SFX(const T* x, const long long* t, const float* lse, const float* g, \
-                                            T* dx, long long V, long long ii) {                             \
-        ce_bwd_v2<T>(x, t, lse, g, dx, V, ii);                                                              \
+                                            long long gs, T* dx, long long V, long long ii) {               \
+        ce_bwd_v2<T>(x, t, lse, g, gs, dx, V, ii);                                                          \
     }
 
 KL_FOR_EACH_DTYPE(KL_CE_KERNELS)

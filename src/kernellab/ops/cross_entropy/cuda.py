@@ -11,14 +11,14 @@ from pathlib import Path
 import torch
 
 from kernellab.cuda.runtime import Module, _get_device, register_cuda
-from kernellab.ops.cross_entropy._fused import fused_backend
+from kernellab.ops.cross_entropy._fused import fused_backend, lse_rows
 
 MODULE = Module(Path(__file__).with_name("cross_entropy.cu"))
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS_V1 = 256
 THREADS = 256  # v2: 8 blocks (rows) per SM, 4 x 16 B in flight per thread
 FWD_SIG = ("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64")  # x, t, loss, lse, flag (0: none), V, ii
-BWD_SIG = ("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64")
+BWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "ptr", "i64", "i64")  # x, t, lse, g, g stride, dx, V, ii
 
 _KERNELS: dict = {}
 
@@ -44,7 +44,7 @@ def _make(vectorized: bool):
     def fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, flag=None):
         n, v = logits.shape
         loss = torch.empty(n, dtype=torch.float32, device=logits.device)
-        lse = torch.empty((2, n), dtype=torch.float32, device=logits.device)  # hi, lo
+        lse = torch.empty((lse_rows(logits.dtype), n), dtype=torch.float32, device=logits.device)  # hi(, lo)
         if n:
             dev = logits.device.index
             if dev != _get_device():
@@ -85,6 +85,7 @@ def _make(vectorized: bool):
             target,
             lse,
             scale,
+            scale.stride(0),
             out,
             v,
             ignore_index,

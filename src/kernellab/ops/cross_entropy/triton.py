@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops.cross_entropy._fused import fused_backend
+from kernellab.ops.cross_entropy._fused import fused_backend, lse_rows
 
 BLOCK_MAX = 4096  # columns per chunk: 16 fp32 / 8-16 elements per thread at 8 warps
 
@@ -66,11 +66,12 @@ def _ce_fwd_kernel(
             tl.store(flag_ptr, 1)
     tl.store(loss_ptr + row, loss)
     tl.store(lse_ptr + row, hi)
-    tl.store(lse_ptr + tl.num_programs(0) + row, lo)
+    if x_ptr.dtype.element_ty == tl.float32:  # 16-bit logits keep hi alone (see _fused)
+        tl.store(lse_ptr + tl.num_programs(0) + row, lo)
 
 
 @triton.jit
-def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, g_ptr, dx_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
+def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, g_ptr, g_stride, dx_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
     # x, dx: contiguous [N, n_cols] (dx may alias x: each element is loaded before it is
     # stored, by the same program); t: int64 [N]; lse, g: fp32 [N].
     row = tl.program_id(0).to(tl.int64)
@@ -85,9 +86,11 @@ def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, g_ptr, dx_ptr, n_cols, ignore_index, B
                 dx_row + start + cols, tl.zeros([BLOCK], tl.float32).to(dx_ptr.dtype.element_ty), mask=mask
             )
     else:
-        lse = tl.load(lse_ptr + row)  # hi; lo in row 1 of the [2, N] lse
-        lo = tl.load(lse_ptr + tl.num_programs(0) + row)
-        g = tl.load(g_ptr + row)
+        lse = tl.load(lse_ptr + row)  # hi; lo in row 1 of a [2, N] lse (fp32 logits only)
+        lo = 0.0
+        if x_ptr.dtype.element_ty == tl.float32:
+            lo = tl.load(lse_ptr + tl.num_programs(0) + row)
+        g = tl.load(g_ptr + row * g_stride)  # g_stride 0: one scale for every row
         for start in range(0, n_cols, BLOCK):
             mask = start + cols < n_cols
             x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
@@ -105,7 +108,7 @@ def _config(n_cols: int):
 def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, flag=None):
     n, v = logits.shape
     loss = torch.empty(n, dtype=torch.float32, device=logits.device)
-    lse = torch.empty((2, n), dtype=torch.float32, device=logits.device)
+    lse = torch.empty((lse_rows(logits.dtype), n), dtype=torch.float32, device=logits.device)
     if n:
         block, warps = _config(v)
         _ce_fwd_kernel[(n,)](
@@ -127,7 +130,9 @@ def _bwd(logits, target, lse, scale, ignore_index, out) -> None:
     n, v = logits.shape
     if n:
         block, warps = _config(v)
-        _ce_bwd_kernel[(n,)](logits, target, lse, scale, out, v, ignore_index, BLOCK=block, num_warps=warps)
+        _ce_bwd_kernel[(n,)](
+            logits, target, lse, scale, scale.stride(0), out, v, ignore_index, BLOCK=block, num_warps=warps
+        )
 
 
 cross_entropy_triton = fused_backend("cross_entropy_triton", _fwd, _bwd)
@@ -154,6 +159,7 @@ def _kernel_specs(dtype: str):
         "t_ptr": "*i64",
         "lse_ptr": "*fp32",
         "g_ptr": "*fp32",
+        "g_stride": "i32",
         "dx_ptr": f"*{dtype}",
         "n_cols": "i32",
         "ignore_index": "i32",
