@@ -137,10 +137,15 @@ def fused_backend(name: str, fwd, bwd):
             ctx.save_for_backward(lc.detach() if inplace else lc, tc, lse)
             ctx.ignore_index, ctx.inplace = ignore_index, inplace
             ctx.mark_non_differentiable(lse)
+            # No zeros for the lse's (never used) gradient: autograd would otherwise
+            # materialize an [rows, N] fp32 tensor of them for every backward.
+            ctx.set_materialize_grads(False)
             return loss_rows, lse
 
         @staticmethod
         def backward(ctx, g_loss, g_lse):
+            if g_loss is None:  # the loss was not used: no gradient to give
+                return None, None, None, None, None
             lc, tc, lse = ctx.saved_tensors
             # In place: dlogits overwrite the (contiguous) logits; they are returned as
             # the gradient, so no logits-sized buffer is allocated.
