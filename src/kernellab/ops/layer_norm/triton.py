@@ -64,11 +64,6 @@ def _norm_fwd_kernel(
     cmask = cols < n_cols
     mask = rmask[:, None] & cmask[None, :]
     offs = rows[:, None] * n_cols + cols[None, :]
-    # weight and bias first: loaded after the row's reductions, their (L2) latency sat
-    # behind two block-wide barriers instead of under the row's own load.
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if RMS:
         xc = x
@@ -79,8 +74,13 @@ def _norm_fwd_kernel(
     var = tl.sum(xc * xc, axis=1) / n_cols
     rstd = 1.0 / tl.sqrt_rn(var + eps)
     tl.store(rstd_ptr + rows, rstd, mask=rmask)
+    # weight and bias after the reductions: loading them first (so their latency would
+    # hide under the row's) measured 0.0992 ms against 0.0954-0.0958 at bf16 16384 x 4096
+    # layer_norm on the H100.
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y + b[None, :]
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 
