@@ -174,6 +174,22 @@ def test_gpu_cuda_fully_masked_and_misaligned_rows(backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda_v2", "cuda_v3", "cuda", "triton"])
+@pytest.mark.parametrize("cols", [1025, 4097, 262144])
+def test_gpu_nan_first_in_a_thread_poisons_the_row(backend, cols):
+    """A NaN that a thread meets before any finite value (its running max still -inf)
+    makes the whole row NaN, as torch's does; the streamed (online) path once skipped it
+    (fp32 37 x 1025 on the H100)."""
+    x = torch.randn(3, cols, device="cuda")
+    x[0, 0] = float("nan")  # the first element of the first thread
+    x[1, cols - 1] = float("nan")  # the last one (a scalar tail where there is one)
+    x[2, :7] = float("-inf")
+    x[2, 3] = float("nan")  # after -inf only
+    y = kernellab.softmax(x, backend=backend)
+    assert torch.isnan(y).all(), [int(torch.isnan(r).sum()) for r in y]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_gpu_liger_peer_forward(dtype):
     """The liger peer as users call it, within its limits: rows up to 65536 columns

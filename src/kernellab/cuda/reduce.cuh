@@ -62,7 +62,9 @@ struct MaxSum {
 
 __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
     const float m = fmaxf(a.m, b.m);
-    if (m == neg_inf()) return {m, 0.0f};  // both empty (or fully masked): avoid -inf - -inf
+    // Both empty (or fully masked): no -inf - -inf; s is 0 there, or NaN from a NaN input
+    // that fmaxf left out of m, which the sum keeps.
+    if (m == neg_inf()) return {m, a.s + b.s};
     return {m, a.s * __expf(a.m - m) + b.s * __expf(b.m - m)};
 }
 

@@ -221,7 +221,15 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
 #pragma unroll
             for (int j = 1; j < P::N; ++j) pm = fmaxf(pm, a.v[j]);
             const float m = fmaxf(acc.m, pm);
-            if (m == kl::neg_inf()) continue;  // all -inf so far: nothing to add
+            if (m == kl::neg_inf()) {  // all -inf (or NaN, which fmaxf drops) so far
+                // A NaN here must still poison the sum: skipping it returned a finite row
+                // where torch's is all NaN (`kernellab check` on the H100, fp32 37 x 1025,
+                // where 1025 columns take this streamed path).
+#pragma unroll
+                for (int j = 0; j < P::N; ++j)
+                    if (a.v[j] != a.v[j]) acc.s = a.v[j];
+                continue;
+            }
             float ps = 0.0f;
 #pragma unroll
             for (int j = 0; j < P::N; ++j) ps += __expf(a.v[j] - m);
