@@ -155,7 +155,7 @@ register(
 
 _PEERS = {
     # backend: (SDPBackend name, dtypes, head dims, refuses causal S_q != S_k)
-    # (and sdpa_cudnn: no S_k = 1, see _peer_limits)
+    # (and sdpa_cudnn: no S_k = 1, see _peer_refusal)
     "sdpa_flash": ("FLASH_ATTENTION", (torch.float16, torch.bfloat16), tuple(range(8, 257, 8)), True),
     "sdpa_cudnn": ("CUDNN_ATTENTION", (torch.float16, torch.bfloat16), tuple(range(8, 129, 8)), True),
     "sdpa_efficient": (
@@ -192,45 +192,49 @@ def _peer_unavailable(name: str):
     return why
 
 
-def _peer_limits(name: str):
-    """What a forced SDPA kernel cannot compute: ``(q, k, v, causal, scale) -> why | None``.
-    The peer refuses those calls (ValueError / TypeError) before SDPA would fail with
-    "No available kernel"; ``check`` and the tests read the same function."""
+def _peer_refusal(name: str, q, k, causal: bool) -> Exception | None:
+    """The error the forced SDPA kernel ``name`` is refused with for these arguments
+    (before SDPA itself would fail with "No available kernel"), or None when it runs."""
     _, dtypes, dims, refuses_offset_causal = _PEERS[name]
+    try:
+        check_dtype(q, dtypes, name)
+        check_head_dim(q, dims, name)
+    except (TypeError, ValueError) as e:
+        return e
+    if causal and refuses_offset_causal and q.shape[-2] != k.shape[-2]:
+        return ValueError(
+            f"attention/{name}: causal with S_q != S_k (q has {q.shape[-2]} rows, k {k.shape[-2]}): "
+            "torch's is_causal is top-left, and a bottom-right mask never reaches this kernel"
+        )
+    if name == "sdpa_cudnn" and k.shape[-2] == 1:
+        # PyTorch (2.11): "cudnn SDPA does not support key/value sequence length 1"
+        return ValueError(
+            "attention/sdpa_cudnn: k has 1 key (dim -2); cuDNN SDPA takes no key/value sequence of "
+            "length 1 (use sdpa_flash, sdpa_efficient or another backend)"
+        )
+    return None
+
+
+def _peer_limits(name: str):
+    """The peer's declared limits (``Impl.limits``): why it refuses (q, k, v, causal), or
+    None; the same conditions the peer raises on, so ``check`` and the tests agree with it."""
 
     def limits(q, k, v, causal: bool = False, scale=None) -> str | None:
-        if q.dtype not in dtypes:
-            return f"{name} takes {', '.join(str(d).replace('torch.', '') for d in dtypes)} only"
-        if q.shape[-1] not in dims:
-            return f"{name} takes head dims {dims[0]}..{dims[-1]} (multiples of 8) only"
-        if causal and refuses_offset_causal and q.shape[-2] != k.shape[-2]:
-            return f"{name}: no bottom-right causal with S_q != S_k"
-        if name == "sdpa_cudnn" and k.shape[-2] == 1:
-            # PyTorch (2.11): "cudnn SDPA does not support key/value sequence length 1"
-            return "sdpa_cudnn: cuDNN SDPA takes no key/value sequence of length 1"
-        return None
+        e = _peer_refusal(name, q, k, causal)
+        return str(e) if e is not None else None
 
     return limits
 
 
 def _make_peer(name: str):
-    sdp, dtypes, dims, refuses_offset_causal = _PEERS[name]
+    sdp = _PEERS[name][0]
 
     def peer(q, k, v, causal: bool = False, scale=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        check_dtype(q, dtypes, name)
-        check_head_dim(q, dims, name)
-        if causal and refuses_offset_causal and q.shape[-2] != k.shape[-2]:
-            raise ValueError(
-                f"attention/{name}: causal with S_q != S_k (q has {q.shape[-2]} rows, k {k.shape[-2]}): "
-                "torch's is_causal is top-left, and a bottom-right mask never reaches this kernel"
-            )
-        if name == "sdpa_cudnn" and k.shape[-2] == 1:
-            raise ValueError(
-                "attention/sdpa_cudnn: k has 1 key (dim -2); cuDNN SDPA takes no key/value sequence of "
-                "length 1 (use sdpa_flash, sdpa_efficient or another backend)"
-            )
+        refusal = _peer_refusal(name, q, k, causal)
+        if refusal is not None:
+            raise refusal
         with sdpa_kernel([getattr(SDPBackend, sdp)]):
             return _sdpa(q, k, v, causal, scale, force_contiguous=True)
 

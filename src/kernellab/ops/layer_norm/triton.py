@@ -176,6 +176,11 @@ def _fwd_config(n_cols: int):
     return block, rows, warps
 
 
+def _bwd_warps(block: int) -> int:
+    """Warps of the backward: BWD_WARPS, or ~32 elements per thread (4 to 16 warps)."""
+    return BWD_WARPS or max(4, min(16, block // 1024))
+
+
 def _bwd_programs(n_rows: int, dev) -> int:
     """Programs of the backward: BWD_PROGRAMS_PER_SM per SM on a GPU (each holds a row of
     x and dy and two fp32 accumulators in registers); a handful under the interpreter
@@ -244,7 +249,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
         BLOCK=block,
         RMS=rms,
         PREFETCH=BWD_PREFETCH,
-        num_warps=BWD_WARPS or max(4, min(16, block // 1024)),
+        num_warps=_bwd_warps(block),
         # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g),
         # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
         enable_fp_fusion=False,
@@ -296,8 +301,10 @@ def kernel_specs(rms: bool):
         }
         fcx = {"BLOCK": block, "ROWS": rows, "RMS": rms, "HAS_BIAS": not rms, "EVICT": FWD_EVICT}
         bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH}
-        bwarps = BWD_WARPS or max(4, min(16, 4096 // 1024))
-        return [(_norm_fwd_kernel, fwd, fcx, FWD_WARPS or warps), (_norm_bwd_kernel, bwd, bcx, bwarps)]
+        return [
+            (_norm_fwd_kernel, fwd, fcx, FWD_WARPS or warps),
+            (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
+        ]
 
     return specs
 
