@@ -22,9 +22,11 @@ CUDA backends on a machine without a GPU are compiled with NVRTC for sm_80 and s
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import traceback
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -114,6 +116,28 @@ def poison_allocator(shape, dtype, dev: str, copies: int = 3) -> None:
     del bufs
 
 
+@contextlib.contextmanager
+def nan_filled_empty():
+    """While the implementation under test runs, ``torch.empty`` fills every new tensor
+    (NaN for floats, the largest value for integers: never a valid index): PyTorch's
+    ``fill_uninitialized_memory``, active under deterministic algorithms (``warn_only``:
+    no op refuses to run, and their warnings are silenced). ``poison_allocator`` alone is
+    a best effort: on the CPU, in a heap churned by earlier allocations, the unwritten tail
+    of a planted kernel came out NaN in 61% of 200 trials (a CI run once let one pass)."""
+    prev = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    prev_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*deterministic.*")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+        torch.utils.deterministic.fill_uninitialized_memory = prev_fill
+
+
 def _outputs(out):
     return out if isinstance(out, (tuple, list)) else (out,)
 
@@ -170,7 +194,7 @@ class _Runner:
         for r in ref:
             poison_allocator(r.shape, self.dtype if r.is_floating_point() else r.dtype, self.dev)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), nan_filled_empty():
                 out = _outputs(self.impl(*args, **options))
             _sync(self.dev)
         except _REFUSAL as e:
@@ -269,13 +293,14 @@ class _Runner:
 
         i_args = leaves(args)
         try:
-            out = _outputs(self.impl(*i_args, **options))[0]
-            if not out.requires_grad:
-                return CaseResult("grad", name, FAIL, detail="output does not require grad (no autograd)")
-            for i in spec.grad_args:
-                poison_allocator(args[i].shape, args[i].dtype, self.dev)
-            grads = torch.autograd.grad(out, [i_args[i] for i in spec.grad_args], dy)
-            _sync(self.dev)
+            with nan_filled_empty():
+                out = _outputs(self.impl(*i_args, **options))[0]
+                if not out.requires_grad:
+                    return CaseResult("grad", name, FAIL, detail="output does not require grad (no autograd)")
+                for i in spec.grad_args:
+                    poison_allocator(args[i].shape, args[i].dtype, self.dev)
+                grads = torch.autograd.grad(out, [i_args[i] for i in spec.grad_args], dy)
+                _sync(self.dev)
         except Exception as e:  # noqa: BLE001
             why = self.impl.outside_limits(args, options) if isinstance(e, _REFUSAL) else None
             if why:
