@@ -156,23 +156,36 @@ def test_nan_and_inf_rows_match_pytorch():
         torch.testing.assert_close(y[4], ref[4])
 
 
-def test_range_check_is_fused_into_the_triton_forward():
-    # The validator no longer checks the range (it cost a sync per call on a GPU); the
-    # Triton forward flags the bad row itself, and the flag is zero again after the raise.
-    from kernellab.ops.cross_entropy import _fused
-    from kernellab.ops.cross_entropy.triton import _fwd
+@pytest.mark.parametrize(
+    "backend",
+    ["triton", pytest.param("cuda", marks=pytest.mark.gpu), pytest.param("cuda_v1", marks=pytest.mark.gpu)],
+)
+def test_range_check_kernel_and_a_forward_that_survives_bad_targets(backend):
+    # The validator does not check the range (it cost a sync per call on a GPU): the fused
+    # backends queue a check kernel that writes a fresh flag (0 or 1, never left stale),
+    # and their forward gives a NaN row for a bad target without reading out of bounds.
+    from kernellab import registry as reg
+    from kernellab.ops.cross_entropy import cuda as ce_cuda
+    from kernellab.ops.cross_entropy import triton as ce_triton
 
-    logits, t = torch.randn(5, 33), torch.tensor([0, 32, -100, 33, 1])
-    SPEC.validate((logits, t), {}, ("cpu",))  # no error: not the validator's job any more
-    flag = torch.zeros(1, dtype=torch.int32)
-    loss, _ = _fwd(logits, t, -100, flag)
-    assert int(flag) == 1 and torch.isnan(loss[3]) and not torch.isnan(loss[:3]).any()
-    flag.zero_()
-    _fwd(logits, torch.tensor([0, 32, -100, 7, 1]), -100, flag)
-    assert int(flag) == 0
+    dev = "cuda" if backend.startswith("cuda") else "cpu"
+    check = ce_triton._check if backend == "triton" else ce_cuda.check
+    fn = reg.get("cross_entropy", backend)
+    logits = torch.randn(5, 33, device=dev)
+    SPEC.validate((logits, torch.tensor([0, 32, -100, 33, 1], device=dev)), {}, (dev,))  # not the validator's job
+    n = 2500  # more targets than one pass of the check's block, bad ones at either end
+    for pos, val, want in ((None, 0, 0), (0, 33, 1), (n - 1, -1, 1), (1700, -101, 1), (3, -100, 0)):
+        t = torch.randint(0, 33, (n,), device=dev)
+        if pos is not None:
+            t[pos] = val
+        flag = torch.full((1,), 7, dtype=torch.int32, device=dev)  # stale content is overwritten
+        check(t, 33, -100, flag)
+        assert int(flag) == want, (pos, val)
+    t = torch.tensor([0, 32, -100, 33, 1], device=dev)
+    rows = fn(logits, t, reduction="none", check_targets=False)
+    assert torch.isnan(rows[3]) and not torch.isnan(rows[[0, 1, 2, 4]]).any()
     with pytest.raises(ValueError, match=r"target\[3\] = 33"):
-        ce.cross_entropy(logits, t, backend="triton")
-    assert int(_fused._flag(logits.device)) == 0
+        ce.cross_entropy(logits, t, backend=backend)
 
 
 @pytest.mark.parametrize("backend", CPU)
@@ -181,10 +194,10 @@ def test_out_of_range_targets_raise(backend):
     for bad in (10, 11, -1, -101):
         with pytest.raises(ValueError, match=r"target\[1\] = "):
             ce.cross_entropy(logits, torch.tensor([0, bad, 2]), backend=backend)
-        # with autograd too (the fused backends' Eager path passes the flag as well)
+        # with autograd too (the fused backends' Eager path)
         with pytest.raises(ValueError, match=r"target\[1\] = "):
             ce.cross_entropy(logits.clone().requires_grad_(), torch.tensor([0, bad, 2]), backend=backend)
-    # the fused backends' flag is reset after raising: a valid call afterwards passes
+    # nothing stale after a raise: a valid call afterwards passes
     good = torch.tensor([0, 9, -100])
     torch.testing.assert_close(
         ce.cross_entropy(logits, good, backend=backend), F.cross_entropy(logits, good), atol=1e-6, rtol=1e-6
@@ -204,21 +217,28 @@ def test_out_of_range_targets_raise(backend):
     ["triton", pytest.param("cuda", marks=pytest.mark.gpu), pytest.param("cuda_v1", marks=pytest.mark.gpu)],
 )
 def test_check_targets_false_skips_the_check(backend):
-    """check_targets=False: no range check and no flag read (no host sync on a GPU); the
-    fused kernels give a NaN loss for a bad row and the right loss for every other row,
-    and the shared flag is left untouched."""
+    """check_targets=False: no range check kernel and no wait for it (no host sync on a
+    GPU); the fused kernels give a NaN loss for a bad row and the right loss for every
+    other row."""
     from kernellab.ops.cross_entropy import _fused
 
+    started = []
+    real = _fused.start_check
+    _fused.start_check = lambda *a: started.append(a) or real(*a)
     dev = "cuda" if backend.startswith("cuda") else "cpu"
     logits = torch.randn(4, 10, device=dev)
     t = torch.tensor([0, 10, -100, 3], device=dev)
     rows = ce.cross_entropy(logits, t, reduction="none", backend=backend, check_targets=False)
     assert torch.isnan(rows[1]) and not torch.isnan(rows[[0, 2, 3]]).any()
     torch.testing.assert_close(rows[[0, 3]], F.cross_entropy(logits[[0, 3]], t[[0, 3]], reduction="none"))
-    assert int(_fused._flag(logits.device)) == 0
-    # the default still raises, on the same inputs
-    with pytest.raises(ValueError, match=r"target\[1\] = 10"):
-        ce.cross_entropy(logits, t, backend=backend)
+    try:
+        assert not started
+        # the default still raises, on the same inputs
+        with pytest.raises(ValueError, match=r"target\[1\] = 10"):
+            ce.cross_entropy(logits, t, backend=backend)
+        assert len(started) == 1
+    finally:
+        _fused.start_check = real
     with pytest.raises(TypeError, match=r"\bcheck_targets\b"):
         ce.cross_entropy(logits, t, backend=backend, check_targets=0)
 

@@ -11,20 +11,19 @@ fp32 / fp16 / bf16 logits, fp32 math; the loss has the logits' dtype, as
 ignored gives NaN for "mean" (0 / 0), 0 for "sum", zeros for "none", and a zero gradient.
 
 Out-of-range targets (not ignore_index and < 0 or >= V) raise ValueError naming
-``target``. A check before the call (three tiny kernels and a device->host copy that
-waits for the GPU's queue) cost 122 us per call on an H100 in the bench loop, 1/3 of the
-bf16 8192 x 50304 forward; so the fused backends (triton, cuda, cuda_v1) check inside
-their forward kernel: a bad row sets an int32 flag, read with one 4-byte copy after the
-forward and the reduction are queued (one sync, no extra kernel; the flag is reset only
-when set). The other backends (manual, torch, compile, liger) run that PyTorch check
-(``_fused.check_targets``) before the op. PyTorch itself only asserts on the device.
-Under torch.compile the check is skipped (it would break the graph); the fused kernels
-then never read out of bounds: an out-of-range target gives a NaN loss for its row.
-``check_targets=False`` (opt-in) skips the check in eager mode too, for every backend: no
-flag read, so no host sync per call (measured on the H100 at bf16 8192 x 50304: the read
-is ~0.05 ms of a 0.34 ms forward). A bad target then does what the backend does without
-a check: a NaN loss row for the fused kernels, PyTorch's own error (a device-side assert
-on a GPU) for torch, manual and compile, undefined for liger.
+``target``. PyTorch itself only asserts on the device. The backends built on PyTorch ops
+(manual, torch, compile) and liger must run the check to completion before the op (a bad
+index asserts on the device, or reads out of bounds in liger): three tiny kernels and a
+device->host copy that waits for everything queued before it, 0.12 ms per call on an H100
+in the bench loop. The fused backends (triton, cuda, cuda_v1) never use a target as an
+address (a bad one gives a NaN loss row), so their check overlaps the forward: a one-block
+check kernel is queued first, its flag copied to pinned memory behind an event, then the
+forward; the host waits for the event alone, i.e. for the check, while the GPU runs the
+forward (see ``_fused``). Under torch.compile, and while a CUDA graph is captured, the
+check is skipped (it would break the graph); ``check_targets=False`` (opt-in) skips it in
+eager mode too, for every backend: no host wait at all. A bad target then does what the
+backend does without a check: a NaN loss row for the fused kernels, PyTorch's own error (a
+device-side assert on a GPU) for torch, manual and compile, undefined for liger.
 
 The fused backends (triton, cuda_v1, cuda) read the logits once in the forward, save
 only the per-row log-sum-exp (N fp32) and recompute the softmax in the backward; the

@@ -8,8 +8,9 @@
 // The forward writes loss and lse (fp32, one each per row); the backward recomputes the
 // softmax from the logits and lse, so the softmax is never stored. dx may alias x
 // (in-place backward): every element is loaded before it is stored, by the same thread.
-// Targets out of [0, V) (validation skipped under torch.compile) give a NaN loss and
-// are never used as an address.
+// Targets out of [0, V) give a NaN loss and are never used as an address; the range check
+// that raises for them is its own kernel (ce_check_targets, below), queued before the
+// forward.
 //
 // Variants (backends of op "cross_entropy"):
 //   v1  ce_fwd_v1_* / ce_bwd_v1_*  (backend "cuda_v1") one block per row, one element per
@@ -66,11 +67,19 @@ __device__ __forceinline__ void load_lse_g(const float* lse, const float* g, lon
     gr = g[row * gs];
 }
 
-// The range check fused into the forward (thread 0 of each row): a target that is neither
-// ignore_index nor in [0, V) sets *flag = 1 (flag == nullptr: no check, e.g. under
-// torch.compile). The host reads the flag once after the call.
-__device__ __forceinline__ void flag_target(int* flag, long long t, long long V, long long ii) {
-    if (flag != nullptr && t != ii && (t < 0 || t >= V)) *flag = 1;
+// The target range check, a kernel of its own (launched before the forward, so that the
+// host waits for it alone while the forward runs): one block walks the N targets and
+// writes *flag = 1 when one is neither ignore_index nor in [0, V), else 0 (always
+// written: a fresh flag per call, no memset, no state shared between calls).
+__device__ __forceinline__ void check_targets(const long long* __restrict__ t, int* flag, long long n, long long V,
+                                              long long ii) {
+    int bad = 0;
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        const long long v = t[i];
+        bad |= v != ii && (v < 0 || v >= V);
+    }
+    bad = __syncthreads_or(bad);
+    if (threadIdx.x == 0) *flag = bad;
 }
 
 // The loss of one row from its lse pair and its target.
@@ -108,7 +117,7 @@ __device__ __forceinline__ void online_add(float& m, float& s, const float* v, i
 
 template <typename T>
 __device__ void ce_fwd_v1(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
-                          float* __restrict__ lse_out, int* flag, long long V, long long ii) {
+                          float* __restrict__ lse_out, long long V, long long ii) {
     __shared__ float scratch[32];
     const long long row = blockIdx.x;
     const T* xr = x + row * V;
@@ -124,7 +133,6 @@ __device__ void ce_fwd_v1(const T* __restrict__ x, const long long* __restrict__
         float hi, lo;
         store_lse<T>(lse_out, row, m, logf(s), hi, lo);
         loss[row] = row_loss(xr, target[row], V, ii, hi, lo);
-        flag_target(flag, target[row], V, ii);
     }
 }
 
@@ -168,7 +176,7 @@ struct RowSplit {
 
 template <typename T>
 __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__ target, float* __restrict__ loss,
-                          float* __restrict__ lse_out, int* flag, long long V, long long ii) {
+                          float* __restrict__ lse_out, long long V, long long ii) {
     using Vec = kl::Vec16<T>;
     __shared__ float scratch[64];
     const long long row = blockIdx.x;
@@ -208,7 +216,6 @@ __device__ void ce_fwd_v2(const T* __restrict__ x, const long long* __restrict__
         float hi, lo;
         store_lse<T>(lse_out, row, ms.m, logf(ms.s), hi, lo);
         loss[row] = row_loss(xr, target[row], V, ii, hi, lo);
-        flag_target(flag, target[row], V, ii);
     }
 }
 
@@ -270,8 +277,8 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
 
 #define KL_CE_KERNELS(SFX, T)                                                                               \
     extern "C" __global__ void ce_fwd_v1_##SFX(const T* x, const long long* t, float* loss, float* lse,      \
-                                               int* flag, long long V, long long ii) {                     \
-        ce_fwd_v1<T>(x, t, loss, lse, flag, V, ii);                                                         \
+                                               long long V, long long ii) {                                \
+        ce_fwd_v1<T>(x, t, loss, lse, V, ii);                                                               \
     }                                                                                                       \
     extern "C" __global__ void ce_bwd_v1_##SFX(const T* x, const long long* t, const float* lse,            \
                                                const float* g, long long gs, T* dx, long long V,            \
@@ -279,8 +286,8 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
         ce_bwd_v1<T>(x, t, lse, g, gs, dx, V, ii);                                                          \
     }                                                                                                       \
     extern "C" __global__ void ce_fwd_##SFX(const T* x, const long long* t, float* loss, float* lse,         \
-                                            int* flag, long long V, long long ii) {                        \
-        ce_fwd_v2<T>(x, t, loss, lse, flag, V, ii);                                                         \
+                                            long long V, long long ii) {                                   \
+        ce_fwd_v2<T>(x, t, loss, lse, V, ii);                                                               \
     }                                                                                                       \
     extern "C" __global__ void ce_bwd_##SFX(const T* x, const long long* t, const float* lse, const float* g, \
                                             long long gs, T* dx, long long V, long long ii) {               \
@@ -288,3 +295,8 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
     }
 
 KL_FOR_EACH_DTYPE(KL_CE_KERNELS)
+
+extern "C" __global__ void __launch_bounds__(1024)
+    ce_check_targets(const long long* t, int* flag, long long n, long long V, long long ii) {
+    check_targets(t, flag, n, V, ii);
+}

@@ -17,7 +17,8 @@ MODULE = Module(Path(__file__).with_name("cross_entropy.cu"))
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS_V1 = 256
 THREADS = 256  # v2: 8 blocks (rows) per SM, 4 x 16 B in flight per thread
-FWD_SIG = ("ptr", "ptr", "ptr", "ptr", "ptr", "i64", "i64")  # x, t, loss, lse, flag (0: none), V, ii
+FWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "i64")  # x, t, loss, lse, V, ii
+CHECK_SIG = ("ptr", "ptr", "i64", "i64", "i64")  # t, flag, N, V, ii
 BWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "ptr", "i64", "i64")  # x, t, lse, g, g stride, dx, V, ii
 
 _KERNELS: dict = {}
@@ -41,7 +42,7 @@ def _vec_ok(x: torch.Tensor, out: torch.Tensor | None = None) -> bool:
 
 
 def _make(vectorized: bool):
-    def fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, flag=None):
+    def fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
         n, v = logits.shape
         loss = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty((lse_rows(logits.dtype), n), dtype=torch.float32, device=logits.device)  # hi(, lo)
@@ -49,7 +50,7 @@ def _make(vectorized: bool):
             dev = logits.device.index
             if dev != _get_device():
                 with torch.cuda.device(dev):
-                    return fwd(logits, target, ignore_index, flag)
+                    return fwd(logits, target, ignore_index)
             vec = vectorized and _vec_ok(logits)
             name = f"ce_fwd_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}"
             k = _kernel(name, FWD_SIG, dev)
@@ -60,7 +61,6 @@ def _make(vectorized: bool):
                 target,
                 loss,
                 lse,
-                0 if flag is None else flag,
                 v,
                 ignore_index,
                 device_index=dev,
@@ -95,9 +95,18 @@ def _make(vectorized: bool):
     return fwd, bwd
 
 
+def check(target: torch.Tensor, n_cols: int, ignore_index: int, flag: torch.Tensor) -> None:
+    """flag[0] = 1 if a target is neither ignore_index nor in [0, n_cols), else 0 (one block)."""
+    dev = target.device.index
+    if dev != _get_device():
+        with torch.cuda.device(dev):
+            return check(target, n_cols, ignore_index, flag)
+    _kernel("ce_check_targets", CHECK_SIG, dev)(1, 1024, target, flag, target.shape[0], n_cols, ignore_index, device_index=dev)
+
+
 for _backend, _vec, _what in (
     ("cuda_v1", False, "CUDA v1: one block per row, one element per thread, three-pass forward"),
     ("cuda", True, "CUDA v2: one-pass online log-sum-exp over 16-byte packs, warp-shuffle combine"),
 ):
-    _fn = fused_backend(f"cross_entropy_{_backend}", *_make(_vec))
+    _fn = fused_backend(f"cross_entropy_{_backend}", *_make(_vec), check)
     register_cuda("cross_entropy", _backend, _fn, MODULE, _what)

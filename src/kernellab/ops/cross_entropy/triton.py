@@ -25,9 +25,7 @@ BLOCK_MAX = 4096  # columns per chunk: 16 fp32 / 8-16 elements per thread at 8 w
 
 
 @triton.jit
-def _ce_fwd_kernel(
-    x_ptr, t_ptr, loss_ptr, lse_ptr, flag_ptr, n_cols, ignore_index, BLOCK: tl.constexpr, CHECK: tl.constexpr
-):
+def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
     # x: contiguous [N, n_cols] (fp32/fp16/bf16); t: int64 [N]; loss, lse: fp32 [N].
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * n_cols
@@ -57,17 +55,25 @@ def _ce_fwd_kernel(
     t = tl.load(t_ptr + row)
     in_range = (t >= 0) & (t < n_cols)
     xt = tl.load(x_row + tl.where(in_range, t, 0)).to(tl.float32)
-    # Out-of-range targets (only possible when validation was skipped, under
-    # torch.compile) give NaN and are never read out of bounds.
+    # Out-of-range targets give NaN and are never read out of bounds (the check that raises
+    # for them is _check_kernel, queued before this one).
     loss = tl.where(in_range, (hi - xt) + lo, float("nan"))
     loss = tl.where(t == ignore_index, 0.0, loss)
-    if CHECK:  # the range check: flag[0] = 1 for a target neither ignored nor in [0, V)
-        if (t != ignore_index) & ((t < 0) | (t >= n_cols)):
-            tl.store(flag_ptr, 1)
     tl.store(loss_ptr + row, loss)
     tl.store(lse_ptr + row, hi)
     if x_ptr.dtype.element_ty == tl.float32:  # 16-bit logits keep hi alone (see _fused)
         tl.store(lse_ptr + tl.num_programs(0) + row, lo)
+
+
+@triton.jit
+def _check_kernel(t_ptr, flag_ptr, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr):
+    # One program: flag[0] = 1 if a target is neither ignore_index nor in [0, n_cols), else 0.
+    offs = tl.arange(0, BLOCK)
+    bad = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n_rows, BLOCK):
+        t = tl.load(t_ptr + start + offs, mask=start + offs < n_rows, other=ignore_index)
+        bad = bad | ((t != ignore_index) & ((t < 0) | (t >= n_cols))).to(tl.int32)
+    tl.store(flag_ptr, tl.max(bad, axis=0))
 
 
 @triton.jit
@@ -105,7 +111,7 @@ def _config(n_cols: int):
     return block, 8 if block >= 2048 else 4
 
 
-def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, flag=None):
+def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
     n, v = logits.shape
     loss = torch.empty(n, dtype=torch.float32, device=logits.device)
     lse = torch.empty((lse_rows(logits.dtype), n), dtype=torch.float32, device=logits.device)
@@ -116,11 +122,9 @@ def _fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int, flag=Non
             target,
             loss,
             lse,
-            loss if flag is None else flag,
             v,
             ignore_index,
             BLOCK=block,
-            CHECK=flag is not None,
             num_warps=warps,
         )
     return loss, lse
@@ -135,24 +139,25 @@ def _bwd(logits, target, lse, scale, ignore_index, out) -> None:
         )
 
 
-cross_entropy_triton = fused_backend("cross_entropy_triton", _fwd, _bwd)
+def _check(target: torch.Tensor, n_cols: int, ignore_index: int, flag: torch.Tensor) -> None:
+    _check_kernel[(1,)](target, flag, target.shape[0], n_cols, ignore_index, BLOCK=1024, num_warps=4)
+
+
+cross_entropy_triton = fused_backend("cross_entropy_triton", _fwd, _bwd, _check)
 
 
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: both kernels as launched for a 50304-wide vocabulary."""
     block, warps = _config(50304)
     cx = {"BLOCK": block}
-    cxf = {"BLOCK": block, "CHECK": True}
     fwd = {
         "x_ptr": f"*{dtype}",
         "t_ptr": "*i64",
         "loss_ptr": "*fp32",
         "lse_ptr": "*fp32",
-        "flag_ptr": "*i32",
         "n_cols": "i32",
         "ignore_index": "i32",
         "BLOCK": "constexpr",
-        "CHECK": "constexpr",
     }
     bwd = {
         "x_ptr": f"*{dtype}",
@@ -165,7 +170,7 @@ def _kernel_specs(dtype: str):
         "ignore_index": "i32",
         "BLOCK": "constexpr",
     }
-    return [(_ce_fwd_kernel, fwd, cxf, warps), (_ce_bwd_kernel, bwd, cx, warps)]
+    return [(_ce_fwd_kernel, fwd, cx, warps), (_ce_bwd_kernel, bwd, cx, warps)]
 
 
 triton_support.register_triton(
