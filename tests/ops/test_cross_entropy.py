@@ -172,7 +172,9 @@ def test_range_check_kernel_and_a_forward_that_survives_bad_targets(backend):
     check = ce_triton._check if backend == "triton" else ce_cuda.check
     fn = reg.get("cross_entropy", backend)
     logits = torch.randn(5, 33, device=dev)
-    SPEC.validate((logits, torch.tensor([0, 32, -100, 33, 1], device=dev)), {}, (dev,))  # not the validator's job
+    SPEC.validate(
+        (logits, torch.tensor([0, 32, -100, 33, 1], device=dev)), {}, (dev,)
+    )  # not the validator's job
     n = 2500  # more targets than one pass of the check's block, bad ones at either end
     for pos, val, want in ((None, 0, 0), (0, 33, 1), (n - 1, -1, 1), (1700, -101, 1), (3, -100, 0)):
         t = torch.randint(0, 33, (n,), device=dev)

@@ -101,7 +101,9 @@ def check(target: torch.Tensor, n_cols: int, ignore_index: int, flag: torch.Tens
     if dev != _get_device():
         with torch.cuda.device(dev):
             return check(target, n_cols, ignore_index, flag)
-    _kernel("ce_check_targets", CHECK_SIG, dev)(1, 1024, target, flag, target.shape[0], n_cols, ignore_index, device_index=dev)
+    _kernel("ce_check_targets", CHECK_SIG, dev)(
+        1, 1024, target, flag, target.shape[0], n_cols, ignore_index, device_index=dev
+    )
 
 
 for _backend, _vec, _what in (

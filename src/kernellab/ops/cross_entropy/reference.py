@@ -15,7 +15,9 @@ def _checked(fn):
     """``fn`` after the PyTorch target range check (skipped while torch.compile traces)."""
 
     @functools.wraps(fn)
-    def wrapper(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=True):
+    def wrapper(
+        logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=True
+    ):
         if check_targets and not torch.compiler.is_compiling():
             _check_targets(logits, target, ignore_index)
         return fn(logits, target, ignore_index, reduction, inplace_backward)
