@@ -38,6 +38,11 @@ BWD_WARPS = None  # None: ~32 elements per thread (4 warps up to 4096 columns, t
 BWD_PREFETCH = True
 FWD_WARPS = None  # None: _fwd_config's choice
 FWD_EVICT = ""  # eviction policy of the forward's x load and y store ("" or "evict_first")
+# Rows of more than ROW_ELEMS / 2 columns (one row per program): FWD_PROGRAMS_PER_SM > 0
+# runs a fixed number of programs that walk the rows (row pid, pid + programs, ...) with
+# the next row's load issued before this row's reductions (_norm_fwd_loop_kernel);
+# 0: one program per row.
+FWD_PROGRAMS_PER_SM = 0
 
 
 @triton.jit
@@ -83,6 +88,65 @@ def _norm_fwd_kernel(
         b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y + b[None, :]
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+
+
+@triton.jit
+def _norm_fwd_loop_kernel(
+    x_ptr,  # as _norm_fwd_kernel, one row at a time
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    n_rows,
+    n_cols,
+    eps,
+    BLOCK: tl.constexpr,
+    RMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EVICT: tl.constexpr,
+):
+    # Program p normalizes rows p, p + P, p + 2P, ... (P programs, P <= n_rows); the weight
+    # and bias are loaded once, and row r + P is loaded before row r is reduced, so one
+    # row's loads are in flight through the other's two reductions and its store.
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    b = w
+    if HAS_BIAS:
+        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    first = pid.to(tl.int64)
+    x_nx = tl.load(x_ptr + first * n_cols + cols, mask=cmask, other=0.0, eviction_policy=EVICT)
+    for i in range(0, tl.cdiv(n_rows - pid, step)):
+        row = first + i * step
+        x = x_nx.to(tl.float32)
+        nrow = row + step
+        x_nx = tl.load(
+            x_ptr + nrow * n_cols + cols,
+            mask=cmask & ((cols * 0 + nrow) < n_rows),  # a tensor compare: the interpreter wants one
+            other=0.0,
+            eviction_policy=EVICT,
+        )
+        if RMS:
+            xc = x
+        else:
+            mean = tl.sum(x, axis=0) / n_cols
+            tl.store(mean_ptr + row, mean)
+            xc = tl.where(cmask, x - mean, 0.0)
+        var = tl.sum(xc * xc, axis=0) / n_cols
+        rstd = 1.0 / tl.sqrt_rn(var + eps)
+        tl.store(rstd_ptr + row, rstd)
+        y = xc * rstd * w
+        if HAS_BIAS:
+            y = y + b
+        tl.store(
+            y_ptr + row * n_cols + cols,
+            y.to(y_ptr.dtype.element_ty),
+            mask=cmask,
+            eviction_policy=EVICT,
+        )
 
 
 @triton.jit
@@ -191,13 +255,39 @@ def _bwd_programs(n_rows: int, dev) -> int:
     return max(1, min(n_rows, 4))
 
 
+def _fwd_programs(n_rows: int, dev) -> int:
+    """Programs of the row-walking forward (FWD_PROGRAMS_PER_SM > 0): that many per SM on
+    a GPU, 3 under the interpreter (so its loop and its last partial round run)."""
+    if dev.type == "cuda":
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        return max(1, min(n_rows, FWD_PROGRAMS_PER_SM * sms))
+    return max(1, min(n_rows, 3))
+
+
 def norm_fwd(x, w, b, eps, rms):
     """See _norms: (y, mean, rstd); x contiguous."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     mean, rstd = _norms.empty_stats(x, rms)
     n_rows, n_cols = _norms.rows_of(x)
     block, rows, warps = _fwd_config(n_cols)
-    if n_rows and n_cols:
+    if n_rows and n_cols and rows == 1 and FWD_PROGRAMS_PER_SM:
+        _norm_fwd_loop_kernel[(_fwd_programs(n_rows, x.device),)](
+            x,
+            w,
+            b if b is not None else w,
+            y,
+            mean if mean is not None else rstd,
+            rstd,
+            n_rows,
+            n_cols,
+            eps,
+            BLOCK=block,
+            RMS=rms,
+            HAS_BIAS=b is not None,
+            EVICT=FWD_EVICT,
+            num_warps=FWD_WARPS or warps,
+        )
+    elif n_rows and n_cols:
         _norm_fwd_kernel[(triton.cdiv(n_rows, rows),)](
             x,
             w,

@@ -23,6 +23,11 @@ from kernellab.ops._elementwise import unary_op
 
 MAX_SINGLE = 8192  # widest row kept in one block (fp32: 32 KB of registers per row program)
 STREAM_BLOCK = 4096  # columns per step when streaming a longer row
+# Rows that fill a program alone (ROWS == 1, single block): FWD_PROGRAMS_PER_SM > 0 runs a
+# fixed number of programs that walk the rows with the next row's load issued before
+# this row's reductions (_softmax_fwd_loop_kernel); 0: one program per row.
+FWD_PROGRAMS_PER_SM = 0
+FWD_WARPS = None  # None: _config's choice
 
 
 @triton.jit
@@ -56,6 +61,26 @@ def _softmax_fwd_kernel(
             mask = start + cols < n_cols
             x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
             tl.store(y_row + start + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _softmax_fwd_loop_kernel(x_ptr, y_ptr, n_rows, n_cols, BLOCK: tl.constexpr):
+    # Program p: rows p, p + P, ... (P programs <= n_rows), each row whole in registers;
+    # row r + P is loaded before row r's max and sum, so loads stay in flight across them.
+    pid = tl.program_id(0)
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < n_cols
+    first = pid.to(tl.int64)
+    x_nx = tl.load(x_ptr + first * n_cols + cols, mask=cmask, other=-float("inf"))
+    for i in range(0, tl.cdiv(n_rows - pid, step)):
+        row = first + i * step
+        x = x_nx.to(tl.float32)
+        nrow = row + step
+        nmask = cmask & ((cols * 0 + nrow) < n_rows)  # a tensor compare: the interpreter wants one
+        x_nx = tl.load(x_ptr + nrow * n_cols + cols, mask=nmask, other=-float("inf"))
+        e = tl.exp(x - tl.max(x, axis=0))
+        tl.store(y_ptr + row * n_cols + cols, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
@@ -98,7 +123,7 @@ def _config(n_cols: int):
     return STREAM_BLOCK, 1, False, 8
 
 
-def _launch(kernel, inputs):
+def _launch(kernel, inputs, warps_override=None):
     inputs = [t.contiguous() for t in inputs]
     out = torch.empty_like(inputs[0])
     n_cols = out.shape[-1] if out.dim() else 1
@@ -106,12 +131,31 @@ def _launch(kernel, inputs):
     if n_rows and n_cols:
         block, rows, single, warps = _config(n_cols)
         grid = (triton.cdiv(n_rows, rows),)
+        warps = warps_override or warps
         kernel[grid](*inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps)
     return out
 
 
+def _fwd_programs(n_rows: int, dev) -> int:
+    if dev.type == "cuda":
+        sms = torch.cuda.get_device_properties(dev).multi_processor_count
+        return max(1, min(n_rows, FWD_PROGRAMS_PER_SM * sms))
+    return max(1, min(n_rows, 3))  # the interpreter: the loop and a partial last round run
+
+
 def _fwd(x: torch.Tensor) -> torch.Tensor:
-    return _launch(_softmax_fwd_kernel, [x])
+    if FWD_PROGRAMS_PER_SM and x.dim() and x.shape[-1]:
+        block, rows, single, warps = _config(x.shape[-1])
+        if single and rows == 1:
+            x = x.contiguous()
+            out = torch.empty_like(x)
+            n_cols = x.shape[-1]
+            n_rows = x.numel() // n_cols
+            if n_rows:
+                grid = (_fwd_programs(n_rows, x.device),)
+                _softmax_fwd_loop_kernel[grid](x, out, n_rows, n_cols, BLOCK=block, num_warps=FWD_WARPS or warps)
+            return out
+    return _launch(_softmax_fwd_kernel, [x], FWD_WARPS)
 
 
 def _bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
