@@ -64,7 +64,11 @@ def rowwise():
         base = dict(op=op, dtype=str(dtype)[6:], shape=f"{n}x{d}")
         with torch.no_grad():
             for impl in kernellab.impls(op):
-                if impl.why_unavailable("cuda") is not None or impl.backend in ("manual",) or "_v" in impl.backend:
+                if (
+                    impl.why_unavailable("cuda") is not None
+                    or impl.backend in ("manual",)
+                    or "_v" in impl.backend
+                ):
                     continue
                 fn = kernellab.get(op, impl.backend)
                 try:
@@ -85,7 +89,12 @@ def rowwise():
                 for per_sm, warps in itertools.product((0, 1, 2, 4, 8), (4, 8, 16)):
                     mod.FWD_PROGRAMS_PER_SM, mod.FWD_WARPS = per_sm, warps
                     out = call()
-                    record(**base, config=f"triton per_sm={per_sm} warps={warps}", ms=_t(call), max_diff=_diff(out, ref))
+                    record(
+                        **base,
+                        config=f"triton per_sm={per_sm} warps={warps}",
+                        ms=_t(call),
+                        max_diff=_diff(out, ref),
+                    )
             finally:
                 mod.FWD_PROGRAMS_PER_SM, mod.FWD_WARPS = saved
         del x, args
@@ -152,8 +161,15 @@ def elementwise():
             base = dict(op=kname, dtype="bfloat16", shape=str(n))
             record(**base, config="torch", ms=_t(torch_fn))
             if ours is not None:
-                record(**base, config="cuda (shipped)", ms=_t(lambda: ours(a, b)), max_diff=_diff(ours(a, b), ref))
-            for (width, per), threads in itertools.product(((16, 1), (16, 2), (8, 1), (8, 2), (8, 4)), (128, 256, 512)):
+                record(
+                    **base,
+                    config="cuda (shipped)",
+                    ms=_t(lambda: ours(a, b)),
+                    max_diff=_diff(ours(a, b), ref),
+                )
+            for (width, per), threads in itertools.product(
+                ((16, 1), (16, 2), (8, 1), (8, 2), (8, 4)), (128, 256, 512)
+            ):
                 k = mod.kernel(f"{prefix}_{width}_{per}", ("ptr", "ptr", "ptr", "i64"), 0)
                 y = torch.empty_like(a)
                 grid = ceil_div(n // (width // 2), threads * per)
@@ -181,7 +197,9 @@ def main():
             fh.write(json.dumps({**r, **meta}) + "\n")
     print("\nbest per case:")
     for key in sorted({(r["op"], r["dtype"]) for r in rows if "op" in r}):
-        rs = sorted((r for r in rows if (r.get("op"), r.get("dtype")) == key and "ms" in r), key=lambda r: r["ms"])
+        rs = sorted(
+            (r for r in rows if (r.get("op"), r.get("dtype")) == key and "ms" in r), key=lambda r: r["ms"]
+        )
         print(key, " | ".join(f"{r['config']} {r['ms']:.4f}" for r in rs[:8]))
 
 

@@ -419,3 +419,29 @@ def test_gpu_cuda_core_launch_path_gives_identical_results(backend, monkeypatch)
     torch.cuda.synchronize()
     assert core_mod._kernels and all(k._use_core for k in core_mod._kernels.values())
     assert torch.equal(default, core) and torch.equal(core, a + b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_gpu_large_16bit_tensors_take_the_8_byte_kernel(dtype):
+    """From W8_MIN_ELEMS up, 16-bit add runs add_w8 (8-byte packs): every element written
+    (output poisoned) and exact, n % 4 tail included; fp32 keeps the 16-byte x1 kernel."""
+    from kernellab.cuda import elementwise as ew
+    from kernellab.harness.check import poison_allocator
+    from kltest import launched_cuda_kernels
+
+    n = ew.W8_MIN_ELEMS + 4 * 1000 + 3
+    a = torch.randn(n, device="cuda").to(dtype)
+    b = torch.randn(n, device="cuda").to(dtype)
+    out = []
+
+    def run():
+        poison_allocator((n,), dtype, "cuda")
+        out.append(kernellab.add(a, b, backend="cuda"))
+
+    ran = launched_cuda_kernels(run, "add_")
+    assert ran == [f"add_w8_{SFX[dtype]}"], ran
+    assert torch.equal(out[0], a + b)
+    a32, b32 = a.float(), b.float()
+    ran = launched_cuda_kernels(lambda: kernellab.add(a32, b32, backend="cuda"), "add_")
+    assert ran == ["add_x1_f32"], ran

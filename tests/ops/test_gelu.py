@@ -495,3 +495,38 @@ def test_gpu_large_tensors_take_the_fat_vectorized_kernel(dtype):
     assert ran == [want], ran
     v = judge(out[0], SPEC.ref(x), dtype, _baseline("cuda", x))
     assert v.ok, v.detail
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_gpu_large_16bit_backward_takes_the_8_byte_kernel(dtype):
+    """From W8_MIN_ELEMS up, the 16-bit backward runs gelu_bwd_w8 (8-byte packs); every
+    element is written (output poisoned) and right, n % 4 tail included; fp32 keeps x1."""
+    from kernellab.cuda import elementwise as ew
+    from kernellab.harness.check import poison_allocator
+    from kltest import launched_cuda_kernels
+
+    n = ew.W8_MIN_ELEMS + 4 * 1000 + 3
+    x = torch.randn(n, device="cuda").mul(3).to(dtype).requires_grad_()
+    dy = torch.randn(n, device="cuda").to(dtype)
+    grads = []
+
+    def run():
+        y = kernellab.gelu(x, backend="cuda")
+        poison_allocator((n,), dtype, "cuda")
+        grads.append(torch.autograd.grad(y, x, dy)[0])
+
+    ran = launched_cuda_kernels(run, "gelu_bwd")
+    assert ran == [f"gelu_bwd_w8_{SFX[dtype]}"], ran
+    x64 = x.detach().double().requires_grad_()
+    ref = torch.autograd.grad(SPEC.ref(x64), x64, dy.double())[0]
+    xb = x.detach().requires_grad_()
+    base = torch.autograd.grad(torch.nn.functional.gelu(xb, approximate="tanh"), xb, dy)[0]
+    v = judge(grads[0], ref, dtype, base)
+    assert v.ok, v.detail
+    x32 = torch.randn(n, device="cuda", requires_grad=True)
+    ran = launched_cuda_kernels(
+        lambda: torch.autograd.grad(kernellab.gelu(x32, backend="cuda"), x32, torch.ones_like(x32)),
+        "gelu_bwd",
+    )
+    assert ran == ["gelu_bwd_x1_f32"], ran

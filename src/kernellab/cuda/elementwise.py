@@ -3,8 +3,9 @@
 Kernel naming contract (see add.cu, gelu.cu): ``<base>_<dtype>`` is the vectorized
 kernel (16-byte accesses, several per thread; needs 16-byte aligned contiguous storage),
 ``<base>_x1_<dtype>`` the same with one 16-byte pack per thread (more, thinner blocks for
-mid-size tensors), ``<base>_v1_<dtype>`` the one-element-per-thread kernel; all take
-(inputs..., output, n).
+mid-size tensors), ``<base>_w8_<dtype>`` (two-input kernels that have one) 8-byte packs
+for large 16-bit tensors, ``<base>_v1_<dtype>`` the one-element-per-thread kernel; all
+take (inputs..., output, n).
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ FAT_MIN_BLOCKS_PER_SM = 8
 # threads 0.997, x1 at 256 1.001, fat (4 packs) at 256 1.005; fp32 keeps the fat kernel
 # (x1 there: 1.025-1.086). All within ~0.5% of torch, i.e. at the copy ceiling.
 WIDE_X1_THREADS = 512
+# Two-input kernels on 16-bit tensors of W8_MIN_ELEMS or more: the w8 kernel (8-byte packs,
+# ``w8=(packs per thread and input, threads)`` from the caller, as measured per op by
+# scripts/tune_rowwise_fwd.py on the H100 at 2^28: add (1, 256) 1.0% faster than the x1
+# kernel, GeLU backward (2, 128) 1.1% faster).
+W8_MIN_ELEMS = 1 << 22
 
 _KERNELS: dict = {}  # (module, base, dtype, device, kind, n_inputs) -> (Kernel, packs or elements per block)
 
@@ -38,14 +44,21 @@ def _kernel(module: Module, base: str, dtype, dev: int, kind: str, n_in: int):
     if hit is None:
         sig = ("ptr",) * (n_in + 1) + ("i64",)
         sfx = SUFFIX[dtype]
-        name = {"vec": f"{base}_{sfx}", "x1": f"{base}_x1_{sfx}", "v1": f"{base}_v1_{sfx}"}[kind]
+        name = {
+            "vec": f"{base}_{sfx}",
+            "x1": f"{base}_x1_{sfx}",
+            "w8": f"{base}_w8_{sfx}",
+            "v1": f"{base}_v1_{sfx}",
+        }[kind]
         per_block = THREADS * UNROLL[n_in] if kind == "vec" else THREADS
         hit = _KERNELS[key] = (module.kernel(name, sig, dev), per_block)
     return hit
 
 
-def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.Tensor:
-    """y = f(*inputs) elementwise; inputs share shape, dtype and CUDA device.
+def launch(module: Module, base: str, inputs, vectorized: bool = True, w8=None) -> torch.Tensor:
+    """y = f(*inputs) elementwise; inputs share shape, dtype and CUDA device. ``w8``:
+    (packs per thread, threads) of the kernel's 8-byte variant, for a two-input kernel
+    that has one (see W8_MIN_ELEMS).
 
     Host cost matters here (small tensors are launch-bound): one pass over the inputs, a
     cached kernel lookup, and a launch with plain-int arguments."""
@@ -58,9 +71,13 @@ def launch(module: Module, base: str, inputs, vectorized: bool = True) -> torch.
     dev = x0.device.index
     if dev != _get_device():  # launch in the tensors' device context
         with torch.cuda.device(dev):
-            return launch(module, base, inputs, vectorized)
+            return launch(module, base, inputs, vectorized, w8)
     ptrs = [t.data_ptr() for t in inputs]
-    if vectorized and not any(p & 15 for p in ptrs):
+    if vectorized and w8 and x0.element_size() == 2 and n >= W8_MIN_ELEMS and not any(p & 15 for p in ptrs):
+        per_thread, threads = w8
+        kernel, _ = _kernel(module, base, x0.dtype, dev, "w8", len(inputs))
+        grid = (n // 4 + per_thread * threads - 1) // (per_thread * threads)  # 4 elements per 8-byte pack
+    elif vectorized and not any(p & 15 for p in ptrs):
         packs = n // (16 // x0.element_size())
         fat = (packs + THREADS * UNROLL[len(inputs)] - 1) // (THREADS * UNROLL[len(inputs)])
         kind = "vec" if len(inputs) == 1 and fat >= FAT_MIN_BLOCKS_PER_SM * sm_count(dev) else "x1"

@@ -5,7 +5,9 @@
 //                  that is not 16-byte aligned.
 //   v2  add_*      (backend "cuda") 16-byte vector loads/stores, 2 packs per input in flight
 //                  per thread, one tile per block. add moves 12 B per fp32 element (2 reads, 1 write)
-//                  and does 1 flop: pure bandwidth, so the goal is the copy ceiling.
+//                  and does 1 flop: pure bandwidth, so the goal is the copy ceiling. Large
+//                  16-bit tensors take add_w8_* (one 8-byte pack per thread and input: 1%
+//                  faster on the H100, see common.cuh map2_vec8).
 #include "common.cuh"
 
 namespace {
@@ -31,5 +33,9 @@ __device__ void add_v1(const T* a, const T* b, T* y, long long n) {
     extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS)                                    \
         add_x1_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, long long n) { \
         kl::map2_vec16<1, T>(a, b, y, n, Add{});                                                \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS)                             \
+        add_w8_##NAME(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, long long n) { \
+        kl::map2_vec8<1, T>(a, b, y, n, Add{});                                                 \
     }
 KL_FOR_EACH_DTYPE(KL_ADD)

@@ -14,7 +14,7 @@ elementwise.register_variants(
     "add",
     MODULE,
     lambda backend, vec: binary_op(
-        f"add_{backend}", lambda a, b: elementwise.launch(MODULE, "add", [a, b], vec)
+        f"add_{backend}", lambda a, b: elementwise.launch(MODULE, "add", [a, b], vec, w8=(1, 256))
     ),
     [
         ("cuda_v1", False, "CUDA v1: one element per thread"),

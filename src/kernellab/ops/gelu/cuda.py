@@ -20,7 +20,7 @@ elementwise.register_variants(
     lambda backend, vec: unary_op(
         f"gelu_{backend}",
         lambda x: elementwise.launch(MODULE, "gelu_fwd", [x], vec),
-        lambda dy, x: elementwise.launch(MODULE, "gelu_bwd", [dy, x], vec),
+        lambda dy, x: elementwise.launch(MODULE, "gelu_bwd", [dy, x], vec, w8=(2, 128)),
     ),
     [
         ("cuda_v1", False, "CUDA v1: one element per thread (lecture)"),

@@ -12,7 +12,9 @@
 //                      exp2 + rcp instead of expf + division (KL_GELU_FAST), tanh.approx
 //                      for 16-bit outputs; gelu_*_x1_* one pack per thread, for mid sizes. GeLU is memory-bound: 1 read + 1 write per element (8 B fp32),
 //                      ~20 flops; at 3.3 TB/s the tanh math is hidden under the traffic.
-//       gelu_bwd_*     dx = dy * gelu'(x): 2 reads + 1 write, same vector loop.
+//       gelu_bwd_*     dx = dy * gelu'(x): 2 reads + 1 write, same vector loop; large
+//                      16-bit tensors take gelu_bwd_w8_* (two 8-byte packs per thread and
+//                      input, see common.cuh map2_vec8).
 #include "common.cuh"
 
 namespace {
@@ -111,5 +113,9 @@ __device__ void gelu_bwd_v1(const T* dy, const T* x, T* dx, long long n) {
     extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS) gelu_bwd_x1_##NAME(                  \
         const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
         kl::map2_vec16<1, T>(dy, x, dx, n, GeluBwd{});                                            \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS) gelu_bwd_w8_##NAME(           \
+        const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
+        kl::map2_vec8<2, T>(dy, x, dx, n, GeluBwd{});                                             \
     }
 KL_FOR_EACH_DTYPE(KL_GELU)

@@ -38,11 +38,8 @@ BWD_WARPS = None  # None: ~32 elements per thread (4 warps up to 4096 columns, t
 BWD_PREFETCH = True
 FWD_WARPS = None  # None: _fwd_config's choice
 FWD_EVICT = ""  # eviction policy of the forward's x load and y store ("" or "evict_first")
-# Rows of more than ROW_ELEMS / 2 columns (one row per program): FWD_PROGRAMS_PER_SM > 0
-# runs a fixed number of programs that walk the rows (row pid, pid + programs, ...) with
-# the next row's load issued before this row's reductions (_norm_fwd_loop_kernel);
-# 0: one program per row.
-FWD_PROGRAMS_PER_SM = 0
+FWD_EVEN = True  # unmasked loads and stores when the rows fill the blocks exactly
+FWD_NARROW = True  # 32-bit offsets below 2^31 elements
 
 
 @triton.jit
@@ -61,92 +58,54 @@ def _norm_fwd_kernel(
     RMS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     EVICT: tl.constexpr,  # eviction policy of the x load and the y store
+    EVEN: tl.constexpr,  # n_cols == BLOCK and ROWS divides n_rows: no masks
+    WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
 ):
-    pid = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0)
+    if WIDE:
+        pid = pid.to(tl.int64)
     rows = pid * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     rmask = rows < n_rows
     cmask = cols < n_cols
     mask = rmask[:, None] & cmask[None, :]
     offs = rows[:, None] * n_cols + cols[None, :]
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+    if EVEN:
+        x = tl.load(x_ptr + offs, eviction_policy=EVICT).to(tl.float32)
+    else:
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if RMS:
         xc = x
     else:
         mean = tl.sum(x, axis=1) / n_cols
-        tl.store(mean_ptr + rows, mean, mask=rmask)
-        xc = tl.where(mask, x - mean[:, None], 0.0)
+        if EVEN:
+            tl.store(mean_ptr + rows, mean)
+            xc = x - mean[:, None]
+        else:
+            tl.store(mean_ptr + rows, mean, mask=rmask)
+            xc = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(xc * xc, axis=1) / n_cols
     rstd = 1.0 / tl.sqrt_rn(var + eps)
-    tl.store(rstd_ptr + rows, rstd, mask=rmask)
     # weight and bias after the reductions: loading them first (so their latency would
     # hide under the row's) measured 0.0992 ms against 0.0954-0.0958 at bf16 16384 x 4096
     # layer_norm on the H100.
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    if EVEN:
+        tl.store(rstd_ptr + rows, rstd)
+        w = tl.load(w_ptr + cols).to(tl.float32)
+    else:
+        tl.store(rstd_ptr + rows, rstd, mask=rmask)
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-        y = y + b[None, :]
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
-
-
-@triton.jit
-def _norm_fwd_loop_kernel(
-    x_ptr,  # as _norm_fwd_kernel, one row at a time
-    w_ptr,
-    b_ptr,
-    y_ptr,
-    mean_ptr,
-    rstd_ptr,
-    n_rows,
-    n_cols,
-    eps,
-    BLOCK: tl.constexpr,
-    RMS: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    EVICT: tl.constexpr,
-):
-    # Program p normalizes rows p, p + P, p + 2P, ... (P programs, P <= n_rows); the weight
-    # and bias are loaded once, and row r + P is loaded before row r is reduced, so one
-    # row's loads are in flight through the other's two reductions and its store.
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    cols = tl.arange(0, BLOCK)
-    cmask = cols < n_cols
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    b = w
-    if HAS_BIAS:
-        b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    first = pid.to(tl.int64)
-    x_nx = tl.load(x_ptr + first * n_cols + cols, mask=cmask, other=0.0, eviction_policy=EVICT)
-    for i in range(0, tl.cdiv(n_rows - pid, step)):
-        row = first + i * step
-        x = x_nx.to(tl.float32)
-        nrow = row + step
-        x_nx = tl.load(
-            x_ptr + nrow * n_cols + cols,
-            mask=cmask & ((cols * 0 + nrow) < n_rows),  # a tensor compare: the interpreter wants one
-            other=0.0,
-            eviction_policy=EVICT,
-        )
-        if RMS:
-            xc = x
+        if EVEN:
+            b = tl.load(b_ptr + cols).to(tl.float32)
         else:
-            mean = tl.sum(x, axis=0) / n_cols
-            tl.store(mean_ptr + row, mean)
-            xc = tl.where(cmask, x - mean, 0.0)
-        var = tl.sum(xc * xc, axis=0) / n_cols
-        rstd = 1.0 / tl.sqrt_rn(var + eps)
-        tl.store(rstd_ptr + row, rstd)
-        y = xc * rstd * w
-        if HAS_BIAS:
-            y = y + b
-        tl.store(
-            y_ptr + row * n_cols + cols,
-            y.to(y_ptr.dtype.element_ty),
-            mask=cmask,
-            eviction_policy=EVICT,
-        )
+            b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        y = y + b[None, :]
+    if EVEN:
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), eviction_policy=EVICT)
+    else:
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -255,39 +214,13 @@ def _bwd_programs(n_rows: int, dev) -> int:
     return max(1, min(n_rows, 4))
 
 
-def _fwd_programs(n_rows: int, dev) -> int:
-    """Programs of the row-walking forward (FWD_PROGRAMS_PER_SM > 0): that many per SM on
-    a GPU, 3 under the interpreter (so its loop and its last partial round run)."""
-    if dev.type == "cuda":
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        return max(1, min(n_rows, FWD_PROGRAMS_PER_SM * sms))
-    return max(1, min(n_rows, 3))
-
-
 def norm_fwd(x, w, b, eps, rms):
     """See _norms: (y, mean, rstd); x contiguous."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     mean, rstd = _norms.empty_stats(x, rms)
     n_rows, n_cols = _norms.rows_of(x)
     block, rows, warps = _fwd_config(n_cols)
-    if n_rows and n_cols and rows == 1 and FWD_PROGRAMS_PER_SM:
-        _norm_fwd_loop_kernel[(_fwd_programs(n_rows, x.device),)](
-            x,
-            w,
-            b if b is not None else w,
-            y,
-            mean if mean is not None else rstd,
-            rstd,
-            n_rows,
-            n_cols,
-            eps,
-            BLOCK=block,
-            RMS=rms,
-            HAS_BIAS=b is not None,
-            EVICT=FWD_EVICT,
-            num_warps=FWD_WARPS or warps,
-        )
-    elif n_rows and n_cols:
+    if n_rows and n_cols:
         _norm_fwd_kernel[(triton.cdiv(n_rows, rows),)](
             x,
             w,
@@ -303,6 +236,8 @@ def norm_fwd(x, w, b, eps, rms):
             RMS=rms,
             HAS_BIAS=b is not None,
             EVICT=FWD_EVICT,
+            EVEN=FWD_EVEN and block == n_cols and n_rows % rows == 0,
+            WIDE=not (FWD_NARROW and x.numel() < 2**31),
             num_warps=FWD_WARPS or warps,
         )
     return y, mean, rstd
@@ -372,6 +307,8 @@ def kernel_specs(rms: bool):
             "RMS": "constexpr",
             "HAS_BIAS": "constexpr",
             "EVICT": "constexpr",
+            "EVEN": "constexpr",
+            "WIDE": "constexpr",
         }
         bwd = {
             "dy_ptr": f"*{dtype}",
@@ -389,7 +326,15 @@ def kernel_specs(rms: bool):
             "RMS": "constexpr",
             "PREFETCH": "constexpr",
         }
-        fcx = {"BLOCK": block, "ROWS": rows, "RMS": rms, "HAS_BIAS": not rms, "EVICT": FWD_EVICT}
+        fcx = {
+            "BLOCK": block,
+            "ROWS": rows,
+            "RMS": rms,
+            "HAS_BIAS": not rms,
+            "EVICT": FWD_EVICT,
+            "EVEN": FWD_EVEN,
+            "WIDE": not FWD_NARROW,
+        }
         bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH}
         return [
             (_norm_fwd_kernel, fwd, fcx, FWD_WARPS or warps),

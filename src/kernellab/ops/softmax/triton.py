@@ -23,29 +23,44 @@ from kernellab.ops._elementwise import unary_op
 
 MAX_SINGLE = 8192  # widest row kept in one block (fp32: 32 KB of registers per row program)
 STREAM_BLOCK = 4096  # columns per step when streaming a longer row
-# Rows that fill a program alone (ROWS == 1, single block): FWD_PROGRAMS_PER_SM > 0 runs a
-# fixed number of programs that walk the rows with the next row's load issued before
-# this row's reductions (_softmax_fwd_loop_kernel); 0: one program per row.
-FWD_PROGRAMS_PER_SM = 0
-FWD_WARPS = None  # None: _config's choice
+FWD_EVEN = True  # forward: unmasked loads and stores when the rows fill the blocks exactly
+FWD_NARROW = True  # forward: 32-bit offsets below 2^31 elements
+FWD_WARPS = None  # forward warps (None: _config's choice)
 
 
 @triton.jit
 def _softmax_fwd_kernel(
-    x_ptr, y_ptr, n_rows, n_cols, BLOCK: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr
+    x_ptr,
+    y_ptr,
+    n_rows,
+    n_cols,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    SINGLE: tl.constexpr,
+    EVEN: tl.constexpr,  # SINGLE, n_cols == BLOCK and ROWS divides n_rows: no masks
+    WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
 ):
     # x, y: contiguous [n_rows, n_cols]; math in fp32. SINGLE: ROWS whole rows per program
     # (short rows share a program: one 3-wide row per program would leave it idle);
     # otherwise one row per program, streamed BLOCK columns at a time.
-    pid = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(0)
+    if WIDE:
+        pid = pid.to(tl.int64)
     cols = tl.arange(0, BLOCK)
     if SINGLE:
         rows = pid * ROWS + tl.arange(0, ROWS)
         mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
         offs = rows[:, None] * n_cols + cols[None, :]
-        x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
+        if EVEN:
+            x = tl.load(x_ptr + offs).to(tl.float32)
+        else:
+            x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
         e = tl.exp(x - tl.max(x, axis=1)[:, None])
-        tl.store(y_ptr + offs, (e / tl.sum(e, axis=1)[:, None]).to(y_ptr.dtype.element_ty), mask=mask)
+        y = (e / tl.sum(e, axis=1)[:, None]).to(y_ptr.dtype.element_ty)
+        if EVEN:
+            tl.store(y_ptr + offs, y)
+        else:
+            tl.store(y_ptr + offs, y, mask=mask)
     else:
         x_row = x_ptr + pid * n_cols
         y_row = y_ptr + pid * n_cols
@@ -61,26 +76,6 @@ def _softmax_fwd_kernel(
             mask = start + cols < n_cols
             x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
             tl.store(y_row + start + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _softmax_fwd_loop_kernel(x_ptr, y_ptr, n_rows, n_cols, BLOCK: tl.constexpr):
-    # Program p: rows p, p + P, ... (P programs <= n_rows), each row whole in registers;
-    # row r + P is loaded before row r's max and sum, so loads stay in flight across them.
-    pid = tl.program_id(0)
-    step = tl.num_programs(0)
-    cols = tl.arange(0, BLOCK)
-    cmask = cols < n_cols
-    first = pid.to(tl.int64)
-    x_nx = tl.load(x_ptr + first * n_cols + cols, mask=cmask, other=-float("inf"))
-    for i in range(0, tl.cdiv(n_rows - pid, step)):
-        row = first + i * step
-        x = x_nx.to(tl.float32)
-        nrow = row + step
-        nmask = cmask & ((cols * 0 + nrow) < n_rows)  # a tensor compare: the interpreter wants one
-        x_nx = tl.load(x_ptr + nrow * n_cols + cols, mask=nmask, other=-float("inf"))
-        e = tl.exp(x - tl.max(x, axis=0))
-        tl.store(y_ptr + row * n_cols + cols, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
@@ -123,7 +118,7 @@ def _config(n_cols: int):
     return STREAM_BLOCK, 1, False, 8
 
 
-def _launch(kernel, inputs, warps_override=None):
+def _launch(kernel, inputs, fwd=False):
     inputs = [t.contiguous() for t in inputs]
     out = torch.empty_like(inputs[0])
     n_cols = out.shape[-1] if out.dim() else 1
@@ -131,31 +126,19 @@ def _launch(kernel, inputs, warps_override=None):
     if n_rows and n_cols:
         block, rows, single, warps = _config(n_cols)
         grid = (triton.cdiv(n_rows, rows),)
-        warps = warps_override or warps
-        kernel[grid](*inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps)
+        extra = {}
+        if fwd:
+            even = FWD_EVEN and single and block == n_cols and n_rows % rows == 0
+            extra = dict(EVEN=even, WIDE=not (FWD_NARROW and out.numel() < 2**31))
+            warps = FWD_WARPS or warps
+        kernel[grid](
+            *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps, **extra
+        )
     return out
 
 
-def _fwd_programs(n_rows: int, dev) -> int:
-    if dev.type == "cuda":
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        return max(1, min(n_rows, FWD_PROGRAMS_PER_SM * sms))
-    return max(1, min(n_rows, 3))  # the interpreter: the loop and a partial last round run
-
-
 def _fwd(x: torch.Tensor) -> torch.Tensor:
-    if FWD_PROGRAMS_PER_SM and x.dim() and x.shape[-1]:
-        block, rows, single, warps = _config(x.shape[-1])
-        if single and rows == 1:
-            x = x.contiguous()
-            out = torch.empty_like(x)
-            n_cols = x.shape[-1]
-            n_rows = x.numel() // n_cols
-            if n_rows:
-                grid = (_fwd_programs(n_rows, x.device),)
-                _softmax_fwd_loop_kernel[grid](x, out, n_rows, n_cols, BLOCK=block, num_warps=FWD_WARPS or warps)
-            return out
-    return _launch(_softmax_fwd_kernel, [x], FWD_WARPS)
+    return _launch(_softmax_fwd_kernel, [x], fwd=True)
 
 
 def _bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -177,9 +160,10 @@ def _kernel_specs(dtype: str):
         "ROWS": "constexpr",
         "SINGLE": "constexpr",
     }
-    fwd = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **tail}
+    fwd = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **tail, "EVEN": "constexpr", "WIDE": "constexpr"}
     bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail}
-    return [(_softmax_fwd_kernel, fwd, cx, warps), (_softmax_bwd_kernel, bwd, cx, warps)]
+    fcx = dict(cx, EVEN=FWD_EVEN and single, WIDE=not FWD_NARROW)
+    return [(_softmax_fwd_kernel, fwd, fcx, FWD_WARPS or warps), (_softmax_bwd_kernel, bwd, cx, warps)]
 
 
 triton_support.register_triton(
