@@ -4,9 +4,11 @@ one process (issue 2 and 3; H100 / H200).
     python scripts/tune_rowwise_fwd.py OUT.jsonl
 
 1. Row-wise forwards at the bench shapes: the Triton softmax (fp32 and bf16 32768 x 4096)
-   and layer_norm / rms_norm (bf16 16384 x 4096) for FWD_PROGRAMS_PER_SM (0: a program
-   per row; k > 0: k programs per SM walking the rows with the next row prefetched) x
-   FWD_WARPS, beside the registered triton, cuda, compile, torch and liger backends.
+   and layer_norm / rms_norm (bf16 16384 x 4096) for FWD_EVEN (unmasked accesses when
+   the rows fill the block) x FWD_NARROW (32-bit offsets) x FWD_WARPS, beside the
+   registered triton, cuda, compile, torch and liger backends. (The first H100 run swept a
+   row-walking variant with the next row prefetched, 1-8 programs per SM: 2-80% slower
+   than a program per row everywhere; removed. Its rows: tune_rowwise_fwd-H100.jsonl.)
 2. Two-input elementwise kernels at 2^28 bf16 (add, GeLU backward): access width (8 or
    16 bytes), accesses per thread and input (1, 2) and threads per block (128, 256, 512),
    beside torch. The experimental kernels include gelu.cu (same GeluBwd functor).
@@ -60,7 +62,7 @@ def rowwise():
         x = (torch.randn(n, d, device="cuda", generator=g) * 2).to(dtype)
         w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
         b = (0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
-        args = {"softmax": (x,), "layer_norm": (x, w, b, 1e-5), "rms_norm": (x, w, 1e-5)}[op]
+        args = {"softmax": (x,), "layer_norm": (x, w, b), "rms_norm": (x, w)}[op]
         base = dict(op=op, dtype=str(dtype)[6:], shape=f"{n}x{d}")
         with torch.no_grad():
             for impl in kernellab.impls(op):

@@ -14,22 +14,26 @@ A backend supplies three launchers over contiguous tensors:
   logits' dtype; ``scale`` is fp32 [N] with any stride (stride 0: the "mean" and "sum"
   reductions' one scale, never copied to N floats). ``out`` may be ``logits`` itself (in-place backward):
   each element is read before it is written, by the same thread.
-- ``check(target, V, ignore_index, flag) -> None``: one small kernel that writes
-  ``flag[0]`` (int32) = 1 if a target is neither ignore_index nor in [0, V), else 0.
+- ``stats(target, V, ignore_index, out) -> None``: one small kernel that writes ``out``
+  (int32 [2]) = [1 if a target is neither ignore_index nor in [0, V) else 0, the number of
+  targets != ignore_index].
 
-The range check (``start_check`` / ``finish_check``): the check kernel is queued first,
-its flag copied into pinned host memory behind an event, then the forward and the
-reduction are queued, and only then does the host wait, for the event alone. The host
-thus waits until the GPU has run the check (a few microseconds of work), not the forward,
-which keeps the GPU busy while the host returns and queues what follows. A bad target
-then raises ValueError naming ``target`` (the outputs of this call are dropped). Measured
-on the H100 at bf16 8192 x 50304: waiting for a flag written by the forward itself cost
-0.08 ms of a 0.38 ms forward (the GPU idled while the host came back after the sync).
+The range check: the stats kernel is queued on the current stream, then a side stream
+waits for it and copies the flag into pinned host memory behind an event, while the
+forward and the reduction are queued on the current stream; only then does the host wait,
+for the event alone. So the GPU's timeline gains the stats kernel (one block over N
+targets) and nothing else, and the host waits only until the GPU has reached the check,
+not the end of the forward. A bad target then raises ValueError naming ``target`` (the
+outputs of this call are dropped). Measured on the H100 at bf16 8192 x 50304 (forward,
+check vs none): a flag written by the forward and read after it cost 0.08 ms of 0.38 ms
+(the GPU idled while the host came back after the sync); a check kernel with the copy on
+the same stream cost 0.016 ms.
 
 The reduction ("none" / "sum" / "mean") is done by PyTorch on the N per-row losses, so the
 per-row scale of the backward comes out of autograd for every reduction (dy, dy broadcast,
 dy / count) and one backward kernel serves all three; its cost is a few tiny kernels on N
-floats. The row count for "mean" stays on the device (no sync).
+floats. The row count for "mean" is the stats kernel's (on the device, no sync; under
+torch.compile a PyTorch sum that Inductor fuses).
 """
 
 from __future__ import annotations
@@ -68,20 +72,36 @@ def check_targets(logits: Tensor, target: Tensor, ignore_index: int) -> None:
         )
 
 
+_SIDE: dict = {}
+
+
+def _side_stream(device: torch.device):
+    st = _SIDE.get(device)
+    if st is None:
+        st = _SIDE[device] = torch.cuda.Stream(device)
+    return st
+
+
 class PendingCheck:
-    """A range check's int32 flag on its way to the host: copied into pinned memory
-    behind an event, waited for by ``failed()``."""
+    """The range check's flag (``stats[0]``) on its way to the host: on a GPU, a side
+    stream waits for the stats kernel and copies the flag into pinned memory behind an
+    event, so the forward queued next on the current stream never waits for the copy;
+    ``failed()`` waits for that event alone."""
 
     __slots__ = ("host", "event")
 
-    def __init__(self, flag: Tensor):
+    def __init__(self, stats: Tensor):
         self.event = None
-        self.host = flag
-        if flag.is_cuda:
-            self.host = torch.empty(flag.shape, dtype=flag.dtype, pin_memory=True)
-            self.host.copy_(flag, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
+        self.host = stats
+        if stats.is_cuda:
+            side = _side_stream(stats.device)
+            side.wait_stream(torch.cuda.current_stream(stats.device))
+            with torch.cuda.stream(side):
+                self.host = torch.empty(1, dtype=stats.dtype, pin_memory=True)
+                self.host.copy_(stats[:1], non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record(side)
+            stats.record_stream(side)
 
     def failed(self) -> bool:
         if self.event is not None:
@@ -89,14 +109,22 @@ class PendingCheck:
         return bool(self.host[0])
 
 
-def start_check(check, target: Tensor, n_cols: int, ignore_index: int) -> PendingCheck | None:
-    """Queue ``check`` (a backend's check launcher) for a fresh flag; None when there is
-    nothing to check or no waiting is allowed (while a CUDA graph is being captured)."""
-    if not target.shape[0] or (target.is_cuda and torch.cuda.is_current_stream_capturing()):
+def target_stats(stats_fn, target: Tensor, n_cols: int, ignore_index: int) -> Tensor:
+    """int32 [2]: [bad-target flag, count of targets != ignore_index] from the backend's
+    stats kernel (zeros for an empty batch)."""
+    if not target.shape[0]:
+        return torch.zeros(2, dtype=torch.int32, device=target.device)
+    out = torch.empty(2, dtype=torch.int32, device=target.device)
+    stats_fn(target, n_cols, ignore_index, out)
+    return out
+
+
+def start_check(stats: Tensor) -> PendingCheck | None:
+    """The flag's read-back, or None where no waiting is allowed (a CUDA graph being
+    captured: the check is skipped, as under torch.compile)."""
+    if stats.is_cuda and torch.cuda.is_current_stream_capturing():
         return None
-    flag = torch.empty(1, dtype=torch.int32, device=target.device)
-    check(target, n_cols, ignore_index, flag)
-    return PendingCheck(flag)
+    return PendingCheck(stats)
 
 
 def finish_check(pending: PendingCheck | None, logits: Tensor, target: Tensor, ignore_index: int) -> None:
@@ -106,16 +134,19 @@ def finish_check(pending: PendingCheck | None, logits: Tensor, target: Tensor, i
         raise ValueError("cross_entropy: a target is out of range (neither ignore_index nor in [0, V))")
 
 
-def reduce_rows(loss_rows: Tensor, target: Tensor, ignore_index: int, reduction: str, dtype) -> Tensor:
+def reduce_rows(
+    loss_rows: Tensor, target: Tensor, ignore_index: int, reduction: str, dtype, count=None
+) -> Tensor:
     if reduction == "none":
         return loss_rows.to(dtype)
     if reduction == "sum":
         return loss_rows.sum().to(dtype)
-    count = (target != ignore_index).sum()
+    if count is None:
+        count = (target != ignore_index).sum()
     return (loss_rows.sum() / count).to(dtype)  # all ignored: 0 / 0 = NaN, as PyTorch
 
 
-def fused_backend(name: str, fwd, bwd, check):
+def fused_backend(name: str, fwd, bwd, stats_fn):
     """Custom ops ``kernellab::<name>_fwd`` / ``_bwd`` and the registry callable."""
 
     def _fwd(logits: Tensor, target: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
@@ -191,12 +222,17 @@ def fused_backend(name: str, fwd, bwd, check):
             loss_rows, _ = op(logits, target, ignore_index)
             return reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)
         tc = target.contiguous()
-        pending = start_check(check, tc, logits.shape[1], ignore_index) if check_targets else None
+        stats = pending = None
+        if check_targets or reduction == "mean":
+            stats = target_stats(stats_fn, tc, logits.shape[1], ignore_index)
+            if check_targets and tc.shape[0]:
+                pending = start_check(stats)
         if logits.requires_grad and torch.is_grad_enabled():
             loss_rows, _ = Eager.apply(logits, tc, ignore_index, inplace_backward)
         else:
             loss_rows, _ = fwd(logits.contiguous(), tc, ignore_index)
-        out = reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)
+        count = stats[1] if reduction == "mean" else None
+        out = reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype, count)
         finish_check(pending, logits, target, ignore_index)
         return out
 

@@ -67,19 +67,40 @@ __device__ __forceinline__ void load_lse_g(const float* lse, const float* g, lon
     gr = g[row * gs];
 }
 
-// The target range check, a kernel of its own (launched before the forward, so that the
-// host waits for it alone while the forward runs): one block walks the N targets and
-// writes *flag = 1 when one is neither ignore_index nor in [0, V), else 0 (always
-// written: a fresh flag per call, no memset, no state shared between calls).
-__device__ __forceinline__ void check_targets(const long long* __restrict__ t, int* flag, long long n, long long V,
-                                              long long ii) {
-    int bad = 0;
-    for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-        const long long v = t[i];
-        bad |= v != ii && (v < 0 || v >= V);
+// The targets' statistics, a kernel of its own (one block, queued before the forward):
+// out[0] = 1 if a target is neither ignore_index nor in [0, V) (the range check, whose
+// flag the host reads on a side stream while the forward runs), else 0; out[1] = the
+// number of targets != ignore_index (the "mean" reduction's divisor: counted here, PyTorch's
+// sum of a bool mask made a 64 KB int64 temporary per 8192 rows). Always written: a fresh
+// buffer per call, no memset. U loads per thread are issued before they are used.
+__device__ __forceinline__ void target_stats(const long long* __restrict__ t, int* out, long long n, long long V,
+                                             long long ii) {
+    constexpr int U = 8;
+    __shared__ int total;
+    if (threadIdx.x == 0) total = 0;
+    __syncthreads();
+    int bad = 0, count = 0;
+    for (long long base = threadIdx.x; base < n; base += (long long)blockDim.x * U) {
+        long long v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const long long i = base + (long long)u * blockDim.x;
+            v[u] = i < n ? t[i] : ii;
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            bad |= v[u] != ii && (v[u] < 0 || v[u] >= V);
+            count += v[u] != ii;
+        }
     }
-    bad = __syncthreads_or(bad);
-    if (threadIdx.x == 0) *flag = bad;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) count += __shfl_down_sync(0xffffffffu, count, off);
+    if ((threadIdx.x & 31) == 0) atomicAdd(&total, count);  // integer: the same sum in any order
+    bad = __syncthreads_or(bad);                            // also the barrier after the adds
+    if (threadIdx.x == 0) {
+        out[0] = bad;
+        out[1] = total;
+    }
 }
 
 // The loss of one row from its lse pair and its target.
@@ -297,6 +318,6 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
 KL_FOR_EACH_DTYPE(KL_CE_KERNELS)
 
 extern "C" __global__ void __launch_bounds__(1024)
-    ce_check_targets(const long long* t, int* flag, long long n, long long V, long long ii) {
-    check_targets(t, flag, n, V, ii);
+    ce_target_stats(const long long* t, int* out, long long n, long long V, long long ii) {
+    target_stats(t, out, n, V, ii);
 }

@@ -18,7 +18,7 @@ SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS_V1 = 256
 THREADS = 256  # v2: 8 blocks (rows) per SM, 4 x 16 B in flight per thread
 FWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "i64")  # x, t, loss, lse, V, ii
-CHECK_SIG = ("ptr", "ptr", "i64", "i64", "i64")  # t, flag, N, V, ii
+STATS_SIG = ("ptr", "ptr", "i64", "i64", "i64")  # t, out, N, V, ii
 BWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "ptr", "i64", "i64")  # x, t, lse, g, g stride, dx, V, ii
 
 _KERNELS: dict = {}
@@ -95,14 +95,15 @@ def _make(vectorized: bool):
     return fwd, bwd
 
 
-def check(target: torch.Tensor, n_cols: int, ignore_index: int, flag: torch.Tensor) -> None:
-    """flag[0] = 1 if a target is neither ignore_index nor in [0, n_cols), else 0 (one block)."""
+def stats(target: torch.Tensor, n_cols: int, ignore_index: int, out: torch.Tensor) -> None:
+    """out (int32 [2]) = [1 if a target is neither ignore_index nor in [0, n_cols) else 0,
+    count of targets != ignore_index] (one block)."""
     dev = target.device.index
     if dev != _get_device():
         with torch.cuda.device(dev):
-            return check(target, n_cols, ignore_index, flag)
-    _kernel("ce_check_targets", CHECK_SIG, dev)(
-        1, 1024, target, flag, target.shape[0], n_cols, ignore_index, device_index=dev
+            return stats(target, n_cols, ignore_index, out)
+    _kernel("ce_target_stats", STATS_SIG, dev)(
+        1, 1024, target, out, target.shape[0], n_cols, ignore_index, device_index=dev
     )
 
 
@@ -110,5 +111,5 @@ for _backend, _vec, _what in (
     ("cuda_v1", False, "CUDA v1: one block per row, one element per thread, three-pass forward"),
     ("cuda", True, "CUDA v2: one-pass online log-sum-exp over 16-byte packs, warp-shuffle combine"),
 ):
-    _fn = fused_backend(f"cross_entropy_{_backend}", *_make(_vec), check)
+    _fn = fused_backend(f"cross_entropy_{_backend}", *_make(_vec), stats)
     register_cuda("cross_entropy", _backend, _fn, MODULE, _what)

@@ -56,7 +56,7 @@ def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK:
     in_range = (t >= 0) & (t < n_cols)
     xt = tl.load(x_row + tl.where(in_range, t, 0)).to(tl.float32)
     # Out-of-range targets give NaN and are never read out of bounds (the check that raises
-    # for them is _check_kernel, queued before this one).
+    # for them reads _stats_kernel's flag, queued before this one).
     loss = tl.where(in_range, (hi - xt) + lo, float("nan"))
     loss = tl.where(t == ignore_index, 0.0, loss)
     tl.store(loss_ptr + row, loss)
@@ -66,14 +66,19 @@ def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK:
 
 
 @triton.jit
-def _check_kernel(t_ptr, flag_ptr, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr):
-    # One program: flag[0] = 1 if a target is neither ignore_index nor in [0, n_cols), else 0.
+def _stats_kernel(t_ptr, out_ptr, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr):
+    # One program: out[0] = 1 if a target is neither ignore_index nor in [0, n_cols), else 0;
+    # out[1] = the number of targets != ignore_index (see _fused: the range check and the
+    # "mean" divisor).
     offs = tl.arange(0, BLOCK)
     bad = tl.zeros([BLOCK], tl.int32)
+    count = tl.zeros([BLOCK], tl.int32)
     for start in range(0, n_rows, BLOCK):
         t = tl.load(t_ptr + start + offs, mask=start + offs < n_rows, other=ignore_index)
         bad = bad | ((t != ignore_index) & ((t < 0) | (t >= n_cols))).to(tl.int32)
-    tl.store(flag_ptr, tl.max(bad, axis=0))
+        count += (t != ignore_index).to(tl.int32)
+    tl.store(out_ptr, tl.max(bad, axis=0))
+    tl.store(out_ptr + 1, tl.sum(count, axis=0))
 
 
 @triton.jit
@@ -139,11 +144,11 @@ def _bwd(logits, target, lse, scale, ignore_index, out) -> None:
         )
 
 
-def _check(target: torch.Tensor, n_cols: int, ignore_index: int, flag: torch.Tensor) -> None:
-    _check_kernel[(1,)](target, flag, target.shape[0], n_cols, ignore_index, BLOCK=1024, num_warps=4)
+def _stats(target: torch.Tensor, n_cols: int, ignore_index: int, out: torch.Tensor) -> None:
+    _stats_kernel[(1,)](target, out, target.shape[0], n_cols, ignore_index, BLOCK=1024, num_warps=4)
 
 
-cross_entropy_triton = fused_backend("cross_entropy_triton", _fwd, _bwd, _check)
+cross_entropy_triton = fused_backend("cross_entropy_triton", _fwd, _bwd, _stats)
 
 
 def _kernel_specs(dtype: str):
