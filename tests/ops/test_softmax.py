@@ -3,6 +3,8 @@ the float64 reference; dim handling; fully masked rows; the streamed (online) lo
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -27,13 +29,16 @@ def _inputs(shape, dtype, seed):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_forward_and_gradient(backend, dtype, shape):
-    (x,) = _inputs(shape, dtype, seed=hash((backend, shape)) & 0xFFFF)
+    # A stable seed per case (hash() of a str changes with each process): the same inputs
+    # and upstream gradient in every run, so CI cannot draw a different case than here.
+    seed = zlib.crc32(f"{backend}{shape}".encode()) & 0xFFFF
+    (x,) = _inputs(shape, dtype, seed=seed)
     y = kernellab.softmax(x, backend=backend)
     v = judge(y, SPEC.ref(x), dtype, torch.softmax(x, -1))
     assert v.ok, v.detail
     # gradient
     leaf = x.detach().clone().requires_grad_()
-    dy = torch.randn(shape).to(dtype)
+    dy = torch.randn(shape, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
     (g,) = torch.autograd.grad(kernellab.softmax(leaf, backend=backend), leaf, dy)
     x64 = x.detach().double().requires_grad_()
     (g_ref,) = torch.autograd.grad(torch.softmax(x64, -1), x64, dy.double())

@@ -26,6 +26,9 @@ STREAM_BLOCK = 4096  # columns per step when streaming a longer row
 FWD_EVEN = True  # forward: unmasked loads and stores when the rows fill the blocks exactly
 FWD_NARROW = True  # forward: 32-bit offsets below 2^31 elements
 FWD_WARPS = None  # forward warps (None: _config's choice)
+# Forward only: > 0 streams every row in chunks of this many columns (two passes, the
+# second from L2) instead of keeping rows of up to MAX_SINGLE columns in registers.
+FWD_STREAM_BLOCK = 0
 
 
 @triton.jit
@@ -62,19 +65,23 @@ def _softmax_fwd_kernel(
         else:
             tl.store(y_ptr + offs, y, mask=mask)
     else:
-        x_row = x_ptr + pid * n_cols
-        y_row = y_ptr + pid * n_cols
+        x_row = x_ptr + pid.to(tl.int64) * n_cols
+        y_row = y_ptr + pid.to(tl.int64) * n_cols
         m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)  # running max
         s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)  # running sum of exp(x - m)
+        # First pass: keep the row in L2 (evict_last) for the second, which reads it from
+        # there and lets it go (evict_first), as Inductor's looped softmax does.
         for start in range(0, n_cols, BLOCK):
             mask = start + cols < n_cols
-            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy="evict_last")
+            x = x.to(tl.float32)
             m_new = tl.maximum(m, tl.max(x, axis=0))
             s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
             m = m_new
         for start in range(0, n_cols, BLOCK):
             mask = start + cols < n_cols
-            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf")).to(tl.float32)
+            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first")
+            x = x.to(tl.float32)
             tl.store(y_row + start + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -125,6 +132,8 @@ def _launch(kernel, inputs, fwd=False):
     n_rows = out.numel() // n_cols if n_cols else 0
     if n_rows and n_cols:
         block, rows, single, warps = _config(n_cols)
+        if fwd and FWD_STREAM_BLOCK:
+            block, rows, single = FWD_STREAM_BLOCK, 1, False
         grid = (triton.cdiv(n_rows, rows),)
         extra = {}
         if fwd:
