@@ -6,9 +6,10 @@ one process (issue 2 and 3; H100 / H200).
 1. Row-wise forwards at the bench shapes: the Triton softmax (fp32 and bf16 32768 x 4096)
    and layer_norm / rms_norm (bf16 16384 x 4096): rows in registers (read once) for
    FWD_EVEN (unmasked accesses when the rows fill the block) x FWD_NARROW (32-bit
-   offsets) x FWD_WARPS, and rows streamed in FWD_STREAM_BLOCK-column chunks (later passes
-   from L2, as Inductor's looped reductions), beside the registered triton, cuda, compile,
-   torch and liger backends. (The first H100 run swept a
+   offsets) x FWD_WARPS, beside the registered triton, cuda, compile, torch and liger
+   backends. (A second H100 run also swept rows streamed in 1024-4096-column chunks,
+   later passes from L2 as Inductor's looped reductions: slower or equal; removed. Rows:
+   tune_rowwise_fwd2-H100.jsonl.) (The first H100 run swept a
    row-walking variant with the next row prefetched, 1-8 programs per SM: 2-80% slower
    than a program per row everywhere; removed. Its rows: tune_rowwise_fwd-H100.jsonl.)
 2. Two-input elementwise kernels at 2^28 bf16 (add, GeLU backward): access width (8 or
@@ -88,22 +89,15 @@ def rowwise():
                 bias = None if rms else b
                 ref = lt.norm_fwd(x, w, bias, 1e-5, rms)[0]
                 mod, call = lt, lambda: lt.norm_fwd(x, w, bias, 1e-5, rms)[0]
-            saved = (mod.FWD_EVEN, mod.FWD_NARROW, mod.FWD_WARPS, mod.FWD_STREAM_BLOCK)
-            configs = [(0, e, n, w) for e, n, w in itertools.product((True, False), (True, False), (8, 16))]
-            configs += [(sb, True, True, w) for sb, w in itertools.product((1024, 2048, 4096), (4, 8))]
+            saved = (mod.FWD_EVEN, mod.FWD_NARROW, mod.FWD_WARPS)
             try:
-                for stream, even, narrow, warps in configs:
-                    mod.FWD_STREAM_BLOCK, mod.FWD_EVEN, mod.FWD_NARROW, mod.FWD_WARPS = (
-                        stream,
-                        even,
-                        narrow,
-                        warps,
-                    )
+                for even, narrow, warps in itertools.product((True, False), (True, False), (8, 16)):
+                    mod.FWD_EVEN, mod.FWD_NARROW, mod.FWD_WARPS = even, narrow, warps
                     out = call()
-                    cfg = f"triton stream={stream} even={int(even)} narrow={int(narrow)} warps={warps}"
+                    cfg = f"triton even={int(even)} narrow={int(narrow)} warps={warps}"
                     record(**base, config=cfg, ms=_t(call), max_diff=_diff(out, ref))
             finally:
-                mod.FWD_EVEN, mod.FWD_NARROW, mod.FWD_WARPS, mod.FWD_STREAM_BLOCK = saved
+                mod.FWD_EVEN, mod.FWD_NARROW, mod.FWD_WARPS = saved
         del x, args
         torch.cuda.empty_cache()
 

@@ -652,6 +652,8 @@ def cmd_asm(args) -> int:
         verdict = []
         if k.counts["ptx_ld_global_v4"] or k.counts["LDG_128"]:
             verdict.append("16-byte global loads")
+        elif k.counts["ptx_ld_global_v2"] or k.counts["LDG_64"]:
+            verdict.append("8-byte global loads")
         else:
             verdict.append("no 16-byte global loads")
         if k.counts["LDL_STL"] or k.counts["ptx_local"] or (k.local_bytes or 0) > 0:

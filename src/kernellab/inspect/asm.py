@@ -109,9 +109,11 @@ _PATTERNS = {
     # qualifiers may include cache policies such as .L1::evict_last
     "ptx_ld_global_v4": (r"ld\.global(?:\.[\w:]+)*\.v4\.", "ptx"),
     "ptx_st_global_v4": (r"st\.global(?:\.[\w:]+)*\.v4\.", "ptx"),
+    "ptx_ld_global_v2": (r"ld\.global(?:\.[\w:]+)*\.v2\.", "ptx"),
     "ptx_local": (r"\b(?:ld|st)\.local\b", "ptx"),
     "LDG_128": (r"\bLDG\.E\.128\b|\bLDG\.E\.(?:\w+\.)*128\b", "sass"),
     "STG_128": (r"\bSTG\.E\.128\b|\bSTG\.E\.(?:\w+\.)*128\b", "sass"),
+    "LDG_64": (r"\bLDG\.E\.64\b|\bLDG\.E\.(?:\w+\.)*64\b", "sass"),
     "LDG": (r"\bLDG\b", "sass"),
     "STG": (r"\bSTG\b", "sass"),
     "LDL_STL": (r"\b(?:LDL|STL)\b", "sass"),
