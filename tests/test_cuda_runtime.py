@@ -92,13 +92,15 @@ def test_every_module_compiles_to_cubin_for_check_archs(path, kl_cache):
 def test_cubin_holds_every_kernel_the_host_asks_for(path):
     """The naming contract of cuda/elementwise.py: <base>_<dtype> (vectorized),
     <base>_x1_<dtype> (vectorized, one pack per thread) and <base>_v1_<dtype> (scalar)
-    for f32, f16 and bf16."""
+    for f32, f16 and bf16; <base>_w8_<dtype> (8-byte packs) beside a vectorized kernel."""
     cubin = Module(path).compile("sm_90")
     names = set(_entries(Module(path).compile("sm_90", target="ptx").decode()))
     assert names, "no kernels"
     for name in names:
         assert name.encode() in cubin, name
-    vectorized = {n for n in names if "_v1_" not in n and "_x1_" not in n}
+    for n in (n for n in names if "_w8_" in n):
+        assert n.replace("_w8_", "_") in names, f"{n} has no 16-byte twin"
+    vectorized = {n for n in names if "_v1_" not in n and "_x1_" not in n and "_w8_" not in n}
     for n in vectorized:
         base, sfx = n.rsplit("_", 1)
         assert sfx in ("f32", "f16", "bf16"), n
@@ -117,8 +119,10 @@ def test_ptx_vector_accesses_and_no_local_memory(path, arch):
     vectorized = {n: body for n, body in entries.items() if "_v1_" not in n}
     assert vectorized
     for name, body in vectorized.items():
-        assert re.search(r"\bld\.global(\.nc)?\.v4\.", body), f"{name}: no 16-byte vector load"
-        assert re.search(r"\bst\.global\.v4\.", body), f"{name}: no 16-byte vector store"
+        # 16 bytes: v4 of 32-bit; w8 kernels, 8 bytes: v2 of 32-bit or v4 of 16-bit
+        v = r"(v2\.(?:[fbu]32)|v4\.(?:[fbu]16))" if "_w8_" in name else r"v4\."
+        assert re.search(rf"\bld\.global(\.nc)?\.{v}", body), f"{name}: no vector load"
+        assert re.search(rf"\bst\.global\.{v}", body), f"{name}: no vector store"
     for name, body in entries.items():
         # .local: stack frames or register spills - arrays indexed at run time, too many
         # registers; none of these kernels needs any.
