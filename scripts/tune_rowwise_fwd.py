@@ -14,7 +14,7 @@ one process (issue 2 and 3; H100 / H200).
    than a program per row everywhere; removed. Its rows: tune_rowwise_fwd-H100.jsonl.)
 2. Two-input elementwise kernels at 2^28 bf16 (add, GeLU backward): access width (8 or
    16 bytes), accesses per thread and input (1, 2) and threads per block (128, 256, 512),
-   beside torch. The experimental kernels include gelu.cu (same GeluBwd functor).
+   beside torch. The kernels are common.cuh's map2_packs over gelu.cu's GeluBwd and an add.
 
 Every configuration is timed with kernellab's timer (CUDA events, L2 flushed between
 calls, median) and its output compared with the shipped backend's (max abs difference).
@@ -104,42 +104,17 @@ def rowwise():
 
 SRC = r"""
 #include "gelu.cu"
-template <int B> struct Raw;
-template <> struct Raw<16> { using t = int4; };
-template <> struct Raw<8> { using t = int2; };
-template <int B, typename T> union Pack {
-    static constexpr int N = B / sizeof(T);
-    typename Raw<B>::t raw;
-    T e[N];
-};
 struct AddF { __device__ __forceinline__ float operator()(float a, float b) const { return a + b; } };
-// One tile per block: thread i of block k handles accesses k * (threads * U) + u * threads + i.
-template <int B, int U, typename T, typename F>
-__device__ __forceinline__ void map2(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ y, long long n, F f) {
-    using P = Pack<B, T>;
-    using R = typename Raw<B>::t;
-    const long long np = n / P::N;
-    const long long base = (long long)blockIdx.x * blockDim.x * U + threadIdx.x;
-    P ra[U], rb[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const long long p = base + (long long)u * blockDim.x;
-        if (p < np) { ra[u].raw = reinterpret_cast<const R*>(a)[p]; rb[u].raw = reinterpret_cast<const R*>(b)[p]; }
+// kl::map2_packs (common.cuh) with B-byte packs, U per thread and input; one tile per block.
+#define X(B, U)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(512) xadd_##B##_##U(                            \
+        const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* y, long long n) {         \
+        kl::map2_packs<U, kl::Vec##B<__nv_bfloat16>>(a, b, y, n, AddF{});                        \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(512) xgbwd_##B##_##U(                           \
+        const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* y, long long n) {         \
+        kl::map2_packs<U, kl::Vec##B<__nv_bfloat16>>(a, b, y, n, GeluBwd{});                     \
     }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const long long p = base + (long long)u * blockDim.x;
-        if (p < np) {
-            P o;
-#pragma unroll
-            for (int j = 0; j < P::N; ++j) o.e[j] = kl::from_f<T>(f(kl::to_f(ra[u].e[j]), kl::to_f(rb[u].e[j])));
-            reinterpret_cast<R*>(y)[p] = o.raw;
-        }
-    }
-}
-#define X(B, U)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(512) xadd_##B##_##U(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* y, long long n) { map2<B, U>(a, b, y, n, AddF{}); } \
-    extern "C" __global__ void __launch_bounds__(512) xgbwd_##B##_##U(const __nv_bfloat16* a, const __nv_bfloat16* b, __nv_bfloat16* y, long long n) { map2<B, U>(a, b, y, n, GeluBwd{}); }
 X(16, 1) X(16, 2) X(8, 1) X(8, 2) X(8, 4)
 """
 

@@ -73,11 +73,12 @@ def launch(module: Module, base: str, inputs, vectorized: bool = True, w8=None) 
         with torch.cuda.device(dev):
             return launch(module, base, inputs, vectorized, w8)
     ptrs = [t.data_ptr() for t in inputs]
-    if vectorized and w8 and x0.element_size() == 2 and n >= W8_MIN_ELEMS and not any(p & 15 for p in ptrs):
+    vectorized = vectorized and not any(p & 15 for p in ptrs)  # 16-byte aligned storage
+    if vectorized and w8 and x0.element_size() == 2 and n >= W8_MIN_ELEMS:
         per_thread, threads = w8
         kernel, _ = _kernel(module, base, x0.dtype, dev, "w8", len(inputs))
         grid = (n // 4 + per_thread * threads - 1) // (per_thread * threads)  # 4 elements per 8-byte pack
-    elif vectorized and not any(p & 15 for p in ptrs):
+    elif vectorized:
         packs = n // (16 // x0.element_size())
         fat = (packs + THREADS * UNROLL[len(inputs)] - 1) // (THREADS * UNROLL[len(inputs)])
         kind = "vec" if len(inputs) == 1 and fat >= FAT_MIN_BLOCKS_PER_SM * sm_count(dev) else "x1"
