@@ -16,6 +16,16 @@ one process (issue 2 and 3; H100 / H200).
    16 bytes), accesses per thread and input (1, 2) and threads per block (128, 256, 512),
    beside torch. The kernels are common.cuh's map2_packs over gelu.cu's GeluBwd and an add.
 
+3. ``hints`` (third H100 run): the knobs left after 1. Norm forwards (Triton): approximate
+   rsqrt (FWD_RSQRT), a streaming y store (FWD_STORE_CM=".cs"), 1 or 2 rows per program at
+   8 or 16 warps; norm forwards (CUDA v2): 64 / 128 / 256 threads per row. Softmax fp32:
+   the streaming store, and a copy of Inductor's looped online softmax (a running max
+   and sum *per lane*, reduced once after the loop: the earlier streamed variant reduced
+   every chunk) at 1-4 rows x 512-2048 columns x 4-16 warps, beside the configs that
+   Inductor's autotuner picked (printed).
+
+    python scripts/tune_rowwise_fwd.py OUT.jsonl hints
+
 Every configuration is timed with kernellab's timer (CUDA events, L2 flushed between
 calls, median) and its output compared with the shipped backend's (max abs difference).
 """
@@ -28,6 +38,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 import kernellab
 from kernellab.cuda.runtime import Module, ceil_div
@@ -160,9 +172,134 @@ def elementwise():
         path.unlink(missing_ok=True)
 
 
+@triton.jit
+def _softmax_looped(x_ptr, y_ptr, N: tl.constexpr, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    # Inductor's looped online softmax, rows of exactly N columns (N % RBLOCK == 0, the
+    # row count a multiple of XBLOCK): pass 1 keeps a running max and sum per lane and
+    # reads with evict_last; one reduction after the loop; pass 2 reads from L2.
+    rows = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    r = tl.arange(0, RBLOCK)[None, :]
+    m = tl.full([XBLOCK, RBLOCK], float("-inf"), tl.float32)
+    s = tl.zeros([XBLOCK, RBLOCK], tl.float32)
+    for off in tl.range(0, N, RBLOCK):
+        x = tl.load(x_ptr + rows * N + off + r, eviction_policy="evict_last").to(tl.float32)
+        m_new = tl.maximum(m, x)
+        s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+        m = m_new
+    mx = tl.max(m, 1)[:, None]
+    tot = tl.sum(s * tl.exp(m - mx), 1)[:, None]
+    for off in tl.range(0, N, RBLOCK):
+        x = tl.load(x_ptr + rows * N + off + r, eviction_policy="evict_first").to(tl.float32)
+        tl.store(y_ptr + rows * N + off + r, (tl.exp(x - mx) / tot).to(y_ptr.dtype.element_ty))
+
+
+def _inductor_configs() -> list[str]:
+    """The configs Inductor's autotuner settled on for the kernels compiled so far."""
+    import gc
+
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:
+        return []
+    found = []
+    for obj in gc.get_objects():
+        if isinstance(obj, CachingAutotuner):
+            for launcher in getattr(obj, "launchers", []) or []:
+                found.append(f"{getattr(obj.fn, '__name__', '?')}: {getattr(launcher, 'config', '?')}")
+    return found
+
+
+def hints():
+    import kernellab.ops.layer_norm.cuda as lc
+    import kernellab.ops.layer_norm.triton as lt
+    import kernellab.ops.softmax.triton as st
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    cases = [
+        ("softmax", torch.float32, (32768, 4096)),
+        ("layer_norm", torch.bfloat16, (16384, 4096)),
+        ("rms_norm", torch.bfloat16, (16384, 4096)),
+    ]
+    for op, dtype, (n, d) in cases:
+        x = (torch.randn(n, d, device="cuda", generator=g) * 2).to(dtype)
+        w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
+        b = (0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
+        args = {"softmax": (x,), "layer_norm": (x, w, b), "rms_norm": (x, w)}[op]
+        base = dict(op=op, dtype=str(dtype)[6:], shape=f"{n}x{d}")
+        with torch.no_grad():
+            for backend in ("torch", "compile", "liger", "triton", "cuda"):
+                fn = kernellab.get(op, backend)
+                try:
+                    record(**base, config=backend, ms=_t(lambda: fn(*args)))
+                except Exception as e:  # noqa: BLE001 - a peer's failure is reported
+                    record(**base, config=backend, error=f"{type(e).__name__}: {e}"[:160])
+            for line in _inductor_configs():
+                record(**base, config="inductor picked", note=line[:300])
+            torch._dynamo.reset()
+            if op == "softmax":
+                ref = st._fwd(x)
+                saved = (st.FWD_STORE_CM, st.FWD_WARPS)
+                try:
+                    for cm, warps in itertools.product(("", ".cs"), (8, 16)):
+                        st.FWD_STORE_CM, st.FWD_WARPS = cm, warps
+                        out = st._fwd(x)
+                        cfg = f"triton store={cm or '-'} warps={warps}"
+                        record(**base, config=cfg, ms=_t(lambda: st._fwd(x)), max_diff=_diff(out, ref))
+                finally:
+                    st.FWD_STORE_CM, st.FWD_WARPS = saved
+                y = torch.empty_like(x)
+                for (xb, rb), warps in itertools.product(
+                    ((1, 512), (1, 1024), (1, 2048), (2, 512), (2, 1024), (2, 2048), (4, 512), (4, 1024)),
+                    (4, 8, 16),
+                ):
+
+                    def run(xb=xb, rb=rb, warps=warps):
+                        _softmax_looped[(n // xb,)](x, y, N=d, XBLOCK=xb, RBLOCK=rb, num_warps=warps)
+                        return y
+
+                    out = run()
+                    record(
+                        **base, config=f"looped x{xb} r{rb} w{warps}", ms=_t(run), max_diff=_diff(out, ref)
+                    )
+            else:
+                rms = op == "rms_norm"
+                bias = None if rms else b
+                ref = lt.norm_fwd(x, w, bias, 1e-5, rms)[0]
+                saved = (lt.FWD_RSQRT, lt.FWD_STORE_CM, lt.FWD_WARPS, lt.ROW_ELEMS)
+                try:
+                    for rsqrt, cm, (elems, warps) in itertools.product(
+                        (False, True), ("", ".cs"), ((4096, 8), (8192, 8), (8192, 16))
+                    ):
+                        lt.FWD_RSQRT, lt.FWD_STORE_CM, lt.ROW_ELEMS, lt.FWD_WARPS = rsqrt, cm, elems, warps
+                        call = lambda: lt.norm_fwd(x, w, bias, 1e-5, rms)[0]  # noqa: E731
+                        out = call()
+                        cfg = f"triton rsqrt={int(rsqrt)} store={cm or '-'} rows={elems // d} warps={warps}"
+                        record(**base, config=cfg, ms=_t(call), max_diff=_diff(out, ref))
+                finally:
+                    lt.FWD_RSQRT, lt.FWD_STORE_CM, lt.FWD_WARPS, lt.ROW_ELEMS = saved
+                kind, packs = ("rms" if rms else "ln"), d // 8
+                y = torch.empty_like(x)
+                mean = torch.empty(n, device="cuda")
+                rstd = torch.empty(n, device="cuda")
+                for tpr in (64, 128, 256):
+                    p = packs // tpr
+                    k = lc._kernel(f"{kind}_fwd_p{p}_bf16", lc._FWD_SIG + ("i64", "i32", "i32", "f32"), 0)
+                    rpb = lc.V2_THREADS // tpr
+
+                    def run(k=k, tpr=tpr, rpb=rpb):
+                        bb, mm = (0, 0) if rms else (b, mean)
+                        k(n // rpb, lc.V2_THREADS, x, w, bb, y, mm, rstd, n, d, tpr, 1e-5, device_index=0)
+                        return y
+
+                    out = run()
+                    record(**base, config=f"cuda tpr={tpr} P={p}", ms=_t(run), max_diff=_diff(out, ref))
+        del x, args
+        torch.cuda.empty_cache()
+
+
 def main():
     dest = sys.argv[1] if len(sys.argv) > 1 else "tune_rowwise_fwd.jsonl"
-    parts = [p for p in (elementwise, rowwise) if p.__name__ in sys.argv[2:]] or [elementwise, rowwise]
+    parts = [p for p in (elementwise, rowwise, hints) if p.__name__ in sys.argv[2:]] or [elementwise, rowwise]
     for part in parts:
         try:
             part()

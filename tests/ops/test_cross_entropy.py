@@ -191,6 +191,50 @@ def test_range_check_kernel_and_a_forward_that_survives_bad_targets(backend):
         ce.cross_entropy(logits, t, backend=backend)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda", "cuda_v1"])
+def test_range_flag_reaches_the_host_through_the_mailbox(backend):
+    """On a GPU the stats kernel stores the flag into a mapped host slot: the slot goes
+    from -1 to the flag without any copy; more calls than the ring has slots, good and bad
+    targets interleaved, never read a stale flag."""
+    from kernellab.ops.cross_entropy import _fused
+    from kernellab.ops.cross_entropy import cuda as ce_cuda
+    from kernellab.ops.cross_entropy import triton as ce_triton
+
+    stats_fn = ce_triton._stats if backend == "triton" else ce_cuda.stats
+    t = torch.randint(0, 33, (3000,), device="cuda")
+    for bad in (False, True):
+        t[1234] = 40 if bad else 5
+        pending = _fused.start_check(t)
+        assert pending.flag_ptr and pending.box.host[pending.slot] == -1
+        stats = _fused.target_stats(stats_fn, t, 33, -100, pending)
+        assert pending.flag() == int(bad) == int(stats[0])
+    logits = torch.randn(4, 33, device="cuda")
+    good, worse = torch.tensor([0, 5, -100, 32], device="cuda"), torch.tensor([0, 33, -100, 32], device="cuda")
+    want = F.cross_entropy(logits, good)
+    for i in range(_fused._Mailbox.SLOTS + 7):
+        if i % 3 == 1:
+            with pytest.raises(ValueError, match=r"target\[1\] = 33"):
+                ce.cross_entropy(logits, worse, backend=backend)
+        else:
+            torch.testing.assert_close(ce.cross_entropy(logits, good, backend=backend), want)
+
+
+def test_a_flag_that_never_arrived_runs_the_full_check():
+    """flag() == -1 (the slot was not written): the full PyTorch check decides, it does
+    not pass the targets on trust."""
+    from kernellab.ops.cross_entropy import _fused
+
+    class Lost:
+        def flag(self):
+            return -1
+
+    logits = torch.randn(3, 10)
+    _fused.finish_check(Lost(), logits, torch.tensor([0, 9, -100]), -100)  # good targets: passes
+    with pytest.raises(ValueError, match=r"target\[1\] = 10"):
+        _fused.finish_check(Lost(), logits, torch.tensor([0, 10, -100]), -100)
+
+
 @pytest.mark.parametrize("backend", CPU)
 def test_out_of_range_targets_raise(backend):
     logits = torch.randn(3, 10)

@@ -240,6 +240,35 @@ def _error_string(code: int) -> str:
     return (s.value or b"unknown").decode()
 
 
+def mapped_host_int32(count: int, device_index: int):
+    """``count`` int32 slots of page-locked host memory that kernels write directly
+    (cuMemHostAlloc with PORTABLE | DEVICEMAP, never freed: for small, long-lived
+    mailboxes). Returns (host view: a ctypes int32 array, device address for kernels).
+
+    A kernel's plain stores to it are visible to the host once an event recorded after
+    the kernel has completed; no copy and no copy engine is involved."""
+    lib = _libcuda()
+    lib.cuMemHostAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
+    lib.cuMemHostAlloc.restype = ctypes.c_int
+    get_ptr = lib.cuMemHostGetDevicePointer_v2
+    get_ptr.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
+    get_ptr.restype = ctypes.c_int
+    # The driver API allocates in the calling thread's current context: make the device's
+    # primary context current through the runtime first (torch may not have touched the
+    # runtime on this thread yet).
+    torch.cuda.synchronize(device_index)
+    portable, devicemap = 0x01, 0x02
+    host = ctypes.c_void_p()
+    rc = lib.cuMemHostAlloc(ctypes.byref(host), 4 * count, portable | devicemap)
+    if rc != 0:
+        raise CudaError(f"cuMemHostAlloc({4 * count} bytes) failed: {_error_string(rc)}")
+    dev = ctypes.c_uint64()
+    rc = get_ptr(ctypes.byref(dev), host, 0)
+    if rc != 0:
+        raise CudaError(f"cuMemHostGetDevicePointer failed: {_error_string(rc)}")
+    return (ctypes.c_int32 * count).from_address(host.value), int(dev.value)
+
+
 try:  # the raw cudaStream_t of torch's current stream, without building a Stream object
     _raw_stream = torch._C._cuda_getCurrentRawStream
 except AttributeError:  # pragma: no cover - older or CPU-only torch builds

@@ -73,8 +73,8 @@ __device__ __forceinline__ void load_lse_g(const float* lse, const float* g, lon
 // number of targets != ignore_index (the "mean" reduction's divisor: counted here, PyTorch's
 // sum of a bool mask made a 64 KB int64 temporary per 8192 rows). Always written: a fresh
 // buffer per call, no memset. U loads per thread are issued before they are used.
-__device__ __forceinline__ void target_stats(const long long* __restrict__ t, int* out, long long n, long long V,
-                                             long long ii) {
+__device__ __forceinline__ void target_stats(const long long* __restrict__ t, int* out, int* flag, long long n,
+                                             long long V, long long ii) {
     constexpr int U = 8;
     __shared__ int total;
     if (threadIdx.x == 0) total = 0;
@@ -100,6 +100,7 @@ __device__ __forceinline__ void target_stats(const long long* __restrict__ t, in
     if (threadIdx.x == 0) {
         out[0] = bad;
         out[1] = total;
+        if (flag != nullptr) *flag = bad;  // mapped host memory: the host reads it after an event
     }
 }
 
@@ -318,6 +319,6 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
 KL_FOR_EACH_DTYPE(KL_CE_KERNELS)
 
 extern "C" __global__ void __launch_bounds__(1024)
-    ce_target_stats(const long long* t, int* out, long long n, long long V, long long ii) {
-    target_stats(t, out, n, V, ii);
+    ce_target_stats(const long long* t, int* out, int* flag, long long n, long long V, long long ii) {
+    target_stats(t, out, flag, n, V, ii);
 }

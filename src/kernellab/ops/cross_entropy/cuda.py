@@ -18,7 +18,7 @@ SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS_V1 = 256
 THREADS = 256  # v2: 8 blocks (rows) per SM, 4 x 16 B in flight per thread
 FWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "i64")  # x, t, loss, lse, V, ii
-STATS_SIG = ("ptr", "ptr", "i64", "i64", "i64")  # t, out, N, V, ii
+STATS_SIG = ("ptr", "ptr", "ptr", "i64", "i64", "i64")  # t, out, flag (0: none), N, V, ii
 BWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "ptr", "i64", "i64")  # x, t, lse, g, g stride, dx, V, ii
 
 _KERNELS: dict = {}
@@ -95,15 +95,16 @@ def _make(vectorized: bool):
     return fwd, bwd
 
 
-def stats(target: torch.Tensor, n_cols: int, ignore_index: int, out: torch.Tensor) -> None:
+def stats(target: torch.Tensor, n_cols: int, ignore_index: int, out: torch.Tensor, flag_ptr: int = 0) -> None:
     """out (int32 [2]) = [1 if a target is neither ignore_index nor in [0, n_cols) else 0,
-    count of targets != ignore_index] (one block)."""
+    count of targets != ignore_index] (one block); the flag also to ``flag_ptr`` (a mapped
+    host slot's device address) unless it is 0."""
     dev = target.device.index
     if dev != _get_device():
         with torch.cuda.device(dev):
-            return stats(target, n_cols, ignore_index, out)
+            return stats(target, n_cols, ignore_index, out, flag_ptr)
     _kernel("ce_target_stats", STATS_SIG, dev)(
-        1, 1024, target, out, target.shape[0], n_cols, ignore_index, device_index=dev
+        1, 1024, target, out, flag_ptr, target.shape[0], n_cols, ignore_index, device_index=dev
     )
 
 

@@ -3,7 +3,8 @@
 Forward: one program per row streams the row once in BLOCK-wide chunks with the
 online-softmax recurrence (running max m and sum s of exp(x - m), s rescaled by
 exp(m_old - m_new) when the max grows: one exp per element), loads the target logit
-directly, and writes loss = m + log(s) - x[t] and lse = m + log(s) as a pair hi + lo (fp32, [2, N]: see the kernel).
+directly, and writes loss = m + log(s) - x[t] and lse = m + log(s) as a pair hi + lo
+(fp32, [2, N]: see the kernel).
 Traffic: N*V*es read + ~16 N bytes; the softmax is never stored.
 
 Backward: one program per row reads the row again and writes
@@ -66,10 +67,12 @@ def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK:
 
 
 @triton.jit
-def _stats_kernel(t_ptr, out_ptr, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr):
+def _stats_kernel(
+    t_ptr, out_ptr, flag_ptr, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr, FLAG: tl.constexpr
+):
     # One program: out[0] = 1 if a target is neither ignore_index nor in [0, n_cols), else 0;
     # out[1] = the number of targets != ignore_index (see _fused: the range check and the
-    # "mean" divisor).
+    # "mean" divisor); with FLAG, out[0] also to flag_ptr (a mapped host slot).
     offs = tl.arange(0, BLOCK)
     bad = tl.zeros([BLOCK], tl.int32)
     count = tl.zeros([BLOCK], tl.int32)
@@ -77,8 +80,11 @@ def _stats_kernel(t_ptr, out_ptr, n_rows, n_cols, ignore_index, BLOCK: tl.conste
         t = tl.load(t_ptr + start + offs, mask=start + offs < n_rows, other=ignore_index)
         bad = bad | ((t != ignore_index) & ((t < 0) | (t >= n_cols))).to(tl.int32)
         count += (t != ignore_index).to(tl.int32)
-    tl.store(out_ptr, tl.max(bad, axis=0))
+    flag = tl.max(bad, axis=0)
+    tl.store(out_ptr, flag)
     tl.store(out_ptr + 1, tl.sum(count, axis=0))
+    if FLAG:
+        tl.store(flag_ptr, flag)
 
 
 @triton.jit
@@ -144,8 +150,25 @@ def _bwd(logits, target, lse, scale, ignore_index, out) -> None:
         )
 
 
-def _stats(target: torch.Tensor, n_cols: int, ignore_index: int, out: torch.Tensor) -> None:
-    _stats_kernel[(1,)](target, out, target.shape[0], n_cols, ignore_index, BLOCK=1024, num_warps=4)
+class _Address:
+    """A raw device address as a Triton pointer argument (Triton takes any object with
+    ``data_ptr()`` and ``dtype``)."""
+
+    __slots__ = ("ptr",)
+    dtype = torch.int32
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def _stats(target: torch.Tensor, n_cols: int, ignore_index: int, out: torch.Tensor, flag_ptr: int = 0):
+    flag = _Address(flag_ptr) if flag_ptr else out
+    _stats_kernel[(1,)](
+        target, out, flag, target.shape[0], n_cols, ignore_index, BLOCK=1024, FLAG=bool(flag_ptr), num_warps=4
+    )
 
 
 cross_entropy_triton = fused_backend("cross_entropy_triton", _fwd, _bwd, _stats)

@@ -40,6 +40,8 @@ FWD_WARPS = None  # None: _fwd_config's choice
 FWD_EVICT = ""  # eviction policy of the forward's x load and y store ("" or "evict_first")
 FWD_EVEN = True  # unmasked loads and stores when the rows fill the blocks exactly
 FWD_NARROW = True  # 32-bit offsets below 2^31 elements
+FWD_RSQRT = False  # approximate rsqrt (rsqrt.approx, ~2 ulp) for 16-bit x instead of 1 / sqrt_rn
+FWD_STORE_CM = ""  # cache modifier of the y store ("" or ".cs": streaming)
 # (scripts/tune_rowwise_fwd.py on the H100, bf16 16384 x 4096, layer_norm forward: EVEN and
 # NARROW together 0.0928 ms, either alone 0.0959, neither 0.0961 (liger 0.0921); 16 warps
 # 0.1006. A variant streaming rows in 1024-4096-column chunks, its later passes from L2
@@ -64,6 +66,8 @@ def _norm_fwd_kernel(
     EVICT: tl.constexpr,  # eviction policy of the x load and the y store
     EVEN: tl.constexpr,  # n_cols == BLOCK and ROWS divides n_rows: no masks
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
+    RSQRT: tl.constexpr,  # approximate rsqrt
+    STORE_CM: tl.constexpr,  # cache modifier of the y store
 ):
     pid = tl.program_id(0)
     if WIDE:
@@ -89,7 +93,10 @@ def _norm_fwd_kernel(
             tl.store(mean_ptr + rows, mean, mask=rmask)
             xc = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(xc * xc, axis=1) / n_cols
-    rstd = 1.0 / tl.sqrt_rn(var + eps)
+    if RSQRT:
+        rstd = tl.math.rsqrt(var + eps)
+    else:
+        rstd = 1.0 / tl.sqrt_rn(var + eps)
     # weight and bias after the reductions: loading them first (so their latency would
     # hide under the row's) measured 0.0992 ms against 0.0954-0.0958 at bf16 16384 x 4096
     # layer_norm on the H100.
@@ -107,9 +114,15 @@ def _norm_fwd_kernel(
             b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y + b[None, :]
     if EVEN:
-        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), eviction_policy=EVICT)
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), eviction_policy=EVICT, cache_modifier=STORE_CM)
     else:
-        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+        tl.store(
+            y_ptr + offs,
+            y.to(y_ptr.dtype.element_ty),
+            mask=mask,
+            eviction_policy=EVICT,
+            cache_modifier=STORE_CM,
+        )
 
 
 @triton.jit
@@ -242,6 +255,8 @@ def norm_fwd(x, w, b, eps, rms):
             EVICT=FWD_EVICT,
             EVEN=FWD_EVEN and block == n_cols and n_rows % rows == 0,
             WIDE=not (FWD_NARROW and x.numel() < 2**31),
+            RSQRT=FWD_RSQRT and x.dtype != torch.float32,
+            STORE_CM=FWD_STORE_CM,
             num_warps=FWD_WARPS or warps,
         )
     return y, mean, rstd
@@ -313,6 +328,8 @@ def kernel_specs(rms: bool):
             "EVICT": "constexpr",
             "EVEN": "constexpr",
             "WIDE": "constexpr",
+            "RSQRT": "constexpr",
+            "STORE_CM": "constexpr",
         }
         bwd = {
             "dy_ptr": f"*{dtype}",
@@ -338,6 +355,8 @@ def kernel_specs(rms: bool):
             "EVICT": FWD_EVICT,
             "EVEN": FWD_EVEN,
             "WIDE": not FWD_NARROW,
+            "RSQRT": FWD_RSQRT and dtype != "fp32",
+            "STORE_CM": FWD_STORE_CM,
         }
         bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH}
         return [

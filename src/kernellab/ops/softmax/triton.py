@@ -26,6 +26,7 @@ STREAM_BLOCK = 4096  # columns per step when streaming a longer row
 FWD_EVEN = True  # forward: unmasked loads and stores when the rows fill the blocks exactly
 FWD_NARROW = True  # forward: 32-bit offsets below 2^31 elements
 FWD_WARPS = None  # forward warps (None: _config's choice)
+FWD_STORE_CM = ""  # cache modifier of the forward's y store ("" or ".cs": streaming)
 # (scripts/tune_rowwise_fwd.py on the H100, 32768 x 4096: fp32 0.3592-0.3603 ms for every
 # EVEN / NARROW / 8-16 warps choice against torch.compile's 0.3566; streaming these rows in
 # 1024-4096-column chunks, the second pass from L2 as Inductor's looped softmax does, took
@@ -43,6 +44,7 @@ def _softmax_fwd_kernel(
     SINGLE: tl.constexpr,
     EVEN: tl.constexpr,  # SINGLE, n_cols == BLOCK and ROWS divides n_rows: no masks
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
+    STORE_CM: tl.constexpr,  # cache modifier of the y stores
 ):
     # x, y: contiguous [n_rows, n_cols]; math in fp32. SINGLE: ROWS whole rows per program
     # (short rows share a program: one 3-wide row per program would leave it idle);
@@ -62,9 +64,9 @@ def _softmax_fwd_kernel(
         e = tl.exp(x - tl.max(x, axis=1)[:, None])
         y = (e / tl.sum(e, axis=1)[:, None]).to(y_ptr.dtype.element_ty)
         if EVEN:
-            tl.store(y_ptr + offs, y)
+            tl.store(y_ptr + offs, y, cache_modifier=STORE_CM)
         else:
-            tl.store(y_ptr + offs, y, mask=mask)
+            tl.store(y_ptr + offs, y, mask=mask, cache_modifier=STORE_CM)
     else:
         x_row = x_ptr + pid.to(tl.int64) * n_cols
         y_row = y_ptr + pid.to(tl.int64) * n_cols
@@ -83,7 +85,8 @@ def _softmax_fwd_kernel(
             mask = start + cols < n_cols
             x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first")
             x = x.to(tl.float32)
-            tl.store(y_row + start + cols, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=mask)
+            y = (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty)
+            tl.store(y_row + start + cols, y, mask=mask, cache_modifier=STORE_CM)
 
 
 @triton.jit
@@ -137,7 +140,7 @@ def _launch(kernel, inputs, fwd=False):
         extra = {}
         if fwd:
             even = FWD_EVEN and single and block == n_cols and n_rows % rows == 0
-            extra = dict(EVEN=even, WIDE=not (FWD_NARROW and out.numel() < 2**31))
+            extra = dict(EVEN=even, WIDE=not (FWD_NARROW and out.numel() < 2**31), STORE_CM=FWD_STORE_CM)
             warps = FWD_WARPS or warps
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps, **extra
@@ -168,9 +171,16 @@ def _kernel_specs(dtype: str):
         "ROWS": "constexpr",
         "SINGLE": "constexpr",
     }
-    fwd = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", **tail, "EVEN": "constexpr", "WIDE": "constexpr"}
+    fwd = {
+        "x_ptr": f"*{dtype}",
+        "y_ptr": f"*{dtype}",
+        **tail,
+        "EVEN": "constexpr",
+        "WIDE": "constexpr",
+        "STORE_CM": "constexpr",
+    }
     bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail}
-    fcx = dict(cx, EVEN=FWD_EVEN and single, WIDE=not FWD_NARROW)
+    fcx = dict(cx, EVEN=FWD_EVEN and single, WIDE=not FWD_NARROW, STORE_CM=FWD_STORE_CM)
     return [(_softmax_fwd_kernel, fwd, fcx, FWD_WARPS or warps), (_softmax_bwd_kernel, bwd, cx, warps)]
 
 
