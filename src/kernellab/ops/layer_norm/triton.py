@@ -40,8 +40,7 @@ FWD_WARPS = None  # None: _fwd_config's choice
 FWD_EVICT = ""  # eviction policy of the forward's x load and y store ("" or "evict_first")
 FWD_EVEN = True  # unmasked loads and stores when the rows fill the blocks exactly
 FWD_NARROW = True  # 32-bit offsets below 2^31 elements
-FWD_RSQRT = False  # approximate rsqrt (rsqrt.approx, ~2 ulp) for 16-bit x instead of 1 / sqrt_rn
-FWD_STORE_CM = ""  # cache modifier of the y store ("" or ".cs": streaming)
+FWD_REREAD = False  # x read again (from L2) for the output instead of kept in registers
 # (scripts/tune_rowwise_fwd.py on the H100, bf16 16384 x 4096, layer_norm forward: EVEN and
 # NARROW together 0.0928 ms, either alone 0.0959, neither 0.0961 (liger 0.0921); 16 warps
 # 0.1006. A variant streaming rows in 1024-4096-column chunks, its later passes from L2
@@ -66,8 +65,7 @@ def _norm_fwd_kernel(
     EVICT: tl.constexpr,  # eviction policy of the x load and the y store
     EVEN: tl.constexpr,  # n_cols == BLOCK and ROWS divides n_rows: no masks
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
-    RSQRT: tl.constexpr,  # approximate rsqrt
-    STORE_CM: tl.constexpr,  # cache modifier of the y store
+    REREAD: tl.constexpr,  # the output from x read again (L2), not from registers
 ):
     pid = tl.program_id(0)
     if WIDE:
@@ -78,10 +76,11 @@ def _norm_fwd_kernel(
     cmask = cols < n_cols
     mask = rmask[:, None] & cmask[None, :]
     offs = rows[:, None] * n_cols + cols[None, :]
+    hint: tl.constexpr = "evict_last" if REREAD else EVICT
     if EVEN:
-        x = tl.load(x_ptr + offs, eviction_policy=EVICT).to(tl.float32)
+        x = tl.load(x_ptr + offs, eviction_policy=hint).to(tl.float32)
     else:
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=hint).to(tl.float32)
     if RMS:
         xc = x
     else:
@@ -93,10 +92,7 @@ def _norm_fwd_kernel(
             tl.store(mean_ptr + rows, mean, mask=rmask)
             xc = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(xc * xc, axis=1) / n_cols
-    if RSQRT:
-        rstd = tl.math.rsqrt(var + eps)
-    else:
-        rstd = 1.0 / tl.sqrt_rn(var + eps)
+    rstd = 1.0 / tl.sqrt_rn(var + eps)
     # weight and bias after the reductions: loading them first (so their latency would
     # hide under the row's) measured 0.0992 ms against 0.0954-0.0958 at bf16 16384 x 4096
     # layer_norm on the H100.
@@ -106,6 +102,12 @@ def _norm_fwd_kernel(
     else:
         tl.store(rstd_ptr + rows, rstd, mask=rmask)
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    if REREAD:
+        if EVEN:
+            x = tl.load(x_ptr + offs, eviction_policy="evict_first").to(tl.float32)
+        else:
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        xc = x if RMS else x - mean[:, None]
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
         if EVEN:
@@ -114,15 +116,9 @@ def _norm_fwd_kernel(
             b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y + b[None, :]
     if EVEN:
-        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), eviction_policy=EVICT, cache_modifier=STORE_CM)
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), eviction_policy=EVICT)
     else:
-        tl.store(
-            y_ptr + offs,
-            y.to(y_ptr.dtype.element_ty),
-            mask=mask,
-            eviction_policy=EVICT,
-            cache_modifier=STORE_CM,
-        )
+        tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -255,8 +251,7 @@ def norm_fwd(x, w, b, eps, rms):
             EVICT=FWD_EVICT,
             EVEN=FWD_EVEN and block == n_cols and n_rows % rows == 0,
             WIDE=not (FWD_NARROW and x.numel() < 2**31),
-            RSQRT=FWD_RSQRT and x.dtype != torch.float32,
-            STORE_CM=FWD_STORE_CM,
+            REREAD=FWD_REREAD,
             num_warps=FWD_WARPS or warps,
         )
     return y, mean, rstd
@@ -328,8 +323,7 @@ def kernel_specs(rms: bool):
             "EVICT": "constexpr",
             "EVEN": "constexpr",
             "WIDE": "constexpr",
-            "RSQRT": "constexpr",
-            "STORE_CM": "constexpr",
+            "REREAD": "constexpr",
         }
         bwd = {
             "dy_ptr": f"*{dtype}",
@@ -355,8 +349,7 @@ def kernel_specs(rms: bool):
             "EVICT": FWD_EVICT,
             "EVEN": FWD_EVEN,
             "WIDE": not FWD_NARROW,
-            "RSQRT": FWD_RSQRT and dtype != "fp32",
-            "STORE_CM": FWD_STORE_CM,
+            "REREAD": FWD_REREAD,
         }
         bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH}
         return [

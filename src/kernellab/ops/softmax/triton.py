@@ -26,7 +26,7 @@ STREAM_BLOCK = 4096  # columns per step when streaming a longer row
 FWD_EVEN = True  # forward: unmasked loads and stores when the rows fill the blocks exactly
 FWD_NARROW = True  # forward: 32-bit offsets below 2^31 elements
 FWD_WARPS = None  # forward warps (None: _config's choice)
-FWD_STORE_CM = ""  # cache modifier of the forward's y store ("" or ".cs": streaming)
+FWD_REREAD = False  # forward, whole rows: x read again (from L2) for the output
 # (scripts/tune_rowwise_fwd.py on the H100, 32768 x 4096: fp32 0.3592-0.3603 ms for every
 # EVEN / NARROW / 8-16 warps choice against torch.compile's 0.3566; streaming these rows in
 # 1024-4096-column chunks, the second pass from L2 as Inductor's looped softmax does, took
@@ -44,7 +44,7 @@ def _softmax_fwd_kernel(
     SINGLE: tl.constexpr,
     EVEN: tl.constexpr,  # SINGLE, n_cols == BLOCK and ROWS divides n_rows: no masks
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
-    STORE_CM: tl.constexpr,  # cache modifier of the y stores
+    REREAD: tl.constexpr,  # SINGLE: the output from x read again (L2), not from registers
 ):
     # x, y: contiguous [n_rows, n_cols]; math in fp32. SINGLE: ROWS whole rows per program
     # (short rows share a program: one 3-wide row per program would leave it idle);
@@ -57,16 +57,26 @@ def _softmax_fwd_kernel(
         rows = pid * ROWS + tl.arange(0, ROWS)
         mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
         offs = rows[:, None] * n_cols + cols[None, :]
+        hint: tl.constexpr = "evict_last" if REREAD else ""
         if EVEN:
-            x = tl.load(x_ptr + offs).to(tl.float32)
+            x = tl.load(x_ptr + offs, eviction_policy=hint).to(tl.float32)
         else:
-            x = tl.load(x_ptr + offs, mask=mask, other=-float("inf")).to(tl.float32)
-        e = tl.exp(x - tl.max(x, axis=1)[:, None])
-        y = (e / tl.sum(e, axis=1)[:, None]).to(y_ptr.dtype.element_ty)
+            x = tl.load(x_ptr + offs, mask=mask, other=-float("inf"), eviction_policy=hint).to(tl.float32)
+        m = tl.max(x, axis=1)[:, None]
+        e = tl.exp(x - m)
+        s = tl.sum(e, axis=1)[:, None]
+        if REREAD:
+            if EVEN:
+                x = tl.load(x_ptr + offs, eviction_policy="evict_first").to(tl.float32)
+            else:
+                x = tl.load(x_ptr + offs, mask=mask, other=-float("inf"), eviction_policy="evict_first")
+                x = x.to(tl.float32)
+            e = tl.exp(x - m)
+        y = (e / s).to(y_ptr.dtype.element_ty)
         if EVEN:
-            tl.store(y_ptr + offs, y, cache_modifier=STORE_CM)
+            tl.store(y_ptr + offs, y)
         else:
-            tl.store(y_ptr + offs, y, mask=mask, cache_modifier=STORE_CM)
+            tl.store(y_ptr + offs, y, mask=mask)
     else:
         x_row = x_ptr + pid.to(tl.int64) * n_cols
         y_row = y_ptr + pid.to(tl.int64) * n_cols
@@ -86,7 +96,7 @@ def _softmax_fwd_kernel(
             x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first")
             x = x.to(tl.float32)
             y = (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty)
-            tl.store(y_row + start + cols, y, mask=mask, cache_modifier=STORE_CM)
+            tl.store(y_row + start + cols, y, mask=mask)
 
 
 @triton.jit
@@ -140,7 +150,7 @@ def _launch(kernel, inputs, fwd=False):
         extra = {}
         if fwd:
             even = FWD_EVEN and single and block == n_cols and n_rows % rows == 0
-            extra = dict(EVEN=even, WIDE=not (FWD_NARROW and out.numel() < 2**31), STORE_CM=FWD_STORE_CM)
+            extra = dict(EVEN=even, WIDE=not (FWD_NARROW and out.numel() < 2**31), REREAD=FWD_REREAD)
             warps = FWD_WARPS or warps
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps, **extra
@@ -177,10 +187,10 @@ def _kernel_specs(dtype: str):
         **tail,
         "EVEN": "constexpr",
         "WIDE": "constexpr",
-        "STORE_CM": "constexpr",
+        "REREAD": "constexpr",
     }
     bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail}
-    fcx = dict(cx, EVEN=FWD_EVEN and single, WIDE=not FWD_NARROW, STORE_CM=FWD_STORE_CM)
+    fcx = dict(cx, EVEN=FWD_EVEN and single, WIDE=not FWD_NARROW, REREAD=FWD_REREAD)
     return [(_softmax_fwd_kernel, fwd, fcx, FWD_WARPS or warps), (_softmax_bwd_kernel, bwd, cx, warps)]
 
 
