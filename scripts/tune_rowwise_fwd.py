@@ -39,6 +39,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 import kernellab
 from kernellab.cuda.runtime import Module, ceil_div
@@ -171,6 +173,79 @@ def elementwise():
         path.unlink(missing_ok=True)
 
 
+@triton.jit
+def _norm_1d(
+    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N: tl.constexpr, RMS: tl.constexpr,
+    W_FIRST: tl.constexpr, RSQRT: tl.constexpr,
+):  # fmt: skip
+    # One row per program as a 1-D block (the shipped kernel is 2-D, [ROWS, BLOCK]), for
+    # rows of exactly N columns; W_FIRST: weight and bias loaded before x (liger's order);
+    # RSQRT: approximate rsqrt (liger) instead of 1 / sqrt_rn.
+    row = tl.program_id(0)
+    c = tl.arange(0, N)
+    if W_FIRST:
+        w = tl.load(w_ptr + c).to(tl.float32)
+        if not RMS:
+            b = tl.load(b_ptr + c).to(tl.float32)
+    x = tl.load(x_ptr + row * N + c).to(tl.float32)
+    if RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, 0) / N
+        xc = x - mean
+    var = tl.sum(xc * xc, 0) / N
+    if RSQRT:
+        rstd = tl.math.rsqrt(var + 1e-5)
+    else:
+        rstd = 1.0 / tl.sqrt_rn(var + 1e-5)
+    if not RMS:
+        tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+    if not W_FIRST:
+        w = tl.load(w_ptr + c).to(tl.float32)
+        if not RMS:
+            b = tl.load(b_ptr + c).to(tl.float32)
+    y = xc * rstd * w
+    if not RMS:
+        y = y + b
+    tl.store(y_ptr + row * N + c, y.to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _softmax_1d(x_ptr, y_ptr, N: tl.constexpr, REREAD: tl.constexpr):
+    # One row per program as a 1-D block, rows of exactly N columns.
+    row = tl.program_id(0)
+    c = tl.arange(0, N)
+    x = tl.load(x_ptr + row * N + c, eviction_policy="evict_last" if REREAD else "").to(tl.float32)
+    m = tl.max(x, 0)
+    e = tl.exp(x - m)
+    s = tl.sum(e, 0)
+    if REREAD:
+        x = tl.load(x_ptr + row * N + c, eviction_policy="evict_first").to(tl.float32)
+        e = tl.exp(x - m)
+    tl.store(y_ptr + row * N + c, (e / s).to(y_ptr.dtype.element_ty))
+
+
+def _one_d(op, x, w, b, cfg):
+    """A call of the 1-D experimental kernel that allocates its outputs, as the ops do."""
+    n, d = x.shape
+
+    def run():
+        y = torch.empty_like(x)
+        if op == "softmax":
+            _softmax_1d[(n,)](x, y, N=d, REREAD=bool(cfg["reread"]), num_warps=cfg["warps"])
+        else:
+            rstd = torch.empty(n, device=x.device)
+            mean = torch.empty(n, device=x.device) if op == "layer_norm" else rstd
+            _norm_1d[(n,)](
+                x, w, b, y, mean, rstd, N=d, RMS=op == "rms_norm", W_FIRST=bool(cfg["w_first"]),
+                RSQRT=bool(cfg["rsqrt"]), num_warps=cfg["warps"],
+            )  # fmt: skip
+        return y
+
+    return run
+
+
 def hints():
     """Row-wise forwards: the output from x read again from L2 (FWD_REREAD) x warps, beside
     the peers. Candidates are timed in interleaved rounds (every candidate once per round,
@@ -188,6 +263,11 @@ def hints():
         ("layer_norm", torch.bfloat16, (16384, 4096)),
         ("rms_norm", torch.bfloat16, (16384, 4096)),
     ]
+    one_d = {
+        "softmax": [dict(reread=r, warps=w) for r, w in ((0, 8), (1, 8), (1, 16))],
+        "layer_norm": [dict(w_first=f, rsqrt=q, warps=8) for f in (0, 1) for q in (0, 1)],
+        "rms_norm": [dict(w_first=f, rsqrt=q, warps=8) for f in (0, 1) for q in (0, 1)],
+    }
     for op, dtype, (n, d) in cases:
         x = (torch.randn(n, d, device="cuda", generator=g) * 2).to(dtype)
         w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
@@ -220,6 +300,8 @@ def hints():
 
         for reread, warps in grid:
             cands[f"triton reread={int(reread)} warps={warps or 'default'}"] = knobbed(reread, warps)
+        for cfg in one_d.get(op, []):
+            cands[f"1d {' '.join(f'{k}={v}' for k, v in cfg.items())}"] = _one_d(op, x, w, b, cfg)
         times: dict = {k: [] for k in cands}
         errors: dict = {}
         with torch.no_grad():
