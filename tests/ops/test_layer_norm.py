@@ -185,6 +185,39 @@ def test_triton_configs():
     assert lt._bwd_programs(70, torch.device("cpu")) == 4  # 18 rows per program, short last group
 
 
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("width", [4096, 5000])
+def test_triton_one_row_forward(rms, width):
+    """16-bit rows of 4096 columns and more take the 1-D row kernel (weight first,
+    approximate rsqrt), masked when the width is not a power of two; fp32 keeps the 2-D
+    kernel. Checked against float64, mean and rstd included."""
+    from kernellab.ops.layer_norm import triton as lt
+
+    block, rows, _ = lt._fwd_config(width)
+    assert lt._row_1d(rows, torch.bfloat16) and not lt._row_1d(rows, torch.float32)
+    g = torch.Generator().manual_seed(width + rms)
+    x = (torch.randn(3, width, generator=g) * 2 + 1).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(width, generator=g)).to(torch.bfloat16)
+    b = None if rms else (0.1 * torch.randn(width, generator=g)).to(torch.bfloat16)
+    y, mean, rstd = lt.norm_fwd(x, w, b, 1e-5, rms)
+    xd = x.double()
+    mu = torch.zeros(3, 1, dtype=torch.float64) if rms else xd.mean(-1, keepdim=True)
+    var = (xd * xd).mean(-1, keepdim=True) if rms else xd.var(-1, unbiased=False, keepdim=True)
+    r = (var + 1e-5).rsqrt()
+    want = (xd - mu) * r * w.double() + (0 if rms else b.double())
+    torch.testing.assert_close(rstd.double(), r[:, 0], rtol=1e-6, atol=0)
+    if not rms:
+        torch.testing.assert_close(mean.double(), mu[:, 0], rtol=0, atol=1e-6)
+    # no worse than twice the 2-D kernel's error (exact sqrt, weight after the row)
+    lt.FWD_ROW_1D = False
+    try:
+        y2 = lt.norm_fwd(x, w, b, 1e-5, rms)[0]
+    finally:
+        lt.FWD_ROW_1D = True
+    err, err2 = (y.double() - want).abs().max(), (y2.double() - want).abs().max()
+    assert 0 < err <= 2 * err2, (err, err2)
+
+
 def test_custom_ops_opcheck():
     impl = registry.get(OP, "triton")
     gen = torch.Generator().manual_seed(0)

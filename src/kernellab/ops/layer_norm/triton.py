@@ -41,6 +41,13 @@ FWD_EVICT = ""  # eviction policy of the forward's x load and y store ("" or "ev
 FWD_EVEN = True  # unmasked loads and stores when the rows fill the blocks exactly
 FWD_NARROW = True  # 32-bit offsets below 2^31 elements
 FWD_REREAD = False  # x read again (from L2) for the output instead of kept in registers
+# 16-bit x with one row per program (rows of ROW_ELEMS columns and more): _norm_fwd_row_kernel,
+# a 1-D block with weight and bias loaded first and an approximate rsqrt (liger's order).
+# scripts/tune_rowwise_fwd.py `hints` on the H100, bf16 16384 x 4096, interleaved rounds:
+# layer_norm 0.0925 ms (2-D kernel) -> 0.0918 (liger 0.0920); rms_norm 0.0921 -> 0.0919
+# (liger 0.0923). Either change alone: 0.0921; weight first with 1 / sqrt_rn: 0.0966. The
+# re-read (FWD_REREAD) measured 0.0941-0.1028: off.
+FWD_ROW_1D = True
 # (scripts/tune_rowwise_fwd.py on the H100, bf16 16384 x 4096, layer_norm forward: EVEN and
 # NARROW together 0.0928 ms, either alone 0.0959, neither 0.0961 (liger 0.0921); 16 warps
 # 0.1006. A variant streaming rows in 1024-4096-column chunks, its later passes from L2
@@ -119,6 +126,62 @@ def _norm_fwd_kernel(
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), eviction_policy=EVICT)
     else:
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
+
+
+@triton.jit
+def _norm_fwd_row_kernel(
+    x_ptr,  # [n_rows, n_cols] contiguous, 16-bit
+    w_ptr,  # [n_cols]
+    b_ptr,  # [n_cols] (unused unless HAS_BIAS)
+    y_ptr,  # [n_rows, n_cols] contiguous
+    mean_ptr,  # [n_rows] fp32 (unused when RMS)
+    rstd_ptr,  # [n_rows] fp32
+    n_cols,
+    eps,
+    BLOCK: tl.constexpr,  # next power of two >= n_cols
+    RMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EVEN: tl.constexpr,  # n_cols == BLOCK: no masks
+    WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
+):
+    # One row per program as a 1-D block: weight and bias first, then the row, two
+    # reductions from registers, an approximate rsqrt (rsqrt.approx: ~2 ulp of fp32, far
+    # below the 16-bit output's rounding; fp32 x takes _norm_fwd_kernel's 1 / sqrt_rn).
+    row = tl.program_id(0)
+    if WIDE:
+        row = row.to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < n_cols
+    if EVEN:
+        w = tl.load(w_ptr + cols).to(tl.float32)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + cols).to(tl.float32)
+        x = tl.load(x_ptr + row * n_cols + cols).to(tl.float32)
+    else:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * n_cols + cols, mask=cmask, other=0.0).to(tl.float32)
+    if RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, axis=0) / n_cols
+        if EVEN:
+            xc = x - mean
+        else:
+            xc = tl.where(cmask, x - mean, 0.0)
+    var = tl.sum(xc * xc, axis=0) / n_cols
+    rstd = tl.math.rsqrt(var + eps)
+    if not RMS:
+        tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+    y = xc * rstd * w
+    if HAS_BIAS:
+        y = y + b
+    if EVEN:
+        tl.store(y_ptr + row * n_cols + cols, y.to(y_ptr.dtype.element_ty))
+    else:
+        tl.store(y_ptr + row * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=cmask)
 
 
 @triton.jit
@@ -227,13 +290,34 @@ def _bwd_programs(n_rows: int, dev) -> int:
     return max(1, min(n_rows, 4))
 
 
+def _row_1d(rows: int, dtype) -> bool:
+    return FWD_ROW_1D and rows == 1 and dtype != torch.float32
+
+
 def norm_fwd(x, w, b, eps, rms):
     """See _norms: (y, mean, rstd); x contiguous."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     mean, rstd = _norms.empty_stats(x, rms)
     n_rows, n_cols = _norms.rows_of(x)
     block, rows, warps = _fwd_config(n_cols)
-    if n_rows and n_cols:
+    if n_rows and n_cols and _row_1d(rows, x.dtype):
+        _norm_fwd_row_kernel[(n_rows,)](
+            x,
+            w,
+            b if b is not None else w,
+            y,
+            mean if mean is not None else rstd,
+            rstd,
+            n_cols,
+            eps,
+            BLOCK=block,
+            RMS=rms,
+            HAS_BIAS=b is not None,
+            EVEN=block == n_cols,
+            WIDE=not (FWD_NARROW and x.numel() < 2**31),
+            num_warps=FWD_WARPS or warps,
+        )
+    elif n_rows and n_cols:
         _norm_fwd_kernel[(triton.cdiv(n_rows, rows),)](
             x,
             w,
@@ -352,6 +436,29 @@ def kernel_specs(rms: bool):
             "REREAD": FWD_REREAD,
         }
         bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH}
+        if _row_1d(rows, torch.float32 if dtype == "fp32" else torch.bfloat16):
+            names = (
+                "x_ptr",
+                "w_ptr",
+                "b_ptr",
+                "y_ptr",
+                "mean_ptr",
+                "rstd_ptr",
+                "n_cols",
+                "eps",
+                "BLOCK",
+                "RMS",
+            )
+            fwd = {k: fwd[k] for k in names} | {
+                "HAS_BIAS": "constexpr",
+                "EVEN": "constexpr",
+                "WIDE": "constexpr",
+            }
+            fcx = {"BLOCK": block, "RMS": rms, "HAS_BIAS": not rms, "EVEN": True, "WIDE": not FWD_NARROW}
+            return [
+                (_norm_fwd_row_kernel, fwd, fcx, FWD_WARPS or warps),
+                (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
+            ]
         return [
             (_norm_fwd_kernel, fwd, fcx, FWD_WARPS or warps),
             (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),

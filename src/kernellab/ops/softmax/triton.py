@@ -26,7 +26,15 @@ STREAM_BLOCK = 4096  # columns per step when streaming a longer row
 FWD_EVEN = True  # forward: unmasked loads and stores when the rows fill the blocks exactly
 FWD_NARROW = True  # forward: 32-bit offsets below 2^31 elements
 FWD_WARPS = None  # forward warps (None: _config's choice)
-FWD_REREAD = False  # forward, whole rows: x read again (from L2) for the output
+# Forward, whole rows: the statistics from x in registers, the output from x read again
+# (from L2: the first read evict_last, the second evict_first) instead of from registers.
+# None: from REREAD_MIN_COLS columns up, fp32 at 16 warps. scripts/tune_rowwise_fwd.py
+# `hints` on the H100 (interleaved rounds, median ms): fp32 32768x4096 0.3597 -> 0.3570
+# (compile 0.3565), 65536x2048 0.3595 -> 0.3567 (compile 0.3561), 16384x8192 0.3605 ->
+# 0.3569 (compile 0.3583); bf16 32768x4096 (8 warps) 0.1822 -> 0.1810 (liger 0.1826).
+# At 8 warps fp32 gains half of that; 16 warps without the re-read gains 0.1%.
+FWD_REREAD = None
+REREAD_MIN_COLS = 2048
 # (scripts/tune_rowwise_fwd.py on the H100, 32768 x 4096: fp32 0.3592-0.3603 ms for every
 # EVEN / NARROW / 8-16 warps choice against torch.compile's 0.3566; streaming these rows in
 # 1024-4096-column chunks, the second pass from L2 as Inductor's looped softmax does, took
@@ -139,6 +147,16 @@ def _config(n_cols: int):
     return STREAM_BLOCK, 1, False, 8
 
 
+def _fwd_choice(n_cols: int, block: int, single: bool, elem_size: int, warps: int):
+    """(REREAD, num_warps) of the forward."""
+    reread = FWD_REREAD
+    if reread is None:
+        reread = single and n_cols >= REREAD_MIN_COLS
+    if FWD_WARPS:
+        return bool(reread), FWD_WARPS
+    return bool(reread), 16 if reread and elem_size == 4 and block >= 2048 else warps
+
+
 def _launch(kernel, inputs, fwd=False):
     inputs = [t.contiguous() for t in inputs]
     out = torch.empty_like(inputs[0])
@@ -150,8 +168,8 @@ def _launch(kernel, inputs, fwd=False):
         extra = {}
         if fwd:
             even = FWD_EVEN and single and block == n_cols and n_rows % rows == 0
-            extra = dict(EVEN=even, WIDE=not (FWD_NARROW and out.numel() < 2**31), REREAD=FWD_REREAD)
-            warps = FWD_WARPS or warps
+            reread, warps = _fwd_choice(n_cols, block, single, out.element_size(), warps)
+            extra = dict(EVEN=even, WIDE=not (FWD_NARROW and out.numel() < 2**31), REREAD=reread)
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps, **extra
         )
@@ -190,8 +208,9 @@ def _kernel_specs(dtype: str):
         "REREAD": "constexpr",
     }
     bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail}
-    fcx = dict(cx, EVEN=FWD_EVEN and single, WIDE=not FWD_NARROW, REREAD=FWD_REREAD)
-    return [(_softmax_fwd_kernel, fwd, fcx, FWD_WARPS or warps), (_softmax_bwd_kernel, bwd, cx, warps)]
+    reread, fwarps = _fwd_choice(4096, block, single, 4 if dtype == "fp32" else 2, warps)
+    fcx = dict(cx, EVEN=FWD_EVEN and single, WIDE=not FWD_NARROW, REREAD=reread)
+    return [(_softmax_fwd_kernel, fwd, fcx, fwarps), (_softmax_bwd_kernel, bwd, cx, warps)]
 
 
 triton_support.register_triton(
