@@ -16,14 +16,16 @@ one process (issue 2 and 3; H100 / H200).
    16 bytes), accesses per thread and input (1, 2) and threads per block (128, 256, 512),
    beside torch. The kernels are common.cuh's map2_packs over gelu.cu's GeluBwd and an add.
 
-3. ``hints`` (third H100 run): the output from x read again from L2 (FWD_REREAD: the
-   statistics from registers, the row's second read from L2 with evict_last / evict_first)
-   x warps, for the softmax (fp32 at 2048 / 4096 / 8192 columns, bf16) and the norm
-   forwards, in interleaved rounds beside compile, liger and cuda. (The version of this
-   part at e39b390 also timed a copy of Inductor's looped online softmax - Inductor's
-   autotuner picks 1 row x 4096 columns, 16 warps, 1 stage - the streaming store hint, an
-   approximate rsqrt and 64-256 threads per row for the CUDA norms: rows in
-   tune_rowwise_fwd3-H100.jsonl.)
+3. ``hints`` (third H100 run): the softmax forward's output from x read again from L2
+   (FWD_REREAD: the statistics from registers, the second read with evict_last /
+   evict_first) x warps, fp32 at 2048 / 4096 / 8192 columns and bf16; the norm forwards'
+   1-D row kernel (FWD_ROW_1D) against the 2-D one; in interleaved rounds beside compile,
+   liger and cuda. (The version at e39b390 also timed a copy of Inductor's looped online
+   softmax - Inductor's autotuner picks 1 row x 4096 columns, 16 warps, 1 stage - the
+   streaming store hint, an approximate rsqrt and 64-256 threads per row for the CUDA
+   norms, timed in sequence: tune_rowwise_fwd3-H100.jsonl. The version at 34daf54 timed
+   1-D norm kernels with and without the weight loaded first and the approximate rsqrt,
+   and the re-read for the norms: tune_rowwise_fwd4-H100.jsonl.)
 
     python scripts/tune_rowwise_fwd.py OUT.jsonl hints
 
@@ -39,8 +41,6 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 import kernellab
 from kernellab.cuda.runtime import Module, ceil_div
@@ -63,6 +63,14 @@ def _t(fn) -> float:
     return time_cuda(fn, budget_s=0.8).median_ms
 
 
+def _inputs(op, dtype, n, d, g):
+    """x, weight, bias and the op's positional arguments for one row-wise case."""
+    x = (torch.randn(n, d, device="cuda", generator=g) * 2).to(dtype)
+    w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
+    b = (0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
+    return x, w, b, {"softmax": (x,), "layer_norm": (x, w, b), "rms_norm": (x, w)}[op]
+
+
 def rowwise():
     import kernellab.ops.layer_norm.triton as lt
     import kernellab.ops.softmax.triton as st
@@ -75,10 +83,7 @@ def rowwise():
         ("rms_norm", torch.bfloat16, (16384, 4096)),
     ]
     for op, dtype, (n, d) in cases:
-        x = (torch.randn(n, d, device="cuda", generator=g) * 2).to(dtype)
-        w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
-        b = (0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
-        args = {"softmax": (x,), "layer_norm": (x, w, b), "rms_norm": (x, w)}[op]
+        x, w, b, args = _inputs(op, dtype, n, d, g)
         base = dict(op=op, dtype=str(dtype)[6:], shape=f"{n}x{d}")
         with torch.no_grad():
             for impl in kernellab.impls(op):
@@ -173,84 +178,12 @@ def elementwise():
         path.unlink(missing_ok=True)
 
 
-@triton.jit
-def _norm_1d(
-    x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, N: tl.constexpr, RMS: tl.constexpr,
-    W_FIRST: tl.constexpr, RSQRT: tl.constexpr,
-):  # fmt: skip
-    # One row per program as a 1-D block (the shipped kernel is 2-D, [ROWS, BLOCK]), for
-    # rows of exactly N columns; W_FIRST: weight and bias loaded before x (liger's order);
-    # RSQRT: approximate rsqrt (liger) instead of 1 / sqrt_rn.
-    row = tl.program_id(0)
-    c = tl.arange(0, N)
-    if W_FIRST:
-        w = tl.load(w_ptr + c).to(tl.float32)
-        if not RMS:
-            b = tl.load(b_ptr + c).to(tl.float32)
-    x = tl.load(x_ptr + row * N + c).to(tl.float32)
-    if RMS:
-        xc = x
-    else:
-        mean = tl.sum(x, 0) / N
-        xc = x - mean
-    var = tl.sum(xc * xc, 0) / N
-    if RSQRT:
-        rstd = tl.math.rsqrt(var + 1e-5)
-    else:
-        rstd = 1.0 / tl.sqrt_rn(var + 1e-5)
-    if not RMS:
-        tl.store(mean_ptr + row, mean)
-    tl.store(rstd_ptr + row, rstd)
-    if not W_FIRST:
-        w = tl.load(w_ptr + c).to(tl.float32)
-        if not RMS:
-            b = tl.load(b_ptr + c).to(tl.float32)
-    y = xc * rstd * w
-    if not RMS:
-        y = y + b
-    tl.store(y_ptr + row * N + c, y.to(y_ptr.dtype.element_ty))
-
-
-@triton.jit
-def _softmax_1d(x_ptr, y_ptr, N: tl.constexpr, REREAD: tl.constexpr):
-    # One row per program as a 1-D block, rows of exactly N columns.
-    row = tl.program_id(0)
-    c = tl.arange(0, N)
-    x = tl.load(x_ptr + row * N + c, eviction_policy="evict_last" if REREAD else "").to(tl.float32)
-    m = tl.max(x, 0)
-    e = tl.exp(x - m)
-    s = tl.sum(e, 0)
-    if REREAD:
-        x = tl.load(x_ptr + row * N + c, eviction_policy="evict_first").to(tl.float32)
-        e = tl.exp(x - m)
-    tl.store(y_ptr + row * N + c, (e / s).to(y_ptr.dtype.element_ty))
-
-
-def _one_d(op, x, w, b, cfg):
-    """A call of the 1-D experimental kernel that allocates its outputs, as the ops do."""
-    n, d = x.shape
-
-    def run():
-        y = torch.empty_like(x)
-        if op == "softmax":
-            _softmax_1d[(n,)](x, y, N=d, REREAD=bool(cfg["reread"]), num_warps=cfg["warps"])
-        else:
-            rstd = torch.empty(n, device=x.device)
-            mean = torch.empty(n, device=x.device) if op == "layer_norm" else rstd
-            _norm_1d[(n,)](
-                x, w, b, y, mean, rstd, N=d, RMS=op == "rms_norm", W_FIRST=bool(cfg["w_first"]),
-                RSQRT=bool(cfg["rsqrt"]), num_warps=cfg["warps"],
-            )  # fmt: skip
-        return y
-
-    return run
-
-
 def hints():
-    """Row-wise forwards: the output from x read again from L2 (FWD_REREAD) x warps, beside
-    the peers. Candidates are timed in interleaved rounds (every candidate once per round,
-    median over the rounds): the first H100 run of this part timed them one after another
-    and the same kernel drifted by 3% within one case."""
+    """Row-wise forward knobs beside the peers: the softmax's re-read from L2 (FWD_REREAD)
+    x warps, the norms' 1-D row kernel (FWD_ROW_1D) against the 2-D one. Candidates are
+    timed in interleaved rounds (every candidate once per round, median over the rounds):
+    the first H100 run of this part timed them one after another and the same kernel
+    drifted by 3% within one case."""
     import kernellab.ops.layer_norm.triton as lt
     import kernellab.ops.softmax.triton as st
 
@@ -263,16 +196,8 @@ def hints():
         ("layer_norm", torch.bfloat16, (16384, 4096)),
         ("rms_norm", torch.bfloat16, (16384, 4096)),
     ]
-    one_d = {
-        "softmax": [dict(reread=r, warps=w) for r, w in ((0, 8), (1, 8), (1, 16))],
-        "layer_norm": [dict(w_first=f, rsqrt=q, warps=8) for f in (0, 1) for q in (0, 1)],
-        "rms_norm": [dict(w_first=f, rsqrt=q, warps=8) for f in (0, 1) for q in (0, 1)],
-    }
     for op, dtype, (n, d) in cases:
-        x = (torch.randn(n, d, device="cuda", generator=g) * 2).to(dtype)
-        w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
-        b = (0.1 * torch.randn(d, device="cuda", generator=g)).to(dtype)
-        args = {"softmax": (x,), "layer_norm": (x, w, b), "rms_norm": (x, w)}[op]
+        x, w, b, args = _inputs(op, dtype, n, d, g)
         base = dict(op=op, dtype=str(dtype)[6:], shape=f"{n}x{d}")
         cands = {}
         for backend in ("compile", "liger", "cuda"):
@@ -280,28 +205,31 @@ def hints():
             cands[backend] = lambda fn=fn: fn(*args)
         if op == "softmax":
             mod, call = st, lambda: st._fwd(x)
-            grid = [(False, None), (False, 16), (True, 8), (True, 16)]
+            grid = [
+                dict(FWD_REREAD=r, FWD_WARPS=w)
+                for r, w in ((False, None), (False, 16), (True, 8), (True, 16))
+            ]
         else:
             rms = op == "rms_norm"
             mod, call = lt, lambda: lt.norm_fwd(x, w, None if rms else b, 1e-5, rms)[0]
-            grid = [(False, None), (True, 4), (True, 8), (True, 16)]
+            grid = [dict(FWD_ROW_1D=True), dict(FWD_ROW_1D=False)]
         ref = call()
-        saved = (mod.FWD_REREAD, mod.FWD_WARPS)
 
-        def knobbed(reread, warps):
+        def knobbed(knobs):
             def run():
-                mod.FWD_REREAD, mod.FWD_WARPS = reread, warps
+                saved = {k: getattr(mod, k) for k in knobs}
+                for k, v in knobs.items():
+                    setattr(mod, k, v)
                 try:
                     return call()
                 finally:
-                    mod.FWD_REREAD, mod.FWD_WARPS = saved
+                    for k, v in saved.items():
+                        setattr(mod, k, v)
 
             return run
 
-        for reread, warps in grid:
-            cands[f"triton reread={int(reread)} warps={warps or 'default'}"] = knobbed(reread, warps)
-        for cfg in one_d.get(op, []):
-            cands[f"1d {' '.join(f'{k}={v}' for k, v in cfg.items())}"] = _one_d(op, x, w, b, cfg)
+        for knobs in grid:
+            cands["triton " + " ".join(f"{k}={v}" for k, v in knobs.items())] = knobbed(knobs)
         times: dict = {k: [] for k in cands}
         errors: dict = {}
         with torch.no_grad():

@@ -40,13 +40,12 @@ FWD_WARPS = None  # None: _fwd_config's choice
 FWD_EVICT = ""  # eviction policy of the forward's x load and y store ("" or "evict_first")
 FWD_EVEN = True  # unmasked loads and stores when the rows fill the blocks exactly
 FWD_NARROW = True  # 32-bit offsets below 2^31 elements
-FWD_REREAD = False  # x read again (from L2) for the output instead of kept in registers
 # 16-bit x with one row per program (rows of ROW_ELEMS columns and more): _norm_fwd_row_kernel,
 # a 1-D block with weight and bias loaded first and an approximate rsqrt (liger's order).
 # scripts/tune_rowwise_fwd.py `hints` on the H100, bf16 16384 x 4096, interleaved rounds:
 # layer_norm 0.0925 ms (2-D kernel) -> 0.0918 (liger 0.0920); rms_norm 0.0921 -> 0.0919
 # (liger 0.0923). Either change alone: 0.0921; weight first with 1 / sqrt_rn: 0.0966. The
-# re-read (FWD_REREAD) measured 0.0941-0.1028: off.
+# output from x read again from L2 (as the softmax does) measured 0.0941-0.1028: removed.
 FWD_ROW_1D = True
 # (scripts/tune_rowwise_fwd.py on the H100, bf16 16384 x 4096, layer_norm forward: EVEN and
 # NARROW together 0.0928 ms, either alone 0.0959, neither 0.0961 (liger 0.0921); 16 warps
@@ -72,7 +71,6 @@ def _norm_fwd_kernel(
     EVICT: tl.constexpr,  # eviction policy of the x load and the y store
     EVEN: tl.constexpr,  # n_cols == BLOCK and ROWS divides n_rows: no masks
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
-    REREAD: tl.constexpr,  # the output from x read again (L2), not from registers
 ):
     pid = tl.program_id(0)
     if WIDE:
@@ -83,11 +81,10 @@ def _norm_fwd_kernel(
     cmask = cols < n_cols
     mask = rmask[:, None] & cmask[None, :]
     offs = rows[:, None] * n_cols + cols[None, :]
-    hint: tl.constexpr = "evict_last" if REREAD else EVICT
     if EVEN:
-        x = tl.load(x_ptr + offs, eviction_policy=hint).to(tl.float32)
+        x = tl.load(x_ptr + offs, eviction_policy=EVICT).to(tl.float32)
     else:
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=hint).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
     if RMS:
         xc = x
     else:
@@ -121,12 +118,6 @@ def _norm_fwd_kernel(
     else:
         tl.store(rstd_ptr + rows, rstd, mask=rmask)
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    if REREAD:
-        if EVEN:
-            x = tl.load(x_ptr + offs, eviction_policy="evict_first").to(tl.float32)
-        else:
-            x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        xc = x if RMS else x - mean[:, None]
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
         if EVEN:
@@ -347,7 +338,6 @@ def norm_fwd(x, w, b, eps, rms):
             EVICT=FWD_EVICT,
             EVEN=FWD_EVEN and block == n_cols and n_rows % rows == 0,
             WIDE=not (FWD_NARROW and x.numel() < 2**31),
-            REREAD=FWD_REREAD,
             num_warps=FWD_WARPS or warps,
         )
     return y, mean, rstd
@@ -419,7 +409,6 @@ def kernel_specs(rms: bool):
             "EVICT": "constexpr",
             "EVEN": "constexpr",
             "WIDE": "constexpr",
-            "REREAD": "constexpr",
         }
         bwd = {
             "dy_ptr": f"*{dtype}",
@@ -445,7 +434,6 @@ def kernel_specs(rms: bool):
             "EVICT": FWD_EVICT,
             "EVEN": FWD_EVEN,
             "WIDE": not FWD_NARROW,
-            "REREAD": FWD_REREAD,
         }
         bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH}
         if _row_1d(rows, torch.float32 if dtype == "fp32" else torch.bfloat16):
