@@ -25,7 +25,8 @@ one process (issue 2 and 3; H100 / H200).
    streaming store hint, an approximate rsqrt and 64-256 threads per row for the CUDA
    norms, timed in sequence: tune_rowwise_fwd3-H100.jsonl. The version at 34daf54 timed
    1-D norm kernels with and without the weight loaded first and the approximate rsqrt,
-   and the re-read for the norms: tune_rowwise_fwd4-H100.jsonl.)
+   and the re-read for the norms: tune_rowwise_fwd4-H100.jsonl. This version at 406171b:
+   tune_rowwise_fwd5-H100.jsonl.)
 
     python scripts/tune_rowwise_fwd.py OUT.jsonl hints
 
