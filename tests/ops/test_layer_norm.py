@@ -95,6 +95,32 @@ def test_constant_rows_give_the_bias(backend):
     _assert_fwd_bwd(backend, (x, w, b), torch.float32)
 
 
+def _nearly_constant_rows(device):
+    # fp32 rows of nearly equal values: rstd ~ 1/sqrt(eps) = 316 turns half an ulp of a
+    # rounded fp32 mean (1.2e-7 at 3.0) into ~4e-5 of error in y. The full check on the H100
+    # (seed 725423948, 65537 x 3) failed our fp32 kernels on it until they added the mean of
+    # x - mean back (the corrected two-pass mean). PyTorch's own kernel misses by ~1e-4 here.
+    g = torch.Generator().manual_seed(0)
+    x = 3.0 + 1e-4 * torch.randn(4096, 3, generator=g)
+    w, b = torch.randn(3, generator=g), torch.randn(3, generator=g)
+    return x.to(device), w.to(device), b.to(device)
+
+
+def _assert_mean_is_corrected(backend, device):
+    x, w, b = _nearly_constant_rows(device)
+    y = ln.layer_norm(x, w, b, 1e-5, backend=backend)
+    ref = ln.layer_norm_reference(x.double(), w.double(), b.double(), 1e-5)
+    err = (y.double() - ref).abs().max().item()
+    bound = 4 * torch.finfo(torch.float32).eps * ref.abs().max().item()
+    assert err <= bound, f"max error {err:.3g} > {bound:.3g}: is the rounded mean corrected?"
+    _assert_fwd_bwd(backend, (x, w, b), torch.float32)
+
+
+@pytest.mark.parametrize("backend", [b for b in CPU if b == "triton"])
+def test_fp32_mean_rounding_is_corrected(backend):
+    _assert_mean_is_corrected(backend, "cpu")
+
+
 @pytest.mark.parametrize("backend", [b for b in CPU if b in ("triton", "manual")])
 def test_check_engine_passes(backend):
     rep = check_impl(
@@ -301,6 +327,12 @@ def test_gpu_forward_and_gradients(backend, dtype, request):
     _assert_fwd_bwd(backend, (x, w, None), dtype, eps=1e-2)
     flat = torch.randn(33 * 4096 + 1, device="cuda").to(dtype)
     _assert_fwd_bwd(backend, (flat[1:].view(33, 4096), w, w.clone()), dtype)  # misaligned rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "cuda_v1", "triton"])
+def test_gpu_fp32_mean_rounding_is_corrected(backend):
+    _assert_mean_is_corrected(backend, "cuda")
 
 
 @pytest.mark.gpu

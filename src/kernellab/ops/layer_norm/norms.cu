@@ -11,8 +11,8 @@
 // Variants (backends of ops "layer_norm" and "rms_norm"):
 //   v1  *_v1_*   (cuda_v1) one block of 256 threads per row, a strided loop over the
 //                columns, shared-memory tree reductions; the row is re-read from global
-//                memory for each pass (fwd: 3 reads of x, bwd: 2 reads of x and dy) and
-//                the backward adds into its block's partial row in global memory
+//                memory for each pass (fwd: 3 reads of x, 4 for fp32 to correct the
+//                mean; bwd: 2 reads of x and dy) and the backward adds into its block's partial row in global memory
 //                (read-modify-write, no atomics: each column belongs to one thread).
 //                Any D, any alignment: also the fallback of v2.
 //   v2  *_p{P}_*   (cuda) the row is held in registers: each thread loads P 16-byte packs
@@ -49,6 +49,18 @@ __device__ __forceinline__ A v1_block_sum(A v, A* red) {
     return red[0];
 }
 
+// This thread's part of sum(x - mean) over a row: the corrected two-pass mean. fp32 x
+// only: the fp32 mean is rounded, and rstd times that rounding shifts every xhat; rows of
+// nearly equal values (rstd up to 1/sqrt(eps)) made it 1e-5-2e-5 of error in y (the H100
+// check, seed 725423948, 65537 x 3 fp32: cuda and cuda_v1 failed the 2x-PyTorch bound).
+// Adding the mean of x - mean back removes the first-order part of that rounding.
+template <typename T>
+__device__ __forceinline__ float mean_residual(const T* xr, int d, float mean) {
+    float r = 0.0f;
+    for (int j = threadIdx.x; j < d; j += V1_THREADS) r += kl::to_f(xr[j]) - mean;
+    return r;
+}
+
 template <typename T, bool RMS>
 __device__ void norm_fwd_v1(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                             T* __restrict__ y, float* __restrict__ mean_out, float* __restrict__ rstd_out,
@@ -62,6 +74,7 @@ __device__ void norm_fwd_v1(const T* __restrict__ x, const T* __restrict__ w, co
         float s = 0.0f;
         for (int j = threadIdx.x; j < d; j += V1_THREADS) s += kl::to_f(xr[j]);
         mean = v1_block_sum(s, red) / d;
+        if (sizeof(T) == 4) mean += v1_block_sum(mean_residual(xr, d, mean), red) / d;
     }
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += V1_THREADS) {
@@ -175,7 +188,18 @@ __device__ void norm_fwd_v2(const T* __restrict__ x, const T* __restrict__ w, co
         }
     }
     float mean = 0.0f;
-    if (!RMS) mean = row_sum(s, tpr, scratch) / d;
+    if (!RMS) {
+        mean = row_sum(s, tpr, scratch) / d;
+        if (sizeof(T) == 4) {  // fp32: the corrected two-pass mean (see mean_residual)
+            float r = 0.0f;
+#pragma unroll
+            for (int k = 0; k < P; ++k)
+                if (lt + k * tpr < packs)
+#pragma unroll
+                    for (int j = 0; j < N; ++j) r += v[k][j] - mean;
+            mean += row_sum(r, tpr, scratch) / d;
+        }
+    }
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < P; ++k) {
