@@ -121,26 +121,6 @@ def test_cuda_plan_covers_every_path():
     assert sc.plan(4, 4096, 4, False) == ("os", 1024, 1)  # misaligned: scalar, 4096 > 4 x 512
 
 
-def test_cuda_v5_plan():
-    """v5 (bulk copies into shared memory) takes rows of whole 16-byte packs that fit the
-    threads and the shared memory; the rest fall back to v4."""
-    from kernellab.ops.softmax import cuda as sc
-
-    optin = 227 * 1024  # an H100's opt-in shared memory per block
-    threads, stages, per_sm, smem = sc.tma_plan(4096, 4, optin)
-    assert threads * sc.TMA_PACKS * 4 >= 4096 and threads % 32 == 0
-    assert smem == 128 + stages * 16384 and per_sm * (smem + 1024) <= optin + 1024
-    assert sc.tma_plan(4096, 2, optin)[0] == threads // 2  # half the bytes: half the threads
-    assert sc.tma_plan(4097, 4, optin) is None  # not whole 16-byte packs
-    assert sc.tma_plan(3, 4, optin) is None
-    assert sc.tma_plan(16384, 4, optin)[0] == 1024  # 4096 packs, 4 per thread
-    assert sc.tma_plan(16388, 4, optin) is None  # beyond 1024 threads x 4 packs
-    assert sc.tma_plan(16384, 4, 100 * 1024) is None  # two 64 KB rows do not fit
-    assert sc.tma_plan(4096, 4, optin, threads=128) is None  # 128 x 4 packs < 1024
-    assert sc.tma_plan(4096, 4, optin, threads=512, stages=3, per_sm=8)[1:3] == (3, 4)  # 2048 threads/SM
-    assert sc.plan(5, 4096, 4, True) == sc.plan(4, 4096, 4, True)  # the backward (and fallback): v4
-
-
 def test_cuda_kernels_compile_and_stay_in_registers():
     import re
 
@@ -155,7 +135,7 @@ def test_cuda_kernels_compile_and_stay_in_registers():
     assert ".local" not in ptx  # the register-resident rows must not spill
 
 
-GPU_BACKENDS = ["manual", "torch", "triton", "cuda_v1", "cuda_v2", "cuda_v3", "cuda", "cuda_v5"]
+GPU_BACKENDS = ["manual", "torch", "triton", "cuda_v1", "cuda_v2", "cuda_v3", "cuda"]
 
 
 @pytest.mark.gpu
@@ -186,7 +166,7 @@ def test_gpu_forward_and_gradient(backend, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda_v2", "cuda_v3", "cuda", "cuda_v5"])
+@pytest.mark.parametrize("backend", ["cuda_v2", "cuda_v3", "cuda"])
 def test_gpu_cuda_fully_masked_and_misaligned_rows(backend):
     x = torch.randn(4, 4096, device="cuda")
     x[1] = float("-inf")
@@ -199,8 +179,8 @@ def test_gpu_cuda_fully_masked_and_misaligned_rows(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda_v2", "cuda_v3", "cuda", "cuda_v5", "triton"])
-@pytest.mark.parametrize("cols", [1025, 4096, 4097, 262144])
+@pytest.mark.parametrize("backend", ["cuda_v2", "cuda_v3", "cuda", "triton"])
+@pytest.mark.parametrize("cols", [1025, 4097, 262144])
 def test_gpu_nan_first_in_a_thread_poisons_the_row(backend, cols):
     """A NaN that a thread meets before any finite value (its running max still -inf)
     makes the whole row NaN, as torch's does; the streamed (online) path once skipped it
@@ -212,27 +192,6 @@ def test_gpu_nan_first_in_a_thread_poisons_the_row(backend, cols):
     x[2, 3] = float("nan")  # after -inf only
     y = kernellab.softmax(x, backend=backend)
     assert torch.isnan(y).all(), [int(torch.isnan(r).sum()) for r in y]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-def test_gpu_cuda_v5_bulk_copy_rows(dtype):
-    """v5's own path (bulk copies, persistent blocks that walk many rows, the stage ring
-    wrapping many times) against the float64 reference; rows it does not take fall back."""
-    from kernellab.ops.softmax import cuda as sc
-
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("v5 needs sm_90")
-    for shape in [(3, 4096), (5000, 4096), (20011, 512), (999, 2048), (7, 16384), (2, 8200), (4, 6, 1024)]:
-        (x,) = SPEC.make_inputs(shape, dtype, "cuda", 2)
-        for stages in (1, 2, 3):
-            y = sc.fwd_tma(x, stages=stages)
-            assert y is not None, shape
-            v = judge(y, SPEC.ref(x), dtype, torch.softmax(x, -1))
-            assert v.ok, (shape, stages, v.detail)
-    assert sc.fwd_tma(torch.randn(5, 4097, device="cuda").to(dtype)) is None
-    flat = torch.randn(4 * 4096 + 8, device="cuda").to(dtype)
-    assert sc.fwd_tma(flat[1:].view(-1)[: 4 * 4096].view(4, 4096)) is None  # not 16-byte aligned
 
 
 @pytest.mark.gpu

@@ -21,10 +21,6 @@
 //       every thread holds up to 4 packs: thread coarsening without idle lanes; 1024 for
 //       streamed rows), and one warp per row for short rows (8 rows per block, no shared
 //       memory, no barrier).
-//   v5  (backend "cuda_v5", forward on sm_90+; v4 elsewhere and for the backward): the row
-//       is brought into shared memory by the copy engine (one cp.async.bulk per row,
-//       completed on an mbarrier), several rows in flight per block, persistent blocks
-//       that walk the rows; threads no longer issue the loads (softmax_fwd_t_<dtype>).
 //
 // v3 and v4 share the entry points softmax_{fwd,bwd}_{r,o,w}{v,s}_<dtype>: r = one block
 // per row, row in registers; o = one block per row, streamed (online softmax); w = one
@@ -335,131 +331,6 @@ __device__ __forceinline__ void bwd_warp(const T* y, const T* dy, T* dx, long lo
     bwd_row<T, VEC, true, true>(y + o, dy + o, dx + o, cols, threadIdx.x & 31, 32, nullptr);
 }
 
-// ---------------------------------------------------------------------------- v5
-
-// Hopper (sm_90+) forward: rows staged in shared memory by the copy engine. A block
-// walks rows blockIdx.x, + gridDim.x, ...; thread 0 keeps ``stages`` rows in flight with
-// one cp.async.bulk each (a 1-D bulk copy: 16-byte-aligned source, size a multiple of
-// 16), every stage has an mbarrier that the copy completes. The threads take a row from
-// shared memory into registers (up to TMA_PACKS 16-byte packs each), and as soon as the
-// max reduction's barrier shows that all of them have read it, its buffer is refilled
-// with the row ``stages`` ahead. Loads need no registers while in flight, so the block
-// keeps stages x row bytes of DRAM reads outstanding between its reductions.
-#ifndef KL_SOFTMAX_TMA_PACKS
-#define KL_SOFTMAX_TMA_PACKS 4
-#endif
-constexpr int TMA_PACKS = KL_SOFTMAX_TMA_PACKS;
-constexpr int TMA_BARRIER_BYTES = 128;  // mbarriers at the front of shared memory (<= 16 stages)
-
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Arrive (this thread's one arrival) and announce ``bytes`` of copies to complete the phase.
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
-
-__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-        "l"(src), "r"(bytes), "r"(bar)
-        : "memory");
-}
-#endif
-
-template <typename T>
-__device__ __forceinline__ void fwd_tma(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols,
-                                        int stages) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    using P = Pack<T, true>;
-    extern __shared__ __align__(128) unsigned char dyn[];
-    __shared__ float scratch[32];
-    const unsigned row_bytes = cols * (unsigned)sizeof(T);
-    const unsigned buf_bytes = (row_bytes + 127u) & ~127u;
-    const unsigned bars = smem_u32(dyn);
-    const int npacks = cols / P::N;
-    const long long step = gridDim.x;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; ++s) mbar_init(bars + 8 * s, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
-        for (int s = 0; s < stages; ++s) {
-            const long long r = blockIdx.x + s * step;
-            if (r < rows) {
-                mbar_expect_tx(bars + 8 * s, row_bytes);
-                bulk_load(bars + TMA_BARRIER_BYTES + s * buf_bytes, x + r * cols, row_bytes, bars + 8 * s);
-            }
-        }
-    }
-    __syncthreads();
-    int s = 0;
-    unsigned parity = 0;
-    for (long long r = blockIdx.x; r < rows; r += step) {
-        mbar_wait(bars + 8 * s, parity);
-        const T* xs = reinterpret_cast<const T*>(dyn + TMA_BARRIER_BYTES + s * buf_bytes);
-        P v[TMA_PACKS];
-        float m = kl::neg_inf();
-#pragma unroll
-        for (int k = 0; k < TMA_PACKS; ++k) {
-            const int p = threadIdx.x + k * blockDim.x;
-            if (p < npacks) v[k].load(xs, p);
-            else v[k].fill(kl::neg_inf());
-#pragma unroll
-            for (int j = 0; j < P::N; ++j) m = fmaxf(m, v[k].v[j]);
-        }
-        m = kl::block_allreduce(m, kl::MaxOp{}, scratch);
-        // Past the reduction's barrier every thread holds its packs: refill this buffer.
-        if (threadIdx.x == 0 && r + stages * step < rows) {
-            mbar_expect_tx(bars + 8 * s, row_bytes);
-            bulk_load(bars + TMA_BARRIER_BYTES + s * buf_bytes, x + (r + stages * step) * cols, row_bytes,
-                      bars + 8 * s);
-        }
-        float sum = 0.0f;
-#pragma unroll
-        for (int k = 0; k < TMA_PACKS; ++k)
-#pragma unroll
-            for (int j = 0; j < P::N; ++j) {
-                v[k].v[j] = __expf(v[k].v[j] - m);
-                sum += threadIdx.x + k * blockDim.x < npacks ? v[k].v[j] : 0.0f;
-            }
-        sum = kl::block_allreduce(sum, kl::SumOp{}, scratch);
-        const float inv = __frcp_rn(sum);
-        T* yr = y + r * cols;
-#pragma unroll
-        for (int k = 0; k < TMA_PACKS; ++k) {
-            const int p = threadIdx.x + k * blockDim.x;
-            if (p < npacks) {
-#pragma unroll
-                for (int j = 0; j < P::N; ++j) v[k].v[j] *= inv;
-                v[k].store(yr, p);
-            }
-        }
-        if (++s == stages) {
-            s = 0;
-            parity ^= 1u;
-        }
-    }
-#else
-    __trap();  // the host launches v5 only on sm_90 and newer
-#endif
-}
-
 }  // namespace
 
 // Entry points. v3 and v4 share the row routines; the host decides the block shape
@@ -510,11 +381,4 @@ __device__ __forceinline__ void fwd_tma(const T* __restrict__ x, T* __restrict__
         bwd_warp<T, VEC>(y, dy, dx, rows, cols);                                                          \
     }
 
-#define KL_SOFTMAX_TMA(NAME, T)                                                                           \
-    extern "C" __global__ void __launch_bounds__(1024)                                                    \
-        softmax_fwd_t_##NAME(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols, int stages) { \
-        fwd_tma<T>(x, y, rows, cols, stages);                                                             \
-    }
-
 KL_FOR_EACH_DTYPE(KL_SOFTMAX)
-KL_FOR_EACH_DTYPE(KL_SOFTMAX_TMA)
