@@ -294,7 +294,8 @@ def _new_autotuners(before: set) -> list:
 
     from torch._inductor.runtime.triton_heuristics import CachingAutotuner
 
-    return [o for o in gc.get_objects() if isinstance(o, CachingAutotuner) and id(o) not in before]
+    # type(o), not isinstance: gc also lists weak proxies of dead objects, which raise.
+    return [o for o in gc.get_objects() if issubclass(type(o), CachingAutotuner) and id(o) not in before]
 
 
 def _ptx_of(obj) -> str | None:
