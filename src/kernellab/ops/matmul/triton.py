@@ -59,7 +59,6 @@ def _matmul_kernel(
     ACT: tl.constexpr,  # 0 none, 1 relu, 2 gelu (tanh)
     PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32"
     UPCAST: tl.constexpr,  # dot in fp32 (the CPU interpreter has no bf16 dot)
-    SPLIT_ACC: tl.constexpr,  # each BLOCK_K chunk's dot from zero, then added (see FP32_SPLIT_ACC)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -91,10 +90,7 @@ def _matmul_kernel(
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if SPLIT_ACC:
-            acc += tl.dot(a, b, input_precision=PRECISION)
-        else:
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
 
@@ -222,15 +218,6 @@ def fixed_config(elem: int, precision: str, max_shared: int) -> dict:
     return cfg
 
 
-# fp32 on FMA units (TF32 off): each BLOCK_K chunk of the dot is summed from zero and then
-# added to the accumulator, instead of one chain of fused multiply-adds over all of K. A single
-# chain's rounding error grows with the running sum; found by `kernellab check` on the H100
-# (seed 813205113): 64x48x80 fp32 at 1.33e-5 against a bound of 1.1e-5 (2x cuBLAS's error).
-# Simulated on the CPU (20 seeds of 64x80 @ 80x48, fp32 FMA rounding): max error 1.0e-5 for one
-# chain, 5.3e-6 with 32-wide chunks. It costs one add per 32 multiply-adds; measured in
-# scripts/tune_matmul_fp32_acc.py.
-FP32_SPLIT_ACC = True
-
 # The CPU interpreter runs programs one by one: one small config, no tuning.
 _CPU_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
 
@@ -275,8 +262,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
         )
         consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])
         if a.device.type == "cuda":
-            precision = _precision(a.dtype)
-            consts.update(PRECISION=precision, UPCAST=False, SPLIT_ACC=FP32_SPLIT_ACC and precision == "ieee")
+            consts.update(PRECISION=_precision(a.dtype), UPCAST=False)
 
             def grid(meta):
                 return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), bt)
@@ -290,7 +276,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
                     )
                     _matmul_kernel[grid](*args, **consts, **cfg)
         else:
-            consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16, SPLIT_ACC=False)
+            consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
             cfg = _CPU_CONFIG
             grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), bt)
             _matmul_kernel[grid](*args, **consts, **cfg, num_warps=4)
@@ -305,14 +291,7 @@ def _kernel_specs(dtype: str):
     (fp16/bf16: 128x256x64, 8 warps; fp32 with TF32 off: 128x128x32, 4 warps), contiguous
     operands (unit inner strides, which Triton specializes as the constant 1 at run time)."""
     half = dtype in ("fp16", "bf16")
-    cx = {
-        "HAS_BIAS": False,
-        "ACT": 0,
-        "PRECISION": "tf32" if half else "ieee",
-        "UPCAST": False,
-        "SPLIT_ACC": FP32_SPLIT_ACC and not half,
-        "GROUP_M": 8,
-    }
+    cx = {"HAS_BIAS": False, "ACT": 0, "PRECISION": "tf32" if half else "ieee", "UPCAST": False, "GROUP_M": 8}
     cx.update(
         {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64}
         if half
@@ -338,17 +317,7 @@ def _kernel_specs(dtype: str):
         "s_cn",
     ):
         sig[p] = "constexpr" if p in cx else "i32"
-    for p in (
-        "HAS_BIAS",
-        "ACT",
-        "PRECISION",
-        "UPCAST",
-        "SPLIT_ACC",
-        "BLOCK_M",
-        "BLOCK_N",
-        "BLOCK_K",
-        "GROUP_M",
-    ):
+    for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"):
         sig[p] = "constexpr"
     return [(_matmul_kernel, sig, cx, 8 if half else 4)]
 
