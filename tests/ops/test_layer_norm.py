@@ -98,8 +98,8 @@ def test_constant_rows_give_the_bias(backend):
 def _nearly_constant_rows(device):
     # fp32 rows of nearly equal values: rstd ~ 1/sqrt(eps) = 316 turns half an ulp of a
     # rounded fp32 mean (1.2e-7 at 3.0) into ~4e-5 of error in y. The full check on the H100
-    # (seed 725423948, 65537 x 3) failed our fp32 kernels on it until they added the mean of
-    # x - mean back (the corrected two-pass mean). PyTorch's own kernel misses by ~1e-4 here.
+    # (seed 725423948, 65537 x 3) failed our fp32 kernels on it until they corrected the mean
+    # by the mean of x - mean (corrected two-pass). PyTorch's own kernel misses by ~1e-4 here.
     g = torch.Generator().manual_seed(0)
     x = 3.0 + 1e-4 * torch.randn(4096, 3, generator=g)
     w, b = torch.randn(3, generator=g), torch.randn(3, generator=g)

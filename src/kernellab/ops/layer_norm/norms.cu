@@ -12,8 +12,9 @@
 //   v1  *_v1_*   (cuda_v1) one block of 256 threads per row, a strided loop over the
 //                columns, shared-memory tree reductions; the row is re-read from global
 //                memory for each pass (fwd: 3 reads of x, 4 for fp32 to correct the
-//                mean; bwd: 2 reads of x and dy) and the backward adds into its block's partial row in global memory
-//                (read-modify-write, no atomics: each column belongs to one thread).
+//                mean; bwd: 2 reads of x and dy) and the backward adds into its block's
+//                partial row in global memory (read-modify-write, no atomics: each
+//                column belongs to one thread).
 //                Any D, any alignment: also the fallback of v2.
 //   v2  *_p{P}_*   (cuda) the row is held in registers: each thread loads P 16-byte packs
 //                of the row once (P in 1, 2, 4, 8; up to 256 threads per row, so
