@@ -18,19 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from torch import Tensor
 
-
-def _empty_like_contig(x: Tensor) -> Tensor:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+from kernellab.ops.kit import OpDecl, build, empty_like_contig
 
 
-def _tracing() -> bool:
-    return torch.compiler.is_compiling()
-
-
-def unary_op(name: str, fwd: Callable, bwd: Callable, save_output: bool = False):
+def unary_op(name: str, fwd: Callable, bwd: Callable, save_output: bool = False, triton: bool = False):
     """Custom ops ``kernellab::<name>`` and ``kernellab::<name>_backward``; returns the
     registry callable (with ``.custom_ops`` for opcheck). The backward is ``bwd(dy, s)``
     with ``s`` the input (GeLU) or, with ``save_output``, the output (softmax)."""
@@ -41,78 +34,44 @@ def unary_op(name: str, fwd: Callable, bwd: Callable, save_output: bool = False)
     def _bwd(dy: Tensor, saved: Tensor) -> Tensor:
         return bwd(dy, saved)
 
-    op = torch.library.custom_op(f"kernellab::{name}", _fwd, mutates_args=())
-    bop = torch.library.custom_op(f"kernellab::{name}_backward", _bwd, mutates_args=())
-    op.register_fake(_empty_like_contig)
-    bop.register_fake(lambda dy, saved: _empty_like_contig(saved))
-
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(output if save_output else inputs[0])
-
-    def backward(ctx, dy):
-        (saved,) = ctx.saved_tensors
-        return bop(dy, saved)
-
-    op.register_autograd(backward, setup_context=setup_context)
-
-    class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            y = fwd(x)
-            ctx.save_for_backward(y if save_output else x)
-            return y
-
-        @staticmethod
-        def backward(ctx, dy):
-            (saved,) = ctx.saved_tensors
-            return bwd(dy, saved)
-
-    def call(x: Tensor) -> Tensor:
-        if _tracing():
-            return op(x)
-        if x.requires_grad and torch.is_grad_enabled():
-            return Eager.apply(x)
-        return fwd(x)
-
-    call.custom_ops = [
-        (op, lambda make: (make(1),), True),
-        (bop, lambda make: (make(0), make(0)), False),
-    ]
-    call.__name__ = name
-    return call
+    return build(
+        OpDecl(
+            name=name,
+            fwd=_fwd,
+            bwd=_bwd,
+            fwd_fake=empty_like_contig,
+            bwd_fake=lambda dy, saved: empty_like_contig(saved),
+            save=(lambda inputs, out: ((out[0],), None))
+            if save_output
+            else (lambda inputs, out: ((inputs[0],), None)),
+            bwd_args=lambda saved, extra, dy: (dy, saved[0]),
+            grads=lambda g, extra: g,
+            needs_grad=lambda x: x.requires_grad,
+            samples=(lambda make: (make(1),), lambda make: (make(0), make(0))),
+            triton=triton,
+        )
+    )
 
 
-def binary_op(name: str, fwd: Callable):
+def binary_op(name: str, fwd: Callable, triton: bool = False):
     """Custom op ``kernellab::<name>(a, b)`` whose gradient passes ``dy`` to both inputs
-    (the gradient of a + b); returns the registry callable."""
+    (the gradient of a + b: no backward kernel); returns the registry callable."""
 
     def _fwd(a: Tensor, b: Tensor) -> Tensor:
         return fwd(a, b)
 
-    op = torch.library.custom_op(f"kernellab::{name}", _fwd, mutates_args=())
-    op.register_fake(lambda a, b: _empty_like_contig(a))
-
-    def backward(ctx, dy):
-        return dy, dy
-
-    op.register_autograd(backward, setup_context=lambda ctx, inputs, output: None)
-
-    class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, a, b):
-            return fwd(a, b)
-
-        @staticmethod
-        def backward(ctx, dy):
-            return dy, dy
-
-    def call(a: Tensor, b: Tensor) -> Tensor:
-        if _tracing():
-            return op(a, b)
-        if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
-            return Eager.apply(a, b)
-        return fwd(a, b)
-
-    call.custom_ops = [(op, lambda make: (make(1), make(1)), True)]
-    call.__name__ = name
-    return call
+    return build(
+        OpDecl(
+            name=name,
+            fwd=_fwd,
+            bwd=None,
+            fwd_fake=lambda a, b: empty_like_contig(a),
+            bwd_fake=None,
+            save=lambda inputs, out: ((), None),
+            bwd_args=lambda saved, extra, dy: (dy,),
+            grads=lambda g, extra: (g[0], g[0]),
+            needs_grad=lambda a, b: a.requires_grad or b.requires_grad,
+            samples=(lambda make: (make(1), make(1)), None),
+            triton=triton,
+        )
+    )

@@ -25,6 +25,7 @@ import numbers
 import torch
 from torch import Tensor
 
+from kernellab.ops.kit import OpDecl, build, empty_like_contig
 from kernellab.ops.spec import FLOAT_DTYPES, dtype_name, make_tensor
 
 # --------------------------------------------------------------------------- validation
@@ -166,14 +167,15 @@ def _contig(t):
 # --------------------------------------------------------------------------- custom ops
 
 
-def _tracing() -> bool:
-    return torch.compiler.is_compiling()
+def _stats_fake(x: Tensor) -> Tensor:
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return x.new_empty(rows, dtype=torch.float32)
 
 
-def layer_norm_op(name: str, fwd, bwd):
+def layer_norm_op(name: str, fwd, bwd, triton: bool = False):
     """Custom ops ``kernellab::<name>`` (x, w, b?, eps) -> (y, mean, rstd) and
     ``kernellab::<name>_backward``; returns the registry callable ``(x, w, b, eps=1e-5)``
-    (eager fast path: the launchers directly, or a plain autograd.Function)."""
+    (see kit.build for the eager path)."""
 
     def _fwd(x: Tensor, w: Tensor, b: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
         return fwd(_contig(x), w, b, eps, False)
@@ -184,70 +186,39 @@ def layer_norm_op(name: str, fwd, bwd):
         dx, dw, db = bwd(_contig(dy), _contig(x), w, mean, rstd, False, True)
         return dx, dw, db
 
-    op = torch.library.custom_op(f"kernellab::{name}", _fwd, mutates_args=())
-    bop = torch.library.custom_op(f"kernellab::{name}_backward", _bwd, mutates_args=())
-
-    @op.register_fake
-    def _(x, w, b, eps):
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        f32 = dict(dtype=torch.float32, device=x.device)
-        return (
-            torch.empty(x.shape, dtype=x.dtype, device=x.device),
-            x.new_empty(rows, **f32),
-            x.new_empty(rows, **f32),
+    call = build(
+        OpDecl(
+            name=name,
+            fwd=_fwd,
+            bwd=_bwd,
+            fwd_fake=lambda x, w, b, eps: (empty_like_contig(x), _stats_fake(x), _stats_fake(x)),
+            bwd_fake=lambda dy, x, w, mean, rstd, has_bias: (
+                empty_like_contig(x),
+                torch.empty_like(w),
+                torch.empty_like(w),
+            ),
+            save=lambda inputs, out: ((inputs[0], inputs[1], out[1], out[2]), inputs[2] is not None),
+            bwd_args=lambda saved, has_bias, dy: (dy, *saved, has_bias),
+            grads=lambda g, has_bias: (g[0], g[1], g[2] if has_bias else None, None),
+            needs_grad=lambda x, w, b, eps: (
+                x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
+            ),
+            samples=(
+                lambda make: (*make.args(True), 1e-5),
+                lambda make: _bwd_sample(make, rms=False) + (True,),
+            ),
+            triton=triton,
         )
+    )
 
-    @bop.register_fake
-    def _(dy, x, w, mean, rstd, has_bias):
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(w), torch.empty_like(w)
+    def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+        return call(x, weight, bias, float(eps))
 
-    def setup_context(ctx, inputs, output):
-        x, w, b, _eps = inputs
-        _, mean, rstd = output
-        ctx.has_bias = b is not None
-        ctx.save_for_backward(x, w, mean, rstd)
-
-    def backward(ctx, dy, _dmean, _drstd):
-        x, w, mean, rstd = ctx.saved_tensors
-        dx, dw, db = bop(dy, x, w, mean, rstd, ctx.has_bias)
-        return dx, dw, (db if ctx.has_bias else None), None
-
-    op.register_autograd(backward, setup_context=setup_context)
-
-    class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, w, b, eps):
-            x = _contig(x)
-            y, mean, rstd = fwd(x, w, b, eps, False)
-            ctx.has_bias = b is not None
-            ctx.save_for_backward(x, w, mean, rstd)
-            return y
-
-        @staticmethod
-        def backward(ctx, dy):
-            x, w, mean, rstd = ctx.saved_tensors
-            dx, dw, db = bwd(_contig(dy), x, w, mean, rstd, False, ctx.has_bias)
-            return dx, dw, db, None
-
-    def call(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-        eps = float(eps)
-        if _tracing():
-            return op(x, weight, bias, eps)[0]
-        if torch.is_grad_enabled() and (
-            x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
-        ):
-            return Eager.apply(x, weight, bias, eps)
-        return fwd(_contig(x), weight, bias, eps, False)[0]
-
-    call.custom_ops = [
-        (op, lambda make: (*make.args(True), 1e-5), True),
-        (bop, lambda make: _bwd_sample(make, rms=False) + (True,), False),
-    ]
-    call.__name__ = name
-    return call
+    layer_norm.custom_ops, layer_norm.ops, layer_norm.__name__ = call.custom_ops, call.ops, name
+    return layer_norm
 
 
-def rms_norm_op(name: str, fwd, bwd):
+def rms_norm_op(name: str, fwd, bwd, triton: bool = False):
     """Custom ops ``kernellab::<name>`` (x, w, eps) -> (y, rstd) and
     ``kernellab::<name>_backward``; returns the registry callable ``(x, w, eps=1e-6)``."""
 
@@ -259,57 +230,30 @@ def rms_norm_op(name: str, fwd, bwd):
         dx, dw, _ = bwd(_contig(dy), _contig(x), w, None, rstd, True, False)
         return dx, dw
 
-    op = torch.library.custom_op(f"kernellab::{name}", _fwd, mutates_args=())
-    bop = torch.library.custom_op(f"kernellab::{name}_backward", _bwd, mutates_args=())
+    call = build(
+        OpDecl(
+            name=name,
+            fwd=_fwd,
+            bwd=_bwd,
+            fwd_fake=lambda x, w, eps: (empty_like_contig(x), _stats_fake(x)),
+            bwd_fake=lambda dy, x, w, rstd: (empty_like_contig(x), torch.empty_like(w)),
+            save=lambda inputs, out: ((inputs[0], inputs[1], out[1]), None),
+            bwd_args=lambda saved, extra, dy: (dy, *saved),
+            grads=lambda g, extra: (g[0], g[1], None),
+            needs_grad=lambda x, w, eps: x.requires_grad or w.requires_grad,
+            samples=(
+                lambda make: (*make.args(True), 1e-6),
+                lambda make: _bwd_sample(make, rms=True),
+            ),
+            triton=triton,
+        )
+    )
 
-    @op.register_fake
-    def _(x, w, eps):
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(rows, dtype=torch.float32)
+    def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+        return call(x, weight, float(eps))
 
-    @bop.register_fake
-    def _(dy, x, w, rstd):
-        return torch.empty(x.shape, dtype=x.dtype, device=x.device), torch.empty_like(w)
-
-    def setup_context(ctx, inputs, output):
-        x, w, _eps = inputs
-        ctx.save_for_backward(x, w, output[1])
-
-    def backward(ctx, dy, _drstd):
-        x, w, rstd = ctx.saved_tensors
-        dx, dw = bop(dy, x, w, rstd)
-        return dx, dw, None
-
-    op.register_autograd(backward, setup_context=setup_context)
-
-    class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, w, eps):
-            x = _contig(x)
-            y, _, rstd = fwd(x, w, None, eps, True)
-            ctx.save_for_backward(x, w, rstd)
-            return y
-
-        @staticmethod
-        def backward(ctx, dy):
-            x, w, rstd = ctx.saved_tensors
-            dx, dw, _ = bwd(_contig(dy), x, w, None, rstd, True, False)
-            return dx, dw, None
-
-    def call(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-        eps = float(eps)
-        if _tracing():
-            return op(x, weight, eps)[0]
-        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-            return Eager.apply(x, weight, eps)
-        return fwd(_contig(x), weight, None, eps, True)[0]
-
-    call.custom_ops = [
-        (op, lambda make: (*make.args(True), 1e-6), True),
-        (bop, lambda make: _bwd_sample(make, rms=True), False),
-    ]
-    call.__name__ = name
-    return call
+    rms_norm.custom_ops, rms_norm.ops, rms_norm.__name__ = call.custom_ops, call.ops, name
+    return rms_norm
 
 
 def _bwd_sample(make, rms: bool):

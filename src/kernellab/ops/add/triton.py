@@ -14,7 +14,7 @@ from kernellab import triton_support
 from kernellab.ops._elementwise import binary_op
 
 
-@triton.jit
+@triton_support.jit
 def _add_kernel(a_ptr, b_ptr, y_ptr, n, BLOCK: tl.constexpr):
     # a, b, y: contiguous, n elements each, same storage dtype; math in fp32.
     pid = tl.program_id(0).to(tl.int64)  # int64: n may exceed 2^31
@@ -29,7 +29,7 @@ def _fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return triton_support.launch_streaming(_add_kernel, [a, b])
 
 
-add_triton = binary_op("add_triton", _fwd)
+add_triton = binary_op("add_triton", _fwd, triton=True)
 triton_support.register_triton(
     "add", add_triton, triton_support.streaming_kernels(_add_kernel), "Triton, one pass, 16-byte accesses"
 )

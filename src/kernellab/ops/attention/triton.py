@@ -315,7 +315,7 @@ def _attn_fwd(
 # --------------------------------------------------------------------------- backward
 
 
-@triton.jit
+@triton_support.jit
 def _attn_bwd_pre(
     O, DO, DELTA,  # o (BH, S_q, D) contiguous, dO strided, delta (BH, S_q) fp32
     stride_ob, stride_os, stride_dob, stride_dos, stride_dod,

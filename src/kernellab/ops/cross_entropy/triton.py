@@ -25,7 +25,7 @@ from kernellab.ops.cross_entropy._fused import fused_backend, lse_rows
 BLOCK_MAX = 4096  # columns per chunk: 16 fp32 / 8-16 elements per thread at 8 warps
 
 
-@triton.jit
+@triton_support.jit
 def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
     # x: contiguous [N, n_cols] (fp32/fp16/bf16); t: int64 [N]; loss, lse: fp32 [N].
     row = tl.program_id(0).to(tl.int64)
@@ -66,7 +66,7 @@ def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK:
         tl.store(lse_ptr + tl.num_programs(0) + row, lo)
 
 
-@triton.jit
+@triton_support.jit
 def _stats_kernel(
     t_ptr, out_ptr, flag_ptr, n_rows, n_cols, ignore_index, BLOCK: tl.constexpr, FLAG: tl.constexpr
 ):
@@ -87,7 +87,7 @@ def _stats_kernel(
         tl.store(flag_ptr, flag)
 
 
-@triton.jit
+@triton_support.jit
 def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, g_ptr, g_stride, dx_ptr, n_cols, ignore_index, BLOCK: tl.constexpr):
     # x, dx: contiguous [N, n_cols] (dx may alias x: each element is loaded before it is
     # stored, by the same program); t: int64 [N]; lse, g: fp32 [N].

@@ -20,7 +20,7 @@ _K = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
 _C = tl.constexpr(0.044715)
 
 
-@triton.jit
+@triton_support.jit
 def _gelu_fwd_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     # x_ptr, y_ptr: contiguous, n elements, fp32/fp16/bf16 storage.
     pid = tl.program_id(0).to(tl.int64)  # int64: n may exceed 2^31
@@ -36,7 +36,7 @@ def _gelu_fwd_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, (x * s).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton_support.jit
 def _gelu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
     # dx = dy * gelu'(x); gelu'(x) = s + 2 x s (1 - s) du/dx, s = sigmoid(2u).
     pid = tl.program_id(0).to(tl.int64)
@@ -64,7 +64,7 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return triton_support.launch_streaming(_gelu_bwd_kernel, [dy, x])
 
 
-gelu_triton = unary_op("gelu_triton", _fwd, _bwd)
+gelu_triton = unary_op("gelu_triton", _fwd, _bwd, triton=True)
 triton_support.register_triton(
     "gelu",
     gelu_triton,

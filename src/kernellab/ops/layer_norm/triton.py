@@ -53,7 +53,7 @@ FWD_ROW_1D = True
 # as Inductor's looped norms do, took 0.0948-0.113 ms and was removed.)
 
 
-@triton.jit
+@triton_support.jit
 def _norm_fwd_kernel(
     x_ptr,  # [n_rows, n_cols] contiguous, storage dtype
     w_ptr,  # [n_cols]
@@ -131,7 +131,7 @@ def _norm_fwd_kernel(
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask, eviction_policy=EVICT)
 
 
-@triton.jit
+@triton_support.jit
 def _norm_fwd_row_kernel(
     x_ptr,  # [n_rows, n_cols] contiguous, 16-bit
     w_ptr,  # [n_cols]
@@ -187,7 +187,7 @@ def _norm_fwd_row_kernel(
         tl.store(y_ptr + row * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=cmask)
 
 
-@triton.jit
+@triton_support.jit
 def _norm_bwd_kernel(
     dy_ptr,  # [n_rows, n_cols] contiguous
     x_ptr,  # [n_rows, n_cols] contiguous
@@ -384,7 +384,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
     return dx, dw, db
 
 
-layer_norm_triton = _norms.layer_norm_op("layer_norm_triton", norm_fwd, norm_bwd)
+layer_norm_triton = _norms.layer_norm_op("layer_norm_triton", norm_fwd, norm_bwd, triton=True)
 
 
 def kernel_specs(rms: bool):

@@ -34,7 +34,7 @@ from kernellab.registry import register
 _ACT = {None: 0, "relu": 1, "gelu": 2}
 
 
-@triton.jit
+@triton_support.jit
 def _matmul_kernel(
     a_ptr,
     b_ptr,

@@ -26,7 +26,7 @@ from kernellab.ops.matmul.triton import _ACT, TUNE_MIN_WORK, _max_shared, _tune_
 from kernellab.registry import register
 
 
-@triton.jit
+@triton_support.jit
 def _matmul_tma_kernel(
     a_ptr,  # [Bt, M, K] contiguous
     b_ptr,  # [Bt, K, N] contiguous

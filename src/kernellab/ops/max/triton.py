@@ -23,7 +23,7 @@ MAX_BLOCK = 4096
 NO_INDEX = tl.constexpr(2**31 - 1)  # "no index yet" (a global used in a kernel: constexpr)
 
 
-@triton.jit
+@triton_support.jit
 def _max_rows_kernel(
     x_ptr, val_ptr, idx_ptr, n_rows, n_cols, BLOCK: tl.constexpr, ROWS: tl.constexpr, WRITE_VALS: tl.constexpr
 ):

@@ -7,7 +7,7 @@ from kernellab import triton_support
 from kernellab.ops import _norms
 from kernellab.ops.layer_norm.triton import kernel_specs, norm_bwd, norm_fwd
 
-rms_norm_triton = _norms.rms_norm_op("rms_norm_triton", norm_fwd, norm_bwd)
+rms_norm_triton = _norms.rms_norm_op("rms_norm_triton", norm_fwd, norm_bwd, triton=True)
 
 triton_support.register_triton(
     "rms_norm",

@@ -40,7 +40,7 @@ def _kahan_add(s, c, x):
     return t, c
 
 
-@triton.jit
+@triton_support.jit
 def _sum_partials_kernel(x_ptr, part_ptr, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     # x: contiguous, n elements; part: float64 [num_programs].
     pid = tl.program_id(0).to(tl.int64)
@@ -56,7 +56,7 @@ def _sum_partials_kernel(x_ptr, part_ptr, n, BLOCK: tl.constexpr, ITERS: tl.cons
     tl.store(part_ptr + pid, total)
 
 
-@triton.jit
+@triton_support.jit
 def _sum_final_kernel(part_ptr, out_ptr, n_part, BLOCK: tl.constexpr):
     # part: float64 [n_part]; out: one element of the input dtype.
     offs = tl.arange(0, BLOCK)
@@ -68,7 +68,7 @@ def _sum_final_kernel(part_ptr, out_ptr, n_part, BLOCK: tl.constexpr):
     tl.store(out_ptr, total.to(tl.float32).to(out_ptr.dtype.element_ty))
 
 
-@triton.jit
+@triton_support.jit
 def _sum_rows_kernel(x_ptr, out_ptr, n_rows, n_cols, BLOCK: tl.constexpr, ROWS: tl.constexpr):
     # x: contiguous [n_rows, n_cols]; out: [n_rows] in x's dtype.
     pid = tl.program_id(0).to(tl.int64)
