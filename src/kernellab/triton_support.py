@@ -31,6 +31,28 @@ def devices() -> tuple[str, ...]:
     return ("cuda", "cpu") if device.triton_interpreted() else ("cuda",)
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for the host. ``triton.cdiv`` is a ConstexprFunction: ~6 us per host call."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1); ``triton.next_power_of_2`` costs ~6 us
+    per host call."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+_SMS: dict[int, int] = {}
+
+
+def sm_count(device_index: int) -> int:
+    """Multiprocessors of a CUDA device, cached (get_device_properties costs microseconds)."""
+    n = _SMS.get(device_index)
+    if n is None:
+        n = _SMS[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return n
+
+
 def block_for(element_size: int, warps: int = 8, accesses: int = 4) -> int:
     """Elements per program for streaming kernels: each thread makes ``accesses``
     16-byte accesses (fp32: 4096 elements with 8 warps, fp16/bf16: 8192)."""
@@ -40,14 +62,12 @@ def block_for(element_size: int, warps: int = 8, accesses: int = 4) -> int:
 def launch_streaming(kernel, inputs) -> torch.Tensor:
     """Run an elementwise ``kernel(*inputs, out, n, BLOCK=...)`` over contiguous copies
     of ``inputs`` (same shape and dtype) into a fresh contiguous output."""
-    inputs = [t.contiguous() for t in inputs]
+    inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
     y = torch.empty_like(inputs[0])
     n = y.numel()
     if n:
-        import triton
-
         block = block_for(y.element_size())
-        kernel[(triton.cdiv(n, block),)](*inputs, y, n, BLOCK=block, num_warps=8)
+        kernel[(-(-n // block),)](*inputs, y, n, BLOCK=block, num_warps=8)
     return y
 
 

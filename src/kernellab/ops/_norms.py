@@ -37,10 +37,15 @@ def _check_tensor(op: str, name: str, t, devices) -> None:
     if t.dtype not in FLOAT_DTYPES:
         allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
         raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected one of {allowed}")
+    if t.layout is not torch.strided:
+        raise TypeError(f"{op}: {name} has layout {t.layout}; only strided (dense) tensors are supported")
     if t.device.type not in devices:
         raise ValueError(
             f"{op}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only"
         )
+
+
+_FLOATS = frozenset(FLOAT_DTYPES)
 
 
 def check_eps(op: str, eps) -> float:
@@ -57,6 +62,30 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
     n = len(arg_names)
 
     def validate(args, kwargs, devices) -> None:
+        # Fast accept for well-formed calls (this runs on every call: a few attribute reads);
+        # anything else takes the checks below, which name the offending argument.
+        if len(args) == n and (not kwargs or (len(kwargs) == 1 and type(kwargs.get("eps")) is float)):
+            x, w = args[0], args[1]
+            b = args[2] if n == 3 else None
+            if isinstance(x, Tensor) and isinstance(w, Tensor) and (b is None or isinstance(b, Tensor)):
+                dt, lay, dev, shape = x.dtype, x.layout, x.device, x.shape
+                wshape = (shape[-1],) if shape else None
+                eps = kwargs.get("eps", 0.0) if kwargs else 0.0
+                if (
+                    dt in _FLOATS
+                    and lay is torch.strided
+                    and dev.type in devices
+                    and w.dtype is dt
+                    and w.layout is lay
+                    and w.shape == wshape
+                    and w.device == dev
+                    and (
+                        b is None
+                        or (b.dtype is dt and b.layout is lay and b.shape == wshape and b.device == dev)
+                    )
+                    and 0.0 <= eps < math.inf
+                ):
+                    return
         if len(args) != n:
             raise TypeError(f"{op}() takes {n} tensor arguments ({', '.join(arg_names)}), got {len(args)}")
         x = args[0]

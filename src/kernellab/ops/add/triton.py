@@ -7,7 +7,6 @@ accesses per thread and input in flight.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support

@@ -574,7 +574,7 @@ def _fold(t: torch.Tensor) -> torch.Tensor:
 
 
 def _bucket(n: int) -> int:
-    return triton.next_power_of_2(max(n, 1))
+    return triton_support.next_pow2(max(n, 1))
 
 
 def forward(q, k, v, causal: bool, scale: float):
@@ -586,7 +586,7 @@ def forward(q, k, v, causal: bool, scale: float):
     lse = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
     if bh and s_q:
         # The grid depends on the tile the autotuner picks.
-        _attn_fwd[lambda meta: (triton.cdiv(s_q, meta["BLOCK_M"]) * bh,)](
+        _attn_fwd[lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)](
             q3, k3, v3, o, lse, scale * LOG2E,
             *q3.stride(), *k3.stride(), *v3.stride(),
             s_q, s_k, _bucket(s_q), _bucket(s_k),
@@ -610,18 +610,18 @@ def backward(do, q, k, v, o, lse, causal: bool, scale: float):
         common = (scale * LOG2E, scale, *q3.stride(), *k3.stride(), *v3.stride(), *do3.stride())
         if s_q:
             pre_m = 64 if not _device.triton_interpreted() else 32
-            num_m = triton.cdiv(s_q, pre_m)
+            num_m = triton_support.cdiv(s_q, pre_m)
             _attn_bwd_pre[(num_m * bh,)](
                 o3, do3, delta, o3.stride(0), o3.stride(1), *do3.stride(), s_q, num_m, HEAD_D=d, BLOCK_M=pre_m
             )
         if s_k:
-            _attn_bwd_dkdv[lambda meta: (triton.cdiv(s_k, meta["BLOCK_N"]) * bh,)](
+            _attn_bwd_dkdv[lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * bh,)](
                 q3, k3, v3, do3, lse2, delta, dk, dv, *common,
                 s_q, s_k, _bucket(s_q), _bucket(s_k),
                 HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q3.dtype),
             )  # fmt: skip
         if s_q:
-            _attn_bwd_dq[lambda meta: (triton.cdiv(s_q, meta["BLOCK_M"]) * bh,)](
+            _attn_bwd_dq[lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)](
                 q3, k3, v3, do3, lse2, delta, dq, *common,
                 s_q, s_k, _bucket(s_q), _bucket(s_k),
                 HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q3.dtype),

@@ -16,7 +16,6 @@ reading the logits.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support
@@ -118,7 +117,7 @@ def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, g_ptr, g_stride, dx_ptr, n_cols, ignor
 
 def _config(n_cols: int):
     """(BLOCK, num_warps): a whole row in one chunk up to BLOCK_MAX columns."""
-    block = min(triton.next_power_of_2(max(n_cols, 1)), BLOCK_MAX)
+    block = min(triton_support.next_pow2(max(n_cols, 1)), BLOCK_MAX)
     return block, 8 if block >= 2048 else 4
 
 

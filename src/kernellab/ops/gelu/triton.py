@@ -10,7 +10,6 @@ negative x (see the kernels).
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support

@@ -19,7 +19,6 @@ and dy are read exactly once.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support
@@ -108,7 +107,7 @@ def _norm_fwd_kernel(
         else:
             tl.store(mean_ptr + rows, mean, mask=rmask)
     var = tl.sum(xc * xc, axis=1) / n_cols
-    rstd = 1.0 / tl.sqrt_rn(var + eps)
+    rstd = 1.0 / tl.sqrt_rn((var + eps).to(tl.float32))  # Inductor passes eps as fp64
     # weight and bias after the reductions: loading them first (so their latency would
     # hide under the row's) measured 0.0992 ms against 0.0954-0.0958 at bf16 16384 x 4096
     # layer_norm on the H100.
@@ -174,7 +173,7 @@ def _norm_fwd_row_kernel(
         else:
             xc = tl.where(cmask, x - mean, 0.0)
     var = tl.sum(xc * xc, axis=0) / n_cols
-    rstd = tl.math.rsqrt(var + eps)
+    rstd = tl.math.rsqrt((var + eps).to(tl.float32))
     if not RMS:
         tl.store(mean_ptr + row, mean)
     tl.store(rstd_ptr + row, rstd)
@@ -269,7 +268,7 @@ def _norm_bwd_kernel(
 
 def _fwd_config(n_cols: int):
     """(BLOCK, ROWS, num_warps): whole rows in registers, ~ROW_ELEMS elements per program."""
-    block = triton.next_power_of_2(max(n_cols, 1))
+    block = triton_support.next_pow2(max(n_cols, 1))
     if block > MAX_D:
         raise ValueError(f"x: rows of {n_cols} elements are wider than the triton backend's limit ({MAX_D})")
     rows = max(1, min(64, ROW_ELEMS // block))
@@ -288,8 +287,7 @@ def _bwd_programs(n_rows: int, dev) -> int:
     x and dy and two fp32 accumulators in registers); a handful under the interpreter
     (several rows per program, so the group loop and its short last group are exercised)."""
     if dev.type == "cuda":
-        sms = torch.cuda.get_device_properties(dev).multi_processor_count
-        return max(1, min(n_rows, BWD_PROGRAMS_PER_SM * sms))
+        return max(1, min(n_rows, BWD_PROGRAMS_PER_SM * triton_support.sm_count(dev.index)))
     return max(1, min(n_rows, 4))
 
 
@@ -299,7 +297,7 @@ def _row_1d(rows: int, dtype) -> bool:
 
 def norm_fwd(x, w, b, eps, rms):
     """See _norms: (y, mean, rstd); x contiguous."""
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y = torch.empty_like(x)
     mean, rstd = _norms.empty_stats(x, rms)
     n_rows, n_cols = _norms.rows_of(x)
     block, rows, warps = _fwd_config(n_cols)
@@ -321,7 +319,7 @@ def norm_fwd(x, w, b, eps, rms):
             num_warps=FWD_WARPS or warps,
         )
     elif n_rows and n_cols:
-        _norm_fwd_kernel[(triton.cdiv(n_rows, rows),)](
+        _norm_fwd_kernel[(triton_support.cdiv(n_rows, rows),)](
             x,
             w,
             b if b is not None else w,
@@ -346,17 +344,17 @@ def norm_fwd(x, w, b, eps, rms):
 def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
     """See _norms: (dx, dw, db); dy and x contiguous."""
     n_rows, n_cols = _norms.rows_of(x)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    dx = torch.empty_like(x)  # x is contiguous
     want_db = has_bias and not rms
     if not (n_rows and n_cols):
         db = torch.zeros_like(w) if want_db else None
         return dx, torch.zeros_like(w), db
-    block = triton.next_power_of_2(n_cols)
+    block = triton_support.next_pow2(n_cols)
     if block > MAX_D:
         raise ValueError(f"x: rows of {n_cols} elements are wider than the triton backend's limit ({MAX_D})")
     programs = _bwd_programs(n_rows, x.device)
-    per = triton.cdiv(n_rows, programs)
-    programs = triton.cdiv(n_rows, per)
+    per = triton_support.cdiv(n_rows, programs)
+    programs = triton_support.cdiv(n_rows, per)
     dw_part = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device)
     db_part = torch.empty_like(dw_part) if not rms else dw_part
     _norm_bwd_kernel[(programs,)](
@@ -379,9 +377,58 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
         # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
         enable_fp_fusion=False,
     )
-    dw = _norms.reduce_partials(dw_part, w.dtype)
-    db = _norms.reduce_partials(db_part, w.dtype) if want_db else None
+    dw = torch.empty_like(w, memory_format=torch.contiguous_format)
+    db = torch.empty_like(dw) if want_db else None
+    # One launch sums the partials of dw (and db) and casts to w's dtype: torch's
+    # sum(0).to(dtype) took two launches per parameter (~10 us of host time each).
+    _partials_sum_kernel[(triton_support.cdiv(n_cols, PSUM_COLS),)](
+        dw_part,
+        db_part,
+        dw,
+        db if db is not None else dw,
+        programs,
+        n_cols,
+        HAS_DB=want_db,
+        BLOCK_P=PSUM_ROWS,
+        BLOCK_C=PSUM_COLS,
+        num_warps=4,
+    )
     return dx, dw, db
+
+
+# Columns and partial rows per step of the partial-sum kernel: 64 fp32 columns (256 bytes a
+# row segment) x 32 rows per step; GPT-2's 768 columns and 264 partials: 12 programs.
+PSUM_COLS = 64
+PSUM_ROWS = 32
+
+
+@triton_support.jit
+def _partials_sum_kernel(
+    dw_part_ptr,
+    db_part_ptr,
+    dw_ptr,
+    db_ptr,
+    n_parts,
+    n_cols,
+    HAS_DB: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    # dw_part, db_part: fp32 [n_parts, n_cols] contiguous; dw, db: [n_cols] in w's dtype.
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < n_cols
+    acc_w = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for p0 in range(0, n_parts, BLOCK_P):
+        parts = p0 + tl.arange(0, BLOCK_P)
+        mask = (parts[:, None] < n_parts) & cmask[None, :]
+        offs = parts[:, None] * n_cols + cols[None, :]
+        acc_w += tl.load(dw_part_ptr + offs, mask=mask, other=0.0)
+        if HAS_DB:
+            acc_b += tl.load(db_part_ptr + offs, mask=mask, other=0.0)
+    tl.store(dw_ptr + cols, tl.sum(acc_w, axis=0).to(dw_ptr.dtype.element_ty), mask=cmask)
+    if HAS_DB:
+        tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(db_ptr.dtype.element_ty), mask=cmask)
 
 
 layer_norm_triton = _norms.layer_norm_op("layer_norm_triton", norm_fwd, norm_bwd, triton=True)

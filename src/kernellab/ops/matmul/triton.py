@@ -152,7 +152,7 @@ def _fits(cfg, m: int, n: int, k: int, elem: int, max_shared: int) -> bool:
 
     # A tile much larger than the problem wastes the whole tile's MMAs on padding.
     def cap(d):
-        return max(32, triton.next_power_of_2(max(d, 1)))
+        return max(32, triton_support.next_pow2(max(d, 1)))
 
     return bm <= cap(m) and bn <= cap(n) and bk <= cap(k)
 
@@ -199,7 +199,7 @@ TUNE_MIN_WORK = 1 << 30
 
 def _tune_keys(m: int, n: int, k: int) -> tuple[int, int, int]:
     """Bucket a dimension to its power of two at or above it: 3000 and 4000 share a tuning."""
-    return triton.next_power_of_2(m), triton.next_power_of_2(n), triton.next_power_of_2(k)
+    return triton_support.next_pow2(m), triton_support.next_pow2(n), triton_support.next_pow2(k)
 
 
 def fixed_config(elem: int, precision: str, max_shared: int) -> dict:
@@ -265,7 +265,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
             consts.update(PRECISION=_precision(a.dtype), UPCAST=False)
 
             def grid(meta):
-                return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), bt)
+                return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)
 
             with torch.cuda.device(a.device):
                 if bt * m * n * k >= TUNE_MIN_WORK:
@@ -278,7 +278,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
         else:
             consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
             cfg = _CPU_CONFIG
-            grid = (triton.cdiv(m, cfg["BLOCK_M"]) * triton.cdiv(n, cfg["BLOCK_N"]), bt)
+            grid = (triton_support.cdiv(m, cfg["BLOCK_M"]) * triton_support.cdiv(n, cfg["BLOCK_N"]), bt)
             _matmul_kernel[grid](*args, **consts, **cfg, num_warps=4)
     return c.reshape(batch + (m, n))
 

@@ -104,7 +104,7 @@ def _fits_tma(cfg, m, n, k, elem, max_shared) -> bool:
         return False
 
     def cap(d):
-        return max(64, triton.next_power_of_2(max(d, 1)))
+        return max(64, triton_support.next_pow2(max(d, 1)))
 
     return bm <= cap(m) and bn <= cap(n) and bk <= cap(k)
 
@@ -184,7 +184,7 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None)
         _install_allocator()
 
         def grid(meta):
-            return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), bt)
+            return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)
 
         args = (a3, b3, c, bias if bias is not None else c, m, n, k, *_tune_keys(m, n, k))
         consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])

@@ -13,7 +13,6 @@ does (value NaN, index of the first NaN).
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support
@@ -59,7 +58,7 @@ def _max_rows_kernel(
 
 
 def _config(n_cols: int):
-    block = min(triton.next_power_of_2(max(n_cols, 1)), MAX_BLOCK)
+    block = min(triton_support.next_pow2(max(n_cols, 1)), MAX_BLOCK)
     rows = max(1, min(64, MAX_BLOCK // block))
     return block, rows, 4 if block * rows <= 2048 else 8
 
@@ -74,7 +73,7 @@ def max_rows(x: torch.Tensor, want_values: bool):
     n_rows = idx.numel()
     if n_rows:
         block, rows, warps = _config(n_cols)
-        grid = (triton.cdiv(n_rows, rows),)
+        grid = (triton_support.cdiv(n_rows, rows),)
         _max_rows_kernel[grid](
             x,
             vals if want_values else idx,

@@ -15,7 +15,6 @@ a write pass).
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support
@@ -140,7 +139,7 @@ def _softmax_bwd_kernel(
 def _config(n_cols: int):
     """(BLOCK, ROWS, SINGLE, num_warps) for a row width: whole rows in one block up to
     MAX_SINGLE columns, ~4096 elements per program (several short rows share one)."""
-    block = triton.next_power_of_2(max(n_cols, 1))
+    block = triton_support.next_pow2(max(n_cols, 1))
     if block <= MAX_SINGLE:
         rows = max(1, min(64, 4096 // block))
         return block, rows, True, 4 if block * rows <= 2048 else 8
@@ -164,7 +163,7 @@ def _launch(kernel, inputs, fwd=False):
     n_rows = out.numel() // n_cols if n_cols else 0
     if n_rows and n_cols:
         block, rows, single, warps = _config(n_cols)
-        grid = (triton.cdiv(n_rows, rows),)
+        grid = (triton_support.cdiv(n_rows, rows),)
         extra = {}
         if fwd:
             even = FWD_EVEN and single and block == n_cols and n_rows % rows == 0

@@ -88,7 +88,7 @@ def _sum_rows_kernel(x_ptr, out_ptr, n_rows, n_cols, BLOCK: tl.constexpr, ROWS: 
 
 def _rows_config(n_cols: int):
     """(BLOCK, ROWS, num_warps): ~4096 elements per step; short rows share a program."""
-    block = min(triton.next_power_of_2(max(n_cols, 1)), MAX_ROW_BLOCK)
+    block = min(triton_support.next_pow2(max(n_cols, 1)), MAX_ROW_BLOCK)
     rows = max(1, min(64, MAX_ROW_BLOCK // block))
     return block, rows, 4 if block * rows <= 2048 else 8
 
@@ -98,7 +98,7 @@ def sum_all(x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n == 0:
         return torch.zeros((), dtype=x.dtype, device=x.device)
-    grid = triton.cdiv(n, BLOCK_ALL * ITERS_ALL)
+    grid = triton_support.cdiv(n, BLOCK_ALL * ITERS_ALL)
     part = torch.empty(grid, dtype=torch.float64, device=x.device)
     _sum_partials_kernel[(grid,)](x, part, n, BLOCK=BLOCK_ALL, ITERS=ITERS_ALL, num_warps=8)
     out = torch.empty((), dtype=x.dtype, device=x.device)
@@ -113,7 +113,7 @@ def sum_rows(x: torch.Tensor) -> torch.Tensor:
     n_rows = out.numel()
     if n_rows:
         block, rows, warps = _rows_config(n_cols)
-        grid = (triton.cdiv(n_rows, rows),)
+        grid = (triton_support.cdiv(n_rows, rows),)
         _sum_rows_kernel[grid](x, out, n_rows, n_cols, BLOCK=block, ROWS=rows, num_warps=warps)
     return out
 
