@@ -430,8 +430,15 @@ def test_gpu_edges(backend):
     logits = torch.randn(4, 4096, device="cuda").half()
     t = torch.full((4,), -100, dtype=torch.int64, device="cuda")
     assert torch.isnan(ce.cross_entropy(logits, t, backend=backend))
+    bad = torch.tensor([0, 4096, 1, 2], device="cuda")
     with pytest.raises(ValueError, match=r"\btarget\b"):
-        ce.cross_entropy(logits, torch.tensor([0, 4096, 1, 2], device="cuda"), backend=backend)
+        ce.cross_entropy(logits, bad, backend=backend, check_targets=True)
+    if backend in ("triton", "cuda", "cuda_v1"):  # default on a GPU: no wait, a NaN row
+        rows = ce.cross_entropy(logits, bad, reduction="none", backend=backend)
+        assert torch.isnan(rows[1]) and torch.isfinite(rows[[0, 2, 3]]).all()
+    else:
+        with pytest.raises(ValueError, match=r"\btarget\b"):
+            ce.cross_entropy(logits, bad, backend=backend)
     x = logits.clone()
     x[0, ::2], x[0, 1::2] = 1e4, -1e4
     t = torch.tensor([0, 1, -100, 3], device="cuda")

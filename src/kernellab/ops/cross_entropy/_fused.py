@@ -40,9 +40,14 @@ torch.compile a PyTorch sum that Inductor fuses).
 from __future__ import annotations
 
 import itertools
+import os
 
 import torch
 from torch import Tensor
+
+
+# The debug switch for the default call's range check on a GPU (see cross_entropy/__init__).
+CHECK_ON_GPU = os.environ.get("KERNELLAB_CHECK_TARGETS", "0") not in ("", "0")
 
 
 def lse_rows(dtype: torch.dtype) -> int:
@@ -251,10 +256,13 @@ def fused_backend(name: str, fwd, bwd, stats_fn):
             bwd(lc, tc, lse, g if g.stride(0) in (0, 1) else g.contiguous(), ctx.ignore_index, out)
             return out, None, None, None
 
-    def call(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=True):
+    def call(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=None):
         # The target range check runs beside the forward (see the module docstring); under
-        # torch.compile, or with check_targets=False, it is skipped (no host sync) and an
-        # out-of-range target gives a NaN loss for its row.
+        # torch.compile, with check_targets=False, or by default on a GPU (None, unless
+        # KERNELLAB_CHECK_TARGETS=1), it is skipped (no host sync) and an out-of-range
+        # target gives a NaN loss for its row.
+        if check_targets is None:
+            check_targets = CHECK_ON_GPU or not logits.is_cuda
         if _tracing():
             loss_rows, _ = op(logits, target, ignore_index)
             return reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)

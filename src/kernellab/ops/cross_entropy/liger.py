@@ -32,12 +32,12 @@ from kernellab.ops.cross_entropy._fused import check_targets as _check_targets
 
 
 def liger_cross_entropy(
-    logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=True
+    logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=None
 ):
     """LigerCrossEntropyFunction (gradient computed in the forward, stored in the logits)."""
     from liger_kernel.ops.cross_entropy import LigerCrossEntropyFunction
 
-    if check_targets:
+    if check_targets is not False:
         _check_targets(logits, target, ignore_index)  # liger has no range check of its own
     if logits.shape[0] == 0:
         empty = logits.sum(dim=-1).float()  # keeps autograd's link to the logits

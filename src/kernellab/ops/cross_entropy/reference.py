@@ -16,9 +16,9 @@ def _checked(fn):
 
     @functools.wraps(fn)
     def wrapper(
-        logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=True
+        logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=None
     ):
-        if check_targets and not torch.compiler.is_compiling():
+        if check_targets is not False and not torch.compiler.is_compiling():
             _check_targets(logits, target, ignore_index)
         return fn(logits, target, ignore_index, reduction, inplace_backward)
 
