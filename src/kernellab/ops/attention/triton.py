@@ -250,7 +250,7 @@ def _fwd_inner(
 
 
 @triton.autotune(configs=fwd_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+@triton_support.jit
 def _attn_fwd(
     Q, K, V, O, LSE,  # q (BH, S_q, D), k/v (BH, S_k, D) strided; o (BH, S_q, D), lse (BH, S_q) contiguous
     qk_scale,  # scale * log2(e)
@@ -379,7 +379,7 @@ def _dkdv_inner(
 
 
 @triton.autotune(configs=bwd_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune_dkdv})
-@triton.jit
+@triton_support.jit
 def _attn_bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV,  # dk, dv (BH, S_k, D) contiguous
     qk_scale, sm_scale,
@@ -484,7 +484,7 @@ def _dq_inner(
 
 
 @triton.autotune(configs=bwd_dq_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
-@triton.jit
+@triton_support.jit
 def _attn_bwd_dq(
     Q, K, V, DO, LSE, DELTA, DQ,  # dq (BH, S_q, D) contiguous
     qk_scale, sm_scale,
@@ -586,7 +586,8 @@ def forward(q, k, v, causal: bool, scale: float):
     lse = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
     if bh and s_q:
         # The grid depends on the tile the autotuner picks.
-        _attn_fwd[lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)](
+        triton_support.launch_tuned(
+            _attn_fwd, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
             q3, k3, v3, o, lse, scale * LOG2E,
             *q3.stride(), *k3.stride(), *v3.stride(),
             s_q, s_k, _bucket(s_q), _bucket(s_k),
@@ -615,13 +616,15 @@ def backward(do, q, k, v, o, lse, causal: bool, scale: float):
                 o3, do3, delta, o3.stride(0), o3.stride(1), *do3.stride(), s_q, num_m, HEAD_D=d, BLOCK_M=pre_m
             )
         if s_k:
-            _attn_bwd_dkdv[lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * bh,)](
+            triton_support.launch_tuned(
+                _attn_bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * bh,),
                 q3, k3, v3, do3, lse2, delta, dk, dv, *common,
                 s_q, s_k, _bucket(s_q), _bucket(s_k),
                 HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q3.dtype),
             )  # fmt: skip
         if s_q:
-            _attn_bwd_dq[lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)](
+            triton_support.launch_tuned(
+                _attn_bwd_dq, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
                 q3, k3, v3, do3, lse2, delta, dq, *common,
                 s_q, s_k, _bucket(s_q), _bucket(s_k),
                 HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q3.dtype),

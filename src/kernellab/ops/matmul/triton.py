@@ -267,14 +267,15 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
             def grid(meta):
                 return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)
 
-            with torch.cuda.device(a.device):
-                if bt * m * n * k >= TUNE_MIN_WORK:
-                    _matmul_tuned[grid](*args, **consts)
-                else:
-                    cfg = fixed_config(
-                        a.element_size(), consts["PRECISION"], _max_shared(a.device.index or 0)
-                    )
-                    _matmul_kernel[grid](*args, **consts, **cfg)
+            dev = a.device.index
+            if dev != torch.cuda.current_device():  # launch in the tensors' device context
+                with torch.cuda.device(dev):
+                    return triton_matmul_fwd(a, b, bias, activation)
+            if bt * m * n * k >= TUNE_MIN_WORK:
+                triton_support.launch_tuned(_matmul_tuned, grid, *args, **consts)
+            else:
+                cfg = fixed_config(a.element_size(), consts["PRECISION"], _max_shared(dev))
+                _matmul_kernel[grid](*args, **consts, **cfg)
         else:
             consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
             cfg = _CPU_CONFIG
