@@ -40,7 +40,10 @@ def per_call_us(fn, calls=400, rounds=5) -> float:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
+    p.add_argument("--parts", action="store_true", help="raw launchers alone, and cProfile of them")
     args = p.parse_args()
+    if args.parts:
+        return parts()
     dev = "cuda"
     bf = torch.bfloat16
     rows = []
@@ -64,7 +67,10 @@ def main() -> int:
     y = torch.empty_like(x)
     k = gt._gelu_fwd_kernel
     n = x.numel()
-    rec("triton gelu kernel: Triton's JIT launcher", per_call_us(lambda: k._slow((1,), (x, y, n), {"BLOCK": 8192, "num_warps": 8})))
+    rec(
+        "triton gelu kernel: Triton's JIT launcher",
+        per_call_us(lambda: k._slow((1,), (x, y, n), {"BLOCK": 8192, "num_warps": 8})),
+    )
     rec("triton gelu kernel: lean launcher", per_call_us(lambda: k[(1,)](x, y, n, BLOCK=8192, num_warps=8)))
     y2 = torch.empty_like(x)
     k._slow((1,), (x, y2, n), {"BLOCK": 8192, "num_warps": 8})
@@ -123,22 +129,38 @@ def main() -> int:
     base = per_call_us(lambda: F.cross_entropy(lg, tg).backward())
     rec("cross_entropy fwdbwd torch", base)
     for be in ("triton", "cuda"):
-        rec(f"cross_entropy fwdbwd {be}", per_call_us(lambda: kernellab.cross_entropy(lg, tg, backend=be).backward()), base)
+        rec(
+            f"cross_entropy fwdbwd {be}",
+            per_call_us(lambda: kernellab.cross_entropy(lg, tg, backend=be).backward()),
+            base,
+        )
     with torch.no_grad():
         base = per_call_us(lambda: F.cross_entropy(lg, tg))
         rec("cross_entropy fwd torch", base)
         for be in ("triton", "cuda"):
-            rec(f"cross_entropy fwd {be}", per_call_us(lambda: kernellab.cross_entropy(lg, tg, backend=be)), base)
+            rec(
+                f"cross_entropy fwd {be}",
+                per_call_us(lambda: kernellab.cross_entropy(lg, tg, backend=be)),
+                base,
+            )
     q = torch.randn(1, 2, 64, 64, device=dev, dtype=bf, requires_grad=True)
     do = torch.randn_like(q)
     base = per_call_us(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True).backward(do))
     rec("attention fwdbwd torch", base)
-    rec("attention fwdbwd triton", per_call_us(lambda: kernellab.attention(q, q, q, causal=True, backend="triton").backward(do)), base)
+    rec(
+        "attention fwdbwd triton",
+        per_call_us(lambda: kernellab.attention(q, q, q, causal=True, backend="triton").backward(do)),
+        base,
+    )
     a = torch.randn(64, 64, device=dev, dtype=bf, requires_grad=True)
     dm = torch.randn(64, 64, device=dev, dtype=bf)
     base = per_call_us(lambda: (a @ a).backward(dm))
     rec("matmul fwdbwd torch", base)
-    rec("matmul fwdbwd triton", per_call_us(lambda: kernellab.matmul(a, a, backend="triton").backward(dm)), base)
+    rec(
+        "matmul fwdbwd triton",
+        per_call_us(lambda: kernellab.matmul(a, a, backend="triton").backward(dm)),
+        base,
+    )
 
     # --- torch.compile: no graph break, Inductor launches our kernels
     from torch._inductor.utils import run_and_get_code
@@ -154,7 +176,14 @@ def main() -> int:
         cf = torch.compile(block, fullgraph=True)
         out, codes = run_and_get_code(lambda: cf(xin, w, b).backward(dy))
         code = "\n".join(codes)
-        for kname in ("_norm_fwd", "_gelu_fwd_kernel", "_add_kernel", "_softmax_fwd_kernel", "_norm_bwd_kernel", "_gelu_bwd_kernel"):
+        for kname in (
+            "_norm_fwd",
+            "_gelu_fwd_kernel",
+            "_add_kernel",
+            "_softmax_fwd_kernel",
+            "_norm_bwd_kernel",
+            "_gelu_bwd_kernel",
+        ):
             found = kname in code
             rows.append({"probe": f"inductor code has {kname}", "found": found})
             print(f"inductor output code contains {kname}: {found}")
@@ -169,6 +198,54 @@ def main() -> int:
         with open(f"{args.out}/probe_launch.jsonl", "w") as f:
             for r in rows:
                 f.write(json.dumps({**meta, **r}) + "\n")
+    return 0
+
+
+def parts() -> int:
+    """Per-call host time of the raw launchers (no autograd, no registry), then a cProfile of
+    each backward launcher loop: where the host time of forward+backward goes."""
+    import cProfile
+    import pstats
+
+    from kernellab.ops.attention import triton as at
+    from kernellab.ops.layer_norm import triton as lt
+    from kernellab.ops.matmul import triton as mt
+
+    dev, bf = "cuda", torch.bfloat16
+    x = torch.randn(64, 256, device=dev, dtype=bf)
+    w = torch.randn(256, device=dev, dtype=bf)
+    b = torch.randn(256, device=dev, dtype=bf)
+    dy = torch.randn_like(x)
+    y, mean, rstd = lt.norm_fwd(x, w, b, 1e-5, False)
+    q = torch.randn(1, 2, 64, 64, device=dev, dtype=bf)
+    o, lse = at.forward(q, q, q, True, 0.125)
+    a = torch.randn(64, 64, device=dev, dtype=bf)
+    cases = {
+        "layer_norm norm_fwd": lambda: lt.norm_fwd(x, w, b, 1e-5, False),
+        "layer_norm norm_bwd": lambda: lt.norm_bwd(dy, x, w, mean, rstd, False, True),
+        "attention forward": lambda: at.forward(q, q, q, True, 0.125),
+        "attention backward": lambda: at.backward(q, q, q, q, o, lse, True, 0.125),
+        "matmul fwd": lambda: mt.triton_matmul_fwd(a, a),
+        "torch.empty_like": lambda: torch.empty_like(x),
+        "torch.empty(shape, dtype, device)": lambda: torch.empty((64, 256), dtype=bf, device=dev),
+    }
+    for name, fn in cases.items():
+        print(f"{name:40s} {per_call_us(fn):8.2f} us", flush=True)
+    from kernellab import triton_support as ts
+
+    print("launch_tuned misses:", ts._LEAN_MISSES)
+    for t in (at._attn_fwd, at._attn_bwd_dkdv, at._attn_bwd_dq):
+        print(getattr(t.fn, "__name__", t.fn), type(t.fn).__mro__[:2], getattr(t, "_kl_lean", None))
+    for name in ("layer_norm norm_bwd", "attention backward", "matmul fwd"):
+        fn = cases[name]
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(300):
+            fn()
+        prof.disable()
+        torch.cuda.synchronize()
+        print(f"--- cProfile: {name} (300 calls)")
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
     return 0
 
 

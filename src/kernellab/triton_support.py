@@ -167,7 +167,12 @@ def _make_lean_jit():
                 from torch.library import wrap_triton
 
                 return wrap_triton(self)[grid](*args, **kw)  # traced: Inductor launches it
-            if type(grid) is not tuple or raw_stream is None:
+            if type(grid) is not tuple:
+                try:  # our grids read only constexprs: meta["BLOCK_M"]
+                    grid = tuple(grid(kw))
+                except Exception:  # noqa: BLE001 - a grid that reads other arguments
+                    return self._slow(grid, args, kw)
+            if raw_stream is None:
                 return self._slow(grid, args, kw)
             dev = a0.device.index
             key = [dev]
@@ -253,6 +258,9 @@ def jit(fn=None, **kwargs):
     return _LEAN_JIT(fn, **kwargs)
 
 
+_LEAN_MISSES: dict[str, str] = {}  # kernel name -> why launch_tuned could not go lean
+
+
 def launch_tuned(tuner, grid, *args, **kw):
     """``tuner[grid](*args, **kw)`` for a ``triton.autotune`` kernel whose inner function is
     a ``jit`` (lean) kernel: once the autotuner has picked a config for this call's key (the
@@ -284,9 +292,19 @@ def launch_tuned(tuner, grid, *args, **kw):
     cfg = cache.get(key)
     if cfg is None:
         out = tuner[grid](*args, **kw)
-        best = tuner.best_config
-        lean = _LEAN_JIT is not None and isinstance(fn, _LEAN_JIT) and best.pre_hook is None
-        cache[key] = {**kw, **best.all_kwargs()} if lean else False
+        best = getattr(tuner, "best_config", None)
+        why = (
+            "inner kernel is not triton_support.jit"
+            if _LEAN_JIT is None or not isinstance(fn, _LEAN_JIT)
+            else "no best_config"
+            if best is None
+            else "config has a pre_hook"
+            if getattr(best, "pre_hook", None) is not None
+            else None
+        )
+        cache[key] = {**kw, **best.all_kwargs()} if why is None else False
+        if why is not None:
+            _LEAN_MISSES[getattr(fn, "__name__", repr(fn))] = why
         return out
     if cfg is False:
         return tuner[grid](*args, **kw)

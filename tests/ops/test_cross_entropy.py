@@ -188,7 +188,12 @@ def test_range_check_kernel_and_a_forward_that_survives_bad_targets(backend):
     rows = fn(logits, t, reduction="none", check_targets=False)
     assert torch.isnan(rows[3]) and not torch.isnan(rows[[0, 1, 2, 4]]).any()
     with pytest.raises(ValueError, match=r"target\[3\] = 33"):
-        ce.cross_entropy(logits, t, backend=backend)
+        ce.cross_entropy(logits, t, backend=backend, check_targets=True)
+    if dev == "cpu":  # checked by default on the CPU; on a GPU the default never waits
+        with pytest.raises(ValueError, match=r"target\[3\] = 33"):
+            ce.cross_entropy(logits, t, backend=backend)
+    else:
+        assert torch.isnan(ce.cross_entropy(logits, t, backend=backend, reduction="none")[3])
 
 
 @pytest.mark.gpu
