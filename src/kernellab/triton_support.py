@@ -282,10 +282,8 @@ def launch_tuned(tuner, grid, *args, **kw):
         idx = tuple(names.index(k) for k in tuner.keys if k in names)
         state = tuner._kl_lean = (idx, {})
     idx, cache = state
-    try:
-        key = tuple(args[i] for i in idx)
-    except IndexError:  # a key argument passed by keyword: not modelled
-        return tuner[grid](*args, **kw)
+    n = len(args)
+    key = tuple(args[i] for i in idx if i < n)  # key arguments passed by keyword: in kw below
     key += tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
     if kw:
         key += tuple(kw.items())

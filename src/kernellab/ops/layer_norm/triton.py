@@ -355,8 +355,9 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
     programs = _bwd_programs(n_rows, x.device)
     per = triton_support.cdiv(n_rows, programs)
     programs = triton_support.cdiv(n_rows, per)
-    dw_part = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device)
-    db_part = torch.empty_like(dw_part) if not rms else dw_part
+    # One allocation each for the partials and for dw/db (views): host time per call.
+    part = torch.empty((1 if rms else 2, programs, n_cols), dtype=torch.float32, device=x.device)
+    dw_part, db_part = part[0], part[-1]
     _norm_bwd_kernel[(programs,)](
         dy,
         x,
@@ -377,7 +378,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
         # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
         enable_fp_fusion=False,
     )
-    dw = torch.empty_like(w, memory_format=torch.contiguous_format)
+    dw = torch.empty(n_cols, dtype=w.dtype, device=w.device)  # (custom-op outputs may not alias)
     db = torch.empty_like(dw) if want_db else None
     # One launch sums the partials of dw (and db) and casts to w's dtype: torch's
     # sum(0).to(dtype) took two launches per parameter (~10 us of host time each).
