@@ -215,14 +215,19 @@ def test_range_flag_reaches_the_host_through_the_mailbox(backend):
         stats = _fused.target_stats(stats_fn, t, 33, -100, pending)
         assert pending.flag() == int(bad) == int(stats[0])
     logits = torch.randn(4, 33, device="cuda")
-    good, worse = torch.tensor([0, 5, -100, 32], device="cuda"), torch.tensor([0, 33, -100, 32], device="cuda")
+    good, worse = (
+        torch.tensor([0, 5, -100, 32], device="cuda"),
+        torch.tensor([0, 33, -100, 32], device="cuda"),
+    )
     want = F.cross_entropy(logits, good)
     for i in range(_fused._Mailbox.SLOTS + 7):
-        if i % 3 == 1:
+        if i % 3 == 1:  # checked when asked (the GPU default does not wait)
             with pytest.raises(ValueError, match=r"target\[1\] = 33"):
-                ce.cross_entropy(logits, worse, backend=backend)
+                ce.cross_entropy(logits, worse, backend=backend, check_targets=True)
         else:
-            torch.testing.assert_close(ce.cross_entropy(logits, good, backend=backend), want)
+            torch.testing.assert_close(
+                ce.cross_entropy(logits, good, backend=backend, check_targets=True), want
+            )
 
 
 def test_a_flag_that_never_arrived_runs_the_full_check():
@@ -284,10 +289,14 @@ def test_check_targets_false_skips_the_check(backend):
     torch.testing.assert_close(rows[[0, 3]], F.cross_entropy(logits[[0, 3]], t[[0, 3]], reduction="none"))
     try:
         assert not started
-        # the default still raises, on the same inputs
+        # check_targets=True raises on the same inputs (so does the default on the CPU;
+        # on a GPU the default skips the wait: a NaN row)
         with pytest.raises(ValueError, match=r"target\[1\] = 10"):
-            ce.cross_entropy(logits, t, backend=backend)
+            ce.cross_entropy(logits, t, backend=backend, check_targets=True)
         assert len(started) == 1
+        if dev == "cuda":
+            assert torch.isnan(ce.cross_entropy(logits, t, reduction="none", backend=backend)[1])
+            assert len(started) == 1
     finally:
         _fused.start_check = real
     with pytest.raises(TypeError, match=r"\bcheck_targets\b"):
