@@ -4,7 +4,7 @@ mode (eager, torch.compile, torch.compile with CUDA graphs), in one run (GPU).
     PYTHONPATH=src python scripts/gpt_step.py --out DIR [--bt 8x1024 4x256] [--modes ...]
         [--sets pytorch kl_triton kl_triton_mm kl_default] [--profile SET:MODE:BxT]
 
-Op sets (every set runs the same model, the same bf16 weights and the same fused AdamW):
+Op sets (kernellab.models.gpt's model; every set runs the same bf16 weights and fused AdamW):
 - ``pytorch``: F.layer_norm, F.gelu(tanh), SDPA (causal), +, F.cross_entropy, F.linear.
 - ``kl_triton``: kernellab's Triton kernels for layer_norm, gelu, attention, add and
   cross_entropy; the linear layers on cuBLAS (F.linear).
@@ -24,145 +24,37 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 import traceback
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-import kernellab
 from kernellab.harness.bench import git_sha, versions
+from kernellab.models import gpt
+
+# Op sets: name -> (backends, matmul) of kernellab.models.gpt.make (see its docstring).
+SETS = {
+    "pytorch": ("pytorch", "pytorch"),
+    "kl_triton": ("triton", "pytorch"),
+    "kl_triton_mm": ("triton", "triton"),
+    "kl_default": (None, None),
+}
 
 
-def op_set(name: str) -> dict:
-    if name == "pytorch":
-        return dict(
-            ln=lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
-            gelu=lambda x: F.gelu(x, approximate="tanh"),
-            attn=lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
-            add=lambda a, b: a + b,
-            ce=F.cross_entropy,
-            linear=F.linear,
-        )
-    be = {"kl_triton": "triton", "kl_triton_mm": "triton", "kl_default": None}[name]
-    linear = F.linear
-    if name in ("kl_triton_mm", "kl_default"):
-
-        def linear(x, w, b=None):
-            y = kernellab.matmul(x.reshape(-1, x.shape[-1]), w.t(), b, backend=be)
-            return y.view(*x.shape[:-1], w.shape[0])
-
-    return dict(
-        qkv_contiguous=True,
-        ln=lambda x, w, b: kernellab.layer_norm(x, w, b, backend=be),
-        gelu=lambda x: kernellab.gelu(x, backend=be),
-        attn=lambda q, k, v: kernellab.attention(q, k, v, causal=True, backend=be),
-        add=lambda a, b: kernellab.add(a, b, backend=be),
-        ce=lambda logits, t: kernellab.cross_entropy(logits, t, backend=be),
-        linear=linear,
-    )
-
-
-class GPT(nn.Module):
-    """GPT-2 (pre-LN blocks, learned positions, tied embedding / head)."""
-
-    def __init__(self, ops: dict, vocab=50304, ctx=1024, dim=768, layers=12, heads=12):
-        super().__init__()
-        self.ops, self.heads = ops, heads
-        self.qkv_contiguous = ops.get("qkv_contiguous", False)
-        self.wte = nn.Parameter(torch.randn(vocab, dim) * 0.02)
-        self.wpe = nn.Parameter(torch.randn(ctx, dim) * 0.01)
-        self.blocks = nn.ModuleList()
-        for _ in range(layers):
-            blk = nn.Module()
-            blk.ln1_w, blk.ln1_b = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.zeros(dim))
-            blk.ln2_w, blk.ln2_b = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.zeros(dim))
-            blk.qkv, blk.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-            blk.fc, blk.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-            for lin in (blk.qkv, blk.proj, blk.fc, blk.fc2):
-                nn.init.normal_(lin.weight, std=0.02)
-                nn.init.zeros_(lin.bias)
-            self.blocks.append(blk)
-        self.lnf_w, self.lnf_b = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.zeros(dim))
-
-    def forward(self, idx, targets):
-        o = self.ops
-        b, t = idx.shape
-        x = self.wte[idx] + self.wpe[:t]
-        d = x.shape[-1]
-        h = self.heads
-        for blk in self.blocks:
-            y = o["ln"](x, blk.ln1_w, blk.ln1_b)
-            qkv = o["linear"](y, blk.qkv.weight, blk.qkv.bias)
-            qkv = qkv.view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
-            if self.qkv_contiguous:
-                # kernellab's attention folds [B, H] into one dimension: q, k, v permuted
-                # out of qkv would each be copied in its forward and again in its backward
-                # (2.7 ms of copy kernels per step at 8 x 1024 in the profile); one copy here.
-                qkv = qkv.contiguous()
-            q, k, v = qkv.unbind(0)
-            a = o["attn"](q, k, v).transpose(1, 2).reshape(b, t, d)
-            x = o["add"](x, o["linear"](a, blk.proj.weight, blk.proj.bias))
-            y = o["ln"](x, blk.ln2_w, blk.ln2_b)
-            y = o["linear"](
-                o["gelu"](o["linear"](y, blk.fc.weight, blk.fc.bias)), blk.fc2.weight, blk.fc2.bias
-            )
-            x = o["add"](x, y)
-        x = o["ln"](x, self.lnf_w, self.lnf_b)
-        logits = o["linear"](x, self.wte)
-        return o["ce"](logits.view(b * t, -1), targets.view(b * t))
+def _model(set_name):
+    be, mm = SETS[set_name]
+    return gpt.make("gpt2", be, mm, "cuda", torch.bfloat16, seed=0)
 
 
 def time_steps(set_name, mode, bsz, t, warmup, steps, seed=0):
-    torch.manual_seed(seed)
-    model = GPT(op_set(set_name)).cuda().to(torch.bfloat16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    fwd = model
-    if mode == "compile":
-        fwd = torch.compile(model)
-    elif mode == "compile-cudagraphs":
-        fwd = torch.compile(model, mode="reduce-overhead")
+    model = _model(set_name)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     idx = torch.randint(0, 50257, (bsz, t), device="cuda", generator=gen)
     tgt = torch.randint(0, 50257, (bsz, t), device="cuda", generator=gen)
-
-    def step():
-        if mode == "compile-cudagraphs":
-            torch.compiler.cudagraph_mark_step_begin()
-        loss = fwd(idx, tgt)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-
-    t0 = time.perf_counter()
-    for _ in range(warmup):
-        loss = step()
-    first_loss = float(loss)
-    torch.cuda.synchronize()
-    warm_s = time.perf_counter() - t0
-    times = []
-    for _ in range(3):  # three timed rounds; median
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / steps * 1e3)
-    times.sort()
-    return {
-        "ms_per_step": times[1],
-        "ms_min": times[0],
-        "ms_max": times[2],
-        "warmup_s": warm_s,
-        "loss": first_loss,
-    }
+    return gpt.time_steps(gpt.Trainer(model, mode, lr=1e-4), (idx, tgt), warmup, steps)
 
 
 def profile(set_name, mode, bsz, t):
-    torch.manual_seed(0)
-    model = GPT(op_set(set_name)).cuda().to(torch.bfloat16)
+    model = _model(set_name)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     fwd = torch.compile(model) if mode.startswith("compile") else model
     idx = torch.randint(0, 50257, (bsz, t), device="cuda")
@@ -188,7 +80,7 @@ def main() -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--bt", nargs="+", default=["8x1024", "4x256"])
     p.add_argument("--modes", nargs="+", default=["eager", "compile", "compile-cudagraphs"])
-    p.add_argument("--sets", nargs="+", default=["pytorch", "kl_triton", "kl_triton_mm", "kl_default"])
+    p.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--profile", default=None, help="SET:MODE:BxT, e.g. kl_triton:eager:8x1024")

@@ -1,4 +1,4 @@
-"""kernellab command line: list | check | bench | peaks | report | profile | demo | asm | info."""
+"""kernellab command line: list | check | bench | peaks | report | profile | demo | train | asm | info."""
 
 from __future__ import annotations
 
@@ -566,6 +566,75 @@ def cmd_demo(args) -> int:
 # --------------------------------------------------------------------------- asm
 
 
+def cmd_train(args) -> int:
+    import json
+
+    import torch
+
+    from kernellab.harness.bench import git_sha, versions
+    from kernellab.models import gpt
+
+    gpu = torch.cuda.is_available()
+    config = args.config or ("gpt2" if gpu else "tiny")
+    dtype = args.dtype or ("bf16" if gpu else "fp32")
+    bsz = args.batch_size or (8 if config == "gpt2" else 4)
+    if args.compare:
+        t = args.seq_len or gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"]).ctx
+        modes = gpt.MODES if gpu else ("eager",)  # compile on the CPU: minutes of codegen, no speed claim
+        meta = {"gpu": torch.cuda.get_device_name() if gpu else "cpu", "git_sha": git_sha(), **versions()}
+        out = open(args.out, "a") if args.out else None
+        rows = []
+        with _progress() as prog:
+            task = prog.add_task("training steps", total=len(modes) * len(gpt.COMPARE_SETS))
+
+            def on_row(row):
+                rows.append(row)
+                if out:
+                    out.write(json.dumps({**meta, "bench": "gpt_step", **row}) + "\n")
+                    out.flush()
+                prog.advance(task)
+
+            gpt.compare(config, [(bsz, t)], modes, dtype=dtype, warmup=3 if gpu else 1,
+                        steps=8 if gpu else 1, on_row=on_row)  # fmt: skip
+        table = Table(title=f"{config} training step, {dtype}, {meta['gpu']}: ms/step (ratio to PyTorch ops)")
+        for col in ("B x T", "mode", *gpt.COMPARE_SETS):
+            table.add_column(col, justify="right")
+        for mode in modes:
+            sel = {r["ops"]: r for r in rows if r["mode"] == mode}
+            base = sel.get("pytorch", {}).get("ms_per_step")
+            cells = []
+            for name in gpt.COMPARE_SETS:
+                r = sel.get(name, {})
+                if "error" in r:
+                    cells.append("error: " + r["error"][:60])
+                elif "ms_per_step" in r:
+                    v = r["ms_per_step"]
+                    cells.append(f"{v:.2f}" + (f" ({v / base:.2f}x)" if base else ""))
+                else:
+                    cells.append("-")
+            table.add_row(f"{bsz} x {t}", mode, *cells)
+        console.print(table)
+        return 0 if all("error" not in r for r in rows) else 1
+    backend = None if args.backend == "default" else args.backend
+    matmul = None if args.matmul == "default" else args.matmul
+    with _progress() as prog:
+        task = prog.add_task("train gpt", total=args.steps)
+        toks = bsz * (args.seq_len or gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"]).ctx)
+
+        def on_step(i, loss, ms):
+            prog.update(
+                task,
+                advance=1,
+                description=f"loss {loss:.3f}  {toks / ms * 1e3:,.0f} tok/s  {ms:.1f} ms/step",
+            )
+
+        losses = gpt.train(config, backend, matmul, args.mode, bsz, args.seq_len, args.steps, dtype,
+                           args.data, lr=args.lr, on_step=on_step)  # fmt: skip
+    console.print(f"{config} ({args.mode}, {dtype}, ops {args.backend}, linear {args.matmul}): "
+                  f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps")  # fmt: skip
+    return 0
+
+
 def cmd_asm(args) -> int:
     from kernellab import device, registry
     from kernellab.cuda.elementwise import SUFFIX
@@ -754,6 +823,26 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trace-dir", help="mlp: where the two profiler traces go")
     s.add_argument("--json", help="write the result as JSON")
     s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("train", help="train a model on kernellab's ops: gpt")
+    s.add_argument("model", choices=["gpt"])
+    s.add_argument("--config", default=None, help="gpt2 (124M) or tiny (default: gpt2 on a GPU, tiny here)")
+    s.add_argument("--batch-size", type=int, default=None, help="default 8 (gpt2) / 4 (tiny)")
+    s.add_argument("--seq-len", type=int, default=None, help="default: the config's context")
+    s.add_argument("--steps", type=int, default=50)
+    s.add_argument(
+        "--backend", "-b", default="triton", help="kernellab backend for every op, 'default', or 'pytorch'"
+    )
+    s.add_argument(
+        "--matmul", default="pytorch", help="linear layers: 'pytorch' (cuBLAS) or a matmul backend"
+    )
+    s.add_argument("--mode", default="eager", choices=["eager", "compile", "compile-cudagraphs"])
+    s.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")
+    s.add_argument("--data", default=None, help="a UTF-8 text file (default: Python's pydoc topics)")
+    s.add_argument("--lr", type=float, default=3e-4)
+    s.add_argument("--compare", action="store_true", help="PyTorch's ops against kernellab's, every mode")
+    s.add_argument("--out", help="--compare: append JSONL rows to this file")
+    s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("asm", help="PTX/SASS, registers, spills, shared memory of a backend's kernels")
     s.add_argument("op")

@@ -1,0 +1,315 @@
+"""A GPT-2-style model whose ops come from kernellab's registry, and its training loop.
+
+Pre-LN blocks (layer_norm -> causal attention -> residual add, layer_norm -> linear ->
+GeLU(tanh) -> linear -> residual add), learned positions, a final layer_norm and a head
+tied to the token embedding, as GPT-2. Each op is a named slot filled from an op set:
+
+- ``"pytorch"``: PyTorch's own ops (F.layer_norm, F.gelu, SDPA, +, F.cross_entropy,
+  F.linear): the baseline, same weights, same math.
+- a kernellab backend name (``"triton"``, ``"cuda"``, ...) or ``None`` (kernellab's default
+  per op) for layer_norm, gelu, attention, add and cross_entropy; the linear layers stay
+  on cuBLAS (F.linear) unless ``matmul=`` names a kernellab matmul backend.
+- a dict op -> backend for anything finer (keys: ln, gelu, attn, add, ce, linear; the
+  value ``"pytorch"`` keeps PyTorch's op for that slot).
+
+Training: AdamW (fused on a GPU), modes ``eager``, ``compile`` (torch.compile of forward +
+loss; the optimizer stays eager) and ``compile-cudagraphs`` (mode="reduce-overhead").
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernellab
+
+MODES = ("eager", "compile", "compile-cudagraphs")
+SLOTS = ("ln", "gelu", "attn", "add", "ce", "linear")
+
+
+@dataclass(frozen=True)
+class Config:
+    vocab: int
+    ctx: int
+    dim: int
+    layers: int
+    heads: int
+
+
+CONFIGS = {
+    "gpt2": Config(vocab=50304, ctx=1024, dim=768, layers=12, heads=12),  # 124M
+    "tiny": Config(vocab=256, ctx=64, dim=64, layers=2, heads=2),
+}
+
+
+def _torch_ops() -> dict:
+    return dict(
+        ln=lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b),
+        gelu=lambda x: F.gelu(x, approximate="tanh"),
+        attn=lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        add=lambda a, b: a + b,
+        ce=F.cross_entropy,
+        linear=F.linear,
+    )
+
+
+def _kl_op(slot: str, be):
+    if slot == "ln":
+        return lambda x, w, b: kernellab.layer_norm(x, w, b, backend=be)
+    if slot == "gelu":
+        return lambda x: kernellab.gelu(x, backend=be)
+    if slot == "attn":
+        return lambda q, k, v: kernellab.attention(q, k, v, causal=True, backend=be)
+    if slot == "add":
+        return lambda a, b: kernellab.add(a, b, backend=be)
+    if slot == "ce":
+        return lambda logits, t: kernellab.cross_entropy(logits, t, backend=be)
+
+    def linear(x, w, b=None):  # kernellab.matmul takes [M, K] @ [K, N]
+        y = kernellab.matmul(x.reshape(-1, x.shape[-1]), w.t(), b, backend=be)
+        return y.view(*x.shape[:-1], w.shape[0])
+
+    return linear
+
+
+def op_set(backends="pytorch", matmul="pytorch") -> dict:
+    """The op slots of the model (see the module docstring)."""
+    ops = _torch_ops()
+    if isinstance(backends, dict):
+        unknown = set(backends) - set(SLOTS)
+        if unknown:
+            raise ValueError(f"backends: unknown op slots {sorted(unknown)}; slots are {SLOTS}")
+        chosen = dict(backends)
+    elif backends == "pytorch":
+        return ops | {"qkv_contiguous": False}
+    else:
+        chosen = {s: backends for s in SLOTS if s != "linear"}
+        chosen["linear"] = matmul
+    for slot, be in chosen.items():
+        if be == "pytorch":
+            continue
+        if be is not None and not isinstance(be, str):
+            raise TypeError(f"backends: {slot} must be a backend name, 'pytorch' or None, got {be!r}")
+        op = {"ln": "layer_norm", "attn": "attention", "ce": "cross_entropy", "linear": "matmul"}.get(
+            slot, slot
+        )
+        if be is not None:
+            kernellab.get(op, be)  # KeyError naming the registered backends
+        ops[slot] = _kl_op(slot, be)
+    # kernellab's attention folds [B, H] into one dimension: q, k, v permuted out of the
+    # fused qkv projection would each be copied in its forward and again in its backward
+    # (2.7 ms of copy kernels per step in the GPT-2 8x1024 eager profile); one copy instead.
+    ops["qkv_contiguous"] = chosen.get("attn", "pytorch") != "pytorch"
+    return ops
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: Config | str = "tiny", backends="pytorch", matmul="pytorch"):
+        super().__init__()
+        if isinstance(cfg, str):
+            if cfg not in CONFIGS:
+                raise ValueError(f"config: unknown {cfg!r}; known: {', '.join(CONFIGS)}")
+            cfg = CONFIGS[cfg]
+        if cfg.dim % cfg.heads:
+            raise ValueError(f"config: dim {cfg.dim} is not a multiple of heads {cfg.heads}")
+        self.cfg = cfg
+        self.ops = op_set(backends, matmul)
+        d = cfg.dim
+        self.wte = nn.Parameter(torch.randn(cfg.vocab, d) * 0.02)
+        self.wpe = nn.Parameter(torch.randn(cfg.ctx, d) * 0.01)
+        self.blocks = nn.ModuleList()
+        for _ in range(cfg.layers):
+            blk = nn.Module()
+            blk.ln1_w, blk.ln1_b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+            blk.ln2_w, blk.ln2_b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+            blk.qkv, blk.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            blk.fc, blk.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+            for lin in (blk.qkv, blk.proj, blk.fc, blk.fc2):
+                nn.init.normal_(lin.weight, std=0.02)
+                nn.init.zeros_(lin.bias)
+            blk.proj.weight.data /= math.sqrt(2 * cfg.layers)  # GPT-2's residual scaling
+            blk.fc2.weight.data /= math.sqrt(2 * cfg.layers)
+            self.blocks.append(blk)
+        self.lnf_w, self.lnf_b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of next-token prediction; idx, targets: int64 [B, T]."""
+        o, cfg = self.ops, self.cfg
+        b, t = idx.shape
+        if t > cfg.ctx:
+            raise ValueError(f"seq_len {t} is longer than the model's context ({cfg.ctx})")
+        d, h = cfg.dim, cfg.heads
+        x = self.wte[idx] + self.wpe[:t]
+        for blk in self.blocks:
+            y = o["ln"](x, blk.ln1_w, blk.ln1_b)
+            qkv = o["linear"](y, blk.qkv.weight, blk.qkv.bias).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+            if o["qkv_contiguous"]:
+                qkv = qkv.contiguous()
+            q, k, v = qkv.unbind(0)
+            a = o["attn"](q, k, v).transpose(1, 2).reshape(b, t, d)
+            x = o["add"](x, o["linear"](a, blk.proj.weight, blk.proj.bias))
+            y = o["ln"](x, blk.ln2_w, blk.ln2_b)
+            y = o["linear"](
+                o["gelu"](o["linear"](y, blk.fc.weight, blk.fc.bias)), blk.fc2.weight, blk.fc2.bias
+            )
+            x = o["add"](x, y)
+        x = o["ln"](x, self.lnf_w, self.lnf_b)
+        logits = o["linear"](x, self.wte)
+        return o["ce"](logits.view(b * t, -1), targets.reshape(b * t))
+
+
+class Trainer:
+    """One model, its optimizer and a step function in one of MODES."""
+
+    def __init__(self, model: GPT, mode: str = "eager", lr: float = 3e-4):
+        if mode not in MODES:
+            raise ValueError(f"mode: unknown {mode!r}; modes: {', '.join(MODES)}")
+        self.model, self.mode = model, mode
+        cuda = next(model.parameters()).is_cuda
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=cuda, foreach=not cuda)
+        self.fwd = model
+        if mode == "compile":
+            self.fwd = torch.compile(model)
+        elif mode == "compile-cudagraphs":
+            self.fwd = torch.compile(model, mode="reduce-overhead")
+
+    def step(self, idx, targets) -> torch.Tensor:
+        if self.mode == "compile-cudagraphs":
+            torch.compiler.cudagraph_mark_step_begin()
+        loss = self.fwd(idx, targets)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.detach().clone()  # a cudagraph output is overwritten by the next replay
+
+
+def make(
+    config="tiny", backends="pytorch", matmul="pytorch", device=None, dtype=torch.float32, seed=0
+) -> GPT:
+    """A GPT with weights drawn from ``seed`` (the same for every op set)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(seed)
+    return GPT(config, backends, matmul).to(device=device, dtype=dtype)
+
+
+def time_steps(trainer: Trainer, batch, warmup: int = 4, steps: int = 8, rounds: int = 3) -> dict:
+    """ms per training step: ``rounds`` rounds of ``steps`` steps between two syncs, after
+    ``warmup`` steps (compilation and autotuning fall there); median round."""
+    sync = torch.cuda.synchronize if next(trainer.model.parameters()).is_cuda else (lambda: None)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        loss = trainer.step(*batch)
+    first = float(loss)
+    sync()
+    warm = time.perf_counter() - t0
+    times = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.step(*batch)
+        sync()
+        times.append((time.perf_counter() - t0) / steps * 1e3)
+    return {"ms_per_step": statistics.median(times), "ms_min": min(times), "ms_max": max(times),
+            "warmup_s": warm, "loss": first}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- training run
+
+# Op sets of ``--compare``: name -> (backends, matmul) for make().
+COMPARE_SETS = {
+    "pytorch": ("pytorch", "pytorch"),
+    "kernellab": ("triton", "pytorch"),  # our kernels; linear layers on cuBLAS
+    "kernellab_all": ("triton", "triton"),  # every op on kernellab's own kernels
+    "kernellab_default": (None, None),  # kernellab's default backend per op
+}
+
+
+def _dtype(name: str) -> torch.dtype:
+    try:
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+    except KeyError:
+        raise ValueError(f"dtype: unknown {name!r}; use fp32, bf16 or fp16") from None
+
+
+def train(
+    config="tiny",
+    backends="pytorch",
+    matmul="pytorch",
+    mode="eager",
+    batch_size=8,
+    seq_len=None,
+    steps=20,
+    dtype="fp32",
+    data=None,
+    device=None,
+    seed=0,
+    lr=3e-4,
+    on_step=None,
+) -> list[float]:
+    """Train on real text (``kernellab.models.text``) and return the loss of every step;
+    ``on_step(i, loss, ms)`` is called after each step (it may sync: it reads the loss)."""
+    from kernellab.models import text
+
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    model = make(config, backends, matmul, device, _dtype(dtype), seed)
+    seq_len = seq_len or model.cfg.ctx
+    if not 1 <= seq_len <= model.cfg.ctx:
+        raise ValueError(f"seq_len must be in [1, {model.cfg.ctx}] for config {config!r}, got {seq_len}")
+    dev = next(model.parameters()).device
+    corpus = text.ByteData(text.load_corpus(data), dev)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    trainer = Trainer(model, mode, lr)
+    losses = []
+    for i in range(steps):
+        batch = corpus.batch(batch_size, seq_len, gen)
+        t0 = time.perf_counter()
+        loss = float(trainer.step(*batch))
+        ms = (time.perf_counter() - t0) * 1e3
+        losses.append(loss)
+        if on_step is not None:
+            on_step(i, loss, ms)
+    return losses
+
+
+def compare(
+    config="gpt2",
+    shapes=((8, 1024), (4, 256)),
+    modes=MODES,
+    sets=tuple(COMPARE_SETS),
+    dtype="bf16",
+    warmup=4,
+    steps=8,
+    device=None,
+    on_row=None,
+) -> list[dict]:
+    """ms per training step of every op set x mode x (B, T), same weights and data; a
+    failing configuration gives a row with ``error`` instead of ending the run."""
+    from kernellab.models import text
+
+    rows = []
+    for b, t in shapes:
+        for mode in modes:
+            for name in sets:
+                be, mm = COMPARE_SETS[name]
+                row = {"B": b, "T": t, "mode": mode, "ops": name, "config": config, "dtype": dtype}
+                try:
+                    model = make(config, be, mm, device, _dtype(dtype))
+                    dev = next(model.parameters()).device
+                    corpus = text.ByteData(text.load_corpus(), dev)
+                    batch = corpus.batch(b, t, torch.Generator(device=dev).manual_seed(0))
+                    row.update(time_steps(Trainer(model, mode), batch, warmup, steps))
+                except Exception as e:  # noqa: BLE001 - reported in its row
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                torch._dynamo.reset()
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+    return rows
