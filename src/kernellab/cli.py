@@ -260,6 +260,7 @@ def print_bench_table(rows) -> None:
         "TFLOP/s",
         "% peak",
         "host us",
+        "loop ms",
         "vs torch",
         "check",
     ):
@@ -273,19 +274,13 @@ def print_bench_table(rows) -> None:
             table.add_section()
         prev = key
         if r["status"] == "unavailable":
-            table.add_row(*key, r["backend"], "-", "-", "-", "-", "-", "-", "-", f"[yellow]{r['reason']}[/]")
+            table.add_row(*key, r["backend"], *["-"] * 8, f"[yellow]{r['reason']}[/]")
             continue
         if r["status"] in ("rejected", "error"):
             table.add_row(
                 *key,
                 r["backend"],
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
-                "-",
+                *["-"] * 8,
                 f"[red]{r['status'].upper()}: {r['reason']}[/]",
             )
             continue
@@ -300,12 +295,19 @@ def print_bench_table(rows) -> None:
             f"{r['tflops']:.3f}",
             f"{r['pct_peak']:.1f}%" if r.get("pct_peak") is not None else "-",
             f"{r['host_us']:.1f}" if r.get("host_us") is not None else "-",
+            (f"{r['loop_ms']:.4f}" + (" [yellow]host-bound[/]" if r.get("bound") == "host" else ""))
+            if r.get("loop_ms") is not None
+            else "-",
             f"{sp:.2f}x" if sp else "-",
             f"[green]ok[/] ({r['check_ratio']:.2f})",
         )
     console.print(table)
     if r0.get("device") == "cpu":
         console.print("[dim]CPU: host-clock timing, no cache flush; Triton runs under its interpreter.[/]")
+    console.print(
+        "[dim]loop ms: time per call in a plain loop (host cost included); vs torch compares the "
+        "larger of median and loop time on both sides.[/]"
+    )
 
 
 # --------------------------------------------------------------------------- peaks / report / info

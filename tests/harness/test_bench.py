@@ -225,3 +225,53 @@ def test_event_loop_batching_logic_with_fake_events(monkeypatch):
     assert all(0.4 < t < 50 for t in times)  # ~1 ms per call, halved by per_event
     capped = timer._event_loop(call, min_reps=3, min_time_s=10.0, max_reps=12, budget_s=5.0, rel_tol=1e-9)
     assert len(capped) == 12  # never stable: stops at max_reps
+
+
+def test_loop_time_is_reported_and_the_verdict_uses_the_larger_time(planted, monkeypatch):
+    """A backend whose device time looks tiny but whose calls cost 3 ms of host time each
+    (a sleep: what a slow launch path does) must come out host-bound, with the verdict
+    taken from its loop time. The device timer is replaced by one that reports 0.01 ms for
+    that backend (on the CPU the host clock would see the sleep either way)."""
+    import time
+
+    from kernellab.harness import timer
+
+    def slow_host(x):
+        time.sleep(0.003)
+        return GELU(x)
+
+    planted("gelu", "pl_slowhost", slow_host)
+    real = timer.time_host
+    calls = {"n": 0}
+
+    def fake_time_host(fn, budget_s=1.0):
+        t = real(fn, budget_s=budget_s)
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second backend timed below: pl_slowhost
+            return timer.Timing(0.01, 0.009, 0.011, t.reps, t.method, t.flushed)
+        return t
+
+    monkeypatch.setattr(timer, "time_host", fake_time_host)
+    rows = _rows(["torch", "pl_slowhost"])
+    slow, base = rows["pl_slowhost"], rows["torch"]
+    assert slow["status"] == "ok", slow
+    assert slow["median_ms"] == 0.01
+    assert slow["loop_ms"] >= 3.0  # every call sleeps 3 ms
+    assert slow["effective_ms"] == slow["loop_ms"] and slow["bound"] == "host"
+    # the verdict: torch's effective time over ours (ours loses), not the device ratio
+    assert slow["speedup_vs_torch"] == pytest.approx(base["effective_ms"] / slow["loop_ms"], rel=1e-2)
+    assert slow["speedup_vs_torch"] < 1.0 < slow["device_speedup_vs_torch"]
+    assert base["bound"] in ("host", "device") and base["loop_ms"] > 0
+    assert "host-bound" in results.markdown_table([slow, base])
+
+
+def test_loop_ms_counts_every_call():
+    from kernellab.harness import timer
+
+    n = {"calls": 0}
+
+    def fn():
+        n["calls"] += 1
+
+    ms = timer.loop_ms(fn, calls=10, rounds=3)
+    assert ms >= 0 and n["calls"] == 1 + 30  # one warm-up call, then 3 rounds of 10

@@ -80,8 +80,8 @@ def markdown_table(rows, ops=None) -> str:
         latest[(r["op"], r["shape"], r["dtype"], mode_label(r), r["backend"], bool(r.get("graph")))] = r
     lines = [
         "| op | shape | dtype | mode | backend | median ms (p20-p80) | GB/s | % copy BW | host us "
-        "| vs torch |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| loop ms | vs torch |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key in sorted(latest, key=lambda k: (k[0], k[2], _numel(k[1]), k[3], k[5])):
         r = latest[key]
@@ -93,6 +93,7 @@ def markdown_table(rows, ops=None) -> str:
         lines.append(
             f"| {r['op']} | {r['shape']} | {r['dtype']} | {mode} | {r['backend']} | {timing} | "
             f"{_fmt(r.get('gbps'), 4)} | {_fmt(r.get('pct_bw'))} | {_fmt(r.get('host_us'))} | "
+            f"{_fmt(r.get('loop_ms'), 4)}{' (host-bound)' if r.get('bound') == 'host' else ''} | "
             f"{_fmt(r.get('speedup_vs_torch'))} |"
         )
     return "\n".join(lines)

@@ -265,3 +265,33 @@ def host_cost_us(fn, calls: int = 100, budget_s: float = 0.5) -> float:
     if cuda:
         torch.cuda.synchronize()
     return _quantile(sorted(times), 0.5) * 1e6
+
+
+def loop_ms(fn, calls: int | None = None, rounds: int = 5, budget_s: float = 0.5) -> float:
+    """Time per call of ``fn`` in a plain loop: back-to-back calls, no device hold, no cache
+    flush, one synchronize at the end of each round (median of ``rounds``): what an eager
+    model sees. A call whose host cost exceeds its device time is host-bound here, which
+    the device timer (events behind a spin kernel) does not show.
+
+    ``calls`` per round defaults to what fits ~budget_s / rounds after a probe call, capped
+    to [3, 200] (the launch queue holds ~1000 kernels: a longer loop of tiny calls would
+    block in the driver)."""
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    fn()
+    sync()
+    if calls is None:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        one = max(time.perf_counter() - t0, 1e-7)
+        calls = int(min(200, max(3, budget_s / rounds / one)))
+    per = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        per.append((time.perf_counter() - t0) / calls)
+    return _quantile(sorted(per), 0.5) * 1e3
