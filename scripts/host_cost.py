@@ -1,0 +1,106 @@
+"""Time per call in a plain loop, every op x backend, at a tiny (launch-bound) shape and a
+model-sized one, forward and forward+backward, PyTorch's own op in the same run.
+
+    PYTHONPATH=src python scripts/host_cost.py --out DIR [--ops gelu add ...] [--quick]
+
+Method: the bench harness's own callables (bench.Problem.call: the same forward, or
+forward + autograd.grad with a fixed grad_output, for every backend), timed by
+harness.timer.loop_ms: back-to-back calls, one synchronize per round, median of 5 rounds.
+At the tiny shape the device time is a few microseconds, so the number is the host cost
+per call; at the model-sized shape it is what an eager model sees. The issue's bounds at
+the tiny shape: forward <= 2.0x torch, forward+backward <= 1.5x torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from kernellab import device as _device
+from kernellab import registry
+from kernellab.harness import timer
+from kernellab.harness.bench import Problem, git_sha, versions
+from kernellab.ops.spec import get_spec
+
+# op -> (tiny shape, model-sized shape, options), shapes in the OpSpec's convention.
+SHAPES = {
+    "add": ((64, 256), (8192, 768), {}),
+    "gelu": ((64, 256), (8192, 3072), {}),
+    "softmax": ((64, 256), (8192, 1024), {}),
+    "layer_norm": ((64, 256), (16384, 768), {}),
+    "rms_norm": ((64, 256), (16384, 4096), {}),
+    "cross_entropy": ((64, 256), (8192, 50304), {}),
+    "matmul": ((64, 64, 64), (8192, 3072, 768), {}),  # (M, N, K)
+    "attention": ((1, 2, 64, 64), (8, 12, 1024, 64), {"causal": True}),
+    "sum": ((64, 256), (8192, 4096), {}),
+    "max": ((64, 256), (8192, 4096), {}),
+    "argmax": ((64, 256), (8192, 4096), {}),
+}
+BOUND = {"fwd": 2.0, "fwdbwd": 1.5}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    p.add_argument("--ops", nargs="+", default=list(SHAPES))
+    p.add_argument("--quick", action="store_true", help="tiny shapes only, fewer rounds (CPU smoke run)")
+    p.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 on the CPU)")
+    args = p.parse_args(argv)
+    dev = _device.default_device()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
+        args.dtype or ("bf16" if dev == "cuda" else "fp32")
+    ]
+    meta = {"gpu": _device.gpu_name(), "git_sha": git_sha(), **versions(), "device": dev}
+    rows = []
+    for op in args.ops:
+        if op not in SHAPES:
+            raise SystemExit(f"--ops: unknown {op!r}; known: {', '.join(SHAPES)}")
+        spec = get_spec(op)
+        tiny, big, opts = SHAPES[op]
+        sizes = [("tiny", tiny)] + ([] if args.quick else [("model", big)])
+        modes = [m for m in ("fwd", "fwdbwd") if m in spec.modes]
+        for label, shape in sizes:
+            for mode in modes:
+                prob = Problem(spec, shape, dtype, mode, dev, seed=0, options=opts)
+                group = []
+                for impl in registry.impls(op):
+                    if impl.why_unavailable(dev) or dtype not in (impl.dtypes or spec.dtypes):
+                        continue
+                    if dev == "cpu" and impl.backend == "compile":
+                        continue  # minutes of codegen on a CPU, no claim made there
+                    row = {**meta, "bench": "host_cost", "op": op, "backend": impl.backend, "mode": mode,
+                           "size": label, "shape": "x".join(map(str, shape)),
+                           "dtype": str(dtype).split(".")[-1], "options": opts}  # fmt: skip
+                    try:
+                        fn, _ = prob.call(impl)
+                        ms = timer.loop_ms(
+                            fn, calls=20 if args.quick else None, rounds=3 if args.quick else 5
+                        )
+                        row["us_per_call"] = round(ms * 1e3, 2)
+                    except Exception as e:  # noqa: BLE001 - reported in its row
+                        row["error"] = f"{type(e).__name__}: {e}"[:200]
+                    group.append(row)
+                base = next((r.get("us_per_call") for r in group if r["backend"] == "torch"), None)
+                for r in group:
+                    if base and r.get("us_per_call"):
+                        r["vs_torch"] = round(r["us_per_call"] / base, 3)
+                        if label == "tiny":
+                            r["within_bound"] = r["vs_torch"] <= BOUND[mode]
+                    rows.append(r)
+                    flag = {True: "ok", False: "OVER", None: ""}[r.get("within_bound")]
+                    print(f"{op:14s} {r['backend']:12s} {mode:7s} {label:6s} {r['shape']:>16s} "
+                          f"{r.get('us_per_call', float('nan')):10.2f} us  "
+                          f"{r.get('vs_torch', float('nan')):6.2f}x torch  {flag} {r.get('error', '')}",
+                          flush=True)  # fmt: skip
+                del prob
+    if args.out:
+        with open(f"{args.out}/host_cost.jsonl", "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
