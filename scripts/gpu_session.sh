@@ -4,8 +4,8 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check bench rowwise norms ce reductions matmul attention launch
-#   profile sanitize summary (default: env tests check bench launch sanitize summary, in
+#   stages: env tests check bench rowwise norms ce reductions matmul attention host gpt
+#   launch profile sanitize summary (default: env tests check bench launch sanitize summary, in
 #   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
 #   split them over two device calls when one would pass the 10-minute limit.
 set -u
@@ -120,6 +120,20 @@ fi
 if want attention; then
 step "attention (issue 5)"
 run python3 scripts/gpu_attention.py --out "$OUT/attention"
+fi
+
+if want host; then
+step "host cost per call (every op x backend, tiny and model shapes)"
+run python3 scripts/host_cost.py --out "$OUT"
+run python3 scripts/probe_launch.py --out "$OUT"
+fi
+
+if want gpt; then
+step "GPT-2 small training step: PyTorch ops vs kernellab, every mode"
+# GPT_BT / GPT_MODES / GPT_SETS narrow it: the full cross product takes ~15 minutes
+# (compilation), more than one device call; split it over calls by shape.
+run python3 scripts/gpt_step.py --out "$OUT" --bt ${GPT_BT:-8x1024 4x256} \
+  --modes ${GPT_MODES:-eager compile compile-cudagraphs} --sets ${GPT_SETS:-pytorch kl_triton kl_triton_mm kl_default}
 fi
 
 if want launch; then
