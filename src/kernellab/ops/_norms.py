@@ -241,7 +241,9 @@ def layer_norm_op(name: str, fwd, bwd, triton: bool = False):
     )
 
     def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-        return call(x, weight, bias, float(eps))
+        # The launchers read weight and bias with unit stride: a strided or expanded one
+        # is packed first (autograd carries its gradient back through the copy).
+        return call(x, _contig(weight), _contig(bias), float(eps))
 
     layer_norm.custom_ops, layer_norm.ops, layer_norm.__name__ = call.custom_ops, call.ops, name
     return layer_norm
@@ -279,7 +281,7 @@ def rms_norm_op(name: str, fwd, bwd, triton: bool = False):
     )
 
     def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-        return call(x, weight, float(eps))
+        return call(x, _contig(weight), float(eps))  # unit-stride weight, as layer_norm
 
     rms_norm.custom_ops, rms_norm.ops, rms_norm.__name__ = call.custom_ops, call.ops, name
     return rms_norm

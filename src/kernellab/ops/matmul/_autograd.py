@@ -96,6 +96,8 @@ def matmul_op(name: str, fwd: Callable):
             return da, db, dbias, None
 
     def call(a: Tensor, b: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+        if bias is not None and not bias.is_contiguous():
+            bias = bias.contiguous()  # the kernels read bias with unit stride
         if torch.compiler.is_compiling():
             return op(a, b, bias, activation)
         if torch.is_grad_enabled() and (
