@@ -52,3 +52,47 @@ def test_add_has_no_backward_kernel():
     kernellab.add(a, b, backend="triton").backward(torch.arange(4.0))
     torch.testing.assert_close(a.grad, torch.arange(4.0))
     torch.testing.assert_close(b.grad, torch.arange(4.0))
+
+
+@pytest.mark.parametrize(
+    "op,backend,make",
+    [
+        (
+            "cross_entropy",
+            "triton",
+            lambda: (torch.randn(4, 9, requires_grad=True), torch.tensor([0, 3, 8, 1])),
+        ),
+        (
+            "attention",
+            "triton",
+            lambda: tuple(torch.randn(1, 1, 5, 16, requires_grad=True) for _ in range(3)),
+        ),
+        ("attention", "tiled", lambda: tuple(torch.randn(1, 1, 5, 16, requires_grad=True) for _ in range(3))),
+    ],
+)
+def test_other_fused_backwards_refuse_double_backward(op, backend, make):
+    args = make()
+    out = registry.get(op, backend)(*args)
+    with pytest.raises(RuntimeError, match=r"double backward \(create_graph=True\) is not supported"):
+        torch.autograd.grad(out.square().sum(), args[0], create_graph=True)
+
+
+@pytest.mark.parametrize("activation", [None, "gelu", "relu"])
+def test_triton_matmul_supports_double_backward(activation):
+    """The matmul's second derivative is cheap and exact: a gradient penalty through
+    kernellab.matmul(backend="triton") matches PyTorch's (the backward's matmuls go through
+    the custom op, whose autograd is registered)."""
+    from kernellab.ops.matmul import apply_epilogue
+
+    def penalty(mm, a, b, bias):
+        (ga,) = torch.autograd.grad(mm(a, b, bias).square().sum(), a, create_graph=True)
+        return torch.autograd.grad(ga.square().sum(), (b, bias))
+
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(6, 5, generator=gen, dtype=torch.float64).float().requires_grad_()
+    b = torch.randn(5, 7, generator=gen).requires_grad_()
+    bias = torch.randn(7, generator=gen).requires_grad_()
+    ours = penalty(lambda a, b, c: kernellab.matmul(a, b, c, activation, backend="triton"), a, b, bias)
+    ref = penalty(lambda a, b, c: apply_epilogue(a @ b, c, activation), a, b, bias)
+    for g, r in zip(ours, ref):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)

@@ -140,6 +140,11 @@ class _Tiled(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        if torch.is_grad_enabled():  # create_graph=True: the saved LSE is a constant here
+            raise RuntimeError(
+                "attention (tiled): double backward (create_graph=True) is not supported by this "
+                "backend; use backend='torch' or 'manual'"
+            )
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
         return dq, dk, dv, None, None

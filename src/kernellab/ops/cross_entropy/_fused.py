@@ -45,7 +45,6 @@ import os
 import torch
 from torch import Tensor
 
-
 # The debug switch for the default call's range check on a GPU (see cross_entropy/__init__).
 CHECK_ON_GPU = os.environ.get("KERNELLAB_CHECK_TARGETS", "0") not in ("", "0")
 
@@ -246,6 +245,11 @@ def fused_backend(name: str, fwd, bwd, stats_fn):
 
         @staticmethod
         def backward(ctx, g_loss, g_lse):
+            if torch.is_grad_enabled():  # create_graph=True: the fused backward has no derivative
+                raise RuntimeError(
+                    f"cross_entropy ({name}): double backward (create_graph=True) is not supported by "
+                    "this backend (its backward is a fused kernel); use backend='torch' or 'manual'"
+                )
             if g_loss is None:  # the loss was not used: no gradient to give
                 return None, None, None, None
             lc, tc, lse = ctx.saved_tensors

@@ -92,7 +92,11 @@ def matmul_op(name: str, fwd: Callable):
                 ctx.needs_input_grad[1],
                 ctx.has_bias and ctx.needs_input_grad[2],
             )
-            da, db, dbias = _backward(fwd, dy.contiguous(), a, b, bias, y, ctx.activation, need)
+            # create_graph=True (grad mode on in here): the backward's matmuls go through the
+            # custom op, whose autograd is registered, so a second derivative is exact (every
+            # other step of _backward is torch ops); otherwise the launcher directly.
+            mm = op if torch.is_grad_enabled() else fwd
+            da, db, dbias = _backward(mm, dy.contiguous(), a, b, bias, y, ctx.activation, need)
             return da, db, dbias, None
 
     def call(a: Tensor, b: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
