@@ -195,9 +195,15 @@ def impls(op: str | None = None) -> list[Impl]:
 
 
 def get(op: str, backend: str) -> Impl:
-    impl = _TABLE.get((op, backend))  # hot path: no import machinery (Dynamo traces this)
+    try:
+        impl = _TABLE.get((op, backend))  # hot path: no import machinery (Dynamo traces this)
+    except TypeError:  # an unhashable backend, e.g. backend=["triton"]
+        impl = None
     if impl is not None:
         return impl
+    if not isinstance(backend, str):
+        what = f"{type(backend).__name__} {backend!r}"
+        raise TypeError(f"backend must be a backend name (str) or None, got {what}")
     from kernellab.ops import spec as _spec
 
     _spec.load_all()

@@ -96,3 +96,23 @@ def test_triton_matmul_supports_double_backward(activation):
     ref = penalty(lambda a, b, c: apply_epilogue(a @ b, c, activation), a, b, bias)
     for g, r in zip(ours, ref):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "op", ["matmul", "gelu", "layer_norm", "attention", "cross_entropy", "sum", "softmax"]
+)
+@pytest.mark.parametrize("backend", ["manual", "torch", "triton"])
+def test_non_strided_layouts_are_refused_clearly(op, backend):
+    """A sparse input used to come back wrong (manual matmul: a sparse result off by 7.0)
+    or fail deep inside a backend: every op refuses it, naming the argument."""
+    spec = kernellab.get_spec(op)
+    shape = {"matmul": (4, 5, 3), "attention": (1, 1, 4, 16), "cross_entropy": (4, 9)}.get(op, (4, 6))
+    args = list(spec.make_inputs(shape, torch.float32, "cpu", 0))
+    args[0] = args[0].to_sparse()
+    with pytest.raises(TypeError, match=rf"{spec.arg_names[0]} has layout torch.sparse_coo"):
+        registry.get(op, backend)(*args)
+
+
+def test_a_backend_that_is_not_a_string_is_refused_clearly():
+    with pytest.raises(TypeError, match=r"backend must be a backend name \(str\) or None, got list"):
+        kernellab.gelu(torch.randn(3), backend=["triton"])

@@ -232,6 +232,18 @@ class OpSpec:
     # -- validation -----------------------------------------------------------------
     def validate(self, args, kwargs, devices=("cuda", "cpu")) -> None:
         """Raise TypeError/ValueError naming the offending argument."""
+        named = list(enumerate(args)) + (list(kwargs.items()) if kwargs else [])
+        for i, a in named:  # every backend reads dense strided storage
+            if isinstance(a, torch.Tensor) and a.layout is not torch.strided:
+                name = (
+                    i
+                    if isinstance(i, str)
+                    else (self.arg_names[i] if i < len(self.arg_names) else f"arg {i}")
+                )
+                raise TypeError(
+                    f"{self.name}: {name} has layout {a.layout}; only strided (dense) tensors are "
+                    "supported (convert with .to_dense())"
+                )
         if self.validator is not None:
             self.validator(args, kwargs, devices)
             return
