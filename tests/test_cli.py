@@ -121,3 +121,16 @@ def test_peaks_and_info(cli_run):
     if not torch.cuda.is_available():
         code, out = cli_run("peaks")
         assert code == 1 and "needs a CUDA GPU" in out
+
+
+def test_check_exit_status_is_about_kernellab_baselines_have_their_own_section(cli_run, planted):
+    """A wrong *baseline* (a built-in that is not one of kernellab's kernels, like torch or
+    compile) is reported in its own section and does not fail the check; --strict fails
+    on it. A wrong user registration fails the check (test above)."""
+    planted("gelu", "pl_baseline", lambda x: torch.zeros_like(x), builtin=True)
+    code, out = cli_run("check", "gelu", "-b", "pl_baseline,torch", "--dtype", "fp32", "--quick")
+    assert code == 0, out
+    assert "Baselines and peers beyond the rule" in out and "gelu/pl_baseline" in out
+    assert "every kernellab implementation passed" in out
+    code, out = cli_run("check", "gelu", "-b", "pl_baseline", "--dtype", "fp32", "--quick", "--strict")
+    assert code == 1, out

@@ -109,7 +109,6 @@ def cmd_check(args) -> int:
     table = Table(title=f"kernellab check ({'quick' if args.quick else 'full'}) on {reports[0].device}")
     for col in ("op", "backend", "dtype", "status", "cases", "worst err/bound", "notes"):
         table.add_column(col)
-    failed = 0
     for r in reports:
         style = {"pass": "green", "fail": "red", "compiled": "cyan", "unavailable": "yellow"}[r.status]
         n_pass = sum(c.status == "pass" for c in r.cases)
@@ -124,7 +123,6 @@ def cmd_check(args) -> int:
         table.add_row(
             r.op, r.backend, r.dtype, f"[{style}]{status}[/]", f"{n_pass}/{len(r.cases)}", worst, notes
         )
-        failed += r.status == "fail"
     console.print(table)
     if args.json:
         with open(args.json, "w") as f:
@@ -134,7 +132,35 @@ def cmd_check(args) -> int:
         f"{counts['pass']} passed, {counts['fail']} failed, {counts['compiled']} compiled (not run), "
         f"{counts['unavailable']} unavailable; seed {reports[0].seed} (--seed to reproduce)"
     )
-    return 1 if failed else 0
+    # The exit status answers "is a kernellab implementation (or one you registered) wrong?".
+    # Baselines and peers (PyTorch's op, torch.compile, the naive composition, liger, SDPA)
+    # beyond the 2x rule are reported on their own; --strict fails on them too.
+    ours, others = [], []
+    for r in reports:
+        if r.status == "fail":
+            (ours if _is_kernellab_or_user(r.op, r.backend) else others).append(r)
+    if others:
+        console.print("[yellow]Baselines and peers beyond the rule (not kernellab's kernels):[/]")
+        for r in others:
+            c = r.failures[0] if r.failures else None
+            why = f"{c.kind} {c.name}: {c.detail}" if c else r.reason
+            console.print(f"  {r.op}/{r.backend} {r.dtype}: {why}")
+    if ours:
+        console.print(f"[red]{len(ours)} kernellab (or user-registered) implementation(s) failed[/]")
+    elif others and not args.strict:
+        console.print("every kernellab implementation passed (--strict also fails on the baselines above)")
+    return 1 if ours or (args.strict and others) else 0
+
+
+def _is_kernellab_or_user(op: str, backend: str) -> bool:
+    from kernellab import registry
+    from kernellab.harness.results import is_ours
+
+    try:
+        impl = registry.get(op, backend)
+    except KeyError:
+        return True
+    return not impl.builtin or is_ours(backend)
 
 
 # --------------------------------------------------------------------------- bench
@@ -770,6 +796,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--full", dest="quick", action="store_false", help="every test shape, even without a GPU")
     s.add_argument("--seed", type=int, default=None, help="base seed (default: fresh each run)")
     s.add_argument("--json", help="write the full report to this file")
+    s.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 also when a baseline or peer (torch, compile, ...) fails",
+    )
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("bench", help="time an op's backends, re-checking the timed outputs")
