@@ -116,3 +116,30 @@ def test_non_strided_layouts_are_refused_clearly(op, backend):
 def test_a_backend_that_is_not_a_string_is_refused_clearly():
     with pytest.raises(TypeError, match=r"backend must be a backend name \(str\) or None, got list"):
         kernellab.gelu(torch.randn(3), backend=["triton"])
+
+
+@pytest.mark.parametrize("backend", ["manual", "torch", "triton", "tiled"])
+def test_attention_with_no_queries_or_no_keys_returns_the_empty_or_zero_output(backend):
+    """No queries: an empty output. No keys: zeros (the manual composition's answer), with
+    zero gradients; these used to fail with "cannot reshape tensor of 0 elements"."""
+    q0 = torch.randn(1, 1, 0, 16, requires_grad=True)
+    k = torch.randn(1, 1, 5, 16, requires_grad=True)
+    y = kernellab.attention(q0, k, k, backend=backend)
+    assert y.shape == (1, 1, 0, 16)
+    y.sum().backward()
+    q = torch.randn(1, 1, 5, 16, requires_grad=True)
+    k0 = torch.randn(1, 1, 0, 16, requires_grad=True)
+    y = kernellab.attention(q, k0, k0, backend=backend)
+    assert y.shape == (1, 1, 5, 16) and not torch.isnan(y).any() and float(y.abs().sum()) == 0.0
+    y.sum().backward()
+    assert float(q.grad.abs().sum()) == 0.0
+
+
+def test_manual_matmul_with_no_rows_keeps_the_graph_and_manual_softmax_takes_empty_rows():
+    a = torch.randn(0, 5, requires_grad=True)
+    b = torch.randn(5, 3, requires_grad=True)
+    y = kernellab.matmul(a, b, backend="manual")
+    assert y.shape == (0, 3) and y.requires_grad
+    y.sum().backward()
+    assert b.grad is not None and float(b.grad.abs().sum()) == 0.0
+    assert kernellab.softmax(torch.randn(3, 0), backend="manual").shape == (3, 0)

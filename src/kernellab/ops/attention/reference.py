@@ -12,6 +12,7 @@ neither with a bottom-right mask of unequal lengths).
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -87,7 +88,7 @@ def manual_attention(q, k, v, causal: bool = False, scale=None):
 
 def _as4d(t: torch.Tensor) -> torch.Tensor:
     # SDPA's fused kernels take 4-D (B, H, S, D) only: fold every leading dim into H.
-    return t.reshape((1, -1) + tuple(t.shape[-2:]))
+    return t.reshape((1, math.prod(t.shape[:-2])) + tuple(t.shape[-2:]))  # (-1 fails on 0 elements)
 
 
 def _tf32_fp32(q) -> bool:

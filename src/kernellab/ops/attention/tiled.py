@@ -31,6 +31,8 @@ Rows with no allowed key (causal, S_q > S_k) keep l = 0: O = 0, LSE = -inf, and 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from kernellab.ops.attention import resolve_scale
@@ -41,7 +43,7 @@ BLOCK_N = 16  # keys per tile (unequal on purpose: the causal bookkeeping must n
 
 
 def _fold(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape((-1,) + tuple(t.shape[-2:]))
+    return t.reshape((math.prod(t.shape[:-2]),) + tuple(t.shape[-2:]))  # (-1 fails on 0 elements)
 
 
 def _key_end(i0: int, s_q: int, s_k: int, causal: bool) -> int:
@@ -104,7 +106,7 @@ def backward(do, q, k, v, o, lse, causal: bool = False, scale=None):
     s_q, s_k = q.shape[-2], k.shape[-2]
     qf, kf, vf = _fold(q).to(f), _fold(k).to(f), _fold(v).to(f)
     dof, of = _fold(do).to(f), _fold(o).to(f)
-    lsef = lse.reshape(-1, s_q).to(f)
+    lsef = lse.reshape(qf.shape[0], s_q).to(f)
     lsef = torch.where(lsef == float("-inf"), float("inf"), lsef)  # empty rows: P = 0
     delta = (dof * of).sum(-1)  # (BH, S_q)
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)

@@ -46,6 +46,7 @@ bf16 dot is wrong), never on a GPU.
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -570,7 +571,7 @@ def _f32_dots(dtype: torch.dtype) -> bool:
 
 
 def _fold(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape((-1,) + tuple(t.shape[-2:]))
+    return t.reshape((math.prod(t.shape[:-2]),) + tuple(t.shape[-2:]))  # (-1 fails on 0 elements)
 
 
 def _bucket(n: int) -> int:

@@ -24,7 +24,8 @@ def manual_matmul(a, b, bias=None, activation=None):
     a_, b_ = a.to(acc), b.to(acc)
     rows = max(1, _CHUNK // max(1, k * n))
     parts = [(a_[..., i : i + rows, :, None] * b_[..., None, :, :]).sum(-2) for i in range(0, m, rows)]
-    z = torch.cat(parts, dim=-2) if parts else a_.new_zeros(tuple(a.shape[:-1]) + (n,))
+    # M = 0: an empty product that still carries a_ (and b_) in its graph (requires_grad kept)
+    z = torch.cat(parts, dim=-2) if parts else (a_[..., :, :1, None] * b_[..., None, :1, :]).sum(-2)
     return apply_epilogue(z, None if bias is None else bias.to(acc), activation).to(a.dtype)
 
 

@@ -11,6 +11,8 @@ from kernellab.ops._peers import register_liger
 def manual_softmax(x: torch.Tensor) -> torch.Tensor:
     """max, subtract, exp, sum, divide: five kernels and as many round trips to memory."""
     x32 = x.float()
+    if x.dim() and x.shape[-1] == 0:  # rows of no elements: nothing to normalize (amax refuses)
+        return x.clone()
     m = x32.amax(dim=-1, keepdim=True)
     e = (x32 - m).exp()
     return (e / e.sum(dim=-1, keepdim=True)).to(x.dtype)
