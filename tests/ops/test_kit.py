@@ -143,3 +143,16 @@ def test_manual_matmul_with_no_rows_keeps_the_graph_and_manual_softmax_takes_emp
     y.sum().backward()
     assert b.grad is not None and float(b.grad.abs().sum()) == 0.0
     assert kernellab.softmax(torch.randn(3, 0), backend="manual").shape == (3, 0)
+
+
+def test_triton_attention_fp32_inf_in_v_stays_inf():
+    """An inf in V across more than one key block: the output is inf like the reference,
+    not NaN (the fp32 two-level sum started each block from acc * 0.0: -inf * 0 = NaN)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, 16, generator=gen) for n in (4, 20, 20))
+    v[0, 0, 3, 0] = -float("inf")
+    y = kernellab.attention(q, k, v, backend="triton")
+    ref = kernellab.attention(q, k, v, backend="torch")
+    assert not torch.isnan(y).any()
+    assert torch.equal(torch.isinf(y), torch.isinf(ref))
+    torch.testing.assert_close(y[..., 1:], ref[..., 1:], rtol=1e-5, atol=1e-5)

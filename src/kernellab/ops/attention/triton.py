@@ -201,8 +201,10 @@ def _mma(a, b, acc, PREC: tl.constexpr):
     if a.dtype == tl.float32:
         # The block's product starts from acc * 0.0, not from a constant 0: Triton's
         # dot-add combine rewrites "acc + dot(a, b, 0)" into dot(a, b, acc), the very chain
-        # this avoids (the first H100 run of this code measured the same 6.1e-6).
-        return acc + _dot(a, b, PREC, acc * 0.0)
+        # this avoids (the first H100 run of this code measured the same 6.1e-6). Where acc
+        # is +-inf (an inf in V), acc * 0.0 would be NaN: those lanes start from 0.0.
+        zero = tl.where(tl.abs(acc) < float("inf"), acc * 0.0, 0.0)
+        return acc + _dot(a, b, PREC, zero)
     else:
         return tl.dot(a, b, acc=acc, input_precision=PREC)
 
