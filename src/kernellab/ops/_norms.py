@@ -246,6 +246,7 @@ def layer_norm_op(name: str, fwd, bwd, triton: bool = False):
         return call(x, _contig(weight), _contig(bias), float(eps))
 
     layer_norm.custom_ops, layer_norm.ops, layer_norm.__name__ = call.custom_ops, call.ops, name
+    layer_norm.forward_saving, layer_norm.backward_from = call.forward_saving, call.backward_from
     return layer_norm
 
 
@@ -284,6 +285,7 @@ def rms_norm_op(name: str, fwd, bwd, triton: bool = False):
         return call(x, _contig(weight), float(eps))  # unit-stride weight, as layer_norm
 
     rms_norm.custom_ops, rms_norm.ops, rms_norm.__name__ = call.custom_ops, call.ops, name
+    rms_norm.forward_saving, rms_norm.backward_from = call.forward_saving, call.backward_from
     return rms_norm
 
 

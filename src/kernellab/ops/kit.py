@@ -150,7 +150,22 @@ def build(decl: OpDecl) -> Callable:
             single = isinstance(out, torch.Tensor)
         return out if single else out[0]
 
+    def forward_saving(*inputs):
+        """The forward launcher alone, no autograd node: ``(output, saved)``; the caller
+        owns the backward (``backward_from(saved, dy)``). A model that fuses several ops
+        under one autograd node of its own pays one node instead of one per op (measured
+        on the H100 host: a Python autograd node costs ~140 us per forward+backward more
+        than PyTorch's C++ node for the same kernels)."""
+        out = _as_tuple(fwd(*inputs))
+        return out[0], save(inputs, out)
+
+    def backward_from(saved, dy):
+        """One gradient (or None) per input of ``forward_saving``, from what it saved."""
+        tensors, extra = saved
+        return grads(_as_tuple(bwd(*bwd_args(tensors, extra, dy))), extra)
+
     fs, bs = decl.samples
+    call.forward_saving, call.backward_from = forward_saving, backward_from
     call.custom_ops = [(op, fs, True)] + ([(bop, bs, False)] if decl.bwd is not None else [])
     call.ops = (op, bop if decl.bwd is not None else None)
     call.__name__ = decl.name

@@ -780,6 +780,18 @@ def _kernel_specs(dtype: str):
     ]
 
 
+def _forward_saving(q, k, v, causal, scale):
+    """No autograd node (see kit.build's forward_saving): (o, saved)."""
+    o, lse = forward(q, k, v, causal, scale)
+    return o, (q, k, v, o, lse, causal, scale)
+
+
+def _backward_from(saved, do):
+    q, k, v, o, lse, causal, scale = saved
+    return backward(do, q, k, v, o, lse, causal, scale)
+
+
+triton_attention.forward_saving, triton_attention.backward_from = _forward_saving, _backward_from
 triton_attention.custom_ops = [
     (attention_op, _opcheck_fwd, True),
     (attention_backward_op, _opcheck_bwd, False),
