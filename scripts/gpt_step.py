@@ -7,7 +7,9 @@ mode (eager, torch.compile, torch.compile with CUDA graphs), in one run (GPU).
 Op sets (kernellab.models.gpt's model; every set runs the same bf16 weights and fused AdamW):
 - ``pytorch``: F.layer_norm, F.gelu(tanh), SDPA (causal), +, F.cross_entropy, F.linear.
 - ``kl_triton``: kernellab's Triton kernels for layer_norm, gelu, attention, add and
-  cross_entropy; the linear layers on cuBLAS (F.linear).
+  cross_entropy; the linear layers on cuBLAS (F.linear). In eager mode each transformer
+  block runs under one autograd node (kernellab.models.gpt's fused blocks).
+- ``kl_triton_unfused``: the same kernels, one autograd node per op in eager mode.
 - ``kl_triton_mm``: as kl_triton, and the linear layers through kernellab.matmul (Triton).
 - ``kl_default``: every op through kernellab with backend=None (its default per op),
   linear layers through kernellab.matmul's default.
@@ -33,16 +35,17 @@ from kernellab.models import gpt
 
 # Op sets: name -> (backends, matmul) of kernellab.models.gpt.make (see its docstring).
 SETS = {
-    "pytorch": ("pytorch", "pytorch"),
-    "kl_triton": ("triton", "pytorch"),
-    "kl_triton_mm": ("triton", "triton"),
-    "kl_default": (None, None),
+    "pytorch": ("pytorch", "pytorch", True),
+    "kl_triton": ("triton", "pytorch", True),
+    "kl_triton_unfused": ("triton", "pytorch", False),
+    "kl_triton_mm": ("triton", "triton", True),
+    "kl_default": (None, None, True),
 }
 
 
 def _model(set_name):
-    be, mm = SETS[set_name]
-    return gpt.make("gpt2", be, mm, "cuda", torch.bfloat16, seed=0)
+    be, mm, fuse = SETS[set_name]
+    return gpt.make("gpt2", be, mm, "cuda", torch.bfloat16, seed=0, fuse=fuse)
 
 
 def time_steps(set_name, mode, bsz, t, warmup, steps, seed=0):

@@ -87,7 +87,7 @@ def op_set(backends="pytorch", matmul="pytorch") -> dict:
             raise ValueError(f"backends: unknown op slots {sorted(unknown)}; slots are {SLOTS}")
         chosen = dict(backends)
     elif backends == "pytorch":
-        return ops | {"qkv_contiguous": False}
+        return ops | {"qkv_contiguous": False, "chosen": {}}
     else:
         chosen = {s: backends for s in SLOTS if s != "linear"}
         chosen["linear"] = matmul
@@ -106,12 +106,110 @@ def op_set(backends="pytorch", matmul="pytorch") -> dict:
     # fused qkv projection would each be copied in its forward and again in its backward
     # (2.7 ms of copy kernels per step in the GPT-2 8x1024 eager profile); one copy instead.
     ops["qkv_contiguous"] = chosen.get("attn", "pytorch") != "pytorch"
+    ops["chosen"] = chosen
     return ops
 
 
+# --------------------------------------------------------------------------- fused blocks
+#
+# Eager mode: each kernellab op is a Python autograd node, and on the H100 host a Python
+# node costs ~140 us per forward+backward more than PyTorch's C++ node running the same
+# kernels (scripts/probe_host.py: gelu 318 us through a bare autograd.Function over
+# torch's own gelu kernels, 180 us through F.gelu). A GPT-2 step has 74 such nodes: ~10 ms
+# of a 26 ms step at 4x256. So, as llm.c does, a whole transformer block runs under ONE
+# autograd node whose backward is written out by hand: the ops' launchers are called
+# through ``forward_saving`` / ``backward_from`` (the op kit's node-free entry points),
+# the linear layers through cuBLAS (addmm / mm) as nn.Linear does. Same kernels, same
+# math and saved tensors as the per-op graph; ~40 launches per block and one node.
+# torch.compile traces the per-op path instead (Inductor sees our Triton ops there).
+
+_FUSABLE = {"ln": "layer_norm", "gelu": "gelu", "add": "add", "attn": "attention"}
+
+
+def fused_kernels(chosen: dict, device: str):
+    """The node-free entry points of the block's ops for ``chosen`` (slot -> backend), or
+    None when a slot is PyTorch's op or its backend has no node-free entry point (then the
+    model runs op by op). The linear layers must be PyTorch's (cuBLAS)."""
+    from kernellab import registry
+
+    if chosen.get("linear", "pytorch") != "pytorch":
+        return None
+    out = {}
+    for slot, op in _FUSABLE.items():
+        be = chosen.get(slot, "pytorch")
+        if be == "pytorch":
+            return None
+        fn = registry.get(op, be if be is not None else registry.default_backend(op, device)).fn
+        if not hasattr(fn, "forward_saving"):
+            return None
+        out[slot] = fn
+    return out
+
+
+def _linear_bwd(dy, x, w, want_bias: bool):
+    """Gradients of y = x @ w.T + b for 2-D x, dy: (dx, dw, db)."""
+    return dy @ w, dy.t() @ x, (dy.sum(0) if want_bias else None)
+
+
+class _Block(torch.autograd.Function):
+    """One pre-LN transformer block (see GPT.forward for the same math op by op) under one
+    autograd node. x: [B, T, D] contiguous; returns [B, T, D]."""
+
+    @staticmethod
+    def forward(ctx, x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc2_w, fc2_b, k, heads):
+        b, t, d = x.shape
+        hd = d // heads
+        x2 = x.reshape(b * t, d)
+        y1, s_ln1 = k["ln"].forward_saving(x2, ln1_w, ln1_b, 1e-5)
+        qkv = torch.addmm(qkv_b, y1, qkv_w.t())
+        # [B*T, 3D] -> [3, B, H, T, hd] once: our attention reads q, k, v with [B*H] folded.
+        q, kk, v = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
+        o, s_att = k["attn"].forward_saving(q, kk, v, True, 1.0 / math.sqrt(hd))
+        a = o.transpose(1, 2).reshape(b * t, d)
+        x1, _ = k["add"].forward_saving(x2, torch.addmm(proj_b, a, proj_w.t()))
+        y2, s_ln2 = k["ln"].forward_saving(x1, ln2_w, ln2_b, 1e-5)
+        h = torch.addmm(fc_b, y2, fc_w.t())
+        g, s_gelu = k["gelu"].forward_saving(h)
+        out, _ = k["add"].forward_saving(x1, torch.addmm(fc2_b, g, fc2_w.t()))
+        ctx.save_for_backward(y1, a, y2, g, qkv_w, proj_w, fc_w, fc2_w)
+        ctx.saved = (s_ln1, s_att, s_ln2, s_gelu)  # (kernellab's own saved tuples)
+        ctx.k, ctx.shape, ctx.heads = k, (b, t, d), heads
+        return out.view(b, t, d)
+
+    @staticmethod
+    def backward(ctx, dout):
+        if torch.is_grad_enabled():
+            raise RuntimeError("GPT fused block: double backward (create_graph=True) is not supported")
+        k, (b, t, d), heads = ctx.k, ctx.shape, ctx.heads
+        hd = d // heads
+        y1, a, y2, g, qkv_w, proj_w, fc_w, fc2_w = ctx.saved_tensors
+        s_ln1, s_att, s_ln2, s_gelu = ctx.saved
+        dout = dout.reshape(b * t, d)
+        if not dout.is_contiguous():
+            dout = dout.contiguous()
+        dg, dfc2_w, dfc2_b = _linear_bwd(dout, g, fc2_w, True)
+        (dh,) = k["gelu"].backward_from(s_gelu, dg)
+        dy2, dfc_w, dfc_b = _linear_bwd(dh, y2, fc_w, True)
+        dx1_ln, dln2_w, dln2_b, _ = k["ln"].backward_from(s_ln2, dy2)
+        dx1, _ = k["add"].forward_saving(dout, dx1_ln)
+        da, dproj_w, dproj_b = _linear_bwd(dx1, a, proj_w, True)
+        do = da.view(b, t, heads, hd).transpose(1, 2)
+        dq, dk, dv = k["attn"].backward_from(s_att, do)[:3]
+        # [3 x B, H, T, hd] -> [B*T, 3D] in the qkv projection's layout: one copy.
+        dqkv = torch.stack((dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)), dim=2).view(b * t, 3 * d)
+        dy1, dqkv_w, dqkv_b = _linear_bwd(dqkv, y1, qkv_w, True)
+        dx_ln, dln1_w, dln1_b, _ = k["ln"].backward_from(s_ln1, dy1)
+        dx, _ = k["add"].forward_saving(dx1, dx_ln)
+        return (
+            dx.view(b, t, d), dln1_w, dln1_b, dqkv_w, dqkv_b, dproj_w, dproj_b,
+            dln2_w, dln2_b, dfc_w, dfc_b, dfc2_w, dfc2_b, None, None,
+        )  # fmt: skip
+
+
 class GPT(nn.Module):
-    def __init__(self, cfg: Config | str = "tiny", backends="pytorch", matmul="pytorch"):
+    def __init__(self, cfg: Config | str = "tiny", backends="pytorch", matmul="pytorch", fuse: bool = True):
         super().__init__()
+        self.fuse = fuse  # eager: one autograd node per block where the op set allows it
         if isinstance(cfg, str):
             if cfg not in CONFIGS:
                 raise ValueError(f"config: unknown {cfg!r}; known: {', '.join(CONFIGS)}")
@@ -146,7 +244,15 @@ class GPT(nn.Module):
             raise ValueError(f"seq_len {t} is longer than the model's context ({cfg.ctx})")
         d, h = cfg.dim, cfg.heads
         x = self.wte[idx] + self.wpe[:t]
+        kern = self._fused(x) if self.fuse and not torch.compiler.is_compiling() else None
         for blk in self.blocks:
+            if kern is not None and torch.is_grad_enabled():
+                x = _Block.apply(
+                    x.contiguous(), blk.ln1_w, blk.ln1_b, blk.qkv.weight, blk.qkv.bias, blk.proj.weight,
+                    blk.proj.bias, blk.ln2_w, blk.ln2_b, blk.fc.weight, blk.fc.bias, blk.fc2.weight,
+                    blk.fc2.bias, kern, h,
+                )  # fmt: skip
+                continue
             y = o["ln"](x, blk.ln1_w, blk.ln1_b)
             qkv = o["linear"](y, blk.qkv.weight, blk.qkv.bias).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
             if o["qkv_contiguous"]:
@@ -162,6 +268,14 @@ class GPT(nn.Module):
         x = o["ln"](x, self.lnf_w, self.lnf_b)
         logits = o["linear"](x, self.wte)
         return o["ce"](logits.view(b * t, -1), targets.reshape(b * t))
+
+    def _fused(self, x):
+        """Node-free kernels of this model's op set on x's device (cached), or None."""
+        key = x.device.type
+        cache = self.__dict__.setdefault("_fused_cache", {})
+        if key not in cache:
+            cache[key] = fused_kernels(self.ops["chosen"], key)
+        return cache[key]
 
 
 class Trainer:
@@ -190,12 +304,12 @@ class Trainer:
 
 
 def make(
-    config="tiny", backends="pytorch", matmul="pytorch", device=None, dtype=torch.float32, seed=0
+    config="tiny", backends="pytorch", matmul="pytorch", device=None, dtype=torch.float32, seed=0, fuse=True
 ) -> GPT:
     """A GPT with weights drawn from ``seed`` (the same for every op set)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(seed)
-    return GPT(config, backends, matmul).to(device=device, dtype=dtype)
+    return GPT(config, backends, matmul, fuse).to(device=device, dtype=dtype)
 
 
 def time_steps(trainer: Trainer, batch, warmup: int = 4, steps: int = 8, rounds: int = 3) -> dict:
