@@ -61,6 +61,7 @@ def profile(set_name, mode, bsz, t):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     fwd = torch.compile(model) if mode.startswith("compile") else model
     idx = torch.randint(0, 50257, (bsz, t), device="cuda")
+    print(f"profile {set_name} {mode} {bsz}x{t}")
     for _ in range(3):
         fwd(idx, idx).backward()
         opt.step()
@@ -76,6 +77,12 @@ def profile(set_name, mode, bsz, t):
             opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
     print(p.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=60))
+    print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+    ev = p.events()
+    cpu_us = sum(e.self_cpu_time_total for e in ev) / 3
+    dev_us = sum(e.self_device_time_total for e in ev if e.device_type == torch.autograd.DeviceType.CUDA) / 3
+    syncs = sum(1 for e in ev if "Synchronize" in e.name or "Memcpy" in e.name or e.name == "aten::item") / 3
+    print(f"per step: host self time {cpu_us / 1e3:.2f} ms, device time {dev_us / 1e3:.2f} ms, sync/copy events {syncs:.0f}")
 
 
 def main() -> int:
