@@ -242,7 +242,7 @@ class GPT(nn.Module):
         b, t = idx.shape
         if t > cfg.ctx:
             raise ValueError(f"seq_len {t} is longer than the model's context ({cfg.ctx})")
-        d, h = cfg.dim, cfg.heads
+        h = cfg.heads
         x = self.wte[idx] + self.wpe[:t]
         kern = self._fused(x) if self.fuse and not torch.compiler.is_compiling() else None
         for blk in self.blocks:
@@ -253,21 +253,24 @@ class GPT(nn.Module):
                     blk.fc2.bias, kern, h,
                 )  # fmt: skip
                 continue
-            y = o["ln"](x, blk.ln1_w, blk.ln1_b)
-            qkv = o["linear"](y, blk.qkv.weight, blk.qkv.bias).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
-            if o["qkv_contiguous"]:
-                qkv = qkv.contiguous()
-            q, k, v = qkv.unbind(0)
-            a = o["attn"](q, k, v).transpose(1, 2).reshape(b, t, d)
-            x = o["add"](x, o["linear"](a, blk.proj.weight, blk.proj.bias))
-            y = o["ln"](x, blk.ln2_w, blk.ln2_b)
-            y = o["linear"](
-                o["gelu"](o["linear"](y, blk.fc.weight, blk.fc.bias)), blk.fc2.weight, blk.fc2.bias
-            )
-            x = o["add"](x, y)
+            x = self._block_ops(blk, x, o, b, t)
         x = o["ln"](x, self.lnf_w, self.lnf_b)
         logits = o["linear"](x, self.wte)
         return o["ce"](logits.view(b * t, -1), targets.reshape(b * t))
+
+    def _block_ops(self, blk, x, o, b, t):
+        """One block op by op (each op its own autograd node)."""
+        d, h = self.cfg.dim, self.cfg.heads
+        y = o["ln"](x, blk.ln1_w, blk.ln1_b)
+        qkv = o["linear"](y, blk.qkv.weight, blk.qkv.bias).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        if o["qkv_contiguous"]:
+            qkv = qkv.contiguous()
+        q, k, v = qkv.unbind(0)
+        a = o["attn"](q, k, v).transpose(1, 2).reshape(b, t, d)
+        x = o["add"](x, o["linear"](a, blk.proj.weight, blk.proj.bias))
+        y = o["ln"](x, blk.ln2_w, blk.ln2_b)
+        y = o["linear"](o["gelu"](o["linear"](y, blk.fc.weight, blk.fc.bias)), blk.fc2.weight, blk.fc2.bias)
+        return o["add"](x, y)
 
     def _fused(self, x):
         """Node-free kernels of this model's op set on x's device (cached), or None."""
