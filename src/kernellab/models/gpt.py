@@ -116,11 +116,11 @@ def op_set(backends="pytorch", matmul="pytorch") -> dict:
 # node costs ~140 us per forward+backward more than PyTorch's C++ node running the same
 # kernels (scripts/probe_host.py: gelu 318 us through a bare autograd.Function over
 # torch's own gelu kernels, 180 us through F.gelu). A GPT-2 step has 74 such nodes: ~10 ms
-# of a 26 ms step at 4x256. So, as llm.c does, a whole transformer block runs under ONE
+# of a 26 ms step at 4x256. So, as llm.c does, the transformer blocks run under ONE
 # autograd node whose backward is written out by hand: the ops' launchers are called
 # through ``forward_saving`` / ``backward_from`` (the op kit's node-free entry points),
 # the linear layers through cuBLAS (addmm / mm) as nn.Linear does. Same kernels, same
-# math and saved tensors as the per-op graph; ~40 launches per block and one node.
+# math and saved tensors as the per-op graph; ~40 launches per block and one node for all.
 # torch.compile traces the per-op path instead (Inductor sees our Triton ops there).
 
 _FUSABLE = {"ln": "layer_norm", "gelu": "gelu", "add": "add", "attn": "attention"}
@@ -155,65 +155,89 @@ def _linear_bwd(dy, x, w, want_bias: bool):
     return _mm(dy, w), _mm(dy.t(), x), (dy.sum(0) if want_bias else None)
 
 
-class _Block(torch.autograd.Function):
-    """One pre-LN transformer block (see GPT.forward for the same math op by op) under one
-    autograd node. x: [B, T, D] contiguous; returns [B, T, D]."""
+def _block_fwd(x2, p, k, b, t, heads):
+    """One pre-LN transformer block (GPT._block_ops is the same math op by op) with no
+    autograd node: x2 [B*T, D] contiguous, p its 12 parameters; returns (out, saved)."""
+    ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc2_w, fc2_b = p
+    d = x2.shape[1]
+    hd = d // heads
+    y1, s_ln1 = k["ln"].forward_saving(x2, ln1_w, ln1_b, 1e-5)
+    qkv = _linear(y1, qkv_w, qkv_b)
+    # [B*T, 3D] -> [3, B, H, T, hd] once: our attention reads q, k, v with [B*H] folded.
+    q, kk, v = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
+    o, s_att = k["attn"].forward_saving(q, kk, v, True, 1.0 / math.sqrt(hd))
+    a = o.transpose(1, 2).reshape(b * t, d)
+    x1, _ = k["add"].forward_saving(x2, _linear(a, proj_w, proj_b))
+    y2, s_ln2 = k["ln"].forward_saving(x1, ln2_w, ln2_b, 1e-5)
+    h = _linear(y2, fc_w, fc_b)
+    g, s_gelu = k["gelu"].forward_saving(h)
+    out, _ = k["add"].forward_saving(x1, _linear(g, fc2_w, fc2_b))
+    return out, (y1, a, y2, g, qkv_w, proj_w, fc_w, fc2_w, s_ln1, s_att, s_ln2, s_gelu)
+
+
+def _block_bwd(dout, saved, k, b, t, heads):
+    """(dx, the 12 parameter gradients) of ``_block_fwd`` from its saved tuple; dout
+    [B*T, D] contiguous."""
+    y1, a, y2, g, qkv_w, proj_w, fc_w, fc2_w, s_ln1, s_att, s_ln2, s_gelu = saved
+    d = dout.shape[1]
+    hd = d // heads
+    dg, dfc2_w, dfc2_b = _linear_bwd(dout, g, fc2_w, True)
+    (dh,) = k["gelu"].backward_from(s_gelu, dg)
+    dy2, dfc_w, dfc_b = _linear_bwd(dh, y2, fc_w, True)
+    dx1_ln, dln2_w, dln2_b, _ = k["ln"].backward_from(s_ln2, dy2)
+    dx1, _ = k["add"].forward_saving(dout, dx1_ln)
+    da, dproj_w, dproj_b = _linear_bwd(dx1, a, proj_w, True)
+    do = da.view(b, t, heads, hd).transpose(1, 2)
+    dq, dk, dv = k["attn"].backward_from(s_att, do)[:3]
+    # [3 x B, H, T, hd] -> [B*T, 3D] in the qkv projection's layout: one copy.
+    dqkv = torch.stack((dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)), dim=2).view(b * t, 3 * d)
+    dy1, dqkv_w, dqkv_b = _linear_bwd(dqkv, y1, qkv_w, True)
+    dx_ln, dln1_w, dln1_b, _ = k["ln"].backward_from(s_ln1, dy1)
+    dx, _ = k["add"].forward_saving(dx1, dx_ln)
+    grads = (dln1_w, dln1_b, dqkv_w, dqkv_b, dproj_w, dproj_b, dln2_w, dln2_b, dfc_w, dfc_b, dfc2_w, dfc2_b)
+    return dx, grads
+
+
+_PER_BLOCK = 12  # parameters per block, in _block_fwd's order
+
+
+class _Blocks(torch.autograd.Function):
+    """Every transformer block of the model under ONE autograd node: x [B, T, D]
+    contiguous, ``params`` the blocks' parameters flat (12 per block, in _block_fwd's
+    order); returns [B, T, D]. The saved tensors are the ones the op-by-op graph keeps."""
 
     @staticmethod
-    def forward(ctx, x, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc2_w, fc2_b, k, heads):
+    def forward(ctx, x, k, heads, *params):
         b, t, d = x.shape
-        hd = d // heads
-        x2 = x.reshape(b * t, d)
-        y1, s_ln1 = k["ln"].forward_saving(x2, ln1_w, ln1_b, 1e-5)
-        qkv = _linear(y1, qkv_w, qkv_b)
-        # [B*T, 3D] -> [3, B, H, T, hd] once: our attention reads q, k, v with [B*H] folded.
-        q, kk, v = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
-        o, s_att = k["attn"].forward_saving(q, kk, v, True, 1.0 / math.sqrt(hd))
-        a = o.transpose(1, 2).reshape(b * t, d)
-        x1, _ = k["add"].forward_saving(x2, _linear(a, proj_w, proj_b))
-        y2, s_ln2 = k["ln"].forward_saving(x1, ln2_w, ln2_b, 1e-5)
-        h = _linear(y2, fc_w, fc_b)
-        g, s_gelu = k["gelu"].forward_saving(h)
-        out, _ = k["add"].forward_saving(x1, _linear(g, fc2_w, fc2_b))
-        ctx.save_for_backward(y1, a, y2, g, qkv_w, proj_w, fc_w, fc2_w)
-        ctx.saved = (s_ln1, s_att, s_ln2, s_gelu)  # (kernellab's own saved tuples)
-        ctx.k, ctx.shape, ctx.heads = k, (b, t, d), heads
-        return out.view(b, t, d)
+        h = x.reshape(b * t, d)
+        saved = []
+        for i in range(0, len(params), _PER_BLOCK):
+            h, s = _block_fwd(h, params[i : i + _PER_BLOCK], k, b, t, heads)
+            saved.append(s)
+        ctx.saved, ctx.k, ctx.shape, ctx.heads = saved, k, (b, t, d), heads
+        return h.view(b, t, d)
 
     @staticmethod
     def backward(ctx, dout):
         if torch.is_grad_enabled():
-            raise RuntimeError("GPT fused block: double backward (create_graph=True) is not supported")
-        k, (b, t, d), heads = ctx.k, ctx.shape, ctx.heads
-        hd = d // heads
-        y1, a, y2, g, qkv_w, proj_w, fc_w, fc2_w = ctx.saved_tensors
-        s_ln1, s_att, s_ln2, s_gelu = ctx.saved
-        dout = dout.reshape(b * t, d)
-        if not dout.is_contiguous():
-            dout = dout.contiguous()
-        dg, dfc2_w, dfc2_b = _linear_bwd(dout, g, fc2_w, True)
-        (dh,) = k["gelu"].backward_from(s_gelu, dg)
-        dy2, dfc_w, dfc_b = _linear_bwd(dh, y2, fc_w, True)
-        dx1_ln, dln2_w, dln2_b, _ = k["ln"].backward_from(s_ln2, dy2)
-        dx1, _ = k["add"].forward_saving(dout, dx1_ln)
-        da, dproj_w, dproj_b = _linear_bwd(dx1, a, proj_w, True)
-        do = da.view(b, t, heads, hd).transpose(1, 2)
-        dq, dk, dv = k["attn"].backward_from(s_att, do)[:3]
-        # [3 x B, H, T, hd] -> [B*T, 3D] in the qkv projection's layout: one copy.
-        dqkv = torch.stack((dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)), dim=2).view(b * t, 3 * d)
-        dy1, dqkv_w, dqkv_b = _linear_bwd(dqkv, y1, qkv_w, True)
-        dx_ln, dln1_w, dln1_b, _ = k["ln"].backward_from(s_ln1, dy1)
-        dx, _ = k["add"].forward_saving(dx1, dx_ln)
-        return (
-            dx.view(b, t, d), dln1_w, dln1_b, dqkv_w, dqkv_b, dproj_w, dproj_b,
-            dln2_w, dln2_b, dfc_w, dfc_b, dfc2_w, dfc2_b, None, None,
-        )  # fmt: skip
+            raise RuntimeError("GPT fused blocks: double backward (create_graph=True) is not supported")
+        (b, t, d), k, heads = ctx.shape, ctx.k, ctx.heads
+        dx = dout.reshape(b * t, d)
+        if not dx.is_contiguous():
+            dx = dx.contiguous()
+        grads = []
+        for s in reversed(ctx.saved):
+            dx, g = _block_bwd(dx, s, k, b, t, heads)
+            grads.append(g)
+        ctx.saved = None  # free the activations now, as autograd frees saved tensors
+        flat = [gr for g in reversed(grads) for gr in g]
+        return (dx.view(b, t, d), None, None, *flat)
 
 
 class GPT(nn.Module):
     def __init__(self, cfg: Config | str = "tiny", backends="pytorch", matmul="pytorch", fuse: bool = True):
         super().__init__()
-        self.fuse = fuse  # eager: one autograd node per block where the op set allows it
+        self.fuse = fuse  # eager: one autograd node for all blocks where the op set allows it
         if isinstance(cfg, str):
             if cfg not in CONFIGS:
                 raise ValueError(f"config: unknown {cfg!r}; known: {', '.join(CONFIGS)}")
@@ -249,18 +273,25 @@ class GPT(nn.Module):
         h = cfg.heads
         x = self.wte[idx] + self.wpe[:t]
         kern = self._fused(x) if self.fuse and not torch.compiler.is_compiling() else None
-        for blk in self.blocks:
-            if kern is not None and torch.is_grad_enabled():
-                x = _Block.apply(
-                    x.contiguous(), blk.ln1_w, blk.ln1_b, blk.qkv.weight, blk.qkv.bias, blk.proj.weight,
-                    blk.proj.bias, blk.ln2_w, blk.ln2_b, blk.fc.weight, blk.fc.bias, blk.fc2.weight,
-                    blk.fc2.bias, kern, h,
-                )  # fmt: skip
-                continue
-            x = self._block_ops(blk, x, o, b, t)
+        if kern is not None and torch.is_grad_enabled():
+            x = _Blocks.apply(x.contiguous(), kern, h, *self._block_params())
+        else:
+            for blk in self.blocks:
+                x = self._block_ops(blk, x, o, b, t)
         x = o["ln"](x, self.lnf_w, self.lnf_b)
         logits = o["linear"](x, self.wte)
         return o["ce"](logits.view(b * t, -1), targets.reshape(b * t))
+
+    def _block_params(self) -> list:
+        """The blocks' parameters flat, in _block_fwd's order."""
+        return [
+            p
+            for blk in self.blocks
+            for p in (
+                blk.ln1_w, blk.ln1_b, blk.qkv.weight, blk.qkv.bias, blk.proj.weight, blk.proj.bias,
+                blk.ln2_w, blk.ln2_b, blk.fc.weight, blk.fc.bias, blk.fc2.weight, blk.fc2.bias,
+            )  # fmt: skip
+        ]
 
     def _block_ops(self, blk, x, o, b, t):
         """One block op by op (each op its own autograd node)."""
