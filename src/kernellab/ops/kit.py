@@ -58,6 +58,13 @@ class OpDecl:
     needs_grad:  ``(*inputs) -> bool``: whether any differentiable input requires grad.
     samples:     ``(fwd sample, bwd sample)`` for opcheck: ``make -> args`` each.
     triton:      whether the launchers are Triton (triton_op on a GPU).
+    label:       the op as user-facing messages name it (default ``name``), e.g.
+                 ``"attention (triton)"``.
+    eager_bwd:   the backward launcher of the eager path and ``backward_from`` (default
+                 ``bwd``; same arguments). It may do what a custom op's schema cannot
+                 say: cross_entropy's writes the gradient into the saved logits when the
+                 caller asked for ``inplace_backward`` (the op, which declares no
+                 mutation, never does).
     """
 
     name: str
@@ -71,6 +78,8 @@ class OpDecl:
     needs_grad: Callable
     samples: tuple
     triton: bool = False
+    label: str | None = None
+    eager_bwd: Callable | None = None
 
 
 def _use_triton_op(decl: OpDecl) -> bool:
@@ -104,6 +113,7 @@ def build(decl: OpDecl) -> Callable:
             bop.register_fake(decl.bwd_fake)
     if bwd is None:  # the gradient is dy itself: no kernel
         bwd = bop = lambda *args: args
+    ebwd = decl.eager_bwd or bwd
 
     def setup_context(ctx, inputs, output):
         tensors, ctx.extra = save(inputs, _as_tuple(output))
@@ -115,25 +125,31 @@ def build(decl: OpDecl) -> Callable:
     op.register_autograd(op_backward, setup_context=setup_context)
     single = None  # whether fwd returns one Tensor (set at the first call)
 
+    grad_enabled = torch.is_grad_enabled
+
     class Eager(torch.autograd.Function):
+        # (type(out) is tuple inline, not _as_tuple: this runs on every eager call)
         @staticmethod
         def forward(ctx, *inputs):
-            out = _as_tuple(fwd(*inputs))
+            out = fwd(*inputs)
+            if type(out) is not tuple:
+                out = (out,)
             tensors, ctx.extra = save(inputs, out)
             ctx.save_for_backward(*tensors)
             return out[0]
 
         @staticmethod
         def backward(ctx, dy):  # grad mode is on here exactly when create_graph=True
-            if torch.is_grad_enabled():
+            if grad_enabled():
                 raise RuntimeError(refusal)
-            return grads(_as_tuple(bwd(*bwd_args(ctx.saved_tensors, ctx.extra, dy))), ctx.extra)
+            g = ebwd(*bwd_args(ctx.saved_tensors, ctx.extra, dy))
+            return grads(g if type(g) is tuple else (g,), ctx.extra)
 
     # (once_differentiable would let a second differentiation through silently when dy is
     # a constant, as in a gradient penalty: the term through the saved input is lost.)
     refusal = (
-        f"{decl.name}: double backward (create_graph=True) is not supported by this backend "
-        "(its backward is a fused kernel with no derivative); use backend='torch' or 'manual'"
+        f"{decl.label or decl.name}: double backward (create_graph=True) is not supported by this "
+        "backend (its backward is a fused kernel with no derivative); use backend='torch' or 'manual'"
     )
     needs_grad = decl.needs_grad
     is_compiling = torch.compiler.is_compiling
@@ -143,7 +159,7 @@ def build(decl: OpDecl) -> Callable:
         if is_compiling():
             out = op(*inputs)
             return out if isinstance(out, torch.Tensor) else out[0]
-        if needs_grad(*inputs) and torch.is_grad_enabled():
+        if needs_grad(*inputs) and grad_enabled():
             return Eager.apply(*inputs)
         out = fwd(*inputs)
         if single is None:
@@ -162,7 +178,7 @@ def build(decl: OpDecl) -> Callable:
     def backward_from(saved, dy):
         """One gradient (or None) per input of ``forward_saving``, from what it saved."""
         tensors, extra = saved
-        return grads(_as_tuple(bwd(*bwd_args(tensors, extra, dy))), extra)
+        return grads(_as_tuple(ebwd(*bwd_args(tensors, extra, dy))), extra)
 
     fs, bs = decl.samples
     call.forward_saving, call.backward_from = forward_saving, backward_from

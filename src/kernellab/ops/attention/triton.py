@@ -1,6 +1,7 @@
 """FlashAttention-2 in Triton: forward, backward (preprocess + dK/dV pass + dQ pass),
-launchers, custom op + eager autograd, registration. tiled.py is the same algorithm in
-PyTorch ops, readable line by line; this file is that algorithm with the tiles in SRAM.
+launchers, the op kit's declaration (custom op / triton_op, autograd, eager path),
+registration. tiled.py is the same algorithm in PyTorch ops, readable line by line; this
+file is that algorithm with the tiles in SRAM.
 
 Contract: q (..., S_q, D), k and v (..., S_k, D), same leading dims (folded into one BH
 axis, a view when the strides allow), any strides (passed to the kernels); D in 16, 32,
@@ -52,10 +53,12 @@ import os
 import torch
 import triton
 import triton.language as tl
+from torch import Tensor
 
 from kernellab import device as _device
 from kernellab import triton_support
 from kernellab.ops.attention import check_head_dim, resolve_scale
+from kernellab.ops.kit import OpDecl, build
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
 LOG2E = 1.4426950408889634
@@ -577,10 +580,12 @@ def _fold(t: torch.Tensor) -> torch.Tensor:
 
 
 def _bucket(n: int) -> int:
-    return triton_support.next_pow2(max(n, 1))
+    # A length that is symbolic (dynamic shapes, traced under torch.compile) is passed as
+    # is: Inductor tunes once per compiled kernel and reads the key only through _prune.
+    return triton_support.next_pow2(max(n, 1)) if type(n) is int else n
 
 
-def forward(q, k, v, causal: bool, scale: float):
+def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """(o, lse) for any strided q, k, v; o contiguous like q, lse (..., S_q) fp32."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     q3, k3, v3 = _fold(q), _fold(k), _fold(v)
@@ -599,7 +604,9 @@ def forward(q, k, v, causal: bool, scale: float):
     return o.reshape(lead + (s_q, d)), lse.reshape(lead + (s_q,))
 
 
-def backward(do, q, k, v, o, lse, causal: bool, scale: float):
+def backward(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv), contiguous, from the saved o and lse."""
     s_q, s_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     q3, k3, v3, do3, o3 = _fold(q), _fold(k), _fold(v), _fold(do), _fold(o)
@@ -635,92 +642,18 @@ def backward(do, q, k, v, o, lse, causal: bool, scale: float):
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
-# --------------------------------------------------------------------------- autograd
-
-
-@torch.library.custom_op("kernellab::attention_triton", mutates_args=())
-def attention_op(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return forward(q, k, v, causal, scale)
-
-
-@attention_op.register_fake
-def _(q, k, v, causal, scale):
-    return (
-        q.new_empty(q.shape[:-1] + (v.shape[-1],)),
-        q.new_empty(q.shape[:-1], dtype=torch.float32),
-    )
-
-
-@torch.library.custom_op("kernellab::attention_triton_backward", mutates_args=())
-def attention_backward_op(
-    do: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    o: torch.Tensor,
-    lse: torch.Tensor,
-    causal: bool,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return backward(do, q, k, v, o, lse, causal, scale)
-
-
-@attention_backward_op.register_fake
-def _(do, q, k, v, o, lse, causal, scale):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
-    ctx.causal, ctx.scale = causal, scale
-    ctx.mark_non_differentiable(lse)
-
-
-def _op_backward(ctx, do, _dlse):
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = attention_backward_op(do, q, k, v, o, lse, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
-
-
-attention_op.register_autograd(_op_backward, setup_context=_setup_context)
-
-
-class _Eager(torch.autograd.Function):
-    """Eager fast path (same kernels, no dispatcher round trips; see ops/_elementwise.py).
-    Saves q, k, v, o and the LSE: one tensor beyond the inputs and the output."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        o, lse = forward(q, k, v, causal, scale)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale = causal, scale
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        if torch.is_grad_enabled():  # create_graph=True: the saved LSE is a constant here
-            raise RuntimeError(
-                "attention (triton): double backward (create_graph=True) is not supported by this "
-                "backend; use backend='torch' or 'manual'"
-            )
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None
-
-
-def triton_attention(q, k, v, causal: bool = False, scale=None):
-    """FlashAttention-2 in Triton: online softmax in SRAM, causal blocks skipped, autotuned tiles."""
-    check_head_dim(q, HEAD_DIMS, "triton")
-    sc = resolve_scale(q, scale)
-    if torch.compiler.is_compiling():
-        return attention_op(q, k, v, causal, sc)[0]
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _Eager.apply(q, k, v, causal, sc)
-    return forward(q, k, v, causal, sc)[0]
+# --------------------------------------------------------------------------- custom op (the kit)
+#
+# kit.build makes, from the two launchers above (their annotations are the schemas), the
+# ops kernellab::attention_triton (q, k, v, causal, scale) -> (o, lse) and
+# kernellab::attention_triton_backward (do, q, k, v, o, lse, causal, scale) -> (dq, dk, dv)
+# (on a GPU ``triton_op``s: under torch.compile Inductor traces the launchers, whose
+# kernels reach it through launch_tuned / jit -> wrap_triton, and launches _attn_fwd,
+# _attn_bwd_pre, _attn_bwd_dkdv and _attn_bwd_dq from its own code; under the CPU
+# interpreter ``custom_op``s), their autograd, and the eager path (the launchers under a
+# plain autograd.Function, or the forward alone when no gradient is needed). Saved for
+# the backward: q, k, v, o and the LSE (one tensor beyond the inputs and the output);
+# extra: (causal, scale).
 
 
 def _opcheck_fwd(make):
@@ -731,6 +664,46 @@ def _opcheck_bwd(make):
     q, k, v = make(0), make(0), make(0)
     o, lse = forward(q, k, v, True, 0.125)
     return (make(0), q, k, v, o, lse, True, 0.125)
+
+
+_attention = build(
+    OpDecl(
+        name="attention_triton",
+        label="attention (triton)",
+        fwd=forward,
+        bwd=backward,
+        fwd_fake=lambda q, k, v, causal, scale: (
+            q.new_empty(q.shape[:-1] + (v.shape[-1],)),
+            q.new_empty(q.shape[:-1], dtype=torch.float32),
+        ),
+        bwd_fake=lambda do, q, k, v, o, lse, causal, scale: (
+            q.new_empty(q.shape),
+            k.new_empty(k.shape),
+            v.new_empty(v.shape),
+        ),
+        save=lambda inputs, out: ((*inputs[:3], out[0], out[1]), inputs[3:]),
+        bwd_args=lambda saved, extra, do: (do, *saved, *extra),
+        grads=lambda g, extra: (g[0], g[1], g[2], None, None),
+        needs_grad=lambda q, k, v, causal, scale: q.requires_grad or k.requires_grad or v.requires_grad,
+        samples=(_opcheck_fwd, _opcheck_bwd),
+        triton=True,
+    )
+)
+
+
+def triton_attention(q, k, v, causal: bool = False, scale=None):
+    """FlashAttention-2 in Triton: online softmax in SRAM, causal blocks skipped, autotuned tiles."""
+    check_head_dim(q, HEAD_DIMS, "triton")
+    return _attention(q, k, v, causal, resolve_scale(q, scale))
+
+
+# For models that put several ops under one autograd node of their own (kit.build):
+# ``forward_saving(q, k, v, causal, scale) -> (o, saved)`` with a float scale (not None),
+# ``backward_from(saved, do) -> (dq, dk, dv, None, None)``: one entry per input of
+# forward_saving, the last two (causal, scale) always None.
+triton_attention.forward_saving = _attention.forward_saving
+triton_attention.backward_from = _attention.backward_from
+triton_attention.custom_ops, triton_attention.ops = _attention.custom_ops, _attention.ops
 
 
 def _kernel_specs(dtype: str):
@@ -778,24 +751,6 @@ def _kernel_specs(dtype: str):
             bwd_dq_configs()[0],
         ),
     ]
-
-
-def _forward_saving(q, k, v, causal, scale):
-    """No autograd node (see kit.build's forward_saving): (o, saved)."""
-    o, lse = forward(q, k, v, causal, scale)
-    return o, (q, k, v, o, lse, causal, scale)
-
-
-def _backward_from(saved, do):
-    q, k, v, o, lse, causal, scale = saved
-    return backward(do, q, k, v, o, lse, causal, scale)
-
-
-triton_attention.forward_saving, triton_attention.backward_from = _forward_saving, _backward_from
-triton_attention.custom_ops = [
-    (attention_op, _opcheck_fwd, True),
-    (attention_backward_op, _opcheck_bwd, False),
-]
 
 
 triton_support.register_triton(
