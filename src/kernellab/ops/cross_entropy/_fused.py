@@ -1,5 +1,5 @@
-"""Plumbing shared by the fused backends (Triton, CUDA): custom ops, autograd, the eager
-fast path and the reduction.
+"""What the fused backends (Triton, CUDA) share: their declaration to the op kit (custom
+op or triton_op, autograd, the eager fast path), the range check and the reduction.
 
 A backend supplies three launchers over contiguous tensors:
 
@@ -45,6 +45,8 @@ import os
 import torch
 from torch import Tensor
 
+from kernellab.ops.kit import OpDecl, build
+
 # The debug switch for the default call's range check on a GPU (see cross_entropy/__init__).
 CHECK_ON_GPU = os.environ.get("KERNELLAB_CHECK_TARGETS", "0") not in ("", "0")
 
@@ -52,10 +54,6 @@ CHECK_ON_GPU = os.environ.get("KERNELLAB_CHECK_TARGETS", "0") not in ("", "0")
 def lse_rows(dtype: torch.dtype) -> int:
     """Rows of the saved lse: 2 (hi, lo) for fp32 logits, 1 for 16-bit ones."""
     return 2 if dtype == torch.float32 else 1
-
-
-def _tracing() -> bool:
-    return torch.compiler.is_compiling()
 
 
 def check_targets(logits: Tensor, target: Tensor, ignore_index: int) -> None:
@@ -187,113 +185,113 @@ def reduce_rows(
     return (loss_rows.sum() / count).to(dtype)  # all ignored: 0 / 0 = NaN, as PyTorch
 
 
-def fused_backend(name: str, fwd, bwd, stats_fn):
-    """Custom ops ``kernellab::<name>_fwd`` / ``_bwd`` and the registry callable."""
+def fused_backend(name: str, fwd, bwd, stats_fn, triton: bool = False):
+    """The registry callable of a fused backend, around its launchers declared once to the
+    op kit (kit.build): the ops ``kernellab::<name>`` (logits, target, ignore_index,
+    inplace_backward) -> (loss_rows, lse) and ``kernellab::<name>_backward`` (logits,
+    target, lse, scale, ignore_index, inplace_backward) -> dlogits (``triton_op``s for a
+    Triton backend on a GPU: Inductor launches the kernels itself; ``custom_op`` else),
+    their autograd and the eager path.
 
-    def _fwd(logits: Tensor, target: Tensor, ignore_index: int) -> tuple[Tensor, Tensor]:
-        return fwd(logits.contiguous(), target.contiguous(), ignore_index)  # no range check: traced
+    What stays out of the ops, in the callable below: the range check (its stats kernel
+    writes a mapped host slot through a raw address and the host waits on an event: no
+    traced op may do either; under torch.compile the check is skipped, as before), the
+    stats kernel's row count for "mean" (eager; traced: a PyTorch sum that Inductor
+    fuses), and the reduction (PyTorch ops on the N per-row losses).
 
-    def _bwd(logits: Tensor, target: Tensor, lse: Tensor, scale: Tensor, ignore_index: int) -> Tensor:
+    ``inplace_backward`` is in both schemas but only the eager path acts on it (the kit's
+    ``eager_bwd``): the backward op never writes into its input, it declares no mutation.
+    Under torch.compile the callable passes False."""
+
+    def _fwd(
+        logits: Tensor, target: Tensor, ignore_index: int, inplace_backward: bool
+    ) -> tuple[Tensor, Tensor]:
+        return fwd(logits.contiguous(), target.contiguous(), ignore_index)
+
+    def _bwd(
+        logits: Tensor, target: Tensor, lse: Tensor, scale: Tensor, ignore_index: int, inplace_backward: bool
+    ) -> Tensor:
+        # The op (torch.compile, opcheck): a fresh gradient; the per-row scale packed to N
+        # floats (a stride-0 "mean"/"sum" scale would be one more layout to carry through
+        # Inductor for N * 4 bytes).
         logits = logits.contiguous()
         out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
         bwd(logits, target.contiguous(), lse, scale.float().contiguous(), ignore_index, out)
         return out
 
-    op = torch.library.custom_op(f"kernellab::{name}_fwd", _fwd, mutates_args=())
-    bop = torch.library.custom_op(f"kernellab::{name}_bwd", _bwd, mutates_args=())
+    def _bwd_eager(logits, target, lse, scale, ignore_index, inplace_backward):
+        # Eager: logits and target are the contiguous tensors the forward read (the
+        # callable packs them). In place, dlogits overwrite the logits and are returned as
+        # the gradient: no logits-sized buffer (see save below for why the alias adopts).
+        logits, target = logits.contiguous(), target.contiguous()
+        out = logits if inplace_backward else torch.empty_like(logits, memory_format=torch.contiguous_format)
+        g = scale.float()  # [N]; stride 0 when it is one scale broadcast ("mean", "sum"): not copied
+        bwd(logits, target, lse, g if g.stride(0) in (0, 1) else g.contiguous(), ignore_index, out)
+        return out
 
-    @op.register_fake
-    def _(logits, target, ignore_index):
-        n = logits.shape[0]
-        return (
-            logits.new_empty((n,), dtype=torch.float32),
-            logits.new_empty((lse_rows(logits.dtype), n), dtype=torch.float32),
+    def _save(inputs, out):
+        # In place, the logits are saved as a detached alias: after the node's saved
+        # tensors are released, the returned gradient is the only reference to that
+        # alias, and autograd's AccumulateGrad then adopts it as .grad instead of cloning
+        # it (saving ``logits`` itself, also held by the caller, made it clone: a
+        # logits-sized copy, the memory the option exists to avoid).
+        logits, target, ignore_index, inplace = inputs
+        return (logits.detach() if inplace else logits, target, out[1]), (ignore_index, inplace)
+
+    def _fwd_sample(make):
+        logits, target = make.args(1)
+        return (logits, target, -100, False)
+
+    def _bwd_sample(make):
+        logits, target = make.args(0)
+        _, lse = _fwd(logits, target, -100, False)
+        scale = torch.randn(logits.shape[0], device=logits.device)
+        return (logits, target, lse, scale, -100, False)
+
+    rows = build(
+        OpDecl(
+            name=name,
+            label=f"cross_entropy ({name.removeprefix('cross_entropy_')})",
+            fwd=_fwd,
+            bwd=_bwd,
+            eager_bwd=_bwd_eager,
+            fwd_fake=lambda logits, target, ignore_index, inplace_backward: (
+                logits.new_empty((logits.shape[0],), dtype=torch.float32),
+                logits.new_empty((lse_rows(logits.dtype), logits.shape[0]), dtype=torch.float32),
+            ),
+            bwd_fake=lambda logits, target, lse, scale, ignore_index, inplace_backward: torch.empty(
+                logits.shape, dtype=logits.dtype, device=logits.device
+            ),
+            save=_save,
+            bwd_args=lambda saved, extra, dy: (*saved, dy, *extra),
+            grads=lambda g, extra: (g[0], None, None, None),
+            needs_grad=lambda logits, target, ignore_index, inplace_backward: logits.requires_grad,
+            samples=(_fwd_sample, _bwd_sample),
+            triton=triton,
         )
-
-    @bop.register_fake
-    def _(logits, target, lse, scale, ignore_index):
-        return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-
-    def setup_context(ctx, inputs, output):
-        logits, target, ignore_index = inputs
-        ctx.save_for_backward(logits, target, output[1])
-        ctx.ignore_index = ignore_index
-
-    def backward(ctx, g_loss, g_lse):
-        logits, target, lse = ctx.saved_tensors
-        return bop(logits, target, lse, g_loss, ctx.ignore_index), None, None
-
-    op.register_autograd(backward, setup_context=setup_context)
-
-    class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, logits, target, ignore_index, inplace):
-            lc, tc = logits.contiguous(), target.contiguous()
-            loss_rows, lse = fwd(lc, tc, ignore_index)
-            # In place, the logits are saved as a detached alias: after this node's saved
-            # tensors are released, the returned gradient is the only reference to that
-            # alias, and autograd's AccumulateGrad then adopts it as .grad instead of
-            # cloning it (saving ``logits`` itself, also held by the caller, made it clone:
-            # a logits-sized copy, the memory the option exists to avoid).
-            ctx.save_for_backward(lc.detach() if inplace else lc, tc, lse)
-            ctx.ignore_index, ctx.inplace = ignore_index, inplace
-            ctx.mark_non_differentiable(lse)
-            # No zeros for the lse's (never used) gradient: autograd would otherwise
-            # materialize an [rows, N] fp32 tensor of them for every backward.
-            ctx.set_materialize_grads(False)
-            return loss_rows, lse
-
-        @staticmethod
-        def backward(ctx, g_loss, g_lse):
-            if torch.is_grad_enabled():  # create_graph=True: the fused backward has no derivative
-                raise RuntimeError(
-                    f"cross_entropy ({name}): double backward (create_graph=True) is not supported by "
-                    "this backend (its backward is a fused kernel); use backend='torch' or 'manual'"
-                )
-            if g_loss is None:  # the loss was not used: no gradient to give
-                return None, None, None, None
-            lc, tc, lse = ctx.saved_tensors
-            # In place: dlogits overwrite the (contiguous) logits; they are returned as
-            # the gradient, so no logits-sized buffer is allocated.
-            out = lc if ctx.inplace else torch.empty(lc.shape, dtype=lc.dtype, device=lc.device)
-            g = g_loss.float()  # [N]; stride 0 when it is one scale broadcast ("mean", "sum")
-            bwd(lc, tc, lse, g if g.stride(0) in (0, 1) else g.contiguous(), ctx.ignore_index, out)
-            return out, None, None, None
+    )
+    is_compiling = torch.compiler.is_compiling
 
     def call(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=None):
-        # The target range check runs beside the forward (see the module docstring); under
-        # torch.compile, with check_targets=False, or by default on a GPU (None, unless
-        # KERNELLAB_CHECK_TARGETS=1), it is skipped (no host sync) and an out-of-range
-        # target gives a NaN loss for its row.
+        if is_compiling():  # traced: no range check (no wait), in-place is eager only
+            loss_rows = rows(logits, target, ignore_index, False)
+            return reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)
+        # The target range check runs beside the forward (see the module docstring); with
+        # check_targets=False, or by default on a GPU (None, unless KERNELLAB_CHECK_TARGETS=1),
+        # it is skipped (no host sync) and an out-of-range target gives a NaN loss for its row.
         if check_targets is None:
             check_targets = CHECK_ON_GPU or not logits.is_cuda
-        if _tracing():
-            loss_rows, _ = op(logits, target, ignore_index)
-            return reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)
         tc = target.contiguous()
         stats = None
         pending = start_check(tc) if check_targets and tc.shape[0] else None
         if pending is not None or reduction == "mean":
             stats = target_stats(stats_fn, tc, logits.shape[1], ignore_index, pending)
-        if logits.requires_grad and torch.is_grad_enabled():
-            loss_rows, _ = Eager.apply(logits, tc, ignore_index, inplace_backward)
-        else:
-            loss_rows, _ = fwd(logits.contiguous(), tc, ignore_index)
+        loss_rows = rows(logits.contiguous(), tc, ignore_index, inplace_backward)
         count = stats[1] if reduction == "mean" else None
         out = reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype, count)
         finish_check(pending, logits, target, ignore_index)
         return out
 
-    def _fwd_args(make):
-        logits, target = make.args(1)
-        return (logits, target, -100)
-
-    def _bwd_args(make):
-        logits, target = make.args(0)
-        _, lse = _fwd(logits, target, -100)
-        scale = torch.randn(logits.shape[0], device=logits.device)
-        return (logits, target, lse, scale, -100)
-
-    call.custom_ops = [(op, _fwd_args, True), (bop, _bwd_args, False)]
+    call.custom_ops, call.ops = rows.custom_ops, rows.ops
     call.__name__ = name
     return call

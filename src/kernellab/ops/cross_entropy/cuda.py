@@ -1,7 +1,8 @@
-"""Cross-entropy in CUDA C++ (cross_entropy.cu, compiled by NVRTC): launchers, custom ops,
-registrations. Backends ``cuda_v1`` (one element per thread, three-pass forward) and
-``cuda`` (online log-sum-exp over 16-byte packs, rows peeled to a 16-byte boundary; the
-backward takes v1 when dx rows are not aligned like the logits rows).
+"""Cross-entropy in CUDA C++ (cross_entropy.cu, compiled by NVRTC): launchers, custom ops
+(declared to the op kit in _fused), registrations. Backends ``cuda_v1`` (one element per
+thread, three-pass forward) and ``cuda`` (online log-sum-exp over 16-byte packs, rows
+peeled to a 16-byte boundary; the backward takes v1 when dx rows are not aligned like the
+logits rows).
 See the variant list at the top of cross_entropy.cu."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Cross-entropy in Triton: kernels, launchers, custom op, registration.
+"""Cross-entropy in Triton: kernels, launchers, the op kit's declaration (_fused), registration.
 
 Forward: one program per row streams the row once in BLOCK-wide chunks with the
 online-softmax recurrence (running max m and sum s of exp(x - m), s rescaled by
@@ -117,6 +117,8 @@ def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, g_ptr, g_stride, dx_ptr, n_cols, ignor
 
 def _config(n_cols: int):
     """(BLOCK, num_warps): a whole row in one chunk up to BLOCK_MAX columns."""
+    if type(n_cols) is not int:  # symbolic (dynamic shapes under torch.compile): BLOCK needs a value
+        n_cols = int(n_cols)
     block = min(triton_support.next_pow2(max(n_cols, 1)), BLOCK_MAX)
     return block, 8 if block >= 2048 else 4
 
@@ -170,7 +172,10 @@ def _stats(target: torch.Tensor, n_cols: int, ignore_index: int, out: torch.Tens
     )
 
 
-cross_entropy_triton = fused_backend("cross_entropy_triton", _fwd, _bwd, _stats)
+# On a GPU the ops are triton_ops: under torch.compile Inductor traces _fwd / _bwd and
+# launches _ce_fwd_kernel / _ce_bwd_kernel itself. _stats (the range check's kernel,
+# which writes a raw host address) runs only in eager mode, outside the ops (_fused).
+cross_entropy_triton = fused_backend("cross_entropy_triton", _fwd, _bwd, _stats, triton=True)
 
 
 def _kernel_specs(dtype: str):
