@@ -37,7 +37,8 @@ def test_loss_curves_agree_over_20_steps_pytorch_vs_triton():
 
 def test_op_sets_fill_every_slot_and_refuse_unknown_names():
     ops = gpt.op_set("triton")
-    assert set(gpt.SLOTS) <= set(ops) and ops["qkv_contiguous"]
+    assert set(gpt.SLOTS) <= set(ops) and not ops["qkv_contiguous"]  # Triton reads the projection
+    assert gpt.op_set({"attn": "tiled"})["qkv_contiguous"]  # a [B*H]-folding backend: one copy
     assert gpt.op_set("pytorch")["qkv_contiguous"] is False
     with pytest.raises(KeyError, match="no backend 'nope'"):
         gpt.op_set("nope")

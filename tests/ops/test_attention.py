@@ -470,3 +470,31 @@ def test_gpu_cuda_v1_is_forward_only():
         A.attention(q, k, v, backend="cuda_v1")
     with pytest.raises(TypeError, match=r"\bq\b.*bfloat16"):
         A.attention(*(t.detach().bfloat16() for t in (q, k, v)), backend="cuda_v1")
+
+
+def test_triton_reads_packed_qkv_and_writes_gradients_in_place():
+    """Triton attention takes batch and head strides: q, k, v as views of one packed
+    [B, T, 3, H, D] projection are read in place, o comes back in [B, T, H, D] memory order
+    (o.transpose(1, 2).reshape(B, T, H * D) is a view), and backward_into writes dq, dk, dv
+    into views of one packed gradient buffer; all equal the float64 reference."""
+    from kernellab.ops.attention import triton as at
+
+    b, t, h, d = 2, 37, 3, 16
+    gen = torch.Generator().manual_seed(5)
+    qkv = torch.randn(b, t, 3, h, d, generator=gen)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    o, saved = kernellab.get("attention", "triton").fn.forward_saving(q, k, v, True, 0.25)
+    q64, k64, v64 = (x.double().requires_grad_(True) for x in (q, k, v))
+    from kernellab.ops.spec import get_spec
+
+    ref = get_spec("attention").reference(q64, k64, v64, causal=True, scale=0.25)
+    assert (o.double() - ref).abs().max().item() < 1e-5
+    assert o.transpose(1, 2).reshape(b, t, h * d).data_ptr() == o.data_ptr()
+    assert o.transpose(1, 2).is_contiguous()
+    do = torch.randn(b, h, t, d, generator=gen)
+    dq_ref, dk_ref, dv_ref = torch.autograd.grad(ref, (q64, k64, v64), do.double())
+    grad = torch.full((b, t, 3, h, d), float("nan"))
+    at._backward_into(saved, do, *grad.permute(2, 0, 3, 1, 4).unbind(0))
+    dq, dk, dv = grad.permute(2, 0, 3, 1, 4).unbind(0)
+    for got, want in ((dq, dq_ref), (dk, dk_ref), (dv, dv_ref)):
+        assert (got.double() - want).abs().max().item() < 1e-4

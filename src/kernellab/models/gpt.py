@@ -102,10 +102,11 @@ def op_set(backends="pytorch", matmul="pytorch") -> dict:
         if be is not None:
             kernellab.get(op, be)  # KeyError naming the registered backends
         ops[slot] = _kl_op(slot, be)
-    # kernellab's attention folds [B, H] into one dimension: q, k, v permuted out of the
-    # fused qkv projection would each be copied in its forward and again in its backward
-    # (2.7 ms of copy kernels per step in the GPT-2 8x1024 eager profile); one copy instead.
-    ops["qkv_contiguous"] = chosen.get("attn", "pytorch") != "pytorch"
+    # Attention backends that fold [B, H] into one dimension would copy q, k and v permuted
+    # out of the fused qkv projection in their forward and again in their backward (2.7 ms
+    # of copy kernels per step in the GPT-2 8x1024 eager profile): one copy instead. The
+    # Triton backend takes batch and head strides and reads the projection in place.
+    ops["qkv_contiguous"] = chosen.get("attn", "pytorch") not in ("pytorch", "triton", None)
     ops["chosen"] = chosen
     return ops
 
@@ -163,10 +164,11 @@ def _block_fwd(x2, p, k, b, t, heads):
     hd = d // heads
     y1, s_ln1 = k["ln"].forward_saving(x2, ln1_w, ln1_b, 1e-5)
     qkv = _linear(y1, qkv_w, qkv_b)
-    # [B*T, 3D] -> [3, B, H, T, hd] once: our attention reads q, k, v with [B*H] folded.
-    q, kk, v = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 1, 4).contiguous().unbind(0)
+    # q, k, v as [B, H, T, hd] views of the projection: the kernels take batch and head
+    # strides, so nothing is copied; o comes back in [B, T, H, hd] memory order.
+    q, kk, v = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 1, 4).unbind(0)
     o, s_att = k["attn"].forward_saving(q, kk, v, True, 1.0 / math.sqrt(hd))
-    a = o.transpose(1, 2).reshape(b * t, d)
+    a = o.transpose(1, 2).reshape(b * t, d)  # a view when o is [B, T, H, hd] in memory
     x1, _ = k["add"].forward_saving(x2, _linear(a, proj_w, proj_b))
     y2, s_ln2 = k["ln"].forward_saving(x1, ln2_w, ln2_b, 1e-5)
     h = _linear(y2, fc_w, fc_b)
@@ -188,9 +190,16 @@ def _block_bwd(dout, saved, k, b, t, heads):
     dx1, _ = k["add"].forward_saving(dout, dx1_ln)
     da, dproj_w, dproj_b = _linear_bwd(dx1, a, proj_w, True)
     do = da.view(b, t, heads, hd).transpose(1, 2)
-    dq, dk, dv = k["attn"].backward_from(s_att, do)[:3]
-    # [3 x B, H, T, hd] -> [B*T, 3D] in the qkv projection's layout: one copy.
-    dqkv = torch.stack((dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)), dim=2).view(b * t, 3 * d)
+    into = getattr(k["attn"], "backward_into", None)
+    if into is not None:  # dq, dk, dv written straight into the qkv projection's layout
+        dqkv = torch.empty((b, t, 3, heads, hd), dtype=da.dtype, device=da.device)
+        into(s_att, do, *dqkv.permute(2, 0, 3, 1, 4).unbind(0))
+        dqkv = dqkv.view(b * t, 3 * d)
+    else:
+        dq, dk, dv = k["attn"].backward_from(s_att, do)[:3]
+        # [3 x B, H, T, hd] -> [B*T, 3D] in the qkv projection's layout: one copy.
+        dqkv = torch.stack((dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)), dim=2)
+        dqkv = dqkv.view(b * t, 3 * d)
     dy1, dqkv_w, dqkv_b = _linear_bwd(dqkv, y1, qkv_w, True)
     dx_ln, dln1_w, dln1_b, _ = k["ln"].backward_from(s_ln1, dy1)
     dx, _ = k["add"].forward_saving(dx1, dx_ln)

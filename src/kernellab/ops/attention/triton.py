@@ -258,12 +258,13 @@ def _fwd_inner(
 @triton.autotune(configs=fwd_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
 @triton_support.jit
 def _attn_fwd(
-    Q, K, V, O, LSE,  # q (BH, S_q, D), k/v (BH, S_k, D) strided; o (BH, S_q, D), lse (BH, S_q) contiguous
+    Q, K, V, O, LSE,  # q (Z, NH, S_q, D), k/v (Z, NH, S_k, D), o (Z, NH, S_q, D) strided; lse (Z*NH, S_q) contiguous
     qk_scale,  # scale * log2(e)
-    stride_qb, stride_qs, stride_qd,
-    stride_kb, stride_ks, stride_kd,
-    stride_vb, stride_vs, stride_vd,
-    S_q, S_k,  # grid: cdiv(S_q, BLOCK_M) * BH programs
+    stride_qz, stride_qh, stride_qs, stride_qd,
+    stride_kz, stride_kh, stride_ks, stride_kd,
+    stride_vz, stride_vh, stride_vs, stride_vd,
+    stride_oz, stride_oh, stride_os,  # o's head dim is unit-stride
+    NH, S_q, S_k,  # grid: cdiv(S_q, BLOCK_M) * Z * NH programs
     S_Q_KEY, S_K_KEY,  # autotune buckets only
     HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -271,6 +272,8 @@ def _attn_fwd(
     pid = tl.program_id(0)
     num_m = tl.cdiv(S_q, BLOCK_M)
     bh = (pid // num_m).to(tl.int64)  # consecutive programs share a head: K/V stay in L2
+    zo = bh // NH
+    ho = bh % NH
     pid_m = pid % num_m
     if CAUSAL:
         pid_m = num_m - 1 - pid_m  # longest rows first
@@ -280,12 +283,12 @@ def _attn_fwd(
     offs_d = tl.arange(0, HEAD_D)
     OFFSET = S_k - S_q  # bottom-right causal: query i sees keys j <= i + OFFSET
 
-    q_ptrs = Q + bh * stride_qb + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd
+    q_ptrs = Q + zo * stride_qz + ho * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=offs_m[:, None] < S_q, other=0.0)
     if F32_DOTS:
         q = q.to(tl.float32)
-    k_ptrs = K + bh * stride_kb + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
-    v_ptrs = V + bh * stride_vb + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    k_ptrs = K + zo * stride_kz + ho * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = V + zo * stride_vz + ho * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -313,7 +316,7 @@ def _attn_fwd(
     o = acc / l_div[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * 0.6931471805599453)
     row_ok = offs_m < S_q
-    o_ptrs = O + bh * S_q * HEAD_D + offs_m[:, None] * HEAD_D + offs_d[None, :]
+    o_ptrs = O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None])
     tl.store(LSE + bh * S_q + offs_m, lse, mask=row_ok)
 
@@ -323,21 +326,25 @@ def _attn_fwd(
 
 @triton_support.jit
 def _attn_bwd_pre(
-    O, DO, DELTA,  # o (BH, S_q, D) contiguous, dO strided, delta (BH, S_q) fp32
-    stride_ob, stride_os, stride_dob, stride_dos, stride_dod,
-    S_q, num_m, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    O, DO, DELTA,  # o (Z, NH, S_q, D) unit-stride rows, dO strided, delta (Z*NH, S_q) fp32
+    stride_oz, stride_oh, stride_os, stride_doz, stride_doh, stride_dos, stride_dod,
+    NH, S_q, num_m, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     # delta_i = sum_d dO[i, d] * O[i, d]  (= rowsum(P * dP), so dS = P (dP - delta))
     pid = tl.program_id(0)
     bh = (pid // num_m).to(tl.int64)
+    zo = bh // NH
+    ho = bh % NH
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
     row_ok = offs_m < S_q
     o = tl.load(
-        O + bh * stride_ob + offs_m[:, None] * stride_os + offs_d[None, :], mask=row_ok[:, None], other=0.0
+        O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
     )
     do = tl.load(
-        DO + bh * stride_dob + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
+        DO + zo * stride_doz + ho * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
         mask=row_ok[:, None],
         other=0.0,
     )
@@ -387,19 +394,23 @@ def _dkdv_inner(
 @triton.autotune(configs=bwd_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune_dkdv})
 @triton_support.jit
 def _attn_bwd_dkdv(
-    Q, K, V, DO, LSE, DELTA, DK, DV,  # dk, dv (BH, S_k, D) contiguous
+    Q, K, V, DO, LSE, DELTA, DK, DV,  # dk, dv (Z, NH, S_k, D) with unit-stride rows
     qk_scale, sm_scale,
-    stride_qb, stride_qs, stride_qd,
-    stride_kb, stride_ks, stride_kd,
-    stride_vb, stride_vs, stride_vd,
-    stride_dob, stride_dos, stride_dod,
-    S_q, S_k, S_Q_KEY, S_K_KEY,
+    stride_qz, stride_qh, stride_qs, stride_qd,
+    stride_kz, stride_kh, stride_ks, stride_kd,
+    stride_vz, stride_vh, stride_vs, stride_vd,
+    stride_doz, stride_doh, stride_dos, stride_dod,
+    stride_dkz, stride_dkh, stride_dks,
+    stride_dvz, stride_dvh, stride_dvs,
+    NH, S_q, S_k, S_Q_KEY, S_K_KEY,
     HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     num_n = tl.cdiv(S_k, BLOCK_N)
     bh = (pid // num_n).to(tl.int64)
+    zo = bh // NH
+    ho = bh % NH
     start_n = (pid % num_n) * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -408,20 +419,20 @@ def _attn_bwd_dkdv(
     key_ok = offs_n < S_k
     # Keys past S_k load as 0; their dk/dv rows are computed and never stored.
     k = tl.load(
-        K + bh * stride_kb + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
+        K + zo * stride_kz + ho * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
         mask=key_ok[:, None],
         other=0.0,
     )
     v = tl.load(
-        V + bh * stride_vb + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+        V + zo * stride_vz + ho * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
         mask=key_ok[:, None],
         other=0.0,
     )
     if F32_DOTS:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    q_ptrs = Q + bh * stride_qb + offs_m0[:, None] * stride_qs + offs_d[None, :] * stride_qd
-    do_ptrs = DO + bh * stride_dob + offs_m0[:, None] * stride_dos + offs_d[None, :] * stride_dod
+    q_ptrs = Q + zo * stride_qz + ho * stride_qh + offs_m0[:, None] * stride_qs + offs_d[None, :] * stride_qd
+    do_ptrs = DO + zo * stride_doz + ho * stride_doh + offs_m0[:, None] * stride_dos + offs_d[None, :] * stride_dod
     lse_ptr = LSE + bh * S_q
     delta_ptr = DELTA + bh * S_q
     dk = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
@@ -452,9 +463,10 @@ def _attn_bwd_dkdv(
         offs_m0, offs_n, tail, q_pad, qk_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
     )  # fmt: skip
     dk = dk * sm_scale
-    out = bh * S_k * HEAD_D + offs_n[:, None] * HEAD_D + offs_d[None, :]
-    tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=key_ok[:, None])
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=key_ok[:, None])
+    dk_out = zo * stride_dkz + ho * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
+    dv_out = zo * stride_dvz + ho * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :]
+    tl.store(DK + dk_out, dk.to(DK.dtype.element_ty), mask=key_ok[:, None])
+    tl.store(DV + dv_out, dv.to(DV.dtype.element_ty), mask=key_ok[:, None])
 
 
 @triton.jit
@@ -492,19 +504,22 @@ def _dq_inner(
 @triton.autotune(configs=bwd_dq_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
 @triton_support.jit
 def _attn_bwd_dq(
-    Q, K, V, DO, LSE, DELTA, DQ,  # dq (BH, S_q, D) contiguous
+    Q, K, V, DO, LSE, DELTA, DQ,  # dq (Z, NH, S_q, D) with unit-stride rows
     qk_scale, sm_scale,
-    stride_qb, stride_qs, stride_qd,
-    stride_kb, stride_ks, stride_kd,
-    stride_vb, stride_vs, stride_vd,
-    stride_dob, stride_dos, stride_dod,
-    S_q, S_k, S_Q_KEY, S_K_KEY,
+    stride_qz, stride_qh, stride_qs, stride_qd,
+    stride_kz, stride_kh, stride_ks, stride_kd,
+    stride_vz, stride_vh, stride_vs, stride_vd,
+    stride_doz, stride_doh, stride_dos, stride_dod,
+    stride_dqz, stride_dqh, stride_dqs,
+    NH, S_q, S_k, S_Q_KEY, S_K_KEY,
     HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     num_m = tl.cdiv(S_q, BLOCK_M)
     bh = (pid // num_m).to(tl.int64)
+    zo = bh // NH
+    ho = bh % NH
     pid_m = pid % num_m
     if CAUSAL:
         pid_m = num_m - 1 - pid_m
@@ -515,12 +530,12 @@ def _attn_bwd_dq(
     OFFSET = S_k - S_q
     row_ok = offs_m < S_q
     q = tl.load(
-        Q + bh * stride_qb + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
+        Q + zo * stride_qz + ho * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
         mask=row_ok[:, None],
         other=0.0,
     )
     do = tl.load(
-        DO + bh * stride_dob + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
+        DO + zo * stride_doz + ho * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
         mask=row_ok[:, None],
         other=0.0,
     )
@@ -530,8 +545,8 @@ def _attn_bwd_dq(
     lse = tl.load(LSE + bh * S_q + offs_m, mask=row_ok, other=float("inf"))
     lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
     delta = tl.load(DELTA + bh * S_q + offs_m, mask=row_ok, other=0.0)
-    k_ptrs = K + bh * stride_kb + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
-    v_ptrs = V + bh * stride_vb + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    k_ptrs = K + zo * stride_kz + ho * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = V + zo * stride_vz + ho * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
     dq = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
 
     full = (S_k // BLOCK_N) * BLOCK_N
@@ -550,7 +565,7 @@ def _attn_bwd_dq(
     )  # fmt: skip
     dq = dq * sm_scale
     tl.store(
-        DQ + bh * S_q * HEAD_D + offs_m[:, None] * HEAD_D + offs_d[None, :],
+        DQ + zo * stride_dqz + ho * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
         dq.to(DQ.dtype.element_ty),
         mask=row_ok[:, None],
     )
@@ -575,8 +590,28 @@ def _f32_dots(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and _device.triton_interpreted()
 
 
-def _fold(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape((math.prod(t.shape[:-2]),) + tuple(t.shape[-2:]))  # (-1 fails on 0 elements)
+def _split(t: torch.Tensor) -> torch.Tensor:
+    """t (..., S, D) as a 4-D (Z, NH, S, D) tensor with t's own strides: the kernels index
+    batch and head apart, so q, k, v read straight out of a fused qkv projection
+    ([B, S, 3, H, D] permuted: no copy) and o, dq, dk, dv are written in any layout. Only
+    leading dims beyond two that cannot be viewed as one are copied."""
+    lead = t.shape[:-2]
+    if len(lead) == 2:
+        return t
+    if len(lead) < 2:
+        return t.reshape((1,) * (2 - len(lead)) + tuple(t.shape))
+    return t.reshape((math.prod(lead[:-1]),) + tuple(t.shape[-3:]))  # (-1 fails on 0 elements)
+
+
+def empty_bshd(lead, s: int, d: int, dtype, device) -> torch.Tensor:
+    """A fresh (lead..., S, D) tensor whose memory is ordered (lead[:-1]..., S, lead[-1], D):
+    for q-shaped [B, H, S, D] outputs, o.transpose(1, 2).reshape(B, S, H * D) is a view
+    (what a transformer's output projection reads), as SDPA's flash kernel lays out its
+    output. With no leading dims: contiguous."""
+    lead = tuple(lead)
+    if not lead:
+        return torch.empty((s, d), dtype=dtype, device=device)
+    return torch.empty(lead[:-1] + (s, lead[-1], d), dtype=dtype, device=device).transpose(-2, -3)
 
 
 def _bucket(n: int) -> int:
@@ -586,60 +621,73 @@ def _bucket(n: int) -> int:
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """(o, lse) for any strided q, k, v; o contiguous like q, lse (..., S_q) fp32."""
+    """(o, lse) for any strided q, k, v (same leading dims); o in ``empty_bshd``'s layout,
+    lse (..., S_q) fp32 contiguous."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
-    q3, k3, v3 = _fold(q), _fold(k), _fold(v)
-    bh = q3.shape[0]
-    o = torch.empty((bh, s_q, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
+    q4, k4, v4 = _split(q), _split(k), _split(v)
+    nh = q4.shape[1]
+    bh = q4.shape[0] * nh
+    o = empty_bshd(lead, s_q, d, q.dtype, q.device)
+    lse = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
     if bh and s_q:
+        o4 = _split(o)
         # The grid depends on the tile the autotuner picks.
         triton_support.launch_tuned(
             _attn_fwd, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
-            q3, k3, v3, o, lse, scale * LOG2E,
-            *q3.stride(), *k3.stride(), *v3.stride(),
-            s_q, s_k, _bucket(s_q), _bucket(s_k),
-            HEAD_D=d, CAUSAL=causal, PREC=_prec(q3.dtype), F32_DOTS=_f32_dots(q3.dtype),
+            q4, k4, v4, o4, lse, scale * LOG2E,
+            *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
+            nh, s_q, s_k, _bucket(s_q), _bucket(s_k),
+            HEAD_D=d, CAUSAL=causal, PREC=_prec(q.dtype), F32_DOTS=_f32_dots(q.dtype),
         )  # fmt: skip
-    return o.reshape(lead + (s_q, d)), lse.reshape(lead + (s_q,))
+    return o, lse
 
 
 def backward(
     do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv), contiguous, from the saved o and lse."""
-    s_q, s_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    q3, k3, v3, do3, o3 = _fold(q), _fold(k), _fold(v), _fold(do), _fold(o)
-    bh = q3.shape[0]
-    lse2 = lse.reshape(bh, s_q)
-    dq = torch.empty((bh, s_q, d), dtype=q.dtype, device=q.device)
-    dk = torch.empty((bh, s_k, d), dtype=k.dtype, device=k.device)
-    dv = torch.empty((bh, s_k, d), dtype=v.dtype, device=v.device)
+    """(dq, dk, dv) from the saved o and lse, in ``empty_bshd``'s layout."""
+    return backward_into(do, q, k, v, o, lse, causal, scale, None, None, None)
+
+
+def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
+    """``backward`` writing into the given ``dq``, ``dk``, ``dv`` (any strides with a
+    unit-stride head dim, shaped as q, k, v: a fused model passes views of its qkv gradient
+    buffer); None: fresh, in ``empty_bshd``'s layout."""
+    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    q4, k4, v4, do4, o4 = _split(q), _split(k), _split(v), _split(do), _split(o)
+    nh = q4.shape[1]
+    bh = q4.shape[0] * nh
+    dq = empty_bshd(lead, s_q, d, q.dtype, q.device) if dq is None else dq
+    dk = empty_bshd(k.shape[:-2], s_k, d, k.dtype, k.device) if dk is None else dk
+    dv = empty_bshd(v.shape[:-2], s_k, v.shape[-1], v.dtype, v.device) if dv is None else dv
     if bh:
+        dq4, dk4, dv4 = _split(dq), _split(dk), _split(dv)
         delta = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
         prec = _prec(q.dtype)
-        common = (scale * LOG2E, scale, *q3.stride(), *k3.stride(), *v3.stride(), *do3.stride())
+        common = (
+            scale * LOG2E, scale, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
+        )  # fmt: skip
         if s_q:
             pre_m = 64 if not _device.triton_interpreted() else 32
             num_m = triton_support.cdiv(s_q, pre_m)
             _attn_bwd_pre[(num_m * bh,)](
-                o3, do3, delta, o3.stride(0), o3.stride(1), *do3.stride(), s_q, num_m, HEAD_D=d, BLOCK_M=pre_m
+                o4, do4, delta, *o4.stride()[:3], *do4.stride(), nh, s_q, num_m, HEAD_D=d, BLOCK_M=pre_m
             )
         if s_k:
             triton_support.launch_tuned(
                 _attn_bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * bh,),
-                q3, k3, v3, do3, lse2, delta, dk, dv, *common,
-                s_q, s_k, _bucket(s_q), _bucket(s_k),
-                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q3.dtype),
+                q4, k4, v4, do4, lse, delta, dk4, dv4, *common, *dk4.stride()[:3], *dv4.stride()[:3],
+                nh, s_q, s_k, _bucket(s_q), _bucket(s_k),
+                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
             )  # fmt: skip
         if s_q:
             triton_support.launch_tuned(
                 _attn_bwd_dq, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
-                q3, k3, v3, do3, lse2, delta, dq, *common,
-                s_q, s_k, _bucket(s_q), _bucket(s_k),
-                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q3.dtype),
+                q4, k4, v4, do4, lse, delta, dq4, *common, *dq4.stride()[:3],
+                nh, s_q, s_k, _bucket(s_q), _bucket(s_k),
+                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
             )  # fmt: skip
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    return dq, dk, dv
 
 
 # --------------------------------------------------------------------------- custom op (the kit)
@@ -673,13 +721,11 @@ _attention = build(
         fwd=forward,
         bwd=backward,
         fwd_fake=lambda q, k, v, causal, scale: (
-            q.new_empty(q.shape[:-1] + (v.shape[-1],)),
+            empty_bshd(q.shape[:-2], q.shape[-2], v.shape[-1], q.dtype, q.device),
             q.new_empty(q.shape[:-1], dtype=torch.float32),
         ),
-        bwd_fake=lambda do, q, k, v, o, lse, causal, scale: (
-            q.new_empty(q.shape),
-            k.new_empty(k.shape),
-            v.new_empty(v.shape),
+        bwd_fake=lambda do, q, k, v, o, lse, causal, scale: tuple(
+            empty_bshd(t.shape[:-2], t.shape[-2], t.shape[-1], t.dtype, t.device) for t in (q, k, v)
         ),
         save=lambda inputs, out: ((*inputs[:3], out[0], out[1]), inputs[3:]),
         bwd_args=lambda saved, extra, do: (do, *saved, *extra),
@@ -713,34 +759,37 @@ def _kernel_specs(dtype: str):
     Hopper default; the autotuner may pick another)."""
     ptr = f"*{dtype}"
 
-    def strides(*names):
+    def strides(names, out_names):
         sig, cx = {}, {}
         for n in names:
-            for suffix in ("b", "s", "d"):
+            for suffix in ("z", "h", "s", "d"):
                 key = f"stride_{n}{suffix}"
                 if suffix == "d":
                     sig[key], cx[key] = "constexpr", 1
                 else:
                     sig[key] = "i32"
+        for n in out_names:  # outputs: unit-stride head dim, no stride argument for it
+            sig.update({f"stride_{n}{suffix}": "i32" for suffix in ("z", "h", "s")})
         return sig, cx
 
-    def spec(kernel, ptrs, scalars, stride_names, cfg):
+    def spec(kernel, ptrs, scalars, stride_names, out_strides, cfg):
         sig = {p_: ("*fp32" if p_ in ("LSE", "DELTA") else ptr) for p_ in ptrs}
         sig.update({s_: "fp32" for s_ in scalars})
-        st_sig, st_cx = strides(*stride_names)
+        st_sig, st_cx = strides(stride_names, out_strides)
         sig.update(st_sig)
-        sig.update({"S_q": "i32", "S_k": "i32", "S_Q_KEY": "i32", "S_K_KEY": "i32"})
+        sig.update({"NH": "i32", "S_q": "i32", "S_k": "i32", "S_Q_KEY": "i32", "S_K_KEY": "i32"})
         cx = dict(st_cx, HEAD_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, **cfg.kwargs)
         sig.update({k: "constexpr" for k in ("HEAD_D", "CAUSAL", "PREC", "F32_DOTS", "BLOCK_M", "BLOCK_N")})
         return (kernel.fn, sig, cx, cfg.num_warps)
 
     return [
-        spec(_attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale",), ("q", "k", "v"), fwd_configs()[0]),
+        spec(_attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale",), ("q", "k", "v"), ("o",), fwd_configs()[0]),
         spec(
             _attn_bwd_dkdv,
             ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV"),
             ("qk_scale", "sm_scale"),
             ("q", "k", "v", "do"),
+            ("dk", "dv"),
             bwd_dkdv_configs()[0],
         ),
         spec(
@@ -748,9 +797,19 @@ def _kernel_specs(dtype: str):
             ("Q", "K", "V", "DO", "LSE", "DELTA", "DQ"),
             ("qk_scale", "sm_scale"),
             ("q", "k", "v", "do"),
+            ("dq",),
             bwd_dq_configs()[0],
         ),
     ]
+
+
+def _backward_into(saved, do, dq, dk, dv):
+    """backward_from writing into the given dq, dk, dv (views of a fused qkv gradient)."""
+    (q, k, v, o, lse), (causal, scale) = saved
+    return backward_into(do, q, k, v, o, lse, causal, scale, dq, dk, dv)
+
+
+triton_attention.backward_into = _backward_into
 
 
 triton_support.register_triton(
