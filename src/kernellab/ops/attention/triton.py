@@ -732,7 +732,12 @@ _attention = build(
         grads=lambda g, extra: (g[0], g[1], g[2], None, None),
         needs_grad=lambda q, k, v, causal, scale: q.requires_grad or k.requires_grad or v.requires_grad,
         samples=(_opcheck_fwd, _opcheck_bwd),
-        triton=True,
+        # A custom_op, not a triton_op, under torch.compile: as a triton_op, Inductor's own
+        # compile of the autotuned _attn_fwd failed on the H100 (torch 2.11, Triton 3.6: a
+        # tl.dot accumulator assertion inside _mma, bf16 inputs; the same kernel compiles
+        # and passes when Triton's launcher compiles it). Opaque to Inductor until that is
+        # understood; the eager path is the same either way.
+        triton=False,
     )
 )
 
