@@ -336,4 +336,5 @@ register(
     builtin=True,
     triton_kernels=_kernel_specs,
     description="Triton: autotuned tiles, grouped program order, fused bias/activation",
+    double_backward=True,  # _autograd.matmul_op: the backward's matmuls are the custom op
 )(matmul_triton)

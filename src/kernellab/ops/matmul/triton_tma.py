@@ -227,4 +227,5 @@ register(
     dtypes=(torch.float16, torch.bfloat16),
     triton_kernels=_kernel_specs,
     description="Triton with TMA tensor descriptors (Hopper), autotuned, fused epilogue",
+    double_backward=True,  # _autograd.matmul_op: the backward's matmuls are the custom op
 )(matmul_triton_tma)
