@@ -1,7 +1,7 @@
 """Shared pytest setup for kernellab's tests.
 
 - Tests marked ``gpu`` are skipped (cleanly, with a reason) when torch sees no CUDA
-  device; on the lent H100/H200 they run.
+  device; on the lent H100/H200 they run. Tests marked ``slow`` run only with ``--slow``.
 - Fixtures: ``device`` (the best device here), ``cuda`` (skips without a GPU),
   ``planted`` (register throw-away implementations that are always unregistered),
   ``kl_cache`` (a fresh KERNELLAB_CACHE under tmp_path). The whole session compiles
@@ -59,7 +59,18 @@ def _hypothesis_out_of_the_repo() -> None:
 _hypothesis_out_of_the_repo()
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--slow", action="store_true", default=False, help="also run tests marked slow (minutes to hours)"
+    )
+
+
 def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--slow"):
+        skip_slow = pytest.mark.skip(reason="slow: run with --slow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False")

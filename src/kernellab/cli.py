@@ -112,10 +112,15 @@ def cmd_check(args) -> int:
     for r in reports:
         style = {"pass": "green", "fail": "red", "compiled": "cyan", "unavailable": "yellow"}[r.status]
         n_pass = sum(c.status == "pass" for c in r.cases)
-        refused = [c.name for c in r.cases if c.status == "refused"]
+        # Refusals by case kind: "refused: layout transposed, x:sliced; double backward".
+        refused: dict[str, list[str]] = {}
+        for c in r.cases:
+            if c.status == "refused":
+                refused.setdefault(c.kind, []).append(c.name)
         notes = r.reason
         if refused:
-            notes += ("; " if notes else "") + "refused layouts: " + ", ".join(refused)
+            what = "; ".join(f"{kind} {', '.join(names)}" for kind, names in refused.items())
+            notes += ("; " if notes else "") + "refused: " + what
         for c in r.failures[:3]:
             notes += ("; " if notes else "") + f"{c.kind} {c.name}: {c.detail}"
         worst = f"{r.worst_ratio:.2f}" if r.worst_ratio is not None else "-"

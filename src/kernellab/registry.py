@@ -40,6 +40,10 @@ class Impl:
                  outside what the backend computes by design (None: inside). The backend
                  must refuse such a call with TypeError / ValueError; ``check`` then counts
                  the case as refused, not failed (and judges it as usual if it computes).
+    double_backward: whether gradients taken with ``create_graph=True`` are themselves
+                 differentiable (second derivatives exact). ``check`` requires them right
+                 where declared; where not, a RuntimeError (or right numbers, never a
+                 gradient that silently lost its graph).
     """
 
     op: str
@@ -55,6 +59,7 @@ class Impl:
     module: object = None  # the cuda.runtime.Module of a CUDA backend (for `kernellab asm`)
     triton_kernels: Callable | None = None  # dtype -> [(kernel, signature, constexprs, warps)]
     limits: Callable[..., str | None] | None = None
+    double_backward: bool = False
     _spec: object = field(default=None, repr=False, compare=False)
 
     def why_unavailable(self, device: str | None = None) -> str | None:
@@ -139,6 +144,7 @@ def register(
     module=None,
     triton_kernels=None,
     limits=None,
+    double_backward: bool = False,
 ):
     """Decorator: register ``fn`` as ``backend`` of ``op``.
 
@@ -172,6 +178,7 @@ def register(
                 module=module,
                 triton_kernels=triton_kernels,
                 limits=limits,
+                double_backward=double_backward,
             ),
             replace=replace,
         )

@@ -173,15 +173,22 @@ def test_ignoring_strides_fails_the_layout_cases(planted, op):
     assert rep.status == FAIL
     assert _failed_kinds(rep) == {"layout"}, rep.failures
     assert {("layout", "transposed"), ("layout", "sliced"), ("layout", "expanded")} <= _failed(rep)
-    # Contiguous inputs are fine: the mistake is caught by the layouts alone.
-    assert len(_passed(rep, "shape")) == len(kernellab.get_spec(op).quick_shapes)
+    # Contiguous inputs are fine: the mistake is caught by the layouts alone (quick
+    # shapes, and in fp32 the shape past 65,535 rows).
+    spec = kernellab.get_spec(op)
+    assert len(_passed(rep, "shape")) == len(spec.quick_shapes) + (spec.rows_shape is not None)
 
 
 @pytest.mark.parametrize("op", OPS)
 def test_ignoring_the_storage_offset_fails_the_offset_case(planted, op):
     rep = _run(planted(op, "planted_offset", make_ignores_offset(op)))
     assert rep.status == FAIL
-    assert _failed(rep) == {("layout", "offset")}, rep.failures
+    args = kernellab.get_spec(op).arg_names
+    assert {("layout", "offset")} | {("layout", f"{a}:offset") for a in args} <= _failed(rep), rep.failures
+    # Besides the offsets, only the gradient of an expanded input fails: as_strided's
+    # backward on a stride-0 input is wrong too (the planted function's own mistake).
+    others = _failed(rep) - {("layout", "offset")} - {("layout", f"{a}:offset") for a in args}
+    assert others <= {("layout", f"{a}:expanded d{a}") for a in args}, others
 
 
 @pytest.mark.parametrize("low", [torch.bfloat16, torch.float16], ids=dtype_id)
@@ -268,7 +275,8 @@ def test_clear_refusal_of_a_layout_is_not_a_failure(planted):
     rep = _run(planted("gelu", "planted_refuse", contiguous_only))
     assert rep.status == PASS, rep.failures
     refused = {c.name for c in rep.cases if c.status == REFUSED}
-    assert refused == {"transposed", "sliced", "expanded"}
+    # all inputs at once, then x alone (forward and gradient)
+    assert refused == {"transposed", "sliced", "expanded", "x:transposed", "x:sliced", "x:expanded"}
     assert all("x must be contiguous" in c.detail for c in rep.cases if c.status == REFUSED)
 
 
@@ -426,16 +434,19 @@ class _WrongAddGrad(torch.autograd.Function):
 def test_wrong_gelu_gradient_fails_the_grad_case(planted):
     rep = _run(planted("gelu", "planted_grad", _WrongGeluGrad.apply))
     assert rep.status == FAIL
-    assert _failed_kinds(rep) == {"grad"}, rep.failures
+    # every case that takes a gradient: grad, the layouts (forward and gradient), the
+    # re-call, and the second derivative (d/dx of dy is zero, gelu's is not)
+    assert _failed_kinds(rep) == {"grad", "layout", "recall", "double"}, rep.failures
     assert all(c.name.endswith(" dx") for c in rep.failures)
-    assert len(rep.failures) == 2  # contiguous and strided grad_output
+    assert {("grad", "37x1025 dx"), ("grad", "37x1025 strided dy dx")} <= _failed(rep)
 
 
 def test_wrong_add_gradient_names_the_argument(planted):
     rep = _run(planted("add", "planted_grad", _WrongAddGrad.apply))
     assert rep.status == FAIL
-    assert _failed_kinds(rep) == {"grad"}, rep.failures
-    assert all(c.name.endswith(" db") for c in rep.failures)
+    assert {"grad"} <= _failed_kinds(rep) <= {"grad", "layout", "recall", "double"}, rep.failures
+    # db names b; the second derivative's d/d(dy) of dy.va + 2 dy.vb is off through db too
+    assert all(c.name.endswith(" db") or c.name == "backward ddy" for c in rep.failures)
 
 
 def test_missing_autograd_fails_the_grad_case(planted):
@@ -446,7 +457,7 @@ def test_missing_autograd_fails_the_grad_case(planted):
 
     rep = _run(planted("gelu", "planted_nograd", detached))
     assert rep.status == FAIL
-    assert _failed_kinds(rep) == {"grad"}
+    assert {"grad"} <= _failed_kinds(rep) <= {"grad", "layout", "recall"}, rep.failures
     assert all("output does not require grad" in c.detail for c in rep.failures)
 
 
@@ -466,6 +477,12 @@ def test_declared_forward_only_skips_the_grad_case(planted):
 # --------------------------------------------------------------------------- correct built-ins
 
 
+# A baseline's deviation the check reports (README, "What checked means"): manual gelu's
+# second derivative, autograd through its fp32 primitives (x*x*x, tanh), is 6-9x the
+# error of PyTorch's fused formula on every seed tried (bound 2x), in fp32.
+_MANUAL_GELU_DOUBLE = [("double", "backward dx")]
+
+
 @pytest.mark.parametrize("backend", ["manual", "torch", "triton"])
 @pytest.mark.parametrize("op", OPS)
 def test_builtins_pass_fp32_quick(op, backend):
@@ -473,12 +490,18 @@ def test_builtins_pass_fp32_quick(op, backend):
     if impl.why_unavailable("cpu"):
         pytest.skip(impl.why_unavailable("cpu"))
     rep = _run(impl, seed=None)  # fresh random inputs, as `kernellab check` uses
-    assert rep.status == PASS, (rep.seed, rep.failures)
+    failures = rep.failures
+    if (op, backend) == ("gelu", "manual"):
+        failures = [c for c in failures if (c.kind, c.name) not in _MANUAL_GELU_DOUBLE]
+    assert not failures, (rep.seed, rep.failures)
     kinds = {c.kind for c in rep.cases}
-    assert {"shape", "rerun", "special", "layout", "grad", "bad"} <= kinds
+    assert {"shape", "rerun", "special", "layout", "grad", "integrity", "recall", "double", "bad"} <= kinds
     if impl.custom_ops:
         assert [c.status for c in rep.cases if c.kind == "opcheck"] == [PASS] * len(impl.custom_ops)
-    assert all(c.status in (PASS, SKIP) for c in rep.cases)  # nothing refused, nothing failed
+    # nothing refused but double backward by the fused backward kernels (RuntimeError)
+    refused = [c for c in rep.cases if c.status == REFUSED]
+    assert [(c.kind, c.name) for c in refused] == ([("double", "backward")] if backend == "triton" else [])
+    assert all("double backward (create_graph=True) is not supported" in c.detail for c in refused)
     worst = rep.worst_ratio
     assert worst is not None and 0 <= worst <= 1
 
@@ -557,12 +580,15 @@ def test_check_driver_hooks_and_plan_size():
         len(reps) == 8 == chk.plan_size(["gelu", "add"], ["torch", "manual"], [torch.float32, torch.float16])
     )
     assert len(started) == 8 and results == reps
-    assert all(r.status == PASS for r in reps)
+    for r in reps:
+        known = _MANUAL_GELU_DOUBLE if (r.op, r.backend, r.dtype) == ("gelu", "manual", "fp32") else []
+        assert [(c.kind, c.name) for c in r.failures] == known, r.failures
     assert {(r.op, r.backend, r.dtype) for r in reps} == {
         (op, b, d) for op in ("gelu", "add") for b in ("torch", "manual") for d in ("fp32", "fp16")
     }
-    row = json.loads(json.dumps(reps[0].to_dict()))
+    row = json.loads(json.dumps(next(r for r in reps if r.backend == "torch").to_dict()))
     assert row["status"] == PASS and row["seed"] == 3 and row["device"] == "cpu" and row["cases"]
+    assert {"layout", "integrity", "recall", "double"} <= {c["kind"] for c in row["cases"]}
 
 
 def test_seed_is_reported_and_reproducible(planted):

@@ -593,3 +593,21 @@ def test_gpu_mixed_devices_named():
         mm.matmul(a, torch.randn(7, 4), backend="torch")
     with pytest.raises(ValueError, match=r"\bbias\b"):
         mm.matmul(a, torch.randn(7, 4, device="cuda"), torch.randn(4), backend="triton")
+
+
+def test_triton_batch_past_the_grid_y_limit_is_refused_clearly():
+    """The Triton launchers put the batch on the grid's y dimension: on an H100 a batch of
+    65,537 failed with "Triton Error [CUDA]: invalid argument"; now a ValueError says why
+    (the interpreter on a CPU has no grid limit, so only the GPU path checks)."""
+    from kernellab.ops.matmul.triton import check_batch_grid
+
+    check_batch_grid(65535)
+    with pytest.raises(ValueError, match=r"batch of 65536 products exceeds the CUDA grid's y limit"):
+        check_batch_grid(65536)
+
+
+@pytest.mark.gpu
+def test_gpu_triton_batch_past_the_grid_y_limit_is_refused_clearly(cuda):
+    a, b = torch.randn(65537, 2, 3, device=cuda), torch.randn(65537, 3, 4, device=cuda)
+    with pytest.raises(ValueError, match="grid's y limit"):
+        kernellab.matmul(a, b, backend="triton")

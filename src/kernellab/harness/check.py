@@ -3,18 +3,32 @@ ordinary and hostile inputs (DESIGN.md "Correctness").
 
 For one implementation and one dtype it runs:
 
-- ``shape``   every test shape of the op (edge shapes included), fresh random inputs,
-              outputs NaN-poisoned, judged against 2 x PyTorch's error;
-- ``rerun``   the first non-empty shape again with new inputs (catches cached outputs);
-- ``special`` NaN / +-inf / extremes planted in the input: parity with the reference;
-- ``layout``  transposed, sliced, storage offset 1, expanded inputs: computed correctly
-              or refused with a clear error;
-- ``option``  each of the op's keyword-option cases (``OpSpec.option_sets``), forward and
-              gradient;
-- ``grad``    every gradient vs autograd of the float64 reference, with a contiguous and
-              a strided grad_output;
-- ``opcheck`` ``torch.library.opcheck`` on each custom op behind the implementation;
-- ``bad``     bad inputs must raise TypeError/ValueError naming the argument.
+- ``shape``     every test shape of the op (edge shapes included), fresh random inputs,
+                outputs NaN-poisoned, judged against 2 x PyTorch's error; in quick mode
+                also ``OpSpec.rows_shape`` (more rows than a grid's y/z dimension holds);
+- ``rerun``     the first non-empty shape again with new inputs (catches cached outputs);
+- ``special``   NaN / +-inf / extremes planted in the input: parity with the reference;
+- ``layout``    transposed, sliced, storage offset 1, expanded inputs (all at once), then
+                each tensor argument alone in each layout (``weight:sliced``, targets,
+                tensor options such as matmul's bias), forward and gradients, and the
+                grad_output in each layout (``dy:expanded``): computed correctly or
+                refused with a clear error;
+- ``option``    each of the op's option cases (``OpSpec.option_sets``: keywords at
+                non-default values, tensor options, positional overrides such as
+                ``bias=None``), forward and gradient;
+- ``grad``      every gradient vs autograd of the float64 reference, with a contiguous
+                and a strided grad_output;
+- ``integrity`` every call of every stage compares the bytes of each tensor input (the
+                grad_output too, in the backward) before and after; this stage reports it
+                for one plain forward and backward (``OpSpec.inplace_options`` exempts
+                a documented in-place mode, in the backward only);
+- ``recall``    the same tensors modified in place and the implementation called again:
+                the answer for the new values (a cache keyed on data_ptr fails);
+- ``double``    second derivatives (grad of grad . v, w.r.t. inputs and grad_output) vs
+                float64 autograd where the implementation declares double backward
+                (``Impl.double_backward``); elsewhere a RuntimeError, or correct numbers;
+- ``opcheck``   ``torch.library.opcheck`` on each custom op behind the implementation;
+- ``bad``       bad inputs must raise TypeError/ValueError naming the argument.
 
 CUDA backends on a machine without a GPU are compiled with NVRTC for sm_80 and sm_90
 ("compiled, not run: no GPU"); their bad-input cases that need no GPU still run.
@@ -35,7 +49,17 @@ import torch
 from kernellab import device as _device
 from kernellab import registry
 from kernellab.harness.compare import Verdict, judge
-from kernellab.ops.spec import LAYOUTS, OpSpec, dtype_name, get_spec, options_str, shape_str, to64
+from kernellab.ops.spec import (
+    LAYOUTS,
+    OpSpec,
+    TensorOption,
+    dtype_name,
+    get_spec,
+    options_str,
+    relayout,
+    shape_str,
+    to64,
+)
 from kernellab.profile.nvtx import nvtx_range
 
 PASS, FAIL, REFUSED, SKIP = "pass", "fail", "refused", "skip"
@@ -45,7 +69,9 @@ _REFUSAL = (TypeError, ValueError, NotImplementedError)
 
 @dataclass
 class CaseResult:
-    kind: str  # shape | rerun | special | layout | grad | opcheck | bad | compile
+    # shape | rerun | special | layout | option | grad | integrity | recall | double | opcheck
+    # | bad | compile
+    kind: str
     name: str
     status: str
     err: float | None = None
@@ -162,12 +188,43 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[:200]}"
 
 
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The whole storage under ``t`` as uint8 (a sliced view's gaps and an offset view's
+    first element included: a kernel must not write there either)."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+class _Snapshot:
+    """Bitwise copies of the storages of a call's tensor inputs, to tell afterwards whether
+    the call wrote into any of them. Bytes, not values: NaN == NaN, and -0.0 != 0.0."""
+
+    def __init__(self, named):
+        self.items = [(name, t, _storage_bytes(t).clone()) for name, t in named]
+
+    def changed(self, exempt=()) -> list[str]:
+        return [
+            n for n, t, before in self.items if n not in exempt and not torch.equal(_storage_bytes(t), before)
+        ]
+
+
+def _copy(a, layout: str, requires_grad: bool):
+    """A fresh leaf copy of an argument in ``layout`` (None and non-tensors pass through);
+    a plain clone would make a sliced, offset or expanded tensor contiguous."""
+    if not isinstance(a, torch.Tensor):
+        return a
+    c = relayout(a, layout) if layout != "contiguous" else a.detach().clone()
+    if c is None or c.data_ptr() == a.data_ptr():
+        c = a.detach().clone()
+    return c.requires_grad_(requires_grad)
+
+
 class _Runner:
     """Checks one (impl, dtype) on one device."""
 
     def __init__(self, impl: registry.Impl, spec: OpSpec, dtype, dev: str, seed: int, quick: bool):
         self.impl, self.spec, self.dtype, self.dev, self.quick = impl, spec, dtype, dev, quick
         self.seed = seed
+        self.gate = False
         self._n = 0
         torch_impl = None
         if impl.backend != "torch":
@@ -182,6 +239,21 @@ class _Runner:
         self._n += 1
         return self.seed + 7919 * self._n
 
+    @property
+    def differentiable(self) -> bool:
+        return bool(self.spec.grad_args) and getattr(self.impl.fn, "differentiable", True) is not False
+
+    def _integrity(self, kind, name, snap, exempt=(), when="forward") -> CaseResult | None:
+        changed = snap.changed(exempt)
+        if not changed:
+            return None
+        return CaseResult(
+            "integrity",
+            f"{kind} {name}",
+            FAIL,
+            detail=f"{', '.join(changed)} modified by the {when} (inputs must be left bitwise as they were)",
+        )
+
     # -- forward cases -------------------------------------------------------------
     def run_forward(self, kind: str, name: str, args, options=None) -> CaseResult:
         spec = self.spec
@@ -193,6 +265,7 @@ class _Runner:
                 base = _outputs(self.baseline.fn(*args, **options))
         for r in ref:
             poison_allocator(r.shape, self.dtype if r.is_floating_point() else r.dtype, self.dev)
+        snap = _Snapshot(spec.tensor_args(args, options))
         try:
             with torch.no_grad(), nan_filled_empty():
                 out = _outputs(self.impl(*args, **options))
@@ -206,6 +279,12 @@ class _Runner:
             return CaseResult(kind, name, FAIL, detail="raised " + _short(e))
         except Exception as e:  # noqa: BLE001 - any other exception is a failure to report
             return CaseResult(kind, name, FAIL, detail="raised " + _short(e))
+        bad = self._integrity(kind, name, snap)
+        if bad:
+            return bad
+        return self._judge_outputs(kind, name, out, ref, base)
+
+    def _judge_outputs(self, kind, name, out, ref, base) -> CaseResult:
         if len(out) != len(ref):
             return CaseResult(kind, name, FAIL, detail=f"{len(out)} outputs, expected {len(ref)}")
         worst: Verdict | None = None
@@ -223,11 +302,29 @@ class _Runner:
         for shape in shapes:
             args = spec.make_inputs(shape, self.dtype, self.dev, self.next_seed())
             yield self.run_forward("shape", shape_str(shape), args)
+        rows = self.rows_case(shapes)
+        if rows is not None:
+            yield rows
         # The same shape again with fresh inputs: a cached output fails here.
         shape = spec.layout_shape
         for i in range(2):
             args = spec.make_inputs(shape, self.dtype, self.dev, self.next_seed())
             yield self.run_forward("rerun", f"{shape_str(shape)} #{i + 1}", args)
+
+    def rows_case(self, shapes) -> CaseResult | None:
+        """More rows than a grid's y/z dimension, in quick mode too (not in the bench's
+        gate), in the first dtype the implementation takes."""
+        spec = self.spec
+        shape = spec.rows_shape
+        if not self.quick or self.gate or shape is None or tuple(shape) in map(tuple, shapes):
+            return None
+        if self.dtype != (self.impl.dtypes or spec.dtypes)[0]:
+            return None
+        if not spec.rows_shape_interpreted and self.impl.triton_kernels and _device.triton_interpreted():
+            why = "Triton interpreter: a program per row takes minutes on a CPU (checked on a GPU)"
+            return CaseResult("shape", shape_str(shape), SKIP, detail=why)
+        args = spec.make_inputs(shape, self.dtype, self.dev, self.next_seed())
+        return self.run_forward("shape", shape_str(shape), args)
 
     def specials(self):
         spec = self.spec
@@ -245,20 +342,31 @@ class _Runner:
             yield self.run_forward("layout", layout, args)
 
     # -- keyword options -----------------------------------------------------------
+    def option_inputs(self, opts):
+        """(args, kwargs) of the option case ``opts`` at the spec's option shape."""
+        spec = self.spec
+        shape = spec.option_shape or spec.layout_shape
+        seed = self.next_seed()
+        args = spec.make_inputs(shape, self.dtype, self.dev, seed)
+        gen = torch.Generator(device=self.dev).manual_seed(seed + 1)
+        return spec.option_case(args, opts, self.dtype, self.dev, gen)
+
     def options(self):
         spec = self.spec
         for opts in spec.option_sets:
-            args = spec.make_inputs(spec.layout_shape, self.dtype, self.dev, self.next_seed())
-            yield self.run_forward("option", options_str(opts), args, opts)
-            if spec.grad_args and getattr(self.impl.fn, "differentiable", True) is not False:
-                yield self._grad_case(spec.layout_shape, f"grad {options_str(opts)}", False, opts)
+            label = options_str(opts)
+            args, kwargs = self.option_inputs(opts)
+            yield self.run_forward("option", label, args, kwargs)
+            if self.differentiable:
+                args, kwargs = self.option_inputs(opts)
+                yield self.fwd_bwd("grad", f"grad {label}", args, kwargs, judge_out=False)
 
     # -- gradients -----------------------------------------------------------------
     def grads(self):
         spec = self.spec
         if not spec.grad_args:
             return
-        if getattr(self.impl.fn, "differentiable", True) is False:
+        if not self.differentiable:
             yield CaseResult("grad", "all", SKIP, detail="registered without gradients")
             return
         shapes = spec.gradient_shapes[:1] if self.quick else spec.gradient_shapes
@@ -268,55 +376,304 @@ class _Runner:
                 yield self._grad_case(shape, name, strided_dy)
 
     def _grad_case(self, shape, name, strided_dy, options=None) -> CaseResult:
-        spec = self.spec
-        options = options or {}
-        args = spec.make_inputs(shape, self.dtype, self.dev, self.next_seed())
-        gen = torch.Generator(device=self.dev).manual_seed(self.next_seed())
+        args = self.spec.make_inputs(shape, self.dtype, self.dev, self.next_seed())
+        return self.fwd_bwd("grad", name, args, options or {}, judge_out=False, strided_dy=strided_dy)
 
-        def leaves(src):
-            return [_leaf(a, i in spec.grad_args) for i, a in enumerate(src)]
+    def _wrt(self, args, kwargs) -> list:
+        """Keys (positional index or keyword) of the floating tensor inputs that take a
+        gradient: the spec's grad_args, and tensor options (matmul's bias)."""
+        keys = [i for i in self.spec.grad_args if i < len(args) and isinstance(args[i], torch.Tensor)]
+        keys += [k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        return keys
+
+    def _argname(self, key) -> str:
+        return key if isinstance(key, str) else self.spec.arg_names[key]
+
+    def fwd_bwd(
+        self,
+        kind: str,
+        name: str,
+        args,
+        kwargs=None,
+        *,
+        layouts=None,
+        dy_layout: str = "contiguous",
+        strided_dy: bool = False,
+        judge_out: bool = True,
+        judge_grads: bool = True,
+        reuse: bool = False,
+    ) -> CaseResult:
+        """One call of the implementation with autograd: the output(s) judged (unless
+        ``judge_out`` is False), then every gradient, with the inputs' bytes compared
+        before and after the forward and the backward.
+
+        layouts: argument name -> layout of the implementation's copy of it (fresh leaf
+        copies, in ``layouts`` or contiguous); ``reuse``: call on ``args``/``kwargs``
+        themselves (leaves already; the re-call on mutated inputs needs the same tensors).
+        dy_layout: layout of the grad_output; ``strided_dy``: every other column of a
+        wider one (the grad stage's)."""
+        spec = self.spec
+        kwargs = kwargs or {}
+        layouts = layouts or {}
+        wrt = self._wrt(args, kwargs) if self.differentiable else []
+
+        def get(a, kw, key):
+            return kw[key] if isinstance(key, str) else a[key]
+
+        def copies(make):
+            a = [
+                make(self.spec.arg_names[i] if i < len(spec.arg_names) else str(i), v, i in wrt)
+                for i, v in enumerate(args)
+            ]
+            kw = {k: make(k, v, k in wrt) for k, v in kwargs.items()}
+            return a, kw
 
         # Reference: autograd through the float64 formula.
-        args64 = [_leaf(to64(a), i in spec.grad_args) for i, a in enumerate(args)]
-        ref_out = _outputs(spec.reference(*args64, **options))[0]
-        if strided_dy and ref_out.dim() == 0:
-            return CaseResult("grad", name, SKIP, detail="scalar output: no strided grad_output")
-        dy = _dy_like(ref_out, self.dtype, self.dev, gen, strided_dy)
-        wrt64 = [args64[i] for i in spec.grad_args]
-        ref_grads = torch.autograd.grad(ref_out, wrt64, dy.to(torch.float64))
+        r_args, r_kw = copies(lambda n, v, g: _leaf(to64(v), g))
+        ref = _outputs(spec.reference(*r_args, **r_kw))
+        dy = None
+        if wrt:
+            gen = torch.Generator(device=self.dev).manual_seed(self.next_seed())
+            if strided_dy and ref[0].dim() == 0:
+                return CaseResult(kind, name, SKIP, detail="scalar output: no strided grad_output")
+            dy = _dy_like(ref[0], self.dtype, self.dev, gen, strided_dy)
+            if dy_layout != "contiguous":
+                dy = relayout(dy, dy_layout)
+                if dy is None:
+                    return CaseResult(kind, name, SKIP, detail=f"{dy_layout} does not apply to the output")
+            ref_grads = torch.autograd.grad(ref[0], [get(r_args, r_kw, k) for k in wrt], dy.to(torch.float64))
 
-        base_grads = None
+        base, base_grads = None, None
         if self.baseline is not None:
-            b_args = leaves(args)
-            b_out = _outputs(self.baseline.fn(*b_args, **options))[0]
-            base_grads = torch.autograd.grad(b_out, [b_args[i] for i in spec.grad_args], dy)
+            # in the implementation's layouts: the bound compares like with like
+            b_args, b_kw = copies(lambda n, v, g: _copy(v, layouts.get(n, "contiguous"), g))
+            try:
+                with torch.set_grad_enabled(bool(wrt)):
+                    base = _outputs(self.baseline.fn(*b_args, **b_kw))
+                if wrt:
+                    base_grads = torch.autograd.grad(base[0], [get(b_args, b_kw, k) for k in wrt], dy)
+                base = [o.detach() for o in base]
+            except Exception:  # noqa: BLE001 - PyTorch's op refuses this case: documented tolerance
+                base, base_grads = None, None
 
-        i_args = leaves(args)
+        if reuse:
+            i_args, i_kw = list(args), dict(kwargs)
+        else:
+            i_args, i_kw = copies(lambda n, v, g: _copy(v, layouts.get(n, "contiguous"), g))
+        for r in ref:
+            poison_allocator(r.shape, self.dtype if r.is_floating_point() else r.dtype, self.dev)
+        named = spec.tensor_args(i_args, i_kw)
+        exempt = tuple(a for opt, names in spec.inplace_options.items() if kwargs.get(opt) for a in names)
+        snap = _Snapshot(named)
         try:
-            with nan_filled_empty():
-                out = _outputs(self.impl(*i_args, **options))[0]
-                if not out.requires_grad:
-                    return CaseResult("grad", name, FAIL, detail="output does not require grad (no autograd)")
-                for i in spec.grad_args:
-                    poison_allocator(args[i].shape, args[i].dtype, self.dev)
-                grads = torch.autograd.grad(out, [i_args[i] for i in spec.grad_args], dy)
+            with nan_filled_empty(), torch.set_grad_enabled(bool(wrt)):
+                out = _outputs(self.impl(*i_args, **i_kw))
+                _sync(self.dev)
+                bad = self._integrity(kind, name, snap)
+                if bad:
+                    return bad
+                res = None
+                if judge_out:
+                    res = self._judge_outputs(
+                        kind, name, [o.detach() for o in out], [r.detach() for r in ref], base
+                    )
+                    if res.status != PASS or not wrt:
+                        return res
+                if not wrt:
+                    return CaseResult(kind, name, PASS)
+                if not out[0].requires_grad:
+                    if not judge_grads:  # (the grad stage reports the missing autograd)
+                        return res or CaseResult(kind, name, PASS)
+                    return CaseResult(kind, name, FAIL, detail="output does not require grad (no autograd)")
+                for k in wrt:
+                    t = get(i_args, i_kw, k)
+                    poison_allocator(t.shape, t.dtype, self.dev)
+                snap = _Snapshot(named + [("dy", dy)])
+                # (allow_unused: an input left out of the graph is reported by name below)
+                grads = torch.autograd.grad(
+                    out[0], [get(i_args, i_kw, k) for k in wrt], dy, allow_unused=True
+                )
                 _sync(self.dev)
         except Exception as e:  # noqa: BLE001
-            why = self.impl.outside_limits(args, options) if isinstance(e, _REFUSAL) else None
-            if why:
-                return CaseResult("grad", name, REFUSED, detail=f"{why}: {_short(e)}")
-            return CaseResult("grad", name, FAIL, detail="raised " + _short(e))
+            if isinstance(e, _REFUSAL):
+                if kind == "layout":
+                    return CaseResult(kind, name, REFUSED, detail=_short(e))
+                why = self.impl.outside_limits(i_args, i_kw)
+                if why:
+                    return CaseResult(kind, name, REFUSED, detail=f"{why}: {_short(e)}")
+            return CaseResult(kind, name, FAIL, detail="raised " + _short(e))
+        bad = self._integrity(kind, name, snap, exempt, when="backward")
+        if bad:
+            return bad
+        if not judge_grads:
+            return res or CaseResult(kind, name, PASS)
         worst = None
-        for k, (g, r) in enumerate(zip(grads, ref_grads)):
-            argname = spec.arg_names[spec.grad_args[k]]
+        for k, g, r, b in zip(wrt, grads, ref_grads, base_grads or [None] * len(wrt)):
+            argname = self._argname(k)
             if g is None:
-                return CaseResult("grad", name, FAIL, detail=f"no gradient for {argname}")
-            v = judge(g, r, self.dtype, base_grads[k] if base_grads is not None else None)
+                return CaseResult(kind, name, FAIL, detail=f"no gradient for {argname}")
+            v = judge(g, r, self.dtype, b)
             if not v.ok:
-                return CaseResult("grad", f"{name} d{argname}", FAIL, v.err, v.bound, v.detail)
+                return CaseResult(kind, f"{name} d{argname}", FAIL, v.err, v.bound, v.detail)
             if worst is None or v.ratio > worst.ratio:
                 worst = v
-        return CaseResult("grad", name, PASS, worst.err, worst.bound)
+        if res is not None and res.ratio is not None and res.ratio > worst.ratio:
+            return res  # the forward was the closer call: report its error
+        return CaseResult(kind, name, PASS, worst.err, worst.bound)
+
+    # -- every tensor argument in every layout, one at a time ----------------------
+    def arg_layouts(self):
+        """Each tensor argument (weights, biases, integer targets, tensor options) in each
+        layout while the others stay contiguous, forward and gradients; then the
+        grad_output in each layout. Computed correctly or refused with a clear error."""
+        spec = self.spec
+        # With the first option set that has tensor options (matmul's bias), so that
+        # they are laid out too; the positional arguments are the same either way.
+        opts = next((o for o in spec.option_sets if any(isinstance(v, TensorOption) for v in o.values())), {})
+        for argname, _ in spec.tensor_args(*self.option_inputs(opts)):
+            for layout in LAYOUTS[1:]:
+                args, kwargs = self.option_inputs(opts)
+                args, kwargs = list(args), dict(kwargs)
+                if argname in kwargs:
+                    t = kwargs[argname] = relayout(kwargs[argname], layout)
+                else:
+                    i = spec.arg_names.index(argname)
+                    t = args[i] = relayout(args[i], layout)
+                if t is None:  # e.g. a 1-D weight has no transpose
+                    continue
+                # (expanded changes the values: the reference is computed from these)
+                yield self.fwd_bwd("layout", f"{argname}:{layout}", args, kwargs, layouts={argname: layout})
+        if not self.differentiable:
+            return
+        for layout in LAYOUTS[1:]:
+            args = spec.make_inputs(spec.layout_shape, self.dtype, self.dev, self.next_seed())
+            res = self.fwd_bwd("layout", f"dy:{layout}", args, judge_out=False, dy_layout=layout)
+            if res.status != SKIP:
+                yield res
+
+    # -- input integrity, and a re-call on inputs mutated in place -----------------
+    def integrity_and_recall(self):
+        """Call (forward and backward: the inputs' bytes must not change), modify every
+        input in place, call again on the same tensors: the second answer must be that of
+        the new values. A result cached by data_ptr (or by shape) fails the second call.
+        With the default options, and with each option set that has tensor options."""
+        spec = self.spec
+        sets = [{}] + [o for o in spec.option_sets if any(isinstance(v, TensorOption) for v in o.values())]
+        for opts in sets:
+            label = options_str(opts)
+            args, kwargs = (
+                self.option_inputs(opts)
+                if opts
+                else (
+                    spec.make_inputs(spec.layout_shape, self.dtype, self.dev, self.next_seed()),
+                    {},
+                )
+            )
+            wrt = self._wrt(args, kwargs) if self.differentiable else []
+            args = [_leaf(a, i in wrt) for i, a in enumerate(args)]
+            kwargs = {k: _leaf(v, k in wrt) for k, v in kwargs.items()}
+            first = self.fwd_bwd(
+                "integrity",
+                label or "forward and backward",
+                args,
+                kwargs,
+                judge_out=False,
+                judge_grads=False,
+                reuse=True,
+            )
+            yield first
+            if first.status != PASS:
+                continue
+            with torch.no_grad():
+                for _, t in spec.tensor_args(args, kwargs):
+                    if t.is_floating_point():
+                        t.mul_(-1.5).add_(0.25)
+                    elif t.dim():
+                        t.copy_(t.roll(1, 0))  # integer targets: the same values, permuted
+            name = "inputs modified in place" + (f" {label}" if label else "")
+            yield self.fwd_bwd("recall", name, args, kwargs, reuse=True)
+
+    # -- second derivatives --------------------------------------------------------
+    def double_backward(self):
+        """grad of (grad . v) with respect to the inputs and the grad_output, through
+        ``create_graph=True``, against float64 autograd. An implementation that declares
+        double backward (``Impl.double_backward``) must compute it; one that does not must
+        refuse with a RuntimeError, or compute it right: a gradient that silently lost its
+        graph counts as a zero second derivative and is judged like any other."""
+        spec = self.spec
+        if not self.differentiable:
+            return
+        # One dtype, the first the implementation takes: a dropped or wrong term is an
+        # O(1) error in any dtype, while second derivatives composed from 16-bit ops (PyTorch's
+        # own included) sit at the edge of the documented 16-bit tolerances.
+        if self.dtype != (self.impl.dtypes or spec.dtypes)[0]:
+            return
+        shape = spec.gradient_shapes[0]
+        args = spec.make_inputs(shape, self.dtype, self.dev, self.next_seed())
+        wrt = self._wrt(args, {})
+        gen = torch.Generator(device=self.dev).manual_seed(self.next_seed())
+
+        def second(fn, dtype):
+            leaves = [_leaf(a if dtype is None else to64(a), i in wrt) for i, a in enumerate(args)]
+            out = _outputs(fn(*leaves))[0]
+            d = dy if dtype is None else dy.to(dtype)
+            d = d.detach().clone().requires_grad_(True)
+            inputs = [leaves[i] for i in wrt] + [d]
+            g = torch.autograd.grad(out, inputs[:-1], d, create_graph=True, allow_unused=True)
+            s = sum(
+                (
+                    (gi * (v if dtype is None else v.to(dtype))).sum()
+                    for gi, v in zip(g, vs)
+                    if gi is not None
+                ),
+                torch.zeros((), device=self.dev, dtype=out.dtype),
+            )
+            if not s.requires_grad:  # nothing differentiable came back: every term is zero
+                return [torch.zeros_like(t) for t in inputs]
+            gg = torch.autograd.grad(s, inputs, allow_unused=True)
+            return [torch.zeros_like(t) if x is None else x for x, t in zip(gg, inputs)]
+
+        ref_out = _outputs(spec.reference(*[to64(a) for a in args]))[0]
+        dy = _dy_like(ref_out, self.dtype, self.dev, gen, False)
+        vs = [torch.randn(args[i].shape, generator=gen, device=self.dev).to(self.dtype) for i in wrt]
+        ref = second(spec.reference, torch.float64)
+        base = None
+        if self.baseline is not None:
+            try:
+                base = second(self.baseline.fn, None)
+            except RuntimeError:
+                base = None  # PyTorch's op refuses it here (e.g. SDPA's flash kernels): documented tolerance
+        declared = bool(getattr(self.impl, "double_backward", False))
+        names = [self._argname(k) for k in wrt] + ["dy"]
+        try:
+            with nan_filled_empty():
+                got = second(self.impl, None)
+            _sync(self.dev)
+        except RuntimeError as e:
+            if declared:
+                yield CaseResult("double", "backward", FAIL, detail="declared, but raised " + _short(e))
+            else:
+                yield CaseResult("double", "backward", REFUSED, detail=_short(e))
+            return
+        except Exception as e:  # noqa: BLE001
+            yield CaseResult(
+                "double", "backward", FAIL, detail="raised " + _short(e) + " (expected a RuntimeError)"
+            )
+            return
+        worst = None
+        for n, g, r, b in zip(names, got, ref, base or [None] * len(names)):
+            v = judge(g, r, self.dtype, b)
+            if not v.ok:
+                why = (
+                    v.detail if declared else v.detail + " (not declared: should have raised a RuntimeError)"
+                )
+                yield CaseResult("double", f"backward d{n}", FAIL, v.err, v.bound, why)
+                return
+            if worst is None or v.ratio > worst.ratio:
+                worst = v
+        yield CaseResult(
+            "double", "backward", PASS, worst.err, worst.bound, "" if declared else "not declared; computed"
+        )
 
     # -- custom ops ----------------------------------------------------------------
     def opchecks(self):
@@ -423,15 +780,18 @@ def check_impl(
         return rep
 
     if gate:
-        runner.quick = True
+        runner.quick = runner.gate = True
         stages = [runner.shapes, runner.specials, runner.layouts]
     else:
         stages = [
             runner.shapes,
             runner.specials,
             runner.layouts,
+            runner.arg_layouts,
             runner.options,
             runner.grads,
+            runner.integrity_and_recall,
+            runner.double_backward,
             runner.bad_inputs,
         ]
     if opcheck and impl.custom_ops and not gate:

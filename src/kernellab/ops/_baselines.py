@@ -47,8 +47,12 @@ def _compile_unavailable() -> str | None:
 
 
 def register_baseline(op: str, manual, torch_fn, compile_fn) -> None:
-    register(op, "manual", builtin=True, description=(manual.__doc__ or "").split("\n")[0])(manual)
-    register(op, "torch", builtin=True, description=(torch_fn.__doc__ or "").split("\n")[0])(torch_fn)
+    # manual and torch are PyTorch ops under PyTorch's autograd: differentiable twice.
+    # compile is not declared: torch.compile refuses double backward with a RuntimeError.
+    describe = (manual.__doc__ or "").split("\n")[0]
+    register(op, "manual", builtin=True, description=describe, double_backward=True)(manual)
+    describe = (torch_fn.__doc__ or "").split("\n")[0]
+    register(op, "torch", builtin=True, description=describe, double_backward=True)(torch_fn)
     register(
         op,
         "compile",

@@ -48,6 +48,9 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Layouts every tensor input is tried in. Each either computes correctly or is refused
 # with a clear error.
 LAYOUTS = ("contiguous", "transposed", "sliced", "offset", "expanded")
+# More rows than a CUDA grid's y or z dimension can hold (65,535): a launcher that puts
+# rows there, or a kernel that indexes them with 16 bits, loses the rest.
+GRID_YZ_LIMIT = 65535
 
 
 _LOADED = False
@@ -135,6 +138,56 @@ def make_tensor(shape, dtype, device, gen, layout="contiguous", scale=1.0) -> to
     raise ValueError(f"layout {layout!r} unknown; expected one of {', '.join(LAYOUTS)}")
 
 
+def relayout(t: torch.Tensor, layout: str) -> torch.Tensor | None:
+    """``t`` (any dtype) in ``layout``, holding the same values (``expanded``: the first row,
+    or the first element of a 1-D tensor, repeated); None where the layout does not apply.
+
+    The check applies it to one argument at a time (a weight, a bias, integer targets, a
+    grad_output). The skipped elements of ``sliced`` hold the same values rolled by one,
+    so a kernel that reads with unit stride gets valid but wrong values (an integer target
+    stays a valid index: a wrong answer, not a range error that could pass for a refusal).
+    """
+    t = t.detach()
+    shape = tuple(t.shape)
+    n = t.numel()
+    if layout == "contiguous":
+        return t.contiguous()
+    if layout == "transposed":
+        if t.dim() < 2 or shape[-1] == shape[-2] == 1:
+            return None
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if layout == "sliced":
+        if t.dim() == 0 or n == 0:
+            return None
+        base = torch.stack([t, t.roll(1, -1)], dim=-1).reshape(shape[:-1] + (2 * shape[-1],))
+        return base[..., ::2]
+    if layout == "offset":
+        flat = torch.empty(n + 1, dtype=t.dtype, device=t.device)
+        flat[:1] = t.reshape(-1)[:1] if n else 0
+        flat[1:] = t.reshape(-1)
+        return flat[1:].view(shape)
+    if layout == "expanded":
+        if t.dim() == 0 or n <= 1:
+            return None
+        if t.dim() == 1:
+            return t[:1].clone().expand(shape)
+        lead = t.reshape(-1, shape[-2], shape[-1])[:1, :1].clone()  # one row, stride 0 elsewhere
+        return lead.reshape((1,) * (t.dim() - 1) + (shape[-1],)).expand(shape)
+    raise ValueError(f"layout {layout!r} unknown; expected one of {', '.join(LAYOUTS)}")
+
+
+@dataclass(frozen=True, repr=False)
+class TensorOption:
+    """A keyword option whose value is a tensor (matmul's ``bias``), built afresh for each
+    case by ``build(args, dtype, device, gen)`` from the case's positional args. A floating
+    one takes a gradient like the positional inputs do."""
+
+    build: Callable
+
+    def __repr__(self) -> str:
+        return "tensor"
+
+
 @dataclass
 class BadInput:
     """One bad call: ``build(device, dtype) -> (args, kwargs)`` must raise an exception
@@ -184,6 +237,24 @@ class OpSpec:
     bench_options: list = field(default_factory=lambda: [{}])  # keyword cases the bench times
     grad_shapes: list | None = None  # problem shapes of the gradient stage
     bad_shape: tuple = (33,)  # a small valid problem shape for the generic bad-input cases
+    # -- the check's reach (issue 16) -----------------------------------------------
+    # An option set's key that names a positional argument replaces it ({"bias": None} for
+    # layer_norm); a value may be a TensorOption. option_shape: the problem shape of the
+    # option cases (None: layout_shape), e.g. attention with S_q != S_k for causal.
+    option_shape: tuple | None = None
+    # (args, options) -> args: inputs built for the default options adapted to an option
+    # case (cross_entropy: targets that hit a non-default ignore_index).
+    option_inputs: Callable | None = None
+    # option -> names of the tensor args the backward may overwrite when that option is
+    # true: a documented in-place mode, exempt from the input-integrity rule there alone.
+    inplace_options: dict = field(default_factory=dict)
+    # A problem shape with more than GRID_YZ_LIMIT rows, checked in quick mode too (in one
+    # dtype: the index arithmetic does not depend on it); kept narrow, since the Triton
+    # interpreter runs programs one after another. rows_shape_interpreted=False: the op's
+    # Triton kernels take a program per row, minutes under the interpreter; skipped there,
+    # with the reason, and run on a GPU.
+    rows_shape: tuple | None = None
+    rows_shape_interpreted: bool = True
 
     # -- inputs ---------------------------------------------------------------------
     @property
@@ -221,6 +292,30 @@ class OpSpec:
         if self.plant_extra is not None:
             self.plant_extra(x)
         return (x,) + tuple(args[1:])
+
+    def option_case(self, args, options, dtype, device, gen):
+        """(args, kwargs) of an option case: ``options`` applied to default-option ``args``
+        (positional overrides, TensorOptions built, ``option_inputs`` adapting the inputs)."""
+        args = list(args)
+        kwargs = {}
+        for key, value in options.items():
+            if isinstance(value, TensorOption):
+                value = value.build(tuple(args), dtype, device, gen)
+            if key in self.arg_names:
+                args[self.arg_names.index(key)] = value
+            else:
+                kwargs[key] = value
+        if self.option_inputs is not None:
+            args = list(self.option_inputs(tuple(args), kwargs))
+        return tuple(args), kwargs
+
+    def tensor_args(self, args, kwargs=None) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) of every tensor argument, positional and keyword, in call order."""
+        named = [
+            (self.arg_names[i] if i < len(self.arg_names) else f"arg {i}", a) for i, a in enumerate(args)
+        ]
+        named += list((kwargs or {}).items())
+        return [(n, a) for n, a in named if isinstance(a, torch.Tensor)]
 
     def ref(self, *args, **options):
         return self.reference(*[to64(a) for a in args], **{k: to64(v) for k, v in options.items()})

@@ -37,6 +37,7 @@ SPEC = define(
         cpu_bench_shapes=[(2**p,) for p in (10, 14, 18)],
         layout_shape=(37, 1025),
         grad_args=(0, 1),
+        rows_shape=(65537, 3),
         modes=("fwd",),
         doc=__doc__.strip().split("\n")[0],
     )

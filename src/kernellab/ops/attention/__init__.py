@@ -294,7 +294,10 @@ _COMMON = dict(
 _V2 = dict(
     inputs=_inputs,
     validator=validate,
-    option_sets=[{"causal": True}],
+    # scale given, causal with S_q < S_k (aligned bottom-right), and both together; at
+    # D = 64 the default scale is 0.125.
+    option_sets=[{"causal": True}, {"scale": 0.5}, {"causal": True, "scale": 0.05}],
+    option_shape=(1, 2, 29, 45, 64),
     bench_options=[{"causal": False}, {"causal": True}],
     grad_shapes=[(2, 3, 37, 64), (1, 2, 45, 70, 32)],
     bad_shape=(1, 2, 9, 16),

@@ -137,9 +137,15 @@ def torch_attention(q, k, v, causal: bool = False, scale=None):
     return _sdpa(q, k, v, causal, scale)
 
 
-register("attention", "manual", builtin=True, description=manual_attention.__doc__.split("\n")[0])(
-    manual_attention
-)
+register(
+    "attention",
+    "manual",
+    builtin=True,
+    description=manual_attention.__doc__.split("\n")[0],
+    double_backward=True,  # PyTorch ops under PyTorch's autograd
+)(manual_attention)
+# torch: not declared. SDPA's math path is differentiable twice, its flash and efficient
+# kernels (the GPU's choice for 16-bit inputs) refuse with a RuntimeError.
 register("attention", "torch", builtin=True, description=torch_attention.__doc__.split("\n")[0])(
     torch_attention
 )

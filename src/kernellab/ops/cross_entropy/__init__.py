@@ -67,6 +67,17 @@ def ignored_rows(n: int, device) -> torch.Tensor:
     return torch.arange(2, max(n, 2), 5, device=device)
 
 
+def _option_inputs(args, options):
+    """The targets set to the default ignore index (rows 2, 7, 12, ...) take a non-default
+    ``ignore_index`` instead, so that the option case really ignores rows (an in-range
+    index such as 3 also ignores the rows that drew class 3)."""
+    logits, target = args
+    ii = options.get("ignore_index", DEFAULT_IGNORE)
+    if ii != DEFAULT_IGNORE:
+        target = torch.where(target == DEFAULT_IGNORE, torch.full_like(target, ii), target)
+    return logits, target
+
+
 def _inputs(shape, dtype, device, gen, layout, scale):
     n, v = shape
     logits = make_tensor((n, v), dtype, device, gen, layout, scale)
@@ -218,15 +229,22 @@ SPEC = define(
         plant_extra=_extremes,
         inputs=_inputs,
         validator=_validate,
-        # A non-default ignore_index cannot be an option case: the inputs builder plants
-        # -100 targets, which are out of range for any other ignore_index (the tests cover
-        # non-default ignore_index with their own targets).
+        # Non-default ignore_index: in range (3, which some targets also draw) and negative;
+        # _option_inputs puts it where the builder planted -100.
         option_sets=[
             {"reduction": "sum"},
             {"reduction": "none"},
+            {"ignore_index": 3},
+            {"ignore_index": -1, "reduction": "sum"},
             {"inplace_backward": True},
             {"check_targets": False},
+            {"check_targets": True},
         ],
+        option_inputs=_option_inputs,
+        # documented in-place mode: the backward writes dlogits into the logits' buffer
+        inplace_options={"inplace_backward": ("logits",)},
+        rows_shape=(65537, 3),
+        rows_shape_interpreted=False,  # one program per row: 210 s per call interpreted
         grad_shapes=[(13, 1025), (3, 4099)],
         bad_shape=(4, 3),
         extra_bad_inputs=EXTRA_BAD,

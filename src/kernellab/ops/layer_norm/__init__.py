@@ -76,7 +76,8 @@ SPEC = define(
         doc=__doc__.strip().split("\n")[0],
         inputs=_norms.make_inputs_fn(with_bias=True),
         validator=_norms.make_validator("layer_norm", ("x", "weight", "bias")),
-        option_sets=[{"eps": 1e-2}],
+        option_sets=[{"eps": 1e-2}, {"bias": None}],
+        rows_shape=(65537, 3),
         grad_shapes=[(37, 1025), (1025,)],
         bad_shape=(4, 33),
         extra_bad_inputs=[

@@ -19,7 +19,15 @@ import math
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, dtype_name, make_tensor
+from kernellab.ops.spec import (
+    FLOAT_DTYPES,
+    BadInput,
+    OpSpec,
+    TensorOption,
+    define,
+    dtype_name,
+    make_tensor,
+)
 
 ACTIVATIONS = (None, "relu", "gelu")
 _GELU_K = 0.7978845608028654
@@ -76,6 +84,14 @@ def make_matmul_inputs(shape, dtype, device, gen, layout="contiguous", scale=1.0
     if a is None or b is None:
         return None
     return a, b
+
+
+def _bias(args, dtype, device, gen):
+    """A bias [N] for the option cases: N(0, 1), so an ignored bias is off by ~1."""
+    return make_tensor((args[1].shape[-1],), dtype, device, gen)
+
+
+BIAS = TensorOption(_bias)
 
 
 # --------------------------------------------------------------------------- validation
@@ -197,7 +213,12 @@ SPEC = define(
         extra_bad_inputs=_EXTRA_BAD,
         inputs=make_matmul_inputs,
         validator=validate_matmul,
-        option_sets=[{"activation": "relu"}, {"activation": "gelu"}],
+        option_sets=[
+            {"activation": "relu"},
+            {"activation": "gelu"},
+            {"bias": BIAS},
+            {"bias": BIAS, "activation": "gelu"},
+        ],
         bench_options=[{}],
         grad_shapes=[(37, 45, 29), (2, 17, 19, 23)],
         bad_shape=(5, 6, 7),

@@ -266,6 +266,7 @@ def _register(backend: str, fwd, dtypes, description: str, module=MODULE, availa
         dtypes=dtypes,
         module=module,
         description=description,
+        double_backward=True,  # _autograd.matmul_op: the backward's matmuls are the custom op
     )(call)
 
 

@@ -41,8 +41,8 @@ def _product_with_epilogue(a, b, bias=None, activation=None):
     return apply_epilogue(torch.matmul(a, b), bias, activation)
 
 
-register("matmul", "manual", builtin=True)(manual_matmul)
-register("matmul", "torch", builtin=True)(torch_matmul)
+register("matmul", "manual", builtin=True, double_backward=True)(manual_matmul)
+register("matmul", "torch", builtin=True, double_backward=True)(torch_matmul)
 register(
     "matmul",
     "compile",

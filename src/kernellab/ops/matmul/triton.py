@@ -29,6 +29,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops.matmul._autograd import matmul_op
+from kernellab.ops.spec import GRID_YZ_LIMIT
 from kernellab.registry import register
 
 _ACT = {None: 0, "relu": 1, "gelu": 2}
@@ -231,6 +232,17 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32"  # fp32 with TF32 allowed; for fp16/bf16 inputs the setting has no effect
 
 
+def check_batch_grid(bt: int) -> None:
+    """The batch is the grid's y dimension: past 65,535 products the launch failed with
+    "Triton Error [CUDA]: invalid argument" (H100, a batch of 65,537). Refused clearly, as
+    the CUDA backends refuse it (the interpreter on a CPU has no grid limit)."""
+    if bt > GRID_YZ_LIMIT:
+        raise ValueError(
+            f"matmul: a batch of {bt} products exceeds the CUDA grid's y limit ({GRID_YZ_LIMIT}) "
+            "of the triton backend; fold the batch into M or use backend='torch'"
+        )
+
+
 def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
     """act(a @ b + bias) for [..., M, K] @ [..., K, N] (any strides); a fresh contiguous output."""
     batch = tuple(a.shape[:-2])
@@ -262,6 +274,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
         )
         consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])
         if a.device.type == "cuda":
+            check_batch_grid(bt)
             consts.update(PRECISION=_precision(a.dtype), UPCAST=False)
 
             def grid(meta):
@@ -336,4 +349,5 @@ register(
     builtin=True,
     triton_kernels=_kernel_specs,
     description="Triton: autotuned tiles, grouped program order, fused bias/activation",
+    double_backward=True,  # _autograd.matmul_op: the backward's matmuls are the custom op
 )(matmul_triton)

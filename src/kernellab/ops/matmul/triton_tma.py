@@ -22,7 +22,14 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops.matmul._autograd import matmul_op
-from kernellab.ops.matmul.triton import _ACT, TUNE_MIN_WORK, _max_shared, _tune_keys, triton_matmul_fwd
+from kernellab.ops.matmul.triton import (
+    _ACT,
+    TUNE_MIN_WORK,
+    _max_shared,
+    _tune_keys,
+    check_batch_grid,
+    triton_matmul_fwd,
+)
 from kernellab.registry import register
 
 
@@ -181,6 +188,7 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None)
         a3, b3 = a3.clone(), b3.clone()
     c = torch.empty((bt, m, n), dtype=a.dtype, device=a.device)
     if bt and m and n:
+        check_batch_grid(bt)  # the batch is the grid's y dimension
         _install_allocator()
 
         def grid(meta):
@@ -227,4 +235,5 @@ register(
     dtypes=(torch.float16, torch.bfloat16),
     triton_kernels=_kernel_specs,
     description="Triton with TMA tensor descriptors (Hopper), autotuned, fused epilogue",
+    double_backward=True,  # _autograd.matmul_op: the backward's matmuls are the custom op
 )(matmul_triton_tma)

@@ -124,6 +124,7 @@ _COMMON = dict(
     layout_shape=(37, 1025),
     scale=3.0,
     plant_extra=_plant_rows,
+    rows_shape=(65537, 3),
     default_backends=("cuda", "triton", "torch"),
     extra_bad_inputs=[
         BadInput("empty last dim", _empty_rows, "x"),

@@ -68,6 +68,7 @@ SPEC = define(
         inputs=_norms.make_inputs_fn(with_bias=False),
         validator=_norms.make_validator("rms_norm", ("x", "weight")),
         option_sets=[{"eps": 1e-2}],
+        rows_shape=(65537, 3),
         grad_shapes=[(37, 1025), (1025,)],
         bad_shape=(4, 33),
         extra_bad_inputs=[

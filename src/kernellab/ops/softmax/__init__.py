@@ -67,6 +67,7 @@ SPEC = define(
         grad_args=(0,),
         scale=3.0,
         plant_extra=_mask_a_row,
+        rows_shape=(65537, 3),
         default_backends=("triton", "torch"),
         doc=__doc__.strip().split("\n")[0],
     )

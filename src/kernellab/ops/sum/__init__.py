@@ -136,7 +136,11 @@ SPEC = define(
         modes=("fwd", "fwdbwd"),
         inputs=_inputs,
         validator=_validate,
-        option_sets=[{"dim": -1}],
+        # dim 0 and 1 of a 3-D shape: an implementation that always reduces the last dim
+        # (or ignores dim) fails them.
+        option_sets=[{"dim": -1}, {"dim": 0}, {"dim": 1}],
+        option_shape=(5, 37, 129),
+        rows_shape=(65537, 3),
         bench_options=[{}],
         default_backends=("cuda", "triton", "torch"),
         extra_bad_inputs=[
