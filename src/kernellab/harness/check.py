@@ -342,10 +342,11 @@ class _Runner:
             yield self.run_forward("layout", layout, args)
 
     # -- keyword options -----------------------------------------------------------
-    def option_inputs(self, opts):
-        """(args, kwargs) of the option case ``opts`` at the spec's option shape."""
+    def option_inputs(self, opts, shape=None):
+        """(args, kwargs) of the option case ``opts`` at ``shape`` (default: the spec's
+        option shape)."""
         spec = self.spec
-        shape = spec.option_shape or spec.layout_shape
+        shape = shape or spec.option_shape or spec.layout_shape
         seed = self.next_seed()
         args = spec.make_inputs(shape, self.dtype, self.dev, seed)
         gen = torch.Generator(device=self.dev).manual_seed(seed + 1)
@@ -530,9 +531,9 @@ class _Runner:
         # With the first option set that has tensor options (matmul's bias), so that
         # they are laid out too; the positional arguments are the same either way.
         opts = next((o for o in spec.option_sets if any(isinstance(v, TensorOption) for v in o.values())), {})
-        for argname, _ in spec.tensor_args(*self.option_inputs(opts)):
+        for argname, _ in spec.tensor_args(*self.option_inputs(opts, spec.reach)):
             for layout in LAYOUTS[1:]:
-                args, kwargs = self.option_inputs(opts)
+                args, kwargs = self.option_inputs(opts, spec.reach)
                 args, kwargs = list(args), dict(kwargs)
                 if argname in kwargs:
                     t = kwargs[argname] = relayout(kwargs[argname], layout)
@@ -546,7 +547,9 @@ class _Runner:
         if not self.differentiable:
             return
         for layout in LAYOUTS[1:]:
-            args = spec.make_inputs(spec.layout_shape, self.dtype, self.dev, self.next_seed())
+            if layout == "sliced":
+                continue  # the grad stage's strided dy
+            args = spec.make_inputs(spec.reach, self.dtype, self.dev, self.next_seed())
             res = self.fwd_bwd("layout", f"dy:{layout}", args, judge_out=False, dy_layout=layout)
             if res.status != SKIP:
                 yield res
@@ -561,14 +564,7 @@ class _Runner:
         sets = [{}] + [o for o in spec.option_sets if any(isinstance(v, TensorOption) for v in o.values())]
         for opts in sets:
             label = options_str(opts)
-            args, kwargs = (
-                self.option_inputs(opts)
-                if opts
-                else (
-                    spec.make_inputs(spec.layout_shape, self.dtype, self.dev, self.next_seed()),
-                    {},
-                )
-            )
+            args, kwargs = self.option_inputs(opts, spec.reach)
             wrt = self._wrt(args, kwargs) if self.differentiable else []
             args = [_leaf(a, i in wrt) for i, a in enumerate(args)]
             kwargs = {k: _leaf(v, k in wrt) for k, v in kwargs.items()}
@@ -608,8 +604,7 @@ class _Runner:
         # own included) sit at the edge of the documented 16-bit tolerances.
         if self.dtype != (self.impl.dtypes or spec.dtypes)[0]:
             return
-        shape = spec.gradient_shapes[0]
-        args = spec.make_inputs(shape, self.dtype, self.dev, self.next_seed())
+        args = spec.make_inputs(spec.reach, self.dtype, self.dev, self.next_seed())
         wrt = self._wrt(args, {})
         gen = torch.Generator(device=self.dev).manual_seed(self.next_seed())
 

@@ -255,6 +255,12 @@ class OpSpec:
     # with the reason, and run on a GPU.
     rows_shape: tuple | None = None
     rows_shape_interpreted: bool = True
+    # Problem shape of the per-argument layout, integrity, re-call and double-backward
+    # cases (None: layout_shape). They multiply the calls by arguments x layouts, and the
+    # Triton interpreter pays per program: the row-wise ops take a few rows of the same
+    # width (measured on the CPU: layer_norm triton fp32's check went from 11 s to 42 s of
+    # CPU at 37 rows).
+    reach_shape: tuple | None = None
 
     # -- inputs ---------------------------------------------------------------------
     @property
@@ -319,6 +325,10 @@ class OpSpec:
 
     def ref(self, *args, **options):
         return self.reference(*[to64(a) for a in args], **{k: to64(v) for k, v in options.items()})
+
+    @property
+    def reach(self) -> tuple:
+        return tuple(self.reach_shape or self.layout_shape)
 
     @property
     def gradient_shapes(self) -> list:

@@ -36,6 +36,7 @@ SPEC = define(
         bench_shapes=[(2**p,) for p in (16, 20, 24, 26, 28)],
         cpu_bench_shapes=[(2**p,) for p in (10, 14, 18)],
         layout_shape=(37, 1025),
+        reach_shape=(5, 1025),
         grad_args=(0, 1),
         rows_shape=(65537, 3),
         modes=("fwd",),

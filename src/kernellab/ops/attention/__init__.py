@@ -282,6 +282,7 @@ _COMMON = dict(
     bench_shapes=[(4, 16, 4096, 128), (1, 16, 16384, 64)],
     cpu_bench_shapes=[(1, 2, 128, 64)],
     layout_shape=(2, 3, 37, 64),
+    reach_shape=(1, 2, 37, 64),
     grad_args=(0, 1, 2),
     specials=(),  # NaN/inf planted in q: where NaN lands depends on max semantics; not judged
     plant_extra=_big_first_query,

@@ -224,6 +224,7 @@ SPEC = define(
         bench_shapes=[(8192, 50304), (8192, 128256)],
         cpu_bench_shapes=[(64, 1000)],
         layout_shape=(13, 1025),
+        reach_shape=(5, 1025),
         grad_args=(0,),
         scale=2.0,
         plant_extra=_extremes,

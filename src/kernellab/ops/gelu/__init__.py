@@ -47,6 +47,7 @@ SPEC = define(
         bench_shapes=[(2**p,) for p in (16, 20, 24, 26, 28)],
         cpu_bench_shapes=[(2**p,) for p in (10, 14, 18)],
         layout_shape=(37, 1025),
+        reach_shape=(5, 1025),
         grad_args=(0,),
         scale=3.0,  # reach both tails of tanh
         specials=(float("nan"), float("inf"), float("-inf"), 1e4, -1e4, 60.0, -60.0),

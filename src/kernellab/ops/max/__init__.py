@@ -122,6 +122,7 @@ _COMMON = dict(
     bench_shapes=[(32768, 4096)],
     cpu_bench_shapes=[(64, 1024)],
     layout_shape=(37, 1025),
+    reach_shape=(5, 1025),
     scale=3.0,
     plant_extra=_plant_rows,
     rows_shape=(65537, 3),

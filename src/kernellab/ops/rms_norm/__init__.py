@@ -60,6 +60,7 @@ SPEC = define(
         bench_shapes=[(16384, 4096)],
         cpu_bench_shapes=[(64, 1024)],
         layout_shape=(37, 1025),
+        reach_shape=(5, 1025),
         grad_args=(0, 1),
         scale=2.0,
         plant_extra=_norms.plant_constant_rows,

@@ -64,6 +64,7 @@ SPEC = define(
         bench_shapes=[(32768, 4096)],
         cpu_bench_shapes=[(64, 1024)],
         layout_shape=(37, 1025),
+        reach_shape=(5, 1025),
         grad_args=(0,),
         scale=3.0,
         plant_extra=_mask_a_row,

@@ -132,6 +132,7 @@ SPEC = define(
         bench_shapes=[(2**28,)],
         cpu_bench_shapes=[(1 << 16,)],
         layout_shape=(37, 1025),
+        reach_shape=(5, 1025),
         grad_args=(0,),
         modes=("fwd", "fwdbwd"),
         inputs=_inputs,
