@@ -736,8 +736,9 @@ _attention = build(
         # compile of the autotuned _attn_fwd failed on the H100 (torch 2.11, Triton 3.6: a
         # tl.dot accumulator assertion inside _mma, bf16 inputs; the same kernel compiles
         # and passes when Triton's launcher compiles it). Opaque to Inductor until that is
-        # understood; the eager path is the same either way.
-        triton=False,
+        # understood; the eager path is the same either way. KERNELLAB_ATTN_TRITON_OP=1
+        # registers it as a triton_op (scripts/probe_attn_compile.py).
+        triton=os.environ.get("KERNELLAB_ATTN_TRITON_OP", "0") == "1",
     )
 )
 
