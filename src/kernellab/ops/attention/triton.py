@@ -270,6 +270,9 @@ def _attn_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
+    # Inductor types a float argument fp64 (Triton: fp32); an fp64 scale would carry the
+    # softmax state, and the accumulator, into fp64 (tl.dot then refuses the accumulator).
+    qk_scale = tl.cast(qk_scale, tl.float32)
     num_m = tl.cdiv(S_q, BLOCK_M)
     bh = (pid // num_m).to(tl.int64)  # consecutive programs share a head: K/V stay in L2
     zo = bh // NH
@@ -407,6 +410,7 @@ def _attn_bwd_dkdv(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
     num_n = tl.cdiv(S_k, BLOCK_N)
     bh = (pid // num_n).to(tl.int64)
     zo = bh // NH
@@ -516,6 +520,7 @@ def _attn_bwd_dq(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
     num_m = tl.cdiv(S_q, BLOCK_M)
     bh = (pid // num_m).to(tl.int64)
     zo = bh // NH
@@ -732,13 +737,10 @@ _attention = build(
         grads=lambda g, extra: (g[0], g[1], g[2], None, None),
         needs_grad=lambda q, k, v, causal, scale: q.requires_grad or k.requires_grad or v.requires_grad,
         samples=(_opcheck_fwd, _opcheck_bwd),
-        # A custom_op, not a triton_op, under torch.compile: as a triton_op, Inductor's own
-        # compile of the autotuned _attn_fwd failed on the H100 (torch 2.11, Triton 3.6: a
-        # tl.dot accumulator assertion inside _mma, bf16 inputs; the same kernel compiles
-        # and passes when Triton's launcher compiles it). Opaque to Inductor until that is
-        # understood; the eager path is the same either way. KERNELLAB_ATTN_TRITON_OP=1
-        # registers it as a triton_op (scripts/probe_attn_compile.py).
-        triton=os.environ.get("KERNELLAB_ATTN_TRITON_OP", "0") == "1",
+        # A triton_op on a GPU (Inductor launches the four kernels itself); it failed to
+        # compile there until the kernels cast their float scales to fp32 (Inductor passes
+        # floats as fp64). KERNELLAB_ATTN_TRITON_OP=0 makes it a custom_op (comparisons).
+        triton=os.environ.get("KERNELLAB_ATTN_TRITON_OP", "1") == "1",
     )
 )
 
