@@ -17,7 +17,8 @@ Op sets (kernellab.models.gpt's model; every set runs the same bf16 weights and 
 A step is forward + loss + backward + AdamW step; the model's forward and loss are what
 torch.compile sees (the optimizer stays eager, fused). Timing: warm-up steps (compilation
 and autotuning included) excluded, then N steps between two synchronizations: ms/step =
-wall / N, what a training loop sees. Random token ids: speed does not depend on the data
+wall / N, what a training loop sees. The sets of one (shape, mode) are timed in
+alternating rounds (see time_interleaved): this host's speed drifts between runs. Random token ids: speed does not depend on the data
 (the training run on real text is `kernellab train gpt`).
 """
 
@@ -26,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
+import time
 import traceback
 
 import torch
@@ -48,12 +51,50 @@ def _model(set_name):
     return gpt.make("gpt2", be, mm, "cuda", torch.bfloat16, seed=0, fuse=fuse)
 
 
-def time_steps(set_name, mode, bsz, t, warmup, steps, seed=0):
-    model = _model(set_name)
+def _batch(bsz, t, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     idx = torch.randint(0, 50257, (bsz, t), device="cuda", generator=gen)
     tgt = torch.randint(0, 50257, (bsz, t), device="cuda", generator=gen)
-    return gpt.time_steps(gpt.Trainer(model, mode, lr=1e-4), (idx, tgt), warmup, steps)
+    return idx, tgt
+
+
+def time_interleaved(sets, mode, bsz, t, warmup, steps, rounds):
+    """ms/step of each op set in ``mode``, measured in alternating rounds (set A's
+    ``steps`` steps, then B's, ... ``rounds`` times): this host's speed drifts by up to
+    1.6x between runs (PyTorch's own eager step at 4x256: 15.4 to 25.1 ms), so sets timed
+    one after the other are not comparable; interleaved rounds see the same drift.
+    Returns one row per set (median round, min, max) plus, per set, the median over
+    rounds of its time divided by PyTorch's time in the same round."""
+    batch = _batch(bsz, t)
+    trainers, rows = {}, {}
+    for s in sets:
+        rows[s] = {}
+        try:
+            tr = gpt.Trainer(_model(s), mode, lr=1e-4)
+            t0 = time.perf_counter()
+            for _ in range(warmup):
+                loss = tr.step(*batch)
+            rows[s]["loss"] = float(loss)
+            torch.cuda.synchronize()
+            rows[s]["warmup_s"] = time.perf_counter() - t0
+            trainers[s] = tr
+        except Exception as e:  # noqa: BLE001 - one failing configuration does not end the run
+            rows[s]["error"] = f"{type(e).__name__}: {e}"[:400]
+            traceback.print_exc()
+    times = {s: [] for s in trainers}
+    for _ in range(rounds):
+        for s, tr in trainers.items():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                tr.step(*batch)
+            torch.cuda.synchronize()
+            times[s].append((time.perf_counter() - t0) / steps * 1e3)
+    for s, ts in times.items():
+        rows[s].update(ms_per_step=statistics.median(ts), ms_min=min(ts), ms_max=max(ts), rounds=rounds)
+        if "pytorch" in times:
+            rows[s]["ratio_paired"] = statistics.median(a / b for a, b in zip(ts, times["pytorch"]))
+    return rows
 
 
 def profile(set_name, mode, bsz, t):
@@ -93,6 +134,7 @@ def main() -> int:
     p.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per set")
     p.add_argument("--profile", default=None, help="SET:MODE:BxT, e.g. kl_triton:eager:8x1024")
     args = p.parse_args()
     if args.profile:
@@ -107,22 +149,11 @@ def main() -> int:
     for bt in args.bt:
         b, t = map(int, bt.split("x"))
         for mode in args.modes:
+            timed = time_interleaved(args.sets, mode, b, t, args.warmup, args.steps, args.rounds)
+            torch._dynamo.reset()
             for s in args.sets:
-                row = {
-                    "bench": "gpt2_step",
-                    "model": "gpt2-124M",
-                    "dtype": "bf16",
-                    "B": b,
-                    "T": t,
-                    "mode": mode,
-                    "ops": s,
-                }
-                try:
-                    row.update(time_steps(s, mode, b, t, args.warmup, args.steps))
-                except Exception as e:  # noqa: BLE001 - one failing configuration does not end the run
-                    row["error"] = f"{type(e).__name__}: {e}"[:400]
-                    traceback.print_exc()
-                torch._dynamo.reset()
+                row = {"bench": "gpt2_step", "model": "gpt2-124M", "dtype": "bf16", "B": b, "T": t,
+                       "mode": mode, "ops": s, "interleaved": True, **timed[s]}  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if out:
@@ -142,7 +173,7 @@ def main() -> int:
                 if v is None:
                     cells.append(f"{r['ops']}=error")
                 else:
-                    ratio = f" ({v / base:.2f}x)" if base and not math.isnan(base) else ""
+                    ratio = f" ({v / base:.2f}x, paired {r['ratio_paired']:.2f}x)" if base and not math.isnan(base) else ""
                     cells.append(f"{r['ops']}={v:.2f}{ratio}")
             print(f"{b}x{t} {mode:20s} " + "  ".join(cells))
     return 0

@@ -128,8 +128,19 @@ def _grads(model, idx, tgt):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("backends", ["triton", {"ln": "triton", "gelu": "triton", "attn": "triton", "add": "triton"}])
-def test_fused_blocks_match_op_by_op_and_pytorch(backends):
+class _NoFusedAdd:
+    """A layer_norm backend seen without its add_forward_saving / add_backward_from (as a
+    backend that has none): the fused blocks then add and normalize in two launches."""
+
+    def __init__(self, fn):
+        self.forward_saving, self.backward_from = fn.forward_saving, fn.backward_from
+
+
+@pytest.mark.parametrize(
+    "backends,plain_add",
+    [("triton", False), ({"ln": "triton", "gelu": "triton", "attn": "triton", "add": "triton"}, False), ("triton", True)],
+)
+def test_fused_blocks_match_op_by_op_and_pytorch(backends, plain_add):
     """Eager kernellab models run each block under one autograd node (hand-written
     backward through the ops' node-free launchers). Its loss and every parameter's
     gradient equal the op-by-op graph of the same kernels (fp32, rounding only) and
@@ -138,7 +149,11 @@ def test_fused_blocks_match_op_by_op_and_pytorch(backends):
     cfg = gpt.Config(vocab=256, ctx=16, dim=32, layers=2, heads=2)
     torch.manual_seed(0)
     fused = gpt.GPT(cfg, backends)
-    assert fused._fused(torch.empty(0)) is not None  # this op set does take the fused path
+    kern = fused._fused(torch.empty(0))
+    assert kern is not None  # this op set does take the fused path
+    assert hasattr(kern["ln"], "add_forward_saving")  # Triton's norm adds the residual itself
+    if plain_add:
+        fused._fused_cache["cpu"] = {**kern, "ln": _NoFusedAdd(kern["ln"])}
     unfused = gpt.GPT(cfg, backends, fuse=False)
     ref = gpt.GPT(cfg, "pytorch")
     unfused.load_state_dict(fused.state_dict())

@@ -341,3 +341,46 @@ def test_gpu_check_engine(backend):
     for dtype in DTYPES:
         rep = check_impl(registry.get(OP, backend), dtype, device="cuda", quick=True)
         assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 768), (3, 37), (2, 4096), (6, 5000)])
+def test_triton_residual_add_fused_is_bitwise_add_then_norm(dtype, shape):
+    """add_forward_saving / add_backward_from (the GPT blocks' residual + norm in one
+    kernel each way, 2-D and 1-D row kernels) give bitwise what add, then layer_norm, and
+    in the backward layer_norm's dx, then an add of the residual gradient give."""
+    from kernellab.ops.layer_norm import triton as lt
+
+    gen = torch.Generator().manual_seed(1)
+    x, r, dy, dres = (torch.randn(*shape, generator=gen).to(dtype) for _ in range(4))
+    w, b = (torch.randn(shape[-1], generator=gen).to(dtype) for _ in range(2))
+    y, h, s = lt.add_forward_saving(x, r, w, b, 1e-5)
+    h_ref = kernellab.add(x, r, backend="triton")
+    y_ref, s_ref = lt.layer_norm_triton.forward_saving(h_ref, w, b, 1e-5)
+    assert torch.equal(h, h_ref) and torch.equal(y, y_ref)
+    dx, dw, db = lt.add_backward_from(s, dy, dres)
+    dx_ref, dw_ref, db_ref, _ = lt.layer_norm_triton.backward_from(s_ref, dy)
+    assert torch.equal(dx, kernellab.add(dres, dx_ref, backend="triton"))
+    assert torch.equal(dw, dw_ref) and torch.equal(db, db_ref)
+    # and against float64 PyTorch: the fused pair is the math it claims
+    x64 = (x.double() + r.double()).requires_grad_()
+    y64 = torch.nn.functional.layer_norm(x64, shape[-1:], w.double(), b.double(), 1e-5)
+    y64.backward(dy.double())
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(y.double(), y64.detach(), rtol=tol, atol=tol)
+    torch.testing.assert_close(dx.double(), x64.grad + dres.double(), rtol=tol, atol=tol)
+
+
+def test_triton_residual_add_refuses_mismatched_residual():
+    from kernellab.ops.layer_norm import triton as lt
+
+    x, w, b = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
+    with pytest.raises(ValueError, match="r: expected a contiguous tensor of x's shape"):
+        lt.add_forward_saving(x, torch.randn(4, 9), w, b)
+    with pytest.raises(ValueError, match="r: .*non-contiguous"):
+        lt.add_forward_saving(x, torch.randn(8, 4).t(), w, b)
+    with pytest.raises(ValueError, match="r: expected .*dtype"):
+        lt.add_forward_saving(x, torch.randn(4, 8, dtype=torch.float64), w, b)
+    _, _, s = lt.add_forward_saving(x, torch.randn(4, 8), w, b)
+    with pytest.raises(ValueError, match="dres"):
+        lt.add_backward_from(s, torch.randn(4, 8), torch.randn(4, 7))

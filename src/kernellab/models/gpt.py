@@ -156,38 +156,63 @@ def _linear_bwd(dy, x, w, want_bias: bool):
     return _mm(dy, w), _mm(dy.t(), x), (dy.sum(0) if want_bias else None)
 
 
-def _block_fwd(x2, p, k, b, t, heads):
+def _ln_add(k, x, r, w, b):
+    """(layer_norm(x + r), x + r, saved): one kernel where the layer_norm backend has one
+    (Triton: add_forward_saving), else the add then the norm."""
+    fused = getattr(k["ln"], "add_forward_saving", None)
+    if fused is not None:
+        return fused(x, r, w, b, 1e-5)
+    h, _ = k["add"].forward_saving(x, r)
+    y, s = k["ln"].forward_saving(h, w, b, 1e-5)
+    return y, h, s
+
+
+def _ln_add_bwd(k, saved, dy, dres):
+    """(the norm's dx + dres, dweight, dbias): the gradient of a residual sum x + r that a
+    layer norm reads, with the residual stream's own gradient ``dres`` added."""
+    fused = getattr(k["ln"], "add_backward_from", None)
+    if fused is not None:
+        return fused(saved, dy, dres)
+    dx, dw, db = k["ln"].backward_from(saved, dy)[:3]
+    return k["add"].forward_saving(dres, dx)[0], dw, db
+
+
+def _block_fwd(x2, r, p, k, b, t, heads):
     """One pre-LN transformer block (GPT._block_ops is the same math op by op) with no
-    autograd node: x2 [B*T, D] contiguous, p its 12 parameters; returns (out, saved)."""
+    autograd node: its input is x2 + r (r None: x2), [B*T, D] contiguous, p its 12
+    parameters; returns ((x1, m), saved), the block's output being x1 + m unsummed: the
+    next block's first norm adds them in its own kernel (_ln_add)."""
     ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, fc2_w, fc2_b = p
     d = x2.shape[1]
     hd = d // heads
-    y1, s_ln1 = k["ln"].forward_saving(x2, ln1_w, ln1_b, 1e-5)
+    if r is None:
+        y1, s_ln1 = k["ln"].forward_saving(x2, ln1_w, ln1_b, 1e-5)
+    else:
+        y1, x2, s_ln1 = _ln_add(k, x2, r, ln1_w, ln1_b)
     qkv = _linear(y1, qkv_w, qkv_b)
     # q, k, v as [B, H, T, hd] views of the projection: the kernels take batch and head
     # strides, so nothing is copied; o comes back in [B, T, H, hd] memory order.
     q, kk, v = qkv.view(b, t, 3, heads, hd).permute(2, 0, 3, 1, 4).unbind(0)
     o, s_att = k["attn"].forward_saving(q, kk, v, True, 1.0 / math.sqrt(hd))
     a = o.transpose(1, 2).reshape(b * t, d)  # a view when o is [B, T, H, hd] in memory
-    x1, _ = k["add"].forward_saving(x2, _linear(a, proj_w, proj_b))
-    y2, s_ln2 = k["ln"].forward_saving(x1, ln2_w, ln2_b, 1e-5)
+    y2, x1, s_ln2 = _ln_add(k, x2, _linear(a, proj_w, proj_b), ln2_w, ln2_b)
     h = _linear(y2, fc_w, fc_b)
     g, s_gelu = k["gelu"].forward_saving(h)
-    out, _ = k["add"].forward_saving(x1, _linear(g, fc2_w, fc2_b))
-    return out, (y1, a, y2, g, qkv_w, proj_w, fc_w, fc2_w, s_ln1, s_att, s_ln2, s_gelu)
+    m = _linear(g, fc2_w, fc2_b)
+    return (x1, m), (y1, a, y2, g, qkv_w, proj_w, fc_w, fc2_w, s_ln1, s_att, s_ln2, s_gelu)
 
 
 def _block_bwd(dout, saved, k, b, t, heads):
     """(dx, the 12 parameter gradients) of ``_block_fwd`` from its saved tuple; dout
-    [B*T, D] contiguous."""
+    [B*T, D] contiguous, the gradient of the block's output x1 + m (so of x1 and m both);
+    dx is the gradient of its input x2 + r (so of x2 and r both)."""
     y1, a, y2, g, qkv_w, proj_w, fc_w, fc2_w, s_ln1, s_att, s_ln2, s_gelu = saved
     d = dout.shape[1]
     hd = d // heads
     dg, dfc2_w, dfc2_b = _linear_bwd(dout, g, fc2_w, True)
     (dh,) = k["gelu"].backward_from(s_gelu, dg)
     dy2, dfc_w, dfc_b = _linear_bwd(dh, y2, fc_w, True)
-    dx1_ln, dln2_w, dln2_b, _ = k["ln"].backward_from(s_ln2, dy2)
-    dx1, _ = k["add"].forward_saving(dout, dx1_ln)
+    dx1, dln2_w, dln2_b = _ln_add_bwd(k, s_ln2, dy2, dout)
     da, dproj_w, dproj_b = _linear_bwd(dx1, a, proj_w, True)
     do = da.view(b, t, heads, hd).transpose(1, 2)
     into = getattr(k["attn"], "backward_into", None)
@@ -201,8 +226,7 @@ def _block_bwd(dout, saved, k, b, t, heads):
         dqkv = torch.stack((dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)), dim=2)
         dqkv = dqkv.view(b * t, 3 * d)
     dy1, dqkv_w, dqkv_b = _linear_bwd(dqkv, y1, qkv_w, True)
-    dx_ln, dln1_w, dln1_b, _ = k["ln"].backward_from(s_ln1, dy1)
-    dx, _ = k["add"].forward_saving(dx1, dx_ln)
+    dx, dln1_w, dln1_b = _ln_add_bwd(k, s_ln1, dy1, dx1)
     grads = (dln1_w, dln1_b, dqkv_w, dqkv_b, dproj_w, dproj_b, dln2_w, dln2_b, dfc_w, dfc_b, dfc2_w, dfc2_b)
     return dx, grads
 
@@ -218,12 +242,14 @@ class _Blocks(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, k, heads, *params):
         b, t, d = x.shape
-        h = x.reshape(b * t, d)
+        h, r = x.reshape(b * t, d), None
         saved = []
         for i in range(0, len(params), _PER_BLOCK):
-            h, s = _block_fwd(h, params[i : i + _PER_BLOCK], k, b, t, heads)
+            (h, r), s = _block_fwd(h, r, params[i : i + _PER_BLOCK], k, b, t, heads)
             saved.append(s)
         ctx.saved, ctx.k, ctx.shape, ctx.heads = saved, k, (b, t, d), heads
+        if r is not None:
+            h, _ = k["add"].forward_saving(h, r)
         return h.view(b, t, d)
 
     @staticmethod

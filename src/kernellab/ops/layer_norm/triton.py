@@ -57,6 +57,8 @@ def _norm_fwd_kernel(
     x_ptr,  # [n_rows, n_cols] contiguous, storage dtype
     w_ptr,  # [n_cols]
     b_ptr,  # [n_cols] (unused unless HAS_BIAS)
+    r_ptr,  # [n_rows, n_cols] contiguous residual (unused unless RES)
+    h_ptr,  # [n_rows, n_cols] contiguous: x + r in x's dtype, the normalized input (RES)
     y_ptr,  # [n_rows, n_cols] contiguous, storage dtype
     mean_ptr,  # [n_rows] fp32 (unused when RMS)
     rstd_ptr,  # [n_rows] fp32
@@ -67,6 +69,7 @@ def _norm_fwd_kernel(
     ROWS: tl.constexpr,  # rows per program
     RMS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    RES: tl.constexpr,  # normalize h = x + r (rounded to x's dtype, as a separate add would)
     EVICT: tl.constexpr,  # eviction policy of the x load and the y store
     EVEN: tl.constexpr,  # n_cols == BLOCK and ROWS divides n_rows: no masks
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
@@ -81,9 +84,20 @@ def _norm_fwd_kernel(
     mask = rmask[:, None] & cmask[None, :]
     offs = rows[:, None] * n_cols + cols[None, :]
     if EVEN:
-        x = tl.load(x_ptr + offs, eviction_policy=EVICT).to(tl.float32)
+        x = tl.load(x_ptr + offs, eviction_policy=EVICT)
     else:
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT)
+    if RES:
+        if EVEN:
+            r = tl.load(r_ptr + offs, eviction_policy=EVICT)
+        else:
+            r = tl.load(r_ptr + offs, mask=mask, other=0.0, eviction_policy=EVICT)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
+        if EVEN:
+            tl.store(h_ptr + offs, x)
+        else:
+            tl.store(h_ptr + offs, x, mask=mask)
+    x = x.to(tl.float32)
     if RMS:
         xc = x
     else:
@@ -135,6 +149,8 @@ def _norm_fwd_row_kernel(
     x_ptr,  # [n_rows, n_cols] contiguous, 16-bit
     w_ptr,  # [n_cols]
     b_ptr,  # [n_cols] (unused unless HAS_BIAS)
+    r_ptr,  # residual, as _norm_fwd_kernel's (RES)
+    h_ptr,  # x + r (RES)
     y_ptr,  # [n_rows, n_cols] contiguous
     mean_ptr,  # [n_rows] fp32 (unused when RMS)
     rstd_ptr,  # [n_rows] fp32
@@ -143,6 +159,7 @@ def _norm_fwd_row_kernel(
     BLOCK: tl.constexpr,  # next power of two >= n_cols
     RMS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    RES: tl.constexpr,
     EVEN: tl.constexpr,  # n_cols == BLOCK: no masks
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
 ):
@@ -158,12 +175,21 @@ def _norm_fwd_row_kernel(
         w = tl.load(w_ptr + cols).to(tl.float32)
         if HAS_BIAS:
             b = tl.load(b_ptr + cols).to(tl.float32)
-        x = tl.load(x_ptr + row * n_cols + cols).to(tl.float32)
+        x = tl.load(x_ptr + row * n_cols + cols)
+        if RES:
+            r = tl.load(r_ptr + row * n_cols + cols)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
+            tl.store(h_ptr + row * n_cols + cols, x)
     else:
         w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + row * n_cols + cols, mask=cmask, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + row * n_cols + cols, mask=cmask, other=0.0)
+        if RES:
+            r = tl.load(r_ptr + row * n_cols + cols, mask=cmask, other=0.0)
+            x = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
+            tl.store(h_ptr + row * n_cols + cols, x, mask=cmask)
+    x = x.to(tl.float32)
     if RMS:
         xc = x
     else:
@@ -194,6 +220,7 @@ def _norm_bwd_kernel(
     mean_ptr,  # [n_rows] fp32 (unused when RMS)
     rstd_ptr,  # [n_rows] fp32
     dx_ptr,  # [n_rows, n_cols] contiguous
+    dres_ptr,  # [n_rows, n_cols] contiguous: added to dx (RES)
     dw_part_ptr,  # [programs, n_cols] fp32: this program's sum of dy * xhat
     db_part_ptr,  # [programs, n_cols] fp32: sum of dy (unused when RMS)
     n_rows,
@@ -202,6 +229,7 @@ def _norm_bwd_kernel(
     BLOCK: tl.constexpr,
     RMS: tl.constexpr,
     PREFETCH: tl.constexpr,  # load row i + 1 (x, dy, stats) before row i's reductions
+    RES: tl.constexpr,  # dx += dres (the residual stream's gradient), after dx's rounding
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -259,7 +287,11 @@ def _norm_bwd_kernel(
             c2 = tl.sum(g, axis=0) / n_cols
             dx = (g - (xhat * c1 + c2)) * rstd
             db_acc += dy
-        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dx = dx.to(dx_ptr.dtype.element_ty)
+        if RES:  # rounded as a separate add of the two would round
+            dres = tl.load(dres_ptr + offs, mask=mask, other=0.0)
+            dx = (dx.to(tl.float32) + dres.to(tl.float32)).to(dx_ptr.dtype.element_ty)
+        tl.store(dx_ptr + offs, dx, mask=mask)
         dw_acc += dy * xhat
     tl.store(dw_part_ptr + pid * n_cols + cols, dw_acc, mask=cmask)
     if not RMS:
@@ -295,8 +327,9 @@ def _row_1d(rows: int, dtype) -> bool:
     return FWD_ROW_1D and rows == 1 and dtype != torch.float32
 
 
-def norm_fwd(x, w, b, eps, rms):
-    """See _norms: (y, mean, rstd); x contiguous."""
+def norm_fwd(x, w, b, eps, rms, res=None, h=None):
+    """See _norms: (y, mean, rstd); x contiguous. With ``res`` (contiguous, x's shape and
+    dtype) the kernel normalizes x + res and writes that sum into ``h`` (fresh, x's shape)."""
     y = torch.empty_like(x)
     mean, rstd = _norms.empty_stats(x, rms)
     n_rows, n_cols = _norms.rows_of(x)
@@ -306,6 +339,8 @@ def norm_fwd(x, w, b, eps, rms):
             x,
             w,
             b if b is not None else w,
+            res if res is not None else x,
+            h if h is not None else y,
             y,
             mean if mean is not None else rstd,
             rstd,
@@ -314,6 +349,7 @@ def norm_fwd(x, w, b, eps, rms):
             BLOCK=block,
             RMS=rms,
             HAS_BIAS=b is not None,
+            RES=res is not None,
             EVEN=block == n_cols,
             WIDE=not (FWD_NARROW and x.numel() < 2**31),
             num_warps=FWD_WARPS or warps,
@@ -323,6 +359,8 @@ def norm_fwd(x, w, b, eps, rms):
             x,
             w,
             b if b is not None else w,
+            res if res is not None else x,
+            h if h is not None else y,
             y,
             mean if mean is not None else rstd,
             rstd,
@@ -333,6 +371,7 @@ def norm_fwd(x, w, b, eps, rms):
             ROWS=rows,
             RMS=rms,
             HAS_BIAS=b is not None,
+            RES=res is not None,
             EVICT=FWD_EVICT,
             EVEN=FWD_EVEN and block == n_cols and n_rows % rows == 0,
             WIDE=not (FWD_NARROW and x.numel() < 2**31),
@@ -341,13 +380,16 @@ def norm_fwd(x, w, b, eps, rms):
     return y, mean, rstd
 
 
-def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
-    """See _norms: (dx, dw, db); dy and x contiguous."""
+def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None):
+    """See _norms: (dx, dw, db); dy and x contiguous. With ``dres`` (contiguous, x's shape
+    and dtype) dx is the norm's gradient plus dres, rounded as two ops would round."""
     n_rows, n_cols = _norms.rows_of(x)
     dx = torch.empty_like(x)  # x is contiguous
     want_db = has_bias and not rms
     if not (n_rows and n_cols):
         db = torch.zeros_like(w) if want_db else None
+        if dres is not None:
+            dx.copy_(dres)
         return dx, torch.zeros_like(w), db
     block = triton_support.next_pow2(n_cols)
     if block > MAX_D:
@@ -365,6 +407,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
         mean if mean is not None else rstd,
         rstd,
         dx,
+        dres if dres is not None else dx,
         dw_part,
         db_part,
         n_rows,
@@ -373,6 +416,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias):
         BLOCK=block,
         RMS=rms,
         PREFETCH=BWD_PREFETCH,
+        RES=dres is not None,
         num_warps=_bwd_warps(block),
         # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g),
         # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
@@ -450,6 +494,8 @@ def kernel_specs(rms: bool):
             "x_ptr": f"*{dtype}",
             "w_ptr": f"*{dtype}",
             "b_ptr": f"*{dtype}",
+            "r_ptr": f"*{dtype}",
+            "h_ptr": f"*{dtype}",
             "y_ptr": f"*{dtype}",
             "mean_ptr": "*fp32",
             "rstd_ptr": "*fp32",
@@ -460,6 +506,7 @@ def kernel_specs(rms: bool):
             "ROWS": "constexpr",
             "RMS": "constexpr",
             "HAS_BIAS": "constexpr",
+            "RES": "constexpr",
             "EVICT": "constexpr",
             "EVEN": "constexpr",
             "WIDE": "constexpr",
@@ -471,6 +518,7 @@ def kernel_specs(rms: bool):
             "mean_ptr": "*fp32",
             "rstd_ptr": "*fp32",
             "dx_ptr": f"*{dtype}",
+            "dres_ptr": f"*{dtype}",
             "dw_part_ptr": "*fp32",
             "db_part_ptr": "*fp32",
             "n_rows": "i32",
@@ -479,22 +527,26 @@ def kernel_specs(rms: bool):
             "BLOCK": "constexpr",
             "RMS": "constexpr",
             "PREFETCH": "constexpr",
+            "RES": "constexpr",
         }
         fcx = {
             "BLOCK": block,
             "ROWS": rows,
             "RMS": rms,
             "HAS_BIAS": not rms,
+            "RES": False,
             "EVICT": FWD_EVICT,
             "EVEN": FWD_EVEN,
             "WIDE": not FWD_NARROW,
         }
-        bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH}
+        bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH, "RES": False}
         if _row_1d(rows, torch.float32 if dtype == "fp32" else torch.bfloat16):
             names = (
                 "x_ptr",
                 "w_ptr",
                 "b_ptr",
+                "r_ptr",
+                "h_ptr",
                 "y_ptr",
                 "mean_ptr",
                 "rstd_ptr",
@@ -505,10 +557,11 @@ def kernel_specs(rms: bool):
             )
             fwd = {k: fwd[k] for k in names} | {
                 "HAS_BIAS": "constexpr",
+                "RES": "constexpr",
                 "EVEN": "constexpr",
                 "WIDE": "constexpr",
             }
-            fcx = {"BLOCK": block, "RMS": rms, "HAS_BIAS": not rms, "EVEN": True, "WIDE": not FWD_NARROW}
+            fcx = {"BLOCK": block, "RMS": rms, "HAS_BIAS": not rms, "RES": False, "EVEN": True, "WIDE": not FWD_NARROW}
             return [
                 (_norm_fwd_row_kernel, fwd, fcx, FWD_WARPS or warps),
                 (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
@@ -527,3 +580,47 @@ triton_support.register_triton(
     kernel_specs(False),
     "Triton: row in registers, saved mean/rstd, per-program dweight/dbias partials",
 )
+
+
+# --------------------------------------------------------------------------- residual add
+#
+# A pre-LN transformer adds a residual and normalizes the sum: h = x + r; y = LN(h). For
+# models that own their autograd (kernellab.models.gpt's fused blocks), one forward kernel
+# does both (h is written once, as the add would write it) and one backward kernel adds
+# the residual stream's gradient into dx: two launches fewer per residual, and the sum is
+# read once less. Results are bitwise those of add then layer_norm (same roundings).
+
+
+def _same_rows(x, r, name):
+    if r.shape != x.shape or r.dtype != x.dtype or r.device != x.device or not r.is_contiguous():
+        raise ValueError(
+            f"{name}: expected a contiguous tensor of x's shape {tuple(x.shape)}, dtype {x.dtype} and "
+            f"device, got shape {tuple(r.shape)}, {r.dtype}, {r.device}"
+            + ("" if r.is_contiguous() else ", non-contiguous")
+        )
+
+
+def add_forward_saving(x, r, w, b, eps: float = 1e-5):
+    """``(layer_norm(x + r), x + r, saved)`` with no autograd node; x and r contiguous, of
+    one shape and dtype. ``saved`` is what ``layer_norm_triton.backward_from`` and
+    ``add_backward_from`` take."""
+    if not x.is_contiguous():
+        raise ValueError("x: expected a contiguous tensor")
+    _same_rows(x, r, "r")
+    h = torch.empty_like(x)
+    y, mean, rstd = norm_fwd(x, w, b, float(eps), False, res=r, h=h)
+    return y, h, ((h, w, mean, rstd), b is not None)
+
+
+def add_backward_from(saved, dy, dres):
+    """(dx + dres, dweight, dbias or None) from ``add_forward_saving``'s saved tuple: the
+    gradient of x and of r both (h = x + r), the residual stream's ``dres`` included."""
+    (h, w, mean, rstd), has_bias = saved
+    _same_rows(h, dy, "dy")
+    _same_rows(h, dres, "dres")
+    dx, dw, db = norm_bwd(dy, h, w, mean, rstd, False, True, dres=dres)
+    return dx, dw, (db if has_bias else None)
+
+
+layer_norm_triton.add_forward_saving = add_forward_saving
+layer_norm_triton.add_backward_from = add_backward_from
