@@ -7,8 +7,10 @@ mode (eager, torch.compile, torch.compile with CUDA graphs), in one run (GPU).
 Op sets (kernellab.models.gpt's model; every set runs the same bf16 weights and fused AdamW):
 - ``pytorch``: F.layer_norm, F.gelu(tanh), SDPA (causal), +, F.cross_entropy, F.linear.
 - ``kl_triton``: kernellab's Triton kernels for layer_norm, gelu, attention, add and
-  cross_entropy; the linear layers on cuBLAS (F.linear). In eager mode each transformer
-  block runs under one autograd node (kernellab.models.gpt's fused blocks).
+  cross_entropy; the linear layers on cuBLAS (F.linear). In eager mode the transformer
+  blocks run under one autograd node (kernellab.models.gpt's fused blocks), which
+  replays CUDA graphs of itself after its first call at a shape.
+- ``kl_triton_nograph``: the same, the fused blocks launching their kernels one by one.
 - ``kl_triton_unfused``: the same kernels, one autograd node per op in eager mode.
 - ``kl_triton_mm``: as kl_triton, and the linear layers through kernellab.matmul (Triton).
 - ``kl_default``: every op through kernellab with backend=None (its default per op),
@@ -40,6 +42,7 @@ from kernellab.models import gpt
 SETS = {
     "pytorch": ("pytorch", "pytorch", True),
     "kl_triton": ("triton", "pytorch", True),
+    "kl_triton_nograph": ("triton", "pytorch", True, False),
     "kl_triton_unfused": ("triton", "pytorch", False),
     "kl_triton_mm": ("triton", "triton", True),
     "kl_default": (None, None, True),
@@ -47,8 +50,8 @@ SETS = {
 
 
 def _model(set_name):
-    be, mm, fuse = SETS[set_name]
-    return gpt.make("gpt2", be, mm, "cuda", torch.bfloat16, seed=0, fuse=fuse)
+    be, mm, fuse, *graphs = SETS[set_name]
+    return gpt.make("gpt2", be, mm, "cuda", torch.bfloat16, seed=0, fuse=fuse, graphs=graphs[0] if graphs else True)
 
 
 def _batch(bsz, t, seed=0):

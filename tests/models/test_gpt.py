@@ -184,3 +184,56 @@ def test_fused_blocks_only_where_every_slot_has_node_free_kernels():
     with torch.no_grad():
         a = m(idx, idx)
     assert torch.allclose(a, m(idx, idx).detach(), rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_graphed_blocks_match_plain_and_guard_their_buffers():
+    """On a GPU the eager fused blocks replay CUDA graphs of themselves (from the second
+    call at a shape). Against the same model with graphs=False, over AdamW steps (the
+    graphs read parameters updated in place): the same losses and gradients; gradient
+    accumulation over two micro-batches; two forwards before their backwards (the second
+    runs without the graphs); a retained graph whose activations a later forward
+    overwrote is refused, not differentiated wrongly."""
+    cfg = gpt.Config(vocab=512, ctx=64, dim=128, layers=2, heads=2)
+    torch.manual_seed(0)
+    a = gpt.GPT(cfg, "triton").cuda()
+    b = gpt.GPT(cfg, "triton", graphs=False).cuda()
+    b.load_state_dict(a.state_dict())
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    batches = [torch.randint(0, 512, (2, 2, 64), device="cuda", generator=gen) for _ in range(4)]
+
+    def same_grads():
+        for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+            torch.testing.assert_close(pa.grad, pb.grad, rtol=1e-5, atol=1e-7, msg=n)
+
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (a, b)]
+    for idx, tgt in batches:  # plain first call, capture at the second, replays after
+        losses = []
+        for m, opt in zip((a, b), opts):
+            loss = m(idx, tgt)
+            loss.backward()
+            losses.append(loss.item())
+        same_grads()
+        assert losses[0] == pytest.approx(losses[1], rel=1e-6)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    assert len(a._plans.plans) == 1 and not a._plans.off  # the graphs did run
+    assert not b._plans.plans
+
+    (i1, t1), (i2, t2) = batches[0], batches[1]
+    for m in (a, b):  # gradient accumulation: two backwards into the same .grad
+        m(i1, t1).backward()
+        m(i2, t2).backward()
+    same_grads()
+    for m in (a, b):
+        m.zero_grad(set_to_none=True)
+        l1, l2 = m(i1, t1), m(i2, t2)  # the second forward while the first awaits its backward
+        (l1 + 2 * l2).backward()
+    same_grads()
+
+    loss = a(i1, t1)
+    loss.backward(retain_graph=True)
+    a(i2, t2)  # replays the forward graph: the retained activations are gone
+    with pytest.raises(RuntimeError, match="overwritten by a later forward"):
+        loss.backward()
