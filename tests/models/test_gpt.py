@@ -115,8 +115,10 @@ def test_gpu_compile_fullgraph_launches_our_triton_kernels():
     cm = torch.compile(model, fullgraph=True)
     loss, codes = run_and_get_code(lambda: cm(idx, idx))
     code = "\n".join(codes)
-    for name in ("_norm_fwd", "_gelu_fwd_kernel", "_add_kernel"):
+    for name in ("_norm_fwd", "_gelu_fwd_kernel", "_add_kernel", "_attn_fwd", "_ce_fwd_kernel"):
         assert name in code, name
+    for op in ("kernellab.attention_triton", "kernellab.cross_entropy_triton", "kernellab.layer_norm_triton"):
+        assert op not in code, op  # no op left opaque to Inductor
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     assert kernellab.get("gelu", "triton").fn.ops[0] is not None
 
