@@ -307,3 +307,82 @@ def launch_tuned(tuner, grid, *args, **kw):
     if cfg is False:
         return tuner[grid](*args, **kw)
     return fn[grid(cfg) if callable(grid) else grid](*args, **cfg)
+
+
+# --------------------------------------------------------------------------- interpreter bf16
+#
+# Triton's CPU interpreter converts fp32 -> bf16 by truncation (toward zero) and mishandles
+# subnormals both ways (1.0 - 1e-7 stores as 0.99609375; a bf16 subnormal round trip
+# through fp32 changes it), where the GPU's cvt.rn rounds to nearest even. Kernels run
+# under it then disagree with themselves on a GPU by up to one bf16 unit, and with the
+# check's references on degenerate inputs (attention's output of a constant V came out one
+# unit below V, and dq, which should cancel to 0, came out 0.013: a failure on 4 of 20
+# seeds). Under the interpreter, kernellab replaces the interpreter's bf16 <-> fp32
+# conversion with the exact one (round to nearest even, NaN kept quiet, subnormals exact);
+# other conversions and explicit rounding modes are left to Triton.
+
+
+def _bf16_from_f32(data):
+    import numpy as np
+
+    bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
+    nan = np.isnan(data)
+    if nan.any():
+        rounded = np.where(nan, ((bits >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16), rounded)
+    return rounded
+
+
+def _f32_from_bf16(data):
+    import numpy as np
+
+    return (np.ascontiguousarray(data).view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _patch_interpreter_bf16() -> bool:
+    """Install the exact bf16 <-> fp32 conversion in Triton's interpreter (see above);
+    False when this Triton's interpreter does not look as expected (left alone)."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter as interp
+    except Exception:  # noqa: BLE001 - no Triton: nothing to patch
+        return False
+    builder = getattr(interp, "InterpreterBuilder", None)
+    handle = getattr(interp, "TensorHandle", None)
+    if builder is None or handle is None or not hasattr(builder, "cast_impl"):
+        return False
+    if getattr(builder, "_kl_bf16_exact", False):
+        return True
+    cast_impl, fp_to_fp = builder.cast_impl, builder.create_fp_to_fp
+
+    def convert(src, dst_type):
+        s, d = src.dtype.scalar, dst_type.scalar
+        if s == tl.float32 and d == tl.bfloat16:
+            return handle(_bf16_from_f32(src.data), d)
+        if s == tl.bfloat16 and d == tl.float32:
+            return handle(_f32_from_bf16(src.data), d)
+        return None
+
+    def exact_cast(self, src, dst_type):
+        out = convert(src, dst_type)
+        return out if out is not None else cast_impl(self, src, dst_type)
+
+    def exact_fp_to_fp(self, src, dst_type, rounding_mode):
+        mode = str(rounding_mode).lower() if rounding_mode is not None else ""
+        out = None if mode and "rtne" not in mode else convert(src, dst_type)
+        return out if out is not None else fp_to_fp(self, src, dst_type, rounding_mode)
+
+    builder.cast_impl = exact_cast
+    for name in ("create_si_to_fp", "create_ui_to_fp", "create_fp_to_si", "create_fp_to_ui",
+                 "create_fp_ext", "create_fp_trunc", "create_int_cast"):  # fmt: skip
+        if name == "create_int_cast":
+            setattr(builder, name, lambda self, src, dst_type, is_signed: self.cast_impl(src, dst_type))
+        else:
+            setattr(builder, name, lambda self, src, dst_type: self.cast_impl(src, dst_type))
+    builder.create_fp_to_fp = exact_fp_to_fp
+    builder._kl_bf16_exact = True
+    return True
+
+
+if device.triton_interpreted():
+    _patch_interpreter_bf16()

@@ -213,6 +213,8 @@ def test_saved_tensors_are_inputs_output_and_lse(backend):
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(32)
     allowed = A.causal_allowed(21, 26, "cpu")
     expect = s.masked_fill(~allowed, float("-inf")).logsumexp(-1)
+    if backend == "triton":  # kept in log2 units (the backward's exponent base)
+        expect = expect / math.log(2)
     torch.testing.assert_close(lse.double(), expect, rtol=1e-5, atol=1e-5)
 
 

@@ -1,11 +1,11 @@
 """bf16 subnormal inputs (issue 16, item 6): the Triton backends against PyTorch's ops.
 
-Under Triton's CPU interpreter, bf16 <-> fp32 conversions of subnormal values are wrong:
-a plain kernel that loads bf16, converts to fp32 and back and stores (no kernellab code)
-changes them, and an fp32 -> bf16 store gives values that were not in the input. The
-cases are skipped there with that reason (checked live by ``_interpreter_mangles``, so
-they run again once the interpreter is fixed), and run on a GPU and wherever Triton
-compiles.
+Triton's CPU interpreter converts bf16 <-> fp32 wrongly: fp32 -> bf16 truncates instead of
+rounding to nearest even, and subnormals change in a round trip (a plain kernel with no
+kernellab code shows it). kernellab installs the exact conversion when it runs Triton
+under the interpreter (``triton_support._patch_interpreter_bf16``); these cases then run
+on the CPU as on a GPU. Should the patch not apply (a Triton whose interpreter looks
+different), ``_interpreter_mangles`` sees it and the cases are skipped with that reason.
 """
 
 from __future__ import annotations
@@ -83,10 +83,26 @@ def test_triton_bf16_subnormals(op):
     _close(fn(x), ref(x))
 
 
-def test_interpreter_probe_sees_the_roundtrip():
-    """The probe the skip relies on does run a kernel and compare (it answers False where
-    Triton compiles: nothing to skip)."""
-    got = _interpreter_mangles()
-    assert isinstance(got, bool)
+def test_interpreter_converts_bf16_exactly():
+    """Under the interpreter, after kernellab's patch: fp32 -> bf16 rounds to nearest even
+    (1 - 1e-7 -> 1.0, where the unpatched interpreter stores 0.99609375) and subnormals
+    survive a round trip, as on a GPU."""
+    from kernellab import triton_support
+
     if not _device.triton_interpreted():
-        assert got is False
+        pytest.skip("Triton compiles here: no interpreter to patch")
+    assert triton_support._patch_interpreter_bf16()
+    assert not _interpreter_mangles()
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def down(x, y, n, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        m = i < n
+        tl.store(y + i, tl.load(x + i, mask=m).to(tl.bfloat16), mask=m)
+
+    x = torch.tensor([1.0 - 1e-7, -(1.0 - 1e-7), 1.00390625, 1.01171875, 3.0, float("inf"), float("nan"), TINY * 0.3])
+    y = torch.empty(8, dtype=torch.bfloat16)
+    down[(1,)](x, y, 8, BLOCK=8)
+    torch.testing.assert_close(y, x.to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)

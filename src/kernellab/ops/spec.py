@@ -139,7 +139,8 @@ def make_tensor(shape, dtype, device, gen, layout="contiguous", scale=1.0) -> to
 
 
 def relayout(t: torch.Tensor, layout: str) -> torch.Tensor | None:
-    """``t`` (any dtype) in ``layout``, holding the same values (``expanded``: the first row,
+    """``t`` (any dtype) in ``layout``, holding the same values (``expanded``: the first
+    matrix repeated over the leading dims of a tensor of 3 or more dims, else the first row,
     or the first element of a 1-D tensor, repeated); None where the layout does not apply.
 
     The check applies it to one argument at a time (a weight, a bias, integer targets, a
@@ -171,6 +172,13 @@ def relayout(t: torch.Tensor, layout: str) -> torch.Tensor | None:
             return None
         if t.dim() == 1:
             return t[:1].clone().expand(shape)
+        if t.dim() >= 3 and math.prod(shape[:-2]) > 1:
+            # one [..., rows, cols] matrix repeated over the leading (batch, head) dims, as
+            # a model expands shared keys and values over heads (stride 0 there). Repeating
+            # one row over the rows too makes attention's rows identical: its gradients then
+            # cancel to rounding noise against rounding noise, which no error bound judges.
+            lead = t.reshape(-1, shape[-2], shape[-1])[:1].clone()
+            return lead.reshape((1,) * (t.dim() - 2) + shape[-2:]).expand(shape)
         lead = t.reshape(-1, shape[-2], shape[-1])[:1, :1].clone()  # one row, stride 0 elsewhere
         return lead.reshape((1,) * (t.dim() - 1) + (shape[-1],)).expand(shape)
     raise ValueError(f"layout {layout!r} unknown; expected one of {', '.join(LAYOUTS)}")

@@ -8,7 +8,7 @@ axis, a view when the strides allow), any strides (passed to the kernels); D in 
 64, 128, 256; fp16 / bf16 (fp32 accumulation) or fp32 (TF32 dots when
 ``torch.backends.cuda.matmul.allow_tf32``, IEEE fp32 dots otherwise; see the package
 docstring). Outputs are fresh and contiguous: o (..., S_q, D) and lse (..., S_q) fp32, the
-natural log-sum-exp of the scaled scores, the only tensor saved for the backward besides
+log-sum-exp of the scaled scores in log2 units (log2(sum 2^(s * log2 e))), the only tensor saved for the backward besides
 the inputs and o.
 
 Forward (one program per (query block, head)): Q_i stays in registers; K_j, V_j stream
@@ -317,7 +317,11 @@ def _attn_fwd(
     empty = l_i == 0.0  # no allowed key (only possible with causal and S_q > S_k)
     l_div = tl.where(empty, 1.0, l_i)
     o = acc / l_div[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_div)) * 0.6931471805599453)
+    # The LSE is kept in log2 units (the backward's exponent is in log2 units): converting
+    # to natural log here and back there rounded the exponent twice, ~|lse| * 6e-8 each,
+    # which every recomputed probability inherited (fp32 dk/dv/dq up to 1.2x the check's
+    # bound on 5 of 20 seeds, CPU).
+    lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_div))
     row_ok = offs_m < S_q
     o_ptrs = O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
     tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None])
@@ -381,7 +385,7 @@ def _dkdv_inner(
         if F32_DOTS:
             q = q.to(tl.float32)
             do = do.to(tl.float32)
-        lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634  # empty rows: P = 0
+        lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units; empty rows: P = 0
         qkT = _dot(k, tl.trans(q), PREC)
         pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
         if MASKED:
@@ -548,7 +552,7 @@ def _attn_bwd_dq(
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     lse = tl.load(LSE + bh * S_q + offs_m, mask=row_ok, other=float("inf"))
-    lse = tl.where(lse == float("-inf"), float("inf"), lse) * 1.4426950408889634
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units
     delta = tl.load(DELTA + bh * S_q + offs_m, mask=row_ok, other=0.0)
     k_ptrs = K + zo * stride_kz + ho * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = V + zo * stride_vz + ho * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
@@ -627,7 +631,7 @@ def _bucket(n: int) -> int:
 
 def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """(o, lse) for any strided q, k, v (same leading dims); o in ``empty_bshd``'s layout,
-    lse (..., S_q) fp32 contiguous."""
+    lse (..., S_q) fp32 contiguous, in log2 units (natural LSE = lse * ln 2)."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4 = _split(q), _split(k), _split(v)
     nh = q4.shape[1]
