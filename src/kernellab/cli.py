@@ -781,6 +781,55 @@ def cmd_asm(args) -> int:
 # --------------------------------------------------------------------------- main
 
 
+
+def cmd_explain(args) -> int:
+    """Which backend ``backend=None`` picks for OP at a shape and dtype, and why."""
+    from kernellab import device as _device
+    from kernellab import registry, tuning
+    from kernellab.ops.spec import get_spec, parse_dtype, parse_shape
+
+    try:
+        spec = get_spec(args.op)
+        shape, dtype = parse_shape(args.shape), parse_dtype(args.dtype)
+    except (KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    dev = args.device or _device.default_device()
+    key = tuning.key_of_shape(args.op, shape)
+    backend, why = tuning.choose_key(args.op, key, dtype, dev, args.mode)
+    print(f"{args.op} {args.shape} {args.dtype} {args.mode} on {dev} ({tuning._gpu_of(dev)}): {backend}")
+    print(f"  why: {why}")
+    order = ", ".join(b for b in spec.default_backends if registry._TABLE.get((args.op, b)) is not None)
+    print(f"  heuristic order: {order} (torch last); a ValueError refusal by the choice falls back to torch")
+    return 0
+
+
+def cmd_tune(args) -> int:
+    """Sweep every backend of OP over a shape family; write this GPU's tuning table."""
+    from kernellab import device as _device
+    from kernellab import tuning
+
+    dtypes = _dtypes(args.dtype)
+    dev = args.device or _device.default_device()
+    try:
+        table = tuning.tune(
+            args.op, args.family, dtypes, args.mode, device=dev,
+            backends=_split(args.backend) if args.backend else None, budget_s=args.budget,
+            on_row=lambda r: print(
+                f"  {r['backend']:>10} {r['shape']:>18} {r['dtype']} {r['mode']}: "
+                + (f"{r.get('effective_ms') or r['median_ms']:.4g} ms" if r.get("status") == "ok" else r.get("status", "?")),
+                flush=True,
+            ),
+        )  # fmt: skip
+    except (KeyError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = [r for r in table["rows"] if r["op"] == args.op]
+    print(f"{tuning.table_path(tuning._gpu_of(dev))}: {len(rows)} rows for {args.op}")
+    for r in rows:
+        print(f"  {r['dtype']} {r['mode']} {r['shape']}: {r['best']}")
+    return 0
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernellab", description=__doc__)
     sub = p.add_subparsers(dest="cmd")
@@ -893,6 +942,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sass", action="store_true", help="print the SASS (needs cuobjdump)")
     s.add_argument("--json", help="write everything (text included) as JSON")
     s.set_defaults(func=cmd_asm)
+
+    s = sub.add_parser("tune", help="time every backend over a model shape family; write this GPU's default table")
+    s.add_argument("op")
+    s.add_argument("--family", "-f", default=None, help="gpt2, llama3-8b, qwen2.5-7b, vit-b16, decode, odd, cpu-tiny (default: all but cpu-tiny)")
+    s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: the op's)")
+    s.add_argument("--mode", nargs="+", default=["fwd"], help="fwd, fwdbwd (default fwd)")
+    s.add_argument("--backend", "-b", action="append", help="only these backends (default: all)")
+    s.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
+    s.add_argument("--budget", type=float, default=1.0, help="seconds of timing per backend and case")
+    s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("explain", help="which backend the default picks for a shape, and why")
+    s.add_argument("op")
+    s.add_argument("--shape", "-s", required=True, help="in the op's shape convention, e.g. 8192x768")
+    s.add_argument("--dtype", default="fp32")
+    s.add_argument("--mode", default="fwd", choices=("fwd", "fwdbwd"))
+    s.add_argument("--device", default=None)
+    s.set_defaults(func=cmd_explain)
 
     s = sub.add_parser("info", help="what this machine has (GPU, NVRTC, Triton mode)")
     s.set_defaults(func=cmd_info)
