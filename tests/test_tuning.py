@@ -10,7 +10,6 @@ import warnings
 import pytest
 import torch
 
-import kernellab
 from kernellab import registry, tuning
 from kernellab.cli import main
 from kernellab.ops.spec import get_spec
@@ -21,11 +20,6 @@ def tables(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
     tuning.clear_cache()
     yield tmp_path
-    tuning.clear_cache()
-
-
-def _write(tables, rows, gpu="cpu"):
-    (tables / f"{tuning.gpu_slug(gpu)}.json").write_text(json.dumps({"gpu": gpu, "rows": rows}))
     tuning.clear_cache()
 
 
@@ -68,45 +62,6 @@ def test_tune_writes_a_table_the_default_then_reads(tables, capsys):
     capsys.readouterr()
     assert main(["explain", "gelu", "-s", "5000", "--device", "cpu"]) == 0
     assert "cpu.json" in capsys.readouterr().out
-
-
-def test_default_calls_the_backend_the_table_names(tables):
-    calls = []
-
-    @registry.register("gelu", "spy", devices=("cpu",), description="records its calls")
-    def spy(x):
-        calls.append(tuple(x.shape))
-        return torch.nn.functional.gelu(x, approximate="tanh")
-
-    try:
-        _write(tables, [{"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": [4096], "key": [4096],
-                         "best": "spy", "times": {"spy": 0.01, "torch": 0.02}}])  # fmt: skip
-        x = torch.randn(64, 64)
-        kernellab.gelu(x)
-        assert calls == [(64, 64)]
-        kernellab.gelu(torch.randn(8, dtype=torch.float64).float())  # 8 elements: far, heuristic
-        assert calls == [(64, 64)]
-    finally:
-        registry.unregister("gelu", "spy")
-    kernellab.gelu(torch.randn(64, 64))  # the spy is gone: its cached choice went with it
-    assert calls == [(64, 64)]
-
-
-def test_a_refused_input_falls_back_to_torch(tables):
-    # The table sends attention to Triton (here under its interpreter); head dim 96 is
-    # refused by the Triton kernels and served by PyTorch's SDPA.
-    _write(tables, [{"op": "attention", "dtype": "fp32", "mode": "fwd", "shape": [1, 2, 16, 96],
-                     "key": [2, 16, 16, 96], "best": "triton", "times": {"triton": 0.01, "torch": 0.02}}])  # fmt: skip
-    q, k, v = (torch.randn(1, 2, 16, 96) for _ in range(3))
-    assert tuning.choose("attention", (q, k, v), "cpu")[0] == "triton"
-    with pytest.raises(ValueError, match="head"):
-        kernellab.attention(q, k, v, backend="triton")
-    out = kernellab.attention(q, k, v)
-    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
-    # a bad input is still refused with kernellab's own message (torch's backend refuses
-    # it too, so nothing is served)
-    with pytest.raises(ValueError, match="k has head dim 64 but q has 96"):
-        kernellab.attention(q, k[..., :64], v)
 
 
 def test_no_table_for_a_gpu_is_a_one_line_notice_then_heuristics(tables):

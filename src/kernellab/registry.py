@@ -122,7 +122,6 @@ def add_impl(impl: Impl, *, replace: bool = False) -> Impl:
     if key in _TABLE and not replace:
         raise ValueError(f"{impl.op}/{impl.backend} is already registered; pass replace=True to override it")
     _TABLE[key] = impl
-    _forget_choices()
     if _DEFAULTS:  # keep the default-backend table current (eagerly, see _DEFAULTS)
         for op, d in list(_DEFAULTS):
             if op == impl.op:
@@ -190,7 +189,6 @@ def register(
 
 def unregister(op: str, backend: str) -> None:
     _TABLE.pop((op, backend), None)
-    _forget_choices()
     for key in [k for k in _DEFAULTS if k[0] == op]:
         _DEFAULTS[key] = default_backend(op, key[1])
 
@@ -235,56 +233,13 @@ def op_names() -> list[str]:
 _DEFAULTS: dict[tuple[str, str], str] = {}
 
 
-_TUNED: dict[str, bool] = {}  # device type -> whether a tuning table applies (kernellab.tuning)
-
-
 def call(op: str, backend: str | None, *args, **kwargs):
-    """Run ``op`` with ``backend``. None: the default for these arguments on the device of
-    the first tensor: the tuning table's choice for the shape where this GPU model has a
-    table (``kernellab.tuning``), else the op's preferred backend usable there; and where
-    that backend refuses the input with a ValueError that PyTorch's op accepts, PyTorch's
-    op (attention with head dim 96 is served, not refused)."""
-    if backend is not None:
-        return get(op, backend)(*args, **kwargs)
-    dev = args[0].device.type if args and hasattr(args[0], "device") else "cpu"
-    if torch_compiling():  # traced: the cached per-device default, no table I/O
-        return get(op, _DEFAULTS.get((op, dev)) or default_backend(op, dev))(*args, **kwargs)
-    tuned = _TUNED.get(dev)
-    if tuned is None:
-        from kernellab import tuning
-
-        tuned = _TUNED[dev] = tuning.load_table(tuning._gpu_of(dev)) is not None
-    if tuned:
-        from kernellab import tuning
-
-        backend = tuning.choose(op, args, dev)[0]
-    else:
+    """Run ``op`` with ``backend`` (None: the op's preferred backend usable on the
+    device of the first tensor argument)."""
+    if backend is None:
+        dev = args[0].device.type if args and hasattr(args[0], "device") else "cpu"
         backend = _DEFAULTS.get((op, dev)) or default_backend(op, dev)
-    try:
-        return get(op, backend)(*args, **kwargs)
-    except ValueError as refusal:
-        fallback = _TABLE.get((op, "torch")) if backend != "torch" else None
-        if fallback is None:
-            raise
-        try:
-            return fallback(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - torch refuses too: the input is bad, say why
-            raise refusal from None
-
-
-def _forget_choices() -> None:
-    """A backend came or went: the tuning module's cached choices may name it."""
-    import sys
-
-    tuning = sys.modules.get("kernellab.tuning")
-    if tuning is not None:
-        tuning._CHOICES.clear()
-
-
-def torch_compiling() -> bool:
-    import torch
-
-    return torch.compiler.is_compiling()
+    return get(op, backend)(*args, **kwargs)
 
 
 def default_backend(op: str, device: str | None = None) -> str:

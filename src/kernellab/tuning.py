@@ -12,9 +12,10 @@ choice ``backend=None`` makes.
   enough: the op's heuristic order (``OpSpec.default_backends``), as before tables
   existed. A choice is cached per (op, device, dtype, mode, shape key): one dict lookup
   per call after the first.
-- ``registry.call`` with ``backend=None`` falls back to ``torch`` when the chosen backend
-  refuses the input with a ValueError that torch's op accepts (attention with head dim
-  96: the Triton kernel takes 16-256 in powers of two, SDPA serves it).
+- Not yet wired into ``registry.call`` on main: ``backend=None`` still takes the
+  heuristic. The wiring (the table's choice, and a fallback to ``torch`` where the chosen
+  backend refuses an input that torch's op accepts, e.g. attention with head dim 96) is
+  on the branch ``issue17-wiring``, tested on the CPU, waiting for its GPU run.
 
 Shape keys (from a call's arguments, the same for tune rows and calls): elementwise ops
 (numel,); row-wise ops and reductions (rows, cols) of the first tensor; matmul (M, N, K);
@@ -211,12 +212,9 @@ def load_table(gpu: str) -> dict | None:
 
 def clear_cache() -> None:
     """Forget loaded tables and cached choices (after ``tune`` writes, in tests)."""
-    from kernellab import registry
-
     _TABLES.clear()
     _CHOICES.clear()
     _NOTICED.clear()
-    registry._TUNED.clear()
 
 
 def _gpu_of(dev: str) -> str:
