@@ -100,6 +100,9 @@ def test_cli_train_and_compare(capsys, tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["ops"] for r in rows} == set(gpt.COMPARE_SETS)
     assert all(r["ms_per_step"] > 0 and "git_sha" in r and "error" not in r for r in rows)
+    # timed in alternating rounds, each set's round paired with PyTorch's
+    assert all(r["rounds"] == 3 and r["ms_min"] <= r["ms_per_step"] <= r["ms_max"] for r in rows)
+    assert next(r for r in rows if r["ops"] == "pytorch")["ratio_paired"] == 1.0
 
 
 @pytest.mark.gpu

@@ -600,27 +600,63 @@ def compare(
     steps=8,
     device=None,
     on_row=None,
+    rounds=3,
 ) -> list[dict]:
     """ms per training step of every op set x mode x (B, T), same weights and data; a
-    failing configuration gives a row with ``error`` instead of ending the run."""
+    failing configuration gives a row with ``error`` instead of ending the run.
+
+    The op sets of one (B, T, mode) are built and warmed first, then timed in ``rounds``
+    alternating rounds of ``steps`` steps (median round): a host whose speed drifts
+    between runs (the lent H100's did by up to 1.6x) then drifts under every set alike.
+    ``ratio_paired``: the median over rounds of the set's time over PyTorch's in the same
+    round."""
     from kernellab.models import text
 
     rows = []
     for b, t in shapes:
         for mode in modes:
+            here, live = {}, {}
             for name in sets:
                 be, mm = COMPARE_SETS[name]
-                row = {"B": b, "T": t, "mode": mode, "ops": name, "config": config, "dtype": dtype}
+                row = here[name] = {"B": b, "T": t, "mode": mode, "ops": name, "config": config, "dtype": dtype}
                 try:
                     model = make(config, be, mm, device, _dtype(dtype))
                     dev = next(model.parameters()).device
                     corpus = text.ByteData(text.load_corpus(), dev)
                     batch = corpus.batch(b, t, torch.Generator(device=dev).manual_seed(0))
-                    row.update(time_steps(Trainer(model, mode), batch, warmup, steps))
+                    trainer = Trainer(model, mode)
+                    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+                    t0 = time.perf_counter()
+                    for _ in range(warmup):
+                        loss = trainer.step(*batch)
+                    row["loss"] = float(loss)
+                    sync()
+                    row["warmup_s"] = time.perf_counter() - t0
+                    live[name] = (trainer, batch, sync)
                 except Exception as e:  # noqa: BLE001 - reported in its row
                     row["error"] = f"{type(e).__name__}: {e}"[:300]
-                torch._dynamo.reset()
-                rows.append(row)
+            times = {name: [] for name in live}
+            for _ in range(rounds):
+                for name, (trainer, batch, sync) in list(live.items()):
+                    try:
+                        sync()
+                        t0 = time.perf_counter()
+                        for _ in range(steps):
+                            trainer.step(*batch)
+                        sync()
+                        times[name].append((time.perf_counter() - t0) / steps * 1e3)
+                    except Exception as e:  # noqa: BLE001 - reported in its row
+                        here[name]["error"] = f"{type(e).__name__}: {e}"[:300]
+                        del live[name], times[name]
+            base = times.get("pytorch")
+            for name, ts in times.items():
+                here[name].update(ms_per_step=statistics.median(ts), ms_min=min(ts), ms_max=max(ts), rounds=rounds)
+                if base:
+                    here[name]["ratio_paired"] = statistics.median(a / p for a, p in zip(ts, base))
+            live.clear()
+            torch._dynamo.reset()
+            for name in sets:
+                rows.append(here[name])
                 if on_row is not None:
-                    on_row(row)
+                    on_row(here[name])
     return rows
