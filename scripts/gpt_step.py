@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
-import time
 import traceback
 
 import torch
@@ -62,42 +60,13 @@ def _batch(bsz, t, seed=0):
 
 
 def time_interleaved(sets, mode, bsz, t, warmup, steps, rounds):
-    """ms/step of each op set in ``mode``, measured in alternating rounds (set A's
-    ``steps`` steps, then B's, ... ``rounds`` times): this host's speed drifts by up to
-    1.6x between runs (PyTorch's own eager step at 4x256: 15.4 to 25.1 ms), so sets timed
-    one after the other are not comparable; interleaved rounds see the same drift.
-    Returns one row per set (median round, min, max) plus, per set, the median over
-    rounds of its time divided by PyTorch's time in the same round."""
+    """One row per op set in ``mode`` (gpt.time_interleaved: alternating rounds, the ratio
+    paired with PyTorch's round): this host's speed drifts by up to 1.6x between runs
+    (PyTorch's own eager step at 4x256: 15.4 to 25.1 ms), so sets timed one after the
+    other are not comparable."""
     batch = _batch(bsz, t)
-    trainers, rows = {}, {}
-    for s in sets:
-        rows[s] = {}
-        try:
-            tr = gpt.Trainer(_model(s), mode, lr=1e-4)
-            t0 = time.perf_counter()
-            for _ in range(warmup):
-                loss = tr.step(*batch)
-            rows[s]["loss"] = float(loss)
-            torch.cuda.synchronize()
-            rows[s]["warmup_s"] = time.perf_counter() - t0
-            trainers[s] = tr
-        except Exception as e:  # noqa: BLE001 - one failing configuration does not end the run
-            rows[s]["error"] = f"{type(e).__name__}: {e}"[:400]
-            traceback.print_exc()
-    times = {s: [] for s in trainers}
-    for _ in range(rounds):
-        for s, tr in trainers.items():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                tr.step(*batch)
-            torch.cuda.synchronize()
-            times[s].append((time.perf_counter() - t0) / steps * 1e3)
-    for s, ts in times.items():
-        rows[s].update(ms_per_step=statistics.median(ts), ms_min=min(ts), ms_max=max(ts), rounds=rounds)
-        if "pytorch" in times:
-            rows[s]["ratio_paired"] = statistics.median(a / b for a, b in zip(ts, times["pytorch"]))
-    return rows
+    builders = {s: (lambda s=s: (gpt.Trainer(_model(s), mode, lr=1e-4), batch)) for s in sets}
+    return gpt.time_interleaved(builders, warmup, steps, rounds, on_error=lambda e: traceback.print_exc())
 
 
 def profile(set_name, mode, bsz, t):

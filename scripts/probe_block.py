@@ -11,27 +11,18 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import statistics
 import time
 
 import torch
 
+from kernellab.harness import timer
 from kernellab.harness.bench import git_sha, versions
 from kernellab.models import gpt
 
 
-def per_iter_us(fn, iters=100, rounds=5):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) / iters * 1e6)
-    return statistics.median(out)
+def per_iter_us(fn, calls=100) -> float:
+    """us per iteration in a plain loop (harness.timer.loop_ms: median of 5 rounds)."""
+    return timer.loop_ms(fn, calls) * 1e3
 
 
 class _Timed:

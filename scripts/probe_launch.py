@@ -13,28 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import kernellab
+from kernellab.harness import timer
 from kernellab.harness.bench import git_sha, versions
 
 
-def per_call_us(fn, calls=400, rounds=5) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(out)
+def per_call_us(fn, calls=400) -> float:
+    """us per call in a plain loop (harness.timer.loop_ms: median of 5 rounds)."""
+    return timer.loop_ms(fn, calls) * 1e3
 
 
 def main() -> int:

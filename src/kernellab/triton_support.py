@@ -372,13 +372,7 @@ def _patch_interpreter_bf16() -> bool:
         out = None if mode and "rtne" not in mode else convert(src, dst_type)
         return out if out is not None else fp_to_fp(self, src, dst_type, rounding_mode)
 
-    builder.cast_impl = exact_cast
-    for name in ("create_si_to_fp", "create_ui_to_fp", "create_fp_to_si", "create_fp_to_ui",
-                 "create_fp_ext", "create_fp_trunc", "create_int_cast"):  # fmt: skip
-        if name == "create_int_cast":
-            setattr(builder, name, lambda self, src, dst_type, is_signed: self.cast_impl(src, dst_type))
-        else:
-            setattr(builder, name, lambda self, src, dst_type: self.cast_impl(src, dst_type))
+    builder.cast_impl = exact_cast  # create_fp_ext / create_fp_trunc / ... call self.cast_impl
     builder.create_fp_to_fp = exact_fp_to_fp
     builder._kl_bf16_exact = True
     return True

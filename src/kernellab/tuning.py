@@ -7,9 +7,9 @@ choice ``backend=None`` makes.
   holds, per (op, dtype, mode, shape), the fastest correct backend measured on that GPU
   model by the larger of device time and loop time, with every backend's time and the
   provenance (git sha, versions, date). ``kernellab tune`` writes it.
-- ``choose(op, args)``: with a table for this GPU, the row of the nearest shape (same op,
-  dtype and mode; distance = summed |log2| ratios of the dims); no table, or no row near
-  enough: the op's heuristic order (``OpSpec.default_backends``), as before tables
+- ``choose_key(op, key, dtype, dev, mode)``: with a table for this GPU, the row of the
+  nearest shape (same op, dtype and mode; distance = summed |log2| ratios of the dims); no
+  table, or no row near enough: the op's heuristic order (``OpSpec.default_backends``), as before tables
   existed. A choice is cached per (op, device, dtype, mode, shape key): one dict lookup
   per call after the first.
 - Not yet wired into ``registry.call`` on main: ``backend=None`` still takes the
@@ -227,17 +227,9 @@ def _heuristic(op: str, dev: str) -> str:
     return registry.default_backend(op, dev)
 
 
-def choose(op: str, args, dev: str, mode: str | None = None) -> tuple[str, str]:
-    """(backend, why) for a call of ``op`` with ``args`` on ``dev``; ``mode`` "fwd" or
-    "fwdbwd" (None: fwdbwd when the first tensor requires grad)."""
-    x = args[0] if args else None
-    if mode is None:
-        mode = "fwdbwd" if getattr(x, "requires_grad", False) and torch.is_grad_enabled() else "fwd"
-    return choose_key(op, shape_key(op, args), getattr(x, "dtype", None), dev, mode)
-
-
 def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd") -> tuple[str, str]:
-    """``choose`` from a shape key (``shape_key`` / ``key_of_shape``) and a dtype."""
+    """(backend, why) for ``op`` at shape key ``key`` (``shape_key`` of a call's arguments,
+    ``key_of_shape`` of a spec shape), ``dtype`` on ``dev`` in ``mode`` ("fwd", "fwdbwd")."""
     from kernellab.ops.spec import dtype_name
 
     ck = (op, dev, dtype, mode, key)

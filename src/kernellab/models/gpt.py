@@ -542,6 +542,55 @@ COMPARE_SETS = {
 }
 
 
+def time_interleaved(builders: dict, warmup: int = 4, steps: int = 8, rounds: int = 3, on_error=None) -> dict:
+    """ms per training step of several op sets, timed in alternating rounds: each
+    ``builders[name]() -> (Trainer, batch)`` is built and warmed (``warmup`` steps:
+    compilation and autotuning fall there), then every set runs ``steps`` steps in turn,
+    ``rounds`` times. A host whose speed drifts between runs (the lent H100's did by up to
+    1.6x) then drifts under every set alike. Returns name -> row: loss, warmup_s,
+    ms_per_step (median round), ms_min, ms_max, rounds and, where a set named "pytorch"
+    ran, ratio_paired (the median over rounds of the set's time over PyTorch's in the same
+    round); a set that fails gets ``error`` instead (``on_error(exc)`` is called with it)."""
+    rows, live = {}, {}
+    for name, build in builders.items():
+        row = rows[name] = {}
+        try:
+            trainer, batch = build()
+            sync = torch.cuda.synchronize if next(trainer.model.parameters()).is_cuda else (lambda: None)
+            t0 = time.perf_counter()
+            for _ in range(warmup):
+                loss = trainer.step(*batch)
+            row["loss"] = float(loss)
+            sync()
+            row["warmup_s"] = time.perf_counter() - t0
+            live[name] = (trainer, batch, sync)
+        except Exception as e:  # noqa: BLE001 - reported in its row
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+            if on_error is not None:
+                on_error(e)
+    times = {name: [] for name in live}
+    for _ in range(rounds):
+        for name, (trainer, batch, sync) in list(live.items()):
+            try:
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    trainer.step(*batch)
+                sync()
+                times[name].append((time.perf_counter() - t0) / steps * 1e3)
+            except Exception as e:  # noqa: BLE001 - reported in its row
+                rows[name]["error"] = f"{type(e).__name__}: {e}"[:400]
+                del live[name], times[name]
+                if on_error is not None:
+                    on_error(e)
+    base = times.get("pytorch")
+    for name, ts in times.items():
+        rows[name].update(ms_per_step=statistics.median(ts), ms_min=min(ts), ms_max=max(ts), rounds=rounds)
+        if base:
+            rows[name]["ratio_paired"] = statistics.median(a / p for a, p in zip(ts, base))
+    return rows
+
+
 def _dtype(name: str) -> torch.dtype:
     try:
         return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
@@ -612,51 +661,24 @@ def compare(
     round."""
     from kernellab.models import text
 
+    def builder(name, b, t, mode):
+        def build():
+            be, mm = COMPARE_SETS[name]
+            model = make(config, be, mm, device, _dtype(dtype))
+            dev = next(model.parameters()).device
+            corpus = text.ByteData(text.load_corpus(), dev)
+            return Trainer(model, mode), corpus.batch(b, t, torch.Generator(device=dev).manual_seed(0))
+
+        return build
+
     rows = []
     for b, t in shapes:
         for mode in modes:
-            here, live = {}, {}
-            for name in sets:
-                be, mm = COMPARE_SETS[name]
-                row = here[name] = {"B": b, "T": t, "mode": mode, "ops": name, "config": config, "dtype": dtype}
-                try:
-                    model = make(config, be, mm, device, _dtype(dtype))
-                    dev = next(model.parameters()).device
-                    corpus = text.ByteData(text.load_corpus(), dev)
-                    batch = corpus.batch(b, t, torch.Generator(device=dev).manual_seed(0))
-                    trainer = Trainer(model, mode)
-                    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-                    t0 = time.perf_counter()
-                    for _ in range(warmup):
-                        loss = trainer.step(*batch)
-                    row["loss"] = float(loss)
-                    sync()
-                    row["warmup_s"] = time.perf_counter() - t0
-                    live[name] = (trainer, batch, sync)
-                except Exception as e:  # noqa: BLE001 - reported in its row
-                    row["error"] = f"{type(e).__name__}: {e}"[:300]
-            times = {name: [] for name in live}
-            for _ in range(rounds):
-                for name, (trainer, batch, sync) in list(live.items()):
-                    try:
-                        sync()
-                        t0 = time.perf_counter()
-                        for _ in range(steps):
-                            trainer.step(*batch)
-                        sync()
-                        times[name].append((time.perf_counter() - t0) / steps * 1e3)
-                    except Exception as e:  # noqa: BLE001 - reported in its row
-                        here[name]["error"] = f"{type(e).__name__}: {e}"[:300]
-                        del live[name], times[name]
-            base = times.get("pytorch")
-            for name, ts in times.items():
-                here[name].update(ms_per_step=statistics.median(ts), ms_min=min(ts), ms_max=max(ts), rounds=rounds)
-                if base:
-                    here[name]["ratio_paired"] = statistics.median(a / p for a, p in zip(ts, base))
-            live.clear()
+            timed = time_interleaved({name: builder(name, b, t, mode) for name in sets}, warmup, steps, rounds)
             torch._dynamo.reset()
             for name in sets:
-                rows.append(here[name])
+                row = {"B": b, "T": t, "mode": mode, "ops": name, "config": config, "dtype": dtype, **timed[name]}
+                rows.append(row)
                 if on_row is not None:
-                    on_row(here[name])
+                    on_row(row)
     return rows
