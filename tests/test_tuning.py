@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 
+import kernellab
 from kernellab import registry, tuning
 from kernellab.cli import main
 from kernellab.ops.spec import get_spec
@@ -20,6 +21,11 @@ def tables(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
     tuning.clear_cache()
     yield tmp_path
+    tuning.clear_cache()
+
+
+def _write(tables, rows, gpu="cpu"):
+    (tables / f"{tuning.gpu_slug(gpu)}.json").write_text(json.dumps({"gpu": gpu, "rows": rows}))
     tuning.clear_cache()
 
 
@@ -64,6 +70,45 @@ def test_tune_writes_a_table_the_default_then_reads(tables, capsys):
     assert "cpu.json" in capsys.readouterr().out
 
 
+def test_default_calls_the_backend_the_table_names(tables):
+    calls = []
+
+    @registry.register("gelu", "spy", devices=("cpu",), description="records its calls")
+    def spy(x):
+        calls.append(tuple(x.shape))
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+    try:
+        _write(tables, [{"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": [4096], "key": [4096],
+                         "best": "spy", "times": {"spy": 0.01, "torch": 0.02}}])  # fmt: skip
+        x = torch.randn(64, 64)
+        kernellab.gelu(x)
+        assert calls == [(64, 64)]
+        kernellab.gelu(torch.randn(8, dtype=torch.float64).float())  # 8 elements: far, heuristic
+        assert calls == [(64, 64)]
+    finally:
+        registry.unregister("gelu", "spy")
+    kernellab.gelu(torch.randn(64, 64))  # the spy is gone: its cached choice went with it
+    assert calls == [(64, 64)]
+
+
+def test_a_refused_input_falls_back_to_torch(tables):
+    # The table sends attention to Triton (here under its interpreter); head dim 96 is
+    # refused by the Triton kernels and served by PyTorch's SDPA.
+    _write(tables, [{"op": "attention", "dtype": "fp32", "mode": "fwd", "shape": [1, 2, 16, 96],
+                     "key": [2, 16, 16, 96], "best": "triton", "times": {"triton": 0.01, "torch": 0.02}}])  # fmt: skip
+    q, k, v = (torch.randn(1, 2, 16, 96) for _ in range(3))
+    assert tuning.choose("attention", (q, k, v), "cpu")[0] == "triton"
+    with pytest.raises(ValueError, match="head"):
+        kernellab.attention(q, k, v, backend="triton")
+    out = kernellab.attention(q, k, v)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    # a bad input is still refused with kernellab's own message (torch's backend refuses
+    # it too, so nothing is served)
+    with pytest.raises(ValueError, match="k has head dim 64 but q has 96"):
+        kernellab.attention(q, k[..., :64], v)
+
+
 def test_no_table_for_a_gpu_is_a_one_line_notice_then_heuristics(tables):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -78,3 +123,55 @@ def test_a_malformed_table_is_refused_naming_its_path(tables):
     tuning.clear_cache()
     with pytest.raises(ValueError, match="cpu.json: not a kernellab tuning table"):
         tuning.load_table("cpu")
+
+
+def test_rows_are_told_apart_by_the_options_the_bench_varies(tables):
+    # attention's bench varies causal: a causal call reads the causal row, a plain call
+    # (causal omitted: its default, False) the other one.
+    row = {"op": "attention", "dtype": "fp32", "mode": "fwd", "shape": [1, 2, 64, 32], "key": [2, 64, 64, 32],
+           "times": {"triton": 0.01, "torch": 0.02}}  # fmt: skip
+    _write(tables, [{**row, "options": "causal=False", "best": "torch"},
+                    {**row, "options": "causal=True", "best": "triton"}])  # fmt: skip
+    q = torch.randn(1, 2, 64, 32)
+    assert tuning.choose("attention", (q, q, q), "cpu")[0] == "torch"
+    assert tuning.choose("attention", (q, q, q), "cpu", kwargs={"causal": True})[0] == "triton"
+    assert tuning.choose("attention", (q, q, q), "cpu", kwargs={"causal": False})[0] == "torch"
+    assert tuning.option_key("gelu", {}) == ""
+
+
+def test_a_gpu_without_a_table_uses_one_of_its_architecture(tables, monkeypatch):
+    monkeypatch.setattr(tuning._device, "capability", lambda: (9, 0))
+    h100 = {"gpu": "NVIDIA H100", "provenance": {"capability": "9.0"},
+            "rows": [{"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": [4096], "key": [4096],
+                      "best": "torch", "times": {"torch": 0.01}}]}  # fmt: skip
+    (tables / "NVIDIA_H100.json").write_text(json.dumps(h100))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert tuning.load_table("NVIDIA H200")["gpu"] == "NVIDIA H100"
+    assert len(seen) == 1 and "using NVIDIA H100's (same architecture sm_90)" in str(seen[0].message)
+    monkeypatch.setattr(tuning._device, "capability", lambda: (10, 0))
+    tuning.clear_cache()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert tuning.load_table("NVIDIA B200") is None
+    assert "heuristics" in str(seen[0].message)
+
+
+def test_defaults_are_chosen_among_ours_and_the_peers_only():
+    for op in registry.op_names():
+        names = tuning.candidates(op)
+        assert "torch" in names
+        assert not {"manual", "compile", "tiled"} & set(names), op
+        assert not [n for n in names if n.startswith("cuda_v")], op
+    assert {"triton", "cuda"} <= set(tuning.candidates("matmul"))
+    assert {"sdpa_flash", "sdpa_cudnn"} <= set(tuning.candidates("attention"))
+
+
+def test_bench_times_the_default_as_a_row_of_its_own(tables):
+    from kernellab.harness.bench import bench
+
+    rows = bench("gelu", ["default", "torch"], [(64, 256)], [torch.float32], ("fwd", "fwdbwd"), device="cpu",
+                 budget_s=0.02)  # fmt: skip
+    got = {(r["backend"], r["mode"]): r for r in rows}
+    assert set(got) == {("default", "fwd"), ("torch", "fwd"), ("default", "fwdbwd"), ("torch", "fwdbwd")}
+    assert all(r["status"] == "ok" for r in rows), [r.get("reason") for r in rows]

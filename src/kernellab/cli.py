@@ -796,8 +796,14 @@ def cmd_explain(args) -> int:
         return 2
     dev = args.device or _device.default_device()
     key = tuning.key_of_shape(args.op, shape)
-    backend, why = tuning.choose_key(args.op, key, dtype, dev, args.mode)
-    print(f"{args.op} {args.shape} {args.dtype} {args.mode} on {dev} ({tuning._gpu_of(dev)}): {backend}")
+    try:
+        opts = tuning.option_key(args.op, _parse_options(args.opt) or {})
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    backend, why = tuning.choose_key(args.op, key, dtype, dev, args.mode, opts)
+    print(f"{args.op} {args.shape} {args.dtype} {args.mode}{' ' + opts if opts else ''} on {dev} "
+          f"({tuning._gpu_of(dev)}): {backend}")  # fmt: skip
     print(f"  why: {why}")
     order = ", ".join(b for b in spec.default_backends if registry._TABLE.get((args.op, b)) is not None)
     print(f"  heuristic order: {order} (torch last); a ValueError refusal by the choice falls back to torch")
@@ -945,10 +951,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("tune", help="time every backend over a model shape family; write this GPU's default table")
     s.add_argument("op")
-    s.add_argument("--family", "-f", default=None, help="gpt2, llama3-8b, qwen2.5-7b, vit-b16, decode, odd, cpu-tiny (default: all but cpu-tiny)")
+    s.add_argument("--family", "-f", default=None, help="gpt2, llama3-8b, qwen2.5-7b, vit-b16, decode, odd, small, heldout, cpu-tiny (default: all but heldout and cpu-tiny)")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: the op's)")
     s.add_argument("--mode", nargs="+", default=["fwd"], help="fwd, fwdbwd (default fwd)")
-    s.add_argument("--backend", "-b", action="append", help="only these backends (default: all)")
+    s.add_argument("--backend", "-b", action="append", help="only these backends (default: ours and the peers)")
     s.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     s.add_argument("--budget", type=float, default=1.0, help="seconds of timing per backend and case")
     s.set_defaults(func=cmd_tune)
@@ -958,6 +964,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shape", "-s", required=True, help="in the op's shape convention, e.g. 8192x768")
     s.add_argument("--dtype", default="fp32")
     s.add_argument("--mode", default="fwd", choices=("fwd", "fwdbwd"))
+    s.add_argument("--opt", action="append", help="keyword option KEY=VALUE, e.g. causal=true (repeatable)")
     s.add_argument("--device", default=None)
     s.set_defaults(func=cmd_explain)
 

@@ -122,6 +122,7 @@ def add_impl(impl: Impl, *, replace: bool = False) -> Impl:
     if key in _TABLE and not replace:
         raise ValueError(f"{impl.op}/{impl.backend} is already registered; pass replace=True to override it")
     _TABLE[key] = impl
+    _forget_choices()
     if _DEFAULTS:  # keep the default-backend table current (eagerly, see _DEFAULTS)
         for op, d in list(_DEFAULTS):
             if op == impl.op:
@@ -189,6 +190,7 @@ def register(
 
 def unregister(op: str, backend: str) -> None:
     _TABLE.pop((op, backend), None)
+    _forget_choices()
     for key in [k for k in _DEFAULTS if k[0] == op]:
         _DEFAULTS[key] = default_backend(op, key[1])
 
@@ -233,13 +235,88 @@ def op_names() -> list[str]:
 _DEFAULTS: dict[tuple[str, str], str] = {}
 
 
+# The default's choice per call shape: (op, device type, dtype, whether a gradient is
+# wanted, the shapes the choice reads, the options tables tell apart) -> Impl. After the
+# first call at a shape the default costs one tuple and one dict lookup.
+_CHOSEN: dict[tuple, Impl] = {}
+_CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses, never grows without bound
+_TWO_KEYED = {"matmul": 2, "attention": 2}  # ops whose choice reads the shapes of two arguments
+
+
 def call(op: str, backend: str | None, *args, **kwargs):
-    """Run ``op`` with ``backend`` (None: the op's preferred backend usable on the
-    device of the first tensor argument)."""
-    if backend is None:
-        dev = args[0].device.type if args and hasattr(args[0], "device") else "cpu"
-        backend = _DEFAULTS.get((op, dev)) or default_backend(op, dev)
-    return get(op, backend)(*args, **kwargs)
+    """Run ``op`` with ``backend``. None: the default for these arguments on the device of
+    the first tensor (``kernellab.tuning``): the tuning table's choice for the nearest
+    measured shape where this GPU model (or one of its architecture) has a table, else the
+    op's preferred backend usable there; and where that backend refuses the input with a
+    ValueError that PyTorch's op accepts, PyTorch's op (attention with head dim 96 is
+    served, not refused)."""
+    if backend is not None:
+        return get(op, backend)(*args, **kwargs)
+    x = args[0] if args else None
+    dev = getattr(x, "device", None)
+    dev = dev.type if dev is not None else "cpu"
+    if _compiling():  # traced: the cached per-device default, no table I/O
+        return get(op, _DEFAULTS.get((op, dev)) or default_backend(op, dev))(*args, **kwargs)
+    try:
+        n = _TWO_KEYED.get(op, 1)
+        shapes = x.shape if n == 1 else (x.shape, args[1].shape)
+        ck = (op, dev, x.dtype, x.requires_grad and _grad_enabled(), shapes,
+              _options(op, kwargs) if kwargs else None)  # fmt: skip
+    except (AttributeError, IndexError):  # not tensors: the op's own validation says why
+        ck = None
+    impl = _CHOSEN.get(ck) if ck is not None else None
+    if impl is None:
+        from kernellab import tuning
+
+        impl = get(op, tuning.choose(op, args, dev, None, kwargs)[0])
+        if ck is not None:
+            if len(_CHOSEN) >= _CHOSEN_MAX:
+                _CHOSEN.clear()
+            _CHOSEN[ck] = impl
+    try:
+        return impl(*args, **kwargs)
+    except ValueError as refusal:
+        fallback = _TABLE.get((op, "torch")) if impl.backend != "torch" else None
+        if fallback is None:
+            raise
+        try:
+            return fallback(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - torch refuses too: the input is bad, say why
+            raise refusal from None
+
+
+def _options(op: str, kwargs) -> str:  # rebound to tuning.option_key on first use
+    global _options
+    from kernellab.tuning import option_key
+
+    _options = option_key
+    return option_key(op, kwargs)
+
+
+def _forget_choices() -> None:
+    """A backend came or went, or a table changed: cached choices may name the wrong one."""
+    import sys
+
+    _CHOSEN.clear()
+    tuning = sys.modules.get("kernellab.tuning")
+    if tuning is not None:
+        tuning._CHOICES.clear()
+
+
+def _compiling() -> bool:  # rebound to torch.compiler.is_compiling on first use
+    global _compiling
+    import torch
+
+    _compiling = torch.compiler.is_compiling
+    return _compiling()
+
+
+def _grad_enabled() -> bool:  # rebound to torch.is_grad_enabled on first use
+    global _grad_enabled
+    import torch
+
+    _grad_enabled = torch.is_grad_enabled
+    return _grad_enabled()
 
 
 def default_backend(op: str, device: str | None = None) -> str:

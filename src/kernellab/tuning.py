@@ -7,15 +7,14 @@ choice ``backend=None`` makes.
   holds, per (op, dtype, mode, shape), the fastest correct backend measured on that GPU
   model by the larger of device time and loop time, with every backend's time and the
   provenance (git sha, versions, date). ``kernellab tune`` writes it.
-- ``choose_key(op, key, dtype, dev, mode)``: with a table for this GPU, the row of the
-  nearest shape (same op, dtype and mode; distance = summed |log2| ratios of the dims); no
-  table, or no row near enough: the op's heuristic order (``OpSpec.default_backends``), as before tables
+- ``choose(op, args)``: with a table for this GPU, the row of the nearest shape (same op,
+  dtype and mode; distance = summed |log2| ratios of the dims); no table, or no row near
+  enough: the op's heuristic order (``OpSpec.default_backends``), as before tables
   existed. A choice is cached per (op, device, dtype, mode, shape key): one dict lookup
   per call after the first.
-- Not yet wired into ``registry.call`` on main: ``backend=None`` still takes the
-  heuristic. The wiring (the table's choice, and a fallback to ``torch`` where the chosen
-  backend refuses an input that torch's op accepts, e.g. attention with head dim 96) is
-  on the branch ``issue17-wiring``, tested on the CPU, waiting for its GPU run.
+- ``registry.call`` with ``backend=None`` falls back to ``torch`` when the chosen backend
+  refuses the input with a ValueError that torch's op accepts (attention with head dim
+  96: the Triton kernel takes 16-256 in powers of two, SDPA serves it).
 
 Shape keys (from a call's arguments, the same for tune rows and calls): elementwise ops
 (numel,); row-wise ops and reductions (rows, cols) of the first tensor; matmul (M, N, K);
@@ -28,6 +27,7 @@ import datetime
 import json
 import math
 import os
+import re
 import warnings
 
 import torch
@@ -96,6 +96,36 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "add": [(2**24 + 1,), (10**7 + 19,)],
         "gelu": [(2**24 - 1,)],
     },
+    # Launch-bound calls: a small batch, a unit test, MNIST-sized layers. Here the host
+    # cost of a call decides, and PyTorch's C++ path often wins.
+    "small": {
+        "add": [(64 * 256,), (128 * 768,)],
+        "gelu": [(64 * 256,), (128 * 3072,)],
+        "layer_norm": [(64, 256), (128, 768)],
+        "rms_norm": [(64, 256), (128, 4096)],
+        "softmax": [(64, 256), (128, 1024)],
+        "cross_entropy": [(64, 10), (256, 10), (64, 256)],
+        "matmul": [(64, 64, 64), (64, 128, 3136), (256, 10, 128)],
+        "attention": [(1, 2, 64, 64), (4, 12, 128, 64)],
+        "sum": [(64, 256)],
+        "max": [(64, 256)],
+        "argmax": [(64, 256)],
+    },
+    # Shapes of no family above (other model sizes), never tuned: where the verify run
+    # measures how the default does on shapes it was not tuned at.
+    "heldout": {
+        "add": [(3 * 2**20 + 7,)],
+        "gelu": [(4096 * 4096,)],
+        "layer_norm": [(12288, 1024), (2048, 1600)],
+        "rms_norm": [(8192, 5120), (2, 8192)],
+        "softmax": [(2048, 32000), (12 * 512, 512)],
+        "cross_entropy": [(4096, 32000), (2048, 151936)],
+        "matmul": [(4096, 5120, 5120), (2, 11008, 4096), (2048, 1024, 4096)],
+        "attention": [(2, 16, 2048, 128), (32, 16, 256, 64)],
+        "sum": [(3000, 5000)],
+        "max": [(3000, 5000)],
+        "argmax": [(3000, 5000)],
+    },
     # Tiny shapes of the same kinds, for the CPU (tests, `tune --family cpu-tiny`).
     "cpu-tiny": {
         "add": [(4096,), (65537,)],
@@ -108,16 +138,30 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
 
 
 def family_shapes(op: str, family: str | None = None) -> list[tuple]:
-    """The shapes of ``op`` in ``family`` (None: every family but cpu-tiny), no repeats."""
+    """The shapes of ``op`` in ``family`` (None: every family tuned on a GPU, i.e. all
+    but cpu-tiny and heldout), no repeats."""
     if family is not None and family not in FAMILIES:
         raise ValueError(f"family: unknown {family!r}; known: {', '.join(FAMILIES)}")
-    names = [family] if family else [f for f in FAMILIES if f != "cpu-tiny"]
+    names = [family] if family else [f for f in FAMILIES if f not in ("cpu-tiny", "heldout")]
     out = []
     for f in names:
         for s in FAMILIES[f].get(op, []):
             if tuple(s) not in out:
                 out.append(tuple(s))
     return out
+
+
+# Backends a default may pick: ours and the peers; never the naive baseline, a
+# torch.compile of it (a recompile per shape: the user's own choice to make), the numbered
+# teaching variants (``cuda`` is the best of them) or the pure-PyTorch tiling demo.
+_NOT_DEFAULT = re.compile(r"manual|compile|tiled|cuda_v\d+")
+
+
+def candidates(op: str) -> list[str]:
+    """The registered built-in backends of ``op`` that ``tune`` times for the default."""
+    from kernellab import registry
+
+    return [i.backend for i in registry.impls(op) if i.builtin and not _NOT_DEFAULT.fullmatch(i.backend)]
 
 
 # --------------------------------------------------------------------------- shape keys
@@ -188,33 +232,68 @@ _NOTICED: set[str] = set()
 
 
 def load_table(gpu: str) -> dict | None:
-    """The table of ``gpu`` (cached), or None when none exists: then a one-line notice,
-    once per GPU model, says defaults come from heuristics."""
+    """The table of ``gpu`` (cached). None when there is none for this GPU model nor for
+    another model of the same architecture (an H200 may use an H100's table, with a
+    one-line notice): then a one-line notice, once per GPU model, says defaults come from
+    heuristics."""
     if gpu in _TABLES:
         return _TABLES[gpu]
     path = table_path(gpu)
-    table = None
-    if os.path.exists(path):
-        with open(path) as fh:
-            table = json.load(fh)
-        if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
-            raise ValueError(f"{path}: not a kernellab tuning table (expected an object with 'rows')")
-    elif gpu != "cpu" and gpu not in _NOTICED:
+    table = _read(path) if os.path.exists(path) else None
+    if table is None and gpu != "cpu" and gpu not in _NOTICED:
         _NOTICED.add(gpu)
-        warnings.warn(
-            f"kernellab: no tuning table for {gpu} ({os.path.basename(path)}); default backends come from "
-            "heuristics (run `kernellab tune` to make one)",
-            stacklevel=3,
-        )
+        table, other = _same_arch_table()
+        if table is not None:
+            warnings.warn(f"kernellab: no tuning table for {gpu}; using {other}'s (same architecture "
+                          f"sm_{table['provenance']['capability'].replace('.', '')}): run `kernellab tune` "
+                          "to make this GPU's own", stacklevel=3)  # fmt: skip
+        else:
+            warnings.warn(
+                f"kernellab: no tuning table for {gpu} ({os.path.basename(path)}); default backends come from "
+                "heuristics (run `kernellab tune` to make one)",
+                stacklevel=3,
+            )
     _TABLES[gpu] = table
     return table
 
 
+def _read(path: str) -> dict:
+    with open(path) as fh:
+        table = json.load(fh)
+    if not isinstance(table, dict) or not isinstance(table.get("rows"), list):
+        raise ValueError(f"{path}: not a kernellab tuning table (expected an object with 'rows')")
+    return table
+
+
+def _capability() -> str | None:
+    cap = _device.capability()
+    return f"{cap[0]}.{cap[1]}" if cap else None
+
+
+def _same_arch_table() -> tuple[dict | None, str | None]:
+    """A table measured on another GPU model of this device's compute capability."""
+    cap = _capability()
+    if cap is None:
+        return None, None
+    for d in _table_dirs():
+        if not os.path.isdir(d):
+            continue
+        for name in sorted(os.listdir(d)):
+            if name.endswith(".json"):
+                table = _read(os.path.join(d, name))
+                if (table.get("provenance") or {}).get("capability") == cap:
+                    return table, table.get("gpu", name)
+    return None, None
+
+
 def clear_cache() -> None:
     """Forget loaded tables and cached choices (after ``tune`` writes, in tests)."""
+    from kernellab import registry
+
     _TABLES.clear()
     _CHOICES.clear()
     _NOTICED.clear()
+    registry._CHOSEN.clear()
 
 
 def _gpu_of(dev: str) -> str:
@@ -227,12 +306,40 @@ def _heuristic(op: str, dev: str) -> str:
     return registry.default_backend(op, dev)
 
 
-def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd") -> tuple[str, str]:
-    """(backend, why) for ``op`` at shape key ``key`` (``shape_key`` of a call's arguments,
-    ``key_of_shape`` of a spec shape), ``dtype`` on ``dev`` in ``mode`` ("fwd", "fwdbwd")."""
+_OPTION_KEYS: dict[str, tuple] = {}
+
+
+def option_key(op: str, kwargs) -> str:
+    """The options of a call that tables tell apart (those the op's ``bench_options``
+    vary, e.g. attention's ``causal``), as rows spell them; "" for ops with none."""
+    keys = _OPTION_KEYS.get(op)
+    if keys is None:
+        from kernellab.ops.spec import get_spec
+
+        cases = get_spec(op).bench_options
+        first = cases[0] if cases else {}
+        keys = _OPTION_KEYS[op] = tuple((k, first.get(k)) for k in sorted(set().union(*cases)))
+    if not keys:
+        return ""
+    return ",".join(f"{k}={kwargs.get(k, d)}" for k, d in keys)
+
+
+def choose(op: str, args, dev: str, mode: str | None = None, kwargs=None) -> tuple[str, str]:
+    """(backend, why) for a call of ``op`` with ``args`` (and ``kwargs``) on ``dev``;
+    ``mode`` "fwd" or "fwdbwd" (None: fwdbwd when the first tensor requires grad)."""
+    x = args[0] if args else None
+    if mode is None:
+        mode = "fwdbwd" if getattr(x, "requires_grad", False) and torch.is_grad_enabled() else "fwd"
+    opts = option_key(op, kwargs or {})
+    return choose_key(op, shape_key(op, args), getattr(x, "dtype", None), dev, mode, opts)
+
+
+def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = "") -> tuple[str, str]:
+    """``choose`` from a shape key (``shape_key`` / ``key_of_shape``), a dtype and the
+    ``option_key`` of the call."""
     from kernellab.ops.spec import dtype_name
 
-    ck = (op, dev, dtype, mode, key)
+    ck = (op, dev, dtype, mode, key, options)
     hit = _CHOICES.get(ck)
     if hit is not None:
         return hit
@@ -244,8 +351,9 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd") -> tuple[str, s
 
         dn = dtype_name(dtype)
         best = None
-        for row in table["rows"]:
-            if row.get("op") != op or row.get("dtype") != dn or row.get("mode") != mode:
+        for row in table["rows"]:  # a row without "options" serves every option set
+            if (row.get("op") != op or row.get("dtype") != dn or row.get("mode") != mode
+                    or row.get("options", options) != options):  # fmt: skip
                 continue
             dist = _distance(tuple(row["key"]), key)
             if best is None or dist < best[0]:
@@ -256,7 +364,9 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd") -> tuple[str, s
             if impl is not None and impl.why_unavailable(dev) is None:
                 out = (
                     row["best"],
-                    f"table {os.path.basename(table_path(gpu))}: nearest row {row['shape']} "
+                    f"table {os.path.basename(table_path(gpu))}: nearest row {row['shape']}"
+                    + (f" {options}" if options else "")
+                    + " "
                     f"(distance {best[0]:.2f}): {row['best']} was fastest there "
                     f"({row['times'][row['best']]:.4g} ms by the larger of device and loop time; "
                     + ", ".join(f"{b} {t:.4g}" for b, t in row["times"].items() if b != row["best"])
@@ -274,10 +384,11 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd") -> tuple[str, s
 
 
 def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, backends=None,
-         budget_s: float = 1.0, on_row=None) -> dict:  # fmt: skip
-    """Time every backend of ``op`` over the family's shapes (harness.bench: re-checked
-    outputs, device and loop time) and merge the winners into this GPU's table; returns
-    the table written."""
+         budget_s: float = 1.0, on_row=None, admitted: dict | None = None) -> dict:  # fmt: skip
+    """Time the backends of ``op`` (default: ``candidates(op)``) over the family's shapes
+    (harness.bench: admission check, re-checked outputs, device and loop time) and merge
+    the winners into this GPU's table; returns the table written. ``on_row`` sees every
+    measured row (the raw timings behind the table)."""
     from kernellab.harness.bench import _eff, bench, git_sha, versions
     from kernellab.ops.spec import get_spec
 
@@ -286,7 +397,10 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
     shapes = family_shapes(op, family)
     if not shapes:
         raise ValueError(f"family {family!r} has no shapes for {op}")
-    rows = bench(op, backends, shapes, dtypes, tuple(modes), device=dev, budget_s=budget_s, on_row=on_row)
+    backends = backends or candidates(op)
+    modes = [m for m in modes if m in spec.modes]
+    rows = bench(op, backends, shapes, dtypes, tuple(modes), device=dev, budget_s=budget_s, on_row=on_row,
+                 admitted=admitted)  # fmt: skip
     gpu = _gpu_of(dev)
     path = table_path(gpu, write=True)
     table = load_table(gpu) if os.path.exists(path) else None
@@ -296,21 +410,26 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
     by_shape = {shape_str(s): s for s in shapes}
     by_case: dict[tuple, dict] = {}
     for r in rows:
-        if r.get("status") != "ok" or r.get("options"):
+        if r.get("status") != "ok":
             continue
-        by_case.setdefault((r["dtype"], r["mode"], r["shape"]), {})[r["backend"]] = _eff(r)
+        case = (r["dtype"], r["mode"], r["shape"], r.get("options") or "")
+        by_case.setdefault(case, {})[r["backend"]] = _eff(r)
     new = []
-    for (dn, mode, shape_s), times in sorted(by_case.items()):
+    for (dn, mode, shape_s, opts), times in sorted(by_case.items()):
         shape = by_shape[shape_s]
         best = min(times, key=times.get)
-        new.append({"op": op, "dtype": dn, "mode": mode, "shape": list(shape),
+        new.append({"op": op, "dtype": dn, "mode": mode, "shape": list(shape), "options": opts,
                     "key": list(key_of_shape(op, shape)), "best": best,
                     "times": {b: round(t, 6) for b, t in sorted(times.items())}})  # fmt: skip
-    done = {(r["op"], r["dtype"], r["mode"], tuple(r["shape"])) for r in new}
-    table["rows"] = [r for r in table["rows"] if (r["op"], r["dtype"], r["mode"], tuple(r["shape"])) not in done]
-    table["rows"] = sorted(table["rows"] + new, key=lambda r: (r["op"], r["dtype"], r["mode"], r["shape"]))
+
+    def ident(r):
+        return (r["op"], r["dtype"], r["mode"], tuple(r["shape"]), r.get("options", ""))
+
+    done = {ident(r) for r in new}
+    table["rows"] = sorted([r for r in table["rows"] if ident(r) not in done] + new,
+                           key=lambda r: (r["op"], r["dtype"], r["mode"], r["shape"], r.get("options", "")))  # fmt: skip
     table["provenance"] = {"git_sha": git_sha(), **versions(), "date": datetime.date.today().isoformat(),
-                           "device": gpu, "how": "harness.bench: median device time and loop time per call, "
+                           "device": gpu, "capability": _capability(), "how": "harness.bench: median device time and loop time per call, "
                            "the larger of the two; outputs re-checked against float64"}  # fmt: skip
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:

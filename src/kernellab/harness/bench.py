@@ -168,6 +168,7 @@ def bench(
     on_row=None,
     on_start=None,
     options: dict | None = None,
+    admitted: dict | None = None,
 ) -> list[dict]:
     """Time ``op`` for every backend x shape x dtype x mode (x keyword-option case: the
     spec's ``bench_options``, or ``options`` when given); returns result rows (measured
@@ -175,6 +176,8 @@ def bench(
     spec = get_spec(op)
     dev = device or _device.default_device()
     impls = [i for i in registry.impls(op) if not backends or i.backend in backends]
+    if backends and "default" in backends and ("default" not in {i.backend for i in impls}):
+        impls.append(DefaultImpl(op))
     if backends:
         missing = set(backends) - {i.backend for i in impls}
         if missing:
@@ -189,7 +192,7 @@ def bench(
     peaks = _device.peaks() if dev == "cuda" else None
     gpu = _device.gpu_name()
     rows = []
-    admitted: dict = {}
+    admitted = {} if admitted is None else admitted  # (op, backend, dtype) -> admission verdict
     torch_impl = next((i for i in registry.impls(op) if i.backend == "torch"), None)
 
     cases = [dict(options)] if options is not None else [dict(o) for o in spec.bench_options]
@@ -237,6 +240,18 @@ def bench(
         rows.extend(group)
         del prob, baseline, base_box
     return rows
+
+
+class DefaultImpl(registry.Impl):
+    """The backend ``backend=None`` picks, as a row of its own (``-b default``): the call
+    goes through ``registry.call`` exactly as ``kernellab.<op>(x)`` does (the choice, its
+    cached lookup and the torch fallback included), so its time is what a user gets."""
+
+    def __init__(self, op: str):
+        super().__init__(op=op, backend="default", fn=None, description="what backend=None picks")
+
+    def __call__(self, *args, **kwargs):
+        return registry.call(self.op, None, *args, **kwargs)
 
 
 def _eff(row) -> float:

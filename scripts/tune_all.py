@@ -1,0 +1,186 @@
+"""Tune every op's default over the model shape families on this GPU, then verify it in a
+second, independent run.
+
+    PYTHONPATH=src python scripts/tune_all.py --out DIR [--ops OP ...] [--dtypes bf16 fp32]
+        [--modes fwd fwdbwd] [--phases tune verify] [--families F ...] [--budget 0.15]
+        [--limit-s 540]
+
+tune:   ``tuning.tune`` per op over every family but ``heldout`` (ours and the peers, each
+        admitted by the check engine first; outputs re-checked; each backend judged by the
+        larger of device time and loop time) -> ``DIR/tables/<gpu>.json`` and every raw row
+        in ``DIR/tune.jsonl``.
+verify: the same shapes plus the ``heldout`` family (shapes never tuned at), timing
+        ``default`` (``backend=None`` through ``registry.call``, exactly as a user calls
+        ``kernellab.<op>``), ``torch`` and the backend the table names, in one group per
+        case -> ``DIR/verify.jsonl``; then per op x dtype x mode: the worst default / best
+        and default / torch ratios and the geometric mean of torch / default per family,
+        -> ``DIR/verify_summary.json`` and stdout.
+
+With ``--limit-s`` the script starts no new op past that many seconds (the device call's
+limit), and says which ops it left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# GPT-2's ops first: the model step reads these rows.
+ORDER = ["layer_norm", "gelu", "add", "attention", "cross_entropy", "matmul", "softmax", "rms_norm", "sum",
+         "max", "argmax"]  # fmt: skip
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--ops", nargs="+", default=ORDER)
+    p.add_argument("--dtypes", nargs="+", default=["bf16"])
+    p.add_argument("--modes", nargs="+", default=["fwd", "fwdbwd"])
+    p.add_argument("--phases", nargs="+", default=["tune", "verify"])
+    p.add_argument("--families", nargs="+", default=None,
+                   help="only these families (default: tune all but heldout, verify all)")  # fmt: skip
+    p.add_argument("--budget", type=float, default=0.15)
+    p.add_argument("--limit-s", type=float, default=None)
+    a = p.parse_args(argv)
+    os.makedirs(f"{a.out}/tables", exist_ok=True)
+    os.environ.setdefault("KERNELLAB_TABLES", f"{a.out}/tables")
+
+    from kernellab import device as _device
+    from kernellab import tuning
+    from kernellab.harness.bench import bench
+    from kernellab.ops.spec import get_spec
+
+    dev = _device.default_device()
+    dtypes = [DTYPES[d] for d in a.dtypes]
+    t0 = time.perf_counter()
+    admitted: dict = {}
+    left_out = []
+
+    def over() -> bool:
+        return a.limit_s is not None and time.perf_counter() - t0 > a.limit_s
+
+    if "tune" in a.phases:
+        with open(f"{a.out}/tune.jsonl", "a") as raw:
+
+            def keep(r):
+                raw.write(json.dumps(r) + "\n")
+                raw.flush()
+
+            for op in a.ops:
+                if over():
+                    left_out.append(f"tune {op}")
+                    continue
+                for fam in a.families or [None]:
+                    if fam is not None and not tuning.FAMILIES[fam].get(op):
+                        continue
+                    t = time.perf_counter()
+                    tuning.tune(op, fam, dtypes, a.modes, device=dev, budget_s=a.budget, on_row=keep,
+                                admitted=admitted)  # fmt: skip
+                    print(f"tuned {op} {fam or 'all families'} in {time.perf_counter() - t:.0f} s", flush=True)
+        tuning.clear_cache()
+
+    if "verify" in a.phases:
+        cases = []
+        with open(f"{a.out}/verify.jsonl", "a") as out:
+            for op in a.ops:
+                if over():
+                    left_out.append(f"verify {op}")
+                    continue
+                spec = get_spec(op)
+                fams = [f for f in (a.families or [f for f in tuning.FAMILIES if f != "cpu-tiny"])
+                        if tuning.FAMILIES[f].get(op)]  # fmt: skip
+                for fam in fams:
+                    for shape in tuning.FAMILIES[fam][op]:
+                        for dtype in dtypes:
+                            for mode in [m for m in a.modes if m in spec.modes]:
+                                for opts in spec.bench_options:
+                                    key = tuning.key_of_shape(op, shape)
+                                    chosen, why = tuning.choose_key(
+                                        op, key, dtype, dev, mode, tuning.option_key(op, opts)
+                                    )
+                                    names = list(dict.fromkeys(["default", "torch", chosen]))
+                                    rows = bench(op, names, [shape], [dtype], (mode,), device=dev,
+                                                 budget_s=a.budget, options=dict(opts), admitted=admitted)  # fmt: skip
+                                    for r in rows:
+                                        r.update(family=fam, chosen=chosen, why=why)
+                                        out.write(json.dumps(r) + "\n")
+                                    cases.append(_case(op, fam, shape, dtype, mode, opts, chosen, rows))
+                                    c = cases[-1]
+                                    print(f"{op:13s} {fam:10s} {'x'.join(map(str, shape)):>18s} "
+                                          f"{str(dtype)[6:]:8s} {mode:6s} {_opt(opts):12s} {chosen:12s} "
+                                          f"default/best {c['default_vs_best']}  default/torch "
+                                          f"{c['default_vs_torch']}", flush=True)  # fmt: skip
+        summary = _summarize(cases)
+        summary["left_out"] = left_out
+        with open(f"{a.out}/verify_summary.json", "w") as fh:
+            json.dump(summary, fh, indent=1)
+        _print_summary(summary)
+    if left_out:
+        print("left out (time limit):", ", ".join(left_out))
+    print(f"done in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def _opt(opts) -> str:
+    return ",".join(f"{k}={v}" for k, v in opts.items())
+
+
+def _eff(r):
+    return r.get("effective_ms") or r.get("median_ms")
+
+
+def _case(op, fam, shape, dtype, mode, opts, chosen, rows) -> dict:
+    ok = {r["backend"]: _eff(r) for r in rows if r.get("status") == "ok"}
+    c = {"op": op, "family": fam, "shape": list(shape), "dtype": str(dtype)[6:], "mode": mode,
+         "options": _opt(opts), "chosen": chosen, "ms": ok,
+         "problems": {r["backend"]: r.get("reason") for r in rows if r.get("status") != "ok"}}  # fmt: skip
+    d, t = ok.get("default"), ok.get("torch")
+    c["default_vs_best"] = round(d / min(ok.values()), 3) if d else None
+    c["default_vs_torch"] = round(d / t, 3) if d and t else None
+    return c
+
+
+def _summarize(cases) -> dict:
+    """The issue's verdicts: the default within 5% of the best backend of its group, never
+    more than 5% slower than torch; the geometric mean of torch / default per op, family,
+    dtype and mode."""
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault((c["op"], c["family"], c["dtype"], c["mode"]), []).append(c)
+    out = {"groups": [], "cases": len(cases)}
+    for (op, fam, dt, mode), cs in sorted(groups.items()):
+        good = [c for c in cs if c["default_vs_best"] and c["default_vs_torch"]]
+        g = {"op": op, "family": fam, "dtype": dt, "mode": mode, "cases": len(cs), "measured": len(good)}
+        if good:
+            g["worst_default_vs_best"] = max(c["default_vs_best"] for c in good)
+            g["worst_default_vs_torch"] = max(c["default_vs_torch"] for c in good)
+            g["geomean_torch_over_default"] = round(
+                math.exp(sum(-math.log(c["default_vs_torch"]) for c in good) / len(good)), 3
+            )
+            g["misses"] = [f"{'x'.join(map(str, c['shape']))} {c['options']}".strip() for c in good
+                           if c["default_vs_best"] > 1.05 or c["default_vs_torch"] > 1.05]  # fmt: skip
+        out["groups"].append(g)
+    return out
+
+
+def _print_summary(s) -> None:
+    print(f"\n{s['cases']} cases; per op x family x dtype x mode: worst default/best, worst default/torch, "
+          "geomean torch/default, misses (>5%)")  # fmt: skip
+    for g in s["groups"]:
+        if not g.get("measured"):
+            print(f"  {g['op']:13s} {g['family']:10s} {g['dtype']:8s} {g['mode']:6s} not measured")
+            continue
+        print(f"  {g['op']:13s} {g['family']:10s} {g['dtype']:8s} {g['mode']:6s} "
+              f"{g['worst_default_vs_best']:6.3f} {g['worst_default_vs_torch']:6.3f} "
+              f"{g['geomean_torch_over_default']:6.3f}  {'; '.join(g['misses'])}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
