@@ -81,9 +81,14 @@ def main(argv=None) -> int:
                     if fam is not None and not tuning.FAMILIES[fam].get(op):
                         continue
                     t = time.perf_counter()
-                    tuning.tune(op, fam, dtypes, a.modes, device=dev, budget_s=a.budget, on_row=keep,
-                                admitted=admitted)  # fmt: skip
+                    try:
+                        tuning.tune(op, fam, dtypes, a.modes, device=dev, budget_s=a.budget, on_row=keep,
+                                    admitted=admitted)  # fmt: skip
+                    except Exception as e:  # noqa: BLE001 - one op's failure must not lose the others
+                        left_out.append(f"tune {op}: {type(e).__name__}: {str(e)[:160]}")
                     print(f"tuned {op} {fam or 'all families'} in {time.perf_counter() - t:.0f} s", flush=True)
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
         tuning.clear_cache()
 
     if "verify" in a.phases:
@@ -106,8 +111,12 @@ def main(argv=None) -> int:
                                         op, key, dtype, dev, mode, tuning.option_key(op, opts)
                                     )
                                     names = list(dict.fromkeys(["default", "torch", chosen]))
-                                    rows = bench(op, names, [shape], [dtype], (mode,), device=dev,
-                                                 budget_s=a.budget, options=dict(opts), admitted=admitted)  # fmt: skip
+                                    try:
+                                        rows = bench(op, names, [shape], [dtype], (mode,), device=dev,
+                                                     budget_s=a.budget, options=dict(opts), admitted=admitted)  # fmt: skip
+                                    except Exception as e:  # noqa: BLE001 - reported, the sweep goes on
+                                        left_out.append(f"verify {op} {shape}: {type(e).__name__}: {str(e)[:120]}")
+                                        continue
                                     for r in rows:
                                         r.update(family=fam, chosen=chosen, why=why)
                                         out.write(json.dumps(r) + "\n")

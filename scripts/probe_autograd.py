@@ -1,0 +1,149 @@
+"""Where a Python autograd node's host time goes on a GPU host (tiny bf16 shapes, us per
+call in a plain loop): PyTorch's op, a bare ``autograd.Function`` around PyTorch's own
+kernels, kernellab's Triton backend; each with autograd's device threads (the default)
+and with ``torch.autograd.set_multithreading_enabled(False)`` (backward on the calling
+thread); the raw backward launcher on the main thread and on another thread; the
+threads alive in the process; a cProfile of the backward on the calling thread.
+
+    PYTHONPATH=src python scripts/probe_autograd.py [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import sys
+import threading
+
+import torch
+import torch.nn.functional as F
+
+import kernellab
+from kernellab.harness import timer
+from kernellab.harness.bench import git_sha, versions
+
+
+def us(fn, calls=200) -> float:
+    return timer.loop_ms(fn, calls) * 1e3
+
+
+class TorchLN(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b):
+        y, mean, rstd = torch.ops.aten.native_layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+        ctx.save_for_backward(x, w, b, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, b, mean, rstd = ctx.saved_tensors
+        return torch.ops.aten.native_layer_norm_backward(dy, x, (x.shape[-1],), mean, rstd, w, b, (True, True, True))
+
+
+class TorchGelu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.ops.aten.gelu(x, approximate="tanh")
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return torch.ops.aten.gelu_backward(dy, x, approximate="tanh")
+
+
+def on_thread(fn, calls=200) -> float:
+    box = []
+    t = threading.Thread(target=lambda: box.append(us(fn, calls)))
+    t.start()
+    t.join()
+    return box[0]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=None)
+    a = p.parse_args()
+    dev, bf = "cuda", torch.bfloat16
+    rows = []
+
+    def rec(name, v):
+        rows.append({"probe": name, "us": round(v, 2)})
+        print(f"{name:70s} {v:8.2f} us", flush=True)
+
+    x = torch.randn(64, 256, device=dev, dtype=bf, requires_grad=True)
+    w = torch.randn(256, device=dev, dtype=bf, requires_grad=True)
+    b = torch.randn(256, device=dev, dtype=bf, requires_grad=True)
+    dy = torch.randn(64, 256, device=dev, dtype=bf)
+    leaves = (x, w, b)
+
+    def g(f, ls=leaves):
+        return lambda: torch.autograd.grad(f(), ls, dy)
+
+    cases = {
+        "layer_norm torch": g(lambda: F.layer_norm(x, (256,), w, b)),
+        "layer_norm autograd.Function(aten)": g(lambda: TorchLN.apply(x, w, b)),
+        "layer_norm kernellab triton": g(lambda: kernellab.layer_norm(x, w, b, backend="triton")),
+        "layer_norm kernellab cuda": g(lambda: kernellab.layer_norm(x, w, b, backend="cuda")),
+        "layer_norm kernellab default": g(lambda: kernellab.layer_norm(x, w, b)),
+        "gelu torch": g(lambda: F.gelu(x, approximate="tanh"), (x,)),
+        "gelu autograd.Function(aten)": g(lambda: TorchGelu.apply(x), (x,)),
+        "gelu kernellab triton": g(lambda: kernellab.gelu(x, backend="triton"), (x,)),
+        "gelu kernellab cuda": g(lambda: kernellab.gelu(x, backend="cuda"), (x,)),
+    }
+    print("threads:", [t.name for t in threading.enumerate()], "switchinterval", sys.getswitchinterval())
+    for name, fn in cases.items():
+        rec(f"{name} fwdbwd", us(fn))
+    with torch.autograd.set_multithreading_enabled(False):
+        for name, fn in cases.items():
+            rec(f"{name} fwdbwd (no autograd threads)", us(fn))
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    for name in ("layer_norm autograd.Function(aten)", "layer_norm kernellab triton"):
+        rec(f"{name} fwdbwd (switchinterval 1us)", us(cases[name]))
+    sys.setswitchinterval(old)
+    print("threads after:", [t.name for t in threading.enumerate()])
+
+    from kernellab.ops.layer_norm import triton as lt
+
+    xd, wd, bd = x.detach(), w.detach(), b.detach()
+    y, mean, rstd = lt.norm_fwd(xd, wd, bd, 1e-5, False)
+    bwd = lambda: lt.norm_bwd(dy, xd, wd, mean, rstd, False, True)  # noqa: E731
+    fwd = lambda: lt.norm_fwd(xd, wd, bd, 1e-5, False)  # noqa: E731
+    rec("layer_norm raw fwd launcher, main thread", us(fwd))
+    rec("layer_norm raw bwd launcher, main thread", us(bwd))
+    rec("layer_norm raw bwd launcher, other thread", on_thread(bwd))
+    rec("aten native_layer_norm_backward, main thread", us(lambda: torch.ops.aten.native_layer_norm_backward(
+        dy, xd, (256,), mean.view(64, 1), rstd.view(64, 1), wd, bd, (True, True, True))))  # fmt: skip
+    rec("torch.empty x3, main thread", us(lambda: [torch.empty_like(xd) for _ in range(3)]))
+
+    for name in ("layer_norm kernellab triton", "layer_norm autograd.Function(aten)"):
+        fn = cases[name]
+        with torch.autograd.set_multithreading_enabled(False):
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(300):
+                fn()
+            torch.cuda.synchronize()
+            prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+        print(f"--- cProfile {name}, 300 calls, backward on the calling thread")
+        print("\n".join(ln[:170] for ln in buf.getvalue().splitlines() if ln.strip()))
+
+    if a.out:
+        meta = {"gpu": torch.cuda.get_device_name(), "git_sha": git_sha(), **versions()}
+        with open(f"{a.out}/probe_autograd.jsonl", "a") as f:
+            for r in rows:
+                f.write(json.dumps({**meta, **r}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
