@@ -27,8 +27,7 @@ OP_MODULES = [
     "kernellab.ops.softmax",
     "kernellab.ops.norms",
     "kernellab.ops.cross_entropy",
-    "kernellab.ops.sum",
-    "kernellab.ops.max",
+    "kernellab.ops.reductions",
     "kernellab.ops.matmul",
     "kernellab.ops.attention",
 ]

@@ -1,4 +1,5 @@
-"""Autograd plumbing shared by the Triton and CUDA sum backends.
+"""What sum, max and argmax share: validation of x (check_x), and the autograd plumbing
+shared by the Triton and CUDA sum backends.
 
 Each backend supplies two launchers over contiguous-or-not tensors:
 ``fwd_all(x) -> 0-d tensor`` and ``fwd_rows(x) -> x.shape[:-1]`` (sum of each row of the
@@ -18,7 +19,34 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from kernellab.ops.sum import split_dim
+from kernellab.ops.spec import FLOAT_DTYPES, dtype_name
+
+# --------------------------------------------------------------------------- validation
+
+
+def check_x(x, devices, op: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in FLOAT_DTYPES:
+        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
+        raise TypeError(f"{op}: x has dtype {x.dtype}; expected one of {allowed}")
+    if x.device.type not in devices:
+        raise ValueError(
+            f"{op}: x is on {x.device}, but this backend runs on {' or '.join(devices)} tensors only"
+        )
+
+
+# --------------------------------------------------------------------------- sum
+
+
+def split_dim(x: torch.Tensor, dim):
+    """For backends: (tensor whose last dim is reduced, or None for the whole tensor)."""
+    if dim is None:
+        return None
+    nd = x.dim()
+    if nd and dim % nd != nd - 1:
+        return x.movedim(dim, -1)
+    return x
 
 
 def _grad_all(dy: Tensor, shape) -> Tensor:
