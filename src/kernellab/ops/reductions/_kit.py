@@ -1,15 +1,22 @@
-"""What sum, max and argmax share: validation of x (check_x), and the autograd plumbing
-shared by the Triton and CUDA sum backends.
+"""What sum, max and argmax share: validation of x, and the autograd plumbing around the
+Triton and CUDA backends' launchers (``torch.library`` custom ops with fake kernels for
+torch.compile and autograd, and the registry callable with the eager fast path of
+``ops/_elementwise.py``: the launcher directly without grad, a plain
+``autograd.Function`` with grad).
 
-Each backend supplies two launchers over contiguous-or-not tensors:
+sum: each backend supplies two launchers over contiguous-or-not tensors:
 ``fwd_all(x) -> 0-d tensor`` and ``fwd_rows(x) -> x.shape[:-1]`` (sum of each row of the
-last dim), both in x's dtype. This module makes them ``torch.library`` custom ops
-(``kernellab::sum_<name>_all`` / ``_rows``, fake kernels for torch.compile, autograd)
-and the registry callable ``fn(x, dim=None)`` with an eager fast path (launcher directly
-without grad, a plain ``autograd.Function`` with grad), as ``ops/_elementwise.py`` does.
-
+last dim), both in x's dtype; ``sum_backend`` makes them the custom ops
+``kernellab::sum_<name>_all`` / ``_rows`` and the registry callable ``fn(x, dim=None)``.
 Backward: a sum's gradient is dy broadcast to x's shape; ``expand`` makes it a view (no
 kernel, no memory), as torch's own SumBackward does.
+
+max / argmax: a backend supplies one launcher ``rows(x, want_values) -> (values or None,
+indices)`` over the last dim; ``max_backends`` makes the custom ops
+``kernellab::max_<name>`` (two outputs; fake kernel; autograd) and
+``kernellab::argmax_<name>`` (indices only, no gradient), and both registry callables.
+Backward of max: dy scattered to the argmax positions of a zero tensor (torch's
+value_selecting_reduction_backward): a fill and a scatter, plain PyTorch ops.
 """
 
 from __future__ import annotations
@@ -110,3 +117,72 @@ def sum_backend(name: str, fwd_all: Callable, fwd_rows: Callable):
     ]
     call.__name__ = f"sum_{name}"
     return call
+
+
+# --------------------------------------------------------------------------- max, argmax
+
+
+def max_grad(dv: Tensor, idx: Tensor, shape) -> Tensor:
+    if len(shape) == 0:
+        return dv.clone()
+    dx = torch.zeros(shape, dtype=dv.dtype, device=dv.device)
+    return dx.scatter_(-1, idx.unsqueeze(-1), dv.unsqueeze(-1))
+
+
+def max_backends(name: str, rows: Callable):
+    """Returns (max callable, argmax callable), each with ``.custom_ops``."""
+
+    def _max(x: Tensor) -> tuple[Tensor, Tensor]:
+        v, i = rows(x, True)
+        return v, i
+
+    def _argmax(x: Tensor) -> Tensor:
+        return rows(x, False)[1]
+
+    max_op = torch.library.custom_op(f"kernellab::max_{name}", _max, mutates_args=())
+    argmax_op = torch.library.custom_op(f"kernellab::argmax_{name}", _argmax, mutates_args=())
+    max_op.register_fake(lambda x: (x.new_empty(x.shape[:-1]), x.new_empty(x.shape[:-1], dtype=torch.int64)))
+    argmax_op.register_fake(lambda x: x.new_empty(x.shape[:-1], dtype=torch.int64))
+
+    def setup(ctx, inputs, output):
+        ctx.shape = inputs[0].shape
+        ctx.save_for_backward(output[1])
+        ctx.mark_non_differentiable(output[1])
+
+    def backward(ctx, dv, di):
+        (idx,) = ctx.saved_tensors
+        return max_grad(dv, idx, ctx.shape)
+
+    max_op.register_autograd(backward, setup_context=setup)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            v, i = rows(x, True)
+            ctx.shape = x.shape
+            ctx.save_for_backward(i)
+            ctx.mark_non_differentiable(i)
+            return v, i
+
+        @staticmethod
+        def backward(ctx, dv, di):
+            (idx,) = ctx.saved_tensors
+            return max_grad(dv, idx, ctx.shape)
+
+    def call_max(x: Tensor):
+        if torch.compiler.is_compiling():
+            return max_op(x)
+        if x.requires_grad and torch.is_grad_enabled():
+            return Eager.apply(x)
+        return rows(x, True)
+
+    def call_argmax(x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            return argmax_op(x)
+        return rows(x, False)[1]
+
+    call_max.custom_ops = [(max_op, lambda make: (make(1),), True)]
+    call_argmax.custom_ops = [(argmax_op, lambda make: (make(0),), False)]
+    call_argmax.differentiable = False
+    call_max.__name__, call_argmax.__name__ = f"max_{name}", f"argmax_{name}"
+    return call_max, call_argmax
