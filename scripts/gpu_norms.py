@@ -80,8 +80,8 @@ def sweep(out: Path, budget: float) -> None:
     backward blocks (programs) per SM: the knob that sets rows in flight against the size
     of the dw/db partial buffer."""
     from kernellab.harness import bench, results
-    from kernellab.ops.layer_norm import cuda as lc
-    from kernellab.ops.layer_norm import triton as lt
+    from kernellab.ops.norms import cuda as lc
+    from kernellab.ops.norms import triton as lt
 
     rows, old = [], (lc.BWD_BLOCKS_PER_SM, lt.BWD_PROGRAMS_PER_SM)
     try:
@@ -190,8 +190,7 @@ def main(argv=None) -> int:
         print("no GPU: this script is for the GPU machine", file=sys.stderr)
         return 2
     import kernellab  # noqa: F401  (sets up Triton before the ops define kernels)
-    import kernellab.ops.layer_norm  # noqa: F401  (registers the op and its backends)
-    import kernellab.ops.rms_norm  # noqa: F401
+    import kernellab.ops.norms  # noqa: F401  (registers both ops and their backends)
     from kernellab import device
     from kernellab.ops.spec import parse_dtype, parse_shape
     from kernellab.registry import impls

@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 import kernellab  # noqa: E402
-import kernellab.ops.max  # noqa: E402,F401  (registers max and argmax)
-import kernellab.ops.sum  # noqa: E402,F401  (registers sum)
+import kernellab.ops.reductions  # noqa: E402,F401  (registers sum, max and argmax)
 from kernellab.harness import bench as kbench  # noqa: E402
 from kernellab.harness.check import check_impl  # noqa: E402
 from kernellab.harness.results import pivot_table, write_jsonl  # noqa: E402

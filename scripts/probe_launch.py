@@ -198,8 +198,8 @@ def parts() -> int:
     import pstats
 
     from kernellab.ops.attention import triton as at
-    from kernellab.ops.layer_norm import triton as lt
     from kernellab.ops.matmul import triton as mt
+    from kernellab.ops.norms import triton as lt
 
     dev, bf = "cuda", torch.bfloat16
     x = torch.randn(64, 256, device=dev, dtype=bf)

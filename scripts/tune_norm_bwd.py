@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-import kernellab.ops.layer_norm.triton as lt  # noqa: E402
+import kernellab.ops.norms.triton as lt  # noqa: E402
 
 KNOBS = ("BWD_PREFETCH", "BWD_PROGRAMS_PER_SM", "BWD_WARPS", "FWD_WARPS", "FWD_EVICT")
 

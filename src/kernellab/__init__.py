@@ -20,13 +20,13 @@ from kernellab.ops.add import add  # noqa: E402
 from kernellab.ops.attention import attention  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
-from kernellab.ops.layer_norm import layer_norm  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
-from kernellab.ops.max import argmax, max  # noqa: E402,A004
-from kernellab.ops.rms_norm import rms_norm  # noqa: E402
+from kernellab.ops.norms.layer_norm import layer_norm  # noqa: E402
+from kernellab.ops.norms.rms_norm import rms_norm  # noqa: E402
+from kernellab.ops.reductions.max import argmax, max  # noqa: E402,A004
+from kernellab.ops.reductions.sum import sum  # noqa: E402,A004
 from kernellab.ops.softmax import softmax  # noqa: E402
 from kernellab.ops.spec import get_spec  # noqa: E402
-from kernellab.ops.sum import sum  # noqa: E402,A004
 from kernellab.registry import Impl, get, impls, op_names, register, unregister  # noqa: E402
 
 _registry.warm_defaults()

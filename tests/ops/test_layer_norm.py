@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import kernellab
-import kernellab.ops.layer_norm as ln
+import kernellab.ops.norms.layer_norm as ln
 from kernellab import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
@@ -196,7 +196,7 @@ def test_bad_inputs_name_the_argument():
 
 
 def test_triton_refuses_rows_wider_than_its_limit():
-    from kernellab.ops.layer_norm import triton as lt
+    from kernellab.ops.norms import triton as lt
 
     x = torch.randn(1, lt.MAX_D + 1)
     with pytest.raises(ValueError, match=r"\bx\b"):
@@ -204,7 +204,7 @@ def test_triton_refuses_rows_wider_than_its_limit():
 
 
 def test_triton_configs():
-    from kernellab.ops.layer_norm import triton as lt
+    from kernellab.ops.norms import triton as lt
 
     assert lt._fwd_config(3) == (4, 64, 4)  # short rows share a program
     assert lt._fwd_config(4096)[:2] == (4096, 1)
@@ -217,7 +217,7 @@ def test_triton_one_row_forward(rms, width):
     """16-bit rows of 4096 columns and more take the 1-D row kernel (weight first,
     approximate rsqrt), masked when the width is not a power of two; fp32 keeps the 2-D
     kernel. Checked against float64, mean and rstd included."""
-    from kernellab.ops.layer_norm import triton as lt
+    from kernellab.ops.norms import triton as lt
 
     block, rows, _ = lt._fwd_config(width)
     assert lt._row_1d(rows, torch.bfloat16) and not lt._row_1d(rows, torch.float32)
@@ -284,7 +284,7 @@ def test_compile_backend_quick():
 
 
 def test_cuda_v2_shapes():
-    from kernellab.ops.layer_norm.cuda import _v2_shape
+    from kernellab.ops.norms.cuda import _v2_shape
 
     assert _v2_shape(512, 4) == (128, 4)  # 4096 bf16 forward
     assert _v2_shape(512, 2) == (256, 2)  # ... backward
@@ -349,7 +349,7 @@ def test_triton_residual_add_fused_is_bitwise_add_then_norm(dtype, shape):
     """add_forward_saving / add_backward_from (the GPT blocks' residual + norm in one
     kernel each way, 2-D and 1-D row kernels) give bitwise what add, then layer_norm, and
     in the backward layer_norm's dx, then an add of the residual gradient give."""
-    from kernellab.ops.layer_norm import triton as lt
+    from kernellab.ops.norms import triton as lt
 
     gen = torch.Generator().manual_seed(1)
     x, r, dy, dres = (torch.randn(*shape, generator=gen).to(dtype) for _ in range(4))
@@ -372,7 +372,7 @@ def test_triton_residual_add_fused_is_bitwise_add_then_norm(dtype, shape):
 
 
 def test_triton_residual_add_refuses_mismatched_residual():
-    from kernellab.ops.layer_norm import triton as lt
+    from kernellab.ops.norms import triton as lt
 
     x, w, b = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
     with pytest.raises(ValueError, match="r: expected a contiguous tensor of x's shape"):

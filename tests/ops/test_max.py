@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernellab
-import kernellab.ops.max as kmax  # registers max and argmax (not yet in OP_MODULES)
+import kernellab.ops.reductions.max as kmax
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
 from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, seed_for, shape_id
@@ -169,7 +169,7 @@ def test_under_torch_compile_fullgraph():
 
 def test_cuda_kernels_compile_and_export():
     from kernellab.cuda.runtime import nvrtc_unavailable
-    from kernellab.ops.max import cuda as mcuda
+    from kernellab.ops.reductions import max_cuda as mcuda
 
     if nvrtc_unavailable():
         pytest.skip(nvrtc_unavailable())

@@ -25,11 +25,9 @@ OP_MODULES = [
     "kernellab.ops.add",
     "kernellab.ops.gelu",
     "kernellab.ops.softmax",
-    "kernellab.ops.layer_norm",
-    "kernellab.ops.rms_norm",
+    "kernellab.ops.norms",
     "kernellab.ops.cross_entropy",
-    "kernellab.ops.sum",
-    "kernellab.ops.max",
+    "kernellab.ops.reductions",
     "kernellab.ops.matmul",
     "kernellab.ops.attention",
 ]

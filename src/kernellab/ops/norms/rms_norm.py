@@ -7,8 +7,8 @@ and weight share one dtype), everything in fp32 including the weight multiply, o
 rounding at the end (what PyTorch does; in liger-kernel's terms casting mode "gemma"
 with offset 0, not "llama", which rounds x * rstd to the storage dtype before the weight
 multiply). Gradients for x and weight. An all-zero row normalizes through eps alone
-(y = 0). Kernels share the layer_norm package's (``RMS`` flag): they save the fp32 rstd of
-each row and reduce dweight from per-program partial sums.
+(y = 0). The kernels are layer_norm's (``RMS`` flag; ops/norms/triton.py, cuda.py): they
+save the fp32 rstd of each row and reduce dweight from per-program partial sums.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from kernellab import registry
-from kernellab.ops import _norms
+from kernellab.ops.norms import _kit
 from kernellab.ops.spec import BadInput, OpSpec, define
 
 
@@ -25,7 +25,7 @@ def rms_norm_reference(x, weight, eps=1e-6):
     return x / torch.sqrt(x.square().mean(-1, keepdim=True) + eps) * weight
 
 
-_flops, _bytes = _norms.counts(with_bias=False, rms=True)
+_flops, _bytes = _kit.counts(with_bias=False, rms=True)
 
 
 def _bad_weight(device, dtype):
@@ -63,11 +63,11 @@ SPEC = define(
         reach_shape=(5, 1025),
         grad_args=(0, 1),
         scale=2.0,
-        plant_extra=_norms.plant_constant_rows,
+        plant_extra=_kit.plant_constant_rows,
         default_backends=("cuda", "triton", "torch"),
         doc=__doc__.strip().split("\n")[0],
-        inputs=_norms.make_inputs_fn(with_bias=False),
-        validator=_norms.make_validator("rms_norm", ("x", "weight")),
+        inputs=_kit.make_inputs_fn(with_bias=False),
+        validator=_kit.make_validator("rms_norm", ("x", "weight")),
         option_sets=[{"eps": 1e-2}],
         rows_shape=(65537, 3),
         grad_shapes=[(37, 1025), (1025,)],
@@ -87,9 +87,3 @@ def rms_norm(
 ) -> torch.Tensor:
     """RMSNorm of ``x`` over its last dimension with the chosen backend."""
     return registry.call("rms_norm", backend, x, weight, eps=eps)
-
-
-from kernellab.ops.rms_norm import cuda as _cuda  # noqa: E402,F401  (registrations)
-from kernellab.ops.rms_norm import liger as _liger  # noqa: E402,F401
-from kernellab.ops.rms_norm import reference as _reference  # noqa: E402,F401
-from kernellab.ops.rms_norm import triton as _triton  # noqa: E402,F401

@@ -11,7 +11,7 @@ Rows (sum over the last dim): ``_sum_rows_kernel`` gives ROWS rows to a program 
 rows share one), streams the row BLOCK columns at a time with the same compensated
 lanes, combines a row's lanes in float64.
 
-Why compensation and float64 (see ops/sum/__init__.py): an fp32 tree is about as
+Why compensation and float64 (see ops/reductions/sum.py): an fp32 tree is about as
 accurate as torch.sum itself, and the check admits 2 x torch's error.
 """
 
@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops.sum._op import sum_backend
+from kernellab.ops.reductions._kit import sum_backend
 
 BLOCK_ALL = 4096  # elements per load step of a program (8 warps: 16 fp32 per thread)
 ITERS_ALL = 8  # load steps per program: 32768 elements per program

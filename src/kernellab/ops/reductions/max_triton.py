@@ -16,7 +16,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops.max._op import max_backends
+from kernellab.ops.reductions._kit import max_backends
 
 MAX_BLOCK = 4096
 NO_INDEX = tl.constexpr(2**31 - 1)  # "no index yet" (a global used in a kernel: constexpr)

@@ -27,7 +27,8 @@ import math
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, dtype_name, make_tensor
+from kernellab.ops.reductions._kit import check_x
+from kernellab.ops.spec import BadInput, OpSpec, define, make_tensor
 
 
 def sum_reference(x: torch.Tensor, dim=None) -> torch.Tensor:
@@ -51,18 +52,6 @@ def check_dim(x: torch.Tensor, dim, op: str = "sum") -> None:
     nd = max(x.dim(), 1)
     if isinstance(dim, bool) or not isinstance(dim, int) or not -nd <= dim < nd:
         raise ValueError(f"{op}: dim must be None or an int in [{-nd}, {nd - 1}], got {dim!r}")
-
-
-def check_x(x, devices, op: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
-        raise TypeError(f"{op}: x has dtype {x.dtype}; expected one of {allowed}")
-    if x.device.type not in devices:
-        raise ValueError(
-            f"{op}: x is on {x.device}, but this backend runs on {' or '.join(devices)} tensors only"
-        )
 
 
 def _validate(args, kwargs, devices) -> None:
@@ -160,18 +149,3 @@ def sum(x: torch.Tensor, dim: int | None = None, *, backend: str | None = None) 
     if dim is None:
         return registry.call("sum", backend, x)
     return registry.call("sum", backend, x, dim=dim)
-
-
-def split_dim(x: torch.Tensor, dim):
-    """For backends: (tensor whose last dim is reduced, or None for the whole tensor)."""
-    if dim is None:
-        return None
-    nd = x.dim()
-    if nd and dim % nd != nd - 1:
-        return x.movedim(dim, -1)
-    return x
-
-
-from kernellab.ops.sum import cuda as _cuda  # noqa: E402,F401  (registrations)
-from kernellab.ops.sum import reference as _reference  # noqa: E402,F401
-from kernellab.ops.sum import triton as _triton  # noqa: E402,F401

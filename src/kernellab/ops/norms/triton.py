@@ -22,7 +22,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops import _norms
+from kernellab.ops.norms import _kit
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
 ROW_ELEMS = 4096  # elements per forward program when rows are short
@@ -328,11 +328,11 @@ def _row_1d(rows: int, dtype) -> bool:
 
 
 def norm_fwd(x, w, b, eps, rms, res=None, h=None):
-    """See _norms: (y, mean, rstd); x contiguous. With ``res`` (contiguous, x's shape and
+    """See _kit: (y, mean, rstd); x contiguous. With ``res`` (contiguous, x's shape and
     dtype) the kernel normalizes x + res and writes that sum into ``h`` (fresh, x's shape)."""
     y = torch.empty_like(x)
-    mean, rstd = _norms.empty_stats(x, rms)
-    n_rows, n_cols = _norms.rows_of(x)
+    mean, rstd = _kit.empty_stats(x, rms)
+    n_rows, n_cols = _kit.rows_of(x)
     block, rows, warps = _fwd_config(n_cols)
     if n_rows and n_cols and _row_1d(rows, x.dtype):
         _norm_fwd_row_kernel[(n_rows,)](
@@ -381,9 +381,9 @@ def norm_fwd(x, w, b, eps, rms, res=None, h=None):
 
 
 def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None):
-    """See _norms: (dx, dw, db); dy and x contiguous. With ``dres`` (contiguous, x's shape
+    """See _kit: (dx, dw, db); dy and x contiguous. With ``dres`` (contiguous, x's shape
     and dtype) dx is the norm's gradient plus dres, rounded as two ops would round."""
-    n_rows, n_cols = _norms.rows_of(x)
+    n_rows, n_cols = _kit.rows_of(x)
     dx = torch.empty_like(x)  # x is contiguous
     want_db = has_bias and not rms
     if not (n_rows and n_cols):
@@ -425,8 +425,8 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None):
     if w.dtype == torch.float32:
         # fp32 weights: torch's sum (no cast to launch). The kernel below measured 2.1e-4
         # against a bound of 1.8e-4 for dweight at (70000, 3) on the H100 (gpu test).
-        dw = _norms.reduce_partials(dw_part, w.dtype)
-        db = _norms.reduce_partials(db_part, w.dtype) if want_db else None
+        dw = _kit.reduce_partials(dw_part, w.dtype)
+        db = _kit.reduce_partials(db_part, w.dtype) if want_db else None
         return dx, dw, db
     dw = torch.empty(n_cols, dtype=w.dtype, device=w.device)  # (custom-op outputs may not alias)
     db = torch.empty_like(dw) if want_db else None
@@ -482,7 +482,7 @@ def _partials_sum_kernel(
         tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(db_ptr.dtype.element_ty), mask=cmask)
 
 
-layer_norm_triton = _norms.layer_norm_op("layer_norm_triton", norm_fwd, norm_bwd, triton=True)
+layer_norm_triton = _kit.layer_norm_op("layer_norm_triton", norm_fwd, norm_bwd, triton=True)
 
 
 def kernel_specs(rms: bool):
@@ -579,6 +579,16 @@ triton_support.register_triton(
     layer_norm_triton,
     kernel_specs(False),
     "Triton: row in registers, saved mean/rstd, per-program dweight/dbias partials",
+)
+
+# rms_norm: the same kernels with RMS=True (no mean, no bias).
+rms_norm_triton = _kit.rms_norm_op("rms_norm_triton", norm_fwd, norm_bwd, triton=True)
+
+triton_support.register_triton(
+    "rms_norm",
+    rms_norm_triton,
+    kernel_specs(True),
+    "Triton: row in registers, saved rstd, per-program dweight partials",
 )
 
 

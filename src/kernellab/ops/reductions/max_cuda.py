@@ -10,7 +10,7 @@ import torch
 
 from kernellab.cuda.elementwise import SUFFIX
 from kernellab.cuda.runtime import Module, _get_device, register_cuda
-from kernellab.ops.max._op import max_backends
+from kernellab.ops.reductions._kit import max_backends
 
 MODULE = Module(Path(__file__).with_name("max.cu"))
 THREADS = 256

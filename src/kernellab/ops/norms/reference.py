@@ -1,4 +1,4 @@
-"""manual, torch and compile backends of layer_norm."""
+"""manual, torch and compile backends of layer_norm and rms_norm."""
 
 from __future__ import annotations
 
@@ -23,4 +23,16 @@ def torch_layer_norm(x, weight, bias=None, eps=1e-5):
     return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
+def manual_rms_norm(x, weight, eps=1e-6):
+    """square, mean, rsqrt, scale, weight in fp32: ~6 kernels, as many trips to memory."""
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def torch_rms_norm(x, weight, eps=1e-6):
+    """torch.nn.functional.rms_norm (PyTorch >= 2.4)."""
+    return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
 register_baseline("layer_norm", manual_layer_norm, torch_layer_norm, compiled(manual_layer_norm))
+register_baseline("rms_norm", manual_rms_norm, torch_rms_norm, compiled(manual_rms_norm))

@@ -1,10 +1,22 @@
-"""manual, torch and compile backends of max and argmax."""
+"""manual, torch and compile backends of sum, max and argmax."""
 
 from __future__ import annotations
 
 import torch
 
 from kernellab.ops._baselines import compiled, register_baseline
+
+
+def manual_sum(x: torch.Tensor, dim=None) -> torch.Tensor:
+    """Upcast to fp32 (a full copy for 16-bit inputs), sum in fp32, cast back."""
+    x32 = x.float()
+    s = x32.sum() if dim is None else x32.sum(dim)
+    return s.to(x.dtype)
+
+
+def torch_sum(x: torch.Tensor, dim=None) -> torch.Tensor:
+    """torch.sum: one ATen reduction kernel (fp32 accumulation for 16-bit inputs)."""
+    return torch.sum(x) if dim is None else torch.sum(x, dim)
 
 
 def manual_max(x: torch.Tensor):
@@ -34,5 +46,6 @@ def torch_argmax(x: torch.Tensor) -> torch.Tensor:
     return torch.argmax(x, dim=-1)
 
 
+register_baseline("sum", manual_sum, torch_sum, compiled(manual_sum))
 register_baseline("max", manual_max, torch_max, compiled(manual_max))
 register_baseline("argmax", manual_argmax, torch_argmax, compiled(manual_argmax))

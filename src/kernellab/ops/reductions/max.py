@@ -25,8 +25,8 @@ from collections import namedtuple
 import torch
 
 from kernellab import registry
+from kernellab.ops.reductions._kit import check_x
 from kernellab.ops.spec import BadInput, OpSpec, define
-from kernellab.ops.sum import check_x
 
 MaxResult = namedtuple("MaxResult", ["values", "indices"])
 
@@ -180,8 +180,3 @@ def argmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> tor
     """Index (int64) of the first maximum of ``x`` along ``dim`` (NaN counts as the
     maximum), as ``torch.argmax(x, dim)``."""
     return registry.call("argmax", backend, _last(x, dim, "argmax"))
-
-
-from kernellab.ops.max import cuda as _cuda  # noqa: E402,F401  (registrations)
-from kernellab.ops.max import reference as _reference  # noqa: E402,F401
-from kernellab.ops.max import triton as _triton  # noqa: E402,F401

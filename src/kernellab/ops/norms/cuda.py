@@ -1,5 +1,5 @@
-"""LayerNorm (and RMSNorm) in CUDA C++ (norms.cu, compiled by NVRTC): launchers, custom
-ops, registrations. rms_norm's CUDA backends reuse these launchers (``rms=True``).
+"""LayerNorm and RMSNorm in CUDA C++ (norms.cu, compiled by NVRTC): launchers, custom
+ops, registrations. rms_norm's CUDA backends are the same launchers with ``rms=True``.
 
 Backends: ``cuda_v1`` (one block per row, shared-memory reductions, the row re-read per
 pass) and ``cuda`` (= v2: the row in registers, 16-byte accesses, warp shuffles, several
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from kernellab.cuda.runtime import Module, register_cuda, sm_count
-from kernellab.ops import _norms
+from kernellab.ops.norms import _kit
 
 MODULE = Module(Path(__file__).with_name("norms.cu"))
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -66,8 +66,8 @@ def _use_v2(x: torch.Tensor, vectorized: bool, target: int):
 def _launchers(vectorized: bool):
     def fwd(x, w, b, eps, rms):
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        mean, rstd = _norms.empty_stats(x, rms)
-        n_rows, n_cols = _norms.rows_of(x)
+        mean, rstd = _kit.empty_stats(x, rms)
+        n_rows, n_cols = _kit.rows_of(x)
         if not (n_rows and n_cols):
             return y, mean, rstd
         dev = x.device.index
@@ -102,7 +102,7 @@ def _launchers(vectorized: bool):
         return y, mean, rstd
 
     def bwd(dy, x, w, mean, rstd, rms, has_bias):
-        n_rows, n_cols = _norms.rows_of(x)
+        n_rows, n_cols = _kit.rows_of(x)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         want_db = has_bias and not rms
         if not (n_rows and n_cols):
@@ -159,8 +159,8 @@ def _launchers(vectorized: bool):
                 n_cols,
                 device_index=dev,
             )
-        dw = _norms.reduce_partials(dw_part, w.dtype)
-        db = _norms.reduce_partials(db_part, w.dtype) if want_db else None
+        dw = _kit.reduce_partials(dw_part, w.dtype)
+        db = _kit.reduce_partials(db_part, w.dtype) if want_db else None
         return dx, dw, db
 
     return fwd, bwd
@@ -183,4 +183,5 @@ def register_variants(op: str, make_op) -> None:
         register_cuda(op, backend, fn, MODULE, what)
 
 
-register_variants("layer_norm", _norms.layer_norm_op)
+register_variants("layer_norm", _kit.layer_norm_op)
+register_variants("rms_norm", _kit.rms_norm_op)

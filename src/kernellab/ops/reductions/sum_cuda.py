@@ -21,7 +21,7 @@ from kernellab.cuda.runtime import (
     register_cuda,
     sm_count,
 )
-from kernellab.ops.sum._op import sum_backend
+from kernellab.ops.reductions._kit import sum_backend
 
 MODULE = Module(Path(__file__).with_name("sum.cu"))
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from kernellab import registry
-from kernellab.ops import _norms
+from kernellab.ops.norms import _kit
 from kernellab.ops.spec import BadInput, OpSpec, define
 
 
@@ -27,7 +27,7 @@ def layer_norm_reference(x, weight, bias, eps=1e-5):
     return y + bias if bias is not None else y
 
 
-_flops, _bytes = _norms.counts(with_bias=True, rms=False)
+_flops, _bytes = _kit.counts(with_bias=True, rms=False)
 
 
 def _bad_weight(device, dtype):
@@ -72,11 +72,11 @@ SPEC = define(
         reach_shape=(5, 1025),
         grad_args=(0, 1, 2),
         scale=2.0,
-        plant_extra=_norms.plant_constant_rows,
+        plant_extra=_kit.plant_constant_rows,
         default_backends=("cuda", "triton", "torch"),
         doc=__doc__.strip().split("\n")[0],
-        inputs=_norms.make_inputs_fn(with_bias=True),
-        validator=_norms.make_validator("layer_norm", ("x", "weight", "bias")),
+        inputs=_kit.make_inputs_fn(with_bias=True),
+        validator=_kit.make_validator("layer_norm", ("x", "weight", "bias")),
         option_sets=[{"eps": 1e-2}, {"bias": None}],
         rows_shape=(65537, 3),
         grad_shapes=[(37, 1025), (1025,)],
@@ -102,9 +102,3 @@ def layer_norm(
 ) -> torch.Tensor:
     """LayerNorm of ``x`` over its last dimension with the chosen backend."""
     return registry.call("layer_norm", backend, x, weight, bias, eps=eps)
-
-
-from kernellab.ops.layer_norm import cuda as _cuda  # noqa: E402,F401  (registrations)
-from kernellab.ops.layer_norm import liger as _liger  # noqa: E402,F401
-from kernellab.ops.layer_norm import reference as _reference  # noqa: E402,F401
-from kernellab.ops.layer_norm import triton as _triton  # noqa: E402,F401

@@ -1,0 +1,49 @@
+"""liger-kernel's LayerNorm and RMSNorm as peer backends (``liger``), when liger-kernel is
+installed.
+
+layer_norm: called as liger users call it: ``LigerLayerNormFunction.apply(x, weight, bias,
+eps)`` (Triton; saves mean and rstd, reduces dweight/dbias from per-program partials). liger
+needs a bias tensor: ``bias=None`` is passed as zeros (one extra [D] tensor, negligible).
+It makes x contiguous itself and does not write into its inputs.
+
+rms_norm: called as ``LigerRMSNormFunction.apply(x, weight, eps, offset=0.0,
+casting_mode="gemma", in_place=False)``: offset 0 is plain RMSNorm (Gemma's ``1 + weight``
+would be offset 1); casting mode "gemma" keeps everything in fp32 and rounds once, which is
+what ``torch.nn.functional.rms_norm`` computes ("llama" rounds x * rstd to bf16/fp16 before
+the weight multiply and would not match PyTorch's numbers). ``in_place=False``: liger's
+default writes dx into the dy buffer, which the harness reuses between timed calls.
+
+Both: an empty x (no rows) is answered by torch's op: liger would launch a grid of zero
+programs, and a failure there would make the benchmark's admission check drop liger from
+the comparison altogether.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernellab.ops._peers import register_liger
+
+
+def liger_layer_norm(x, weight, bias=None, eps=1e-5):
+    """liger-kernel LigerLayerNormFunction (Triton)."""
+    from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+
+    if x.numel() == 0:
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    if bias is None:
+        bias = torch.zeros_like(weight)
+    return LigerLayerNormFunction.apply(x, weight, bias, float(eps))
+
+
+def liger_rms_norm(x, weight, eps=1e-6):
+    """liger-kernel LigerRMSNormFunction (Triton, casting mode gemma, offset 0)."""
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+
+    if x.numel() == 0:
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
+    return LigerRMSNormFunction.apply(x, weight, float(eps), 0.0, "gemma", False)
+
+
+register_liger("layer_norm", liger_layer_norm, "liger-kernel LigerLayerNormFunction (peer)")
+register_liger("rms_norm", liger_rms_norm, "liger-kernel LigerRMSNormFunction, casting mode gemma (peer)")
