@@ -107,7 +107,7 @@ def main() -> int:
     sys.setswitchinterval(old)
     print("threads after:", [t.name for t in threading.enumerate()])
 
-    from kernellab.ops.layer_norm import triton as lt
+    from kernellab.ops.norms import triton as lt
 
     xd, wd, bd = x.detach(), w.detach(), b.detach()
     y, mean, rstd = lt.norm_fwd(xd, wd, bd, 1e-5, False)
@@ -119,6 +119,35 @@ def main() -> int:
     rec("aten native_layer_norm_backward, main thread", us(lambda: torch.ops.aten.native_layer_norm_backward(
         dy, xd, (256,), mean.view(64, 1), rstd.view(64, 1), wd, bd, (True, True, True))))  # fmt: skip
     rec("torch.empty x3, main thread", us(lambda: [torch.empty_like(xd) for _ in range(3)]))
+
+    # -- layer by layer (threads on, the default): forward alone with grad on (the graph is
+    # built, never run), backward alone (retain_graph), and the same with the launches
+    # replaced by no-ops (what is left is Python and allocation).
+    impl = kernellab.get("layer_norm", "triton")
+    fwd_paths = {
+        "F.layer_norm": lambda: F.layer_norm(x, (256,), w, b),
+        "autograd.Function(aten)": lambda: TorchLN.apply(x, w, b),
+        "kernellab.layer_norm(backend=triton)": lambda: kernellab.layer_norm(x, w, b, backend="triton"),
+        "Impl.__call__": lambda: impl(x, w, b),
+        "impl.fn": lambda: impl.fn(x, w, b),
+    }
+    for name, f in fwd_paths.items():
+        rec(f"layer_norm fwd with grad on: {name}", us(f))
+    for name, f in list(fwd_paths.items())[:3]:
+        y0 = f()
+        rec(f"layer_norm bwd alone (retain_graph): {name}",
+            us(lambda y0=y0: torch.autograd.grad(y0, leaves, dy, retain_graph=True)))  # fmt: skip
+    kernels = [lt._norm_fwd_kernel, lt._norm_bwd_kernel, lt._partials_sum_kernel, lt._norm_fwd_row_kernel]
+    saved = [k.__class__.__getitem__ for k in kernels[:1]]
+    cls = type(kernels[0])
+    cls.__getitem__ = lambda self, grid: (lambda *a, **k: None)
+    try:
+        rec("layer_norm triton fwdbwd, launches replaced by no-ops", us(cases["layer_norm kernellab triton"]))
+        rec("layer_norm triton fwd with grad on, no-op launches", us(fwd_paths["kernellab.layer_norm(backend=triton)"]))
+        rec("layer_norm raw bwd launcher, no-op launches", us(bwd))
+        rec("layer_norm raw fwd launcher, no-op launches", us(fwd))
+    finally:
+        cls.__getitem__ = saved[0]
 
     for name in ("layer_norm kernellab triton", "layer_norm autograd.Function(aten)"):
         fn = cases[name]
