@@ -4,7 +4,8 @@ model-sized one, forward and forward+backward, PyTorch's own op in the same run.
     PYTHONPATH=src python scripts/host_cost.py --out DIR [--ops gelu add ...] [--quick]
 
 Method: the bench harness's own callables (bench.Problem.call: the same forward, or
-forward + autograd.grad with a fixed grad_output, for every backend), timed by
+forward + autograd.grad with a fixed grad_output, for every backend and for ``default``,
+the public call with backend=None: the tuning table's choice), timed by
 harness.timer.loop_ms: back-to-back calls, one synchronize per round, median of 5 rounds.
 At the tiny shape the device time is a few microseconds, so the number is the host cost
 per call; at the model-sized shape it is what an eager model sees. The issue's bounds at
@@ -21,7 +22,7 @@ import torch
 from kernellab import device as _device
 from kernellab import registry
 from kernellab.harness import timer
-from kernellab.harness.bench import Problem, git_sha, versions
+from kernellab.harness.bench import DefaultImpl, Problem, git_sha, versions
 from kernellab.ops.spec import get_spec
 
 # op -> (tiny shape, model-sized shape, options), shapes in the OpSpec's convention.
@@ -65,7 +66,8 @@ def main(argv=None) -> int:
             for mode in modes:
                 prob = Problem(spec, shape, dtype, mode, dev, seed=0, options=opts)
                 group = []
-                for impl in registry.impls(op):
+                # "default": what backend=None picks (the public call, kernellab.<op>(x)).
+                for impl in [*registry.impls(op), DefaultImpl(op)]:
                     if impl.why_unavailable(dev) or dtype not in (impl.dtypes or spec.dtypes):
                         continue
                     if dev == "cpu" and impl.backend == "compile":
