@@ -91,16 +91,15 @@ def main(argv=None) -> int:
                         if label == "tiny":
                             r["within_bound"] = r["vs_torch"] <= BOUND[mode]
                     rows.append(r)
+                    if args.out:  # row by row: a run cut short by a time limit keeps what it measured
+                        with open(f"{args.out}/host_cost.jsonl", "a") as f:
+                            f.write(json.dumps(r) + "\n")
                     flag = {True: "ok", False: "OVER", None: ""}[r.get("within_bound")]
                     print(f"{op:14s} {r['backend']:12s} {mode:7s} {label:6s} {r['shape']:>16s} "
                           f"{r.get('us_per_call', float('nan')):10.2f} us  "
                           f"{r.get('vs_torch', float('nan')):6.2f}x torch  {flag} {r.get('error', '')}",
                           flush=True)  # fmt: skip
                 del prob
-    if args.out:
-        with open(f"{args.out}/host_cost.jsonl", "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
     return 0
 
 
