@@ -7,11 +7,14 @@ choice ``backend=None`` makes.
   holds, per (op, dtype, mode, shape), the fastest correct backend measured on that GPU
   model by the larger of device time and loop time, with every backend's time and the
   provenance (git sha, versions, date). ``kernellab tune`` writes it.
-- ``choose(op, args)``: with a table for this GPU, the row of the nearest shape (same op,
-  dtype and mode; distance = summed |log2| ratios of the dims); no table, or no row near
-  enough: the op's heuristic order (``OpSpec.default_backends``), as before tables
-  existed. A choice is cached per (op, device, dtype, mode, shape key): one dict lookup
+- ``choose(op, args)``: with a table for this GPU model (or, with a notice, one of
+  another model of the same compute capability), the row of the nearest shape (same op,
+  dtype, mode and ``option_key``; distance = summed |log2| ratios of the dims); no table,
+  or no row near enough: the op's heuristic order (``OpSpec.default_backends``).
+  ``registry.call`` caches the chosen Impl per call shape: one tuple and one dict lookup
   per call after the first.
+- ``candidates(op)``: what ``tune`` times (ours and the peers); ``FAMILIES["heldout"]``
+  is never tuned (``scripts/tune_all.py`` verifies the default there).
 - ``registry.call`` with ``backend=None`` falls back to ``torch`` when the chosen backend
   refuses the input with a ValueError that torch's op accepts (attention with head dim
   96: the Triton kernel takes 16-256 in powers of two, SDPA serves it).
