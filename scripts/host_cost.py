@@ -54,7 +54,6 @@ def main(argv=None) -> int:
         args.dtype or ("bf16" if dev == "cuda" else "fp32")
     ]
     meta = {"gpu": _device.gpu_name(), "git_sha": git_sha(), **versions(), "device": dev}
-    rows = []
     for op in args.ops:
         if op not in SHAPES:
             raise SystemExit(f"--ops: unknown {op!r}; known: {', '.join(SHAPES)}")
@@ -90,7 +89,6 @@ def main(argv=None) -> int:
                         r["vs_torch"] = round(r["us_per_call"] / base, 3)
                         if label == "tiny":
                             r["within_bound"] = r["vs_torch"] <= BOUND[mode]
-                    rows.append(r)
                     if args.out:  # row by row: a run cut short by a time limit keeps what it measured
                         with open(f"{args.out}/host_cost.jsonl", "a") as f:
                             f.write(json.dumps(r) + "\n")

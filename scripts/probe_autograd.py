@@ -11,10 +11,7 @@ threads alive in the process; a cProfile of the backward on the calling thread.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 import sys
 import threading
 
@@ -22,37 +19,17 @@ import torch
 import torch.nn.functional as F
 
 import kernellab
-from kernellab.harness import timer
 from kernellab.harness.bench import git_sha, versions
+
+# Run as a script, scripts/ is on sys.path: the Functions around aten's own kernels and the
+# timers are probe_host's.
+from probe_host import _TorchGelu as TorchGelu  # noqa: E402
+from probe_host import _TorchLN as TorchLN  # noqa: E402
+from probe_host import per_call_us, print_cprofile  # noqa: E402
 
 
 def us(fn, calls=200) -> float:
-    return timer.loop_ms(fn, calls) * 1e3
-
-
-class TorchLN(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, b):
-        y, mean, rstd = torch.ops.aten.native_layer_norm(x, (x.shape[-1],), w, b, 1e-5)
-        ctx.save_for_backward(x, w, b, mean, rstd)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w, b, mean, rstd = ctx.saved_tensors
-        return torch.ops.aten.native_layer_norm_backward(dy, x, (x.shape[-1],), mean, rstd, w, b, (True, True, True))
-
-
-class TorchGelu(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return torch.ops.aten.gelu(x, approximate="tanh")
-
-    @staticmethod
-    def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        return torch.ops.aten.gelu_backward(dy, x, approximate="tanh")
+    return per_call_us(fn, calls)
 
 
 def on_thread(fn, calls=200) -> float:
@@ -154,17 +131,7 @@ def main() -> int:
         with torch.autograd.set_multithreading_enabled(False):
             for _ in range(20):
                 fn()
-            torch.cuda.synchronize()
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(300):
-                fn()
-            torch.cuda.synchronize()
-            prof.disable()
-        buf = io.StringIO()
-        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-        print(f"--- cProfile {name}, 300 calls, backward on the calling thread")
-        print("\n".join(ln[:170] for ln in buf.getvalue().splitlines() if ln.strip()))
+            print_cprofile(f"{name}, 300 calls, backward on the calling thread", fn, calls=300, top=25)
 
     if a.out:
         meta = {"gpu": torch.cuda.get_device_name(), "git_sha": git_sha(), **versions()}

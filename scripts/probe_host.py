@@ -29,6 +29,22 @@ def per_call_us(fn, calls=300) -> float:
     return timer.loop_ms(fn, calls) * 1e3
 
 
+def print_cprofile(title: str, fn, calls: int, top: int) -> None:
+    """cProfile of ``calls`` calls of ``fn`` (GPU work synchronized at both ends): the
+    ``top`` functions by their own time."""
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    print(f"--- cProfile: {title}")
+    print("\n".join(ln[:180] for ln in buf.getvalue().splitlines() if ln.strip()))
+
+
 class _TorchGelu(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
@@ -148,17 +164,7 @@ def main() -> int:
             ("layer_norm triton fwdbwd", fb(lambda: kernellab.layer_norm(x, w, b, backend="triton"))),
             ("attention triton compiled fwdbwd", lambda: ca(q).backward(do)),
         ):
-            torch.cuda.synchronize()
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(200):
-                fn()
-            torch.cuda.synchronize()
-            prof.disable()
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(22)
-            print(f"--- cProfile: {name}, 200 calls")
-            print("\n".join(ln[:180] for ln in buf.getvalue().splitlines() if ln.strip()))
+            print_cprofile(f"{name}, 200 calls", fn, calls=200, top=22)
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as pr:

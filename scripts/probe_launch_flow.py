@@ -16,12 +16,13 @@ import torch
 
 import kernellab
 from kernellab import triton_support
-from kernellab.harness import timer
 from kernellab.ops.norms import triton as lt
+
+from probe_host import per_call_us  # noqa: E402  (scripts/ is on sys.path)
 
 
 def us(fn, calls=200) -> float:
-    return timer.loop_ms(fn, calls) * 1e3
+    return per_call_us(fn, calls)
 
 
 def main() -> int:

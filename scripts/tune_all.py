@@ -31,6 +31,9 @@ import time
 
 import torch
 
+from kernellab.harness.bench import _eff as bench_eff
+from kernellab.ops.spec import options_str
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # GPT-2's ops first: the model step reads these rows.
 ORDER = ["layer_norm", "gelu", "add", "attention", "cross_entropy", "matmul", "softmax", "rms_norm", "sum",
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
                                     cases.append(_case(op, fam, shape, dtype, mode, opts, chosen, rows))
                                     c = cases[-1]
                                     print(f"{op:13s} {fam:10s} {'x'.join(map(str, shape)):>18s} "
-                                          f"{str(dtype)[6:]:8s} {mode:6s} {_opt(opts):12s} {chosen:12s} "
+                                          f"{str(dtype)[6:]:8s} {mode:6s} {options_str(opts):12s} {chosen:12s} "
                                           f"default/best {c['default_vs_best']}  default/torch "
                                           f"{c['default_vs_torch']}", flush=True)  # fmt: skip
         summary = _summarize(cases)
@@ -137,18 +140,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def _opt(opts) -> str:
-    return ",".join(f"{k}={v}" for k, v in opts.items())
-
-
-def _eff(r):
-    return r.get("effective_ms") or r.get("median_ms")
-
-
 def _case(op, fam, shape, dtype, mode, opts, chosen, rows) -> dict:
-    ok = {r["backend"]: _eff(r) for r in rows if r.get("status") == "ok"}
+    ok = {r["backend"]: bench_eff(r) for r in rows if r.get("status") == "ok"}
     c = {"op": op, "family": fam, "shape": list(shape), "dtype": str(dtype)[6:], "mode": mode,
-         "options": _opt(opts), "chosen": chosen, "ms": ok,
+         "options": options_str(opts), "chosen": chosen, "ms": ok,
          "problems": {r["backend"]: r.get("reason") for r in rows if r.get("status") != "ok"}}  # fmt: skip
     d, t = ok.get("default"), ok.get("torch")
     c["default_vs_best"] = round(d / min(ok.values()), 3) if d else None

@@ -16,6 +16,10 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import torch
+
+from kernellab import tuning
+
 # Backend names are ordered for display: the baselines, then ours, then numbered
 # teaching variants, then peers and user registrations.
 _ORDER = ["manual", "torch", "compile", "triton", "cuda"]
@@ -240,7 +244,6 @@ _DEFAULTS: dict[tuple[str, str], str] = {}
 # first call at a shape the default costs one tuple and one dict lookup.
 _CHOSEN: dict[tuple, Impl] = {}
 _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses, never grows without bound
-_TWO_KEYED = {"matmul": 2, "attention": 2}  # ops whose choice reads the shapes of two arguments
 
 
 def call(op: str, backend: str | None, *args, **kwargs):
@@ -255,19 +258,17 @@ def call(op: str, backend: str | None, *args, **kwargs):
     x = args[0] if args else None
     dev = getattr(x, "device", None)
     dev = dev.type if dev is not None else "cpu"
-    if _compiling():  # traced: the cached per-device default, no table I/O
+    if torch.compiler.is_compiling():  # traced: the cached per-device default, no table I/O
         return get(op, _DEFAULTS.get((op, dev)) or default_backend(op, dev))(*args, **kwargs)
     try:
-        n = _TWO_KEYED.get(op, 1)
+        n = tuning.KEY_ARGS.get(op, 1)
         shapes = x.shape if n == 1 else (x.shape, args[1].shape)
-        ck = (op, dev, x.dtype, x.requires_grad and _grad_enabled(), shapes,
-              _options(op, kwargs) if kwargs else None)  # fmt: skip
+        ck = (op, dev, x.dtype, x.requires_grad and torch.is_grad_enabled(), shapes,
+              tuning.option_key(op, kwargs) if kwargs else None)  # fmt: skip
     except (AttributeError, IndexError):  # not tensors: the op's own validation says why
         ck = None
     impl = _CHOSEN.get(ck) if ck is not None else None
     if impl is None:
-        from kernellab import tuning
-
         impl = get(op, tuning.choose(op, args, dev, None, kwargs)[0])
         if ck is not None:
             if len(_CHOSEN) >= _CHOSEN_MAX:
@@ -285,38 +286,10 @@ def call(op: str, backend: str | None, *args, **kwargs):
             raise refusal from None
 
 
-def _options(op: str, kwargs) -> str:  # rebound to tuning.option_key on first use
-    global _options
-    from kernellab.tuning import option_key
-
-    _options = option_key
-    return option_key(op, kwargs)
-
-
 def _forget_choices() -> None:
     """A backend came or went, or a table changed: cached choices may name the wrong one."""
-    import sys
-
     _CHOSEN.clear()
-    tuning = sys.modules.get("kernellab.tuning")
-    if tuning is not None:
-        tuning._CHOICES.clear()
-
-
-def _compiling() -> bool:  # rebound to torch.compiler.is_compiling on first use
-    global _compiling
-    import torch
-
-    _compiling = torch.compiler.is_compiling
-    return _compiling()
-
-
-def _grad_enabled() -> bool:  # rebound to torch.is_grad_enabled on first use
-    global _grad_enabled
-    import torch
-
-    _grad_enabled = torch.is_grad_enabled
-    return _grad_enabled()
+    tuning._CHOICES.clear()
 
 
 def default_backend(op: str, device: str | None = None) -> str:

@@ -36,6 +36,7 @@ import warnings
 import torch
 
 from kernellab import device as _device
+from kernellab.ops.spec import dtype_name, get_spec, options_str, shape_str
 
 # --------------------------------------------------------------------------- families
 
@@ -172,6 +173,7 @@ def candidates(op: str) -> list[str]:
 # --------------------------------------------------------------------------- shape keys
 
 _ELEMENTWISE = {"add", "gelu"}
+KEY_ARGS = {"matmul": 2, "attention": 2}  # ops whose shape key reads two arguments (a, b / q, k)
 
 
 def shape_key(op: str, args) -> tuple | None:
@@ -316,17 +318,14 @@ _OPTION_KEYS: dict[str, tuple] = {}
 
 def option_key(op: str, kwargs) -> str:
     """The options of a call that tables tell apart (those the op's ``bench_options``
-    vary, e.g. attention's ``causal``), as rows spell them; "" for ops with none."""
+    vary, e.g. attention's ``causal``; an omitted one takes its value in the first bench
+    case), spelled as bench rows spell them (``spec.options_str``); "" for ops with none."""
     keys = _OPTION_KEYS.get(op)
     if keys is None:
-        from kernellab.ops.spec import get_spec
-
         cases = get_spec(op).bench_options
         first = cases[0] if cases else {}
         keys = _OPTION_KEYS[op] = tuple((k, first.get(k)) for k in sorted(set().union(*cases)))
-    if not keys:
-        return ""
-    return ",".join(f"{k}={kwargs.get(k, d)}" for k, d in keys)
+    return options_str({k: kwargs.get(k, d) for k, d in keys})
 
 
 def choose(op: str, args, dev: str, mode: str | None = None, kwargs=None) -> tuple[str, str]:
@@ -342,8 +341,6 @@ def choose(op: str, args, dev: str, mode: str | None = None, kwargs=None) -> tup
 def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = "") -> tuple[str, str]:
     """``choose`` from a shape key (``shape_key`` / ``key_of_shape``), a dtype and the
     ``option_key`` of the call."""
-    from kernellab.ops.spec import dtype_name
-
     ck = (op, dev, dtype, mode, key, options)
     hit = _CHOICES.get(ck)
     if hit is not None:
@@ -395,7 +392,6 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
     the winners into this GPU's table; returns the table written. ``on_row`` sees every
     measured row (the raw timings behind the table)."""
     from kernellab.harness.bench import _eff, bench, git_sha, versions
-    from kernellab.ops.spec import get_spec
 
     spec = get_spec(op)
     dev = device or _device.default_device()
@@ -410,8 +406,6 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
     path = table_path(gpu, write=True)
     table = load_table(gpu) if os.path.exists(path) else None
     table = table or {"gpu": gpu, "rows": []}
-    from kernellab.ops.spec import shape_str
-
     by_shape = {shape_str(s): s for s in shapes}
     by_case: dict[tuple, dict] = {}
     for r in rows:

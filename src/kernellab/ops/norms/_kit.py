@@ -169,6 +169,29 @@ def counts(with_bias: bool, rms: bool):
     return _flops, _bytes
 
 
+# --------------------------------------------------------------------------- spec fields
+
+
+def family_spec() -> dict:
+    """What layer_norm's and rms_norm's OpSpecs share: the family's test, bench and check
+    shapes (rows of odd widths, one very tall narrow tensor, widths past one block) and
+    defaults (fresh lists per spec: no spec shares a mutable field with another)."""
+    return dict(
+        test_shapes=[(0, 7), (1,), (17,), (3, 123), (5, 1025), (2, 3, 257), (65537, 3), (4, 4097), (3, 8192)],
+        quick_shapes=[(0, 7), (1,), (3, 123), (4, 1025)],
+        bench_shapes=[(16384, 4096)],
+        cpu_bench_shapes=[(64, 1024)],
+        layout_shape=(37, 1025),
+        reach_shape=(5, 1025),
+        rows_shape=(65537, 3),
+        grad_shapes=[(37, 1025), (1025,)],
+        bad_shape=(4, 33),
+        scale=2.0,
+        plant_extra=plant_constant_rows,
+        default_backends=("cuda", "triton", "torch"),
+    )
+
+
 # --------------------------------------------------------------------------- helpers
 
 
