@@ -46,6 +46,10 @@ DKDV = [  # (BLOCK_M, BLOCK_N, warps, stages)
     (16, 128, 4, 3), (32, 128, 4, 3), (32, 128, 4, 4), (32, 128, 8, 4), (32, 128, 8, 2),
     (64, 128, 8, 3), (64, 128, 8, 2), (16, 128, 8, 4), (64, 64, 8, 4),
 ]  # fmt: skip
+FWD = [
+    (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3), (64, 64, 4, 3),  # today's list
+    (128, 64, 8, 4), (128, 32, 8, 3), (64, 64, 4, 4), (64, 32, 4, 3), (64, 128, 4, 2), (128, 64, 4, 3),
+]  # fmt: skip
 DQ = [
     (128, 64, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3),  # today's list
     (128, 32, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 3),
@@ -89,6 +93,9 @@ def _sdpa_bwd(q, k, v, do, causal, backend):
         return _events_ms(fb) - _events_ms(fwd), _events_ms(fwd)
 
 
+KINDS = ["dkdv", "dq", "dkdv_atomic", "fwd"]
+
+
 def probe(name, budget_end, rows, gpu):
     b, h, s, d, causal = SHAPES[name]
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -112,13 +119,23 @@ def probe(name, budget_end, rows, gpu):
     q4, k4, v4, do4 = q, k, v, do
     nh, bh = h, b * h
     delta = torch.empty((bh, s), dtype=torch.float32, device="cuda")
-    AT._attn_bwd_pre[(triton_cdiv(s, 64) * bh,)](
-        o, do4, delta, *o.stride()[:3], *do4.stride(), nh, s, triton_cdiv(s, 64), HEAD_D=d, BLOCK_M=64
-    )
+    acc = torch.empty((bh, s, d), dtype=torch.float32, device="cuda")
+
+    def pre(zero):
+        AT._attn_bwd_pre[(triton_cdiv(s, 64) * bh,)](
+            o, do4, delta, acc, *o.stride()[:3], *do4.stride(), nh, s, triton_cdiv(s, 64),
+            HEAD_D=d, BLOCK_M=64, ZERO_DQ=zero,
+        )  # fmt: skip
+
+    pre(False)
+    rows.append({**base, "what": "pre", "ms": _events_ms(lambda: pre(False))})
+    rows.append({**base, "what": "pre_zero", "ms": _events_ms(lambda: pre(True))})
     common = (scale * AT.LOG2E, scale, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride())
     keys = (nh, s, s, AT._bucket(s), AT._bucket(s))
     meta = dict(HEAD_D=d, CAUSAL=causal, PREC="tf32", F32_DOTS=False)
-    for kind, configs in (("dkdv", DKDV), ("dq", DQ)):
+    lists = {"dkdv": DKDV, "dq": DQ, "dkdv_atomic": DKDV, "fwd": FWD}
+    for kind in KINDS:
+        configs = lists[kind]
         for bm, bn, w, st in configs:
             if time.time() > budget_end:
                 rows.append({**base, "what": kind, "skipped": "budget"})
@@ -126,15 +143,20 @@ def probe(name, budget_end, rows, gpu):
             cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
             row = {**base, "what": kind, "cfg": f"{bm}x{bn} w{w} s{st}"}
             try:
-                if kind == "dkdv":
-                    dk, dv = torch.empty_like(k), torch.empty_like(v)
+                if kind.startswith("dkdv"):
+                    atomic = kind == "dkdv_atomic"
+                    dk, dv, dq = torch.empty_like(k), torch.empty_like(v), torch.empty_like(q)
                     grid = (triton_cdiv(s, bn) * bh,)
 
                     def launch():
+                        if atomic:  # the whole atomic backward: pre (zeroes acc), dK/dV/dQ, cast
+                            pre(True)
                         AT._attn_bwd_dkdv.fn[grid](
-                            q4, k4, v4, do4, lse, delta, dk, dv, *common, *dk.stride()[:3], *dv.stride()[:3],
-                            *keys, **meta, **cfg,
+                            q4, k4, v4, do4, lse, delta, dk, dv, acc, *common, *dk.stride()[:3], *dv.stride()[:3],
+                            *keys, **meta, DQ_ATOMIC=atomic, **cfg,
                         )  # fmt: skip
+                        if atomic:
+                            dq.copy_(acc.view(dq.shape))
 
                     t0 = time.time()
                     launch()
@@ -144,6 +166,25 @@ def probe(name, budget_end, rows, gpu):
                     row["err"] = max(
                         (dk.float() - dk0.float()).abs().max().item(), (dv.float() - dv0.float()).abs().max().item()
                     )
+                    if atomic:
+                        row["err_dq"] = (dq.float() - dq0.float()).abs().max().item()
+                elif kind == "fwd":
+                    oo = torch.empty_like(o)
+                    ll = torch.empty_like(lse)
+                    grid = (triton_cdiv(s, bm) * bh,)
+
+                    def launch():
+                        AT._attn_fwd.fn[grid](
+                            q4, k4, v4, oo, ll, scale * AT.LOG2E, *q4.stride(), *k4.stride(), *v4.stride(),
+                            *oo.stride()[:3], *keys, **meta, **cfg,
+                        )  # fmt: skip
+
+                    t0 = time.time()
+                    launch()
+                    torch.cuda.synchronize()
+                    row["compile_s"] = round(time.time() - t0, 2)
+                    row["ms"] = _events_ms(launch)
+                    row["err"] = (oo.float() - o.float()).abs().max().item()
                 else:
                     dq = torch.empty_like(q)
                     grid = (triton_cdiv(s, bm) * bh,)
@@ -174,7 +215,9 @@ def main():
     ap.add_argument("--out", default=".")
     ap.add_argument("--budget", type=float, default=420)
     ap.add_argument("--shapes", default="gpt2,llama8k,nc4k,gpt2s,vit,llama2k")
+    ap.add_argument("--kinds", default=",".join(KINDS))
     a = ap.parse_args()
+    KINDS[:] = a.kinds.split(",")
     gpu = torch.cuda.get_device_name()
     end = time.time() + a.budget
     rows = []
@@ -185,6 +228,7 @@ def main():
         for r in rows:
             f.write(json.dumps(r) + "\n")
     print("\n== summary ==")
+    print(f"dkdv_atomic rows time pre (zeroing) + dK/dV/dQ + the cast; DQ_ATOMIC_MIN_S={AT.DQ_ATOMIC_MIN_S}")
     for r in rows:
         if "cfg" not in r and "ms" in r:
             print(f"{r['shape']:>16} c={r['causal']!s:5} {r['what']:20} {r['ms']:8.3f} ms {r.get('tflops', 0):6.0f} TF")
@@ -195,7 +239,11 @@ def main():
             if k not in best or r["ms"] < best[k]["ms"]:
                 best[k] = r
     for (shape, what), r in best.items():
-        print(f"{shape:>16} best {what:5} {r['cfg']:16} {r['ms']:8.3f} ms err {r['err']:.3g}")
+        print(f"{shape:>16} best {what:11} {r['cfg']:16} {r['ms']:8.3f} ms err {r['err']:.3g} {r.get('err_dq', '')}")
+    # this list's defaults (first config = the untuned problems' tile) beside the best
+    for r in rows:
+        if "cfg" in r and "ms" in r and r["cfg"] in ("32x64 w4 s3", "64x128 w8 s3", "64x64 w4 s3", "128x64 w8 s3"):
+            print(f"{r['shape']:>16} {r['what']:11} {r['cfg']:16} {r['ms']:8.3f} ms")
 
 
 if __name__ == "__main__":

@@ -91,27 +91,34 @@ def fwd_configs():
 
 def bwd_dkdv_configs():
     """dK/dV pass: BLOCK_N keys held in registers (k, v, dk, dv: 4 x BLOCK_N x D), BLOCK_M
-    query rows streamed per step."""
+    query rows streamed per step. The first config is the one problems too short to tune
+    take (measured on the H100, bf16, D=64: fastest or within 5% of it at 4x12x256,
+    64x12x197 and 8x12x1024); 64 x 128 with 8 warps was the fastest at D=128 and S >= 2k
+    (probe_attn_bwd rows, Triton 3.6)."""
     if _device.triton_interpreted():
         return [_cfg(16, 32, 4, 1)]
     return [
-        _cfg(32, 128, 8, 3),
-        _cfg(64, 128, 8, 3),  # D <= 64 only (pruned for D = 128: 255 registers, spills)
-        _cfg(64, 64, 8, 3),
+        _cfg(32, 64, 4, 3),
+        _cfg(64, 128, 8, 3),
         _cfg(32, 64, 4, 2),  # the fallback for D=256 or fp32
+        _cfg(64, 64, 4, 2),
+        _cfg(32, 128, 8, 3),
         _cfg(16, 32, 4, 1),  # the fallback for D=256 and fp32 (shared memory)
     ]
 
 
 def bwd_dq_configs():
-    """dQ pass: BLOCK_M query rows held (q, dO, dq), BLOCK_N keys streamed per step."""
+    """dQ pass: BLOCK_M query rows held (q, dO, dq), BLOCK_N keys streamed per step. First:
+    the short problems' config (as above); 128 x 64 with 8 warps and 3 stages was the
+    fastest at every length >= 1024 measured on the H100."""
     if _device.triton_interpreted():
         return [_cfg(32, 16, 4, 1)]
     return [
-        _cfg(128, 64, 8, 2),
-        _cfg(128, 32, 8, 3),
         _cfg(64, 64, 4, 3),
+        _cfg(128, 64, 8, 3),
         _cfg(64, 32, 4, 2),  # the fallback for D=256 or fp32
+        _cfg(64, 32, 4, 4),
+        _cfg(128, 128, 8, 2),
         _cfg(32, 16, 4, 1),  # the fallback for D=256 and fp32 (shared memory)
     ]
 
@@ -154,14 +161,10 @@ def _fit(configs, nargs, **kwargs):
 
 
 def _prune_dkdv(configs, nargs, **kwargs):
-    """As _prune, and no 64 x 128 tile at D >= 128: compiled for sm_90 (Triton 3.9) the
-    64 x 128 x 128 dK/dV program needs 255 registers and spills (257 LDL/STL); 32 x 128
-    and 64 x 64 fit in 244-251 without spilling."""
-    configs = _fit(configs, nargs, **kwargs)
-    d = kwargs.get("HEAD_D", nargs.get("HEAD_D"))
-    if d is not None and d >= 128:
-        configs = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 4096] or configs[-1:]
-    return _tuned(configs, nargs)
+    """As _prune. (A 64 x 128 tile at D=128 needs ~255 registers per thread; compiled by
+    Triton 3.9 for sm_90 it spilled, by Triton 3.6 on the H100 it was the fastest tile:
+    the autotuner measures, so it stays in the list.)"""
+    return _tuned(_fit(configs, nargs, **kwargs), nargs)
 
 
 # Autotune key: bucketed sequence lengths (next power of two, so odd lengths share a
@@ -334,8 +337,9 @@ def _attn_fwd(
 @triton_support.jit
 def _attn_bwd_pre(
     O, DO, DELTA,  # o (Z, NH, S_q, D) unit-stride rows, dO strided, delta (Z*NH, S_q) fp32
+    DQ_ACC,  # (Z*NH, S_q, D) fp32 contiguous, zeroed here when ZERO_DQ (else unused)
     stride_oz, stride_oh, stride_os, stride_doz, stride_doh, stride_dos, stride_dod,
-    NH, S_q, num_m, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    NH, S_q, num_m, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, ZERO_DQ: tl.constexpr,
 ):  # fmt: skip
     # delta_i = sum_d dO[i, d] * O[i, d]  (= rowsum(P * dP), so dS = P (dP - delta))
     pid = tl.program_id(0)
@@ -357,14 +361,17 @@ def _attn_bwd_pre(
     )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + bh * S_q + offs_m, delta, mask=row_ok)
+    if ZERO_DQ:  # the atomic dQ accumulator, zeroed here instead of by a memset launch
+        dq_ptrs = DQ_ACC + (bh * S_q + offs_m[:, None]) * HEAD_D + offs_d[None, :]
+        tl.store(dq_ptrs, tl.zeros([BLOCK_M, HEAD_D], tl.float32), mask=row_ok[:, None])
 
 
 @triton.jit
 def _dkdv_inner(
-    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-    offs_m0, offs_n, start, end, qk_scale, S_q, OFFSET,
+    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, dq_ptrs, stride_qs, stride_dos,
+    offs_m0, offs_n, start, end, qk_scale, sm_scale, S_q, OFFSET,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
-    F32_DOTS: tl.constexpr,
+    F32_DOTS: tl.constexpr, DQ_ATOMIC: tl.constexpr, HEAD_D: tl.constexpr,
 ):  # fmt: skip
     # Query blocks [start, end) against the key block held in k, v (transposed math:
     # P^T (BLOCK_N x BLOCK_M) so dV += P^T dO and dK += dS^T Q need no transposes of big tiles).
@@ -395,13 +402,23 @@ def _dkdv_inner(
         dpT = _dot(v, tl.trans(do), PREC)
         dsT = pT * (dpT - delta[None, :])
         dk = _mma(dsT.to(q.dtype), q, dk, PREC)
+        if DQ_ATOMIC:
+            # This query block's share of dQ = scale * dS K, added into the fp32
+            # accumulator (5 matmuls per tile pair instead of the dQ pass's 7 in all).
+            dq = _dot(tl.trans(dsT.to(k.dtype)), k, PREC) * sm_scale
+            dq_at = dq_ptrs + start_m * HEAD_D
+            if MASKED:
+                tl.atomic_add(dq_at, dq, mask=row_ok[:, None], sem="relaxed")
+            else:
+                tl.atomic_add(dq_at, dq, sem="relaxed")
     return dk, dv
 
 
-@triton.autotune(configs=bwd_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune_dkdv})
+@triton.autotune(configs=bwd_dkdv_configs(), key=_KEY + ["DQ_ATOMIC"], prune_configs_by={"early_config_prune": _prune_dkdv})
 @triton_support.jit
 def _attn_bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV,  # dk, dv (Z, NH, S_k, D) with unit-stride rows
+    DQ_ACC,  # DQ_ATOMIC: (Z*NH, S_q, D) fp32 contiguous, zeroed (else unused)
     qk_scale, sm_scale,
     stride_qz, stride_qh, stride_qs, stride_qd,
     stride_kz, stride_kh, stride_ks, stride_kd,
@@ -411,7 +428,7 @@ def _attn_bwd_dkdv(
     stride_dvz, stride_dvh, stride_dvs,
     NH, S_q, S_k, S_Q_KEY, S_K_KEY,
     HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DQ_ATOMIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
@@ -443,6 +460,7 @@ def _attn_bwd_dkdv(
     do_ptrs = DO + zo * stride_doz + ho * stride_doh + offs_m0[:, None] * stride_dos + offs_d[None, :] * stride_dod
     lse_ptr = LSE + bh * S_q
     delta_ptr = DELTA + bh * S_q
+    dq_ptrs = DQ_ACC + (bh * S_q + offs_m0[:, None]) * HEAD_D + offs_d[None, :]
     dk = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
 
@@ -459,16 +477,19 @@ def _attn_bwd_dkdv(
         mid = tl.maximum(lo, tl.minimum(see_all, q_pad))
     tail = tl.maximum(mid, (S_q // BLOCK_M) * BLOCK_M)
     dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-        offs_m0, offs_n, lo, mid, qk_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, dq_ptrs, stride_qs, stride_dos,
+        offs_m0, offs_n, lo, mid, qk_scale, sm_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
+        DQ_ATOMIC, HEAD_D,
     )  # fmt: skip
     dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-        offs_m0, offs_n, mid, tail, qk_scale, S_q, OFFSET, False, CAUSAL, BLOCK_M, PREC, F32_DOTS,
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, dq_ptrs, stride_qs, stride_dos,
+        offs_m0, offs_n, mid, tail, qk_scale, sm_scale, S_q, OFFSET, False, CAUSAL, BLOCK_M, PREC, F32_DOTS,
+        DQ_ATOMIC, HEAD_D,
     )  # fmt: skip
     dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-        offs_m0, offs_n, tail, q_pad, qk_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, dq_ptrs, stride_qs, stride_dos,
+        offs_m0, offs_n, tail, q_pad, qk_scale, sm_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
+        DQ_ATOMIC, HEAD_D,
     )  # fmt: skip
     dk = dk * sm_scale
     dk_out = zo * stride_dkz + ho * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
@@ -623,6 +644,25 @@ def empty_bshd(lead, s: int, d: int, dtype, device) -> torch.Tensor:
     return torch.empty(lead[:-1] + (s, lead[-1], d), dtype=dtype, device=device).transpose(-2, -3)
 
 
+# dQ by atomics (inside the dK/dV pass) for 16-bit inputs from this length on; fp32 keeps
+# the separate pass (its summation order is fixed: the fp32 bounds are tight), and so does
+# torch.use_deterministic_algorithms(True) (atomics add in no fixed order: dq may differ in
+# its last bits between runs).
+# KERNELLAB_ATTN_DQ=atomic / pass forces one way (comparisons, tests).
+DQ_ATOMIC_MIN_S = 2048
+
+
+def dq_atomic(s_q, s_k, d, dtype) -> bool:
+    force = os.environ.get("KERNELLAB_ATTN_DQ", "")
+    if force:
+        return force == "atomic"
+    if dtype == torch.float32 or type(s_q) is not int or type(s_k) is not int:
+        return False
+    if torch.are_deterministic_algorithms_enabled():  # atomics add in no fixed order
+        return False
+    return min(s_q, s_k) >= DQ_ATOMIC_MIN_S
+
+
 def _bucket(n: int) -> int:
     # A length that is symbolic (dynamic shapes, traced under torch.compile) is passed as
     # is: Inductor tunes once per compiled kernel and reads the key only through _prune.
@@ -673,6 +713,11 @@ def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
         dq4, dk4, dv4 = _split(dq), _split(dk), _split(dv)
         delta = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
         prec = _prec(q.dtype)
+        atomic = bool(s_q and s_k) and dq_atomic(s_q, s_k, d, q.dtype)
+        # atomic: dQ accumulates in fp32 inside the dK/dV pass (zeroed by the delta kernel,
+        # cast into dq at the end); otherwise its own pass. delta stands in for the unused
+        # accumulator argument.
+        acc = torch.empty((bh, s_q, d), dtype=torch.float32, device=q.device) if atomic else delta
         common = (
             scale * LOG2E, scale, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
         )  # fmt: skip
@@ -680,16 +725,19 @@ def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
             pre_m = 64 if not _device.triton_interpreted() else 32
             num_m = triton_support.cdiv(s_q, pre_m)
             _attn_bwd_pre[(num_m * bh,)](
-                o4, do4, delta, *o4.stride()[:3], *do4.stride(), nh, s_q, num_m, HEAD_D=d, BLOCK_M=pre_m
-            )
+                o4, do4, delta, acc, *o4.stride()[:3], *do4.stride(), nh, s_q, num_m,
+                HEAD_D=d, BLOCK_M=pre_m, ZERO_DQ=atomic,
+            )  # fmt: skip
         if s_k:
             triton_support.launch_tuned(
                 _attn_bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * bh,),
-                q4, k4, v4, do4, lse, delta, dk4, dv4, *common, *dk4.stride()[:3], *dv4.stride()[:3],
+                q4, k4, v4, do4, lse, delta, dk4, dv4, acc, *common, *dk4.stride()[:3], *dv4.stride()[:3],
                 nh, s_q, s_k, _bucket(s_q), _bucket(s_k),
-                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
+                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype), DQ_ATOMIC=atomic,
             )  # fmt: skip
-        if s_q:
+        if atomic:
+            dq4.copy_(acc.view(dq4.shape))
+        elif s_q:
             triton_support.launch_tuned(
                 _attn_bwd_dq, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
                 q4, k4, v4, do4, lse, delta, dq4, *common, *dq4.stride()[:3],
@@ -785,20 +833,23 @@ def _kernel_specs(dtype: str):
         return sig, cx
 
     def spec(kernel, ptrs, scalars, stride_names, out_strides, cfg):
-        sig = {p_: ("*fp32" if p_ in ("LSE", "DELTA") else ptr) for p_ in ptrs}
+        sig = {p_: ("*fp32" if p_ in ("LSE", "DELTA", "DQ_ACC") else ptr) for p_ in ptrs}
         sig.update({s_: "fp32" for s_ in scalars})
         st_sig, st_cx = strides(stride_names, out_strides)
         sig.update(st_sig)
         sig.update({"NH": "i32", "S_q": "i32", "S_k": "i32", "S_Q_KEY": "i32", "S_K_KEY": "i32"})
         cx = dict(st_cx, HEAD_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, **cfg.kwargs)
         sig.update({k: "constexpr" for k in ("HEAD_D", "CAUSAL", "PREC", "F32_DOTS", "BLOCK_M", "BLOCK_N")})
+        if "DQ_ACC" in ptrs:  # the bench problem (S = 4096, bf16) takes dQ by atomics
+            cx["DQ_ATOMIC"], sig["DQ_ATOMIC"] = True, "constexpr"
+        sig = {n: sig[n] for n in kernel.fn.arg_names}  # the kernel's parameter order
         return (kernel.fn, sig, cx, cfg.num_warps)
 
     return [
         spec(_attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale",), ("q", "k", "v"), ("o",), fwd_configs()[0]),
         spec(
             _attn_bwd_dkdv,
-            ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV"),
+            ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQ_ACC"),
             ("qk_scale", "sm_scale"),
             ("q", "k", "v", "do"),
             ("dk", "dv"),
