@@ -9,6 +9,7 @@ For each shape (bf16): the forward runs once (o, lse); then each tile config of
 kernel with explicit BLOCK_M / BLOCK_N / num_warps / num_stages), timed with CUDA events
 (median of 20 launches after 3 warm-ups, no L2 flush: the kernels are compute-bound and
 re-read K/V from L2 by design), and its output compared with the autotuned default's.
+(The dQ-by-atomics variant that b367cfd timed here was removed: no faster, see NOTES.)
 SDPA's backward: fwd+bwd minus fwd of ``F.scaled_dot_product_attention`` under each
 backend. Rows -> DIR/probe_attn_bwd-<gpu>.jsonl; a table is printed last.
 """
@@ -93,7 +94,7 @@ def _sdpa_bwd(q, k, v, do, causal, backend):
         return _events_ms(fb) - _events_ms(fwd), _events_ms(fwd)
 
 
-KINDS = ["dkdv", "dq", "dkdv_atomic", "fwd"]
+KINDS = ["dkdv", "dq", "fwd"]
 
 
 def probe(name, budget_end, rows, gpu):
@@ -119,21 +120,18 @@ def probe(name, budget_end, rows, gpu):
     q4, k4, v4, do4 = q, k, v, do
     nh, bh = h, b * h
     delta = torch.empty((bh, s), dtype=torch.float32, device="cuda")
-    acc = torch.empty((bh, s, d), dtype=torch.float32, device="cuda")
 
-    def pre(zero):
+    def pre():
         AT._attn_bwd_pre[(triton_cdiv(s, 64) * bh,)](
-            o, do4, delta, acc, *o.stride()[:3], *do4.stride(), nh, s, triton_cdiv(s, 64),
-            HEAD_D=d, BLOCK_M=64, ZERO_DQ=zero,
-        )  # fmt: skip
+            o, do4, delta, *o.stride()[:3], *do4.stride(), nh, s, triton_cdiv(s, 64), HEAD_D=d, BLOCK_M=64
+        )
 
-    pre(False)
-    rows.append({**base, "what": "pre", "ms": _events_ms(lambda: pre(False))})
-    rows.append({**base, "what": "pre_zero", "ms": _events_ms(lambda: pre(True))})
+    pre()
+    rows.append({**base, "what": "pre", "ms": _events_ms(pre)})
     common = (scale * AT.LOG2E, scale, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride())
     keys = (nh, s, s, AT._bucket(s), AT._bucket(s))
     meta = dict(HEAD_D=d, CAUSAL=causal, PREC="tf32", F32_DOTS=False)
-    lists = {"dkdv": DKDV, "dq": DQ, "dkdv_atomic": DKDV, "fwd": FWD}
+    lists = {"dkdv": DKDV, "dq": DQ, "fwd": FWD}
     for kind in KINDS:
         configs = lists[kind]
         for bm, bn, w, st in configs:
@@ -143,20 +141,15 @@ def probe(name, budget_end, rows, gpu):
             cfg = dict(BLOCK_M=bm, BLOCK_N=bn, num_warps=w, num_stages=st)
             row = {**base, "what": kind, "cfg": f"{bm}x{bn} w{w} s{st}"}
             try:
-                if kind.startswith("dkdv"):
-                    atomic = kind == "dkdv_atomic"
-                    dk, dv, dq = torch.empty_like(k), torch.empty_like(v), torch.empty_like(q)
+                if kind == "dkdv":
+                    dk, dv = torch.empty_like(k), torch.empty_like(v)
                     grid = (triton_cdiv(s, bn) * bh,)
 
                     def launch():
-                        if atomic:  # the whole atomic backward: pre (zeroes acc), dK/dV/dQ, cast
-                            pre(True)
                         AT._attn_bwd_dkdv.fn[grid](
-                            q4, k4, v4, do4, lse, delta, dk, dv, acc, *common, *dk.stride()[:3], *dv.stride()[:3],
-                            *keys, **meta, DQ_ATOMIC=atomic, **cfg,
+                            q4, k4, v4, do4, lse, delta, dk, dv, *common, *dk.stride()[:3], *dv.stride()[:3],
+                            *keys, **meta, **cfg,
                         )  # fmt: skip
-                        if atomic:
-                            dq.copy_(acc.view(dq.shape))
 
                     t0 = time.time()
                     launch()
@@ -166,8 +159,6 @@ def probe(name, budget_end, rows, gpu):
                     row["err"] = max(
                         (dk.float() - dk0.float()).abs().max().item(), (dv.float() - dv0.float()).abs().max().item()
                     )
-                    if atomic:
-                        row["err_dq"] = (dq.float() - dq0.float()).abs().max().item()
                 elif kind == "fwd":
                     oo = torch.empty_like(o)
                     ll = torch.empty_like(lse)
@@ -228,7 +219,6 @@ def main():
         for r in rows:
             f.write(json.dumps(r) + "\n")
     print("\n== summary ==")
-    print(f"dkdv_atomic rows time pre (zeroing) + dK/dV/dQ + the cast; DQ_ATOMIC_MIN_S={AT.DQ_ATOMIC_MIN_S}")
     for r in rows:
         if "cfg" not in r and "ms" in r:
             print(f"{r['shape']:>16} c={r['causal']!s:5} {r['what']:20} {r['ms']:8.3f} ms {r.get('tflops', 0):6.0f} TF")
@@ -239,7 +229,7 @@ def main():
             if k not in best or r["ms"] < best[k]["ms"]:
                 best[k] = r
     for (shape, what), r in best.items():
-        print(f"{shape:>16} best {what:11} {r['cfg']:16} {r['ms']:8.3f} ms err {r['err']:.3g} {r.get('err_dq', '')}")
+        print(f"{shape:>16} best {what:11} {r['cfg']:16} {r['ms']:8.3f} ms err {r['err']:.3g}")
     # this list's defaults (first config = the untuned problems' tile) beside the best
     for r in rows:
         if "cfg" in r and "ms" in r and r["cfg"] in ("32x64 w4 s3", "64x128 w8 s3", "64x64 w4 s3", "128x64 w8 s3"):

@@ -31,8 +31,9 @@ Backward (FlashAttention-2's split): delta = rowsum(dO * O) first (one small ker
 then one program per key block accumulates dK_j, dV_j over the query blocks that see it
 (no atomics), and one program per query block accumulates dQ_i over the key blocks it
 sees. P is recomputed from the LSE in both passes (2 extra QK^T matmuls: 7 matmuls
-instead of 5, against atomics on dQ); measured choice pending on the H100, the separate
-passes are the deterministic default.
+instead of 5). Measured on the H100 (bf16, D=128, S=2k-8k): dQ by fp32 atomics inside the
+dK/dV pass (5 matmuls) was no faster (4.03-4.11 ms against 4.02 for the two passes at
+1x32x8192) and not deterministic, so the passes stay (benchmarks/NOTES.md).
 
 Rows with no allowed key (causal, S_q > S_k) give o = 0 and lse = -inf; the backward
 reads that -inf as +inf so their P is exactly 0.
@@ -74,16 +75,19 @@ def _cfg(bm, bn, warps, stages):
 def fwd_configs():
     """Forward tiles. Hopper: a 128-row query tile with 8 warps (two warpgroups, one
     64-row wgmma each) and 64- or 128-key tiles, 2-3 stages of K/V in shared memory
-    (D=128, bf16: 16-32 KB per stage). Smaller tiles for D=256 and fp32 (pruned below).
+    (D=128, bf16: 16-32 KB per stage); at D=64 and S=1024 a 64 x 64 tile with 4 warps and
+    4 stages was the fastest on the H100 (0.073 ms against 0.124 for 128 x 64 at 8x12x1024,
+    causal). The first config is what problems too short to tune take (64 x 64, 3 stages:
+    the fastest at ViT's 64x12x197x64). Smaller tiles for D=256 and fp32 (pruned below).
     Under the CPU interpreter, one small config with BLOCK_M != BLOCK_N so that tests
     exercise the causal bookkeeping with unequal tiles."""
     if _device.triton_interpreted():
         return [_cfg(32, 16, 4, 1)]
     return [
-        _cfg(128, 64, 8, 3),
-        _cfg(128, 128, 8, 2),
-        _cfg(128, 128, 8, 3),
         _cfg(64, 64, 4, 3),
+        _cfg(128, 64, 8, 3),
+        _cfg(64, 64, 4, 4),
+        _cfg(128, 128, 8, 3),
         _cfg(64, 32, 4, 2),  # the fallback for D=256 or fp32
         _cfg(32, 32, 4, 1),  # the fallback for D=256 and fp32 (shared memory)
     ]
@@ -337,9 +341,8 @@ def _attn_fwd(
 @triton_support.jit
 def _attn_bwd_pre(
     O, DO, DELTA,  # o (Z, NH, S_q, D) unit-stride rows, dO strided, delta (Z*NH, S_q) fp32
-    DQ_ACC,  # (Z*NH, S_q, D) fp32 contiguous, zeroed here when ZERO_DQ (else unused)
     stride_oz, stride_oh, stride_os, stride_doz, stride_doh, stride_dos, stride_dod,
-    NH, S_q, num_m, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, ZERO_DQ: tl.constexpr,
+    NH, S_q, num_m, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     # delta_i = sum_d dO[i, d] * O[i, d]  (= rowsum(P * dP), so dS = P (dP - delta))
     pid = tl.program_id(0)
@@ -361,17 +364,14 @@ def _attn_bwd_pre(
     )
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + bh * S_q + offs_m, delta, mask=row_ok)
-    if ZERO_DQ:  # the atomic dQ accumulator, zeroed here instead of by a memset launch
-        dq_ptrs = DQ_ACC + (bh * S_q + offs_m[:, None]) * HEAD_D + offs_d[None, :]
-        tl.store(dq_ptrs, tl.zeros([BLOCK_M, HEAD_D], tl.float32), mask=row_ok[:, None])
 
 
 @triton.jit
 def _dkdv_inner(
-    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, dq_ptrs, stride_qs, stride_dos,
-    offs_m0, offs_n, start, end, qk_scale, sm_scale, S_q, OFFSET,
+    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+    offs_m0, offs_n, start, end, qk_scale, S_q, OFFSET,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
-    F32_DOTS: tl.constexpr, DQ_ATOMIC: tl.constexpr, HEAD_D: tl.constexpr,
+    F32_DOTS: tl.constexpr,
 ):  # fmt: skip
     # Query blocks [start, end) against the key block held in k, v (transposed math:
     # P^T (BLOCK_N x BLOCK_M) so dV += P^T dO and dK += dS^T Q need no transposes of big tiles).
@@ -402,23 +402,13 @@ def _dkdv_inner(
         dpT = _dot(v, tl.trans(do), PREC)
         dsT = pT * (dpT - delta[None, :])
         dk = _mma(dsT.to(q.dtype), q, dk, PREC)
-        if DQ_ATOMIC:
-            # This query block's share of dQ = scale * dS K, added into the fp32
-            # accumulator (5 matmuls per tile pair instead of the dQ pass's 7 in all).
-            dq = _dot(tl.trans(dsT.to(k.dtype)), k, PREC) * sm_scale
-            dq_at = dq_ptrs + start_m * HEAD_D
-            if MASKED:
-                tl.atomic_add(dq_at, dq, mask=row_ok[:, None], sem="relaxed")
-            else:
-                tl.atomic_add(dq_at, dq, sem="relaxed")
     return dk, dv
 
 
-@triton.autotune(configs=bwd_dkdv_configs(), key=_KEY + ["DQ_ATOMIC"], prune_configs_by={"early_config_prune": _prune_dkdv})
+@triton.autotune(configs=bwd_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune_dkdv})
 @triton_support.jit
 def _attn_bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV,  # dk, dv (Z, NH, S_k, D) with unit-stride rows
-    DQ_ACC,  # DQ_ATOMIC: (Z*NH, S_q, D) fp32 contiguous, zeroed (else unused)
     qk_scale, sm_scale,
     stride_qz, stride_qh, stride_qs, stride_qd,
     stride_kz, stride_kh, stride_ks, stride_kd,
@@ -428,7 +418,7 @@ def _attn_bwd_dkdv(
     stride_dvz, stride_dvh, stride_dvs,
     NH, S_q, S_k, S_Q_KEY, S_K_KEY,
     HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
-    DQ_ATOMIC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
@@ -460,7 +450,6 @@ def _attn_bwd_dkdv(
     do_ptrs = DO + zo * stride_doz + ho * stride_doh + offs_m0[:, None] * stride_dos + offs_d[None, :] * stride_dod
     lse_ptr = LSE + bh * S_q
     delta_ptr = DELTA + bh * S_q
-    dq_ptrs = DQ_ACC + (bh * S_q + offs_m0[:, None]) * HEAD_D + offs_d[None, :]
     dk = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
 
@@ -477,19 +466,16 @@ def _attn_bwd_dkdv(
         mid = tl.maximum(lo, tl.minimum(see_all, q_pad))
     tail = tl.maximum(mid, (S_q // BLOCK_M) * BLOCK_M)
     dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, dq_ptrs, stride_qs, stride_dos,
-        offs_m0, offs_n, lo, mid, qk_scale, sm_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
-        DQ_ATOMIC, HEAD_D,
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, lo, mid, qk_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
     )  # fmt: skip
     dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, dq_ptrs, stride_qs, stride_dos,
-        offs_m0, offs_n, mid, tail, qk_scale, sm_scale, S_q, OFFSET, False, CAUSAL, BLOCK_M, PREC, F32_DOTS,
-        DQ_ATOMIC, HEAD_D,
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, mid, tail, qk_scale, S_q, OFFSET, False, CAUSAL, BLOCK_M, PREC, F32_DOTS,
     )  # fmt: skip
     dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, dq_ptrs, stride_qs, stride_dos,
-        offs_m0, offs_n, tail, q_pad, qk_scale, sm_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
-        DQ_ATOMIC, HEAD_D,
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, tail, q_pad, qk_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
     )  # fmt: skip
     dk = dk * sm_scale
     dk_out = zo * stride_dkz + ho * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
@@ -644,25 +630,6 @@ def empty_bshd(lead, s: int, d: int, dtype, device) -> torch.Tensor:
     return torch.empty(lead[:-1] + (s, lead[-1], d), dtype=dtype, device=device).transpose(-2, -3)
 
 
-# dQ by atomics (inside the dK/dV pass) for 16-bit inputs from this length on; fp32 keeps
-# the separate pass (its summation order is fixed: the fp32 bounds are tight), and so does
-# torch.use_deterministic_algorithms(True) (atomics add in no fixed order: dq may differ in
-# its last bits between runs).
-# KERNELLAB_ATTN_DQ=atomic / pass forces one way (comparisons, tests).
-DQ_ATOMIC_MIN_S = 2048
-
-
-def dq_atomic(s_q, s_k, d, dtype) -> bool:
-    force = os.environ.get("KERNELLAB_ATTN_DQ", "")
-    if force:
-        return force == "atomic"
-    if dtype == torch.float32 or type(s_q) is not int or type(s_k) is not int:
-        return False
-    if torch.are_deterministic_algorithms_enabled():  # atomics add in no fixed order
-        return False
-    return min(s_q, s_k) >= DQ_ATOMIC_MIN_S
-
-
 def _bucket(n: int) -> int:
     # A length that is symbolic (dynamic shapes, traced under torch.compile) is passed as
     # is: Inductor tunes once per compiled kernel and reads the key only through _prune.
@@ -713,11 +680,6 @@ def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
         dq4, dk4, dv4 = _split(dq), _split(dk), _split(dv)
         delta = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
         prec = _prec(q.dtype)
-        atomic = bool(s_q and s_k) and dq_atomic(s_q, s_k, d, q.dtype)
-        # atomic: dQ accumulates in fp32 inside the dK/dV pass (zeroed by the delta kernel,
-        # cast into dq at the end); otherwise its own pass. delta stands in for the unused
-        # accumulator argument.
-        acc = torch.empty((bh, s_q, d), dtype=torch.float32, device=q.device) if atomic else delta
         common = (
             scale * LOG2E, scale, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
         )  # fmt: skip
@@ -725,19 +687,16 @@ def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
             pre_m = 64 if not _device.triton_interpreted() else 32
             num_m = triton_support.cdiv(s_q, pre_m)
             _attn_bwd_pre[(num_m * bh,)](
-                o4, do4, delta, acc, *o4.stride()[:3], *do4.stride(), nh, s_q, num_m,
-                HEAD_D=d, BLOCK_M=pre_m, ZERO_DQ=atomic,
-            )  # fmt: skip
+                o4, do4, delta, *o4.stride()[:3], *do4.stride(), nh, s_q, num_m, HEAD_D=d, BLOCK_M=pre_m
+            )
         if s_k:
             triton_support.launch_tuned(
                 _attn_bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * bh,),
-                q4, k4, v4, do4, lse, delta, dk4, dv4, acc, *common, *dk4.stride()[:3], *dv4.stride()[:3],
+                q4, k4, v4, do4, lse, delta, dk4, dv4, *common, *dk4.stride()[:3], *dv4.stride()[:3],
                 nh, s_q, s_k, _bucket(s_q), _bucket(s_k),
-                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype), DQ_ATOMIC=atomic,
+                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
             )  # fmt: skip
-        if atomic:
-            dq4.copy_(acc.view(dq4.shape))
-        elif s_q:
+        if s_q:
             triton_support.launch_tuned(
                 _attn_bwd_dq, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
                 q4, k4, v4, do4, lse, delta, dq4, *common, *dq4.stride()[:3],
@@ -833,23 +792,20 @@ def _kernel_specs(dtype: str):
         return sig, cx
 
     def spec(kernel, ptrs, scalars, stride_names, out_strides, cfg):
-        sig = {p_: ("*fp32" if p_ in ("LSE", "DELTA", "DQ_ACC") else ptr) for p_ in ptrs}
+        sig = {p_: ("*fp32" if p_ in ("LSE", "DELTA") else ptr) for p_ in ptrs}
         sig.update({s_: "fp32" for s_ in scalars})
         st_sig, st_cx = strides(stride_names, out_strides)
         sig.update(st_sig)
         sig.update({"NH": "i32", "S_q": "i32", "S_k": "i32", "S_Q_KEY": "i32", "S_K_KEY": "i32"})
         cx = dict(st_cx, HEAD_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, **cfg.kwargs)
         sig.update({k: "constexpr" for k in ("HEAD_D", "CAUSAL", "PREC", "F32_DOTS", "BLOCK_M", "BLOCK_N")})
-        if "DQ_ACC" in ptrs:  # the bench problem (S = 4096, bf16) takes dQ by atomics
-            cx["DQ_ATOMIC"], sig["DQ_ATOMIC"] = True, "constexpr"
-        sig = {n: sig[n] for n in kernel.fn.arg_names}  # the kernel's parameter order
         return (kernel.fn, sig, cx, cfg.num_warps)
 
     return [
         spec(_attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale",), ("q", "k", "v"), ("o",), fwd_configs()[0]),
         spec(
             _attn_bwd_dkdv,
-            ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQ_ACC"),
+            ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV"),
             ("qk_scale", "sm_scale"),
             ("q", "k", "v", "do"),
             ("dk", "dv"),
