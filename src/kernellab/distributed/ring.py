@@ -197,10 +197,12 @@ def ring_backward(ring, fns: BlockFns, dos, qs, ks, vs, outs, lses, causal: bool
         if pending_dkv is not None:  # the accumulators of the block we hold, from r - 1
             arrived = pending_dkv.wait()
             shares = [[a + b for a, b in zip(mine, theirs)] for mine, theirs in zip(shares, arrived)]
-        pending_dkv = ring.start(shares, _TAG_DKV)
+        # The accumulators move on (after the last step: one more hop brings them home;
+        # with one rank they are home already).
+        pending_dkv = ring.start(shares, _TAG_DKV) if w > 1 else None
         if pending_kv is not None:
             kv = pending_kv.wait()
-    home = pending_dkv.wait()
+    home = pending_dkv.wait() if pending_dkv is not None else shares
     return (
         [g.to(q.dtype) for g, q in zip(dq, qs)],
         [h[0].to(k.dtype) for h, k in zip(home, ks)],
@@ -304,18 +306,45 @@ def _local_problem(q, k, v, causal, layout, scale):
     return 0, None
 
 
+# The gathered descriptor: [refusal index, then these fields (0 when refused)].
+_FIELDS = ("batch sizes", "query head counts", "local sequence lengths (q.shape[2])", "head dims", "k/v head counts",
+           "dtypes", "causal flags", "layouts", "scales")  # fmt: skip
+# Compared in this order: the most likely mistake first (an unevenly cut sequence).
+_ORDER = (2, 0, 1, 4, 3, 5, 6, 7, 8)
+
+
+def _f64_bits(x: float) -> int:
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def _from_bits(b: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", b))[0]
+
+
 def _descriptor(code, q, k, causal, layout, scale) -> list[int]:
-    ok = code == 0
-    bits = struct.unpack("<q", struct.pack("<d", float(scale)))[0] if ok and scale is not None else 0
+    if code:
+        return [code] + [0] * len(_FIELDS)
     return [
-        code,
-        *(tuple(q.shape) if ok else (0, 0, 0, 0)),
-        k.shape[1] if ok else 0,
-        _DTYPES.index(q.dtype) if ok else -1,
-        int(causal) if ok else -1,
-        L.LAYOUTS.index(layout) if ok else -1,
-        bits,
+        0,
+        *q.shape,  # B, H, S_local, D
+        k.shape[1],
+        _DTYPES.index(q.dtype),
+        int(causal),
+        L.LAYOUTS.index(layout),
+        _f64_bits(scale) if scale is not None else 0,
     ]
+
+
+def _shown(idx: int, vals: list[int]) -> list:
+    if idx == 5:
+        return [str(_DTYPES[x]) for x in vals]
+    if idx == 6:
+        return [bool(x) for x in vals]
+    if idx == 7:
+        return [L.LAYOUTS[x] for x in vals]
+    if idx == 8:
+        return [_from_bits(x) if x else None for x in vals]
+    return vals
 
 
 def _check_ranks(group, rank, world, code, err, desc, device) -> None:
@@ -331,29 +360,14 @@ def _check_ranks(group, rank, world, code, err, desc, device) -> None:
     if bad:
         what = "; ".join(f"rank {r}: {_REFUSALS[c]}" for r, c in bad)
         raise ValueError(f"ring_attention: other ranks refused their arguments ({what}); every rank must pass valid ones")
-    fields = (
-        (3, "local sequence lengths (q.shape[2])"),
-        (0, "batch sizes"),
-        (1, "query head counts"),
-        (5, "k/v head counts"),
-        (4, "head dims"),
-        (6, "dtypes"),
-        (7, "causal flags"),
-        (8, "layouts"),
-        (9, "scales"),
-    )
-    for idx, name in fields:
+    for idx in _ORDER:
         vals = [row[1 + idx] for row in rows]
         if len(set(vals)) > 1:
-            shown = vals
-            if idx == 6:
-                shown = [str(_DTYPES[x]) for x in vals]
-            elif idx == 8:
-                shown = [L.LAYOUTS[x] for x in vals]
-            elif idx == 9:
-                shown = [struct.unpack("<d", struct.pack("<q", x))[0] for x in vals]
-            extra = " (shard the sequence with kernellab.distributed.shard)" if idx == 3 else ""
-            raise ValueError(f"ring_attention: {name} differ between ranks: {shown}; they must be equal on every rank{extra}")
+            extra = " (shard the sequence with kernellab.distributed.shard)" if idx == 2 else ""
+            raise ValueError(
+                f"ring_attention: {_FIELDS[idx]} differ between ranks: {_shown(idx, vals)}; "
+                f"they must be equal on every rank{extra}"
+            )
 
 
 # --------------------------------------------------------------------------- public
