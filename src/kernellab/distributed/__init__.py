@@ -16,7 +16,8 @@ sequence: ``contiguous``, and for causal load balance ``zigzag`` and ``striped``
 
 from kernellab.distributed.blocks import TORCH, TRITON, BlockFns, default_blocks
 from kernellab.distributed.layouts import LAYOUTS, block_calls, positions, shard, unshard
-from kernellab.distributed.ring import gather_sequence, merge_, ring_attention, simulate_ring
+from kernellab.distributed.merge import merge_
+from kernellab.distributed.ring import gather_sequence, ring_attention, simulate_ring
 
 __all__ = [
     "LAYOUTS",

@@ -20,7 +20,7 @@ compute per step, so it hides easily.
 Merge (per row): lse = logaddexp(acc_lse, lse_b); acc_o = acc_o e^(acc_lse - lse) +
 o_b e^(lse_b - lse), in fp32 (float64 for float64 inputs). Why never bf16: each merge
 rounds acc_o to the accumulator's precision, and after W merges those errors add up (bf16
-has 8 bits: 2^-9 per merge relative, W = 8 gives ~1.5%, far worse than the single-device
+has 8 bits: up to 2^-9 relative per merge, up to ~1.5% after 8 merges, far worse than the single-device
 kernel's error); fp32 costs nothing that matters (the accumulators are S_local x D per
 head).
 
@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from kernellab.distributed import layouts as L
 from kernellab.distributed.blocks import BlockFns, math_dtype, resolve_blocks
+from kernellab.distributed.merge import merge_
 
 _TAG_KV, _TAG_DKV = 0, 8  # distinct tags per exchange kind (gloo matches on them; NCCL ignores them)
 
@@ -104,19 +105,7 @@ class SimRing:
         return _Pending([], [payload[(r - 1) % w] for r in range(w)])
 
 
-# --------------------------------------------------------------------------- merge and blocks
-
-
-def merge_(acc_o: torch.Tensor, acc_lse: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> None:
-    """Fold one block's (o_b, lse_b) into the accumulators, in place, in the accumulators'
-    dtype (fp32 or float64: never the inputs' 16-bit dtype)."""
-    o_b = o_b.to(acc_o.dtype)
-    lse_b = lse_b.to(acc_lse.dtype)
-    new = torch.logaddexp(acc_lse, lse_b)
-    # A row that has seen no key yet (both -inf): weights exp(-inf - 0) = 0, not nan.
-    m = torch.where(torch.isinf(new), torch.zeros_like(new), new)
-    acc_o.mul_(torch.exp(acc_lse - m).unsqueeze(-1)).add_(o_b * torch.exp(lse_b - m).unsqueeze(-1))
-    acc_lse.copy_(new)
+# --------------------------------------------------------------------------- blocks
 
 
 def _grouped(q: torch.Tensor, hkv: int) -> torch.Tensor:
@@ -150,6 +139,29 @@ def _block_bwd(fns: BlockFns, do, q, k, v, o, lse, causal, scale):
 # --------------------------------------------------------------------------- the schedule
 
 
+def step_forward(fns: BlockFns, calls, q, k, v, acc_o, acc_lse, scale: float) -> None:
+    """One rank's compute at one ring step: its block calls against the K/V block it holds,
+    merged into (acc_o, acc_lse) in place."""
+    for rows, keys, c in calls:
+        o_b, lse_b = _block_fwd(fns, q[..., rows, :], k[..., keys, :], v[..., keys, :], c, scale)
+        merge_(acc_o[..., rows, :], acc_lse[..., rows], o_b, lse_b)
+
+
+def step_backward(fns: BlockFns, calls, do, q, k, v, o, lse, dq_acc, scale: float):
+    """One rank's backward compute at one ring step: dq's share added into ``dq_acc`` (in
+    place), the held block's shares (dk, dv) returned in dq_acc's dtype."""
+    dk = torch.zeros(k.shape, dtype=dq_acc.dtype, device=k.device)
+    dv = torch.zeros(v.shape, dtype=dq_acc.dtype, device=v.device)
+    for rows, keys, c in calls:
+        dq_b, dk_b, dv_b = _block_bwd(
+            fns, do[..., rows, :], q[..., rows, :], k[..., keys, :], v[..., keys, :], o[..., rows, :], lse[..., rows], c, scale
+        )
+        dq_acc[..., rows, :] += dq_b
+        dk[..., keys, :] += dk_b
+        dv[..., keys, :] += dv_b
+    return [dk, dv]
+
+
 def ring_forward(ring, fns: BlockFns, qs, ks, vs, causal: bool, scale: float, layout: str):
     """Per local rank (``ring.ranks``): (o in q's dtype, lse natural units in fp32 / f64)."""
     w = ring.world
@@ -161,10 +173,8 @@ def ring_forward(ring, fns: BlockFns, qs, ks, vs, causal: bool, scale: float, la
     for step in range(w):
         pending = ring.start(kv, _TAG_KV) if step + 1 < w else None
         for i, r in enumerate(ring.ranks):
-            k, v = kv[i]
-            for rows, keys, c in L.block_calls(layout, causal, r, (r - step) % w, w, s_local):
-                o_b, lse_b = _block_fwd(fns, qs[i][..., rows, :], k[..., keys, :], v[..., keys, :], c, scale)
-                merge_(acc_o[i][..., rows, :], acc_lse[i][..., rows], o_b, lse_b)
+            calls = L.block_calls(layout, causal, r, (r - step) % w, w, s_local)
+            step_forward(fns, calls, qs[i], *kv[i], acc_o[i], acc_lse[i], scale)
         if pending is not None:
             kv = pending.wait()
     return [o.to(q.dtype) for o, q in zip(acc_o, qs)], acc_lse
@@ -182,18 +192,8 @@ def ring_backward(ring, fns: BlockFns, dos, qs, ks, vs, outs, lses, causal: bool
         pending_kv = ring.start(kv, _TAG_KV) if step + 1 < w else None
         shares = []
         for i, r in enumerate(ring.ranks):
-            k, v = kv[i]
-            dk = torch.zeros(k.shape, dtype=f, device=k.device)
-            dv = torch.zeros(v.shape, dtype=f, device=v.device)
-            for rows, keys, c in L.block_calls(layout, causal, r, (r - step) % w, w, s_local):
-                dq_b, dk_b, dv_b = _block_bwd(
-                    fns, dos[i][..., rows, :], qs[i][..., rows, :], k[..., keys, :], v[..., keys, :],
-                    outs[i][..., rows, :], lses[i][..., rows], c, scale,
-                )  # fmt: skip
-                dq[i][..., rows, :] += dq_b
-                dk[..., keys, :] += dk_b
-                dv[..., keys, :] += dv_b
-            shares.append([dk, dv])
+            calls = L.block_calls(layout, causal, r, (r - step) % w, w, s_local)
+            shares.append(step_backward(fns, calls, dos[i], qs[i], *kv[i], outs[i], lses[i], dq[i], scale))
         if pending_dkv is not None:  # the accumulators of the block we hold, from r - 1
             arrived = pending_dkv.wait()
             shares = [[a + b for a, b in zip(mine, theirs)] for mine, theirs in zip(shares, arrived)]
