@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from kernellab.distributed import layouts as L
-from kernellab.distributed.blocks import BlockFns, math_dtype, resolve_blocks
+from kernellab.distributed.blocks import TRITON_DTYPES, TRITON_HEAD_DIMS, BlockFns, math_dtype, resolve_blocks
 from kernellab.distributed.merge import merge_
 
 _TAG_KV, _TAG_DKV = 0, 8  # distinct tags per exchange kind (gloo matches on them; NCCL ignores them)
@@ -256,11 +256,14 @@ class _SimRingFn(torch.autograd.Function):
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # What a rank that refused its own arguments tells the others (an index in the gathered
 # descriptor; the refusing rank raises its own, more detailed, message).
-_REFUSALS = ("", "q/k/v (type, rank, dtype, device or head counts)", "layout", "causal or scale", "local sequence length")
+_REFUSALS = (
+    "", "q/k/v (type, rank, dtype, device or head counts)", "layout", "causal or scale", "local sequence length", "blocks",
+)  # fmt: skip
 
 
-def _local_problem(q, k, v, causal, layout, scale):
-    """(refusal index, exception) for this rank's own arguments, or (0, None)."""
+def _local_problem(q, k, v, causal, layout, scale, blocks=None, device_type=None):
+    """(refusal index, exception) for this rank's own arguments, or (0, None).
+    ``device_type``: the device the process group moves tensors on ("cuda" for NCCL)."""
     try:
         L.check_layout(layout)
     except ValueError as e:
@@ -295,6 +298,17 @@ def _local_problem(q, k, v, causal, layout, scale):
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         return 1, ValueError(
             f"ring_attention: q has {q.shape[1]} heads and k, v have {k.shape[1]}; GQA needs H_q a multiple of H_kv"
+        )
+    if device_type is not None and q.device.type != device_type:
+        return 1, ValueError(f"ring_attention: q is on {q.device}, but this process group (its backend) needs {device_type} tensors")
+    try:
+        fns = resolve_blocks(blocks, q)
+    except ValueError as e:
+        return 5, ValueError(f"ring_attention: {e}")
+    if fns.name == "triton" and (q.dtype not in TRITON_DTYPES or q.shape[3] not in TRITON_HEAD_DIMS):
+        return 5, ValueError(
+            f"ring_attention: blocks 'triton' take fp16 / bf16 / fp32 and head dims {TRITON_HEAD_DIMS}; "
+            f"q is {q.dtype} with head dim {q.shape[3]} (blocks='torch' takes any)"
         )
     s = q.shape[2]
     if s == 0:
@@ -389,10 +403,10 @@ def ring_attention(q, k, v, causal: bool = False, group=None, layout: str = "con
             "kernellab.distributed.simulate_ring runs the ring in one process"
         )
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    code, err = _local_problem(q, k, v, causal, layout, scale)
+    nccl = "nccl" in str(dist.get_backend(group))
+    code, err = _local_problem(q, k, v, causal, layout, scale, blocks, "cuda" if nccl and world > 1 else None)
     if world > 1:
-        backend = str(dist.get_backend(group))
-        device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         _check_ranks(group, rank, world, code, err, _descriptor(code, q, k, causal, layout, scale), device)
     elif err is not None:
         raise err
@@ -408,7 +422,7 @@ def simulate_ring(q, k, v, world: int, causal: bool = False, layout: str = "cont
     Differentiable. S must be a multiple of ``world`` (2 x world for zigzag)."""
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ValueError(f"simulate_ring: world must be a positive int, got {world!r}")
-    code, err = _local_problem(q, k, v, causal, layout, scale)
+    code, err = _local_problem(q, k, v, causal, layout, scale, blocks)
     if err is not None and code != 4:
         raise err
     g = L.granule(layout, world)
