@@ -16,7 +16,9 @@ the ring just sums the shares.
 
 Two implementations: ``TORCH`` (PyTorch ops, math in at least fp32, float64 for float64
 inputs: what the CPU tests use) and ``TRITON`` (kernellab's FlashAttention-2 kernels,
-whose LSE is in log2 units: natural = log2-LSE * ln 2, converted here both ways).
+whose LSE is in log2 units: natural = log2-LSE * ln 2, converted here both ways). The
+round trip costs about one fp32 rounding of the exponent (|lse| * 6e-8 relative on each
+recomputed probability): nothing next to bf16's 4e-3, visible only for fp32 inputs.
 """
 
 from __future__ import annotations
@@ -88,9 +90,31 @@ TORCH = BlockFns("torch", torch_block_forward, torch_block_backward)
 
 
 def triton_block_forward(q, k, v, causal: bool, scale: float):
+    """kernellab's Triton forward kernel, launched as ``ops.attention.triton.forward`` does,
+    but writing o in fp32: the kernel accumulates in fp32 and rounds only at its store, so
+    a bf16 o would round every block's partial result before the merge. Partial outputs
+    are normalized over fewer keys than the final one (magnitude ~ sqrt(W) larger for
+    random V), so those roundings would add up to ~1.4x the single device's error at W = 4;
+    in fp32 the ring rounds once, at the end, like the single device. Cost: o_b written in
+    4 bytes instead of 2 (B=1 H=32 S=16k D=128: 256 MB, ~0.1 ms against ~5 ms of compute)."""
+    from kernellab import triton_support
     from kernellab.ops.attention import triton as tri
 
-    o, lse2 = tri.forward(q, k, v, causal, scale)
+    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    q4, k4, v4 = tri._split(q), tri._split(k), tri._split(v)
+    nh = q4.shape[1]
+    bh = q4.shape[0] * nh
+    o = torch.empty(tuple(lead) + (s_q, d), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
+    if bh and s_q:
+        o4 = tri._split(o)
+        triton_support.launch_tuned(
+            tri._attn_fwd, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
+            q4, k4, v4, o4, lse2, scale * tri.LOG2E,
+            *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
+            nh, s_q, s_k, tri._bucket(s_q), tri._bucket(s_k),
+            HEAD_D=d, CAUSAL=causal, PREC=tri._prec(q.dtype), F32_DOTS=tri._f32_dots(q.dtype),
+        )  # fmt: skip
     return o, lse2 * LN2  # log2 units -> natural
 
 
