@@ -62,6 +62,7 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-autotune", action="store_true", help="KERNELLAB_ATTN_AUTOTUNE=0 (first tile that fits)")
+    p.add_argument("--no-check-ranks", action="store_true", help="ring_attention(check=False): no cross-rank shape check (and its host sync) per call")
     p.add_argument("--skip-ideal", action="store_true", help="do not time the single-GPU full-sequence problem")
     p.add_argument("--skip-check", action="store_true", help="no numerics check")
     p.add_argument("--check-heads", type=int, default=2)
@@ -274,7 +275,9 @@ def run_distributed(a, out_rows):
                     R.step_forward(blocks, calls, q, k, v, acc_o, acc_l, 0.1)
                     R.step_backward(blocks, calls, do, q, k, v, acc_o.to(q.dtype), acc_l, acc_o, 0.1)
             dist.barrier()
-            call = lambda q_, k_, v_: R.ring_attention(q_, k_, v_, causal=a.causal, layout=layout, blocks=blocks)  # noqa: E731
+            call = lambda q_, k_, v_: R.ring_attention(  # noqa: E731
+                q_, k_, v_, causal=a.causal, layout=layout, blocks=blocks, check=not a.no_check_ranks
+            )
             for mode in a.mode_list:
                 t0 = time.time()
                 ms = slowest(clock.times(fwd_fn(call, q, k, v, mode, do), a.reps, a.warmup))
@@ -284,6 +287,7 @@ def run_distributed(a, out_rows):
                 row = base_row(
                     a, dev_name, mode, shape, **st, world=world, seq_per_gpu=s_local, layout=layout,
                     ideal_ms=ideal.get(mode), efficiency=eff, tflops=fl / st["median_ms"] / 1e9, kind="ring",
+                    check_ranks=not a.no_check_ranks,
                 )  # fmt: skip
                 out_rows.append(row)
                 say(f"  {layout:10s} S/GPU={s_local:6d} {mode:6s} {st['median_ms']:9.3f} ms "

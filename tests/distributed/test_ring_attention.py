@@ -69,13 +69,15 @@ def _reference(q, k, v, do, causal, scale):
     return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
 
 
-def _run_good(rank, world, case, group=None, sub_rank=None, sub_world=None):
+def _run_good(rank, world, case, group=None, sub_rank=None, sub_world=None, check=True):
     name, layout, causal, b, hq, hkv, s_local, d, scale = case
     r, w = (rank, world) if group is None else (sub_rank, sub_world)
     q, k, v, do = _problem(zlib.crc32(name.encode()) % 1000 + w, b, hq, hkv, s_local * w, d)
     ref = _reference(q, k, v, do, causal, scale)
     loc = [shard(t, r, w, layout).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
-    o = R.ring_attention(loc[0], loc[1], loc[2], causal=causal, group=group, layout=layout, scale=scale, blocks="torch")
+    o = R.ring_attention(
+        loc[0], loc[1], loc[2], causal=causal, group=group, layout=layout, scale=scale, blocks="torch", check=check
+    )
     grads = torch.autograd.grad(o, loc[:3], loc[3])
     got = (o.detach(), *grads)
     errs = [(x - shard(y, r, w, layout)).abs().max().item() for x, y in zip(got, ref)]
@@ -136,6 +138,7 @@ def _worker(rank, world, init_file, out_dir):
                 res["bad"][name] = f"{type(e).__name__}: {e}"
         # The group still works after the refusals (no P2P was left half posted).
         res["after_bad"] = _run_good(rank, world, GOOD_CASES[3])
+        res["nocheck"] = _run_good(rank, world, GOOD_CASES[-1], check=False)
         # World size 1 (each rank alone) and, with 4 ranks, two rings of 2 (global ranks
         # differ from group ranks: the P2P peers must be translated).
         singles = [dist.new_group([r]) for r in range(world)]
@@ -200,6 +203,7 @@ def test_bad_input_refused_on_every_rank(ranks, case, needle):
 def test_group_usable_after_refusals_and_subgroups(ranks):
     for r, res in enumerate(ranks):
         assert max(res["after_bad"]["errs"]) <= TOL
+        assert max(res["nocheck"]["errs"]) <= TOL, f"rank {r}, check=False"
         assert max(res["single"]["errs"]) <= TOL, f"rank {r} alone (world size 1)"
         if len(ranks) == 4:
             assert max(res["sub"]["errs"]) <= TOL, f"rank {r} in a ring of 2 inside 4"

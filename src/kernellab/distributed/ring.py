@@ -387,7 +387,9 @@ def _check_ranks(group, rank, world, code, err, desc, device) -> None:
 # --------------------------------------------------------------------------- public
 
 
-def ring_attention(q, k, v, causal: bool = False, group=None, layout: str = "contiguous", scale=None, *, blocks=None):
+def ring_attention(
+    q, k, v, causal: bool = False, group=None, layout: str = "contiguous", scale=None, *, blocks=None, check: bool = True
+):
     """Attention over a sequence sharded across the ranks of ``group`` (see the module
     docstring). q [B, H, S_local, D], k and v [B, H_kv, S_local, D] (H a multiple of H_kv),
     this rank's shard in ``layout`` (``kernellab.distributed.shard``); every rank holds
@@ -396,7 +398,10 @@ def ring_attention(q, k, v, causal: bool = False, group=None, layout: str = "con
     tensors it supports, PyTorch otherwise), "torch", "triton" or a ``BlockFns``.
 
     Bad arguments on any rank are refused on every rank (one all_gather of the shapes
-    before any P2P), so no rank hangs."""
+    before any P2P), so no rank hangs. That check makes the host wait for the device once
+    per call (it reads the gathered shapes); ``check=False`` skips it for callers that
+    know the ranks agree (each rank still checks its own arguments, but a rank-local
+    refusal then leaves the other ranks waiting in their first exchange)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "ring_attention: torch.distributed is not initialized (init_process_group first); "
@@ -405,7 +410,7 @@ def ring_attention(q, k, v, causal: bool = False, group=None, layout: str = "con
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     nccl = "nccl" in str(dist.get_backend(group))
     code, err = _local_problem(q, k, v, causal, layout, scale, blocks, "cuda" if nccl and world > 1 else None)
-    if world > 1:
+    if world > 1 and check:
         device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
         _check_ranks(group, rank, world, code, err, _descriptor(code, q, k, causal, layout, scale), device)
     elif err is not None:
