@@ -61,15 +61,28 @@ def parse_args(argv=None):
     p.add_argument("--no-causal", action="store_true", help="non-causal attention (default: causal)")
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--no-autotune", action="store_true", help="KERNELLAB_ATTN_AUTOTUNE=0 (first tile that fits)")
-    p.add_argument("--no-check-ranks", action="store_true", help="ring_attention(check=False): no cross-rank shape check (and its host sync) per call")
-    p.add_argument("--skip-ideal", action="store_true", help="do not time the single-GPU full-sequence problem")
+    p.add_argument(
+        "--no-autotune", action="store_true", help="KERNELLAB_ATTN_AUTOTUNE=0 (first tile that fits)"
+    )
+    p.add_argument(
+        "--no-check-ranks",
+        action="store_true",
+        help="ring_attention(check=False): no cross-rank shape check (and its host sync) per call",
+    )
+    p.add_argument(
+        "--skip-ideal", action="store_true", help="do not time the single-GPU full-sequence problem"
+    )
     p.add_argument("--skip-check", action="store_true", help="no numerics check")
     p.add_argument("--check-heads", type=int, default=2)
     p.add_argument("--check-seq", type=int, default=4096, help="tokens per GPU of the numerics check")
     p.add_argument("--simulate", action="store_true", help="one-GPU simulation even under torchrun")
     p.add_argument("--sim-world", default="2,4", help="simulated world sizes (one-GPU mode)")
-    p.add_argument("--link-gbps", type=float, default=370.0, help="per-direction P2P bandwidth for the one-GPU estimate (H100 NVLink4 measured ~370)")
+    p.add_argument(
+        "--link-gbps",
+        type=float,
+        default=370.0,
+        help="per-direction P2P bandwidth for the one-GPU estimate (H100 NVLink4 measured ~370)",
+    )
     p.add_argument("--smoke", action="store_true", help="CPU, gloo, fp32, PyTorch blocks, tiny sizes")
     p.add_argument("--out", default=None, help="directory for ring_attention.jsonl")
     a = p.parse_args(argv)
@@ -242,8 +255,10 @@ def run_distributed(a, out_rows):
     clock = Clock(cuda, barrier=dist.barrier)
     blocks = TORCH if a.smoke else TRITON
     say = print if rank == 0 else (lambda *x, **k: None)
-    say(f"ring attention: {world} x {dev_name}, {a.dtype}, B={a.batch} H={a.heads} H_kv={a.kv_heads} "
-        f"D={a.head_dim}, causal={a.causal}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}")  # fmt: skip
+    say(
+        f"ring attention: {world} x {dev_name}, {a.dtype}, B={a.batch} H={a.heads} H_kv={a.kv_heads} "
+        f"D={a.head_dim}, causal={a.causal}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}"
+    )
 
     def slowest(ms):  # per rep, the slowest rank
         t = torch.tensor(ms, dtype=torch.float64, device=device)
@@ -262,7 +277,10 @@ def run_distributed(a, out_rows):
                 t = torch.tensor([ms], dtype=torch.float64, device=device)
                 dist.broadcast(t, 0)
                 ideal[mode] = t.item() / world
-                say(f"  single GPU, whole sequence {s_total}, {mode}: {t.item():.3f} ms -> ideal {ideal[mode]:.3f} ms per GPU ({time.time() - t0:.0f} s)")
+                say(
+                    f"  single GPU, whole sequence {s_total}, {mode}: {t.item():.3f} ms -> "
+                    f"ideal {ideal[mode]:.3f} ms per GPU ({time.time() - t0:.0f} s)"
+                )
         for layout in a.layout_list:
             q, k, v, do = make(a, s_local, device, 100 + rank, requires_grad=True)
             # Tune / compile the block kernels locally first (no P2P in flight meanwhile).
@@ -290,9 +308,12 @@ def run_distributed(a, out_rows):
                     check_ranks=not a.no_check_ranks,
                 )  # fmt: skip
                 out_rows.append(row)
-                say(f"  {layout:10s} S/GPU={s_local:6d} {mode:6s} {st['median_ms']:9.3f} ms "
+                effs = "-" if eff is None else f"{eff:.1%}"
+                say(
+                    f"  {layout:10s} S/GPU={s_local:6d} {mode:6s} {st['median_ms']:9.3f} ms "
                     f"(p20 {st['p20_ms']:.3f}, p80 {st['p80_ms']:.3f})  {row['tflops']:.0f} TF/s/GPU  "
-                    f"efficiency {'-' if eff is None else f'{eff:.1%}'}  ({time.time() - t0:.0f} s)")  # fmt: skip
+                    f"efficiency {effs}  ({time.time() - t0:.0f} s)"
+                )
             del q, k, v, do
             if cuda:
                 torch.cuda.empty_cache()
@@ -303,7 +324,14 @@ def run_distributed(a, out_rows):
     # every rank with the same seed; rank 0 judges.
     for layout in a.layout_list:
         s_local = a.check_seq
-        q, k, v, do = make(a, s_local * world, device, 7, heads=a.check_heads, kv_heads=max(1, a.check_heads * a.kv_heads // a.heads))
+        q, k, v, do = make(
+            a,
+            s_local * world,
+            device,
+            7,
+            heads=a.check_heads,
+            kv_heads=max(1, a.check_heads * a.kv_heads // a.heads),
+        )
         loc = [shard(t, rank, world, layout) for t in (q, k, v, do)]
         got = grads_of(lambda *t: R.ring_attention(*t, causal=a.causal, layout=layout, blocks=blocks), *loc)
         full = [gather_sequence(x, layout) for x in got]
@@ -319,10 +347,12 @@ def judge(a, got, q, k, v, do, dev_name, layout, world, s_local, kind):
     e_ring, e_one = errors(got, ref), errors(one, ref)
     ratio = [r / max(o, 1e-30) for r, o in zip(e_ring, e_one)]
     names = ("o", "dq", "dk", "dv")
+    errs = {f"err_{n}": e for n, e in zip(names, e_ring)}
+    errs.update({f"err_single_{n}": e for n, e in zip(names, e_one)})
+    errs.update({f"ratio_{n}": x for n, x in zip(names, ratio)})
     row = base_row(
-        a, dev_name, "check", (a.batch, q.shape[1], q.shape[2], a.head_dim), world=world, seq_per_gpu=s_local,
-        layout=layout, kind=kind, **{f"err_{n}": e for n, e in zip(names, e_ring)},
-        **{f"err_single_{n}": e for n, e in zip(names, e_one)}, **{f"ratio_{n}": x for n, x in zip(names, ratio)},
+        a, dev_name, "check", (a.batch, q.shape[1], q.shape[2], a.head_dim), world=world,
+        seq_per_gpu=s_local, layout=layout, kind=kind, **errs,
         within_2x=all(r <= 2 or e <= 1e-6 for r, e in zip(ratio, e_ring)),
     )  # fmt: skip
     print(f"  check {layout:10s} W={world} S/GPU={s_local}: error ratio ring/single "
@@ -348,11 +378,17 @@ def run_simulated(a, out_rows):
         for s_local in a.sizes:
             s_total = s_local * world
             shape = (a.batch, a.heads, s_total, a.head_dim)
-            ideal = {m: ideal_ms(a, clock, s_total, device, m) / world for m in a.mode_list} if not a.skip_ideal else {}
+            ideal = (
+                {m: ideal_ms(a, clock, s_total, device, m) / world for m in a.mode_list}
+                if not a.skip_ideal
+                else {}
+            )
             q, k, v, do = make(a, s_local, device, 3)
             f = math_dtype(q.dtype)
             kv_bytes = 2 * a.batch * a.kv_heads * s_local * a.head_dim * elt
-            dkv_bytes = 2 * a.batch * a.kv_heads * s_local * a.head_dim * torch.empty((), dtype=f).element_size()
+            dkv_bytes = (
+                2 * a.batch * a.kv_heads * s_local * a.head_dim * torch.empty((), dtype=f).element_size()
+            )
             for layout in a.layout_list:
                 cache = {}
 
@@ -362,7 +398,9 @@ def run_simulated(a, out_rows):
                         acc_o = torch.zeros(q.shape, dtype=f, device=device)
                         acc_l = torch.full(q.shape[:-1], float("-inf"), dtype=f, device=device)
                         with torch.no_grad():
-                            R.step_forward(blocks, calls, q, k, v, acc_o, acc_l, 0.1)  # a real LSE for the backward
+                            R.step_forward(
+                                blocks, calls, q, k, v, acc_o, acc_l, 0.1
+                            )  # a real LSE for the backward
                         o, lse = acc_o.to(q.dtype), acc_l.clone()
                         dq_acc = torch.zeros_like(acc_o)
 
@@ -379,9 +417,17 @@ def run_simulated(a, out_rows):
                 for mode in a.mode_list:
                     # per step, the slowest rank; (fwdbwd: the forward's steps + the backward's)
                     per_step = []
-                    for sub in (["fwd"] if mode == "fwd" else ["fwd", "bwd"]):
+                    for sub in ["fwd"] if mode == "fwd" else ["fwd", "bwd"]:
                         for step in range(world):
-                            per_step.append(max(step_ms(block_calls(layout, a.causal, r, (r - step) % world, world, s_local), sub) for r in range(world)))
+                            per_step.append(
+                                max(
+                                    step_ms(
+                                        block_calls(layout, a.causal, r, (r - step) % world, world, s_local),
+                                        sub,
+                                    )
+                                    for r in range(world)
+                                )
+                            )
                     total = sum(per_step)
                     fwd_steps = per_step[:world]
                     bwd_steps = per_step[world:]
@@ -392,37 +438,64 @@ def run_simulated(a, out_rows):
                     tight_fwd = min(fwd_steps[:-1]) if world > 1 else None
                     tight_bwd = min(bwd_steps) if bwd_steps else None
                     eff = ideal[mode] / total if mode in ideal else None
+                    fl = attn_flops(a.batch, a.heads, s_total, a.head_dim, a.causal, mode) / world
                     row = base_row(
-                        a, dev_name, mode, shape, median_ms=total, world=world, seq_per_gpu=s_local, layout=layout,
-                        kind="simulated", step_ms=per_step, ideal_ms=ideal.get(mode), predicted_efficiency=eff,
-                        exchange_bytes_fwd=kv_bytes, exchange_bytes_bwd=kv_bytes + dkv_bytes, link_gbps=a.link_gbps,
+                        a, dev_name, mode, shape, median_ms=total, world=world, seq_per_gpu=s_local,
+                        layout=layout, kind="simulated", step_ms=per_step, ideal_ms=ideal.get(mode),
+                        predicted_efficiency=eff, exchange_bytes_fwd=kv_bytes,
+                        exchange_bytes_bwd=kv_bytes + dkv_bytes, link_gbps=a.link_gbps,
                         exchange_ms_fwd=xfer_fwd, exchange_ms_bwd=xfer_bwd if bwd_steps else None,
                         tightest_step_ms_fwd=tight_fwd, tightest_step_ms_bwd=tight_bwd,
-                        tflops=attn_flops(a.batch, a.heads, s_total, a.head_dim, a.causal, mode) / world / total / 1e9 if total else None,
+                        tflops=fl / total / 1e9 if total else None,
                     )  # fmt: skip
                     out_rows.append(row)
-                    hide = f"fwd step >= {tight_fwd:.3f} ms vs exchange {xfer_fwd:.3f} ms" if tight_fwd is not None else ""
+                    hide = (
+                        f"fwd step >= {tight_fwd:.3f} ms vs exchange {xfer_fwd:.3f} ms"
+                        if tight_fwd is not None
+                        else ""
+                    )
                     if tight_bwd is not None:
                         hide += f"; bwd step >= {tight_bwd:.3f} ms vs {xfer_bwd:.3f} ms"
-                    print(f"  W={world} {layout:10s} S/GPU={s_local:6d} {mode:6s} ring compute {total:9.3f} ms "
-                          f"(steps {' '.join(f'{x:.2f}' for x in per_step)}); predicted efficiency "
-                          f"{'-' if eff is None else f'{eff:.1%}'}; {hide}")  # fmt: skip
+                    steps = " ".join(f"{x:.2f}" for x in per_step)
+                    effs = "-" if eff is None else f"{eff:.1%}"
+                    print(
+                        f"  W={world} {layout:10s} S/GPU={s_local:6d} {mode:6s} ring compute {total:9.3f} ms "
+                        f"(steps {steps}); predicted efficiency {effs}; {hide}"
+                    )
             del q, k, v, do
             if cuda:
                 torch.cuda.empty_cache()
         if not a.skip_check:
             for layout in a.layout_list:
                 s_local = a.check_seq
-                q, k, v, do = make(a, s_local * world, device, 7, heads=a.check_heads, kv_heads=max(1, a.check_heads * a.kv_heads // a.heads))
-                got = grads_of(lambda *t: simulate_ring(*t, world, causal=a.causal, layout=layout, blocks=blocks), q, k, v, do)
-                out_rows.append(judge(a, got, q, k, v, do, dev_name, layout, world, s_local, kind="simulated-check"))
+                q, k, v, do = make(
+                    a,
+                    s_local * world,
+                    device,
+                    7,
+                    heads=a.check_heads,
+                    kv_heads=max(1, a.check_heads * a.kv_heads // a.heads),
+                )
+                got = grads_of(
+                    lambda *t: simulate_ring(*t, world, causal=a.causal, layout=layout, blocks=blocks),
+                    q,
+                    k,
+                    v,
+                    do,
+                )
+                out_rows.append(
+                    judge(a, got, q, k, v, do, dev_name, layout, world, s_local, kind="simulated-check")
+                )
 
 
 # --------------------------------------------------------------------------- main
 
 
 def table(rows) -> str:
-    lines = ["| kind | W | layout | S/GPU | mode | ms | ideal ms | efficiency | TF/s/GPU |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| kind | W | layout | S/GPU | mode | ms | ideal ms | efficiency | TF/s/GPU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r["mode"] == "check":
             continue
@@ -436,7 +509,11 @@ def table(rows) -> str:
         )
     checks = [r for r in rows if r["mode"] == "check"]
     if checks:
-        lines += ["", "| kind | W | layout | ratio o | dq | dk | dv | within 2x |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| kind | W | layout | ratio o | dq | dk | dv | within 2x |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in checks:
             lines.append(
                 f"| {r['kind']} | {r['world']} | {r['layout']} | "

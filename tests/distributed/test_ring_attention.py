@@ -22,7 +22,17 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kernellab.distributed import LAYOUTS, TORCH, TRITON, block_calls, merge_, positions, shard, simulate_ring, unshard
+from kernellab.distributed import (
+    LAYOUTS,
+    TORCH,
+    TRITON,
+    block_calls,
+    merge_,
+    positions,
+    shard,
+    simulate_ring,
+    unshard,
+)
 from kernellab.distributed import ring as R
 from kernellab.ops.attention.reference import reference_attention
 
@@ -33,7 +43,11 @@ SPAWN_TIMEOUT_S = 240
 # --------------------------------------------------------------------------- the spawned ranks
 
 # (name, layout, causal, B, H_q, H_kv, S_local, D, scale)
-GOOD_CASES = [(f"{lay}-{'causal' if c else 'full'}", lay, c, 2, 2, 2, 8, 8, None) for lay in LAYOUTS for c in (False, True)]
+GOOD_CASES = [
+    (f"{lay}-{'causal' if c else 'full'}", lay, c, 2, 2, 2, 8, 8, None)
+    for lay in LAYOUTS
+    for c in (False, True)
+]
 GOOD_CASES += [
     ("gqa-zigzag-causal", "zigzag", True, 1, 4, 2, 6, 16, None),
     ("gqa-striped-causal-scale", "striped", True, 1, 3, 1, 5, 8, 0.3),
@@ -65,7 +79,9 @@ def _problem(seed, b, hq, hkv, s, d, dtype=F64):
 def _reference(q, k, v, do, causal, scale):
     g = k.shape[1] and q.shape[1] // k.shape[1]
     q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
-    o = reference_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), causal=causal, scale=scale)
+    o = reference_attention(
+        q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), causal=causal, scale=scale
+    )
     return (o.detach(), *torch.autograd.grad(o, (q, k, v), do))
 
 
@@ -76,7 +92,15 @@ def _run_good(rank, world, case, group=None, sub_rank=None, sub_world=None, chec
     ref = _reference(q, k, v, do, causal, scale)
     loc = [shard(t, r, w, layout).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
     o = R.ring_attention(
-        loc[0], loc[1], loc[2], causal=causal, group=group, layout=layout, scale=scale, blocks="torch", check=check
+        loc[0],
+        loc[1],
+        loc[2],
+        causal=causal,
+        group=group,
+        layout=layout,
+        scale=scale,
+        blocks="torch",
+        check=check,
     )
     grads = torch.autograd.grad(o, loc[:3], loc[3])
     got = (o.detach(), *grads)
@@ -168,7 +192,9 @@ def ranks(request, tmp_path_factory):
             for p in ctx.processes:
                 if p.is_alive():
                     p.kill()
-            pytest.fail(f"ring attention ranks (world {world}) still running after {SPAWN_TIMEOUT_S} s: a hang")
+            pytest.fail(
+                f"ring attention ranks (world {world}) still running after {SPAWN_TIMEOUT_S} s: a hang"
+            )
     out = [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
     for r, res in enumerate(out):
         assert res["error"] is None, f"rank {r} failed:\n{res['error']}"
@@ -188,7 +214,9 @@ def test_ring_matches_full_attention(ranks, case):
 def test_simulated_ring_equals_distributed(ranks, case):
     for r, res in enumerate(ranks):
         got = res["good"][case]
-        assert got["sim_equal"], f"rank {r}, {case}: simulate_ring differs from ring_attention by {got['sim_err']:.3g}"
+        assert got["sim_equal"], (
+            f"rank {r}, {case}: simulate_ring differs from ring_attention by {got['sim_err']:.3g}"
+        )
 
 
 @pytest.mark.parametrize("case,needle", BAD_CASES, ids=[c[0] for c in BAD_CASES])
@@ -229,7 +257,11 @@ def test_block_plan_is_the_causal_mask(layout, world):
                         assert not c or n_q == n_k, "a causal call that is not square"
                         m = torch.ones(n_q, n_k, dtype=torch.int64)
                         cover[rows, keys] += m.tril() if c else m
-                    want = (pos[src][None, :] <= pos[r][:, None]) if causal else torch.ones(s_local, s_local, dtype=torch.bool)
+                    want = (
+                        (pos[src][None, :] <= pos[r][:, None])
+                        if causal
+                        else torch.ones(s_local, s_local, dtype=torch.bool)
+                    )
                     assert torch.equal(cover, want.long()), (layout, world, s_local, causal, r, src)
 
 
@@ -299,7 +331,9 @@ def test_merge_accumulates_in_fp32():
     o = simulate_ring(q, k, v, 8, causal=True, layout="zigzag", blocks="torch")
     assert o.dtype == torch.bfloat16
     ref = reference_attention(q.double(), k.double(), v.double(), causal=True)
-    assert (o.double() - ref).abs().max().item() <= 1.01 * (ref.to(torch.bfloat16).double() - ref).abs().max().item() + 1e-6
+    assert (o.double() - ref).abs().max().item() <= 1.01 * (
+        ref.to(torch.bfloat16).double() - ref
+    ).abs().max().item() + 1e-6
 
 
 def test_merge_empty_rows():
@@ -362,13 +396,17 @@ def _triton_single(q, k, v, causal):
     import kernellab
 
     g = q.shape[1] // k.shape[1]
-    return kernellab.attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), causal=causal, backend="triton")
+    return kernellab.attention(
+        q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), causal=causal, backend="triton"
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("world,hq,hkv,s_local,d", [(2, 4, 4, 256, 64), (4, 4, 4, 192, 128), (4, 8, 2, 128, 64)])
+@pytest.mark.parametrize(
+    "world,hq,hkv,s_local,d", [(2, 4, 4, 256, 64), (4, 4, 4, 192, 128), (4, 8, 2, 128, 64)]
+)
 def test_simulated_ring_triton_bf16(cuda, layout, causal, world, hq, hkv, s_local, d):
     """simulate_ring with the Triton blocks in bf16 against kernellab's single-device
     Triton attention: both against float64, the ring within 2x the single device's error
@@ -418,7 +456,9 @@ def test_fused_merge_matches_torch_merge(o_dtype):
     assert (l1[fin] - l2[fin]).abs().max().item() < 1e-5
     assert (a1 - a2).abs().max().item() < 1e-5
     assert not torch.isnan(a2).any()
-    assert torch.equal(a2[..., :2, :], acc[..., :2, :]) and torch.equal(a2[..., s + 2 :, :], acc[..., s + 2 :, :])
+    assert torch.equal(a2[..., :2, :], acc[..., :2, :]) and torch.equal(
+        a2[..., s + 2 :, :], acc[..., s + 2 :, :]
+    )
 
 
 def _nccl_worker(rank, world, init_file, out_dir):
@@ -440,11 +480,19 @@ def _nccl_worker(rank, world, init_file, out_dir):
                     g = torch.Generator(device="cuda").manual_seed(11)
                     s = 256 * world
                     q = torch.randn(1, hq, s, 64, generator=g, device="cuda").bfloat16()
-                    k, v = (torch.randn(1, hkv, s, 64, generator=g, device="cuda").bfloat16() for _ in range(2))
+                    k, v = (
+                        torch.randn(1, hkv, s, 64, generator=g, device="cuda").bfloat16() for _ in range(2)
+                    )
                     do = torch.randn(1, hq, s, 64, generator=g, device="cuda").bfloat16()
-                    loc = [shard(t, rank, world, layout).requires_grad_(i < 3) for i, t in enumerate((q, k, v, do))]
+                    loc = [
+                        shard(t, rank, world, layout).requires_grad_(i < 3)
+                        for i, t in enumerate((q, k, v, do))
+                    ]
                     o = R.ring_attention(loc[0], loc[1], loc[2], causal=causal, layout=layout)
-                    got = [gather_sequence(t, layout) for t in (o.detach(), *torch.autograd.grad(o, loc[:3], loc[3]))]
+                    got = [
+                        gather_sequence(t, layout)
+                        for t in (o.detach(), *torch.autograd.grad(o, loc[:3], loc[3]))
+                    ]
                     if rank == 0:
                         ref = _reference(q.double(), k.double(), v.double(), do.double(), causal, None)
                         qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
@@ -476,7 +524,11 @@ def test_nccl_ring(cuda, tmp_path, monkeypatch):
         pytest.skip("needs 2 or more GPUs")
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     ctx = mp.start_processes(
-        _nccl_worker, args=(world, str(tmp_path / "init"), str(tmp_path)), nprocs=world, join=False, start_method="spawn"
+        _nccl_worker,
+        args=(world, str(tmp_path / "init"), str(tmp_path)),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
     )
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     while not ctx.join(timeout=1):
@@ -492,4 +544,6 @@ def test_nccl_ring(cuda, tmp_path, monkeypatch):
     assert len(out[0]["cases"]) == 12
     for case, errs in out[0]["cases"].items():
         for what, (e_ring, e_one) in zip(("o", "dq", "dk", "dv"), errs):
-            assert e_ring <= 2 * e_one + 1e-3, f"{case} {what}: ring {e_ring:.3g} vs single device {e_one:.3g}"
+            assert e_ring <= 2 * e_one + 1e-3, (
+                f"{case} {what}: ring {e_ring:.3g} vs single device {e_one:.3g}"
+            )

@@ -16,7 +16,14 @@ SCRIPT = ROOT / "scripts" / "ring_attention_bench.py"
 
 def _run(args, out, timeout=180):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run(args + ["--smoke", "--out", str(out)], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    p = subprocess.run(
+        args + ["--smoke", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return [json.loads(x) for x in (out / "ring_attention.jsonl").read_text().splitlines()], p.stdout
 
@@ -24,14 +31,18 @@ def _run(args, out, timeout=180):
 def _judge(rows, kind, world, layouts):
     timed = [r for r in rows if r["kind"] == kind]
     checks = [r for r in rows if r["kind"] == kind + "-check"]
-    assert {(r["layout"], r["mode"]) for r in timed} == {(lay, m) for lay in layouts for m in ("fwd", "fwdbwd")}
+    assert {(r["layout"], r["mode"]) for r in timed} == {
+        (lay, m) for lay in layouts for m in ("fwd", "fwdbwd")
+    }
     assert all(r["world"] == world and r["median_ms"] > 0 for r in timed)
     assert {r["layout"] for r in checks} == set(layouts)
     assert all(r["within_2x"] and r["err_o"] < 1e-5 for r in checks), checks
 
 
 def test_bench_simulated(tmp_path):
-    rows, out = _run([sys.executable, str(SCRIPT), "--sim-world", "2", "--layouts", "zigzag,striped"], tmp_path)
+    rows, out = _run(
+        [sys.executable, str(SCRIPT), "--sim-world", "2", "--layouts", "zigzag,striped"], tmp_path
+    )
     _judge(rows, "simulated", 2, ["zigzag", "striped"])
     assert all(r["exchange_bytes_fwd"] == 2 * 1 * 2 * 32 * 16 * 4 for r in rows if r["kind"] == "simulated")
     assert "| simulated | 2 | zigzag |" in out

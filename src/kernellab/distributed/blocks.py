@@ -24,8 +24,8 @@ recomputed probability): nothing next to bf16's 4e-3, visible only for fp32 inpu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

@@ -61,7 +61,12 @@ def positions(rank: int, world: int, s_local: int, layout: str) -> torch.Tensor:
     if s_local % 2:
         raise ValueError(f"zigzag needs an even local sequence length, got {s_local}")
     c = s_local // 2
-    return torch.cat([torch.arange(rank * c, (rank + 1) * c), torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c)])
+    return torch.cat(
+        [
+            torch.arange(rank * c, (rank + 1) * c),
+            torch.arange((2 * world - 1 - rank) * c, (2 * world - rank) * c),
+        ]
+    )
 
 
 def shard(x: torch.Tensor, rank: int, world: int, layout: str = "contiguous", dim: int = -2) -> torch.Tensor:
@@ -76,7 +81,8 @@ def shard(x: torch.Tensor, rank: int, world: int, layout: str = "contiguous", di
     if s == 0 or s % g:
         raise ValueError(
             f"shard: x has {s} tokens along dim {dim}; layout {layout!r} over {world} ranks needs a "
-            f"positive multiple of {g}" + (" (2 x world: zigzag cuts the sequence in 2W chunks)" if layout == "zigzag" else "")
+            f"positive multiple of {g}"
+            + (" (2 x world: zigzag cuts the sequence in 2W chunks)" if layout == "zigzag" else "")
         )
     s_local = s // world
     if layout == "contiguous":
@@ -85,7 +91,9 @@ def shard(x: torch.Tensor, rank: int, world: int, layout: str = "contiguous", di
         d = dim % x.dim()
         return x.unflatten(d, (s_local, world)).select(d + 1, rank).contiguous()
     c = s_local // 2
-    return torch.cat([x.narrow(dim, rank * c, c), x.narrow(dim, (2 * world - 1 - rank) * c, c)], dim=dim).contiguous()
+    return torch.cat(
+        [x.narrow(dim, rank * c, c), x.narrow(dim, (2 * world - 1 - rank) * c, c)], dim=dim
+    ).contiguous()
 
 
 def unshard(shards, layout: str = "contiguous", dim: int = -2) -> torch.Tensor:
@@ -95,10 +103,11 @@ def unshard(shards, layout: str = "contiguous", dim: int = -2) -> torch.Tensor:
     check_layout(layout)
     if not shards:
         raise ValueError("unshard: shards is empty")
-    world = len(shards)
     shapes = {tuple(t.shape) for t in shards}
     if len(shapes) != 1:
-        raise ValueError(f"unshard: shards have different shapes {sorted(shapes)}; every rank holds as many tokens")
+        raise ValueError(
+            f"unshard: shards have different shapes {sorted(shapes)}; every rank holds as many tokens"
+        )
     if layout == "contiguous":
         return torch.cat(shards, dim=dim)
     if layout == "striped":

@@ -14,7 +14,6 @@ acc once (640 MB, ~0.2 ms).
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import device as _device
@@ -33,7 +32,7 @@ def merge_torch_(acc_o, acc_lse, o_b, lse_b) -> None:
 
 @triton_support.jit
 def _merge_kernel(
-    ACC, ACC_LSE, OB, LSE_B,  # acc (B, H, S, D) fp32, acc_lse (B, H, S) fp32, o_b (B, H, S, D), lse_b (B, H, S)
+    ACC, ACC_LSE, OB, LSE_B,  # acc (B, H, S, D) fp32, acc_lse (B, H, S) fp32, o_b (B, H, S, D), lse_b
     stride_ab, stride_ah, stride_as,  # acc strides (unit stride along D)
     stride_lb, stride_lh, stride_ls,  # acc_lse strides
     stride_ob, stride_oh, stride_os,  # o_b strides (unit stride along D)
@@ -48,7 +47,9 @@ def _merge_kernel(
     rows = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
     ok = rows < S
     la = tl.load(ACC_LSE + b * stride_lb + h * stride_lh + rows * stride_ls, mask=ok, other=float("-inf"))
-    lb = tl.load(LSE_B + b * stride_bb + h * stride_bh + rows * stride_bs, mask=ok, other=float("-inf")).to(tl.float32)
+    lb = tl.load(LSE_B + b * stride_bb + h * stride_bh + rows * stride_bs, mask=ok, other=float("-inf")).to(
+        tl.float32
+    )
     mx = tl.maximum(la, lb)
     mx0 = tl.where(mx == float("-inf"), 0.0, mx)
     ea = tl.exp(la - mx0)  # 0 for -inf
@@ -64,7 +65,9 @@ def _merge_kernel(
         m2 = ok[:, None] & (cols[None, :] < HEAD_D)
         pa = ACC + b * stride_ab + h * stride_ah + rows[:, None] * stride_as + cols[None, :]
         a = tl.load(pa, mask=m2, other=0.0)
-        o = tl.load(OB + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :], mask=m2, other=0.0)
+        o = tl.load(
+            OB + b * stride_ob + h * stride_oh + rows[:, None] * stride_os + cols[None, :], mask=m2, other=0.0
+        )
         tl.store(pa, a * wa[:, None] + o.to(tl.float32) * wb[:, None], mask=m2)
 
 

@@ -132,7 +132,9 @@ def _block_bwd(fns: BlockFns, do, q, k, v, o, lse, causal, scale):
         return fns.backward(do, q, k, v, o, lse, causal, scale)
     g = q.shape[1] // hkv
     gq = (_grouped(t, hkv) for t in (do, q))
-    dq, dk, dv = fns.backward(*gq, _bcast(k, g), _bcast(v, g), _grouped(o, hkv), _grouped(lse, hkv), causal, scale)
+    dq, dk, dv = fns.backward(
+        *gq, _bcast(k, g), _bcast(v, g), _grouped(o, hkv), _grouped(lse, hkv), causal, scale
+    )
     return dq.flatten(1, 2), dk.sum(2), dv.sum(2)
 
 
@@ -154,7 +156,15 @@ def step_backward(fns: BlockFns, calls, do, q, k, v, o, lse, dq_acc, scale: floa
     dv = torch.zeros(v.shape, dtype=dq_acc.dtype, device=v.device)
     for rows, keys, c in calls:
         dq_b, dk_b, dv_b = _block_bwd(
-            fns, do[..., rows, :], q[..., rows, :], k[..., keys, :], v[..., keys, :], o[..., rows, :], lse[..., rows], c, scale
+            fns,
+            do[..., rows, :],
+            q[..., rows, :],
+            k[..., keys, :],
+            v[..., keys, :],
+            o[..., rows, :],
+            lse[..., rows],
+            c,
+            scale,
         )
         dq_acc[..., rows, :] += dq_b
         dk[..., keys, :] += dk_b
@@ -257,8 +267,13 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # What a rank that refused its own arguments tells the others (an index in the gathered
 # descriptor; the refusing rank raises its own, more detailed, message).
 _REFUSALS = (
-    "", "q/k/v (type, rank, dtype, device or head counts)", "layout", "causal or scale", "local sequence length", "blocks",
-)  # fmt: skip
+    "",
+    "q/k/v (type, rank, dtype, device or head counts)",
+    "layout",
+    "causal or scale",
+    "local sequence length",
+    "blocks",
+)
 
 
 def _local_problem(q, k, v, causal, layout, scale, blocks=None, device_type=None):
@@ -271,16 +286,22 @@ def _local_problem(q, k, v, causal, layout, scale, blocks=None, device_type=None
     if not isinstance(causal, bool):
         return 3, TypeError(f"ring_attention: causal must be a bool, got {type(causal).__name__}")
     if scale is not None and (
-        isinstance(scale, bool) or not isinstance(scale, (int, float)) or not (math.isfinite(scale) and scale > 0)
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float))
+        or not (math.isfinite(scale) and scale > 0)
     ):
         return 3, ValueError(f"ring_attention: scale must be a positive finite float or None, got {scale!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             return 1, TypeError(f"ring_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
-            return 1, ValueError(f"ring_attention: {name} must be [B, H, S_local, D], got shape {tuple(t.shape)}")
+            return 1, ValueError(
+                f"ring_attention: {name} must be [B, H, S_local, D], got shape {tuple(t.shape)}"
+            )
         if t.dtype not in _DTYPES:
-            return 1, TypeError(f"ring_attention: {name} has dtype {t.dtype}; expected fp16, bf16, fp32 or fp64")
+            return 1, TypeError(
+                f"ring_attention: {name} has dtype {t.dtype}; expected fp16, bf16, fp32 or fp64"
+            )
     for name, t in (("k", k), ("v", v)):
         if t.dtype != q.dtype:
             return 1, TypeError(f"ring_attention: {name} has dtype {t.dtype} but q has {q.dtype}")
@@ -292,15 +313,22 @@ def _local_problem(q, k, v, causal, layout, scale, blocks=None, device_type=None
                 "batch (dim 0) and local sequence length (dim 2) must match"
             )
     if k.shape != v.shape:
-        return 1, ValueError(f"ring_attention: v has shape {tuple(v.shape)} but k has {tuple(k.shape)}; they must match")
+        return 1, ValueError(
+            f"ring_attention: v has shape {tuple(v.shape)} but k has {tuple(k.shape)}; they must match"
+        )
     if k.shape[3] != q.shape[3]:
-        return 1, ValueError(f"ring_attention: k has head dim {k.shape[3]} but q has {q.shape[3]}; they must match")
+        return 1, ValueError(
+            f"ring_attention: k has head dim {k.shape[3]} but q has {q.shape[3]}; they must match"
+        )
     if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
         return 1, ValueError(
-            f"ring_attention: q has {q.shape[1]} heads and k, v have {k.shape[1]}; GQA needs H_q a multiple of H_kv"
+            f"ring_attention: q has {q.shape[1]} heads and k, v have {k.shape[1]}; "
+            "GQA needs H_q a multiple of H_kv"
         )
     if device_type is not None and q.device.type != device_type:
-        return 1, ValueError(f"ring_attention: q is on {q.device}, but this process group (its backend) needs {device_type} tensors")
+        return 1, ValueError(
+            f"ring_attention: q is on {q.device}, but the process group's backend takes {device_type} tensors"
+        )
     try:
         fns = resolve_blocks(blocks, q)
     except ValueError as e:
@@ -315,14 +343,24 @@ def _local_problem(q, k, v, causal, layout, scale, blocks=None, device_type=None
         return 4, ValueError("ring_attention: q has 0 tokens (dim 2); every rank must hold at least one")
     if layout == "zigzag" and s % 2:
         return 4, ValueError(
-            f"ring_attention: layout 'zigzag' needs an even local sequence length (two chunks per rank), q has {s}"
+            f"ring_attention: layout 'zigzag' needs an even local sequence length (two chunks per rank), "
+            f"q has {s}"
         )
     return 0, None
 
 
 # The gathered descriptor: [refusal index, then these fields (0 when refused)].
-_FIELDS = ("batch sizes", "query head counts", "local sequence lengths (q.shape[2])", "head dims", "k/v head counts",
-           "dtypes", "causal flags", "layouts", "scales")  # fmt: skip
+_FIELDS = (
+    "batch sizes",
+    "query head counts",
+    "local sequence lengths (q.shape[2])",
+    "head dims",
+    "k/v head counts",
+    "dtypes",
+    "causal flags",
+    "layouts",
+    "scales",
+)
 # Compared in this order: the most likely mistake first (an unevenly cut sequence).
 _ORDER = (2, 0, 1, 4, 3, 5, 6, 7, 8)
 
@@ -373,7 +411,9 @@ def _check_ranks(group, rank, world, code, err, desc, device) -> None:
         raise type(err)(f"{err} (rank {rank} of {world})")
     if bad:
         what = "; ".join(f"rank {r}: {_REFUSALS[c]}" for r, c in bad)
-        raise ValueError(f"ring_attention: other ranks refused their arguments ({what}); every rank must pass valid ones")
+        raise ValueError(
+            f"ring_attention: other ranks refused their arguments ({what}); every rank must pass valid ones"
+        )
     for idx in _ORDER:
         vals = [row[1 + idx] for row in rows]
         if len(set(vals)) > 1:
@@ -388,7 +428,16 @@ def _check_ranks(group, rank, world, code, err, desc, device) -> None:
 
 
 def ring_attention(
-    q, k, v, causal: bool = False, group=None, layout: str = "contiguous", scale=None, *, blocks=None, check: bool = True
+    q,
+    k,
+    v,
+    causal: bool = False,
+    group=None,
+    layout: str = "contiguous",
+    scale=None,
+    *,
+    blocks=None,
+    check: bool = True,
 ):
     """Attention over a sequence sharded across the ranks of ``group`` (see the module
     docstring). q [B, H, S_local, D], k and v [B, H_kv, S_local, D] (H a multiple of H_kv),
@@ -420,7 +469,9 @@ def ring_attention(
     return _DistRingFn.apply(q, k, v, DistRing(group), fns, causal, sc, layout)
 
 
-def simulate_ring(q, k, v, world: int, causal: bool = False, layout: str = "contiguous", scale=None, *, blocks=None):
+def simulate_ring(
+    q, k, v, world: int, causal: bool = False, layout: str = "contiguous", scale=None, *, blocks=None
+):
     """The ring in one process: q, k, v are the FULL sequence [B, H, S, D]; they are
     sharded in ``layout`` over ``world`` simulated ranks, which run the same step schedule
     and merge as ``ring_attention`` one after another; the output is unsharded.
