@@ -547,3 +547,24 @@ def test_nccl_ring(cuda, tmp_path, monkeypatch):
             assert e_ring <= 2 * e_one + 1e-3, (
                 f"{case} {what}: ring {e_ring:.3g} vs single device {e_one:.3g}"
             )
+
+
+def test_simulated_ring_triton_bf16_interpreted():
+    """bf16 through the Triton blocks (CPU interpreter, bf16 tiles upcast before the dots),
+    4 simulated ranks, striped, GQA: the block outputs and gradients stay fp32 until the
+    end, so the ring's error is the single device's (both rounded to bf16 once), not W
+    roundings of partial results."""
+    world, causal, layout = 4, True, "striped"
+    q, k, v, do = _problem(23, 1, 2, 1, 32 * world, 32, torch.bfloat16)
+    ref = _reference(q.double(), k.double(), v.double(), do.double(), causal, None)
+
+    def run(fn):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        o = fn(qq, kk, vv)
+        return (o.detach(), *torch.autograd.grad(o, (qq, kk, vv), do))
+
+    ring = run(lambda a, b, c: simulate_ring(a, b, c, world, causal=causal, layout=layout, blocks="triton"))
+    single = run(lambda a, b, c: _triton_single(a, b, c, causal))
+    for what, x, y, r in zip(("o", "dq", "dk", "dv"), ring, single, ref):
+        e_ring, e_one = (x.double() - r).abs().max().item(), (y.double() - r).abs().max().item()
+        assert e_ring <= 1.25 * e_one, f"{what}: ring {e_ring:.3g} vs single device {e_one:.3g}"

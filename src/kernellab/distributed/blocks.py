@@ -122,9 +122,12 @@ def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     from kernellab.ops.attention import triton as tri
 
     # The kernels read lse as a contiguous fp32 (..., S_q) in log2 units, and o / dO in
-    # q's dtype (delta = rowsum(dO * O) is computed from them in fp32).
+    # q's dtype (delta = rowsum(dO * O) is computed from them in fp32). dq, dk, dv are
+    # written in fp32 (the kernels accumulate in fp32 and round at the store): the ring
+    # sums W shares of each, and bf16 shares would be rounded W times instead of once.
     lse2 = (lse.float() * LOG2E).contiguous()
-    return tri.backward(do.to(q.dtype), q, k, v, o.to(q.dtype), lse2, causal, scale)
+    dq, dk, dv = (torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in (q, k, v))
+    return tri.backward_into(do.to(q.dtype), q, k, v, o.to(q.dtype), lse2, causal, scale, dq, dk, dv)
 
 
 TRITON = BlockFns("triton", triton_block_forward, triton_block_backward)

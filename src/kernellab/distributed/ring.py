@@ -47,6 +47,7 @@ import struct
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 
 from kernellab.distributed import layouts as L
 from kernellab.distributed.blocks import TRITON_DTYPES, TRITON_HEAD_DIMS, BlockFns, math_dtype, resolve_blocks
@@ -232,7 +233,9 @@ class _DistRingFn(torch.autograd.Function):
         return o
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do):
+        do = do.contiguous()  # (o.sum().backward() passes a stride-0 expanded gradient)
         q, k, v, o, lse = ctx.saved_tensors
         ring, fns, causal, scale, layout = ctx.args
         (dq,), (dk,), (dv,) = ring_backward(ring, fns, [do], [q], [k], [v], [o], [lse], causal, scale, layout)
@@ -251,6 +254,7 @@ class _SimRingFn(torch.autograd.Function):
         return o
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         world, fns, causal, scale, layout = ctx.args
