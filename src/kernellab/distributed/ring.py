@@ -22,7 +22,9 @@ o_b e^(lse_b - lse), in fp32 (float64 for float64 inputs). Why never bf16: each 
 rounds acc_o to the accumulator's precision, and after W merges those errors add up (bf16
 has 8 bits: up to 2^-9 relative per merge, up to ~1.5% after 8 merges, far worse than the single-device
 kernel's error); fp32 costs nothing that matters (the accumulators are S_local x D per
-head).
+head). For the same reason the Triton blocks hand over their partial o and their dq / dk /
+dv shares in fp32 (blocks.py): the ring's result is rounded to the inputs' dtype once, at
+the end, as the single-device kernel's is.
 
 Backward (the standard ring backward): K/V travel around the ring again, and with them the
 dK/dV accumulators of that block. At each step a rank computes the visiting block's share
