@@ -14,14 +14,14 @@ The exchange of step s + 1's block is posted before step s's compute, so the two
 with NCCL, batched P2P runs on the process group's own stream (c10d makes it wait for the
 current stream when posted, and ``wait()`` makes the current stream wait for it, without
 blocking the host), i.e. on a side stream. With bf16 K/V of B=1, H=32, S_local=16k, D=128,
-one block is 2 x 128 MiB: ~0.6 ms at ~400 GB/s of NVLink, against ~10 ms of causal-free
-compute per step, so it hides easily.
+one block is 2 x 128 MiB: ~0.7 ms at ~370 GB/s of NVLink, against ~5 ms of compute per
+causal zigzag step (a 16k x 8k block: 2.2 TFLOP at ~450 TFLOP/s), so it hides easily.
 
 Merge (per row): lse = logaddexp(acc_lse, lse_b); acc_o = acc_o e^(acc_lse - lse) +
 o_b e^(lse_b - lse), in fp32 (float64 for float64 inputs). Why never bf16: each merge
 rounds acc_o to the accumulator's precision, and after W merges those errors add up (bf16
-has 8 bits: up to 2^-9 relative per merge, up to ~1.5% after 8 merges, far worse than the single-device
-kernel's error); fp32 costs nothing that matters (the accumulators are S_local x D per
+has 8 bits: up to 2^-9 relative per merge, up to ~1.5% after 8 merges, far worse than the
+single-device kernel's error); fp32 costs nothing that matters (the accumulators are S_local x D per
 head). For the same reason the Triton blocks hand over their partial o and their dq / dk /
 dv shares in fp32 (blocks.py): the ring's result is rounded to the inputs' dtype once, at
 the end, as the single-device kernel's is.
@@ -31,8 +31,8 @@ dK/dV accumulators of that block. At each step a rank computes the visiting bloc
 of dq (kept locally), dk and dv (added to the accumulators that arrived with the block, then
 sent on). After W sends the accumulators are back with the rank that owns the block.
 Each block's share is exact because block_backward gets the GLOBAL o and lse (blocks.py).
-The dK/dV accumulators travel in fp32: twice the bytes of a bf16 K/V block, still ~1 ms
-per step at 16k tokens, against ~25 ms of backward compute.
+The dK/dV accumulators travel in fp32: twice the bytes of a bf16 K/V block (512 MiB at 16k
+tokens, ~1.4 ms), against ~12 ms of backward compute per zigzag step.
 
 The same step code runs a simulated ring in one process (``simulate_ring``): all W
 ranks' shards in turn, each "exchange" a rotation of Python lists.
