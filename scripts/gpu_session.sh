@@ -4,7 +4,7 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check bench rowwise norms ce reductions matmul attention host gpt
+#   stages: env tests check bench rowwise norms ce reductions matmul attention ring host gpt
 #   launch profile sanitize summary (default: env tests check bench launch sanitize summary, in
 #   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
 #   split them over two device calls when one would pass the 10-minute limit.
@@ -120,6 +120,19 @@ fi
 if want attention; then
 step "attention (issue 5)"
 run python3 scripts/gpu_attention.py --out "$OUT/attention"
+fi
+
+if want ring; then
+# One GPU: the simulated ring (issue 20). With several GPUs: every GPU takes part
+# (torchrun), NCCL_NVLS_ENABLE=0 is set by the script. RING_SIZES picks tokens per GPU.
+step "ring attention (issue 20)"
+NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
+if [ "${NGPU:-1}" -gt 1 ]; then
+  run python3 -m torch.distributed.run --standalone --nproc_per_node="$NGPU" scripts/ring_attention_bench.py \
+    --seq-per-gpu "${RING_SIZES:-8192,16384}" --out "$OUT/ring"
+else
+  run python3 scripts/ring_attention_bench.py --seq-per-gpu "${RING_SIZES:-8192,16384}" --sim-world 2,4 --out "$OUT/ring"
+fi
 fi
 
 if want host; then

@@ -1,0 +1,156 @@
+"""Local block attention for the ring: the pluggable pair
+
+    forward(q, k, v, causal, scale) -> (o, lse)
+    backward(do, q, k, v, o, lse, causal, scale) -> (dq, dk, dv)
+
+q (..., S_q, D), k and v (..., S_k, D) with the same leading dims; ``lse`` is the
+log-sum-exp of the scaled scores in NATURAL-log units, shape (..., S_q). Causal is only
+ever asked for with S_q == S_k (layouts.block_calls), the square lower triangle. A row
+with no allowed key gives o = 0, lse = -inf.
+
+The backward is FlashAttention-2's: P = exp(S * scale - lse), delta = rowsum(dO * O),
+dS = P (dP - delta). Given the GLOBAL (merged) o and lse of the rows rather than this
+block's own, P is exactly the global softmax restricted to this block's keys and delta is
+the global one, so each block's (dq, dk, dv) is its exact share of the true gradient and
+the ring just sums the shares.
+
+Two implementations: ``TORCH`` (PyTorch ops, math in at least fp32, float64 for float64
+inputs: what the CPU tests use) and ``TRITON`` (kernellab's FlashAttention-2 kernels,
+whose LSE is in log2 units: natural = log2-LSE * ln 2, converted here both ways). The
+round trip costs about one fp32 rounding of the exponent (|lse| * 6e-8 relative on each
+recomputed probability): nothing next to bf16's 4e-3, visible only for fp32 inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+LN2 = math.log(2.0)
+LOG2E = 1.0 / LN2
+
+
+@dataclass(frozen=True)
+class BlockFns:
+    name: str
+    forward: Callable
+    backward: Callable
+
+
+def math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation dtype: fp32 for 16-bit and fp32 inputs, float64 for float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+# --------------------------------------------------------------------------- PyTorch
+
+
+def _scores(q, k, causal: bool, scale: float, f: torch.dtype) -> torch.Tensor:
+    s = torch.matmul(q.to(f), k.to(f).transpose(-1, -2)) * scale
+    if causal:
+        s_q, s_k = q.shape[-2], k.shape[-2]
+        allowed = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).tril(diagonal=s_k - s_q)
+        s = s.masked_fill(~allowed, float("-inf"))
+    return s
+
+
+def _probs(s: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    # Rows without keys have lse = -inf and every score -inf: subtract 0 there, so
+    # exp(-inf) = 0 instead of exp(nan).
+    lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    return torch.exp(s - lse.unsqueeze(-1))
+
+
+def torch_block_forward(q, k, v, causal: bool, scale: float):
+    f = math_dtype(q.dtype)
+    s = _scores(q, k, causal, scale, f)
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(_probs(s, lse), v.to(f)), lse
+
+
+def torch_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+    f = math_dtype(q.dtype)
+    p = _probs(_scores(q, k, causal, scale, f), lse.to(f))
+    dof = do.to(f)
+    delta = (dof * o.to(f)).sum(-1, keepdim=True)
+    dv = torch.matmul(p.transpose(-1, -2), dof)
+    ds = p * (torch.matmul(dof, v.to(f).transpose(-1, -2)) - delta)
+    dq = torch.matmul(ds, k.to(f)) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q.to(f)) * scale
+    return dq, dk, dv
+
+
+TORCH = BlockFns("torch", torch_block_forward, torch_block_backward)
+
+
+# --------------------------------------------------------------------------- Triton
+
+
+def triton_block_forward(q, k, v, causal: bool, scale: float):
+    """kernellab's Triton forward kernel, launched as ``ops.attention.triton.forward`` does,
+    but writing o in fp32: the kernel accumulates in fp32 and rounds only at its store, so
+    a bf16 o would round every block's partial result before the merge. Partial outputs
+    are normalized over fewer keys than the final one (magnitude ~ sqrt(W) larger for
+    random V), so those roundings would add up to ~1.4x the single device's error at W = 4;
+    in fp32 the ring rounds once, at the end, like the single device. Cost: o_b written in
+    4 bytes instead of 2 (B=1 H=32 S=16k D=128: 256 MB, ~0.1 ms against ~5 ms of compute)."""
+    from kernellab import triton_support
+    from kernellab.ops.attention import triton as tri
+
+    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    q4, k4, v4 = tri._split(q), tri._split(k), tri._split(v)
+    nh = q4.shape[1]
+    bh = q4.shape[0] * nh
+    o = torch.empty(tuple(lead) + (s_q, d), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
+    if bh and s_q:
+        o4 = tri._split(o)
+        triton_support.launch_tuned(
+            tri._attn_fwd, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
+            q4, k4, v4, o4, lse2, scale * tri.LOG2E,
+            *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
+            nh, s_q, s_k, tri._bucket(s_q), tri._bucket(s_k),
+            HEAD_D=d, CAUSAL=causal, PREC=tri._prec(q.dtype), F32_DOTS=tri._f32_dots(q.dtype),
+        )  # fmt: skip
+    return o, lse2 * LN2  # log2 units -> natural
+
+
+def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+    from kernellab.ops.attention import triton as tri
+
+    # The kernels read lse as a contiguous fp32 (..., S_q) in log2 units, and o / dO in
+    # q's dtype (delta = rowsum(dO * O) is computed from them in fp32). dq, dk, dv are
+    # written in fp32 (the kernels accumulate in fp32 and round at the store): the ring
+    # sums W shares of each, and bf16 shares would be rounded W times instead of once.
+    lse2 = (lse.float() * LOG2E).contiguous()
+    dq, dk, dv = (torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in (q, k, v))
+    return tri.backward_into(do.to(q.dtype), q, k, v, o.to(q.dtype), lse2, causal, scale, dq, dk, dv)
+
+
+TRITON = BlockFns("triton", triton_block_forward, triton_block_backward)
+
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
+
+
+def default_blocks(q: torch.Tensor) -> BlockFns:
+    """Triton on CUDA tensors it supports (fp16 / bf16 / fp32, D in 16..256), PyTorch
+    elsewhere (the CPU, float64)."""
+    if q.is_cuda and q.dtype in TRITON_DTYPES and q.shape[-1] in TRITON_HEAD_DIMS:
+        return TRITON
+    return TORCH
+
+
+def resolve_blocks(blocks, q: torch.Tensor) -> BlockFns:
+    if blocks is None:
+        return default_blocks(q)
+    if isinstance(blocks, BlockFns):
+        return blocks
+    if blocks == "torch":
+        return TORCH
+    if blocks == "triton":
+        return TRITON
+    raise ValueError(f"blocks must be None, 'torch', 'triton' or a BlockFns, got {blocks!r}")
