@@ -431,36 +431,6 @@ def test_simulated_ring_triton_bf16(cuda, layout, causal, world, hq, hkv, s_loca
         assert e_ring <= 2 * e_one + 1e-3, f"{what}: ring {e_ring:.3g} vs single device {e_one:.3g}"
 
 
-@pytest.mark.parametrize("o_dtype", [torch.float32, torch.bfloat16])
-def test_fused_merge_matches_torch_merge(o_dtype):
-    """The Triton merge kernel (CPU interpreter here) against the PyTorch merge: strided
-    row slices of the accumulators (as the ring passes them), rows still at -inf on both
-    sides, a D that is not a power of two, o_b in the block kernels' [B, S, H, D] order."""
-    from kernellab.distributed.merge import merge_torch_, merge_triton_
-
-    g = torch.Generator().manual_seed(9)
-    b, h, s, d = 2, 3, 21, 24
-    acc = torch.randn(b, h, s + 4, d, generator=g)
-    lse = torch.randn(b, h, s + 4, generator=g)
-    lse[:, :, 2:6] = float("-inf")
-    acc[:, :, 2:6] = 0.0
-    o_b = torch.randn(b, s, h, d, generator=g).to(o_dtype).transpose(1, 2)
-    lse_b = torch.randn(b, h, s, generator=g)
-    lse_b[:, :, 3:5] = float("-inf")  # rows 3, 4 (+ 2 below): -inf on both sides
-    a1, l1 = acc.clone(), lse.clone()
-    a2, l2 = acc.clone(), lse.clone()
-    merge_torch_(a1[..., 2 : s + 2, :], l1[..., 2 : s + 2], o_b, lse_b)
-    merge_triton_(a2[..., 2 : s + 2, :], l2[..., 2 : s + 2], o_b, lse_b)
-    assert torch.equal(torch.isinf(l1), torch.isinf(l2))
-    fin = torch.isfinite(l1)
-    assert (l1[fin] - l2[fin]).abs().max().item() < 1e-5
-    assert (a1 - a2).abs().max().item() < 1e-5
-    assert not torch.isnan(a2).any()
-    assert torch.equal(a2[..., :2, :], acc[..., :2, :]) and torch.equal(
-        a2[..., s + 2 :, :], acc[..., s + 2 :, :]
-    )
-
-
 def _nccl_worker(rank, world, init_file, out_dir):
     """NCCL ranks on real GPUs: the ring (Triton blocks, bf16) gathered, against the
     simulated ring and single-device attention, both judged against float64; then an
@@ -568,19 +538,3 @@ def test_simulated_ring_triton_bf16_interpreted():
     for what, x, y, r in zip(("o", "dq", "dk", "dv"), ring, single, ref):
         e_ring, e_one = (x.double() - r).abs().max().item(), (y.double() - r).abs().max().item()
         assert e_ring <= 1.25 * e_one, f"{what}: ring {e_ring:.3g} vs single device {e_one:.3g}"
-
-
-@pytest.mark.gpu
-def test_fused_merge_on_gpu(cuda):
-    """The compiled merge kernel against the PyTorch merge, bf16 partials, the ring's shapes."""
-    from kernellab.distributed.merge import merge_, merge_torch_
-
-    g = torch.Generator(device="cuda").manual_seed(2)
-    acc = torch.randn(2, 8, 1000, 128, generator=g, device="cuda")
-    lse = torch.randn(2, 8, 1000, generator=g, device="cuda")
-    o_b = torch.randn(2, 8, 500, 128, generator=g, device="cuda").bfloat16()
-    lse_b = torch.randn(2, 8, 500, generator=g, device="cuda")
-    a1, l1, a2, l2 = acc.clone(), lse.clone(), acc.clone(), lse.clone()
-    merge_torch_(a1[..., 500:, :], l1[..., 500:], o_b, lse_b)
-    merge_(a2[..., 500:, :], l2[..., 500:], o_b, lse_b)  # picks the kernel: fp32, CUDA
-    assert (a1 - a2).abs().max().item() < 1e-5 and (l1 - l2).abs().max().item() < 1e-5
