@@ -18,6 +18,7 @@ if not _torch.cuda.is_available():
 from kernellab import registry as _registry  # noqa: E402
 from kernellab.ops.add import add  # noqa: E402
 from kernellab.ops.attention import attention  # noqa: E402
+from kernellab.ops.batch_norm2d import batch_norm2d  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
@@ -37,6 +38,7 @@ __all__ = [
     "add",
     "argmax",
     "attention",
+    "batch_norm2d",
     "cross_entropy",
     "gelu",
     "get",

@@ -30,6 +30,7 @@ OP_MODULES = [
     "kernellab.ops.reductions",
     "kernellab.ops.matmul",
     "kernellab.ops.attention",
+    "kernellab.ops.batch_norm2d",
 ]
 
 DTYPES = {
