@@ -12,7 +12,9 @@
 //   bn_fwd_apply every thread merges the channel's `split` triples (a few dozen floats,
 //                cached), block s == 0 stores mean and rstd, and the block writes its chunk
 //                of y = (x - mean) * (rstd * w) + b.
-//   bn_bwd_sums  per chunk: sum(dy * xhat) and sum(dy) -> part[2][C][split].
+//   bn_bwd_sums  per chunk: sum(dy * (x - mean)) and sum(dy) -> part[2][C][split] (fp64:
+//                the threads' fp32 sums are added in double, so dweight and dbias land
+//                within about an ulp of the exact sums; rstd is applied once, at the end).
 //   bn_bwd_apply dw, db = the sums of the channel's partials (block s == 0 stores them);
 //                dx = w * rstd * (dy - db / M - xhat * dw / M) over the chunk.
 //
@@ -106,48 +108,60 @@ __device__ void bn_fwd_apply(const T* __restrict__ x, const T* __restrict__ w, c
     }
 }
 
+// Sum over the block in double (every thread's value; the result in thread 0).
+__device__ __forceinline__ double block_sum64(double v, double* red) {
+    __syncthreads();  // red may still be read by a previous call
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int h = THREADS / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) red[threadIdx.x] += red[threadIdx.x + h];
+        __syncthreads();
+    }
+    return red[0];
+}
+
 template <typename T>
 __device__ void bn_bwd_sums(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean_in,
-                            const float* __restrict__ rstd_in, float* __restrict__ part, int C, int HW, int M,
-                            int chunk) {
-    __shared__ float scratch[THREADS / 32];
+                            double* __restrict__ part, int C, int HW, int M, int chunk) {
+    __shared__ double red[THREADS];
     const int split = gridDim.x / C;
     const int c = blockIdx.x / split, s = blockIdx.x - c * split;
-    const float mean = mean_in[c], rstd = rstd_in[c];
+    const float mean = mean_in[c];
     const int start = s * chunk;
     const int end = min(start + chunk, M);
     float sw = 0.0f, sb = 0.0f;
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const long long o = offset_of(i, c, C, HW);
         const float g = kl::to_f(dy[o]);
-        sw += g * ((kl::to_f(x[o]) - mean) * rstd);
+        sw += g * (kl::to_f(x[o]) - mean);
         sb += g;
     }
-    sw = kl::block_allreduce(sw, kl::SumOp(), scratch);
-    sb = kl::block_allreduce(sb, kl::SumOp(), scratch);
+    const double tw = block_sum64(sw, red);
+    const double tb = block_sum64(sb, red);
     if (threadIdx.x == 0) {
-        part[c * split + s] = sw;
-        part[C * split + c * split + s] = sb;
+        part[c * split + s] = tw;
+        part[C * split + c * split + s] = tb;
     }
 }
 
 template <typename T>
 __device__ void bn_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
                              const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
-                             const float* __restrict__ part, T* __restrict__ dx, T* __restrict__ dw,
+                             const double* __restrict__ part, T* __restrict__ dx, T* __restrict__ dw,
                              T* __restrict__ db, int C, int HW, int M, int chunk) {
     const int split = gridDim.x / C;
     const int c = blockIdx.x / split, s = blockIdx.x - c * split;
-    float sw = 0.0f, sb = 0.0f;
+    const float mean = mean_in[c], rstd = rstd_in[c];
+    double tw = 0.0, tb = 0.0;
     for (int j = 0; j < split; ++j) {
-        sw += part[c * split + j];
-        sb += part[C * split + c * split + j];
+        tw += part[c * split + j];
+        tb += part[C * split + c * split + j];
     }
+    const float sw = (float)(tw * (double)rstd), sb = (float)tb;
     if (s == 0 && threadIdx.x == 0) {
         dw[c] = kl::from_f<T>(sw);
         db[c] = kl::from_f<T>(sb);
     }
-    const float mean = mean_in[c], rstd = rstd_in[c];
     const float k = kl::to_f(w[c]) * rstd;
     const float mdb = sb / M, mdw = sw / M;
     const int start = s * chunk;
@@ -173,13 +187,13 @@ __device__ void bn_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, 
         bn_fwd_apply<T>(x, w, b, y, part, mean, rstd, C, HW, M, chunk, eps);                                 \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
-        bn_bwd_sums_##SFX(const T* dy, const T* x, const float* mean, const float* rstd, float* part, int C, \
-                          int HW, int M, int chunk) {                                                        \
-        bn_bwd_sums<T>(dy, x, mean, rstd, part, C, HW, M, chunk);                                            \
+        bn_bwd_sums_##SFX(const T* dy, const T* x, const float* mean, double* part, int C, int HW, int M,    \
+                          int chunk) {                                                                       \
+        bn_bwd_sums<T>(dy, x, mean, part, C, HW, M, chunk);                                                  \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
         bn_bwd_apply_##SFX(const T* dy, const T* x, const T* w, const float* mean, const float* rstd,        \
-                           const float* part, T* dx, T* dw, T* db, int C, int HW, int M, int chunk) {        \
+                           const double* part, T* dx, T* dw, T* db, int C, int HW, int M, int chunk) {       \
         bn_bwd_apply<T>(dy, x, w, mean, rstd, part, dx, dw, db, C, HW, M, chunk);                            \
     }
 

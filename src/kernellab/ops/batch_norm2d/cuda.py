@@ -61,11 +61,11 @@ def bn_bwd(dy, x, w, mean, rstd):
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dev = x.device.index
     split, chunk = _grid(c, m, dev)
-    part = torch.empty((2, c, split), dtype=torch.float32, device=x.device)
+    part = torch.empty((2, c, split), dtype=torch.float64, device=x.device)
     dw, db = torch.empty_like(w), torch.empty_like(w)
     sfx = SUFFIX[x.dtype]
-    _kernel(f"bn_bwd_sums_{sfx}", ("ptr",) * 5 + ("i32", "i32", "i32", "i32"), dev)(
-        c * split, THREADS, dy, x, mean, rstd, part, c, hw, m, chunk, device_index=dev
+    _kernel(f"bn_bwd_sums_{sfx}", ("ptr",) * 4 + ("i32", "i32", "i32", "i32"), dev)(
+        c * split, THREADS, dy, x, mean, part, c, hw, m, chunk, device_index=dev
     )
     _kernel(f"bn_bwd_apply_{sfx}", ("ptr",) * 9 + ("i32", "i32", "i32", "i32"), dev)(
         c * split, THREADS, dy, x, w, mean, rstd, part, dx, dw, db, c, hw, m, chunk, device_index=dev

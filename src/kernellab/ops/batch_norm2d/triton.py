@@ -7,7 +7,7 @@ most of an H100's 132 SMs idle, and one program per channel would stream 3.2 MB 
 batch 1024, 28x28) by itself.
 
 Forward, two launches:
-  1. stats: each program reduces its chunk, block by block, to (count, mean, M2) with
+  1. stats: each program reduces its chunk, block by block, to (count, mean, M2) in fp64 with
      Chan's merge (a block's exact two-pass mean and M2 from registers, merged into the
      running values): one read of x, no E[x^2] - E[x]^2 cancellation.
   2. apply: each program merges the SPLIT partials of its channel (a few dozen floats),
@@ -18,7 +18,8 @@ then dx = w * rstd * (dy - db / M - xhat * dw / M) per chunk, program 0 storing 
 
 Traffic: forward reads x twice and writes y once (the second read is often an L2 hit at
 the model's sizes: batch 256 x 32 x 28 x 28 fp32 is 25.7 MB against the H100's 50 MB);
-backward reads x, dy twice, writes dx once. Partials: 3 x C x SPLIT fp32, a few KB.
+backward reads x, dy twice, writes dx once. Partials: 3 x C x SPLIT forward,
+2 x C x SPLIT backward, fp64: a few KB.
 """
 
 from __future__ import annotations
@@ -53,28 +54,33 @@ CONFIG = Config()
 @triton_support.jit
 def _bn_stats_kernel(
     x_ptr,  # [N, C, HW] contiguous, storage dtype
-    part_ptr,  # [3, C, SPLIT] fp32: count, mean, M2 of each chunk
+    part_ptr,  # [3, C, SPLIT] fp64: count, mean, M2 of each chunk
     C,
     HW,
     M,  # N * HW, the elements of one channel
     chunk,  # elements per chunk (a multiple of BLOCK)
     BLOCK: tl.constexpr,
 ):
+    # Statistics in fp64 (a block's values widened after the load): rstd then carries
+    # about an ulp of fp32 error, not the few ulps of an fp32 two-level merge, and dweight
+    # (= rstd * sum(dy * (x - mean))) inherits it. PyTorch's CPU kernel accumulates in fp64
+    # and the check bounds us by twice its error; on a GPU the fp64 work (2 flops per
+    # element, H100: 67 TFLOP/s fp64) hides under the loads.
     c = tl.program_id(0)
     s = tl.program_id(1)
     split = tl.num_programs(1)
     start = s * chunk
     end = tl.minimum(start + chunk, M)
-    cnt = 0.0
-    mean = 0.0
-    m2 = 0.0
+    cnt = tl.zeros((), dtype=tl.float64)
+    mean = tl.zeros((), dtype=tl.float64)
+    m2 = tl.zeros((), dtype=tl.float64)
     for i0 in range(start, end, BLOCK):
         i = i0 + tl.arange(0, BLOCK)
         mask = i < end
         n = i // HW
         off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
-        x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        nb = tl.minimum(end - i0, BLOCK).to(tl.float32)
+        x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float64)
+        nb = tl.minimum(end - i0, BLOCK).to(tl.float64)
         mb = tl.sum(x, axis=0) / nb
         d = tl.where(mask, x - mb, 0.0)
         m2b = tl.sum(d * d, axis=0)
@@ -95,7 +101,7 @@ def _bn_fwd_apply_kernel(
     w_ptr,  # [C]
     b_ptr,  # [C]
     y_ptr,  # [N, C, HW] contiguous, x's dtype
-    part_ptr,  # [3, C, SPLIT] fp32 from _bn_stats_kernel
+    part_ptr,  # [3, C, SPLIT] fp64 from _bn_stats_kernel
     mean_ptr,  # [C] fp32 out
     rstd_ptr,  # [C] fp32 out
     C,
@@ -115,10 +121,11 @@ def _bn_fwd_apply_kernel(
     pm = tl.load(part_ptr + C * split + c * split + j, mask=jm, other=0.0)
     pm2 = tl.load(part_ptr + 2 * C * split + c * split + j, mask=jm, other=0.0)
     total = tl.sum(pc, axis=0)
-    mean = tl.sum(pc * pm, axis=0) / total
-    dev = tl.where(jm, pm - mean, 0.0)
+    mean64 = tl.sum(pc * pm, axis=0) / total
+    dev = tl.where(jm, pm - mean64, 0.0)
     var = (tl.sum(pm2, axis=0) + tl.sum(pc * dev * dev, axis=0)) / total
-    rstd = 1.0 / tl.sqrt_rn((var + eps).to(tl.float32))  # Inductor passes eps as fp64
+    rstd = (1.0 / tl.sqrt(var + eps)).to(tl.float32)  # fp64: var is
+    mean = mean64.to(tl.float32)
     if s == 0:
         tl.store(mean_ptr + c, mean)
         tl.store(rstd_ptr + c, rstd)
@@ -142,7 +149,7 @@ def _bn_bwd_sums_kernel(
     x_ptr,  # [N, C, HW] contiguous
     mean_ptr,  # [C] fp32
     rstd_ptr,  # [C] fp32
-    part_ptr,  # [2, C, SPLIT] fp32: sum(dy * xhat), sum(dy) of each chunk
+    part_ptr,  # [2, C, SPLIT] fp64: sum(dy * (x - mean)), sum(dy) of each chunk
     C,
     HW,
     M,
@@ -153,7 +160,6 @@ def _bn_bwd_sums_kernel(
     s = tl.program_id(1)
     split = tl.num_programs(1)
     mean = tl.load(mean_ptr + c)
-    rstd = tl.load(rstd_ptr + c)
     acc_w = tl.zeros([BLOCK], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK], dtype=tl.float32)
     start = s * chunk
@@ -165,11 +171,15 @@ def _bn_bwd_sums_kernel(
         off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
-        acc_w += dy * tl.where(mask, (x - mean) * rstd, 0.0)
+        # rstd is applied once to the channel's sum (one rounding fewer per term, as
+        # PyTorch's kernel does); the lanes' fp32 sums are added in fp64: dweight and dbias
+        # land within about an ulp of the exact sums (PyTorch's CPU kernel accumulates in
+        # fp64 and the check bounds us by twice its error).
+        acc_w += dy * tl.where(mask, x - mean, 0.0)
         acc_b += dy
     p = c * split + s
-    tl.store(part_ptr + p, tl.sum(acc_w, axis=0))
-    tl.store(part_ptr + C * split + p, tl.sum(acc_b, axis=0))
+    tl.store(part_ptr + p, tl.sum(acc_w.to(tl.float64), axis=0))
+    tl.store(part_ptr + C * split + p, tl.sum(acc_b.to(tl.float64), axis=0))
 
 
 @triton_support.jit
@@ -179,7 +189,7 @@ def _bn_bwd_apply_kernel(
     w_ptr,  # [C]
     mean_ptr,  # [C] fp32
     rstd_ptr,  # [C] fp32
-    part_ptr,  # [2, C, SPLIT] fp32 from _bn_bwd_sums_kernel
+    part_ptr,  # [2, C, SPLIT] fp64 from _bn_bwd_sums_kernel
     dx_ptr,  # [N, C, HW] contiguous, x's dtype
     dw_ptr,  # [C], w's dtype
     db_ptr,  # [C], w's dtype
@@ -195,13 +205,15 @@ def _bn_bwd_apply_kernel(
     split = tl.num_programs(1)
     j = tl.arange(0, SPLIT_P2)
     jm = j < split
-    dw = tl.sum(tl.load(part_ptr + c * split + j, mask=jm, other=0.0), axis=0)
-    db = tl.sum(tl.load(part_ptr + C * split + c * split + j, mask=jm, other=0.0), axis=0)
+    mean = tl.load(mean_ptr + c)
+    rstd = tl.load(rstd_ptr + c)
+    dw64 = tl.sum(tl.load(part_ptr + c * split + j, mask=jm, other=0.0), axis=0) * rstd.to(tl.float64)
+    db64 = tl.sum(tl.load(part_ptr + C * split + c * split + j, mask=jm, other=0.0), axis=0)
+    dw = dw64.to(tl.float32)
+    db = db64.to(tl.float32)
     if s == 0:
         tl.store(dw_ptr + c, dw.to(dw_ptr.dtype.element_ty))
         tl.store(db_ptr + c, db.to(db_ptr.dtype.element_ty))
-    mean = tl.load(mean_ptr + c)
-    rstd = tl.load(rstd_ptr + c)
     k = tl.load(w_ptr + c).to(tl.float32) * rstd
     mdb = db / M
     mdw = dw / M
@@ -247,7 +259,7 @@ def bn_fwd(x, w, b, eps, cfg: Config = CONFIG):
     if m == 0 or c == 0:
         return y, mean.zero_(), rstd.zero_()
     block, split, chunk = grid_of(c, m, x.device, cfg)
-    part = torch.empty((3, c, split), dtype=torch.float32, device=x.device)
+    part = torch.empty((3, c, split), dtype=torch.float64, device=x.device)
     _bn_stats_kernel[(c, split)](x, part, c, hw, m, chunk, BLOCK=block, num_warps=_warps(x.device))
     _bn_fwd_apply_kernel[(c, split)](
         x, w, b, y, part, mean, rstd, c, hw, m, chunk, eps,
@@ -264,7 +276,7 @@ def bn_bwd(dy, x, w, mean, rstd, cfg: Config = CONFIG):
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dw, db = torch.empty_like(w), torch.empty_like(w)
     block, split, chunk = grid_of(c, m, x.device, cfg)
-    part = torch.empty((2, c, split), dtype=torch.float32, device=x.device)
+    part = torch.empty((2, c, split), dtype=torch.float64, device=x.device)
     _bn_bwd_sums_kernel[(c, split)](dy, x, mean, rstd, part, c, hw, m, chunk, BLOCK=block, num_warps=_warps(x.device))
     _bn_bwd_apply_kernel[(c, split)](
         dy, x, w, mean, rstd, part, dx, dw, db, c, hw, m, chunk,
@@ -285,14 +297,14 @@ def kernel_specs(dtype: str):
     block = {"BLOCK": CONFIG.block}
     both = {"SPLIT_P2": 32, **block}
     return [
-        (_bn_stats_kernel, {"x_ptr": t, "part_ptr": f, "C": i, "HW": i, "M": i, "chunk": i, "BLOCK": "constexpr"},
+        (_bn_stats_kernel, {"x_ptr": t, "part_ptr": "*fp64", "C": i, "HW": i, "M": i, "chunk": i, "BLOCK": "constexpr"},
          block, CONFIG.warps),
-        (_bn_fwd_apply_kernel, {"x_ptr": t, "w_ptr": t, "b_ptr": t, "y_ptr": t, "part_ptr": f, "mean_ptr": f,
+        (_bn_fwd_apply_kernel, {"x_ptr": t, "w_ptr": t, "b_ptr": t, "y_ptr": t, "part_ptr": "*fp64", "mean_ptr": f,
                                 "rstd_ptr": f, "C": i, "HW": i, "M": i, "chunk": i, "eps": "fp32",
                                 "SPLIT_P2": "constexpr", "BLOCK": "constexpr"}, both, CONFIG.warps),
-        (_bn_bwd_sums_kernel, {"dy_ptr": t, "x_ptr": t, "mean_ptr": f, "rstd_ptr": f, "part_ptr": f, "C": i,
+        (_bn_bwd_sums_kernel, {"dy_ptr": t, "x_ptr": t, "mean_ptr": f, "rstd_ptr": f, "part_ptr": "*fp64", "C": i,
                                "HW": i, "M": i, "chunk": i, "BLOCK": "constexpr"}, block, CONFIG.warps),
-        (_bn_bwd_apply_kernel, {"dy_ptr": t, "x_ptr": t, "w_ptr": t, "mean_ptr": f, "rstd_ptr": f, "part_ptr": f,
+        (_bn_bwd_apply_kernel, {"dy_ptr": t, "x_ptr": t, "w_ptr": t, "mean_ptr": f, "rstd_ptr": f, "part_ptr": "*fp64",
                                 "dx_ptr": t, "dw_ptr": t, "db_ptr": t, "C": i, "HW": i, "M": i, "chunk": i,
                                 "SPLIT_P2": "constexpr", "BLOCK": "constexpr"}, both, CONFIG.warps),
     ]  # fmt: skip
