@@ -30,6 +30,9 @@ OP_MODULES = [
     "kernellab.ops.reductions",
     "kernellab.ops.matmul",
     "kernellab.ops.attention",
+    "kernellab.ops.relu",
+    "kernellab.ops.pool",
+    "kernellab.ops.conv2d",
 ]
 
 DTYPES = {
