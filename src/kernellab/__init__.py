@@ -22,10 +22,13 @@ from kernellab.ops.batch_norm2d import batch_norm2d  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
+from kernellab.ops.conv2d import conv2d  # noqa: E402
 from kernellab.ops.norms.layer_norm import layer_norm  # noqa: E402
 from kernellab.ops.norms.rms_norm import rms_norm  # noqa: E402
+from kernellab.ops.pool import max_pool2d  # noqa: E402
 from kernellab.ops.reductions.max import argmax, max  # noqa: E402,A004
 from kernellab.ops.reductions.sum import sum  # noqa: E402,A004
+from kernellab.ops.relu import relu  # noqa: E402
 from kernellab.ops.softmax import softmax  # noqa: E402
 from kernellab.ops.spec import get_spec  # noqa: E402
 from kernellab.registry import Impl, get, impls, op_names, register, unregister  # noqa: E402
@@ -39,6 +42,7 @@ __all__ = [
     "argmax",
     "attention",
     "batch_norm2d",
+    "conv2d",
     "cross_entropy",
     "gelu",
     "get",
@@ -47,8 +51,10 @@ __all__ = [
     "layer_norm",
     "matmul",
     "max",
+    "max_pool2d",
     "op_names",
     "register",
+    "relu",
     "rms_norm",
     "softmax",
     "sum",

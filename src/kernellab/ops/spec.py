@@ -31,6 +31,9 @@ OP_MODULES = [
     "kernellab.ops.matmul",
     "kernellab.ops.attention",
     "kernellab.ops.batch_norm2d",
+    "kernellab.ops.relu",
+    "kernellab.ops.pool",
+    "kernellab.ops.conv2d",
 ]
 
 DTYPES = {

@@ -1,0 +1,1 @@
+max_pool2d = None
