@@ -31,6 +31,7 @@ from kernellab.ops.reductions.sum import sum  # noqa: E402,A004
 from kernellab.ops.relu import relu  # noqa: E402
 from kernellab.ops.softmax import softmax  # noqa: E402
 from kernellab.ops.spec import get_spec  # noqa: E402
+from kernellab.optim import sgd_step  # noqa: E402
 from kernellab.registry import Impl, get, impls, op_names, register, unregister  # noqa: E402
 
 _registry.warm_defaults()
@@ -56,6 +57,7 @@ __all__ = [
     "register",
     "relu",
     "rms_norm",
+    "sgd_step",
     "softmax",
     "sum",
     "unregister",
