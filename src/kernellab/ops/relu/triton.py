@@ -20,10 +20,11 @@ def _relu_fwd_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)  # int64: n may exceed 2^31
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
+    # compared in fp32: exact for fp16/bf16 (the interpreter compares bf16 as raw bits)
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
     # x != x: NaN passes through (tl.maximum(x, 0) may return 0 for NaN)
-    y = tl.where((x > 0) | (x != x), x, tl.zeros_like(x))
-    tl.store(y_ptr + offs, y, mask=mask)
+    y = tl.where((x > 0) | (x != x), x, 0.0)
+    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton_support.jit
@@ -32,9 +33,9 @@ def _relu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask)
-    dy = tl.load(dy_ptr + offs, mask=mask)
-    tl.store(dx_ptr + offs, tl.where(x <= 0, tl.zeros_like(dy), dy), mask=mask)
+    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+    dy = tl.load(dy_ptr + offs, mask=mask).to(tl.float32)
+    tl.store(dx_ptr + offs, tl.where(x <= 0, 0.0, dy).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def _fwd(x):
