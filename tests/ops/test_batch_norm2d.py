@@ -67,14 +67,31 @@ def test_forward_and_gradients(backend, dtype, shape):
     _assert_fwd_bwd(backend, SPEC.make_inputs(shape, dtype, "cpu", seed), dtype, seed=seed)
 
 
-def test_triton_takes_several_chunks_and_blocks():
-    """The shapes above reach the Triton kernels' split merge and block loop: (2, 13, 9, 11)
-    has 198 values per channel, 2 chunks of 128 under the interpreter, a masked tail."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("block,split", [(16, 3), (32, 2), (512, 3)])
+def test_triton_chunks_and_blocks(dtype, block, split):
+    """The Triton launchers with small blocks: several chunks per channel (the partials'
+    merge) of several blocks each (the block loop, Chan's running merge) and a masked
+    tail; (4, 5, 7, 9) has 252 values per channel. Statistics and gradients vs float64."""
     from kernellab.ops.batch_norm2d import triton as bt
 
-    assert bt.grid_of(13, 198, torch.device("cpu")) == (128, 2, 128)
-    assert bt.grid_of(7, 75, torch.device("cpu")) == (128, 1, 128)
-    assert bt.grid_of(3, 3 * 1024, torch.device("cpu"))[1] == 3
+    cfg = bt.Config(interp_block=block, interp_split=split)
+    _, got_split, chunk = bt.grid_of(5, 252, torch.device("cpu"), cfg)
+    assert got_split == (split if block < 252 else 1) and chunk % block == 0
+    x, w, b = SPEC.make_inputs((4, 5, 7, 9), dtype, "cpu", block)
+    y, mean, rstd = bt.bn_fwd(x, w, b, 1e-5, cfg)
+    x64 = x.double()
+    torch.testing.assert_close(mean.double(), x64.mean((0, 2, 3)), rtol=0, atol=1e-6)
+    torch.testing.assert_close(rstd.double(), (x64.var((0, 2, 3), unbiased=False) + 1e-5).rsqrt(), rtol=1e-6, atol=0)
+    v = judge(y, SPEC.ref(x, w, b), dtype, _torch(x, w, b))
+    assert v.ok, f"forward: {v.detail}"
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    got = bt.bn_bwd(dy, x, w, mean, rstd, cfg)
+    ref = _grads(lambda *a: batch_norm2d_reference(*a), [a.double() for a in (x, w, b)], dy.double())
+    base = _grads(_torch, (x, w, b), dy)
+    for name, g, r, t in zip(("dx", "dweight", "dbias"), got, ref, base):
+        v = judge(g, r, dtype, t)
+        assert v.ok, f"{name}: {v.detail}"
 
 
 def _layout_params():

@@ -238,6 +238,7 @@ class Trainer:
             self.sgd = sgd
         self.graph = None
         self.loss = None
+        self.warm_losses: list[float] = []
 
     def _step(self) -> torch.Tensor:
         x, y = self.batches.next()
@@ -262,9 +263,9 @@ class Trainer:
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
-            for _ in range(3):
-                self._step()
+            warm = [self._step() for _ in range(3)]
         torch.cuda.current_stream().wait_stream(s)
+        self.warm_losses = [float(v) for v in warm]  # steps 1-3 (the first replay is step 4)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.loss = self._step()
@@ -305,6 +306,8 @@ def time_steps(trainer: Trainer, warmup: int = 10, steps: int = 100) -> dict:
     dev = trainer.params[0].device
     t0 = time.perf_counter()
     first = float(trainer.step())
+    if trainer.warm_losses:  # a graph: the first replay was step 4
+        first = trainer.warm_losses[0]
     for _ in range(warmup - 1):
         trainer.step()
     _sync(dev)
