@@ -88,7 +88,11 @@ def pack_(params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def packed_span(ts: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """The flat 1-D view covering ``ts`` when they are contiguous, of one dtype, and lie
-    back to back in one storage in order; else None."""
+    back to back in one storage in order; else None. Empty tensors are passed over (an
+    empty view may carry any address)."""
+    ts = [t for t in ts if t.numel()]
+    if not ts:
+        return None
     first = ts[0]
     es = first.element_size()
     ptr = first.data_ptr()
@@ -151,6 +155,8 @@ def _torch(params, grads, lr):
 
 
 def _triton(params, grads, lr):
+    if not any(p.numel() for p in params):
+        return
     pf = packed_span(params)
     if pf is None:
         raise ValueError(
