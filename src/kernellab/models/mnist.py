@@ -11,7 +11,7 @@ One module, :class:`CNN`, owns the parameters as PyTorch modules (nn.Conv2d, nn.
 nn.Linear: PyTorch's initialization, drawn from one seed), and runs its forward through an
 op set, as ``kernellab.models.gpt`` does. Each op is a named slot (SLOTS):
 
-- ``"pytorch"``: the modules themselves (cuDNN conv, PyTorch's batch norm, F.relu,
+- ``"pytorch"``: the modules themselves (nn.Conv2d (cuDNN), nn.BatchNorm2d, F.relu,
   F.max_pool2d, nn.Linear, F.cross_entropy): the reference model of ``--compare``.
 - a kernellab backend name (``"triton"``, ``"cuda"``, ...) or None (kernellab's default per
   op) for every slot: kernellab.conv2d, batch_norm2d, relu, max_pool2d, matmul (linear: x @
@@ -59,11 +59,16 @@ BN_EPS = 1e-5
 # --------------------------------------------------------------------------- op sets
 
 
+# Layer slots (conv, bn, linear) take the nn module holding the parameters: PyTorch's op set
+# calls the module itself (nn.Conv2d, nn.BatchNorm2d, nn.Linear: the reference model), a
+# kernellab one reads its weight and bias.
+
+
 def _kl_op(slot: str, be):
     if slot == "conv":
-        return lambda x, w, b: kernellab.conv2d(x, w, b, 1, 1, backend=be)
+        return lambda x, m: kernellab.conv2d(x, m.weight, m.bias, 1, 1, backend=be)
     if slot == "bn":
-        return lambda x, w, b: kernellab.batch_norm2d(x, w, b, BN_EPS, backend=be)
+        return lambda x, m: kernellab.batch_norm2d(x, m.weight, m.bias, BN_EPS, backend=be)
     if slot == "relu":
         return lambda x: kernellab.relu(x, backend=be)
     if slot == "pool":
@@ -74,20 +79,20 @@ def _kl_op(slot: str, be):
         # host wait (torch, manual backends) that PyTorch's F.cross_entropy does not pay.
         return lambda logits, y: kernellab.cross_entropy(logits, y, backend=be, check_targets=False)
 
-    def linear(x, w, b, act=None):  # kernellab.matmul takes [M, K] @ [K, N]; bias and relu in its epilogue
-        return kernellab.matmul(x, w.t(), b, act, backend=be)
+    def linear(x, m, act=None):  # kernellab.matmul takes [M, K] @ [K, N]; bias and relu in its epilogue
+        return kernellab.matmul(x, m.weight.t(), m.bias, act, backend=be)
 
     return linear
 
 
-def _torch_ops(m: CNN) -> dict:
-    def linear(x, w, b, act=None):
-        y = F.linear(x, w, b)
+def _torch_ops() -> dict:
+    def linear(x, m, act=None):
+        y = m(x)
         return F.relu(y) if act == "relu" else y
 
     return dict(
-        conv=lambda x, w, b: F.conv2d(x, w, b, 1, 1),
-        bn=lambda x, w, b: torch.batch_norm(x, w, b, None, None, True, 0.0, BN_EPS, torch.backends.cudnn.enabled),
+        conv=lambda x, m: m(x),
+        bn=lambda x, m: m(x),  # nn.BatchNorm2d(track_running_stats=False): batch statistics always
         relu=F.relu,
         pool=lambda x: F.max_pool2d(x, 2),
         linear=linear,
@@ -137,7 +142,7 @@ class CNN(nn.Module):
 
     def set_ops(self, backends) -> None:
         self.chosen = op_set(backends)
-        torch_ops = _torch_ops(self)
+        torch_ops = _torch_ops()
         self.ops = {s: (torch_ops[s] if be == "pytorch" else _kl_op(s, be)) for s, be in self.chosen.items()}
 
     @property
@@ -151,18 +156,18 @@ class CNN(nn.Module):
         o = self.ops
         for i, (conv, bn) in enumerate(((self.conv1, self.bn1), (self.conv2, self.bn2)), 1):
             with self._range(f"conv{i}"):
-                x = o["conv"](x, conv.weight, conv.bias)
+                x = o["conv"](x, conv)
             with self._range(f"bn{i}"):
-                x = o["bn"](x, bn.weight, bn.bias)
+                x = o["bn"](x, bn)
             with self._range(f"relu{i}"):
                 x = o["relu"](x)
             with self._range(f"pool{i}"):
                 x = o["pool"](x)
         x = x.reshape(x.shape[0], -1)
         with self._range("fc1+relu"):
-            x = o["linear"](x, self.fc1.weight, self.fc1.bias, "relu")
+            x = o["linear"](x, self.fc1, "relu")
         with self._range("fc2"):
-            return o["linear"](x, self.fc2.weight, self.fc2.bias)
+            return o["linear"](x, self.fc2)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         logits = self.logits(x)
