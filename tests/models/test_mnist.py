@@ -139,13 +139,15 @@ def test_cli_train_mnist_compare_on_the_cpu(cli_run, tmp_path):
 @pytest.mark.parametrize("backends", ["pytorch", "triton", "cuda", None], ids=str)
 def test_gpu_graph_replays_the_eager_steps(backends):
     """The whole step in one CUDA graph (batch load, forward, backward, update, zero-grad)
-    gives the eager step's losses and weights: 3 warm-up steps eagerly, then replays."""
+    gives the eager step's losses and weights: 3 warm-up steps eagerly, then replays. (A
+    stale batch or a lost update moves the loss by ~0.1; the tolerance leaves room for
+    cuDNN's nondeterministic weight-gradient sums flipping a max-pool choice.)"""
     data = mnist_data.load(None, "cuda")
     eager = _run(backends, data, 8, 64, device="cuda")
     model = mnist.make(backends, "cuda", 0)
     trainer = mnist.Trainer(model, mnist.Batches(data.train_x, data.train_y, 64, 0), "graph", 0.05)
     replayed = [float(trainer.step()) for _ in range(5)]
-    _assert_same_training((trainer.warm_losses + replayed, model), eager, rtol=1e-4, atol=1e-5)
+    _assert_same_training((trainer.warm_losses + replayed, model), eager, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.gpu
