@@ -171,8 +171,10 @@ def _conv_wgrad_kernel(
 def _consts(t: torch.Tensor) -> dict:
     if t.device.type != "cuda":  # the interpreter: no 16-bit dots, exact fp32
         return dict(PRECISION="ieee", UPCAST=True)
-    tf32 = t.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
-    return dict(PRECISION="tf32" if tf32 else "ieee", UPCAST=False)
+    # fp32: as cuDNN's setting says; fp16/bf16 dots ignore it ("tf32", as the matmul
+    # kernels pass: "ieee" is meant for fp32 operands)
+    ieee = t.dtype == torch.float32 and not torch.backends.cudnn.allow_tf32
+    return dict(PRECISION="ieee" if ieee else "tf32", UPCAST=False)
 
 
 def _clamp_pow2(n: int, lo: int, hi: int) -> int:
@@ -266,8 +268,7 @@ def _kernel_specs(dtype: str):
     sig = {"x_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "y_ptr": f"*{dtype}"}
     for name in ("C", "H", "W", "K", "P", "Q", "R", "S", "M", "sxn", "sxc", "sxh", "sxw", "SH", "SW", "PH", "PW"):
         sig[name] = "i32"
-    precision = "tf32" if dtype == "fp32" else "ieee"
-    consts = dict(HAS_BIAS=True, PRECISION=precision, UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+    consts = dict(HAS_BIAS=True, PRECISION="tf32", UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
     return [(_conv_fwd_kernel, sig, consts, 4)]
 
 
