@@ -1,4 +1,5 @@
-"""The conv ladder of issue 18: cuda_v1 -> cuda_v2 -> cuda, triton, fft against cuDNN
+"""The conv ladder of issue 18: cuda_v1 -> cuda_v2 -> cuda (-> cuda_v4, tensor cores, 16-bit),
+triton, fft against cuDNN
 (backend "torch"), at the MNIST model's conv layers (batch 64, 256, 1024) and the issue's
 large layer (N 32, C 64, 56x56, K 64, 3x3), all 3x3 with padding 1; fwd and fwdbwd;
 TFLOP/s from the OpSpec's count (2 N K P Q C R S per pass, fwdbwd 3x) and % of cuDNN's
@@ -31,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-LADDER = ["cuda_v1", "cuda_v2", "cuda", "triton", "fft", "torch"]
+LADDER = ["cuda_v1", "cuda_v2", "cuda", "cuda_v4", "triton", "fft", "torch"]  # (cuda_v4: 16-bit only)
 MNIST = [(b, 1, 28, 28, 32, 3, 3) for b in (64, 256, 1024)] + [(b, 32, 14, 14, 64, 3, 3) for b in (64, 256, 1024)]
 LARGE = [(32, 64, 56, 56, 64, 3, 3)]
 SWEEP_KERNELS = (3, 5, 7, 9, 11, 15)

@@ -84,7 +84,8 @@ def _matrix():
 
 def test_backends_here():
     assert {"manual", "torch", "triton", "fft"} <= set(CPU)
-    assert {"cuda", "cuda_v1", "cuda_v2"} <= set(cuda_backends(OP))
+    assert {"cuda", "cuda_v1", "cuda_v2", "cuda_v4"} <= set(cuda_backends(OP))
+    assert registry.get(OP, "cuda_v4").dtypes == (torch.float16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("backend,dtype,case", _matrix())
@@ -290,6 +291,8 @@ def test_gpu_forward_and_gradients(backend, dtype):
     impl = registry.get(OP, backend)
     if impl.why_unavailable("cuda"):
         pytest.skip(impl.why_unavailable("cuda"))
+    if dtype not in (impl.dtypes or SPEC.dtypes):
+        pytest.skip(f"{backend} takes {impl.dtypes}")
     for case in GPU_CASES:
         shape, stride, padding = case
         args = SPEC.make_inputs(shape, dtype, "cuda", seed_for(backend, case))
@@ -299,9 +302,9 @@ def test_gpu_forward_and_gradients(backend, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", ["cuda", "cuda_v1", "cuda_v2", "triton", "fft"])
+@pytest.mark.parametrize("backend", ["cuda", "cuda_v1", "cuda_v2", "cuda_v4", "triton", "fft"])
 def test_gpu_check_engine(backend):
-    for dtype in DTYPES:
+    for dtype in registry.get(OP, backend).dtypes or DTYPES:
         rep = check_impl(registry.get(OP, backend), dtype, device="cuda", quick=True)
         assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
 

@@ -263,13 +263,31 @@ conv2d_triton = _kit.conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_b
 
 
 def _kernel_specs(dtype: str):
-    """For `kernellab asm`: the forward kernel as it runs at the MNIST model's second
-    layer (C 32 -> K 64, 3x3: BLOCK_N 64, BLOCK_K 32)."""
-    sig = {"x_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "y_ptr": f"*{dtype}"}
-    for name in ("C", "H", "W", "K", "P", "Q", "R", "S", "M", "sxn", "sxc", "sxh", "sxw", "SH", "SW", "PH", "PW"):
-        sig[name] = "i32"
-    consts = dict(HAS_BIAS=True, PRECISION="tf32", UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
-    return [(_conv_fwd_kernel, sig, consts, 4)]
+    """For `kernellab asm`: the three kernels as they run at the MNIST model's second layer
+    (C 32 -> K 64, 3x3: forward BLOCK_N 64, BLOCK_K 32)."""
+    geom = ("C", "H", "W", "K", "P", "Q", "R", "S")
+    xs = ("sxn", "sxc", "sxh", "sxw")
+    conv = ("SH", "SW", "PH", "PW")
+    tiles = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+    cx = dict(PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False, **tiles)
+
+    def sig(ptrs, ints, consts):
+        out = {p: t for p, t in ptrs}
+        out.update({n: "i32" for n in ints})
+        out.update({n: "constexpr" for n in consts})
+        return out
+
+    p = f"*{dtype}"
+    fwd = sig([("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)], geom + ("M",) + xs + conv,
+              ("HAS_BIAS",) + tuple(cx))  # fmt: skip
+    dgrad = sig([("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)], geom + ("M",) + conv, tuple(cx))
+    wgrad = sig([("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp32"), ("db_part_ptr", "*fp32")],
+                geom + ("NPQ", "CHUNK") + xs + conv, tuple(cx))  # fmt: skip
+    return [
+        (_conv_fwd_kernel, fwd, dict(cx, HAS_BIAS=True), 4),
+        (_conv_dgrad_kernel, dgrad, cx, 4),
+        (_conv_wgrad_kernel, wgrad, cx, 4),
+    ]
 
 
 triton_support.register_triton(
