@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 LADDER = ["cuda_v1", "cuda_v2", "cuda", "cuda_v4", "triton", "fft", "torch"]  # (cuda_v4: 16-bit only)
-MNIST = [(b, 1, 28, 28, 32, 3, 3) for b in (64, 256, 1024)] + [(b, 32, 14, 14, 64, 3, 3) for b in (64, 256, 1024)]
+MNIST = [(b, 1, 28, 28, 32, 3, 3) for b in (64, 256, 1024)]
+MNIST += [(b, 32, 14, 14, 64, 3, 3) for b in (64, 256, 1024)]
 LARGE = [(32, 64, 56, 56, 64, 3, 3)]
 SWEEP_KERNELS = (3, 5, 7, 9, 11, 15)
 
@@ -55,15 +56,20 @@ def run_checks(out: Path, dtypes) -> None:
             rep = check_impl(impl, dtype, device="cuda", quick=True)
             reports.append(rep.to_dict())
             fails = "; ".join(f"{c.kind} {c.name}: {c.detail}"[:160] for c in rep.failures[:3])
-            _log(f"check conv2d {impl.backend:8s} {str(dtype)[6:]:9s} {rep.status:9s} {time.time() - t:5.1f} s {fails}")
+            took = time.time() - t
+            _log(f"check conv2d {impl.backend:8s} {str(dtype)[6:]:9s} {rep.status:9s} {took:5.1f} s {fails}")
     (out / "conv_check.json").write_text(json.dumps(reports, indent=1, default=str))
 
 
 def _table(rows, title: str) -> str:
     """Per shape x dtype x mode: each backend's median ms, TFLOP/s and % of cuDNN (cuDNN
     time / its time: above 100% is faster than cuDNN)."""
-    lines = [f"### {title}", "", "| shape (N,C,H,W,K,R,S) | dtype | mode | backend | ms | TFLOP/s | % of cuDNN |",
-             "|---|---|---|---|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        f"### {title}",
+        "",
+        "| shape (N,C,H,W,K,R,S) | dtype | mode | backend | ms | TFLOP/s | % of cuDNN |",
+        "|---|---|---|---|---:|---:|---:|",
+    ]
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["shape"], r["dtype"], r["mode"], r.get("options", "")), []).append(r)
@@ -142,9 +148,10 @@ def main(argv=None) -> int:
             for r in got:
                 r["sweep"] = "kernel_size"
             sweep += got
-            _log(f"kernel {k}x{k}: " + ", ".join(f"{r['backend']} {r.get('median_ms')}" for r in got))
+            _log(f"kernel {k}x{k}: " + ", ".join(f"{r['backend']} {r.get('median_ms')} ms" for r in got))
         results.write_jsonl(sweep, path)
-        tables.append(_table(sweep, "FFT against direct convolution by kernel size (fp32, fwd, 'same' padding)"))
+        title = "FFT against direct convolution by kernel size (fp32, fwd, 'same' padding)"
+        tables.append(_table(sweep, title))
 
     text = "\n\n".join(tables) + "\n"
     (out / "conv_ladder.md").write_text(text)

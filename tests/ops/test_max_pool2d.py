@@ -166,7 +166,9 @@ def test_custom_ops_opcheck():
 
 def test_triton_under_torch_compile_fullgraph():
     x = torch.randn(2, 3, 8, 8)
-    f = torch.compile(lambda t: kernellab.max_pool2d(t, backend="triton") * 2, fullgraph=True, backend="aot_eager")
+    f = torch.compile(
+        lambda t: kernellab.max_pool2d(t, backend="triton") * 2, fullgraph=True, backend="aot_eager"
+    )
     leaf = x.clone().requires_grad_()
     f(leaf).sum().backward()
     ref = x.clone().requires_grad_()

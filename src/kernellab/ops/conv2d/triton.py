@@ -154,7 +154,8 @@ def _conv_wgrad_kernel(
         ih = ((rem // Q) * SH - PH)[:, None] + r[None, :]
         iw = ((rem % Q) * SW - PW)[:, None] + s[None, :]
         b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        b = tl.load(x_ptr + (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw, mask=b_ok, other=0.0)
+        b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
+        b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
         a32 = a.to(tl.float32)
         db += tl.sum(a32, axis=1)
         if UPCAST:
@@ -162,7 +163,8 @@ def _conv_wgrad_kernel(
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
     tl.store(dw_part_ptr + out, acc, mask=m_ok[:, None] & n_ok[None, :])
-    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & ((offs_m * 0 + pid_n) == 0))  # (a tensor mask: the interpreter)
+    first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)
+    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
 
 # --------------------------------------------------------------------------- launchers
