@@ -335,3 +335,17 @@ def test_gpu_cuda_graph_capture():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(yg, y)
+
+
+@pytest.mark.parametrize("op", ["conv2d", "max_pool2d"])  # (relu: gelu's streaming kernel shape)
+def test_triton_kernels_compile_for_sm90_ahead_of_time(op):
+    """No GPU needed: triton.compile for an sm_90 target, so a kernel that only the GPU
+    compiler refuses (a dot's precision argument, a mask's type) fails here. fp32 (IEEE
+    dots) and bf16 (tensor-core dots) for conv2d; bf16 for max_pool2d."""
+    from kernellab.inspect import asm
+
+    n = {"conv2d": 3, "max_pool2d": 2}[op]
+    for dtype in ("fp32", "bf16") if op == "conv2d" else ("bf16",):
+        kernels, note = asm.triton_report(kernellab.get(op, "triton"), dtype, "sm_90")
+        assert len(kernels) == n, note
+        assert all(k.counts["ptx_local"] == 0 for k in kernels), [k.name for k in kernels]
