@@ -4,7 +4,7 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check bench rowwise norms ce reductions matmul attention host gpt
+#   stages: env tests check bench rowwise norms ce reductions matmul attention conv host gpt
 #   launch profile sanitize summary (default: env tests check bench launch sanitize summary, in
 #   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
 #   split them over two device calls when one would pass the 10-minute limit.
@@ -100,6 +100,11 @@ fi
 if want norms; then
 step "layer_norm, rms_norm (issue 3)"
 run python3 scripts/gpu_norms.py --out "$OUT/norms"
+fi
+
+if want conv; then
+step "conv2d ladder, max_pool2d, relu (issue 18)"
+run python3 scripts/conv_ladder.py --out "$OUT/conv" --check
 fi
 
 if want ce; then

@@ -46,7 +46,12 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--profile", action="store_true", help="torch.profiler table per variant and batch size")
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--tf32", choices=["default", "on", "off"], default="default",
+                    help="cuDNN and cuBLAS TF32 for fp32 (default: PyTorch's defaults, cuDNN on, matmul off; "
+                    "the flags land in every row)")
     args = ap.parse_args()
+    if args.tf32 != "default":
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.tf32 == "on"
     if not torch.cuda.is_available():
         raise SystemExit("mnist_compare.py: needs a GPU (the CLI's `kernellab train mnist --compare` runs on the CPU)")
     os.makedirs(args.out, exist_ok=True)

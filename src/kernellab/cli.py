@@ -221,11 +221,13 @@ def cmd_bench(args) -> int:
     except ValueError as e:
         console.print(f"[red]{e}[/]")
         return 2
-    if args.tf32:
-        import torch
+    import torch
 
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    # TF32 the same way for every backend: PyTorch's default lets cuDNN's fp32 convolutions
+    # take TF32 (matmuls not); conv2d's cuda kernels never do, its Triton kernels follow
+    # cudnn.allow_tf32. Off for both unless --tf32.
+    torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+    torch.backends.cudnn.allow_tf32 = bool(args.tf32)
     rows = []
     try:
         with _progress() as prog:
@@ -980,7 +982,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", action="append", help="fwd, bwd, fwdbwd (default fwd)")
     s.add_argument("--graph", action="store_true", help="time CUDA-graph replays (launch-bound work)")
     s.add_argument("--no-flush", action="store_true", help="do not flush the L2 between calls")
-    s.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (for every backend alike)")
+    s.add_argument(
+        "--tf32", action="store_true", help="allow TF32 matmuls and cuDNN convolutions (every backend alike)"
+    )
     s.add_argument("--budget", type=float, default=1.5, help="seconds of timing per measurement (max)")
     s.add_argument("--opt", action="append", help="keyword option KEY=VALUE, e.g. causal=true (repeatable)")
     s.add_argument("--json", help="append result rows to this JSONL file")

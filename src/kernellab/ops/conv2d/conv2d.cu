@@ -20,6 +20,11 @@
 //                        shared loads), the next slice's global loads issued before the
 //                        current slice's math (register prefetch). SIMT fp32 FMAs: no
 //                        tensor cores (mma/wmma for 16-bit is not done; see cuda.py).
+//   v4  conv2d_fwd_tc_*  (backend "cuda_v4", fp16 / bf16 only) v3's implicit GEMM on tensor
+//                        cores: mma.sync.m16n8k16 with ldmatrix from padded shared tiles
+//                        (64 x 64 x 32 block tile, 4 warps of 32 x 32). Not yet measured on
+//                        a GPU: a separate backend until the gpu tests and the ladder say
+//                        it is right and faster; then it becomes "cuda" for 16-bit.
 //   backward (all variants): conv2d_dgrad_* and conv2d_wgrad_* are the same implicit
 //                        GEMM main loop with other gathers (dgrad: the transposed
 //                        convolution, dy gathered where (h + ph - r) / sh is exact;
@@ -307,6 +312,124 @@ __device__ void dbias(const T* __restrict__ dy, T* __restrict__ db, Geom g) {
     }
 }
 
+// ----------------------------------------------------------------------------- v4: tensor cores
+//
+// fp16 / bf16 forward: the same implicit GEMM, its 64 x 64 x 32 block tile multiplied by
+// mma.sync.m16n8k16 (fp32 accumulators) instead of FMAs. 4 warps, each a 32 x 32 warp tile
+// (2 m16 x 4 n8 MMA tiles, 2 k16 steps per slice). Operands move shared -> registers with
+// ldmatrix (.trans for B, stored [k][n]); rows padded to 40 and 72 halfs (80 B and 144 B
+// apart) so each ldmatrix phase touches distinct banks (as matmul.cu's v8). The gather
+// (im2col addresses, zero padding) cannot use cp.async's 16-byte copies (neighbouring
+// reduction indices are not neighbours in x): each thread gathers 16 + 16 scalars per
+// slice into registers, issued before the current slice's MMAs.
+constexpr int kTcBM = 64, kTcBN = 64, kTcBK = 32, kTcThreads = 128;
+constexpr int kTcAPitch = kTcBK + 8, kTcBPitch = kTcBN + 8;
+
+__device__ __forceinline__ unsigned short bits_of(float v, __half*) { return __half_as_ushort(__float2half_rn(v)); }
+__device__ __forceinline__ unsigned short bits_of(float v, __nv_bfloat16*) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+template <bool BF16>
+__device__ __forceinline__ void mma_16816(float* c, const unsigned* a, const unsigned* b) {
+    if (BF16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+}
+
+template <typename T, bool BF16>
+__device__ void fwd_tc(const FwdProblem<T>& prob, int M, int Nn, int Kred) {
+    __shared__ __align__(128) unsigned short As[kTcBM * kTcAPitch];  // [m][k]
+    __shared__ __align__(128) unsigned short Bs[kTcBK * kTcBPitch];  // [k][n]
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;
+    const int m0 = blockIdx.x * kTcBM, n0 = blockIdx.y * kTcBN;
+    const int lm = t % 64, lk = t / 64;  // this thread gathers row / column lm, k = lk + 2 i
+    const typename FwdProblem<T>::Row row = prob.row(m0 + lm);
+    const typename FwdProblem<T>::Col col = prob.col(n0 + lm);
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    float ra[16], rb[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int kk = lk + 2 * i;
+        ra[i] = kk < Kred ? prob.a(row, kk) : 0.0f;
+        rb[i] = kk < Kred ? prob.bv(col, kk) : 0.0f;
+    }
+    for (int k0 = 0; k0 < Kred; k0 += kTcBK) {
+        __syncthreads();  // the previous slice's ldmatrix reads are done
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            As[lm * kTcAPitch + lk + 2 * i] = bits_of(ra[i], (T*)nullptr);
+            Bs[(lk + 2 * i) * kTcBPitch + lm] = bits_of(rb[i], (T*)nullptr);
+        }
+        __syncthreads();
+        if (k0 + kTcBK < Kred) {  // the next slice's gathers in flight during the MMAs
+#pragma unroll
+            for (int i = 0; i < 16; ++i) {
+                const int kk = k0 + kTcBK + lk + 2 * i;
+                ra[i] = kk < Kred ? prob.a(row, kk) : 0.0f;
+                rb[i] = kk < Kred ? prob.bv(col, kk) : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < kTcBK; kk += 16) {
+            unsigned af[2][4], bf[4][2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                // lanes 0-15: rows 0-15 at column kk; lanes 16-31: the same rows at kk + 8
+                const unsigned short* p = As + (wm + i * 16 + (lane % 16)) * kTcAPitch + kk + (lane / 16) * 8;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3])
+                             : "r"(smem_u32(p)));
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j += 2) {
+                // matrices: (k 0-7, n j*8), (k 8-15, n j*8), (k 0-7, n j*8+8), (k 8-15, n j*8+8)
+                const unsigned short* p =
+                    Bs + (kk + (lane % 8) + ((lane / 8) % 2) * 8) * kTcBPitch + wn + j * 8 + (lane / 16) * 8;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1])
+                             : "r"(smem_u32(p)));
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) mma_16816<BF16>(acc[i][j], af[i], bf[j]);
+        }
+    }
+    // Fragment of an m16n8 tile: lane holds (g, 2q), (g, 2q + 1), (g + 8, 2q), (g + 8, 2q + 1).
+    const int g = lane / 4, q = lane % 4;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int m = m0 + wm + i * 16 + g + (e / 2) * 8;
+                const int n = n0 + wn + j * 8 + 2 * q + (e % 2);
+                if (m < M && n < Nn) prob.store(m, n, acc[i][j][e]);
+            }
+}
+
 }  // namespace
 
 // grid: v1 ceil(N K P Q / 256) x 256 threads; v2 (N tiles_p tiles_q, ceil(K / 8)) x (16, 16)
@@ -343,3 +466,13 @@ __device__ void dbias(const T* __restrict__ dy, T* __restrict__ db, Geom g) {
         dbias<T>(dy, db, KL_GEOM);                                                                      \
     }
 KL_FOR_EACH_DTYPE(KL_CONV)
+
+// v4 (tensor cores): 16-bit only; grid (ceil(N P Q / 64), ceil(K / 64)) x 128 threads.
+#define KL_CONV_TC(NAME, T, BF16)                                                                     \
+    extern "C" __global__ void __launch_bounds__(kTcThreads)                                           \
+        conv2d_fwd_tc_##NAME(const T* x, const T* w, const T* b, T* y, KL_GEOM_PARAMS) {                \
+        const Geom g = KL_GEOM;                                                                         \
+        fwd_tc<T, BF16>(FwdProblem<T>{x, w, b, y, g}, N * P * Q, K, C * R * S);                         \
+    }
+KL_CONV_TC(f16, __half, false)
+KL_CONV_TC(bf16, __nv_bfloat16, true)

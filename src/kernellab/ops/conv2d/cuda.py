@@ -7,9 +7,13 @@ Backends (see the variant list at the top of conv2d.cu):
 All three share one backward: ``cuda``'s implicit-GEMM dgrad and split wgrad, and a row
 sum for dbias (v1 and v2 differ in their forward only, the part the course ladders).
 
-Not done: tensor cores. The 16-bit forward runs the same fp32-FMA loop as fp32 (the
-operands converted on load); an mma.sync / wmma main loop is the next variant. x is read
-contiguous NCHW (a channels_last or strided x is packed first: one extra copy of x).
+  ``cuda_v4``  fp16 / bf16 forward on tensor cores (mma.sync.m16n8k16, ldmatrix): v3's
+               implicit GEMM with MMAs. Written and compiled here, not yet run on a GPU: a
+               backend of its own (16-bit only) until the gpu tests pass and the ladder
+               shows it faster; then ``cuda`` should dispatch 16-bit inputs to it.
+``cuda``'s 16-bit forward runs the same fp32-FMA loop as fp32 (operands converted on
+load). The backward has no tensor-core variant yet. x is read contiguous NCHW (a
+channels_last or strided x is packed first: one extra copy of x).
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from kernellab.cuda.runtime import Module, register_cuda, sm_count
+from kernellab.cuda.runtime import Module, nvrtc_unavailable, register_cuda, sm_count
 from kernellab.ops.conv2d import _kit, out_size
+from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("conv2d.cu"))
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -28,6 +33,8 @@ BM = BN = 64  # conv2d.cu's kBM, kBN
 BK = 16  # kBK
 THREADS = 256
 V2_TILE, V2_K = 16, 8  # kV2Tile, kV2K
+TC_BM = TC_BN = 64  # kTcBM, kTcBN
+TC_THREADS = 128  # kTcThreads
 SHARED_DEFAULT = 48 * 1024  # dynamic shared memory without an opt-in
 GRID_YZ = 65535
 
@@ -61,6 +68,8 @@ def _grid_y(count: int, what: str) -> int:
 
 def _fwd(variant: str):
     def fwd(x, w, bias, sh, sw, ph, pw):
+        if variant == "cuda_v4" and x.dtype == torch.float32:
+            raise TypeError("conv2d (cuda_v4): x is fp32; this tensor-core backend takes fp16 / bf16")
         x = x if x.is_contiguous() else x.contiguous()
         g = _geom(x, w, sh, sw, ph, pw)
         n, c, h, wd, k, r, s, p, q = g[:9]
@@ -85,6 +94,10 @@ def _fwd(variant: str):
             kern = _kernel(f"conv2d_fwd_v2_{sfx}", ("ptr",) * 4 + _GEOM, dev)
             grid = (n * _cdiv(p, V2_TILE) * _cdiv(q, V2_TILE), _grid_y(_cdiv(k, V2_K), "w's K"))
             kern(grid, (V2_TILE, V2_TILE), x, w, b, y, *g, shared=shared, device_index=dev)
+        elif variant == "cuda_v4":
+            kern = _kernel(f"conv2d_fwd_tc_{sfx}", ("ptr",) * 4 + _GEOM, dev)
+            grid = (_cdiv(n * p * q, TC_BM), _grid_y(_cdiv(k, TC_BN), "w's K"))
+            kern(grid, TC_THREADS, x, w, b, y, *g, device_index=dev)
         else:
             kern = _kernel(f"conv2d_fwd_{sfx}", ("ptr",) * 4 + _GEOM, dev)
             grid = (_cdiv(n * p * q, BM), _grid_y(_cdiv(k, BN), "w's K"))
@@ -133,7 +146,7 @@ VARIANTS = [
     ("cuda", "CUDA v3: implicit GEMM, 64x64 smem tiles, 4x4 register blocking (SIMT fp32)"),
 ]
 
-for _backend, _what in VARIANTS:
+for _backend, _what in VARIANTS:  # (cuda_v4 below: 16-bit only)
     register_cuda(
         "conv2d",
         _backend,
@@ -141,3 +154,17 @@ for _backend, _what in VARIANTS:
         MODULE,
         _what,
     )
+
+_v4 = _kit.conv_op("conv2d_cuda_v4", _fwd("cuda_v4"), cuda_conv2d_bwd, label="conv2d (cuda_v4)")
+register(
+    "conv2d",
+    "cuda_v4",
+    devices=("cuda",),
+    available=nvrtc_unavailable,
+    precompile=MODULE.precompile,
+    custom_ops=_v4.custom_ops,
+    builtin=True,
+    description="CUDA v4: v3 on tensor cores (mma.sync m16n8k16, ldmatrix), fp16/bf16; backward: cuda's",
+    module=MODULE,
+    dtypes=(torch.float16, torch.bfloat16),
+)(_v4)

@@ -154,7 +154,8 @@ def _conv_wgrad_kernel(
         ih = ((rem // Q) * SH - PH)[:, None] + r[None, :]
         iw = ((rem % Q) * SW - PW)[:, None] + s[None, :]
         b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        b = tl.load(x_ptr + (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw, mask=b_ok, other=0.0)
+        b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
+        b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
         a32 = a.to(tl.float32)
         db += tl.sum(a32, axis=1)
         if UPCAST:
@@ -162,7 +163,8 @@ def _conv_wgrad_kernel(
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
     tl.store(dw_part_ptr + out, acc, mask=m_ok[:, None] & n_ok[None, :])
-    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & ((offs_m * 0 + pid_n) == 0))  # (a tensor mask: the interpreter)
+    first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)
+    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -171,8 +173,10 @@ def _conv_wgrad_kernel(
 def _consts(t: torch.Tensor) -> dict:
     if t.device.type != "cuda":  # the interpreter: no 16-bit dots, exact fp32
         return dict(PRECISION="ieee", UPCAST=True)
-    tf32 = t.dtype == torch.float32 and torch.backends.cudnn.allow_tf32
-    return dict(PRECISION="tf32" if tf32 else "ieee", UPCAST=False)
+    # fp32: as cuDNN's setting says; fp16/bf16 dots ignore it ("tf32", as the matmul
+    # kernels pass: "ieee" is meant for fp32 operands)
+    ieee = t.dtype == torch.float32 and not torch.backends.cudnn.allow_tf32
+    return dict(PRECISION="ieee" if ieee else "tf32", UPCAST=False)
 
 
 def _clamp_pow2(n: int, lo: int, hi: int) -> int:
@@ -261,14 +265,31 @@ conv2d_triton = _kit.conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_b
 
 
 def _kernel_specs(dtype: str):
-    """For `kernellab asm`: the forward kernel as it runs at the MNIST model's second
-    layer (C 32 -> K 64, 3x3: BLOCK_N 64, BLOCK_K 32)."""
-    sig = {"x_ptr": f"*{dtype}", "w_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "y_ptr": f"*{dtype}"}
-    for name in ("C", "H", "W", "K", "P", "Q", "R", "S", "M", "sxn", "sxc", "sxh", "sxw", "SH", "SW", "PH", "PW"):
-        sig[name] = "i32"
-    precision = "tf32" if dtype == "fp32" else "ieee"
-    consts = dict(HAS_BIAS=True, PRECISION=precision, UPCAST=False, BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
-    return [(_conv_fwd_kernel, sig, consts, 4)]
+    """For `kernellab asm`: the three kernels as they run at the MNIST model's second layer
+    (C 32 -> K 64, 3x3: forward BLOCK_N 64, BLOCK_K 32)."""
+    geom = ("C", "H", "W", "K", "P", "Q", "R", "S")
+    xs = ("sxn", "sxc", "sxh", "sxw")
+    conv = ("SH", "SW", "PH", "PW")
+    tiles = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+    cx = dict(PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False, **tiles)
+
+    def sig(ptrs, ints, consts):
+        out = {p: t for p, t in ptrs}
+        out.update({n: "i32" for n in ints})
+        out.update({n: "constexpr" for n in consts})
+        return out
+
+    p = f"*{dtype}"
+    fwd = sig([("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)], geom + ("M",) + xs + conv,
+              ("HAS_BIAS",) + tuple(cx))  # fmt: skip
+    dgrad = sig([("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)], geom + ("M",) + conv, tuple(cx))
+    wgrad = sig([("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp32"), ("db_part_ptr", "*fp32")],
+                geom + ("NPQ", "CHUNK") + xs + conv, tuple(cx))  # fmt: skip
+    return [
+        (_conv_fwd_kernel, fwd, dict(cx, HAS_BIAS=True), 4),
+        (_conv_dgrad_kernel, dgrad, cx, 4),
+        (_conv_wgrad_kernel, wgrad, cx, 4),
+    ]
 
 
 triton_support.register_triton(

@@ -148,7 +148,9 @@ SPEC = define(
 )
 
 
-def max_pool2d(x: torch.Tensor, kernel_size: int = 2, stride: int | None = None, *, backend: str | None = None):
+def max_pool2d(
+    x: torch.Tensor, kernel_size: int = 2, stride: int | None = None, *, backend: str | None = None
+) -> torch.Tensor:
     """Max pooling of ``x`` [N, C, H, W] over kernel_size x kernel_size windows (stride
     defaults to kernel_size) with the chosen backend."""
     return registry.call("max_pool2d", backend, x, kernel_size=kernel_size, stride=stride)

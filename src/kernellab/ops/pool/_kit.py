@@ -42,7 +42,8 @@ def pool_op(name: str, fwd, bwd, triton: bool = False):
             bwd=_bwd,
             fwd_fake=_fwd_fake,
             bwd_fake=lambda dy, idx, h, w, k, s: dy.new_empty((dy.shape[0], dy.shape[1], h, w)),
-            save=lambda inputs, out: ((out[1],), (inputs[0].shape[2], inputs[0].shape[3], inputs[1], inputs[2])),
+            # saved: the int8 offsets alone (not x): (H, W, k, s) rebuild dx's geometry
+            save=lambda inputs, out: ((out[1],), (*inputs[0].shape[2:], inputs[1], inputs[2])),
             bwd_args=lambda saved, extra, dy: (dy, saved[0], *extra),
             grads=lambda g, extra: (g[0], None, None),
             needs_grad=lambda x, k, s: x.requires_grad,

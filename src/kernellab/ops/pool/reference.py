@@ -11,7 +11,8 @@ from kernellab.ops.pool import geometry
 def manual_max_pool2d(x, kernel_size=2, stride=None):
     """Windows as a strided view (unfold twice), then max over the window: a max
     reduction kernel plus the copy of the overlapping windows' view. Autograd of max
-    routes the gradient to the index max returns (the first maximum)."""
+    routes the gradient to the index max returns: the first maximum, and in a window
+    holding several NaNs the first NaN (PyTorch's pooling kernel: the last NaN)."""
     k, s, p, q = geometry(x.shape[2], x.shape[3], kernel_size, stride)
     win = x.unfold(2, k, s).unfold(3, k, s)  # [N, C, P, Q, k, k] (a view)
     return win.reshape(*win.shape[:4], k * k).max(-1).values

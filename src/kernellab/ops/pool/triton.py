@@ -100,11 +100,17 @@ max_pool2d_triton = _kit.pool_op("max_pool2d_triton", triton_pool_fwd, triton_po
 
 
 def _kernel_specs(dtype: str):
-    """For `kernellab asm`: the 2x2 / stride 2 forward (the MNIST model's pool)."""
-    sig = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "idx_ptr": "*i8"}
-    for name in ("C", "P", "Q", "total", "sxn", "sxc", "sxh", "sxw", "S"):
-        sig[name] = "i32"
-    return [(_pool_fwd_kernel, sig, {"KS": 2, "BLOCK": BLOCK}, 4)]
+    """For `kernellab asm`: the 2x2 / stride 2 kernels (the MNIST model's pool)."""
+    fwd = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "idx_ptr": "*i8"}
+    fwd.update({n: "i32" for n in ("C", "P", "Q", "total", "sxn", "sxc", "sxh", "sxw", "S")})
+    fwd.update(KS="constexpr", BLOCK="constexpr")
+    bwd = {"dy_ptr": f"*{dtype}", "idx_ptr": "*i8", "dx_ptr": f"*{dtype}"}
+    bwd.update({n: "i32" for n in ("H", "W", "P", "Q", "total", "S")})
+    bwd.update(KS="constexpr", KP="constexpr", BLOCK="constexpr")
+    return [
+        (_pool_fwd_kernel, fwd, {"KS": 2, "BLOCK": BLOCK}, 4),
+        (_pool_bwd_kernel, bwd, {"KS": 2, "KP": 1, "BLOCK": BLOCK}, 4),
+    ]
 
 
 triton_support.register_triton(
