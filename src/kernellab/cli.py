@@ -693,8 +693,12 @@ def cmd_train_mnist(args) -> int:
             right["acc"] = acc
             console.print(f"epoch {epoch}: test accuracy {acc:.4f}")
 
+        variant = args.mode or "eager"
+        if variant not in mnist.VARIANTS or (variant == "graph" and device != "cuda"):
+            console.print(f"[red]--mode {variant}: mnist trains in eager, compile or graph (graph: on a GPU)[/]")
+            return 2
         result = mnist.train(backends, bsz, args.epochs, lr, device=device, on_step=on_step, on_epoch=on_epoch,
-                             data=data, variant=args.mode if args.mode in mnist.VARIANTS else "eager")  # fmt: skip
+                             data=data, variant=variant)  # fmt: skip
     losses = result["losses"]
     console.print(f"mnist ({args.backend or 'default'} ops, batch {bsz}, lr {lr}): loss {losses[0]:.3f} -> "
                   f"{losses[-1]:.3f} over {len(losses)} steps, test accuracy {result['test_acc'][-1]:.4f}, "

@@ -19,9 +19,9 @@ def digits():
     return mnist_data.load(None, "cpu")
 
 
-def _run(backends, data, steps, batch, lr=0.05, seed=0, device="cpu", variant="eager"):
+def _run(backends, data, steps, batch, lr=0.05, seed=0, device="cpu", variant="eager", sgd=None):
     model = mnist.make(backends, device, seed)
-    trainer = mnist.Trainer(model, mnist.Batches(data.train_x, data.train_y, batch, seed), variant, lr)
+    trainer = mnist.Trainer(model, mnist.Batches(data.train_x, data.train_y, batch, seed), variant, lr, sgd)
     losses = [float(trainer.step()) for _ in range(steps)]
     return losses, model
 
@@ -60,11 +60,12 @@ def test_kernellab_model_matches_pytorch_over_ten_steps(digits, backend):
 
 def test_triton_ops_in_the_model_match_pytorch(digits):
     """Two steps at batch 2 with Triton's batch_norm2d, relu, max_pool2d and cross_entropy
-    (the interpreter runs them on the CPU); conv and linear manual (the interpreter's
-    implicit-GEMM conv takes ~10 s a step here: the whole-Triton model is the slow test
-    below)."""
+    (the interpreter runs them on the CPU) and the one-launch Triton SGD update (the GPU's
+    default); conv and linear manual (the interpreter's implicit-GEMM conv takes ~10 s a step
+    here: the whole-Triton model is the slow test below)."""
     be = {"conv": "manual", "bn": "triton", "relu": "triton", "pool": "triton", "linear": "manual", "ce": "triton"}
-    _assert_same_training(_run(be, digits, 2, 2), _run("pytorch", digits, 2, 2), rtol=2e-4, atol=2e-5)
+    got = _run(be, digits, 2, 2, sgd="triton")
+    _assert_same_training(got, _run("pytorch", digits, 2, 2), rtol=2e-4, atol=2e-5)
 
 
 @pytest.mark.slow

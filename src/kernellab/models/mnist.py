@@ -365,10 +365,14 @@ def train(
     for epoch in range(epochs):
         if epoch:
             batches.new_epoch()
-        for _ in range(batches.steps_per_epoch):
+        while int(batches.cursor) + batches.batch <= batches.steps_per_epoch * batches.batch:
             t0 = time.perf_counter()
+            first_capture = variant == "graph" and trainer.graph is None
             loss = float(trainer.step())
             ms = (time.perf_counter() - t0) * 1e3
+            if first_capture:  # the capture trained 3 warm-up steps before the first replay
+                losses += trainer.warm_losses
+                step += len(trainer.warm_losses)
             losses.append(loss)
             times.append(ms)
             step += 1
