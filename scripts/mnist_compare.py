@@ -46,6 +46,8 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--profile", action="store_true", help="torch.profiler table per variant and batch size")
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--unfused", action="store_true",
+                    help="also time kernellab's variants with batch_norm2d and relu as separate kernels")
     ap.add_argument("--tf32", choices=["default", "on", "off"], default="default",
                     help="cuDNN and cuBLAS TF32 for fp32 (default: PyTorch's defaults, cuDNN on, matmul off; "
                     "the flags land in every row)")
@@ -83,6 +85,9 @@ def main() -> int:
     mnist.compare(args.batch_sizes, torch_variants, None, **common)
     for be in args.backends:
         mnist.compare(args.batch_sizes, kl_variants, None if be == "default" else be, **common)
+        if args.unfused:
+            mnist.compare(args.batch_sizes, kl_variants, None if be == "default" else be, fuse_bn_relu=False,
+                          **common)  # fmt: skip
     print(f"timing done in {time.perf_counter() - t_start:.0f} s", flush=True)
 
     accs = []
@@ -105,6 +110,9 @@ def main() -> int:
         prof.close()
 
     # the table: ms/step per variant (columns) and batch size (rows)
+    for r in rows:
+        if r.get("fused_bn_relu") is False and r["ops"] != "pytorch":
+            r["ops"] += ":unfused"
     cols = []
     for r in rows:
         key = (r["variant"], r["ops"])

@@ -19,8 +19,8 @@ def digits():
     return mnist_data.load(None, "cpu")
 
 
-def _run(backends, data, steps, batch, lr=0.05, seed=0, device="cpu", variant="eager", sgd=None):
-    model = mnist.make(backends, device, seed)
+def _run(backends, data, steps, batch, lr=0.05, seed=0, device="cpu", variant="eager", sgd=None, fuse=None):
+    model = mnist.make(backends, device, seed, fuse_bn_relu=fuse)
     trainer = mnist.Trainer(model, mnist.Batches(data.train_x, data.train_y, batch, seed), variant, lr, sgd)
     losses = [float(trainer.step()) for _ in range(steps)]
     return losses, model
@@ -66,8 +66,16 @@ def test_triton_ops_in_the_model_match_pytorch(digits):
     default); conv and linear manual (the interpreter's implicit-GEMM conv takes ~10 s a step
     here: the whole-Triton model is the slow test below)."""
     be = {"conv": "manual", "bn": "triton", "relu": "triton", "pool": "triton", "linear": "manual", "ce": "triton"}
-    got = _run(be, digits, 2, 2, sgd="triton")
-    _assert_same_training(got, _run("pytorch", digits, 2, 2), rtol=2e-4, atol=2e-5)
+    ref = _run("pytorch", digits, 2, 2)
+    _assert_same_training(_run(be, digits, 2, 2, sgd="triton"), ref, rtol=2e-4, atol=2e-5)
+    # batch_norm2d and relu as separate kernels (kernellab.relu's Triton kernel in the blocks)
+    _assert_same_training(_run(be, digits, 2, 2, fuse=False), ref, rtol=2e-4, atol=2e-5)
+
+
+def test_fused_bn_relu_is_the_default_for_kernellab_bn():
+    assert mnist.make("torch", "cpu").fuse and not mnist.make("pytorch", "cpu").fuse
+    assert not mnist.make({"bn": "pytorch", "conv": "torch"}, "cpu").fuse
+    assert not mnist.make("torch", "cpu", fuse_bn_relu=False).fuse
 
 
 @pytest.mark.slow

@@ -27,8 +27,9 @@ SHAPES = [(1, 1, 1, 1), (1, 5, 1, 1), (3, 6, 1, 1), (3, 7, 5, 5), (2, 13, 9, 11)
 BIG = (4, 32, 14, 14)
 
 
-def _torch(x, w, b, eps=1e-5):
-    return torch.batch_norm(x, w, b, None, None, True, 0.0, eps, False)
+def _torch(x, w, b, eps=1e-5, relu=False):
+    y = torch.batch_norm(x, w, b, None, None, True, 0.0, eps, False)
+    return torch.relu(y) if relu else y
 
 
 def _grads(fn, args, dy):
@@ -37,15 +38,17 @@ def _grads(fn, args, dy):
     return torch.autograd.grad(out, leaves, dy)
 
 
-def _assert_fwd_bwd(backend, args, dtype, eps=1e-5, seed=0):
+def _assert_fwd_bwd(backend, args, dtype, eps=1e-5, seed=0, relu=False):
     x, w, b = args
-    y = kernellab.batch_norm2d(x, w, b, eps, backend=backend)
-    v = judge(y, SPEC.ref(x, w, b, eps=eps), dtype, _torch(x, w, b, eps))
+    y = kernellab.batch_norm2d(x, w, b, eps, relu, backend=backend)
+    v = judge(y, SPEC.ref(x, w, b, eps=eps, relu=relu), dtype, _torch(x, w, b, eps, relu))
     assert v.ok, f"forward: {v.detail}"
+    if relu:
+        assert bool((y >= 0).all())
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(x.device)
-    got = _grads(lambda *a: kernellab.batch_norm2d(*a, eps, backend=backend), args, dy)
-    ref = _grads(lambda *a: batch_norm2d_reference(*a, eps), [a.double() for a in args], dy.double())
-    base = _grads(lambda *a: _torch(*a, eps), args, dy)
+    got = _grads(lambda *a: kernellab.batch_norm2d(*a, eps, relu, backend=backend), args, dy)
+    ref = _grads(lambda *a: batch_norm2d_reference(*a, eps, relu), [a.double() for a in args], dy.double())
+    base = _grads(lambda *a: _torch(*a, eps, relu), args, dy)
     for name, g, r, t in zip(("dx", "dweight", "dbias"), got, ref, base):
         v = judge(g, r, dtype, t)
         assert v.ok, f"{name}: {v.detail}"
@@ -79,14 +82,14 @@ def test_triton_chunks_and_blocks(dtype, block, split):
     _, got_split, chunk = bt.grid_of(5, 252, torch.device("cpu"), cfg)
     assert got_split == (split if block < 252 else 1) and chunk % block == 0
     x, w, b = SPEC.make_inputs((4, 5, 7, 9), dtype, "cpu", block)
-    y, mean, rstd = bt.bn_fwd(x, w, b, 1e-5, cfg)
+    y, mean, rstd = bt.bn_fwd(x, w, b, 1e-5, cfg=cfg)
     x64 = x.double()
     torch.testing.assert_close(mean.double(), x64.mean((0, 2, 3)), rtol=0, atol=1e-6)
     torch.testing.assert_close(rstd.double(), (x64.var((0, 2, 3), unbiased=False) + 1e-5).rsqrt(), rtol=1e-6, atol=0)
     v = judge(y, SPEC.ref(x, w, b), dtype, _torch(x, w, b))
     assert v.ok, f"forward: {v.detail}"
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
-    got = bt.bn_bwd(dy, x, w, mean, rstd, cfg)
+    got = bt.bn_bwd(dy, x, w, b, mean, rstd, cfg=cfg)
     ref = _grads(lambda *a: batch_norm2d_reference(*a), [a.double() for a in (x, w, b)], dy.double())
     base = _grads(_torch, (x, w, b), dy)
     for name, g, r, t in zip(("dx", "dweight", "dbias"), got, ref, base):
@@ -140,6 +143,16 @@ def test_variance_zero_channels_give_the_bias(backend):
 
 
 @pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("shape", [(3, 7, 5, 5), (2, 13, 9, 11), (1, 4, 1, 1)], ids=shape_id)
+def test_fused_relu(backend, dtype, shape):
+    """relu=True: relu(batch_norm(x)) forward, and the backward through both (the mask
+    recomputed from x in the kernels), against float64."""
+    seed = seed_for(backend, shape, dtype, "relu")
+    _assert_fwd_bwd(backend, SPEC.make_inputs(shape, dtype, "cpu", seed), dtype, seed=seed, relu=True)
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_other_eps_and_default(backend):
     x, w, b = SPEC.make_inputs((2, 3, 4, 5), torch.bfloat16, "cpu", 3)
     _assert_fwd_bwd(backend, (x, w, b), torch.bfloat16, eps=1e-1)
@@ -172,6 +185,8 @@ def test_bad_inputs_name_the_argument(backend):
         bn(x.double(), w.double(), b.double(), backend=backend)
     with pytest.raises(TypeError, match=r"\bx\b"):
         bn(x.int(), w, b, backend=backend)
+    with pytest.raises(TypeError, match="relu"):
+        bn(x, w, b, 1e-5, "yes", backend=backend)
 
 
 # triton only: on the CPU PyTorch's kernel accumulates in fp64 and the check bounds every
@@ -296,6 +311,9 @@ def test_gpu_forward_and_gradients(backend, dtype):
         _assert_fwd_bwd(backend, args, dtype, seed=1)
     x, w, b = SPEC.make_inputs((3, 5, 6, 7), dtype, "cuda", 2, "transposed")
     _assert_fwd_bwd(backend, (x, w, b), dtype, eps=1e-2)
+    for shape in [(3, 7, 5, 5), (64, 32, 28, 28)]:
+        args = SPEC.make_inputs(shape, dtype, "cuda", seed_for(backend, shape, "relu"))
+        _assert_fwd_bwd(backend, args, dtype, seed=2, relu=True)
 
 
 @pytest.mark.gpu

@@ -68,7 +68,7 @@ def _kl_op(slot: str, be):
     if slot == "conv":
         return lambda x, m: kernellab.conv2d(x, m.weight, m.bias, 1, 1, backend=be)
     if slot == "bn":
-        return lambda x, m: kernellab.batch_norm2d(x, m.weight, m.bias, BN_EPS, backend=be)
+        return lambda x, m, relu=False: kernellab.batch_norm2d(x, m.weight, m.bias, BN_EPS, relu, backend=be)
     if slot == "relu":
         return lambda x: kernellab.relu(x, backend=be)
     if slot == "pool":
@@ -92,7 +92,8 @@ def _torch_ops() -> dict:
 
     return dict(
         conv=lambda x, m: m(x),
-        bn=lambda x, m: m(x),  # nn.BatchNorm2d(track_running_stats=False): batch statistics always
+        # nn.BatchNorm2d(track_running_stats=False): batch statistics always
+        bn=lambda x, m, relu=False: F.relu(m(x)) if relu else m(x),
         relu=F.relu,
         pool=lambda x: F.max_pool2d(x, 2),
         linear=linear,
@@ -128,7 +129,7 @@ def op_set(backends="pytorch") -> dict:
 class CNN(nn.Module):
     """The course's CNN (module docstring); ``backends`` picks the op set."""
 
-    def __init__(self, backends="pytorch", channels=(32, 64), hidden=128, classes=10):
+    def __init__(self, backends="pytorch", channels=(32, 64), hidden=128, classes=10, fuse_bn_relu=None):
         super().__init__()
         c1, c2 = channels
         self.conv1 = nn.Conv2d(1, c1, 3, padding=1)
@@ -137,13 +138,17 @@ class CNN(nn.Module):
         self.bn2 = nn.BatchNorm2d(c2, eps=BN_EPS, track_running_stats=False)
         self.fc1 = nn.Linear(c2 * 7 * 7, hidden)
         self.fc2 = nn.Linear(hidden, classes)
-        self.set_ops(backends)
+        self.set_ops(backends, fuse_bn_relu)
         self.ranges = False  # profiler ranges per layer (``--profile``)
 
-    def set_ops(self, backends) -> None:
+    def set_ops(self, backends, fuse_bn_relu=None) -> None:
+        """``fuse_bn_relu``: the blocks' relu inside kernellab.batch_norm2d (relu=True: one
+        read and one write of the activation fewer each way); None: fused when the bn slot
+        is kernellab's (then the relu slot serves no layer: fc1's relu is matmul's epilogue)."""
         self.chosen = op_set(backends)
         torch_ops = _torch_ops()
         self.ops = {s: (torch_ops[s] if be == "pytorch" else _kl_op(s, be)) for s, be in self.chosen.items()}
+        self.fuse = self.chosen["bn"] != "pytorch" if fuse_bn_relu is None else bool(fuse_bn_relu)
 
     @property
     def is_pytorch(self) -> bool:
@@ -157,10 +162,14 @@ class CNN(nn.Module):
         for i, (conv, bn) in enumerate(((self.conv1, self.bn1), (self.conv2, self.bn2)), 1):
             with self._range(f"conv{i}"):
                 x = o["conv"](x, conv)
-            with self._range(f"bn{i}"):
-                x = o["bn"](x, bn)
-            with self._range(f"relu{i}"):
-                x = o["relu"](x)
+            if self.fuse:
+                with self._range(f"bn{i}+relu"):
+                    x = o["bn"](x, bn, relu=True)
+            else:
+                with self._range(f"bn{i}"):
+                    x = o["bn"](x, bn)
+                with self._range(f"relu{i}"):
+                    x = o["relu"](x)
             with self._range(f"pool{i}"):
                 x = o["pool"](x)
         x = x.reshape(x.shape[0], -1)
@@ -175,11 +184,11 @@ class CNN(nn.Module):
             return self.ops["ce"](logits, y)
 
 
-def make(backends="pytorch", device=None, seed=0, dtype=torch.float32) -> CNN:
+def make(backends="pytorch", device=None, seed=0, dtype=torch.float32, fuse_bn_relu=None) -> CNN:
     """A CNN with weights drawn from ``seed`` (the same for every op set)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(seed)
-    return CNN(backends).to(device=device, dtype=dtype)
+    return CNN(backends, fuse_bn_relu=fuse_bn_relu).to(device=device, dtype=dtype)
 
 
 # --------------------------------------------------------------------------- data
@@ -414,6 +423,7 @@ def compare(
     on_row=None,
     on_note=None,
     data=None,
+    fuse_bn_relu=None,
 ) -> list[dict]:
     """ms per training step of every variant x batch size, same weights and data. A
     variant that cannot run here (a CUDA graph on the CPU) is skipped with a note; one that
@@ -434,7 +444,8 @@ def compare(
                     on_note(f"{name} at batch {b}: skipped (a CUDA graph needs a GPU)")
                 continue
             try:
-                model = make("pytorch" if ops == "pytorch" else backend, device, seed)
+                model = make("pytorch" if ops == "pytorch" else backend, device, seed, fuse_bn_relu=fuse_bn_relu)
+                row["fused_bn_relu"] = model.fuse
                 trainer = Trainer(model, Batches(d.train_x, d.train_y, b, seed), variant, lr)
                 row.update(time_steps(trainer, warmup, steps))
                 if profile:

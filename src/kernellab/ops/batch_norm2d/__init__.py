@@ -6,7 +6,8 @@ mean_c and var_c are the batch statistics of channel c over N, H and W (biased v
 PyTorch normalizes with); no running statistics are kept (the course's MNIST model uses
 batch statistics only). As ``torch.batch_norm(x, weight, bias, None, None, True, 0.0, eps)``:
 fp32 / fp16 / bf16 storage (x, weight and bias share one dtype), fp32 statistics and math,
-one rounding at the end; gradients for x, weight and bias. A channel of variance 0 (a
+one rounding at the end; gradients for x, weight and bias. ``relu=True`` applies a ReLU in
+the same kernels (forward and backward; see _kit). A channel of variance 0 (a
 constant one, or batch 1 with 1x1 images) gives y = bias and dx = 0, as PyTorch's kernel
 does (F.batch_norm refuses one value per channel in Python before reaching it).
 
@@ -25,12 +26,13 @@ from kernellab.ops.batch_norm2d import _kit
 from kernellab.ops.spec import BadInput, OpSpec, define
 
 
-def batch_norm2d_reference(x, weight, bias, eps=1e-5):
+def batch_norm2d_reference(x, weight, bias, eps=1e-5, relu=False):
     """The formula in x's dtype (float64 in checks)."""
     mean = x.mean((0, 2, 3), keepdim=True)
     var = (x - mean).square().mean((0, 2, 3), keepdim=True)
     c = (1, -1, 1, 1)
-    return (x - mean) / torch.sqrt(var + eps) * weight.view(c) + bias.view(c)
+    y = (x - mean) / torch.sqrt(var + eps) * weight.view(c) + bias.view(c)
+    return torch.relu(y) if relu else y
 
 
 def _bad(build):
@@ -67,7 +69,7 @@ SPEC = define(
         doc=__doc__.strip().split("\n")[0],
         inputs=_kit.inputs,
         validator=_kit.validate,
-        option_sets=[{"eps": 1e-2}],
+        option_sets=[{"eps": 1e-2}, {"relu": True}],
         extra_bad_inputs=[
             BadInput("x of rank 3", _bad(lambda x, w, b: ((x[0], w, b), {})), "x"),
             BadInput("weight of the wrong length", _bad(lambda x, w, b: ((x, w[:2], b), {})), "weight"),
@@ -77,6 +79,7 @@ SPEC = define(
             BadInput("negative eps", _bad(lambda x, w, b: ((x, w, b), {"eps": -1e-5})), "eps"),
             BadInput("bias missing", _bad(lambda x, w, b: ((x, w, None), {})), "bias"),
             BadInput("unknown keyword", _bad(lambda x, w, b: ((x, w, b), {"epsilon": 1e-5})), "epsilon"),
+            BadInput("relu not a bool", _bad(lambda x, w, b: ((x, w, b), {"relu": "yes"})), "relu"),
         ],
     )
 )
@@ -87,11 +90,15 @@ def batch_norm2d(
     weight: torch.Tensor,
     bias: torch.Tensor,
     eps: float = 1e-5,
+    relu: bool = False,
     *,
     backend: str | None = None,
 ) -> torch.Tensor:
-    """Training-mode batch norm of NCHW ``x`` (batch statistics) with the chosen backend."""
-    return registry.call("batch_norm2d", backend, x, weight, bias, eps=eps)
+    """Training-mode batch norm of NCHW ``x`` (batch statistics) with the chosen backend;
+    ``relu=True``: relu(batch_norm(x)) in the same kernels."""
+    if relu is False:
+        return registry.call("batch_norm2d", backend, x, weight, bias, eps=eps)
+    return registry.call("batch_norm2d", backend, x, weight, bias, eps=eps, relu=relu)
 
 
 __all__ = ["SPEC", "batch_norm2d", "batch_norm2d_reference"]

@@ -3,18 +3,23 @@ flop counts, and the op-kit declaration around a backend's launchers.
 
 Contract of a backend's launchers (Triton and CUDA alike), x NCHW [N, C, H, W]:
 
-    fwd(x, w, b, eps) -> (y, mean, rstd)
-        x contiguous; w, b: contiguous [C], x's dtype. y: like x (contiguous). mean, rstd:
-        fp32 [C], the batch statistics over N, H, W (biased variance), saved for the backward.
-    bwd(dy, x, w, mean, rstd) -> (dx, dw, db)
-        dy, x contiguous; dx like x, dw and db [C] in w's dtype.
+    fwd(x, w, b, eps, relu) -> (y, mean, rstd)
+        x contiguous; w, b: contiguous [C], x's dtype. y: like x (contiguous), relu(y) when
+        ``relu``. mean, rstd: fp32 [C], the batch statistics over N, H, W (biased variance),
+        saved for the backward.
+    bwd(dy, x, w, b, mean, rstd, relu) -> (dx, dw, db)
+        dy, x contiguous; dx like x, dw and db [C] in w's dtype. With ``relu`` the kernels
+        recompute the pre-activation xhat * w + b from x (the forward's fp32 expression, so
+        the same sign) and pass dy where it is > 0: no mask is saved, y is not re-read.
 
 Math per channel c, over its M = N * H * W elements, with xhat = (x - mean) * rstd:
     y  = xhat * w + b,            rstd = 1 / sqrt(mean((x - mean)^2) + eps)
     db = sum(dy),  dw = sum(dy * xhat)
     dx = w * rstd * (dy - db / M - xhat * dw / M)
 (the training-mode batch norm of ``torch.batch_norm(..., training=True)``; no running
-statistics are kept).
+statistics are kept). ``relu=True`` fuses a ReLU: y = max(y, 0), and dy above is replaced by
+dy * (xhat * w + b > 0) - one read and one write of the activation fewer each way than a
+separate relu (MNIST's first layer at batch 1024 fp32: 103 MB, ~60 us on an H100).
 """
 
 from __future__ import annotations
@@ -57,9 +62,22 @@ def check_eps(eps) -> float:
     return eps
 
 
+def _plain_kwargs(kwargs) -> bool:
+    """Whether ``kwargs`` is {} or {eps: float[, relu: bool]} (the fast accept)."""
+    if not kwargs:
+        return True
+    n = len(kwargs)
+    return (
+        n <= 2
+        and type(kwargs.get("eps", 1.0)) is float
+        and type(kwargs.get("relu", False)) is bool
+        and ("eps" in kwargs) + ("relu" in kwargs) == n
+    )
+
+
 def validate(args, kwargs, devices) -> None:
-    """``batch_norm2d(x, weight, bias, eps=...)``: x [N, C, H, W], weight and bias [C]."""
-    if len(args) == 3 and (not kwargs or (len(kwargs) == 1 and type(kwargs.get("eps")) is float)):
+    """``batch_norm2d(x, weight, bias, eps=..., relu=...)``: x [N, C, H, W], weight and bias [C]."""
+    if len(args) == 3 and _plain_kwargs(kwargs):
         x, w, b = args
         # Fast accept of a well-formed call (this runs on every call: a few attribute reads).
         if isinstance(x, Tensor) and isinstance(w, Tensor) and isinstance(b, Tensor) and x.dim() == 4:
@@ -92,6 +110,10 @@ def validate(args, kwargs, devices) -> None:
         if t.shape != (c,):
             raise ValueError(f"{OP}: {name} must have shape [{c}] (the channels of x), got {list(t.shape)}")
     for k, v in kwargs.items():
+        if k == "relu":
+            if not isinstance(v, bool):
+                raise TypeError(f"{OP}: relu must be a bool, got {v!r}")
+            continue
         if k != "eps":
             raise TypeError(f"{OP}() got an unexpected keyword argument {k!r}")
         check_eps(v)
@@ -164,48 +186,53 @@ def _stats_fake(x: Tensor) -> Tensor:
 
 def _bwd_sample(make):
     args = make.args(False)
-    x, w = args[0], args[1]
+    x, w, b = args[0], args[1], args[2]
     dy = make(False).to(x.dtype).reshape(x.shape)
     x32 = x.float()
     mean = x32.mean((0, 2, 3))
     rstd = torch.rsqrt(x32.var((0, 2, 3), unbiased=False) + 1e-5)
-    return (dy, x, w, mean, rstd)
+    return (dy, x, w, b, mean, rstd, True)
 
 
 # --------------------------------------------------------------------------- the op
 
 
 def batch_norm_op(name: str, fwd, bwd, triton: bool = False):
-    """Custom ops ``kernellab::<name>`` (x, w, b, eps) -> (y, mean, rstd) and
-    ``kernellab::<name>_backward`` (dy, x, w, mean, rstd) -> (dx, dw, db); returns the
-    registry callable ``(x, weight, bias, eps=1e-5)`` (see kit.build for the eager path)."""
+    """Custom ops ``kernellab::<name>`` (x, w, b, eps, relu) -> (y, mean, rstd) and
+    ``kernellab::<name>_backward`` (dy, x, w, b, mean, rstd, relu) -> (dx, dw, db); returns
+    the registry callable ``(x, weight, bias, eps=1e-5, relu=False)`` (see kit.build for the
+    eager path)."""
 
-    def _fwd(x: Tensor, w: Tensor, b: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-        return fwd(contig(x), w, b, eps)
+    def _fwd(x: Tensor, w: Tensor, b: Tensor, eps: float, relu: bool) -> tuple[Tensor, Tensor, Tensor]:
+        return fwd(contig(x), w, b, eps, relu)
 
-    def _bwd(dy: Tensor, x: Tensor, w: Tensor, mean: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        return bwd(contig(dy), contig(x), w, mean, rstd)
+    def _bwd(
+        dy: Tensor, x: Tensor, w: Tensor, b: Tensor, mean: Tensor, rstd: Tensor, relu: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        return bwd(contig(dy), contig(x), w, b, mean, rstd, relu)
 
     call = build(
         OpDecl(
             name=name,
             fwd=_fwd,
             bwd=_bwd,
-            fwd_fake=lambda x, w, b, eps: (empty_like_contig(x), _stats_fake(x), _stats_fake(x)),
-            bwd_fake=lambda dy, x, w, mean, rstd: (empty_like_contig(x), torch.empty_like(w), torch.empty_like(w)),
-            save=lambda inputs, out: ((inputs[0], inputs[1], out[1], out[2]), None),
-            bwd_args=lambda saved, extra, dy: (dy, *saved),
-            grads=lambda g, extra: (g[0], g[1], g[2], None),
-            needs_grad=lambda x, w, b, eps: x.requires_grad or w.requires_grad or b.requires_grad,
-            samples=(lambda make: (*make.args(True), 1e-5), _bwd_sample),
+            fwd_fake=lambda x, w, b, eps, relu: (empty_like_contig(x), _stats_fake(x), _stats_fake(x)),
+            bwd_fake=lambda dy, x, w, b, mean, rstd, relu: (
+                empty_like_contig(x), torch.empty_like(w), torch.empty_like(w)
+            ),
+            save=lambda inputs, out: ((inputs[0], inputs[1], inputs[2], out[1], out[2]), inputs[4]),
+            bwd_args=lambda saved, relu, dy: (dy, *saved, relu),
+            grads=lambda g, relu: (g[0], g[1], g[2], None, None),
+            needs_grad=lambda x, w, b, eps, relu: x.requires_grad or w.requires_grad or b.requires_grad,
+            samples=(lambda make: (*make.args(True), 1e-5, True), _bwd_sample),
             triton=triton,
             label=f"batch_norm2d ({name})",
         )
     )
 
-    def batch_norm2d(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    def batch_norm2d(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5, relu: bool = False) -> Tensor:
         # The launchers read weight and bias with unit stride: a strided one is packed first.
-        return call(x, contig(weight), contig(bias), float(eps))
+        return call(x, contig(weight), contig(bias), float(eps), bool(relu))
 
     batch_norm2d.custom_ops, batch_norm2d.ops, batch_norm2d.__name__ = call.custom_ops, call.ops, name
     batch_norm2d.forward_saving, batch_norm2d.backward_from = call.forward_saving, call.backward_from

@@ -9,6 +9,9 @@
 //   bn_stats     each thread: Welford over its elements of the chunk (count, mean, M2);
 //                the block merges its threads' triples (Chan's formula) through shared
 //                memory; thread 0 writes the chunk's triple to part[3][C][split].
+// relu (an int argument): y = max(y, 0) forward; backward, dy counts where the forward's
+// pre-activation (recomputed with the same fp32 expression) was > 0.
+//
 //   bn_fwd_apply every thread merges the channel's `split` triples (a few dozen floats,
 //                cached), block s == 0 stores mean and rstd, and the block writes its chunk
 //                of y = (x - mean) * (rstd * w) + b.
@@ -87,7 +90,7 @@ __device__ void bn_stats(const T* __restrict__ x, float* __restrict__ part, int 
 template <typename T>
 __device__ void bn_fwd_apply(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                              T* __restrict__ y, const float* __restrict__ part, float* __restrict__ mean_out,
-                             float* __restrict__ rstd_out, int C, int HW, int M, int chunk, float eps) {
+                             float* __restrict__ rstd_out, int C, int HW, int M, int chunk, float eps, int relu) {
     const int split = gridDim.x / C;
     const int c = blockIdx.x / split, s = blockIdx.x - c * split;
     // Every thread merges the channel's partials itself (split is small): no barrier.
@@ -108,7 +111,8 @@ __device__ void bn_fwd_apply(const T* __restrict__ x, const T* __restrict__ w, c
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const long long o = offset_of(i, c, C, HW);
-        y[o] = kl::from_f<T>((kl::to_f(x[o]) - mean) * scale + shift);
+        const float v = (kl::to_f(x[o]) - mean) * scale + shift;
+        y[o] = kl::from_f<T>(relu ? fmaxf(v, 0.0f) : v);
     }
 }
 
@@ -125,20 +129,26 @@ __device__ __forceinline__ double block_sum64(double v, double* red) {
 }
 
 template <typename T>
-__device__ void bn_bwd_sums(const T* __restrict__ dy, const T* __restrict__ x, const float* __restrict__ mean_in,
-                            double* __restrict__ part, int C, int HW, int M, int chunk) {
+__device__ void bn_bwd_sums(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                            const T* __restrict__ b, const float* __restrict__ mean_in,
+                            const float* __restrict__ rstd_in, double* __restrict__ part, int C, int HW, int M,
+                            int chunk, int relu) {
     __shared__ double red[THREADS];
     const int split = gridDim.x / C;
     const int c = blockIdx.x / split, s = blockIdx.x - c * split;
     const float mean = mean_in[c];
+    // relu: the forward's pre-activation, recomputed with the forward's expression (same sign)
+    const float scale = rstd_in[c] * kl::to_f(w[c]), shift = kl::to_f(b[c]);
     const int start = s * chunk;
     const int end = min(start + chunk, M);
     float sw = 0.0f, sb = 0.0f;
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const long long o = offset_of(i, c, C, HW);
-        const float g = kl::to_f(dy[o]);
-        sw += g * (kl::to_f(x[o]) - mean);
+        const float xv = kl::to_f(x[o]);
+        float g = kl::to_f(dy[o]);
+        if (relu && !((xv - mean) * scale + shift > 0.0f)) g = 0.0f;
+        sw += g * (xv - mean);
         sb += g;
     }
     const double tw = block_sum64(sw, red);
@@ -151,9 +161,10 @@ __device__ void bn_bwd_sums(const T* __restrict__ dy, const T* __restrict__ x, c
 
 template <typename T>
 __device__ void bn_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
-                             const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
-                             const double* __restrict__ part, T* __restrict__ dx, T* __restrict__ dw,
-                             T* __restrict__ db, int C, int HW, int M, int chunk) {
+                             const T* __restrict__ b, const float* __restrict__ mean_in,
+                             const float* __restrict__ rstd_in, const double* __restrict__ part,
+                             T* __restrict__ dx, T* __restrict__ dw, T* __restrict__ db, int C, int HW, int M,
+                             int chunk, int relu) {
     const int split = gridDim.x / C;
     const int c = blockIdx.x / split, s = blockIdx.x - c * split;
     const float mean = mean_in[c], rstd = rstd_in[c];
@@ -167,15 +178,19 @@ __device__ void bn_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, 
         dw[c] = kl::from_f<T>(sw);
         db[c] = kl::from_f<T>(sb);
     }
-    const float k = kl::to_f(w[c]) * rstd;
+    const float k = rstd * kl::to_f(w[c]);  // = the forward's scale
+    const float shift = kl::to_f(b[c]);
     const float mdb = sb / M, mdw = sw / M;
     const int start = s * chunk;
     const int end = min(start + chunk, M);
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const long long o = offset_of(i, c, C, HW);
-        const float xhat = (kl::to_f(x[o]) - mean) * rstd;
-        dx[o] = kl::from_f<T>(k * (kl::to_f(dy[o]) - mdb - xhat * mdw));
+        const float xv = kl::to_f(x[o]);
+        float g = kl::to_f(dy[o]);
+        if (relu && !((xv - mean) * k + shift > 0.0f)) g = 0.0f;
+        const float xhat = (xv - mean) * rstd;
+        dx[o] = kl::from_f<T>(k * (g - mdb - xhat * mdw));
     }
 }
 
@@ -189,18 +204,19 @@ __device__ void bn_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, 
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
         bn_fwd_apply_##SFX(const T* x, const T* w, const T* b, T* y, const float* part, float* mean,         \
-                           float* rstd, int C, int HW, int M, int chunk, float eps) {                        \
-        bn_fwd_apply<T>(x, w, b, y, part, mean, rstd, C, HW, M, chunk, eps);                                 \
+                           float* rstd, int C, int HW, int M, int chunk, float eps, int relu) {              \
+        bn_fwd_apply<T>(x, w, b, y, part, mean, rstd, C, HW, M, chunk, eps, relu);                           \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
-        bn_bwd_sums_##SFX(const T* dy, const T* x, const float* mean, double* part, int C, int HW, int M,    \
-                          int chunk) {                                                                       \
-        bn_bwd_sums<T>(dy, x, mean, part, C, HW, M, chunk);                                                  \
+        bn_bwd_sums_##SFX(const T* dy, const T* x, const T* w, const T* b, const float* mean,                \
+                          const float* rstd, double* part, int C, int HW, int M, int chunk, int relu) {      \
+        bn_bwd_sums<T>(dy, x, w, b, mean, rstd, part, C, HW, M, chunk, relu);                                \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
-        bn_bwd_apply_##SFX(const T* dy, const T* x, const T* w, const float* mean, const float* rstd,        \
-                           const double* part, T* dx, T* dw, T* db, int C, int HW, int M, int chunk) {       \
-        bn_bwd_apply<T>(dy, x, w, mean, rstd, part, dx, dw, db, C, HW, M, chunk);                            \
+        bn_bwd_apply_##SFX(const T* dy, const T* x, const T* w, const T* b, const float* mean,               \
+                           const float* rstd, const double* part, T* dx, T* dw, T* db, int C, int HW, int M, \
+                           int chunk, int relu) {                                                            \
+        bn_bwd_apply<T>(dy, x, w, b, mean, rstd, part, dx, dw, db, C, HW, M, chunk, relu);                   \
     }
 
 KL_FOR_EACH_DTYPE(KL_BN)

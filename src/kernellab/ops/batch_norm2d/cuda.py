@@ -36,7 +36,7 @@ def _grid(c: int, m: int, dev: int) -> tuple[int, int]:
     return -(-m // chunk), chunk
 
 
-def bn_fwd(x, w, b, eps):
+def bn_fwd(x, w, b, eps, relu=False):
     y = torch.empty_like(x)
     mean, rstd = _kit.empty_stats(x)
     n, c, hw, m = _kit.dims(x)
@@ -49,13 +49,13 @@ def bn_fwd(x, w, b, eps):
     _kernel(f"bn_stats_{sfx}", ("ptr", "ptr", "i32", "i32", "i32", "i32"), dev)(
         c * split, THREADS, x, part, c, hw, m, chunk, device_index=dev
     )
-    _kernel(f"bn_fwd_apply_{sfx}", ("ptr",) * 7 + ("i32", "i32", "i32", "i32", "f32"), dev)(
-        c * split, THREADS, x, w, b, y, part, mean, rstd, c, hw, m, chunk, eps, device_index=dev
+    _kernel(f"bn_fwd_apply_{sfx}", ("ptr",) * 7 + ("i32", "i32", "i32", "i32", "f32", "i32"), dev)(
+        c * split, THREADS, x, w, b, y, part, mean, rstd, c, hw, m, chunk, eps, int(relu), device_index=dev
     )
     return y, mean, rstd
 
 
-def bn_bwd(dy, x, w, mean, rstd):
+def bn_bwd(dy, x, w, b, mean, rstd, relu=False):
     dx = torch.empty_like(x)
     n, c, hw, m = _kit.dims(x)
     if m == 0 or c == 0:
@@ -65,11 +65,11 @@ def bn_bwd(dy, x, w, mean, rstd):
     part = torch.empty((2, c, split), dtype=torch.float64, device=x.device)
     dw, db = torch.empty_like(w), torch.empty_like(w)
     sfx = SUFFIX[x.dtype]
-    _kernel(f"bn_bwd_sums_{sfx}", ("ptr",) * 4 + ("i32", "i32", "i32", "i32"), dev)(
-        c * split, THREADS, dy, x, mean, part, c, hw, m, chunk, device_index=dev
+    _kernel(f"bn_bwd_sums_{sfx}", ("ptr",) * 7 + ("i32", "i32", "i32", "i32", "i32"), dev)(
+        c * split, THREADS, dy, x, w, b, mean, rstd, part, c, hw, m, chunk, int(relu), device_index=dev
     )
-    _kernel(f"bn_bwd_apply_{sfx}", ("ptr",) * 9 + ("i32", "i32", "i32", "i32"), dev)(
-        c * split, THREADS, dy, x, w, mean, rstd, part, dx, dw, db, c, hw, m, chunk, device_index=dev
+    _kernel(f"bn_bwd_apply_{sfx}", ("ptr",) * 10 + ("i32", "i32", "i32", "i32", "i32"), dev)(
+        c * split, THREADS, dy, x, w, b, mean, rstd, part, dx, dw, db, c, hw, m, chunk, int(relu), device_index=dev
     )
     return dx, dw, db
 

@@ -113,6 +113,7 @@ def _bn_fwd_apply_kernel(
     eps,
     SPLIT_P2: tl.constexpr,  # next power of two >= SPLIT
     BLOCK: tl.constexpr,
+    RELU: tl.constexpr,  # y = max(y, 0)
 ):
     c = tl.program_id(0)
     s = tl.program_id(1)
@@ -142,6 +143,8 @@ def _bn_fwd_apply_kernel(
         off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         y = (x - mean) * scale + shift
+        if RELU:
+            y = tl.maximum(y, 0.0)
         tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -149,19 +152,25 @@ def _bn_fwd_apply_kernel(
 def _bn_bwd_sums_kernel(
     dy_ptr,  # [N, C, HW] contiguous
     x_ptr,  # [N, C, HW] contiguous
+    w_ptr,  # [C] (read when RELU)
+    b_ptr,  # [C] (read when RELU)
     mean_ptr,  # [C] fp32
     rstd_ptr,  # [C] fp32
-    part_ptr,  # [2, C, SPLIT] fp64: sum(dy * (x - mean)), sum(dy) of each chunk
+    part_ptr,  # [2, C, SPLIT] fp64: sum(g * (x - mean)), sum(g) of each chunk (g: dy, relu-masked)
     C,
     HW,
     M,
     chunk,
     BLOCK: tl.constexpr,
+    RELU: tl.constexpr,  # g = dy where the forward's pre-activation was > 0, else 0
 ):
     c = tl.program_id(0)
     s = tl.program_id(1)
     split = tl.num_programs(1)
     mean = tl.load(mean_ptr + c)
+    if RELU:
+        scale = tl.load(rstd_ptr + c) * tl.load(w_ptr + c).to(tl.float32)
+        shift = tl.load(b_ptr + c).to(tl.float32)
     acc_w = tl.zeros([BLOCK], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK], dtype=tl.float32)
     start = s * chunk
@@ -173,6 +182,8 @@ def _bn_bwd_sums_kernel(
         off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        if RELU:  # the forward's expression: the same fp32 value, the same sign
+            dy = tl.where((x - mean) * scale + shift > 0.0, dy, 0.0)
         # rstd is applied once to the channel's sum (one rounding fewer per term, as
         # PyTorch's kernel does); the lanes' fp32 sums are added in fp64: dweight and dbias
         # land within about an ulp of the exact sums (PyTorch's CPU kernel accumulates in
@@ -189,6 +200,7 @@ def _bn_bwd_apply_kernel(
     dy_ptr,  # [N, C, HW] contiguous
     x_ptr,  # [N, C, HW] contiguous
     w_ptr,  # [C]
+    b_ptr,  # [C] (read when RELU)
     mean_ptr,  # [C] fp32
     rstd_ptr,  # [C] fp32
     part_ptr,  # [2, C, SPLIT] fp64 from _bn_bwd_sums_kernel
@@ -201,6 +213,7 @@ def _bn_bwd_apply_kernel(
     chunk,
     SPLIT_P2: tl.constexpr,
     BLOCK: tl.constexpr,
+    RELU: tl.constexpr,
 ):
     c = tl.program_id(0)
     s = tl.program_id(1)
@@ -216,7 +229,9 @@ def _bn_bwd_apply_kernel(
     if s == 0:
         tl.store(dw_ptr + c, dw.to(dw_ptr.dtype.element_ty))
         tl.store(db_ptr + c, db.to(db_ptr.dtype.element_ty))
-    k = tl.load(w_ptr + c).to(tl.float32) * rstd
+    k = tl.load(w_ptr + c).to(tl.float32) * rstd  # = the forward's scale
+    if RELU:
+        shift = tl.load(b_ptr + c).to(tl.float32)
     mdb = db / M
     mdw = dw / M
     start = s * chunk
@@ -228,6 +243,8 @@ def _bn_bwd_apply_kernel(
         off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        if RELU:
+            dy = tl.where((x - mean) * k + shift > 0.0, dy, 0.0)
         xhat = (x - mean) * rstd
         dx = k * (dy - mdb - xhat * mdw)
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -253,7 +270,7 @@ def _warps(dev) -> int:
     return CONFIG.warps if dev.type == "cuda" else 1
 
 
-def bn_fwd(x, w, b, eps, cfg: Config = CONFIG):
+def bn_fwd(x, w, b, eps, relu=False, cfg: Config = CONFIG):
     """See _kit: (y, mean, rstd); x contiguous NCHW."""
     y = torch.empty_like(x)
     mean, rstd = _kit.empty_stats(x)
@@ -265,12 +282,12 @@ def bn_fwd(x, w, b, eps, cfg: Config = CONFIG):
     _bn_stats_kernel[(c, split)](x, part, c, hw, m, chunk, BLOCK=block, num_warps=_warps(x.device))
     _bn_fwd_apply_kernel[(c, split)](
         x, w, b, y, part, mean, rstd, c, hw, m, chunk, eps,
-        SPLIT_P2=triton_support.next_pow2(split), BLOCK=block, num_warps=_warps(x.device),
+        SPLIT_P2=triton_support.next_pow2(split), BLOCK=block, RELU=bool(relu), num_warps=_warps(x.device),
     )  # fmt: skip
     return y, mean, rstd
 
 
-def bn_bwd(dy, x, w, mean, rstd, cfg: Config = CONFIG):
+def bn_bwd(dy, x, w, b, mean, rstd, relu=False, cfg: Config = CONFIG):
     """See _kit: (dx, dw, db); dy and x contiguous NCHW."""
     dx = torch.empty_like(x)
     n, c, hw, m = _kit.dims(x)
@@ -279,10 +296,13 @@ def bn_bwd(dy, x, w, mean, rstd, cfg: Config = CONFIG):
     dw, db = torch.empty_like(w), torch.empty_like(w)
     block, split, chunk = grid_of(c, m, x.device, cfg)
     part = torch.empty((2, c, split), dtype=torch.float64, device=x.device)
-    _bn_bwd_sums_kernel[(c, split)](dy, x, mean, rstd, part, c, hw, m, chunk, BLOCK=block, num_warps=_warps(x.device))
+    relu = bool(relu)
+    _bn_bwd_sums_kernel[(c, split)](
+        dy, x, w, b, mean, rstd, part, c, hw, m, chunk, BLOCK=block, RELU=relu, num_warps=_warps(x.device)
+    )
     _bn_bwd_apply_kernel[(c, split)](
-        dy, x, w, mean, rstd, part, dx, dw, db, c, hw, m, chunk,
-        SPLIT_P2=triton_support.next_pow2(split), BLOCK=block, num_warps=_warps(x.device),
+        dy, x, w, b, mean, rstd, part, dx, dw, db, c, hw, m, chunk,
+        SPLIT_P2=triton_support.next_pow2(split), BLOCK=block, RELU=relu, num_warps=_warps(x.device),
     )  # fmt: skip
     return dx, dw, db
 
@@ -297,18 +317,22 @@ def kernel_specs(dtype: str):
     t, f = f"*{dtype}", "*fp32"
     i = "i32"
     block = {"BLOCK": CONFIG.block}
-    both = {"SPLIT_P2": 32, **block}
+    both = {"SPLIT_P2": 32, **block, "RELU": True}
+    sums = {**block, "RELU": True}
     return [
         (_bn_stats_kernel, {"x_ptr": t, "part_ptr": "*fp64", "C": i, "HW": i, "M": i, "chunk": i, "BLOCK": "constexpr"},
          block, CONFIG.warps),
         (_bn_fwd_apply_kernel, {"x_ptr": t, "w_ptr": t, "b_ptr": t, "y_ptr": t, "part_ptr": "*fp64", "mean_ptr": f,
                                 "rstd_ptr": f, "C": i, "HW": i, "M": i, "chunk": i, "eps": "fp32",
-                                "SPLIT_P2": "constexpr", "BLOCK": "constexpr"}, both, CONFIG.warps),
-        (_bn_bwd_sums_kernel, {"dy_ptr": t, "x_ptr": t, "mean_ptr": f, "rstd_ptr": f, "part_ptr": "*fp64", "C": i,
-                               "HW": i, "M": i, "chunk": i, "BLOCK": "constexpr"}, block, CONFIG.warps),
-        (_bn_bwd_apply_kernel, {"dy_ptr": t, "x_ptr": t, "w_ptr": t, "mean_ptr": f, "rstd_ptr": f, "part_ptr": "*fp64",
-                                "dx_ptr": t, "dw_ptr": t, "db_ptr": t, "C": i, "HW": i, "M": i, "chunk": i,
-                                "SPLIT_P2": "constexpr", "BLOCK": "constexpr"}, both, CONFIG.warps),
+                                "SPLIT_P2": "constexpr", "BLOCK": "constexpr", "RELU": "constexpr"}, both,
+         CONFIG.warps),
+        (_bn_bwd_sums_kernel, {"dy_ptr": t, "x_ptr": t, "w_ptr": t, "b_ptr": t, "mean_ptr": f, "rstd_ptr": f,
+                               "part_ptr": "*fp64", "C": i, "HW": i, "M": i, "chunk": i, "BLOCK": "constexpr",
+                               "RELU": "constexpr"}, sums, CONFIG.warps),
+        (_bn_bwd_apply_kernel, {"dy_ptr": t, "x_ptr": t, "w_ptr": t, "b_ptr": t, "mean_ptr": f, "rstd_ptr": f,
+                                "part_ptr": "*fp64", "dx_ptr": t, "dw_ptr": t, "db_ptr": t, "C": i, "HW": i, "M": i,
+                                "chunk": i, "SPLIT_P2": "constexpr", "BLOCK": "constexpr", "RELU": "constexpr"},
+         both, CONFIG.warps),
     ]  # fmt: skip
 
 
