@@ -289,6 +289,18 @@ def test_triton_config():
 
 # --------------------------------------------------------------------------- GPU
 
+
+@pytest.fixture(autouse=True)
+def _no_cudnn_tf32():
+    """fp32 as fp32 on a GPU: PyTorch's default lets cuDNN's convolutions (the torch backend,
+    and the baseline every bound is made of) take TF32; the Triton kernel follows the same
+    flag. Off here, as `kernellab check` sets it."""
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
 GPU_CASES = CASES + [
     ((64, 1, 28, 28, 32, 3, 3), 1, 1),  # the MNIST model's layers at batch 64
     ((64, 32, 14, 14, 64, 3, 3), 1, 1),
