@@ -46,6 +46,8 @@ def main() -> int:
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--profile", action="store_true", help="torch.profiler table per variant and batch size")
     ap.add_argument("--skip-accuracy", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cuda (the run this script is for) or cpu (a dry run: "
+                    "graph variants skipped)")
     ap.add_argument("--unfused", action="store_true",
                     help="also time kernellab's variants with batch_norm2d and relu as separate kernels")
     ap.add_argument("--tf32", choices=["default", "on", "off"], default="default",
@@ -54,13 +56,14 @@ def main() -> int:
     args = ap.parse_args()
     if args.tf32 != "default":
         torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = args.tf32 == "on"
-    if not torch.cuda.is_available():
-        raise SystemExit("mnist_compare.py: needs a GPU (the CLI's `kernellab train mnist --compare` runs on the CPU)")
+    dev = args.device
+    if dev == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("mnist_compare.py: no GPU here (--device cpu for a dry run)")
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "mnist_compare.jsonl")
     t_start = time.perf_counter()
-    data = mnist_data.load(args.data, "cuda")
-    meta = {"gpu": torch.cuda.get_device_name(), "git_sha": git_sha(), **versions(), "data": data.source,
+    data = mnist_data.load(args.data, dev)
+    meta = {"gpu": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "git_sha": git_sha(), **versions(), "data": data.source,
             "lr": args.lr, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
             "tf32_matmul": torch.backends.cuda.matmul.allow_tf32}  # fmt: skip
     print(f"data: {data.source}; {meta['gpu']}; cudnn tf32 {meta['tf32_cudnn']}, matmul tf32 {meta['tf32_matmul']}")
@@ -78,7 +81,7 @@ def main() -> int:
         what = f"{row['ms_per_step']:.3f} ms/step" if "ms_per_step" in row else row.get("error", "")[:200]
         print(f"  {row['variant']:16s} {row['ops']:20s} batch {row['batch']:5d}: {what}", flush=True)
 
-    common = dict(data=data, device="cuda", warmup=args.warmup, steps=args.steps, lr=args.lr,
+    common = dict(data=data, device=dev, warmup=args.warmup, steps=args.steps, lr=args.lr,
                   profile=args.profile, on_row=on_row)  # fmt: skip
     torch_variants = [v for v in mnist.COMPARE if v.startswith("pytorch")]
     kl_variants = [v for v in mnist.COMPARE if v.startswith("kernellab")]
@@ -96,7 +99,7 @@ def main() -> int:
             be = "pytorch" if ops == "pytorch" else (None if ops == "default" else ops)
             row = {"bench": "mnist_accuracy", "ops": ops, "epochs": args.epochs, "batch": 64, "lr": args.lr}
             try:
-                r = mnist.train(be, 64, args.epochs, args.lr, data=data, device="cuda", seed=0)
+                r = mnist.train(be, 64, args.epochs, args.lr, data=data, device=dev, seed=0)
                 row.update(test_acc=r["test_acc"], final_loss=r["losses"][-1], steps=len(r["losses"]),
                            ms_per_step_synced=r["ms_per_step"])  # fmt: skip
             except Exception as e:  # noqa: BLE001 - reported in its row
@@ -120,7 +123,7 @@ def main() -> int:
             cols.append(key)
     print(f"\nMNIST CNN step, ms/step ({args.steps} steps after {args.warmup} warm-up), {meta['gpu']}, "
           f"git {meta['git_sha']}")  # fmt: skip
-    print("batch  " + "  ".join(f"{v.replace('kernellab', 'kl')}[{o.split(':')[-1]}]" for v, o in cols))
+    print("batch  " + "  ".join(f"{v.replace('kernellab', 'kl')}[{o.split(':', 1)[-1]}]" for v, o in cols))
     for b in args.batch_sizes:
         cells = []
         for v, o in cols:
@@ -133,7 +136,7 @@ def main() -> int:
         print(f"{b:5d}  " + "  ".join(cells) + f"   best pytorch {best_t:.3f} / best kernellab {best_k:.3f}"
               f" = {best_k / best_t:.2f}x")  # fmt: skip
     for a in accs:
-        print(f"2-epoch test accuracy {a['ops']}: {a.get('test_acc', a.get('error'))}")
+        print(f"{args.epochs}-epoch test accuracy {a['ops']}: {a.get('test_acc', a.get('error'))}")
     print(f"total {time.perf_counter() - t_start:.0f} s; rows in {path}")
     return 0 if all("error" not in r for r in rows + accs) else 1
 
