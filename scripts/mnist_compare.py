@@ -134,7 +134,7 @@ def main() -> int:
         best_k = min((r["ms_per_step"] for r in rows if r["batch"] == b and r["ops"] != "pytorch"
                       and "ms_per_step" in r), default=float("nan"))  # fmt: skip
         print(f"{b:5d}  " + "  ".join(cells) + f"   best pytorch {best_t:.3f} / best kernellab {best_k:.3f}"
-              f" = {best_k / best_t:.2f}x")  # fmt: skip
+              f" = {best_k / best_t:.2f}x of PyTorch's time")  # fmt: skip
     for a in accs:
         print(f"{args.epochs}-epoch test accuracy {a['ops']}: {a.get('test_acc', a.get('error'))}")
     print(f"total {time.perf_counter() - t_start:.0f} s; rows in {path}")
