@@ -4,7 +4,7 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check bench rowwise norms ce reductions matmul attention ring host gpt
+#   stages: env tests check bench rowwise norms ce reductions matmul attention ring conv mnist host gpt
 #   launch profile sanitize summary (default: env tests check bench launch sanitize summary, in
 #   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
 #   split them over two device calls when one would pass the 10-minute limit.
@@ -100,6 +100,20 @@ fi
 if want norms; then
 step "layer_norm, rms_norm (issue 3)"
 run python3 scripts/gpu_norms.py --out "$OUT/norms"
+fi
+
+if want conv; then
+step "conv2d ladder, max_pool2d, relu (issue 18)"
+run python3 scripts/conv_ladder.py --out "$OUT/conv"
+fi
+
+if want mnist; then
+step "MNIST CNN step and 2-epoch accuracy: PyTorch vs kernellab, every variant (issue 18)"
+# MNIST_DATA: a directory of MNIST's IDX files (default: the shipped digits);
+# MNIST_BACKENDS: kernellab op sets (one backend for every op, or default).
+run python3 -m pytest -q -m gpu tests/ops/test_batch_norm2d.py tests/models/test_mnist.py tests/test_optim.py
+run python3 scripts/mnist_compare.py --out "$OUT/mnist" ${MNIST_DATA:+--data "$MNIST_DATA"} \
+  --backends ${MNIST_BACKENDS:-triton cuda default}
 fi
 
 if want ce; then

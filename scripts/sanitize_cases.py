@@ -34,10 +34,17 @@ for op in ops:
                         args = spec.make_inputs(shape, dtype, "cuda", 0, layout)
                         if args is None:
                             continue
+                        # an option naming a positional argument replaces it ({"bias": None})
+                        gen = torch.Generator(device="cuda").manual_seed(1)
+                        args, kwargs = spec.option_case(args, opts, dtype, "cuda", gen)
+                        try:  # e.g. a 3x3 pooling window on a 2x2 quick shape: not a case
+                            spec.validate(args, kwargs, ("cuda",))
+                        except (TypeError, ValueError):
+                            continue
                         leaves = [
                             _leaf(a, differentiable and i in spec.grad_args) for i, a in enumerate(args)
                         ]
-                        out = impl(*leaves, **opts)
+                        out = impl(*leaves, **kwargs)
                         if isinstance(out, (tuple, list)):
                             out = out[0]
                         if differentiable and spec.grad_args and out.requires_grad:

@@ -18,15 +18,20 @@ if not _torch.cuda.is_available():
 from kernellab import registry as _registry  # noqa: E402
 from kernellab.ops.add import add  # noqa: E402
 from kernellab.ops.attention import attention  # noqa: E402
+from kernellab.ops.batch_norm2d import batch_norm2d  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
+from kernellab.ops.conv2d import conv2d  # noqa: E402
 from kernellab.ops.norms.layer_norm import layer_norm  # noqa: E402
 from kernellab.ops.norms.rms_norm import rms_norm  # noqa: E402
+from kernellab.ops.pool import max_pool2d  # noqa: E402
 from kernellab.ops.reductions.max import argmax, max  # noqa: E402,A004
 from kernellab.ops.reductions.sum import sum  # noqa: E402,A004
+from kernellab.ops.relu import relu  # noqa: E402
 from kernellab.ops.softmax import softmax  # noqa: E402
 from kernellab.ops.spec import get_spec  # noqa: E402
+from kernellab.optim import sgd_step  # noqa: E402
 from kernellab.registry import Impl, get, impls, op_names, register, unregister  # noqa: E402
 
 _registry.warm_defaults()
@@ -37,6 +42,8 @@ __all__ = [
     "add",
     "argmax",
     "attention",
+    "batch_norm2d",
+    "conv2d",
     "cross_entropy",
     "gelu",
     "get",
@@ -45,9 +52,12 @@ __all__ = [
     "layer_norm",
     "matmul",
     "max",
+    "max_pool2d",
     "op_names",
     "register",
+    "relu",
     "rms_norm",
+    "sgd_step",
     "softmax",
     "sum",
     "unregister",

@@ -87,6 +87,12 @@ def cmd_check(args) -> int:
         args.quick = not _dev.has_cuda()
         if args.quick:
             console.print("no GPU: quick check (fewer shapes; --full for every test shape)")
+    import torch
+
+    # fp32 is checked as fp32: PyTorch's default lets cuDNN's convolutions take TF32 (10-bit
+    # mantissas), which would fail conv2d's torch backend against float64 and loosen every
+    # other backend's bound (matmuls: TF32 is off by default already).
+    torch.backends.cudnn.allow_tf32 = False
     total = chk.plan_size(ops, backends, dtypes)
     if total == 0:
         console.print("[red]nothing to check[/] (no implementation matches)")
@@ -221,11 +227,13 @@ def cmd_bench(args) -> int:
     except ValueError as e:
         console.print(f"[red]{e}[/]")
         return 2
-    if args.tf32:
-        import torch
+    import torch
 
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    # TF32 the same way for every backend: PyTorch's default lets cuDNN's fp32 convolutions
+    # take TF32 (matmuls not); conv2d's cuda kernels never do, its Triton kernels follow
+    # cudnn.allow_tf32. Off for both unless --tf32.
+    torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+    torch.backends.cudnn.allow_tf32 = bool(args.tf32)
     rows = []
     try:
         with _progress() as prog:
@@ -599,6 +607,111 @@ def cmd_demo(args) -> int:
 # --------------------------------------------------------------------------- asm
 
 
+def _mnist_backend(name):
+    """--backend of ``train mnist``: 'pytorch' (PyTorch's ops), 'default' (kernellab's default
+    per op) or a kernellab backend for every op."""
+    return None if name in (None, "default") else name
+
+
+def cmd_train_mnist(args) -> int:
+    import json
+
+    import torch
+
+    from kernellab.data import mnist as mnist_data
+    from kernellab.harness.bench import git_sha, versions
+    from kernellab.models import mnist
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    lr = args.lr if args.lr is not None else 0.05
+    try:
+        data = mnist_data.load(args.data, device)
+    except (OSError, ValueError) as e:
+        console.print(f"[red]{e}[/]")
+        return 2
+    console.print(f"data: {data.source}: {len(data.train_y)} train, {len(data.test_y)} test images on {device}")
+    if args.compare:
+        sizes = [int(v) for v in args.batch_sizes.split(",")] if args.batch_sizes else [args.batch_size or 64]
+        variants = args.variants.split(",") if args.variants else list(mnist.COMPARE)
+        unknown = set(variants) - set(mnist.COMPARE)
+        if unknown:
+            console.print(f"[red]--variants: unknown {sorted(unknown)}[/]; variants: {', '.join(mnist.COMPARE)}")
+            return 2
+        backend = _mnist_backend(args.backend)
+        meta = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "git_sha": git_sha(),
+                **versions(), "data": data.source, "lr": lr}  # fmt: skip
+        out = open(args.out, "a") if args.out else None
+        rows = []
+        with _progress() as prog:
+            task = prog.add_task("mnist steps", total=len(sizes) * len(variants))
+
+            def on_row(row):
+                rows.append(row)
+                if out:
+                    out.write(json.dumps({**meta, **{k: v for k, v in row.items() if k != "profile"}}) + "\n")
+                    out.flush()
+                prog.advance(task)
+
+            def on_note(note):
+                console.print(f"[yellow]note:[/] {note}")
+                prog.advance(task)
+
+            mnist.compare(sizes, variants, backend, device=device, steps=args.steps_timed,
+                          warmup=args.warmup, lr=lr, profile=args.profile, on_row=on_row, on_note=on_note,
+                          data=data)  # fmt: skip
+        if out:
+            out.close()
+        if args.profile:
+            for r in rows:
+                if "profile" in r:
+                    console.print(f"[bold]{r['variant']} batch {r['batch']}[/]")
+                    console.print(r["profile"], markup=False, highlight=False)
+        table = Table(title=f"MNIST CNN training step (ms/step, mean of {args.steps_timed} after warm-up), "
+                            f"{meta['gpu']}, kernellab ops: {args.backend or 'default'}")  # fmt: skip
+        table.add_column("batch", justify="right")
+        for v in variants:
+            table.add_column(v, justify="right")
+        for b in sizes:
+            sel = {r["variant"]: r for r in rows if r["batch"] == b}
+            cells = []
+            for v in variants:
+                r = sel.get(v)
+                if r is None:
+                    cells.append("skipped")
+                elif "error" in r:
+                    cells.append("error: " + r["error"][:50])
+                else:
+                    cells.append(f"{r['ms_per_step']:.3f}")
+            table.add_row(str(b), *cells)
+        console.print(table)
+        return 0 if all("error" not in r for r in rows) else 1
+    backends = "pytorch" if args.backend == "pytorch" else _mnist_backend(args.backend)
+    bsz = args.batch_size or 64
+    with _progress() as prog:
+        steps = (len(data.train_y) // bsz) * args.epochs
+        task = prog.add_task("train mnist", total=steps)
+        right = {"acc": float("nan")}
+
+        def on_step(i, loss, ms):
+            prog.update(task, advance=1, description=f"loss {loss:.4f}  test acc {right['acc']:.3f}  {ms:.2f} ms/step")
+
+        def on_epoch(epoch, acc):
+            right["acc"] = acc
+            console.print(f"epoch {epoch}: test accuracy {acc:.4f}")
+
+        variant = args.mode or "eager"
+        if variant not in mnist.VARIANTS or (variant == "graph" and device != "cuda"):
+            console.print(f"[red]--mode {variant}: mnist trains in eager, compile or graph (graph: on a GPU)[/]")
+            return 2
+        result = mnist.train(backends, bsz, args.epochs, lr, device=device, on_step=on_step, on_epoch=on_epoch,
+                             data=data, variant=variant)  # fmt: skip
+    losses = result["losses"]
+    console.print(f"mnist ({args.backend or 'default'} ops, batch {bsz}, lr {lr}): loss {losses[0]:.3f} -> "
+                  f"{losses[-1]:.3f} over {len(losses)} steps, test accuracy {result['test_acc'][-1]:.4f}, "
+                  f"{result['ms_per_step']:.2f} ms/step (host timed, one sync per step)")  # fmt: skip
+    return 0
+
+
 def cmd_train(args) -> int:
     import json
 
@@ -607,6 +720,14 @@ def cmd_train(args) -> int:
     from kernellab.harness.bench import git_sha, versions
     from kernellab.models import gpt
 
+    if args.model == "mnist":
+        return cmd_train_mnist(args)
+    if args.lr is None:
+        args.lr = 3e-4
+    if args.backend is None:
+        args.backend = "triton"
+    if args.mode is None:
+        args.mode = "eager"
     gpu = torch.cuda.is_available()
     config = args.config or ("gpt2" if gpu else "tiny")
     dtype = args.dtype or ("bf16" if gpu else "fp32")
@@ -871,7 +992,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", action="append", help="fwd, bwd, fwdbwd (default fwd)")
     s.add_argument("--graph", action="store_true", help="time CUDA-graph replays (launch-bound work)")
     s.add_argument("--no-flush", action="store_true", help="do not flush the L2 between calls")
-    s.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (for every backend alike)")
+    s.add_argument(
+        "--tf32", action="store_true", help="allow TF32 matmuls and cuDNN convolutions (every backend alike)"
+    )
     s.add_argument("--budget", type=float, default=1.5, help="seconds of timing per measurement (max)")
     s.add_argument("--opt", action="append", help="keyword option KEY=VALUE, e.g. causal=true (repeatable)")
     s.add_argument("--json", help="append result rows to this JSONL file")
@@ -917,24 +1040,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", help="write the result as JSON")
     s.set_defaults(func=cmd_demo)
 
-    s = sub.add_parser("train", help="train a model on kernellab's ops: gpt")
-    s.add_argument("model", choices=["gpt"])
+    s = sub.add_parser("train", help="train a model on kernellab's ops: gpt, mnist")
+    s.add_argument("model", choices=["gpt", "mnist"])
     s.add_argument("--config", default=None, help="gpt2 (124M) or tiny (default: gpt2 on a GPU, tiny here)")
-    s.add_argument("--batch-size", type=int, default=None, help="default 8 (gpt2) / 4 (tiny)")
+    s.add_argument("--batch-size", type=int, default=None, help="default 8 (gpt2) / 4 (tiny) / 64 (mnist)")
     s.add_argument("--seq-len", type=int, default=None, help="default: the config's context")
     s.add_argument("--steps", type=int, default=50)
     s.add_argument(
-        "--backend", "-b", default="triton", help="kernellab backend for every op, 'default', or 'pytorch'"
+        "--backend", "-b", default=None,
+        help="kernellab backend for every op, 'default', or 'pytorch' (default: triton for gpt, default for mnist)",
     )
     s.add_argument(
         "--matmul", default="pytorch", help="linear layers: 'pytorch' (cuBLAS) or a matmul backend"
     )
-    s.add_argument("--mode", default="eager", choices=["eager", "compile", "compile-cudagraphs"])
+    s.add_argument("--mode", default=None, choices=["eager", "compile", "compile-cudagraphs", "graph"],
+                   help="gpt: eager | compile | compile-cudagraphs; mnist: eager | compile | graph (default eager)")
     s.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")
-    s.add_argument("--data", default=None, help="a UTF-8 text file (default: Python's pydoc topics)")
-    s.add_argument("--lr", type=float, default=3e-4)
+    s.add_argument("--data", default=None, help="gpt: a UTF-8 text file (default: Python's pydoc topics); "
+                   "mnist: a directory of MNIST's IDX files (default: the shipped digits)")
+    s.add_argument("--lr", type=float, default=None, help="default 3e-4 (gpt, AdamW) / 0.05 (mnist, SGD)")
     s.add_argument("--compare", action="store_true", help="PyTorch's ops against kernellab's, every mode")
     s.add_argument("--out", help="--compare: append JSONL rows to this file")
+    s.add_argument("--epochs", type=int, default=2, help="mnist: training epochs")
+    s.add_argument("--device", default=None, help="mnist: cuda or cpu (default: cuda where there is one)")
+    s.add_argument("--steps-timed", type=int, default=100, help="mnist --compare: steps timed per variant")
+    s.add_argument("--warmup", type=int, default=10, help="mnist --compare: warm-up steps per variant")
+    s.add_argument("--batch-sizes", default=None, help="mnist --compare: e.g. 64,256,1024 (default: --batch-size)")
+    s.add_argument("--variants", default=None, help="mnist --compare: a comma list of " + ", ".join(
+        ("pytorch_eager", "pytorch_compile", "pytorch_graph", "kernellab_eager", "kernellab_graph")))
+    s.add_argument("--profile", action="store_true", help="mnist --compare: a torch.profiler table per variant")
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("asm", help="PTX/SASS, registers, spills, shared memory of a backend's kernels")

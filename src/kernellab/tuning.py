@@ -117,6 +117,18 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "max": [(64, 256)],
         "argmax": [(64, 256)],
     },
+    # The course's MNIST CNN (issue 18): conv 1 -> 32 on 28x28 and 32 -> 64 on 14x14
+    # (3x3, padding 1: conv2d's bench option), each followed by relu and a 2x2 max pool,
+    # hidden 128; batch 64, 256 and 1024. Plus the issue's large layer (N 32, C 64, 56x56,
+    # K 64, 3x3) for the conv ladder.
+    "mnist": {
+        "conv2d": [(b, 1, 28, 28, 32, 3, 3) for b in (64, 256, 1024)]
+        + [(b, 32, 14, 14, 64, 3, 3) for b in (64, 256, 1024)]
+        + [(32, 64, 56, 56, 64, 3, 3)],
+        "max_pool2d": [(b, c, hw, hw) for b in (64, 256, 1024) for c, hw in ((32, 28), (64, 14))],
+        "batch_norm2d": [(b, c, hw, hw) for b in (64, 256, 1024) for c, hw in ((32, 28), (64, 14))],
+        "relu": [(b * n,) for b in (64, 256, 1024) for n in (32 * 28 * 28, 64 * 14 * 14, 128)],
+    },
     # Shapes of no family above (other model sizes), never tuned: where the verify run
     # measures how the default does on shapes it was not tuned at.
     "heldout": {
@@ -160,7 +172,7 @@ def family_shapes(op: str, family: str | None = None) -> list[tuple]:
 # Backends a default may pick: ours and the peers; never the naive baseline, a
 # torch.compile of it (a recompile per shape: the user's own choice to make), the numbered
 # teaching variants (``cuda`` is the best of them) or the pure-PyTorch tiling demo.
-_NOT_DEFAULT = re.compile(r"manual|compile|tiled|cuda_v\d+")
+_NOT_DEFAULT = re.compile(r"manual|compile|tiled|fft|cuda_v\d+")  # (fft: conv2d's teaching backend)
 
 
 def candidates(op: str) -> list[str]:
@@ -172,8 +184,9 @@ def candidates(op: str) -> list[str]:
 
 # --------------------------------------------------------------------------- shape keys
 
-_ELEMENTWISE = {"add", "gelu"}
-KEY_ARGS = {"matmul": 2, "attention": 2}  # ops whose shape key reads two arguments (a, b / q, k)
+_ELEMENTWISE = {"add", "gelu", "relu"}
+# ops whose shape key reads two arguments (a, b / q, k / x, w)
+KEY_ARGS = {"matmul": 2, "attention": 2, "conv2d": 2}
 
 
 def shape_key(op: str, args) -> tuple | None:
@@ -189,6 +202,11 @@ def shape_key(op: str, args) -> tuple | None:
         if op == "attention":
             q, k = args[0], args[1]
             return (math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1])
+        if op == "conv2d":  # (N, C, H, W, K, R, S): the spec's problem shape
+            w = args[1]
+            return (*x.shape, w.shape[0], w.shape[2], w.shape[3]) if x.dim() == 4 and w.dim() == 4 else None
+        if op in ("max_pool2d", "batch_norm2d"):  # (N, C, H, W)
+            return tuple(x.shape) if x.dim() == 4 else None
         d = x.shape[-1] if x.dim() else 1
         return (x.numel() // d if d else 0, d)
     except (AttributeError, IndexError, TypeError):
@@ -451,5 +469,7 @@ def key_of_shape(op: str, shape) -> tuple:
         return (math.prod(shape),)
     if op == "matmul":
         return shape[-3:]
+    if op in ("conv2d", "max_pool2d", "batch_norm2d"):
+        return shape
     d = shape[-1]
     return (math.prod(shape) // d if d else 0, d)

@@ -30,6 +30,10 @@ OP_MODULES = [
     "kernellab.ops.reductions",
     "kernellab.ops.matmul",
     "kernellab.ops.attention",
+    "kernellab.ops.batch_norm2d",
+    "kernellab.ops.relu",
+    "kernellab.ops.pool",
+    "kernellab.ops.conv2d",
 ]
 
 DTYPES = {

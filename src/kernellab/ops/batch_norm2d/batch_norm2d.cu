@@ -1,0 +1,222 @@
+// batch_norm2d (training mode: batch statistics) over NCHW, forward and backward; fp32 /
+// fp16 / bf16 storage, fp32 math. One variant (the "cuda" backend), the Triton backend's
+// plan in CUDA C++:
+//
+//   A channel's M = N * H * W elements are cut into `split` chunks of its flat index
+//   i in [0, M) (image i / HW, pixel i % HW); block b = c * split + s of 256 threads takes
+//   chunk s of channel c, so C * split blocks fill the GPU when C alone (32, 64) would not.
+//
+//   bn_stats     each thread: Welford over its elements of the chunk (count, mean, M2);
+//                the block merges its threads' triples (Chan's formula) through shared
+//                memory; thread 0 writes the chunk's triple to part[3][C][split].
+// relu (an int argument): y = max(y, 0) forward; backward, dy counts where the forward's
+// pre-activation (recomputed with the same fp32 expression) was > 0.
+//
+//   bn_fwd_apply every thread merges the channel's `split` triples (a few dozen floats,
+//                cached), block s == 0 stores mean and rstd, and the block writes its chunk
+//                of y = (x - mean) * (rstd * w) + b.
+//   bn_bwd_sums  per chunk: sum(dy * (x - mean)) and sum(dy) -> part[2][C][split] (fp64:
+//                the threads' fp32 sums are added in double, so dweight and dbias land
+//                within about an ulp of the exact sums; rstd is applied once, at the end).
+//   bn_bwd_apply dw, db = the sums of the channel's partials (block s == 0 stores them);
+//                dx = w * rstd * (dy - db / M - xhat * dw / M) over the chunk.
+//
+// Traffic per pass: x read twice and y written once forward; x and dy read twice and dx
+// written once backward (the second reads are L2 hits when a layer fits in the 50 MB L2).
+// Indexing: i is 32-bit (M < 2^31), element offsets 64-bit. The element loops are unrolled
+// by 4 so each thread has 4 independent loads in flight (Little's law on an H100: ~3.35 TB/s
+// x ~0.6 us = ~2 MB in flight, ~15 KB per SM; 8 blocks x 256 threads x 4 x 4 B = 32 KB).
+#include "common.cuh"
+#include "reduce.cuh"
+
+namespace {
+
+constexpr int THREADS = 256;
+
+__device__ __forceinline__ long long offset_of(int i, int c, int C, int HW) {
+    const int n = i / HW;
+    return ((long long)n * C + c) * HW + (i - n * HW);
+}
+
+// Merge (cb, mb, m2b) into (ca, ma, m2a): Chan et al.'s pairwise update.
+__device__ __forceinline__ void chan_merge(float& ca, float& ma, float& m2a, float cb, float mb, float m2b) {
+    const float tot = ca + cb;
+    if (tot == 0.0f) return;
+    const float delta = mb - ma;
+    const float fb = cb / tot;
+    ma += delta * fb;
+    m2a += m2b + delta * delta * ca * fb;
+    ca = tot;
+}
+
+template <typename T>
+__device__ void bn_stats(const T* __restrict__ x, float* __restrict__ part, int C, int HW, int M, int chunk) {
+    __shared__ float sc[THREADS], sm[THREADS], sm2[THREADS];
+    const int split = gridDim.x / C;
+    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
+    const int start = s * chunk;
+    const int end = min(start + chunk, M);
+    float cnt = 0.0f, mean = 0.0f, m2 = 0.0f;
+#pragma unroll 4
+    for (int i = start + threadIdx.x; i < end; i += THREADS) {
+        const float v = kl::to_f(x[offset_of(i, c, C, HW)]);
+        cnt += 1.0f;
+        const float d = v - mean;
+        mean += d / cnt;
+        m2 += d * (v - mean);
+    }
+    sc[threadIdx.x] = cnt;
+    sm[threadIdx.x] = mean;
+    sm2[threadIdx.x] = m2;
+    __syncthreads();
+    for (int h = THREADS / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) {
+            float ca = sc[threadIdx.x], ma = sm[threadIdx.x], m2a = sm2[threadIdx.x];
+            chan_merge(ca, ma, m2a, sc[threadIdx.x + h], sm[threadIdx.x + h], sm2[threadIdx.x + h]);
+            sc[threadIdx.x] = ca;
+            sm[threadIdx.x] = ma;
+            sm2[threadIdx.x] = m2a;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        const int p = c * split + s;
+        part[p] = sc[0];
+        part[C * split + p] = sm[0];
+        part[2 * C * split + p] = sm2[0];
+    }
+}
+
+template <typename T>
+__device__ void bn_fwd_apply(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
+                             T* __restrict__ y, const float* __restrict__ part, float* __restrict__ mean_out,
+                             float* __restrict__ rstd_out, int C, int HW, int M, int chunk, float eps, int relu) {
+    const int split = gridDim.x / C;
+    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
+    // Every thread merges the channel's partials itself (split is small): no barrier.
+    float cnt = 0.0f, mean = 0.0f, m2 = 0.0f;
+    for (int j = 0; j < split; ++j) {
+        const int p = c * split + j;
+        chan_merge(cnt, mean, m2, part[p], part[C * split + p], part[2 * C * split + p]);
+    }
+    const float rstd = 1.0f / sqrtf(m2 / cnt + eps);
+    if (s == 0 && threadIdx.x == 0) {
+        mean_out[c] = mean;
+        rstd_out[c] = rstd;
+    }
+    const float scale = rstd * kl::to_f(w[c]);
+    const float shift = kl::to_f(b[c]);
+    const int start = s * chunk;
+    const int end = min(start + chunk, M);
+#pragma unroll 4
+    for (int i = start + threadIdx.x; i < end; i += THREADS) {
+        const long long o = offset_of(i, c, C, HW);
+        const float v = (kl::to_f(x[o]) - mean) * scale + shift;
+        y[o] = kl::from_f<T>(relu ? fmaxf(v, 0.0f) : v);
+    }
+}
+
+// Sum over the block in double (every thread's value; the result in thread 0).
+__device__ __forceinline__ double block_sum64(double v, double* red) {
+    __syncthreads();  // red may still be read by a previous call
+    red[threadIdx.x] = v;
+    __syncthreads();
+    for (int h = THREADS / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) red[threadIdx.x] += red[threadIdx.x + h];
+        __syncthreads();
+    }
+    return red[0];
+}
+
+template <typename T>
+__device__ void bn_bwd_sums(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                            const T* __restrict__ b, const float* __restrict__ mean_in,
+                            const float* __restrict__ rstd_in, double* __restrict__ part, int C, int HW, int M,
+                            int chunk, int relu) {
+    __shared__ double red[THREADS];
+    const int split = gridDim.x / C;
+    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
+    const float mean = mean_in[c];
+    // relu: the forward's pre-activation, recomputed with the forward's expression (same sign)
+    const float scale = rstd_in[c] * kl::to_f(w[c]), shift = kl::to_f(b[c]);
+    const int start = s * chunk;
+    const int end = min(start + chunk, M);
+    float sw = 0.0f, sb = 0.0f;
+#pragma unroll 4
+    for (int i = start + threadIdx.x; i < end; i += THREADS) {
+        const long long o = offset_of(i, c, C, HW);
+        const float xv = kl::to_f(x[o]);
+        float g = kl::to_f(dy[o]);
+        if (relu && !((xv - mean) * scale + shift > 0.0f)) g = 0.0f;
+        sw += g * (xv - mean);
+        sb += g;
+    }
+    const double tw = block_sum64(sw, red);
+    const double tb = block_sum64(sb, red);
+    if (threadIdx.x == 0) {
+        part[c * split + s] = tw;
+        part[C * split + c * split + s] = tb;
+    }
+}
+
+template <typename T>
+__device__ void bn_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ w,
+                             const T* __restrict__ b, const float* __restrict__ mean_in,
+                             const float* __restrict__ rstd_in, const double* __restrict__ part,
+                             T* __restrict__ dx, T* __restrict__ dw, T* __restrict__ db, int C, int HW, int M,
+                             int chunk, int relu) {
+    const int split = gridDim.x / C;
+    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
+    const float mean = mean_in[c], rstd = rstd_in[c];
+    double tw = 0.0, tb = 0.0;
+    for (int j = 0; j < split; ++j) {
+        tw += part[c * split + j];
+        tb += part[C * split + c * split + j];
+    }
+    const float sw = (float)(tw * (double)rstd), sb = (float)tb;
+    if (s == 0 && threadIdx.x == 0) {
+        dw[c] = kl::from_f<T>(sw);
+        db[c] = kl::from_f<T>(sb);
+    }
+    const float k = rstd * kl::to_f(w[c]);  // = the forward's scale
+    const float shift = kl::to_f(b[c]);
+    const float mdb = sb / M, mdw = sw / M;
+    const int start = s * chunk;
+    const int end = min(start + chunk, M);
+#pragma unroll 4
+    for (int i = start + threadIdx.x; i < end; i += THREADS) {
+        const long long o = offset_of(i, c, C, HW);
+        const float xv = kl::to_f(x[o]);
+        float g = kl::to_f(dy[o]);
+        if (relu && !((xv - mean) * k + shift > 0.0f)) g = 0.0f;
+        const float xhat = (xv - mean) * rstd;
+        dx[o] = kl::from_f<T>(k * (g - mdb - xhat * mdw));
+    }
+}
+
+}  // namespace
+
+// Entry points: bn_{stats,fwd_apply,bwd_sums,bwd_apply}_<dtype>; grid C * split, 256 threads.
+#define KL_BN(SFX, T)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
+        bn_stats_##SFX(const T* x, float* part, int C, int HW, int M, int chunk) {                           \
+        bn_stats<T>(x, part, C, HW, M, chunk);                                                               \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
+        bn_fwd_apply_##SFX(const T* x, const T* w, const T* b, T* y, const float* part, float* mean,         \
+                           float* rstd, int C, int HW, int M, int chunk, float eps, int relu) {              \
+        bn_fwd_apply<T>(x, w, b, y, part, mean, rstd, C, HW, M, chunk, eps, relu);                           \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
+        bn_bwd_sums_##SFX(const T* dy, const T* x, const T* w, const T* b, const float* mean,                \
+                          const float* rstd, double* part, int C, int HW, int M, int chunk, int relu) {      \
+        bn_bwd_sums<T>(dy, x, w, b, mean, rstd, part, C, HW, M, chunk, relu);                                \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
+        bn_bwd_apply_##SFX(const T* dy, const T* x, const T* w, const T* b, const float* mean,               \
+                           const float* rstd, const double* part, T* dx, T* dw, T* db, int C, int HW, int M, \
+                           int chunk, int relu) {                                                            \
+        bn_bwd_apply<T>(dy, x, w, b, mean, rstd, part, dx, dw, db, C, HW, M, chunk, relu);                   \
+    }
+
+KL_FOR_EACH_DTYPE(KL_BN)

@@ -1,0 +1,344 @@
+"""batch_norm2d in Triton: kernels, launchers, custom op, registration.
+
+A channel's M = N * H * W elements sit in N separate runs of H * W (NCHW), so each channel
+is cut into SPLIT chunks of its flat index i in [0, M) (image i // HW, pixel i % HW) and a
+grid of (C, SPLIT) programs walks them: C alone (32 or 64 in the MNIST model) would leave
+most of an H100's 132 SMs idle, and one program per channel would stream 3.2 MB (fp32,
+batch 1024, 28x28) by itself.
+
+Forward, two launches:
+  1. stats: each program reduces its chunk, block by block, to (count, mean, M2) in fp64 with
+     Chan's merge (a block's exact two-pass mean and M2 from registers, merged into the
+     running values): one read of x, no E[x^2] - E[x]^2 cancellation.
+  2. apply: each program merges the SPLIT partials of its channel (a few dozen floats),
+     program 0 of the channel stores mean and rstd, and every program writes its chunk of
+     y = (x - mean) * (rstd * w) + b.
+Backward, two launches of the same shape: partial sums of dy and dy * xhat per chunk,
+then dx = w * rstd * (dy - db / M - xhat * dw / M) per chunk, program 0 storing dw, db.
+
+Traffic: forward reads x twice and writes y once (the second read is often an L2 hit at
+the model's sizes: batch 256 x 32 x 28 x 28 fp32 is 25.7 MB against the H100's 50 MB);
+backward reads x, dy twice, writes dx once. Partials: 3 x C x SPLIT forward,
+2 x C x SPLIT backward, fp64: a few KB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+
+from kernellab import triton_support
+from kernellab.ops.batch_norm2d import _kit
+
+
+@dataclass(frozen=True)
+class Config:
+    """block: elements per step of a program on a GPU; interp_block under the interpreter,
+    which pays per step (the model's 4 x 32 x 28 x 28 layer took 9.6 s a training step at
+    128); tests pass a smaller one to the launchers to walk the block loop. programs_per_sm:
+    grid size target C * SPLIT ~ programs_per_sm x SMs (a first guess, not tuned: 8 programs
+    x 4 KB of loads per step = 32 KB in flight per SM, twice the ~15 KB an H100 needs to
+    stream at full bandwidth: 3.35 TB/s x ~0.6 us / 132 SMs). interp_split: chunks per channel under
+    the interpreter (several, so the partials' merge is exercised)."""
+
+    block: int = 1024
+    warps: int = 4
+    programs_per_sm: int = 8
+    interp_block: int = 512
+    interp_split: int = 3
+
+
+CONFIG = Config()
+
+
+@triton_support.jit
+def _bn_stats_kernel(
+    x_ptr,  # [N, C, HW] contiguous, storage dtype
+    part_ptr,  # [3, C, SPLIT] fp64: count, mean, M2 of each chunk
+    C,
+    HW,
+    M,  # N * HW, the elements of one channel
+    chunk,  # elements per chunk (a multiple of BLOCK)
+    BLOCK: tl.constexpr,
+):
+    # Statistics in fp64 (a block's values widened after the load): rstd then carries
+    # about an ulp of fp32 error, not the few ulps of an fp32 two-level merge, and dweight
+    # (= rstd * sum(dy * (x - mean))) inherits it. PyTorch's CPU kernel accumulates in fp64
+    # and the check bounds us by twice its error; on a GPU the fp64 work (2 flops per
+    # element, H100: 67 TFLOP/s fp64) hides under the loads.
+    c = tl.program_id(0)
+    s = tl.program_id(1)
+    split = tl.num_programs(1)
+    start = s * chunk
+    end = tl.minimum(start + chunk, M)
+    cnt = tl.zeros((), dtype=tl.float64)
+    mean = tl.zeros((), dtype=tl.float64)
+    m2 = tl.zeros((), dtype=tl.float64)
+    for i0 in range(start, end, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        mask = i < end
+        n = i // HW
+        off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
+        x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float64)
+        nb = tl.minimum(end - i0, BLOCK).to(tl.float64)
+        mb = tl.sum(x, axis=0) / nb
+        d = tl.where(mask, x - mb, 0.0)
+        m2b = tl.sum(d * d, axis=0)
+        tot = cnt + nb
+        delta = mb - mean
+        mean = mean + delta * (nb / tot)
+        m2 = m2 + m2b + delta * delta * (cnt * (nb / tot))
+        cnt = tot
+    p = c * split + s
+    tl.store(part_ptr + p, cnt)
+    tl.store(part_ptr + C * split + p, mean)
+    tl.store(part_ptr + 2 * C * split + p, m2)
+
+
+@triton_support.jit
+def _bn_fwd_apply_kernel(
+    x_ptr,  # [N, C, HW] contiguous
+    w_ptr,  # [C]
+    b_ptr,  # [C]
+    y_ptr,  # [N, C, HW] contiguous, x's dtype
+    part_ptr,  # [3, C, SPLIT] fp64 from _bn_stats_kernel
+    mean_ptr,  # [C] fp32 out
+    rstd_ptr,  # [C] fp32 out
+    C,
+    HW,
+    M,
+    chunk,
+    eps,
+    SPLIT_P2: tl.constexpr,  # next power of two >= SPLIT
+    BLOCK: tl.constexpr,
+    RELU: tl.constexpr,  # y = max(y, 0)
+):
+    c = tl.program_id(0)
+    s = tl.program_id(1)
+    split = tl.num_programs(1)
+    j = tl.arange(0, SPLIT_P2)
+    jm = j < split
+    pc = tl.load(part_ptr + c * split + j, mask=jm, other=0.0)
+    pm = tl.load(part_ptr + C * split + c * split + j, mask=jm, other=0.0)
+    pm2 = tl.load(part_ptr + 2 * C * split + c * split + j, mask=jm, other=0.0)
+    total = tl.sum(pc, axis=0)
+    mean64 = tl.sum(pc * pm, axis=0) / total
+    dev = tl.where(jm, pm - mean64, 0.0)
+    var = (tl.sum(pm2, axis=0) + tl.sum(pc * dev * dev, axis=0)) / total
+    rstd = (1.0 / tl.sqrt(var + eps)).to(tl.float32)  # fp64: var is
+    mean = mean64.to(tl.float32)
+    if s == 0:
+        tl.store(mean_ptr + c, mean)
+        tl.store(rstd_ptr + c, rstd)
+    scale = rstd * tl.load(w_ptr + c).to(tl.float32)
+    shift = tl.load(b_ptr + c).to(tl.float32)
+    start = s * chunk
+    end = tl.minimum(start + chunk, M)
+    for i0 in range(start, end, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        mask = i < end
+        n = i // HW
+        off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
+        x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean) * scale + shift
+        if RELU:
+            y = tl.maximum(y, 0.0)
+        tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton_support.jit
+def _bn_bwd_sums_kernel(
+    dy_ptr,  # [N, C, HW] contiguous
+    x_ptr,  # [N, C, HW] contiguous
+    w_ptr,  # [C] (read when RELU)
+    b_ptr,  # [C] (read when RELU)
+    mean_ptr,  # [C] fp32
+    rstd_ptr,  # [C] fp32
+    part_ptr,  # [2, C, SPLIT] fp64: sum(g * (x - mean)), sum(g) of each chunk (g: dy, relu-masked)
+    C,
+    HW,
+    M,
+    chunk,
+    BLOCK: tl.constexpr,
+    RELU: tl.constexpr,  # g = dy where the forward's pre-activation was > 0, else 0
+):
+    c = tl.program_id(0)
+    s = tl.program_id(1)
+    split = tl.num_programs(1)
+    mean = tl.load(mean_ptr + c)
+    if RELU:
+        scale = tl.load(rstd_ptr + c) * tl.load(w_ptr + c).to(tl.float32)
+        shift = tl.load(b_ptr + c).to(tl.float32)
+    acc_w = tl.zeros([BLOCK], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK], dtype=tl.float32)
+    start = s * chunk
+    end = tl.minimum(start + chunk, M)
+    for i0 in range(start, end, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        mask = i < end
+        n = i // HW
+        off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
+        x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        if RELU:  # the forward's expression: the same fp32 value, the same sign
+            dy = tl.where((x - mean) * scale + shift > 0.0, dy, 0.0)
+        # rstd is applied once to the channel's sum (one rounding fewer per term, as
+        # PyTorch's kernel does); the lanes' fp32 sums are added in fp64: dweight and dbias
+        # land within about an ulp of the exact sums (PyTorch's CPU kernel accumulates in
+        # fp64 and the check bounds us by twice its error).
+        acc_w += dy * tl.where(mask, x - mean, 0.0)
+        acc_b += dy
+    p = c * split + s
+    tl.store(part_ptr + p, tl.sum(acc_w.to(tl.float64), axis=0))
+    tl.store(part_ptr + C * split + p, tl.sum(acc_b.to(tl.float64), axis=0))
+
+
+@triton_support.jit
+def _bn_bwd_apply_kernel(
+    dy_ptr,  # [N, C, HW] contiguous
+    x_ptr,  # [N, C, HW] contiguous
+    w_ptr,  # [C]
+    b_ptr,  # [C] (read when RELU)
+    mean_ptr,  # [C] fp32
+    rstd_ptr,  # [C] fp32
+    part_ptr,  # [2, C, SPLIT] fp64 from _bn_bwd_sums_kernel
+    dx_ptr,  # [N, C, HW] contiguous, x's dtype
+    dw_ptr,  # [C], w's dtype
+    db_ptr,  # [C], w's dtype
+    C,
+    HW,
+    M,
+    chunk,
+    SPLIT_P2: tl.constexpr,
+    BLOCK: tl.constexpr,
+    RELU: tl.constexpr,
+):
+    c = tl.program_id(0)
+    s = tl.program_id(1)
+    split = tl.num_programs(1)
+    j = tl.arange(0, SPLIT_P2)
+    jm = j < split
+    mean = tl.load(mean_ptr + c)
+    rstd = tl.load(rstd_ptr + c)
+    dw64 = tl.sum(tl.load(part_ptr + c * split + j, mask=jm, other=0.0), axis=0) * rstd.to(tl.float64)
+    db64 = tl.sum(tl.load(part_ptr + C * split + c * split + j, mask=jm, other=0.0), axis=0)
+    dw = dw64.to(tl.float32)
+    db = db64.to(tl.float32)
+    if s == 0:
+        tl.store(dw_ptr + c, dw.to(dw_ptr.dtype.element_ty))
+        tl.store(db_ptr + c, db.to(db_ptr.dtype.element_ty))
+    k = tl.load(w_ptr + c).to(tl.float32) * rstd  # = the forward's scale
+    if RELU:
+        shift = tl.load(b_ptr + c).to(tl.float32)
+    mdb = db / M
+    mdw = dw / M
+    start = s * chunk
+    end = tl.minimum(start + chunk, M)
+    for i0 in range(start, end, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        mask = i < end
+        n = i // HW
+        off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
+        x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
+        if RELU:
+            dy = tl.where((x - mean) * k + shift > 0.0, dy, 0.0)
+        xhat = (x - mean) * rstd
+        dx = k * (dy - mdb - xhat * mdw)
+        tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def grid_of(c: int, m: int, dev: torch.device, cfg: Config = CONFIG) -> tuple[int, int, int]:
+    """(BLOCK, SPLIT, chunk): chunks of whole blocks, ~programs_per_sm x SMs programs."""
+    if dev.type == "cuda":
+        block = cfg.block
+        target = cfg.programs_per_sm * triton_support.sm_count(dev.index)
+        split = max(1, min(triton_support.cdiv(target, c), triton_support.cdiv(m, block)))
+    else:
+        block = cfg.interp_block
+        split = max(1, min(cfg.interp_split, triton_support.cdiv(m, block)))
+    chunk = triton_support.cdiv(triton_support.cdiv(m, split), block) * block
+    return block, triton_support.cdiv(m, chunk), chunk
+
+
+def _warps(dev) -> int:
+    return CONFIG.warps if dev.type == "cuda" else 1
+
+
+def bn_fwd(x, w, b, eps, relu=False, cfg: Config = CONFIG):
+    """See _kit: (y, mean, rstd); x contiguous NCHW."""
+    y = torch.empty_like(x)
+    mean, rstd = _kit.empty_stats(x)
+    n, c, hw, m = _kit.dims(x)
+    if m == 0 or c == 0:
+        return y, mean.zero_(), rstd.zero_()
+    block, split, chunk = grid_of(c, m, x.device, cfg)
+    part = torch.empty((3, c, split), dtype=torch.float64, device=x.device)
+    _bn_stats_kernel[(c, split)](x, part, c, hw, m, chunk, BLOCK=block, num_warps=_warps(x.device))
+    _bn_fwd_apply_kernel[(c, split)](
+        x, w, b, y, part, mean, rstd, c, hw, m, chunk, eps,
+        SPLIT_P2=triton_support.next_pow2(split), BLOCK=block, RELU=bool(relu), num_warps=_warps(x.device),
+    )  # fmt: skip
+    return y, mean, rstd
+
+
+def bn_bwd(dy, x, w, b, mean, rstd, relu=False, cfg: Config = CONFIG):
+    """See _kit: (dx, dw, db); dy and x contiguous NCHW."""
+    dx = torch.empty_like(x)
+    n, c, hw, m = _kit.dims(x)
+    if m == 0 or c == 0:
+        return dx, torch.zeros_like(w), torch.zeros_like(w)
+    dw, db = torch.empty_like(w), torch.empty_like(w)
+    block, split, chunk = grid_of(c, m, x.device, cfg)
+    part = torch.empty((2, c, split), dtype=torch.float64, device=x.device)
+    relu = bool(relu)
+    _bn_bwd_sums_kernel[(c, split)](
+        dy, x, w, b, mean, rstd, part, c, hw, m, chunk, BLOCK=block, RELU=relu, num_warps=_warps(x.device)
+    )
+    _bn_bwd_apply_kernel[(c, split)](
+        dy, x, w, b, mean, rstd, part, dx, dw, db, c, hw, m, chunk,
+        SPLIT_P2=triton_support.next_pow2(split), BLOCK=block, RELU=relu, num_warps=_warps(x.device),
+    )  # fmt: skip
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------- registration
+
+batch_norm2d_triton = _kit.batch_norm_op("batch_norm2d_triton", bn_fwd, bn_bwd, triton=True)
+
+
+def kernel_specs(dtype: str):
+    """For `kernellab asm`: the four kernels as launched on a GPU."""
+    t, f = f"*{dtype}", "*fp32"
+    i = "i32"
+    block = {"BLOCK": CONFIG.block}
+    both = {"SPLIT_P2": 32, **block, "RELU": True}
+    sums = {**block, "RELU": True}
+    return [
+        (_bn_stats_kernel, {"x_ptr": t, "part_ptr": "*fp64", "C": i, "HW": i, "M": i, "chunk": i, "BLOCK": "constexpr"},
+         block, CONFIG.warps),
+        (_bn_fwd_apply_kernel, {"x_ptr": t, "w_ptr": t, "b_ptr": t, "y_ptr": t, "part_ptr": "*fp64", "mean_ptr": f,
+                                "rstd_ptr": f, "C": i, "HW": i, "M": i, "chunk": i, "eps": "fp32",
+                                "SPLIT_P2": "constexpr", "BLOCK": "constexpr", "RELU": "constexpr"}, both,
+         CONFIG.warps),
+        (_bn_bwd_sums_kernel, {"dy_ptr": t, "x_ptr": t, "w_ptr": t, "b_ptr": t, "mean_ptr": f, "rstd_ptr": f,
+                               "part_ptr": "*fp64", "C": i, "HW": i, "M": i, "chunk": i, "BLOCK": "constexpr",
+                               "RELU": "constexpr"}, sums, CONFIG.warps),
+        (_bn_bwd_apply_kernel, {"dy_ptr": t, "x_ptr": t, "w_ptr": t, "b_ptr": t, "mean_ptr": f, "rstd_ptr": f,
+                                "part_ptr": "*fp64", "dx_ptr": t, "dw_ptr": t, "db_ptr": t, "C": i, "HW": i, "M": i,
+                                "chunk": i, "SPLIT_P2": "constexpr", "BLOCK": "constexpr", "RELU": "constexpr"},
+         both, CONFIG.warps),
+    ]  # fmt: skip
+
+
+triton_support.register_triton(
+    "batch_norm2d",
+    batch_norm2d_triton,
+    kernel_specs,
+    "Triton: split per-channel reductions (Chan merge), fwd and bwd in two launches each",
+)

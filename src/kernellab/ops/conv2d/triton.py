@@ -1,0 +1,300 @@
+"""conv2d in Triton as three implicit GEMMs: kernels, launchers, custom op, registration.
+
+No unfolded (im2col) copy exists in memory: each program computes the addresses of its
+[BLOCK_M, BLOCK_K] operand tile from the GEMM indices and gathers it (masked loads give
+the zero padding). With P Q the output pixels, R S the filter taps:
+
+    forward  y [N P Q, K]   = A [N P Q, C R S] @ B [C R S, K]
+             A(m, j) = x[n, c, p sh - ph + r, q sw - pw + s],  B(j, k) = w[k, c, r, s]
+    dgrad    dx [N H W, C]  = A [N H W, K R S] @ B [K R S, C]
+             A(m, j) = dy[n, k, (h + ph - r) / sh, (w + pw - s) / sw] where the division
+             is exact and lands inside the output (else 0: the transposed convolution,
+             no flipped copy of w), B(j, c) = w[k, c, r, s]
+    wgrad    dw [K, C R S]  = A [K, N P Q] @ B [N P Q, C R S]    (split over N P Q)
+             A(k, j) = dy[n, k, p, q], B(j, i) = x[n, c, p sh - ph + r, q sw - pw + s];
+             dbias[k] = sum_j A(k, j), accumulated from the same A tiles (no extra pass).
+
+wgrad's output is tiny (K x C R S: 64 x 288 at the MNIST model's second layer) and its
+reduction long (N P Q = 50,176 at batch 256): the reduction is split over programs, each
+writing an fp32 partial that one torch sum reduces (SPLIT x K x C R S x 4 B, a few MB).
+
+x may have any strides (channels_last included, no copy); w and dy are read contiguous.
+fp32 accumulation; fp32 dots follow ``torch.backends.cudnn.allow_tf32`` as cuDNN does.
+Under the CPU interpreter (no real 16-bit dots) the operands are upcast to fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+from kernellab import triton_support
+from kernellab.ops.conv2d import _kit, out_size
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton_support.jit
+def _conv_fwd_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,  # x [N, C, H, W] strided; w [K, C R S] contiguous; y [N, K, P, Q] contiguous
+    C, H, W, K, P, Q, R, S, M,  # M = N P Q
+    sxn, sxc, sxh, sxw,  # x strides (elements)
+    SH, SW, PH, PW,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(K, BLOCK_N)
+    pid_m, pid_n = pid // n_tiles, pid % n_tiles
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output pixels (n, p, q)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output channels k
+    m_ok, n_ok = offs_m < M, offs_n < K
+    pq = P * Q
+    nb, rem = offs_m // pq, offs_m % pq
+    ih0 = (rem // Q) * SH - PH  # top-left input row / column of each output's window
+    iw0 = (rem % Q) * SW - PW
+    x_row = nb * sxn
+    RS = R * S
+    CRS = C * RS
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j0 in range(0, CRS, BLOCK_K):
+        j = j0 + tl.arange(0, BLOCK_K)  # reduction index (c, r, s)
+        j_ok = j < CRS
+        c, rs = j // RS, j % RS
+        ih = ih0[:, None] + (rs // S)[None, :]
+        iw = iw0[:, None] + (rs % S)[None, :]
+        a_ok = m_ok[:, None] & j_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        a = tl.load(x_ptr + x_row[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw, mask=a_ok, other=0.0)
+        b = tl.load(w_ptr + offs_n[None, :] * CRS + j[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y_off = nb[:, None] * (K * pq) + offs_n[None, :] * pq + rem[:, None]
+    tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton_support.jit
+def _conv_dgrad_kernel(
+    dy_ptr, w_ptr, dx_ptr,  # dy [N, K, P, Q], w [K, C, R, S], dx [N, C, H, W]: contiguous
+    C, H, W, K, P, Q, R, S, M,  # M = N H W
+    SH, SW, PH, PW,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(C, BLOCK_N)
+    pid_m, pid_n = pid // n_tiles, pid % n_tiles
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # input pixels (n, h, w)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # input channels c
+    m_ok, n_ok = offs_m < M, offs_n < C
+    hw = H * W
+    nb, rem = offs_m // hw, offs_m % hw
+    ih, iw = rem // W, rem % W
+    RS = R * S
+    KRS = K * RS
+    pq = P * Q
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j0 in range(0, KRS, BLOCK_K):
+        j = j0 + tl.arange(0, BLOCK_K)  # reduction index (k, r, s)
+        j_ok = j < KRS
+        k, rs = j // RS, j % RS
+        r, s = rs // S, rs % S
+        hn = ih[:, None] + PH - r[None, :]  # = p sh when output row p reads input row h
+        wn = iw[:, None] + PW - s[None, :]
+        hn_c, wn_c = tl.maximum(hn, 0), tl.maximum(wn, 0)  # (no division of negatives)
+        p, q = hn_c // SH, wn_c // SW
+        a_ok = (
+            m_ok[:, None] & j_ok[None, :] & (hn >= 0) & (wn >= 0)
+            & (hn_c == p * SH) & (wn_c == q * SW) & (p < P) & (q < Q)
+        )
+        a = tl.load(dy_ptr + nb[:, None] * (K * pq) + k[None, :] * pq + p * Q + q, mask=a_ok, other=0.0)
+        b_off = k[:, None] * (C * RS) + offs_n[None, :] * RS + rs[:, None]
+        b = tl.load(w_ptr + b_off, mask=j_ok[:, None] & n_ok[None, :], other=0.0)
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    dx_off = nb[:, None] * (C * hw) + offs_n[None, :] * hw + rem[:, None]
+    tl.store(dx_ptr + dx_off, acc.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton_support.jit
+def _conv_wgrad_kernel(
+    dy_ptr, x_ptr, dw_part_ptr, db_part_ptr,  # dy [N, K, P, Q] contiguous; x strided;
+    # dw_part [SPLIT, K, C R S], db_part [SPLIT, K]: fp32
+    C, H, W, K, P, Q, R, S, NPQ, CHUNK,  # CHUNK: reduction indices per split (multiple of BLOCK_K)
+    sxn, sxc, sxh, sxw,
+    SH, SW, PH, PW,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    RS = R * S
+    CRS = C * RS
+    n_tiles = tl.cdiv(CRS, BLOCK_N)
+    pid_m, pid_n = pid // n_tiles, pid % n_tiles
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output channels k
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # filter taps (c, r, s)
+    m_ok, n_ok = offs_m < K, offs_n < CRS
+    c, rs = offs_n // RS, offs_n % RS
+    r, s = rs // S, rs % S
+    pq = P * Q
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    db = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, NPQ)
+    for j0 in range(start, end, BLOCK_K):
+        j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
+        j_ok = j < end
+        nb, rem = j // pq, j % pq
+        a_off = offs_m[:, None] * pq + (nb * (K * pq) + rem)[None, :]
+        a = tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+        ih = ((rem // Q) * SH - PH)[:, None] + r[None, :]
+        iw = ((rem % Q) * SW - PW)[:, None] + s[None, :]
+        b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
+        b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
+        a32 = a.to(tl.float32)
+        db += tl.sum(a32, axis=1)
+        if UPCAST:
+            a, b = a32, b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
+    tl.store(dw_part_ptr + out, acc, mask=m_ok[:, None] & n_ok[None, :])
+    first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)
+    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _consts(t: torch.Tensor) -> dict:
+    if t.device.type != "cuda":  # the interpreter: no 16-bit dots, exact fp32
+        return dict(PRECISION="ieee", UPCAST=True)
+    # fp32: as cuDNN's setting says; fp16/bf16 dots ignore it ("tf32", as the matmul
+    # kernels pass: "ieee" is meant for fp32 operands)
+    ieee = t.dtype == torch.float32 and not torch.backends.cudnn.allow_tf32
+    return dict(PRECISION="ieee" if ieee else "tf32", UPCAST=False)
+
+
+def _clamp_pow2(n: int, lo: int, hi: int) -> int:
+    return max(lo, min(hi, triton_support.next_pow2(n)))
+
+
+def gemm_config(m: int, n: int, k: int, dev) -> dict:
+    """Tiles of one implicit GEMM (M x N, reduction k): N and K tiles sized to the
+    problem (tl.dot needs 16 or more each way), M tiles of 64 (the interpreter: 32, it
+    pays per program and per element alike). Not autotuned: the MNIST layers have
+    N = K of 32 / 64 and reductions of 9 to 576; a tuned table is future work."""
+    if dev.type != "cuda":
+        return dict(BLOCK_M=32, BLOCK_N=_clamp_pow2(n, 16, 32), BLOCK_K=_clamp_pow2(k, 16, 32), num_warps=4)
+    return dict(BLOCK_M=64, BLOCK_N=_clamp_pow2(n, 16, 64), BLOCK_K=_clamp_pow2(k, 16, 32), num_warps=4)
+
+
+def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
+    n, c, h, wd = x.shape
+    k, _, r, s = w.shape
+    p, q = out_size(h, wd, r, s, (sh, sw), (ph, pw))
+    _kit.check_int32(x, w, p, q, "triton")
+    y = torch.empty((n, k, p, q), dtype=x.dtype, device=x.device)
+    m = n * p * q
+    if m == 0:
+        return y
+    cfg = gemm_config(m, k, c * r * s, x.device)
+    grid = (triton_support.cdiv(m, cfg["BLOCK_M"]) * triton_support.cdiv(k, cfg["BLOCK_N"]),)
+    _conv_fwd_kernel[grid](
+        x, w, bias if bias is not None else y, y,
+        c, h, wd, k, p, q, r, s, m,
+        *x.stride(),
+        sh, sw, ph, pw,
+        HAS_BIAS=bias is not None, **_consts(x), **cfg,
+    )  # fmt: skip
+    return y
+
+
+def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
+    """(splits, chunk): enough programs to fill the GPU (~2 per SM) without chunks
+    shorter than 8 reduction tiles; on the CPU two splits when the reduction allows,
+    so the partial-sum path is exercised by the tests."""
+    steps = triton_support.cdiv(npq, block_k)
+    if dev.type == "cuda":
+        want = triton_support.cdiv(2 * triton_support.sm_count(dev.index), tiles)
+        splits = max(1, min(want, steps // 8 or 1))
+    else:
+        splits = 2 if steps >= 2 else 1
+    chunk = triton_support.cdiv(steps, splits) * block_k
+    return triton_support.cdiv(npq, chunk), chunk
+
+
+def triton_conv2d_bwd(dy, x, w, sh, sw, ph, pw):
+    n, c, h, wd = x.shape
+    k, _, r, s = w.shape
+    p, q = dy.shape[2], dy.shape[3]
+    dx = torch.empty((n, c, h, wd), dtype=x.dtype, device=x.device)
+    crs, npq = c * r * s, n * p * q
+    consts = _consts(x)
+    if n * h * wd:
+        cfg = gemm_config(n * h * wd, c, k * r * s, x.device)
+        grid = (triton_support.cdiv(n * h * wd, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
+        _conv_dgrad_kernel[grid](
+            dy, w, dx, c, h, wd, k, p, q, r, s, n * h * wd, sh, sw, ph, pw, **consts, **cfg
+        )
+    if npq == 0:
+        return dx, torch.zeros_like(w), w.new_zeros(k)
+    cfg = gemm_config(k, crs, npq, x.device)
+    cfg["BLOCK_K"] = 32
+    tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
+    splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
+    dw_part = torch.empty((splits, k, crs), dtype=torch.float32, device=x.device)
+    db_part = torch.empty((splits, k), dtype=torch.float32, device=x.device)
+    _conv_wgrad_kernel[(tiles, splits)](
+        dy, x, dw_part, db_part,
+        c, h, wd, k, p, q, r, s, npq, chunk,
+        *x.stride(),
+        sh, sw, ph, pw,
+        **consts, **cfg,
+    )  # fmt: skip
+    dw = dw_part.sum(0).to(w.dtype).view(w.shape)
+    db = db_part.sum(0).to(w.dtype)
+    return dx, dw, db
+
+
+conv2d_triton = _kit.conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, triton=True)
+
+
+def _kernel_specs(dtype: str):
+    """For `kernellab asm`: the three kernels as they run at the MNIST model's second layer
+    (C 32 -> K 64, 3x3: forward BLOCK_N 64, BLOCK_K 32)."""
+    geom = ("C", "H", "W", "K", "P", "Q", "R", "S")
+    xs = ("sxn", "sxc", "sxh", "sxw")
+    conv = ("SH", "SW", "PH", "PW")
+    tiles = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
+    cx = dict(PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False, **tiles)
+
+    def sig(ptrs, ints, consts):
+        out = {p: t for p, t in ptrs}
+        out.update({n: "i32" for n in ints})
+        out.update({n: "constexpr" for n in consts})
+        return out
+
+    p = f"*{dtype}"
+    fwd = sig([("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)], geom + ("M",) + xs + conv,
+              ("HAS_BIAS",) + tuple(cx))  # fmt: skip
+    dgrad = sig([("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)], geom + ("M",) + conv, tuple(cx))
+    wgrad = sig([("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp32"), ("db_part_ptr", "*fp32")],
+                geom + ("NPQ", "CHUNK") + xs + conv, tuple(cx))  # fmt: skip
+    return [
+        (_conv_fwd_kernel, fwd, dict(cx, HAS_BIAS=True), 4),
+        (_conv_dgrad_kernel, dgrad, cx, 4),
+        (_conv_wgrad_kernel, wgrad, cx, 4),
+    ]
+
+
+triton_support.register_triton(
+    "conv2d",
+    conv2d_triton,
+    _kernel_specs,
+    "Triton implicit GEMM (no im2col copy): forward, dgrad, split wgrad with fused dbias",
+)

@@ -1,0 +1,362 @@
+"""conv2d: every backend that runs here x edge shapes (1x1 images, odd sizes, batch 1,
+channels not a multiple of 8, kernels 1 / 3 / 5, stride 1 / 2, padding 0 / 1 / 2) x
+dtypes, forward and the three gradients (dx, dw, dbias) against the float64 reference,
+judged by the 2 x PyTorch rule; layouts (channels_last, sliced, transposed x); bad
+inputs; the check engine passes our backends and rejects planted mistakes; custom ops
+(opcheck, torch.compile); the CUDA source compiles; GPU cases (marked ``gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernellab
+from kernellab import registry
+from kernellab.harness.check import FAIL, PASS, REFUSED, check_impl
+from kernellab.harness.compare import judge
+from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, seed_for
+
+OP = "conv2d"
+SPEC = kernellab.get_spec(OP)
+CPU = cpu_backends(OP)
+
+# (N, C, H, W, K, R, S), stride, padding
+CASES = [
+    ((1, 1, 1, 1, 1, 1, 1), 1, 0),  # 1x1 image, 1x1 kernel
+    ((2, 3, 1, 1, 4, 3, 3), 1, 1),  # 1x1 image, 3x3 kernel through the padding alone
+    ((1, 3, 5, 7, 4, 3, 3), 1, 0),  # batch 1, odd sizes
+    ((2, 5, 9, 8, 6, 5, 5), 1, 2),  # kernel 5, padding 2
+    ((2, 17, 6, 5, 9, 1, 1), 2, 0),  # channels not a multiple of 8, 1x1 kernel, stride 2
+    ((3, 1, 12, 12, 8, 3, 3), 1, 1),  # the MNIST model's first layer, small
+    ((2, 9, 7, 9, 33, 3, 3), 2, 1),  # stride 2 on odd sizes, K past one tile
+    ((1, 2, 6, 7, 3, 3, 5), (2, 1), (1, 2)),  # pairs: a non-square kernel
+]
+
+
+def _case_id(case):
+    shape, st, pd = case
+    return f"{'x'.join(map(str, shape))}-s{st}-p{pd}".replace(" ", "")
+
+
+def _grads(fn, args, dy, wrt):
+    leaves = [
+        a.detach().clone().requires_grad_(i in wrt) if a is not None else None for i, a in enumerate(args)
+    ]
+    out = fn(*leaves)
+    return torch.autograd.grad(out, [leaves[i] for i in wrt], dy)
+
+
+def _f64(args):
+    return [a.double() if a is not None else None for a in args]
+
+
+def assert_fwd_bwd(backend, args, dtype, stride=1, padding=0, seed=0, dy=None):
+    """Forward, dx, dw (and dbias) of ``backend`` within the check's bound of float64
+    (2 x PyTorch's error + one ulp; PyTorch's own backend: the documented tolerance)."""
+    x, w, b = args
+    opts = dict(stride=stride, padding=padding)
+    wrt = [0, 1] + ([2] if b is not None else [])
+    torch_fn = kernellab.get(OP, "torch").fn
+    y = kernellab.conv2d(x, w, b, backend=backend, **opts)
+    base = torch_fn(x, w, b, **opts) if backend != "torch" else None
+    v = judge(y, SPEC.ref(x, w, b, **opts), dtype, base)
+    assert v.ok, f"{backend} forward: {v.detail} (err {v.err:.3g}, bound {v.bound:.3g})"
+    if dy is None:
+        gen = torch.Generator(device=x.device).manual_seed(seed)
+        dy = torch.randn(y.shape, generator=gen, device=x.device).to(dtype)
+    got = _grads(lambda *a: kernellab.conv2d(*a, backend=backend, **opts), args, dy, wrt)
+    ref = _grads(lambda *a: F.conv2d(*a, **opts), _f64(args), dy.double(), wrt)
+    bgr = _grads(lambda *a: torch_fn(*a, **opts), args, dy, wrt) if backend != "torch" else [None] * 3
+    for name, g, r, bb in zip(("dx", "dw", "dbias"), got, ref, bgr):
+        assert g.shape == r.shape and g.dtype == dtype, f"{name}: {g.shape} {g.dtype}"
+        v = judge(g, r, dtype, bb)
+        assert v.ok, f"{backend} {name}: {v.detail} (err {v.err:.3g}, bound {v.bound:.3g})"
+
+
+def _matrix():
+    out = []
+    for backend in CPU:
+        for dtype in DTYPES:
+            if backend == "torch" and dtype != torch.float32:
+                continue  # PyTorch is the bound itself; its 16-bit CPU kernels are not ours to test
+            for case in CASES:
+                ids = f"{backend}-{dtype_id(dtype)}-{_case_id(case)}"
+                out.append(pytest.param(backend, dtype, case, id=ids))
+    return out
+
+
+def test_backends_here():
+    assert {"manual", "torch", "triton", "fft"} <= set(CPU)
+    assert {"cuda", "cuda_v1", "cuda_v2", "cuda_v4"} <= set(cuda_backends(OP))
+    assert registry.get(OP, "cuda_v4").dtypes == (torch.float16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("backend,dtype,case", _matrix())
+def test_forward_and_gradients(backend, dtype, case):
+    shape, stride, padding = case
+    seed = seed_for(backend, dtype, case)
+    assert_fwd_bwd(backend, SPEC.make_inputs(shape, dtype, "cpu", seed), dtype, stride, padding, seed)
+
+
+@pytest.mark.parametrize("backend", [b for b in CPU if b != "torch"])
+def test_without_bias_and_empty_batch(backend):
+    x, w, _ = SPEC.make_inputs((2, 3, 6, 5, 4, 3, 3), torch.float32, "cpu", 1)
+    assert_fwd_bwd(backend, (x, w, None), torch.float32, stride=2, padding=1)
+    x0, w0, b0 = SPEC.make_inputs((0, 3, 5, 5, 4, 3, 3), torch.float32, "cpu", 2)
+    y = kernellab.conv2d(x0, w0, b0, padding=1, backend=backend)
+    assert y.shape == (0, 4, 5, 5)
+
+
+LAYOUTS = {
+    "channels_last": lambda t: t.contiguous(memory_format=torch.channels_last),
+    "sliced": lambda t: torch.stack([t, t.roll(1, -1)], -1).flatten(-2)[..., ::2],
+    "transposed": lambda t: t.transpose(-1, -2).contiguous().transpose(-1, -2),
+    "offset": lambda t: torch.cat([t.new_zeros(1), t.flatten()])[1:].view(t.shape),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("backend", [b for b in CPU if b != "torch"])
+def test_layouts(backend, layout):
+    """x, then w, in each layout (the values unchanged): computed as for contiguous."""
+    x, w, b = SPEC.make_inputs((2, 3, 7, 6, 5, 3, 3), torch.float32, "cpu", seed_for(backend, layout))
+    xl = LAYOUTS[layout](x)
+    assert torch.equal(xl, x) and (layout == "offset" or not xl.is_contiguous())
+    assert_fwd_bwd(backend, (xl, w, b), torch.float32, padding=1)
+    assert_fwd_bwd(backend, (x, LAYOUTS[layout](w), b), torch.float32, stride=2)
+
+
+@pytest.mark.parametrize("backend", [b for b in CPU if b != "torch"])
+def test_strided_grad_output(backend):
+    x, w, b = SPEC.make_inputs((2, 3, 6, 6, 4, 3, 3), torch.float32, "cpu", 7)
+    dy = torch.randn(2, 4, 6, 12)[..., ::2]  # non-contiguous dy of the output's shape
+    assert_fwd_bwd(backend, (x, w, b), torch.float32, padding=1, dy=dy)
+
+
+@pytest.mark.parametrize("backend", ["triton", "manual"])
+def test_nan_and_inf_propagate_like_the_reference(backend):
+    x, w, b = SPEC.make_inputs((1, 2, 6, 6, 3, 3, 3), torch.float32, "cpu", 3)
+    x[0, 0, 1, 1] = float("nan")
+    x[0, 1, 4, 4] = float("inf")
+    y = kernellab.conv2d(x, w, b, padding=1, backend=backend)
+    v = judge(y, SPEC.ref(x, w, b, padding=1), torch.float32)
+    assert v.ok and torch.isnan(y).any(), v.detail
+
+
+def test_fft_refuses_non_finite_inputs():
+    x, w, b = SPEC.make_inputs((1, 2, 6, 6, 3, 3, 3), torch.float32, "cpu", 3)
+    x[0, 0, 1, 1] = float("inf")
+    with pytest.raises(ValueError, match="non-finite"):
+        kernellab.conv2d(x, w, b, backend="fft")
+
+
+def test_bad_inputs_name_the_argument():
+    x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3)
+    cases = [
+        ((x[0], w), {}, ValueError, r"\bx\b"),  # wrong rank
+        ((x, w[..., 0]), {}, ValueError, r"\bw\b"),
+        ((x, torch.randn(4, 5, 3, 3)), {}, ValueError, r"\bw\b.*channels"),  # x C vs w C
+        ((x, w, torch.zeros(3)), {}, ValueError, r"\bbias\b"),
+        ((x, w), {"padding": -1}, ValueError, r"\bpadding\b"),
+        ((x, w), {"padding": (1, -2)}, ValueError, r"\bpadding\b"),
+        ((x, w), {"stride": 0}, ValueError, r"\bstride\b"),
+        ((x, w), {"stride": (1, 2, 3)}, TypeError, r"\bstride\b"),
+        ((torch.randn(2, 3, 2, 2), w), {}, ValueError, r"\bw\b.*larger"),  # kernel > padded input
+        ((x, w.half()), {}, TypeError, r"\bw\b"),  # dtype mismatch
+        ((x.double(), w.double()), {}, TypeError, r"\bx\b"),
+        ((x, w, torch.zeros(4, dtype=torch.float16)), {}, TypeError, r"\bbias\b"),
+    ]
+    for backend in ("triton", "torch", "manual", "fft"):
+        for args, kw, exc, pattern in cases:
+            with pytest.raises(exc, match=pattern):
+                kernellab.conv2d(*args, **kw, backend=backend)
+    # a kernel that fits once padded is fine
+    assert kernellab.conv2d(torch.randn(1, 3, 2, 2), w, padding=1, backend="triton").shape == (1, 4, 2, 2)
+    for backend in ("cuda", "cuda_v1", "cuda_v2"):
+        with pytest.raises(ValueError, match=r"\bx\b is on cpu.*cuda"):  # CPU tensor to a GPU-only backend
+            kernellab.conv2d(x, w, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["triton", "manual", "fft"])
+def test_check_engine_passes(backend):
+    impl = registry.get(OP, backend)
+    rep = check_impl(impl, torch.float32, device="cpu", quick=True, opcheck=True, seed=1)
+    assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+    if backend == "fft":  # the specials case is refused, by design (see reference.py)
+        assert any(c.kind == "special" and c.status == REFUSED for c in rep.cases)
+
+
+def test_check_engine_passes_triton_bf16():
+    impl = registry.get(OP, "triton")
+    rep = check_impl(impl, torch.bfloat16, device="cpu", quick=True, opcheck=False, seed=2)
+    assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+
+
+# Planted mistakes, each caught by some stage of the check.
+class _WrongDW(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, stride, padding):
+        ctx.save_for_backward(x, w)
+        ctx.geom = (stride, padding)
+        return F.conv2d(x, w, b, stride=stride, padding=padding)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        st, pd = ctx.geom
+        dx = torch.nn.grad.conv2d_input(x.shape, w, dy, stride=st, padding=pd)
+        dw = torch.nn.grad.conv2d_weight(x, w.shape, dy, stride=st, padding=pd).flip(-1, -2)  # flipped
+        return dx, dw, dy.sum((0, 2, 3)), None, None
+
+
+PLANTED = {
+    # a true convolution (flipped filter) instead of PyTorch's cross-correlation
+    "flipped_filter": lambda x, w, b=None, stride=1, padding=0: F.conv2d(
+        x, w.flip(-1, -2), b, stride, padding
+    ),
+    "ignores_bias": lambda x, w, b=None, stride=1, padding=0: F.conv2d(x, w, None, stride, padding),
+    # every window read one column to the left (a wrong base address)
+    "shifted_window": lambda x, w, b=None, stride=1, padding=0: F.conv2d(
+        x.roll(1, -1), w, b, stride, padding
+    ),
+    "wrong_dw": lambda x, w, b=None, stride=1, padding=0: _WrongDW.apply(x, w, b, stride, padding),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANTED))
+def test_planted_mistakes_are_rejected(name):
+    registry.register(OP, f"planted_{name}", devices=("cpu",))(PLANTED[name])
+    try:
+        impl = registry.get(OP, f"planted_{name}")
+        rep = check_impl(impl, torch.float32, device="cpu", quick=True, seed=3, opcheck=False)
+    finally:
+        registry.unregister(OP, f"planted_{name}")
+    assert rep.status == FAIL, f"planted {name} passed the check"
+
+
+@pytest.mark.slow  # 10-16 s of Inductor on the CPU
+def test_compile_backend_quick():
+    x, w, b = SPEC.make_inputs((2, 3, 6, 6, 4, 3, 3), torch.float32, "cpu", 6)
+    torch.testing.assert_close(
+        kernellab.conv2d(x, w, b, padding=1, backend="compile"),
+        F.conv2d(x, w, b, padding=1),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_triton_under_torch_compile_fullgraph():
+    x, w, b = SPEC.make_inputs((2, 3, 6, 5, 4, 3, 3), torch.float32, "cpu", 4)
+    f = torch.compile(
+        lambda x, w, b: kernellab.conv2d(x, w, b, 2, 1, backend="triton") * 2,
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    f(*leaves).sum().backward()
+    ref = [t.clone().requires_grad_() for t in (x, w, b)]
+    (F.conv2d(*ref, stride=2, padding=1) * 2).sum().backward()
+    for a, r in zip(leaves, ref):
+        torch.testing.assert_close(a.grad, r.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_wgrad_split_covers_the_reduction():
+    from kernellab.ops.conv2d import cuda as kc
+    from kernellab.ops.conv2d import triton as kt
+
+    cases = [(1, 50176, 132), (5, 16, 132), (1, 1, 132), (40, 200704, 132), (1, 100000, 1)]
+    for tiles, npq, sms in cases:
+        splits, chunk = kc.wgrad_split(tiles, npq, sms)
+        assert chunk % kc.BK == 0 and (splits - 1) * chunk < npq <= splits * chunk
+        assert splits == 1 or splits * tiles < 2 * sms + tiles  # about two blocks per SM
+    splits, chunk = kt._wgrad_split(1, 1000, 32, torch.device("cpu"))
+    assert splits == 2 and chunk % 32 == 0 and chunk < 1000 <= 2 * chunk
+
+
+def test_triton_config():
+    from kernellab.ops.conv2d import triton as kt
+
+    cfg = kt.gemm_config(64 * 28 * 28, 32, 9, torch.device("cuda"))  # MNIST layer 1
+    assert (cfg["BLOCK_N"], cfg["BLOCK_K"]) == (32, 16)
+    cfg = kt.gemm_config(64 * 14 * 14, 64, 288, torch.device("cuda"))
+    assert (cfg["BLOCK_N"], cfg["BLOCK_K"]) == (64, 32)
+
+
+# conv2d.cu compiling for sm_80 and sm_90: tests/test_cuda_runtime.py compiles every .cu
+# of the package (6 s for this one here; not repeated).
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+@pytest.fixture(autouse=True)
+def _no_cudnn_tf32():
+    """fp32 as fp32 on a GPU: PyTorch's default lets cuDNN's convolutions (the torch backend,
+    and the baseline every bound is made of) take TF32; the Triton kernel follows the same
+    flag. Off here, as `kernellab check` sets it."""
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = old
+
+
+GPU_CASES = CASES + [
+    ((64, 1, 28, 28, 32, 3, 3), 1, 1),  # the MNIST model's layers at batch 64
+    ((64, 32, 14, 14, 64, 3, 3), 1, 1),
+    ((4, 64, 56, 56, 64, 3, 3), 1, 1),  # the large layer, batch 4
+    ((3, 70, 17, 19, 130, 3, 3), 2, 1),  # K and C past two tiles, odd sizes
+    ((2, 5, 40, 33, 7, 7, 7), 1, 3),
+    ((1, 8, 9, 9, 8, 11, 11), 1, 5),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", cuda_backends(OP))
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gpu_forward_and_gradients(backend, dtype):
+    impl = registry.get(OP, backend)
+    if impl.why_unavailable("cuda"):
+        pytest.skip(impl.why_unavailable("cuda"))
+    if dtype not in (impl.dtypes or SPEC.dtypes):
+        pytest.skip(f"{backend} takes {impl.dtypes}")
+    for case in GPU_CASES:
+        shape, stride, padding = case
+        args = SPEC.make_inputs(shape, dtype, "cuda", seed_for(backend, case))
+        assert_fwd_bwd(backend, args, dtype, stride, padding, seed=1)
+    x, w, b = SPEC.make_inputs((2, 3, 7, 6, 5, 3, 3), dtype, "cuda", 2)
+    assert_fwd_bwd(backend, (x.contiguous(memory_format=torch.channels_last), w, None), dtype, padding=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "cuda_v1", "cuda_v2", "cuda_v4", "triton", "fft"])
+def test_gpu_check_engine(backend):
+    for dtype in registry.get(OP, backend).dtypes or DTYPES:
+        rep = check_impl(registry.get(OP, backend), dtype, device="cuda", quick=True)
+        assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture():
+    x, w, b = SPEC.make_inputs((8, 3, 12, 12, 16, 3, 3), torch.float32, "cuda", 5)
+    for backend in ("cuda", "triton"):
+        y = kernellab.conv2d(x, w, b, padding=1, backend=backend)  # compile / load outside capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = kernellab.conv2d(x, w, b, padding=1, backend=backend)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg, y)
+
+
+def test_triton_kernels_compile_for_sm90_ahead_of_time():
+    """No GPU needed: triton.compile for an sm_90 target, so a kernel that only the GPU
+    compiler refuses (a dot's precision argument, a mask's type) fails here: fp32 (IEEE
+    dots) and bf16 (tensor-core dots). (max_pool2d's and relu's kernels, streaming loads
+    and stores, were compiled the same way by hand: `kernellab asm max_pool2d -b triton`.)"""
+    from kernellab.inspect import asm
+
+    for dtype in ("fp32", "bf16"):
+        kernels, note = asm.triton_report(kernellab.get(OP, "triton"), dtype, "sm_90")
+        assert len(kernels) == 3, note
+        assert all(k.counts["ptx_local"] == 0 for k in kernels), [k.name for k in kernels]
