@@ -30,6 +30,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from kernellab.ops.attention import triton as AT  # noqa: E402
+from kernellab.triton_support import cdiv  # noqa: E402
 
 SHAPES = {  # name: (B, H, S, D, causal)
     "gpt2": (8, 12, 1024, 64, True),
@@ -122,8 +123,8 @@ def probe(name, budget_end, rows, gpu):
     delta = torch.empty((bh, s), dtype=torch.float32, device="cuda")
 
     def pre():
-        AT._attn_bwd_pre[(triton_cdiv(s, 64) * bh,)](
-            o, do4, delta, *o.stride()[:3], *do4.stride(), nh, s, triton_cdiv(s, 64), HEAD_D=d, BLOCK_M=64
+        AT._attn_bwd_pre[(cdiv(s, 64) * bh,)](
+            o, do4, delta, *o.stride()[:3], *do4.stride(), nh, s, cdiv(s, 64), HEAD_D=d, BLOCK_M=64
         )
 
     pre()
@@ -143,7 +144,7 @@ def probe(name, budget_end, rows, gpu):
             try:
                 if kind == "dkdv":
                     dk, dv = torch.empty_like(k), torch.empty_like(v)
-                    grid = (triton_cdiv(s, bn) * bh,)
+                    grid = (cdiv(s, bn) * bh,)
 
                     def launch():
                         AT._attn_bwd_dkdv.fn[grid](
@@ -162,7 +163,7 @@ def probe(name, budget_end, rows, gpu):
                 elif kind == "fwd":
                     oo = torch.empty_like(o)
                     ll = torch.empty_like(lse)
-                    grid = (triton_cdiv(s, bm) * bh,)
+                    grid = (cdiv(s, bm) * bh,)
 
                     def launch():
                         AT._attn_fwd.fn[grid](
@@ -178,7 +179,7 @@ def probe(name, budget_end, rows, gpu):
                     row["err"] = (oo.float() - o.float()).abs().max().item()
                 else:
                     dq = torch.empty_like(q)
-                    grid = (triton_cdiv(s, bm) * bh,)
+                    grid = (cdiv(s, bm) * bh,)
 
                     def launch():
                         AT._attn_bwd_dq.fn[grid](
@@ -195,10 +196,6 @@ def probe(name, budget_end, rows, gpu):
                 row["error"] = repr(e)[:200]
             rows.append(row)
             print(json.dumps(row), flush=True)
-
-
-def triton_cdiv(a, b):
-    return (a + b - 1) // b
 
 
 def main():

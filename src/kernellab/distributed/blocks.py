@@ -90,31 +90,16 @@ TORCH = BlockFns("torch", torch_block_forward, torch_block_backward)
 
 
 def triton_block_forward(q, k, v, causal: bool, scale: float):
-    """kernellab's Triton forward kernel, launched as ``ops.attention.triton.forward`` does,
-    but writing o in fp32: the kernel accumulates in fp32 and rounds only at its store, so
-    a bf16 o would round every block's partial result before the merge. Partial outputs
+    """kernellab's Triton forward (``ops.attention.triton.forward_into``) writing o in
+    fp32: the kernel accumulates in fp32 and rounds only at its store, so a bf16 o would round every block's partial result before the merge. Partial outputs
     are normalized over fewer keys than the final one (magnitude ~ sqrt(W) larger for
     random V), so those roundings would add up to ~1.4x the single device's error at W = 4;
     in fp32 the ring rounds once, at the end, like the single device. Cost: o_b written in
     4 bytes instead of 2 (B=1 H=32 S=16k D=128: 256 MB, ~0.1 ms against ~5 ms of compute)."""
-    from kernellab import triton_support
     from kernellab.ops.attention import triton as tri
 
-    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
-    q4, k4, v4 = tri._split(q), tri._split(k), tri._split(v)
-    nh = q4.shape[1]
-    bh = q4.shape[0] * nh
-    o = torch.empty(tuple(lead) + (s_q, d), dtype=torch.float32, device=q.device)
-    lse2 = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
-    if bh and s_q:
-        o4 = tri._split(o)
-        triton_support.launch_tuned(
-            tri._attn_fwd, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
-            q4, k4, v4, o4, lse2, scale * tri.LOG2E,
-            *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
-            nh, s_q, s_k, tri._bucket(s_q), tri._bucket(s_k),
-            HEAD_D=d, CAUSAL=causal, PREC=tri._prec(q.dtype), F32_DOTS=tri._f32_dots(q.dtype),
-        )  # fmt: skip
+    o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    o, lse2 = tri.forward_into(q, k, v, causal, scale, o)
     return o, lse2 * LN2  # log2 units -> natural
 
 
@@ -133,7 +118,7 @@ def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
 TRITON = BlockFns("triton", triton_block_forward, triton_block_backward)
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)
+TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)  # ops.attention.triton.HEAD_DIMS (imported lazily there)
 
 
 def default_blocks(q: torch.Tensor) -> BlockFns:

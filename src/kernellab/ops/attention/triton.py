@@ -639,11 +639,19 @@ def _bucket(n: int) -> int:
 def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """(o, lse) for any strided q, k, v (same leading dims); o in ``empty_bshd``'s layout,
     lse (..., S_q) fp32 contiguous, in log2 units (natural LSE = lse * ln 2)."""
+    return forward_into(q, k, v, causal, scale, None)
+
+
+def forward_into(q, k, v, causal: bool, scale: float, o):
+    """``forward`` writing o into the given tensor (shaped as q, unit-stride head dim, any
+    dtype the kernel stores: ring attention passes fp32 so that each block's partial
+    output is rounded once, at the end); None: fresh, in q's dtype and ``empty_bshd``'s
+    layout."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4 = _split(q), _split(k), _split(v)
     nh = q4.shape[1]
     bh = q4.shape[0] * nh
-    o = empty_bshd(lead, s_q, d, q.dtype, q.device)
+    o = empty_bshd(lead, s_q, d, q.dtype, q.device) if o is None else o
     lse = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
     if bh and s_q:
         o4 = _split(o)
