@@ -59,7 +59,8 @@ def test_tune_writes_a_table_the_default_then_reads(tables, capsys):
     rows = [r for r in table["rows"] if r["op"] == "gelu"]
     assert {tuple(r["shape"]) for r in rows} == {(4096,), (65537,)}
     for r in rows:
-        assert set(r["times"]) == {"torch", "manual"} and r["best"] == min(r["times"], key=r["times"].get)
+        assert set(r["times"]) == set(r["device"]) == {"torch", "manual"}
+        assert r["best"] == tuning.pick_best(r["times"], r["device"])
     assert table["provenance"]["git_sha"] and table["provenance"]["date"]
     backend, why = tuning.choose_key("gelu", (5000,), torch.float32, "cpu")
     assert backend == rows[0]["best"] and "cpu.json" in why and "[4096]" in why
@@ -69,6 +70,68 @@ def test_tune_writes_a_table_the_default_then_reads(tables, capsys):
     capsys.readouterr()
     assert main(["explain", "gelu", "-s", "5000", "--device", "cpu"]) == 0
     assert "cpu.json" in capsys.readouterr().out
+
+
+def test_the_best_is_the_least_effective_time_and_ties_go_by_device_time():
+    # effective times within TIE (5%) of the least are loop-time noise: device time decides
+    assert tuning.pick_best({"a": 0.100, "b": 0.104, "c": 0.2}, {"a": 0.09, "b": 0.05, "c": 0.01}) == "b"
+    # past TIE the effective time decides, whatever the device time
+    assert tuning.pick_best({"a": 0.100, "b": 0.106, "c": 0.2}, {"a": 0.09, "b": 0.05, "c": 0.01}) == "a"
+    # rows without device times: the effective time alone
+    assert tuning.pick_best({"a": 0.100, "b": 0.101}, {}) == "a"
+
+
+def test_table_rows_keep_device_times_and_a_later_row_replaces_an_earlier():
+    base = {"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": "4096", "status": "ok"}
+    rows = [
+        {**base, "backend": "torch", "median_ms": 0.010, "effective_ms": 0.030},
+        {**base, "backend": "triton", "median_ms": 0.008, "effective_ms": 0.031},
+        {**base, "backend": "cuda", "median_ms": 0.001, "effective_ms": 0.5},
+        {**base, "backend": "cuda", "median_ms": 0.009, "effective_ms": 0.0305},  # re-measured
+        {**base, "backend": "manual", "status": "error", "median_ms": 0.0001},  # failed: no row
+        {**base, "op": "add", "backend": "torch", "median_ms": 1.0},  # another op
+    ]
+    (row,) = tuning.table_rows("gelu", rows)
+    assert row["shape"] == [4096] and row["key"] == [4096]
+    assert row["times"] == {"cuda": 0.0305, "torch": 0.03, "triton": 0.031}
+    assert row["device"] == {"cuda": 0.009, "torch": 0.01, "triton": 0.008}
+    assert row["best"] == "triton"  # within 5% of torch's loop time, and the least device time
+
+
+def test_choose_by_device_time_among_given_backends(tables):
+    _write(tables, [{"op": "gelu", "dtype": "fp32", "mode": "fwdbwd", "shape": [4096], "key": [4096], "best": "torch",
+                     "times": {"torch": 0.10, "manual": 0.30, "compile": 0.40},
+                     "device": {"torch": 0.05, "manual": 0.02, "compile": 0.01}}])  # fmt: skip
+    assert tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd")[0] == "torch"
+    backend, why = tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device")
+    assert backend == "compile" and "by device time" in why
+    assert tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device",
+                             among=("torch", "manual"))[0] == "manual"  # fmt: skip
+    # none of ``among`` in the row: the heuristic, which says so
+    backend, why = tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device", among=("nope",))
+    assert "heuristic" in why
+    with pytest.raises(ValueError, match="by"):
+        tuning.choose_key("gelu", (4096,), torch.float32, "cpu", by="loop")
+
+
+def test_rebuild_table_script_writes_device_times(tmp_path):
+    import subprocess
+    import sys
+
+    rows = [{"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": "4096", "status": "ok", "gpu": "Fake GPU",
+             "git_sha": "abc", "backend": b, "median_ms": d, "effective_ms": e}
+            for b, d, e in (("torch", 0.01, 0.03), ("triton", 0.008, 0.0301))]  # fmt: skip
+    src = tmp_path / "tune.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "table.json"
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "scripts" / "rebuild_table.py"), str(src), "--out", str(out)],
+                         capture_output=True, text=True, env={**__import__("os").environ, "PYTHONPATH": str(root / "src")})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    table = json.loads(out.read_text())
+    (row,) = table["rows"]
+    assert row["best"] == "triton" and row["device"] == {"torch": 0.01, "triton": 0.008}
+    assert table["gpu"] == "Fake GPU" and table["provenance"]["git_sha"] == "abc"
 
 
 def test_default_calls_the_backend_the_table_names(tables):

@@ -1,0 +1,69 @@
+"""Rebuild a GPU's tuning table from committed tune rows (JSONL written by
+``scripts/tune_all.py`` / ``kernellab tune``), with today's table rules
+(``kernellab.tuning.table_rows``: device times kept beside the effective ones, ties within
+``TIE`` told apart by device time). No GPU needed: the rows hold the measurements.
+
+    PYTHONPATH=src python scripts/rebuild_table.py benchmarks/results/tune-NVIDIA_H100_80GB_HBM3-part*.jsonl
+
+Files are read in the order given; a later row of the same case and backend replaces an
+earlier one, as a later ``kernellab tune`` run does. Prints which choices changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from kernellab import tuning
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--out", default=None, help="table path (default: the package's table of the rows' GPU)")
+    a = ap.parse_args(argv)
+    rows = [json.loads(line) for f in a.files for line in open(f) if line.strip()]
+    gpus = {r["gpu"] for r in rows if r.get("gpu")}
+    if len(gpus) != 1:
+        print(f"rows from {len(gpus)} GPU models ({sorted(gpus)}): one table per GPU", file=sys.stderr)
+        return 2
+    gpu = gpus.pop()
+    path = a.out or os.path.join(os.path.dirname(tuning.__file__), "tables", tuning.gpu_slug(gpu) + ".json")
+    old = json.load(open(path)) if os.path.exists(path) else {"rows": []}
+    ops = sorted({r["op"] for r in rows})
+    new_rows = [t for op in ops for t in tuning.table_rows(op, rows)]
+
+    def ident(r):
+        return (r["op"], r["dtype"], r["mode"], tuple(r["shape"]), r.get("options", ""))
+
+    done = {ident(r) for r in new_rows}
+    kept = [r for r in old["rows"] if ident(r) not in done]
+    before = {ident(r): r["best"] for r in old["rows"]}
+    for r in new_rows:
+        was = before.get(ident(r))
+        if was is not None and was != r["best"]:
+            print(f"{r['op']} {r['dtype']} {r['mode']} {r['shape']} {r['options']}: {was} -> {r['best']} "
+                  f"(device {r['device']})")  # fmt: skip
+    first = rows[-1]
+    table = {
+        "gpu": gpu,
+        "rows": sorted(kept + new_rows, key=lambda r: (r["op"], r["dtype"], r["mode"], r["shape"], r.get("options", ""))),
+        "provenance": {
+            **old.get("provenance", {}),
+            "git_sha": ",".join(sorted({r["git_sha"] for r in rows if r.get("git_sha")})),
+            "torch": first.get("torch"), "triton": first.get("triton"), "cuda": first.get("cuda"),
+            "device": gpu, "how": tuning.HOW,
+            "rebuilt_from": [os.path.basename(f) for f in a.files],
+        },
+    }  # fmt: skip
+    with open(path, "w") as fh:
+        json.dump(table, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+    print(f"{path}: {len(table['rows'])} rows ({len(new_rows)} from the files, {len(kept)} kept)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
