@@ -8,6 +8,7 @@ import torch
 
 import kernellab
 from kernellab.models import gpt, text
+from kernellab.ops import aten
 
 MICRO = gpt.Config(vocab=256, ctx=16, dim=32, layers=1, heads=2)
 
@@ -143,7 +144,9 @@ class _NoFusedAdd:
 
 @pytest.mark.parametrize(
     "backends,plain_add",
-    [("triton", False), ({"ln": "triton", "gelu": "triton", "attn": "triton", "add": "triton"}, False), ("triton", True)],
+    [("triton", False), ({"ln": "triton", "gelu": "triton", "attn": "triton", "add": "triton"}, False), ("triton", True),
+     # PyTorch's attention and add in the fused blocks (kernellab.ops.aten's entry points)
+     ({"ln": "triton", "gelu": "triton"}, False)],
 )
 def test_fused_blocks_match_op_by_op_and_pytorch(backends, plain_add):
     """Eager kernellab models run each block under one autograd node (hand-written
@@ -158,7 +161,8 @@ def test_fused_blocks_match_op_by_op_and_pytorch(backends, plain_add):
     assert kern is not None  # this op set does take the fused path
     assert hasattr(kern["ln"], "add_forward_saving")  # Triton's norm adds the residual itself
     if plain_add:
-        fused._fused_cache["cpu"] = {**kern, "ln": _NoFusedAdd(kern["ln"])}
+        (key,) = fused._fused_cache
+        fused._fused_cache[key] = {**kern, "ln": _NoFusedAdd(kern["ln"])}
     unfused = gpt.GPT(cfg, backends, fuse=False)
     ref = gpt.GPT(cfg, "pytorch")
     unfused.load_state_dict(fused.state_dict())
@@ -181,7 +185,9 @@ def test_fused_blocks_only_where_every_slot_has_node_free_kernels():
     x = torch.empty(0)
     assert gpt.GPT(cfg, "pytorch")._fused(x) is None
     assert gpt.GPT(cfg, "triton", matmul="triton")._fused(x) is None  # linear not on cuBLAS
-    assert gpt.GPT(cfg, {"ln": "triton", "gelu": "triton"})._fused(x) is None  # attn on PyTorch
+    # PyTorch's ops in some slots run through their aten entry points
+    kern = gpt.GPT(cfg, {"ln": "triton", "gelu": "triton"})._fused(x)
+    assert kern["attn"] is aten.attention and kern["add"] is aten.add and kern["ln"] is kernellab.get("layer_norm", "triton").fn
     assert gpt.GPT(cfg, "manual")._fused(x) is None  # manual ops have no node-free entry
     # Under no_grad the op-by-op path runs (no backward to own): same loss.
     m = gpt.GPT(cfg, "triton")
@@ -242,3 +248,56 @@ def test_gpu_graphed_blocks_match_plain_and_guard_their_buffers():
     a(i2, t2)  # replays the forward graph: the retained activations are gone
     with pytest.raises(RuntimeError, match="overwritten by a later forward"):
         loss.backward()
+
+
+def test_default_slots_resolve_by_device_time_at_the_model_shapes(tmp_path, monkeypatch):
+    """backends=None: each slot is resolved at the model's shapes from the tuning table's
+    DEVICE time (the model pays host cost once per step), among backends with node-free
+    entry points for the block's slots; PyTorch's op chosen -> PyTorch's op in that slot
+    (the fused blocks call it through kernellab.ops.aten). The loss equals PyTorch's
+    model's, eager and under torch.compile(fullgraph=True) (the resolution is a constant of
+    the traced graph)."""
+    import json
+
+    from kernellab import tuning
+
+    monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
+    cfg = gpt.Config(vocab=256, ctx=16, dim=32, layers=2, heads=2)
+    rows = []
+
+    def row(op, key, device, times=None, opts="", shape=None):
+        times = times or device
+        rows.append({"op": op, "dtype": "fp32", "mode": "fwdbwd", "shape": list(shape or key), "key": list(key),
+                     "options": opts, "best": min(times, key=times.get), "times": times, "device": device})  # fmt: skip
+
+    # loop times favour torch everywhere (a standalone call), device times do not
+    row("layer_norm", (32, 32), {"torch": 2.0, "triton": 1.0, "manual": 0.5}, {"torch": 1, "triton": 5, "manual": 9})
+    row("gelu", (32 * 128,), {"torch": 1.0, "triton": 2.0})
+    row("add", (32 * 32,), {"torch": 2.0, "triton": 1.0}, {"torch": 1, "triton": 5})
+    row("attention", (4, 16, 16, 16), {"torch": 1.0, "triton": 2.0}, opts="causal=True", shape=(2, 2, 16, 16))
+    row("cross_entropy", (32, 256), {"torch": 2.0, "triton": 1.0})
+    for k in [(32, 96, 32), (32, 32, 32), (32, 128, 32), (32, 32, 128), (32, 256, 32)]:
+        row("matmul", k, {"torch": 1.0, "triton": 2.0})
+    (tmp_path / "cpu.json").write_text(json.dumps({"gpu": "cpu", "rows": rows}))
+    tuning.clear_cache()
+    try:
+        torch.manual_seed(0)
+        m = gpt.GPT(cfg, None, None)
+        ref = gpt.GPT(cfg, "pytorch")
+        ref.load_state_dict(m.state_dict())
+        # manual is fastest on the device but has no node-free entry point: triton
+        want = {"ln": "triton", "gelu": "pytorch", "attn": "pytorch", "add": "triton", "ce": "triton",
+                "linear": "pytorch"}  # fmt: skip
+        assert gpt.resolve_defaults(m.ops["chosen"], cfg, 2, 16, torch.float32, "cpu") == want
+        idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+        lm, gm = _grads(m, idx, idx)
+        lr, gr = _grads(ref, idx, idx)
+        ((key, kern),) = m._fused_cache.items()
+        assert dict(key[1]) == want and kern["attn"] is aten.attention and kern["gelu"] is aten.gelu
+        torch.testing.assert_close(lm, lr, rtol=1e-5, atol=1e-6)
+        for name in gr:
+            torch.testing.assert_close(gm[name], gr[name], rtol=1e-4, atol=1e-5 * gr[name].abs().max().item())
+        lc = torch.compile(m, fullgraph=True)(idx, idx)
+        torch.testing.assert_close(lc, lr, rtol=1e-5, atol=1e-6)
+    finally:
+        tuning.clear_cache()

@@ -102,14 +102,12 @@ def op_set(backends="pytorch", matmul="pytorch") -> dict:
         )
         if be is not None:
             kernellab.get(op, be)  # KeyError naming the registered backends
-        ops[slot] = _kl_op(slot, be)
     # Attention backends that fold [B, H] into one dimension would copy q, k and v permuted
     # out of the fused qkv projection in their forward and again in their backward (2.7 ms
     # of copy kernels per step in the GPT-2 8x1024 eager profile): one copy instead. The
-    # Triton backend takes batch and head strides and reads the projection in place.
-    ops["qkv_contiguous"] = chosen.get("attn", "pytorch") not in ("pytorch", "triton", None)
-    ops["chosen"] = chosen
-    return ops
+    # Triton backend takes batch and head strides and reads the projection in place
+    # (_slot_ops sets "qkv_contiguous").
+    return _slot_ops(chosen)
 
 
 # --------------------------------------------------------------------------- fused blocks
@@ -130,22 +128,97 @@ _FUSABLE = {"ln": "layer_norm", "gelu": "gelu", "add": "add", "attn": "attention
 
 def fused_kernels(chosen: dict, device: str):
     """The node-free entry points of the block's ops for ``chosen`` (slot -> backend), or
-    None when a slot is PyTorch's op or its backend has no node-free entry point (then the
-    model runs op by op). The linear layers must be PyTorch's (cuBLAS)."""
+    None when the model must run op by op: a slot's backend has no node-free entry point,
+    the linear layers are not PyTorch's (cuBLAS), or no slot is kernellab's (PyTorch's own
+    model is the baseline and stays as PyTorch runs it). PyTorch's op in a slot
+    (``"pytorch"`` / ``"torch"``) runs through ``kernellab.ops.aten``'s entry points, the
+    same kernels without their autograd nodes. ``None`` slots must have been resolved
+    (``resolve_defaults``); an unresolved one takes the op's heuristic default."""
     from kernellab import registry
+    from kernellab.ops import aten
 
-    if chosen.get("linear", "pytorch") != "pytorch":
+    if chosen.get("linear", "pytorch") not in ("pytorch", "torch"):
         return None
-    out = {}
+    out, ours = {}, False
     for slot, op in _FUSABLE.items():
         be = chosen.get(slot, "pytorch")
-        if be == "pytorch":
-            return None
+        if be in ("pytorch", "torch"):
+            out[slot] = aten.ENTRIES[op]
+            continue
         fn = registry.get(op, be if be is not None else registry.default_backend(op, device)).fn
         if not hasattr(fn, "forward_saving"):
             return None
-        out[slot] = fn
+        out[slot], ours = fn, True
+    return out if ours else None
+
+
+def _slot_keys(cfg: Config, b: int, t: int) -> dict:
+    """Per slot: (op, the tuning table's shape keys of the model's calls, options)."""
+    d, n = cfg.dim, b * t
+    return {
+        "ln": ("layer_norm", [(n, d)], ""),
+        "gelu": ("gelu", [(n * 4 * d,)], ""),
+        "add": ("add", [(n * d,)], ""),
+        "attn": ("attention", [(b * cfg.heads, t, t, d // cfg.heads)], "causal=True"),
+        "ce": ("cross_entropy", [(n, cfg.vocab)], ""),
+        "linear": ("matmul", [(n, 3 * d, d), (n, d, d), (n, 4 * d, d), (n, d, 4 * d), (n, cfg.vocab, d)], ""),
+    }
+
+
+def resolve_defaults(chosen: dict, cfg: Config, b: int, t: int, dtype: torch.dtype, device: str) -> dict:
+    """``chosen`` with its None slots (kernellab's default) resolved at this model's shapes.
+
+    The model pays host cost once per step, not once per op (eager: its blocks run under
+    one autograd node and replay CUDA graphs of themselves; compile: Inductor launches the
+    kernels), so a slot's default is the fastest by the tuning table's DEVICE time at the
+    model's shape (``tuning.choose_key(by="device")``), where a standalone call's default
+    weighs its loop time too. The block's slots choose among backends with node-free
+    entry points (ours, and PyTorch's through ``kernellab.ops.aten``). PyTorch's op chosen
+    -> the slot calls PyTorch's op itself (``"pytorch"``). The linear layers: cuBLAS
+    (``"pytorch"``) when the table picks PyTorch's matmul at every linear shape of the
+    model, else kernellab.matmul's per-call default (None)."""
+    from kernellab import registry, tuning
+
+    out = dict(chosen)
+    for slot, (op, keys, opts) in _slot_keys(cfg, b, t).items():
+        if slot not in chosen or chosen[slot] is not None:
+            continue
+        among = None
+        if slot in _FUSABLE:
+            among = ("torch",) + tuple(
+                i.backend for i in registry.impls(op) if hasattr(i.fn, "forward_saving") and i.why_unavailable(device) is None
+            )
+        picks = set()
+        for k in keys:
+            pick, why = tuning.choose_key(op, k, dtype, device, "fwdbwd", opts, by="device", among=among)
+            if why.startswith("heuristic"):  # no fwdbwd row (add's backward is dy itself): the forward's
+                pick = tuning.choose_key(op, k, dtype, device, "fwd", opts, by="device", among=among)[0]
+            picks.add(pick)
+        if picks == {"torch"}:
+            out[slot] = "pytorch"
+        elif len(picks) == 1:
+            out[slot] = picks.pop()
+        else:
+            out[slot] = None  # per call: registry.call's own default at each shape
     return out
+
+
+@torch._dynamo.assume_constant_result
+def _resolved_items(items: tuple, cfg: Config, b: int, t: int, dtype: torch.dtype, device: str) -> tuple:
+    # Under torch.compile the resolution runs once at trace time; its result is a constant
+    # of the graph (Dynamo does not trace the table lookup).
+    return tuple(sorted(resolve_defaults(dict(items), cfg, b, t, dtype, device).items()))
+
+
+def _slot_ops(chosen: dict) -> dict:
+    """The op callables of a resolved ``chosen`` (slot -> backend / "pytorch" / None)."""
+    ops = _torch_ops()
+    for slot, be in chosen.items():
+        if be != "pytorch":
+            ops[slot] = _kl_op(slot, be)
+    ops["qkv_contiguous"] = chosen.get("attn", "pytorch") not in ("pytorch", "triton", None)
+    ops["chosen"] = chosen
+    return ops
 
 
 _mm, _linear = torch.mm, F.linear
@@ -423,13 +496,14 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of next-token prediction; idx, targets: int64 [B, T]."""
-        o, cfg = self.ops, self.cfg
+        cfg = self.cfg
         b, t = idx.shape
         if t > cfg.ctx:
             raise ValueError(f"seq_len {t} is longer than the model's context ({cfg.ctx})")
         h = cfg.heads
         x = self.wte[idx] + self.wpe[:t]
-        kern = self._fused(x) if self.fuse and not torch.compiler.is_compiling() else None
+        o = self._ops(x, b, t)
+        kern = self._fused(x, o) if self.fuse and not torch.compiler.is_compiling() else None
         if kern is not None and torch.is_grad_enabled():
             plans = self._plans if self.graphs and x.is_cuda else None
             x = _Blocks.apply(x.contiguous(), kern, h, plans, *self._block_params())
@@ -465,12 +539,29 @@ class GPT(nn.Module):
         y = o["linear"](o["gelu"](o["linear"](y, blk.fc.weight, blk.fc.bias)), blk.fc2.weight, blk.fc2.bias)
         return o["add"](x, y)
 
-    def _fused(self, x):
-        """Node-free kernels of this model's op set on x's device (cached), or None."""
-        key = x.device.type
+    def _ops(self, x, b: int, t: int) -> dict:
+        """The op set of a call: ``self.ops``, its None slots (kernellab's default) resolved
+        at this call's shapes by ``resolve_defaults`` (cached per shape, dtype and device)."""
+        chosen = self.ops["chosen"]
+        if None not in chosen.values():
+            return self.ops
+        if torch.compiler.is_compiling():
+            return _slot_ops(dict(_resolved_items(tuple(sorted(chosen.items())), self.cfg, b, t, x.dtype,
+                                                  x.device.type)))  # fmt: skip
+        key = (b, t, x.dtype, x.device.type)
+        cache = self.__dict__.setdefault("_ops_cache", {})
+        if key not in cache:
+            cache[key] = _slot_ops(resolve_defaults(chosen, self.cfg, b, t, x.dtype, x.device.type))
+        return cache[key]
+
+    def _fused(self, x, o=None):
+        """Node-free kernels of the op set ``o`` (default: the model's) on x's device
+        (cached per device and resolved op set), or None."""
+        o = self.ops if o is None else o
+        key = (x.device.type, tuple(sorted(o["chosen"].items())))
         cache = self.__dict__.setdefault("_fused_cache", {})
         if key not in cache:
-            cache[key] = fused_kernels(self.ops["chosen"], key)
+            cache[key] = fused_kernels(o["chosen"], x.device.type)
         return cache[key]
 
 
