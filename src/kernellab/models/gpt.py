@@ -204,10 +204,12 @@ def resolve_defaults(chosen: dict, cfg: Config, b: int, t: int, dtype: torch.dty
 
 
 @torch._dynamo.assume_constant_result
-def _resolved_items(items: tuple, cfg: Config, b: int, t: int, dtype: torch.dtype, device: str) -> tuple:
+def _resolved_items(items: tuple, cfg: tuple, b: int, t: int, dtype: str, device: str) -> tuple:
     # Under torch.compile the resolution runs once at trace time; its result is a constant
-    # of the graph (Dynamo does not trace the table lookup).
-    return tuple(sorted(resolve_defaults(dict(items), cfg, b, t, dtype, device).items()))
+    # of the graph (Dynamo does not trace the table lookup). Plain ints and strings in:
+    # Dynamo (torch 2.11) cannot reconstruct a frozen dataclass or a dtype argument here.
+    dt = getattr(torch, dtype.removeprefix("torch."))
+    return tuple(sorted(resolve_defaults(dict(items), Config(*cfg), b, t, dt, device).items()))
 
 
 def _slot_ops(chosen: dict) -> dict:
@@ -546,7 +548,9 @@ class GPT(nn.Module):
         if None not in chosen.values():
             return self.ops
         if torch.compiler.is_compiling():
-            return _slot_ops(dict(_resolved_items(tuple(sorted(chosen.items())), self.cfg, b, t, x.dtype,
+            c = self.cfg
+            cfg = (c.vocab, c.ctx, c.dim, c.layers, c.heads)
+            return _slot_ops(dict(_resolved_items(tuple(sorted(chosen.items())), cfg, b, t, str(x.dtype),
                                                   x.device.type)))  # fmt: skip
         key = (b, t, x.dtype, x.device.type)
         cache = self.__dict__.setdefault("_ops_cache", {})
