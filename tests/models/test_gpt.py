@@ -198,7 +198,9 @@ def test_fused_blocks_only_where_every_slot_has_node_free_kernels():
 
 
 @pytest.mark.gpu
-def test_gpu_graphed_blocks_match_plain_and_guard_their_buffers():
+@pytest.mark.parametrize("backends", ["triton", {"ln": "triton", "add": "triton"}, {"ln": "pytorch"}],
+                         ids=["triton", "aten_attn_gelu", "all_aten"])  # fmt: skip
+def test_gpu_graphed_blocks_match_plain_and_guard_their_buffers(backends):
     """On a GPU the eager fused blocks replay CUDA graphs of themselves (from the second
     call at a shape). Against the same model with graphs=False, over AdamW steps (the
     graphs read parameters updated in place): the same losses and gradients; gradient
@@ -207,8 +209,8 @@ def test_gpu_graphed_blocks_match_plain_and_guard_their_buffers():
     overwrote is refused, not differentiated wrongly."""
     cfg = gpt.Config(vocab=512, ctx=64, dim=128, layers=2, heads=2)
     torch.manual_seed(0)
-    a = gpt.GPT(cfg, "triton").cuda()
-    b = gpt.GPT(cfg, "triton", graphs=False).cuda()
+    a = gpt.GPT(cfg, backends).cuda()
+    b = gpt.GPT(cfg, backends, graphs=False).cuda()
     b.load_state_dict(a.state_dict())
     gen = torch.Generator(device="cuda").manual_seed(1)
     batches = [torch.randint(0, 512, (2, 2, 64), device="cuda", generator=gen) for _ in range(4)]

@@ -129,17 +129,19 @@ _FUSABLE = {"ln": "layer_norm", "gelu": "gelu", "add": "add", "attn": "attention
 def fused_kernels(chosen: dict, device: str):
     """The node-free entry points of the block's ops for ``chosen`` (slot -> backend), or
     None when the model must run op by op: a slot's backend has no node-free entry point,
-    the linear layers are not PyTorch's (cuBLAS), or no slot is kernellab's (PyTorch's own
-    model is the baseline and stays as PyTorch runs it). PyTorch's op in a slot
-    (``"pytorch"`` / ``"torch"``) runs through ``kernellab.ops.aten``'s entry points, the
-    same kernels without their autograd nodes. ``None`` slots must have been resolved
+    the linear layers are not PyTorch's (cuBLAS), or ``chosen`` is empty (the "pytorch"
+    op set: PyTorch's own model is the baseline and runs as PyTorch runs it). PyTorch's
+    op in a slot (``"pytorch"`` / ``"torch"``) runs through ``kernellab.ops.aten``'s entry
+    points, the same kernels without their autograd nodes: the default may put PyTorch's
+    kernel in every slot at a shape (GPT-2 at 4x256) and still run the blocks under one
+    node with their CUDA graphs. ``None`` slots must have been resolved
     (``resolve_defaults``); an unresolved one takes the op's heuristic default."""
     from kernellab import registry
     from kernellab.ops import aten
 
-    if chosen.get("linear", "pytorch") not in ("pytorch", "torch"):
+    if not chosen or chosen.get("linear", "pytorch") not in ("pytorch", "torch"):
         return None
-    out, ours = {}, False
+    out = {}
     for slot, op in _FUSABLE.items():
         be = chosen.get(slot, "pytorch")
         if be in ("pytorch", "torch"):
@@ -148,8 +150,8 @@ def fused_kernels(chosen: dict, device: str):
         fn = registry.get(op, be if be is not None else registry.default_backend(op, device)).fn
         if not hasattr(fn, "forward_saving"):
             return None
-        out[slot], ours = fn, True
-    return out if ours else None
+        out[slot] = fn
+    return out
 
 
 def _slot_keys(cfg: Config, b: int, t: int) -> dict:
