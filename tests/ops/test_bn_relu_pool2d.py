@@ -181,6 +181,29 @@ def test_ties_route_like_the_reference_in_the_triton_codes():
     assert tensors[2].view(2, 2, 2).tolist() == [[[1, 3], [0, 0]], [[-1, -1], [0, 0]]]
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_triton_picks_the_maximum_exactly_where_rounding_would_tie(sign):
+    """0.5 and 0.5 + 1e-6 in one window, bias 100: their fp32 pre-activations round to the
+    same value near 100 (ulp 7.6e-6), so a pool over rounded activations sees a tie and
+    takes the first; the Triton kernel compares x * sign(weight) and routes the gradient
+    to the true maximum, the float64 reference's choice. With weight -1 the maximum is
+    the window's smallest x."""
+    x = torch.tensor([[0.5, 0.5 + 1e-6, 0.3, -0.2], [-1.0, -0.7, 1.1, -1.5]]).view(1, 1, 2, 4)
+    w, b = torch.tensor([sign]), torch.tensor([100.0])
+    mean, rstd = x.mean(), torch.rsqrt(x.var(unbiased=False) + 1e-5)
+    a32 = (x - mean) * (rstd * w) + b
+    if sign > 0:
+        assert a32[0, 0, 0, 0] == a32[0, 0, 0, 1] and x[0, 0, 0, 0] < x[0, 0, 0, 1]  # the premise
+    _, (tensors, _) = registry.get(OP, "triton").fn.forward_saving(x, w, b, 1e-5)
+    assert torch.equal(tensors[2], _codes_reference(x, w, b))
+    assert tensors[2].view(-1).tolist() == ([1, 2] if sign > 0 else [2, 3])
+    dz = torch.tensor([3.0, 5.0]).view(1, 1, 1, 2)
+    got = _grads(lambda *a: kernellab.bn_relu_pool2d(*a, backend="triton"), (x, w, b), dz)
+    ref = _grads(bn_relu_pool2d_reference, [a.double() for a in (x, w, b)], dz.double())
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g.double(), r, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("backend", CPU)
 def test_nan_poisons_its_channel_only(backend):
     x, w, b = SPEC.make_inputs((2, 3, 4, 6), torch.float32, "cpu", 8)

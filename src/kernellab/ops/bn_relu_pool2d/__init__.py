@@ -8,9 +8,11 @@ maximum sits, or that the relu closed the window), never the full-size normalize
 activation; the backward routes dz through those codes. Batch statistics over N, H, W per
 channel, biased variance, no running statistics (as batch_norm2d). fp32 / fp16 / bf16
 storage (x, weight, bias share one dtype); fp32 statistics and math, one rounding at the
-end: the pool compares the unrounded fp32 values, so in fp16 / bf16 it may pick a
-different maximum than an unfused chain whose batch-norm output was rounded first (which
-ties values the rounding makes equal); float64 is the referee.
+end. Which value of a window is the maximum is decided exactly, as float64 decides it:
+the Triton kernel compares x * sign(weight) (the normalization is monotone in x), so two
+values that the rounded activation would make equal stay apart; backends that pool
+rounded values (torch in x's dtype, manual in fp32) may route a gradient to the other
+of two such values. float64 is the referee.
 
 Odd sizes: P = H // 2, Q = W // 2 (max_pool2d floors): the last row / column is left out
 of the pool (its gradient through the pool is 0) but is still counted in the batch

@@ -9,9 +9,10 @@ Forward
      per chunk over all N * H * W values; see batch_norm2d/triton.py).
   2. _fwd_kernel: one lane per pooled output over the channel's N * P * Q outputs; each
      program merges the SPLIT statistics partials of its channel (program 0 stores mean
-     and rstd), loads the 2x2 window, normalizes (x - mean) * (rstd * w) + b in fp32,
-     keeps the first maximum (a NaN wins) and writes z = relu(max) and the int8 code
-     (the argmax r * 2 + s, or -1 where max <= 0: the relu closed the window).
+     and rstd), loads the 2x2 window, finds its first maximum (a NaN wins) by comparing
+     x * sign(rstd * w) (exact: see the kernel), normalizes that value in fp32,
+     (x - mean) * (rstd * w) + b, and writes z = relu of it and the int8 code (the argmax
+     r * 2 + s, or -1 where the value is <= 0: the relu closed the window).
 Backward
   3. _bwd_sums_kernel: one lane per pooled output: where code >= 0, g = dz and x is
      gathered at the argmax; per-lane fp32 sums of g and g * (x - mean), added in fp64
@@ -98,24 +99,40 @@ def _fwd_kernel(
         q = r - p * Q
         o = (n.to(tl.int64) * C + c) * PQ + r  # the pooled output
         top = ((n.to(tl.int64) * C + c) * H + 2 * p) * W + 2 * q  # the window's (0, 0)
-        # window in row-major order; compare in fp32, the first maximum kept, a NaN wins
-        best = (tl.load(x_ptr + top, mask=mask, other=0.0).to(tl.float32) - mean) * scale + shift
+        # The window's maximum is found on x itself: the normalization is an increasing
+        # map of x where rstd * w > 0, decreasing where < 0 and constant where 0, so the
+        # argmax of the pre-activation is the argmax of x * sign(scale). Comparing x (exact)
+        # rather than the rounded fp32 pre-activations keeps two values 1 ulp apart from
+        # collapsing into a tie: the choice is the float64 reference's, not a rounding's
+        # (at batch 1024 fp32 about one window per layer would otherwise route its
+        # gradient to the wrong position). Row-major order, the first maximum kept, a NaN
+        # wins (PyTorch's rule).
+        sgn = tl.where(scale > 0.0, 1.0, tl.where(scale < 0.0, -1.0, 0.0))
+        bx = tl.load(x_ptr + top, mask=mask, other=0.0).to(tl.float32)
+        best = bx * sgn
         arg = tl.zeros([BLOCK], dtype=tl.int32)
-        v = (tl.load(x_ptr + top + 1, mask=mask, other=0.0).to(tl.float32) - mean) * scale + shift
-        take = (v > best) | (v != v)
-        best = tl.where(take, v, best)
+        v = tl.load(x_ptr + top + 1, mask=mask, other=0.0).to(tl.float32)
+        key = v * sgn
+        take = (key > best) | (key != key)
+        best = tl.where(take, key, best)
+        bx = tl.where(take, v, bx)
         arg = tl.where(take, 1, arg)
-        v = (tl.load(x_ptr + top + W, mask=mask, other=0.0).to(tl.float32) - mean) * scale + shift
-        take = (v > best) | (v != v)
-        best = tl.where(take, v, best)
+        v = tl.load(x_ptr + top + W, mask=mask, other=0.0).to(tl.float32)
+        key = v * sgn
+        take = (key > best) | (key != key)
+        best = tl.where(take, key, best)
+        bx = tl.where(take, v, bx)
         arg = tl.where(take, 2, arg)
-        v = (tl.load(x_ptr + top + W + 1, mask=mask, other=0.0).to(tl.float32) - mean) * scale + shift
-        take = (v > best) | (v != v)
-        best = tl.where(take, v, best)
+        v = tl.load(x_ptr + top + W + 1, mask=mask, other=0.0).to(tl.float32)
+        key = v * sgn
+        take = (key > best) | (key != key)
+        bx = tl.where(take, v, bx)
         arg = tl.where(take, 3, arg)
-        # relu after the max (max and relu commute); a NaN passes, as torch.relu's does
-        open_ = (best > 0.0) | (best != best)
-        tl.store(z_ptr + o, tl.where(open_, best, 0.0).to(z_ptr.dtype.element_ty), mask=mask)
+        # relu after the max (they commute); batch_norm2d's fp32 expression, so the relu
+        # decision is the unfused chain's; a NaN passes, as torch.relu's does
+        a = (bx - mean) * scale + shift
+        open_ = (a > 0.0) | (a != a)
+        tl.store(z_ptr + o, tl.where(open_, a, 0.0).to(z_ptr.dtype.element_ty), mask=mask)
         tl.store(code_ptr + o, tl.where(open_, arg, -1).to(tl.int8), mask=mask)
 
 
