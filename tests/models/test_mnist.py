@@ -116,8 +116,17 @@ def test_when_the_blocks_use_the_fused_op():
     assert not mnist.make({"bn": "torch", "relu": "torch"}, "cpu").fuse_pool  # PyTorch's pool
     assert not mnist.make("torch", "cpu", fuse_pool=False).fuse_pool
     assert mnist.make("pytorch", "cpu", fuse_pool=True).fuse_pool
-    # bn_relu_pool2d has no cuda backend: the all-CUDA op set keeps its own kernels
-    assert not mnist.make("cuda", "cpu").fuse_pool
+    assert mnist.make("cuda", "cpu").fuse_pool  # bn_relu_pool2d's cuda backend
+    # a bn backend that bn_relu_pool2d lacks: the blocks keep the chosen batch_norm2d
+    from kernellab import registry
+
+    registry.register("batch_norm2d", "t_mine", devices=("cpu",))(lambda x, w, b, eps=1e-5, relu=False: x)
+    try:
+        model = mnist.make({"bn": "t_mine", "relu": "torch", "pool": "torch"}, "cpu")
+        assert model.fuse and not model.fuse_pool
+        assert mnist.make({"bn": "t_mine", "relu": "torch", "pool": "torch"}, "cpu", fuse_pool=True).fuse_pool
+    finally:
+        registry.unregister("batch_norm2d", "t_mine")
 
 
 @pytest.mark.slow

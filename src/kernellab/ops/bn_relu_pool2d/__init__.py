@@ -28,6 +28,7 @@ over float64, follows the same rule.
     reference.py     manual, torch and compile baselines
     triton.py        batch_norm2d's statistics kernel + a normalize/relu/pool kernel;
                      backward: sums over the argmaxes + one dense dx kernel
+    cuda.py, bn_relu_pool2d.cu   the same in CUDA C++ (NVRTC)
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ SPEC = define(
         bad_shape=(2, 3, 4, 4),
         scale=2.0,
         plant_extra=_bn_kit.plant_constant_channel,
-        default_backends=("triton", "torch"),
+        default_backends=("triton", "cuda", "torch"),  # Triton first: the backend the CPU tests run
         doc=__doc__.strip().split("\n")[0],
         inputs=_bn_kit.inputs,
         validator=_kit.validate,
@@ -114,5 +115,6 @@ def bn_relu_pool2d(
 __all__ = ["SPEC", "bn_relu_pool2d", "bn_relu_pool2d_reference"]
 
 # The backends register themselves, after the spec exists.
+from kernellab.ops.bn_relu_pool2d import cuda as _cuda  # noqa: E402,F401
 from kernellab.ops.bn_relu_pool2d import reference as _reference  # noqa: E402,F401
 from kernellab.ops.bn_relu_pool2d import triton as _triton  # noqa: E402,F401
