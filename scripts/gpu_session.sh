@@ -4,7 +4,7 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check bench rowwise norms ce reductions matmul attention ring conv mnist host gpt
+#   stages: env tests check bench rowwise norms ce reductions matmul attention ring conv mnist brp brp_step host gpt
 #   launch profile sanitize summary (default: env tests check bench launch sanitize summary, in
 #   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
 #   split them over two device calls when one would pass the 10-minute limit.
@@ -114,6 +114,18 @@ step "MNIST CNN step and 2-epoch accuracy: PyTorch vs kernellab, every variant (
 run python3 -m pytest -q -m gpu tests/ops/test_batch_norm2d.py tests/models/test_mnist.py tests/test_optim.py
 run python3 scripts/mnist_compare.py --out "$OUT/mnist" ${MNIST_DATA:+--data "$MNIST_DATA"} \
   --backends ${MNIST_BACKENDS:-triton cuda default}
+fi
+
+if want brp; then
+step "bn_relu_pool2d, the fused block op: gpu tests, fused vs unfused chains vs PyTorch (issue 18)"
+run python3 -m pytest -q -m gpu tests/ops/test_bn_relu_pool2d.py
+run python3 scripts/bn_relu_pool_bench.py --out "$OUT/brp"
+fi
+
+if want brp_step; then
+step "MNIST step with and without bn_relu_pool2d, eager and CUDA graph (issue 18)"
+run python3 scripts/mnist_compare.py --out "$OUT/mnist_brp" --backends ${MNIST_BACKENDS:-triton cuda} \
+  --pool-fusion both --skip-accuracy
 fi
 
 if want ce; then

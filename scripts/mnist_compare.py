@@ -3,6 +3,7 @@ and 1024, and test accuracy after 2 epochs, PyTorch against kernellab, in one ru
 
     PYTHONPATH=src python scripts/mnist_compare.py --out DIR [--data MNIST_DIR]
         [--batch-sizes 64 256 1024] [--backends triton cuda default] [--steps 100] [--profile]
+        [--pool-fusion auto|on|off|both] [--unfused]
 
 Variants (kernellab.models.mnist.COMPARE): pytorch_eager (nn.Conv2d / BatchNorm2d
 (track_running_stats=False) / F.relu / F.max_pool2d / nn.Linear / F.cross_entropy, foreach
@@ -10,6 +11,11 @@ SGD), pytorch_compile (torch.compile of forward + loss), pytorch_graph (the whol
 captured in one CUDA graph), and for each kernellab op set (--backends: one backend for every
 op, or ``default``: kernellab's default per op) kernellab_eager and kernellab_graph (packed
 parameters, one-launch SGD). Same weights (seed 0), same batches.
+
+Blocks (kernellab's op sets): conv2d -> bn_relu_pool2d (the fused op; ``+brp`` in the table),
+conv2d -> batch_norm2d(relu) -> max_pool2d, or with --unfused conv2d -> batch_norm2d -> relu
+-> max_pool2d (``:unfused``); --pool-fusion both times the first two side by side. Every row
+records fused_bn_relu and fused_pool.
 
 Timing: the course's protocol. A step = batch load (a device-side gather) + forward +
 backward + SGD update + zero-grad; 10 warm-up steps, then 100 steps between two
@@ -49,7 +55,11 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cuda (the run this script is for) or cpu (a dry run: "
                     "graph variants skipped)")
     ap.add_argument("--unfused", action="store_true",
-                    help="also time kernellab's variants with batch_norm2d and relu as separate kernels")
+                    help="also time kernellab's variants with batch_norm2d, relu and max_pool2d as separate kernels")
+    ap.add_argument("--pool-fusion", choices=["auto", "on", "off", "both"], default="auto",
+                    help="kernellab's blocks as conv2d -> bn_relu_pool2d (on), as conv2d -> batch_norm2d(relu) -> "
+                    "max_pool2d (off), each kernellab variant timed both ways (both), or the model's default "
+                    "(auto: fused where bn_relu_pool2d has the op set's backend)")
     ap.add_argument("--tf32", choices=["default", "on", "off"], default="default",
                     help="cuDNN and cuBLAS TF32 for fp32 (default: PyTorch's defaults, cuDNN on, matmul off; "
                     "the flags land in every row)")
@@ -86,11 +96,14 @@ def main() -> int:
     torch_variants = [v for v in mnist.COMPARE if v.startswith("pytorch")]
     kl_variants = [v for v in mnist.COMPARE if v.startswith("kernellab")]
     mnist.compare(args.batch_sizes, torch_variants, None, **common)
+    pools = {"auto": [None], "on": [True], "off": [False], "both": [True, False]}[args.pool_fusion]
     for be in args.backends:
-        mnist.compare(args.batch_sizes, kl_variants, None if be == "default" else be, **common)
+        for fuse_pool in pools:
+            mnist.compare(args.batch_sizes, kl_variants, None if be == "default" else be, fuse_pool=fuse_pool,
+                          **common)  # fmt: skip
         if args.unfused:
             mnist.compare(args.batch_sizes, kl_variants, None if be == "default" else be, fuse_bn_relu=False,
-                          **common)  # fmt: skip
+                          fuse_pool=False, **common)  # fmt: skip
     print(f"timing done in {time.perf_counter() - t_start:.0f} s", flush=True)
 
     accs = []
@@ -113,8 +126,10 @@ def main() -> int:
         prof.close()
 
     # the table: ms/step per variant (columns) and batch size (rows)
-    for r in rows:
-        if r.get("fused_bn_relu") is False and r["ops"] != "pytorch":
+    for r in rows:  # the block's form: +brp = bn_relu_pool2d, :unfused = bn, relu, pool apart
+        if r["ops"] != "pytorch" and r.get("fused_pool"):
+            r["ops"] += "+brp"
+        elif r.get("fused_bn_relu") is False and r["ops"] != "pytorch":
             r["ops"] += ":unfused"
     cols = []
     for r in rows:

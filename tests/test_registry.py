@@ -22,6 +22,7 @@ def test_op_names_lists_the_ops():
         "argmax",
         "attention",
         "batch_norm2d",
+        "bn_relu_pool2d",
         "conv2d",
         "cross_entropy",
         "gelu",

@@ -19,6 +19,7 @@ from kernellab import registry as _registry  # noqa: E402
 from kernellab.ops.add import add  # noqa: E402
 from kernellab.ops.attention import attention  # noqa: E402
 from kernellab.ops.batch_norm2d import batch_norm2d  # noqa: E402
+from kernellab.ops.bn_relu_pool2d import bn_relu_pool2d  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
@@ -43,6 +44,7 @@ __all__ = [
     "argmax",
     "attention",
     "batch_norm2d",
+    "bn_relu_pool2d",
     "conv2d",
     "cross_entropy",
     "gelu",

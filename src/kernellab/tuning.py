@@ -127,6 +127,7 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         + [(32, 64, 56, 56, 64, 3, 3)],
         "max_pool2d": [(b, c, hw, hw) for b in (64, 256, 1024) for c, hw in ((32, 28), (64, 14))],
         "batch_norm2d": [(b, c, hw, hw) for b in (64, 256, 1024) for c, hw in ((32, 28), (64, 14))],
+        "bn_relu_pool2d": [(b, c, hw, hw) for b in (64, 256, 1024) for c, hw in ((32, 28), (64, 14))],
         "relu": [(b * n,) for b in (64, 256, 1024) for n in (32 * 28 * 28, 64 * 14 * 14, 128)],
     },
     # Shapes of no family above (other model sizes), never tuned: where the verify run
@@ -205,7 +206,7 @@ def shape_key(op: str, args) -> tuple | None:
         if op == "conv2d":  # (N, C, H, W, K, R, S): the spec's problem shape
             w = args[1]
             return (*x.shape, w.shape[0], w.shape[2], w.shape[3]) if x.dim() == 4 and w.dim() == 4 else None
-        if op in ("max_pool2d", "batch_norm2d"):  # (N, C, H, W)
+        if op in ("max_pool2d", "batch_norm2d", "bn_relu_pool2d"):  # (N, C, H, W)
             return tuple(x.shape) if x.dim() == 4 else None
         d = x.shape[-1] if x.dim() else 1
         return (x.numel() // d if d else 0, d)
@@ -522,7 +523,7 @@ def key_of_shape(op: str, shape) -> tuple:
         return (math.prod(shape),)
     if op == "matmul":
         return shape[-3:]
-    if op in ("conv2d", "max_pool2d", "batch_norm2d"):
+    if op in ("conv2d", "max_pool2d", "batch_norm2d", "bn_relu_pool2d"):
         return shape
     d = shape[-1]
     return (math.prod(shape) // d if d else 0, d)

@@ -19,8 +19,9 @@ def digits():
     return mnist_data.load(None, "cpu")
 
 
-def _run(backends, data, steps, batch, lr=0.05, seed=0, device="cpu", variant="eager", sgd=None, fuse=None):
-    model = mnist.make(backends, device, seed, fuse_bn_relu=fuse)
+def _run(backends, data, steps, batch, lr=0.05, seed=0, device="cpu", variant="eager", sgd=None, fuse=None,
+         fuse_pool=None):  # fmt: skip
+    model = mnist.make(backends, device, seed, fuse_bn_relu=fuse, fuse_pool=fuse_pool)
     trainer = mnist.Trainer(model, mnist.Batches(data.train_x, data.train_y, batch, seed), variant, lr, sgd)
     losses = [float(trainer.step()) for _ in range(steps)]
     return losses, model
@@ -61,7 +62,8 @@ def test_kernellab_model_matches_pytorch_over_ten_steps(digits, backend):
 
 
 def test_triton_ops_in_the_model_match_pytorch(digits):
-    """Two steps at batch 2 with Triton's batch_norm2d, relu, max_pool2d and cross_entropy
+    """Two steps at batch 2 with Triton's bn_relu_pool2d (the blocks' default for this op
+    set), then batch_norm2d, relu and max_pool2d as separate kernels, and cross_entropy
     (the interpreter runs them on the CPU) and the one-launch Triton SGD update (the GPU's
     default); conv and linear manual (the interpreter's implicit-GEMM conv takes ~10 s a step
     here: the whole-Triton model is the slow test below)."""
@@ -76,6 +78,55 @@ def test_fused_bn_relu_is_the_default_for_kernellab_bn():
     assert mnist.make("torch", "cpu").fuse and not mnist.make("pytorch", "cpu").fuse
     assert not mnist.make({"bn": "pytorch", "conv": "torch"}, "cpu").fuse
     assert not mnist.make("torch", "cpu", fuse_bn_relu=False).fuse
+
+
+def test_fused_block_matches_the_unfused_model(digits):
+    """Each block as conv2d -> bn_relu_pool2d (Triton, under the interpreter) against
+    conv2d -> batch_norm2d(relu) -> max_pool2d (Triton), same seed and batches: the same
+    losses and weights to rounding over three steps (the fused forward computes
+    batch_norm2d's fp32 expression, so it takes the same relu and max decisions). A narrow
+    model (4 and 8 channels: the interpreter pays per program, ~10 s a step at 32 and 64)
+    with conv and linear manual; test_triton_ops_in_the_model_match_pytorch checks both
+    block forms of the full-width model against PyTorch's."""
+    be = {"conv": "manual", "bn": "triton", "relu": "triton", "pool": "triton", "linear": "manual", "ce": "torch"}
+
+    def run(fuse_pool):
+        torch.manual_seed(0)
+        model = mnist.CNN(be, channels=(4, 8), fuse_pool=fuse_pool)
+        trainer = mnist.Trainer(model, mnist.Batches(digits.train_x, digits.train_y, 8, 0), "eager", 0.05)
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        losses = [float(trainer.step()) for _ in range(3)]
+        # the gradients through the block reach the update (conv weights, bn weight and
+        # bias; not the conv biases, which batch norm's mean subtraction cancels: their
+        # gradient is 0 up to rounding)
+        moved = {n for n, p in model.named_parameters() if not torch.equal(start[n], p)}
+        assert {"conv1.weight", "conv2.weight", "bn1.weight", "bn1.bias", "bn2.weight", "bn2.bias"} <= moved, moved
+        return losses, model
+
+    fused, unfused = run(None), run(False)
+    assert fused[1].fuse_pool and not unfused[1].fuse_pool  # the default for kernellab's bn, relu and pool
+    _assert_same_training(fused, unfused, rtol=1e-5, atol=1e-6)
+
+
+def test_when_the_blocks_use_the_fused_op():
+    assert mnist.make("triton", "cpu").fuse_pool and mnist.make(None, "cpu").fuse_pool
+    assert mnist.make("torch", "cpu").fuse_pool and mnist.make("manual", "cpu").fuse_pool
+    assert not mnist.make("pytorch", "cpu").fuse_pool
+    assert not mnist.make("torch", "cpu", fuse_bn_relu=False).fuse_pool  # bn and relu asked apart
+    assert not mnist.make({"bn": "torch", "relu": "torch"}, "cpu").fuse_pool  # PyTorch's pool
+    assert not mnist.make("torch", "cpu", fuse_pool=False).fuse_pool
+    assert mnist.make("pytorch", "cpu", fuse_pool=True).fuse_pool
+    assert mnist.make("cuda", "cpu").fuse_pool  # bn_relu_pool2d's cuda backend
+    # a bn backend that bn_relu_pool2d lacks: the blocks keep the chosen batch_norm2d
+    from kernellab import registry
+
+    registry.register("batch_norm2d", "t_mine", devices=("cpu",))(lambda x, w, b, eps=1e-5, relu=False: x)
+    try:
+        model = mnist.make({"bn": "t_mine", "relu": "torch", "pool": "torch"}, "cpu")
+        assert model.fuse and not model.fuse_pool
+        assert mnist.make({"bn": "t_mine", "relu": "torch", "pool": "torch"}, "cpu", fuse_pool=True).fuse_pool
+    finally:
+        registry.unregister("batch_norm2d", "t_mine")
 
 
 @pytest.mark.slow

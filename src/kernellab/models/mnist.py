@@ -19,6 +19,10 @@ op set, as ``kernellab.models.gpt`` does. Each op is a named slot (SLOTS):
 - a dict slot -> backend for anything finer (the value ``"pytorch"`` keeps PyTorch's op
   for that slot).
 
+With kernellab's bn, relu and pool, each block runs as conv2d -> bn_relu_pool2d (batch
+norm, relu and 2x2 max pool in one op: no full-size activation between them; see
+``CNN.set_ops`` for when, and ``fuse_pool=False`` for the unfused chain).
+
 The same seed gives both op sets the same weights, the same data order and the same
 batches, so their losses agree step by step up to rounding.
 
@@ -129,7 +133,8 @@ def op_set(backends="pytorch") -> dict:
 class CNN(nn.Module):
     """The course's CNN (module docstring); ``backends`` picks the op set."""
 
-    def __init__(self, backends="pytorch", channels=(32, 64), hidden=128, classes=10, fuse_bn_relu=None):
+    def __init__(self, backends="pytorch", channels=(32, 64), hidden=128, classes=10, fuse_bn_relu=None,
+                 fuse_pool=None):  # fmt: skip
         super().__init__()
         c1, c2 = channels
         self.conv1 = nn.Conv2d(1, c1, 3, padding=1)
@@ -138,17 +143,35 @@ class CNN(nn.Module):
         self.bn2 = nn.BatchNorm2d(c2, eps=BN_EPS, track_running_stats=False)
         self.fc1 = nn.Linear(c2 * 7 * 7, hidden)
         self.fc2 = nn.Linear(hidden, classes)
-        self.set_ops(backends, fuse_bn_relu)
+        self.set_ops(backends, fuse_bn_relu, fuse_pool)
         self.ranges = False  # profiler ranges per layer (``--profile``)
 
-    def set_ops(self, backends, fuse_bn_relu=None) -> None:
+    def set_ops(self, backends, fuse_bn_relu=None, fuse_pool=None) -> None:
         """``fuse_bn_relu``: the blocks' relu inside kernellab.batch_norm2d (relu=True: one
         read and one write of the activation fewer each way); None: fused when the bn slot
-        is kernellab's (then the relu slot serves no layer: fc1's relu is matmul's epilogue)."""
+        is kernellab's (then the relu slot serves no layer: fc1's relu is matmul's epilogue).
+
+        ``fuse_pool``: each block's batch norm, relu and pool as one op,
+        kernellab.bn_relu_pool2d (no full-size activation written or read; two launches
+        fewer per block each way). None: fused when the bn, relu and pool slots are all
+        kernellab's, bn and relu are fused (``fuse_bn_relu`` not False) and bn_relu_pool2d
+        has the bn slot's backend (or the bn slot is kernellab's default); the fused op then
+        runs with the bn slot's backend. True: fused whatever the slots, with that backend
+        where bn_relu_pool2d has it, else its default."""
         self.chosen = op_set(backends)
         torch_ops = _torch_ops()
         self.ops = {s: (torch_ops[s] if be == "pytorch" else _kl_op(s, be)) for s, be in self.chosen.items()}
         self.fuse = self.chosen["bn"] != "pytorch" if fuse_bn_relu is None else bool(fuse_bn_relu)
+        bn = self.chosen["bn"]
+        has = bn is None or (bn != "pytorch" and any(i.backend == bn for i in kernellab.impls("bn_relu_pool2d")))
+        if fuse_pool is None:
+            kl = all(self.chosen[s] != "pytorch" for s in ("bn", "relu", "pool"))
+            self.fuse_pool = kl and has and self.fuse
+        else:
+            self.fuse_pool = bool(fuse_pool)
+        if self.fuse_pool:
+            be = bn if has else None
+            self.ops["block"] = lambda x, m: kernellab.bn_relu_pool2d(x, m.weight, m.bias, BN_EPS, backend=be)
 
     @property
     def is_pytorch(self) -> bool:
@@ -162,6 +185,10 @@ class CNN(nn.Module):
         for i, (conv, bn) in enumerate(((self.conv1, self.bn1), (self.conv2, self.bn2)), 1):
             with self._range(f"conv{i}"):
                 x = o["conv"](x, conv)
+            if self.fuse_pool:
+                with self._range(f"bn{i}+relu+pool{i}"):
+                    x = o["block"](x, bn)
+                continue
             if self.fuse:
                 with self._range(f"bn{i}+relu"):
                     x = o["bn"](x, bn, relu=True)
@@ -184,11 +211,11 @@ class CNN(nn.Module):
             return self.ops["ce"](logits, y)
 
 
-def make(backends="pytorch", device=None, seed=0, dtype=torch.float32, fuse_bn_relu=None) -> CNN:
+def make(backends="pytorch", device=None, seed=0, dtype=torch.float32, fuse_bn_relu=None, fuse_pool=None) -> CNN:
     """A CNN with weights drawn from ``seed`` (the same for every op set)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(seed)
-    return CNN(backends, fuse_bn_relu=fuse_bn_relu).to(device=device, dtype=dtype)
+    return CNN(backends, fuse_bn_relu=fuse_bn_relu, fuse_pool=fuse_pool).to(device=device, dtype=dtype)
 
 
 # --------------------------------------------------------------------------- data
@@ -424,6 +451,7 @@ def compare(
     on_note=None,
     data=None,
     fuse_bn_relu=None,
+    fuse_pool=None,
 ) -> list[dict]:
     """ms per training step of every variant x batch size, same weights and data. A
     variant that cannot run here (a CUDA graph on the CPU) is skipped with a note; one that
@@ -444,8 +472,10 @@ def compare(
                     on_note(f"{name} at batch {b}: skipped (a CUDA graph needs a GPU)")
                 continue
             try:
-                model = make("pytorch" if ops == "pytorch" else backend, device, seed, fuse_bn_relu=fuse_bn_relu)
+                model = make("pytorch" if ops == "pytorch" else backend, device, seed, fuse_bn_relu=fuse_bn_relu,
+                             fuse_pool=None if ops == "pytorch" else fuse_pool)  # fmt: skip
                 row["fused_bn_relu"] = model.fuse
+                row["fused_pool"] = model.fuse_pool
                 trainer = Trainer(model, Batches(d.train_x, d.train_y, b, seed), variant, lr)
                 row.update(time_steps(trainer, warmup, steps))
                 if profile:

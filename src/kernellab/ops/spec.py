@@ -31,6 +31,7 @@ OP_MODULES = [
     "kernellab.ops.matmul",
     "kernellab.ops.attention",
     "kernellab.ops.batch_norm2d",
+    "kernellab.ops.bn_relu_pool2d",
     "kernellab.ops.relu",
     "kernellab.ops.pool",
     "kernellab.ops.conv2d",
