@@ -4,8 +4,25 @@
 
 Layout of ``torch.nn.functional.scaled_dot_product_attention``: q is ``(..., S_q, D)``,
 k and v are ``(..., S_k, D)`` with the same leading (batch, head) dims, any number of
-them (3-D ``(B, S, D)`` and 4-D ``(B, H, S, D)`` both work). No broadcasting, no GQA;
-v's head dim must equal q's (D_v = D).
+them (3-D ``(B, S, D)`` and 4-D ``(B, H, S, D)`` both work). No broadcasting; v's head
+dim must equal q's (D_v = D).
+
+Grouped-query and multi-query attention (GQA / MQA, as SDPA's ``enable_gqa=True``): with
+4 or more dims, k and v may have fewer heads (dim -3) than q, H_kv, when H_q is a multiple
+of H_kv; q head h reads k/v head ``h // (H_q / H_kv)`` (Llama-3-8B: 32 q heads, 8 kv
+heads, groups of 4 consecutive q heads). k and v have the same heads; every other leading
+dim matches q's. dk and dv of a kv head sum over its group of q heads. The Triton kernels
+read the shared k/v head in place (no repeat_interleave copy: at Llama-3-8B's 1x8x8192x128
+bf16 that copy would be 2 x 48 MiB written and read again); torch / sdpa_flash /
+sdpa_cudnn pass ``enable_gqa=True``; manual, the float64 reference and tiled expand k and
+v; backends that cannot (sdpa_efficient: compiled without GQA in torch's sdp_utils, and
+cuda_v1) refuse with a ValueError naming k/v heads, and ``attention(..., backend=None)``
+then falls back to torch.
+
+Head dims: the Triton kernels take any multiple of 8 from 8 to 256 (tiles padded to the
+next power of two, at least 16, with masked loads and stores; inputs are never padded in
+memory); another head dim is refused with a ValueError naming q, and the default backend
+then serves it from torch.
 
 Causal masking is aligned to the bottom-right, as in FlashAttention-2: query i attends
 key j when ``j <= i + S_k - S_q`` (the usual lower triangle when S_q == S_k). With
@@ -31,7 +48,8 @@ the backward: the log-sum-exp of the scaled scores, shape ``q.shape[:-1]``, fp32
 backward recomputes the probabilities from it, block by block: no S x S matrix in memory.
 
 Problem shapes (OpSpec): ``(B, S, D)`` -> 3-D tensors with S_q = S_k = S;
-``(B, H, S, D)`` -> 4-D tensors with S_q = S_k = S; ``(B, H, S_q, S_k, D)`` -> 4-D tensors.
+``(B, H, S, D)`` -> 4-D tensors with S_q = S_k = S; ``(B, H, S_q, S_k, D)`` -> 4-D tensors;
+``(B, H_q, H_kv, S_q, S_k, D)`` -> 4-D GQA tensors (q with H_q heads, k and v with H_kv).
 """
 
 from __future__ import annotations
@@ -50,24 +68,40 @@ _OPTIONS = ("causal", "scale")
 # --------------------------------------------------------------------------- shapes
 
 
-def parse_problem(shape) -> tuple[tuple[int, ...], int, int, int]:
-    """(leading dims, S_q, S_k, D) of a problem shape (see the module docstring)."""
+def parse_gqa(shape) -> tuple[tuple[int, ...], tuple[int, ...], int, int, int]:
+    """(q's leading dims, k/v's leading dims, S_q, S_k, D) of a problem shape (see the
+    module docstring)."""
     shape = tuple(int(s) for s in shape)
     if len(shape) == 3:
         b, s, d = shape
-        return (b,), s, s, d
+        return (b,), (b,), s, s, d
     if len(shape) == 4:
         b, h, s, d = shape
-        return (b, h), s, s, d
+        return (b, h), (b, h), s, s, d
     if len(shape) == 5:
         b, h, sq, sk, d = shape
-        return (b, h), sq, sk, d
+        return (b, h), (b, h), sq, sk, d
+    if len(shape) == 6:
+        b, hq, hkv, sq, sk, d = shape
+        if hkv <= 0 or hq % hkv:
+            raise ValueError(
+                f"attention problem shape {shape}: H_q = {hq} must be a multiple of H_kv = {hkv}"
+            )
+        return (b, hq), (b, hkv), sq, sk, d
     raise ValueError(
-        f"attention problem shape {shape} not understood: use (B, S, D), (B, H, S, D) or (B, H, S_q, S_k, D)"
+        f"attention problem shape {shape} not understood: use (B, S, D), (B, H, S, D), (B, H, S_q, S_k, D) "
+        "or (B, H_q, H_kv, S_q, S_k, D)"
     )
 
 
+def parse_problem(shape) -> tuple[tuple[int, ...], int, int, int]:
+    """(q's leading dims, S_q, S_k, D) of a problem shape (see the module docstring)."""
+    lead, _, sq, sk, d = parse_gqa(shape)
+    return lead, sq, sk, d
+
+
 def _pairs(shape, causal: bool) -> float:
+    # Per q head: a GQA problem does the work of H_q heads (only the k/v bytes shrink).
     lead, sq, sk, _ = parse_problem(shape)
     n = math.prod(lead) * sq * sk
     return n / 2 if causal else n
@@ -83,12 +117,13 @@ def _flops(shape, mode, **options):
 
 def _bytes(shape, dtype, mode, **options):
     """Minimal traffic: q, k, v read and o written once (+ the fp32 LSE); the backward
-    reads q, k, v, o, dO and the LSE and writes dq, dk, dv."""
-    lead, sq, sk, d = parse_problem(shape)
+    reads q, k, v, o, dO and the LSE and writes dq, dk, dv. GQA: k, v, dk, dv have H_kv
+    heads."""
+    lead, lead_kv, sq, sk, d = parse_gqa(shape)
     b = math.prod(lead)
     e = torch.empty((), dtype=dtype).element_size()
     qo = b * sq * d * e
-    kv = b * sk * d * e
+    kv = math.prod(lead_kv) * sk * d * e
     lse = b * sq * 4
     fwd = 2 * qo + 2 * kv + lse
     bwd = 3 * qo + 2 * kv + lse + qo + 2 * kv  # read q, o, dO, k, v, lse; write dq, dk, dv
@@ -96,10 +131,10 @@ def _bytes(shape, dtype, mode, **options):
 
 
 def _inputs(shape, dtype, device, gen, layout="contiguous", scale=1.0):
-    lead, sq, sk, d = parse_problem(shape)
+    lead, lead_kv, sq, sk, d = parse_gqa(shape)
     q = make_tensor(lead + (sq, d), dtype, device, gen, layout, scale)
-    k = make_tensor(lead + (sk, d), dtype, device, gen, layout, scale)
-    v = make_tensor(lead + (sk, d), dtype, device, gen, layout, scale)
+    k = make_tensor(lead_kv + (sk, d), dtype, device, gen, layout, scale)
+    v = make_tensor(lead_kv + (sk, d), dtype, device, gen, layout, scale)
     if q is None or k is None or v is None:
         return None
     return q, k, v
@@ -153,10 +188,23 @@ def validate(args, kwargs, devices=("cuda", "cpu")) -> None:
             raise ValueError(f"attention: {name} is on {t.device} but q is on {q.device}")
         if t.dtype != q.dtype:
             raise TypeError(f"attention: {name} has dtype {t.dtype} but q has {q.dtype}")
-        if t.shape[:-2] != q.shape[:-2]:
+        # GQA (4-D and up): dim -3 (heads) may differ; every other leading dim must match.
+        cut = -3 if q.dim() >= 4 else -2
+        if t.dim() != q.dim() or t.shape[:cut] != q.shape[:cut]:
             raise ValueError(
                 f"attention: {name} has leading dims {tuple(t.shape[:-2])} but q has {tuple(q.shape[:-2])}; "
-                "they must match (no broadcasting)"
+                "they must match (no broadcasting; only the head dim -3 may differ, for GQA)"
+            )
+    if q.dim() >= 4:
+        h_q, h_k, h_v = q.shape[-3], k.shape[-3], v.shape[-3]
+        if h_v != h_k:
+            raise ValueError(
+                f"attention: k has {h_k} heads (dim -3) but v has {h_v}; k and v must have the same heads"
+            )
+        if (h_k == 0 and h_q != 0) or (h_k and h_q % h_k):
+            raise ValueError(
+                f"attention: q has {h_q} heads (dim -3) and k/v have {h_k}; grouped-query attention "
+                "needs q's heads to be a multiple of k/v's heads"
             )
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"attention: k has head dim {k.shape[-1]} but q has {q.shape[-1]}; they must match")
@@ -184,6 +232,30 @@ def check_head_dim(q: torch.Tensor, allowed, backend: str) -> None:
         raise ValueError(
             f"attention/{backend}: q has head dim {d}; this backend supports {', '.join(map(str, allowed))}"
         )
+
+
+def is_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """k/v with fewer heads than q (validated: a divisor)."""
+    return q.dim() >= 4 and k.shape[-3] != q.shape[-3]
+
+
+def refuse_gqa(q: torch.Tensor, k: torch.Tensor, backend: str) -> None:
+    """For a backend without GQA: a ValueError naming k/v heads (the default dispatcher
+    then serves the call from torch)."""
+    if is_gqa(q, k):
+        raise ValueError(
+            f"attention/{backend}: k/v have {k.shape[-3]} heads and q has {q.shape[-3]}; this backend "
+            "takes no grouped-query attention (k/v heads must equal q's)"
+        )
+
+
+def expand_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """k, v with each head repeated H_q / H_kv times (q head h reads k/v head
+    h // group): for the backends that compute GQA as plain attention (a copy)."""
+    if not is_gqa(q, k):
+        return k, v
+    g = q.shape[-3] // k.shape[-3]
+    return k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
 
 
 def check_dtype(q: torch.Tensor, allowed, backend: str) -> None:
@@ -223,7 +295,17 @@ def _bad_v_keys(device, dtype):
 
 
 def _bad_lead(device, dtype):
-    q, k, v = _mk(device, dtype)
+    q, k, v = _mk(device, dtype, (2, 2, 9, 16))
+    return (q, k[:1].contiguous(), v), {}
+
+
+def _bad_gqa_heads(device, dtype):
+    q, k, v = _mk(device, dtype, (1, 3, 9, 16))  # 3 q heads over 2 k/v heads
+    return (q, k[:, :2].contiguous(), v[:, :2].contiguous()), {}
+
+
+def _bad_kv_heads(device, dtype):
+    q, k, v = _mk(device, dtype, (1, 2, 9, 16))  # k with 1 head, v with 2
     return (q, k[:, :1].contiguous(), v), {}
 
 
@@ -248,6 +330,8 @@ _EXTRA_BAD = [
     BadInput("mismatched head dims (k)", _bad_head_dims, "k"),
     BadInput("v with another key count", _bad_v_keys, "v"),
     BadInput("mismatched leading dims", _bad_lead, "k"),
+    BadInput("q heads not a multiple of k/v heads", _bad_gqa_heads, "k/v"),
+    BadInput("k and v with different heads", _bad_kv_heads, "v"),
     BadInput("q of rank 1", _bad_rank, "q"),
     BadInput("causal not a bool", _bad_causal, "causal"),
     BadInput("negative scale", _bad_scale, "scale"),
@@ -259,6 +343,8 @@ _EXTRA_BAD = [
 
 
 def attention_reference(q, k, v, causal: bool = False, scale=None):
+    """float64 reference (GQA: k and v expanded to q's heads; autograd sums dk, dv back
+    over each group)."""
     from kernellab.ops.attention.reference import reference_attention
 
     return reference_attention(q, k, v, causal=causal, scale=scale)
@@ -277,6 +363,7 @@ _COMMON = dict(
         (1, 2, 113, 127, 64),
         (1, 2, 127, 113, 32),
         (1, 2, 130, 16),
+        (1, 4, 2, 17, 33, 16),  # GQA: 4 q heads over 2 k/v heads
     ],
     quick_shapes=[(2, 3, 17, 32), (1, 2, 45, 70, 64)],
     bench_shapes=[(4, 16, 4096, 128), (1, 16, 16384, 64)],

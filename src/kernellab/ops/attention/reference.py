@@ -7,6 +7,13 @@ Causal is bottom-right everywhere (see the package docstring). SDPA's ``is_causa
 top-left, which is the same thing when S_q == S_k; for S_q != S_k the torch backend passes
 the bottom-right boolean mask instead, and the flash / cuDNN peers refuse (torch reaches
 neither with a bottom-right mask of unequal lengths).
+
+GQA (k/v with fewer heads than q): the float64 reference and manual expand k and v to q's
+heads (repeat_interleave: a copy, fine for a reference and a naive baseline; autograd sums
+dk, dv back over each group); torch, sdpa_flash and sdpa_cudnn pass ``enable_gqa=True``
+(torch's sdp_utils admits GQA for flash and cuDNN; on the CPU SDPA's math path expands);
+sdpa_efficient refuses it (its sdp_utils constraints are compiled without GQA, so forcing
+it would end in "No available kernel").
 """
 
 from __future__ import annotations
@@ -18,7 +25,15 @@ import torch
 import torch.nn.functional as F
 
 from kernellab.ops._baselines import _compile_unavailable, compiled
-from kernellab.ops.attention import causal_allowed, check_dtype, check_head_dim, resolve_scale
+from kernellab.ops.attention import (
+    causal_allowed,
+    check_dtype,
+    check_head_dim,
+    expand_kv,
+    is_gqa,
+    refuse_gqa,
+    resolve_scale,
+)
 from kernellab.registry import register
 
 
@@ -49,6 +64,7 @@ def reference_attention(q, k, v, causal: bool = False, scale=None):
     Differentiable: the empty rows' scores are set to 0 (not -inf) before the softmax and
     the probabilities multiplied by 0 after, so no NaN reaches autograd."""
     sc = resolve_scale(q, scale)
+    k, v = expand_kv(q, k, v)
     s_q, s_k = q.shape[-2], k.shape[-2]
     heads = max(1, q.numel() // max(1, s_q * q.shape[-1]))
     rows = max(1, _REF_CHUNK_ELEMS // max(1, heads * s_k))
@@ -72,6 +88,7 @@ def manual_attention(q, k, v, causal: bool = False, scale=None):
     # ~|s| 2^-9 in every exponent, far more than any fused kernel's error. P is rounded to
     # the input dtype before PV, as the fused kernels do.
     sc = resolve_scale(q, scale)
+    k, v = expand_kv(q, k, v)
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * sc
     if causal:
         allowed = causal_allowed(q.shape[-2], k.shape[-2], q.device)
@@ -110,18 +127,22 @@ def _sdpa(q, k, v, causal, scale, force_contiguous=False):
     if force_contiguous:  # the fused kernels want a unit last-dim stride
         q4, k4, v4 = (t if t.stride(-1) == 1 else t.contiguous() for t in (q4, k4, v4))
     s_q, s_k = q.shape[-2], k.shape[-2]
+    # GQA: the folded head axis keeps each q head's group in order (q head b*H_q + h reads
+    # k/v head b*H_kv + h // g), so enable_gqa's grouping of the folded axis is the same.
+    gqa = is_gqa(q, k)
     if causal and s_q > s_k:
         # Bottom-right: the first S_q - S_k rows see no key (0, as SDPA's safe softmax
         # gives for a fully masked row); the last S_k rows are the square top-left causal
         # problem. Split rather than mask: a fused kernel given fully masked rows may
         # return NaN there, and NaN * 0 is still NaN in the forward and in the gradients.
-        tail = F.scaled_dot_product_attention(q4[..., s_q - s_k :, :], k4, v4, is_causal=True, scale=scale)
+        tail = F.scaled_dot_product_attention(q4[..., s_q - s_k :, :], k4, v4, is_causal=True, scale=scale,
+                                              enable_gqa=gqa)  # fmt: skip
         o = torch.cat([tail.new_zeros(tail.shape[:-2] + (s_q - s_k, tail.shape[-1])), tail], dim=-2)
     elif causal and s_q < s_k:
         allowed = causal_allowed(s_q, s_k, q.device)  # no empty row: every row sees key 0
-        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale)
+        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale, enable_gqa=gqa)
     else:
-        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
+        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale, enable_gqa=gqa)
     return o.reshape(out_shape)
 
 
@@ -162,6 +183,7 @@ register(
 
 _PEERS = {
     # backend: (SDPBackend name, dtypes, head dims, refuses causal S_q != S_k)
+    # (and sdpa_efficient: no GQA, see _peer_refusal)
     # (and sdpa_cudnn: no S_k = 1, see _peer_refusal)
     "sdpa_flash": ("FLASH_ATTENTION", (torch.float16, torch.bfloat16), tuple(range(8, 257, 8)), True),
     "sdpa_cudnn": ("CUDNN_ATTENTION", (torch.float16, torch.bfloat16), tuple(range(8, 129, 8)), True),
@@ -213,6 +235,11 @@ def _peer_refusal(name: str, q, k, causal: bool) -> Exception | None:
             f"attention/{name}: causal with S_q != S_k (q has {q.shape[-2]} rows, k {k.shape[-2]}): "
             "torch's is_causal is top-left, and a bottom-right mask never reaches this kernel"
         )
+    if name == "sdpa_efficient" and is_gqa(q, k):
+        try:
+            refuse_gqa(q, k, name)
+        except ValueError as e:
+            return e
     if name == "sdpa_cudnn" and k.shape[-2] == 1:
         # PyTorch (2.11): "cudnn SDPA does not support key/value sequence length 1"
         return ValueError(

@@ -25,6 +25,10 @@ Backward, with D_i = rowsum(dO_i * O_i) (so that dS = P (dP - D)):
         dP = dO_i V_j^T;  dS = P (dP - D_i)
         dK_j += dS^T Q_i scale;  dQ_i += dS K_j scale
 
+GQA: k and v are expanded to q's heads first (a copy: this is the readable spec; the
+Triton kernels index the shared k/v head instead), so autograd sums dk, dv over each
+group through repeat_interleave's backward.
+
 Rows with no allowed key (causal, S_q > S_k) keep l = 0: O = 0, LSE = -inf, and their P is
 0 in the backward (LSE replaced by +inf there).
 """
@@ -35,7 +39,7 @@ import math
 
 import torch
 
-from kernellab.ops.attention import resolve_scale
+from kernellab.ops.attention import expand_kv, resolve_scale
 from kernellab.registry import register
 
 BLOCK_M = 32  # query rows per tile
@@ -154,6 +158,7 @@ class _Tiled(torch.autograd.Function):
 
 def tiled_attention(q, k, v, causal: bool = False, scale=None):
     """FlashAttention-2 in PyTorch ops: tiles, online softmax, LSE; backward by recomputation."""
+    k, v = expand_kv(q, k, v)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Tiled.apply(q, k, v, causal, scale)
     return forward(q, k, v, causal, scale)[0]
