@@ -365,7 +365,7 @@ _COMMON = dict(
         (1, 2, 130, 16),
         (1, 4, 2, 17, 33, 16),  # GQA: 4 q heads over 2 k/v heads
     ],
-    quick_shapes=[(2, 3, 17, 32), (1, 2, 45, 70, 64)],
+    quick_shapes=[(2, 3, 17, 32), (1, 2, 45, 70, 64), (1, 4, 2, 17, 33, 40)],  # + GQA at a padded D
     bench_shapes=[(4, 16, 4096, 128), (1, 16, 16384, 64)],
     cpu_bench_shapes=[(1, 2, 128, 64)],
     layout_shape=(2, 3, 37, 64),
