@@ -62,15 +62,17 @@ def _differentiable(backend) -> bool:
     return getattr(kernellab.registry.get("attention", backend).fn, "differentiable", True) is not False
 
 
-def _check_case(backend, shape, dtype, device, causal, layout="contiguous", strided_dy=False, grads=True):
+def _check_case(
+    backend, shape, dtype, device, causal, layout="contiguous", strided_dy=False, grads=True, **options
+):
     why = _supported(backend, dtype, shape, causal)
     if why:
         pytest.skip(why)
-    seed = seed_for(backend, shape, dtype, causal, layout)
+    seed = seed_for(backend, shape, dtype, causal, layout, *([str(options)] if options else []))
     args = SPEC.make_inputs(shape, dtype, device, seed, layout)
     if args is None:
         pytest.skip(f"layout {layout} does not apply to {shape}")
-    opts = {"causal": causal}
+    opts = {"causal": causal, **options}
     # float64 reference: output and gradients
     a64 = [a.detach().double().requires_grad_() for a in args]
     ref = SPEC.reference(*a64, **opts)
@@ -265,6 +267,92 @@ def test_cpu_triton_padded_columns_never_written():
         assert torch.isnan(b[..., 24:]).all() and torch.isfinite(b[..., :24]).all()
 
 
+# Sliding windows and softcap: every backend that computes them (triton in its kernels;
+# manual, torch, compile with explicit masks), against the float64 reference; the others
+# refuse with an error naming the option.
+WINDOW_CASES = [
+    ((1, 2, 33, 17, 16), True, {"window": (5, -1)}),  # causal sliding window, S_q > S_k
+    ((1, 2, 17, 33, 16), False, {"window": (4, 6)}),  # two-sided, S_q < S_k
+    ((1, 2, 40, 40, 24), False, {"window": (0, 0)}),  # each row sees one key; padded D
+    ((1, 2, 45, 12, 16), False, {"window": (3, -1)}),  # rows of the first 30 see no key
+    ((1, 2, 33, 37, 16), False, {"window": (-1, 2)}),  # left unbounded
+    ((1, 2, 17, 33, 16), False, {"softcap": 0.5}),  # strong cap: tanh far from linear
+    ((1, 2, 33, 17, 40), True, {"softcap": 5.0}),
+    ((1, 4, 2, 33, 17, 16), True, {"window": (7, 3), "softcap": 2.0}),  # GQA + window + softcap
+]
+OPTION_BACKENDS = ["manual", "torch", "triton"]
+
+
+@pytest.mark.parametrize("backend", OPTION_BACKENDS)
+@pytest.mark.parametrize("case", range(len(WINDOW_CASES)))
+def test_cpu_window_and_softcap(backend, case):
+    shape, causal, options = WINDOW_CASES[case]
+    _check_case(backend, shape, torch.float32, "cpu", causal, **options)
+
+
+def test_cpu_window_and_softcap_bf16_triton():
+    _check_case("triton", (1, 4, 2, 33, 17, 40), torch.bfloat16, "cpu", True, window=(9, -1), softcap=3.0)
+    opts = {"window": (6, 2), "softcap": 1.5}
+    shape = (1, 2, 37, 29, 16)
+    _check_case("triton", shape, torch.float32, "cpu", False, layout="transposed", strided_dy=True, **opts)
+
+
+def test_window_semantics():
+    """The window is FlashAttention's: bottom-right aligned like causal, -1 unbounded,
+    causal forcing the right bound to 0; (-1, -1) and causal-without-left are no window."""
+    m = A.allowed_mask(4, 6, False, (1, 0), "cpu")  # query i sees keys i + 2 - 1 .. i + 2
+    assert m.tolist()[0] == [False, True, True, False, False, False]
+    assert torch.equal(A.allowed_mask(4, 6, True, (-1, 5), "cpu"), A.causal_allowed(4, 6, "cpu"))
+    assert A.allowed_mask(4, 6, False, (-1, -1), "cpu") is None
+    assert torch.equal(A.allowed_mask(4, 6, True, (2, 3), "cpu"), A.allowed_mask(4, 6, False, (2, 0), "cpu"))
+    # softcap: scores capped before the softmax
+    q, k, v = SPEC.make_inputs((1, 1, 5, 7, 16), torch.float64, "cpu", 1)
+    s = 4.0 * torch.tanh(q @ k.transpose(-1, -2) * 0.25 / 4.0)
+    torch.testing.assert_close(SPEC.reference(q, k, v, softcap=4.0), torch.softmax(s, -1) @ v)
+
+
+def test_window_skips_key_blocks_in_triton():
+    """A narrow window visits only the key blocks near the diagonal. Keys 80.. hold NaN:
+    a query block that visited their key block would get NaN even where the mask gives
+    P = 0 (0 * NaN in P V). With window (4, 4), the interpreter's 32-row query blocks 0 and
+    1 see keys < 68 only, so they must stay finite and right; rows 76.. see NaN keys."""
+    q, k, v = SPEC.make_inputs((1, 1, 96, 96, 16), torch.float32, "cpu", 2)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 80:, :] = float("nan")
+    v2[..., 80:, :] = float("nan")
+    o = A.attention(q, k2, v2, window=(4, 4), backend="triton")
+    ok = torch.isfinite(o).all(-1)
+    assert ok[..., :64].all() and not ok[..., 76:].any()
+    ref = SPEC.reference(q.double(), k.double(), v.double(), window=(4, 4))
+    assert (o[..., :64, :].double() - ref[..., :64, :]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["tiled", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "cuda_v1"])
+def test_window_and_softcap_refused_where_unsupported(backend):
+    impl = kernellab.registry.get("attention", backend)
+    q, k, v = SPEC.make_inputs((1, 2, 9, 9, 64), torch.float32 if backend == "cuda_v1" else torch.bfloat16,
+                               "cpu", 0)  # fmt: skip
+    for opts, name in (({"window": (3, 3)}, "window"), ({"softcap": 5.0}, "softcap")):
+        if backend == "tiled":
+            with pytest.raises(ValueError, match=name):
+                A.attention(q, k, v, backend=backend, **opts)
+        elif backend.startswith("sdpa_"):
+            assert name in impl.outside_limits((q.to("meta"), k.to("meta"), v.to("meta")), opts)
+        # cuda_v1 refuses in its body (a CPU tensor is refused before): test_gpu_gqa_refusals
+    # no-op windows are not refused
+    assert A.attention(q.float(), k.float(), v.float(), window=(-1, -1), backend="tiled").shape == q.shape
+
+
+def test_triton_opcheck_with_window_and_softcap():
+    from kernellab.ops.attention import triton as at
+
+    def make(seed):
+        return SPEC.make_inputs((1, 2, 9, 16), torch.float32, "cpu", seed)[0]
+
+    args = at._opcheck_fwd_options(make)
+    torch.library.opcheck(at.triton_attention.ops[0], args)
+
+
 def test_cpu_compile_backend():
     _check_case("compile", (1, 2, 33, 40, 32), torch.float32, "cpu", True, grads=False)
 
@@ -396,6 +484,11 @@ def test_bad_inputs_refused(backend):
         ((q, k, v), {"causal": 1}, TypeError, "causal"),
         ((q, k, v), {"scale": 0.0}, ValueError, "scale"),
         ((q, k, v), {"scale": "x"}, TypeError, "scale"),
+        ((q, k, v), {"window": (3, -2)}, ValueError, "window"),
+        ((q, k, v), {"window": [3, 3]}, TypeError, "window"),
+        ((q, k, v), {"window": (3.0, 1)}, TypeError, "window"),
+        ((q, k, v), {"softcap": -1.0}, ValueError, "softcap"),
+        ((q, k, v), {"softcap": "x"}, TypeError, "softcap"),
         ((q.tolist(), k, v), {}, TypeError, r"\bq\b"),
     ]
     for args, kw, exc, pattern in cases:

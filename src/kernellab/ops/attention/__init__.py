@@ -19,6 +19,19 @@ v; backends that cannot (sdpa_efficient: compiled without GQA in torch's sdp_uti
 cuda_v1) refuse with a ValueError naming k/v heads, and ``attention(..., backend=None)``
 then falls back to torch.
 
+Sliding window (``window=(left, right)``, as FlashAttention's ``window_size``): query i
+attends key j when ``i + S_k - S_q - left <= j <= i + S_k - S_q + right`` (the same
+bottom-right alignment as causal), -1 leaving that side unbounded; with ``causal`` the
+right bound is 0 whatever ``right`` says. ``None`` or ``(-1, -1)``: no window. Rows left
+without a key give 0, as under causal. Softcap (``softcap=c > 0``, Gemma-2's
+``attn_logit_softcapping``): the scaled scores s become ``c * tanh(s / c)`` before the
+mask and the softmax; the backward multiplies dS by the tanh's derivative 1 - tanh^2.
+``softcap=0`` (the default) or None: off. Triton computes both in its kernels (key blocks a
+window leaves fully masked are never visited); the float64 reference, manual, compile and
+torch build the mask (and the tanh) explicitly (torch: SDPA with a boolean mask for a
+window alone, PyTorch ops in fp32 with a softcap, which SDPA has no hook for); tiled,
+cuda_v1 and the SDPA peers refuse both with a ValueError naming the option.
+
 Head dims: the Triton kernels take any multiple of 8 from 8 to 256 (tiles padded to the
 next power of two, at least 16, with masked loads and stores; inputs are never padded in
 memory); another head dim is refused with a ValueError naming q, and the default backend
@@ -62,7 +75,7 @@ from kernellab import registry
 from kernellab.ops.spec import BadInput, OpSpec, define, make_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_OPTIONS = ("causal", "scale")
+_OPTIONS = ("causal", "scale", "window", "softcap")
 
 
 # --------------------------------------------------------------------------- shapes
@@ -223,6 +236,27 @@ def validate(args, kwargs, devices=("cuda", "cpu")) -> None:
             raise TypeError(f"attention: scale must be a positive float or None, got {type(scale).__name__}")
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"attention: scale must be a positive finite float or None, got {scale!r}")
+    window = kwargs.get("window")
+    if window is not None:
+        if not isinstance(window, tuple) or len(window) != 2:
+            raise TypeError(
+                f"attention: window must be a (left, right) tuple of ints or None, got {window!r}"
+            )
+        for side, w in zip(("left", "right"), window):
+            if isinstance(w, bool) or not isinstance(w, int):
+                raise TypeError(f"attention: window's {side} bound must be an int, got {type(w).__name__}")
+            if w < -1:
+                raise ValueError(
+                    f"attention: window's {side} bound must be >= 0, or -1 for unbounded; got {w}"
+                )
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+            raise TypeError(
+                f"attention: softcap must be a float >= 0 (0: off) or None, got {type(softcap).__name__}"
+            )
+        if not (math.isfinite(softcap) and softcap >= 0):
+            raise ValueError(f"attention: softcap must be a finite float >= 0 (0: off), got {softcap!r}")
 
 
 def check_head_dim(q: torch.Tensor, allowed, backend: str) -> None:
@@ -268,6 +302,52 @@ def check_dtype(q: torch.Tensor, allowed, backend: str) -> None:
 
 def resolve_scale(q: torch.Tensor, scale) -> float:
     return float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+
+
+def window_bounds(window, causal: bool) -> tuple[int, int] | None:
+    """(left, right) of an active window, -1 = unbounded, right clipped to 0 under causal;
+    None when the window restricts nothing beyond ``causal`` (None, (-1, -1), or causal
+    with no left bound)."""
+    if window is None:
+        return None
+    left, right = window
+    if causal:
+        right = 0
+    if left < 0 and right < 0:
+        return None
+    if causal and left < 0:
+        return None
+    return left, right
+
+
+def has_softcap(softcap) -> bool:
+    return softcap is not None and softcap > 0
+
+
+def refuse_options(backend: str, window=None, softcap=None, causal: bool = False) -> None:
+    """For a backend without windows or softcaps: a ValueError naming the option."""
+    if window_bounds(window, causal) is not None:
+        raise ValueError(f"attention/{backend}: window={window!r} is not supported by this backend")
+    if has_softcap(softcap):
+        raise ValueError(f"attention/{backend}: softcap={softcap!r} is not supported by this backend")
+
+
+def allowed_mask(s_q: int, s_k: int, causal: bool, window, device) -> torch.Tensor | None:
+    """(S_q, S_k) bool, True where query i may attend key j (bottom-right causal and the
+    window, module docstring); None when every pair is allowed."""
+    bounds = window_bounds(window, causal)
+    if not causal and bounds is None:
+        return None
+    i = torch.arange(s_q, device=device)[:, None] + (s_k - s_q)
+    j = torch.arange(s_k, device=device)[None, :]
+    ok = j <= i if causal else torch.ones(s_q, s_k, dtype=torch.bool, device=device)
+    if bounds is not None:
+        left, right = bounds
+        if left >= 0:
+            ok = ok & (j >= i - left)
+        if right >= 0:
+            ok = ok & (j <= i + right)
+    return ok
 
 
 def causal_allowed(s_q: int, s_k: int, device) -> torch.Tensor:
@@ -322,6 +402,14 @@ def _bad_scale(device, dtype):
     return _mk(device, dtype), {"scale": -0.5}
 
 
+def _bad_window(device, dtype):
+    return _mk(device, dtype), {"window": (-2, 3)}
+
+
+def _bad_softcap(device, dtype):
+    return _mk(device, dtype), {"softcap": -1.0}
+
+
 def _bad_kwarg(device, dtype):
     return _mk(device, dtype), {"dropout_p": 0.1}
 
@@ -335,6 +423,8 @@ _EXTRA_BAD = [
     BadInput("q of rank 1", _bad_rank, "q"),
     BadInput("causal not a bool", _bad_causal, "causal"),
     BadInput("negative scale", _bad_scale, "scale"),
+    BadInput("window bound below -1", _bad_window, "window"),
+    BadInput("negative softcap", _bad_softcap, "softcap"),
     BadInput("unknown keyword", _bad_kwarg, "dropout_p"),
 ]
 
@@ -342,12 +432,12 @@ _EXTRA_BAD = [
 # --------------------------------------------------------------------------- spec
 
 
-def attention_reference(q, k, v, causal: bool = False, scale=None):
+def attention_reference(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """float64 reference (GQA: k and v expanded to q's heads; autograd sums dk, dv back
-    over each group)."""
+    over each group; window and softcap applied explicitly)."""
     from kernellab.ops.attention.reference import reference_attention
 
-    return reference_attention(q, k, v, causal=causal, scale=scale)
+    return reference_attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap)
 
 
 _COMMON = dict(
@@ -384,7 +474,13 @@ _V2 = dict(
     validator=validate,
     # scale given, causal with S_q < S_k (aligned bottom-right), and both together; at
     # D = 64 the default scale is 0.125.
-    option_sets=[{"causal": True}, {"scale": 0.5}, {"causal": True, "scale": 0.05}],
+    option_sets=[
+        {"causal": True},
+        {"scale": 0.5},
+        {"causal": True, "scale": 0.05},
+        {"causal": True, "window": (9, -1)},  # sliding window: query i sees keys i + 16 - 9 .. i + 16
+        {"window": (5, 3), "softcap": 0.5},  # softcap 0.5 on scores ~N(0, 1): tanh far from linear
+    ],
     option_shape=(1, 2, 29, 45, 64),
     bench_options=[{"causal": False}, {"causal": True}],
     grad_shapes=[(2, 3, 37, 64), (1, 2, 45, 70, 32)],
@@ -401,10 +497,17 @@ def attention(
     causal: bool = False,
     scale: float | None = None,
     *,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale) v over the last two dims, causal aligned bottom-right."""
-    return registry.call("attention", backend, q, k, v, causal=causal, scale=scale)
+    """softmax(q k^T * scale) v over the last two dims, causal aligned bottom-right;
+    optional sliding ``window=(left, right)`` and ``softcap`` (module docstring)."""
+    if window is None and softcap is None:  # (backends registered before these options take the call)
+        return registry.call("attention", backend, q, k, v, causal=causal, scale=scale)
+    return registry.call(
+        "attention", backend, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap
+    )
 
 
 from kernellab.ops.attention import cuda as _cuda  # noqa: E402,F401

@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from kernellab.ops.attention import expand_kv, resolve_scale
+from kernellab.ops.attention import expand_kv, refuse_options, resolve_scale
 from kernellab.registry import register
 
 BLOCK_M = 32  # query rows per tile
@@ -156,8 +156,9 @@ class _Tiled(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def tiled_attention(q, k, v, causal: bool = False, scale=None):
+def tiled_attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """FlashAttention-2 in PyTorch ops: tiles, online softmax, LSE; backward by recomputation."""
+    refuse_options("tiled", window, softcap, causal)
     k, v = expand_kv(q, k, v)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Tiled.apply(q, k, v, causal, scale)

@@ -64,6 +64,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra import libdevice
 
 from kernellab import device as _device
 from kernellab import triton_support
@@ -184,7 +185,7 @@ def _prune_dkdv(configs, nargs, **kwargs):
 
 # Autotune key: bucketed sequence lengths (next power of two, so odd lengths share a
 # tuning), the head dim, causal and the dot precision; Triton adds the tensors' dtypes.
-_KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "CAUSAL", "PREC"]
+_KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "CAUSAL", "PREC", "WINDOW", "SOFTCAP"]
 
 
 # --------------------------------------------------------------------------- forward
@@ -260,14 +261,45 @@ def _st(ptrs, x, rows_ok, d_ok, PAD_D: tl.constexpr):
 
 
 @triton.jit
+def _tanh(x, SOFTCAP: tl.constexpr):
+    """tanh in fp32. SOFTCAP 1 (a GPU): libdevice's tanhf (~2 ulp). SOFTCAP 2 (the CPU
+    interpreter, which has no libdevice): sign(x) (1 - e) / (1 + e) with e = exp(-2|x|),
+    and below |x| = 0.3, where 1 - e cancels (absolute error ~ulp(1), i.e. 1e-5 relative
+    at |x| = 0.01), the odd Taylor series to x^9 (next term 0.0089 x^11 < 2e-8 there)."""
+    if SOFTCAP == 1:
+        t = libdevice.tanh(x)
+    else:
+        a = tl.abs(x)
+        e = tl.exp(-2.0 * a)
+        big = (1.0 - e) / (1.0 + e)
+        x2 = a * a
+        poly = -17.0 / 315.0 + x2 * (62.0 / 2835.0)
+        small = a * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * poly)))
+        t = tl.where(a < 0.3, small, big)
+        t = tl.where(x < 0, -t, t)
+    return t
+
+
+@triton.jit
+def _in_window(offs_m, cols, OFFSET, WIN_L, WIN_R):
+    """(rows x cols) True where query offs_m may see key cols: i + OFFSET - WIN_L <= j <=
+    i + OFFSET + WIN_R (an unbounded side comes as 2^30)."""
+    rel = cols[None, :] - (offs_m[:, None] + OFFSET)
+    return (rel >= -WIN_L) & (rel <= WIN_R)
+
+
+@triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q,
     k_ptrs, v_ptrs, stride_kn, stride_vn,
     offs_m, offs_n, d_ok, start, end, qk_scale, S_k, OFFSET,
+    WIN_L, WIN_R, cap_in, cap_out,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr,
+    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     # One pass over key blocks [start, end). m_i is in log2 units (scores * scale * log2 e).
+    # SOFTCAP: the scores become cap_out * tanh(qk * cap_in) (softcap * log2 e * tanh(s /
+    # softcap)), already in log2 units: the launcher passes qk_scale = 1.
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         key_ok = (start_n + offs_n) < S_k
@@ -275,10 +307,14 @@ def _fwd_inner(
         if F32_DOTS:
             k = k.to(tl.float32)
         qk = _dot(q, tl.trans(k), PREC)
+        if SOFTCAP:
+            qk = cap_out * _tanh(qk * cap_in, SOFTCAP)
         if MASKED:
             allowed = key_ok[None, :]
             if CAUSAL:
                 allowed = allowed & ((start_n + offs_n)[None, :] <= offs_m[:, None] + OFFSET)
+            if WINDOW:
+                allowed = allowed & _in_window(offs_m, start_n + offs_n, OFFSET, WIN_L, WIN_R)
             qk = tl.where(allowed, qk * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
@@ -303,7 +339,8 @@ def _fwd_inner(
 def _attn_fwd(
     Q, K, V, O, LSE,  # q (Z, NH, S_q, D), k/v (Z, NH / GROUP, S_k, D), o (Z, NH, S_q, D) strided;
     # lse (Z*NH, S_q) contiguous
-    qk_scale,  # scale * log2(e)
+    qk_scale,  # scale * log2(e) (1 with a softcap)
+    cap_in, cap_out,  # softcap: scale / softcap, softcap * log2(e) (SOFTCAP only)
     stride_qz, stride_qh, stride_qs, stride_qd,
     stride_kz, stride_kh, stride_ks, stride_kd,
     stride_vz, stride_vh, stride_vs, stride_vd,
@@ -311,15 +348,18 @@ def _attn_fwd(
     NH, GROUP,  # q heads; q heads per k/v head (GQA; 1: plain attention)
     S_q, S_k,  # grid: cdiv(S_q, BLOCK_M) * Z * NH programs
     S_Q_KEY, S_K_KEY,  # autotune buckets only
+    WIN_L, WIN_R,  # sliding window bounds (WINDOW only; unbounded: 2^30; causal: WIN_R = 0)
     HEAD_D: tl.constexpr,  # D (a multiple of 8, <= 256)
     BLOCK_D: tl.constexpr,  # D's tile: the next power of two, >= 16 (tl.dot's minimum K)
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,  # SOFTCAP: 0 off, 1 libdevice tanh, 2 portable
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     # Inductor types a float argument fp64 (Triton: fp32); an fp64 scale would carry the
     # softmax state, and the accumulator, into fp64 (tl.dot then refuses the accumulator).
     qk_scale = tl.cast(qk_scale, tl.float32)
+    cap_in, cap_out = tl.cast(cap_in, tl.float32), tl.cast(cap_out, tl.float32)
     num_m = tl.cdiv(S_q, BLOCK_M)
     bh = (pid // num_m).to(tl.int64)  # consecutive programs share a head: K/V stay in L2
     zo = bh // NH
@@ -356,13 +396,22 @@ def _attn_fwd(
         diag = (tl.maximum(start_m + OFFSET + 1, 0) // BLOCK_N) * BLOCK_N
         full = tl.minimum(full, diag)
         end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET), 0)
+    start = 0
+    if WINDOW:
+        # Only the key blocks some row of this block sees: [first row - WIN_L, last row +
+        # WIN_R], all masked (the window's two edges; a first version: no unmasked middle).
+        start = (tl.maximum(start_m + OFFSET - WIN_L, 0) // BLOCK_N) * BLOCK_N
+        end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET + WIN_R), 0)
+        full = start
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, d_ok,
-        0, full, qk_scale, S_k, OFFSET, False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D,
+        start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, d_ok,
-        full, end, qk_scale, S_k, OFFSET, True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D,
+        full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
     )  # fmt: skip
 
     empty = l_i == 0.0  # no allowed key (only possible with causal and S_q > S_k)
@@ -411,8 +460,9 @@ def _attn_bwd_pre(
 def _dkdv_inner(
     dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
     offs_m0, offs_n, d_ok, start, end, qk_scale, S_q, OFFSET,
+    WIN_L, WIN_R, cap_in, cap_out,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
-    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr,
+    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     # Query blocks [start, end) against the key block held in k, v (transposed math:
     # P^T (BLOCK_N x BLOCK_M) so dV += P^T dO and dK += dS^T Q need no transposes of big tiles).
@@ -433,13 +483,20 @@ def _dkdv_inner(
             do = do.to(tl.float32)
         lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units; empty rows: P = 0
         qkT = _dot(k, tl.trans(q), PREC)
+        if SOFTCAP:
+            tT = _tanh(qkT * cap_in, SOFTCAP)
+            qkT = cap_out * tT
         pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
         if MASKED:
             if CAUSAL:
                 pT = tl.where(offs_n[:, None] <= offs_m[None, :] + OFFSET, pT, 0.0)
+            if WINDOW:
+                pT = tl.where(tl.trans(_in_window(offs_m, offs_n, OFFSET, WIN_L, WIN_R)), pT, 0.0)
         dv = _mma(pT.to(do.dtype), do, dv, PREC)
         dpT = _dot(v, tl.trans(do), PREC)
         dsT = pT * (dpT - delta[None, :])
+        if SOFTCAP:
+            dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(s / softcap)) / ds
         dk = _mma(dsT.to(q.dtype), q, dk, PREC)
     return dk, dv
 
@@ -448,7 +505,7 @@ def _dkdv_inner(
 @triton_support.jit
 def _attn_bwd_dkdv(
     Q, K, V, DO, LSE, DELTA, DK, DV,  # dk, dv (Z, NH / GROUP, S_k, D) with unit-stride rows
-    qk_scale, sm_scale,
+    qk_scale, sm_scale, cap_in, cap_out,
     stride_qz, stride_qh, stride_qs, stride_qd,
     stride_kz, stride_kh, stride_ks, stride_kd,
     stride_vz, stride_vh, stride_vs, stride_vd,
@@ -456,12 +513,15 @@ def _attn_bwd_dkdv(
     stride_dkz, stride_dkh, stride_dks,
     stride_dvz, stride_dvh, stride_dvs,
     NH, GROUP, S_q, S_k, S_Q_KEY, S_K_KEY,  # grid: cdiv(S_k, BLOCK_N) * Z * (NH / GROUP) programs
+    WIN_L, WIN_R,
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,  # as _attn_fwd
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
+    cap_in, cap_out = tl.cast(cap_in, tl.float32), tl.cast(cap_out, tl.float32)
     num_n = tl.cdiv(S_k, BLOCK_N)
     # One program per (key block, k/v head). GQA: it sums dK, dV over the GROUP q heads that
     # read this k/v head, one after another in registers (deterministic, no atomics; the
@@ -506,6 +566,14 @@ def _attn_bwd_dkdv(
         see_all = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - OFFSET, 0), BLOCK_M) * BLOCK_M
         mid = tl.maximum(lo, tl.minimum(see_all, q_pad))
     tail = tl.maximum(mid, (S_q // BLOCK_M) * BLOCK_M)
+    q_end = q_pad
+    if WINDOW:
+        # Only the query blocks that see some key of this block: rows [first key - OFFSET -
+        # WIN_R, last key - OFFSET + WIN_L], all masked (no unmasked middle, as the forward).
+        lo = tl.minimum((tl.maximum(start_n - OFFSET - WIN_R, 0) // BLOCK_M) * BLOCK_M, q_pad)
+        q_end = tl.maximum(tl.minimum(q_pad, start_n + BLOCK_N - OFFSET + WIN_L), lo)
+        mid = q_end
+        tail = q_end
     for g in range(0, GROUP):
         ho = hk * GROUP + g
         bh = zo * NH + ho
@@ -517,18 +585,18 @@ def _attn_bwd_dkdv(
         delta_ptr = DELTA + bh * S_q
         dk, dv = _dkdv_inner(
             dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-            offs_m0, offs_n, d_ok, lo, mid, qk_scale, S_q, OFFSET,
-            True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D,
+            offs_m0, offs_n, d_ok, lo, mid, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+            True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
         )  # fmt: skip
         dk, dv = _dkdv_inner(
             dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-            offs_m0, offs_n, d_ok, mid, tail, qk_scale, S_q, OFFSET,
-            False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D,
+            offs_m0, offs_n, d_ok, mid, tail, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+            False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
         )  # fmt: skip
         dk, dv = _dkdv_inner(
             dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-            offs_m0, offs_n, d_ok, tail, q_pad, qk_scale, S_q, OFFSET,
-            True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D,
+            offs_m0, offs_n, d_ok, tail, q_end, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+            True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
         )  # fmt: skip
     dk = dk * sm_scale
     dk_out = zo * stride_dkz + hk * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
@@ -541,8 +609,9 @@ def _attn_bwd_dkdv(
 def _dq_inner(
     dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
     offs_m, offs_n, d_ok, start, end, qk_scale, S_k, OFFSET,
+    WIN_L, WIN_R, cap_in, cap_out,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr,
+    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -553,14 +622,21 @@ def _dq_inner(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = _dot(q, tl.trans(k), PREC)
+        if SOFTCAP:
+            t = _tanh(qk * cap_in, SOFTCAP)
+            qk = cap_out * t
         p = tl.math.exp2(qk * qk_scale - lse[:, None])
         if MASKED:
             allowed = key_ok[None, :]
             if CAUSAL:
                 allowed = allowed & ((start_n + offs_n)[None, :] <= offs_m[:, None] + OFFSET)
+            if WINDOW:
+                allowed = allowed & _in_window(offs_m, start_n + offs_n, OFFSET, WIN_L, WIN_R)
             p = tl.where(allowed, p, 0.0)
         dp = _dot(do, tl.trans(v), PREC)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)  # d(softcap tanh(s / softcap)) / ds
         dq = _mma(ds.to(k.dtype), k, dq, PREC)
     return dq
 
@@ -569,19 +645,22 @@ def _dq_inner(
 @triton_support.jit
 def _attn_bwd_dq(
     Q, K, V, DO, LSE, DELTA, DQ,  # dq (Z, NH, S_q, D) with unit-stride rows
-    qk_scale, sm_scale,
+    qk_scale, sm_scale, cap_in, cap_out,
     stride_qz, stride_qh, stride_qs, stride_qd,
     stride_kz, stride_kh, stride_ks, stride_kd,
     stride_vz, stride_vh, stride_vs, stride_vd,
     stride_doz, stride_doh, stride_dos, stride_dod,
     stride_dqz, stride_dqh, stride_dqs,
     NH, GROUP, S_q, S_k, S_Q_KEY, S_K_KEY,
+    WIN_L, WIN_R,
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,  # as _attn_fwd
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
+    cap_in, cap_out = tl.cast(cap_in, tl.float32), tl.cast(cap_out, tl.float32)
     num_m = tl.cdiv(S_q, BLOCK_M)
     bh = (pid // num_m).to(tl.int64)
     zo = bh // NH
@@ -622,13 +701,20 @@ def _attn_bwd_dq(
         diag = (tl.maximum(start_m + OFFSET + 1, 0) // BLOCK_N) * BLOCK_N
         full = tl.minimum(full, diag)
         end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET), 0)
+    start = 0
+    if WINDOW:  # as _attn_fwd
+        start = (tl.maximum(start_m + OFFSET - WIN_L, 0) // BLOCK_N) * BLOCK_N
+        end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET + WIN_R), 0)
+        full = start
     dq = _dq_inner(
         dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, d_ok, 0, full, qk_scale, S_k, OFFSET, False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D,
+        offs_m, offs_n, d_ok, start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
     )  # fmt: skip
     dq = _dq_inner(
         dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, d_ok, full, end, qk_scale, S_k, OFFSET, True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D,
+        offs_m, offs_n, d_ok, full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
     )  # fmt: skip
     dq = dq * sm_scale
     _st(
@@ -694,13 +780,37 @@ def _bucket(n: int) -> int:
     return triton_support.next_pow2(max(n, 1)) if type(n) is int else n
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """(o, lse) for any strided q, k, v (same leading dims); o in ``empty_bshd``'s layout,
-    lse (..., S_q) fp32 contiguous, in log2 units (natural LSE = lse * ln 2)."""
-    return forward_into(q, k, v, causal, scale, None)
+_UNBOUNDED = 1 << 30  # a window side of -1: farther than any length (int32 sums stay < 2^31)
 
 
-def forward_into(q, k, v, causal: bool, scale: float, o):
+def _options(causal: bool, scale: float, window_left: int, window_right: int, softcap: float):
+    """Kernel arguments of the options: (qk_scale, cap_in, cap_out, WIN_L, WIN_R, WINDOW,
+    SOFTCAP). A window that restricts nothing beyond causal (both sides -1, or causal with
+    no left bound) is no window: the causal kernels run unchanged."""
+    if causal:
+        window_right = 0
+    window = window_left >= 0 or (window_right >= 0 and not causal)
+    wl = (window_left if window_left >= 0 else _UNBOUNDED) if window else 0
+    wr = (window_right if window_right >= 0 else _UNBOUNDED) if window else 0
+    if softcap > 0:
+        # scores in log2 units: softcap * log2(e) * tanh(qk * scale / softcap); qk_scale 1
+        cap = 2 if _device.triton_interpreted() else 1
+        return 1.0, scale / softcap, softcap * LOG2E, wl, wr, window, cap
+    return scale * LOG2E, 0.0, 0.0, wl, wr, window, 0
+
+
+def forward(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(o, lse) for any strided q, k, v (same leading dims but GQA's heads); o in
+    ``empty_bshd``'s layout, lse (..., S_q) fp32 contiguous, in log2 units (natural LSE =
+    lse * ln 2). window_left / window_right: -1 unbounded (the package docstring);
+    softcap 0: off."""
+    return forward_into(q, k, v, causal, scale, None, window_left, window_right, softcap)
+
+
+def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_right=-1, softcap=0.0):
     """``forward`` writing o into the given tensor (shaped as q, unit-stride head dim, any
     dtype the kernel stores: ring attention passes fp32 so that each block's partial
     output is rounded once, at the end); None: fresh, in q's dtype and ``empty_bshd``'s
@@ -714,25 +824,33 @@ def forward_into(q, k, v, causal: bool, scale: float, o):
     lse = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
     if bh and s_q:
         o4 = _split(o)
+        opts = _options(causal, scale, window_left, window_right, softcap)
+        qk_scale, cap_in, cap_out, wl, wr, win, cap = opts
         # The grid depends on the tile the autotuner picks.
         triton_support.launch_tuned(
             _attn_fwd, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
-            q4, k4, v4, o4, lse, scale * LOG2E,
+            q4, k4, v4, o4, lse, qk_scale, cap_in, cap_out,
             *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
-            nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k),
+            nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
             HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=_prec(q.dtype), F32_DOTS=_f32_dots(q.dtype),
+            WINDOW=win, SOFTCAP=cap,
         )  # fmt: skip
     return o, lse
 
 
 def backward(
-    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
-) -> tuple[Tensor, Tensor, Tensor]:
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk, dv) from the saved o and lse, in ``empty_bshd``'s layout."""
-    return backward_into(do, q, k, v, o, lse, causal, scale, None, None, None)
+    return backward_into(
+        do, q, k, v, o, lse, causal, scale, None, None, None, window_left, window_right, softcap
+    )
 
 
-def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
+def backward_into(
+    do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv, window_left=-1, window_right=-1, softcap=0.0
+):
     """``backward`` writing into the given ``dq``, ``dk``, ``dv`` (any strides with a
     unit-stride head dim, shaped as q, k, v: a fused model passes views of its qkv gradient
     buffer); None: fresh, in ``empty_bshd``'s layout."""
@@ -748,8 +866,10 @@ def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
         dq4, dk4, dv4 = _split(dq), _split(dk), _split(dv)
         delta = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
         prec = _prec(q.dtype)
+        opts = _options(causal, scale, window_left, window_right, softcap)
+        qk_scale, cap_in, cap_out, wl, wr, win, cap = opts
         common = (
-            scale * LOG2E, scale, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
+            qk_scale, scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
         )  # fmt: skip
         if s_q:
             pre_m = 64 if not _device.triton_interpreted() else 32
@@ -762,15 +882,17 @@ def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
             triton_support.launch_tuned(
                 _attn_bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * (bh // group),),
                 q4, k4, v4, do4, lse, delta, dk4, dv4, *common, *dk4.stride()[:3], *dv4.stride()[:3],
-                nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k),
+                nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
                 HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
+                WINDOW=win, SOFTCAP=cap,
             )  # fmt: skip
         if s_q:
             triton_support.launch_tuned(
                 _attn_bwd_dq, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
                 q4, k4, v4, do4, lse, delta, dq4, *common, *dq4.stride()[:3],
-                nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k),
+                nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
                 HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
+                WINDOW=win, SOFTCAP=cap,
             )  # fmt: skip
     return dq, dk, dv
 
@@ -799,24 +921,29 @@ def _opcheck_bwd(make):
     return (make(0), q, k, v, o, lse, True, 0.125)
 
 
+def _opcheck_fwd_options(make):  # (window and softcap: the op's optional arguments)
+    return (make(1), make(1), make(1), False, 0.125, 5, 3, 2.0)
+
+
 _attention = build(
     OpDecl(
         name="attention_triton",
         label="attention (triton)",
         fwd=forward,
         bwd=backward,
-        fwd_fake=lambda q, k, v, causal, scale: (
+        fwd_fake=lambda q, k, v, causal, scale, *options: (
             empty_bshd(q.shape[:-2], q.shape[-2], v.shape[-1], q.dtype, q.device),
             q.new_empty(q.shape[:-1], dtype=torch.float32),
         ),
-        bwd_fake=lambda do, q, k, v, o, lse, causal, scale: tuple(
+        bwd_fake=lambda do, q, k, v, o, lse, causal, scale, *options: tuple(
             empty_bshd(t.shape[:-2], t.shape[-2], t.shape[-1], t.dtype, t.device) for t in (q, k, v)
         ),
         save=lambda inputs, out: ((*inputs[:3], out[0], out[1]), inputs[3:]),
         bwd_args=lambda saved, extra, do: (do, *saved, *extra),
-        grads=lambda g, extra: (g[0], g[1], g[2], None, None),
-        needs_grad=lambda q, k, v, causal, scale: q.requires_grad or k.requires_grad or v.requires_grad,
-        samples=(_opcheck_fwd, _opcheck_bwd),
+        # extra: (causal, scale) or (causal, scale, window_left, window_right, softcap), as called
+        grads=lambda g, extra: (g[0], g[1], g[2]) + (None,) * len(extra),
+        needs_grad=lambda q, k, v, *options: q.requires_grad or k.requires_grad or v.requires_grad,
+        samples=(_opcheck_fwd, _opcheck_bwd),  # (+ _opcheck_fwd_options in the tests)
         # A triton_op on a GPU (Inductor launches the four kernels itself); it failed to
         # compile there until the kernels cast their float scales to fp32 (Inductor passes
         # floats as fp64). KERNELLAB_ATTN_TRITON_OP=0 makes it a custom_op (comparisons).
@@ -825,20 +952,24 @@ _attention = build(
 )
 
 
-def triton_attention(q, k, v, causal: bool = False, scale=None):
+def triton_attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """FlashAttention-2 in Triton: online softmax in SRAM, causal blocks skipped, autotuned tiles."""
     d = q.shape[-1]
     if d % 8 or not 8 <= d <= 256:
         raise ValueError(
             f"attention/triton: q has head dim {d}; this backend supports multiples of 8 from 8 to 256"
         )
-    return _attention(q, k, v, causal, resolve_scale(q, scale))
+    if window is None and not softcap:  # the five-argument op: models' path, unchanged
+        return _attention(q, k, v, causal, resolve_scale(q, scale))
+    wl, wr = window if window is not None else (-1, -1)
+    return _attention(q, k, v, causal, resolve_scale(q, scale), wl, wr, float(softcap or 0.0))
 
 
 # For models that put several ops under one autograd node of their own (kit.build):
 # ``forward_saving(q, k, v, causal, scale) -> (o, saved)`` with a float scale (not None),
 # ``backward_from(saved, do) -> (dq, dk, dv, None, None)``: one entry per input of
-# forward_saving, the last two (causal, scale) always None.
+# forward_saving, the last two (causal, scale) always None. (forward_saving may also take
+# window_left, window_right, softcap after scale: then three more None.)
 triton_attention.forward_saving = _attention.forward_saving
 triton_attention.backward_from = _attention.backward_from
 triton_attention.custom_ops, triton_attention.ops = _attention.custom_ops, _attention.ops
@@ -869,18 +1000,24 @@ def _kernel_specs(dtype: str):
         sig.update({s_: "fp32" for s_ in scalars})
         st_sig, st_cx = strides(stride_names, out_strides)
         sig.update(st_sig)
-        sig.update({k: "i32" for k in ("NH", "GROUP", "S_q", "S_k", "S_Q_KEY", "S_K_KEY")})
-        cx = dict(st_cx, HEAD_D=128, BLOCK_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, **cfg.kwargs)
-        cx_names = ("HEAD_D", "BLOCK_D", "CAUSAL", "PREC", "F32_DOTS", "BLOCK_M", "BLOCK_N")
+        sig.update({k: "i32" for k in ("NH", "GROUP", "S_q", "S_k", "S_Q_KEY", "S_K_KEY", "WIN_L", "WIN_R")})
+        cx = dict(st_cx, HEAD_D=128, BLOCK_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, WINDOW=False,
+                  SOFTCAP=0, **cfg.kwargs)  # fmt: skip
+        cx_names = ("HEAD_D", "BLOCK_D", "CAUSAL", "PREC", "F32_DOTS", "WINDOW", "SOFTCAP")
+        cx_names += ("BLOCK_M", "BLOCK_N")
         sig.update({k: "constexpr" for k in cx_names})
         return (kernel.fn, sig, cx, cfg.num_warps)
 
     return [
-        spec(_attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale",), ("q", "k", "v"), ("o",), fwd_configs()[0]),
+        spec(
+            _attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale", "cap_in", "cap_out"),
+            ("q", "k", "v"), ("o",),
+            fwd_configs()[0],
+        ),  # fmt: skip
         spec(
             _attn_bwd_dkdv,
             ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV"),
-            ("qk_scale", "sm_scale"),
+            ("qk_scale", "sm_scale", "cap_in", "cap_out"),
             ("q", "k", "v", "do"),
             ("dk", "dv"),
             bwd_dkdv_configs()[0],
@@ -888,7 +1025,7 @@ def _kernel_specs(dtype: str):
         spec(
             _attn_bwd_dq,
             ("Q", "K", "V", "DO", "LSE", "DELTA", "DQ"),
-            ("qk_scale", "sm_scale"),
+            ("qk_scale", "sm_scale", "cap_in", "cap_out"),
             ("q", "k", "v", "do"),
             ("dq",),
             bwd_dq_configs()[0],
@@ -898,8 +1035,8 @@ def _kernel_specs(dtype: str):
 
 def _backward_into(saved, do, dq, dk, dv):
     """backward_from writing into the given dq, dk, dv (views of a fused qkv gradient)."""
-    (q, k, v, o, lse), (causal, scale) = saved
-    return backward_into(do, q, k, v, o, lse, causal, scale, dq, dk, dv)
+    (q, k, v, o, lse), extra = saved  # extra: (causal, scale[, window_left, window_right, softcap])
+    return backward_into(do, q, k, v, o, lse, extra[0], extra[1], dq, dk, dv, *extra[2:])
 
 
 triton_attention.backward_into = _backward_into
