@@ -267,9 +267,9 @@ def test_cpu_triton_padded_columns_never_written():
         assert torch.isnan(b[..., 24:]).all() and torch.isfinite(b[..., :24]).all()
 
 
-# Sliding windows and softcap: every backend that computes them (triton in its kernels;
-# manual, torch, compile with explicit masks), against the float64 reference; the others
-# refuse with an error naming the option.
+# Sliding windows and softcap: every backend that computes them (triton in its kernels,
+# tiled in its tiles; manual, torch, compile with explicit masks), against the float64
+# reference; the others refuse with an error naming the option.
 WINDOW_CASES = [
     ((1, 2, 33, 17, 16), True, {"window": (5, -1)}),  # causal sliding window, S_q > S_k
     ((1, 2, 17, 33, 16), False, {"window": (4, 6)}),  # two-sided, S_q < S_k
@@ -280,7 +280,7 @@ WINDOW_CASES = [
     ((1, 2, 33, 17, 40), True, {"softcap": 5.0}),
     ((1, 4, 2, 33, 17, 16), True, {"window": (7, 3), "softcap": 2.0}),  # GQA + window + softcap
 ]
-OPTION_BACKENDS = ["manual", "torch", "triton"]
+OPTION_BACKENDS = ["manual", "torch", "tiled", "triton"]
 
 
 @pytest.mark.parametrize("backend", OPTION_BACKENDS)
@@ -327,20 +327,17 @@ def test_window_skips_key_blocks_in_triton():
     assert (o[..., :64, :].double() - ref[..., :64, :]).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("backend", ["tiled", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "cuda_v1"])
-def test_window_and_softcap_refused_where_unsupported(backend):
+@pytest.mark.parametrize("backend", ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "cuda_v1"])
+def test_window_softcap_gqa_declared_as_limits(backend):
+    """Backends without windows / softcap declare them (Impl.limits, naming the option),
+    so `check` counts their refusal as refused, not failed; no-op windows are no limit."""
     impl = kernellab.registry.get("attention", backend)
-    q, k, v = SPEC.make_inputs((1, 2, 9, 9, 64), torch.float32 if backend == "cuda_v1" else torch.bfloat16,
-                               "cpu", 0)  # fmt: skip
+    dt = torch.float32 if backend == "cuda_v1" else torch.bfloat16
+    q, k, v = (t.to("meta") for t in SPEC.make_inputs((1, 2, 9, 9, 64), dt, "cpu", 0))
     for opts, name in (({"window": (3, 3)}, "window"), ({"softcap": 5.0}, "softcap")):
-        if backend == "tiled":
-            with pytest.raises(ValueError, match=name):
-                A.attention(q, k, v, backend=backend, **opts)
-        elif backend.startswith("sdpa_"):
-            assert name in impl.outside_limits((q.to("meta"), k.to("meta"), v.to("meta")), opts)
-        # cuda_v1 refuses in its body (a CPU tensor is refused before): test_gpu_gqa_refusals
-    # no-op windows are not refused
-    assert A.attention(q.float(), k.float(), v.float(), window=(-1, -1), backend="tiled").shape == q.shape
+        assert name in impl.outside_limits((q, k, v), opts)
+    assert impl.outside_limits((q, k, v), {"window": (-1, -1), "softcap": 0.0}) is None
+    assert impl.outside_limits((q, k, v), {"causal": True, "window": (-1, 7)}) is None
 
 
 def test_triton_opcheck_with_window_and_softcap():
@@ -706,6 +703,24 @@ def test_gpu_head_dim_96_issue_shape(causal):
     """4x16x2000x96 (the issue's refused row): Triton computes it, forward and gradients
     against the float64 reference (chunked: 64 x 2000^2 float64 scores are 2 GB)."""
     _check_case("triton", (4, 16, 2000, 96), torch.bfloat16, "cuda", causal)
+
+
+GPU_WINDOW_CASES = [
+    ((1, 4, 2, 1023, 1025, 128), torch.bfloat16, True, {"window": (256, -1)}),  # Mistral-style sliding
+    # Gemma-2-like: sliding window and softcap 50, at D = 256
+    ((1, 8, 4, 1025, 1025, 256), torch.bfloat16, True, {"window": (511, -1), "softcap": 50.0}),
+    ((2, 4, 513, 80), torch.float16, False, {"window": (64, 64)}),
+    ((1, 4, 300, 257, 64), torch.float32, False, {"window": (17, 5), "softcap": 2.0}),
+    ((2, 4, 517, 64), torch.bfloat16, False, {"softcap": 1.0}),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "torch", "manual"])
+@pytest.mark.parametrize("case", range(len(GPU_WINDOW_CASES)))
+def test_gpu_window_and_softcap(backend, case):
+    shape, dtype, causal, options = GPU_WINDOW_CASES[case]
+    _check_case(backend, shape, dtype, "cuda", causal, **options)
 
 
 @pytest.mark.gpu

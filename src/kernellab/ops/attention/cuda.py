@@ -50,6 +50,18 @@ def cuda_v1_attention(q, k, v, causal: bool = False, scale=None, window=None, so
 
 cuda_v1_attention.differentiable = False
 
+
+def _limits(q, k, v, causal: bool = False, scale=None, window=None, softcap=None) -> str | None:
+    """What cuda_v1 refuses by design (``Impl.limits``: check counts these as refused):
+    GQA, a window, a softcap (head dims and dtypes are declared through HEAD_DIMS / dtypes)."""
+    try:
+        check_head_dim(q, HEAD_DIMS, "cuda_v1")
+        refuse_gqa(q, k, "cuda_v1")
+        refuse_options("cuda_v1", window, softcap, causal)
+    except ValueError as e:
+        return str(e)
+    return None
+
 register(
     "attention",
     "cuda_v1",
@@ -59,5 +71,6 @@ register(
     dtypes=(torch.float32,),
     builtin=True,
     module=MODULE,
+    limits=_limits,
     description="CUDA v1: one query row per thread, K/V tiles in shared memory, online softmax (fp32, fwd only)",
 )(cuda_v1_attention)
