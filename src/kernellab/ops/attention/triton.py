@@ -353,6 +353,7 @@ def _attn_fwd(
     BLOCK_D: tl.constexpr,  # D's tile: the next power of two, >= 16 (tl.dot's minimum K)
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,  # SOFTCAP: 0 off, 1 libdevice tanh, 2 portable
+    GQA: tl.constexpr,  # GROUP > 1 (False: no integer division by GROUP, ~24 instructions and a MUFU)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -364,7 +365,9 @@ def _attn_fwd(
     bh = (pid // num_m).to(tl.int64)  # consecutive programs share a head: K/V stay in L2
     zo = bh // NH
     ho = bh % NH
-    hk = ho // GROUP  # GQA: the group's k/v head, read in place (a group's q heads are consecutive: L2 too)
+    hk = ho
+    if GQA:
+        hk = ho // GROUP  # the group's k/v head, read in place (a group's q heads are consecutive: L2 too)
     pid_m = pid % num_m
     if CAUSAL:
         pid_m = num_m - 1 - pid_m  # longest rows first
@@ -501,6 +504,42 @@ def _dkdv_inner(
     return dk, dv
 
 
+@triton.jit
+def _dkdv_head(
+    dk, dv, k, v, Q, DO, LSE, DELTA, zo, ho, NH,
+    stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
+    offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
+    WIN_L, WIN_R, cap_in, cap_out,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+):  # fmt: skip
+    # dK, dV += the share of q head ho: query blocks [lo, mid) masked, [mid, tail) whole,
+    # [tail, q_end) masked.
+    bh = zo * NH + ho
+    q_ptrs = Q + zo * stride_qz + ho * stride_qh + offs_m0[:, None] * stride_qs + offs_d[None, :] * stride_qd
+    do_ptrs = (
+        DO + zo * stride_doz + ho * stride_doh + offs_m0[:, None] * stride_dos + offs_d[None, :] * stride_dod
+    )
+    lse_ptr = LSE + bh * S_q
+    delta_ptr = DELTA + bh * S_q
+    dk, dv = _dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, d_ok, lo, mid, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+    )  # fmt: skip
+    dk, dv = _dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, d_ok, mid, tail, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+    )  # fmt: skip
+    dk, dv = _dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, d_ok, tail, q_end, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+    )  # fmt: skip
+    return dk, dv
+
+
 @triton.autotune(configs=bwd_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune_dkdv})
 @triton_support.jit
 def _attn_bwd_dkdv(
@@ -517,6 +556,7 @@ def _attn_bwd_dkdv(
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,  # as _attn_fwd
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    GQA: tl.constexpr,  # GROUP > 1: loop over the group (GROUP == 1 compiles without the loop)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -527,7 +567,9 @@ def _attn_bwd_dkdv(
     # read this k/v head, one after another in registers (deterministic, no atomics; the
     # same order on every run). Work per program grows GROUP-fold and the grid shrinks as
     # much: Llama-3-8B at 1x8kv x 2048 / 64-key tiles is 256 programs, ~2 waves on 132 SMs.
-    nh_kv = NH // GROUP
+    nh_kv = NH
+    if GQA:
+        nh_kv = NH // GROUP
     bhk = (pid // num_n).to(tl.int64)
     zo = bhk // nh_kv
     hk = bhk % nh_kv
@@ -574,29 +616,22 @@ def _attn_bwd_dkdv(
         q_end = tl.maximum(tl.minimum(q_pad, start_n + BLOCK_N - OFFSET + WIN_L), lo)
         mid = q_end
         tail = q_end
-    for g in range(0, GROUP):
-        ho = hk * GROUP + g
-        bh = zo * NH + ho
-        q_ptrs = Q + zo * stride_qz + ho * stride_qh + offs_m0[:, None] * stride_qs
-        q_ptrs += offs_d[None, :] * stride_qd
-        do_ptrs = DO + zo * stride_doz + ho * stride_doh + offs_m0[:, None] * stride_dos
-        do_ptrs += offs_d[None, :] * stride_dod
-        lse_ptr = LSE + bh * S_q
-        delta_ptr = DELTA + bh * S_q
-        dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-            offs_m0, offs_n, d_ok, lo, mid, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-            True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
-        )  # fmt: skip
-        dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-            offs_m0, offs_n, d_ok, mid, tail, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-            False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
-        )  # fmt: skip
-        dk, dv = _dkdv_inner(
-            dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-            offs_m0, offs_n, d_ok, tail, q_end, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-            True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+    if GQA:
+        for g in range(0, GROUP):
+            dk, dv = _dkdv_head(
+                dk, dv, k, v, Q, DO, LSE, DELTA, zo, hk * GROUP + g, NH,
+                stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
+                offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
+                WIN_L, WIN_R, cap_in, cap_out,
+                CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+            )  # fmt: skip
+    else:
+        dk, dv = _dkdv_head(
+            dk, dv, k, v, Q, DO, LSE, DELTA, zo, hk, NH,
+            stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
+            offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
+            WIN_L, WIN_R, cap_in, cap_out,
+            CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
         )  # fmt: skip
     dk = dk * sm_scale
     dk_out = zo * stride_dkz + hk * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
@@ -655,7 +690,7 @@ def _attn_bwd_dq(
     WIN_L, WIN_R,
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,  # as _attn_fwd
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, GQA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -690,7 +725,9 @@ def _attn_bwd_dq(
     lse = tl.load(LSE + bh * S_q + offs_m, mask=row_ok, other=float("inf"))
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units
     delta = tl.load(DELTA + bh * S_q + offs_m, mask=row_ok, other=0.0)
-    hk = ho // GROUP  # GQA: the k/v head of this q head
+    hk = ho
+    if GQA:
+        hk = ho // GROUP  # the k/v head of this q head
     k_ptrs = K + zo * stride_kz + hk * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
     v_ptrs = V + zo * stride_vz + hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -833,7 +870,7 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
             *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
             nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
             HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=_prec(q.dtype), F32_DOTS=_f32_dots(q.dtype),
-            WINDOW=win, SOFTCAP=cap,
+            WINDOW=win, SOFTCAP=cap, GQA=group > 1,
         )  # fmt: skip
     return o, lse
 
@@ -884,7 +921,7 @@ def backward_into(
                 q4, k4, v4, do4, lse, delta, dk4, dv4, *common, *dk4.stride()[:3], *dv4.stride()[:3],
                 nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
                 HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
-                WINDOW=win, SOFTCAP=cap,
+                WINDOW=win, SOFTCAP=cap, GQA=group > 1,
             )  # fmt: skip
         if s_q:
             triton_support.launch_tuned(
@@ -892,7 +929,7 @@ def backward_into(
                 q4, k4, v4, do4, lse, delta, dq4, *common, *dq4.stride()[:3],
                 nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
                 HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
-                WINDOW=win, SOFTCAP=cap,
+                WINDOW=win, SOFTCAP=cap, GQA=group > 1,
             )  # fmt: skip
     return dq, dk, dv
 
@@ -975,6 +1012,9 @@ triton_attention.backward_from = _attention.backward_from
 triton_attention.custom_ops, triton_attention.ops = _attention.custom_ops, _attention.ops
 
 
+_ASM_GQA = False  # (the kernels as plain attention launches them; True: as GQA does)
+
+
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: the forward and both backward kernels as launched at the bench's
     B=4 H=16 S=4096 D=128 bf16 causal problem, contiguous (unit head-dim strides, which
@@ -1004,7 +1044,8 @@ def _kernel_specs(dtype: str):
         cx = dict(st_cx, HEAD_D=128, BLOCK_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, WINDOW=False,
                   SOFTCAP=0, **cfg.kwargs)  # fmt: skip
         cx_names = ("HEAD_D", "BLOCK_D", "CAUSAL", "PREC", "F32_DOTS", "WINDOW", "SOFTCAP")
-        cx_names += ("BLOCK_M", "BLOCK_N")
+        cx_names += ("GQA", "BLOCK_M", "BLOCK_N")
+        cx["GQA"] = _ASM_GQA
         sig.update({k: "constexpr" for k in cx_names})
         return (kernel.fn, sig, cx, cfg.num_warps)
 
