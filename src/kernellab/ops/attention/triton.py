@@ -40,9 +40,17 @@ dK/dV pass (5 matmuls) was no faster (4.03-4.11 ms against 4.02 for the two pass
 1x32x8192) and not deterministic, so the passes stay (benchmarks/NOTES.md).
 
 GQA: the forward and the dQ pass run one program per (query block, q head) and read the
-q head's k/v head; the dK/dV pass runs one program per (key block, k/v head) and loops
-over the GROUP q heads of its group, so dK, dV sum the group in registers (no atomics, no
-dK/dV per q head to reduce afterwards, no repeat_interleave copy of k and v).
+q head's k/v head; the dK/dV pass runs one program per (key block, k/v head) and, at each
+query block, loops over the GROUP q heads of its group, so dK, dV sum the group in
+registers (no atomics, no dK/dV per q head to reduce afterwards, no repeat_interleave copy
+of k and v). GQA is a constexpr: plain attention compiles as it did before GQA existed.
+(Compiled by Triton 3.9 for sm_90 at the first dK/dV tile, 32 x 64, D=128, the GQA
+variant holds 255 registers with 10 local-memory instructions; plain attention 248, none.)
+
+Sliding window and softcap (package docstring) are constexprs too (WINDOW, SOFTCAP): with
+a window every pass visits only the blocks inside some row's window, all of them masked
+(no unmasked middle yet: a wide window pays the mask on every block); with a softcap the
+scores go through tanh (libdevice on a GPU) and dS through 1 - tanh^2.
 
 Rows with no allowed key (causal, S_q > S_k) give o = 0 and lse = -inf; the backward
 reads that -inf as +inf so their P is exactly 0.
@@ -460,47 +468,80 @@ def _attn_bwd_pre(
 
 
 @triton.jit
+def _dkdv_step(
+    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_m, row_ok, offs_n, d_ok,
+    qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+):  # fmt: skip
+    # One query block (q_ptrs, do_ptrs at its first row) against the key block in k, v
+    # (transposed math: P^T (BLOCK_N x BLOCK_M) so dV += P^T dO and dK += dS^T Q need no
+    # transposes of big tiles).
+    q = _ld(q_ptrs, row_ok, d_ok, MASKED, PAD_D)
+    do = _ld(do_ptrs, row_ok, d_ok, MASKED, PAD_D)
+    if MASKED:
+        lse = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
+    else:
+        lse = tl.load(lse_ptr + offs_m)
+        delta = tl.load(delta_ptr + offs_m)
+    if F32_DOTS:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units; empty rows: P = 0
+    qkT = _dot(k, tl.trans(q), PREC)
+    if SOFTCAP:
+        tT = _tanh(qkT * cap_in, SOFTCAP)
+        qkT = cap_out * tT
+    pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
+    if MASKED:
+        if CAUSAL:
+            pT = tl.where(offs_n[:, None] <= offs_m[None, :] + OFFSET, pT, 0.0)
+        if WINDOW:
+            pT = tl.where(tl.trans(_in_window(offs_m, offs_n, OFFSET, WIN_L, WIN_R)), pT, 0.0)
+    dv = _mma(pT.to(do.dtype), do, dv, PREC)
+    dpT = _dot(v, tl.trans(do), PREC)
+    dsT = pT * (dpT - delta[None, :])
+    if SOFTCAP:
+        dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(s / softcap)) / ds
+    dk = _mma(dsT.to(q.dtype), q, dk, PREC)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_inner(
     dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
     offs_m0, offs_n, d_ok, start, end, qk_scale, S_q, OFFSET,
-    WIN_L, WIN_R, cap_in, cap_out,
+    WIN_L, WIN_R, cap_in, cap_out, stride_qh, stride_doh, GROUP,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    GQA: tl.constexpr,
 ):  # fmt: skip
-    # Query blocks [start, end) against the key block held in k, v (transposed math:
-    # P^T (BLOCK_N x BLOCK_M) so dV += P^T dO and dK += dS^T Q need no transposes of big tiles).
+    # Query blocks [start, end) against the key block held in k, v. GQA: at each query
+    # block, the GROUP q heads of the group one after another (heads h0..h0+GROUP-1: q, dO
+    # one head stride apart, the LSE and delta rows S_q apart). The head loop is the inner
+    # one: as the outer loop (one pass over the query blocks per head) the dK/dV kernel
+    # spilled 360 bytes at 32 x 64 tiles, D=128 (Triton 3.9, sm_90); inside, the loop-carried
+    # state is what plain attention carries.
     for start_m in range(start, end, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
         row_ok = offs_m < S_q
-        q = _ld(q_ptrs + start_m * stride_qs, row_ok, d_ok, MASKED, PAD_D)
-        do = _ld(do_ptrs + start_m * stride_dos, row_ok, d_ok, MASKED, PAD_D)
-        if MASKED:
-            lse = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf"))
-            delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
+        if GQA:
+            for g in range(0, GROUP):
+                dk, dv = _dkdv_step(
+                    dk, dv, k, v, q_ptrs + (g * stride_qh + start_m * stride_qs),
+                    do_ptrs + (g * stride_doh + start_m * stride_dos), lse_ptr + g * S_q, delta_ptr + g * S_q,
+                    offs_m, row_ok, offs_n, d_ok, qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+                    MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+                )  # fmt: skip
         else:
-            lse = tl.load(lse_ptr + offs_m)
-            delta = tl.load(delta_ptr + offs_m)
-        if F32_DOTS:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
-        lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units; empty rows: P = 0
-        qkT = _dot(k, tl.trans(q), PREC)
-        if SOFTCAP:
-            tT = _tanh(qkT * cap_in, SOFTCAP)
-            qkT = cap_out * tT
-        pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
-        if MASKED:
-            if CAUSAL:
-                pT = tl.where(offs_n[:, None] <= offs_m[None, :] + OFFSET, pT, 0.0)
-            if WINDOW:
-                pT = tl.where(tl.trans(_in_window(offs_m, offs_n, OFFSET, WIN_L, WIN_R)), pT, 0.0)
-        dv = _mma(pT.to(do.dtype), do, dv, PREC)
-        dpT = _dot(v, tl.trans(do), PREC)
-        dsT = pT * (dpT - delta[None, :])
-        if SOFTCAP:
-            dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(s / softcap)) / ds
-        dk = _mma(dsT.to(q.dtype), q, dk, PREC)
+            dk, dv = _dkdv_step(
+                dk, dv, k, v, q_ptrs + start_m * stride_qs, do_ptrs + start_m * stride_dos,
+                lse_ptr, delta_ptr,
+                offs_m, row_ok, offs_n, d_ok, qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+                MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+            )  # fmt: skip
     return dk, dv
 
 
@@ -509,12 +550,12 @@ def _dkdv_head(
     dk, dv, k, v, Q, DO, LSE, DELTA, zo, ho, NH,
     stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
     offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
-    WIN_L, WIN_R, cap_in, cap_out,
+    WIN_L, WIN_R, cap_in, cap_out, GROUP,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
-    PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, GQA: tl.constexpr,
 ):  # fmt: skip
-    # dK, dV += the share of q head ho: query blocks [lo, mid) masked, [mid, tail) whole,
-    # [tail, q_end) masked.
+    # dK, dV += the share of q heads ho .. ho + GROUP - 1 (GQA; else ho alone): query
+    # blocks [lo, mid) masked, [mid, tail) whole, [tail, q_end) masked.
     bh = zo * NH + ho
     q_ptrs = Q + zo * stride_qz + ho * stride_qh + offs_m0[:, None] * stride_qs + offs_d[None, :] * stride_qd
     do_ptrs = (
@@ -525,17 +566,17 @@ def _dkdv_head(
     dk, dv = _dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
         offs_m0, offs_n, d_ok, lo, mid, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
     )  # fmt: skip
     dk, dv = _dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
         offs_m0, offs_n, d_ok, mid, tail, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+        stride_qh, stride_doh, GROUP, False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
     )  # fmt: skip
     dk, dv = _dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
         offs_m0, offs_n, d_ok, tail, q_end, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
     )  # fmt: skip
     return dk, dv
 
@@ -616,23 +657,13 @@ def _attn_bwd_dkdv(
         q_end = tl.maximum(tl.minimum(q_pad, start_n + BLOCK_N - OFFSET + WIN_L), lo)
         mid = q_end
         tail = q_end
-    if GQA:
-        for g in range(0, GROUP):
-            dk, dv = _dkdv_head(
-                dk, dv, k, v, Q, DO, LSE, DELTA, zo, hk * GROUP + g, NH,
-                stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
-                offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
-                WIN_L, WIN_R, cap_in, cap_out,
-                CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
-            )  # fmt: skip
-    else:
-        dk, dv = _dkdv_head(
-            dk, dv, k, v, Q, DO, LSE, DELTA, zo, hk, NH,
-            stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
-            offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
-            WIN_L, WIN_R, cap_in, cap_out,
-            CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
-        )  # fmt: skip
+    dk, dv = _dkdv_head(
+        dk, dv, k, v, Q, DO, LSE, DELTA, zo, hk * GROUP, NH,
+        stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
+        offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
+        WIN_L, WIN_R, cap_in, cap_out, GROUP,
+        CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+    )  # fmt: skip
     dk = dk * sm_scale
     dk_out = zo * stride_dkz + hk * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
     dv_out = zo * stride_dvz + hk * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :]
