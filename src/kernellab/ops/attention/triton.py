@@ -192,8 +192,9 @@ def _prune_dkdv(configs, nargs, **kwargs):
 
 
 # Autotune key: bucketed sequence lengths (next power of two, so odd lengths share a
-# tuning), the head dim, causal and the dot precision; Triton adds the tensors' dtypes.
-_KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "CAUSAL", "PREC", "WINDOW", "SOFTCAP"]
+# tuning), the head dim, causal, the dot precision and the variant (window, softcap, GQA:
+# each a different kernel, tuned apart); Triton adds the tensors' dtypes.
+_KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "CAUSAL", "PREC", "WINDOW", "SOFTCAP", "GQA"]
 
 
 # --------------------------------------------------------------------------- forward
