@@ -4,7 +4,8 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check bench rowwise norms ce reductions matmul attention ring conv mnist brp brp_step host gpt
+#   stages: env tests check bench rowwise norms ce reductions matmul attention attention-models ring conv
+#   mnist brp brp_step host gpt
 #   launch profile sanitize summary (default: env tests check bench launch sanitize summary, in
 #   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
 #   split them over two device calls when one would pass the 10-minute limit.
@@ -146,6 +147,13 @@ fi
 if want attention; then
 step "attention (issue 5)"
 run python3 scripts/gpu_attention.py --out "$OUT/attention"
+fi
+
+if want attention-models; then
+# Issue 19: the issue's table shapes, Llama-3-8B GQA (S=2k, 8k), ViT-B: triton beside
+# sdpa_cudnn and sdpa_flash, bf16, fwd and fwd+bwd (ATTN_MODELS picks shape names).
+step "attention at model shapes (issue 19)"
+run python3 scripts/attention_models.py --out "$OUT/attention_models" ${ATTN_MODELS:+--only "$ATTN_MODELS"}
 fi
 
 if want ring; then

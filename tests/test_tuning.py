@@ -44,7 +44,8 @@ def test_families_name_registered_ops_with_positive_shapes():
 
 @pytest.mark.parametrize(
     "op,shape",
-    [("attention", (1, 2, 64, 32)), ("attention", (1, 2, 5, 7, 32)), ("matmul", (8, 16, 32)), ("gelu", (4096,)),
+    [("attention", (1, 2, 64, 32)), ("attention", (1, 2, 5, 7, 32)), ("attention", (1, 4, 2, 5, 7, 32)),
+     ("matmul", (8, 16, 32)), ("gelu", (4096,)),
      ("layer_norm", (64, 256)), ("cross_entropy", (64, 100)), ("sum", (64, 256)), ("relu", (4096,)),
      ("conv2d", (2, 3, 8, 8, 4, 3, 3)), ("max_pool2d", (2, 3, 8, 8))],
 )  # fmt: skip
@@ -157,11 +158,12 @@ def test_default_calls_the_backend_the_table_names(tables):
 
 
 def test_a_refused_input_falls_back_to_torch(tables):
-    # The table sends attention to Triton (here under its interpreter); head dim 96 is
-    # refused by the Triton kernels and served by PyTorch's SDPA.
-    _write(tables, [{"op": "attention", "dtype": "fp32", "mode": "fwd", "shape": [1, 2, 16, 96],
-                     "key": [2, 16, 16, 96], "best": "triton", "times": {"triton": 0.01, "torch": 0.02}}])  # fmt: skip
-    q, k, v = (torch.randn(1, 2, 16, 96) for _ in range(3))
+    # The table sends attention to Triton (here under its interpreter); head dim 100 (not
+    # a multiple of 8) is refused by the Triton kernels and served by PyTorch's SDPA.
+    _write(tables, [{"op": "attention", "dtype": "fp32", "mode": "fwd", "shape": [1, 2, 16, 100],
+                     "key": [2, 16, 16, 100], "best": "triton",
+                     "times": {"triton": 0.01, "torch": 0.02}}])  # fmt: skip
+    q, k, v = (torch.randn(1, 2, 16, 100) for _ in range(3))
     assert tuning.choose("attention", (q, k, v), "cpu")[0] == "triton"
     with pytest.raises(ValueError, match="head"):
         kernellab.attention(q, k, v, backend="triton")
@@ -169,7 +171,7 @@ def test_a_refused_input_falls_back_to_torch(tables):
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v))
     # a bad input is still refused with kernellab's own message (torch's backend refuses
     # it too, so nothing is served)
-    with pytest.raises(ValueError, match="k has head dim 64 but q has 96"):
+    with pytest.raises(ValueError, match="k has head dim 64 but q has 100"):
         kernellab.attention(q, k[..., :64], v)
 
 

@@ -251,7 +251,7 @@ def call(op: str, backend: str | None, *args, **kwargs):
     the first tensor (``kernellab.tuning``): the tuning table's choice for the nearest
     measured shape where this GPU model (or one of its architecture) has a table, else the
     op's preferred backend usable there; and where that backend refuses the input with a
-    ValueError that PyTorch's op accepts, PyTorch's op (attention with head dim 96 is
+    ValueError that PyTorch's op accepts, PyTorch's op (attention with head dim 100 is
     served, not refused)."""
     if backend is not None:
         return get(op, backend)(*args, **kwargs)

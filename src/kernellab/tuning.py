@@ -17,7 +17,7 @@ choice ``backend=None`` makes.
   is never tuned (``scripts/tune_all.py`` verifies the default there).
 - ``registry.call`` with ``backend=None`` falls back to ``torch`` when the chosen backend
   refuses the input with a ValueError that torch's op accepts (attention with head dim
-  96: the Triton kernel takes 16-256 in powers of two, SDPA serves it).
+  100: the Triton kernel takes multiples of 8 up to 256, SDPA serves it).
 
 Shape keys (from a call's arguments, the same for tune rows and calls): elementwise ops
 (numel,); row-wise ops and reductions (rows, cols) of the first tensor; matmul (M, N, K);
@@ -517,6 +517,9 @@ def key_of_shape(op: str, shape) -> tuple:
         if len(shape) == 4:
             b, h, sq, d = shape
             return (b * h, sq, sq, d)
+        if len(shape) == 6:  # GQA (B, H_q, H_kv, S_q, S_k, D): keyed by q's heads, as calls are
+            b, h, _, sq, sk, d = shape
+            return (b * h, sq, sk, d)
         b, h, sq, sk, d = shape
         return (b * h, sq, sk, d)
     if op in _ELEMENTWISE:

@@ -40,19 +40,20 @@ GPU_BACKENDS = cuda_backends("attention")  # + the SDPA peers and cuda_v1
 
 def _supported(backend, dtype, shape, causal) -> str | None:
     """Why ``backend`` refuses this case by design (None: it must compute it)."""
-    _, s_q, s_k, d = A.parse_problem(shape)
+    lead, lead_kv, s_q, s_k, d = A.parse_gqa(shape)
     if backend == "cuda_v1":
         if dtype != torch.float32:
             return "cuda_v1 is fp32 only"
         if d not in (16, 32, 64, 128):
             return "cuda_v1 head dims 16..128"
-    if backend == "triton" and d not in (16, 32, 64, 128, 256):
-        return "triton head dims 16..256"
+        if lead != lead_kv:
+            return "cuda_v1 takes no GQA"
+    if backend == "triton" and (d % 8 or d > 256):
+        return "triton head dims: multiples of 8 up to 256"
     if backend.startswith("sdpa_"):
         # The peer's declared limits (what it refuses; test_peer_limits_are_refused_clearly).
-        lead, _, _, _ = A.parse_problem(shape)
         q = torch.empty(lead + (s_q, d), dtype=dtype, device="meta")
-        k = torch.empty(lead + (s_k, d), dtype=dtype, device="meta")
+        k = torch.empty(lead_kv + (s_k, d), dtype=dtype, device="meta")
         return kernellab.registry.get("attention", backend).outside_limits((q, k, k), {"causal": causal})
     return None
 
@@ -61,15 +62,17 @@ def _differentiable(backend) -> bool:
     return getattr(kernellab.registry.get("attention", backend).fn, "differentiable", True) is not False
 
 
-def _check_case(backend, shape, dtype, device, causal, layout="contiguous", strided_dy=False, grads=True):
+def _check_case(
+    backend, shape, dtype, device, causal, layout="contiguous", strided_dy=False, grads=True, **options
+):
     why = _supported(backend, dtype, shape, causal)
     if why:
         pytest.skip(why)
-    seed = seed_for(backend, shape, dtype, causal, layout)
+    seed = seed_for(backend, shape, dtype, causal, layout, *([str(options)] if options else []))
     args = SPEC.make_inputs(shape, dtype, device, seed, layout)
     if args is None:
         pytest.skip(f"layout {layout} does not apply to {shape}")
-    opts = {"causal": causal}
+    opts = {"causal": causal, **options}
     # float64 reference: output and gradients
     a64 = [a.detach().double().requires_grad_() for a in args]
     ref = SPEC.reference(*a64, **opts)
@@ -166,6 +169,185 @@ def test_cpu_triton_tile_edges(s_q, s_k):
         dp = (do * v.detach()).sum(-1).abs().max()
         assert dq.abs().max() <= 16 * torch.finfo(torch.float32).eps * dp * k.abs().max()
         torch.testing.assert_close(dv, do.sum(-2, keepdim=True), rtol=1e-5, atol=1e-6)
+
+
+# GQA / MQA: k and v with H_q / H_kv = 1, 2, 4 times fewer heads than q; odd lengths both
+# ways; every gradient against the float64 reference (whose k/v are expanded, so its dk, dv
+# sum over each group through autograd).
+GQA_SHAPES = [
+    (1, 2, 2, 17, 33, 16),  # group 1 written in the GQA form
+    (2, 4, 2, 33, 17, 32),  # group 2, S_q > S_k (causal: 16 rows without a key)
+    (1, 4, 1, 17, 17, 16),  # MQA: group 4, one k/v head
+]
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("shape", GQA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cpu_gqa_forward_and_grads(backend, shape, causal):
+    _check_case(backend, shape, torch.float32, "cpu", causal)
+
+
+@pytest.mark.parametrize("backend", ["triton", "tiled"])
+def test_cpu_gqa_bf16_and_layouts(backend):
+    _check_case(backend, (1, 4, 2, 17, 33, 16), torch.bfloat16, "cpu", True)
+    shape = (1, 4, 2, 33, 17, 16)
+    _check_case(backend, shape, torch.float32, "cpu", True, layout="transposed", strided_dy=True)
+
+
+def test_triton_gqa_reads_kv_in_place_and_matches_expanded_kv():
+    """Triton's GQA equals attention over k/v expanded by repeat_interleave (the same
+    kernels, group 1) exactly in the forward, and dk/dv equal the expanded gradients summed
+    over each group (up to fp32 summation order); no copy of k/v is made: k and v keep
+    H_kv heads in the saved tensors."""
+    q, k, v = (t.requires_grad_() for t in SPEC.make_inputs((2, 6, 2, 19, 23, 16), torch.float32, "cpu", 3))
+    o = A.attention(q, k, v, causal=True, backend="triton")
+    saved = o.grad_fn.saved_tensors
+    assert saved[1].shape == k.shape and saved[2].shape == v.shape
+    ke, ve = (t.detach().repeat_interleave(3, dim=1).requires_grad_() for t in (k, v))
+    qe = q.detach().clone().requires_grad_()
+    oe = A.attention(qe, ke, ve, causal=True, backend="triton")
+    assert torch.equal(o, oe)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(4))
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
+    dqe, dke, dve = torch.autograd.grad(oe, (qe, ke, ve), do)
+    assert torch.equal(dq, dqe)
+    torch.testing.assert_close(dk, dke.unflatten(1, (2, 3)).sum(2), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dv, dve.unflatten(1, (2, 3)).sum(2), rtol=1e-5, atol=1e-6)
+    # deterministic: the group is summed in one program, in one order
+    dq2, dk2, dv2 = torch.autograd.grad(A.attention(q, k, v, causal=True, backend="triton"), (q, k, v), do)
+    assert torch.equal(dk, dk2) and torch.equal(dv, dv2)
+
+
+def test_gqa_refused_where_a_backend_has_none():
+    """sdpa_efficient (no GQA in torch's constraints for it) declares the refusal, naming
+    k/v heads; check counts it refused. cuda_v1 refuses in its own body (GPU tests)."""
+    q, k, v = SPEC.make_inputs((1, 4, 2, 9, 9, 64), torch.bfloat16, "cpu", 0)
+    q, k, v = (t.to("meta") for t in (q, k, v))
+    why = kernellab.registry.get("attention", "sdpa_efficient").outside_limits((q, k, v), {})
+    assert why and "k/v have 2 heads" in why and "q has 4" in why
+    for peer in ("sdpa_flash", "sdpa_cudnn"):
+        assert kernellab.registry.get("attention", peer).outside_limits((q, k, v), {}) is None
+
+
+# Head dims: any multiple of 8 up to 256 for Triton (tiles padded to a power of two >= 16,
+# masked). On the interpreter a sample with every padding case: 8 (-> 16: below tl.dot's
+# minimum), 24, 40, 80, 96 (-> 128), 136 (-> 256: the wide-tile pruning), 256 (no padding);
+# the full sweep 8..256 runs on the GPU (test_gpu_head_dim_sweep).
+CPU_HEAD_DIMS = [8, 24, 40, 80, 96, 136, 256]
+
+
+@pytest.mark.parametrize("d", CPU_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cpu_triton_head_dims(d, causal):
+    _check_case("triton", (1, 2, 17, 33, d), torch.float32, "cpu", causal)
+    if d in (40, 96):  # GQA, S_q > S_k, 16-bit storage with padding together
+        _check_case("triton", (1, 4, 2, 33, 17, d), torch.bfloat16, "cpu", causal)
+
+
+def test_cpu_triton_padded_head_dim_layouts():
+    # padded D with q, k, v transposed / sliced (head-dim stride != 1) and a strided dO
+    for layout in ("transposed", "sliced"):
+        _check_case("triton", (1, 2, 37, 29, 40), torch.float32, "cpu", True, layout=layout, strided_dy=True)
+
+
+def test_cpu_triton_padded_columns_never_written():
+    """o, dq, dk, dv of a padded head dim are written through masks: a view of a wider
+    buffer keeps its columns past D untouched (NaN stays NaN)."""
+    from kernellab.ops.attention import triton as at
+
+    q, k, v = SPEC.make_inputs((1, 2, 21, 19, 24), torch.float32, "cpu", 6)
+    o_buf = torch.full((1, 2, 21, 32), float("nan"))
+    o, lse = at.forward_into(q, k, v, True, 0.2, o_buf[..., :24])
+    assert torch.isnan(o_buf[..., 24:]).all() and torch.isfinite(o).all()
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(2))
+    bufs = [torch.full(t.shape[:-1] + (32,), float("nan")) for t in (q, k, v)]
+    at.backward_into(do, q, k, v, o, lse, True, 0.2, *(b[..., :24] for b in bufs))
+    for b in bufs:
+        assert torch.isnan(b[..., 24:]).all() and torch.isfinite(b[..., :24]).all()
+
+
+# Sliding windows and softcap: every backend that computes them (triton in its kernels,
+# tiled in its tiles; manual, torch, compile with explicit masks), against the float64
+# reference; the others refuse with an error naming the option.
+WINDOW_CASES = [
+    ((1, 2, 33, 17, 16), True, {"window": (5, -1)}),  # causal sliding window, S_q > S_k
+    ((1, 2, 17, 33, 16), False, {"window": (4, 6)}),  # two-sided, S_q < S_k
+    ((1, 2, 40, 40, 24), False, {"window": (0, 0)}),  # each row sees one key; padded D
+    ((1, 2, 45, 12, 16), False, {"window": (3, -1)}),  # rows of the first 30 see no key
+    ((1, 2, 33, 37, 16), False, {"window": (-1, 2)}),  # left unbounded
+    ((1, 2, 17, 33, 16), False, {"softcap": 0.5}),  # strong cap: tanh far from linear
+    ((1, 2, 33, 17, 40), True, {"softcap": 5.0}),
+    ((1, 4, 2, 33, 17, 16), True, {"window": (7, 3), "softcap": 2.0}),  # GQA + window + softcap
+]
+OPTION_BACKENDS = ["manual", "torch", "tiled", "triton"]
+
+
+@pytest.mark.parametrize("backend", OPTION_BACKENDS)
+@pytest.mark.parametrize("case", range(len(WINDOW_CASES)))
+def test_cpu_window_and_softcap(backend, case):
+    shape, causal, options = WINDOW_CASES[case]
+    _check_case(backend, shape, torch.float32, "cpu", causal, **options)
+
+
+def test_cpu_window_and_softcap_bf16_triton():
+    _check_case("triton", (1, 4, 2, 33, 17, 40), torch.bfloat16, "cpu", True, window=(9, -1), softcap=3.0)
+    opts = {"window": (6, 2), "softcap": 1.5}
+    shape = (1, 2, 37, 29, 16)
+    _check_case("triton", shape, torch.float32, "cpu", False, layout="transposed", strided_dy=True, **opts)
+
+
+def test_window_semantics():
+    """The window is FlashAttention's: bottom-right aligned like causal, -1 unbounded,
+    causal forcing the right bound to 0; (-1, -1) and causal-without-left are no window."""
+    m = A.allowed_mask(4, 6, False, (1, 0), "cpu")  # query i sees keys i + 2 - 1 .. i + 2
+    assert m.tolist()[0] == [False, True, True, False, False, False]
+    assert torch.equal(A.allowed_mask(4, 6, True, (-1, 5), "cpu"), A.causal_allowed(4, 6, "cpu"))
+    assert A.allowed_mask(4, 6, False, (-1, -1), "cpu") is None
+    assert torch.equal(A.allowed_mask(4, 6, True, (2, 3), "cpu"), A.allowed_mask(4, 6, False, (2, 0), "cpu"))
+    # softcap: scores capped before the softmax
+    q, k, v = SPEC.make_inputs((1, 1, 5, 7, 16), torch.float64, "cpu", 1)
+    s = 4.0 * torch.tanh(q @ k.transpose(-1, -2) * 0.25 / 4.0)
+    torch.testing.assert_close(SPEC.reference(q, k, v, softcap=4.0), torch.softmax(s, -1) @ v)
+
+
+def test_window_skips_key_blocks_in_triton():
+    """A narrow window visits only the key blocks near the diagonal. Keys 80.. hold NaN:
+    a query block that visited their key block would get NaN even where the mask gives
+    P = 0 (0 * NaN in P V). With window (4, 4), the interpreter's 32-row query blocks 0 and
+    1 see keys < 68 only, so they must stay finite and right; rows 76.. see NaN keys."""
+    q, k, v = SPEC.make_inputs((1, 1, 96, 96, 16), torch.float32, "cpu", 2)
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 80:, :] = float("nan")
+    v2[..., 80:, :] = float("nan")
+    o = A.attention(q, k2, v2, window=(4, 4), backend="triton")
+    ok = torch.isfinite(o).all(-1)
+    assert ok[..., :64].all() and not ok[..., 76:].any()
+    ref = SPEC.reference(q.double(), k.double(), v.double(), window=(4, 4))
+    assert (o[..., :64, :].double() - ref[..., :64, :]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "cuda_v1"])
+def test_window_softcap_gqa_declared_as_limits(backend):
+    """Backends without windows / softcap declare them (Impl.limits, naming the option),
+    so `check` counts their refusal as refused, not failed; no-op windows are no limit."""
+    impl = kernellab.registry.get("attention", backend)
+    dt = torch.float32 if backend == "cuda_v1" else torch.bfloat16
+    q, k, v = (t.to("meta") for t in SPEC.make_inputs((1, 2, 9, 9, 64), dt, "cpu", 0))
+    for opts, name in (({"window": (3, 3)}, "window"), ({"softcap": 5.0}, "softcap")):
+        assert name in impl.outside_limits((q, k, v), opts)
+    assert impl.outside_limits((q, k, v), {"window": (-1, -1), "softcap": 0.0}) is None
+    assert impl.outside_limits((q, k, v), {"causal": True, "window": (-1, 7)}) is None
+
+
+def test_triton_opcheck_with_window_and_softcap():
+    from kernellab.ops.attention import triton as at
+
+    def make(seed):
+        return SPEC.make_inputs((1, 2, 9, 16), torch.float32, "cpu", seed)[0]
+
+    args = at._opcheck_fwd_options(make)
+    torch.library.opcheck(at.triton_attention.ops[0], args)
 
 
 def test_cpu_compile_backend():
@@ -291,11 +473,19 @@ def test_bad_inputs_refused(backend):
         ((q.double(), k.double(), v.double()), {}, TypeError, r"\bq\b.*float64"),
         ((q.int(), k, v), {}, TypeError, r"\bq\b"),
         ((q, k.half(), v), {}, TypeError, r"\bk\b"),
-        ((q, k[:, :1], v), {}, ValueError, r"\bk\b.*leading"),
+        ((q, k[:, :1], v), {}, ValueError, r"\bk\b has 1 heads.*\bv\b has 2"),
+        ((q, k, v.expand(2, -1, -1, -1)), {}, ValueError, r"\bv\b.*leading"),
+        ((q[:, :1].expand(1, 3, -1, -1), k, v), {}, ValueError, r"q has 3 heads.*k/v have 2"),
+        ((q[0], k[0, :1], v[0, :1]), {}, ValueError, r"\bk\b.*leading"),  # 3-D: dim -3 is the batch
         ((q, k, v[..., :4, :]), {}, ValueError, r"\bv\b"),
         ((q, k, v), {"causal": 1}, TypeError, "causal"),
         ((q, k, v), {"scale": 0.0}, ValueError, "scale"),
         ((q, k, v), {"scale": "x"}, TypeError, "scale"),
+        ((q, k, v), {"window": (3, -2)}, ValueError, "window"),
+        ((q, k, v), {"window": [3, 3]}, TypeError, "window"),
+        ((q, k, v), {"window": (3.0, 1)}, TypeError, "window"),
+        ((q, k, v), {"softcap": -1.0}, ValueError, "softcap"),
+        ((q, k, v), {"softcap": "x"}, TypeError, "softcap"),
         ((q.tolist(), k, v), {}, TypeError, r"\bq\b"),
     ]
     for args, kw, exc, pattern in cases:
@@ -306,11 +496,16 @@ def test_bad_inputs_refused(backend):
 
 
 def test_unsupported_head_dim_and_dtype_per_backend():
-    q, k, v = _qkv((1, 2, 9, 24))
-    with pytest.raises(ValueError, match=r"q has head dim 24"):
-        A.attention(q, k, v, backend="triton")
-    # manual and tiled take any head dim
-    A.attention(q, k, v, backend="tiled")
+    for d in (12, 100, 264):  # not a multiple of 8, or over 256
+        q, k, v = _qkv((1, 2, 9, d))
+        with pytest.raises(ValueError, match=rf"q has head dim {d}; .*multiples of 8 from 8 to 256"):
+            A.attention(q, k, v, backend="triton")
+        # manual and tiled take any head dim; the default backend serves it (torch)
+        ref = SPEC.ref(q, k, v)
+        for backend in ("tiled", None):
+            got = A.attention(q, k, v, backend=backend)
+            v_ = judge(got, ref, torch.float32, A.attention(q, k, v, backend="torch"))
+            assert v_.ok, (d, backend, v_.detail)
 
 
 @pytest.mark.parametrize(
@@ -372,6 +567,10 @@ GPU_SHAPES = [
     (1, 2, 1023, 1025, 16),
     (2, 257, 32),  # 3-D
     (1, 2, 300, 256),  # D = 256
+    (1, 2, 257, 96),  # D = 96: tiles padded to 128
+    (1, 2, 129, 130, 200),  # D = 200: padded to 256 (cuDNN's peer refuses D > 128)
+    (1, 8, 2, 257, 255, 64),  # GQA, group 4
+    (2, 4, 1, 129, 129, 128),  # MQA
 ]
 
 
@@ -472,6 +671,65 @@ def test_gpu_cuda_v1_is_forward_only():
         A.attention(q, k, v, backend="cuda_v1")
     with pytest.raises(TypeError, match=r"\bq\b.*bfloat16"):
         A.attention(*(t.detach().bfloat16() for t in (q, k, v)), backend="cuda_v1")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", list(range(8, 257, 8)))
+def test_gpu_head_dim_sweep(d):
+    """Every head dim Triton takes, bf16, causal, odd lengths both ways (S_q > S_k leaves
+    rows without a key), forward and the three gradients."""
+    _check_case("triton", (1, 3, 131, 77, d), torch.bfloat16, "cuda", True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [8, 40, 96, 136, 200])
+def test_gpu_head_dims_fp32_and_fp16(d):
+    _check_case("triton", (1, 2, 130, 129, d), torch.float32, "cuda", False)
+    _check_case("triton", (1, 2, 130, 129, d), torch.float16, "cuda", True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s", [1024, 2048])
+def test_gpu_llama3_8b_gqa(s):
+    """Llama-3-8B's attention (32 q heads over 8 k/v heads, D=128, causal, bf16) against
+    the float64 reference at S = 1024 and 2048 (the reference's scores: 32 x 2048^2 float64,
+    1 GiB, chunked)."""
+    _check_case("triton", (1, 32, 8, s, s, 128), torch.bfloat16, "cuda", True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_head_dim_96_issue_shape(causal):
+    """4x16x2000x96 (the issue's refused row): Triton computes it, forward and gradients
+    against the float64 reference (chunked: 64 x 2000^2 float64 scores are 2 GB)."""
+    _check_case("triton", (4, 16, 2000, 96), torch.bfloat16, "cuda", causal)
+
+
+GPU_WINDOW_CASES = [
+    ((1, 4, 2, 1023, 1025, 128), torch.bfloat16, True, {"window": (256, -1)}),  # Mistral-style sliding
+    # Gemma-2-like: sliding window and softcap 50, at D = 256
+    ((1, 8, 4, 1025, 1025, 256), torch.bfloat16, True, {"window": (511, -1), "softcap": 50.0}),
+    ((2, 4, 513, 80), torch.float16, False, {"window": (64, 64)}),
+    ((1, 4, 300, 257, 64), torch.float32, False, {"window": (17, 5), "softcap": 2.0}),
+    ((2, 4, 517, 64), torch.bfloat16, False, {"softcap": 1.0}),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "torch", "manual"])
+@pytest.mark.parametrize("case", range(len(GPU_WINDOW_CASES)))
+def test_gpu_window_and_softcap(backend, case):
+    shape, dtype, causal, options = GPU_WINDOW_CASES[case]
+    _check_case(backend, shape, dtype, "cuda", causal, **options)
+
+
+@pytest.mark.gpu
+def test_gpu_gqa_refusals():
+    q, k, v = SPEC.make_inputs((1, 4, 2, 33, 33, 64), torch.float32, "cuda", 1)
+    with pytest.raises(ValueError, match=r"k/v have 2 heads"):
+        A.attention(q, k, v, backend="cuda_v1")
+    with pytest.raises(ValueError, match=r"k/v have 2 heads"):
+        A.attention(q.half(), k.half(), v.half(), backend="sdpa_efficient")
 
 
 def test_triton_reads_packed_qkv_and_writes_gradients_in_place():

@@ -118,11 +118,11 @@ def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
 TRITON = BlockFns("triton", triton_block_forward, triton_block_backward)
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-TRITON_HEAD_DIMS = (16, 32, 64, 128, 256)  # ops.attention.triton.HEAD_DIMS (imported lazily there)
+TRITON_HEAD_DIMS = tuple(range(8, 257, 8))  # ops.attention.triton.HEAD_DIMS (imported lazily there)
 
 
 def default_blocks(q: torch.Tensor) -> BlockFns:
-    """Triton on CUDA tensors it supports (fp16 / bf16 / fp32, D in 16..256), PyTorch
+    """Triton on CUDA tensors it supports (fp16 / bf16 / fp32, D a multiple of 8 up to 256), PyTorch
     elsewhere (the CPU, float64)."""
     if q.is_cuda and q.dtype in TRITON_DTYPES and q.shape[-1] in TRITON_HEAD_DIMS:
         return TRITON

@@ -341,7 +341,8 @@ def _local_problem(q, k, v, causal, layout, scale, blocks=None, device_type=None
         return 5, ValueError(f"ring_attention: {e}")
     if fns.name == "triton" and (q.dtype not in TRITON_DTYPES or q.shape[3] not in TRITON_HEAD_DIMS):
         return 5, ValueError(
-            f"ring_attention: blocks 'triton' take fp16 / bf16 / fp32 and head dims {TRITON_HEAD_DIMS}; "
+            "ring_attention: blocks 'triton' take fp16 / bf16 / fp32 and head dims that are multiples of 8 "
+            "up to 256; "
             f"q is {q.dtype} with head dim {q.shape[3]} (blocks='torch' takes any)"
         )
     s = q.shape[2]

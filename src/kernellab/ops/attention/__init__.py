@@ -4,8 +4,38 @@
 
 Layout of ``torch.nn.functional.scaled_dot_product_attention``: q is ``(..., S_q, D)``,
 k and v are ``(..., S_k, D)`` with the same leading (batch, head) dims, any number of
-them (3-D ``(B, S, D)`` and 4-D ``(B, H, S, D)`` both work). No broadcasting, no GQA;
-v's head dim must equal q's (D_v = D).
+them (3-D ``(B, S, D)`` and 4-D ``(B, H, S, D)`` both work). No broadcasting; v's head
+dim must equal q's (D_v = D).
+
+Grouped-query and multi-query attention (GQA / MQA, as SDPA's ``enable_gqa=True``): with
+4 or more dims, k and v may have fewer heads (dim -3) than q, H_kv, when H_q is a multiple
+of H_kv; q head h reads k/v head ``h // (H_q / H_kv)`` (Llama-3-8B: 32 q heads, 8 kv
+heads, groups of 4 consecutive q heads). k and v have the same heads; every other leading
+dim matches q's. dk and dv of a kv head sum over its group of q heads. The Triton kernels
+read the shared k/v head in place (no repeat_interleave copy: at Llama-3-8B's 1x8x8192x128
+bf16 that copy would be 2 x 48 MiB written and read again); torch / sdpa_flash /
+sdpa_cudnn pass ``enable_gqa=True``; manual, the float64 reference and tiled expand k and
+v; backends that cannot (sdpa_efficient: compiled without GQA in torch's sdp_utils, and
+cuda_v1) refuse with a ValueError naming k/v heads, and ``attention(..., backend=None)``
+then falls back to torch.
+
+Sliding window (``window=(left, right)``, as FlashAttention's ``window_size``): query i
+attends key j when ``i + S_k - S_q - left <= j <= i + S_k - S_q + right`` (the same
+bottom-right alignment as causal), -1 leaving that side unbounded; with ``causal`` the
+right bound is 0 whatever ``right`` says. ``None`` or ``(-1, -1)``: no window. Rows left
+without a key give 0, as under causal. Softcap (``softcap=c > 0``, Gemma-2's
+``attn_logit_softcapping``): the scaled scores s become ``c * tanh(s / c)`` before the
+mask and the softmax; the backward multiplies dS by the tanh's derivative 1 - tanh^2.
+``softcap=0`` (the default) or None: off. Triton computes both in its kernels (key blocks a
+window leaves fully masked are never visited); the float64 reference, manual, compile and
+torch build the mask (and the tanh) explicitly (torch: SDPA with a boolean mask for a
+window alone, PyTorch ops in fp32 with a softcap, which SDPA has no hook for); tiled,
+cuda_v1 and the SDPA peers refuse both with a ValueError naming the option.
+
+Head dims: the Triton kernels take any multiple of 8 from 8 to 256 (tiles padded to the
+next power of two, at least 16, with masked loads and stores; inputs are never padded in
+memory); another head dim is refused with a ValueError naming q, and the default backend
+then serves it from torch.
 
 Causal masking is aligned to the bottom-right, as in FlashAttention-2: query i attends
 key j when ``j <= i + S_k - S_q`` (the usual lower triangle when S_q == S_k). With
@@ -31,7 +61,8 @@ the backward: the log-sum-exp of the scaled scores, shape ``q.shape[:-1]``, fp32
 backward recomputes the probabilities from it, block by block: no S x S matrix in memory.
 
 Problem shapes (OpSpec): ``(B, S, D)`` -> 3-D tensors with S_q = S_k = S;
-``(B, H, S, D)`` -> 4-D tensors with S_q = S_k = S; ``(B, H, S_q, S_k, D)`` -> 4-D tensors.
+``(B, H, S, D)`` -> 4-D tensors with S_q = S_k = S; ``(B, H, S_q, S_k, D)`` -> 4-D tensors;
+``(B, H_q, H_kv, S_q, S_k, D)`` -> 4-D GQA tensors (q with H_q heads, k and v with H_kv).
 """
 
 from __future__ import annotations
@@ -44,30 +75,46 @@ from kernellab import registry
 from kernellab.ops.spec import BadInput, OpSpec, define, make_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_OPTIONS = ("causal", "scale")
+_OPTIONS = ("causal", "scale", "window", "softcap")
 
 
 # --------------------------------------------------------------------------- shapes
 
 
-def parse_problem(shape) -> tuple[tuple[int, ...], int, int, int]:
-    """(leading dims, S_q, S_k, D) of a problem shape (see the module docstring)."""
+def parse_gqa(shape) -> tuple[tuple[int, ...], tuple[int, ...], int, int, int]:
+    """(q's leading dims, k/v's leading dims, S_q, S_k, D) of a problem shape (see the
+    module docstring)."""
     shape = tuple(int(s) for s in shape)
     if len(shape) == 3:
         b, s, d = shape
-        return (b,), s, s, d
+        return (b,), (b,), s, s, d
     if len(shape) == 4:
         b, h, s, d = shape
-        return (b, h), s, s, d
+        return (b, h), (b, h), s, s, d
     if len(shape) == 5:
         b, h, sq, sk, d = shape
-        return (b, h), sq, sk, d
+        return (b, h), (b, h), sq, sk, d
+    if len(shape) == 6:
+        b, hq, hkv, sq, sk, d = shape
+        if hkv <= 0 or hq % hkv:
+            raise ValueError(
+                f"attention problem shape {shape}: H_q = {hq} must be a multiple of H_kv = {hkv}"
+            )
+        return (b, hq), (b, hkv), sq, sk, d
     raise ValueError(
-        f"attention problem shape {shape} not understood: use (B, S, D), (B, H, S, D) or (B, H, S_q, S_k, D)"
+        f"attention problem shape {shape} not understood: use (B, S, D), (B, H, S, D), (B, H, S_q, S_k, D) "
+        "or (B, H_q, H_kv, S_q, S_k, D)"
     )
 
 
+def parse_problem(shape) -> tuple[tuple[int, ...], int, int, int]:
+    """(q's leading dims, S_q, S_k, D) of a problem shape (see the module docstring)."""
+    lead, _, sq, sk, d = parse_gqa(shape)
+    return lead, sq, sk, d
+
+
 def _pairs(shape, causal: bool) -> float:
+    # Per q head: a GQA problem does the work of H_q heads (only the k/v bytes shrink).
     lead, sq, sk, _ = parse_problem(shape)
     n = math.prod(lead) * sq * sk
     return n / 2 if causal else n
@@ -83,12 +130,13 @@ def _flops(shape, mode, **options):
 
 def _bytes(shape, dtype, mode, **options):
     """Minimal traffic: q, k, v read and o written once (+ the fp32 LSE); the backward
-    reads q, k, v, o, dO and the LSE and writes dq, dk, dv."""
-    lead, sq, sk, d = parse_problem(shape)
+    reads q, k, v, o, dO and the LSE and writes dq, dk, dv. GQA: k, v, dk, dv have H_kv
+    heads."""
+    lead, lead_kv, sq, sk, d = parse_gqa(shape)
     b = math.prod(lead)
     e = torch.empty((), dtype=dtype).element_size()
     qo = b * sq * d * e
-    kv = b * sk * d * e
+    kv = math.prod(lead_kv) * sk * d * e
     lse = b * sq * 4
     fwd = 2 * qo + 2 * kv + lse
     bwd = 3 * qo + 2 * kv + lse + qo + 2 * kv  # read q, o, dO, k, v, lse; write dq, dk, dv
@@ -96,10 +144,10 @@ def _bytes(shape, dtype, mode, **options):
 
 
 def _inputs(shape, dtype, device, gen, layout="contiguous", scale=1.0):
-    lead, sq, sk, d = parse_problem(shape)
+    lead, lead_kv, sq, sk, d = parse_gqa(shape)
     q = make_tensor(lead + (sq, d), dtype, device, gen, layout, scale)
-    k = make_tensor(lead + (sk, d), dtype, device, gen, layout, scale)
-    v = make_tensor(lead + (sk, d), dtype, device, gen, layout, scale)
+    k = make_tensor(lead_kv + (sk, d), dtype, device, gen, layout, scale)
+    v = make_tensor(lead_kv + (sk, d), dtype, device, gen, layout, scale)
     if q is None or k is None or v is None:
         return None
     return q, k, v
@@ -153,10 +201,23 @@ def validate(args, kwargs, devices=("cuda", "cpu")) -> None:
             raise ValueError(f"attention: {name} is on {t.device} but q is on {q.device}")
         if t.dtype != q.dtype:
             raise TypeError(f"attention: {name} has dtype {t.dtype} but q has {q.dtype}")
-        if t.shape[:-2] != q.shape[:-2]:
+        # GQA (4-D and up): dim -3 (heads) may differ; every other leading dim must match.
+        cut = -3 if q.dim() >= 4 else -2
+        if t.dim() != q.dim() or t.shape[:cut] != q.shape[:cut]:
             raise ValueError(
                 f"attention: {name} has leading dims {tuple(t.shape[:-2])} but q has {tuple(q.shape[:-2])}; "
-                "they must match (no broadcasting)"
+                "they must match (no broadcasting; only the head dim -3 may differ, for GQA)"
+            )
+    if q.dim() >= 4:
+        h_q, h_k, h_v = q.shape[-3], k.shape[-3], v.shape[-3]
+        if h_v != h_k:
+            raise ValueError(
+                f"attention: k has {h_k} heads (dim -3) but v has {h_v}; k and v must have the same heads"
+            )
+        if (h_k == 0 and h_q != 0) or (h_k and h_q % h_k):
+            raise ValueError(
+                f"attention: q has {h_q} heads (dim -3) and k/v have {h_k}; grouped-query attention "
+                "needs q's heads to be a multiple of k/v's heads"
             )
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"attention: k has head dim {k.shape[-1]} but q has {q.shape[-1]}; they must match")
@@ -175,6 +236,27 @@ def validate(args, kwargs, devices=("cuda", "cpu")) -> None:
             raise TypeError(f"attention: scale must be a positive float or None, got {type(scale).__name__}")
         if not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"attention: scale must be a positive finite float or None, got {scale!r}")
+    window = kwargs.get("window")
+    if window is not None:
+        if not isinstance(window, tuple) or len(window) != 2:
+            raise TypeError(
+                f"attention: window must be a (left, right) tuple of ints or None, got {window!r}"
+            )
+        for side, w in zip(("left", "right"), window):
+            if isinstance(w, bool) or not isinstance(w, int):
+                raise TypeError(f"attention: window's {side} bound must be an int, got {type(w).__name__}")
+            if w < -1:
+                raise ValueError(
+                    f"attention: window's {side} bound must be >= 0, or -1 for unbounded; got {w}"
+                )
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+            raise TypeError(
+                f"attention: softcap must be a float >= 0 (0: off) or None, got {type(softcap).__name__}"
+            )
+        if not (math.isfinite(softcap) and softcap >= 0):
+            raise ValueError(f"attention: softcap must be a finite float >= 0 (0: off), got {softcap!r}")
 
 
 def check_head_dim(q: torch.Tensor, allowed, backend: str) -> None:
@@ -184,6 +266,30 @@ def check_head_dim(q: torch.Tensor, allowed, backend: str) -> None:
         raise ValueError(
             f"attention/{backend}: q has head dim {d}; this backend supports {', '.join(map(str, allowed))}"
         )
+
+
+def is_gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """k/v with fewer heads than q (validated: a divisor)."""
+    return q.dim() >= 4 and k.shape[-3] != q.shape[-3]
+
+
+def refuse_gqa(q: torch.Tensor, k: torch.Tensor, backend: str) -> None:
+    """For a backend without GQA: a ValueError naming k/v heads (the default dispatcher
+    then serves the call from torch)."""
+    if is_gqa(q, k):
+        raise ValueError(
+            f"attention/{backend}: k/v have {k.shape[-3]} heads and q has {q.shape[-3]}; this backend "
+            "takes no grouped-query attention (k/v heads must equal q's)"
+        )
+
+
+def expand_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """k, v with each head repeated H_q / H_kv times (q head h reads k/v head
+    h // group): for the backends that compute GQA as plain attention (a copy)."""
+    if not is_gqa(q, k):
+        return k, v
+    g = q.shape[-3] // k.shape[-3]
+    return k.repeat_interleave(g, dim=-3), v.repeat_interleave(g, dim=-3)
 
 
 def check_dtype(q: torch.Tensor, allowed, backend: str) -> None:
@@ -196,6 +302,52 @@ def check_dtype(q: torch.Tensor, allowed, backend: str) -> None:
 
 def resolve_scale(q: torch.Tensor, scale) -> float:
     return float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+
+
+def window_bounds(window, causal: bool) -> tuple[int, int] | None:
+    """(left, right) of an active window, -1 = unbounded, right clipped to 0 under causal;
+    None when the window restricts nothing beyond ``causal`` (None, (-1, -1), or causal
+    with no left bound)."""
+    if window is None:
+        return None
+    left, right = window
+    if causal:
+        right = 0
+    if left < 0 and right < 0:
+        return None
+    if causal and left < 0:
+        return None
+    return left, right
+
+
+def has_softcap(softcap) -> bool:
+    return softcap is not None and softcap > 0
+
+
+def refuse_options(backend: str, window=None, softcap=None, causal: bool = False) -> None:
+    """For a backend without windows or softcaps: a ValueError naming the option."""
+    if window_bounds(window, causal) is not None:
+        raise ValueError(f"attention/{backend}: window={window!r} is not supported by this backend")
+    if has_softcap(softcap):
+        raise ValueError(f"attention/{backend}: softcap={softcap!r} is not supported by this backend")
+
+
+def allowed_mask(s_q: int, s_k: int, causal: bool, window, device) -> torch.Tensor | None:
+    """(S_q, S_k) bool, True where query i may attend key j (bottom-right causal and the
+    window, module docstring); None when every pair is allowed."""
+    bounds = window_bounds(window, causal)
+    if not causal and bounds is None:
+        return None
+    i = torch.arange(s_q, device=device)[:, None] + (s_k - s_q)
+    j = torch.arange(s_k, device=device)[None, :]
+    ok = j <= i if causal else torch.ones(s_q, s_k, dtype=torch.bool, device=device)
+    if bounds is not None:
+        left, right = bounds
+        if left >= 0:
+            ok = ok & (j >= i - left)
+        if right >= 0:
+            ok = ok & (j <= i + right)
+    return ok
 
 
 def causal_allowed(s_q: int, s_k: int, device) -> torch.Tensor:
@@ -223,7 +375,17 @@ def _bad_v_keys(device, dtype):
 
 
 def _bad_lead(device, dtype):
-    q, k, v = _mk(device, dtype)
+    q, k, v = _mk(device, dtype, (2, 2, 9, 16))
+    return (q, k[:1].contiguous(), v), {}
+
+
+def _bad_gqa_heads(device, dtype):
+    q, k, v = _mk(device, dtype, (1, 3, 9, 16))  # 3 q heads over 2 k/v heads
+    return (q, k[:, :2].contiguous(), v[:, :2].contiguous()), {}
+
+
+def _bad_kv_heads(device, dtype):
+    q, k, v = _mk(device, dtype, (1, 2, 9, 16))  # k with 1 head, v with 2
     return (q, k[:, :1].contiguous(), v), {}
 
 
@@ -240,6 +402,14 @@ def _bad_scale(device, dtype):
     return _mk(device, dtype), {"scale": -0.5}
 
 
+def _bad_window(device, dtype):
+    return _mk(device, dtype), {"window": (-2, 3)}
+
+
+def _bad_softcap(device, dtype):
+    return _mk(device, dtype), {"softcap": -1.0}
+
+
 def _bad_kwarg(device, dtype):
     return _mk(device, dtype), {"dropout_p": 0.1}
 
@@ -248,9 +418,13 @@ _EXTRA_BAD = [
     BadInput("mismatched head dims (k)", _bad_head_dims, "k"),
     BadInput("v with another key count", _bad_v_keys, "v"),
     BadInput("mismatched leading dims", _bad_lead, "k"),
+    BadInput("q heads not a multiple of k/v heads", _bad_gqa_heads, "k/v"),
+    BadInput("k and v with different heads", _bad_kv_heads, "v"),
     BadInput("q of rank 1", _bad_rank, "q"),
     BadInput("causal not a bool", _bad_causal, "causal"),
     BadInput("negative scale", _bad_scale, "scale"),
+    BadInput("window bound below -1", _bad_window, "window"),
+    BadInput("negative softcap", _bad_softcap, "softcap"),
     BadInput("unknown keyword", _bad_kwarg, "dropout_p"),
 ]
 
@@ -258,10 +432,12 @@ _EXTRA_BAD = [
 # --------------------------------------------------------------------------- spec
 
 
-def attention_reference(q, k, v, causal: bool = False, scale=None):
+def attention_reference(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
+    """float64 reference (GQA: k and v expanded to q's heads; autograd sums dk, dv back
+    over each group; window and softcap applied explicitly)."""
     from kernellab.ops.attention.reference import reference_attention
 
-    return reference_attention(q, k, v, causal=causal, scale=scale)
+    return reference_attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap)
 
 
 _COMMON = dict(
@@ -277,8 +453,9 @@ _COMMON = dict(
         (1, 2, 113, 127, 64),
         (1, 2, 127, 113, 32),
         (1, 2, 130, 16),
+        (1, 4, 2, 17, 33, 16),  # GQA: 4 q heads over 2 k/v heads
     ],
-    quick_shapes=[(2, 3, 17, 32), (1, 2, 45, 70, 64)],
+    quick_shapes=[(2, 3, 17, 32), (1, 2, 45, 70, 64), (1, 4, 2, 17, 33, 40)],  # + GQA at a padded D
     bench_shapes=[(4, 16, 4096, 128), (1, 16, 16384, 64)],
     cpu_bench_shapes=[(1, 2, 128, 64)],
     layout_shape=(2, 3, 37, 64),
@@ -297,7 +474,13 @@ _V2 = dict(
     validator=validate,
     # scale given, causal with S_q < S_k (aligned bottom-right), and both together; at
     # D = 64 the default scale is 0.125.
-    option_sets=[{"causal": True}, {"scale": 0.5}, {"causal": True, "scale": 0.05}],
+    option_sets=[
+        {"causal": True},
+        {"scale": 0.5},
+        {"causal": True, "scale": 0.05},
+        {"causal": True, "window": (9, -1)},  # sliding window: query i sees keys i + 16 - 9 .. i + 16
+        {"window": (5, 3), "softcap": 0.5},  # softcap 0.5 on scores ~N(0, 1): tanh far from linear
+    ],
     option_shape=(1, 2, 29, 45, 64),
     bench_options=[{"causal": False}, {"causal": True}],
     grad_shapes=[(2, 3, 37, 64), (1, 2, 45, 70, 32)],
@@ -314,10 +497,17 @@ def attention(
     causal: bool = False,
     scale: float | None = None,
     *,
+    window: tuple[int, int] | None = None,
+    softcap: float | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T * scale) v over the last two dims, causal aligned bottom-right."""
-    return registry.call("attention", backend, q, k, v, causal=causal, scale=scale)
+    """softmax(q k^T * scale) v over the last two dims, causal aligned bottom-right;
+    optional sliding ``window=(left, right)`` and ``softcap`` (module docstring)."""
+    if window is None and softcap is None:  # (backends registered before these options take the call)
+        return registry.call("attention", backend, q, k, v, causal=causal, scale=scale)
+    return registry.call(
+        "attention", backend, q, k, v, causal=causal, scale=scale, window=window, softcap=softcap
+    )
 
 
 from kernellab.ops.attention import cuda as _cuda  # noqa: E402,F401

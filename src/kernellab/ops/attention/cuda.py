@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from kernellab.cuda.runtime import Module, ceil_div, nvrtc_unavailable
-from kernellab.ops.attention import check_dtype, check_head_dim, resolve_scale
+from kernellab.ops.attention import check_dtype, check_head_dim, refuse_gqa, refuse_options, resolve_scale
 from kernellab.registry import register
 
 MODULE = Module(Path(__file__).with_name("attention.cu"))
@@ -37,16 +37,30 @@ def forward_v1(q, k, v, causal: bool, scale: float):
     return o.reshape(lead + (s_q, d)), lse.reshape(lead + (s_q,))
 
 
-def cuda_v1_attention(q, k, v, causal: bool = False, scale=None):
+def cuda_v1_attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """CUDA v1: one query row per thread, K/V tiles in shared memory, online softmax (fp32, forward only)."""
     check_dtype(q, (torch.float32,), "cuda_v1")
     check_head_dim(q, HEAD_DIMS, "cuda_v1")
+    refuse_gqa(q, k, "cuda_v1")
+    refuse_options("cuda_v1", window, softcap, causal)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise NotImplementedError("attention/cuda_v1 is forward only: no gradient for q, k, v")
     return forward_v1(q, k, v, causal, resolve_scale(q, scale))[0]
 
 
 cuda_v1_attention.differentiable = False
+
+
+def _limits(q, k, v, causal: bool = False, scale=None, window=None, softcap=None) -> str | None:
+    """What cuda_v1 refuses by design (``Impl.limits``: check counts these as refused):
+    GQA, a window, a softcap (head dims and dtypes are declared through HEAD_DIMS / dtypes)."""
+    try:
+        check_head_dim(q, HEAD_DIMS, "cuda_v1")
+        refuse_gqa(q, k, "cuda_v1")
+        refuse_options("cuda_v1", window, softcap, causal)
+    except ValueError as e:
+        return str(e)
+    return None
 
 register(
     "attention",
@@ -57,5 +71,6 @@ register(
     dtypes=(torch.float32,),
     builtin=True,
     module=MODULE,
+    limits=_limits,
     description="CUDA v1: one query row per thread, K/V tiles in shared memory, online softmax (fp32, fwd only)",
 )(cuda_v1_attention)

@@ -7,6 +7,13 @@ Causal is bottom-right everywhere (see the package docstring). SDPA's ``is_causa
 top-left, which is the same thing when S_q == S_k; for S_q != S_k the torch backend passes
 the bottom-right boolean mask instead, and the flash / cuDNN peers refuse (torch reaches
 neither with a bottom-right mask of unequal lengths).
+
+GQA (k/v with fewer heads than q): the float64 reference and manual expand k and v to q's
+heads (repeat_interleave: a copy, fine for a reference and a naive baseline; autograd sums
+dk, dv back over each group); torch, sdpa_flash and sdpa_cudnn pass ``enable_gqa=True``
+(torch's sdp_utils admits GQA for flash and cuDNN; on the CPU SDPA's math path expands);
+sdpa_efficient refuses it (its sdp_utils constraints are compiled without GQA, so forcing
+it would end in "No available kernel").
 """
 
 from __future__ import annotations
@@ -18,15 +25,30 @@ import torch
 import torch.nn.functional as F
 
 from kernellab.ops._baselines import _compile_unavailable, compiled
-from kernellab.ops.attention import causal_allowed, check_dtype, check_head_dim, resolve_scale
+from kernellab.ops.attention import (
+    allowed_mask,
+    causal_allowed,
+    check_dtype,
+    check_head_dim,
+    expand_kv,
+    has_softcap,
+    is_gqa,
+    refuse_gqa,
+    refuse_options,
+    window_bounds,
+    resolve_scale,
+)
 from kernellab.registry import register
 
 
-def _reference_rows(q, k, v, i0: int, causal: bool, sc: float, s_q: int):
+def _reference_rows(q, k, v, i0: int, causal: bool, sc: float, s_q: int, window=None, softcap=None):
     """Reference output of query rows [i0, i0 + q.shape[-2]) of a problem with s_q rows."""
     s = torch.matmul(q, k.transpose(-1, -2)) * sc
-    if causal:
-        allowed = causal_allowed(s_q, k.shape[-2], q.device)[i0 : i0 + q.shape[-2]]
+    if has_softcap(softcap):
+        s = softcap * torch.tanh(s / softcap)
+    allowed = allowed_mask(s_q, k.shape[-2], causal, window, q.device)
+    if allowed is not None:
+        allowed = allowed[i0 : i0 + q.shape[-2]]
         has_key = allowed.any(-1, keepdim=True)
         fill = torch.where(has_key, float("-inf"), 0.0).to(s.dtype)
         s = torch.where(allowed, s, fill)
@@ -42,39 +64,47 @@ def _reference_rows(q, k, v, i0: int, causal: bool, sc: float, s_q: int):
 _REF_CHUNK_ELEMS = 2**27
 
 
-def reference_attention(q, k, v, causal: bool = False, scale=None):
+def reference_attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """softmax(q k^T scale) v in the inputs' dtype (float64 in the check), bottom-right
     causal mask built explicitly; query rows with no allowed key give 0.
 
     Differentiable: the empty rows' scores are set to 0 (not -inf) before the softmax and
     the probabilities multiplied by 0 after, so no NaN reaches autograd."""
     sc = resolve_scale(q, scale)
+    k, v = expand_kv(q, k, v)
     s_q, s_k = q.shape[-2], k.shape[-2]
     heads = max(1, q.numel() // max(1, s_q * q.shape[-1]))
     rows = max(1, _REF_CHUNK_ELEMS // max(1, heads * s_k))
     if rows >= s_q:
-        return _reference_rows(q, k, v, 0, causal, sc, s_q)
+        return _reference_rows(q, k, v, 0, causal, sc, s_q, window, softcap)
     from torch.utils.checkpoint import checkpoint
 
     outs = []
     for i0 in range(0, s_q, rows):
         qi = q[..., i0 : i0 + rows, :]
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            outs.append(checkpoint(_reference_rows, qi, k, v, i0, causal, sc, s_q, use_reentrant=False))
+            outs.append(
+                checkpoint(
+                    _reference_rows, qi, k, v, i0, causal, sc, s_q, window, softcap, use_reentrant=False
+                )
+            )
         else:
-            outs.append(_reference_rows(qi, k, v, i0, causal, sc, s_q))
+            outs.append(_reference_rows(qi, k, v, i0, causal, sc, s_q, window, softcap))
     return torch.cat(outs, dim=-2)
 
 
-def manual_attention(q, k, v, causal: bool = False, scale=None):
+def manual_attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """softmax(QK^T * scale) V with PyTorch ops: the S x S scores materialized in fp32."""
     # Scores in fp32 (q, k upcast): scores rounded to bf16 before the softmax would cost
     # ~|s| 2^-9 in every exponent, far more than any fused kernel's error. P is rounded to
     # the input dtype before PV, as the fused kernels do.
     sc = resolve_scale(q, scale)
+    k, v = expand_kv(q, k, v)
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * sc
-    if causal:
-        allowed = causal_allowed(q.shape[-2], k.shape[-2], q.device)
+    if has_softcap(softcap):
+        s = softcap * torch.tanh(s / softcap)
+    allowed = allowed_mask(q.shape[-2], k.shape[-2], causal, window, q.device)
+    if allowed is not None:
         has_key = allowed.any(-1, keepdim=True)
         s = s.masked_fill(~allowed, float("-inf")).masked_fill(~has_key, 0.0)
         p = torch.softmax(s, dim=-1) * has_key
@@ -110,23 +140,51 @@ def _sdpa(q, k, v, causal, scale, force_contiguous=False):
     if force_contiguous:  # the fused kernels want a unit last-dim stride
         q4, k4, v4 = (t if t.stride(-1) == 1 else t.contiguous() for t in (q4, k4, v4))
     s_q, s_k = q.shape[-2], k.shape[-2]
+    # GQA: the folded head axis keeps each q head's group in order (q head b*H_q + h reads
+    # k/v head b*H_kv + h // g), so enable_gqa's grouping of the folded axis is the same.
+    gqa = is_gqa(q, k)
     if causal and s_q > s_k:
         # Bottom-right: the first S_q - S_k rows see no key (0, as SDPA's safe softmax
         # gives for a fully masked row); the last S_k rows are the square top-left causal
         # problem. Split rather than mask: a fused kernel given fully masked rows may
         # return NaN there, and NaN * 0 is still NaN in the forward and in the gradients.
-        tail = F.scaled_dot_product_attention(q4[..., s_q - s_k :, :], k4, v4, is_causal=True, scale=scale)
+        tail = F.scaled_dot_product_attention(q4[..., s_q - s_k :, :], k4, v4, is_causal=True, scale=scale,
+                                              enable_gqa=gqa)  # fmt: skip
         o = torch.cat([tail.new_zeros(tail.shape[:-2] + (s_q - s_k, tail.shape[-1])), tail], dim=-2)
     elif causal and s_q < s_k:
         allowed = causal_allowed(s_q, s_k, q.device)  # no empty row: every row sees key 0
-        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale)
+        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale, enable_gqa=gqa)
     else:
-        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale)
+        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale, enable_gqa=gqa)
     return o.reshape(out_shape)
 
 
-def torch_attention(q, k, v, causal: bool = False, scale=None):
+def _sdpa_window(q, k, v, causal, scale, window):
+    """SDPA with the boolean mask of the window (and causal). Rows the mask leaves without
+    a key attend every key in SDPA (a fully masked row is NaN in some SDPA kernels, and
+    NaN * 0 stays NaN in the gradients) and are set to 0 after: their zero output
+    gradient gives them no share of dk, dv."""
+    allowed = allowed_mask(q.shape[-2], k.shape[-2], causal, window, q.device)
+    has_key = allowed.any(-1, keepdim=True)
+    q4, k4, v4 = (_aligned(_as4d(t)) for t in (q, k, v))
+    mask = allowed | ~has_key
+    o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=is_gqa(q, k))
+    o = torch.where(has_key, o, 0.0).to(o.dtype)
+    return o.reshape(q.shape[:-1] + (v.shape[-1],))
+
+
+def torch_attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """F.scaled_dot_product_attention, PyTorch's own choice of kernel."""
+    if has_softcap(softcap):
+        # SDPA has no hook on the scores: PyTorch ops, scores in fp32 (as manual).
+        return manual_attention(q, k, v, causal, scale, window, softcap)
+    if window_bounds(window, causal) is not None:
+        if _tf32_fp32(q):
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel([SDPBackend.MATH]):
+                return _sdpa_window(q, k, v, causal, scale, window)
+        return _sdpa_window(q, k, v, causal, scale, window)
     if _tf32_fp32(q):
         # fp32 with TF32 on: the math path (its matmuls honour the TF32 flag), so that the
         # baseline computes its dots the way the TF32 kernels do (package docstring).
@@ -162,6 +220,7 @@ register(
 
 _PEERS = {
     # backend: (SDPBackend name, dtypes, head dims, refuses causal S_q != S_k)
+    # (and sdpa_efficient: no GQA, see _peer_refusal)
     # (and sdpa_cudnn: no S_k = 1, see _peer_refusal)
     "sdpa_flash": ("FLASH_ATTENTION", (torch.float16, torch.bfloat16), tuple(range(8, 257, 8)), True),
     "sdpa_cudnn": ("CUDNN_ATTENTION", (torch.float16, torch.bfloat16), tuple(range(8, 129, 8)), True),
@@ -199,13 +258,14 @@ def _peer_unavailable(name: str):
     return why
 
 
-def _peer_refusal(name: str, q, k, causal: bool) -> Exception | None:
+def _peer_refusal(name: str, q, k, causal: bool, window=None, softcap=None) -> Exception | None:
     """The error the forced SDPA kernel ``name`` is refused with for these arguments
     (before SDPA itself would fail with "No available kernel"), or None when it runs."""
     _, dtypes, dims, refuses_offset_causal = _PEERS[name]
     try:
         check_dtype(q, dtypes, name)
         check_head_dim(q, dims, name)
+        refuse_options(name, window, softcap, causal)
     except (TypeError, ValueError) as e:
         return e
     if causal and refuses_offset_causal and q.shape[-2] != k.shape[-2]:
@@ -213,6 +273,11 @@ def _peer_refusal(name: str, q, k, causal: bool) -> Exception | None:
             f"attention/{name}: causal with S_q != S_k (q has {q.shape[-2]} rows, k {k.shape[-2]}): "
             "torch's is_causal is top-left, and a bottom-right mask never reaches this kernel"
         )
+    if name == "sdpa_efficient" and is_gqa(q, k):
+        try:
+            refuse_gqa(q, k, name)
+        except ValueError as e:
+            return e
     if name == "sdpa_cudnn" and k.shape[-2] == 1:
         # PyTorch (2.11): "cudnn SDPA does not support key/value sequence length 1"
         return ValueError(
@@ -226,8 +291,8 @@ def _peer_limits(name: str):
     """The peer's declared limits (``Impl.limits``): why it refuses (q, k, v, causal), or
     None; the same conditions the peer raises on, so ``check`` and the tests agree with it."""
 
-    def limits(q, k, v, causal: bool = False, scale=None) -> str | None:
-        e = _peer_refusal(name, q, k, causal)
+    def limits(q, k, v, causal: bool = False, scale=None, window=None, softcap=None) -> str | None:
+        e = _peer_refusal(name, q, k, causal, window, softcap)
         return str(e) if e is not None else None
 
     return limits
@@ -236,10 +301,10 @@ def _peer_limits(name: str):
 def _make_peer(name: str):
     sdp = _PEERS[name][0]
 
-    def peer(q, k, v, causal: bool = False, scale=None):
+    def peer(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        refusal = _peer_refusal(name, q, k, causal)
+        refusal = _peer_refusal(name, q, k, causal, window, softcap)
         if refusal is not None:
             raise refusal
         with sdpa_kernel([getattr(SDPBackend, sdp)]):

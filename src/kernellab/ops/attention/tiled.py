@@ -25,8 +25,17 @@ Backward, with D_i = rowsum(dO_i * O_i) (so that dS = P (dP - D)):
         dP = dO_i V_j^T;  dS = P (dP - D_i)
         dK_j += dS^T Q_i scale;  dQ_i += dS K_j scale
 
-Rows with no allowed key (causal, S_q > S_k) keep l = 0: O = 0, LSE = -inf, and their P is
-0 in the backward (LSE replaced by +inf there).
+GQA: k and v are expanded to q's heads first (a copy: this is the readable spec; the
+Triton kernels index the shared k/v head instead), so autograd sums dk, dv over each
+group through repeat_interleave's backward.
+
+Sliding window (left, right) and softcap c (package docstring): the mask below gains the
+window's two bounds, and only the key blocks inside some row's window are visited (in
+the backward: only the query blocks that see some key of the block); the scores become
+c tanh(S / c) before the mask, and the backward multiplies dS by 1 - tanh^2.
+
+Rows with no allowed key (causal, S_q > S_k, or outside every window) keep l = 0: O = 0,
+LSE = -inf, and their P is 0 in the backward (LSE replaced by +inf there).
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ import math
 
 import torch
 
-from kernellab.ops.attention import resolve_scale
+from kernellab.ops.attention import expand_kv, has_softcap, resolve_scale, window_bounds
 from kernellab.registry import register
 
 BLOCK_M = 32  # query rows per tile
@@ -46,27 +55,58 @@ def _fold(t: torch.Tensor) -> torch.Tensor:
     return t.reshape((math.prod(t.shape[:-2]),) + tuple(t.shape[-2:]))  # (-1 fails on 0 elements)
 
 
-def _key_end(i0: int, s_q: int, s_k: int, causal: bool) -> int:
-    """One past the last key that any of the query rows [i0, i0 + BLOCK_M) may see."""
-    if not causal:
-        return s_k
-    return max(0, min(s_k, i0 + BLOCK_M + s_k - s_q))
+def _key_range(i0: int, s_q: int, s_k: int, causal: bool, win) -> tuple[int, int]:
+    """[first key block start, one past the last key) that any of the query rows
+    [i0, i0 + BLOCK_M) may see (win: window_bounds, causal already folded in)."""
+    off = s_k - s_q
+    start, end = 0, s_k
+    if causal:
+        end = max(0, min(s_k, i0 + BLOCK_M + off))
+    if win is not None:
+        left, right = win
+        if left >= 0:
+            start = max(0, i0 + off - left) // BLOCK_N * BLOCK_N
+        if right >= 0:
+            end = max(0, min(end, i0 + BLOCK_M + off + right))
+    return start, end
 
 
-def _mask(i0, j0, m, n, s_q, s_k, device):
-    """True where query i0 + a may attend key j0 + b (bottom-right causal)."""
-    i = torch.arange(i0, i0 + m, device=device)[:, None]
+def _query_range(j0: int, s_q: int, s_k: int, causal: bool, win) -> tuple[int, int]:
+    """[first query block start, one past the last query) that sees some key of
+    [j0, j0 + BLOCK_N): query i sees key j when i + off - left <= j <= i + off + right."""
+    off = s_k - s_q
+    start, end = 0, s_q
+    right = 0 if causal else -1
+    if win is not None:
+        right = win[1]
+        if win[0] >= 0:
+            end = max(0, min(s_q, j0 + BLOCK_N - off + win[0]))
+    if right >= 0:
+        start = max(0, j0 - off - right) // BLOCK_M * BLOCK_M
+    return start, end
+
+
+def _mask(i0, j0, m, n, s_q, s_k, device, causal=True, win=None):
+    """True where query i0 + a may attend key j0 + b (bottom-right causal, the window)."""
+    i = torch.arange(i0, i0 + m, device=device)[:, None] + (s_k - s_q)
     j = torch.arange(j0, j0 + n, device=device)[None, :]
-    return j <= i + (s_k - s_q)
+    ok = j <= i if causal else torch.ones(m, n, dtype=torch.bool, device=device)
+    if win is not None:
+        if win[0] >= 0:
+            ok = ok & (j >= i - win[0])
+        if win[1] >= 0:
+            ok = ok & (j <= i + win[1])
+    return ok
 
 
 def _math_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float32 else torch.float32
 
 
-def forward(q, k, v, causal: bool = False, scale=None):
+def forward(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """(o, lse): o like q (D_v = D), lse (..., S_q) fp32."""
     sc = resolve_scale(q, scale)
+    win, cap = window_bounds(window, causal), softcap if has_softcap(softcap) else None
     f = _math_dtype(q.dtype)
     lead, s_q, s_k = q.shape[:-2], q.shape[-2], k.shape[-2]
     qf, kf, vf = _fold(q), _fold(k), _fold(v)
@@ -79,12 +119,15 @@ def forward(q, k, v, causal: bool = False, scale=None):
         m = torch.full((bh, m_rows), float("-inf"), dtype=f, device=q.device)
         l = torch.zeros(bh, m_rows, dtype=f, device=q.device)
         acc = torch.zeros(bh, m_rows, d, dtype=f, device=q.device)
-        for j0 in range(0, _key_end(i0, s_q, s_k, causal), BLOCK_N):
+        for j0 in range(*_key_range(i0, s_q, s_k, causal, win), BLOCK_N):
             kj = kf[:, j0 : j0 + BLOCK_N].to(f)
             vj = vf[:, j0 : j0 + BLOCK_N].to(f)
             s = qi @ kj.transpose(-1, -2) * sc
-            if causal:
-                s = s.masked_fill(~_mask(i0, j0, m_rows, kj.shape[1], s_q, s_k, q.device), float("-inf"))
+            if cap is not None:
+                s = cap * torch.tanh(s / cap)
+            if causal or win is not None:
+                allowed = _mask(i0, j0, m_rows, kj.shape[1], s_q, s_k, q.device, causal, win)
+                s = s.masked_fill(~allowed, float("-inf"))
             m_new = torch.maximum(m, s.amax(-1))
             m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
             p = torch.exp(s - m_safe[..., None])
@@ -99,9 +142,10 @@ def forward(q, k, v, causal: bool = False, scale=None):
     return o.reshape(lead + (s_q, d)), lse.reshape(lead + (s_q,))
 
 
-def backward(do, q, k, v, o, lse, causal: bool = False, scale=None):
+def backward(do, q, k, v, o, lse, causal: bool = False, scale=None, window=None, softcap=None):
     """(dq, dk, dv) by recomputation from the LSE."""
     sc = resolve_scale(q, scale)
+    win, cap = window_bounds(window, causal), softcap if has_softcap(softcap) else None
     f = _math_dtype(q.dtype)
     s_q, s_k = q.shape[-2], k.shape[-2]
     qf, kf, vf = _fold(q).to(f), _fold(k).to(f), _fold(v).to(f)
@@ -112,17 +156,23 @@ def backward(do, q, k, v, o, lse, causal: bool = False, scale=None):
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     for j0 in range(0, s_k, BLOCK_N):
         kj, vj = kf[:, j0 : j0 + BLOCK_N], vf[:, j0 : j0 + BLOCK_N]
-        # Causal: the first query row that sees key j0 is j0 - (S_k - S_q).
-        i_start = max(0, j0 - (s_k - s_q)) // BLOCK_M * BLOCK_M if causal else 0
-        for i0 in range(i_start, s_q, BLOCK_M):
+        # Causal: the first query row that sees key j0 is j0 - (S_k - S_q); a window's left
+        # bound also ends the rows that see the block.
+        for i0 in range(*_query_range(j0, s_q, s_k, causal, win), BLOCK_M):
             qi, doi = qf[:, i0 : i0 + BLOCK_M], dof[:, i0 : i0 + BLOCK_M]
             s = qi @ kj.transpose(-1, -2) * sc
-            if causal:
-                s = s.masked_fill(~_mask(i0, j0, qi.shape[1], kj.shape[1], s_q, s_k, q.device), float("-inf"))
+            if cap is not None:
+                t = torch.tanh(s / cap)
+                s = cap * t
+            if causal or win is not None:
+                allowed = _mask(i0, j0, qi.shape[1], kj.shape[1], s_q, s_k, q.device, causal, win)
+                s = s.masked_fill(~allowed, float("-inf"))
             p = torch.exp(s - lsef[:, i0 : i0 + BLOCK_M, None])
             dv[:, j0 : j0 + BLOCK_N] += p.to(q.dtype).to(f).transpose(-1, -2) @ doi
             dp = doi @ vj.transpose(-1, -2)
             ds = p * (dp - delta[:, i0 : i0 + BLOCK_M, None])
+            if cap is not None:
+                ds = ds * (1 - t * t)  # d(c tanh(s / c)) / ds
             dk[:, j0 : j0 + BLOCK_N] += ds.transpose(-1, -2) @ qi * sc
             dq[:, i0 : i0 + BLOCK_M] += ds @ kj * sc
     return (
@@ -134,10 +184,10 @@ def backward(do, q, k, v, o, lse, causal: bool = False, scale=None):
 
 class _Tiled(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        o, lse = forward(q, k, v, causal, scale)
+    def forward(ctx, q, k, v, causal, scale, window, softcap):
+        o, lse = forward(q, k, v, causal, scale, window, softcap)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.options = (causal, scale, window, softcap)
         return o
 
     @staticmethod
@@ -148,15 +198,16 @@ class _Tiled(torch.autograd.Function):
                 "backend; use backend='torch' or 'manual'"
             )
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = backward(do, q, k, v, o, lse, ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = backward(do, q, k, v, o, lse, *ctx.options)
+        return dq, dk, dv, None, None, None, None
 
 
-def tiled_attention(q, k, v, causal: bool = False, scale=None):
+def tiled_attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """FlashAttention-2 in PyTorch ops: tiles, online softmax, LSE; backward by recomputation."""
+    k, v = expand_kv(q, k, v)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _Tiled.apply(q, k, v, causal, scale)
-    return forward(q, k, v, causal, scale)[0]
+        return _Tiled.apply(q, k, v, causal, scale, window, softcap)
+    return forward(q, k, v, causal, scale, window, softcap)[0]
 
 
 register(

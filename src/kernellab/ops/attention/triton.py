@@ -4,8 +4,12 @@ registration. tiled.py is the same algorithm in PyTorch ops, readable line by li
 file is that algorithm with the tiles in SRAM.
 
 Contract: q (..., S_q, D), k and v (..., S_k, D), same leading dims (folded into one BH
-axis, a view when the strides allow), any strides (passed to the kernels); D in 16, 32,
-64, 128, 256; fp16 / bf16 (fp32 accumulation) or fp32 (TF32 dots when
+axis, a view when the strides allow) except GQA's heads (dim -3: H_q a multiple of H_kv;
+q head h reads k/v head h // GROUP in place, GROUP = H_q / H_kv, a runtime argument), any
+strides (passed to the kernels); D any multiple of 8 up to 256 (tiles
+BLOCK_D wide, the next power of two >= 16; the columns past D are masked in every load
+and store, so power-of-two head dims compile with no head-dim mask at all); fp16 / bf16
+(fp32 accumulation) or fp32 (TF32 dots when
 ``torch.backends.cuda.matmul.allow_tf32``, IEEE fp32 dots otherwise; see the package
 docstring). Outputs are fresh and contiguous: o (..., S_q, D) and lse (..., S_q) fp32, the
 log-sum-exp of the scaled scores in log2 units (log2(sum 2^(s * log2 e))), the only tensor saved for the backward besides
@@ -35,6 +39,19 @@ instead of 5). Measured on the H100 (bf16, D=128, S=2k-8k): dQ by fp32 atomics i
 dK/dV pass (5 matmuls) was no faster (4.03-4.11 ms against 4.02 for the two passes at
 1x32x8192) and not deterministic, so the passes stay (benchmarks/NOTES.md).
 
+GQA: the forward and the dQ pass run one program per (query block, q head) and read the
+q head's k/v head; the dK/dV pass runs one program per (key block, k/v head) and, at each
+query block, loops over the GROUP q heads of its group, so dK, dV sum the group in
+registers (no atomics, no dK/dV per q head to reduce afterwards, no repeat_interleave copy
+of k and v). GQA is a constexpr: plain attention compiles as it did before GQA existed.
+(Compiled by Triton 3.9 for sm_90 at the first dK/dV tile, 32 x 64, D=128, the GQA
+variant holds 255 registers with 10 local-memory instructions; plain attention 248, none.)
+
+Sliding window and softcap (package docstring) are constexprs too (WINDOW, SOFTCAP): with
+a window every pass visits only the blocks inside some row's window, all of them masked
+(no unmasked middle yet: a wide window pays the mask on every block); with a softcap the
+scores go through tanh (libdevice on a GPU) and dS through 1 - tanh^2.
+
 Rows with no allowed key (causal, S_q > S_k) give o = 0 and lse = -inf; the backward
 reads that -inf as +inf so their P is exactly 0.
 
@@ -55,13 +72,14 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra import libdevice
 
 from kernellab import device as _device
 from kernellab import triton_support
-from kernellab.ops.attention import check_head_dim, resolve_scale
+from kernellab.ops.attention import resolve_scale
 from kernellab.ops.kit import OpDecl, build
 
-HEAD_DIMS = (16, 32, 64, 128, 256)
+HEAD_DIMS = tuple(range(8, 257, 8))  # tiles padded to a power of two (_block_d)
 LOG2E = 1.4426950408889634
 
 
@@ -144,11 +162,13 @@ def _prune(configs, nargs, **kwargs):
 
 
 def _fit(configs, nargs, **kwargs):
-    """Drop tiles that cannot fit: D=256 or fp32 keep tiles of at most 64 x 64 and 2
-    stages (a 128 x 256 bf16 Q tile alone is 64 KB, and fp32 doubles every tile); D=256
-    in fp32 keeps only the last, smallest config (compiled for sm_90, the 32 x 64 dK/dV
-    and 64 x 32 dQ tiles ask for 262 KB of shared memory; the limit is 227 KB)."""
-    d = kwargs.get("HEAD_D", nargs.get("HEAD_D"))
+    """Drop tiles that cannot fit, judged at the padded head dim BLOCK_D (the tiles in
+    shared memory are BLOCK_D wide whatever D is: D = 136..256 all count as 256). D=256 or
+    fp32 keep tiles of at most 64 x 64 and 2 stages (a 128 x 256 bf16 Q tile alone is 64 KB,
+    and fp32 doubles every tile); D=256 in fp32 keeps only the last, smallest config
+    (compiled for sm_90, the 32 x 64 dK/dV and 64 x 32 dQ tiles ask for 262 KB of shared
+    memory; the limit is 227 KB)."""
+    d = kwargs.get("BLOCK_D", nargs.get("BLOCK_D"))  # the padded head dim: what shared memory holds
     q = nargs.get("Q")
     wide = d is not None and d >= 256
     fp32 = q is not None and getattr(q, "dtype", None) == torch.float32
@@ -172,8 +192,9 @@ def _prune_dkdv(configs, nargs, **kwargs):
 
 
 # Autotune key: bucketed sequence lengths (next power of two, so odd lengths share a
-# tuning), the head dim, causal and the dot precision; Triton adds the tensors' dtypes.
-_KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "CAUSAL", "PREC"]
+# tuning), the head dim, causal, the dot precision and the variant (window, softcap, GQA:
+# each a different kernel, tuned apart); Triton adds the tensors' dtypes.
+_KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "CAUSAL", "PREC", "WINDOW", "SOFTCAP", "GQA"]
 
 
 # --------------------------------------------------------------------------- forward
@@ -220,38 +241,98 @@ def _mma(a, b, acc, PREC: tl.constexpr):
 
 
 @triton.jit
+def _ld(ptrs, rows_ok, d_ok, ROWS: tl.constexpr, PAD_D: tl.constexpr):
+    """A (rows x BLOCK_D) tile: rows masked when ROWS (a tail or a causal edge), the head
+    dim masked when PAD_D (D padded up to the power of two BLOCK_D: columns D..BLOCK_D load
+    as 0, so they add 0 to every dot and their outputs are never stored). Without either
+    mask the load is the plain vectorized one: the power-of-two head dims compile exactly
+    as before the padding existed."""
+    if ROWS:
+        if PAD_D:
+            x = tl.load(ptrs, mask=rows_ok[:, None] & d_ok[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+    else:
+        if PAD_D:
+            x = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _st(ptrs, x, rows_ok, d_ok, PAD_D: tl.constexpr):
+    """Store a (rows x BLOCK_D) tile, rows masked, the padded head-dim columns dropped."""
+    if PAD_D:
+        tl.store(ptrs, x, mask=rows_ok[:, None] & d_ok[None, :])
+    else:
+        tl.store(ptrs, x, mask=rows_ok[:, None])
+
+
+@triton.jit
+def _tanh(x, SOFTCAP: tl.constexpr):
+    """tanh in fp32. SOFTCAP 1 (a GPU): libdevice's tanhf (~2 ulp). SOFTCAP 2 (the CPU
+    interpreter, which has no libdevice): sign(x) (1 - e) / (1 + e) with e = exp(-2|x|),
+    and below |x| = 0.3, where 1 - e cancels (absolute error ~ulp(1), i.e. 1e-5 relative
+    at |x| = 0.01), the odd Taylor series to x^9 (next term 0.0089 x^11 < 2e-8 there)."""
+    if SOFTCAP == 1:
+        t = libdevice.tanh(x)
+    else:
+        a = tl.abs(x)
+        e = tl.exp(-2.0 * a)
+        big = (1.0 - e) / (1.0 + e)
+        x2 = a * a
+        poly = -17.0 / 315.0 + x2 * (62.0 / 2835.0)
+        small = a * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * poly)))
+        t = tl.where(a < 0.3, small, big)
+        t = tl.where(x < 0, -t, t)
+    return t
+
+
+@triton.jit
+def _in_window(offs_m, cols, OFFSET, WIN_L, WIN_R):
+    """(rows x cols) True where query offs_m may see key cols: i + OFFSET - WIN_L <= j <=
+    i + OFFSET + WIN_R (an unbounded side comes as 2^30)."""
+    rel = cols[None, :] - (offs_m[:, None] + OFFSET)
+    return (rel >= -WIN_L) & (rel <= WIN_R)
+
+
+@triton.jit
 def _fwd_inner(
     acc, l_i, m_i, q,
     k_ptrs, v_ptrs, stride_kn, stride_vn,
-    offs_m, offs_n, start, end, qk_scale, S_k, OFFSET,
+    offs_m, offs_n, d_ok, start, end, qk_scale, S_k, OFFSET,
+    WIN_L, WIN_R, cap_in, cap_out,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-    F32_DOTS: tl.constexpr,
+    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     # One pass over key blocks [start, end). m_i is in log2 units (scores * scale * log2 e).
+    # SOFTCAP: the scores become cap_out * tanh(qk * cap_in) (softcap * log2 e * tanh(s /
+    # softcap)), already in log2 units: the launcher passes qk_scale = 1.
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        if MASKED:
-            key_ok = (start_n + offs_n) < S_k
-            k = tl.load(k_ptrs + start_n * stride_kn, mask=key_ok[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs + start_n * stride_kn)
+        key_ok = (start_n + offs_n) < S_k
+        k = _ld(k_ptrs + start_n * stride_kn, key_ok, d_ok, MASKED, PAD_D)
         if F32_DOTS:
             k = k.to(tl.float32)
         qk = _dot(q, tl.trans(k), PREC)
+        if SOFTCAP:
+            qk = cap_out * _tanh(qk * cap_in, SOFTCAP)
         if MASKED:
             allowed = key_ok[None, :]
             if CAUSAL:
                 allowed = allowed & ((start_n + offs_n)[None, :] <= offs_m[:, None] + OFFSET)
+            if WINDOW:
+                allowed = allowed & _in_window(offs_m, start_n + offs_n, OFFSET, WIN_L, WIN_R)
             qk = tl.where(allowed, qk * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
             p = tl.math.exp2(qk - m_sub[:, None])
-            v = tl.load(v_ptrs + start_n * stride_vn, mask=key_ok[:, None], other=0.0)
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_sub = m_new
             p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
-            v = tl.load(v_ptrs + start_n * stride_vn)
+        v = _ld(v_ptrs + start_n * stride_vn, key_ok, d_ok, MASKED, PAD_D)
         if F32_DOTS:
             v = v.to(tl.float32)
         alpha = tl.math.exp2(m_i - m_sub)
@@ -265,44 +346,59 @@ def _fwd_inner(
 @triton.autotune(configs=fwd_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
 @triton_support.jit
 def _attn_fwd(
-    Q, K, V, O, LSE,  # q (Z, NH, S_q, D), k/v (Z, NH, S_k, D), o (Z, NH, S_q, D) strided; lse (Z*NH, S_q) contiguous
-    qk_scale,  # scale * log2(e)
+    Q, K, V, O, LSE,  # q (Z, NH, S_q, D), k/v (Z, NH / GROUP, S_k, D), o (Z, NH, S_q, D) strided;
+    # lse (Z*NH, S_q) contiguous
+    qk_scale,  # scale * log2(e) (1 with a softcap)
+    cap_in, cap_out,  # softcap: scale / softcap, softcap * log2(e) (SOFTCAP only)
     stride_qz, stride_qh, stride_qs, stride_qd,
     stride_kz, stride_kh, stride_ks, stride_kd,
     stride_vz, stride_vh, stride_vs, stride_vd,
     stride_oz, stride_oh, stride_os,  # o's head dim is unit-stride
-    NH, S_q, S_k,  # grid: cdiv(S_q, BLOCK_M) * Z * NH programs
+    NH, GROUP,  # q heads; q heads per k/v head (GQA; 1: plain attention)
+    S_q, S_k,  # grid: cdiv(S_q, BLOCK_M) * Z * NH programs
     S_Q_KEY, S_K_KEY,  # autotune buckets only
-    HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    WIN_L, WIN_R,  # sliding window bounds (WINDOW only; unbounded: 2^30; causal: WIN_R = 0)
+    HEAD_D: tl.constexpr,  # D (a multiple of 8, <= 256)
+    BLOCK_D: tl.constexpr,  # D's tile: the next power of two, >= 16 (tl.dot's minimum K)
+    CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,  # SOFTCAP: 0 off, 1 libdevice tanh, 2 portable
+    GQA: tl.constexpr,  # GROUP > 1 (False: no integer division by GROUP, ~24 instructions and a MUFU)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     # Inductor types a float argument fp64 (Triton: fp32); an fp64 scale would carry the
     # softmax state, and the accumulator, into fp64 (tl.dot then refuses the accumulator).
     qk_scale = tl.cast(qk_scale, tl.float32)
+    cap_in, cap_out = tl.cast(cap_in, tl.float32), tl.cast(cap_out, tl.float32)
     num_m = tl.cdiv(S_q, BLOCK_M)
     bh = (pid // num_m).to(tl.int64)  # consecutive programs share a head: K/V stay in L2
     zo = bh // NH
     ho = bh % NH
+    hk = ho
+    if GQA:
+        hk = ho // GROUP  # the group's k/v head, read in place (a group's q heads are consecutive: L2 too)
     pid_m = pid % num_m
     if CAUSAL:
         pid_m = num_m - 1 - pid_m  # longest rows first
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_D)
+    offs_d = tl.arange(0, BLOCK_D)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_D
+    d_ok = offs_d < HEAD_D
     OFFSET = S_k - S_q  # bottom-right causal: query i sees keys j <= i + OFFSET
+    row_ok = offs_m < S_q
 
     q_ptrs = Q + zo * stride_qz + ho * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=offs_m[:, None] < S_q, other=0.0)
+    q = _ld(q_ptrs, row_ok, d_ok, True, PAD_D)
     if F32_DOTS:
         q = q.to(tl.float32)
-    k_ptrs = K + zo * stride_kz + ho * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
-    v_ptrs = V + zo * stride_vz + ho * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    k_ptrs = K + zo * stride_kz + hk * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = V + zo * stride_vz + hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     # Key blocks [0, full) are whole (below S_k) and visible to every row of this block
     # (causal: all keys <= start_m + OFFSET); [full, end) are masked.
@@ -312,13 +408,22 @@ def _attn_fwd(
         diag = (tl.maximum(start_m + OFFSET + 1, 0) // BLOCK_N) * BLOCK_N
         full = tl.minimum(full, diag)
         end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET), 0)
+    start = 0
+    if WINDOW:
+        # Only the key blocks some row of this block sees: [first row - WIN_L, last row +
+        # WIN_R], all masked (the window's two edges; a first version: no unmasked middle).
+        start = (tl.maximum(start_m + OFFSET - WIN_L, 0) // BLOCK_N) * BLOCK_N
+        end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET + WIN_R), 0)
+        full = start
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n,
-        0, full, qk_scale, S_k, OFFSET, False, CAUSAL, BLOCK_N, PREC, F32_DOTS,
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, d_ok,
+        start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n,
-        full, end, qk_scale, S_k, OFFSET, True, CAUSAL, BLOCK_N, PREC, F32_DOTS,
+        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, d_ok,
+        full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
     )  # fmt: skip
 
     empty = l_i == 0.0  # no allowed key (only possible with causal and S_q > S_k)
@@ -329,9 +434,8 @@ def _attn_fwd(
     # which every recomputed probability inherited (fp32 dk/dv/dq up to 1.2x the check's
     # bound on 5 of 20 seeds, CPU).
     lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_div))
-    row_ok = offs_m < S_q
     o_ptrs = O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None])
+    _st(o_ptrs, o.to(O.dtype.element_ty), row_ok, d_ok, PAD_D)
     tl.store(LSE + bh * S_q + offs_m, lse, mask=row_ok)
 
 
@@ -342,7 +446,7 @@ def _attn_fwd(
 def _attn_bwd_pre(
     O, DO, DELTA,  # o (Z, NH, S_q, D) unit-stride rows, dO strided, delta (Z*NH, S_q) fp32
     stride_oz, stride_oh, stride_os, stride_doz, stride_doh, stride_dos, stride_dod,
-    NH, S_q, num_m, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    NH, S_q, num_m, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
 ):  # fmt: skip
     # delta_i = sum_d dO[i, d] * O[i, d]  (= rowsum(P * dP), so dS = P (dP - delta))
     pid = tl.program_id(0)
@@ -350,108 +454,189 @@ def _attn_bwd_pre(
     zo = bh // NH
     ho = bh % NH
     offs_m = (pid % num_m) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_D)
+    offs_d = tl.arange(0, BLOCK_D)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_D
+    d_ok = offs_d < HEAD_D
     row_ok = offs_m < S_q
-    o = tl.load(
-        O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :],
-        mask=row_ok[:, None],
-        other=0.0,
-    )
-    do = tl.load(
+    o_ptrs = O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
+    o = _ld(o_ptrs, row_ok, d_ok, True, PAD_D)
+    do = _ld(
         DO + zo * stride_doz + ho * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
-        mask=row_ok[:, None],
-        other=0.0,
-    )
+        row_ok, d_ok, True, PAD_D,
+    )  # fmt: skip
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + bh * S_q + offs_m, delta, mask=row_ok)
 
 
 @triton.jit
+def _dkdv_step(
+    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_m, row_ok, offs_n, d_ok,
+    qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+):  # fmt: skip
+    # One query block (q_ptrs, do_ptrs at its first row) against the key block in k, v
+    # (transposed math: P^T (BLOCK_N x BLOCK_M) so dV += P^T dO and dK += dS^T Q need no
+    # transposes of big tiles).
+    q = _ld(q_ptrs, row_ok, d_ok, MASKED, PAD_D)
+    do = _ld(do_ptrs, row_ok, d_ok, MASKED, PAD_D)
+    if MASKED:
+        lse = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
+    else:
+        lse = tl.load(lse_ptr + offs_m)
+        delta = tl.load(delta_ptr + offs_m)
+    if F32_DOTS:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units; empty rows: P = 0
+    qkT = _dot(k, tl.trans(q), PREC)
+    if SOFTCAP:
+        tT = _tanh(qkT * cap_in, SOFTCAP)
+        qkT = cap_out * tT
+    pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
+    if MASKED:
+        if CAUSAL:
+            pT = tl.where(offs_n[:, None] <= offs_m[None, :] + OFFSET, pT, 0.0)
+        if WINDOW:
+            pT = tl.where(tl.trans(_in_window(offs_m, offs_n, OFFSET, WIN_L, WIN_R)), pT, 0.0)
+    dv = _mma(pT.to(do.dtype), do, dv, PREC)
+    dpT = _dot(v, tl.trans(do), PREC)
+    dsT = pT * (dpT - delta[None, :])
+    if SOFTCAP:
+        dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(s / softcap)) / ds
+    dk = _mma(dsT.to(q.dtype), q, dk, PREC)
+    return dk, dv
+
+
+@triton.jit
 def _dkdv_inner(
     dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-    offs_m0, offs_n, start, end, qk_scale, S_q, OFFSET,
+    offs_m0, offs_n, d_ok, start, end, qk_scale, S_q, OFFSET,
+    WIN_L, WIN_R, cap_in, cap_out, stride_qh, stride_doh, GROUP,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
-    F32_DOTS: tl.constexpr,
+    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    GQA: tl.constexpr,
 ):  # fmt: skip
-    # Query blocks [start, end) against the key block held in k, v (transposed math:
-    # P^T (BLOCK_N x BLOCK_M) so dV += P^T dO and dK += dS^T Q need no transposes of big tiles).
+    # Query blocks [start, end) against the key block held in k, v. GQA: at each query
+    # block, the GROUP q heads of the group one after another (heads h0..h0+GROUP-1: q, dO
+    # one head stride apart, the LSE and delta rows S_q apart). The head loop is the inner
+    # one: as the outer loop (one pass over the query blocks per head) the dK/dV kernel
+    # spilled 360 bytes at 32 x 64 tiles, D=128 (Triton 3.9, sm_90); inside, the loop-carried
+    # state is what plain attention carries.
     for start_m in range(start, end, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
-        if MASKED:
-            row_ok = offs_m < S_q
-            q = tl.load(q_ptrs + start_m * stride_qs, mask=row_ok[:, None], other=0.0)
-            do = tl.load(do_ptrs + start_m * stride_dos, mask=row_ok[:, None], other=0.0)
-            lse = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf"))
-            delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
+        row_ok = offs_m < S_q
+        if GQA:
+            for g in range(0, GROUP):
+                dk, dv = _dkdv_step(
+                    dk, dv, k, v, q_ptrs + (g * stride_qh + start_m * stride_qs),
+                    do_ptrs + (g * stride_doh + start_m * stride_dos), lse_ptr + g * S_q, delta_ptr + g * S_q,
+                    offs_m, row_ok, offs_n, d_ok, qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+                    MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+                )  # fmt: skip
         else:
-            q = tl.load(q_ptrs + start_m * stride_qs)
-            do = tl.load(do_ptrs + start_m * stride_dos)
-            lse = tl.load(lse_ptr + offs_m)
-            delta = tl.load(delta_ptr + offs_m)
-        if F32_DOTS:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
-        lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units; empty rows: P = 0
-        qkT = _dot(k, tl.trans(q), PREC)
-        pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
-        if MASKED:
-            if CAUSAL:
-                pT = tl.where(offs_n[:, None] <= offs_m[None, :] + OFFSET, pT, 0.0)
-        dv = _mma(pT.to(do.dtype), do, dv, PREC)
-        dpT = _dot(v, tl.trans(do), PREC)
-        dsT = pT * (dpT - delta[None, :])
-        dk = _mma(dsT.to(q.dtype), q, dk, PREC)
+            dk, dv = _dkdv_step(
+                dk, dv, k, v, q_ptrs + start_m * stride_qs, do_ptrs + start_m * stride_dos,
+                lse_ptr, delta_ptr,
+                offs_m, row_ok, offs_n, d_ok, qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+                MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+            )  # fmt: skip
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_head(
+    dk, dv, k, v, Q, DO, LSE, DELTA, zo, ho, NH,
+    stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
+    offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
+    WIN_L, WIN_R, cap_in, cap_out, GROUP,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, GQA: tl.constexpr,
+):  # fmt: skip
+    # dK, dV += the share of q heads ho .. ho + GROUP - 1 (GQA; else ho alone): query
+    # blocks [lo, mid) masked, [mid, tail) whole, [tail, q_end) masked.
+    bh = zo * NH + ho
+    q_ptrs = Q + zo * stride_qz + ho * stride_qh + offs_m0[:, None] * stride_qs + offs_d[None, :] * stride_qd
+    do_ptrs = (
+        DO + zo * stride_doz + ho * stride_doh + offs_m0[:, None] * stride_dos + offs_d[None, :] * stride_dod
+    )
+    lse_ptr = LSE + bh * S_q
+    delta_ptr = DELTA + bh * S_q
+    dk, dv = _dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, d_ok, lo, mid, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+    )  # fmt: skip
+    dk, dv = _dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, d_ok, mid, tail, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        stride_qh, stride_doh, GROUP, False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+    )  # fmt: skip
+    dk, dv = _dkdv_inner(
+        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
+        offs_m0, offs_n, d_ok, tail, q_end, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+    )  # fmt: skip
     return dk, dv
 
 
 @triton.autotune(configs=bwd_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune_dkdv})
 @triton_support.jit
 def _attn_bwd_dkdv(
-    Q, K, V, DO, LSE, DELTA, DK, DV,  # dk, dv (Z, NH, S_k, D) with unit-stride rows
-    qk_scale, sm_scale,
+    Q, K, V, DO, LSE, DELTA, DK, DV,  # dk, dv (Z, NH / GROUP, S_k, D) with unit-stride rows
+    qk_scale, sm_scale, cap_in, cap_out,
     stride_qz, stride_qh, stride_qs, stride_qd,
     stride_kz, stride_kh, stride_ks, stride_kd,
     stride_vz, stride_vh, stride_vs, stride_vd,
     stride_doz, stride_doh, stride_dos, stride_dod,
     stride_dkz, stride_dkh, stride_dks,
     stride_dvz, stride_dvh, stride_dvs,
-    NH, S_q, S_k, S_Q_KEY, S_K_KEY,
-    HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    NH, GROUP, S_q, S_k, S_Q_KEY, S_K_KEY,  # grid: cdiv(S_k, BLOCK_N) * Z * (NH / GROUP) programs
+    WIN_L, WIN_R,
+    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,  # as _attn_fwd
+    CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    GQA: tl.constexpr,  # GROUP > 1: loop over the group (GROUP == 1 compiles without the loop)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
+    cap_in, cap_out = tl.cast(cap_in, tl.float32), tl.cast(cap_out, tl.float32)
     num_n = tl.cdiv(S_k, BLOCK_N)
-    bh = (pid // num_n).to(tl.int64)
-    zo = bh // NH
-    ho = bh % NH
+    # One program per (key block, k/v head). GQA: it sums dK, dV over the GROUP q heads that
+    # read this k/v head, one after another in registers (deterministic, no atomics; the
+    # same order on every run). Work per program grows GROUP-fold and the grid shrinks as
+    # much: Llama-3-8B at 1x8kv x 2048 / 64-key tiles is 256 programs, ~2 waves on 132 SMs.
+    nh_kv = NH
+    if GQA:
+        nh_kv = NH // GROUP
+    bhk = (pid // num_n).to(tl.int64)
+    zo = bhk // nh_kv
+    hk = bhk % nh_kv
     start_n = (pid % num_n) * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_D)
+    offs_d = tl.arange(0, BLOCK_D)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_D
+    d_ok = offs_d < HEAD_D
     OFFSET = S_k - S_q
     key_ok = offs_n < S_k
     # Keys past S_k load as 0; their dk/dv rows are computed and never stored.
-    k = tl.load(
-        K + zo * stride_kz + ho * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-        mask=key_ok[:, None],
-        other=0.0,
-    )
-    v = tl.load(
-        V + zo * stride_vz + ho * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-        mask=key_ok[:, None],
-        other=0.0,
-    )
+    k = _ld(
+        K + zo * stride_kz + hk * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
+        key_ok, d_ok, True, PAD_D,
+    )  # fmt: skip
+    v = _ld(
+        V + zo * stride_vz + hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
+        key_ok, d_ok, True, PAD_D,
+    )  # fmt: skip
     if F32_DOTS:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    q_ptrs = Q + zo * stride_qz + ho * stride_qh + offs_m0[:, None] * stride_qs + offs_d[None, :] * stride_qd
-    do_ptrs = DO + zo * stride_doz + ho * stride_doh + offs_m0[:, None] * stride_dos + offs_d[None, :] * stride_dod
-    lse_ptr = LSE + bh * S_q
-    delta_ptr = DELTA + bh * S_q
-    dk = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
 
     # Query blocks: [lo, mid) on the causal diagonal (masked), [mid, full_end) whole and
     # fully visible (no mask), [tail, S_q) the S_q tail (masked).
@@ -465,53 +650,60 @@ def _attn_bwd_dkdv(
         see_all = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - OFFSET, 0), BLOCK_M) * BLOCK_M
         mid = tl.maximum(lo, tl.minimum(see_all, q_pad))
     tail = tl.maximum(mid, (S_q // BLOCK_M) * BLOCK_M)
-    dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-        offs_m0, offs_n, lo, mid, qk_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
-    )  # fmt: skip
-    dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-        offs_m0, offs_n, mid, tail, qk_scale, S_q, OFFSET, False, CAUSAL, BLOCK_M, PREC, F32_DOTS,
-    )  # fmt: skip
-    dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-        offs_m0, offs_n, tail, q_pad, qk_scale, S_q, OFFSET, True, CAUSAL, BLOCK_M, PREC, F32_DOTS,
+    q_end = q_pad
+    if WINDOW:
+        # Only the query blocks that see some key of this block: rows [first key - OFFSET -
+        # WIN_R, last key - OFFSET + WIN_L], all masked (no unmasked middle, as the forward).
+        lo = tl.minimum((tl.maximum(start_n - OFFSET - WIN_R, 0) // BLOCK_M) * BLOCK_M, q_pad)
+        q_end = tl.maximum(tl.minimum(q_pad, start_n + BLOCK_N - OFFSET + WIN_L), lo)
+        mid = q_end
+        tail = q_end
+    dk, dv = _dkdv_head(
+        dk, dv, k, v, Q, DO, LSE, DELTA, zo, hk * GROUP, NH,
+        stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
+        offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
+        WIN_L, WIN_R, cap_in, cap_out, GROUP,
+        CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
     )  # fmt: skip
     dk = dk * sm_scale
-    dk_out = zo * stride_dkz + ho * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
-    dv_out = zo * stride_dvz + ho * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :]
-    tl.store(DK + dk_out, dk.to(DK.dtype.element_ty), mask=key_ok[:, None])
-    tl.store(DV + dv_out, dv.to(DV.dtype.element_ty), mask=key_ok[:, None])
+    dk_out = zo * stride_dkz + hk * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
+    dv_out = zo * stride_dvz + hk * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :]
+    _st(DK + dk_out, dk.to(DK.dtype.element_ty), key_ok, d_ok, PAD_D)
+    _st(DV + dv_out, dv.to(DV.dtype.element_ty), key_ok, d_ok, PAD_D)
 
 
 @triton.jit
 def _dq_inner(
     dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-    offs_m, offs_n, start, end, qk_scale, S_k, OFFSET,
+    offs_m, offs_n, d_ok, start, end, qk_scale, S_k, OFFSET,
+    WIN_L, WIN_R, cap_in, cap_out,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-    F32_DOTS: tl.constexpr,
+    F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        if MASKED:
-            key_ok = (start_n + offs_n) < S_k
-            k = tl.load(k_ptrs + start_n * stride_kn, mask=key_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs + start_n * stride_vn, mask=key_ok[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs + start_n * stride_kn)
-            v = tl.load(v_ptrs + start_n * stride_vn)
+        key_ok = (start_n + offs_n) < S_k
+        k = _ld(k_ptrs + start_n * stride_kn, key_ok, d_ok, MASKED, PAD_D)
+        v = _ld(v_ptrs + start_n * stride_vn, key_ok, d_ok, MASKED, PAD_D)
         if F32_DOTS:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = _dot(q, tl.trans(k), PREC)
+        if SOFTCAP:
+            t = _tanh(qk * cap_in, SOFTCAP)
+            qk = cap_out * t
         p = tl.math.exp2(qk * qk_scale - lse[:, None])
         if MASKED:
             allowed = key_ok[None, :]
             if CAUSAL:
                 allowed = allowed & ((start_n + offs_n)[None, :] <= offs_m[:, None] + OFFSET)
+            if WINDOW:
+                allowed = allowed & _in_window(offs_m, start_n + offs_n, OFFSET, WIN_L, WIN_R)
             p = tl.where(allowed, p, 0.0)
         dp = _dot(do, tl.trans(v), PREC)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)  # d(softcap tanh(s / softcap)) / ds
         dq = _mma(ds.to(k.dtype), k, dq, PREC)
     return dq
 
@@ -520,18 +712,22 @@ def _dq_inner(
 @triton_support.jit
 def _attn_bwd_dq(
     Q, K, V, DO, LSE, DELTA, DQ,  # dq (Z, NH, S_q, D) with unit-stride rows
-    qk_scale, sm_scale,
+    qk_scale, sm_scale, cap_in, cap_out,
     stride_qz, stride_qh, stride_qs, stride_qd,
     stride_kz, stride_kh, stride_ks, stride_kd,
     stride_vz, stride_vh, stride_vs, stride_vd,
     stride_doz, stride_doh, stride_dos, stride_dod,
     stride_dqz, stride_dqh, stride_dqs,
-    NH, S_q, S_k, S_Q_KEY, S_K_KEY,
-    HEAD_D: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    NH, GROUP, S_q, S_k, S_Q_KEY, S_K_KEY,
+    WIN_L, WIN_R,
+    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,  # as _attn_fwd
+    CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, GQA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # see _attn_fwd
+    cap_in, cap_out = tl.cast(cap_in, tl.float32), tl.cast(cap_out, tl.float32)
     num_m = tl.cdiv(S_q, BLOCK_M)
     bh = (pid // num_m).to(tl.int64)
     zo = bh // NH
@@ -542,28 +738,31 @@ def _attn_bwd_dq(
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_D)
+    offs_d = tl.arange(0, BLOCK_D)
+    PAD_D: tl.constexpr = BLOCK_D != HEAD_D
+    d_ok = offs_d < HEAD_D
     OFFSET = S_k - S_q
     row_ok = offs_m < S_q
-    q = tl.load(
+    q = _ld(
         Q + zo * stride_qz + ho * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-        mask=row_ok[:, None],
-        other=0.0,
-    )
-    do = tl.load(
+        row_ok, d_ok, True, PAD_D,
+    )  # fmt: skip
+    do = _ld(
         DO + zo * stride_doz + ho * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
-        mask=row_ok[:, None],
-        other=0.0,
-    )
+        row_ok, d_ok, True, PAD_D,
+    )  # fmt: skip
     if F32_DOTS:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     lse = tl.load(LSE + bh * S_q + offs_m, mask=row_ok, other=float("inf"))
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units
     delta = tl.load(DELTA + bh * S_q + offs_m, mask=row_ok, other=0.0)
-    k_ptrs = K + zo * stride_kz + ho * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
-    v_ptrs = V + zo * stride_vz + ho * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
-    dq = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    hk = ho
+    if GQA:
+        hk = ho // GROUP  # the k/v head of this q head
+    k_ptrs = K + zo * stride_kz + hk * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
+    v_ptrs = V + zo * stride_vz + hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     full = (S_k // BLOCK_N) * BLOCK_N
     end = S_k
@@ -571,20 +770,26 @@ def _attn_bwd_dq(
         diag = (tl.maximum(start_m + OFFSET + 1, 0) // BLOCK_N) * BLOCK_N
         full = tl.minimum(full, diag)
         end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET), 0)
+    start = 0
+    if WINDOW:  # as _attn_fwd
+        start = (tl.maximum(start_m + OFFSET - WIN_L, 0) // BLOCK_N) * BLOCK_N
+        end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET + WIN_R), 0)
+        full = start
     dq = _dq_inner(
         dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, 0, full, qk_scale, S_k, OFFSET, False, CAUSAL, BLOCK_N, PREC, F32_DOTS,
+        offs_m, offs_n, d_ok, start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
     )  # fmt: skip
     dq = _dq_inner(
         dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, full, end, qk_scale, S_k, OFFSET, True, CAUSAL, BLOCK_N, PREC, F32_DOTS,
+        offs_m, offs_n, d_ok, full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
     )  # fmt: skip
     dq = dq * sm_scale
-    tl.store(
+    _st(
         DQ + zo * stride_dqz + ho * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
-        dq.to(DQ.dtype.element_ty),
-        mask=row_ok[:, None],
-    )
+        dq.to(DQ.dtype.element_ty), row_ok, d_ok, PAD_D,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- launchers
@@ -630,19 +835,51 @@ def empty_bshd(lead, s: int, d: int, dtype, device) -> torch.Tensor:
     return torch.empty(lead[:-1] + (s, lead[-1], d), dtype=dtype, device=device).transpose(-2, -3)
 
 
+def _block_d(d: int) -> int:
+    """The head dim's tile: the next power of two (tl.arange needs one), at least 16 (the
+    smallest K of tl.dot). D = 96 runs in 128-wide tiles whose last 32 columns are masked:
+    the dots do 4/3 of the useful MMA work (what FlashAttention-2 also does, its kernels being
+    instantiated for D in 32, 64, 96, 128, ...: Triton has no non-power-of-two tiles)."""
+    return triton_support.next_pow2(d) if d > 16 else 16
+
+
 def _bucket(n: int) -> int:
     # A length that is symbolic (dynamic shapes, traced under torch.compile) is passed as
     # is: Inductor tunes once per compiled kernel and reads the key only through _prune.
     return triton_support.next_pow2(max(n, 1)) if type(n) is int else n
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """(o, lse) for any strided q, k, v (same leading dims); o in ``empty_bshd``'s layout,
-    lse (..., S_q) fp32 contiguous, in log2 units (natural LSE = lse * ln 2)."""
-    return forward_into(q, k, v, causal, scale, None)
+_UNBOUNDED = 1 << 30  # a window side of -1: farther than any length (int32 sums stay < 2^31)
 
 
-def forward_into(q, k, v, causal: bool, scale: float, o):
+def _options(causal: bool, scale: float, window_left: int, window_right: int, softcap: float):
+    """Kernel arguments of the options: (qk_scale, cap_in, cap_out, WIN_L, WIN_R, WINDOW,
+    SOFTCAP). A window that restricts nothing beyond causal (both sides -1, or causal with
+    no left bound) is no window: the causal kernels run unchanged."""
+    if causal:
+        window_right = 0
+    window = window_left >= 0 or (window_right >= 0 and not causal)
+    wl = (window_left if window_left >= 0 else _UNBOUNDED) if window else 0
+    wr = (window_right if window_right >= 0 else _UNBOUNDED) if window else 0
+    if softcap > 0:
+        # scores in log2 units: softcap * log2(e) * tanh(qk * scale / softcap); qk_scale 1
+        cap = 2 if _device.triton_interpreted() else 1
+        return 1.0, scale / softcap, softcap * LOG2E, wl, wr, window, cap
+    return scale * LOG2E, 0.0, 0.0, wl, wr, window, 0
+
+
+def forward(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(o, lse) for any strided q, k, v (same leading dims but GQA's heads); o in
+    ``empty_bshd``'s layout, lse (..., S_q) fp32 contiguous, in log2 units (natural LSE =
+    lse * ln 2). window_left / window_right: -1 unbounded (the package docstring);
+    softcap 0: off."""
+    return forward_into(q, k, v, causal, scale, None, window_left, window_right, softcap)
+
+
+def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_right=-1, softcap=0.0):
     """``forward`` writing o into the given tensor (shaped as q, unit-stride head dim, any
     dtype the kernel stores: ring attention passes fp32 so that each block's partial
     output is rounded once, at the end); None: fresh, in q's dtype and ``empty_bshd``'s
@@ -651,29 +888,38 @@ def forward_into(q, k, v, causal: bool, scale: float, o):
     q4, k4, v4 = _split(q), _split(k), _split(v)
     nh = q4.shape[1]
     bh = q4.shape[0] * nh
+    group = nh // k4.shape[1] if k4.shape[1] else 1  # GQA: q heads per k/v head
     o = empty_bshd(lead, s_q, d, q.dtype, q.device) if o is None else o
     lse = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
     if bh and s_q:
         o4 = _split(o)
+        opts = _options(causal, scale, window_left, window_right, softcap)
+        qk_scale, cap_in, cap_out, wl, wr, win, cap = opts
         # The grid depends on the tile the autotuner picks.
         triton_support.launch_tuned(
             _attn_fwd, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
-            q4, k4, v4, o4, lse, scale * LOG2E,
+            q4, k4, v4, o4, lse, qk_scale, cap_in, cap_out,
             *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
-            nh, s_q, s_k, _bucket(s_q), _bucket(s_k),
-            HEAD_D=d, CAUSAL=causal, PREC=_prec(q.dtype), F32_DOTS=_f32_dots(q.dtype),
+            nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
+            HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=_prec(q.dtype), F32_DOTS=_f32_dots(q.dtype),
+            WINDOW=win, SOFTCAP=cap, GQA=group > 1,
         )  # fmt: skip
     return o, lse
 
 
 def backward(
-    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
-) -> tuple[Tensor, Tensor, Tensor]:
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float,
+    window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """(dq, dk, dv) from the saved o and lse, in ``empty_bshd``'s layout."""
-    return backward_into(do, q, k, v, o, lse, causal, scale, None, None, None)
+    return backward_into(
+        do, q, k, v, o, lse, causal, scale, None, None, None, window_left, window_right, softcap
+    )
 
 
-def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
+def backward_into(
+    do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv, window_left=-1, window_right=-1, softcap=0.0
+):
     """``backward`` writing into the given ``dq``, ``dk``, ``dv`` (any strides with a
     unit-stride head dim, shaped as q, k, v: a fused model passes views of its qkv gradient
     buffer); None: fresh, in ``empty_bshd``'s layout."""
@@ -681,6 +927,7 @@ def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
     q4, k4, v4, do4, o4 = _split(q), _split(k), _split(v), _split(do), _split(o)
     nh = q4.shape[1]
     bh = q4.shape[0] * nh
+    group = nh // k4.shape[1] if k4.shape[1] else 1  # GQA: q heads per k/v head
     dq = empty_bshd(lead, s_q, d, q.dtype, q.device) if dq is None else dq
     dk = empty_bshd(k.shape[:-2], s_k, d, k.dtype, k.device) if dk is None else dk
     dv = empty_bshd(v.shape[:-2], s_k, v.shape[-1], v.dtype, v.device) if dv is None else dv
@@ -688,28 +935,33 @@ def backward_into(do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv):
         dq4, dk4, dv4 = _split(dq), _split(dk), _split(dv)
         delta = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
         prec = _prec(q.dtype)
+        opts = _options(causal, scale, window_left, window_right, softcap)
+        qk_scale, cap_in, cap_out, wl, wr, win, cap = opts
         common = (
-            scale * LOG2E, scale, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
+            qk_scale, scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
         )  # fmt: skip
         if s_q:
             pre_m = 64 if not _device.triton_interpreted() else 32
             num_m = triton_support.cdiv(s_q, pre_m)
             _attn_bwd_pre[(num_m * bh,)](
-                o4, do4, delta, *o4.stride()[:3], *do4.stride(), nh, s_q, num_m, HEAD_D=d, BLOCK_M=pre_m
+                o4, do4, delta, *o4.stride()[:3], *do4.stride(), nh, s_q, num_m,
+                HEAD_D=d, BLOCK_D=_block_d(d), BLOCK_M=pre_m,
             )
         if s_k:
             triton_support.launch_tuned(
-                _attn_bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * bh,),
+                _attn_bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * (bh // group),),
                 q4, k4, v4, do4, lse, delta, dk4, dv4, *common, *dk4.stride()[:3], *dv4.stride()[:3],
-                nh, s_q, s_k, _bucket(s_q), _bucket(s_k),
-                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
+                nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
+                HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
+                WINDOW=win, SOFTCAP=cap, GQA=group > 1,
             )  # fmt: skip
         if s_q:
             triton_support.launch_tuned(
                 _attn_bwd_dq, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
                 q4, k4, v4, do4, lse, delta, dq4, *common, *dq4.stride()[:3],
-                nh, s_q, s_k, _bucket(s_q), _bucket(s_k),
-                HEAD_D=d, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
+                nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
+                HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
+                WINDOW=win, SOFTCAP=cap, GQA=group > 1,
             )  # fmt: skip
     return dq, dk, dv
 
@@ -738,24 +990,29 @@ def _opcheck_bwd(make):
     return (make(0), q, k, v, o, lse, True, 0.125)
 
 
+def _opcheck_fwd_options(make):  # (window and softcap: the op's optional arguments)
+    return (make(1), make(1), make(1), False, 0.125, 5, 3, 2.0)
+
+
 _attention = build(
     OpDecl(
         name="attention_triton",
         label="attention (triton)",
         fwd=forward,
         bwd=backward,
-        fwd_fake=lambda q, k, v, causal, scale: (
+        fwd_fake=lambda q, k, v, causal, scale, *options: (
             empty_bshd(q.shape[:-2], q.shape[-2], v.shape[-1], q.dtype, q.device),
             q.new_empty(q.shape[:-1], dtype=torch.float32),
         ),
-        bwd_fake=lambda do, q, k, v, o, lse, causal, scale: tuple(
+        bwd_fake=lambda do, q, k, v, o, lse, causal, scale, *options: tuple(
             empty_bshd(t.shape[:-2], t.shape[-2], t.shape[-1], t.dtype, t.device) for t in (q, k, v)
         ),
         save=lambda inputs, out: ((*inputs[:3], out[0], out[1]), inputs[3:]),
         bwd_args=lambda saved, extra, do: (do, *saved, *extra),
-        grads=lambda g, extra: (g[0], g[1], g[2], None, None),
-        needs_grad=lambda q, k, v, causal, scale: q.requires_grad or k.requires_grad or v.requires_grad,
-        samples=(_opcheck_fwd, _opcheck_bwd),
+        # extra: (causal, scale) or (causal, scale, window_left, window_right, softcap), as called
+        grads=lambda g, extra: (g[0], g[1], g[2]) + (None,) * len(extra),
+        needs_grad=lambda q, k, v, *options: q.requires_grad or k.requires_grad or v.requires_grad,
+        samples=(_opcheck_fwd, _opcheck_bwd),  # (+ _opcheck_fwd_options in the tests)
         # A triton_op on a GPU (Inductor launches the four kernels itself); it failed to
         # compile there until the kernels cast their float scales to fp32 (Inductor passes
         # floats as fp64). KERNELLAB_ATTN_TRITON_OP=0 makes it a custom_op (comparisons).
@@ -764,19 +1021,30 @@ _attention = build(
 )
 
 
-def triton_attention(q, k, v, causal: bool = False, scale=None):
+def triton_attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """FlashAttention-2 in Triton: online softmax in SRAM, causal blocks skipped, autotuned tiles."""
-    check_head_dim(q, HEAD_DIMS, "triton")
-    return _attention(q, k, v, causal, resolve_scale(q, scale))
+    d = q.shape[-1]
+    if d % 8 or not 8 <= d <= 256:
+        raise ValueError(
+            f"attention/triton: q has head dim {d}; this backend supports multiples of 8 from 8 to 256"
+        )
+    if window is None and not softcap:  # the five-argument op: models' path, unchanged
+        return _attention(q, k, v, causal, resolve_scale(q, scale))
+    wl, wr = window if window is not None else (-1, -1)
+    return _attention(q, k, v, causal, resolve_scale(q, scale), wl, wr, float(softcap or 0.0))
 
 
 # For models that put several ops under one autograd node of their own (kit.build):
 # ``forward_saving(q, k, v, causal, scale) -> (o, saved)`` with a float scale (not None),
 # ``backward_from(saved, do) -> (dq, dk, dv, None, None)``: one entry per input of
-# forward_saving, the last two (causal, scale) always None.
+# forward_saving, the last two (causal, scale) always None. (forward_saving may also take
+# window_left, window_right, softcap after scale: then three more None.)
 triton_attention.forward_saving = _attention.forward_saving
 triton_attention.backward_from = _attention.backward_from
 triton_attention.custom_ops, triton_attention.ops = _attention.custom_ops, _attention.ops
+
+
+_ASM_GQA = False  # (the kernels as plain attention launches them; True: as GQA does)
 
 
 def _kernel_specs(dtype: str):
@@ -804,17 +1072,25 @@ def _kernel_specs(dtype: str):
         sig.update({s_: "fp32" for s_ in scalars})
         st_sig, st_cx = strides(stride_names, out_strides)
         sig.update(st_sig)
-        sig.update({"NH": "i32", "S_q": "i32", "S_k": "i32", "S_Q_KEY": "i32", "S_K_KEY": "i32"})
-        cx = dict(st_cx, HEAD_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, **cfg.kwargs)
-        sig.update({k: "constexpr" for k in ("HEAD_D", "CAUSAL", "PREC", "F32_DOTS", "BLOCK_M", "BLOCK_N")})
+        sig.update({k: "i32" for k in ("NH", "GROUP", "S_q", "S_k", "S_Q_KEY", "S_K_KEY", "WIN_L", "WIN_R")})
+        cx = dict(st_cx, HEAD_D=128, BLOCK_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, WINDOW=False,
+                  SOFTCAP=0, **cfg.kwargs)  # fmt: skip
+        cx_names = ("HEAD_D", "BLOCK_D", "CAUSAL", "PREC", "F32_DOTS", "WINDOW", "SOFTCAP")
+        cx_names += ("GQA", "BLOCK_M", "BLOCK_N")
+        cx["GQA"] = _ASM_GQA
+        sig.update({k: "constexpr" for k in cx_names})
         return (kernel.fn, sig, cx, cfg.num_warps)
 
     return [
-        spec(_attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale",), ("q", "k", "v"), ("o",), fwd_configs()[0]),
+        spec(
+            _attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale", "cap_in", "cap_out"),
+            ("q", "k", "v"), ("o",),
+            fwd_configs()[0],
+        ),  # fmt: skip
         spec(
             _attn_bwd_dkdv,
             ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV"),
-            ("qk_scale", "sm_scale"),
+            ("qk_scale", "sm_scale", "cap_in", "cap_out"),
             ("q", "k", "v", "do"),
             ("dk", "dv"),
             bwd_dkdv_configs()[0],
@@ -822,7 +1098,7 @@ def _kernel_specs(dtype: str):
         spec(
             _attn_bwd_dq,
             ("Q", "K", "V", "DO", "LSE", "DELTA", "DQ"),
-            ("qk_scale", "sm_scale"),
+            ("qk_scale", "sm_scale", "cap_in", "cap_out"),
             ("q", "k", "v", "do"),
             ("dq",),
             bwd_dq_configs()[0],
@@ -832,8 +1108,8 @@ def _kernel_specs(dtype: str):
 
 def _backward_into(saved, do, dq, dk, dv):
     """backward_from writing into the given dq, dk, dv (views of a fused qkv gradient)."""
-    (q, k, v, o, lse), (causal, scale) = saved
-    return backward_into(do, q, k, v, o, lse, causal, scale, dq, dk, dv)
+    (q, k, v, o, lse), extra = saved  # extra: (causal, scale[, window_left, window_right, softcap])
+    return backward_into(do, q, k, v, o, lse, extra[0], extra[1], dq, dk, dv, *extra[2:])
 
 
 triton_attention.backward_into = _backward_into
