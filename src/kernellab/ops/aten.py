@@ -84,6 +84,8 @@ def _attn_fwd(q, k, v, causal: bool, scale: float | None):
 
 def _attn_bwd(saved, do):
     leaves, o = saved
+    if do.is_cuda and do.data_ptr() % 16:  # SDPA's backward reads 16-byte vectors unchecked
+        do = do.clone()
     dq, dk, dv = torch.autograd.grad(o, leaves, do)
     return dq, dk, dv, None, None
 

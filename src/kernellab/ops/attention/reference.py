@@ -134,6 +134,17 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t.clone() if t.is_cuda and t.data_ptr() % 16 else t
 
 
+def _align_grad(o: torch.Tensor) -> torch.Tensor:
+    # The backward of SDPA's fused kernels has the same blind spot for the output gradient:
+    # on an H200 (torch 2.11) a bf16/fp16 dy with a storage offset of one element made the
+    # cuDNN backward fail ("mha_graph.execute ... is_good()") and, inside `kernellab check`'s
+    # per-argument dy layouts, faulted with "misaligned address". The hook hands SDPA an
+    # aligned copy of such a gradient (one clone, only then).
+    if o.requires_grad and o.is_cuda:
+        o.register_hook(_aligned)
+    return o
+
+
 def _sdpa(q, k, v, causal, scale, force_contiguous=False):
     out_shape = q.shape[:-1] + (v.shape[-1],)
     q4, k4, v4 = (_aligned(_as4d(t)) for t in (q, k, v))
@@ -148,15 +159,15 @@ def _sdpa(q, k, v, causal, scale, force_contiguous=False):
         # gives for a fully masked row); the last S_k rows are the square top-left causal
         # problem. Split rather than mask: a fused kernel given fully masked rows may
         # return NaN there, and NaN * 0 is still NaN in the forward and in the gradients.
-        tail = F.scaled_dot_product_attention(q4[..., s_q - s_k :, :], k4, v4, is_causal=True, scale=scale,
-                                              enable_gqa=gqa)  # fmt: skip
+        tail = _align_grad(F.scaled_dot_product_attention(q4[..., s_q - s_k :, :], k4, v4, is_causal=True,
+                                                          scale=scale, enable_gqa=gqa))  # fmt: skip
         o = torch.cat([tail.new_zeros(tail.shape[:-2] + (s_q - s_k, tail.shape[-1])), tail], dim=-2)
     elif causal and s_q < s_k:
         allowed = causal_allowed(s_q, s_k, q.device)  # no empty row: every row sees key 0
-        o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale, enable_gqa=gqa)
+        o = _align_grad(F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale, enable_gqa=gqa))
     else:
         o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale, enable_gqa=gqa)
-    return o.reshape(out_shape)
+    return _align_grad(o).reshape(out_shape)
 
 
 def _sdpa_window(q, k, v, causal, scale, window):
@@ -168,7 +179,7 @@ def _sdpa_window(q, k, v, causal, scale, window):
     has_key = allowed.any(-1, keepdim=True)
     q4, k4, v4 = (_aligned(_as4d(t)) for t in (q, k, v))
     mask = allowed | ~has_key
-    o = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=is_gqa(q, k))
+    o = _align_grad(F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, scale=scale, enable_gqa=is_gqa(q, k)))
     o = torch.where(has_key, o, 0.0).to(o.dtype)
     return o.reshape(q.shape[:-1] + (v.shape[-1],))
 
