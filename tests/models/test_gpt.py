@@ -119,9 +119,11 @@ def test_gpu_compile_fullgraph_launches_our_triton_kernels():
     cm = torch.compile(model, fullgraph=True)
     loss, codes = run_and_get_code(lambda: cm(idx, idx))
     code = "\n".join(codes)
-    for name in ("_norm_fwd", "_gelu_fwd_kernel", "_add_kernel", "_attn_fwd", "_ce_fwd_kernel"):
+    # (the residual adds run inside the norm kernels: add_layer_norm_triton)
+    for name in ("_norm_fwd", "_gelu_fwd_kernel", "_attn_fwd", "_ce_fwd_kernel"):
         assert name in code, name
-    for op in ("kernellab.attention_triton", "kernellab.cross_entropy_triton", "kernellab.layer_norm_triton"):
+    for op in ("kernellab.attention_triton", "kernellab.cross_entropy_triton", "kernellab.layer_norm_triton",
+               "kernellab.add_layer_norm_triton"):  # fmt: skip
         assert op not in code, op  # no op left opaque to Inductor
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     assert kernellab.get("gelu", "triton").fn.ops[0] is not None
@@ -189,6 +191,10 @@ def test_fused_blocks_only_where_every_slot_has_node_free_kernels():
     kern = gpt.GPT(cfg, {"ln": "triton", "gelu": "triton"})._fused(x)
     assert kern["attn"] is aten.attention and kern["add"] is aten.add and kern["ln"] is kernellab.get("layer_norm", "triton").fn
     assert gpt.GPT(cfg, "manual")._fused(x) is None  # manual ops have no node-free entry
+    # op by op (torch.compile's path): residual add + norm as one op where both are ours
+    assert gpt.GPT(cfg, "triton").ops["ln_add"] is not None
+    assert gpt.GPT(cfg, "pytorch").ops["ln_add"] is None
+    assert gpt.GPT(cfg, {"ln": "triton"}).ops["ln_add"] is None  # PyTorch's add asked for
     # Under no_grad the op-by-op path runs (no backward to own): same loss.
     m = gpt.GPT(cfg, "triton")
     idx = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))

@@ -384,3 +384,65 @@ def test_triton_residual_add_refuses_mismatched_residual():
     _, _, s = lt.add_forward_saving(x, torch.randn(4, 8), w, b)
     with pytest.raises(ValueError, match="dres"):
         lt.add_backward_from(s, torch.randn(4, 8), torch.randn(4, 7))
+
+
+def _add_ln_ref(x, r, w, b):
+    h = x + r
+    return torch.nn.functional.layer_norm(h, h.shape[-1:], w, b, 1e-5), h
+
+
+@pytest.mark.parametrize("use", ["both", "y", "h"])
+def test_triton_add_layer_norm_op_gradients_of_both_outputs(use):
+    """The residual add + layer norm as one op with two differentiable outputs (the kit's
+    ``outputs=2``): (y, h); every input's gradient through either or both, against PyTorch
+    in float64 (an output nobody differentiates reaches the backward as None or zeros)."""
+    from kernellab.ops.norms import triton as lt
+
+    gen = torch.Generator().manual_seed(2)
+    x, r, gy, gh = (torch.randn(6, 37, generator=gen) for _ in range(4))
+    w, b = torch.randn(37, generator=gen), torch.randn(37, generator=gen)
+    ours = [t.clone().requires_grad_() for t in (x, r, w, b)]
+    ref = [t.double().requires_grad_() for t in (x, r, w, b)]
+    y, h = lt.add_layer_norm_triton(*ours, 1e-5)
+    y64, h64 = _add_ln_ref(*ref)
+    torch.testing.assert_close(y.double(), y64.detach(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(h, x + r)
+
+    def loss(y, h):
+        return {"both": (y * gy.to(y.dtype)).sum() + (h * gh.to(h.dtype)).sum(),
+                "y": (y * gy.to(y.dtype)).sum(), "h": (h * gh.to(h.dtype)).sum()}[use]  # fmt: skip
+
+    loss(y, h).backward()
+    loss(y64, h64).backward()
+    for a, e in zip(ours, ref):  # (with h alone, w and b are not in PyTorch's graph: None)
+        want = e.grad if e.grad is not None else torch.zeros_like(e)
+        torch.testing.assert_close(a.grad.double(), want, rtol=1e-4, atol=1e-5)
+
+
+def test_triton_add_layer_norm_opcheck_and_compile_fullgraph():
+    from kernellab.ops.norms import triton as lt
+
+    gen = torch.Generator().manual_seed(0)
+
+    def make(rg):
+        return torch.randn(4, 33, generator=gen).requires_grad_(bool(rg))
+
+    def args(rg):
+        return tuple(a.requires_grad_(bool(rg)) for a in SPEC.make_inputs((4, 33), torch.float32, "cpu", 9))
+
+    make.args = args
+    fn = lt.add_layer_norm_triton
+    assert len(fn.custom_ops) == 2
+    for op, build, _ in fn.custom_ops:
+        torch.library.opcheck(op, build(make))
+    x, w, b = SPEC.make_inputs((5, 40), torch.float32, "cpu", 4)
+    r = torch.randn(5, 40, generator=gen)
+    f = torch.compile(lambda x, r, w, b: [t * 2 for t in fn(x, r, w, b, 1e-5)], fullgraph=True, backend="aot_eager")
+    leaves = [t.clone().requires_grad_() for t in (x, r, w, b)]
+    y, h = f(*leaves)
+    (y.sum() + (h * h).sum()).backward()
+    ref = [t.clone().requires_grad_() for t in (x, r, w, b)]
+    y2, h2 = _add_ln_ref(*ref)
+    (2 * y2.sum() + (2 * h2 * 2 * h2).sum()).backward()
+    for a, e in zip(leaves, ref):
+        torch.testing.assert_close(a.grad, e.grad, rtol=1e-4, atol=1e-5)

@@ -88,7 +88,7 @@ def op_set(backends="pytorch", matmul="pytorch") -> dict:
             raise ValueError(f"backends: unknown op slots {sorted(unknown)}; slots are {SLOTS}")
         chosen = dict(backends)
     elif backends == "pytorch":
-        return ops | {"qkv_contiguous": False, "chosen": {}}
+        return ops | {"qkv_contiguous": False, "chosen": {}, "ln_add": None}
     else:
         chosen = {s: backends for s in SLOTS if s != "linear"}
         chosen["linear"] = matmul
@@ -222,6 +222,16 @@ def _slot_ops(chosen: dict) -> dict:
             ops[slot] = _kl_op(slot, be)
     ops["qkv_contiguous"] = chosen.get("attn", "pytorch") not in ("pytorch", "triton", None)
     ops["chosen"] = chosen
+    # A residual add and the layer norm that reads the sum in one op where the norm's
+    # backend has one and the add is ours too (Triton: one kernel each way; under
+    # torch.compile a triton_op, where PyTorch's compiled step fuses its own add into its
+    # norm kernel).
+    ops["ln_add"] = None
+    ln_be, add_be = chosen.get("ln", "pytorch"), chosen.get("add", "pytorch")
+    if ln_be not in ("pytorch", None) and add_be != "pytorch":
+        fused = getattr(kernellab.get("layer_norm", ln_be).fn, "add_layer_norm", None)
+        if fused is not None:
+            ops["ln_add"] = lambda x, r, w, b: fused(x, r, w, b, 1e-5)
     return ops
 
 
@@ -463,6 +473,15 @@ class _Plans:
         return p if p.free() else None
 
 
+def _ln_add_ops(o, x, r, w, b):
+    """(layer_norm(x + r), x + r) through the op set: its fused op where it has one, else
+    the add then the norm (the same ops PyTorch's model runs)."""
+    if o["ln_add"] is not None:
+        return o["ln_add"](x, r, w, b)
+    h = o["add"](x, r)
+    return o["ln"](h, w, b), h
+
+
 class GPT(nn.Module):
     def __init__(
         self, cfg: Config | str = "tiny", backends="pytorch", matmul="pytorch", fuse: bool = True, graphs: bool = True
@@ -511,10 +530,12 @@ class GPT(nn.Module):
         if kern is not None and torch.is_grad_enabled():
             plans = self._plans if self.graphs and x.is_cuda else None
             x = _Blocks.apply(x.contiguous(), kern, h, plans, *self._block_params())
+            x = o["ln"](x, self.lnf_w, self.lnf_b)
         else:
+            r = None  # a block's output is x + r, summed by the next norm (_ln_add_ops)
             for blk in self.blocks:
-                x = self._block_ops(blk, x, o, b, t)
-        x = o["ln"](x, self.lnf_w, self.lnf_b)
+                x, r = self._block_ops(blk, x, r, o, b, t)
+            x = o["ln"](x, self.lnf_w, self.lnf_b) if r is None else _ln_add_ops(o, x, r, self.lnf_w, self.lnf_b)[0]
         logits = o["linear"](x, self.wte)
         return o["ce"](logits.view(b * t, -1), targets.reshape(b * t))
 
@@ -529,19 +550,23 @@ class GPT(nn.Module):
             )  # fmt: skip
         ]
 
-    def _block_ops(self, blk, x, o, b, t):
-        """One block op by op (each op its own autograd node)."""
+    def _block_ops(self, blk, x, r, o, b, t):
+        """One block op by op (each op its own autograd node): its input is x + r (r None:
+        x); returns (x1, m), the block's output being x1 + m unsummed (the next norm adds
+        them, as the fused blocks do)."""
         d, h = self.cfg.dim, self.cfg.heads
-        y = o["ln"](x, blk.ln1_w, blk.ln1_b)
+        if r is None:
+            y = o["ln"](x, blk.ln1_w, blk.ln1_b)
+        else:
+            y, x = _ln_add_ops(o, x, r, blk.ln1_w, blk.ln1_b)
         qkv = o["linear"](y, blk.qkv.weight, blk.qkv.bias).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
         if o["qkv_contiguous"]:
             qkv = qkv.contiguous()
         q, k, v = qkv.unbind(0)
         a = o["attn"](q, k, v).transpose(1, 2).reshape(b, t, d)
-        x = o["add"](x, o["linear"](a, blk.proj.weight, blk.proj.bias))
-        y = o["ln"](x, blk.ln2_w, blk.ln2_b)
-        y = o["linear"](o["gelu"](o["linear"](y, blk.fc.weight, blk.fc.bias)), blk.fc2.weight, blk.fc2.bias)
-        return o["add"](x, y)
+        y, x = _ln_add_ops(o, x, o["linear"](a, blk.proj.weight, blk.proj.bias), blk.ln2_w, blk.ln2_b)
+        m = o["linear"](o["gelu"](o["linear"](y, blk.fc.weight, blk.fc.bias)), blk.fc2.weight, blk.fc2.bias)
+        return x, m
 
     def _ops(self, x, b: int, t: int) -> dict:
         """The op set of a call: ``self.ops``, its None slots (kernellab's default) resolved

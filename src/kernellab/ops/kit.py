@@ -26,8 +26,11 @@ the eager path raises a RuntimeError naming the op when its backward runs with
 a constant ``dy``, and the term through the saved input is dropped without a word); the
 backward custom op has no autograd, so PyTorch refuses to differentiate through it.
 
-Every op built here has one differentiable output (the first); the others (saved row
-statistics) are returned by the custom op for its autograd and not shown to the user.
+Every op built here has ``OpDecl.outputs`` differentiable outputs (the first ones; one
+unless declared: the residual add + layer norm has two, the normalized rows and the sum);
+the others (saved row statistics) are returned by the custom op for its autograd and not
+shown to the user. With several, the user gets a tuple, and ``bwd_args`` and
+``backward_from`` receive a tuple of their gradients (None where autograd has none).
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class OpDecl:
                  say: cross_entropy's writes the gradient into the saved logits when the
                  caller asked for ``inplace_backward`` (the op, which declares no
                  mutation, never does).
+    outputs:     how many of the forward's first outputs the user gets and differentiates
+                 (module docstring).
     """
 
     name: str
@@ -80,6 +85,7 @@ class OpDecl:
     triton: bool = False
     label: str | None = None
     eager_bwd: Callable | None = None
+    outputs: int = 1
 
 
 def _use_triton_op(decl: OpDecl) -> bool:
@@ -119,7 +125,11 @@ def build(decl: OpDecl) -> Callable:
         tensors, ctx.extra = save(inputs, _as_tuple(output))
         ctx.save_for_backward(*tensors)
 
-    def op_backward(ctx, dy, *_stats_grads):
+    n_out = decl.outputs
+
+    def op_backward(ctx, dy, *more):
+        if n_out > 1:
+            dy = (dy, *more[: n_out - 1])
         return grads(_as_tuple(bop(*bwd_args(ctx.saved_tensors, ctx.extra, dy))), ctx.extra)
 
     op.register_autograd(op_backward, setup_context=setup_context)
@@ -136,12 +146,14 @@ def build(decl: OpDecl) -> Callable:
                 out = (out,)
             tensors, ctx.extra = save(inputs, out)
             ctx.save_for_backward(*tensors)
-            return out[0]
+            return out[0] if n_out == 1 else out[:n_out]
 
         @staticmethod
-        def backward(ctx, dy):  # grad mode is on here exactly when create_graph=True
+        def backward(ctx, dy, *more):  # grad mode is on here exactly when create_graph=True
             if grad_enabled():
                 raise RuntimeError(refusal)
+            if n_out > 1:
+                dy = (dy, *more[: n_out - 1])
             g = ebwd(*bwd_args(ctx.saved_tensors, ctx.extra, dy))
             return grads(g if type(g) is tuple else (g,), ctx.extra)
 
@@ -158,13 +170,17 @@ def build(decl: OpDecl) -> Callable:
         nonlocal single
         if is_compiling():
             out = op(*inputs)
-            return out if isinstance(out, torch.Tensor) else out[0]
+            if isinstance(out, torch.Tensor):
+                return out
+            return out[0] if n_out == 1 else tuple(out[:n_out])
         if needs_grad(*inputs) and grad_enabled():
             return Eager.apply(*inputs)
         out = fwd(*inputs)
         if single is None:
             single = isinstance(out, torch.Tensor)
-        return out if single else out[0]
+        if single:
+            return out
+        return out[0] if n_out == 1 else out[:n_out]
 
     def forward_saving(*inputs):
         """The forward launcher alone, no autograd node: ``(output, saved)``; the caller
@@ -173,7 +189,7 @@ def build(decl: OpDecl) -> Callable:
         on the H100 host: a Python autograd node costs ~140 us per forward+backward more
         than PyTorch's C++ node for the same kernels)."""
         out = _as_tuple(fwd(*inputs))
-        return out[0], save(inputs, out)
+        return (out[0] if n_out == 1 else out[:n_out]), save(inputs, out)
 
     def backward_from(saved, dy):
         """One gradient (or None) per input of ``forward_saving``, from what it saved."""

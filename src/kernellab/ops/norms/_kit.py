@@ -273,6 +273,61 @@ def layer_norm_op(name: str, fwd, bwd, triton: bool = False):
     return layer_norm
 
 
+def add_layer_norm_op(name: str, fwd, bwd, triton: bool = False):
+    """Custom ops ``kernellab::<name>`` (x, r, w, b?, eps) -> (y, h, mean, rstd), h = x + r
+    and y = layer_norm(h), and ``kernellab::<name>_backward``; returns the callable
+    ``(x, r, w, b, eps) -> (y, h)``, both differentiable (a pre-LN transformer's residual
+    stream h and its normalized rows y). ``fwd(x, r, w, b, eps) -> (y, h, mean, rstd)`` and
+    ``bwd(dy, dres, h, w, mean, rstd, has_bias) -> (dx + dres, dw, db)`` are the launchers;
+    the gradient of x and of r is the same tensor (h = x + r)."""
+
+    def _fwd(x: Tensor, r: Tensor, w: Tensor, b: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return fwd(x, r, w, b, eps)
+
+    def _bwd(
+        dy: Tensor, dres: Tensor | None, h: Tensor, w: Tensor, mean: Tensor, rstd: Tensor, has_bias: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        dx, dw, db = bwd(dy, dres, h, w, mean, rstd, has_bias)
+        return dx, dw, db
+
+    def _bwd_args(saved, has_bias, dys):
+        dy, dres = dys
+        h = saved[0]
+        # autograd passes None for an output nobody differentiated
+        dy = torch.zeros_like(h) if dy is None else _contig(dy)
+        return (dy, _contig(dres), *saved, has_bias)
+
+    return build(
+        OpDecl(
+            name=name,
+            fwd=_fwd,
+            bwd=_bwd,
+            fwd_fake=lambda x, r, w, b, eps: (empty_like_contig(x), empty_like_contig(x), _stats_fake(x),
+                                             _stats_fake(x)),  # fmt: skip
+            bwd_fake=lambda dy, dres, h, w, mean, rstd, has_bias: (
+                empty_like_contig(h), torch.empty_like(w), torch.empty_like(w)),  # fmt: skip
+            save=lambda inputs, out: ((out[1], inputs[2], out[2], out[3]), inputs[3] is not None),
+            bwd_args=_bwd_args,
+            grads=lambda g, has_bias: (g[0], g[0], g[1], g[2] if has_bias else None, None),
+            needs_grad=lambda x, r, w, b, eps: (
+                x.requires_grad or r.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
+            ),
+            samples=(
+                lambda make: (make.args(True)[0], make.args(True)[0].detach().clone().requires_grad_(),
+                              *make.args(True)[1:], 1e-5),  # fmt: skip
+                lambda make: _add_bwd_sample(make),
+            ),
+            triton=triton,
+            outputs=2,
+        )
+    )
+
+
+def _add_bwd_sample(make):
+    dy, x, w, mean, rstd = _bwd_sample(make, rms=False)
+    return (dy, dy.detach().clone(), x, w, mean, rstd, True)
+
+
 def rms_norm_op(name: str, fwd, bwd, triton: bool = False):
     """Custom ops ``kernellab::<name>`` (x, w, eps) -> (y, rstd) and
     ``kernellab::<name>_backward``; returns the registry callable ``(x, w, eps=1e-6)``."""

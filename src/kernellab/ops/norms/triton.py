@@ -610,27 +610,42 @@ def _same_rows(x, r, name):
         )
 
 
-def add_forward_saving(x, r, w, b, eps: float = 1e-5):
-    """``(layer_norm(x + r), x + r, saved)`` with no autograd node; x and r contiguous, of
-    one shape and dtype. ``saved`` is what ``layer_norm_triton.backward_from`` and
-    ``add_backward_from`` take."""
+def _add_norm_fwd(x, r, w, b, eps):
     if not x.is_contiguous():
         raise ValueError("x: expected a contiguous tensor")
     _same_rows(x, r, "r")
     h = torch.empty_like(x)
     y, mean, rstd = norm_fwd(x, w, b, float(eps), False, res=r, h=h)
-    return y, h, ((h, w, mean, rstd), b is not None)
+    return y, h, mean, rstd
+
+
+def _add_norm_bwd(dy, dres, h, w, mean, rstd, has_bias):
+    _same_rows(h, dy, "dy")
+    if dres is not None:
+        _same_rows(h, dres, "dres")
+    return norm_bwd(dy, h, w, mean, rstd, False, True, dres=dres)
+
+
+# (x, r, w, b, eps) -> (layer_norm(x + r), x + r): one kernel each way, a triton_op on a GPU
+# (the GPT's op-by-op path under torch.compile: Inductor launches it where PyTorch's
+# compiled step fuses its own add into its norm).
+add_layer_norm_triton = _kit.add_layer_norm_op("add_layer_norm_triton", _add_norm_fwd, _add_norm_bwd, triton=True)
+
+
+def add_forward_saving(x, r, w, b, eps: float = 1e-5):
+    """``(layer_norm(x + r), x + r, saved)`` with no autograd node; x and r contiguous, of
+    one shape and dtype. ``saved`` is what ``add_backward_from`` takes."""
+    (y, h), saved = add_layer_norm_triton.forward_saving(x, r, w, b, float(eps))
+    return y, h, saved
 
 
 def add_backward_from(saved, dy, dres):
     """(dx + dres, dweight, dbias or None) from ``add_forward_saving``'s saved tuple: the
     gradient of x and of r both (h = x + r), the residual stream's ``dres`` included."""
-    (h, w, mean, rstd), has_bias = saved
-    _same_rows(h, dy, "dy")
-    _same_rows(h, dres, "dres")
-    dx, dw, db = norm_bwd(dy, h, w, mean, rstd, False, True, dres=dres)
-    return dx, dw, (db if has_bias else None)
+    dx, _, dw, db, _ = add_layer_norm_triton.backward_from(saved, (dy, dres))
+    return dx, dw, db
 
 
 layer_norm_triton.add_forward_saving = add_forward_saving
 layer_norm_triton.add_backward_from = add_backward_from
+layer_norm_triton.add_layer_norm = add_layer_norm_triton
