@@ -477,7 +477,7 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
     (harness.bench: admission check, re-checked outputs, device and loop time) and merge
     the winners into this GPU's table; returns the table written. ``on_row`` sees every
     measured row (the raw timings behind the table)."""
-    from kernellab.harness.bench import _eff, bench, git_sha, versions
+    from kernellab.harness.bench import bench, git_sha, versions
 
     spec = get_spec(op)
     dev = device or _device.default_device()

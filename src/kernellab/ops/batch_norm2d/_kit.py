@@ -39,45 +39,46 @@ _FLOATS = frozenset(FLOAT_DTYPES)
 # --------------------------------------------------------------------------- validation
 
 
-def _check_tensor(name: str, t, devices) -> None:
+def _check_tensor(name: str, t, devices, op: str = OP) -> None:
     if not isinstance(t, Tensor):
-        raise TypeError(f"{OP}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in _FLOATS:
         allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
-        raise TypeError(f"{OP}: {name} has dtype {t.dtype}; expected one of {allowed}")
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected one of {allowed}")
     if t.layout is not torch.strided:
-        raise TypeError(f"{OP}: {name} has layout {t.layout}; only strided (dense) tensors are supported")
+        raise TypeError(f"{op}: {name} has layout {t.layout}; only strided (dense) tensors are supported")
     if t.device.type not in devices:
-        raise ValueError(f"{OP}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only")
+        raise ValueError(f"{op}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only")
 
 
-def check_eps(eps) -> float:
+def check_eps(eps, op: str = OP) -> float:
     if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"{OP}: eps must be a float, got {type(eps).__name__}")
+        raise TypeError(f"{op}: eps must be a float, got {type(eps).__name__}")
     eps = float(eps)
     # eps > 0, not >= 0: a channel of one value (batch 1, 1x1 images) or a constant one has
     # variance 0, and only eps keeps rstd finite there.
     if not (eps > 0.0 and math.isfinite(eps)):
-        raise ValueError(f"{OP}: eps must be finite and > 0, got {eps!r}")
+        raise ValueError(f"{op}: eps must be finite and > 0, got {eps!r}")
     return eps
 
 
-def _plain_kwargs(kwargs) -> bool:
+def _plain_kwargs(kwargs, relu: bool) -> bool:
     """Whether ``kwargs`` is {} or {eps: float[, relu: bool]} (the fast accept)."""
     if not kwargs:
         return True
     n = len(kwargs)
     return (
-        n <= 2
+        n <= 1 + relu
         and type(kwargs.get("eps", 1.0)) is float
         and type(kwargs.get("relu", False)) is bool
-        and ("eps" in kwargs) + ("relu" in kwargs) == n
+        and ("eps" in kwargs) + ("relu" in kwargs and relu) == n
     )
 
 
-def validate(args, kwargs, devices) -> None:
-    """``batch_norm2d(x, weight, bias, eps=..., relu=...)``: x [N, C, H, W], weight and bias [C]."""
-    if len(args) == 3 and _plain_kwargs(kwargs):
+def validate_channels(args, kwargs, devices, op: str = OP, relu: bool = True, min_hw: int = 0) -> None:
+    """``op(x, weight, bias, eps=...[, relu=...])``: x [N, C, H, W] (H, W >= ``min_hw``),
+    weight and bias [C] in x's dtype; shared by batch_norm2d and bn_relu_pool2d."""
+    if len(args) == 3 and _plain_kwargs(kwargs, relu):
         x, w, b = args
         # Fast accept of a well-formed call (this runs on every call: a few attribute reads).
         if isinstance(x, Tensor) and isinstance(w, Tensor) and isinstance(b, Tensor) and x.dim() == 4:
@@ -87,6 +88,7 @@ def validate(args, kwargs, devices) -> None:
                 dt in _FLOATS
                 and x.layout is torch.strided
                 and dev.type in devices
+                and x.shape[2] >= min_hw and x.shape[3] >= min_hw
                 and w.dtype is dt and b.dtype is dt
                 and w.layout is torch.strided and b.layout is torch.strided
                 and w.shape == cshape and b.shape == cshape
@@ -95,28 +97,38 @@ def validate(args, kwargs, devices) -> None:
             ):  # fmt: skip
                 return
     if len(args) != 3:
-        raise TypeError(f"{OP}() takes 3 tensor arguments (x, weight, bias), got {len(args)}")
+        raise TypeError(f"{op}() takes 3 tensor arguments (x, weight, bias), got {len(args)}")
     x = args[0]
-    _check_tensor("x", x, devices)
+    _check_tensor("x", x, devices, op)
     if x.dim() != 4:
-        raise ValueError(f"{OP}: x must be 4-D [N, C, H, W], got {x.dim()}-D shape {list(x.shape)}")
+        raise ValueError(f"{op}: x must be 4-D [N, C, H, W], got {x.dim()}-D shape {list(x.shape)}")
+    if min_hw and (x.shape[2] < min_hw or x.shape[3] < min_hw):
+        raise ValueError(
+            f"{op}: x's images must be at least {min_hw}x{min_hw} (one {min_hw}x{min_hw} pooling window), got "
+            f"{x.shape[2]}x{x.shape[3]}"
+        )
     c = x.shape[1]
     for name, t in zip(("weight", "bias"), args[1:]):
-        _check_tensor(name, t, devices)
+        _check_tensor(name, t, devices, op)
         if t.device != x.device:
-            raise ValueError(f"{OP}: {name} is on {t.device} but x is on {x.device}")
+            raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
         if t.dtype != x.dtype:
-            raise TypeError(f"{OP}: {name} has dtype {t.dtype} but x has {x.dtype}; they must match")
+            raise TypeError(f"{op}: {name} has dtype {t.dtype} but x has {x.dtype}; they must match")
         if t.shape != (c,):
-            raise ValueError(f"{OP}: {name} must have shape [{c}] (the channels of x), got {list(t.shape)}")
+            raise ValueError(f"{op}: {name} must have shape [{c}] (the channels of x), got {list(t.shape)}")
     for k, v in kwargs.items():
-        if k == "relu":
+        if k == "relu" and relu:
             if not isinstance(v, bool):
-                raise TypeError(f"{OP}: relu must be a bool, got {v!r}")
+                raise TypeError(f"{op}: relu must be a bool, got {v!r}")
             continue
         if k != "eps":
-            raise TypeError(f"{OP}() got an unexpected keyword argument {k!r}")
-        check_eps(v)
+            raise TypeError(f"{op}() got an unexpected keyword argument {k!r}")
+        check_eps(v, op)
+
+
+def validate(args, kwargs, devices) -> None:
+    """``batch_norm2d(x, weight, bias, eps=..., relu=...)``: x [N, C, H, W], weight and bias [C]."""
+    validate_channels(args, kwargs, devices)
 
 
 # --------------------------------------------------------------------------- inputs

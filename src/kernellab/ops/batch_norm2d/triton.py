@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import triton
 import triton.language as tl
 
 from kernellab import triton_support
@@ -97,6 +98,23 @@ def _bn_stats_kernel(
     tl.store(part_ptr + 2 * C * split + p, m2)
 
 
+@triton.jit
+def channel_stats(part_ptr, C, split, c, eps, SPLIT_P2: tl.constexpr):
+    """(mean, rstd) in fp32 of channel ``c`` from ``_bn_stats_kernel``'s [3, C, split] fp64
+    partials (count, mean, M2 per chunk): Chan's merge in fp64, rounded once."""
+    j = tl.arange(0, SPLIT_P2)
+    jm = j < split
+    pc = tl.load(part_ptr + c * split + j, mask=jm, other=0.0)
+    pm = tl.load(part_ptr + C * split + c * split + j, mask=jm, other=0.0)
+    pm2 = tl.load(part_ptr + 2 * C * split + c * split + j, mask=jm, other=0.0)
+    total = tl.sum(pc, axis=0)
+    mean64 = tl.sum(pc * pm, axis=0) / total
+    dev = tl.where(jm, pm - mean64, 0.0)
+    var = (tl.sum(pm2, axis=0) + tl.sum(pc * dev * dev, axis=0)) / total
+    rstd = (1.0 / tl.sqrt(var + eps)).to(tl.float32)  # fp64: var is
+    return mean64.to(tl.float32), rstd
+
+
 @triton_support.jit
 def _bn_fwd_apply_kernel(
     x_ptr,  # [N, C, HW] contiguous
@@ -118,17 +136,7 @@ def _bn_fwd_apply_kernel(
     c = tl.program_id(0)
     s = tl.program_id(1)
     split = tl.num_programs(1)
-    j = tl.arange(0, SPLIT_P2)
-    jm = j < split
-    pc = tl.load(part_ptr + c * split + j, mask=jm, other=0.0)
-    pm = tl.load(part_ptr + C * split + c * split + j, mask=jm, other=0.0)
-    pm2 = tl.load(part_ptr + 2 * C * split + c * split + j, mask=jm, other=0.0)
-    total = tl.sum(pc, axis=0)
-    mean64 = tl.sum(pc * pm, axis=0) / total
-    dev = tl.where(jm, pm - mean64, 0.0)
-    var = (tl.sum(pm2, axis=0) + tl.sum(pc * dev * dev, axis=0)) / total
-    rstd = (1.0 / tl.sqrt(var + eps)).to(tl.float32)  # fp64: var is
-    mean = mean64.to(tl.float32)
+    mean, rstd = channel_stats(part_ptr, C, split, c, eps, SPLIT_P2)
     if s == 0:
         tl.store(mean_ptr + c, mean)
         tl.store(rstd_ptr + c, rstd)

@@ -32,87 +32,26 @@ so the backward reads x in full once more and writes dx in full.
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import Tensor
 
+from kernellab.ops.batch_norm2d import _kit as _bn
 from kernellab.ops.kit import OpDecl, build, contig
-from kernellab.ops.spec import FLOAT_DTYPES, dtype_name
 
 OP = "bn_relu_pool2d"
-_FLOATS = frozenset(FLOAT_DTYPES)
 
 # --------------------------------------------------------------------------- validation
 
 
-def _check_tensor(name: str, t, devices) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{OP}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOATS:
-        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
-        raise TypeError(f"{OP}: {name} has dtype {t.dtype}; expected one of {allowed}")
-    if t.layout is not torch.strided:
-        raise TypeError(f"{OP}: {name} has layout {t.layout}; only strided (dense) tensors are supported")
-    if t.device.type not in devices:
-        raise ValueError(f"{OP}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only")
-
-
 def check_eps(eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"{OP}: eps must be a float, got {type(eps).__name__}")
-    eps = float(eps)
-    # > 0: a constant channel has variance 0 and only eps keeps rstd finite
-    if not (eps > 0.0 and math.isfinite(eps)):
-        raise ValueError(f"{OP}: eps must be finite and > 0, got {eps!r}")
-    return eps
+    return _bn.check_eps(eps, OP)
 
 
 def validate(args, kwargs, devices) -> None:
     """``bn_relu_pool2d(x, weight, bias, eps=...)``: x [N, C, H, W] with H, W >= 2,
-    weight and bias [C] in x's dtype."""
-    if len(args) == 3 and (not kwargs or (len(kwargs) == 1 and type(kwargs.get("eps")) is float)):
-        x, w, b = args
-        # fast accept of a well-formed call (runs on every call)
-        if isinstance(x, Tensor) and isinstance(w, Tensor) and isinstance(b, Tensor) and x.dim() == 4:
-            dt, dev, cshape = x.dtype, x.device, (x.shape[1],)
-            eps = kwargs["eps"] if kwargs else 1.0
-            if (
-                dt in _FLOATS
-                and x.layout is torch.strided
-                and dev.type in devices
-                and x.shape[2] >= 2 and x.shape[3] >= 2
-                and w.dtype is dt and b.dtype is dt
-                and w.layout is torch.strided and b.layout is torch.strided
-                and w.shape == cshape and b.shape == cshape
-                and w.device == dev and b.device == dev
-                and 0.0 < eps < math.inf
-            ):  # fmt: skip
-                return
-    if len(args) != 3:
-        raise TypeError(f"{OP}() takes 3 tensor arguments (x, weight, bias), got {len(args)}")
-    x = args[0]
-    _check_tensor("x", x, devices)
-    if x.dim() != 4:
-        raise ValueError(f"{OP}: x must be 4-D [N, C, H, W], got {x.dim()}-D shape {list(x.shape)}")
-    if x.shape[2] < 2 or x.shape[3] < 2:
-        raise ValueError(
-            f"{OP}: x's images must be at least 2x2 (one 2x2 pooling window), got "
-            f"{x.shape[2]}x{x.shape[3]}"
-        )
-    c = x.shape[1]
-    for name, t in zip(("weight", "bias"), args[1:]):
-        _check_tensor(name, t, devices)
-        if t.device != x.device:
-            raise ValueError(f"{OP}: {name} is on {t.device} but x is on {x.device}")
-        if t.dtype != x.dtype:
-            raise TypeError(f"{OP}: {name} has dtype {t.dtype} but x has {x.dtype}; they must match")
-        if t.shape != (c,):
-            raise ValueError(f"{OP}: {name} must have shape [{c}] (the channels of x), got {list(t.shape)}")
-    for k, v in kwargs.items():
-        if k != "eps":
-            raise TypeError(f"{OP}() got an unexpected keyword argument {k!r}")
-        check_eps(v)
+    weight and bias [C] in x's dtype (batch_norm2d's checks, no relu option)."""
+    _bn.validate_channels(args, kwargs, devices, OP, relu=False, min_hw=2)
 
 
 # --------------------------------------------------------------------------- counts

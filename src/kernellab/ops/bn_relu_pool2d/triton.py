@@ -39,7 +39,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops.batch_norm2d.triton import CONFIG, Config, _bn_stats_kernel, grid_of
+from kernellab.ops.batch_norm2d.triton import CONFIG, Config, _bn_stats_kernel, channel_stats, grid_of
 from kernellab.ops.bn_relu_pool2d import _kit
 
 __all__ = ["CONFIG", "Config", "brp_bwd", "brp_fwd"]
@@ -69,17 +69,7 @@ def _fwd_kernel(
 ):
     c = tl.program_id(0)
     s = tl.program_id(1)
-    j = tl.arange(0, SPLIT_P2)
-    jm = j < split_s
-    pc = tl.load(part_ptr + c * split_s + j, mask=jm, other=0.0)
-    pm = tl.load(part_ptr + C * split_s + c * split_s + j, mask=jm, other=0.0)
-    pm2 = tl.load(part_ptr + 2 * C * split_s + c * split_s + j, mask=jm, other=0.0)
-    total = tl.sum(pc, axis=0)
-    mean64 = tl.sum(pc * pm, axis=0) / total
-    dev = tl.where(jm, pm - mean64, 0.0)
-    var = (tl.sum(pm2, axis=0) + tl.sum(pc * dev * dev, axis=0)) / total
-    rstd = (1.0 / tl.sqrt(var + eps)).to(tl.float32)
-    mean = mean64.to(tl.float32)
+    mean, rstd = channel_stats(part_ptr, C, split_s, c, eps, SPLIT_P2)
     if s == 0:
         tl.store(mean_ptr + c, mean)
         tl.store(rstd_ptr + c, rstd)
