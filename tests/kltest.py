@@ -133,3 +133,22 @@ def launched_cuda_kernels(fn, prefix: str = "") -> list[str]:
 # Modules made by tests stay alive for the whole session: kernellab caches launchers by
 # module, and a module freed mid-session could hand its id to the next one.
 KEEP_ALIVE: list = []
+
+
+def opcheck_custom_ops(custom_ops, spec, shape, seed: int = 9) -> None:
+    """``torch.library.opcheck`` of every custom op a kit-built callable carries
+    (``fn.custom_ops``: (op, sample builder, _)), on CPU fp32 samples: the builders take
+    ``make(requires_grad)`` (a random tensor of the problem shape) and ``make.args(rg)``
+    (the spec's inputs at ``shape``)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def make(rg):
+        return torch.randn(*shape, generator=gen).requires_grad_(bool(rg))
+
+    def args(rg):
+        return tuple(a.requires_grad_(bool(rg)) for a in spec.make_inputs(shape, torch.float32, "cpu", seed))
+
+    make.args = args
+    assert custom_ops
+    for op, build, _ in custom_ops:
+        torch.library.opcheck(op, build(make))

@@ -15,7 +15,7 @@ from kernellab import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
 from kernellab.ops.batch_norm2d import batch_norm2d_reference
-from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, seed_for, shape_id
+from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, opcheck_custom_ops, seed_for, shape_id
 
 OP = "batch_norm2d"
 SPEC = kernellab.get_spec(OP)
@@ -250,19 +250,7 @@ def test_planted_mistakes_are_rejected(name):
 
 
 def test_custom_ops_opcheck():
-    impl = registry.get(OP, "triton")
-    gen = torch.Generator().manual_seed(0)
-
-    def make(rg):
-        return torch.randn(2, 3, 5, 4, generator=gen).requires_grad_(bool(rg))
-
-    def args(rg):
-        return tuple(a.requires_grad_(bool(rg)) for a in SPEC.make_inputs((2, 3, 5, 4), torch.float32, "cpu", 9))
-
-    make.args = args
-    assert impl.custom_ops
-    for op, build, _ in impl.custom_ops:
-        torch.library.opcheck(op, build(make))
+    opcheck_custom_ops(registry.get(OP, "triton").custom_ops, SPEC, (2, 3, 5, 4))
 
 
 def test_under_torch_compile_fullgraph():

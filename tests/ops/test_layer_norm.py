@@ -14,7 +14,7 @@ import kernellab.ops.norms.layer_norm as ln
 from kernellab import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
-from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, seed_for, shape_id
+from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, opcheck_custom_ops, seed_for, shape_id
 
 OP = "layer_norm"
 SPEC = kernellab.get_spec(OP)
@@ -245,18 +245,7 @@ def test_triton_one_row_forward(rms, width):
 
 
 def test_custom_ops_opcheck():
-    impl = registry.get(OP, "triton")
-    gen = torch.Generator().manual_seed(0)
-
-    def make(rg):
-        return torch.randn(4, 33, generator=gen).requires_grad_(bool(rg))
-
-    def args(rg):
-        return tuple(a.requires_grad_(bool(rg)) for a in SPEC.make_inputs((4, 33), torch.float32, "cpu", 9))
-
-    make.args = args
-    for op, build, _ in impl.custom_ops:
-        torch.library.opcheck(op, build(make))
+    opcheck_custom_ops(registry.get(OP, "triton").custom_ops, SPEC, (4, 33))
 
 
 def test_under_torch_compile_fullgraph():
@@ -422,19 +411,10 @@ def test_triton_add_layer_norm_op_gradients_of_both_outputs(use):
 def test_triton_add_layer_norm_opcheck_and_compile_fullgraph():
     from kernellab.ops.norms import triton as lt
 
-    gen = torch.Generator().manual_seed(0)
-
-    def make(rg):
-        return torch.randn(4, 33, generator=gen).requires_grad_(bool(rg))
-
-    def args(rg):
-        return tuple(a.requires_grad_(bool(rg)) for a in SPEC.make_inputs((4, 33), torch.float32, "cpu", 9))
-
-    make.args = args
     fn = lt.add_layer_norm_triton
     assert len(fn.custom_ops) == 2
-    for op, build, _ in fn.custom_ops:
-        torch.library.opcheck(op, build(make))
+    opcheck_custom_ops(fn.custom_ops, SPEC, (4, 33))
+    gen = torch.Generator().manual_seed(0)
     x, w, b = SPEC.make_inputs((5, 40), torch.float32, "cpu", 4)
     r = torch.randn(5, 40, generator=gen)
     f = torch.compile(lambda x, r, w, b: [t * 2 for t in fn(x, r, w, b, 1e-5)], fullgraph=True, backend="aot_eager")

@@ -14,7 +14,16 @@ import kernellab.ops.norms.rms_norm as rn
 from kernellab import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
-from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, rounds_like_torch, seed_for, shape_id
+from kltest import (
+    DTYPES,
+    cpu_backends,
+    cuda_backends,
+    dtype_id,
+    opcheck_custom_ops,
+    rounds_like_torch,
+    seed_for,
+    shape_id,
+)
 
 OP = "rms_norm"
 SPEC = kernellab.get_spec(OP)
@@ -159,18 +168,7 @@ def test_bad_inputs_name_the_argument():
 
 
 def test_custom_ops_opcheck():
-    impl = registry.get(OP, "triton")
-    gen = torch.Generator().manual_seed(0)
-
-    def make(rg):
-        return torch.randn(4, 33, generator=gen).requires_grad_(bool(rg))
-
-    def args(rg):
-        return tuple(a.requires_grad_(bool(rg)) for a in SPEC.make_inputs((4, 33), torch.float32, "cpu", 9))
-
-    make.args = args
-    for op, build, _ in impl.custom_ops:
-        torch.library.opcheck(op, build(make))
+    opcheck_custom_ops(registry.get(OP, "triton").custom_ops, SPEC, (4, 33))
 
 
 def test_under_torch_compile_fullgraph():
