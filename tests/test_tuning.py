@@ -106,6 +106,15 @@ def test_choose_by_device_time_among_given_backends(tables):
     assert tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd")[0] == "torch"
     backend, why = tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device")
     assert backend == "compile" and "by device time" in why
+    # explain says both: the standalone call's choice and the device-time one
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["explain", "gelu", "-s", "4096", "--device", "cpu", "--dtype", "fp32", "--mode", "fwdbwd"]) == 0
+    out = buf.getvalue()
+    assert "fwdbwd on cpu (cpu): torch" in out and "by device time (a graphed or fused step): compile" in out
     assert tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device",
                              among=("torch", "manual"))[0] == "manual"  # fmt: skip
     # none of ``among`` in the row: the heuristic, which says so

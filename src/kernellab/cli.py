@@ -926,6 +926,11 @@ def cmd_explain(args) -> int:
     print(f"{args.op} {args.shape} {args.dtype} {args.mode}{' ' + opts if opts else ''} on {dev} "
           f"({tuning._gpu_of(dev)}): {backend}")  # fmt: skip
     print(f"  why: {why}")
+    # Inside a CUDA graph, a compiled graph or a model's fused node the host cost is paid
+    # once per step: what the device time alone would pick (kernellab.models.gpt does).
+    dev_backend, dev_why = tuning.choose_key(args.op, key, dtype, dev, args.mode, opts, by="device")
+    print(f"  by device time (a graphed or fused step): {dev_backend}"
+          + ("" if dev_why == why else f" ({dev_why})"))  # fmt: skip
     order = ", ".join(b for b in spec.default_backends if registry._TABLE.get((args.op, b)) is not None)
     print(f"  heuristic order: {order} (torch last); a ValueError refusal by the choice falls back to torch")
     return 0
