@@ -771,6 +771,13 @@ def cmd_train(args) -> int:
         return 0 if all("error" not in r for r in rows) else 1
     backend = None if args.backend == "default" else args.backend
     matmul = None if args.matmul == "default" else args.matmul
+    if backend is None or matmul is None:  # say what the default picked, and why it may differ per shape
+        cfg = gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"])
+        chosen = gpt.op_set(backend, matmul)["chosen"]
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        got = gpt.resolve_defaults(chosen, cfg, bsz, args.seq_len or cfg.ctx, gpt._dtype(dtype), dev)
+        console.print(f"default ops at {bsz} x {args.seq_len or cfg.ctx} on {dev} (device time of the tuning "
+                      "table, `kernellab explain`): " + ", ".join(f"{k}={v or 'per call'}" for k, v in got.items()))  # fmt: skip
     with _progress() as prog:
         task = prog.add_task("train gpt", total=args.steps)
         toks = bsz * (args.seq_len or gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"]).ctx)

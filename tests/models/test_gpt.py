@@ -88,6 +88,11 @@ def test_cli_train_and_compare(capsys, tmp_path):
     assert main(["train", "gpt", "--config", "tiny", "--steps", "2", "--backend", "pytorch",
                  "--batch-size", "2", "--seq-len", "16"]) == 0  # fmt: skip
     assert "loss" in capsys.readouterr().out
+    # the default says what it resolved to (on the CPU, with no table: PyTorch's ops)
+    assert main(["train", "gpt", "--config", "tiny", "--steps", "1", "--backend", "default",
+                 "--batch-size", "2", "--seq-len", "16"]) == 0  # fmt: skip
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "default ops at 2 x 16 on cpu" in printed and "ln=pytorch" in printed, printed
     out = tmp_path / "rows.jsonl"
     # --compare on the CPU: eager only (compile's codegen takes minutes here, and no speed
     # claim is made on a CPU); every op set, one table, JSONL rows with provenance.
