@@ -703,8 +703,13 @@ def cmd_train_mnist(args) -> int:
         if variant not in mnist.VARIANTS or (variant == "graph" and device != "cuda"):
             console.print(f"[red]--mode {variant}: mnist trains in eager, compile or graph (graph: on a GPU)[/]")
             return 2
-        result = mnist.train(backends, bsz, args.epochs, lr, device=device, on_step=on_step, on_epoch=on_epoch,
-                             data=data, variant=variant)  # fmt: skip
+        fuse_pool = {"auto": None, "on": True, "off": False}[args.fuse_pool]
+        try:
+            result = mnist.train(backends, bsz, args.epochs, lr, device=device, on_step=on_step, on_epoch=on_epoch,
+                                 data=data, variant=variant, fuse_pool=fuse_pool)  # fmt: skip
+        except ValueError as e:
+            console.print(f"[red]{e}[/]")
+            return 2
     losses = result["losses"]
     console.print(f"mnist ({args.backend or 'default'} ops, batch {bsz}, lr {lr}): loss {losses[0]:.3f} -> "
                   f"{losses[-1]:.3f} over {len(losses)} steps, test accuracy {result['test_acc'][-1]:.4f}, "
@@ -1081,6 +1086,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--variants", default=None, help="mnist --compare: a comma list of " + ", ".join(
         ("pytorch_eager", "pytorch_compile", "pytorch_graph", "kernellab_eager", "kernellab_graph")))
     s.add_argument("--profile", action="store_true", help="mnist --compare: a torch.profiler table per variant")
+    s.add_argument("--fuse-pool", default="auto", choices=("auto", "on", "off"),
+                   help="mnist: each block's batch norm, relu and pool as one op (bn_relu_pool2d); auto: where "
+                   "the block's ops are kernellab's")  # fmt: skip
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("asm", help="PTX/SASS, registers, spills, shared memory of a backend's kernels")

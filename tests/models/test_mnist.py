@@ -227,3 +227,16 @@ def test_gpu_two_epochs_kernellab_matches_pytorch_accuracy():
     ours = mnist.train("triton", 32, 2, 0.05, data=data, device="cuda")
     ref = mnist.train("pytorch", 32, 2, 0.05, data=data, device="cuda")
     assert ours["test_acc"][-1] >= 0.90 and abs(ours["test_acc"][-1] - ref["test_acc"][-1]) <= 0.02
+
+
+def test_train_takes_the_pool_fusion_choice():
+    """``train(fuse_pool=...)`` (``kernellab train mnist --fuse-pool on|off|auto``): with
+    kernellab's torch backends the fused block (bn_relu_pool2d's torch backend) and the
+    unfused chain are the same PyTorch math: the same losses."""
+    on = mnist.train("torch", 16, 1, max_steps=2, fuse_pool=True, device="cpu")
+    off = mnist.train("torch", 16, 1, max_steps=2, fuse_pool=False, device="cpu")
+    assert on["model"].fuse_pool and not off["model"].fuse_pool
+    assert "block" in on["model"].ops and "block" not in off["model"].ops
+    assert len(on["losses"]) == len(off["losses"]) == 2
+    for a, b in zip(on["losses"], off["losses"]):
+        assert a == pytest.approx(b, rel=1e-5)

@@ -381,19 +381,21 @@ def train(
     on_step=None,
     on_epoch=None,
     data=None,
+    fuse_pool=None,
 ) -> dict:
     """Train for ``epochs`` epochs; returns ``losses`` (every step), ``test_acc`` (after
     every epoch), ``ms_per_step`` (mean over all steps, host timed, the first epoch's
     warm-up included) and ``source``. ``on_step(i, loss, acc, ms)`` is called after each step
     (it reads the loss: one sync per step); ``on_epoch(epoch, test_acc)`` after each epoch.
-    ``max_steps`` stops early (tests)."""
+    ``max_steps`` stops early (tests). ``fuse_pool``: see ``CNN.set_ops`` (None: where it
+    applies)."""
     from kernellab.data import mnist as mnist_data
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     d = data if data is not None else mnist_data.load(data_dir, device)
-    model = make(backends, device, seed)
+    model = make(backends, device, seed, fuse_pool=fuse_pool)
     batches = Batches(d.train_x, d.train_y, batch_size, seed)
     trainer = Trainer(model, batches, variant, lr, sgd)
     losses, accs, times = [], [], []
