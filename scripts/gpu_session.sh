@@ -46,7 +46,9 @@ step "gpu tests"
 if [ "$MODE" = quick ]; then
   run python3 -m pytest -q -x -m gpu ${TESTS:-tests} -p no:cacheprovider
 else
-  run python3 -m pytest -q -m gpu ${TESTS:-tests} -p no:cacheprovider --durations=15
+  # -v: one line per test as it ends, so a call cut by its time limit still names what
+  # passed and failed (a -q run cut at 570 s left only dots in the eleventh session)
+  run python3 -m pytest -v -m gpu ${TESTS:-tests} -p no:cacheprovider --durations=25
 fi
 
 fi
