@@ -72,6 +72,22 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
+def check_float_tensor(op: str, name: str, t, devices) -> None:
+    """Raise TypeError / ValueError naming ``op`` and argument ``name`` unless ``t`` is a
+    dense (strided) floating-point tensor (fp32, fp16, bf16) on one of ``devices``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected one of {allowed}")
+    if t.layout is not torch.strided:
+        raise TypeError(f"{op}: {name} has layout {t.layout}; only strided (dense) tensors are supported")
+    if t.device.type not in devices:
+        raise ValueError(
+            f"{op}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only"
+        )
+
+
 def parse_dtype(s: str) -> torch.dtype:
     try:
         return DTYPES[s.lower()]

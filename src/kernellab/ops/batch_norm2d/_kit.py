@@ -31,24 +31,12 @@ import torch
 from torch import Tensor
 
 from kernellab.ops.kit import OpDecl, build, contig, empty_like_contig
-from kernellab.ops.spec import FLOAT_DTYPES, dtype_name, make_tensor
+from kernellab.ops.spec import FLOAT_DTYPES, check_float_tensor, make_tensor
 
 OP = "batch_norm2d"
 _FLOATS = frozenset(FLOAT_DTYPES)
 
 # --------------------------------------------------------------------------- validation
-
-
-def _check_tensor(name: str, t, devices, op: str = OP) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOATS:
-        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
-        raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected one of {allowed}")
-    if t.layout is not torch.strided:
-        raise TypeError(f"{op}: {name} has layout {t.layout}; only strided (dense) tensors are supported")
-    if t.device.type not in devices:
-        raise ValueError(f"{op}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only")
 
 
 def check_eps(eps, op: str = OP) -> float:
@@ -99,7 +87,7 @@ def validate_channels(args, kwargs, devices, op: str = OP, relu: bool = True, mi
     if len(args) != 3:
         raise TypeError(f"{op}() takes 3 tensor arguments (x, weight, bias), got {len(args)}")
     x = args[0]
-    _check_tensor("x", x, devices, op)
+    check_float_tensor(op, "x", x, devices)
     if x.dim() != 4:
         raise ValueError(f"{op}: x must be 4-D [N, C, H, W], got {x.dim()}-D shape {list(x.shape)}")
     if min_hw and (x.shape[2] < min_hw or x.shape[3] < min_hw):
@@ -109,7 +97,7 @@ def validate_channels(args, kwargs, devices, op: str = OP, relu: bool = True, mi
         )
     c = x.shape[1]
     for name, t in zip(("weight", "bias"), args[1:]):
-        _check_tensor(name, t, devices, op)
+        check_float_tensor(op, name, t, devices)
         if t.device != x.device:
             raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
         if t.dtype != x.dtype:

@@ -25,7 +25,7 @@ import numbers
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, dtype_name, make_tensor
+from kernellab.ops.spec import BadInput, OpSpec, check_float_tensor, define, make_tensor
 
 # --------------------------------------------------------------------------- geometry
 
@@ -98,30 +98,14 @@ def make_conv_inputs(shape, dtype, device, gen, layout="contiguous", scale=1.0):
 
 # --------------------------------------------------------------------------- validation
 
-_FLOATS = frozenset(FLOAT_DTYPES)
-
-
-def _check_tensor(name, t, devices):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"conv2d: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _FLOATS:
-        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
-        raise TypeError(f"conv2d: {name} has dtype {t.dtype}; expected one of {allowed}")
-    if t.layout is not torch.strided:
-        raise TypeError(f"conv2d: {name} has layout {t.layout}; only strided (dense) tensors are supported")
-    if t.device.type not in devices:
-        raise ValueError(
-            f"conv2d: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only"
-        )
-
 
 def validate_conv2d(args, kwargs, devices=("cuda", "cpu")) -> None:
     """Raise TypeError/ValueError naming the argument (x, w, bias, stride, padding)."""
     if len(args) != 3:
         raise TypeError(f"conv2d() takes 3 tensor arguments (x, w, bias), got {len(args)}")
     x, w, b = args
-    _check_tensor("x", x, devices)
-    _check_tensor("w", w, devices)
+    check_float_tensor("conv2d", "x", x, devices)
+    check_float_tensor("conv2d", "w", w, devices)
     if x.dim() != 4:
         raise ValueError(f"conv2d: x must be 4-D [N, C, H, W], got a {x.dim()}-d tensor {tuple(x.shape)}")
     if w.dim() != 4:
@@ -136,7 +120,7 @@ def validate_conv2d(args, kwargs, devices=("cuda", "cpu")) -> None:
             f"{x.shape[1]} (x [N, C, H, W] = {tuple(x.shape)})"
         )
     if b is not None:
-        _check_tensor("bias", b, devices)
+        check_float_tensor("conv2d", "bias", b, devices)
         if b.device != x.device:
             raise ValueError(f"conv2d: bias is on {b.device} but x is on {x.device}")
         if b.dtype != x.dtype:

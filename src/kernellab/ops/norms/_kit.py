@@ -26,23 +26,9 @@ import torch
 from torch import Tensor
 
 from kernellab.ops.kit import OpDecl, build, empty_like_contig
-from kernellab.ops.spec import FLOAT_DTYPES, dtype_name, make_tensor
+from kernellab.ops.spec import FLOAT_DTYPES, check_float_tensor, make_tensor
 
 # --------------------------------------------------------------------------- validation
-
-
-def _check_tensor(op: str, name: str, t, devices) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in FLOAT_DTYPES:
-        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
-        raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected one of {allowed}")
-    if t.layout is not torch.strided:
-        raise TypeError(f"{op}: {name} has layout {t.layout}; only strided (dense) tensors are supported")
-    if t.device.type not in devices:
-        raise ValueError(
-            f"{op}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only"
-        )
 
 
 _FLOATS = frozenset(FLOAT_DTYPES)
@@ -89,14 +75,14 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
         if len(args) != n:
             raise TypeError(f"{op}() takes {n} tensor arguments ({', '.join(arg_names)}), got {len(args)}")
         x = args[0]
-        _check_tensor(op, "x", x, devices)
+        check_float_tensor(op, "x", x, devices)
         if x.dim() == 0:
             raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
         d = x.shape[-1]
         for name, t in zip(arg_names[1:], args[1:]):
             if t is None and name == "bias":
                 continue
-            _check_tensor(op, name, t, devices)
+            check_float_tensor(op, name, t, devices)
             if t.device != x.device:
                 raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
             if t.dtype != x.dtype:
