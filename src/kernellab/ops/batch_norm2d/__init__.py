@@ -35,13 +35,19 @@ def batch_norm2d_reference(x, weight, bias, eps=1e-5, relu=False):
     return torch.relu(y) if relu else y
 
 
-def _bad(build):
+def bad_case(build, shape=(2, 3, 4, 4)):
+    """A BadInput case: ``build(x, w, b) -> (args, kwargs)`` from good [N, C, H, W] inputs
+    (bn_relu_pool2d's spec uses it too)."""
+
     def case(device, dtype):
-        x = torch.randn(2, 3, 4, 4, device=device).to(dtype)
-        w = torch.ones(3, device=device, dtype=dtype)
-        return build(x, w, torch.zeros(3, device=device, dtype=dtype))
+        x = torch.randn(shape, device=device).to(dtype)
+        w = torch.ones(shape[1], device=device, dtype=dtype)
+        return build(x, w, torch.zeros(shape[1], device=device, dtype=dtype))
 
     return case
+
+
+_bad = bad_case
 
 
 SPEC = define(

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from kernellab import registry
 from kernellab.ops.batch_norm2d import _kit as _bn_kit
+from kernellab.ops.batch_norm2d import bad_case as _bad
 from kernellab.ops.batch_norm2d import batch_norm2d_reference
 from kernellab.ops.bn_relu_pool2d import _kit
 from kernellab.ops.spec import BadInput, OpSpec, define
@@ -46,15 +47,6 @@ from kernellab.ops.spec import BadInput, OpSpec, define
 def bn_relu_pool2d_reference(x, weight, bias, eps=1e-5):
     """The formula in x's dtype (float64 in checks): batch norm, relu, 2x2 max pool."""
     return F.max_pool2d(torch.relu(batch_norm2d_reference(x, weight, bias, eps)), 2, 2)
-
-
-def _bad(build, shape=(2, 3, 4, 4)):
-    def case(device, dtype):
-        x = torch.randn(shape, device=device).to(dtype)
-        w = torch.ones(shape[1], device=device, dtype=dtype)
-        return build(x, w, torch.zeros(shape[1], device=device, dtype=dtype))
-
-    return case
 
 
 SPEC = define(
