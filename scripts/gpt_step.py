@@ -126,6 +126,10 @@ def main() -> int:
             for s in args.sets:
                 row = {"bench": "gpt2_step", "model": "gpt2-124M", "dtype": "bf16", "B": b, "T": t,
                        "mode": mode, "ops": s, "interleaved": True, **timed[s]}  # fmt: skip
+                be, mm = SETS[s][:2]
+                if be is None or mm is None:  # what the default resolved to at this shape
+                    chosen = gpt.op_set(be, mm)["chosen"]
+                    row["resolved"] = gpt.resolve_defaults(chosen, gpt.CONFIGS["gpt2"], b, t, torch.bfloat16, "cuda")
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if out:
