@@ -122,7 +122,7 @@ def _conv_dgrad_kernel(
 @triton_support.jit
 def _conv_wgrad_kernel(
     dy_ptr, x_ptr, dw_part_ptr, db_part_ptr,  # dy [N, K, P, Q] contiguous; x strided;
-    # dw_part [SPLIT, K, C R S], db_part [SPLIT, K]: fp32
+    # dw_part [SPLIT, K, C R S] fp32, db_part [SPLIT, K] fp64
     C, H, W, K, P, Q, R, S, NPQ, CHUNK,  # CHUNK: reduction indices per split (multiple of BLOCK_K)
     sxn, sxc, sxh, sxw,
     SH, SW, PH, PW,
@@ -142,7 +142,9 @@ def _conv_wgrad_kernel(
     r, s = rs // S, rs % S
     pq = P * Q
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    db = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    # dbias: each tile's sum in fp32, the running sum over the chunk in fp64 (an fp32 one,
+    # CHUNK / BLOCK_K additions in a row, was up to 1.26x over the check's bound on the CPU)
+    db = tl.zeros((BLOCK_M,), dtype=tl.float64)
     start = split * CHUNK
     end = tl.minimum(start + CHUNK, NPQ)
     for j0 in range(start, end, BLOCK_K):
@@ -157,7 +159,7 @@ def _conv_wgrad_kernel(
         b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
         b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
         a32 = a.to(tl.float32)
-        db += tl.sum(a32, axis=1)
+        db += tl.sum(a32, axis=1).to(tl.float64)
         if UPCAST:
             a, b = a32, b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
@@ -248,7 +250,7 @@ def triton_conv2d_bwd(dy, x, w, sh, sw, ph, pw):
     tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
     dw_part = torch.empty((splits, k, crs), dtype=torch.float32, device=x.device)
-    db_part = torch.empty((splits, k), dtype=torch.float32, device=x.device)
+    db_part = torch.empty((splits, k), dtype=torch.float64, device=x.device)
     _conv_wgrad_kernel[(tiles, splits)](
         dy, x, dw_part, db_part,
         c, h, wd, k, p, q, r, s, npq, chunk,
@@ -283,7 +285,7 @@ def _kernel_specs(dtype: str):
     fwd = sig([("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)], geom + ("M",) + xs + conv,
               ("HAS_BIAS",) + tuple(cx))  # fmt: skip
     dgrad = sig([("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)], geom + ("M",) + conv, tuple(cx))
-    wgrad = sig([("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp32"), ("db_part_ptr", "*fp32")],
+    wgrad = sig([("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp32"), ("db_part_ptr", "*fp64")],
                 geom + ("NPQ", "CHUNK") + xs + conv, tuple(cx))  # fmt: skip
     return [
         (_conv_fwd_kernel, fwd, dict(cx, HAS_BIAS=True), 4),
