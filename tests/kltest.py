@@ -166,3 +166,15 @@ def compile_grads_match(fn, reference, inputs, rtol: float = 1e-4, atol: float =
     (reference(*ref) * 2).sum().backward()
     for a, r in zip(leaves, ref):
         torch.testing.assert_close(a.grad, r.grad, rtol=rtol, atol=atol)
+
+
+def backend_dtype_shape_params(backends, dtypes, shapes, big=None, big_skips=("triton",)) -> list:
+    """pytest params (backend, dtype, shape) over every combination; ``big`` (a larger
+    shape) joins the shapes of every backend but ``big_skips`` (the Triton interpreter is
+    slow there)."""
+    return [
+        pytest.param(backend, dtype, shape, id=f"{shape_id(shape)}-{dtype_id(dtype)}-{backend}")
+        for backend in backends
+        for dtype in dtypes
+        for shape in list(shapes) + ([big] if big is not None and backend not in big_skips else [])
+    ]

@@ -17,10 +17,12 @@ from kernellab.harness.compare import judge
 from kernellab.ops.batch_norm2d import batch_norm2d_reference
 from kltest import (
     DTYPES,
+    backend_dtype_shape_params,
     compile_grads_match,
     cpu_backends,
     cuda_backends,
     dtype_id,
+    impl_grads,
     opcheck_custom_ops,
     seed_for,
     shape_id,
@@ -41,12 +43,6 @@ def _torch(x, w, b, eps=1e-5, relu=False):
     return torch.relu(y) if relu else y
 
 
-def _grads(fn, args, dy):
-    leaves = [a.detach().clone().requires_grad_() for a in args]
-    out = fn(*leaves)
-    return torch.autograd.grad(out, leaves, dy)
-
-
 def _assert_fwd_bwd(backend, args, dtype, eps=1e-5, seed=0, relu=False):
     x, w, b = args
     y = kernellab.batch_norm2d(x, w, b, eps, relu, backend=backend)
@@ -55,9 +51,9 @@ def _assert_fwd_bwd(backend, args, dtype, eps=1e-5, seed=0, relu=False):
     if relu:
         assert bool((y >= 0).all())
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(x.device)
-    got = _grads(lambda *a: kernellab.batch_norm2d(*a, eps, relu, backend=backend), args, dy)
-    ref = _grads(lambda *a: batch_norm2d_reference(*a, eps, relu), [a.double() for a in args], dy.double())
-    base = _grads(lambda *a: _torch(*a, eps, relu), args, dy)
+    got = impl_grads(lambda *a: kernellab.batch_norm2d(*a, eps, relu, backend=backend), SPEC, args, dy)
+    ref = impl_grads(lambda *a: batch_norm2d_reference(*a, eps, relu), SPEC, [a.double() for a in args], dy.double())
+    base = impl_grads(lambda *a: _torch(*a, eps, relu), SPEC, args, dy)
     for name, g, r, t in zip(("dx", "dweight", "dbias"), got, ref, base):
         v = judge(g, r, dtype, t)
         assert v.ok, f"{name}: {v.detail}"
@@ -65,12 +61,7 @@ def _assert_fwd_bwd(backend, args, dtype, eps=1e-5, seed=0, relu=False):
 
 
 def _matrix():
-    out = []
-    for backend in CPU:
-        for dtype in DTYPES:
-            for shape in SHAPES + ([BIG] if backend != "triton" else []):
-                out.append(pytest.param(backend, dtype, shape, id=f"{shape_id(shape)}-{dtype_id(dtype)}-{backend}"))
-    return out
+    return backend_dtype_shape_params(CPU, DTYPES, SHAPES, BIG)
 
 
 @pytest.mark.parametrize("backend,dtype,shape", _matrix())
@@ -99,8 +90,8 @@ def test_triton_chunks_and_blocks(dtype, block, split):
     assert v.ok, f"forward: {v.detail}"
     dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
     got = bt.bn_bwd(dy, x, w, b, mean, rstd, cfg=cfg)
-    ref = _grads(lambda *a: batch_norm2d_reference(*a), [a.double() for a in (x, w, b)], dy.double())
-    base = _grads(_torch, (x, w, b), dy)
+    ref = impl_grads(lambda *a: batch_norm2d_reference(*a), SPEC, [a.double() for a in (x, w, b)], dy.double())
+    base = impl_grads(_torch, SPEC, (x, w, b), dy)
     for name, g, r, t in zip(("dx", "dweight", "dbias"), got, ref, base):
         v = judge(g, r, dtype, t)
         assert v.ok, f"{name}: {v.detail}"

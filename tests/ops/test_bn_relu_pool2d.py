@@ -20,10 +20,12 @@ from kernellab.harness.compare import judge
 from kernellab.ops.bn_relu_pool2d import bn_relu_pool2d_reference
 from kltest import (
     DTYPES,
+    backend_dtype_shape_params,
     compile_grads_match,
     cpu_backends,
     cuda_backends,
     dtype_id,
+    impl_grads,
     opcheck_custom_ops,
     seed_for,
     shape_id,
@@ -44,12 +46,6 @@ def _torch(x, w, b, eps=1e-5):
     return F.max_pool2d(F.relu(y), 2, 2)
 
 
-def _grads(fn, args, dz):
-    leaves = [a.detach().clone().requires_grad_() for a in args]
-    out = fn(*leaves)
-    return torch.autograd.grad(out, leaves, dz)
-
-
 def _assert_fwd_bwd(backend, args, dtype, eps=1e-5, seed=0):
     x, w, b = args
     z = kernellab.bn_relu_pool2d(x, w, b, eps, backend=backend)
@@ -58,9 +54,9 @@ def _assert_fwd_bwd(backend, args, dtype, eps=1e-5, seed=0):
     assert v.ok, f"forward: {v.detail}"
     assert bool((z >= 0).all())
     dz = torch.randn(z.shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(x.device)
-    got = _grads(lambda *a: kernellab.bn_relu_pool2d(*a, eps, backend=backend), args, dz)
-    ref = _grads(lambda *a: bn_relu_pool2d_reference(*a, eps), [a.double() for a in args], dz.double())
-    base = _grads(lambda *a: _torch(*a, eps), args, dz)
+    got = impl_grads(lambda *a: kernellab.bn_relu_pool2d(*a, eps, backend=backend), SPEC, args, dz)
+    ref = impl_grads(lambda *a: bn_relu_pool2d_reference(*a, eps), SPEC, [a.double() for a in args], dz.double())
+    base = impl_grads(lambda *a: _torch(*a, eps), SPEC, args, dz)
     for name, g, r, t in zip(("dx", "dweight", "dbias"), got, ref, base):
         v = judge(g, r, dtype, t)
         assert v.ok, f"{name}: {v.detail}"
@@ -68,12 +64,7 @@ def _assert_fwd_bwd(backend, args, dtype, eps=1e-5, seed=0):
 
 
 def _matrix():
-    out = []
-    for backend in CPU:
-        for dtype in DTYPES:
-            for shape in SHAPES + ([BIG] if backend != "triton" else []):
-                out.append(pytest.param(backend, dtype, shape, id=f"{shape_id(shape)}-{dtype_id(dtype)}-{backend}"))
-    return out
+    return backend_dtype_shape_params(CPU, DTYPES, SHAPES, BIG)
 
 
 @pytest.mark.parametrize("backend,dtype,shape", _matrix())
@@ -116,8 +107,8 @@ def test_triton_chunks_and_blocks(dtype, block, split):
     assert v.ok, f"forward: {v.detail}"
     dz = torch.randn(z.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
     got = bt.brp_bwd(dz, x, w, code, mean, rstd, cfg=cfg)
-    ref = _grads(bn_relu_pool2d_reference, [a.double() for a in (x, w, b)], dz.double())
-    base = _grads(_torch, (x, w, b), dz)
+    ref = impl_grads(bn_relu_pool2d_reference, SPEC, [a.double() for a in (x, w, b)], dz.double())
+    base = impl_grads(_torch, SPEC, (x, w, b), dz)
     for name, g, r, t in zip(("dx", "dweight", "dbias"), got, ref, base):
         v = judge(g, r, dtype, t)
         assert v.ok, f"{name}: {v.detail}"
@@ -207,8 +198,8 @@ def test_triton_picks_the_maximum_exactly_where_rounding_would_tie(sign):
     assert torch.equal(tensors[2], _codes_reference(x, w, b))
     assert tensors[2].view(-1).tolist() == ([1, 2] if sign > 0 else [2, 3])
     dz = torch.tensor([3.0, 5.0]).view(1, 1, 1, 2)
-    got = _grads(lambda *a: kernellab.bn_relu_pool2d(*a, backend="triton"), (x, w, b), dz)
-    ref = _grads(bn_relu_pool2d_reference, [a.double() for a in (x, w, b)], dz.double())
+    got = impl_grads(lambda *a: kernellab.bn_relu_pool2d(*a, backend="triton"), SPEC, (x, w, b), dz)
+    ref = impl_grads(bn_relu_pool2d_reference, SPEC, [a.double() for a in (x, w, b)], dz.double())
     for g, r in zip(got, ref):
         torch.testing.assert_close(g.double(), r, rtol=1e-5, atol=1e-5)
 
@@ -232,13 +223,13 @@ def test_triton_matches_the_unfused_kernellab_chain(dtype):
     closeness is asked."""
     x, w, b = SPEC.make_inputs((3, 6, 8, 10), dtype, "cpu", 31)
     dz = torch.randn(3, 6, 4, 5, generator=torch.Generator().manual_seed(2)).to(dtype)
-    fused = _grads(lambda *a: kernellab.bn_relu_pool2d(*a, backend="triton"), (x, w, b), dz)
+    fused = impl_grads(lambda *a: kernellab.bn_relu_pool2d(*a, backend="triton"), SPEC, (x, w, b), dz)
     z = kernellab.bn_relu_pool2d(x, w, b, backend="triton")
 
     def chain(x, w, b):
         return kernellab.max_pool2d(kernellab.batch_norm2d(x, w, b, 1e-5, True, backend="triton"), 2, backend="triton")
 
-    unfused = _grads(chain, (x, w, b), dz)
+    unfused = impl_grads(chain, SPEC, (x, w, b), dz)
     zc = chain(x, w, b)
     if dtype == torch.float32:
         assert torch.equal(z, zc)

@@ -88,7 +88,7 @@ def op_set(backends="pytorch", matmul="pytorch") -> dict:
             raise ValueError(f"backends: unknown op slots {sorted(unknown)}; slots are {SLOTS}")
         chosen = dict(backends)
     elif backends == "pytorch":
-        return ops | {"qkv_contiguous": False, "chosen": {}, "ln_add": None}
+        return _slot_ops({})
     else:
         chosen = {s: backends for s in SLOTS if s != "linear"}
         chosen["linear"] = matmul

@@ -44,10 +44,6 @@ OP = "bn_relu_pool2d"
 # --------------------------------------------------------------------------- validation
 
 
-def check_eps(eps) -> float:
-    return _bn.check_eps(eps, OP)
-
-
 def validate(args, kwargs, devices) -> None:
     """``bn_relu_pool2d(x, weight, bias, eps=...)``: x [N, C, H, W] with H, W >= 2,
     weight and bias [C] in x's dtype (batch_norm2d's checks, no relu option)."""
