@@ -73,6 +73,35 @@ def test_tune_writes_a_table_the_default_then_reads(tables, capsys):
     assert "cpu.json" in capsys.readouterr().out
 
 
+def test_tune_times_fp32_as_fp32_and_restores_the_users_tf32_flags(tables, monkeypatch):
+    """cuDNN takes TF32 by PyTorch's default where its heuristics like, so a TF32 kernel
+    judged against it is refused at one shape and admitted at the next: tune, like `check`
+    and `bench`, runs with TF32 off for matmuls and cuDNN, then puts the flags back."""
+    import kernellab.harness.bench as hb
+
+    seen = []
+
+    def fake_bench(*a, **k):
+        seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return []
+
+    monkeypatch.setattr(hb, "bench", fake_bench)
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        table = tuning.tune("gelu", "cpu-tiny", [torch.float32], ["fwd"], device="cpu", backends=["torch"])
+        assert seen == [(False, False)]
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (True, True)
+        assert table["provenance"]["tf32"] is False
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+def test_matmul_heuristic_is_cublas_first():
+    assert kernellab.get_spec("matmul").default_backends[0] == "torch"
+    assert registry.default_backend("matmul", "cpu") == "torch"
+
+
 def test_the_best_is_the_least_effective_time_and_ties_go_by_device_time():
     # effective times within TIE (5%) of the least are loop-time noise: device time decides
     assert tuning.pick_best({"a": 0.100, "b": 0.104, "c": 0.2}, {"a": 0.09, "b": 0.05, "c": 0.01}) == "b"

@@ -208,7 +208,9 @@ SPEC = define(
         grad_args=(0, 1),
         specials=(float("nan"), float("inf")),
         metric="tflops",
-        default_backends=("triton", "cuda", "torch"),
+        # cuBLAS first where no table row is near: it won 47 of the 50 bf16 rows and every
+        # fp32 row of the H100 table (ours: the odd 4097x4095x1023 forward, in its own row).
+        default_backends=("torch", "cuda", "triton"),
         doc=__doc__.strip().split("\n")[0],
         extra_bad_inputs=_EXTRA_BAD,
         inputs=make_matmul_inputs,
