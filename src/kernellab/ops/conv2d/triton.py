@@ -68,10 +68,7 @@ def _conv_fwd_kernel(
         b = tl.load(w_ptr + offs_n[None, :] * CRS + j[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
-        if PRECISION == "ieee":  # fp32: a fresh sum per K tile, then one add (error ~ tile + K/tile, not K)
-            acc += tl.dot(a, b, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     y_off = nb[:, None] * (K * pq) + offs_n[None, :] * pq + rem[:, None]
@@ -117,10 +114,7 @@ def _conv_dgrad_kernel(
         b = tl.load(w_ptr + b_off, mask=j_ok[:, None] & n_ok[None, :], other=0.0)
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
-        if PRECISION == "ieee":  # fp32: a fresh sum per K tile, then one add (error ~ tile + K/tile, not K)
-            acc += tl.dot(a, b, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     dx_off = nb[:, None] * (C * hw) + offs_n[None, :] * hw + rem[:, None]
     tl.store(dx_ptr + dx_off, acc.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -168,10 +162,7 @@ def _conv_wgrad_kernel(
         db += tl.sum(a32, axis=1).to(tl.float64)
         if UPCAST:
             a, b = a32, b.to(tl.float32)
-        if PRECISION == "ieee":  # fp32: a fresh sum per K tile, then one add (error ~ tile + K/tile, not K)
-            acc += tl.dot(a, b, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
     tl.store(dw_part_ptr + out, acc, mask=m_ok[:, None] & n_ok[None, :])
     first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)

@@ -91,10 +91,7 @@ def _matmul_kernel(
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if PRECISION == "ieee":  # fp32: a fresh sum per K tile, then one add (error ~ tile + K/tile, not K)
-            acc += tl.dot(a, b, input_precision="ieee")
-        else:
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
 
