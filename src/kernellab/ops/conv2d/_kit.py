@@ -6,10 +6,11 @@ Contract of a backend's launchers:
     fwd(x, w, bias, sh, sw, ph, pw) -> y
         x [N, C, H, W] (strides as the backend accepts them, see each file), w [K, C, R, S]
         contiguous, bias [K] or None, same dtype. y [N, K, P, Q] contiguous.
-    bwd(dy, x, w, sh, sw, ph, pw) -> (dx, dw, dbias)
-        dy [N, K, P, Q] contiguous. dx like x (contiguous), dw like w, dbias [K] (computed
-        even without a bias: a row sum of dy, cheap beside the two GEMMs; the autograd
-        drops it).
+    bwd(dy, x, w, need_dx, sh, sw, ph, pw) -> (dx, dw, dbias)
+        dy [N, K, P, Q] contiguous. dx like x (contiguous) when need_dx, else an empty
+        tensor (a network's first layer: its input needs no gradient, and the dgrad GEMM is
+        the backward's largest part there); dw like w, dbias [K] (computed even without a
+        bias: a row sum of dy, cheap beside the two GEMMs; the autograd drops it).
 """
 
 from __future__ import annotations
@@ -54,14 +55,14 @@ def conv_op(name: str, fwd, bwd, triton: bool = False, label: str | None = None)
         return fwd(x, w, bias, sh, sw, ph, pw)
 
     def _bwd(
-        dy: Tensor, x: Tensor, w: Tensor, sh: int, sw: int, ph: int, pw: int
+        dy: Tensor, x: Tensor, w: Tensor, need_dx: bool, sh: int, sw: int, ph: int, pw: int
     ) -> tuple[Tensor, Tensor, Tensor]:
-        return bwd(_contig(dy), x, w, sh, sw, ph, pw)
+        return bwd(_contig(dy), x, w, need_dx, sh, sw, ph, pw)
 
     def _bwd_sample(make):
         x, w, _ = make.args(False)
         dy = torch.randn(_out_shape(x, w, 1, 1, 0, 0), device=x.device).to(x.dtype)
-        return (dy, x, w, 1, 1, 0, 0)
+        return (dy, x, w, True, 1, 1, 0, 0)
 
     call = build(
         OpDecl(
@@ -69,14 +70,19 @@ def conv_op(name: str, fwd, bwd, triton: bool = False, label: str | None = None)
             fwd=_fwd,
             bwd=_bwd,
             fwd_fake=lambda x, w, bias, sh, sw, ph, pw: x.new_empty(_out_shape(x, w, sh, sw, ph, pw)),
-            bwd_fake=lambda dy, x, w, sh, sw, ph, pw: (
-                x.new_empty(x.shape),
+            bwd_fake=lambda dy, x, w, need_dx, sh, sw, ph, pw: (
+                x.new_empty(x.shape if need_dx else (0,)),
                 torch.empty_like(w),
                 w.new_empty(w.shape[0]),
             ),
-            save=lambda inputs, out: ((inputs[0], inputs[1]), (inputs[2] is not None, *inputs[3:])),
+            save=lambda inputs, out: (
+                (inputs[0], inputs[1]),
+                (inputs[2] is not None, inputs[0].requires_grad, *inputs[3:]),
+            ),
             bwd_args=lambda saved, extra, dy: (dy, *saved, *extra[1:]),
-            grads=lambda g, extra: (g[0], g[1], g[2] if extra[0] else None, None, None, None, None),
+            grads=lambda g, extra: (
+                g[0] if extra[1] else None, g[1], g[2] if extra[0] else None, None, None, None, None
+            ),
             needs_grad=lambda x, w, bias, *geom: (
                 x.requires_grad or w.requires_grad or (bias is not None and bias.requires_grad)
             ),

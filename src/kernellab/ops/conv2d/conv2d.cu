@@ -29,7 +29,7 @@
 //                        GEMM main loop with other gathers (dgrad: the transposed
 //                        convolution, dy gathered where (h + ph - r) / sh is exact;
 //                        wgrad: split over N P Q into fp32 partials, summed on the host
-//                        side), conv2d_dbias_*: one block per output channel, a row sum.
+//                        side), conv2d_dbias_*: fp64 row sums per channel and batch slice.
 //
 // Napkin math (what the ladder should show; H100 SXM: ~60 TFLOP/s of fp32 FMA, ~990 of
 // dense bf16 tensor-core MMA, ~3.3 TB/s):
@@ -302,27 +302,29 @@ __device__ __forceinline__ void igemm(const Prob& prob, int M, int Nn, int k_beg
     }
 }
 
-// dbias[k] = sum over n, p, q of dy[n, k, p, q]: one block per k. Each thread's running
-// sum is fp64: it adds N P Q / 256 terms in a row (784 at batch 256, 14x14), and an fp32
-// running sum there was 1.5x over the check's bound (H100, fp32 dy); the tree is fp32.
+// dbias[k] = sum over n, p, q of dy[n, k, p, q]. Sums are fp64 throughout (an fp32 running
+// sum of 784 terms was 1.5x over the check's bound: H100, fp32 dy, batch 256, 14x14).
 template <typename T>
-__device__ void dbias(const T* __restrict__ dy, T* __restrict__ db, Geom g) {
+__device__ void dbias(const T* __restrict__ dy, double* __restrict__ db_part, int n_per, Geom g) {
+    // Block (k, j): the fp64 sum of channel k over images [j n_per, (j + 1) n_per), written
+    // to db_part[j][k]; the host sums the slices.
     const int k = blockIdx.x;
     const int pq = g.P * g.Q;
-    double run = 0.0;
-    for (int n = 0; n < g.N; ++n) {
+    const int n0 = blockIdx.y * n_per;
+    const int n1 = min(g.N, n0 + n_per);
+    double sum = 0.0;
+    for (int n = n0; n < n1; ++n) {
         const T* row = dy + ((long long)n * g.K + k) * pq;
-        for (int i = threadIdx.x; i < pq; i += blockDim.x) run += (double)kl::to_f(row[i]);
+        for (int i = threadIdx.x; i < pq; i += blockDim.x) sum += (double)kl::to_f(row[i]);
     }
-    float sum = (float)run;
-    __shared__ float part[32];
+    __shared__ double part[32];
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = sum;
     __syncthreads();
     if (threadIdx.x < 32) {
-        sum = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        sum = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0;
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
-        if (threadIdx.x == 0) db[k] = kl::from_f<T>(sum);
+        if (threadIdx.x == 0) db_part[(long long)blockIdx.y * g.K + k] = sum;
     }
 }
 
@@ -449,7 +451,7 @@ __device__ void fwd_tc(const FwdProblem<T>& prob, int M, int Nn, int Kred) {
 // grid: v1 ceil(N K P Q / 256) x 256 threads; v2 (N tiles_p tiles_q, ceil(K / 8)) x (16, 16)
 // threads, dynamic shared ((15 sh + R)(15 sw + S) + 8 R S) floats; v3 / dgrad:
 // (ceil(M / 64), ceil(Nn / 64)) x 256; wgrad (ceil(K / 64), ceil(C R S / 64), splits) x 256,
-// each split reducing `chunk` (a multiple of 16) indices of N P Q; dbias K x 256.
+// each split reducing `chunk` (a multiple of 16) indices of N P Q; dbias (K, slices) x 256.
 #define KL_CONV(NAME, T)                                                                              \
     extern "C" __global__ void conv2d_fwd_v1_##NAME(const T* x, const T* w, const T* b, T* y,          \
                                                     KL_GEOM_PARAMS) {                                   \
@@ -476,8 +478,9 @@ __device__ void fwd_tc(const FwdProblem<T>& prob, int M, int Nn, int Kred) {
         const int end = begin + chunk < npq ? begin + chunk : npq;                                      \
         igemm(WgradProblem<T>{dy, x, part, g}, K, C * R * S, begin, end);                               \
     }                                                                                                   \
-    extern "C" __global__ void conv2d_dbias_##NAME(const T* dy, T* db, KL_GEOM_PARAMS) {               \
-        dbias<T>(dy, db, KL_GEOM);                                                                      \
+    extern "C" __global__ void conv2d_dbias_##NAME(const T* dy, double* db_part, int n_per,          \
+                                                   KL_GEOM_PARAMS) {                                    \
+        dbias<T>(dy, db_part, n_per, KL_GEOM);                                                          \
     }
 KL_FOR_EACH_DTYPE(KL_CONV)
 

@@ -230,14 +230,14 @@ def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
     return triton_support.cdiv(npq, chunk), chunk
 
 
-def triton_conv2d_bwd(dy, x, w, sh, sw, ph, pw):
+def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     n, c, h, wd = x.shape
     k, _, r, s = w.shape
     p, q = dy.shape[2], dy.shape[3]
-    dx = torch.empty((n, c, h, wd), dtype=x.dtype, device=x.device)
+    dx = torch.empty((n, c, h, wd) if need_dx else (0,), dtype=x.dtype, device=x.device)
     crs, npq = c * r * s, n * p * q
     consts = _consts(x)
-    if n * h * wd:
+    if need_dx and n * h * wd:
         cfg = gemm_config(n * h * wd, c, k * r * s, x.device)
         grid = (triton_support.cdiv(n * h * wd, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
         _conv_dgrad_kernel[grid](
