@@ -287,6 +287,18 @@ def test_wgrad_split_covers_the_reduction():
     assert splits == 2 and chunk % 32 == 0 and chunk < 1000 <= 2 * chunk
 
 
+def test_triton_wgrad_split_on_a_gpu_down_to_one_tile(monkeypatch):
+    """On a GPU (132 SMs here by monkeypatch) a small reduction splits down to one tile a
+    chunk (short fp32 running sums), a large one stops at ~2 programs per SM."""
+    from kernellab.ops.conv2d import triton as kt
+
+    monkeypatch.setattr(kt.triton_support, "sm_count", lambda index=None: 132)
+    gpu = torch.device("cuda", 0)
+    assert kt._wgrad_split(1, 144, 32, gpu) == (5, 32)
+    splits, chunk = kt._wgrad_split(5, 64 * 196, 32, gpu)
+    assert 40 < splits <= 53 and chunk % 32 == 0 and (splits - 1) * chunk < 64 * 196 <= splits * chunk
+
+
 def test_triton_config():
     from kernellab.ops.conv2d import triton as kt
 
