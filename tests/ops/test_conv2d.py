@@ -372,11 +372,6 @@ _SHARED_BWD = pytest.mark.xfail(reason="fp32 dw summation order of the shared CU
                                 strict=False)  # fmt: skip
 
 
-# The Triton wgrad's fp32 dw, in the twelfth session's H100 run: 9.65e-6 against a bound of
-# 8.18e-6 (1.18x) at padding=2, the same summation-order item (open).
-_TRITON_DW = pytest.mark.xfail(reason="fp32 dw summation order of the Triton wgrad (issue 18, open)", strict=False)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 def test_gpu_first_layer_without_input_gradient(backend):
@@ -391,8 +386,7 @@ def test_gpu_first_layer_without_input_gradient(backend):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "backend",
-    [pytest.param(b, marks=_SHARED_BWD) if b in ("cuda", "cuda_v1", "cuda_v2")
-     else pytest.param(b, marks=_TRITON_DW) if b == "triton" else b
+    [pytest.param(b, marks=_SHARED_BWD) if b in ("cuda", "cuda_v1", "cuda_v2") else b
      for b in ("cuda", "cuda_v1", "cuda_v2", "cuda_v4", "triton", "fft")],
 )  # fmt: skip
 def test_gpu_check_engine(backend):
