@@ -974,6 +974,12 @@ def cmd_tune(args) -> int:
         print(f"  {r['dtype']} {r['mode']} {r['shape']}: {r['best']}")
     return 0
 
+def _family_names() -> list[str]:
+    from kernellab.tuning import FAMILIES  # the shape families tune, bench and tests share
+
+    return list(FAMILIES)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernellab", description=__doc__)
     sub = p.add_subparsers(dest="cmd")
@@ -1105,7 +1111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("tune", help="time every backend over a model shape family; write this GPU's default table")
     s.add_argument("op")
-    s.add_argument("--family", "-f", default=None, help="gpt2, llama3-8b, qwen2.5-7b, vit-b16, decode, odd, small, heldout, cpu-tiny (default: all but heldout and cpu-tiny)")
+    s.add_argument("--family", "-f", default=None, help=f"{', '.join(_family_names())} (default: all but heldout and cpu-tiny)")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: the op's)")
     s.add_argument("--mode", nargs="+", default=["fwd"], help="fwd, fwdbwd (default fwd)")
     s.add_argument("--backend", "-b", action="append", help="only these backends (default: ours and the peers)")
