@@ -260,6 +260,30 @@ def test_compile_backend_quick():
     )
 
 
+def test_backward_without_dx_under_opcheck_and_compile():
+    """The backward op's need_dx=False form (x needs no gradient): its fake kernel agrees
+    with the real one (opcheck), and a compiled first layer gets w's and bias's gradients
+    right with x left without one."""
+    from kernellab.ops.conv2d.triton import conv2d_triton
+
+    bwd = [op for op, _, _ in conv2d_triton.custom_ops if "backward" in str(op)][0]
+    x, w, _ = SPEC.make_inputs((2, 1, 6, 5, 4, 3, 3), torch.float32, "cpu", 5)
+    dy = torch.randn(2, 4, 6, 5, generator=torch.Generator().manual_seed(5))
+    dx, dw, db = bwd(dy, x, w, False, 1, 1, 1, 1)
+    assert dx.numel() == 0 and dw.shape == w.shape and db.shape == (4,)
+    torch.library.opcheck(bwd, (dy, x, w, False, 1, 1, 1, 1))
+    f = torch.compile(lambda x, w, b: kernellab.conv2d(x, w, b, 1, 1, backend="triton") * 2,
+                      fullgraph=True, backend="aot_eager")  # fmt: skip
+    b = torch.randn(4)
+    wl, bl = w.clone().requires_grad_(), b.clone().requires_grad_()
+    f(x, wl, bl).sum().backward()
+    wr, br = w.clone().requires_grad_(), b.clone().requires_grad_()
+    (F.conv2d(x, wr, br, padding=1) * 2).sum().backward()
+    assert x.grad is None
+    torch.testing.assert_close(wl.grad, wr.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(bl.grad, br.grad, rtol=1e-4, atol=1e-5)
+
+
 def test_triton_under_torch_compile_fullgraph():
     x, w, b = SPEC.make_inputs((2, 3, 6, 5, 4, 3, 3), torch.float32, "cpu", 4)
     f = torch.compile(
