@@ -284,6 +284,20 @@ def test_backward_without_dx_under_opcheck_and_compile():
     torch.testing.assert_close(bl.grad, br.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["triton"])
+def test_forward_saving_with_detached_inputs_returns_every_gradient(backend):
+    """A fused caller hands forward_saving detached tensors and owns the backward: dx,
+    dw and dbias all come back (skipping dx is for autograd, where x says it needs none)."""
+    fn = kernellab.get(OP, backend).fn
+    x, w, b = SPEC.make_inputs((2, 3, 6, 5, 4, 3, 3), torch.float32, "cpu", 8)
+    y, saved = fn.forward_saving(x, w, b, 1, 1, 1, 1)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(8))
+    g = fn.backward_from(saved, dy)
+    ref = _grads(lambda *a: F.conv2d(*a, padding=1), _f64((x, w, b)), dy.double(), [0, 1, 2])
+    for got, want in zip(g[:3], ref):
+        torch.testing.assert_close(got, want.float(), rtol=1e-4, atol=1e-5)
+
+
 def test_triton_under_torch_compile_fullgraph():
     x, w, b = SPEC.make_inputs((2, 3, 6, 5, 4, 3, 3), torch.float32, "cpu", 4)
     f = torch.compile(

@@ -41,6 +41,14 @@ def _contig(t):
     return t if t is None or t.is_contiguous() else t.contiguous()
 
 
+def _need_dx(inputs) -> bool:
+    """Whether the backward computes dx: under autograd (some input requires grad), only
+    when x does; through ``forward_saving`` with detached inputs (a fused caller that owns
+    the backward, no input requiring grad), always."""
+    x, w, bias = inputs[:3]
+    return x.requires_grad or not (w.requires_grad or (bias is not None and bias.requires_grad))
+
+
 def _out_shape(x, w, sh, sw, ph, pw):
     p, q = out_size(x.shape[2], x.shape[3], w.shape[2], w.shape[3], (sh, sw), (ph, pw))
     return (x.shape[0], w.shape[0], p, q)
@@ -75,10 +83,7 @@ def conv_op(name: str, fwd, bwd, triton: bool = False, label: str | None = None)
                 torch.empty_like(w),
                 w.new_empty(w.shape[0]),
             ),
-            save=lambda inputs, out: (
-                (inputs[0], inputs[1]),
-                (inputs[2] is not None, inputs[0].requires_grad, *inputs[3:]),
-            ),
+            save=lambda inputs, out: ((inputs[0], inputs[1]), (inputs[2] is not None, _need_dx(inputs), *inputs[3:])),
             bwd_args=lambda saved, extra, dy: (dy, *saved, *extra[1:]),
             grads=lambda g, extra: (
                 g[0] if extra[1] else None, g[1], g[2] if extra[0] else None, None, None, None, None
