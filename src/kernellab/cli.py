@@ -613,6 +613,18 @@ def _mnist_backend(name):
     return None if name in (None, "default") else name
 
 
+def _print_mnist_defaults(batch: int, device: str, data) -> None:
+    from kernellab.models import mnist
+
+    console.print(f"default ops at batch {batch} on {device} (the tuning table by the larger of device and "
+                  "loop time; `kernellab explain`):")  # fmt: skip
+    for c in mnist.default_choices(batch, device, data):
+        shape = "x".join(map(str, c["shape"]))
+        mode = "fwd+bwd" if c["fwdbwd"] else "fwd"
+        console.print(f"  {c['op']:15s} {shape:>14s} {mode:8s} -> {c['backend']:8s} {c['why'][:110]}",
+                      markup=False, highlight=False)  # fmt: skip
+
+
 def cmd_train_mnist(args) -> int:
     import json
 
@@ -638,6 +650,9 @@ def cmd_train_mnist(args) -> int:
             console.print(f"[red]--variants: unknown {sorted(unknown)}[/]; variants: {', '.join(mnist.COMPARE)}")
             return 2
         backend = _mnist_backend(args.backend)
+        if backend is None:
+            for b in sizes:
+                _print_mnist_defaults(b, device, data)
         meta = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu", "git_sha": git_sha(),
                 **versions(), "data": data.source, "lr": lr}  # fmt: skip
         out = open(args.out, "a") if args.out else None
@@ -687,6 +702,8 @@ def cmd_train_mnist(args) -> int:
         return 0 if all("error" not in r for r in rows) else 1
     backends = "pytorch" if args.backend == "pytorch" else _mnist_backend(args.backend)
     bsz = args.batch_size or 64
+    if backends is None:  # say what the default runs at this batch, and why
+        _print_mnist_defaults(bsz, device, data)
     with _progress() as prog:
         steps = (len(data.train_y) // bsz) * args.epochs
         task = prog.add_task("train mnist", total=steps)

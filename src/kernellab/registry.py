@@ -12,6 +12,8 @@ a built-in one::
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -246,6 +248,24 @@ _CHOSEN: dict[tuple, Impl] = {}
 _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses, never grows without bound
 
 
+_RECORD: list | None = None
+
+
+@contextlib.contextmanager
+def recording_choices():
+    """Within the block, each choice ``backend=None`` makes is appended to the yielded list
+    (op, first argument's shape, whether a backward follows, backend, why); the choice
+    cache starts empty so every call site chooses once. What ``train mnist --backend
+    default`` prints."""
+    global _RECORD
+    _CHOSEN.clear()
+    _RECORD = []
+    try:
+        yield _RECORD
+    finally:
+        _RECORD = None
+
+
 def call(op: str, backend: str | None, *args, **kwargs):
     """Run ``op`` with ``backend``. None: the default for these arguments on the device of
     the first tensor (``kernellab.tuning``): the tuning table's choice for the nearest
@@ -269,7 +289,11 @@ def call(op: str, backend: str | None, *args, **kwargs):
         ck = None
     impl = _CHOSEN.get(ck) if ck is not None else None
     if impl is None:
-        impl = get(op, tuning.choose(op, args, dev, None, kwargs)[0])
+        name, why = tuning.choose(op, args, dev, None, kwargs)
+        impl = get(op, name)
+        if _RECORD is not None:
+            _RECORD.append({"op": op, "shape": tuple(getattr(x, "shape", ())), "fwdbwd": tuning.wants_grad(args),
+                            "backend": name, "why": why})  # fmt: skip
         if ck is not None:
             if len(_CHOSEN) >= _CHOSEN_MAX:
                 _CHOSEN.clear()

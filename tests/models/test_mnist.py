@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+import kernellab
 from kernellab.data import mnist as mnist_data
 from kernellab.models import mnist
 
@@ -177,6 +178,26 @@ def test_cli_train_mnist_one_epoch(cli_run):
     code, out = cli_run("train", "mnist", "--epochs", "1", "--batch-size", "128", "--backend", "torch", "--device", "cpu")
     assert code == 0, out
     assert "epoch 1: test accuracy" in out and "over 11 steps" in out
+
+
+def test_default_choices_name_every_op_of_the_step_as_forward_backward():
+    """What `train mnist --backend default` prints: each op of the step once per call
+    site, chosen by its forward+backward row (the weights need grad even where the input,
+    the images, does not), with the reason."""
+    rec = mnist.default_choices(16, "cpu")
+    ops = [c["op"] for c in rec]
+    assert ops.count("conv2d") == 2 and ops.count("matmul") == 2 and "cross_entropy" in ops
+    assert rec[0]["op"] == "conv2d" and rec[0]["shape"] == (16, 1, 28, 28)
+    assert all(c["fwdbwd"] for c in rec), rec
+    assert all(c["backend"] == kernellab.registry.default_backend(c["op"], "cpu") for c in rec)
+    assert all("heuristic" in c["why"] or "table" in c["why"] for c in rec)
+    assert kernellab.registry._RECORD is None  # recording ends with the block
+
+
+def test_cli_train_mnist_default_says_what_it_runs(cli_run):
+    code, out = cli_run("train", "mnist", "--epochs", "1", "--batch-size", "256", "--device", "cpu")
+    assert code == 0, out
+    assert "default ops at batch 256 on cpu" in out and "matmul" in out and "fwd+bwd" in out
 
 
 def test_cli_train_mnist_compare_on_the_cpu(cli_run, tmp_path):

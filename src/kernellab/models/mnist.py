@@ -218,6 +218,20 @@ def make(backends="pytorch", device=None, seed=0, dtype=torch.float32, fuse_bn_r
     return CNN(backends, fuse_bn_relu=fuse_bn_relu, fuse_pool=fuse_pool).to(device=device, dtype=dtype)
 
 
+def default_choices(batch: int, device: str, data=None) -> list[dict]:
+    """What kernellab's default (``backends=None``) runs for each op of a training step at
+    ``batch`` on ``device``: one forward of a fresh model (weights requiring grad, so the
+    forward+backward rows) through ``registry.recording_choices``."""
+    from kernellab import registry
+
+    model = make(None, device, 0)
+    x = data.train_x[:batch] if data is not None else torch.zeros(batch, 1, 28, 28, device=device)
+    y = data.train_y[:batch] if data is not None else torch.zeros(batch, dtype=torch.long, device=device)
+    with registry.recording_choices() as rec:
+        model(x, y)
+    return rec
+
+
 # --------------------------------------------------------------------------- data
 
 
