@@ -178,3 +178,44 @@ def backend_dtype_shape_params(backends, dtypes, shapes, big=None, big_skips=("t
         for dtype in dtypes
         for shape in list(shapes) + ([big] if big is not None and backend not in big_skips else [])
     ]
+
+
+def check_planted(op: str, name: str, fn, seed: int = 2, **kwargs):
+    """The quick fp32 CPU check of ``fn`` registered for the duration as ``op``'s backend
+    ``planted_<name>`` (a deliberate mistake the check must catch); returns the Report."""
+    from kernellab import registry
+    from kernellab.harness.check import check_impl
+
+    registry.register(op, f"planted_{name}", devices=("cpu",))(fn)
+    try:
+        return check_impl(registry.get(op, f"planted_{name}"), torch.float32, device="cpu", quick=True, seed=seed,
+                          **kwargs)  # fmt: skip
+    finally:
+        registry.unregister(op, f"planted_{name}")
+
+
+def assert_per_channel_refusals(f, backend: str) -> None:
+    """What every op of x [N, C, H, W] with a per-channel weight and bias and an ``eps``
+    refuses, each error naming the argument (batch_norm2d, bn_relu_pool2d)."""
+    x, w, b = torch.randn(2, 3, 4, 4), torch.ones(3), torch.zeros(3)
+    with pytest.raises(ValueError, match=r"\bx\b.*4-D"):
+        f(x[0], w, b, backend=backend)
+    with pytest.raises(ValueError, match=r"\bx\b.*4-D"):
+        f(x.unsqueeze(0), w, b, backend=backend)
+    with pytest.raises(ValueError, match="weight"):
+        f(x, torch.ones(4), b, backend=backend)
+    with pytest.raises(ValueError, match="bias"):
+        f(x, w, torch.zeros(1, 3), backend=backend)
+    with pytest.raises(TypeError, match="bias"):
+        f(x, w, b.half(), backend=backend)
+    with pytest.raises(TypeError, match="bias"):
+        f(x, w, None, backend=backend)
+    for eps in (0.0, -1e-5, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="eps"):
+            f(x, w, b, eps, backend=backend)
+    with pytest.raises(TypeError, match="eps"):
+        f(x, w, b, None, backend=backend)
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        f(x.double(), w.double(), b.double(), backend=backend)
+    with pytest.raises(TypeError, match=r"\bx\b"):
+        f(x.int(), w, b, backend=backend)

@@ -26,6 +26,7 @@ attention (batch x heads, S_q, S_k, head dim).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -523,16 +524,16 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
     return table
 
 
-class _tf32_off:
+@contextlib.contextmanager
+def _tf32_off():
     """TF32 off for PyTorch's matmuls and cuDNN (and so for the kernels of ours that follow
     those flags) inside the block; the user's settings restored after."""
-
-    def __enter__(self):
-        self.old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-
-    def __exit__(self, *exc):
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.old
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
 
 
 def key_of_shape(op: str, shape) -> tuple:

@@ -10,7 +10,7 @@ import torch
 import kernellab
 from kernellab import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
-from kltest import DTYPES, LAYOUTS, ODD_SHAPES, backend_matrix, dtype_id, seed_for, shape_id
+from kltest import DTYPES, LAYOUTS, ODD_SHAPES, backend_matrix, check_planted, dtype_id, seed_for, shape_id
 
 OP = "relu"
 SPEC = kernellab.get_spec(OP)
@@ -116,11 +116,7 @@ def test_planted_mistakes_are_rejected(name):
         PLANTED[name](x).backward(torch.ones(3))
         assert x.grad.tolist() != _expected(x.detach(), torch.ones(3))[1].tolist()
         return
-    registry.register(OP, f"planted_{name}", devices=("cpu",))(PLANTED[name])
-    try:
-        rep = check_impl(registry.get(OP, f"planted_{name}"), torch.float32, device="cpu", quick=True, seed=2)
-    finally:
-        registry.unregister(OP, f"planted_{name}")
+    rep = check_planted(OP, name, PLANTED[name])
     assert rep.status == FAIL
 
 

@@ -49,6 +49,18 @@ def bad_case(build, shape=(2, 3, 4, 4)):
 
 _bad = bad_case
 
+# What every op of x [N, C, H, W] with a per-channel weight and bias refuses (bn_relu_pool2d's
+# spec lists these too).
+CHANNEL_BAD_INPUTS = [
+    BadInput("x of rank 3", _bad(lambda x, w, b: ((x[0], w, b), {})), "x"),
+    BadInput("weight of the wrong length", _bad(lambda x, w, b: ((x, w[:2], b), {})), "weight"),
+    BadInput("bias of the wrong shape", _bad(lambda x, w, b: ((x, w, b.view(3, 1)), {})), "bias"),
+    BadInput("weight dtype differs from x", _bad(lambda x, w, b: ((x, w.double(), b), {})), "weight"),
+    BadInput("eps = 0", _bad(lambda x, w, b: ((x, w, b), {"eps": 0.0})), "eps"),
+    BadInput("negative eps", _bad(lambda x, w, b: ((x, w, b), {"eps": -1e-5})), "eps"),
+    BadInput("bias missing", _bad(lambda x, w, b: ((x, w, None), {})), "bias"),
+]
+
 
 SPEC = define(
     OpSpec(
@@ -76,14 +88,7 @@ SPEC = define(
         inputs=_kit.inputs,
         validator=_kit.validate,
         option_sets=[{"eps": 1e-2}, {"relu": True}],
-        extra_bad_inputs=[
-            BadInput("x of rank 3", _bad(lambda x, w, b: ((x[0], w, b), {})), "x"),
-            BadInput("weight of the wrong length", _bad(lambda x, w, b: ((x, w[:2], b), {})), "weight"),
-            BadInput("bias of the wrong shape", _bad(lambda x, w, b: ((x, w, b.view(3, 1)), {})), "bias"),
-            BadInput("weight dtype differs from x", _bad(lambda x, w, b: ((x, w.double(), b), {})), "weight"),
-            BadInput("eps = 0", _bad(lambda x, w, b: ((x, w, b), {"eps": 0.0})), "eps"),
-            BadInput("negative eps", _bad(lambda x, w, b: ((x, w, b), {"eps": -1e-5})), "eps"),
-            BadInput("bias missing", _bad(lambda x, w, b: ((x, w, None), {})), "bias"),
+        extra_bad_inputs=CHANNEL_BAD_INPUTS + [
             BadInput("unknown keyword", _bad(lambda x, w, b: ((x, w, b), {"epsilon": 1e-5})), "epsilon"),
             BadInput("relu not a bool", _bad(lambda x, w, b: ((x, w, b), {"relu": "yes"})), "relu"),
         ],

@@ -18,15 +18,7 @@ THREADS = 256  # batch_norm2d.cu's THREADS
 BLOCKS_PER_SM = 8
 CHUNK_MIN = 4 * THREADS  # at least 4 elements per thread per chunk
 
-_KERNELS: dict = {}
-
-
-def _kernel(name: str, sig, dev: int):
-    key = (name, dev)
-    k = _KERNELS.get(key)
-    if k is None:
-        k = _KERNELS[key] = MODULE.kernel(name, sig, dev)
-    return k
+_kernel = MODULE.kernel  # (name, signature, device index); the Module caches per name and device
 
 
 def _grid(c: int, m: int, dev: int) -> tuple[int, int]:

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from kernellab import registry
 from kernellab.ops.batch_norm2d import _kit as _bn_kit
+from kernellab.ops.batch_norm2d import CHANNEL_BAD_INPUTS
 from kernellab.ops.batch_norm2d import bad_case as _bad
 from kernellab.ops.batch_norm2d import batch_norm2d_reference
 from kernellab.ops.bn_relu_pool2d import _kit
@@ -75,16 +76,9 @@ SPEC = define(
         inputs=_bn_kit.inputs,
         validator=_kit.validate,
         option_sets=[{"eps": 1e-2}],
-        extra_bad_inputs=[
-            BadInput("x of rank 3", _bad(lambda x, w, b: ((x[0], w, b), {})), "x"),
+        extra_bad_inputs=CHANNEL_BAD_INPUTS + [
             BadInput("1x1 images", _bad(lambda x, w, b: ((x, w, b), {}), (2, 3, 1, 1)), "x"),
             BadInput("images one row high", _bad(lambda x, w, b: ((x, w, b), {}), (2, 3, 1, 6)), "x"),
-            BadInput("weight of the wrong length", _bad(lambda x, w, b: ((x, w[:2], b), {})), "weight"),
-            BadInput("bias of the wrong shape", _bad(lambda x, w, b: ((x, w, b.view(3, 1)), {})), "bias"),
-            BadInput("weight dtype differs from x", _bad(lambda x, w, b: ((x, w.double(), b), {})), "weight"),
-            BadInput("eps = 0", _bad(lambda x, w, b: ((x, w, b), {"eps": 0.0})), "eps"),
-            BadInput("negative eps", _bad(lambda x, w, b: ((x, w, b), {"eps": -1e-5})), "eps"),
-            BadInput("bias missing", _bad(lambda x, w, b: ((x, w, None), {})), "bias"),
             BadInput("unknown keyword", _bad(lambda x, w, b: ((x, w, b), {"relu": True})), "relu"),
         ],
     )

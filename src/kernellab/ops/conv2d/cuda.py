@@ -38,15 +38,7 @@ TC_THREADS = 128  # kTcThreads
 SHARED_DEFAULT = 48 * 1024  # dynamic shared memory without an opt-in
 GRID_YZ = 65535
 
-_KERNELS: dict = {}
-
-
-def _kernel(name: str, sig, dev: int):
-    key = (name, dev)
-    k = _KERNELS.get(key)
-    if k is None:
-        k = _KERNELS[key] = MODULE.kernel(name, sig, dev)
-    return k
+_kernel = MODULE.kernel  # (name, signature, device index); the Module caches per name and device
 
 
 def _cdiv(a: int, b: int) -> int:

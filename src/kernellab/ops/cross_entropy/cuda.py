@@ -22,15 +22,7 @@ FWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "i64")  # x, t, loss, lse, V, ii
 STATS_SIG = ("ptr", "ptr", "ptr", "i64", "i64", "i64")  # t, out, flag (0: none), N, V, ii
 BWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "ptr", "i64", "i64")  # x, t, lse, g, g stride, dx, V, ii
 
-_KERNELS: dict = {}
-
-
-def _kernel(name: str, sig, dev: int):
-    key = (name, dev)
-    k = _KERNELS.get(key)
-    if k is None:
-        k = _KERNELS[key] = MODULE.kernel(name, sig, dev)
-    return k
+_kernel = MODULE.kernel  # (name, signature, device index); the Module caches per name and device
 
 
 def _vec_ok(x: torch.Tensor, out: torch.Tensor | None = None) -> bool:

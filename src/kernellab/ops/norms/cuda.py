@@ -26,15 +26,7 @@ V2_MAX_PACKS = 8 * 256  # P = 8 packs per thread, 256 threads per row
 BWD_BLOCKS_PER_SM = 4
 
 _FWD_SIG = ("ptr",) * 6
-_KERNELS: dict = {}
-
-
-def _kernel(name: str, sig, dev: int):
-    key = (name, dev)
-    k = _KERNELS.get(key)
-    if k is None:
-        k = _KERNELS[key] = MODULE.kernel(name, sig, dev)
-    return k
+_kernel = MODULE.kernel  # (name, signature, device index); the Module caches per name and device
 
 
 def _v2_shape(packs: int, target: int):
