@@ -123,12 +123,14 @@ def main(argv=None) -> int:
         device="cuda",
         budget_s=args.budget,
         options={"padding": 1},
-        on_row=lambda r: _log(
-            f"{r['backend']:8s} {r['mode']:6s} {r['shape']:22s} {r['dtype']:5s} "
-            f"{r.get('median_ms') or r.get('status')} ms {r.get('tflops') or ''}"
+        on_row=lambda r: (
+            results.write_jsonl([r], path),  # row by row: a run cut short keeps what it timed
+            _log(
+                f"{r['backend']:8s} {r['mode']:6s} {r['shape']:22s} {r['dtype']:5s} "
+                f"{r.get('median_ms') or r.get('status')} ms {r.get('tflops') or ''}"
+            ),
         ),
     )
-    results.write_jsonl(rows, path)
     _log(f"ladder: {len(rows)} rows in {time.time() - t0:.0f} s")
     tables = [_table(rows, f"conv2d ladder, padding 1 (TF32 {'on' if args.tf32 else 'off'})")]
 
