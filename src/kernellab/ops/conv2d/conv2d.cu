@@ -28,8 +28,8 @@
 //   backward (all variants): conv2d_dgrad_* and conv2d_wgrad_* are the same implicit
 //                        GEMM main loop with other gathers (dgrad: the transposed
 //                        convolution, dy gathered where (h + ph - r) / sh is exact;
-//                        wgrad: split over N P Q into fp32 partials, summed on the host
-//                        side), conv2d_dbias_*: fp64 row sums per channel and batch slice.
+//                        wgrad: split over N P Q into fp64 partials, summed on the host
+//                        side; fp32: 16-deep slices summed in fp64 within a split), conv2d_dbias_*: fp64 row sums per channel and batch slice.
 //
 // Napkin math (what the ladder should show; H100 SXM: ~60 TFLOP/s of fp32 FMA, ~990 of
 // dense bf16 tensor-core MMA, ~3.3 TB/s):
@@ -150,6 +150,7 @@ constexpr int kBM = 64, kBN = 64, kBK = 16, kThreads = 256;  // 16 x 16 threads,
 template <typename T>
 struct FwdProblem {  // y[(n,p,q), k] = sum_{(c,r,s)} x[n, c, p sh - ph + r, q sw - pw + s] w[k, (c,r,s)]
     const T* x; const T* w; const T* b; T* y; Geom g;
+    static constexpr bool kAcc64 = false;
     struct Row { int base, ih0, iw0; bool ok; };
     struct Col { int off; bool ok; };
     __device__ Row row(int m) const {
@@ -177,6 +178,7 @@ struct FwdProblem {  // y[(n,p,q), k] = sum_{(c,r,s)} x[n, c, p sh - ph + r, q s
 template <typename T>
 struct DgradProblem {  // dx[(n,h,w), c] = sum_{(k,r,s)} dy[n, k, (h+ph-r)/sh, (w+pw-s)/sw] w[k, c, r, s]
     const T* dy; const T* w; T* dx; Geom g;
+    static constexpr bool kAcc64 = false;
     struct Row { int base, h, w; bool ok; };
     struct Col { int off; bool ok; };
     __device__ Row row(int m) const {
@@ -208,7 +210,11 @@ struct DgradProblem {  // dx[(n,h,w), c] = sum_{(k,r,s)} dy[n, k, (h+ph-r)/sh, (
 
 template <typename T>
 struct WgradProblem {  // dw[k, (c,r,s)] = sum_{(n,p,q)} dy[n, k, p, q] x[n, c, p sh - ph + r, q sw - pw + s]
-    const T* dy; const T* x; float* part; Geom g;
+    const T* dy; const T* x; double* part; Geom g;
+    // fp32 storage: each 16-deep slice summed in fp32, the slices in fp64 (an fp32 sum over a
+    // whole chunk of N P Q, up to thousands of products, was 1.3-2.7x over twice cuDNN's
+    // error on the H100); 16-bit: fp32 over the chunk (their bound is far looser)
+    static constexpr bool kAcc64 = sizeof(T) == 4;
     struct Row { int off; bool ok; };
     struct Col { int c, r, s; bool ok; };
     __device__ Row row(int k) const { return {k * g.P * g.Q, k < g.K}; }
@@ -229,7 +235,7 @@ struct WgradProblem {  // dw[k, (c,r,s)] = sum_{(n,p,q)} dy[n, k, p, q] x[n, c, 
         if (!c.ok || ih < 0 || ih >= g.H || iw < 0 || iw >= g.W) return 0.0f;
         return kl::to_f(x[((nb * g.C + c.c) * g.H + ih) * g.W + iw]);
     }
-    __device__ void store(int m, int n, float acc) const {  // fp32 partial of split blockIdx.z
+    __device__ void store(int m, int n, double acc) const {  // fp64 partial of split blockIdx.z
         part[((long long)blockIdx.z * g.K + m) * (g.C * g.R * g.S) + n] = acc;
     }
 };
@@ -250,10 +256,11 @@ __device__ __forceinline__ void igemm(const Prob& prob, int M, int Nn, int k_beg
     const typename Prob::Row row = prob.row(m0 + lm);
     const typename Prob::Col col = prob.col(n0 + lm);
     float acc[4][4];
+    double acc64[4][4];  // Prob::kAcc64: the running sum of the slices' fp32 sums
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+        for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f, acc64[i][j] = 0.0;
     float ra[4], rb[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -289,6 +296,12 @@ __device__ __forceinline__ void igemm(const Prob& prob, int M, int Nn, int k_beg
 #pragma unroll
                 for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
         }
+        if constexpr (Prob::kAcc64) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) acc64[i][j] += acc[i][j], acc[i][j] = 0.0f;
+        }
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -297,7 +310,9 @@ __device__ __forceinline__ void igemm(const Prob& prob, int M, int Nn, int k_beg
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int n = n0 + ty + 16 * j;
-            if (n < Nn) prob.store(m, n, acc[i][j]);
+            if (n >= Nn) continue;
+            if constexpr (Prob::kAcc64) prob.store(m, n, acc64[i][j]);
+            else prob.store(m, n, acc[i][j]);
         }
     }
 }
@@ -472,7 +487,7 @@ __device__ void fwd_tc(const FwdProblem<T>& prob, int M, int Nn, int Kred) {
         igemm(DgradProblem<T>{dy, w, dx, g}, N * H * W, C, 0, K * R * S);                               \
     }                                                                                                   \
     extern "C" __global__ void __launch_bounds__(kThreads)                                             \
-        conv2d_wgrad_##NAME(const T* dy, const T* x, float* part, int chunk, KL_GEOM_PARAMS) {          \
+        conv2d_wgrad_##NAME(const T* dy, const T* x, double* part, int chunk, KL_GEOM_PARAMS) {          \
         const Geom g = KL_GEOM;                                                                         \
         const int npq = N * P * Q, begin = blockIdx.z * chunk;                                          \
         const int end = begin + chunk < npq ? begin + chunk : npq;                                      \

@@ -123,7 +123,7 @@ def cuda_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         kern((_cdiv(n * h * wd, BM), _grid_y(_cdiv(c, BN), "x's C")), THREADS, dy, w, dx, *g, device_index=dev)
     tiles_m, tiles_n = _cdiv(k, BM), _grid_y(_cdiv(crs, BN), "C R S")
     splits, chunk = wgrad_split(tiles_m * tiles_n, npq, sm_count(dev))
-    part = torch.empty((splits, k, crs), dtype=torch.float32, device=x.device)
+    part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
     kern = _kernel(f"conv2d_wgrad_{sfx}", ("ptr",) * 3 + ("i32",) + _GEOM, dev)
     kern((tiles_m, tiles_n, splits), THREADS, dy, x, part, chunk, *g, device_index=dev)
     dw = part.sum(0).to(w.dtype).view(w.shape)

@@ -122,13 +122,15 @@ def _conv_dgrad_kernel(
 @triton_support.jit
 def _conv_wgrad_kernel(
     dy_ptr, x_ptr, dw_part_ptr, db_part_ptr,  # dy [N, K, P, Q] contiguous; x strided;
-    # dw_part [SPLIT, K, C R S] fp32, db_part [SPLIT, K] fp64
+    # dw_part [SPLIT, K, C R S] and db_part [SPLIT, K] fp64
     C, H, W, K, P, Q, R, S, NPQ, CHUNK,  # CHUNK: reduction indices per split (multiple of BLOCK_K)
     sxn, sxc, sxh, sxw,
     SH, SW, PH, PW,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    # ACC64 (fp32 storage): each BLOCK_K-deep tile's dot in fp32, their running sum in fp64;
+    # else one fp32 accumulator over the chunk (16-bit: a far looser bound)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     RS = R * S
@@ -142,8 +144,9 @@ def _conv_wgrad_kernel(
     r, s = rs // S, rs % S
     pq = P * Q
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    # dbias: each tile's sum in fp32, the running sum over the chunk in fp64 (an fp32 one,
-    # CHUNK / BLOCK_K additions in a row, was up to 1.26x over the check's bound on the CPU)
+    acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    # dbias in fp64 (an fp32 running sum was 1.26x over the check's bound on the CPU, fp32
+    # tile sums 1.5x with an expanded dy on the H100)
     db = tl.zeros((BLOCK_M,), dtype=tl.float64)
     start = split * CHUNK
     end = tl.minimum(start + CHUNK, NPQ)
@@ -158,13 +161,17 @@ def _conv_wgrad_kernel(
         b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
         b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
-        a32 = a.to(tl.float32)
-        db += tl.sum(a32, axis=1).to(tl.float64)
+        db += tl.sum(a.to(tl.float64), axis=1)
         if UPCAST:
-            a, b = a32, b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if ACC64:
+            acc64 += tl.dot(a, b, input_precision=PRECISION).to(tl.float64)
+        else:
+            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    if not ACC64:
+        acc64 = acc.to(tl.float64)
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
-    tl.store(dw_part_ptr + out, acc, mask=m_ok[:, None] & n_ok[None, :])
+    tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
     first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)
     tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
@@ -251,16 +258,16 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     cfg["BLOCK_K"] = 32
     tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
-    dw_part = torch.empty((splits, k, crs), dtype=torch.float32, device=x.device)
+    dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
     db_part = torch.empty((splits, k), dtype=torch.float64, device=x.device)
     _conv_wgrad_kernel[(tiles, splits)](
         dy, x, dw_part, db_part,
         c, h, wd, k, p, q, r, s, npq, chunk,
         *x.stride(),
         sh, sw, ph, pw,
-        **consts, **cfg,
+        ACC64=x.dtype == torch.float32, **consts, **cfg,
     )  # fmt: skip
-    dw = dw_part.sum(0, dtype=torch.float64).to(w.dtype).view(w.shape)
+    dw = dw_part.sum(0).to(w.dtype).view(w.shape)
     db = db_part.sum(0).to(w.dtype)
     return dx, dw, db
 
@@ -287,12 +294,13 @@ def _kernel_specs(dtype: str):
     fwd = sig([("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)], geom + ("M",) + xs + conv,
               ("HAS_BIAS",) + tuple(cx))  # fmt: skip
     dgrad = sig([("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)], geom + ("M",) + conv, tuple(cx))
-    wgrad = sig([("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp32"), ("db_part_ptr", "*fp64")],
-                geom + ("NPQ", "CHUNK") + xs + conv, tuple(cx))  # fmt: skip
+    wcx = dict(cx, ACC64=dtype == "fp32")
+    wgrad = sig([("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp64"), ("db_part_ptr", "*fp64")],
+                geom + ("NPQ", "CHUNK") + xs + conv, tuple(wcx))  # fmt: skip
     return [
         (_conv_fwd_kernel, fwd, dict(cx, HAS_BIAS=True), 4),
         (_conv_dgrad_kernel, dgrad, cx, 4),
-        (_conv_wgrad_kernel, wgrad, cx, 4),
+        (_conv_wgrad_kernel, wgrad, wcx, 4),
     ]
 
 
