@@ -4,7 +4,7 @@ triton, fft against cuDNN
 large layer (N 32, C 64, 56x56, K 64, 3x3), all 3x3 with padding 1; fwd and fwdbwd;
 TFLOP/s from the OpSpec's count (2 N K P Q C R S per pass, fwdbwd 3x) and % of cuDNN's
 time. Then where FFT convolution wins and loses: fwd by kernel size (3 .. 15, "same"
-padding) at 8 x 32 x 64 x 64 -> 32.
+padding) at 8 x 32 x 64 x 64 -> 32, in each dtype.
 
     PYTHONPATH=src python scripts/conv_ladder.py --out $OUT [--dtypes fp32,bf16]
         [--budget 0.5] [--tf32] [--no-kernel-sweep] [--check]
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
                 "conv2d",
                 backends=["cuda", "triton", "fft", "torch"],
                 shapes=[(8, 32, 64, 64, 32, k, k)],
-                dtypes=[torch.float32],
+                dtypes=dtypes,
                 modes=["fwd"],
                 device="cuda",
                 budget_s=args.budget,
@@ -149,10 +149,11 @@ def main(argv=None) -> int:
             )
             for r in got:
                 r["sweep"] = "kernel_size"
+            results.write_jsonl(got, path)
             sweep += got
             _log(f"kernel {k}x{k}: " + ", ".join(f"{r['backend']} {r.get('median_ms')} ms" for r in got))
-        results.write_jsonl(sweep, path)
-        title = "FFT against direct convolution by kernel size (fp32, fwd, 'same' padding)"
+        title = ("FFT against direct convolution by kernel size (fwd, 'same' padding; the FFT "
+                 "transforms in fp64 for fp32 storage, in fp32 for 16-bit)")
         tables.append(_table(sweep, title))
 
     text = "\n\n".join(tables) + "\n"

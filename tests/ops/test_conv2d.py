@@ -398,14 +398,6 @@ def test_gpu_forward_and_gradients(backend, dtype):
     assert_fwd_bwd(backend, (x.contiguous(memory_format=torch.channels_last), w, None), dtype, padding=1)
 
 
-# The SIMT CUDA backends share one backward; in the eleventh session's H100 run its fp32 dw
-# was 1.16x over the bound in one check case (cuda_v1: 8.43e-6 > 7.24e-6 at padding=2),
-# the same open item as _FP32_GPU_GRADS (its dbias, 1.48x over with an fp32 running sum,
-# now sums in fp64).
-_SHARED_BWD = pytest.mark.xfail(reason="fp32 dw summation order of the shared CUDA backward (issue 18, open)",
-                                strict=False)  # fmt: skip
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 def test_gpu_first_layer_without_input_gradient(backend):
@@ -420,9 +412,8 @@ def test_gpu_first_layer_without_input_gradient(backend):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "backend",
-    [pytest.param(b, marks=_SHARED_BWD) if b in ("cuda", "cuda_v1", "cuda_v2") else b
-     for b in ("cuda", "cuda_v1", "cuda_v2", "cuda_v4", "triton", "fft")],
-)  # fmt: skip
+    ["cuda", "cuda_v1", "cuda_v2", "cuda_v4", "triton", "fft", "manual"],
+)
 def test_gpu_check_engine(backend):
     for dtype in registry.get(OP, backend).dtypes or DTYPES:
         rep = check_impl(registry.get(OP, backend), dtype, device="cuda", quick=True)

@@ -28,8 +28,10 @@
 //   backward (all variants): conv2d_dgrad_* and conv2d_wgrad_* are the same implicit
 //                        GEMM main loop with other gathers (dgrad: the transposed
 //                        convolution, dy gathered where (h + ph - r) / sh is exact;
+//                        fp32: 16-deep slices summed in fp64, as wgrad's;
 //                        wgrad: split over N P Q into fp64 partials, summed on the host
-//                        side; fp32: 16-deep slices summed in fp64 within a split), conv2d_dbias_*: fp64 row sums per channel and batch slice.
+//                        side; fp32: 16-deep slices summed in fp64 within a split),
+//                        conv2d_dbias_*: fp64 row sums per channel and batch slice.
 //
 // Napkin math (what the ladder should show; H100 SXM: ~60 TFLOP/s of fp32 FMA, ~990 of
 // dense bf16 tensor-core MMA, ~3.3 TB/s):
@@ -178,7 +180,9 @@ struct FwdProblem {  // y[(n,p,q), k] = sum_{(c,r,s)} x[n, c, p sh - ph + r, q s
 template <typename T>
 struct DgradProblem {  // dx[(n,h,w), c] = sum_{(k,r,s)} dy[n, k, (h+ph-r)/sh, (w+pw-s)/sw] w[k, c, r, s]
     const T* dy; const T* w; T* dx; Geom g;
-    static constexpr bool kAcc64 = false;
+    // fp32: 16-deep slices summed in fp64, as wgrad (one fp32 chain over K R S was 3.6-6.4x
+    // cuDNN's dx error at the MNIST and large layers, H100)
+    static constexpr bool kAcc64 = sizeof(T) == 4;
     struct Row { int base, h, w; bool ok; };
     struct Col { int off; bool ok; };
     __device__ Row row(int m) const {
@@ -202,9 +206,9 @@ struct DgradProblem {  // dx[(n,h,w), c] = sum_{(k,r,s)} dy[n, k, (h+ph-r)/sh, (
         const int rs = g.R * g.S, k = kk / rs;
         return kl::to_f(w[k * g.C * rs + c.off + (kk - k * rs)]);
     }
-    __device__ void store(int m, int c, float acc) const {
+    __device__ void store(int m, int c, double acc) const {
         const int hw = g.H * g.W, nb = m / hw;
-        dx[(nb * g.C + c) * hw + m % hw] = kl::from_f<T>(acc);
+        dx[(nb * g.C + c) * hw + m % hw] = kl::from_f<T>(static_cast<float>(acc));
     }
 };
 

@@ -11,16 +11,20 @@ from kernellab.registry import register
 
 
 def manual_conv2d(x, w, bias=None, stride=1, padding=0):
-    """unfold (im2col) + one matmul, fp32 math: the unfolded copy is C R S times x
-    (9x for 3x3), written and read back through memory."""
+    """unfold (im2col) + one matmul: the unfolded copy is C R S times x (9x for 3x3),
+    written and read back through memory. Math in fp32 for 16-bit storage, in fp64 for
+    fp32 (an fp32 GEMM's dw, a reduction over N P Q, was up to 1.17x over twice cuDNN's
+    error in the H100 check; an H100 runs fp64 GEMMs about as fast as fp32 ones without
+    TF32)."""
     st, pd = as_pair(stride, "stride", 1), as_pair(padding, "padding", 0)
     n, _, h, wd = x.shape
     k, _, r, s = w.shape
     p, q = out_size(h, wd, r, s, st, pd)
-    cols = F.unfold(x.float(), (r, s), padding=pd, stride=st)  # [N, C R S, P Q]
-    y = w.float().reshape(k, -1) @ cols  # [N, K, P Q]
+    mdt = torch.float64 if x.dtype == torch.float32 else torch.float32
+    cols = F.unfold(x.to(mdt), (r, s), padding=pd, stride=st)  # [N, C R S, P Q]
+    y = w.to(mdt).reshape(k, -1) @ cols  # [N, K, P Q]
     if bias is not None:
-        y = y + bias.float()[:, None]
+        y = y + bias.to(mdt)[:, None]
     return y.reshape(n, k, p, q).to(x.dtype)
 
 
@@ -44,12 +48,11 @@ register_baseline("conv2d", manual_conv2d, torch_conv2d, compiled(manual_conv2d)
 # does not depend on the kernel size, so it wins for large kernels and loses for 3x3
 # (scripts/conv_ladder.py measures it by kernel size).
 #
-# Precision: the transforms run in fp32 (complex64) for every dtype. They spread every
-# input over every frequency, so an output's error scales with its whole image, not with
-# its own window: measured on the CPU against float64 (fp32 inputs, 3 seeds each), 1.2-1.4e-6
-# at 3 x 1 x 28 x 28 -> 8 (3x3, padding 1) against a 2x-PyTorch bound of 1.8-2.6e-6, and
-# 0.8-1.0e-6 at 2 x 16 x 32 x 32 -> 8 (7x7) against 8-10e-6: inside, with less margin on
-# the larger images. One non-finite input makes every output of its image NaN (it enters
+# Precision: the transforms spread every input over every frequency, so an output's error
+# scales with its whole image, not with its own window. In fp32 (complex64) that was
+# inside the check's bound on the CPU with little margin (1.2-1.4e-6 against 1.8-2.6e-6 at
+# 3 x 1 x 28 x 28 -> 8) and 1.25x over it on the H100 (dw with an expanded dy), so fp32
+# storage transforms in fp64 (complex128) and 16-bit storage in fp32. One non-finite input makes every output of its image NaN (it enters
 # every frequency): non-finite inputs are refused (a device sync per call: a teaching
 # backend).
 
@@ -72,7 +75,7 @@ def fft_conv2d(x, w, bias=None, stride=1, padding=0):
         p, q = out_size(x.shape[2], x.shape[3], r, s, (sh, sw), (ph, pw))
         link = x.sum() + w.sum() + (bias.sum() if bias is not None else 0)
         return x.new_zeros((x.shape[0], k, p, q)) + 0 * link
-    cdt = torch.float32
+    cdt = torch.float64 if x.dtype == torch.float32 else torch.float32
     xp = F.pad(x.to(cdt), (pw, pw, ph, ph))
     hp, wp = xp.shape[-2:]
     xf = torch.fft.rfft2(xp)  # [N, C, Hp, Wp/2 + 1]
