@@ -370,20 +370,26 @@ GPU_CASES = CASES + [
 ]
 
 
-# First H100 run (cc68603): fp32 gradients of torch, triton, cuda, cuda_v1 and cuda_v2 came
-# out 1.2-1.45x over the bound at these cases (e.g. triton dw 2.28e-5 > 1.72e-5, cuda dx
-# 1.77e-6 > 1.51e-6): cuDNN's fp32 reductions are more accurate than our summation orders.
-# Open (issue 18): blocked / pairwise summation for dx and dw in fp32.
-_FP32_GPU_GRADS = pytest.mark.xfail(
-    reason="fp32 dx/dw on the H100 1.2-1.45x over 2x cuDNN's error (issue 18, open)", strict=False
+# The torch backend is judged by the documented tolerance (it is the bound of the others),
+# and cuDNN's own fp32 wgrad is beyond it at the larger cases (H100, bbcb247: dw error
+# 8.2e-3 > 9.5e-4; 6.6e-2 at scale 1.4e3 at the 32 x 64 x 56 x 56 layer,
+# scripts/conv_errors.py). Ours sum in fp64 slices and pass (they failed at 1.2-6.4x before).
+_CUDNN_FP32_GRADS = pytest.mark.xfail(
+    reason="cuDNN's fp32 dw is beyond the documented 2e-6 relative tolerance", strict=False
 )
+
+
+def _gpu_matrix():
+    out = []
+    for backend in cuda_backends(OP):
+        for d in DTYPES:
+            marks = [_CUDNN_FP32_GRADS] if backend == "torch" and d == torch.float32 else []
+            out.append(pytest.param(backend, d, marks=marks, id=f"{dtype_id(d)}-{backend}"))
+    return out
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", cuda_backends(OP))
-@pytest.mark.parametrize(
-    "dtype", [pytest.param(d, marks=_FP32_GPU_GRADS) if d == torch.float32 else d for d in DTYPES], ids=dtype_id
-)
+@pytest.mark.parametrize("backend,dtype", _gpu_matrix())
 def test_gpu_forward_and_gradients(backend, dtype):
     impl = registry.get(OP, backend)
     if impl.why_unavailable("cuda"):
