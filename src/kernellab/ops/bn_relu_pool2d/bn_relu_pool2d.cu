@@ -155,6 +155,9 @@ __device__ void brp_bwd_dx(const T* __restrict__ dz, const signed char* __restri
     }
     const float k = rstd * kl::to_f(w[c]);
     const float mdb = sb / M, mdw = sw / M;
+    // fp32 storage: the per-element formula in fp64 (in fp32, five roundings put dx at the
+    // check's bound: 1.01x with an offset dy, H100); 16-bit: fp32
+    const double k64 = (double)rstd * (double)kl::to_f(w[c]), mdb64 = tb / M, mdw64 = tw * (double)rstd / M;
     const int HW = H * W, PQ = P * Q;
     const int start = s * chunk;
     const int end = min(start + chunk, M);
@@ -171,8 +174,13 @@ __device__ void brp_bwd_dx(const T* __restrict__ dz, const signed char* __restri
             if (code[o] == ((h & 1) << 1) + (wc & 1)) g = kl::to_f(dz[o]);
         }
         const long long off = plane * HW + hw;
-        const float xhat = (kl::to_f(x[off]) - mean) * rstd;
-        dx[off] = kl::from_f<T>(k * (g - mdb - xhat * mdw));
+        if constexpr (sizeof(T) == 4) {
+            const double xhat = ((double)kl::to_f(x[off]) - mean) * rstd;
+            dx[off] = kl::from_f<T>((float)(k64 * ((double)g - mdb64 - xhat * mdw64)));
+        } else {
+            const float xhat = (kl::to_f(x[off]) - mean) * rstd;
+            dx[off] = kl::from_f<T>(k * (g - mdb - xhat * mdw));
+        }
     }
 }
 
