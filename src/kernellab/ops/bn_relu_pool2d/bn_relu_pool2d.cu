@@ -99,6 +99,9 @@ __device__ void brp_fwd(const T* __restrict__ x, const T* __restrict__ w, const 
     }
 }
 
+template <typename T> struct SumAcc { using type = float; };
+template <> struct SumAcc<float> { using type = double; };
+
 template <typename T>
 __device__ void brp_bwd_sums(const T* __restrict__ dz, const signed char* __restrict__ code,
                              const T* __restrict__ x, const float* __restrict__ mean_in, double* __restrict__ part,
@@ -110,7 +113,10 @@ __device__ void brp_bwd_sums(const T* __restrict__ dz, const signed char* __rest
     const int PQ = P * Q;
     const int start = s * chunk;
     const int end = min(start + chunk, MO);
-    float sw = 0.0f, sb = 0.0f;
+    // fp32 storage: per-element products and running sums in fp64; 16-bit: fp32 (the
+    // block's total is fp64 either way)
+    using Acc = typename SumAcc<T>::type;
+    Acc sw = 0, sb = 0;
 #pragma unroll 2
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const int n = i / PQ;
@@ -120,9 +126,9 @@ __device__ void brp_bwd_sums(const T* __restrict__ dz, const signed char* __rest
         const int k = code[o];
         if (k >= 0) {
             const int p = r / Q, q = r - p * Q;
-            const float xv = kl::to_f(x[(plane * H + 2 * p + (k >> 1)) * W + 2 * q + (k & 1)]);
-            const float g = kl::to_f(dz[o]);
-            sw += g * (xv - mean);
+            const Acc xv = kl::to_f(x[(plane * H + 2 * p + (k >> 1)) * W + 2 * q + (k & 1)]);
+            const Acc g = kl::to_f(dz[o]);
+            sw += g * (xv - (Acc)mean);
             sb += g;
         }
     }
