@@ -17,7 +17,7 @@ def _idx(arr: np.ndarray) -> bytes:
     return head + arr.astype(np.uint8).tobytes()
 
 
-def _write_set(d, n_train=7, n_test=3, gz=False, seed=0):
+def _write_set(d, n_train=7, n_test=3, gz=False, seed=0, dotted=False):
     rng = np.random.default_rng(seed)
     arrays = {
         "train_x": rng.integers(0, 256, (n_train, 28, 28)),
@@ -27,6 +27,8 @@ def _write_set(d, n_train=7, n_test=3, gz=False, seed=0):
     }
     for key, stem in mnist.FILES.items():
         data = _idx(arrays[key])
+        if dotted:  # train-images.idx3-ubyte, as many redistributed copies name them
+            stem = stem.replace("-idx", ".idx")
         if gz:
             (d / (stem + ".gz")).write_bytes(gzip.compress(data))
         else:
@@ -34,9 +36,10 @@ def _write_set(d, n_train=7, n_test=3, gz=False, seed=0):
     return arrays
 
 
+@pytest.mark.parametrize("dotted", [False, True], ids=["lecun-names", "dotted-names"])
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
-def test_idx_directory_round_trip(tmp_path, gz):
-    arrays = _write_set(tmp_path, gz=gz)
+def test_idx_directory_round_trip(tmp_path, gz, dotted):
+    arrays = _write_set(tmp_path, gz=gz, dotted=dotted)
     ds = mnist.load(str(tmp_path))
     assert ds.train_x.shape == (7, 1, 28, 28) and ds.test_x.shape == (3, 1, 28, 28)
     assert ds.train_x.dtype == torch.float32 and ds.train_y.dtype == torch.int64

@@ -1,8 +1,8 @@
 """MNIST from its original IDX files, or real handwritten digits that ship with kernellab.
 
 ``load(data_dir)`` reads ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
-``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte`` (each plain or ``.gz``) from
-``data_dir``; with ``data_dir=None`` it returns the shipped UCI digits (``DIGITS.md``),
+``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte`` (each plain or ``.gz``, and
+also spelled ``train-images.idx3-ubyte`` as many copies are) from ``data_dir``; with ``data_dir=None`` it returns the shipped UCI digits (``DIGITS.md``),
 8x8 images upsampled to MNIST's 28x28, split 1,497 train / 300 test. Either way:
 ``Digits(train_x, train_y, test_x, test_y, source)`` with images float32 in [0, 1] shaped
 [N, 1, 28, 28] and labels int64 [N], on ``device`` (the course keeps the whole set on the
@@ -70,12 +70,22 @@ def read_idx(path: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=head).reshape(dims)
 
 
+def _spellings(stem: str) -> tuple[str, ...]:
+    """The names a file goes by: LeCun's ``train-images-idx3-ubyte``, the
+    ``train-images.idx3-ubyte`` of many redistributed copies, each plain or ``.gz``."""
+    dotted = stem.replace("-idx", ".idx")
+    return (stem, stem + ".gz", dotted, dotted + ".gz")
+
+
 def _find(data_dir: str, stem: str) -> str:
-    for name in (stem, stem + ".gz"):
+    for name in _spellings(stem):
         p = os.path.join(data_dir, name)
         if os.path.exists(p):
             return p
-    raise FileNotFoundError(f"{os.path.join(data_dir, stem)}[.gz]: no such file (MNIST's IDX files expected in {data_dir})")
+    raise FileNotFoundError(
+        f"{os.path.join(data_dir, stem)}[.gz]: no such file (MNIST's IDX files expected in {data_dir}, "
+        f"named {stem} or {stem.replace('-idx', '.idx')}, plain or .gz)"
+    )
 
 
 def _images(a: np.ndarray, device) -> torch.Tensor:
