@@ -4,7 +4,7 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check bench rowwise norms ce reductions matmul attention attention-models ring conv
+#   stages: env tests check fuzz bench rowwise norms ce reductions matmul attention attention-models ring conv
 #   mnist brp brp_step host gpt
 #   launch profile sanitize summary (default: env tests check bench launch sanitize summary, in
 #   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
@@ -61,6 +61,13 @@ else
   run $KL check --json "$OUT/check.json"
 fi
 
+fi
+
+if want fuzz; then
+# Problems drawn at model sizes (OpSpec.fuzz): FUZZ_N per implementation and dtype, every
+# op unless FUZZ_OPS names some; FUZZ_SEED replays a run.
+step "kernellab check --fuzz-only"
+run $KL check ${FUZZ_OPS:-} --fuzz "${FUZZ_N:-4}" --fuzz-only ${FUZZ_SEED:+--seed $FUZZ_SEED} --json "$OUT/fuzz.json"
 fi
 
 if want bench; then

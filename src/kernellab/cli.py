@@ -108,8 +108,11 @@ def cmd_check(args) -> int:
             reports.append(rep)
             prog.advance(task)
 
+        if args.fuzz_only and not args.fuzz:
+            args.fuzz = 10
         chk.check(
-            ops, backends, dtypes, quick=args.quick, seed=args.seed, on_start=on_start, on_result=on_result
+            ops, backends, dtypes, quick=args.quick, seed=args.seed, on_start=on_start, on_result=on_result,
+            fuzz=args.fuzz, only_fuzz=args.fuzz_only,
         )
 
     table = Table(title=f"kernellab check ({'quick' if args.quick else 'full'}) on {reports[0].device}")
@@ -673,7 +676,7 @@ def cmd_train_mnist(args) -> int:
 
             mnist.compare(sizes, variants, backend, device=device, steps=args.steps_timed,
                           warmup=args.warmup, lr=lr, profile=args.profile, on_row=on_row, on_note=on_note,
-                          data=data)  # fmt: skip
+                          data=data, seed=args.seed)  # fmt: skip
         if out:
             out.close()
         if args.profile:
@@ -723,12 +726,12 @@ def cmd_train_mnist(args) -> int:
         fuse_pool = {"auto": None, "on": True, "off": False}[args.fuse_pool]
         try:
             result = mnist.train(backends, bsz, args.epochs, lr, device=device, on_step=on_step, on_epoch=on_epoch,
-                                 data=data, variant=variant, fuse_pool=fuse_pool)  # fmt: skip
+                                 data=data, variant=variant, fuse_pool=fuse_pool, seed=args.seed)  # fmt: skip
         except ValueError as e:
             console.print(f"[red]{e}[/]")
             return 2
     losses = result["losses"]
-    console.print(f"mnist ({args.backend or 'default'} ops, batch {bsz}, lr {lr}): loss {losses[0]:.3f} -> "
+    console.print(f"mnist ({args.backend or 'default'} ops, batch {bsz}, lr {lr}, seed {args.seed}): loss {losses[0]:.3f} -> "
                   f"{losses[-1]:.3f} over {len(losses)} steps, test accuracy {result['test_acc'][-1]:.4f}, "
                   f"{result['ms_per_step']:.2f} ms/step (host timed, one sync per step)")  # fmt: skip
     return 0
@@ -1016,6 +1019,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--full", dest="quick", action="store_false", help="every test shape, even without a GPU")
     s.add_argument("--seed", type=int, default=None, help="base seed (default: fresh each run)")
+    s.add_argument("--fuzz", type=int, default=0, metavar="N",
+                   help="also N problems drawn at random per implementation and dtype (odd sizes, option sets, "
+                   "GQA, strides; model-sized on a GPU); the seed replays them")  # fmt: skip
+    s.add_argument("--fuzz-only", action="store_true", help="with --fuzz: the random problems alone")
     s.add_argument("--json", help="write the full report to this file")
     s.add_argument(
         "--strict",
@@ -1102,6 +1109,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--compare", action="store_true", help="PyTorch's ops against kernellab's, every mode")
     s.add_argument("--out", help="--compare: append JSONL rows to this file")
     s.add_argument("--epochs", type=int, default=2, help="mnist: training epochs")
+    s.add_argument("--seed", type=int, default=0, help="mnist: the seed of the weights and the batch order "
+                   "(the same seed gives every op set the same start)")  # fmt: skip
     s.add_argument("--device", default=None, help="mnist: cuda or cpu (default: cuda where there is one)")
     s.add_argument("--steps-timed", type=int, default=100, help="mnist --compare: steps timed per variant")
     s.add_argument("--warmup", type=int, default=10, help="mnist --compare: warm-up steps per variant")

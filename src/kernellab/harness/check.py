@@ -28,7 +28,11 @@ For one implementation and one dtype it runs:
                 float64 autograd where the implementation declares double backward
                 (``Impl.double_backward``); elsewhere a RuntimeError, or correct numbers;
 - ``opcheck``   ``torch.library.opcheck`` on each custom op behind the implementation;
-- ``bad``       bad inputs must raise TypeError/ValueError naming the argument.
+- ``bad``       bad inputs must raise TypeError/ValueError naming the argument;
+- ``fuzz``      (``fuzz=N``, ``kernellab check --fuzz N``) N problems drawn from the op's
+                generator (``OpSpec.fuzz``: odd sizes, option sets, GQA, strides...), forward
+                and every gradient: the shapes nobody listed. The check's seed draws them,
+                so every backend sees the same problems and a failure replays with --seed.
 
 CUDA backends on a machine without a GPU are compiled with NVRTC for sm_80 and sm_90
 ("compiled, not run: no GPU"); their bad-input cases that need no GPU still run.
@@ -52,6 +56,8 @@ from kernellab.harness.compare import Verdict, judge
 from kernellab.ops.spec import (
     LAYOUTS,
     OpSpec,
+    fuzz_options,
+    fuzz_same_shape,
     TensorOption,
     dtype_name,
     get_spec,
@@ -70,7 +76,7 @@ _REFUSAL = (TypeError, ValueError, NotImplementedError)
 @dataclass
 class CaseResult:
     # shape | rerun | special | layout | option | grad | integrity | recall | double | opcheck
-    # | bad | compile
+    # | bad | fuzz | compile
     kind: str
     name: str
     status: str
@@ -221,9 +227,11 @@ def _copy(a, layout: str, requires_grad: bool):
 class _Runner:
     """Checks one (impl, dtype) on one device."""
 
-    def __init__(self, impl: registry.Impl, spec: OpSpec, dtype, dev: str, seed: int, quick: bool):
+    def __init__(self, impl: registry.Impl, spec: OpSpec, dtype, dev: str, seed: int, quick: bool,
+                 fuzz: int = 0):  # fmt: skip
         self.impl, self.spec, self.dtype, self.dev, self.quick = impl, spec, dtype, dev, quick
         self.seed = seed
+        self.n_fuzz = fuzz
         self.gate = False
         self._n = 0
         torch_impl = None
@@ -361,6 +369,31 @@ class _Runner:
             if self.differentiable:
                 args, kwargs = self.option_inputs(opts)
                 yield self.fwd_bwd("grad", f"grad {label}", args, kwargs, judge_out=False)
+
+    # -- problems drawn at random --------------------------------------------------
+    def fuzz(self):
+        """``n_fuzz`` problems from the op's generator, forward and gradients."""
+        spec = self.spec
+        draw = spec.fuzz or (fuzz_same_shape if spec.same_shape else None)
+        if not self.n_fuzz:
+            return
+        if draw is None:
+            yield CaseResult("fuzz", "all", SKIP, detail=f"{spec.name} has no fuzz generator (OpSpec.fuzz)")
+            return
+        # The problems depend on the seed alone (not on the backend or the dtype), and
+        # not on how many seeds the other stages drew.
+        rng = random.Random(self.seed)
+        big = self.dev == "cuda" and not _device.triton_interpreted()
+        for _ in range(self.n_fuzz):
+            shape, opts = draw(rng, big)
+            if opts is None:
+                opts = fuzz_options(rng, spec.option_sets)
+            label = shape_str(shape) + (f" {options_str(opts)}" if opts else "")
+            args, kwargs = self.option_inputs(opts, shape)
+            yield self.run_forward("fuzz", label, args, kwargs)
+            if self.differentiable:
+                args, kwargs = self.option_inputs(opts, shape)
+                yield self.fwd_bwd("fuzz", f"grad {label}", args, kwargs, judge_out=False)
 
     # -- gradients -----------------------------------------------------------------
     def grads(self):
@@ -740,10 +773,13 @@ def check_impl(
     seed: int | None = None,
     opcheck: bool = True,
     gate: bool = False,
+    fuzz: int = 0,
+    only_fuzz: bool = False,
 ) -> Report:
     """Check one implementation for one dtype; returns a Report (never raises for a
     wrong implementation). ``gate=True`` runs only the forward cases on the quick shapes,
-    specials and layouts: the benchmark's admission test before it times anything."""
+    specials and layouts: the benchmark's admission test before it times anything.
+    ``fuzz=N`` adds N random problems (the fuzz stage); ``only_fuzz`` runs that stage alone."""
     spec = get_spec(impl.op)
     dev = device or _device.default_device()
     seed = random.SystemRandom().randrange(2**30) if seed is None else seed
@@ -753,7 +789,7 @@ def check_impl(
         rep.status, rep.reason = "unavailable", f"{dtype_name(dtype)} not supported by this backend"
         return rep
     why = impl.why_unavailable(dev)
-    runner = _Runner(impl, spec, dtype, dev, seed, quick)
+    runner = _Runner(impl, spec, dtype, dev, seed, quick, fuzz)
     if why:
         rep.status, rep.reason = "unavailable", why
         if impl.precompile is not None and why == "no GPU":
@@ -777,6 +813,8 @@ def check_impl(
     if gate:
         runner.quick = runner.gate = True
         stages = [runner.shapes, runner.specials, runner.layouts]
+    elif only_fuzz:
+        stages = [runner.fuzz]
     else:
         stages = [
             runner.shapes,
@@ -788,8 +826,9 @@ def check_impl(
             runner.integrity_and_recall,
             runner.double_backward,
             runner.bad_inputs,
+            runner.fuzz,
         ]
-    if opcheck and impl.custom_ops and not gate:
+    if opcheck and impl.custom_ops and not gate and not only_fuzz:
         stages.append(runner.opchecks)
     for stage in stages:
         try:
@@ -818,9 +857,15 @@ def check(
     seed: int | None = None,
     on_result=None,
     on_start=None,
+    fuzz: int = 0,
+    only_fuzz: bool = False,
 ) -> list[Report]:
     """Check every matching implementation x dtype. ``on_start(impl, dtype)`` and
-    ``on_result(report)`` are progress hooks."""
+    ``on_result(report)`` are progress hooks; ``fuzz`` / ``only_fuzz`` as in check_impl.
+    Without a seed, one fresh seed serves the whole run (the report prints it), so every
+    backend of an op is fuzzed on the same problems."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**30)
     reports = []
     for op in ops or registry.op_names():
         spec = get_spec(op)
@@ -833,7 +878,8 @@ def check(
                 if on_start:
                     on_start(impl, dtype)
                 with nvtx_range(f"check {impl.name} {dtype_name(dtype)}"):
-                    rep = check_impl(impl, dtype, device=device, quick=quick, seed=seed)
+                    rep = check_impl(impl, dtype, device=device, quick=quick, seed=seed, fuzz=fuzz,
+                                     only_fuzz=only_fuzz)  # fmt: skip
                 reports.append(rep)
                 if on_result:
                     on_result(rep)

@@ -288,6 +288,14 @@ class OpSpec:
     # width (measured on the CPU: layer_norm triton fp32's check went from 11 s to 42 s of
     # CPU at 37 rows).
     reach_shape: tuple | None = None
+    # -- shapes nobody chose (``kernellab check --fuzz N``) ----------------------------
+    # (rng: random.Random, big: bool) -> (problem shape, options): one draw of a problem
+    # the fixed lists above do not name (``fuzz_*`` helpers below); options None: one of
+    # ``option_sets`` half the time (the generator returns a dict where the options
+    # depend on the shape: strides, windows, dims). big: on a GPU, sizes up to real
+    # models' (vocabularies, sequence lengths); else sizes the Triton interpreter runs in
+    # seconds. None: same-shape ops draw with fuzz_same_shape.
+    fuzz: Callable | None = None
 
     # -- inputs ---------------------------------------------------------------------
     @property
@@ -505,6 +513,73 @@ def to64(a):
 
 def _float64(a):
     return a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+
+
+# --------------------------------------------------------------------------- fuzzing
+#
+# The fixed shape lists are the cases somebody thought of; a model calls an op with others
+# (the last round's lesson: tuned at the named shapes, slow or wrong at the next one). The
+# check's fuzz stage draws problems from each op's generator with the check's seed (one
+# seed gives every backend the same problems, and the report's seed replays them).
+# Dimensions lean towards the tile edges kernels get wrong: powers of two and one off them.
+
+
+def fuzz_dim(rng, lo: int, hi: int) -> int:
+    """A size in [lo, hi] (lo >= 1): 30% a power of two or one off it, else log-uniform."""
+    if rng.random() < 0.3:
+        k = rng.randint(lo.bit_length() - 1, hi.bit_length() - 1)
+        v = (1 << k) + rng.choice((-1, 0, 1))
+    else:
+        v = int(math.exp(rng.uniform(math.log(lo), math.log(hi + 1))))
+    return min(hi, max(lo, v))
+
+
+def fuzz_lead(rng, rows: int, max_rank: int = 2) -> tuple:
+    """``rows`` (>= 1) as 1 to ``max_rank`` leading dims whose product is at most ``rows``."""
+    if max_rank == 1 or rows < 4 or rng.random() < 0.5:
+        return (rows,)
+    a = fuzz_dim(rng, 1, max(1, int(math.sqrt(rows))))
+    return (a, max(1, rows // a))
+
+
+def fuzz_same_shape(rng, big: bool) -> tuple:
+    """Elementwise problems: rank 1 to 3, up to 2^13 elements (2^24 on a GPU)."""
+    n = fuzz_dim(rng, 1, (1 << 24) if big else (1 << 13))
+    rank = rng.choice((1, 2, 3))
+    if rank == 1:
+        return (n,), None
+    w = fuzz_dim(rng, 1, n)
+    return (*fuzz_lead(rng, max(1, n // w), rank - 1), w), None
+
+
+def fuzz_rows(max_width: int, max_width_big: int, max_rows: int = 48, lead_rank: int = 2):
+    """A generator of row-wise problems (1 to ``lead_rank`` leading dims x a width):
+    width up to ``max_width`` (``max_width_big`` on a GPU), at most ``max_rows`` rows
+    under the interpreter (a program per row), up to 2^24 elements on a GPU."""
+
+    def draw(rng, big: bool):
+        w = fuzz_dim(rng, 1, max_width_big if big else max_width)
+        rows = fuzz_dim(rng, 1, max(1, (1 << 24) // w) if big else max_rows)
+        return (*fuzz_lead(rng, rows, lead_rank), w), None
+
+    return draw
+
+
+def fuzz_nchw(rng, big: bool, min_hw: int = 1) -> tuple:
+    """(N, C, H, W) of a spatial op: channels not a multiple of 8 often, images from
+    ``min_hw`` to 14 (64 on a GPU), up to ~2^13 elements (2^24 on a GPU)."""
+    hw_max, budget = (64, 1 << 24) if big else (14, 1 << 13)
+    h, w = fuzz_dim(rng, min_hw, hw_max), fuzz_dim(rng, min_hw, hw_max)
+    c = fuzz_dim(rng, 1, max(1, min(256 if big else 16, budget // (h * w))))
+    n = fuzz_dim(rng, 1, max(1, min(1024, budget // (c * h * w))))
+    return (n, c, h, w)
+
+
+def fuzz_options(rng, option_sets) -> dict:
+    """{} half the time, else one of ``option_sets`` (a list of dicts)."""
+    if not option_sets or rng.random() < 0.5:
+        return {}
+    return dict(rng.choice(option_sets))
 
 
 def options_str(options: dict | None) -> str:

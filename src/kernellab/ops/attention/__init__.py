@@ -72,7 +72,7 @@ import math
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import BadInput, OpSpec, define, make_tensor
+from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_dim, make_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OPTIONS = ("causal", "scale", "window", "softcap")
@@ -440,6 +440,37 @@ def attention_reference(q, k, v, causal: bool = False, scale=None, window=None, 
     return reference_attention(q, k, v, causal=causal, scale=scale, window=window, softcap=softcap)
 
 
+def _fuzz(rng, big):
+    """Every problem form (3-D, 4-D, S_q != S_k, GQA with groups of 1, 2 or 4), head dims
+    in steps of 8 (to 256 on a GPU, 128 here), with causal, windows, softcaps and scales
+    drawn independently."""
+    s_hi = 2048 if big else 80
+    d = 8 * rng.randint(1, 32 if big else 16)
+    b, sq = fuzz_dim(rng, 1, 4), fuzz_dim(rng, 1, s_hi)
+    form = rng.random()
+    h = fuzz_dim(rng, 1, 8 if big else 3)
+    sk = sq if form < 0.5 else fuzz_dim(rng, 1, s_hi)
+    if form < 0.15:
+        shape = (b, sq, d)
+    elif form < 0.5:
+        shape = (b, h, sq, d)
+    elif form < 0.75:
+        shape = (b, h, sq, sk, d)
+    else:
+        hkv = rng.choice((1, 2))
+        shape = (b, hkv * rng.choice((1, 2, 4)), hkv, sq, sk, d)
+    opts = {}
+    if rng.random() < 0.5:
+        opts["causal"] = True
+    if rng.random() < 0.25:
+        opts["window"] = (rng.randint(-1, sk), rng.randint(-1, sk))
+    if rng.random() < 0.2:
+        opts["softcap"] = rng.choice((0.5, 5.0, 30.0))
+    if rng.random() < 0.2:
+        opts["scale"] = round(rng.uniform(0.02, 1.0), 3)
+    return shape, opts
+
+
 _COMMON = dict(
     name="attention",
     arg_names=("q", "k", "v"),
@@ -466,6 +497,7 @@ _COMMON = dict(
     default_backends=("triton", "torch"),
     metric="tflops",
     extra_bad_inputs=_EXTRA_BAD,
+    fuzz=_fuzz,
     doc=__doc__.strip().split("\n")[0],
 )
 

@@ -23,7 +23,7 @@ import torch
 
 from kernellab import registry
 from kernellab.ops.batch_norm2d import _kit
-from kernellab.ops.spec import BadInput, OpSpec, define
+from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_nchw
 
 
 def batch_norm2d_reference(x, weight, bias, eps=1e-5, relu=False):
@@ -88,6 +88,7 @@ SPEC = define(
         inputs=_kit.inputs,
         validator=_kit.validate,
         option_sets=[{"eps": 1e-2}, {"relu": True}],
+        fuzz=lambda rng, big: (fuzz_nchw(rng, big), None),
         extra_bad_inputs=CHANNEL_BAD_INPUTS + [
             BadInput("unknown keyword", _bad(lambda x, w, b: ((x, w, b), {"epsilon": 1e-5})), "epsilon"),
             BadInput("relu not a bool", _bad(lambda x, w, b: ((x, w, b), {"relu": "yes"})), "relu"),

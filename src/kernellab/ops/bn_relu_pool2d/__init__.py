@@ -42,7 +42,7 @@ from kernellab.ops.batch_norm2d import CHANNEL_BAD_INPUTS
 from kernellab.ops.batch_norm2d import bad_case as _bad
 from kernellab.ops.batch_norm2d import batch_norm2d_reference
 from kernellab.ops.bn_relu_pool2d import _kit
-from kernellab.ops.spec import BadInput, OpSpec, define
+from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_nchw
 
 
 def bn_relu_pool2d_reference(x, weight, bias, eps=1e-5):
@@ -76,6 +76,7 @@ SPEC = define(
         inputs=_bn_kit.inputs,
         validator=_kit.validate,
         option_sets=[{"eps": 1e-2}],
+        fuzz=lambda rng, big: (fuzz_nchw(rng, big, min_hw=2), None),
         extra_bad_inputs=CHANNEL_BAD_INPUTS + [
             BadInput("1x1 images", _bad(lambda x, w, b: ((x, w, b), {}), (2, 3, 1, 1)), "x"),
             BadInput("images one row high", _bad(lambda x, w, b: ((x, w, b), {}), (2, 3, 1, 6)), "x"),

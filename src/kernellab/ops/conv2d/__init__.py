@@ -25,7 +25,7 @@ import numbers
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import BadInput, OpSpec, check_float_tensor, define, make_tensor
+from kernellab.ops.spec import BadInput, OpSpec, check_float_tensor, define, fuzz_dim, fuzz_nchw, make_tensor
 
 # --------------------------------------------------------------------------- geometry
 
@@ -186,6 +186,25 @@ _EXTRA_BAD = [
 ]
 
 
+def _fuzz(rng, big):
+    """(N, C, H, W, K, R, S) with strides 1-3 and paddings 0 to past half the kernel per
+    side (at least what a kernel larger than the image needs), no bias a fifth of the time."""
+    n, c, h, w = fuzz_nchw(rng, big)
+    k = fuzz_dim(rng, 1, 128 if big else 16)
+    r = rng.choice((1, 3, 3, 5, 7))
+    s = r if rng.random() < 0.8 else rng.choice((1, 3, 5))
+    pad = tuple(max(rng.randint(0, e // 2 + 1), -(-(e - size) // 2)) for e, size in ((r, h), (s, w)))
+    stride = (rng.choice((1, 1, 2, 3)), rng.choice((1, 1, 2, 3))) if rng.random() < 0.3 else (1, 1)
+    opts = {}
+    if stride != (1, 1):
+        opts["stride"] = stride if stride[0] != stride[1] else stride[0]
+    if pad != (0, 0):
+        opts["padding"] = pad if pad[0] != pad[1] else pad[0]
+    if rng.random() < 0.2:
+        opts["bias"] = None
+    return (n, c, h, w, k, r, s), opts
+
+
 SPEC = define(
     OpSpec(
         name="conv2d",
@@ -235,6 +254,7 @@ SPEC = define(
         metric="tflops",
         inputs=make_conv_inputs,
         validator=validate_conv2d,
+        fuzz=_fuzz,
         extra_bad_inputs=_EXTRA_BAD,
         default_backends=("torch",),
         doc=__doc__.strip().split("\n")[0],

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, make_tensor
+from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, fuzz_rows, make_tensor
 
 REDUCTIONS = ("mean", "sum", "none")
 OPTIONS = ("ignore_index", "reduction", "inplace_backward", "check_targets")
@@ -242,6 +242,7 @@ SPEC = define(
             {"check_targets": True},
         ],
         option_inputs=_option_inputs,
+        fuzz=fuzz_rows(6000, 160000, max_rows=32, lead_rank=1),  # GPU: every model's vocabulary
         # documented in-place mode: the backward writes dlogits into the logits' buffer
         inplace_options={"inplace_backward": ("logits",)},
         rows_shape=(65537, 3),

@@ -26,6 +26,7 @@ from kernellab.ops.spec import (
     TensorOption,
     define,
     dtype_name,
+    fuzz_dim,
     make_tensor,
 )
 
@@ -183,6 +184,16 @@ _EXTRA_BAD = [
     ),
 ]
 
+def _fuzz(rng, big):
+    """(M, N, K) or batched (B, M, N, K): a quarter of the draws with decode's M of 1-16."""
+    hi = 4096 if big else 150
+    m = fuzz_dim(rng, 1, 16) if rng.random() < 0.25 else fuzz_dim(rng, 1, hi)
+    n, k = fuzz_dim(rng, 1, hi), fuzz_dim(rng, 1, hi)
+    if rng.random() < 0.3:
+        return (fuzz_dim(rng, 1, 8 if big else 3), m, n, k), None
+    return (m, n, k), None
+
+
 SPEC = define(
     OpSpec(
         name="matmul",
@@ -223,6 +234,7 @@ SPEC = define(
         ],
         bench_options=[{}],
         grad_shapes=[(37, 45, 29), (2, 17, 19, 23)],
+        fuzz=_fuzz,
         bad_shape=(5, 6, 7),
     )
 )

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from kernellab.ops.kit import OpDecl, build, empty_like_contig
-from kernellab.ops.spec import FLOAT_DTYPES, check_float_tensor, make_tensor
+from kernellab.ops.spec import FLOAT_DTYPES, check_float_tensor, fuzz_rows, make_tensor
 
 # --------------------------------------------------------------------------- validation
 
@@ -175,6 +175,7 @@ def family_spec() -> dict:
         scale=2.0,
         plant_extra=plant_constant_rows,
         default_backends=("cuda", "triton", "torch"),
+        fuzz=fuzz_rows(5000, 20000),
     )
 
 

@@ -22,7 +22,7 @@ import numbers
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, dtype_name, make_tensor
+from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, dtype_name, fuzz_nchw, make_tensor
 
 # Offsets are kept in int8: windows of up to 11 x 11 (121 offsets). Larger windows are
 # refused by the Triton and CUDA backends (manual and torch take any).
@@ -103,6 +103,15 @@ def _x(device, dtype, shape=(2, 3, 6, 6)):
     return torch.randn(shape, generator=g, device=device).to(dtype)
 
 
+def _fuzz(rng, big):
+    """Windows of 1-3, strides 1-3 or the window's, images at least one window wide."""
+    ks = rng.choice((1, 2, 2, 3))
+    opts = {} if ks == 2 else {"kernel_size": ks}
+    if rng.random() < 0.4:
+        opts["stride"] = rng.choice((1, 2, 3))
+    return fuzz_nchw(rng, big, min_hw=ks), opts
+
+
 SPEC = define(
     OpSpec(
         name="max_pool2d",
@@ -129,6 +138,7 @@ SPEC = define(
         grad_args=(0,),
         grad_shapes=[(2, 3, 9, 8), (1, 17, 28, 28)],
         bad_shape=(1, 2, 4, 4),
+        fuzz=_fuzz,
         rows_shape=None,
         inputs=lambda shape, dtype, device, gen, layout, scale: (
             None if (t := make_tensor(shape, dtype, device, gen, layout, scale)) is None else (t,)

@@ -26,7 +26,7 @@ import torch
 
 from kernellab import registry
 from kernellab.ops.reductions._kit import check_x
-from kernellab.ops.spec import BadInput, OpSpec, define
+from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_rows
 
 MaxResult = namedtuple("MaxResult", ["values", "indices"])
 
@@ -126,6 +126,7 @@ _COMMON = dict(
     scale=3.0,
     plant_extra=_plant_rows,
     rows_shape=(65537, 3),
+    fuzz=fuzz_rows(6000, 160000),  # argmax over a vocabulary: greedy decoding
     default_backends=("cuda", "triton", "torch"),
     extra_bad_inputs=[
         BadInput("empty last dim", _empty_rows, "x"),

@@ -28,7 +28,7 @@ import torch
 
 from kernellab import registry
 from kernellab.ops.reductions._kit import check_x
-from kernellab.ops.spec import BadInput, OpSpec, define, make_tensor
+from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_same_shape, make_tensor
 
 
 def sum_reference(x: torch.Tensor, dim=None) -> torch.Tensor:
@@ -97,6 +97,13 @@ def _bad_kwarg(device, dtype):
     return (torch.randn(4, 5, device=device).to(dtype),), {"keepdim": True}
 
 
+def _fuzz(rng, big):
+    """Any shape, reduced whole or over one of its dims."""
+    shape, _ = fuzz_same_shape(rng, big)
+    dim = rng.choice([None, -1, *range(len(shape))])
+    return shape, ({} if dim is None else {"dim": dim})
+
+
 SPEC = define(
     OpSpec(
         name="sum",
@@ -130,6 +137,7 @@ SPEC = define(
         # (or ignores dim) fails them.
         option_sets=[{"dim": -1}, {"dim": 0}, {"dim": 1}],
         option_shape=(5, 37, 129),
+        fuzz=_fuzz,
         rows_shape=(65537, 3),
         bench_options=[{}],
         default_backends=("cuda", "triton", "torch"),
