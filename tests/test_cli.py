@@ -31,6 +31,18 @@ def test_check_quick_passes_and_writes_json(cli_run, tmp_path):
     assert all(r["status"] == "pass" and r["cases"] for r in rep)
 
 
+def test_check_fuzz_only_runs_the_drawn_problems_on_every_backend(cli_run, tmp_path):
+    path = tmp_path / "fuzz.json"
+    code, out = cli_run("check", "matmul", "-b", "torch,triton", "--dtype", "fp32", "--fuzz", "2", "--fuzz-only",
+                        "--seed", "4", "--json", str(path))  # fmt: skip
+    assert code == 0, out
+    assert "seed 4" in out
+    rep = json.loads(path.read_text())
+    names = [[c["name"] for c in r["cases"]] for r in rep]
+    assert all(c["kind"] == "fuzz" for r in rep for c in r["cases"])
+    assert names[0] == names[1] and len(names[0]) == 4  # 2 problems: forward and gradients each
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU default")
 def test_check_without_a_gpu_defaults_to_quick_and_full_overrides(cli_run):
     code, out = cli_run("check", "add", "-b", "torch", "--dtype", "fp32")
