@@ -1022,7 +1022,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fuzz", type=int, default=0, metavar="N",
                    help="also N problems drawn at random per implementation and dtype (odd sizes, option sets, "
                    "GQA, strides; model-sized on a GPU); the seed replays them")  # fmt: skip
-    s.add_argument("--fuzz-only", action="store_true", help="with --fuzz: the random problems alone")
+    s.add_argument("--fuzz-only", action="store_true", help="the random problems alone (N: --fuzz, else 10)")
     s.add_argument("--json", help="write the full report to this file")
     s.add_argument(
         "--strict",

@@ -21,16 +21,15 @@ import torch
 
 from kernellab import registry
 from kernellab.harness.check import check_impl
-from kernellab.ops.spec import fuzz_dim, fuzz_options, fuzz_same_shape, get_spec, shape_str
+from kernellab.ops.spec import fuzz_dim, get_spec, shape_str
 
 OPS = registry.op_names()
 
 
 def _draw(spec, rng, big):
-    draw = spec.fuzz or (fuzz_same_shape if spec.same_shape else None)
-    assert draw is not None, f"{spec.name}: no fuzz generator (OpSpec.fuzz)"
-    shape, opts = draw(rng, big)
-    return shape, (fuzz_options(rng, spec.option_sets) if opts is None else opts)
+    problem = spec.draw_fuzz(rng, big)
+    assert problem is not None, f"{spec.name}: no fuzz generator (OpSpec.fuzz)"
+    return problem
 
 
 def test_fuzz_dim_stays_in_range_and_hits_tile_edges():

@@ -2,7 +2,8 @@
 
 ``load(data_dir)`` reads ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
 ``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte`` (each plain or ``.gz``, and
-also spelled ``train-images.idx3-ubyte`` as many copies are) from ``data_dir``; with ``data_dir=None`` it returns the shipped UCI digits (``DIGITS.md``),
+also spelled ``train-images.idx3-ubyte`` as many copies are) from ``data_dir``; with
+``data_dir=None`` it returns the shipped UCI digits (``DIGITS.md``),
 8x8 images upsampled to MNIST's 28x28, split 1,497 train / 300 test. Either way:
 ``Digits(train_x, train_y, test_x, test_y, source)`` with images float32 in [0, 1] shaped
 [N, 1, 28, 28] and labels int64 [N], on ``device`` (the course keeps the whole set on the

@@ -56,8 +56,6 @@ from kernellab.harness.compare import Verdict, judge
 from kernellab.ops.spec import (
     LAYOUTS,
     OpSpec,
-    fuzz_options,
-    fuzz_same_shape,
     TensorOption,
     dtype_name,
     get_spec,
@@ -373,21 +371,18 @@ class _Runner:
     # -- problems drawn at random --------------------------------------------------
     def fuzz(self):
         """``n_fuzz`` problems from the op's generator, forward and gradients."""
-        spec = self.spec
-        draw = spec.fuzz or (fuzz_same_shape if spec.same_shape else None)
         if not self.n_fuzz:
-            return
-        if draw is None:
-            yield CaseResult("fuzz", "all", SKIP, detail=f"{spec.name} has no fuzz generator (OpSpec.fuzz)")
             return
         # The problems depend on the seed alone (not on the backend or the dtype), and
         # not on how many seeds the other stages drew.
         rng = random.Random(self.seed)
         big = self.dev == "cuda" and not _device.triton_interpreted()
         for _ in range(self.n_fuzz):
-            shape, opts = draw(rng, big)
-            if opts is None:
-                opts = fuzz_options(rng, spec.option_sets)
+            problem = self.spec.draw_fuzz(rng, big)
+            if problem is None:
+                yield CaseResult("fuzz", "all", SKIP, detail=f"{self.spec.name} has no fuzz generator (OpSpec.fuzz)")
+                return
+            shape, opts = problem
             label = shape_str(shape) + (f" {options_str(opts)}" if opts else "")
             args, kwargs = self.option_inputs(opts, shape)
             yield self.run_forward("fuzz", label, args, kwargs)

@@ -317,6 +317,16 @@ class OpSpec:
             args.append(t)
         return tuple(args)
 
+    def draw_fuzz(self, rng, big: bool) -> tuple | None:
+        """One problem ``(shape, options)`` from ``fuzz`` (same-shape ops: fuzz_same_shape),
+        with one of ``option_sets`` half the time where the generator leaves the options
+        to the spec; None for an op with no generator."""
+        draw = self.fuzz or (fuzz_same_shape if self.same_shape else None)
+        if draw is None:
+            return None
+        shape, opts = draw(rng, big)
+        return shape, (fuzz_options(rng, self.option_sets) if opts is None else opts)
+
     def plant_specials(self, args, seed):
         """Copy of ``args`` with NaN/+inf/-inf (and op-specific extremes) at random places
         of the first input."""
