@@ -4,7 +4,7 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check fuzz bench rowwise norms ce reductions matmul attention attention-models ring conv
+#   stages: env tests check fuzz bench rowwise norms ce reductions matmul attention attn-fp32 attention-models ring conv
 #   mnist brp brp_step host gpt
 #   launch profile sanitize summary (default: env tests check bench launch sanitize summary, in
 #   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
@@ -156,6 +156,21 @@ fi
 if want attention; then
 step "attention (issue 5)"
 run python3 scripts/gpu_attention.py --out "$OUT/attention"
+fi
+
+if want attn-fp32; then
+# Triton attention fp32: the saved (row max, log2 l) against the one-plane lse, errors over
+# seeds and timings (scripts/attention_fp32_lse.py), the fp32 / window GPU tests with their
+# xfail marks ignored, the GPU fuzz tests of attention, and `check attention -b triton`
+# with fuzzed problems at seeds 1 and 2.
+step "attention fp32 (the saved row statistics)"
+run timeout 170 python3 scripts/attention_fp32_lse.py --out "$OUT" --seeds "${LSE_SEEDS:-10}"
+run timeout 240 python3 -m pytest -v -m gpu tests/ops/test_attention.py -p no:cacheprovider --runxfail \
+  -k "(fp32 and triton) or head_dims_fp32 or tf32 or window_and_softcap"
+run timeout 120 python3 -m pytest -v -m gpu tests/harness/test_fuzz.py -k attention -p no:cacheprovider
+for s in 1 2; do
+  run timeout 90 $KL check attention -b triton --seed $s --fuzz 6 --json "$OUT/check_attention_triton_s$s.json"
+done
 fi
 
 if want attention-models; then

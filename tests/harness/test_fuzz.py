@@ -85,17 +85,8 @@ def test_every_backend_sees_the_same_problems(op):
 
 # Our Triton kernels under the interpreter, three problems each, fp32 (the interpreter's
 # bf16 truncates); attention in fp16 as well. Seeds fixed so CI is repeatable.
-# Attention fp32 is a known miss of the 2x rule that the fixed shapes never showed: at rows
-# that see few keys PyTorch's error is 1-3 ulps, and ours adds two roundings: P recomputed
-# as exp2(s - lse) from one fp32 lse (scripts/attention_p_precision.py), and the backward's
-# delta = rowsum(dO * O), which differs from rowsum(P * dP) (a row that sees one key has dq
-# = 0; PyTorch gives exactly 0, ours a few ulps). fp16 runs the same kernels against its own
-# floor.
-_ATTN_FP32 = pytest.mark.xfail(
-    strict=False, reason="fp32 grads a few ulps over 2x torch's at rows with few keys (P from a rounded lse)"
-)
 TRITON_CASES = [
-    pytest.param(op, torch.float32, id=f"{op}-fp32", marks=[_ATTN_FP32] if op == "attention" else [])
+    pytest.param(op, torch.float32, id=f"{op}-fp32")
     for op in registry.op_names()
     if "triton" in kltest.cpu_backends(op)
 ] + [pytest.param("attention", torch.float16, id="attention-fp16")]
@@ -133,7 +124,7 @@ def test_fuzz_catches_a_kernel_wrong_only_off_the_lists(planted):
 # On a GPU: each of our backends (triton*, cuda*, tiled) on problems of model sizes, fp32
 # and bf16, two problems each; the teaching ladder's first rungs (cuda_v1 .. v3 of matmul,
 # softmax and sum) are left to `kernellab check --fuzz` (a naive matmul at 4096^3 takes
-# seconds a call). fp32 attention is the known miss above.
+# seconds a call).
 def _gpu_cases():
     from kernellab.harness.results import is_ours
 
@@ -145,10 +136,8 @@ def _gpu_cases():
             if not is_ours(backend) or backend in slow.get(op, ()):
                 continue
             for dtype in (torch.float32, torch.bfloat16):
-                marks = [pytest.mark.gpu]
-                if op == "attention" and dtype == torch.float32 and backend == "triton":
-                    marks.append(_ATTN_FP32)
-                out.append(pytest.param(op, backend, dtype, id=f"{op}-{backend}-{kltest.dtype_id(dtype)}", marks=marks))
+                out.append(pytest.param(op, backend, dtype, id=f"{op}-{backend}-{kltest.dtype_id(dtype)}",
+                                        marks=[pytest.mark.gpu]))  # fmt: skip
     return out
 
 

@@ -138,37 +138,48 @@ def test_cpu_noncontiguous(backend, layout):
     _check_case(backend, (1, 2, 37, 29, 32), torch.float32, "cpu", True, layout=layout, strided_dy=True)
 
 
-# (31, 33): dq of the fp32 interpreter run lands at 9.17e-7 against a bound of 8.67e-7 (2 x
-# torch's CPU error + the floor) on some CPUs and passes on others (CI passed it at a9d1916;
-# the dev machine of 2026-11-23 failed it before any change). A likely cause, not measured
-# yet: the FlashAttention backward's delta = rowsum(dO * O) comes from the rounded O, where
-# torch's math path subtracts rowsum(P * dP) from the same dP values. Issue 16 owns the fix
-# (the same class as `kernellab check attention --seed 2`); not strict meanwhile.
-_EDGE_NEAR_MISS = pytest.mark.xfail(
-    strict=False, reason="fp32 dq near 2x torch's CPU error on some CPUs (issue 16)"
-)
-
-
 @pytest.mark.parametrize(
     "s_q,s_k",
-    [(1, 16), (16, 1), pytest.param(31, 33, marks=_EDGE_NEAR_MISS), (33, 31), (48, 16), (16, 48), (32, 32)],
+    [(1, 16), (16, 1), (31, 33), (33, 31), (48, 16), (16, 48), (32, 32)],
 )
 def test_cpu_triton_tile_edges(s_q, s_k):
     # Lengths around the interpreter's tiles (BLOCK_M 32, BLOCK_N 16; dK/dV 16 x 32).
     for causal in (False, True):
-        # S_k = 1: every row's P is exactly 1 and dq = (dO.v - dO.o) k scale = 0 exactly by
-        # cancellation; torch's kernel reproduces the 0 bit for bit, a FlashAttention
-        # backward (delta = rowsum(dO * O), summed in another order) leaves a few ulp of
-        # |dO.v|. Judged separately below.
-        _check_case("triton", (1, 1, s_q, s_k, 16), torch.float32, "cpu", causal, grads=s_k > 1)
+        _check_case("triton", (1, 1, s_q, s_k, 16), torch.float32, "cpu", causal)
     if s_k == 1:
+        # Every row's P is exactly 1, so dS = P (dP - delta) = 0 and dq = 0 exactly, as
+        # torch's softmax backward gives: fp32 delta is rowsum(P * dP) of the same P and
+        # dP (from rowsum(dO * O), summed in another order, it left a few ulps of |dO.v|).
         q, k, v = (t.requires_grad_() for t in SPEC.make_inputs((1, 1, s_q, 1, 16), torch.float32, "cpu", 4))
         o = A.attention(q, k, v, backend="triton")
         do = torch.randn(o.shape, generator=torch.Generator().manual_seed(s_q))
         dq, dk, dv = torch.autograd.grad(o, (q, k, v), do)
-        dp = (do * v.detach()).sum(-1).abs().max()
-        assert dq.abs().max() <= 16 * torch.finfo(torch.float32).eps * dp * k.abs().max()
+        assert (dq == 0).all() and (dk == 0).all()
         torch.testing.assert_close(dv, do.sum(-2, keepdim=True), rtol=1e-5, atol=1e-6)
+
+
+def test_cpu_triton_fp32_one_key_rows_and_either_lse_form():
+    """A window (0, -1) under causal: each query sees only its own key, PyTorch's dq is
+    exactly 0 and so is ours. The backward also takes the one-plane log-sum-exp (what ring
+    attention passes after its merge) and gives the same gradients within fp32 rounding;
+    an lse of any other shape is refused by name."""
+    from kernellab.ops.attention import triton as at
+
+    q, k, v = SPEC.make_inputs((1, 2, 37, 40), torch.float32, "cpu", 5)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(6))
+    o, lse = at.forward(q, k, v, True, 0.103, 0, -1)
+    dq, dk, dv = at.backward(do, q, k, v, o, lse, True, 0.103, 0, -1)
+    assert (dq == 0).all() and (dk == 0).all()
+    torch.testing.assert_close(dv, do, rtol=0, atol=0)  # P = 1: dv = dO exactly
+    q, k, v = SPEC.make_inputs((1, 2, 37, 45, 40), torch.float32, "cpu", 7)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(8))
+    o, lse = at.forward(q, k, v, False, 0.2)
+    one = at.lse_value(lse, q, 0.2)
+    assert one.shape == q.shape[:-1]
+    for a, b in zip(at.backward(do, q, k, v, o, lse, False, 0.2), at.backward(do, q, k, v, o, one, False, 0.2)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="lse"):
+        at.backward(do, q, k, v, o, lse[..., :-1], False, 0.2)
 
 
 # GQA / MQA: k and v with H_q / H_kv = 1, 2, 4 times fewer heads than q; odd lengths both
@@ -283,22 +294,9 @@ WINDOW_CASES = [
 OPTION_BACKENDS = ["manual", "torch", "tiled", "triton"]
 
 
-# The two-sided window (4, 6) at 1x2x17x33x16: the Triton fp32 dv lands at 8.15e-7 against a
-# bound of 6.70e-7 on the dev machine of 2026-11-26 (OpenBLAS Haswell kernels under the
-# interpreter's dots) and passed on earlier CI machines. Measured cause (scripts/
-# attention_p_precision.py, fp32 emulation, 200 draws at this shape): P recomputed as
-# exp2(s - lse) with one rounded fp32 lse exceeds 2x torch's dv error in 15 draws; as
-# exp2(s - m) / l, in none. The fuzz stage finds the same class at small S (NOTES.md).
-_WINDOW_NEAR_MISS = {(1, "triton"): pytest.mark.xfail(
-    strict=False, reason="fp32 P from a rounded lse: dv up to 1.2x over 2x torch's CPU error on some CPUs"
-)}
-
-
 @pytest.mark.parametrize("backend", OPTION_BACKENDS)
 @pytest.mark.parametrize("case", range(len(WINDOW_CASES)))
-def test_cpu_window_and_softcap(backend, case, request):
-    if (case, backend) in _WINDOW_NEAR_MISS:
-        request.applymarker(_WINDOW_NEAR_MISS[(case, backend)])
+def test_cpu_window_and_softcap(backend, case):
     shape, causal, options = WINDOW_CASES[case]
     _check_case(backend, shape, torch.float32, "cpu", causal, **options)
 
@@ -399,17 +397,26 @@ def test_bottom_right_differs_from_torch_top_left():
 
 @pytest.mark.parametrize("backend", ["tiled", "triton"])
 def test_saved_tensors_are_inputs_output_and_lse(backend):
+    from kernellab.ops.attention import triton as at
+
     q, k, v = (t.requires_grad_() for t in SPEC.make_inputs((2, 3, 21, 26, 32), torch.float32, "cpu", 7))
     o = A.attention(q, k, v, causal=True, backend=backend)
     saved = o.grad_fn.saved_tensors
     assert len(saved) == 5, "forward saves q, k, v, o and exactly one extra tensor (the LSE)"
     lse = saved[4]
-    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    assert lse.dtype == torch.float32
     s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(32)
     allowed = A.causal_allowed(21, 26, "cpu")
     expect = s.masked_fill(~allowed, float("-inf")).logsumexp(-1)
     if backend == "triton":  # kept in log2 units (the backward's exponent base)
         expect = expect / math.log(2)
+        # fp32: two planes, the row max in score units and log2(l)
+        assert lse.shape == q.shape[:-2] + (2, 21)
+        raw = (q.double() @ k.double().transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
+        torch.testing.assert_close(lse[..., 0, :].double(), raw.amax(-1), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(at.lse_value(lse, q, 1 / math.sqrt(32)).double(), expect, rtol=1e-6, atol=1e-6)
+        return
+    assert lse.shape == q.shape[:-1]
     torch.testing.assert_close(lse.double(), expect, rtol=1e-5, atol=1e-5)
 
 
@@ -417,8 +424,13 @@ def test_lse_of_empty_rows_is_minus_inf():
     from kernellab.ops.attention import triton as at
 
     q, k, v = SPEC.make_inputs((1, 1, 9, 4, 16), torch.float32, "cpu", 8)
-    _, lse = at.forward(q, k, v, True, 0.25)
-    assert torch.isneginf(lse[..., :5]).all() and torch.isfinite(lse[..., 5:]).all()
+    _, lse = at.forward(q, k, v, True, 0.25)  # fp32: (..., 2, S_q), row max and log2(l)
+    assert torch.isneginf(lse[..., 0, :5]).all() and torch.isfinite(lse[..., 0, 5:]).all()
+    assert (lse[..., 1, :5] == 0).all() and torch.isfinite(lse[..., 1, :]).all()
+    assert torch.isneginf(at.lse_value(lse, q, 0.25)[..., :5]).all()
+    _, lse16 = at.forward(q.half(), k.half(), v.half(), True, 0.25)  # 16-bit: one plane
+    assert lse16.shape == q.shape[:-1]
+    assert torch.isneginf(lse16[..., :5]).all() and torch.isfinite(lse16[..., 5:]).all()
 
 
 def test_scale_argument():

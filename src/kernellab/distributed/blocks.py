@@ -100,7 +100,7 @@ def triton_block_forward(q, k, v, causal: bool, scale: float):
 
     o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     o, lse2 = tri.forward_into(q, k, v, causal, scale, o)
-    return o, lse2 * LN2  # log2 units -> natural
+    return o, tri.lse_value(lse2, q, scale) * LN2  # log2 units -> natural
 
 
 def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):

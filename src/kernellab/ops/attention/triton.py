@@ -81,6 +81,14 @@ from kernellab.ops.kit import OpDecl, build
 
 HEAD_DIMS = tuple(range(8, 257, 8))  # tiles padded to a power of two (_block_d)
 LOG2E = 1.4426950408889634
+# The backward recomputes the forward's scores, and P is only as good as the two agree.
+# On a GPU an IEEE fp32 dot is one FMA chain over D in order: the forward's q k^T and the
+# dK/dV kernel's k q^T round alike, whatever the tiles. The interpreter's numpy matmul
+# rounds by the tile's shape and orientation (2-8 ulps of a score), and every recomputed
+# P inherited that: fp32 dv at 1.1-1.6x the check's bound on the CPU alone. There the
+# fp32 dots that two kernels both form (the scores, dP) run in fp64 and round once
+# (_shared_dot), alike in every kernel.
+_SHARED_F64 = tl.constexpr(_device.triton_interpreted())
 
 
 # --------------------------------------------------------------------------- configs
@@ -222,6 +230,16 @@ def _dot(a, b, PREC: tl.constexpr, c=None):
 
 
 @triton.jit
+def _shared_dot(a, b, PREC: tl.constexpr):
+    """a @ b for a product two kernels both form (q k^T or k q^T, dO v^T or v dO^T): _dot,
+    but under the interpreter an IEEE fp32 one in fp64, rounded once (see _SHARED_F64)."""
+    if _SHARED_F64 and PREC == "ieee":
+        return tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee").to(tl.float32)
+    else:
+        return _dot(a, b, PREC)
+
+
+@triton.jit
 def _mma(a, b, acc, PREC: tl.constexpr):
     """acc + a @ b. For fp32 operands the block's product is summed apart and then added
     to acc (two-level summation): chained through acc=, an IEEE fp32 dot adds every row
@@ -305,17 +323,22 @@ def _fwd_inner(
     WIN_L, WIN_R, cap_in, cap_out,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    RAW_M: tl.constexpr,
 ):  # fmt: skip
-    # One pass over key blocks [start, end). m_i is in log2 units (scores * scale * log2 e).
-    # SOFTCAP: the scores become cap_out * tanh(qk * cap_in) (softcap * log2 e * tanh(s /
-    # softcap)), already in log2 units: the launcher passes qk_scale = 1.
+    # One pass over key blocks [start, end). m_i is in log2 units (scores * scale * log2 e);
+    # RAW_M: in score units (qk, its sign flipped for a negative scale), each exponent
+    # (qk - m) * |qk_scale| (see lse_shape). SOFTCAP: the scores become cap_out * tanh(qk *
+    # cap_in) (softcap * log2 e * tanh(s / softcap)), already in log2 units: the launcher
+    # passes qk_scale = 1.
+    c_abs = tl.abs(qk_scale)
+    sign = tl.where(qk_scale < 0, -1.0, 1.0)
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         key_ok = (start_n + offs_n) < S_k
         k = _ld(k_ptrs + start_n * stride_kn, key_ok, d_ok, MASKED, PAD_D)
         if F32_DOTS:
             k = k.to(tl.float32)
-        qk = _dot(q, tl.trans(k), PREC)
+        qk = _shared_dot(q, tl.trans(k), PREC)
         if SOFTCAP:
             qk = cap_out * _tanh(qk * cap_in, SOFTCAP)
         if MASKED:
@@ -324,10 +347,21 @@ def _fwd_inner(
                 allowed = allowed & ((start_n + offs_n)[None, :] <= offs_m[:, None] + OFFSET)
             if WINDOW:
                 allowed = allowed & _in_window(offs_m, start_n + offs_n, OFFSET, WIN_L, WIN_R)
-            qk = tl.where(allowed, qk * qk_scale, float("-inf"))
+            if RAW_M:
+                qk = tl.where(allowed, qk * sign, float("-inf"))
+            else:
+                qk = tl.where(allowed, qk * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet
-            p = tl.math.exp2(qk - m_sub[:, None])
+            if RAW_M:
+                p = tl.math.exp2((qk - m_sub[:, None]) * c_abs)
+            else:
+                p = tl.math.exp2(qk - m_sub[:, None])
+        elif RAW_M:
+            qk = qk * sign
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            m_sub = m_new
+            p = tl.math.exp2((qk - m_sub[:, None]) * c_abs)
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_sub = m_new
@@ -335,7 +369,10 @@ def _fwd_inner(
         v = _ld(v_ptrs + start_n * stride_vn, key_ok, d_ok, MASKED, PAD_D)
         if F32_DOTS:
             v = v.to(tl.float32)
-        alpha = tl.math.exp2(m_i - m_sub)
+        if RAW_M:
+            alpha = tl.math.exp2((m_i - m_sub) * c_abs)
+        else:
+            alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         acc = _mma(p.to(v.dtype), v, acc, PREC)
@@ -347,7 +384,7 @@ def _fwd_inner(
 @triton_support.jit
 def _attn_fwd(
     Q, K, V, O, LSE,  # q (Z, NH, S_q, D), k/v (Z, NH / GROUP, S_k, D), o (Z, NH, S_q, D) strided;
-    # lse (Z*NH, S_q) contiguous
+    # lse (Z*NH, S_q) contiguous, or RAW_M (Z*NH, 2, S_q): row max, log2(l)
     qk_scale,  # scale * log2(e) (1 with a softcap)
     cap_in, cap_out,  # softcap: scale / softcap, softcap * log2(e) (SOFTCAP only)
     stride_qz, stride_qh, stride_qs, stride_qd,
@@ -363,6 +400,7 @@ def _attn_fwd(
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,  # SOFTCAP: 0 off, 1 libdevice tanh, 2 portable
     GQA: tl.constexpr,  # GROUP > 1 (False: no integer division by GROUP, ~24 instructions and a MUFU)
+    RAW_M: tl.constexpr,  # exponents from score differences; lse saved as (max, log2 l): lse_shape
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -418,12 +456,12 @@ def _attn_fwd(
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, d_ok,
         start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, d_ok,
         full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M,
     )  # fmt: skip
 
     empty = l_i == 0.0  # no allowed key (only possible with causal and S_q > S_k)
@@ -433,10 +471,15 @@ def _attn_fwd(
     # to natural log here and back there rounded the exponent twice, ~|lse| * 6e-8 each,
     # which every recomputed probability inherited (fp32 dk/dv/dq up to 1.2x the check's
     # bound on 5 of 20 seeds, CPU).
-    lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_div))
     o_ptrs = O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
     _st(o_ptrs, o.to(O.dtype.element_ty), row_ok, d_ok, PAD_D)
-    tl.store(LSE + bh * S_q + offs_m, lse, mask=row_ok)
+    if RAW_M:  # empty rows: m = -inf, log2(l) = 0
+        lse_row = LSE + bh * (2 * S_q)
+        tl.store(lse_row + offs_m, m_i, mask=row_ok)
+        tl.store(lse_row + S_q + offs_m, tl.math.log2(l_div), mask=row_ok)
+    else:
+        lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_div))
+        tl.store(LSE + bh * S_q + offs_m, lse, mask=row_ok)
 
 
 # --------------------------------------------------------------------------- backward
@@ -471,9 +514,10 @@ def _attn_bwd_pre(
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_m, row_ok, offs_n, d_ok,
-    qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+    qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out, S_q,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    RAW_M: tl.constexpr,
 ):  # fmt: skip
     # One query block (q_ptrs, do_ptrs at its first row) against the key block in k, v
     # (transposed math: P^T (BLOCK_N x BLOCK_M) so dV += P^T dO and dK += dS^T Q need no
@@ -490,18 +534,24 @@ def _dkdv_step(
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units; empty rows: P = 0
-    qkT = _dot(k, tl.trans(q), PREC)
+    qkT = _shared_dot(k, tl.trans(q), PREC)
     if SOFTCAP:
         tT = _tanh(qkT * cap_in, SOFTCAP)
         qkT = cap_out * tT
-    pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
+    if RAW_M:  # lse: the row max in score units (+inf: P = 0), then log2(l)
+        ll = tl.load(lse_ptr + S_q + offs_m, mask=row_ok, other=0.0)
+        c_abs = tl.abs(qk_scale)
+        sign = tl.where(qk_scale < 0, -1.0, 1.0)
+        pT = tl.math.exp2((qkT * sign - lse[None, :]) * c_abs - ll[None, :])
+    else:
+        pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
     if MASKED:
         if CAUSAL:
             pT = tl.where(offs_n[:, None] <= offs_m[None, :] + OFFSET, pT, 0.0)
         if WINDOW:
             pT = tl.where(tl.trans(_in_window(offs_m, offs_n, OFFSET, WIN_L, WIN_R)), pT, 0.0)
     dv = _mma(pT.to(do.dtype), do, dv, PREC)
-    dpT = _dot(v, tl.trans(do), PREC)
+    dpT = _shared_dot(v, tl.trans(do), PREC)
     dsT = pT * (dpT - delta[None, :])
     if SOFTCAP:
         dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(s / softcap)) / ds
@@ -516,14 +566,17 @@ def _dkdv_inner(
     WIN_L, WIN_R, cap_in, cap_out, stride_qh, stride_doh, GROUP,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    GQA: tl.constexpr,
+    GQA: tl.constexpr, RAW_M: tl.constexpr,
 ):  # fmt: skip
     # Query blocks [start, end) against the key block held in k, v. GQA: at each query
     # block, the GROUP q heads of the group one after another (heads h0..h0+GROUP-1: q, dO
-    # one head stride apart, the LSE and delta rows S_q apart). The head loop is the inner
+    # one head stride apart, the delta rows S_q apart, the LSE rows S_q (RAW_M: 2 S_q)). The head loop is the inner
     # one: as the outer loop (one pass over the query blocks per head) the dK/dV kernel
     # spilled 360 bytes at 32 x 64 tiles, D=128 (Triton 3.9, sm_90); inside, the loop-carried
     # state is what plain attention carries.
+    lse_stride = S_q
+    if RAW_M:
+        lse_stride = 2 * S_q
     for start_m in range(start, end, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
@@ -532,16 +585,17 @@ def _dkdv_inner(
             for g in range(0, GROUP):
                 dk, dv = _dkdv_step(
                     dk, dv, k, v, q_ptrs + (g * stride_qh + start_m * stride_qs),
-                    do_ptrs + (g * stride_doh + start_m * stride_dos), lse_ptr + g * S_q, delta_ptr + g * S_q,
-                    offs_m, row_ok, offs_n, d_ok, qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-                    MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+                    do_ptrs + (g * stride_doh + start_m * stride_dos),
+                    lse_ptr + g * lse_stride, delta_ptr + g * S_q,
+                    offs_m, row_ok, offs_n, d_ok, qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out, S_q,
+                    MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M,
                 )  # fmt: skip
         else:
             dk, dv = _dkdv_step(
                 dk, dv, k, v, q_ptrs + start_m * stride_qs, do_ptrs + start_m * stride_dos,
                 lse_ptr, delta_ptr,
-                offs_m, row_ok, offs_n, d_ok, qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-                MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+                offs_m, row_ok, offs_n, d_ok, qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out, S_q,
+                MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M,
             )  # fmt: skip
     return dk, dv
 
@@ -554,6 +608,7 @@ def _dkdv_head(
     WIN_L, WIN_R, cap_in, cap_out, GROUP,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, GQA: tl.constexpr,
+    RAW_M: tl.constexpr,
 ):  # fmt: skip
     # dK, dV += the share of q heads ho .. ho + GROUP - 1 (GQA; else ho alone): query
     # blocks [lo, mid) masked, [mid, tail) whole, [tail, q_end) masked.
@@ -563,21 +618,23 @@ def _dkdv_head(
         DO + zo * stride_doz + ho * stride_doh + offs_m0[:, None] * stride_dos + offs_d[None, :] * stride_dod
     )
     lse_ptr = LSE + bh * S_q
+    if RAW_M:
+        lse_ptr = LSE + bh * (2 * S_q)
     delta_ptr = DELTA + bh * S_q
     dk, dv = _dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
         offs_m0, offs_n, d_ok, lo, mid, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA, RAW_M,
     )  # fmt: skip
     dk, dv = _dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
         offs_m0, offs_n, d_ok, mid, tail, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        stride_qh, stride_doh, GROUP, False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+        stride_qh, stride_doh, GROUP, False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA, RAW_M,
     )  # fmt: skip
     dk, dv = _dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
         offs_m0, offs_n, d_ok, tail, q_end, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA, RAW_M,
     )  # fmt: skip
     return dk, dv
 
@@ -599,6 +656,7 @@ def _attn_bwd_dkdv(
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     GQA: tl.constexpr,  # GROUP > 1: loop over the group (GROUP == 1 compiles without the loop)
+    RAW_M: tl.constexpr,  # lse (Z*NH, 2, S_q): row max in score units, log2(l) (as _attn_fwd)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -663,7 +721,7 @@ def _attn_bwd_dkdv(
         stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
         offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
         WIN_L, WIN_R, cap_in, cap_out, GROUP,
-        CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+        CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA, RAW_M,
     )  # fmt: skip
     dk = dk * sm_scale
     dk_out = zo * stride_dkz + hk * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
@@ -674,12 +732,16 @@ def _attn_bwd_dkdv(
 
 @triton.jit
 def _dq_inner(
-    dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
+    dq, q, do, lse, ll, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
     offs_m, offs_n, d_ok, start, end, qk_scale, S_k, OFFSET,
     WIN_L, WIN_R, cap_in, cap_out,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    RAW_M: tl.constexpr, DELTA_ONLY: tl.constexpr,
 ):  # fmt: skip
+    # DELTA_ONLY: no dq; delta += rowsum(P * dP) (see _attn_bwd_dq).
+    c_abs = tl.abs(qk_scale)
+    sign = tl.where(qk_scale < 0, -1.0, 1.0)
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         key_ok = (start_n + offs_n) < S_k
@@ -688,11 +750,14 @@ def _dq_inner(
         if F32_DOTS:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        qk = _dot(q, tl.trans(k), PREC)
+        qk = _shared_dot(q, tl.trans(k), PREC)
         if SOFTCAP:
             t = _tanh(qk * cap_in, SOFTCAP)
             qk = cap_out * t
-        p = tl.math.exp2(qk * qk_scale - lse[:, None])
+        if RAW_M:
+            p = tl.math.exp2((qk * sign - lse[:, None]) * c_abs - ll[:, None])
+        else:
+            p = tl.math.exp2(qk * qk_scale - lse[:, None])
         if MASKED:
             allowed = key_ok[None, :]
             if CAUSAL:
@@ -700,15 +765,20 @@ def _dq_inner(
             if WINDOW:
                 allowed = allowed & _in_window(offs_m, start_n + offs_n, OFFSET, WIN_L, WIN_R)
             p = tl.where(allowed, p, 0.0)
-        dp = _dot(do, tl.trans(v), PREC)
-        ds = p * (dp - delta[:, None])
-        if SOFTCAP:
-            ds = ds * (1.0 - t * t)  # d(softcap tanh(s / softcap)) / ds
-        dq = _mma(ds.to(k.dtype), k, dq, PREC)
-    return dq
+        dp = _shared_dot(do, tl.trans(v), PREC)
+        if DELTA_ONLY:
+            delta += tl.sum(p * dp, 1)
+        else:
+            ds = p * (dp - delta[:, None])
+            if SOFTCAP:
+                ds = ds * (1.0 - t * t)  # d(softcap tanh(s / softcap)) / ds
+            dq = _mma(ds.to(k.dtype), k, dq, PREC)
+    return dq, delta
 
 
-@triton.autotune(configs=bwd_dq_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(
+    configs=bwd_dq_configs(), key=_KEY + ["DELTA_ONLY"], prune_configs_by={"early_config_prune": _prune}
+)
 @triton_support.jit
 def _attn_bwd_dq(
     Q, K, V, DO, LSE, DELTA, DQ,  # dq (Z, NH, S_q, D) with unit-stride rows
@@ -723,6 +793,9 @@ def _attn_bwd_dq(
     HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,  # as _attn_fwd
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, GQA: tl.constexpr,
+    RAW_M: tl.constexpr,  # as _attn_bwd_dkdv
+    # DELTA_ONLY: write delta = rowsum(P * dP) (the P and dP every other kernel forms), not dq
+    DELTA_ONLY: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -754,9 +827,18 @@ def _attn_bwd_dq(
     if F32_DOTS:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    lse = tl.load(LSE + bh * S_q + offs_m, mask=row_ok, other=float("inf"))
+    lse_row = LSE + bh * S_q
+    if RAW_M:
+        lse_row = LSE + bh * (2 * S_q)
+    lse = tl.load(lse_row + offs_m, mask=row_ok, other=float("inf"))
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units
-    delta = tl.load(DELTA + bh * S_q + offs_m, mask=row_ok, other=0.0)
+    ll = lse  # (unused without RAW_M)
+    if RAW_M:
+        ll = tl.load(lse_row + S_q + offs_m, mask=row_ok, other=0.0)
+    if DELTA_ONLY:
+        delta = tl.zeros([BLOCK_M], tl.float32)
+    else:
+        delta = tl.load(DELTA + bh * S_q + offs_m, mask=row_ok, other=0.0)
     hk = ho
     if GQA:
         hk = ho // GROUP  # the k/v head of this q head
@@ -775,21 +857,24 @@ def _attn_bwd_dq(
         start = (tl.maximum(start_m + OFFSET - WIN_L, 0) // BLOCK_N) * BLOCK_N
         end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET + WIN_R), 0)
         full = start
-    dq = _dq_inner(
-        dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
+    dq, delta = _dq_inner(
+        dq, q, do, lse, ll, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
         offs_m, offs_n, d_ok, start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, DELTA_ONLY,
     )  # fmt: skip
-    dq = _dq_inner(
-        dq, q, do, lse, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
+    dq, delta = _dq_inner(
+        dq, q, do, lse, ll, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
         offs_m, offs_n, d_ok, full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP,
+        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, DELTA_ONLY,
     )  # fmt: skip
-    dq = dq * sm_scale
-    _st(
-        DQ + zo * stride_dqz + ho * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
-        dq.to(DQ.dtype.element_ty), row_ok, d_ok, PAD_D,
-    )  # fmt: skip
+    if DELTA_ONLY:
+        tl.store(DELTA + bh * S_q + offs_m, delta, mask=row_ok)
+    else:
+        dq = dq * sm_scale
+        _st(
+            DQ + zo * stride_dqz + ho * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
+            dq.to(DQ.dtype.element_ty), row_ok, d_ok, PAD_D,
+        )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- launchers
@@ -873,8 +958,9 @@ def forward(
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(o, lse) for any strided q, k, v (same leading dims but GQA's heads); o in
-    ``empty_bshd``'s layout, lse (..., S_q) fp32 contiguous, in log2 units (natural LSE =
-    lse * ln 2). window_left / window_right: -1 unbounded (the package docstring);
+    ``empty_bshd``'s layout, lse fp32 contiguous: (..., S_q) in log2 units for 16-bit q
+    (natural LSE = lse * ln 2), (..., 2, S_q) for fp32 (``lse_shape``; ``lse_value``
+    gives the log-sum-exp). window_left / window_right: -1 unbounded (the package docstring);
     softcap 0: off."""
     return forward_into(q, k, v, causal, scale, None, window_left, window_right, softcap)
 
@@ -890,7 +976,7 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
     bh = q4.shape[0] * nh
     group = nh // k4.shape[1] if k4.shape[1] else 1  # GQA: q heads per k/v head
     o = empty_bshd(lead, s_q, d, q.dtype, q.device) if o is None else o
-    lse = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
+    lse = torch.empty(lse_shape(q), dtype=torch.float32, device=q.device)
     if bh and s_q:
         o4 = _split(o)
         opts = _options(causal, scale, window_left, window_right, softcap)
@@ -902,9 +988,30 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
             *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
             nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
             HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=_prec(q.dtype), F32_DOTS=_f32_dots(q.dtype),
-            WINDOW=win, SOFTCAP=cap, GQA=group > 1,
+            WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=lse.dim() == q.dim(),
         )  # fmt: skip
     return o, lse
+
+
+def lse_shape(q: Tensor) -> tuple[int, ...]:
+    """The saved lse's shape: (..., S_q) for 16-bit q, the log-sum-exp in log2 units;
+    (..., 2, S_q) for fp32 q, the row max m in score units (q . k, negated for a negative
+    scale; softcap: the capped score in log2 units) and log2(l), l = sum exp2((s - m) *
+    |c|) with c = scale * log2 e (1 with a softcap). The fp32 kernels form every exponent
+    as (s - m) * |c| - log2(l): the difference near the max is exact. Scaling first
+    (s * c - lse, the 16-bit form) rounds s * c to |s * c| * 2^-24, which at rows with
+    few keys put fp32 dv over twice PyTorch's error (scripts/attention_p_precision.py);
+    16-bit outputs' own rounding is far above it."""
+    lead, s_q = tuple(q.shape[:-2]), q.shape[-2]
+    return lead + ((2, s_q) if q.dtype == torch.float32 else (s_q,))
+
+
+def lse_value(lse: Tensor, q: Tensor, scale: float, softcap: float = 0.0) -> Tensor:
+    """The log-sum-exp (..., S_q) in log2 units, fp32, from either saved form."""
+    if lse.dim() != q.dim():
+        return lse
+    c = 1.0 if softcap > 0 else abs(scale) * LOG2E
+    return (lse[..., 0, :].double() * c + lse[..., 1, :].double()).float()
 
 
 def backward(
@@ -922,8 +1029,17 @@ def backward_into(
 ):
     """``backward`` writing into the given ``dq``, ``dk``, ``dv`` (any strides with a
     unit-stride head dim, shaped as q, k, v: a fused model passes views of its qkv gradient
-    buffer); None: fresh, in ``empty_bshd``'s layout."""
+    buffer); None: fresh, in ``empty_bshd``'s layout. lse: either form ``lse_shape``
+    describes, contiguous (the two-plane form for any dtype; the one-plane log-sum-exp for
+    fp32 too, as ring attention passes its merged one)."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    raw_m = lse.dim() == q.dim()
+    want = tuple(lead) + ((2, s_q) if raw_m else (s_q,))
+    if tuple(lse.shape) != want or lse.dtype != torch.float32 or not lse.is_contiguous():
+        raise ValueError(
+            f"attention/triton backward: lse must be contiguous fp32 {want} (or {tuple(lead) + (s_q,)}), "
+            f"got {lse.dtype} {tuple(lse.shape)}"
+        )
     q4, k4, v4, do4, o4 = _split(q), _split(k), _split(v), _split(do), _split(o)
     nh = q4.shape[1]
     bh = q4.shape[0] * nh
@@ -940,7 +1056,23 @@ def backward_into(
         common = (
             qk_scale, scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
         )  # fmt: skip
-        if s_q:
+        dq_args = (
+            q4, k4, v4, do4, lse, delta, dq4, *common, *dq4.stride()[:3],
+            nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
+        )  # fmt: skip
+        dq_kw = dict(
+            HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
+            WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
+        )  # fmt: skip
+        dq_grid = lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)  # noqa: E731
+        if s_q and raw_m:
+            # fp32 from our forward: delta = rowsum(P * dP) from the very P and dP that dS
+            # uses, not rowsum(dO * O). A row that sees one key then gets dS = P (dP - delta)
+            # = 0 exactly, as PyTorch's softmax backward gives; from dO * O it was a few ulps
+            # (dq 1.8x the check's bound at window (0, -1), where PyTorch's error is 0).
+            # Costs a pass over the keys like dq's, without the dq dot.
+            triton_support.launch_tuned(_attn_bwd_dq, dq_grid, *dq_args, **dq_kw, DELTA_ONLY=True)
+        elif s_q:
             pre_m = 64 if not _device.triton_interpreted() else 32
             num_m = triton_support.cdiv(s_q, pre_m)
             _attn_bwd_pre[(num_m * bh,)](
@@ -953,16 +1085,10 @@ def backward_into(
                 q4, k4, v4, do4, lse, delta, dk4, dv4, *common, *dk4.stride()[:3], *dv4.stride()[:3],
                 nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
                 HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
-                WINDOW=win, SOFTCAP=cap, GQA=group > 1,
+                WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
             )  # fmt: skip
         if s_q:
-            triton_support.launch_tuned(
-                _attn_bwd_dq, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
-                q4, k4, v4, do4, lse, delta, dq4, *common, *dq4.stride()[:3],
-                nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
-                HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
-                WINDOW=win, SOFTCAP=cap, GQA=group > 1,
-            )  # fmt: skip
+            triton_support.launch_tuned(_attn_bwd_dq, dq_grid, *dq_args, **dq_kw, DELTA_ONLY=False)
     return dq, dk, dv
 
 
@@ -1002,7 +1128,7 @@ _attention = build(
         bwd=backward,
         fwd_fake=lambda q, k, v, causal, scale, *options: (
             empty_bshd(q.shape[:-2], q.shape[-2], v.shape[-1], q.dtype, q.device),
-            q.new_empty(q.shape[:-1], dtype=torch.float32),
+            q.new_empty(lse_shape(q), dtype=torch.float32),
         ),
         bwd_fake=lambda do, q, k, v, o, lse, causal, scale, *options: tuple(
             empty_bshd(t.shape[:-2], t.shape[-2], t.shape[-1], t.dtype, t.device) for t in (q, k, v)
@@ -1076,8 +1202,10 @@ def _kernel_specs(dtype: str):
         cx = dict(st_cx, HEAD_D=128, BLOCK_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, WINDOW=False,
                   SOFTCAP=0, **cfg.kwargs)  # fmt: skip
         cx_names = ("HEAD_D", "BLOCK_D", "CAUSAL", "PREC", "F32_DOTS", "WINDOW", "SOFTCAP")
-        cx_names += ("GQA", "BLOCK_M", "BLOCK_N")
-        cx["GQA"] = _ASM_GQA
+        cx_names += ("GQA", "RAW_M", "BLOCK_M", "BLOCK_N") + (("DELTA_ONLY",) if kernel is _attn_bwd_dq else ())
+        cx["GQA"], cx["RAW_M"] = _ASM_GQA, dtype == "fp32"
+        if kernel is _attn_bwd_dq:
+            cx["DELTA_ONLY"] = False
         sig.update({k: "constexpr" for k in cx_names})
         return (kernel.fn, sig, cx, cfg.num_warps)
 
