@@ -935,6 +935,7 @@ def _bucket(n: int) -> int:
 
 
 _UNBOUNDED = 1 << 30  # a window side of -1: farther than any length (int32 sums stay < 2^31)
+EXACT_DELTA_KEYS = 64  # fp32: delta from P * dP where no row sees more keys (backward_into)
 
 
 def _options(causal: bool, scale: float, window_left: int, window_right: int, softcap: float):
@@ -1065,12 +1066,15 @@ def backward_into(
             WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
         )  # fmt: skip
         dq_grid = lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)  # noqa: E731
-        if s_q and raw_m:
-            # fp32 from our forward: delta = rowsum(P * dP) from the very P and dP that dS
-            # uses, not rowsum(dO * O). A row that sees one key then gets dS = P (dP - delta)
-            # = 0 exactly, as PyTorch's softmax backward gives; from dO * O it was a few ulps
-            # (dq 1.8x the check's bound at window (0, -1), where PyTorch's error is 0).
-            # Costs a pass over the keys like dq's, without the dq dot.
+        keys = min(s_k, wl + wr + 1) if win else s_k  # the most keys a row sees
+        if s_q and raw_m and keys <= EXACT_DELTA_KEYS:
+            # fp32 from our forward, every row seeing few keys: delta = rowsum(P * dP) from
+            # the very P and dP that dS uses, not rowsum(dO * O). A row that sees one key
+            # then gets dS = P (dP - delta) = 0 exactly, as PyTorch's softmax backward
+            # gives; from dO * O it was a few ulps (dq 1.8x the check's bound at window
+            # (0, -1), where PyTorch's error is 0). It costs a pass over the keys like dq's
+            # without the dq dot (+41% of the fp32 backward at 1x12x1024x64 causal, H100):
+            # where rows see many keys, PyTorch's own error is far above those ulps.
             triton_support.launch_tuned(_attn_bwd_dq, dq_grid, *dq_args, **dq_kw, DELTA_ONLY=True)
         elif s_q:
             pre_m = 64 if not _device.triton_interpreted() else 32
