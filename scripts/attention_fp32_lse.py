@@ -112,7 +112,17 @@ def main() -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-    rows = []
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    path = None
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        path = Path(args.out) / "attention_fp32_lse.jsonl"
+
+    def emit(row):  # appended as measured: a run cut by a time limit keeps what it did
+        if path is not None:
+            with open(path, "a") as f:
+                f.write(json.dumps({**row, "time": stamp}) + "\n")
+
     if not args.time_only:
         print(f"fp32 Triton attention on {name}: worst err/bound of dq, dk, dv over {args.seeds} seeds")
     for shape, causal, window, scale in [] if args.time_only else PROBLEMS:
@@ -126,24 +136,18 @@ def main() -> None:
         for form in ("split", "one-plane"):
             w = worst[form]
             print(f"  {label:58s} {form:9s} dq {w[0]:.2f} dk {w[1]:.2f} dv {w[2]:.2f}  over: {over[form]}")
-            rows.append({"kind": "error", "device": name, "shape": list(shape), "causal": causal,
-                         "window": window, "scale": scale, "form": form, "seeds": args.seeds,
-                         "worst_dq": w[0], "worst_dk": w[1], "worst_dv": w[2], "over": over[form]})  # fmt: skip
+            emit({"kind": "error", "device": name, "shape": list(shape), "causal": causal,
+                  "window": window, "scale": scale, "form": form, "seeds": args.seeds,
+                  "worst_dq": w[0], "worst_dk": w[1], "worst_dv": w[2], "over": over[form]})  # fmt: skip
     if dev == "cuda" and not args.no_time:
         print("fp32 forward / backward ms (CUDA events, L2 flushed, TF32 off)")
         for shape, causal in TIMED:
             t = _time(shape, causal, dev)
             for form, (f, b) in t.items():
-                print(f"  {'x'.join(map(str, shape)):16s} causal={causal!s:5s} {form:9s} fwd {f:.3f} bwd {b:.3f}")
-                rows.append({"kind": "time", "device": name, "shape": list(shape), "causal": causal,
-                             "form": form, "fwd_ms": f, "bwd_ms": b})  # fmt: skip
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        with open(out / "attention_fp32_lse.jsonl", "a") as f:
-            for r in rows:
-                f.write(json.dumps({**r, "time": stamp}) + "\n")
+                label = "x".join(map(str, shape))
+                print(f"  {label:16s} causal={causal!s:5s} {form:9s} fwd {f:.3f} bwd {b:.3f}")
+                emit({"kind": "time", "device": name, "shape": list(shape), "causal": causal,
+                      "form": form, "fwd_ms": f, "bwd_ms": b})  # fmt: skip
 
 
 if __name__ == "__main__":

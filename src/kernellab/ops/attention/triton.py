@@ -11,9 +11,10 @@ BLOCK_D wide, the next power of two >= 16; the columns past D are masked in ever
 and store, so power-of-two head dims compile with no head-dim mask at all); fp16 / bf16
 (fp32 accumulation) or fp32 (TF32 dots when
 ``torch.backends.cuda.matmul.allow_tf32``, IEEE fp32 dots otherwise; see the package
-docstring). Outputs are fresh and contiguous: o (..., S_q, D) and lse (..., S_q) fp32, the
-log-sum-exp of the scaled scores in log2 units (log2(sum 2^(s * log2 e))), the only tensor saved for the backward besides
-the inputs and o.
+docstring). Outputs are fresh and contiguous: o (..., S_q, D) and lse, fp32, the only
+tensor saved for the backward besides the inputs and o: for 16-bit inputs (..., S_q), the
+log-sum-exp of the scaled scores in log2 units (log2(sum 2^(s * log2 e))); for fp32
+(..., 2, S_q), the row max in score units and log2(l) (``lse_shape`` says why).
 
 Forward (one program per (query block, head)): Q_i stays in registers; K_j, V_j stream
 through shared memory (num_stages deep). Scores use exp2 with the scale folded into
@@ -31,7 +32,8 @@ bf16 MMA the forward is ~1 ms, compute-bound: what matters is keeping the tensor
 fed (wgmma from shared memory, K/V loads pipelined) and the softmax math (~6 non-MMA
 instructions per score) under the MMA shadow.
 
-Backward (FlashAttention-2's split): delta = rowsum(dO * O) first (one small kernel);
+Backward (FlashAttention-2's split): delta = rowsum(dO * O) first (one small kernel; fp32
+with at most 64 keys a row: rowsum(P * dP) by the dQ kernel, see backward_into);
 then one program per key block accumulates dK_j, dV_j over the query blocks that see it
 (no atomics), and one program per query block accumulates dQ_i over the key blocks it
 sees. P is recomputed from the LSE in both passes (2 extra QK^T matmuls: 7 matmuls
@@ -470,7 +472,7 @@ def _attn_fwd(
     # The LSE is kept in log2 units (the backward's exponent is in log2 units): converting
     # to natural log here and back there rounded the exponent twice, ~|lse| * 6e-8 each,
     # which every recomputed probability inherited (fp32 dk/dv/dq up to 1.2x the check's
-    # bound on 5 of 20 seeds, CPU).
+    # bound on 5 of 20 seeds, CPU). fp32 keeps (m, log2 l) apart: lse_shape.
     o_ptrs = O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
     _st(o_ptrs, o.to(O.dtype.element_ty), row_ok, d_ok, PAD_D)
     if RAW_M:  # empty rows: m = -inf, log2(l) = 0
@@ -570,8 +572,8 @@ def _dkdv_inner(
 ):  # fmt: skip
     # Query blocks [start, end) against the key block held in k, v. GQA: at each query
     # block, the GROUP q heads of the group one after another (heads h0..h0+GROUP-1: q, dO
-    # one head stride apart, the delta rows S_q apart, the LSE rows S_q (RAW_M: 2 S_q)). The head loop is the inner
-    # one: as the outer loop (one pass over the query blocks per head) the dK/dV kernel
+    # one head stride apart, the delta rows S_q apart, the LSE rows S_q (RAW_M: 2 S_q)). The
+    # head loop is the inner one: as the outer loop (one pass over the query blocks per head) the dK/dV kernel
     # spilled 360 bytes at 32 x 64 tiles, D=128 (Triton 3.9, sm_90); inside, the loop-carried
     # state is what plain attention carries.
     lse_stride = S_q
@@ -624,17 +626,20 @@ def _dkdv_head(
     dk, dv = _dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
         offs_m0, offs_n, d_ok, lo, mid, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA, RAW_M,
+        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+        RAW_M,
     )  # fmt: skip
     dk, dv = _dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
         offs_m0, offs_n, d_ok, mid, tail, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        stride_qh, stride_doh, GROUP, False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA, RAW_M,
+        stride_qh, stride_doh, GROUP, False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+        RAW_M,
     )  # fmt: skip
     dk, dv = _dkdv_inner(
         dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
         offs_m0, offs_n, d_ok, tail, q_end, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA, RAW_M,
+        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
+        RAW_M,
     )  # fmt: skip
     return dk, dv
 
@@ -1206,9 +1211,10 @@ def _kernel_specs(dtype: str):
         cx = dict(st_cx, HEAD_D=128, BLOCK_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, WINDOW=False,
                   SOFTCAP=0, **cfg.kwargs)  # fmt: skip
         cx_names = ("HEAD_D", "BLOCK_D", "CAUSAL", "PREC", "F32_DOTS", "WINDOW", "SOFTCAP")
-        cx_names += ("GQA", "RAW_M", "BLOCK_M", "BLOCK_N") + (("DELTA_ONLY",) if kernel is _attn_bwd_dq else ())
+        cx_names += ("GQA", "RAW_M", "BLOCK_M", "BLOCK_N")
         cx["GQA"], cx["RAW_M"] = _ASM_GQA, dtype == "fp32"
         if kernel is _attn_bwd_dq:
+            cx_names += ("DELTA_ONLY",)
             cx["DELTA_ONLY"] = False
         sig.update({k: "constexpr" for k in cx_names})
         return (kernel.fn, sig, cx, cfg.num_warps)
