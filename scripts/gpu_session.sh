@@ -4,7 +4,7 @@
 #   results.jsonl  bench rows         check.json   full check report
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
-#   stages: env tests check fuzz bench rowwise norms ce reductions matmul attention attn-fp32 attention-models ring conv
+#   stages: env tests check check-ops fuzz bench rowwise norms ce reductions matmul attention attn-fp32 attention-models ring conv
 #   mnist brp brp_step host gpt
 #   launch profile sanitize summary (default: env tests check bench launch sanitize summary, in
 #   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
@@ -61,6 +61,17 @@ else
   run $KL check --json "$OUT/check.json"
 fi
 
+fi
+
+if want check-ops; then
+# `kernellab check` one op (or CHECK_OPS) and one backend family at a time, each under its
+# own timeout (CHECK_TIMEOUT s, default 150) with its own JSON: a full check of every op
+# is more than one call's 10 minutes on a fresh machine (Triton compiles), and a call cut
+# by its limit keeps the ops it finished (attention alone passed 250 s twice).
+step "kernellab check, op by op"
+for op in ${CHECK_OPS:-$(python3 -c "from kernellab import registry; print(' '.join(registry.op_names()))")}; do
+  run timeout "${CHECK_TIMEOUT:-150}" $KL check "$op" --json "$OUT/check-$op.json"
+done
 fi
 
 if want fuzz; then

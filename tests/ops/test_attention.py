@@ -445,6 +445,29 @@ def test_scale_argument():
         assert v_.ok, (backend, v_.detail)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=dtype_id)
+def test_cpu_triton_launchers_take_a_negative_scale(dtype):
+    """The public op refuses a negative scale; the launchers (which ring attention and the
+    models call with a float) compute it: a negative scale flips which score is the row's
+    max, and fp32 keeps that max in score units with the sign folded in (lse_shape)."""
+    from kernellab.ops.attention import triton as at
+
+    with pytest.raises(ValueError, match="scale"):
+        A.attention(*SPEC.make_inputs((1, 1, 4, 16), dtype, "cpu", 1), scale=-0.3, backend="triton")
+    q, k, v = SPEC.make_inputs((1, 2, 21, 26, 32), dtype, "cpu", 11)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(dtype)
+    a64 = [t.double().requires_grad_() for t in (q, k, v)]
+    allowed = A.causal_allowed(21, 26, "cpu")
+    s = (a64[0] @ a64[1].transpose(-1, -2) * -0.3).masked_fill(~allowed, float("-inf"))
+    ref = torch.softmax(s, -1) @ a64[2]
+    grads = torch.autograd.grad(ref, a64, do.double())
+    o, lse = at.forward(q, k, v, True, -0.3)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(o.double(), ref, **tol)
+    for got, want in zip(at.backward(do, q, k, v, o, lse, True, -0.3), grads):
+        torch.testing.assert_close(got.double(), want, **tol)
+
+
 def test_cpu_reruns_bitwise_equal():
     q, k, v = SPEC.make_inputs((1, 2, 40, 40, 32), torch.float32, "cpu", 10)
     first = A.attention(q, k, v, causal=True, backend="triton")
