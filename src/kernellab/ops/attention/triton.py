@@ -573,9 +573,9 @@ def _dkdv_inner(
     # Query blocks [start, end) against the key block held in k, v. GQA: at each query
     # block, the GROUP q heads of the group one after another (heads h0..h0+GROUP-1: q, dO
     # one head stride apart, the delta rows S_q apart, the LSE rows S_q (RAW_M: 2 S_q)). The
-    # head loop is the inner one: as the outer loop (one pass over the query blocks per head) the dK/dV kernel
-    # spilled 360 bytes at 32 x 64 tiles, D=128 (Triton 3.9, sm_90); inside, the loop-carried
-    # state is what plain attention carries.
+    # head loop is the inner one: as the outer loop (one pass over the query blocks per
+    # head) the dK/dV kernel spilled 360 bytes at 32 x 64 tiles, D=128 (Triton 3.9, sm_90);
+    # inside, the loop-carried state is what plain attention carries.
     lse_stride = S_q
     if RAW_M:
         lse_stride = 2 * S_q
