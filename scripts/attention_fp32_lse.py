@@ -16,10 +16,12 @@ Rows -> DIR/attention_fp32_lse.jsonl.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -43,8 +45,18 @@ PROBLEMS = [
 TIMED = [((1, 12, 1024, 64), True), ((4, 16, 2048, 128), True), ((2, 8, 64, 64), False)]
 
 
-def _one_plane(q):
-    return tuple(q.shape[:-1])
+FORMS = ("split", "one-plane")
+
+
+@contextlib.contextmanager
+def _form(form):
+    """The fp32 kernels' saved statistics: "split" as shipped, "one-plane" the 16-bit
+    log-sum-exp (``lse_shape`` patched: the kernels pick the form from the saved shape)."""
+    if form == "split":
+        yield
+        return
+    with mock.patch.object(tri, "lse_shape", lambda q: tuple(q.shape[:-1])):
+        yield
 
 
 def _grads(q, k, v, dy, causal, scale, window):
@@ -65,14 +77,9 @@ def _errors(shape, causal, window, scale, seed, dev):
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     tg = torch.autograd.grad(A.attention(*leaves, backend="torch", **opts), leaves, dy)
     out = {}
-    for form in ("split", "one-plane"):
-        saved = tri.lse_shape
-        if form == "one-plane":
-            tri.lse_shape = _one_plane
-        try:
+    for form in FORMS:
+        with _form(form):
             ours = _grads(q, k, v, dy, causal, scale, window)
-        finally:
-            tri.lse_shape = saved
         ratios = []
         for g, r, t in zip(ours, rg, tg):
             verdict = judge(g.reshape(r.shape), r, torch.float32, t)
@@ -88,16 +95,11 @@ def _time(shape, causal, dev):
     dy = torch.randn(q.shape, device=dev)
     scale = 1 / math.sqrt(shape[-1])
     rows = {}
-    for form in ("split", "one-plane"):
-        saved = tri.lse_shape
-        if form == "one-plane":
-            tri.lse_shape = _one_plane
-        try:
+    for form in FORMS:
+        with _form(form):
             fwd = time_cuda(lambda: tri.forward(q, k, v, causal, scale)).median_ms
             o, lse = tri.forward(q, k, v, causal, scale)
             bwd = time_cuda(lambda: tri.backward(dy, q, k, v, o, lse, causal, scale)).median_ms
-        finally:
-            tri.lse_shape = saved
         rows[form] = (fwd, bwd)
     return rows
 
@@ -126,14 +128,14 @@ def main() -> None:
     if not args.time_only:
         print(f"fp32 Triton attention on {name}: worst err/bound of dq, dk, dv over {args.seeds} seeds")
     for shape, causal, window, scale in [] if args.time_only else PROBLEMS:
-        worst = {"split": [0.0] * 3, "one-plane": [0.0] * 3}
-        over = {"split": 0, "one-plane": 0}
+        worst = {form: [0.0] * 3 for form in FORMS}
+        over = dict.fromkeys(FORMS, 0)
         for seed in range(args.seeds):
             for form, ratios in _errors(shape, causal, window, scale, seed, dev).items():
                 worst[form] = [max(a, b) for a, b in zip(worst[form], ratios)]
                 over[form] += max(ratios) > 1.0
         label = f"{'x'.join(map(str, shape))} causal={causal} window={window} scale={scale}"
-        for form in ("split", "one-plane"):
+        for form in FORMS:
             w = worst[form]
             print(f"  {label:58s} {form:9s} dq {w[0]:.2f} dk {w[1]:.2f} dv {w[2]:.2f}  over: {over[form]}")
             emit({"kind": "error", "device": name, "shape": list(shape), "causal": causal,

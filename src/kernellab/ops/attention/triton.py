@@ -18,9 +18,10 @@ log-sum-exp of the scaled scores in log2 units (log2(sum 2^(s * log2 e))); for f
 
 Forward (one program per (query block, head)): Q_i stays in registers; K_j, V_j stream
 through shared memory (num_stages deep). Scores use exp2 with the scale folded into
-log2(e): S * scale * log2(e) - m in one FMA per element, then one MUFU.EX2. No division
-in the loop: O is normalized once at the end. The loop has two stages: key blocks that
-every row of Q_i may see in full run without any mask (no iota / compare / select), then
+log2(e): S * scale * log2(e) - m in one FMA per element, then one MUFU.EX2 (16-bit; fp32
+subtracts the max first, ``lse_shape``). No division in the loop: O is normalized once at
+the end. The loop has two stages: key blocks that every row of Q_i may see in full run
+without any mask (no iota / compare / select), then
 the few blocks on the causal diagonal or the S_k tail run masked. Causal blocks above the
 diagonal are never visited (half the work), and with causal the query blocks are issued
 longest-first, so the short ones fill the tail of the grid.
@@ -232,6 +233,13 @@ def _dot(a, b, PREC: tl.constexpr, c=None):
 
 
 @triton.jit
+def _raw_scale(qk_scale):
+    """(sign, |qk_scale|) of the RAW_M exponent (qk * sign - m) * |qk_scale|: the sign
+    flips the scores (exactly) so that m is the max of the scaled ones (lse_shape)."""
+    return tl.where(qk_scale < 0, -1.0, 1.0), tl.abs(qk_scale)
+
+
+@triton.jit
 def _shared_dot(a, b, PREC: tl.constexpr):
     """a @ b for a product two kernels both form (q k^T or k q^T, dO v^T or v dO^T): _dot,
     but under the interpreter an IEEE fp32 one in fp64, rounded once (see _SHARED_F64)."""
@@ -332,8 +340,7 @@ def _fwd_inner(
     # (qk - m) * |qk_scale| (see lse_shape). SOFTCAP: the scores become cap_out * tanh(qk *
     # cap_in) (softcap * log2 e * tanh(s / softcap)), already in log2 units: the launcher
     # passes qk_scale = 1.
-    c_abs = tl.abs(qk_scale)
-    sign = tl.where(qk_scale < 0, -1.0, 1.0)
+    sign, c_abs = _raw_scale(qk_scale)
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         key_ok = (start_n + offs_n) < S_k
@@ -516,7 +523,7 @@ def _attn_bwd_pre(
 @triton.jit
 def _dkdv_step(
     dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_m, row_ok, offs_n, d_ok,
-    qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out, S_q,
+    qk_scale, sign, c_abs, OFFSET, WIN_L, WIN_R, cap_in, cap_out, S_q,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     RAW_M: tl.constexpr,
@@ -542,8 +549,6 @@ def _dkdv_step(
         qkT = cap_out * tT
     if RAW_M:  # lse: the row max in score units (+inf: P = 0), then log2(l)
         ll = tl.load(lse_ptr + S_q + offs_m, mask=row_ok, other=0.0)
-        c_abs = tl.abs(qk_scale)
-        sign = tl.where(qk_scale < 0, -1.0, 1.0)
         pT = tl.math.exp2((qkT * sign - lse[None, :]) * c_abs - ll[None, :])
     else:
         pT = tl.math.exp2(qkT * qk_scale - lse[None, :])
@@ -579,6 +584,7 @@ def _dkdv_inner(
     lse_stride = S_q
     if RAW_M:
         lse_stride = 2 * S_q
+    sign, c_abs = _raw_scale(qk_scale)  # (RAW_M; once, not per query block)
     for start_m in range(start, end, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         offs_m = start_m + offs_m0
@@ -589,14 +595,16 @@ def _dkdv_inner(
                     dk, dv, k, v, q_ptrs + (g * stride_qh + start_m * stride_qs),
                     do_ptrs + (g * stride_doh + start_m * stride_dos),
                     lse_ptr + g * lse_stride, delta_ptr + g * S_q,
-                    offs_m, row_ok, offs_n, d_ok, qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out, S_q,
+                    offs_m, row_ok, offs_n, d_ok, qk_scale, sign, c_abs, OFFSET, WIN_L, WIN_R,
+                    cap_in, cap_out, S_q,
                     MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M,
                 )  # fmt: skip
         else:
             dk, dv = _dkdv_step(
                 dk, dv, k, v, q_ptrs + start_m * stride_qs, do_ptrs + start_m * stride_dos,
                 lse_ptr, delta_ptr,
-                offs_m, row_ok, offs_n, d_ok, qk_scale, OFFSET, WIN_L, WIN_R, cap_in, cap_out, S_q,
+                offs_m, row_ok, offs_n, d_ok, qk_scale, sign, c_abs, OFFSET, WIN_L, WIN_R,
+                cap_in, cap_out, S_q,
                 MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M,
             )  # fmt: skip
     return dk, dv
@@ -745,8 +753,7 @@ def _dq_inner(
     RAW_M: tl.constexpr, DELTA_ONLY: tl.constexpr,
 ):  # fmt: skip
     # DELTA_ONLY: no dq; delta += rowsum(P * dP) (see _attn_bwd_dq).
-    c_abs = tl.abs(qk_scale)
-    sign = tl.where(qk_scale < 0, -1.0, 1.0)
+    sign, c_abs = _raw_scale(qk_scale)
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         key_ok = (start_n + offs_n) < S_k
