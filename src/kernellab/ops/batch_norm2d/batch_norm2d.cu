@@ -6,14 +6,15 @@
 //   i in [0, M) (image i / HW, pixel i % HW); block b = c * split + s of 256 threads takes
 //   chunk s of channel c, so C * split blocks fill the GPU when C alone (32, 64) would not.
 //
-//   bn_stats     each thread: Welford over its elements of the chunk (count, mean, M2);
-//                the block merges its threads' triples (Chan's formula) through shared
-//                memory; thread 0 writes the chunk's triple to part[3][C][split].
+//   bn_stats     (bn_stats.cuh, shared with bn_relu_pool2d.cu) each thread sums its
+//                elements of the chunk shifted by the chunk's first value in fp64; the
+//                block merges the (count, mean, M2) triples (Chan's formula, fp64);
+//                thread 0 writes the chunk's triple to part[3][C][split] (fp64).
 // relu (an int argument): y = max(y, 0) forward; backward, dy counts where the forward's
 // pre-activation (recomputed with the same fp32 expression) was > 0.
 //
-//   bn_fwd_apply every thread merges the channel's `split` triples (a few dozen floats,
-//                cached), block s == 0 stores mean and rstd, and the block writes its chunk
+//   bn_fwd_apply every thread merges the channel's `split` triples in fp64 (a few dozen
+//                values, cached) and rounds mean and rstd once; block s == 0 stores them, and the block writes its chunk
 //                of y = (x - mean) * (rstd * w) + b.
 //   bn_bwd_sums  per chunk: sum(dy * (x - mean)) and sum(dy) -> part[2][C][split] (fp64:
 //                the threads' fp32 sums are added in double, so dweight and dbias land
@@ -33,73 +34,17 @@ namespace {
 
 constexpr int THREADS = 256;
 
-__device__ __forceinline__ long long offset_of(int i, int c, int C, int HW) {
-    const int n = i / HW;
-    return ((long long)n * C + c) * HW + (i - n * HW);
-}
-
-// Merge (cb, mb, m2b) into (ca, ma, m2a): Chan et al.'s pairwise update.
-__device__ __forceinline__ void chan_merge(float& ca, float& ma, float& m2a, float cb, float mb, float m2b) {
-    const float tot = ca + cb;
-    if (tot == 0.0f) return;
-    const float delta = mb - ma;
-    const float fb = cb / tot;
-    ma += delta * fb;
-    m2a += m2b + delta * delta * ca * fb;
-    ca = tot;
-}
-
-template <typename T>
-__device__ void bn_stats(const T* __restrict__ x, float* __restrict__ part, int C, int HW, int M, int chunk) {
-    __shared__ float sc[THREADS], sm[THREADS], sm2[THREADS];
-    const int split = gridDim.x / C;
-    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
-    const int start = s * chunk;
-    const int end = min(start + chunk, M);
-    float cnt = 0.0f, mean = 0.0f, m2 = 0.0f;
-#pragma unroll 4
-    for (int i = start + threadIdx.x; i < end; i += THREADS) {
-        const float v = kl::to_f(x[offset_of(i, c, C, HW)]);
-        cnt += 1.0f;
-        const float d = v - mean;
-        mean += d / cnt;
-        m2 += d * (v - mean);
-    }
-    sc[threadIdx.x] = cnt;
-    sm[threadIdx.x] = mean;
-    sm2[threadIdx.x] = m2;
-    __syncthreads();
-    for (int h = THREADS / 2; h > 0; h >>= 1) {
-        if (threadIdx.x < h) {
-            float ca = sc[threadIdx.x], ma = sm[threadIdx.x], m2a = sm2[threadIdx.x];
-            chan_merge(ca, ma, m2a, sc[threadIdx.x + h], sm[threadIdx.x + h], sm2[threadIdx.x + h]);
-            sc[threadIdx.x] = ca;
-            sm[threadIdx.x] = ma;
-            sm2[threadIdx.x] = m2a;
-        }
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        const int p = c * split + s;
-        part[p] = sc[0];
-        part[C * split + p] = sm[0];
-        part[2 * C * split + p] = sm2[0];
-    }
-}
+#include "bn_stats.cuh"
 
 template <typename T>
 __device__ void bn_fwd_apply(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                             T* __restrict__ y, const float* __restrict__ part, float* __restrict__ mean_out,
+                             T* __restrict__ y, const double* __restrict__ part, float* __restrict__ mean_out,
                              float* __restrict__ rstd_out, int C, int HW, int M, int chunk, float eps, int relu) {
     const int split = gridDim.x / C;
     const int c = blockIdx.x / split, s = blockIdx.x - c * split;
     // Every thread merges the channel's partials itself (split is small): no barrier.
-    float cnt = 0.0f, mean = 0.0f, m2 = 0.0f;
-    for (int j = 0; j < split; ++j) {
-        const int p = c * split + j;
-        chan_merge(cnt, mean, m2, part[p], part[C * split + p], part[2 * C * split + p]);
-    }
-    const float rstd = 1.0f / sqrtf(m2 / cnt + eps);
+    float mean, rstd;
+    channel_stats(part, C, split, c, eps, mean, rstd);
     if (s == 0 && threadIdx.x == 0) {
         mean_out[c] = mean;
         rstd_out[c] = rstd;
@@ -110,22 +55,10 @@ __device__ void bn_fwd_apply(const T* __restrict__ x, const T* __restrict__ w, c
     const int end = min(start + chunk, M);
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
-        const long long o = offset_of(i, c, C, HW);
+        const long long o = bn_offset(i, c, C, HW);
         const float v = (kl::to_f(x[o]) - mean) * scale + shift;
         y[o] = kl::from_f<T>(relu ? fmaxf(v, 0.0f) : v);
     }
-}
-
-// Sum over the block in double (every thread's value; the result in thread 0).
-__device__ __forceinline__ double block_sum64(double v, double* red) {
-    __syncthreads();  // red may still be read by a previous call
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (int h = THREADS / 2; h > 0; h >>= 1) {
-        if (threadIdx.x < h) red[threadIdx.x] += red[threadIdx.x + h];
-        __syncthreads();
-    }
-    return red[0];
 }
 
 template <typename T>
@@ -144,7 +77,7 @@ __device__ void bn_bwd_sums(const T* __restrict__ dy, const T* __restrict__ x, c
     float sw = 0.0f, sb = 0.0f;
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
-        const long long o = offset_of(i, c, C, HW);
+        const long long o = bn_offset(i, c, C, HW);
         const float xv = kl::to_f(x[o]);
         float g = kl::to_f(dy[o]);
         if (relu && !((xv - mean) * scale + shift > 0.0f)) g = 0.0f;
@@ -185,7 +118,7 @@ __device__ void bn_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, 
     const int end = min(start + chunk, M);
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
-        const long long o = offset_of(i, c, C, HW);
+        const long long o = bn_offset(i, c, C, HW);
         const float xv = kl::to_f(x[o]);
         float g = kl::to_f(dy[o]);
         if (relu && !((xv - mean) * k + shift > 0.0f)) g = 0.0f;
@@ -199,11 +132,11 @@ __device__ void bn_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, 
 // Entry points: bn_{stats,fwd_apply,bwd_sums,bwd_apply}_<dtype>; grid C * split, 256 threads.
 #define KL_BN(SFX, T)                                                                                        \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
-        bn_stats_##SFX(const T* x, float* part, int C, int HW, int M, int chunk) {                           \
+        bn_stats_##SFX(const T* x, double* part, int C, int HW, int M, int chunk) {                           \
         bn_stats<T>(x, part, C, HW, M, chunk);                                                               \
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                    \
-        bn_fwd_apply_##SFX(const T* x, const T* w, const T* b, T* y, const float* part, float* mean,         \
+        bn_fwd_apply_##SFX(const T* x, const T* w, const T* b, T* y, const double* part, float* mean,         \
                            float* rstd, int C, int HW, int M, int chunk, float eps, int relu) {              \
         bn_fwd_apply<T>(x, w, b, y, part, mean, rstd, C, HW, M, chunk, eps, relu);                           \
     }                                                                                                        \

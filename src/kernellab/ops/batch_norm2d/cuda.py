@@ -36,7 +36,7 @@ def bn_fwd(x, w, b, eps, relu=False):
         return y, mean.zero_(), rstd.zero_()
     dev = x.device.index
     split, chunk = _grid(c, m, dev)
-    part = torch.empty((3, c, split), dtype=torch.float32, device=x.device)
+    part = torch.empty((3, c, split), dtype=torch.float64, device=x.device)
     sfx = SUFFIX[x.dtype]
     _kernel(f"bn_stats_{sfx}", ("ptr", "ptr", "i32", "i32", "i32", "i32"), dev)(
         c * split, THREADS, x, part, c, hw, m, chunk, device_index=dev
@@ -72,5 +72,5 @@ register_cuda(
     "cuda",
     batch_norm2d_cuda,
     MODULE,
-    "CUDA: split per-channel reductions (Welford + Chan merge), fwd and bwd in two launches each",
+    "CUDA: split per-channel reductions (fp64 shifted sums + Chan merge), fwd and bwd in two launches each",
 )

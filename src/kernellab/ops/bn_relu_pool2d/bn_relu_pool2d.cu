@@ -5,12 +5,13 @@
 //   A channel's work is cut into `split` chunks of a flat index; block b = c * split + s of
 //   256 threads takes chunk s of channel c (C alone, 32 or 64, would not fill the GPU).
 //
-//   (stats)      batch_norm2d.cu's bn_stats: Welford per thread, Chan merge per block, a
-//                (count, mean, M2) triple per chunk in part[3][C][split_s] (fp32), over all
-//                N * H * W values (an odd size's dropped row and column included).
+//   (stats)      batch_norm2d's bn_stats (bn_stats.cuh): fp64 shifted sums per thread,
+//                Chan merge per block, a (count, mean, M2) triple per chunk in
+//                part[3][C][split_s] (fp64), over all N * H * W values (an odd size's
+//                dropped row and column included).
 //   brp_fwd      one thread per pooled output (index over N * P * Q): every thread merges
-//                its channel's split_s triples (block s == 0 stores mean and rstd), loads the
-//                2x2 window, finds its first maximum on x * sign(rstd * w) (the normalization
+//                its channel's split_s triples in fp64 and rounds mean and rstd once (block
+//                s == 0 stores them), loads the 2x2 window, finds its first maximum on x * sign(rstd * w) (the normalization
 //                is monotone in x: comparing x is exact, the float64 choice; a NaN wins),
 //                normalizes that value with batch_norm2d's expression (x - mean) * (rstd * w)
 //                + b and writes z = relu of it and code = r * 2 + s of the maximum, or -1
@@ -29,40 +30,17 @@ namespace {
 
 constexpr int THREADS = 256;
 
-__device__ __forceinline__ void chan_merge(float& ca, float& ma, float& m2a, float cb, float mb, float m2b) {
-    const float tot = ca + cb;
-    if (tot == 0.0f) return;
-    const float delta = mb - ma;
-    const float fb = cb / tot;
-    ma += delta * fb;
-    m2a += m2b + delta * delta * ca * fb;
-    ca = tot;
-}
-
-__device__ __forceinline__ double block_sum64(double v, double* red) {
-    __syncthreads();  // red may still be read by a previous call
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (int h = THREADS / 2; h > 0; h >>= 1) {
-        if (threadIdx.x < h) red[threadIdx.x] += red[threadIdx.x + h];
-        __syncthreads();
-    }
-    return red[0];
-}
+#include "../batch_norm2d/bn_stats.cuh"
 
 template <typename T>
 __device__ void brp_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
-                        T* __restrict__ z, signed char* __restrict__ code, const float* __restrict__ part,
+                        T* __restrict__ z, signed char* __restrict__ code, const double* __restrict__ part,
                         float* __restrict__ mean_out, float* __restrict__ rstd_out, int C, int H, int W, int P,
                         int Q, int split_s, int MO, int chunk, float eps) {
     const int split = gridDim.x / C;
     const int c = blockIdx.x / split, s = blockIdx.x - c * split;
-    float cnt = 0.0f, mean = 0.0f, m2 = 0.0f;
-    for (int j = 0; j < split_s; ++j) {
-        const int p = c * split_s + j;
-        chan_merge(cnt, mean, m2, part[p], part[C * split_s + p], part[2 * C * split_s + p]);
-    }
-    const float rstd = 1.0f / sqrtf(m2 / cnt + eps);
+    float mean, rstd;
+    channel_stats(part, C, split_s, c, eps, mean, rstd);
     if (s == 0 && threadIdx.x == 0) {
         mean_out[c] = mean;
         rstd_out[c] = rstd;
@@ -195,7 +173,7 @@ __device__ void brp_bwd_dx(const T* __restrict__ dz, const signed char* __restri
 // Entry points: brp_{fwd,bwd_sums,bwd_dx}_<dtype>; grid C * split, 256 threads.
 #define KL_BRP(SFX, T)                                                                                         \
     extern "C" __global__ void __launch_bounds__(THREADS)                                                      \
-        brp_fwd_##SFX(const T* x, const T* w, const T* b, T* z, signed char* code, const float* part,          \
+        brp_fwd_##SFX(const T* x, const T* w, const T* b, T* z, signed char* code, const double* part,         \
                       float* mean, float* rstd, int C, int H, int W, int P, int Q, int split_s, int MO,        \
                       int chunk, float eps) {                                                                  \
         brp_fwd<T>(x, w, b, z, code, part, mean, rstd, C, H, W, P, Q, split_s, MO, chunk, eps);                \

@@ -27,7 +27,7 @@ def brp_fwd(x, w, b, eps):
     dev = x.device.index
     sfx = SUFFIX[x.dtype]
     split_s, chunk_s = bn_cuda._grid(c, m, dev)
-    part = torch.empty((3, c, split_s), dtype=torch.float32, device=x.device)
+    part = torch.empty((3, c, split_s), dtype=torch.float64, device=x.device)
     bn_cuda._kernel(f"bn_stats_{sfx}", ("ptr", "ptr", "i32", "i32", "i32", "i32"), dev)(
         c * split_s, THREADS, x, part, c, h * wd, m, chunk_s, device_index=dev
     )
