@@ -69,6 +69,9 @@ def time_interleaved(sets, mode, bsz, t, warmup, steps, rounds):
     return gpt.time_interleaved(builders, warmup, steps, rounds, on_error=lambda e: traceback.print_exc())
 
 
+PYPROFILE = False  # --pyprofile: also cProfile the profiled steps
+
+
 def profile(set_name, mode, bsz, t):
     model = _model(set_name)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -96,6 +99,23 @@ def profile(set_name, mode, bsz, t):
     dev_us = sum(e.self_device_time_total for e in ev if e.device_type == torch.autograd.DeviceType.CUDA) / 3
     syncs = sum(1 for e in ev if "Synchronize" in e.name or "Memcpy" in e.name or e.name == "aten::item") / 3
     print(f"per step: host self time {cpu_us / 1e3:.2f} ms, device time {dev_us / 1e3:.2f} ms, sync/copy events {syncs:.0f}")
+    if PYPROFILE:
+        # Where the host time goes in Python (cProfile over 5 steps): the torch profiler
+        # above names CompiledFxGraph's own time, not the functions inside it.
+        import cProfile
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(5):
+            fwd(idx, idx).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        pr.disable()
+        st = pstats.Stats(pr)
+        st.sort_stats("tottime").print_stats(30)
+        st.sort_stats("cumulative").print_stats(40)
 
 
 def main() -> int:
@@ -108,10 +128,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per set")
     p.add_argument("--profile", default=None, help="SET:MODE:BxT, e.g. kl_triton:eager:8x1024")
+    p.add_argument("--pyprofile", action="store_true", help="with --profile: cProfile 5 more steps")
     args = p.parse_args()
     if args.profile:
         s, m, bt = args.profile.split(":")
         b, t = map(int, bt.split("x"))
+        global PYPROFILE
+        PYPROFILE = args.pyprofile
         profile(s, m, b, t)
         return 0
     torch.backends.cuda.matmul.allow_tf32 = True
