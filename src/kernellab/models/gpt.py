@@ -670,7 +670,7 @@ def time_interleaved(builders: dict, warmup: int = 4, steps: int = 8, rounds: in
     compilation and autotuning fall there), then every set runs ``steps`` steps in turn,
     ``rounds`` times. A host whose speed drifts between runs (the lent H100's did by up to
     1.6x) then drifts under every set alike. Returns name -> row: loss, warmup_s,
-    ms_per_step (median round), ms_min, ms_max, rounds and, where a set named "pytorch"
+    ms_per_step (median round), ms_min, ms_max, rounds, rounds_ms (each round's) and, where a set named "pytorch"
     ran, ratio_paired (the median over rounds of the set's time over PyTorch's in the same
     round); a set that fails gets ``error`` instead (``on_error(exc)`` is called with it)."""
     rows, live = {}, {}
@@ -708,6 +708,7 @@ def time_interleaved(builders: dict, warmup: int = 4, steps: int = 8, rounds: in
     base = times.get("pytorch")
     for name, ts in times.items():
         rows[name].update(ms_per_step=statistics.median(ts), ms_min=min(ts), ms_max=max(ts), rounds=rounds)
+        rows[name]["rounds_ms"] = [round(v, 3) for v in ts]
         if base:
             rows[name]["ratio_paired"] = statistics.median(a / p for a, p in zip(ts, base))
     return rows
