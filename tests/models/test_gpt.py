@@ -132,6 +132,15 @@ def test_gpu_compile_fullgraph_launches_our_triton_kernels():
         assert op not in code, op  # no op left opaque to Inductor
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-5)
     assert kernellab.get("gelu", "triton").fn.ops[0] is not None
+    # The backward graph (compiled at the first backward) launches our backward kernels,
+    # and copies nothing around them: a view of one buffer handed to a kernel that writes
+    # it is functionalized into select/clone kernels (three per norm backward, 75 launches
+    # a GPT-2 step, before the norm's partials became separate buffers).
+    _, bcodes = run_and_get_code(lambda: cm(idx, idx).backward())
+    bcode = "\n".join(bcodes)
+    for name in ("_norm_bwd_kernel", "_partials_sum_kernel", "_gelu_bwd_kernel", "_attn_bwd_dq", "_ce_bwd_kernel"):
+        assert name in bcode, name
+    assert "fused_select" not in bcode
 
 
 def _grads(model, idx, tgt):

@@ -397,9 +397,12 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None):
     programs = _bwd_programs(n_rows, x.device)
     per = triton_support.cdiv(n_rows, programs)
     programs = triton_support.cdiv(n_rows, per)
-    # One allocation each for the partials and for dw/db (views): host time per call.
-    part = torch.empty((1 if rms else 2, programs, n_cols), dtype=torch.float32, device=x.device)
-    dw_part, db_part = part[0], part[-1]
+    # Separate buffers, not views of one: under torch.compile a view of a buffer that a
+    # kernel writes is functionalized into copies (Inductor emitted three select/clone
+    # kernels per norm backward in the GPT-2 step, 75 launches a step). RMS has no db: its
+    # db_part argument is rstd, which the kernel never touches then.
+    dw_part = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device)
+    db_part = torch.empty_like(dw_part) if not rms else rstd
     _norm_bwd_kernel[(programs,)](
         dy,
         x,
