@@ -152,7 +152,8 @@ def main() -> int:
                 be, mm = SETS[s][:2]
                 if be is None or mm is None:  # what the default resolved to at this shape
                     chosen = gpt.op_set(be, mm)["chosen"]
-                    row["resolved"] = gpt.resolve_defaults(chosen, gpt.CONFIGS["gpt2"], b, t, torch.bfloat16, "cuda")
+                    row["resolved"] = gpt.resolve_defaults(chosen, gpt.CONFIGS["gpt2"], b, t, torch.bfloat16, "cuda",
+                                                           compiling=mode.startswith("compile"))  # fmt: skip
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 if out:

@@ -323,3 +323,39 @@ def test_default_slots_resolve_by_device_time_at_the_model_shapes(tmp_path, monk
         torch.testing.assert_close(lc, lr, rtol=1e-5, atol=1e-6)
     finally:
         tuning.clear_cache()
+
+
+def test_default_slots_under_compile_choose_backends_inductor_launches(tmp_path, monkeypatch):
+    """Traced by torch.compile, a None slot chooses among the backends Inductor launches
+    itself (PyTorch's ops and our Triton kernels): a backend fastest on the device but
+    launched through its own Python launcher every step (here ``manual``, standing in for
+    a CUDA C++ kernel on the GPU) is passed over; eager keeps the device-time choice."""
+    import json
+
+    from kernellab import tuning
+
+    monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
+    cfg = gpt.Config(vocab=256, ctx=16, dim=32, layers=1, heads=2)
+    rows = []
+    for op, key, dev, opts in [
+        ("cross_entropy", (32, 256), {"torch": 2.0, "triton": 1.0, "manual": 0.5}, ""),
+        ("layer_norm", (32, 32), {"torch": 2.0, "triton": 3.0, "manual": 0.5}, ""),
+        ("gelu", (32 * 128,), {"torch": 1.0, "triton": 2.0}, ""),
+        ("add", (32 * 32,), {"torch": 2.0, "triton": 1.0}, ""),
+        ("attention", (4, 16, 16, 16), {"torch": 1.0, "triton": 2.0}, "causal=True"),
+    ] + [("matmul", k, {"torch": 1.0, "triton": 2.0}, "") for k in
+         [(32, 96, 32), (32, 32, 32), (32, 128, 32), (32, 32, 128), (32, 256, 32)]]:  # fmt: skip
+        rows.append({"op": op, "dtype": "fp32", "mode": "fwdbwd", "shape": list(key), "key": list(key),
+                     "options": opts, "best": min(dev, key=dev.get), "times": dev, "device": dev})  # fmt: skip
+    (tmp_path / "cpu.json").write_text(json.dumps({"gpu": "cpu", "rows": rows}))
+    tuning.clear_cache()
+    try:
+        chosen = gpt.GPT(cfg, None, None).ops["chosen"]
+        eager = gpt.resolve_defaults(chosen, cfg, 2, 16, torch.float32, "cpu")
+        traced = gpt.resolve_defaults(chosen, cfg, 2, 16, torch.float32, "cpu", compiling=True)
+        assert eager["ce"] == "manual" and traced["ce"] == "triton"
+        # the block's slot: manual has no node-free entry point either way; torch beats triton
+        assert eager["ln"] == "pytorch" and traced["ln"] == "pytorch"
+        assert {k: v for k, v in traced.items() if k != "ce"} == {k: v for k, v in eager.items() if k != "ce"}
+    finally:
+        tuning.clear_cache()
