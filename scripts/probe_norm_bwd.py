@@ -1,5 +1,5 @@
 """The Triton layer_norm / rms_norm backward at model shapes (GPT-2, Llama), against
-PyTorch's own backward kernel, on a GPU: device time per call (``do_bench``, median) of
+PyTorch's own backward kernel, on a GPU: device time per call of
 
 - ``torch``: aten's native_layer_norm_backward (layer_norm) / the fused rms_norm backward
   (rms_norm, where this torch has one; else autograd of F.rms_norm);
@@ -9,7 +9,10 @@ PyTorch's own backward kernel, on a GPU: device time per call (``do_bench``, med
 
     PYTHONPATH=src python scripts/probe_norm_bwd.py --out DIR [--shapes 1024x768 ...] [--dtype bf16]
 
-Rows -> DIR/probe_norm_bwd.jsonl (appended as measured).
+Device time is CUDA-graph replay (``harness.timer.time_cuda_graph``: 20 calls a graph,
+no L2 flush, as inside a model step). The first run (d3b8e12) used ``do_bench``, whose
+per-call numbers at GPT-2 sizes were the Python launch, not the kernels. Rows ->
+DIR/probe_norm_bwd.jsonl (appended as measured).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 import triton
 
 import kernellab.ops.norms.triton as lt
+from kernellab.harness import timer
 from kernellab.harness.bench import git_sha
 
 SHAPES = ["1024x768", "8192x768", "16384x768", "4096x4096", "16384x4096"]
@@ -50,7 +54,7 @@ def main() -> int:
         print(json.dumps({k: v for k, v in row.items() if k not in meta}), flush=True)
 
     def bench(fn):
-        return triton.testing.do_bench(fn, warmup=25, rep=150)
+        return timer.time_cuda_graph(fn).median_ms
 
     for shape in args.shapes:
         n, d = (int(s) for s in shape.split("x"))
