@@ -76,21 +76,21 @@ def run_bench(out: Path, shapes, dtypes, budget: float) -> list[dict]:
 
 
 def sweep(out: Path, budget: float) -> None:
-    """fwdbwd time of the cuda and triton backends at bf16 16384x4096 for 1, 2, 4, 8
-    backward blocks (programs) per SM: the knob that sets rows in flight against the size
-    of the dw/db partial buffer."""
+    """fwdbwd time of the cuda backend at bf16 16384x4096 for 1, 2, 4, 8 backward blocks
+    per SM: the knob that sets rows in flight against the size of the dw/db partial
+    buffer. (The Triton backward's knobs are a ``Config`` passed to its launcher:
+    scripts/probe_norm_bwd.py sweeps them.)"""
     from kernellab.harness import bench, results
     from kernellab.ops.norms import cuda as lc
-    from kernellab.ops.norms import triton as lt
 
-    rows, old = [], (lc.BWD_BLOCKS_PER_SM, lt.BWD_PROGRAMS_PER_SM)
+    rows, old = [], lc.BWD_BLOCKS_PER_SM
     try:
         for per_sm in (1, 2, 4, 8):
-            lc.BWD_BLOCKS_PER_SM = lt.BWD_PROGRAMS_PER_SM = per_sm
+            lc.BWD_BLOCKS_PER_SM = per_sm
             for op in OPS:
                 got = bench.bench(
                     op,
-                    backends=["cuda", "triton"],
+                    backends=["cuda"],
                     shapes=[(16384, 4096)],
                     dtypes=[torch.bfloat16],
                     modes=["fwdbwd"],
@@ -103,7 +103,7 @@ def sweep(out: Path, budget: float) -> None:
                     _log(f"sweep {op:10s} {r['backend']:6s} {per_sm} per SM: {ms} ms {st}")
                 rows += got
     finally:
-        lc.BWD_BLOCKS_PER_SM, lt.BWD_PROGRAMS_PER_SM = old
+        lc.BWD_BLOCKS_PER_SM = old
     results.write_jsonl(rows, out / "norms_sweep.jsonl", append=False)
 
 

@@ -4,7 +4,7 @@ PyTorch's own backward kernel, on a GPU: device time per call of
 - ``torch``: aten's native_layer_norm_backward (layer_norm) / the fused rms_norm backward
   (rms_norm, where this torch has one; else autograd of F.rms_norm);
 - ``norm_bwd``: kernellab's launcher (the row kernel + the dweight/dbias partial sum),
-  for BWD_PROGRAMS_PER_SM x BWD_WARPS (the shipped choice marked);
+  for Config.bwd_programs_per_sm x bwd_warps (the shipped choice marked);
 - ``kernel``: the row kernel alone and ``psum``: the partial sum alone, at the shipped knobs.
 
     PYTHONPATH=src python scripts/probe_norm_bwd.py --out DIR [--shapes 1024x768 ...] [--dtype bf16]
@@ -45,7 +45,7 @@ def main() -> int:
     fh = open(out / "probe_norm_bwd.jsonl", "a")
     meta = dict(gpu=torch.cuda.get_device_name(), git_sha=git_sha(), dtype=args.dtype)
     meta.update(torch=torch.__version__, triton=triton.__version__, time=time.strftime("%Y-%m-%d %H:%M:%S"))
-    shipped = (lt.BWD_PROGRAMS_PER_SM, lt.BWD_WARPS)
+    shipped = (lt.CONFIG.bwd_programs_per_sm, lt.CONFIG.bwd_warps)
 
     def record(**row):
         row = {**meta, **row}
@@ -86,14 +86,11 @@ def main() -> int:
                 record(op=op, shape=shape, impl="torch", ms=bench(tb))
             except Exception as e:  # noqa: BLE001 - reported in its row
                 record(op=op, shape=shape, impl="torch", error=f"{type(e).__name__}: {e}"[:200])
-            try:
-                for per_sm, warps in itertools.product((1, 2, 4, 8), (None, 4, 8)):
-                    lt.BWD_PROGRAMS_PER_SM, lt.BWD_WARPS = per_sm, warps
-                    ms = bench(lambda: lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms))
-                    record(op=op, shape=shape, impl="norm_bwd", per_sm=per_sm, warps=warps,
-                           shipped=(per_sm, warps) == shipped, ms=ms)  # fmt: skip
-            finally:
-                lt.BWD_PROGRAMS_PER_SM, lt.BWD_WARPS = shipped
+            for per_sm, warps in itertools.product((1, 2, 4, 8), (None, 4, 8)):
+                cfg = lt.Config(bwd_programs_per_sm=per_sm, bwd_warps=warps)
+                ms = bench(lambda cfg=cfg: lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg))
+                record(op=op, shape=shape, impl="norm_bwd", per_sm=per_sm, warps=warps,
+                       shipped=(per_sm, warps) == shipped, ms=ms)  # fmt: skip
             # the partial sum alone, at the shipped knobs
             programs = lt._bwd_programs(n, x.device)
             programs = triton.cdiv(n, triton.cdiv(n, programs))

@@ -3,8 +3,8 @@
     python scripts/tune_norm_bwd.py [--out DIR] [--shape 16384x4096] [--dtype bf16]
 
 Backward: times the launcher alone (``norm_bwd``: the kernel plus the sum of the
-dweight/dbias partials) for BWD_PREFETCH (load row i + 1 before row i's reductions) x
-BWD_PROGRAMS_PER_SM x BWD_WARPS. Forward: ``norm_fwd`` for FWD_WARPS x FWD_EVICT (the
+dweight/dbias partials) for Config.bwd_prefetch (load row i + 1 before row i's reductions) x
+bwd_programs_per_sm x bwd_warps. Forward: ``norm_fwd`` for fwd_warps x fwd_evict (the
 eviction policy of the x load and the y store), beside liger's forward when liger-kernel is
 installed. ``triton.testing.do_bench`` (L2 flushed between calls, median); the bytes floor
 (backward: read x, dy, write dx; forward: read x, write y) at the measured copy rate. Each
@@ -29,8 +29,6 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import kernellab.ops.norms.triton as lt  # noqa: E402
-
-KNOBS = ("BWD_PREFETCH", "BWD_PROGRAMS_PER_SM", "BWD_WARPS", "FWD_WARPS", "FWD_EVICT")
 
 
 def _copy_gbps() -> float:
@@ -60,54 +58,48 @@ def main() -> int:
     copy = _copy_gbps()
     nbytes = x.numel() * x.element_size()
     print(f"copy {copy:.0f} GB/s; floors: fwd {2 * nbytes / copy / 1e6:.4f} ms, bwd {3 * nbytes / copy / 1e6:.4f} ms")
-    saved = {k: getattr(lt, k) for k in KNOBS}
     rows = []
 
     def record(row):
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    try:
-        for rms in (False, True):
-            op = "rms_norm" if rms else "layer_norm"
-            bias = None if rms else b
-            ref_f = lt.norm_fwd(x, w, bias, 1e-5, rms)
-            for warps, evict in itertools.product((4, 8, 16), ("", "evict_first")):
-                lt.FWD_WARPS, lt.FWD_EVICT = warps, evict
-                diff = _diff(lt.norm_fwd(x, w, bias, 1e-5, rms), ref_f)
-                ms = triton.testing.do_bench(lambda: lt.norm_fwd(x, w, bias, 1e-5, rms), warmup=25, rep=200)
-                record(dict(op=op, pass_="fwd", warps=warps, evict=evict, ms=ms, max_diff=diff))
-            lt.FWD_WARPS, lt.FWD_EVICT = saved["FWD_WARPS"], saved["FWD_EVICT"]
-            try:
-                if rms:
-                    from liger_kernel.transformers.functional import liger_rms_norm as lf
+    for rms in (False, True):
+        op = "rms_norm" if rms else "layer_norm"
+        bias = None if rms else b
+        ref_f = lt.norm_fwd(x, w, bias, 1e-5, rms)
+        for warps, evict in itertools.product((4, 8, 16), ("", "evict_first")):
+            cfg = lt.Config(fwd_warps=warps, fwd_evict=evict)
+            diff = _diff(lt.norm_fwd(x, w, bias, 1e-5, rms, cfg=cfg), ref_f)
+            ms = triton.testing.do_bench(lambda: lt.norm_fwd(x, w, bias, 1e-5, rms, cfg=cfg), warmup=25, rep=200)
+            record(dict(op=op, pass_="fwd", warps=warps, evict=evict, ms=ms, max_diff=diff))
+        try:
+            if rms:
+                from liger_kernel.transformers.functional import liger_rms_norm as lf
 
-                    def liger():
-                        return lf(x, w, 1e-5)
-                else:
-                    from liger_kernel.transformers.functional import liger_layer_norm as lf
+                def liger():
+                    return lf(x, w, 1e-5)
+            else:
+                from liger_kernel.transformers.functional import liger_layer_norm as lf
 
-                    def liger():
-                        return lf(x, w, b, 1e-5)
+                def liger():
+                    return lf(x, w, b, 1e-5)
 
-                ms = triton.testing.do_bench(liger, warmup=25, rep=200)
-                record(dict(op=op, pass_="fwd", backend="liger", ms=ms))
-            except Exception as e:  # noqa: BLE001
-                record(dict(op=op, pass_="fwd", backend="liger", error=f"{type(e).__name__}: {e}"[:160]))
-            _, mean, rstd = ref_f
-            ref_b = None
-            for pre, per_sm, warps in itertools.product((True, False), (1, 2, 3, 4), (4, 8)):
-                lt.BWD_PREFETCH, lt.BWD_PROGRAMS_PER_SM, lt.BWD_WARPS = pre, per_sm, warps
-                got = lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms)
-                ref_b = ref_b or got
-                diff = _diff(got, ref_b)
-                ms = triton.testing.do_bench(lambda: lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms), warmup=25, rep=200)
-                record(dict(op=op, pass_="bwd", prefetch=pre, per_sm=per_sm, warps=warps, ms=ms, max_diff=diff))
-            for k in ("BWD_PREFETCH", "BWD_PROGRAMS_PER_SM", "BWD_WARPS"):
-                setattr(lt, k, saved[k])
-    finally:
-        for k, v in saved.items():
-            setattr(lt, k, v)
+            ms = triton.testing.do_bench(liger, warmup=25, rep=200)
+            record(dict(op=op, pass_="fwd", backend="liger", ms=ms))
+        except Exception as e:  # noqa: BLE001
+            record(dict(op=op, pass_="fwd", backend="liger", error=f"{type(e).__name__}: {e}"[:160]))
+        _, mean, rstd = ref_f
+        ref_b = None
+        for pre, per_sm, warps in itertools.product((True, False), (1, 2, 3, 4), (4, 8)):
+            cfg = lt.Config(bwd_prefetch=pre, bwd_programs_per_sm=per_sm, bwd_warps=warps)
+            got = lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)
+            ref_b = ref_b or got
+            diff = _diff(got, ref_b)
+            ms = triton.testing.do_bench(
+                lambda: lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg), warmup=25, rep=200
+            )
+            record(dict(op=op, pass_="bwd", prefetch=pre, per_sm=per_sm, warps=warps, ms=ms, max_diff=diff))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(shape=args.shape, dtype=args.dtype, gpu=torch.cuda.get_device_name(), copy_gbps=copy, time=time.time())
@@ -122,7 +114,7 @@ def main() -> int:
                 f"{r['ms']:.4f} " + ",".join(f"{k}={v}" for k, v in r.items() if k not in ("op", "pass_", "ms"))
                 for r in ok[:4]
             ))
-    print("shipped: " + ", ".join(f"{k}={v}" for k, v in saved.items()))
+    print(f"shipped: {lt.CONFIG}")
     return 0
 
 

@@ -5,8 +5,8 @@ one process (issue 2 and 3; H100 / H200).
 
 1. Row-wise forwards at the bench shapes: the Triton softmax (fp32 and bf16 32768 x 4096)
    and layer_norm / rms_norm (bf16 16384 x 4096): rows in registers (read once) for
-   FWD_EVEN (unmasked accesses when the rows fill the block) x FWD_NARROW (32-bit
-   offsets) x FWD_WARPS, beside the registered triton, cuda, compile, torch and liger
+   Config.fwd_even (unmasked accesses when the rows fill the block) x fwd_narrow (32-bit
+   offsets) x fwd_warps, beside the registered triton, cuda, compile, torch and liger
    backends. (A second H100 run also swept rows streamed in 1024-4096-column chunks,
    later passes from L2 as Inductor's looped reductions: slower or equal; removed. Rows:
    tune_rowwise_fwd2-H100.jsonl.) (The first H100 run swept a
@@ -17,9 +17,9 @@ one process (issue 2 and 3; H100 / H200).
    beside torch. The kernels are common.cuh's map2_packs over gelu.cu's GeluBwd and an add.
 
 3. ``hints`` (third H100 run): the softmax forward's output from x read again from L2
-   (FWD_REREAD: the statistics from registers, the second read with evict_last /
+   (Config.fwd_reread: the statistics from registers, the second read with evict_last /
    evict_first) x warps, fp32 at 2048 / 4096 / 8192 columns and bf16; the norm forwards'
-   1-D row kernel (FWD_ROW_1D) against the 2-D one; in interleaved rounds beside compile,
+   1-D row kernel (Config.fwd_row_1d) against the 2-D one; in interleaved rounds beside compile,
    liger and cuda. (The version at e39b390 also timed a copy of Inductor's looped online
    softmax - Inductor's autotuner picks 1 row x 4096 columns, 16 warps, 1 stage - the
    streaming store hint, an approximate rsqrt and 64-256 threads per row for the CUDA
@@ -114,22 +114,24 @@ def rowwise():
                 except Exception as e:  # noqa: BLE001 - a peer's failure is reported
                     record(**base, config=impl.backend, error=f"{type(e).__name__}: {e}"[:160])
             if op == "softmax":
-                ref = st._fwd(x)
-                mod, call = st, lambda: st._fwd(x)
+                mod = st
+
+                def call(cfg=st.CONFIG):
+                    return st._fwd(x, cfg)
             else:
                 rms = op == "rms_norm"
                 bias = None if rms else b
-                ref = lt.norm_fwd(x, w, bias, 1e-5, rms)[0]
-                mod, call = lt, lambda: lt.norm_fwd(x, w, bias, 1e-5, rms)[0]
-            saved = (mod.FWD_EVEN, mod.FWD_NARROW, mod.FWD_WARPS)
-            try:
-                for even, narrow, warps in itertools.product((True, False), (True, False), (8, 16)):
-                    mod.FWD_EVEN, mod.FWD_NARROW, mod.FWD_WARPS = even, narrow, warps
-                    out = call()
-                    cfg = f"triton even={int(even)} narrow={int(narrow)} warps={warps}"
-                    record(**base, config=cfg, ms=_t(call), max_diff=_diff(out, ref))
-            finally:
-                mod.FWD_EVEN, mod.FWD_NARROW, mod.FWD_WARPS = saved
+                mod = lt
+
+                def call(cfg=lt.CONFIG):
+                    return lt.norm_fwd(x, w, bias, 1e-5, rms, cfg=cfg)[0]
+
+            ref = call()
+            for even, narrow, warps in itertools.product((True, False), (True, False), (8, 16)):
+                knobs = mod.Config(fwd_even=even, fwd_narrow=narrow, fwd_warps=warps)
+                out = call(knobs)
+                name = f"triton even={int(even)} narrow={int(narrow)} warps={warps}"
+                record(**base, config=name, ms=_t(lambda knobs=knobs: call(knobs)), max_diff=_diff(out, ref))
         del x, args
         torch.cuda.empty_cache()
 
@@ -218,8 +220,8 @@ def _interleaved(base: dict, cands: dict, ref, rounds: int, compare=lambda name:
 
 
 def hints():
-    """Row-wise forward knobs beside the peers: the softmax's re-read from L2 (FWD_REREAD)
-    x warps, the norms' 1-D row kernel (FWD_ROW_1D) against the 2-D one. Candidates are
+    """Row-wise forward knobs beside the peers: the softmax's re-read from L2 (fwd_reread)
+    x warps, the norms' 1-D row kernel (Config.fwd_row_1d) against the 2-D one. Candidates are
     timed in interleaved rounds (every candidate once per round, median over the rounds):
     the first H100 run of this part timed them one after another and the same kernel
     drifted by 3% within one case."""
@@ -243,32 +245,27 @@ def hints():
             fn = kernellab.get(op, backend)
             cands[backend] = lambda fn=fn: fn(*args)
         if op == "softmax":
-            mod, call = st, lambda: st._fwd(x)
+            mod = st
+
+            def call(cfg=st.CONFIG):
+                return st._fwd(x, cfg)
+
             grid = [
-                dict(FWD_REREAD=r, FWD_WARPS=w)
+                dict(fwd_reread=r, fwd_warps=w)
                 for r, w in ((False, None), (False, 16), (True, 8), (True, 16))
             ]
         else:
             rms = op == "rms_norm"
-            mod, call = lt, lambda: lt.norm_fwd(x, w, None if rms else b, 1e-5, rms)[0]
-            grid = [dict(FWD_ROW_1D=True), dict(FWD_ROW_1D=False)]
+            mod = lt
+
+            def call(cfg=lt.CONFIG):
+                return lt.norm_fwd(x, w, None if rms else b, 1e-5, rms, cfg=cfg)[0]
+
+            grid = [dict(fwd_row_1d=True), dict(fwd_row_1d=False)]
         ref = call()
-
-        def knobbed(knobs):
-            def run():
-                saved = {k: getattr(mod, k) for k in knobs}
-                for k, v in knobs.items():
-                    setattr(mod, k, v)
-                try:
-                    return call()
-                finally:
-                    for k, v in saved.items():
-                        setattr(mod, k, v)
-
-            return run
-
         for knobs in grid:
-            cands["triton " + " ".join(f"{k}={v}" for k, v in knobs.items())] = knobbed(knobs)
+            cfg = mod.Config(**knobs)
+            cands["triton " + " ".join(f"{k}={v}" for k, v in knobs.items())] = lambda cfg=cfg: call(cfg)
         _interleaved(base, cands, ref, rounds=3, compare=lambda name: name.startswith("triton"))
         del x, args, cands
         torch.cuda.empty_cache()

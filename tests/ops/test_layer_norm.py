@@ -241,11 +241,7 @@ def test_triton_one_row_forward(rms, width):
     if not rms:
         torch.testing.assert_close(mean.double(), mu[:, 0], rtol=0, atol=1e-6)
     # no worse than twice the 2-D kernel's error (exact sqrt, weight after the row)
-    lt.FWD_ROW_1D = False
-    try:
-        y2 = lt.norm_fwd(x, w, b, 1e-5, rms)[0]
-    finally:
-        lt.FWD_ROW_1D = True
+    y2 = lt.norm_fwd(x, w, b, 1e-5, rms, cfg=lt.Config(fwd_row_1d=False))[0]
     err, err2 = (y.double() - want).abs().max(), (y2.double() - want).abs().max()
     assert 0 < err <= 2 * err2, (err, err2)
 
@@ -422,3 +418,32 @@ def test_triton_add_layer_norm_opcheck_and_compile_fullgraph():
     (2 * y2.sum() + (2 * h2 * 2 * h2).sum()).backward()
     for a, e in zip(leaves, ref):
         torch.testing.assert_close(a.grad, e.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_triton_launch_knobs_are_a_config_not_module_state(monkeypatch):
+    """The Triton norms' knobs travel as a frozen Config passed to the launchers (the
+    process-wide default, CONFIG, is never mutated): the backward's program count per SM,
+    the forward's warps, the partial sum's tile."""
+    import dataclasses
+
+    from kernellab.ops.norms import triton as lt
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lt.CONFIG.bwd_programs_per_sm = 4
+    monkeypatch.setattr(lt.triton_support, "sm_count", lambda index=None: 132)
+    gpu = torch.device("cuda", 0)  # the GPU branch's arithmetic; nothing is allocated there
+    assert lt._bwd_programs(16384, gpu) == 2 * 132
+    assert lt._bwd_programs(16384, gpu, lt.Config(bwd_programs_per_sm=4)) == 4 * 132
+    assert lt._bwd_programs(100, gpu, lt.Config(bwd_programs_per_sm=4)) == 100
+    assert lt._fwd_config(768, lt.Config(fwd_warps=16))[2] == 16
+    assert lt._bwd_warps(1024, lt.Config(bwd_warps=8)) == 8
+    assert lt._psum_config(264, 768) == (512, 8)
+    assert lt._psum_config(264, 768, lt.Config(psum_elems=8192)) == (512, 16)
+    # a config reaches the kernels: the same answer through every backward program count
+    x, w, b = SPEC.make_inputs((37, 40), torch.float32, "cpu", 4)
+    dy = torch.randn(37, 40, generator=torch.Generator().manual_seed(1))
+    _, mean, rstd = lt.norm_fwd(x, w, b, 1e-5, False)
+    ref = lt.norm_bwd(dy, x, w, mean, rstd, False, True)
+    got = lt.norm_bwd(dy, x, w, mean, rstd, False, True, cfg=lt.Config(bwd_prefetch=False))
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6)

@@ -211,13 +211,13 @@ def test_gpu_liger_peer_forward(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("width", [1024, 2048, 3000])
 def test_triton_forward_rereads_wide_rows(dtype, width):
-    """Rows of REREAD_MIN_COLS columns and more: the statistics from registers, the output
+    """Rows of Config.reread_min_cols columns and more: the statistics from registers, the output
     from a second read of x; fp32 at 16 warps. Same answer as float64 either way."""
     from kernellab.ops.softmax import triton as st
 
     block, rows, single, warps = st._config(width)
     reread, fwarps = st._fwd_choice(width, block, single, torch.tensor([], dtype=dtype).element_size(), warps)
-    assert reread == (width >= st.REREAD_MIN_COLS)
+    assert reread == (width >= st.CONFIG.reread_min_cols)
     assert fwarps == (16 if reread and dtype == torch.float32 else warps)
     g = torch.Generator().manual_seed(width)
     x = (torch.randn(5, width, generator=g) * 4).to(dtype)
@@ -225,11 +225,7 @@ def test_triton_forward_rereads_wide_rows(dtype, width):
     x[2, : width // 2] = -float("inf")  # half of a row masked out
     y = st._fwd(x)
     want = torch.softmax(x.double(), -1)
-    st.FWD_REREAD = False
-    try:
-        y2 = st._fwd(x)  # the output from registers
-    finally:
-        st.FWD_REREAD = None
+    y2 = st._fwd(x, st.Config(fwd_reread=False))  # the output from registers
     err, err2 = (y.double() - want).abs().max(), (y2.double() - want).abs().max()
     assert 0 < err <= 2 * err2, (err, err2)
     assert torch.isfinite(y).all() and (y[2, : width // 2] == 0).all()

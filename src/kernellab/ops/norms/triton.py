@@ -18,6 +18,8 @@ and dy are read exactly once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton.language as tl
 
@@ -25,31 +27,43 @@ from kernellab import triton_support
 from kernellab.ops.norms import _kit
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
-ROW_ELEMS = 4096  # elements per forward program when rows are short
-# Backward knobs, from scripts/tune_norm_bwd.py on the H100 (bf16 16384 x 4096, backward
-# alone; rows in benchmarks/results/tune_norm_bwd-H100.jsonl): layer_norm 0.228 ms at the
-# first guess (4 programs per SM, 8 warps, no prefetch) -> 0.170 ms (2 per SM, 4 warps,
-# prefetch); rms_norm 0.212 -> 0.156-0.159. Fewer programs mean fewer dweight partial
-# rows to sum afterwards (2 x 132 x D fp32 instead of 4 x 132 x D); the prefetch keeps
-# the next row's loads in flight across this row's two block-wide reductions.
-BWD_PROGRAMS_PER_SM = 2
-BWD_WARPS = None  # None: ~32 elements per thread (4 warps up to 4096 columns, then 8, 16)
-BWD_PREFETCH = True
-FWD_WARPS = None  # None: _fwd_config's choice
-FWD_EVICT = ""  # eviction policy of the forward's x load and y store ("" or "evict_first")
-FWD_EVEN = True  # unmasked loads and stores when the rows fill the blocks exactly
-FWD_NARROW = True  # 32-bit offsets below 2^31 elements
-# 16-bit x with one row per program (rows of ROW_ELEMS columns and more): _norm_fwd_row_kernel,
-# a 1-D block with weight and bias loaded first and an approximate rsqrt (liger's order).
-# scripts/tune_rowwise_fwd.py `hints` on the H100, bf16 16384 x 4096, interleaved rounds:
-# layer_norm 0.0925 ms (2-D kernel) -> 0.0918 (liger 0.0920); rms_norm 0.0921 -> 0.0919
-# (liger 0.0923). Either change alone: 0.0921; weight first with 1 / sqrt_rn: 0.0966. The
-# output from x read again from L2 (as the softmax does) measured 0.0941-0.1028: removed.
-FWD_ROW_1D = True
-# (scripts/tune_rowwise_fwd.py on the H100, bf16 16384 x 4096, layer_norm forward: EVEN and
-# NARROW together 0.0928 ms, either alone 0.0959, neither 0.0961 (liger 0.0921); 16 warps
-# 0.1006. A variant streaming rows in 1024-4096-column chunks, its later passes from L2
-# as Inductor's looped norms do, took 0.0948-0.113 ms and was removed.)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Launch knobs of the Triton norms, passed to ``norm_fwd`` / ``norm_bwd`` (``CONFIG``
+    when not given; tuning scripts pass their own). Measurements behind the defaults (H100,
+    bf16 16384 x 4096 unless said): benchmarks/NOTES.md, "Norm backward: prefetch and
+    fewer programs", "Row-wise forwards" and the sixteenth session.
+
+    row_elems: elements per forward program when rows are short (rows share a program).
+    fwd_warps: forward warps (None: ~ one warp per 512 elements, 4 to 16).
+    fwd_evict: eviction policy of the forward's x load and y store ("" or "evict_first").
+    fwd_even: unmasked loads and stores when the rows fill the blocks exactly.
+    fwd_narrow: 32-bit offsets below 2^31 elements.
+    fwd_row_1d: 16-bit x with one row per program runs ``_norm_fwd_row_kernel`` (a 1-D
+        block, weight and bias loaded first, an approximate rsqrt).
+    bwd_programs_per_sm: backward programs per SM (each walks a group of rows and writes
+        one partial row of dweight / dbias: fewer programs, fewer partials to sum).
+    bwd_warps: backward warps (None: ~32 elements per thread, 4 to 16).
+    bwd_prefetch: load row i + 1 before row i's reductions.
+    psum_elems, psum_max_p: the partial sum's tile (~psum_elems fp32 values per array,
+        all of a column strip's partials at once up to psum_max_p of them)."""
+
+    row_elems: int = 4096
+    fwd_warps: int | None = None
+    fwd_evict: str = ""
+    fwd_even: bool = True
+    fwd_narrow: bool = True
+    fwd_row_1d: bool = True
+    bwd_programs_per_sm: int = 2
+    bwd_warps: int | None = None
+    bwd_prefetch: bool = True
+    psum_elems: int = 4096
+    psum_max_p: int = 1024
+
+
+CONFIG = Config()
 
 
 @triton_support.jit
@@ -298,43 +312,44 @@ def _norm_bwd_kernel(
         tl.store(db_part_ptr + pid * n_cols + cols, db_acc, mask=cmask)
 
 
-def _fwd_config(n_cols: int):
-    """(BLOCK, ROWS, num_warps): whole rows in registers, ~ROW_ELEMS elements per program."""
+def _fwd_config(n_cols: int, cfg: Config = CONFIG):
+    """(BLOCK, ROWS, num_warps): whole rows in registers, ~cfg.row_elems elements per program
+    (num_warps: cfg.fwd_warps when set)."""
     block = triton_support.next_pow2(max(n_cols, 1))
     if block > MAX_D:
         raise ValueError(f"x: rows of {n_cols} elements are wider than the triton backend's limit ({MAX_D})")
-    rows = max(1, min(64, ROW_ELEMS // block))
+    rows = max(1, min(64, cfg.row_elems // block))
     elems = block * rows
     warps = 4 if elems <= 2048 else 8 if elems <= 8192 else 16
-    return block, rows, warps
+    return block, rows, cfg.fwd_warps or warps
 
 
-def _bwd_warps(block: int) -> int:
-    """Warps of the backward: BWD_WARPS, or ~32 elements per thread (4 to 16 warps)."""
-    return BWD_WARPS or max(4, min(16, block // 1024))
+def _bwd_warps(block: int, cfg: Config = CONFIG) -> int:
+    """Warps of the backward: cfg.bwd_warps, or ~32 elements per thread (4 to 16 warps)."""
+    return cfg.bwd_warps or max(4, min(16, block // 1024))
 
 
-def _bwd_programs(n_rows: int, dev) -> int:
-    """Programs of the backward: BWD_PROGRAMS_PER_SM per SM on a GPU (each holds a row of
+def _bwd_programs(n_rows: int, dev, cfg: Config = CONFIG) -> int:
+    """Programs of the backward: cfg.bwd_programs_per_sm per SM on a GPU (each holds a row of
     x and dy and two fp32 accumulators in registers); a handful under the interpreter
     (several rows per program, so the group loop and its short last group are exercised)."""
     if dev.type == "cuda":
-        return max(1, min(n_rows, BWD_PROGRAMS_PER_SM * triton_support.sm_count(dev.index)))
+        return max(1, min(n_rows, cfg.bwd_programs_per_sm * triton_support.sm_count(dev.index)))
     return max(1, min(n_rows, 4))
 
 
-def _row_1d(rows: int, dtype) -> bool:
-    return FWD_ROW_1D and rows == 1 and dtype != torch.float32
+def _row_1d(rows: int, dtype, cfg: Config = CONFIG) -> bool:
+    return cfg.fwd_row_1d and rows == 1 and dtype != torch.float32
 
 
-def norm_fwd(x, w, b, eps, rms, res=None, h=None):
+def norm_fwd(x, w, b, eps, rms, res=None, h=None, cfg: Config = CONFIG):
     """See _kit: (y, mean, rstd); x contiguous. With ``res`` (contiguous, x's shape and
     dtype) the kernel normalizes x + res and writes that sum into ``h`` (fresh, x's shape)."""
     y = torch.empty_like(x)
     mean, rstd = _kit.empty_stats(x, rms)
     n_rows, n_cols = _kit.rows_of(x)
-    block, rows, warps = _fwd_config(n_cols)
-    if n_rows and n_cols and _row_1d(rows, x.dtype):
+    block, rows, warps = _fwd_config(n_cols, cfg)
+    if n_rows and n_cols and _row_1d(rows, x.dtype, cfg):
         _norm_fwd_row_kernel[(n_rows,)](
             x,
             w,
@@ -351,8 +366,8 @@ def norm_fwd(x, w, b, eps, rms, res=None, h=None):
             HAS_BIAS=b is not None,
             RES=res is not None,
             EVEN=block == n_cols,
-            WIDE=not (FWD_NARROW and x.numel() < 2**31),
-            num_warps=FWD_WARPS or warps,
+            WIDE=not (cfg.fwd_narrow and x.numel() < 2**31),
+            num_warps=warps,
         )
     elif n_rows and n_cols:
         _norm_fwd_kernel[(triton_support.cdiv(n_rows, rows),)](
@@ -372,15 +387,15 @@ def norm_fwd(x, w, b, eps, rms, res=None, h=None):
             RMS=rms,
             HAS_BIAS=b is not None,
             RES=res is not None,
-            EVICT=FWD_EVICT,
-            EVEN=FWD_EVEN and block == n_cols and n_rows % rows == 0,
-            WIDE=not (FWD_NARROW and x.numel() < 2**31),
-            num_warps=FWD_WARPS or warps,
+            EVICT=cfg.fwd_evict,
+            EVEN=cfg.fwd_even and block == n_cols and n_rows % rows == 0,
+            WIDE=not (cfg.fwd_narrow and x.numel() < 2**31),
+            num_warps=warps,
         )
     return y, mean, rstd
 
 
-def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None):
+def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFIG):
     """See _kit: (dx, dw, db); dy and x contiguous. With ``dres`` (contiguous, x's shape
     and dtype) dx is the norm's gradient plus dres, rounded as two ops would round."""
     n_rows, n_cols = _kit.rows_of(x)
@@ -394,7 +409,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None):
     block = triton_support.next_pow2(n_cols)
     if block > MAX_D:
         raise ValueError(f"x: rows of {n_cols} elements are wider than the triton backend's limit ({MAX_D})")
-    programs = _bwd_programs(n_rows, x.device)
+    programs = _bwd_programs(n_rows, x.device, cfg)
     per = triton_support.cdiv(n_rows, programs)
     programs = triton_support.cdiv(n_rows, per)
     # Separate buffers, not views of one: under torch.compile a view of a buffer that a
@@ -418,9 +433,9 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None):
         per,
         BLOCK=block,
         RMS=rms,
-        PREFETCH=BWD_PREFETCH,
+        PREFETCH=cfg.bwd_prefetch,
         RES=dres is not None,
-        num_warps=_bwd_warps(block),
+        num_warps=_bwd_warps(block, cfg),
         # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g),
         # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
         enable_fp_fusion=False,
@@ -435,7 +450,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None):
     db = torch.empty_like(dw) if want_db else None
     # 16-bit weights: one launch sums the partials of dw (and db) and casts to w's dtype;
     # torch's sum(0).to(dtype) took two launches per parameter (~10 us of host time each).
-    block_p, block_c = _psum_config(programs, n_cols)
+    block_p, block_c = _psum_config(programs, n_cols, cfg)
     _partials_sum_kernel[(triton_support.cdiv(n_cols, block_c),)](
         dw_part,
         db_part,
@@ -452,19 +467,14 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None):
 
 
 # The partial-sum kernel loads all of a column strip's partial rows at once (BLOCK_P >=
-# programs, up to PSUM_MAX_P; more loop) in strips of BLOCK_C columns, ~PSUM_ELEMS fp32
-# values per array: GPT-2's 768 columns and 264 partials are 96 programs of 512 x 8. With
-# 32 rows x 64 columns per step, 12 programs walked 9 dependent steps each: 10.6 us a
-# call on the H100 (profile of the 4 x 256 compiled step, 25 calls a step), where
-# Inductor's layer-norm backward reduction took ~2.3 us.
-PSUM_ELEMS = 4096
-PSUM_MAX_P = 1024
+# programs, up to cfg.psum_max_p; more loop) in strips of BLOCK_C columns: GPT-2's 768
+# columns and 264 partials are 96 programs of 512 x 8 (NOTES, sixteenth session).
 
 
-def _psum_config(programs: int, n_cols: int) -> tuple[int, int]:
+def _psum_config(programs: int, n_cols: int, cfg: Config = CONFIG) -> tuple[int, int]:
     """(BLOCK_P, BLOCK_C) of the partial-sum kernel."""
-    block_p = min(PSUM_MAX_P, triton_support.next_pow2(programs))
-    block_c = max(8, min(triton_support.next_pow2(n_cols), PSUM_ELEMS // block_p))
+    block_p = min(cfg.psum_max_p, triton_support.next_pow2(programs))
+    block_c = max(8, min(triton_support.next_pow2(n_cols), cfg.psum_elems // block_p))
     return block_p, block_c
 
 
@@ -550,11 +560,11 @@ def kernel_specs(rms: bool):
             "RMS": rms,
             "HAS_BIAS": not rms,
             "RES": False,
-            "EVICT": FWD_EVICT,
-            "EVEN": FWD_EVEN,
-            "WIDE": not FWD_NARROW,
+            "EVICT": CONFIG.fwd_evict,
+            "EVEN": CONFIG.fwd_even,
+            "WIDE": not CONFIG.fwd_narrow,
         }
-        bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": BWD_PREFETCH, "RES": False}
+        bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": CONFIG.bwd_prefetch, "RES": False}
         if _row_1d(rows, torch.float32 if dtype == "fp32" else torch.bfloat16):
             names = (
                 "x_ptr",
@@ -576,13 +586,13 @@ def kernel_specs(rms: bool):
                 "EVEN": "constexpr",
                 "WIDE": "constexpr",
             }
-            fcx = {"BLOCK": block, "RMS": rms, "HAS_BIAS": not rms, "RES": False, "EVEN": True, "WIDE": not FWD_NARROW}
+            fcx = {"BLOCK": block, "RMS": rms, "HAS_BIAS": not rms, "RES": False, "EVEN": True, "WIDE": not CONFIG.fwd_narrow}
             return [
-                (_norm_fwd_row_kernel, fwd, fcx, FWD_WARPS or warps),
+                (_norm_fwd_row_kernel, fwd, fcx, warps),
                 (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
             ]
         return [
-            (_norm_fwd_kernel, fwd, fcx, FWD_WARPS or warps),
+            (_norm_fwd_kernel, fwd, fcx, warps),
             (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
         ]
 

@@ -14,6 +14,8 @@ a write pass).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton.language as tl
 
@@ -22,22 +24,29 @@ from kernellab.ops._elementwise import unary_op
 
 MAX_SINGLE = 8192  # widest row kept in one block (fp32: 32 KB of registers per row program)
 STREAM_BLOCK = 4096  # columns per step when streaming a longer row
-FWD_EVEN = True  # forward: unmasked loads and stores when the rows fill the blocks exactly
-FWD_NARROW = True  # forward: 32-bit offsets below 2^31 elements
-FWD_WARPS = None  # forward warps (None: _config's choice)
-# Forward, whole rows: the statistics from x in registers, the output from x read again
-# (from L2: the first read evict_last, the second evict_first) instead of from registers.
-# None: from REREAD_MIN_COLS columns up, fp32 at 16 warps. scripts/tune_rowwise_fwd.py
-# `hints` on the H100 (interleaved rounds, median ms): fp32 32768x4096 0.3597 -> 0.3570
-# (compile 0.3565), 65536x2048 0.3595 -> 0.3567 (compile 0.3561), 16384x8192 0.3605 ->
-# 0.3569 (compile 0.3583); bf16 32768x4096 (8 warps) 0.1822 -> 0.1810 (liger 0.1826).
-# At 8 warps fp32 gains half of that; 16 warps without the re-read gains 0.1%.
-FWD_REREAD = None
-REREAD_MIN_COLS = 2048
-# (scripts/tune_rowwise_fwd.py on the H100, 32768 x 4096: fp32 0.3592-0.3603 ms for every
-# EVEN / NARROW / 8-16 warps choice against torch.compile's 0.3566; streaming these rows in
-# 1024-4096-column chunks, the second pass from L2 as Inductor's looped softmax does, took
-# 0.3637-0.4451 (fp32) and 0.1816 against 0.1824 (bf16): not taken.)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Launch knobs of the Triton softmax forward, passed to ``_fwd`` (``CONFIG`` when not
+    given; tuning scripts pass their own). Measurements behind the defaults: benchmarks/
+    NOTES.md, "Softmax fp32 forward, the last 0.2%" and "Row-wise forwards".
+
+    fwd_even: unmasked loads and stores when the rows fill the blocks exactly.
+    fwd_narrow: 32-bit offsets below 2^31 elements.
+    fwd_warps: forward warps (None: _config's choice, 16 for fp32 rows that re-read).
+    fwd_reread: whole rows take the statistics from x in registers and the output from x
+        read again (from L2: the first read evict_last, the second evict_first); None:
+        from reread_min_cols columns up."""
+
+    fwd_even: bool = True
+    fwd_narrow: bool = True
+    fwd_warps: int | None = None
+    fwd_reread: bool | None = None
+    reread_min_cols: int = 2048
+
+
+CONFIG = Config()
 
 
 @triton_support.jit
@@ -146,17 +155,17 @@ def _config(n_cols: int):
     return STREAM_BLOCK, 1, False, 8
 
 
-def _fwd_choice(n_cols: int, block: int, single: bool, elem_size: int, warps: int):
+def _fwd_choice(n_cols: int, block: int, single: bool, elem_size: int, warps: int, cfg: Config = CONFIG):
     """(REREAD, num_warps) of the forward."""
-    reread = FWD_REREAD
+    reread = cfg.fwd_reread
     if reread is None:
-        reread = single and n_cols >= REREAD_MIN_COLS
-    if FWD_WARPS:
-        return bool(reread), FWD_WARPS
+        reread = single and n_cols >= cfg.reread_min_cols
+    if cfg.fwd_warps:
+        return bool(reread), cfg.fwd_warps
     return bool(reread), 16 if reread and elem_size == 4 and block >= 2048 else warps
 
 
-def _launch(kernel, inputs, fwd=False):
+def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
     inputs = [t.contiguous() for t in inputs]
     out = torch.empty_like(inputs[0])
     n_cols = out.shape[-1] if out.dim() else 1
@@ -166,17 +175,17 @@ def _launch(kernel, inputs, fwd=False):
         grid = (triton_support.cdiv(n_rows, rows),)
         extra = {}
         if fwd:
-            even = FWD_EVEN and single and block == n_cols and n_rows % rows == 0
-            reread, warps = _fwd_choice(n_cols, block, single, out.element_size(), warps)
-            extra = dict(EVEN=even, WIDE=not (FWD_NARROW and out.numel() < 2**31), REREAD=reread)
+            even = cfg.fwd_even and single and block == n_cols and n_rows % rows == 0
+            reread, warps = _fwd_choice(n_cols, block, single, out.element_size(), warps, cfg)
+            extra = dict(EVEN=even, WIDE=not (cfg.fwd_narrow and out.numel() < 2**31), REREAD=reread)
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps, **extra
         )
     return out
 
 
-def _fwd(x: torch.Tensor) -> torch.Tensor:
-    return _launch(_softmax_fwd_kernel, [x], fwd=True)
+def _fwd(x: torch.Tensor, cfg: Config = CONFIG) -> torch.Tensor:
+    return _launch(_softmax_fwd_kernel, [x], fwd=True, cfg=cfg)
 
 
 def _bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -208,7 +217,7 @@ def _kernel_specs(dtype: str):
     }
     bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail}
     reread, fwarps = _fwd_choice(4096, block, single, 4 if dtype == "fp32" else 2, warps)
-    fcx = dict(cx, EVEN=FWD_EVEN and single, WIDE=not FWD_NARROW, REREAD=reread)
+    fcx = dict(cx, EVEN=CONFIG.fwd_even and single, WIDE=not CONFIG.fwd_narrow, REREAD=reread)
     return [(_softmax_fwd_kernel, fwd, fcx, fwarps), (_softmax_bwd_kernel, bwd, cx, warps)]
 
 
