@@ -1,0 +1,41 @@
+"""scripts/tune_all.py's verify phase on the CPU: paired rounds behind every verdict."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tune_all.py"
+
+
+def test_verify_verdicts_come_from_paired_rounds(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("tune_all", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path / "tables"))
+    argv = ["--out", str(tmp_path), "--ops", "add", "--dtypes", "fp32", "--families", "cpu-tiny",
+            "--phases", "tune", "verify", "--budget", "0.02", "--paired-rounds", "3"]  # fmt: skip
+    assert mod.main(argv) == 0
+    rows = [json.loads(line) for line in (tmp_path / "verify.jsonl").read_text().splitlines()]
+    summary = json.loads((tmp_path / "verify_summary.json").read_text())
+    assert rows and summary["cases"] > 0 and not summary["left_out"]
+    ok = [r for r in rows if r.get("status") == "ok"]
+    assert ok and all(len(r["paired_rounds_ms"]) == 3 for r in ok)
+    # every round's effective time is at least the row's device time
+    assert all(min(r["paired_rounds_ms"]) >= r["median_ms"] - 1e-5 for r in ok)  # (rounded to 1e-5 ms)
+    # a case's verdict is the median of its same-round ratios; a group's is the worst case
+    worst: dict = {}
+    by_case: dict = {}
+    for r in ok:
+        by_case.setdefault((str(r["shape"]), r["mode"]), {})[r["backend"]] = r["paired_rounds_ms"]
+    for (_, mode), times in by_case.items():
+        if "default" in times and "torch" in times:
+            ratio = round(statistics.median(d / t for d, t in zip(times["default"], times["torch"])), 3)
+            worst[mode] = max(worst.get(mode, 0.0), ratio)
+    groups = {g["mode"]: g for g in summary["groups"] if g.get("measured")}
+    assert worst and set(worst) <= set(groups)
+    for mode, w in worst.items():
+        assert groups[mode]["worst_default_vs_torch"] == w, (mode, groups[mode], w)
+        assert groups[mode]["worst_default_vs_best"] >= 1.0  # the default against itself counts
