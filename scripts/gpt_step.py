@@ -69,10 +69,7 @@ def time_interleaved(sets, mode, bsz, t, warmup, steps, rounds):
     return gpt.time_interleaved(builders, warmup, steps, rounds, on_error=lambda e: traceback.print_exc())
 
 
-PYPROFILE = False  # --pyprofile: also cProfile the profiled steps
-
-
-def profile(set_name, mode, bsz, t):
+def profile(set_name, mode, bsz, t, pyprofile=False):
     model = _model(set_name)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     fwd = torch.compile(model) if mode.startswith("compile") else model
@@ -99,7 +96,7 @@ def profile(set_name, mode, bsz, t):
     dev_us = sum(e.self_device_time_total for e in ev if e.device_type == torch.autograd.DeviceType.CUDA) / 3
     syncs = sum(1 for e in ev if "Synchronize" in e.name or "Memcpy" in e.name or e.name == "aten::item") / 3
     print(f"per step: host self time {cpu_us / 1e3:.2f} ms, device time {dev_us / 1e3:.2f} ms, sync/copy events {syncs:.0f}")
-    if PYPROFILE:
+    if pyprofile:
         # Where the host time goes in Python (cProfile over 5 steps): the torch profiler
         # above names CompiledFxGraph's own time, not the functions inside it.
         import cProfile
@@ -133,9 +130,7 @@ def main() -> int:
     if args.profile:
         s, m, bt = args.profile.split(":")
         b, t = map(int, bt.split("x"))
-        global PYPROFILE
-        PYPROFILE = args.pyprofile
-        profile(s, m, b, t)
+        profile(s, m, b, t, args.pyprofile)
         return 0
     torch.backends.cuda.matmul.allow_tf32 = True
     meta = {"gpu": torch.cuda.get_device_name(), "git_sha": git_sha(), **versions()}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import statistics
 
 import torch
 
@@ -46,40 +46,19 @@ BOUND = {"fwd": 2.0, "fwdbwd": 1.5}
 ROUNDS = 7
 
 
-def _median(v):
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
-
-
-def _calls(fn, quick: bool) -> int:
-    """Calls per timed round: ~50 ms of them after a warm-up call, 3 to 200."""
-    if quick:
-        return 20
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    fn()
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    return int(min(200, max(3, 0.05 / max(time.perf_counter() - t0, 1e-7))))
-
-
 def _paired_rounds(fns, rounds: int) -> None:
-    """Every backend of a group once per round, in turn (loop time, one sync per backend and
-    round); each row gets its per-round times and their median."""
-    for _ in range(rounds):
-        for row, fn, calls in fns:
-            try:
-                us = timer.loop_ms(fn, calls=calls, rounds=1) * 1e3
-                row.setdefault("rounds_us", []).append(round(us, 2))
-            except Exception as e:  # noqa: BLE001 - reported in its row
-                row["error"] = f"{type(e).__name__}: {e}"[:200]
-    for row, _, _ in fns:
-        if row.get("rounds_us") and "error" not in row:
-            row["us_per_call"] = round(_median(row["rounds_us"]), 2)
-        else:
-            row.pop("rounds_us", None)
+    """The group's backends in turn, once per round (``timer.paired_loop_ms``); each row
+    gets its per-round times (us) and their median, or the error its call raised."""
+    times, errors = timer.paired_loop_ms(
+        {i: fn for i, (_, fn, _) in enumerate(fns)}, {i: n for i, (_, _, n) in enumerate(fns)}, rounds
+    )
+    for i, (row, _, _) in enumerate(fns):
+        if i in errors:
+            e = errors[i]
+            row["error"] = f"{type(e).__name__}: {e}"[:200]
+        elif times[i]:
+            row["rounds_us"] = [round(ms * 1e3, 2) for ms in times[i]]
+            row["us_per_call"] = round(statistics.median(row["rounds_us"]), 2)
 
 
 def main(argv=None) -> int:
@@ -116,7 +95,7 @@ def main(argv=None) -> int:
                            "dtype": str(dtype).split(".")[-1], "options": opts}  # fmt: skip
                     try:
                         fn, _ = prob.call(impl)
-                        fns.append((row, fn, _calls(fn, args.quick)))
+                        fns.append((row, fn, 20 if args.quick else timer.calls_for(fn, 0.05)))
                     except Exception as e:  # noqa: BLE001 - reported in its row
                         row["error"] = f"{type(e).__name__}: {e}"[:200]
                     group.append(row)
@@ -127,7 +106,7 @@ def main(argv=None) -> int:
                         # paired: the median over rounds of this backend's time over torch's in
                         # the same round (this host's speed drifts between rounds)
                         ratios = [a / b for a, b in zip(r["rounds_us"], base["rounds_us"])]
-                        r["vs_torch"] = round(_median(ratios), 3)
+                        r["vs_torch"] = round(statistics.median(ratios), 3)
                         if label == "tiny":
                             r["within_bound"] = r["vs_torch"] <= BOUND[mode]
                     if args.out:  # row by row: a run cut short by a time limit keeps what it measured

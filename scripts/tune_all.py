@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -159,12 +160,6 @@ def main(argv=None) -> int:
     return 0
 
 
-def _median(v):
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
-
-
 def _paired(spec, shape, dtype, mode, dev, opts, rows, rounds: int) -> dict | None:
     """Paired effective times of a verify group's backends that passed their bench row:
     ``rounds`` rounds, every backend once per round in turn (plain-loop calls, one sync),
@@ -182,20 +177,14 @@ def _paired(spec, shape, dtype, mode, dev, opts, rows, rounds: int) -> dict | No
     fns = {}
     for name in ok:
         impl = DefaultImpl(spec.name) if name == "default" else registry.get(spec.name, name)
-        fn, _ = prob.call(impl)
-        fn()  # warm
-        sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        fns[name] = (fn, int(min(200, max(3, 0.03 / max(time.perf_counter() - t, 1e-7)))))
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, (fn, calls) in fns.items():
-            loop = timer.loop_ms(fn, calls=calls, rounds=1)
-            times[name].append(round(max(ok[name]["median_ms"], loop), 5))
-    ratio = {n: round(_median([d / x for d, x in zip(times["default"], ts)]), 3) for n, ts in times.items()}
+        fns[name] = prob.call(impl)[0]
+    calls = {name: timer.calls_for(fn, 0.03) for name, fn in fns.items()}
+    loops, errors = timer.paired_loop_ms(fns, calls, rounds)
+    if errors:
+        raise next(iter(errors.values()))
+    times = {n: [round(max(ok[n]["median_ms"], ms), 5) for ms in ts] for n, ts in loops.items()}
+    base = times["default"]
+    ratio = {n: round(statistics.median([d / x for d, x in zip(base, ts)]), 3) for n, ts in times.items()}
     return {"rounds_ms": times, "ratio": ratio}
 
 

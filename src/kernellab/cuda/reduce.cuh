@@ -11,6 +11,23 @@ namespace kl {
 
 constexpr unsigned FULL_MASK = 0xffffffffu;
 
+// Sum over a block of N threads through shared memory (``red`` holds N values of A; v is
+// converted to A),
+// halving the active threads each step; every thread gets the result. The plain tree in
+// any type: double where fp32 partials must add without rounding (batch norm's
+// backward sums), the teaching variants' reduction (norms.cu v1).
+template <int N, typename A, typename V>
+__device__ __forceinline__ A smem_block_sum(V v, A* red) {
+    __syncthreads();  // red may still be read by the previous call
+    red[threadIdx.x] = (A)v;
+    __syncthreads();
+    for (int h = N / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < h) red[threadIdx.x] += red[threadIdx.x + h];
+        __syncthreads();
+    }
+    return red[0];
+}
+
 // -inf without <cmath> (NVRTC ships no standard headers).
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 

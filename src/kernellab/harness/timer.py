@@ -267,25 +267,36 @@ def host_cost_us(fn, calls: int = 100, budget_s: float = 0.5) -> float:
     return _quantile(sorted(times), 0.5) * 1e6
 
 
+def _sync():
+    return torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+
+
+def calls_for(fn, seconds: float) -> int:
+    """Back-to-back calls of ``fn`` that take ~``seconds`` (one warm-up call, then one timed
+    probe), capped to [3, 200]: the launch queue holds ~1000 kernels, and a longer loop of
+    tiny calls would block in the driver."""
+    sync = _sync()
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return int(min(200, max(3, seconds / max(time.perf_counter() - t0, 1e-7))))
+
+
 def loop_ms(fn, calls: int | None = None, rounds: int = 5, budget_s: float = 0.5) -> float:
     """Time per call of ``fn`` in a plain loop: back-to-back calls, no device hold, no cache
     flush, one synchronize at the end of each round (median of ``rounds``): what an eager
     model sees. A call whose host cost exceeds its device time is host-bound here, which
     the device timer (events behind a spin kernel) does not show.
 
-    ``calls`` per round defaults to what fits ~budget_s / rounds after a probe call, capped
-    to [3, 200] (the launch queue holds ~1000 kernels: a longer loop of tiny calls would
-    block in the driver)."""
-    cuda = torch.cuda.is_available()
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    fn()
-    sync()
+    ``calls`` per round defaults to what fits ~budget_s / rounds (``calls_for``)."""
+    sync = _sync()
     if calls is None:
-        t0 = time.perf_counter()
+        calls = calls_for(fn, budget_s / rounds)
+    else:
         fn()
         sync()
-        one = max(time.perf_counter() - t0, 1e-7)
-        calls = int(min(200, max(3, budget_s / rounds / one)))
     per = []
     for _ in range(rounds):
         sync()
@@ -295,3 +306,23 @@ def loop_ms(fn, calls: int | None = None, rounds: int = 5, budget_s: float = 0.5
         sync()
         per.append((time.perf_counter() - t0) / calls)
     return _quantile(sorted(per), 0.5) * 1e3
+
+
+def paired_loop_ms(fns: dict, calls: dict, rounds: int) -> tuple[dict, dict]:
+    """Plain-loop time per call (ms) of several functions taking turns: each round runs
+    every ``fns[name]`` once (``calls[name]`` back-to-back calls, one synchronize), so a
+    host whose speed drifts between minutes (the lent H100's moved 2x) drifts under all of
+    them alike, and ratios of the same round compare like with like. Returns (name ->
+    [ms per round], name -> the exception of a function that raised; it is left out of
+    later rounds)."""
+    times: dict = {name: [] for name in fns}
+    errors: dict = {}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if name in errors:
+                continue
+            try:
+                times[name].append(loop_ms(fn, calls=calls[name], rounds=1))
+            except Exception as e:  # noqa: BLE001 - the caller reports it
+                errors[name] = e
+    return times, errors

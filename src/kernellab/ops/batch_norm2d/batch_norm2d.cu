@@ -14,8 +14,8 @@
 // pre-activation (recomputed with the same fp32 expression) was > 0.
 //
 //   bn_fwd_apply every thread merges the channel's `split` triples in fp64 (a few dozen
-//                values, cached) and rounds mean and rstd once; block s == 0 stores them, and the block writes its chunk
-//                of y = (x - mean) * (rstd * w) + b.
+//                values, cached) and rounds mean and rstd once; block s == 0 stores them,
+//                and the block writes its chunk of y = (x - mean) * (rstd * w) + b.
 //   bn_bwd_sums  per chunk: sum(dy * (x - mean)) and sum(dy) -> part[2][C][split] (fp64:
 //                the threads' fp32 sums are added in double, so dweight and dbias land
 //                within about an ulp of the exact sums; rstd is applied once, at the end).
@@ -84,8 +84,8 @@ __device__ void bn_bwd_sums(const T* __restrict__ dy, const T* __restrict__ x, c
         sw += g * (xv - mean);
         sb += g;
     }
-    const double tw = block_sum64(sw, red);
-    const double tb = block_sum64(sb, red);
+    const double tw = kl::smem_block_sum<THREADS>(sw, red);
+    const double tb = kl::smem_block_sum<THREADS>(sb, red);
     if (threadIdx.x == 0) {
         part[c * split + s] = tw;
         part[C * split + c * split + s] = tb;

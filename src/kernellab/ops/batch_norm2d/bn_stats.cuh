@@ -1,4 +1,4 @@
-// Batch-norm statistics (and the fp64 block sum of the backwards) shared by batch_norm2d.cu and bn_relu_pool2d.cu (include after
+// Batch-norm statistics shared by batch_norm2d.cu and bn_relu_pool2d.cu (include after
 // common.cuh, inside an anonymous namespace, with THREADS defined).
 //
 //   bn_stats        one block per (channel c, chunk s): each thread sums (v - K) and
@@ -81,16 +81,4 @@ __device__ __forceinline__ void channel_stats(const double* __restrict__ part, i
     }
     mean = (float)m;
     rstd = (float)(1.0 / sqrt(m2 / cnt + (double)eps));
-}
-
-// Sum over the block in double (every thread's value; the result in thread 0).
-__device__ __forceinline__ double block_sum64(double v, double* red) {
-    __syncthreads();  // red may still be read by a previous call
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (int h = THREADS / 2; h > 0; h >>= 1) {
-        if (threadIdx.x < h) red[threadIdx.x] += red[threadIdx.x + h];
-        __syncthreads();
-    }
-    return red[0];
 }

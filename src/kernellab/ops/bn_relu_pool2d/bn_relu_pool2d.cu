@@ -11,8 +11,9 @@
 //                dropped row and column included).
 //   brp_fwd      one thread per pooled output (index over N * P * Q): every thread merges
 //                its channel's split_s triples in fp64 and rounds mean and rstd once (block
-//                s == 0 stores them), loads the 2x2 window, finds its first maximum on x * sign(rstd * w) (the normalization
-//                is monotone in x: comparing x is exact, the float64 choice; a NaN wins),
+//                s == 0 stores them), loads the 2x2 window, finds its first maximum on
+//                x * sign(rstd * w) (the normalization is monotone in x: comparing x is
+//                exact, the float64 choice; a NaN wins),
 //                normalizes that value with batch_norm2d's expression (x - mean) * (rstd * w)
 //                + b and writes z = relu of it and code = r * 2 + s of the maximum, or -1
 //                where the value is <= 0 (the relu closed the window).
@@ -25,6 +26,7 @@
 //                s == 0 stores dw and db.
 // Indexing: flat indices are 32-bit (< 2^31 per channel), element offsets 64-bit.
 #include "common.cuh"
+#include "reduce.cuh"
 
 namespace {
 
@@ -110,8 +112,8 @@ __device__ void brp_bwd_sums(const T* __restrict__ dz, const signed char* __rest
             sb += g;
         }
     }
-    const double tw = block_sum64(sw, red);
-    const double tb = block_sum64(sb, red);
+    const double tw = kl::smem_block_sum<THREADS>(sw, red);
+    const double tb = kl::smem_block_sum<THREADS>(sb, red);
     if (threadIdx.x == 0) {
         part[c * split + s] = tw;
         part[C * split + c * split + s] = tb;

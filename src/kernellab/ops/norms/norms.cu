@@ -36,18 +36,12 @@ constexpr int V2_THREADS = 256;
 
 // ---------------------------------------------------------------------------- v1
 
-// Sum over the block through shared memory: each step halves the active threads.
-// ``red`` holds V1_THREADS values (float, or double for the backward's mean); every thread gets the result.
+// Sum over the block through shared memory, each step halving the active threads
+// (kl::smem_block_sum); ``red`` holds V1_THREADS values (float, or double for the
+// backward's mean); every thread gets the result.
 template <typename A>
 __device__ __forceinline__ A v1_block_sum(A v, A* red) {
-    __syncthreads();  // red may still be read by the previous call
-    red[threadIdx.x] = v;
-    __syncthreads();
-    for (int s = V1_THREADS / 2; s > 0; s >>= 1) {
-        if (threadIdx.x < s) red[threadIdx.x] += red[threadIdx.x + s];
-        __syncthreads();
-    }
-    return red[0];
+    return kl::smem_block_sum<V1_THREADS>(v, red);
 }
 
 // This thread's part of sum(x - mean) over a row: the corrected two-pass mean. fp32 x
