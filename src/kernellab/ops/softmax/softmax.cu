@@ -111,21 +111,36 @@ __device__ void bwd_v1(const T* y, const T* dy, T* dx, long long rows, int cols)
     for (int c = 0; c < cols; ++c) dx[o + c] = from_f<T>(to_f(y[o + c]) * (to_f(dy[o + c]) - dot));
 }
 
+// The backward's dot = sum(y * dy) and dy - dot: fp32 rows accumulate in fp64 and form
+// y * (dy - dot) in fp64, rounding once. In fp32, dot's rounding error, cancelled against
+// dy where one y is near 1, measured 5.04e-7 in dx against a bound of 3.92e-7 (2x
+// PyTorch's error) at 37 x 1025 for cuda_v3 on the H100 (one seed of `kernellab check`),
+// and 2.04e-7 against 1.84e-7 at 17 x 4097 for v2's fp32 tree (a GPU test). 16-bit rows
+// keep fp32 (their output rounding dominates).
+template <typename T>
+struct DotAcc {
+    using type = float;
+};
+template <>
+struct DotAcc<float> {
+    using type = double;
+};
+
 // ---------------------------------------------------------------------------- v2
 
 constexpr int V2_THREADS = 256;
 
 // Shared-memory tree with sequential addressing: at each level the lower half of the
 // active threads adds the upper half (contiguous threads stay busy; no bank conflicts).
-template <typename Op>
-__device__ __forceinline__ float tree_reduce(float v, float* buf, Op op) {
+template <typename V, typename Op>
+__device__ __forceinline__ V tree_reduce(V v, V* buf, Op op) {
     buf[threadIdx.x] = v;
     __syncthreads();
     for (int half = V2_THREADS / 2; half > 0; half >>= 1) {
         if (threadIdx.x < half) buf[threadIdx.x] = op(buf[threadIdx.x], buf[threadIdx.x + half]);
         __syncthreads();
     }
-    const float out = buf[0];
+    const V out = buf[0];
     __syncthreads();  // buf is reused by the next reduction
     return out;
 }
@@ -147,13 +162,14 @@ __device__ void fwd_v2(const T* x, T* y, int cols) {
 
 template <typename T>
 __device__ void bwd_v2(const T* y, const T* dy, T* dx, int cols) {
-    __shared__ float buf[V2_THREADS];
+    using A = typename DotAcc<T>::type;  // fp64 for fp32 rows, as v3 / v4
+    __shared__ A buf[V2_THREADS];
     const long long o = blockIdx.x * (long long)cols;
-    float dot = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += V2_THREADS) dot += to_f(y[o + c]) * to_f(dy[o + c]);
-    dot = tree_reduce(dot, buf, kl::SumOp{});
+    A dot = 0;
+    for (int c = threadIdx.x; c < cols; c += V2_THREADS) dot += A(to_f(y[o + c])) * A(to_f(dy[o + c]));
+    dot = tree_reduce(dot, buf, [](A a, A b) { return a + b; });
     for (int c = threadIdx.x; c < cols; c += V2_THREADS)
-        dx[o + c] = from_f<T>(to_f(y[o + c]) * (to_f(dy[o + c]) - dot));
+        dx[o + c] = from_f<T>(float(A(to_f(y[o + c])) * (A(to_f(dy[o + c])) - dot)));
 }
 
 // ---------------------------------------------------------------------------- v3 / v4
@@ -247,20 +263,6 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
         }
     }
 }
-
-// The backward's dot = sum(y * dy) and dy - dot: fp32 rows accumulate in fp64 and form
-// y * (dy - dot) in fp64, rounding once. In fp32, dot's rounding error, cancelled against
-// dy where one y is near 1, measured 5.04e-7 in dx against a bound of 3.92e-7 (2x
-// PyTorch's error) at 37 x 1025 for cuda_v3 on the H100 (one seed of `kernellab check`).
-// 16-bit rows keep fp32 (their output rounding dominates).
-template <typename T>
-struct DotAcc {
-    using type = float;
-};
-template <>
-struct DotAcc<float> {
-    using type = double;
-};
 
 template <bool WARP_ROWS>
 __device__ __forceinline__ float dot_allreduce(float v, float* scratch) {
