@@ -349,6 +349,8 @@ def option_key(op: str, kwargs) -> str:
         cases = get_spec(op).bench_options
         first = cases[0] if cases else {}
         keys = _OPTION_KEYS[op] = tuple((k, first.get(k)) for k in sorted(set().union(*cases)))
+    if not keys:  # (runs on every default call: no dict for ops without table options)
+        return ""
     return options_str({k: kwargs.get(k, d) for k, d in keys})
 
 
@@ -357,7 +359,12 @@ def wants_grad(args) -> bool:
     requiring grad. Not the first alone: a network's first convolution takes images that
     need no gradient and weights that do (the MNIST default at batch 1024 chose conv2d by
     its forward time and then ran a backward 20x slower than cuDNN's: H100, 9493539)."""
-    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+    if not torch.is_grad_enabled():
+        return False
+    for a in args:  # (a loop, not any() over a generator: this runs on every default call)
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            return True
+    return False
 
 
 def choose(op: str, args, dev: str, mode: str | None = None, kwargs=None) -> tuple[str, str]:

@@ -447,3 +447,43 @@ def test_triton_launch_knobs_are_a_config_not_module_state(monkeypatch):
     got = lt.norm_bwd(dy, x, w, mean, rstd, False, True, cfg=lt.Config(bwd_prefetch=False))
     for g, r in zip(got, ref):
         torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("shape", [(64, 256), (3, 4096)])  # 2-D kernel; bf16 one-row kernel
+def test_gpu_triton_launch_plans_go_direct_and_fall_back_when_misaligned(rms, shape):
+    """After the first call at a shape, the Triton norms launch through the plan's bound
+    compiled launchers (triton_support.Bound); a misaligned x at the same shape (a view 2
+    bytes into its storage) must take Triton's own path, with the same results."""
+    from kernellab.ops.norms import triton as nt
+
+    dt = torch.bfloat16
+    op = "rms_norm" if rms else "layer_norm"
+    n = shape[0] * shape[1]
+    flat = torch.randn(n + 8, device="cuda").to(dt)
+    w = (1 + 0.1 * torch.randn(shape[-1], device="cuda")).to(dt).requires_grad_()
+    extra = () if rms else ((0.1 * torch.randn(shape[-1], device="cuda")).to(dt).requires_grad_(),)
+    dy = torch.randn(shape, device="cuda").to(dt)
+
+    def run(x):
+        leaf = x.detach().requires_grad_()
+        y = getattr(kernellab, op)(leaf, w, *extra, backend="triton")
+        return (y, *torch.autograd.grad(y, (leaf, w, *extra), dy))
+
+    aligned = flat[:n].view(shape)
+    first = run(aligned)
+    again = run(aligned)  # plans and bound launchers in place
+    size, dev = torch.Size(shape), aligned.device
+    fwd = nt._PLANS[("f", size, dt, dev, rms, rms, True, None)]  # (bias None for rms_norm)
+    bwd = nt._PLANS[("b", size, dt, dt, dev, rms, not rms, True, None)]
+    for b in (fwd.launch, bwd.launch, bwd.psum):
+        assert b.hit is not None, "the plan's launches did not go direct"
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    mis = flat[1 : n + 1].view(shape)  # 2 bytes off
+    assert mis.data_ptr() % 16
+    got = run(mis)
+    ref = run(mis.clone())  # the same values, aligned
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=0) if a.dim() == 1 else torch.testing.assert_close(a, b)

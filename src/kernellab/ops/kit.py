@@ -165,6 +165,11 @@ def build(decl: OpDecl) -> Callable:
     )
     needs_grad = decl.needs_grad
     is_compiling = torch.compiler.is_compiling
+    # autograd.Function.apply's Python layer binds default arguments (we define no
+    # setup_context) and unwraps dead functorch wrappers (only under functorch transforms,
+    # where it is kept); outside transforms the C apply it ends in is called directly.
+    c_apply = super(torch.autograd.Function, Eager).apply
+    functorch_active = torch._C._are_functorch_transforms_active
 
     def call(*inputs):
         nonlocal single
@@ -174,7 +179,7 @@ def build(decl: OpDecl) -> Callable:
                 return out
             return out[0] if n_out == 1 else tuple(out[:n_out])
         if needs_grad(*inputs) and grad_enabled():
-            return Eager.apply(*inputs)
+            return Eager.apply(*inputs) if functorch_active() else c_apply(*inputs)
         out = fwd(*inputs)
         if single is None:
             single = isinstance(out, torch.Tensor)

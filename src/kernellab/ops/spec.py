@@ -232,6 +232,26 @@ class BadInput:
     needs_gpu: bool = False
 
 
+class _LayoutCheckingValidator:
+    """An op's validator that checks every tensor argument's layout itself (see
+    ``layout_checking``): ``OpSpec.validate`` skips its generic layout loop for it."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, args, kwargs, devices):
+        return self.fn(args, kwargs, devices)
+
+
+def layout_checking(fn) -> _LayoutCheckingValidator:
+    """Mark ``fn`` (an ``OpSpec.validator``) as one that rejects non-strided tensors in
+    every argument it takes, naming the argument; the generic loop is then skipped (it
+    runs on every call: host cost)."""
+    return _LayoutCheckingValidator(fn)
+
+
 @dataclass
 class OpSpec:
     name: str
@@ -382,6 +402,10 @@ class OpSpec:
     # -- validation -----------------------------------------------------------------
     def validate(self, args, kwargs, devices=("cuda", "cpu")) -> None:
         """Raise TypeError/ValueError naming the offending argument."""
+        v = self.validator
+        if v is not None and v.__class__ is _LayoutCheckingValidator:
+            v(args, kwargs, devices)  # it checks every tensor's layout itself
+            return
         named = list(enumerate(args)) + (list(kwargs.items()) if kwargs else [])
         for i, a in named:  # every backend reads dense strided storage
             if isinstance(a, torch.Tensor) and a.layout is not torch.strided:

@@ -19,6 +19,7 @@ and dy are read exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton.language as tl
@@ -342,105 +343,132 @@ def _row_1d(rows: int, dtype, cfg: Config = CONFIG) -> bool:
     return cfg.fwd_row_1d and rows == 1 and dtype != torch.float32
 
 
+# Launch plans: what a launcher derives from (shape, dtypes, flags, config) - grid, tiles,
+# constexprs, the bound launches (triton_support.Bound) - computed once per key. A call
+# then allocates its outputs and launches (the host cost of a GPT-2-sized model's norm
+# calls is mostly this Python; NOTES, seventeenth session).
+_PLANS: dict = {}
+_PLANS_MAX = 1024  # ever-new shapes (varying lengths) rebuild plans, never grow without bound
+
+
+def _plan(x, key, make):
+    """The plan of ``key`` (made by ``make()`` at its first call); traced calls
+    (torch.compile's fake tensors, whose shapes may be symbolic) make one and keep none."""
+    if type(x) is not torch.Tensor:  # (a symbolic shape is not even hashable)
+        return make()
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = make()
+    return plan
+
+
+class FwdPlan(NamedTuple):
+    n_rows: int
+    n_cols: int
+    launch: triton_support.Bound | None  # None: nothing to launch (an empty input)
+    row_kernel: bool  # _norm_fwd_row_kernel (no n_rows argument)
+
+
+class BwdPlan(NamedTuple):
+    n_rows: int
+    n_cols: int
+    programs: int
+    want_db: bool
+    launch: triton_support.Bound | None
+    rows_per_program: int
+    psum: triton_support.Bound | None  # None: fp32 weights (torch's sum) or nothing to launch
+
+
+def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
+    n_rows, n_cols = _kit.rows_of(x)
+    if not (n_rows and n_cols):
+        return FwdPlan(n_rows, n_cols, None, False)
+    block, rows, warps = _fwd_config(n_cols, cfg)
+    # tensors passed in (x, w, b, res, h) are checked for alignment on every call; the
+    # launcher's own allocations need not be
+    if _row_1d(rows, x.dtype, cfg):
+        kw = dict(BLOCK=block, RMS=rms, HAS_BIAS=has_bias, RES=has_res, EVEN=block == n_cols,
+                  WIDE=not (cfg.fwd_narrow and x.numel() < 2**31), num_warps=warps)  # fmt: skip
+        return FwdPlan(n_rows, n_cols, triton_support.Bound(_norm_fwd_row_kernel, (n_rows,), kw, (0, 1, 2, 3, 4)), True)
+    kw = dict(BLOCK=block, ROWS=rows, RMS=rms, HAS_BIAS=has_bias, RES=has_res, EVICT=cfg.fwd_evict,
+              EVEN=cfg.fwd_even and block == n_cols and n_rows % rows == 0,
+              WIDE=not (cfg.fwd_narrow and x.numel() < 2**31), num_warps=warps)  # fmt: skip
+    grid = (triton_support.cdiv(n_rows, rows),)
+    return FwdPlan(n_rows, n_cols, triton_support.Bound(_norm_fwd_kernel, grid, kw, (0, 1, 2, 3, 4)), False)
+
+
 def norm_fwd(x, w, b, eps, rms, res=None, h=None, cfg: Config = CONFIG):
     """See _kit: (y, mean, rstd); x contiguous. With ``res`` (contiguous, x's shape and
     dtype) the kernel normalizes x + res and writes that sum into ``h`` (fresh, x's shape)."""
+    key = ("f", x.shape, x.dtype, x.device, rms, b is None, res is None, None if cfg is CONFIG else cfg)
+    plan = _plan(x, key, lambda: _fwd_plan(x, rms, b is not None, res is not None, cfg))
+    n_rows, n_cols, launch, row_kernel = plan
     y = torch.empty_like(x)
-    mean, rstd = _kit.empty_stats(x, rms)
-    n_rows, n_cols = _kit.rows_of(x)
-    block, rows, warps = _fwd_config(n_cols, cfg)
-    if n_rows and n_cols and _row_1d(rows, x.dtype, cfg):
-        _norm_fwd_row_kernel[(n_rows,)](
-            x,
-            w,
-            b if b is not None else w,
-            res if res is not None else x,
-            h if h is not None else y,
-            y,
-            mean if mean is not None else rstd,
-            rstd,
-            n_cols,
-            eps,
-            BLOCK=block,
-            RMS=rms,
-            HAS_BIAS=b is not None,
-            RES=res is not None,
-            EVEN=block == n_cols,
-            WIDE=not (cfg.fwd_narrow and x.numel() < 2**31),
-            num_warps=warps,
-        )
-    elif n_rows and n_cols:
-        _norm_fwd_kernel[(triton_support.cdiv(n_rows, rows),)](
-            x,
-            w,
-            b if b is not None else w,
-            res if res is not None else x,
-            h if h is not None else y,
-            y,
-            mean if mean is not None else rstd,
-            rstd,
-            n_rows,
-            n_cols,
-            eps,
-            BLOCK=block,
-            ROWS=rows,
-            RMS=rms,
-            HAS_BIAS=b is not None,
-            RES=res is not None,
-            EVICT=cfg.fwd_evict,
-            EVEN=cfg.fwd_even and block == n_cols and n_rows % rows == 0,
-            WIDE=not (cfg.fwd_narrow and x.numel() < 2**31),
-            num_warps=warps,
-        )
+    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    mean = None if rms else torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    if launch is not None:
+        stats = mean if mean is not None else rstd
+        args = (x, w, b if b is not None else w, res if res is not None else x, h if h is not None else y, y,
+                stats, rstd)  # fmt: skip
+        if row_kernel:
+            launch(*args, n_cols, eps)
+        else:
+            launch(*args, n_rows, n_cols, eps)
     return y, mean, rstd
 
 
-def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFIG):
-    """See _kit: (dx, dw, db); dy and x contiguous. With ``dres`` (contiguous, x's shape
-    and dtype) dx is the norm's gradient plus dres, rounded as two ops would round."""
+def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     n_rows, n_cols = _kit.rows_of(x)
-    dx = torch.empty_like(x)  # x is contiguous
     want_db = has_bias and not rms
     if not (n_rows and n_cols):
-        db = torch.zeros_like(w) if want_db else None
-        if dres is not None:
-            dx.copy_(dres)
-        return dx, torch.zeros_like(w), db
+        return BwdPlan(n_rows, n_cols, 0, want_db, None, 0, None)
     block = triton_support.next_pow2(n_cols)
     if block > MAX_D:
         raise ValueError(f"x: rows of {n_cols} elements are wider than the triton backend's limit ({MAX_D})")
     programs = _bwd_programs(n_rows, x.device, cfg)
     per = triton_support.cdiv(n_rows, programs)
     programs = triton_support.cdiv(n_rows, per)
+    kw = dict(BLOCK=block, RMS=rms, PREFETCH=cfg.bwd_prefetch, RES=has_dres, num_warps=_bwd_warps(block, cfg),
+              # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g),
+              # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
+              enable_fp_fusion=False)  # fmt: skip
+    # dy, x, w, mean, rstd and dres come from outside: checked for alignment on every call
+    bwd = triton_support.Bound(_norm_bwd_kernel, (programs,), kw, (0, 1, 2, 3, 4, 6))
+    psum = None
+    if w.dtype != torch.float32:
+        block_p, block_c = _psum_config(programs, n_cols, cfg)
+        psum = triton_support.Bound(
+            _partials_sum_kernel,
+            (triton_support.cdiv(n_cols, block_c),),
+            dict(HAS_DB=want_db, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4),
+            (1,),  # db_part is rstd when there is no db
+        )
+    return BwdPlan(n_rows, n_cols, programs, want_db, bwd, per, psum)
+
+
+def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFIG):
+    """See _kit: (dx, dw, db); dy and x contiguous. With ``dres`` (contiguous, x's shape
+    and dtype) dx is the norm's gradient plus dres, rounded as two ops would round."""
+    key = ("b", x.shape, x.dtype, w.dtype, x.device, rms, has_bias, dres is None, None if cfg is CONFIG else cfg)
+    plan = _plan(x, key, lambda: _bwd_plan(x, w, rms, has_bias, dres is not None, cfg))
+    n_rows, n_cols, programs, want_db, launch, per, psum = plan
+    dx = torch.empty_like(x)  # x is contiguous
+    if launch is None:
+        db = torch.zeros_like(w) if want_db else None
+        if dres is not None:
+            dx.copy_(dres)
+        return dx, torch.zeros_like(w), db
     # Separate buffers, not views of one: under torch.compile a view of a buffer that a
     # kernel writes is functionalized into copies (Inductor emitted three select/clone
     # kernels per norm backward in the GPT-2 step, 75 launches a step). RMS has no db: its
     # db_part argument is rstd, which the kernel never touches then.
     dw_part = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device)
     db_part = torch.empty_like(dw_part) if not rms else rstd
-    _norm_bwd_kernel[(programs,)](
-        dy,
-        x,
-        w,
-        mean if mean is not None else rstd,
-        rstd,
-        dx,
-        dres if dres is not None else dx,
-        dw_part,
-        db_part,
-        n_rows,
-        n_cols,
-        per,
-        BLOCK=block,
-        RMS=rms,
-        PREFETCH=cfg.bwd_prefetch,
-        RES=dres is not None,
-        num_warps=_bwd_warps(block, cfg),
-        # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g),
-        # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
-        enable_fp_fusion=False,
-    )
-    if w.dtype == torch.float32:
+    launch(dy, x, w, mean if mean is not None else rstd, rstd, dx, dres if dres is not None else dx, dw_part,
+           db_part, n_rows, n_cols, per)  # fmt: skip
+    if psum is None:
         # fp32 weights: torch's sum (no cast to launch). The kernel below measured 2.1e-4
         # against a bound of 1.8e-4 for dweight at (70000, 3) on the H100 (gpu test).
         dw = _kit.reduce_partials(dw_part, w.dtype)
@@ -450,19 +478,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFI
     db = torch.empty_like(dw) if want_db else None
     # 16-bit weights: one launch sums the partials of dw (and db) and casts to w's dtype;
     # torch's sum(0).to(dtype) took two launches per parameter (~10 us of host time each).
-    block_p, block_c = _psum_config(programs, n_cols, cfg)
-    _partials_sum_kernel[(triton_support.cdiv(n_cols, block_c),)](
-        dw_part,
-        db_part,
-        dw,
-        db if db is not None else dw,
-        programs,
-        n_cols,
-        HAS_DB=want_db,
-        BLOCK_P=block_p,
-        BLOCK_C=block_c,
-        num_warps=4,
-    )
+    psum(dw_part, db_part, dw, db if db is not None else dw, programs, n_cols)
     return dx, dw, db
 
 
