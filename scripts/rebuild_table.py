@@ -7,6 +7,14 @@
 
 Files are read in the order given; a later row of the same case and backend replaces an
 earlier one, as a later ``kernellab tune`` run does. Prints which choices changed.
+
+``--verify FILE ...`` (``tune_all.py --phases verify`` rows, paired): where the paired rounds
+of a tuned shape (the ``heldout`` family is never fed back) put PyTorch's op more than
+MARGIN faster than the table's choice, the choice becomes ``torch`` and the row keeps the
+paired medians under ``verified``. Paired rounds (the backends taking turns, each round's
+time the larger of device and loop time) are what a default is judged by; the tune rows'
+loop times were taken one backend after another on a host whose speed drifts, which made
+some launch-bound choices by noise. A changed table needs a new verify run to be judged.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--out", default=None, help="table path (default: the package's table of the rows' GPU)")
+    ap.add_argument("--verify", nargs="+", default=[], help="verify.jsonl files whose paired verdicts apply")
     a = ap.parse_args(argv)
     rows = [json.loads(line) for f in a.files for line in open(f) if line.strip()]
     gpus = {r["gpu"] for r in rows if r.get("gpu")}
@@ -46,6 +55,9 @@ def main(argv=None) -> int:
         if was is not None and was != r["best"]:
             print(f"{r['op']} {r['dtype']} {r['mode']} {r['shape']} {r['options']}: {was} -> {r['best']} "
                   f"(device {r['device']})")  # fmt: skip
+    if a.verify:
+        vrows = [json.loads(line) for f in a.verify for line in open(f) if line.strip()]
+        _apply_verify(kept + new_rows, vrows)
     first = rows[-1]
     table = {
         "gpu": gpu,
@@ -56,6 +68,7 @@ def main(argv=None) -> int:
             "torch": first.get("torch"), "triton": first.get("triton"), "cuda": first.get("cuda"),
             "device": gpu, "how": tuning.HOW,
             "rebuilt_from": [os.path.basename(f) for f in a.files],
+            **({"verified_by": [os.path.basename(f) for f in a.verify]} if a.verify else {}),
         },
     }  # fmt: skip
     with open(path, "w") as fh:
@@ -63,6 +76,35 @@ def main(argv=None) -> int:
         fh.write("\n")
     print(f"{path}: {len(table['rows'])} rows ({len(new_rows)} from the files, {len(kept)} kept)")
     return 0
+
+
+MARGIN = 0.05
+
+
+def _apply_verify(table_rows, vrows) -> None:
+    """Switch a row's choice to torch where its verify case's paired rounds say torch is
+    more than MARGIN faster than the choice (see the module docstring); in place."""
+    import statistics
+
+    cases: dict = {}
+    for r in vrows:
+        if r.get("family") == "heldout" or not r.get("paired_rounds_ms") or r.get("backend") == "default":
+            continue
+        o = r.get("options") or ""
+        key = (r["op"], r["dtype"], r["mode"], r["shape"], o if isinstance(o, str) else "")
+        cases.setdefault(key, {})[r["backend"]] = r["paired_rounds_ms"]
+    for t in table_rows:
+        key = (t["op"], t["dtype"], t["mode"], "x".join(map(str, t["shape"])), t.get("options", ""))
+        got = cases.get(key)
+        if not got or "torch" not in got or t["best"] not in got or t["best"] == "torch":
+            continue
+        ratio = statistics.median(c / p for c, p in zip(got[t["best"]], got["torch"]))
+        if ratio > 1 + MARGIN:
+            print(f"{t['op']} {t['dtype']} {t['mode']} {t['shape']} {t.get('options', '')}: {t['best']} -> torch "
+                  f"(paired {t['best']}/torch {ratio:.2f})")  # fmt: skip
+            t["verified"] = {"was": t["best"], "paired_ratio_vs_torch": round(ratio, 3),
+                             "paired_median_ms": {b: round(statistics.median(v), 5) for b, v in got.items()}}  # fmt: skip
+            t["best"] = "torch"
 
 
 if __name__ == "__main__":
