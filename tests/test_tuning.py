@@ -173,6 +173,48 @@ def test_rebuild_table_script_writes_device_times(tmp_path):
     assert table["gpu"] == "Fake GPU" and table["provenance"]["git_sha"] == "abc"
 
 
+def test_rebuild_table_applies_paired_verify_verdicts(tmp_path):
+    """--verify: a tuned shape whose paired rounds put torch >5% ahead of the table's choice
+    switches to torch (recorded under 'verified'); within 5%, or a heldout shape, does not."""
+    import subprocess
+    import sys
+
+    def tune_row(shape, b, d, e):
+        return {"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": shape, "status": "ok", "gpu": "Fake GPU",
+                "git_sha": "abc", "backend": b, "median_ms": d, "effective_ms": e}  # fmt: skip
+
+    rows = [tune_row(s, b, d, e) for s in ("4096", "8192", "16384")
+            for b, d, e in (("torch", 0.01, 0.03), ("triton", 0.008, 0.0301))]  # fmt: skip
+
+    def verify_row(shape, fam, b, rounds):
+        return {**tune_row(shape, b, 0.008, 0.03), "family": fam, "paired_rounds_ms": rounds}
+
+    vrows = [
+        verify_row("4096", "small", "triton", [0.030, 0.040, 0.031]),  # torch 1.25x faster: switch
+        verify_row("4096", "small", "torch", [0.024, 0.032, 0.025]),
+        verify_row("4096", "small", "default", [0.030, 0.040, 0.031]),
+        verify_row("8192", "small", "triton", [0.030, 0.030, 0.030]),  # 1.03x: stays
+        verify_row("8192", "small", "torch", [0.029, 0.029, 0.029]),
+        verify_row("16384", "heldout", "triton", [0.05, 0.05, 0.05]),  # heldout: never fed back
+        verify_row("16384", "heldout", "torch", [0.01, 0.01, 0.01]),
+    ]
+    src, ver, out = tmp_path / "tune.jsonl", tmp_path / "verify.jsonl", tmp_path / "table.json"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ver.write_text("".join(json.dumps(r) + "\n" for r in vrows))
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "scripts" / "rebuild_table.py"), str(src), "--out", str(out),
+                          "--verify", str(ver)], capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root / "src")})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    table = json.loads(out.read_text())
+    best = {r["shape"][0]: r for r in table["rows"]}
+    assert best[4096]["best"] == "torch" and best[4096]["verified"]["was"] == "triton"
+    assert best[4096]["verified"]["paired_ratio_vs_torch"] == 1.25
+    assert best[8192]["best"] == "triton" and "verified" not in best[8192]
+    assert best[16384]["best"] == "triton"
+    assert table["provenance"]["verified_by"] == ["verify.jsonl"]
+
+
 def test_default_calls_the_backend_the_table_names(tables):
     calls = []
 
