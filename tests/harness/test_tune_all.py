@@ -23,8 +23,21 @@ def test_verify_verdicts_come_from_paired_rounds(tmp_path, monkeypatch):
     assert rows and summary["cases"] > 0 and not summary["left_out"]
     ok = [r for r in rows if r.get("status") == "ok"]
     assert ok and all(len(r["paired_rounds_ms"]) == 3 for r in ok)
-    # every round's effective time is at least the row's device time
-    assert all(min(r["paired_rounds_ms"]) >= r["median_ms"] - 1e-5 for r in ok)  # (rounded to 1e-5 ms)
+    # every round's effective time is its loop time floored at the backend's device time;
+    # the default and the backend it chose run the same kernels: one floor, the lesser median
+    for r in ok:
+        assert r["paired_rounds_ms"] == [round(max(r["paired_floor_ms"], ms), 5) for ms in r["paired_loop_ms"]]
+        assert r["paired_floor_ms"] <= round(r["median_ms"], 5) + 1e-5
+    med: dict = {}
+    for r in ok:
+        med.setdefault((str(r["shape"]), r["mode"]), {})[r["backend"]] = r
+    shared = 0
+    for case in med.values():
+        d, c = case.get("default"), case.get(case["default"]["chosen"]) if "default" in case else None
+        if d and c and c is not d:
+            assert d["paired_floor_ms"] == c["paired_floor_ms"] == round(min(d["median_ms"], c["median_ms"]), 5)
+            shared += 1
+    assert shared
     # a case's verdict is the median of its same-round ratios; a group's is the worst case
     worst: dict = {}
     by_case: dict = {}
