@@ -199,6 +199,15 @@ def test_bad_inputs_name_the_argument():
         ln.layer_norm(torch.tensor(1.0), torch.ones(1), backend="triton")
     with pytest.raises(TypeError, match=r"\bx\b"):
         ln.layer_norm(x.double(), w.double(), backend="triton")
+    # layouts and devices: the norms' validator checks every tensor itself (the spec's
+    # generic layout loop is skipped for it)
+    for name, args in (("x", (x.to_sparse(), w, w)), ("weight", (x, w.to_sparse(), w)), ("bias", (x, w, w.to_sparse())),
+                       ("weight", (x, w.to(device="meta"), w)), ("weight", (x, torch.ones(1, 8), w))):  # fmt: skip
+        for backend in ("triton", "torch", "manual"):
+            with pytest.raises((TypeError, ValueError), match=rf"\b{name}\b"):
+                ln.layer_norm(*args, backend=backend)
+        with pytest.raises((TypeError, ValueError), match=rf"\b{name}\b"):
+            ln.layer_norm(*args)  # the default
 
 
 def test_triton_refuses_rows_wider_than_its_limit():

@@ -55,20 +55,22 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
             x, w = args[0], args[1]
             b = args[2] if n == 3 else None
             if isinstance(x, Tensor) and isinstance(w, Tensor) and (b is None or isinstance(b, Tensor)):
-                # (get_device / is_cuda / ndim: the cheapest reads of each fact; device.type
-                # alone costs ~0.7 us on a CPU host)
-                dt, gd = x.dtype, x.get_device()
+                # (is_cuda / get_device / ndim: the cheapest reads of each fact on a GPU;
+                # device.type alone costs ~0.7 us on a CPU host. get_device is -1 for every
+                # device without an index (cpu, meta): off CUDA the devices are compared.)
+                dt, cuda = x.dtype, x.is_cuda
+                gd = x.get_device() if cuda else x.device
                 eps = kwargs.get("eps", 0.0) if kwargs else 0.0
                 if (
                     dt in _FLOATS
                     and x.layout is torch.strided
                     and x.ndim
-                    and ("cuda" in devices if x.is_cuda else x.device.type in devices)
+                    and ("cuda" in devices if cuda else gd.type in devices)
                     and w.dtype is dt
                     and w.layout is torch.strided
                     and w.ndim == 1
                     and w.shape[0] == x.shape[-1]
-                    and w.get_device() == gd
+                    and (w.is_cuda and w.get_device() == gd if cuda else w.device == gd)
                     and (
                         b is None
                         or (
@@ -76,7 +78,7 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
                             and b.layout is torch.strided
                             and b.ndim == 1
                             and b.shape[0] == w.shape[0]
-                            and b.get_device() == gd
+                            and (b.is_cuda and b.get_device() == gd if cuda else b.device == gd)
                         )
                     )
                     and 0.0 <= eps < math.inf
