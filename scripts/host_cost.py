@@ -105,8 +105,7 @@ def main(argv=None) -> int:
                     if base and r.get("rounds_us"):
                         # paired: the median over rounds of this backend's time over torch's in
                         # the same round (this host's speed drifts between rounds)
-                        ratios = [a / b for a, b in zip(r["rounds_us"], base["rounds_us"])]
-                        r["vs_torch"] = round(statistics.median(ratios), 3)
+                        r["vs_torch"] = round(timer.paired_ratio(r["rounds_us"], base["rounds_us"]), 3)
                         if label == "tiny":
                             r["within_bound"] = r["vs_torch"] <= BOUND[mode]
                     if args.out:  # row by row: a run cut short by a time limit keeps what it measured

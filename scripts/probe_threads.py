@@ -82,7 +82,7 @@ def main() -> int:
                 print(f"{s:22s} {k:20s} error {errors[k]!r}")
                 continue
             base = times[k.split()[0] + " torch"]
-            ratio = statistics.median(t / u for t, u in zip(times[k], base))
+            ratio = timer.paired_ratio(times[k], base)
             us = statistics.median(times[k]) * 1e3
             rows.append({**meta, "probe": "threads", "setting": s, "case": k, "us": round(us, 2),
                          "vs_torch": round(ratio, 3)})  # fmt: skip

@@ -25,6 +25,7 @@ import os
 import sys
 
 from kernellab import tuning
+from kernellab.harness import timer
 
 
 def main(argv=None) -> int:
@@ -98,7 +99,7 @@ def _apply_verify(table_rows, vrows) -> None:
         got = cases.get(key)
         if not got or "torch" not in got or t["best"] not in got or t["best"] == "torch":
             continue
-        ratio = statistics.median(c / p for c, p in zip(got[t["best"]], got["torch"]))
+        ratio = timer.paired_ratio(got[t["best"]], got["torch"])
         if ratio > 1 + MARGIN:
             print(f"{t['op']} {t['dtype']} {t['mode']} {t['shape']} {t.get('options', '')}: {t['best']} -> torch "
                   f"(paired {t['best']}/torch {ratio:.2f})")  # fmt: skip

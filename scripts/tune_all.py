@@ -32,12 +32,12 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
 import torch
 
+from kernellab.harness import timer
 from kernellab.harness.bench import _eff as bench_eff
 from kernellab.ops.spec import options_str
 
@@ -183,7 +183,6 @@ def _paired(spec, shape, dtype, mode, dev, opts, rows, rounds: int, chosen: str 
     itself). Returns {"rounds_ms", "loop_ms", "floor_ms", "ratio"} (ratio: the median over
     rounds of default / backend) or None when the default did not pass."""
     from kernellab import registry
-    from kernellab.harness import timer
     from kernellab.harness.bench import DefaultImpl, Problem
 
     ok = {r["backend"]: r for r in rows if r.get("status") == "ok"}
@@ -203,7 +202,7 @@ def _paired(spec, shape, dtype, mode, dev, opts, rows, rounds: int, chosen: str 
         floor["default"] = floor[chosen] = min(floor["default"], floor[chosen])
     times = {n: [round(max(floor[n], ms), 5) for ms in ts] for n, ts in loops.items()}
     base = times["default"]
-    ratio = {n: round(statistics.median([d / x for d, x in zip(base, ts)]), 3) for n, ts in times.items()}
+    ratio = {n: round(timer.paired_ratio(base, ts), 3) for n, ts in times.items()}
     return {"rounds_ms": times, "ratio": ratio, "floor_ms": {n: round(f, 5) for n, f in floor.items()},
             "loop_ms": {n: [round(ms, 5) for ms in ts] for n, ts in loops.items()}}
 
@@ -275,8 +274,7 @@ def summarize_rows(rows) -> dict:
         if "default" in rounds:
             base = rounds["default"]
             paired = {"rounds_ms": rounds,
-                      "ratio": {n: round(statistics.median([d / x for d, x in zip(base, ts)]), 3)
-                                for n, ts in rounds.items()}}  # fmt: skip
+                      "ratio": {n: round(timer.paired_ratio(base, ts), 3) for n, ts in rounds.items()}}
         shape_t = tuple(int(v) for v in shape.split("x"))
         cases.append(_case(op, fam, shape_t, dtypes[dt], mode, opts, rs[0].get("chosen"), rs, paired))
     return _summarize(cases)

@@ -95,15 +95,12 @@ class Impl:
         return self.fn(*args, **kwargs)
 
     def _validator(self):
-        """The spec's ``validate``, or straight its op's validator where that checks every
-        layout itself (``spec.layout_checking``: the spec would only add a frame)."""
-        from kernellab.ops.spec import _LayoutCheckingValidator, get_spec
-
         spec = self._spec
         if spec is None:  # an Impl built by hand rather than through register()
+            from kernellab.ops.spec import get_spec
+
             spec = self._spec = get_spec(self.op)
-        v = spec.validator
-        return v.fn if isinstance(v, _LayoutCheckingValidator) else spec.validate
+        return spec.call_validator()
 
     def outside_limits(self, args, options) -> str | None:
         """Why (args, options) are outside this backend's documented limits, or None."""

@@ -270,39 +270,35 @@ class Bound:
     current device, a traced call (torch.compile) or the interpreter take
     ``kernel[grid]``."""
 
-    __slots__ = ("kernel", "grid", "kw", "check", "hit", "dev")
+    __slots__ = ("kernel", "grid", "kw", "check", "lean", "hit", "dev")
 
     def __init__(self, kernel, grid: tuple, kw: dict, check: tuple[int, ...]):
         self.kernel, self.grid, self.kw, self.check = kernel, grid, kw, check
-        self.hit = None  # (run, grid..., function, packed, extra) once known
-        self.dev = None
+        # whether the kernel has a lean path at all (not under the interpreter, nor with
+        # KERNELLAB_TRITON_LAUNCH=jit): only then are alignments tested and launchers kept
+        self.lean = _LEAN_JIT is not None and isinstance(kernel, _LEAN_JIT) and _LEAN_JIT.raw_stream is not None
+        self.hit = None  # (run, grid x3, function, packed, extra) once known
+        self.dev = None  # the device index the launcher was found on
 
     def __call__(self, *args):
+        aligned = False
+        if self.lean and type(args[0]) is torch.Tensor:  # (fake tensors have no address)
+            al = 0
+            for i in self.check:
+                al |= args[i].data_ptr()
+            aligned = not al & 15
         hit = self.hit
-        if hit is not None and type(args[0]) is torch.Tensor:  # (fake tensors have no address)
-            al = 0
-            for i in self.check:
-                al |= args[i].data_ptr()
-            if not al & 15:
-                cls = _LEAN_JIT
-                dev = self.dev
-                if cls.current_device() == dev:
-                    run, g0, g1, g2, function, packed, extra = hit
-                    run(g0, g1, g2, cls.raw_stream(dev), function, packed, None, None, None, *args, *extra)
-                    return
+        if aligned and hit is not None and _LEAN_JIT.current_device() == self.dev:
+            run, g0, g1, g2, function, packed, extra = hit
+            run(g0, g1, g2, _LEAN_JIT.raw_stream(self.dev), function, packed, None, None, None, *args, *extra)
+            return
         self.kernel[self.grid](*args, **self.kw)
-        if hit is None and _LEAN_JIT is not None and isinstance(self.kernel, _LEAN_JIT):
-            a0 = args[0]
-            if type(a0) is not torch.Tensor or _LEAN_JIT.raw_stream is None:
-                return
-            al = 0
-            for i in self.check:
-                al |= args[i].data_ptr()
-            found = self.kernel.lean_hit(args, self.kw) if not al & 15 else None
+        if aligned and hit is None:  # keep the launcher Triton's path just used
+            found = self.kernel.lean_hit(args, self.kw)
             if found is not None:
                 run, function, packed, extra = found
                 g = self.grid
-                self.dev = a0.device.index
+                self.dev = args[0].device.index
                 self.hit = (run, g[0], g[1] if len(g) > 1 else 1, g[2] if len(g) > 2 else 1, function, packed, extra)
 
 

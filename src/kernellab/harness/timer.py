@@ -16,6 +16,7 @@ On the CPU: the host clock around each call (no cache flush; rows say so).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -326,3 +327,9 @@ def paired_loop_ms(fns: dict, calls: dict, rounds: int) -> tuple[dict, dict]:
             except Exception as e:  # noqa: BLE001 - the caller reports it
                 errors[name] = e
     return times, errors
+
+
+def paired_ratio(a: list, b: list) -> float:
+    """The median over rounds of a's time over b's in the same round (``paired_loop_ms``'s
+    rounds): the ratio a drifting host leaves alone."""
+    return statistics.median(x / y for x, y in zip(a, b))

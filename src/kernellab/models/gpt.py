@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernellab
+from kernellab.harness import timer
 
 MODES = ("eager", "compile", "compile-cudagraphs")
 SLOTS = ("ln", "gelu", "attn", "add", "ce", "linear")
@@ -732,7 +733,7 @@ def time_interleaved(builders: dict, warmup: int = 4, steps: int = 8, rounds: in
         rows[name].update(ms_per_step=statistics.median(ts), ms_min=min(ts), ms_max=max(ts), rounds=rounds)
         rows[name]["rounds_ms"] = [round(v, 3) for v in ts]
         if base:
-            rows[name]["ratio_paired"] = statistics.median(a / p for a, p in zip(ts, base))
+            rows[name]["ratio_paired"] = timer.paired_ratio(ts, base)
     return rows
 
 

@@ -232,24 +232,12 @@ class BadInput:
     needs_gpu: bool = False
 
 
-class _LayoutCheckingValidator:
-    """An op's validator that checks every tensor argument's layout itself (see
-    ``layout_checking``): ``OpSpec.validate`` skips its generic layout loop for it."""
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, args, kwargs, devices):
-        return self.fn(args, kwargs, devices)
-
-
-def layout_checking(fn) -> _LayoutCheckingValidator:
+def layout_checking(fn):
     """Mark ``fn`` (an ``OpSpec.validator``) as one that rejects non-strided tensors in
-    every argument it takes, naming the argument; the generic loop is then skipped (it
-    runs on every call: host cost)."""
-    return _LayoutCheckingValidator(fn)
+    every argument it takes, naming the argument; ``OpSpec.validate`` then skips its generic
+    layout loop (it runs on every call: host cost)."""
+    fn.checks_layouts = True
+    return fn
 
 
 @dataclass
@@ -403,7 +391,7 @@ class OpSpec:
     def validate(self, args, kwargs, devices=("cuda", "cpu")) -> None:
         """Raise TypeError/ValueError naming the offending argument."""
         v = self.validator
-        if v is not None and v.__class__ is _LayoutCheckingValidator:
+        if v is not None and getattr(v, "checks_layouts", False):
             v(args, kwargs, devices)  # it checks every tensor's layout itself
             return
         named = list(enumerate(args)) + (list(kwargs.items()) if kwargs else [])
@@ -435,6 +423,12 @@ class OpSpec:
                 else:
                     return
         self._validate_slow(args, kwargs, devices)
+
+    def call_validator(self):
+        """What each call runs to validate (``validate``'s signature): the op's validator
+        itself where it checks every layout (``layout_checking``), else ``validate``."""
+        v = self.validator
+        return v if v is not None and getattr(v, "checks_layouts", False) else self.validate
 
     def _validate_slow(self, args, kwargs, devices) -> None:
         if len(args) != len(self.arg_names):

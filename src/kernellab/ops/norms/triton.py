@@ -313,12 +313,18 @@ def _norm_bwd_kernel(
         tl.store(db_part_ptr + pid * n_cols + cols, db_acc, mask=cmask)
 
 
-def _fwd_config(n_cols: int, cfg: Config = CONFIG):
-    """(BLOCK, ROWS, num_warps): whole rows in registers, ~cfg.row_elems elements per program
-    (num_warps: cfg.fwd_warps when set)."""
+def _row_block(n_cols: int) -> int:
+    """The power-of-two block holding a whole row (ValueError past MAX_D)."""
     block = triton_support.next_pow2(max(n_cols, 1))
     if block > MAX_D:
         raise ValueError(f"x: rows of {n_cols} elements are wider than the triton backend's limit ({MAX_D})")
+    return block
+
+
+def _fwd_config(n_cols: int, cfg: Config = CONFIG):
+    """(BLOCK, ROWS, num_warps): whole rows in registers, ~cfg.row_elems elements per program
+    (num_warps: cfg.fwd_warps when set)."""
+    block = _row_block(n_cols)
     rows = max(1, min(64, cfg.row_elems // block))
     elems = block * rows
     warps = 4 if elems <= 2048 else 8 if elems <= 8192 else 16
@@ -424,9 +430,7 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     want_db = has_bias and not rms
     if not (n_rows and n_cols):
         return BwdPlan(n_rows, n_cols, 0, want_db, None, 0, None)
-    block = triton_support.next_pow2(n_cols)
-    if block > MAX_D:
-        raise ValueError(f"x: rows of {n_cols} elements are wider than the triton backend's limit ({MAX_D})")
+    block = _row_block(n_cols)
     programs = _bwd_programs(n_rows, x.device, cfg)
     per = triton_support.cdiv(n_rows, programs)
     programs = triton_support.cdiv(n_rows, per)
