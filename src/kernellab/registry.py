@@ -291,13 +291,12 @@ def call(op: str, backend: str | None, *args, **kwargs):
     if torch.compiler.is_compiling():  # traced: the cached per-device default, no table I/O
         return get(op, _DEFAULTS.get((op, dev)) or default_backend(op, dev))(*args, **kwargs)
     try:
-        n = tuning.KEY_ARGS.get(op, 1)
-        shapes = x.shape if n == 1 else (x.shape, args[1].shape)
-        ck = (op, dev, x.dtype, tuning.wants_grad(args), shapes,
-              tuning.option_key(op, kwargs) if kwargs else None)  # fmt: skip
-    except (AttributeError, IndexError):  # not tensors: the op's own validation says why
-        ck = None
-    impl = _CHOSEN.get(ck) if ck is not None else None
+        shapes = x.shape if op not in _KEY_ARGS else (x.shape, args[1].shape)
+        ck = (op, dev, x.dtype, _wants_grad(args), shapes, _option_values(op, kwargs) if kwargs else None)
+        impl = _CHOSEN.get(ck)
+    except (AttributeError, IndexError, TypeError):  # not tensors, or an unhashable option:
+        ck = impl = None  # the op's own validation says why
+
     if impl is None:
         name, why = tuning.choose(op, args, dev, None, kwargs)
         impl = get(op, name)
@@ -318,6 +317,11 @@ def call(op: str, backend: str | None, *args, **kwargs):
             return fallback(*args, **kwargs)
         except Exception:  # noqa: BLE001 - torch refuses too: the input is bad, say why
             raise refusal from None
+
+
+_KEY_ARGS = tuning.KEY_ARGS
+_wants_grad = tuning.wants_grad
+_option_values = tuning.option_values
 
 
 def _forget_choices() -> None:

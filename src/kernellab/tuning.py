@@ -340,18 +340,37 @@ def _heuristic(op: str, dev: str) -> str:
 _OPTION_KEYS: dict[str, tuple] = {}
 
 
-def option_key(op: str, kwargs) -> str:
-    """The options of a call that tables tell apart (those the op's ``bench_options``
-    vary, e.g. attention's ``causal``; an omitted one takes its value in the first bench
-    case), spelled as bench rows spell them (``spec.options_str``); "" for ops with none."""
+def _option_keys(op: str) -> tuple:
     keys = _OPTION_KEYS.get(op)
     if keys is None:
         cases = get_spec(op).bench_options
         first = cases[0] if cases else {}
         keys = _OPTION_KEYS[op] = tuple((k, first.get(k)) for k in sorted(set().union(*cases)))
-    if not keys:  # (runs on every default call: no dict for ops without table options)
+    return keys
+
+
+def option_key(op: str, kwargs) -> str:
+    """The options of a call that tables tell apart (those the op's ``bench_options``
+    vary, e.g. attention's ``causal``; an omitted one takes its value in the first bench
+    case), spelled as bench rows spell them (``spec.options_str``); "" for ops with none."""
+    keys = _option_keys(op)
+    if not keys:
         return ""
     return options_str({k: kwargs.get(k, d) for k, d in keys})
+
+
+def option_values(op: str, kwargs) -> tuple:
+    """``option_key``'s options as a tuple of their values (what the default's per-call
+    choice cache keys on: no string is built on the hot path; ``()`` for ops with none)."""
+    keys = _OPTION_KEYS.get(op)
+    if keys is None:
+        keys = _option_keys(op)
+    if not keys:
+        return ()
+    if len(keys) == 1:
+        k, d = keys[0]
+        return (kwargs.get(k, d),)
+    return tuple([kwargs.get(k, d) for k, d in keys])
 
 
 def wants_grad(args) -> bool:

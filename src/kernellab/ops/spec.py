@@ -394,35 +394,48 @@ class OpSpec:
         if v is not None and getattr(v, "checks_layouts", False):
             v(args, kwargs, devices)  # it checks every tensor's layout itself
             return
-        named = list(enumerate(args)) + (list(kwargs.items()) if kwargs else [])
-        for i, a in named:  # every backend reads dense strided storage
+        for i, a in enumerate(args):  # every backend reads dense strided storage
             if isinstance(a, torch.Tensor) and a.layout is not torch.strided:
-                name = (
-                    i
-                    if isinstance(i, str)
-                    else (self.arg_names[i] if i < len(self.arg_names) else f"arg {i}")
-                )
-                raise TypeError(
-                    f"{self.name}: {name} has layout {a.layout}; only strided (dense) tensors are "
-                    "supported (convert with .to_dense())"
-                )
-        if self.validator is not None:
-            self.validator(args, kwargs, devices)
+                self._bad_layout(self.arg_names[i] if i < len(self.arg_names) else f"arg {i}", a)
+        if kwargs:
+            for k, a in kwargs.items():
+                if isinstance(a, torch.Tensor) and a.layout is not torch.strided:
+                    self._bad_layout(k, a)
+        if v is not None:
+            v(args, kwargs, devices)
             return
         # Fast accept for the common case (this runs on every call: host cost matters);
         # anything unusual goes through the full checks below for a precise message.
+        # (is_cuda / get_device: the cheapest reads of the device; device.type costs ~0.7 us)
         if not kwargs and len(args) == len(self.arg_names):
             a0 = args[0]
-            if isinstance(a0, torch.Tensor) and a0.dtype in self.dtypes and a0.device.type in devices:
-                dt, dev, shape = a0.dtype, a0.device, a0.shape
-                for a in args[1:]:
-                    if not (
-                        isinstance(a, torch.Tensor) and a.dtype is dt and a.shape == shape and a.device == dev
-                    ):
-                        break
+            if isinstance(a0, torch.Tensor) and a0.dtype in self.dtypes:
+                dt, shape = a0.dtype, a0.shape
+                if a0.is_cuda:
+                    gd = a0.get_device()
+                    ok = "cuda" in devices
+                    for a in args[1:]:
+                        if not (ok and isinstance(a, torch.Tensor) and a.dtype is dt and a.shape == shape
+                                and a.is_cuda and a.get_device() == gd):  # fmt: skip
+                            ok = False
+                            break
                 else:
+                    dev = a0.device
+                    ok = dev.type in devices
+                    for a in args[1:]:
+                        if not (ok and isinstance(a, torch.Tensor) and a.dtype is dt and a.shape == shape
+                                and a.device == dev):  # fmt: skip
+                            ok = False
+                            break
+                if ok:
                     return
         self._validate_slow(args, kwargs, devices)
+
+    def _bad_layout(self, name, a) -> None:
+        raise TypeError(
+            f"{self.name}: {name} has layout {a.layout}; only strided (dense) tensors are "
+            "supported (convert with .to_dense())"
+        )
 
     def call_validator(self):
         """What each call runs to validate (``validate``'s signature): the op's validator

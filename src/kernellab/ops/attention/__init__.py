@@ -72,7 +72,7 @@ import math
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_dim, make_tensor
+from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_dim, layout_checking, make_tensor
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OPTIONS = ("causal", "scale", "window", "softcap")
@@ -173,8 +173,61 @@ def _dtype_name(dt) -> str:
     return str(dt).replace("torch.", "")
 
 
+_DTYPES = frozenset(SUPPORTED_DTYPES)
+_STRIDED = torch.strided
+_FLOAT_TYPES = (int, float)
+
+
+def _fast_accept(args, kwargs, devices) -> bool:
+    """True for a well-formed call of the common kind (3 dense tensors of one supported
+    dtype and device, 4-D and up, matching shapes up to GQA heads, causal a bool, scale
+    None or a positive finite number, no window or softcap): a few attribute reads, no
+    device objects. Anything else takes ``validate``'s checks, which name the argument."""
+    if len(args) != 3:
+        return False
+    q, k, v = args
+    if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
+        return False
+    dt, cuda = q.dtype, q.is_cuda
+    if not (dt in _DTYPES and k.dtype is dt and v.dtype is dt):
+        return False
+    if q.layout is not _STRIDED or k.layout is not _STRIDED or v.layout is not _STRIDED:
+        return False
+    if cuda:
+        gd = q.get_device()
+        if not ("cuda" in devices and k.is_cuda and v.is_cuda):
+            return False
+        if k.get_device() != gd or v.get_device() != gd:
+            return False
+    else:
+        d = q.device
+        if not (d.type in devices and k.device == d and v.device == d):
+            return False
+    qs, ks, vs = q.shape, k.shape, v.shape
+    n = len(qs)
+    if n < 4 or len(ks) != n or len(vs) != n or qs[:-3] != ks[:-3] or ks[:-3] != vs[:-3]:
+        return False
+    h_q, h_k = qs[-3], ks[-3]
+    d_ = qs[-1]
+    if not (vs[-3] == h_k and h_k and h_q % h_k == 0 and ks[-1] == d_ and vs[-1] == d_ and vs[-2] == ks[-2]):
+        return False
+    for key, val in kwargs.items():
+        if key == "causal":
+            if type(val) is not bool:
+                return False
+        elif key == "scale":
+            if val is not None and not (type(val) in _FLOAT_TYPES and 0 < val < math.inf):
+                return False
+        elif not (key in _OPTIONS and val is None):
+            return False
+    return True
+
+
+@layout_checking
 def validate(args, kwargs, devices=("cuda", "cpu")) -> None:
     """Shared argument checks for every backend (cheap: runs on every call)."""
+    if _fast_accept(args, kwargs, devices):
+        return
     if len(args) != 3:
         raise TypeError(f"attention() takes 3 tensor arguments (q, k, v), got {len(args)}")
     for key in kwargs:
@@ -187,6 +240,11 @@ def validate(args, kwargs, devices=("cuda", "cpu")) -> None:
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(
                 f"attention: {name} has dtype {t.dtype}; expected one of float32, float16, bfloat16"
+            )
+        if t.layout is not torch.strided:
+            raise TypeError(
+                f"attention: {name} has layout {t.layout}; only strided (dense) tensors are supported "
+                "(convert with .to_dense())"
             )
         if t.device.type not in devices:
             raise ValueError(

@@ -146,8 +146,12 @@ def _align_grad(o: torch.Tensor) -> torch.Tensor:
 
 
 def _sdpa(q, k, v, causal, scale, force_contiguous=False):
-    out_shape = q.shape[:-1] + (v.shape[-1],)
-    q4, k4, v4 = (_aligned(_as4d(t)) for t in (q, k, v))
+    four = q.dim() == 4  # (B, H, S, D) goes to SDPA as it is: no reshapes on the hot path
+    out_shape = None if four else q.shape[:-1] + (v.shape[-1],)
+    if four:
+        q4, k4, v4 = _aligned(q), _aligned(k), _aligned(v)
+    else:
+        q4, k4, v4 = (_aligned(_as4d(t)) for t in (q, k, v))
     if force_contiguous:  # the fused kernels want a unit last-dim stride
         q4, k4, v4 = (t if t.stride(-1) == 1 else t.contiguous() for t in (q4, k4, v4))
     s_q, s_k = q.shape[-2], k.shape[-2]
@@ -167,7 +171,8 @@ def _sdpa(q, k, v, causal, scale, force_contiguous=False):
         o = _align_grad(F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale, enable_gqa=gqa))
     else:
         o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale, enable_gqa=gqa)
-    return _align_grad(o).reshape(out_shape)
+    o = _align_grad(o)
+    return o if four else o.reshape(out_shape)
 
 
 def _sdpa_window(q, k, v, causal, scale, window):
