@@ -5,6 +5,8 @@ launch plan binds it (64x256 bf16 rms_norm), launched N times back to back by
 - ``run, tensors``: Triton's compiled launcher called directly with the tensors (it calls
   each tensor's ``data_ptr`` and asks the driver about the pointer: cuPointerGetAttribute);
 - ``run, ints``: the same launcher given the addresses as ints (no driver query);
+- ``C launch, ints``: ``triton_support.fast_launcher``'s launch (Triton 3.6's C launch
+  without its Python wrapper) with ints;
 - torch's ``zero_`` on the same dx and ``torch.empty_like``, for scale.
 
 us per launch, median of paired rounds. Also prints the launcher's class and Triton version.
@@ -44,8 +46,10 @@ def main() -> int:
     print("triton", triton.__version__, "lean:", bound.lean, "hit:", bound.hit is not None)
     if bound.hit is None:
         return 1
-    run, g0, g1, g2, function, packed, extra = bound.hit
-    print("launcher:", type(run), getattr(run, "__qualname__", ""))
+    launch, g0, g1, g2, pre, extra = bound.hit
+    function, packed = pre[0], pre[5] if len(pre) == 9 else pre[1]
+    run = getattr(launch, "__self__", launch)  # the CudaLauncher whose C launch fast_launcher took
+    print("launch:", launch, "pre:", pre[1:])
     try:
         src = inspect.getsource(type(run).__call__ if not inspect.isfunction(run) else run)
         print("\n".join(src.splitlines()[:40]))
@@ -68,8 +72,11 @@ def main() -> int:
 
     cases = {
         "Bound": loop(lambda: bound(*args)),
-        "run, tensors": loop(lambda: run(g0, g1, g2, raw(d), function, packed, None, None, None, *args, *extra)),  # noqa: E501
+        "run, tensors": loop(
+            lambda: run(g0, g1, g2, raw(d), function, packed, None, None, None, *args, *extra)
+        ),  # noqa: E501
         "run, ints": loop(lambda: run(g0, g1, g2, raw(d), function, packed, None, None, None, *ints, *extra)),
+        "C launch, ints": loop(lambda: launch(g0, g1, g2, raw(d), *pre, *ints, *extra)),
         "torch zero_": loop(lambda: dx.zero_()),
         "torch empty_like": loop(lambda: torch.empty_like(x)),
     }
@@ -91,12 +98,14 @@ def main() -> int:
         with open(f"{a.out}/probe_launch_args.jsonl", "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    # the launches above wrote dx and dw_part: check the int path computed the same
+    # the int launch computes what the tensor launch does
+    dx.zero_()
+    run(g0, g1, g2, raw(d), function, packed, None, None, None, *args, *extra)
     ref = dx.clone()
     dx.zero_()
     run(g0, g1, g2, raw(d), function, packed, None, None, None, *ints, *extra)
     torch.cuda.synchronize()
-    print("ints launch == tensors launch:", bool(torch.equal(dx, ref)))
+    print("ints launch == tensors launch:", bool(torch.equal(dx, ref)), "nonzero:", bool(ref.abs().sum() > 0))
     return 0
 
 

@@ -30,7 +30,10 @@ class _FakeLean:
         def run(g0, g1, g2, stream, function, packed, h1, h2, h3, *rest):
             self.fast.append(((g0, g1, g2), stream, function, packed, rest))
 
-        return (run, "fn", "packed", ("EXTRA",)) if self.slow else None
+        if not self.slow:
+            return None
+        launch, pre = triton_support.fast_launcher(run, "fn", "packed")
+        return launch, pre, ("EXTRA",)
 
     @staticmethod
     def raw_stream(dev):
@@ -58,7 +61,8 @@ def test_bound_goes_direct_after_its_first_call(fake_lean):
     assert len(fake_lean.slow) == 1 and len(fake_lean.fast) == 2
     grid, stream, fn, packed, rest = fake_lean.fast[-1]
     assert grid == (3, 2, 1) and stream == "stream" and (fn, packed) == ("fn", "packed")
-    assert rest[:2] == (x, y) and rest[2:] == (9, "EXTRA")  # the call's args, then the constexprs
+    # the call's args (tensors as their addresses), then the constexprs
+    assert rest == (x.data_ptr(), y.data_ptr(), 9, "EXTRA")
 
 
 def test_bound_takes_the_slow_path_for_a_misaligned_checked_tensor(fake_lean):
@@ -103,3 +107,50 @@ def test_bound_without_a_lean_kernel_always_launches_through_triton(monkeypatch)
     for _ in range(3):
         b(torch.zeros(4))
     assert calls == [(2,)] * 3 and b.hit is None
+
+
+def test_bound_launches_the_tensors_it_is_given_now(fake_lean):
+    """The launch passes each call's own tensors' addresses (a plan is per shape, its
+    tensors are fresh every call), and a call whose tensor position holds something else
+    takes Triton's path."""
+    b = triton_support.Bound(fake_lean, (1,), {}, (0,))
+    x = torch.zeros(64)
+    b(x, torch.zeros(8))
+    for _ in range(3):
+        x2, y2 = torch.zeros(64), torch.zeros(8)
+        b(x2, y2)
+        assert fake_lean.fast[-1][4] == (x2.data_ptr(), y2.data_ptr(), "EXTRA")
+    b(x, None)  # a tensor position holding None: Triton's binder decides
+    assert len(fake_lean.slow) == 2 and len(fake_lean.fast) == 3
+
+
+def test_fast_launcher_calls_triton_36s_c_launch_directly():
+    """Where the compiled launcher is Triton 3.6's CudaLauncher (its call signature) and
+    the kernel needs no scratch, the C launch is called with what the wrapper would pass;
+    any other launcher is called as it is."""
+    seen = []
+
+    class CudaLauncher:
+        global_scratch_size = profile_scratch_size = 0
+        launch_cooperative_grid, launch_pdl = False, True
+
+        def __call__(self, gridX, gridY, gridZ, stream, function, *args):
+            raise AssertionError("the wrapper must not run")
+
+        def launch(self, *args):
+            seen.append(args)
+
+    run = CudaLauncher()
+    launch, pre = triton_support.fast_launcher(run, "fn", "packed")
+    launch(4, 1, 1, "stream", *pre, 11, 12)
+    assert seen == [(4, 1, 1, "stream", "fn", False, True, None, None, "packed", None, None, None, 11, 12)]
+
+    run.global_scratch_size = 128  # needs scratch: the wrapper allocates it
+    assert triton_support.fast_launcher(run, "fn", "packed") == (run, ("fn", "packed", None, None, None))
+
+    def other(*args):
+        seen.append(args)
+
+    launch, pre = triton_support.fast_launcher(other, "fn", "packed")
+    launch(4, 1, 1, "stream", *pre, 11)
+    assert seen[-1] == (4, 1, 1, "stream", "fn", "packed", None, None, None, 11)
