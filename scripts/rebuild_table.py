@@ -8,10 +8,12 @@
 Files are read in the order given; a later row of the same case and backend replaces an
 earlier one, as a later ``kernellab tune`` run does. Prints which choices changed.
 
-``--verify FILE ...`` (``tune_all.py --phases verify`` rows, paired): where the paired rounds
-of a tuned shape (the ``heldout`` family is never fed back) put PyTorch's op more than
-MARGIN faster than the table's choice, the choice becomes ``torch`` and the row keeps the
-paired medians under ``verified``. Paired rounds (the backends taking turns, each round's
+``--verify FILE ...`` (``tune_all.py --phases verify`` rows or ``scripts/host_cost.py`` rows,
+both paired): where the paired rounds of a tuned shape (the ``heldout`` family is never fed
+back) put another backend the row measured more than MARGIN ahead of the table's choice
+(PyTorch's op, or at a launch-bound shape the backend whose launch costs less host time),
+the fastest of them becomes the choice and the row keeps the paired medians under
+``verified``. Paired rounds (the backends taking turns, each round's
 time the larger of device and loop time) are what a default is judged by; the tune rows'
 loop times were taken one backend after another on a host whose speed drifts, which made
 some launch-bound choices by noise. A changed table needs a new verify run to be judged.
@@ -57,8 +59,8 @@ def main(argv=None) -> int:
             print(f"{r['op']} {r['dtype']} {r['mode']} {r['shape']} {r['options']}: {was} -> {r['best']} "
                   f"(device {r['device']})")  # fmt: skip
     if a.verify:
-        vrows = [json.loads(line) for f in a.verify for line in open(f) if line.strip()]
-        _apply_verify(kept + new_rows, vrows)
+        for f in a.verify:  # one run's paired rounds at a time; a later file has the last word
+            _apply_verify(kept + new_rows, [json.loads(line) for line in open(f) if line.strip()])
     first = rows[-1]
     table = {
         "gpu": gpu,
@@ -80,32 +82,56 @@ def main(argv=None) -> int:
 
 
 MARGIN = 0.05
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
-def _apply_verify(table_rows, vrows) -> None:
-    """Switch a row's choice to torch where its verify case's paired rounds say torch is
-    more than MARGIN faster than the choice (see the module docstring); in place."""
-    import statistics
+def _paired_cases(vrows) -> dict:
+    """(op, dtype, mode, shape, options) -> {backend: paired rounds} from one run's rows:
+    ``tune_all.py --phases verify`` rows (``paired_rounds_ms``; the heldout family, never
+    tuned, is left out) or ``scripts/host_cost.py`` rows (``rounds_us``: every backend of
+    the op at its tiny and model shapes, in turn)."""
+    from kernellab.ops.spec import options_str
 
     cases: dict = {}
     for r in vrows:
-        if r.get("family") == "heldout" or not r.get("paired_rounds_ms") or r.get("backend") == "default":
+        rounds = r.get("paired_rounds_ms") or r.get("rounds_us")
+        if r.get("family") == "heldout" or not rounds or r.get("backend") == "default":
             continue
         o = r.get("options") or ""
-        key = (r["op"], r["dtype"], r["mode"], r["shape"], o if isinstance(o, str) else "")
-        cases.setdefault(key, {})[r["backend"]] = r["paired_rounds_ms"]
+        o = options_str(o) if isinstance(o, dict) else o
+        shape = r["shape"] if isinstance(r["shape"], str) else "x".join(map(str, r["shape"]))
+        key = (r["op"], _DTYPE_NAMES.get(r["dtype"], r["dtype"]), r["mode"], shape, o)
+        cases.setdefault(key, {})[r["backend"]] = rounds
+    return cases
+
+
+def _apply_verify(table_rows, vrows) -> None:
+    """Where a tuned shape's paired rounds (one run's, ``_paired_cases``) put another of
+    the row's measured backends more than MARGIN ahead of its choice, the fastest of them
+    becomes the choice and the row keeps the paired medians under ``verified``; in place.
+    Only backends the row measured (those the tune admitted) are candidates: PyTorch's
+    bf16 rms_norm, refused by the admission check, never becomes a choice this way."""
+    import statistics
+
+    cases = _paired_cases(vrows)
     for t in table_rows:
         key = (t["op"], t["dtype"], t["mode"], "x".join(map(str, t["shape"])), t.get("options", ""))
         got = cases.get(key)
-        if not got or "torch" not in got or t["best"] not in got or t["best"] == "torch":
+        if not got or t["best"] not in got:
             continue
-        ratio = timer.paired_ratio(got[t["best"]], got["torch"])
-        if ratio > 1 + MARGIN:
-            print(f"{t['op']} {t['dtype']} {t['mode']} {t['shape']} {t.get('options', '')}: {t['best']} -> torch "
-                  f"(paired {t['best']}/torch {ratio:.2f})")  # fmt: skip
-            t["verified"] = {"was": t["best"], "paired_ratio_vs_torch": round(ratio, 3),
+        cands = [b for b in got if b != t["best"] and b in t.get("times", {})]
+        ratios = {b: timer.paired_ratio(got[t["best"]], got[b]) for b in cands}
+        if not ratios:
+            continue
+        alt = max(ratios, key=ratios.get)
+        if ratios[alt] > 1 + MARGIN:
+            print(f"{t['op']} {t['dtype']} {t['mode']} {t['shape']} {t.get('options', '')}: {t['best']} -> {alt} "
+                  f"(paired {t['best']}/{alt} {ratios[alt]:.2f})")  # fmt: skip
+            t["verified"] = {"was": t["best"], "paired_ratio": round(ratios[alt], 3), "vs": alt,
                              "paired_median_ms": {b: round(statistics.median(v), 5) for b, v in got.items()}}  # fmt: skip
-            t["best"] = "torch"
+            if alt == "torch":
+                t["verified"]["paired_ratio_vs_torch"] = round(ratios[alt], 3)
+            t["best"] = alt
 
 
 if __name__ == "__main__":

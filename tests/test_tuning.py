@@ -215,6 +215,48 @@ def test_rebuild_table_applies_paired_verify_verdicts(tmp_path):
     assert table["provenance"]["verified_by"] == ["verify.jsonl"]
 
 
+def test_rebuild_table_applies_paired_host_cost_rounds(tmp_path):
+    """--verify with scripts/host_cost.py rows: at a tuned shape where the paired rounds put
+    another measured backend >5% ahead (triton's launch costs less host time than cuda's),
+    it becomes the choice; a backend the row never measured (torch, refused by the tune's
+    admission check) never does, however fast."""
+    import subprocess
+    import sys
+
+    def tune_row(shape, b, d, e):
+        return {"op": "rms_norm", "dtype": "bf16", "mode": "fwd", "shape": shape, "status": "ok",
+                "gpu": "Fake GPU", "git_sha": "abc", "backend": b, "median_ms": d, "effective_ms": e}  # fmt: skip
+
+    rows = [tune_row(s, b, d, e) for s in ("64x256", "16384x4096")
+            for b, d, e in (("cuda", 0.005, 0.0276), ("triton", 0.0052, 0.0287))]  # fmt: skip
+
+    def host_row(shape, b, rounds):
+        return {"bench": "host_cost", "op": "rms_norm", "backend": b, "mode": "fwd", "shape": shape,
+                "dtype": "bfloat16", "options": {}, "gpu": "Fake GPU", "rounds_us": rounds}  # fmt: skip
+
+    hrows = [
+        host_row("64x256", "torch", [14.0, 15.0, 14.5]),  # fastest, but not a candidate
+        host_row("64x256", "cuda", [25.7, 26.0, 27.0]),
+        host_row("64x256", "triton", [19.3, 19.0, 20.0]),  # 1.35x ahead of cuda: switch
+        host_row("64x256", "default", [27.4, 27.0, 28.0]),
+        host_row("16384x4096", "cuda", [92.0, 92.4, 91.8]),
+        host_row("16384x4096", "triton", [91.5, 91.4, 91.6]),  # within 5%: stays cuda
+    ]
+    src, hc, out = tmp_path / "tune.jsonl", tmp_path / "host_cost.jsonl", tmp_path / "table.json"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    hc.write_text("".join(json.dumps(r) + "\n" for r in hrows))
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "scripts" / "rebuild_table.py"), str(src), "--out", str(out),
+                          "--verify", str(hc)], capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root / "src")})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    best = {tuple(r["shape"]): r for r in json.loads(out.read_text())["rows"]}
+    small, big = best[(64, 256)], best[(16384, 4096)]
+    assert small["best"] == "triton" and small["verified"]["was"] == "cuda" and small["verified"]["vs"] == "triton"
+    assert small["verified"]["paired_ratio"] == 1.35  # the median of the rounds' cuda / triton
+    assert big["best"] == "cuda" and "verified" not in big
+
+
 def test_default_calls_the_backend_the_table_names(tables):
     calls = []
 

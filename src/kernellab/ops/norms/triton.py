@@ -49,7 +49,10 @@ class Config:
     bwd_warps: backward warps (None: ~32 elements per thread, 4 to 16).
     bwd_prefetch: load row i + 1 before row i's reductions.
     psum_elems, psum_max_p: the partial sum's tile (~psum_elems fp32 values per array,
-        all of a column strip's partials at once up to psum_max_p of them)."""
+        all of a column strip's partials at once up to psum_max_p of them).
+    bwd_small_elems: inputs of at most this many elements take the one-launch backward
+        (``_norm_bwd_cols_kernel``; 0: never). Such calls are launch-bound: the partials'
+        buffer and the second launch cost more host time than the kernels take."""
 
     row_elems: int = 4096
     fwd_warps: int | None = None
@@ -62,6 +65,7 @@ class Config:
     bwd_prefetch: bool = True
     psum_elems: int = 4096
     psum_max_p: int = 1024
+    bwd_small_elems: int = 65536
 
 
 CONFIG = Config()
@@ -313,6 +317,96 @@ def _norm_bwd_kernel(
         tl.store(db_part_ptr + pid * n_cols + cols, db_acc, mask=cmask)
 
 
+@triton_support.jit
+def _norm_bwd_cols_kernel(
+    dy_ptr,  # [n_rows, n_cols] contiguous
+    x_ptr,  # [n_rows, n_cols] contiguous
+    w_ptr,  # [n_cols]
+    mean_ptr,  # [n_rows] fp32 (unused when RMS)
+    rstd_ptr,  # [n_rows] fp32
+    dx_ptr,  # [n_rows, n_cols] contiguous
+    dres_ptr,  # [n_rows, n_cols] contiguous: added to dx (RES)
+    dw_ptr,  # [n_cols] in w's dtype: sum over rows of dy * xhat, for this program's columns
+    db_ptr,  # [n_cols] in w's dtype: sum over rows of dy (HAS_DB)
+    n_rows,
+    n_cols,
+    BLOCK: tl.constexpr,  # power of two >= n_cols: a whole row
+    BLOCK_C: tl.constexpr,  # this program's strip of columns
+    ROWS: tl.constexpr,  # rows per step
+    RMS: tl.constexpr,
+    RES: tl.constexpr,
+    HAS_DB: tl.constexpr,
+):
+    # One launch for a small input: program p owns columns [p * BLOCK_C, (p + 1) * BLOCK_C)
+    # of dx, dw and db. Each step loads ROWS whole rows for the row sums mean(g * xhat) and
+    # mean(g), then its strip of them again (from L1/L2) for dx and the column sums. Every
+    # program reads all of x and dy: (n_cols / BLOCK_C) x the bytes of _norm_bwd_kernel, a
+    # few hundred KB at the sizes routed here, where the second launch and the partials'
+    # buffer cost more (host time) than the extra reads.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    cmask = cols < n_cols
+    scols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
+    smask = scols < n_cols
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    ws = tl.load(w_ptr + scols, mask=smask, other=0.0).to(tl.float32)
+    # The column sums accumulate in fp64 (a few thousand terms at most here): in fp32 one
+    # program's sum over all rows lost to PyTorch's cascaded sum (dweight 2.8e-5 against a
+    # bound of 1.85e-5 at 70 x 3 fp32, interpreter), where the partials path splits it.
+    dw_acc = tl.zeros([BLOCK_C], dtype=tl.float64)
+    db_acc = tl.zeros([BLOCK_C], dtype=tl.float64)
+    for r0 in range(0, n_rows, ROWS):
+        rows = r0 + tl.arange(0, ROWS)
+        rmask = rows < n_rows
+        m2 = rmask[:, None] & cmask[None, :]
+        offs = rows[:, None] * n_cols + cols[None, :]
+        x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)[:, None]
+        mean = rstd
+        if RMS:
+            xhat = x * rstd
+        else:
+            mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)[:, None]
+            xhat = tl.where(m2, (x - mean) * rstd, 0.0)
+        g = dy * w[None, :]
+        c1 = (tl.sum(g * xhat, axis=1) / n_cols)[:, None]
+        ms = rmask[:, None] & smask[None, :]
+        soffs = rows[:, None] * n_cols + scols[None, :]
+        xs = tl.load(x_ptr + soffs, mask=ms, other=0.0).to(tl.float32)
+        dys = tl.load(dy_ptr + soffs, mask=ms, other=0.0).to(tl.float32)
+        gs = dys * ws[None, :]
+        if RMS:
+            xhs = xs * rstd
+            dx = (gs - xhs * c1) * rstd
+        else:
+            xhs = tl.where(ms, (xs - mean) * rstd, 0.0)
+            c2 = (tl.sum(g, axis=1) / n_cols)[:, None]
+            dx = (gs - (xhs * c1 + c2)) * rstd
+        dx = dx.to(dx_ptr.dtype.element_ty)
+        if RES:  # rounded as a separate add of the two would round
+            dres = tl.load(dres_ptr + soffs, mask=ms, other=0.0)
+            dx = (dx.to(tl.float32) + dres.to(tl.float32)).to(dx_ptr.dtype.element_ty)
+        tl.store(dx_ptr + soffs, dx, mask=ms)
+        dw_acc += tl.sum((dys * xhs).to(tl.float64), axis=0)
+        if HAS_DB:
+            db_acc += tl.sum(dys.to(tl.float64), axis=0)
+    # (through fp32: the interpreter converts fp64 to bf16 wrongly; one more rounding of a
+    # value already rounded to fp32's 24 bits changes a 16-bit result only at exact ties)
+    tl.store(dw_ptr + scols, dw_acc.to(tl.float32).to(dw_ptr.dtype.element_ty), mask=smask)
+    if HAS_DB:
+        tl.store(db_ptr + scols, db_acc.to(tl.float32).to(db_ptr.dtype.element_ty), mask=smask)
+
+
+def _cols_config(n_rows: int, block: int) -> tuple[int, int, int]:
+    """(BLOCK_C, ROWS, num_warps) of the one-launch backward: strips of up to 256 columns
+    (at least 4 programs where the row is that wide), ~4096 elements a step."""
+    block_c = max(16, min(256, block // 4))
+    rows = max(1, min(triton_support.next_pow2(n_rows), 4096 // block))
+    elems = rows * block
+    return block_c, rows, 4 if elems <= 2048 else 8 if elems <= 8192 else 16
+
+
 def _row_block(n_cols: int) -> int:
     """The power-of-two block holding a whole row (ValueError past MAX_D)."""
     block = triton_support.next_pow2(max(n_cols, 1))
@@ -385,6 +479,7 @@ class BwdPlan(NamedTuple):
     launch: triton_support.Bound | None
     rows_per_program: int
     psum: triton_support.Bound | None  # None: fp32 weights (torch's sum) or nothing to launch
+    small: bool  # launch is _norm_bwd_cols_kernel (dw, db written directly)
 
 
 def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
@@ -429,8 +524,16 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     n_rows, n_cols = _kit.rows_of(x)
     want_db = has_bias and not rms
     if not (n_rows and n_cols):
-        return BwdPlan(n_rows, n_cols, 0, want_db, None, 0, None)
+        return BwdPlan(n_rows, n_cols, 0, want_db, None, 0, None, False)
     block = _row_block(n_cols)
+    if n_rows * n_cols <= cfg.bwd_small_elems:
+        block_c, rows, warps = _cols_config(n_rows, block)
+        kw = dict(BLOCK=block, BLOCK_C=block_c, ROWS=rows, RMS=rms, RES=has_dres, HAS_DB=want_db,
+                  num_warps=warps, enable_fp_fusion=False)  # fmt: skip  (as below: g rounds alike)
+        grid = (triton_support.cdiv(n_cols, block_c),)
+        # dy, x, w, mean, rstd and dres come from outside: checked for alignment on every call
+        cols = triton_support.Bound(_norm_bwd_cols_kernel, grid, kw, (0, 1, 2, 3, 4, 6))
+        return BwdPlan(n_rows, n_cols, grid[0], want_db, cols, n_rows, None, True)
     programs = _bwd_programs(n_rows, x.device, cfg)
     per = triton_support.cdiv(n_rows, programs)
     programs = triton_support.cdiv(n_rows, per)
@@ -449,7 +552,7 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
             dict(HAS_DB=want_db, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4),
             (1,),  # db_part is rstd when there is no db
         )
-    return BwdPlan(n_rows, n_cols, programs, want_db, bwd, per, psum)
+    return BwdPlan(n_rows, n_cols, programs, want_db, bwd, per, psum, False)
 
 
 def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFIG):
@@ -457,13 +560,19 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFI
     and dtype) dx is the norm's gradient plus dres, rounded as two ops would round."""
     key = ("b", x.shape, x.dtype, w.dtype, x.device, rms, has_bias, dres is None, None if cfg is CONFIG else cfg)
     plan = _plan(x, key, lambda: _bwd_plan(x, w, rms, has_bias, dres is not None, cfg))
-    n_rows, n_cols, programs, want_db, launch, per, psum = plan
+    n_rows, n_cols, programs, want_db, launch, per, psum, small = plan
     dx = torch.empty_like(x)  # x is contiguous
     if launch is None:
         db = torch.zeros_like(w) if want_db else None
         if dres is not None:
             dx.copy_(dres)
         return dx, torch.zeros_like(w), db
+    if small:
+        dw = torch.empty_like(w)
+        db = torch.empty_like(w) if want_db else None
+        launch(dy, x, w, mean if mean is not None else rstd, rstd, dx, dres if dres is not None else dx, dw,
+               db if db is not None else dw, n_rows, n_cols)  # fmt: skip
+        return dx, dw, db
     # Separate buffers, not views of one: under torch.compile a view of a buffer that a
     # kernel writes is functionalized into copies (Inductor emitted three select/clone
     # kernels per norm backward in the GPT-2 step, 75 launches a step). RMS has no db: its
@@ -585,6 +694,14 @@ def kernel_specs(rms: bool):
             "WIDE": not CONFIG.fwd_narrow,
         }
         bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": CONFIG.bwd_prefetch, "RES": False}
+        # the one-launch backward as 16 rows of 4096 launch it
+        ins = ("dy_ptr", "x_ptr", "w_ptr", "mean_ptr", "rstd_ptr", "dx_ptr", "dres_ptr")
+        cols = {**{k: bwd[k] for k in ins},
+                "dw_ptr": f"*{dtype}", "db_ptr": f"*{dtype}", "n_rows": "i32", "n_cols": "i32",
+                "BLOCK": "constexpr", "BLOCK_C": "constexpr", "ROWS": "constexpr", "RMS": "constexpr",
+                "RES": "constexpr", "HAS_DB": "constexpr"}  # fmt: skip
+        block_c, crows, _ = _cols_config(16, 4096)
+        ccx = {"BLOCK": 4096, "BLOCK_C": block_c, "ROWS": crows, "RMS": rms, "RES": False, "HAS_DB": not rms}
         if _row_1d(rows, torch.float32 if dtype == "fp32" else torch.bfloat16):
             names = (
                 "x_ptr",
@@ -610,10 +727,12 @@ def kernel_specs(rms: bool):
             return [
                 (_norm_fwd_row_kernel, fwd, fcx, warps),
                 (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
+                (_norm_bwd_cols_kernel, cols, ccx, _cols_config(16, 4096)[2]),
             ]
         return [
             (_norm_fwd_kernel, fwd, fcx, warps),
             (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
+            (_norm_bwd_cols_kernel, cols, ccx, _cols_config(16, 4096)[2]),
         ]
 
     return specs
