@@ -154,3 +154,17 @@ def test_fast_launcher_calls_triton_36s_c_launch_directly():
     launch, pre = triton_support.fast_launcher(other, "fn", "packed")
     launch(4, 1, 1, "stream", *pre, 11)
     assert seen[-1] == (4, 1, 1, "stream", "fn", "packed", None, None, None, 11)
+
+
+def test_bound_treats_parameters_as_tensors(fake_lean):
+    """A model's weights are nn.Parameter: a checked position holding one (at the first
+    call or later) is launched by address like a plain tensor (the GPU run of c4579bc
+    or-ed a Parameter itself into the alignment test: 'bitwise_or_cuda' not implemented)."""
+    w = torch.nn.Parameter(torch.zeros(64))
+    b = triton_support.Bound(fake_lean, (1,), {}, (0, 1))
+    x = torch.zeros(64)
+    b(x, w)
+    b(x, w)
+    b(x, torch.zeros(64))
+    assert len(fake_lean.slow) == 1 and len(fake_lean.fast) == 2
+    assert fake_lean.fast[0][4] == (x.data_ptr(), w.data_ptr(), "EXTRA")

@@ -330,11 +330,11 @@ class Bound:
 
     def __call__(self, *args):
         hit = self.hit
-        if hit is not None and type(args[0]) is torch.Tensor:  # (fake tensors have no address)
+        if hit is not None and type(args[0]) in _REAL_TENSORS:  # (fake tensors have no address)
             a = list(args)
             for i in self.tensors:
                 t = a[i]
-                if type(t) is not torch.Tensor:
+                if type(t) not in _REAL_TENSORS:
                     break
                 a[i] = t.data_ptr()
             else:
@@ -346,7 +346,10 @@ class Bound:
                     launch(g0, g1, g2, _LEAN_JIT.raw_stream(self.dev), *pre, *a, *extra)
                     return
         self.kernel[self.grid](*args, **self.kw)
-        if hit is None and self.lean and type(args[0]) is torch.Tensor:
+        if hit is None and self.lean and type(args[0]) in _REAL_TENSORS:
+            tensors = tuple(i for i, t in enumerate(args) if type(t) in _REAL_TENSORS)
+            if not set(self.check) <= set(tensors):
+                return  # a checked position holds no tensor: keep Triton's path
             al = 0
             for i in self.check:
                 al |= args[i].data_ptr()
@@ -356,7 +359,7 @@ class Bound:
                     launch, pre, extra = found
                     g = self.grid
                     self.dev = args[0].device.index
-                    self.tensors = tuple(i for i, t in enumerate(args) if type(t) is torch.Tensor)
+                    self.tensors = tensors
                     g1, g2 = (g[1] if len(g) > 1 else 1), (g[2] if len(g) > 2 else 1)
                     self.hit = (launch, g[0], g1, g2, pre, extra)
 

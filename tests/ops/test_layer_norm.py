@@ -460,7 +460,8 @@ def test_triton_launch_knobs_are_a_config_not_module_state(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True])
-@pytest.mark.parametrize("shape", [(64, 256), (3, 4096)])  # 2-D kernel; bf16 one-row kernel
+# 2-D forward and the one-launch backward; the bf16 one-row forward; the partials backward
+@pytest.mark.parametrize("shape", [(64, 256), (3, 4096), (1024, 768)])
 def test_gpu_triton_launch_plans_go_direct_and_fall_back_when_misaligned(rms, shape):
     """After the first call at a shape, the Triton norms launch through the plan's bound
     compiled launchers (triton_support.Bound); a misaligned x at the same shape (a view 2
@@ -486,7 +487,8 @@ def test_gpu_triton_launch_plans_go_direct_and_fall_back_when_misaligned(rms, sh
     size, dev = torch.Size(shape), aligned.device
     fwd = nt._PLANS[("f", size, dt, dev, rms, rms, True, None)]  # (bias None for rms_norm)
     bwd = nt._PLANS[("b", size, dt, dt, dev, rms, not rms, True, None)]
-    for b in (fwd.launch, bwd.launch, bwd.psum):
+    assert bwd.small == (n <= nt.CONFIG.bwd_small_elems) and (bwd.psum is None) == bwd.small
+    for b in (fwd.launch, bwd.launch) + ((bwd.psum,) if bwd.psum is not None else ()):
         assert b.hit is not None, "the plan's launches did not go direct"
     for a, b in zip(first, again):
         assert torch.equal(a, b)
