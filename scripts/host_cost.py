@@ -48,6 +48,7 @@ BOUND = {"fwd": 2.0, "fwdbwd": 1.5}
 # in turn keep the backends of a group closer in time, and the median of 21 paired ratios
 # moves less with one bad round.
 ROUNDS = 21
+SLOW_MS = 20.0  # a model-sized call slower than this is timed once, not paired
 
 
 def _paired_rounds(fns, rounds: int) -> None:
@@ -99,7 +100,15 @@ def main(argv=None) -> int:
                            "dtype": str(dtype).split(".")[-1], "options": opts}  # fmt: skip
                     try:
                         fn, _ = prob.call(impl)
-                        fns.append((row, fn, 20 if args.quick else timer.calls_for(fn, 0.015)))
+                        calls = 20 if args.quick else timer.calls_for(fn, 0.015)
+                        ms = timer.loop_ms(fn, calls=1, rounds=1)
+                        if label != "tiny" and ms > SLOW_MS:
+                            # (21 rounds of at least 3 calls: the teaching backends at model
+                            # size, 0.5-1 s a call, took most of a device call's limit)
+                            row["skipped"] = f"{ms:.0f} ms a call: too slow to pair at this size"
+                            row["us_per_call"] = round(ms * 1e3, 1)
+                        else:
+                            fns.append((row, fn, calls))
                     except Exception as e:  # noqa: BLE001 - reported in its row
                         row["error"] = f"{type(e).__name__}: {e}"[:200]
                     group.append(row)
@@ -118,7 +127,7 @@ def main(argv=None) -> int:
                     flag = {True: "ok", False: "OVER", None: ""}[r.get("within_bound")]
                     print(f"{op:14s} {r['backend']:12s} {mode:7s} {label:6s} {r['shape']:>16s} "
                           f"{r.get('us_per_call', float('nan')):10.2f} us  "
-                          f"{r.get('vs_torch', float('nan')):6.2f}x torch  {flag} {r.get('error', '')}",
+                          f"{r.get('vs_torch', float('nan')):6.2f}x torch  {flag} {r.get('error', '')}{r.get('skipped', '')}",
                           flush=True)  # fmt: skip
                 del prob
     return 0
