@@ -127,7 +127,7 @@ def main(argv=None) -> int:
                     flag = {True: "ok", False: "OVER", None: ""}[r.get("within_bound")]
                     print(f"{op:14s} {r['backend']:12s} {mode:7s} {label:6s} {r['shape']:>16s} "
                           f"{r.get('us_per_call', float('nan')):10.2f} us  "
-                          f"{r.get('vs_torch', float('nan')):6.2f}x torch  {flag} {r.get('error', '')}{r.get('skipped', '')}",
+                          f"{r.get('vs_torch', float('nan')):6.2f}x torch  {flag} {r.get('error', '')}{r.get('skipped', '')}",  # noqa: E501
                           flush=True)  # fmt: skip
                 del prob
     return 0
