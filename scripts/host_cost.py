@@ -101,8 +101,8 @@ def main(argv=None) -> int:
                     try:
                         fn, _ = prob.call(impl)
                         calls = 20 if args.quick else timer.calls_for(fn, 0.015)
-                        ms = timer.loop_ms(fn, calls=1, rounds=1)
-                        if label != "tiny" and ms > SLOW_MS:
+                        ms = timer.loop_ms(fn, calls=1, rounds=1) if label != "tiny" else 0.0
+                        if ms > SLOW_MS:
                             # (21 rounds of at least 3 calls: the teaching backends at model
                             # size, 0.5-1 s a call, took most of a device call's limit)
                             row["skipped"] = f"{ms:.0f} ms a call: too slow to pair at this size"

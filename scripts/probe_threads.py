@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import gc
 import json
-import statistics
 import sys
 import threading
 
@@ -75,15 +74,12 @@ def main() -> int:
     rows = []
     for s in ("as is", "no autograd threads", "switchinterval 1us", "gc off"):
         with setting(s):
-            calls = {k: timer.calls_for(f, 0.03) for k, f in cases.items()}
-            times, errors = timer.paired_loop_ms(cases, calls, a.rounds)
-        for k in cases:
-            if k in errors:
-                print(f"{s:22s} {k:20s} error {errors[k]!r}")
+            got = timer.paired_us(cases, lambda k: k.split()[0] + " torch", a.rounds)
+        for k, r in got.items():
+            if isinstance(r, Exception):
+                print(f"{s:22s} {k:20s} error {r!r}")
                 continue
-            base = times[k.split()[0] + " torch"]
-            ratio = timer.paired_ratio(times[k], base)
-            us = statistics.median(times[k]) * 1e3
+            us, ratio = r
             rows.append({**meta, "probe": "threads", "setting": s, "case": k, "us": round(us, 2),
                          "vs_torch": round(ratio, 3)})  # fmt: skip
             print(f"{s:22s} {k:20s} {us:8.1f} us  {ratio:5.2f}x torch", flush=True)

@@ -173,11 +173,26 @@ def test_rebuild_table_script_writes_device_times(tmp_path):
     assert table["gpu"] == "Fake GPU" and table["provenance"]["git_sha"] == "abc"
 
 
+def _rebuild_with_verify(tmp_path, rows, vrows, vname: str) -> dict:
+    """scripts/rebuild_table.py run on tune ``rows`` with ``--verify`` rows ``vrows`` (a
+    file named ``vname``); returns the table it wrote."""
+    import subprocess
+    import sys
+
+    src, ver, out = tmp_path / "tune.jsonl", tmp_path / vname, tmp_path / "table.json"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ver.write_text("".join(json.dumps(r) + "\n" for r in vrows))
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "scripts" / "rebuild_table.py"), str(src), "--out", str(out),
+                          "--verify", str(ver)], capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root / "src")})  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(out.read_text())
+
+
 def test_rebuild_table_applies_paired_verify_verdicts(tmp_path):
     """--verify: a tuned shape whose paired rounds put torch >5% ahead of the table's choice
     switches to torch (recorded under 'verified'); within 5%, or a heldout shape, does not."""
-    import subprocess
-    import sys
 
     def tune_row(shape, b, d, e):
         return {"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": shape, "status": "ok", "gpu": "Fake GPU",
@@ -198,15 +213,7 @@ def test_rebuild_table_applies_paired_verify_verdicts(tmp_path):
         verify_row("16384", "heldout", "triton", [0.05, 0.05, 0.05]),  # heldout: never fed back
         verify_row("16384", "heldout", "torch", [0.01, 0.01, 0.01]),
     ]
-    src, ver, out = tmp_path / "tune.jsonl", tmp_path / "verify.jsonl", tmp_path / "table.json"
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    ver.write_text("".join(json.dumps(r) + "\n" for r in vrows))
-    root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, str(root / "scripts" / "rebuild_table.py"), str(src), "--out", str(out),
-                          "--verify", str(ver)], capture_output=True, text=True,
-                         env={**__import__("os").environ, "PYTHONPATH": str(root / "src")})  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    table = json.loads(out.read_text())
+    table = _rebuild_with_verify(tmp_path, rows, vrows, "verify.jsonl")
     best = {r["shape"][0]: r for r in table["rows"]}
     assert best[4096]["best"] == "torch" and best[4096]["verified"]["was"] == "triton"
     assert best[4096]["verified"]["paired_ratio_vs_torch"] == 1.25
@@ -220,8 +227,6 @@ def test_rebuild_table_applies_paired_host_cost_rounds(tmp_path):
     another measured backend >5% ahead (triton's launch costs less host time than cuda's),
     it becomes the choice; a backend the row never measured (torch, refused by the tune's
     admission check) never does, however fast."""
-    import subprocess
-    import sys
 
     def tune_row(shape, b, d, e):
         return {"op": "rms_norm", "dtype": "bf16", "mode": "fwd", "shape": shape, "status": "ok",
@@ -242,15 +247,7 @@ def test_rebuild_table_applies_paired_host_cost_rounds(tmp_path):
         host_row("16384x4096", "cuda", [92.0, 92.4, 91.8]),
         host_row("16384x4096", "triton", [91.5, 91.4, 91.6]),  # within 5%: stays cuda
     ]
-    src, hc, out = tmp_path / "tune.jsonl", tmp_path / "host_cost.jsonl", tmp_path / "table.json"
-    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    hc.write_text("".join(json.dumps(r) + "\n" for r in hrows))
-    root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, str(root / "scripts" / "rebuild_table.py"), str(src), "--out", str(out),
-                          "--verify", str(hc)], capture_output=True, text=True,
-                         env={**__import__("os").environ, "PYTHONPATH": str(root / "src")})  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    best = {tuple(r["shape"]): r for r in json.loads(out.read_text())["rows"]}
+    best = {tuple(r["shape"]): r for r in _rebuild_with_verify(tmp_path, rows, hrows, "host_cost.jsonl")["rows"]}
     small, big = best[(64, 256)], best[(16384, 4096)]
     assert small["best"] == "triton" and small["verified"]["was"] == "cuda" and small["verified"]["vs"] == "triton"
     assert small["verified"]["paired_ratio"] == 1.35  # the median of the rounds' cuda / triton

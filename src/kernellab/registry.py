@@ -257,6 +257,11 @@ _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses,
 
 _RECORD: list | None = None
 
+# what ``call`` reads on every default call, bound once (module attribute lookups)
+_KEY_ARGS = tuning.KEY_ARGS
+_wants_grad = tuning.wants_grad
+_option_values = tuning.option_values
+
 
 @contextlib.contextmanager
 def recording_choices():
@@ -296,7 +301,6 @@ def call(op: str, backend: str | None, *args, **kwargs):
         impl = _CHOSEN.get(ck)
     except (AttributeError, IndexError, TypeError):  # not tensors, or an unhashable option:
         ck = impl = None  # the op's own validation says why
-
     if impl is None:
         name, why = tuning.choose(op, args, dev, None, kwargs)
         impl = get(op, name)
@@ -317,11 +321,6 @@ def call(op: str, backend: str | None, *args, **kwargs):
             return fallback(*args, **kwargs)
         except Exception:  # noqa: BLE001 - torch refuses too: the input is bad, say why
             raise refusal from None
-
-
-_KEY_ARGS = tuning.KEY_ARGS
-_wants_grad = tuning.wants_grad
-_option_values = tuning.option_values
 
 
 def _forget_choices() -> None:

@@ -174,7 +174,8 @@ def _make_lean_jit():
                     return self._slow(grid, args, kw)
             if raw_stream is None:
                 return self._slow(grid, args, kw)
-            key = self._lean_key(args, kw)
+            ints = []  # the launch's arguments, tensors as their addresses (see fast_launcher)
+            key = self._lean_key(args, kw, ints)
             if key is None:  # a type the cache does not model (descriptors, dtypes, ...)
                 return self._slow(grid, args, kw)
             dev = key[0]
@@ -187,23 +188,26 @@ def _make_lean_jit():
             if hit is False:  # this kernel / call shape cannot take the lean path
                 return self._slow(grid, args, kw)
             launch, pre, extra = hit
-            g1 = grid[1] if len(grid) > 1 else 1
-            g2 = grid[2] if len(grid) > 2 else 1
-            # tensors as their addresses (see fast_launcher)
-            ints = [a.data_ptr() if type(a) in _REAL_TENSORS else a for a in args]
-            launch(grid[0], g1, g2, raw_stream(dev), *pre, *ints, *extra)
+            launch(*_grid3(grid), raw_stream(dev), *pre, *ints, *extra)
             return None
 
-        def _lean_key(self, args, kw):
+        def _lean_key(self, args, kw, ints=None):
             """The cache key of a call (see above), or None for an argument type it does
-            not model."""
+            not model; ``ints``, when given, receives the launch's arguments with each
+            tensor as its address (read once, for the key's alignment bit too)."""
             key = [args[0].device.index]
             for a in args:
                 t = type(a)
                 if t is torch.Tensor or t is torch.nn.Parameter:
+                    p = a.data_ptr()
                     key.append(a.dtype)
-                    key.append(a.data_ptr() & 15 == 0)
-                elif t is int:
+                    key.append(p & 15 == 0)
+                    if ints is not None:
+                        ints.append(p)
+                    continue
+                if ints is not None:
+                    ints.append(a)
+                if t is int:
                     key.append(_int_class(a))
                 elif t is float:
                     key.append(1.5)
@@ -224,9 +228,9 @@ def _make_lean_jit():
             return hit or None
 
         def _lean_entry(self, compiled, args, kw):
-            """(launcher, function, packed metadata, trailing constexpr values) of a kernel
-            just compiled and launched by Triton, or False when the lean path must not
-            be used for this call shape."""
+            """(launch, leading arguments, trailing constexpr values) of a kernel just
+            compiled and launched by Triton (``fast_launcher``), or False when the lean
+            path must not be used for this call shape."""
             try:
                 names = self.arg_names
                 params = self.params
@@ -258,6 +262,11 @@ def _make_lean_jit():
 
 
 _LEAN_JIT = None
+
+
+def _grid3(grid) -> tuple:
+    """A launch grid of 1 to 3 dims as (x, y, z)."""
+    return grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
 
 
 @functools.cache
@@ -357,11 +366,9 @@ class Bound:
                 found = self.kernel.lean_hit(args, self.kw)
                 if found is not None:
                     launch, pre, extra = found
-                    g = self.grid
                     self.dev = args[0].device.index
                     self.tensors = tensors
-                    g1, g2 = (g[1] if len(g) > 1 else 1), (g[2] if len(g) > 2 else 1)
-                    self.hit = (launch, g[0], g1, g2, pre, extra)
+                    self.hit = (launch, *_grid3(self.grid), pre, extra)
 
 
 def jit(fn=None, **kwargs):

@@ -362,9 +362,7 @@ def option_key(op: str, kwargs) -> str:
 def option_values(op: str, kwargs) -> tuple:
     """``option_key``'s options as a tuple of their values (what the default's per-call
     choice cache keys on: no string is built on the hot path; ``()`` for ops with none)."""
-    keys = _OPTION_KEYS.get(op)
-    if keys is None:
-        keys = _option_keys(op)
+    keys = _option_keys(op)
     if not keys:
         return ()
     if len(keys) == 1:

@@ -333,3 +333,18 @@ def paired_ratio(a: list, b: list) -> float:
     """The median over rounds of a's time over b's in the same round (``paired_loop_ms``'s
     rounds): the ratio a drifting host leaves alone."""
     return statistics.median(x / y for x, y in zip(a, b))
+
+
+def paired_us(cases: dict, base_of, rounds: int, seconds: float = 0.03) -> dict:
+    """The probes' measure: each case's plain-loop time per call (us, the median over
+    ``paired_loop_ms`` rounds of ~``seconds`` each) and its ``paired_ratio`` to the case
+    ``base_of(name)`` names. Returns name -> (us, ratio), or the exception it raised in a round."""
+    calls = {k: calls_for(f, seconds) for k, f in cases.items()}
+    times, errors = paired_loop_ms(cases, calls, rounds)
+    out = {}
+    for k in cases:
+        if k in errors:
+            out[k] = errors[k]
+        else:
+            out[k] = (statistics.median(times[k]) * 1e3, paired_ratio(times[k], times[base_of(k)]))
+    return out

@@ -72,7 +72,16 @@ import math
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_dim, layout_checking, make_tensor
+from kernellab.ops.spec import (
+    BadInput,
+    OpSpec,
+    define,
+    device_of,
+    fuzz_dim,
+    layout_checking,
+    make_tensor,
+    runs_on,
+)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OPTIONS = ("causal", "scale", "window", "softcap")
@@ -181,28 +190,21 @@ _FLOAT_TYPES = (int, float)
 def _fast_accept(args, kwargs, devices) -> bool:
     """True for a well-formed call of the common kind (3 dense tensors of one supported
     dtype and device, 4-D and up, matching shapes up to GQA heads, causal a bool, scale
-    None or a positive finite number, no window or softcap): a few attribute reads, no
-    device objects. Anything else takes ``validate``'s checks, which name the argument."""
+    None or a positive finite number, no window or softcap): a few attribute reads
+    (``device_of``). Anything else takes ``validate``'s checks, which name the argument."""
     if len(args) != 3:
         return False
     q, k, v = args
     if not (type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor):
         return False
-    dt, cuda = q.dtype, q.is_cuda
+    dt = q.dtype
     if not (dt in _DTYPES and k.dtype is dt and v.dtype is dt):
         return False
     if q.layout is not _STRIDED or k.layout is not _STRIDED or v.layout is not _STRIDED:
         return False
-    if cuda:
-        gd = q.get_device()
-        if not ("cuda" in devices and k.is_cuda and v.is_cuda):
-            return False
-        if k.get_device() != gd or v.get_device() != gd:
-            return False
-    else:
-        d = q.device
-        if not (d.type in devices and k.device == d and v.device == d):
-            return False
+    dev = device_of(q)
+    if not (runs_on(q, devices) and device_of(k) == dev and device_of(v) == dev):
+        return False
     qs, ks, vs = q.shape, k.shape, v.shape
     n = len(qs)
     if n < 4 or len(ks) != n or len(vs) != n or qs[:-3] != ks[:-3] or ks[:-3] != vs[:-3]:

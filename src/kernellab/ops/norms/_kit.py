@@ -26,7 +26,15 @@ import torch
 from torch import Tensor
 
 from kernellab.ops.kit import OpDecl, build, empty_like_contig
-from kernellab.ops.spec import FLOAT_DTYPES, check_float_tensor, fuzz_rows, layout_checking, make_tensor
+from kernellab.ops.spec import (
+    FLOAT_DTYPES,
+    check_float_tensor,
+    device_of,
+    fuzz_rows,
+    layout_checking,
+    make_tensor,
+    runs_on,
+)
 
 # --------------------------------------------------------------------------- validation
 
@@ -55,22 +63,19 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
             x, w = args[0], args[1]
             b = args[2] if n == 3 else None
             if isinstance(x, Tensor) and isinstance(w, Tensor) and (b is None or isinstance(b, Tensor)):
-                # (is_cuda / get_device / ndim: the cheapest reads of each fact on a GPU;
-                # device.type alone costs ~0.7 us on a CPU host. get_device is -1 for every
-                # device without an index (cpu, meta): off CUDA the devices are compared.)
-                dt, cuda = x.dtype, x.is_cuda
-                gd = x.get_device() if cuda else x.device
+                # (device_of / runs_on / ndim: the cheapest reads of each fact)
+                dt, dev = x.dtype, device_of(x)
                 eps = kwargs.get("eps", 0.0) if kwargs else 0.0
                 if (
                     dt in _FLOATS
                     and x.layout is torch.strided
                     and x.ndim
-                    and ("cuda" in devices if cuda else gd.type in devices)
+                    and runs_on(x, devices)
                     and w.dtype is dt
                     and w.layout is torch.strided
                     and w.ndim == 1
                     and w.shape[0] == x.shape[-1]
-                    and (w.is_cuda and w.get_device() == gd if cuda else w.device == gd)
+                    and device_of(w) == dev
                     and (
                         b is None
                         or (
@@ -78,7 +83,7 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
                             and b.layout is torch.strided
                             and b.ndim == 1
                             and b.shape[0] == w.shape[0]
-                            and (b.is_cuda and b.get_device() == gd if cuda else b.device == gd)
+                            and device_of(b) == dev
                         )
                     )
                     and 0.0 <= eps < math.inf

@@ -700,7 +700,7 @@ def kernel_specs(rms: bool):
                 "dw_ptr": f"*{dtype}", "db_ptr": f"*{dtype}", "n_rows": "i32", "n_cols": "i32",
                 "BLOCK": "constexpr", "BLOCK_C": "constexpr", "ROWS": "constexpr", "RMS": "constexpr",
                 "RES": "constexpr", "HAS_DB": "constexpr"}  # fmt: skip
-        block_c, crows, _ = _cols_config(16, 4096)
+        block_c, crows, cwarps = _cols_config(16, 4096)
         ccx = {"BLOCK": 4096, "BLOCK_C": block_c, "ROWS": crows, "RMS": rms, "RES": False, "HAS_DB": not rms}
         if _row_1d(rows, torch.float32 if dtype == "fp32" else torch.bfloat16):
             names = (
@@ -727,12 +727,12 @@ def kernel_specs(rms: bool):
             return [
                 (_norm_fwd_row_kernel, fwd, fcx, warps),
                 (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
-                (_norm_bwd_cols_kernel, cols, ccx, _cols_config(16, 4096)[2]),
+                (_norm_bwd_cols_kernel, cols, ccx, cwarps),
             ]
         return [
             (_norm_fwd_kernel, fwd, fcx, warps),
             (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
-            (_norm_bwd_cols_kernel, cols, ccx, _cols_config(16, 4096)[2]),
+            (_norm_bwd_cols_kernel, cols, ccx, cwarps),
         ]
 
     return specs
