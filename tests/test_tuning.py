@@ -293,6 +293,34 @@ def test_a_call_needing_any_gradient_takes_the_forward_backward_row(tables):
     assert tuning.wants_grad((x, w, None, "relu")) and not tuning.wants_grad((x, 3))
 
 
+def test_one_call_site_takes_each_modes_row_from_its_cached_choice(tables):
+    """The default caches both modes' choices per shape: the same call site runs the forward
+    row's backend without gradients and the forward+backward row's backend with any."""
+    calls = []
+    for name in ("spy_fwd", "spy_both"):
+        registry.register("matmul", name, devices=("cpu",), description="records its calls")(
+            lambda a, b, name=name: calls.append(name) or a @ b
+        )
+    try:
+        _write(tables, [
+            {"op": "matmul", "dtype": "fp32", "mode": "fwd", "shape": [64, 128, 3136], "key": [64, 128, 3136],
+             "best": "spy_fwd", "times": {"spy_fwd": 0.01, "torch": 0.02}},
+            {"op": "matmul", "dtype": "fp32", "mode": "fwdbwd", "shape": [64, 128, 3136], "key": [64, 128, 3136],
+             "best": "spy_both", "times": {"spy_both": 0.01, "torch": 0.03}},
+        ])  # fmt: skip
+        x, w = torch.randn(64, 3136), torch.randn(3136, 128)
+        wg = w.clone().requires_grad_()
+        for _ in range(2):  # the second round is served from the cache
+            kernellab.matmul(x, w)
+            kernellab.matmul(x, wg)
+            with torch.no_grad():
+                kernellab.matmul(x, wg)
+        assert calls == ["spy_fwd", "spy_both", "spy_fwd"] * 2
+    finally:
+        registry.unregister("matmul", "spy_fwd")
+        registry.unregister("matmul", "spy_both")
+
+
 def test_a_refused_input_falls_back_to_torch(tables):
     # The table sends attention to Triton (here under its interpreter); head dim 100 (not
     # a multiple of 8) is refused by the Triton kernels and served by PyTorch's SDPA.

@@ -248,29 +248,32 @@ def op_names() -> list[str]:
 _DEFAULTS: dict[tuple[str, str], str] = {}
 
 
-# The default's choice per call shape: (op, device type, dtype, whether a gradient is
-# wanted, the shapes the choice reads, the options tables tell apart) -> Impl. After the
-# first call at a shape the default costs one tuple and one dict lookup.
-_CHOSEN: dict[tuple, Impl] = {}
+# The default's choice per call shape: (op, device type, dtype, the shapes the choice reads,
+# the options tables tell apart) -> the Impl for both a forward-only call and a call with a
+# backward, or (forward Impl, forward+backward Impl) where the two differ. After the first
+# call at a shape the default costs one tuple and one dict lookup (and, only where the two
+# modes chose differently, the grad test).
+_CHOSEN: dict[tuple, Impl | tuple[Impl, Impl]] = {}
 _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses, never grows without bound
 
 
 _RECORD: list | None = None
+_RECORDED: set = set()  # (choice key, whether a backward follows) already in _RECORD
 
 # what ``call`` reads on every default call, bound once (module attribute lookups)
 _KEY_ARGS = tuning.KEY_ARGS
 _wants_grad = tuning.wants_grad
 _option_values = tuning.option_values
+_is_compiling = torch.compiler.is_compiling
 
 
 @contextlib.contextmanager
 def recording_choices():
     """Within the block, each choice ``backend=None`` makes is appended to the yielded list
-    (op, first argument's shape, whether a backward follows, backend, why); the choice
-    cache starts empty so every call site chooses once. What ``train mnist --backend
-    default`` prints."""
+    (op, first argument's shape, whether a backward follows, backend, why), once per call
+    site and mode. What ``train mnist --backend default`` prints."""
     global _RECORD
-    _CHOSEN.clear()
+    _RECORDED.clear()
     _RECORD = []
     try:
         yield _RECORD
@@ -286,41 +289,77 @@ def call(op: str, backend: str | None, *args, **kwargs):
     ValueError that PyTorch's op accepts, PyTorch's op (attention with head dim 100 is
     served, not refused)."""
     if backend is not None:
-        return get(op, backend)(*args, **kwargs)
-    x = args[0] if args else None
-    if getattr(x, "is_cuda", False):  # (device.type costs ~0.7 us a read on a CPU host)
-        dev = "cuda"
-    else:
-        dev = getattr(x, "device", None)
-        dev = dev.type if dev is not None else "cpu"
-    if torch.compiler.is_compiling():  # traced: the cached per-device default, no table I/O
-        return get(op, _DEFAULTS.get((op, dev)) or default_backend(op, dev))(*args, **kwargs)
+        impl = get(op, backend)
+        validate = impl._validate
+        if validate is None:
+            return impl(*args, **kwargs)
+        validate(args, kwargs, impl.devices)  # Impl.__call__ inlined (one frame fewer)
+        return impl.fn(*args, **kwargs)
     try:
-        shapes = x.shape if op not in _KEY_ARGS else (x.shape, args[1].shape)
-        ck = (op, dev, x.dtype, _wants_grad(args), shapes, _option_values(op, kwargs) if kwargs else None)
-        impl = _CHOSEN.get(ck)
+        x = args[0]
+        dev = "cuda" if x.is_cuda else x.device.type  # (device.type costs ~0.5 us a read on a CPU host)
+        if _is_compiling():  # traced: the cached per-device default, no table I/O
+            return get(op, _DEFAULTS.get((op, dev)) or default_backend(op, dev))(*args, **kwargs)
+        ck = (op, dev, x.dtype, x.shape if op not in _KEY_ARGS else (x.shape, args[1].shape),
+              _option_values(op, kwargs) if kwargs else None)  # fmt: skip
+        pick = _CHOSEN.get(ck)
     except (AttributeError, IndexError, TypeError):  # not tensors, or an unhashable option:
-        ck = impl = None  # the op's own validation says why
-    if impl is None:
-        name, why = tuning.choose(op, args, dev, None, kwargs)
-        impl = get(op, name)
-        if _RECORD is not None:
-            _RECORD.append({"op": op, "shape": tuple(getattr(x, "shape", ())), "fwdbwd": tuning.wants_grad(args),
-                            "backend": name, "why": why})  # fmt: skip
+        return _choose_and_call(op, args, kwargs, None)  # the op's own validation says why
+    if pick is None or _RECORD is not None:
+        return _choose_and_call(op, args, kwargs, ck)
+    impl = pick if pick.__class__ is Impl else pick[_wants_grad(args)]
+    validate = impl._validate
+    if validate is not None:  # Impl.__call__ inlined: one Python frame fewer on the hot path
+        try:
+            validate(args, kwargs, impl.devices)
+            return impl.fn(*args, **kwargs)
+        except ValueError as refusal:
+            return _fall_back(op, impl, refusal, args, kwargs)
+    return _run(op, impl, args, kwargs)
+
+
+def _choose_and_call(op: str, args, kwargs, ck):
+    """The default's first call at a choice key (or every call where none can be built):
+    choose for both modes, remember, record, run."""
+    x = args[0] if args else None
+    dev = getattr(x, "device", None)
+    dev = "cuda" if getattr(x, "is_cuda", False) else (dev.type if dev is not None else "cpu")
+    wants = _wants_grad(args)
+    pick = _CHOSEN.get(ck) if ck is not None else None
+    if pick is None:
+        fwd = get(op, tuning.choose(op, args, dev, "fwd", kwargs)[0])
+        both = get(op, tuning.choose(op, args, dev, "fwdbwd", kwargs)[0])
+        pick = fwd if fwd is both else (fwd, both)
         if ck is not None:
             if len(_CHOSEN) >= _CHOSEN_MAX:
                 _CHOSEN.clear()
-            _CHOSEN[ck] = impl
+            _CHOSEN[ck] = pick
+    impl = pick if pick.__class__ is Impl else pick[wants]
+    if _RECORD is not None and (ck is None or (ck, wants) not in _RECORDED):
+        name, why = tuning.choose(op, args, dev, None, kwargs)
+        _RECORD.append({"op": op, "shape": tuple(getattr(x, "shape", ())), "fwdbwd": wants,
+                        "backend": name, "why": why})  # fmt: skip
+        if ck is not None:
+            _RECORDED.add((ck, wants))
+    return _run(op, impl, args, kwargs)
+
+
+def _run(op: str, impl: Impl, args, kwargs):
     try:
         return impl(*args, **kwargs)
     except ValueError as refusal:
-        fallback = _TABLE.get((op, "torch")) if impl.backend != "torch" else None
-        if fallback is None:
-            raise
-        try:
-            return fallback(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - torch refuses too: the input is bad, say why
-            raise refusal from None
+        return _fall_back(op, impl, refusal, args, kwargs)
+
+
+def _fall_back(op: str, impl: Impl, refusal: ValueError, args, kwargs):
+    """The default's chosen backend refused the input: PyTorch's op serves it if it can."""
+    fallback = _TABLE.get((op, "torch")) if impl.backend != "torch" else None
+    if fallback is None:
+        raise refusal
+    try:
+        return fallback(*args, **kwargs)
+    except Exception:  # noqa: BLE001 - torch refuses too: the input is bad, say why
+        raise refusal from None
 
 
 def _forget_choices() -> None:
