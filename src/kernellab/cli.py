@@ -87,12 +87,7 @@ def cmd_check(args) -> int:
         args.quick = not _dev.has_cuda()
         if args.quick:
             console.print("no GPU: quick check (fewer shapes; --full for every test shape)")
-    import torch
-
-    # fp32 is checked as fp32: PyTorch's default lets cuDNN's convolutions take TF32 (10-bit
-    # mantissas), which would fail conv2d's torch backend against float64 and loosen every
-    # other backend's bound (matmuls: TF32 is off by default already).
-    torch.backends.cudnn.allow_tf32 = False
+    # (fp32 is checked as fp32: check_impl turns TF32 off while it runs)
     total = chk.plan_size(ops, backends, dtypes)
     if total == 0:
         console.print("[red]nothing to check[/] (no implementation matches)")

@@ -209,6 +209,27 @@ def test_low_precision_still_passes_in_its_own_dtype(planted):
     assert rep.status == PASS, rep.failures
 
 
+def test_fp32_is_checked_with_tf32_off_and_the_users_flags_come_back(planted):
+    """check_impl runs every stage with TF32 off for cuDNN and cuBLAS (fp32 judged as fp32
+    on both sides), and leaves the flags as the caller set them."""
+    seen = []
+
+    def gelu(x):
+        seen.append((torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32))
+        return torch.nn.functional.gelu(x.double(), approximate="tanh").to(x.dtype)
+
+    impl = planted("gelu", "planted_flags", gelu, devices=("cpu",))
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        rep = _run(impl, torch.float32)
+        assert rep.status == PASS, rep.failures
+        assert seen and set(seen) == {(False, False)}
+        assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == (True, True)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("op", OPS)
 def test_cached_output_fails_the_rerun(planted, op, dtype):

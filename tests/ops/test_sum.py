@@ -218,10 +218,15 @@ def test_gpu_forward_and_gradient(backend, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 def test_gpu_large_fp32_sum_within_twice_torch(backend):
-    # The bench's 2^28 scaled down: 2^26 fp32 elements, judged by the 2x-torch rule.
-    x = torch.randn(1 << 26, device="cuda")
-    y = kernellab.get("sum", backend)(x)
-    v = judge(y, x.double().sum(), torch.float32, x.sum())
+    # The bench's 2^28 scaled down: 2^26 fp32 elements, judged by the 2x-torch rule over
+    # four seeded draws at once (the worst error of each side). One unseeded draw judged a
+    # scalar: where torch's sum happened to round exactly, the bound was one ulp of the
+    # result and ours, 3 ulps off (sound for 2^26 terms), failed (H100, a2ddd7d).
+    impl = kernellab.get("sum", backend)
+    xs = [torch.randn(1 << 26, device="cuda", generator=torch.Generator("cuda").manual_seed(s)) for s in range(4)]
+    ours = torch.stack([impl(x) for x in xs])
+    theirs = torch.stack([x.sum() for x in xs])
+    v = judge(ours, torch.stack([x.double().sum() for x in xs]), torch.float32, theirs)
     assert v.ok, v.detail
 
 

@@ -79,6 +79,8 @@ from triton.language.extra import libdevice
 
 from kernellab import device as _device
 from kernellab import triton_support
+from kernellab.ops._triton_dots import dot as _dot
+from kernellab.ops._triton_dots import two_level
 from kernellab.ops.attention import resolve_scale
 from kernellab.ops.kit import OpDecl, build
 
@@ -212,27 +214,6 @@ _KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "CAUSAL", "PREC", "WINDOW", "SOFTCAP", "
 
 
 @triton.jit
-def _tf32_rn(x):
-    # fp32 -> TF32 rounded to nearest (what cuBLAS does with TF32 on). Handed raw fp32
-    # registers, the tensor cores drop the low 13 mantissa bits (truncation): ~2x the
-    # rounding error, which measured 2.46e-3 against a bound of 2.0e-3 (2 x PyTorch's
-    # TF32 error) on the H100 before this rounding.
-    return tl.inline_asm_elementwise(
-        "cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-    )
-
-
-@triton.jit
-def _dot(a, b, PREC: tl.constexpr, c=None):
-    """c + a @ b in fp32 (c None: 0): PREC "ieee" (fp32 FMAs), "tf32" (16-bit operands:
-    ignored), or "tf32rn" (fp32 operands rounded to TF32 by _tf32_rn, then TF32 dots)."""
-    if PREC == "tf32rn":
-        return tl.dot(_tf32_rn(a), _tf32_rn(b), acc=c, input_precision="tf32")
-    else:
-        return tl.dot(a, b, acc=c, input_precision=PREC)
-
-
-@triton.jit
 def _raw_scale(qk_scale):
     """(sign, |qk_scale|) of the RAW_M exponent (qk * sign - m) * |qk_scale|: the sign
     flips the scores (exactly) so that m is the max of the scaled ones (lse_shape)."""
@@ -258,12 +239,7 @@ def _mma(a, b, acc, PREC: tl.constexpr):
     a CPU model of the two orders gives 5.1e-6 chained, 1.6e-6 two-level at 64-row blocks.
     16-bit operands accumulate in the MMA (acc=), as every fast kernel does."""
     if a.dtype == tl.float32:
-        # The block's product starts from acc * 0.0, not from a constant 0: Triton's
-        # dot-add combine rewrites "acc + dot(a, b, 0)" into dot(a, b, acc), the very chain
-        # this avoids (the first H100 run of this code measured the same 6.1e-6). Where acc
-        # is +-inf (an inf in V), acc * 0.0 would be NaN: those lanes start from 0.0.
-        zero = tl.where(tl.abs(acc) < float("inf"), acc * 0.0, 0.0)
-        return acc + _dot(a, b, PREC, zero)
+        return two_level(a, b, acc, PREC)  # (the first H100 run without acc * 0.0: the same 6.1e-6)
     else:
         return tl.dot(a, b, acc=acc, input_precision=PREC)
 

@@ -26,12 +26,24 @@ Under the CPU interpreter (no real 16-bit dots) the operands are upcast to fp32.
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._triton_dots import dot, dot_precision, two_level
 from kernellab.ops.conv2d import _kit, out_size
 
 # --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _mma(a, b, acc, PRECISION: tl.constexpr):
+    """acc + a @ b: IEEE fp32 dots summed a K block at a time (``two_level``), the others
+    accumulated in the MMA."""
+    if PRECISION == "ieee" and a.dtype == tl.float32:
+        return two_level(a, b, acc, PRECISION)
+    else:
+        return dot(a, b, PRECISION, acc)
 
 
 @triton_support.jit
@@ -68,7 +80,7 @@ def _conv_fwd_kernel(
         b = tl.load(w_ptr + offs_n[None, :] * CRS + j[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        acc = _mma(a, b, acc, PRECISION)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     y_off = nb[:, None] * (K * pq) + offs_n[None, :] * pq + rem[:, None]
@@ -118,9 +130,9 @@ def _conv_dgrad_kernel(
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
         if ACC64:
-            acc64 += tl.dot(a, b, input_precision=PRECISION).to(tl.float64)
+            acc64 += dot(a, b, PRECISION).to(tl.float64)
         else:
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = _mma(a, b, acc, PRECISION)
     dx_off = nb[:, None] * (C * hw) + offs_n[None, :] * hw + rem[:, None]
     out = acc64 if ACC64 else acc
     tl.store(dx_ptr + dx_off, out.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -172,9 +184,9 @@ def _conv_wgrad_kernel(
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
         if ACC64:
-            acc64 += tl.dot(a, b, input_precision=PRECISION).to(tl.float64)
+            acc64 += dot(a, b, PRECISION).to(tl.float64)
         else:
-            acc = tl.dot(a, b, acc, input_precision=PRECISION)
+            acc = _mma(a, b, acc, PRECISION)
     if not ACC64:
         acc64 = acc.to(tl.float64)
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
@@ -189,10 +201,9 @@ def _conv_wgrad_kernel(
 def _consts(t: torch.Tensor) -> dict:
     if t.device.type != "cuda":  # the interpreter: no 16-bit dots, exact fp32
         return dict(PRECISION="ieee", UPCAST=True)
-    # fp32: as cuDNN's setting says; fp16/bf16 dots ignore it ("tf32", as the matmul
-    # kernels pass: "ieee" is meant for fp32 operands)
-    ieee = t.dtype == torch.float32 and not torch.backends.cudnn.allow_tf32
-    return dict(PRECISION="ieee" if ieee else "tf32", UPCAST=False)
+    # fp32: as cuDNN's setting says (TF32 rounded to nearest, as cuDNN rounds); fp16/bf16
+    # dots ignore it
+    return dict(PRECISION=dot_precision(t.dtype, torch.backends.cudnn.allow_tf32), UPCAST=False)
 
 
 def _clamp_pow2(n: int, lo: int, hi: int) -> int:

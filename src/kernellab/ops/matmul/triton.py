@@ -13,9 +13,10 @@ Any M, N, K: rows and columns past the edge are wrapped (``% M``) for the loads,
 loop masks only K; the store is masked. Any strides (transposed, sliced, expanded operands
 go straight in; no copy); batch over program_id(1).
 
-fp32: ``input_precision`` follows ``torch.backends.cuda.matmul.allow_tf32``: "tf32" when it is
-on (tensor cores, 10-bit mantissa inputs), "ieee" when off (exact fp32 FMA products, as cuBLAS
-with TF32 off). fp16/bf16 always use tensor cores with fp32 accumulation.
+fp32: the dots follow ``torch.backends.cuda.matmul.allow_tf32``: on, TF32 tensor cores with
+the operands rounded to nearest first ("tf32rn", as cuBLAS rounds them); off, exact fp32 FMA
+products ("ieee", as cuBLAS with TF32 off), each K block summed apart and then added
+(``_triton_dots.two_level``). fp16/bf16 always use tensor cores with fp32 accumulation.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._triton_dots import dot, dot_precision, two_level
 from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.ops.spec import GRID_YZ_LIMIT
 from kernellab.registry import register
@@ -58,7 +60,7 @@ def _matmul_kernel(
     K_KEY,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,  # 0 none, 1 relu, 2 gelu (tanh)
-    PRECISION: tl.constexpr,  # tl.dot input_precision: "ieee" or "tf32"
+    PRECISION: tl.constexpr,  # "ieee", "tf32" or "tf32rn" (ops/_triton_dots.py)
     UPCAST: tl.constexpr,  # dot in fp32 (the CPU interpreter has no bf16 dot)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -91,7 +93,10 @@ def _matmul_kernel(
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=PRECISION)
+        if PRECISION == "ieee":
+            acc = two_level(a, b, acc, PRECISION)  # fp32 FMAs: each K block summed apart
+        else:
+            acc = dot(a, b, PRECISION, acc)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
 
@@ -227,9 +232,7 @@ _CPU_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
 
 
 def _precision(dtype: torch.dtype) -> str:
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32"  # fp32 with TF32 allowed; for fp16/bf16 inputs the setting has no effect
+    return dot_precision(dtype, torch.backends.cuda.matmul.allow_tf32)
 
 
 def check_batch_grid(bt: int) -> None:

@@ -1,0 +1,62 @@
+"""Dot products the Triton kernels share: fp32 operands rounded to TF32 the way cuBLAS and
+cuDNN round them, and the two-level summation that keeps an IEEE fp32 accumulation near a
+tree's error.
+
+PREC, a constexpr string, names the dot: "ieee" (fp32 FMAs), "tf32" (16-bit operands,
+where it has no effect; or fp32 operands the tensor cores truncate), "tf32rn" (fp32
+operands rounded to nearest TF32 first, then TF32 dots). ``dot_precision`` gives the
+launchers' value.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernellab import device as _device
+
+
+def dot_precision(dtype: torch.dtype, tf32: bool) -> str:
+    """PREC for operands of ``dtype`` with TF32 allowed or not: fp32 is "ieee", or with TF32
+    "tf32rn" on a GPU ("tf32" under the interpreter, which has no PTX and computes fp32
+    dots exactly); 16-bit operands "tf32" (the setting does not apply to them)."""
+    if dtype != torch.float32:
+        return "tf32"
+    if not tf32:
+        return "ieee"
+    return "tf32" if _device.triton_interpreted() else "tf32rn"
+
+
+@triton.jit
+def tf32_rn(x):
+    # fp32 -> TF32 rounded to nearest (what cuBLAS and cuDNN do with TF32 on). Handed raw
+    # fp32 registers, the tensor cores drop the low 13 mantissa bits (truncation): ~2x the
+    # rounding error (attention measured 2.46e-3 against a bound of 2.0e-3, 2 x PyTorch's
+    # TF32 error, on the H100 before this rounding).
+    return tl.inline_asm_elementwise(
+        "cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def dot(a, b, PREC: tl.constexpr, c=None):
+    """c + a @ b in fp32 (c None: 0) with the dot PREC names (module docstring)."""
+    if PREC == "tf32rn":
+        return tl.dot(tf32_rn(a), tf32_rn(b), acc=c, input_precision="tf32")
+    else:
+        return tl.dot(a, b, acc=c, input_precision=PREC)
+
+
+@triton.jit
+def two_level(a, b, acc, PREC: tl.constexpr):
+    """acc + (a @ b summed apart): two-level summation for fp32 operands. Chained through
+    acc=, an IEEE fp32 dot adds every term of every K block into one accumulator in
+    sequence, and that rounding walk grows with K (attention's dv: 6.1e-6 against a bound
+    of 4.5e-6, 2 x SDPA's error, over ~1000 rows on the H100; matmul at K = 3152: 1.15e-4
+    against 3.4e-5, 2 x cuBLAS's). The block's product starts from acc * 0.0, not from a
+    constant 0: Triton's dot-add combine rewrites "acc + dot(a, b, 0)" into dot(a, b, acc),
+    the very chain this avoids. Where acc is +-inf, acc * 0.0 would be NaN: those lanes
+    start from 0.0."""
+    zero = tl.where(tl.abs(acc) < float("inf"), acc * 0.0, 0.0)
+    return acc + dot(a, b, PREC, zero)
