@@ -79,8 +79,7 @@ from triton.language.extra import libdevice
 
 from kernellab import device as _device
 from kernellab import triton_support
-from kernellab.ops._triton_dots import dot as _dot
-from kernellab.ops._triton_dots import two_level
+from kernellab.ops._triton_dots import dot, two_level
 from kernellab.ops.attention import resolve_scale
 from kernellab.ops.kit import OpDecl, build
 
@@ -227,7 +226,7 @@ def _shared_dot(a, b, PREC: tl.constexpr):
     if _SHARED_F64 and PREC == "ieee":
         return tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee").to(tl.float32)
     else:
-        return _dot(a, b, PREC)
+        return dot(a, b, PREC)
 
 
 @triton.jit

@@ -52,7 +52,7 @@ def _conv_fwd_kernel(
     C, H, W, K, P, Q, R, S, M,  # M = N P Q
     sxn, sxc, sxh, sxw,  # x strides (elements)
     SH, SW, PH, PW,
-    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -69,6 +69,7 @@ def _conv_fwd_kernel(
     RS = R * S
     CRS = C * RS
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)  # (unused without ACC64: compiled away)
     for j0 in range(0, CRS, BLOCK_K):
         j = j0 + tl.arange(0, BLOCK_K)  # reduction index (c, r, s)
         j_ok = j < CRS
@@ -80,7 +81,12 @@ def _conv_fwd_kernel(
         b = tl.load(w_ptr + offs_n[None, :] * CRS + j[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = _mma(a, b, acc, PRECISION)
+        if ACC64:  # fp32: each block's fp32 product added in fp64, as the backward kernels do
+            acc64 += dot(a, b, PRECISION).to(tl.float64)
+        else:
+            acc = _mma(a, b, acc, PRECISION)
+    if ACC64:
+        acc = acc64.to(tl.float32)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     y_off = nb[:, None] * (K * pq) + offs_n[None, :] * pq + rem[:, None]
@@ -236,7 +242,7 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
         c, h, wd, k, p, q, r, s, m,
         *x.stride(),
         sh, sw, ph, pw,
-        HAS_BIAS=bias is not None, **_consts(x), **cfg,
+        HAS_BIAS=bias is not None, ACC64=x.dtype == torch.float32, **_consts(x), **cfg,
     )  # fmt: skip
     return y
 
@@ -311,13 +317,13 @@ def _kernel_specs(dtype: str):
 
     p = f"*{dtype}"
     fwd = sig([("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)], geom + ("M",) + xs + conv,
-              ("HAS_BIAS",) + tuple(cx))  # fmt: skip
+              ("HAS_BIAS", "ACC64") + tuple(cx))  # fmt: skip
     wcx = dict(cx, ACC64=dtype == "fp32")
     dgrad = sig([("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)], geom + ("M",) + conv, tuple(wcx))
     wgrad = sig([("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp64"), ("db_part_ptr", "*fp64")],
                 geom + ("NPQ", "CHUNK") + xs + conv, tuple(wcx))  # fmt: skip
     return [
-        (_conv_fwd_kernel, fwd, dict(cx, HAS_BIAS=True), 4),
+        (_conv_fwd_kernel, fwd, dict(cx, HAS_BIAS=True, ACC64=dtype == "fp32"), 4),
         (_conv_dgrad_kernel, dgrad, wcx, 4),
         (_conv_wgrad_kernel, wgrad, wcx, 4),
     ]

@@ -1,0 +1,76 @@
+"""Replay the check's fuzz problems for one op and seed, and show where each backend's
+error sits: per problem, forward (and, for differentiable ops, the first input's gradient
+with the check's grad_output) max error against float64, the value there, and the same for
+PyTorch's op. What a failing GPU fuzz case needs before a kernel is changed.
+
+    PYTHONPATH=src python scripts/probe_fuzz_case.py softmax --seed 75028 --dtype fp32 \
+        --backends torch cuda cuda_v2 cuda_v3 triton [--n 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import torch
+
+from kernellab import registry
+from kernellab.harness import check as chk
+from kernellab.ops.spec import get_spec, shape_str
+
+DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _err(out, ref):
+    d = (out.double() - ref).abs()
+    d = torch.where(torch.isfinite(ref), d, torch.zeros_like(d))
+    i = int(d.flatten().argmax())
+    return float(d.flatten()[i]), i, float(ref.flatten()[i])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("op")
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--dtype", default="fp32")
+    p.add_argument("--backends", nargs="+", required=True)
+    p.add_argument("--n", type=int, default=2)
+    a = p.parse_args(argv)
+    dtype, spec = DT[a.dtype], get_spec(a.op)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    runner = chk._Runner(registry.get(a.op, "torch"), spec, dtype, dev, a.seed, True, a.n)
+    rng = random.Random(a.seed)
+    for _ in range(a.n):
+        shape, opts = spec.draw_fuzz(rng, dev == "cuda")
+        for kind in ("fwd", "grad"):
+            args, kwargs = runner.option_inputs(opts, shape)
+            x64 = [t.double().requires_grad_(kind == "grad") if isinstance(t, torch.Tensor) and t.is_floating_point()
+                   else t for t in args]  # fmt: skip
+            ref = spec.reference(*x64, **kwargs)
+            ref = ref[0] if isinstance(ref, tuple) else ref
+            dy = None
+            if kind == "grad":
+                gen = torch.Generator(device=dev).manual_seed(12345)
+                dy = torch.randn(ref.shape, generator=gen, device=dev).to(dtype)
+                (gref,) = torch.autograd.grad(ref, [x64[0]], dy.double())
+            print(f"\n{a.op} {shape_str(shape)} {opts or ''} {kind}: scale max|ref| "
+                  f"{float((gref if dy is not None else ref).abs().max()):.3g}")  # fmt: skip
+            for b in a.backends:
+                xs = [t.detach().clone().requires_grad_(kind == "grad") if isinstance(t, torch.Tensor) and
+                      t.is_floating_point() else t for t in args]  # fmt: skip
+                try:
+                    out = registry.get(a.op, b)(*xs, **kwargs)
+                    out = out[0] if isinstance(out, tuple) else out
+                    if kind == "fwd":
+                        e, i, v = _err(out.detach(), ref.detach())
+                    else:
+                        (g,) = torch.autograd.grad(out, [xs[0]], dy)
+                        e, i, v = _err(g, gref)
+                    print(f"  {b:10s} max err {e:.3g} at flat {i} (ref {v:.6g}, {e / max(abs(v), 1e-30):.2g} rel)")
+                except Exception as ex:  # noqa: BLE001
+                    print(f"  {b:10s} raised {type(ex).__name__}: {str(ex)[:120]}")
+
+
+if __name__ == "__main__":
+    main()
