@@ -4,7 +4,7 @@ with the check's grad_output) max error against float64, the value there, and th
 PyTorch's op. What a failing GPU fuzz case needs before a kernel is changed.
 
     PYTHONPATH=src python scripts/probe_fuzz_case.py softmax --seed 75028 --dtype fp32 \
-        --backends torch cuda cuda_v2 cuda_v3 triton [--n 2]
+        --backends torch cuda cuda_v2 cuda_v3 triton [--n 2] [--exact]
 """
 
 from __future__ import annotations
@@ -28,6 +28,54 @@ def _err(out, ref):
     return float(d.flatten()[i]), i, float(ref.flatten()[i])
 
 
+def exact(a, dtype, spec, dev):
+    """Run the check's own fuzz stage through a wrapper of the first backend that records
+    every call's inputs and the grad_output its output receives, then judge every backend
+    on exactly those inputs (the replay in ``main`` draws its own grad_output)."""
+    real = registry.get(a.op, a.backends[0])
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        out = real.fn(*args, **kwargs)
+        rec = {"args": [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in args],
+               "kwargs": kwargs, "dy": None}  # fmt: skip
+        calls.append(rec)
+        y = out[0] if isinstance(out, tuple) else out
+        if y.requires_grad:
+            y.register_hook(lambda g, rec=rec: rec.__setitem__("dy", g.detach().clone()))
+        return out
+
+    impl = registry.Impl(a.op, "probe_capture", wrapper, devices=real.devices, _spec=spec)
+    rep = chk.check_impl(impl, dtype, device=dev, quick=True, seed=a.seed, fuzz=a.n, only_fuzz=True)
+    for c in rep.cases:
+        print(f"check: {c.kind} {c.name}: {c.status} {c.detail}")
+    for rec in calls:
+        args, kwargs, dy = rec["args"], rec["kwargs"], rec["dy"]
+        x64 = [t.double().requires_grad_(dy is not None) if isinstance(t, torch.Tensor) and t.is_floating_point()
+               else t for t in args]  # fmt: skip
+        ref = spec.reference(*x64, **kwargs)
+        ref = ref[0] if isinstance(ref, tuple) else ref
+        what = "grad" if dy is not None else "fwd"
+        print(f"\n{a.op} {shape_str(tuple(args[0].shape))} {what} (exact inputs; x strides {args[0].stride()})")
+        if dy is not None:
+            (gref,) = torch.autograd.grad(ref, [x64[0]], dy.double())
+        for b in a.backends:
+            xs = [t.clone().requires_grad_(dy is not None) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                  else t for t in args]  # fmt: skip
+            try:
+                out = registry.get(a.op, b)(*xs, **kwargs)
+                out = out[0] if isinstance(out, tuple) else out
+                e, i, v = _err(out.detach(), ref.detach())
+                line = f"  {b:10s} fwd err {e:.3g} at {i} (ref {v:.6g})"
+                if dy is not None:
+                    (g,) = torch.autograd.grad(out, [xs[0]], dy)
+                    e, i, v = _err(g, gref)
+                    line += f"; dx err {e:.3g} at {i} (ref {v:.6g}, y there {float(ref.detach().flatten()[i]):.6g})"
+                print(line)
+            except Exception as ex:  # noqa: BLE001
+                print(f"  {b:10s} raised {type(ex).__name__}: {str(ex)[:120]}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("op")
@@ -35,10 +83,13 @@ def main(argv=None):
     p.add_argument("--dtype", default="fp32")
     p.add_argument("--backends", nargs="+", required=True)
     p.add_argument("--n", type=int, default=2)
+    p.add_argument("--exact", action="store_true", help="the check's own inputs and grad_output (see exact)")
     a = p.parse_args(argv)
     dtype, spec = DT[a.dtype], get_spec(a.op)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    if a.exact:
+        return exact(a, dtype, spec, dev)
     runner = chk._Runner(registry.get(a.op, "torch"), spec, dtype, dev, a.seed, True, a.n)
     rng = random.Random(a.seed)
     for _ in range(a.n):

@@ -57,6 +57,19 @@ struct Geom {
 
 // ----------------------------------------------------------------------------- v1
 
+// Accumulator of a long fp32 sum: fp64 for fp32 data (16-bit data: fp32, its storage
+// rounding dominates).
+template <typename T>
+struct AccOf {
+    using type = float;
+};
+template <>
+struct AccOf<float> {
+    using type = double;
+};
+template <typename T>
+using Acc = typename AccOf<T>::type;
+
 template <typename T>
 __device__ void fwd_v1(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                        T* __restrict__ y, Geom g) {
@@ -67,7 +80,9 @@ __device__ void fwd_v1(const T* __restrict__ x, const T* __restrict__ w, const T
     const int p = (int)((i / g.Q) % g.P);
     const int k = (int)((i / ((long long)g.Q * g.P)) % g.K);
     const int n = (int)(i / ((long long)g.Q * g.P * g.K));
-    float acc = 0.0f;
+    // One thread sums all C R S products: for fp32 in fp64 (an fp32 running sum of 2205
+    // products was 7.5x cuDNN's error with TF32 off: H100 fuzz, 2x245x15x4 3x3).
+    Acc<T> acc = 0;
     for (int c = 0; c < g.C; ++c) {
         for (int r = 0; r < g.R; ++r) {
             const int ih = p * g.sh - g.ph + r;
@@ -81,7 +96,7 @@ __device__ void fwd_v1(const T* __restrict__ x, const T* __restrict__ w, const T
         }
     }
     if (b != nullptr) acc += kl::to_f(b[k]);
-    y[i] = kl::from_f<T>(acc);
+    y[i] = kl::from_f<T>(float(acc));
 }
 
 // ----------------------------------------------------------------------------- v2
@@ -107,9 +122,10 @@ __device__ void fwd_v2(const T* __restrict__ x, const T* __restrict__ w, const T
     const int nthreads = kV2Tile * kV2Tile;
     const int h0 = p0 * g.sh - g.ph, w0 = q0 * g.sw - g.pw;  // input corner of the tile
     const int rs = g.R * g.S;
-    float acc[kV2K];
+    float acc[kV2K];  // this channel's R S products; fp32 adds each channel's sum into acc64
+    Acc<T> acc64[kV2K];
 #pragma unroll
-    for (int j = 0; j < kV2K; ++j) acc[j] = 0.0f;
+    for (int j = 0; j < kV2K; ++j) acc[j] = 0.0f, acc64[j] = 0;
     for (int c = 0; c < g.C; ++c) {
         const T* xc = x + ((long long)n * g.C + c) * g.H * g.W;
         for (int e = tid; e < tin_h * tin_w; e += nthreads) {  // zero padding at the borders
@@ -129,7 +145,15 @@ __device__ void fwd_v2(const T* __restrict__ x, const T* __restrict__ w, const T
                 for (int j = 0; j < kV2K; ++j) acc[j] += v * filt[j * rs + r * g.S + s];
             }
         }
+        if constexpr (sizeof(T) == 4) {
+#pragma unroll
+            for (int j = 0; j < kV2K; ++j) acc64[j] += acc[j], acc[j] = 0.0f;
+        }
         __syncthreads();
+    }
+    if constexpr (sizeof(T) == 4) {
+#pragma unroll
+        for (int j = 0; j < kV2K; ++j) acc[j] = float(acc64[j]);
     }
     const int p = p0 + ty, q = q0 + tx;
     if (p >= g.P || q >= g.Q) return;
@@ -152,7 +176,7 @@ constexpr int kBM = 64, kBN = 64, kBK = 16, kThreads = 256;  // 16 x 16 threads,
 template <typename T>
 struct FwdProblem {  // y[(n,p,q), k] = sum_{(c,r,s)} x[n, c, p sh - ph + r, q sw - pw + s] w[k, (c,r,s)]
     const T* x; const T* w; const T* b; T* y; Geom g;
-    static constexpr bool kAcc64 = false;
+    static constexpr bool kAcc64 = sizeof(T) == 4;  // fp32: slices' sums added in fp64
     struct Row { int base, ih0, iw0; bool ok; };
     struct Col { int off; bool ok; };
     __device__ Row row(int m) const {
@@ -174,6 +198,11 @@ struct FwdProblem {  // y[(n,p,q), k] = sum_{(c,r,s)} x[n, c, p sh - ph + r, q s
         const int pq = g.P * g.Q, nb = m / pq;
         if (b != nullptr) acc += kl::to_f(b[n]);
         y[(nb * g.K + n) * pq + m % pq] = kl::from_f<T>(acc);
+    }
+    __device__ void store(int m, int n, double acc) const {
+        const int pq = g.P * g.Q, nb = m / pq;
+        if (b != nullptr) acc += kl::to_f(b[n]);
+        y[(nb * g.K + n) * pq + m % pq] = kl::from_f<T>(float(acc));
     }
 };
 

@@ -168,9 +168,13 @@ __device__ void fwd_v2(const T* x, T* y, int cols) {
     float m = kl::neg_inf();
     for (int c = threadIdx.x; c < cols; c += V2_THREADS) m = fmaxf(m, to_f(xr[c]));
     m = tree_reduce(m, buf, kl::MaxOp{});
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += V2_THREADS) s += expf(to_f(xr[c]) - m);
-    s = tree_reduce(s, buf, kl::SumOp{});
+    // Each thread adds cols / 256 terms in a row: for fp32 rows in fp64, as the backward's
+    // dot (in fp32, a row of 35549 whose largest term is ~1 ran 6 ulps off; torch's 2).
+    using A = typename DotAcc<T>::type;
+    __shared__ A sbuf[V2_THREADS];
+    A sa = 0;
+    for (int c = threadIdx.x; c < cols; c += V2_THREADS) sa += A(expf(to_f(xr[c]) - m));
+    const float s = float(tree_reduce(sa, sbuf, [](A a, A b) { return a + b; }));
     const float inv = 1.0f / s;
     for (int c = threadIdx.x; c < cols; c += V2_THREADS) yr[c] = from_f<T>(scaled<T>(expf(to_f(xr[c]) - m), s, inv));
 }
