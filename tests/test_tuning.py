@@ -339,6 +339,29 @@ def test_a_refused_input_falls_back_to_torch(tables):
         kernellab.attention(q, k[..., :64], v)
 
 
+def test_a_shape_no_row_is_near_takes_the_tables_majority_not_the_fixed_preference(tables):
+    """Far from every row (16x or more in a dim), the backend that won most of the op's rows
+    in this dtype and mode serves the call; with too few rows, or no majority, the op's
+    preference list does (the GPU said nothing usable)."""
+
+    def row(n, best):
+        return {"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": [n], "key": [n], "best": best,
+                "times": {"manual": 0.02 if best == "torch" else 0.01, "torch": 0.01 if best == "torch" else 0.02}}
+
+    far = (8,)  # every row below is >= 2^10 elements: 7+ doublings away
+    _write(tables, [row(1 << 20, "torch"), row(1 << 22, "torch"), row(1 << 24, "manual"), row(1 << 26, "torch")])
+    backend, why = tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")
+    assert backend == "torch" and "no row near this shape" in why and "3 of its 4 gelu fp32 fwd rows" in why
+    _write(tables, [row(1 << 20, "manual"), row(1 << 22, "manual"), row(1 << 24, "manual")])
+    assert tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")[0] == "manual"
+    _write(tables, [row(1 << 20, "manual"), row(1 << 22, "manual")])  # two rows: too few to speak
+    backend, why = tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")
+    assert backend == tuning._heuristic("gelu", "cpu") and why.startswith("heuristic")
+    _write(tables, [row(1 << 20, "manual"), row(1 << 22, "torch"), row(1 << 24, "manual"), row(1 << 26, "torch")])
+    assert tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")[1].startswith("heuristic")  # a tie
+    assert tuning.choose_key("gelu", far, torch.float32, "cpu", "fwdbwd")[1].startswith("heuristic")  # no rows
+
+
 def test_no_table_for_a_gpu_is_a_one_line_notice_then_heuristics(tables):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

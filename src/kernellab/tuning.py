@@ -451,12 +451,57 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
                     + ", ".join(f"{b} {t:.4g}" for b, t in times.items() if b != pick)
                     + ")",
                 )
+        if out is None and by == "call" and among is None:
+            out = _table_vote(table, gpu, op, dn, mode, options, dev)
     if out is None:
         b = _heuristic(op, dev)
         why = "no tuning table for this device" if table is None else "no table row near this shape"
         out = (b, f"heuristic ({why}): first available of the op's preferred backends")
     _CHOICES[ck] = out
     return out
+
+
+VOTE_MIN_ROWS = 3  # rows of an op / dtype / mode before their majority speaks for far shapes
+
+
+def _table_vote(table, gpu, op, dn, mode, options, dev):
+    """(backend, why) for a shape no row is near: the backend this GPU's table found fastest
+    at the most shapes of the op, dtype and mode (ties: the least geometric mean of its time
+    over each row's best), or None where the table has no such row. The op's fixed
+    preference list knew nothing of the GPU: at heldout shapes it sent bf16 softmax 6144x512
+    to Triton (1.65x torch's time) and sum 3000x5000 forward+backward to CUDA (1.80x),
+    where torch had won 8 of 13 softmax rows and 5 of 6 sum rows (H100, 3109e24). It speaks
+    only for a majority of at least VOTE_MIN_ROWS rows."""
+    from kernellab import registry
+
+    wins, ratios = {}, {}
+    for row in table["rows"]:
+        if (row.get("op") != op or row.get("dtype") != dn or row.get("mode") != mode
+                or row.get("options", options) != options):  # fmt: skip
+            continue
+        wins[row["best"]] = wins.get(row["best"], 0) + 1
+        best_t = min(row["times"].values())
+        for b, t in row["times"].items():
+            if best_t > 0 and t > 0:
+                ratios.setdefault(b, []).append(math.log(t / best_t))
+    usable = [b for b in wins
+              if registry._TABLE.get((op, b)) is not None and registry._TABLE[(op, b)].why_unavailable(dev) is None]  # fmt: skip
+    if not usable:
+        return None
+    n_rows = sum(wins.values())
+
+    def rank(b):
+        r = ratios.get(b, [])
+        return (-wins[b], math.exp(sum(r) / len(r)) if r else math.inf)
+
+    pick = min(usable, key=rank)
+    if n_rows < VOTE_MIN_ROWS or 2 * wins[pick] <= n_rows:
+        return None  # too few rows, or no backend won most of them: no evidence for this GPU
+    return (
+        pick,
+        f"table {os.path.basename(table_path(gpu))}: no row near this shape; {pick} was fastest at "
+        f"{wins[pick]} of its {n_rows} {op} {dn} {mode} rows",
+    )
 
 
 # --------------------------------------------------------------------------- tune
