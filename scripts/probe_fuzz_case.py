@@ -56,7 +56,9 @@ def exact(a, dtype, spec, dev):
         ref = spec.reference(*x64, **kwargs)
         ref = ref[0] if isinstance(ref, tuple) else ref
         what = "grad" if dy is not None else "fwd"
-        print(f"\n{a.op} {shape_str(tuple(args[0].shape))} {what} (exact inputs; x strides {args[0].stride()})")
+        print(
+            f"\n{a.op} {shape_str(tuple(args[0].shape))} {what} (exact inputs; x strides {args[0].stride()})"
+        )
         if dy is not None:
             (gref,) = torch.autograd.grad(ref, [x64[0]], dy.double())
         for b in a.backends:
@@ -118,7 +120,9 @@ def main(argv=None):
                     else:
                         (g,) = torch.autograd.grad(out, [xs[0]], dy)
                         e, i, v = _err(g, gref)
-                    print(f"  {b:10s} max err {e:.3g} at flat {i} (ref {v:.6g}, {e / max(abs(v), 1e-30):.2g} rel)")
+                    print(
+                        f"  {b:10s} max err {e:.3g} at flat {i} (ref {v:.6g}, {e / max(abs(v), 1e-30):.2g} rel)"
+                    )
                 except Exception as ex:  # noqa: BLE001
                     print(f"  {b:10s} raised {type(ex).__name__}: {str(ex)[:120]}")
 
