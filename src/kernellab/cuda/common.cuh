@@ -22,6 +22,12 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
     return __float2bfloat16_rn(x);
 }
 
+// The accumulator of a long sum of T values: fp64 for fp32 data (an fp32 running sum of
+// thousands of terms is several ulps off where PyTorch's trees are one or two), fp32 for
+// 16-bit data (their storage rounding dominates).
+template <typename T> struct WideAcc { using type = float; };
+template <> struct WideAcc<float> { using type = double; };
+
 // 16 bytes seen as raw int4 (one ld.global.v4 / st.global.v4) or as N elements of T.
 template <typename T> union Vec16 {
     using Raw = int4;

@@ -60,15 +60,7 @@ struct Geom {
 // Accumulator of a long fp32 sum: fp64 for fp32 data (16-bit data: fp32, its storage
 // rounding dominates).
 template <typename T>
-struct AccOf {
-    using type = float;
-};
-template <>
-struct AccOf<float> {
-    using type = double;
-};
-template <typename T>
-using Acc = typename AccOf<T>::type;
+using Acc = typename kl::WideAcc<T>::type;
 
 template <typename T>
 __device__ void fwd_v1(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,

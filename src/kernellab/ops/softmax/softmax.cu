@@ -133,13 +133,7 @@ __device__ void bwd_v1(const T* y, const T* dy, T* dx, long long rows, int cols)
 // and 2.04e-7 against 1.84e-7 at 17 x 4097 for v2's fp32 tree (a GPU test). 16-bit rows
 // keep fp32 (their output rounding dominates).
 template <typename T>
-struct DotAcc {
-    using type = float;
-};
-template <>
-struct DotAcc<float> {
-    using type = double;
-};
+using DotAcc = kl::WideAcc<T>;
 
 // ---------------------------------------------------------------------------- v2
 
