@@ -66,6 +66,7 @@ def main(argv=None) -> int:
         rows = [json.loads(line) for f in a.summarize for line in open(f) if line.strip()]
         summary = summarize_rows(rows)
         summary["left_out"] = []
+        os.makedirs(a.out, exist_ok=True)
         with open(f"{a.out}/verify_summary.json", "w") as fh:
             json.dump(summary, fh, indent=1)
         _print_summary(summary)

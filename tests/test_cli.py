@@ -26,6 +26,9 @@ def test_check_quick_passes_and_writes_json(cli_run, tmp_path):
     )
     assert code == 0, out
     assert "2 passed, 0 failed" in out
+    # not a terminal: a line per report as it lands, before the table
+    assert "gelu/torch fp32: pass, worst err/bound" in out and "gelu/triton fp32: pass" in out
+    assert out.index("gelu/triton fp32: pass") < out.index("kernellab check (quick)")
     rep = json.loads(path.read_text())
     assert {r["backend"] for r in rep} == {"torch", "triton"}
     assert all(r["status"] == "pass" and r["cases"] for r in rep)

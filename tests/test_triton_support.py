@@ -168,3 +168,17 @@ def test_bound_treats_parameters_as_tensors(fake_lean):
     b(x, torch.zeros(64))
     assert len(fake_lean.slow) == 1 and len(fake_lean.fast) == 2
     assert fake_lean.fast[0][4] == (x.data_ptr(), w.data_ptr(), "EXTRA")
+
+
+def test_dot_precision_follows_the_dtype_the_flag_and_the_interpreter(monkeypatch):
+    """fp32 dots are IEEE with TF32 off, TF32 rounded to nearest with it on (on a GPU; the
+    interpreter has no PTX, "tf32"), and 16-bit operands take "tf32" whatever the flag."""
+    from kernellab import device as _dev
+    from kernellab.ops._triton_dots import dot_precision
+
+    for interpreted, tf32_fp32 in ((False, "tf32rn"), (True, "tf32")):
+        monkeypatch.setattr(_dev, "triton_interpreted", lambda v=interpreted: v)
+        assert dot_precision(torch.float32, False) == "ieee"
+        assert dot_precision(torch.float32, True) == tf32_fp32
+        for dt in (torch.bfloat16, torch.float16):
+            assert dot_precision(dt, False) == dot_precision(dt, True) == "tf32"

@@ -102,6 +102,12 @@ def cmd_check(args) -> int:
         def on_result(rep):
             reports.append(rep)
             prog.advance(task)
+            if not console.is_terminal:  # a log file or a pipe: a line per report as it lands
+                # (the table comes at the end; a run cut by a time limit printed nothing)
+                worst = f"{rep.worst_ratio:.2f}" if rep.worst_ratio is not None else "-"
+                first = f"; {rep.failures[0].kind} {rep.failures[0].name}: {rep.failures[0].detail}" if rep.failures else ""
+                console.print(f"{rep.op}/{rep.backend} {rep.dtype}: {rep.status}, worst err/bound {worst}{first}",
+                              markup=False, highlight=False)  # fmt: skip
 
         if args.fuzz_only and not args.fuzz:
             args.fuzz = 10
