@@ -28,6 +28,39 @@ def _err(out, ref):
     return float(d.flatten()[i]), i, float(ref.flatten()[i])
 
 
+def _floats(args, grad: bool, to64: bool = False):
+    """The call's arguments with fresh floating tensors (float64 for the reference), leaves
+    that take a gradient when ``grad``."""
+    return [(t.detach().double() if to64 else t.detach().clone()).requires_grad_(grad)
+            if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args]  # fmt: skip
+
+
+def _compare(op, spec, backends, args, kwargs, dy, title):
+    """Judge each backend on ``args`` against the float64 reference: the forward's max error
+    and, with a grad_output ``dy``, the first input's gradient's; where each error sits."""
+    x64 = _floats(args, dy is not None, to64=True)
+    ref = spec.reference(*x64, **kwargs)
+    ref = ref[0] if isinstance(ref, tuple) else ref
+    gref = torch.autograd.grad(ref, [x64[0]], dy.double())[0] if dy is not None else None
+    ref = ref.detach()
+    scale = float((gref if gref is not None else ref).abs().max())
+    print(f"\n{title}: scale max|ref| {scale:.3g}")
+    for b in backends:
+        xs = _floats(args, dy is not None)
+        try:
+            out = registry.get(op, b)(*xs, **kwargs)
+            out = out[0] if isinstance(out, tuple) else out
+            e, i, v = _err(out.detach(), ref)
+            line = f"  {b:10s} fwd err {e:.3g} at {i} (ref {v:.6g})"
+            if dy is not None:
+                (g,) = torch.autograd.grad(out, [xs[0]], dy)
+                e, i, v = _err(g, gref)
+                line += f"; dx err {e:.3g} at {i} (ref {v:.6g}, y there {float(ref.flatten()[i]):.6g})"
+            print(line)
+        except Exception as ex:  # noqa: BLE001
+            print(f"  {b:10s} raised {type(ex).__name__}: {str(ex)[:120]}")
+
+
 def exact(a, dtype, spec, dev):
     """Run the check's own fuzz stage through a wrapper of the first backend that records
     every call's inputs and the grad_output its output receives, then judge every backend
@@ -50,32 +83,10 @@ def exact(a, dtype, spec, dev):
     for c in rep.cases:
         print(f"check: {c.kind} {c.name}: {c.status} {c.detail}")
     for rec in calls:
-        args, kwargs, dy = rec["args"], rec["kwargs"], rec["dy"]
-        x64 = [t.double().requires_grad_(dy is not None) if isinstance(t, torch.Tensor) and t.is_floating_point()
-               else t for t in args]  # fmt: skip
-        ref = spec.reference(*x64, **kwargs)
-        ref = ref[0] if isinstance(ref, tuple) else ref
-        what = "grad" if dy is not None else "fwd"
-        print(
-            f"\n{a.op} {shape_str(tuple(args[0].shape))} {what} (exact inputs; x strides {args[0].stride()})"
-        )
-        if dy is not None:
-            (gref,) = torch.autograd.grad(ref, [x64[0]], dy.double())
-        for b in a.backends:
-            xs = [t.clone().requires_grad_(dy is not None) if isinstance(t, torch.Tensor) and t.is_floating_point()
-                  else t for t in args]  # fmt: skip
-            try:
-                out = registry.get(a.op, b)(*xs, **kwargs)
-                out = out[0] if isinstance(out, tuple) else out
-                e, i, v = _err(out.detach(), ref.detach())
-                line = f"  {b:10s} fwd err {e:.3g} at {i} (ref {v:.6g})"
-                if dy is not None:
-                    (g,) = torch.autograd.grad(out, [xs[0]], dy)
-                    e, i, v = _err(g, gref)
-                    line += f"; dx err {e:.3g} at {i} (ref {v:.6g}, y there {float(ref.detach().flatten()[i]):.6g})"
-                print(line)
-            except Exception as ex:  # noqa: BLE001
-                print(f"  {b:10s} raised {type(ex).__name__}: {str(ex)[:120]}")
+        args, dy = rec["args"], rec["dy"]
+        title = (f"{a.op} {shape_str(tuple(args[0].shape))} {'grad' if dy is not None else 'fwd'} "
+                 f"(exact inputs; x strides {args[0].stride()})")  # fmt: skip
+        _compare(a.op, spec, a.backends, args, rec["kwargs"], dy, title)
 
 
 def main(argv=None):
@@ -98,33 +109,13 @@ def main(argv=None):
         shape, opts = spec.draw_fuzz(rng, dev == "cuda")
         for kind in ("fwd", "grad"):
             args, kwargs = runner.option_inputs(opts, shape)
-            x64 = [t.double().requires_grad_(kind == "grad") if isinstance(t, torch.Tensor) and t.is_floating_point()
-                   else t for t in args]  # fmt: skip
-            ref = spec.reference(*x64, **kwargs)
-            ref = ref[0] if isinstance(ref, tuple) else ref
             dy = None
-            if kind == "grad":
+            if kind == "grad":  # a grad_output of the output's shape, drawn here (not the check's)
+                out_shape = registry.get(a.op, "torch")(*args, **kwargs)
+                out_shape = (out_shape[0] if isinstance(out_shape, tuple) else out_shape).shape
                 gen = torch.Generator(device=dev).manual_seed(12345)
-                dy = torch.randn(ref.shape, generator=gen, device=dev).to(dtype)
-                (gref,) = torch.autograd.grad(ref, [x64[0]], dy.double())
-            print(f"\n{a.op} {shape_str(shape)} {opts or ''} {kind}: scale max|ref| "
-                  f"{float((gref if dy is not None else ref).abs().max()):.3g}")  # fmt: skip
-            for b in a.backends:
-                xs = [t.detach().clone().requires_grad_(kind == "grad") if isinstance(t, torch.Tensor) and
-                      t.is_floating_point() else t for t in args]  # fmt: skip
-                try:
-                    out = registry.get(a.op, b)(*xs, **kwargs)
-                    out = out[0] if isinstance(out, tuple) else out
-                    if kind == "fwd":
-                        e, i, v = _err(out.detach(), ref.detach())
-                    else:
-                        (g,) = torch.autograd.grad(out, [xs[0]], dy)
-                        e, i, v = _err(g, gref)
-                    print(
-                        f"  {b:10s} max err {e:.3g} at flat {i} (ref {v:.6g}, {e / max(abs(v), 1e-30):.2g} rel)"
-                    )
-                except Exception as ex:  # noqa: BLE001
-                    print(f"  {b:10s} raised {type(ex).__name__}: {str(ex)[:120]}")
+                dy = torch.randn(out_shape, generator=gen, device=dev).to(dtype)
+            _compare(a.op, spec, a.backends, args, kwargs, dy, f"{a.op} {shape_str(shape)} {opts or ''} {kind}")
 
 
 if __name__ == "__main__":

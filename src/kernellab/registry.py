@@ -304,9 +304,9 @@ def call(op: str, backend: str | None, *args, **kwargs):
               _option_values(op, kwargs) if kwargs else None)  # fmt: skip
         pick = _CHOSEN.get(ck)
     except (AttributeError, IndexError, TypeError):  # not tensors, or an unhashable option:
-        return _choose_and_call(op, args, kwargs, None)  # the op's own validation says why
+        return _choose_and_call(op, args, kwargs, None, None)  # the op's own validation says why
     if pick is None or _RECORD is not None:
-        return _choose_and_call(op, args, kwargs, ck)
+        return _choose_and_call(op, args, kwargs, ck, dev)
     impl = pick if pick.__class__ is Impl else pick[_wants_grad(args)]
     validate = impl._validate
     if validate is not None:  # Impl.__call__ inlined: one Python frame fewer on the hot path
@@ -318,12 +318,13 @@ def call(op: str, backend: str | None, *args, **kwargs):
     return _run(op, impl, args, kwargs)
 
 
-def _choose_and_call(op: str, args, kwargs, ck):
-    """The default's first call at a choice key (or every call where none can be built):
-    choose for both modes, remember, record, run."""
+def _choose_and_call(op: str, args, kwargs, ck, dev):
+    """The default's first call at a choice key (or every call where none can be built, and
+    then ``dev`` is None): choose for both modes, remember, record, run."""
     x = args[0] if args else None
-    dev = getattr(x, "device", None)
-    dev = "cuda" if getattr(x, "is_cuda", False) else (dev.type if dev is not None else "cpu")
+    if dev is None:
+        dev = getattr(x, "device", None)
+        dev = dev.type if dev is not None else "cpu"
     wants = _wants_grad(args)
     pick = _CHOSEN.get(ck) if ck is not None else None
     if pick is None:

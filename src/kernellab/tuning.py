@@ -416,14 +416,9 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
     table = load_table(gpu)
     out = None
     if table is not None and key is not None and dtype is not None:
-        from kernellab import registry
-
         dn = dtype_name(dtype)
         best = None
-        for row in table["rows"]:  # a row without "options" serves every option set
-            if (row.get("op") != op or row.get("dtype") != dn or row.get("mode") != mode
-                    or row.get("options", options) != options):  # fmt: skip
-                continue
+        for row in _rows(table, op, dn, mode, options):
             dist = _distance(tuple(row["key"]), key)
             if best is None or dist < best[0]:
                 best = (dist, row)
@@ -432,15 +427,11 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
             times = row.get("device") if by == "device" and row.get("device") else row["times"]
             metric = "device time" if times is not row["times"] else "the larger of device and loop time"
             if by == "device" or among is not None:
-                usable = {b: t for b, t in times.items() if among is None or b in among}
-                usable = {b: t for b, t in usable.items()
-                          if registry._TABLE.get((op, b)) is not None
-                          and registry._TABLE[(op, b)].why_unavailable(dev) is None}  # fmt: skip
+                usable = {b: t for b, t in times.items() if (among is None or b in among) and _usable(op, b, dev)}
                 pick = min(usable, key=usable.get) if usable else None
             else:
                 pick = row["best"]
-            impl = registry._TABLE.get((op, pick)) if pick is not None else None
-            if impl is not None and impl.why_unavailable(dev) is None:
+            if pick is not None and _usable(op, pick, dev):
                 out = (
                     pick,
                     f"table {os.path.basename(table_path(gpu))}: nearest row {row['shape']}"
@@ -461,6 +452,23 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
     return out
 
 
+def _rows(table, op, dn, mode, options):
+    """The table's rows of ``op`` in dtype ``dn`` and ``mode`` for a call's option key (a
+    row without "options" serves every option set)."""
+    for row in table["rows"]:
+        if (row.get("op") == op and row.get("dtype") == dn and row.get("mode") == mode
+                and row.get("options", options) == options):  # fmt: skip
+            yield row
+
+
+def _usable(op, backend, dev) -> bool:
+    """Whether ``backend`` of ``op`` is registered and runs on ``dev`` here."""
+    from kernellab import registry
+
+    impl = registry._TABLE.get((op, backend))
+    return impl is not None and impl.why_unavailable(dev) is None
+
+
 VOTE_MIN_ROWS = 3  # rows of an op / dtype / mode before their majority speaks for far shapes
 
 
@@ -472,20 +480,14 @@ def _table_vote(table, gpu, op, dn, mode, options, dev):
     to Triton (1.65x torch's time) and sum 3000x5000 forward+backward to CUDA (1.80x),
     where torch had won 8 of 13 softmax rows and 5 of 6 sum rows (H100, 3109e24). It speaks
     only for a majority of at least VOTE_MIN_ROWS rows."""
-    from kernellab import registry
-
     wins, ratios = {}, {}
-    for row in table["rows"]:
-        if (row.get("op") != op or row.get("dtype") != dn or row.get("mode") != mode
-                or row.get("options", options) != options):  # fmt: skip
-            continue
+    for row in _rows(table, op, dn, mode, options):
         wins[row["best"]] = wins.get(row["best"], 0) + 1
         best_t = min(row["times"].values())
         for b, t in row["times"].items():
             if best_t > 0 and t > 0:
                 ratios.setdefault(b, []).append(math.log(t / best_t))
-    usable = [b for b in wins
-              if registry._TABLE.get((op, b)) is not None and registry._TABLE[(op, b)].why_unavailable(dev) is None]  # fmt: skip
+    usable = [b for b in wins if _usable(op, b, dev)]
     if not usable:
         return None
     n_rows = sum(wins.values())

@@ -841,18 +841,18 @@ def check_impl(
         ]
     if opcheck and impl.custom_ops and not gate and not only_fuzz:
         stages.append(runner.opchecks)
-    for stage in stages:
-        try:
-            # NaN/inf inputs are deliberate: keep the Triton interpreter's numpy quiet.
-            with np.errstate(all="ignore"), _fp32_as_fp32():
+    # NaN/inf inputs are deliberate: keep the Triton interpreter's numpy quiet.
+    with np.errstate(all="ignore"), _fp32_as_fp32():
+        for stage in stages:
+            try:
                 for case in stage():
                     rep.cases.append(case)
-        except Exception as e:  # noqa: BLE001 - a crash in the harness itself is a failure
-            rep.cases.append(
-                CaseResult(
-                    stage.__name__, "harness", FAIL, detail=_short(e) + "\n" + traceback.format_exc(limit=3)
+            except Exception as e:  # noqa: BLE001 - a crash in the harness itself is a failure
+                rep.cases.append(
+                    CaseResult(
+                        stage.__name__, "harness", FAIL, detail=_short(e) + "\n" + traceback.format_exc(limit=3)
+                    )
                 )
-            )
     if rep.failures:
         rep.status = FAIL
     return rep

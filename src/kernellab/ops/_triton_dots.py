@@ -60,3 +60,13 @@ def two_level(a, b, acc, PREC: tl.constexpr):
     start from 0.0."""
     zero = tl.where(tl.abs(acc) < float("inf"), acc * 0.0, 0.0)
     return acc + dot(a, b, PREC, zero)
+
+
+@triton.jit
+def mma(a, b, acc, PREC: tl.constexpr):
+    """acc + a @ b for a K loop: IEEE fp32 dots summed a K block at a time (``two_level``),
+    TF32 and 16-bit dots accumulated in the MMA (their operand rounding dominates)."""
+    if PREC == "ieee":
+        return two_level(a, b, acc, PREC)
+    else:
+        return dot(a, b, PREC, acc)

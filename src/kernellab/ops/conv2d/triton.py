@@ -26,24 +26,13 @@ Under the CPU interpreter (no real 16-bit dots) the operands are upcast to fp32.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops._triton_dots import dot, dot_precision, two_level
+from kernellab.ops._triton_dots import dot, dot_precision, mma
 from kernellab.ops.conv2d import _kit, out_size
 
 # --------------------------------------------------------------------------- kernels
-
-
-@triton.jit
-def _mma(a, b, acc, PRECISION: tl.constexpr):
-    """acc + a @ b: IEEE fp32 dots summed a K block at a time (``two_level``), the others
-    accumulated in the MMA."""
-    if PRECISION == "ieee" and a.dtype == tl.float32:
-        return two_level(a, b, acc, PRECISION)
-    else:
-        return dot(a, b, PRECISION, acc)
 
 
 @triton_support.jit
@@ -84,7 +73,7 @@ def _conv_fwd_kernel(
         if ACC64:  # fp32: each block's fp32 product added in fp64, as the backward kernels do
             acc64 += dot(a, b, PRECISION).to(tl.float64)
         else:
-            acc = _mma(a, b, acc, PRECISION)
+            acc = mma(a, b, acc, PRECISION)
     if ACC64:
         acc = acc64.to(tl.float32)
     if HAS_BIAS:
@@ -138,7 +127,7 @@ def _conv_dgrad_kernel(
         if ACC64:
             acc64 += dot(a, b, PRECISION).to(tl.float64)
         else:
-            acc = _mma(a, b, acc, PRECISION)
+            acc = mma(a, b, acc, PRECISION)
     dx_off = nb[:, None] * (C * hw) + offs_n[None, :] * hw + rem[:, None]
     out = acc64 if ACC64 else acc
     tl.store(dx_ptr + dx_off, out.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -192,7 +181,7 @@ def _conv_wgrad_kernel(
         if ACC64:
             acc64 += dot(a, b, PRECISION).to(tl.float64)
         else:
-            acc = _mma(a, b, acc, PRECISION)
+            acc = mma(a, b, acc, PRECISION)
     if not ACC64:
         acc64 = acc.to(tl.float64)
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops._triton_dots import dot, dot_precision, two_level
+from kernellab.ops._triton_dots import dot_precision, mma
 from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.ops.spec import GRID_YZ_LIMIT
 from kernellab.registry import register
@@ -93,10 +93,7 @@ def _matmul_kernel(
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        if PRECISION == "ieee":
-            acc = two_level(a, b, acc, PRECISION)  # fp32 FMAs: each K block summed apart
-        else:
-            acc = dot(a, b, PRECISION, acc)
+        acc = mma(a, b, acc, PRECISION)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
 
