@@ -1,15 +1,20 @@
 """GPT-2 small training step, wall ms per step: PyTorch's ops against kernellab's, in each
-mode (eager, torch.compile, torch.compile with CUDA graphs), in one run (GPU).
+mode (eager, torch.compile, torch.compile with CUDA graphs, the whole compiled step as one
+CUDA graph), in one run (GPU).
 
     PYTHONPATH=src python scripts/gpt_step.py --out DIR [--bt 8x1024 4x256] [--modes ...]
         [--sets pytorch kl_triton kl_triton_mm kl_default] [--profile SET:MODE:BxT]
 
-Op sets (kernellab.models.gpt's model; every set runs the same bf16 weights and fused AdamW):
+Op sets (kernellab.models.gpt's model; every set runs the same bf16 weights and,
+unless it says otherwise, PyTorch's fused AdamW):
 - ``pytorch``: F.layer_norm, F.gelu(tanh), SDPA (causal), +, F.cross_entropy, F.linear.
 - ``kl_triton``: kernellab's Triton kernels for layer_norm, gelu, attention, add and
   cross_entropy; the linear layers on cuBLAS (F.linear). In eager mode the transformer
   blocks run under one autograd node (kernellab.models.gpt's fused blocks), which
   replays CUDA graphs of itself after its first call at a shape.
+- ``kl_triton_adamw`` / ``kl_default_adamw``: as kl_triton / kl_default, the optimizer
+  kernellab.optim.AdamW's Triton backend (one launch for all tensors) in place of
+  PyTorch's fused AdamW.
 - ``kl_triton_nograph``: the same, the fused blocks launching their kernels one by one.
 - ``kl_triton_unfused``: the same kernels, one autograd node per op in eager mode.
 - ``kl_triton_mm``: as kl_triton, and the linear layers through kernellab.matmul (Triton).
@@ -17,7 +22,8 @@ Op sets (kernellab.models.gpt's model; every set runs the same bf16 weights and 
   linear layers through kernellab.matmul's default.
 
 A step is forward + loss + backward + AdamW step; the model's forward and loss are what
-torch.compile sees (the optimizer stays eager, fused). Timing: warm-up steps (compilation
+torch.compile sees (the optimizer stays eager, fused; in compile-step-graph the whole step,
+optimizer included, is one CUDA graph). Timing: warm-up steps (compilation
 and autotuning included) excluded, then N steps between two synchronizations: ms/step =
 wall / N, what a training loop sees. The sets of one (shape, mode) are timed in
 alternating rounds (see time_interleaved): this host's speed drifts between runs. Random token ids: speed does not depend on the data
@@ -36,20 +42,23 @@ import torch
 from kernellab.harness.bench import git_sha, versions
 from kernellab.models import gpt
 
-# Op sets: name -> (backends, matmul) of kernellab.models.gpt.make (see its docstring).
+# Op sets: name -> (backends, matmul, fuse, graphs) of kernellab.models.gpt.make (see its
+# docstring) and the Trainer's optimizer.
 SETS = {
-    "pytorch": ("pytorch", "pytorch", True),
-    "kl_triton": ("triton", "pytorch", True),
-    "kl_triton_nograph": ("triton", "pytorch", True, False),
-    "kl_triton_unfused": ("triton", "pytorch", False),
-    "kl_triton_mm": ("triton", "triton", True),
-    "kl_default": (None, None, True),
+    "pytorch": ("pytorch", "pytorch", True, True, "pytorch"),
+    "kl_triton": ("triton", "pytorch", True, True, "pytorch"),
+    "kl_triton_adamw": ("triton", "pytorch", True, True, "triton"),
+    "kl_triton_nograph": ("triton", "pytorch", True, False, "pytorch"),
+    "kl_triton_unfused": ("triton", "pytorch", False, True, "pytorch"),
+    "kl_triton_mm": ("triton", "triton", True, True, "pytorch"),
+    "kl_default": (None, None, True, True, "pytorch"),
+    "kl_default_adamw": (None, None, True, True, "triton"),
 }
 
 
 def _model(set_name):
-    be, mm, fuse, *graphs = SETS[set_name]
-    return gpt.make("gpt2", be, mm, "cuda", torch.bfloat16, seed=0, fuse=fuse, graphs=graphs[0] if graphs else True)
+    be, mm, fuse, graphs, _ = SETS[set_name]
+    return gpt.make("gpt2", be, mm, "cuda", torch.bfloat16, seed=0, fuse=fuse, graphs=graphs)
 
 
 def _batch(bsz, t, seed=0):
@@ -65,13 +74,13 @@ def time_interleaved(sets, mode, bsz, t, warmup, steps, rounds):
     (PyTorch's own eager step at 4x256: 15.4 to 25.1 ms), so sets timed one after the
     other are not comparable."""
     batch = _batch(bsz, t)
-    builders = {s: (lambda s=s: (gpt.Trainer(_model(s), mode, lr=1e-4), batch)) for s in sets}
+    builders = {s: (lambda s=s: (gpt.Trainer(_model(s), mode, lr=1e-4, optimizer=SETS[s][4]), batch)) for s in sets}
     return gpt.time_interleaved(builders, warmup, steps, rounds, on_error=lambda e: traceback.print_exc())
 
 
 def profile(set_name, mode, bsz, t, pyprofile=False):
     model = _model(set_name)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    opt = gpt.Trainer(model, "eager", lr=1e-4, optimizer=SETS[set_name][4]).opt
     fwd = torch.compile(model) if mode.startswith("compile") else model
     idx = torch.randint(0, 50257, (bsz, t), device="cuda")
     print(f"profile {set_name} {mode} {bsz}x{t}")
@@ -119,7 +128,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--bt", nargs="+", default=["8x1024", "4x256"])
-    p.add_argument("--modes", nargs="+", default=["eager", "compile", "compile-cudagraphs"])
+    p.add_argument("--modes", nargs="+", default=list(gpt.MODES))
     p.add_argument("--sets", nargs="+", default=list(SETS), choices=list(SETS))
     p.add_argument("--warmup", type=int, default=6)
     p.add_argument("--steps", type=int, default=10)
@@ -143,7 +152,7 @@ def main() -> int:
             torch._dynamo.reset()
             for s in args.sets:
                 row = {"bench": "gpt2_step", "model": "gpt2-124M", "dtype": "bf16", "B": b, "T": t,
-                       "mode": mode, "ops": s, "interleaved": True, **timed[s]}  # fmt: skip
+                       "mode": mode, "ops": s, "optimizer": SETS[s][4], "interleaved": True, **timed[s]}  # fmt: skip
                 be, mm = SETS[s][:2]
                 if be is None or mm is None:  # what the default resolved to at this shape
                     chosen = gpt.op_set(be, mm)["chosen"]

@@ -127,3 +127,188 @@ def test_gpu_triton_is_one_launch_for_every_parameter():
     for p, w, g in zip(ps, want, gs):
         bound = eps * (0.1 * g.abs() + w.abs())
         assert ((p - w).abs() <= bound).all(), ((p - w).abs() / bound).max()
+
+
+# --------------------------------------------------------------------------- AdamW
+
+ADAMW_SHAPES = [(7, 5), (3000,), (1,), (0,), (2049,), (4096,)]
+# (lr, betas, eps, weight_decay): the defaults, and each argument moved so it matters
+ADAMW_ARGS = [(1e-3, (0.9, 0.999), 1e-8, 1e-2), (0.1, (0.5, 0.9), 0.5, 0.0), (0.05, (0.0, 0.99), 1e-3, 0.3)]
+
+
+def _adamw_run(make_opt, dtype, device="cpu", steps=4, drop=(2, 1)):
+    """``steps`` steps of fresh gradients over ADAMW_SHAPES; at step drop[0] tensor drop[1]
+    has no gradient (skipped: its step count does not advance)."""
+    g = torch.Generator().manual_seed(0)
+    ps = [torch.randn(s, generator=g).to(dtype).to(device).requires_grad_() for s in ADAMW_SHAPES]
+    opt = make_opt(ps)
+    for k in range(steps):
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g).to(dtype).to(device)
+        if k == drop[0]:
+            ps[drop[1]].grad = None
+        opt.step()
+    return [p.detach() for p in ps], opt
+
+
+@pytest.mark.parametrize("backend", optim.ADAMW_BACKENDS)
+@pytest.mark.parametrize("args", ADAMW_ARGS, ids=["defaults", "args-a", "args-b"])
+def test_adamw_matches_pytorch_fp32(backend, args):
+    """fp32, every argument (lr, betas, eps, weight_decay), a step with a missing gradient:
+    the parameters and both moments follow torch.optim.AdamW. The torch backend runs
+    PyTorch's own arithmetic (exact here); Triton's bias corrections use exp2, a few ulps."""
+    lr, betas, eps, wd = args
+    ref, ropt = _adamw_run(lambda ps: torch.optim.AdamW(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd,
+                                                         foreach=False), torch.float32)  # fmt: skip
+    got, opt = _adamw_run(lambda ps: optim.AdamW(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd,
+                                                  backend=backend), torch.float32)  # fmt: skip
+    tol = dict(rtol=0, atol=0) if backend == "torch" else dict(rtol=4e-6, atol=1e-6)
+    for i, (a, b) in enumerate(zip(ref, got)):
+        torch.testing.assert_close(b, a, **tol, msg=lambda m, i=i: f"param {i}: {m}")
+        if a.numel():
+            st = ropt.state[ropt.param_groups[0]["params"][i]]
+            torch.testing.assert_close(opt.exp_avg[i], st["exp_avg"], **tol)
+            torch.testing.assert_close(opt.exp_avg_sq[i], st["exp_avg_sq"], **tol)
+            assert float(opt.steps[i]) == float(st["step"])
+    assert opt.steps.tolist() == [4, 3, 4, 4, 4, 4]  # the dropped gradient's step did not count
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_adamw_half_precision_backends_agree_to_one_ulp(dtype):
+    """bf16 / fp16 storage, fp32 arithmetic in both backends: each stored value within one
+    ulp of the other's (they round the same fp32 result, which exp2 may move by an ulp of
+    fp32). (PyTorch's CPU AdamW computes in the storage dtype, so it is no reference here;
+    on a GPU the fused kernel is: test_gpu_adamw_matches_pytorch_fused.)"""
+    runs = {b: _adamw_run(lambda ps, b=b: optim.AdamW(ps, lr=1e-2, weight_decay=0.1, backend=b), dtype)
+            for b in optim.ADAMW_BACKENDS}  # fmt: skip
+    (a, oa), (b, ob) = runs["torch"], runs["triton"]
+    ulp = torch.finfo(dtype).eps
+    for x, y in zip(a + oa.exp_avg + oa.exp_avg_sq, b + ob.exp_avg + ob.exp_avg_sq):
+        d = (x.float() - y.float()).abs()
+        assert (d <= ulp * x.float().abs().clamp_min(torch.finfo(dtype).tiny)).all(), d.max()
+
+
+def test_adamw_bad_input_names_the_argument():
+    p = torch.zeros(3, requires_grad=True)
+    with pytest.raises(ValueError, match="backend 'nope'"):
+        optim.AdamW([p], backend="nope")
+    with pytest.raises(ValueError, match="params is empty"):
+        optim.AdamW([])
+    with pytest.raises(TypeError, match="single tensor"):
+        optim.AdamW(p)
+    with pytest.raises(TypeError, match=r"params\[1\] must be a torch.Tensor"):
+        optim.AdamW([p, 3.0])
+    with pytest.raises(TypeError, match=r"params\[0\] has dtype torch.int64"):
+        optim.AdamW([torch.zeros(3, dtype=torch.int64)])
+    with pytest.raises(ValueError, match=r"params\[1\] is torch.float16"):
+        optim.AdamW([p, torch.zeros(3, dtype=torch.float16)])
+    with pytest.raises(ValueError, match=r"params\[0\] is not contiguous"):
+        optim.AdamW([torch.zeros(4, 4).t()])
+    with pytest.raises(ValueError, match="twice"):
+        optim.AdamW([p, p])
+    for kw, msg in [({"lr": -1.0}, "lr must be in"), ({"lr": float("nan")}, "lr must be a finite"),
+                    ({"betas": (1.0, 0.9)}, r"betas\[0\] must be in"), ({"betas": (0.9,)}, "betas must be a pair"),
+                    ({"eps": -1e-8}, "eps must be in"), ({"weight_decay": True}, "weight_decay must be a finite")]:
+        with pytest.raises(ValueError, match=msg):
+            optim.AdamW([p], **kw)
+    opt = optim.AdamW([p], backend="triton")
+    p.grad = torch.zeros(6)[::2]
+    with pytest.raises(ValueError, match=r"params\[0\].grad is not contiguous"):
+        opt.step()
+
+
+def test_adamw_no_gradients_is_a_no_op_and_zero_grad():
+    p = torch.ones(5, requires_grad=True)
+    for backend in optim.ADAMW_BACKENDS:
+        opt = optim.AdamW([p], backend=backend)
+        opt.step()  # no gradient: nothing moves, no step counted
+        assert float(opt.steps[0]) == 0 and (p == 1).all()
+        p.grad = torch.ones(5)
+        opt.zero_grad(set_to_none=False)
+        assert (p.grad == 0).all()
+        opt.zero_grad()
+        assert p.grad is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_gpu_adamw_matches_pytorch_fused(dtype):
+    """Against torch.optim.AdamW(fused=True) on the GPU (fp32 arithmetic, storage in the
+    parameters' dtype): the torch backend runs the same kernel (exact); Triton's one launch
+    within one storage ulp (bf16) or a few fp32 ulps. Also with gradients at addresses that
+    are not 16-byte aligned (views at an odd offset: the kernel's unvectorized path)."""
+    for misaligned in (False, True):
+        ref, _ = _adamw_run(lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.8, 0.95), eps=1e-6,
+                                                         weight_decay=0.1, fused=True), dtype, "cuda")  # fmt: skip
+        for backend in optim.ADAMW_BACKENDS:
+            def make(ps, backend=backend):
+                opt = optim.AdamW(ps, lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1, backend=backend)
+                if misaligned:  # every gradient a view one element into a larger buffer
+                    step = opt.step
+
+                    def shifted():
+                        for p in ps:
+                            if p.grad is not None:
+                                buf = torch.empty(p.numel() + 1, dtype=p.dtype, device=p.device)
+                                buf[1:].copy_(p.grad.reshape(-1))
+                                p.grad = buf[1:].view(p.shape)
+                        step()
+
+                    opt.step = shifted
+                return opt
+
+            got, opt = _adamw_run(make, dtype, "cuda")
+            ulp = torch.finfo(dtype).eps
+            for i, (a, b) in enumerate(zip(ref, got)):
+                if backend == "torch":
+                    assert torch.equal(a, b), (misaligned, i)
+                else:
+                    bound = (ulp if dtype != torch.float32 else 4 * ulp) * a.float().abs() + 1e-30
+                    d = (a.float() - b.float()).abs()
+                    assert (d <= bound).all(), (misaligned, i, float((d / bound).max()))
+
+
+@pytest.mark.gpu
+def test_gpu_adamw_triton_one_launch_and_capturable():
+    """The Triton backend's step is the step-count add and one kernel for every tensor; a
+    step captured in a CUDA graph and replayed takes the same steps as eager calls."""
+    from kltest import launched_cuda_kernels
+
+    def setup():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        ps = [torch.randn(s, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_() for s in ADAMW_SHAPES]
+        grads = [torch.randn(p.shape, device="cuda", generator=g, dtype=torch.bfloat16) for p in ps]
+        return ps, grads
+
+    ps, grads = setup()
+    opt = optim.AdamW(ps, lr=1e-2, backend="triton")
+    for p, gr in zip(ps, grads):
+        p.grad = gr
+    opt.step()
+    names = launched_cuda_kernels(opt.step)
+    assert names.count("_adamw_kernel") == 1 and len(names) == 2, names
+    for _ in range(2):
+        opt.step()
+    eager = [p.detach().clone() for p in ps]
+
+    ps, grads = setup()
+    opt = optim.AdamW(ps, lr=1e-2, backend="triton")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for p, gr in zip(ps, grads):
+            p.grad = gr
+        opt.step()  # step 1, eager (tables built, kernel compiled)
+    torch.cuda.current_stream().wait_stream(s)
+    for p, gr in zip(ps, grads):  # new gradient tensors: the capture uploads their addresses
+        p.grad = gr.clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        opt.step()
+    for _ in range(3):
+        graph.replay()  # steps 2-4
+    torch.cuda.synchronize()
+    assert float(opt.steps[0]) == 4
+    # eager ran steps 1-4 on the same gradients (steps 2-4: 1 profiled + 2)
+    for a, b in zip(eager, ps):
+        assert torch.equal(a, b.detach())

@@ -1101,8 +1101,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--matmul", default="pytorch", help="linear layers: 'pytorch' (cuBLAS) or a matmul backend"
     )
-    s.add_argument("--mode", default=None, choices=["eager", "compile", "compile-cudagraphs", "graph"],
-                   help="gpt: eager | compile | compile-cudagraphs; mnist: eager | compile | graph (default eager)")
+    s.add_argument("--mode", default=None, choices=["eager", "compile", "compile-cudagraphs", "compile-step-graph", "graph"],
+                   help="gpt: eager | compile | compile-cudagraphs | compile-step-graph (the whole step one CUDA "
+                   "graph); mnist: eager | compile | graph (default eager)")
     s.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")
     s.add_argument("--data", default=None, help="gpt: a UTF-8 text file (default: Python's pydoc topics); "
                    "mnist: a directory of MNIST's IDX files (default: the shipped digits)")

@@ -13,11 +13,11 @@ from kernellab.ops import aten
 MICRO = gpt.Config(vocab=256, ctx=16, dim=32, layers=1, heads=2)
 
 
-def _losses(backends, steps=20, seed=0):
+def _losses(backends, steps=20, seed=0, optimizer="pytorch"):
     torch.manual_seed(seed)
     model = gpt.GPT(MICRO, backends)
     data = text.ByteData(text.load_corpus())
-    trainer = gpt.Trainer(model, lr=3e-3)
+    trainer = gpt.Trainer(model, lr=3e-3, optimizer=optimizer)
     gen = torch.Generator().manual_seed(seed)
     return [float(trainer.step(*data.batch(2, 16, gen))) for _ in range(steps)]
 
@@ -36,6 +36,19 @@ def test_loss_curves_agree_over_20_steps_pytorch_vs_triton():
     assert ours[-1] < ours[0] - 0.2  # it learns
 
 
+@pytest.mark.parametrize("optimizer", ["torch", "triton"])
+def test_kernellab_adamw_trains_as_pytorchs(optimizer):
+    """The Trainer's optimizer through kernellab.optim.AdamW (same defaults, same math):
+    the loss curve follows torch.optim.AdamW's over 8 steps (fp32; Triton's bias
+    corrections differ by fp32 ulps)."""
+    ref = _losses("pytorch", steps=8)
+    ours = _losses("pytorch", steps=8, optimizer=optimizer)
+    for i, (a, b) in enumerate(zip(ref, ours)):
+        assert abs(a - b) <= 1e-5 * abs(a), (i, a, b)
+    with pytest.raises(ValueError, match="optimizer: unknown 'sgd'"):
+        gpt.Trainer(gpt.GPT(MICRO), optimizer="sgd")
+
+
 def test_op_sets_fill_every_slot_and_refuse_unknown_names():
     ops = gpt.op_set("triton")
     assert set(gpt.SLOTS) <= set(ops) and not ops["qkv_contiguous"]  # Triton reads the projection
@@ -49,6 +62,8 @@ def test_op_sets_fill_every_slot_and_refuse_unknown_names():
         gpt.GPT("gpt5")
     with pytest.raises(ValueError, match="mode"):
         gpt.Trainer(gpt.GPT(MICRO), mode="fast")
+    with pytest.raises(ValueError, match="mode: 'compile-step-graph'.*needs a GPU"):
+        gpt.Trainer(gpt.GPT(MICRO), mode="compile-step-graph")
     with pytest.raises(ValueError, match="seq_len"):
         gpt.train(gpt.CONFIGS["tiny"], seq_len=65, steps=1)
 
@@ -141,6 +156,34 @@ def test_gpu_compile_fullgraph_launches_our_triton_kernels():
     for name in ("_norm_bwd_kernel", "_gelu_bwd_kernel", "_attn_bwd_dq", "_ce_bwd_kernel"):
         assert name in bcode, name
     assert "fused_select" not in bcode
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backends", ["pytorch", "triton"])
+def test_gpu_step_graph_trains_as_the_compiled_step(backends):
+    """compile-step-graph (the whole step, AdamW included, one CUDA graph) takes the same
+    steps as the compiled step it captures: same init, a new batch each step (copied into
+    the graph's inputs), fp32. Losses and the final weights agree to rounding; the first
+    call is a real step (not a replay) and a batch of another shape is refused."""
+    cfg = gpt.Config(vocab=256, ctx=32, dim=64, layers=2, heads=2)
+    data = text.ByteData(text.load_corpus(), "cuda")
+    runs = {}
+    for mode in ("compile", "compile-step-graph"):
+        torch._dynamo.reset()
+        model = gpt.make(cfg, backends, "pytorch", "cuda", torch.float32, seed=0)
+        trainer = gpt.Trainer(model, mode, lr=3e-3)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        losses = [float(trainer.step(*data.batch(2, 32, gen))) for _ in range(6)]
+        runs[mode] = (losses, [p.detach().clone() for p in model.parameters()], trainer)
+    (ref, ref_w, _), (got, got_w, trainer) = runs["compile"], runs["compile-step-graph"]
+    assert trainer.graph is not None
+    for i, (a, b) in enumerate(zip(ref, got)):
+        assert abs(a - b) <= 1e-4 * abs(a), (i, a, b)
+    assert got[-1] < got[0]  # it learns, step after step (no replay of a stale batch)
+    for a, b in zip(ref_w, got_w):
+        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+    with pytest.raises(ValueError, match="idx: the step graph was captured at"):
+        trainer.step(*data.batch(1, 32, torch.Generator(device="cuda").manual_seed(1)))
 
 
 def _grads(model, idx, tgt):

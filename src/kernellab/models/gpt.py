@@ -13,7 +13,11 @@ tied to the token embedding, as GPT-2. Each op is a named slot filled from an op
   value ``"pytorch"`` keeps PyTorch's op for that slot).
 
 Training: AdamW (fused on a GPU), modes ``eager``, ``compile`` (torch.compile of forward +
-loss; the optimizer stays eager) and ``compile-cudagraphs`` (mode="reduce-overhead").
+loss; the optimizer stays eager), ``compile-cudagraphs`` (mode="reduce-overhead": Inductor's
+CUDA graphs of the forward and the backward, the optimizer eager) and ``compile-step-graph``
+(GPU only: the compiled forward + loss, the backward and a capturable fused AdamW captured
+as one CUDA graph of the whole step, PyTorch's "whole-network capture"; each step copies
+its batch in and replays it, so the step costs its device time plus one graph launch).
 """
 
 from __future__ import annotations
@@ -29,9 +33,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import kernellab
+from kernellab import optim
 from kernellab.harness import timer
 
-MODES = ("eager", "compile", "compile-cudagraphs")
+MODES = ("eager", "compile", "compile-cudagraphs", "compile-step-graph")
+# The optimizer of a Trainer: PyTorch's AdamW (fused on a GPU) or kernellab.optim.AdamW
+# through one of its backends (the same math; a lighter host path).
+OPTIMIZERS = ("pytorch", *optim.ADAMW_BACKENDS)
 SLOTS = ("ln", "gelu", "attn", "add", "ce", "linear")
 
 
@@ -622,24 +630,67 @@ class GPT(nn.Module):
 class Trainer:
     """One model, its optimizer and a step function in one of MODES."""
 
-    def __init__(self, model: GPT, mode: str = "eager", lr: float = 3e-4):
+    def __init__(self, model: GPT, mode: str = "eager", lr: float = 3e-4, optimizer: str = "pytorch"):
         if mode not in MODES:
             raise ValueError(f"mode: unknown {mode!r}; modes: {', '.join(MODES)}")
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer: unknown {optimizer!r}; optimizers: {', '.join(OPTIMIZERS)}")
         self.model, self.mode = model, mode
         cuda = next(model.parameters()).is_cuda
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=cuda, foreach=not cuda)
+        if mode == "compile-step-graph" and not cuda:
+            raise ValueError("mode: 'compile-step-graph' (a CUDA graph of the whole step) needs a GPU")
+        if optimizer == "pytorch":
+            self.opt = torch.optim.AdamW(
+                model.parameters(), lr=lr, fused=cuda, foreach=not cuda, capturable=mode == "compile-step-graph"
+            )
+        else:  # kernellab's AdamW (same math and defaults), through the named backend
+            self.opt = optim.AdamW(model.parameters(), lr=lr, backend=optimizer)
         self.fwd = model
-        if mode == "compile":
+        if mode in ("compile", "compile-step-graph"):
             self.fwd = torch.compile(model)
         elif mode == "compile-cudagraphs":
             self.fwd = torch.compile(model, mode="reduce-overhead")
+        self.graph = None  # compile-step-graph: (graph, static idx, static targets, static loss)
 
-    def step(self, idx, targets) -> torch.Tensor:
-        if self.mode == "compile-cudagraphs":
-            torch.compiler.cudagraph_mark_step_begin()
+    def _step(self, idx, targets) -> torch.Tensor:
         loss = self.fwd(idx, targets)
         loss.backward()
         self.opt.step()
+        return loss
+
+    def _capture(self, idx, targets) -> torch.Tensor:
+        """The first step of compile-step-graph: one real step on a side stream (compilation,
+        autotuning, the optimizer's state and the grads' first allocation fall there), then
+        the whole step captured (not run). Returns the real step's loss."""
+        static = (idx.clone(), targets.clone())
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            first = self._step(*static).detach().clone()
+        torch.cuda.current_stream().wait_stream(s)
+        # Grads set to None: the captured backward allocates them in the graph's pool and
+        # writes (not accumulates) them on every replay.
+        self.opt.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            loss = self._step(*static)
+        self.graph = (graph, *static, loss)
+        return first
+
+    def step(self, idx, targets) -> torch.Tensor:
+        if self.mode == "compile-step-graph":
+            if self.graph is None:
+                return self._capture(idx, targets)
+            if self.graph[1].shape != idx.shape or self.graph[2].shape != targets.shape:
+                raise ValueError(f"idx: the step graph was captured at {tuple(self.graph[1].shape)}, got {tuple(idx.shape)}")
+            graph, s_idx, s_tgt, loss = self.graph
+            s_idx.copy_(idx)
+            s_tgt.copy_(targets)
+            graph.replay()
+            return loss.detach().clone()  # the static loss is overwritten by the next replay
+        if self.mode == "compile-cudagraphs":
+            torch.compiler.cudagraph_mark_step_begin()
+        loss = self._step(idx, targets)
         self.opt.zero_grad(set_to_none=True)
         return loss.detach().clone()  # a cudagraph output is overwritten by the next replay
 
