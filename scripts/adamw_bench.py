@@ -9,8 +9,8 @@ step (timer.time_cuda_graph); the bytes a step must move (read p, g, m, v; write
 over it give GB/s and the fraction of the device's measured copy bandwidth (`kernellab
 peaks`' table when present). Loop time: back-to-back steps, one sync per round, the
 optimizers in turn (timer.paired_loop_ms, 9 rounds): what a training loop sees, host cost
-included. Every optimizer's parameters after 3 steps are checked against PyTorch's fused
-AdamW (the same starting values and gradients) before it is timed.
+included. Every optimizer's parameters after 3 steps are compared with PyTorch's fused AdamW's
+(the same starting values and gradients; the error in storage ulps of |p| + lr is in the row).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def _setup(config, dtype, which):
     return ps, opt
 
 
+@torch.no_grad()
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -62,7 +63,9 @@ def main() -> int:
         ulp = torch.finfo(dtype).eps
         errs = {}
         for n, (ps, _) in setups.items():
-            errs[n] = max(float(((a.float() - b.float()).abs() / (a.float().abs() * ulp + 1e-30)).max())
+            # in storage ulps of |p| + lr (the tests' measure: an update near p = 0 has no
+            # relative accuracy to speak of)
+            errs[n] = max(float(((a.float() - b.float()).abs() / ((a.float().abs() + 1e-4) * ulp)).max())
                           for a, b in zip(ref, ps))  # fmt: skip
         numel = sum(p.numel() for p in ref)
         nbytes = 7 * numel * ref[0].element_size()

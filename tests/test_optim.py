@@ -156,36 +156,47 @@ def _adamw_run(make_opt, dtype, device="cpu", steps=4, drop=(2, 1)):
 def test_adamw_matches_pytorch_fp32(backend, args):
     """fp32, every argument (lr, betas, eps, weight_decay), a step with a missing gradient:
     the parameters and both moments follow torch.optim.AdamW. The torch backend runs
-    PyTorch's own arithmetic (exact here); Triton's bias corrections use exp2, a few ulps."""
+    PyTorch's own arithmetic (exact here). Triton's kernel rounds as PyTorch's fused CUDA
+    kernel does (p - lr*wd*p, beta1*m + (1 - beta1)*g), not as its CPU loop (mul_, lerp_),
+    and its bias corrections are fp32: within 8 fp32 ulps of |p| + lr after 4 steps (seen:
+    4.0)."""
     lr, betas, eps, wd = args
     ref, ropt = _adamw_run(lambda ps: torch.optim.AdamW(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd,
                                                          foreach=False), torch.float32)  # fmt: skip
     got, opt = _adamw_run(lambda ps: optim.AdamW(ps, lr=lr, betas=betas, eps=eps, weight_decay=wd,
                                                   backend=backend), torch.float32)  # fmt: skip
-    tol = dict(rtol=0, atol=0) if backend == "torch" else dict(rtol=4e-6, atol=1e-6)
+    eps32 = torch.finfo(torch.float32).eps
+    k = 0 if backend == "torch" else 8
     for i, (a, b) in enumerate(zip(ref, got)):
-        torch.testing.assert_close(b, a, **tol, msg=lambda m, i=i: f"param {i}: {m}")
+        assert ((a - b).abs() <= k * eps32 * (a.abs() + lr)).all(), (i, float((a - b).abs().max()))
         if a.numel():
             st = ropt.state[ropt.param_groups[0]["params"][i]]
-            torch.testing.assert_close(opt.exp_avg[i], st["exp_avg"], **tol)
-            torch.testing.assert_close(opt.exp_avg_sq[i], st["exp_avg_sq"], **tol)
+            for x, y in ((opt.exp_avg[i], st["exp_avg"]), (opt.exp_avg_sq[i], st["exp_avg_sq"])):
+                # (m = beta1 m + (1 - beta1) g may cancel: judged on the tensor's scale)
+                assert (x - y).abs().max() <= k * eps32 * y.abs().max(), (i, float((x - y).abs().max()))
             assert float(opt.steps[i]) == float(st["step"])
     assert opt.steps.tolist() == [4, 3, 4, 4, 4, 4]  # the dropped gradient's step did not count
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 def test_adamw_half_precision_backends_agree_to_one_ulp(dtype):
-    """bf16 / fp16 storage, fp32 arithmetic in both backends: each stored value within one
-    ulp of the other's (they round the same fp32 result, which exp2 may move by an ulp of
-    fp32). (PyTorch's CPU AdamW computes in the storage dtype, so it is no reference here;
-    on a GPU the fused kernel is: test_gpu_adamw_matches_pytorch_fused.)"""
-    runs = {b: _adamw_run(lambda ps, b=b: optim.AdamW(ps, lr=1e-2, weight_decay=0.1, backend=b), dtype)
+    """bf16 / fp16 storage, fp32 arithmetic in both backends: the parameters within 2
+    storage ulps of |p| + lr of each other and the moments within 2 ulps of their tensor's
+    scale (they round fp32 values a few fp32 ulps apart: the CPU loop's mul_ / lerp_
+    against the kernel's fused-CUDA order; a tie apart per step at most). (PyTorch's CPU
+    AdamW computes in the storage dtype, so it is no reference here; on a GPU the fused
+    kernel is: test_gpu_adamw_matches_pytorch_fused.)"""
+    lr = 1e-2
+    runs = {b: _adamw_run(lambda ps, b=b: optim.AdamW(ps, lr=lr, weight_decay=0.1, backend=b), dtype)
             for b in optim.ADAMW_BACKENDS}  # fmt: skip
     (a, oa), (b, ob) = runs["torch"], runs["triton"]
     ulp = torch.finfo(dtype).eps
-    for x, y in zip(a + oa.exp_avg + oa.exp_avg_sq, b + ob.exp_avg + ob.exp_avg_sq):
+    for i, (x, y) in enumerate(zip(a, b)):
         d = (x.float() - y.float()).abs()
-        assert (d <= ulp * x.float().abs().clamp_min(torch.finfo(dtype).tiny)).all(), d.max()
+        assert (d <= 2 * ulp * (x.float().abs() + lr)).all(), (i, d.max())
+    for x, y in zip(oa.exp_avg + oa.exp_avg_sq, ob.exp_avg + ob.exp_avg_sq):
+        if x.numel():
+            assert (x.float() - y.float()).abs().max() <= 2 * ulp * x.float().abs().max()
 
 
 def test_adamw_bad_input_names_the_argument():
@@ -235,8 +246,9 @@ def test_adamw_no_gradients_is_a_no_op_and_zero_grad():
 def test_gpu_adamw_matches_pytorch_fused(dtype):
     """Against torch.optim.AdamW(fused=True) on the GPU (fp32 arithmetic, storage in the
     parameters' dtype): the torch backend runs the same kernel (exact); Triton's one launch
-    within one storage ulp (bf16) or a few fp32 ulps. Also with gradients at addresses that
-    are not 16-byte aligned (views at an odd offset: the kernel's unvectorized path)."""
+    within 2 storage ulps of |p| + lr (bf16: the same fp32 value rounded, a tie apart at
+    most per step) or 8 fp32 ulps. Also with gradients at addresses that are not 16-byte
+    aligned (views at an odd offset: the kernel's unvectorized path)."""
     for misaligned in (False, True):
         ref, _ = _adamw_run(lambda ps: torch.optim.AdamW(ps, lr=1e-2, betas=(0.8, 0.95), eps=1e-6,
                                                          weight_decay=0.1, fused=True), dtype, "cuda")  # fmt: skip
@@ -263,7 +275,7 @@ def test_gpu_adamw_matches_pytorch_fused(dtype):
                 if backend == "torch":
                     assert torch.equal(a, b), (misaligned, i)
                 else:
-                    bound = (ulp if dtype != torch.float32 else 4 * ulp) * a.float().abs() + 1e-30
+                    bound = (2 if dtype != torch.float32 else 8) * ulp * (a.float().abs() + 1e-2)
                     d = (a.float() - b.float()).abs()
                     assert (d <= bound).all(), (misaligned, i, float((d / bound).max()))
 

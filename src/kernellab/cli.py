@@ -797,6 +797,8 @@ def cmd_train(args) -> int:
         return 0 if all("error" not in r for r in rows) else 1
     backend = None if args.backend == "default" else args.backend
     matmul = None if args.matmul == "default" else args.matmul
+    # AdamW: PyTorch's with PyTorch's ops, kernellab's one-launch step with kernellab's
+    optimizer = args.optimizer or ("pytorch" if args.backend == "pytorch" else "triton")
     if backend is None or matmul is None:  # say what the default picked, and why it may differ per shape
         cfg = gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"])
         chosen = gpt.op_set(backend, matmul)["chosen"]
@@ -816,8 +818,8 @@ def cmd_train(args) -> int:
             )
 
         losses = gpt.train(config, backend, matmul, args.mode, bsz, args.seq_len, args.steps, dtype,
-                           args.data, lr=args.lr, on_step=on_step)  # fmt: skip
-    console.print(f"{config} ({args.mode}, {dtype}, ops {args.backend}, linear {args.matmul}): "
+                           args.data, lr=args.lr, on_step=on_step, optimizer=optimizer)  # fmt: skip
+    console.print(f"{config} ({args.mode}, {dtype}, ops {args.backend}, linear {args.matmul}, AdamW {optimizer}): "
                   f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {len(losses)} steps")  # fmt: skip
     return 0
 
@@ -1108,6 +1110,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data", default=None, help="gpt: a UTF-8 text file (default: Python's pydoc topics); "
                    "mnist: a directory of MNIST's IDX files (default: the shipped digits)")
     s.add_argument("--lr", type=float, default=None, help="default 3e-4 (gpt, AdamW) / 0.05 (mnist, SGD)")
+    s.add_argument("--optimizer", default=None, choices=["pytorch", "torch", "triton"],
+                   help="gpt: AdamW from PyTorch (pytorch) or kernellab.optim.AdamW's backend torch / triton "
+                   "(default: pytorch with --backend pytorch, else triton)")
     s.add_argument("--compare", action="store_true", help="PyTorch's ops against kernellab's, every mode")
     s.add_argument("--out", help="--compare: append JSONL rows to this file")
     s.add_argument("--epochs", type=int, default=2, help="mnist: training epochs")

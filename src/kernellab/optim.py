@@ -214,8 +214,8 @@ def _adamw_kernel(
     lr,
     beta1,
     beta2,
-    log2_beta1,
-    log2_beta2,
+    ln_beta1,
+    ln_beta2,
     eps,
     weight_decay,
     BLOCK: tl.constexpr,
@@ -237,8 +237,8 @@ def _adamw_kernel(
         vo = tl.multiple_of(vo, VEC)
     offs = start + tl.arange(0, BLOCK)
     step = tl.load(steps_ptr + tl.load(param_ptr + t))
-    bc1 = 1.0 - tl.exp2(step * log2_beta1)
-    bc2_sqrt = tl.sqrt(1.0 - tl.exp2(step * log2_beta2))
+    bc1 = _one_minus_exp(step * ln_beta1)  # 1 - beta1^step
+    bc2_sqrt = tl.sqrt(_one_minus_exp(step * ln_beta2))
     n = tl.load(numel_ptr + t)
     if start + BLOCK <= n:  # a whole block: no mask, so 16-byte accesses where ALIGNED
         _adamw_block(base_ptr + (po + offs), base_ptr + (go + offs), base_ptr + (mo + offs), base_ptr + (vo + offs),
@@ -249,14 +249,24 @@ def _adamw_kernel(
 
 
 @triton.jit
+def _one_minus_exp(x):
+    """1 - exp(x) for x <= 0 to fp32's precision: 1 - beta2^step (beta2 = 0.999) is ~1e-3,
+    and 1 - exp(x) rounded from exp(x) ~ 0.999 would lose 10 of its 24 bits, the error
+    PyTorch's double-precision bias corrections do not have. Near 0 a Taylor series of
+    -expm1(x) (terms to x^8: below 1e-8 relative for |x| <= 0.5), else 1 - exp(x)."""
+    t = x * (1.0 + x / 2 * (1.0 + x / 3 * (1.0 + x / 4 * (1.0 + x / 5 * (1.0 + x / 6 * (1.0 + x / 7 * (1.0 + x / 8)))))))
+    return tl.where(x > -0.5, -t, 1.0 - tl.exp(x))
+
+
+@triton.jit
 def _adamw_block(p_ptrs, g_ptrs, m_ptrs, v_ptrs, mask, lr, beta1, beta2, eps, weight_decay, bc1, bc2_sqrt):
     p = tl.load(p_ptrs, mask=mask).to(tl.float32)
     g = tl.load(g_ptrs, mask=mask).to(tl.float32)
     m = tl.load(m_ptrs, mask=mask).to(tl.float32)
     v = tl.load(v_ptrs, mask=mask).to(tl.float32)
     # PyTorch's fused AdamW, in fp32: decay, moments, bias-corrected update
-    p = p * (1.0 - lr * weight_decay)
-    m = m + (1.0 - beta1) * (g - m)
+    p = p - lr * weight_decay * p
+    m = beta1 * m + (1.0 - beta1) * g
     v = beta2 * v + (1.0 - beta2) * g * g
     p = p - (lr / bc1) * m / (tl.sqrt(v) / bc2_sqrt + eps)
     tl.store(p_ptrs, p.to(p_ptrs.dtype.element_ty), mask=mask)
@@ -349,7 +359,7 @@ class AdamW:
     @torch.no_grad()
     def step(self) -> None:
         grads = [p.grad for p in self.params]
-        if None in grads:
+        if any(g is None for g in grads):  # (not `None in grads`: that compares tensors, ~30 us each)
             active = tuple(i for i, g in enumerate(grads) if g is not None)
             if not active:
                 return
@@ -390,11 +400,6 @@ class AdamW:
 
     def _triton_step(self, grads, active) -> None:
         gs = self._pick(grads, active)
-        for i, g in zip(active or range(len(gs)), gs):
-            if not g.is_contiguous():
-                raise ValueError(f"AdamW: params[{i}].grad is not contiguous")
-            if g.dtype != self.params[i].dtype:
-                raise TypeError(f"AdamW: params[{i}].grad has dtype {g.dtype}; expected {self.params[i].dtype}")
         plan = self._plans.get(active)
         if plan is None:
             plan = self._plans[active] = self._plan(active)
@@ -405,21 +410,28 @@ class AdamW:
         base, es = self._base.data_ptr(), self._base.element_size()
         rows = {0: [p.data_ptr() for p in ps], 1: [g.data_ptr() for g in gs]}
         for r, ptrs in rows.items():  # a parameter's .data replaced, a gradient reallocated
-            if ptrs != host[r]:
-                src = torch.tensor([(a - base) // es for a in ptrs], dtype=torch.int64)
-                if self.device.type == "cuda":
-                    # pinned: the copy needs no sync (the caching host allocator keeps the
-                    # buffer until it ran); under capture, replays copy from it again: kept
-                    src = src.pin_memory()
-                    if torch.cuda.is_current_stream_capturing():
-                        host["captured"].append(src)
-                offs[r].copy_(src, non_blocking=True)
-                host[r] = ptrs
-                host["aligned"] = all((a - base) % 16 == 0 for a in host[0] + host[1] + host[2])
+            if ptrs == host[r]:
+                continue
+            for i, t in zip(active or range(len(ps)), ps if r == 0 else gs):
+                what = f"params[{i}]" + (".grad" if r else "")
+                if not t.is_contiguous():
+                    raise ValueError(f"AdamW: {what} is not contiguous")
+                if t.dtype != self._base.dtype or t.device != self.device:
+                    raise TypeError(f"AdamW: {what} is {t.dtype} on {t.device}; expected {self._base.dtype} on {self.device}")
+            src = torch.tensor([(a - base) // es for a in ptrs], dtype=torch.int64)
+            if self.device.type == "cuda":
+                # pinned: the copy needs no sync (the caching host allocator keeps the
+                # buffer until it ran); under capture, replays copy from it again: kept
+                src = src.pin_memory()
+                if torch.cuda.is_current_stream_capturing():
+                    host["captured"].append(src)
+            offs[r].copy_(src, non_blocking=True)
+            host[r] = ptrs
+            host["aligned"] = all((a - base) % 16 == 0 for a in host[0] + host[1] + host[2])
         b1, b2 = self.betas
         _adamw_kernel[(chunk_t.numel(),)](
             self._base, offs, self.steps, pidx, numel, chunk_t, chunk_s, len(ps), self.lr, b1, b2,
-            math.log2(b1) if b1 > 0 else -math.inf, math.log2(b2) if b2 > 0 else -math.inf,
+            math.log(b1) if b1 > 0 else -math.inf, math.log(b2) if b2 > 0 else -math.inf,
             self.eps, self.weight_decay, BLOCK=ADAMW_BLOCK, VEC=16 // es, ALIGNED=host["aligned"],
         )  # fmt: skip
 

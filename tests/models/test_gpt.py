@@ -180,8 +180,13 @@ def test_gpu_step_graph_trains_as_the_compiled_step(backends):
     for i, (a, b) in enumerate(zip(ref, got)):
         assert abs(a - b) <= 1e-4 * abs(a), (i, a, b)
     assert got[-1] < got[0]  # it learns, step after step (no replay of a stale batch)
-    for a, b in zip(ref_w, got_w):
-        torch.testing.assert_close(b, a, rtol=1e-3, atol=1e-5)
+    # The weights moved alike: Adam's normalized update turns rounding-level gradient
+    # differences into O(lr) steps where a gradient is near 0, so compare the whole update
+    # (a stale or skipped step would be off by ~100%).
+    init = [p.detach() for p in gpt.make(cfg, backends, "pytorch", "cuda", torch.float32, seed=0).parameters()]
+    num = sum(float(((b - a) ** 2).sum()) for a, b in zip(ref_w, got_w))
+    den = sum(float(((a - w0) ** 2).sum()) for a, w0 in zip(ref_w, init))
+    assert den > 0 and (num / den) ** 0.5 < 0.02, (num / den) ** 0.5
     with pytest.raises(ValueError, match="idx: the step graph was captured at"):
         trainer.step(*data.batch(1, 32, torch.Generator(device="cuda").manual_seed(1)))
 

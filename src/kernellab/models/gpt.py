@@ -729,12 +729,13 @@ def time_steps(trainer: Trainer, batch, warmup: int = 4, steps: int = 8, rounds:
 
 # --------------------------------------------------------------------------- training run
 
-# Op sets of ``--compare``: name -> (backends, matmul) for make().
+# Op sets of ``--compare``: name -> (backends, matmul) for make() and the Trainer's
+# optimizer (kernellab's sets: kernellab.optim.AdamW's one-launch Triton step).
 COMPARE_SETS = {
-    "pytorch": ("pytorch", "pytorch"),
-    "kernellab": ("triton", "pytorch"),  # our kernels; linear layers on cuBLAS
-    "kernellab_all": ("triton", "triton"),  # every op on kernellab's own kernels
-    "kernellab_default": (None, None),  # kernellab's default backend per op
+    "pytorch": ("pytorch", "pytorch", "pytorch"),
+    "kernellab": ("triton", "pytorch", "triton"),  # our kernels; linear layers on cuBLAS
+    "kernellab_all": ("triton", "triton", "triton"),  # every op on kernellab's own kernels
+    "kernellab_default": (None, None, "triton"),  # kernellab's default backend per op
 }
 
 
@@ -809,6 +810,7 @@ def train(
     seed=0,
     lr=3e-4,
     on_step=None,
+    optimizer="pytorch",
 ) -> list[float]:
     """Train on real text (``kernellab.models.text``) and return the loss of every step;
     ``on_step(i, loss, ms)`` is called after each step (it may sync: it reads the loss)."""
@@ -823,7 +825,7 @@ def train(
     dev = next(model.parameters()).device
     corpus = text.ByteData(text.load_corpus(data), dev)
     gen = torch.Generator(device=dev).manual_seed(seed)
-    trainer = Trainer(model, mode, lr)
+    trainer = Trainer(model, mode, lr, optimizer)
     losses = []
     for i in range(steps):
         batch = corpus.batch(batch_size, seq_len, gen)
@@ -860,11 +862,11 @@ def compare(
 
     def builder(name, b, t, mode):
         def build():
-            be, mm = COMPARE_SETS[name]
+            be, mm, opt = COMPARE_SETS[name]
             model = make(config, be, mm, device, _dtype(dtype))
             dev = next(model.parameters()).device
             corpus = text.ByteData(text.load_corpus(), dev)
-            return Trainer(model, mode), corpus.batch(b, t, torch.Generator(device=dev).manual_seed(0))
+            return Trainer(model, mode, optimizer=opt), corpus.batch(b, t, torch.Generator(device=dev).manual_seed(0))
 
         return build
 
