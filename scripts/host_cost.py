@@ -72,6 +72,8 @@ def main(argv=None) -> int:
     p.add_argument("--ops", nargs="+", default=list(SHAPES))
     p.add_argument("--quick", action="store_true", help="tiny shapes only, fewer rounds (CPU smoke run)")
     p.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 on the CPU)")
+    p.add_argument("--tiny-only", action="store_true", help="the tiny (launch-bound) shapes only, full rounds: "
+                   "the issue's bounds")  # fmt: skip
     args = p.parse_args(argv)
     dev = _device.default_device()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"--ops: unknown {op!r}; known: {', '.join(SHAPES)}")
         spec = get_spec(op)
         tiny, big, opts = SHAPES[op]
-        sizes = [("tiny", tiny)] + ([] if args.quick else [("model", big)])
+        sizes = [("tiny", tiny)] + ([] if args.quick or args.tiny_only else [("model", big)])
         modes = [m for m in ("fwd", "fwdbwd") if m in spec.modes]
         for label, shape in sizes:
             for mode in modes:
