@@ -755,6 +755,10 @@ def cmd_train(args) -> int:
     if args.mode is None:
         args.mode = "eager"
     gpu = torch.cuda.is_available()
+    if args.mode not in gpt.MODES or (args.mode == "compile-step-graph" and not gpu):
+        console.print(f"[red]--mode {args.mode}: gpt trains in {', '.join(gpt.MODES)} "
+                      "(compile-step-graph: on a GPU)[/]")  # fmt: skip
+        return 2
     config = args.config or ("gpt2" if gpu else "tiny")
     dtype = args.dtype or ("bf16" if gpu else "fp32")
     bsz = args.batch_size or (8 if config == "gpt2" else 4)

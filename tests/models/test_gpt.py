@@ -108,6 +108,10 @@ def test_cli_train_and_compare(capsys, tmp_path):
                  "--batch-size", "2", "--seq-len", "16"]) == 0  # fmt: skip
     printed = " ".join(capsys.readouterr().out.split())
     assert "default ops at 2 x 16 on cpu" in printed and "ln=pytorch" in printed, printed
+    # a mode this machine cannot run, or one of mnist's: a one-line error, exit code 2
+    for mode in ("compile-step-graph", "graph"):
+        assert main(["train", "gpt", "--config", "tiny", "--steps", "1", "--mode", mode]) == 2
+        assert f"--mode {mode}: gpt trains in eager" in " ".join(capsys.readouterr().out.split())
     out = tmp_path / "rows.jsonl"
     # --compare on the CPU: eager only (compile's codegen takes minutes here, and no speed
     # claim is made on a CPU); every op set, one table, JSONL rows with provenance.
