@@ -371,3 +371,42 @@ def test_adamw_kernel_compiles_for_sm90_with_16_byte_accesses_where_aligned(dt):
         counts[aligned] = (len(re.findall(r"ld\.global[.\w]*\.v4", ptx)), len(re.findall(r"st\.global[.\w]*\.v4", ptx)))
     assert counts["1"][0] >= 4 and counts["1"][1] >= 3, counts  # p, g, m, v in; p, m, v out
     assert counts["0"] == (0, 0), counts
+
+
+@pytest.mark.parametrize("backend", optim.ADAMW_BACKENDS)
+def test_adamw_state_dict_round_trip_resumes_the_same_steps(backend):
+    """A checkpoint after 2 steps, loaded into a fresh optimizer over copies of the
+    parameters, takes the same next steps as the original (moments, step counts and
+    hyperparameters all restored, into the optimizer's own tensors); a state of another
+    model is refused naming the entry."""
+    g = torch.Generator().manual_seed(3)
+    ps = [torch.randn(s, generator=g).requires_grad_() for s in ADAMW_SHAPES]
+    grads = [[torch.randn(s, generator=g) for s in ADAMW_SHAPES] for _ in range(4)]
+    opt = optim.AdamW(ps, lr=0.05, betas=(0.8, 0.9), eps=1e-3, weight_decay=0.2, backend=backend)
+    for k in range(2):
+        for p, gr in zip(ps, grads[k]):
+            p.grad = gr.clone()
+        opt.step()
+    state = {k: ([t.clone() for t in v] if isinstance(v, list) else v.clone() if torch.is_tensor(v) else v)
+             for k, v in opt.state_dict().items()}  # fmt: skip
+    qs = [p.detach().clone().requires_grad_() for p in ps]
+    fresh = optim.AdamW(qs, backend=backend)  # other hyperparameters: the state brings them
+    m0 = fresh.exp_avg[1]
+    fresh.load_state_dict(state)
+    assert fresh.exp_avg[1] is m0 and fresh.lr == 0.05 and fresh.betas == (0.8, 0.9)
+    for k in range(2, 4):
+        for p, q, gr in zip(ps, qs, grads[k]):
+            p.grad, q.grad = gr.clone(), gr.clone()
+        opt.step()
+        fresh.step()
+    for p, q in zip(ps, qs):
+        assert torch.equal(p, q)
+    assert fresh.steps.tolist() == [4.0] * len(ADAMW_SHAPES)
+    bad = dict(state, exp_avg=state["exp_avg"][:-1])
+    with pytest.raises(ValueError, match="state: exp_avg has 5 tensors; this optimizer has 6"):
+        fresh.load_state_dict(bad)
+    with pytest.raises(ValueError, match="state: missing steps"):
+        fresh.load_state_dict({k: v for k, v in state.items() if k != "steps"})
+    wrong = dict(state, exp_avg_sq=[t.reshape(-1) if t.dim() > 1 else t for t in state["exp_avg_sq"]])
+    with pytest.raises(ValueError, match=r"state: exp_avg_sq\[0\] has shape \[35\]"):
+        fresh.load_state_dict(wrong)

@@ -347,6 +347,40 @@ class AdamW:
         self._plans: dict = {}  # triton: active tensors -> (tables, the addresses they were made from)
         self._base = torch.empty(1, dtype=p0.dtype, device=self.device)  # the table's offsets count from here
 
+    def state_dict(self) -> dict:
+        """The hyperparameters and the state (moments and step counts, as tensors) for a
+        checkpoint; ``load_state_dict`` takes it back."""
+        return {"lr": self.lr, "betas": self.betas, "eps": self.eps, "weight_decay": self.weight_decay,
+                "exp_avg": list(self.exp_avg), "exp_avg_sq": list(self.exp_avg_sq), "steps": self.steps}  # fmt: skip
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``'s output: values copied into this optimizer's own tensors
+        (their addresses stay, as a captured graph and the Triton backend's table need)."""
+        missing = {"lr", "betas", "eps", "weight_decay", "exp_avg", "exp_avg_sq", "steps"} - set(state)
+        if missing:
+            raise ValueError(f"state: missing {', '.join(sorted(missing))}")
+        for key in ("exp_avg", "exp_avg_sq"):
+            src = state[key]
+            if len(src) != len(self.params):
+                raise ValueError(f"state: {key} has {len(src)} tensors; this optimizer has {len(self.params)}")
+            for i, (dst, t) in enumerate(zip(getattr(self, key), src)):
+                if tuple(t.shape) != tuple(dst.shape):
+                    raise ValueError(f"state: {key}[{i}] has shape {list(t.shape)}; params[{i}] {list(dst.shape)}")
+        if tuple(state["steps"].shape) != tuple(self.steps.shape):
+            raise ValueError(f"state: steps has shape {list(state['steps'].shape)}; expected [{len(self.params)}]")
+        b = state["betas"]
+        if not isinstance(b, (tuple, list)) or len(b) != 2:
+            raise ValueError(f"state: betas must be a pair, got {b!r}")
+        hyper = (_finite("lr", state["lr"], 0.0),
+                 (_finite("betas[0]", b[0], 0.0, 1.0, True), _finite("betas[1]", b[1], 0.0, 1.0, True)),
+                 _finite("eps", state["eps"], 0.0), _finite("weight_decay", state["weight_decay"], 0.0))  # fmt: skip
+        self.lr, self.betas, self.eps, self.weight_decay = hyper  # (all checked before anything changes)
+        for key in ("exp_avg", "exp_avg_sq"):
+            for dst, t in zip(getattr(self, key), state[key]):
+                dst.copy_(t)
+        self.steps.copy_(state["steps"])
+
     @torch.no_grad()
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
