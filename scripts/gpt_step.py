@@ -36,29 +36,40 @@ import argparse
 import json
 import math
 import traceback
+from typing import NamedTuple
 
 import torch
 
 from kernellab.harness.bench import git_sha, versions
 from kernellab.models import gpt
 
-# Op sets: name -> (backends, matmul, fuse, graphs) of kernellab.models.gpt.make (see its
-# docstring) and the Trainer's optimizer.
+
+class OpSet(NamedTuple):
+    """kernellab.models.gpt.make's backends, matmul, fuse and graphs (see its docstring) and
+    the Trainer's optimizer."""
+
+    backends: str | None
+    matmul: str | None
+    fuse: bool = True
+    graphs: bool = True
+    optimizer: str = "pytorch"
+
+
 SETS = {
-    "pytorch": ("pytorch", "pytorch", True, True, "pytorch"),
-    "kl_triton": ("triton", "pytorch", True, True, "pytorch"),
-    "kl_triton_adamw": ("triton", "pytorch", True, True, "triton"),
-    "kl_triton_nograph": ("triton", "pytorch", True, False, "pytorch"),
-    "kl_triton_unfused": ("triton", "pytorch", False, True, "pytorch"),
-    "kl_triton_mm": ("triton", "triton", True, True, "pytorch"),
-    "kl_default": (None, None, True, True, "pytorch"),
-    "kl_default_adamw": (None, None, True, True, "triton"),
+    "pytorch": OpSet("pytorch", "pytorch"),
+    "kl_triton": OpSet("triton", "pytorch"),
+    "kl_triton_adamw": OpSet("triton", "pytorch", optimizer="triton"),
+    "kl_triton_nograph": OpSet("triton", "pytorch", graphs=False),
+    "kl_triton_unfused": OpSet("triton", "pytorch", fuse=False),
+    "kl_triton_mm": OpSet("triton", "triton"),
+    "kl_default": OpSet(None, None),
+    "kl_default_adamw": OpSet(None, None, optimizer="triton"),
 }
 
 
 def _model(set_name):
-    be, mm, fuse, graphs, _ = SETS[set_name]
-    return gpt.make("gpt2", be, mm, "cuda", torch.bfloat16, seed=0, fuse=fuse, graphs=graphs)
+    s = SETS[set_name]
+    return gpt.make("gpt2", s.backends, s.matmul, "cuda", torch.bfloat16, seed=0, fuse=s.fuse, graphs=s.graphs)
 
 
 def _batch(bsz, t, seed=0):
@@ -74,13 +85,13 @@ def time_interleaved(sets, mode, bsz, t, warmup, steps, rounds):
     (PyTorch's own eager step at 4x256: 15.4 to 25.1 ms), so sets timed one after the
     other are not comparable."""
     batch = _batch(bsz, t)
-    builders = {s: (lambda s=s: (gpt.Trainer(_model(s), mode, lr=1e-4, optimizer=SETS[s][4]), batch)) for s in sets}
+    builders = {s: (lambda s=s: (gpt.Trainer(_model(s), mode, lr=1e-4, optimizer=SETS[s].optimizer), batch)) for s in sets}
     return gpt.time_interleaved(builders, warmup, steps, rounds, on_error=lambda e: traceback.print_exc())
 
 
 def profile(set_name, mode, bsz, t, pyprofile=False):
     model = _model(set_name)
-    opt = gpt.Trainer(model, "eager", lr=1e-4, optimizer=SETS[set_name][4]).opt
+    opt = gpt.Trainer(model, "eager", lr=1e-4, optimizer=SETS[set_name].optimizer).opt
     fwd = torch.compile(model) if mode.startswith("compile") else model
     idx = torch.randint(0, 50257, (bsz, t), device="cuda")
     print(f"profile {set_name} {mode} {bsz}x{t}")
@@ -152,8 +163,8 @@ def main() -> int:
             torch._dynamo.reset()
             for s in args.sets:
                 row = {"bench": "gpt2_step", "model": "gpt2-124M", "dtype": "bf16", "B": b, "T": t,
-                       "mode": mode, "ops": s, "optimizer": SETS[s][4], "interleaved": True, **timed[s]}  # fmt: skip
-                be, mm = SETS[s][:2]
+                       "mode": mode, "ops": s, "optimizer": SETS[s].optimizer, "interleaved": True, **timed[s]}  # fmt: skip
+                be, mm = SETS[s].backends, SETS[s].matmul
                 if be is None or mm is None:  # what the default resolved to at this shape
                     chosen = gpt.op_set(be, mm)["chosen"]
                     row["resolved"] = gpt.resolve_defaults(chosen, gpt.CONFIGS["gpt2"], b, t, torch.bfloat16, "cuda",

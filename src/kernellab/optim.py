@@ -275,7 +275,6 @@ def _adamw_block(p_ptrs, g_ptrs, m_ptrs, v_ptrs, mask, lr, beta1, beta2, eps, we
 
 
 ADAMW_BLOCK = 2048
-_TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 def _finite(name: str, v, lo: float, hi: float | None = None, hi_open: bool = False) -> float:
@@ -286,6 +285,16 @@ def _finite(name: str, v, lo: float, hi: float | None = None, hi_open: bool = Fa
         rng = f"[{lo}, {hi})" if hi_open else f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ValueError(f"AdamW: {name} must be in {rng}, got {v}")
     return v
+
+
+def _hyper(lr, betas, eps, weight_decay, who: str = "AdamW") -> tuple:
+    """(lr, (beta1, beta2), eps, weight_decay) checked: what the constructor and
+    load_state_dict (``who`` "state") accept."""
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"{who}: betas must be a pair, got {betas!r}")
+    return (_finite("lr", lr, 0.0),
+            (_finite("betas[0]", betas[0], 0.0, 1.0, True), _finite("betas[1]", betas[1], 0.0, 1.0, True)),
+            _finite("eps", eps, 0.0), _finite("weight_decay", weight_decay, 0.0))  # fmt: skip
 
 
 class AdamW:
@@ -331,12 +340,7 @@ class AdamW:
                 raise ValueError(f"AdamW: params[{i}] is not contiguous")
         if len({id(p) for p in self.params}) != len(self.params):
             raise ValueError("AdamW: params lists a tensor twice")
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"AdamW: betas must be a pair, got {betas!r}")
-        self.lr = _finite("lr", lr, 0.0)
-        self.betas = (_finite("betas[0]", betas[0], 0.0, 1.0, True), _finite("betas[1]", betas[1], 0.0, 1.0, True))
-        self.eps = _finite("eps", eps, 0.0)
-        self.weight_decay = _finite("weight_decay", weight_decay, 0.0)
+        self.lr, self.betas, self.eps, self.weight_decay = _hyper(lr, betas, eps, weight_decay)
         self.backend = backend
         self.device = p0.device
         self.exp_avg = [torch.zeros_like(p) for p in self.params]
@@ -369,12 +373,7 @@ class AdamW:
                     raise ValueError(f"state: {key}[{i}] has shape {list(t.shape)}; params[{i}] {list(dst.shape)}")
         if tuple(state["steps"].shape) != tuple(self.steps.shape):
             raise ValueError(f"state: steps has shape {list(state['steps'].shape)}; expected [{len(self.params)}]")
-        b = state["betas"]
-        if not isinstance(b, (tuple, list)) or len(b) != 2:
-            raise ValueError(f"state: betas must be a pair, got {b!r}")
-        hyper = (_finite("lr", state["lr"], 0.0),
-                 (_finite("betas[0]", b[0], 0.0, 1.0, True), _finite("betas[1]", b[1], 0.0, 1.0, True)),
-                 _finite("eps", state["eps"], 0.0), _finite("weight_decay", state["weight_decay"], 0.0))  # fmt: skip
+        hyper = _hyper(state["lr"], state["betas"], state["eps"], state["weight_decay"], "state")
         self.lr, self.betas, self.eps, self.weight_decay = hyper  # (all checked before anything changes)
         for key in ("exp_avg", "exp_avg_sq"):
             for dst, t in zip(getattr(self, key), state[key]):
@@ -393,16 +392,14 @@ class AdamW:
     @torch.no_grad()
     def step(self) -> None:
         grads = [p.grad for p in self.params]
+        active = None  # every tensor has a gradient
         if any(g is None for g in grads):  # (not `None in grads`: that compares tensors, ~30 us each)
             active = tuple(i for i, g in enumerate(grads) if g is not None)
             if not active:
                 return
-        else:
-            active = None
-        if active is None:
-            self.steps += 1
-        else:
             self.steps.index_add_(0, torch.tensor(active, device=self.device), self.steps.new_ones(len(active)))
+        else:
+            self.steps += 1
         if self.backend == "torch":
             self._torch_step(grads, active)
         else:
@@ -475,13 +472,12 @@ class AdamW:
         index and numel, and each program's (tensor, first element)."""
         idx = list(range(len(self.params)) if active is None else active)
         base, es = self._base.data_ptr(), self._base.element_size()
-        ptrs = [[self.params[i].data_ptr() for i in idx], [self.exp_avg[i].data_ptr() for i in idx] +
-                [self.exp_avg_sq[i].data_ptr() for i in idx]]  # fmt: skip
-        if any((a - base) % es for a in ptrs[0] + ptrs[1]):
+        p_ptrs = [self.params[i].data_ptr() for i in idx]
+        m_ptrs = [self.exp_avg[i].data_ptr() for i in idx]
+        v_ptrs = [self.exp_avg_sq[i].data_ptr() for i in idx]
+        if any((a - base) % es for a in p_ptrs + m_ptrs + v_ptrs):
             raise ValueError("AdamW: a parameter's address is not a multiple of its element size")
-        n = len(idx)
-        rows = [[(a - base) // es for a in ptrs[0]], [0] * n, [(a - base) // es for a in ptrs[1][:n]],
-                [(a - base) // es for a in ptrs[1][n:]]]  # fmt: skip
+        rows = [[(a - base) // es for a in ptrs] for ptrs in (p_ptrs, [base] * len(idx), m_ptrs, v_ptrs)]
         numels = [self.params[i].numel() for i in idx]
         chunk_t, chunk_s = [], []
         for t, k in enumerate(numels):
@@ -492,4 +488,4 @@ class AdamW:
         return (torch.tensor(rows, dtype=torch.int64).to(dev), torch.tensor(idx, dtype=torch.int32).to(dev),
                 torch.tensor(numels, dtype=torch.int64).to(dev), torch.tensor(chunk_t, dtype=torch.int32).to(dev),
                 torch.tensor(chunk_s, dtype=torch.int64).to(dev),
-                {0: ptrs[0], 1: None, 2: ptrs[1], "aligned": False, "captured": []})  # fmt: skip
+                {0: p_ptrs, 1: None, 2: m_ptrs + v_ptrs, "aligned": False, "captured": []})  # fmt: skip

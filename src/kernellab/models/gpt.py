@@ -681,9 +681,9 @@ class Trainer:
         if self.mode == "compile-step-graph":
             if self.graph is None:
                 return self._capture(idx, targets)
-            if self.graph[1].shape != idx.shape or self.graph[2].shape != targets.shape:
-                raise ValueError(f"idx: the step graph was captured at {tuple(self.graph[1].shape)}, got {tuple(idx.shape)}")
             graph, s_idx, s_tgt, loss = self.graph
+            if s_idx.shape != idx.shape or s_tgt.shape != targets.shape:
+                raise ValueError(f"idx: the step graph was captured at {tuple(s_idx.shape)}, got {tuple(idx.shape)}")
             s_idx.copy_(idx)
             s_tgt.copy_(targets)
             graph.replay()
