@@ -348,6 +348,92 @@ def test_default_dispatch_follows_the_registry_table():
     assert registry.default_backend("gelu", "cpu") == default
 
 
+def _counting_validation(monkeypatch, op, backend):
+    impl = registry.get(op, backend)
+    inner = impl._validate or impl._validator()
+    seen = []
+
+    def counting(args, kwargs, devices):
+        seen.append(tuple(getattr(a, "shape", None) for a in args))
+        return inner(args, kwargs, devices)
+
+    monkeypatch.setattr(impl, "_validate", counting)
+    registry._forget_choices()
+    return seen
+
+
+def test_a_key_that_decides_validation_is_validated_once_then_trusted(monkeypatch):
+    """softmax's validation reads only the tensor's type, dtype, device, shape and layout
+    (``key_validates``): the default validates the first call at a key and runs the later
+    ones directly; every other kind of call is still validated and refused as before."""
+    assert kernellab.get_spec("softmax").key_validates
+    backend = registry.default_backend("softmax", "cpu")
+    seen = _counting_validation(monkeypatch, "softmax", backend)
+    x = torch.randn(4, 33)
+    want = torch.softmax(x, -1)
+    for _ in range(3):
+        torch.testing.assert_close(kernellab.softmax(x), want)
+    assert seen == [(x.shape,)], "validated once, then trusted"
+    x2 = torch.randn(4, 33) * 5  # the same key, other values
+    torch.testing.assert_close(kernellab.softmax(x2), torch.softmax(x2, -1))
+    assert len(seen) == 1
+    # the same shape in another dtype is another key: validated, and refused every time
+    for _ in range(2):
+        with pytest.raises(TypeError, match="x has dtype torch.float64"):
+            kernellab.softmax(x.double())
+    # a sparse tensor of the trusted key's dtype and shape: the layout is checked apart
+    with pytest.raises(TypeError, match="x has layout torch.sparse_coo"):
+        kernellab.softmax(x.to_sparse())
+    # more arguments than the op takes, through the registry at the trusted key
+    with pytest.raises(TypeError, match="softmax\\(\\) takes 1 tensor argument"):
+        registry.call("softmax", None, x, x)
+    validated = len(seen)
+    torch.testing.assert_close(kernellab.softmax(x), want)  # the key is still trusted
+    assert len(seen) == validated
+
+
+def test_keyword_calls_and_ops_without_key_validation_validate_every_call(monkeypatch):
+    x = torch.randn(5, 7)
+    seen = _counting_validation(monkeypatch, "sum", registry.default_backend("sum", "cpu"))
+    for _ in range(2):
+        torch.testing.assert_close(kernellab.sum(x, dim=0), x.sum(0))
+    assert len(seen) == 2, "a call with keyword arguments is validated each time"
+    kernellab.sum(x)
+    kernellab.sum(x)
+    assert len(seen) == 3
+    with pytest.raises(ValueError, match="dim"):
+        kernellab.sum(x, dim=5)  # after the trusted key: still refused by the validation
+    assert not kernellab.get_spec("layer_norm").key_validates
+    w, b = torch.randn(7), torch.randn(7)
+    seen = _counting_validation(monkeypatch, "layer_norm", registry.default_backend("layer_norm", "cpu"))
+    for _ in range(3):
+        kernellab.layer_norm(x, w, b)
+    assert len(seen) == 3
+    with pytest.raises(TypeError, match="weight has dtype torch.float64"):
+        kernellab.layer_norm(x, w.double(), b)
+
+
+@pytest.mark.parametrize("op", ["gelu", "relu", "softmax", "sum", "max", "argmax"])
+def test_ops_declaring_key_validation_refuse_their_bad_inputs_on_every_default_call(op):
+    """The bad-input cases of each ``key_validates`` op, each after a good call at the same
+    shape: twice, through the default, each refused with the op's own error."""
+    spec = kernellab.get_spec(op)
+    assert spec.key_validates
+    def fn(*args, **kwargs):  # the registry's level, where the bad cases are defined
+        return registry.call(op, None, *args, **kwargs)
+
+    for bad in spec.bad_inputs():
+        if bad.gpu_only or bad.needs_gpu:
+            continue
+        args, kwargs = bad.build("cpu", torch.float32)
+        good = args[0]
+        if isinstance(good, torch.Tensor) and good.dtype in spec.dtypes and good.numel():
+            fn(good)  # a trusted key where the bad input's key is the good one's
+        for _ in range(2):
+            with pytest.raises(bad.exc):
+                fn(*args, **kwargs)
+
+
 def test_public_functions_default_backend_on_cpu():
     from kernellab.harness.compare import judge
 

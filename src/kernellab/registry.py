@@ -253,8 +253,26 @@ _DEFAULTS: dict[tuple[str, str], str] = {}
 # backward, or (forward Impl, forward+backward Impl) where the two differ. After the first
 # call at a shape the default costs one tuple and one dict lookup (and, only where the two
 # modes chose differently, the grad test).
-_CHOSEN: dict[tuple, Impl | tuple[Impl, Impl]] = {}
+_CHOSEN: dict[tuple, Impl | tuple[Impl, Impl] | _Trusted] = {}
 _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses, never grows without bound
+
+
+class _Trusted:
+    """A choice-cache entry whose key decides the validation: the op's spec says
+    ``key_validates``, the call has one tensor and no keyword arguments, and a call at this
+    key has passed validation and run. Later calls check only the tensor's layout (not in
+    the key) and then run the backend's function directly: PyTorch's op chosen at a
+    launch-bound shape then costs less than naming ``backend="torch"`` (H100 host:
+    validation is 1.0-1.6 us of a 10-13 us call)."""
+
+    __slots__ = ("impl", "fn")
+
+    def __init__(self, impl: Impl):
+        self.impl = impl
+        self.fn = impl.fn
+
+
+_STRIDED = torch.strided
 
 
 _RECORD: list | None = None
@@ -307,7 +325,16 @@ def call(op: str, backend: str | None, *args, **kwargs):
         return _choose_and_call(op, args, kwargs, None, None)  # the op's own validation says why
     if pick is None or _RECORD is not None:
         return _choose_and_call(op, args, kwargs, ck, dev)
-    impl = pick if pick.__class__ is Impl else pick[_wants_grad(args)]
+    cls = pick.__class__
+    if cls is _Trusted:
+        if x.layout is _STRIDED and len(args) == 1:
+            try:
+                return pick.fn(*args)
+            except ValueError as refusal:
+                return _fall_back(op, pick.impl, refusal, args, kwargs)
+        impl = pick.impl  # a sparse tensor at a trusted key: the validation says why not
+    else:
+        impl = pick if cls is Impl else pick[_wants_grad(args)]
     validate = impl._validate
     if validate is not None:  # Impl.__call__ inlined: one Python frame fewer on the hot path
         try:
@@ -327,7 +354,9 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
         dev = dev.type if dev is not None else "cpu"
     wants = _wants_grad(args)
     pick = _CHOSEN.get(ck) if ck is not None else None
-    if pick is None:
+    if pick.__class__ is _Trusted:  # (recording: every call comes here)
+        pick = pick.impl
+    elif pick is None:
         fwd = get(op, tuning.choose(op, args, dev, "fwd", kwargs)[0])
         both = get(op, tuning.choose(op, args, dev, "fwdbwd", kwargs)[0])
         pick = fwd if fwd is both else (fwd, both)
@@ -342,7 +371,15 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
                         "backend": name, "why": why})  # fmt: skip
         if ck is not None:
             _RECORDED.add((ck, wants))
-    return _run(op, impl, args, kwargs)
+    if ck is None or ck[-1] is not None or len(args) != 1 or pick.__class__ is not Impl or not getattr(impl._spec, "key_validates", False):
+        return _run(op, impl, args, kwargs)
+    try:
+        out = impl(*args)  # validated here: the key's later calls skip it
+    except ValueError as refusal:
+        return _fall_back(op, impl, refusal, args, kwargs)
+    if args[0].layout is _STRIDED and _CHOSEN.get(ck) is pick:
+        _CHOSEN[ck] = _Trusted(impl)
+    return out
 
 
 def _run(op: str, impl: Impl, args, kwargs):

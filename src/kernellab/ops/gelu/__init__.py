@@ -39,6 +39,7 @@ SPEC = define(
     OpSpec(
         name="gelu",
         arg_names=("x",),
+        key_validates=True,
         reference=gelu_reference,
         flops=_flops,
         bytes_moved=_bytes,

@@ -25,9 +25,11 @@ from kernellab.ops.spec import (
     OpSpec,
     TensorOption,
     define,
+    device_of,
     dtype_name,
     fuzz_dim,
     make_tensor,
+    runs_on,
 )
 
 ACTIVATIONS = (None, "relu", "gelu")
@@ -100,6 +102,21 @@ BIAS = TensorOption(_bias)
 
 def validate_matmul(args, kwargs, devices=("cuda", "cpu")) -> None:
     """Raise TypeError/ValueError naming the argument (a, b, bias, activation)."""
+    if len(args) == 2 and not kwargs:  # fast accept (every call runs this): the cheapest reads
+        a, b = args
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            nd = a.ndim
+            if (
+                nd >= 2
+                and b.ndim == nd
+                and a.dtype in FLOAT_DTYPES
+                and b.dtype is a.dtype
+                and runs_on(a, devices)
+                and device_of(b) == device_of(a)
+                and b.shape[-2] == a.shape[-1]
+                and (nd == 2 or b.shape[:-2] == a.shape[:-2])
+            ):
+                return
     if len(args) != 2:
         raise TypeError(f"matmul() takes 2 tensor arguments (a, b), got {len(args)}")
     a, b = args

@@ -128,6 +128,7 @@ _COMMON = dict(
     rows_shape=(65537, 3),
     fuzz=fuzz_rows(6000, 160000),  # argmax over a vocabulary: greedy decoding
     default_backends=("cuda", "triton", "torch"),
+    key_validates=True,
     extra_bad_inputs=[
         BadInput("empty last dim", _empty_rows, "x"),
         BadInput("unknown keyword", _unknown_kw, "dim", exc=(TypeError,)),

@@ -141,6 +141,7 @@ SPEC = define(
         rows_shape=(65537, 3),
         bench_options=[{}],
         default_backends=("cuda", "triton", "torch"),
+        key_validates=True,
         extra_bad_inputs=[
             BadInput("dim out of range", _bad_dim, "dim"),
             BadInput("dim a tuple", _bad_dim_type, "dim"),

@@ -39,6 +39,7 @@ SPEC = define(
     OpSpec(
         name="relu",
         arg_names=("x",),
+        key_validates=True,
         reference=relu_reference,
         flops=_flops,
         bytes_moved=_bytes,

@@ -71,6 +71,7 @@ SPEC = define(
         fuzz=fuzz_rows(6000, 160000),  # GPU: past every vocabulary (Qwen2.5's 152064)
         rows_shape=(65537, 3),
         default_backends=("triton", "torch"),
+        key_validates=True,
         doc=__doc__.strip().split("\n")[0],
     )
 )
