@@ -371,7 +371,13 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
                         "backend": name, "why": why})  # fmt: skip
         if ck is not None:
             _RECORDED.add((ck, wants))
-    if ck is None or ck[-1] is not None or len(args) != 1 or pick.__class__ is not Impl or not getattr(impl._spec, "key_validates", False):
+    if (
+        ck is None
+        or ck[-1] is not None
+        or len(args) != 1
+        or pick.__class__ is not Impl
+        or not getattr(impl._spec, "key_validates", False)
+    ):
         return _run(op, impl, args, kwargs)
     try:
         out = impl(*args)  # validated here: the key's later calls skip it
