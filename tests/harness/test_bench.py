@@ -277,3 +277,15 @@ def test_loop_ms_counts_every_call():
 
     ms = timer.loop_ms(fn, calls=10, rounds=3)
     assert ms >= 0 and n["calls"] == 1 + 30  # one warm-up call, then 3 rounds of 10
+
+
+def test_paired_rounds_alternate_the_order_of_the_functions():
+    """No function always runs first in a round (a place in the order is no edge)."""
+    from kernellab.harness import timer
+
+    seen = []
+    fns = {n: (lambda n=n: seen.append(n)) for n in "abc"}
+    times, errors = timer.paired_loop_ms(fns, {n: 2 for n in fns}, rounds=3)
+    assert not errors and all(len(t) == 3 for t in times.values())
+    firsts = [seen[i] for i in range(0, len(seen), 3)]  # each loop: one warm-up call, then 2 timed
+    assert firsts == list("abc") + list("cba") + list("abc")

@@ -311,15 +311,18 @@ def loop_ms(fn, calls: int | None = None, rounds: int = 5, budget_s: float = 0.5
 
 def paired_loop_ms(fns: dict, calls: dict, rounds: int) -> tuple[dict, dict]:
     """Plain-loop time per call (ms) of several functions taking turns: each round runs
-    every ``fns[name]`` once (``calls[name]`` back-to-back calls, one synchronize), so a
-    host whose speed drifts between minutes (the lent H100's moved 2x) drifts under all of
-    them alike, and ratios of the same round compare like with like. Returns (name ->
+    every ``fns[name]`` once (``calls[name]`` back-to-back calls, one synchronize; every other
+    round in reverse order), so a host whose speed drifts between minutes (the lent H100's
+    moved 2x) drifts under all of them alike, and ratios of the same round compare like with like. Returns (name ->
     [ms per round], name -> the exception of a function that raised; it is left out of
     later rounds)."""
     times: dict = {name: [] for name in fns}
     errors: dict = {}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    order = list(fns.items())
+    for r in range(rounds):
+        # every other round in reverse: a function's place in the round (first after the
+        # previous round's sync, or right after another's calls) is no systematic edge
+        for name, fn in order if r % 2 == 0 else order[::-1]:
             if name in errors:
                 continue
             try:
