@@ -14,6 +14,8 @@ Shapes (problem shapes of the attention OpSpec; GQA as (B, H_q, H_kv, S_q, S_k, 
     llama3-8b-2k 1 x 32q / 8kv x 2048 x 128, causal (GQA: k/v read in place)
     llama3-8b-8k 1 x 32q / 8kv x 8192 x 128, causal
     vit-b        64 x 12 x 197 x 64
+    full-4k      4 x 16 x 4096 x 128                (not causal: the warp-specialized forward)
+    full-16k     1 x 16 x 16384 x 128
 
 Timing is kernellab.harness.bench (CUDA events, warm-up, L2 flushed, median of a stable
 run, outputs re-checked against the float64 reference); TFLOP/s count 4 B H_q S_q S_k D per
@@ -57,6 +59,8 @@ SHAPES = {
     "llama3-8b-2k": ((1, 32, 8, 2048, 2048, 128), True),
     "llama3-8b-8k": ((1, 32, 8, 8192, 8192, 128), True),
     "vit-b": ((64, 12, 197, 64), False),
+    "full-4k": ((4, 16, 4096, 128), False),
+    "full-16k": ((1, 16, 16384, 128), False),
 }
 BACKENDS = ["triton", "sdpa_cudnn", "sdpa_flash"]
 

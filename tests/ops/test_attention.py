@@ -818,6 +818,52 @@ def test_gpu_head_dim_96_issue_shape(causal):
     _check_case("triton", (4, 16, 2000, 96), torch.bfloat16, "cuda", causal)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+def test_warp_specialized_forward_kernel_matches_the_reference(dtype):
+    """The warp-specialized non-causal forward (_attn_fwd_ws, Hopper only in the public
+    path) run directly under the interpreter: q strided, o in empty_bshd's layout; o and
+    the lse (log2 units) against float64."""
+    from kernellab.ops.attention import triton as at
+
+    b, h, s, d = 1, 2, 256, 128
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(b, h, s, d, generator=gen).to(dtype) for _ in range(3))
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, S, H, D) memory
+    o = at.empty_bshd((b, h), s, d, dtype, "cpu")
+    lse = torch.empty(b, h, s, dtype=torch.float32)
+    scale = d**-0.5
+    at._launch_ws(q, k, v, o, lse, scale * at.LOG2E, h, s)
+    scores = (q.double() @ k.double().transpose(-1, -2)) * scale
+    ref = torch.softmax(scores, -1) @ v.double()
+    v_o = judge(o, ref, dtype, torch.nn.functional.scaled_dot_product_attention(q, k, v))
+    assert v_o.ok, v_o.detail
+    torch.testing.assert_close(lse.double() * math.log(2), torch.logsumexp(scores, -1), atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("s", [1024, 2048])
+def test_gpu_warp_specialized_forward(s, monkeypatch):
+    """On an H100 (sm_90) a contiguous non-causal bf16 D=128 call takes _attn_fwd_ws; its
+    output and the gradients the backward computes from its lse against float64, and equal
+    to within rounding of the plain kernel's (KERNELLAB_ATTN_WS=0)."""
+    from kernellab.ops.attention import triton as at
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialized forward runs on sm_90 only")
+    shape = (2, 4, s, 128)
+    q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cuda", 3)
+    q4, k4, v4 = at._split(q), at._split(k), at._split(v)
+    o4 = at._split(at.empty_bshd(q.shape[:-2], s, 128, q.dtype, q.device))
+    assert at._ws_fits(q4, k4, v4, o4, False, 1, 0, 0, 128, 128**-0.5 * at.LOG2E, s, s)
+    assert not at._ws_fits(q4, k4, v4, o4, True, 1, 0, 0, 128, 128**-0.5 * at.LOG2E, s, s)
+    _check_case("triton", shape, torch.bfloat16, "cuda", False)
+    o_ws, lse_ws = at.forward(q, k, v, False, 128**-0.5)
+    monkeypatch.setenv("KERNELLAB_ATTN_WS", "0")
+    o_plain, lse_plain = at.forward(q, k, v, False, 128**-0.5)
+    torch.testing.assert_close(lse_ws, lse_plain, atol=2e-6, rtol=1e-6)
+    torch.testing.assert_close(o_ws.float(), o_plain.float(), atol=1e-2, rtol=1e-2)
+
+
 GPU_WINDOW_CASES = [
     ((1, 4, 2, 1023, 1025, 128), torch.bfloat16, True, {"window": (256, -1)}),  # Mistral-style sliding
     # Gemma-2-like: sliding window and softcap 50, at D = 256
