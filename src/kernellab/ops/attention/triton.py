@@ -468,16 +468,18 @@ def _attn_fwd(
 
 @triton.jit
 def _attn_fwd_ws(
-    Q, K, V, O, LSE,  # q, o (Z, NH, S, D) strided (unit-stride rows); k, v contiguous (Z*NH*S, D)
+    Q, K, V, O, LSE,  # q, k, v contiguous (Z*NH*S, D); o (Z, NH, S, D) strided (unit-stride rows)
     qk_scale,  # scale * log2(e) > 0
-    stride_qz, stride_qh, stride_qs, stride_oz, stride_oh, stride_os,
+    stride_oz, stride_oh, stride_os,
     NH, S, ROWS,  # heads; sequence length (S_q = S_k, a multiple of BLOCK_M and BLOCK_N); Z*NH*S
     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, F32_DOTS: tl.constexpr,
 ):  # fmt: skip
     # Hopper, non-causal, 16-bit, one head dim with no padding: the key loop is
     # warp-specialized (Triton splits it into a TMA producer and MMA/softmax consumers), K and
     # V stream through device-side tensor descriptors. Same math and outputs as _attn_fwd
-    # (o, and lse in log2 units); the launcher (_ws_fits) says when it runs.
+    # (o, and lse in log2 units); the launcher (_ws_fits) says when it runs. Q comes through
+    # a descriptor too: with a pointer load of Q (or 4-D descriptors over strided q, k, v)
+    # the warp-specialization pass fails (Triton 3.6 on the H100, 3.9 compiling for sm_90).
     pid = tl.program_id(0)
     num_m = S // BLOCK_M
     bh = pid // num_m  # consecutive programs share a head: its K and V stay in L2
@@ -485,12 +487,12 @@ def _attn_fwd_ws(
     z = bh // NH
     h = bh - z * NH
     row0 = bh * S  # the head's first row in the (Z*NH*S, D) view of k and v
+    qd = tl.make_tensor_descriptor(Q, shape=[ROWS, HEAD_D], strides=[HEAD_D, 1], block_shape=[BLOCK_M, HEAD_D])
     kd = tl.make_tensor_descriptor(K, shape=[ROWS, HEAD_D], strides=[HEAD_D, 1], block_shape=[BLOCK_N, HEAD_D])
     vd = tl.make_tensor_descriptor(V, shape=[ROWS, HEAD_D], strides=[HEAD_D, 1], block_shape=[BLOCK_N, HEAD_D])
     offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
-    q_ptrs = Q + z.to(tl.int64) * stride_qz + h.to(tl.int64) * stride_qh + offs_m[:, None] * stride_qs
-    q = tl.load(q_ptrs + offs_d[None, :])
+    q = qd.load([row0 + m0, 0])
     if F32_DOTS:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -1059,7 +1061,7 @@ def _ws_device(dev: torch.device) -> bool:
 def _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k) -> bool:
     """Whether this forward takes _attn_fwd_ws: a Hopper GPU, not causal, no window, no
     softcap, no GQA, 16-bit, D = 128, S_q = S_k >= WS_MIN_S a multiple of 128, a positive
-    scale, k and v contiguous (B, H, S, D) with 16-byte aligned bases (TMA); q and o any
+    scale, q, k and v contiguous (B, H, S, D) with 16-byte aligned bases (TMA); o any
     strides with unit-stride rows. KERNELLAB_ATTN_WS=0 turns it off. Eager tensors only:
     traced by torch.compile (the triton_op's fake tensors) the autotuned kernel runs."""
     return (
@@ -1075,10 +1077,11 @@ def _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k) -> 
         and s_q % 128 == 0
         and qk_scale > 0
         and q4.dtype in (torch.float16, torch.bfloat16)
-        and q4.stride(-1) == 1
         and o4.stride(-1) == 1
+        and q4.is_contiguous()
         and k4.is_contiguous()
         and v4.is_contiguous()
+        and q4.data_ptr() % 16 == 0
         and k4.data_ptr() % 16 == 0
         and v4.data_ptr() % 16 == 0
         and _ws_device(q4.device)
@@ -1102,8 +1105,7 @@ def _launch_ws(q4, k4, v4, o4, lse, qk_scale, nh, s):
     bh = q4.shape[0] * nh
     grid = (bh * (s // _WS_TILE["BLOCK_M"]),)
     _attn_fwd_ws[grid](
-        q4, k4, v4, o4, lse, qk_scale,
-        q4.stride(0), q4.stride(1), q4.stride(2), o4.stride(0), o4.stride(1), o4.stride(2),
+        q4, k4, v4, o4, lse, qk_scale, o4.stride(0), o4.stride(1), o4.stride(2),
         nh, s, bh * s, HEAD_D=q4.shape[-1], F32_DOTS=_f32_dots(q4.dtype), **_WS_TILE,
     )  # fmt: skip
 
