@@ -276,6 +276,30 @@ def test_default_calls_the_backend_the_table_names(tables):
     assert calls == [(64, 64)]
 
 
+def test_an_op_timed_forward_only_serves_calls_with_gradients_by_its_forward_row(tables):
+    """argmax has no forward+backward rows (no gradient): a call on a tensor that requires
+    grad takes the forward row's backend, not the heuristic's, and the default caches one
+    backend for the key (validated once, then run directly: ``key_validates``)."""
+    calls = []
+
+    @registry.register("argmax", "spy", devices=("cpu",), description="records its calls")
+    def spy(x):
+        calls.append(x.requires_grad)
+        return torch.argmax(x, -1)
+
+    try:
+        _write(tables, [{"op": "argmax", "dtype": "fp32", "mode": "fwd", "shape": [64, 256], "key": [64, 256],
+                         "best": "spy", "times": {"spy": 0.01, "torch": 0.02}}])  # fmt: skip
+        x = torch.randn(64, 256)
+        kernellab.argmax(x)
+        kernellab.argmax(x.clone().requires_grad_())
+        assert calls == [False, True]
+        picks = [v for k, v in registry._CHOSEN.items() if k[0] == "argmax"]
+        assert len(picks) == 1 and isinstance(picks[0], registry._Trusted) and picks[0].impl.backend == "spy"
+    finally:
+        registry.unregister("argmax", "spy")
+
+
 def test_a_call_needing_any_gradient_takes_the_forward_backward_row(tables):
     """The first argument alone does not say whether a backward follows: a network's first
     layer takes inputs without gradients and weights with them."""

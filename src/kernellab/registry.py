@@ -358,7 +358,10 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
         pick = pick.impl
     elif pick is None:
         fwd = get(op, tuning.choose(op, args, dev, "fwd", kwargs)[0])
-        both = get(op, tuning.choose(op, args, dev, "fwdbwd", kwargs)[0])
+        # an op timed forward only (argmax: no gradient) has no forward+backward rows: its
+        # forward choice serves a call with gradients on too (not the heuristic's)
+        modes = getattr(fwd._spec, "modes", ("fwdbwd",))
+        both = get(op, tuning.choose(op, args, dev, "fwdbwd", kwargs)[0]) if "fwdbwd" in modes else fwd
         pick = fwd if fwd is both else (fwd, both)
         if ck is not None:
             if len(_CHOSEN) >= _CHOSEN_MAX:
