@@ -252,7 +252,7 @@ _DEFAULTS: dict[tuple[str, str], str] = {}
 # the options tables tell apart) -> the Impl for both a forward-only call and a call with a
 # backward, or (forward Impl, forward+backward Impl) where the two differ. After the first
 # call at a shape the default costs one tuple and one dict lookup (and, only where the two
-# modes chose differently, the grad test).
+# modes chose differently, the grad test); a _Trusted entry (below) also skips validation.
 _CHOSEN: dict[tuple, Impl | tuple[Impl, Impl] | _Trusted] = {}
 _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses, never grows without bound
 
