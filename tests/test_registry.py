@@ -392,43 +392,84 @@ def test_a_key_that_decides_validation_is_validated_once_then_trusted(monkeypatc
     assert len(seen) == validated
 
 
-def test_keyword_calls_and_ops_without_key_validation_validate_every_call(monkeypatch):
+def test_keyword_and_multi_tensor_calls_are_trusted_only_with_the_validated_facts(monkeypatch):
+    """Calls with keywords or several tensors are trusted only while every tensor's class,
+    dtype, shape, device and layout and every keyword value (with its class) equal the
+    validated call's; anything else is validated (and refused as before). cross_entropy,
+    whose validation reads target's values, validates every call."""
     x = torch.randn(5, 7)
     seen = _counting_validation(monkeypatch, "sum", registry.default_backend("sum", "cpu"))
-    for _ in range(2):
+    for _ in range(3):
         torch.testing.assert_close(kernellab.sum(x, dim=0), x.sum(0))
-    assert len(seen) == 2, "a call with keyword arguments is validated each time"
-    kernellab.sum(x)
-    kernellab.sum(x)
-    assert len(seen) == 3
+    assert len(seen) == 1
+    for _ in range(2):
+        torch.testing.assert_close(kernellab.sum(x, dim=1), x.sum(1))
+    assert len(seen) == 3, "another keyword value: validated"
     with pytest.raises(ValueError, match="dim"):
-        kernellab.sum(x, dim=5)  # after the trusted key: still refused by the validation
-    assert not kernellab.get_spec("layer_norm").key_validates
+        kernellab.sum(x, dim=5)
+
     w, b = torch.randn(7), torch.randn(7)
     seen = _counting_validation(monkeypatch, "layer_norm", registry.default_backend("layer_norm", "cpu"))
     for _ in range(3):
-        kernellab.layer_norm(x, w, b)
-    assert len(seen) == 3
+        torch.testing.assert_close(kernellab.layer_norm(x, w, b), torch.nn.functional.layer_norm(x, (7,), w, b))
+    assert len(seen) == 1
+    w2 = torch.randn(7)  # another weight with the same facts: trusted
+    torch.testing.assert_close(kernellab.layer_norm(x, w2, b), torch.nn.functional.layer_norm(x, (7,), w2, b))
+    assert len(seen) == 1
     with pytest.raises(TypeError, match="weight has dtype torch.float64"):
         kernellab.layer_norm(x, w.double(), b)
+    with pytest.raises(TypeError, match="weight has layout torch.sparse_coo"):
+        kernellab.layer_norm(x, w.to_sparse(), b)
+    with pytest.raises(ValueError, match="eps"):
+        registry.call("layer_norm", None, x, w, b, eps=-1.0)
+
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    kernellab.attention(q, k, v, causal=True)
+    kernellab.attention(q, k, v, causal=True)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        registry.call("attention", None, q, k, v, causal=1)  # equal to True, not a bool
+
+    assert not kernellab.get_spec("cross_entropy").key_validates
+    logits, target = torch.randn(4, 10), torch.randint(0, 10, (4,))
+    seen = _counting_validation(monkeypatch, "cross_entropy", registry.default_backend("cross_entropy", "cpu"))
+    for _ in range(3):
+        kernellab.cross_entropy(logits, target)
+    assert len(seen) == 3
+    with pytest.raises(ValueError, match="target"):
+        kernellab.cross_entropy(logits, torch.full((4,), 10))
 
 
-@pytest.mark.parametrize("op", ["gelu", "relu", "softmax", "sum", "max", "argmax"])
+KEY_VALIDATED = ["gelu", "relu", "softmax", "sum", "max", "argmax", "layer_norm", "rms_norm", "attention",
+                 "matmul", "add"]
+
+
+def test_the_ops_declaring_key_validation_are_the_audited_ones():
+    from kernellab.ops.spec import SPECS, load_all
+
+    load_all()
+    assert sorted(n for n, sp in SPECS.items() if sp.key_validates) == sorted(KEY_VALIDATED)
+
+
+@pytest.mark.parametrize("op", KEY_VALIDATED)
 def test_ops_declaring_key_validation_refuse_their_bad_inputs_on_every_default_call(op):
-    """The bad-input cases of each ``key_validates`` op, each after a good call at the same
-    shape: twice, through the default, each refused with the op's own error."""
+    """The bad-input cases of each ``key_validates`` op, after good calls that made trusted
+    cache entries (at the op's bad-input shape, and at each bad input's first tensor where
+    it is a good one): twice each, through the default, each refused with its own error."""
     spec = kernellab.get_spec(op)
     assert spec.key_validates
     def fn(*args, **kwargs):  # the registry's level, where the bad cases are defined
         return registry.call(op, None, *args, **kwargs)
 
+    good = spec.make_inputs(spec.bad_shape, torch.float32, "cpu", 0)
+    fn(*good)
+    fn(*good)
     for bad in spec.bad_inputs():
         if bad.gpu_only or bad.needs_gpu:
             continue
         args, kwargs = bad.build("cpu", torch.float32)
-        good = args[0]
-        if isinstance(good, torch.Tensor) and good.dtype in spec.dtypes and good.numel():
-            fn(good)  # a trusted key where the bad input's key is the good one's
+        x = args[0]
+        if len(spec.arg_names) == 1 and isinstance(x, torch.Tensor) and x.dtype in spec.dtypes and x.numel():
+            fn(x)  # a trusted key where the bad input's key is the good one's
         for _ in range(2):
             with pytest.raises(bad.exc):
                 fn(*args, **kwargs)

@@ -258,21 +258,41 @@ _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses,
 
 
 class _Trusted:
-    """A choice-cache entry whose key decides the validation: the op's spec says
-    ``key_validates``, the call has one tensor and no keyword arguments, and a call at this
-    key has passed validation and run. Later calls check only the tensor's layout (not in
-    the key) and then run the backend's function directly: PyTorch's op chosen at a
-    launch-bound shape then costs less than naming ``backend="torch"`` (H100 host:
-    validation is 1.0-1.6 us of a 10-13 us call)."""
+    """A choice-cache entry whose call was validated once: the op's spec says
+    ``key_validates`` (its validation reads only each tensor argument's class, dtype, shape,
+    device and layout, and the keyword values), and a call at this key passed validation and
+    ran. ``sig`` is that call's ``_signature``, or None for a call of one tensor and no
+    keyword arguments, whose facts the key holds but for the layout. A later call whose
+    signature (or, for None, layout) is the same runs the backend's function directly;
+    any other is validated as usual. PyTorch's op chosen at a launch-bound shape then costs
+    less than naming ``backend="torch"`` (H100 host: validation is 1.0-1.6 us of a 10-13 us
+    one-tensor call, 2-3 us for norms, attention and matmul)."""
 
-    __slots__ = ("impl", "fn")
+    __slots__ = ("impl", "fn", "sig")
 
-    def __init__(self, impl: Impl):
+    def __init__(self, impl: Impl, sig):
         self.impl = impl
         self.fn = impl.fn
+        self.sig = sig
 
 
 _STRIDED = torch.strided
+_TENSOR = torch.Tensor
+
+
+def _tensor_facts(a):
+    """What a validation reads of one argument: a tensor's class, dtype, shape, device and
+    layout; any other value itself, with its class (``causal=1`` is not ``causal=True``)."""
+    if isinstance(a, _TENSOR):
+        return (a.__class__, a.dtype, a.shape, a.get_device() if a.is_cuda else a.device, a.layout)
+    return (a.__class__, a)
+
+
+def _signature(args, kwargs) -> list:
+    sig = [_tensor_facts(a) for a in args]
+    if kwargs:
+        sig.append([(k, _tensor_facts(v)) for k, v in kwargs.items()])
+    return sig
 
 
 _RECORD: list | None = None
@@ -327,12 +347,13 @@ def call(op: str, backend: str | None, *args, **kwargs):
         return _choose_and_call(op, args, kwargs, ck, dev)
     cls = pick.__class__
     if cls is _Trusted:
-        if x.layout is _STRIDED and len(args) == 1:
+        sig = pick.sig
+        if (x.layout is _STRIDED and len(args) == 1) if sig is None else _signature(args, kwargs) == sig:
             try:
-                return pick.fn(*args)
+                return pick.fn(*args, **kwargs)
             except ValueError as refusal:
                 return _fall_back(op, pick.impl, refusal, args, kwargs)
-        impl = pick.impl  # a sparse tensor at a trusted key: the validation says why not
+        impl = pick.impl  # not the validated call's facts: the validation decides
     else:
         impl = pick if cls is Impl else pick[_wants_grad(args)]
     validate = impl._validate
@@ -374,20 +395,15 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
                         "backend": name, "why": why})  # fmt: skip
         if ck is not None:
             _RECORDED.add((ck, wants))
-    if (
-        ck is None
-        or ck[-1] is not None
-        or len(args) != 1
-        or pick.__class__ is not Impl
-        or not getattr(impl._spec, "key_validates", False)
-    ):
+    if ck is None or pick.__class__ is not Impl or not getattr(impl._spec, "key_validates", False):
         return _run(op, impl, args, kwargs)
+    sig = None if len(args) == 1 and not kwargs else _signature(args, kwargs)
     try:
-        out = impl(*args)  # validated here: the key's later calls skip it
+        out = impl(*args, **kwargs)  # validated here: later calls with these facts skip it
     except ValueError as refusal:
         return _fall_back(op, impl, refusal, args, kwargs)
-    if args[0].layout is _STRIDED and _CHOSEN.get(ck) is pick:
-        _CHOSEN[ck] = _Trusted(impl)
+    if (sig is not None or args[0].layout is _STRIDED) and _CHOSEN.get(ck) is pick:
+        _CHOSEN[ck] = _Trusted(impl, sig)
     return out
 
 

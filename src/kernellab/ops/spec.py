@@ -282,10 +282,10 @@ class OpSpec:
     inputs: Callable | None = None
     # (args, kwargs, devices) -> None; raises TypeError/ValueError naming the argument.
     validator: Callable | None = None
-    # Whether validating a call of one tensor and no keyword arguments reads nothing but
-    # that tensor's type, dtype, device type, shape and layout (audited per op). The
-    # default's choice cache keys on those (the layout checked apart), so after a call at
-    # a key has passed validation the later calls there skip it (``registry.call``).
+    # Whether validation reads nothing but each tensor argument's class, dtype, shape,
+    # device and layout, and the keyword values (audited per op; not cross_entropy, which
+    # reads target's values). The default then validates a call once and runs later calls
+    # with the same facts directly (``registry._Trusted``).
     key_validates: bool = False
     option_sets: list = field(default_factory=list)  # extra keyword cases the check runs
     bench_options: list = field(default_factory=lambda: [{}])  # keyword cases the bench times

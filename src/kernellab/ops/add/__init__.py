@@ -27,6 +27,7 @@ def _bytes(shape, dtype, mode):
 SPEC = define(
     OpSpec(
         name="add",
+        key_validates=True,
         arg_names=("a", "b"),
         reference=add_reference,
         flops=lambda shape, mode: math.prod(shape),

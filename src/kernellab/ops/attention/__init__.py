@@ -564,6 +564,7 @@ _COMMON = dict(
 _V2 = dict(
     inputs=_inputs,
     validator=validate,
+    key_validates=True,
     # scale given, causal with S_q < S_k (aligned bottom-right), and both together; at
     # D = 64 the default scale is 0.125.
     option_sets=[

@@ -243,6 +243,7 @@ SPEC = define(
         extra_bad_inputs=_EXTRA_BAD,
         inputs=make_matmul_inputs,
         validator=validate_matmul,
+        key_validates=True,
         option_sets=[
             {"activation": "relu"},
             {"activation": "gelu"},

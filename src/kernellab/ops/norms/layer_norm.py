@@ -69,6 +69,7 @@ SPEC = define(
         doc=__doc__.strip().split("\n")[0],
         inputs=_kit.make_inputs_fn(with_bias=True),
         validator=_kit.make_validator("layer_norm", ("x", "weight", "bias")),
+        key_validates=True,
         option_sets=[{"eps": 1e-2}, {"bias": None}],
         extra_bad_inputs=[
             BadInput("weight of the wrong length", _bad_weight, "weight"),

@@ -60,6 +60,7 @@ SPEC = define(
         doc=__doc__.strip().split("\n")[0],
         inputs=_kit.make_inputs_fn(with_bias=False),
         validator=_kit.make_validator("rms_norm", ("x", "weight")),
+        key_validates=True,
         option_sets=[{"eps": 1e-2}],
         extra_bad_inputs=[
             BadInput("weight of the wrong shape", _bad_weight, "weight"),
