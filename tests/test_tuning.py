@@ -109,6 +109,9 @@ def test_the_best_is_the_least_effective_time_and_ties_go_by_device_time():
     assert tuning.pick_best({"a": 0.100, "b": 0.106, "c": 0.2}, {"a": 0.09, "b": 0.05, "c": 0.01}) == "a"
     # rows without device times: the effective time alone
     assert tuning.pick_best({"a": 0.100, "b": 0.101}, {}) == "a"
+    # device times within DEVICE_TIE (1%) are one speed: the effective time decides again
+    assert tuning.pick_best({"a": 0.0281, "b": 0.0290}, {"a": 0.0281, "b": 0.02794}) == "a"
+    assert tuning.pick_best({"a": 0.0281, "b": 0.0290}, {"a": 0.0281, "b": 0.0270}) == "b"
 
 
 def test_table_rows_keep_device_times_and_a_later_row_replaces_an_earlier():
