@@ -5,7 +5,7 @@
 #   log.txt        everything printed summary.txt  the short tables printed last
 # Usage: scripts/gpu_session.sh [quick|full] [STAGE ...]   (quick: smoke test)
 #   stages: env tests check check-ops fuzz bench rowwise norms ce reductions matmul attention attn-fp32 attention-models ring conv
-#   mnist brp brp_step host gpt
+#   mnist brp brp_step host dispatch gpt
 #   launch profile sanitize summary (default: env tests check bench launch sanitize summary, in
 #   that order; ROWWISE_OPS picks the row-wise ops of `rowwise`);
 #   split them over two device calls when one would pass the 10-minute limit.
@@ -208,6 +208,11 @@ if want host; then
 step "host cost per call (every op x backend, tiny and model shapes)"
 run python3 scripts/host_cost.py --out "$OUT"
 run python3 scripts/probe_launch.py --out "$OUT"
+fi
+
+if want dispatch; then
+step "the default's dispatch against PyTorch's op and the named backend (tiny shapes, paired)"
+run python3 scripts/probe_dispatch.py --out "$OUT/probe_dispatch.jsonl"
 fi
 
 if want gpt; then
