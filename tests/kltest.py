@@ -7,6 +7,10 @@ run where (DESIGN.md, "Style" point 6).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -219,3 +223,35 @@ def assert_per_channel_refusals(f, backend: str) -> None:
         f(x.double(), w.double(), b.double(), backend=backend)
     with pytest.raises(TypeError, match=r"\bx\b"):
         f(x.int(), w, b, backend=backend)
+
+
+_SM90_COMPILE = """
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+a = json.loads(sys.argv[1])
+mod, name = a["kernel"].rsplit(".", 1)
+fn = getattr(importlib.import_module(mod), name)
+fn = fn if isinstance(fn, JITFunction) else JITFunction(getattr(fn, "fn", fn))  # kernellab's lean jit
+sig = {n: a["signature"][n] for n in fn.arg_names}
+attrs = {(i,): [["tt.divisibility", 16]] for i in a["aligned_args"]}
+k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=a["constexprs"], attrs=attrs),
+                   target=GPUTarget("cuda", 90, 32), options=a["options"])
+print(json.dumps(k.asm[a["asm"]]))
+"""
+
+
+def compile_for_sm90(kernel: str, signature: dict, constexprs: dict, options: dict, aligned_args, asm: str) -> str:
+    """No GPU needed: compile the Triton kernel at dotted path ``kernel`` ahead of time for
+    sm_90 (in a subprocess with the interpreter off) and return its ``asm`` ("ptx", "ttgir",
+    ...). ``aligned_args``: indices of the pointer arguments declared 16-byte aligned, as
+    fresh allocations are at run time."""
+    spec = {"kernel": kernel, "signature": signature, "constexprs": constexprs, "options": options,
+            "aligned_args": list(aligned_args), "asm": asm}  # fmt: skip
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", _SM90_COMPILE, json.dumps(spec)], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-800:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

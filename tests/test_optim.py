@@ -326,48 +326,24 @@ def test_gpu_adamw_triton_one_launch_and_capturable():
         assert torch.equal(a, b.detach())
 
 
-_ADAMW_AOT = """
-import json, sys
-import triton
-import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction
-from kernellab import optim
-fn = optim._adamw_kernel
-fn = fn if isinstance(fn, JITFunction) else JITFunction(getattr(fn, "fn", fn))
-dt, aligned = sys.argv[1], sys.argv[2] == "1"
-sig = {"base_ptr": "*" + dt, "off_ptr": "*i64", "steps_ptr": "*fp32", "param_ptr": "*i32", "numel_ptr": "*i64",
-       "chunk_t_ptr": "*i32", "chunk_s_ptr": "*i64", "n_tensors": "i32", "lr": "fp32", "beta1": "fp32",
-       "beta2": "fp32", "ln_beta1": "fp32", "ln_beta2": "fp32", "eps": "fp32", "weight_decay": "fp32",
-       "BLOCK": "constexpr", "VEC": "constexpr", "ALIGNED": "constexpr"}
-cx = {"BLOCK": optim.ADAMW_BLOCK, "VEC": 16 // (4 if dt == "fp32" else 2), "ALIGNED": aligned}
-attrs = {(i,): [["tt.divisibility", 16]] for i in range(7)}  # fresh allocations, as at run time
-k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
-                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-print(json.dumps(k.asm["ptx"]))
-"""
-
-
 @pytest.mark.parametrize("dt", ["bf16", "fp32"])
 def test_adamw_kernel_compiles_for_sm90_with_16_byte_accesses_where_aligned(dt):
     """No GPU needed: the one-launch AdamW kernel compiled ahead of time for sm_90. The
     table's offsets count from one base pointer so that the compiler can prove 16-byte
     alignment (offsets read as integer addresses lose it); with ALIGNED its whole-block
     path loads and stores 16 bytes at a time, without it nothing claims alignment."""
-    import json
-    import os
     import re
-    import subprocess
-    import sys
 
-    env = dict(os.environ, TRITON_INTERPRET="0")
+    from kltest import compile_for_sm90
+
+    sig = {"base_ptr": "*" + dt, "off_ptr": "*i64", "steps_ptr": "*fp32", "param_ptr": "*i32", "numel_ptr": "*i64",
+           "chunk_t_ptr": "*i32", "chunk_s_ptr": "*i64", "n_tensors": "i32", "lr": "fp32", "beta1": "fp32",
+           "beta2": "fp32", "ln_beta1": "fp32", "ln_beta2": "fp32", "eps": "fp32", "weight_decay": "fp32",
+           "BLOCK": "constexpr", "VEC": "constexpr", "ALIGNED": "constexpr"}  # fmt: skip
     counts = {}
     for aligned in ("1", "0"):
-        proc = subprocess.run([sys.executable, "-c", _ADAMW_AOT, dt, aligned], capture_output=True, text=True,
-                              env=env, timeout=300)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-800:]
-        ptx = json.loads(proc.stdout.strip().splitlines()[-1])
+        cx = {"BLOCK": optim.ADAMW_BLOCK, "VEC": 16 // (4 if dt == "fp32" else 2), "ALIGNED": aligned == "1"}
+        ptx = compile_for_sm90("kernellab.optim._adamw_kernel", sig, cx, {"num_warps": 4}, range(7), "ptx")
         counts[aligned] = (len(re.findall(r"ld\.global[.\w]*\.v4", ptx)), len(re.findall(r"st\.global[.\w]*\.v4", ptx)))
     assert counts["1"][0] >= 4 and counts["1"][1] >= 3, counts  # p, g, m, v in; p, m, v out
     assert counts["0"] == (0, 0), counts

@@ -38,6 +38,13 @@ def capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if has_cuda() else None
 
 
+@functools.cache
+def is_sm90(index: int) -> bool:
+    """Whether CUDA device ``index`` is Hopper (sm_90: wgmma, warp specialization): asked
+    once per device, not per call."""
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
 def arch() -> str | None:
     cap = capability()
     return f"sm_{cap[0]}{cap[1]}" if cap else None

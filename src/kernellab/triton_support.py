@@ -513,3 +513,35 @@ def _patch_interpreter_bf16() -> bool:
 
 if device.triton_interpreted():
     _patch_interpreter_bf16()
+
+
+def install_tma_allocator() -> None:
+    """Give Triton a torch-backed scratch allocator for device-side descriptors, unless the
+    caller already set one.
+
+    Triton keeps the allocator in a ``contextvars.ContextVar`` (3.5+; a plain module global
+    before): a value set in one thread is invisible in another, and autograd runs the
+    backward pass of CUDA tensors in its own worker thread. So this runs before every TMA
+    launch (one ContextVar lookup) instead of once per process: it installs ours only where
+    the current context still holds Triton's ``NullAllocator`` and never replaces an
+    allocator the user set. (A once-per-process install is what failed on the H100: the
+    forward launched, the backward in autograd's thread raised "no allocator was set".)
+    """
+    import triton
+
+    try:
+        from triton.runtime import _allocation
+
+        current = _allocation._allocator
+        current = current.get() if hasattr(current, "get") else current
+        unset = isinstance(current, _allocation.NullAllocator)
+    except (ImportError, AttributeError):  # a Triton whose internals moved: cannot tell
+        unset = True
+    if unset:
+        triton.set_allocator(torch_scratch_alloc)
+
+
+def torch_scratch_alloc(size: int, alignment: int, stream):
+    # torch's caching allocator returns 512-byte aligned blocks (TMA descriptors need 64 B);
+    # the stream is the current torch stream, where the launch happens.
+    return torch.empty(size, dtype=torch.int8, device="cuda")

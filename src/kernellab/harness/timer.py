@@ -313,9 +313,9 @@ def paired_loop_ms(fns: dict, calls: dict, rounds: int) -> tuple[dict, dict]:
     """Plain-loop time per call (ms) of several functions taking turns: each round runs
     every ``fns[name]`` once (``calls[name]`` back-to-back calls, one synchronize; every other
     round in reverse order), so a host whose speed drifts between minutes (the lent H100's
-    moved 2x) drifts under all of them alike, and ratios of the same round compare like with like. Returns (name ->
-    [ms per round], name -> the exception of a function that raised; it is left out of
-    later rounds)."""
+    moved 2x) drifts under all of them alike, and ratios of the same round compare like with
+    like. Returns (name -> [ms per round], name -> the exception of a function that raised;
+    it is left out of later rounds)."""
     times: dict = {name: [] for name in fns}
     errors: dict = {}
     order = list(fns.items())

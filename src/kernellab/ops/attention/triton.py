@@ -1043,19 +1043,7 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
 # faster, and its causal forms did not compile under Triton 3.6.
 WS_MIN_S = 1024
 _WS_TILE = dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2)
-_WS_DEVICES: dict = {}
-
-
-def _ws_device(dev: torch.device) -> bool:
-    ok = _WS_DEVICES.get(dev.index)
-    if ok is None:
-        ok = (
-            not _device.triton_interpreted()
-            and torch.cuda.get_device_capability(dev) == (9, 0)
-            and hasattr(tl, "make_tensor_descriptor")
-        )
-        _WS_DEVICES[dev.index] = ok
-    return ok
+_WS_TRITON = hasattr(tl, "make_tensor_descriptor") and not _device.triton_interpreted()
 
 
 def _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k) -> bool:
@@ -1084,24 +1072,14 @@ def _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k) -> 
         and q4.data_ptr() % 16 == 0
         and k4.data_ptr() % 16 == 0
         and v4.data_ptr() % 16 == 0
-        and _ws_device(q4.device)
+        and _WS_TRITON
+        and _device.is_sm90(q4.get_device())
         and os.environ.get("KERNELLAB_ATTN_WS", "1") != "0"
     )
 
 
-def _ws_allocate(size: int, alignment: int, stream):
-    """Scratch for device-side tensor descriptors (triton.set_allocator)."""
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-_WS_ALLOCATOR_SET = False
-
-
 def _launch_ws(q4, k4, v4, o4, lse, qk_scale, nh, s):
-    global _WS_ALLOCATOR_SET
-    if not _WS_ALLOCATOR_SET:
-        triton.set_allocator(_ws_allocate)
-        _WS_ALLOCATOR_SET = True
+    triton_support.install_tma_allocator()  # per call: Triton's allocator is per thread
     bh = q4.shape[0] * nh
     grid = (bh * (s // _WS_TILE["BLOCK_M"]),)
     _attn_fwd_ws[grid](

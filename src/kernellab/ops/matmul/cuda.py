@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from kernellab.cuda.runtime import Module, nvrtc_unavailable
+from kernellab.device import is_sm90
 from kernellab.ops.matmul import apply_epilogue
 from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.registry import register
@@ -225,7 +226,7 @@ def _make_fwd(variant: str):
 
 def _best_fwd(a, b, bias=None, activation=None):
     variant = BEST[a.dtype]
-    if a.dtype != torch.float32 and a.is_cuda and _is_sm90(_device_index(a)):
+    if a.dtype != torch.float32 and a.is_cuda and is_sm90(_device_index(a)):
         variant = "v10"  # Hopper: wgmma
     return _make_fwd(variant)(a, b, bias, activation)
 
@@ -244,13 +245,6 @@ def _available_sm90():
     if (major, minor) != (9, 0):
         return f"needs sm_90 (Hopper wgmma); this GPU is sm_{major}{minor}"
     return None
-
-
-@functools.cache
-def _is_sm90(dev: int) -> bool:
-    """Whether device ``dev`` runs v10's sm_90a cubin: asked once per device, not per call
-    of the `cuda` backend."""
-    return torch.cuda.get_device_capability(dev) == (9, 0)
 
 
 def _register(backend: str, fwd, dtypes, description: str, module=MODULE, available=_available) -> None:

@@ -31,6 +31,8 @@ from kernellab.ops.matmul.triton import (
     triton_matmul_fwd,
 )
 from kernellab.registry import register
+from kernellab.triton_support import install_tma_allocator as _install_allocator
+from kernellab.triton_support import torch_scratch_alloc as _torch_alloc  # noqa: F401 (tests)
 
 
 @triton_support.jit
@@ -131,36 +133,6 @@ _tma_tuned = triton.autotune(
     key=["M_KEY", "N_KEY", "K_KEY"],
     prune_configs_by={"early_config_prune": prune_tma_configs},
 )(_matmul_tma_kernel)
-
-
-def _install_allocator() -> None:
-    """Give Triton a torch-backed scratch allocator for device-side descriptors, unless the
-    caller already set one.
-
-    Triton keeps the allocator in a ``contextvars.ContextVar`` (3.5+; a plain module global
-    before): a value set in one thread is invisible in another, and autograd runs the
-    backward pass of CUDA tensors in its own worker thread. So this runs before every TMA
-    launch (one ContextVar lookup) instead of once per process: it installs ours only where
-    the current context still holds Triton's ``NullAllocator`` and never replaces an
-    allocator the user set. (A once-per-process install is what failed on the H100: the
-    forward launched, the backward in autograd's thread raised "no allocator was set".)
-    """
-    try:
-        from triton.runtime import _allocation
-
-        current = _allocation._allocator
-        current = current.get() if hasattr(current, "get") else current
-        unset = isinstance(current, _allocation.NullAllocator)
-    except (ImportError, AttributeError):  # a Triton whose internals moved: cannot tell
-        unset = True
-    if unset:
-        triton.set_allocator(_torch_alloc)
-
-
-def _torch_alloc(size: int, alignment: int, stream):
-    # torch's caching allocator returns 512-byte aligned blocks (TMA descriptors need 64 B);
-    # the stream is the current torch stream, where the launch happens.
-    return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
 def _fixed_tma_config(device_index: int) -> dict:
