@@ -2,7 +2,7 @@
 the CPU too). For each op at a tiny shape (device time negligible): us per call of the
 PyTorch op called directly, kernellab's public call naming the ``torch`` backend, and the
 default (``backend=None``), plus the pieces the registry runs on each call: the spec's
-validation and the default's choice-cache key. Paired rounds (``timer.paired_us``), so a
+validation, the default's choice-cache key and the trusted path's call signature. Paired rounds (``timer.paired_us``), so a
 drifting host moves every case alike.
 
     PYTHONPATH=src python scripts/probe_dispatch.py [--out FILE.jsonl] [--rounds 9]
@@ -86,6 +86,7 @@ def main(argv=None) -> int:
             "registry_default": lambda op=op, args=args, kw=kw: registry.call(op, None, *args, **kw),
             "validate_only": lambda v=validate, args=args, kw=kw, d=impl.devices: v(args, kw, d),
             "key_only": key,
+            "signature_only": lambda args=args, kw=kw: registry._signature(args, kw),
         }
         res = timer.paired_us(fns, lambda n: "pytorch", a.rounds)
         line = {"op": op, "dtype": a.dtype, **meta, "chosen": tuning.choose(op, args, dev, None, kw)[0]}

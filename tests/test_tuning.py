@@ -303,6 +303,60 @@ def test_an_op_timed_forward_only_serves_calls_with_gradients_by_its_forward_row
         registry.unregister("argmax", "spy")
 
 
+def test_a_key_whose_modes_chose_differently_is_trusted_with_both_backends(tables):
+    """Forward rows name one backend and forward+backward rows another: after the first
+    call at the key (both backends validated for its facts) each call runs the one its
+    mode wants without validation: gradients on and a tensor requiring grad -> the
+    forward+backward backend; no_grad or no such tensor -> the forward one. A call with
+    other facts is still validated and refused."""
+    calls = []
+
+    @registry.register("gelu", "spy", devices=("cpu",), description="records its calls")
+    def spy(x):
+        calls.append("spy")
+        return registry.get("gelu", "torch").fn(x)
+
+    torch_impl = registry.get("gelu", "torch")
+    validated = []
+    inner = torch_impl._validate or torch_impl._validator()
+
+    def counting(args, kwargs, devices):
+        validated.append(args[0].shape)
+        return inner(args, kwargs, devices)
+
+    try:
+        _write(tables, [{"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": [4096], "key": [4096],
+                         "best": "spy", "times": {"spy": 0.01, "torch": 0.02}},
+                        {"op": "gelu", "dtype": "fp32", "mode": "fwdbwd", "shape": [4096], "key": [4096],
+                         "best": "torch", "times": {"spy": 0.05, "torch": 0.02}}])  # fmt: skip
+        x = torch.randn(64, 64)
+        xg = x.clone().requires_grad_()
+        want = kernellab.gelu(x, backend="torch")
+        torch.testing.assert_close(kernellab.gelu(x), want)
+        pick = [v for k, v in registry._CHOSEN.items() if k[0] == "gelu"]
+        assert len(pick) == 1 and isinstance(pick[0], registry._Trusted)
+        assert (pick[0].impl.backend, pick[0].grad_impl.backend) == ("spy", "torch")
+        torch_impl._validate = counting
+        spy_impl = registry.get("gelu", "spy")
+        spy_impl._validate = counting
+        for _ in range(2):
+            torch.testing.assert_close(kernellab.gelu(x), want)
+            out = kernellab.gelu(xg)
+            assert out.requires_grad
+            out.sum().backward()
+            with torch.no_grad():
+                torch.testing.assert_close(kernellab.gelu(xg), want)
+        assert calls == ["spy", "spy", "spy", "spy", "spy"], "torch served the calls with gradients"
+        assert validated == [], "trusted: no validation at the key"
+        with pytest.raises(TypeError, match="x has layout torch.sparse_coo"):
+            kernellab.gelu(x.to_sparse())
+        with pytest.raises(TypeError, match="x has layout torch.sparse_coo"):
+            kernellab.gelu(xg.detach().to_sparse().requires_grad_())
+    finally:
+        torch_impl._validate = None
+        registry.unregister("gelu", "spy")
+
+
 def test_a_call_needing_any_gradient_takes_the_forward_backward_row(tables):
     """The first argument alone does not say whether a backward follows: a network's first
     layer takes inputs without gradients and weights with them."""

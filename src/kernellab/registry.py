@@ -266,32 +266,46 @@ class _Trusted:
     signature (or, for None, layout) is the same runs the backend's function directly;
     any other is validated as usual. PyTorch's op chosen at a launch-bound shape then costs
     less than naming ``backend="torch"`` (H100 host: validation is 1.0-1.6 us of a 10-13 us
-    one-tensor call, 2-3 us for norms, attention and matmul)."""
+    one-tensor call, 2-3 us for norms, attention and matmul). Where the key's forward and
+    forward+backward choices differ, ``grad_impl`` is the latter (both validated for the
+    facts; ``wants_grad`` picks per call), else None."""
 
-    __slots__ = ("impl", "fn", "sig")
+    __slots__ = ("impl", "fn", "grad_impl", "grad_fn", "sig")
 
-    def __init__(self, impl: Impl, sig):
+    def __init__(self, impl: Impl, sig, grad_impl: Impl | None = None):
         self.impl = impl
         self.fn = impl.fn
+        self.grad_impl = grad_impl
+        self.grad_fn = grad_impl.fn if grad_impl is not None else None
         self.sig = sig
+
+    def pick(self):
+        """The choice-cache entry it stands for: an Impl or (forward, forward+backward)."""
+        return self.impl if self.grad_impl is None else (self.impl, self.grad_impl)
 
 
 _STRIDED = torch.strided
 _TENSOR = torch.Tensor
 
 
-def _tensor_facts(a):
-    """What a validation reads of one argument: a tensor's class, dtype, shape, device and
-    layout; any other value itself, with its class (``causal=1`` is not ``causal=True``)."""
-    if isinstance(a, _TENSOR):
-        return (a.__class__, a.dtype, a.shape, a.get_device() if a.is_cuda else a.device, a.layout)
-    return (a.__class__, a)
-
-
 def _signature(args, kwargs) -> list:
-    sig = [_tensor_facts(a) for a in args]
+    """What a validation reads of a call, flat: per positional argument a tensor's class,
+    dtype, shape, device and layout, or any other value's class and the value (``causal=1``
+    is not ``causal=True``); per keyword its name, then the same. (Unambiguous: a
+    positional entry starts with a class, a keyword's with its name, and a class says
+    whether a tensor's five facts follow. Flat: ~25% cheaper than a tuple per argument.)"""
+    sig = []
+    for a in args:
+        if isinstance(a, _TENSOR):
+            sig += (a.__class__, a.dtype, a.shape, a.device, a.layout)
+        else:
+            sig += (a.__class__, a)
     if kwargs:
-        sig.append([(k, _tensor_facts(v)) for k, v in kwargs.items()])
+        for k, v in kwargs.items():
+            if isinstance(v, _TENSOR):
+                sig += (k, v.__class__, v.dtype, v.shape, v.device, v.layout)
+            else:
+                sig += (k, v.__class__, v)
     return sig
 
 
@@ -349,11 +363,18 @@ def call(op: str, backend: str | None, *args, **kwargs):
     if cls is _Trusted:
         sig = pick.sig
         if (x.layout is _STRIDED and len(args) == 1) if sig is None else _signature(args, kwargs) == sig:
+            if pick.grad_fn is None:
+                try:
+                    return pick.fn(*args, **kwargs)
+                except ValueError as refusal:
+                    return _fall_back(op, pick.impl, refusal, args, kwargs)
+            grad = _wants_grad(args)
             try:
-                return pick.fn(*args, **kwargs)
+                return pick.grad_fn(*args, **kwargs) if grad else pick.fn(*args, **kwargs)
             except ValueError as refusal:
-                return _fall_back(op, pick.impl, refusal, args, kwargs)
-        impl = pick.impl  # not the validated call's facts: the validation decides
+                return _fall_back(op, pick.grad_impl if grad else pick.impl, refusal, args, kwargs)
+        # not the validated call's facts: the validation decides
+        impl = pick.impl if pick.grad_impl is None or not _wants_grad(args) else pick.grad_impl
     else:
         impl = pick if cls is Impl else pick[_wants_grad(args)]
     validate = impl._validate
@@ -376,7 +397,7 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
     wants = _wants_grad(args)
     pick = _CHOSEN.get(ck) if ck is not None else None
     if pick.__class__ is _Trusted:  # (recording: every call comes here)
-        pick = pick.impl
+        pick = pick.pick()
     elif pick is None:
         fwd = get(op, tuning.choose(op, args, dev, "fwd", kwargs)[0])
         # an op timed forward only (argmax: no gradient) has no forward+backward rows: its
@@ -395,7 +416,7 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
                         "backend": name, "why": why})  # fmt: skip
         if ck is not None:
             _RECORDED.add((ck, wants))
-    if ck is None or pick.__class__ is not Impl or not getattr(impl._spec, "key_validates", False):
+    if ck is None or not getattr(impl._spec, "key_validates", False):
         return _run(op, impl, args, kwargs)
     sig = None if len(args) == 1 and not kwargs else _signature(args, kwargs)
     try:
@@ -403,8 +424,23 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
     except ValueError as refusal:
         return _fall_back(op, impl, refusal, args, kwargs)
     if (sig is not None or args[0].layout is _STRIDED) and _CHOSEN.get(ck) is pick:
-        _CHOSEN[ck] = _Trusted(impl, sig)
+        if pick.__class__ is Impl:
+            _CHOSEN[ck] = _Trusted(impl, sig)
+        elif _validates(pick[not wants], args, kwargs):  # the other mode's backend, same facts
+            _CHOSEN[ck] = _Trusted(pick[0], sig, pick[1])
     return out
+
+
+def _validates(impl: Impl, args, kwargs) -> bool:
+    """Whether ``impl``'s validation accepts the call (without running it)."""
+    validate = impl._validate
+    if validate is None:
+        validate = impl._validate = impl._validator()
+    try:
+        validate(args, kwargs, impl.devices)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _run(op: str, impl: Impl, args, kwargs):
