@@ -299,13 +299,13 @@ def _signature(args, kwargs) -> list:
         if isinstance(a, _TENSOR):
             sig += (a.__class__, a.dtype, a.shape, a.device, a.layout)
         else:
-            sig += (a.__class__, a)
+            sig += (a.__class__, tuple(a) if a.__class__ is list else a)
     if kwargs:
         for k, v in kwargs.items():
             if isinstance(v, _TENSOR):
                 sig += (k, v.__class__, v.dtype, v.shape, v.device, v.layout)
-            else:
-                sig += (k, v.__class__, v)
+            else:  # a list's items, not the list: the caller may change it between calls
+                sig += (k, v.__class__, tuple(v) if v.__class__ is list else v)
     return sig
 
 

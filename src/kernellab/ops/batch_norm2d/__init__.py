@@ -87,6 +87,7 @@ SPEC = define(
         doc=__doc__.strip().split("\n")[0],
         inputs=_kit.inputs,
         validator=_kit.validate,
+        key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
         option_sets=[{"eps": 1e-2}, {"relu": True}],
         fuzz=lambda rng, big: (fuzz_nchw(rng, big), None),
         extra_bad_inputs=CHANNEL_BAD_INPUTS + [

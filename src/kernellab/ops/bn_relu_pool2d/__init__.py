@@ -75,6 +75,7 @@ SPEC = define(
         doc=__doc__.strip().split("\n")[0],
         inputs=_bn_kit.inputs,
         validator=_kit.validate,
+        key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
         option_sets=[{"eps": 1e-2}],
         fuzz=lambda rng, big: (fuzz_nchw(rng, big, min_hw=2), None),
         extra_bad_inputs=CHANNEL_BAD_INPUTS + [

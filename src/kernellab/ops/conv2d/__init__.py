@@ -254,6 +254,7 @@ SPEC = define(
         metric="tflops",
         inputs=make_conv_inputs,
         validator=validate_conv2d,
+        key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
         fuzz=_fuzz,
         extra_bad_inputs=_EXTRA_BAD,
         default_backends=("torch",),

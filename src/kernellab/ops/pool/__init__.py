@@ -144,6 +144,7 @@ SPEC = define(
             None if (t := make_tensor(shape, dtype, device, gen, layout, scale)) is None else (t,)
         ),
         validator=validate_max_pool2d,
+        key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
         extra_bad_inputs=[
             BadInput("3-d x", lambda d, t: ((_x(d, t, (3, 6, 6)),), {}), "x"),
             BadInput("kernel_size 0", lambda d, t: ((_x(d, t),), {"kernel_size": 0}), "kernel_size"),
