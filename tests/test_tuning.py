@@ -357,6 +357,53 @@ def test_a_key_whose_modes_chose_differently_is_trusted_with_both_backends(table
         registry.unregister("gelu", "spy")
 
 
+def test_a_multi_tensor_key_whose_modes_chose_differently_runs_each_mode_s_backend(tables):
+    """The same through the one-pass lookup of calls of several tensors (layer_norm's x,
+    weight, bias): after the first call, calls with the validated facts run the backend of
+    their mode without validation; other facts (a float64 weight) are validated."""
+    calls = []
+
+    @registry.register("layer_norm", "spy", devices=("cpu",), description="records its calls")
+    def spy(x, w, b, eps=1e-5):
+        calls.append("spy")
+        return registry.get("layer_norm", "torch").fn(x, w, b, eps=eps)
+
+    torch_impl = registry.get("layer_norm", "torch")
+    validated = []
+    inner = torch_impl._validate or torch_impl._validator()
+
+    def counting(args, kwargs, devices):
+        validated.append(args[0].shape)
+        return inner(args, kwargs, devices)
+
+    try:
+        _write(tables, [{"op": "layer_norm", "dtype": "fp32", "mode": "fwd", "shape": [64, 32], "key": [64, 32],
+                         "best": "spy", "times": {"spy": 0.01, "torch": 0.02}},
+                        {"op": "layer_norm", "dtype": "fp32", "mode": "fwdbwd", "shape": [64, 32], "key": [64, 32],
+                         "best": "torch", "times": {"spy": 0.05, "torch": 0.02}}])  # fmt: skip
+        x, w, b = torch.randn(64, 32), torch.randn(32), torch.randn(32)
+        wg = w.clone().requires_grad_()
+        want = torch.nn.functional.layer_norm(x, (32,), w, b)
+        torch.testing.assert_close(kernellab.layer_norm(x, w, b), want)
+        assert calls == ["spy"]
+        torch_impl._validate = counting
+        spy_impl = registry.get("layer_norm", "spy")
+        spy_impl._validate = counting
+        for _ in range(2):
+            torch.testing.assert_close(kernellab.layer_norm(x, w, b), want)
+            out = kernellab.layer_norm(x, wg, b)
+            assert out.requires_grad
+            out.sum().backward()
+        assert calls == ["spy", "spy", "spy"], "torch served the calls with gradients"
+        assert validated == [], "trusted: no validation for the validated facts"
+        with pytest.raises(TypeError, match="weight has dtype torch.float64"):
+            kernellab.layer_norm(x, w.double(), b)
+        assert len(validated) == 1
+    finally:
+        torch_impl._validate = None
+        registry.unregister("layer_norm", "spy")
+
+
 def test_a_call_needing_any_gradient_takes_the_forward_backward_row(tables):
     """The first argument alone does not say whether a backward follows: a network's first
     layer takes inputs without gradients and weights with them."""

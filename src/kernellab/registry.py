@@ -131,6 +131,8 @@ def add_impl(impl: Impl, *, replace: bool = False) -> Impl:
     if impl.op not in SPECS:
         raise ValueError(f"unknown op {impl.op!r}; define its OpSpec first")
     impl._spec = SPECS[impl.op]
+    if getattr(impl._spec, "key_validates", False):
+        _SIG_OPS.add(impl.op)
     key = (impl.op, impl.backend)
     if key in _TABLE and not replace:
         raise ValueError(f"{impl.op}/{impl.backend} is already registered; pass replace=True to override it")
@@ -254,6 +256,9 @@ _DEFAULTS: dict[tuple[str, str], str] = {}
 # call at a shape the default costs one tuple and one dict lookup (and, only where the two
 # modes chose differently, the grad test); a _Trusted entry (below) also skips validation.
 _CHOSEN: dict[tuple, Impl | tuple[Impl, Impl] | _Trusted] = {}
+# ops whose spec says key_validates: for their calls of several tensors or with keywords
+# _CHOSEN also holds (op, *signature) -> _Trusted (distinct from the 5-tuple choice keys)
+_SIG_OPS: set[str] = set()
 _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses, never grows without bound
 
 
@@ -347,16 +352,29 @@ def call(op: str, backend: str | None, *args, **kwargs):
             return impl(*args, **kwargs)
         validate(args, kwargs, impl.devices)  # Impl.__call__ inlined (one frame fewer)
         return impl.fn(*args, **kwargs)
+    trusted = None
     try:
         x = args[0]
-        dev = "cuda" if x.is_cuda else x.device.type  # (device.type costs ~0.5 us a read on a CPU host)
         if _is_compiling():  # traced: the cached per-device default, no table I/O
+            dev = "cuda" if x.is_cuda else x.device.type
             return get(op, _DEFAULTS.get((op, dev)) or default_backend(op, dev))(*args, **kwargs)
-        ck = (op, dev, x.dtype, x.shape if op not in _KEY_ARGS else (x.shape, args[1].shape),
-              _option_values(op, kwargs) if kwargs else None)  # fmt: skip
-        pick = _CHOSEN.get(ck)
+        if _RECORD is None and (kwargs or len(args) > 1) and op in _SIG_OPS:
+            # a call of several tensors or with keywords: its signature is its own key
+            # (one pass over the arguments, where the choice key and a comparison took two)
+            trusted = _CHOSEN.get((op, *_signature(args, kwargs)))
+        if trusted is None:
+            dev = "cuda" if x.is_cuda else x.device.type  # (device.type costs ~0.5 us a read on a CPU host)
+            ck = (op, dev, x.dtype, x.shape if op not in _KEY_ARGS else (x.shape, args[1].shape),
+                  _option_values(op, kwargs) if kwargs else None)  # fmt: skip
+            pick = _CHOSEN.get(ck)
     except (AttributeError, IndexError, TypeError):  # not tensors, or an unhashable option:
         return _choose_and_call(op, args, kwargs, None, None)  # the op's own validation says why
+    if trusted is not None:
+        grad = trusted.grad_fn is not None and _wants_grad(args)
+        try:
+            return trusted.grad_fn(*args, **kwargs) if grad else trusted.fn(*args, **kwargs)
+        except ValueError as refusal:
+            return _fall_back(op, trusted.grad_impl if grad else trusted.impl, refusal, args, kwargs)
     if pick is None or _RECORD is not None:
         return _choose_and_call(op, args, kwargs, ck, dev)
     cls = pick.__class__
@@ -425,9 +443,16 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
         return _fall_back(op, impl, refusal, args, kwargs)
     if (sig is not None or args[0].layout is _STRIDED) and _CHOSEN.get(ck) is pick:
         if pick.__class__ is Impl:
-            _CHOSEN[ck] = _Trusted(impl, sig)
+            trusted = _CHOSEN[ck] = _Trusted(impl, sig)
         elif _validates(pick[not wants], args, kwargs):  # the other mode's backend, same facts
-            _CHOSEN[ck] = _Trusted(pick[0], sig, pick[1])
+            trusted = _CHOSEN[ck] = _Trusted(pick[0], sig, pick[1])
+        else:
+            return out
+        if sig is not None:  # ``call``'s one-pass lookup of these facts
+            try:
+                _CHOSEN[(op, *sig)] = trusted
+            except TypeError:  # an unhashable keyword value: the choice key's path only
+                pass
     return out
 
 
