@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import traceback
 from typing import NamedTuple
 
@@ -155,6 +156,8 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     meta = {"gpu": torch.cuda.get_device_name(), "git_sha": git_sha(), **versions()}
     rows = []
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)  # (a missing DIR cost a device call its rows once)
     out = open(f"{args.out}/gpt_step.jsonl", "a") if args.out else None
     for bt in args.bt:
         b, t = map(int, bt.split("x"))
