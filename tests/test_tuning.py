@@ -303,7 +303,31 @@ def test_an_op_timed_forward_only_serves_calls_with_gradients_by_its_forward_row
         registry.unregister("argmax", "spy")
 
 
-def test_a_key_whose_modes_chose_differently_is_trusted_with_both_backends(tables):
+def _spy_forward_torch_backward(tables, op, shape):
+    """A table whose forward row names the ``spy`` backend and whose forward+backward row
+    names PyTorch's op, at ``shape``."""
+    _write(tables, [{"op": op, "dtype": "fp32", "mode": mode, "shape": list(shape), "key": list(shape),
+                     "best": best, "times": {"spy": t, "torch": 0.02}}
+                    for mode, best, t in (("fwd", "spy", 0.01), ("fwdbwd", "torch", 0.05))])  # fmt: skip
+
+
+def _count_validations(monkeypatch, op, backends) -> list:
+    """From here on, each validation of these backends of ``op`` appends the call's first
+    argument's shape to the returned list (without forgetting the cached choices)."""
+    seen = []
+    for backend in backends:
+        impl = registry.get(op, backend)
+        inner = impl._validate or impl._validator()
+
+        def counting(args, kwargs, devices, inner=inner):
+            seen.append(args[0].shape)
+            return inner(args, kwargs, devices)
+
+        monkeypatch.setattr(impl, "_validate", counting)
+    return seen
+
+
+def test_a_key_whose_modes_chose_differently_is_trusted_with_both_backends(tables, monkeypatch):
     """Forward rows name one backend and forward+backward rows another: after the first
     call at the key (both backends validated for its facts) each call runs the one its
     mode wants without validation: gradients on and a tensor requiring grad -> the
@@ -316,19 +340,8 @@ def test_a_key_whose_modes_chose_differently_is_trusted_with_both_backends(table
         calls.append("spy")
         return registry.get("gelu", "torch").fn(x)
 
-    torch_impl = registry.get("gelu", "torch")
-    validated = []
-    inner = torch_impl._validate or torch_impl._validator()
-
-    def counting(args, kwargs, devices):
-        validated.append(args[0].shape)
-        return inner(args, kwargs, devices)
-
     try:
-        _write(tables, [{"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": [4096], "key": [4096],
-                         "best": "spy", "times": {"spy": 0.01, "torch": 0.02}},
-                        {"op": "gelu", "dtype": "fp32", "mode": "fwdbwd", "shape": [4096], "key": [4096],
-                         "best": "torch", "times": {"spy": 0.05, "torch": 0.02}}])  # fmt: skip
+        _spy_forward_torch_backward(tables, "gelu", (4096,))
         x = torch.randn(64, 64)
         xg = x.clone().requires_grad_()
         want = kernellab.gelu(x, backend="torch")
@@ -336,9 +349,7 @@ def test_a_key_whose_modes_chose_differently_is_trusted_with_both_backends(table
         pick = [v for k, v in registry._CHOSEN.items() if k[0] == "gelu"]
         assert len(pick) == 1 and isinstance(pick[0], registry._Trusted)
         assert (pick[0].impl.backend, pick[0].grad_impl.backend) == ("spy", "torch")
-        torch_impl._validate = counting
-        spy_impl = registry.get("gelu", "spy")
-        spy_impl._validate = counting
+        validated = _count_validations(monkeypatch, "gelu", ("torch", "spy"))
         for _ in range(2):
             torch.testing.assert_close(kernellab.gelu(x), want)
             out = kernellab.gelu(xg)
@@ -353,11 +364,10 @@ def test_a_key_whose_modes_chose_differently_is_trusted_with_both_backends(table
         with pytest.raises(TypeError, match="x has layout torch.sparse_coo"):
             kernellab.gelu(xg.detach().to_sparse().requires_grad_())
     finally:
-        torch_impl._validate = None
         registry.unregister("gelu", "spy")
 
 
-def test_a_multi_tensor_key_whose_modes_chose_differently_runs_each_mode_s_backend(tables):
+def test_a_multi_tensor_key_whose_modes_chose_differently_runs_each_mode_s_backend(tables, monkeypatch):
     """The same through the one-pass lookup of calls of several tensors (layer_norm's x,
     weight, bias): after the first call, calls with the validated facts run the backend of
     their mode without validation; other facts (a float64 weight) are validated."""
@@ -368,27 +378,14 @@ def test_a_multi_tensor_key_whose_modes_chose_differently_runs_each_mode_s_backe
         calls.append("spy")
         return registry.get("layer_norm", "torch").fn(x, w, b, eps=eps)
 
-    torch_impl = registry.get("layer_norm", "torch")
-    validated = []
-    inner = torch_impl._validate or torch_impl._validator()
-
-    def counting(args, kwargs, devices):
-        validated.append(args[0].shape)
-        return inner(args, kwargs, devices)
-
     try:
-        _write(tables, [{"op": "layer_norm", "dtype": "fp32", "mode": "fwd", "shape": [64, 32], "key": [64, 32],
-                         "best": "spy", "times": {"spy": 0.01, "torch": 0.02}},
-                        {"op": "layer_norm", "dtype": "fp32", "mode": "fwdbwd", "shape": [64, 32], "key": [64, 32],
-                         "best": "torch", "times": {"spy": 0.05, "torch": 0.02}}])  # fmt: skip
+        _spy_forward_torch_backward(tables, "layer_norm", (64, 32))
         x, w, b = torch.randn(64, 32), torch.randn(32), torch.randn(32)
         wg = w.clone().requires_grad_()
         want = torch.nn.functional.layer_norm(x, (32,), w, b)
         torch.testing.assert_close(kernellab.layer_norm(x, w, b), want)
         assert calls == ["spy"]
-        torch_impl._validate = counting
-        spy_impl = registry.get("layer_norm", "spy")
-        spy_impl._validate = counting
+        validated = _count_validations(monkeypatch, "layer_norm", ("torch", "spy"))
         for _ in range(2):
             torch.testing.assert_close(kernellab.layer_norm(x, w, b), want)
             out = kernellab.layer_norm(x, wg, b)
@@ -400,7 +397,6 @@ def test_a_multi_tensor_key_whose_modes_chose_differently_runs_each_mode_s_backe
             kernellab.layer_norm(x, w.double(), b)
         assert len(validated) == 1
     finally:
-        torch_impl._validate = None
         registry.unregister("layer_norm", "spy")
 
 

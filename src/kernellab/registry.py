@@ -257,7 +257,7 @@ _DEFAULTS: dict[tuple[str, str], str] = {}
 # modes chose differently, the grad test); a _Trusted entry (below) also skips validation.
 _CHOSEN: dict[tuple, Impl | tuple[Impl, Impl] | _Trusted] = {}
 # ops whose spec says key_validates: for their calls of several tensors or with keywords
-# _CHOSEN also holds (op, *signature) -> _Trusted (distinct from the 5-tuple choice keys)
+# _CHOSEN also holds (op, *_signature(...)) -> _Trusted (never a 5-tuple like a choice key)
 _SIG_OPS: set[str] = set()
 _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses, never grows without bound
 
@@ -265,24 +265,24 @@ _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses,
 class _Trusted:
     """A choice-cache entry whose call was validated once: the op's spec says
     ``key_validates`` (its validation reads only each tensor argument's class, dtype, shape,
-    device and layout, and the keyword values), and a call at this key passed validation and
-    ran. ``sig`` is that call's ``_signature``, or None for a call of one tensor and no
-    keyword arguments, whose facts the key holds but for the layout. A later call whose
-    signature (or, for None, layout) is the same runs the backend's function directly;
-    any other is validated as usual. PyTorch's op chosen at a launch-bound shape then costs
+    device and layout, and the keyword values), and a call with these facts passed
+    validation and ran. For a call of one tensor and no keyword arguments it replaces the
+    choice key's entry (the key holds the facts but for the layout, checked per call); for
+    any other call it is stored under ``(op, *_signature(...))``, so only a call with the
+    same facts finds it. Either way the backend's function then runs directly; any other
+    call is validated as usual. PyTorch's op chosen at a launch-bound shape then costs
     less than naming ``backend="torch"`` (H100 host: validation is 1.0-1.6 us of a 10-13 us
     one-tensor call, 2-3 us for norms, attention and matmul). Where the key's forward and
     forward+backward choices differ, ``grad_impl`` is the latter (both validated for the
     facts; ``wants_grad`` picks per call), else None."""
 
-    __slots__ = ("impl", "fn", "grad_impl", "grad_fn", "sig")
+    __slots__ = ("impl", "fn", "grad_impl", "grad_fn")
 
-    def __init__(self, impl: Impl, sig, grad_impl: Impl | None = None):
+    def __init__(self, impl: Impl, grad_impl: Impl | None = None):
         self.impl = impl
         self.fn = impl.fn
         self.grad_impl = grad_impl
         self.grad_fn = grad_impl.fn if grad_impl is not None else None
-        self.sig = sig
 
     def pick(self):
         """The choice-cache entry it stands for: an Impl or (forward, forward+backward)."""
@@ -359,14 +359,18 @@ def call(op: str, backend: str | None, *args, **kwargs):
             dev = "cuda" if x.is_cuda else x.device.type
             return get(op, _DEFAULTS.get((op, dev)) or default_backend(op, dev))(*args, **kwargs)
         if _RECORD is None and (kwargs or len(args) > 1) and op in _SIG_OPS:
-            # a call of several tensors or with keywords: its signature is its own key
-            # (one pass over the arguments, where the choice key and a comparison took two)
-            trusted = _CHOSEN.get((op, *_signature(args, kwargs)))
+            # a call of several tensors or with keywords: its facts are its own key
+            try:
+                trusted = _CHOSEN.get((op, *_signature(args, kwargs)))
+            except TypeError:  # an unhashable keyword value: the choice key's path
+                pass
         if trusted is None:
             dev = "cuda" if x.is_cuda else x.device.type  # (device.type costs ~0.5 us a read on a CPU host)
             ck = (op, dev, x.dtype, x.shape if op not in _KEY_ARGS else (x.shape, args[1].shape),
                   _option_values(op, kwargs) if kwargs else None)  # fmt: skip
             pick = _CHOSEN.get(ck)
+            if pick.__class__ is _Trusted and x.layout is _STRIDED and len(args) == 1 and _RECORD is None:
+                trusted = pick  # one tensor, no keywords: the key holds its facts but the layout
     except (AttributeError, IndexError, TypeError):  # not tensors, or an unhashable option:
         return _choose_and_call(op, args, kwargs, None, None)  # the op's own validation says why
     if trusted is not None:
@@ -378,20 +382,7 @@ def call(op: str, backend: str | None, *args, **kwargs):
     if pick is None or _RECORD is not None:
         return _choose_and_call(op, args, kwargs, ck, dev)
     cls = pick.__class__
-    if cls is _Trusted:
-        sig = pick.sig
-        if (x.layout is _STRIDED and len(args) == 1) if sig is None else _signature(args, kwargs) == sig:
-            if pick.grad_fn is None:
-                try:
-                    return pick.fn(*args, **kwargs)
-                except ValueError as refusal:
-                    return _fall_back(op, pick.impl, refusal, args, kwargs)
-            grad = _wants_grad(args)
-            try:
-                return pick.grad_fn(*args, **kwargs) if grad else pick.fn(*args, **kwargs)
-            except ValueError as refusal:
-                return _fall_back(op, pick.grad_impl if grad else pick.impl, refusal, args, kwargs)
-        # not the validated call's facts: the validation decides
+    if cls is _Trusted:  # not the validated call's facts (a sparse tensor, more arguments)
         impl = pick.impl if pick.grad_impl is None or not _wants_grad(args) else pick.grad_impl
     else:
         impl = pick if cls is Impl else pick[_wants_grad(args)]
@@ -443,15 +434,17 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
         return _fall_back(op, impl, refusal, args, kwargs)
     if (sig is not None or args[0].layout is _STRIDED) and _CHOSEN.get(ck) is pick:
         if pick.__class__ is Impl:
-            trusted = _CHOSEN[ck] = _Trusted(impl, sig)
+            trusted = _Trusted(impl)
         elif _validates(pick[not wants], args, kwargs):  # the other mode's backend, same facts
-            trusted = _CHOSEN[ck] = _Trusted(pick[0], sig, pick[1])
+            trusted = _Trusted(pick[0], pick[1])
         else:
             return out
-        if sig is not None:  # ``call``'s one-pass lookup of these facts
+        if sig is None:
+            _CHOSEN[ck] = trusted
+        else:
             try:
                 _CHOSEN[(op, *sig)] = trusted
-            except TypeError:  # an unhashable keyword value: the choice key's path only
+            except TypeError:  # an unhashable keyword value: validated on every call
                 pass
     return out
 
