@@ -31,6 +31,7 @@ def cases(dev: str, dt) -> dict:
     a, m = r(64, 64), r(64, 64)
     y = r(2, 8192)
     wy = r(8192)
+    xi, wc, bc = r(8, 16, 14, 14), r(32, 16, 3, 3), r(32)
     return {
         "softmax": ((x,), {}, lambda: torch.softmax(x, -1), lambda be: kernellab.softmax(x, backend=be)),
         "gelu": ((v,), {}, lambda: F.gelu(v), lambda be: kernellab.gelu(v, backend=be)),
@@ -44,6 +45,10 @@ def cases(dev: str, dt) -> dict:
                       lambda: F.scaled_dot_product_attention(q, k, vv, is_causal=True),
                       lambda be: kernellab.attention(q, k, vv, causal=True, backend=be)),  # fmt: skip
         "matmul": ((a, m), {}, lambda: a @ m, lambda be: kernellab.matmul(a, m, backend=be)),
+        "conv2d": ((xi, wc, bc), {"padding": 1}, lambda: F.conv2d(xi, wc, bc, padding=1),
+                   lambda be: kernellab.conv2d(xi, wc, bc, padding=1, backend=be)),  # fmt: skip
+        "max_pool2d": ((xi,), {"kernel_size": 2}, lambda: F.max_pool2d(xi, 2),
+                       lambda be: kernellab.max_pool2d(xi, 2, backend=be)),  # fmt: skip
     }
 
 
