@@ -486,6 +486,35 @@ def test_a_shape_no_row_is_near_takes_the_tables_majority_not_the_fixed_preferen
     assert tuning.choose_key("gelu", far, torch.float32, "cpu", "fwdbwd")[1].startswith("heuristic")  # no rows
 
 
+def test_a_16_bit_dtype_without_rows_takes_its_siblings_rows(tables):
+    """An op the table holds in fp32 only (the MNIST ops) serves bf16 calls from the fp32
+    rows, fp16 calls read the bf16 rows before the fp32 ones, and an fp32 call borrows no
+    16-bit row; the reason names the rows used. Rows of the call's own dtype win."""
+
+    def row(dt, n, best):
+        return {"op": "gelu", "dtype": dt, "mode": "fwd", "shape": [n], "key": [n], "best": best,
+                "times": {"manual": 0.02 if best == "torch" else 0.01, "torch": 0.01 if best == "torch" else 0.02}}
+
+    fixed = tuning._heuristic("gelu", "cpu")
+    other = "torch" if fixed == "manual" else "manual"
+    _write(tables, [row("fp32", 1 << 20, other)])
+    backend, why = tuning.choose_key("gelu", (1 << 20,), torch.bfloat16, "cpu", "fwd")
+    assert backend == other and "no gelu bf16 fwd rows: its fp32 rows" in why
+    assert tuning.choose_key("gelu", (1 << 20,), torch.float16, "cpu", "fwd")[0] == other
+    assert tuning.choose_key("gelu", (1 << 20,), torch.bfloat16, "cpu", "fwdbwd")[1].startswith("heuristic")
+    _write(tables, [row("fp32", 1 << 20, other), row("bf16", 1 << 20, fixed)])
+    backend, why = tuning.choose_key("gelu", (1 << 20,), torch.float16, "cpu", "fwd")
+    assert backend == fixed and "its bf16 rows" in why
+    backend, why = tuning.choose_key("gelu", (1 << 20,), torch.bfloat16, "cpu", "fwd")
+    assert backend == fixed and "rows)" not in why
+    _write(tables, [row("bf16", 1 << 20, other)])
+    assert tuning.choose_key("gelu", (1 << 20,), torch.float32, "cpu", "fwd")[1].startswith("heuristic")
+    # far from the borrowed rows: their majority, still said to be borrowed
+    _write(tables, [row("fp32", 1 << k, other) for k in (20, 22, 24)])
+    backend, why = tuning.choose_key("gelu", (8,), torch.bfloat16, "cpu", "fwd")
+    assert backend == other and "3 of its 3 gelu fp32 fwd rows" in why and "its fp32 rows" in why
+
+
 def test_no_table_for_a_gpu_is_a_one_line_notice_then_heuristics(tables):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

@@ -416,7 +416,7 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
     table = load_table(gpu)
     out = None
     if table is not None and key is not None and dtype is not None:
-        dn = dtype_name(dtype)
+        dn, src = _row_dtype(table, op, dtype_name(dtype), mode, options)
         best = None
         for row in _rows(table, op, dn, mode, options):
             dist = _distance(tuple(row["key"]), key)
@@ -436,6 +436,7 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
                     pick,
                     f"table {os.path.basename(table_path(gpu))}: nearest row {row['shape']}"
                     + (f" {options}" if options else "")
+                    + src
                     + " "
                     f"(distance {best[0]:.2f}): {pick} was fastest there "
                     f"({times[pick]:.4g} ms by {metric}; "
@@ -444,12 +445,32 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
                 )
         if out is None and by == "call" and among is None:
             out = _table_vote(table, gpu, op, dn, mode, options, dev)
+            if out is not None and src:
+                out = (out[0], out[1] + src)
     if out is None:
         b = _heuristic(op, dev)
         why = "no tuning table for this device" if table is None else "no table row near this shape"
         out = (b, f"heuristic ({why}): first available of the op's preferred backends")
     _CHOICES[ck] = out
     return out
+
+
+# Where the table has no row of a 16-bit call's dtype for the op and mode, the rows of these
+# dtypes speak for it, in this order: the same kernels run with the same bytes moved (fp16 and
+# bf16), or the same shapes with twice the bytes (fp32: the MNIST ops were tuned in fp32 only).
+# Without them the op's fixed preference list chose: bf16 max_pool2d 8x16x14x14 went to CUDA,
+# 34 us a call in a plain loop against torch's 21 (H100, 71dc08e), where the fp32 rows near it
+# had all named torch. fp32 calls borrow no 16-bit rows: their kernels differ (TF32, fp32 dots).
+SIBLING_DTYPES = {"fp16": ("bf16", "fp32"), "bf16": ("fp16", "fp32")}
+
+
+def _row_dtype(table, op, dn, mode, options) -> tuple[str, str]:
+    """(dtype whose rows serve a call of dtype ``dn``, a note for the reason when it is not
+    ``dn`` itself); ``dn`` when no dtype has rows."""
+    for alt in (dn, *SIBLING_DTYPES.get(dn, ())):
+        if next(_rows(table, op, alt, mode, options), None) is not None:
+            return alt, "" if alt == dn else f" (the table has no {op} {dn} {mode} rows: its {alt} rows)"
+    return dn, ""
 
 
 def _rows(table, op, dn, mode, options):

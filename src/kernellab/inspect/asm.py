@@ -273,12 +273,14 @@ def compile_triton_kernels(op: str, backend: str, dtype_name: str, arch: str, ou
     errors = []
     for kernel, signature, constexprs, num_warps in impl.triton_kernels(_TRITON_TYPES[dtype_name]):
         fn = _jit(kernel)
+        # in the kernel's parameter order: older Triton (3.6) keys constexprs by that index
+        signature = {n: signature[n] for n in fn.arg_names if n in signature}
         names = list(signature)
         # The specialization Triton makes at run time for our launches: every pointer is
         # 16-byte aligned (the allocator) and so are the sizes at benchmark shapes. Without
         # it the compiled code has no 16-byte accesses - not what runs.
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] != "constexpr"}
-        attempts = (constexprs, {(names.index(k),): v for k, v in constexprs.items()})
+        attempts = (constexprs, {(fn.arg_names.index(k),): v for k, v in constexprs.items()})
         compiled, err = None, None
         for cx in attempts:  # constexpr keys by name (Triton 3.9) or by index (older)
             try:
