@@ -339,3 +339,36 @@ def test_gpu_cuda_core_launch_path(monkeypatch):
     k(4, 256, x, y, -1.5, 1000)
     torch.cuda.synchronize()
     torch.testing.assert_close(y, -1.5 * x + 1.0, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_launch_from_a_thread_without_a_current_context():
+    """A thread that made no runtime call has no current context (autograd's device thread
+    when our kernel is the first of a backward: the conv2d CUDA dgrad failed with "invalid
+    device context"). The launch binds the device's primary context and runs, by either
+    entry point."""
+    import threading
+
+    k = Module(source=SCALE_SRC).kernel("scale_add", ("ptr", "ptr", "f32", "i64"))
+    x = torch.randn(1000, device="cuda")
+    ys = [torch.empty_like(x), torch.empty_like(x)]
+    dev = x.device.index
+    errors = []
+
+    def run():
+        try:
+            lib = runtime._libcuda()
+            assert lib.cuCtxSetCurrent(None) == 0  # this thread: no context, for certain
+            k(4, 256, x, ys[0], 2.0, 1000, device_index=dev)
+            assert lib.cuCtxSetCurrent(None) == 0
+            k.launch_1d(4, 256, [x.data_ptr(), ys[1].data_ptr(), 3.0, 1000], dev)
+        except Exception as e:  # noqa: BLE001 - reported in the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not errors, errors
+    torch.cuda.synchronize()
+    torch.testing.assert_close(ys[0], 2.0 * x + 1.0, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ys[1], 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)

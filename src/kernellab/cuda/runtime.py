@@ -231,7 +231,37 @@ def _libcuda():
     )
     lib.cuLaunchKernel.restype = ctypes.c_int
     lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
     return lib
+
+
+_INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT
+
+
+@functools.cache
+def _primary_context(device_index: int) -> int:
+    """The device's primary context (the one torch's runtime calls use), retained once."""
+    lib = _libcuda()
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    rc = lib.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(device_index))
+    if rc == 0:
+        rc = lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+    if rc != 0:
+        raise CudaError(f"no primary context for device {device_index}: {_error_string(rc)}")
+    return ctx.value
+
+
+def _bind_context(device_index: int) -> None:
+    """Make the device's primary context current on this thread. The runtime does that at a
+    thread's first runtime call; a thread that has made none has no current context and the
+    driver refuses our launches (autograd's device thread, when our kernel is the first of a
+    backward: the conv2d CUDA dgrad on the H100, 649d86d). No synchronization: safe inside
+    a graph capture."""
+    rc = _libcuda().cuCtxSetCurrent(ctypes.c_void_p(_primary_context(device_index)))
+    if rc != 0:
+        raise CudaError(f"cannot make device {device_index}'s context current: {_error_string(rc)}")
 
 
 def _error_string(code: int) -> str:
@@ -338,6 +368,9 @@ class Kernel:
             for slot, a in zip(self._slots, args):
                 slot.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
             rc = self._launch(self._handle, gx, gy, gz, bx, by, bz, shared, stream, self._params, None)
+            if rc == _INVALID_CONTEXT:  # this thread's first launch: bind the context, retry
+                _bind_context(device_index)
+                rc = self._launch(self._handle, gx, gy, gz, bx, by, bz, shared, stream, self._params, None)
         if rc != 0:
             raise CudaError(f"launch of {self.name} failed: {_error_string(rc)} ({rc})")
 
@@ -351,6 +384,9 @@ class Kernel:
             for slot, v in zip(self._slots, values):
                 slot.value = v
             rc = self._launch(self._handle, grid, 1, 1, block, 1, 1, 0, stream, self._params, None)
+            if rc == _INVALID_CONTEXT:
+                _bind_context(device_index)
+                rc = self._launch(self._handle, grid, 1, 1, block, 1, 1, 0, stream, self._params, None)
         if rc != 0:
             raise CudaError(f"launch of {self.name} failed: {_error_string(rc)} ({rc})")
 
