@@ -35,6 +35,9 @@ def main(argv=None) -> int:
     ap.add_argument("files", nargs="+")
     ap.add_argument("--out", default=None, help="table path (default: the package's table of the rows' GPU)")
     ap.add_argument("--verify", nargs="+", default=[], help="verify.jsonl files whose paired verdicts apply")
+    ap.add_argument("--rows-from-verify", nargs="+", default=[], metavar="VERIFY_JSONL",
+                    help="verify.jsonl files whose cases of an op, dtype and mode no tune row measured "
+                         "become rows of their own (the backends the verify timed: torch and the choice)")  # fmt: skip
     a = ap.parse_args(argv)
     rows = [json.loads(line) for f in a.files for line in open(f) if line.strip()]
     gpus = {r["gpu"] for r in rows if r.get("gpu")}
@@ -58,6 +61,10 @@ def main(argv=None) -> int:
         if was is not None and was != r["best"]:
             print(f"{r['op']} {r['dtype']} {r['mode']} {r['shape']} {r['options']}: {was} -> {r['best']} "
                   f"(device {r['device']})")  # fmt: skip
+    for f in a.rows_from_verify:
+        added = _rows_from_verify(kept + new_rows, [json.loads(line) for line in open(f) if line.strip()])
+        new_rows += added
+        print(f"{os.path.basename(f)}: {len(added)} rows of untuned op/dtype/modes")
     if a.verify:
         for f in a.verify:  # one run's paired rounds at a time; a later file has the last word
             _apply_verify(kept + new_rows, [json.loads(line) for line in open(f) if line.strip()])
@@ -72,6 +79,8 @@ def main(argv=None) -> int:
             "device": gpu, "how": tuning.HOW,
             "rebuilt_from": [os.path.basename(f) for f in a.files],
             **({"verified_by": [os.path.basename(f) for f in a.verify]} if a.verify else {}),
+            **({"rows_from_verify": [os.path.basename(f) for f in a.rows_from_verify]}
+               if a.rows_from_verify else {}),
         },
     }  # fmt: skip
     with open(path, "w") as fh:
@@ -132,6 +141,44 @@ def _apply_verify(table_rows, vrows) -> None:
             if alt == "torch":
                 t["verified"]["paired_ratio_vs_torch"] = round(ratios[alt], 3)
             t["best"] = alt
+
+
+def _rows_from_verify(table_rows, vrows) -> list[dict]:
+    """Rows for the paired cases (``_paired_cases``) of an op, dtype and mode that no table
+    row has: a 16-bit dtype served by its sibling's rows (``tuning.SIBLING_DTYPES``; the
+    MNIST ops were tuned in fp32 only, and bf16 batch_norm2d at batch 64 then ran our
+    launch, 1.8x torch's time in a plain loop). Each row holds the backends the verify
+    timed (torch and the default's choice): ``times`` their paired medians, ``device``
+    their median device times; the choice stays unless another is more than MARGIN ahead
+    in the paired rounds. Marked ``from_verify``: a later tune of the dtype replaces them."""
+    import statistics
+
+    have = {(t["op"], t["dtype"], t["mode"]) for t in table_rows}
+    device: dict = {}
+    chosen: dict = {}
+    for r in vrows:
+        if r.get("backend") != "default" and r.get("median_ms"):
+            o = r.get("options") or ""
+            shape = r["shape"] if isinstance(r["shape"], str) else "x".join(map(str, r["shape"]))
+            k = (r["op"], _DTYPE_NAMES.get(r["dtype"], r["dtype"]), r["mode"], shape, o)
+            device.setdefault(k, {})[r["backend"]] = round(r["median_ms"], 6)
+            chosen[k] = r.get("chosen")
+    out = []
+    for key, got in sorted(_paired_cases(vrows).items()):
+        op, dt, mode, shape, opts = key
+        pick = chosen.get(key)
+        if (op, dt, mode) in have or pick not in got:
+            continue
+        # (a case whose choice was torch timed torch alone: its row holds torch alone)
+        ratios = {b: timer.paired_ratio(got[pick], got[b]) for b in got if b != pick}
+        alt = max(ratios, key=ratios.get) if ratios else pick
+        best = alt if ratios and ratios[alt] > 1 + MARGIN else pick
+        dims = [int(v) for v in shape.split("x")]
+        out.append({"op": op, "dtype": dt, "mode": mode, "shape": dims, "key": list(tuning.key_of_shape(op, dims)),
+                    "options": opts, "best": best, "from_verify": True,
+                    "times": {b: round(statistics.median(v), 5) for b, v in got.items()},
+                    "device": {b: t for b, t in device.get(key, {}).items() if b in got}})  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

@@ -176,9 +176,9 @@ def test_rebuild_table_script_writes_device_times(tmp_path):
     assert table["gpu"] == "Fake GPU" and table["provenance"]["git_sha"] == "abc"
 
 
-def _rebuild_with_verify(tmp_path, rows, vrows, vname: str) -> dict:
-    """scripts/rebuild_table.py run on tune ``rows`` with ``--verify`` rows ``vrows`` (a
-    file named ``vname``); returns the table it wrote."""
+def _rebuild_with_verify(tmp_path, rows, vrows, vname: str, flag: str = "--verify") -> dict:
+    """scripts/rebuild_table.py run on tune ``rows`` with ``flag`` (``--verify`` or
+    ``--rows-from-verify``) rows ``vrows`` (a file named ``vname``); returns the table it wrote."""
     import subprocess
     import sys
 
@@ -187,7 +187,7 @@ def _rebuild_with_verify(tmp_path, rows, vrows, vname: str) -> dict:
     ver.write_text("".join(json.dumps(r) + "\n" for r in vrows))
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     res = subprocess.run([sys.executable, str(root / "scripts" / "rebuild_table.py"), str(src), "--out", str(out),
-                          "--verify", str(ver)], capture_output=True, text=True,
+                          flag, str(ver)], capture_output=True, text=True,
                          env={**__import__("os").environ, "PYTHONPATH": str(root / "src")})  # fmt: skip
     assert res.returncode == 0, res.stderr
     return json.loads(out.read_text())
@@ -223,6 +223,43 @@ def test_rebuild_table_applies_paired_verify_verdicts(tmp_path):
     assert best[8192]["best"] == "triton" and "verified" not in best[8192]
     assert best[16384]["best"] == "triton"
     assert table["provenance"]["verified_by"] == ["verify.jsonl"]
+
+
+def test_rebuild_table_makes_rows_of_an_untuned_dtype_from_paired_verify_cases(tmp_path):
+    """--rows-from-verify: a verify case of an op, dtype and mode no tune row measured (bf16
+    of an op tuned in fp32) becomes a row holding the backends the verify timed: the choice
+    unless another is >5% ahead in the paired rounds; a case the tune rows cover, a heldout
+    case and the default's own rounds make none."""
+
+    def tune_row(dt, shape, b, d, e):
+        return {"op": "gelu", "dtype": dt, "mode": "fwd", "shape": shape, "status": "ok", "gpu": "Fake GPU",
+                "git_sha": "abc", "backend": b, "median_ms": d, "effective_ms": e}  # fmt: skip
+
+    rows = [tune_row("fp32", "4096", b, 0.01, 0.03) for b in ("torch", "triton")]
+
+    def verify_row(dt, shape, fam, b, rounds, chosen):
+        return {**tune_row(dt, shape, b, 0.008, 0.03), "family": fam, "paired_rounds_ms": rounds, "chosen": chosen}
+
+    vrows = [
+        verify_row("bf16", "4096", "small", "triton", [0.040, 0.050, 0.041], "triton"),  # torch 1.25x ahead
+        verify_row("bf16", "4096", "small", "torch", [0.032, 0.040, 0.033], "triton"),
+        verify_row("bf16", "4096", "small", "default", [0.040, 0.050, 0.041], "triton"),
+        verify_row("bf16", "8192", "small", "triton", [0.030, 0.030, 0.030], "triton"),  # 1.03x: stays
+        verify_row("bf16", "8192", "small", "torch", [0.031, 0.031, 0.031], "triton"),
+        verify_row("bf16", "512", "small", "torch", [0.02, 0.021, 0.02], "torch"),  # torch alone
+        verify_row("bf16", "16384", "heldout", "triton", [0.05, 0.05, 0.05], "triton"),
+        verify_row("bf16", "16384", "heldout", "torch", [0.01, 0.01, 0.01], "triton"),
+        verify_row("fp32", "4096", "small", "triton", [0.05, 0.05, 0.05], "triton"),  # fp32 is tuned
+        verify_row("fp32", "4096", "small", "torch", [0.01, 0.01, 0.01], "triton"),
+    ]
+    table = _rebuild_with_verify(tmp_path, rows, vrows, "v.jsonl", "--rows-from-verify")
+    made = {r["shape"][0]: r for r in table["rows"] if r.get("from_verify")}
+    assert sorted(made) == [512, 4096, 8192] and all(r["dtype"] == "bf16" for r in made.values())
+    assert made[4096]["best"] == "torch" and made[4096]["times"] == {"triton": 0.041, "torch": 0.033}
+    assert made[4096]["device"] == {"triton": 0.008, "torch": 0.008} and made[4096]["key"] == [4096]
+    assert made[8192]["best"] == "triton" and made[512]["best"] == "torch" and list(made[512]["times"]) == ["torch"]
+    assert [r["dtype"] for r in table["rows"] if not r.get("from_verify")] == ["fp32"]
+    assert table["provenance"]["rows_from_verify"] == ["v.jsonl"]
 
 
 def test_rebuild_table_applies_paired_host_cost_rounds(tmp_path):
