@@ -20,6 +20,11 @@ max abs error over max abs value < 2e-2) before it is timed; the fastest correct
 timed with CUDA events beside kernellab's backward and SDPA's cuDNN and flash backward
 (fwd+bwd minus fwd). Not deterministic (the order of the dQ adds varies): were it to win,
 the library would keep the two-pass backward under torch.use_deterministic_algorithms.
+
+Compiled offline for sm_90 by Triton 3.6 (the H100's; `pip install triton==3.6.0` beside a
+CPU torch): every config below compiles with wgmma, the bulk reduction and no local memory
+(128x128 tiles at D=128 ask 297 KB of shared memory and cannot launch). The same query loop
+as ``tl.range(..., warp_specialize=True)``: a PassManager failure at 4 warps, not applied at 8.
 """
 
 from __future__ import annotations
