@@ -502,8 +502,10 @@ def test_a_refused_input_falls_back_to_torch(tables):
 
 def test_a_shape_no_row_is_near_takes_the_tables_majority_not_the_fixed_preference(tables):
     """Far from every row (16x or more in a dim), the backend that won most of the op's rows
-    in this dtype and mode serves the call; with too few rows, or no majority, the op's
-    preference list does (the GPU said nothing usable)."""
+    in this dtype and mode serves the call; with no majority, the backend nearest the best
+    over them (geometric mean of time over each row's best, timed at every row); with too
+    few rows, or no backend nearer than another, the op's preference list does (the GPU
+    said nothing usable)."""
 
     def row(n, best):
         return {"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": [n], "key": [n], "best": best,
@@ -521,6 +523,23 @@ def test_a_shape_no_row_is_near_takes_the_tables_majority_not_the_fixed_preferen
     _write(tables, [row(1 << 20, "manual"), row(1 << 22, "torch"), row(1 << 24, "manual"), row(1 << 26, "torch")])
     assert tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")[1].startswith("heuristic")  # a tie
     assert tuning.choose_key("gelu", far, torch.float32, "cpu", "fwdbwd")[1].startswith("heuristic")  # no rows
+
+    def timed(n, manual, torch_t):
+        return {"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": [n], "key": [n],
+                "best": "manual" if manual < torch_t else "torch", "times": {"manual": manual, "torch": torch_t}}
+
+    # two wins each, but torch loses by 1% where it loses and manual by 3x: torch is nearer
+    _write(tables, [timed(1 << 20, 0.01, 0.0101), timed(1 << 22, 0.01, 0.0101),
+                    timed(1 << 24, 0.03, 0.01), timed(1 << 26, 0.03, 0.01)])  # fmt: skip
+    backend, why = tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")
+    assert backend == "torch" and "no backend won most of its 4 gelu fp32 fwd rows" in why
+    assert "torch was nearest the best over them" in why and "manual 1.73" in why
+    # a backend not timed at every row (a row made from a verify run) is not ranked
+    rows = [timed(1 << 20, 0.01, 0.0101), timed(1 << 22, 0.01, 0.0101), timed(1 << 24, 0.03, 0.01),
+            {**timed(1 << 26, 0.03, 0.01), "times": {"torch": 0.01}}]  # fmt: skip
+    _write(tables, rows)
+    backend, why = tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")
+    assert backend == "torch" and "manual" not in why.split("rows;")[1]
 
 
 def test_a_16_bit_dtype_without_rows_takes_its_siblings_rows(tables):

@@ -490,41 +490,52 @@ def _usable(op, backend, dev) -> bool:
     return impl is not None and impl.why_unavailable(dev) is None
 
 
-VOTE_MIN_ROWS = 3  # rows of an op / dtype / mode before their majority speaks for far shapes
+VOTE_MIN_ROWS = 3  # rows of an op / dtype / mode before they speak for far shapes
+# Without a majority, the backend nearest the best on average speaks only when its geometric
+# mean of time over each row's best leads the next backend's by more than this
+NEAREST_LEAD = 0.01
 
 
 def _table_vote(table, gpu, op, dn, mode, options, dev):
     """(backend, why) for a shape no row is near: the backend this GPU's table found fastest
-    at the most shapes of the op, dtype and mode (ties: the least geometric mean of its time
-    over each row's best), or None where the table has no such row. The op's fixed
-    preference list knew nothing of the GPU: at heldout shapes it sent bf16 softmax 6144x512
-    to Triton (1.65x torch's time) and sum 3000x5000 forward+backward to CUDA (1.80x),
-    where torch had won 8 of 13 softmax rows and 5 of 6 sum rows (H100, 3109e24). It speaks
-    only for a majority of at least VOTE_MIN_ROWS rows."""
-    wins, ratios = {}, {}
+    at the most shapes of the op, dtype and mode, or None where the table has no such row.
+    The op's fixed preference list knew nothing of the GPU: at heldout shapes it sent bf16
+    softmax 6144x512 to Triton (1.65x torch's time) and sum 3000x5000 forward+backward to
+    CUDA (1.80x), where torch had won 8 of 13 softmax rows and 5 of 6 sum rows (H100,
+    3109e24). A strict majority of at least VOTE_MIN_ROWS rows speaks; without one, the
+    backend timed at every row whose time over each row's best has the least geometric mean
+    (NEAREST_LEAD ahead of the next): fp32 softmax forward+backward split 5 / 5 / 3 between
+    torch, CUDA and Triton, the preference list then chose Triton at 6144x512, 1.65x torch's
+    time, and torch is the nearest the best over those rows (1.17 against 1.22 and 1.32)."""
+    wins, ratios, n_rows = {}, {}, 0
     for row in _rows(table, op, dn, mode, options):
+        n_rows += 1
         wins[row["best"]] = wins.get(row["best"], 0) + 1
         best_t = min(row["times"].values())
         for b, t in row["times"].items():
             if best_t > 0 and t > 0:
                 ratios.setdefault(b, []).append(math.log(t / best_t))
+    if n_rows < VOTE_MIN_ROWS:
+        return None  # too few rows: no evidence for this GPU
+    where = f"table {os.path.basename(table_path(gpu))}: no row near this shape; "
     usable = [b for b in wins if _usable(op, b, dev)]
-    if not usable:
+    if usable:
+        pick = max(usable, key=wins.get)
+        if 2 * wins[pick] > n_rows:
+            return pick, where + f"{pick} was fastest at {wins[pick]} of its {n_rows} {op} {dn} {mode} rows"
+    # no majority: the geometric mean over the rows, among backends timed at every one (a
+    # row made from a verify run times only torch and its choice: rows_from_verify)
+    gm = {b: math.exp(sum(r) / len(r)) for b, r in ratios.items() if len(r) == n_rows and _usable(op, b, dev)}
+    if not gm:
         return None
-    n_rows = sum(wins.values())
-
-    def rank(b):
-        r = ratios.get(b, [])
-        return (-wins[b], math.exp(sum(r) / len(r)) if r else math.inf)
-
-    pick = min(usable, key=rank)
-    if n_rows < VOTE_MIN_ROWS or 2 * wins[pick] <= n_rows:
-        return None  # too few rows, or no backend won most of them: no evidence for this GPU
-    return (
-        pick,
-        f"table {os.path.basename(table_path(gpu))}: no row near this shape; {pick} was fastest at "
-        f"{wins[pick]} of its {n_rows} {op} {dn} {mode} rows",
-    )
+    ranked = sorted(gm, key=gm.get)
+    pick = ranked[0]
+    if len(ranked) > 1 and gm[ranked[1]] <= gm[pick] * (1 + NEAREST_LEAD):
+        return None  # no backend is nearer the best than the others: no evidence either way
+    others = ", ".join(f"{b} {gm[b]:.2f}" for b in ranked[1:])
+    return pick, (where + f"no backend won most of its {n_rows} {op} {dn} {mode} rows; {pick} was nearest the "
+                  f"best over them (geometric mean of its time over each row's best {gm[pick]:.2f}"
+                  + (f"; {others}" if others else "") + ")")
 
 
 # --------------------------------------------------------------------------- tune
