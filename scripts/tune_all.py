@@ -14,9 +14,12 @@ verify: the same shapes plus the ``heldout`` family (shapes never tuned at), tim
         ``kernellab.<op>``), ``torch`` and the backend the table names, in one group per
         case -> ``DIR/verify.jsonl``; then per op x dtype x mode: the worst default / best
         and default / torch ratios and the geometric mean of torch / default per family,
-        -> ``DIR/verify_summary.json`` and stdout. With ``--paired-rounds N`` (default 7;
+        -> ``DIR/verify_summary.json`` and stdout. With ``--paired-rounds N`` (default 11;
         0: off) the ratios are paired: the group's backends take turns in N rounds of
-        plain-loop calls, each round's effective time is the larger of the bench row's
+        ~20 ms of plain-loop calls, after one round not kept (71dc08e's verify ran 7 rounds
+        of 30 ms: a first round 3x the others, and rounds whose ratio swung 0.3-1.5 while
+        the host sped up within them; shorter rounds leave less drift inside one, more of
+        them a steadier median), each round's effective time is the larger of the bench row's
         device time and that round's loop time, and a ratio is the median of same-round
         ratios. Timed one after another, the loop times of launch-bound calls drifted by
         up to 2x on the lent H100's host (the ninth session's 79 misses of 237 were mostly
@@ -58,7 +61,7 @@ def main(argv=None) -> int:
                    help="only these families (default: tune all but heldout, verify all)")  # fmt: skip
     p.add_argument("--budget", type=float, default=0.15)
     p.add_argument("--limit-s", type=float, default=None)
-    p.add_argument("--paired-rounds", type=int, default=7, help="paired loop rounds per verify case (0: off)")
+    p.add_argument("--paired-rounds", type=int, default=11, help="paired loop rounds per verify case (0: off)")
     p.add_argument("--summarize", nargs="+", default=None, metavar="VERIFY_JSONL",
                    help="only rebuild the verify summary from these files' rows (into --out)")
     a = p.parse_args(argv)
@@ -194,7 +197,7 @@ def _paired(spec, shape, dtype, mode, dev, opts, rows, rounds: int, chosen: str 
     for name in ok:
         impl = DefaultImpl(spec.name) if name == "default" else registry.get(spec.name, name)
         fns[name] = prob.call(impl)[0]
-    calls = {name: timer.calls_for(fn, 0.03) for name, fn in fns.items()}
+    calls = {name: timer.calls_for(fn, 0.02) for name, fn in fns.items()}
     loops, errors = timer.paired_loop_ms(fns, calls, rounds)
     if errors:
         raise next(iter(errors.values()))

@@ -285,7 +285,11 @@ def test_paired_rounds_alternate_the_order_of_the_functions():
 
     seen = []
     fns = {n: (lambda n=n: seen.append(n)) for n in "abc"}
-    times, errors = timer.paired_loop_ms(fns, {n: 2 for n in fns}, rounds=3)
+    times, errors = timer.paired_loop_ms(fns, {n: 2 for n in fns}, rounds=3, warmup_rounds=0)
     assert not errors and all(len(t) == 3 for t in times.values())
     firsts = [seen[i] for i in range(0, len(seen), 3)]  # each loop: one warm-up call, then 2 timed
     assert firsts == list("abc") + list("cba") + list("abc")
+    seen.clear()  # by default one round runs first and is not kept
+    times, errors = timer.paired_loop_ms(fns, {n: 2 for n in fns}, rounds=3)
+    assert not errors and all(len(t) == 3 for t in times.values())
+    assert [seen[i] for i in range(0, len(seen), 3)] == list("abc") * 2 + list("cba") + list("abc")

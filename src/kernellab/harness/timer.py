@@ -309,16 +309,24 @@ def loop_ms(fn, calls: int | None = None, rounds: int = 5, budget_s: float = 0.5
     return _quantile(sorted(per), 0.5) * 1e3
 
 
-def paired_loop_ms(fns: dict, calls: dict, rounds: int) -> tuple[dict, dict]:
+def paired_loop_ms(fns: dict, calls: dict, rounds: int, warmup_rounds: int = 1) -> tuple[dict, dict]:
     """Plain-loop time per call (ms) of several functions taking turns: each round runs
     every ``fns[name]`` once (``calls[name]`` back-to-back calls, one synchronize; every other
     round in reverse order), so a host whose speed drifts between minutes (the lent H100's
     moved 2x) drifts under all of them alike, and ratios of the same round compare like with
-    like. Returns (name -> [ms per round], name -> the exception of a function that raised;
-    it is left out of later rounds)."""
+    like. ``warmup_rounds`` whole rounds run first and are not kept: a forward+backward
+    loop's first round ran 3x its later ones (the allocator growing; H100, rms_norm
+    4099x1025 bf16, 71dc08e's verify). Returns (name -> [ms per round], name -> the
+    exception of a function that raised; it is left out of later rounds)."""
     times: dict = {name: [] for name in fns}
     errors: dict = {}
     order = list(fns.items())
+    for _ in range(warmup_rounds):
+        for name, fn in order:
+            try:
+                loop_ms(fn, calls=calls[name], rounds=1)
+            except Exception as e:  # noqa: BLE001 - the caller reports it
+                errors[name] = e
     for r in range(rounds):
         # every other round in reverse: a function's place in the round (first after the
         # previous round's sync, or right after another's calls) is no systematic edge
