@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -44,15 +43,9 @@ import triton.language as tl  # noqa: E402
 
 from kernellab import triton_support  # noqa: E402
 
-SHAPES = {  # name: (B, H, S, D, causal)
-    "llama2k": (1, 32, 2048, 128, True),
-    "llama8k": (1, 32, 8192, 128, True),
-    "b2s8k": (2, 32, 8192, 128, True),
-    "long32k": (1, 8, 32768, 128, True),
-    "nc4k": (4, 16, 4096, 128, False),
-    "nc16k": (1, 16, 16384, 128, False),
-    "gpt2": (8, 12, 1024, 64, True),
-}
+# Shapes and the CUDA-event timer of the two-pass probe (the same rows, side by side)
+from probe_attn_bwd import SHAPES, _events_ms as time_ms  # noqa: E402
+
 CONFIGS = [  # (BLOCK_M, BLOCK_N, warps, stages)
     (64, 128, 8, 2), (64, 128, 8, 3), (64, 64, 4, 3), (64, 64, 8, 3), (32, 128, 8, 3), (128, 128, 8, 2),
 ]  # fmt: skip
@@ -170,21 +163,6 @@ def rel_err(a, b) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
 
 
-def time_ms(fn, reps=20, warm=3) -> float:
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, z = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        z.record()
-        z.synchronize()
-        ts.append(a.elapsed_time(z))
-    return statistics.median(ts)
-
-
 def sdpa_bwd_ms(q, k, v, causal, backend) -> float | None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -207,7 +185,7 @@ def sdpa_bwd_ms(q, k, v, causal, backend) -> float | None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None)
-    p.add_argument("--shapes", default="llama8k,nc4k,llama2k,gpt2")
+    p.add_argument("--shapes", default="llama8k,nc4k,llama2k,gpt2", help=f"of {', '.join(SHAPES)}")
     p.add_argument("--cpu-smoke", action="store_true", help="interpreter, one tiny shape per mode")
     a = p.parse_args(argv)
     if a.cpu_smoke:
