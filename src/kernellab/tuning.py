@@ -532,10 +532,12 @@ def _table_vote(table, gpu, op, dn, mode, options, dev):
     pick = ranked[0]
     if len(ranked) > 1 and gm[ranked[1]] <= gm[pick] * (1 + NEAREST_LEAD):
         return None  # no backend is nearer the best than the others: no evidence either way
+    head = where + f"no backend won most of its {n_rows} {op} {dn} {mode} rows; "
+    mean = f"geometric mean of its time over each row's best {gm[pick]:.2f}"
+    if len(ranked) == 1:  # rows from a verify run: torch is the one backend every row timed
+        return pick, head + f"{pick} is the only backend timed at every one of them ({mean})"
     others = ", ".join(f"{b} {gm[b]:.2f}" for b in ranked[1:])
-    return pick, (where + f"no backend won most of its {n_rows} {op} {dn} {mode} rows; {pick} was nearest the "
-                  f"best over them (geometric mean of its time over each row's best {gm[pick]:.2f}"
-                  + (f"; {others}" if others else "") + ")")
+    return pick, head + f"{pick} was nearest the best over them ({mean}; {others})"
 
 
 # --------------------------------------------------------------------------- tune
