@@ -2,7 +2,7 @@
 accumulated by TMA bulk reductions, against kernellab's two-pass backward and SDPA's.
 
     python scripts/probe_attn_bwd_tma.py [--out FILE.jsonl] [--shapes llama8k,nc4k,...]
-    TRITON_INTERPRET=1 python scripts/probe_attn_bwd_tma.py --cpu-smoke
+    python scripts/probe_attn_bwd_tma.py --cpu-smoke      # the interpreter, on the CPU
 
 kernellab's backward runs two passes: dK/dV (one program per key block, over the query
 blocks: 4 matmuls) and dQ (one program per query block, over the key blocks: 3 matmuls,
@@ -36,12 +36,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+if "--cpu-smoke" in sys.argv:  # before Triton is imported: its jit reads this at decoration
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kernellab import triton_support  # noqa: E402
+from kernellab.ops.attention import triton as AT  # noqa: E402
 
 # Shapes and the CUDA-event timer of the two-pass probe (the same rows, side by side)
 from probe_attn_bwd import SHAPES, _events_ms as time_ms  # noqa: E402
@@ -124,8 +127,6 @@ def _attn_bwd_fused(
 def fused_backward(q, k, v, o, do, lse, causal, cfg):
     """dq, dk, dv of attention(q, k, v) for dO ``do`` with kernellab's forward outputs o and
     lse (log2 units, (B*H, S)). ``cfg``: (BLOCK_M, BLOCK_N, warps, stages)."""
-    from kernellab.ops.attention import triton as AT
-
     b, h, s, d = q.shape
     bm, bn, warps, stages = cfg
     scale = d**-0.5
@@ -139,13 +140,10 @@ def fused_backward(q, k, v, o, do, lse, causal, cfg):
         HEAD_D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, TMA_REDUCE=q.is_cuda,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
-    del AT
     return dq.view(b, h, s, d).to(q.dtype), dk, dv
 
 
 def kernellab_backward(q, k, v, o, do, lse, causal):
-    from kernellab.ops.attention import triton as AT
-
     return AT.backward(do, q, k, v, o, lse, causal, q.shape[-1] ** -0.5)
 
 
@@ -153,8 +151,6 @@ def make(shape, dev, seed=0):
     b, h, s, d, causal = shape
     g = torch.Generator(device=dev).manual_seed(seed)
     q, k, v, do = (torch.randn(b, h, s, d, device=dev, generator=g).to(torch.bfloat16) for _ in range(4))
-    from kernellab.ops.attention import triton as AT
-
     o, lse = AT.forward(q, k, v, causal, d**-0.5)
     return q, k, v, o, do, lse, causal
 
@@ -189,7 +185,6 @@ def main(argv=None) -> int:
     p.add_argument("--cpu-smoke", action="store_true", help="interpreter, one tiny shape per mode")
     a = p.parse_args(argv)
     if a.cpu_smoke:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
         rc = 0
         for causal in (True, False):
             shape = (1, 2, 128, 64, causal)

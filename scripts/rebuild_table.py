@@ -94,23 +94,27 @@ MARGIN = 0.05
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
+def _case_key(r) -> tuple:
+    """(op, dtype, mode, shape, options) of a verify or host-cost row, spelled as table rows."""
+    from kernellab.ops.spec import options_str
+
+    o = r.get("options") or ""
+    o = options_str(o) if isinstance(o, dict) else o
+    shape = r["shape"] if isinstance(r["shape"], str) else "x".join(map(str, r["shape"]))
+    return (r["op"], _DTYPE_NAMES.get(r["dtype"], r["dtype"]), r["mode"], shape, o)
+
+
 def _paired_cases(vrows) -> dict:
     """(op, dtype, mode, shape, options) -> {backend: paired rounds} from one run's rows:
     ``tune_all.py --phases verify`` rows (``paired_rounds_ms``; the heldout family, never
     tuned, is left out) or ``scripts/host_cost.py`` rows (``rounds_us``: every backend of
     the op at its tiny and model shapes, in turn)."""
-    from kernellab.ops.spec import options_str
-
     cases: dict = {}
     for r in vrows:
         rounds = r.get("paired_rounds_ms") or r.get("rounds_us")
         if r.get("family") == "heldout" or not rounds or r.get("backend") == "default":
             continue
-        o = r.get("options") or ""
-        o = options_str(o) if isinstance(o, dict) else o
-        shape = r["shape"] if isinstance(r["shape"], str) else "x".join(map(str, r["shape"]))
-        key = (r["op"], _DTYPE_NAMES.get(r["dtype"], r["dtype"]), r["mode"], shape, o)
-        cases.setdefault(key, {})[r["backend"]] = rounds
+        cases.setdefault(_case_key(r), {})[r["backend"]] = rounds
     return cases
 
 
@@ -158,9 +162,7 @@ def _rows_from_verify(table_rows, vrows) -> list[dict]:
     chosen: dict = {}
     for r in vrows:
         if r.get("backend") != "default" and r.get("median_ms"):
-            o = r.get("options") or ""
-            shape = r["shape"] if isinstance(r["shape"], str) else "x".join(map(str, r["shape"]))
-            k = (r["op"], _DTYPE_NAMES.get(r["dtype"], r["dtype"]), r["mode"], shape, o)
+            k = _case_key(r)
             device.setdefault(k, {})[r["backend"]] = round(r["median_ms"], 6)
             chosen[k] = r.get("chosen")
     out = []
@@ -171,8 +173,8 @@ def _rows_from_verify(table_rows, vrows) -> list[dict]:
             continue
         # (a case whose choice was torch timed torch alone: its row holds torch alone)
         ratios = {b: timer.paired_ratio(got[pick], got[b]) for b in got if b != pick}
-        alt = max(ratios, key=ratios.get) if ratios else pick
-        best = alt if ratios and ratios[alt] > 1 + MARGIN else pick
+        alt = max(ratios, key=ratios.get, default=None)
+        best = alt if alt is not None and ratios[alt] > 1 + MARGIN else pick
         dims = [int(v) for v in shape.split("x")]
         out.append({"op": op, "dtype": dt, "mode": mode, "shape": dims, "key": list(tuning.key_of_shape(op, dims)),
                     "options": opts, "best": best, "from_verify": True,

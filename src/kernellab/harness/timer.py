@@ -321,22 +321,19 @@ def paired_loop_ms(fns: dict, calls: dict, rounds: int, warmup_rounds: int = 1) 
     times: dict = {name: [] for name in fns}
     errors: dict = {}
     order = list(fns.items())
-    for _ in range(warmup_rounds):
-        for name, fn in order:
-            try:
-                loop_ms(fn, calls=calls[name], rounds=1)
-            except Exception as e:  # noqa: BLE001 - the caller reports it
-                errors[name] = e
-    for r in range(rounds):
+    for r in range(-warmup_rounds, rounds):  # (rounds below 0: the warm-up, not kept)
         # every other round in reverse: a function's place in the round (first after the
         # previous round's sync, or right after another's calls) is no systematic edge
-        for name, fn in order if r % 2 == 0 else order[::-1]:
+        for name, fn in order if r < 0 or r % 2 == 0 else order[::-1]:
             if name in errors:
                 continue
             try:
-                times[name].append(loop_ms(fn, calls=calls[name], rounds=1))
+                ms = loop_ms(fn, calls=calls[name], rounds=1)
             except Exception as e:  # noqa: BLE001 - the caller reports it
                 errors[name] = e
+                continue
+            if r >= 0:
+                times[name].append(ms)
     return times, errors
 
 
