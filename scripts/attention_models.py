@@ -24,6 +24,9 @@ lengths >= 1024 during the warm-up (untimed). The peers get GQA through SDPA's
 ``enable_gqa=True`` (flash and cuDNN both admit it in torch's sdp_utils). TF32 is off
 (bf16 only here, where it does not matter).
 
+``default`` among the backends times the public call with backend=None (the tuning table's
+choice) and adds a column: its speed over the best other backend's at that row.
+
 Rows go to $OUT/attention_models.jsonl as they come; a table (TFLOP/s and Triton's ratio
 to each peer, with the issue's targets: fwd >= 1.0x sdpa_cudnn at S >= 4k, fwd+bwd >= 0.9x
 sdpa_cudnn at S >= 4k and >= 1.0x sdpa_flash everywhere) to $OUT/attention_models.md and
@@ -62,7 +65,7 @@ SHAPES = {
     "full-4k": ((4, 16, 4096, 128), False),
     "full-16k": ((1, 16, 16384, 128), False),
 }
-BACKENDS = ["triton", "sdpa_cudnn", "sdpa_flash"]
+BACKENDS = ["triton", "sdpa_cudnn", "sdpa_flash", "default"]
 
 
 def _long(shape) -> bool:
@@ -111,15 +114,17 @@ def table(rows, names, backends) -> str:
     for r in rows:
         if r.get("status") == "ok" and r.get("tflops"):
             got[(r["model_shape"], r["mode"], r["backend"])] = r["tflops"]
-    peers = [b for b in backends if b != "triton"]
+    peers = [b for b in backends if b not in ("triton", "default")]
+    best = "default" in backends and bool(peers)  # what the default gives against the best of all
     head = (
         "| model shape | problem | causal | mode | "
         + " | ".join(backends)
         + " | "
         + " | ".join(f"triton / {p}" for p in peers)
+        + (" | default / best" if best else "")
         + " | target |"
     )
-    lines = [head, "|" + "---|" * (4 + len(backends) + len(peers) + 1)]
+    lines = [head, "|" + "---|" * (4 + len(backends) + len(peers) + best + 1)]
     for name in names:
         shape, causal = SHAPES[name]
         for mode in ("fwd", "fwdbwd"):
@@ -128,6 +133,10 @@ def table(rows, names, backends) -> str:
             for p in peers:
                 a, c = got.get((name, mode, "triton")), got.get((name, mode, p))
                 ratios.append(f"{a / c:.2f}x" if a and c else "-")
+            if best:
+                d = got.get((name, mode, "default"))
+                top = max((v for b, v in zip(backends, vals) if b != "default" and v), default=None)
+                ratios.append(f"{d / top:.2f}x" if d and top else "-")
             if mode == "fwd":
                 target = ">= 1.0x cudnn" if _long(shape) else "-"
             else:
