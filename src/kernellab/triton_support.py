@@ -392,6 +392,49 @@ def jit(fn=None, **kwargs):
 _LEAN_MISSES: dict[str, str] = {}  # kernel name -> why launch_tuned could not go lean
 
 
+def _tuned_key(tuner, args, kw) -> tuple[dict, tuple]:
+    """launch_tuned's cache of ``tuner`` and the key of a call in it."""
+    state = tuner.__dict__.get("_kl_lean")
+    if state is None:
+        names = list(tuner.arg_names)
+        idx = tuple(names.index(k) for k in tuner.keys if k in names)
+        state = tuner._kl_lean = (idx, {})
+    idx, cache = state
+    n = len(args)
+    key = tuple(args[i] for i in idx if i < n)  # key arguments passed by keyword: in kw below
+    key += tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+    if kw:
+        key += tuple(kw.items())
+    return cache, key
+
+
+class TunedBound:
+    """``Bound`` for a ``triton.autotune`` kernel (``launch_tuned``'s): the first call goes
+    through launch_tuned (which tunes where it must); once launch_tuned knows the config
+    for the call shape, the launch is a ``Bound`` of the inner kernel with that config's
+    grid and keywords. The promise is Bound's: every call passes arguments of the same
+    types, dtypes, int classes and key values (a launch plan keyed on shape, strides,
+    dtypes and options keeps it)."""
+
+    __slots__ = ("tuner", "grid", "kw", "check", "bound")
+
+    def __init__(self, tuner, grid, kw: dict, check: tuple[int, ...]):
+        self.tuner, self.grid, self.kw, self.check = tuner, grid, kw, check
+        self.bound = None
+
+    def __call__(self, *args):
+        b = self.bound
+        if b is not None:
+            return b(*args)
+        launch_tuned(self.tuner, self.grid, *args, **self.kw)
+        if type(args[0]) in _REAL_TENSORS and not device.triton_interpreted():
+            cache, key = _tuned_key(self.tuner, args, self.kw)
+            cfg = cache.get(key)
+            if cfg:  # (False: this call shape cannot go lean; None: not cached)
+                grid = self.grid(cfg) if callable(self.grid) else self.grid
+                self.bound = Bound(self.tuner.fn, tuple(grid), cfg, self.check)
+
+
 def launch_tuned(tuner, grid, *args, **kw):
     """``tuner[grid](*args, **kw)`` for a ``triton.autotune`` kernel whose inner function is
     a ``jit`` (lean) kernel: once the autotuner has picked a config for this call's key (the
@@ -407,17 +450,7 @@ def launch_tuned(tuner, grid, *args, **kw):
             return wrap_triton(tuner)[grid](*args, **kw)
         return tuner[grid](*args, **kw)
     fn = tuner.fn
-    state = tuner.__dict__.get("_kl_lean")
-    if state is None:
-        names = list(tuner.arg_names)
-        idx = tuple(names.index(k) for k in tuner.keys if k in names)
-        state = tuner._kl_lean = (idx, {})
-    idx, cache = state
-    n = len(args)
-    key = tuple(args[i] for i in idx if i < n)  # key arguments passed by keyword: in kw below
-    key += tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
-    if kw:
-        key += tuple(kw.items())
+    cache, key = _tuned_key(tuner, args, kw)
     cfg = cache.get(key)
     if cfg is None:
         out = tuner[grid](*args, **kw)

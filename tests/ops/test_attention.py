@@ -279,6 +279,36 @@ def test_cpu_triton_padded_columns_never_written():
         assert torch.isnan(b[..., 24:]).all() and torch.isfinite(b[..., :24]).all()
 
 
+def test_cpu_triton_launch_plans_are_kept_per_key_and_reused():
+    """The forward and backward launchers keep one launch plan per (shapes, strides, dtypes,
+    device, options) key: a second call at a key reuses it and computes the same values; a
+    call at another layout or with other options gets its own plan, and is right too."""
+    from kernellab.ops.attention import triton as at
+
+    q, k, v = SPEC.make_inputs((1, 2, 19, 23, 16), torch.float32, "cpu", 8)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(3))
+    at._PLANS.clear()
+    o1, lse1 = at.forward(q, k, v, True, 0.25)
+    g1 = at.backward(do, q, k, v, o1, lse1, True, 0.25)
+    assert len(at._PLANS) == 2
+    plans = dict(at._PLANS)
+    o2, lse2 = at.forward(q, k, v, True, 0.25)
+    g2 = at.backward(do, q, k, v, o2, lse2, True, 0.25)
+    assert at._PLANS == plans  # the same plan objects, none added
+    torch.testing.assert_close(o2, o1, rtol=0, atol=0)
+    for a, b in zip(g2, g1):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # another layout (k, v read through transposed views) and other options: new plans
+    kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    o3, _ = at.forward(q, kt, vt, True, 0.25)
+    torch.testing.assert_close(o3, o1, rtol=0, atol=0)
+    o4, _ = at.forward(q, k, v, False, 0.25, 3, 2, 1.5)
+    assert len(at._PLANS) == 4
+    a64 = [t.double() for t in (q, k, v)]
+    ref = SPEC.reference(*a64, causal=False, scale=0.25, window=(3, 2), softcap=1.5)
+    torch.testing.assert_close(o4.double(), ref, rtol=1e-4, atol=1e-5)
+
+
 # Sliding windows and softcap: every backend that computes them (triton in its kernels,
 # tiled in its tiles; manual, torch, compile with explicit masks), against the float64
 # reference; the others refuse with an error naming the option.
@@ -882,6 +912,48 @@ def test_gpu_warp_specialized_forward(s, monkeypatch):
     o_plain, lse_plain = at.forward(q, k, v, False, 128**-0.5)
     torch.testing.assert_close(lse_ws, lse_plain, atol=2e-6, rtol=1e-6)
     torch.testing.assert_close(o_ws.float(), o_plain.float(), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(2, 3, 200, 64), (1, 4, 1024, 128)])
+def test_gpu_launch_plans_go_direct_and_survive_a_misaligned_call(shape):
+    """After its first calls at a key the Triton attention launches straight from its plan
+    (triton_support.Bound: the compiled launcher with the tensors' addresses); a later call
+    at the same key whose q, k, v (and gradient) start 2 bytes off a 16-byte boundary must
+    not reuse a launcher specialized for aligned pointers (nor the TMA path at 1024 x 128):
+    every call's outputs and gradients equal the first call's on copies of the same values."""
+    from kernellab import triton_support
+    from kernellab.ops.attention import triton as at
+
+    q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cuda", 4)
+    do = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    scale = shape[-1] ** -0.5
+
+    def run(q, k, v, do):
+        o, lse = at.forward(q, k, v, False, scale)
+        return (o, *at.backward(do, q, k, v, o, lse, False, scale))
+
+    want = run(q, k, v, do)
+    for _ in range(3):  # the plans' TunedBound, then Bound, take their direct launches
+        got = run(q, k, v, do)
+    key_f = next(key for key in at._PLANS if key[0] == "f" and key[1] == q.shape)
+    fwd = at._PLANS[key_f]
+    bounds = [c.cell_contents for c in (fwd.__closure__ or ()) if isinstance(c.cell_contents, triton_support.TunedBound)]
+    if bounds:  # (the warp-specialized forward launches through Triton's own launcher)
+        assert bounds[0].bound is not None and bounds[0].bound.hit is not None
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+    def misaligned(t):
+        buf = torch.empty(t.numel() + 1, device="cuda", dtype=t.dtype)
+        m = buf[1:].view(t.shape)
+        m.copy_(t)
+        assert m.data_ptr() % 16 and m.stride() == t.stride()
+        return m
+
+    got = run(misaligned(q), misaligned(k), misaligned(v), misaligned(do))
+    for a, b in zip(got, want):  # (at 1024 x 128 the aligned forward was the warp-specialized one)
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
 
 
 GPU_WINDOW_CASES = [

@@ -1011,30 +1011,90 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
     dtype the kernel stores: ring attention passes fp32 so that each block's partial
     output is rounded once, at the end); None: fresh, in q's dtype and ``empty_bshd``'s
     layout."""
-    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
-    q4, k4, v4 = _split(q), _split(k), _split(v)
+    lead, s_q, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    fresh = o is None
+    o = empty_bshd(lead, s_q, d, q.dtype, q.device) if fresh else o
+    lse = torch.empty(lse_shape(q), dtype=torch.float32, device=q.device)
+    real = type(q) in triton_support._REAL_TENSORS
+    key = None
+    if real:
+        key = ("f", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+               q.get_device(),
+               causal, scale, window_left, window_right, softcap, None if fresh else (o.dtype, o.stride()),
+               _tf32(q.dtype), _WS_ENV())  # fmt: skip
+    q4, k4, v4, o4 = _split(q), _split(k), _split(v), _split(o)
+    raw_m = lse.dim() == q.dim()
+    plan = _plan(key, lambda: _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, softcap))
+    if plan is not None:
+        plan(q4, k4, v4, o4, lse)
+    return o, lse
+
+
+# Launch plans: what a launcher derives from a call's shapes, strides, dtypes, device and
+# options (the kernel, its constexprs and scalar arguments, the tuned tile and grid, the
+# warp-specialized path or not) is computed once per key and kept; a call then allocates
+# its outputs and launches (triton_support.Bound: the compiled launcher with the tensors'
+# addresses). On the H100 host this Python was most of a small call's cost: 45 us for the
+# forward's one launch and 112 us for the backward's three against SDPA's whole forward +
+# backward of 130 us (scripts/probe_attn_host.py).
+_PLANS: dict = {}
+_PLANS_MAX = 1024  # ever-new shapes (varying lengths) rebuild plans, never grow without bound
+
+
+def _plan(key, make):
+    """The plan of ``key`` (made by ``make()`` at its first call); None as the key (traced
+    calls: fake tensors, symbolic shapes) makes one and keeps none."""
+    if key is None:
+        return make()
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = make()
+    return plan
+
+
+def _tf32(dtype) -> bool:  # (the plan keys: _prec reads this global flag for fp32)
+    return dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
+
+
+def _WS_ENV() -> str:
+    return os.environ.get("KERNELLAB_ATTN_WS", "1")
+
+
+def _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, softcap):
+    """The forward's launch ``plan(q4, k4, v4, o4, lse)``, or None (nothing to launch)."""
     nh = q4.shape[1]
     bh = q4.shape[0] * nh
+    s_q, s_k, d = q4.shape[-2], k4.shape[-2], q4.shape[-1]
+    if not (bh and s_q):
+        return None
     group = nh // k4.shape[1] if k4.shape[1] else 1  # GQA: q heads per k/v head
-    o = empty_bshd(lead, s_q, d, q.dtype, q.device) if o is None else o
-    lse = torch.empty(lse_shape(q), dtype=torch.float32, device=q.device)
-    if bh and s_q:
-        o4 = _split(o)
-        opts = _options(causal, scale, window_left, window_right, softcap)
-        qk_scale, cap_in, cap_out, wl, wr, win, cap = opts
-        if _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k):
-            _launch_ws(q4, k4, v4, o4, lse, qk_scale, nh, s_q)
-            return o, lse
-        # The grid depends on the tile the autotuner picks.
-        triton_support.launch_tuned(
-            _attn_fwd, lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,),
-            q4, k4, v4, o4, lse, qk_scale, cap_in, cap_out,
-            *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
-            nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
-            HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=_prec(q.dtype), F32_DOTS=_f32_dots(q.dtype),
-            WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=lse.dim() == q.dim(),
-        )  # fmt: skip
-    return o, lse
+    qk_scale, cap_in, cap_out, wl, wr, win, cap = _options(causal, scale, window_left, window_right, softcap)
+    rest = (
+        qk_scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
+        nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
+    )  # fmt: skip
+    kw = dict(
+        HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=_prec(q4.dtype), F32_DOTS=_f32_dots(q4.dtype),
+        WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
+    )  # fmt: skip
+    # The grid depends on the tile the autotuner picks.
+    grid = lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)  # noqa: E731
+    tuned = triton_support.TunedBound(_attn_fwd, grid, kw, (0, 1, 2, 3))
+
+    def plan(q4, k4, v4, o4, lse):
+        tuned(q4, k4, v4, o4, lse, *rest)
+
+    if not _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k):
+        return plan
+
+    def plan_ws(q4, k4, v4, o4, lse):
+        if (q4.data_ptr() | k4.data_ptr() | v4.data_ptr()) & 15:  # TMA: 16-byte aligned bases
+            return plan(q4, k4, v4, o4, lse)
+        _launch_ws(q4, k4, v4, o4, lse, qk_scale, nh, s_q)
+
+    return plan_ws
 
 
 # The warp-specialized forward (_attn_fwd_ws): where it runs, one tile. H100, bf16, D=128,
@@ -1135,59 +1195,79 @@ def backward_into(
             f"attention/triton backward: lse must be contiguous fp32 {want} (or {tuple(lead) + (s_q,)}), "
             f"got {lse.dtype} {tuple(lse.shape)}"
         )
-    q4, k4, v4, do4, o4 = _split(q), _split(k), _split(v), _split(do), _split(o)
-    nh = q4.shape[1]
-    bh = q4.shape[0] * nh
-    group = nh // k4.shape[1] if k4.shape[1] else 1  # GQA: q heads per k/v head
+    fresh = (dq is None, dk is None, dv is None)
     dq = empty_bshd(lead, s_q, d, q.dtype, q.device) if dq is None else dq
     dk = empty_bshd(k.shape[:-2], s_k, d, k.dtype, k.device) if dk is None else dk
     dv = empty_bshd(v.shape[:-2], s_k, v.shape[-1], v.dtype, v.device) if dv is None else dv
-    if bh:
-        dq4, dk4, dv4 = _split(dq), _split(dk), _split(dv)
-        delta = torch.empty((bh, s_q), dtype=torch.float32, device=q.device)
-        prec = _prec(q.dtype)
-        opts = _options(causal, scale, window_left, window_right, softcap)
-        qk_scale, cap_in, cap_out, wl, wr, win, cap = opts
-        common = (
-            qk_scale, scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride(),
-        )  # fmt: skip
-        dq_args = (
-            q4, k4, v4, do4, lse, delta, dq4, *common, *dq4.stride()[:3],
-            nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
-        )  # fmt: skip
-        dq_kw = dict(
-            HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
-            WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
-        )  # fmt: skip
-        dq_grid = lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)  # noqa: E731
-        keys = min(s_k, wl + wr + 1) if win else s_k  # the most keys a row sees
-        if s_q and raw_m and keys <= EXACT_DELTA_KEYS:
-            # fp32 from our forward, every row seeing few keys: delta = rowsum(P * dP) from
-            # the very P and dP that dS uses, not rowsum(dO * O). A row that sees one key
-            # then gets dS = P (dP - delta) = 0 exactly, as PyTorch's softmax backward
-            # gives; from dO * O it was a few ulps (dq 1.8x the check's bound at window
-            # (0, -1), where PyTorch's error is 0). It costs a pass over the keys like dq's
-            # without the dq dot (+41% of the fp32 backward at 1x12x1024x64 causal, H100):
-            # where rows see many keys, PyTorch's own error is far above those ulps.
-            triton_support.launch_tuned(_attn_bwd_dq, dq_grid, *dq_args, **dq_kw, DELTA_ONLY=True)
-        elif s_q:
-            pre_m = 64 if not _device.triton_interpreted() else 32
-            num_m = triton_support.cdiv(s_q, pre_m)
-            _attn_bwd_pre[(num_m * bh,)](
-                o4, do4, delta, *o4.stride()[:3], *do4.stride(), nh, s_q, num_m,
-                HEAD_D=d, BLOCK_D=_block_d(d), BLOCK_M=pre_m,
-            )
-        if s_k:
-            triton_support.launch_tuned(
-                _attn_bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * (bh // group),),
-                q4, k4, v4, do4, lse, delta, dk4, dv4, *common, *dk4.stride()[:3], *dv4.stride()[:3],
-                nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
-                HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q.dtype),
-                WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
-            )  # fmt: skip
-        if s_q:
-            triton_support.launch_tuned(_attn_bwd_dq, dq_grid, *dq_args, **dq_kw, DELTA_ONLY=False)
+    key = None
+    if type(q) in triton_support._REAL_TENSORS:
+        key = ("b", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), do.shape, do.stride(),
+               o.shape, o.stride(), lse.shape, q.dtype, do.dtype, o.dtype, q.get_device(), causal, scale,
+               window_left, window_right, softcap, _tf32(q.dtype),
+               k.dtype, v.dtype, *(None if f else (t.dtype, t.stride()) for f, t in zip(fresh, (dq, dk, dv))))  # fmt: skip
+    t4 = tuple(_split(t) for t in (q, k, v, do, o, dq, dk, dv))
+    plan = _plan(key, lambda: _bwd_plan(*t4, lse, raw_m, causal, scale, window_left, window_right, softcap))
+    if plan is not None:
+        plan(*t4, lse)
     return dq, dk, dv
+
+
+def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, window_left, window_right, softcap):
+    """The backward's launch ``plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse)``, or None."""
+    nh = q4.shape[1]
+    bh = q4.shape[0] * nh
+    s_q, s_k, d = q4.shape[-2], k4.shape[-2], q4.shape[-1]
+    if not bh:
+        return None
+    group = nh // k4.shape[1] if k4.shape[1] else 1  # GQA: q heads per k/v head
+    prec = _prec(q4.dtype)
+    qk_scale, cap_in, cap_out, wl, wr, win, cap = _options(causal, scale, window_left, window_right, softcap)
+    common = (qk_scale, scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride())
+    lengths = (nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr)
+    dq_rest = (*common, *dq4.stride()[:3], *lengths)
+    dq_kw = dict(
+        HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q4.dtype),
+        WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
+    )  # fmt: skip
+    dq_grid = lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)  # noqa: E731
+    keys = min(s_k, wl + wr + 1) if win else s_k  # the most keys a row sees
+    delta_pass = pre = pre_rest = dkdv = dqp = None
+    if s_q and raw_m and keys <= EXACT_DELTA_KEYS:
+        # fp32 from our forward, every row seeing few keys: delta = rowsum(P * dP) from
+        # the very P and dP that dS uses, not rowsum(dO * O). A row that sees one key
+        # then gets dS = P (dP - delta) = 0 exactly, as PyTorch's softmax backward
+        # gives; from dO * O it was a few ulps (dq 1.8x the check's bound at window
+        # (0, -1), where PyTorch's error is 0). It costs a pass over the keys like dq's
+        # without the dq dot (+41% of the fp32 backward at 1x12x1024x64 causal, H100):
+        # where rows see many keys, PyTorch's own error is far above those ulps.
+        delta_pass = triton_support.TunedBound(_attn_bwd_dq, dq_grid, dict(dq_kw, DELTA_ONLY=True), (0, 1, 2, 3, 4, 6))
+    elif s_q:
+        pre_m = 64 if not _device.triton_interpreted() else 32
+        num_m = triton_support.cdiv(s_q, pre_m)
+        pre = triton_support.Bound(_attn_bwd_pre, (num_m * bh,), dict(HEAD_D=d, BLOCK_D=_block_d(d), BLOCK_M=pre_m), (0, 1))
+        pre_rest = (*o4.stride()[:3], *do4.stride(), nh, s_q, num_m)
+    if s_k:
+        dkdv = triton_support.TunedBound(
+            _attn_bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * (bh // group),),
+            dict(dq_kw), (0, 1, 2, 3, 4, 6, 7),
+        )  # fmt: skip
+        dkdv_rest = (*common, *dk4.stride()[:3], *dv4.stride()[:3], *lengths)
+    if s_q:
+        dqp = triton_support.TunedBound(_attn_bwd_dq, dq_grid, dict(dq_kw, DELTA_ONLY=False), (0, 1, 2, 3, 4, 6))
+    dev = q4.device
+
+    def plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse):
+        delta = torch.empty((bh, s_q), dtype=torch.float32, device=dev)
+        if delta_pass is not None:
+            delta_pass(q4, k4, v4, do4, lse, delta, dq4, *dq_rest)
+        elif pre is not None:
+            pre(o4, do4, delta, *pre_rest)
+        if dkdv is not None:
+            dkdv(q4, k4, v4, do4, lse, delta, dk4, dv4, *dkdv_rest)
+        if dqp is not None:
+            dqp(q4, k4, v4, do4, lse, delta, dq4, *dq_rest)
+
+    return plan
 
 
 # --------------------------------------------------------------------------- custom op (the kit)
