@@ -25,6 +25,71 @@ from kernellab.harness.bench import git_sha, versions
 from kernellab.ops.attention import triton as AT
 
 
+def _inside(q, k, v, g, scale, line, calls=200) -> None:
+    """Inside a bare Python node: us per call of the launchers as the node runs them (the
+    backward on autograd's device thread), which thread, its current device, and how many
+    launches left the lean path for Triton's own (triton_support's LeanJIT._slow)."""
+    import threading
+    import time
+
+    from kernellab import triton_support
+
+    seen = {"fwd": 0.0, "bwd": 0.0, "threads": set(), "devices": set()}
+
+    class Timed(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            t0 = time.perf_counter()
+            o, lse = AT.forward(q, k, v, True, scale)
+            seen["fwd"] += time.perf_counter() - t0
+            ctx.save_for_backward(q, k, v, o, lse)
+            return o
+
+        @staticmethod
+        def backward(ctx, dy):
+            t0 = time.perf_counter()
+            out = AT.backward(dy, *ctx.saved_tensors, True, scale)
+            seen["bwd"] += time.perf_counter() - t0
+            seen["threads"].add(threading.get_ident() == threading.main_thread().ident)
+            if torch.cuda.is_available():
+                seen["devices"].add(torch._C._cuda_getDevice())
+            return out
+
+    lean = triton_support._LEAN_JIT
+    slow = {"n": 0}
+    if lean is not None:
+        orig = lean._slow
+
+        def counted(self, grid, args, kw):
+            slow["n"] += 1
+            return orig(self, grid, args, kw)
+
+        lean._slow = counted
+    try:
+        for _ in range(10):
+            torch.autograd.grad(Timed.apply(q, k, v), (q, k, v), g)
+        seen["fwd"] = seen["bwd"] = 0.0
+        slow["n"] = 0
+        for _ in range(calls):
+            torch.autograd.grad(Timed.apply(q, k, v), (q, k, v), g)
+        n_slow_node = slow["n"]
+        slow["n"] = 0
+        for _ in range(calls):
+            torch.autograd.grad(kernellab.attention(q, k, v, causal=True, backend="triton"), (q, k, v), g)
+        line["inside_fwd_us"] = round(seen["fwd"] / calls * 1e6, 2)
+        line["inside_bwd_us"] = round(seen["bwd"] / calls * 1e6, 2)
+        line["bwd_on_main_thread"] = sorted(seen["threads"])
+        line["bwd_thread_devices"] = sorted(seen["devices"])
+        line["slow_launches_per_call_node"] = n_slow_node / calls
+        line["slow_launches_per_call_public"] = slow["n"] / calls
+    finally:
+        if lean is not None:
+            lean._slow = orig
+    for key in ("inside_fwd_us", "inside_bwd_us", "bwd_on_main_thread", "bwd_thread_devices",
+                "slow_launches_per_call_node", "slow_launches_per_call_public"):  # fmt: skip
+        print(f"{key:30s} {line[key]}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None)
@@ -93,6 +158,7 @@ def main(argv=None) -> int:
             line[name + "_us"], line[name + "_vs_sdpa"] = round(r[0], 2), round(r[1], 3)
     for k_, v_ in line.items():
         print(f"{k_:24s} {v_}")
+    _inside(q, k, v, g, scale, line)
     f = fns["triton"]
     for _ in range(20):
         f()
