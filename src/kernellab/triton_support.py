@@ -392,6 +392,23 @@ def jit(fn=None, **kwargs):
 _LEAN_MISSES: dict[str, str] = {}  # kernel name -> why launch_tuned could not go lean
 
 
+PLANS_MAX = 1024  # ever-new shapes (varying lengths) rebuild plans, never grow without bound
+
+
+def kept_plan(plans: dict, key, make):
+    """A launch plan: ``plans[key]``, made by ``make()`` at the key's first call (the cache
+    is emptied when it holds PLANS_MAX). None as the key (traced calls: fake tensors,
+    symbolic shapes, which are not even hashable) makes one and keeps none."""
+    if key is None:
+        return make()
+    plan = plans.get(key)
+    if plan is None:
+        if len(plans) >= PLANS_MAX:
+            plans.clear()
+        plan = plans[key] = make()
+    return plan
+
+
 def _tuned_key(tuner, args, kw) -> tuple[dict, tuple]:
     """launch_tuned's cache of ``tuner`` and the key of a call in it."""
     state = tuner.__dict__.get("_kl_lean")

@@ -1038,20 +1038,10 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
 # forward's one launch and 112 us for the backward's three against SDPA's whole forward +
 # backward of 130 us (scripts/probe_attn_host.py).
 _PLANS: dict = {}
-_PLANS_MAX = 1024  # ever-new shapes (varying lengths) rebuild plans, never grow without bound
 
 
 def _plan(key, make):
-    """The plan of ``key`` (made by ``make()`` at its first call); None as the key (traced
-    calls: fake tensors, symbolic shapes) makes one and keeps none."""
-    if key is None:
-        return make()
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[key] = make()
-    return plan
+    return triton_support.kept_plan(_PLANS, key, make)
 
 
 def _tf32(dtype) -> bool:  # (the plan keys: _prec reads this global flag for fp32)

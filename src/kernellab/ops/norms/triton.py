@@ -448,20 +448,12 @@ def _row_1d(rows: int, dtype, cfg: Config = CONFIG) -> bool:
 # then allocates its outputs and launches (the host cost of a GPT-2-sized model's norm
 # calls is mostly this Python; NOTES, seventeenth session).
 _PLANS: dict = {}
-_PLANS_MAX = 1024  # ever-new shapes (varying lengths) rebuild plans, never grow without bound
 
 
 def _plan(x, key, make):
-    """The plan of ``key`` (made by ``make()`` at its first call); traced calls
-    (torch.compile's fake tensors, whose shapes may be symbolic) make one and keep none."""
-    if type(x) is not torch.Tensor:  # (a symbolic shape is not even hashable)
-        return make()
-    plan = _PLANS.get(key)
-    if plan is None:
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        plan = _PLANS[key] = make()
-    return plan
+    """The plan of ``key`` (triton_support.kept_plan); traced calls (torch.compile's fake
+    tensors, whose shapes may be symbolic) make one and keep none."""
+    return triton_support.kept_plan(_PLANS, key if type(x) is torch.Tensor else None, make)
 
 
 class FwdPlan(NamedTuple):
