@@ -1,7 +1,9 @@
 """Probe (issue 19): kernellab's two-pass attention backward with each pass's key / query
 loop warp-specialized (Triton's ``tl.range(..., warp_specialize=True)``: a TMA producer
 and MMA / softmax consumers), the tiles streamed through device-side tensor descriptors.
-Non-causal, 16-bit, contiguous (B, H, S, D), S a multiple of the tiles, D 64 or 128.
+16-bit, contiguous (B, H, S, D), S a multiple of the tiles, D 64 or 128; causal as one
+loop per pass masked on every block (the only causal loop form Triton 3.6 warp-specialized
+in the forward probe).
 
     python scripts/probe_attn_bwd_ws.py [--out FILE.jsonl] [--shapes nc4k,...]
     python scripts/probe_attn_bwd_ws.py --compile-only    # sm_90 offline (no GPU): WS applied?
@@ -28,13 +30,14 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 CONFIGS = [  # (BLOCK_M, BLOCK_N, warps, stages) of the dK/dV pass; the dQ pass: (BLOCK_N, BLOCK_M, ...)
-    (64, 128, 4, 2), (64, 128, 8, 2), (64, 64, 4, 2), (128, 128, 4, 2), (128, 64, 4, 2),
+    (64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 8, 2), (128, 128, 4, 2),
 ]  # fmt: skip
+# (At 1bc4252 on the H100, 64x64 and 128x64 tiles at 4 warps ran 1.9-3.9x the 64x128 time.)
 
 
 @triton.jit
 def _dkdv_ws(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, S, ROWS,
-             HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+             HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):  # fmt: skip
     # One key block (k, v, dk, dv held), every query block streamed: dv += P^T dO, dk += dS^T q.
     pid = tl.program_id(0)
     num_n = S // BLOCK_N
@@ -51,12 +54,18 @@ def _dkdv_ws(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, S, ROWS,
     v = vd.load([row0 + n0, 0])
     dk = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
-    for m0 in tl.range(0, S, BLOCK_M, warp_specialize=True):
+    lo = 0
+    if CAUSAL:  # one loop from the first query block that sees a key here, masked throughout
+        lo = (n0 // BLOCK_M) * BLOCK_M
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    for m0 in tl.range(lo, S, BLOCK_M, warp_specialize=True):
         q = qd.load([row0 + m0, 0])
         do = dod.load([row0 + m0, 0])
         lse = ld.load([row0 + m0])
         delta = dd.load([row0 + m0])
         pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])
+        if CAUSAL:
+            pT = tl.where(offs_n[:, None] <= (m0 + tl.arange(0, BLOCK_M))[None, :], pT, 0.0)
         dv = tl.dot(pT.to(do.dtype), do, dv)
         dpT = tl.dot(v, tl.trans(do))
         dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
@@ -69,12 +78,15 @@ def _dkdv_ws(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, S, ROWS,
 
 @triton.jit
 def _dq_ws(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, S, ROWS,
-           HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+           HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):  # fmt: skip
     # One query block (q, dO, dq held), every key block streamed: dq += dS k.
     pid = tl.program_id(0)
     num_m = S // BLOCK_M
     bh = pid // num_m
-    m0 = (pid - bh * num_m) * BLOCK_M
+    pid_m = pid - bh * num_m
+    if CAUSAL:
+        pid_m = num_m - 1 - pid_m  # longest rows first
+    m0 = pid_m * BLOCK_M
     row0 = bh * S
     qd = tl.make_tensor_descriptor(Q, shape=[ROWS, HEAD_D], strides=[HEAD_D, 1], block_shape=[BLOCK_M, HEAD_D])
     dod = tl.make_tensor_descriptor(DO, shape=[ROWS, HEAD_D], strides=[HEAD_D, 1], block_shape=[BLOCK_M, HEAD_D])
@@ -87,10 +99,16 @@ def _dq_ws(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, S, ROWS,
     lse = ld.load([row0 + m0])
     delta = dd.load([row0 + m0])
     dq = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
-    for n0 in tl.range(0, S, BLOCK_N, warp_specialize=True):
+    hi = S
+    if CAUSAL:  # one loop over the key blocks some row here sees, masked throughout
+        hi = m0 + BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    for n0 in tl.range(0, hi, BLOCK_N, warp_specialize=True):
         k = kd.load([row0 + n0, 0])
         v = vd.load([row0 + n0, 0])
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
+        if CAUSAL:
+            p = tl.where((n0 + tl.arange(0, BLOCK_N))[None, :] <= offs_m[:, None], p, 0.0)
         dp = tl.dot(do, tl.trans(v))
         ds = (p * (dp - delta[:, None])).to(k.dtype)
         dq = tl.dot(ds, k, dq)
@@ -98,8 +116,8 @@ def _dq_ws(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, S, ROWS,
     dqd.store([row0 + m0, 0], (dq * sm_scale).to(DQ.dtype.element_ty))
 
 
-def ws_backward(q, k, v, o, do, lse, cfg):
-    """dq, dk, dv (non-causal) from kernellab's forward outputs o and lse (log2 units)."""
+def ws_backward(q, k, v, o, do, lse, cfg, causal=False):
+    """dq, dk, dv from kernellab's forward outputs o and lse (log2 units)."""
     from kernellab import triton_support
 
     b, h, s, d = q.shape
@@ -112,9 +130,9 @@ def ws_backward(q, k, v, o, do, lse, cfg):
     lse = lse.reshape(rows)
     qk = scale * 1.4426950408889634
     _dkdv_ws[(b * h * (s // bn),)](q, k, v, do, lse, delta, dk, dv, qk, scale, s, rows,
-                                   HEAD_D=d, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages)  # fmt: skip
+                                   HEAD_D=d, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=causal, num_warps=warps, num_stages=stages)  # fmt: skip
     _dq_ws[(b * h * (s // bn),)](q, k, v, do, lse, delta, dq, qk, scale, s, rows,
-                                 HEAD_D=d, BLOCK_M=bn, BLOCK_N=bm, num_warps=warps, num_stages=stages)  # fmt: skip
+                                 HEAD_D=d, BLOCK_M=bn, BLOCK_N=bm, CAUSAL=causal, num_warps=warps, num_stages=stages)  # fmt: skip
     return dq, dk, dv
 
 
@@ -125,27 +143,27 @@ def compile_only() -> int:
     from triton.compiler import ASTSource
 
     rc = 0
-    for fn, names in ((_dkdv_ws, "dkdv"), (_dq_ws, "dq")):
+    for (fn, names), causal in [(f, c) for c in (False, True) for f in ((_dkdv_ws, "dkdv"), (_dq_ws, "dq"))]:
         for bm, bn, warps, stages in CONFIGS:
             tiles = dict(BLOCK_M=bm, BLOCK_N=bn) if names == "dkdv" else dict(BLOCK_M=bn, BLOCK_N=bm)
             sig = {n: "*bf16" for n in fn.arg_names[:4]}
             sig.update({n: "*fp32" for n in ("LSE", "DELTA")})
             sig.update({n: "*bf16" for n in fn.arg_names if n in ("DK", "DV", "DQ")})
             sig.update(qk_scale="fp32", sm_scale="fp32", S="i32", ROWS="i32")
-            sig.update({c: "constexpr" for c in ("HEAD_D", "BLOCK_M", "BLOCK_N")})
+            sig.update({c: "constexpr" for c in ("HEAD_D", "BLOCK_M", "BLOCK_N", "CAUSAL")})
             sig = {n: sig[n] for n in fn.arg_names}
             attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")}
             try:
-                kern = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=dict(HEAD_D=128, **tiles), attrs=attrs),
+                kern = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=dict(HEAD_D=128, CAUSAL=causal, **tiles), attrs=attrs),
                                       target=GPUTarget("cuda", 90, 32),
                                       options=dict(num_warps=warps, num_stages=stages))  # fmt: skip
                 ws = "ttg.warp_specialize" in kern.asm["ttgir"]
                 spill = ".local" in kern.asm["ptx"]
-                print(f"{names} {bm}x{bn} w{warps} s{stages}: compiled, ws={ws}, local_mem={spill}, "
+                print(f"{names} causal={causal} {bm}x{bn} w{warps} s{stages}: compiled, ws={ws}, local_mem={spill}, "
                       f"shared={kern.metadata.shared}", flush=True)  # fmt: skip
             except Exception as e:  # noqa: BLE001 - one config's failure is a line
                 rc = 1
-                print(f"{names} {bm}x{bn} w{warps} s{stages}: {type(e).__name__}: {str(e)[-200:]}", flush=True)
+                print(f"{names} causal={causal} {bm}x{bn} w{warps} s{stages}: {type(e).__name__}: {str(e)[-200:]}", flush=True)
     return rc
 
 
@@ -159,7 +177,8 @@ def main(argv=None) -> int:
         return compile_only()
     from probe_attn_bwd_tma import kernellab_backward, make, rel_err, sdpa_bwd_ms, time_ms
 
-    shapes = {"nc4k": (4, 16, 4096, 128, False), "full16k": (1, 16, 16384, 128, False), "nc2k64": (8, 16, 2048, 64, False)}
+    shapes = {"nc4k": (4, 16, 4096, 128, False), "full16k": (1, 16, 16384, 128, False), "nc2k64": (8, 16, 2048, 64, False),
+              "llama8k": (1, 32, 8192, 128, True), "b2s8k": (2, 32, 8192, 128, True), "llama2k": (1, 32, 2048, 128, True)}
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "git_sha": os.environ.get("KERNELLAB_GIT_SHA")}  # fmt: skip
     out = open(a.out, "a") if a.out else None
@@ -172,13 +191,13 @@ def main(argv=None) -> int:
         for cfg in CONFIGS:
             key = "x".join(map(str, cfg))
             try:
-                got = ws_backward(q, k, v, o, do, lse, cfg)
+                got = ws_backward(q, k, v, o, do, lse, cfg, causal)
                 torch.cuda.synchronize()
                 err = max(rel_err(g, r) for g, r in zip(got, ref))
                 if err > 2e-2:
                     row["configs"][key] = {"status": f"wrong ({err:.2e})"}
                     continue
-                ms = time_ms(lambda cfg=cfg: ws_backward(q, k, v, o, do, lse, cfg))
+                ms = time_ms(lambda cfg=cfg: ws_backward(q, k, v, o, do, lse, cfg, causal))
                 row["configs"][key] = {"status": "ok", "ms": round(ms, 4), "rel_err": err}
                 if best is None or ms < best[1]:
                     best = (key, ms)
