@@ -869,6 +869,92 @@ def test_warp_specialized_forward_kernel_matches_the_reference(dtype):
     torch.testing.assert_close(lse.double() * math.log(2), torch.logsumexp(scores, -1), atol=1e-5, rtol=1e-6)
 
 
+WS_BWD_LAYOUTS = ["contiguous", "fused_qkv"]
+
+
+def _ws_bwd_inputs(b, h, s, d, dtype, layout, device, seed=12):
+    """q, k, v, dO for the warp-specialized backward: contiguous (B, H, S, D), or as a model
+    has them (q, k, v views of one (B, S, 3, H, D) projection, dO in (B, S, H, D) memory)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    if layout == "contiguous":
+        return [torch.randn(b, h, s, d, generator=gen, device=device).to(dtype) for _ in range(4)]
+    qkv = torch.randn(b, s, 3, h, d, generator=gen, device=device).to(dtype)
+    do = torch.randn(b, s, h, d, generator=gen, device=device).to(dtype).transpose(1, 2)
+    return [*qkv.permute(2, 0, 3, 1, 4).unbind(0), do]
+
+
+@pytest.mark.parametrize("layout", WS_BWD_LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_warp_specialized_backward_kernels_match_the_plain_backward(causal, layout, monkeypatch):
+    """The warp-specialized backward passes (_attn_bwd_dkdv_ws, _attn_bwd_dq_ws: Hopper only
+    in the public path) run under the interpreter through the backward's launch plan, on
+    contiguous inputs and on a fused projection's views: dq, dk, dv against the plain
+    passes' on the same inputs, and _ws_layout reads both layouts."""
+    from kernellab.ops.attention import triton as at
+
+    b, h, s, d = 1, 2, 256, 128
+    q, k, v, do = _ws_bwd_inputs(b, h, s, d, torch.float16, layout, "cpu")
+    assert all(at._ws_layout(t, d) is not None for t in (q, k, v, do))
+    scale = d**-0.5
+    o, lse = at.forward(q, k, v, causal, scale)
+    at._PLANS.clear()
+    want = at.backward(do, q, k, v, o, lse, causal, scale)
+    at._PLANS.clear()
+    monkeypatch.setattr(at, "_ws_bwd_fits", lambda *args: True)
+    monkeypatch.setattr(at, "WS_BWD_MIN_S", 128)
+    monkeypatch.setitem(at._WS_BWD_DKDV, "BLOCK_M", 32)  # (smaller tiles: the interpreter's time)
+    monkeypatch.setitem(at._WS_BWD_DQ, "BLOCK_N", 32)
+    launched = []
+
+    class Counted:  # the kernels as the plan launches them: kernel[grid](...)
+        def __init__(self, fn):
+            self.fn = fn
+
+        def __getitem__(self, grid):
+            launched.append(self.fn.__name__)
+            return self.fn[grid]
+
+    for name in ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws"):
+        monkeypatch.setattr(at, name, Counted(getattr(at, name)))
+    got = at.backward(do, q, k, v, o, lse, causal, scale)
+    at._PLANS.clear()
+    assert launched == ["_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws"]
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        err = (g.float() - w.float()).abs().max() / w.float().abs().max()
+        assert err < 1e-2, f"{name}: relative error {err:.2e}"
+
+
+def test_warp_specialized_backward_layout_refuses_what_tma_cannot_read():
+    from kernellab.ops.attention import triton as at
+
+    x = torch.randn(2, 4, 64, 128, dtype=torch.bfloat16)
+    assert at._ws_layout(x, 128) == (2 * 4 * 64, 4 * 64 * 128, 64 * 128, 128)
+    bshd = torch.randn(2, 64, 4, 128, dtype=torch.bfloat16).transpose(1, 2)
+    assert at._ws_layout(bshd, 128) == (2 * 64, 64 * 4 * 128, 128, 4 * 128)
+    assert at._ws_layout(x.transpose(-1, -2).contiguous().transpose(-1, -2), 128) is None  # D not unit-stride
+    assert at._ws_layout(torch.randn(2, 4, 64, 130, dtype=torch.bfloat16)[..., :128], 128) is None  # 260-byte rows
+
+
+def test_warp_specialized_backward_compiles_for_sm90_with_the_loops_specialized():
+    """No GPU needed: both warp-specialized backward passes compiled ahead of time for sm_90
+    with their launch tiles, causal or not: the TTGIR holds the specialized region."""
+    from kernellab.ops.attention import triton as at
+    from kltest import compile_for_sm90
+
+    for name, outs, tile in (("_attn_bwd_dkdv_ws", ("DK", "DV"), at._WS_BWD_DKDV), ("_attn_bwd_dq_ws", ("DQ",), at._WS_BWD_DQ)):
+        fn = getattr(at, name)
+        sig = {n: "*bf16" for n in ("Q", "K", "V", "DO", *outs)}
+        sig.update(LSE="*fp32", DELTA="*fp32", qk_scale="fp32", sm_scale="fp32")
+        sig.update({n: "i32" for n in fn.arg_names if n not in sig})
+        sig.update({c: "constexpr" for c in ("HEAD_D", "BLOCK_M", "BLOCK_N", "CAUSAL")})
+        ptrs = [i for i, n in enumerate(fn.arg_names) if sig[n].startswith("*")]
+        for causal in (False, True):
+            cx = dict(HEAD_D=128, BLOCK_M=tile["BLOCK_M"], BLOCK_N=tile["BLOCK_N"], CAUSAL=causal)
+            opts = {"num_warps": tile["num_warps"], "num_stages": tile["num_stages"]}
+            ttgir = compile_for_sm90(f"kernellab.ops.attention.triton.{name}", sig, cx, opts, ptrs, "ttgir")
+            assert "warp_specialize" in ttgir, (name, causal, ttgir[-400:])
+
+
 def test_warp_specialized_forward_compiles_for_sm90_with_the_loop_specialized():
     """No GPU needed: _attn_fwd_ws compiled ahead of time for sm_90 with its launch tile.
     The warp-specialization pass fails on some kernel forms (a pointer load of Q, 4-D
@@ -954,6 +1040,56 @@ def test_gpu_launch_plans_go_direct_and_survive_a_misaligned_call(shape):
     got = run(misaligned(q), misaligned(k), misaligned(v), misaligned(do))
     for a, b in zip(got, want):  # (at 1024 x 128 the aligned forward was the warp-specialized one)
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", WS_BWD_LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_warp_specialized_backward(causal, layout, monkeypatch):
+    """On an H100 (sm_90) a bf16 D=128 call at S = 2048, contiguous or through a fused
+    projection's views with dO in (B, S, H, D) memory, takes the warp-specialized backward
+    passes: dq, dk, dv against float64 within the check's rule, with the plain passes'
+    error (KERNELLAB_ATTN_WS_BWD=0) as the baseline; and a misaligned call at the same key
+    falls back to the plain passes."""
+    from kernellab.ops.attention import triton as at
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the warp-specialized backward runs on sm_90 only")
+    b, h, s, d = 1, 4, 2048, 128
+    q, k, v, do = _ws_bwd_inputs(b, h, s, d, torch.bfloat16, layout, "cuda")
+    scale = d**-0.5
+    assert at._ws_bwd_fits(q, k, v, do, causal, 1, False, 0, d, scale * at.LOG2E, s, s, False)
+    o, lse = at.forward(q, k, v, causal, scale)
+    launched = []
+    real = at._attn_bwd_dq_ws
+
+    class Counted:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(at, "_attn_bwd_dq_ws", Counted())
+    got = at.backward(do, q, k, v, o, lse, causal, scale)
+    assert launched, "the warp-specialized passes did not run"
+    monkeypatch.setenv("KERNELLAB_ATTN_WS_BWD", "0")
+    plain = at.backward(do, q, k, v, o, lse, causal, scale)
+    assert len(launched) == 1
+    a64 = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = torch.autograd.grad(SPEC.reference(*a64, causal=causal, scale=scale), a64, do.double())
+    for name, g, p, r in zip(("dq", "dk", "dv"), got, plain, ref):
+        verdict = judge(g, r, torch.bfloat16, p)
+        assert verdict.ok, f"{name}: {verdict.detail}"
+    monkeypatch.delenv("KERNELLAB_ATTN_WS_BWD")
+    buf = torch.empty(do.numel() + 1, device="cuda", dtype=do.dtype)
+    do_off = buf[1:].view(do.shape)  # contiguous strides, 2 bytes off alignment
+    if layout != "contiguous":
+        do_off = buf[1:].view(b, s, h, d).transpose(1, 2)
+    do_off.copy_(do)
+    assert do_off.stride() == do.stride()  # the same plan key
+    again = at.backward(do_off, q, k, v, o, lse, causal, scale)
+    assert len(launched) == 1  # TMA needs 16-byte aligned bases: the plain passes ran
+    for g, p in zip(again, plain):
+        torch.testing.assert_close(g.float(), p.float(), rtol=1e-2, atol=1e-2)
 
 
 GPU_WINDOW_CASES = [

@@ -520,6 +520,128 @@ def _attn_fwd_ws(
 
 
 # --------------------------------------------------------------------------- backward
+#
+# The warp-specialized backward (Hopper, 16-bit, D = 128, S_q = S_k, no GQA / window /
+# softcap): the two passes below with their streamed loop as tl.range(...,
+# warp_specialize=True) and the streamed tiles read through device-side tensor descriptors.
+# Each (Z, H, S, D) input is read as a 2-D (rows, stride_s) view: head (z, h) starts at
+# element z * stride_z + h * stride_h = row r0, column c0 of it, and its S rows follow one
+# stride_s apart (head-major contiguous q: c0 = 0; the (B, S, H, D) memory of a model's
+# fused projection or of dO: c0 = h * D). _ws_layout says when that holds. Causal runs as
+# one loop per program masked on every block (the only causal form the pass manager
+# specializes); dQ programs take the longest rows first. Outputs go through pointer stores,
+# any strides. scripts/probe_attn_bwd_ws.py measured the form (H100, bf16, D = 128):
+# 1.08-1.15x the plain two passes at S >= 4k, even at 2k causal; slower at D = 64.
+
+
+@triton.jit
+def _ws_view(X, ROWS_X, sxz, sxh, sxs, z, h, BLOCK: tl.constexpr, HEAD_D: tl.constexpr):
+    # (descriptor, first row, first column) of head (z, h) of X read as (ROWS_X, sxs) rows
+    base = z.to(tl.int64) * sxz + h.to(tl.int64) * sxh
+    r0 = (base // sxs).to(tl.int32)
+    c0 = (base % sxs).to(tl.int32)
+    desc = tl.make_tensor_descriptor(X, shape=[ROWS_X, sxs], strides=[sxs, 1], block_shape=[BLOCK, HEAD_D])
+    return desc, r0, c0
+
+
+@triton.jit
+def _attn_bwd_dkdv_ws(
+    Q, K, V, DO, LSE, DELTA, DK, DV,  # lse, delta (Z*NH*S) fp32 contiguous, log2 units
+    qk_scale, sm_scale,
+    ROWS_Q, sqz, sqh, sqs, ROWS_K, skz, skh, sks, ROWS_V, svz, svh, svs, ROWS_DO, sdz, sdh, sds,
+    stride_dkz, stride_dkh, stride_dks, stride_dvz, stride_dvh, stride_dvs,
+    NH, S, ROWS_L,  # heads; S_q = S_k (a multiple of both tiles); Z*NH*S
+    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_n = S // BLOCK_N
+    bh = pid // num_n
+    n0 = (pid - bh * num_n) * BLOCK_N
+    z = bh // NH
+    h = bh - z * NH
+    qd, rq, cq = _ws_view(Q, ROWS_Q, sqz, sqh, sqs, z, h, BLOCK_M, HEAD_D)
+    dod, rdo, cdo = _ws_view(DO, ROWS_DO, sdz, sdh, sds, z, h, BLOCK_M, HEAD_D)
+    kd, rk, ck = _ws_view(K, ROWS_K, skz, skh, sks, z, h, BLOCK_N, HEAD_D)
+    vd, rv, cv = _ws_view(V, ROWS_V, svz, svh, svs, z, h, BLOCK_N, HEAD_D)
+    ld = tl.make_tensor_descriptor(LSE, shape=[ROWS_L], strides=[1], block_shape=[BLOCK_M])
+    dd = tl.make_tensor_descriptor(DELTA, shape=[ROWS_L], strides=[1], block_shape=[BLOCK_M])
+    row0 = bh * S
+    k = kd.load([rk + n0, ck])
+    v = vd.load([rv + n0, cv])
+    dk = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
+    lo = 0
+    if CAUSAL:
+        lo = (n0 // BLOCK_M) * BLOCK_M
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    for m0 in tl.range(lo, S, BLOCK_M, warp_specialize=True):
+        q = qd.load([rq + m0, cq])
+        do = dod.load([rdo + m0, cdo])
+        lse = ld.load([row0 + m0])
+        delta = dd.load([row0 + m0])
+        pT = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])
+        if CAUSAL:
+            pT = tl.where(offs_n[:, None] <= (m0 + tl.arange(0, BLOCK_M))[None, :], pT, 0.0)
+        dv = tl.dot(pT.to(do.dtype), do, dv)
+        dpT = tl.dot(v, tl.trans(do))
+        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+        dk = tl.dot(dsT, q, dk)
+    offs_d = tl.arange(0, HEAD_D)
+    zl, hl = z.to(tl.int64), h.to(tl.int64)
+    dk_ptrs = DK + zl * stride_dkz + hl * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
+    dv_ptrs = DV + zl * stride_dvz + hl * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :]
+    tl.store(dk_ptrs, (dk * sm_scale).to(DK.dtype.element_ty))
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty))
+
+
+@triton.jit
+def _attn_bwd_dq_ws(
+    Q, K, V, DO, LSE, DELTA, DQ,
+    qk_scale, sm_scale,
+    ROWS_Q, sqz, sqh, sqs, ROWS_K, skz, skh, sks, ROWS_V, svz, svh, svs, ROWS_DO, sdz, sdh, sds,
+    stride_dqz, stride_dqh, stride_dqs,
+    NH, S, ROWS_L,  # heads; S_q = S_k (a multiple of both tiles); Z*NH*S
+    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_m = S // BLOCK_M
+    bh = pid // num_m
+    pid_m = pid - bh * num_m
+    if CAUSAL:
+        pid_m = num_m - 1 - pid_m  # longest rows first
+    m0 = pid_m * BLOCK_M
+    z = bh // NH
+    h = bh - z * NH
+    qd, rq, cq = _ws_view(Q, ROWS_Q, sqz, sqh, sqs, z, h, BLOCK_M, HEAD_D)
+    dod, rdo, cdo = _ws_view(DO, ROWS_DO, sdz, sdh, sds, z, h, BLOCK_M, HEAD_D)
+    kd, rk, ck = _ws_view(K, ROWS_K, skz, skh, sks, z, h, BLOCK_N, HEAD_D)
+    vd, rv, cv = _ws_view(V, ROWS_V, svz, svh, svs, z, h, BLOCK_N, HEAD_D)
+    ld = tl.make_tensor_descriptor(LSE, shape=[ROWS_L], strides=[1], block_shape=[BLOCK_M])
+    dd = tl.make_tensor_descriptor(DELTA, shape=[ROWS_L], strides=[1], block_shape=[BLOCK_M])
+    row0 = bh * S
+    q = qd.load([rq + m0, cq])
+    do = dod.load([rdo + m0, cdo])
+    lse = ld.load([row0 + m0])
+    delta = dd.load([row0 + m0])
+    dq = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    hi = S
+    if CAUSAL:
+        hi = m0 + BLOCK_M
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    for n0 in tl.range(0, hi, BLOCK_N, warp_specialize=True):
+        k = kd.load([rk + n0, ck])
+        v = vd.load([rv + n0, cv])
+        p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse[:, None])
+        if CAUSAL:
+            p = tl.where((n0 + tl.arange(0, BLOCK_N))[None, :] <= offs_m[:, None], p, 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        ds = (p * (dp - delta[:, None])).to(k.dtype)
+        dq = tl.dot(ds, k, dq)
+    offs_d = tl.arange(0, HEAD_D)
+    dq_ptrs = DQ + z.to(tl.int64) * stride_dqz + h.to(tl.int64) * stride_dqh + offs_m[:, None] * stride_dqs
+    tl.store(dq_ptrs + offs_d[None, :], (dq * sm_scale).to(DQ.dtype.element_ty))
+
+
 
 
 @triton_support.jit
@@ -1138,6 +1260,57 @@ def _launch_ws(q4, k4, v4, o4, lse, qk_scale, nh, s):
     )  # fmt: skip
 
 
+WS_BWD_MIN_S = 2048  # (at 2k causal the probe's warp-specialized backward tied the plain one)
+_WS_BWD_DKDV = dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2)
+_WS_BWD_DQ = dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=2)
+
+
+def _ws_layout(t4: Tensor, d: int) -> tuple[int, int, int, int] | None:
+    """(rows, stride_z, stride_h, stride_s) of the 2-D view the warp-specialized backward
+    reads a (Z, H, S, D) tensor through (see _ws_view), or None where TMA cannot: every
+    head's rows one stride_s apart with its D columns inside a row, 16-byte aligned strides
+    and head offsets (the base address is tested per call)."""
+    zs, hs, s = t4.shape[0], t4.shape[1], t4.shape[2]
+    sz, sh, ss, sd = t4.stride()
+    esz = t4.element_size()
+    if sd != 1 or ss < d or (ss * esz) % 16 or (sz * esz) % 16 or (sh * esz) % 16 or (zs > 1 and sz % ss):
+        return None
+    if max((hh * sh) % ss for hh in range(hs)) + d > ss:
+        return None
+    return ((zs - 1) * sz + (hs - 1) * sh) // ss + s, sz, sh, ss
+
+
+def _ws_bwd_fits(q4, k4, v4, do4, causal, group, win, cap, d, qk_scale, s_q, s_k, raw_m) -> bool:
+    """Whether the backward takes the warp-specialized passes: a Hopper GPU, 16-bit, D = 128,
+    S_q = S_k >= WS_BWD_MIN_S a multiple of 128, no GQA, window or softcap, a positive scale,
+    q, k, v and dO in layouts _ws_layout reads (contiguous, or the (B, S, H, D) memory of a
+    fused projection). KERNELLAB_ATTN_WS_BWD=0 turns it off. Eager tensors only."""
+    return (
+        type(q4) in triton_support._REAL_TENSORS
+        and q4.is_cuda
+        and not raw_m
+        and not win
+        and not cap
+        and group == 1
+        and d == 128
+        and s_q == s_k
+        and s_q >= WS_BWD_MIN_S
+        and s_q % 128 == 0
+        and qk_scale > 0
+        and q4.dtype in (torch.float16, torch.bfloat16)
+        and k4.dtype == v4.dtype == do4.dtype == q4.dtype
+        and all(_ws_layout(t, d) is not None for t in (q4, k4, v4, do4))
+        and _WS_TRITON
+        and _device.is_sm90(q4.get_device())
+        and os.environ.get("KERNELLAB_ATTN_WS_BWD", "1") != "0"
+    )
+
+
+def _ws_bwd_args(q4, k4, v4, do4, d):
+    """The descriptor-view arguments (rows, stride_z, stride_h, stride_s) of q, k, v, dO."""
+    return tuple(x for t in (q4, k4, v4, do4) for x in _ws_layout(t, d))
+
+
 def lse_shape(q: Tensor) -> tuple[int, ...]:
     """The saved lse's shape: (..., S_q) for 16-bit q, the log-sum-exp in log2 units;
     (..., 2, S_q) for fp32 q, the row max m in score units (q . k, negated for a negative
@@ -1193,7 +1366,7 @@ def backward_into(
     if type(q) in triton_support._REAL_TENSORS:
         key = ("b", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), do.shape, do.stride(),
                o.shape, o.stride(), lse.shape, q.dtype, do.dtype, o.dtype, q.get_device(), causal, scale,
-               window_left, window_right, softcap, _tf32(q.dtype),
+               window_left, window_right, softcap, _tf32(q.dtype), os.environ.get("KERNELLAB_ATTN_WS_BWD", "1"),
                k.dtype, v.dtype, *(None if f else (t.dtype, t.stride()) for f, t in zip(fresh, (dq, dk, dv))))  # fmt: skip
     t4 = tuple(_split(t) for t in (q, k, v, do, o, dq, dk, dv))
     plan = _plan(key, lambda: _bwd_plan(*t4, lse, raw_m, causal, scale, window_left, window_right, softcap))
@@ -1245,8 +1418,24 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
     if s_q:
         dqp = triton_support.TunedBound(_attn_bwd_dq, dq_grid, dict(dq_kw, DELTA_ONLY=False), (0, 1, 2, 3, 4, 6))
     dev = q4.device
+    ws = _ws_bwd_fits(q4, k4, v4, do4, causal, group, win, cap, d, qk_scale, s_q, s_k, raw_m)
+    if ws:
+        views = _ws_bwd_args(q4, k4, v4, do4, d)
+        ws_dkdv = (qk_scale, scale, *views, *dk4.stride()[:3], *dv4.stride()[:3], nh, s_q, bh * s_q)
+        ws_dq = (qk_scale, scale, *views, *dq4.stride()[:3], nh, s_q, bh * s_q)
+        grid_dkdv = (bh * (s_q // _WS_BWD_DKDV["BLOCK_N"]),)
+        grid_dq = (bh * (s_q // _WS_BWD_DQ["BLOCK_M"]),)
 
     def plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse):
+        if ws and not (q4.data_ptr() | k4.data_ptr() | v4.data_ptr() | do4.data_ptr()) & 15:
+            delta = torch.empty((bh, s_q), dtype=torch.float32, device=dev)
+            pre(o4, do4, delta, *pre_rest)
+            triton_support.install_tma_allocator()  # per call: Triton's allocator is per thread
+            _attn_bwd_dkdv_ws[grid_dkdv](q4, k4, v4, do4, lse, delta, dk4, dv4, *ws_dkdv, HEAD_D=d,
+                                         CAUSAL=causal, **_WS_BWD_DKDV)  # fmt: skip
+            _attn_bwd_dq_ws[grid_dq](q4, k4, v4, do4, lse, delta, dq4, *ws_dq, HEAD_D=d, CAUSAL=causal,
+                                     **_WS_BWD_DQ)  # fmt: skip
+            return
         delta = torch.empty((bh, s_q), dtype=torch.float32, device=dev)
         if delta_pass is not None:
             delta_pass(q4, k4, v4, do4, lse, delta, dq4, *dq_rest)
