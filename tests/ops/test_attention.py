@@ -935,6 +935,24 @@ def test_warp_specialized_backward_layout_refuses_what_tma_cannot_read():
     assert at._ws_layout(torch.randn(2, 4, 64, 130, dtype=torch.bfloat16)[..., :128], 128) is None  # 260-byte rows
 
 
+def test_warp_specialized_backward_takes_column_views_only_when_asked(monkeypatch):
+    """By default the warp-specialized backward takes head-major layouts only (what the H100
+    verified); a fused projection's views need KERNELLAB_ATTN_WS_BWD=views; 0 turns it off.
+    (On the CPU the device test fails every mode: the layout rule is read without it.)"""
+    from kernellab.ops.attention import triton as at
+
+    monkeypatch.setattr(at._device, "is_sm90", lambda index: True)
+    monkeypatch.setattr(at, "_WS_TRITON", True)
+    monkeypatch.setattr(at.triton_support, "_REAL_TENSORS", (torch.Tensor,))
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    args = (False, 1, False, 0, 128, 0.1, 2048, 2048, False)
+    flat = _ws_bwd_inputs(1, 2, 2048, 128, torch.bfloat16, "contiguous", "cpu")
+    fused = _ws_bwd_inputs(1, 2, 2048, 128, torch.bfloat16, "fused_qkv", "cpu")
+    for mode, want in (("1", (True, False)), ("views", (True, True)), ("0", (False, False))):
+        monkeypatch.setenv("KERNELLAB_ATTN_WS_BWD", mode)
+        assert (at._ws_bwd_fits(*flat, *args), at._ws_bwd_fits(*fused, *args)) == want, mode
+
+
 def test_warp_specialized_backward_compiles_for_sm90_with_the_loops_specialized():
     """No GPU needed: both warp-specialized backward passes compiled ahead of time for sm_90
     with their launch tiles, causal or not: the TTGIR holds the specialized region."""
@@ -1058,6 +1076,8 @@ def test_gpu_warp_specialized_backward(causal, layout, monkeypatch):
     b, h, s, d = 1, 4, 2048, 128
     q, k, v, do = _ws_bwd_inputs(b, h, s, d, torch.bfloat16, layout, "cuda")
     scale = d**-0.5
+    mode = "1" if layout == "contiguous" else "views"  # (column-offset views: opt-in, see _WS_BWD_MODE)
+    monkeypatch.setenv("KERNELLAB_ATTN_WS_BWD", mode)
     assert at._ws_bwd_fits(q, k, v, do, causal, 1, False, 0, d, scale * at.LOG2E, s, s, False)
     o, lse = at.forward(q, k, v, causal, scale)
     launched = []
@@ -1079,7 +1099,7 @@ def test_gpu_warp_specialized_backward(causal, layout, monkeypatch):
     for name, g, p, r in zip(("dq", "dk", "dv"), got, plain, ref):
         verdict = judge(g, r, torch.bfloat16, p)
         assert verdict.ok, f"{name}: {verdict.detail}"
-    monkeypatch.delenv("KERNELLAB_ATTN_WS_BWD")
+    monkeypatch.setenv("KERNELLAB_ATTN_WS_BWD", mode)
     buf = torch.empty(do.numel() + 1, device="cuda", dtype=do.dtype)
     do_off = buf[1:].view(do.shape)  # contiguous strides, 2 bytes off alignment
     if layout != "contiguous":
