@@ -159,6 +159,28 @@ def rel_err(a, b) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
 
 
+def sweep(configs, run, ref) -> tuple[dict, tuple | None]:
+    """Each config's status: ``run(cfg)`` (dq, dk, dv) checked against ``ref`` (max abs
+    error over max abs value < 2e-2), then timed; and the fastest correct (key, ms)."""
+    out, best = {}, None
+    for cfg in configs:
+        key = "x".join(map(str, cfg))
+        try:
+            got = run(cfg)
+            torch.cuda.synchronize()
+            err = max(rel_err(g, r) for g, r in zip(got, ref))
+            if err > 2e-2:
+                out[key] = {"status": f"wrong ({err:.2e})"}
+                continue
+            ms = time_ms(lambda cfg=cfg: run(cfg))
+            out[key] = {"status": "ok", "ms": round(ms, 4), "rel_err": err}
+            if best is None or ms < best[1]:
+                best = (key, ms)
+        except Exception as e:  # noqa: BLE001 - one config's failure is a row, not the end
+            out[key] = {"status": f"{type(e).__name__}: {str(e)[-300:]}"}
+    return out, best
+
+
 def sdpa_bwd_ms(q, k, v, causal, backend) -> float | None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -202,25 +224,9 @@ def main(argv=None) -> int:
         shape = SHAPES[name]
         q, k, v, o, do, lse, causal = make(shape, "cuda")
         ref = kernellab_backward(q, k, v, o, do, lse, causal)
-        row = {**meta, "shape": name, "bhsd_causal": shape, "configs": {}}
-        best = None
-        for cfg in CONFIGS:
-            if shape[2] % cfg[0] or shape[2] % cfg[1]:
-                continue
-            key = "x".join(map(str, cfg))
-            try:
-                got = fused_backward(q, k, v, o, do, lse, causal, cfg)
-                torch.cuda.synchronize()
-                err = max(rel_err(g, r) for g, r in zip(got, ref))
-                if err > 2e-2:
-                    row["configs"][key] = {"status": f"wrong ({err:.2e})"}
-                    continue
-                ms = time_ms(lambda cfg=cfg: fused_backward(q, k, v, o, do, lse, causal, cfg))
-                row["configs"][key] = {"status": "ok", "ms": round(ms, 4), "rel_err": err}
-                if best is None or ms < best[1]:
-                    best = (key, ms)
-            except Exception as e:  # noqa: BLE001 - one config's failure is a row, not the end
-                row["configs"][key] = {"status": f"{type(e).__name__}: {str(e)[-300:]}"}
+        row = {**meta, "shape": name, "bhsd_causal": shape}
+        configs = [c for c in CONFIGS if not (shape[2] % c[0] or shape[2] % c[1])]
+        row["configs"], best = sweep(configs, lambda cfg: fused_backward(q, k, v, o, do, lse, causal, cfg), ref)
         row["fused_best"] = best
         row["kernellab_ms"] = round(time_ms(lambda: kernellab_backward(q, k, v, o, do, lse, causal)), 4)
         row["cudnn_ms"] = sdpa_bwd_ms(q, k, v, causal, "cudnn")
