@@ -57,10 +57,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    p.add_argument("--attn-grad", action="store_true",
-                   help="instead: attention forward + backward (autograd.grad) per call at a tiny and "
-                        "a GPT-2-small shape, PyTorch's SDPA against each kernellab backend and the "
-                        "default (issue 19: the host path at least as light as SDPA's)")  # fmt: skip
     p.add_argument("--norm-host", action="store_true",
                    help="also: layer_norm's host cost, loop time and device time per backend at "
                         "row counts from 64 to 16384 (where Triton's host cost grows)")  # fmt: skip
@@ -71,9 +67,6 @@ def main(argv=None) -> int:
             "gpu": torch.cuda.get_device_name() if dev == "cuda" else None}  # fmt: skip
     print("#", meta)
     out = open(a.out, "a") if a.out else None
-    if a.attn_grad:
-        _attn_grad(dev, dt, meta, out, a.rounds)
-        return 0
     if a.norm_host:
         _norm_host(dev, dt, meta, out)
     for op, (args, kw, raw, public) in cases(dev, dt).items():
@@ -113,33 +106,6 @@ def main(argv=None) -> int:
             out.write(json.dumps(line) + "\n")
             out.flush()
     return 0
-
-
-def _attn_grad(dev, dt, meta, out, rounds) -> None:
-    """us per forward + backward call in a plain loop, paired rounds against SDPA's."""
-    backends = ["torch", "triton", "sdpa_flash", "sdpa_cudnn", None] if dev == "cuda" else ["torch", None]
-    for shape in [(1, 2, 64, 64), (4, 12, 256, 64)]:
-        q, k, v = (torch.randn(*shape, device=dev, dtype=dt, requires_grad=True) for _ in range(3))
-        g = torch.randn(*shape, device=dev, dtype=dt)
-
-        def step(f):
-            return lambda: torch.autograd.grad(f(), (q, k, v), g)
-
-        fns = {"pytorch": step(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))}
-        for be in backends:
-            fns[be or "default"] = step(lambda be=be: kernellab.attention(q, k, v, causal=True, backend=be))
-        res = timer.paired_us(fns, lambda n: "pytorch", rounds)
-        line = {"op": "attention", "mode": "fwdbwd", "shape": list(shape), "causal": True, "dtype": str(dt),
-                **meta, "chosen": tuning.choose("attention", (q, k, v), dev, None, {"causal": True})[0]}  # fmt: skip
-        for name, r in res.items():
-            if isinstance(r, Exception):
-                line[name] = f"{type(r).__name__}: {r}"
-            else:
-                line[name + "_us"], line[name + "_vs_pytorch"] = round(r[0], 3), round(r[1], 3)
-        print(line, flush=True)
-        if out:
-            out.write(json.dumps(line) + "\n")
-            out.flush()
 
 
 def _norm_host(dev, dt, meta, out) -> None:

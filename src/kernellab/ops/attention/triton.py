@@ -1221,9 +1221,10 @@ _WS_TRITON = hasattr(tl, "make_tensor_descriptor") and not _device.triton_interp
 def _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k) -> bool:
     """Whether this forward takes _attn_fwd_ws: a Hopper GPU, not causal, no window, no
     softcap, no GQA, 16-bit, D = 128, S_q = S_k >= WS_MIN_S a multiple of 128, a positive
-    scale, q, k and v contiguous (B, H, S, D) with 16-byte aligned bases (TMA); o any
-    strides with unit-stride rows. KERNELLAB_ATTN_WS=0 turns it off. Eager tensors only:
-    traced by torch.compile (the triton_op's fake tensors) the autotuned kernel runs."""
+    scale, q, k and v contiguous (B, H, S, D); o any strides with unit-stride rows. TMA's
+    16-byte aligned bases are the plan's test, on every call (_fwd_plan). KERNELLAB_ATTN_WS=0
+    turns it off. Eager tensors only: traced by torch.compile (the triton_op's fake tensors)
+    the autotuned kernel runs."""
     return (
         type(q4) in triton_support._REAL_TENSORS
         and q4.is_cuda
@@ -1241,12 +1242,9 @@ def _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k) -> 
         and q4.is_contiguous()
         and k4.is_contiguous()
         and v4.is_contiguous()
-        and q4.data_ptr() % 16 == 0
-        and k4.data_ptr() % 16 == 0
-        and v4.data_ptr() % 16 == 0
         and _WS_TRITON
         and _device.is_sm90(q4.get_device())
-        and os.environ.get("KERNELLAB_ATTN_WS", "1") != "0"
+        and _WS_ENV() != "0"
     )
 
 
@@ -1285,8 +1283,10 @@ def _ws_bwd_fits(q4, k4, v4, do4, causal, group, win, cap, d, qk_scale, s_q, s_k
     S_q = S_k >= WS_BWD_MIN_S a multiple of 128, no GQA, window or softcap, a positive scale,
     q, k, v and dO in layouts _ws_layout reads (see _WS_BWD_MODE for which by default).
     KERNELLAB_ATTN_WS_BWD=0 turns it off. Eager tensors only."""
+    mode = _WS_BWD_MODE()
     return (
-        type(q4) in triton_support._REAL_TENSORS
+        mode != "0"
+        and type(q4) in triton_support._REAL_TENSORS
         and q4.is_cuda
         and not raw_m
         and not win
@@ -1300,10 +1300,9 @@ def _ws_bwd_fits(q4, k4, v4, do4, causal, group, win, cap, d, qk_scale, s_q, s_k
         and q4.dtype in (torch.float16, torch.bfloat16)
         and k4.dtype == v4.dtype == do4.dtype == q4.dtype
         and all(_ws_layout(t, d) is not None for t in (q4, k4, v4, do4))
-        and (_WS_BWD_MODE() == "views" or all(t.stride(1) % t.stride(2) == 0 for t in (q4, k4, v4, do4)))
+        and (mode == "views" or all(t.stride(1) % t.stride(2) == 0 for t in (q4, k4, v4, do4)))
         and _WS_TRITON
         and _device.is_sm90(q4.get_device())
-        and _WS_BWD_MODE() != "0"
     )
 
 
@@ -1437,8 +1436,8 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
         grid_dq = (bh * (s_q // _WS_BWD_DQ["BLOCK_M"]),)
 
     def plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse):
-        if ws and not (q4.data_ptr() | k4.data_ptr() | v4.data_ptr() | do4.data_ptr()) & 15:
-            delta = torch.empty((bh, s_q), dtype=torch.float32, device=dev)
+        delta = torch.empty((bh, s_q), dtype=torch.float32, device=dev)
+        if ws and not (q4.data_ptr() | k4.data_ptr() | v4.data_ptr() | do4.data_ptr()) & 15:  # TMA bases
             pre(o4, do4, delta, *pre_rest)
             triton_support.install_tma_allocator()  # per call: Triton's allocator is per thread
             _attn_bwd_dkdv_ws[grid_dkdv](q4, k4, v4, do4, lse, delta, dk4, dv4, *ws_dkdv, HEAD_D=d,
@@ -1446,7 +1445,6 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
             _attn_bwd_dq_ws[grid_dq](q4, k4, v4, do4, lse, delta, dq4, *ws_dq, HEAD_D=d, CAUSAL=causal,
                                      **_WS_BWD_DQ)  # fmt: skip
             return
-        delta = torch.empty((bh, s_q), dtype=torch.float32, device=dev)
         if delta_pass is not None:
             delta_pass(q4, k4, v4, do4, lse, delta, dq4, *dq_rest)
         elif pre is not None:
