@@ -49,4 +49,4 @@ register(
     builtin=True,
     available=_compile_unavailable,
     description="torch.compile of torch.matmul + bias + activation (epilogue fused by Inductor)",
-)(compiled(_product_with_epilogue))
+)(compiled(_product_with_epilogue, op="matmul"))
