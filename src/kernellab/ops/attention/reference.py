@@ -134,14 +134,59 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t.clone() if t.is_cuda and t.data_ptr() % 16 else t
 
 
+def _fit_grad(g: torch.Tensor) -> torch.Tensor:
+    # The output gradient as SDPA's backward kernels want it. Misaligned (CUDA): on an
+    # H200 (torch 2.11) a bf16/fp16 dy with a storage offset of one element made the cuDNN
+    # backward fail ("mha_graph.execute ... is_good()") and, inside `kernellab check`'s
+    # per-argument dy layouts, faulted with "misaligned address": an aligned copy. Zero
+    # strides (a dy expanded over batch and heads, as `sum()` of a broadcast loss or the
+    # check's "expanded" layout gives): on an H100 `check` saw dq NaN from the fp16/bf16
+    # backward with such a dy where the reference is finite; the kernels index dy with its
+    # strides, and a stride of 0 is outside what they are tested with. A contiguous copy
+    # (one B*H*S*D write, small beside the backward's S^2 work) is what every layout test
+    # of SDPA covers.
+    if any(st == 0 and n > 1 for st, n in zip(g.stride(), g.shape)):
+        return g.contiguous()
+    return _aligned(g)
+
+
+class _NoSecondDerivative(torch.autograd.Function):
+    """Identity on one gradient of a fused SDPA kernel, whose own backward has no
+    derivative: differentiating it again raises a clear error instead of PyTorch's
+    "derivative for aten::_scaled_dot_product_..._backward is not implemented"."""
+
+    @staticmethod
+    def forward(ctx, g, kernel):
+        ctx.kernel = kernel
+        return g.view_as(g)
+
+    @staticmethod
+    def backward(ctx, gg):
+        raise RuntimeError(
+            "attention/torch: double backward (a gradient of dq, dk or dv taken with "
+            f"create_graph=True) is not supported: PyTorch's fused SDPA kernel ({ctx.kernel}) "
+            "has no derivative of its backward. backend='manual' computes second derivatives."
+        )
+
+
+def _refuse_second_derivative(kernel, grad_inputs, grad_outputs):
+    # A post-hook of the SDPA node: runs after its backward, with grad mode on only under
+    # create_graph=True, the one case where dq, dk, dv get a graph that must not be used.
+    if not torch.is_grad_enabled():
+        return None
+    return tuple(None if g is None else _NoSecondDerivative.apply(g, kernel) for g in grad_inputs)
+
+
 def _align_grad(o: torch.Tensor) -> torch.Tensor:
-    # The backward of SDPA's fused kernels has the same blind spot for the output gradient:
-    # on an H200 (torch 2.11) a bf16/fp16 dy with a storage offset of one element made the
-    # cuDNN backward fail ("mha_graph.execute ... is_good()") and, inside `kernellab check`'s
-    # per-argument dy layouts, faulted with "misaligned address". The hook hands SDPA an
-    # aligned copy of such a gradient (one clone, only then).
-    if o.requires_grad and o.is_cuda:
-        o.register_hook(_aligned)
+    """``o``, an SDPA output, with the hooks its backward needs: the output gradient fitted
+    to the fused kernels (_fit_grad) and, for a fused kernel, a clear refusal of double
+    backward (SDPA's math path is differentiable twice and keeps its graph)."""
+    if o.requires_grad:
+        o.register_hook(_fit_grad)
+        node = o.grad_fn
+        kernel = type(node).__name__
+        if kernel.startswith("ScaledDotProduct"):  # (the hook holds a name, not the node: no cycle)
+            node.register_hook(functools.partial(_refuse_second_derivative, kernel.removesuffix("Backward0")))
     return o
 
 
@@ -170,8 +215,7 @@ def _sdpa(q, k, v, causal, scale, force_contiguous=False):
         allowed = causal_allowed(s_q, s_k, q.device)  # no empty row: every row sees key 0
         o = _align_grad(F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale, enable_gqa=gqa))
     else:
-        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale, enable_gqa=gqa)
-    o = _align_grad(o)
+        o = _align_grad(F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale, enable_gqa=gqa))
     return o if four else o.reshape(out_shape)
 
 
@@ -189,10 +233,31 @@ def _sdpa_window(q, k, v, causal, scale, window):
     return o.reshape(q.shape[:-1] + (v.shape[-1],))
 
 
+def _finite_on_cpu(q, k, v) -> bool:
+    """False when q, k or v on the CPU may hold NaN or inf (their fp32 sums are not
+    finite; a sum that overflows on finite values only sends the call to manual too).
+
+    The CPU's SDPA kernels do not follow the reference there: a query row holding NaN
+    (or, in 16-bit, inf) comes back as a row of zeros (its safe softmax zeroes a row whose
+    scores are all NaN); with causal and S_q > S_k, NaN/inf in v leaves the rows without a
+    key at 0 where 0 * NaN is NaN in the reference; a NaN in k reaches rows the causal mask
+    hides from it (additive mask: NaN + -inf), and a bf16 inf in k gives finite rows. No
+    sync on the CPU; three sums are O(S D) beside SDPA's O(S^2 D), ~15 us of host time. Skipped while
+    torch.compile traces (no data-dependent branch in a graph) and on other devices (the
+    GPU path never synchronizes)."""
+    if q.device.type != "cpu" or torch.compiler.is_compiling():
+        return True
+    with torch.no_grad():  # inf + -inf is NaN in Python floats too
+        f32 = torch.float32
+        return math.isfinite(q.sum(dtype=f32).item() + k.sum(dtype=f32).item() + v.sum(dtype=f32).item())
+
+
 def torch_attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
     """F.scaled_dot_product_attention, PyTorch's own choice of kernel."""
-    if has_softcap(softcap):
-        # SDPA has no hook on the scores: PyTorch ops, scores in fp32 (as manual).
+    if has_softcap(softcap) or not _finite_on_cpu(q, k, v):
+        # softcap: SDPA has no hook on the scores. Non-finite inputs on the CPU: SDPA's
+        # NaN and inf land elsewhere than the reference's (_finite_on_cpu). Both: PyTorch
+        # ops, scores in fp32 (as manual), which follow the reference.
         return manual_attention(q, k, v, causal, scale, window, softcap)
     if window_bounds(window, causal) is not None:
         if _tf32_fp32(q):

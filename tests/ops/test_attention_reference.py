@@ -1,0 +1,155 @@
+"""The ``torch`` attention backend (PyTorch's SDPA, the default on the CPU) where PyTorch's
+own kernels go wrong or say something unclear:
+
+- NaN/inf in q, k or v: the CPU's SDPA puts NaN and inf elsewhere than the float64
+  reference (a NaN query row comes back as zeros); the backend must match the reference's
+  NaN/+inf/-inf positions in the output and in every gradient, and keep ordinary inputs on
+  SDPA;
+- an output gradient with zero strides (expanded over batch and heads) reaches SDPA's
+  backward as a contiguous copy;
+- double backward through a fused SDPA kernel raises a clear RuntimeError naming the
+  backend that supports it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import kernellab
+from kernellab.ops.attention import attention_reference
+from kernellab.ops.spec import relayout
+
+NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
+def _devices():
+    return ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _inputs(shape_q, s_k, dtype, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(shape_q, generator=g)
+    kv = shape_q[:-2] + (s_k, shape_q[-1])
+    k, v = torch.randn(kv, generator=g), torch.randn(kv, generator=g)
+    return [t.to(device=device, dtype=dtype) for t in (q, k, v)], g
+
+
+def _same_nonfinite(got, ref, what):
+    got, ref = got.double().cpu(), ref.double().cpu()
+    for name, pick in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        g, r = pick(got), pick(ref)
+        assert torch.equal(g, r), (
+            f"{what}: {name} at {int((g & ~r).sum())} positions where the reference has none, "
+            f"missing at {int((r & ~g).sum())}"
+        )
+    finite = torch.isfinite(ref)
+    torch.testing.assert_close(got[finite], ref[finite], atol=5e-2, rtol=5e-2, msg=what)
+
+
+# (S_q, S_k): square; causal with keys ahead (S_q < S_k); causal with query rows that see
+# no key (S_q > S_k, where v's NaN/inf must still reach them as 0 * NaN); and one past
+# the CPU kernel's 64-row blocks, where SDPA skipped masked blocks differently.
+LENGTHS = [(5, 5), (4, 9), (9, 4), (70, 133)]
+CASES = [
+    pytest.param(which, val, causal, s, id=f"{which}{val}-{'causal' if causal else 'full'}-{s[0]}x{s[1]}")
+    for which, val, causal, s in itertools.product("qkv", NONFINITE, (False, True), LENGTHS)
+]
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("which,val,causal,lengths", CASES)
+def test_default_attention_nonfinite_matches_reference(device, dtype, which, val, causal, lengths):
+    s_q, s_k = lengths
+    (q, k, v), g = _inputs((1, 2, s_q, 16), s_k, dtype, device, seed=s_q * 1000 + s_k)
+    t = {"q": q, "k": k, "v": v}[which]
+    t[0, 1, min(2, t.shape[-2] - 1), 3] = NONFINITE[val]
+    leaves = [a.clone().requires_grad_() for a in (q, k, v)]
+    ref_leaves = [a.double().cpu().requires_grad_() for a in (q, k, v)]
+    out = kernellab.attention(*leaves, causal)  # backend=None: the default (torch on the CPU)
+    ref = attention_reference(*ref_leaves, causal)
+    _same_nonfinite(out, ref, "output")
+    dy = torch.randn(ref.shape, generator=g).double()
+    got = torch.autograd.grad(out, leaves, dy.to(device=device, dtype=dtype))
+    want = torch.autograd.grad(ref, ref_leaves, dy)
+    for name, a, b in zip("qkv", got, want):
+        _same_nonfinite(a, b, f"d{name}")
+
+
+@pytest.mark.parametrize("opts", [{}, {"causal": True}, {"causal": True, "window": (3, 0)}], ids=str)
+def test_torch_attention_nonfinite_window_and_3d(opts):
+    (q, k, v), _ = _inputs((3, 11, 8), 11, torch.float32, "cpu", seed=7)
+    q[1, 4, 0] = float("nan")
+    k[2, 6, 5] = float("inf")
+    out = kernellab.attention(q, k, v, backend="torch", **opts)
+    _same_nonfinite(out, attention_reference(q.double(), k.double(), v.double(), **opts), "output")
+
+
+def test_torch_attention_finite_inputs_stay_on_sdpa():
+    """The NaN/inf guard must not send ordinary inputs (huge but finite ones included)
+    away from PyTorch's kernel: the output's autograd node is SDPA's."""
+    (q, k, v), _ = _inputs((2, 3, 17, 16), 17, torch.float32, "cpu", seed=3)
+    q[0, 0, 0] = 1e4
+    out = kernellab.attention(*(t.requires_grad_() for t in (q, k, v)), backend="torch")
+    assert type(out.grad_fn).__name__.startswith("ScaledDotProduct"), type(out.grad_fn).__name__
+    q2 = q.detach().clone()
+    q2[0, 0, 0, 0] = float("nan")
+    out = kernellab.attention(q2.requires_grad_(), k, v, backend="torch")
+    assert not type(out.grad_fn).__name__.startswith("ScaledDotProduct")
+
+
+def _sdpa_node(out):
+    todo, seen = [out.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__.startswith("ScaledDotProduct"):
+            return node
+        todo.extend(f for f, _ in node.next_functions)
+    raise AssertionError("no SDPA node under the output")
+
+
+@pytest.mark.parametrize(
+    "shape_q,s_k,causal",
+    [((2, 3, 37, 64), 37, False), ((2, 3, 37, 64), 37, True), ((2, 3, 29, 32), 13, True), ((6, 37, 64), 37, False)],
+    ids=["layout-shape", "causal", "causal-rows-without-keys", "3d"],
+)
+def test_torch_attention_expanded_grad_reaches_sdpa_contiguous(shape_q, s_k, causal):
+    """An output gradient expanded over batch and heads (stride 0, the check's "expanded"
+    layout) is handed to SDPA's backward as a contiguous copy, and the gradients are those
+    of the same values laid out contiguously."""
+    (q, k, v), g = _inputs(shape_q, s_k, torch.float32, "cpu", seed=11)
+    dy_full = torch.randn(shape_q[:-1] + (v.shape[-1],), generator=g)
+    dy = relayout(dy_full, "expanded")
+    assert 0 in dy.stride()
+    grads = []
+    for d in (dy, dy.contiguous()):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = kernellab.attention(*leaves, causal, backend="torch")
+        seen = []
+        _sdpa_node(out).register_prehook(lambda go: seen.append(go[0].stride()))
+        grads.append(torch.autograd.grad(out, leaves, d))
+        assert seen and all(0 not in st for st in seen), f"SDPA's backward got dy with strides {seen}"
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("shape_q,s_k,causal", [((2, 3, 9, 16), 9, False), ((3, 9, 16), 5, True)], ids=["4d", "3d"])
+def test_torch_attention_double_backward_clear_error(device, shape_q, s_k, causal):
+    dtype = torch.float16 if device == "cuda" else torch.float32  # a fused kernel on both
+    (q, k, v), _ = _inputs(shape_q, s_k, dtype, device, seed=5)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    out = kernellab.attention(*leaves, causal, backend="torch")
+    grads = torch.autograd.grad(out.float().sum(), leaves, create_graph=True)
+    first = torch.autograd.grad(out.float().sum(), leaves, retain_graph=True)
+    for a, b in zip(grads, first):  # the first-order values are untouched
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    with pytest.raises(RuntimeError, match=r"attention/torch: double backward .* backend='manual'"):
+        torch.autograd.grad(sum(x.float().sum() for x in grads), leaves)
+    assert kernellab.get("attention", "manual").double_backward  # the backend the message names
