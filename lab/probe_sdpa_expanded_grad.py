@@ -6,9 +6,19 @@ On an H100, `kernellab check` flagged the `torch` attention backend in fp16/bf16
 plain repro at four other shapes gave no NaN. This probe runs every SDPA kernel (the
 default choice, flash, efficient, cuDNN, math) x fp16/bf16 x causal x shapes (the check's
 layout shape (2, 3, 37, 64) and others with S in {37, 64, 128, 1000}, D in {64, 128}), with
-the same dO values laid out expanded and contiguous, and prints one line per case:
+the same dO values laid out expanded and contiguous, each in two modes, and prints one line
+per case:
 
-  kernel dtype causal shape dO | out err | dq/dk/dv: max error against float64 autograd,
+  plain:    fresh tensors, as a user's script sees them (a plain repro of this kind gave
+            no NaN at four shapes, and none on an H200 at (2, 3, 37, 64));
+  poisoned: as `kernellab check` runs it: the first query row x30 in 16-bit (the spec's
+            plant: scores ~100), NaN-filled blocks left in the caching allocator before the
+            forward and the backward, and torch.empty filling new tensors with NaN
+            (deterministic algorithms, warn_only), so memory a kernel reads or leaves
+            unwritten shows up as NaN. `kernellab check attention -b torch --quick --seed
+            230207637 --dtype fp16` failed this way on an H200 at 5a361f7 (dq: 640 NaN).
+
+  kernel dtype causal shape mode dO | out err | dq/dk/dv: max error against float64 autograd,
   "NaN"/"inf" where the gradient holds them (the reference never does here), and
   "dexp" = max |grad(expanded dO) - grad(contiguous dO)| (0 or rounding when the kernel
   reads the zero strides right).
@@ -23,8 +33,10 @@ whose backward hook hands SDPA a contiguous copy of such a dO: they must be clea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -53,24 +65,61 @@ def reference(q, k, v, dy, causal):
     return o.detach(), torch.autograd.grad(o, (q, k, v), dy.double())
 
 
-def run_sdpa(kernel, q, k, v, dy, causal):
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def poison(*tensors, copies=3):
+    """NaN-filled blocks of each tensor's size left in the caching allocator's free lists
+    (what the check's poison_allocator does before the forward and the backward)."""
+    bufs = [torch.full_like(t, float("nan")) for t in tensors for _ in range(copies)]
+    sync()
+    del bufs
+
+
+@contextlib.contextmanager
+def nan_filled_empty():
+    """torch.empty fills new tensors with NaN (as the check's nan_filled_empty)."""
+    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    prev_fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*deterministic.*")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+        torch.utils.deterministic.fill_uninitialized_memory = prev_fill
+
+
+def forward(kernel, leaves, causal):
+    if kernel == "kernellab_torch":
+        import kernellab
+
+        return kernellab.attention(*leaves, causal, backend="torch")
+    if kernel == "default":
+        return F.scaled_dot_product_attention(*leaves, is_causal=causal)
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    with sdpa_kernel([getattr(SDPBackend, _SDP[kernel])]):
+        return F.scaled_dot_product_attention(*leaves, is_causal=causal)
+
+
+def run(kernel, q, k, v, dy, causal, poisoned):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    if kernel == "default":
-        o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-    else:
-        with sdpa_kernel([getattr(SDPBackend, _SDP[kernel])]):
-            o = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-    return o.detach(), torch.autograd.grad(o, leaves, dy)
-
-
-def run_kernellab(q, k, v, dy, causal):
-    import kernellab
-
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    o = kernellab.attention(*leaves, causal, backend="torch")
-    return o.detach(), torch.autograd.grad(o, leaves, dy)
+    if not poisoned:
+        o = forward(kernel, leaves, causal)
+        return o.detach(), torch.autograd.grad(o, leaves, dy)
+    poison(q, k, v)
+    with nan_filled_empty():
+        o = forward(kernel, leaves, causal)
+        sync()
+        poison(q, k, v)
+        grads = torch.autograd.grad(o, leaves, dy)
+        sync()
+    return o.detach(), grads
 
 
 def flags(t: torch.Tensor) -> str:
@@ -105,33 +154,36 @@ def main():
         for dtype in (torch.float16, torch.bfloat16):
             for causal in (False, True):
                 g = torch.Generator(device=dev).manual_seed(hash((shape, causal)) & 0xFFFF)
-                q, k, v = (torch.randn(shape, generator=g, device=dev).to(dtype) for _ in range(3))
+                q0, k, v = (torch.randn(shape, generator=g, device=dev).to(dtype) for _ in range(3))
                 dy_exp = expanded(torch.randn(shape, generator=g, device=dev).to(dtype))
                 dy_con = dy_exp.contiguous()
-                ref_o, ref_g = reference(q, k, v, dy_con, causal)
+                big = q0.clone()
+                big[..., 0, :] *= 30  # the check's plant (attention spec: _big_first_query)
+                refs = {False: reference(q0, k, v, dy_con, causal), True: reference(big, k, v, dy_con, causal)}
                 for kern in runners:
                     head = f"{kern:15s} {str(dtype)[6:]:8s} causal={int(causal)} {'x'.join(map(str, shape)):12s}"
-                    runs = {}
-                    for lay, dy in (("contig", dy_con), ("expanded", dy_exp)):
-                        try:
-                            if kern == "kernellab_torch":
-                                runs[lay] = run_kernellab(q, k, v, dy, causal)
-                            else:
-                                runs[lay] = run_sdpa(kern, q, k, v, dy, causal)
-                            if dev == "cuda":
-                                torch.cuda.synchronize()
-                        except Exception as e:  # noqa: BLE001 - a refusal is a result
-                            print(f"{head} dO={lay:8s} | refused: {type(e).__name__}: {str(e).splitlines()[0][:90]}")
-                    for lay, (o, grads) in runs.items():
-                        cols = [f"out {err(o, ref_o):.2e}"]
-                        for name, gr, rg, i in zip(("dq", "dk", "dv"), grads, ref_g, range(3)):
-                            col = f"{name} {flags(gr):7s} {err(gr, rg):.2e}"
-                            if lay == "expanded" and "contig" in runs:
-                                col += f" dexp {err(gr, runs['contig'][1][i].double()):.1e}"
-                            cols.append(col)
-                            if flags(gr) != "ok":
-                                suspicious.append(f"{head} dO={lay} {name} {flags(gr)}")
-                        print(f"{head} dO={lay:8s} | " + " | ".join(cols), flush=True)
+                    for poisoned in (False, True):
+                        q = big if poisoned else q0
+                        ref_o, ref_g = refs[poisoned]
+                        mode = "poisoned" if poisoned else "plain"
+                        runs = {}
+                        for lay, dy in (("contig", dy_con), ("expanded", dy_exp)):
+                            try:
+                                runs[lay] = run(kern, q, k, v, dy, causal, poisoned)
+                                sync()
+                            except Exception as e:  # noqa: BLE001 - a refusal is a result
+                                why = str(e).splitlines()[0][:90] if str(e) else ""
+                                print(f"{head} {mode:8s} dO={lay:8s} | refused: {type(e).__name__}: {why}")
+                        for lay, (o, grads) in runs.items():
+                            cols = [f"out {err(o, ref_o):.2e}"]
+                            for name, gr, rg, i in zip(("dq", "dk", "dv"), grads, ref_g, range(3)):
+                                col = f"{name} {flags(gr):7s} {err(gr, rg):.2e}"
+                                if lay == "expanded" and "contig" in runs:
+                                    col += f" dexp {err(gr, runs['contig'][1][i].double()):.1e}"
+                                cols.append(col)
+                                if flags(gr) != "ok":
+                                    suspicious.append(f"{head} {mode} dO={lay} {name} {flags(gr)} ({int((~gr.isfinite()).sum())})")
+                            print(f"{head} {mode:8s} dO={lay:8s} | " + " | ".join(cols), flush=True)
     print(f"# {time.perf_counter() - t0:.1f} s")
     print(f"# gradients with NaN/inf (the float64 reference has none): {len(suspicious)}")
     for line in suspicious:

@@ -59,17 +59,28 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("device", _devices())
+# The default on the CPU is torch; on a GPU the default and, apart, the torch backend
+# (PyTorch's CUDA SDPA: whether its kernels share the CPU's behaviour is what it shows).
+DEVICE_BACKENDS = [
+    pytest.param("cpu", None, id="cpu-default"),
+    pytest.param("cuda", None, id="cuda-default", marks=pytest.mark.gpu),
+    pytest.param("cuda", "torch", id="cuda-torch", marks=pytest.mark.gpu),
+]
+
+
+@pytest.mark.parametrize("device,backend", DEVICE_BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("which,val,causal,lengths", CASES)
-def test_default_attention_nonfinite_matches_reference(device, dtype, which, val, causal, lengths):
+def test_default_attention_nonfinite_matches_reference(device, backend, dtype, which, val, causal, lengths):
+    if device == "cpu":
+        assert kernellab.registry.default_backend("attention", "cpu") == "torch"
     s_q, s_k = lengths
     (q, k, v), g = _inputs((1, 2, s_q, 16), s_k, dtype, device, seed=s_q * 1000 + s_k)
     t = {"q": q, "k": k, "v": v}[which]
     t[0, 1, min(2, t.shape[-2] - 1), 3] = NONFINITE[val]
     leaves = [a.clone().requires_grad_() for a in (q, k, v)]
     ref_leaves = [a.double().cpu().requires_grad_() for a in (q, k, v)]
-    out = kernellab.attention(*leaves, causal)  # backend=None: the default (torch on the CPU)
+    out = kernellab.attention(*leaves, causal, backend=backend)
     ref = attention_reference(*ref_leaves, causal)
     _same_nonfinite(out, ref, "output")
     dy = torch.randn(ref.shape, generator=g).double()
