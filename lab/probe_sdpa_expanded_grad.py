@@ -41,9 +41,15 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-SHAPES = [(2, 3, 37, 64), (2, 3, 37, 128), (2, 4, 64, 64), (1, 8, 128, 128), (1, 2, 1000, 64), (2, 3, 1000, 128)]
+SHAPES = [(2, 3, 37, 64), (2, 3, 37, 128), (2, 4, 64, 64), (1, 8, 128, 128), (1, 2, 1000, 64),
+          (2, 3, 1000, 128)]
 KERNELS = ["default", "flash", "efficient", "cudnn", "math"]
-_SDP = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION", "math": "MATH"}
+_SDP = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "math": "MATH",
+}
 
 
 def expanded(t: torch.Tensor) -> torch.Tensor:
@@ -81,7 +87,8 @@ def poison(*tensors, copies=3):
 @contextlib.contextmanager
 def nan_filled_empty():
     """torch.empty fills new tensors with NaN (as the check's nan_filled_empty)."""
-    prev, prev_warn = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    prev = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
     prev_fill = torch.utils.deterministic.fill_uninitialized_memory
     torch.utils.deterministic.fill_uninitialized_memory = True
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -159,9 +166,10 @@ def main():
                 dy_con = dy_exp.contiguous()
                 big = q0.clone()
                 big[..., 0, :] *= 30  # the check's plant (attention spec: _big_first_query)
-                refs = {False: reference(q0, k, v, dy_con, causal), True: reference(big, k, v, dy_con, causal)}
+                refs = {p: reference(big if p else q0, k, v, dy_con, causal) for p in (False, True)}
                 for kern in runners:
-                    head = f"{kern:15s} {str(dtype)[6:]:8s} causal={int(causal)} {'x'.join(map(str, shape)):12s}"
+                    where = "x".join(map(str, shape))
+                    head = f"{kern:15s} {str(dtype)[6:]:8s} causal={int(causal)} {where:12s}"
                     for poisoned in (False, True):
                         q = big if poisoned else q0
                         ref_o, ref_g = refs[poisoned]
@@ -182,7 +190,8 @@ def main():
                                     col += f" dexp {err(gr, runs['contig'][1][i].double()):.1e}"
                                 cols.append(col)
                                 if flags(gr) != "ok":
-                                    suspicious.append(f"{head} {mode} dO={lay} {name} {flags(gr)} ({int((~gr.isfinite()).sum())})")
+                                    n_bad = int((~gr.isfinite()).sum())
+                                    suspicious.append(f"{head} {mode} dO={lay} {name} {flags(gr)} ({n_bad})")
                             print(f"{head} {mode:8s} dO={lay:8s} | " + " | ".join(cols), flush=True)
     print(f"# {time.perf_counter() - t0:.1f} s")
     print(f"# gradients with NaN/inf (the float64 reference has none): {len(suspicious)}")

@@ -127,7 +127,12 @@ def _sdpa_node(out):
 
 @pytest.mark.parametrize(
     "shape_q,s_k,causal",
-    [((2, 3, 37, 64), 37, False), ((2, 3, 37, 64), 37, True), ((2, 3, 29, 32), 13, True), ((6, 37, 64), 37, False)],
+    [
+        ((2, 3, 37, 64), 37, False),
+        ((2, 3, 37, 64), 37, True),
+        ((2, 3, 29, 32), 13, True),
+        ((6, 37, 64), 37, False),
+    ],
     ids=["layout-shape", "causal", "causal-rows-without-keys", "3d"],
 )
 def test_torch_attention_expanded_grad_reaches_sdpa_contiguous(shape_q, s_k, causal):
@@ -151,7 +156,9 @@ def test_torch_attention_expanded_grad_reaches_sdpa_contiguous(shape_q, s_k, cau
 
 
 @pytest.mark.parametrize("device", _devices())
-@pytest.mark.parametrize("shape_q,s_k,causal", [((2, 3, 9, 16), 9, False), ((3, 9, 16), 5, True)], ids=["4d", "3d"])
+@pytest.mark.parametrize(
+    "shape_q,s_k,causal", [((2, 3, 9, 16), 9, False), ((3, 9, 16), 5, True)], ids=["4d", "3d"]
+)
 def test_torch_attention_double_backward_clear_error(device, shape_q, s_k, causal):
     dtype = torch.float16 if device == "cuda" else torch.float32  # a fused kernel on both
     (q, k, v), _ = _inputs(shape_q, s_k, dtype, device, seed=5)

@@ -139,12 +139,12 @@ def _fit_grad(g: torch.Tensor) -> torch.Tensor:
     # H200 (torch 2.11) a bf16/fp16 dy with a storage offset of one element made the cuDNN
     # backward fail ("mha_graph.execute ... is_good()") and, inside `kernellab check`'s
     # per-argument dy layouts, faulted with "misaligned address": an aligned copy. Zero
-    # strides (a dy expanded over batch and heads, as `sum()` of a broadcast loss or the
-    # check's "expanded" layout gives): on an H100 `check` saw dq NaN from the fp16/bf16
-    # backward with such a dy where the reference is finite; the kernels index dy with its
-    # strides, and a stride of 0 is outside what they are tested with. A contiguous copy
-    # (one B*H*S*D write, small beside the backward's S^2 work) is what every layout test
-    # of SDPA covers.
+    # strides (a dy expanded over batch and heads: the grad of a broadcast, or the check's
+    # "expanded" layout): under `kernellab check` (NaN-poisoned memory, torch 2.11, H100
+    # and H200) the fp16/bf16 backward returned dq with NaN rows in every head but the
+    # first, where the same values laid out contiguously give the right dq. A contiguous
+    # copy (one B*H*S*D write, small beside the backward's S^2 work) keeps SDPA on the
+    # layout it is tested with; lab/probe_sdpa_expanded_grad.py looks for the cause.
     if any(st == 0 and n > 1 for st, n in zip(g.stride(), g.shape)):
         return g.contiguous()
     return _aligned(g)
@@ -215,7 +215,8 @@ def _sdpa(q, k, v, causal, scale, force_contiguous=False):
         allowed = causal_allowed(s_q, s_k, q.device)  # no empty row: every row sees key 0
         o = _align_grad(F.scaled_dot_product_attention(q4, k4, v4, attn_mask=allowed, scale=scale, enable_gqa=gqa))
     else:
-        o = _align_grad(F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale, enable_gqa=gqa))
+        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=causal, scale=scale, enable_gqa=gqa)
+        o = _align_grad(o)
     return o if four else o.reshape(out_shape)
 
 
@@ -242,9 +243,9 @@ def _finite_on_cpu(q, k, v) -> bool:
     scores are all NaN); with causal and S_q > S_k, NaN/inf in v leaves the rows without a
     key at 0 where 0 * NaN is NaN in the reference; a NaN in k reaches rows the causal mask
     hides from it (additive mask: NaN + -inf), and a bf16 inf in k gives finite rows. No
-    sync on the CPU; three sums are O(S D) beside SDPA's O(S^2 D), ~15 us of host time. Skipped while
-    torch.compile traces (no data-dependent branch in a graph) and on other devices (the
-    GPU path never synchronizes)."""
+    sync on the CPU; three sums are O(S D) beside SDPA's O(S^2 D), ~15 us of host time.
+    Skipped while torch.compile traces (no data-dependent branch in a graph) and on other
+    devices (the GPU path never synchronizes)."""
     if q.device.type != "cpu" or torch.compiler.is_compiling():
         return True
     with torch.no_grad():  # inf + -inf is NaN in Python floats too
