@@ -862,6 +862,17 @@ def test_gpu_reruns_bitwise_equal(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["tiled", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize(
+    "case", SAVED_CASES + [((1, 2, 1024, 128), False)], ids=lambda c: "x".join(map(str, c[0]))
+)
+def test_gpu_saved_tensors_are_inputs_output_and_lse(backend, dtype, case):
+    # + 1x2x1024x128 non-causal: 16-bit takes the warp-specialized forward on Hopper
+    _check_saved_lse(backend, case[0], dtype, "cuda", case[1])
+
+
+@pytest.mark.gpu
 def test_gpu_fp32_tf32_follows_the_matmul_flag():
     # TF32 on: triton's fp32 dots and the torch baseline both round to TF32 (package doc).
     old = torch.backends.cuda.matmul.allow_tf32
@@ -892,11 +903,13 @@ def test_gpu_peak_memory_linear_in_s():
 
 
 @pytest.mark.gpu
-def test_gpu_triton_under_torch_compile_fullgraph():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_gpu_triton_under_torch_compile_fullgraph(dtype):
+    # fp32: Inductor also traces the backward's STATS launch of the forward kernel
     def f(q, k, v):
         return A.attention(q, k, v, causal=True, backend="triton")
 
-    args = SPEC.make_inputs((2, 4, 300, 64), torch.bfloat16, "cuda", 14)
+    args = SPEC.make_inputs((2, 4, 300, 64), dtype, "cuda", 14)
     a1 = [t.clone().requires_grad_() for t in args]
     a2 = [t.clone().requires_grad_() for t in args]
     out = torch.compile(f, fullgraph=True)(*a1)
