@@ -1,27 +1,27 @@
-"""Triton attention fp32: the saved row statistics, one plane against two (GPU or CPU).
+"""Triton attention fp32: the backward's row statistics, recomputed against the saved
+log-sum-exp (GPU or CPU).
 
     python scripts/attention_fp32_lse.py [--out DIR] [--seeds 20] [--no-time | --time-only]
 
-The fp32 kernels save (row max in score units, log2 l) and recompute every probability as
-exp2((s - m) * |c| - log2 l) (``ops.attention.triton.lse_shape``); 16-bit ones save the
-one-plane log-sum-exp and use exp2(s * c - lse). This runs the fp32 kernels both ways
-(the one-plane form by patching ``lse_shape``: the kernels pick the form from the saved
-tensor's shape) on the same problems and prints, per form, the worst error / bound of
-dq, dk, dv (the check's bound: twice PyTorch's error against float64 plus one fp32 eps of
-scale, ``harness.compare.judge``) and how many problems exceed it. On a GPU it also times
-fp32 forward + backward of both forms at model shapes (CUDA events, L2 flushed).
-Rows -> DIR/attention_fp32_lse.jsonl.
+Every dtype saves the one-plane log-sum-exp (..., S_q). The fp32 backward recomputes (row
+max in score units, log2 l) with the forward kernel's STATS mode and forms every
+probability as exp2((s - m) * |c| - log2 l) ("stats", as shipped); 16-bit backwards use
+exp2(s * c - lse) from the saved lse ("one-plane", what ``backward_into(...,
+exact_stats=False)`` runs in fp32). This runs the fp32 backward both ways on the same
+problems and prints, per form, the worst error / bound of dq, dk, dv (the check's bound:
+twice PyTorch's error against float64 plus one fp32 eps of scale,
+``harness.compare.judge``) and how many problems exceed it. On a GPU it also times the
+fp32 forward and both backwards at model shapes (CUDA events, L2 flushed): the cost of
+the recompute. Rows -> DIR/attention_fp32_lse.jsonl.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 
@@ -45,25 +45,20 @@ PROBLEMS = [
 TIMED = [((1, 12, 1024, 64), True), ((4, 16, 2048, 128), True), ((2, 8, 64, 64), False)]
 
 
-FORMS = ("split", "one-plane")
+FORMS = ("stats", "one-plane")  # exact_stats True (as shipped) / False
 
 
-@contextlib.contextmanager
-def _form(form):
-    """The fp32 kernels' saved statistics: "split" as shipped, "one-plane" the 16-bit
-    log-sum-exp (``lse_shape`` patched: the kernels pick the form from the saved shape)."""
-    if form == "split":
-        yield
-        return
-    with mock.patch.object(tri, "lse_shape", lambda q: tuple(q.shape[:-1])):
-        yield
+def _backward(form, dy, q, k, v, o, lse, causal, scale, wl=-1, wr=-1):
+    return tri.backward_into(
+        dy, q, k, v, o, lse, causal, scale, None, None, None, wl, wr, exact_stats=form == "stats"
+    )
 
 
-def _grads(q, k, v, dy, causal, scale, window):
+def _grads(form, q, k, v, dy, causal, scale, window):
     """(dq, dk, dv) of the Triton kernels (the launchers, as the op runs them)."""
     wl, wr = window if window is not None else (-1, -1)
     o, lse = tri.forward(q, k, v, causal, scale, wl, wr)
-    return tri.backward(dy, q, k, v, o, lse, causal, scale, wl, wr)
+    return _backward(form, dy, q, k, v, o, lse, causal, scale, wl, wr)
 
 
 def _errors(shape, causal, window, scale, seed, dev):
@@ -78,8 +73,7 @@ def _errors(shape, causal, window, scale, seed, dev):
     tg = torch.autograd.grad(A.attention(*leaves, backend="torch", **opts), leaves, dy)
     out = {}
     for form in FORMS:
-        with _form(form):
-            ours = _grads(q, k, v, dy, causal, scale, window)
+        ours = _grads(form, q, k, v, dy, causal, scale, window)
         ratios = []
         for g, r, t in zip(ours, rg, tg):
             verdict = judge(g.reshape(r.shape), r, torch.float32, t)
@@ -95,11 +89,10 @@ def _time(shape, causal, dev):
     dy = torch.randn(q.shape, device=dev)
     scale = 1 / math.sqrt(shape[-1])
     rows = {}
+    fwd = time_cuda(lambda: tri.forward(q, k, v, causal, scale)).median_ms
+    o, lse = tri.forward(q, k, v, causal, scale)
     for form in FORMS:
-        with _form(form):
-            fwd = time_cuda(lambda: tri.forward(q, k, v, causal, scale)).median_ms
-            o, lse = tri.forward(q, k, v, causal, scale)
-            bwd = time_cuda(lambda: tri.backward(dy, q, k, v, o, lse, causal, scale)).median_ms
+        bwd = time_cuda(lambda: _backward(form, dy, q, k, v, o, lse, causal, scale)).median_ms
         rows[form] = (fwd, bwd)
     return rows
 

@@ -11,7 +11,7 @@ own error, softmax in fp32, plus one fp32 eps times max(1, max |dv|): ``judge``)
   m,log2l: exp2((s - m) - log2(l)), the row max and log2(l) kept apart
   raw:    exp2((qk - M) * c - log2(l)) with qk the unscaled scores, M their row max and
           c = scale * log2 e: the difference near the max is exact (what the fp32 Triton
-          kernels do since the fifteenth session, ``ops.attention.triton.lse_shape``)
+          kernels do, from statistics the backward recomputes: ``ops.attention.triton.lse_shape``)
   m,l:    exp2(s - m) / l (the forward's own form)
   m,1/l:  exp2(s - m) * (1 / l), the reciprocal once per row
   torch:  torch.softmax in fp32

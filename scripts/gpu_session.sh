@@ -170,11 +170,11 @@ run python3 scripts/gpu_attention.py --out "$OUT/attention"
 fi
 
 if want attn-fp32; then
-# Triton attention fp32: the saved (row max, log2 l) against the one-plane lse, errors over
+# Triton attention fp32: the backward's recomputed (row max, log2 l) against the saved lse, errors over
 # seeds and timings (scripts/attention_fp32_lse.py), the fp32 / window GPU tests with their
 # xfail marks ignored, the GPU fuzz tests of attention, and `check attention -b triton`
 # with fuzzed problems at seeds 1 and 2.
-step "attention fp32 (the saved row statistics)"
+step "attention fp32 (the backward's row statistics)"
 run timeout 170 python3 scripts/attention_fp32_lse.py --out "$OUT" --seeds "${LSE_SEEDS:-10}"
 run timeout 240 python3 -m pytest -v -m gpu tests/ops/test_attention.py -p no:cacheprovider --runxfail \
   -k "(fp32 and triton) or head_dims_fp32 or tf32 or window_and_softcap"

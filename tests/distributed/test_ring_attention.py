@@ -389,6 +389,26 @@ def test_simulated_ring_triton_interpreted(layout):
         assert (x.double() - y).abs().max().item() < 2e-5, what
 
 
+@pytest.mark.parametrize("blocks", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_ring_saves_q_k_v_o_and_one_natural_lse(blocks, dtype):
+    """The ring's autograd node is kernellab's and keeps attention's contract (README): q,
+    k, v, o and one extra tensor, the log-sum-exp of q.shape[:-1] in fp32, natural-log
+    units (the Triton blocks' log2 converted), here with GQA and the zigzag layout."""
+    q, k, v, _ = _problem(21, 1, 4, 2, 32, 16, torch.float32)
+    q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    o = simulate_ring(q, k, v, 2, causal=True, layout="zigzag", blocks=blocks)
+    saved = o.grad_fn.saved_tensors
+    assert len(saved) == 5, "q, k, v, o and exactly one extra tensor (the LSE)"
+    lse = saved[4]
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32, (tuple(lse.shape), lse.dtype)
+    ke = k.double().repeat_interleave(2, 1)
+    s = (q.double() @ ke.transpose(-1, -2) / math.sqrt(16)).masked_fill(
+        ~torch.ones(32, 32, dtype=torch.bool).tril(), float("-inf")
+    )
+    torch.testing.assert_close(lse.double(), s.logsumexp(-1), rtol=1e-5, atol=1e-5)
+
+
 # --------------------------------------------------------------------------- GPU
 
 

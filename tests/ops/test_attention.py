@@ -158,29 +158,55 @@ def test_cpu_triton_tile_edges(s_q, s_k):
         torch.testing.assert_close(dv, do.sum(-2, keepdim=True), rtol=1e-5, atol=1e-6)
 
 
-def test_cpu_triton_fp32_one_key_rows_and_either_lse_form():
+def test_cpu_triton_fp32_one_key_rows_and_exact_stats():
     """A window (0, -1) under causal: each query sees only its own key, PyTorch's dq is
-    exactly 0 and so is ours. The backward also takes the one-plane log-sum-exp (what ring
-    attention passes after its merge) and gives the same gradients within fp32 rounding;
-    an lse of any other shape is refused by name."""
+    exactly 0 and so is ours: the fp32 backward recomputes the exact row statistics (row
+    max, log2 l) rather than reading the rounded lse. With ``exact_stats=False`` (ring
+    attention's merged lse) the backward uses the lse as given: the same gradients within
+    fp32 rounding, and a wrong lse then gives wrong gradients (the flag is honoured). An
+    lse of any shape but q.shape[:-1] (the old two-plane (..., 2, S_q) form too) is
+    refused by name."""
     from kernellab.ops.attention import triton as at
 
     q, k, v = SPEC.make_inputs((1, 2, 37, 40), torch.float32, "cpu", 5)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(6))
     o, lse = at.forward(q, k, v, True, 0.103, 0, -1)
+    assert lse.shape == q.shape[:-1]
     dq, dk, dv = at.backward(do, q, k, v, o, lse, True, 0.103, 0, -1)
     assert (dq == 0).all() and (dk == 0).all()
     torch.testing.assert_close(dv, do, rtol=0, atol=0)  # P = 1: dv = dO exactly
     q, k, v = SPEC.make_inputs((1, 2, 37, 45, 40), torch.float32, "cpu", 7)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(8))
     o, lse = at.forward(q, k, v, False, 0.2)
-    one = at.lse_value(lse, q, 0.2)
-    assert one.shape == q.shape[:-1]
-    two_plane = at.backward(do, q, k, v, o, lse, False, 0.2)
-    for a, b in zip(two_plane, at.backward(do, q, k, v, o, one, False, 0.2)):
+    exact = at.backward(do, q, k, v, o, lse, False, 0.2)
+    given = at.backward_into(do, q, k, v, o, lse, False, 0.2, None, None, None, exact_stats=False)
+    for a, b in zip(exact, given):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="lse"):
-        at.backward(do, q, k, v, o, lse[..., :-1], False, 0.2)
+    off = at.backward_into(do, q, k, v, o, lse + 1.0, False, 0.2, None, None, None, exact_stats=False)
+    assert (off[2] - exact[2]).abs().max() > 0.1  # P halved: dv off by half
+    for bad in (lse[..., :-1], torch.stack([lse, lse], -2), lse.double(), lse.transpose(-1, -2)):
+        with pytest.raises(ValueError, match=r"lse must be a contiguous fp32 tensor of shape \(1, 2, 37\)"):
+            at.backward(do, q, k, v, o, bad, False, 0.2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_triton_backward_reads_the_lse_in_16_bit_and_recomputes_it_in_fp32(dtype):
+    """fp32's backward recomputes the row statistics from q and k (the forward kernel in
+    STATS mode) and does not read the saved lse: an lse off by one gives the very same
+    gradients. fp16 / bf16 read it (their path is unchanged, no extra pass): the same lse
+    off by one halves every P."""
+    from kernellab.ops.attention import triton as at
+
+    q, k, v = SPEC.make_inputs((1, 2, 19, 23, 16), dtype, "cpu", 3)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    o, lse = at.forward(q, k, v, True, 0.25)
+    good = at.backward(do, q, k, v, o, lse, True, 0.25)
+    off = at.backward(do, q, k, v, o, lse + 1.0, True, 0.25)
+    if dtype == torch.float32:
+        for a, b in zip(good, off):
+            assert torch.equal(a, b)
+    else:
+        assert (off[2].float() - good[2].float()).abs().max() > 0.1
 
 
 # GQA / MQA: k and v with H_q / H_kv = 1, 2, 4 times fewer heads than q; odd lengths both
@@ -426,43 +452,118 @@ def test_bottom_right_differs_from_torch_top_left():
     torch.testing.assert_close(ours[..., -1, :], full[..., -1, :])
 
 
-@pytest.mark.parametrize("backend", ["tiled", "triton"])
-def test_saved_tensors_are_inputs_output_and_lse(backend):
-    from kernellab.ops.attention import triton as at
+# What the autograd node of each backend whose node is kernellab's (tiled, triton) saves:
+# q, k, v, o and exactly one more tensor, the log-sum-exp of the scaled scores, fp32, of
+# q.shape[:-1] (README; course test suites read o.grad_fn.saved_tensors for it). tiled's
+# is in natural-log units, triton's in log2 units.
+SAVED_CASES = [
+    ((2, 3, 21, 26, 32), True),  # 4-D, S_q < S_k
+    ((2, 17, 32), False),  # 3-D (B, S, D): lse (B, S)
+    ((1, 4, 2, 17, 23, 16), True),  # GQA (k, v with 2 heads for q's 4)
+    ((1, 1, 9, 4, 16), True),  # causal S_q > S_k: rows without a key have lse -inf
+]
 
-    q, k, v = (t.requires_grad_() for t in SPEC.make_inputs((2, 3, 21, 26, 32), torch.float32, "cpu", 7))
-    o = A.attention(q, k, v, causal=True, backend=backend)
+
+def _check_saved_lse(backend, shape, dtype, device, causal):
+    q, k, v = (t.requires_grad_() for t in SPEC.make_inputs(shape, dtype, device, 7))
+    o = A.attention(q, k, v, causal=causal, backend=backend)
     saved = o.grad_fn.saved_tensors
     assert len(saved) == 5, "forward saves q, k, v, o and exactly one extra tensor (the LSE)"
+    assert torch.equal(saved[0], q) and torch.equal(saved[3], o)
     lse = saved[4]
-    assert lse.dtype == torch.float32
-    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(32)
-    allowed = A.causal_allowed(21, 26, "cpu")
-    expect = s.masked_fill(~allowed, float("-inf")).logsumexp(-1)
-    if backend == "triton":  # kept in log2 units (the backward's exponent base)
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32, (tuple(lse.shape), lse.dtype)
+    ke, _ = A.expand_kv(q, k, v)
+    s = (q.double() @ ke.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    allowed = A.allowed_mask(q.shape[-2], k.shape[-2], causal, None, device)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    expect = s.logsumexp(-1)
+    if backend == "triton":  # in log2 units (the backward's exponent base)
         expect = expect / math.log(2)
-        # fp32: two planes, the row max in score units and log2(l)
-        assert lse.shape == q.shape[:-2] + (2, 21)
-        raw = (q.double() @ k.double().transpose(-1, -2)).masked_fill(~allowed, float("-inf"))
-        torch.testing.assert_close(lse[..., 0, :].double(), raw.amax(-1), rtol=1e-6, atol=1e-6)
-        value = at.lse_value(lse, q, 1 / math.sqrt(32)).double()
-        torch.testing.assert_close(value, expect, rtol=1e-6, atol=1e-6)
-        return
-    assert lse.shape == q.shape[:-1]
-    torch.testing.assert_close(lse.double(), expect, rtol=1e-5, atol=1e-5)
+    tol = dict(rtol=2e-6, atol=2e-6) if dtype == torch.float32 else dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(lse.double(), expect, **tol)
 
 
-def test_lse_of_empty_rows_is_minus_inf():
+@pytest.mark.parametrize("backend", ["tiled", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("case", SAVED_CASES, ids=lambda c: "x".join(map(str, c[0])))
+def test_saved_tensors_are_inputs_output_and_lse(backend, dtype, case):
+    _check_saved_lse(backend, case[0], dtype, "cpu", case[1])
+
+
+def _graph_saved(o):
+    """(node name, saved tensor) over o's autograd graph: PyTorch nodes' ``_saved_*``
+    tensors and custom Functions' ``saved_tensors``."""
+    out, seen, todo = [], set(), [o.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        for name in dir(fn):
+            if name.startswith("_saved_") and isinstance(getattr(fn, name), torch.Tensor):
+                out.append((type(fn).__name__ + "." + name, getattr(fn, name)))
+        out += [(type(fn).__name__, t) for t in getattr(fn, "saved_tensors", ())]
+        todo += [n for n, _ in fn.next_functions]
+    return out
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 21, 26, 32), (2, 17, 32)], ids=lambda s: "x".join(map(str, s)))
+def test_pytorch_autograd_backends_save_what_the_readme_says(shape):
+    """manual, torch and compile run under PyTorch's own autograd, and what it keeps is
+    PyTorch's (README): manual the (..., S_q, S_k) probabilities and no log-sum-exp; torch
+    on the CPU (SDPA's CPU flash kernel, non-causal) q, k, v, o and a natural-log
+    logsumexp of its 4-D view (1, B, S_q for 3-D q); compile an AOTAutograd node whose
+    saved tensors its partitioner picks."""
+    q, k, v = (t.requires_grad_() for t in SPEC.make_inputs(shape, torch.float32, "cpu", 7))
+    s_q, s_k = q.shape[-2], k.shape[-2]
+    saved = _graph_saved(A.attention(q, k, v, backend="manual"))
+    assert any(t.shape == q.shape[:-1] + (s_k,) and "Softmax" in n for n, t in saved), [n for n, _ in saved]
+    assert not any(t.shape == q.shape[:-1] for _, t in saved)
+    assert not any(n.endswith("Backward") and "_saved_" not in n for n, _ in saved)  # no custom Function
+    saved = dict(_graph_saved(A.attention(q, k, v, backend="torch")))
+    lse = saved["ScaledDotProductFlashAttentionForCpuBackward0._saved_logsumexp"]
+    lead4 = q.shape[:-2] if q.dim() == 4 else (1, q.shape[0])
+    assert lse.shape == lead4 + (s_q,) and lse.dtype == torch.float32
+    s = (q.double() @ k.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    torch.testing.assert_close(lse.double(), s.logsumexp(-1).reshape(lse.shape), rtol=2e-6, atol=2e-6)
+    assert saved["ScaledDotProductFlashAttentionForCpuBackward0._saved_output"].shape == lead4 + (s_q, q.shape[-1])
+    if shape == (2, 17, 32):  # (one compile: it takes seconds)
+        o = A.attention(q, k, v, backend="compile")
+        assert type(o.grad_fn).__name__ == "CompiledFunctionBackward"
+
+
+@pytest.mark.parametrize("backend", ["tiled", "triton"])
+@pytest.mark.parametrize("shape", [(1, 2, 19, 23, 16), (2, 19, 16)], ids=lambda s: "x".join(map(str, s)))
+def test_inplace_op_on_the_output(backend, shape):
+    """With grad on, an in-place op on o is allowed, as with SDPA (o is no view made inside
+    the autograd Function). The backward reads o (delta = rowsum(dO * O)): after o was
+    modified it is refused with an error naming o and the fix, never run on the modified
+    values; an in-place op on a clone gives the right gradients."""
+    args = SPEC.make_inputs(shape, torch.float32, "cpu", 9)
+    q, k, v = (t.clone().requires_grad_() for t in args)
+    o = A.attention(q, k, v, causal=True, backend=backend)
+    assert not o._is_view()
+    o.mul_(2.0)  # allowed
+    with pytest.raises(RuntimeError, match=r"attention \((tiled|triton)\): .*output o was modified in place.*o\.clone\(\)"):
+        o.sum().backward()
+    o = A.attention(q, k, v, causal=True, backend=backend).clone()
+    o.mul_(2.0)
+    got = torch.autograd.grad(o.sum(), (q, k, v))
+    qt, kt, vt = (t.clone().requires_grad_() for t in args)
+    want = torch.autograd.grad((2.0 * A.attention(qt, kt, vt, causal=True, backend="torch")).sum(), (qt, kt, vt))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_lse_of_empty_rows_is_minus_inf(dtype):
     from kernellab.ops.attention import triton as at
 
-    q, k, v = SPEC.make_inputs((1, 1, 9, 4, 16), torch.float32, "cpu", 8)
-    _, lse = at.forward(q, k, v, True, 0.25)  # fp32: (..., 2, S_q), row max and log2(l)
-    assert torch.isneginf(lse[..., 0, :5]).all() and torch.isfinite(lse[..., 0, 5:]).all()
-    assert (lse[..., 1, :5] == 0).all() and torch.isfinite(lse[..., 1, :]).all()
-    assert torch.isneginf(at.lse_value(lse, q, 0.25)[..., :5]).all()
-    _, lse16 = at.forward(q.half(), k.half(), v.half(), True, 0.25)  # 16-bit: one plane
-    assert lse16.shape == q.shape[:-1]
-    assert torch.isneginf(lse16[..., :5]).all() and torch.isfinite(lse16[..., 5:]).all()
+    q, k, v = SPEC.make_inputs((1, 1, 9, 4, 16), dtype, "cpu", 8)
+    _, lse = at.forward(q, k, v, True, 0.25)
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    assert torch.isneginf(lse[..., :5]).all() and torch.isfinite(lse[..., 5:]).all()
 
 
 def test_scale_argument():
@@ -761,6 +862,17 @@ def test_gpu_reruns_bitwise_equal(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["tiled", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize(
+    "case", SAVED_CASES + [((1, 2, 1024, 128), False)], ids=lambda c: "x".join(map(str, c[0]))
+)
+def test_gpu_saved_tensors_are_inputs_output_and_lse(backend, dtype, case):
+    # + 1x2x1024x128 non-causal: 16-bit takes the warp-specialized forward on Hopper
+    _check_saved_lse(backend, case[0], dtype, "cuda", case[1])
+
+
+@pytest.mark.gpu
 def test_gpu_fp32_tf32_follows_the_matmul_flag():
     # TF32 on: triton's fp32 dots and the torch baseline both round to TF32 (package doc).
     old = torch.backends.cuda.matmul.allow_tf32
@@ -791,11 +903,13 @@ def test_gpu_peak_memory_linear_in_s():
 
 
 @pytest.mark.gpu
-def test_gpu_triton_under_torch_compile_fullgraph():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=dtype_id)
+def test_gpu_triton_under_torch_compile_fullgraph(dtype):
+    # fp32: Inductor also traces the backward's STATS launch of the forward kernel
     def f(q, k, v):
         return A.attention(q, k, v, causal=True, backend="triton")
 
-    args = SPEC.make_inputs((2, 4, 300, 64), torch.bfloat16, "cuda", 14)
+    args = SPEC.make_inputs((2, 4, 300, 64), dtype, "cuda", 14)
     a1 = [t.clone().requires_grad_() for t in args]
     a2 = [t.clone().requires_grad_() for t in args]
     out = torch.compile(f, fullgraph=True)(*a1)

@@ -100,7 +100,7 @@ def triton_block_forward(q, k, v, causal: bool, scale: float):
 
     o = torch.empty(q.shape, dtype=torch.float32, device=q.device)
     o, lse2 = tri.forward_into(q, k, v, causal, scale, o)
-    return o, tri.lse_value(lse2, q, scale) * LN2  # log2 units -> natural
+    return o, lse2 * LN2  # log2 units -> natural
 
 
 def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
@@ -110,9 +110,13 @@ def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     # q's dtype (delta = rowsum(dO * O) is computed from them in fp32). dq, dk, dv are
     # written in fp32 (the kernels accumulate in fp32 and round at the store): the ring
     # sums W shares of each, and bf16 shares would be rounded W times instead of once.
+    # exact_stats=False: P comes from the merged (global) lse, over keys this block does
+    # not hold; fp32's recompute from this block's keys alone would normalize P wrongly.
     lse2 = (lse.float() * LOG2E).contiguous()
     dq, dk, dv = (torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in (q, k, v))
-    return tri.backward_into(do.to(q.dtype), q, k, v, o.to(q.dtype), lse2, causal, scale, dq, dk, dv)
+    return tri.backward_into(
+        do.to(q.dtype), q, k, v, o.to(q.dtype), lse2, causal, scale, dq, dk, dv, exact_stats=False
+    )
 
 
 TRITON = BlockFns("triton", triton_block_forward, triton_block_backward)

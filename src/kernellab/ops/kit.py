@@ -70,6 +70,9 @@ class OpDecl:
                  mutation, never does).
     outputs:     how many of the forward's first outputs the user gets and differentiates
                  (module docstring).
+    inplace_hint: what the eager backward's error says when a tensor it saved was modified
+                 in place after the forward (PyTorch's version-counter error, re-raised
+                 naming the op): which tensors those are and what to do instead.
     """
 
     name: str
@@ -86,6 +89,7 @@ class OpDecl:
     label: str | None = None
     eager_bwd: Callable | None = None
     outputs: int = 1
+    inplace_hint: str | None = None
 
 
 def _use_triton_op(decl: OpDecl) -> bool:
@@ -154,7 +158,13 @@ def build(decl: OpDecl) -> Callable:
                 raise RuntimeError(refusal)
             if n_out > 1:
                 dy = (dy, *more[: n_out - 1])
-            g = ebwd(*bwd_args(ctx.saved_tensors, ctx.extra, dy))
+            try:
+                saved = ctx.saved_tensors
+            except RuntimeError as e:  # a saved tensor modified in place since the forward
+                if decl.inplace_hint is None or "modified by an inplace operation" not in str(e):
+                    raise
+                raise RuntimeError(f"{decl.label or decl.name}: {decl.inplace_hint} (PyTorch: {e})") from None
+            g = ebwd(*bwd_args(saved, ctx.extra, dy))
             return grads(g if type(g) is tuple else (g,), ctx.extra)
 
     # (once_differentiable would let a second differentiation through silently when dy is

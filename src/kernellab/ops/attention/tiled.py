@@ -111,7 +111,10 @@ def forward(q, k, v, causal: bool = False, scale=None, window=None, softcap=None
     lead, s_q, s_k = q.shape[:-2], q.shape[-2], k.shape[-2]
     qf, kf, vf = _fold(q), _fold(k), _fold(v)
     bh, d = qf.shape[0], qf.shape[-1]
-    o = torch.empty(bh, s_q, d, dtype=q.dtype, device=q.device)
+    # o is returned as allocated, not as a reshaped view: autograd allows in-place ops on
+    # a custom Function's output only when it is no view made inside it (_Tiled).
+    o_out = torch.empty(lead + (s_q, d), dtype=q.dtype, device=q.device)
+    o = o_out.view(bh, s_q, d)
     lse = torch.empty(bh, s_q, dtype=torch.float32, device=q.device)
     for i0 in range(0, s_q, BLOCK_M):
         qi = qf[:, i0 : i0 + BLOCK_M].to(f)
@@ -139,7 +142,7 @@ def forward(q, k, v, causal: bool = False, scale=None, window=None, softcap=None
         empty = l == 0
         o[:, i0 : i0 + BLOCK_M] = (acc / torch.where(empty, 1.0, l)[..., None]).to(q.dtype)
         lse[:, i0 : i0 + BLOCK_M] = torch.where(empty, float("-inf"), m + torch.log(l)).float()
-    return o.reshape(lead + (s_q, d)), lse.reshape(lead + (s_q,))
+    return o_out, lse.reshape(lead + (s_q,))
 
 
 def backward(do, q, k, v, o, lse, causal: bool = False, scale=None, window=None, softcap=None):
@@ -197,7 +200,16 @@ class _Tiled(torch.autograd.Function):
                 "attention (tiled): double backward (create_graph=True) is not supported by this "
                 "backend; use backend='torch' or 'manual'"
             )
-        q, k, v, o, lse = ctx.saved_tensors
+        try:
+            q, k, v, o, lse = ctx.saved_tensors
+        except RuntimeError as e:  # modified in place since the forward
+            if "modified by an inplace operation" not in str(e):
+                raise
+            raise RuntimeError(
+                "attention (tiled): q, k, v or the output o was modified in place after the forward, "
+                "and the backward needs their values from the forward; modify a copy instead "
+                f"(o = o.clone() before an in-place op on the output) (PyTorch: {e})"
+            ) from None
         dq, dk, dv = backward(do, q, k, v, o, lse, *ctx.options)
         return dq, dk, dv, None, None, None, None
 

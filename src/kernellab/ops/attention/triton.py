@@ -11,10 +11,11 @@ BLOCK_D wide, the next power of two >= 16; the columns past D are masked in ever
 and store, so power-of-two head dims compile with no head-dim mask at all); fp16 / bf16
 (fp32 accumulation) or fp32 (TF32 dots when
 ``torch.backends.cuda.matmul.allow_tf32``, IEEE fp32 dots otherwise; see the package
-docstring). Outputs are fresh and contiguous: o (..., S_q, D) and lse, fp32, the only
-tensor saved for the backward besides the inputs and o: for 16-bit inputs (..., S_q), the
-log-sum-exp of the scaled scores in log2 units (log2(sum 2^(s * log2 e))); for fp32
-(..., 2, S_q), the row max in score units and log2(l) (``lse_shape`` says why).
+docstring). Outputs are fresh: o (..., S_q, D) (``empty_bshd``'s layout) and lse
+(..., S_q) = q.shape[:-1], fp32 contiguous, the only tensor saved for the backward
+besides the inputs and o: the log-sum-exp of the scaled scores in log2 units (log2(sum
+2^(s * log2 e))) for every dtype. fp32's backward recomputes its row statistics
+(``lse_shape`` says why).
 
 Forward (one program per (query block, head)): Q_i stays in registers; K_j, V_j stream
 through shared memory (num_stages deep). Scores use exp2 with the scale folded into
@@ -33,8 +34,9 @@ bf16 MMA the forward is ~1 ms, compute-bound: what matters is keeping the tensor
 fed (wgmma from shared memory, K/V loads pipelined) and the softmax math (~6 non-MMA
 instructions per score) under the MMA shadow.
 
-Backward (FlashAttention-2's split): delta = rowsum(dO * O) first (one small kernel; fp32
-with at most 64 keys a row: rowsum(P * dP) by the dQ kernel, see backward_into);
+Backward (FlashAttention-2's split): fp32 first recomputes (row max, log2 l) with the
+forward kernel (STATS mode, ``lse_shape``); delta = rowsum(dO * O) (one small kernel; fp32
+with at most 64 keys a row: rowsum(P * dP) by the dQ kernel, see _bwd_plan);
 then one program per key block accumulates dK_j, dV_j over the query blocks that see it
 (no atomics), and one program per query block accumulates dQ_i over the key blocks it
 sees. P is recomputed from the LSE in both passes (2 extra QK^T matmuls: 7 matmuls
@@ -308,13 +310,13 @@ def _fwd_inner(
     WIN_L, WIN_R, cap_in, cap_out,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    RAW_M: tl.constexpr,
+    RAW_M: tl.constexpr, STATS: tl.constexpr,
 ):  # fmt: skip
     # One pass over key blocks [start, end). m_i is in log2 units (scores * scale * log2 e);
     # RAW_M: in score units (qk, its sign flipped for a negative scale), each exponent
     # (qk - m) * |qk_scale| (see lse_shape). SOFTCAP: the scores become cap_out * tanh(qk *
     # cap_in) (softcap * log2 e * tanh(s / softcap)), already in log2 units: the launcher
-    # passes qk_scale = 1.
+    # passes qk_scale = 1. STATS: m_i and l_i only (no V, no P @ V: see _attn_fwd).
     sign, c_abs = _raw_scale(qk_scale)
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -350,25 +352,26 @@ def _fwd_inner(
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             m_sub = m_new
             p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
-        v = _ld(v_ptrs + start_n * stride_vn, key_ok, d_ok, MASKED, PAD_D)
-        if F32_DOTS:
-            v = v.to(tl.float32)
         if RAW_M:
             alpha = tl.math.exp2((m_i - m_sub) * c_abs)
         else:
             alpha = tl.math.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = _mma(p.to(v.dtype), v, acc, PREC)
+        if not STATS:
+            v = _ld(v_ptrs + start_n * stride_vn, key_ok, d_ok, MASKED, PAD_D)
+            if F32_DOTS:
+                v = v.to(tl.float32)
+            acc = acc * alpha[:, None]
+            acc = _mma(p.to(v.dtype), v, acc, PREC)
         m_i = m_new
     return acc, l_i, m_i
 
 
-@triton.autotune(configs=fwd_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune})
+@triton.autotune(configs=fwd_configs(), key=_KEY + ["STATS"], prune_configs_by={"early_config_prune": _prune})
 @triton_support.jit
 def _attn_fwd(
     Q, K, V, O, LSE,  # q (Z, NH, S_q, D), k/v (Z, NH / GROUP, S_k, D), o (Z, NH, S_q, D) strided;
-    # lse (Z*NH, S_q) contiguous, or RAW_M (Z*NH, 2, S_q): row max, log2(l)
+    # lse (Z*NH, S_q) contiguous, log2 units; STATS: (Z*NH, 2, S_q), row max and log2(l)
     qk_scale,  # scale * log2(e) (1 with a softcap)
     cap_in, cap_out,  # softcap: scale / softcap, softcap * log2(e) (SOFTCAP only)
     stride_qz, stride_qh, stride_qs, stride_qd,
@@ -384,7 +387,10 @@ def _attn_fwd(
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,  # SOFTCAP: 0 off, 1 libdevice tanh, 2 portable
     GQA: tl.constexpr,  # GROUP > 1 (False: no integer division by GROUP, ~24 instructions and a MUFU)
-    RAW_M: tl.constexpr,  # exponents from score differences; lse saved as (max, log2 l): lse_shape
+    RAW_M: tl.constexpr,  # fp32: exponents from score differences, (s - m) * |c| (lse_shape)
+    # STATS: only the row statistics (row max in score units, log2 l) into LSE; V, P @ V
+    # and O untouched (the fp32 backward's recompute, _bwd_plan)
+    STATS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -440,29 +446,34 @@ def _attn_fwd(
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, d_ok,
         start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M,
+        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, STATS,
     )  # fmt: skip
     acc, l_i, m_i = _fwd_inner(
         acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, d_ok,
         full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M,
+        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, STATS,
     )  # fmt: skip
 
     empty = l_i == 0.0  # no allowed key (only possible with causal and S_q > S_k)
     l_div = tl.where(empty, 1.0, l_i)
-    o = acc / l_div[:, None]
-    # The LSE is kept in log2 units (the backward's exponent is in log2 units): converting
-    # to natural log here and back there rounded the exponent twice, ~|lse| * 6e-8 each,
-    # which every recomputed probability inherited (fp32 dk/dv/dq up to 1.2x the check's
-    # bound on 5 of 20 seeds, CPU). fp32 keeps (m, log2 l) apart: lse_shape.
-    o_ptrs = O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
-    _st(o_ptrs, o.to(O.dtype.element_ty), row_ok, d_ok, PAD_D)
-    if RAW_M:  # empty rows: m = -inf, log2(l) = 0
+    if STATS:  # empty rows: m = -inf, log2(l) = 0
         lse_row = LSE + bh * (2 * S_q)
         tl.store(lse_row + offs_m, m_i, mask=row_ok)
         tl.store(lse_row + S_q + offs_m, tl.math.log2(l_div), mask=row_ok)
     else:
-        lse = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_div))
+        o = acc / l_div[:, None]
+        o_ptrs = O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
+        _st(o_ptrs, o.to(O.dtype.element_ty), row_ok, d_ok, PAD_D)
+        # The LSE is kept in log2 units (the backward's exponent is in log2 units):
+        # converting to natural log here and back there rounded the exponent twice, ~|lse|
+        # * 6e-8 each, which every recomputed probability inherited (fp32 dk/dv/dq up to
+        # 1.2x the check's bound on 5 of 20 seeds, CPU). RAW_M: m is in score units, m *
+        # |c| + log2(l) in one fused multiply-add.
+        if RAW_M:
+            lse = tl.fma(m_i, _raw_scale(qk_scale)[1], tl.math.log2(l_div))
+        else:
+            lse = m_i + tl.math.log2(l_div)
+        lse = tl.where(empty, float("-inf"), lse)
         tl.store(LSE + bh * S_q + offs_m, lse, mask=row_ok)
 
 
@@ -1075,11 +1086,19 @@ def empty_bshd(lead, s: int, d: int, dtype, device) -> torch.Tensor:
     """A fresh (lead..., S, D) tensor whose memory is ordered (lead[:-1]..., S, lead[-1], D):
     for q-shaped [B, H, S, D] outputs, o.transpose(1, 2).reshape(B, S, H * D) is a view
     (what a transformer's output projection reads), as SDPA's flash kernel lays out its
-    output. With no leading dims: contiguous."""
+    output. With no leading dims: contiguous. Not a view of another tensor (empty_strided,
+    not a transpose): autograd lets a user modify a custom Function's output in place
+    only when it is not a view made inside the Function (INPLACE_HINT)."""
     lead = tuple(lead)
     if not lead:
         return torch.empty((s, d), dtype=dtype, device=device)
-    return torch.empty(lead[:-1] + (s, lead[-1], d), dtype=dtype, device=device).transpose(-2, -3)
+    order = lead[:-1] + (s, lead[-1], d)  # the memory's order, contiguous
+    st, acc = [], 1
+    for n in reversed(order):
+        st.append(acc)
+        acc *= max(n, 1)
+    st.reverse()
+    return torch.empty_strided(lead + (s, d), st[:-3] + [st[-2], st[-3], st[-1]], dtype=dtype, device=device)
 
 
 def _block_d(d: int) -> int:
@@ -1121,10 +1140,9 @@ def forward(
     window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(o, lse) for any strided q, k, v (same leading dims but GQA's heads); o in
-    ``empty_bshd``'s layout, lse fp32 contiguous: (..., S_q) in log2 units for 16-bit q
-    (natural LSE = lse * ln 2), (..., 2, S_q) for fp32 (``lse_shape``; ``lse_value``
-    gives the log-sum-exp). window_left / window_right: -1 unbounded (the package docstring);
-    softcap 0: off."""
+    ``empty_bshd``'s layout, lse the log-sum-exp (..., S_q), fp32 contiguous, in log2
+    units for every dtype (natural LSE = lse * ln 2; ``lse_shape``). window_left /
+    window_right: -1 unbounded (the package docstring); softcap 0: off."""
     return forward_into(q, k, v, causal, scale, None, window_left, window_right, softcap)
 
 
@@ -1137,6 +1155,7 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
     fresh = o is None
     o = empty_bshd(lead, s_q, d, q.dtype, q.device) if fresh else o
     lse = torch.empty(lse_shape(q), dtype=torch.float32, device=q.device)
+    raw_m = q.dtype == torch.float32  # (lse_shape: the fp32 exponents)
     real = type(q) in triton_support._REAL_TENSORS
     key = None
     if real:
@@ -1145,7 +1164,6 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
                causal, scale, window_left, window_right, softcap, None if fresh else (o.dtype, o.stride()),
                _tf32(q.dtype), _WS_ENV())  # fmt: skip
     q4, k4, v4, o4 = _split(q), _split(k), _split(v), _split(o)
-    raw_m = lse.dim() == q.dim()
     plan = _plan(key, lambda: _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, softcap))
     if plan is not None:
         plan(q4, k4, v4, o4, lse)
@@ -1189,7 +1207,7 @@ def _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, s
     )  # fmt: skip
     kw = dict(
         HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=_prec(q4.dtype), F32_DOTS=_f32_dots(q4.dtype),
-        WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
+        WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m, STATS=False,
     )  # fmt: skip
     # The grid depends on the tile the autotuner picks.
     grid = lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)  # noqa: E731
@@ -1321,24 +1339,22 @@ def _ws_bwd_args(q4, k4, v4, do4, d):
 
 
 def lse_shape(q: Tensor) -> tuple[int, ...]:
-    """The saved lse's shape: (..., S_q) for 16-bit q, the log-sum-exp in log2 units;
-    (..., 2, S_q) for fp32 q, the row max m in score units (q . k, negated for a negative
+    """The saved lse's shape, (..., S_q) = q.shape[:-1] for every dtype: the log-sum-exp of
+    the scaled scores in log2 units (log2 sum 2^(s * scale * log2 e); softcap: of the capped
+    scores), fp32. It is the one tensor the forward saves beyond q, k, v and o (a contract:
+    course test suites read ``o.grad_fn.saved_tensors``).
+
+    fp32's backward does not recompute P from it. There every exponent is formed as (s -
+    m) * |c| - log2(l), from the row max m in score units (q . k, negated for a negative
     scale; softcap: the capped score in log2 units) and log2(l), l = sum exp2((s - m) *
-    |c|) with c = scale * log2 e (1 with a softcap). The fp32 kernels form every exponent
-    as (s - m) * |c| - log2(l): the difference near the max is exact. Scaling first
-    (s * c - lse, the 16-bit form) rounds s * c to |s * c| * 2^-24, which at rows with
-    few keys put fp32 dv over twice PyTorch's error (scripts/attention_p_precision.py);
-    16-bit outputs' own rounding is far above it."""
-    lead, s_q = tuple(q.shape[:-2]), q.shape[-2]
-    return lead + ((2, s_q) if q.dtype == torch.float32 else (s_q,))
-
-
-def lse_value(lse: Tensor, q: Tensor, scale: float, softcap: float = 0.0) -> Tensor:
-    """The log-sum-exp (..., S_q) in log2 units, fp32, from either saved form."""
-    if lse.dim() != q.dim():
-        return lse
-    c = 1.0 if softcap > 0 else abs(scale) * LOG2E
-    return (lse[..., 0, :].double() * c + lse[..., 1, :].double()).float()
+    |c|), c = scale * log2 e (1 with a softcap): the difference near the max is exact.
+    Scaling first (s * c - lse, the 16-bit form) rounds s * c to |s * c| * 2^-24, which at
+    rows with few keys put fp32 dv over twice PyTorch's error
+    (scripts/attention_p_precision.py), and (m, log2 l) cannot be split back out of one
+    rounded lse. So the fp32 backward first recomputes (m, log2 l) with the forward kernel
+    in its STATS mode (scores and row sums only, no V and no P @ V; ``backward_into``).
+    16-bit outputs' own rounding is far above that error: their backward reads the lse."""
+    return tuple(q.shape[:-1])
 
 
 def backward(
@@ -1352,20 +1368,25 @@ def backward(
 
 
 def backward_into(
-    do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv, window_left=-1, window_right=-1, softcap=0.0
-):
+    do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv, window_left=-1, window_right=-1, softcap=0.0,
+    exact_stats: bool = True,
+):  # fmt: skip
     """``backward`` writing into the given ``dq``, ``dk``, ``dv`` (any strides with a
     unit-stride head dim, shaped as q, k, v: a fused model passes views of its qkv gradient
-    buffer); None: fresh, in ``empty_bshd``'s layout. lse: either form ``lse_shape``
-    describes, contiguous (the two-plane form for any dtype; the one-plane log-sum-exp for
-    fp32 too, as ring attention passes its merged one)."""
+    buffer); None: fresh, in ``empty_bshd``'s layout. lse: the log-sum-exp (..., S_q) in
+    log2 units, fp32, contiguous (``lse_shape``). fp32 with ``exact_stats`` (the default,
+    for an lse over exactly these keys): the row statistics are recomputed from q and k
+    (``lse_shape`` says why) and lse is not read. ``exact_stats=False``: P comes from lse
+    as given, in every dtype (ring attention: its merged lse spans keys this call does
+    not see)."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
-    raw_m = lse.dim() == q.dim()
-    want = tuple(lead) + ((2, s_q) if raw_m else (s_q,))
+    raw_m = bool(exact_stats) and q.dtype == torch.float32
+    want = tuple(lead) + (s_q,)
     if tuple(lse.shape) != want or lse.dtype != torch.float32 or not lse.is_contiguous():
         raise ValueError(
-            f"attention/triton backward: lse must be contiguous fp32 {want} (or {tuple(lead) + (s_q,)}), "
-            f"got {lse.dtype} {tuple(lse.shape)}"
+            f"attention/triton backward: lse must be a contiguous fp32 tensor of shape {want} "
+            f"(q.shape[:-1]), got {lse.dtype} {tuple(lse.shape)}"
+            + ("" if lse.is_contiguous() else " (not contiguous)")
         )
     fresh = (dq is None, dk is None, dv is None)
     dq = empty_bshd(lead, s_q, d, q.dtype, q.device) if dq is None else dq
@@ -1375,7 +1396,7 @@ def backward_into(
     if type(q) in triton_support._REAL_TENSORS:
         key = ("b", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), do.shape, do.stride(),
                o.shape, o.stride(), lse.shape, q.dtype, do.dtype, o.dtype, q.get_device(), causal, scale,
-               window_left, window_right, softcap, _tf32(q.dtype), _WS_BWD_MODE(),
+               window_left, window_right, softcap, _tf32(q.dtype), _WS_BWD_MODE(), raw_m,
                k.dtype, v.dtype, *(None if f else (t.dtype, t.stride()) for f, t in zip(fresh, (dq, dk, dv))))  # fmt: skip
     t4 = tuple(_split(t) for t in (q, k, v, do, o, dq, dk, dv))
     plan = _plan(key, lambda: _bwd_plan(*t4, lse, raw_m, causal, scale, window_left, window_right, softcap))
@@ -1403,7 +1424,17 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
     )  # fmt: skip
     dq_grid = lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)  # noqa: E731
     keys = min(s_k, wl + wr + 1) if win else s_k  # the most keys a row sees
-    delta_pass = pre = pre_rest = dkdv = dqp = None
+    stats = delta_pass = pre = pre_rest = dkdv = dqp = None
+    if s_q and raw_m:
+        # fp32: the exact row statistics (lse_shape) from the forward kernel in STATS mode:
+        # its QK^T and row sums without V, P @ V or the o store, one matmul more beside the
+        # backward's seven (the fp32 backward is the slow teaching path; 16-bit never runs
+        # it). The forward's own code: the same scores, max and sums as o was made with.
+        stats = triton_support.TunedBound(_attn_fwd, dq_grid, dict(dq_kw, STATS=True), (0, 1, 2, 3))
+        stats_rest = (
+            qk_scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
+            nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
+        )  # fmt: skip
     if s_q and raw_m and keys <= EXACT_DELTA_KEYS:
         # fp32 from our forward, every row seeing few keys: delta = rowsum(P * dP) from
         # the very P and dP that dS uses, not rowsum(dO * O). A row that sees one key
@@ -1445,6 +1476,9 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
             _attn_bwd_dq_ws[grid_dq](q4, k4, v4, do4, lse, delta, dq4, *ws_dq, HEAD_D=d, CAUSAL=causal,
                                      **_WS_BWD_DQ)  # fmt: skip
             return
+        if stats is not None:  # (m, log2 l) planes in place of the saved lse
+            lse = torch.empty((bh, 2, s_q), dtype=torch.float32, device=dev)
+            stats(q4, k4, v4, o4, lse, *stats_rest)
         if delta_pass is not None:
             delta_pass(q4, k4, v4, do4, lse, delta, dq4, *dq_rest)
         elif pre is not None:
@@ -1469,6 +1503,17 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
 # plain autograd.Function, or the forward alone when no gradient is needed). Saved for
 # the backward: q, k, v, o and the LSE (one tensor beyond the inputs and the output);
 # extra: (causal, scale).
+
+
+# The backward reads q, k, v and o as the forward left them (delta = rowsum(dO * O)).
+# Modifying o in place is allowed (o is not a view: empty_bshd), as with SDPA's fused
+# kernels, which save o too; a backward after it is refused by this message, not run on
+# the modified values.
+INPLACE_HINT = (
+    "q, k, v or the output o was modified in place after the forward, and the backward needs "
+    "their values from the forward; modify a copy instead (o = o.clone() before an in-place "
+    "op on the output)"
+)
 
 
 def _opcheck_fwd(make):
@@ -1508,6 +1553,7 @@ _attention = build(
         # compile there until the kernels cast their float scales to fp32 (Inductor passes
         # floats as fp64). KERNELLAB_ATTN_TRITON_OP=0 makes it a custom_op (comparisons).
         triton=os.environ.get("KERNELLAB_ATTN_TRITON_OP", "1") == "1",
+        inplace_hint=INPLACE_HINT,
     )
 )
 
@@ -1572,6 +1618,9 @@ def _kernel_specs(dtype: str):
         if kernel is _attn_bwd_dq:
             cx_names += ("DELTA_ONLY",)
             cx["DELTA_ONLY"] = False
+        if kernel is _attn_fwd:
+            cx_names += ("STATS",)
+            cx["STATS"] = False
         sig.update({k: "constexpr" for k in cx_names})
         return (kernel.fn, sig, cx, cfg.num_warps)
 
