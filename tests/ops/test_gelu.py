@@ -89,6 +89,22 @@ def test_forward_nan_inf_extremes(dev, backend, dtype):
     assert v.ok, f"{backend} {dtype}: {v.detail}"
 
 
+@pytest.mark.parametrize("dev,backend", MATRIX)
+def test_gradient_at_nan_and_inf_follows_the_formula(dev, backend):
+    """The documented choice: at x = +inf and -inf the gradient is NaN, as the float64
+    reference (autograd of the formula: inf * 0) and PyTorch's gelu_backward give, not the
+    limits 1 and 0; NaN stays NaN; large finite x keeps the limits. The check's NaN/inf
+    parity rule, applied to the gradient: positions equal, finite values judged."""
+    x = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e4, -1e4, 60.0, -60.0, 0.5], device=dev)
+    xg = x.clone().requires_grad_()
+    (g,) = torch.autograd.grad(kernellab.gelu(xg, backend=backend), xg, torch.ones_like(x))
+    x64 = x.double().requires_grad_()
+    (ref,) = torch.autograd.grad(SPEC.reference(x64), x64, torch.ones_like(x64))
+    assert torch.isnan(ref[:3]).all() and torch.isfinite(ref[3:]).all()
+    assert torch.equal(torch.isnan(g), torch.isnan(ref)), (g, ref)
+    torch.testing.assert_close(g[3:].double(), ref[3:], rtol=1e-5, atol=1e-6)
+
+
 def test_forward_known_values():
     # Values of the tanh approximation computed independently (math.tanh in float64).
     x = torch.tensor([0.0, 1.0, -1.0, 3.0, -10.0], dtype=torch.float64)
