@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, fuzz_rows, make_tensor
+from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, check_dtype, define, fuzz_rows, make_tensor
 
 REDUCTIONS = ("mean", "sum", "none")
 OPTIONS = ("ignore_index", "reduction", "inplace_backward", "check_targets")
@@ -97,14 +97,13 @@ def _inputs(shape, dtype, device, gen, layout, scale):
 # --------------------------------------------------------------------------- validation
 
 
-def _validate(args, kwargs, devices):
+def _validate(args, kwargs, devices, dtypes=FLOAT_DTYPES):
     if len(args) != 2:
         raise TypeError(f"cross_entropy() takes 2 tensor arguments (logits, target), got {len(args)}")
     logits, target = args
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"cross_entropy: logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"cross_entropy: logits has dtype {logits.dtype}; expected one of fp32, fp16, bf16")
+    check_dtype("cross_entropy", "logits", logits, dtypes)
     if logits.device.type not in devices:
         raise ValueError(
             f"cross_entropy: logits is on {logits.device}, but this backend runs on "

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from kernellab.ops._baselines import compiled, register_baseline
 from kernellab.ops.cross_entropy._fused import check_targets as _check_targets
+from kernellab.ops.spec import upcast
 
 
 def _checked(fn):
@@ -41,7 +42,7 @@ def _checked(fn):
 def manual_cross_entropy(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False):
     """log_softmax in fp32 + gather + masked reduction: stores the fp32 log-softmax [N, V]."""
     keep = target != ignore_index
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logp = torch.log_softmax(upcast(logits), dim=-1)
     picked = logp.gather(1, torch.where(keep, target, 0).unsqueeze(1)).squeeze(1)
     loss = torch.where(keep, -picked, 0.0)  # select, not multiply: a NaN row that is ignored stays 0
     if reduction == "none":
