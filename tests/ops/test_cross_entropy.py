@@ -551,15 +551,19 @@ def test_inplace_backward_makes_other_users_of_the_logits_raise():
     torch.testing.assert_close(x.grad, y.grad, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", CPU + ["compile"])
-def test_check_targets_false_bad_target_is_an_error_or_a_nan_row(backend):
-    """check_targets=False with an out-of-range target on the CPU: the backends built on
+@pytest.mark.parametrize(
+    "backend,dev",
+    [(b, "cpu") for b in CPU + ["compile"]]
+    + [pytest.param(b, "cuda", marks=pytest.mark.gpu) for b in ("triton", "cuda", "cuda_v1")],
+)
+def test_check_targets_false_bad_target_is_an_error_or_a_nan_row(backend, dev):
+    """check_targets=False with an out-of-range target: on the CPU the backends built on
     PyTorch ops raise the ValueError naming target (PyTorch's IndexError / RuntimeError /
     Inductor assert replaced); the fused kernels give a NaN loss row and a NaN gradient
     row (not a softmax row), every other row right."""
-    logits = torch.randn(4, 10)
+    logits = torch.randn(4, 10, device=dev)
     for bad in (10, -3):
-        t = torch.tensor([0, bad, -100, 3])
+        t = torch.tensor([0, bad, -100, 3], device=dev)
         x = logits.clone().requires_grad_()
         if backend in ("manual", "torch", "compile"):
             with pytest.raises(ValueError, match=rf"target\[1\] = {bad} is out of range"):
