@@ -386,3 +386,71 @@ def test_adamw_state_dict_round_trip_resumes_the_same_steps(backend):
     wrong = dict(state, exp_avg_sq=[t.reshape(-1) if t.dim() > 1 else t for t in state["exp_avg_sq"]])
     with pytest.raises(ValueError, match=r"state: exp_avg_sq\[0\] has shape \[35\]"):
         fresh.load_state_dict(wrong)
+
+
+def test_sgd_step_refuses_an_expanded_parameter_naming_it():
+    """An expanded parameter (stride 0: several elements at one address) cannot be updated
+    in place; every backend refuses it before touching anything, naming params[i]."""
+    ps, gs = _params(torch.float32)
+    ps[2] = torch.zeros(1, 1).expand(4, 3)
+    gs[2] = torch.ones(4, 3)
+    before = [p.clone() for p in ps]
+    for backend in optim.BACKENDS:
+        with pytest.raises(ValueError, match=r"params\[2\] has elements that share memory"):
+            kernellab.sgd_step(ps, gs, 0.1, backend=backend)
+        assert all(torch.equal(p, b) for p, b in zip(ps, before)), backend  # nothing updated
+    # an expanded gradient is only read: accepted
+    ps, gs = _params(torch.float32)
+    gs[0] = torch.ones(1, 4).expand(3, 4)
+    want = _expect(ps, [g.contiguous() for g in gs], 0.1)
+    kernellab.sgd_step(ps, gs, 0.1, backend="torch")
+    torch.testing.assert_close(ps[0], want[0])
+
+
+def test_adamw_triton_rereads_the_layout_of_a_gradient_at_the_same_address():
+    """A step with a contiguous gradient, then one whose gradient is a strided view that
+    starts at the same address (the table's key, the address, is unchanged): refused,
+    naming it, instead of being read as contiguous. Its contiguous copy then takes the
+    torch backend's step."""
+    torch.manual_seed(0)
+    p = torch.randn(6, requires_grad=True)
+    q = p.detach().clone().requires_grad_()
+    opt, ref = optim.AdamW([p], lr=0.1, backend="triton"), optim.AdamW([q], lr=0.1, backend="torch")
+    buf = torch.randn(12)
+    p.grad, q.grad = buf[:6], buf[:6].clone()
+    opt.step()
+    ref.step()
+    strided = buf[::2]  # same data_ptr as last step's gradient, stride 2
+    assert strided.data_ptr() == p.grad.data_ptr()
+    p.grad, q.grad = strided, strided.clone()
+    with pytest.raises(ValueError, match=r"params\[0\]\.grad is not contiguous"):
+        opt.step()
+    assert float(opt.steps[0]) == 1  # the refused step did not count
+    p.grad = strided.contiguous()
+    opt.step()
+    ref.step()
+    torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(p).all()
+
+
+def test_adamw_triton_refuses_a_parameter_whose_size_changed_at_the_same_address():
+    """A parameter's .data replaced by a longer view of the same memory (same address, so
+    the address table alone would not notice): the step refuses it by name rather than
+    update the first 4 of its 8 elements."""
+    flat = torch.zeros(8)
+    p = torch.nn.Parameter(flat[:4])
+    opt = optim.AdamW([p], backend="triton")
+    p.grad = torch.ones(4)
+    opt.step()
+    p.data = flat  # 8 elements at the same address
+    p.grad = torch.ones(8)
+    with pytest.raises(ValueError, match=r"params\[0\] has 8 elements; the optimizer was made for 4"):
+        opt.step()
+    # and a transposed view at the same address
+    w = torch.nn.Parameter(torch.randn(3, 3))
+    opt = optim.AdamW([w], backend="triton")
+    w.grad = torch.ones(3, 3)
+    opt.step()
+    w.data = w.data.t()
+    with pytest.raises(ValueError, match=r"params\[0\] is not contiguous"):
+        opt.step()

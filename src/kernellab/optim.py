@@ -140,6 +140,11 @@ def _validate(params, grads, lr) -> float:
             raise TypeError(f"sgd_step: grads[{i}] has dtype {g.dtype} but params[{i}] {p.dtype}")
         if g.device != p.device:
             raise ValueError(f"sgd_step: grads[{i}] is on {g.device} but params[{i}] on {p.device}")
+        if torch._debug_has_internal_overlap(p) == 1:  # (1: certain; 2, "too hard", is what add_ allows)
+            raise ValueError(
+                f"sgd_step: params[{i}] has elements that share memory (an expanded view, stride 0); "
+                "an in-place update would write each location several times: pass the tensor it expands"
+            )
     return float(lr)
 
 
@@ -275,6 +280,8 @@ def _adamw_block(p_ptrs, g_ptrs, m_ptrs, v_ptrs, mask, lr, beta1, beta2, eps, we
 
 
 ADAMW_BLOCK = 2048
+# unbound, for map(): the step reads these of every tensor without a Python loop body
+_data_ptr, _is_contiguous, _numel = torch.Tensor.data_ptr, torch.Tensor.is_contiguous, torch.Tensor.numel
 
 
 def _finite(name: str, v, lo: float, hi: float | None = None, hi_open: bool = False) -> float:
@@ -310,8 +317,10 @@ class AdamW:
       single-tensor reference loop PyTorch's own optimizer runs there.
     - ``triton``: one launch for all tensors. Program c updates ``BLOCK`` elements of one
       tensor, read from a table of addresses (parameters, moments and gradients) on the
-      device; the table is uploaded again only when a gradient's address changes, from
-      pinned memory and without a sync.
+      device; each step reads every parameter's and gradient's address, contiguity and
+      size, and the table is uploaded again (from pinned memory, without a sync) only when
+      an address changed; a non-contiguous tensor or a changed size is refused with an
+      error naming it (``params[i].grad``).
 
     ``step()`` skips parameters whose ``.grad`` is None (as PyTorch does); the step count
     lives on the device, so a step can be captured in a CUDA graph (the gradients'
@@ -397,13 +406,16 @@ class AdamW:
             active = tuple(i for i, g in enumerate(grads) if g is not None)
             if not active:
                 return
+        # the Triton table is checked first: a refused step leaves the step counts alone
+        launch = self._triton_step(grads, active) if self.backend == "triton" else None
+        if active is not None:
             self.steps.index_add_(0, torch.tensor(active, device=self.device), self.steps.new_ones(len(active)))
         else:
             self.steps += 1
-        if self.backend == "torch":
+        if launch is not None:
+            launch()
+        elif self.backend == "torch":
             self._torch_step(grads, active)
-        else:
-            self._triton_step(grads, active)
 
     def _pick(self, xs, active):
         return xs if active is None else [xs[i] for i in active]
@@ -429,26 +441,54 @@ class AdamW:
             m.copy_(m32)
             v.copy_(v32)
 
-    def _triton_step(self, grads, active) -> None:
+    def _triton_step(self, grads, active):
+        """The table checked (and uploaded where it changed); returns the launch, or None
+        when there is nothing to update."""
         gs = self._pick(grads, active)
         plan = self._plans.get(active)
         if plan is None:
             plan = self._plans[active] = self._plan(active)
         offs, pidx, numel, chunk_t, chunk_s, host = plan
         if not chunk_t.numel():
-            return
+            return lambda: None
         ps = self._pick(self.params, active)
+        # The table is right while every tensor has the address, the contiguous layout and
+        # the size it was made from. Addresses and layouts are read every step (a strided
+        # view at last step's address would otherwise be read as contiguous); a size is
+        # read with them (a parameter's .data replaced in place by a shorter or longer view
+        # of the same memory). Five C calls per tensor, no Python loop body.
+        rows = {0: list(map(_data_ptr, ps)), 1: list(map(_data_ptr, gs))}
+        if (rows[0] != host[0] or rows[1] != host[1] or not all(map(_is_contiguous, gs))
+                or not all(map(_is_contiguous, ps)) or list(map(_numel, ps)) != host["numel"]):  # fmt: skip
+            self._upload(offs, host, ps, gs, rows, active)
+        b1, b2 = self.betas
+        es = self._base.element_size()
+        return lambda: _adamw_kernel[(chunk_t.numel(),)](
+            self._base, offs, self.steps, pidx, numel, chunk_t, chunk_s, len(ps), self.lr, b1, b2,
+            math.log(b1) if b1 > 0 else -math.inf, math.log(b2) if b2 > 0 else -math.inf,
+            self.eps, self.weight_decay, BLOCK=ADAMW_BLOCK, VEC=16 // es, ALIGNED=host["aligned"],
+        )  # fmt: skip
+
+    def _upload(self, offs, host, ps, gs, rows, active) -> None:
+        """A parameter's .data replaced or a gradient moved or re-laid: check every tensor
+        (ValueError / TypeError naming it) and upload the changed rows of the table."""
         base, es = self._base.data_ptr(), self._base.element_size()
-        rows = {0: [p.data_ptr() for p in ps], 1: [g.data_ptr() for g in gs]}
-        for r, ptrs in rows.items():  # a parameter's .data replaced, a gradient reallocated
-            if ptrs == host[r]:
-                continue
-            for i, t in zip(active or range(len(ps)), ps if r == 0 else gs):
-                what = f"params[{i}]" + (".grad" if r else "")
-                if not t.is_contiguous():
-                    raise ValueError(f"AdamW: {what} is not contiguous")
+        for i, p, g, n in zip(active or range(len(ps)), ps, gs, host["numel"]):
+            for what, t in ((f"params[{i}]", p), (f"params[{i}].grad", g)):
                 if t.dtype != self._base.dtype or t.device != self.device:
                     raise TypeError(f"AdamW: {what} is {t.dtype} on {t.device}; expected {self._base.dtype} on {self.device}")
+                if not t.is_contiguous():
+                    raise ValueError(f"AdamW: {what} is not contiguous")
+                if t.numel() != n:
+                    raise ValueError(
+                        f"AdamW: {what} has {t.numel()} elements; the optimizer was made for {n} "
+                        "(a parameter's size must not change)"
+                    )
+                if (t.data_ptr() - base) % es:
+                    raise ValueError(f"AdamW: {what}'s address is not a multiple of its element size")
+        for r, ptrs in rows.items():
+            if ptrs == host[r]:
+                continue
             src = torch.tensor([(a - base) // es for a in ptrs], dtype=torch.int64)
             if self.device.type == "cuda":
                 # pinned: the copy needs no sync (the caching host allocator keeps the
@@ -458,13 +498,7 @@ class AdamW:
                     host["captured"].append(src)
             offs[r].copy_(src, non_blocking=True)
             host[r] = ptrs
-            host["aligned"] = all((a - base) % 16 == 0 for a in host[0] + host[1] + host[2])
-        b1, b2 = self.betas
-        _adamw_kernel[(chunk_t.numel(),)](
-            self._base, offs, self.steps, pidx, numel, chunk_t, chunk_s, len(ps), self.lr, b1, b2,
-            math.log(b1) if b1 > 0 else -math.inf, math.log(b2) if b2 > 0 else -math.inf,
-            self.eps, self.weight_decay, BLOCK=ADAMW_BLOCK, VEC=16 // es, ALIGNED=host["aligned"],
-        )  # fmt: skip
+        host["aligned"] = all((a - base) % 16 == 0 for a in host[0] + host[1] + host[2])
 
     def _plan(self, active):
         """Device tables of the tensors ``active`` (None: all): element offsets from
@@ -488,4 +522,5 @@ class AdamW:
         return (torch.tensor(rows, dtype=torch.int64).to(dev), torch.tensor(idx, dtype=torch.int32).to(dev),
                 torch.tensor(numels, dtype=torch.int64).to(dev), torch.tensor(chunk_t, dtype=torch.int32).to(dev),
                 torch.tensor(chunk_s, dtype=torch.int64).to(dev),
-                {0: p_ptrs, 1: None, 2: m_ptrs + v_ptrs, "aligned": False, "captured": []})  # fmt: skip
+                {0: p_ptrs, 1: None, 2: m_ptrs + v_ptrs, "numel": numels, "aligned": False,
+                 "captured": []})  # fmt: skip

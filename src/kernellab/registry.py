@@ -61,7 +61,7 @@ class Impl:
     custom_ops: list = field(default_factory=list)
     builtin: bool = True
     description: str = ""
-    dtypes: tuple | None = None  # None: whatever the op's spec allows
+    dtypes: tuple | None = None  # what it accepts; None: the op's spec's (which check judges)
     module: object = None  # the cuda.runtime.Module of a CUDA backend (for `kernellab asm`)
     triton_kernels: Callable | None = None  # dtype -> [(kernel, signature, constexprs, warps)]
     limits: Callable[..., str | None] | None = None
@@ -100,7 +100,10 @@ class Impl:
             from kernellab.ops.spec import get_spec
 
             spec = self._spec = get_spec(self.op)
-        return spec.call_validator()
+        # a backend that takes a dtype the spec does not (the reference backends' float64)
+        # validates against its own list
+        wider = self.dtypes is not None and any(d not in spec.dtypes for d in self.dtypes)
+        return spec.call_validator(self.dtypes if wider else None)
 
     def outside_limits(self, args, options) -> str | None:
         """Why (args, options) are outside this backend's documented limits, or None."""

@@ -507,3 +507,73 @@ def test_cuda_vector_path_choice():
     assert _vec_ok(off) and _vec_ok(off, off)  # forward, and the in-place backward
     assert not _vec_ok(off, fresh)  # 2 bytes off against a fresh dx: v1
     assert _vec_ok(flat[8 : 8 + 8 * 1000].view(8, 1000), fresh)  # 16 bytes off: same alignment
+
+
+# --------------------------------------------------------------------------- in-place backward, bad targets
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_inplace_backward_twice_is_refused_or_right(backend):
+    """inplace_backward=True, then a second backward through the same graph
+    (retain_graph=True): the fused backends' first backward overwrote the logits, so the
+    second is refused naming the option (not computed from the gradient: error 0.08); the
+    backends that ignore the flag give the same gradient twice."""
+    logits, t = SPEC.make_inputs((5, 33), torch.float32, "cpu", 7)
+    x = logits.clone().requires_grad_()
+    loss = ce.cross_entropy(x, t, backend=backend, inplace_backward=True)
+    (g1,) = torch.autograd.grad(loss, x, retain_graph=True)
+    x64 = logits.double().requires_grad_()
+    (g_ref,) = torch.autograd.grad(F.cross_entropy(x64, t), x64)
+    torch.testing.assert_close(g1.double(), g_ref, rtol=1e-5, atol=1e-6)
+    if backend in ("triton", "cuda", "cuda_v1"):
+        with pytest.raises(RuntimeError, match=r"inplace_backward=True overwrote the logits"):
+            torch.autograd.grad(loss, x)
+    else:
+        (g2,) = torch.autograd.grad(loss, x)
+        torch.testing.assert_close(g2, g1, rtol=0, atol=0)
+
+
+def test_inplace_backward_makes_other_users_of_the_logits_raise():
+    """A node created before the cross-entropy that saved the logits (a z-loss term) runs
+    after its in-place backward: it raises PyTorch's in-place modification error instead
+    of reading the gradient as logits. Without the option both terms are right."""
+    logits, t = SPEC.make_inputs((4, 19), torch.float32, "cpu", 8)
+    x = logits.clone().requires_grad_()
+    z = (x * x).mean()  # saves x
+    loss = ce.cross_entropy(x, t, backend="triton", inplace_backward=True) + z
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    x = logits.clone().requires_grad_()
+    z = (x * x).mean()
+    (ce.cross_entropy(x, t, backend="triton") + z).backward()
+    y = logits.clone().requires_grad_()
+    (F.cross_entropy(y, t) + (y * y).mean()).backward()
+    torch.testing.assert_close(x.grad, y.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "backend,dev",
+    [(b, "cpu") for b in CPU + ["compile"]]
+    + [pytest.param(b, "cuda", marks=pytest.mark.gpu) for b in ("triton", "cuda", "cuda_v1")],
+)
+def test_check_targets_false_bad_target_is_an_error_or_a_nan_row(backend, dev):
+    """check_targets=False with an out-of-range target: on the CPU the backends built on
+    PyTorch ops raise the ValueError naming target (PyTorch's IndexError / RuntimeError /
+    Inductor assert replaced); the fused kernels give a NaN loss row and a NaN gradient
+    row (not a softmax row), every other row right."""
+    logits = torch.randn(4, 10, device=dev)
+    for bad in (10, -3):
+        t = torch.tensor([0, bad, -100, 3], device=dev)
+        x = logits.clone().requires_grad_()
+        if backend in ("manual", "torch", "compile"):
+            with pytest.raises(ValueError, match=rf"target\[1\] = {bad} is out of range"):
+                ce.cross_entropy(x, t, reduction="none", backend=backend, check_targets=False)
+            continue
+        rows = ce.cross_entropy(x, t, reduction="none", backend=backend, check_targets=False)
+        rows.sum().backward()
+        assert torch.isnan(rows[1]) and torch.isnan(x.grad[1]).all()
+        keep = [0, 2, 3]
+        y = logits[keep].clone().requires_grad_()
+        F.cross_entropy(y, t[keep], reduction="none").sum().backward()
+        torch.testing.assert_close(rows[keep], F.cross_entropy(logits[keep], t[keep], reduction="none"))
+        torch.testing.assert_close(x.grad[keep], y.grad)

@@ -8,6 +8,7 @@ import inspect
 
 import torch
 
+from kernellab.ops.spec import REFERENCE_DTYPES
 from kernellab.registry import register
 
 
@@ -116,14 +117,19 @@ def _compile_unavailable() -> str | None:
 def register_baseline(op: str, manual, torch_fn, compile_fn) -> None:
     # manual and torch are PyTorch ops under PyTorch's autograd: differentiable twice.
     # compile is not declared: torch.compile refuses double backward with a RuntimeError.
+    # All three take float64 as well (REFERENCE_DTYPES): torch.autograd.gradcheck runs
+    # through them; the check judges the spec's dtypes only.
     describe = (manual.__doc__ or "").split("\n")[0]
-    register(op, "manual", builtin=True, description=describe, double_backward=True)(manual)
+    register(op, "manual", builtin=True, description=describe, double_backward=True,
+             dtypes=REFERENCE_DTYPES)(manual)  # fmt: skip
     describe = (torch_fn.__doc__ or "").split("\n")[0]
-    register(op, "torch", builtin=True, description=describe, double_backward=True)(torch_fn)
+    register(op, "torch", builtin=True, description=describe, double_backward=True,
+             dtypes=REFERENCE_DTYPES)(torch_fn)  # fmt: skip
     register(
         op,
         "compile",
         builtin=True,
         available=_compile_unavailable,
         description="torch.compile of manual",
+        dtypes=REFERENCE_DTYPES,
     )(compile_fn)

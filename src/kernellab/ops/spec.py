@@ -8,6 +8,7 @@ and validates arguments for every implementation of the op.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import re
@@ -47,6 +48,10 @@ DTYPES = {
 }
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# What the reference backends (manual, torch, compile) accept: float64 too, so that
+# torch.autograd.gradcheck runs through them. The kernels keep FLOAT_DTYPES, and the check
+# judges the spec's dtypes only (float64 is the reference's own dtype).
+REFERENCE_DTYPES = FLOAT_DTYPES + (torch.float64,)
 
 # Layouts every tensor input is tried in. Each either computes correctly or is refused
 # with a clear error.
@@ -72,14 +77,32 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
-def check_float_tensor(op: str, name: str, t, devices) -> None:
+def upcast(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in the reference backends' arithmetic dtype: 16-bit to fp32, fp32 and float64
+    unchanged (a float64 input stays float64: gradcheck needs its precision)."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for fp32 and float64 inputs, fp32 for 16-bit ones: where a reference backend
+    accumulates in more than fp32 (matmul, conv2d)."""
+    return torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def check_dtype(op: str, name: str, t, dtypes=FLOAT_DTYPES) -> None:
+    """TypeError naming ``op`` and argument ``name`` unless ``t.dtype`` is in ``dtypes``."""
+    if t.dtype not in dtypes:
+        allowed = ", ".join(dtype_name(d) for d in dtypes)
+        raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected one of {allowed}")
+
+
+def check_float_tensor(op: str, name: str, t, devices, dtypes=FLOAT_DTYPES) -> None:
     """Raise TypeError / ValueError naming ``op`` and argument ``name`` unless ``t`` is a
-    dense (strided) floating-point tensor (fp32, fp16, bf16) on one of ``devices``."""
+    dense (strided) floating-point tensor of ``dtypes`` (fp32, fp16, bf16; the reference
+    backends: float64 too) on one of ``devices``."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in FLOAT_DTYPES:
-        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
-        raise TypeError(f"{op}: {name} has dtype {t.dtype}; expected one of {allowed}")
+    check_dtype(op, name, t, dtypes)
     if t.layout is not torch.strided:
         raise TypeError(f"{op}: {name} has layout {t.layout}; only strided (dense) tensors are supported")
     if t.device.type not in devices:
@@ -230,6 +253,9 @@ class BadInput:
     exc: tuple = (TypeError, ValueError)
     gpu_only: bool = False
     needs_gpu: bool = False
+    # the dtype the case is bad for: it does not apply to a backend whose Impl.dtypes
+    # lists it (float64, which the reference backends accept)
+    dtype: torch.dtype | None = None
 
 
 def device_of(t):
@@ -407,11 +433,13 @@ class OpSpec:
         return list(self.grad_shapes) if self.grad_shapes is not None else [self.layout_shape, (1025,)]
 
     # -- validation -----------------------------------------------------------------
-    def validate(self, args, kwargs, devices=("cuda", "cpu")) -> None:
-        """Raise TypeError/ValueError naming the offending argument."""
+    def validate(self, args, kwargs, devices=("cuda", "cpu"), dtypes=None) -> None:
+        """Raise TypeError/ValueError naming the offending argument. ``dtypes``: the floating
+        dtypes the backend takes (None: the spec's)."""
         v = self.validator
         if v is not None and getattr(v, "checks_layouts", False):
-            v(args, kwargs, devices)  # it checks every tensor's layout itself
+            # it checks every tensor's layout itself
+            v(args, kwargs, devices) if dtypes is None else v(args, kwargs, devices, dtypes)
             return
         for i, a in enumerate(args):  # every backend reads dense strided storage
             if isinstance(a, torch.Tensor) and a.layout is not torch.strided:
@@ -421,13 +449,14 @@ class OpSpec:
                 if isinstance(a, torch.Tensor) and a.layout is not torch.strided:
                     self._bad_layout(k, a)
         if v is not None:
-            v(args, kwargs, devices)
+            v(args, kwargs, devices) if dtypes is None else v(args, kwargs, devices, dtypes)
             return
+        dtypes = dtypes or self.dtypes
         # Fast accept for the common case (this runs on every call: host cost matters);
         # anything unusual goes through the full checks below for a precise message.
         if not kwargs and len(args) == len(self.arg_names):
             a0 = args[0]
-            if isinstance(a0, torch.Tensor) and a0.dtype in self.dtypes and runs_on(a0, devices):
+            if isinstance(a0, torch.Tensor) and a0.dtype in dtypes and runs_on(a0, devices):
                 dt, shape, dev = a0.dtype, a0.shape, device_of(a0)
                 for a in args[1:]:
                     if not (isinstance(a, torch.Tensor) and a.dtype is dt and a.shape == shape
@@ -435,7 +464,7 @@ class OpSpec:
                         break
                 else:
                     return
-        self._validate_slow(args, kwargs, devices)
+        self._validate_slow(args, kwargs, devices, dtypes)
 
     def _bad_layout(self, name, a) -> None:
         raise TypeError(
@@ -443,13 +472,15 @@ class OpSpec:
             "supported (convert with .to_dense())"
         )
 
-    def call_validator(self):
+    def call_validator(self, dtypes=None):
         """What each call runs to validate (``validate``'s signature): the op's validator
-        itself where it checks every layout (``layout_checking``), else ``validate``."""
+        itself where it checks every layout (``layout_checking``), else ``validate``;
+        ``dtypes`` (a backend's own, wider than the spec's) bound in."""
         v = self.validator
-        return v if v is not None and getattr(v, "checks_layouts", False) else self.validate
+        v = v if v is not None and getattr(v, "checks_layouts", False) else self.validate
+        return v if dtypes is None else functools.partial(v, dtypes=tuple(dtypes))
 
-    def _validate_slow(self, args, kwargs, devices) -> None:
+    def _validate_slow(self, args, kwargs, devices, dtypes) -> None:
         if len(args) != len(self.arg_names):
             raise TypeError(
                 f"{self.name}() takes {len(self.arg_names)} tensor arguments "
@@ -459,9 +490,7 @@ class OpSpec:
         for name, a in zip(self.arg_names, args):
             if not isinstance(a, torch.Tensor):
                 raise TypeError(f"{self.name}: {name} must be a torch.Tensor, got {type(a).__name__}")
-            if a.dtype not in self.dtypes:
-                allowed = ", ".join(dtype_name(d) for d in self.dtypes)
-                raise TypeError(f"{self.name}: {name} has dtype {a.dtype}; expected one of {allowed}")
+            check_dtype(self.name, name, a, dtypes)
             if a.device.type not in devices:
                 raise ValueError(
                     f"{self.name}: {name} is on {a.device}, but this backend runs on "
@@ -506,7 +535,7 @@ class OpSpec:
 
         cases = [
             BadInput("integer dtype", wrong_dtype, first),
-            BadInput("float64 (unsupported dtype)", float64, first),
+            BadInput("float64 (unsupported dtype)", float64, first, dtype=torch.float64),
             BadInput("a list instead of a tensor", not_a_tensor, first),
             BadInput("CPU tensor to a GPU-only backend", cpu_tensor, first, gpu_only=True),
         ]

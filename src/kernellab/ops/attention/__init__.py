@@ -226,8 +226,9 @@ def _fast_accept(args, kwargs, devices) -> bool:
 
 
 @layout_checking
-def validate(args, kwargs, devices=("cuda", "cpu")) -> None:
-    """Shared argument checks for every backend (cheap: runs on every call)."""
+def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=SUPPORTED_DTYPES) -> None:
+    """Shared argument checks for every backend (cheap: runs on every call); ``dtypes``:
+    the backend's (the reference backends take float64 too)."""
     if _fast_accept(args, kwargs, devices):
         return
     if len(args) != 3:
@@ -239,9 +240,10 @@ def validate(args, kwargs, devices=("cuda", "cpu")) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attention: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in SUPPORTED_DTYPES:
+        if t.dtype not in dtypes:
             raise TypeError(
-                f"attention: {name} has dtype {t.dtype}; expected one of float32, float16, bfloat16"
+                f"attention: {name} has dtype {t.dtype}; expected one of "
+                + ", ".join(str(d).removeprefix("torch.") for d in dtypes)
             )
         if t.layout is not torch.strided:
             raise TypeError(

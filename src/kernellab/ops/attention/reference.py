@@ -38,6 +38,7 @@ from kernellab.ops.attention import (
     window_bounds,
     resolve_scale,
 )
+from kernellab.ops.spec import REFERENCE_DTYPES, upcast
 from kernellab.registry import register
 
 
@@ -100,7 +101,7 @@ def manual_attention(q, k, v, causal: bool = False, scale=None, window=None, sof
     # the input dtype before PV, as the fused kernels do.
     sc = resolve_scale(q, scale)
     k, v = expand_kv(q, k, v)
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * sc
+    s = torch.matmul(upcast(q), upcast(k).transpose(-1, -2)) * sc
     if has_softcap(softcap):
         s = softcap * torch.tanh(s / softcap)
     allowed = allowed_mask(q.shape[-2], k.shape[-2], causal, window, q.device)
@@ -283,10 +284,12 @@ register(
     builtin=True,
     description=manual_attention.__doc__.split("\n")[0],
     double_backward=True,  # PyTorch ops under PyTorch's autograd
+    dtypes=REFERENCE_DTYPES,  # float64 too: torch.autograd.gradcheck runs through it
 )(manual_attention)
 # torch: not declared. SDPA's math path is differentiable twice, its flash and efficient
 # kernels (the GPU's choice for 16-bit inputs) refuse with a RuntimeError.
-register("attention", "torch", builtin=True, description=torch_attention.__doc__.split("\n")[0])(
+register("attention", "torch", builtin=True, description=torch_attention.__doc__.split("\n")[0],
+         dtypes=REFERENCE_DTYPES)(
     torch_attention
 )
 register(
@@ -295,6 +298,7 @@ register(
     builtin=True,
     available=_compile_unavailable,
     description="torch.compile of manual",
+    dtypes=REFERENCE_DTYPES,
 )(compiled(manual_attention))
 
 

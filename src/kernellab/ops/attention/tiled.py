@@ -19,8 +19,9 @@ Forward, for each query block Q_i (BLOCK_M rows):
     O_i = acc / l;  LSE_i = m + log(l)             (the one tensor saved for the backward)
 
 Backward, with D_i = rowsum(dO_i * O_i) (so that dS = P (dP - D)):
+    m, l = the forward's row statistics, recomputed (one pass of S, no PV)
     for each key block j, for each query block i it meets:
-        P = exp(Q_i K_j^T scale - LSE_i)           recomputed: no S x S tensor is kept
+        P = exp(S - m_i) / l_i                     recomputed: no S x S tensor is kept
         dV_j += P^T dO_i
         dP = dO_i V_j^T;  dS = P (dP - D_i)
         dK_j += dS^T Q_i scale;  dQ_i += dS K_j scale
@@ -35,7 +36,16 @@ the backward: only the query blocks that see some key of the block); the scores 
 c tanh(S / c) before the mask, and the backward multiplies dS by 1 - tanh^2.
 
 Rows with no allowed key (causal, S_q > S_k, or outside every window) keep l = 0: O = 0,
-LSE = -inf, and their P is 0 in the backward (LSE replaced by +inf there).
+LSE = -inf, and their P is 0 in the backward.
+
+Why the backward recomputes (m, l) rather than read the saved LSE (the kernels' P =
+exp(S - LSE)): the LSE is saved in fp32, rounded by up to half an ulp of |LSE|, and that
+error lands in the exponent. At |S| ~ 1e4 it already costs fp32 inputs the 2x-PyTorch rule
+on dv; at |q| ~ 1e12 it is ~2^15, so P overflows to inf and dq, dk, dv come out NaN while O
+is finite. exp(S - m) has an exponent <= 0 and m is one of the row's scores, exactly as the
+forward used it. The saved LSE stays the autograd node's contract (one fp32 tensor of
+q.shape[:-1]); the products scale dS before the matmuls with q and k (dS Q scale may
+overflow fp32 where (dS scale) Q does not).
 """
 
 from __future__ import annotations
@@ -145,16 +155,42 @@ def forward(q, k, v, causal: bool = False, scale=None, window=None, softcap=None
     return o_out, lse.reshape(lead + (s_q,))
 
 
+def _row_stats(qf, kf, sc, cap, causal, win, s_q, s_k, f):
+    """(m, l), (BH, S_q) in dtype f: each row's max score and sum of exp(S - m), from the
+    same tiles and arithmetic as the forward (l = 0 on rows with no allowed key)."""
+    bh = qf.shape[0]
+    m = torch.full((bh, s_q), float("-inf"), dtype=f, device=qf.device)
+    l = torch.zeros(bh, s_q, dtype=f, device=qf.device)
+    for i0 in range(0, s_q, BLOCK_M):
+        qi = qf[:, i0 : i0 + BLOCK_M]
+        mi, li = m[:, i0 : i0 + BLOCK_M], l[:, i0 : i0 + BLOCK_M]
+        for j0 in range(*_key_range(i0, s_q, s_k, causal, win), BLOCK_N):
+            kj = kf[:, j0 : j0 + BLOCK_N]
+            s = qi @ kj.transpose(-1, -2) * sc
+            if cap is not None:
+                s = cap * torch.tanh(s / cap)
+            if causal or win is not None:
+                allowed = _mask(i0, j0, qi.shape[1], kj.shape[1], s_q, s_k, qf.device, causal, win)
+                s = s.masked_fill(~allowed, float("-inf"))
+            m_new = torch.maximum(mi, s.amax(-1))
+            m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)
+            li.copy_(torch.exp(mi - m_safe) * li + torch.exp(s - m_safe[..., None]).sum(-1))
+            mi.copy_(m_new)
+    return m, l
+
+
 def backward(do, q, k, v, o, lse, causal: bool = False, scale=None, window=None, softcap=None):
-    """(dq, dk, dv) by recomputation from the LSE."""
+    """(dq, dk, dv) by recomputation. ``lse`` (what the autograd node saves) is not read:
+    the row statistics are recomputed in the math dtype (module docstring)."""
     sc = resolve_scale(q, scale)
     win, cap = window_bounds(window, causal), softcap if has_softcap(softcap) else None
     f = _math_dtype(q.dtype)
     s_q, s_k = q.shape[-2], k.shape[-2]
     qf, kf, vf = _fold(q).to(f), _fold(k).to(f), _fold(v).to(f)
     dof, of = _fold(do).to(f), _fold(o).to(f)
-    lsef = lse.reshape(qf.shape[0], s_q).to(f)
-    lsef = torch.where(lsef == float("-inf"), float("inf"), lsef)  # empty rows: P = 0
+    m, l = _row_stats(qf, kf, sc, cap, causal, win, s_q, s_k, f)
+    m = torch.where(m == float("-inf"), 0.0, m)  # empty rows: every S is -inf, P = 0
+    l = torch.where(l == 0, 1.0, l)
     delta = (dof * of).sum(-1)  # (BH, S_q)
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     for j0 in range(0, s_k, BLOCK_N):
@@ -170,14 +206,15 @@ def backward(do, q, k, v, o, lse, causal: bool = False, scale=None, window=None,
             if causal or win is not None:
                 allowed = _mask(i0, j0, qi.shape[1], kj.shape[1], s_q, s_k, q.device, causal, win)
                 s = s.masked_fill(~allowed, float("-inf"))
-            p = torch.exp(s - lsef[:, i0 : i0 + BLOCK_M, None])
+            p = torch.exp(s - m[:, i0 : i0 + BLOCK_M, None]) / l[:, i0 : i0 + BLOCK_M, None]
             dv[:, j0 : j0 + BLOCK_N] += p.to(q.dtype).to(f).transpose(-1, -2) @ doi
             dp = doi @ vj.transpose(-1, -2)
             ds = p * (dp - delta[:, i0 : i0 + BLOCK_M, None])
             if cap is not None:
                 ds = ds * (1 - t * t)  # d(c tanh(s / c)) / ds
-            dk[:, j0 : j0 + BLOCK_N] += ds.transpose(-1, -2) @ qi * sc
-            dq[:, i0 : i0 + BLOCK_M] += ds @ kj * sc
+            ds = ds * sc
+            dk[:, j0 : j0 + BLOCK_N] += ds.transpose(-1, -2) @ qi
+            dq[:, i0 : i0 + BLOCK_M] += ds @ kj
     return (
         dq.to(q.dtype).reshape(q.shape),
         dk.to(k.dtype).reshape(k.shape),

@@ -63,7 +63,8 @@ def _plain_kwargs(kwargs, relu: bool) -> bool:
     )
 
 
-def validate_channels(args, kwargs, devices, op: str = OP, relu: bool = True, min_hw: int = 0) -> None:
+def validate_channels(args, kwargs, devices, op: str = OP, relu: bool = True, min_hw: int = 0,
+                      dtypes=FLOAT_DTYPES) -> None:  # fmt: skip
     """``op(x, weight, bias, eps=...[, relu=...])``: x [N, C, H, W] (H, W >= ``min_hw``),
     weight and bias [C] in x's dtype; shared by batch_norm2d and bn_relu_pool2d."""
     if len(args) == 3 and _plain_kwargs(kwargs, relu):
@@ -73,7 +74,7 @@ def validate_channels(args, kwargs, devices, op: str = OP, relu: bool = True, mi
             dt, dev, cshape = x.dtype, x.device, (x.shape[1],)
             eps = kwargs.get("eps", 1.0) if kwargs else 1.0
             if (
-                dt in _FLOATS
+                dt in dtypes
                 and x.layout is torch.strided
                 and dev.type in devices
                 and x.shape[2] >= min_hw and x.shape[3] >= min_hw
@@ -87,7 +88,7 @@ def validate_channels(args, kwargs, devices, op: str = OP, relu: bool = True, mi
     if len(args) != 3:
         raise TypeError(f"{op}() takes 3 tensor arguments (x, weight, bias), got {len(args)}")
     x = args[0]
-    check_float_tensor(op, "x", x, devices)
+    check_float_tensor(op, "x", x, devices, dtypes)
     if x.dim() != 4:
         raise ValueError(f"{op}: x must be 4-D [N, C, H, W], got {x.dim()}-D shape {list(x.shape)}")
     if min_hw and (x.shape[2] < min_hw or x.shape[3] < min_hw):
@@ -97,7 +98,7 @@ def validate_channels(args, kwargs, devices, op: str = OP, relu: bool = True, mi
         )
     c = x.shape[1]
     for name, t in zip(("weight", "bias"), args[1:]):
-        check_float_tensor(op, name, t, devices)
+        check_float_tensor(op, name, t, devices, dtypes)
         if t.device != x.device:
             raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
         if t.dtype != x.dtype:
@@ -114,9 +115,9 @@ def validate_channels(args, kwargs, devices, op: str = OP, relu: bool = True, mi
         check_eps(v, op)
 
 
-def validate(args, kwargs, devices) -> None:
+def validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
     """``batch_norm2d(x, weight, bias, eps=..., relu=...)``: x [N, C, H, W], weight and bias [C]."""
-    validate_channels(args, kwargs, devices)
+    validate_channels(args, kwargs, devices, dtypes=dtypes)
 
 
 # --------------------------------------------------------------------------- inputs

@@ -5,16 +5,17 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._baselines import compiled, register_baseline
+from kernellab.ops.spec import upcast
 
 
 def manual_batch_norm2d(x, weight, bias, eps=1e-5, relu=False):
     """mean, subtract, square, mean, rsqrt, scale, shift in fp32 over (N, H, W): ~8 kernels."""
-    x32 = x.float()
+    x32 = upcast(x)
     mean = x32.mean((0, 2, 3), keepdim=True)
     xc = x32 - mean
     rstd = torch.rsqrt(xc.square().mean((0, 2, 3), keepdim=True) + eps)
     c = (1, -1, 1, 1)
-    y = (xc * rstd * weight.float().view(c) + bias.float().view(c)).to(x.dtype)
+    y = (xc * rstd * upcast(weight).view(c) + upcast(bias).view(c)).to(x.dtype)
     return torch.relu(y) if relu else y
 
 

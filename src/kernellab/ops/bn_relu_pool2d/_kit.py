@@ -38,16 +38,17 @@ from torch import Tensor
 
 from kernellab.ops.batch_norm2d import _kit as _bn
 from kernellab.ops.kit import OpDecl, build, contig
+from kernellab.ops.spec import FLOAT_DTYPES
 
 OP = "bn_relu_pool2d"
 
 # --------------------------------------------------------------------------- validation
 
 
-def validate(args, kwargs, devices) -> None:
+def validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
     """``bn_relu_pool2d(x, weight, bias, eps=...)``: x [N, C, H, W] with H, W >= 2,
     weight and bias [C] in x's dtype (batch_norm2d's checks, no relu option)."""
-    _bn.validate_channels(args, kwargs, devices, OP, relu=False, min_hw=2)
+    _bn.validate_channels(args, kwargs, devices, OP, relu=False, min_hw=2, dtypes=dtypes)
 
 
 # --------------------------------------------------------------------------- counts

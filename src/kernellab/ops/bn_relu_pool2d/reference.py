@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from kernellab.ops._baselines import compiled, register_baseline
+from kernellab.ops.spec import upcast
 from kernellab.ops.batch_norm2d.reference import manual_batch_norm2d
 from kernellab.ops.pool.reference import manual_max_pool2d
 
@@ -14,7 +15,7 @@ def manual_bn_relu_pool2d(x, weight, bias, eps=1e-5):
     """batch_norm2d's naive composition (relu included) and max_pool2d's unfold + max, in
     fp32, rounded once at the end (the op's contract): ~11 kernels, two full-size
     intermediates."""
-    z = manual_batch_norm2d(x.float(), weight.float(), bias.float(), eps, relu=True)
+    z = manual_batch_norm2d(upcast(x), upcast(weight), upcast(bias), eps, relu=True)
     return manual_max_pool2d(z, 2).to(x.dtype)
 
 

@@ -25,7 +25,16 @@ import numbers
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import BadInput, OpSpec, check_float_tensor, define, fuzz_dim, fuzz_nchw, make_tensor
+from kernellab.ops.spec import (
+    FLOAT_DTYPES,
+    BadInput,
+    OpSpec,
+    check_float_tensor,
+    define,
+    fuzz_dim,
+    fuzz_nchw,
+    make_tensor,
+)
 
 # --------------------------------------------------------------------------- geometry
 
@@ -99,13 +108,13 @@ def make_conv_inputs(shape, dtype, device, gen, layout="contiguous", scale=1.0):
 # --------------------------------------------------------------------------- validation
 
 
-def validate_conv2d(args, kwargs, devices=("cuda", "cpu")) -> None:
+def validate_conv2d(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None:
     """Raise TypeError/ValueError naming the argument (x, w, bias, stride, padding)."""
     if len(args) != 3:
         raise TypeError(f"conv2d() takes 3 tensor arguments (x, w, bias), got {len(args)}")
     x, w, b = args
-    check_float_tensor("conv2d", "x", x, devices)
-    check_float_tensor("conv2d", "w", w, devices)
+    check_float_tensor("conv2d", "x", x, devices, dtypes)
+    check_float_tensor("conv2d", "w", w, devices, dtypes)
     if x.dim() != 4:
         raise ValueError(f"conv2d: x must be 4-D [N, C, H, W], got a {x.dim()}-d tensor {tuple(x.shape)}")
     if w.dim() != 4:
@@ -120,7 +129,7 @@ def validate_conv2d(args, kwargs, devices=("cuda", "cpu")) -> None:
             f"{x.shape[1]} (x [N, C, H, W] = {tuple(x.shape)})"
         )
     if b is not None:
-        check_float_tensor("conv2d", "bias", b, devices)
+        check_float_tensor("conv2d", "bias", b, devices, dtypes)
         if b.device != x.device:
             raise ValueError(f"conv2d: bias is on {b.device} but x is on {x.device}")
         if b.dtype != x.dtype:

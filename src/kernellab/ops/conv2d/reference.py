@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from kernellab.ops._baselines import compiled, register_baseline
 from kernellab.ops.conv2d import as_pair, out_size
+from kernellab.ops.spec import wide_dtype
 from kernellab.registry import register
 
 
@@ -20,7 +21,7 @@ def manual_conv2d(x, w, bias=None, stride=1, padding=0):
     n, _, h, wd = x.shape
     k, _, r, s = w.shape
     p, q = out_size(h, wd, r, s, st, pd)
-    mdt = torch.float64 if x.dtype == torch.float32 else torch.float32
+    mdt = wide_dtype(x.dtype)
     cols = F.unfold(x.to(mdt), (r, s), padding=pd, stride=st)  # [N, C R S, P Q]
     y = w.to(mdt).reshape(k, -1) @ cols  # [N, K, P Q]
     if bias is not None:

@@ -22,8 +22,10 @@ forward; the host waits for the event alone, i.e. for the check, while the GPU r
 forward (see ``_fused``). Under torch.compile, and while a CUDA graph is captured, the
 check is skipped (it would break the graph); ``check_targets=False`` (opt-in) skips it in
 eager mode too, for every backend: no host wait at all. A bad target then does what the
-backend does without a check: a NaN loss row for the fused kernels, PyTorch's own error (a
-device-side assert on a GPU) for torch, manual and compile, undefined for liger.
+backend does without a check: a NaN loss row and a NaN gradient row for the fused kernels
+(never a read out of bounds); for torch, manual and compile on the CPU the ValueError
+naming ``target`` (PyTorch's ops raise there, and their error is replaced by the check's),
+on a GPU PyTorch's device-side assert; undefined for liger.
 
 ``check_targets=None`` (the default): checked, except by the fused backends on a GPU, where
 the default path never waits for the device (the wait cost 0.1-0.2 ms of host time per
@@ -36,8 +38,12 @@ only the per-row log-sum-exp (N fp32) and recompute the softmax in the backward;
 softmax is never stored. ``inplace_backward=True`` (opt-in, eager only) writes dlogits
 into the logits buffer instead of a new tensor, as Liger does: extra memory N floats
 instead of a logits-sized gradient, but the logits are destroyed by the backward (use it
-only when nothing else needs them, e.g. the LM head's output). The other backends accept
-the flag and ignore it (it never changes a result).
+only when nothing else needs them, e.g. the LM head's output). A second backward through
+the same graph (``retain_graph=True``) is refused with a RuntimeError (the logits it needs
+are gone), and the backward advances the logits' version counter, so that any other
+autograd node that saved them raises PyTorch's in-place modification error rather than
+read the gradient as logits. The other backends accept the flag and ignore it (it never
+changes a result).
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, fuzz_rows, make_tensor
+from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, check_dtype, define, fuzz_rows, make_tensor
 
 REDUCTIONS = ("mean", "sum", "none")
 OPTIONS = ("ignore_index", "reduction", "inplace_backward", "check_targets")
@@ -91,14 +97,13 @@ def _inputs(shape, dtype, device, gen, layout, scale):
 # --------------------------------------------------------------------------- validation
 
 
-def _validate(args, kwargs, devices):
+def _validate(args, kwargs, devices, dtypes=FLOAT_DTYPES):
     if len(args) != 2:
         raise TypeError(f"cross_entropy() takes 2 tensor arguments (logits, target), got {len(args)}")
     logits, target = args
     if not isinstance(logits, torch.Tensor):
         raise TypeError(f"cross_entropy: logits must be a torch.Tensor, got {type(logits).__name__}")
-    if logits.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"cross_entropy: logits has dtype {logits.dtype}; expected one of fp32, fp16, bf16")
+    check_dtype("cross_entropy", "logits", logits, dtypes)
     if logits.device.type not in devices:
         raise ValueError(
             f"cross_entropy: logits is on {logits.device}, but this backend runs on "

@@ -230,13 +230,39 @@ def fused_backend(name: str, fwd, bwd, stats_fn, triton: bool = False):
         return out
 
     def _save(inputs, out):
-        # In place, the logits are saved as a detached alias: after the node's saved
-        # tensors are released, the returned gradient is the only reference to that
-        # alias, and autograd's AccumulateGrad then adopts it as .grad instead of cloning
-        # it (saving ``logits`` itself, also held by the caller, made it clone: a
-        # logits-sized copy, the memory the option exists to avoid).
+        # In place, the logits are saved as an alias made with set_: after the node's
+        # saved tensors are released, the returned gradient is the only reference to it,
+        # and autograd's AccumulateGrad then adopts it as .grad instead of cloning it
+        # (saving ``logits`` itself, also held by the caller, made it clone: a
+        # logits-sized copy, the memory the option exists to avoid). The alias has a
+        # version counter of its own; ``logits.detach()`` in the extras shares the
+        # caller's, which the backward advances once it has overwritten the logits (see
+        # _bwd_args).
         logits, target, ignore_index, inplace = inputs
-        return (logits.detach() if inplace else logits, target, out[1]), (ignore_index, inplace)
+        if not inplace:
+            return (logits, target, out[1]), (ignore_index, False)
+        alias = logits.new_empty(0).set_(logits.untyped_storage(), logits.storage_offset(), logits.shape,
+                                         logits.stride())  # fmt: skip
+        return (alias, target, out[1]), (ignore_index, True, logits.detach(), [False])
+
+    def _bwd_args(saved, extra, dy):
+        # In place, the first backward replaces the logits with their gradient: a second
+        # one (retain_graph=True) would compute from the gradient. It is refused here,
+        # and the caller's logits get a new version, so that any other autograd node
+        # that saved them raises PyTorch's "modified by an inplace operation" error
+        # instead of reading the gradient as logits.
+        if not extra[1]:
+            return (*saved, dy, *extra)
+        ignore_index, _, caller, done = extra
+        if done[0]:
+            raise RuntimeError(
+                "cross_entropy: inplace_backward=True overwrote the logits with their gradient in the "
+                "first backward; a second backward through this graph (retain_graph=True) cannot be "
+                "computed: call it with inplace_backward=False"
+            )
+        done[0] = True
+        torch.autograd.graph.increment_version(caller)
+        return (*saved, dy, ignore_index, True)
 
     def _fwd_sample(make):
         logits, target = make.args(1)
@@ -263,7 +289,7 @@ def fused_backend(name: str, fwd, bwd, stats_fn, triton: bool = False):
                 logits.shape, dtype=logits.dtype, device=logits.device
             ),
             save=_save,
-            bwd_args=lambda saved, extra, dy: (*saved, dy, *extra),
+            bwd_args=_bwd_args,
             grads=lambda g, extra: (g[0], None, None, None),
             needs_grad=lambda logits, target, ignore_index, inplace_backward: logits.requires_grad,
             samples=(_fwd_sample, _bwd_sample),

@@ -171,6 +171,7 @@ __device__ void ce_bwd_v1(const T* x, const long long* __restrict__ target, cons
     }
     float l, lo, gr;
     load_lse_g<T>(lse, g, gs, row, l, lo, gr);
+    if (t < 0 || t >= V) gr = __int_as_float(0x7fc00000);  // unchecked bad target: a NaN row, as its loss
     for (long long j = threadIdx.x; j < V; j += blockDim.x) {
         const float p = row_exp<T>((kl::to_f(xr[j]) - l) - lo);
         dr[j] = kl::from_f<T>(gr * (j == t ? p - 1.0f : p));
@@ -264,6 +265,7 @@ __device__ void ce_bwd_v2(const T* x, const long long* __restrict__ target, cons
     }
     float l, lo, gr;
     load_lse_g<T>(lse, g, gs, row, l, lo, gr);
+    if (t < 0 || t >= V) gr = __int_as_float(0x7fc00000);  // unchecked bad target: a NaN row, as its loss
     if (jh < sp.head) {
         const float pr = row_exp<T>((kl::to_f(xr[jh]) - l) - lo);
         dr[jh] = kl::from_f<T>(gr * (jh == t ? pr - 1.0f : pr));

@@ -107,6 +107,9 @@ def _ce_bwd_kernel(x_ptr, t_ptr, lse_ptr, g_ptr, g_stride, dx_ptr, n_cols, ignor
         if x_ptr.dtype.element_ty == tl.float32:
             lo = tl.load(lse_ptr + tl.num_programs(0) + row)
         g = tl.load(g_ptr + row * g_stride)  # g_stride 0: one scale for every row
+        # A target neither ignored nor in [0, n_cols) (unchecked: check_targets=False, or the
+        # GPU default) has a NaN loss; its row's gradient is NaN too, not a softmax.
+        g = tl.where((t >= 0) & (t < n_cols), g, float("nan"))
         for start in range(0, n_cols, BLOCK):
             mask = start + cols < n_cols
             x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)

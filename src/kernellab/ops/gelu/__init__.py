@@ -3,7 +3,9 @@
     gelu(x) = 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))
 
 Same as ``torch.nn.functional.gelu(x, approximate="tanh")``. fp32 / fp16 / bf16, math in
-fp32. Like the formula (and PyTorch), gelu(-inf) is NaN and gelu(+inf) is +inf.
+fp32. Like the formula (and PyTorch), gelu(-inf) is NaN and gelu(+inf) is +inf, and the
+gradient at both +inf and -inf is NaN (the formula's derivative is inf * 0 there; its
+limits, 1 and 0, are not what any backend returns). NaN in, NaN out, both ways.
 """
 
 from __future__ import annotations

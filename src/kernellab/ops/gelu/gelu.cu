@@ -71,6 +71,9 @@ struct GeluBwd {
         sigmoid2(kSqrt2OverPi * (x + kCoeff * x * x * x), s, s1s);
         const float du = kSqrt2OverPi * (1.0f + 3.0f * kCoeff * x * x);
         // s1s == 0 for |x| >~ 10, where du may overflow: the term is exactly 0 there.
+        // At x = +-inf the formula's derivative is inf * 0 = NaN (PyTorch's too), not the
+        // limits 1 and 0: NaN, as the forward follows the formula to NaN at -inf.
+        if (isinf(x)) return __int_as_float(0x7fc00000);
         return dy * (s + (s1s > 0.0f ? 2.0f * x * s1s * du : 0.0f));
     }
 };

@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._baselines import compiled, register_baseline
+from kernellab.ops.spec import upcast
 
 _K = 0.7978845608028654
 
 
 def manual_gelu(x: torch.Tensor) -> torch.Tensor:
     """The formula from PyTorch primitives: ~8 kernels, each a round trip to memory."""
-    x32 = x.float()  # the naive version still computes in fp32, as the fused ones do
+    x32 = upcast(x)  # the naive version still computes in fp32, as the fused ones do
     y = 0.5 * x32 * (1.0 + torch.tanh(_K * (x32 + 0.044715 * x32 * x32 * x32)))
     return y.to(x.dtype)
 

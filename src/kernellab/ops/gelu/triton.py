@@ -52,6 +52,9 @@ def _gelu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
     du = _K * (1.0 + 3.0 * _C * x * x)
     # s1s == 0 for |x| >~ 10, where du may overflow: the term is exactly 0 there.
     dx = dy * (s + tl.where(s1s > 0, 2.0 * x * s1s * du, 0.0))
+    # At x = +-inf the formula's derivative is inf * 0 = NaN (PyTorch's too), not the
+    # limits 1 and 0 computed above: NaN, as the forward follows the formula to NaN at -inf.
+    dx = tl.where(tl.abs(x) == float("inf"), float("nan"), dx)
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 

@@ -24,6 +24,7 @@ from kernellab.ops.spec import (
     BadInput,
     OpSpec,
     TensorOption,
+    check_dtype,
     define,
     device_of,
     dtype_name,
@@ -100,7 +101,7 @@ BIAS = TensorOption(_bias)
 # --------------------------------------------------------------------------- validation
 
 
-def validate_matmul(args, kwargs, devices=("cuda", "cpu")) -> None:
+def validate_matmul(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None:
     """Raise TypeError/ValueError naming the argument (a, b, bias, activation)."""
     if len(args) == 2 and not kwargs:  # fast accept (every call runs this): the cheapest reads
         a, b = args
@@ -109,7 +110,7 @@ def validate_matmul(args, kwargs, devices=("cuda", "cpu")) -> None:
             if (
                 nd >= 2
                 and b.ndim == nd
-                and a.dtype in FLOAT_DTYPES
+                and a.dtype in dtypes
                 and b.dtype is a.dtype
                 and runs_on(a, devices)
                 and device_of(b) == device_of(a)
@@ -123,8 +124,7 @@ def validate_matmul(args, kwargs, devices=("cuda", "cpu")) -> None:
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"matmul: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"matmul: {name} has dtype {t.dtype}; expected one of fp32, fp16, bf16")
+        check_dtype("matmul", name, t, dtypes)
         if t.device.type not in devices:
             raise ValueError(
                 f"matmul: {name} is on {t.device}, but this backend runs on "

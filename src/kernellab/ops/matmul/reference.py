@@ -6,6 +6,7 @@ import torch
 
 from kernellab.ops._baselines import _compile_unavailable, compiled
 from kernellab.ops.matmul import apply_epilogue
+from kernellab.ops.spec import REFERENCE_DTYPES, wide_dtype
 from kernellab.registry import register
 
 # Largest [rows, K, N] product (elements) the manual backend materializes at once.
@@ -20,7 +21,7 @@ def manual_matmul(a, b, bias=None, activation=None):
     ``sum`` of the K products was measured up to ~2.2x less accurate than MKL's blocked
     GEMM on the CPU (K=29, expanded operands) and failed the 2x rule now and then."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    acc = torch.float64 if a.dtype == torch.float32 else torch.float32
+    acc = wide_dtype(a.dtype)
     a_, b_ = a.to(acc), b.to(acc)
     rows = max(1, _CHUNK // max(1, k * n))
     parts = [(a_[..., i : i + rows, :, None] * b_[..., None, :, :]).sum(-2) for i in range(0, m, rows)]
@@ -41,12 +42,14 @@ def _product_with_epilogue(a, b, bias=None, activation=None):
     return apply_epilogue(torch.matmul(a, b), bias, activation)
 
 
-register("matmul", "manual", builtin=True, double_backward=True)(manual_matmul)
-register("matmul", "torch", builtin=True, double_backward=True)(torch_matmul)
+# float64 too (REFERENCE_DTYPES): torch.autograd.gradcheck runs through the reference backends
+register("matmul", "manual", builtin=True, double_backward=True, dtypes=REFERENCE_DTYPES)(manual_matmul)
+register("matmul", "torch", builtin=True, double_backward=True, dtypes=REFERENCE_DTYPES)(torch_matmul)
 register(
     "matmul",
     "compile",
     builtin=True,
     available=_compile_unavailable,
+    dtypes=REFERENCE_DTYPES,
     description="torch.compile of torch.matmul + bias + activation (epilogue fused by Inductor)",
 )(compiled(_product_with_epilogue, op="matmul"))

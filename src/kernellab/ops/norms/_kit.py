@@ -56,7 +56,7 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
     every tensor's layout (the fast accept and check_float_tensor both do)."""
     n = len(arg_names)
 
-    def validate(args, kwargs, devices) -> None:
+    def validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
         # Fast accept for well-formed calls (this runs on every call: a few attribute reads);
         # anything else takes the checks below, which name the offending argument.
         if len(args) == n and (not kwargs or (len(kwargs) == 1 and type(kwargs.get("eps")) is float)):
@@ -67,7 +67,7 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
                 dt, dev = x.dtype, device_of(x)
                 eps = kwargs.get("eps", 0.0) if kwargs else 0.0
                 if (
-                    dt in _FLOATS
+                    dt in dtypes
                     and x.layout is torch.strided
                     and x.ndim
                     and runs_on(x, devices)
@@ -92,14 +92,14 @@ def make_validator(op: str, arg_names: tuple[str, ...]):
         if len(args) != n:
             raise TypeError(f"{op}() takes {n} tensor arguments ({', '.join(arg_names)}), got {len(args)}")
         x = args[0]
-        check_float_tensor(op, "x", x, devices)
+        check_float_tensor(op, "x", x, devices, dtypes)
         if x.dim() == 0:
             raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
         d = x.shape[-1]
         for name, t in zip(arg_names[1:], args[1:]):
             if t is None and name == "bias":
                 continue
-            check_float_tensor(op, name, t, devices)
+            check_float_tensor(op, name, t, devices, dtypes)
             if t.device != x.device:
                 raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
             if t.dtype != x.dtype:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._baselines import compiled, register_baseline
+from kernellab.ops.spec import upcast
 
 
 def manual_layer_norm(x, weight, bias=None, eps=1e-5):
     """mean, subtract, square, mean, rsqrt, scale, shift in fp32: ~8 kernels, as many trips to memory."""
-    x32 = x.float()
+    x32 = upcast(x)
     mean = x32.mean(-1, keepdim=True)
     xc = x32 - mean
-    y = xc * torch.rsqrt(xc.square().mean(-1, keepdim=True) + eps) * weight.float()
+    y = xc * torch.rsqrt(xc.square().mean(-1, keepdim=True) + eps) * upcast(weight)
     if bias is not None:
-        y = y + bias.float()
+        y = y + upcast(bias)
     return y.to(x.dtype)
 
 
@@ -25,8 +26,8 @@ def torch_layer_norm(x, weight, bias=None, eps=1e-5):
 
 def manual_rms_norm(x, weight, eps=1e-6):
     """square, mean, rsqrt, scale, weight in fp32: ~6 kernels, as many trips to memory."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    x32 = upcast(x)
+    return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps) * upcast(weight)).to(x.dtype)
 
 
 def torch_rms_norm(x, weight, eps=1e-6):

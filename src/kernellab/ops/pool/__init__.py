@@ -22,7 +22,7 @@ import numbers
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, dtype_name, fuzz_nchw, make_tensor
+from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, check_dtype, define, fuzz_nchw, make_tensor
 
 # Offsets are kept in int8: windows of up to 11 x 11 (121 offsets). Larger windows are
 # refused by the Triton and CUDA backends (manual and torch take any).
@@ -72,15 +72,13 @@ def _int_option(name, v, allow_none=False):
     return int(v)
 
 
-def validate_max_pool2d(args, kwargs, devices=("cuda", "cpu")) -> None:
+def validate_max_pool2d(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None:
     if len(args) != 1:
         raise TypeError(f"max_pool2d() takes 1 tensor argument (x), got {len(args)}")
     (x,) = args
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"max_pool2d: x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
-        raise TypeError(f"max_pool2d: x has dtype {x.dtype}; expected one of {allowed}")
+    check_dtype("max_pool2d", "x", x, dtypes)
     if x.device.type not in devices:
         raise ValueError(
             f"max_pool2d: x is on {x.device}, but this backend runs on {' or '.join(devices)} tensors only"

@@ -26,17 +26,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from kernellab.ops.spec import FLOAT_DTYPES, dtype_name
+from kernellab.ops.spec import FLOAT_DTYPES, check_dtype
 
 # --------------------------------------------------------------------------- validation
 
 
-def check_x(x, devices, op: str) -> None:
+def check_x(x, devices, op: str, dtypes=FLOAT_DTYPES) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in FLOAT_DTYPES:
-        allowed = ", ".join(dtype_name(d) for d in FLOAT_DTYPES)
-        raise TypeError(f"{op}: x has dtype {x.dtype}; expected one of {allowed}")
+    check_dtype(op, "x", x, dtypes)
     if x.device.type not in devices:
         raise ValueError(
             f"{op}: x is on {x.device}, but this backend runs on {' or '.join(devices)} tensors only"

@@ -26,7 +26,7 @@ import torch
 
 from kernellab import registry
 from kernellab.ops.reductions._kit import check_x
-from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_rows
+from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, fuzz_rows
 
 MaxResult = namedtuple("MaxResult", ["values", "indices"])
 
@@ -62,11 +62,11 @@ def _flops(shape, mode):
 
 
 def validate_rows(op: str):
-    def validate(args, kwargs, devices) -> None:
+    def validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
         if len(args) != 1:
             raise TypeError(f"{op}() takes 1 tensor argument (x), got {len(args)}")
         x = args[0]
-        check_x(x, devices, op)
+        check_x(x, devices, op, dtypes)
         if kwargs:
             raise TypeError(f"{op}() got unexpected keyword arguments {sorted(kwargs)}")
         if x.dim() and x.shape[-1] == 0:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._baselines import compiled, register_baseline
+from kernellab.ops.spec import upcast
 
 
 def manual_sum(x: torch.Tensor, dim=None) -> torch.Tensor:
     """Upcast to fp32 (a full copy for 16-bit inputs), sum in fp32, cast back."""
-    x32 = x.float()
+    x32 = upcast(x)
     s = x32.sum() if dim is None else x32.sum(dim)
     return s.to(x.dtype)
 

@@ -28,7 +28,7 @@ import torch
 
 from kernellab import registry
 from kernellab.ops.reductions._kit import check_x
-from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_same_shape, make_tensor
+from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, fuzz_same_shape, make_tensor
 
 
 def sum_reference(x: torch.Tensor, dim=None) -> torch.Tensor:
@@ -54,10 +54,10 @@ def check_dim(x: torch.Tensor, dim, op: str = "sum") -> None:
         raise ValueError(f"{op}: dim must be None or an int in [{-nd}, {nd - 1}], got {dim!r}")
 
 
-def _validate(args, kwargs, devices) -> None:
+def _validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
     if len(args) != 1:
         raise TypeError(f"sum() takes 1 tensor argument (x), got {len(args)}")
-    check_x(args[0], devices, "sum")
+    check_x(args[0], devices, "sum", dtypes)
     if kwargs:
         unknown = set(kwargs) - {"dim"}
         if unknown:

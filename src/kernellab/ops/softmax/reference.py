@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._baselines import compiled, register_baseline
+from kernellab.ops.spec import upcast
 from kernellab.ops._peers import register_liger
 
 
 def manual_softmax(x: torch.Tensor) -> torch.Tensor:
     """max, subtract, exp, sum, divide: five kernels and as many round trips to memory."""
-    x32 = x.float()
+    x32 = upcast(x)
     if x.dim() and x.shape[-1] == 0:  # rows of no elements: nothing to normalize (amax refuses)
         return x.clone()
     m = x32.amax(dim=-1, keepdim=True)
