@@ -66,7 +66,7 @@ def cmd_list(args) -> int:
 # --------------------------------------------------------------------------- check
 
 
-def _check_plan_text(items, ops, quick: bool, fuzz: int, fuzz_only: bool, seed: int, dev: str) -> list[str]:
+def _check_plan_text(items, quick: bool, fuzz: int, fuzz_only: bool, seed: int, dev: str) -> list[str]:
     """What a check run will do, printed before it starts."""
     from kernellab.harness import check as chk
     from kernellab.ops.spec import dtype_name
@@ -76,7 +76,8 @@ def _check_plan_text(items, ops, quick: bool, fuzz: int, fuzz_only: bool, seed: 
 
     runs = [i for i in items if i.runs == "run"]
     compiles = [i for i in items if i.runs == "compile"]
-    unavailable = len(items) - len(runs) - len(compiles)
+    skipped = [i for i in items if i.runs == "skipped"]
+    unavailable = len(items) - len(runs) - len(compiles) - len(skipped)
     mode = "quick (--full: every test shape)" if quick else "full (every test shape)"
     stages = ["fuzz"] if fuzz_only else [s for s in chk.STAGES if s != "fuzz" or fuzz]
     what = f"{len(runs)} implementation x dtype runs"
@@ -85,6 +86,11 @@ def _check_plan_text(items, ops, quick: bool, fuzz: int, fuzz_only: bool, seed: 
     if unavailable:
         what += f", {unavailable} unavailable here"
     est = sum(i.estimate for i in items)
+    notes = []
+    for why in uniq(i.why for i in skipped):
+        names = uniq(f"{i.impl.backend}" for i in skipped if i.why == why)
+        n = sum(i.why == why for i in skipped)
+        notes.append(f"  skipped: {n} x {', '.join(names)}: {why}")
     return [
         f"kernellab check: {mode} on {dev}; seed {seed} (--seed {seed} replays this run)",
         f"  ops ({len(uniq(i.impl.op for i in items))}): {', '.join(uniq(i.impl.op for i in items))}",
@@ -92,6 +98,7 @@ def _check_plan_text(items, ops, quick: bool, fuzz: int, fuzz_only: bool, seed: 
         f"  dtypes: {', '.join(uniq(dtype_name(i.dtype) for i in items))}",
         f"  runs: {what}",
         f"  stages: {', '.join(stages)}" + (f" ({fuzz} random problems each)" if fuzz else ""),
+        *notes,
         f"  estimated: ~{chk.fmt_seconds(est)}",
     ]
 
@@ -129,12 +136,13 @@ def cmd_check(args) -> int:
     if args.fuzz_only and not args.fuzz:
         args.fuzz = 10
     dev = _dev.default_device()
-    items = chk.plan(ops, backends, dtypes, device=dev, quick=args.quick, fuzz=args.fuzz)
+    planned = chk.plan(ops, backends, dtypes, device=dev, quick=args.quick, fuzz=args.fuzz)
+    items = [i for i in planned if i.runs != "skipped"]  # what check() runs, in its order
     if not items:
         console.print("[red]nothing to check[/] (no implementation matches)")
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**30)
-    for line in _check_plan_text(items, ops, args.quick, args.fuzz, args.fuzz_only, seed, dev):
+    for line in _check_plan_text(planned, args.quick, args.fuzz, args.fuzz_only, seed, dev):
         console.print(line, markup=False, highlight=False)
     # (fp32 is checked as fp32: check_impl turns TF32 off while it runs)
     progress = chk.Progress(items)

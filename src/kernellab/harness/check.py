@@ -901,6 +901,8 @@ def check(
         seed = random.SystemRandom().randrange(2**30)
     reports = []
     for item in plan(ops, backends, dtypes, device=device, quick=quick, fuzz=fuzz):
+        if item.runs == "skipped":
+            continue
         impl, dtype = item.impl, item.dtype
         if on_start:
             on_start(impl, dtype)
@@ -913,8 +915,9 @@ def check(
     return reports
 
 
-def plan_size(ops=None, backends=None, dtypes=None) -> int:
-    return len(plan(ops, backends, dtypes))
+def plan_size(ops=None, backends=None, dtypes=None, quick: bool = True) -> int:
+    """How many reports ``check`` returns for these filters."""
+    return sum(i.runs != "skipped" for i in plan(ops, backends, dtypes, quick=quick))
 
 
 # The stages in run order, as a plan names them (``fuzz`` only with fuzz=N).
@@ -937,16 +940,26 @@ _FULL_FACTOR = 3.0  # --full: every test shape and gradient shape
 class PlanItem:
     impl: registry.Impl
     dtype: torch.dtype
-    runs: str  # "run" | "compile" (CUDA source built, not run: no GPU) | "unavailable"
+    runs: str  # "run" | "compile" (CUDA source built, not run: no GPU) | "unavailable" | "skipped"
     estimate: float  # seconds
+    why: str = ""  # of "skipped"
 
 
 def _cost_class(impl: registry.Impl) -> str:
     if impl.triton_kernels is not None:
         return "triton"
-    if impl.builtin and impl.backend == "compile":
+    if impl.builds_per_shape:
         return "compile"
     return "eager"
+
+
+# Why quick mode leaves an implementation that builds code per shape (Impl.builds_per_shape:
+# torch.compile) out, or runs it in one dtype: a check meets it at a few dozen distinct
+# shapes, layouts and grad modes per dtype, each a build of a second or more (a C++
+# compile on a CPU: two to three CPU-seconds each, about three quarters of a 2-core
+# machine's whole check).
+SKIP_BUILDS_CPU = "builds per shape (torch.compile); quick check without a GPU leaves it out: -b it or --full"
+SKIP_BUILDS_DTYPE = "builds per shape (torch.compile); quick check runs its first dtype: -b it or --full"
 
 
 def plan(ops=None, backends=None, dtypes=None, *, device: str | None = None, quick: bool = True,
@@ -961,11 +974,17 @@ def plan(ops=None, backends=None, dtypes=None, *, device: str | None = None, qui
             if backends and impl.backend not in backends:
                 continue
             why = impl.why_unavailable(dev)
+            # Named backends run in full; otherwise see SKIP_BUILDS_*.
+            light = quick and impl.builds_per_shape and not backends
+            ran_one = False
             for dtype in dtypes or spec.dtypes:
                 if dtype not in spec.dtypes:
                     continue
                 if dtype not in (impl.dtypes or spec.dtypes):
                     items.append(PlanItem(impl, dtype, "unavailable", 0.0))
+                elif light and not why and (dev != "cuda" or ran_one):
+                    items.append(PlanItem(impl, dtype, "skipped", 0.0, SKIP_BUILDS_CPU if dev != "cuda"
+                                          else SKIP_BUILDS_DTYPE))  # fmt: skip
                 elif why:
                     compiles = impl.precompile is not None and why == "no GPU"
                     items.append(PlanItem(impl, dtype, "compile" if compiles else "unavailable",
@@ -974,6 +993,7 @@ def plan(ops=None, backends=None, dtypes=None, *, device: str | None = None, qui
                     est = cost[_cost_class(impl)] * (1.0 if quick else _FULL_FACTOR)
                     est *= 1.0 + 0.15 * fuzz
                     items.append(PlanItem(impl, dtype, "run", est))
+                    ran_one = True
     return items
 
 

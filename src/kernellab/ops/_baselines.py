@@ -59,4 +59,5 @@ def register_baseline(op: str, manual, torch_fn, compile_fn) -> None:
         builtin=True,
         available=_compile_unavailable,
         description="torch.compile of manual",
+        builds_per_shape=True,
     )(compile_fn)

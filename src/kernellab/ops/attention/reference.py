@@ -229,6 +229,7 @@ register(
     builtin=True,
     available=_compile_unavailable,
     description="torch.compile of manual",
+    builds_per_shape=True,
 )(compiled(manual_attention))
 
 

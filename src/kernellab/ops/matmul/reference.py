@@ -49,4 +49,5 @@ register(
     builtin=True,
     available=_compile_unavailable,
     description="torch.compile of torch.matmul + bias + activation (epilogue fused by Inductor)",
+    builds_per_shape=True,
 )(compiled(_product_with_epilogue))
