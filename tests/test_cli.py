@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -32,6 +33,11 @@ def test_check_quick_passes_and_writes_json(cli_run, tmp_path):
     rep = json.loads(path.read_text())
     assert {r["backend"] for r in rep} == {"torch", "triton"}
     assert all(r["status"] == "pass" and r["cases"] for r in rep)
+    # time per report, per stage and per case
+    for r in rep:
+        assert r["seconds"] > 0 and {"shapes", "layouts", "grads", "bad_inputs"} <= set(r["stage_seconds"])
+        assert sum(r["stage_seconds"].values()) <= r["seconds"] + 1e-3
+        assert all(c["seconds"] >= 0 for c in r["cases"]) and any(c["seconds"] > 0 for c in r["cases"])
 
 
 def test_check_fuzz_only_runs_the_drawn_problems_on_every_backend(cli_run, tmp_path):
@@ -46,14 +52,66 @@ def test_check_fuzz_only_runs_the_drawn_problems_on_every_backend(cli_run, tmp_p
     assert names[0] == names[1] and len(names[0]) == 4  # 2 problems: forward and gradients each
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU default")
-def test_check_without_a_gpu_defaults_to_quick_and_full_overrides(cli_run):
+def test_check_is_quick_by_default_on_any_machine_and_full_overrides(cli_run):
     code, out = cli_run("check", "add", "-b", "torch", "--dtype", "fp32")
     assert code == 0, out
-    assert "no GPU: quick check" in out and "kernellab check (quick)" in out
+    assert out.startswith("kernellab check: quick") and "kernellab check (quick)" in out
     code, out = cli_run("check", "add", "-b", "torch", "--dtype", "fp32", "--full")
     assert code == 0, out
-    assert "no GPU: quick check" not in out and "kernellab check (full)" in out
+    assert out.startswith("kernellab check: full") and "kernellab check (full)" in out
+
+
+def test_check_prints_its_plan_then_a_line_per_report_with_elapsed_and_eta(cli_run):
+    code, out = cli_run("check", "add", "-b", "torch,cuda", "--dtype", "fp32,fp16", "--seed", "7")
+    assert code == 0, out
+    lines = out.splitlines()
+    plan = lines[:7]
+    assert plan[0] == "kernellab check: quick (--full: every test shape) on " + (
+        "cuda" if torch.cuda.is_available() else "cpu"
+    ) + "; seed 7 (--seed 7 replays this run)"
+    assert plan[1] == "  ops (1): add" and plan[2] == "  backends: torch, cuda" and plan[3] == "  dtypes: fp32, fp16"
+    if torch.cuda.is_available():
+        assert plan[4] == "  runs: 4 implementation x dtype runs"
+    else:
+        assert plan[4] == "  runs: 2 implementation x dtype runs, 2 CUDA builds (compiled, not run: no GPU)"
+    assert plan[5].startswith("  stages: shape, rerun, special, layout,") and "opcheck" in plan[5]
+    assert re.fullmatch(r"  estimated: ~\d+ s|  estimated: ~\d+:\d\d", plan[6]), plan[6]
+    # not a terminal: one line per finished report, in the plan's order, before the table
+    progress = [ln for ln in lines if ln.startswith("[")]
+    assert [ln.split(":")[0] for ln in progress] == [
+        "[1/4] add/torch fp32", "[2/4] add/torch fp16", "[3/4] add/cuda fp32", "[4/4] add/cuda fp16"
+    ]
+    for ln in progress:
+        assert re.search(r"\(\d+\.\d s\).*; elapsed (\d+ s|\d+:\d\d), ~(\d+ s|\d+:\d\d) left$", ln), ln
+    assert progress[-1].endswith("~0 s left")
+    assert out.index(progress[-1]) < out.index("kernellab check (quick)")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (("nope",), "unknown op 'nope'"),
+        (("add", "-b", "torch,nope"), "unknown backend 'nope'"),
+        (("add", "--dtype", "fp64"), "dtype 'fp64' not understood"),
+        (("add", "--fuzz", "-1"), "--fuzz must be >= 0"),
+        (("add", "-b", "sdpa_flash"), "nothing to check"),  # a backend of another op
+    ],
+)
+def test_check_usage_errors_exit_2_before_checking_anything(cli_run, argv, message):
+    code, out = cli_run("check", *argv)
+    assert code == 2 and message in out, out
+    assert "kernellab check:" not in out  # no plan: nothing ran
+
+
+def test_check_exit_status_contract(cli_run, planted):
+    """0: every kernellab implementation passed; 1: one failed; 2: a usage error (the
+    parser's own errors included)."""
+    assert cli_run("check", "add", "-b", "torch", "--dtype", "fp32")[0] == 0
+    planted("add", "cli_wrong_add", lambda a, b: a - b)
+    assert cli_run("check", "add", "-b", "cli_wrong_add", "--dtype", "fp32")[0] == 1
+    with pytest.raises(SystemExit) as e:
+        cli_run("check", "add", "--no-such-flag")
+    assert e.value.code == 2
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU report of CUDA backends")

@@ -182,3 +182,99 @@ def test_dot_precision_follows_the_dtype_the_flag_and_the_interpreter(monkeypatc
         assert dot_precision(torch.float32, True) == tf32_fp32
         for dt in (torch.bfloat16, torch.float16):
             assert dot_precision(dt, False) == dot_precision(dt, True) == "tf32"
+
+
+# --------------------------------------------------------------------------- no_autotune
+
+
+def _block_filler():
+    """An autotuned kernel that writes its BLOCK into every element: the output says which
+    config ran. Three configs; the pruning drops the first, so the first config that fits
+    is BLOCK=32 (configs[1])."""
+    import triton
+    import triton.language as tl
+
+    @triton.autotune(
+        configs=[triton.Config({"BLOCK": b}) for b in (16, 32, 64)],
+        key=["n"],
+        prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs[1:]},
+    )
+    @triton.jit
+    def fill(out, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out + offs, tl.full((BLOCK,), BLOCK, tl.float32), mask=offs < n)
+
+    return fill
+
+
+@pytest.fixture
+def tuner_runs(monkeypatch):
+    """Every call of a Triton autotuner (Autotuner.run: where tuning happens), counted."""
+    from triton.runtime.autotuner import Autotuner
+
+    calls = []
+    run = Autotuner.run
+
+    def counted(self, *args, **kwargs):
+        calls.append(getattr(getattr(self, "base_fn", None), "__name__", repr(self)))
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Autotuner, "run", counted)
+    return calls
+
+
+def test_no_autotune_launches_the_first_config_that_fits_without_the_tuner(tuner_runs):
+    fill = _block_filler()
+    out = torch.zeros(100)
+
+    def grid(meta):
+        return (triton_support.cdiv(100, meta["BLOCK"]),)
+
+    with triton_support.no_autotune():
+        assert not triton_support.autotune_allowed()
+        triton_support.launch_tuned(fill, grid, out, 100)
+    assert tuner_runs == [] and fill.cache == {}  # not invoked, nothing left in its cache
+    assert torch.equal(out, torch.full((100,), 32.0))  # configs[0] pruned: the first kept ran
+    assert triton_support.autotune_allowed()
+    # Outside the block the same call goes to the tuner (two configs kept: it would time them).
+    fill.prune_configs_by = None
+    fill.early_config_prune = lambda configs, nargs, **kw: configs[2:]  # one left: nothing to time
+    triton_support.launch_tuned(fill, grid, out, 100)
+    assert tuner_runs == ["fill"] and torch.equal(out, torch.full((100,), 64.0))
+
+
+def test_no_autotune_nests_and_reaches_other_threads():
+    """Autograd runs a CUDA backward on its own thread: the setting must be seen there."""
+    import threading
+
+    seen = []
+    with triton_support.no_autotune():
+        with triton_support.no_autotune():
+            pass
+        t = threading.Thread(target=lambda: seen.append(triton_support.autotune_allowed()))
+        t.start()
+        t.join()
+        assert not triton_support.autotune_allowed()  # the inner block's exit kept it off
+    assert seen == [False] and triton_support.autotune_allowed()
+
+
+def test_attention_forward_and_backward_do_not_autotune_inside_no_autotune(tuner_runs):
+    """Every autotuned attention kernel (forward, dK/dV, dQ and its delta pass) honours it;
+    outside, the same calls reach the tuners (so the count above can see them)."""
+    import kernellab
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 19, 16, generator=g, requires_grad=True) for _ in range(3))
+
+    def run():
+        o = kernellab.attention(q, k, v, causal=True, backend="triton")
+        dq, dk, dv = torch.autograd.grad(o, (q, k, v), torch.ones_like(o))
+        return o, dq, dk, dv
+
+    with triton_support.no_autotune():
+        got = run()
+    assert tuner_runs == []
+    want = run()
+    assert {"_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"} <= set(tuner_runs)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

@@ -66,9 +66,53 @@ def cmd_list(args) -> int:
 # --------------------------------------------------------------------------- check
 
 
+def _check_plan_text(items, quick: bool, fuzz: int, fuzz_only: bool, seed: int, dev: str) -> list[str]:
+    """What a check run will do, printed before it starts."""
+    from kernellab.harness import check as chk
+    from kernellab.ops.spec import dtype_name
+
+    def uniq(xs):
+        return list(dict.fromkeys(xs))
+
+    runs = [i for i in items if i.runs == "run"]
+    compiles = [i for i in items if i.runs == "compile"]
+    skipped = [i for i in items if i.runs == "skipped"]
+    unavailable = len(items) - len(runs) - len(compiles) - len(skipped)
+    mode = "quick (--full: every test shape)" if quick else "full (every test shape)"
+    stages = ["fuzz"] if fuzz_only else [s for s in chk.STAGES if s != "fuzz" or fuzz]
+    what = f"{len(runs)} implementation x dtype runs"
+    if compiles:
+        what += f", {len(compiles)} CUDA builds (compiled, not run: no GPU)"
+    if unavailable:
+        what += f", {unavailable} unavailable here"
+    est = sum(i.estimate for i in items)
+    notes = []
+    for why in uniq(i.why for i in skipped):
+        names = uniq(f"{i.impl.backend}" for i in skipped if i.why == why)
+        n = sum(i.why == why for i in skipped)
+        notes.append(f"  skipped: {n} x {', '.join(names)}: {why}")
+    return [
+        f"kernellab check: {mode} on {dev}; seed {seed} (--seed {seed} replays this run)",
+        f"  ops ({len(uniq(i.impl.op for i in items))}): {', '.join(uniq(i.impl.op for i in items))}",
+        f"  backends: {', '.join(uniq(i.impl.backend for i in items))}",
+        f"  dtypes: {', '.join(uniq(dtype_name(i.dtype) for i in items))}",
+        f"  runs: {what}",
+        f"  stages: {', '.join(stages)}" + (f" ({fuzz} random problems each)" if fuzz else ""),
+        *notes,
+        f"  estimated: ~{chk.fmt_seconds(est)}",
+    ]
+
+
 def cmd_check(args) -> int:
+    """Exit status (a contract, tested): 0 every kernellab (and user-registered)
+    implementation passed; 1 one failed (or, with --strict, a baseline or peer did);
+    2 a usage error: an unknown op, backend or dtype, or nothing to check."""
+    import random
+
+    from kernellab import device as _dev
     from kernellab import registry
     from kernellab.harness import check as chk
+    from kernellab.ops.spec import dtype_name
 
     ops = args.ops or None
     for op in ops or []:
@@ -76,43 +120,69 @@ def cmd_check(args) -> int:
             console.print(f"[red]unknown op {op!r}[/]; known: {', '.join(registry.op_names())}")
             return 2
     backends = _split(args.backend)
-    dtypes = _dtypes(_split(args.dtype))
-    if args.quick is None:
-        # Without a GPU the Triton kernels run under the interpreter and torch.compile builds
-        # CPU code for every shape: the full check of every op took over 25 minutes on a
-        # 2-core machine. Quick mode keeps every stage (edge shapes, specials, layouts,
-        # gradients, opcheck, bad input) on fewer shapes; --full runs them all.
-        from kernellab import device as _dev
-
-        args.quick = not _dev.has_cuda()
-        if args.quick:
-            console.print("no GPU: quick check (fewer shapes; --full for every test shape)")
-    # (fp32 is checked as fp32: check_impl turns TF32 off while it runs)
-    total = chk.plan_size(ops, backends, dtypes)
-    if total == 0:
+    known = {i.backend for i in registry.impls()}
+    for b in backends or []:
+        if b not in known:
+            console.print(f"[red]unknown backend {b!r}[/]; known: {', '.join(sorted(known))}")
+            return 2
+    try:
+        dtypes = _dtypes(_split(args.dtype))
+    except ValueError as e:
+        console.print(f"[red]{e}[/]")
+        return 2
+    if args.fuzz < 0:
+        console.print(f"[red]--fuzz must be >= 0[/] (got {args.fuzz})")
+        return 2
+    if args.fuzz_only and not args.fuzz:
+        args.fuzz = 10
+    dev = _dev.default_device()
+    planned = chk.plan(ops, backends, dtypes, device=dev, quick=args.quick, fuzz=args.fuzz)
+    items = [i for i in planned if i.runs != "skipped"]  # what check() runs, in its order
+    if not items:
         console.print("[red]nothing to check[/] (no implementation matches)")
         return 2
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**30)
+    for line in _check_plan_text(planned, args.quick, args.fuzz, args.fuzz_only, seed, dev):
+        console.print(line, markup=False, highlight=False)
+    # (fp32 is checked as fp32: check_impl turns TF32 off while it runs)
+    progress = chk.Progress(items)
     reports = []
-    with _progress() as prog:
-        task = prog.add_task("checking", total=total)
+    terminal = console.is_terminal
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[count]}"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[left]}"),
+        console=console,
+        transient=True,
+        disable=not terminal,
+    )
+    with bar:
+        task = bar.add_task("checking", total=max(progress.total, 1e-9), count=f"0/{len(items)}", left="")
 
         def on_start(impl, dtype):
-            prog.update(task, description=f"checking {impl.name} {dtype}".replace("torch.", ""))
+            bar.update(task, description=f"checking {impl.name} {dtype_name(dtype)}")
 
         def on_result(rep):
+            item = items[len(reports)]
             reports.append(rep)
-            prog.advance(task)
-            if not console.is_terminal:  # a log file or a pipe: a line per report as it lands
+            progress.finished(item)
+            left = f"~{chk.fmt_seconds(progress.remaining)} left"
+            bar.update(task, completed=progress.done_estimate, count=f"{progress.done}/{len(items)}", left=left)
+            if not terminal:  # a log file or a pipe: a line per report as it lands
                 # (the table comes at the end; a run cut by a time limit printed nothing)
                 worst = f"{rep.worst_ratio:.2f}" if rep.worst_ratio is not None else "-"
                 first = f"; {rep.failures[0].kind} {rep.failures[0].name}: {rep.failures[0].detail}" if rep.failures else ""
-                console.print(f"{rep.op}/{rep.backend} {rep.dtype}: {rep.status}, worst err/bound {worst}{first}",
-                              markup=False, highlight=False)  # fmt: skip
+                console.print(
+                    f"[{progress.done}/{len(items)}] {rep.op}/{rep.backend} {rep.dtype}: {rep.status}, "
+                    f"worst err/bound {worst} ({rep.seconds:.1f} s){first}; "
+                    f"elapsed {chk.fmt_seconds(progress.elapsed)}, {left}",
+                    markup=False, highlight=False,
+                )  # fmt: skip
 
-        if args.fuzz_only and not args.fuzz:
-            args.fuzz = 10
         chk.check(
-            ops, backends, dtypes, quick=args.quick, seed=args.seed, on_start=on_start, on_result=on_result,
+            ops, backends, dtypes, quick=args.quick, seed=seed, on_start=on_start, on_result=on_result,
             fuzz=args.fuzz, only_fuzz=args.fuzz_only,
         )
 
@@ -1014,17 +1084,26 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("list", help="ops x backends and whether each runs here")
     s.set_defaults(func=cmd_list)
 
-    s = sub.add_parser("check", help="check implementations against the float64 reference")
+    s = sub.add_parser(
+        "check",
+        help="check implementations against the float64 reference",
+        description="Check implementations against the float64 reference (quick by default; --full for "
+        "the long sweep). Prints the plan and an estimate first, then progress. Exit status: 0 every "
+        "kernellab (and user-registered) implementation passed, 1 one failed (--strict: or a baseline or "
+        "peer), 2 usage error (unknown op, backend or dtype; nothing to check).",
+    )
     s.add_argument("ops", nargs="*", help="ops to check (default: all)")
     s.add_argument("--backend", "-b", action="append", help="backend(s), comma-separated or repeated")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: all)")
     s.add_argument(
         "--quick",
         action="store_true",
-        default=None,
-        help="fewer shapes and gradient cases (the default on a machine without a GPU)",
+        default=True,
+        help="the default, on a GPU too: every stage (edge shapes, specials, layouts, options, "
+        "gradients, integrity, double backward, opcheck, bad input) on fewer shapes; minutes",
     )
-    s.add_argument("--full", dest="quick", action="store_false", help="every test shape, even without a GPU")
+    s.add_argument("--full", dest="quick", action="store_false",
+                   help="the long sweep: every test shape and gradient shape (several times longer)")  # fmt: skip
     s.add_argument("--seed", type=int, default=None, help="base seed (default: fresh each run)")
     s.add_argument("--fuzz", type=int, default=0, metavar="N",
                    help="also N problems drawn at random per implementation and dtype (odd sizes, option sets, "

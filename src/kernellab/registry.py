@@ -50,6 +50,10 @@ class Impl:
                  differentiable (second derivatives exact). ``check`` requires them right
                  where declared; where not, a RuntimeError (or right numbers, never a
                  gradient that silently lost its graph).
+    builds_per_shape: builds code for every new shape, layout and dtype it meets
+                 (torch.compile: a C++ or Triton build of a second or more each); the
+                 default quick ``check`` runs it in one dtype on a GPU and leaves it out
+                 without one, unless it is named (``-b``) or the check is ``--full``.
     """
 
     op: str
@@ -66,6 +70,7 @@ class Impl:
     triton_kernels: Callable | None = None  # dtype -> [(kernel, signature, constexprs, warps)]
     limits: Callable[..., str | None] | None = None
     double_backward: bool = False
+    builds_per_shape: bool = False
     _spec: object = field(default=None, repr=False, compare=False)
     _validate: object = field(default=None, repr=False, compare=False)  # set at the first call
 
@@ -164,6 +169,7 @@ def register(
     triton_kernels=None,
     limits=None,
     double_backward: bool = False,
+    builds_per_shape: bool = False,
 ):
     """Decorator: register ``fn`` as ``backend`` of ``op``.
 
@@ -198,6 +204,7 @@ def register(
                 triton_kernels=triton_kernels,
                 limits=limits,
                 double_backward=double_backward,
+                builds_per_shape=builds_per_shape,
             ),
             replace=replace,
         )

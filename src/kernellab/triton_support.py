@@ -8,8 +8,10 @@ absence of races, and it is slow - keep CPU shapes small.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import threading
 
 import torch
 
@@ -452,6 +454,65 @@ class TunedBound:
                 self.bound = Bound(self.tuner.fn, tuple(grid), cfg, self.check)
 
 
+# --------------------------------------------------------------------------- autotuning off
+#
+# A correctness check calls each kernel at dozens of small, odd shapes; an autotuner that
+# compiles and times every candidate config at each new key turns a minute of checking into
+# many (on a GPU every candidate is a compile of about a second, and the timing runs on top).
+# Inside ``no_autotune()`` every autotuned launcher of kernellab (those that go through
+# ``launch_tuned`` / ``TunedBound``) takes a config without timing any: the one already
+# tuned for the key if there is one, else the first config the tuner's own pruning keeps
+# (``first_config``); and it writes nothing into the tuner's cache, so a later tuned call
+# at the same key still tunes. ``kernellab check`` runs under it.
+#
+# Process-wide (a depth counter under a lock), not a context variable: autograd runs a CUDA
+# backward on its own worker thread, which does not see the caller's context variables,
+# and the backward kernels are autotuned too.
+
+_NO_TUNE_LOCK = threading.Lock()
+_no_tune_depth = 0
+
+
+@contextlib.contextmanager
+def no_autotune():
+    """Within this block no kernellab Triton launcher autotunes (see above). Nests."""
+    global _no_tune_depth
+    with _NO_TUNE_LOCK:
+        _no_tune_depth += 1
+    try:
+        yield
+    finally:
+        with _NO_TUNE_LOCK:
+            _no_tune_depth -= 1
+
+
+def autotune_allowed() -> bool:
+    """False inside ``no_autotune()``: launchers with their own tuning rule ask this."""
+    return _no_tune_depth == 0
+
+
+def first_config(tuner, args, kw) -> dict:
+    """The keywords (constexprs and launch options, ``kw`` included) of the first config of
+    ``tuner`` (a ``triton.autotune`` kernel) that its pruning keeps for this call: what it
+    would launch if it had only that one. Nothing is compiled or timed."""
+    configs = list(tuner.configs)
+    prune = getattr(tuner, "early_config_prune", None)
+    if prune is not None and len(configs) > 1:
+        configs = prune(configs, dict(zip(tuner.arg_names, args)), **kw) or configs
+    cfg = configs[0]
+    if getattr(cfg, "pre_hook", None) is not None:
+        cfg.pre_hook({**dict(zip(tuner.arg_names, args)), **kw, **cfg.all_kwargs()})
+    return {**kw, **cfg.all_kwargs()}
+
+
+def _launch_untuned(tuner, grid, args, kw):
+    """launch_tuned inside ``no_autotune()``: the key's tuned config if the tuner already
+    holds one, else ``first_config``; the tuner's cache is left as it was."""
+    cache, key = _tuned_key(tuner, args, kw)
+    cfg = cache.get(key) or first_config(tuner, args, kw)
+    return tuner.fn[grid(cfg) if callable(grid) else grid](*args, **cfg)
+
+
 def launch_tuned(tuner, grid, *args, **kw):
     """``tuner[grid](*args, **kw)`` for a ``triton.autotune`` kernel whose inner function is
     a ``jit`` (lean) kernel: once the autotuner has picked a config for this call's key (the
@@ -460,6 +521,8 @@ def launch_tuned(tuner, grid, *args, **kw):
     builds argument dicts and its key on every call before Triton's own launcher runs
     (about 40 us a launch on the H100 host, three launches per attention backward)."""
     a0 = args[0]
+    if _no_tune_depth and type(a0) in _REAL_TENSORS:
+        return _launch_untuned(tuner, grid, args, kw)
     if type(a0) not in _REAL_TENSORS or device.triton_interpreted():
         if type(a0) not in _REAL_TENSORS and not device.triton_interpreted():
             from torch.library import wrap_triton

@@ -635,3 +635,40 @@ def test_case_result_ratio():
 def test_poison_allocator_is_a_no_op_for_empty_shapes():
     chk.poison_allocator((3, 0, 5), torch.float32, "cpu")  # must not raise
     chk.poison_allocator((4,), torch.float16, "cpu")
+
+
+def test_plan_leaves_per_shape_builders_out_of_quick_cpu_and_keeps_one_dtype_on_a_gpu():
+    """torch.compile builds per shape: the quick default runs it in its first dtype on a GPU,
+    not at all without one; named (-b) or --full, in every dtype."""
+    dts = [torch.float32, torch.float16, torch.bfloat16]
+
+    def runs(**kw):
+        return [(i.impl.backend, dtype_id(i.dtype), i.runs) for i in chk.plan(["add"], dtypes=dts, **kw)
+                if i.impl.backend in ("compile", "torch")]  # fmt: skip
+
+    cpu = runs(device="cpu")
+    assert [r for r in cpu if r[0] == "compile"] == [("compile", d, "skipped") for d in ("fp32", "fp16", "bf16")]
+    assert [r for r in cpu if r[0] == "torch"] == [("torch", d, "run") for d in ("fp32", "fp16", "bf16")]
+    assert all(r[2] == "run" for r in runs(device="cpu", quick=False))
+    if torch.cuda.is_available():
+        gpu = [r for r in runs(device="cuda") if r[0] == "compile"]
+        assert [r[2] for r in gpu] == ["run", "skipped", "skipped"]
+    named = chk.plan(["add"], ["compile"], dts, device="cpu")
+    assert [i.runs for i in named] == ["run"] * 3
+    assert chk.plan_size(["add"], None, dts) == sum(i.runs != "skipped" for i in chk.plan(["add"], dtypes=dts))
+
+
+def test_progress_scales_the_estimate_by_the_time_finished_items_took():
+    now = [0.0]
+    items = [chk.PlanItem(None, torch.float32, "run", e) for e in (2.0, 2.0, 4.0)]
+    p = chk.Progress(items, clock=lambda: now[0])
+    assert p.total == 8.0 and p.remaining == 8.0  # nothing done: the plan's estimate
+    now[0] = 6.0
+    p.finished(items[0])  # took 6 s where 2 were estimated: 3x slower than the plan
+    assert p.done == 1 and p.remaining == pytest.approx(6.0 * 3)
+    now[0] = 8.0
+    p.finished(items[1])
+    assert p.remaining == pytest.approx(4.0 * 8.0 / 4.0)
+    p.finished(items[2])
+    assert p.remaining == 0.0
+    assert [chk.fmt_seconds(s) for s in (4.4, 59.6, 185, 3723)] == ["4 s", "1:00", "3:05", "1:02:03"]

@@ -12,7 +12,8 @@ For one implementation and one dtype it runs:
                 each tensor argument alone in each layout (``weight:sliced``, targets,
                 tensor options such as matmul's bias), forward and gradients, and the
                 grad_output in each layout (``dy:expanded``): computed correctly or
-                refused with a clear error;
+                refused with a clear error (in quick mode the one-argument and grad_output
+                cases run in the implementation's first dtype);
 - ``option``    each of the op's option cases (``OpSpec.option_sets``: keywords at
                 non-default values, tensor options, positional overrides such as
                 ``bias=None``), forward and gradient;
@@ -43,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import random
 import re
+import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
@@ -51,7 +53,7 @@ import numpy as np
 import torch
 
 from kernellab import device as _device
-from kernellab import registry
+from kernellab import registry, triton_support
 from kernellab.harness.compare import Verdict, judge
 from kernellab.ops.spec import (
     LAYOUTS,
@@ -81,6 +83,7 @@ class CaseResult:
     err: float | None = None
     bound: float | None = None
     detail: str = ""
+    seconds: float = 0.0  # wall time of the case (set by check_impl)
 
     @property
     def ratio(self) -> float | None:
@@ -99,6 +102,8 @@ class Report:
     reason: str = ""
     seed: int = 0
     cases: list[CaseResult] = field(default_factory=list)
+    seconds: float = 0.0  # wall time of the whole check of this implementation and dtype
+    stage_seconds: dict[str, float] = field(default_factory=dict)  # per stage, in run order
 
     @property
     def failures(self) -> list[CaseResult]:
@@ -118,6 +123,8 @@ class Report:
             "status": self.status,
             "reason": self.reason,
             "seed": self.seed,
+            "seconds": round(self.seconds, 3),
+            "stage_seconds": {k: round(v, 3) for k, v in self.stage_seconds.items()},
             "cases": [c.__dict__ for c in self.cases],
         }
 
@@ -556,6 +563,12 @@ class _Runner:
         layout while the others stay contiguous, forward and gradients; then the
         grad_output in each layout. Computed correctly or refused with a clear error."""
         spec = self.spec
+        # Quick mode: in the first dtype the implementation takes. The layout stage has
+        # put every layout through every dtype already; what this stage adds (one
+        # argument at a time, with gradients) is index arithmetic, the same in any dtype,
+        # at a new compile per layout for torch.compile and per constexpr set for Triton.
+        if self.quick and self.dtype != (self.impl.dtypes or spec.dtypes)[0]:
+            return
         # With the first option set that has tensor options (matmul's bias), so that
         # they are laid out too; the positional arguments are the same either way.
         opts = next((o for o in spec.option_sets if any(isinstance(v, TensorOption) for v in o.values())), {})
@@ -793,6 +806,7 @@ def check_impl(
     wrong implementation). ``gate=True`` runs only the forward cases on the quick shapes,
     specials and layouts: the benchmark's admission test before it times anything.
     ``fuzz=N`` adds N random problems (the fuzz stage); ``only_fuzz`` runs that stage alone."""
+    t0 = time.perf_counter()
     spec = get_spec(impl.op)
     dev = device or _device.default_device()
     seed = random.SystemRandom().randrange(2**30) if seed is None else seed
@@ -824,6 +838,7 @@ def check_impl(
             rep.cases.extend(runner.bad_inputs(runnable=False))
             if any(c.status == FAIL for c in rep.cases):
                 rep.status = FAIL
+            rep.stage_seconds["compile"] = rep.seconds = time.perf_counter() - t0
         return rep
 
     if gate:
@@ -846,11 +861,15 @@ def check_impl(
         ]
     if opcheck and impl.custom_ops and not gate and not only_fuzz:
         stages.append(runner.opchecks)
-    # NaN/inf inputs are deliberate: keep the Triton interpreter's numpy quiet.
-    with np.errstate(all="ignore"), _fp32_as_fp32():
+    # NaN/inf inputs are deliberate: keep the Triton interpreter's numpy quiet. No
+    # autotuning: a check times nothing, and tuning each odd shape cost minutes on a GPU.
+    with np.errstate(all="ignore"), _fp32_as_fp32(), triton_support.no_autotune():
         for stage in stages:
+            t_stage = t_case = time.perf_counter()
             try:
                 for case in stage():
+                    now = time.perf_counter()
+                    case.seconds, t_case = now - t_case, now
                     rep.cases.append(case)
             except Exception as e:  # noqa: BLE001 - a crash in the harness itself is a failure
                 rep.cases.append(
@@ -858,8 +877,10 @@ def check_impl(
                         stage.__name__, "harness", FAIL, detail=_short(e) + "\n" + traceback.format_exc(limit=3)
                     )
                 )
+            rep.stage_seconds[stage.__name__] = time.perf_counter() - t_stage
     if rep.failures:
         rep.status = FAIL
+    rep.seconds = time.perf_counter() - t0
     return rep
 
 
@@ -869,45 +890,150 @@ def check(
     dtypes=None,
     *,
     device: str | None = None,
-    quick: bool = False,
+    quick: bool = True,
     seed: int | None = None,
     on_result=None,
     on_start=None,
     fuzz: int = 0,
     only_fuzz: bool = False,
 ) -> list[Report]:
-    """Check every matching implementation x dtype. ``on_start(impl, dtype)`` and
-    ``on_result(report)`` are progress hooks; ``fuzz`` / ``only_fuzz`` as in check_impl.
+    """Check every matching implementation x dtype (``plan``'s items, in its order); quick
+    by default, as the CLI. ``on_start(impl, dtype)`` and ``on_result(report)`` are
+    progress hooks; ``fuzz`` / ``only_fuzz`` as in check_impl.
     Without a seed, one fresh seed serves the whole run (the report prints it), so every
     backend of an op is fuzzed on the same problems."""
     if seed is None:
         seed = random.SystemRandom().randrange(2**30)
     reports = []
-    for op in ops or registry.op_names():
-        spec = get_spec(op)
-        for impl in registry.impls(op):
-            if backends and impl.backend not in backends:
-                continue
-            for dtype in dtypes or spec.dtypes:
-                if dtype not in spec.dtypes:
-                    continue
-                if on_start:
-                    on_start(impl, dtype)
-                with nvtx_range(f"check {impl.name} {dtype_name(dtype)}"):
-                    rep = check_impl(impl, dtype, device=device, quick=quick, seed=seed, fuzz=fuzz,
-                                     only_fuzz=only_fuzz)  # fmt: skip
-                reports.append(rep)
-                if on_result:
-                    on_result(rep)
+    for item in plan(ops, backends, dtypes, device=device, quick=quick, fuzz=fuzz):
+        if item.runs == "skipped":
+            continue
+        impl, dtype = item.impl, item.dtype
+        if on_start:
+            on_start(impl, dtype)
+        with nvtx_range(f"check {impl.name} {dtype_name(dtype)}"):
+            rep = check_impl(impl, dtype, device=device, quick=quick, seed=seed, fuzz=fuzz,
+                             only_fuzz=only_fuzz)  # fmt: skip
+        reports.append(rep)
+        if on_result:
+            on_result(rep)
     return reports
 
 
-def plan_size(ops=None, backends=None, dtypes=None) -> int:
-    n = 0
+def plan_size(ops=None, backends=None, dtypes=None, quick: bool = True) -> int:
+    """How many reports ``check`` returns for these filters."""
+    return sum(i.runs != "skipped" for i in plan(ops, backends, dtypes, quick=quick))
+
+
+# The stages in run order, as a plan names them (``fuzz`` only with fuzz=N).
+STAGES = ("shape", "rerun", "special", "layout", "option", "grad", "integrity", "recall", "double",
+          "bad", "fuzz", "opcheck")  # fmt: skip
+
+# Seconds per implementation x dtype in quick mode, by what dominates its cost: Triton
+# under the CPU interpreter, a torch.compile build per distinct graph (C++ on a CPU,
+# Triton on a GPU), PyTorch's eager ops, an NVRTC build of a CUDA backend that cannot run
+# here. Rough, from lab/check_timing.py on a 2-core CPU machine and an H100; the progress
+# display scales them by the time the finished reports actually took.
+_COST = {
+    "cpu": {"triton": 8.0, "compile": 12.0, "eager": 1.5, "nvrtc": 0.3},
+    "cuda": {"triton": 3.0, "compile": 6.0, "eager": 1.0, "nvrtc": 1.0},
+}
+_FULL_FACTOR = 3.0  # --full: every test shape and gradient shape
+
+
+@dataclass
+class PlanItem:
+    impl: registry.Impl
+    dtype: torch.dtype
+    runs: str  # "run" | "compile" (CUDA source built, not run: no GPU) | "unavailable" | "skipped"
+    estimate: float  # seconds
+    why: str = ""  # of "skipped"
+
+
+def _cost_class(impl: registry.Impl) -> str:
+    if impl.triton_kernels is not None:
+        return "triton"
+    if impl.builds_per_shape:
+        return "compile"
+    return "eager"
+
+
+# Why quick mode leaves an implementation that builds code per shape (Impl.builds_per_shape:
+# torch.compile) out, or runs it in one dtype: a check meets it at a few dozen distinct
+# shapes, layouts and grad modes per dtype, each a build of a second or more (a C++
+# compile on a CPU: two to three CPU-seconds each, about three quarters of a 2-core
+# machine's whole check).
+SKIP_BUILDS_CPU = "builds per shape (torch.compile); quick check without a GPU leaves it out: -b it or --full"
+SKIP_BUILDS_DTYPE = "builds per shape (torch.compile); quick check runs its first dtype: -b it or --full"
+
+
+def plan(ops=None, backends=None, dtypes=None, *, device: str | None = None, quick: bool = True,
+         fuzz: int = 0) -> list[PlanItem]:  # fmt: skip
+    """What ``check`` runs for these filters, in its order, with a rough cost per item."""
+    dev = device or _device.default_device()
+    cost = _COST["cuda" if dev == "cuda" else "cpu"]
+    items = []
     for op in ops or registry.op_names():
         spec = get_spec(op)
         for impl in registry.impls(op):
             if backends and impl.backend not in backends:
                 continue
-            n += len([d for d in (dtypes or spec.dtypes) if d in spec.dtypes])
-    return n
+            why = impl.why_unavailable(dev)
+            # Named backends run in full; otherwise see SKIP_BUILDS_*.
+            light = quick and impl.builds_per_shape and not backends
+            ran_one = False
+            for dtype in dtypes or spec.dtypes:
+                if dtype not in spec.dtypes:
+                    continue
+                if dtype not in (impl.dtypes or spec.dtypes):
+                    items.append(PlanItem(impl, dtype, "unavailable", 0.0))
+                elif light and not why and (dev != "cuda" or ran_one):
+                    items.append(PlanItem(impl, dtype, "skipped", 0.0, SKIP_BUILDS_CPU if dev != "cuda"
+                                          else SKIP_BUILDS_DTYPE))  # fmt: skip
+                elif why:
+                    compiles = impl.precompile is not None and why == "no GPU"
+                    items.append(PlanItem(impl, dtype, "compile" if compiles else "unavailable",
+                                          cost["nvrtc"] if compiles else 0.0))  # fmt: skip
+                else:
+                    est = cost[_cost_class(impl)] * (1.0 if quick else _FULL_FACTOR)
+                    est *= 1.0 + 0.15 * fuzz
+                    items.append(PlanItem(impl, dtype, "run", est))
+                    ran_one = True
+    return items
+
+
+class Progress:
+    """Elapsed time and an estimate of the time left while ``check`` runs: the plan's
+    per-item estimates, scaled by how long the finished items took against theirs."""
+
+    def __init__(self, items: list[PlanItem], clock=time.perf_counter):
+        self.items, self.clock = items, clock
+        self.total = sum(i.estimate for i in items)
+        self.done = self.done_estimate = 0
+        self.t0 = clock()
+
+    def finished(self, item: PlanItem) -> None:
+        self.done += 1
+        self.done_estimate += item.estimate
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock() - self.t0
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left: the estimates of the items not yet run, times (time taken so far /
+        the estimates of the items done) once a few seconds' worth has finished."""
+        left = self.total - self.done_estimate
+        if self.done_estimate >= 1.0:
+            left *= self.elapsed / self.done_estimate
+        return max(left, 0.0)
+
+
+def fmt_seconds(s: float) -> str:
+    """12 s, 3:05, 1:02:03"""
+    s = int(round(s))
+    if s < 60:
+        return f"{s} s"
+    m, s = divmod(s, 60)
+    return f"{m}:{s:02d}" if m < 60 else f"{m // 60}:{m % 60:02d}:{s:02d}"

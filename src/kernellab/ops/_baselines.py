@@ -132,4 +132,5 @@ def register_baseline(op: str, manual, torch_fn, compile_fn) -> None:
         available=_compile_unavailable,
         description="torch.compile of manual",
         dtypes=REFERENCE_DTYPES,
+        builds_per_shape=True,
     )(compile_fn)

@@ -299,6 +299,7 @@ register(
     available=_compile_unavailable,
     description="torch.compile of manual",
     dtypes=REFERENCE_DTYPES,
+    builds_per_shape=True,
 )(compiled(manual_attention))
 
 

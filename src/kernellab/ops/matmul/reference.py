@@ -52,4 +52,5 @@ register(
     available=_compile_unavailable,
     dtypes=REFERENCE_DTYPES,
     description="torch.compile of torch.matmul + bias + activation (epilogue fused by Inductor)",
+    builds_per_shape=True,
 )(compiled(_product_with_epilogue, op="matmul"))
