@@ -66,7 +66,8 @@ def cmd_list(args) -> int:
 # --------------------------------------------------------------------------- check
 
 
-def _check_plan_text(items, quick: bool, fuzz: int, fuzz_only: bool, seed: int, dev: str) -> list[str]:
+def _check_plan_text(items, quick: bool, fuzz: int, fuzz_only: bool, seed: int, dev: str,
+                     jobs: int = 1) -> list[str]:  # fmt: skip
     """What a check run will do, printed before it starts."""
     from kernellab.harness import check as chk
     from kernellab.ops.spec import dtype_name
@@ -99,7 +100,8 @@ def _check_plan_text(items, quick: bool, fuzz: int, fuzz_only: bool, seed: int, 
         f"  runs: {what}",
         f"  stages: {', '.join(stages)}" + (f" ({fuzz} random problems each)" if fuzz else ""),
         *notes,
-        f"  estimated: ~{chk.fmt_seconds(est)}",
+        f"  workers: {jobs}" + (" (-j N to change)" if jobs > 1 else ""),
+        f"  estimated: ~{chk.fmt_seconds(est / max(1, jobs))}",
     ]
 
 
@@ -135,6 +137,12 @@ def cmd_check(args) -> int:
         return 2
     if args.fuzz_only and not args.fuzz:
         args.fuzz = 10
+    from kernellab.harness import parallel
+
+    jobs = parallel.default_workers() if args.jobs is None else args.jobs
+    if jobs < 1:
+        console.print(f"[red]--jobs must be >= 1[/] (got {args.jobs})")
+        return 2
     dev = _dev.default_device()
     planned = chk.plan(ops, backends, dtypes, device=dev, quick=args.quick, fuzz=args.fuzz)
     items = [i for i in planned if i.runs != "skipped"]  # what check() runs, in its order
@@ -142,7 +150,8 @@ def cmd_check(args) -> int:
         console.print("[red]nothing to check[/] (no implementation matches)")
         return 2
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**30)
-    for line in _check_plan_text(planned, args.quick, args.fuzz, args.fuzz_only, seed, dev):
+    jobs = min(jobs, len(items))
+    for line in _check_plan_text(planned, args.quick, args.fuzz, args.fuzz_only, seed, dev, jobs):
         console.print(line, markup=False, highlight=False)
     # (fp32 is checked as fp32: check_impl turns TF32 off while it runs)
     progress = chk.Progress(items)
@@ -164,8 +173,10 @@ def cmd_check(args) -> int:
         def on_start(impl, dtype):
             bar.update(task, description=f"checking {impl.name} {dtype_name(dtype)}")
 
+        by_key = {(i.impl.op, i.impl.backend, dtype_name(i.dtype)): i for i in items}
+
         def on_result(rep):
-            item = items[len(reports)]
+            item = by_key[(rep.op, rep.backend, rep.dtype)]  # (workers finish out of order)
             reports.append(rep)
             progress.finished(item)
             left = f"~{chk.fmt_seconds(progress.remaining)} left"
@@ -181,10 +192,10 @@ def cmd_check(args) -> int:
                     markup=False, highlight=False,
                 )  # fmt: skip
 
-        chk.check(
+        reports = chk.check(
             ops, backends, dtypes, quick=args.quick, seed=seed, on_start=on_start, on_result=on_result,
-            fuzz=args.fuzz, only_fuzz=args.fuzz_only,
-        )
+            fuzz=args.fuzz, only_fuzz=args.fuzz_only, workers=jobs,
+        )  # (in plan order for the table)
 
     table = Table(title=f"kernellab check ({'quick' if args.quick else 'full'}) on {reports[0].device}")
     for col in ("op", "backend", "dtype", "status", "cases", "worst err/bound", "notes"):
@@ -1115,6 +1126,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 1 also when a baseline or peer (torch, compile, ...) fails",
     )
+    s.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                   help="worker processes (default: one per CPU core, at most 16; 1: this process only). "
+                   "A check is bound by compiles and CPU work, each worker runs on its own core")  # fmt: skip
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("bench", help="time an op's backends, re-checking the timed outputs")

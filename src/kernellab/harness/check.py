@@ -46,6 +46,7 @@ import random
 import re
 import time
 import traceback
+import zlib
 import warnings
 from dataclasses import dataclass, field
 
@@ -239,6 +240,7 @@ class _Runner:
         self.n_fuzz = fuzz
         self.gate = False
         self._n = 0
+        self._stage_seed = seed
         torch_impl = None
         if impl.backend != "torch":
             try:
@@ -248,9 +250,16 @@ class _Runner:
         self.baseline = torch_impl
         self.cases: list[CaseResult] = []
 
+    def begin_stage(self, name: str) -> None:
+        """Each stage draws its inputs from the run's seed and its own name, so a stage
+        sees the same inputs whether it runs alone, with the others, or in another
+        process (``parallel``): ``--seed`` replays a run with any number of workers."""
+        self._n = 0
+        self._stage_seed = (self.seed + zlib.crc32(name.encode())) % 2**31
+
     def next_seed(self) -> int:
         self._n += 1
-        return self.seed + 7919 * self._n
+        return self._stage_seed + 7919 * self._n
 
     @property
     def differentiable(self) -> bool:
@@ -790,6 +799,32 @@ def _fp32_as_fp32():
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = cu, mm
 
 
+def _all_stages(runner: _Runner) -> list:
+    """Every stage in run order (opcheck last: it runs only for custom ops)."""
+    return [
+        runner.shapes,
+        runner.specials,
+        runner.layouts,
+        runner.arg_layouts,
+        runner.options,
+        runner.grads,
+        runner.integrity_and_recall,
+        runner.double_backward,
+        runner.bad_inputs,
+        runner.fuzz,
+        runner.opchecks,
+    ]
+
+
+# How the parallel check splits one heavy implementation x dtype over 2 or 3 workers
+# (method names of _Runner, in run order): forward cases; options and gradients; the rest.
+STAGE_GROUPS = (
+    ("shapes", "specials", "layouts", "arg_layouts"),
+    ("options", "grads"),
+    ("integrity_and_recall", "double_backward", "bad_inputs", "fuzz", "opchecks"),
+)
+
+
 def check_impl(
     impl: registry.Impl,
     dtype: torch.dtype,
@@ -801,11 +836,14 @@ def check_impl(
     gate: bool = False,
     fuzz: int = 0,
     only_fuzz: bool = False,
+    stages: tuple[str, ...] | None = None,
 ) -> Report:
     """Check one implementation for one dtype; returns a Report (never raises for a
     wrong implementation). ``gate=True`` runs only the forward cases on the quick shapes,
     specials and layouts: the benchmark's admission test before it times anything.
-    ``fuzz=N`` adds N random problems (the fuzz stage); ``only_fuzz`` runs that stage alone."""
+    ``fuzz=N`` adds N random problems (the fuzz stage); ``only_fuzz`` runs that stage alone.
+    ``stages``: run only these stages (their method names, ``STAGE_GROUPS``), as the
+    parallel check does with an implementation split over several workers."""
     t0 = time.perf_counter()
     spec = get_spec(impl.op)
     dev = device or _device.default_device()
@@ -843,28 +881,23 @@ def check_impl(
 
     if gate:
         runner.quick = runner.gate = True
-        stages = [runner.shapes, runner.specials, runner.layouts]
+        run_stages = [runner.shapes, runner.specials, runner.layouts]
     elif only_fuzz:
-        stages = [runner.fuzz]
+        run_stages = [runner.fuzz]
     else:
-        stages = [
-            runner.shapes,
-            runner.specials,
-            runner.layouts,
-            runner.arg_layouts,
-            runner.options,
-            runner.grads,
-            runner.integrity_and_recall,
-            runner.double_backward,
-            runner.bad_inputs,
-            runner.fuzz,
-        ]
+        run_stages = _all_stages(runner)[:-1]
     if opcheck and impl.custom_ops and not gate and not only_fuzz:
-        stages.append(runner.opchecks)
+        run_stages.append(runner.opchecks)
+    if stages is not None:
+        unknown = set(stages) - {st.__name__ for st in _all_stages(runner)}
+        if unknown:
+            raise ValueError(f"check_impl: unknown stages {sorted(unknown)}; known: {STAGE_GROUPS}")
+        run_stages = [st for st in run_stages if st.__name__ in stages]
     # NaN/inf inputs are deliberate: keep the Triton interpreter's numpy quiet. No
     # autotuning: a check times nothing, and tuning each odd shape cost minutes on a GPU.
     with np.errstate(all="ignore"), _fp32_as_fp32(), triton_support.no_autotune():
-        for stage in stages:
+        for stage in run_stages:
+            runner.begin_stage(stage.__name__)
             t_stage = t_case = time.perf_counter()
             try:
                 for case in stage():
@@ -896,18 +929,25 @@ def check(
     on_start=None,
     fuzz: int = 0,
     only_fuzz: bool = False,
+    workers: int = 1,
 ) -> list[Report]:
     """Check every matching implementation x dtype (``plan``'s items, in its order); quick
     by default, as the CLI. ``on_start(impl, dtype)`` and ``on_result(report)`` are
     progress hooks; ``fuzz`` / ``only_fuzz`` as in check_impl.
     Without a seed, one fresh seed serves the whole run (the report prints it), so every
-    backend of an op is fuzzed on the same problems."""
+    backend of an op is fuzzed on the same problems. ``workers > 1``: the items run in that
+    many worker processes (``harness.parallel``), heavy ones split by ``STAGE_GROUPS``;
+    ``on_result`` then comes in the order they finish, the returned list in plan order."""
     if seed is None:
         seed = random.SystemRandom().randrange(2**30)
+    items = [i for i in plan(ops, backends, dtypes, device=device, quick=quick, fuzz=fuzz) if i.runs != "skipped"]
+    if workers > 1 and len(items) > 1:
+        from kernellab.harness import parallel
+
+        options = dict(device=device, quick=quick, seed=seed, fuzz=fuzz, only_fuzz=only_fuzz)
+        return parallel.run_jobs(parallel.jobs_for(items, only_fuzz), options, workers, on_start, on_result)
     reports = []
-    for item in plan(ops, backends, dtypes, device=device, quick=quick, fuzz=fuzz):
-        if item.runs == "skipped":
-            continue
+    for item in items:
         impl, dtype = item.impl, item.dtype
         if on_start:
             on_start(impl, dtype)
@@ -939,6 +979,14 @@ _COST = {
     "cuda": {"triton": 3.0, "compile": 6.0, "eager": 1.0, "nvrtc": 1.0},
 }
 _FULL_FACTOR = 3.0  # --full: every test shape and gradient shape
+# Ops whose kernels have many compiled variants (attention: causal x window x softcap x
+# GQA x head-dim padding, forward and three backward kernels; conv2d and matmul: tile and
+# epilogue variants): a quick check of one of their kernel backends took 3-6x an
+# elementwise op's on a GPU host (lab/check_timing.py). The parallel check splits an item
+# this heavy over STAGE_GROUPS.
+_OP_WEIGHT = {"attention": 6.0, "conv2d": 3.0, "matmul": 3.0, "batch_norm2d": 1.5, "bn_relu_pool2d": 1.5,
+              "layer_norm": 1.5}  # fmt: skip
+SPLIT_WEIGHT = 3.0
 
 
 @dataclass
@@ -995,7 +1043,10 @@ def plan(ops=None, backends=None, dtypes=None, *, device: str | None = None, qui
                     items.append(PlanItem(impl, dtype, "compile" if compiles else "unavailable",
                                           cost["nvrtc"] if compiles else 0.0))  # fmt: skip
                 else:
-                    est = cost[_cost_class(impl)] * (1.0 if quick else _FULL_FACTOR)
+                    kind = _cost_class(impl)
+                    est = cost[kind] * (1.0 if quick else _FULL_FACTOR)
+                    if kind == "triton" or impl.precompile is not None:  # our kernels: their compiles
+                        est *= _OP_WEIGHT.get(op, 1.0)
                     est *= 1.0 + 0.15 * fuzz
                     items.append(PlanItem(impl, dtype, "run", est))
                     ran_one = True

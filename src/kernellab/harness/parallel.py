@@ -1,0 +1,197 @@
+"""``kernellab check`` over several worker processes.
+
+Why processes: a check is dominated by work that holds one CPU core - Triton's JIT
+(each constexpr variant of a kernel is a compile of ~1-4 s on a GPU host), Inductor's
+compiles for the ``compile`` backends, and on a machine without a GPU the Triton
+interpreter and PyTorch's CPU kernels. The GPU itself is nearly idle (the check's problems
+are small), so N workers on N cores finish close to N times sooner. Each worker is a fresh
+``spawn``-ed interpreter (a forked CUDA context is unusable) that imports kernellab once
+and then takes jobs.
+
+A job is one implementation x dtype, or a part of its stages (``check.STAGE_GROUPS``):
+a heavy implementation (attention's Triton kernels compile for minutes in fp32) would
+otherwise be the whole run's long pole. Every stage draws its inputs from the run's seed
+and its own name (``check._Runner.begin_stage``), so a report is the same whichever way
+the stages were grouped into jobs, and ``--seed`` replays it with any number of workers.
+
+Only implementations a fresh interpreter finds in the registry can run in a worker: the
+built-in ones, and a user's registered in a module that importing kernellab imports. Any
+other (registered in the calling script, say) runs in the calling process, after the rest.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import torch
+
+from kernellab import registry
+from kernellab.ops.spec import dtype_name
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """One worker per core, at most 16 (a GPU host's check is bound by its cores)."""
+    return max(1, min(available_cores(), 16))
+
+
+@dataclass(frozen=True)
+class Job:
+    op: str
+    backend: str
+    dtype: torch.dtype
+    stages: tuple[str, ...] | None = None  # None: every stage
+    cost: float = 1.0  # expected seconds, relative: the scheduler starts the heavy ones first
+
+    @property
+    def key(self) -> tuple[str, str, torch.dtype]:
+        return (self.op, self.backend, self.dtype)
+
+
+def jobs_for(items, only_fuzz: bool = False) -> list[Job]:
+    """The jobs for ``check.plan`` items: one each, or one per ``STAGE_GROUPS`` entry for
+    an item whose kernels compile in many variants (``check._OP_WEIGHT``)."""
+    from kernellab.harness import check as chk
+
+    jobs = []
+    for it in items:
+        heavy = it.runs == "run" and not only_fuzz and chk._OP_WEIGHT.get(it.impl.op, 1.0) >= chk.SPLIT_WEIGHT
+        heavy = heavy and (it.impl.triton_kernels is not None or it.impl.precompile is not None)
+        if heavy:
+            n = len(chk.STAGE_GROUPS)
+            jobs += [Job(it.impl.op, it.impl.backend, it.dtype, g, it.estimate / n) for g in chk.STAGE_GROUPS]
+        else:
+            jobs.append(Job(it.impl.op, it.impl.backend, it.dtype, None, it.estimate))
+    return jobs
+
+
+def _init_worker(threads: int) -> None:
+    # N workers share the cores: PyTorch's own thread pool in each would oversubscribe them.
+    torch.set_num_threads(threads)
+
+
+def _run_job(job: Job, options: dict):
+    from kernellab.harness.check import check_impl
+
+    impl = registry.get(job.op, job.backend)
+    return check_impl(impl, job.dtype, stages=job.stages, **options)
+
+
+def _merge(parts: Sequence[tuple[Job, object]]):
+    """One Report from the reports of one implementation's stage groups, in stage order."""
+    from kernellab.harness.check import FAIL, STAGE_GROUPS
+
+    def rank(job: Job) -> int:
+        return STAGE_GROUPS.index(job.stages) if job.stages in STAGE_GROUPS else -1
+
+    reps = [rep for _, rep in sorted(parts, key=lambda jr: rank(jr[0]))]
+    rep = reps[0]
+    for p in reps[1:]:
+        rep.cases.extend(p.cases)
+        rep.stage_seconds.update(p.stage_seconds)
+        rep.seconds += p.seconds
+    if rep.failures:
+        rep.status = FAIL
+    return rep
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    options: dict,
+    workers: int,
+    on_start: Callable | None = None,
+    on_result: Callable | None = None,
+) -> list:
+    """Run ``jobs`` (check_impl keyword ``options`` shared by all) on ``workers`` processes;
+    ``on_result(report)`` once per implementation x dtype as soon as all its parts are in.
+    Returns the reports in the jobs' order."""
+    from kernellab.harness.check import FAIL, CaseResult, Report
+
+    keys: list[tuple] = []
+    parts_left: dict[tuple, int] = {}
+    for j in jobs:
+        if j.key not in parts_left:
+            keys.append(j.key)
+            parts_left[j.key] = 0
+        parts_left[j.key] += 1
+    done: dict[tuple, list] = {k: [] for k in keys}
+    reports: dict[tuple, object] = {}
+    started: set[tuple] = set()
+
+    def finish(job: Job, rep) -> None:
+        done[job.key].append((job, rep))
+        parts_left[job.key] -= 1
+        if parts_left[job.key] == 0:
+            reports[job.key] = _merge(done[job.key])
+            if on_result:
+                on_result(reports[job.key])
+
+    def died(job: Job, why: str):
+        rep = Report(job.op, job.backend, dtype_name(job.dtype), options.get("device") or "?", FAIL,
+                     seed=options.get("seed") or 0)  # fmt: skip
+        rep.cases.append(CaseResult(",".join(job.stages or ("all",)), "worker", FAIL, detail=why))
+        return rep
+
+    local = [j for j in jobs if not registry.get(j.op, j.backend).builtin]
+    remote = sorted((j for j in jobs if j not in local), key=lambda j: -j.cost)
+    threads = max(1, available_cores() // max(1, workers))
+    ctx = multiprocessing.get_context("spawn")
+    attempts = 0
+    while remote:
+        attempts += 1
+        pending: dict[Future, Job] = {}
+        retry: list[Job] = []
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as ex:
+            try:
+                for j in remote:
+                    if on_start and j.key not in started:
+                        started.add(j.key)
+                        on_start(registry.get(j.op, j.backend), j.dtype)
+                    pending[ex.submit(_run_job, j, options)] = j
+                while pending:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in finished:
+                        j = pending.pop(f)
+                        try:
+                            finish(j, f.result())
+                        except BrokenProcessPool:
+                            # A worker died (a crash in a kernel, out of memory): every job
+                            # still in the pool fails with it. Run them again once in a
+                            # fresh pool; a job that breaks that one too is reported.
+                            if attempts == 1:
+                                retry.append(j)
+                            else:
+                                finish(j, died(j, "the check's worker process died running this job"))
+                        except Exception as e:  # noqa: BLE001 - an error in the harness is a failure
+                            finish(j, died(j, f"{type(e).__name__}: {e}"[:400]))
+            except KeyboardInterrupt:
+                ex.shutdown(wait=False, cancel_futures=True)
+                raise
+        remote = retry
+        if attempts > 1:
+            break
+    if local:
+        from kernellab.harness.check import check_impl
+
+        for j in local:
+            impl = registry.get(j.op, j.backend)
+            if on_start and j.key not in started:
+                started.add(j.key)
+                on_start(impl, j.dtype)
+            t0 = time.perf_counter()
+            rep = check_impl(impl, j.dtype, stages=j.stages, **options)
+            rep.seconds = rep.seconds or time.perf_counter() - t0
+            finish(j, rep)
+    return [reports[k] for k in keys]
