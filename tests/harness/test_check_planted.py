@@ -13,6 +13,7 @@ too). Then the run's random draws themselves, and a correct kernel whose backwar
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 import torch.nn.functional as F
@@ -39,9 +40,8 @@ def _caught_at_boundary(rep, name):
     random draws failed it."""
     failed = {(c.kind, c.name) for c in rep.failures}
     assert rep.status == FAIL
-    assert ("boundary", name) in failed or any(k == "boundary" and n.startswith(name + " d") for k, n in failed), (
-        rep.failures
-    )
+    at_boundary = {n for k, n in failed if k == "boundary"}
+    assert name in at_boundary or any(n.startswith(name + " d") for n in at_boundary), rep.failures
     assert {c.kind for c in rep.failures} <= {"boundary", "fuzz"}, rep.failures
 
 
@@ -55,7 +55,7 @@ def test_attention_ignoring_causal_past_64_keys_fails_at_the_boundary(planted):
         return attn(q, k, v, causal and k.shape[-2] <= 64, scale, window=window, softcap=softcap)
 
     rep = _run(planted("attention", "planted_causal64", short_causal))
-    _caught_at_boundary(rep, "1x1x67x70x16 causal=True")
+    _caught_at_boundary(rep, "1x1x35x70x16 causal=True")
 
 
 def test_attention_ignoring_window_under_gqa_fails_at_the_boundary(planted):
@@ -67,7 +67,8 @@ def test_attention_ignoring_window_under_gqa_fails_at_the_boundary(planted):
 
     rep = _run(planted("attention", "planted_windowgqa", no_window_gqa))
     _caught_at_boundary(rep, "1x4x2x17x33x16 softcap=5.0,window=(6, 2)")
-    assert ("boundary", "1x4x2x19x13x16 causal=True,window=(4, -1)") in {(c.kind, c.name) for c in rep.failures}
+    failed = {(c.kind, c.name) for c in rep.failures}
+    assert ("boundary", "1x4x2x19x13x16 causal=True,window=(4, -1)") in failed, rep.failures
 
 
 def test_attention_ignoring_softcap_under_gqa_fails_at_the_boundary(planted):
@@ -165,7 +166,8 @@ class _WeightGradOfFirst64Rows(torch.autograd.Function):
         x, weight, bias = ctx.saved_tensors
         with torch.enable_grad():
             xd = x.detach().requires_grad_()
-            y = F.layer_norm(xd, (x.shape[-1],), weight.detach(), None if bias is None else bias.detach(), ctx.eps)
+            b = None if bias is None else bias.detach()
+            y = F.layer_norm(xd, (x.shape[-1],), weight.detach(), b, ctx.eps)
             (dx,) = torch.autograd.grad(y, xd, dy)
         rows = x.reshape(-1, x.shape[-1])[:64].float()
         g = dy.reshape(-1, x.shape[-1])[:64].float()
@@ -181,9 +183,9 @@ def test_layer_norm_weight_grad_of_the_first_64_rows_fails_at_the_boundary(plant
         return _WeightGradOfFirst64Rows.apply(x, weight, bias, eps)
 
     rep = _run(planted("layer_norm", "planted_dw64", wgrad64))
-    _caught_at_boundary(rep, "131x24")
+    _caught_at_boundary(rep, "67x40")
     (case,) = [c for c in rep.failures if c.kind == "boundary"]
-    assert case.name in ("131x24 dweight", "131x24 dbias"), case
+    assert case.name in ("67x40 dweight", "67x40 dbias"), case
 
 
 # --------------------------------------------------------------------------- ties
@@ -259,8 +261,8 @@ def test_a_kernel_right_only_at_the_listed_shapes_fails_the_random_draws(planted
     """Tuned to the shapes the spec names (KernelBench's lesson): right there, wrong
     everywhere else; only the run's own random problems see it."""
     spec = get_spec("gelu")
-    listed = {tuple(s) for s in spec.quick_shapes + spec.test_shapes + [spec.layout_shape, spec.reach, spec.rows_shape]}
-    listed |= {tuple(s) for s in spec.gradient_shapes}
+    listed = spec.quick_shapes + spec.test_shapes + spec.gradient_shapes
+    listed = {tuple(s) for s in listed + [spec.layout_shape, spec.reach, spec.rows_shape]}
     g = _correct("gelu")
 
     def listed_only(x):
@@ -279,7 +281,7 @@ def test_quick_draws_stay_small():
         impl = kernellab.get(op, "torch")
         for seed in range(8):
             runner = ck._Runner(impl, spec, torch.float32, "cpu", seed, quick=True)
-            rng = __import__("random").Random(seed)
+            rng = random.Random(seed)
             for _ in range(ck.QUICK_DRAWS):
                 shape, opts = runner._draw(rng, big=False)
                 assert ck._work(spec, shape, opts) <= ck.QUICK_WORK, (op, shape, opts)

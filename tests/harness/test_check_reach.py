@@ -64,8 +64,8 @@ def test_matmul_ignoring_bias_fails_the_bias_options(planted):
 def test_attention_ignoring_scale_fails_the_scale_options(planted):
     attn = _correct("attention")
 
-    def no_scale(q, k, v, causal=False, scale=None):
-        return attn(q, k, v, causal)
+    def no_scale(q, k, v, causal=False, scale=None, **kw):
+        return attn(q, k, v, causal, **kw)
 
     rep = _run(planted("attention", "planted_noscale", no_scale))
     assert rep.status == FAIL

@@ -87,7 +87,8 @@ QUICK_WORK = 1 << 21
 def _work(spec: OpSpec, shape, options) -> int:
     """Forward flops, or bytes moved / 4 where that is more: what one call costs."""
     try:
-        return max(spec.count_flops(shape, "fwd", options), spec.count_bytes(shape, torch.float32, "fwd", options) // 4)
+        flops = spec.count_flops(shape, "fwd", options)
+        return max(flops, spec.count_bytes(shape, torch.float32, "fwd", options) // 4)
     except Exception:  # noqa: BLE001 - an option a count does not take: judge by size alone
         n = 1
         for d in shape:
@@ -418,6 +419,8 @@ class _Runner:
         for _ in range(n):
             problem = self._draw(rng, big)
             if problem is None:
+                if not self.n_fuzz:
+                    return  # (asked for nothing: no line to report)
                 yield CaseResult("fuzz", "all", SKIP, detail=f"{self.spec.name} has no fuzz generator (OpSpec.fuzz)")
                 return
             shape, opts = problem

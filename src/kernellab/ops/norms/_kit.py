@@ -196,10 +196,10 @@ def family_spec() -> dict:
         fuzz=fuzz_rows(5000, 20000),
         # (17, 4099): a row past 4096 (the quick widths stop at 1025) and, at 69,683
         # elements, the Triton backward's row-group kernel and partial sums (smaller
-        # inputs take the one-launch backward). (131, 24): dweight and dbias over more rows
-        # than one program holds (64 in the forward, 128 a step in the small backward),
-        # with a short last group.
-        boundary_cases=[Boundary((17, 4099)), Boundary((131, 24))],
+        # inputs take the one-launch backward). (67, 40): more rows than one program
+        # holds (64 in the forward, 64 a step in the small backward at this width), with
+        # a short last group: dweight and dbias must sum every group.
+        boundary_cases=[Boundary((17, 4099)), Boundary((67, 40))],
     )
 
 
