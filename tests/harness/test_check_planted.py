@@ -275,7 +275,8 @@ def test_a_kernel_right_only_at_the_listed_shapes_fails_the_random_draws(planted
 
 
 def test_quick_draws_stay_small():
-    """The extra draws must stay cheap under the Triton interpreter: at most QUICK_WORK."""
+    """The extra draws must stay cheap under the Triton interpreter: at most QUICK_WORK,
+    and a leading dim (batch, rows) of at most QUICK_LEAD."""
     for op in ("attention", "matmul", "conv2d", "cross_entropy", "layer_norm"):
         spec = get_spec(op)
         impl = kernellab.get(op, "torch")
@@ -285,6 +286,7 @@ def test_quick_draws_stay_small():
             for _ in range(ck.QUICK_DRAWS):
                 shape, opts = runner._draw(rng, big=False)
                 assert ck._work(spec, shape, opts) <= ck.QUICK_WORK, (op, shape, opts)
+                assert len(shape) < 2 or shape[0] <= ck.QUICK_LEAD, (op, shape, opts)
 
 
 # --------------------------------------------------------------------------- once_differentiable

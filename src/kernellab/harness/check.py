@@ -79,9 +79,11 @@ _REFUSAL = (TypeError, ValueError, NotImplementedError)
 
 
 # Problems each run draws from the op's fuzz generator when --fuzz is not given, at most
-# QUICK_WORK work units each (``_Runner._draw``).
+# QUICK_WORK work units each and a leading dim (batch, rows) of at most QUICK_LEAD
+# (``_Runner._draw``).
 QUICK_DRAWS = 2
-QUICK_WORK = 1 << 21
+QUICK_WORK = 1 << 19
+QUICK_LEAD = 64
 
 
 def _work(spec: OpSpec, shape, options) -> int:
@@ -432,14 +434,20 @@ class _Runner:
                 yield self.fwd_bwd("fuzz", f"grad {label}", args, kwargs, judge_out=False)
 
     def _draw(self, rng, big: bool):
-        """One problem from the op's generator; at most QUICK_WORK work units (flops, or
-        bytes / 4 for memory-bound ops) unless ``big``: the generator's CPU sizes reach
-        seconds per call under the Triton interpreter (attention at 4 x 3 x 80 x 80 x 128),
-        and the run's extra draws must stay cheap. Redraws are taken from the same ``rng``,
-        so the seed still replays them."""
+        """One problem from the op's generator; unless ``big`` or --fuzz, at most QUICK_WORK
+        work units (flops, or bytes / 4 for memory-bound ops) and a leading dim of at most
+        QUICK_LEAD where there are two or more: the generator's CPU sizes reach seconds per
+        call under the Triton interpreter, which runs a program per image or row tile
+        (conv2d at a batch of 1024: 18 s of CPU for one draw), and the run's extra draws
+        must stay cheap. Redraws come from the same ``rng``: the seed still replays them."""
+
+        def small(shape, options) -> bool:
+            lead_ok = len(shape) < 2 or shape[0] <= QUICK_LEAD
+            return lead_ok and _work(self.spec, shape, options) <= QUICK_WORK
+
         problem = self.spec.draw_fuzz(rng, big)
         for _ in range(50):
-            if problem is None or big or self.n_fuzz or _work(self.spec, *problem) <= QUICK_WORK:
+            if problem is None or big or self.n_fuzz or small(*problem):
                 break
             problem = self.spec.draw_fuzz(rng, big)
         return problem
