@@ -80,7 +80,8 @@ def _check_plan_text(items, quick: bool, fuzz: int, fuzz_only: bool, seed: int, 
     skipped = [i for i in items if i.runs == "skipped"]
     unavailable = len(items) - len(runs) - len(compiles) - len(skipped)
     mode = "quick (--full: every test shape)" if quick else "full (every test shape)"
-    stages = ["fuzz"] if fuzz_only else [s for s in chk.STAGES if s != "fuzz" or fuzz]
+    stages = ["fuzz"] if fuzz_only else [s if s != "fuzz" or fuzz else f"fuzz ({chk.QUICK_DRAWS} random draws)"
+                                         for s in chk.STAGES]  # fmt: skip
     what = f"{len(runs)} implementation x dtype runs"
     if compiles:
         what += f", {len(compiles)} CUDA builds (compiled, not run: no GPU)"
@@ -1117,8 +1118,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the long sweep: every test shape and gradient shape (several times longer)")  # fmt: skip
     s.add_argument("--seed", type=int, default=None, help="base seed (default: fresh each run)")
     s.add_argument("--fuzz", type=int, default=0, metavar="N",
-                   help="also N problems drawn at random per implementation and dtype (odd sizes, option sets, "
-                   "GQA, strides; model-sized on a GPU); the seed replays them")  # fmt: skip
+                   help="N problems drawn at random per implementation and dtype (odd sizes, option sets, "
+                   "GQA, strides; model-sized on a GPU) instead of the 2 small draws every run makes; the "
+                   "seed replays them")  # fmt: skip
     s.add_argument("--fuzz-only", action="store_true", help="the random problems alone (N: --fuzz, else 10)")
     s.add_argument("--json", help="write the full report to this file")
     s.add_argument(

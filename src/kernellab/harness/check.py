@@ -17,6 +17,10 @@ For one implementation and one dtype it runs:
 - ``option``    each of the op's option cases (``OpSpec.option_sets``: keywords at
                 non-default values, tensor options, positional overrides such as
                 ``bias=None``), forward and gradient;
+- ``boundary``  each of the op's regime-boundary problems (``OpSpec.boundary_cases``:
+                a vocabulary past two chunks, a row past one block, more rows than one
+                program reduces, head dim 128, causal x window x GQA, ties in a max),
+                quick mode included, forward and every gradient;
 - ``grad``      every gradient vs autograd of the float64 reference, with a contiguous
                 and a strided grad_output;
 - ``integrity`` every call of every stage compares the bytes of each tensor input (the
@@ -34,6 +38,8 @@ For one implementation and one dtype it runs:
                 generator (``OpSpec.fuzz``: odd sizes, option sets, GQA, strides...), forward
                 and every gradient: the shapes nobody listed. The check's seed draws them,
                 so every backend sees the same problems and a failure replays with --seed.
+                Without --fuzz, every run still draws QUICK_DRAWS small problems (a fresh
+                seed each run unless --seed is given).
 
 CUDA backends on a machine without a GPU are compiled with NVRTC for sm_80 and sm_90
 ("compiled, not run: no GPU"); their bad-input cases that need no GPU still run.
@@ -66,6 +72,7 @@ from kernellab.ops.spec import (
     relayout,
     shape_str,
     to64,
+    with_ties,
 )
 from kernellab.profile.nvtx import nvtx_range
 
@@ -74,10 +81,30 @@ PASS, FAIL, REFUSED, SKIP = "pass", "fail", "refused", "skip"
 _REFUSAL = (TypeError, ValueError, NotImplementedError)
 
 
+# Problems each run draws from the op's fuzz generator when --fuzz is not given, at most
+# QUICK_WORK work units each and a leading dim (batch, rows) of at most QUICK_LEAD
+# (``_Runner._draw``).
+QUICK_DRAWS = 2
+QUICK_WORK = 1 << 19
+QUICK_LEAD = 64
+
+
+def _work(spec: OpSpec, shape, options) -> int:
+    """Forward flops, or bytes moved / 4 where that is more: what one call costs."""
+    try:
+        flops = spec.count_flops(shape, "fwd", options)
+        return max(flops, spec.count_bytes(shape, torch.float32, "fwd", options) // 4)
+    except Exception:  # noqa: BLE001 - an option a count does not take: judge by size alone
+        n = 1
+        for d in shape:
+            n *= d
+        return n
+
+
 @dataclass
 class CaseResult:
-    # shape | rerun | special | layout | option | grad | integrity | recall | double | opcheck
-    # | bad | fuzz | compile
+    # shape | rerun | special | layout | option | boundary | grad | integrity | recall | double
+    # | opcheck | bad | fuzz | compile
     kind: str
     name: str
     status: str
@@ -384,18 +411,34 @@ class _Runner:
                 args, kwargs = self.option_inputs(opts)
                 yield self.fwd_bwd("grad", f"grad {label}", args, kwargs, judge_out=False)
 
+    # -- regime boundaries ---------------------------------------------------------
+    def boundaries(self):
+        """Each of the op's ``OpSpec.boundary_cases`` (quick mode too): forward and every
+        gradient in one call, at the shape, options and ties the case names."""
+        for case in self.spec.boundary_cases:
+            args, kwargs = self.option_inputs(case.options, case.shape)
+            if case.ties:
+                args = with_ties(args, self.spec.scale)
+            yield self.fwd_bwd("boundary", case.label, args, kwargs)
+
     # -- problems drawn at random --------------------------------------------------
     def fuzz(self):
-        """``n_fuzz`` problems from the op's generator, forward and gradients."""
-        if not self.n_fuzz:
-            return
+        """``n_fuzz`` problems from the op's generator, forward and gradients; without
+        ``n_fuzz``, QUICK_DRAWS small ones (every run draws others: a kernel tuned to the
+        listed shapes meets shapes nobody listed, and the run's seed replays them)."""
+        n, big = self.n_fuzz, self.dev == "cuda" and not _device.triton_interpreted()
+        if not n:
+            if self.gate:
+                return
+            n, big = QUICK_DRAWS, False
         # The problems depend on the seed alone (not on the backend or the dtype), and
         # not on how many seeds the other stages drew.
         rng = random.Random(self.seed)
-        big = self.dev == "cuda" and not _device.triton_interpreted()
-        for _ in range(self.n_fuzz):
-            problem = self.spec.draw_fuzz(rng, big)
+        for _ in range(n):
+            problem = self._draw(rng, big)
             if problem is None:
+                if not self.n_fuzz:
+                    return  # (asked for nothing: no line to report)
                 yield CaseResult("fuzz", "all", SKIP, detail=f"{self.spec.name} has no fuzz generator (OpSpec.fuzz)")
                 return
             shape, opts = problem
@@ -405,6 +448,25 @@ class _Runner:
             if self.differentiable:
                 args, kwargs = self.option_inputs(opts, shape)
                 yield self.fwd_bwd("fuzz", f"grad {label}", args, kwargs, judge_out=False)
+
+    def _draw(self, rng, big: bool):
+        """One problem from the op's generator; unless ``big`` or --fuzz, at most QUICK_WORK
+        work units (flops, or bytes / 4 for memory-bound ops) and a leading dim of at most
+        QUICK_LEAD where there are two or more: the generator's CPU sizes reach seconds per
+        call under the Triton interpreter, which runs a program per image or row tile
+        (conv2d at a batch of 1024: 18 s of CPU for one draw), and the run's extra draws
+        must stay cheap. Redraws come from the same ``rng``: the seed still replays them."""
+
+        def small(shape, options) -> bool:
+            lead_ok = len(shape) < 2 or shape[0] <= QUICK_LEAD
+            return lead_ok and _work(self.spec, shape, options) <= QUICK_WORK
+
+        problem = self.spec.draw_fuzz(rng, big)
+        for _ in range(50):
+            if problem is None or big or self.n_fuzz or small(*problem):
+                break
+            problem = self.spec.draw_fuzz(rng, big)
+        return problem
 
     # -- gradients -----------------------------------------------------------------
     def grads(self):
@@ -675,6 +737,7 @@ class _Runner:
             )
             if not s.requires_grad:  # nothing differentiable came back: every term is zero
                 return [torch.zeros_like(t) for t in inputs]
+            _raise_deferred_refusal(s)
             gg = torch.autograd.grad(s, inputs, allow_unused=True)
             return [torch.zeros_like(t) if x is None else x for x, t in zip(gg, inputs)]
 
@@ -761,6 +824,24 @@ class _Runner:
             yield check_bad_input(self.impl, case, self.dev, self.dtype)
 
 
+def _raise_deferred_refusal(s: torch.Tensor) -> None:
+    """Raise PyTorch's RuntimeError if the graph of ``s`` holds a deferred error node: a
+    backward marked ``@once_differentiable`` returns gradients hung on such a node, whose
+    inputs are detached copies. Differentiating through it raises, but ``autograd.grad``
+    with respect to the real inputs never reaches it (it is not on their path) and returns
+    None: a refusal of double backward that would otherwise read as a zero gradient."""
+    seen, todo = set(), [s.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if node.name() == "torch::autograd::Error":
+            node(*[None] * max(1, len(node.next_functions)))  # raises its own message
+            raise RuntimeError("double backward refused: the graph holds a deferred autograd error")
+        todo.extend(fn for fn, _ in node.next_functions)
+
+
 def check_bad_input(impl, case, dev, dtype) -> CaseResult:
     try:
         args, kwargs = case.build(dev, dtype)
@@ -807,6 +888,7 @@ def _all_stages(runner: _Runner) -> list:
         runner.layouts,
         runner.arg_layouts,
         runner.options,
+        runner.boundaries,
         runner.grads,
         runner.integrity_and_recall,
         runner.double_backward,
@@ -820,7 +902,7 @@ def _all_stages(runner: _Runner) -> list:
 # (method names of _Runner, in run order): forward cases; options and gradients; the rest.
 STAGE_GROUPS = (
     ("shapes", "specials", "layouts", "arg_layouts"),
-    ("options", "grads"),
+    ("options", "boundaries", "grads"),
     ("integrity_and_recall", "double_backward", "bad_inputs", "fuzz", "opchecks"),
 )
 
@@ -966,8 +1048,8 @@ def plan_size(ops=None, backends=None, dtypes=None, quick: bool = True) -> int:
 
 
 # The stages in run order, as a plan names them (``fuzz`` only with fuzz=N).
-STAGES = ("shape", "rerun", "special", "layout", "option", "grad", "integrity", "recall", "double",
-          "bad", "fuzz", "opcheck")  # fmt: skip
+STAGES = ("shape", "rerun", "special", "layout", "option", "boundary", "grad", "integrity", "recall",
+          "double", "bad", "fuzz", "opcheck")  # fmt: skip
 
 # Seconds per implementation x dtype in quick mode, by what dominates its cost: Triton
 # under the CPU interpreter, a torch.compile build per distinct graph (C++ on a CPU,

@@ -239,6 +239,44 @@ class TensorOption:
 
 
 @dataclass
+class Boundary:
+    """One problem at a regime boundary of an op's kernels, checked in quick mode too
+    (``OpSpec.boundary_cases``; forward and every gradient in one call): a block, chunk or
+    rows-per-program edge past which a kernel takes another path (a vocabulary past two
+    chunks, a row wider than one block, more rows than one program reduces), a head dim
+    with its own tiles, option combinations the option cases take one at a time (causal x
+    window x GQA), or inputs with ties. The fixed shapes do not reach these, and a kernel
+    wrong only past one of them passed quick mode. Keep each small: the Triton interpreter
+    runs programs one after another.
+
+    shape: the problem shape; options: keyword options (as in ``OpSpec.option_sets``);
+    ties: the first input rounded to three values (``with_ties``), so that most maxima
+    and pooling windows hold equal candidates."""
+
+    shape: tuple
+    options: dict = field(default_factory=dict)
+    ties: bool = False
+
+    @property
+    def label(self) -> str:
+        opts = options_str(self.options)
+        return shape_str(self.shape) + (f" {opts}" if opts else "") + (" ties" if self.ties else "")
+
+
+def with_ties(args, scale: float = 1.0):
+    """``args`` with the first floating tensor rounded to the three values -1, 0, 1 (times
+    ``scale``): exact in every dtype; a row of 33 holds its maximum more than once almost
+    surely, a 2x2 window about half the time, so a kernel must break ties as the reference
+    does (the first index, row-major)."""
+    out = list(args)
+    for i, a in enumerate(out):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            out[i] = ((a.float() / scale).round().clamp(-1, 1) * scale).to(a.dtype)
+            break
+    return tuple(out)
+
+
+@dataclass
 class BadInput:
     """One bad call: ``build(device, dtype) -> (args, kwargs)`` must raise an exception
     of a type in ``exc`` whose message names ``arg``.
@@ -349,6 +387,8 @@ class OpSpec:
     # models' (vocabularies, sequence lengths); else sizes the Triton interpreter runs in
     # seconds. None: same-shape ops draw with fuzz_same_shape.
     fuzz: Callable | None = None
+    # Problems at the kernels' regime boundaries (``Boundary``), checked in quick mode too.
+    boundary_cases: list = field(default_factory=list)
 
     # -- inputs ---------------------------------------------------------------------
     @property

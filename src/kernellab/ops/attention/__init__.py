@@ -74,6 +74,7 @@ import torch
 from kernellab import registry
 from kernellab.ops.spec import (
     BadInput,
+    Boundary,
     OpSpec,
     define,
     device_of,
@@ -580,6 +581,15 @@ _V2 = dict(
     bench_options=[{"causal": False}, {"causal": True}],
     grad_shapes=[(2, 3, 37, 64), (1, 2, 45, 70, 32)],
     bad_shape=(1, 2, 9, 16),
+    # Causal with S_q != S_k, the keys past one 64-wide tile (the option cases' 29 x 45
+    # fit in one); window and softcap, then window and causal, under GQA (the option cases
+    # run them without); head dim 128, the default scale 1/sqrt(128) (no other case has it).
+    boundary_cases=[
+        Boundary((1, 1, 35, 70, 16), {"causal": True}),
+        Boundary((1, 4, 2, 17, 33, 16), {"window": (6, 2), "softcap": 5.0}),
+        Boundary((1, 4, 2, 19, 13, 16), {"causal": True, "window": (4, -1)}),
+        Boundary((1, 2, 3, 5, 128)),
+    ],
 )
 
 SPEC = define(OpSpec(**_COMMON, **_V2))

@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, check_dtype, define, fuzz_rows, make_tensor
+from kernellab.ops.spec import FLOAT_DTYPES, BadInput, Boundary, OpSpec, check_dtype, define, fuzz_rows, make_tensor
 
 REDUCTIONS = ("mean", "sum", "none")
 OPTIONS = ("ignore_index", "reduction", "inplace_backward", "check_targets")
@@ -253,6 +253,9 @@ SPEC = define(
         rows_shape=(65537, 3),
         rows_shape_interpreted=False,  # one program per row: 210 s per call interpreted
         grad_shapes=[(13, 1025), (3, 4099)],
+        # A vocabulary past two 4096-column chunks and past 8192 (a kernel that handles
+        # one or two chunks and drops the rest), in two rows: cheap under the interpreter.
+        boundary_cases=[Boundary((2, 8197))],
         bad_shape=(4, 3),
         extra_bad_inputs=EXTRA_BAD,
         default_backends=("cuda", "triton", "torch"),

@@ -28,6 +28,7 @@ from torch import Tensor
 from kernellab.ops.kit import OpDecl, build, empty_like_contig
 from kernellab.ops.spec import (
     FLOAT_DTYPES,
+    Boundary,
     check_float_tensor,
     device_of,
     fuzz_rows,
@@ -193,6 +194,12 @@ def family_spec() -> dict:
         plant_extra=plant_constant_rows,
         default_backends=("cuda", "triton", "torch"),
         fuzz=fuzz_rows(5000, 20000),
+        # (17, 4099): a row past 4096 (the quick widths stop at 1025) and, at 69,683
+        # elements, the Triton backward's row-group kernel and partial sums (smaller
+        # inputs take the one-launch backward). (67, 40): more rows than one program
+        # holds (64 in the forward, 64 a step in the small backward at this width), with
+        # a short last group: dweight and dbias must sum every group.
+        boundary_cases=[Boundary((17, 4099)), Boundary((67, 40))],
     )
 
 

@@ -22,7 +22,17 @@ import numbers
 import torch
 
 from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, check_dtype, define, fuzz_nchw, make_tensor
+from kernellab.ops.spec import (
+    FLOAT_DTYPES,
+    BadInput,
+    Boundary,
+    OpSpec,
+    check_dtype,
+    define,
+    dtype_name,
+    fuzz_nchw,
+    make_tensor,
+)
 
 # Offsets are kept in int8: windows of up to 11 x 11 (121 offsets). Larger windows are
 # refused by the Triton and CUDA backends (manual and torch take any).
@@ -137,6 +147,12 @@ SPEC = define(
         grad_shapes=[(2, 3, 9, 8), (1, 17, 28, 28)],
         bad_shape=(1, 2, 4, 4),
         fuzz=_fuzz,
+        # tied maxima in most windows: dx goes to the first (row-major), in disjoint and
+        # in overlapping windows (where the tied gradients also sum)
+        boundary_cases=[
+            Boundary((2, 3, 6, 7), ties=True),
+            Boundary((1, 2, 7, 7), {"kernel_size": 3, "stride": 1}, ties=True),
+        ],
         rows_shape=None,
         inputs=lambda shape, dtype, device, gen, layout, scale: (
             None if (t := make_tensor(shape, dtype, device, gen, layout, scale)) is None else (t,)
