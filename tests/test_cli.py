@@ -62,10 +62,10 @@ def test_check_is_quick_by_default_on_any_machine_and_full_overrides(cli_run):
 
 
 def test_check_prints_its_plan_then_a_line_per_report_with_elapsed_and_eta(cli_run):
-    code, out = cli_run("check", "add", "-b", "torch,cuda", "--dtype", "fp32,fp16", "--seed", "7")
+    code, out = cli_run("check", "add", "-b", "torch,cuda", "--dtype", "fp32,fp16", "--seed", "7", "-j", "1")
     assert code == 0, out
     lines = out.splitlines()
-    plan = lines[:7]
+    plan = lines[:8]
     assert plan[0] == "kernellab check: quick (--full: every test shape) on " + (
         "cuda" if torch.cuda.is_available() else "cpu"
     ) + "; seed 7 (--seed 7 replays this run)"
@@ -75,7 +75,8 @@ def test_check_prints_its_plan_then_a_line_per_report_with_elapsed_and_eta(cli_r
     else:
         assert plan[4] == "  runs: 2 implementation x dtype runs, 2 CUDA builds (compiled, not run: no GPU)"
     assert plan[5].startswith("  stages: shape, rerun, special, layout,") and "opcheck" in plan[5]
-    assert re.fullmatch(r"  estimated: ~\d+ s|  estimated: ~\d+:\d\d", plan[6]), plan[6]
+    assert plan[6] == "  workers: 1"
+    assert re.fullmatch(r"  estimated: ~\d+ s|  estimated: ~\d+:\d\d", plan[7]), plan[7]
     # not a terminal: one line per finished report, in the plan's order, before the table
     progress = [ln for ln in lines if ln.startswith("[")]
     assert [ln.split(":")[0] for ln in progress] == [
@@ -87,10 +88,24 @@ def test_check_prints_its_plan_then_a_line_per_report_with_elapsed_and_eta(cli_r
     assert out.index(progress[-1]) < out.index("kernellab check (quick)")
 
 
+def test_check_with_two_workers_reports_every_run_and_tabulates_in_plan_order(cli_run):
+    code, out = cli_run("check", "relu", "-b", "manual,torch", "--dtype", "fp32,bf16", "--seed", "7", "-j", "2")
+    assert code == 0, out
+    assert "  workers: 2 (-j N to change)" in out.splitlines()
+    progress = sorted(ln.split(":")[0].split("] ")[1] for ln in out.splitlines() if ln.startswith("["))
+    assert progress == ["relu/manual bf16", "relu/manual fp32", "relu/torch bf16", "relu/torch fp32"]
+    table = out[out.index("kernellab check (quick)"):]
+    rows = [ln for ln in table.splitlines() if "relu" in ln]
+    assert [(r.split()[3], r.split()[5]) for r in rows] == [
+        ("manual", "fp32"), ("manual", "bf16"), ("torch", "fp32"), ("torch", "bf16")
+    ], rows
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
         (("nope",), "unknown op 'nope'"),
+        (("add", "-j", "0"), "--jobs must be >= 1"),
         (("add", "-b", "torch,nope"), "unknown backend 'nope'"),
         (("add", "--dtype", "fp64"), "dtype 'fp64' not understood"),
         (("add", "--fuzz", "-1"), "--fuzz must be >= 0"),
