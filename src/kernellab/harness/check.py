@@ -222,6 +222,19 @@ def _dy_like(ref_out, dtype, dev, gen, strided: bool):
     return torch.randn(ref_out.shape, generator=gen, device=dev).to(dtype)
 
 
+def _worse(a, b, ref):
+    """Per output, whichever of two baseline results is further from the reference."""
+
+    def err(t, r):
+        if t is None or r is None or not t.is_floating_point() or t.shape != r.shape or not t.numel():
+            return -1.0
+        d = (t.double() - r.double()).abs()
+        d = d[torch.isfinite(d)]
+        return d.max().item() if d.numel() else -1.0
+
+    return [x if err(x, r) > err(y, r) else y for x, y, r in zip(a, b, ref)]
+
+
 def _short(e: BaseException) -> str:
     msg = str(e).strip().split("\n")[0]
     return f"{type(e).__name__}: {msg[:200]}"
@@ -562,6 +575,27 @@ class _Runner:
                 base = [o.detach() for o in base]
             except Exception:  # noqa: BLE001 - PyTorch's op refuses this case: documented tolerance
                 base, base_grads = None, None
+            if base is not None and (any(v != "contiguous" for v in layouts.values()) or dy_layout != "contiguous"):
+                # PyTorch's error on these values is the larger of its errors in this layout
+                # and in the contiguous one: its CPU kernels take a vectorized path for
+                # contiguous memory and a scalar one otherwise (tanh, exp rounded
+                # differently), and an implementation that packs its inputs first (as many
+                # kernels do) meets the vectorized path's rounding. The bound stays 2x
+                # PyTorch's own error on the same values.
+                c_args, c_kw = copies(lambda n, v, g: _copy(v, "contiguous", g))
+                try:
+                    with torch.set_grad_enabled(bool(wrt)):
+                        c_base = _outputs(self.baseline.fn(*c_args, **c_kw))
+                    c_grads = None
+                    if wrt:
+                        c_grads = torch.autograd.grad(
+                            c_base[0], [get(c_args, c_kw, k) for k in wrt], dy.contiguous()
+                        )
+                    base = _worse([o.detach() for o in c_base], base, ref)
+                    if c_grads is not None and base_grads is not None:
+                        base_grads = _worse(c_grads, base_grads, ref_grads)
+                except Exception:  # noqa: BLE001 - keep the layout's own baseline
+                    pass
 
         if reuse:
             i_args, i_kw = list(args), dict(kwargs)

@@ -14,6 +14,9 @@ otherwise be the whole run's long pole. Every stage draws its inputs from the ru
 and its own name (``check._Runner.begin_stage``), so a report is the same whichever way
 the stages were grouped into jobs, and ``--seed`` replays it with any number of workers.
 
+A worker that dies (a crash inside a kernel) breaks the pool: the jobs it held run again,
+each in a process of its own, and the one that dies again is reported as failed.
+
 Only implementations a fresh interpreter finds in the registry can run in a worker: the
 built-in ones, and a user's registered in a module that importing kernellab imports. Any
 other (registered in the calling script, say) runs in the calling process, after the rest.
@@ -25,7 +28,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
@@ -148,12 +151,10 @@ def run_jobs(
     remote = sorted((j for j in jobs if j not in local), key=lambda j: -j.cost)
     threads = max(1, available_cores() // max(1, workers))
     ctx = multiprocessing.get_context("spawn")
-    attempts = 0
-    while remote:
-        attempts += 1
-        pending: dict[Future, Job] = {}
-        retry: list[Job] = []
+    retry: list[Job] = []
+    if remote:
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as ex:
+            pending: dict[Future, Job] = {}
             try:
                 for j in remote:
                     if on_start and j.key not in started:
@@ -168,20 +169,28 @@ def run_jobs(
                             finish(j, f.result())
                         except BrokenProcessPool:
                             # A worker died (a crash in a kernel, out of memory): every job
-                            # still in the pool fails with it. Run them again once in a
-                            # fresh pool; a job that breaks that one too is reported.
-                            if attempts == 1:
-                                retry.append(j)
-                            else:
-                                finish(j, died(j, "the check's worker process died running this job"))
+                            # still in the pool fails with it. Each runs again below, alone.
+                            retry.append(j)
                         except Exception as e:  # noqa: BLE001 - an error in the harness is a failure
                             finish(j, died(j, f"{type(e).__name__}: {e}"[:400]))
             except KeyboardInterrupt:
                 ex.shutdown(wait=False, cancel_futures=True)
                 raise
-        remote = retry
-        if attempts > 1:
-            break
+    if retry:
+        # Each job of the broken pool in a process of its own (at most ``workers`` at a
+        # time), so the one that kills its worker is reported and the others finish.
+        def alone(j: Job):
+            with ProcessPoolExecutor(1, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as one:
+                try:
+                    return j, one.submit(_run_job, j, options).result()
+                except BrokenProcessPool:
+                    return j, died(j, "the check's worker process died running this job")
+                except Exception as e:  # noqa: BLE001
+                    return j, died(j, f"{type(e).__name__}: {e}"[:400])
+
+        with ThreadPoolExecutor(workers) as threads_ex:
+            for j, rep in threads_ex.map(alone, retry):
+                finish(j, rep)
     if local:
         from kernellab.harness.check import check_impl
 
