@@ -32,6 +32,14 @@ def test_stage_groups_merge_into_the_whole_report():
     assert _cases(merged) == _cases(whole)
     assert merged.status == whole.status == "pass"
     assert set(merged.stage_seconds) == set(whole.stage_seconds)
+    # one stage a job (attention's split), shuffled
+    names = [n for g in chk.STAGE_GROUPS for n in g]
+    singles = [
+        (parallel.Job("relu", "manual", torch.float32, (n,)),
+         chk.check_impl(impl, torch.float32, device="cpu", quick=True, seed=SEED, stages=(n,)))
+        for n in names[1::2] + names[::2]
+    ]  # fmt: skip
+    assert _cases(parallel._merge(singles)) == _cases(whole)
 
 
 def test_every_stage_is_in_one_group():
@@ -52,7 +60,9 @@ def test_heavy_items_are_split_and_light_ones_are_not():
     by = {}
     for j in jobs:
         by.setdefault((j.op, j.backend), []).append(j.stages)
-    assert by[("attention", "triton")] == list(chk.STAGE_GROUPS)
+    assert by[("attention", "triton")] == [(name,) for g in chk.STAGE_GROUPS for name in g]  # one stage each
+    items = chk.plan(["matmul"], ["triton"], [torch.float32], device="cpu")
+    assert [j.stages for j in parallel.jobs_for(items)] == list(chk.STAGE_GROUPS)
     assert by[("relu", "manual")] == [None] and by[("relu", "triton")] == [None]
     assert by[("attention", "manual")] == [None]  # (PyTorch's ops: nothing to compile)
 
