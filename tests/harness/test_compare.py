@@ -197,3 +197,16 @@ def test_a_reference_beyond_the_dtype_range_expects_inf():
     # in range: an inf is still wrong
     ref2 = torch.tensor([60000.0, 1.5], dtype=torch.float64)
     assert not judge(torch.tensor([float("inf"), 1.5], dtype=torch.float16), ref2, torch.float16).ok
+
+
+def test_sensitivity_raises_the_floor_never_lowers_it():
+    # A dot with cancellation: PyTorch nearly exact (lucky), terms ~8 summing to ~1.
+    ref = torch.tensor([1.0634354048159889], dtype=torch.float64)
+    base = torch.tensor([1.063435435295105])  # error 3.05e-8
+    out = torch.tensor([1.0634360313415527])  # error 6.27e-7 (< 1 ulp at the partial sums ~8)
+    assert not judge(out, ref, torch.float32, base).ok
+    v = judge(out, ref, torch.float32, base, sensitivity=1.1e-6)
+    assert v.ok and v.bound == pytest.approx(2 * 3.05e-8 + 1.1e-6, rel=1e-2)
+    # Below one ulp of the output, or not finite: the one-ulp floor stands.
+    assert judge(out, ref, torch.float32, base, sensitivity=1e-9).bound == judge(out, ref, torch.float32, base).bound
+    assert judge(out, ref, torch.float32, base, sensitivity=float("inf")).bound < 1e-6

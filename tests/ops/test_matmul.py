@@ -614,3 +614,17 @@ def test_gpu_triton_batch_past_the_grid_y_limit_is_refused_clearly(cuda):
     a, b = torch.randn(65537, 2, 3, device=cuda), torch.randn(65537, 3, 4, device=cuda)
     with pytest.raises(ValueError, match="grid's y limit"):
         kernellab.matmul(a, b, backend="triton")
+
+
+def test_check_engine_fuzz_cancellation_seeds():
+    """Seeds whose fuzz draws failed fp32 on a one-ulp floor: 7 (1x1x1x95, one dot of terms
+    ~8 summing to 1.06) and 11 (grad 1x9x128 gelu: z's rounding through gelu''). The floor
+    is the reference's change under one-ulp input moves (OpSpec.perturbation_floor)."""
+    from kernellab.harness.check import check_impl
+
+    for seed in (7, 11):
+        rep = check_impl(
+            kernellab.registry.get("matmul", "triton"), torch.float32, device="cpu", quick=True, seed=seed,
+            stages=("fuzz",),
+        )  # fmt: skip
+        assert rep.status == "pass", (seed, [(c.name, c.detail) for c in rep.failures])

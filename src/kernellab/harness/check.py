@@ -207,6 +207,34 @@ def _outputs(out):
     return out if isinstance(out, (tuple, list)) else (out,)
 
 
+# ``OpSpec.perturbation_floor``: the exact result's change when every input moves by one ulp,
+# the median over this many random moves (a median: one move that crosses a relu threshold
+# does not set the floor).
+PERTURB_REPLICATES = 5
+_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16,
+             torch.bfloat16: torch.int16}  # fmt: skip
+
+
+def _perturb(a, gen: torch.Generator):
+    """``a`` with each finite nonzero element one ulp up or down at random (its bits +-1);
+    anything else as it is."""
+    if not isinstance(a, torch.Tensor) or a.dtype not in _INT_VIEW or not a.numel():
+        return a
+    src = a.detach().contiguous()
+    step = torch.randint(0, 2, src.shape, generator=gen).to(src.device, _INT_VIEW[src.dtype]) * 2 - 1
+    moved = (src.view(_INT_VIEW[src.dtype]) + step).view(src.dtype)
+    return torch.where(torch.isfinite(src) & (src != 0) & torch.isfinite(moved), moved, src)
+
+
+def _change(new, old) -> float:
+    """max |new - old| where both are finite (0 where nothing compares)."""
+    if new is None or old is None or not old.is_floating_point() or new.shape != old.shape:
+        return 0.0
+    d = (new.detach().double() - old.detach().double()).abs()
+    d = d[torch.isfinite(d)]
+    return float(d.max()) if d.numel() else 0.0
+
+
 def _leaf(a, requires_grad: bool):
     """A fresh leaf copy of an argument (None and non-tensors pass through)."""
     if not isinstance(a, torch.Tensor):
@@ -344,14 +372,37 @@ class _Runner:
         bad = self._integrity(kind, name, snap)
         if bad:
             return bad
-        return self._judge_outputs(kind, name, out, ref, base)
+        return self._judge_outputs(kind, name, out, ref, base, self._sensitivity(args, options, ref)[0])
 
-    def _judge_outputs(self, kind, name, out, ref, base) -> CaseResult:
+    def _sensitivity(self, args, kwargs, ref, wrt=(), dy=None, ref_grads=()):
+        """(per output, per gradient in ``wrt``) the median over PERTURB_REPLICATES of the
+        float64 reference's change when every floating input moves one ulp (``_perturb``);
+        zeros unless the op declares ``OpSpec.perturbation_floor`` (compare.judge)."""
+        spec = self.spec
+        if not spec.perturbation_floor:
+            return [0.0] * len(ref), [0.0] * len(ref_grads)
+        # Its own generator: the stage's input seeds (next_seed) stay as they were.
+        gen = torch.Generator().manual_seed((self._stage_seed * 1_000_003 + self._n) % 2**63)
+        outs, grads = [], []
+        for _ in range(PERTURB_REPLICATES):
+            p_args = [_leaf(to64(_perturb(a, gen)), i in wrt) for i, a in enumerate(args)]
+            p_kw = {k: _leaf(to64(_perturb(v, gen)), k in wrt) for k, v in kwargs.items()}
+            with torch.set_grad_enabled(bool(wrt)):
+                p_ref = _outputs(spec.reference(*p_args, **p_kw))
+                outs.append([_change(p, r) for p, r in zip(p_ref, ref)])
+                if wrt:
+                    keys = [p_kw[k] if isinstance(k, str) else p_args[k] for k in wrt]
+                    g = torch.autograd.grad(p_ref[0], keys, dy.to(torch.float64), allow_unused=True)
+                    grads.append([_change(x, r) for x, r in zip(g, ref_grads)])
+        med = lambda rows, n: [float(np.median([row[i] for row in rows])) for i in range(n)]  # noqa: E731
+        return med(outs, len(ref)), (med(grads, len(ref_grads)) if wrt else [])
+
+    def _judge_outputs(self, kind, name, out, ref, base, sens=None) -> CaseResult:
         if len(out) != len(ref):
             return CaseResult(kind, name, FAIL, detail=f"{len(out)} outputs, expected {len(ref)}")
         worst: Verdict | None = None
         for i, (o, r) in enumerate(zip(out, ref)):
-            v = judge(o, r, self.dtype, base[i] if base is not None else None)
+            v = judge(o, r, self.dtype, base[i] if base is not None else None, sens[i] if sens else 0.0)
             if not v.ok:
                 return CaseResult(kind, name, FAIL, v.err, v.bound, v.detail)
             if worst is None or v.ratio > worst.ratio:
@@ -562,6 +613,7 @@ class _Runner:
                 if dy is None:
                     return CaseResult(kind, name, SKIP, detail=f"{dy_layout} does not apply to the output")
             ref_grads = torch.autograd.grad(ref[0], [get(r_args, r_kw, k) for k in wrt], dy.to(torch.float64))
+        sens, sens_grads = self._sensitivity(args, kwargs, ref, wrt, dy, ref_grads if wrt else ())
 
         base, base_grads = None, None
         if self.baseline is not None:
@@ -616,7 +668,7 @@ class _Runner:
                 res = None
                 if judge_out:
                     res = self._judge_outputs(
-                        kind, name, [o.detach() for o in out], [r.detach() for r in ref], base
+                        kind, name, [o.detach() for o in out], [r.detach() for r in ref], base, sens
                     )
                     if res.status != PASS or not wrt:
                         return res
@@ -649,11 +701,11 @@ class _Runner:
         if not judge_grads:
             return res or CaseResult(kind, name, PASS)
         worst = None
-        for k, g, r, b in zip(wrt, grads, ref_grads, base_grads or [None] * len(wrt)):
+        for k, g, r, b, fl in zip(wrt, grads, ref_grads, base_grads or [None] * len(wrt), sens_grads):
             argname = self._argname(k)
             if g is None:
                 return CaseResult(kind, name, FAIL, detail=f"no gradient for {argname}")
-            v = judge(g, r, self.dtype, b)
+            v = judge(g, r, self.dtype, b, fl)
             if not v.ok:
                 return CaseResult(kind, f"{name} d{argname}", FAIL, v.err, v.bound, v.detail)
             if worst is None or v.ratio > worst.ratio:

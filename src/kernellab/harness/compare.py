@@ -6,6 +6,11 @@
 - pass when error <= 2 x (the error of PyTorch's own op on the same inputs) + a noise
   floor of one unit in the last place of the output dtype at the output's scale; where
   there is no PyTorch op to compare with, a documented per-dtype relative tolerance.
+- ops that declare ``OpSpec.perturbation_floor`` (continuous ones, e.g. matmul) raise
+  that floor to the exact result's own change when the inputs move by one ulp
+  (``sensitivity``, measured by the check): an error of that size is what rounding the
+  inputs once more does to an exact computation (the backward-error criterion), and under
+  cancellation (a dot of terms ~8 summing to ~1) it exceeds one ulp of the output.
 """
 
 from __future__ import annotations
@@ -77,9 +82,11 @@ def judge(
     ref: torch.Tensor,
     dtype: torch.dtype,
     baseline=None,
+    sensitivity: float = 0.0,
 ) -> Verdict:
     """Judge ``out`` against float64 ``ref``; ``baseline`` is PyTorch's own output on the
-    same inputs (None: use the documented tolerance)."""
+    same inputs (None: use the documented tolerance); ``sensitivity``: max |ref(x') - ref(x)|
+    over inputs x' one ulp from x (0: not measured), the floor where it exceeds one ulp."""
     if not isinstance(out, torch.Tensor):
         return Verdict(False, float("inf"), 0.0, f"returned {type(out).__name__}, expected a tensor")
     if tuple(out.shape) != tuple(ref.shape):
@@ -102,6 +109,8 @@ def judge(
             ref = torch.where(over, rounded.to(ref.dtype), ref)
     scale = max(1.0, _finite_max_abs(ref))
     floor = eps(dtype) * scale
+    if sensitivity > floor and sensitivity != float("inf"):
+        floor = sensitivity
     base_err = max_error(baseline, ref) if baseline is not None else float("inf")
     if base_err != float("inf"):
         bound = 2.0 * base_err + floor

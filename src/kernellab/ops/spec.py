@@ -387,6 +387,12 @@ class OpSpec:
     # models' (vocabularies, sequence lengths); else sizes the Triton interpreter runs in
     # seconds. None: same-shape ops draw with fuzz_same_shape.
     fuzz: Callable | None = None
+    # The check's noise floor counts the op's conditioning (harness/compare.py): where the
+    # exact result moves by more than one ulp of the output when every input moves by one
+    # ulp (cancellation: a dot of terms ~8 that sums to ~1), that change is the floor. Only
+    # for ops whose outputs and gradients are continuous in the inputs (ties or a
+    # threshold would move a max or a mask, not round it).
+    perturbation_floor: bool = False
     # Problems at the kernels' regime boundaries (``Boundary``), checked in quick mode too.
     boundary_cases: list = field(default_factory=list)
 

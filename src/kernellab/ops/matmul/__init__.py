@@ -253,6 +253,11 @@ SPEC = define(
         bench_options=[{}],
         grad_shapes=[(37, 45, 29), (2, 17, 19, 23)],
         fuzz=_fuzz,
+        # A dot's rounding happens at the scale of its partial sums, not of its result: with
+        # few outputs (M = N = 1) and cancellation, one ulp of the output under-rates it and
+        # a lucky PyTorch rounding left a bound below any summation order's error (fuzz
+        # 1x1x1x95: terms ~8 summing to 1.06; gelu's dz amplifies z's rounding the same way).
+        perturbation_floor=True,
         bad_shape=(5, 6, 7),
     )
 )
