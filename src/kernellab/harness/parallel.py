@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -205,8 +204,5 @@ def run_jobs(
             if on_start and j.key not in started:
                 started.add(j.key)
                 on_start(impl, j.dtype)
-            t0 = time.perf_counter()
-            rep = check_impl(impl, j.dtype, stages=j.stages, **options)
-            rep.seconds = rep.seconds or time.perf_counter() - t0
-            finish(j, rep)
+            finish(j, check_impl(impl, j.dtype, stages=j.stages, **options))
     return [reports[k] for k in keys]
