@@ -519,8 +519,13 @@ def test_builtins_pass_fp32_quick(op, backend):
     assert not failures, (rep.seed, rep.failures)
     kinds = {c.kind for c in rep.cases}
     assert {"shape", "rerun", "special", "layout", "grad", "integrity", "recall", "double", "bad"} <= kinds
-    if impl.custom_ops:
+    if impl.custom_ops and backend != "triton":
         assert [c.status for c in rep.cases if c.kind == "opcheck"] == [PASS] * len(impl.custom_ops)
+    elif impl.custom_ops:  # quick mode: Triton's opcheck runs in 16-bit (skips_one_dtype_stages)
+        assert not [c for c in rep.cases if c.kind == "opcheck"]
+        half = [d for d in (impl.dtypes or kernellab.get_spec(op).dtypes) if d.itemsize == 2][0]
+        rep16 = check_impl(impl, half, device="cpu", quick=True, seed=1, stages=("opchecks",))
+        assert [c.status for c in rep16.cases] == [PASS] * len(impl.custom_ops), rep16.failures
     # nothing refused but double backward by the fused backward kernels (RuntimeError)
     refused = [c for c in rep.cases if c.status == REFUSED]
     assert [(c.kind, c.name) for c in refused] == ([("double", "backward")] if backend == "triton" else [])
@@ -674,3 +679,27 @@ def test_progress_scales_the_estimate_by_the_time_finished_items_took():
     p.finished(items[2])
     assert p.remaining == 0.0
     assert [chk.fmt_seconds(s) for s in (4.4, 59.6, 185, 3723)] == ["4 s", "1:00", "3:05", "1:02:03"]
+
+
+def test_quick_mode_runs_per_argument_layouts_and_opcheck_in_one_dtype():
+    """Quick mode: arg layouts and opcheck once per implementation, in 16-bit for Triton
+    kernels (the cheapest to compile), in the first dtype otherwise, never for
+    torch.compile (nor its random draws); --full: every dtype."""
+    spec = kernellab.get_spec("relu")
+    for backend, want in (("triton", torch.float16), ("torch", torch.float32)):
+        impl = kernellab.get("relu", backend)
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            quick = chk._Runner(impl, spec, dtype, "cpu", 1, quick=True)
+            full = chk._Runner(impl, spec, dtype, "cpu", 1, quick=False)
+            assert quick.skips_one_dtype_stages() == (dtype != want), (backend, dtype)
+            assert not full.skips_one_dtype_stages()
+    comp = chk._Runner(kernellab.get("relu", "compile"), spec, torch.float32, "cpu", 1, quick=True)
+    assert comp.skips_one_dtype_stages() and list(comp.fuzz()) == []
+    assert not chk._Runner(kernellab.get("relu", "compile"), spec, torch.float32, "cpu", 1,
+                           quick=False).skips_one_dtype_stages()  # fmt: skip
+    rep = check_impl(kernellab.get("relu", "triton"), torch.float32, device="cpu", quick=True, seed=1,
+                     stages=("arg_layouts", "opchecks"))  # fmt: skip
+    assert rep.cases == []
+    rep = check_impl(kernellab.get("relu", "triton"), torch.float16, device="cpu", quick=True, seed=1,
+                     stages=("arg_layouts", "opchecks"))  # fmt: skip
+    assert {c.kind for c in rep.cases} == {"layout", "opcheck"} and rep.status == PASS

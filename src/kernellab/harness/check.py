@@ -329,6 +329,22 @@ class _Runner:
         self._n += 1
         return self._stage_seed + 7919 * self._n
 
+    def skips_one_dtype_stages(self) -> bool:
+        """True where quick mode leaves out the stages it runs in one dtype only: the
+        per-argument layouts and opcheck (index arithmetic, schemas and fake kernels are
+        the same in every dtype). That dtype is the cheapest to build: 16-bit for Triton
+        kernels (an fp32 attention variant with IEEE dots compiled in 5-20 s on an H100, a
+        bf16 one in 1-2 s, and the layout stage builds some 50), else the first. For
+        torch.compile (a build per layout, and PyTorch's own layouts) none: --full."""
+        if not self.quick:
+            return False
+        if self.impl.builds_per_shape:
+            return True
+        mine = list(self.impl.dtypes or self.spec.dtypes)
+        if self.impl.triton_kernels is not None:
+            mine = [d for d in mine if d.itemsize == 2] or mine
+        return self.dtype != mine[0]
+
     @property
     def differentiable(self) -> bool:
         return bool(self.spec.grad_args) and getattr(self.impl.fn, "differentiable", True) is not False
@@ -492,8 +508,8 @@ class _Runner:
         listed shapes meets shapes nobody listed, and the run's seed replays them)."""
         n, big = self.n_fuzz, self.dev == "cuda" and not _device.triton_interpreted()
         if not n:
-            if self.gate:
-                return
+            if self.gate or (self.quick and self.impl.builds_per_shape):
+                return  # (torch.compile: a build per drawn shape; --fuzz N or --full draws)
             n, big = QUICK_DRAWS, False
         # The problems depend on the seed alone (not on the backend or the dtype), and
         # not on how many seeds the other stages drew.
@@ -720,11 +736,11 @@ class _Runner:
         layout while the others stay contiguous, forward and gradients; then the
         grad_output in each layout. Computed correctly or refused with a clear error."""
         spec = self.spec
-        # Quick mode: in the first dtype the implementation takes. The layout stage has
-        # put every layout through every dtype already; what this stage adds (one
-        # argument at a time, with gradients) is index arithmetic, the same in any dtype,
-        # at a new compile per layout for torch.compile and per constexpr set for Triton.
-        if self.quick and self.dtype != (self.impl.dtypes or spec.dtypes)[0]:
+        # Quick mode: in one dtype (skips_one_dtype_stages). The layout stage has put every
+        # layout through every dtype already; what this stage adds (one argument at a
+        # time, with gradients) is index arithmetic, the same in any dtype, at a new
+        # compile per layout for torch.compile and per constexpr set for Triton.
+        if self.skips_one_dtype_stages():
             return
         # With the first option set that has tensor options (matmul's bias), so that
         # they are laid out too; the positional arguments are the same either way.
@@ -872,6 +888,8 @@ class _Runner:
     # -- custom ops ----------------------------------------------------------------
     def opchecks(self):
         spec = self.spec
+        if self.skips_one_dtype_stages():
+            return
         for op, build, _ in self.impl.custom_ops:
             seed = self.next_seed()
             gen = torch.Generator(device=self.dev).manual_seed(seed)
@@ -1144,7 +1162,7 @@ STAGES = ("shape", "rerun", "special", "layout", "option", "boundary", "grad", "
 # display scales them by the time the finished reports actually took.
 _COST = {
     "cpu": {"triton": 8.0, "compile": 12.0, "eager": 1.5, "nvrtc": 0.3},
-    "cuda": {"triton": 3.0, "compile": 6.0, "eager": 1.0, "nvrtc": 1.0},
+    "cuda": {"triton": 8.0, "compile": 30.0, "eager": 1.1, "nvrtc": 3.0},  # H100, 16 workers
 }
 _FULL_FACTOR = 3.0  # --full: every test shape and gradient shape
 # Ops whose kernels have many compiled variants (attention: causal x window x softcap x

@@ -49,7 +49,7 @@ def max_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """max |out - ref| where ref is finite (inf/NaN positions are judged by parity)."""
     if ref.numel() == 0:
         return 0.0
-    out64 = out.detach().to(torch.float64)
+    out64, ref = out.detach().to(torch.float64), ref.detach()
     fin = torch.isfinite(ref)
     if not bool(fin.any()):
         return 0.0

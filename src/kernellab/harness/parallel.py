@@ -86,6 +86,13 @@ def jobs_for(items, only_fuzz: bool = False) -> list[Job]:
 def _init_worker(threads: int) -> None:
     # N workers share the cores: PyTorch's own thread pool in each would oversubscribe them.
     torch.set_num_threads(threads)
+    # and Inductor's pool of compile processes in each (one per core by default) likewise.
+    try:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1
+    except Exception:  # noqa: BLE001 (no Inductor in this build: nothing to limit)
+        pass
 
 
 def _run_job(job: Job, options: dict):

@@ -584,6 +584,10 @@ _V2 = dict(
     # Causal with S_q != S_k, the keys past one 64-wide tile (the option cases' 29 x 45
     # fit in one); window and softcap, then window and causal, under GQA (the option cases
     # run them without); head dim 128, the default scale 1/sqrt(128) (no other case has it).
+    # Continuous in q, k, v (masks follow positions, not values): a draw with large
+    # logits (scale 0.863 at D=80) is ill-conditioned, and fp32 dq of every backend,
+    # PyTorch's included, moved past 2x the SDPA math path's error on an H100.
+    perturbation_floor=True,
     boundary_cases=[
         Boundary((1, 1, 35, 70, 16), {"causal": True}),
         Boundary((1, 4, 2, 17, 33, 16), {"window": (6, 2), "softcap": 5.0}),
