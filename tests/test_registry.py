@@ -511,3 +511,35 @@ def test_public_functions_default_backend_on_cpu():
     a.requires_grad_()
     kernellab.add(a, b).sum().backward()
     assert torch.equal(a.grad, torch.ones_like(a))
+
+
+def test_compiled_default_is_pytorchs_op_for_every_op():
+    """Inside a torch.compile graph backend=None runs PyTorch's op (Inductor fuses it with
+    its neighbours) unless the op declares a backend measured faster there."""
+    for op in registry.op_names():
+        assert kernellab.get_spec(op).compiled_backends == ("torch",), op
+        assert registry.compiled_backend(op, "cpu") == "torch", op
+
+
+def test_compiled_default_traces_pytorchs_op_not_the_eager_choice(monkeypatch):
+    """Eager default manual (a stand-in for a Python-launched CUDA kernel), compiled
+    default torch: the traced graph holds F.gelu, not manual's formula."""
+    spec = kernellab.get_spec("gelu")
+    monkeypatch.setattr(spec, "default_backends", ("manual", "torch"))
+    monkeypatch.setattr(registry, "_DEFAULTS", {})
+    registry._forget_choices()
+    assert registry.default_backend("gelu", "cpu") == "manual"
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = torch.randn(64)
+    torch._dynamo.reset()
+    out = torch.compile(lambda t: kernellab.gelu(t), backend=record, fullgraph=True)(x)
+    torch.testing.assert_close(out, torch.nn.functional.gelu(x, approximate="tanh"))
+    targets = [n.target for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert torch.nn.functional.gelu in targets or torch._C._nn.gelu in targets, targets
+    assert torch.erf not in targets and torch.tanh not in targets, targets
+    registry._forget_choices()

@@ -1052,6 +1052,10 @@ def cmd_explain(args) -> int:
     dev_backend, dev_why = tuning.choose_key(args.op, key, dtype, dev, args.mode, opts, by="device")
     print(f"  by device time (a graphed or fused step): {dev_backend}"
           + ("" if dev_why == why else f" ({dev_why})"))  # fmt: skip
+    comp = registry.compiled_backend(args.op, dev)
+    print(f"  inside torch.compile: {comp}"
+          + (" (PyTorch's op: Inductor fuses it with its neighbours)" if comp == "torch" else
+             " (OpSpec.compiled_backends)"))  # fmt: skip
     order = ", ".join(b for b in spec.default_backends if registry._TABLE.get((args.op, b)) is not None)
     print(f"  heuristic order: {order} (torch last); a ValueError refusal by the choice falls back to torch")
     return 0

@@ -149,7 +149,7 @@ def add_impl(impl: Impl, *, replace: bool = False) -> Impl:
     if _DEFAULTS:  # keep the default-backend table current (eagerly, see _DEFAULTS)
         for op, d in list(_DEFAULTS):
             if op == impl.op:
-                _DEFAULTS[(op, d)] = default_backend(op, d)
+                _DEFAULTS[(op, d)] = compiled_backend(op, d)
     return impl
 
 
@@ -217,7 +217,7 @@ def unregister(op: str, backend: str) -> None:
     _TABLE.pop((op, backend), None)
     _forget_choices()
     for key in [k for k in _DEFAULTS if k[0] == op]:
-        _DEFAULTS[key] = default_backend(op, key[1])
+        _DEFAULTS[key] = compiled_backend(op, key[1])
 
 
 def impls(op: str | None = None) -> list[Impl]:
@@ -255,8 +255,9 @@ def op_names() -> list[str]:
     return sorted(_spec.SPECS)
 
 
-# (op, device type) -> backend used when none is named. Filled eagerly (warm_defaults,
-# at import) so that torch.compile traces a dict lookup, not the availability probes.
+# (op, device type) -> backend used when none is named inside a torch.compile graph
+# (compiled_backend). Filled eagerly (warm_defaults, at import) so that torch.compile
+# traces a dict lookup, not the availability probes.
 _DEFAULTS: dict[tuple[str, str], str] = {}
 
 
@@ -367,7 +368,7 @@ def call(op: str, backend: str | None, *args, **kwargs):
         x = args[0]
         if _is_compiling():  # traced: the cached per-device default, no table I/O
             dev = "cuda" if x.is_cuda else x.device.type
-            return get(op, _DEFAULTS.get((op, dev)) or default_backend(op, dev))(*args, **kwargs)
+            return get(op, _DEFAULTS.get((op, dev)) or compiled_backend(op, dev))(*args, **kwargs)
         if _RECORD is None and (kwargs or len(args) > 1) and op in _SIG_OPS:
             # a call of several tensors or with keywords: its facts are its own key
             try:
@@ -508,10 +509,30 @@ def default_backend(op: str, device: str | None = None) -> str:
     return "torch"
 
 
+def compiled_backend(op: str, device: str | None = None) -> str:
+    """The backend ``backend=None`` runs inside a torch.compile graph: the first of the
+    op's ``OpSpec.compiled_backends`` usable on ``device`` (PyTorch's own op unless the op
+    declares otherwise), else ``default_backend``. In a compiled graph Inductor decomposes
+    PyTorch's op and fuses it with its neighbours (residual add, bias, activation), while
+    an opaque custom op keeps its own kernels and, for a kernel launched from Python (the
+    CUDA backends), its host cost on every call of every step; so a compiled model that
+    names no backend runs at least as fast as the same model without kernellab. A backend
+    is declared here only where a compiled step with it measured faster."""
+    from kernellab.ops.spec import get_spec
+
+    for b in get_spec(op).compiled_backends:
+        if b == "triton" and device == "cpu":
+            continue
+        impl = _TABLE.get((op, b))
+        if impl is not None and impl.why_unavailable(device) is None:
+            return b
+    return default_backend(op, device)
+
+
 def warm_defaults() -> None:
     from kernellab import device as _dev
 
     devices = ["cpu"] + (["cuda"] if _dev.has_cuda() else [])
     for op in op_names():
         for d in devices:
-            _DEFAULTS[(op, d)] = default_backend(op, d)
+            _DEFAULTS[(op, d)] = compiled_backend(op, d)

@@ -335,6 +335,8 @@ class OpSpec:
     scale: float = 1.0  # inputs ~ N(0, scale^2)
     specials: tuple = (float("nan"), float("inf"), float("-inf"))
     default_backends: tuple = ("cuda", "triton", "torch")
+    # what backend=None runs inside a torch.compile graph (registry.compiled_backend)
+    compiled_backends: tuple = ("torch",)
     doc: str = ""
     extra_bad_inputs: list = field(default_factory=list)
     metric: str = "gbps"  # which ceiling the op lives under: gbps (memory) or tflops
