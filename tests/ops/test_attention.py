@@ -1333,3 +1333,20 @@ def test_tiled_gradients_at_huge_scores(dtype, mag, opts):
     # the tied keys' dv (PyTorch's own bf16 error there is large, and so is the bound above)
     dv, dv64 = got[3][..., [3, 7], :].double(), want[3][..., [3, 7], :]
     assert (dv - dv64).abs().max() <= 0.02 * dv64.abs().max(), float((dv - dv64).abs().max() / dv64.abs().max())
+
+
+@pytest.mark.parametrize("backend", [None, "torch"])
+def test_torch_attention_compiles_in_one_graph_with_its_backward(backend):
+    """The default inside torch.compile is PyTorch's SDPA (registry.compiled_backend):
+    its gradient hooks stay out of the traced graph (fullgraph would raise on a break)."""
+    q, k, v = (torch.randn(2, 3, 16, 8, requires_grad=True) for _ in range(3))
+    torch._dynamo.reset()
+    f = torch.compile(lambda q, k, v: kernellab.attention(q, k, v, causal=True, backend=backend), fullgraph=True)
+    out = f(q, k, v)
+    out.backward(torch.ones_like(out))
+    ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True)
+    want.backward(torch.ones_like(want))
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    for t, r in zip((q, k, v), ref):
+        torch.testing.assert_close(t.grad.double(), r.grad, rtol=1e-4, atol=1e-5)

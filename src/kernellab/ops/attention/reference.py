@@ -183,8 +183,10 @@ def _refuse_second_derivative(kernel, grad_inputs, grad_outputs):
 def _align_grad(o: torch.Tensor) -> torch.Tensor:
     """``o``, an SDPA output, with the hooks its backward needs: the output gradient fitted
     to the fused kernels (_fit_grad) and, for a fused kernel, a clear refusal of double
-    backward (SDPA's math path is differentiable twice and keeps its graph)."""
-    if o.requires_grad:
+    backward (SDPA's math path is differentiable twice and keeps its graph). Not while
+    torch.compile traces: a tensor hook breaks the graph, AOTAutograd lays out the
+    gradient its compiled backward hands SDPA, and a compiled graph has no double backward."""
+    if o.requires_grad and not torch.compiler.is_compiling():
         o.register_hook(_fit_grad)
         node = o.grad_fn
         kernel = type(node).__name__
