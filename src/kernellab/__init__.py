@@ -22,6 +22,7 @@ from kernellab.ops.batch_norm2d import batch_norm2d  # noqa: E402
 from kernellab.ops.bn_relu_pool2d import bn_relu_pool2d  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
+from kernellab.ops.glu import geglu, swiglu  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
 from kernellab.ops.conv2d import conv2d  # noqa: E402
 from kernellab.ops.norms.layer_norm import layer_norm  # noqa: E402
@@ -47,6 +48,7 @@ __all__ = [
     "bn_relu_pool2d",
     "conv2d",
     "cross_entropy",
+    "geglu",
     "gelu",
     "get",
     "get_spec",
@@ -62,5 +64,6 @@ __all__ = [
     "sgd_step",
     "softmax",
     "sum",
+    "swiglu",
     "unregister",
 ]
