@@ -25,6 +25,7 @@ from kernellab.ops.gelu import gelu  # noqa: E402
 from kernellab.ops.glu import geglu, swiglu  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
 from kernellab.ops.conv2d import conv2d  # noqa: E402
+from kernellab.ops.norms.add_rms_norm import add_rms_norm  # noqa: E402
 from kernellab.ops.norms.layer_norm import layer_norm  # noqa: E402
 from kernellab.ops.norms.rms_norm import rms_norm  # noqa: E402
 from kernellab.ops.pool import max_pool2d  # noqa: E402
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Impl",
     "add",
+    "add_rms_norm",
     "argmax",
     "attention",
     "batch_norm2d",

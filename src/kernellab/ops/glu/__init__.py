@@ -12,8 +12,9 @@ both inputs.
 NaN and inf follow the formulas, as PyTorch's ``F.silu`` / ``F.gelu`` do: act(-inf) is NaN
 (-inf * 0), act(+inf) is +inf, so the output there is NaN, resp. +-inf times b; the
 gradient of the activation at both +inf and -inf is NaN (inf * 0 in its derivative; the
-limits 1 and 0 are not what any backend returns), so da and db are NaN there. NaN in, NaN
-out. Large finite inputs keep the limits (act(-1e4) = -0, act'(1e4) = 1).
+limits 1 and 0 are not what any backend returns), so da is NaN there, and db = dy * act(a)
+follows the forward. NaN in, NaN out. Large finite inputs keep the limits (act(-1e4) = -0,
+act'(1e4) = 1).
 """
 
 from __future__ import annotations
@@ -100,12 +101,6 @@ def make_validator(op: str, options: tuple[str, ...]):
                 raise ValueError(f"{op}: approximate must be one of {', '.join(map(repr, options))}, got {v!r}")
 
     return layout_checking(validate)
-
-
-def check_approximate(op: str, approximate) -> str:
-    if not isinstance(approximate, str) or approximate not in APPROXIMATIONS:
-        raise ValueError(f"{op}: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return approximate
 
 
 # --------------------------------------------------------------------------- counts
