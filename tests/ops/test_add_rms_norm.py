@@ -51,9 +51,11 @@ def _run(fn, args, dys, use="both"):
 def _assert_matches(backend, args, eps=1e-6, seed=0, use="both"):
     dtype = args[0].dtype
     gen = torch.Generator().manual_seed(seed)
-    dys = tuple(torch.randn(args[0].shape, generator=gen).to(device=args[0].device, dtype=dtype) for _ in range(2))
+    dev = args[0].device
+    dys = tuple(torch.randn(args[0].shape, generator=gen).to(device=dev, dtype=dtype) for _ in range(2))
     out, got = _run(lambda *a: kernellab.add_rms_norm(*a, eps, backend=backend), args, dys, use)
-    ref_out, ref = _run(lambda *a: SPEC.reference(*a, eps), [a.double() for a in args], tuple(d.double() for d in dys), use)
+    args64, dys64 = [a.double() for a in args], tuple(d.double() for d in dys)
+    ref_out, ref = _run(lambda *a: SPEC.reference(*a, eps), args64, dys64, use)
     base_out, base = _run(lambda *a: _torch(*a, eps), args, dys, use)
     torch_itself = backend == "torch"  # held to the documented tolerance, as the check does
     for name, o, r, t in zip(("normed", "new_residual"), out, ref_out, base_out):
@@ -180,7 +182,8 @@ def test_triton_opcheck_and_compile_fullgraph():
 
 
 def test_check_engine_passes_triton():
-    rep = check_impl(registry.get(OP, "triton"), torch.float32, device="cpu", quick=True, opcheck=False, seed=1)
+    impl = registry.get(OP, "triton")
+    rep = check_impl(impl, torch.float32, device="cpu", quick=True, opcheck=False, seed=1)
     assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
 
 

@@ -111,8 +111,8 @@ def test_nan_inf_follow_the_formula(op, opts):
     assert torch.isfinite(ref_da[3:]).all() and torch.isfinite(ref_db[3:]).all()
     for backend in ("manual", "torch", "triton"):
         for dtype in DTYPES:
-            y, (da, db) = _grads(lambda a, b: _fn(op)(a, b, **opts, backend=backend), (a.to(dtype), b.to(dtype)),
-                                 torch.ones(a.shape, dtype=dtype))  # fmt: skip
+            y, (da, db) = _grads(lambda a, b: _fn(op)(a, b, **opts, backend=backend),
+                                 (a.to(dtype), b.to(dtype)), torch.ones(a.shape, dtype=dtype))  # fmt: skip
             for name, g, r in (("y", y.detach(), ref_y.detach()), ("da", da, ref_da), ("db", db, ref_db)):
                 v = judge(g, r, dtype, None)
                 assert v.ok, f"{backend} {dtype} {name}: {v.detail}"
@@ -120,13 +120,15 @@ def test_nan_inf_follow_the_formula(op, opts):
 
 def test_reference_matches_pytorch_in_float64():
     gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(2, 100, generator=gen, dtype=torch.float64) * 4, torch.randn(2, 100, dtype=torch.float64)
+    a = torch.randn(2, 100, generator=gen, dtype=torch.float64) * 4
+    b = torch.randn(2, 100, generator=gen, dtype=torch.float64)
     torch.testing.assert_close(kernellab.get_spec("swiglu").ref(a, b), F.silu(a) * b, rtol=1e-13, atol=1e-13)
     for ap in ("none", "tanh"):
         got = kernellab.get_spec("geglu").ref(a, b, approximate=ap)
         torch.testing.assert_close(got, F.gelu(a, approximate=ap) * b, rtol=1e-13, atol=1e-13)
     # the two approximations differ (the option reaches the reference and the kernels)
-    assert (kernellab.get_spec("geglu").ref(a, b) - kernellab.get_spec("geglu").ref(a, b, approximate="tanh")).abs().max() > 1e-5
+    geglu = kernellab.get_spec("geglu")
+    assert (geglu.ref(a, b) - geglu.ref(a, b, approximate="tanh")).abs().max() > 1e-5
     a32, b32 = a.float(), b.float()
     d = kernellab.geglu(a32, b32, backend="triton") - kernellab.geglu(a32, b32, "tanh", backend="triton")
     assert d.abs().max() > 1e-5
@@ -210,7 +212,8 @@ def test_triton_opcheck_and_compile_fullgraph(op):
 
 @pytest.mark.parametrize("op", ["swiglu", "geglu"])
 def test_check_engine_passes_triton(op):
-    rep = check_impl(registry.get(op, "triton"), torch.float32, device="cpu", quick=True, opcheck=False, seed=1)
+    impl = registry.get(op, "triton")
+    rep = check_impl(impl, torch.float32, device="cpu", quick=True, opcheck=False, seed=1)
     assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
 
 
@@ -223,7 +226,8 @@ def _half_rounded(a, b):  # the activation rounded to fp16 inside an fp32 op
 
 
 def _unit_stride(a, b):  # reads b's storage as if b were contiguous
-    if not b.is_contiguous() and b.untyped_storage().nbytes() >= (b.storage_offset() + b.numel()) * b.element_size():
+    fits = b.untyped_storage().nbytes() >= (b.storage_offset() + b.numel()) * b.element_size()
+    if not b.is_contiguous() and fits:
         b = b.as_strided(b.shape, torch.empty(b.shape).stride())
     return F.silu(a) * b
 
@@ -244,7 +248,8 @@ def test_liger_peer_is_declared_and_unavailable_here():
         with pytest.raises(ValueError, match=r"\ba\b"):  # a CPU tensor: refused by name, no import
             impl(torch.randn(3, 4), torch.randn(3, 4))
     geglu = registry.get("geglu", "liger")
-    assert geglu.outside_limits((None, None), {}) and geglu.outside_limits((None, None), {"approximate": "tanh"}) is None
+    assert geglu.outside_limits((None, None), {})
+    assert geglu.outside_limits((None, None), {"approximate": "tanh"}) is None
 
 
 # --------------------------------------------------------------------------- GPU
@@ -264,3 +269,24 @@ def test_gpu_backends(op, opts, dtype):
         for shape in ((4097,), (33, 1025), (2, 8192)):
             a, b = spec.make_inputs(shape, dtype, dev, seed_for(op, backend, shape))
             _assert_fwd_bwd(op, backend, a, b, opts)
+
+
+def test_default_backend_rule():
+    """As gelu's: the spec's order (triton, then torch) where usable; on the CPU the
+    interpreter is not fast, so torch's op serves the default there."""
+    for op in ("swiglu", "geglu"):
+        assert kernellab.get_spec(op).default_backends == ("triton", "torch")
+        assert registry.default_backend(op, "cpu") == "torch"
+    a, b = (torch.randn(3, 5, requires_grad=True) for _ in range(2))
+    torch.testing.assert_close(kernellab.swiglu(a, b), F.silu(a) * b)
+    torch.testing.assert_close(kernellab.geglu(a, b, "tanh"), F.gelu(a, approximate="tanh") * b)
+
+
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+def test_triton_kernels_compile_for_sm90_with_16_byte_accesses(op):
+    from kernellab.inspect import asm
+
+    kernels, note = asm.triton_report(registry.get(op, "triton"), "bf16", "sm_90")
+    assert {k.name for k in kernels} == {"_glu_fwd_kernel", "_glu_bwd_kernel"}, note
+    for k in kernels:
+        assert k.counts["ptx_ld_global_v4"] >= 1 and k.counts["ptx_local"] == 0, k.name

@@ -92,13 +92,15 @@ def make_validator(op: str, options: tuple[str, ...]):
             raise TypeError(f"{op}: b has dtype {b.dtype} but a has {a.dtype}; they must match")
         if b.shape != a.shape:
             raise ValueError(
-                f"{op}: b has shape {tuple(b.shape)} but a has {tuple(a.shape)}; shapes must match (no broadcasting)"
+                f"{op}: b has shape {tuple(b.shape)} but a has {tuple(a.shape)}; "
+                "shapes must match (no broadcasting)"
             )
         for k, v in kwargs.items():
             if k != "approximate" or not options:
                 raise TypeError(f"{op}() got an unexpected keyword argument {k!r}")
             if not isinstance(v, str) or v not in options:
-                raise ValueError(f"{op}: approximate must be one of {', '.join(map(repr, options))}, got {v!r}")
+                allowed = ", ".join(map(repr, options))
+                raise ValueError(f"{op}: approximate must be one of {allowed}, got {v!r}")
 
     return layout_checking(validate)
 
@@ -126,7 +128,7 @@ def _flops(per_fwd: int, per_bwd: int):
 
 def _pair(device, dtype):
     g = torch.Generator(device=device).manual_seed(0)
-    return torch.randn(4, 33, generator=g, device=device).to(dtype), torch.randn(4, 33, generator=g, device=device).to(dtype)
+    return tuple(torch.randn(4, 33, generator=g, device=device).to(dtype) for _ in range(2))
 
 
 def _int_b(device, dtype):

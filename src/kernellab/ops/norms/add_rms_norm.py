@@ -85,10 +85,12 @@ def _validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
             raise TypeError(f"{op}: {name} has dtype {t.dtype} but x has {x.dtype}; they must match")
     if r.shape != x.shape:
         raise ValueError(
-            f"{op}: residual has shape {tuple(r.shape)} but x has {tuple(x.shape)}; shapes must match (no broadcasting)"
+            f"{op}: residual has shape {tuple(r.shape)} but x has {tuple(x.shape)}; "
+            "shapes must match (no broadcasting)"
         )
     if w.shape != (x.shape[-1],):
-        raise ValueError(f"{op}: weight must have shape [{x.shape[-1]}] (the last dimension of x), got {list(w.shape)}")
+        d = x.shape[-1]
+        raise ValueError(f"{op}: weight must have shape [{d}] (the last dimension of x), got {list(w.shape)}")
     for k, v in kwargs.items():
         if k != "eps":
             raise TypeError(f"{op}() got an unexpected keyword argument {k!r}")
@@ -148,12 +150,12 @@ SPEC = define(
         option_sets=[{"eps": 1e-2}],
         extra_bad_inputs=[
             BadInput("residual of another shape", lambda d, t: _case(d, t, r_shape=(4, 9)), "residual"),
-            BadInput("residual dtype differs from x", lambda d, t: _case(d, torch.float32, r_dtype=torch.float16),
-                     "residual"),  # fmt: skip
+            BadInput("residual dtype differs from x",
+                     lambda d, t: _case(d, torch.float32, r_dtype=torch.float16), "residual"),  # fmt: skip
             BadInput("integer residual", lambda d, t: _case(d, t, r_dtype=torch.int32), "residual"),
             BadInput("weight of the wrong shape", lambda d, t: _case(d, t, w_shape=(4, 8)), "weight"),
-            BadInput("weight dtype differs from x", lambda d, t: _case(d, torch.float32, w_dtype=torch.bfloat16),
-                     "weight"),  # fmt: skip
+            BadInput("weight dtype differs from x",
+                     lambda d, t: _case(d, torch.float32, w_dtype=torch.bfloat16), "weight"),  # fmt: skip
             BadInput("eps not a number", lambda d, t: _case(d, t, eps="small"), "eps"),
             BadInput("unknown keyword", lambda d, t: _case(d, t, offset=1.0), "offset"),
         ],
