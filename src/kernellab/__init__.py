@@ -22,8 +22,10 @@ from kernellab.ops.batch_norm2d import batch_norm2d  # noqa: E402
 from kernellab.ops.bn_relu_pool2d import bn_relu_pool2d  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
+from kernellab.ops.glu import geglu, swiglu  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
 from kernellab.ops.conv2d import conv2d  # noqa: E402
+from kernellab.ops.norms.add_rms_norm import add_rms_norm  # noqa: E402
 from kernellab.ops.norms.layer_norm import layer_norm  # noqa: E402
 from kernellab.ops.norms.rms_norm import rms_norm  # noqa: E402
 from kernellab.ops.pool import max_pool2d  # noqa: E402
@@ -41,12 +43,14 @@ __version__ = "0.1.0"
 __all__ = [
     "Impl",
     "add",
+    "add_rms_norm",
     "argmax",
     "attention",
     "batch_norm2d",
     "bn_relu_pool2d",
     "conv2d",
     "cross_entropy",
+    "geglu",
     "gelu",
     "get",
     "get_spec",
@@ -62,5 +66,6 @@ __all__ = [
     "sgd_step",
     "softmax",
     "sum",
+    "swiglu",
     "unregister",
 ]

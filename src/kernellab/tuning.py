@@ -186,7 +186,7 @@ def candidates(op: str) -> list[str]:
 
 # --------------------------------------------------------------------------- shape keys
 
-_ELEMENTWISE = {"add", "gelu", "relu"}
+_ELEMENTWISE = {"add", "gelu", "relu", "swiglu", "geglu"}
 # ops whose shape key reads two arguments (a, b / q, k / x, w)
 KEY_ARGS = {"matmul": 2, "attention": 2, "conv2d": 2}
 

@@ -25,6 +25,7 @@ SPEC_API_VERSION = 2
 OP_MODULES = [
     "kernellab.ops.add",
     "kernellab.ops.gelu",
+    "kernellab.ops.glu",
     "kernellab.ops.softmax",
     "kernellab.ops.norms",
     "kernellab.ops.cross_entropy",

@@ -391,3 +391,56 @@ def _bwd_sample(make, rms: bool):
     mean = x32.mean(-1)
     rstd = torch.rsqrt(x32.var(-1, unbiased=False) + 1e-5)
     return (dy, x, w, mean, rstd)
+
+
+def add_rms_norm_op(name: str, fwd, bwd, triton: bool = False):
+    """Custom ops ``kernellab::<name>`` (x, r, w, eps) -> (y, h, rstd), h = x + r and
+    y = rms_norm(h) * w, and ``kernellab::<name>_backward``; returns the registry callable
+    ``(x, residual, weight, eps=1e-6) -> (y, h)``, both differentiable. ``fwd(x, r, w, eps)
+    -> (y, h, rstd)`` (x, r contiguous) and ``bwd(dy, dres, h, w, rstd) -> (dh, dw)`` are
+    the launchers; dh = the norm's gradient + dres is the gradient of x and of r alike."""
+
+    def _fwd(x: Tensor, r: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+        return fwd(_contig(x), _contig(r), w, eps)
+
+    def _bwd(dy: Tensor, dres: Tensor | None, h: Tensor, w: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
+        dh, dw = bwd(dy, dres, h, w, rstd)
+        return dh, dw
+
+    def _bwd_args(saved, extra, dys):
+        dy, dres = dys
+        h = saved[0]
+        # autograd passes None for an output nobody differentiated
+        dy = torch.zeros_like(h) if dy is None else _contig(dy)
+        return (dy, _contig(dres), *saved)
+
+    def _bwd_sample(make):
+        x, r, w = make.args(False)
+        h = x + r
+        dy = make(False).to(x.dtype).reshape(x.shape)
+        rstd = torch.rsqrt(h.float().reshape(-1, h.shape[-1]).square().mean(-1) + 1e-6)
+        return (dy, dy.detach().clone(), h, w, rstd)
+
+    call = build(
+        OpDecl(
+            name=name,
+            fwd=_fwd,
+            bwd=_bwd,
+            fwd_fake=lambda x, r, w, eps: (empty_like_contig(x), empty_like_contig(x), _stats_fake(x)),
+            bwd_fake=lambda dy, dres, h, w, rstd: (empty_like_contig(h), torch.empty_like(w)),
+            save=lambda inputs, out: ((out[1], inputs[2], out[2]), None),  # h, w, rstd
+            bwd_args=_bwd_args,
+            grads=lambda g, extra: (g[0], g[0], g[1], None),
+            needs_grad=lambda x, r, w, eps: x.requires_grad or r.requires_grad or w.requires_grad,
+            samples=(lambda make: (*make.args(True), 1e-6), _bwd_sample),
+            triton=triton,
+            outputs=2,
+        )
+    )
+
+    def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+        return call(x, residual, _contig(weight), float(eps))  # unit-stride weight, as rms_norm
+
+    add_rms_norm.custom_ops, add_rms_norm.ops, add_rms_norm.__name__ = call.custom_ops, call.ops, name
+    add_rms_norm.forward_saving, add_rms_norm.backward_from = call.forward_saving, call.backward_from
+    return add_rms_norm

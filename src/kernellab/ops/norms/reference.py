@@ -37,3 +37,18 @@ def torch_rms_norm(x, weight, eps=1e-6):
 
 register_baseline("layer_norm", manual_layer_norm, torch_layer_norm, compiled(manual_layer_norm))
 register_baseline("rms_norm", manual_rms_norm, torch_rms_norm, compiled(manual_rms_norm))
+
+
+def manual_add_rms_norm(x, residual, weight, eps=1e-6):
+    """add, then manual_rms_norm of the rounded sum: ~7 kernels, as many trips to memory."""
+    h = x + residual
+    return manual_rms_norm(h, weight, eps), h
+
+
+def torch_add_rms_norm(x, residual, weight, eps=1e-6):
+    """x + residual, then torch.nn.functional.rms_norm: two PyTorch kernels."""
+    h = x + residual
+    return torch.nn.functional.rms_norm(h, (h.shape[-1],), weight, eps), h
+
+
+register_baseline("add_rms_norm", manual_add_rms_norm, torch_add_rms_norm, compiled(manual_add_rms_norm))

@@ -805,3 +805,31 @@ def add_backward_from(saved, dy, dres):
 layer_norm_triton.add_forward_saving = add_forward_saving
 layer_norm_triton.add_backward_from = add_backward_from
 layer_norm_triton.add_layer_norm = add_layer_norm_triton
+
+
+# --------------------------------------------------------------------------- add_rms_norm
+#
+# The same fused residual add with RMS=True: (rms_norm(x + r) * w, x + r) in one kernel,
+# the residual stream's gradient added into dx by the backward kernel. Bitwise the
+# results of add then rms_norm_triton (same roundings).
+
+
+def _add_rms_fwd(x, r, w, eps):
+    h = torch.empty_like(x)
+    y, _, rstd = norm_fwd(x, w, None, float(eps), True, res=r, h=h)
+    return y, h, rstd
+
+
+def _add_rms_bwd(dy, dres, h, w, rstd):
+    dh, dw, _ = norm_bwd(dy, h, w, None, rstd, True, False, dres=dres)
+    return dh, dw
+
+
+add_rms_norm_triton = _kit.add_rms_norm_op("add_rms_norm_triton", _add_rms_fwd, _add_rms_bwd, triton=True)
+
+triton_support.register_triton(
+    "add_rms_norm",
+    add_rms_norm_triton,
+    kernel_specs(True),
+    "Triton: residual add fused into rms_norm's kernels, saved rstd, dres added in the backward",
+)

@@ -1,0 +1,43 @@
+"""manual, torch and compile backends of swiglu and geglu."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from kernellab.ops._baselines import compiled, register_baseline
+from kernellab.ops.spec import upcast
+
+_K = math.sqrt(2.0 / math.pi)
+
+
+def manual_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a * sigmoid(a) * b from PyTorch primitives in fp32: ~5 kernels, each a round trip to memory."""
+    a32 = upcast(a)  # the naive version still computes in fp32, as the fused ones do
+    return (a32 * torch.sigmoid(a32) * upcast(b)).to(a.dtype)
+
+
+def torch_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """F.silu(a) * b: two ATen kernels (the activation rounded to the input dtype in between)."""
+    return F.silu(a) * b
+
+
+def manual_geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """0.5 a (1 + erf(a / sqrt 2)) * b (or the tanh form) from PyTorch primitives in fp32."""
+    a32 = upcast(a)
+    if approximate == "tanh":
+        g = 0.5 * a32 * (1.0 + torch.tanh(_K * (a32 + 0.044715 * a32 * a32 * a32)))
+    else:
+        g = 0.5 * a32 * (1.0 + torch.erf(a32 * (1.0 / math.sqrt(2.0))))
+    return (g * upcast(b)).to(a.dtype)
+
+
+def torch_geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """F.gelu(a, approximate) * b: two ATen kernels."""
+    return F.gelu(a, approximate=approximate) * b
+
+
+register_baseline("swiglu", manual_swiglu, torch_swiglu, compiled(manual_swiglu))
+register_baseline("geglu", manual_geglu, torch_geglu, compiled(manual_geglu))

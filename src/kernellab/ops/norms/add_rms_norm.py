@@ -1,0 +1,171 @@
+"""Residual add + RMSNorm, the step between two transformer blocks, forward and backward.
+
+    new_residual = x + residual                              (rounded to x's dtype)
+    normed       = new_residual / sqrt(mean(new_residual^2) + eps) * weight   (per row)
+
+Returns ``(normed, new_residual)``, both differentiable: the next block reads ``normed``,
+the residual stream carries ``new_residual`` on. x and residual: one shape (any rank, any
+strides), weight: [D] with D = x.shape[-1]; one dtype (fp32 / fp16 / bf16). The norm is
+taken of the rounded sum, in fp32 through the weight multiply, rounded once (as
+``h = x + residual; F.rms_norm(h, (D,), weight, eps)`` computes it). Gradients for x,
+residual and weight, from the grad_outputs of both outputs: d(x) = d(residual) =
+rms_norm's input gradient + the gradient of new_residual.
+
+The Triton backend is rms_norm's kernels with the residual fused (ops/norms/triton.py,
+``RES``): one kernel reads x and residual and writes normed, new_residual and the fp32
+rstd of each row; one backward kernel adds the residual stream's gradient into dx. NaN and
+inf follow rms_norm's (an inf in a row makes its rstd 0: the inf becomes NaN, the rest 0).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from kernellab import registry
+from kernellab.ops.norms import _kit
+from kernellab.ops.spec import (
+    FLOAT_DTYPES,
+    BadInput,
+    OpSpec,
+    check_float_tensor,
+    define,
+    device_of,
+    layout_checking,
+    make_tensor,
+    runs_on,
+)
+
+
+def add_rms_norm_reference(x, residual, weight, eps=1e-6):
+    """The formula in the inputs' dtype (float64 in checks): (normed, new_residual)."""
+    h = x + residual
+    return h / torch.sqrt(h.square().mean(-1, keepdim=True) + eps) * weight, h
+
+
+def _validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
+    """``add_rms_norm(x, residual, weight, *, eps)``; errors name the argument."""
+    # Fast accept for well-formed calls (a few attribute reads: this runs on every call).
+    if len(args) == 3 and (not kwargs or (len(kwargs) == 1 and type(kwargs.get("eps")) is float)):
+        x, r, w = args
+        if isinstance(x, Tensor) and isinstance(r, Tensor) and isinstance(w, Tensor):
+            eps = kwargs.get("eps", 0.0) if kwargs else 0.0
+            dev = device_of(x)
+            if (
+                x.dtype in dtypes
+                and x.layout is torch.strided
+                and x.ndim
+                and runs_on(x, devices)
+                and r.dtype is x.dtype
+                and r.layout is torch.strided
+                and r.shape == x.shape
+                and device_of(r) == dev
+                and w.dtype is x.dtype
+                and w.layout is torch.strided
+                and w.ndim == 1
+                and w.shape[0] == x.shape[-1]
+                and device_of(w) == dev
+                and 0.0 <= eps < math.inf
+            ):
+                return
+    op = "add_rms_norm"
+    if len(args) != 3:
+        raise TypeError(f"{op}() takes 3 tensor arguments (x, residual, weight), got {len(args)}")
+    x, r, w = args
+    check_float_tensor(op, "x", x, devices, dtypes)
+    if x.dim() == 0:
+        raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
+    for name, t in (("residual", r), ("weight", w)):
+        check_float_tensor(op, name, t, devices, dtypes)
+        if t.device != x.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{op}: {name} has dtype {t.dtype} but x has {x.dtype}; they must match")
+    if r.shape != x.shape:
+        raise ValueError(
+            f"{op}: residual has shape {tuple(r.shape)} but x has {tuple(x.shape)}; "
+            "shapes must match (no broadcasting)"
+        )
+    if w.shape != (x.shape[-1],):
+        d = x.shape[-1]
+        raise ValueError(f"{op}: weight must have shape [{d}] (the last dimension of x), got {list(w.shape)}")
+    for k, v in kwargs.items():
+        if k != "eps":
+            raise TypeError(f"{op}() got an unexpected keyword argument {k!r}")
+        _kit.check_eps(op, v)
+
+
+def _inputs(shape, dtype, device, gen, layout, scale):
+    """x and residual of ``shape`` in ``layout``; weight ~ 1 + N(0, 0.1^2), contiguous [D]."""
+    x = make_tensor(shape, dtype, device, gen, layout, scale)
+    r = make_tensor(shape, dtype, device, gen, layout, scale)
+    if x is None or r is None:
+        return None
+    d = shape[-1] if shape else 1
+    w = (1.0 + make_tensor((d,), torch.float32, device, gen, "contiguous", 0.1)).to(dtype)
+    return x, r, w
+
+
+def _bytes(shape, dtype, mode, **options):
+    # fwd: read x, residual, weight; write normed, new_residual and the fp32 rstd per row.
+    # bwd: read dy, dres, new_residual, weight, rstd; write dx (= dresidual, one tensor), dw.
+    es = torch.empty((), dtype=dtype).element_size()
+    n = math.prod(shape)
+    d = shape[-1] if shape else 1
+    rows = n // d if d else 0
+    fwd = 4 * n * es + d * es + 4 * rows
+    bwd = 4 * n * es + 2 * d * es + 4 * rows
+    return {"fwd": fwd, "bwd": bwd, "fwdbwd": fwd + bwd}[mode]
+
+
+def _flops(shape, mode, **options):
+    n = math.prod(shape)
+    f, b = 5, 10  # per element: the add, square-sum, scale, weight; bwd products, sums, dres add
+    return {"fwd": f * n, "bwd": b * n, "fwdbwd": (f + b) * n}[mode]
+
+
+def _case(device, dtype, r_shape=(4, 8), r_dtype=None, w_shape=(8,), w_dtype=None, **kwargs):
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(4, 8, generator=g, device=device).to(dtype)
+    r = torch.randn(r_shape, generator=g, device=device).to(r_dtype or dtype)
+    w = torch.ones(w_shape, device=device, dtype=w_dtype or dtype)
+    return (x, r, w), kwargs
+
+
+SPEC = define(
+    OpSpec(
+        name="add_rms_norm",
+        arg_names=("x", "residual", "weight"),
+        reference=add_rms_norm_reference,
+        flops=_flops,
+        bytes_moved=_bytes,
+        grad_args=(0, 1, 2),
+        **_kit.family_spec(),
+        doc=__doc__.strip().split("\n")[0],
+        inputs=_inputs,
+        validator=layout_checking(_validate),
+        key_validates=True,
+        option_sets=[{"eps": 1e-2}],
+        extra_bad_inputs=[
+            BadInput("residual of another shape", lambda d, t: _case(d, t, r_shape=(4, 9)), "residual"),
+            BadInput("residual dtype differs from x",
+                     lambda d, t: _case(d, torch.float32, r_dtype=torch.float16), "residual"),  # fmt: skip
+            BadInput("integer residual", lambda d, t: _case(d, t, r_dtype=torch.int32), "residual"),
+            BadInput("weight of the wrong shape", lambda d, t: _case(d, t, w_shape=(4, 8)), "weight"),
+            BadInput("weight dtype differs from x",
+                     lambda d, t: _case(d, torch.float32, w_dtype=torch.bfloat16), "weight"),  # fmt: skip
+            BadInput("eps not a number", lambda d, t: _case(d, t, eps="small"), "eps"),
+            BadInput("unknown keyword", lambda d, t: _case(d, t, offset=1.0), "offset"),
+        ],
+    )
+)
+
+
+def add_rms_norm(
+    x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6, *, backend: str | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(rms_norm(x + residual) * weight, x + residual)`` over the last dimension with the
+    chosen backend."""
+    return registry.call("add_rms_norm", backend, x, residual, weight, eps=eps)
