@@ -33,6 +33,8 @@ from kernellab.ops.relu import relu  # noqa: E402
 from kernellab.ops.softmax import softmax  # noqa: E402
 from kernellab.ops.spec import get_spec  # noqa: E402
 from kernellab.optim import sgd_step  # noqa: E402
+from kernellab.patch import PatchReport, patch, unpatch  # noqa: E402
+from kernellab import nn  # noqa: E402  (drop-in modules; after the ops they call)
 from kernellab.registry import Impl, get, impls, op_names, register, unregister  # noqa: E402
 
 _registry.warm_defaults()
@@ -55,12 +57,16 @@ __all__ = [
     "matmul",
     "max",
     "max_pool2d",
+    "nn",
     "op_names",
+    "patch",
+    "PatchReport",
     "register",
     "relu",
     "rms_norm",
     "sgd_step",
     "softmax",
     "sum",
+    "unpatch",
     "unregister",
 ]
