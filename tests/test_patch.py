@@ -67,7 +67,8 @@ def test_functional_cross_entropy_layouts():
     _close(KF.cross_entropy(logits, t, reduction="none"), flat, "(B, T, V) class last")
     _close(KF.cross_entropy(logits, t), F.cross_entropy(logits.view(-1, 11), t.view(-1)), "mean")
     t2 = torch.randint(0, 5, (2, 11))  # class dim 1, as PyTorch reads (N, C, d1)
-    _close(KF.cross_entropy(logits, t2, reduction="sum"), F.cross_entropy(logits, t2, reduction="sum"), "dim 1")
+    want = F.cross_entropy(logits, t2, reduction="sum")
+    _close(KF.cross_entropy(logits, t2, reduction="sum"), want, "dim 1")
     _close(KF.cross_entropy(logits.view(-1, 11), t.view(-1), label_smoothing=0.1),
            F.cross_entropy(logits.view(-1, 11), t.view(-1), label_smoothing=0.1), "label smoothing")
     with pytest.raises(ValueError, match="target"):
@@ -81,7 +82,8 @@ def test_functional_sdpa_causal_gqa_and_mask():
     assert not KF.sdpa_supported(q, k, v, is_causal=True)  # GQA without enable_gqa: PyTorch's error
     mask = torch.rand(6, 6) > 0.3
     kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
-    _close(KF.scaled_dot_product_attention(q, kk, vv, mask), F.scaled_dot_product_attention(q, kk, vv, mask), "mask")
+    want = F.scaled_dot_product_attention(q, kk, vv, mask)
+    _close(KF.scaled_dot_product_attention(q, kk, vv, mask), want, "mask")
 
 
 def test_dropin_modules_keep_torch_state():
@@ -182,11 +184,13 @@ transformers = pytest.importorskip("transformers")
 
 
 def _cfg(family, **extra):
-    common = dict(vocab_size=256, num_hidden_layers=2, attn_implementation="sdpa")
+    # initializer_range 0.2: scores of order 1, so that a softcap or a window changes the result.
+    common = dict(vocab_size=256, num_hidden_layers=2, attn_implementation="sdpa", initializer_range=0.2)
     llama_like = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
     if family == "gpt2":
         return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, resid_pdrop=0.0,
-                                       embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa", **extra)
+                                       embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa",
+                                       initializer_range=0.2, **extra)
     if family == "llama":
         return transformers.LlamaConfig(**common, **llama_like, **extra)
     if family == "qwen2":
@@ -198,7 +202,7 @@ def _cfg(family, **extra):
     if family == "gemma2":  # eager: transformers' SDPA path drops the softcap
         common["attn_implementation"] = "eager"
         return transformers.Gemma2Config(**common, **llama_like, head_dim=16, sliding_window=5,
-                                         attn_logit_softcapping=5.0, final_logit_softcapping=3.0,
+                                         attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
                                          query_pre_attn_scalar=16, **extra)
     raise AssertionError(family)
 
@@ -287,10 +291,24 @@ def test_patch_hf_dropout_in_training_falls_back():
     _assert_same_step(ref, pat, _hf_run(torch.randint(0, 256, (1, 6))))
 
 
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_patch_hf_dropout_fallback_keeps_window_and_softcap(family):
+    # The plain causal window mask is not materialized for kernellab; the fallback must
+    # rebuild it (and keep the softcap): the same dropout draws give the same step.
+    ref = _tiny(family, attention_dropout=0.3)
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    ids = torch.randint(0, 256, (2, 11))
+    run = _hf_run(ids)
+    _assert_same_step(ref, pat, lambda m: (torch.manual_seed(1), run(m))[1])
+    assert report.attention_fallbacks == {"attention dropout > 0 in training": 2}
+
+
 def test_patch_hf_triton_backend():
     ref = _tiny("llama")
     pat = copy.deepcopy(ref)
-    report = kernellab.patch(pat, ops=["rms_norm", "attention", "cross_entropy"], backend="triton", verbose=False)
+    ops = ["rms_norm", "attention", "cross_entropy"]
+    report = kernellab.patch(pat, ops=ops, backend="triton", verbose=False)
     assert report.counts() == {"rms_norm": 5, "attention": 2, "cross_entropy": 1}
     _assert_same_step(ref, pat, _hf_run(torch.randint(0, 256, (1, 8))))
 

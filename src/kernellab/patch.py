@@ -184,7 +184,8 @@ def _rule_rms_norm(path, parent, name, m, ctx):
         if eps is None or m.weight.dim() != 1:
             ctx.report.left.append(("rms_norm", path, f"{cls} without a 1-D weight and eps"))
             return None
-        _replace_child(parent, name, HFRMSNorm(m.weight, eps, _HF_RMSNORM[cls], ctx.backend_for("rms_norm")), ctx)
+        new = HFRMSNorm(m.weight, eps, _HF_RMSNORM[cls], ctx.backend_for("rms_norm"))
+        _replace_child(parent, name, new, ctx)
         return "kernellab.patch.HFRMSNorm"
     if cls.endswith("RMSNorm"):
         ctx.report.left.append(("rms_norm", path, f"{cls}: formula not verified against kernellab.rms_norm"))
@@ -295,7 +296,16 @@ def _fallback_reason(module, query, key, value, attention_mask, dropout, sliding
 
 
 def _hf_attention(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None, **kwargs
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    sliding_window=None,
+    softcap=None,
+    **kwargs,
 ):
     """transformers' attention-function contract: q (B, H, S_q, D), k/v (B, H_kv, S_k, D)
     -> ((B, S_q, H, D), None)."""
@@ -310,8 +320,8 @@ def _hf_attention(
         if counting:
             policy.report.attention_fallbacks[why] += 1
             policy.report.attention_calls["fallback"] += 1
-        return _hf_fallback(module, query, key, value, attention_mask, scaling, dropout, sliding_window, softcap,
-                            is_causal, **kwargs)
+        opts = dict(scaling=scaling, dropout=dropout, sliding_window=sliding_window, softcap=softcap)
+        return _hf_fallback(module, query, key, value, attention_mask, is_causal=is_causal, **opts, **kwargs)
     if counting:
         policy.report.attention_calls["kernellab"] += 1
     window = (sliding_window - 1, 0) if sliding_window else None
@@ -328,25 +338,38 @@ def _hf_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _hf_fallback(module, query, key, value, mask, scaling, dropout, sliding_window, softcap, is_causal, **kw):
+def _causal_mask(query, key, sliding_window):
+    """The (1, 1, S_q, S_k) boolean mask a None mask stands for under is_causal: top-left
+    aligned as SDPA's is_causal (the only None-mask case with 1 < S_q != S_k is a prefill
+    from position 0), with the sliding window ``_hf_mask`` left out of the mask."""
+    i = torch.arange(query.shape[2], device=query.device)[:, None]
+    j = torch.arange(key.shape[2], device=query.device)[None, :]
+    keep = j <= i
+    if sliding_window:
+        keep = keep & (j > i - sliding_window)
+    return keep[None, None]
+
+
+def _hf_fallback(
+    module, query, key, value, mask, *, scaling, dropout, sliding_window, softcap, is_causal, **kw
+):
     """transformers' own path: SDPA; the family's eager attention where a softcap is set
     (SDPA has no softcap), with a boolean mask made additive as eager expects."""
+    if mask is None and is_causal and query.shape[2] > 1:
+        mask = _causal_mask(query, key, sliding_window)
     if softcap:
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
         if eager is None:
             raise ValueError(f"no eager attention for {type(module).__name__} to apply softcap={softcap}")
         if mask is not None and mask.dtype == torch.bool:
-            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
-                ~mask, torch.finfo(query.dtype).min
-            )
-        if mask is None and is_causal and query.shape[2] > 1:
-            raise ValueError("softcap with a causal prefill into a longer cache: no exact path")
-        return eager(module, query, key, value, mask, dropout=dropout, scaling=scaling,
-                     sliding_window=sliding_window, softcap=softcap, **kw)
+            neg = torch.finfo(query.dtype).min
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, neg)
+        opts = dict(dropout=dropout, scaling=scaling, sliding_window=sliding_window, softcap=softcap)
+        return eager(module, query, key, value, mask, **opts, **kw)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling,
-                                  is_causal=is_causal, **kw)
+    opts = dict(dropout=dropout, scaling=scaling, is_causal=is_causal)
+    return sdpa_attention_forward(module, query, key, value, mask, **opts, **kw)
 
 
 def _hf_mask(*args, local_size=None, allow_is_causal_skip=True, **kwargs):
@@ -453,14 +476,17 @@ def _patch_sdpa_calls(model, ctx: _Ctx) -> None:
             return inner(*args, **kwargs)
 
     _set_forward(model, forward, ctx)
-    ctx.report.replaced.append(("attention", "", "F.scaled_dot_product_attention calls", "kernellab.attention"))
+    what = ("attention", "", "F.scaled_dot_product_attention calls", "kernellab.attention")
+    ctx.report.replaced.append(what)
 
 
 # ----------------------------------------------------------------------------- loss
 
 
 def _hf_causal_lm_loss(backend):
-    def loss(logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs):
+    def loss(
+        logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs
+    ):
         # transformers' ForCausalLMLoss with kernellab.cross_entropy: fp32 logits, labels
         # shifted left with ignore_index padding, sum / num_items_in_batch or mean.
         logits = logits.float()
@@ -484,7 +510,8 @@ def _hf_causal_lm_loss(backend):
 def _patch_hf_loss(model, ctx: _Ctx) -> None:
     from transformers.loss.loss_utils import LOSS_MAPPING
 
-    if not hasattr(type(model), "loss_function") or model.loss_function is not LOSS_MAPPING.get("ForCausalLM"):
+    causal_lm = LOSS_MAPPING.get("ForCausalLM")
+    if not hasattr(type(model), "loss_function") or model.loss_function is not causal_lm:
         return
     had = "_loss_function" in model.__dict__
     model.loss_function = _hf_causal_lm_loss(ctx.backend_for("cross_entropy"))
@@ -547,7 +574,9 @@ def patch(
             report.left.append((op, "", why))
     if fused_linear_cross_entropy:
         if not hasattr(kernellab, "linear_cross_entropy"):
-            raise ValueError("fused_linear_cross_entropy=True needs kernellab.linear_cross_entropy (not in this build)")
+            raise ValueError(
+                "fused_linear_cross_entropy=True needs kernellab.linear_cross_entropy (not in this build)"
+            )
         report.left.append(("linear_cross_entropy", "", "the LM head's forward is not rewritten yet"))
 
     rules = []

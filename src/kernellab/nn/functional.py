@@ -144,7 +144,9 @@ def scaled_dot_product_attention(
     return _kl.attention(query, key, value, causal=bool(is_causal), scale=scale, backend=backend)
 
 
-def sdpa_supported(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False) -> bool:
+def sdpa_supported(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False
+) -> bool:
     """Whether kernellab.attention computes this SDPA call exactly (see
     scaled_dot_product_attention)."""
     if attn_mask is not None or dropout_p != 0.0 or query.dim() < 3 or query.dim() != key.dim():
