@@ -103,7 +103,8 @@ def test_dropin_modules_keep_torch_state():
 
 
 class _Block(nn.Module):
-    """nanoGPT-style: LayerNorm, causal SDPA, tanh GeLU MLP, CrossEntropyLoss."""
+    """nanoGPT-style: LayerNorm, causal SDPA, tanh GeLU MLP, CrossEntropyLoss (and an
+    RMSNorm, an exact GeLU)."""
 
     def __init__(self, d=32, h=4, vocab=64):
         super().__init__()
@@ -113,6 +114,7 @@ class _Block(nn.Module):
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d))
         self.act_exact = nn.GELU()
+        self.rms = nn.RMSNorm(d, eps=1e-5) if hasattr(nn, "RMSNorm") else nn.Identity()
         self.head = nn.Linear(d, vocab)
         self.loss = nn.CrossEntropyLoss()
 
@@ -123,7 +125,7 @@ class _Block(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
         x = x + self.mlp(self.ln2(x)) + 0.1 * self.act_exact(x)
-        logits = self.head(self.ln_f(x))
+        logits = self.head(self.ln_f(self.rms(x)))
         return logits, self.loss(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
@@ -134,7 +136,10 @@ def test_patch_plain_module_matches_and_unpatch_restores():
     params_before = list(pat.parameters())
     idx, tgt = torch.randint(0, 64, (2, 12)), torch.randint(0, 64, (2, 12))
     report = kernellab.patch(pat, verbose=False)
-    assert report.counts() == {"layer_norm": 3, "gelu": 1, "cross_entropy": 1, "attention": 1}
+    want = {"layer_norm": 3, "gelu": 1, "cross_entropy": 1, "attention": 1}
+    if hasattr(nn, "RMSNorm"):
+        want["rms_norm"] = 1
+    assert report.counts() == want, report
     assert sorted(report.paths("layer_norm")) == ["ln1", "ln2", "ln_f"]
     assert any(p == "act_exact" and "tanh only" in why for _, p, why in report.left)
     assert list(pat.parameters()) == params_before and type(pat.ln1) is kernellab.nn.LayerNorm
@@ -302,6 +307,22 @@ def test_patch_hf_dropout_fallback_keeps_window_and_softcap(family):
     run = _hf_run(ids)
     _assert_same_step(ref, pat, lambda m: (torch.manual_seed(1), run(m))[1])
     assert report.attention_fallbacks == {"attention dropout > 0 in training": 2}
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_patch_hf_generate_with_cache(family):
+    # Prefill (S_q == S_k) and one-token decode steps past the sliding window of 5.
+    ref = _tiny(family).eval()
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    ids = torch.randint(0, 256, (1, 4))
+    kw = dict(max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        r, p = ref.generate(ids, **kw), pat.generate(ids, **kw)
+    assert torch.equal(r.sequences, p.sequences)
+    for a, b in zip(r.scores, p.scores):
+        _close(b, a, "scores")
+    assert report.attention_calls == {"kernellab": 2 * 6}, report  # 2 layers x (prefill + 5 steps)
 
 
 def test_patch_hf_triton_backend():

@@ -33,6 +33,7 @@ one rounding in fp16/bf16.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import types
 from collections import Counter
@@ -73,12 +74,16 @@ class PatchReport:
         lines = [f"kernellab.patch({self.model}, backend={self.backend!r})"]
         counts = self.counts()
         lines.append("replaced: " + (", ".join(f"{op} x{n}" for op, n in counts.items()) or "nothing"))
-        for op, path, before, after in self.replaced:
-            lines.append(f"  {op:<14} {path or '<model>'}: {before} -> {after}")
+        # One line per kind of replacement: layer indices fold into "*" (a 32-layer
+        # model prints as many lines as a 2-layer one).
+        groups = Counter((op, _fold(path), before, after) for op, path, before, after in self.replaced)
+        for (op, path, before, after), n in groups.items():
+            times = f" (x{n})" if n > 1 else ""
+            lines.append(f"  {op:<14} {path}{times}: {before} -> {after}")
         if self.left:
             lines.append("left as is:")
-            for op, path, why in self.left:
-                lines.append(f"  {op:<14} {path or '<model>'}: {why}")
+            for (op, path, why), n in Counter((op, _fold(p), why) for op, p, why in self.left).items():
+                lines.append(f"  {op:<14} {path}{f' (x{n})' if n > 1 else ''}: {why}")
         if self.attention_calls or self.attention_fallbacks:
             lines.append(f"attention calls: {dict(self.attention_calls)}")
             for why, n in self.attention_fallbacks.items():
@@ -86,6 +91,10 @@ class PatchReport:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _fold(path: str) -> str:
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", path) if path else "<model>"
 
 
 # ----------------------------------------------------------------------------- context
@@ -373,27 +382,30 @@ def _hf_fallback(
 
 
 def _hf_mask(*args, local_size=None, allow_is_causal_skip=True, **kwargs):
-    """transformers' SDPA mask, plus: a sliding-window causal mask with no padding in a
-    plain prefill (no cache offset, S_q == S_k) is not materialized either, since the
-    attention function passes the window to the kernel."""
+    """transformers' SDPA mask, plus: a sliding-window causal mask with no padding is not
+    materialized either in a plain prefill (no cache offset, S_q == S_k) or a one-token
+    decode step, since the attention function passes the window to the kernel (aligned
+    bottom-right: the query is the last key of the cache)."""
     from transformers import masking_utils as mu
 
     bound = dict(zip(("batch_size", "q_length", "kv_length", "q_offset", "kv_offset"), args))
     bound.update(kwargs)
     config = kwargs.get("config")
+    q_len, kv_len = bound["q_length"], bound["kv_length"]
+    q_off, kv_off = bound.get("q_offset", 0), bound.get("kv_offset", 0)
+    plain = isinstance(q_off, int) and isinstance(kv_off, int) and (
+        q_len == 1 or (q_off == 0 and kv_off == 0 and q_len == kv_len)
+    )
     if (
-        allow_is_causal_skip
+        plain
+        and allow_is_causal_skip
         and local_size is not None
         and config is not None
         and getattr(config, "sliding_window", None) == local_size
         and getattr(config, "attention_chunk_size", None) is None
-        and isinstance(bound.get("q_offset", 0), int)
-        and bound.get("q_offset", 0) == 0
-        and bound.get("kv_offset", 0) == 0
-        and bound["q_length"] == bound["kv_length"]
     ):
-        pad = mu.prepare_padding_mask(bound.get("attention_mask"), bound["kv_length"], 0)
-        if mu._ignore_causal_mask_sdpa(pad, bound["q_length"], bound["kv_length"], 0, 0, None):
+        pad = mu.prepare_padding_mask(bound.get("attention_mask"), kv_len, kv_off)
+        if mu._ignore_causal_mask_sdpa(pad, q_len, kv_len, q_off, kv_off, None):
             return None
     return mu.sdpa_mask(*args, local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
 
@@ -409,8 +421,10 @@ def _register_hf_attention():
 def _patch_hf_attention(model, ctx: _Ctx) -> None:
     config = model.config
     before = getattr(config, "_attn_implementation", None)
-    if getattr(config, "model_type", None) == "gpt2" and getattr(config, "reorder_and_upcast_attn", False):
-        ctx.report.left.append(("attention", "", "GPT-2 reorder_and_upcast_attn (its own eager path)"))
+    upcast = getattr(config, "reorder_and_upcast_attn", False) and config.model_type == "gpt2"
+    if upcast and before == "eager":
+        why = "GPT-2 eager with reorder_and_upcast_attn (its own fp32 path)"
+        ctx.report.left.append(("attention", "", why))
         return
     _register_hf_attention()
     policy = _AttnPolicy(ctx.backend_for("attention"), ctx.on_unsupported, ctx.report)
