@@ -13,7 +13,7 @@ from torch import nn
 
 import kernellab
 import kernellab.nn.functional as KF
-from kernellab.patch import RULES
+from kernellab.patch import RULES, HFRMSNorm
 
 RTOL, ATOL = 1e-5, 1e-5
 
@@ -331,7 +331,21 @@ def test_patch_hf_triton_backend():
     ops = ["rms_norm", "attention", "cross_entropy"]
     report = kernellab.patch(pat, ops=ops, backend="triton", verbose=False)
     assert report.counts() == {"rms_norm": 5, "attention": 2, "cross_entropy": 1}
+    norms = [m for m in pat.modules() if isinstance(m, HFRMSNorm)]
+    assert len(norms) == 5 and all(m.backend == "triton" for m in norms)
+    attn = [m for m in pat.modules() if hasattr(m, "q_proj")]
+    assert len(attn) == 2 and all(m._kernellab_attention.backend == "triton" for m in attn)
     _assert_same_step(ref, pat, _hf_run(torch.randint(0, 256, (1, 8))))
+
+
+def test_hf_rms_norm_mixed_dtypes_follow_the_original():
+    ref = _tiny("llama")
+    norm = ref.model.norm
+    new = HFRMSNorm(norm, norm.variance_epsilon)
+    x = torch.randn(2, 3, 64, dtype=torch.float64)
+    _close(new(x), norm(x), "fp32 weight, fp64 input")
+    assert new(x).dtype == norm(x).dtype == torch.float64
+    assert list(new.state_dict()) == ["weight"]
 
 
 def _rule_ops():

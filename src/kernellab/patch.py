@@ -162,13 +162,19 @@ _SILU = ("SiLU", "SiLUActivation")
 
 class HFRMSNorm(nn.Module):
     """A Hugging Face RMSNorm on kernellab.rms_norm, holding the model's weight Parameter
-    (scale ``offset + weight``: Gemma-2's ``1 + weight`` with offset 1)."""
+    (scale ``offset + weight``: Gemma-2's ``1 + weight`` with offset 1). A weight whose
+    dtype differs from the input's (a norm kept in fp32 in a bf16 model) runs the
+    original module, whose result dtype follows type promotion, which kernellab.rms_norm
+    (one dtype for x and weight) does not do."""
 
-    def __init__(self, weight: nn.Parameter, eps: float, offset: float = 0.0, backend: str | None = None):
+    def __init__(self, original: nn.Module, eps: float, offset: float = 0.0, backend: str | None = None):
         super().__init__()
-        self.weight, self.eps, self.offset, self.backend = weight, eps, offset, backend
+        self.weight, self.eps, self.offset, self.backend = original.weight, eps, offset, backend
+        self._original = (original,)  # a tuple: not a submodule, so state_dict keys stay
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype != x.dtype:
+            return self._original[0](x)
         w = self.weight + self.offset if self.offset else self.weight
         return kernellab.rms_norm(x, w, eps=self.eps, backend=self.backend)
 
@@ -193,7 +199,7 @@ def _rule_rms_norm(path, parent, name, m, ctx):
         if eps is None or m.weight.dim() != 1:
             ctx.report.left.append(("rms_norm", path, f"{cls} without a 1-D weight and eps"))
             return None
-        new = HFRMSNorm(m.weight, eps, _HF_RMSNORM[cls], ctx.backend_for("rms_norm"))
+        new = HFRMSNorm(m, eps, _HF_RMSNORM[cls], ctx.backend_for("rms_norm"))
         _replace_child(parent, name, new, ctx)
         return "kernellab.patch.HFRMSNorm"
     if cls.endswith("RMSNorm"):
