@@ -35,6 +35,8 @@ from kernellab.ops.relu import relu  # noqa: E402
 from kernellab.ops.softmax import softmax  # noqa: E402
 from kernellab.ops.spec import get_spec  # noqa: E402
 from kernellab.optim import sgd_step  # noqa: E402
+from kernellab.patch import PatchReport, patch, unpatch  # noqa: E402
+from kernellab import nn  # noqa: E402  (drop-in modules; after the ops they call)
 from kernellab.registry import Impl, get, impls, op_names, register, unregister  # noqa: E402
 
 _registry.warm_defaults()
@@ -59,7 +61,10 @@ __all__ = [
     "matmul",
     "max",
     "max_pool2d",
+    "nn",
     "op_names",
+    "patch",
+    "PatchReport",
     "register",
     "relu",
     "rms_norm",
@@ -67,5 +72,6 @@ __all__ = [
     "softmax",
     "sum",
     "swiglu",
+    "unpatch",
     "unregister",
 ]

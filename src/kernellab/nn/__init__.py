@@ -1,0 +1,87 @@
+"""Drop-in ``nn.Module``s on kernellab ops, with PyTorch's constructor signatures.
+
+``kernellab.nn.LayerNorm(64)`` is a ``torch.nn.LayerNorm`` (a subclass: the same
+parameters, state_dict keys, ``isinstance`` and ``extra_repr``) whose forward runs
+kernellab's op; each constructor takes PyTorch's arguments plus a keyword-only
+``backend=None`` (kernellab's choice). Options no kernellab op implements run PyTorch's
+function (see ``kernellab.nn.functional``), so a result never differs from the module
+it replaces beyond rounding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernellab.nn import functional
+
+__all__ = ["CrossEntropyLoss", "GELU", "LayerNorm", "RMSNorm", "functional"]
+
+
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` on kernellab.layer_norm."""
+
+    def __init__(self, *args, backend: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.backend = backend
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return functional.layer_norm(
+            input, self.normalized_shape, self.weight, self.bias, self.eps, backend=self.backend
+        )
+
+
+if hasattr(nn, "RMSNorm"):
+    _RMSNormBase = nn.RMSNorm
+else:  # torch < 2.4: the same constructor and attributes, written out
+
+    class _RMSNormBase(nn.Module):
+        def __init__(self, normalized_shape, eps=None, elementwise_affine=True, device=None, dtype=None):
+            super().__init__()
+            shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+            self.normalized_shape, self.eps, self.elementwise_affine = shape, eps, elementwise_affine
+            w = nn.Parameter(torch.ones(shape, device=device, dtype=dtype)) if elementwise_affine else None
+            self.register_parameter("weight", w)
+
+
+class RMSNorm(_RMSNormBase):
+    """``torch.nn.RMSNorm`` on kernellab.rms_norm (``eps=None``: ``finfo(dtype).eps``)."""
+
+    def __init__(self, *args, backend: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.backend = backend
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return functional.rms_norm(input, self.normalized_shape, self.weight, self.eps, backend=self.backend)
+
+
+class GELU(nn.GELU):
+    """``torch.nn.GELU``: ``approximate="tanh"`` on kernellab.gelu; ``"none"`` (erf) is
+    PyTorch's, since kernellab.gelu computes the tanh form only."""
+
+    def __init__(self, approximate: str = "none", *, backend: str | None = None):
+        super().__init__(approximate)
+        self.backend = backend
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return functional.gelu(input, self.approximate, backend=self.backend)
+
+
+class CrossEntropyLoss(nn.CrossEntropyLoss):
+    """``torch.nn.CrossEntropyLoss`` on kernellab.cross_entropy (class-index targets;
+    ``weight`` and ``label_smoothing`` run PyTorch's function)."""
+
+    def __init__(self, *args, backend: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.backend = backend
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return functional.cross_entropy(
+            input,
+            target,
+            self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+            backend=self.backend,
+        )

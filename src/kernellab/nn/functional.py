@@ -1,0 +1,168 @@
+"""kernellab ops behind PyTorch's functional signatures (``torch.nn.functional``).
+
+``import kernellab.nn.functional as F`` in place of ``import torch.nn.functional as F``
+changes an import, not a call. Each function takes PyTorch's arguments in PyTorch's order
+and gives PyTorch's result; it runs the kernellab op (``backend=`` as everywhere in
+kernellab) when the op computes what was asked, and PyTorch's own function for the
+options no kernellab op implements (named in each docstring), so an answer is never wrong.
+The kernellab ops themselves keep their own documented signatures
+(``kernellab.layer_norm(x, weight, bias, eps)`` and so on).
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as _F
+
+import kernellab as _kl
+
+
+def _normalized_dims(normalized_shape, x: torch.Tensor, name: str = "normalized_shape") -> int:
+    """How many trailing dims of x the norm covers; a ValueError naming the argument when
+    normalized_shape is not x's trailing shape."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or k > x.dim() or tuple(x.shape[x.dim() - k :]) != shape:
+        raise ValueError(f"{name}={shape} must be the trailing shape of input {tuple(x.shape)}")
+    return k
+
+
+def _flat(t: torch.Tensor | None, k: int) -> torch.Tensor | None:
+    return None if t is None else t.reshape(*t.shape[: t.dim() - k], -1) if k > 1 else t
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, backend=None):
+    """``torch.nn.functional.layer_norm``: over the trailing ``normalized_shape`` (several
+    trailing dims are flattened into one row, which is the same normalization).
+    ``weight=None`` normalizes with a weight of ones."""
+    k = _normalized_dims(normalized_shape, input)
+    x = _flat(input, k)
+    if weight is None:
+        weight = torch.ones(x.shape[-1], device=input.device, dtype=input.dtype)
+    y = _kl.layer_norm(x, _flat(weight, k), _flat(bias, k), eps=eps, backend=backend)
+    return y.view(input.shape) if k > 1 else y
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None, *, backend=None):
+    """``torch.nn.functional.rms_norm``: ``eps=None`` is ``torch.finfo(input.dtype).eps``
+    (PyTorch's default); ``weight=None`` is a weight of ones."""
+    k = _normalized_dims(normalized_shape, input)
+    x = _flat(input, k)
+    if eps is None:
+        eps = torch.finfo(input.dtype).eps
+    if weight is None:
+        weight = torch.ones(x.shape[-1], device=input.device, dtype=input.dtype)
+    y = _kl.rms_norm(x, _flat(weight, k), eps=eps, backend=backend)
+    return y.view(input.shape) if k > 1 else y
+
+
+def gelu(input, approximate="none", *, backend=None):
+    """``torch.nn.functional.gelu``: ``approximate="tanh"`` runs kernellab.gelu;
+    ``"none"`` (the exact erf form, which kernellab.gelu does not compute) runs PyTorch's."""
+    if approximate == "tanh":
+        return _kl.gelu(input, backend=backend)
+    if approximate == "none":
+        return _F.gelu(input)
+    raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def cross_entropy(
+    input,
+    target,
+    weight=None,
+    size_average=None,
+    ignore_index=-100,
+    reduce=None,
+    reduction="mean",
+    label_smoothing=0.0,
+    *,
+    backend=None,
+):
+    """``torch.nn.functional.cross_entropy`` with class indices as targets.
+
+    Shapes: ``(N, C)`` with ``(N,)``; ``(C,)`` with ``()``; ``(N, C, d1, ...)`` with
+    ``(N, d1, ...)`` (class dim 1, as PyTorch); and language-model logits ``(B, T, V)``
+    with targets ``(B, T)`` (class dim last) where PyTorch's class-dim-1 reading does not
+    fit the target's shape (when both fit, PyTorch's reading is the one taken).
+    ``reduction="none"`` returns the loss in the target's shape. ``weight``,
+    ``label_smoothing`` > 0, probability targets and the legacy ``size_average`` /
+    ``reduce`` run PyTorch's function (kernellab.cross_entropy implements none of them).
+    """
+    if (
+        weight is not None
+        or label_smoothing != 0.0
+        or size_average is not None
+        or reduce is not None
+        or target.is_floating_point()
+    ):
+        return _F.cross_entropy(
+            input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing
+        )
+    if input.dim() == 1:
+        logits, tgt = input.unsqueeze(0), target.reshape(1)
+    elif input.dim() == 2:
+        logits, tgt = input, target
+    else:
+        torch_shape = (input.shape[0], *input.shape[2:])
+        if tuple(target.shape) == torch_shape:
+            logits = input.movedim(1, -1).reshape(-1, input.shape[1])
+        elif tuple(target.shape) == tuple(input.shape[:-1]):
+            logits = input.reshape(-1, input.shape[-1])
+        else:
+            raise ValueError(
+                f"target of shape {tuple(target.shape)} fits neither {torch_shape} (class dim 1) "
+                f"nor {tuple(input.shape[:-1])} (class dim last) for input {tuple(input.shape)}"
+            )
+        tgt = target.reshape(-1)
+    loss = _kl.cross_entropy(logits, tgt, ignore_index=ignore_index, reduction=reduction, backend=backend)
+    return loss.view(target.shape) if reduction == "none" else loss
+
+
+def scaled_dot_product_attention(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+    *,
+    backend=None,
+):
+    """``torch.nn.functional.scaled_dot_product_attention``. kernellab.attention runs
+    no mask, causal with ``S_q == S_k`` (PyTorch's causal mask is aligned top-left,
+    kernellab's bottom-right: the same square), and GQA with ``enable_gqa=True``. An
+    ``attn_mask``, ``dropout_p > 0``, causal with ``S_q != S_k``, differing head counts
+    without ``enable_gqa`` (PyTorch's error) or 4-D shapes kernellab refuses run PyTorch's."""
+    if not sdpa_supported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+        gqa = {"enable_gqa": True} if enable_gqa else {}  # (the keyword is torch >= 2.5)
+        return _F.scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa
+        )
+    return _kl.attention(query, key, value, causal=bool(is_causal), scale=scale, backend=backend)
+
+
+def sdpa_supported(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False
+) -> bool:
+    """Whether kernellab.attention computes this SDPA call exactly (see
+    scaled_dot_product_attention)."""
+    if attn_mask is not None or dropout_p != 0.0 or query.dim() < 3 or query.dim() != key.dim():
+        return False
+    if key.shape != value.shape or query.shape[-1] != key.shape[-1]:
+        return False
+    if is_causal and query.shape[-2] != key.shape[-2]:
+        return False
+    if query.dim() >= 4 and query.shape[-3] != key.shape[-3]:
+        hq, hkv = query.shape[-3], key.shape[-3]
+        if not enable_gqa or hq % hkv:
+            return False
+        lead_q, lead_k = query.shape[:-3], key.shape[:-3]
+    else:
+        lead_q, lead_k = query.shape[:-2], key.shape[:-2]
+    return tuple(lead_q) == tuple(lead_k)
+
+
+__all__ = ["cross_entropy", "gelu", "layer_norm", "rms_norm", "scaled_dot_product_attention"]

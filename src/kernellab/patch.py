@@ -1,0 +1,652 @@
+"""``kernellab.patch(model)``: kernellab ops in a Hugging Face or plain PyTorch model, in
+place; ``kernellab.unpatch(model)`` restores it exactly.
+
+What is replaced is one table, ``RULES``: each entry names a kernellab op, the modules it
+matches and how it replaces them (and how that is undone). An entry whose op this build
+lacks (``kernellab.swiglu`` ...) is skipped and reported, so ops added later plug in by
+existing. Modules keep their Parameter objects (optimizers keep working, state_dict keys
+do not change):
+
+- ``nn.LayerNorm``, ``nn.RMSNorm``, ``nn.GELU(approximate="tanh")``, ``nn.CrossEntropyLoss``:
+  their class becomes the kernellab.nn drop-in subclass (hooks and attributes stay).
+- Hugging Face norms (``LlamaRMSNorm``, Mistral/Qwen2/Qwen3's, ``Gemma2RMSNorm`` whose
+  scale is ``1 + weight``) and tanh GeLU activations (``gelu_new``,
+  ``gelu_pytorch_tanh``): replaced by kernellab modules holding the same weight.
+- Gated MLPs (``gate_proj``/``up_proj``/``down_proj`` with SiLU or tanh GeLU): the MLP's
+  forward calls kernellab.swiglu / geglu, when the build has them.
+- Attention in Hugging Face models: transformers' attention-function registry (name
+  ``"kernellab"``); per call, kernellab.attention runs the plain causal mask (with GQA,
+  sliding window, softcap); a padding or custom mask, dropout in training, or a
+  top-left-aligned causal prefill into a longer cache runs transformers' SDPA (eager for
+  a softcap, which SDPA ignores) and is counted in ``report.attention_fallbacks``, or
+  raises with ``on_unsupported="raise"``. Never a silently different answer.
+- Attention in a plain module: its ``F.scaled_dot_product_attention`` calls, intercepted
+  while the model's forward runs (a torch function mode entered by the model's forward,
+  not a global swap); calls kernellab.attention cannot compute exactly run PyTorch's.
+- The causal-LM loss of Hugging Face models: ``model.loss_function`` on kernellab.cross_entropy.
+
+Hugging Face's RMSNorm rounds ``x * rstd`` to the storage dtype before the weight multiply
+(Gemma-2 does not); kernellab.rms_norm rounds once at the end: identical in fp32, within
+one rounding in fp16/bf16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import types
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernellab
+from kernellab import nn as klnn
+from kernellab.nn import functional as klF
+
+# ----------------------------------------------------------------------------- report
+
+
+@dataclasses.dataclass
+class PatchReport:
+    """What ``patch`` replaced (op, module path, class before -> after) and what it left
+    (path, why). ``attention_calls`` / ``attention_fallbacks`` count attention calls in
+    eager mode as they happen (kernellab, and transformers' SDPA or eager per reason)."""
+
+    model: str
+    backend: str | dict | None
+    replaced: list[tuple[str, str, str, str]] = dataclasses.field(default_factory=list)
+    left: list[tuple[str, str, str]] = dataclasses.field(default_factory=list)
+    attention_calls: Counter = dataclasses.field(default_factory=Counter)
+    attention_fallbacks: Counter = dataclasses.field(default_factory=Counter)
+
+    def counts(self) -> dict[str, int]:
+        """Replacements per op."""
+        return dict(Counter(op for op, *_ in self.replaced))
+
+    def paths(self, op: str) -> list[str]:
+        return [path for o, path, *_ in self.replaced if o == op]
+
+    def __str__(self) -> str:
+        lines = [f"kernellab.patch({self.model}, backend={self.backend!r})"]
+        counts = self.counts()
+        lines.append("replaced: " + (", ".join(f"{op} x{n}" for op, n in counts.items()) or "nothing"))
+        # One line per kind of replacement: layer indices fold into "*" (a 32-layer
+        # model prints as many lines as a 2-layer one).
+        groups = Counter((op, _fold(path), before, after) for op, path, before, after in self.replaced)
+        for (op, path, before, after), n in groups.items():
+            times = f" (x{n})" if n > 1 else ""
+            lines.append(f"  {op:<14} {path}{times}: {before} -> {after}")
+        if self.left:
+            lines.append("left as is:")
+            for (op, path, why), n in Counter((op, _fold(p), why) for op, p, why in self.left).items():
+                lines.append(f"  {op:<14} {path}{f' (x{n})' if n > 1 else ''}: {why}")
+        if self.attention_calls or self.attention_fallbacks:
+            lines.append(f"attention calls: {dict(self.attention_calls)}")
+            for why, n in self.attention_fallbacks.items():
+                lines.append(f"  fallback x{n}: {why}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _fold(path: str) -> str:
+    return re.sub(r"(?<=\.)\d+(?=\.|$)", "*", path) if path else "<model>"
+
+
+# ----------------------------------------------------------------------------- context
+
+
+@dataclasses.dataclass
+class _Ctx:
+    report: PatchReport
+    backend: str | dict | None
+    undo: list[Callable[[], None]]
+    on_unsupported: str
+    hf: bool
+
+    def backend_for(self, op: str) -> str | None:
+        return self.backend.get(op) if isinstance(self.backend, dict) else self.backend
+
+
+def _swap_class(module: nn.Module, cls: type, ctx: _Ctx, op: str) -> None:
+    """Give module the drop-in subclass (same object: parameters, hooks, attributes)."""
+    before = type(module)
+    module.__class__ = cls
+    module.backend = ctx.backend_for(op)
+
+    def undo():
+        module.__class__ = before
+        del module.backend
+
+    ctx.undo.append(undo)
+
+
+def _replace_child(parent: nn.Module, name: str, new: nn.Module, ctx: _Ctx) -> None:
+    old = getattr(parent, name)
+    new.train(old.training)
+    setattr(parent, name, new)
+    ctx.undo.append(lambda: setattr(parent, name, old))
+
+
+def _set_forward(module: nn.Module, forward: Callable, ctx: _Ctx) -> None:
+    """An instance forward (nn.Module.__call__ finds it first); undone by deleting it."""
+    had = "forward" in module.__dict__
+    old = module.__dict__.get("forward")
+    module.forward = types.MethodType(forward, module)
+
+    def undo():
+        if had:
+            module.forward = old
+        else:
+            del module.forward
+
+    ctx.undo.append(undo)
+
+
+# ----------------------------------------------------------------------------- module rules
+
+_HF_RMSNORM = {  # class name -> offset added to the weight (Gemma scales by 1 + weight)
+    "LlamaRMSNorm": 0.0,
+    "MistralRMSNorm": 0.0,
+    "Qwen2RMSNorm": 0.0,
+    "Qwen3RMSNorm": 0.0,
+    "Gemma2RMSNorm": 1.0,
+}
+_HF_TANH_GELU = ("NewGELUActivation", "GELUTanh", "PytorchGELUTanh")
+_SILU = ("SiLU", "SiLUActivation")
+
+
+class HFRMSNorm(nn.Module):
+    """A Hugging Face RMSNorm on kernellab.rms_norm, holding the model's weight Parameter
+    (scale ``offset + weight``: Gemma-2's ``1 + weight`` with offset 1). A weight whose
+    dtype differs from the input's (a norm kept in fp32 in a bf16 model) runs the
+    original module, whose result dtype follows type promotion, which kernellab.rms_norm
+    (one dtype for x and weight) does not do."""
+
+    def __init__(self, original: nn.Module, eps: float, offset: float = 0.0, backend: str | None = None):
+        super().__init__()
+        self.weight, self.eps, self.offset, self.backend = original.weight, eps, offset, backend
+        self._original = (original,)  # a tuple: not a submodule, so state_dict keys stay
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype != x.dtype:
+            return self._original[0](x)
+        w = self.weight + self.offset if self.offset else self.weight
+        return kernellab.rms_norm(x, w, eps=self.eps, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, offset={self.offset}"
+
+
+def _rule_layer_norm(path, parent, name, m, ctx):
+    if type(m) is nn.LayerNorm:
+        _swap_class(m, klnn.LayerNorm, ctx, "layer_norm")
+        return "kernellab.nn.LayerNorm"
+    return None
+
+
+def _rule_rms_norm(path, parent, name, m, ctx):
+    if hasattr(nn, "RMSNorm") and type(m) is nn.RMSNorm:
+        _swap_class(m, klnn.RMSNorm, ctx, "rms_norm")
+        return "kernellab.nn.RMSNorm"
+    cls = type(m).__name__
+    if cls in _HF_RMSNORM and isinstance(getattr(m, "weight", None), nn.Parameter):
+        eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+        if eps is None or m.weight.dim() != 1:
+            ctx.report.left.append(("rms_norm", path, f"{cls} without a 1-D weight and eps"))
+            return None
+        new = HFRMSNorm(m, eps, _HF_RMSNORM[cls], ctx.backend_for("rms_norm"))
+        _replace_child(parent, name, new, ctx)
+        return "kernellab.patch.HFRMSNorm"
+    if cls.endswith("RMSNorm"):
+        ctx.report.left.append(("rms_norm", path, f"{cls}: formula not verified against kernellab.rms_norm"))
+    return None
+
+
+def _rule_gelu(path, parent, name, m, ctx):
+    cls = type(m).__name__
+    if type(m) is nn.GELU:
+        if m.approximate != "tanh":
+            ctx.report.left.append(("gelu", path, "nn.GELU(approximate='none'): kernellab.gelu is tanh only"))
+            return None
+        _swap_class(m, klnn.GELU, ctx, "gelu")
+        return "kernellab.nn.GELU"
+    if cls in _HF_TANH_GELU:
+        _replace_child(parent, name, klnn.GELU("tanh", backend=ctx.backend_for("gelu")), ctx)
+        return "kernellab.nn.GELU('tanh')"
+    return None
+
+
+def _rule_cross_entropy(path, parent, name, m, ctx):
+    if type(m) is nn.CrossEntropyLoss:
+        if m.weight is not None or m.label_smoothing != 0.0:
+            ctx.report.left.append(("cross_entropy", path, "class weights or label smoothing"))
+            return None
+        _swap_class(m, klnn.CrossEntropyLoss, ctx, "cross_entropy")
+        return "kernellab.nn.CrossEntropyLoss"
+    return None
+
+
+def _gated_mlp_kind(m) -> tuple[str, dict] | None:
+    if not all(isinstance(getattr(m, a, None), nn.Linear) for a in ("gate_proj", "up_proj", "down_proj")):
+        return None
+    act = type(getattr(m, "act_fn", None)).__name__
+    if act in _SILU:
+        return "swiglu", {}
+    if act in _HF_TANH_GELU or (act == "GELU" and getattr(m.act_fn, "approximate", "") == "tanh"):
+        return "geglu", {"approximate": "tanh"}
+    return None
+
+
+def _gated_rule(op):
+    def rule(path, parent, name, m, ctx):
+        kind = _gated_mlp_kind(m)
+        if kind is None or kind[0] != op:
+            return None
+        fn, opts, backend = getattr(kernellab, op), kind[1], ctx.backend_for(op)
+
+        def forward(self, x):
+            return self.down_proj(fn(self.gate_proj(x), self.up_proj(x), **opts, backend=backend))
+
+        _set_forward(m, forward, ctx)
+        return f"forward on kernellab.{op}"
+
+    return rule
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One row of the replacement table: the kernellab op it needs, and
+    ``apply(path, parent, name, module, ctx) -> description or None``."""
+
+    op: str
+    apply: Callable
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("swiglu", _gated_rule("swiglu")),
+    Rule("geglu", _gated_rule("geglu")),
+    Rule("layer_norm", _rule_layer_norm),
+    Rule("rms_norm", _rule_rms_norm),
+    Rule("gelu", _rule_gelu),
+    Rule("cross_entropy", _rule_cross_entropy),
+)
+# Ops the patch names but does not wire yet: they need a model-level rewrite (the LM
+# head's forward, the rotary call inside attention, the residual add before the norm).
+_NOT_WIRED = {
+    "rope": "the rotary embedding is a function inside each family's attention forward",
+    "add_rms_norm": "the residual add sits in each decoder layer's forward",
+}
+OPS = ("attention", *dict.fromkeys(r.op for r in RULES), "linear_cross_entropy", *_NOT_WIRED)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+@dataclasses.dataclass
+class _AttnPolicy:
+    backend: str | None
+    on_unsupported: str
+    report: PatchReport
+
+
+def _fallback_reason(module, query, key, value, attention_mask, dropout, sliding_window, is_causal):
+    if attention_mask is not None:
+        return "attention mask (padding or custom) given"
+    if dropout:
+        return "attention dropout > 0 in training"
+    if query.dim() != 4 or key.shape != value.shape or query.shape[-1] != key.shape[-1]:
+        return "shapes other than (B, H, S, D) with k, v alike"
+    if query.shape[1] % key.shape[1]:
+        return "query heads not a multiple of key/value heads"
+    if is_causal and query.shape[2] > 1 and query.shape[2] != key.shape[2]:
+        return "causal prefill into a longer cache (top-left aligned)"
+    if sliding_window and not is_causal:
+        return "sliding window without causal"
+    return None
+
+
+def _hf_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    sliding_window=None,
+    softcap=None,
+    **kwargs,
+):
+    """transformers' attention-function contract: q (B, H, S_q, D), k/v (B, H_kv, S_k, D)
+    -> ((B, S_q, H, D), None)."""
+    policy = getattr(module, "_kernellab_attention", None)
+    is_causal = kwargs.pop("is_causal", None)
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    why = _fallback_reason(module, query, key, value, attention_mask, dropout, sliding_window, is_causal)
+    counting = policy is not None and not torch.compiler.is_compiling()
+    if why is not None:
+        if policy is not None and policy.on_unsupported == "raise":
+            raise ValueError(f"kernellab attention cannot compute this call exactly: {why}")
+        if counting:
+            policy.report.attention_fallbacks[why] += 1
+            policy.report.attention_calls["fallback"] += 1
+        opts = dict(scaling=scaling, dropout=dropout, sliding_window=sliding_window, softcap=softcap)
+        return _hf_fallback(module, query, key, value, attention_mask, is_causal=is_causal, **opts, **kwargs)
+    if counting:
+        policy.report.attention_calls["kernellab"] += 1
+    window = (sliding_window - 1, 0) if sliding_window else None
+    out = kernellab.attention(
+        query,
+        key,
+        value,
+        causal=bool(is_causal),
+        scale=scaling,
+        window=window,
+        softcap=softcap or None,
+        backend=policy.backend if policy is not None else None,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _causal_mask(query, key, sliding_window):
+    """The (1, 1, S_q, S_k) boolean mask a None mask stands for under is_causal: top-left
+    aligned as SDPA's is_causal (the only None-mask case with 1 < S_q != S_k is a prefill
+    from position 0), with the sliding window ``_hf_mask`` left out of the mask."""
+    i = torch.arange(query.shape[2], device=query.device)[:, None]
+    j = torch.arange(key.shape[2], device=query.device)[None, :]
+    keep = j <= i
+    if sliding_window:
+        keep = keep & (j > i - sliding_window)
+    return keep[None, None]
+
+
+def _hf_fallback(
+    module, query, key, value, mask, *, scaling, dropout, sliding_window, softcap, is_causal, **kw
+):
+    """transformers' own path: SDPA; the family's eager attention where a softcap is set
+    (SDPA has no softcap), with a boolean mask made additive as eager expects."""
+    if mask is None and is_causal and query.shape[2] > 1:
+        mask = _causal_mask(query, key, sliding_window)
+    if softcap:
+        eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+        if eager is None:
+            raise ValueError(f"no eager attention for {type(module).__name__} to apply softcap={softcap}")
+        if mask is not None and mask.dtype == torch.bool:
+            neg = torch.finfo(query.dtype).min
+            mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, neg)
+        opts = dict(dropout=dropout, scaling=scaling, sliding_window=sliding_window, softcap=softcap)
+        return eager(module, query, key, value, mask, **opts, **kw)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    opts = dict(dropout=dropout, scaling=scaling, is_causal=is_causal)
+    return sdpa_attention_forward(module, query, key, value, mask, **opts, **kw)
+
+
+def _hf_mask(*args, local_size=None, allow_is_causal_skip=True, **kwargs):
+    """transformers' SDPA mask, plus: a sliding-window causal mask with no padding is not
+    materialized either in a plain prefill (no cache offset, S_q == S_k) or a one-token
+    decode step, since the attention function passes the window to the kernel (aligned
+    bottom-right: the query is the last key of the cache)."""
+    from transformers import masking_utils as mu
+
+    bound = dict(zip(("batch_size", "q_length", "kv_length", "q_offset", "kv_offset"), args))
+    bound.update(kwargs)
+    config = kwargs.get("config")
+    q_len, kv_len = bound["q_length"], bound["kv_length"]
+    q_off, kv_off = bound.get("q_offset", 0), bound.get("kv_offset", 0)
+    plain = isinstance(q_off, int) and isinstance(kv_off, int) and (
+        q_len == 1 or (q_off == 0 and kv_off == 0 and q_len == kv_len)
+    )
+    if (
+        plain
+        and allow_is_causal_skip
+        and local_size is not None
+        and config is not None
+        and getattr(config, "sliding_window", None) == local_size
+        and getattr(config, "attention_chunk_size", None) is None
+    ):
+        pad = mu.prepare_padding_mask(bound.get("attention_mask"), kv_len, kv_off)
+        if mu._ignore_causal_mask_sdpa(pad, q_len, kv_len, q_off, kv_off, None):
+            return None
+    return mu.sdpa_mask(*args, local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
+def _register_hf_attention():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register("kernellab", _hf_attention)
+    AttentionMaskInterface.register("kernellab", _hf_mask)
+
+
+def _patch_hf_attention(model, ctx: _Ctx) -> None:
+    config = model.config
+    before = getattr(config, "_attn_implementation", None)
+    upcast = getattr(config, "reorder_and_upcast_attn", False) and config.model_type == "gpt2"
+    if upcast and before == "eager":
+        why = "GPT-2 eager with reorder_and_upcast_attn (its own fp32 path)"
+        ctx.report.left.append(("attention", "", why))
+        return
+    _register_hf_attention()
+    policy = _AttnPolicy(ctx.backend_for("attention"), ctx.on_unsupported, ctx.report)
+    tagged = [m for m in model.modules() if type(m).__name__.endswith("Attention")]
+    for m in tagged:
+        m._kernellab_attention = policy
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("kernellab")
+    else:
+        config._attn_implementation = "kernellab"
+
+    def undo():
+        for m in tagged:
+            del m._kernellab_attention
+        if hasattr(model, "set_attn_implementation") and before is not None:
+            model.set_attn_implementation(before)
+        else:
+            config._attn_implementation = before
+
+    ctx.undo.append(undo)
+    for path, m in model.named_modules():
+        if m in tagged:
+            ctx.report.replaced.append(("attention", path, f"{before} attention", "kernellab.attention"))
+
+
+class _SDPAMode(torch.overrides.TorchFunctionMode):
+    """Sends F.scaled_dot_product_attention to kernellab.attention when it computes the
+    call exactly, PyTorch's otherwise (counted)."""
+
+    def __init__(self, policy: _AttnPolicy):
+        super().__init__()
+        self.policy = policy
+
+    def __torch_function__(self, func, types_, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+            bound = dict(zip(names, args), **kwargs)
+            counting = not torch.compiler.is_compiling()
+            ok = klF.sdpa_supported(
+                bound["query"], bound["key"], bound["value"], bound.get("attn_mask"),
+                bound.get("dropout_p", 0.0), bound.get("is_causal", False), bound.get("enable_gqa", False),
+            )
+            if ok:
+                if counting:
+                    self.policy.report.attention_calls["kernellab"] += 1
+                return klF.scaled_dot_product_attention(**bound, backend=self.policy.backend)
+            if self.policy.on_unsupported == "raise":
+                raise ValueError("kernellab attention cannot compute this SDPA call exactly "
+                                 "(mask, dropout, causal with S_q != S_k, or head layout)")
+            if counting:
+                self.policy.report.attention_calls["fallback"] += 1
+                self.policy.report.attention_fallbacks["SDPA call with mask, dropout or layout"] += 1
+        return func(*args, **kwargs)
+
+
+def _patch_sdpa_calls(model, ctx: _Ctx) -> None:
+    policy = _AttnPolicy(ctx.backend_for("attention"), ctx.on_unsupported, ctx.report)
+    inner = model.forward
+
+    def forward(self, *args, **kwargs):
+        with _SDPAMode(policy):
+            return inner(*args, **kwargs)
+
+    _set_forward(model, forward, ctx)
+    what = ("attention", "", "F.scaled_dot_product_attention calls", "kernellab.attention")
+    ctx.report.replaced.append(what)
+
+
+# ----------------------------------------------------------------------------- loss
+
+
+def _hf_causal_lm_loss(backend):
+    def loss(
+        logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs
+    ):
+        # transformers' ForCausalLMLoss with kernellab.cross_entropy: fp32 logits, labels
+        # shifted left with ignore_index padding, sum / num_items_in_batch or mean.
+        logits = logits.float()
+        if shift_labels is None:
+            labels = F.pad(labels, (0, 1), value=ignore_index)
+            shift_labels = labels[..., 1:].contiguous()
+        logits = logits.view(-1, vocab_size)
+        shift_labels = shift_labels.view(-1).to(logits.device)
+        reduction = "sum" if num_items_in_batch is not None else "mean"
+        out = kernellab.cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction=reduction,
+                                      backend=backend)
+        if reduction == "sum":
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.to(out.device)
+            out = out / num_items_in_batch
+        return out
+
+    return loss
+
+
+def _patch_hf_loss(model, ctx: _Ctx) -> None:
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    causal_lm = LOSS_MAPPING.get("ForCausalLM")
+    if not hasattr(type(model), "loss_function") or model.loss_function is not causal_lm:
+        return
+    had = "_loss_function" in model.__dict__
+    model.loss_function = _hf_causal_lm_loss(ctx.backend_for("cross_entropy"))
+
+    def undo():
+        if not had:
+            del model._loss_function
+
+    ctx.undo.append(undo)
+    ctx.report.replaced.append(("cross_entropy", "", "ForCausalLMLoss", "kernellab.cross_entropy"))
+
+
+# ----------------------------------------------------------------------------- patch / unpatch
+
+
+def _is_hf(model) -> bool:
+    mod = sys.modules.get("transformers")
+    return mod is not None and isinstance(model, mod.PreTrainedModel)
+
+
+def patch(
+    model: nn.Module,
+    ops: list[str] | tuple[str, ...] | None = None,
+    backend: str | dict[str, str] | None = None,
+    fused_linear_cross_entropy: bool = False,
+    verbose: bool = True,
+    *,
+    on_unsupported: str = "fallback",
+) -> PatchReport:
+    """Put kernellab ops into ``model`` in place (module docstring) and return what was
+    replaced and what was left. ``ops``: op names from ``kernellab.patch.OPS`` (default:
+    every op this build has). ``backend``: one backend for every op, or ``{op: backend}``
+    (default: kernellab's choice). ``on_unsupported``: an attention call kernellab cannot
+    compute exactly runs PyTorch's / transformers' (``"fallback"``, counted in the report)
+    or raises ValueError (``"raise"``). ``verbose`` prints the report."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if "_kernellab_patch" in model.__dict__:
+        raise ValueError("model is already patched by kernellab.patch; call kernellab.unpatch(model) first")
+    if on_unsupported not in ("fallback", "raise"):
+        raise ValueError(f"on_unsupported must be 'fallback' or 'raise', got {on_unsupported!r}")
+    if backend is not None and not isinstance(backend, (str, dict)):
+        raise TypeError(f"backend must be a str, a dict op -> str or None, got {type(backend).__name__}")
+    wanted = list(OPS) if ops is None else list(ops)
+    unknown = [op for op in wanted if op not in OPS]
+    if unknown:
+        raise ValueError(f"ops: unknown {unknown}; known: {list(OPS)}")
+    if ops is not None:
+        missing = [op for op in wanted if op != "attention" and not hasattr(kernellab, op)]
+        if missing:
+            raise ValueError(f"ops: {missing} not in this kernellab build")
+    hf = _is_hf(model)
+    name = type(model).__name__ + (f" ({model.config.model_type})" if hf else "")
+    report = PatchReport(name, backend)
+    ctx = _Ctx(report, backend, [], on_unsupported, hf)
+
+    for op in _NOT_WIRED:
+        if op in wanted:
+            why = _NOT_WIRED[op] if hasattr(kernellab, op) else f"kernellab.{op} not in this build"
+            report.left.append((op, "", why))
+    if fused_linear_cross_entropy:
+        if not hasattr(kernellab, "linear_cross_entropy"):
+            raise ValueError(
+                "fused_linear_cross_entropy=True needs kernellab.linear_cross_entropy (not in this build)"
+            )
+        report.left.append(("linear_cross_entropy", "", "the LM head's forward is not rewritten yet"))
+
+    rules = []
+    for rule in RULES:
+        if rule.op not in wanted:
+            continue
+        if not hasattr(kernellab, rule.op):
+            report.left.append((rule.op, "", f"kernellab.{rule.op} not in this build"))
+            continue
+        rules.append(rule)
+    try:
+        _walk(model, "", rules, ctx, done=set())
+        if "attention" in wanted:
+            if hf:
+                _patch_hf_attention(model, ctx)
+            else:
+                _patch_sdpa_calls(model, ctx)
+        if hf and "cross_entropy" in wanted:
+            _patch_hf_loss(model, ctx)
+    except BaseException:
+        for undo in reversed(ctx.undo):
+            undo()
+        raise
+    model._kernellab_patch = ctx
+    if verbose:
+        print(report)
+    return report
+
+
+def _walk(module: nn.Module, prefix: str, rules, ctx: _Ctx, done: set) -> None:
+    for name, child in list(module.named_children()):
+        path = f"{prefix}.{name}" if prefix else name
+        if id(child) in done:  # a module shared by two parents is patched once
+            continue
+        done.add(id(child))
+        for rule in rules:
+            after = rule.apply(path, module, name, child, ctx)
+            if after is not None:
+                ctx.report.replaced.append((rule.op, path, type(child).__name__, after))
+                break
+        else:
+            _walk(child, path, rules, ctx, done)
+
+
+def unpatch(model: nn.Module) -> None:
+    """Undo ``patch(model)`` exactly: the original modules, classes, forwards, attention
+    implementation and loss function (the Parameter objects were never replaced)."""
+    ctx = model.__dict__.get("_kernellab_patch")
+    if ctx is None:
+        raise ValueError("model is not patched by kernellab.patch")
+    for undo in reversed(ctx.undo):
+        undo()
+    del model._kernellab_patch

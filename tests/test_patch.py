@@ -1,0 +1,378 @@
+"""kernellab.patch / unpatch and the drop-in modules, on the CPU: tiny models from configs
+(no downloaded weights), fp32; loss, logits and every parameter's gradient against the
+untouched model."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kernellab
+import kernellab.nn.functional as KF
+from kernellab.patch import RULES, HFRMSNorm
+
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def _close(a, b, what):
+    torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL, msg=lambda m: f"{what}: {m}")
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same_step(ref, pat, run):
+    ref.zero_grad(set_to_none=True)
+    pat.zero_grad(set_to_none=True)
+    out_r, loss_r = run(ref)
+    out_p, loss_p = run(pat)
+    loss_r.backward()
+    loss_p.backward()
+    _close(loss_p, loss_r, "loss")
+    _close(out_p, out_r, "logits")
+    gr, gp = _grads(ref), _grads(pat)
+    assert gr.keys() == gp.keys() and gr
+    for n in gr:
+        _close(gp[n], gr[n], f"grad of {n}")
+
+
+# ----------------------------------------------------------------------------- functional
+
+
+def test_functional_layer_norm_matches_torch_signature():
+    x = torch.randn(3, 5, 4, 8, dtype=torch.float64)
+    w, b = torch.randn(4, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)
+    _close(KF.layer_norm(x, (4, 8), w, b, 1e-3), F.layer_norm(x, (4, 8), w, b, 1e-3), "2 dims")
+    _close(KF.layer_norm(x, 8), F.layer_norm(x, (8,)), "no weight")
+    with pytest.raises(ValueError, match="normalized_shape"):
+        KF.layer_norm(x, (7,))
+
+
+def test_functional_rms_norm_default_eps():
+    x = torch.randn(4, 16)
+    w = torch.randn(16)
+    _close(KF.rms_norm(x, (16,), w), F.rms_norm(x, (16,), w), "eps=None")
+
+
+def test_functional_cross_entropy_layouts():
+    torch.manual_seed(0)
+    logits, t = torch.randn(2, 5, 11, dtype=torch.float64), torch.randint(0, 11, (2, 5))
+    t[0, 1] = -100
+    flat = F.cross_entropy(logits.view(-1, 11), t.view(-1), reduction="none").view(2, 5)
+    _close(KF.cross_entropy(logits, t, reduction="none"), flat, "(B, T, V) class last")
+    _close(KF.cross_entropy(logits, t), F.cross_entropy(logits.view(-1, 11), t.view(-1)), "mean")
+    t2 = torch.randint(0, 5, (2, 11))  # class dim 1, as PyTorch reads (N, C, d1)
+    want = F.cross_entropy(logits, t2, reduction="sum")
+    _close(KF.cross_entropy(logits, t2, reduction="sum"), want, "dim 1")
+    _close(KF.cross_entropy(logits.view(-1, 11), t.view(-1), label_smoothing=0.1),
+           F.cross_entropy(logits.view(-1, 11), t.view(-1), label_smoothing=0.1), "label smoothing")
+    with pytest.raises(ValueError, match="target"):
+        KF.cross_entropy(logits, torch.zeros(3, 3, dtype=torch.long))
+
+
+def test_functional_sdpa_causal_gqa_and_mask():
+    q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    _close(KF.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True), ref, "gqa causal")
+    assert not KF.sdpa_supported(q, k, v, is_causal=True)  # GQA without enable_gqa: PyTorch's error
+    mask = torch.rand(6, 6) > 0.3
+    kk, vv = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    want = F.scaled_dot_product_attention(q, kk, vv, mask)
+    _close(KF.scaled_dot_product_attention(q, kk, vv, mask), want, "mask")
+
+
+def test_dropin_modules_keep_torch_state():
+    ln = kernellab.nn.LayerNorm(8, eps=1e-4)
+    assert isinstance(ln, nn.LayerNorm) and list(ln.state_dict()) == ["weight", "bias"]
+    x = torch.randn(3, 8)
+    _close(ln(x), F.layer_norm(x, (8,), ln.weight, ln.bias, 1e-4), "LayerNorm")
+    _close(kernellab.nn.GELU("tanh")(x), F.gelu(x, approximate="tanh"), "GELU tanh")
+    _close(kernellab.nn.GELU()(x), F.gelu(x), "GELU exact")
+    t = torch.randint(0, 8, (3,))
+    _close(kernellab.nn.CrossEntropyLoss(reduction="sum")(x, t), F.cross_entropy(x, t, reduction="sum"), "CE")
+    if hasattr(nn, "RMSNorm"):
+        _close(kernellab.nn.RMSNorm(8)(x), nn.RMSNorm(8)(x), "RMSNorm")
+
+
+# ----------------------------------------------------------------------------- plain module
+
+
+class _Block(nn.Module):
+    """nanoGPT-style: LayerNorm, causal SDPA, tanh GeLU MLP, CrossEntropyLoss (and an
+    RMSNorm, an exact GeLU)."""
+
+    def __init__(self, d=32, h=4, vocab=64):
+        super().__init__()
+        self.h = h
+        self.emb = nn.Embedding(vocab, d)
+        self.ln1, self.ln2, self.ln_f = nn.LayerNorm(d), nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(approximate="tanh"), nn.Linear(4 * d, d))
+        self.act_exact = nn.GELU()
+        self.rms = nn.RMSNorm(d, eps=1e-5) if hasattr(nn, "RMSNorm") else nn.Identity()
+        self.head = nn.Linear(d, vocab)
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, idx, targets):
+        x = self.emb(idx)
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        x = x + self.mlp(self.ln2(x)) + 0.1 * self.act_exact(x)
+        logits = self.head(self.ln_f(self.rms(x)))
+        return logits, self.loss(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def test_patch_plain_module_matches_and_unpatch_restores():
+    torch.manual_seed(0)
+    ref = _Block()
+    pat = copy.deepcopy(ref)
+    params_before = list(pat.parameters())
+    idx, tgt = torch.randint(0, 64, (2, 12)), torch.randint(0, 64, (2, 12))
+    report = kernellab.patch(pat, verbose=False)
+    want = {"layer_norm": 3, "gelu": 1, "cross_entropy": 1, "attention": 1}
+    if hasattr(nn, "RMSNorm"):
+        want["rms_norm"] = 1
+    assert report.counts() == want, report
+    assert sorted(report.paths("layer_norm")) == ["ln1", "ln2", "ln_f"]
+    assert any(p == "act_exact" and "tanh only" in why for _, p, why in report.left)
+    assert list(pat.parameters()) == params_before and type(pat.ln1) is kernellab.nn.LayerNorm
+    assert "layer_norm x3" in str(report)
+    _assert_same_step(ref, pat, lambda m: m(idx, tgt))
+    assert report.attention_calls == {"kernellab": 1}
+    kernellab.unpatch(pat)
+    assert type(pat.ln1) is nn.LayerNorm and "forward" not in pat.__dict__ and not hasattr(pat.ln1, "backend")
+    _assert_same_step(ref, pat, lambda m: m(idx, tgt))
+    with pytest.raises(ValueError, match="not patched"):
+        kernellab.unpatch(pat)
+
+
+def test_patch_rejects_bad_arguments():
+    m = _Block()
+    with pytest.raises(ValueError, match="ops"):
+        kernellab.patch(m, ops=["nope"], verbose=False)
+    with pytest.raises(ValueError, match="on_unsupported"):
+        kernellab.patch(m, on_unsupported="maybe", verbose=False)
+    with pytest.raises(TypeError, match="model"):
+        kernellab.patch(object(), verbose=False)
+    kernellab.patch(m, verbose=False)
+    with pytest.raises(ValueError, match="already patched"):
+        kernellab.patch(m, verbose=False)
+
+
+def test_patch_plain_sdpa_with_mask_falls_back_or_raises():
+    class M(nn.Module):
+        def forward(self, q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    q = torch.randn(1, 2, 5, 8)
+    mask = torch.rand(5, 5) > 0.5
+    m = M()
+    rep = kernellab.patch(m, verbose=False)
+    _close(m(q, q, q, mask), F.scaled_dot_product_attention(q, q, q, attn_mask=mask), "fallback")
+    assert rep.attention_calls == {"fallback": 1}
+    kernellab.unpatch(m)
+    kernellab.patch(m, verbose=False, on_unsupported="raise")
+    with pytest.raises(ValueError, match="exactly"):
+        m(q, q, q, mask)
+
+
+# ----------------------------------------------------------------------------- Hugging Face
+
+transformers = pytest.importorskip("transformers")
+
+
+def _cfg(family, **extra):
+    # initializer_range 0.2: scores of order 1, so that a softcap or a window changes the result.
+    common = dict(vocab_size=256, num_hidden_layers=2, attn_implementation="sdpa", initializer_range=0.2)
+    llama_like = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+    if family == "gpt2":
+        return transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=256, resid_pdrop=0.0,
+                                       embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="sdpa",
+                                       initializer_range=0.2, **extra)
+    if family == "llama":
+        return transformers.LlamaConfig(**common, **llama_like, **extra)
+    if family == "qwen2":
+        return transformers.Qwen2Config(**common, **llama_like, **extra)
+    if family == "qwen3":
+        return transformers.Qwen3Config(**common, **llama_like, head_dim=16, **extra)
+    if family == "mistral":
+        return transformers.MistralConfig(**common, **llama_like, sliding_window=5, **extra)
+    if family == "gemma2":  # eager: transformers' SDPA path drops the softcap
+        common["attn_implementation"] = "eager"
+        return transformers.Gemma2Config(**common, **llama_like, head_dim=16, sliding_window=5,
+                                         attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                                         query_pre_attn_scalar=16, **extra)
+    raise AssertionError(family)
+
+
+_EXPECTED_NORM = {"gpt2": "layer_norm", "llama": "rms_norm", "qwen2": "rms_norm", "qwen3": "rms_norm",
+                  "mistral": "rms_norm", "gemma2": "rms_norm"}
+# norms per model of 2 layers: GPT-2 ln_1, ln_2 x2 + ln_f; Llama-likes 2 x2 + norm;
+# Qwen3 adds q_norm, k_norm per layer; Gemma-2 four per layer.
+_NORMS = {"gpt2": 5, "llama": 5, "qwen2": 5, "qwen3": 9, "mistral": 5, "gemma2": 9}
+
+
+def _tiny(family, **extra):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_cfg(family, **extra)).float()
+    with torch.no_grad():  # Gemma's zero-initialized (1 + w) norms would hide the offset
+        for n, p in model.named_parameters():
+            if "norm" in n or "ln" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def _hf_run(ids, mask=None):
+    labels = ids.clone()
+    labels[0, :2] = -100
+    return lambda m: (lambda o: (o.logits, o.loss))(m(input_ids=ids, attention_mask=mask, labels=labels))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma2"])
+def test_patch_hf_family_matches_and_unpatch_restores(family):
+    ref = _tiny(family)
+    pat = copy.deepcopy(ref)
+    ids = torch.randint(0, 256, (2, 11))  # > sliding_window 5: the window matters
+    report = kernellab.patch(pat, verbose=False)
+    counts = report.counts()
+    assert counts[_EXPECTED_NORM[family]] == _NORMS[family], report
+    assert counts["attention"] == 2 and counts["cross_entropy"] == 1, report
+    if family == "gpt2":
+        assert counts["gelu"] == 2
+    assert pat.config._attn_implementation == "kernellab"
+    _assert_same_step(ref, pat, _hf_run(ids))
+    assert report.attention_calls == {"kernellab": 2} and not report.attention_fallbacks, report
+    state = {k: v.clone() for k, v in pat.state_dict().items()}
+    kernellab.unpatch(pat)
+    assert pat.config._attn_implementation == ref.config._attn_implementation
+    assert [type(m) for m in pat.modules()] == [type(m) for m in ref.modules()]
+    assert pat.state_dict().keys() == state.keys()
+    for k, v in pat.state_dict().items():
+        assert torch.equal(v, state[k]) and torch.equal(v, ref.state_dict()[k]), k
+    pat.zero_grad(set_to_none=True)
+    ref.zero_grad(set_to_none=True)
+    run = _hf_run(ids)
+    (lr, ll), (pr, pl) = run(ref), run(pat)
+    ll.backward()
+    pl.backward()
+    assert torch.equal(pr, lr) and torch.equal(pl, ll)
+    for (n, a), (_, b) in zip(ref.named_parameters(), pat.named_parameters()):
+        assert torch.equal(a.grad, b.grad), n
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_patch_hf_padding_mask_falls_back_or_raises(family):
+    ref = _tiny(family)
+    pat = copy.deepcopy(ref)
+    ids = torch.randint(0, 256, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, :3] = 0  # left padding
+    report = kernellab.patch(pat, verbose=False)
+    _assert_same_step(ref, pat, _hf_run(ids, mask))
+    assert report.attention_calls == {"fallback": 2}
+    assert list(report.attention_fallbacks) == ["attention mask (padding or custom) given"]
+    kernellab.unpatch(pat)
+    kernellab.patch(pat, verbose=False, on_unsupported="raise")
+    with pytest.raises(ValueError, match="padding"):
+        pat(input_ids=ids, attention_mask=mask)
+
+
+def test_patch_hf_dropout_in_training_falls_back():
+    ref = _tiny("llama", attention_dropout=0.5)
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    pat.train()
+    pat(input_ids=torch.randint(0, 256, (1, 6)))
+    assert report.attention_fallbacks == {"attention dropout > 0 in training": 2}
+    pat.eval()
+    ref.eval()
+    _assert_same_step(ref, pat, _hf_run(torch.randint(0, 256, (1, 6))))
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma2"])
+def test_patch_hf_dropout_fallback_keeps_window_and_softcap(family):
+    # The plain causal window mask is not materialized for kernellab; the fallback must
+    # rebuild it (and keep the softcap): the same dropout draws give the same step.
+    ref = _tiny(family, attention_dropout=0.3)
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    ids = torch.randint(0, 256, (2, 11))
+    run = _hf_run(ids)
+    _assert_same_step(ref, pat, lambda m: (torch.manual_seed(1), run(m))[1])
+    assert report.attention_fallbacks == {"attention dropout > 0 in training": 2}
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_patch_hf_generate_with_cache(family):
+    # Prefill (S_q == S_k) and one-token decode steps past the sliding window of 5.
+    ref = _tiny(family).eval()
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    ids = torch.randint(0, 256, (1, 4))
+    kw = dict(max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        r, p = ref.generate(ids, **kw), pat.generate(ids, **kw)
+    assert torch.equal(r.sequences, p.sequences)
+    for a, b in zip(r.scores, p.scores):
+        _close(b, a, "scores")
+    assert report.attention_calls == {"kernellab": 2 * 6}, report  # 2 layers x (prefill + 5 steps)
+
+
+def test_patch_hf_triton_backend():
+    ref = _tiny("llama")
+    pat = copy.deepcopy(ref)
+    ops = ["rms_norm", "attention", "cross_entropy"]
+    report = kernellab.patch(pat, ops=ops, backend="triton", verbose=False)
+    assert report.counts() == {"rms_norm": 5, "attention": 2, "cross_entropy": 1}
+    norms = [m for m in pat.modules() if isinstance(m, HFRMSNorm)]
+    assert len(norms) == 5 and all(m.backend == "triton" for m in norms)
+    attn = [m for m in pat.modules() if hasattr(m, "q_proj")]
+    assert len(attn) == 2 and all(m._kernellab_attention.backend == "triton" for m in attn)
+    _assert_same_step(ref, pat, _hf_run(torch.randint(0, 256, (1, 8))))
+
+
+def test_hf_rms_norm_mixed_dtypes_follow_the_original():
+    ref = _tiny("llama")
+    norm = ref.model.norm
+    new = HFRMSNorm(norm, norm.variance_epsilon)
+    x = torch.randn(2, 3, 64, dtype=torch.float64)
+    _close(new(x), norm(x), "fp32 weight, fp64 input")
+    assert new(x).dtype == norm(x).dtype == torch.float64
+    assert list(new.state_dict()) == ["weight"]
+
+
+def _rule_ops():
+    return [r.op for r in RULES]
+
+
+@pytest.mark.parametrize("op,family", [("swiglu", "llama"), ("geglu", "gemma2")])
+def test_patch_gated_mlp_when_op_exists(op, family):
+    if not hasattr(kernellab, op):
+        pytest.skip(f"kernellab.{op} not in this build")
+    assert op in _rule_ops()
+    ref = _tiny(family)
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    assert report.counts()[op] == 2
+    _assert_same_step(ref, pat, _hf_run(torch.randint(0, 256, (2, 7))))
+    kernellab.unpatch(pat)
+    assert all("forward" not in m.__dict__ for m in pat.modules())
+
+
+def test_patch_reports_ops_missing_from_build():
+    m = _tiny("llama")
+    report = kernellab.patch(m, verbose=False)
+    for op in ("swiglu", "rope", "add_rms_norm"):
+        if not hasattr(kernellab, op):
+            assert (op, "", f"kernellab.{op} not in this build") in report.left
+    if not hasattr(kernellab, "linear_cross_entropy"):
+        kernellab.unpatch(m)
+        with pytest.raises(ValueError, match="linear_cross_entropy"):
+            kernellab.patch(m, fused_linear_cross_entropy=True, verbose=False)
