@@ -376,3 +376,44 @@ def test_patch_reports_ops_missing_from_build():
         kernellab.unpatch(m)
         with pytest.raises(ValueError, match="linear_cross_entropy"):
             kernellab.patch(m, fused_linear_cross_entropy=True, verbose=False)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+def test_patch_hf_fused_linear_cross_entropy(family):
+    """fused_linear_cross_entropy=True: with labels, the loss and every gradient of the
+    untouched model, the logits not returned; without labels, the model's own logits."""
+    if not hasattr(kernellab, "linear_cross_entropy"):
+        pytest.skip("kernellab.linear_cross_entropy not in this build")
+    ref = _tiny(family)
+    pat = copy.deepcopy(ref)
+    ids = torch.randint(0, 256, (2, 11))
+    report = kernellab.patch(pat, fused_linear_cross_entropy=True, verbose=False)
+    assert report.counts()["linear_cross_entropy"] == 1 and "cross_entropy" not in report.counts(), report
+    labels = ids.clone()
+    labels[0, :3] = -100
+    for n_items in (None, torch.tensor(17)):
+        ref.zero_grad(set_to_none=True)
+        pat.zero_grad(set_to_none=True)
+        kw = {} if n_items is None else {"num_items_in_batch": n_items}
+        out_r = ref(input_ids=ids, labels=labels, **kw)
+        out_p = pat(input_ids=ids, labels=labels, **kw)
+        assert out_p.logits is None
+        out_r.loss.backward()
+        out_p.loss.backward()
+        _close(out_p.loss, out_r.loss, "loss")
+        gr, gp = _grads(ref), _grads(pat)
+        assert gr.keys() == gp.keys() and gr
+        for n in gr:
+            _close(gp[n], gr[n], f"grad of {n}")
+    _close(pat(input_ids=ids).logits, ref(input_ids=ids).logits, "logits without labels")
+    kernellab.unpatch(pat)
+    assert "forward" not in pat.__dict__
+
+
+def test_patch_hf_fused_linear_cross_entropy_left_for_a_final_softcap():
+    if not hasattr(kernellab, "linear_cross_entropy"):
+        pytest.skip("kernellab.linear_cross_entropy not in this build")
+    pat = _tiny("gemma2")
+    report = kernellab.patch(pat, fused_linear_cross_entropy=True, verbose=False)
+    assert any(op == "linear_cross_entropy" and "softcap" in why for op, _, why in report.left), report
+    assert report.counts()["cross_entropy"] == 1  # the loss still runs on kernellab.cross_entropy

@@ -23,7 +23,10 @@ do not change):
 - Attention in a plain module: its ``F.scaled_dot_product_attention`` calls, intercepted
   while the model's forward runs (a torch function mode entered by the model's forward,
   not a global swap); calls kernellab.attention cannot compute exactly run PyTorch's.
-- The causal-LM loss of Hugging Face models: ``model.loss_function`` on kernellab.cross_entropy.
+- The causal-LM loss of Hugging Face models: ``model.loss_function`` on kernellab.cross_entropy;
+  with ``fused_linear_cross_entropy=True``, a forward that, given labels, feeds the hidden
+  states and the head's weight to kernellab.linear_cross_entropy (the logits are never
+  stored; the output's ``logits`` is None) where the model fits (``_fused_lce_reason``).
 
 Hugging Face's RMSNorm rounds ``x * rstd`` to the storage dtype before the weight multiply
 (Gemma-2 does not); kernellab.rms_norm rounds once at the end: identical in fp32, within
@@ -544,6 +547,64 @@ def _patch_hf_loss(model, ctx: _Ctx) -> None:
     ctx.report.replaced.append(("cross_entropy", "", "ForCausalLMLoss", "kernellab.cross_entropy"))
 
 
+def _fused_lce_reason(model) -> str | None:
+    """Why ``model``'s LM head + loss cannot be fused (None: it can)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if not isinstance(head, nn.Linear):
+        return "no nn.Linear output embedding"
+    if getattr(model, model.base_model_prefix, None) is None:
+        return f"no base model at .{model.base_model_prefix}"
+    if getattr(model.config, "final_logit_softcapping", None):
+        return "final logit softcap (tanh between the head and the loss) is not fused"
+    if not type(model).__name__.endswith("ForCausalLM") and not type(model).__name__.endswith("LMHeadModel"):
+        return f"{type(model).__name__} is not a causal LM"
+    return None
+
+
+def _patch_hf_fused_lce(model, ctx: _Ctx) -> bool:
+    """A causal LM's forward that, given labels, runs the base model and then
+    kernellab.linear_cross_entropy on the hidden states and the head's weight: the (B, T, V)
+    logits are never stored, and the output carries the loss with ``logits=None``. Without
+    labels it is the model's own forward. Returns False (reported as left) where the
+    model does not fit (``_fused_lce_reason``)."""
+    why = _fused_lce_reason(model)
+    if why is not None:
+        ctx.report.left.append(("linear_cross_entropy", "", why))
+        return False
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    backend = ctx.backend_for("linear_cross_entropy")
+    original = type(model).forward
+    # keywords of the causal LM's forward that the base model does not take
+    own = ("labels", "logits_to_keep", "num_items_in_batch", "shift_labels", "return_dict")
+
+    def forward(self, input_ids=None, labels=None, **kwargs):
+        shift = kwargs.get("shift_labels")
+        if labels is None and shift is None:
+            return original(self, input_ids=input_ids, **kwargs)
+        n_items = kwargs.get("num_items_in_batch")
+        base_kw = {k: v for k, v in kwargs.items() if k not in own}
+        out = getattr(self, self.base_model_prefix)(input_ids=input_ids, **base_kw)
+        h = out.last_hidden_state
+        if shift is None:  # transformers' ForCausalLMLoss: labels shifted left, -100 padded
+            shift = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        head = self.get_output_embeddings()
+        reduction = "sum" if n_items is not None else "mean"
+        loss = kernellab.linear_cross_entropy(h.reshape(-1, h.shape[-1]), head.weight,
+                                              shift.reshape(-1).to(h.device), head.bias,
+                                              ignore_index=-100, reduction=reduction, backend=backend)  # fmt: skip
+        if n_items is not None:
+            loss = loss / (n_items.to(loss.device) if torch.is_tensor(n_items) else n_items)
+        return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=getattr(out, "past_key_values", None),
+                                      hidden_states=getattr(out, "hidden_states", None),
+                                      attentions=getattr(out, "attentions", None))  # fmt: skip
+
+    _set_forward(model, forward, ctx)
+    ctx.report.replaced.append(("linear_cross_entropy", "", "lm_head + ForCausalLMLoss",
+                                "kernellab.linear_cross_entropy (logits not stored)"))  # fmt: skip
+    return True
+
+
 # ----------------------------------------------------------------------------- patch / unpatch
 
 
@@ -597,7 +658,9 @@ def patch(
             raise ValueError(
                 "fused_linear_cross_entropy=True needs kernellab.linear_cross_entropy (not in this build)"
             )
-        report.left.append(("linear_cross_entropy", "", "the LM head's forward is not rewritten yet"))
+        if not hf:
+            report.left.append(("linear_cross_entropy", "", "plain modules: call kernellab.linear_cross_entropy "
+                                "or kernellab.nn.LinearCrossEntropyLoss in the model"))  # fmt: skip
 
     rules = []
     for rule in RULES:
@@ -614,7 +677,8 @@ def patch(
                 _patch_hf_attention(model, ctx)
             else:
                 _patch_sdpa_calls(model, ctx)
-        if hf and "cross_entropy" in wanted:
+        fused = hf and fused_linear_cross_entropy and _patch_hf_fused_lce(model, ctx)
+        if hf and "cross_entropy" in wanted and not fused:
             _patch_hf_loss(model, ctx)
     except BaseException:
         for undo in reversed(ctx.undo):
