@@ -36,6 +36,7 @@ OP_MODULES = [
     "kernellab.ops.relu",
     "kernellab.ops.pool",
     "kernellab.ops.conv2d",
+    "kernellab.ops.rope",
 ]
 
 DTYPES = {
