@@ -180,7 +180,8 @@ def _check_tensor(name, t, devices, dtypes) -> None:
         allowed = ", ".join(dtype_name(d) for d in dtypes)
         raise TypeError(f"{_OP}: {name} has dtype {t.dtype}; expected one of {allowed}")
     if t.device.type not in devices:
-        raise ValueError(f"{_OP}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only")
+        runs = " or ".join(devices)
+        raise ValueError(f"{_OP}: {name} is on {t.device}, but this backend runs on {runs} tensors only")
 
 
 def may_self_overlap(t: torch.Tensor) -> bool:
@@ -199,7 +200,9 @@ def may_self_overlap(t: torch.Tensor) -> bool:
 def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None:
     """Every backend's argument checks (module docstring), each error naming the argument."""
     if len(args) not in (4, 5):
-        raise TypeError(f"rope() takes 4 or 5 tensor arguments (q, k, cos, sin, position_ids), got {len(args)}")
+        raise TypeError(
+            f"rope() takes 4 or 5 tensor arguments (q, k, cos, sin, position_ids), got {len(args)}"
+        )
     for key in kwargs:
         if key not in OPTIONS:
             raise TypeError(f"rope() got an unexpected keyword argument {key!r}")
@@ -231,7 +234,9 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
         raise TypeError(f"{_OP}: sin has dtype {sin.dtype} but cos has {cos.dtype}; they must match")
     b, _, s, d = q.shape
     if k.shape[0] != b or k.shape[2] != s:
-        raise _bad("k", f"has shape {tuple(k.shape)}; its batch and sequence dims must match q's {tuple(q.shape)}")
+        raise _bad(
+            "k", f"has shape {tuple(k.shape)}; its batch and sequence dims must match q's {tuple(q.shape)}"
+        )
     if k.shape[3] != d:
         raise _bad("k", f"has head dim {k.shape[3]} but q has {d}; they must match")
     if sin.shape != cos.shape:
@@ -243,7 +248,8 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
         if not ok:
             raise _bad(
                 "cos",
-                f"has shape {tuple(cos.shape)}; expected (S, R), (1, S, R) or (B, S, R) with B = {b}, S = {s} "
+                f"has shape {tuple(cos.shape)}; expected (S, R), (1, S, R) or (B, S, R) with B = {b}, "
+                f"S = {s} "
                 "(or pass position_ids with a (max_pos, R) table)",
             )
     else:
@@ -252,19 +258,27 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
         if pos.dtype not in _INT_DTYPES:
             raise TypeError(f"{_OP}: position_ids has dtype {pos.dtype}; expected int32 or int64")
         if pos.layout is not torch.strided:
-            raise TypeError(f"{_OP}: position_ids has layout {pos.layout}; only strided tensors are supported")
+            raise TypeError(
+                f"{_OP}: position_ids has layout {pos.layout}; only strided tensors are supported"
+            )
         if pos.device != q.device:
             raise _bad("position_ids", f"is on {pos.device} but q is on {q.device}")
         if pos.dim() != 2 or pos.shape[0] not in (1, b) or pos.shape[1] != s:
-            raise _bad("position_ids", f"has shape {tuple(pos.shape)}; expected (B, S) or (1, S) with B = {b}, S = {s}")
+            raise _bad(
+                "position_ids",
+                f"has shape {tuple(pos.shape)}; expected (B, S) or (1, S) with B = {b}, S = {s}",
+            )
         if cos.dim() != 2:
-            raise _bad("cos", f"has shape {tuple(cos.shape)}; with position_ids it must be a (max_pos, R) table")
+            raise _bad(
+                "cos", f"has shape {tuple(cos.shape)}; with position_ids it must be a (max_pos, R) table"
+            )
         if pos.numel() and not torch.compiler.is_compiling():
             lo, hi = int(pos.min()), int(pos.max())
             if lo < 0 or hi >= cos.shape[0]:
                 raise _bad(
                     "position_ids",
-                    f"holds ids from {lo} to {hi}; the cos / sin tables have {cos.shape[0]} rows (ids 0 .. {cos.shape[0] - 1})",
+                    f"holds ids from {lo} to {hi}; the cos / sin tables have {cos.shape[0]} rows "
+                    f"(ids 0 .. {cos.shape[0] - 1})",
                 )
     if r % 2:
         raise _bad("cos", f"has rotary dim {r} (last dim); it must be even (pairs of columns are rotated)")
@@ -282,16 +296,23 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
         if torch.is_grad_enabled():
             for name, t in (("q", q), ("k", k)):
                 if t.requires_grad:
-                    raise _bad(name, "requires grad; inplace=True has no autograd (rotate out of place, or under no_grad)")
+                    raise _bad(
+                        name,
+                        "requires grad; inplace=True has no autograd (rotate out of place, or under no_grad)",
+                    )
         if q.numel() and k.numel() and q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr():
             raise _bad(
                 "k",
-                "shares storage with q (views of one buffer, e.g. a fused qkv projection); inplace=True refuses "
-                "them because their elements could alias: rotate out of place",
+                "shares storage with q (views of one buffer, e.g. a fused qkv projection); inplace=True "
+                "refuses them because their elements could alias: rotate out of place",
             )
         for name, t in (("q", q), ("k", k)):
             if may_self_overlap(t):
-                raise _bad(name, f"may overlap itself (strides {t.stride()}, e.g. expanded); inplace=True would write one element from several rows")
+                raise _bad(
+                    name,
+                    f"may overlap itself (strides {t.stride()}, e.g. expanded); inplace=True would write one "
+                    "element from several rows",
+                )
 
 
 validate.checks_layouts = True  # (layout_checking: every tensor's layout is checked above)
@@ -486,7 +507,8 @@ SPEC = define(
         cpu_bench_shapes=[(1, 4, 2, 64, 64, 64), (2, 8, 2, 128, 128, 128)],
         layout_shape=(2, 3, 2, 5, 16, 16),
         reach_shape=(1, 2, 1, 3, 8, 8),
-        grad_args=(0,),  # dq; dk is differentiated through the op's second output (tests/ops/test_rope.py)
+        grad_args=(0, 1),
+        grad_outputs=2,  # dq through q_rot, dk through k_rot
         grad_shapes=[(2, 3, 2, 5, 16, 16), (1, 2, 1, 7, 12, 8)],
         bad_shape=(1, 2, 2, 3, 8, 8),
         rows_shape=(1, 1, 1, 65537, 2, 2),

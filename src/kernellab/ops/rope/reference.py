@@ -68,7 +68,8 @@ def manual_rope(q, k, cos, sin, position_ids=None, layout="neox"):
 
 
 manual = _inplace_outer(
-    _rope_manual, "Both halves by slicing, products and cat in fp32: ~10 kernels per tensor, each a trip to memory."
+    _rope_manual,
+    "Both halves by slicing, products and cat in fp32: ~10 kernels per tensor, each a trip to memory.",
 )
 torch_rope = _inplace_outer(
     _rope_torch, "Hugging Face's apply_rotary_pos_emb in PyTorch ops (rotate_half by cat), in q's dtype."

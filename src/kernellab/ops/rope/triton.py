@@ -120,7 +120,8 @@ def _rope_kernel(
         )  # fmt: skip
     else:
         _rotate_rows(
-            k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr, (pid - tiles_q).to(tl.int64) * BLOCK_R, n_k, HK, S, D, R, P,
+            k_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr, (pid - tiles_q).to(tl.int64) * BLOCK_R,
+            n_k, HK, S, D, R, P,
             skb, skh, sks, skd, skob, skoh, skos, skod, scb, scs, scd, ssb, sss, ssd, spb, sps,
             BLOCK_R, HALF, PASS_BLOCK, INTERLEAVED, BACKWARD, HAS_POS, PASS,
         )  # fmt: skip
