@@ -404,6 +404,15 @@ def test_bad_inputs_name_the_argument(backend, case):
         kernellab.rope(*args, **kwargs, backend=backend)
 
 
+@pytest.mark.parametrize("i,name", [(0, "q"), (1, "k"), (2, "cos"), (3, "sin")])
+@pytest.mark.parametrize("backend", FAST)
+def test_sparse_inputs_are_refused(backend, i, name):
+    args = list(make_case("neox")[:4])
+    args[i] = args[i].to_sparse()
+    with pytest.raises(TypeError, match=rf"\b{name} has layout torch.sparse_coo"):
+        kernellab.rope(*args, backend=backend)
+
+
 def test_bad_inputs_through_the_default_backend():
     args, _ = SPEC.extra_bad_inputs[0].build("cpu", torch.float32)
     with pytest.raises(ValueError, match=r"\bk\b has head dim 6"):
@@ -428,6 +437,29 @@ def test_triton_under_torch_compile_fullgraph():
         return torch.cat((qr.flatten(), kr.flatten()))
 
     compile_grads_match(fn, ref, (q, k))
+
+
+def test_opcheck_of_the_triton_custom_ops():
+    fn = registry.get(OP, "triton").fn
+    shape = (1, 2, 1, 3, 8, 8)
+
+    def make(rg):
+        return torch.randn(shape[:4]).requires_grad_(bool(rg))
+
+    def args(rg):  # (the spec's inputs; q and k take gradients)
+        a = SPEC.make_inputs(shape, torch.float32, "cpu", 9)
+        return (a[0].requires_grad_(bool(rg)), a[1].requires_grad_(bool(rg))) + a[2:]
+
+    make.args = args
+    assert len(fn.custom_ops) == 2
+    for op, build, _ in fn.custom_ops:
+        torch.library.opcheck(op, build(make))
+    # with position ids, interleaved, partial rotary, GQA and strided q
+    q, k, cos, sin, pos, _ = make_case("positions gqa partial", seed=20)
+    fwd, bwd = fn.ops
+    qs = q.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
+    torch.library.opcheck(fwd, (qs, k.requires_grad_(), cos, sin, pos, True))
+    torch.library.opcheck(bwd, (torch.randn_like(q), torch.randn_like(k), cos, sin, pos, True))
 
 
 def test_default_backend_runs():
