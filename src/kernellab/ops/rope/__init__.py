@@ -512,6 +512,7 @@ SPEC = define(
         grad_shapes=[(2, 3, 2, 5, 16, 16), (1, 2, 1, 7, 12, 8)],
         bad_shape=(1, 2, 2, 3, 8, 8),
         rows_shape=(1, 1, 1, 65537, 2, 2),
+        rows_shape_interpreted=False,  # (the Triton kernel takes a program per token)
         dtypes=FLOAT_DTYPES,
         doc=__doc__.strip().split("\n")[0],
         inputs=_inputs,
