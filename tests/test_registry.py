@@ -34,6 +34,7 @@ def test_op_names_lists_the_ops():
         "max_pool2d",
         "relu",
         "rms_norm",
+        "rope",
         "softmax",
         "sum",
         "swiglu",

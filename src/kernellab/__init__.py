@@ -32,6 +32,7 @@ from kernellab.ops.pool import max_pool2d  # noqa: E402
 from kernellab.ops.reductions.max import argmax, max  # noqa: E402,A004
 from kernellab.ops.reductions.sum import sum  # noqa: E402,A004
 from kernellab.ops.relu import relu  # noqa: E402
+from kernellab.ops.rope import rope  # noqa: E402
 from kernellab.ops.softmax import softmax  # noqa: E402
 from kernellab.ops.spec import get_spec  # noqa: E402
 from kernellab.optim import sgd_step  # noqa: E402
@@ -67,6 +68,7 @@ __all__ = [
     "PatchReport",
     "register",
     "relu",
+    "rope",
     "rms_norm",
     "sgd_step",
     "softmax",

@@ -21,7 +21,7 @@ choice ``backend=None`` makes.
 
 Shape keys (from a call's arguments, the same for tune rows and calls): elementwise ops
 (numel,); row-wise ops and reductions (rows, cols) of the first tensor; matmul (M, N, K);
-attention (batch x heads, S_q, S_k, head dim).
+attention (batch x heads, S_q, S_k, head dim); rope (B x S, H_q, H_k, D, rotary dim).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "cross_entropy": [(4096, 128256)],
         "matmul": [(8192, 6144, 4096), (8192, 4096, 4096), (8192, 28672, 4096), (8192, 4096, 14336)],
         "attention": [(1, 32, 8192, 128), (4, 32, 2048, 128)],
+        "rope": [(1, 32, 8, 8192, 128, 128), (4, 32, 8, 2048, 128, 128)],
         "argmax": [(16, 128256)],
     },
     "qwen2.5-7b": {  # hidden 3584, MLP 18944, vocab 152064, 28 q / 4 kv heads of 128
@@ -77,6 +78,7 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "cross_entropy": [(4096, 152064)],
         "matmul": [(8192, 4608, 3584), (8192, 3584, 18944)],
         "attention": [(2, 28, 4096, 128)],
+        "rope": [(2, 28, 4, 4096, 128, 128)],
     },
     "vit-b16": {  # hidden 768, 197 tokens, 12 heads of 64
         "layer_norm": [(256 * 197, 768)],
@@ -114,6 +116,7 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "cross_entropy": [(64, 10), (256, 10), (64, 256)],
         "matmul": [(64, 64, 64), (64, 128, 3136), (256, 10, 128)],
         "attention": [(1, 2, 64, 64), (4, 12, 128, 64)],
+        "rope": [(1, 4, 2, 64, 64, 64), (4, 12, 12, 128, 64, 64)],
         "sum": [(64, 256)],
         "max": [(64, 256)],
         "argmax": [(64, 256)],
@@ -188,7 +191,7 @@ def candidates(op: str) -> list[str]:
 
 _ELEMENTWISE = {"add", "gelu", "relu", "swiglu", "geglu"}
 # ops whose shape key reads two arguments (a, b / q, k / x, w)
-KEY_ARGS = {"matmul": 2, "attention": 2, "conv2d": 2}
+KEY_ARGS = {"matmul": 2, "attention": 2, "conv2d": 2, "rope": 2}
 
 
 def shape_key(op: str, args) -> tuple | None:
@@ -209,6 +212,9 @@ def shape_key(op: str, args) -> tuple | None:
             return (*x.shape, w.shape[0], w.shape[2], w.shape[3]) if x.dim() == 4 and w.dim() == 4 else None
         if op in ("max_pool2d", "batch_norm2d", "bn_relu_pool2d"):  # (N, C, H, W)
             return tuple(x.shape) if x.dim() == 4 else None
+        if op == "rope":  # (B x S tokens, q heads, k heads, head dim, rotary dim)
+            k, cos = args[1], args[2]
+            return (x.shape[0] * x.shape[2], x.shape[1], k.shape[1], x.shape[3], cos.shape[-1])
         d = x.shape[-1] if x.dim() else 1
         return (x.numel() // d if d else 0, d)
     except (AttributeError, IndexError, TypeError):
@@ -668,5 +674,10 @@ def key_of_shape(op: str, shape) -> tuple:
         return shape[-3:]
     if op in ("conv2d", "max_pool2d", "batch_norm2d", "bn_relu_pool2d"):
         return shape
+    if op == "rope":
+        from kernellab.ops.rope import parse_problem
+
+        b, h, hk, s, d, r = parse_problem(shape)
+        return (b * s, h, hk, d, r)
     d = shape[-1]
     return (math.prod(shape) // d if d else 0, d)

@@ -83,8 +83,9 @@ class Problem:
         if self.wrt:
             for i in self.wrt:
                 self.args[i].requires_grad_(True)
-            out_shape = _outputs(spec.ref(*self.args, **self.options))[0].shape
-            self.dy = torch.randn(out_shape, generator=gen, device=dev).to(dtype)
+            # a grad_output for each differentiated output (OpSpec.grad_outputs)
+            outs = _outputs(spec.ref(*self.args, **self.options))[: spec.grad_outputs]
+            self.dy = tuple(torch.randn(o.shape, generator=gen, device=dev).to(dtype) for o in outs)
         self.seed = seed
         self._refreshes = 0
         self.expected = self._expected()
@@ -97,8 +98,9 @@ class Problem:
         args64 = [to64(a) for a in self.args]
         for i in self.wrt:
             args64[i].requires_grad_(True)
-        out = _outputs(spec.reference(*args64, **self.options))[0]
-        return tuple(torch.autograd.grad(out, [args64[i] for i in self.wrt], self.dy.to(torch.float64)))
+        out = _outputs(spec.reference(*args64, **self.options))[: len(self.dy)]
+        dy64 = [d.to(torch.float64) for d in self.dy]
+        return tuple(torch.autograd.grad(out, [args64[i] for i in self.wrt], dy64))
 
     def call(self, impl):
         """A zero-argument function doing one timed unit of work, and a box holding its
@@ -112,7 +114,7 @@ class Problem:
                     box[0] = _outputs(impl(*args, **kw))
 
         elif self.mode == "bwd":
-            out = _outputs(impl(*args, **kw))[0]
+            out = _outputs(impl(*args, **kw))[: len(self.dy)]
             leaves = [args[i] for i in wrt]
 
             def fn():
@@ -122,7 +124,7 @@ class Problem:
             leaves = [args[i] for i in wrt]
 
             def fn():
-                box[0] = torch.autograd.grad(_outputs(impl(*args, **kw))[0], leaves, self.dy)
+                box[0] = torch.autograd.grad(_outputs(impl(*args, **kw))[: len(self.dy)], leaves, self.dy)
 
         return fn, box
 

@@ -390,7 +390,7 @@ class _Runner:
             return bad
         return self._judge_outputs(kind, name, out, ref, base, self._sensitivity(args, options, ref)[0])
 
-    def _sensitivity(self, args, kwargs, ref, wrt=(), dy=None, ref_grads=()):
+    def _sensitivity(self, args, kwargs, ref, wrt=(), dys=(), ref_grads=()):
         """(per output, per gradient in ``wrt``) the median over PERTURB_REPLICATES of the
         float64 reference's change when every floating input moves one ulp (``_perturb``);
         zeros unless the op declares ``OpSpec.perturbation_floor`` (compare.judge)."""
@@ -408,7 +408,9 @@ class _Runner:
                 outs.append([_change(p, r) for p, r in zip(p_ref, ref)])
                 if wrt:
                     keys = [p_kw[k] if isinstance(k, str) else p_args[k] for k in wrt]
-                    g = torch.autograd.grad(p_ref[0], keys, dy.to(torch.float64), allow_unused=True)
+                    g = torch.autograd.grad(
+                        p_ref[: len(dys)], keys, [d.to(torch.float64) for d in dys], allow_unused=True
+                    )
                     grads.append([_change(x, r) for x, r in zip(g, ref_grads)])
         med = lambda rows, n: [float(np.median([row[i] for row in rows])) for i in range(n)]  # noqa: E731
         return med(outs, len(ref)), (med(grads, len(ref_grads)) if wrt else [])
@@ -618,18 +620,23 @@ class _Runner:
         # Reference: autograd through the float64 formula.
         r_args, r_kw = copies(lambda n, v, g: _leaf(to64(v), g))
         ref = _outputs(spec.reference(*r_args, **r_kw))
-        dy = None
+        dys = []  # a grad_output for each of the first spec.grad_outputs outputs
         if wrt:
             gen = torch.Generator(device=self.dev).manual_seed(self.next_seed())
             if strided_dy and ref[0].dim() == 0:
                 return CaseResult(kind, name, SKIP, detail="scalar output: no strided grad_output")
-            dy = _dy_like(ref[0], self.dtype, self.dev, gen, strided_dy)
-            if dy_layout != "contiguous":
-                dy = relayout(dy, dy_layout)
-                if dy is None:
-                    return CaseResult(kind, name, SKIP, detail=f"{dy_layout} does not apply to the output")
-            ref_grads = torch.autograd.grad(ref[0], [get(r_args, r_kw, k) for k in wrt], dy.to(torch.float64))
-        sens, sens_grads = self._sensitivity(args, kwargs, ref, wrt, dy, ref_grads if wrt else ())
+            for r in ref[: spec.grad_outputs]:
+                dy = _dy_like(r, self.dtype, self.dev, gen, strided_dy)
+                if dy_layout != "contiguous":
+                    dy = relayout(dy, dy_layout)
+                    if dy is None:
+                        why = f"{dy_layout} does not apply to the output"
+                        return CaseResult(kind, name, SKIP, detail=why)
+                dys.append(dy)
+            ref_grads = torch.autograd.grad(
+                ref[: len(dys)], [get(r_args, r_kw, k) for k in wrt], [d.to(torch.float64) for d in dys]
+            )
+        sens, sens_grads = self._sensitivity(args, kwargs, ref, wrt, dys, ref_grads if wrt else ())
 
         base, base_grads = None, None
         if self.baseline is not None:
@@ -639,7 +646,9 @@ class _Runner:
                 with torch.set_grad_enabled(bool(wrt)):
                     base = _outputs(self.baseline.fn(*b_args, **b_kw))
                 if wrt:
-                    base_grads = torch.autograd.grad(base[0], [get(b_args, b_kw, k) for k in wrt], dy)
+                    base_grads = torch.autograd.grad(
+                        base[: len(dys)], [get(b_args, b_kw, k) for k in wrt], dys
+                    )
                 base = [o.detach() for o in base]
             except Exception:  # noqa: BLE001 - PyTorch's op refuses this case: documented tolerance
                 base, base_grads = None, None
@@ -657,7 +666,9 @@ class _Runner:
                     c_grads = None
                     if wrt:
                         c_grads = torch.autograd.grad(
-                            c_base[0], [get(c_args, c_kw, k) for k in wrt], dy.contiguous()
+                            c_base[: len(dys)],
+                            [get(c_args, c_kw, k) for k in wrt],
+                            [d.contiguous() for d in dys],
                         )
                     base = _worse([o.detach() for o in c_base], base, ref)
                     if c_grads is not None and base_grads is not None:
@@ -697,10 +708,10 @@ class _Runner:
                 for k in wrt:
                     t = get(i_args, i_kw, k)
                     poison_allocator(t.shape, t.dtype, self.dev)
-                snap = _Snapshot(named + [("dy", dy)])
+                snap = _Snapshot(named + [("dy" if i == 0 else f"dy{i}", d) for i, d in enumerate(dys)])
                 # (allow_unused: an input left out of the graph is reported by name below)
                 grads = torch.autograd.grad(
-                    out[0], [get(i_args, i_kw, k) for k in wrt], dy, allow_unused=True
+                    out[: len(dys)], [get(i_args, i_kw, k) for k in wrt], dys, allow_unused=True
                 )
                 _sync(self.dev)
         except Exception as e:  # noqa: BLE001

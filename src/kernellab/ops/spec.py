@@ -37,6 +37,7 @@ OP_MODULES = [
     "kernellab.ops.relu",
     "kernellab.ops.pool",
     "kernellab.ops.conv2d",
+    "kernellab.ops.rope",
 ]
 
 DTYPES = {
@@ -357,6 +358,9 @@ class OpSpec:
     option_sets: list = field(default_factory=list)  # extra keyword cases the check runs
     bench_options: list = field(default_factory=lambda: [{}])  # keyword cases the bench times
     grad_shapes: list | None = None  # problem shapes of the gradient stage
+    # how many of the first outputs the gradient stages differentiate, each with a grad_output
+    # of its own (rope: q_rot and k_rot)
+    grad_outputs: int = 1
     bad_shape: tuple = (33,)  # a small valid problem shape for the generic bad-input cases
     # -- the check's reach (issue 16) -----------------------------------------------
     # An option set's key that names a positional argument replaces it ({"bias": None} for
