@@ -142,6 +142,7 @@ SPEC = define(
         flops=_flops,
         bytes_moved=_bytes,
         grad_args=(0, 1, 2),
+        grad_outputs=2,  # normed and new_residual, each with its own grad_output
         **_kit.family_spec(),
         doc=__doc__.strip().split("\n")[0],
         inputs=_inputs,
