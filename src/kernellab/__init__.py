@@ -22,6 +22,7 @@ from kernellab.ops.batch_norm2d import batch_norm2d  # noqa: E402
 from kernellab.ops.bn_relu_pool2d import bn_relu_pool2d  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
+from kernellab.ops.linear_cross_entropy import linear_cross_entropy  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
 from kernellab.ops.conv2d import conv2d  # noqa: E402
 from kernellab.ops.norms.layer_norm import layer_norm  # noqa: E402
@@ -52,6 +53,7 @@ __all__ = [
     "get_spec",
     "impls",
     "layer_norm",
+    "linear_cross_entropy",
     "matmul",
     "max",
     "max_pool2d",
