@@ -35,13 +35,12 @@ def manual_linear_cross_entropy(x, weight, target, bias=None, ignore_index=DEFAU
     logits = upcast(F.linear(x, weight, bias).reshape(-1, v))
     t = target.reshape(-1)
     keep = t != ignore_index
-    lse = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(1, torch.where(keep, t, 0).unsqueeze(1)).squeeze(1)
-    row = lse - (1.0 - label_smoothing) * picked
+    logp = torch.log_softmax(logits, dim=-1)
+    row = -(1.0 - label_smoothing) * logp.gather(1, torch.where(keep, t, 0).unsqueeze(1)).squeeze(1)
     if label_smoothing:
-        row = row - label_smoothing * logits.mean(-1)
+        row = row - label_smoothing * logp.mean(-1)
     if z_loss:
-        row = row + z_loss * lse * lse
+        row = row + z_loss * torch.logsumexp(logits, dim=-1) ** 2
     row = torch.where(keep, row, 0.0)
     if reduction == "none":
         out = row.reshape(target.shape)
