@@ -13,6 +13,11 @@ the op returns one loss, the sum of both terms (the z term is not returned apart
 trainer that logs it computes ``lse`` on a few rows itself; one output keeps the
 gradient-in-forward scheme below to one scalar scale). The loss has x's dtype.
 
+Backends: ``manual`` (full logits, log_softmax + gather in fp32), ``torch`` (F.linear in
+x's dtype, F.cross_entropy on the logits in fp32, as Hugging Face heads do: the
+baseline), ``compile`` (torch.compile of manual) store the [N, V] logits; ``chunked`` and
+``triton`` do not.
+
 The chunked backends (``chunked``: PyTorch ops, ``triton``: our row kernel) take the rows
 ``chunk`` at a time (default: as many rows as make a chunk's logits about the size of x,
 at least 1; Liger's rule). For each chunk: fp32 logits [chunk, V] from one matmul, the

@@ -56,8 +56,9 @@ def _out_dtype_ok(t: Tensor) -> bool:
         try:
             a = torch.ones(2, 2, dtype=t.dtype, device=t.device)
             c = torch.zeros(2, 2, dtype=_F32, device=t.device)
-            torch.addmm(c, a, a, out_dtype=_F32, out=c)
-            ok = bool(torch.mm(a, a, out_dtype=_F32).dtype == _F32 and c[0, 0].item() == 2.0)
+            for _ in range(2):  # accumulates in place: 0 -> 2 -> 4
+                torch.addmm(c, a, a, out_dtype=_F32, out=c)
+            ok = bool(torch.mm(a, a, out_dtype=_F32).dtype == _F32 and c[0, 0].item() == 4.0)
         except (RuntimeError, TypeError, NotImplementedError):
             ok = False
         _OUT_DTYPE[key] = ok

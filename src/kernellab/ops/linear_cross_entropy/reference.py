@@ -53,17 +53,21 @@ def manual_linear_cross_entropy(x, weight, target, bias=None, ignore_index=DEFAU
 
 def torch_linear_cross_entropy(x, weight, target, bias=None, ignore_index=DEFAULT_IGNORE, reduction="mean",
                                label_smoothing=0.0, z_loss=0.0):  # fmt: skip
-    """F.linear + F.cross_entropy (+ logsumexp for the z-loss): the full logits, PyTorch's kernels."""
+    """F.linear in x's dtype, F.cross_entropy on the fp32 logits (+ logsumexp for the z-loss)."""
+    # fp32 logits for the loss, as Hugging Face's LM heads do (logits.float()): PyTorch's
+    # label-smoothing term sums -log p over V and then over N in the logits' dtype, and in
+    # fp16 that sum overflows to inf already at 37 x 300.
     v = weight.shape[0]
-    logits = F.linear(x, weight, bias).reshape(-1, v)
+    logits = upcast(F.linear(x, weight, bias).reshape(-1, v))
     t = target.reshape(-1)
     loss = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction,
                            label_smoothing=label_smoothing)  # fmt: skip
     if z_loss:
         keep = t != ignore_index
-        zrow = torch.where(keep, torch.logsumexp(logits.float(), dim=-1) ** 2, 0.0)
+        zrow = torch.where(keep, torch.logsumexp(logits, dim=-1) ** 2, 0.0)
         zterm = zrow if reduction == "none" else zrow.sum() if reduction == "sum" else zrow.sum() / keep.sum()
-        loss = (loss + z_loss * zterm).to(x.dtype)
+        loss = loss + z_loss * zterm
+    loss = loss.to(x.dtype)
     return loss.reshape(target.shape) if reduction == "none" else loss
 
 
