@@ -73,6 +73,8 @@ OPTION_CASES = [
     {"z_loss": 1e-2},
     {"label_smoothing": 0.2, "z_loss": 1e-3, "reduction": "none"},
     {"chunk": 5},
+    {"reduction": "none", "chunk": 8},
+    {"label_smoothing": 0.1, "z_loss": 1e-2, "reduction": "sum", "chunk": 16},
 ]
 
 
@@ -96,7 +98,7 @@ def test_loss_and_gradients(backend, dtype, opts):
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_bias_gradient(backend, dtype, reduction):
-    opts = {"reduction": reduction, "z_loss": 1e-3, "label_smoothing": 0.1}
+    opts = {"reduction": reduction, "z_loss": 1e-3, "label_smoothing": 0.1, "chunk": 8}
     _case(backend, dtype, (37, 24, 300), opts, seed_for(backend, dtype, reduction), bias=True)
 
 
@@ -196,9 +198,10 @@ def test_default_chunk_keeps_a_chunk_of_logits_near_x():
     from kernellab.ops.linear_cross_entropy._chunked import default_chunk
 
     assert default_chunk(16384, 2048, 128256) == 512  # 512 * 128256 ~ 2x 16384 * 2048
-    assert default_chunk(37, 24, 300) == 4
+    assert default_chunk(4096, 768, 50304) == 64  # 64 rows at least (Liger's rule: 64)
+    assert default_chunk(4096, 64, 50304) == 64  # (Liger's rule: 8)
+    assert default_chunk(37, 24, 300) == 37  # one chunk
     assert default_chunk(1, 8, 10) == 1 and default_chunk(0, 8, 10) == 1
-    assert default_chunk(8, 4096, 100) == 8  # V < H: one chunk
 
 
 # --------------------------------------------------------------------------- bad inputs

@@ -29,12 +29,13 @@ from kernellab.triton_support import cdiv, next_pow2
 _F32 = torch.float32
 
 
+MIN_CHUNK = 64  # rows (see the op's docstring)
+
+
 def default_chunk(n: int, h: int, v: int) -> int:
     """Rows per chunk: a power of two near N / ceil(V / H), so that a chunk's logits hold
-    about as many elements as x ([N, H]); at least 1, at most N."""
-    if n <= 1:
-        return 1
-    c = next_pow2(cdiv(n, max(1, cdiv(v, max(h, 1)))))
+    about as many elements as x ([N, H]); at least MIN_CHUNK, at most N (and 1)."""
+    c = max(MIN_CHUNK, next_pow2(cdiv(n, max(1, cdiv(v, max(h, 1))))))
     return max(1, min(c, n))
 
 
