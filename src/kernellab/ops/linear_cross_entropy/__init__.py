@@ -52,7 +52,6 @@ chunked backends raise a RuntimeError (their backward is a scale of saved gradie
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -180,19 +179,20 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
             f"(shape {tuple(x.shape)}); weight.shape[1] must equal x.shape[-1]"
         )
     if w.shape[0] == 0:
-        raise ValueError(f"{OP}: weight must have at least one row (V >= 1 classes), got shape {tuple(w.shape)}")
+        raise ValueError(f"{OP}: weight must have at least one row (V >= 1 classes), got {tuple(w.shape)}")
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"{OP}: target must be a torch.Tensor, got {type(target).__name__}")
     if target.dtype != torch.int64:
         raise TypeError(f"{OP}: target has dtype {target.dtype}; expected torch.int64")
     if tuple(target.shape) != tuple(x.shape[:-1]):
         raise ValueError(
-            f"{OP}: target must have shape {tuple(x.shape[:-1])} (x's shape without H), got {tuple(target.shape)}"
+            f"{OP}: target must have shape {tuple(x.shape[:-1])} (x's shape without H), "
+            f"got {tuple(target.shape)}"
         )
     if target.device != x.device:
         raise ValueError(f"{OP}: target is on {target.device} but x is on {x.device}")
     if target.layout is not torch.strided:
-        raise TypeError(f"{OP}: target has layout {target.layout}; only strided (dense) tensors are supported")
+        raise TypeError(f"{OP}: target has layout {target.layout}; only strided tensors are supported")
     unknown = set(kwargs) - set(OPTIONS)
     if unknown:
         raise TypeError(f"{OP}() got unexpected keyword arguments {sorted(unknown)}")
@@ -278,23 +278,34 @@ def _with(**kw):
     return lambda d, t: (_pack(d, t), kw)
 
 
-def _targets(values):
+def _swap(i, make):
+    """The good pack with argument ``i`` replaced by ``make(pack, device, dtype)``."""
+
     def build(device, dtype):
-        x, w, _ = _pack(device, dtype)
-        return (x, w, torch.tensor(values, dtype=torch.int64, device=device)), {}
+        args = list(_pack(device, dtype))
+        args[i] = make(args, device, dtype)
+        return tuple(args), {}
 
     return build
 
 
+def _targets(values):
+    return _swap(2, lambda a, d, t: torch.tensor(values, dtype=torch.int64, device=d))
+
+
+def _other_dtype(w, dtype):
+    return w.to(torch.float16 if dtype != torch.float16 else torch.float32)
+
+
 EXTRA_BAD = [
-    BadInput("weight's H differs from x's", lambda d, t: ((_pack(d, t)[0], _pack(d, t, h=7)[1], _pack(d, t)[2]), {}), "weight"),
-    BadInput("weight not 2-D", lambda d, t: ((_pack(d, t)[0], _pack(d, t)[1][None], _pack(d, t)[2]), {}), "weight"),
-    BadInput("weight in another dtype", lambda d, t: ((_pack(d, t)[0], _pack(d, t)[1].to(torch.float16 if t != torch.float16 else torch.float32), _pack(d, t)[2]), {}), "weight"),
-    BadInput("int32 target", lambda d, t: (_pack(d, t, t_dtype=torch.int32), {}), "target"),
-    BadInput("target of the wrong length", lambda d, t: ((*_pack(d, t)[:2], torch.zeros(5, dtype=torch.int64, device=d)), {}), "target"),
+    BadInput("weight's H differs from x's", _swap(1, lambda a, d, t: _pack(d, t, h=7)[1]), "weight"),
+    BadInput("weight not 2-D", _swap(1, lambda a, d, t: a[1][None]), "weight"),
+    BadInput("weight in another dtype", _swap(1, lambda a, d, t: _other_dtype(a[1], t)), "weight"),
+    BadInput("int32 target", _swap(2, lambda a, d, t: a[2].int()), "target"),
+    BadInput("target of the wrong length", _swap(2, lambda a, d, t: a[2].new_zeros(5)), "target"),
     BadInput("target >= V", _targets([0, 5, 1, 2]), "target"),
     BadInput("negative target that is not ignore_index", _targets([0, -5, 1, 2]), "target"),
-    BadInput("bias of the wrong length", lambda d, t: (_pack(d, t), {"bias": torch.zeros(4, dtype=t, device=d)}), "bias"),
+    BadInput("bias of the wrong length", lambda d, t: (_pack(d, t), {"bias": _pack(d, t)[1][:4, 0]}), "bias"),
     BadInput("unknown reduction", _with(reduction="avg"), "reduction"),
     BadInput("negative label_smoothing", _with(label_smoothing=-0.1), "label_smoothing"),
     BadInput("label_smoothing > 1", _with(label_smoothing=1.5), "label_smoothing"),
@@ -363,14 +374,14 @@ def linear_cross_entropy(
     x: torch.Tensor,
     weight: torch.Tensor,
     target: torch.Tensor,
-    bias: Optional[torch.Tensor] = None,
+    bias: torch.Tensor | None = None,
     *,
     ignore_index: int = DEFAULT_IGNORE,
     reduction: str = "mean",
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
-    chunk: Optional[int] = None,
-    backend: Optional[str] = None,
+    chunk: int | None = None,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of ``x @ weight.T + bias`` against ``target`` without storing the logits
     (see the module docstring for the options and what each backend saves)."""
@@ -388,3 +399,4 @@ def linear_cross_entropy(
 
 from kernellab.ops.linear_cross_entropy import reference as _reference  # noqa: E402,F401  (registrations)
 from kernellab.ops.linear_cross_entropy import triton as _triton  # noqa: E402,F401
+from kernellab.ops.linear_cross_entropy import liger as _liger  # noqa: E402,F401

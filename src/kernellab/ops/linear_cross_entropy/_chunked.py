@@ -18,8 +18,6 @@ in fp32 and dx in x's dtype.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import Tensor
 
@@ -66,14 +64,13 @@ def _out_dtype_ok(t: Tensor) -> bool:
     return ok
 
 
-def _logits(xc: Tensor, w: Tensor, b32: Optional[Tensor], b: Optional[Tensor], wide: bool) -> Tensor:
+def _logits(xc: Tensor, w: Tensor, b32: Tensor | None, b: Tensor | None, wide: bool) -> Tensor:
     """fp32 [C, V] contiguous logits of one chunk."""
     if xc.dtype == _F32:
         return torch.nn.functional.linear(xc, w, b).contiguous()
     if wide:
-        if b32 is None:
-            return torch.mm(xc, w.t(), out_dtype=_F32)
-        return torch.addmm(b32, xc, w.t(), out_dtype=_F32)
+        z = torch.mm(xc, w.t(), out_dtype=_F32)
+        return z if b32 is None else z.add_(b32)
     return torch.nn.functional.linear(xc, w, b).float()
 
 
@@ -152,7 +149,7 @@ def chunked_backend(name: str, rows, triton: bool = False):
     the chunk."""
 
     def _fwd(
-        x: Tensor, weight: Tensor, bias: Optional[Tensor], target: Tensor, ignore_index: int, reduction: str,
+        x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, ignore_index: int, reduction: str,
         label_smoothing: float, z_loss: float, chunk: int, grad: bool,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
         # grad (reduction "mean"/"sum" only): the gradients of the summed loss, computed here
@@ -173,7 +170,7 @@ def chunked_backend(name: str, rows, triton: bool = False):
         return loss, scale, dx, dw.to(weight.dtype), (db.to(bias.dtype) if db is not None else empty)
 
     def _bwd(
-        x: Optional[Tensor], weight: Optional[Tensor], bias: Optional[Tensor], target: Optional[Tensor],
+        x: Tensor | None, weight: Tensor | None, bias: Tensor | None, target: Tensor | None,
         dx: Tensor, dw: Tensor, db: Tensor, scale: Tensor, dy: Tensor, ignore_index: int, reduction: str,
         label_smoothing: float, z_loss: float, chunk: int, has_bias: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
@@ -197,7 +194,8 @@ def chunked_backend(name: str, rows, triton: bool = False):
     def _bwd_fake(x, weight, bias, target, dx, dw, db, scale, dy, ignore_index, reduction, label_smoothing,
                   z_loss, chunk, has_bias):  # fmt: skip
         if reduction != "none":
-            return torch.empty_like(dx), torch.empty_like(dw), torch.empty_like(db) if has_bias else db.new_empty(0)
+            gb = torch.empty_like(db) if has_bias else db.new_empty(0)
+            return torch.empty_like(dx), torch.empty_like(dw), gb
         return (torch.empty_like(x), torch.empty_like(weight),
                 torch.empty_like(bias) if bias is not None else x.new_empty(0))  # fmt: skip
 
@@ -259,7 +257,8 @@ def chunked_backend(name: str, rows, triton: bool = False):
             check_targets(t, v, ignore_index)
         c = chunk if chunk is not None else default_chunk(x2.shape[0], h, v)
         grad = reduction != "none" and grad_enabled() and _needs_grad(x, weight, bias, target)
-        loss = op(x2, weight, bias, t, ignore_index, reduction, float(label_smoothing), float(z_loss), c, grad)
+        eps, zc = float(label_smoothing), float(z_loss)
+        loss = op(x2, weight, bias, t, ignore_index, reduction, eps, zc, c, grad)
         if reduction == "none":
             loss = loss.reshape(target.shape)
         return loss.to(x.dtype)
