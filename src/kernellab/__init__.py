@@ -23,6 +23,7 @@ from kernellab.ops.bn_relu_pool2d import bn_relu_pool2d  # noqa: E402
 from kernellab.ops.cross_entropy import cross_entropy  # noqa: E402
 from kernellab.ops.gelu import gelu  # noqa: E402
 from kernellab.ops.glu import geglu, swiglu  # noqa: E402
+from kernellab.ops.linear_cross_entropy import linear_cross_entropy  # noqa: E402
 from kernellab.ops.matmul import matmul  # noqa: E402
 from kernellab.ops.conv2d import conv2d  # noqa: E402
 from kernellab.ops.norms.add_rms_norm import add_rms_norm  # noqa: E402
@@ -59,6 +60,7 @@ __all__ = [
     "get_spec",
     "impls",
     "layer_norm",
+    "linear_cross_entropy",
     "matmul",
     "max",
     "max_pool2d",

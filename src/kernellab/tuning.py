@@ -204,6 +204,8 @@ def shape_key(op: str, args) -> tuple | None:
         if op == "matmul":
             a, b = args[0], args[1]
             return (a.shape[-2], b.shape[-1], a.shape[-1])
+        if op == "linear_cross_entropy":  # (N, H, V): the spec's problem shape
+            return (x.numel() // x.shape[-1] if x.shape[-1] else 0, x.shape[-1], args[1].shape[0])
         if op == "attention":
             q, k = args[0], args[1]
             return (math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1])

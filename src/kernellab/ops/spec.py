@@ -29,6 +29,7 @@ OP_MODULES = [
     "kernellab.ops.softmax",
     "kernellab.ops.norms",
     "kernellab.ops.cross_entropy",
+    "kernellab.ops.linear_cross_entropy",
     "kernellab.ops.reductions",
     "kernellab.ops.matmul",
     "kernellab.ops.attention",

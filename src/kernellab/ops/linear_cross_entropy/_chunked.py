@@ -1,0 +1,268 @@
+"""What the chunked backends (``chunked``: PyTorch ops, ``triton``: our row kernel) share:
+the loop over row chunks, the 16-bit matmuls with fp32 results, and the declaration to the
+op kit (custom op or triton_op, autograd, eager path).
+
+A backend supplies one launcher over a chunk's fp32 logits:
+
+``rows(z, target, g, loss, ignore_index, label_smoothing, z_loss, write_grad) -> None``:
+    z fp32 contiguous [C, V] (the chunk's logits, bias included), target int64 [C] (each in
+    [0, V) or ignore_index), g fp32 [C] or None (1 for every row); writes the per-row loss
+    into ``loss`` (fp32 [C], 0 on ignored rows) and, with ``write_grad``, overwrites z with
+    g_i * d loss_i / d z_ij = g_i * (p_ij * (1 + 2 z lse_i) - eps / V - (1 - eps) [j == t_i])
+    (0 on ignored rows).
+
+Memory per chunk: C * V * 4 bytes of logits (reused as dlogits), C * V * 2 more for the
+16-bit copy of dlogits the dx and dweight matmuls read. Across chunks: dweight and dbias
+in fp32 and dx in x's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kernellab.ops.kit import OpDecl, build
+from kernellab.triton_support import cdiv, next_pow2
+
+_F32 = torch.float32
+
+
+MIN_CHUNK = 64  # rows (see the op's docstring)
+
+
+def default_chunk(n: int, h: int, v: int) -> int:
+    """Rows per chunk: a power of two near N / ceil(V / H), so that a chunk's logits hold
+    about as many elements as x ([N, H]); at least MIN_CHUNK, at most N (and 1)."""
+    c = max(MIN_CHUNK, next_pow2(cdiv(n, max(1, cdiv(v, max(h, 1))))))
+    return max(1, min(c, n))
+
+
+# torch.mm / torch.addmm with out_dtype=float32 (cuBLAS: 16-bit operands, fp32 result and
+# accumulator) where the device and PyTorch have it (CUDA; not the CPU). Without it, the
+# logits come from PyTorch's 16-bit product rounded to 16 bits (as F.linear gives them),
+# and dweight is accumulated by an fp32 product of the 16-bit values (exact, but no tensor
+# cores): rounding each chunk's dweight to 16 bits before the sum would grow its error
+# with the number of chunks.
+_OUT_DTYPE: dict = {}
+
+
+def _out_dtype_ok(t: Tensor) -> bool:
+    key = (t.device.type, t.dtype)
+    ok = _OUT_DTYPE.get(key)
+    if ok is None:
+        if torch.compiler.is_compiling():
+            return False
+        try:
+            a = torch.ones(2, 2, dtype=t.dtype, device=t.device)
+            c = torch.zeros(2, 2, dtype=_F32, device=t.device)
+            for _ in range(2):  # accumulates in place: 0 -> 2 -> 4
+                torch.addmm(c, a, a, out_dtype=_F32, out=c)
+            ok = bool(torch.mm(a, a, out_dtype=_F32).dtype == _F32 and c[0, 0].item() == 4.0)
+        except (RuntimeError, TypeError, NotImplementedError):
+            ok = False
+        _OUT_DTYPE[key] = ok
+    return ok
+
+
+def _logits(xc: Tensor, w: Tensor, b32: Tensor | None, b: Tensor | None, wide: bool) -> Tensor:
+    """fp32 [C, V] contiguous logits of one chunk."""
+    if xc.dtype == _F32:
+        return torch.nn.functional.linear(xc, w, b).contiguous()
+    if wide:
+        z = torch.mm(xc, w.t(), out_dtype=_F32)
+        return z if b32 is None else z.add_(b32)
+    return torch.nn.functional.linear(xc, w, b).float()
+
+
+def run_chunks(rows, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
+    """(loss_rows fp32 [N], dx [N, H] in x's dtype, dweight fp32 [V, H], dbias fp32 [V] or
+    None); the gradients are None without ``want_grad``. x [N, H] any strides, w [V, H],
+    b [V] or None, t int64 [N] contiguous, g fp32 [N] or None (see the module docstring)."""
+    n, h = x.shape
+    v = w.shape[0]
+    dev = x.device
+    loss = torch.empty(n, dtype=_F32, device=dev)
+    dx = dw = db = None
+    sixteen = x.dtype != _F32
+    wide = sixteen and _out_dtype_ok(x)
+    b32 = b.float() if (b is not None and wide) else None
+    if want_grad:
+        dx = torch.empty(n, h, dtype=x.dtype, device=dev)
+        dw = torch.zeros(v, h, dtype=_F32, device=dev)
+        db = torch.zeros(v, dtype=_F32, device=dev) if b is not None else None
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        xc = x[s:e]
+        z = _logits(xc, w, b32, b, wide)
+        rows(z, t[s:e], None if g is None else g[s:e], loss[s:e], ignore_index, eps, zc, want_grad)
+        if not want_grad:
+            continue
+        if db is not None:
+            db += z.sum(0)
+        if not sixteen:
+            torch.mm(z, w, out=dx[s:e])
+            dw.addmm_(z.t(), xc)
+            continue
+        z16 = z.to(x.dtype)  # dlogits rounded as PyTorch's autograd rounds them
+        torch.mm(z16, w, out=dx[s:e])
+        if wide:
+            torch.addmm(dw, z16.t(), xc, out_dtype=_F32, out=dw)
+        else:
+            dw.addmm_(z16.t().float(), xc.float())
+    return loss, dx, dw, db
+
+
+def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad) -> None:
+    """The row launcher in PyTorch ops (the ``chunked`` backend). As log_softmax, it keeps
+    z - m and log s apart (see triton.py): a row with +inf gives NaN, as PyTorch's."""
+    v = z.shape[1]
+    keep = t != ignore_index
+    tt = torch.where(keep, t, 0).unsqueeze(1)
+    m = z.amax(1, keepdim=True)
+    zm = z - m
+    log_s = zm.exp().sum(1).log()
+    row = log_s - (1.0 - eps) * zm.gather(1, tt).squeeze(1)
+    if eps:
+        row = row - eps * zm.mean(1)
+    lse = m.squeeze(1) + log_s
+    if zc:
+        row = row + zc * lse * lse
+    loss.copy_(torch.where(keep, row, 0.0))  # select: a NaN row that is ignored stays 0
+    if not write_grad:
+        return
+    torch.exp(zm.sub_(log_s.unsqueeze(1)), out=z)  # p
+    if zc:
+        z.mul_((1.0 + 2.0 * zc * lse).unsqueeze(1))
+    if eps:
+        z.sub_(eps / v)
+    z.scatter_add_(1, tt, torch.full(tt.shape, -(1.0 - eps), dtype=_F32, device=z.device))
+    if g is not None:
+        z.mul_(g.unsqueeze(1))
+    z.masked_fill_(~keep.unsqueeze(1), 0.0)
+
+
+def chunked_backend(name: str, rows, triton: bool = False):
+    """The registry callable of a chunked backend around ``rows`` (module docstring): the
+    ops ``kernellab::<name>`` (x [N, H], weight, bias, target [N], options, grad) ->
+    (loss, grad scale, dx, dweight, dbias) and ``kernellab::<name>_backward``, declared
+    once to the op kit, and the callable that flattens x, checks the targets and picks
+    the chunk."""
+
+    def _fwd(
+        x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, ignore_index: int, reduction: str,
+        label_smoothing: float, z_loss: float, chunk: int, grad: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+        # grad (reduction "mean"/"sum" only): the gradients of the summed loss, computed here
+        # (the logits are gone by the backward); scaled there by dy (/ #non-ignored).
+        t = target.contiguous()
+        loss, dx, dw, db = run_chunks(rows, x, weight, bias, t, None, ignore_index, label_smoothing, z_loss,
+                                      chunk, grad)  # fmt: skip
+        count = (t != ignore_index).sum().to(_F32)
+        if reduction == "sum":
+            loss, scale = loss.sum(), torch.ones((), dtype=_F32, device=x.device)
+        elif reduction == "mean":
+            loss, scale = loss.sum() / count, 1.0 / count.clamp(min=1.0)  # all ignored: NaN, zero grads
+        else:
+            scale = torch.ones((), dtype=_F32, device=x.device)
+        empty = x.new_empty(0)
+        if not grad:
+            return loss, scale, empty, empty, empty
+        return loss, scale, dx, dw.to(weight.dtype), (db.to(bias.dtype) if db is not None else empty)
+
+    def _bwd(
+        x: Tensor | None, weight: Tensor | None, bias: Tensor | None, target: Tensor | None,
+        dx: Tensor, dw: Tensor, db: Tensor, scale: Tensor, dy: Tensor, ignore_index: int, reduction: str,
+        label_smoothing: float, z_loss: float, chunk: int, has_bias: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        if reduction != "none":
+            g = dy.to(_F32) * scale
+            return dx * g, dw * g, (db * g if has_bias else db.new_empty(0))
+        # "none": recompute each chunk's logits with the per-row dy folded into dlogits
+        _, gx, gw, gb = run_chunks(rows, x, weight, bias, target.contiguous(), dy.to(_F32).contiguous(),
+                                   ignore_index, label_smoothing, z_loss, chunk, True)  # fmt: skip
+        return gx, gw.to(weight.dtype), (gb.to(bias.dtype) if gb is not None else x.new_empty(0))
+
+    def _fwd_fake(x, weight, bias, target, ignore_index, reduction, label_smoothing, z_loss, chunk, grad):
+        n = x.shape[0]
+        loss = x.new_empty((n,) if reduction == "none" else (), dtype=_F32)
+        scale = x.new_empty((), dtype=_F32)
+        if not grad:
+            return loss, scale, x.new_empty(0), x.new_empty(0), x.new_empty(0)
+        db = torch.empty_like(bias) if bias is not None else x.new_empty(0)
+        return loss, scale, torch.empty_like(x), torch.empty_like(weight), db
+
+    def _bwd_fake(x, weight, bias, target, dx, dw, db, scale, dy, ignore_index, reduction, label_smoothing,
+                  z_loss, chunk, has_bias):  # fmt: skip
+        if reduction != "none":
+            gb = torch.empty_like(db) if has_bias else db.new_empty(0)
+            return torch.empty_like(dx), torch.empty_like(dw), gb
+        return (torch.empty_like(x), torch.empty_like(weight),
+                torch.empty_like(bias) if bias is not None else x.new_empty(0))  # fmt: skip
+
+    def _save(inputs, out):
+        x, weight, bias, target, ii, red, eps, zc, chunk, grad = inputs
+        _, scale, dx, dw, db = out
+        extra = (ii, red, eps, zc, chunk, bias is not None)
+        if red == "none":  # the backward recomputes: keep the inputs, no gradient was made
+            return (x, weight, bias, target, dx, dw, db, scale), extra
+        return (None, None, None, None, dx, dw, db, scale), extra
+
+    def _bwd_args(saved, extra, dy):
+        return (*saved, dy, *extra)
+
+    def _grads(g, extra):
+        return (g[0], g[1], g[2] if extra[-1] else None) + (None,) * 7
+
+    def _needs_grad(x, weight, bias, target, *rest):
+        return x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+
+    def _fwd_sample(make):
+        x, w, t = make.args(1)
+        return (x.reshape(-1, x.shape[-1]), w, None, t.reshape(-1), -100, "mean", 0.1, 1e-3, 4, True)
+
+    def _bwd_sample(make):
+        x, w, t = make.args(0)
+        x, t = x.reshape(-1, x.shape[-1]), t.reshape(-1)
+        dy = torch.randn(x.shape[0], device=x.device)
+        return (x, w, None, t, x.new_empty(0), x.new_empty(0), x.new_empty(0),
+                torch.ones((), device=x.device), dy, -100, "none", 0.1, 1e-3, 4, False)  # fmt: skip
+
+    op = build(
+        OpDecl(
+            name=name,
+            label=f"linear_cross_entropy ({name.removeprefix('linear_cross_entropy_')})",
+            fwd=_fwd,
+            bwd=_bwd,
+            fwd_fake=_fwd_fake,
+            bwd_fake=_bwd_fake,
+            save=_save,
+            bwd_args=_bwd_args,
+            grads=_grads,
+            needs_grad=_needs_grad,
+            samples=(_fwd_sample, _bwd_sample),
+            triton=triton,
+        )
+    )
+    is_compiling = torch.compiler.is_compiling
+    grad_enabled = torch.is_grad_enabled
+
+    def call(x, weight, target, bias=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+             z_loss=0.0, chunk=None):  # fmt: skip
+        from kernellab.ops.linear_cross_entropy import check_targets
+
+        v, h = weight.shape
+        t = target.reshape(-1)
+        x2 = x.reshape(t.shape[0], h)
+        if not is_compiling():
+            check_targets(t, v, ignore_index)
+        c = chunk if chunk is not None else default_chunk(x2.shape[0], h, v)
+        grad = reduction != "none" and grad_enabled() and _needs_grad(x, weight, bias, target)
+        eps, zc = float(label_smoothing), float(z_loss)
+        loss = op(x2, weight, bias, t, ignore_index, reduction, eps, zc, c, grad)
+        if reduction == "none":
+            loss = loss.reshape(target.shape)
+        return loss.to(x.dtype)
+
+    call.custom_ops, call.ops = op.custom_ops, op.ops
+    call.__name__ = name
+    return call

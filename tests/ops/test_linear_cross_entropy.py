@@ -1,0 +1,375 @@
+"""linear_cross_entropy: every backend that runs here x dtypes x options (reductions,
+ignore_index, label smoothing, z-loss, bias, chunk), the loss and the gradients of x,
+weight and bias against float64 autograd of F.linear + F.cross_entropy; all-ignored
+batches, vocabularies past 8192, chunks that do not divide N; that the chunked backends
+never make an [N, V] tensor; bad inputs; the check engine (and planted wrong
+implementations it must reject)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import kernellab
+import kernellab.ops.linear_cross_entropy as lce  # registers the op and its backends
+from kernellab import registry
+from kernellab.harness.check import FAIL, PASS, check_impl
+from kernellab.harness.compare import judge
+from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
+
+SPEC = lce.SPEC
+OP = "linear_cross_entropy"
+CPU = cpu_backends(OP)  # manual, torch, chunked, triton (compile is tested on its own)
+CHUNKED = ["chunked", "triton"]
+
+
+def _fresh(t):
+    return None if t is None else t.detach().clone().requires_grad_()
+
+
+def _run(backend, x, w, t, dy, opts, bias=None):
+    """(loss, dx, dweight, dbias) of ``backend`` (``None``: the float64 reference)."""
+    if backend is None:
+        xx, ww, bb = (_fresh(a.double()) if a is not None else None for a in (x, w, bias))
+        loss = lce.linear_cross_entropy_reference(xx, ww, t, bb, **opts)
+        dy = dy.double()
+    else:
+        xx, ww, bb = _fresh(x), _fresh(w), _fresh(bias)
+        loss = lce.linear_cross_entropy(xx, ww, t, bb, backend=backend, **opts)
+    wrt = [xx, ww] + ([bb] if bb is not None else [])
+    grads = torch.autograd.grad(loss, wrt, dy)
+    return (loss.detach(), *grads)
+
+
+def _case(backend, dtype, shape, opts, seed, bias=False, device="cpu", target=None):
+    """Loss and every gradient of ``backend`` judged against float64 (2 x the error of the
+    torch backend, PyTorch's own ops in ``dtype``)."""
+    x, w, t = SPEC.make_inputs(shape, dtype, device, seed)
+    x, w, t = lce._option_inputs((x, w, t), opts)
+    if target is not None:
+        t = target
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    b = torch.randn(w.shape[0], generator=gen, device=device).to(dtype) if bias else None
+    ref_shape = t.shape if opts.get("reduction") == "none" else ()
+    dy = torch.randn(ref_shape, generator=gen, device=device).to(dtype)
+    ref = _run(None, x, w, t, dy, opts, b)
+    base = _run("torch", x, w, t, dy, opts, b)
+    got = _run(backend, x, w, t, dy, opts, b)
+    assert got[0].dtype == dtype and got[0].shape == ref[0].shape
+    for name, g, r, bs in zip(("loss", "dx", "dweight", "dbias"), got, ref, base):
+        v = judge(g, r, dtype, bs)
+        assert v.ok, (name, v.detail)
+    return got
+
+
+OPTION_CASES = [
+    {},
+    {"reduction": "sum"},
+    {"reduction": "none"},
+    {"ignore_index": 3},
+    {"label_smoothing": 0.1},
+    {"z_loss": 1e-2},
+    {"label_smoothing": 0.2, "z_loss": 1e-3, "reduction": "none"},
+    {"chunk": 5},
+    {"reduction": "none", "chunk": 8},
+    {"label_smoothing": 0.1, "z_loss": 1e-2, "reduction": "sum", "chunk": 16},
+]
+
+
+def _opt_id(o):
+    return ",".join(f"{k}={v}" for k, v in sorted(o.items())) or "default"
+
+
+def test_matrix_is_not_empty():
+    assert {"manual", "torch", "chunked", "triton"} <= set(CPU)
+    assert "compile" in {i.backend for i in kernellab.impls(OP)}
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("opts", OPTION_CASES, ids=_opt_id)
+def test_loss_and_gradients(backend, dtype, opts):
+    _case(backend, dtype, (37, 24, 300), opts, seed_for(backend, dtype, _opt_id(opts)))
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_bias_gradient(backend, dtype, reduction):
+    opts = {"reduction": reduction, "z_loss": 1e-3, "label_smoothing": 0.1, "chunk": 8}
+    _case(backend, dtype, (37, 24, 300), opts, seed_for(backend, dtype, reduction), bias=True)
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize(
+    "shape, opts",
+    [
+        ((2, 5, 16, 129), {}),  # x [B, T, H], target [B, T]
+        ((2, 5, 16, 129), {"reduction": "none"}),  # loss [B, T]
+        ((3, 8, 8197), {"chunk": 2}),  # V past two 4096-column blocks and past 8192
+        ((7, 8, 33), {"chunk": 3}),  # a chunk that does not divide N
+        ((1, 1, 1), {}),
+        ((5, 0, 7), {}),  # H = 0: every logit 0
+    ],
+    ids=lambda p: shape_id(p) if isinstance(p, tuple) else _opt_id(p),
+)
+def test_boundary_shapes_fp32(backend, shape, opts):
+    _case(backend, torch.float32, shape, opts, seed_for(backend, shape, _opt_id(opts)))
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_ignored_behaves_like_pytorch(backend, reduction):
+    x, w, _ = SPEC.make_inputs((6, 8, 11), torch.float32, "cpu", 3)
+    t = torch.full((6,), -100, dtype=torch.int64)
+    xx, ww = _fresh(x), _fresh(w)
+    loss = lce.linear_cross_entropy(xx, ww, t, reduction=reduction, label_smoothing=0.1, z_loss=1e-2,
+                                    backend=backend)  # fmt: skip
+    ref = F.cross_entropy(F.linear(x, w), t, reduction=reduction, label_smoothing=0.1)
+    if reduction == "mean":
+        assert torch.isnan(loss) and torch.isnan(ref)
+    else:
+        assert torch.equal(loss, torch.zeros_like(ref)) and torch.equal(ref, torch.zeros_like(ref))
+    loss.sum().backward()
+    assert torch.equal(xx.grad, torch.zeros_like(x)) and torch.equal(ww.grad, torch.zeros_like(w))
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_empty_batch(backend):
+    x, w, t = SPEC.make_inputs((0, 8, 7), torch.float32, "cpu", 0)
+    assert torch.isnan(lce.linear_cross_entropy(x, w, t, backend=backend))
+    assert lce.linear_cross_entropy(x, w, t, reduction="sum", backend=backend).item() == 0.0
+    assert lce.linear_cross_entropy(x, w, t, reduction="none", backend=backend).shape == (0,)
+
+
+def test_no_gradient_needed_computes_none():
+    """Without requires_grad the chunked forward makes no gradient buffers (dweight would be [V, H])."""
+    x, w, t = SPEC.make_inputs((16, 4, 50), torch.float32, "cpu", 0)
+    with _Shapes() as seen:
+        lce.linear_cross_entropy(x, w, t, backend="chunked", chunk=4)
+    assert (50, 4) not in seen.shapes  # no dweight accumulator
+
+
+# --------------------------------------------------------------------------- memory
+
+
+class _Shapes(TorchDispatchMode):
+    """Every floating-point tensor an aten op returns while active: its shape and the
+    largest numel (the Triton interpreter's byte copies of its arguments are uint8)."""
+
+    def __enter__(self):
+        self.shapes, self.largest = set(), 0
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor) and o.is_floating_point():
+                self.shapes.add(tuple(o.shape))
+                self.largest = max(self.largest, o.numel())
+        return out
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_chunked_backends_never_make_an_n_by_v_tensor(backend, reduction):
+    """Every aten op's output during forward and backward is watched (the Triton kernel
+    writes into buffers those ops made). The chunked backends' largest tensor is one
+    chunk of logits; the full-logits backends must be seen making [N, V] (the test
+    can tell them apart)."""
+    n, h, v, chunk = 64, 8, 300, 16  # N*V = 19200; a chunk's logits 4800, dweight V*H = 2400, x 512
+    x, w, t = SPEC.make_inputs((n, h, v), torch.float32, "cpu", 1)
+    xx, ww = _fresh(x), _fresh(w)
+    with _Shapes() as seen:
+        loss = lce.linear_cross_entropy(xx, ww, t, reduction=reduction, chunk=chunk, backend=backend)
+        loss.sum().backward()
+    full = (n, v) in seen.shapes or seen.largest >= n * v
+    if backend in CHUNKED:
+        assert not full, sorted(seen.shapes)
+        assert seen.largest <= max(chunk * v, n * h, v * h)
+    else:
+        assert full, sorted(seen.shapes)
+    assert xx.grad is not None and ww.grad is not None
+
+
+def test_default_chunk_keeps_a_chunk_of_logits_near_x():
+    from kernellab.ops.linear_cross_entropy._chunked import default_chunk
+
+    assert default_chunk(16384, 2048, 128256) == 512  # 512 * 128256 ~ 2x 16384 * 2048
+    assert default_chunk(4096, 768, 50304) == 64  # 64 rows at least (Liger's rule: 64)
+    assert default_chunk(4096, 64, 50304) == 64  # (Liger's rule: 8)
+    assert default_chunk(37, 24, 300) == 37  # one chunk
+    assert default_chunk(1, 8, 10) == 1 and default_chunk(0, 8, 10) == 1
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+def _good(dtype=torch.float32):
+    return SPEC.make_inputs((4, 6, 5), dtype, "cpu", 0)
+
+
+BAD = [
+    ("weight H != x H", lambda x, w, t: ((x, torch.randn(5, 7), t), {}), ValueError, "weight"),
+    ("weight 1-D", lambda x, w, t: ((x, w[0], t), {}), ValueError, "weight"),
+    ("weight fp16, x fp32", lambda x, w, t: ((x, w.half(), t), {}), TypeError, "weight"),
+    ("x 1-D", lambda x, w, t: ((x[0], w, t), {}), ValueError, "x"),
+    ("int32 target", lambda x, w, t: ((x, w, t.int()), {}), TypeError, "target"),
+    ("float target", lambda x, w, t: ((x, w, t.float()), {}), TypeError, "target"),
+    ("target wrong length", lambda x, w, t: ((x, w, t[:3]), {}), ValueError, "target"),
+    ("target >= V", lambda x, w, t: ((x, w, torch.tensor([0, 5, 1, 2])), {}), ValueError, "target"),
+    ("target < 0", lambda x, w, t: ((x, w, torch.tensor([0, -2, 1, 2])), {}), ValueError, "target"),
+    ("bias wrong length", lambda x, w, t: ((x, w, t), {"bias": torch.zeros(4)}), ValueError, "bias"),
+    ("bias wrong dtype", lambda x, w, t: ((x, w, t), {"bias": torch.zeros(5).half()}), TypeError, "bias"),
+    ("reduction name", lambda x, w, t: ((x, w, t), {"reduction": "avg"}), ValueError, "reduction"),
+    ("negative label_smoothing", lambda x, w, t: ((x, w, t), {"label_smoothing": -0.1}), ValueError,
+     "label_smoothing"),
+    ("label_smoothing > 1", lambda x, w, t: ((x, w, t), {"label_smoothing": 1.1}), ValueError,
+     "label_smoothing"),
+    ("NaN label_smoothing", lambda x, w, t: ((x, w, t), {"label_smoothing": float("nan")}), ValueError,
+     "label_smoothing"),
+    ("negative z_loss", lambda x, w, t: ((x, w, t), {"z_loss": -1.0}), ValueError, "z_loss"),
+    ("string z_loss", lambda x, w, t: ((x, w, t), {"z_loss": "1e-4"}), TypeError, "z_loss"),
+    ("float ignore_index", lambda x, w, t: ((x, w, t), {"ignore_index": -100.0}), TypeError, "ignore_index"),
+    ("chunk 0", lambda x, w, t: ((x, w, t), {"chunk": 0}), ValueError, "chunk"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", CPU)
+@pytest.mark.parametrize("case", BAD, ids=[c[0] for c in BAD])
+def test_bad_inputs_raise_naming_the_argument(backend, case):
+    _, build, exc, arg = case
+    args, kw = build(*_good())
+    with pytest.raises(exc, match=arg):
+        registry.call(OP, backend, *args, **kw)
+
+
+def test_public_signature():
+    x, w, t = _good()
+    b = torch.zeros(5)
+    y = kernellab.linear_cross_entropy(x, w, t, b, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                                       z_loss=0.0, chunk=None, backend="chunked")  # fmt: skip
+    torch.testing.assert_close(y, F.cross_entropy(F.linear(x, w, b), t))
+    with pytest.raises(TypeError):
+        kernellab.linear_cross_entropy(x, w, t, None, -100)  # the options are keyword-only
+
+
+@pytest.mark.parametrize("backend", CHUNKED)
+def test_double_backward_is_refused(backend):
+    x, w, t = _good()
+    xx = _fresh(x)
+    with pytest.raises(RuntimeError, match="double backward"):
+        (g,) = torch.autograd.grad(lce.linear_cross_entropy(xx, w, t, backend=backend), xx, create_graph=True)
+        g.sum().backward()
+
+
+# --------------------------------------------------------------------------- check engine
+
+
+@pytest.mark.parametrize("backend", ["chunked", "triton"])
+def test_check_engine_passes(backend):
+    # triton: quick mode runs opcheck in its first 16-bit dtype (fp16)
+    dtype = torch.float16 if backend == "triton" else torch.float32
+    rep = check_impl(registry.get(OP, backend), dtype, device="cpu", quick=True, seed=21)
+    assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+    kinds = {c.kind for c in rep.cases if c.status == PASS}
+    assert {"shape", "rerun", "layout", "option", "boundary", "grad", "bad", "opcheck"} <= kinds
+
+
+def _chunked(x, weight, target, bias=None, **kw):
+    return registry.get(OP, "chunked").fn(x, weight, target, bias, **kw)
+
+
+def _no_smoothing(x, weight, target, bias=None, **kw):
+    return _chunked(x, weight, target, bias, **{**kw, "label_smoothing": 0.0})
+
+
+def _last_chunk_dropped(x, weight, target, bias=None, ignore_index=-100, **kw):
+    n = target.numel()  # the rows past the last full chunk of 4 are left out
+    keep = torch.arange(n).reshape(target.shape) < (n // 4) * 4
+    t = torch.where(keep, target, ignore_index)
+    return _chunked(x, weight, t, bias, ignore_index=ignore_index, **{**kw, "chunk": 4})
+
+
+def _no_bias_grad(x, weight, target, bias=None, **kw):
+    return _chunked(x, weight, target, bias.detach() if bias is not None else None, **kw)
+
+
+@pytest.mark.parametrize(
+    "fn", [_no_smoothing, _last_chunk_dropped, _no_bias_grad], ids=["no smoothing", "tail lost", "no dbias"]
+)
+def test_planted_wrong_implementations_fail_the_check(fn):
+    registry.register(OP, "planted_wrong")(fn)
+    try:
+        rep = check_impl(registry.get(OP, "planted_wrong"), torch.float32, device="cpu", quick=True, seed=23)
+    finally:
+        registry.unregister(OP, "planted_wrong")
+    assert rep.status == FAIL
+
+
+def test_compile_backend_quick():
+    x, w, t = SPEC.make_inputs((6, 8, 30), torch.float32, "cpu", 5)
+    y = lce.linear_cross_entropy(x, w, t, backend="compile")
+    torch.testing.assert_close(y, F.cross_entropy(F.linear(x, w), t))
+
+
+@pytest.mark.parametrize("backend", CHUNKED)
+def test_under_torch_compile_fullgraph(backend):
+    x, w, t = SPEC.make_inputs((9, 8, 40), torch.float32, "cpu", 6)
+    f = torch.compile(
+        lambda x, w: lce.linear_cross_entropy(x, w, t, reduction="sum", chunk=4, backend=backend) * 2,
+        fullgraph=True,
+    )
+    xx, ww = _fresh(x), _fresh(w)
+    y = f(xx, ww)
+    y.backward()
+    x2, w2 = _fresh(x), _fresh(w)
+    y2 = F.cross_entropy(F.linear(x2, w2), t, reduction="sum") * 2
+    y2.backward()
+    torch.testing.assert_close(y, y2)
+    torch.testing.assert_close(xx.grad, x2.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ww.grad, w2.grad, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", CHUNKED)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_gpu_loss_and_gradients(backend, dtype):
+    cases = [
+        ((512, 256, 32000), {}),
+        ((300, 128, 50257), {"reduction": "none", "z_loss": 1e-4}),
+        ((2, 100, 64, 8197), {"label_smoothing": 0.1}),
+        ((64, 64, 128256), {"chunk": 7}),
+    ]
+    for shape, opts in cases:
+        _case(backend, dtype, shape, opts, seed_for(backend, dtype, shape), bias=True, device="cuda")
+
+
+def _peak_extra(backend, x, w, t):
+    """Peak bytes allocated beyond the inputs during forward + backward."""
+    xx, ww = _fresh(x), _fresh(w)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    lce.linear_cross_entropy(xx, ww, t, backend=backend).backward()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", CHUNKED)
+def test_gpu_peak_memory_is_far_below_the_logits(backend):
+    """bf16 8192 x 1024 -> 128256: the logits alone are 2.1 GB in bf16. The chunked
+    backends' extra memory is dweight in fp32 + bf16 (0.8 GB), dx and a chunk of logits."""
+    n, h, v = 8192, 1024, 128256
+    x = torch.randn(n, h, device="cuda", dtype=torch.bfloat16)
+    w = (torch.randn(v, h, device="cuda") / 32).bfloat16()
+    t = torch.randint(0, v, (n,), device="cuda")
+    ours, theirs = _peak_extra(backend, x, w, t), _peak_extra("torch", x, w, t)
+    logits_bf16 = n * v * 2
+    assert ours < 0.6 * logits_bf16 and ours < 0.25 * theirs, (ours, theirs, logits_bf16)
