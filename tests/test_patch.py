@@ -417,3 +417,18 @@ def test_patch_hf_fused_linear_cross_entropy_left_for_a_final_softcap():
     report = kernellab.patch(pat, fused_linear_cross_entropy=True, verbose=False)
     assert any(op == "linear_cross_entropy" and "softcap" in why for op, _, why in report.left), report
     assert report.counts()["cross_entropy"] == 1  # the loss still runs on kernellab.cross_entropy
+
+
+def test_linear_cross_entropy_loss_module_matches_head_and_loss():
+    x = torch.randn(2, 7, 16, requires_grad=True)
+    head = nn.Linear(16, 50)
+    t = torch.randint(0, 50, (2, 7))
+    t[0, 0] = -100
+    mod = kernellab.nn.LinearCrossEntropyLoss(label_smoothing=0.1)
+    got = mod(x, head.weight, t, head.bias)
+    want = F.cross_entropy(head(x).view(-1, 50), t.view(-1), label_smoothing=0.1)
+    _close(got, want, "loss")
+    gx, gw = torch.autograd.grad(got, (x, head.weight))
+    wx, ww = torch.autograd.grad(want, (x, head.weight))
+    _close(gx, wx, "dx")
+    _close(gw, ww, "dweight")

@@ -29,6 +29,7 @@ def test_op_names_lists_the_ops():
         "geglu",
         "gelu",
         "layer_norm",
+        "linear_cross_entropy",
         "matmul",
         "max",
         "max_pool2d",

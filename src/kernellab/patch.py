@@ -659,8 +659,8 @@ def patch(
                 "fused_linear_cross_entropy=True needs kernellab.linear_cross_entropy (not in this build)"
             )
         if not hf:
-            report.left.append(("linear_cross_entropy", "", "plain modules: call kernellab.linear_cross_entropy "
-                                "or kernellab.nn.LinearCrossEntropyLoss in the model"))  # fmt: skip
+            report.left.append(("linear_cross_entropy", "", "a plain module's head and loss: use "
+                                "kernellab.nn.LinearCrossEntropyLoss in the model"))  # fmt: skip
 
     rules = []
     for rule in RULES:

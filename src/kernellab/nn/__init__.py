@@ -15,7 +15,7 @@ from torch import nn
 
 from kernellab.nn import functional
 
-__all__ = ["CrossEntropyLoss", "GELU", "LayerNorm", "RMSNorm", "functional"]
+__all__ = ["CrossEntropyLoss", "GELU", "LayerNorm", "LinearCrossEntropyLoss", "RMSNorm", "functional"]
 
 
 class LayerNorm(nn.LayerNorm):
@@ -85,3 +85,28 @@ class CrossEntropyLoss(nn.CrossEntropyLoss):
             label_smoothing=self.label_smoothing,
             backend=self.backend,
         )
+
+
+class LinearCrossEntropyLoss(nn.Module):
+    """The LM head and the loss in one: ``loss(x, weight, target, bias=None)`` is
+    ``F.cross_entropy(x @ weight.T + bias, target, ...)`` computed by
+    kernellab.linear_cross_entropy, which never stores the (N, V) logits. ``weight`` is
+    the head's (V, H) ``nn.Linear`` weight, passed per call so the head keeps it."""
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                 z_loss: float = 0.0, *, backend: str | None = None):  # fmt: skip
+        super().__init__()
+        self.ignore_index, self.reduction = ignore_index, reduction
+        self.label_smoothing, self.z_loss, self.backend = label_smoothing, z_loss, backend
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        import kernellab
+
+        return kernellab.linear_cross_entropy(
+            x, weight, target, bias, ignore_index=self.ignore_index, reduction=self.reduction,
+            label_smoothing=self.label_smoothing, z_loss=self.z_loss, backend=self.backend,
+        )  # fmt: skip
+
+    def extra_repr(self) -> str:
+        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}"
