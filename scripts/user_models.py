@@ -150,7 +150,8 @@ def kernellab_patch(model) -> str | None:
 
     if not hasattr(kernellab, "patch"):
         return "kernellab.patch is not in this version"
-    print(kernellab.patch(model), file=sys.stderr)
+    fused = hasattr(kernellab, "linear_cross_entropy")  # as Liger's patch fuses head and loss
+    print(kernellab.patch(model, fused_linear_cross_entropy=fused, verbose=False), file=sys.stderr)
     return None
 
 
