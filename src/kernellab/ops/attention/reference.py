@@ -132,6 +132,10 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     # "misaligned address" in `kernellab check` (offset layout), which poisons the CUDA
     # context for the rest of the process. A misaligned input gets an aligned copy (what
     # .contiguous() would not do: the tensor already is contiguous).
+    # Not while torch.compile traces: data_ptr() breaks the graph (at every attention
+    # call of a compiled model), and Inductor's SDPA lowering lays out its own inputs.
+    if torch.compiler.is_compiling():
+        return t
     return t.clone() if t.is_cuda and t.data_ptr() % 16 else t
 
 
