@@ -228,6 +228,8 @@ def main() -> None:
             m.train()
             opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=dev == "cuda")
             runs[(v, mode)] = (m, make_step(m, opt, mode, hf))
+    # parameters, gradients and AdamW's two moments
+    model_bytes = 4 * sum(p.numel() * p.element_size() for p in base.parameters())
     del base
     gen = torch.Generator(device="cpu").manual_seed(1)
     idx = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
@@ -235,12 +237,17 @@ def main() -> None:
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     peak, losses = {}, {}
     for key, (_, step) in runs.items():  # warm-up: compiles, autotuning, allocator
+        # Every variant's model stays resident: a variant's peak is its own model (the
+        # parameters and their AdamW state, equal in every variant) plus the most its step
+        # allocated above what was resident before its warm-up.
         if dev == "cuda":
+            sync()
             torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
         for _ in range(a.warmup):
             losses[key] = float(step(idx, tgt).detach())
         sync()
-        peak[key] = torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else float("nan")
+        peak[key] = (torch.cuda.max_memory_allocated() - before + model_bytes) / 2**30 if dev == "cuda" else float("nan")
     times = {key: [] for key in runs}
     for _ in range(a.rounds):
         for key, (_, step) in runs.items():
@@ -252,7 +259,7 @@ def main() -> None:
             times[key].append((time.perf_counter() - t0) * 1e3 / a.steps)
     gpu = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(f"{a.model} B={a.batch} T={a.seq} {a.dtype} on {gpu}: ms/step (median of {a.rounds} rounds of "
-          f"{a.steps}), tokens/s, peak GiB over warm-up; ratio = first variant's time / this one's")  # fmt: skip
+          f"{a.steps}), tokens/s, peak GiB (own model + its step's peak); ratio = first variant's time / this one's")  # fmt: skip
     for v, why in skipped.items():
         print(f"  {v}: skipped ({why})")
     rows = []

@@ -53,7 +53,7 @@ def _grads(fn, args, dy):
 def _assert_fwd_bwd(op, backend, a, b, opts, seed=0):
     spec = kernellab.get_spec(op)
     dtype = a.dtype
-    dy = torch.randn(a.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    dy = torch.randn(a.shape, generator=torch.Generator().manual_seed(seed)).to(dtype=dtype, device=a.device)
     y, got = _grads(lambda a, b: _fn(op)(a, b, **opts, backend=backend), (a, b), dy)
     base_y, base = _grads(lambda a, b: _torch_op(op, a, b, **opts), (a, b), dy)
     ref_y, ref = _grads(lambda a, b: spec.reference(a, b, **opts), (a.double(), b.double()), dy.double())
