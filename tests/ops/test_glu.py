@@ -290,3 +290,18 @@ def test_triton_kernels_compile_for_sm90_with_16_byte_accesses(op):
     assert {k.name for k in kernels} == {"_glu_fwd_kernel", "_glu_bwd_kernel"}, note
     for k in kernels:
         assert k.counts["ptx_ld_global_v4"] >= 1 and k.counts["ptx_local"] == 0, k.name
+
+
+def test_first_order_only_refuses_double_backward_and_passes_gradients():
+    """The guard put on liger's GLUs: first derivatives pass through unchanged, a
+    second one raises instead of returning what an untracked backward computes."""
+    from kernellab.ops._peers import first_order_only
+
+    a = torch.randn(5, requires_grad=True)
+    y = first_order_only(a * 3.0, "peer")
+    (g,) = torch.autograd.grad(y.sum(), a)
+    torch.testing.assert_close(g, torch.full_like(a, 3.0))
+    y = first_order_only(a * a, "peer")
+    with pytest.raises(RuntimeError, match="peer: double backward"):
+        torch.autograd.grad(y.sum(), a, create_graph=True)
+    assert first_order_only(a.detach(), "peer") is not None

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 
 @functools.cache
 def liger_unavailable() -> str | None:
@@ -28,3 +30,31 @@ def register_liger(op: str, fn, description: str) -> None:
     register(
         op, "liger", devices=("cuda",), available=liger_unavailable, builtin=True, description=description
     )(fn)
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """Identity whose backward refuses to be differentiated (create_graph=True)."""
+
+    @staticmethod
+    def forward(ctx, y, label):
+        ctx.label = label
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, g):
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                f"{ctx.label}: double backward (create_graph=True) is not supported by this backend: its "
+                "backward is a kernel without a derivative; backend='torch' or 'manual' computes it"
+            )
+        return g, None
+
+
+def first_order_only(y: torch.Tensor, label: str) -> torch.Tensor:
+    """``y`` as it is, but a double backward through it raises a clear error. For a peer
+    whose autograd.Function backward runs kernels that record no graph: differentiated
+    again, such a backward returns a silently wrong second derivative (liger's SwiGLU gave
+    one off by 15.8 in ``kernellab check`` on an H100)."""
+    if not (torch.is_grad_enabled() and y.requires_grad):
+        return y
+    return _FirstOrderOnly.apply(y, label)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernellab.ops._peers import liger_unavailable, register_liger
+from kernellab.ops._peers import first_order_only, liger_unavailable, register_liger
 from kernellab.registry import register
 
 
@@ -32,7 +32,7 @@ def liger_swiglu(a, b):
 
     if a.numel() == 0:
         return F.silu(a) * b
-    return LigerSiLUMulFunction.apply(*_own(a, b))
+    return first_order_only(LigerSiLUMulFunction.apply(*_own(a, b)), "swiglu (liger)")
 
 
 def _geglu_limits(a, b, approximate="none"):
@@ -48,7 +48,7 @@ def liger_geglu(a, b, approximate="none"):
         raise ValueError(f"geglu (liger): approximate={approximate!r}: {why}; pass approximate='tanh'")
     if a.numel() == 0:
         return F.gelu(a, approximate="tanh") * b
-    return LigerGELUMulFunction.apply(*_own(a, b))
+    return first_order_only(LigerGELUMulFunction.apply(*_own(a, b)), "geglu (liger)")
 
 
 register_liger("swiglu", liger_swiglu, "liger-kernel LigerSiLUMulFunction (peer)")
