@@ -168,10 +168,12 @@ def chunked_backend(name: str, rows, triton: bool = False):
         loss, dx, dw, db = run_chunks(rows, x, weight, bias, t, None, ignore_index, label_smoothing, z_loss,
                                       chunk, grad)  # fmt: skip
         count = (t != ignore_index).sum().to(_F32)
+        # The rows' losses are summed in fp64 and rounded once (PyTorch's CPU nll_loss
+        # accumulates fp32 in double too): an fp32 sum of 6 rows near 5.5 was 2 ulps off.
         if reduction == "sum":
-            loss, scale = loss.sum(), torch.ones((), dtype=_F32, device=x.device)
-        elif reduction == "mean":
-            loss, scale = loss.sum() / count, 1.0 / count.clamp(min=1.0)  # all ignored: NaN, zero grads
+            loss, scale = loss.double().sum().to(_F32), torch.ones((), dtype=_F32, device=x.device)
+        elif reduction == "mean":  # all ignored: 0 / 0 = NaN, zero gradients
+            loss, scale = (loss.double().sum() / count.double()).to(_F32), 1.0 / count.clamp(min=1.0)
         else:
             scale = torch.ones((), dtype=_F32, device=x.device)
         empty = x.new_empty(0)
