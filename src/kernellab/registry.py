@@ -500,13 +500,17 @@ def default_backend(op: str, device: str | None = None) -> str:
     """The first of the op's preferred backends that runs on ``device``."""
     from kernellab.ops.spec import get_spec
 
-    for b in get_spec(op).default_backends:
+    return _first_usable(op, get_spec(op).default_backends, device) or "torch"
+
+
+def _first_usable(op: str, backends, device: str | None) -> str | None:
+    for b in backends:
         if b == "triton" and device == "cpu":
             continue  # the interpreter proves Triton kernels correct on the CPU; it is not fast
         impl = _TABLE.get((op, b))
         if impl is not None and impl.why_unavailable(device) is None:
             return b
-    return "torch"
+    return None
 
 
 def compiled_backend(op: str, device: str | None = None) -> str:
@@ -520,13 +524,7 @@ def compiled_backend(op: str, device: str | None = None) -> str:
     is declared here only where a compiled step with it measured faster."""
     from kernellab.ops.spec import get_spec
 
-    for b in get_spec(op).compiled_backends:
-        if b == "triton" and device == "cpu":
-            continue
-        impl = _TABLE.get((op, b))
-        if impl is not None and impl.why_unavailable(device) is None:
-            return b
-    return default_backend(op, device)
+    return _first_usable(op, get_spec(op).compiled_backends, device) or default_backend(op, device)
 
 
 def warm_defaults() -> None:
