@@ -180,6 +180,26 @@ def make_step(model, opt, mode: str, hf: bool):
     return step
 
 
+def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
+    """Prints the device time per step, the host time per step and the ``top`` kernels by
+    device time of ``n`` steps under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    sync()
+    with profile(activities=acts) as prof:
+        for _ in range(n):
+            step(idx, tgt)
+        sync()
+    ev = prof.key_averages()
+    dev_us = sum(e.self_device_time_total for e in ev) / n
+    host_us = sum(e.self_cpu_time_total for e in ev) / n
+    print(f"\n-- profile {key[0]} {key[1]}: device {dev_us / 1e3:.2f} ms/step, host {host_us / 1e3:.2f} ms/step")
+    rows = sorted((e for e in ev if e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)
+    for e in rows[:top]:
+        print(f"  {e.self_device_time_total / n / 1e3:8.3f} ms {e.count // n:5d}x  {e.key[:110]}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="nanogpt")
@@ -193,6 +213,8 @@ def main() -> None:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--small", action="store_true", help="tiny configs (a CPU smoke run)")
     p.add_argument("--json", default=None, help="append one JSON row per (variant, mode)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after timing, profile N steps of each (variant, mode): the top kernels by device time")
     a = p.parse_args()
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
@@ -279,6 +301,9 @@ def main() -> None:
                   f"  {row['speedup']:.2f}x  loss {row['loss']:.4f}")  # fmt: skip
             if not math.isfinite(losses[(v, mode)]):
                 print(f"  WARNING: {v} {mode} loss is not finite")
+    if a.profile:
+        for key, (_, step) in runs.items():
+            profile_steps(key, step, idx, tgt, a.profile, sync)
     if a.json:
         with open(a.json, "a") as f:
             for row in rows:

@@ -16,9 +16,10 @@
 //   bn_fwd_apply every thread merges the channel's `split` triples in fp64 (a few dozen
 //                values, cached) and rounds mean and rstd once; block s == 0 stores them,
 //                and the block writes its chunk of y = (x - mean) * (rstd * w) + b.
-//   bn_bwd_sums  per chunk: sum(dy * (x - mean)) and sum(dy) -> part[2][C][split] (fp64:
-//                the threads' fp32 sums are added in double, so dweight and dbias land
-//                within about an ulp of the exact sums; rstd is applied once, at the end).
+//   bn_bwd_sums  per chunk: sum(dy * (x - mean)) and sum(dy) -> part[2][C][split], terms
+//                and sums in double (an fp32 product and difference are exact there), so
+//                dweight and dbias are the exact sums rounded once; rstd is applied once,
+//                at the end. The fp64 work (3 flops per element) hides under the loads.
 //   bn_bwd_apply dw, db = the sums of the channel's partials (block s == 0 stores them);
 //                dx = w * rstd * (dy - db / M - xhat * dw / M) over the chunk.
 //
@@ -74,15 +75,15 @@ __device__ void bn_bwd_sums(const T* __restrict__ dy, const T* __restrict__ x, c
     const float scale = rstd_in[c] * kl::to_f(w[c]), shift = kl::to_f(b[c]);
     const int start = s * chunk;
     const int end = min(start + chunk, M);
-    float sw = 0.0f, sb = 0.0f;
+    double sw = 0.0, sb = 0.0;
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const long long o = bn_offset(i, c, C, HW);
         const float xv = kl::to_f(x[o]);
         float g = kl::to_f(dy[o]);
         if (relu && !((xv - mean) * scale + shift > 0.0f)) g = 0.0f;
-        sw += g * (xv - mean);
-        sb += g;
+        sw += (double)g * ((double)xv - (double)mean);
+        sb += (double)g;
     }
     const double tw = kl::smem_block_sum<THREADS>(sw, red);
     const double tb = kl::smem_block_sum<THREADS>(sb, red);

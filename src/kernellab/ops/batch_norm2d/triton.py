@@ -179,8 +179,9 @@ def _bn_bwd_sums_kernel(
     if RELU:
         scale = tl.load(rstd_ptr + c) * tl.load(w_ptr + c).to(tl.float32)
         shift = tl.load(b_ptr + c).to(tl.float32)
-    acc_w = tl.zeros([BLOCK], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK], dtype=tl.float32)
+    mean64 = mean.to(tl.float64)
+    acc_w = tl.zeros([BLOCK], dtype=tl.float64)
+    acc_b = tl.zeros([BLOCK], dtype=tl.float64)
     start = s * chunk
     end = tl.minimum(start + chunk, M)
     for i0 in range(start, end, BLOCK):
@@ -192,15 +193,17 @@ def _bn_bwd_sums_kernel(
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         if RELU:  # the forward's expression: the same fp32 value, the same sign
             dy = tl.where((x - mean) * scale + shift > 0.0, dy, 0.0)
-        # rstd is applied once to the channel's sum (one rounding fewer per term, as
-        # PyTorch's kernel does); the lanes' fp32 sums are added in fp64: dweight and dbias
-        # land within about an ulp of the exact sums (PyTorch's CPU kernel accumulates in
-        # fp64 and the check bounds us by twice its error).
-        acc_w += dy * tl.where(mask, x - mean, 0.0)
-        acc_b += dy
+        # The terms and their sums in fp64 (an fp32 product and difference are exact
+        # there), rstd applied once to the channel's sum: dweight and dbias are the exact
+        # sums rounded once. fp32 lanes lost up to a few ulps to cancellation at small
+        # channels (a 1,500-term sum near zero); the fp64 work (3 flops per element) hides
+        # under the loads on an H100, as in _bn_stats_kernel.
+        g = dy.to(tl.float64)
+        acc_w += g * tl.where(mask, x.to(tl.float64) - mean64, 0.0)
+        acc_b += g
     p = c * split + s
-    tl.store(part_ptr + p, tl.sum(acc_w.to(tl.float64), axis=0))
-    tl.store(part_ptr + C * split + p, tl.sum(acc_b.to(tl.float64), axis=0))
+    tl.store(part_ptr + p, tl.sum(acc_w, axis=0))
+    tl.store(part_ptr + C * split + p, tl.sum(acc_b, axis=0))
 
 
 @triton_support.jit

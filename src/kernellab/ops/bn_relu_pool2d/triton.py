@@ -15,8 +15,8 @@ Forward
      r * 2 + s, or -1 where the value is <= 0: the relu closed the window).
 Backward
   3. _bwd_sums_kernel: one lane per pooled output: where code >= 0, g = dz and x is
-     gathered at the argmax; per-lane fp32 sums of g and g * (x - mean), added in fp64
-     per chunk (as batch_norm2d's backward).
+     gathered at the argmax; per-lane fp64 sums of g and g * (x - mean), added per
+     chunk (as batch_norm2d's backward).
   4. _bwd_dx_kernel: one lane per input element over the channel's N * H * W: it finds
      its window (h // 2, w // 2; none in an odd size's last row / column), takes dz where
      the window's code points at it, and writes dx = w * rstd * (g - db / M - xhat * dw / M);
@@ -147,8 +147,9 @@ def _bwd_sums_kernel(
     split = tl.num_programs(1)
     mean = tl.load(mean_ptr + c)
     PQ = P * Q
-    acc_w = tl.zeros([BLOCK], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK], dtype=tl.float32)
+    mean64 = mean.to(tl.float64)
+    acc_w = tl.zeros([BLOCK], dtype=tl.float64)
+    acc_b = tl.zeros([BLOCK], dtype=tl.float64)
     start = s * chunk
     end = tl.minimum(start + chunk, MO)
     for i0 in range(start, end, BLOCK):
@@ -166,11 +167,12 @@ def _bwd_sums_kernel(
         at = ((n.to(tl.int64) * C + c) * H + 2 * p + code // 2) * W + 2 * q + code % 2
         x = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
         g = tl.load(dz_ptr + o, mask=live, other=0.0).to(tl.float32)
-        acc_w += g * tl.where(live, x - mean, 0.0)
-        acc_b += g
+        g64 = g.to(tl.float64)  # fp64 terms and sums, as batch_norm2d's backward
+        acc_w += g64 * tl.where(live, x.to(tl.float64) - mean64, 0.0)
+        acc_b += g64
     p_ = c * split + s
-    tl.store(part_ptr + p_, tl.sum(acc_w.to(tl.float64), axis=0))
-    tl.store(part_ptr + C * split + p_, tl.sum(acc_b.to(tl.float64), axis=0))
+    tl.store(part_ptr + p_, tl.sum(acc_w, axis=0))
+    tl.store(part_ptr + C * split + p_, tl.sum(acc_b, axis=0))
 
 
 @triton_support.jit

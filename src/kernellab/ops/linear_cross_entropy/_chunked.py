@@ -113,8 +113,8 @@ def run_chunks(rows, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
             continue
         z16 = z.to(x.dtype)  # dlogits rounded as PyTorch's autograd rounds them
         torch.mm(z16, w, out=dx[s:e])
-        if wide and traced:  # (the out= form's fake kernel raised a TypeError in PyTorch 2.11)
-            dw = torch.addmm(dw, z16.t(), xc, out_dtype=_F32)
+        if wide and traced:  # addmm's out_dtype forms have no working fake kernel in PyTorch 2.11
+            dw = dw + torch.mm(z16.t(), xc, out_dtype=_F32)
         elif wide:
             torch.addmm(dw, z16.t(), xc, out_dtype=_F32, out=dw)
         else:
