@@ -1,4 +1,4 @@
-"""The LM head and its cross-entropy in one op, the [N, V] logits never stored (issue 41).
+"""The LM head and its cross-entropy in one op, the [N, V] logits never stored.
 
     logits = x @ weight^T + bias                     x [N, H] or [B, T, H], weight [V, H]
     loss_i = lse_i - (1 - eps) * logits_i,t_i - eps / V * sum_j logits_ij + z * lse_i^2
@@ -18,27 +18,36 @@ x's dtype, F.cross_entropy on the logits in fp32, as Hugging Face heads do: the
 baseline), ``compile`` (torch.compile of manual) store the [N, V] logits; ``chunked`` and
 ``triton`` do not.
 
-The chunked backends (``chunked``: PyTorch ops, ``triton``: our row kernel) take the rows
-``chunk`` at a time (default: as many rows as make a chunk's logits about the size of x,
-Liger's rule, but at least 64 rows: a thinner matmul wastes the tensor cores' tiles, and
-on the CPU MKL's thin products sum in another order, ~30% more rounding than PyTorch's
-one product at 4 rows). For each chunk: fp32 logits [chunk, V] from one matmul, the
-per-row loss and d(loss)/d(logits) written over the logits in place, then
-dx[chunk] = dlogits @ weight and dweight += dlogits^T @ x[chunk] (fp32 accumulators for
-dweight and dbias). Peak extra memory: one chunk of fp32 logits + dweight in fp32 (V*H*4
-bytes) + dx, never N*V. With reduction "mean" or "sum" the gradients are computed in the
-forward and saved (the logits are gone; Liger does the same), and the backward only scales
-them by grad_output (and 1 / #non-ignored for "mean"): one matmul pass forward, two more
-inside it for the gradients, none in the backward. With "none" the per-row grad_output is
-unknown in the forward, and dweight = sum_i g_i dlogits_i^T x_i cannot be rescaled
-afterwards: the backward recomputes the logits chunk by chunk with g folded into
-dlogits (one more matmul per chunk); the forward computes and saves no gradient.
+The ``chunked`` backend (PyTorch ops) takes the rows ``chunk`` at a time (default: as many
+rows as make a chunk's logits about the size of x, Liger's rule, but at least 64 rows: a
+thinner matmul wastes the tensor cores' tiles, and on the CPU MKL's thin products sum in
+another order, ~30% more rounding than PyTorch's one product at 4 rows). For each chunk:
+fp32 logits [chunk, V] from one matmul, the per-row loss and d(loss)/d(logits) written
+over the logits in place, then dx[chunk] = dlogits @ weight and dweight += dlogits^T @
+x[chunk] (fp32 accumulators for dweight and dbias). Peak extra memory: one chunk of fp32
+logits + dweight in fp32 (V*H*4 bytes) + dx, never N*V.
 
-16-bit x and weight: the logits of a chunk are computed by a 16-bit matmul (cuBLAS
-accumulates in fp32 and rounds once, as PyTorch's own F.linear does) and held in fp32 for
-the softmax; dlogits are rounded to the input dtype for the dx and dweight matmuls (as
-PyTorch's autograd does), dweight and dbias are summed over the chunks in fp32 and rounded
-once at the end.
+The ``triton`` backend takes ``chunk`` rows per pass (default: every row, up to 131072)
+and the vocabulary in column blocks of about 16M logits (at least 128 columns): a first
+sweep over the blocks computes each row's softmax statistics and loss, a second computes
+the logits again, d(loss)/d(logits) in x's dtype, dx += dlogits @ weight[block] in fp32
+and dweight[block] = dlogits^T @ x in one product, rounded once. One more logits matmul
+than ``chunked``, no [V, H] fp32 accumulator when one pass holds every row (dweight is
+made in the weight's dtype), and dweight's products large enough for the tensor cores
+(row chunks of 128 leave the accumulator's read and write memory-bound). Peak extra
+memory: one block of fp32 logits and one of dlogits, dx in fp32 (N*H*4), dweight.
+
+Both: with reduction "mean" or "sum" the gradients are computed in the forward and saved
+(the logits are gone; Liger does the same), and the backward only scales them by
+grad_output (and 1 / #non-ignored for "mean"). With "none" the per-row grad_output is
+unknown in the forward, and dweight = sum_i g_i dlogits_i^T x_i cannot be rescaled
+afterwards: the backward recomputes the logits with g folded into dlogits; the forward
+computes and saves no gradient.
+
+16-bit x and weight: the logits are computed by a 16-bit matmul (cuBLAS accumulates in
+fp32; the result is kept in fp32 for the softmax); dlogits are rounded to the input dtype
+for the dx and dweight matmuls (as PyTorch's autograd does); sums over chunks are fp32,
+rounded once at the end.
 
 Targets: int64, each in [0, V) or equal to ``ignore_index``; anything else raises
 ValueError naming ``target`` (every backend checks in eager mode: one small reduction and

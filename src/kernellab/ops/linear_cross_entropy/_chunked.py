@@ -122,6 +122,106 @@ def run_chunks(rows, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
     return loss, dx, dw, db
 
 
+BLOCK_ELEMS = 1 << 24  # logits per column block of the blocked runner (64 MiB in fp32)
+MAX_ROWS = 1 << 17  # the blocked runner's default rows per pass
+
+
+def block_cols(c: int, v: int) -> int:
+    """Columns per block of the blocked runner: a power of two with about BLOCK_ELEMS logits
+    for ``c`` rows, at least 128 (a thinner product wastes the tensor cores' tiles), at most V."""
+    b = 128
+    while b * 2 * max(c, 1) <= BLOCK_ELEMS:
+        b *= 2
+    return max(1, min(b, v))
+
+
+def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
+    """The blocked runner: as ``run_chunks`` (same returns, dweight in w's dtype when the
+    rows fit one pass) but over column blocks of the vocabulary within a pass of ``chunk``
+    rows. ``kernels = (stats, grad)``:
+
+    ``stats(z, t, v0, m, s, zt, tot)``: folds the block z [C, B] fp32 (columns v0..v0+B) into
+    each row's running max m, sum s of exp(z - m), target logit zt (where the row's target
+    is in the block) and row sum tot (fp32 [C] each, updated in place).
+    ``grad(z, d, t, g, m, log_s, v0, V, ignore_index, eps, zc)``: writes the block's
+    g * dloss/dz into d [C, B] (x's dtype; d may be z).
+
+    A pass computes the logits twice (statistics, then gradients), so each block's dweight
+    rows are one product over the pass's rows, rounded once (as PyTorch's one matmul) with
+    no [V, H] fp32 accumulator when one pass holds every row; dx sums the blocks in fp32."""
+    stats, grad = kernels
+    n, h = x.shape
+    v = w.shape[0]
+    dev = x.device
+    loss = torch.empty(n, dtype=_F32, device=dev)
+    sixteen = x.dtype != _F32
+    wide = sixteen and _out_dtype_ok(x)
+    traced = _tracing(x)
+    multi = chunk < n
+    b32 = b.float() if (b is not None and wide) else None
+    dx = dw = db = None
+    if want_grad:
+        dx = torch.empty(n, h, dtype=x.dtype, device=dev)
+        dw = torch.zeros(v, h, dtype=_F32, device=dev) if multi else torch.empty(v, h, dtype=w.dtype, device=dev)
+        db = torch.zeros(v, dtype=_F32, device=dev) if b is not None else None
+    for s0 in range(0, n, chunk):
+        s1 = min(n, s0 + chunk)
+        c = s1 - s0
+        xc, tc = x[s0:s1], t[s0:s1]
+        gc = None if g is None else g[s0:s1]
+        nb = block_cols(c, v)
+        blocks = [(v0, min(v, v0 + nb)) for v0 in range(0, v, nb)]
+
+        def logits(v0, v1):
+            return _logits(xc, w[v0:v1], None if b32 is None else b32[v0:v1],
+                           None if b is None else b[v0:v1], wide)  # fmt: skip
+
+        m = torch.full((c,), float("-inf"), dtype=_F32, device=dev)
+        ssum = torch.zeros(c, dtype=_F32, device=dev)
+        zt = torch.zeros(c, dtype=_F32, device=dev)
+        tot = torch.zeros(c, dtype=_F32, device=dev)
+        for v0, v1 in blocks:
+            stats(logits(v0, v1), tc, v0, m, ssum, zt, tot)
+        log_s = ssum.log()
+        row = log_s - (1.0 - eps) * (zt - m)
+        if eps:
+            row = row - eps * (tot / v - m)
+        if zc:
+            lse = m + log_s
+            row = row + zc * lse * lse
+        keep = tc != ignore_index
+        row = torch.where((tc >= 0) & (tc < v), row, float("nan"))
+        loss[s0:s1] = torch.where(keep, row, 0.0)  # select: an ignored NaN row stays 0
+        if not want_grad:
+            continue
+        dxc = torch.zeros(c, h, dtype=_F32, device=dev)
+        for v0, v1 in blocks:
+            z = logits(v0, v1)
+            d = torch.empty(z.shape, dtype=x.dtype, device=dev) if sixteen else z
+            grad(z, d, tc, gc, m, log_s, v0, v, ignore_index, eps, zc)
+            wb = w[v0:v1]
+            if db is not None:
+                db[v0:v1] += d.float().sum(0)
+            if wide:  # 16-bit products with fp32 results
+                if traced:  # (no out= forms: their fake kernels fail in PyTorch 2.11)
+                    dxc = dxc + torch.mm(d, wb, out_dtype=_F32)
+                else:
+                    torch.addmm(dxc, d, wb, out_dtype=_F32, out=dxc)
+                if not (multi or traced):  # each block's rows of dweight, rounded once
+                    torch.mm(d.t(), xc, out=dw[v0:v1])
+                    continue
+                dwb = torch.mm(d.t(), xc, out_dtype=_F32) if multi else torch.mm(d.t(), xc)
+            else:  # fp32, or 16-bit where out_dtype is missing: exact fp32 products
+                dxc = dxc.addmm_(d.float(), wb.float())
+                dwb = d.t().float() @ xc.float() if (multi or sixteen) else d.t() @ xc
+            if multi:
+                dw[v0:v1] += dwb
+            else:
+                dw[v0:v1] = dwb
+        dx[s0:s1] = dxc
+    return loss, dx, dw, db
+
+
 def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad) -> None:
     """The row launcher in PyTorch ops (the ``chunked`` backend). As log_softmax, it keeps
     z - m and log s apart (see triton.py): a row with +inf gives NaN, as PyTorch's."""
@@ -151,12 +251,14 @@ def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad) -> None:
     z.masked_fill_(~keep.unsqueeze(1), 0.0)
 
 
-def chunked_backend(name: str, rows, triton: bool = False):
+def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False):
     """The registry callable of a chunked backend around ``rows`` (module docstring): the
     ops ``kernellab::<name>`` (x [N, H], weight, bias, target [N], options, grad) ->
     (loss, grad scale, dx, dweight, dbias) and ``kernellab::<name>_backward``, declared
     once to the op kit, and the callable that flattens x, checks the targets and picks
-    the chunk."""
+    the chunk. ``blocked``: ``rows`` is run_blocks' (stats, grad) pair, and a pass takes
+    every row up to MAX_ROWS by default."""
+    run = run_blocks if blocked else run_chunks
 
     def _fwd(
         x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, ignore_index: int, reduction: str,
@@ -165,7 +267,7 @@ def chunked_backend(name: str, rows, triton: bool = False):
         # grad (reduction "mean"/"sum" only): the gradients of the summed loss, computed here
         # (the logits are gone by the backward); scaled there by dy (/ #non-ignored).
         t = target.contiguous()
-        loss, dx, dw, db = run_chunks(rows, x, weight, bias, t, None, ignore_index, label_smoothing, z_loss,
+        loss, dx, dw, db = run(rows, x, weight, bias, t, None, ignore_index, label_smoothing, z_loss,
                                       chunk, grad)  # fmt: skip
         count = (t != ignore_index).sum().to(_F32)
         # The rows' losses are summed in fp64 and rounded once (PyTorch's CPU nll_loss
@@ -190,7 +292,7 @@ def chunked_backend(name: str, rows, triton: bool = False):
             g = dy.to(_F32) * scale
             return dx * g, dw * g, (db * g if has_bias else db.new_empty(0))
         # "none": recompute each chunk's logits with the per-row dy folded into dlogits
-        _, gx, gw, gb = run_chunks(rows, x, weight, bias, target.contiguous(), dy.to(_F32).contiguous(),
+        _, gx, gw, gb = run(rows, x, weight, bias, target.contiguous(), dy.to(_F32).contiguous(),
                                    ignore_index, label_smoothing, z_loss, chunk, True)  # fmt: skip
         return gx, gw.to(weight.dtype), (gb.to(bias.dtype) if gb is not None else x.new_empty(0))
 
@@ -267,7 +369,10 @@ def chunked_backend(name: str, rows, triton: bool = False):
         x2 = x.reshape(t.shape[0], h)
         if not is_compiling():
             check_targets(t, v, ignore_index)
-        c = chunk if chunk is not None else default_chunk(x2.shape[0], h, v)
+        if chunk is not None:
+            c = chunk
+        else:
+            c = max(1, min(x2.shape[0], MAX_ROWS)) if blocked else default_chunk(x2.shape[0], h, v)
         grad = reduction != "none" and grad_enabled() and _needs_grad(x, weight, bias, target)
         eps, zc = float(label_smoothing), float(z_loss)
         loss = op(x2, weight, bias, t, ignore_index, reduction, eps, zc, c, grad)

@@ -249,6 +249,35 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
                 r[k].store(yr, p);
             }
         }
+    } else if constexpr (sizeof(typename DotAcc<T>::type) == 8) {
+        // fp32 rows too long to keep: three sweeps (max, fp64 sum, write), the sum rounded
+        // once as in the resident path. The online fp32 sum below lost 2 ulps of y at
+        // 6 x 19 x 35549 (H100 fuzz: 5.21e-7 against a bound of 2.69e-7); the extra read
+        // of a row mostly hits L2.
+        float m = kl::neg_inf();
+        for (int p = lane; p < npacks; p += width) {
+            P a;
+            a.load(xr, p);
+#pragma unroll
+            for (int j = 0; j < P::N; ++j) m = fmaxf(m, a.v[j]);
+        }
+        m = row_allreduce<WARP_ROWS>(m, kl::MaxOp{}, scratch);
+        double sa = 0.0;  // a NaN (which fmaxf drops) or an all -inf row: NaN, as torch
+        for (int p = lane; p < npacks; p += width) {
+            P a;
+            a.load(xr, p);
+#pragma unroll
+            for (int j = 0; j < P::N; ++j) sa += double(ex<T>(a.v[j] - m));
+        }
+        const float s = float(dot_allreduce<WARP_ROWS>(sa, scratch));
+        const float inv = __frcp_rn(s);
+        for (int p = lane; p < npacks; p += width) {
+            P a;
+            a.load(xr, p);
+#pragma unroll
+            for (int j = 0; j < P::N; ++j) a.v[j] = scaled<T>(ex<T>(a.v[j] - m), s, inv);
+            a.store(yr, p);
+        }
     } else {
         // Online softmax: per pack, one rescale of the running sum by exp(m_old - m_new).
         kl::MaxSum acc{kl::neg_inf(), 0.0f};
