@@ -246,6 +246,8 @@ def test_patch_hf_family_matches_and_unpatch_restores(family):
     assert counts["attention"] == 2 and counts["cross_entropy"] == 1, report
     if family == "gpt2":
         assert counts["gelu"] == 2
+    else:
+        assert counts["rope"] == 1, report
     assert pat.config._attn_implementation == "kernellab"
     _assert_same_step(ref, pat, _hf_run(ids))
     assert report.attention_calls == {"kernellab": 2} and not report.attention_fallbacks, report
@@ -432,3 +434,45 @@ def test_linear_cross_entropy_loss_module_matches_head_and_loss():
     wx, ww = torch.autograd.grad(want, (x, head.weight))
     _close(gx, wx, "dx")
     _close(gw, ww, "dweight")
+
+
+def test_patch_hf_rope_swaps_the_family_function_while_patched(monkeypatch):
+    """rope: the family's module-level apply_rotary_pos_emb runs kernellab.rope while a
+    patched model exists (each attention layer's call reaches it), other call forms run
+    the original, and the last unpatch restores the original object."""
+    import gc
+
+    import transformers.models.llama.modeling_llama as modeling
+
+    gc.collect()  # models other tests patched and dropped give the swap back when collected
+    original = modeling.apply_rotary_pos_emb
+    assert not hasattr(original, "_kernellab_original")
+    ref = _tiny("llama")
+    a, b = copy.deepcopy(ref), copy.deepcopy(ref)
+    calls = []
+    real = kernellab.rope
+    monkeypatch.setattr(kernellab, "rope", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    report = kernellab.patch(a, verbose=False)
+    assert report.counts()["rope"] == 1 and modeling.apply_rotary_pos_emb is not original
+    kernellab.patch(b, verbose=False)
+    ids = torch.randint(0, 256, (2, 11))
+    _assert_same_step(ref, a, _hf_run(ids))
+    assert calls and len(calls) % 2 == 0  # each of the 2 layers, per forward run
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 2, 5, 16)
+    cos, sin = torch.randn(2, 5, 16), torch.randn(2, 5, 16)
+    n = len(calls)
+    for got, want in zip(modeling.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin,
+                                                       unsqueeze_dim=2),
+                         original(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)):  # fmt: skip
+        assert torch.equal(got, want)
+    assert len(calls) == n  # another layout: the original ran
+    kernellab.unpatch(a)
+    assert modeling.apply_rotary_pos_emb is not original  # b still patched
+    kernellab.unpatch(b)
+    assert modeling.apply_rotary_pos_emb is original
+    r = kernellab.patch(copy.deepcopy(ref), ops=["rope"], verbose=False)
+    assert r.counts() == {"rope": 1}
+    del r
+    gc.collect()
+    assert modeling.apply_rotary_pos_emb is original  # patched, then dropped: given back
+    assert kernellab.patch(_tiny("gpt2"), ops=["rope"], verbose=False).left[0][2].startswith("GPT2LMHeadModel")

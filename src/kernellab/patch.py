@@ -20,6 +20,10 @@ do not change):
   top-left-aligned causal prefill into a longer cache runs transformers' SDPA (eager for
   a softcap, which SDPA ignores) and is counted in ``report.attention_fallbacks``, or
   raises with ``on_unsupported="raise"``. Never a silently different answer.
+- RoPE in Hugging Face models: the family's module-level ``apply_rotary_pos_emb`` (what
+  its attention forward calls) runs kernellab.rope for HF's own call form, while at least
+  one patched model of the family exists (module-wide: unpatch, or collecting the last
+  patched model, restores it).
 - Attention in a plain module: its ``F.scaled_dot_product_attention`` calls, intercepted
   while the model's forward runs (a torch function mode entered by the model's forward,
   not a global swap); calls kernellab.attention cannot compute exactly run PyTorch's.
@@ -39,6 +43,7 @@ import dataclasses
 import re
 import sys
 import types
+import weakref
 from collections import Counter
 from collections.abc import Callable
 
@@ -281,10 +286,79 @@ RULES: tuple[Rule, ...] = (
 # Ops the patch names but does not wire yet: they need a model-level rewrite (the LM
 # head's forward, the rotary call inside attention, the residual add before the norm).
 _NOT_WIRED = {
-    "rope": "the rotary embedding is a function inside each family's attention forward",
     "add_rms_norm": "the residual add sits in each decoder layer's forward",
 }
-OPS = ("attention", *dict.fromkeys(r.op for r in RULES), "linear_cross_entropy", *_NOT_WIRED)
+OPS = ("attention", *dict.fromkeys(r.op for r in RULES), "rope", "linear_cross_entropy", *_NOT_WIRED)
+
+
+# ----------------------------------------------------------------------------- rope
+
+# module name -> [the family's own apply_rotary_pos_emb, patched models using the swap]
+_ROPE_SWAPS: dict[str, list] = {}
+
+
+def _hf_rope(original: Callable, backend: str | None) -> Callable:
+    """``apply_rotary_pos_emb`` on kernellab.rope for the call HF's attention makes (q and k
+    (B, H, S, D), cos and sin (B or 1, S, D), unsqueeze_dim=1); any other call, or one
+    kernellab.rope refuses, runs the family's own function."""
+
+    import inspect
+
+    try:
+        names = list(inspect.signature(original).parameters)[4:]
+    except (TypeError, ValueError):
+        names = []
+
+    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        extra = dict(zip(names, args), **kwargs) if args else kwargs
+        plain = len(args) <= len(names) and all(
+            (n == "unsqueeze_dim" and v == 1) or (n == "position_ids" and v is None) for n, v in extra.items()
+        )
+        if plain and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape == sin.shape and (
+            cos.shape[-1] == q.shape[-1] == k.shape[-1] and cos.shape[1] == q.shape[2]
+        ):
+            try:
+                return kernellab.rope(q, k, cos, sin, backend=backend)
+            except ValueError:
+                pass
+        return original(q, k, cos, sin, *args, **kwargs)
+
+    apply_rotary_pos_emb._kernellab_original = original
+    return apply_rotary_pos_emb
+
+
+def _patch_hf_rope(model, ctx: _Ctx) -> None:
+    """The family's module-level ``apply_rotary_pos_emb`` (what its attention forward
+    calls) on kernellab.rope while at least one patched model of the family exists: the
+    swap is module-wide (an unpatched model of the family uses it too; its answer is
+    HF's formula rounded once instead of three times)."""
+    name = type(model).__module__
+    mod = sys.modules.get(name)
+    fn = getattr(mod, "apply_rotary_pos_emb", None) if mod is not None else None
+    if not callable(fn):
+        ctx.report.left.append(("rope", "", f"{type(model).__name__}: no apply_rotary_pos_emb (no rotary embedding)"))
+        return
+    entry = _ROPE_SWAPS.get(name)
+    if entry is None:
+        entry = _ROPE_SWAPS[name] = [fn, 0]
+        mod.apply_rotary_pos_emb = _hf_rope(fn, ctx.backend_for("rope"))
+    entry[1] += 1
+    done = []
+
+    def undo():  # by unpatch, or when the model is garbage-collected still patched
+        if done:
+            return
+        done.append(True)
+        entry[1] -= 1
+        if entry[1] == 0:
+            mod.apply_rotary_pos_emb = entry[0]
+            del _ROPE_SWAPS[name]
+
+    ctx.undo.append(undo)
+    weakref.finalize(model, undo)
+    short = name.rsplit(".", 1)[-1]
+    ctx.report.replaced.append(("rope", "", f"{short}.apply_rotary_pos_emb (module-wide while patched)",
+                                "kernellab.rope"))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- attention
@@ -677,6 +751,13 @@ def patch(
                 _patch_hf_attention(model, ctx)
             else:
                 _patch_sdpa_calls(model, ctx)
+        if "rope" in wanted and not hasattr(kernellab, "rope"):
+            report.left.append(("rope", "", "kernellab.rope not in this build"))
+        elif "rope" in wanted:
+            if hf:
+                _patch_hf_rope(model, ctx)
+            else:
+                report.left.append(("rope", "", "a plain module's rotary code: call kernellab.rope in the model"))
         fused = hf and fused_linear_cross_entropy and _patch_hf_fused_lce(model, ctx)
         if hf and "cross_entropy" in wanted and not fused:
             _patch_hf_loss(model, ctx)
