@@ -80,6 +80,10 @@ def main(argv=None) -> int:
     p.add_argument("--tiny-only", action="store_true", help="the tiny (launch-bound) shapes only, full rounds: "
                    "the issue's bounds")  # fmt: skip
     args = p.parse_args(argv)
+    if args.out:
+        import os
+
+        os.makedirs(args.out, exist_ok=True)
     dev = _device.default_device()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         args.dtype or ("bf16" if dev == "cuda" else "fp32")

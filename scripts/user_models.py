@@ -213,6 +213,8 @@ def main() -> None:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--small", action="store_true", help="tiny configs (a CPU smoke run)")
     p.add_argument("--json", default=None, help="append one JSON row per (variant, mode)")
+    p.add_argument("--cprofile", type=int, default=0, metavar="N",
+                   help="after timing, N steps of each (variant, mode) under cProfile: the host's top functions")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after timing, profile N steps of each (variant, mode): the top kernels by device time")
     a = p.parse_args()
@@ -301,6 +303,20 @@ def main() -> None:
                   f"  {row['speedup']:.2f}x  loss {row['loss']:.4f}")  # fmt: skip
             if not math.isfinite(losses[(v, mode)]):
                 print(f"  WARNING: {v} {mode} loss is not finite")
+    if a.cprofile:
+        import cProfile
+        import pstats
+
+        for key, (_, step) in runs.items():
+            sync()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(a.cprofile):
+                step(idx, tgt)
+            sync()
+            prof.disable()
+            print(f"\n-- cProfile {key[0]} {key[1]}, {a.cprofile} steps")
+            pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(22)
     if a.profile:
         for key, (_, step) in runs.items():
             profile_steps(key, step, idx, tgt, a.profile, sync)

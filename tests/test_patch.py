@@ -466,6 +466,8 @@ def test_patch_hf_rope_swaps_the_family_function_while_patched(monkeypatch):
                          original(q.transpose(1, 2), k.transpose(1, 2), cos, sin, unsqueeze_dim=2)):  # fmt: skip
         assert torch.equal(got, want)
     assert len(calls) == n  # another layout: the original ran
+    ref(input_ids=ids)  # an unpatched model of the family: HF's own function
+    assert len(calls) == n
     kernellab.unpatch(a)
     assert modeling.apply_rotary_pos_emb is not original  # b still patched
     kernellab.unpatch(b)

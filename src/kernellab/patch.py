@@ -21,9 +21,9 @@ do not change):
   a softcap, which SDPA ignores) and is counted in ``report.attention_fallbacks``, or
   raises with ``on_unsupported="raise"``. Never a silently different answer.
 - RoPE in Hugging Face models: the family's module-level ``apply_rotary_pos_emb`` (what
-  its attention forward calls) runs kernellab.rope for HF's own call form, while at least
-  one patched model of the family exists (module-wide: unpatch, or collecting the last
-  patched model, restores it).
+  its attention forward calls) is swapped for one that runs kernellab.rope for HF's own
+  call form inside a patched model's forward (forward hooks count them) and HF's
+  function anywhere else; unpatch, or collecting the last patched model, restores it.
 - Attention in a plain module: its ``F.scaled_dot_product_attention`` calls, intercepted
   while the model's forward runs (a torch function mode entered by the model's forward,
   not a global swap); calls kernellab.attention cannot compute exactly run PyTorch's.
@@ -295,6 +295,17 @@ OPS = ("attention", *dict.fromkeys(r.op for r in RULES), "rope", "linear_cross_e
 
 # module name -> [the family's own apply_rotary_pos_emb, patched models using the swap]
 _ROPE_SWAPS: dict[str, list] = {}
+# [forwards of rope-patched models running now]: the swapped function runs kernellab.rope
+# only inside one, so an unpatched model of the same family keeps HF's own function.
+_ROPE_ACTIVE = [0]
+
+
+def _rope_enter(module, args, kwargs):
+    _ROPE_ACTIVE[0] += 1
+
+
+def _rope_exit(module, args, kwargs, output):
+    _ROPE_ACTIVE[0] -= 1
 
 
 def _hf_rope(original: Callable, backend: str | None) -> Callable:
@@ -314,7 +325,7 @@ def _hf_rope(original: Callable, backend: str | None) -> Callable:
         plain = len(args) <= len(names) and all(
             (n == "unsqueeze_dim" and v == 1) or (n == "position_ids" and v is None) for n, v in extra.items()
         )
-        if plain and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape == sin.shape and (
+        if plain and _ROPE_ACTIVE[0] > 0 and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape == sin.shape and (
             cos.shape[-1] == q.shape[-1] == k.shape[-1] and cos.shape[1] == q.shape[2]
         ):
             try:
@@ -329,9 +340,9 @@ def _hf_rope(original: Callable, backend: str | None) -> Callable:
 
 def _patch_hf_rope(model, ctx: _Ctx) -> None:
     """The family's module-level ``apply_rotary_pos_emb`` (what its attention forward
-    calls) on kernellab.rope while at least one patched model of the family exists: the
-    swap is module-wide (an unpatched model of the family uses it too; its answer is
-    HF's formula rounded once instead of three times)."""
+    calls) swapped while at least one patched model of the family exists; the swap runs
+    kernellab.rope only while a patched model's forward runs (hooks count them), so an
+    unpatched model of the family keeps HF's function."""
     name = type(model).__module__
     mod = sys.modules.get(name)
     fn = getattr(mod, "apply_rotary_pos_emb", None) if mod is not None else None
@@ -344,11 +355,15 @@ def _patch_hf_rope(model, ctx: _Ctx) -> None:
         mod.apply_rotary_pos_emb = _hf_rope(fn, ctx.backend_for("rope"))
     entry[1] += 1
     done = []
+    hooks = (model.register_forward_pre_hook(_rope_enter, with_kwargs=True),
+             model.register_forward_hook(_rope_exit, with_kwargs=True, always_call=True))  # fmt: skip
 
     def undo():  # by unpatch, or when the model is garbage-collected still patched
         if done:
             return
         done.append(True)
+        for h in hooks:
+            h.remove()
         entry[1] -= 1
         if entry[1] == 0:
             mod.apply_rotary_pos_emb = entry[0]
@@ -357,7 +372,7 @@ def _patch_hf_rope(model, ctx: _Ctx) -> None:
     ctx.undo.append(undo)
     weakref.finalize(model, undo)
     short = name.rsplit(".", 1)[-1]
-    ctx.report.replaced.append(("rope", "", f"{short}.apply_rotary_pos_emb (module-wide while patched)",
+    ctx.report.replaced.append(("rope", "", f"{short}.apply_rotary_pos_emb in this model's forward",
                                 "kernellab.rope"))  # fmt: skip
 
 
