@@ -162,7 +162,10 @@ def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
     dx = dw = db = None
     if want_grad:
         dx = torch.empty(n, h, dtype=x.dtype, device=dev)
-        dw = torch.zeros(v, h, dtype=_F32, device=dev) if multi else torch.empty(v, h, dtype=w.dtype, device=dev)
+        if multi:
+            dw = torch.zeros(v, h, dtype=_F32, device=dev)
+        elif not traced:  # (traced: the blocks are joined at the end)
+            dw = torch.empty(v, h, dtype=w.dtype, device=dev)
         db = torch.zeros(v, dtype=_F32, device=dev) if b is not None else None
     for s0 in range(0, n, chunk):
         s1 = min(n, s0 + chunk)
@@ -195,6 +198,7 @@ def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
         if not want_grad:
             continue
         dxc = torch.zeros(c, h, dtype=_F32, device=dev)
+        parts = []  # traced, one pass: dweight's blocks, joined once (no slice writes to functionalize)
         for v0, v1 in blocks:
             z = logits(v0, v1)
             d = torch.empty(z.shape, dtype=x.dtype, device=dev) if sixteen else z
@@ -216,9 +220,15 @@ def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
                 dwb = d.t().float() @ xc.float() if (multi or sixteen) else d.t() @ xc
             if multi:
                 dw[v0:v1] += dwb
+            elif traced:
+                parts.append(dwb.to(w.dtype))
             else:
                 dw[v0:v1] = dwb
+        if parts:
+            dw = torch.cat(parts)
         dx[s0:s1] = dxc
+    if want_grad and dw is None:  # traced, no rows
+        dw = torch.zeros(v, h, dtype=w.dtype, device=dev)
     return loss, dx, dw, db
 
 
