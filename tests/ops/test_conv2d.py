@@ -425,7 +425,8 @@ def test_gpu_first_layer_without_input_gradient(backend):
     ["cuda", "cuda_v1", "cuda_v2", "cuda_v4", "triton", "fft", "manual"],
 )
 def test_gpu_check_engine(backend):
-    for dtype in registry.get(OP, backend).dtypes or DTYPES:
+    # (float64 is the reference backends' extra dtype: the check engine times the three storage dtypes)
+    for dtype in [t for t in (registry.get(OP, backend).dtypes or DTYPES) if t != torch.float64]:
         rep = check_impl(registry.get(OP, backend), dtype, device="cuda", quick=True)
         assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
 
