@@ -522,10 +522,9 @@ def test_public_functions_default_backend_on_cpu():
 def test_compiled_default_is_pytorchs_op_for_every_op():
     """Inside a torch.compile graph backend=None runs PyTorch's op (Inductor fuses it with
     its neighbours) unless the op declares a backend measured faster there."""
-    measured = {"linear_cross_entropy": ("triton", "torch")}  # its triton_op stores no logits
     for op in registry.op_names():
-        assert kernellab.get_spec(op).compiled_backends == measured.get(op, ("torch",)), op
-        assert registry.compiled_backend(op, "cpu") == "torch", op  # (no Triton interpreter in a graph)
+        assert kernellab.get_spec(op).compiled_backends == ("torch",), op
+        assert registry.compiled_backend(op, "cpu") == "torch", op
 
 
 def test_compiled_default_traces_pytorchs_op_not_the_eager_choice(monkeypatch):
