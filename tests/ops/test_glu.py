@@ -305,3 +305,40 @@ def test_first_order_only_refuses_double_backward_and_passes_gradients():
     with pytest.raises(RuntimeError, match="peer: double backward"):
         torch.autograd.grad(y.sum(), a, create_graph=True)
     assert first_order_only(a.detach(), "peer") is not None
+
+
+def test_liger_peers_refuse_double_backward(monkeypatch):
+    """The liger peers of rms_norm, layer_norm and softmax (kernel backwards that record no
+    graph; the H100 check measured silently wrong second derivatives) raise a clear
+    RuntimeError under create_graph=True and give first derivatives unchanged. Liger's
+    Functions are stood in by ones whose backward, like a kernel's, is detached."""
+    import sys
+    import types
+
+    class Detached(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, *rest):
+            ctx.save_for_backward(x)
+            return x * 2.0
+
+        @staticmethod
+        def backward(ctx, g):
+            return (g.detach() * 2.0,) + (None,) * 5
+
+    for name, cls in (("rms_norm", "LigerRMSNormFunction"), ("layer_norm", "LigerLayerNormFunction"),
+                      ("softmax", "LigerSoftmaxFunction")):  # fmt: skip
+        mod = types.ModuleType(f"liger_kernel.ops.{name}")
+        setattr(mod, cls, Detached)
+        monkeypatch.setitem(sys.modules, f"liger_kernel.ops.{name}", mod)
+    from kernellab.ops.norms.liger import liger_layer_norm, liger_rms_norm
+    from kernellab.ops.softmax.reference import liger_softmax
+
+    calls = {"rms_norm": lambda x, w: liger_rms_norm(x, w), "layer_norm": lambda x, w: liger_layer_norm(x, w),
+             "softmax": lambda x, w: liger_softmax(x)}  # fmt: skip
+    for label, call in calls.items():
+        x = torch.randn(3, 4, requires_grad=True)
+        w = torch.ones(4)
+        (g,) = torch.autograd.grad(call(x, w).sum(), x)
+        assert torch.equal(g, torch.full_like(x, 2.0)), label
+        with pytest.raises(RuntimeError, match="double backward"):
+            torch.autograd.grad(call(x, w).sum(), x, create_graph=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kernellab.ops._peers import register_liger
+from kernellab.ops._peers import first_order_only, register_liger
 from kernellab.ops.linear_cross_entropy import DEFAULT_IGNORE, OP, check_targets
 
 
@@ -36,6 +36,7 @@ def liger_linear_cross_entropy(x, weight, target, bias=None, ignore_index=DEFAUL
         )  # fmt: skip
         if isinstance(out, tuple):
             out = out[0]
+        out = first_order_only(out, "linear_cross_entropy (liger)")
     if reduction == "none":
         out = out.reshape(target.shape)
     return out.to(x.dtype)

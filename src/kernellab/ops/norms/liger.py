@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from kernellab.ops._peers import register_liger
+from kernellab.ops._peers import first_order_only, register_liger
 
 
 def liger_layer_norm(x, weight, bias=None, eps=1e-5):
@@ -33,7 +33,7 @@ def liger_layer_norm(x, weight, bias=None, eps=1e-5):
         return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     if bias is None:
         bias = torch.zeros_like(weight)
-    return LigerLayerNormFunction.apply(x, weight, bias, float(eps))
+    return first_order_only(LigerLayerNormFunction.apply(x, weight, bias, float(eps)), "layer_norm (liger)")
 
 
 def liger_rms_norm(x, weight, eps=1e-6):
@@ -42,7 +42,8 @@ def liger_rms_norm(x, weight, eps=1e-6):
 
     if x.numel() == 0:
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), weight, eps)
-    return LigerRMSNormFunction.apply(x, weight, float(eps), 0.0, "gemma", False)
+    y = LigerRMSNormFunction.apply(x, weight, float(eps), 0.0, "gemma", False)
+    return first_order_only(y, "rms_norm (liger)")
 
 
 register_liger("layer_norm", liger_layer_norm, "liger-kernel LigerLayerNormFunction (peer)")

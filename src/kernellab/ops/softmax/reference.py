@@ -6,7 +6,7 @@ import torch
 
 from kernellab.ops._baselines import compiled, register_baseline
 from kernellab.ops.spec import upcast
-from kernellab.ops._peers import register_liger
+from kernellab.ops._peers import first_order_only, register_liger
 
 
 def manual_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -35,7 +35,7 @@ def liger_softmax(x: torch.Tensor) -> torch.Tensor:
     if x.numel() == 0:
         return torch.empty_like(x)
     rows = x.contiguous().view(-1, x.shape[-1]) if x.dim() else x.reshape(1, 1)
-    return LigerSoftmaxFunction.apply(rows).view(x.shape)
+    return first_order_only(LigerSoftmaxFunction.apply(rows).view(x.shape), "softmax (liger)")
 
 
 register_liger("softmax", liger_softmax, "liger-kernel's Triton softmax (peer)")
