@@ -405,3 +405,22 @@ def test_triton_column_blocks_match_manual(monkeypatch, dtype, chunk):
     tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-2)
     for got, want in zip(run("triton"), run("manual")):
         torch.testing.assert_close(got, want, **tol)
+
+
+@pytest.mark.parametrize("backend", ["triton", "chunked"])
+def test_chunked_backward_scales_in_place_and_refuses_a_second_backward(backend):
+    """Eager, reduction mean: the backward hands over the saved gradients scaled in place
+    (no second [V, H] dweight), equal to manual's for a grad_output of 2; a second backward
+    through the graph raises a RuntimeError naming the op and retain_graph instead of
+    scaling them twice."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(37, 24, generator=g).requires_grad_()
+    w = (torch.randn(300, 24, generator=g) * 0.3).requires_grad_()
+    t = torch.randint(0, 300, (37,), generator=g)
+    loss = lce.linear_cross_entropy(x, w, t, backend=backend)
+    gx, gw = torch.autograd.grad(loss * 2.0, [x, w], retain_graph=True)
+    rx, rw = torch.autograd.grad(lce.linear_cross_entropy(x, w, t, backend="manual") * 2.0, [x, w])
+    torch.testing.assert_close(gx, rx, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(gw, rw, atol=1e-6, rtol=1e-5)
+    with pytest.raises(RuntimeError, match=r"linear_cross_entropy .*retain_graph=True"):
+        torch.autograd.grad(loss, [x, w])

@@ -39,7 +39,9 @@ memory: one block of fp32 logits and one of dlogits, dx in fp32 (N*H*4), dweight
 
 Both: with reduction "mean" or "sum" the gradients are computed in the forward and saved
 (the logits are gone; Liger does the same), and the backward only scales them by
-grad_output (and 1 / #non-ignored for "mean"). With "none" the per-row grad_output is
+grad_output (and 1 / #non-ignored for "mean"), in place in eager mode (a new dweight there
+would be one more [V, H] tensor at the step's peak): a second backward through the same
+graph (``retain_graph=True``) is refused with a RuntimeError (use backend="torch"). With "none" the per-row grad_output is
 unknown in the forward, and dweight = sum_i g_i dlogits_i^T x_i cannot be rescaled
 afterwards: the backward recomputes the logits with g folded into dlogits; the forward
 computes and saves no gradient.
@@ -374,6 +376,9 @@ SPEC = define(
         bad_shape=(4, 6, 5),
         extra_bad_inputs=EXTRA_BAD,
         default_backends=("triton", "chunked", "torch"),
+        # no "bwd": timing a backward alone repeats it on one graph, which the chunked
+        # backends refuse (their backward scales the saved gradients in place)
+        modes=("fwd", "fwdbwd"),
         doc=__doc__.strip().split("\n")[0],
     )
 )

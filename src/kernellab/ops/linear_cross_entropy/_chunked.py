@@ -306,6 +306,21 @@ def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False
                                    ignore_index, label_smoothing, z_loss, chunk, True)  # fmt: skip
         return gx, gw.to(weight.dtype), (gb.to(bias.dtype) if gb is not None else x.new_empty(0))
 
+    def _bwd_eager(
+        x, weight, bias, target, dx, dw, db, scale, dy, ignore_index, reduction, label_smoothing, z_loss,
+        chunk, has_bias,
+    ):  # fmt: skip
+        # The eager path scales the saved gradients in place and hands them over: dx * g
+        # would allocate a second dweight ([V, H]) at the start of the backward, when every
+        # activation of the model is still alive (the step's peak). A second backward
+        # through the graph finds them modified (PyTorch's version counter) and is refused
+        # with the op's inplace_hint.
+        if reduction == "none":
+            return _bwd(x, weight, bias, target, dx, dw, db, scale, dy, ignore_index, reduction, label_smoothing,
+                        z_loss, chunk, has_bias)  # fmt: skip
+        g = dy.to(_F32) * scale
+        return dx.mul_(g), dw.mul_(g), (db.mul_(g) if has_bias else db.new_empty(0))
+
     def _fwd_fake(x, weight, bias, target, ignore_index, reduction, label_smoothing, z_loss, chunk, grad):
         n = x.shape[0]
         loss = x.new_empty((n,) if reduction == "none" else (), dtype=_F32)
@@ -365,6 +380,13 @@ def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False
             needs_grad=_needs_grad,
             samples=(_fwd_sample, _bwd_sample),
             triton=triton,
+            eager_bwd=_bwd_eager,
+            inplace_hint=(
+                "a tensor its backward needs was modified in place after the forward: x, weight or bias "
+                "(reduction='none' keeps them), or the gradients themselves, which the first backward "
+                "scales in place (reduction 'mean' / 'sum'): a second backward through the same graph "
+                "(retain_graph=True) is not supported by this backend; use backend='torch' for that"
+            ),
         )
     )
     is_compiling = torch.compiler.is_compiling
