@@ -820,6 +820,51 @@ def cmd_train_mnist(args) -> int:
     return 0
 
 
+HF_CONFIGS = ("gpt2", "llama", "qwen2", "mistral", "gemma2")
+
+
+def cmd_train_user_model(args) -> int:
+    """``train hf --config llama --compare`` / ``train nanogpt --compare``: training steps of a
+    model kernellab did not write (kernellab.models.user_models), each variant in its own
+    process, in every mode."""
+    import torch
+
+    from kernellab.models import user_models
+
+    if not args.compare:
+        console.print(f"[red]train {args.model}: runs with --compare (training steps of the unpatched model, "
+                      "Liger's patch and kernellab's, timed)[/]")  # fmt: skip
+        return 2
+    gpu = torch.cuda.is_available()
+    if args.model == "hf":
+        config = args.config or "llama"
+        if config not in HF_CONFIGS:
+            console.print(f"[red]--config {config}: train hf takes {', '.join(HF_CONFIGS)}[/]")
+            return 2
+        name, seq, bsz = f"hf-{config}", args.seq_len or 2048, args.batch_size or 2
+        modes = "eager,compile"
+    else:
+        name, seq, bsz = "nanogpt", args.seq_len or 1024, args.batch_size or 8
+        modes = "eager,compile,reduce-overhead"
+    if args.mode is not None:
+        mode = {"compile-cudagraphs": "reduce-overhead"}.get(args.mode, args.mode)
+        if mode not in ("eager", "compile", "reduce-overhead"):
+            console.print(f"[red]--mode {args.mode}: train {args.model} times eager, compile, compile-cudagraphs[/]")
+            return 2
+        modes = mode
+    if not gpu:  # tiny configs, a few steps: a smoke run (no speed claim on the CPU)
+        seq, bsz, modes = min(seq, 32), min(bsz, 2), "eager"
+    argv = ["--model", name, "--seq", str(seq), "--batch", str(bsz), "--modes", modes, "--isolate",
+            "--dtype", args.dtype or ("bf16" if gpu else "fp32")]  # fmt: skip
+    if args.variants:
+        argv += ["--variants", args.variants]
+    if not gpu:
+        argv += ["--small", "--steps", "1", "--warmup", "1", "--rounds", "1"]
+    if args.out:
+        argv += ["--json", args.out]
+    return user_models.main(argv)
+
+
 def cmd_train(args) -> int:
     import json
 
@@ -830,6 +875,8 @@ def cmd_train(args) -> int:
 
     if args.model == "mnist":
         return cmd_train_mnist(args)
+    if args.model in ("hf", "nanogpt"):
+        return cmd_train_user_model(args)
     if args.lr is None:
         args.lr = 3e-4
     if args.backend is None:
@@ -1194,8 +1241,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("train", help="train a model on kernellab's ops: gpt, mnist")
-    s.add_argument("model", choices=["gpt", "mnist"])
-    s.add_argument("--config", default=None, help="gpt2 (124M) or tiny (default: gpt2 on a GPU, tiny here)")
+    s.add_argument("model", choices=["gpt", "mnist", "hf", "nanogpt"],
+                   help="hf / nanogpt: models kernellab did not write, with --compare (Hugging Face models "
+                   "built from configs; a user's nanoGPT with four calls swapped by hand)")  # fmt: skip
+    s.add_argument("--config", default=None, help="gpt: gpt2 (124M) or tiny (default: gpt2 on a GPU, tiny here); "
+                   "hf: " + " | ".join(HF_CONFIGS) + " (default llama)")  # fmt: skip
     s.add_argument("--batch-size", type=int, default=None, help="default 8 (gpt2) / 4 (tiny) / 64 (mnist)")
     s.add_argument("--seq-len", type=int, default=None, help="default: the config's context")
     s.add_argument("--steps", type=int, default=50)
@@ -1225,7 +1275,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps-timed", type=int, default=100, help="mnist --compare: steps timed per variant")
     s.add_argument("--warmup", type=int, default=10, help="mnist --compare: warm-up steps per variant")
     s.add_argument("--batch-sizes", default=None, help="mnist --compare: e.g. 64,256,1024 (default: --batch-size)")
-    s.add_argument("--variants", default=None, help="mnist --compare: a comma list of " + ", ".join(
+    s.add_argument("--variants", default=None, help="hf --compare: hf,liger,kernellab; nanogpt: torch,kernellab; "
+                   "mnist --compare: a comma list of " + ", ".join(
         ("pytorch_eager", "pytorch_compile", "pytorch_graph", "kernellab_eager", "kernellab_graph")))
     s.add_argument("--profile", action="store_true", help="mnist --compare: a torch.profiler table per variant")
     s.add_argument("--fuse-pool", default="auto", choices=("auto", "on", "off"),

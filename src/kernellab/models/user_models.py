@@ -1,0 +1,382 @@
+"""Training steps of models kernellab did not write, with and without kernellab, beside
+the library users would pick instead: ms per step, tokens/s and peak memory, in eager,
+torch.compile and (nanoGPT) reduce-overhead, interleaved rounds.
+
+Models:
+  nanogpt   a nanoGPT-style GPT-2 written as a user writes it (F.layer_norm, tanh GeLU,
+            F.scaled_dot_product_attention, F.cross_entropy); variant "kernellab" swaps those
+            four calls for kernellab's by hand (backend=None).
+  hf-gpt2, hf-llama, hf-qwen2, hf-mistral, hf-gemma2
+            Hugging Face transformers models built from configs (no weights downloaded);
+            variants "hf" (as is, SDPA), "liger" (Liger-Kernel's patch, when installed) and
+            "kernellab" (kernellab.patch, when present).
+
+    kernellab train hf --config llama --compare          (this module, through the CLI)
+    python -m kernellab.models.user_models --model nanogpt --batch 8 --seq 1024 --json out.jsonl
+    python -m kernellab.models.user_models --model hf-llama --seq 2048 --batch 2 --isolate
+
+Each (variant, mode) keeps its own copy of the model from the same initial weights; a round
+runs --steps timed steps of each in turn after warm-up (compiles) and the median round is
+reported with the ratio to the first variant in the same mode. ``--isolate`` runs each
+variant in a process of its own instead (no interleaving): torch.compile's cache is per
+code object, so compiled variants of one model class in one process recompile each
+other's graphs (an HF Llama step measured 4 s under compile that way), and a patch's
+module-level swaps stay out of the other variants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# --------------------------------------------------------------------------- nanoGPT
+
+
+class NanoBlock(nn.Module):
+    def __init__(self, d: int, heads: int, ops: dict):
+        super().__init__()
+        self.heads, self.ops = heads, ops
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        o = self.ops
+        q, k, v = self.qkv(o["ln"](x, self.ln1)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = o["attn"](q, k, v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(a)
+        return x + self.fc2(o["gelu"](self.fc(o["ln"](x, self.ln2))))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self, vocab: int, ctx: int, d: int, layers: int, heads: int, ops: dict):
+        super().__init__()
+        self.ops = ops
+        self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(NanoBlock(d, heads, ops) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.wte.weight
+        for mod in self.modules():  # GPT-2's initialisation
+            if isinstance(mod, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(mod.weight, std=0.02)
+            if isinstance(mod, nn.Linear) and mod.bias is not None:
+                nn.init.zeros_(mod.bias)
+
+    def forward(self, idx, targets):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for blk in self.blocks:
+            x = blk(x)
+        logits = self.head(self.ops["ln"](x, self.ln_f))
+        return self.ops["ce"](logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def nano_ops(variant: str) -> dict:
+    if variant == "torch":
+        return {
+            "ln": lambda x, m: F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps),
+            "gelu": lambda x: F.gelu(x, approximate="tanh"),
+            "attn": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            "ce": F.cross_entropy,
+        }
+    import kernellab
+
+    return {
+        "ln": lambda x, m: kernellab.layer_norm(x, m.weight, m.bias, m.eps),
+        "gelu": kernellab.gelu,
+        "attn": lambda q, k, v: kernellab.attention(q, k, v, causal=True),
+        "ce": kernellab.cross_entropy,
+    }
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+HF_SIZES = {
+    # model: (full size: the issue's shapes, small: a CPU smoke size)
+    "hf-gpt2": (dict(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=4096),
+                dict(n_embd=64, n_layer=2, n_head=4, vocab_size=256, n_positions=256)),
+    "hf-llama": (dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                      num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, tie_word_embeddings=False),
+                 dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256)),
+    "hf-qwen2": (dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                      num_key_value_heads=2, vocab_size=151936, max_position_embeddings=8192, tie_word_embeddings=True),
+                 dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=256)),
+    "hf-mistral": (dict(hidden_size=1024, intermediate_size=3584, num_hidden_layers=8, num_attention_heads=16,
+                        num_key_value_heads=4, vocab_size=32768, sliding_window=1024),
+                   dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=256, sliding_window=16)),
+    "hf-gemma2": (dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=8, num_attention_heads=8,
+                       num_key_value_heads=4, head_dim=128, vocab_size=65536, sliding_window=1024),
+                  dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=256, sliding_window=16)),
+}  # fmt: skip
+
+
+def hf_model(name: str, small: bool):
+    import transformers as tf
+
+    cls = {"hf-gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel), "hf-llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
+           "hf-qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "hf-mistral": (tf.MistralConfig, tf.MistralForCausalLM),
+           "hf-gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM)}[name]  # fmt: skip
+    cfg = cls[0](**HF_SIZES[name][1 if small else 0])
+    cfg._attn_implementation = "sdpa"
+    return cls[1](cfg)
+
+
+def liger_patch(name: str, model) -> str | None:
+    """Liger-Kernel's patch of ``model`` (instance patching); None where unavailable."""
+    try:
+        import liger_kernel.transformers as lk
+    except ImportError:
+        return "liger-kernel is not installed"
+    fn = {"hf-gpt2": None, "hf-llama": "apply_liger_kernel_to_llama", "hf-qwen2": "apply_liger_kernel_to_qwen2",
+          "hf-mistral": "apply_liger_kernel_to_mistral", "hf-gemma2": "apply_liger_kernel_to_gemma2"}[name]  # fmt: skip
+    if fn is None or not hasattr(lk, fn):
+        return f"Liger has no patch for {name}"
+    getattr(lk, fn)(model=model)
+    return None
+
+
+def kernellab_patch(model) -> str | None:
+    import kernellab
+
+    if not hasattr(kernellab, "patch"):
+        return "kernellab.patch is not in this version"
+    fused = hasattr(kernellab, "linear_cross_entropy")  # as Liger's patch fuses head and loss
+    print(kernellab.patch(model, fused_linear_cross_entropy=fused, verbose=False), file=sys.stderr)
+    return None
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def make_step(model, opt, mode: str, hf: bool):
+    def loss_of(idx, tgt):
+        if hf:
+            return model(input_ids=idx, labels=tgt).loss
+        return model(idx, tgt)
+
+    fwd = loss_of
+    if mode == "compile":
+        fwd = torch.compile(loss_of)
+    elif mode == "reduce-overhead":
+        fwd = torch.compile(loss_of, mode="reduce-overhead")
+
+    def step(idx, tgt):
+        loss = fwd(idx, tgt)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
+    """Prints the device time per step, the host time per step and the ``top`` kernels by
+    device time of ``n`` steps under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    sync()
+    with profile(activities=acts) as prof:
+        for _ in range(n):
+            step(idx, tgt)
+        sync()
+    ev = prof.key_averages()
+    dev_us = sum(e.self_device_time_total for e in ev) / n
+    host_us = sum(e.self_cpu_time_total for e in ev) / n
+    print(f"\n-- profile {key[0]} {key[1]}: device {dev_us / 1e3:.2f} ms/step, host {host_us / 1e3:.2f} ms/step")
+    rows = sorted((e for e in ev if e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)
+    for e in rows[:top]:
+        print(f"  {e.self_device_time_total / n / 1e3:8.3f} ms {e.count // n:5d}x  {e.key[:110]}")
+
+
+def _isolated(a, argv: list[str]) -> int:
+    """Each variant in its own process (``--isolate``); one table from their JSON rows."""
+    import os
+    import subprocess
+    import tempfile
+
+    variants = a.variants.split(",") if a.variants else (
+        ["hf", "liger", "kernellab"] if a.model.startswith("hf-") else ["torch", "kernellab"])  # fmt: skip
+    rest, skip = [], False
+    for arg in argv:  # the same arguments without --isolate, --variants and --json
+        if skip:
+            skip = False
+        elif arg in ("--variants", "--json"):
+            skip = True
+        elif arg != "--isolate" and not arg.startswith(("--variants=", "--json=")):
+            rest.append(arg)
+    rows, rc = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for v in variants:
+            path = os.path.join(tmp, f"{v}.jsonl")
+            r = subprocess.run([sys.executable, "-m", "kernellab.models.user_models", *rest, "--variants", v,
+                                "--json", path], check=False)  # fmt: skip
+            rc = rc or r.returncode
+            if r.returncode:
+                print(f"  {v}: failed (exit {r.returncode})")
+            if os.path.exists(path):
+                rows += [json.loads(line) for line in open(path)]
+    firsts = {}
+    print(f"{a.model}: each variant in its own process; ratio = the first variant's time / this one's")
+    for mode in a.modes.split(","):
+        for row in (r for r in rows if r["mode"] == mode):
+            first = firsts.setdefault(mode, row["ms"])
+            row["speedup"], row["isolated"] = round(first / row["ms"], 3), True
+            print(f"  {mode:16s} {row['variant']:10s} {row['ms']:9.2f} ms  {row['tokens_per_s']:>9d} tok/s"
+                  f"  {row['peak_gib']:6.2f} GiB  {row['speedup']:.2f}x  loss {row['loss']:.4f}")  # fmt: skip
+    if a.json:
+        with open(a.json, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="nanogpt")
+    p.add_argument("--variants", default=None, help="comma-separated (default: every one the model has)")
+    p.add_argument("--modes", default="eager,compile", help="eager, compile, reduce-overhead")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=10, help="timed steps per round")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--small", action="store_true", help="tiny configs (a CPU smoke run)")
+    p.add_argument("--json", default=None, help="append one JSON row per (variant, mode)")
+    p.add_argument("--cprofile", type=int, default=0, metavar="N",
+                   help="after timing, N steps of each (variant, mode) under cProfile: the host's top functions")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after timing, profile N steps of each (variant, mode): the top kernels by device time")
+    p.add_argument("--isolate", action="store_true", help="each variant in a process of its own (module docstring)")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    a = p.parse_args(argv)
+    if a.isolate:
+        return _isolated(a, argv)
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
+    hf = a.model.startswith("hf-")
+    variants = a.variants.split(",") if a.variants else (["hf", "liger", "kernellab"] if hf else ["torch", "kernellab"])
+    modes = a.modes.split(",")
+    torch.manual_seed(0)
+    if hf:
+        base = hf_model(a.model, a.small)
+        vocab = base.config.vocab_size
+    else:
+        d, layers, heads, vocab = (64, 2, 4, 256) if a.small else (768, 12, 12, 50304)
+        base = NanoGPT(vocab, a.seq, d, layers, heads, nano_ops("torch"))
+    base = base.to(dev, dtype)
+    runs, skipped = {}, {}
+    for v in variants:
+        for mode in modes:
+            m = copy.deepcopy(base)
+            why = None
+            if hf and v == "liger":
+                why = liger_patch(a.model, m)
+            elif hf and v == "kernellab":
+                why = kernellab_patch(m)
+            elif not hf:
+                ops = nano_ops(v)
+                m.ops = ops
+                for blk in m.blocks:
+                    blk.ops = ops
+            if why:
+                skipped[v] = why
+                break
+            m.train()
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=dev == "cuda")
+            runs[(v, mode)] = (m, make_step(m, opt, mode, hf))
+    # parameters, gradients and AdamW's two moments
+    model_bytes = 4 * sum(p.numel() * p.element_size() for p in base.parameters())
+    del base
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    idx = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
+    tgt = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    peak, losses = {}, {}
+    for key, (_, step) in runs.items():  # warm-up: compiles, autotuning, allocator
+        # Every variant's model stays resident: a variant's peak is its own model (the
+        # parameters and their AdamW state, equal in every variant) plus the most its step
+        # allocated above what was resident before its warm-up.
+        if dev == "cuda":
+            sync()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        for _ in range(a.warmup):
+            losses[key] = float(step(idx, tgt).detach())
+        sync()
+        peak[key] = (torch.cuda.max_memory_allocated() - before + model_bytes) / 2**30 if dev == "cuda" else float("nan")
+    times = {key: [] for key in runs}
+    for _ in range(a.rounds):
+        for key, (_, step) in runs.items():
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(a.steps):
+                step(idx, tgt)
+            sync()
+            times[key].append((time.perf_counter() - t0) * 1e3 / a.steps)
+    gpu = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    print(f"{a.model} B={a.batch} T={a.seq} {a.dtype} on {gpu}: ms/step (median of {a.rounds} rounds of "
+          f"{a.steps}), tokens/s, peak GiB (own model + its step's peak); ratio = first variant's time / this one's")  # fmt: skip
+    for v, why in skipped.items():
+        print(f"  {v}: skipped ({why})")
+    rows = []
+    for mode in modes:
+        first = None
+        for v in variants:
+            if (v, mode) not in runs:
+                continue
+            ms = statistics.median(times[(v, mode)])
+            first = first or ms
+            row = dict(model=a.model, variant=v, mode=mode, batch=a.batch, seq=a.seq, dtype=a.dtype, gpu=gpu,
+                       ms=round(ms, 3), tokens_per_s=round(a.batch * a.seq / ms * 1e3),
+                       peak_gib=round(peak[(v, mode)], 2), speedup=round(first / ms, 3),
+                       rounds=[round(t, 3) for t in times[(v, mode)]], loss=round(losses[(v, mode)], 4))  # fmt: skip
+            rows.append(row)
+            print(f"  {mode:16s} {v:10s} {ms:9.2f} ms  {row['tokens_per_s']:>9d} tok/s  {row['peak_gib']:6.2f} GiB"
+                  f"  {row['speedup']:.2f}x  loss {row['loss']:.4f}")  # fmt: skip
+            if not math.isfinite(losses[(v, mode)]):
+                print(f"  WARNING: {v} {mode} loss is not finite")
+    if a.cprofile:
+        import cProfile
+        import pstats
+
+        for key, (_, step) in runs.items():
+            sync()
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(a.cprofile):
+                step(idx, tgt)
+            sync()
+            prof.disable()
+            print(f"\n-- cProfile {key[0]} {key[1]}, {a.cprofile} steps")
+            pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(22)
+    if a.profile:
+        for key, (_, step) in runs.items():
+            profile_steps(key, step, idx, tgt, a.profile, sync)
+    if a.json:
+        with open(a.json, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return 0 if all(math.isfinite(r["loss"]) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
