@@ -47,7 +47,7 @@ SHAPES = {
     "add_rms_norm": ((64, 256), (16384, 2048), {}),
     "linear_cross_entropy": ((64, 64, 256), (8192, 2048, 128256), {}),  # (N, H, V)
 }
-BOUND = {"fwd": 1.3, "fwdbwd": 1.3}  # issue 41: every op, both modes
+BOUND = {"fwd": 1.3, "fwdbwd": 1.3}
 # Short rounds, many of them: on the lent H100's host the same call's 50 ms rounds ranged
 # 141-175 us in one run and 150-273 us in another's (37f1abc, 20970b8); 15 ms rounds taken
 # in turn keep the backends of a group closer in time, and the median of 21 paired ratios

@@ -40,6 +40,7 @@ one rounding in fp16/bf16.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 import sys
 import types
@@ -312,9 +313,6 @@ def _hf_rope(original: Callable, backend: str | None) -> Callable:
     """``apply_rotary_pos_emb`` on kernellab.rope for the call HF's attention makes (q and k
     (B, H, S, D), cos and sin (B or 1, S, D), unsqueeze_dim=1); any other call, or one
     kernellab.rope refuses, runs the family's own function."""
-
-    import inspect
-
     try:
         names = list(inspect.signature(original).parameters)[4:]
     except (TypeError, ValueError):
@@ -325,9 +323,9 @@ def _hf_rope(original: Callable, backend: str | None) -> Callable:
         plain = len(args) <= len(names) and all(
             (n == "unsqueeze_dim" and v == 1) or (n == "position_ids" and v is None) for n, v in extra.items()
         )
-        if plain and _ROPE_ACTIVE[0] > 0 and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3 and cos.shape == sin.shape and (
-            cos.shape[-1] == q.shape[-1] == k.shape[-1] and cos.shape[1] == q.shape[2]
-        ):
+        if (plain and _ROPE_ACTIVE[0] > 0 and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3
+                and cos.shape == sin.shape and cos.shape[-1] == q.shape[-1] == k.shape[-1]
+                and cos.shape[1] == q.shape[2]):  # fmt: skip
             try:
                 return kernellab.rope(q, k, cos, sin, backend=backend)
             except ValueError:

@@ -205,14 +205,19 @@ def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
         print(f"  {e.self_device_time_total / n / 1e3:8.3f} ms {e.count // n:5d}x  {e.key[:110]}")
 
 
+def _variants(a) -> list[str]:
+    if a.variants:
+        return a.variants.split(",")
+    return ["hf", "liger", "kernellab"] if a.model.startswith("hf-") else ["torch", "kernellab"]
+
+
 def _isolated(a, argv: list[str]) -> int:
     """Each variant in its own process (``--isolate``); one table from their JSON rows."""
     import os
     import subprocess
     import tempfile
 
-    variants = a.variants.split(",") if a.variants else (
-        ["hf", "liger", "kernellab"] if a.model.startswith("hf-") else ["torch", "kernellab"])  # fmt: skip
+    variants = _variants(a)
     rest, skip = [], False
     for arg in argv:  # the same arguments without --isolate, --variants and --json
         if skip:
@@ -273,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
     hf = a.model.startswith("hf-")
-    variants = a.variants.split(",") if a.variants else (["hf", "liger", "kernellab"] if hf else ["torch", "kernellab"])
+    variants = _variants(a)
     modes = a.modes.split(",")
     torch.manual_seed(0)
     if hf:

@@ -1,8 +1,10 @@
-"""What the chunked backends (``chunked``: PyTorch ops, ``triton``: our row kernel) share:
-the loop over row chunks, the 16-bit matmuls with fp32 results, and the declaration to the
-op kit (custom op or triton_op, autograd, eager path).
+"""What the chunked backends (``chunked``: PyTorch ops, ``triton``: our row kernels) share:
+the two runners (``run_chunks`` over row chunks, ``run_blocks`` over column blocks of the
+vocabulary), the 16-bit matmuls with fp32 results, each row's loss from its softmax state
+(``row_loss``), and the declaration to the op kit (custom op or triton_op, autograd, eager
+path).
 
-A backend supplies one launcher over a chunk's fp32 logits:
+``run_chunks``' backend (``chunked``) supplies one launcher over a chunk's fp32 logits:
 
 ``rows(z, target, g, loss, ignore_index, label_smoothing, z_loss, write_grad) -> None``:
     z fp32 contiguous [C, V] (the chunk's logits, bias included), target int64 [C] (each in
@@ -13,7 +15,8 @@ A backend supplies one launcher over a chunk's fp32 logits:
 
 Memory per chunk: C * V * 4 bytes of logits (reused as dlogits), C * V * 2 more for the
 16-bit copy of dlogits the dx and dweight matmuls read. Across chunks: dweight and dbias
-in fp32 and dx in x's dtype.
+in fp32 and dx in x's dtype. ``run_blocks``' backend (``triton``) supplies a (stats, grad)
+pair of launchers (its docstring).
 """
 
 from __future__ import annotations
@@ -122,6 +125,19 @@ def run_chunks(rows, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
     return loss, dx, dw, db
 
 
+def row_loss(m, log_s, zt_m, mean_m, eps, zc):
+    """Each row's loss from its softmax state, as log_softmax forms it (z - m and log s kept
+    apart): m the row max, log s of sum exp(z - m), zt_m = z_target - m, mean_m = mean_j z_j
+    - m; a zero eps or zc adds nothing (0 * inf would be NaN)."""
+    row = log_s - (1.0 - eps) * zt_m
+    if eps:
+        row = row - eps * mean_m
+    if zc:
+        lse = m + log_s
+        row = row + zc * lse * lse
+    return row
+
+
 BLOCK_ELEMS = 1 << 24  # logits per column block of the blocked runner (64 MiB in fp32)
 MAX_ROWS = 1 << 17  # the blocked runner's default rows per pass
 
@@ -186,12 +202,7 @@ def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
         for v0, v1 in blocks:
             stats(logits(v0, v1), tc, v0, m, ssum, zt, tot)
         log_s = ssum.log()
-        row = log_s - (1.0 - eps) * (zt - m)
-        if eps:
-            row = row - eps * (tot / v - m)
-        if zc:
-            lse = m + log_s
-            row = row + zc * lse * lse
+        row = row_loss(m, log_s, zt - m, tot / v - m, eps, zc)
         keep = tc != ignore_index
         row = torch.where((tc >= 0) & (tc < v), row, float("nan"))
         loss[s0:s1] = torch.where(keep, row, 0.0)  # select: an ignored NaN row stays 0
@@ -211,19 +222,19 @@ def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
                     dxc = dxc + torch.mm(d, wb, out_dtype=_F32)
                 else:
                     torch.addmm(dxc, d, wb, out_dtype=_F32, out=dxc)
-                if not (multi or traced):  # each block's rows of dweight, rounded once
-                    torch.mm(d.t(), xc, out=dw[v0:v1])
-                    continue
-                dwb = torch.mm(d.t(), xc, out_dtype=_F32) if multi else torch.mm(d.t(), xc)
             else:  # fp32, or 16-bit where out_dtype is missing: exact fp32 products
-                dxc = dxc.addmm_(d.float(), wb.float())
-                dwb = d.t().float() @ xc.float() if (multi or sixteen) else d.t() @ xc
-            if multi:
-                dw[v0:v1] += dwb
-            elif traced:
-                parts.append(dwb.to(w.dtype))
+                dxc.addmm_(d.float(), wb.float())
+            # this block's rows of dweight: one product over the pass's rows
+            if multi:  # summed over passes in fp32
+                dw[v0:v1] += torch.mm(d.t(), xc, out_dtype=_F32) if wide else d.t().float() @ xc.float()
+            elif (wide or not sixteen) and not traced:
+                torch.mm(d.t(), xc, out=dw[v0:v1])  # rounded once, in place
             else:
-                dw[v0:v1] = dwb
+                dwb = d.t() @ xc if (wide or not sixteen) else (d.t().float() @ xc.float()).to(w.dtype)
+                if traced:
+                    parts.append(dwb)
+                else:
+                    dw[v0:v1] = dwb
         if parts:
             dw = torch.cat(parts)
         dx[s0:s1] = dxc
@@ -241,18 +252,13 @@ def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad) -> None:
     m = z.amax(1, keepdim=True)
     zm = z - m
     log_s = zm.exp().sum(1).log()
-    row = log_s - (1.0 - eps) * zm.gather(1, tt).squeeze(1)
-    if eps:
-        row = row - eps * zm.mean(1)
-    lse = m.squeeze(1) + log_s
-    if zc:
-        row = row + zc * lse * lse
+    row = row_loss(m.squeeze(1), log_s, zm.gather(1, tt).squeeze(1), zm.mean(1) if eps else None, eps, zc)
     loss.copy_(torch.where(keep, row, 0.0))  # select: a NaN row that is ignored stays 0
     if not write_grad:
         return
     torch.exp(zm.sub_(log_s.unsqueeze(1)), out=z)  # p
     if zc:
-        z.mul_((1.0 + 2.0 * zc * lse).unsqueeze(1))
+        z.mul_((1.0 + 2.0 * zc * (m.squeeze(1) + log_s)).unsqueeze(1))
     if eps:
         z.sub_(eps / v)
     z.scatter_add_(1, tt, torch.full(tt.shape, -(1.0 - eps), dtype=_F32, device=z.device))

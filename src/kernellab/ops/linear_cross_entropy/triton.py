@@ -12,10 +12,10 @@ g * dloss/dz in x's dtype, then dx += d @ W[block] (fp32) and dweight[block] = d
 read and write per chunk (memory-bound at thin chunks: 0.5 ms per chunk at V=128256, H=2048
 on an H100) and its V*H*4 bytes.
 
-The loss is formed as PyTorch's log_softmax forms it, from z - m and log s kept apart:
-loss = log s - (1 - eps)(z_t - m) - eps (mean_j z_j - m) + zc (m + log s)^2, so a row with
-+inf logits gives NaN as PyTorch does, and p = exp((z - m) - log s) carries no rounding
-of a summed lse (at |lse| ~ 10 one fp32 ulp of it is a 1e-6 relative error in every p).
+The loss is formed from the row state as PyTorch's log_softmax forms it (_chunked.row_loss:
+z - m and log s kept apart), so a row with +inf logits gives NaN as PyTorch does, and the
+gradient kernel's p = exp((z - m) - log s) carries no rounding of a summed lse (at
+|lse| ~ 10 one fp32 ulp of it is a 1e-6 relative error in every p).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def _lce_stats_kernel(
         mask = start + cols < n_cols
         z = tl.load(z_row + start + cols, mask=mask, other=-float("inf"))
         m_new = tl.maximum(m, tl.max(z, axis=0))
-        e = tl.where(z == -float("inf"), 0.0, tl.exp(z - m_new))  # as _lce_rows_kernel
+        # -inf entries add 0 (no -inf - -inf = NaN while the row is all -inf so far)
+        e = tl.where(z == -float("inf"), 0.0, tl.exp(z - m_new))
         alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
         s = s * alpha + tl.sum(e, axis=0)
         m = m_new
@@ -73,8 +74,8 @@ def _lce_grad_kernel(
     z_ptr, d_ptr, t_ptr, g_ptr, m_ptr, ls_ptr, n_cols, v0, v_total, ignore_index, eps, zc,
     HAS_G: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # d = g * dloss/dz of one row of a column block (the second half of _lce_rows_kernel,
-    # with the row's m and log s from the statistics pass), in d's dtype.
+    # d = g * dloss/dz of one row of a column block, from the row's m and log s of the
+    # statistics pass, in d's dtype.
     row = tl.program_id(0).to(tl.int64)
     z_row = z_ptr + row * n_cols
     d_row = d_ptr + row * n_cols

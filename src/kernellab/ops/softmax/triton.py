@@ -178,11 +178,12 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
     if n_rows and n_cols:
         block, rows, single, warps = _config(n_cols)
         grid = (triton_support.cdiv(n_rows, rows),)
-        extra = {"F64": out.dtype == torch.float32}
         if fwd:
             even = cfg.fwd_even and single and block == n_cols and n_rows % rows == 0
             reread, warps = _fwd_choice(n_cols, block, single, out.element_size(), warps, cfg)
-            extra = dict(EVEN=even, WIDE=not (cfg.fwd_narrow and out.numel() < 2**31), REREAD=reread)  # (no F64)
+            extra = dict(EVEN=even, WIDE=not (cfg.fwd_narrow and out.numel() < 2**31), REREAD=reread)
+        else:  # the backward: fp32 rows in fp64
+            extra = {"F64": out.dtype == torch.float32}
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps, **extra
         )
