@@ -36,7 +36,8 @@ def test_check_quick_passes_and_writes_json(cli_run, tmp_path):
     # time per report, per stage and per case
     for r in rep:
         assert r["seconds"] > 0 and {"shapes", "layouts", "grads", "bad_inputs"} <= set(r["stage_seconds"])
-        assert sum(r["stage_seconds"].values()) <= r["seconds"] + 1e-3
+        # each figure is rounded to 1 ms: the sum may pass the total by half a ms per term
+        assert sum(r["stage_seconds"].values()) <= r["seconds"] + 5e-4 * (len(r["stage_seconds"]) + 1)
         assert all(c["seconds"] >= 0 for c in r["cases"]) and any(c["seconds"] > 0 for c in r["cases"])
 
 
