@@ -82,7 +82,7 @@ class NanoGPT(nn.Module):
         return self.ops["ce"](logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def nano_ops(variant: str) -> dict:
+def nano_ops(variant: str, backends: dict | None = None) -> dict:
     if variant == "torch":
         return {
             "ln": lambda x, m: F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps),
@@ -92,11 +92,12 @@ def nano_ops(variant: str) -> dict:
         }
     import kernellab
 
+    b = (backends or {}).get
     return {
-        "ln": lambda x, m: kernellab.layer_norm(x, m.weight, m.bias, m.eps),
-        "gelu": kernellab.gelu,
-        "attn": lambda q, k, v: kernellab.attention(q, k, v, causal=True),
-        "ce": kernellab.cross_entropy,
+        "ln": lambda x, m: kernellab.layer_norm(x, m.weight, m.bias, m.eps, backend=b("layer_norm")),
+        "gelu": lambda x: kernellab.gelu(x, backend=b("gelu")),
+        "attn": lambda q, k, v: kernellab.attention(q, k, v, causal=True, backend=b("attention")),
+        "ce": lambda logits, t: kernellab.cross_entropy(logits, t, backend=b("cross_entropy")),
     }
 
 
@@ -150,13 +151,14 @@ def liger_patch(name: str, model) -> str | None:
     return None
 
 
-def kernellab_patch(model) -> str | None:
+def kernellab_patch(model, backends: dict | None = None) -> str | None:
     import kernellab
 
     if not hasattr(kernellab, "patch"):
         return "kernellab.patch is not in this version"
     fused = hasattr(kernellab, "linear_cross_entropy")  # as Liger's patch fuses head and loss
-    print(kernellab.patch(model, fused_linear_cross_entropy=fused, verbose=False), file=sys.stderr)
+    print(kernellab.patch(model, backend=backends or None, fused_linear_cross_entropy=fused, verbose=False),
+          file=sys.stderr)
     return None
 
 
@@ -270,8 +272,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after timing, profile N steps of each (variant, mode): the top kernels by device time")
     p.add_argument("--isolate", action="store_true", help="each variant in a process of its own (module docstring)")
+    p.add_argument("--backend", action="append", default=[], metavar="OP=NAME",
+                   help="the kernellab variant runs OP on backend NAME (repeatable; default: kernellab's choice)")
     argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
+    backends = {}
+    for item in a.backend:
+        op, sep, name = item.partition("=")
+        if not sep or not op or not name:
+            p.error(f"--backend {item!r}: expected OP=NAME, e.g. linear_cross_entropy=triton")
+        backends[op] = name
     if a.isolate:
         return _isolated(a, argv)
 
@@ -296,9 +306,9 @@ def main(argv: list[str] | None = None) -> int:
             if hf and v == "liger":
                 why = liger_patch(a.model, m)
             elif hf and v == "kernellab":
-                why = kernellab_patch(m)
+                why = kernellab_patch(m, backends)
             elif not hf:
-                ops = nano_ops(v)
+                ops = nano_ops(v, backends if v == "kernellab" else None)
                 m.ops = ops
                 for blk in m.blocks:
                     blk.ops = ops
@@ -354,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
                        ms=round(ms, 3), tokens_per_s=round(a.batch * a.seq / ms * 1e3),
                        peak_gib=round(peak[(v, mode)], 2), speedup=round(first / ms, 3),
                        rounds=[round(t, 3) for t in times[(v, mode)]], loss=round(losses[(v, mode)], 4))  # fmt: skip
+            if backends and v == "kernellab":
+                row["backends"] = backends
             rows.append(row)
             print(f"  {mode:16s} {v:10s} {ms:9.2f} ms  {row['tokens_per_s']:>9d} tok/s  {row['peak_gib']:6.2f} GiB"
                   f"  {row['speedup']:.2f}x  loss {row['loss']:.4f}")  # fmt: skip
