@@ -522,3 +522,19 @@ def _drops_pass_through(q, k, cos, sin, position_ids=None, *, layout="neox", inp
 def test_planted_wrong_implementations_fail_the_check(fn):
     rep = check_planted(OP, fn.__name__.strip("_"), fn, seed=29)
     assert rep.status == FAIL
+
+
+def test_triton_output_keeps_a_transposed_projections_memory_order():
+    # A model's q is a (B, H, S, D) view of its (B, S, H, D) projection. The rotated q keeps
+    # that memory order, so SDPA's output (laid out as q) transposes back to (B, S, H * D)
+    # as a view; a contiguous q there cost a copy of every layer's attention output.
+    q, k, cos, sin, pos, layout = make_case("neox", seed=19)
+    q_view = q.transpose(1, 2).contiguous().transpose(1, 2)
+    k_view = k.transpose(1, 2).contiguous().transpose(1, 2)
+    qr, kr = kernellab.rope(q_view, k_view, cos, sin, backend="triton")
+    assert qr.stride() == q_view.stride() and kr.stride() == k_view.stride()
+    want = kernellab.rope(q, k, cos, sin, backend="manual")
+    torch.testing.assert_close(qr, want[0], rtol=1e-6, atol=2e-6)
+    torch.testing.assert_close(kr, want[1], rtol=1e-6, atol=2e-6)
+    qc, _ = kernellab.rope(q.contiguous(), k.contiguous(), cos, sin, backend="triton")
+    assert qc.is_contiguous()

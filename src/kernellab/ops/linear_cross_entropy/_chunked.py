@@ -138,7 +138,9 @@ def row_loss(m, log_s, zt_m, mean_m, eps, zc):
     return row
 
 
-BLOCK_ELEMS = 1 << 24  # logits per column block of the blocked runner (64 MiB in fp32)
+# Logits per column block of the blocked runner: 32 MiB in fp32. The block's logits and
+# dlogits are the op's transient memory at the end of a model's forward, the step's peak.
+BLOCK_ELEMS = 1 << 23
 MAX_ROWS = 1 << 17  # the blocked runner's default rows per pass
 
 
@@ -177,8 +179,8 @@ def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
     b32 = b.float() if (b is not None and wide) else None
     dx = dw = db = None
     if want_grad:
-        dx = torch.empty(n, h, dtype=x.dtype, device=dev)
         if multi:
+            dx = torch.empty(n, h, dtype=x.dtype, device=dev)
             dw = torch.zeros(v, h, dtype=_F32, device=dev)
         elif not traced:  # (traced: the blocks are joined at the end)
             dw = torch.empty(v, h, dtype=w.dtype, device=dev)
@@ -235,11 +237,18 @@ def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
                     parts.append(dwb)
                 else:
                     dw[v0:v1] = dwb
+            del z, d  # (else the next block's logits are made while these are alive)
         if parts:
             dw = torch.cat(parts)
-        dx[s0:s1] = dxc
+        if multi:
+            dx[s0:s1] = dxc
+        else:  # one pass: dx made from the fp32 sum after the blocks, not beside them
+            dx = dxc.to(x.dtype)
+        del dxc
     if want_grad and dw is None:  # traced, no rows
         dw = torch.zeros(v, h, dtype=w.dtype, device=dev)
+    if want_grad and dx is None:  # no rows
+        dx = torch.empty(n, h, dtype=x.dtype, device=dev)
     return loss, dx, dw, db
 
 

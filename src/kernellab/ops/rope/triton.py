@@ -167,7 +167,11 @@ def launch(q, k, cos, sin, pos, interleaved: bool, backward: bool, qo, ko, copy_
 
 
 def _empty(t: Tensor) -> Tensor:
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    # In t's memory order where t is dense (a model's q is a transposed view of its (B, S,
+    # H, D) projection): SDPA's cuDNN kernel lays its output out as q is laid out, so a
+    # rotated q in (B, S, H, D) order makes the attention output's transpose back to (B, S,
+    # H * D) a view, not a copy kept alive for the output projection's backward.
+    return torch.empty_like(t, memory_format=torch.preserve_format)
 
 
 # --------------------------------------------------------------------------- custom op
