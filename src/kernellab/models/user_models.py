@@ -393,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
             prof.disable()
             print(f"\n-- cProfile {key[0]} {key[1]}, {a.cprofile} steps")
             pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(22)
+            pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(30)
     if a.profile:
         for key, (_, step) in runs.items():
             profile_steps(key, step, idx, tgt, a.profile, sync)

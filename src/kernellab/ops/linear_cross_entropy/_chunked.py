@@ -138,9 +138,9 @@ def row_loss(m, log_s, zt_m, mean_m, eps, zc):
     return row
 
 
-# Logits per column block of the blocked runner: 32 MiB in fp32. The block's logits and
+# Logits per column block of the blocked runner: 16 MiB in fp32. The block's logits and
 # dlogits are the op's transient memory at the end of a model's forward, the step's peak.
-BLOCK_ELEMS = 1 << 23
+BLOCK_ELEMS = 1 << 22
 MAX_ROWS = 1 << 17  # the blocked runner's default rows per pass
 
 
