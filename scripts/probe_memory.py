@@ -83,7 +83,9 @@ def main(argv=None) -> int:
     reset = cuda.reset_peak_memory_stats if cuda else (lambda: None)
     sync = cuda.synchronize if cuda else (lambda: None)
     torch.manual_seed(0)
-    base = um.hf_model(a.model, a.small).to(dev, torch.bfloat16 if cuda else torch.float32)
+    with torch.device(dev):
+        base = um.hf_model(a.model, a.small)
+    base = base.to(dev, torch.bfloat16 if cuda else torch.float32)
     vocab = base.config.vocab_size
     idx = torch.randint(0, vocab, (a.batch, a.seq), device=dev)
     tgt = torch.randint(0, vocab, (a.batch, a.seq), device=dev)

@@ -60,3 +60,29 @@ def test_default_ops_compile_fullgraph_cpu():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_gpu_default_ops_compile_fullgraph(dtype):
     _step("cuda", dtype)
+
+
+def test_an_eager_call_after_the_first_trace_does_not_recompile():
+    # The traced default must not read Impl._validate, which the first eager call sets
+    # lazily: a guard on it failed after that call and recompiled the graph.
+    import torch._dynamo
+
+    from kernellab import registry
+
+    impl = registry.get("gelu", registry.compiled_backend("gelu", "cpu"))
+    impl._validate = None
+    torch._dynamo.reset()
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    f = torch.compile(lambda t: kernellab.gelu(t) * 2, backend=count)
+    x = torch.randn(4, 8)
+    f(x)
+    kernellab.gelu(x)
+    assert impl._validate is not None  # the eager call set it
+    f(x)
+    f(x)
+    assert len(graphs) == 1

@@ -368,7 +368,11 @@ def call(op: str, backend: str | None, *args, **kwargs):
         x = args[0]
         if _is_compiling():  # traced: the cached per-device default, no table I/O
             dev = "cuda" if x.is_cuda else x.device.type
-            return get(op, _DEFAULTS.get((op, dev)) or compiled_backend(op, dev))(*args, **kwargs)
+            impl = get(op, _DEFAULTS.get((op, dev)) or compiled_backend(op, dev))
+            # the validator built here, not read from the lazily set Impl._validate: a guard
+            # on that attribute fails once an eager call sets it, and the graph recompiles
+            impl._validator()(args, kwargs, impl.devices)
+            return impl.fn(*args, **kwargs)
         if _RECORD is None and (kwargs or len(args) > 1) and op in _SIG_OPS:
             # a call of several tensors or with keywords: its facts are its own key
             try:

@@ -299,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     modes = a.modes.split(",")
     torch.manual_seed(0)
     if hf:
-        base = hf_model(a.model, a.small)
+        with torch.device(dev):  # initialised where it runs (a 1B model's init takes ~20 s on a CPU)
+            base = hf_model(a.model, a.small)
         vocab = base.config.vocab_size
     else:
         d, layers, heads, vocab = (64, 2, 4, 256) if a.small else (768, 12, 12, 50304)
