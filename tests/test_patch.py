@@ -368,6 +368,29 @@ def test_patch_gated_mlp_when_op_exists(op, family):
     assert all("forward" not in m.__dict__ for m in pat.modules())
 
 
+@pytest.mark.parametrize("op,family", [("swiglu", "llama"), ("geglu", "gemma2")])
+def test_patch_gated_mlp_triton_backward_in_place(op, family, monkeypatch):
+    """The patched MLP owns its gate and up projections: with the Triton backend their
+    buffers take the gradients (inplace_backward=True; a new version on each shows the
+    write), and the step still matches the unpatched model."""
+    if not hasattr(kernellab, op):
+        pytest.skip(f"kernellab.{op} not in this build")
+    real, seen = getattr(kernellab, op), []
+
+    def recording(a, b, *args, **kwargs):
+        seen.append((a, b, kwargs.get("inplace_backward")))
+        return real(a, b, *args, **kwargs)
+
+    monkeypatch.setattr(kernellab, op, recording)
+    ref = _tiny(family)
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, ops=[op], backend="triton", verbose=False)
+    assert report.counts() == {op: 2}
+    _assert_same_step(ref, pat, _hf_run(torch.randint(0, 256, (2, 7))))
+    assert len(seen) == 2 and all(flag is True for _, _, flag in seen)
+    assert all(a._version > 0 and b._version > 0 for a, b, _ in seen)
+
+
 def test_patch_reports_ops_missing_from_build():
     m = _tiny("llama")
     report = kernellab.patch(m, verbose=False)

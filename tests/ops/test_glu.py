@@ -170,11 +170,16 @@ def test_bad_inputs_name_the_argument(op, backend):
     if backend == "triton":
         with pytest.raises(TypeError, match=r"\ba\b"):
             f(a.double(), b.double(), backend=backend)
+    for bad in (1, "yes", None):
+        with pytest.raises(TypeError, match=r"\binplace_backward\b"):
+            f(a, b, backend=backend, inplace_backward=bad)
     if op == "geglu":
         with pytest.raises(ValueError, match="approximate"):
             f(a, b, "erf", backend=backend)
         with pytest.raises(ValueError, match="approximate"):
             f(a, b, None, backend=backend)
+        with pytest.raises(TypeError, match=r"\binplace_backward\b"):
+            f(a, b, "tanh", backend=backend, inplace_backward=0)
 
 
 def test_bad_inputs_through_the_default():
@@ -182,6 +187,8 @@ def test_bad_inputs_through_the_default():
         kernellab.swiglu(torch.randn(3, 5), torch.randn(3, 6))
     with pytest.raises(ValueError, match="approximate"):
         kernellab.geglu(torch.randn(3, 5), torch.randn(3, 5), approximate="fast")
+    with pytest.raises(TypeError, match=r"\binplace_backward\b"):
+        kernellab.swiglu(torch.randn(3, 5), torch.randn(3, 5), inplace_backward="yes")
 
 
 # --------------------------------------------------------------------------- triton contracts
@@ -215,6 +222,9 @@ def test_check_engine_passes_triton(op):
     impl = registry.get(op, "triton")
     rep = check_impl(impl, torch.float32, device="cpu", quick=True, opcheck=False, seed=1)
     assert rep.status == PASS, [(c.kind, c.name, c.detail) for c in rep.failures]
+    # the documented in-place mode ran, its writes into a and b exempt from integrity only there
+    cases = {(c.kind, c.name): c.status for c in rep.cases}
+    assert cases[("grad", "grad inplace_backward=True")] == PASS
 
 
 def _detached_gate(a, b):  # db right, da missing the path through the activation
@@ -250,6 +260,117 @@ def test_liger_peer_is_declared_and_unavailable_here():
     geglu = registry.get("geglu", "liger")
     assert geglu.outside_limits((None, None), {})
     assert geglu.outside_limits((None, None), {"approximate": "tanh"}) is None
+
+
+# --------------------------------------------------------------------------- in-place backward
+
+
+def _step(op, opts, backend, a0, b0, dy, inplace):
+    """(y, a, b, da, db) of one forward and backward on fresh leaf copies of a0, b0."""
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    y = _fn(op)(a, b, **opts, backend=backend, inplace_backward=inplace)
+    y.backward(dy)
+    return y.detach(), a, b, a.grad, b.grad
+
+
+@pytest.mark.parametrize("backend", cpu_backends("swiglu"))
+@pytest.mark.parametrize("op,opts", CASES, ids=CASE_IDS)
+def test_inplace_backward_same_results(op, opts, backend):
+    """inplace_backward=True changes no output or gradient bit. The Triton backend wrote
+    da into a's buffer and db into b's (adopted as .grad: no copy) and gave both a new
+    version; the others leave a and b untouched."""
+    a0, b0 = kernellab.get_spec(op).make_inputs((7, 129), torch.float32, "cpu", 21)
+    dy = torch.randn(a0.shape, generator=torch.Generator().manual_seed(22))
+    y0, _, _, da0, db0 = _step(op, opts, backend, a0, b0, dy, False)
+    y1, a, b, da1, db1 = _step(op, opts, backend, a0, b0, dy, True)
+    assert torch.equal(y1, y0) and torch.equal(da1, da0) and torch.equal(db1, db0)
+    if backend == "triton":
+        assert torch.equal(a.detach(), da0) and torch.equal(b.detach(), db0)
+        assert a.grad.data_ptr() == a.data_ptr() and b.grad.data_ptr() == b.data_ptr()
+        assert a._version > 0 and b._version > 0
+    else:
+        assert torch.equal(a.detach(), a0) and torch.equal(b.detach(), b0)
+
+
+@pytest.mark.parametrize("op,opts", CASES, ids=CASE_IDS)
+def test_inplace_backward_spares_strided_and_shared_inputs(op, opts):
+    """Halves of a fused gate_up projection (strided): the launcher's private copies take
+    the gradients, the caller's tensor keeps its values and version. ``op(x, x)``: a and
+    b share bytes, so fresh gradients (writing both would leave db where da belongs)."""
+    f = _fn(op)
+    gu0 = torch.randn(5, 66, generator=torch.Generator().manual_seed(23))
+    grads = []
+    for inplace in (False, True):
+        gu = gu0.clone().requires_grad_()
+        f(gu[:, :33], gu[:, 33:], **opts, backend="triton", inplace_backward=inplace).sum().backward()
+        assert torch.equal(gu.detach(), gu0) and gu._version == 0
+        grads.append(gu.grad)
+    assert torch.equal(grads[1], grads[0])
+    grads = []
+    for inplace in (False, True):
+        x = gu0[:, :33].clone().requires_grad_()
+        f(x, x, **opts, backend="triton", inplace_backward=inplace).sum().backward()
+        assert torch.equal(x.detach(), gu0[:, :33])
+        grads.append(x.grad)
+    assert torch.equal(grads[1], grads[0])
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+def test_inplace_backward_twice_is_refused_or_right(op, backend):
+    """A second backward through the same graph (retain_graph=True): the Triton backend's
+    first one overwrote a and b, so it is refused naming the op (not computed from the
+    gradients); torch ignores the flag and gives the same gradients twice."""
+    a0, b0 = kernellab.get_spec(op).make_inputs((4, 33), torch.float32, "cpu", 24)
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    y = _fn(op)(a, b, backend=backend, inplace_backward=True).sum()
+    g1 = torch.autograd.grad(y, (a, b), retain_graph=True)
+    if backend == "triton":
+        with pytest.raises(RuntimeError, match=rf"{op} \(triton\): .*retain_graph=True"):
+            torch.autograd.grad(y, (a, b))
+    else:
+        g2 = torch.autograd.grad(y, (a, b))
+        assert all(torch.equal(u, v) for u, v in zip(g1, g2))
+
+
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+def test_inplace_backward_makes_other_users_of_a_raise(op):
+    """An MLP-like graph where another node saved the gate ``a`` (a * a, created before the
+    op, so its backward runs after ours): with inplace_backward=True it raises PyTorch's
+    in-place modification error instead of reading da as a. Without the flag the
+    gradient is PyTorch's."""
+    f = _fn(op)
+    x0 = torch.randn(4, 19, generator=torch.Generator().manual_seed(25))
+
+    def loss(x, inplace):
+        a, b = x * 1.5, x - 0.5  # intermediates, as gate_proj(x), up_proj(x)
+        z = (a * a).sum()
+        return f(a, b, backend="triton", inplace_backward=inplace).sum() + z
+
+    x = x0.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss(x, True).backward()
+    x = x0.clone().requires_grad_()
+    loss(x, False).backward()
+    xt = x0.clone().requires_grad_()
+    at, bt = xt * 1.5, xt - 0.5
+    (_torch_op(op, at, bt).sum() + (at * at).sum()).backward()
+    torch.testing.assert_close(x.grad, xt.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+def test_inplace_backward_is_ignored_under_compile(op):
+    """Traced, the custom op declares no mutation: a and b keep their values and version,
+    and the gradients are the eager ones."""
+    a0, b0 = kernellab.get_spec(op).make_inputs((5, 40), torch.float32, "cpu", 26)
+    f = torch.compile(lambda a, b: _fn(op)(a, b, backend="triton", inplace_backward=True), fullgraph=True)
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    f(a, b).sum().backward()
+    assert torch.equal(a.detach(), a0) and torch.equal(b.detach(), b0)
+    assert a._version == 0 and b._version == 0
+    _, _, _, da, db = _step(op, {}, "triton", a0, b0, torch.ones_like(a0), False)
+    torch.testing.assert_close(a.grad, da, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(b.grad, db, rtol=1e-6, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- GPU
@@ -342,3 +463,27 @@ def test_liger_peers_refuse_double_backward(monkeypatch):
         assert torch.equal(g, torch.full_like(x, 2.0)), label
         with pytest.raises(RuntimeError, match="double backward"):
             torch.autograd.grad(call(x, w).sum(), x, create_graph=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("op,opts", CASES, ids=CASE_IDS)
+def test_gpu_inplace_backward(op, opts, dtype):
+    """On the GPU (the launch the interpreter does not model): inplace_backward=True gives
+    the same bits, writes da and db into a and b; under torch.compile (triton_op, launched
+    by Inductor) it is ignored."""
+    spec = kernellab.get_spec(op)
+    for shape in ((33, 1025), (2, 8192)):
+        a0, b0 = spec.make_inputs(shape, dtype, "cuda", seed_for(op, shape, dtype))
+        dy = torch.randn(shape, device="cuda").to(dtype)
+        y0, _, _, da0, db0 = _step(op, opts, "triton", a0, b0, dy, False)
+        y1, a, b, da1, db1 = _step(op, opts, "triton", a0, b0, dy, True)
+        assert torch.equal(y1, y0) and torch.equal(da1, da0) and torch.equal(db1, db0)
+        assert torch.equal(a.detach(), da0) and torch.equal(b.detach(), db0)
+    f = torch.compile(lambda a, b: _fn(op)(a, b, **opts, backend="triton", inplace_backward=True),
+                      fullgraph=True)  # fmt: skip
+    a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    f(a, b).backward(dy)
+    assert torch.equal(a.detach(), a0) and torch.equal(b.detach(), b0)
+    torch.testing.assert_close(a.grad, da0)
+    torch.testing.assert_close(b.grad, db0)

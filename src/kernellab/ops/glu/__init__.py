@@ -15,6 +15,22 @@ gradient of the activation at both +inf and -inf is NaN (inf * 0 in its derivati
 limits 1 and 0 are not what any backend returns), so da is NaN there, and db = dy * act(a)
 follows the forward. NaN in, NaN out. Large finite inputs keep the limits (act(-1e4) = -0,
 act'(1e4) = 1).
+
+``inplace_backward=True`` (opt-in, eager only) makes the Triton backend's backward write da
+into a's buffer and db into b's instead of two new tensors, as Liger's SwiGLU does: each
+element of dy, a and b is read before da and db are stored at the same index, by the same
+thread. Inside an MLP this saves two [N, I] tensors at the step's peak (the start of the
+backward, when every activation is alive), but a and b are destroyed by the backward: use
+it only for intermediates nothing else reads, e.g. the gate and up projections made inside
+a module's forward (``kernellab.patch`` does). Only a contiguous a or b is written; a
+strided one (a half of a fused gate_up projection) is packed by the launcher into a
+private copy, which takes the gradient, and the caller's tensor is left intact; a and b
+that share bytes (``swiglu(x, x)``) get fresh gradients. Each tensor written gets a new
+version (a Triton store does not count as one), so any other autograd node that saved it
+raises PyTorch's in-place modification error rather than read a gradient as data, and a
+second backward through the same graph (``retain_graph=True``) is refused with a
+RuntimeError naming the op. Under torch.compile the flag is ignored (the custom op declares
+no mutation). The other backends accept the flag and ignore it (it never changes a result).
 """
 
 from __future__ import annotations
@@ -40,7 +56,7 @@ APPROXIMATIONS = ("none", "tanh")
 _K = math.sqrt(2.0 / math.pi)
 
 
-def swiglu_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def swiglu_reference(a: torch.Tensor, b: torch.Tensor, inplace_backward: bool = False) -> torch.Tensor:
     """The formula in the inputs' dtype (float64 in checks)."""
     return a * torch.sigmoid(a) * b
 
@@ -51,7 +67,9 @@ def gelu_formula(a: torch.Tensor, approximate: str = "none") -> torch.Tensor:
     return 0.5 * a * (1.0 + torch.erf(a * (1.0 / math.sqrt(2.0))))
 
 
-def geglu_reference(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def geglu_reference(
+    a: torch.Tensor, b: torch.Tensor, approximate: str = "none", inplace_backward: bool = False
+) -> torch.Tensor:
     """The formula in the inputs' dtype (float64 in checks)."""
     return gelu_formula(a, approximate) * b
 
@@ -62,12 +80,22 @@ def geglu_reference(a: torch.Tensor, b: torch.Tensor, approximate: str = "none")
 def make_validator(op: str, options: tuple[str, ...]):
     """validator(args, kwargs, devices, dtypes) for ``op(a, b, **options)``: two dense
     float tensors of one shape, dtype and device; ``approximate`` (geglu) one of
-    APPROXIMATIONS. Errors name the argument."""
+    APPROXIMATIONS; ``inplace_backward`` a bool. Errors name the argument."""
+
+    def plain(kwargs) -> bool:
+        # every keyword known and well formed (the checks below say which is not)
+        for k, v in kwargs.items():
+            if k == "inplace_backward":
+                if v.__class__ is not bool:
+                    return False
+            elif k != "approximate" or v not in options:
+                return False
+        return True
 
     def validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
         # Fast accept (runs on every call: a few attribute reads); anything else takes the
         # checks below, which name the offending argument.
-        if len(args) == 2 and (not kwargs or (len(kwargs) == 1 and kwargs.get("approximate", 0) in options)):
+        if len(args) == 2 and (not kwargs or plain(kwargs)):
             a, b = args
             if (
                 isinstance(a, torch.Tensor)
@@ -96,6 +124,10 @@ def make_validator(op: str, options: tuple[str, ...]):
                 "shapes must match (no broadcasting)"
             )
         for k, v in kwargs.items():
+            if k == "inplace_backward":
+                if not isinstance(v, bool):
+                    raise TypeError(f"{op}: inplace_backward must be a bool, got {v!r}")
+                continue
             if k != "approximate" or not options:
                 raise TypeError(f"{op}() got an unexpected keyword argument {k!r}")
             if not isinstance(v, str) or v not in options:
@@ -144,6 +176,10 @@ def _unknown_option(device, dtype):
     return _pair(device, dtype), {"alpha": 1.0}
 
 
+def _int_inplace(device, dtype):
+    return _pair(device, dtype), {"inplace_backward": 1}
+
+
 def _common(doc: str) -> dict:
     return dict(
         arg_names=("a", "b"),
@@ -160,6 +196,8 @@ def _common(doc: str) -> dict:
         specials=(float("nan"), float("inf"), float("-inf"), 1e3, -1e3, 60.0, -60.0),
         rows_shape=(65537, 3),
         default_backends=("triton", "torch"),
+        # documented in-place mode: the backward writes da and db into a's and b's buffers
+        inplace_options={"inplace_backward": ("a", "b")},
         key_validates=True,
         doc=doc.strip().split("\n")[0],
     )
@@ -172,9 +210,11 @@ SWIGLU_SPEC = define(
         # fwd: exp, add, div, 2 mul (~5); bwd: the same plus ~6 for s (1 + a (1 - s)) and dy products
         flops=_flops(5, 11),
         validator=make_validator("swiglu", ()),
+        option_sets=[{"inplace_backward": True}],
         extra_bad_inputs=[
             BadInput("integer b", _int_b, "b"),
             BadInput("unknown keyword", _unknown_option, "alpha"),
+            BadInput("inplace_backward not a bool", _int_inplace, "inplace_backward"),
         ],
         **_common("SwiGLU: silu(a) * b, the gate of a Llama-style MLP"),
     )
@@ -186,31 +226,47 @@ GEGLU_SPEC = define(
         reference=geglu_reference,
         flops=_flops(9, 16),
         validator=make_validator("geglu", APPROXIMATIONS),
-        option_sets=[{"approximate": "tanh"}],
+        option_sets=[{"approximate": "tanh"}, {"inplace_backward": True},
+                     {"approximate": "tanh", "inplace_backward": True}],  # fmt: skip
         extra_bad_inputs=[
             BadInput("integer b", _int_b, "b"),
             BadInput("approximate not 'none' or 'tanh'", _bad_approximate, "approximate"),
             BadInput("unknown keyword", _unknown_option, "alpha"),
+            BadInput("inplace_backward not a bool", _int_inplace, "inplace_backward"),
         ],
         **_common("GeGLU: gelu(a) * b (exact or tanh GeLU), the gate of a Gemma-style MLP"),
     )
 )
 
 
-def swiglu(a: torch.Tensor, b: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
+def swiglu(
+    a: torch.Tensor, b: torch.Tensor, *, backend: str | None = None, inplace_backward: bool = False
+) -> torch.Tensor:
     """``silu(a) * b`` (a: the gate projection, b: the up projection, same shape) with the
-    chosen backend (default: the fastest available here)."""
-    return registry.call("swiglu", backend, a, b)
+    chosen backend (default: the fastest available here); ``inplace_backward``: see the
+    module docstring (a and b destroyed by the backward)."""
+    if inplace_backward is False:  # the default: no keyword, the registry's cheapest path
+        return registry.call("swiglu", backend, a, b)
+    return registry.call("swiglu", backend, a, b, inplace_backward=inplace_backward)
 
 
 def geglu(
-    a: torch.Tensor, b: torch.Tensor, approximate: str = "none", *, backend: str | None = None
+    a: torch.Tensor,
+    b: torch.Tensor,
+    approximate: str = "none",
+    *,
+    backend: str | None = None,
+    inplace_backward: bool = False,
 ) -> torch.Tensor:
     """``gelu(a, approximate) * b`` with the chosen backend; ``approximate`` as in
-    ``torch.nn.functional.gelu`` ("none": erf, "tanh": the tanh approximation)."""
-    if approximate == "none":  # the default: no keyword, the registry's cheapest path
-        return registry.call("geglu", backend, a, b)
-    return registry.call("geglu", backend, a, b, approximate=approximate)
+    ``torch.nn.functional.gelu`` ("none": erf, "tanh": the tanh approximation);
+    ``inplace_backward``: see the module docstring (a and b destroyed by the backward)."""
+    opts = {}
+    if approximate != "none":  # the defaults: no keyword, the registry's cheapest path
+        opts["approximate"] = approximate
+    if inplace_backward is not False:
+        opts["inplace_backward"] = inplace_backward
+    return registry.call("geglu", backend, a, b, **opts)
 
 
 from kernellab.ops.glu import liger as _liger  # noqa: E402,F401  (registrations)

@@ -7,8 +7,9 @@ approximation only: ``approximate="none"`` is refused (a documented limit, ``lim
 liger's backward writes da and db into the buffers of the a and b it saved (its memory
 saving inside an MLP, where they are dead after the backward); a caller's tensors must
 not change, so a call that will run a backward hands liger private contiguous copies
-(two extra copies in its fwdbwd time). An empty input is answered by PyTorch's formula:
-liger would launch a grid of zero programs.
+(two extra copies in its fwdbwd time). ``inplace_backward`` is accepted and ignored: liger's
+in-place write does not advance the version counters the option promises. An empty input
+is answered by PyTorch's formula: liger would launch a grid of zero programs.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _own(a, b):
     return a.contiguous(), b.contiguous()
 
 
-def liger_swiglu(a, b):
+def liger_swiglu(a, b, inplace_backward=False):
     """liger-kernel LigerSiLUMulFunction (Triton)."""
     from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
@@ -35,11 +36,11 @@ def liger_swiglu(a, b):
     return first_order_only(LigerSiLUMulFunction.apply(*_own(a, b)), "swiglu (liger)")
 
 
-def _geglu_limits(a, b, approximate="none"):
+def _geglu_limits(a, b, approximate="none", inplace_backward=False):
     return None if approximate == "tanh" else "liger's GeGLU computes the tanh approximation only"
 
 
-def liger_geglu(a, b, approximate="none"):
+def liger_geglu(a, b, approximate="none", inplace_backward=False):
     """liger-kernel LigerGELUMulFunction (Triton, tanh GeLU only)."""
     from liger_kernel.ops.geglu import LigerGELUMulFunction
 

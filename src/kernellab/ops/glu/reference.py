@@ -1,4 +1,5 @@
-"""manual, torch and compile backends of swiglu and geglu."""
+"""manual, torch and compile backends of swiglu and geglu. ``inplace_backward`` is accepted
+and ignored: PyTorch's autograd allocates the gradients (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,20 @@ from kernellab.ops.spec import upcast
 _K = math.sqrt(2.0 / math.pi)
 
 
-def manual_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def manual_swiglu(a: torch.Tensor, b: torch.Tensor, inplace_backward: bool = False) -> torch.Tensor:
     """a * sigmoid(a) * b from PyTorch primitives in fp32: ~5 kernels, each a round trip to memory."""
     a32 = upcast(a)  # the naive version still computes in fp32, as the fused ones do
     return (a32 * torch.sigmoid(a32) * upcast(b)).to(a.dtype)
 
 
-def torch_swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def torch_swiglu(a: torch.Tensor, b: torch.Tensor, inplace_backward: bool = False) -> torch.Tensor:
     """F.silu(a) * b: two ATen kernels (the activation rounded to the input dtype in between)."""
     return F.silu(a) * b
 
 
-def manual_geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def manual_geglu(
+    a: torch.Tensor, b: torch.Tensor, approximate: str = "none", inplace_backward: bool = False
+) -> torch.Tensor:
     """0.5 a (1 + erf(a / sqrt 2)) * b (or the tanh form) from PyTorch primitives in fp32."""
     a32 = upcast(a)
     if approximate == "tanh":
@@ -34,7 +37,9 @@ def manual_geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") ->
     return (g * upcast(b)).to(a.dtype)
 
 
-def torch_geglu(a: torch.Tensor, b: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+def torch_geglu(
+    a: torch.Tensor, b: torch.Tensor, approximate: str = "none", inplace_backward: bool = False
+) -> torch.Tensor:
     """F.gelu(a, approximate) * b: two ATen kernels."""
     return F.gelu(a, approximate=approximate) * b
 

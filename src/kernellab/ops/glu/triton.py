@@ -109,11 +109,12 @@ def _glu_bwd_kernel(dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, n, ACT: tl.constexpr, 
 # --------------------------------------------------------------------------- launcher
 
 
-def _launch(kernel, inputs, n_out: int, act: int) -> list[Tensor]:
+def _launch(kernel, inputs, n_out: int, act: int, outs=None) -> list[Tensor]:
     """``kernel(*inputs, *outputs, n, ACT, BLOCK)`` over contiguous copies of ``inputs``
-    (one shape and dtype: the validator's contract) into ``n_out`` fresh contiguous outputs."""
+    (one shape and dtype: the validator's contract) into ``n_out`` fresh contiguous outputs,
+    or into ``outs(contiguous inputs)`` (contiguous tensors of that shape and dtype)."""
     inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
-    outs = [torch.empty_like(inputs[0]) for _ in range(n_out)]
+    outs = [torch.empty_like(inputs[0]) for _ in range(n_out)] if outs is None else outs(inputs)
     n = inputs[0].numel()
     if n:
         block = triton_support.block_for(inputs[0].element_size())
@@ -121,72 +122,155 @@ def _launch(kernel, inputs, n_out: int, act: int) -> list[Tensor]:
     return outs
 
 
+def _overlap(x: Tensor, y: Tensor) -> bool:
+    # Whether two contiguous tensors' bytes overlap.
+    nx, ny = x.numel() * x.element_size(), y.numel() * y.element_size()
+    return x.data_ptr() < y.data_ptr() + ny and y.data_ptr() < x.data_ptr() + nx
+
+
+def _bwd_inplace(dy: Tensor, a: Tensor, b: Tensor, act: int) -> tuple[Tensor, Tensor]:
+    """The eager backward of ``inplace_backward=True``: da into a's buffer, db into b's.
+
+    Safe because each program reads dy, a and b at its offsets before it stores da and db
+    at the same offsets, and no other program touches them. Not safe when a and b share
+    bytes (``swiglu(x, x)``: db would overwrite da) or dy shares a's or b's storage (at
+    another offset, one program's store would change what another reads): then fresh
+    outputs, as without the flag. A strided a or b is packed by
+    the launcher into a private copy, which takes the gradient: the caller's strided
+    tensor is never written (halves of a fused gate_up projection stay intact).
+
+    a and b are the tensors the forward saved (the caller's, sharing its version
+    counter); each one written gets a new version, so that another autograd node that
+    saved it raises PyTorch's "modified by an inplace operation" error instead of reading
+    a gradient as data, and so does a second backward through this node (re-raised with
+    the op's inplace_hint)."""
+    a_c = a if a.is_contiguous() else a.contiguous()
+    b_c = b if b.is_contiguous() else b.contiguous()
+    dy_c = dy if dy.is_contiguous() else dy.contiguous()
+    shared = a.numel() > 0 and (
+        _overlap(a_c, b_c) or (dy_c.untyped_storage().data_ptr() in
+                               (a_c.untyped_storage().data_ptr(), b_c.untyped_storage().data_ptr()))
+    )  # fmt: skip
+    if shared:
+        return tuple(_launch(_glu_bwd_kernel, (dy_c, a_c, b_c), 2, act))
+    # detached: the gradient handed to autograd has no grad_fn and shares the buffer, so
+    # that a leaf adopts it as .grad instead of cloning it
+    da, db = a_c.detach(), b_c.detach()
+    _launch(_glu_bwd_kernel, (dy_c, a_c, b_c), 2, act, outs=lambda _: (da, db))
+    for t, c in ((a, a_c), (b, b_c)):
+        if c is t:
+            torch.autograd.graph.increment_version(t)
+    return da, db
+
+
 # --------------------------------------------------------------------------- custom ops
 
 
-def _swiglu_fwd(a: Tensor, b: Tensor) -> Tensor:
+# ``inplace_backward`` is in both schemas but only the eager backward acts on it (the
+# kit's ``eager_bwd``): the ops never write into their inputs, they declare no mutation,
+# and the registry callables pass False under torch.compile.
+
+
+def _swiglu_fwd(a: Tensor, b: Tensor, inplace_backward: bool) -> Tensor:
     return _launch(_glu_fwd_kernel, (a, b), 1, ACT["silu"])[0]
 
 
-def _swiglu_bwd(dy: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+def _swiglu_bwd(dy: Tensor, a: Tensor, b: Tensor, inplace_backward: bool) -> tuple[Tensor, Tensor]:
     da, db = _launch(_glu_bwd_kernel, (dy, a, b), 2, ACT["silu"])
     return da, db
 
 
-def _geglu_fwd(a: Tensor, b: Tensor, approximate: str) -> Tensor:
+def _swiglu_bwd_eager(dy, a, b, inplace_backward):
+    if inplace_backward:
+        return _bwd_inplace(dy, a, b, ACT["silu"])
+    return _swiglu_bwd(dy, a, b, False)
+
+
+def _geglu_fwd(a: Tensor, b: Tensor, approximate: str, inplace_backward: bool) -> Tensor:
     return _launch(_glu_fwd_kernel, (a, b), 1, ACT[approximate])[0]
 
 
-def _geglu_bwd(dy: Tensor, a: Tensor, b: Tensor, approximate: str) -> tuple[Tensor, Tensor]:
+def _geglu_bwd(
+    dy: Tensor, a: Tensor, b: Tensor, approximate: str, inplace_backward: bool
+) -> tuple[Tensor, Tensor]:
     da, db = _launch(_glu_bwd_kernel, (dy, a, b), 2, ACT[approximate])
     return da, db
+
+
+def _geglu_bwd_eager(dy, a, b, approximate, inplace_backward):
+    if inplace_backward:
+        return _bwd_inplace(dy, a, b, ACT[approximate])
+    return _geglu_bwd(dy, a, b, approximate, False)
 
 
 def _pair_fake(t: Tensor) -> tuple[Tensor, Tensor]:
     return empty_like_contig(t), empty_like_contig(t)
 
 
-swiglu_call = build(
+def _inplace_hint(op: str) -> str:
+    return (
+        "a or b was modified in place after the forward: by the caller, or by this node's first "
+        "backward, which with inplace_backward=True wrote the gradients into them; a second backward "
+        f"through the same graph (retain_graph=True) needs {op}(..., inplace_backward=False)"
+    )
+
+
+_swiglu_call = build(
     OpDecl(
         name="swiglu_triton",
+        label="swiglu (triton)",
         fwd=_swiglu_fwd,
         bwd=_swiglu_bwd,
-        fwd_fake=lambda a, b: empty_like_contig(a),
-        bwd_fake=lambda dy, a, b: _pair_fake(a),
-        save=lambda inputs, out: ((inputs[0], inputs[1]), None),  # a and b: act(a) is recomputed
-        bwd_args=lambda saved, extra, dy: (dy, *saved),
-        grads=lambda g, extra: g,
-        needs_grad=lambda a, b: a.requires_grad or b.requires_grad,
-        samples=(lambda make: (make(1), make(1)), lambda make: (make(0), make(0), make(0))),
+        eager_bwd=_swiglu_bwd_eager,
+        fwd_fake=lambda a, b, inplace_backward: empty_like_contig(a),
+        bwd_fake=lambda dy, a, b, inplace_backward: _pair_fake(a),
+        save=lambda inputs, out: ((inputs[0], inputs[1]), inputs[2]),  # a and b: act(a) is recomputed
+        bwd_args=lambda saved, inplace, dy: (dy, *saved, inplace),
+        grads=lambda g, extra: (g[0], g[1], None),
+        needs_grad=lambda a, b, inplace_backward: a.requires_grad or b.requires_grad,
+        samples=(lambda make: (make(1), make(1), False), lambda make: (make(0), make(0), make(0), False)),
         triton=True,
+        inplace_hint=_inplace_hint("swiglu"),
     )
 )
 
 _geglu_call = build(
     OpDecl(
         name="geglu_triton",
+        label="geglu (triton)",
         fwd=_geglu_fwd,
         bwd=_geglu_bwd,
-        fwd_fake=lambda a, b, approximate: empty_like_contig(a),
-        bwd_fake=lambda dy, a, b, approximate: _pair_fake(a),
-        save=lambda inputs, out: ((inputs[0], inputs[1]), inputs[2]),
-        bwd_args=lambda saved, approximate, dy: (dy, *saved, approximate),
-        grads=lambda g, approximate: (g[0], g[1], None),
-        needs_grad=lambda a, b, approximate: a.requires_grad or b.requires_grad,
-        samples=(lambda make: (make(1), make(1), "none"), lambda make: (make(0), make(0), make(0), "tanh")),
+        eager_bwd=_geglu_bwd_eager,
+        fwd_fake=lambda a, b, approximate, inplace_backward: empty_like_contig(a),
+        bwd_fake=lambda dy, a, b, approximate, inplace_backward: _pair_fake(a),
+        save=lambda inputs, out: ((inputs[0], inputs[1]), inputs[2:]),
+        bwd_args=lambda saved, extra, dy: (dy, *saved, *extra),
+        grads=lambda g, extra: (g[0], g[1], None, None),
+        needs_grad=lambda a, b, approximate, inplace_backward: a.requires_grad or b.requires_grad,
+        samples=(lambda make: (make(1), make(1), "none", False),
+                 lambda make: (make(0), make(0), make(0), "tanh", False)),  # fmt: skip
         triton=True,
+        inplace_hint=_inplace_hint("geglu"),
     )
 )
+_is_compiling = torch.compiler.is_compiling
 
 
-def geglu_call(a: Tensor, b: Tensor, approximate: str = "none") -> Tensor:
-    """The registry callable of geglu's Triton backend (the custom op takes
-    ``approximate`` positionally)."""
-    return _geglu_call(a, b, approximate)
+def swiglu_call(a: Tensor, b: Tensor, inplace_backward: bool = False) -> Tensor:
+    """The registry callable of swiglu's Triton backend; ``inplace_backward`` (eager only)
+    as the package docstring says: traced, the custom op gets False."""
+    return _swiglu_call(a, b, inplace_backward and not _is_compiling())
 
 
-geglu_call.custom_ops, geglu_call.ops = _geglu_call.custom_ops, _geglu_call.ops
-geglu_call.forward_saving, geglu_call.backward_from = _geglu_call.forward_saving, _geglu_call.backward_from
+def geglu_call(a: Tensor, b: Tensor, approximate: str = "none", inplace_backward: bool = False) -> Tensor:
+    """The registry callable of geglu's Triton backend (the custom op takes ``approximate``
+    and ``inplace_backward`` positionally; traced, the latter is False)."""
+    return _geglu_call(a, b, approximate, inplace_backward and not _is_compiling())
+
+
+for _call, _built in ((swiglu_call, _swiglu_call), (geglu_call, _geglu_call)):
+    _call.custom_ops, _call.ops = _built.custom_ops, _built.ops
+    _call.forward_saving, _call.backward_from = _built.forward_saving, _built.backward_from
 
 
 def kernel_specs(acts):
