@@ -424,3 +424,15 @@ def test_chunked_backward_scales_in_place_and_refuses_a_second_backward(backend)
     torch.testing.assert_close(gw, rw, atol=1e-6, rtol=1e-5)
     with pytest.raises(RuntimeError, match=r"linear_cross_entropy .*retain_graph=True"):
         torch.autograd.grad(loss, [x, w])
+
+
+def test_block_columns_keep_each_block_device_bound():
+    # 4M logits a block unless its products are under BLOCK_FLOPS, then up to 16M: at
+    # Llama-1B's and Qwen2-0.5B's LM heads (4096 rows) a block's product stays ~30 GFLOP.
+    from kernellab.ops.linear_cross_entropy._chunked import block_cols
+
+    assert block_cols(4096, 128256, 2048) == 2048  # 8M logits, 34 GFLOP
+    assert block_cols(4096, 151936, 896) == 4096  # 16M logits (the cap), 30 GFLOP
+    assert block_cols(16384, 128256, 2048) == 512  # 8M logits
+    assert block_cols(1 << 20, 128256, 4096) == 128  # the floor
+    assert block_cols(64, 256, 64) == 256  # at most V

@@ -138,17 +138,26 @@ def row_loss(m, log_s, zt_m, mean_m, eps, zc):
     return row
 
 
-# Logits per column block of the blocked runner: 16 MiB in fp32. The block's logits and
-# dlogits are the op's transient memory at the end of a model's forward, the step's peak.
+# Logits per column block of the blocked runner. A block's fp32 logits, its dlogits and
+# the fp32 dx sum are the op's transient memory at the end of a model's forward (the step's
+# peak), so blocks are small: BLOCK_ELEMS logits (16 MiB in fp32), grown up to 4x that
+# while a block's products are under BLOCK_FLOPS. Each block costs ~8 launches of host
+# time whatever its size; with 4M-logit blocks at 2 x 2048 tokens (149 blocks at Qwen2's
+# H = 896, 126 at Llama's 2048) the H100 host took longer to launch a block than the GPU
+# to run it, and the step slowed by ~25 ms. A product of ~34 GFLOP (~60 us) outlasts them.
 BLOCK_ELEMS = 1 << 22
+BLOCK_FLOPS = 1 << 35
 MAX_ROWS = 1 << 17  # the blocked runner's default rows per pass
 
 
-def block_cols(c: int, v: int) -> int:
-    """Columns per block of the blocked runner: a power of two with about BLOCK_ELEMS logits
-    for ``c`` rows, at least 128 (a thinner product wastes the tensor cores' tiles), at most V."""
+def block_cols(c: int, v: int, h: int = 1) -> int:
+    """Columns per block of the blocked runner for ``c`` rows of width ``h``: a power of two,
+    at least 128 (a thinner product wastes the tensor cores' tiles), with about BLOCK_ELEMS
+    logits, or up to 4x that while a block's product 2 c h cols is under BLOCK_FLOPS; at
+    most V."""
+    c = max(c, 1)
     b = 128
-    while b * 2 * max(c, 1) <= BLOCK_ELEMS:
+    while b * 2 * c <= BLOCK_ELEMS or (2 * c * h * b < BLOCK_FLOPS and b * 2 * c <= 4 * BLOCK_ELEMS):
         b *= 2
     return max(1, min(b, v))
 
@@ -190,7 +199,7 @@ def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
         c = s1 - s0
         xc, tc = x[s0:s1], t[s0:s1]
         gc = None if g is None else g[s0:s1]
-        nb = block_cols(c, v)
+        nb = block_cols(c, v, h)
         blocks = [(v0, min(v, v0 + nb)) for v0 in range(0, v, nb)]
 
         def logits(v0, v1):
