@@ -235,7 +235,7 @@ def _isolated(a, argv: list[str]) -> int:
             skip = True
         elif arg != "--isolate" and not arg.startswith(("--variants=", "--json=")):
             rest.append(arg)
-    rows, rc = [], 0
+    rows, rc, firsts = [], 0, {}
     with tempfile.TemporaryDirectory() as tmp:
         for v in variants:
             path = os.path.join(tmp, f"{v}.jsonl")
@@ -244,20 +244,20 @@ def _isolated(a, argv: list[str]) -> int:
             rc = rc or r.returncode
             if r.returncode:
                 print(f"  {v}: failed (exit {r.returncode})")
-            if os.path.exists(path):
-                rows += [json.loads(line) for line in open(path)]
-    firsts = {}
+            new = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+            for row in new:  # each variant's rows as it ends: a run stopped later keeps them
+                first = firsts.setdefault(row["mode"], row["ms"])
+                row["speedup"], row["isolated"] = round(first / row["ms"], 3), True
+            if a.json and new:
+                with open(a.json, "a") as f:
+                    for row in new:
+                        f.write(json.dumps(row) + "\n")
+            rows += new
     print(f"{a.model}: each variant in its own process; ratio = the first variant's time / this one's")
     for mode in a.modes.split(","):
         for row in (r for r in rows if r["mode"] == mode):
-            first = firsts.setdefault(mode, row["ms"])
-            row["speedup"], row["isolated"] = round(first / row["ms"], 3), True
             print(f"  {mode:16s} {row['variant']:10s} {row['ms']:9.2f} ms  {row['tokens_per_s']:>9d} tok/s"
                   f"  {row['peak_gib']:6.2f} GiB  {row['speedup']:.2f}x  loss {row['loss']:.4f}")  # fmt: skip
-    if a.json:
-        with open(a.json, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
     return rc
 
 
