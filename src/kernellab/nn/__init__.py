@@ -15,7 +15,8 @@ from torch import nn
 
 from kernellab.nn import functional
 
-__all__ = ["CrossEntropyLoss", "GELU", "LayerNorm", "LinearCrossEntropyLoss", "RMSNorm", "functional"]
+__all__ = ["CrossEntropyLoss", "GELU", "GeGLUMLP", "LayerNorm", "LinearCrossEntropyLoss", "RMSNorm", "SwiGLUMLP",
+           "functional"]
 
 
 class LayerNorm(nn.LayerNorm):
@@ -110,3 +111,67 @@ class LinearCrossEntropyLoss(nn.Module):
 
     def extra_repr(self) -> str:
         return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}"
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+class _GatedMLP(nn.Module):
+    """``down_proj(act(gate_proj(x)) * up_proj(x))`` with Hugging Face's attribute names
+    (``gate_proj``, ``up_proj``, ``down_proj``: a Llama / Qwen2 / Mistral / Gemma MLP's
+    state_dict loads as is). The gate and up projections are intermediates of this forward
+    only, so the op's backward writes their gradients into their buffers
+    (``inplace_backward=True``: two fewer [tokens, intermediate] tensors at the step's peak)."""
+
+    _op = ""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None,
+                 *, backend: str | None = None):  # fmt: skip
+        super().__init__()
+        h = _positive_int("hidden_size", hidden_size)
+        i = _positive_int("intermediate_size", intermediate_size)
+        if not isinstance(bias, bool):
+            raise TypeError(f"bias must be a bool, got {bias!r}")
+        kw = {"bias": bias, "device": device, "dtype": dtype}
+        self.gate_proj, self.up_proj, self.down_proj = nn.Linear(h, i, **kw), nn.Linear(h, i, **kw), nn.Linear(i, h, **kw)
+        self.backend = backend
+
+    def _act(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self._act(self.gate_proj(x), self.up_proj(x)))
+
+    def extra_repr(self) -> str:
+        return f"hidden_size={self.gate_proj.in_features}, intermediate_size={self.gate_proj.out_features}"
+
+
+class SwiGLUMLP(_GatedMLP):
+    """The SwiGLU MLP (Llama, Qwen2, Mistral) on kernellab.swiglu."""
+
+    def _act(self, gate, up):
+        import kernellab
+
+        return kernellab.swiglu(gate, up, inplace_backward=True, backend=self.backend)
+
+
+class GeGLUMLP(_GatedMLP):
+    """The GeGLU MLP (Gemma: ``approximate="tanh"``) on kernellab.geglu."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, device=None, dtype=None,
+                 *, approximate: str = "tanh", backend: str | None = None):  # fmt: skip
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+        super().__init__(hidden_size, intermediate_size, bias, device, dtype, backend=backend)
+        self.approximate = approximate
+
+    def _act(self, gate, up):
+        import kernellab
+
+        return kernellab.geglu(gate, up, approximate=self.approximate, inplace_backward=True, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", approximate={self.approximate!r}"
