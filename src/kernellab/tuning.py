@@ -469,9 +469,14 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
             if out is not None and src:
                 out = (out[0], out[1] + src)
     if out is None:
-        b = _heuristic(op, dev)
         why = "no tuning table for this device" if table is None else "no table row near this shape"
-        out = (b, f"heuristic ({why}): first available of the op's preferred backends")
+        small = get_spec(op).small_backend
+        b = small(key) if (small is not None and key is not None) else None
+        if b is not None and _usable(op, b, dev):
+            out = (b, f"heuristic ({why}): the op's backend for a problem of this size (OpSpec.small_backend)")
+        else:
+            b = _heuristic(op, dev)
+            out = (b, f"heuristic ({why}): first available of the op's preferred backends")
     _CHOICES[ck] = out
     return out
 

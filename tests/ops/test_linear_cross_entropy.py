@@ -436,3 +436,24 @@ def test_block_columns_keep_each_block_device_bound():
     assert block_cols(16384, 128256, 2048) == 512  # 8M logits
     assert block_cols(1 << 20, 128256, 4096) == 128  # the floor
     assert block_cols(64, 256, 64) == 256  # at most V
+
+
+def test_small_problems_default_to_pytorchs_path(monkeypatch):
+    # No table row near the shape: up to 2^20 logits PyTorch's few kernels (launch-bound
+    # calls), above it the op's preferred backends; a table row near the shape decides.
+    from kernellab import tuning
+
+    monkeypatch.setattr(tuning, "load_table", lambda gpu: None)
+    tuning._CHOICES.clear()
+    small, why = tuning.choose_key(OP, (64, 64, 256), torch.float32, "cpu", "fwdbwd")
+    assert small == "torch" and "small_backend" in why
+    assert tuning.choose_key(OP, (1024, 64, 1024), torch.float32, "cpu", "fwd")[0] == "torch"
+    big = tuning.choose_key(OP, (1025, 64, 1024), torch.float32, "cpu", "fwd")[0]
+    assert big == registry.default_backend(OP, "cpu") != "torch"
+    tuning._CHOICES.clear()
+    # and the public call follows it
+    x, w = torch.randn(8, 16), torch.randn(32, 16)
+    t = torch.randint(0, 32, (8,))
+    with registry.recording_choices() as rec:
+        kernellab.linear_cross_entropy(x, w, t)
+    assert rec and rec[0]["backend"] == "torch"

@@ -340,6 +340,10 @@ class OpSpec:
     default_backends: tuple = ("cuda", "triton", "torch")
     # what backend=None runs inside a torch.compile graph (registry.compiled_backend)
     compiled_backends: tuple = ("torch",)
+    # (shape key) -> backend or None: the heuristic's choice for a problem no table row is
+    # near, before default_backends (e.g. a launch-bound size where PyTorch's few kernels
+    # cost less host time than a fused runner's many); None: default_backends decide
+    small_backend: Callable | None = None
     doc: str = ""
     extra_bad_inputs: list = field(default_factory=list)
     metric: str = "gbps"  # which ceiling the op lives under: gbps (memory) or tflops
