@@ -48,7 +48,7 @@ def test_families_name_registered_ops_with_positive_shapes():
      ("matmul", (8, 16, 32)), ("gelu", (4096,)),
      ("layer_norm", (64, 256)), ("cross_entropy", (64, 100)), ("sum", (64, 256)), ("relu", (4096,)),
      ("conv2d", (2, 3, 8, 8, 4, 3, 3)), ("max_pool2d", (2, 3, 8, 8)), ("rope", (2, 4, 2, 5, 16, 8)),
-     ("rope", (2, 3, 5, 16))],
+     ("rope", (2, 3, 5, 16)), ("linear_cross_entropy", (6, 8, 40)), ("linear_cross_entropy", (2, 3, 8, 40))],
 )  # fmt: skip
 def test_table_rows_and_calls_share_one_shape_key(op, shape):
     args = get_spec(op).make_inputs(shape, torch.float32, "cpu", 0)

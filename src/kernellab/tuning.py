@@ -470,8 +470,8 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
                 out = (out[0], out[1] + src)
     if out is None:
         why = "no tuning table for this device" if table is None else "no table row near this shape"
-        small = get_spec(op).small_backend
-        b = small(key) if (small is not None and key is not None) else None
+        small = get_spec(op).small_backend  # (a host-cost rule: for standalone calls only)
+        b = small(key) if (small is not None and key is not None and by == "call" and among is None) else None
         if b is not None and _usable(op, b, dev):
             out = (b, f"heuristic ({why}): the op's backend for a problem of this size (OpSpec.small_backend)")
         else:
@@ -694,6 +694,8 @@ def key_of_shape(op: str, shape) -> tuple:
         return shape[-3:]
     if op in ("conv2d", "max_pool2d", "batch_norm2d", "bn_relu_pool2d"):
         return shape
+    if op == "linear_cross_entropy":  # (N, H, V) or (B, T, H, V): rows, H, V as shape_key
+        return (math.prod(shape[:-2]), shape[-2], shape[-1])
     if op == "rope":
         from kernellab.ops.rope import parse_problem
 
