@@ -30,11 +30,10 @@ def _tensors_of(node):
             except Exception:  # noqa: BLE001 - a freed or unpackable slot
                 continue
             yield from (v if isinstance(v, (tuple, list)) else [v])
-    for attr in ("saved_tensors",):
-        try:
-            yield from getattr(node, attr)
-        except Exception:  # noqa: BLE001 - not a custom Function node
-            pass
+    try:
+        yield from node.saved_tensors
+    except Exception:  # noqa: BLE001 - not a custom Function node
+        pass
     for v in getattr(node, "__dict__", {}).values():
         if isinstance(v, torch.Tensor):
             yield v

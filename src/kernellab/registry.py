@@ -93,6 +93,11 @@ class Impl:
 
     def __call__(self, *args, **kwargs):
         """Validate the arguments (clear errors naming the argument), then run."""
+        if _is_compiling():
+            # traced: a validator built here, not the lazily cached one: Dynamo would guard
+            # on the cache (None until the first eager call sets it) and recompile after it
+            self._validator()(args, kwargs, self.devices)
+            return self.fn(*args, **kwargs)
         validate = self._validate
         if validate is None:
             validate = self._validate = self._validator()
@@ -358,7 +363,7 @@ def call(op: str, backend: str | None, *args, **kwargs):
     served, not refused)."""
     if backend is not None:
         impl = get(op, backend)
-        validate = impl._validate
+        validate = impl._validate if not _is_compiling() else None  # (traced: Impl.__call__)
         if validate is None:
             return impl(*args, **kwargs)
         validate(args, kwargs, impl.devices)  # Impl.__call__ inlined (one frame fewer)
@@ -368,11 +373,7 @@ def call(op: str, backend: str | None, *args, **kwargs):
         x = args[0]
         if _is_compiling():  # traced: the cached per-device default, no table I/O
             dev = "cuda" if x.is_cuda else x.device.type
-            impl = get(op, _DEFAULTS.get((op, dev)) or compiled_backend(op, dev))
-            # the validator built here, not read from the lazily set Impl._validate: a guard
-            # on that attribute fails once an eager call sets it, and the graph recompiles
-            impl._validator()(args, kwargs, impl.devices)
-            return impl.fn(*args, **kwargs)
+            return get(op, _DEFAULTS.get((op, dev)) or compiled_backend(op, dev))(*args, **kwargs)
         if _RECORD is None and (kwargs or len(args) > 1) and op in _SIG_OPS:
             # a call of several tensors or with keywords: its facts are its own key
             try:
