@@ -271,10 +271,9 @@ SMALL_LOGITS = 1 << 20
 
 def _small_backend(key) -> str | None:
     """PyTorch's linear + cross_entropy for N x V <= 2^20 logits (at most 4 MiB stored in
-    fp32): there a call is launch-bound, and PyTorch's few kernels cost less host time
-    than the blocked runner's ~30 (H100, 64 x 64 x 256: 162 against 574 us a forward,
-    739 against 1635 us forward+backward; host_cost-H100-362258f-tiny). Where a tuning
-    table has a row near the shape, the row decides."""
+    fp32): there a call is launch-bound, and PyTorch's 3 kernels cost less host time than
+    the blocked runner's ~30 (the host-cost benchmark's rows, benchmarks/NOTES.md). Where a
+    tuning table has a row near the shape, the row decides."""
     n, _, v = key
     return "torch" if n * v <= SMALL_LOGITS else None
 

@@ -141,10 +141,9 @@ def row_loss(m, log_s, zt_m, mean_m, eps, zc):
 # Logits per column block of the blocked runner. A block's fp32 logits, its dlogits and
 # the fp32 dx sum are the op's transient memory at the end of a model's forward (the step's
 # peak), so blocks are small: BLOCK_ELEMS logits (16 MiB in fp32), grown up to 4x that
-# while a block's products are under BLOCK_FLOPS. Each block costs ~8 launches of host
-# time whatever its size; with 4M-logit blocks at 2 x 2048 tokens (149 blocks at Qwen2's
-# H = 896, 126 at Llama's 2048) the H100 host took longer to launch a block than the GPU
-# to run it, and the step slowed by ~25 ms. A product of ~34 GFLOP (~60 us) outlasts them.
+# while a block's products are under BLOCK_FLOPS. A block costs ~8 launches of host time
+# whatever its size, so its products must outlast them (~34 GFLOP, ~60 us on an H100;
+# benchmarks/NOTES.md has the measurements behind both limits).
 BLOCK_ELEMS = 1 << 22
 BLOCK_FLOPS = 1 << 35
 MAX_ROWS = 1 << 17  # the blocked runner's default rows per pass
