@@ -77,3 +77,74 @@ def test_gated_mlp_bias_and_repr():
 def test_gated_mlp_bad_arguments_name_the_argument(make, name):
     with pytest.raises((TypeError, ValueError), match=name):
         make()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gated_mlp_does_not_keep_the_activation(backend):
+    # The down projection's input act(gate) * up is remade in the backward: the graph
+    # keeps the gate and up projections (and what the backend saves) but not it.
+    from kernellab.nn import _gated
+
+    torch.manual_seed(0)
+    mlp = knn.SwiGLUMLP(16, 40, backend=backend)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    remade = []
+    real = _gated._Remade.make
+    try:
+        _gated._Remade.make = lambda self: remade.append(self.op) or real(self)
+        out = mlp(x)
+        out.sum().backward()
+    finally:
+        _gated._Remade.make = real
+    assert remade == ["swiglu"]
+    ref = x.detach().clone().requires_grad_()
+    torch.testing.assert_close(x.grad, torch.autograd.grad(_plain(mlp, ref).sum(), ref)[0], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("cls", [knn.SwiGLUMLP, knn.GeGLUMLP])
+def test_gated_mlp_memory_after_forward_is_below_the_composition(cls):
+    # Alive after the forward: the plain composition keeps a, b and c (and act(a) where
+    # PyTorch's silu saves it); the module keeps a and b only: at least one [N, I] less.
+    torch.manual_seed(0)
+    mlp = cls(256, 1024, device="cuda", dtype=torch.bfloat16, backend="triton")
+    x = torch.randn(8, 512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    one = x.shape[0] * x.shape[1] * 1024 * 2
+
+    def kept(fn):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        out = fn()
+        torch.cuda.synchronize()
+        return out, torch.cuda.memory_allocated() - base - out.numel() * out.element_size()
+
+    out, ours = kept(lambda: mlp(x))
+    out.float().sum().backward()
+    out, plain = kept(lambda: _plain(mlp, x))
+    assert plain - ours >= one, (plain, ours)
+    assert ours <= 2 * one + 4096, ours
+
+
+def test_gated_mlp_second_backward_refused_then_allowed_without_inplace():
+    torch.manual_seed(0)
+    mlp = knn.SwiGLUMLP(8, 24, backend="triton")
+    x = torch.randn(2, 3, 8, requires_grad=True)
+    out = mlp(x).sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward|modified"):
+        out.backward()
+    from kernellab.nn._gated import gated_mlp
+
+    x.grad = None
+    out = gated_mlp(x, mlp.gate_proj, mlp.up_proj, mlp.down_proj, "swiglu", {}, "triton", inplace_backward=False)
+    g1 = torch.autograd.grad(out.sum(), x, retain_graph=True)[0]
+    g2 = torch.autograd.grad(out.sum(), x)[0]
+    torch.testing.assert_close(g1, g2)
+
+
+def test_gated_mlp_without_grad_keeps_nothing():
+    mlp = knn.SwiGLUMLP(8, 24)
+    with torch.no_grad():
+        out = mlp(torch.randn(2, 8))
+    assert out.grad_fn is None and out.shape == (2, 8)

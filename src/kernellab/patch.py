@@ -14,7 +14,9 @@ do not change):
   ``gelu_pytorch_tanh``): replaced by kernellab modules holding the same weight.
 - Gated MLPs (``gate_proj``/``up_proj``/``down_proj`` with SiLU or tanh GeLU): the MLP's
   forward calls kernellab.swiglu / geglu, when the build has them, with
-  ``inplace_backward=True`` (the projections are the forward's own intermediates).
+  ``inplace_backward=True`` (the projections are the forward's own intermediates), and
+  the down projection's saved input is made again in its backward rather than kept
+  (``kernellab.nn._gated``).
 - Attention in Hugging Face models: transformers' attention-function registry (name
   ``"kernellab"``); per call, kernellab.attention runs the plain causal mask (with GQA,
   sliding window, softcap); a padding or custom mask, dropout in training, or a
@@ -56,6 +58,7 @@ from torch import nn
 import kernellab
 from kernellab import nn as klnn
 from kernellab.nn import functional as klF
+from kernellab.nn._gated import gated_mlp
 
 # ----------------------------------------------------------------------------- report
 
@@ -257,13 +260,13 @@ def _gated_rule(op):
         kind = _gated_mlp_kind(m)
         if kind is None or kind[0] != op:
             return None
-        fn, opts, backend = getattr(kernellab, op), kind[1], ctx.backend_for(op)
+        opts, backend = kind[1], ctx.backend_for(op)
 
         # The gate and up projections are made here and read by nothing else: their
-        # buffers take the gradients (two [N, I] tensors fewer at the step's peak).
+        # buffers take the gradients, and their product is made again in the backward
+        # instead of kept (three [N, I] tensors fewer at the step's peak; nn._gated).
         def forward(self, x):
-            return self.down_proj(fn(self.gate_proj(x), self.up_proj(x), **opts, inplace_backward=True,
-                                     backend=backend))  # fmt: skip
+            return gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, op, opts, backend)
 
         _set_forward(m, forward, ctx)
         return f"forward on kernellab.{op}"

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from kernellab.nn import functional
+from kernellab.nn._gated import gated_mlp
 
 __all__ = ["CrossEntropyLoss", "GELU", "GeGLUMLP", "LayerNorm", "LinearCrossEntropyLoss", "RMSNorm", "SwiGLUMLP",
            "functional"]
@@ -124,7 +125,10 @@ class _GatedMLP(nn.Module):
     (``gate_proj``, ``up_proj``, ``down_proj``: a Llama / Qwen2 / Mistral / Gemma MLP's
     state_dict loads as is). The gate and up projections are intermediates of this forward
     only, so the op's backward writes their gradients into their buffers
-    (``inplace_backward=True``: two fewer [tokens, intermediate] tensors at the step's peak)."""
+    (``inplace_backward=True``: two fewer [tokens, intermediate] tensors at the step's peak),
+    and the activation ``act(gate) * up`` is not kept for the down projection's backward but
+    made again there from the two (one more [tokens, intermediate] tensor fewer; eager
+    only, ``kernellab.nn._gated``)."""
 
     _op = ""
 
@@ -139,11 +143,11 @@ class _GatedMLP(nn.Module):
         self.gate_proj, self.up_proj, self.down_proj = nn.Linear(h, i, **kw), nn.Linear(h, i, **kw), nn.Linear(i, h, **kw)
         self.backend = backend
 
-    def _act(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    def _opts(self) -> dict:
+        return {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self._act(self.gate_proj(x), self.up_proj(x)))
+        return gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, self._op, self._opts(), self.backend)
 
     def extra_repr(self) -> str:
         return f"hidden_size={self.gate_proj.in_features}, intermediate_size={self.gate_proj.out_features}"
@@ -152,10 +156,7 @@ class _GatedMLP(nn.Module):
 class SwiGLUMLP(_GatedMLP):
     """The SwiGLU MLP (Llama, Qwen2, Mistral) on kernellab.swiglu."""
 
-    def _act(self, gate, up):
-        import kernellab
-
-        return kernellab.swiglu(gate, up, inplace_backward=True, backend=self.backend)
+    _op = "swiglu"
 
 
 class GeGLUMLP(_GatedMLP):
@@ -168,10 +169,10 @@ class GeGLUMLP(_GatedMLP):
         super().__init__(hidden_size, intermediate_size, bias, device, dtype, backend=backend)
         self.approximate = approximate
 
-    def _act(self, gate, up):
-        import kernellab
+    _op = "geglu"
 
-        return kernellab.geglu(gate, up, approximate=self.approximate, inplace_backward=True, backend=self.backend)
+    def _opts(self) -> dict:
+        return {} if self.approximate == "none" else {"approximate": self.approximate}
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", approximate={self.approximate!r}"
