@@ -504,3 +504,36 @@ def test_patch_hf_rope_swaps_the_family_function_while_patched(monkeypatch):
     gc.collect()
     assert modeling.apply_rotary_pos_emb is original  # patched, then dropped: given back
     assert kernellab.patch(_tiny("gpt2"), ops=["rope"], verbose=False).left[0][2].startswith("GPT2LMHeadModel")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_patch_under_compile_runs_the_models_own_code(fused, monkeypatch):
+    """Under torch.compile with no backend named, every patched piece runs the model's own
+    code (the compiled graph is the unpatched model's); naming a backend puts kernellab's
+    op in the graph."""
+    import torch._dynamo
+
+    ref = _tiny("llama")
+    pat = copy.deepcopy(ref)
+    kernellab.patch(pat, fused_linear_cross_entropy=fused, verbose=False)
+    calls = []
+    for op in ("rms_norm", "swiglu", "attention", "rope", "linear_cross_entropy", "cross_entropy"):
+        real = getattr(kernellab, op)
+        monkeypatch.setattr(kernellab, op, (lambda f, o: lambda *a, **k: calls.append(o) or f(*a, **k))(real, op))
+    from kernellab import registry
+
+    real_call = registry.call
+    monkeypatch.setattr(registry, "call", lambda op, *a, **k: calls.append(op) or real_call(op, *a, **k))
+    torch._dynamo.reset()
+    ids = torch.randint(0, 256, (2, 7))
+    pat.compile(backend="eager")  # (in place: parameter names unchanged)
+    _assert_same_step(ref, pat, _hf_run(ids))
+    assert calls == []
+    # a backend named: kernellab's ops are traced
+    named = copy.deepcopy(ref)
+    kernellab.patch(named, backend="torch", verbose=False)
+    torch._dynamo.reset()
+    named.compile(backend="eager")
+    _assert_same_step(ref, named, _hf_run(ids))
+    assert {"rms_norm", "attention"} <= set(calls)
+    torch._dynamo.reset()

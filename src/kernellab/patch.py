@@ -35,6 +35,13 @@ do not change):
   states and the head's weight to kernellab.linear_cross_entropy (the logits are never
   stored; the output's ``logits`` is None) where the model fits (``_fused_lce_reason``).
 
+Under torch.compile, a patched piece whose op has no backend named runs the model's own
+code (its RMSNorm, MLP, rotary function, SDPA attention, head and loss): PyTorch's ops,
+which Inductor fuses with their neighbours, so the compiled patched model is the compiled
+unpatched one (``registry.compiled_backend``: no kernellab backend is declared faster in a
+compiled graph). ``backend=`` puts kernellab's op in the graph; ``kernellab.nn`` modules
+and the class-swapped norms and activations take their op's compiled default.
+
 Hugging Face's RMSNorm rounds ``x * rstd`` to the storage dtype before the weight multiply
 (Gemma-2 does not); kernellab.rms_norm rounds once at the end: identical in fp32, within
 one rounding in fp16/bf16.
@@ -59,6 +66,14 @@ import kernellab
 from kernellab import nn as klnn
 from kernellab.nn import functional as klF
 from kernellab.nn._gated import gated_mlp
+
+_compiling = torch.compiler.is_compiling
+
+
+def _model_code(backend: str | None) -> bool:
+    """Whether a patched piece runs the model's own code: under torch.compile with no
+    backend named (module docstring, "Under torch.compile")."""
+    return backend is None and _compiling()
 
 # ----------------------------------------------------------------------------- report
 
@@ -186,7 +201,7 @@ class HFRMSNorm(nn.Module):
         self._original = (original,)  # a tuple: not a submodule, so state_dict keys stay
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.dtype != x.dtype:
+        if self.weight.dtype != x.dtype or _model_code(self.backend):
             return self._original[0](x)
         w = self.weight + self.offset if self.offset else self.weight
         return kernellab.rms_norm(x, w, eps=self.eps, backend=self.backend)
@@ -260,12 +275,14 @@ def _gated_rule(op):
         kind = _gated_mlp_kind(m)
         if kind is None or kind[0] != op:
             return None
-        opts, backend = kind[1], ctx.backend_for(op)
+        opts, backend, own = kind[1], ctx.backend_for(op), type(m).forward
 
         # The gate and up projections are made here and read by nothing else: their
         # buffers take the gradients, and their product is made again in the backward
         # instead of kept (three [N, I] tensors fewer at the step's peak; nn._gated).
         def forward(self, x):
+            if _model_code(backend):
+                return own(self, x)
             return gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, op, opts, backend)
 
         _set_forward(m, forward, ctx)
@@ -326,6 +343,8 @@ def _hf_rope(original: Callable, backend: str | None) -> Callable:
         names = []
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
+        if _model_code(backend):
+            return original(q, k, cos, sin, *args, **kwargs)
         extra = dict(zip(names, args), **kwargs) if args else kwargs
         plain = len(args) <= len(names) and all(
             (n == "unsqueeze_dim" and v == 1) or (n == "position_ids" and v is None) for n, v in extra.items()
@@ -426,8 +445,8 @@ def _hf_attention(
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     why = _fallback_reason(module, query, key, value, attention_mask, dropout, sliding_window, is_causal)
     counting = policy is not None and not torch.compiler.is_compiling()
-    if why is not None:
-        if policy is not None and policy.on_unsupported == "raise":
+    if why is not None or _model_code(policy.backend if policy is not None else None):
+        if why is not None and policy is not None and policy.on_unsupported == "raise":
             raise ValueError(f"kernellab attention cannot compute this call exactly: {why}")
         if counting:
             policy.report.attention_fallbacks[why] += 1
@@ -600,10 +619,13 @@ def _patch_sdpa_calls(model, ctx: _Ctx) -> None:
 # ----------------------------------------------------------------------------- loss
 
 
-def _hf_causal_lm_loss(backend):
+def _hf_causal_lm_loss(backend, own):
     def loss(
         logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs
     ):
+        if _model_code(backend):
+            return own(logits, labels, vocab_size, num_items_in_batch=num_items_in_batch,
+                       ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)  # fmt: skip
         # transformers' ForCausalLMLoss with kernellab.cross_entropy: fp32 logits, labels
         # shifted left with ignore_index padding, sum / num_items_in_batch or mean.
         logits = logits.float()
@@ -631,7 +653,7 @@ def _patch_hf_loss(model, ctx: _Ctx) -> None:
     if not hasattr(type(model), "loss_function") or model.loss_function is not causal_lm:
         return
     had = "_loss_function" in model.__dict__
-    model.loss_function = _hf_causal_lm_loss(ctx.backend_for("cross_entropy"))
+    model.loss_function = _hf_causal_lm_loss(ctx.backend_for("cross_entropy"), causal_lm)
 
     def undo():
         if not had:
@@ -676,6 +698,8 @@ def _patch_hf_fused_lce(model, ctx: _Ctx) -> bool:
         shift = kwargs.get("shift_labels")
         if labels is None and shift is None:
             return original(self, input_ids=input_ids, **kwargs)
+        if _model_code(backend):
+            return original(self, input_ids=input_ids, labels=labels, **kwargs)
         n_items = kwargs.get("num_items_in_batch")
         base_kw = {k: v for k, v in kwargs.items() if k not in own}
         out = getattr(self, self.base_model_prefix)(input_ids=input_ids, **base_kw)
