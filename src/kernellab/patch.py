@@ -485,8 +485,11 @@ def _hf_fallback(
     module, query, key, value, mask, *, scaling, dropout, sliding_window, softcap, is_causal, **kw
 ):
     """transformers' own path: SDPA; the family's eager attention where a softcap is set
-    (SDPA has no softcap), with a boolean mask made additive as eager expects."""
-    if mask is None and is_causal and query.shape[2] > 1:
+    (SDPA has no softcap), with a boolean mask made additive as eager expects. A None mask
+    is made only where a window or the eager path needs one: a plain causal call goes to
+    SDPA with is_causal, as transformers' own mask function leaves it (a materialized mask
+    keeps SDPA off its causal kernels)."""
+    if mask is None and is_causal and query.shape[2] > 1 and (sliding_window or softcap):
         mask = _causal_mask(query, key, sliding_window)
     if softcap:
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
