@@ -537,3 +537,21 @@ def test_patch_under_compile_runs_the_models_own_code(fused, monkeypatch):
     _assert_same_step(ref, named, _hf_run(ids))
     assert {"rms_norm", "attention"} <= set(calls)
     torch._dynamo.reset()
+
+
+def test_patch_attention_fallback_keeps_is_causal(monkeypatch):
+    """A fallback call (here attention dropout in training) with no mask goes to SDPA with
+    is_causal and no made mask, as transformers' own path does."""
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask", args[3] if len(args) > 3 else None), kwargs.get("is_causal")))
+        return real(*args, **kwargs)
+
+    pat = _tiny("llama", attention_dropout=0.1)
+    kernellab.patch(pat, verbose=False)
+    pat.train()
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    pat(input_ids=torch.randint(0, 256, (2, 7)))
+    assert seen and all(mask is None and causal for mask, causal in seen), seen
