@@ -223,3 +223,55 @@ def test_check_exit_status_is_about_kernellab_baselines_have_their_own_section(c
     assert "every kernellab implementation passed" in out
     code, out = cli_run("check", "gelu", "-b", "pl_baseline", "--dtype", "fp32", "--quick", "--strict")
     assert code == 1, out
+
+
+def test_no_command_prints_help(cli_run):
+    code, out = cli_run()
+    assert code == 0 and "usage: kernellab" in out and "check" in out
+
+
+def test_version(cli_run):
+    with pytest.raises(SystemExit) as e:
+        cli_run("--version")
+    assert e.value.code == 0
+
+
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        (("report", "no/such/file.jsonl"), "No such file or directory: no/such/file.jsonl"),
+        (("bench", "gelu", "-b", "trtion"), "its backends:"),
+        (("train", "gpt", "--config", "small", "--steps", "1"), "config"),
+    ],
+)
+def test_user_mistakes_are_one_line_and_exit_2(capsys, argv, needle):
+    from kernellab import cli
+
+    code = cli.main(list(argv))
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    assert code == 2 and needle in text and "Traceback" not in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_device_cuda_without_a_gpu_is_refused(capsys):
+    from kernellab import cli
+
+    assert cli.main(["tune", "gelu", "--device", "cuda"]) == 2
+    assert "no CUDA GPU here" in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(cli_run):
+    with pytest.raises(FileNotFoundError):
+        cli_run("--debug", "report", "no/such/file.jsonl")
+
+
+def test_keyboard_interrupt_is_one_line(capsys, monkeypatch):
+    from kernellab import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_list", interrupted)
+    assert cli.main(["list"]) == 130
+    assert "interrupted" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""kernellab command line: list | check | bench | peaks | report | profile | demo | train | asm | info."""
+"""kernellab command line: list | check | bench | peaks | report | profile | demo | train | asm | tune |
+explain | info. `kernellab` alone prints the help; a user's mistake is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -352,7 +353,7 @@ def cmd_bench(args) -> int:
                 options=options,
             )
     except (KeyError, ValueError) as e:
-        console.print(f"[red]{e}[/]")
+        console.print(f"[red]{_msg(e)}[/]")
         return 2
     print_bench_table(rows)
     if args.json:
@@ -510,7 +511,7 @@ def cmd_profile(args) -> int:
         mode = _one(args.mode, "mode", "fwd")
         fn = op_call(args.op, backend, shape, dtype, mode)
     except (KeyError, ValueError) as e:
-        console.print(f"[red]{e}[/]")
+        console.print(f"[red]{_msg(e)}[/]")
         return 2
     if args.ncu_target:  # the process ncu runs: warm up, then one call inside the NVTX range
         import torch
@@ -971,7 +972,7 @@ def cmd_asm(args) -> int:
         dtype = parse_dtype(args.dtype)
         shape = parse_shape(args.shape) if args.shape else (4096,)
     except (KeyError, ValueError) as e:
-        console.print(f"[red]{e}[/]")
+        console.print(f"[red]{_msg(e)}[/]")
         return 2
     arch = args.arch or device.arch() or "sm_90"
     if impl.module is not None:
@@ -1081,7 +1082,7 @@ def cmd_explain(args) -> int:
         spec = get_spec(args.op)
         shape, dtype = parse_shape(args.shape), parse_dtype(args.dtype)
     except (KeyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_msg(e)}", file=sys.stderr)
         return 2
     dev = args.device or _device.default_device()
     key = tuning.key_of_shape(args.op, shape)
@@ -1126,7 +1127,7 @@ def cmd_tune(args) -> int:
             ),
         )  # fmt: skip
     except (KeyError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_msg(e)}", file=sys.stderr)
         return 2
     rows = [r for r in table["rows"] if r["op"] == args.op]
     print(f"{tuning.table_path(tuning._gpu_of(dev))}: {len(rows)} rows for {args.op}")
@@ -1142,6 +1143,8 @@ def _family_names() -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernellab", description=__doc__)
+    p.add_argument("--version", action="version", version=f"kernellab {_version()}")
+    p.add_argument("--debug", action="store_true", help="show a Python traceback on errors")
     sub = p.add_subparsers(dest="cmd")
 
     s = sub.add_parser("list", help="ops x backends and whether each runs here")
@@ -1320,13 +1323,52 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _msg(e: Exception) -> str:
+    """An exception's message for one line: a KeyError's without the repr quotes."""
+    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kernellab")
+    except PackageNotFoundError:  # (run from a source tree that is not installed)
+        return "unknown (not installed)"
+
+
 def main(argv=None) -> int:
+    """The command line. A user's mistake (a missing file, an unknown op, backend or
+    option value) is one line on stderr and exit status 2; Ctrl-C is one line and 130;
+    ``--debug`` shows the traceback instead."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        # The main job: with no command, check everything.
-        args = parser.parse_args(["check", *(argv or [])])
-    return args.func(args)
+    if not getattr(args, "func", None):  # no command: what there is to run
+        parser.print_help()
+        return 0
+    dev = getattr(args, "device", None)
+    if isinstance(dev, str) and dev.startswith("cuda") and args.cmd != "explain":
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"kernellab {args.cmd}: error: --device {dev}: no CUDA GPU here "
+                  "(torch.cuda.is_available() is False)", file=sys.stderr)  # fmt: skip
+            return 2
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("kernellab: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        if args.debug:
+            raise
+        msg = _msg(e)
+        if isinstance(e, OSError) and e.filename is not None:
+            msg = f"{e.strerror}: {e.filename}"
+        print(f"kernellab {args.cmd}: error: {msg} (--debug shows the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -183,7 +183,8 @@ def bench(
     if backends:
         missing = set(backends) - {i.backend for i in impls}
         if missing:
-            raise KeyError(f"no backend(s) {', '.join(sorted(missing))} for op {op!r}")
+            known = ", ".join(sorted({i.backend for i in registry.impls(op)} | {"default"}))
+            raise KeyError(f"no backend(s) {', '.join(sorted(missing))} for op {op!r}; its backends: {known}")
     shapes = [tuple(s) for s in (shapes or (spec.bench_shapes if dev == "cuda" else spec.cpu_bench_shapes))]
     dtypes = list(dtypes or spec.dtypes)
     for m in modes:
