@@ -275,3 +275,14 @@ def test_keyboard_interrupt_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(cli, "cmd_list", interrupted)
     assert cli.main(["list"]) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_tables_are_not_cut_when_piped():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    out = subprocess.run([sys.executable, "-m", "kernellab.cli", "list"], capture_output=True, text=True,
+                         env=env, timeout=300).stdout  # fmt: skip
+    assert "Upcast, add, round back: three kernels for fp16/bf16 (one for fp32)." in out

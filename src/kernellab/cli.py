@@ -11,7 +11,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console()
+# Not a terminal (piped, redirected): rich would wrap tables to 80 columns; lines as long
+# as the table needs instead (COLUMNS, when set, still decides).
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in __import__("os").environ else 1000)
 
 
 def _progress() -> Progress:
