@@ -286,3 +286,15 @@ def test_tables_are_not_cut_when_piped():
     out = subprocess.run([sys.executable, "-m", "kernellab.cli", "list"], capture_output=True, text=True,
                          env=env, timeout=300).stdout  # fmt: skip
     assert "Upcast, add, round back: three kernels for fp16/bf16 (one for fp32)." in out
+
+
+def test_every_option_has_help():
+    import argparse
+
+    from kernellab.cli import build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {a.dest}" for name, sub in subs.choices.items() for a in sub._actions
+               if not isinstance(a, argparse._HelpAction) and not a.help]  # fmt: skip
+    assert not missing, missing

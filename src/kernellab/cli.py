@@ -1190,7 +1190,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("bench", help="time an op's backends, re-checking the timed outputs")
-    s.add_argument("op")
+    s.add_argument("op", help="the op (`kernellab list` shows them)")
     s.add_argument("--backend", "-b", action="append", help="backend(s), comma-separated or repeated")
     s.add_argument("--shape", "-s", action="append", help="e.g. 2^28, 4096x4096 (repeatable)")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: all)")
@@ -1211,8 +1211,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_peaks)
 
     s = sub.add_parser("report", help="markdown table from JSONL result files")
-    s.add_argument("files", nargs="+")
-    s.add_argument("--op", action="append")
+    s.add_argument("files", nargs="+", help="JSONL files written by bench --json, tune or train --out")
+    s.add_argument("--op", action="append", help="only this op's rows (repeatable)")
     s.add_argument("--pivot", action="store_true", help="one column per backend")
     s.add_argument("--shape", "-s", action="append", help="only these shapes (as written in the rows)")
     s.set_defaults(func=cmd_report)
@@ -1220,12 +1220,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "profile", help="torch.profiler kernel table and trace of one op (--ncu: Nsight Compute)"
     )
-    s.add_argument("op")
-    s.add_argument("--backend", "-b", action="append")
-    s.add_argument("--shape", "-s", action="append")
-    s.add_argument("--dtype", action="append")
+    s.add_argument("op", help="the op (`kernellab list` shows them)")
+    s.add_argument("--backend", "-b", action="append", help="backend(s), comma-separated or repeated")
+    s.add_argument("--shape", "-s", action="append", help="e.g. 2^28, 4096x4096 (repeatable)")
+    s.add_argument("--dtype", action="append", help="fp32, fp16, bf16")
     s.add_argument("--mode", action="append", help="fwd, bwd, fwdbwd (default fwd)")
-    s.add_argument("--iters", type=int, default=10)
+    s.add_argument("--iters", type=int, default=10, help="calls profiled per backend (default 10)")
     s.add_argument("--trace", help="write a Chrome/Perfetto trace here")
     s.add_argument("--ncu", action="store_true", help="also profile the kernels with Nsight Compute")
     s.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
@@ -1233,13 +1233,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_profile)
 
     s = sub.add_parser("demo", help="the lecture's demonstrations: gelu | mlp")
-    s.add_argument("which", choices=["gelu", "mlp"])
+    s.add_argument("which", choices=["gelu", "mlp"], help="gelu: the GeLU backends timed; mlp: a GeLU MLP profiled")
     s.add_argument("--shape", "-s", help="gelu: tensor shape (default 2^24 on a GPU)")
     s.add_argument("--dtype", default="fp32", help="gelu: fp32, fp16, bf16")
-    s.add_argument("--dim", type=int, default=128)
-    s.add_argument("--layers", type=int, default=16)
-    s.add_argument("--batch", type=int, default=128)
-    s.add_argument("--steps", type=int, default=5)
+    s.add_argument("--dim", type=int, default=128, help="mlp: width of each layer")
+    s.add_argument("--layers", type=int, default=16, help="mlp: number of layers")
+    s.add_argument("--batch", type=int, default=128, help="mlp: rows of the input")
+    s.add_argument("--steps", type=int, default=5, help="mlp: profiled steps")
     s.add_argument("--backend", "-b", help="mlp: GeLU backend (default: the fastest here)")
     s.add_argument("--trace-dir", help="mlp: where the two profiler traces go")
     s.add_argument("--json", help="write the result as JSON")
@@ -1253,7 +1253,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "hf: " + " | ".join(HF_CONFIGS) + " (default llama)")  # fmt: skip
     s.add_argument("--batch-size", type=int, default=None, help="default 8 (gpt2) / 4 (tiny) / 64 (mnist)")
     s.add_argument("--seq-len", type=int, default=None, help="default: the config's context")
-    s.add_argument("--steps", type=int, default=50)
+    s.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
     s.add_argument(
         "--backend", "-b", default=None,
         help="kernellab backend for every op, 'default', or 'pytorch' (default: triton for gpt, default for mnist)",
@@ -1290,9 +1290,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_train)
 
     s = sub.add_parser("asm", help="PTX/SASS, registers, spills, shared memory of a backend's kernels")
-    s.add_argument("op")
-    s.add_argument("--backend", "-b", required=True)
-    s.add_argument("--dtype", default="fp32")
+    s.add_argument("op", help="the op (`kernellab list` shows them)")
+    s.add_argument("--backend", "-b", required=True, help="a triton or cuda backend of the op")
+    s.add_argument("--dtype", default="fp32", help="fp32, fp16, bf16 (default fp32)")
     s.add_argument("--shape", "-s", help="Triton: the shape to compile for (default 4096)")
     s.add_argument("--arch", help="CUDA: target arch, e.g. sm_90 (default: this GPU's, or sm_90)")
     s.add_argument("--kernel", help="only kernels whose name matches this regex")
@@ -1302,7 +1302,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_asm)
 
     s = sub.add_parser("tune", help="time every backend over a model shape family; write this GPU's default table")
-    s.add_argument("op")
+    s.add_argument("op", help="the op (`kernellab list` shows them)")
     s.add_argument("--family", "-f", default=None, help=f"{', '.join(_family_names())} (default: all but heldout and cpu-tiny)")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: the op's)")
     s.add_argument("--mode", nargs="+", default=["fwd"], help="fwd, fwdbwd (default fwd)")
@@ -1312,12 +1312,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("explain", help="which backend the default picks for a shape, and why")
-    s.add_argument("op")
+    s.add_argument("op", help="the op (`kernellab list` shows them)")
     s.add_argument("--shape", "-s", required=True, help="in the op's shape convention, e.g. 8192x768")
-    s.add_argument("--dtype", default="fp32")
-    s.add_argument("--mode", default="fwd", choices=("fwd", "fwdbwd"))
+    s.add_argument("--dtype", default="fp32", help="fp32, fp16, bf16 (default fp32)")
+    s.add_argument("--mode", default="fwd", choices=("fwd", "fwdbwd"), help="the mode the choice is for")
     s.add_argument("--opt", action="append", help="keyword option KEY=VALUE, e.g. causal=true (repeatable)")
-    s.add_argument("--device", default=None)
+    s.add_argument("--device", default=None, help="cuda or cpu: whose choice (default: this machine's)")
     s.set_defaults(func=cmd_explain)
 
     s = sub.add_parser("info", help="what this machine has (GPU, NVRTC, Triton mode)")
