@@ -639,3 +639,29 @@ def test_bench_times_the_default_as_a_row_of_its_own(tables):
     got = {(r["backend"], r["mode"]): r for r in rows}
     assert set(got) == {("default", "fwd"), ("torch", "fwd"), ("default", "fwdbwd"), ("torch", "fwdbwd")}
     assert all(r["status"] == "ok" for r in rows), [r.get("reason") for r in rows]
+
+
+def test_tune_writes_the_users_tables_not_the_package(tmp_path, monkeypatch):
+    """Without $KERNELLAB_TABLES, tune writes ``tables/`` in the cache directory, starting
+    from the package's table of this GPU model (its other ops' rows kept); the package
+    directory is never written, and the user's table is read before it."""
+    monkeypatch.delenv("KERNELLAB_TABLES", raising=False)
+    monkeypatch.setenv("KERNELLAB_CACHE", str(tmp_path / "cache"))
+    package = tmp_path / "package"
+    package.mkdir()
+    monkeypatch.setattr(tuning, "PACKAGE_TABLES", str(package))
+    other = {"op": "add", "dtype": "fp32", "mode": "fwd", "shape": [4], "key": [4], "best": "torch",
+             "times": {"torch": 1.0}}  # fmt: skip
+    (package / "cpu.json").write_text(json.dumps({"gpu": "cpu", "rows": [other]}))
+    before = (package / "cpu.json").read_text()
+    tuning.clear_cache()
+    try:
+        assert main(["tune", "gelu", "-f", "cpu-tiny", "-b", "torch,manual", "--device", "cpu", "--dtype", "fp32",
+                     "--budget", "0.05"]) == 0  # fmt: skip
+        user = tmp_path / "cache" / "tables" / "cpu.json"
+        assert user.exists() and (package / "cpu.json").read_text() == before
+        rows = json.loads(user.read_text())["rows"]
+        assert {r["op"] for r in rows} == {"add", "gelu"}
+        assert tuning.table_path("cpu") == str(user)
+    finally:
+        tuning.clear_cache()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from rich.console import Console
@@ -13,7 +14,7 @@ from rich.table import Table
 
 # Not a terminal (piped, redirected): rich would wrap tables to 80 columns; lines as long
 # as the table needs instead (COLUMNS, when set, still decides).
-console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in __import__("os").environ else 1000)
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 1000)
 
 
 def _progress() -> Progress:
@@ -1097,6 +1098,10 @@ def cmd_explain(args) -> int:
     print(f"{args.op} {args.shape} {args.dtype} {args.mode}{' ' + opts if opts else ''} on {dev} "
           f"({tuning._gpu_of(dev)}): {backend}")  # fmt: skip
     print(f"  why: {why}")
+    gpu = tuning._gpu_of(dev)
+    src = tuning.table_path(gpu)
+    print(f"  table: {src if os.path.exists(src) else 'none for ' + gpu}; `kernellab tune` writes "
+          f"{tuning.table_path(gpu, write=True)}")  # fmt: skip
     # Inside a CUDA graph, a compiled graph or a model's fused node the host cost is paid
     # once per step: what the device time alone would pick (kernellab.models.gpt does).
     dev_backend, dev_why = tuning.choose_key(args.op, key, dtype, dev, args.mode, opts, by="device")

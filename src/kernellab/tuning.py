@@ -3,10 +3,11 @@ choice ``backend=None`` makes.
 
 - ``FAMILIES``: per model family and op, the shapes a real model calls the op with (in
   the op's OpSpec shape convention), shared by ``kernellab tune``, benchmarks and tests.
-- A tuning table (``tables/<gpu>.json`` in the package, or ``$KERNELLAB_TABLES/<gpu>.json``)
-  holds, per (op, dtype, mode, shape), the fastest correct backend measured on that GPU
+- A tuning table (``<gpu>.json`` in $KERNELLAB_TABLES, else in the user's tables in the
+  cache directory, else in the package's ``tables/``: the first found) holds, per (op, dtype, mode, shape), the fastest correct backend measured on that GPU
   model by the larger of device time and loop time, with every backend's time and the
-  provenance (git sha, versions, date). ``kernellab tune`` writes it.
+  provenance (git sha, versions, date). ``kernellab tune`` writes it ($KERNELLAB_TABLES, else
+  the user's tables: never the installed package).
 - ``choose(op, args)``: with a table for this GPU model (or, with a notice, one of
   another model of the same compute capability), the row of the nearest shape (same op,
   dtype, mode and ``option_key``; distance = summed |log2| ratios of the dims); no table,
@@ -256,18 +257,31 @@ def gpu_slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name).strip("_")
 
 
+PACKAGE_TABLES = os.path.join(os.path.dirname(__file__), "tables")
+
+
+def user_tables() -> str:
+    """The user's table directory: ``tables/`` in kernellab's cache directory
+    ($KERNELLAB_CACHE, else ~/.cache/kernellab). ``kernellab tune`` writes there, never into
+    the installed package."""
+    from kernellab.device import cache_dir
+
+    return os.path.join(str(cache_dir()), "tables")
+
+
 def _table_dirs() -> list[str]:
     dirs = []
     env = os.environ.get("KERNELLAB_TABLES")
     if env:
         dirs.append(env)
-    dirs.append(os.path.join(os.path.dirname(__file__), "tables"))
+    dirs += [user_tables(), PACKAGE_TABLES]
     return dirs
 
 
 def table_path(gpu: str, write: bool = False) -> str:
-    """Where the table of ``gpu`` is read from (the first directory holding it) or, with
-    ``write``, written to ($KERNELLAB_TABLES if set, else the package's tables/)."""
+    """Where the table of ``gpu`` is read from (the first directory holding it:
+    $KERNELLAB_TABLES, the user's tables, the package's) or, with ``write``, written to
+    ($KERNELLAB_TABLES if set, else the user's tables: ``user_tables``)."""
     name = gpu_slug(gpu) + ".json"
     dirs = _table_dirs()
     if not write:
@@ -644,8 +658,10 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
                      admitted=admitted)  # fmt: skip
     gpu = _gpu_of(dev)
     path = table_path(gpu, write=True)
-    table = load_table(gpu) if os.path.exists(path) else None
-    table = table or {"gpu": gpu, "rows": []}
+    # A first tune into the user's tables starts from the table read now (the package's
+    # for this GPU model): the other ops keep their rows.
+    start = path if os.path.exists(path) else table_path(gpu)
+    table = _read(start) if os.path.exists(start) else {"gpu": gpu, "rows": []}
     new = table_rows(op, rows, {shape_str(s): s for s in shapes})
 
     def ident(r):
