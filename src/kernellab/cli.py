@@ -633,22 +633,26 @@ def cmd_demo(args) -> int:
             return 2
         rows = demos.demo_gelu(shape, dtype)
         t = Table(title=f"GeLU {rows[0]['shape']} {rows[0]['dtype']} on {rows[0]['gpu']}")
-        for c in ("backend", "time ms", "GB/s", "% copy BW", "kernels/call", "vs torch"):
+        for c in ("backend", "time ms", "loop ms", "GB/s", "% copy BW", "kernels/call", "vs torch"):
             t.add_column(c, justify="left" if c == "backend" else "right")
         for r in rows:
             if r["status"] != "ok":
-                t.add_row(r["backend"], r["status"], "-", "-", "-", "-")
+                t.add_row(r["backend"], r["status"], "-", "-", "-", "-", "-")
                 continue
             kpc = r.get("kernels_per_call")
+            loop = r.get("loop_ms")
             t.add_row(
                 r["backend"],
                 f"{r['median_ms']:.4f}",
+                f"{loop:.4f}" if loop is not None else "-",
                 f"{r['gbps']:.1f}",
                 f"{r['pct_bw']:.1f}%" if r.get("pct_bw") is not None else "-",
                 f"{kpc:g}" if kpc is not None else "n/a (CPU)",
                 f"{r.get('speedup_vs_torch') or 0:.2f}x",
             )
         console.print(t)
+        console.print("[dim]time ms: device time per call; loop ms: per call in a plain loop (host cost "
+                      "included); vs torch: torch's time / this one's, each the larger of the two[/]")  # fmt: skip
         result = rows
     else:
         try:
