@@ -98,7 +98,8 @@ def test_gated_mlp_does_not_keep_the_activation(backend):
         _gated._Remade.make = real
     assert remade == ["swiglu"]
     ref = x.detach().clone().requires_grad_()
-    torch.testing.assert_close(x.grad, torch.autograd.grad(_plain(mlp, ref).sum(), ref)[0], rtol=2e-5, atol=2e-5)
+    want = torch.autograd.grad(_plain(mlp, ref).sum(), ref)[0]
+    torch.testing.assert_close(x.grad, want, rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.gpu
@@ -139,7 +140,8 @@ def test_gated_mlp_second_backward_refused_then_allowed_without_inplace():
     from kernellab.nn._gated import gated_mlp
 
     x.grad = None
-    out = gated_mlp(x, mlp.gate_proj, mlp.up_proj, mlp.down_proj, "swiglu", {}, "triton", inplace_backward=False)
+    out = gated_mlp(x, mlp.gate_proj, mlp.up_proj, mlp.down_proj, "swiglu", {}, "triton",
+                    inplace_backward=False)  # fmt: skip
     g1 = torch.autograd.grad(out.sum(), x, retain_graph=True)[0]
     g2 = torch.autograd.grad(out.sum(), x)[0]
     torch.testing.assert_close(g1, g2)

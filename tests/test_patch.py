@@ -519,7 +519,8 @@ def test_patch_under_compile_runs_the_models_own_code(fused, monkeypatch):
     calls = []
     for op in ("rms_norm", "swiglu", "attention", "rope", "linear_cross_entropy", "cross_entropy"):
         real = getattr(kernellab, op)
-        monkeypatch.setattr(kernellab, op, (lambda f, o: lambda *a, **k: calls.append(o) or f(*a, **k))(real, op))
+        spy = (lambda f, o: lambda *a, **k: calls.append(o) or f(*a, **k))(real, op)
+        monkeypatch.setattr(kernellab, op, spy)
     from kernellab import registry
 
     real_call = registry.call

@@ -656,8 +656,8 @@ def test_tune_writes_the_users_tables_not_the_package(tmp_path, monkeypatch):
     before = (package / "cpu.json").read_text()
     tuning.clear_cache()
     try:
-        assert main(["tune", "gelu", "-f", "cpu-tiny", "-b", "torch,manual", "--device", "cpu", "--dtype", "fp32",
-                     "--budget", "0.05"]) == 0  # fmt: skip
+        argv = ["tune", "gelu", "-f", "cpu-tiny", "-b", "torch,manual", "--device", "cpu", "--dtype", "fp32"]
+        assert main([*argv, "--budget", "0.05"]) == 0
         user = tmp_path / "cache" / "tables" / "cpu.json"
         assert user.exists() and (package / "cpu.json").read_text() == before
         rows = json.loads(user.read_text())["rows"]

@@ -651,8 +651,8 @@ def cmd_demo(args) -> int:
                 f"{r.get('speedup_vs_torch') or 0:.2f}x",
             )
         console.print(t)
-        console.print("[dim]time ms: device time per call; loop ms: per call in a plain loop (host cost "
-                      "included); vs torch: torch's time / this one's, each the larger of the two[/]")  # fmt: skip
+        console.print("[dim]time ms: device time per call; loop ms: per call in a plain loop (host "
+                      "cost included); vs torch: torch's time / this one's, each the larger of the two[/]")
         result = rows
     else:
         try:
@@ -1242,7 +1242,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_profile)
 
     s = sub.add_parser("demo", help="the lecture's demonstrations: gelu | mlp")
-    s.add_argument("which", choices=["gelu", "mlp"], help="gelu: the GeLU backends timed; mlp: a GeLU MLP profiled")
+    s.add_argument("which", choices=["gelu", "mlp"],
+                   help="gelu: the GeLU backends timed; mlp: a GeLU MLP profiled")  # fmt: skip
     s.add_argument("--shape", "-s", help="gelu: tensor shape (default 2^24 on a GPU)")
     s.add_argument("--dtype", default="fp32", help="gelu: fp32, fp16, bf16")
     s.add_argument("--dim", type=int, default=128, help="mlp: width of each layer")
@@ -1315,7 +1316,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--family", "-f", default=None, help=f"{', '.join(_family_names())} (default: all but heldout and cpu-tiny)")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: the op's)")
     s.add_argument("--mode", nargs="+", default=["fwd"], help="fwd, fwdbwd (default fwd)")
-    s.add_argument("--backend", "-b", action="append", help="only these backends (default: ours and the peers)")
+    s.add_argument("--backend", "-b", action="append",
+                   help="only these backends (default: ours and the peers)")  # fmt: skip
     s.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
     s.add_argument("--budget", type=float, default=1.0, help="seconds of timing per backend and case")
     s.set_defaults(func=cmd_tune)

@@ -4,8 +4,8 @@ choice ``backend=None`` makes.
 - ``FAMILIES``: per model family and op, the shapes a real model calls the op with (in
   the op's OpSpec shape convention), shared by ``kernellab tune``, benchmarks and tests.
 - A tuning table (``<gpu>.json`` in $KERNELLAB_TABLES, else in the user's tables in the
-  cache directory, else in the package's ``tables/``: the first found) holds, per (op, dtype, mode, shape), the fastest correct backend measured on that GPU
-  model by the larger of device time and loop time, with every backend's time and the
+  cache directory, else in the package's ``tables/``: the first found) holds, per (op,
+  dtype, mode, shape), the fastest correct backend measured on that GPU model by the larger of device time and loop time, with every backend's time and the
   provenance (git sha, versions, date). ``kernellab tune`` writes it ($KERNELLAB_TABLES, else
   the user's tables: never the installed package).
 - ``choose(op, args)``: with a table for this GPU model (or, with a notice, one of
