@@ -9,7 +9,7 @@ for both (rms_norm is layer_norm's kernels with ``RMS`` / ``rms=True``: no mean,
     reference.py                 manual, torch and compile baselines of both
     triton.py                    Triton kernels, launchers, registrations of both
     cuda.py, norms.cu            CUDA C++ (NVRTC) kernels, launchers, registrations of both
-    liger.py                     liger-kernel peers of both
+    liger.py                     liger-kernel peers of the three
 
 Importing this package registers both ops and all their backends.
 """

@@ -1,5 +1,5 @@
-"""liger-kernel's LayerNorm and RMSNorm as peer backends (``liger``), when liger-kernel is
-installed.
+"""liger-kernel's LayerNorm, RMSNorm and fused add + RMSNorm as peer backends (``liger``),
+when liger-kernel is installed.
 
 layer_norm: called as liger users call it: ``LigerLayerNormFunction.apply(x, weight, bias,
 eps)`` (Triton; saves mean and rstd, reduces dweight/dbias from per-program partials). liger
@@ -13,9 +13,15 @@ what ``torch.nn.functional.rms_norm`` computes ("llama" rounds x * rstd to bf16/
 the weight multiply and would not match PyTorch's numbers). ``in_place=False``: liger's
 default writes dx into the dy buffer, which the harness reuses between timed calls.
 
-Both: an empty x (no rows) is answered by torch's op: liger would launch a grid of zero
-programs, and a failure there would make the benchmark's admission check drop liger from
-the comparison altogether.
+add_rms_norm: ``LigerFusedAddRMSNormFunction.apply(x, residual, weight, eps, 0.0,
+"gemma", False)`` -> (normed, x + residual): the sum rounded to x's dtype, the norm of it
+in fp32, rounded once, as kernellab.add_rms_norm; ``in_place=False`` for the same reason as
+rms_norm's. liger makes its inputs contiguous itself (``ensure_contiguous``) and writes
+only its own outputs.
+
+All three: an empty x (no rows) is answered by torch's ops: liger would launch a grid of
+zero programs, and a failure there would make the benchmark's admission check drop liger
+from the comparison altogether.
 """
 
 from __future__ import annotations
@@ -46,5 +52,18 @@ def liger_rms_norm(x, weight, eps=1e-6):
     return first_order_only(y, "rms_norm (liger)")
 
 
+def liger_add_rms_norm(x, residual, weight, eps=1e-6):
+    """liger-kernel LigerFusedAddRMSNormFunction (Triton, casting mode gemma, offset 0)."""
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
+
+    if x.numel() == 0:
+        h = x + residual
+        return torch.nn.functional.rms_norm(h, (h.shape[-1],), weight, eps), h
+    y, h = LigerFusedAddRMSNormFunction.apply(x, residual, weight, float(eps), 0.0, "gemma", False)
+    return first_order_only(y, "add_rms_norm (liger)"), first_order_only(h, "add_rms_norm (liger)")
+
+
 register_liger("layer_norm", liger_layer_norm, "liger-kernel LigerLayerNormFunction (peer)")
 register_liger("rms_norm", liger_rms_norm, "liger-kernel LigerRMSNormFunction, casting mode gemma (peer)")
+register_liger("add_rms_norm", liger_add_rms_norm,
+               "liger-kernel LigerFusedAddRMSNormFunction, casting mode gemma (peer)")  # fmt: skip
