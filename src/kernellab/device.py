@@ -82,11 +82,16 @@ def summary() -> dict:
 # --------------------------------------------------------------------------- ceilings
 
 
+def cache_root() -> Path:
+    """kernellab's cache directory ($KERNELLAB_CACHE, else $XDG_CACHE_HOME or ~/.cache, then
+    kernellab), not created: for readers."""
+    return Path(os.environ.get("KERNELLAB_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kernellab"))  # fmt: skip
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("KERNELLAB_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kernellab"
-    )
-    p = Path(root)
+    """``cache_root``, created: for writers."""
+    p = cache_root()
     p.mkdir(parents=True, exist_ok=True)
     return p
 

@@ -5,9 +5,10 @@ choice ``backend=None`` makes.
   the op's OpSpec shape convention), shared by ``kernellab tune``, benchmarks and tests.
 - A tuning table (``<gpu>.json`` in $KERNELLAB_TABLES, else in the user's tables in the
   cache directory, else in the package's ``tables/``: the first found) holds, per (op,
-  dtype, mode, shape), the fastest correct backend measured on that GPU model by the larger of device time and loop time, with every backend's time and the
-  provenance (git sha, versions, date). ``kernellab tune`` writes it ($KERNELLAB_TABLES, else
-  the user's tables: never the installed package).
+  dtype, mode, shape), the fastest correct backend measured on that GPU model by the larger
+  of device time and loop time, with every backend's time and the provenance (git sha,
+  versions, date). ``kernellab tune`` writes it ($KERNELLAB_TABLES, else the user's
+  tables: never the installed package).
 - ``choose(op, args)``: with a table for this GPU model (or, with a notice, one of
   another model of the same compute capability), the row of the nearest shape (same op,
   dtype, mode and ``option_key``; distance = summed |log2| ratios of the dims); no table,
@@ -264,9 +265,9 @@ def user_tables() -> str:
     """The user's table directory: ``tables/`` in kernellab's cache directory
     ($KERNELLAB_CACHE, else ~/.cache/kernellab). ``kernellab tune`` writes there, never into
     the installed package."""
-    from kernellab.device import cache_dir
+    from kernellab.device import cache_root  # (reading a table creates no directory)
 
-    return os.path.join(str(cache_dir()), "tables")
+    return os.path.join(str(cache_root()), "tables")
 
 
 def _table_dirs() -> list[str]:
@@ -487,7 +488,8 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
         small = get_spec(op).small_backend  # (a host-cost rule: for standalone calls only)
         b = small(key) if (small is not None and key is not None and by == "call" and among is None) else None
         if b is not None and _usable(op, b, dev):
-            out = (b, f"heuristic ({why}): the op's backend for a problem of this size (OpSpec.small_backend)")
+            out = (b, f"heuristic ({why}): the op's backend for a problem of this size "
+                      "(OpSpec.small_backend)")  # fmt: skip
         else:
             b = _heuristic(op, dev)
             out = (b, f"heuristic ({why}): first available of the op's preferred backends")
@@ -658,9 +660,11 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
                      admitted=admitted)  # fmt: skip
     gpu = _gpu_of(dev)
     path = table_path(gpu, write=True)
-    # A first tune into the user's tables starts from the table read now (the package's
-    # for this GPU model): the other ops keep their rows.
-    start = path if os.path.exists(path) else table_path(gpu)
+    # A first tune into the user's tables starts from the package's table of this GPU model:
+    # the other ops keep their rows. ($KERNELLAB_TABLES starts from what it holds.)
+    start = path
+    if not os.path.exists(path) and not os.environ.get("KERNELLAB_TABLES"):
+        start = os.path.join(PACKAGE_TABLES, os.path.basename(path))
     table = _read(start) if os.path.exists(start) else {"gpu": gpu, "rows": []}
     new = table_rows(op, rows, {shape_str(s): s for s in shapes})
 

@@ -27,22 +27,11 @@ import torch
 import kernellab
 from kernellab import registry, tuning
 
-_BACKENDS: dict = {}  # (op, device, dtype, shape, options) -> the backend the default runs
-_BACKENDS_MAX = 256
-
-
 def _backend_for(op: str, a: torch.Tensor, b: torch.Tensor, opts: dict) -> str:
-    """The backend kernellab's default picks for a gradient-taking call ``op(a, b, **opts)``,
-    named so that the forward and the remake in the backward run the same kernel."""
-    dev = a.device.type
-    key = (op, dev, a.dtype, a.shape, tuple(sorted(opts.items())))
-    name = _BACKENDS.get(key)
-    if name is None:
-        name = tuning.choose(op, (a, b), dev, "fwdbwd", opts)[0]
-        if len(_BACKENDS) >= _BACKENDS_MAX:
-            _BACKENDS.clear()
-        _BACKENDS[key] = name
-    return name
+    """The backend kernellab's default picks for a gradient-taking call ``op(a, b, **opts)``
+    (tuning's cached choice), named so that the forward and the remake in the backward run
+    the same kernel."""
+    return tuning.choose(op, (a, b), a.device.type, "fwdbwd", opts)[0]
 
 
 class _Remade:
@@ -76,17 +65,17 @@ def gated_mlp(x: torch.Tensor, gate, up, down, op: str, opts: dict, backend: str
     intermediates, so by default their buffers take the gradients)."""
     a, b = gate(x), up(x)
     kw = dict(opts, inplace_backward=True) if inplace_backward else dict(opts)
-    if (
-        torch.compiler.is_compiling()
-        or not torch.is_grad_enabled()
-        or not (a.requires_grad or b.requires_grad)
-    ):
+
+    def composed():  # c kept by down, as in a plain module
         return down(getattr(kernellab, op)(a, b, **kw, backend=backend))
+
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled() or not (a.requires_grad or b.requires_grad):
+        return composed()
     name = backend if backend is not None else _backend_for(op, a, b, opts)
     try:
         c = registry.call(op, name, a, b, **kw)
-    except ValueError:  # this backend refuses these tensors: the default's fallback, c kept
-        return down(getattr(kernellab, op)(a, b, **kw, backend=backend))
+    except ValueError:  # this backend refuses these tensors: the default's own fallback
+        return composed()
     storage, dtype, c_offset = c.untyped_storage().data_ptr(), c.dtype, c.storage_offset()
 
     def pack(t):  # (holds no reference to c: that is the point)
