@@ -5,6 +5,7 @@ untouched model."""
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -556,3 +557,18 @@ def test_patch_attention_fallback_keeps_is_causal(monkeypatch):
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
     pat(input_ids=torch.randint(0, 256, (2, 7)))
     assert seen and all(mask is None and causal for mask, causal in seen), seen
+
+
+def test_patch_functions_traced_under_compile_import_nothing():
+    """The attention, mask, rope and loss functions the patch puts in a model run inside
+    torch.compile's trace; an import there breaks the graph where the imported package is
+    a lazy module (transformers' _LazyModule under torch 2.11): no import instruction in
+    their code."""
+    import dis
+
+    mod = sys.modules["kernellab.patch"]
+    fns = [mod._hf_attention, mod._hf_fallback, mod._hf_mask, mod._causal_mask, mod._fallback_reason,
+           mod._hf_causal_lm_loss(None, None), mod._hf_rope(None, None), mod._model_code]  # fmt: skip
+    for fn in fns:
+        ops = {i.opname for i in dis.get_instructions(fn)}
+        assert not ops & {"IMPORT_NAME", "IMPORT_FROM"}, f"{fn.__qualname__} imports at call time"

@@ -500,10 +500,8 @@ def _hf_fallback(
             mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, neg)
         opts = dict(dropout=dropout, scaling=scaling, sliding_window=sliding_window, softcap=softcap)
         return eager(module, query, key, value, mask, **opts, **kw)
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     opts = dict(dropout=dropout, scaling=scaling, is_causal=is_causal)
-    return sdpa_attention_forward(module, query, key, value, mask, **opts, **kw)
+    return _HF["sdpa_attention_forward"](module, query, key, value, mask, **opts, **kw)
 
 
 def _hf_mask(*args, local_size=None, allow_is_causal_skip=True, **kwargs):
@@ -511,8 +509,7 @@ def _hf_mask(*args, local_size=None, allow_is_causal_skip=True, **kwargs):
     materialized either in a plain prefill (no cache offset, S_q == S_k) or a one-token
     decode step, since the attention function passes the window to the kernel (aligned
     bottom-right: the query is the last key of the cache)."""
-    from transformers import masking_utils as mu
-
+    mu = _HF["masking_utils"]
     bound = dict(zip(("batch_size", "q_length", "kv_length", "q_offset", "kv_offset"), args))
     bound.update(kwargs)
     config = kwargs.get("config")
@@ -535,9 +532,18 @@ def _hf_mask(*args, local_size=None, allow_is_causal_skip=True, **kwargs):
     return mu.sdpa_mask(*args, local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
 
 
+# What the attention and mask functions call from transformers, imported when a model is
+# patched: an import inside a function that torch.compile traces breaks the graph where
+# the package is a lazy module (torch 2.11 with transformers' _LazyModule).
+_HF: dict = {}
+
+
 def _register_hf_attention():
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, masking_utils
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface
+
+    _HF.update(masking_utils=masking_utils, sdpa_attention_forward=sdpa_attention_forward)
 
     AttentionInterface.register("kernellab", _hf_attention)
     AttentionMaskInterface.register("kernellab", _hf_mask)

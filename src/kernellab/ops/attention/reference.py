@@ -192,18 +192,30 @@ def _align_grad(o: torch.Tensor) -> torch.Tensor:
     gradient its compiled backward hands SDPA, and a compiled graph has no double backward."""
     if o.requires_grad and not torch.compiler.is_compiling():
         node = o.grad_fn
-        # a pre-hook of o's node, not Tensor.register_hook (the same effect on o's gradient,
-        # registered in C++: the Python wrapper cost ~10 us a call, one call per layer)
-        node.register_prehook(functools.partial(_fit_grad_at, o.output_nr))
-        kernel = type(node).__name__
-        if kernel.startswith("ScaledDotProduct"):  # (the hook holds a name, not the node: no cycle)
-            node.register_hook(functools.partial(_refuse_second_derivative, kernel.removesuffix("Backward0")))
+        # hooks of o's node, not Tensor.register_hook (the same effect on o's gradient,
+        # registered in C++), made once per node class and output index: a call only
+        # registers them (the hook holds a name, not the node: no cycle)
+        pre, post = _node_hooks(type(node), o.output_nr)
+        node.register_prehook(pre)
+        if post is not None:
+            node.register_hook(post)
     return o
+
+
+@functools.cache
+def _node_hooks(node_cls: type, i: int):
+    kernel = node_cls.__name__
+    post = None
+    if kernel.startswith("ScaledDotProduct"):
+        post = functools.partial(_refuse_second_derivative, kernel.removesuffix("Backward0"))
+    return functools.partial(_fit_grad_at, i), post
 
 
 def _fit_grad_at(i: int, grad_outputs):
     # the node's pre-hook: _fit_grad on the gradient of its output i (o), others as they are
     g = grad_outputs[i]
+    if g is None or (g.is_contiguous() and not (g.is_cuda and g.data_ptr() % 16)):
+        return None  # (the usual gradient: nothing to fit)
     fitted = _fit_grad(g)
     if fitted is g:
         return None
