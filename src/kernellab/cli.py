@@ -457,6 +457,12 @@ def cmd_peaks(args) -> int:
 def cmd_report(args) -> int:
     from kernellab.harness import results
 
+    if args.html:
+        from kernellab.harness import report
+
+        page = report.build(args.files, args.html, title=args.title)
+        console.print(f"wrote {page} (open it in a browser)")
+        return 0
     rows = []
     for path in args.files:
         rows += results.read_jsonl(path)
@@ -1219,8 +1225,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--refresh", action="store_true", help="measure again even if cached")
     s.set_defaults(func=cmd_peaks)
 
-    s = sub.add_parser("report", help="markdown table from JSONL result files")
-    s.add_argument("files", nargs="+", help="JSONL files written by bench --json, tune or train --out")
+    s = sub.add_parser(
+        "report",
+        help="markdown table, or with --html a page with pictures, from result files",
+        description="e.g. kernellab report --html out/ benchmarks/results/*.jsonl",
+    )
+    s.add_argument("files", nargs="+", help="JSONL files written by bench --json, tune or train --out; check --json")
+    s.add_argument("--html", metavar="DIR", help="write DIR/index.html and its pictures (roofline, speed-ups, models)")
+    s.add_argument("--title", default="kernellab results", help="the page's title (with --html)")
     s.add_argument("--op", action="append", help="only this op's rows (repeatable)")
     s.add_argument("--pivot", action="store_true", help="one column per backend")
     s.add_argument("--shape", "-s", action="append", help="only these shapes (as written in the rows)")

@@ -1,0 +1,116 @@
+"""``kernellab report --html``: the page's numbers from rows, its pictures, and the page as a
+browser loads it (headless Chromium: no console message, every picture loaded).
+
+CI installs Debian's chromium and sets KERNELLAB_REQUIRE_BROWSER=1, so there the browser
+tests fail rather than skip when no browser is found."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from kernellab import cli
+from kernellab.harness import report
+
+
+def _bench(op, backend, ms, shape="1024x1024", dtype="bf16", mode="fwd", **kw):
+    row = dict(op=op, backend=backend, mode=mode, shape=shape, dtype=dtype, median_ms=ms, gpu="GPU X",
+               bytes=4 << 20, flops=8 << 20, tflops=8 / ms / 1e3, peak_copy_gbps=3000.0, pct_flops=1.0)  # fmt: skip
+    row.update(kw)
+    return row
+
+
+def _files(tmp_path):
+    bench = [
+        _bench("softmax", "torch", 2.0), _bench("softmax", "triton", 1.0), _bench("softmax", "default", 1.6),
+        _bench("softmax", "cuda_v1", 8.0), _bench("softmax", "cuda_v2", 4.0), _bench("softmax", "cuda_v3", 5.0),
+        _bench("matmul", "torch", 1.0, shape="64x64x64"), _bench("matmul", "triton", 2.0, shape="64x64x64"),
+        _bench("matmul", "manual", 0.5, shape="64x64x64"),  # manual is neither ours nor a vendor's
+    ]  # fmt: skip
+    models = [dict(model="hf-llama", variant=v, mode="eager", batch=2, seq=2048, ms=ms, peak_gib=g, tokens_per_s=1)
+              for v, ms, g in (("hf", 90.0, 21.0), ("kernellab", 75.0, 12.7), ("liger", 105.0, 13.7))]  # fmt: skip
+    host = [dict(bench="host_cost", op="rms_norm", backend="default", mode="fwd", vs_torch=1.2)]
+    check = [dict(op="softmax", backend="triton", status="pass"), dict(op="softmax", backend="torch", status="fail")]
+    paths = []
+    for name, rows in (("bench.jsonl", bench), ("models.jsonl", models), ("host.jsonl", host)):
+        p = tmp_path / name
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        paths.append(p)
+    p = tmp_path / "check.json"
+    p.write_text(json.dumps(check))
+    return paths + [p]
+
+
+def test_speedups_and_ladders_from_rows(tmp_path):
+    kinds = report.load(_files(tmp_path))
+    assert [len(kinds[k]) for k in ("bench", "models", "host", "check")] == [9, 3, 1, 2]
+    sp = report.speedups(kinds["bench"])
+    # softmax: best own kernel 1.0 ms (triton) vs torch 2.0 -> 2x; the default 1.6 ms -> 1.25x
+    assert sp["softmax"] == [("1024x1024 bf16 fwd", 2.0, 1.25)]
+    # matmul: triton 2.0 vs torch 1.0 -> 0.5x; manual (0.5 ms) counts as neither
+    assert sp["matmul"] == [("64x64x64 bf16 fwd", 0.5, None)]
+    lad = report.ladders(kinds["bench"])["softmax"]
+    assert [(rung, gain) for _, rung, _, gain in lad] == [("cuda_v1", None), ("cuda_v2", 2.0), ("cuda_v3", 0.8)]
+
+
+def test_report_html_writes_page_and_pictures(tmp_path):
+    page = report.build(_files(tmp_path), tmp_path / "out", title="T <1>")
+    text = page.read_text()
+    imgs = ["models.png", "roofline.png", "speedup-softmax.png", "speedup-matmul.png", "host_cost.png"]
+    for img in imgs:
+        assert f'src="{img}"' in text
+        assert (tmp_path / "out" / img).stat().st_size > 1000
+    assert "T &lt;1&gt;" in text  # escaped
+    assert "<h2>Ladders</h2>" in text and "2.00x" in text
+    assert "<h2>Check</h2>" in text
+
+
+def test_report_refuses_bad_rows(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"op": "softmax"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: not a JSON row"):
+        report.load([bad])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    assert cli.main(["report", "--html", str(tmp_path / "o"), str(empty)]) == 2
+    assert "no result rows" in capsys.readouterr().err
+
+
+def _chromium():
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if found is None:
+        if os.environ.get("KERNELLAB_REQUIRE_BROWSER") == "1":
+            pytest.fail("KERNELLAB_REQUIRE_BROWSER=1 but no chromium on PATH")
+        pytest.skip("no chromium on PATH (CI installs it)")
+    return found
+
+
+def _load_in_browser(page):
+    """(body's data-status, console lines) of ``page`` loaded in headless Chromium."""
+    cmd = [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+           "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    status = r.stdout.split('data-status="', 1)[1].split('"', 1)[0] if 'data-status="' in r.stdout else None
+    return status, [line for line in r.stderr.splitlines() if ":CONSOLE" in line]
+
+
+def test_report_page_loads_in_chromium(tmp_path):
+    page = report.build(_files(tmp_path), tmp_path / "out")
+    status, console = _load_in_browser(page)
+    assert console == []
+    assert status == "ok"
+
+
+def test_browser_check_sees_a_missing_picture_and_a_script_error(tmp_path):
+    page = report.build(_files(tmp_path), tmp_path / "out")
+    (tmp_path / "out" / "roofline.png").unlink()
+    page.write_text(page.read_text().replace("</body>", "<script>notDefined();</script></body>"))
+    status, console = _load_in_browser(page)
+    assert status == "missing: 1"
+    assert any("roofline.png" in line for line in console)
+    assert any("notDefined" in line for line in console)
