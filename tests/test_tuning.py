@@ -169,7 +169,7 @@ def test_rebuild_table_script_writes_device_times(tmp_path):
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "table.json"
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, str(root / "scripts" / "rebuild_table.py"), str(src), "--out", str(out)],
+    res = subprocess.run([sys.executable, "-m", "kernellab.harness.rebuild_table", str(src), "--out", str(out)],
                          capture_output=True, text=True, env={**__import__("os").environ, "PYTHONPATH": str(root / "src")})  # fmt: skip
     assert res.returncode == 0, res.stderr
     table = json.loads(out.read_text())
@@ -179,7 +179,7 @@ def test_rebuild_table_script_writes_device_times(tmp_path):
 
 
 def _rebuild_with_verify(tmp_path, rows, vrows, vname: str, flag: str = "--verify") -> dict:
-    """scripts/rebuild_table.py run on tune ``rows`` with ``flag`` (``--verify`` or
+    """kernellab.harness.rebuild_table run on tune ``rows`` with ``flag`` (``--verify`` or
     ``--rows-from-verify``) rows ``vrows`` (a file named ``vname``); returns the table it wrote."""
     import subprocess
     import sys
@@ -188,7 +188,7 @@ def _rebuild_with_verify(tmp_path, rows, vrows, vname: str, flag: str = "--verif
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     ver.write_text("".join(json.dumps(r) + "\n" for r in vrows))
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, str(root / "scripts" / "rebuild_table.py"), str(src), "--out", str(out),
+    res = subprocess.run([sys.executable, "-m", "kernellab.harness.rebuild_table", str(src), "--out", str(out),
                           flag, str(ver)], capture_output=True, text=True,
                          env={**__import__("os").environ, "PYTHONPATH": str(root / "src")})  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -265,7 +265,7 @@ def test_rebuild_table_makes_rows_of_an_untuned_dtype_from_paired_verify_cases(t
 
 
 def test_rebuild_table_applies_paired_host_cost_rounds(tmp_path):
-    """--verify with scripts/host_cost.py rows: at a tuned shape where the paired rounds put
+    """--verify with kernellab.harness.host_cost rows: at a tuned shape where the paired rounds put
     another measured backend >5% ahead (triton's launch costs less host time than cuda's),
     it becomes the choice; a backend the row never measured (torch, refused by the tune's
     admission check) never does, however fast."""

@@ -291,7 +291,7 @@ def fast_launcher(run, function, packed) -> tuple:
     (ints).
 
     Measured on the H100 host for the norms' backward kernel (12 arguments, 9 of them
-    tensors; scripts/probe_launch_args.py): 8.5 us a launch through ``run`` with tensors,
+    tensors; lab/probe_launch_args.py): 8.5 us a launch through ``run`` with tensors,
     6.1 us with ints (Triton's C launcher calls each tensor's ``data_ptr`` and asks the
     driver about the pointer, cuPointerGetAttribute; an int goes straight in), against
     6.6 us for torch's ``zero_``. Where ``run`` is Triton 3.6's CudaLauncher (known by its

@@ -16,7 +16,7 @@ choice ``backend=None`` makes.
   ``registry.call`` caches the chosen Impl per call shape: one tuple and one dict lookup
   per call after the first.
 - ``candidates(op)``: what ``tune`` times (ours and the peers); ``FAMILIES["heldout"]``
-  is never tuned (``scripts/tune_all.py`` verifies the default there).
+  is never tuned (``kernellab.harness.tune_all`` verifies the default there).
 - ``registry.call`` with ``backend=None`` falls back to ``torch`` when the chosen backend
   refuses the input with a ValueError that torch's op accepts (attention with head dim
   100: the Triton kernel takes multiples of 8 up to 256, SDPA serves it).

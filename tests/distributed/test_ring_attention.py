@@ -392,7 +392,7 @@ def test_simulated_ring_triton_interpreted(layout):
 @pytest.mark.parametrize("blocks", ["torch", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_ring_saves_q_k_v_o_and_one_natural_lse(blocks, dtype):
-    """The ring's autograd node is kernellab's and keeps attention's contract (README): q,
+    """The ring's autograd node is kernellab's and keeps attention's contract (docs/guide.md): q,
     k, v, o and one extra tensor, the log-sum-exp of q.shape[:-1] in fp32, natural-log
     units (the Triton blocks' log2 converted), here with GQA and the zigzag layout."""
     q, k, v, _ = _problem(21, 1, 4, 2, 32, 16, torch.float32)

@@ -1,4 +1,4 @@
-"""scripts/ring_attention_bench.py runs end to end (--smoke: CPU, gloo, fp32, tiny sizes):
+"""kernellab.distributed.ring_bench runs end to end (--smoke: CPU, gloo, fp32, tiny sizes):
 the one-process simulation and a 2-rank torchrun, each writing rows whose numerics check
 passed. The GPU numbers themselves come from the lent machines."""
 
@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "scripts" / "ring_attention_bench.py"
+MODULE = ["-m", "kernellab.distributed.ring_bench"]
 
 
 def _run(args, out, timeout=180):
@@ -41,7 +41,7 @@ def _judge(rows, kind, world, layouts):
 
 def test_bench_simulated(tmp_path):
     rows, out = _run(
-        [sys.executable, str(SCRIPT), "--sim-world", "2", "--layouts", "zigzag,striped"], tmp_path
+        [sys.executable, *MODULE, "--sim-world", "2", "--layouts", "zigzag,striped"], tmp_path
     )
     _judge(rows, "simulated", 2, ["zigzag", "striped"])
     assert all(r["exchange_bytes_fwd"] == 2 * 1 * 2 * 32 * 16 * 4 for r in rows if r["kind"] == "simulated")
@@ -49,7 +49,7 @@ def test_bench_simulated(tmp_path):
 
 
 def test_bench_torchrun(tmp_path):
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT)]
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *MODULE]
     rows, out = _run(args + ["--layouts", "contiguous,zigzag"], tmp_path)
     _judge(rows, "ring", 2, ["contiguous", "zigzag"])
     assert all(r["efficiency"] is not None for r in rows if r["kind"] == "ring")

@@ -500,7 +500,7 @@ def test_declared_forward_only_skips_the_grad_case(planted):
 # --------------------------------------------------------------------------- correct built-ins
 
 
-# A baseline's deviation the check reports (README, "What checked means"): manual gelu's
+# A baseline's deviation the check reports (docs/guide.md, "What checked means"): manual gelu's
 # second derivative, autograd through its fp32 primitives (x*x*x, tanh), is 6-9x the
 # error of PyTorch's fused formula on every seed tried (bound 2x), in fp32.
 _MANUAL_GELU_DOUBLE = [("double", "backward dx")]

@@ -1,23 +1,17 @@
-"""scripts/check_seeds.py: `kernellab check` of kernellab's backends over many seeds."""
+"""kernellab.harness.check_seeds: `kernellab check` of kernellab's backends over many seeds."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "check_seeds.py"
+from kernellab.harness import check_seeds
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("check_seeds", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return check_seeds
 
 
 def test_the_backends_are_kernellabs_own():

@@ -1,18 +1,13 @@
-"""scripts/host_cost.py on the CPU: rows for every backend that runs here, ratios to torch."""
+"""kernellab.harness.host_cost on the CPU: rows for every backend that runs here, ratios to torch."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "host_cost.py"
+from kernellab.harness import host_cost as mod
 
 
 def test_host_cost_script_writes_rows_with_ratios(tmp_path):
-    spec = importlib.util.spec_from_file_location("host_cost", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     assert mod.main(["--quick", "--ops", "add", "--out", str(tmp_path)]) == 0
     rows = [json.loads(line) for line in (tmp_path / "host_cost.jsonl").read_text().splitlines()]
     backends = {r["backend"] for r in rows}

@@ -1,19 +1,14 @@
-"""scripts/tune_all.py's verify phase on the CPU: paired rounds behind every verdict."""
+"""kernellab.harness.tune_all's verify phase on the CPU: paired rounds behind every verdict."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "tune_all.py"
+from kernellab.harness import tune_all as mod
 
 
 def test_verify_verdicts_come_from_paired_rounds(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("tune_all", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path / "tables"))
     argv = ["--out", str(tmp_path), "--ops", "add", "--dtypes", "fp32", "--families", "cpu-tiny",
             "--phases", "tune", "verify", "--budget", "0.02", "--paired-rounds", "3"]  # fmt: skip

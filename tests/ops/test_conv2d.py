@@ -377,7 +377,7 @@ GPU_CASES = CASES + [
 # The torch backend is judged by the documented tolerance (it is the bound of the others),
 # and cuDNN's own fp32 wgrad is beyond it at the larger cases (H100, bbcb247: dw error
 # 8.2e-3 > 9.5e-4; 6.6e-2 at scale 1.4e3 at the 32 x 64 x 56 x 56 layer,
-# scripts/conv_errors.py). Ours sum in fp64 slices and pass (they failed at 1.2-6.4x before).
+# lab/conv_errors.py). Ours sum in fp64 slices and pass (they failed at 1.2-6.4x before).
 _CUDNN_FP32_GRADS = pytest.mark.xfail(
     reason="cuDNN's fp32 dw is beyond the documented 2e-6 relative tolerance", strict=False
 )

@@ -477,7 +477,7 @@ def _case_tensors(backend, logits, t):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "backend", [b for b in GPU if b != "liger"]
-)  # the peer's check: scripts/gpu_cross_entropy.py
+)  # the peer's check: lab/gpu_cross_entropy.py
 def test_gpu_check_engine(backend):
     for dtype in DTYPES:
         rep = check_impl(registry.get("cross_entropy", backend), dtype, device="cuda", quick=True, seed=21)

@@ -54,14 +54,14 @@ template <typename T> union Vec8 {
 // the loop is grid-stride, so any grid size stays correct.
 // 16-byte packs each thread keeps in flight per input: 4 for one input, 2 for two, so
 // either way 64 B per thread are in flight. Measured on an H100 at 2^28 elements
-// (scripts/tune_elementwise.py): 1 is 2-10% slower, 8 no better; a capped grid-stride
+// (lab/tune_elementwise.py): 1 is 2-10% slower, 8 no better; a capped grid-stride
 // grid (8-32 blocks per SM) lost 1-20% against one tile per block, and evict-first cache
 // hints lost 2-20%.
 #ifndef KL_UNROLL
 #define KL_UNROLL 4
 #endif
 // Cache hints for streaming data that is touched once (tuning knob, see
-// scripts/tune_elementwise.py): 0 plain ld/st, 1 ld.global.nc (read-only path),
+// lab/tune_elementwise.py): 0 plain ld/st, 1 ld.global.nc (read-only path),
 // 2 ld.global.cs / st.global.cs (evict-first: keep the L2 for data that is reused).
 // Threads per block of the vectorized kernels (the host launches exactly this many).
 #ifndef KL_THREADS
@@ -175,7 +175,7 @@ __device__ __forceinline__ void map2_vec16(const T* __restrict__ a, const T* __r
     map2_packs<U, Vec16<T>>(a, b, y, n, f);
 }
 
-// 8-byte packs: on the H100 at 2^28 bf16 elements (scripts/tune_rowwise_fwd.py), add with
+// 8-byte packs: on the H100 at 2^28 bf16 elements (lab/tune_rowwise_fwd.py), add with
 // one 8-byte pack per thread and input at 256 threads took 0.5246 ms against 0.5306 for
 // one 16-byte pack (torch 0.5297), and GeLU's backward with two 8-byte packs at 128
 // threads 0.5240 against 0.5296 (torch 0.5284).

@@ -123,7 +123,7 @@ def op_set(backends="pytorch", matmul="pytorch") -> dict:
 #
 # Eager mode: each kernellab op is a Python autograd node, and on the H100 host a Python
 # node costs ~140 us per forward+backward more than PyTorch's C++ node running the same
-# kernels (scripts/probe_host.py: gelu 318 us through a bare autograd.Function over
+# kernels (lab/probe_host.py: gelu 318 us through a bare autograd.Function over
 # torch's own gelu kernels, 180 us through F.gelu). A GPT-2 step has 74 such nodes: ~10 ms
 # of a 26 ms step at 4x256. So, as llm.c does, the transformer blocks run under ONE
 # autograd node whose backward is written out by hand: the ops' launchers are called

@@ -541,7 +541,7 @@ def _attn_fwd_ws(
 # fused projection or of dO: c0 = h * D). _ws_layout says when that holds. Causal runs as
 # one loop per program masked on every block (the only causal form the pass manager
 # specializes); dQ programs take the longest rows first. Outputs go through pointer stores,
-# any strides. scripts/probe_attn_bwd_ws.py measured the form (H100, bf16, D = 128):
+# any strides. lab/probe_attn_bwd_ws.py measured the form (H100, bf16, D = 128):
 # 1.08-1.15x the plain two passes at S >= 4k, even at 2k causal; slower at D = 64.
 
 
@@ -1176,7 +1176,7 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
 # its outputs and launches (triton_support.Bound: the compiled launcher with the tensors'
 # addresses). On the H100 host this Python was most of a small call's cost: 45 us for the
 # forward's one launch and 112 us for the backward's three against SDPA's whole forward +
-# backward of 130 us (scripts/probe_attn_host.py).
+# backward of 130 us (lab/probe_attn_host.py).
 _PLANS: dict = {}
 
 
@@ -1228,7 +1228,7 @@ def _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, s
 
 
 # The warp-specialized forward (_attn_fwd_ws): where it runs, one tile. H100, bf16, D=128,
-# not causal (scripts/probe_attn_fwd_ws.py, rows probe_attn_fwd_ws-*-39c495a-noncausal):
+# not causal (lab/probe_attn_fwd_ws.py, rows probe_attn_fwd_ws-*-39c495a-noncausal):
 # 1.07-1.23x _attn_fwd's speed at S = 1k-16k (0.76-0.90x cuDNN's); at D=64 it was not
 # faster, and its causal forms did not compile under Triton 3.6.
 WS_MIN_S = 1024
@@ -1350,7 +1350,7 @@ def lse_shape(q: Tensor) -> tuple[int, ...]:
     |c|), c = scale * log2 e (1 with a softcap): the difference near the max is exact.
     Scaling first (s * c - lse, the 16-bit form) rounds s * c to |s * c| * 2^-24, which at
     rows with few keys put fp32 dv over twice PyTorch's error
-    (scripts/attention_p_precision.py), and (m, log2 l) cannot be split back out of one
+    (lab/attention_p_precision.py), and (m, log2 l) cannot be split back out of one
     rounded lse. So the fp32 backward first recomputes (m, log2 l) with the forward kernel
     in its STATS mode (scores and row sums only, no V and no P @ V; ``backward_into``).
     16-bit outputs' own rounding is far above that error: their backward reads the lse."""

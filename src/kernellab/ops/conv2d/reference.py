@@ -47,7 +47,7 @@ register_baseline("conv2d", manual_conv2d, torch_conv2d, compiled(manual_conv2d)
 # Cost: O(N C Hp Wp log(Hp Wp)) for the transforms plus N K C Hp (Wp/2 + 1) complex
 # multiply-adds for the channel sum, against N K P Q C R S for the direct method: the FFT
 # does not depend on the kernel size, so it wins for large kernels and loses for 3x3
-# (scripts/conv_ladder.py measures it by kernel size).
+# (lab/conv_ladder.py measures it by kernel size).
 #
 # Precision: the transforms spread every input over every frequency, so an output's error
 # scales with its whole image, not with its own window. In fp32 (complex64) that was

@@ -10,7 +10,7 @@ after the forward). Called here as follows:
   one read + one write of the logits to liger's fwd+bwd time and a logits-sized buffer to
   its memory (about 0.55 ms and 0.8 GB for bf16 8192 x 50304 on an H100).
 - ``inplace_backward=True``: liger as its users run it, destroying the logits; the GPU
-  script (scripts/gpu_cross_entropy.py) times and measures it that way with fresh logits
+  script (lab/gpu_cross_entropy.py) times and measures it that way with fresh logits
   for every call.
 
 Non-contiguous logits (transposed, sliced, expanded views) are packed with

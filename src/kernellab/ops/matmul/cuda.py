@@ -103,7 +103,7 @@ def _aligned16(*ts) -> bool:
 # accuracy: cuBLAS splits small problems too, and the 2x-cuBLAS rule follows it. On the H100 a
 # single chain failed at 17x33x65; four slices still failed at 64x64x997 on 1 seed in 30
 # (6.1e-5 against a bound of 5.7e-5, every variant), which is why small grids now take up to
-# 16 (chains of ~62 at K=997). The CPU model (scripts/matmul_acc_model.py) puts the error of
+# 16 (chains of ~62 at K=997). The CPU model (lab/matmul_acc_model.py) puts the error of
 # s chunks at roughly 1/sqrt(s) of one chain's. Big problems (4096^3) are unchanged.
 SPLIT_K_MIN, SPLIT_K_MAX = 4, 16
 SPLIT_K_VARIANTS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")

@@ -22,7 +22,7 @@ V1_THREADS = 256
 V2_THREADS = 256  # norms.cu's __launch_bounds__ for v2
 V2_MAX_PACKS = 8 * 256  # P = 8 packs per thread, 256 threads per row
 # Backward grid of v2: blocks per SM (each block walks rows and writes one partial row of
-# dw/db per row slot). A tuning knob: scripts/gpu_norms.py --sweep times 1, 2, 4 and 8.
+# dw/db per row slot). A tuning knob: lab/gpu_norms.py --sweep times 1, 2, 4 and 8.
 BWD_BLOCKS_PER_SM = 4
 
 _FWD_SIG = ("ptr",) * 6

@@ -34,7 +34,7 @@ namespace {
 using kl::from_f;
 using kl::to_f;
 
-// Packs a thread keeps in registers (v3, v4); a tuning knob (scripts/tune_softmax.py).
+// Packs a thread keeps in registers (v3, v4); a tuning knob (lab/tune_softmax.py).
 #ifndef KL_SOFTMAX_PACKS
 #define KL_SOFTMAX_PACKS 4
 #endif

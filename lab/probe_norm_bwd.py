@@ -1,0 +1,115 @@
+"""The Triton layer_norm / rms_norm backward at model shapes (GPT-2, Llama), against
+PyTorch's own backward kernel, on a GPU: device time per call of
+
+- ``torch``: aten's native_layer_norm_backward (layer_norm) / the fused rms_norm backward
+  (rms_norm, where this torch has one; else autograd of F.rms_norm);
+- ``norm_bwd``: kernellab's launcher (the row kernel + the dweight/dbias partial sum),
+  for Config.bwd_programs_per_sm x bwd_warps (the shipped choice marked);
+- ``kernel``: the row kernel alone and ``psum``: the partial sum alone, at the shipped knobs.
+
+    PYTHONPATH=src python lab/probe_norm_bwd.py --out DIR [--shapes 1024x768 ...] [--dtype bf16]
+
+Device time is CUDA-graph replay (``harness.timer.time_cuda_graph``: 20 calls a graph,
+no L2 flush, as inside a model step). The first run (d3b8e12) used ``do_bench``, whose
+per-call numbers at GPT-2 sizes were the Python launch, not the kernels. Rows ->
+DIR/probe_norm_bwd.jsonl (appended as measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+import kernellab.ops.norms.triton as lt
+from kernellab.harness import timer
+from kernellab.harness.bench import git_sha
+
+SHAPES = ["1024x768", "8192x768", "16384x768", "4096x4096", "16384x4096"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--shapes", nargs="+", default=SHAPES)
+    ap.add_argument("--dtype", default="bf16")
+    args = ap.parse_args()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    fh = open(out / "probe_norm_bwd.jsonl", "a")
+    meta = dict(gpu=torch.cuda.get_device_name(), git_sha=git_sha(), dtype=args.dtype)
+    meta.update(torch=torch.__version__, triton=triton.__version__, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+    shipped = (lt.CONFIG.bwd_programs_per_sm, lt.CONFIG.bwd_warps)
+
+    def record(**row):
+        row = {**meta, **row}
+        fh.write(json.dumps(row) + "\n")
+        fh.flush()
+        print(json.dumps({k: v for k, v in row.items() if k not in meta}), flush=True)
+
+    def bench(fn):
+        return timer.time_cuda_graph(fn).median_ms
+
+    for shape in args.shapes:
+        n, d = (int(s) for s in shape.split("x"))
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(n, d, device="cuda", generator=gen).to(dtype)
+        dy = torch.randn(n, d, device="cuda", generator=gen).to(dtype)
+        w = (1 + 0.1 * torch.randn(d, device="cuda", generator=gen)).to(dtype)
+        b = (0.1 * torch.randn(d, device="cuda", generator=gen)).to(dtype)
+        for rms in (False, True):
+            op = "rms_norm" if rms else "layer_norm"
+            bias = None if rms else b
+            _, mean, rstd = lt.norm_fwd(x, w, bias, 1e-5, rms)
+            try:
+                if rms:
+                    xg = x.detach().requires_grad_()
+                    wg = w.detach().requires_grad_()
+                    y = torch.nn.functional.rms_norm(xg, (d,), wg, 1e-5)
+
+                    def tb():
+                        return torch.autograd.grad(y, (xg, wg), dy, retain_graph=True)
+                else:
+                    _, tmean, trstd = torch.ops.aten.native_layer_norm(x, [d], w, b, 1e-5)
+
+                    def tb():
+                        return torch.ops.aten.native_layer_norm_backward(
+                            dy, x, [d], tmean, trstd, w, b, [True, True, True]
+                        )
+
+                record(op=op, shape=shape, impl="torch", ms=bench(tb))
+            except Exception as e:  # noqa: BLE001 - reported in its row
+                record(op=op, shape=shape, impl="torch", error=f"{type(e).__name__}: {e}"[:200])
+            for per_sm, warps in itertools.product((1, 2, 4, 8), (None, 4, 8)):
+                cfg = lt.Config(bwd_programs_per_sm=per_sm, bwd_warps=warps)
+                ms = bench(lambda cfg=cfg: lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg))
+                record(op=op, shape=shape, impl="norm_bwd", per_sm=per_sm, warps=warps,
+                       shipped=(per_sm, warps) == shipped, ms=ms)  # fmt: skip
+            # the partial sum alone, at the shipped knobs
+            programs = lt._bwd_programs(n, x.device)
+            programs = triton.cdiv(n, triton.cdiv(n, programs))
+            part = torch.randn((2, programs, d), device="cuda")
+            dw, db = torch.empty_like(w), torch.empty_like(w)
+            bp, bc = lt._psum_config(programs, d)
+
+            def psum():
+                lt._partials_sum_kernel[(triton.cdiv(d, bc),)](
+                    part[0], part[1], dw, db, programs, d, HAS_DB=not rms, BLOCK_P=bp, BLOCK_C=bc, num_warps=4
+                )
+
+            record(op=op, shape=shape, impl="psum", programs=programs, block_p=bp, block_c=bc, ms=bench(psum))
+            ref = part[0].sum(0)
+            psum()
+            record(op=op, shape=shape, impl="psum_check", max_diff=float((dw.float() - ref).abs().max()))
+    fh.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""Rebuild a GPU's tuning table from committed tune rows (JSONL written by
+``kernellab.harness.tune_all`` / ``kernellab tune``), with today's table rules
+(``kernellab.tuning.table_rows``: device times kept beside the effective ones, ties within
+``TIE`` told apart by device time). No GPU needed: the rows hold the measurements.
+
+    python -m kernellab.harness.rebuild_table benchmarks/results/tune-NVIDIA_H100_80GB_HBM3-part*.jsonl
+
+Files are read in the order given; a later row of the same case and backend replaces an
+earlier one, as a later ``kernellab tune`` run does. Prints which choices changed.
+
+``--verify FILE ...`` (``tune_all.py --phases verify`` rows or ``kernellab.harness.host_cost`` rows,
+both paired): where the paired rounds of a tuned shape (the ``heldout`` family is never fed
+back) put another backend the row measured more than MARGIN ahead of the table's choice
+(PyTorch's op, or at a launch-bound shape the backend whose launch costs less host time),
+the fastest of them becomes the choice and the row keeps the paired medians under
+``verified``. Paired rounds (the backends taking turns, each round's
+time the larger of device and loop time) are what a default is judged by; the tune rows'
+loop times were taken one backend after another on a host whose speed drifts, which made
+some launch-bound choices by noise. A changed table needs a new verify run to be judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from kernellab import tuning
+from kernellab.harness import timer
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--out", default=None, help="table path (default: the package's table of the rows' GPU)")
+    ap.add_argument("--verify", nargs="+", default=[], help="verify.jsonl files whose paired verdicts apply")
+    ap.add_argument("--rows-from-verify", nargs="+", default=[], metavar="VERIFY_JSONL",
+                    help="verify.jsonl files whose cases of an op, dtype and mode no tune row measured "
+                         "become rows of their own (the backends the verify timed: torch and the choice)")  # fmt: skip
+    a = ap.parse_args(argv)
+    rows = [json.loads(line) for f in a.files for line in open(f) if line.strip()]
+    gpus = {r["gpu"] for r in rows if r.get("gpu")}
+    if len(gpus) != 1:
+        print(f"rows from {len(gpus)} GPU models ({sorted(gpus)}): one table per GPU", file=sys.stderr)
+        return 2
+    gpu = gpus.pop()
+    path = a.out or os.path.join(os.path.dirname(tuning.__file__), "tables", tuning.gpu_slug(gpu) + ".json")
+    old = json.load(open(path)) if os.path.exists(path) else {"rows": []}
+    ops = sorted({r["op"] for r in rows})
+    new_rows = [t for op in ops for t in tuning.table_rows(op, rows)]
+
+    def ident(r):
+        return (r["op"], r["dtype"], r["mode"], tuple(r["shape"]), r.get("options", ""))
+
+    done = {ident(r) for r in new_rows}
+    kept = [r for r in old["rows"] if ident(r) not in done]
+    before = {ident(r): r["best"] for r in old["rows"]}
+    for r in new_rows:
+        was = before.get(ident(r))
+        if was is not None and was != r["best"]:
+            print(f"{r['op']} {r['dtype']} {r['mode']} {r['shape']} {r['options']}: {was} -> {r['best']} "
+                  f"(device {r['device']})")  # fmt: skip
+    for f in a.rows_from_verify:
+        added = _rows_from_verify(kept + new_rows, [json.loads(line) for line in open(f) if line.strip()])
+        new_rows += added
+        print(f"{os.path.basename(f)}: {len(added)} rows of untuned op/dtype/modes")
+    if a.verify:
+        for f in a.verify:  # one run's paired rounds at a time; a later file has the last word
+            _apply_verify(kept + new_rows, [json.loads(line) for line in open(f) if line.strip()])
+    first = rows[-1]
+    table = {
+        "gpu": gpu,
+        "rows": sorted(kept + new_rows, key=lambda r: (r["op"], r["dtype"], r["mode"], r["shape"], r.get("options", ""))),
+        "provenance": {
+            **old.get("provenance", {}),
+            "git_sha": ",".join(sorted({r["git_sha"] for r in rows if r.get("git_sha")})),
+            "torch": first.get("torch"), "triton": first.get("triton"), "cuda": first.get("cuda"),
+            "device": gpu, "how": tuning.HOW,
+            "rebuilt_from": [os.path.basename(f) for f in a.files],
+            **({"verified_by": [os.path.basename(f) for f in a.verify]} if a.verify else {}),
+            **({"rows_from_verify": [os.path.basename(f) for f in a.rows_from_verify]}
+               if a.rows_from_verify else {}),
+        },
+    }  # fmt: skip
+    with open(path, "w") as fh:
+        json.dump(table, fh, indent=1, sort_keys=True)
+        fh.write("\n")
+    print(f"{path}: {len(table['rows'])} rows ({len(new_rows)} from the files, {len(kept)} kept)")
+    return 0
+
+
+MARGIN = 0.05
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _case_key(r) -> tuple:
+    """(op, dtype, mode, shape, options) of a verify or host-cost row, spelled as table rows."""
+    from kernellab.ops.spec import options_str
+
+    o = r.get("options") or ""
+    o = options_str(o) if isinstance(o, dict) else o
+    shape = r["shape"] if isinstance(r["shape"], str) else "x".join(map(str, r["shape"]))
+    return (r["op"], _DTYPE_NAMES.get(r["dtype"], r["dtype"]), r["mode"], shape, o)
+
+
+def _paired_cases(vrows) -> dict:
+    """(op, dtype, mode, shape, options) -> {backend: paired rounds} from one run's rows:
+    ``tune_all.py --phases verify`` rows (``paired_rounds_ms``; the heldout family, never
+    tuned, is left out) or ``kernellab.harness.host_cost`` rows (``rounds_us``: every backend of
+    the op at its tiny and model shapes, in turn)."""
+    cases: dict = {}
+    for r in vrows:
+        rounds = r.get("paired_rounds_ms") or r.get("rounds_us")
+        if r.get("family") == "heldout" or not rounds or r.get("backend") == "default":
+            continue
+        cases.setdefault(_case_key(r), {})[r["backend"]] = rounds
+    return cases
+
+
+def _apply_verify(table_rows, vrows) -> None:
+    """Where a tuned shape's paired rounds (one run's, ``_paired_cases``) put another of
+    the row's measured backends more than MARGIN ahead of its choice, the fastest of them
+    becomes the choice and the row keeps the paired medians under ``verified``; in place.
+    Only backends the row measured (those the tune admitted) are candidates: PyTorch's
+    bf16 rms_norm, refused by the admission check, never becomes a choice this way."""
+    import statistics
+
+    cases = _paired_cases(vrows)
+    for t in table_rows:
+        key = (t["op"], t["dtype"], t["mode"], "x".join(map(str, t["shape"])), t.get("options", ""))
+        got = cases.get(key)
+        if not got or t["best"] not in got:
+            continue
+        cands = [b for b in got if b != t["best"] and b in t.get("times", {})]
+        ratios = {b: timer.paired_ratio(got[t["best"]], got[b]) for b in cands}
+        if not ratios:
+            continue
+        alt = max(ratios, key=ratios.get)
+        if ratios[alt] > 1 + MARGIN:
+            print(f"{t['op']} {t['dtype']} {t['mode']} {t['shape']} {t.get('options', '')}: {t['best']} -> {alt} "
+                  f"(paired {t['best']}/{alt} {ratios[alt]:.2f})")  # fmt: skip
+            t["verified"] = {"was": t["best"], "paired_ratio": round(ratios[alt], 3), "vs": alt,
+                             "paired_median_ms": {b: round(statistics.median(v), 5) for b, v in got.items()}}  # fmt: skip
+            if alt == "torch":
+                t["verified"]["paired_ratio_vs_torch"] = round(ratios[alt], 3)
+            t["best"] = alt
+
+
+def _rows_from_verify(table_rows, vrows) -> list[dict]:
+    """Rows for the paired cases (``_paired_cases``) of an op, dtype and mode that no table
+    row has: a 16-bit dtype served by its sibling's rows (``tuning.SIBLING_DTYPES``; the
+    MNIST ops were tuned in fp32 only, and bf16 batch_norm2d at batch 64 then ran our
+    launch, 1.8x torch's time in a plain loop). Each row holds the backends the verify
+    timed (torch and the default's choice): ``times`` their paired medians, ``device``
+    their median device times; the choice stays unless another is more than MARGIN ahead
+    in the paired rounds. Marked ``from_verify``: a later tune of the dtype replaces them."""
+    import statistics
+
+    have = {(t["op"], t["dtype"], t["mode"]) for t in table_rows}
+    device: dict = {}
+    chosen: dict = {}
+    for r in vrows:
+        if r.get("backend") != "default" and r.get("median_ms"):
+            k = _case_key(r)
+            device.setdefault(k, {})[r["backend"]] = round(r["median_ms"], 6)
+            chosen[k] = r.get("chosen")
+    out = []
+    for key, got in sorted(_paired_cases(vrows).items()):
+        op, dt, mode, shape, opts = key
+        pick = chosen.get(key)
+        if (op, dt, mode) in have or pick not in got:
+            continue
+        # (a case whose choice was torch timed torch alone: its row holds torch alone)
+        ratios = {b: timer.paired_ratio(got[pick], got[b]) for b in got if b != pick}
+        alt = max(ratios, key=ratios.get, default=None)
+        best = alt if alt is not None and ratios[alt] > 1 + MARGIN else pick
+        dims = [int(v) for v in shape.split("x")]
+        out.append({"op": op, "dtype": dt, "mode": mode, "shape": dims, "key": list(tuning.key_of_shape(op, dims)),
+                    "options": opts, "best": best, "from_verify": True,
+                    "times": {b: round(statistics.median(v), 5) for b, v in got.items()},
+                    "device": {b: t for b, t in device.get(key, {}).items() if b in got}})  # fmt: skip
+    return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
