@@ -298,3 +298,19 @@ def test_every_option_has_help():
     missing = [f"{name} {a.dest}" for name, sub in subs.choices.items() for a in sub._actions
                if not isinstance(a, argparse._HelpAction) and not a.help]  # fmt: skip
     assert not missing, missing
+
+
+def test_every_subcommand_help_has_examples_that_parse():
+    """Each subcommand's help ends with examples, and each example parses (its options exist)."""
+    import argparse
+    import shlex
+
+    from kernellab.cli import EXAMPLES, build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(EXAMPLES) == set(subs.choices)
+    for name, sub in subs.choices.items():
+        assert "examples:\n  kernellab " + name in sub.format_help(), name
+        for example in EXAMPLES[name]:
+            parser.parse_args(shlex.split(example.split("#")[0])[1:])  # SystemExit on a bad option

@@ -1345,7 +1345,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("info", help="what this machine has (GPU, NVRTC, Triton mode)")
     s.set_defaults(func=cmd_info)
+    for name, sp in sub.choices.items():
+        sp.formatter_class = argparse.RawDescriptionHelpFormatter
+        sp.epilog = "examples:\n" + "\n".join("  " + e for e in EXAMPLES[name])
     return p
+
+
+# Each subcommand's help ends with these (tests/test_cli.py checks every one has some).
+EXAMPLES = {
+    "list": ["kernellab list"],
+    "check": ["kernellab check                      # every op, quick", "kernellab check softmax -b triton --dtype bf16",
+              "kernellab check --full --json check.json"],
+    "bench": ["kernellab bench gelu -s 2^28 --dtype bf16 --mode fwd --mode fwdbwd --json out.jsonl",
+              "kernellab bench add -s 2^10 --graph"],
+    "peaks": ["kernellab peaks --refresh"],
+    "report": ["kernellab report rows.jsonl --pivot", "kernellab report --html out/ benchmarks/results/*.jsonl"],
+    "profile": ["kernellab profile softmax -s 4096x4096 --dtype bf16", "kernellab profile matmul -b cuda --ncu"],
+    "demo": ["kernellab demo gelu", "kernellab demo mlp"],
+    "train": ["kernellab train gpt --steps 200", "kernellab train mnist --backend default",
+              "kernellab train hf --config llama --compare", "kernellab train nanogpt --compare"],
+    "asm": ["kernellab asm matmul -b cuda", "kernellab asm softmax -b triton --dtype bf16"],
+    "tune": ["kernellab tune layer_norm --dtype bf16"],
+    "explain": ["kernellab explain layer_norm -s 8192x768 --dtype bf16 --mode fwdbwd"],
+    "info": ["kernellab info"],
+}  # fmt: skip
 
 
 def _msg(e: Exception) -> str:
