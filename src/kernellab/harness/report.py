@@ -8,7 +8,8 @@ What it reads (one JSONL row per line; a ``check --json`` file is one JSON list)
   chart per op (kernellab's best own kernel and the default against the best vendor
   kernel per shape) and, for ops with numbered CUDA variants, the ladder table.
 - user-model rows (``train hf|nanogpt --compare --out``): model, variant, mode, ms,
-  peak_gib. Drawn as time and peak memory relative to the first variant of each model.
+  peak_gib. Drawn as speed relative to the model as is (variant hf or torch) and peak
+  memory.
 - host-cost rows (``bench: host_cost``): the default's host time per call over PyTorch's.
 - check reports (``check --json``): counted by status per op.
 
@@ -27,6 +28,7 @@ from pathlib import Path
 
 VENDOR = ("torch", "compile", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "liger", "fft")
 NOT_OURS = VENDOR + ("manual",)
+BASELINES = ("hf", "torch")  # a user-model group's reference: the model as is
 
 
 def load(paths) -> dict[str, list]:
@@ -78,13 +80,14 @@ def plot_models(rows, out: Path) -> str | None:
         return None
     plt = _plt()
     keys = sorted(groups)
-    variants = list(dict.fromkeys(r["variant"] for k in keys for r in groups[k]))
+    seen = dict.fromkeys(r["variant"] for k in keys for r in groups[k])
+    variants = sorted(seen, key=lambda v: (v not in BASELINES, list(seen).index(v)))  # the baselines first
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 0.5 * len(keys) + 2))
     h = 0.8 / len(variants)
     for i, v in enumerate(variants):
         ys, speed, mem = [], [], []
         for j, k in enumerate(keys):
-            base = groups[k][0]
+            base = next((x for x in groups[k] if x["variant"] in BASELINES), groups[k][0])
             r = next((x for x in groups[k] if x["variant"] == v), None)
             if r is not None:
                 ys.append(j + i * h)
@@ -98,7 +101,7 @@ def plot_models(rows, out: Path) -> str | None:
         ax.invert_yaxis()
         ax.grid(True, axis="x", alpha=0.3)
     a1.axvline(1.0, color="gray", linestyle="--")
-    a1.set_xlabel("speed relative to the first variant (its ms / this ms)")
+    a1.set_xlabel("speed relative to the model as is (its ms / this ms)")
     a2.set_xlabel("peak memory, GiB")
     a1.legend(fontsize=8)
     fig.suptitle("Training steps of models kernellab did not write")
