@@ -314,3 +314,25 @@ def test_every_subcommand_help_has_examples_that_parse():
         assert "examples:\n  kernellab " + name in sub.format_help(), name
         for example in EXAMPLES[name]:
             parser.parse_args(shlex.split(example.split("#")[0])[1:])  # SystemExit on a bad option
+
+
+def test_tables_as_markdown_when_piped_and_as_json(capsys):
+    """Not a terminal: tables print as markdown, one line per row (never cut); --format
+    json prints the tables alone on stdout as {column: value} rows, the rest on stderr."""
+    import json
+
+    from kernellab import cli
+
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "| op | backend | here | what |" in out and "|---|---|---|---|" in out
+    assert "| add | torch | yes |" in out
+    assert cli.main(["--format", "json", "list"]) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)
+    assert {"op": "add", "backend": "torch"}.items() <= rows[1].items() or any(
+        r["op"] == "add" and r["backend"] == "torch" for r in rows
+    )
+    assert set(rows[0]) == {"op", "backend", "here", "what"}
+    assert "device:" in captured.err  # the line before the table
+    assert cli.main(["--format", "md", "list"]) == 0 and "| op | backend |" in capsys.readouterr().out

@@ -15,6 +15,38 @@ from rich.table import Table
 # Not a terminal (piped, redirected): rich would wrap tables to 80 columns; lines as long
 # as the table needs instead (COLUMNS, when set, still decides).
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 1000)
+# --format: how tables are printed. auto: drawn on a terminal, markdown otherwise.
+_FORMAT = {"value": "auto"}
+
+
+def _plain(cell) -> str:
+    from rich.text import Text
+
+    text = Text.from_markup(cell).plain if isinstance(cell, str) else getattr(cell, "plain", str(cell))
+    return text.replace("\n", " ")
+
+
+def show(table: Table) -> None:
+    """Print ``table``: drawn by rich (a terminal, or --format rich), a markdown table
+    (piped or redirected, or --format md: one line per row, never cut) or JSON, a list of
+    {column: value} (--format json)."""
+    fmt = _FORMAT["value"]
+    if fmt == "auto":
+        fmt = "rich" if console.is_terminal else "md"
+    if fmt == "rich":
+        console.print(table)
+        return
+    heads = [_plain(c.header) for c in table.columns]
+    rows = list(zip(*([_plain(x) for x in c.cells] for c in table.columns)))
+    if fmt == "json":
+        print(json.dumps([dict(zip(heads, r)) for r in rows]))
+        return
+    if table.title:
+        print(f"\n{_plain(table.title)}\n")
+    print("| " + " | ".join(heads) + " |")
+    print("|" + "---|" * len(heads))
+    for r in rows:
+        print("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
 
 
 def _progress() -> Progress:
@@ -63,7 +95,7 @@ def cmd_list(args) -> int:
             status = "[yellow]compile only: no GPU[/]"
         who = "" if impl.builtin else " (user)"
         table.add_row(impl.op, impl.backend + who, status, impl.description)
-    console.print(table)
+    show(table)
     return 0
 
 
@@ -224,7 +256,7 @@ def cmd_check(args) -> int:
         table.add_row(
             r.op, r.backend, r.dtype, f"[{style}]{status}[/]", f"{n_pass}/{len(r.cases)}", worst, notes
         )
-    console.print(table)
+    show(table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([r.to_dict() for r in reports], f, indent=1, default=str)
@@ -430,7 +462,7 @@ def print_bench_table(rows) -> None:
             f"{sp:.2f}x" if sp else "-",
             f"[green]ok[/] ({r['check_ratio']:.2f})",
         )
-    console.print(table)
+    show(table)
     if r0.get("device") == "cpu":
         console.print("[dim]CPU: host-clock timing, no cache flush; Triton runs under its interpreter.[/]")
     console.print(
@@ -553,7 +585,7 @@ def cmd_profile(args) -> int:
             f"{r.self_us:.1f}",
             f"{100 * r.share:.1f}%",
         )
-    console.print(table)
+    show(table)
     if res.device == "cuda":
         console.print(
             f"kernels launched per call: {res.kernels_per_call:.1f}; "
@@ -623,7 +655,7 @@ def print_ncu(kernels) -> None:
             f(k.get("block_size"), 0),
             f(k.get("grid_size"), 0),
         )
-    console.print(t)
+    show(t)
 
 
 def cmd_demo(args) -> int:
@@ -656,7 +688,7 @@ def cmd_demo(args) -> int:
                 f"{kpc:g}" if kpc is not None else "n/a (CPU)",
                 f"{r.get('speedup_vs_torch') or 0:.2f}x",
             )
-        console.print(t)
+        show(t)
         console.print("[dim]time ms: device time per call; loop ms: per call in a plain loop (host "
                       "cost included); vs torch: torch's time / this one's, each the larger of the two[/]")
         result = rows
@@ -694,7 +726,7 @@ def cmd_demo(args) -> int:
                 f(r["gpu_idle_frac"], 100),
                 f(r["kernels_per_step"]),
             )
-        console.print(t)
+        show(t)
         if result.get("note"):
             console.print(f"[yellow]{result['note']}[/]")
         console.print(f"traces: {', '.join(r['trace'] for r in result['runs'])}")
@@ -798,7 +830,7 @@ def cmd_train_mnist(args) -> int:
                 else:
                     cells.append(f"{r['ms_per_step']:.3f}")
             table.add_row(str(b), *cells)
-        console.print(table)
+        show(table)
         return 0 if all("error" not in r for r in rows) else 1
     backends = "pytorch" if args.backend == "pytorch" else _mnist_backend(args.backend)
     bsz = args.batch_size or 64
@@ -940,7 +972,7 @@ def cmd_train(args) -> int:
                 else:
                     cells.append("-")
             table.add_row(f"{bsz} x {t}", mode, *cells)
-        console.print(table)
+        show(table)
         return 0 if all("error" not in r for r in rows) else 1
     backend = None if args.backend == "default" else args.backend
     matmul = None if args.matmul == "default" else args.matmul
@@ -1052,7 +1084,7 @@ def cmd_asm(args) -> int:
             f(c["MUFU"]) if k.sass else "-",
             f(c["sass_instructions"]),
         )
-    console.print(t)
+    show(t)
     for k in kernels:
         verdict = []
         if k.counts["ptx_ld_global_v4"] or k.counts["LDG_128"]:
@@ -1162,6 +1194,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernellab", description=__doc__)
     p.add_argument("--version", action="version", version=f"kernellab {_version()}")
     p.add_argument("--debug", action="store_true", help="show a Python traceback on errors")
+    p.add_argument("--format", choices=("auto", "rich", "md", "json"), default="auto",
+                   help="tables: drawn on a terminal and markdown when piped (auto), or always rich, md or json "
+                   "(json: the tables alone on stdout, the rest on stderr)")  # fmt: skip
     sub = p.add_subparsers(dest="cmd")
 
     s = sub.add_parser("list", help="ops x backends and whether each runs here")
@@ -1402,6 +1437,9 @@ def main(argv=None) -> int:
             print(f"kernellab {args.cmd}: error: --device {dev}: no CUDA GPU here "
                   "(torch.cuda.is_available() is False)", file=sys.stderr)  # fmt: skip
             return 2
+    _FORMAT["value"], out = args.format, console._file  # (None: whatever sys.stdout is then)
+    if args.format == "json":  # the tables alone on stdout
+        console.file = sys.stderr
     try:
         return args.func(args)
     except KeyboardInterrupt:
@@ -1409,6 +1447,12 @@ def main(argv=None) -> int:
             raise
         print("kernellab: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader stopped (| head): quietly, as SIGPIPE would
+        try:  # (no "Exception ignored" when Python flushes stdout at exit)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 141
     except (OSError, ValueError, KeyError, TypeError) as e:
         if args.debug:
             raise
@@ -1417,6 +1461,8 @@ def main(argv=None) -> int:
             msg = f"{e.strerror}: {e.filename}"
         print(f"kernellab {args.cmd}: error: {msg} (--debug shows the traceback)", file=sys.stderr)
         return 2
+    finally:
+        _FORMAT["value"], console._file = "auto", out
 
 
 if __name__ == "__main__":
