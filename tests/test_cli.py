@@ -336,3 +336,26 @@ def test_tables_as_markdown_when_piped_and_as_json(capsys):
     assert set(rows[0]) == {"op", "backend", "here", "what"}
     assert "device:" in captured.err  # the line before the table
     assert cli.main(["--format", "md", "list"]) == 0 and "| op | backend |" in capsys.readouterr().out
+
+
+def test_train_help_lists_only_its_models_options():
+    """`train MODEL --help` shows that model's options alone (gpt's --matmul is not mnist's)."""
+    import argparse
+
+    from kernellab.cli import MNIST_VARIANTS, build_parser
+    from kernellab.models.mnist import COMPARE
+
+    assert tuple(MNIST_VARIANTS) == tuple(COMPARE)
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    train = subs.choices["train"]
+    models = next(a for a in train._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(models) == {"gpt", "mnist", "hf", "nanogpt"}
+    opts = {name: {o for a in p._actions for o in a.option_strings} for name, p in models.items()}
+    assert "--matmul" in opts["gpt"] and "--matmul" not in opts["mnist"]
+    assert "--epochs" in opts["mnist"] and "--epochs" not in opts["gpt"]
+    assert "--config" in opts["hf"] and "--config" not in opts["nanogpt"]
+    for name, p in models.items():
+        assert "examples:\n  kernellab train " + name in p.format_help(), name
+        missing = [a.dest for a in p._actions if not isinstance(a, argparse._HelpAction) and not a.help]
+        assert not missing, (name, missing)

@@ -1190,6 +1190,84 @@ def _family_names() -> list[str]:
     return list(FAMILIES)
 
 
+
+# --------------------------------------------------------------------------- train's parsers
+
+
+# kernellab.models.mnist.COMPARE, named here so that building the parser imports no model
+MNIST_VARIANTS = ("pytorch_eager", "pytorch_compile", "pytorch_graph", "kernellab_eager", "kernellab_graph")
+
+
+def _train_common(t, batch_default: str) -> None:
+    t.add_argument("--batch-size", type=int, default=None, help=batch_default)
+    t.add_argument("--compare", action="store_true", help="PyTorch's ops against kernellab's, every mode, timed")
+    t.add_argument("--out", help="--compare: append JSONL rows to this file")
+    t.set_defaults(func=cmd_train)
+
+
+def _train_gpt_parser(models) -> None:
+    t = models.add_parser("gpt", help="GPT-2 on kernellab's ops, trained on text (Python's pydoc topics)",
+                          description="GPT-2 small (or tiny) on kernellab's ops; --compare times PyTorch's ops "
+                          "against kernellab's in every mode.")  # fmt: skip
+    t.add_argument("--config", default=None, help="gpt2 (124M) or tiny (default: gpt2 on a GPU, tiny here)")
+    _train_common(t, "default 8 (gpt2) / 4 (tiny)")
+    t.add_argument("--seq-len", type=int, default=None, help="default: the config's context")
+    t.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    t.add_argument("--backend", "-b", default=None,
+                   help="kernellab backend for every op, 'default', or 'pytorch' (default: triton)")  # fmt: skip
+    t.add_argument("--matmul", default="pytorch", help="linear layers: 'pytorch' (cuBLAS) or a matmul backend")
+    t.add_argument("--mode", default=None, help="eager | compile | compile-cudagraphs | compile-step-graph "
+                   "(the whole step one CUDA graph; default eager)")  # fmt: skip
+    t.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")
+    t.add_argument("--data", default=None, help="a UTF-8 text file (default: Python's pydoc topics)")
+    t.add_argument("--lr", type=float, default=None, help="AdamW's learning rate (default 3e-4)")
+    t.add_argument("--optimizer", default=None, choices=["pytorch", "torch", "triton"],
+                   help="AdamW from PyTorch (pytorch) or kernellab.optim.AdamW's backend torch / triton "
+                   "(default: pytorch with --backend pytorch, else triton)")  # fmt: skip
+
+
+def _train_mnist_parser(models) -> None:
+    t = models.add_parser("mnist", help="the course's MNIST CNN on kernellab's ops (SGD)",
+                          description="The course's CNN on kernellab's ops, with test accuracy per epoch; "
+                          "--compare times a step of every variant.")  # fmt: skip
+    _train_common(t, "default 64")
+    t.add_argument("--backend", "-b", default=None,
+                   help="kernellab backend for every op, 'default', or 'pytorch' (default: default)")  # fmt: skip
+    t.add_argument("--mode", default=None, help="eager | compile | graph (graph: on a GPU; default eager)")
+    t.add_argument("--data", default=None, help="a directory of MNIST's IDX files (default: the shipped digits)")
+    t.add_argument("--lr", type=float, default=None, help="SGD's learning rate (default 0.05)")
+    t.add_argument("--epochs", type=int, default=2, help="training epochs")
+    t.add_argument("--seed", type=int, default=0, help="the seed of the weights and the batch order "
+                   "(the same seed gives every op set the same start)")  # fmt: skip
+    t.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
+    t.add_argument("--steps-timed", type=int, default=100, help="--compare: steps timed per variant")
+    t.add_argument("--warmup", type=int, default=10, help="--compare: warm-up steps per variant")
+    t.add_argument("--batch-sizes", default=None, help="--compare: e.g. 64,256,1024 (default: --batch-size)")
+    t.add_argument("--variants", default=None, help="--compare: a comma list of " + ", ".join(MNIST_VARIANTS))
+    t.add_argument("--profile", action="store_true", help="--compare: a torch.profiler table per variant")
+    t.add_argument("--fuse-pool", default="auto", choices=("auto", "on", "off"),
+                   help="each block's batch norm, relu and pool as one op (bn_relu_pool2d); auto: where "
+                   "the block's ops are kernellab's")  # fmt: skip
+
+
+def _train_user_parsers(models) -> None:
+    for name, what, variants in (
+        ("hf", "a Hugging Face model built from its config: as is, with Liger's patch, with kernellab.patch",
+         "hf,liger,kernellab"),
+        ("nanogpt", "a user's nanoGPT with four calls swapped by hand for kernellab's", "torch,kernellab"),
+    ):  # fmt: skip
+        t = models.add_parser(name, help=what + " (--compare)",
+                              description=f"Training steps of {what}, each variant in its own process, "
+                              "timed with --compare (tokens/s, peak memory).")  # fmt: skip
+        if name == "hf":
+            t.add_argument("--config", default=None, help=" | ".join(HF_CONFIGS) + " (default llama)")
+        _train_common(t, "default 2 (hf) / 8 (nanogpt)")
+        t.add_argument("--seq-len", type=int, default=None, help="default 2048 (hf) / 1024 (nanogpt)")
+        t.add_argument("--mode", default=None, help="eager | compile | compile-cudagraphs (default: every one)")
+        t.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")
+        t.add_argument("--variants", default=None, help=f"comma list (default {variants})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kernellab", description=__doc__)
     p.add_argument("--version", action="version", version=f"kernellab {_version()}")
@@ -1302,49 +1380,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", help="write the result as JSON")
     s.set_defaults(func=cmd_demo)
 
-    s = sub.add_parser("train", help="train a model on kernellab's ops: gpt, mnist")
-    s.add_argument("model", choices=["gpt", "mnist", "hf", "nanogpt"],
-                   help="hf / nanogpt: models kernellab did not write, with --compare (Hugging Face models "
-                   "built from configs; a user's nanoGPT with four calls swapped by hand)")  # fmt: skip
-    s.add_argument("--config", default=None, help="gpt: gpt2 (124M) or tiny (default: gpt2 on a GPU, tiny here); "
-                   "hf: " + " | ".join(HF_CONFIGS) + " (default llama)")  # fmt: skip
-    s.add_argument("--batch-size", type=int, default=None, help="default 8 (gpt2) / 4 (tiny) / 64 (mnist)")
-    s.add_argument("--seq-len", type=int, default=None, help="default: the config's context")
-    s.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
-    s.add_argument(
-        "--backend", "-b", default=None,
-        help="kernellab backend for every op, 'default', or 'pytorch' (default: triton for gpt, default for mnist)",
-    )
-    s.add_argument(
-        "--matmul", default="pytorch", help="linear layers: 'pytorch' (cuBLAS) or a matmul backend"
-    )
-    s.add_argument("--mode", default=None, choices=["eager", "compile", "compile-cudagraphs", "compile-step-graph", "graph"],
-                   help="gpt: eager | compile | compile-cudagraphs | compile-step-graph (the whole step one CUDA "
-                   "graph); mnist: eager | compile | graph (default eager)")
-    s.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")
-    s.add_argument("--data", default=None, help="gpt: a UTF-8 text file (default: Python's pydoc topics); "
-                   "mnist: a directory of MNIST's IDX files (default: the shipped digits)")
-    s.add_argument("--lr", type=float, default=None, help="default 3e-4 (gpt, AdamW) / 0.05 (mnist, SGD)")
-    s.add_argument("--optimizer", default=None, choices=["pytorch", "torch", "triton"],
-                   help="gpt: AdamW from PyTorch (pytorch) or kernellab.optim.AdamW's backend torch / triton "
-                   "(default: pytorch with --backend pytorch, else triton)")
-    s.add_argument("--compare", action="store_true", help="PyTorch's ops against kernellab's, every mode")
-    s.add_argument("--out", help="--compare: append JSONL rows to this file")
-    s.add_argument("--epochs", type=int, default=2, help="mnist: training epochs")
-    s.add_argument("--seed", type=int, default=0, help="mnist: the seed of the weights and the batch order "
-                   "(the same seed gives every op set the same start)")  # fmt: skip
-    s.add_argument("--device", default=None, help="mnist: cuda or cpu (default: cuda where there is one)")
-    s.add_argument("--steps-timed", type=int, default=100, help="mnist --compare: steps timed per variant")
-    s.add_argument("--warmup", type=int, default=10, help="mnist --compare: warm-up steps per variant")
-    s.add_argument("--batch-sizes", default=None, help="mnist --compare: e.g. 64,256,1024 (default: --batch-size)")
-    s.add_argument("--variants", default=None, help="hf --compare: hf,liger,kernellab; nanogpt: torch,kernellab; "
-                   "mnist --compare: a comma list of " + ", ".join(
-        ("pytorch_eager", "pytorch_compile", "pytorch_graph", "kernellab_eager", "kernellab_graph")))
-    s.add_argument("--profile", action="store_true", help="mnist --compare: a torch.profiler table per variant")
-    s.add_argument("--fuse-pool", default="auto", choices=("auto", "on", "off"),
-                   help="mnist: each block's batch norm, relu and pool as one op (bn_relu_pool2d); auto: where "
-                   "the block's ops are kernellab's")  # fmt: skip
-    s.set_defaults(func=cmd_train)
+    s = sub.add_parser("train", help="train or time models: gpt, mnist (ours), hf, nanogpt (a user's)",
+                       description="kernellab train MODEL --help shows that model's options.")  # fmt: skip
+    models = s.add_subparsers(dest="model", metavar="MODEL", required=True, help="gpt | mnist | hf | nanogpt")
+    _train_gpt_parser(models)
+    _train_mnist_parser(models)
+    _train_user_parsers(models)
+    for name, t in models.choices.items():
+        t.formatter_class = argparse.RawDescriptionHelpFormatter
+        t.epilog = "examples:\n" + "\n".join("  " + e for e in EXAMPLES["train"] if e.split()[2] == name)
 
     s = sub.add_parser("asm", help="PTX/SASS, registers, spills, shared memory of a backend's kernels")
     s.add_argument("op", help="the op (`kernellab list` shows them)")
