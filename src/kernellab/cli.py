@@ -841,8 +841,9 @@ def cmd_train_mnist(args) -> int:
         task = prog.add_task("train mnist", total=steps)
         right = {"acc": float("nan")}
 
-        def on_step(i, loss, ms):
-            prog.update(task, advance=1, description=f"loss {loss:.4f}  test acc {right['acc']:.3f}  {ms:.2f} ms/step")
+        def on_step(i, loss, ms):  # (no test accuracy before the first epoch ends)
+            acc = "" if right["acc"] != right["acc"] else f"  test acc {right['acc']:.3f}"
+            prog.update(task, advance=1, description=f"loss {loss:.4f}{acc}  {ms:.2f} ms/step")
 
         def on_epoch(epoch, acc):
             right["acc"] = acc
