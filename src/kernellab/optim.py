@@ -13,9 +13,8 @@ arguments and returns nothing):
   contiguous view into one flat buffer, back to back in order, and the gradients likewise
   into another (``pack_(params)`` arranges both). Then the update is one elementwise
   kernel over the span, ``len(params)`` launches fewer than ``manual`` (10 for the MNIST
-  CNN: ~5 us of launch each on an H100 host against ~2 us of memory time for its 422K
-  parameters). Unpacked parameters are refused with a ValueError saying so (no silent
-  per-tensor fallback).
+  CNN, whose launches cost more than the memory time of its 422K parameters). Unpacked
+  parameters are refused with a ValueError saying so (no silent per-tensor fallback).
 
 Gradients of packed parameters stay packed: ``pack_`` sets each ``p.grad`` to a view of the
 flat gradient buffer, and autograd accumulates into an existing ``.grad`` in place, so
@@ -306,8 +305,8 @@ def _hyper(lr, betas, eps, weight_decay, who: str = "AdamW") -> tuple:
 
 class AdamW:
     """AdamW over a fixed list of parameters with a host path far lighter than
-    ``torch.optim.AdamW``'s (whose Python wrapper costs ~0.8 ms a step for GPT-2's 148
-    tensors on an H100 host). The math is PyTorch's (decoupled weight decay, bias-corrected
+    ``torch.optim.AdamW``'s (whose Python wrapper costs most of a millisecond a step for
+    GPT-2's 148 tensors). The math is PyTorch's (decoupled weight decay, bias-corrected
     moments in fp32, moments stored in the parameters' dtype), so the two take the same
     steps to rounding.
 

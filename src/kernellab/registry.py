@@ -287,8 +287,8 @@ class _Trusted:
     any other call it is stored under ``(op, *_signature(...))``, so only a call with the
     same facts finds it. Either way the backend's function then runs directly; any other
     call is validated as usual. PyTorch's op chosen at a launch-bound shape then costs
-    less than naming ``backend="torch"`` (H100 host: validation is 1.0-1.6 us of a 10-13 us
-    one-tensor call, 2-3 us for norms, attention and matmul). Where the key's forward and
+    less than naming ``backend="torch"`` (validation is a tenth or more of a launch-bound
+    call's host time). Where the key's forward and
     forward+backward choices differ, ``grad_impl`` is the latter (both validated for the
     facts; ``wants_grad`` picks per call), else None."""
 

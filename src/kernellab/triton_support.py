@@ -115,8 +115,8 @@ def register_triton(op: str, fn, kernels, description: str, backend: str = "trit
 # Host cost of one launch of an already compiled kernel. Triton's ``kernel[grid](...)``
 # binds the arguments, builds a specialization key as a string, looks the kernel up,
 # builds launch metadata, reads the hooks and only then calls the compiled launcher:
-# measured on the H100 machine's host, 31 us for a plain Triton launch of the GeLU
-# kernel against 10.7 us for all of torch's gelu. ``jit`` below returns a JITFunction
+# a plain Triton launch of the GeLU kernel costs about three times all of torch's gelu
+# in host time. ``jit`` below returns a JITFunction
 # whose ``[grid](...)`` keeps a small cache of compiled kernels keyed on exactly what
 # Triton specializes on (per tensor: dtype and 16-byte alignment; per int: == 1,
 # divisible by 16, 32- or 64-bit; the constexprs and launch options by value), and calls
@@ -290,12 +290,12 @@ def fast_launcher(run, function, packed) -> tuple:
     *kernel_args)`` does, where the kernel's tensors may be passed as their addresses
     (ints).
 
-    Measured on the H100 host for the norms' backward kernel (12 arguments, 9 of them
-    tensors; lab/probe_launch_args.py): 8.5 us a launch through ``run`` with tensors,
-    6.1 us with ints (Triton's C launcher calls each tensor's ``data_ptr`` and asks the
-    driver about the pointer, cuPointerGetAttribute; an int goes straight in), against
-    6.6 us for torch's ``zero_``. Where ``run`` is Triton 3.6's CudaLauncher (known by its
-    call signature) and the kernel needs no global or profile scratch, ``launch`` is the
+    Addresses are cheaper than tensors: Triton's C launcher calls each tensor's
+    ``data_ptr`` and asks the driver about the pointer (cuPointerGetAttribute); an int
+    goes straight in, which for a kernel with many tensor arguments (the norms' backward)
+    brings a launch below torch's ``zero_`` in host time. Where ``run`` is Triton 3.6's
+    CudaLauncher (known by its call signature) and the kernel needs no global or profile
+    scratch, ``launch`` is the
     C launcher itself: its Python wrapper defines a closure and allocates nothing then."""
     c_launch = getattr(run, "launch", None)
     if (
@@ -316,7 +316,7 @@ class Bound:
     """One launch site's kernel with its grid and constexpr / option keywords fixed: a
     per-shape launch plan's launch. ``bound(*args)`` is ``kernel[grid](*args, **kw)``; after
     its first call on a GPU it calls the compiled launcher directly, skipping the lean
-    path's per-argument key (measured ~7-11 us of Python per launch on a CPU host).
+    path's per-argument key (several microseconds of Python per launch).
 
     The caller's promise: every call passes arguments of the same types and dtypes, and
     int arguments of the same specialization class (a plan keyed on shape and dtype
@@ -519,7 +519,7 @@ def launch_tuned(tuner, grid, *args, **kw):
     values of its key arguments, every tensor's dtype and the constexprs passed), the
     config's kernel is launched through the lean path directly. Triton's Autotuner.run
     builds argument dicts and its key on every call before Triton's own launcher runs
-    (about 40 us a launch on the H100 host, three launches per attention backward)."""
+    (tens of microseconds a launch, three launches per attention backward)."""
     a0 = args[0]
     if _no_tune_depth and type(a0) in _REAL_TENSORS:
         return _launch_untuned(tuner, grid, args, kw)
@@ -637,8 +637,8 @@ def install_tma_allocator() -> None:
     backward pass of CUDA tensors in its own worker thread. So this runs before every TMA
     launch (one ContextVar lookup) instead of once per process: it installs ours only where
     the current context still holds Triton's ``NullAllocator`` and never replaces an
-    allocator the user set. (A once-per-process install is what failed on the H100: the
-    forward launched, the backward in autograd's thread raised "no allocator was set".)
+    allocator the user set. (With a once-per-process install the forward launches and
+    the backward in autograd's thread raises "no allocator was set".)
     """
     import triton
 

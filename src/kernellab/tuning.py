@@ -410,8 +410,8 @@ def option_values(op: str, kwargs) -> tuple:
 def wants_grad(args) -> bool:
     """Whether a call with ``args`` runs a backward: grad mode on and any tensor argument
     requiring grad. Not the first alone: a network's first convolution takes images that
-    need no gradient and weights that do (the MNIST default at batch 1024 chose conv2d by
-    its forward time and then ran a backward 20x slower than cuDNN's: H100, 9493539)."""
+    need no gradient and weights that do (a choice by forward time alone can pick a conv2d
+    backend whose backward is many times slower than cuDNN's)."""
     if not torch.is_grad_enabled():
         return False
     for a in args:  # (a loop, not any() over a generator: this runs on every default call)
@@ -500,9 +500,9 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
 # Where the table has no row of a 16-bit call's dtype for the op and mode, the rows of these
 # dtypes speak for it, in this order: the same kernels run with the same bytes moved (fp16 and
 # bf16), or the same shapes with twice the bytes (fp32: the MNIST ops were tuned in fp32 only).
-# Without them the op's fixed preference list chose: bf16 max_pool2d 8x16x14x14 went to CUDA,
-# 34 us a call in a plain loop against torch's 21 (H100, 71dc08e), where the fp32 rows near it
-# had all named torch. fp32 calls borrow no 16-bit rows: their kernels differ (TF32, fp32 dots).
+# Without them the op's fixed preference list chooses, blind to fp32 rows near the shape that
+# name a faster backend. fp32 calls borrow no 16-bit rows: their kernels differ (TF32, fp32
+# dots).
 SIBLING_DTYPES = {"fp16": ("bf16", "fp32"), "bf16": ("fp16", "fp32")}
 
 
@@ -541,14 +541,10 @@ NEAREST_LEAD = 0.01
 def _table_vote(table, gpu, op, dn, mode, options, dev):
     """(backend, why) for a shape no row is near: the backend this GPU's table found fastest
     at the most shapes of the op, dtype and mode, or None where the table has no such row.
-    The op's fixed preference list knew nothing of the GPU: at heldout shapes it sent bf16
-    softmax 6144x512 to Triton (1.65x torch's time) and sum 3000x5000 forward+backward to
-    CUDA (1.80x), where torch had won 8 of 13 softmax rows and 5 of 6 sum rows (H100,
-    3109e24). A strict majority of at least VOTE_MIN_ROWS rows speaks; without one, the
-    backend timed at every row whose time over each row's best has the least geometric mean
-    (NEAREST_LEAD ahead of the next): fp32 softmax forward+backward split 5 / 5 / 3 between
-    torch, CUDA and Triton, the preference list then chose Triton at 6144x512, 1.65x torch's
-    time, and torch is the nearest the best over those rows (1.17 against 1.22 and 1.32)."""
+    The op's fixed preference list knows nothing of the GPU, so at far shapes it can name a
+    backend the table found slower at most rows. A strict majority of at least VOTE_MIN_ROWS
+    rows speaks; without one, the backend timed at every row whose time over each row's best
+    has the least geometric mean (NEAREST_LEAD ahead of the next)."""
     wins, ratios, n_rows = {}, {}, 0
     for row in _rows(table, op, dn, mode, options):
         n_rows += 1
@@ -588,15 +584,13 @@ HOW = ("harness.bench: median device time and loop time per call; best = the lea
        "of the two, except that backends within TIE of it are told apart by device time (device "
        "times within DEVICE_TIE of the least: the larger of the two again); outputs re-checked "
        "against float64")  # fmt: skip
-# Loop times of launch-bound calls move by 10-30% between runs on one host (benchmarks/
-# NOTES.md, ninth session: the same call measured 0.055 and 0.115 ms minutes apart), so a
+# Loop times of launch-bound calls move by 10-30% between runs on one host, so a
 # loop-time lead this small is noise; device time is stable to a few percent, and it is
 # what a call inside a CUDA graph or a compiled graph costs.
 TIE = 0.05
 # Device times this close are the same kernel speed (the median of one run moves ~1%); among
 # them the larger of device and loop time decides: a launcher with more host cost loses
-# its plain-loop calls (H100, gelu 16777215 bf16: CUDA 27.94 us device against torch's
-# 28.13, but 35 us of host against 20, and 1.10x slower in the paired verify, 4e8cbc4).
+# its plain-loop calls even with the faster kernel.
 DEVICE_TIE = 0.01
 
 
@@ -654,7 +648,7 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
     # fp32 as fp32, as `kernellab check` and `kernellab bench` run it: PyTorch's default lets
     # cuDNN's convolutions take TF32 where its heuristics like (not at tiny shapes), so a
     # TF32 kernel judged against that baseline fails admission at one shape and passes at
-    # the next (H100, eafd380: conv2d triton fp32 refused at 1x1x1x1x1x1x1, 1.27e-5 > 1.45e-7).
+    # the next.
     with _tf32_off():
         rows = bench(op, backends, shapes, dtypes, tuple(modes), device=dev, budget_s=budget_s, on_row=on_row,
                      admitted=admitted)  # fmt: skip

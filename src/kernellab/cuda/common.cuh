@@ -53,16 +53,15 @@ template <typename T> union Vec8 {
 // x 64 B is 128 KB. The host launches one tile (blockDim x packs per thread) per block;
 // the loop is grid-stride, so any grid size stays correct.
 // 16-byte packs each thread keeps in flight per input: 4 for one input, 2 for two, so
-// either way 64 B per thread are in flight. Measured on an H100 at 2^28 elements
-// (lab/tune_elementwise.py): 1 is 2-10% slower, 8 no better; a capped grid-stride
-// grid (8-32 blocks per SM) lost 1-20% against one tile per block, and evict-first cache
-// hints lost 2-20%.
+// either way 64 B per thread are in flight. At 2^28 elements on Hopper 1 is slower and 8
+// no better; a capped grid-stride grid (8-32 blocks per SM) is slower than one tile per
+// block, and so are evict-first cache hints.
 #ifndef KL_UNROLL
 #define KL_UNROLL 4
 #endif
-// Cache hints for streaming data that is touched once (tuning knob, see
-// lab/tune_elementwise.py): 0 plain ld/st, 1 ld.global.nc (read-only path),
-// 2 ld.global.cs / st.global.cs (evict-first: keep the L2 for data that is reused).
+// Cache hints for streaming data that is touched once (tuning knob): 0 plain ld/st, 1
+// ld.global.nc (read-only path), 2 ld.global.cs / st.global.cs (evict-first: keep the L2
+// for data that is reused).
 // Threads per block of the vectorized kernels (the host launches exactly this many).
 #ifndef KL_THREADS
 #define KL_THREADS 256
@@ -175,10 +174,9 @@ __device__ __forceinline__ void map2_vec16(const T* __restrict__ a, const T* __r
     map2_packs<U, Vec16<T>>(a, b, y, n, f);
 }
 
-// 8-byte packs: on the H100 at 2^28 bf16 elements (lab/tune_rowwise_fwd.py), add with
-// one 8-byte pack per thread and input at 256 threads took 0.5246 ms against 0.5306 for
-// one 16-byte pack (torch 0.5297), and GeLU's backward with two 8-byte packs at 128
-// threads 0.5240 against 0.5296 (torch 0.5284).
+// 8-byte packs: at 2^28 bf16 elements on Hopper, add with one 8-byte pack per thread and
+// input at 256 threads, and GeLU's backward with two 8-byte packs at 128 threads, are ~1%
+// faster than with 16-byte packs (and than torch).
 template <int U, typename T, typename F>
 __device__ __forceinline__ void map2_vec8(const T* __restrict__ a, const T* __restrict__ b,
                                           T* __restrict__ y, long long n, F f) {

@@ -19,20 +19,18 @@ THREADS = 256
 UNROLL = {1: 4, 2: 2}  # packs per thread for 1 and 2 inputs: kl::UNROLL, kl::UNROLL2
 
 
-# Which width runs (lab/tune_widths.py, H100, 2^18..2^26 elements): one-input kernels
-# take the fat one (4 packs per thread) from 8 fat blocks per SM up, x1 below (a 1M bf16
-# GeLU: 8.45 us fat, 6.69 us x1); two-input kernels (2 streams in already) were as fast
-# or faster with x1 at every size, so they always take it.
+# Which width runs (timed on Hopper at 2^18..2^26 elements): one-input kernels take the
+# fat one (4 packs per thread) from 8 fat blocks per SM up, x1 below (faster on small
+# tensors); two-input kernels (2 streams in already) are as fast or faster with x1 at
+# every size, so they always take it.
 FAT_MIN_BLOCKS_PER_SM = 8
-# Large 16-bit one-input tensors: x1 kernels in 512-thread blocks instead of the fat ones.
-# lab/tune_elementwise.py --threads (H100, 2^28 bf16 GeLU, time / torch's): x1 at 512
-# threads 0.997, x1 at 256 1.001, fat (4 packs) at 256 1.005; fp32 keeps the fat kernel
-# (x1 there: 1.025-1.086). All within ~0.5% of torch, i.e. at the copy ceiling.
+# Large 16-bit one-input tensors: x1 kernels in 512-thread blocks instead of the fat ones
+# (marginally faster, all at the copy ceiling); fp32 keeps the fat kernel (x1 is slower
+# there).
 WIDE_X1_THREADS = 512
 # Two-input kernels on 16-bit tensors of W8_MIN_ELEMS or more: the w8 kernel (8-byte packs,
-# ``w8=(packs per thread and input, threads)`` from the caller, as measured per op by
-# lab/tune_rowwise_fwd.py on the H100 at 2^28: add (1, 256) 1.0% faster than the x1
-# kernel, GeLU backward (2, 128) 1.1% faster).
+# ``w8=(packs per thread and input, threads)`` from the caller, tuned per op: add (1, 256)
+# and GeLU backward (2, 128) are ~1% faster than the x1 kernel at 2^28 on Hopper).
 W8_MIN_ELEMS = 1 << 22
 
 _KERNELS: dict = {}  # (module, base, dtype, device, kind, n_inputs) -> (Kernel, packs or elements per block)

@@ -3,9 +3,9 @@ torch's current stream.
 
 Compile: ``cuda.core.Program`` (NVRTC) -> cubin for the device's exact arch, cached in
 ``~/.cache/kernellab/cuda/<sha256>.cubin`` keyed by source (with the headers it
-includes), arch, options and NVRTC version. Measured on an H200: 0.05-0.1 s per module.
+includes), arch, options and NVRTC version. A compile takes ~0.05-0.1 s per module.
 
-Launch: a naive ``cuda.core.launch`` cost 21 us of host time per call against 9 us for a
+Launch: a naive ``cuda.core.launch`` costs about twice the host time per call of a
 torch elementwise op. The cost is argument boxing and stream/config objects built per
 call. Here each kernel keeps its parameter buffer (ctypes slots and the ``void**``
 array pointing at them) and calls ``cuLaunchKernel`` from the driver directly; per call
@@ -257,7 +257,7 @@ def _bind_context(device_index: int) -> None:
     """Make the device's primary context current on this thread. The runtime does that at a
     thread's first runtime call; a thread that has made none has no current context and the
     driver refuses our launches (autograd's device thread, when our kernel is the first of a
-    backward: the conv2d CUDA dgrad on the H100, 649d86d). No synchronization: safe inside
+    backward, e.g. the conv2d CUDA dgrad). No synchronization: safe inside
     a graph capture."""
     rc = _libcuda().cuCtxSetCurrent(ctypes.c_void_p(_primary_context(device_index)))
     if rc != 0:

@@ -3,12 +3,9 @@
 Per row: lse = logaddexp(acc_lse, lse_b); acc_o = acc_o e^(acc_lse - lse) + o_b e^(lse_b - lse),
 in the accumulators' dtype (fp32; float64 for float64 inputs), never the inputs' 16-bit one.
 
-PyTorch ops, any device. A fused Triton merge (one pass over acc and o_b instead of ~6:
-~0.2 ms against ~0.8 ms at B=1 H=32 S_local=16k D=128, about 15% of a causal ring step)
-passed under the CPU interpreter and failed on the H100 (Triton 3.6): rows 4k and 4k+1 of
-in-place updated tiles came out wrong, differently from run to run, with both of
-kernellab's launch paths. It was removed until it can be written so that it is correct
-there (benchmarks/NOTES.md, tenth session).
+PyTorch ops, any device. A fused Triton merge would make one pass over acc and o_b instead
+of ~6, but an in-place tiled merge is not yet correct on Hopper GPUs (rows 4k and 4k+1 of
+updated tiles come out wrong, differently from run to run), so the merge stays in PyTorch.
 """
 
 from __future__ import annotations

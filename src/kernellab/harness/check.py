@@ -333,8 +333,8 @@ class _Runner:
         """True where quick mode leaves out the stages it runs in one dtype only: the
         per-argument layouts and opcheck (index arithmetic, schemas and fake kernels are
         the same in every dtype). That dtype is the cheapest to build: 16-bit for Triton
-        kernels (an fp32 attention variant with IEEE dots compiled in 5-20 s on an H100, a
-        bf16 one in 1-2 s, and the layout stage builds some 50), else the first. For
+        kernels (an fp32 attention variant with IEEE dots compiles in 5-20 s on a GPU host,
+        a bf16 one in 1-2 s, and the layout stage builds some 50), else the first. For
         torch.compile (a build per layout, and PyTorch's own layouts) none: --full."""
         if not self.quick:
             return False
@@ -983,10 +983,9 @@ def check_bad_input(impl, case, dev, dtype) -> CaseResult:
 def _fp32_as_fp32():
     """fp32 is checked as fp32: TF32 off for cuDNN and cuBLAS while a check runs (restored
     after). PyTorch's default lets cuDNN's convolutions take TF32 (10-bit mantissas) at
-    some shapes and not at others, so a backend that follows the flag was judged against
-    an exact dgrad at one shape (H100 fuzz: conv2d triton dx 2.0e-3 against a bound of
-    1.05e-6) and every backend's bound loosened at the others. A backend's TF32 path is
-    its own tests' business."""
+    some shapes and not at others, so a backend that follows the flag would be judged
+    against an exact dgrad at one shape and every backend's bound loosened at the others. A
+    backend's TF32 path is its own tests' business."""
     cu, mm = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -1169,17 +1168,17 @@ STAGES = ("shape", "rerun", "special", "layout", "option", "boundary", "grad", "
 # Seconds per implementation x dtype in quick mode, by what dominates its cost: Triton
 # under the CPU interpreter, a torch.compile build per distinct graph (C++ on a CPU,
 # Triton on a GPU), PyTorch's eager ops, an NVRTC build of a CUDA backend that cannot run
-# here. Rough, from lab/check_timing.py on a 2-core CPU machine and an H100; the progress
+# here. Rough, for a 2-core CPU machine and a GPU host; the progress
 # display scales them by the time the finished reports actually took.
 _COST = {
     "cpu": {"triton": 8.0, "compile": 12.0, "eager": 1.5, "nvrtc": 0.3},
-    "cuda": {"triton": 8.0, "compile": 30.0, "eager": 1.1, "nvrtc": 3.0},  # H100, 16 workers
+    "cuda": {"triton": 8.0, "compile": 30.0, "eager": 1.1, "nvrtc": 3.0},  # 16 workers
 }
 _FULL_FACTOR = 3.0  # --full: every test shape and gradient shape
 # Ops whose kernels have many compiled variants (attention: causal x window x softcap x
 # GQA x head-dim padding, forward and three backward kernels; conv2d and matmul: tile and
-# epilogue variants): a quick check of one of their kernel backends took 3-6x an
-# elementwise op's on a GPU host (lab/check_timing.py). The parallel check splits an item
+# epilogue variants): a quick check of one of their kernel backends takes 3-6x an
+# elementwise op's on a GPU host. The parallel check splits an item
 # this heavy over STAGE_GROUPS.
 _OP_WEIGHT = {"attention": 6.0, "conv2d": 3.0, "matmul": 3.0, "batch_norm2d": 1.5, "bn_relu_pool2d": 1.5,
               "layer_norm": 1.5}  # fmt: skip

@@ -48,10 +48,9 @@ SHAPES = {
     "linear_cross_entropy": ((64, 64, 256), (8192, 2048, 128256), {}),  # (N, H, V)
 }
 BOUND = {"fwd": 1.3, "fwdbwd": 1.3}
-# Short rounds, many of them: on the lent H100's host the same call's 50 ms rounds ranged
-# 141-175 us in one run and 150-273 us in another's (37f1abc, 20970b8); 15 ms rounds taken
-# in turn keep the backends of a group closer in time, and the median of 21 paired ratios
-# moves less with one bad round.
+# Short rounds, many of them: on a shared host the same call's 50 ms rounds can range by
+# nearly 2x within one run; 15 ms rounds taken in turn keep the backends of a group closer
+# in time, and the median of 21 paired ratios moves less with one bad round.
 ROUNDS = 21
 SLOW_MS = 20.0  # a model-sized call slower than this is timed once, not paired
 
@@ -115,7 +114,7 @@ def main(argv=None) -> int:
                         ms = timer.loop_ms(fn, calls=1, rounds=1) if label != "tiny" else 0.0
                         if ms > SLOW_MS:
                             # (21 rounds of at least 3 calls: the teaching backends at model
-                            # size, 0.5-1 s a call, took most of a device call's limit)
+                            # size, 0.5-1 s a call, would take most of a device call's limit)
                             row["skipped"] = f"{ms:.0f} ms a call: too slow to pair at this size"
                             row["us_per_call"] = round(ms * 1e3, 1)
                         else:

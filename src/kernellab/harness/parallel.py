@@ -72,8 +72,8 @@ def jobs_for(items, only_fuzz: bool = False) -> list[Job]:
         heavy = it.runs == "run" and not only_fuzz and chk._OP_WEIGHT.get(it.impl.op, 1.0) >= chk.SPLIT_WEIGHT
         heavy = heavy and (it.impl.triton_kernels is not None or it.impl.precompile is not None)
         if heavy:
-            # The heaviest (attention) one stage a job: its fp32 kernels alone compiled for
-            # over 3 minutes in three groups on an H200 while 321 other reports took 2:23.
+            # The heaviest (attention) one stage a job: its fp32 kernels alone compile for
+            # longer than all other reports together.
             groups = chk.STAGE_GROUPS
             if chk._OP_WEIGHT.get(it.impl.op, 1.0) >= 2 * chk.SPLIT_WEIGHT:
                 groups = tuple((name,) for g in chk.STAGE_GROUPS for name in g)

@@ -15,7 +15,7 @@ back) put another backend the row measured more than MARGIN ahead of the table's
 the fastest of them becomes the choice and the row keeps the paired medians under
 ``verified``. Paired rounds (the backends taking turns, each round's
 time the larger of device and loop time) are what a default is judged by; the tune rows'
-loop times were taken one backend after another on a host whose speed drifts, which made
+loop times are taken one backend after another on a host whose speed drifts, which makes
 some launch-bound choices by noise. A changed table needs a new verify run to be judged.
 """
 
@@ -150,8 +150,8 @@ def _apply_verify(table_rows, vrows) -> None:
 def _rows_from_verify(table_rows, vrows) -> list[dict]:
     """Rows for the paired cases (``_paired_cases``) of an op, dtype and mode that no table
     row has: a 16-bit dtype served by its sibling's rows (``tuning.SIBLING_DTYPES``; the
-    MNIST ops were tuned in fp32 only, and bf16 batch_norm2d at batch 64 then ran our
-    launch, 1.8x torch's time in a plain loop). Each row holds the backends the verify
+    MNIST ops are tuned in fp32 only, so a 16-bit call can get a choice no 16-bit row
+    backs). Each row holds the backends the verify
     timed (torch and the default's choice): ``times`` their paired medians, ``device``
     their median device times; the choice stays unless another is more than MARGIN ahead
     in the paired rounds. Marked ``from_verify``: a later tune of the dtype replaces them."""

@@ -87,10 +87,10 @@ def _flush_buffer() -> torch.Tensor:
 def warm_up(fn, min_calls: int = 3, min_s: float = 0.1) -> None:
     """Call ``fn`` for at least ``min_calls`` calls and ``min_s`` seconds of device time.
 
-    By count alone (3 calls) is not enough: measured on an H100, a bandwidth-bound kernel
-    timed right after the GPU sat idle for a second (a Triton JIT compile, a float64
-    reference on the host) ran ~15% slow for its first ~20 calls while the clocks came
-    back up, and a stable-looking median of 20 calls recorded that."""
+    By count alone (3 calls) is not enough: a bandwidth-bound kernel timed right after the
+    GPU sat idle for a second (a Triton JIT compile, a float64 reference on the host) runs
+    ~15% slow for its first ~20 calls while the clocks come back up, and a stable-looking
+    median of 20 calls would record that."""
     t0 = time.perf_counter()
     calls = 0
     while calls < min_calls or time.perf_counter() - t0 < min_s:
@@ -126,7 +126,7 @@ def _event_loop(
         # Keep the device busy while the host enqueues the batch. Otherwise, when one
         # call's host cost exceeds its device time (a 2^20-element GeLU: ~4 us on the GPU,
         # ~30 us of Python), the GPU idles between the start event and the kernel and the
-        # events time the host. Measured on an H100: 35 us "device time" for a 4 us kernel.
+        # events time the host (tens of us of "device time" for a 4 us kernel).
         _hold_device(host_per_iter * batch * 1.5)
         t_enq = time.perf_counter()
         for i in range(batch):
@@ -312,12 +312,12 @@ def loop_ms(fn, calls: int | None = None, rounds: int = 5, budget_s: float = 0.5
 def paired_loop_ms(fns: dict, calls: dict, rounds: int, warmup_rounds: int = 1) -> tuple[dict, dict]:
     """Plain-loop time per call (ms) of several functions taking turns: each round runs
     every ``fns[name]`` once (``calls[name]`` back-to-back calls, one synchronize; every other
-    round in reverse order), so a host whose speed drifts between minutes (the lent H100's
-    moved 2x) drifts under all of them alike, and ratios of the same round compare like with
-    like. ``warmup_rounds`` whole rounds run first and are not kept: a forward+backward
-    loop's first round ran 3x its later ones (the allocator growing; H100, rms_norm
-    4099x1025 bf16, 71dc08e's verify). Returns (name -> [ms per round], name -> the
-    exception of a function that raised; it is left out of later rounds)."""
+    round in reverse order), so a host whose speed drifts between minutes (by up to 2x)
+    drifts under all of them alike, and ratios of the same round compare like with like.
+    ``warmup_rounds`` whole rounds run first and are not kept: a forward+backward loop's
+    first round can run 3x its later ones (the allocator growing). Returns (name -> [ms per
+    round], name -> the exception of a function that raised; it is left out of later
+    rounds)."""
     times: dict = {name: [] for name in fns}
     errors: dict = {}
     order = list(fns.items())

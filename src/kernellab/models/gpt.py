@@ -121,12 +121,11 @@ def op_set(backends="pytorch", matmul="pytorch") -> dict:
 
 # --------------------------------------------------------------------------- fused blocks
 #
-# Eager mode: each kernellab op is a Python autograd node, and on the H100 host a Python
-# node costs ~140 us per forward+backward more than PyTorch's C++ node running the same
-# kernels (lab/probe_host.py: gelu 318 us through a bare autograd.Function over
-# torch's own gelu kernels, 180 us through F.gelu). A GPT-2 step has 74 such nodes: ~10 ms
-# of a 26 ms step at 4x256. So, as llm.c does, the transformer blocks run under ONE
-# autograd node whose backward is written out by hand: the ops' launchers are called
+# Eager mode: each kernellab op is a Python autograd node, and a Python node costs far
+# more host time per forward+backward than PyTorch's C++ node running the same kernels.
+# A GPT-2 step has 74 such nodes, a large share of a small step's time. So, as llm.c does,
+# the transformer blocks run under ONE autograd node whose backward is written out by hand:
+# the ops' launchers are called
 # through ``forward_saving`` / ``backward_from`` (the op kit's node-free entry points),
 # the linear layers through cuBLAS (addmm / mm) as nn.Linear does. Same kernels, same
 # math and saved tensors as the per-op graph; ~40 launches per block and one node for all.
@@ -200,9 +199,9 @@ def resolve_defaults(
     model, else kernellab.matmul's per-call default (None).
 
     ``compiling`` (the model traced by torch.compile): every slot chooses among backends
-    Inductor launches itself (``_inductor_launches``). The CUDA cross-entropy chosen by
-    device time at GPT-2 4 x 256 cost the compiled step 1.05x PyTorch's (H100, host-bound
-    at ~10 ms a step against ~4 ms of device time): its launcher's host time each step."""
+    Inductor launches itself (``_inductor_launches``): a backend with a launcher of its
+    own adds that launcher's host time to every step, which a host-bound compiled step
+    (GPT-2 4 x 256) pays in full."""
     from kernellab import registry, tuning
 
     out = dict(chosen)
@@ -271,7 +270,7 @@ _mm, _linear = torch.mm, F.linear
 
 def _linear_bwd(dy, x, w, want_bias: bool):
     """Gradients of y = x @ w.T + b for 2-D x, dy: (dx, dw, db). (Each torch call costs
-    ~10-20 us of host time on the H100 host: mm directly, not the matmul dispatcher.)"""
+    ~10-20 us of host time: mm directly, not the matmul dispatcher.)"""
     return _mm(dy, w), _mm(dy.t(), x), (dy.sum(0) if want_bias else None)
 
 
@@ -378,7 +377,7 @@ class _Plan:
     """The block stack's forward and backward captured as two CUDA graphs for one key
     (shape, dtype, the parameters' addresses): a step then costs two graph replays and a
     few copies of host time instead of ~60 torch calls and ~15 kernel launches per block
-    (on the H100 host: ~2.6 ms per block fwd+bwd against PyTorch's 1.5 ms).
+    (more host time per block fwd+bwd than PyTorch's whole block).
 
     Buffers the graphs read and write are fixed: the input and dout are copied in; the
     output, dx and the gradients are copied out (one flat copy for all gradients), so
@@ -743,8 +742,8 @@ def time_interleaved(builders: dict, warmup: int = 4, steps: int = 8, rounds: in
     """ms per training step of several op sets, timed in alternating rounds: each
     ``builders[name]() -> (Trainer, batch)`` is built and warmed (``warmup`` steps:
     compilation and autotuning fall there), then every set runs ``steps`` steps in turn,
-    ``rounds`` times. A host whose speed drifts between runs (the lent H100's did by up to
-    1.6x) then drifts under every set alike. Returns name -> row: loss, warmup_s,
+    ``rounds`` times. A host whose speed drifts between runs then drifts under every set
+    alike. Returns name -> row: loss, warmup_s,
     ms_per_step (median round), ms_min, ms_max, rounds, rounds_ms (each round's) and, where a set named "pytorch"
     ran, ratio_paired (the median over rounds of the set's time over PyTorch's in the same
     round); a set that fails gets ``error`` instead (``on_error(exc)`` is called with it)."""
@@ -855,7 +854,7 @@ def compare(
 
     The op sets of one (B, T, mode) are built and warmed first, then timed in ``rounds``
     alternating rounds of ``steps`` steps (median round): a host whose speed drifts
-    between runs (the lent H100's did by up to 1.6x) then drifts under every set alike.
+    between runs then drifts under every set alike.
     ``ratio_paired``: the median over rounds of the set's time over PyTorch's in the same
     round."""
     from kernellab.models import text

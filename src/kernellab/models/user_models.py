@@ -20,7 +20,7 @@ runs --steps timed steps of each in turn after warm-up (compiles) and the median
 reported with the ratio to the first variant in the same mode. ``--isolate`` runs each
 variant in a process of its own instead (no interleaving): torch.compile's cache is per
 code object, so compiled variants of one model class in one process recompile each
-other's graphs (an HF Llama step measured 4 s under compile that way), and a patch's
+other's graphs (an HF Llama step takes seconds under compile that way), and a patch's
 module-level swaps stay out of the other variants.
 """
 

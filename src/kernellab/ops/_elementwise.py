@@ -6,8 +6,8 @@ them into ``torch.library`` custom ops (fake kernels for torch.compile, autograd
 through the backward op) and into the callable the registry holds.
 
 Eager fast path: a custom op with registered autograd goes through the dispatcher and
-Python several times per call; measured on an H100 the fwd+bwd host cost was ~270 us
-against 96 us for PyTorch's gelu, so small and medium tensors were host-bound. Under
+Python several times per call, nearly three times the fwd+bwd host cost of PyTorch's
+gelu, so small and medium tensors would be host-bound. Under
 torch.compile the custom op is used (it is what Dynamo can trace); in eager mode the
 registry callable calls the launcher directly when no gradient is needed, and a plain
 ``torch.autograd.Function`` around the same launchers when one is. Same kernels, same

@@ -53,8 +53,7 @@ class _FirstOrderOnly(torch.autograd.Function):
 def first_order_only(y: torch.Tensor, label: str) -> torch.Tensor:
     """``y`` as it is, but a double backward through it raises a clear error. For a peer
     whose autograd.Function backward runs kernels that record no graph: differentiated
-    again, such a backward returns a silently wrong second derivative (liger's SwiGLU gave
-    one off by 15.8 in ``kernellab check`` on an H100)."""
+    again, such a backward returns a silently wrong second derivative (liger's SwiGLU does)."""
     if not (torch.is_grad_enabled() and y.requires_grad):
         return y
     return _FirstOrderOnly.apply(y, label)

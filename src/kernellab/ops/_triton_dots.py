@@ -32,8 +32,8 @@ def dot_precision(dtype: torch.dtype, tf32: bool) -> str:
 def tf32_rn(x):
     # fp32 -> TF32 rounded to nearest (what cuBLAS and cuDNN do with TF32 on). Handed raw
     # fp32 registers, the tensor cores drop the low 13 mantissa bits (truncation): ~2x the
-    # rounding error (attention measured 2.46e-3 against a bound of 2.0e-3, 2 x PyTorch's
-    # TF32 error, on the H100 before this rounding).
+    # rounding error, enough to put attention past the check's bound (2 x PyTorch's TF32
+    # error).
     return tl.inline_asm_elementwise(
         "cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
     )
@@ -52,10 +52,10 @@ def dot(a, b, PREC: tl.constexpr, c=None):
 def two_level(a, b, acc, PREC: tl.constexpr):
     """acc + (a @ b summed apart): two-level summation for fp32 operands. Chained through
     acc=, an IEEE fp32 dot adds every term of every K block into one accumulator in
-    sequence, and that rounding walk grows with K (attention's dv: 6.1e-6 against a bound
-    of 4.5e-6, 2 x SDPA's error, over ~1000 rows on the H100; matmul at K = 3152: 1.15e-4
-    against 3.4e-5, 2 x cuBLAS's). The block's product starts from acc * 0.0, not from a
-    constant 0: Triton's dot-add combine rewrites "acc + dot(a, b, 0)" into dot(a, b, acc),
+    sequence, and that rounding walk grows with K (past the check's bound, 2 x SDPA's or
+    cuBLAS's error, in attention's dv over ~1000 rows and in matmul at K = 3152). The
+    block's product starts from acc * 0.0, not from a constant 0: Triton's dot-add combine
+    rewrites "acc + dot(a, b, 0)" into dot(a, b, acc),
     the very chain this avoids. Where acc is +-inf, acc * 0.0 would be NaN: those lanes
     start from 0.0."""
     zero = tl.where(tl.abs(acc) < float("inf"), acc * 0.0, 0.0)

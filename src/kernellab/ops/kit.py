@@ -15,8 +15,8 @@ the inputs. ``build`` returns the registry callable and makes, once:
 - autograd for the custom op (used under torch.compile);
 - the eager path: an ``autograd.Function`` around the same launchers when a gradient is
   needed, the forward launcher alone when none is. The dispatcher and the custom op's
-  Python autograd cost tens of microseconds per call on the host (measured on the H100
-  host: 52 us for a custom_op gelu against 10.7 us for torch's), so eager calls skip them;
+  Python autograd cost tens of microseconds per call on the host, several times a torch
+  op's, so eager calls skip them;
   ``opcheck`` verifies the custom ops, the check engine the eager path.
 - ``custom_ops`` samples for ``opcheck``.
 
@@ -200,9 +200,9 @@ def build(decl: OpDecl) -> Callable:
     def forward_saving(*inputs):
         """The forward launcher alone, no autograd node: ``(output, saved)``; the caller
         owns the backward (``backward_from(saved, dy)``). A model that fuses several ops
-        under one autograd node of its own pays one node instead of one per op (measured
-        on the H100 host: a Python autograd node costs ~140 us per forward+backward more
-        than PyTorch's C++ node for the same kernels)."""
+        under one autograd node of its own pays one node instead of one per op (a Python
+        autograd node costs far more host time per forward+backward than PyTorch's C++
+        node for the same kernels)."""
         out = _as_tuple(fwd(*inputs))
         return (out[0] if n_out == 1 else out[:n_out]), save(inputs, out)
 

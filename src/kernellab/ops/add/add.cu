@@ -6,8 +6,8 @@
 //   v2  add_*      (backend "cuda") 16-byte vector loads/stores, 2 packs per input in flight
 //                  per thread, one tile per block. add moves 12 B per fp32 element (2 reads, 1 write)
 //                  and does 1 flop: pure bandwidth, so the goal is the copy ceiling. Large
-//                  16-bit tensors take add_w8_* (one 8-byte pack per thread and input: 1%
-//                  faster on the H100, see common.cuh map2_vec8).
+//                  16-bit tensors take add_w8_* (one 8-byte pack per thread and input:
+//                  slightly faster on Hopper, see common.cuh map2_vec8).
 #include "common.cuh"
 
 namespace {

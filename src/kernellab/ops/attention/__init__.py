@@ -586,7 +586,7 @@ _V2 = dict(
     # run them without); head dim 128, the default scale 1/sqrt(128) (no other case has it).
     # Continuous in q, k, v (masks follow positions, not values): a draw with large
     # logits (scale 0.863 at D=80) is ill-conditioned, and fp32 dq of every backend,
-    # PyTorch's included, moved past 2x the SDPA math path's error on an H100.
+    # PyTorch's included, moves past 2x the SDPA math path's error.
     perturbation_floor=True,
     boundary_cases=[
         Boundary((1, 1, 35, 70, 16), {"causal": True}),

@@ -12,8 +12,8 @@
 //       of the running sum l and the unnormalized accumulator acc[D] by exp(m_old - m_new)
 //       per tile; o = acc / l at the end, lse = m + log(l). The tile's P V is summed
 //       apart from acc with Kahan compensation: adding every key into acc in sequence
-//       measured 2.3e-6 against a bound of 9.4e-7 on the H100 for inputs whose rows are
-//       all equal (the exact answer is v's row; the error is only the summation's).
+//       misses the check's bound for inputs whose rows are all equal (the exact answer
+//       is v's row; the error is only the summation's).
 //       Correctness, not speed: every score is a D-long dot product in FP32 FMAs on one
 //       thread (no tensor cores), and acc[D] + q[D] is 2 x D registers per thread (spills
 //       at D = 128). Tiled MMA (one warp per 16 rows) is what the Triton kernel does.

@@ -127,11 +127,11 @@ def _tf32_fp32(q) -> bool:
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
-    # SDPA's fused CUDA kernels read 16-byte vectors without checking the base pointer: on
-    # the H100 (torch 2.11) an fp32 input with a storage offset of one element faulted with
-    # "misaligned address" in `kernellab check` (offset layout), which poisons the CUDA
-    # context for the rest of the process. A misaligned input gets an aligned copy (what
-    # .contiguous() would not do: the tensor already is contiguous).
+    # SDPA's fused CUDA kernels read 16-byte vectors without checking the base pointer
+    # (torch 2.11, Hopper): an fp32 input with a storage offset of one element faults with
+    # "misaligned address", which poisons the CUDA context for the rest of the process. A
+    # misaligned input gets an aligned copy (what .contiguous() would not do: the tensor
+    # already is contiguous).
     # Not while torch.compile traces: data_ptr() breaks the graph (at every attention
     # call of a compiled model), and Inductor's SDPA lowering lays out its own inputs.
     if torch.compiler.is_compiling():
@@ -140,16 +140,15 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def _fit_grad(g: torch.Tensor) -> torch.Tensor:
-    # The output gradient as SDPA's backward kernels want it. Misaligned (CUDA): on an
-    # H200 (torch 2.11) a bf16/fp16 dy with a storage offset of one element made the cuDNN
-    # backward fail ("mha_graph.execute ... is_good()") and, inside `kernellab check`'s
-    # per-argument dy layouts, faulted with "misaligned address": an aligned copy. Zero
-    # strides (a dy expanded over batch and heads: the grad of a broadcast, or the check's
-    # "expanded" layout): under `kernellab check` (NaN-poisoned memory, torch 2.11, H100
-    # and H200) the fp16/bf16 backward returned dq with NaN rows in every head but the
-    # first, where the same values laid out contiguously give the right dq. A contiguous
-    # copy (one B*H*S*D write, small beside the backward's S^2 work) keeps SDPA on the
-    # layout it is tested with; lab/probe_sdpa_expanded_grad.py looks for the cause.
+    # The output gradient as SDPA's backward kernels want it (torch 2.11, Hopper).
+    # Misaligned (CUDA): a bf16/fp16 dy with a storage offset of one element makes the
+    # cuDNN backward fail ("mha_graph.execute ... is_good()") or fault with "misaligned
+    # address": an aligned copy. Zero strides (a dy expanded over batch and heads: the
+    # grad of a broadcast, or the check's "expanded" layout): over NaN-poisoned memory the
+    # fp16/bf16 backward returns dq with NaN rows in every head but the first, where the
+    # same values laid out contiguously give the right dq. A contiguous copy (one B*H*S*D
+    # write, small beside the backward's S^2 work) keeps SDPA on the layout it is tested
+    # with.
     if g is None:  # (an undefined gradient: gradcheck sends one)
         return g
     if any(st == 0 and n > 1 for st, n in zip(g.stride(), g.shape)):

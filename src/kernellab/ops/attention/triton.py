@@ -40,15 +40,14 @@ with at most 64 keys a row: rowsum(P * dP) by the dQ kernel, see _bwd_plan);
 then one program per key block accumulates dK_j, dV_j over the query blocks that see it
 (no atomics), and one program per query block accumulates dQ_i over the key blocks it
 sees. P is recomputed from the LSE in both passes (2 extra QK^T matmuls: 7 matmuls
-instead of 5). Measured on the H100 (bf16, D=128, S=2k-8k): dQ by fp32 atomics inside the
-dK/dV pass (5 matmuls) was no faster (4.03-4.11 ms against 4.02 for the two passes at
-1x32x8192) and not deterministic, so the passes stay (benchmarks/NOTES.md).
+instead of 5). dQ by fp32 atomics inside the dK/dV pass (5 matmuls) is no faster on
+Hopper and not deterministic, so the passes are separate.
 
 GQA: the forward and the dQ pass run one program per (query block, q head) and read the
 q head's k/v head; the dK/dV pass runs one program per (key block, k/v head) and, at each
 query block, loops over the GROUP q heads of its group, so dK, dV sum the group in
 registers (no atomics, no dK/dV per q head to reduce afterwards, no repeat_interleave copy
-of k and v). GQA is a constexpr: plain attention compiles as it did before GQA existed.
+of k and v). GQA is a constexpr: plain attention compiles without any of the GQA code.
 (Compiled by Triton 3.9 for sm_90 at the first dK/dV tile, 32 x 64, D=128, the GQA
 variant holds 255 registers with 10 local-memory instructions; plain attention 248, none.)
 
@@ -108,9 +107,9 @@ def fwd_configs():
     """Forward tiles. Hopper: a 128-row query tile with 8 warps (two warpgroups, one
     64-row wgmma each) and 64- or 128-key tiles, 2-3 stages of K/V in shared memory
     (D=128, bf16: 16-32 KB per stage); at D=64 and S=1024 a 64 x 64 tile with 4 warps and
-    4 stages was the fastest on the H100 (0.073 ms against 0.124 for 128 x 64 at 8x12x1024,
-    causal). The first config is what problems too short to tune take (64 x 64, 3 stages:
-    the fastest at ViT's 64x12x197x64). Smaller tiles for D=256 and fp32 (pruned below).
+    4 stages is the fastest on Hopper (causal, well ahead of 128 x 64). The first config is
+    what problems too short to tune take (64 x 64, 3 stages: the fastest at ViT's
+    64x12x197x64). Smaller tiles for D=256 and fp32 (pruned below).
     Under the CPU interpreter, one small config with BLOCK_M != BLOCK_N so that tests
     exercise the causal bookkeeping with unequal tiles."""
     if _device.triton_interpreted():
@@ -128,9 +127,8 @@ def fwd_configs():
 def bwd_dkdv_configs():
     """dK/dV pass: BLOCK_N keys held in registers (k, v, dk, dv: 4 x BLOCK_N x D), BLOCK_M
     query rows streamed per step. The first config is the one problems too short to tune
-    take (measured on the H100, bf16, D=64: fastest or within 5% of it at 4x12x256,
-    64x12x197 and 8x12x1024); 64 x 128 with 8 warps was the fastest at D=128 and S >= 2k
-    (probe_attn_bwd rows, Triton 3.6)."""
+    take (on Hopper, bf16, D=64: fastest or within 5% of it at 4x12x256, 64x12x197 and
+    8x12x1024); 64 x 128 with 8 warps is the fastest at D=128 and S >= 2k."""
     if _device.triton_interpreted():
         return [_cfg(16, 32, 4, 1)]
     return [
@@ -145,8 +143,8 @@ def bwd_dkdv_configs():
 
 def bwd_dq_configs():
     """dQ pass: BLOCK_M query rows held (q, dO, dq), BLOCK_N keys streamed per step. First:
-    the short problems' config (as above); 128 x 64 with 8 warps and 3 stages was the
-    fastest at every length >= 1024 measured on the H100."""
+    the short problems' config (as above); 128 x 64 with 8 warps and 3 stages is the
+    fastest on Hopper at lengths >= 1024."""
     if _device.triton_interpreted():
         return [_cfg(32, 16, 4, 1)]
     return [
@@ -200,8 +198,8 @@ def _fit(configs, nargs, **kwargs):
 
 def _prune_dkdv(configs, nargs, **kwargs):
     """As _prune. (A 64 x 128 tile at D=128 needs ~255 registers per thread; compiled by
-    Triton 3.9 for sm_90 it spilled, by Triton 3.6 on the H100 it was the fastest tile:
-    the autotuner measures, so it stays in the list.)"""
+    some Triton versions it spills, by others it is the fastest tile: the autotuner
+    measures, so it stays in the list.)"""
     return _tuned(_fit(configs, nargs, **kwargs), nargs)
 
 
@@ -236,11 +234,11 @@ def _mma(a, b, acc, PREC: tl.constexpr):
     """acc + a @ b. For fp32 operands the block's product is summed apart and then added
     to acc (two-level summation): chained through acc=, an IEEE fp32 dot adds every row
     of every block into one accumulator in sequence, and over ~1000 rows that rounding
-    walk measured 6.1e-6 in dv against a bound of 4.5e-6 (2 x SDPA's error) on the H100;
-    a CPU model of the two orders gives 5.1e-6 chained, 1.6e-6 two-level at 64-row blocks.
+    walk puts dv over the check's bound (2 x SDPA's error); a CPU model of the two orders
+    gives 5.1e-6 chained, 1.6e-6 two-level at 64-row blocks.
     16-bit operands accumulate in the MMA (acc=), as every fast kernel does."""
     if a.dtype == tl.float32:
-        return two_level(a, b, acc, PREC)  # (the first H100 run without acc * 0.0: the same 6.1e-6)
+        return two_level(a, b, acc, PREC)
     else:
         return tl.dot(a, b, acc=acc, input_precision=PREC)
 
@@ -250,8 +248,8 @@ def _ld(ptrs, rows_ok, d_ok, ROWS: tl.constexpr, PAD_D: tl.constexpr):
     """A (rows x BLOCK_D) tile: rows masked when ROWS (a tail or a causal edge), the head
     dim masked when PAD_D (D padded up to the power of two BLOCK_D: columns D..BLOCK_D load
     as 0, so they add 0 to every dot and their outputs are never stored). Without either
-    mask the load is the plain vectorized one: the power-of-two head dims compile exactly
-    as before the padding existed."""
+    mask the load is the plain vectorized one: the power-of-two head dims pay nothing for
+    the padding."""
     if ROWS:
         if PAD_D:
             x = tl.load(ptrs, mask=rows_ok[:, None] & d_ok[None, :], other=0.0)
@@ -490,7 +488,7 @@ def _attn_fwd_ws(
     # V stream through device-side tensor descriptors. Same math and outputs as _attn_fwd
     # (o, and lse in log2 units); the launcher (_ws_fits) says when it runs. Q comes through
     # a descriptor too: with a pointer load of Q (or 4-D descriptors over strided q, k, v)
-    # the warp-specialization pass fails (Triton 3.6 on the H100, 3.9 compiling for sm_90).
+    # the warp-specialization pass fails (Triton 3.6 and 3.9, sm_90).
     pid = tl.program_id(0)
     num_m = S // BLOCK_M
     bh = pid // num_m  # consecutive programs share a head: its K and V stay in L2
@@ -541,8 +539,8 @@ def _attn_fwd_ws(
 # fused projection or of dO: c0 = h * D). _ws_layout says when that holds. Causal runs as
 # one loop per program masked on every block (the only causal form the pass manager
 # specializes); dQ programs take the longest rows first. Outputs go through pointer stores,
-# any strides. lab/probe_attn_bwd_ws.py measured the form (H100, bf16, D = 128):
-# 1.08-1.15x the plain two passes at S >= 4k, even at 2k causal; slower at D = 64.
+# any strides. On Hopper (bf16, D = 128) the form beats the plain two passes at S >= 4k
+# and at 2k causal; it is slower at D = 64.
 
 
 @triton.jit
@@ -1174,9 +1172,7 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
 # options (the kernel, its constexprs and scalar arguments, the tuned tile and grid, the
 # warp-specialized path or not) is computed once per key and kept; a call then allocates
 # its outputs and launches (triton_support.Bound: the compiled launcher with the tensors'
-# addresses). On the H100 host this Python was most of a small call's cost: 45 us for the
-# forward's one launch and 112 us for the backward's three against SDPA's whole forward +
-# backward of 130 us (lab/probe_attn_host.py).
+# addresses). Done per call, this Python would be most of a small call's host cost.
 _PLANS: dict = {}
 
 
@@ -1227,10 +1223,9 @@ def _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, s
     return plan_ws
 
 
-# The warp-specialized forward (_attn_fwd_ws): where it runs, one tile. H100, bf16, D=128,
-# not causal (lab/probe_attn_fwd_ws.py, rows probe_attn_fwd_ws-*-39c495a-noncausal):
-# 1.07-1.23x _attn_fwd's speed at S = 1k-16k (0.76-0.90x cuDNN's); at D=64 it was not
-# faster, and its causal forms did not compile under Triton 3.6.
+# The warp-specialized forward (_attn_fwd_ws): where it runs, one tile. On Hopper (bf16,
+# D=128, not causal) it is faster than _attn_fwd at S = 1k-16k; at D=64 it is not faster,
+# and its causal forms do not compile under Triton 3.6.
 WS_MIN_S = 1024
 _WS_TILE = dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2)
 _WS_TRITON = hasattr(tl, "make_tensor_descriptor") and not _device.triton_interpreted()
@@ -1327,9 +1322,9 @@ def _ws_bwd_fits(q4, k4, v4, do4, causal, group, win, cap, d, qk_scale, s_q, s_k
 def _WS_BWD_MODE() -> str:
     """KERNELLAB_ATTN_WS_BWD: "0" off; "1" (the default) head-major layouts, each head's
     rows starting at column 0 of its view (contiguous (B, H, S, D) and the like: verified on
-    the H100 through the bench's float64 re-checks at 2be1e21); "views" also a fused
-    projection's (B, S, H, D) memory, whose heads start at column h * D (tested on the CPU
-    under the interpreter; its GPU test did not complete at 2be1e21, so it is opt-in)."""
+    a GPU against float64); "views" also a fused projection's (B, S, H, D) memory, whose
+    heads start at column h * D (verified only under the CPU interpreter, so it is
+    opt-in)."""
     return os.environ.get("KERNELLAB_ATTN_WS_BWD", "1")
 
 
@@ -1349,8 +1344,8 @@ def lse_shape(q: Tensor) -> tuple[int, ...]:
     scale; softcap: the capped score in log2 units) and log2(l), l = sum exp2((s - m) *
     |c|), c = scale * log2 e (1 with a softcap): the difference near the max is exact.
     Scaling first (s * c - lse, the 16-bit form) rounds s * c to |s * c| * 2^-24, which at
-    rows with few keys put fp32 dv over twice PyTorch's error
-    (lab/attention_p_precision.py), and (m, log2 l) cannot be split back out of one
+    rows with few keys puts fp32 dv over twice PyTorch's error, and (m, log2 l) cannot be
+    split back out of one
     rounded lse. So the fp32 backward first recomputes (m, log2 l) with the forward kernel
     in its STATS mode (scores and row sums only, no V and no P @ V; ``backward_into``).
     16-bit outputs' own rounding is far above that error: their backward reads the lse."""
@@ -1439,10 +1434,10 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
         # fp32 from our forward, every row seeing few keys: delta = rowsum(P * dP) from
         # the very P and dP that dS uses, not rowsum(dO * O). A row that sees one key
         # then gets dS = P (dP - delta) = 0 exactly, as PyTorch's softmax backward
-        # gives; from dO * O it was a few ulps (dq 1.8x the check's bound at window
+        # gives; from dO * O it is a few ulps (dq over the check's bound at window
         # (0, -1), where PyTorch's error is 0). It costs a pass over the keys like dq's
-        # without the dq dot (+41% of the fp32 backward at 1x12x1024x64 causal, H100):
-        # where rows see many keys, PyTorch's own error is far above those ulps.
+        # without the dq dot (a large share of a short fp32 backward): where rows see
+        # many keys, PyTorch's own error is far above those ulps.
         delta_pass = triton_support.TunedBound(_attn_bwd_dq, dq_grid, dict(dq_kw, DELTA_ONLY=True), (0, 1, 2, 3, 4, 6))
     elif s_q:
         pre_m = 64 if not _device.triton_interpreted() else 32
@@ -1549,8 +1544,8 @@ _attention = build(
         grads=lambda g, extra: (g[0], g[1], g[2]) + (None,) * len(extra),
         needs_grad=lambda q, k, v, *options: q.requires_grad or k.requires_grad or v.requires_grad,
         samples=(_opcheck_fwd, _opcheck_bwd),  # (+ _opcheck_fwd_options in the tests)
-        # A triton_op on a GPU (Inductor launches the four kernels itself); it failed to
-        # compile there until the kernels cast their float scales to fp32 (Inductor passes
+        # A triton_op on a GPU (Inductor launches the four kernels itself); the kernels
+        # cast their float scales to fp32 so that it compiles there (Inductor passes
         # floats as fp64). KERNELLAB_ATTN_TRITON_OP=0 makes it a custom_op (comparisons).
         triton=os.environ.get("KERNELLAB_ATTN_TRITON_OP", "1") == "1",
         inplace_hint=INPLACE_HINT,

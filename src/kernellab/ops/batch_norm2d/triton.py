@@ -37,8 +37,8 @@ from kernellab.ops.batch_norm2d import _kit
 @dataclass(frozen=True)
 class Config:
     """block: elements per step of a program on a GPU; interp_block under the interpreter,
-    which pays per step (the model's 4 x 32 x 28 x 28 layer took 9.6 s a training step at
-    128); tests pass a smaller one to the launchers to walk the block loop. programs_per_sm:
+    which pays per step (at 128 the model's 4 x 32 x 28 x 28 layer takes seconds a training
+    step); tests pass a smaller one to the launchers to walk the block loop. programs_per_sm:
     grid size target C * SPLIT ~ programs_per_sm x SMs (a first guess, not tuned: 8 programs
     x 4 KB of loads per step = 32 KB in flight per SM, twice the ~15 KB an H100 needs to
     stream at full bandwidth: 3.35 TB/s x ~0.6 us / 132 SMs). interp_split: chunks per channel under

@@ -142,7 +142,7 @@ __device__ void brp_bwd_dx(const T* __restrict__ dz, const signed char* __restri
     const float k = rstd * kl::to_f(w[c]);
     const float mdb = sb / M, mdw = sw / M;
     // fp32 storage: the per-element formula in fp64 (in fp32, five roundings put dx at the
-    // check's bound: 1.01x with an offset dy, H100); 16-bit: fp32
+    // check's bound); 16-bit: fp32
     const double k64 = (double)rstd * (double)kl::to_f(w[c]), mdb64 = tb / M, mdw64 = tw * (double)rstd / M;
     const int HW = H * W, PQ = P * Q;
     const int start = s * chunk;

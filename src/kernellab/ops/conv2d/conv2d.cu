@@ -72,8 +72,8 @@ __device__ void fwd_v1(const T* __restrict__ x, const T* __restrict__ w, const T
     const int p = (int)((i / g.Q) % g.P);
     const int k = (int)((i / ((long long)g.Q * g.P)) % g.K);
     const int n = (int)(i / ((long long)g.Q * g.P * g.K));
-    // One thread sums all C R S products: for fp32 in fp64 (an fp32 running sum of 2205
-    // products was 7.5x cuDNN's error with TF32 off: H100 fuzz, 2x245x15x4 3x3).
+    // One thread sums all C R S products: for fp32 in fp64 (an fp32 running sum of
+    // thousands of products is several times cuDNN's error with TF32 off).
     Acc<T> acc = 0;
     for (int c = 0; c < g.C; ++c) {
         for (int r = 0; r < g.R; ++r) {
@@ -201,8 +201,8 @@ struct FwdProblem {  // y[(n,p,q), k] = sum_{(c,r,s)} x[n, c, p sh - ph + r, q s
 template <typename T>
 struct DgradProblem {  // dx[(n,h,w), c] = sum_{(k,r,s)} dy[n, k, (h+ph-r)/sh, (w+pw-s)/sw] w[k, c, r, s]
     const T* dy; const T* w; T* dx; Geom g;
-    // fp32: 16-deep slices summed in fp64, as wgrad (one fp32 chain over K R S was 3.6-6.4x
-    // cuDNN's dx error at the MNIST and large layers, H100)
+    // fp32: 16-deep slices summed in fp64, as wgrad (one fp32 chain over K R S is several
+    // times cuDNN's dx error at the MNIST and large layers)
     static constexpr bool kAcc64 = sizeof(T) == 4;
     struct Row { int base, h, w; bool ok; };
     struct Col { int off; bool ok; };
@@ -237,8 +237,8 @@ template <typename T>
 struct WgradProblem {  // dw[k, (c,r,s)] = sum_{(n,p,q)} dy[n, k, p, q] x[n, c, p sh - ph + r, q sw - pw + s]
     const T* dy; const T* x; double* part; Geom g;
     // fp32 storage: each 16-deep slice summed in fp32, the slices in fp64 (an fp32 sum over a
-    // whole chunk of N P Q, up to thousands of products, was 1.3-2.7x over twice cuDNN's
-    // error on the H100); 16-bit: fp32 over the chunk (their bound is far looser)
+    // whole chunk of N P Q, up to thousands of products, exceeds twice cuDNN's
+    // error); 16-bit: fp32 over the chunk (their bound is far looser)
     static constexpr bool kAcc64 = sizeof(T) == 4;
     struct Row { int off; bool ok; };
     struct Col { int c, r, s; bool ok; };
@@ -343,7 +343,7 @@ __device__ __forceinline__ void igemm(const Prob& prob, int M, int Nn, int k_beg
 }
 
 // dbias[k] = sum over n, p, q of dy[n, k, p, q]. Sums are fp64 throughout (an fp32 running
-// sum of 784 terms was 1.5x over the check's bound: H100, fp32 dy, batch 256, 14x14).
+// sum of a few hundred terms goes over the check's bound).
 template <typename T>
 __device__ void dbias(const T* __restrict__ dy, double* __restrict__ db_part, int n_per, Geom g) {
     // Block (k, j): the fp64 sum of channel k over images [j n_per, (j + 1) n_per), written

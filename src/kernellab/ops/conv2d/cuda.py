@@ -128,8 +128,8 @@ def cuda_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     kern((tiles_m, tiles_n, splits), THREADS, dy, x, part, chunk, *g, device_index=dev)
     dw = part.sum(0).to(w.dtype).view(w.shape)
     # dbias: fp64 partial row sums, one per (channel, slice of the batch), summed after: one
-    # block per channel alone left the GPU mostly idle (K = 32 blocks: 1.66 ms at MNIST's
-    # first layer, batch 1024, H100).
+    # block per channel alone leaves the GPU mostly idle (K = 32 blocks at MNIST's first
+    # layer).
     slices = max(1, min(n, _cdiv(2 * sm_count(dev), k)))
     db_part = torch.empty((slices, k), dtype=torch.float64, device=x.device)
     kern = _kernel(f"conv2d_dbias_{sfx}", ("ptr",) * 2 + ("i32",) + _GEOM, dev)

@@ -14,9 +14,8 @@ from kernellab.registry import register
 def manual_conv2d(x, w, bias=None, stride=1, padding=0):
     """unfold (im2col) + one matmul: the unfolded copy is C R S times x (9x for 3x3),
     written and read back through memory. Math in fp32 for 16-bit storage, in fp64 for
-    fp32 (an fp32 GEMM's dw, a reduction over N P Q, was up to 1.17x over twice cuDNN's
-    error in the H100 check; an H100 runs fp64 GEMMs about as fast as fp32 ones without
-    TF32)."""
+    fp32 (an fp32 GEMM's dw, a reduction over N P Q, can exceed twice cuDNN's error; an
+    H100 runs fp64 GEMMs about as fast as fp32 ones without TF32)."""
     st, pd = as_pair(stride, "stride", 1), as_pair(padding, "padding", 0)
     n, _, h, wd = x.shape
     k, _, r, s = w.shape
@@ -46,13 +45,11 @@ register_baseline("conv2d", manual_conv2d, torch_conv2d, compiled(manual_conv2d)
 # every sh-th row of the stride-1 result (it computes sh * sw times the outputs it keeps).
 # Cost: O(N C Hp Wp log(Hp Wp)) for the transforms plus N K C Hp (Wp/2 + 1) complex
 # multiply-adds for the channel sum, against N K P Q C R S for the direct method: the FFT
-# does not depend on the kernel size, so it wins for large kernels and loses for 3x3
-# (lab/conv_ladder.py measures it by kernel size).
+# does not depend on the kernel size, so it wins for large kernels and loses for 3x3.
 #
 # Precision: the transforms spread every input over every frequency, so an output's error
-# scales with its whole image, not with its own window. In fp32 (complex64) that was
-# inside the check's bound on the CPU with little margin (1.2-1.4e-6 against 1.8-2.6e-6 at
-# 3 x 1 x 28 x 28 -> 8) and 1.25x over it on the H100 (dw with an expanded dy), so fp32
+# scales with its whole image, not with its own window. In fp32 (complex64) that is at
+# or past the edge of the check's bound, so fp32
 # storage transforms in fp64 (complex128) and 16-bit storage in fp32. One non-finite input makes every output of its image NaN (it enters
 # every frequency): non-finite inputs are refused (a device sync per call: a teaching
 # backend).

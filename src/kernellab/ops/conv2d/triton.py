@@ -91,7 +91,7 @@ def _conv_dgrad_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # ACC64 (fp32 storage): each BLOCK_K-deep tile's dot in fp32, their sum in fp64 (one
-    # fp32 chain over K R S was 3.6-6.4x cuDNN's dx error at the MNIST / large layers, H100)
+    # fp32 chain over K R S is several times cuDNN's dx error at the MNIST / large layers)
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(C, BLOCK_N)
     pid_m, pid_n = pid // n_tiles, pid % n_tiles
@@ -144,8 +144,8 @@ def _conv_wgrad_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # ACC64 (fp32 storage): IEEE fp32 operands through fp64 dots (the products are exact and
-    # the sums fp64: each BLOCK_K-deep fp32 dot summed in fp64 failed the check's bound, 2x
-    # cuDNN's error, on 7 of 27 seeds on the H100), TF32 dots summed in fp64; else one fp32
+    # the sums fp64: each BLOCK_K-deep fp32 dot summed in fp64 misses the check's bound, 2x
+    # cuDNN's error, on some seeds), TF32 dots summed in fp64; else one fp32
     # accumulator over the chunk (16-bit: a far looser bound)
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -161,8 +161,7 @@ def _conv_wgrad_kernel(
     pq = P * Q
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
-    # dbias in fp64 (an fp32 running sum was 1.26x over the check's bound on the CPU, fp32
-    # tile sums 1.5x with an expanded dy on the H100)
+    # dbias in fp64 (an fp32 running sum, or fp32 tile sums, go over the check's bound)
     db = tl.zeros((BLOCK_M,), dtype=tl.float64)
     start = split * CHUNK
     end = tl.minimum(start + CHUNK, NPQ)
@@ -244,8 +243,8 @@ def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
     """(splits, chunk): enough programs to fill the GPU (~2 per SM), down to one reduction
     tile per chunk; on the CPU two splits when the reduction allows, so the partial-sum
     path is exercised by the tests. Short chunks also shorten each fp32 running sum (the
-    partials are added in fp64): with chunks of at least 8 tiles a small problem was one
-    chain of up to 255 products, and its fp32 dw 1.15x over the check's bound (H100)."""
+    partials are added in fp64): with chunks of at least 8 tiles a small problem would be
+    one chain of up to 255 products, and its fp32 dw over the check's bound."""
     steps = triton_support.cdiv(npq, block_k)
     if dev.type == "cuda":
         want = triton_support.cdiv(2 * triton_support.sm_count(dev.index), tiles)

@@ -14,9 +14,9 @@ Out-of-range targets (not ignore_index and < 0 or >= V) raise ValueError naming
 ``target``. PyTorch itself only asserts on the device. The backends built on PyTorch ops
 (manual, torch, compile) and liger must run the check to completion before the op (a bad
 index asserts on the device, or reads out of bounds in liger): three tiny kernels and a
-device->host copy that waits for everything queued before it, 0.12 ms per call on an H100
-in the bench loop. The fused backends (triton, cuda, cuda_v1) never use a target as an
-address (a bad one gives a NaN loss row), so their check overlaps the forward: a one-block
+device->host copy that waits for everything queued before it. The fused backends (triton,
+cuda, cuda_v1) never use a target as an address (a bad one gives a NaN loss row), so their
+check overlaps the forward: a one-block
 check kernel is queued first, its flag copied to pinned memory behind an event, then the
 forward; the host waits for the event alone, i.e. for the check, while the GPU runs the
 forward (see ``_fused``). Under torch.compile, and while a CUDA graph is captured, the

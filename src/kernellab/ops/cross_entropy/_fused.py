@@ -6,7 +6,7 @@ A backend supplies three launchers over contiguous tensors:
 - ``fwd(logits, target, ignore_index) -> (loss_rows, lse)``: per-row loss (0 on ignored rows),
   fp32 [N], and log-sum-exp, fp32 [lse_rows(dtype), N]: for fp32 logits an unevaluated
   pair (lse = lse[0] + lse[1]: one rounded fp32 lse cost the backward up to half an ulp of
-  |lse| in every exp(x - lse), which failed the 2x-PyTorch rule for fp32 at small V), for
+  |lse| in every exp(x - lse), which misses the 2x-PyTorch rule for fp32 at small V), for
   16-bit logits lse[0] alone (their dx rounds far coarser); one read of the logits. A row
   whose target is neither ignore_index nor in [0, V) gets a NaN loss (never an address).
 - ``bwd(logits, target, lse, scale, ignore_index, out) -> None``: writes
@@ -25,10 +25,9 @@ behind them, and only then does the host wait, for that event alone. So the GPU'
 timeline gains the stats kernel (one block over N targets) and nothing else, and the
 host waits only until the GPU has reached the check, not the end of the forward. A bad
 target then raises ValueError naming ``target`` (the outputs of this call are dropped).
-Measured on the H100 at bf16 8192 x 50304 (forward, check vs none): a flag written by
-the forward and read after it cost 0.08 ms of 0.38 ms (the GPU idled while the host came
-back after the sync); a check kernel with the copy on the same stream 0.016 ms; the copy
-on a side stream up to 0.033 ms; the mapped flag nothing measurable (see PendingCheck).
+A flag written by the forward and read after it would idle the GPU while the host comes
+back after the sync, and a copy of the flag (same stream or side stream) costs time of its
+own; the mapped flag costs nothing measurable (see PendingCheck).
 
 The reduction ("none" / "sum" / "mean") is done by PyTorch on the N per-row losses, so the
 per-row scale of the backward comes out of autograd for every reduction (dy, dy broadcast,
@@ -60,9 +59,9 @@ def check_targets(logits: Tensor, target: Tensor, ignore_index: int) -> None:
     """ValueError naming ``target`` when a target is neither ignore_index nor in [0, V).
 
     PyTorch ops on the targets: three tiny kernels (where, aminmax, stack) and one
-    device->host copy, which on a GPU waits for everything queued before it (122 us per
-    call measured on an H100 inside the bench loop). The backends without a fused kernel
-    call it on every eager call; the fused backends only after their check kernel flagged
+    device->host copy, which on a GPU waits for everything queued before it. The backends
+    without a fused kernel call it on every eager call; the fused backends only after their
+    check kernel flagged
     a target, to find it."""
     n, v = logits.shape
     if not n:
@@ -106,12 +105,9 @@ class PendingCheck:
     On a GPU the stats kernel stores the flag into a mapped host slot (``flag_ptr``) as
     well as into ``stats[0]``; an event is recorded right after it on the current stream,
     and ``flag()`` waits for that event alone, so the forward queued behind it never
-    waits and no copy is involved. The host cost per call is what changed (H100, bf16
-    8192 x 50304 forward, bench host_us): cuda 164 -> 114 us, triton 293 -> 147 us against
-    a side stream copying ``stats[0]`` into fresh pinned memory; each call waits for its
-    own check, so a host slower than the GPU shows up in the timing (an earlier official
-    run measured the side-stream check 0.033 ms slower than no check; this design
-    measured 0.2976 against 0.2981 ms). On the CPU ``flag()`` reads ``stats[0]``."""
+    waits and no copy is involved: less host time per call than a side stream copying
+    ``stats[0]`` into fresh pinned memory. Each call waits for its own check, so a host
+    slower than the GPU shows up in the timing. On the CPU ``flag()`` reads ``stats[0]``."""
 
     __slots__ = ("box", "slot", "flag_ptr", "stats")
 

@@ -8,10 +8,9 @@ after the forward). Called here as follows:
   the logits (``logits.clone()``), so the caller's logits survive and the harness, which
   reuses its inputs across timed calls, judges every call on intact inputs. The copy adds
   one read + one write of the logits to liger's fwd+bwd time and a logits-sized buffer to
-  its memory (about 0.55 ms and 0.8 GB for bf16 8192 x 50304 on an H100).
-- ``inplace_backward=True``: liger as its users run it, destroying the logits; the GPU
-  script (lab/gpu_cross_entropy.py) times and measures it that way with fresh logits
-  for every call.
+  its memory (0.8 GB for bf16 8192 x 50304).
+- ``inplace_backward=True``: liger as its users run it, destroying the logits; timing it
+  that way needs fresh logits for every call.
 
 Non-contiguous logits (transposed, sliced, expanded views) are packed with
 ``.contiguous()`` first, as a user would: liger reads rows at ``i * stride(0)`` with unit
@@ -44,7 +43,7 @@ def liger_cross_entropy(
         out = {"none": empty, "sum": empty.sum(), "mean": empty.sum() / 0.0}[reduction]
         return out.to(logits.dtype)
     # Liger's kernel assumes contiguous rows (it reads row i at i * stride(0) with unit
-    # column stride: an expanded [N, V] view with stride 0 gave wrong losses, error ~1 on
+    # column stride: an expanded [N, V] view with stride 0 gives wrong losses, error ~1 on
     # the GPU). Packed with .contiguous() as a user would; a no-op for contiguous logits.
     x = logits.contiguous()
     if x is logits and logits.requires_grad and torch.is_grad_enabled() and not inplace_backward:

@@ -43,8 +43,8 @@ def _ce_fwd_kernel(x_ptr, t_ptr, loss_ptr, lse_ptr, n_cols, ignore_index, BLOCK:
         s = s * alpha + tl.sum(e, axis=0)
         m = m_new
     # lse as an unevaluated sum hi + lo (TwoSum of m and log s): one fp32 lse rounds away
-    # up to half an ulp of m + log s, which the backward's exp(x - lse) turned into a
-    # relative error of p that failed the 2x-PyTorch rule at V = 3 (PyTorch keeps x - m
+    # up to half an ulp of m + log s, which the backward's exp(x - lse) turns into a
+    # relative error of p that misses the 2x-PyTorch rule at small V (PyTorch keeps x - m
     # and log s apart). lse_ptr holds [2, N]: hi in row 0, lo in row 1.
     log_s = tl.log(s)
     hi = m + log_s

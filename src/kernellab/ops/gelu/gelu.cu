@@ -43,8 +43,8 @@ __device__ __forceinline__ void sigmoid2(float u, float& s, float& s1s) {
 
 // One SFU instruction (MUFU.TANH, sm_75+), max relative error ~2^-11: below the rounding
 // of a bf16 output (2^-9) and about that of fp16 (2^-11), so 16-bit outputs use it; fp32
-// keeps the accurate path. At 1M-64M bf16 elements the accurate math cost 2-7% against
-// torch (lab/tune_widths.py): 16-bit GeLU has twice the flops per byte of fp32.
+// keeps the accurate path. At 1M-64M bf16 elements the accurate math costs a few percent
+// against torch: 16-bit GeLU has twice the flops per byte of fp32.
 __device__ __forceinline__ float tanh_approx(float u) {
     float r;
     asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(u));

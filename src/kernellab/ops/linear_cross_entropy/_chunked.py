@@ -142,8 +142,7 @@ def row_loss(m, log_s, zt_m, mean_m, eps, zc):
 # the fp32 dx sum are the op's transient memory at the end of a model's forward (the step's
 # peak), so blocks are small: BLOCK_ELEMS logits (16 MiB in fp32), grown up to 4x that
 # while a block's products are under BLOCK_FLOPS. A block costs ~8 launches of host time
-# whatever its size, so its products must outlast them (~34 GFLOP, ~60 us on an H100;
-# benchmarks/NOTES.md has the measurements behind both limits).
+# whatever its size, so its products must outlast them (~34 GFLOP, ~60 us on an H100).
 BLOCK_ELEMS = 1 << 22
 BLOCK_FLOPS = 1 << 35
 MAX_ROWS = 1 << 17  # the blocked runner's default rows per pass
@@ -304,7 +303,7 @@ def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False
                                       chunk, grad)  # fmt: skip
         count = (t != ignore_index).sum().to(_F32)
         # The rows' losses are summed in fp64 and rounded once (PyTorch's CPU nll_loss
-        # accumulates fp32 in double too): an fp32 sum of 6 rows near 5.5 was 2 ulps off.
+        # accumulates fp32 in double too): an fp32 sum of a few rows near 5.5 can be 2 ulps off.
         if reduction == "sum":
             loss, scale = loss.double().sum().to(_F32), torch.ones((), dtype=_F32, device=x.device)
         elif reduction == "mean":  # all ignored: 0 / 0 = NaN, zero gradients

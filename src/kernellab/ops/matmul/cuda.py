@@ -84,8 +84,8 @@ VARIANTS = {
 DYN_SHARED = {"v9": 3 * (128 * 40 + 32 * 264) * 2, "v10": 4 * (128 * 64 + 64 * 256) * 2 + 1024}
 # The module of each variant that is not in matmul.cu.
 MODULES = {"v10": MODULE_SM90}
-# The best variant per dtype (H100 runs: v7 86% of cuBLAS fp32; v9 ahead of v8 in bf16,
-# 272 against 243 TFLOP/s at 4096^3; v10 564 where the GPU has wgmma, see _best_fwd).
+# The best variant per dtype (v9 is faster than v8 in bf16; v10 where the GPU has wgmma,
+# see _best_fwd).
 BEST = {torch.float32: "v7", torch.float16: "v9", torch.bfloat16: "v9"}
 
 
@@ -100,11 +100,11 @@ def _aligned16(*ts) -> bool:
 # adds the partial products pairwise, (p0 + p1) + (p2 + p3) ..., in a fixed order
 # (deterministic). Each output then sums s chains of K/s FMAs instead of one of K (v1-v4 keep
 # four partial sums inside each slice as well, see KL_SPLIT_NOTE in matmul.cu). The reason is
-# accuracy: cuBLAS splits small problems too, and the 2x-cuBLAS rule follows it. On the H100 a
-# single chain failed at 17x33x65; four slices still failed at 64x64x997 on 1 seed in 30
-# (6.1e-5 against a bound of 5.7e-5, every variant), which is why small grids now take up to
-# 16 (chains of ~62 at K=997). The CPU model (lab/matmul_acc_model.py) puts the error of
-# s chunks at roughly 1/sqrt(s) of one chain's. Big problems (4096^3) are unchanged.
+# accuracy: cuBLAS splits small problems too, and the 2x-cuBLAS rule follows it. A single
+# chain misses the rule at 17x33x65 and four slices still miss it at 64x64x997 on some
+# seeds, so small grids take up to 16 (chains of ~62 at K=997). A CPU model of the orders
+# puts the error of s chunks at roughly 1/sqrt(s) of one chain's. Big problems (4096^3) are
+# unchanged.
 SPLIT_K_MIN, SPLIT_K_MAX = 4, 16
 SPLIT_K_VARIANTS = ("v1", "v2", "v3", "v4", "v5", "v6", "v7")
 

@@ -48,16 +48,16 @@
 
 // KL_SPLIT_NOTE (v1-v4): each thread keeps four partial sums, one per k % 4, and adds them
 // pairwise at the end. One sequential fp32 FMA chain over K accumulates rounding error
-// ~linearly in K, and loses to cuBLAS's order: on an H100 (TF32 off) v1 and v4 failed the
-// 2x-cuBLAS error rule at K=65 (9.6e-6 > 8.4e-6). A CPU model of the orders
-// (lab/matmul_acc_model.py: 20 seeds, K = 65, 997, 4096) puts the 4-chain error at
+// ~linearly in K, and loses to cuBLAS's order: with TF32 off it misses the 2x-cuBLAS
+// error rule already at K=65. A CPU model of the orders (20 seeds, K = 65, 997, 4096)
+// puts the 4-chain error at
 // 0.57-0.88x the single chain's on the same draw (worst over seeds). The chains are also
 // independent FMAs (ILP: no FMA waits for the previous one's 4-cycle latency), which helps
 // these one-output-per-thread kernels. The cost is 3 registers per output: affordable here,
 // not in v5-v7 (64 outputs per thread; v7 already uses all 128 registers that
 // __launch_bounds__(256, 2) allows). For those the launcher (cuda.py, SPLIT_K) cuts K into 4
-// slices when the grid has fewer blocks than the GPU has SMs: the small problems, where the
-// H100 run showed cuBLAS's error furthest below a single chain's.
+// slices when the grid has fewer blocks than the GPU has SMs: the small problems, where
+// cuBLAS's error is furthest below a single chain's.
 
 // ------------------------------------------------------------------ v1 naive
 // grid (ceil(M/32), ceil(N/32), batch), block 32x32: x -> row, y -> column.
@@ -306,8 +306,8 @@ extern "C" __global__ void __launch_bounds__(256) matmul_v6_f32(const float* __r
 // rows (l/4)*4..+3 and columns (l%4)*4..+3 (so a warp reads 8 distinct float4 of A and 4 of B
 // per k: conflict-free broadcasts). Global tiles for step k+1 are loaded into registers before
 // the math of step k (latency hidden behind the FMAs) and stored to the other shared buffer
-// after it: one barrier per BK step. `matmul_v7_f32` is the shape chosen by measurement
-// (lab/tune_matmul_v7.py); the `matmul_v7s_*` instantiations are the candidates it times.
+// after it: one barrier per BK step. `matmul_v7_f32` is the shape chosen by measurement;
+// the `matmul_v7s_*` instantiations are the candidates.
 template <int BM, int BN, int BK, int WARPS_M, int WARPS_N>
 __device__ __forceinline__ void v7_body(const float* __restrict__ A, const float* __restrict__ B,
                                         float* __restrict__ C, int M, int N, int K, int vec) {
@@ -439,15 +439,13 @@ __device__ __forceinline__ void v7_body(const float* __restrict__ A, const float
     }
 
 // The shipped v7: 128x256 block tile, BK=8, 8 warps (2x4) of 64x64 = 2x4 sub-tiles, so 128
-// outputs per thread (255 registers, one block per SM). lab/tune_matmul_v7.py on an H100
-// (TF32 off, % of cuBLAS at 4096^3 / 8192^3): 128x256x8 2x4 85.9 / 86.4; 128x128x16 2x4 (the
-// previous v7, 64 outputs per thread, two blocks per SM) 82.6 / 83.3; 256x128x8 4x2 81.3 /
-// 81.5; 128x128x8 2x2 78.9 / 79.9; 128x256x16 2x4 75.5 / 76.1; 128x128x16 2x2 73.2 / 73.8.
-// More outputs per thread mean fewer shared-memory loads per FMA (6 LDS.128 per 128 FMAs
+// outputs per thread (255 registers, one block per SM): the fastest of the candidates below
+// on Hopper (TF32 off, 4096^3 and 8192^3), ahead of 64 outputs per thread at two blocks per
+// SM. More outputs per thread mean fewer shared-memory loads per FMA (6 LDS.128 per 128 FMAs
 // instead of 4 per 64); BK=8 keeps the register-staged prefetch at 3 float4 per thread.
 KL_V7_KERNEL(matmul_v7_f32, 128, 256, 8, 2, 4, 1)
-// Candidates timed by lab/tune_matmul_v7.py (name: BM x BN x BK, warps M x N), compiled
-// only when that script asks (-DKL_V7_CANDIDATES): the library's own build stays one v7.
+// Tuning candidates (name: BM x BN x BK, warps M x N), compiled only with
+// -DKL_V7_CANDIDATES: the library's own build stays one v7.
 #ifdef KL_V7_CANDIDATES
 KL_V7_KERNEL(matmul_v7s_128x128x16_2x4_f32, 128, 128, 16, 2, 4, 2)
 KL_V7_KERNEL(matmul_v7s_256x128x8_4x2_f32, 256, 128, 8, 4, 2, 1)

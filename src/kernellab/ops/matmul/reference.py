@@ -18,8 +18,8 @@ def manual_matmul(a, b, bias=None, activation=None):
 
     Row chunks keep the [rows, K, N] product under 64 MB; ~3 memory passes per FLOP.
     Accumulates in fp32 for fp16/bf16 inputs and in fp64 for fp32 inputs: a plain fp32
-    ``sum`` of the K products was measured up to ~2.2x less accurate than MKL's blocked
-    GEMM on the CPU (K=29, expanded operands) and failed the 2x rule now and then."""
+    ``sum`` of the K products is up to ~2.2x less accurate than MKL's blocked GEMM on the
+    CPU (K=29, expanded operands) and fails the 2x rule now and then."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     acc = wide_dtype(a.dtype)
     a_, b_ = a.to(acc), b.to(acc)

@@ -193,8 +193,8 @@ _matmul_tuned = triton.autotune(
 
 # Problems with fewer multiply-adds than this (bt*M*N*K: 1024^3, ~2 GFLOP, ~0.1 ms on an H100
 # in bf16) take one fixed config and are never tuned: tuning such a problem costs seconds to
-# save microseconds, and correctness checks run dozens of small odd shapes (on the H100 the
-# per-shape tuning made `check` take 80-95 s per dtype). At and above it a kernel runs for
+# save microseconds, and correctness checks run dozens of small odd shapes (tuning each would
+# make `check` take over a minute per dtype). At and above it a kernel runs for
 # ~0.1 ms or more, is called many times (training, benchmarks), and the tile choice is worth
 # 10-30%.
 TUNE_MIN_WORK = 1 << 30
@@ -233,8 +233,8 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def check_batch_grid(bt: int) -> None:
-    """The batch is the grid's y dimension: past 65,535 products the launch failed with
-    "Triton Error [CUDA]: invalid argument" (H100, a batch of 65,537). Refused clearly, as
+    """The batch is the grid's y dimension: past 65,535 products the launch fails with
+    "Triton Error [CUDA]: invalid argument". Refused clearly, as
     the CUDA backends refuse it (the interpreter on a CPU has no grid limit)."""
     if bt > GRID_YZ_LIMIT:
         raise ValueError(

@@ -22,7 +22,7 @@ V1_THREADS = 256
 V2_THREADS = 256  # norms.cu's __launch_bounds__ for v2
 V2_MAX_PACKS = 8 * 256  # P = 8 packs per thread, 256 threads per row
 # Backward grid of v2: blocks per SM (each block walks rows and writes one partial row of
-# dw/db per row slot). A tuning knob: lab/gpu_norms.py --sweep times 1, 2, 4 and 8.
+# dw/db per row slot). A tuning knob.
 BWD_BLOCKS_PER_SM = 4
 
 _FWD_SIG = ("ptr",) * 6
@@ -109,7 +109,7 @@ def _launchers(vectorized: bool):
             rpb = V2_THREADS // tpr
             # 4 blocks of 256 threads per SM (register-limited to ~2 resident at P = 2;
             # the rest form a second wave): enough rows in flight, and the partial
-            # buffer stays small (528 x D fp32 on an H100).
+            # buffer stays small (528 x D fp32 on a 132-SM GPU).
             grid = max(1, min((n_rows + rpb - 1) // rpb, BWD_BLOCKS_PER_SM * sms))
             slots = grid * rpb
             dw_part = torch.empty((slots, n_cols), dtype=torch.float32, device=x.device)

@@ -46,11 +46,10 @@ __device__ __forceinline__ A v1_block_sum(A v, A* red) {
 
 // This thread's part of sum(x - mean) over a row: the corrected two-pass mean. fp32 x
 // only: the fp32 mean is rounded, and rstd times that rounding shifts every xhat; rows of
-// nearly equal values (rstd up to 1/sqrt(eps)) made it 1e-5-2e-5 of error in y (the H100
-// check, seed 725423948, 65537 x 3 fp32: cuda and cuda_v1 failed the 2x-PyTorch bound).
-// The correction corr = mean(x - mean) is subtracted from x - mean, not added to the mean:
-// mean + corr is mostly the same fp32 number (folded in, the GPU test on such rows still
-// measured 4.8e-5 against 6e-8 kept apart). The saved mean is mean + corr, the nearest fp32.
+// nearly equal values (rstd up to 1/sqrt(eps)) turn it into 1e-5-2e-5 of error in y, past
+// the check's 2x-PyTorch bound. The correction corr = mean(x - mean) is subtracted from
+// x - mean, not added to the mean: mean + corr is mostly the same fp32 number (folded in,
+// the correction is lost). The saved mean is mean + corr, the nearest fp32.
 template <typename T>
 __device__ __forceinline__ float mean_residual(const T* xr, int d, float mean) {
     float r = 0.0f;
@@ -107,8 +106,8 @@ __device__ void norm_bwd_v1(const T* __restrict__ dy, const T* __restrict__ x, c
         // The row mean again, in float64: xhat = (x - mean) * rstd inherits the saved fp32
         // mean's rounding as a shift rstd * dmean, and dx carries it times rstd again. Rows of
         // nearly equal values (rstd ~ 1/sqrt(eps) = 316) turn half an ulp of the mean into
-        // dx errors of ~1e-3: on the H100 a 70000x3 fp32 case failed the 2x-PyTorch rule
-        // (1.5e-3 > 1.1e-3). One more read of the row (from L1/L2) removes it.
+        // dx errors of ~1e-3, past the 2x-PyTorch rule. One more read of the row (from
+        // L1/L2) removes it.
         double mean64 = 0.0;
         if (!RMS) {
             double sx = 0.0;

@@ -33,9 +33,8 @@ MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 w
 @dataclass(frozen=True)
 class Config:
     """Launch knobs of the Triton norms, passed to ``norm_fwd`` / ``norm_bwd`` (``CONFIG``
-    when not given; tuning scripts pass their own). Measurements behind the defaults (H100,
-    bf16 16384 x 4096 unless said): benchmarks/NOTES.md, "Norm backward: prefetch and
-    fewer programs", "Row-wise forwards" and the sixteenth session.
+    when not given; tuning scripts pass their own). The defaults are the fastest settings
+    on Hopper at bf16 16384 x 4096.
 
     row_elems: elements per forward program when rows are short (rows share a program).
     fwd_warps: forward warps (None: ~ one warp per 512 elements, 4 to 16).
@@ -127,8 +126,8 @@ def _norm_fwd_kernel(
             xc = tl.where(mask, x - mean[:, None], 0.0)
         if x_ptr.dtype.element_ty == tl.float32:
             # fp32 x: the rounded mean's error, times rstd, shifts every xhat (rows of
-            # nearly equal values: 1.75e-5 against a bound of 1.14e-5 at 65537 x 3 on the
-            # H100). One more pass removes it (corrected two-pass: the mean of x - mean).
+            # nearly equal values go past the check's bound). One more pass removes it
+            # (corrected two-pass: the mean of x - mean).
             corr = tl.sum(xc, axis=1) / n_cols
             mean = mean + corr
             if EVEN:
@@ -142,8 +141,7 @@ def _norm_fwd_kernel(
     var = tl.sum(xc * xc, axis=1) / n_cols
     rstd = 1.0 / tl.sqrt_rn((var + eps).to(tl.float32))  # Inductor passes eps as fp64
     # weight and bias after the reductions: loading them first (so their latency would
-    # hide under the row's) measured 0.0992 ms against 0.0954-0.0958 at bf16 16384 x 4096
-    # layer_norm on the H100.
+    # hide under the row's) is ~4% slower.
     if EVEN:
         tl.store(rstd_ptr + rows, rstd)
         w = tl.load(w_ptr + cols).to(tl.float32)
@@ -445,8 +443,8 @@ def _row_1d(rows: int, dtype, cfg: Config = CONFIG) -> bool:
 
 # Launch plans: what a launcher derives from (shape, dtypes, flags, config) - grid, tiles,
 # constexprs, the bound launches (triton_support.Bound) - computed once per key. A call
-# then allocates its outputs and launches (the host cost of a GPT-2-sized model's norm
-# calls is mostly this Python; NOTES, seventeenth session).
+# then allocates its outputs and launches (done per call, this Python would be most of
+# the host cost of a GPT-2-sized model's norm calls).
 _PLANS: dict = {}
 
 
@@ -574,22 +572,22 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFI
     launch(dy, x, w, mean if mean is not None else rstd, rstd, dx, dres if dres is not None else dx, dw_part,
            db_part, n_rows, n_cols, per)  # fmt: skip
     if psum is None:
-        # fp32 weights: torch's sum (no cast to launch). The kernel below measured 2.1e-4
-        # against a bound of 1.8e-4 for dweight at (70000, 3) on the H100 (gpu test).
+        # fp32 weights: torch's sum (no cast to launch). The kernel below misses the
+        # check's bound for an fp32 dweight over many rows.
         dw = _kit.reduce_partials(dw_part, w.dtype)
         db = _kit.reduce_partials(db_part, w.dtype) if want_db else None
         return dx, dw, db
     dw = torch.empty(n_cols, dtype=w.dtype, device=w.device)  # (custom-op outputs may not alias)
     db = torch.empty_like(dw) if want_db else None
     # 16-bit weights: one launch sums the partials of dw (and db) and casts to w's dtype;
-    # torch's sum(0).to(dtype) took two launches per parameter (~10 us of host time each).
+    # torch's sum(0).to(dtype) takes two launches per parameter (~10 us of host time each).
     psum(dw_part, db_part, dw, db if db is not None else dw, programs, n_cols)
     return dx, dw, db
 
 
 # The partial-sum kernel loads all of a column strip's partial rows at once (BLOCK_P >=
 # programs, up to cfg.psum_max_p; more loop) in strips of BLOCK_C columns: GPT-2's 768
-# columns and 264 partials are 96 programs of 512 x 8 (NOTES, sixteenth session).
+# columns and 264 partials are 96 programs of 512 x 8.
 
 
 def _psum_config(programs: int, n_cols: int, cfg: Config = CONFIG) -> tuple[int, int]:

@@ -68,8 +68,8 @@ def _validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
 # fp32 inputs are N(1, 1), not N(0, 1). The check judges PyTorch's own op (the torch
 # backend, and the bench's admission of it) by a tolerance relative to |result|
 # (compare.DOC_RTOL, 2e-6 for fp32). A zero-mean sum cancels: |result| ~ sqrt(n) while the
-# rounding error of any fp32 summation also grows like sqrt(n), and torch.sum failed its own
-# tolerance on about one input in eight (seen on the CPU at 37x1025). With mean 1 the
+# rounding error of any fp32 summation also grows like sqrt(n), and torch.sum fails its own
+# tolerance on about one input in eight (on the CPU at 37x1025). With mean 1 the
 # result is ~n and the tolerance is meaningful. fp16/bf16 keep mean 0: their tolerance is
 # wide enough, and a mean of 1 would overflow fp16 (65504) at the test sizes.
 FP32_MEAN = 1.0

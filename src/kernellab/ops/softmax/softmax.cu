@@ -34,7 +34,7 @@ namespace {
 using kl::from_f;
 using kl::to_f;
 
-// Packs a thread keeps in registers (v3, v4); a tuning knob (lab/tune_softmax.py).
+// Packs a thread keeps in registers (v3, v4); a tuning knob.
 #ifndef KL_SOFTMAX_PACKS
 #define KL_SOFTMAX_PACKS 4
 #endif
@@ -45,8 +45,8 @@ constexpr int MAX_PACKS = KL_SOFTMAX_PACKS;
 
 // exp and the final scaling: fp32 rows take expf and one division (each rounded once, as
 // PyTorch's kernel does); 16-bit rows take __expf and a reciprocal, whose extra ulps
-// vanish in the storage rounding. With __expf fp32 rows ran ~3 ulps from float64 where
-// torch's were ~1 (the GPU fuzz test: 1x1201 dx 2.18e-7 against a bound of 1.59e-7).
+// vanish in the storage rounding. With __expf fp32 rows run ~3 ulps from float64 where
+// torch's are ~1, past the check's bound.
 template <typename T>
 __device__ __forceinline__ float ex(float v) {
     if constexpr (sizeof(T) == 4) return expf(v);
@@ -128,10 +128,8 @@ __device__ void bwd_v1(const T* y, const T* dy, T* dx, long long rows, int cols)
 
 // The backward's dot = sum(y * dy) and dy - dot: fp32 rows accumulate in fp64 and form
 // y * (dy - dot) in fp64, rounding once. In fp32, dot's rounding error, cancelled against
-// dy where one y is near 1, measured 5.04e-7 in dx against a bound of 3.92e-7 (2x
-// PyTorch's error) at 37 x 1025 for cuda_v3 on the H100 (one seed of `kernellab check`),
-// and 2.04e-7 against 1.84e-7 at 17 x 4097 for v2's fp32 tree (a GPU test). 16-bit rows
-// keep fp32 (their output rounding dominates).
+// dy where one y is near 1, puts dx past the check's bound (2x PyTorch's error). 16-bit
+// rows keep fp32 (their output rounding dominates).
 template <typename T>
 using DotAcc = kl::WideAcc<T>;
 
@@ -163,7 +161,7 @@ __device__ void fwd_v2(const T* x, T* y, int cols) {
     for (int c = threadIdx.x; c < cols; c += V2_THREADS) m = fmaxf(m, to_f(xr[c]));
     m = tree_reduce(m, buf, kl::MaxOp{});
     // Each thread adds cols / 256 terms in a row: for fp32 rows in fp64, as the backward's
-    // dot (in fp32, a row of 35549 whose largest term is ~1 ran 6 ulps off; torch's 2).
+    // dot (in fp32, a row of 35549 whose largest term is ~1 comes out 6 ulps off; torch's 2).
     using A = typename DotAcc<T>::type;
     __shared__ A sbuf[V2_THREADS];
     A sa = 0;
@@ -228,7 +226,7 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
         m = row_allreduce<WARP_ROWS>(m, kl::MaxOp{}, scratch);
         // fp32 rows sum in fp64 through the row reduction (DotAcc), rounding once: in fp32
         // the ~13 additions after the largest term cost 2.3 ulps where one term is ~0.78 of
-        // the row (H100 fuzz, 1x1201: y 1.37e-7 off, dx 2.18e-7 against a bound of 1.59e-7).
+        // the row, past the check's bound.
         using A = typename DotAcc<T>::type;
         A sa = 0;
 #pragma unroll
@@ -251,9 +249,8 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
         }
     } else if constexpr (sizeof(typename DotAcc<T>::type) == 8) {
         // fp32 rows too long to keep: three sweeps (max, fp64 sum, write), the sum rounded
-        // once as in the resident path. The online fp32 sum below lost 2 ulps of y at
-        // 6 x 19 x 35549 (H100 fuzz: 5.21e-7 against a bound of 2.69e-7); the extra read
-        // of a row mostly hits L2.
+        // once as in the resident path. The online fp32 sum below loses ~2 ulps of y on
+        // long rows, past the check's bound; the extra read of a row mostly hits L2.
         float m = kl::neg_inf();
         for (int p = lane; p < npacks; p += width) {
             P a;
@@ -289,9 +286,9 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
             for (int j = 1; j < P::N; ++j) pm = fmaxf(pm, a.v[j]);
             const float m = fmaxf(acc.m, pm);
             if (m == kl::neg_inf()) {  // all -inf (or NaN, which fmaxf drops) so far
-                // A NaN here must still poison the sum: skipping it returned a finite row
-                // where torch's is all NaN (`kernellab check` on the H100, fp32 37 x 1025,
-                // where 1025 columns take this streamed path).
+                // A NaN here must still poison the sum: skipping it would return a finite
+                // row where torch's is all NaN (e.g. fp32 37 x 1025, whose 1025 columns
+                // take this streamed path).
 #pragma unroll
                 for (int j = 0; j < P::N; ++j)
                     if (a.v[j] != a.v[j]) acc.s = a.v[j];
