@@ -111,8 +111,15 @@ def test_nan_inf_follow_the_formula(op, opts):
     assert torch.isfinite(ref_da[3:]).all() and torch.isfinite(ref_db[3:]).all()
     for backend in ("manual", "torch", "triton"):
         for dtype in DTYPES:
-            y, (da, db) = _grads(lambda a, b: _fn(op)(a, b, **opts, backend=backend),
-                                 (a.to(dtype), b.to(dtype)), torch.ones(a.shape, dtype=dtype))  # fmt: skip
+            args, dy = (a.to(dtype), b.to(dtype)), torch.ones(a.shape, dtype=dtype)
+            y, (da, db) = _grads(lambda a, b: _fn(op)(a, b, **opts, backend=backend), args, dy)
+            pt_y, (pt_da, pt_db) = _grads(lambda a, b: _torch_op(op, a, b, **opts), args, dy)
+            if backend == "torch" and not torch.equal(pt_y.isnan(), ref_y.isnan()):
+                # PyTorch's own kernel off the formula on this CPU (AVX-512's fp32 erf GeLU at
+                # +inf, module docstring): the torch backend is PyTorch's ops, bit for bit
+                for g, r in ((y, pt_y), (da, pt_da), (db, pt_db)):
+                    torch.testing.assert_close(g, r, rtol=0, atol=0, equal_nan=True)
+                continue
             for name, g, r in (("y", y.detach(), ref_y.detach()), ("da", da, ref_da), ("db", db, ref_db)):
                 v = judge(g, r, dtype, None)
                 assert v.ok, f"{backend} {dtype} {name}: {v.detail}"

@@ -58,10 +58,32 @@ def _case(backend, dtype, shape, opts, seed, bias=False, device="cpu", target=No
     base = _run("torch", x, w, t, dy, opts, b)
     got = _run(backend, x, w, t, dy, opts, b)
     assert got[0].dtype == dtype and got[0].shape == ref[0].shape
-    for name, g, r, bs in zip(("loss", "dx", "dweight", "dbias"), got, ref, base):
-        v = judge(g, r, dtype, bs)
+    sens, base_errs = _neighbours(x, w, t, dy, opts, b, ref, base)
+    for name, g, r, fl, be in zip(("loss", "dx", "dweight", "dbias"), got, ref, sens, base_errs):
+        v = judge(g, r, dtype, None, fl, baseline_err=be)
         assert v.ok, (name, v.detail)
     return got
+
+
+def _neighbours(x, w, t, dy, opts, b, ref, base):
+    """Per output: the check's floor for this op (OpSpec.perturbation_floor: the median over
+    PERTURB_REPLICATES of the float64 reference's change when x, weight and bias move one
+    ulp), and PyTorch's largest error over these inputs and those one-ulp neighbours. dx is
+    a dot whose terms cancel (a row of dlogits sums to ~0): PyTorch's own fp32 error there
+    swings 2-3x between inputs one ulp apart (with how this CPU's BLAS sums), so one draw of
+    it is a noisy bound; over the neighbourhood it is PyTorch's accuracy at this size."""
+    from kernellab.harness.check import PERTURB_REPLICATES, _change, _perturb
+    from kernellab.harness.compare import max_error
+
+    assert SPEC.perturbation_floor
+    gen = torch.Generator().manual_seed(12345)
+    changes, errs = [], [[max_error(bs, r) for bs, r in zip(base, ref)]]
+    for _ in range(PERTURB_REPLICATES):
+        mx, mw, mb = (_perturb(a, gen) if a is not None else None for a in (x, w, b))
+        ref_m = _run(None, mx, mw, t, dy, opts, mb)
+        changes.append([_change(p, r) for p, r in zip(ref_m, ref)])
+        errs.append([max_error(bs, r) for bs, r in zip(_run("torch", mx, mw, t, dy, opts, mb), ref_m)])
+    return [sorted(col)[len(col) // 2] for col in zip(*changes)], [max(col) for col in zip(*errs)]
 
 
 OPTION_CASES = [

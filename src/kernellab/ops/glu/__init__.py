@@ -14,7 +14,8 @@ NaN and inf follow the formulas, as PyTorch's ``F.silu`` / ``F.gelu`` do: act(-i
 gradient of the activation at both +inf and -inf is NaN (inf * 0 in its derivative; the
 limits 1 and 0 are not what any backend returns), so da is NaN there, and db = dy * act(a)
 follows the forward. NaN in, NaN out. Large finite inputs keep the limits (act(-1e4) = -0,
-act'(1e4) = 1).
+act'(1e4) = 1). The ``torch`` backend is PyTorch's ops as they are: on a CPU with AVX-512,
+PyTorch's vectorized fp32 erf GeLU gives NaN at +inf (its scalar path gives +inf).
 
 ``inplace_backward=True`` (opt-in, eager only) makes the Triton backend's backward write da
 into a's buffer and db into b's instead of two new tensors, as Liger's SwiGLU does: each
