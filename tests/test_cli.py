@@ -359,3 +359,16 @@ def test_train_help_lists_only_its_models_options():
         assert "examples:\n  kernellab train " + name in p.format_help(), name
         missing = [a.dest for a in p._actions if not isinstance(a, argparse._HelpAction) and not a.help]
         assert not missing, (name, missing)
+
+
+def test_op_arguments_list_the_valid_ops():
+    import argparse
+
+    from kernellab import registry
+    from kernellab.cli import build_parser
+
+    parser = build_parser()
+    subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name in ("check", "bench", "profile", "asm", "tune", "explain"):
+        text = " ".join(subs.choices[name].format_help().split())  # (help lines wrap)
+        assert ", ".join(registry.op_names()) in text, name

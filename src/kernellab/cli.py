@@ -1195,6 +1195,19 @@ def _family_names() -> list[str]:
 # --------------------------------------------------------------------------- train's parsers
 
 
+class _OpNames:
+    """The op names, read when a help text is printed (building the parser imports no op)."""
+
+    def __str__(self) -> str:
+        from kernellab import registry
+
+        return ", ".join(registry.op_names())
+
+
+def _op_argument(s, dest: str = "op", help: str = "the op: %(ops)s", **kw) -> None:
+    s.add_argument(dest, help=help, **kw).ops = _OpNames()  # argparse fills %(ops)s from the action
+
+
 # kernellab.models.mnist.COMPARE, named here so that building the parser imports no model
 MNIST_VARIANTS = ("pytorch_eager", "pytorch_compile", "pytorch_graph", "kernellab_eager", "kernellab_graph")
 
@@ -1289,7 +1302,7 @@ def build_parser() -> argparse.ArgumentParser:
         "kernellab (and user-registered) implementation passed, 1 one failed (--strict: or a baseline or "
         "peer), 2 usage error (unknown op, backend or dtype; nothing to check).",
     )
-    s.add_argument("ops", nargs="*", help="ops to check (default: all)")
+    _op_argument(s, "ops", nargs="*", help="ops to check (default: all): %(ops)s")
     s.add_argument("--backend", "-b", action="append", help="backend(s), comma-separated or repeated")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: all)")
     s.add_argument(
@@ -1319,7 +1332,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("bench", help="time an op's backends, re-checking the timed outputs")
-    s.add_argument("op", help="the op (`kernellab list` shows them)")
+    _op_argument(s)
     s.add_argument("--backend", "-b", action="append", help="backend(s), comma-separated or repeated")
     s.add_argument("--shape", "-s", action="append", help="e.g. 2^28, 4096x4096 (repeatable)")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: all)")
@@ -1355,7 +1368,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "profile", help="torch.profiler kernel table and trace of one op (--ncu: Nsight Compute)"
     )
-    s.add_argument("op", help="the op (`kernellab list` shows them)")
+    _op_argument(s)
     s.add_argument("--backend", "-b", action="append", help="backend(s), comma-separated or repeated")
     s.add_argument("--shape", "-s", action="append", help="e.g. 2^28, 4096x4096 (repeatable)")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16")
@@ -1392,7 +1405,7 @@ def build_parser() -> argparse.ArgumentParser:
         t.epilog = "examples:\n" + "\n".join("  " + e for e in EXAMPLES["train"] if e.split()[2] == name)
 
     s = sub.add_parser("asm", help="PTX/SASS, registers, spills, shared memory of a backend's kernels")
-    s.add_argument("op", help="the op (`kernellab list` shows them)")
+    _op_argument(s)
     s.add_argument("--backend", "-b", required=True, help="a triton or cuda backend of the op")
     s.add_argument("--dtype", default="fp32", help="fp32, fp16, bf16 (default fp32)")
     s.add_argument("--shape", "-s", help="Triton: the shape to compile for (default 4096)")
@@ -1404,7 +1417,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_asm)
 
     s = sub.add_parser("tune", help="time every backend over a model shape family; write this GPU's default table")
-    s.add_argument("op", help="the op (`kernellab list` shows them)")
+    _op_argument(s)
     s.add_argument("--family", "-f", default=None, help=f"{', '.join(_family_names())} (default: all but heldout and cpu-tiny)")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: the op's)")
     s.add_argument("--mode", nargs="+", default=["fwd"], help="fwd, fwdbwd (default fwd)")
@@ -1415,7 +1428,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("explain", help="which backend the default picks for a shape, and why")
-    s.add_argument("op", help="the op (`kernellab list` shows them)")
+    _op_argument(s)
     s.add_argument("--shape", "-s", required=True, help="in the op's shape convention, e.g. 8192x768")
     s.add_argument("--dtype", default="fp32", help="fp32, fp16, bf16 (default fp32)")
     s.add_argument("--mode", default="fwd", choices=("fwd", "fwdbwd"), help="the mode the choice is for")
