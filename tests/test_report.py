@@ -53,6 +53,9 @@ def test_speedups_and_ladders_from_rows(tmp_path):
     assert sp["softmax"] == [("1024x1024 bf16 fwd", 2.0, 1.25)]
     # matmul: triton 2.0 vs torch 1.0 -> 0.5x; manual (0.5 ms) counts as neither
     assert sp["matmul"] == [("64x64x64 bf16 fwd", 0.5, None)]
+    rows = report.case_rows(kinds["bench"])
+    assert rows["softmax"] == [("1024x1024 bf16 fwd", "torch", "2.0000", "triton", "1.0000", "1.6000", "2.00x", "1.25x")]
+    assert rows["matmul"] == [("64x64x64 bf16 fwd", "torch", "1.0000", "triton", "2.0000", "-", "0.50x", "-")]
     lad = report.ladders(kinds["bench"])["softmax"]
     assert [(rung, gain) for _, rung, _, gain in lad] == [("cuda_v1", None), ("cuda_v2", 2.0), ("cuda_v3", 0.8)]
 
@@ -67,6 +70,7 @@ def test_report_html_writes_page_and_pictures(tmp_path):
     assert "T &lt;1&gt;" in text  # escaped
     assert "<h2>Ladders</h2>" in text and "2.00x" in text
     assert "<h2>Check</h2>" in text
+    assert "<summary>softmax: the numbers</summary>" in text and "<td>2.00x</td>" in text
 
 
 def test_report_refuses_bad_rows(tmp_path, capsys):

@@ -163,6 +163,30 @@ def speedups(rows) -> dict[str, list[tuple[str, float | None, float | None]]]:
     return out
 
 
+def case_rows(rows) -> dict[str, list[tuple]]:
+    """Per op, one row per (shape, dtype, mode) with a vendor kernel: the case, the best
+    vendor backend and its ms, our best own backend and its ms, the default's ms, and the
+    two speed-ups of ``speedups``; the numbers behind each chart."""
+    cases = defaultdict(dict)
+    for r in rows:
+        key = (r["op"], r["shape"], r["dtype"], r["mode"])
+        ms = cases[key].get(r["backend"])
+        cases[key][r["backend"]] = r["median_ms"] if ms is None else min(ms, r["median_ms"])
+    out = defaultdict(list)
+    for (op, shape, dtype, mode), by in sorted(cases.items()):
+        vendor = {b: ms for b, ms in by.items() if b in VENDOR}
+        own = {b: ms for b, ms in by.items() if b not in NOT_OURS and b != "default"}
+        if not vendor or not (own or "default" in by):
+            continue
+        vb = min(vendor, key=vendor.get)
+        ob = min(own, key=own.get) if own else None
+        d = by.get("default")
+        out[op].append((f"{shape} {dtype} {mode}", vb, f"{vendor[vb]:.4f}", ob or "-",
+                        f"{own[ob]:.4f}" if ob else "-", f"{d:.4f}" if d else "-",
+                        f"{vendor[vb] / own[ob]:.2f}x" if ob else "-", f"{vendor[vb] / d:.2f}x" if d else "-"))  # fmt: skip
+    return out
+
+
 def plot_speedups(op: str, cases, out: Path) -> str:
     plt = _plt()
     cases = cases[:40]
@@ -275,8 +299,12 @@ def build(paths, out_dir, title: str = "kernellab results") -> Path:
                 geo = math.exp(sum(math.log(v) for v in own) / len(own)) if own else None
                 summary.append((op, len(cases), f"{wins} of {len(own)}", f"{geo:.2f}" if geo else "-"))
             parts.append(_table(("op", "cases", "own kernel >= vendor", "geomean own / vendor"), summary))
+            table_rows = case_rows(kinds["bench"])
+            head = ("case", "best vendor", "ms", "best own", "ms", "default ms", "own / vendor", "default / vendor")
             for op, cases in sp.items():
                 parts.append(f'<img src="{plot_speedups(op, cases, out)}" alt="{html.escape(op)} speed-ups">')
+                parts.append(f"<details><summary>{html.escape(op)}: the numbers</summary>"
+                             + _table(head, table_rows[op]) + "</details>")  # fmt: skip
         lad = ladders(kinds["bench"])
         if lad:
             parts.append("<h2>Ladders</h2>")
