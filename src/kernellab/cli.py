@@ -912,7 +912,7 @@ def cmd_train_user_model(args) -> int:
     return user_models.main(argv)
 
 
-def cmd_train(args) -> int:
+def cmd_train_gpt(args) -> int:
     import json
 
     import torch
@@ -920,10 +920,6 @@ def cmd_train(args) -> int:
     from kernellab.harness.bench import git_sha, versions
     from kernellab.models import gpt
 
-    if args.model == "mnist":
-        return cmd_train_mnist(args)
-    if args.model in ("hf", "nanogpt"):
-        return cmd_train_user_model(args)
     if args.lr is None:
         args.lr = 3e-4
     if args.backend is None:
@@ -1212,11 +1208,11 @@ def _op_argument(s, dest: str = "op", help: str = "the op: %(ops)s", **kw) -> No
 MNIST_VARIANTS = ("pytorch_eager", "pytorch_compile", "pytorch_graph", "kernellab_eager", "kernellab_graph")
 
 
-def _train_common(t, batch_default: str) -> None:
+def _train_common(t, batch_default: str, func) -> None:
     t.add_argument("--batch-size", type=int, default=None, help=batch_default)
     t.add_argument("--compare", action="store_true", help="PyTorch's ops against kernellab's, every mode, timed")
     t.add_argument("--out", help="--compare: append JSONL rows to this file")
-    t.set_defaults(func=cmd_train)
+    t.set_defaults(func=func)
 
 
 def _train_gpt_parser(models) -> None:
@@ -1224,7 +1220,7 @@ def _train_gpt_parser(models) -> None:
                           description="GPT-2 small (or tiny) on kernellab's ops; --compare times PyTorch's ops "
                           "against kernellab's in every mode.")  # fmt: skip
     t.add_argument("--config", default=None, help="gpt2 (124M) or tiny (default: gpt2 on a GPU, tiny here)")
-    _train_common(t, "default 8 (gpt2) / 4 (tiny)")
+    _train_common(t, "default 8 (gpt2) / 4 (tiny)", cmd_train_gpt)
     t.add_argument("--seq-len", type=int, default=None, help="default: the config's context")
     t.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
     t.add_argument("--backend", "-b", default=None,
@@ -1244,7 +1240,7 @@ def _train_mnist_parser(models) -> None:
     t = models.add_parser("mnist", help="the course's MNIST CNN on kernellab's ops (SGD)",
                           description="The course's CNN on kernellab's ops, with test accuracy per epoch; "
                           "--compare times a step of every variant.")  # fmt: skip
-    _train_common(t, "default 64")
+    _train_common(t, "default 64", cmd_train_mnist)
     t.add_argument("--backend", "-b", default=None,
                    help="kernellab backend for every op, 'default', or 'pytorch' (default: default)")  # fmt: skip
     t.add_argument("--mode", default=None, help="eager | compile | graph (graph: on a GPU; default eager)")
@@ -1275,7 +1271,7 @@ def _train_user_parsers(models) -> None:
                               "timed with --compare (tokens/s, peak memory).")  # fmt: skip
         if name == "hf":
             t.add_argument("--config", default=None, help=" | ".join(HF_CONFIGS) + " (default llama)")
-        _train_common(t, "default 2 (hf) / 8 (nanogpt)")
+        _train_common(t, "default 2 (hf) / 8 (nanogpt)", cmd_train_user_model)
         t.add_argument("--seq-len", type=int, default=None, help="default 2048 (hf) / 1024 (nanogpt)")
         t.add_argument("--mode", default=None, help="eager | compile | compile-cudagraphs (default: every one)")
         t.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")

@@ -81,7 +81,7 @@ def plot_models(rows, out: Path) -> str | None:
     plt = _plt()
     keys = sorted(groups)
     seen = dict.fromkeys(r["variant"] for k in keys for r in groups[k])
-    variants = sorted(seen, key=lambda v: (v not in BASELINES, list(seen).index(v)))  # the baselines first
+    variants = sorted(seen, key=lambda v: v not in BASELINES)  # the baselines first, else in order
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 0.5 * len(keys) + 2))
     h = 0.8 / len(variants)
     for i, v in enumerate(variants):
@@ -143,36 +143,14 @@ def plot_roofline(rows, out: Path) -> str | None:
     return _save(fig, out, "roofline.png")
 
 
-def speedups(rows) -> dict[str, list[tuple[str, float | None, float | None]]]:
-    """Per op: (case, best own kernel's speed-up, the default's) over the best vendor
-    kernel at the same (shape, dtype, mode); a case with no vendor row is left out."""
+def _best(rows):
+    """Per (op, shape, dtype, mode) with a vendor kernel and one of ours or the default:
+    (op, case, best vendor backend, its ms, best own backend or None, its ms, default ms)."""
     cases = defaultdict(dict)  # (op, shape, dtype, mode) -> backend -> ms
     for r in rows:
         key = (r["op"], r["shape"], r["dtype"], r["mode"])
         ms = cases[key].get(r["backend"])
         cases[key][r["backend"]] = r["median_ms"] if ms is None else min(ms, r["median_ms"])
-    out = defaultdict(list)
-    for (op, shape, dtype, mode), by in sorted(cases.items()):
-        vendor = [ms for b, ms in by.items() if b in VENDOR]
-        own = [ms for b, ms in by.items() if b not in NOT_OURS and b != "default"]
-        if not vendor or not (own or "default" in by):
-            continue
-        best = min(vendor)
-        out[op].append((f"{shape} {dtype} {mode}", best / min(own) if own else None,
-                        best / by["default"] if "default" in by else None))  # fmt: skip
-    return out
-
-
-def case_rows(rows) -> dict[str, list[tuple]]:
-    """Per op, one row per (shape, dtype, mode) with a vendor kernel: the case, the best
-    vendor backend and its ms, our best own backend and its ms, the default's ms, and the
-    two speed-ups of ``speedups``; the numbers behind each chart."""
-    cases = defaultdict(dict)
-    for r in rows:
-        key = (r["op"], r["shape"], r["dtype"], r["mode"])
-        ms = cases[key].get(r["backend"])
-        cases[key][r["backend"]] = r["median_ms"] if ms is None else min(ms, r["median_ms"])
-    out = defaultdict(list)
     for (op, shape, dtype, mode), by in sorted(cases.items()):
         vendor = {b: ms for b, ms in by.items() if b in VENDOR}
         own = {b: ms for b, ms in by.items() if b not in NOT_OURS and b != "default"}
@@ -180,10 +158,25 @@ def case_rows(rows) -> dict[str, list[tuple]]:
             continue
         vb = min(vendor, key=vendor.get)
         ob = min(own, key=own.get) if own else None
-        d = by.get("default")
-        out[op].append((f"{shape} {dtype} {mode}", vb, f"{vendor[vb]:.4f}", ob or "-",
-                        f"{own[ob]:.4f}" if ob else "-", f"{d:.4f}" if d else "-",
-                        f"{vendor[vb] / own[ob]:.2f}x" if ob else "-", f"{vendor[vb] / d:.2f}x" if d else "-"))  # fmt: skip
+        yield op, f"{shape} {dtype} {mode}", vb, vendor[vb], ob, own.get(ob), by.get("default")
+
+
+def speedups(rows) -> dict[str, list[tuple[str, float | None, float | None]]]:
+    """Per op: (case, best own kernel's speed-up, the default's) over the best vendor
+    kernel at the same (shape, dtype, mode); a case with no vendor row is left out."""
+    out = defaultdict(list)
+    for op, case, _, vms, _, oms, dms in _best(rows):
+        out[op].append((case, vms / oms if oms else None, vms / dms if dms else None))
+    return out
+
+
+def case_rows(rows) -> dict[str, list[tuple]]:
+    """Per op, the numbers behind each chart: the case, the best vendor backend and its ms,
+    our best own backend and its ms, the default's ms, and the two speed-ups."""
+    out = defaultdict(list)
+    for op, case, vb, vms, ob, oms, dms in _best(rows):
+        out[op].append((case, vb, f"{vms:.4f}", ob or "-", f"{oms:.4f}" if ob else "-", f"{dms:.4f}" if dms else "-",
+                        f"{vms / oms:.2f}x" if ob else "-", f"{vms / dms:.2f}x" if dms else "-"))  # fmt: skip
     return out
 
 
