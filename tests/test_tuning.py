@@ -621,6 +621,28 @@ def test_a_gpu_without_a_table_uses_one_of_its_architecture(tables, monkeypatch)
     assert "heuristics" in str(seen[0].message)
 
 
+def test_ops_missing_from_a_gpus_table_come_from_its_architecture(tables, monkeypatch):
+    # An H200 table tuned for a few ops: its own rows decide those, the H100's rows the rest
+    # (marked with the GPU they were measured on), never the H100's rows of an op it has.
+    monkeypatch.setattr(tuning._device, "capability", lambda: (9, 0))
+    row = {"dtype": "bf16", "mode": "fwd", "shape": [4096], "key": [4096]}
+    h100 = {"gpu": "NVIDIA H100", "provenance": {"capability": "9.0"},
+            "rows": [{**row, "op": "gelu", "best": "triton", "times": {"triton": 0.01, "torch": 0.02}},
+                     {**row, "op": "add", "best": "triton", "times": {"triton": 0.01, "torch": 0.02}}]}  # fmt: skip
+    h200 = {"gpu": "NVIDIA H200", "provenance": {"capability": "9.0"},
+            "rows": [{**row, "op": "add", "best": "torch", "times": {"triton": 0.02, "torch": 0.01}}]}  # fmt: skip
+    (tables / "NVIDIA_H100.json").write_text(json.dumps(h100))
+    (tables / "NVIDIA_H200.json").write_text(json.dumps(h200))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        table = tuning.load_table("NVIDIA H200")
+    assert not seen
+    by_op = {r["op"]: r for r in table["rows"]}
+    assert sorted(r["op"] for r in table["rows"]) == ["add", "gelu"]
+    assert by_op["add"]["best"] == "torch" and "measured_on" not in by_op["add"]
+    assert by_op["gelu"]["best"] == "triton" and by_op["gelu"]["measured_on"] == "NVIDIA H100"
+
+
 def test_defaults_are_chosen_among_ours_and_the_peers_only():
     for op in registry.op_names():
         names = tuning.candidates(op)

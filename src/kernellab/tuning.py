@@ -299,22 +299,30 @@ _NOTICED: set[str] = set()
 
 
 def load_table(gpu: str) -> dict | None:
-    """The table of ``gpu`` (cached). None when there is none for this GPU model nor for
-    another model of the same architecture (an H200 may use an H100's table, with a
-    one-line notice): then a one-line notice, once per GPU model, says defaults come from
-    heuristics."""
+    """The table of ``gpu`` (cached). Where this GPU model has no table, or its table has
+    no rows of an op, another model of the same architecture speaks for it (an H200 may
+    use an H100's rows, with a one-line notice; each such row names the GPU it was measured
+    on in ``measured_on``). None when neither exists: then a one-line notice, once per GPU
+    model, says defaults come from heuristics."""
     if gpu in _TABLES:
         return _TABLES[gpu]
     path = table_path(gpu)
     table = _read(path) if os.path.exists(path) else None
-    if table is None and gpu != "cpu" and gpu not in _NOTICED:
-        _NOTICED.add(gpu)
-        table, other = _same_arch_table()
-        if table is not None:
-            warnings.warn(f"kernellab: no tuning table for {gpu}; using {other}'s (same architecture "
-                          f"sm_{table['provenance']['capability'].replace('.', '')}): run `kernellab tune` "
-                          "to make this GPU's own", stacklevel=3)  # fmt: skip
-        else:
+    if gpu != "cpu":
+        other_table, other = _same_arch_table(exclude=gpu)
+        if table is None and other_table is not None:
+            table = {**other_table, "rows": [{**r, "measured_on": other} for r in other_table["rows"]]}
+            if gpu not in _NOTICED:
+                _NOTICED.add(gpu)
+                warnings.warn(f"kernellab: no tuning table for {gpu}; using {other}'s (same architecture "
+                              f"sm_{other_table['provenance']['capability'].replace('.', '')}): run "
+                              "`kernellab tune` to make this GPU's own", stacklevel=3)  # fmt: skip
+        elif table is not None and other_table is not None:
+            have = {r.get("op") for r in table["rows"]}
+            borrowed = [{**r, "measured_on": other} for r in other_table["rows"] if r.get("op") not in have]
+            table = {**table, "rows": table["rows"] + borrowed}
+        elif table is None and gpu not in _NOTICED:
+            _NOTICED.add(gpu)
             warnings.warn(
                 f"kernellab: no tuning table for {gpu} ({os.path.basename(path)}); default backends come from "
                 "heuristics (run `kernellab tune` to make one)",
@@ -337,16 +345,18 @@ def _capability() -> str | None:
     return f"{cap[0]}.{cap[1]}" if cap else None
 
 
-def _same_arch_table() -> tuple[dict | None, str | None]:
-    """A table measured on another GPU model of this device's compute capability."""
+def _same_arch_table(exclude: str | None = None) -> tuple[dict | None, str | None]:
+    """A table measured on another GPU model (not ``exclude``) of this device's compute
+    capability."""
     cap = _capability()
     if cap is None:
         return None, None
+    skip = gpu_slug(exclude) + ".json" if exclude else None
     for d in _table_dirs():
         if not os.path.isdir(d):
             continue
         for name in sorted(os.listdir(d)):
-            if name.endswith(".json"):
+            if name.endswith(".json") and name != skip:
                 table = _read(os.path.join(d, name))
                 if (table.get("provenance") or {}).get("capability") == cap:
                     return table, table.get("gpu", name)
@@ -473,6 +483,7 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
                     f"table {os.path.basename(table_path(gpu))}: nearest row {row['shape']}"
                     + (f" {options}" if options else "")
                     + src
+                    + (f" (a row of {row['measured_on']}'s table, same architecture)" if row.get("measured_on") else "")
                     + " "
                     f"(distance {best[0]:.2f}): {pick} was fastest there "
                     f"({times[pick]:.4g} ms by {metric}; "
