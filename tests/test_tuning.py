@@ -611,7 +611,7 @@ def test_a_gpu_without_a_table_uses_one_of_its_architecture(tables, monkeypatch)
     (tables / "NVIDIA_H100.json").write_text(json.dumps(h100))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert tuning.load_table("NVIDIA H200")["gpu"] == "NVIDIA H100"
+        assert tuning.load_table("NVIDIA H800")["gpu"] == "NVIDIA H100"
     assert len(seen) == 1 and "using NVIDIA H100's (same architecture sm_90)" in str(seen[0].message)
     monkeypatch.setattr(tuning._device, "capability", lambda: (10, 0))
     tuning.clear_cache()

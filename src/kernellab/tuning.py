@@ -92,6 +92,9 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "attention": [(2, 28, 4096, 128)],
         "rope": [(2, 28, 4, 4096, 128, 128)],
     },
+    "gemma2-2b": {  # hidden 2304, MLP 9216 (GeGLU, tanh GeLU), vocab 256000
+        "geglu": [(4096 * 9216,), (16384 * 9216,)],
+    },
     "vit-b16": {  # hidden 768, 197 tokens, 12 heads of 64
         "layer_norm": [(256 * 197, 768)],
         "gelu": [(256 * 197 * 3072,)],
@@ -130,6 +133,7 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "attention": [(1, 2, 64, 64), (4, 12, 128, 64)],
         "rope": [(1, 4, 2, 64, 64, 64), (4, 12, 12, 128, 64, 64)],
         "swiglu": [(64 * 256,), (128 * 3072,)],
+        "geglu": [(64 * 256,), (128 * 3072,)],
         "add_rms_norm": [(64, 256), (128, 4096)],
         "linear_cross_entropy": [(64, 64, 256), (256, 768, 50304)],
         "sum": [(64, 256)],
