@@ -36,9 +36,9 @@ def _timed_compiles():
 def _stage(args):
     op, backend, dtype, stage, quick, seed = args
     log = _timed_compiles()
-    from kernellab import registry
+    from kernellab.core import registry
+    from kernellab.core.spec import parse_dtype
     from kernellab.harness import check as chk
-    from kernellab.ops.spec import parse_dtype
 
     t0 = time.perf_counter()
     rep = chk.check_impl(registry.get(op, backend), parse_dtype(dtype), quick=quick, seed=seed, stages=(stage,))

@@ -25,9 +25,9 @@ def main() -> None:
     p.add_argument("--json", default=None)
     a = p.parse_args()
 
-    from kernellab import registry
+    from kernellab.core import registry
+    from kernellab.core.spec import get_spec, parse_dtype
     from kernellab.harness import check as chk
-    from kernellab.ops.spec import get_spec, parse_dtype
 
     backends = a.backend.split(",") if a.backend else None
     dtypes = [parse_dtype(d) for d in a.dtype.split(",")] if a.dtype else None

@@ -4,9 +4,11 @@ which gradient a failing fwdbwd re-check comes from. Needs a GPU.
 
     PYTHONPATH=src python lab/conv_errors.py
 """
-import sys, torch
-from kernellab import registry
+import torch
 import torch.nn.functional as F
+
+from kernellab.core import registry
+
 torch.backends.cudnn.allow_tf32 = False
 torch.backends.cuda.matmul.allow_tf32 = False
 shapes = [(64, 1, 28, 28, 32), (1024, 1, 28, 28, 32), (256, 32, 14, 14, 64), (1024, 32, 14, 14, 64), (32, 64, 56, 56, 64)]

@@ -44,7 +44,7 @@ def _log(msg: str) -> None:
 
 
 def run_checks(out: Path, dtypes) -> None:
-    from kernellab import registry
+    from kernellab.core import registry
     from kernellab.harness.check import check_impl
 
     reports = []
@@ -99,8 +99,8 @@ def main(argv=None) -> int:
         print("conv_ladder: needs a GPU", file=sys.stderr)
         return 2
 
+    from kernellab.core.spec import parse_dtype
     from kernellab.harness import bench, results
-    from kernellab.ops.spec import parse_dtype
 
     torch.backends.cudnn.allow_tf32 = args.tf32
     torch.backends.cuda.matmul.allow_tf32 = args.tf32

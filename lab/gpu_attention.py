@@ -337,14 +337,14 @@ def main() -> int:
     if not args.skip_check:
         what = "full" if args.full_check else "short: bf16 first shape, fp32 2x4x1023x1025x64"
         print(f"== correctness ({what}; worst error / bound over o, dq, dk, dv; <= 1 passes)", flush=True)
-        at.AUTOTUNE = False  # first fitting tile: correctness does not need tuning, only compiles
+        kernellab.config.attn_autotune = False  # first fitting tile: correctness does not need tuning, only compiles
         deadline = float("inf") if args.full_check else t_start + args.check_budget
         ok = correctness(lines, args.quick, full=args.full_check, deadline=deadline, skipped=skipped)
         try:
             dv_diagnosis(lines)
         except Exception as e:  # noqa: BLE001 - a diagnosis, never the verdict
             print(f"dv diagnosis failed: {type(e).__name__}: {e}", flush=True)
-        at.AUTOTUNE = True
+        kernellab.config.attn_autotune = True
         print(f"   ({time.perf_counter() - t_start:.0f} s)", flush=True)
     choices = autotune_choices()
     (out / "attention_check.txt").write_text("\n".join(lines + choices) + "\n")

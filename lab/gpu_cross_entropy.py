@@ -34,10 +34,10 @@ import torch  # noqa: E402
 
 import kernellab  # noqa: E402
 import kernellab.ops.cross_entropy as ce  # noqa: E402  (registers the op)
+from kernellab.core.spec import dtype_name, options_str  # noqa: E402
 from kernellab.harness import bench as kbench  # noqa: E402
 from kernellab.harness.check import check_impl  # noqa: E402
 from kernellab.harness.results import pivot_table, write_jsonl  # noqa: E402
-from kernellab.ops.spec import dtype_name, options_str  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 SHAPES = [(8192, 50304), (8192, 128256)]

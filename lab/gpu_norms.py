@@ -35,7 +35,7 @@ def _log(msg: str) -> None:
 
 
 def run_checks(out: Path, dtypes, skip, opcheck: bool) -> list[dict]:
-    from kernellab import registry
+    from kernellab.core import registry
     from kernellab.harness.check import check_impl
 
     reports = []
@@ -192,8 +192,8 @@ def main(argv=None) -> int:
     import kernellab  # noqa: F401  (sets up Triton before the ops define kernels)
     import kernellab.ops.norms  # noqa: F401  (registers both ops and their backends)
     from kernellab import device
-    from kernellab.ops.spec import parse_dtype, parse_shape
-    from kernellab.registry import impls
+    from kernellab.core.registry import impls
+    from kernellab.core.spec import parse_dtype, parse_shape
 
     _log(f"{torch.cuda.get_device_name()} torch {torch.__version__}")
     for op in OPS:

@@ -27,10 +27,10 @@ import torch  # noqa: E402
 
 import kernellab  # noqa: E402
 import kernellab.ops.reductions  # noqa: E402,F401  (registers sum, max and argmax)
+from kernellab.core.spec import dtype_name  # noqa: E402
 from kernellab.harness import bench as kbench  # noqa: E402
 from kernellab.harness.check import check_impl  # noqa: E402
 from kernellab.harness.results import pivot_table, write_jsonl  # noqa: E402
-from kernellab.ops.spec import dtype_name  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 BENCH = [
@@ -80,7 +80,7 @@ def determinism(lines) -> bool:
 
 
 def ladder_table(rows) -> str:
-    from kernellab.registry import get
+    from kernellab.core.registry import get
 
     out = [
         "| dtype | mode | backend | what it is | ms | GB/s | % copy BW | error / bound |",

@@ -13,9 +13,9 @@ import time
 import torch
 
 import kernellab
-from kernellab.cuda import elementwise
+from kernellab.core.spec import get_spec
+from kernellab.ops import _elementwise_cuda as elementwise
 from kernellab.ops.add import cuda as add_cuda
-from kernellab.ops.spec import get_spec
 
 
 def per_call_us(fn, n=20000):

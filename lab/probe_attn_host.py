@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness import timer
 from kernellab.harness.bench import git_sha, versions
 from kernellab.ops.attention import triton as AT

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import kernellab
-from kernellab import registry, tuning
+from kernellab.core import registry, shapes
 from kernellab.harness import timer
 from kernellab.harness.bench import git_sha, versions
 
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
             x = args[0]
             dv = "cuda" if x.is_cuda else x.device.type
             torch.compiler.is_compiling()
-            ck = (op, dv, x.dtype, x.shape if op not in tuning.KEY_ARGS else (x.shape, args[1].shape),
+            ck = (op, dv, x.dtype, x.shape if op not in shapes.KEY_ARGS else (x.shape, args[1].shape),
                   opts(op, kw) if kw else None)  # fmt: skip
             return registry._CHOSEN.get(ck)
 
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
             "signature_only": lambda args=args, kw=kw: registry._signature(args, kw),
         }
         res = timer.paired_us(fns, lambda n: "pytorch", a.rounds)
-        line = {"op": op, "dtype": a.dtype, **meta, "chosen": tuning.choose(op, args, dev, None, kw)[0]}
+        line = {"op": op, "dtype": a.dtype, **meta, "chosen": registry.choose(op, args, dev, None, kw)[0]}
         for name, r in res.items():
             if isinstance(r, Exception):
                 line[name] = f"{type(r).__name__}: {r}"

@@ -14,9 +14,9 @@ import random
 
 import torch
 
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import get_spec, shape_str
 from kernellab.harness import check as chk
-from kernellab.ops.spec import get_spec, shape_str
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

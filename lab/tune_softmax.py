@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 import kernellab
-from kernellab.cuda.elementwise import SUFFIX
 from kernellab.cuda.runtime import Module
 from kernellab.harness.compare import judge
 from kernellab.harness.timer import time_cuda
+from kernellab.ops._elementwise_cuda import SUFFIX
 
 CU = Path(kernellab.__file__).parent / "ops" / "softmax" / "softmax.cu"
 ROWS, COLS = 32768, 4096

@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from kernellab.cuda import elementwise as ew
 from kernellab.harness.timer import time_cuda
+from kernellab.ops import _elementwise_cuda as ew
 from kernellab.ops.add import cuda as add_cuda
 from kernellab.ops.gelu import cuda as gelu_cuda
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import kernellab
-from kernellab.ops.spec import dtype_name, shape_str
+from kernellab.core.spec import dtype_name, shape_str
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Odd shapes: one element, primes, block size +- 1 (1023/1025 around 1024), an empty
@@ -81,7 +81,7 @@ def gpu_only_backends(op: str) -> list[str]:
 
 def reference_grads(spec, args, dy):
     """Autograd of the float64 reference: gradients w.r.t. spec.grad_args, in float64."""
-    from kernellab.ops.spec import to64
+    from kernellab.core.spec import to64
 
     args64 = [to64(a) for a in args]
     for i in spec.grad_args:
@@ -187,7 +187,7 @@ def backend_dtype_shape_params(backends, dtypes, shapes, big=None, big_skips=("t
 def check_planted(op: str, name: str, fn, seed: int = 2, **kwargs):
     """The quick fp32 CPU check of ``fn`` registered for the duration as ``op``'s backend
     ``planted_<name>`` (a deliberate mistake the check must catch); returns the Report."""
-    from kernellab import registry
+    from kernellab.core import registry
     from kernellab.harness.check import check_impl
 
     registry.register(op, f"planted_{name}", devices=("cpu",))(fn)

@@ -364,8 +364,8 @@ def test_train_help_lists_only_its_models_options():
 def test_op_arguments_list_the_valid_ops():
     import argparse
 
-    from kernellab import registry
     from kernellab.cli import build_parser
+    from kernellab.core import registry
 
     parser = build_parser()
     subs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -67,7 +67,7 @@ def test_an_eager_call_after_the_first_trace_does_not_recompile():
     # lazily: a guard on it failed after that call and recompiled the graph.
     import torch._dynamo
 
-    from kernellab import registry
+    from kernellab.core import registry
 
     impl = registry.get("gelu", registry.compiled_backend("gelu", "cpu"))
     impl._validate = None

@@ -331,7 +331,7 @@ def test_gpu_kernel_argument_count_is_checked():
 
 @pytest.mark.gpu
 def test_gpu_cuda_core_launch_path(monkeypatch):
-    monkeypatch.setenv("KERNELLAB_LAUNCH", "core")
+    monkeypatch.setattr(kernellab.config, "cuda_launch", "core")
     k = Module(source=SCALE_SRC).kernel("scale_add", ("ptr", "ptr", "f32", "i64"))
     assert k._use_core is True
     x = torch.randn(1000, device="cuda")

@@ -376,7 +376,7 @@ def test_patch_gated_mlp_triton_backward_in_place(op, family, monkeypatch):
     write), and the step still matches the unpatched model."""
     if not hasattr(kernellab, op):
         pytest.skip(f"kernellab.{op} not in this build")
-    from kernellab import registry
+    from kernellab.core import registry
 
     real, seen = registry.call, []
 
@@ -477,8 +477,10 @@ def test_patch_hf_rope_swaps_the_family_function_while_patched(monkeypatch):
     ref = _tiny("llama")
     a, b = copy.deepcopy(ref), copy.deepcopy(ref)
     calls = []
-    real = kernellab.rope
-    monkeypatch.setattr(kernellab, "rope", lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    from kernellab.ops import public  # (what patch calls the ops through)
+
+    real = public.rope
+    monkeypatch.setattr(public, "rope", lambda *args, **kw: calls.append(1) or real(*args, **kw))
     report = kernellab.patch(a, verbose=False)
     assert report.counts()["rope"] == 1 and modeling.apply_rotary_pos_emb is not original
     kernellab.patch(b, verbose=False)
@@ -518,11 +520,14 @@ def test_patch_under_compile_runs_the_models_own_code(fused, monkeypatch):
     pat = copy.deepcopy(ref)
     kernellab.patch(pat, fused_linear_cross_entropy=fused, verbose=False)
     calls = []
+    from kernellab.ops import public  # (what patch and the gated MLPs call the ops through)
+
     for op in ("rms_norm", "swiglu", "attention", "rope", "linear_cross_entropy", "cross_entropy"):
-        real = getattr(kernellab, op)
+        real = getattr(public, op)
         spy = (lambda f, o: lambda *a, **k: calls.append(o) or f(*a, **k))(real, op)
-        monkeypatch.setattr(kernellab, op, spy)
-    from kernellab import registry
+        monkeypatch.setattr(public, op, spy)
+        monkeypatch.setitem(public.FUNCTIONS, op, spy)
+    from kernellab.core import registry
 
     real_call = registry.call
     monkeypatch.setattr(registry, "call", lambda op, *a, **k: calls.append(op) or real_call(op, *a, **k))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness.check import check_impl
 
 BUILTIN = ["manual", "torch", "compile", "triton", "cuda", "cuda_v1"]
@@ -462,7 +462,7 @@ KEY_VALIDATED = ["gelu", "relu", "softmax", "sum", "max", "argmax", "layer_norm"
 
 
 def test_the_ops_declaring_key_validation_are_the_audited_ones():
-    from kernellab.ops.spec import SPECS, load_all
+    from kernellab.core.spec import SPECS, load_all
 
     load_all()
     assert sorted(n for n, sp in SPECS.items() if sp.key_validates) == sorted(KEY_VALIDATED)

@@ -11,35 +11,37 @@ import pytest
 import torch
 
 import kernellab
-from kernellab import registry, tuning
 from kernellab.cli import main
-from kernellab.ops.spec import get_spec
+from kernellab.core import choice, registry, shapes
+from kernellab.core import tables as table_files
+from kernellab.core.spec import get_spec
+from kernellab.harness import tune as tuner
 
 
 @pytest.fixture
 def tables(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
-    tuning.clear_cache()
+    registry.clear_cache()
     yield tmp_path
-    tuning.clear_cache()
+    registry.clear_cache()
 
 
 def _write(tables, rows, gpu="cpu"):
-    (tables / f"{tuning.gpu_slug(gpu)}.json").write_text(json.dumps({"gpu": gpu, "rows": rows}))
-    tuning.clear_cache()
+    (tables / f"{table_files.gpu_slug(gpu)}.json").write_text(json.dumps({"gpu": gpu, "rows": rows}))
+    registry.clear_cache()
 
 
 def test_families_name_registered_ops_with_positive_shapes():
     ops = set(registry.op_names())
-    for fam, per_op in tuning.FAMILIES.items():
-        for op, shapes in per_op.items():
+    for fam, per_op in shapes.FAMILIES.items():
+        for op, listed in per_op.items():
             assert op in ops, (fam, op)
-            for s in shapes:
+            for s in listed:
                 assert all(isinstance(d, int) and d > 0 for d in s), (fam, op, s)
-    assert (8192, 50257) in tuning.family_shapes("softmax", "gpt2")
-    assert len(tuning.family_shapes("matmul")) == len(set(tuning.family_shapes("matmul")))
+    assert (8192, 50257) in shapes.family_shapes("softmax", "gpt2")
+    assert len(shapes.family_shapes("matmul")) == len(set(shapes.family_shapes("matmul")))
     with pytest.raises(ValueError, match="family: unknown 'gpt5'"):
-        tuning.family_shapes("softmax", "gpt5")
+        shapes.family_shapes("softmax", "gpt5")
 
 
 @pytest.mark.parametrize(
@@ -52,7 +54,7 @@ def test_families_name_registered_ops_with_positive_shapes():
 )  # fmt: skip
 def test_table_rows_and_calls_share_one_shape_key(op, shape):
     args = get_spec(op).make_inputs(shape, torch.float32, "cpu", 0)
-    assert tuning.shape_key(op, args) == tuning.key_of_shape(op, shape)
+    assert shapes.shape_key(op, args) == shapes.key_of_shape(op, shape)
 
 
 def test_tune_writes_a_table_the_default_then_reads(tables, capsys):
@@ -62,12 +64,12 @@ def test_tune_writes_a_table_the_default_then_reads(tables, capsys):
     assert {tuple(r["shape"]) for r in rows} == {(4096,), (65537,)}
     for r in rows:
         assert set(r["times"]) == set(r["device"]) == {"torch", "manual"}
-        assert r["best"] == tuning.pick_best(r["times"], r["device"])
+        assert r["best"] == choice.pick_best(r["times"], r["device"])
     assert table["provenance"]["git_sha"] and table["provenance"]["date"]
-    backend, why = tuning.choose_key("gelu", (5000,), torch.float32, "cpu")
+    backend, why = registry.choose_key("gelu", (5000,), torch.float32, "cpu")
     assert backend == rows[0]["best"] and "cpu.json" in why and "[4096]" in why
     # far from every row: the heuristic, and it says so
-    backend, why = tuning.choose_key("gelu", (2**30,), torch.float32, "cpu")
+    backend, why = registry.choose_key("gelu", (2**30,), torch.float32, "cpu")
     assert backend == registry.default_backend("gelu", "cpu") and "no table row near" in why
     capsys.readouterr()
     assert main(["explain", "gelu", "-s", "5000", "--device", "cpu"]) == 0
@@ -91,7 +93,7 @@ def test_tune_times_fp32_as_fp32_and_restores_the_users_tf32_flags(tables, monke
     old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     try:
-        table = tuning.tune("gelu", "cpu-tiny", [torch.float32], ["fwd"], device="cpu", backends=["torch"])
+        table = tuner.tune("gelu", "cpu-tiny", [torch.float32], ["fwd"], device="cpu", backends=["torch"])
         assert seen == [(False, False)]
         assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (True, True)
         assert table["provenance"]["tf32"] is False
@@ -106,14 +108,14 @@ def test_matmul_heuristic_is_cublas_first():
 
 def test_the_best_is_the_least_effective_time_and_ties_go_by_device_time():
     # effective times within TIE (5%) of the least are loop-time noise: device time decides
-    assert tuning.pick_best({"a": 0.100, "b": 0.104, "c": 0.2}, {"a": 0.09, "b": 0.05, "c": 0.01}) == "b"
+    assert choice.pick_best({"a": 0.100, "b": 0.104, "c": 0.2}, {"a": 0.09, "b": 0.05, "c": 0.01}) == "b"
     # past TIE the effective time decides, whatever the device time
-    assert tuning.pick_best({"a": 0.100, "b": 0.106, "c": 0.2}, {"a": 0.09, "b": 0.05, "c": 0.01}) == "a"
+    assert choice.pick_best({"a": 0.100, "b": 0.106, "c": 0.2}, {"a": 0.09, "b": 0.05, "c": 0.01}) == "a"
     # rows without device times: the effective time alone
-    assert tuning.pick_best({"a": 0.100, "b": 0.101}, {}) == "a"
+    assert choice.pick_best({"a": 0.100, "b": 0.101}, {}) == "a"
     # device times within DEVICE_TIE (1%) are one speed: the effective time decides again
-    assert tuning.pick_best({"a": 0.0281, "b": 0.0290}, {"a": 0.0281, "b": 0.02794}) == "a"
-    assert tuning.pick_best({"a": 0.0281, "b": 0.0290}, {"a": 0.0281, "b": 0.0270}) == "b"
+    assert choice.pick_best({"a": 0.0281, "b": 0.0290}, {"a": 0.0281, "b": 0.02794}) == "a"
+    assert choice.pick_best({"a": 0.0281, "b": 0.0290}, {"a": 0.0281, "b": 0.0270}) == "b"
 
 
 def test_table_rows_keep_device_times_and_a_later_row_replaces_an_earlier():
@@ -126,7 +128,7 @@ def test_table_rows_keep_device_times_and_a_later_row_replaces_an_earlier():
         {**base, "backend": "manual", "status": "error", "median_ms": 0.0001},  # failed: no row
         {**base, "op": "add", "backend": "torch", "median_ms": 1.0},  # another op
     ]
-    (row,) = tuning.table_rows("gelu", rows)
+    (row,) = tuner.table_rows("gelu", rows)
     assert row["shape"] == [4096] and row["key"] == [4096]
     assert row["times"] == {"cuda": 0.0305, "torch": 0.03, "triton": 0.031}
     assert row["device"] == {"cuda": 0.009, "torch": 0.01, "triton": 0.008}
@@ -137,8 +139,8 @@ def test_choose_by_device_time_among_given_backends(tables):
     _write(tables, [{"op": "gelu", "dtype": "fp32", "mode": "fwdbwd", "shape": [4096], "key": [4096], "best": "torch",
                      "times": {"torch": 0.10, "manual": 0.30, "compile": 0.40},
                      "device": {"torch": 0.05, "manual": 0.02, "compile": 0.01}}])  # fmt: skip
-    assert tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd")[0] == "torch"
-    backend, why = tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device")
+    assert registry.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd")[0] == "torch"
+    backend, why = registry.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device")
     assert backend == "compile" and "by device time" in why
     # explain says both: the standalone call's choice and the device-time one
     import contextlib
@@ -149,13 +151,13 @@ def test_choose_by_device_time_among_given_backends(tables):
         assert main(["explain", "gelu", "-s", "4096", "--device", "cpu", "--dtype", "fp32", "--mode", "fwdbwd"]) == 0
     out = buf.getvalue()
     assert "fwdbwd on cpu (cpu): torch" in out and "by device time (a graphed or fused step): compile" in out
-    assert tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device",
+    assert registry.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device",
                              among=("torch", "manual"))[0] == "manual"  # fmt: skip
     # none of ``among`` in the row: the heuristic, which says so
-    backend, why = tuning.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device", among=("nope",))
+    backend, why = registry.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device", among=("nope",))
     assert "heuristic" in why
     with pytest.raises(ValueError, match="by"):
-        tuning.choose_key("gelu", (4096,), torch.float32, "cpu", by="loop")
+        registry.choose_key("gelu", (4096,), torch.float32, "cpu", by="loop")
 
 
 def test_rebuild_table_script_writes_device_times(tmp_path):
@@ -449,11 +451,11 @@ def test_a_call_needing_any_gradient_takes_the_forward_backward_row(tables):
          "best": "torch", "times": {"manual": 0.5, "torch": 0.03}},
     ])  # fmt: skip
     x, w = torch.randn(64, 3136), torch.randn(3136, 128)
-    assert tuning.choose("matmul", (x, w), "cpu")[0] == "manual"
-    assert tuning.choose("matmul", (x, w.requires_grad_()), "cpu")[0] == "torch"
+    assert registry.choose("matmul", (x, w), "cpu")[0] == "manual"
+    assert registry.choose("matmul", (x, w.requires_grad_()), "cpu")[0] == "torch"
     with torch.no_grad():
-        assert tuning.choose("matmul", (x, w), "cpu")[0] == "manual"
-    assert tuning.wants_grad((x, w, None, "relu")) and not tuning.wants_grad((x, 3))
+        assert registry.choose("matmul", (x, w), "cpu")[0] == "manual"
+    assert shapes.wants_grad((x, w, None, "relu")) and not shapes.wants_grad((x, 3))
 
 
 def test_one_call_site_takes_each_modes_row_from_its_cached_choice(tables):
@@ -491,7 +493,7 @@ def test_a_refused_input_falls_back_to_torch(tables):
                      "key": [2, 16, 16, 100], "best": "triton",
                      "times": {"triton": 0.01, "torch": 0.02}}])  # fmt: skip
     q, k, v = (torch.randn(1, 2, 16, 100) for _ in range(3))
-    assert tuning.choose("attention", (q, k, v), "cpu")[0] == "triton"
+    assert registry.choose("attention", (q, k, v), "cpu")[0] == "triton"
     with pytest.raises(ValueError, match="head"):
         kernellab.attention(q, k, v, backend="triton")
     out = kernellab.attention(q, k, v)
@@ -515,16 +517,16 @@ def test_a_shape_no_row_is_near_takes_the_tables_majority_not_the_fixed_preferen
 
     far = (8,)  # every row below is >= 2^10 elements: 7+ doublings away
     _write(tables, [row(1 << 20, "torch"), row(1 << 22, "torch"), row(1 << 24, "manual"), row(1 << 26, "torch")])
-    backend, why = tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")
+    backend, why = registry.choose_key("gelu", far, torch.float32, "cpu", "fwd")
     assert backend == "torch" and "no row near this shape" in why and "3 of its 4 gelu fp32 fwd rows" in why
     _write(tables, [row(1 << 20, "manual"), row(1 << 22, "manual"), row(1 << 24, "manual")])
-    assert tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")[0] == "manual"
+    assert registry.choose_key("gelu", far, torch.float32, "cpu", "fwd")[0] == "manual"
     _write(tables, [row(1 << 20, "manual"), row(1 << 22, "manual")])  # two rows: too few to speak
-    backend, why = tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")
-    assert backend == tuning._heuristic("gelu", "cpu") and why.startswith("heuristic")
+    backend, why = registry.choose_key("gelu", far, torch.float32, "cpu", "fwd")
+    assert backend == registry.default_backend("gelu", "cpu") and why.startswith("heuristic")
     _write(tables, [row(1 << 20, "manual"), row(1 << 22, "torch"), row(1 << 24, "manual"), row(1 << 26, "torch")])
-    assert tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")[1].startswith("heuristic")  # a tie
-    assert tuning.choose_key("gelu", far, torch.float32, "cpu", "fwdbwd")[1].startswith("heuristic")  # no rows
+    assert registry.choose_key("gelu", far, torch.float32, "cpu", "fwd")[1].startswith("heuristic")  # a tie
+    assert registry.choose_key("gelu", far, torch.float32, "cpu", "fwdbwd")[1].startswith("heuristic")  # no rows
 
     def timed(n, manual, torch_t):
         return {"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": [n], "key": [n],
@@ -533,14 +535,14 @@ def test_a_shape_no_row_is_near_takes_the_tables_majority_not_the_fixed_preferen
     # two wins each, but torch loses by 1% where it loses and manual by 3x: torch is nearer
     _write(tables, [timed(1 << 20, 0.01, 0.0101), timed(1 << 22, 0.01, 0.0101),
                     timed(1 << 24, 0.03, 0.01), timed(1 << 26, 0.03, 0.01)])  # fmt: skip
-    backend, why = tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")
+    backend, why = registry.choose_key("gelu", far, torch.float32, "cpu", "fwd")
     assert backend == "torch" and "no backend won most of its 4 gelu fp32 fwd rows" in why
     assert "torch was nearest the best over them" in why and "manual 1.73" in why
     # a backend not timed at every row (a row made from a verify run) is not ranked
     rows = [timed(1 << 20, 0.01, 0.0101), timed(1 << 22, 0.01, 0.0101), timed(1 << 24, 0.03, 0.01),
             {**timed(1 << 26, 0.03, 0.01), "times": {"torch": 0.01}}]  # fmt: skip
     _write(tables, rows)
-    backend, why = tuning.choose_key("gelu", far, torch.float32, "cpu", "fwd")
+    backend, why = registry.choose_key("gelu", far, torch.float32, "cpu", "fwd")
     assert backend == "torch" and "torch is the only backend timed at every one of them" in why
 
 
@@ -553,40 +555,40 @@ def test_a_16_bit_dtype_without_rows_takes_its_siblings_rows(tables):
         return {"op": "gelu", "dtype": dt, "mode": "fwd", "shape": [n], "key": [n], "best": best,
                 "times": {"manual": 0.02 if best == "torch" else 0.01, "torch": 0.01 if best == "torch" else 0.02}}
 
-    fixed = tuning._heuristic("gelu", "cpu")
+    fixed = registry.default_backend("gelu", "cpu")
     other = "torch" if fixed == "manual" else "manual"
     _write(tables, [row("fp32", 1 << 20, other)])
-    backend, why = tuning.choose_key("gelu", (1 << 20,), torch.bfloat16, "cpu", "fwd")
+    backend, why = registry.choose_key("gelu", (1 << 20,), torch.bfloat16, "cpu", "fwd")
     assert backend == other and "no gelu bf16 fwd rows: its fp32 rows" in why
-    assert tuning.choose_key("gelu", (1 << 20,), torch.float16, "cpu", "fwd")[0] == other
-    assert tuning.choose_key("gelu", (1 << 20,), torch.bfloat16, "cpu", "fwdbwd")[1].startswith("heuristic")
+    assert registry.choose_key("gelu", (1 << 20,), torch.float16, "cpu", "fwd")[0] == other
+    assert registry.choose_key("gelu", (1 << 20,), torch.bfloat16, "cpu", "fwdbwd")[1].startswith("heuristic")
     _write(tables, [row("fp32", 1 << 20, other), row("bf16", 1 << 20, fixed)])
-    backend, why = tuning.choose_key("gelu", (1 << 20,), torch.float16, "cpu", "fwd")
+    backend, why = registry.choose_key("gelu", (1 << 20,), torch.float16, "cpu", "fwd")
     assert backend == fixed and "its bf16 rows" in why
-    backend, why = tuning.choose_key("gelu", (1 << 20,), torch.bfloat16, "cpu", "fwd")
+    backend, why = registry.choose_key("gelu", (1 << 20,), torch.bfloat16, "cpu", "fwd")
     assert backend == fixed and "rows)" not in why
     _write(tables, [row("bf16", 1 << 20, other)])
-    assert tuning.choose_key("gelu", (1 << 20,), torch.float32, "cpu", "fwd")[1].startswith("heuristic")
+    assert registry.choose_key("gelu", (1 << 20,), torch.float32, "cpu", "fwd")[1].startswith("heuristic")
     # far from the borrowed rows: their majority, still said to be borrowed
     _write(tables, [row("fp32", 1 << k, other) for k in (20, 22, 24)])
-    backend, why = tuning.choose_key("gelu", (8,), torch.bfloat16, "cpu", "fwd")
+    backend, why = registry.choose_key("gelu", (8,), torch.bfloat16, "cpu", "fwd")
     assert backend == other and "3 of its 3 gelu fp32 fwd rows" in why and "its fp32 rows" in why
 
 
 def test_no_table_for_a_gpu_is_a_one_line_notice_then_heuristics(tables):
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert tuning.load_table("NVIDIA Imaginary X1") is None
-        assert tuning.load_table("NVIDIA Imaginary X1") is None
+        assert table_files.load_table("NVIDIA Imaginary X1") is None
+        assert table_files.load_table("NVIDIA Imaginary X1") is None
     notes = [str(w.message) for w in seen]
     assert len(notes) == 1 and "no tuning table for NVIDIA Imaginary X1" in notes[0] and "heuristics" in notes[0]
 
 
 def test_a_malformed_table_is_refused_naming_its_path(tables):
     (tables / "cpu.json").write_text(json.dumps({"gpu": "cpu"}))
-    tuning.clear_cache()
+    registry.clear_cache()
     with pytest.raises(ValueError, match="cpu.json: not a kernellab tuning table"):
-        tuning.load_table("cpu")
+        table_files.load_table("cpu")
 
 
 def test_rows_are_told_apart_by_the_options_the_bench_varies(tables):
@@ -597,34 +599,34 @@ def test_rows_are_told_apart_by_the_options_the_bench_varies(tables):
     _write(tables, [{**row, "options": "causal=False", "best": "torch"},
                     {**row, "options": "causal=True", "best": "triton"}])  # fmt: skip
     q = torch.randn(1, 2, 64, 32)
-    assert tuning.choose("attention", (q, q, q), "cpu")[0] == "torch"
-    assert tuning.choose("attention", (q, q, q), "cpu", kwargs={"causal": True})[0] == "triton"
-    assert tuning.choose("attention", (q, q, q), "cpu", kwargs={"causal": False})[0] == "torch"
-    assert tuning.option_key("gelu", {}) == ""
+    assert registry.choose("attention", (q, q, q), "cpu")[0] == "torch"
+    assert registry.choose("attention", (q, q, q), "cpu", kwargs={"causal": True})[0] == "triton"
+    assert registry.choose("attention", (q, q, q), "cpu", kwargs={"causal": False})[0] == "torch"
+    assert shapes.option_key("gelu", {}) == ""
 
 
 def test_a_gpu_without_a_table_uses_one_of_its_architecture(tables, monkeypatch):
-    monkeypatch.setattr(tuning._device, "capability", lambda: (9, 0))
+    monkeypatch.setattr(table_files._device, "capability", lambda: (9, 0))
     h100 = {"gpu": "NVIDIA H100", "provenance": {"capability": "9.0"},
             "rows": [{"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": [4096], "key": [4096],
                       "best": "torch", "times": {"torch": 0.01}}]}  # fmt: skip
     (tables / "NVIDIA_H100.json").write_text(json.dumps(h100))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert tuning.load_table("NVIDIA H800")["gpu"] == "NVIDIA H100"
+        assert table_files.load_table("NVIDIA H800")["gpu"] == "NVIDIA H100"
     assert len(seen) == 1 and "using NVIDIA H100's (same architecture sm_90)" in str(seen[0].message)
-    monkeypatch.setattr(tuning._device, "capability", lambda: (10, 0))
-    tuning.clear_cache()
+    monkeypatch.setattr(table_files._device, "capability", lambda: (10, 0))
+    registry.clear_cache()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert tuning.load_table("NVIDIA B200") is None
+        assert table_files.load_table("NVIDIA B200") is None
     assert "heuristics" in str(seen[0].message)
 
 
 def test_ops_missing_from_a_gpus_table_come_from_its_architecture(tables, monkeypatch):
     # An H200 table tuned for a few ops: its own rows decide those, the H100's rows the rest
     # (marked with the GPU they were measured on), never the H100's rows of an op it has.
-    monkeypatch.setattr(tuning._device, "capability", lambda: (9, 0))
+    monkeypatch.setattr(table_files._device, "capability", lambda: (9, 0))
     row = {"dtype": "bf16", "mode": "fwd", "shape": [4096], "key": [4096]}
     h100 = {"gpu": "NVIDIA H100", "provenance": {"capability": "9.0"},
             "rows": [{**row, "op": "gelu", "best": "triton", "times": {"triton": 0.01, "torch": 0.02}},
@@ -635,7 +637,7 @@ def test_ops_missing_from_a_gpus_table_come_from_its_architecture(tables, monkey
     (tables / "NVIDIA_H200.json").write_text(json.dumps(h200))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        table = tuning.load_table("NVIDIA H200")
+        table = table_files.load_table("NVIDIA H200")
     assert not seen
     by_op = {r["op"]: r for r in table["rows"]}
     assert sorted(r["op"] for r in table["rows"]) == ["add", "gelu"]
@@ -645,12 +647,12 @@ def test_ops_missing_from_a_gpus_table_come_from_its_architecture(tables, monkey
 
 def test_defaults_are_chosen_among_ours_and_the_peers_only():
     for op in registry.op_names():
-        names = tuning.candidates(op)
+        names = tuner.candidates(op)
         assert "torch" in names
         assert not {"manual", "compile", "tiled"} & set(names), op
         assert not [n for n in names if n.startswith("cuda_v")], op
-    assert {"triton", "cuda"} <= set(tuning.candidates("matmul"))
-    assert {"sdpa_flash", "sdpa_cudnn"} <= set(tuning.candidates("attention"))
+    assert {"triton", "cuda"} <= set(tuner.candidates("matmul"))
+    assert {"sdpa_flash", "sdpa_cudnn"} <= set(tuner.candidates("attention"))
 
 
 def test_bench_times_the_default_as_a_row_of_its_own(tables):
@@ -671,12 +673,12 @@ def test_tune_writes_the_users_tables_not_the_package(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELLAB_CACHE", str(tmp_path / "cache"))
     package = tmp_path / "package"
     package.mkdir()
-    monkeypatch.setattr(tuning, "PACKAGE_TABLES", str(package))
+    monkeypatch.setattr(table_files, "PACKAGE_TABLES", str(package))
     other = {"op": "add", "dtype": "fp32", "mode": "fwd", "shape": [4], "key": [4], "best": "torch",
              "times": {"torch": 1.0}}  # fmt: skip
     (package / "cpu.json").write_text(json.dumps({"gpu": "cpu", "rows": [other]}))
     before = (package / "cpu.json").read_text()
-    tuning.clear_cache()
+    registry.clear_cache()
     try:
         argv = ["tune", "gelu", "-f", "cpu-tiny", "-b", "torch,manual", "--device", "cpu", "--dtype", "fp32"]
         assert main([*argv, "--budget", "0.05"]) == 0
@@ -684,6 +686,6 @@ def test_tune_writes_the_users_tables_not_the_package(tmp_path, monkeypatch):
         assert user.exists() and (package / "cpu.json").read_text() == before
         rows = json.loads(user.read_text())["rows"]
         assert {r["op"] for r in rows} == {"add", "gelu"}
-        assert tuning.table_path("cpu") == str(user)
+        assert table_files.table_path("cpu") == str(user)
     finally:
-        tuning.clear_cache()
+        registry.clear_cache()

@@ -61,7 +61,7 @@ def _progress() -> Progress:
 
 
 def _dtypes(arg):
-    from kernellab.ops.spec import parse_dtype
+    from kernellab.core.spec import parse_dtype
 
     return [parse_dtype(d) for d in arg] if arg else None
 
@@ -105,8 +105,8 @@ def cmd_list(args) -> int:
 def _check_plan_text(items, quick: bool, fuzz: int, fuzz_only: bool, seed: int, dev: str,
                      jobs: int = 1) -> list[str]:  # fmt: skip
     """What a check run will do, printed before it starts."""
+    from kernellab.core.spec import dtype_name
     from kernellab.harness import check as chk
-    from kernellab.ops.spec import dtype_name
 
     def uniq(xs):
         return list(dict.fromkeys(xs))
@@ -149,9 +149,9 @@ def cmd_check(args) -> int:
     import random
 
     from kernellab import device as _dev
-    from kernellab import registry
+    from kernellab.core import registry
+    from kernellab.core.spec import dtype_name
     from kernellab.harness import check as chk
-    from kernellab.ops.spec import dtype_name
 
     ops = args.ops or None
     for op in ops or []:
@@ -286,7 +286,7 @@ def cmd_check(args) -> int:
 
 
 def _is_kernellab_or_user(op: str, backend: str) -> bool:
-    from kernellab import registry
+    from kernellab.core import registry
     from kernellab.harness.results import is_ours
 
     try:
@@ -327,10 +327,10 @@ def _parse_options(items) -> dict | None:
 
 
 def cmd_bench(args) -> int:
-    from kernellab import registry
+    from kernellab.core import registry
+    from kernellab.core.spec import get_spec, parse_shape
     from kernellab.harness import bench as bn
     from kernellab.harness import results
-    from kernellab.ops.spec import get_spec, parse_shape
 
     if args.op not in registry.op_names():
         console.print(f"[red]unknown op {args.op!r}[/]; known: {', '.join(registry.op_names())}")
@@ -530,8 +530,9 @@ def _one(values, what, default=None):
 
 
 def cmd_profile(args) -> int:
-    from kernellab import device, registry
-    from kernellab.ops.spec import dtype_name, get_spec, parse_dtype, parse_shape, shape_str
+    from kernellab import device
+    from kernellab.core import registry
+    from kernellab.core.spec import dtype_name, get_spec, parse_dtype, parse_shape, shape_str
     from kernellab.profile import ncu
     from kernellab.profile.torchprof import op_call, profile_call
 
@@ -660,7 +661,7 @@ def print_ncu(kernels) -> None:
 
 def cmd_demo(args) -> int:
     from kernellab import demos
-    from kernellab.ops.spec import parse_dtype, parse_shape
+    from kernellab.core.spec import parse_dtype, parse_shape
 
     if args.which == "gelu":
         try:
@@ -1001,10 +1002,11 @@ def cmd_train_gpt(args) -> int:
 
 
 def cmd_asm(args) -> int:
-    from kernellab import device, registry
-    from kernellab.cuda.elementwise import SUFFIX
+    from kernellab import device
+    from kernellab.core import registry
+    from kernellab.core.spec import parse_dtype, parse_shape
     from kernellab.inspect import asm
-    from kernellab.ops.spec import parse_dtype, parse_shape
+    from kernellab.ops._elementwise_cuda import SUFFIX
 
     if args.op not in registry.op_names():
         console.print(f"[red]unknown op {args.op!r}[/]; known: {', '.join(registry.op_names())}")
@@ -1025,7 +1027,7 @@ def cmd_asm(args) -> int:
             return 1
         where = f"{impl.module.label} for {arch} (NVRTC)"
     elif impl.triton_kernels is not None:
-        from kernellab.ops.spec import dtype_name
+        from kernellab.core.spec import dtype_name
 
         kernels, note = asm.triton_report(impl, dtype_name(dtype), arch)
         if not kernels and device.has_cuda():  # ahead-of-time compile failed: read a real run's
@@ -1117,8 +1119,8 @@ def cmd_asm(args) -> int:
 def cmd_explain(args) -> int:
     """Which backend ``backend=None`` picks for OP at a shape and dtype, and why."""
     from kernellab import device as _device
-    from kernellab import registry, tuning
-    from kernellab.ops.spec import get_spec, parse_dtype, parse_shape
+    from kernellab.core import registry, shapes, tables
+    from kernellab.core.spec import get_spec, parse_dtype, parse_shape
 
     try:
         spec = get_spec(args.op)
@@ -1127,23 +1129,23 @@ def cmd_explain(args) -> int:
         print(f"error: {_msg(e)}", file=sys.stderr)
         return 2
     dev = args.device or _device.default_device()
-    key = tuning.key_of_shape(args.op, shape)
+    key = shapes.key_of_shape(args.op, shape)
     try:
-        opts = tuning.option_key(args.op, _parse_options(args.opt) or {})
+        opts = shapes.option_key(args.op, _parse_options(args.opt) or {})
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    backend, why = tuning.choose_key(args.op, key, dtype, dev, args.mode, opts)
+    backend, why = registry.choose_key(args.op, key, dtype, dev, args.mode, opts)
     print(f"{args.op} {args.shape} {args.dtype} {args.mode}{' ' + opts if opts else ''} on {dev} "
-          f"({tuning._gpu_of(dev)}): {backend}")  # fmt: skip
+          f"({tables.gpu_of(dev)}): {backend}")  # fmt: skip
     print(f"  why: {why}")
-    gpu = tuning._gpu_of(dev)
-    src = tuning.table_path(gpu)
+    gpu = tables.gpu_of(dev)
+    src = tables.table_path(gpu)
     print(f"  table: {src if os.path.exists(src) else 'none for ' + gpu}; `kernellab tune` writes "
-          f"{tuning.table_path(gpu, write=True)}")  # fmt: skip
+          f"{tables.table_path(gpu, write=True)}")  # fmt: skip
     # Inside a CUDA graph, a compiled graph or a model's fused node the host cost is paid
     # once per step: what the device time alone would pick (kernellab.models.gpt does).
-    dev_backend, dev_why = tuning.choose_key(args.op, key, dtype, dev, args.mode, opts, by="device")
+    dev_backend, dev_why = registry.choose_key(args.op, key, dtype, dev, args.mode, opts, by="device")
     print(f"  by device time (a graphed or fused step): {dev_backend}"
           + ("" if dev_why == why else f" ({dev_why})"))  # fmt: skip
     comp = registry.compiled_backend(args.op, dev)
@@ -1158,12 +1160,13 @@ def cmd_explain(args) -> int:
 def cmd_tune(args) -> int:
     """Sweep every backend of OP over a shape family; write this GPU's tuning table."""
     from kernellab import device as _device
-    from kernellab import tuning
+    from kernellab.core import tables
+    from kernellab.harness import tune as tuner
 
     dtypes = _dtypes(args.dtype)
     dev = args.device or _device.default_device()
     try:
-        table = tuning.tune(
+        table = tuner.tune(
             args.op, args.family, dtypes, args.mode, device=dev,
             backends=_split(args.backend) if args.backend else None, budget_s=args.budget,
             on_row=lambda r: print(
@@ -1176,13 +1179,13 @@ def cmd_tune(args) -> int:
         print(f"error: {_msg(e)}", file=sys.stderr)
         return 2
     rows = [r for r in table["rows"] if r["op"] == args.op]
-    print(f"{tuning.table_path(tuning._gpu_of(dev))}: {len(rows)} rows for {args.op}")
+    print(f"{tables.table_path(tables.gpu_of(dev))}: {len(rows)} rows for {args.op}")
     for r in rows:
         print(f"  {r['dtype']} {r['mode']} {r['shape']}: {r['best']}")
     return 0
 
 def _family_names() -> list[str]:
-    from kernellab.tuning import FAMILIES  # the shape families tune, bench and tests share
+    from kernellab.core.shapes import FAMILIES  # the shape families tune, bench and tests share
 
     return list(FAMILIES)
 
@@ -1195,7 +1198,7 @@ class _OpNames:
     """The op names, read when a help text is printed (building the parser imports no op)."""
 
     def __str__(self) -> str:
-        from kernellab import registry
+        from kernellab.core import registry
 
         return ", ".join(registry.op_names())
 

@@ -18,7 +18,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from kernellab import device as _device
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness.bench import bench
 from kernellab.models import mlp as mlp_model
 from kernellab.profile.torchprof import op_call, profile_call, trace_summary

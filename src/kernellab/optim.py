@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops.spec import FLOAT_DTYPES
+from kernellab.core.spec import FLOAT_DTYPES
 
 BACKENDS = ("manual", "torch", "triton")
 

@@ -62,10 +62,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import kernellab
 from kernellab import nn as klnn
 from kernellab.nn import functional as klF
 from kernellab.nn._gated import gated_mlp
+from kernellab.ops import public as kl_ops
 
 _compiling = torch.compiler.is_compiling
 
@@ -204,7 +204,7 @@ class HFRMSNorm(nn.Module):
         if self.weight.dtype != x.dtype or _model_code(self.backend):
             return self._original[0](x)
         w = self.weight + self.offset if self.offset else self.weight
-        return kernellab.rms_norm(x, w, eps=self.eps, backend=self.backend)
+        return kl_ops.rms_norm(x, w, eps=self.eps, backend=self.backend)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.eps}, offset={self.offset}"
@@ -353,7 +353,7 @@ def _hf_rope(original: Callable, backend: str | None) -> Callable:
                 and cos.shape == sin.shape and cos.shape[-1] == q.shape[-1] == k.shape[-1]
                 and cos.shape[1] == q.shape[2]):  # fmt: skip
             try:
-                return kernellab.rope(q, k, cos, sin, backend=backend)
+                return kl_ops.rope(q, k, cos, sin, backend=backend)
             except ValueError:
                 pass
         return original(q, k, cos, sin, *args, **kwargs)
@@ -456,7 +456,7 @@ def _hf_attention(
     if counting:
         policy.report.attention_calls["kernellab"] += 1
     window = (sliding_window - 1, 0) if sliding_window else None
-    out = kernellab.attention(
+    out = kl_ops.attention(
         query,
         key,
         value,
@@ -644,7 +644,7 @@ def _hf_causal_lm_loss(backend, own):
         logits = logits.view(-1, vocab_size)
         shift_labels = shift_labels.view(-1).to(logits.device)
         reduction = "sum" if num_items_in_batch is not None else "mean"
-        out = kernellab.cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction=reduction,
+        out = kl_ops.cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction=reduction,
                                       backend=backend)
         if reduction == "sum":
             if torch.is_tensor(num_items_in_batch):
@@ -717,7 +717,7 @@ def _patch_hf_fused_lce(model, ctx: _Ctx) -> bool:
             shift = F.pad(labels, (0, 1), value=-100)[..., 1:]
         head = self.get_output_embeddings()
         reduction = "sum" if n_items is not None else "mean"
-        loss = kernellab.linear_cross_entropy(h.reshape(-1, h.shape[-1]), head.weight,
+        loss = kl_ops.linear_cross_entropy(h.reshape(-1, h.shape[-1]), head.weight,
                                               shift.reshape(-1).to(h.device), head.bias,
                                               ignore_index=-100, reduction=reduction, backend=backend)  # fmt: skip
         if n_items is not None:
@@ -768,7 +768,7 @@ def patch(
     if unknown:
         raise ValueError(f"ops: unknown {unknown}; known: {list(OPS)}")
     if ops is not None:
-        missing = [op for op in wanted if op != "attention" and not hasattr(kernellab, op)]
+        missing = [op for op in wanted if op != "attention" and op not in kl_ops.FUNCTIONS]
         if missing:
             raise ValueError(f"ops: {missing} not in this kernellab build")
     hf = _is_hf(model)
@@ -778,10 +778,10 @@ def patch(
 
     for op in _NOT_WIRED:
         if op in wanted:
-            why = _NOT_WIRED[op] if hasattr(kernellab, op) else f"kernellab.{op} not in this build"
+            why = _NOT_WIRED[op] if op in kl_ops.FUNCTIONS else f"kernellab.{op} not in this build"
             report.left.append((op, "", why))
     if fused_linear_cross_entropy:
-        if not hasattr(kernellab, "linear_cross_entropy"):
+        if "linear_cross_entropy" not in kl_ops.FUNCTIONS:
             raise ValueError(
                 "fused_linear_cross_entropy=True needs kernellab.linear_cross_entropy (not in this build)"
             )
@@ -793,7 +793,7 @@ def patch(
     for rule in RULES:
         if rule.op not in wanted:
             continue
-        if not hasattr(kernellab, rule.op):
+        if rule.op not in kl_ops.FUNCTIONS:
             report.left.append((rule.op, "", f"kernellab.{rule.op} not in this build"))
             continue
         rules.append(rule)
@@ -804,7 +804,7 @@ def patch(
                 _patch_hf_attention(model, ctx)
             else:
                 _patch_sdpa_calls(model, ctx)
-        if "rope" in wanted and not hasattr(kernellab, "rope"):
+        if "rope" in wanted and "rope" not in kl_ops.FUNCTIONS:
             report.left.append(("rope", "", "kernellab.rope not in this build"))
         elif "rope" in wanted:
             if hf:

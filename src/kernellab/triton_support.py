@@ -16,6 +16,7 @@ import threading
 import torch
 
 from kernellab import device
+from kernellab.options import config
 
 
 @functools.cache
@@ -92,24 +93,6 @@ def streaming_kernels(*kernels):
     return specs
 
 
-def register_triton(op: str, fn, kernels, description: str, backend: str = "triton") -> None:
-    """Register ``fn`` (with ``.custom_ops``) as a Triton backend of ``op``: it runs where
-    Triton does (the CPU through the interpreter); ``kernels`` tells `kernellab asm` which
-    kernels and signatures to compile ahead of time."""
-    from kernellab.registry import register
-
-    register(
-        op,
-        backend,
-        devices=devices(),
-        available=unavailable,
-        custom_ops=getattr(fn, "custom_ops", ()),
-        builtin=True,
-        triton_kernels=kernels,
-        description=description,
-    )(fn)
-
-
 # --------------------------------------------------------------------------- lean launch
 #
 # Host cost of one launch of an already compiled kernel. Triton's ``kernel[grid](...)``
@@ -158,6 +141,8 @@ def _make_lean_jit():
         kernels directly (see the comment above)."""
 
         def __getitem__(self, grid):
+            if config.triton_launch == "jit":  # plain launches (comparisons)
+                return JITFunction.__getitem__(self, grid)
             return lambda *args, **kw: self._lean_run(grid, args, kw)
 
         def _slow(self, grid, args, kw):
@@ -331,9 +316,13 @@ class Bound:
     def __init__(self, kernel, grid: tuple, kw: dict, check: tuple[int, ...]):
         self.kernel, self.grid, self.kw, self.check = kernel, grid, kw, check
         # whether the kernel has a lean path at all (not under the interpreter, nor with
-        # KERNELLAB_TRITON_LAUNCH=jit): only then are alignments tested and launchers kept
+        # kernellab.config.triton_launch "jit"): only then are alignments tested and
+        # launchers kept
         self.lean = (
-            _LEAN_JIT is not None and isinstance(kernel, _LEAN_JIT) and _LEAN_JIT.raw_stream is not None
+            _LEAN_JIT is not None
+            and isinstance(kernel, _LEAN_JIT)
+            and _LEAN_JIT.raw_stream is not None
+            and config.triton_launch != "jit"
         )
         self.hit = None  # (launch, grid x3, leading arguments, extra) once known
         self.dev = None  # the device index the launcher was found on
@@ -376,14 +365,12 @@ class Bound:
 def jit(fn=None, **kwargs):
     """``triton.jit`` for kernels the host launches (helpers called from kernels keep
     ``triton.jit``): on a GPU, launches through the lean path; under the interpreter, or
-    with ``KERNELLAB_TRITON_LAUNCH=jit``, plain ``triton.jit``."""
-    import os
-
+    with ``kernellab.config.triton_launch`` "jit", plain ``kernel[grid]`` launches."""
     import triton
 
     if fn is None:
         return lambda f: jit(f, **kwargs)
-    if device.triton_interpreted() or os.environ.get("KERNELLAB_TRITON_LAUNCH", "") == "jit":
+    if device.triton_interpreted():
         return triton.jit(fn, **kwargs)
     global _LEAN_JIT
     if _LEAN_JIT is None:

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import BadInput
 from kernellab.harness import check as chk
 from kernellab.harness.check import FAIL, PASS, REFUSED, SKIP, CaseResult, check_bad_input, check_impl
-from kernellab.ops.spec import BadInput
 from kltest import DTYPES, dtype_id
 
 OPS = ["gelu", "add"]

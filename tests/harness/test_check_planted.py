@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 import kernellab
+from kernellab.core.spec import get_spec
 from kernellab.harness import check as ck
 from kernellab.harness.check import FAIL, PASS, REFUSED, check_impl
-from kernellab.ops.spec import get_spec
 
 SEED = 1234
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import math
 import random
 
-import kltest
 import pytest
 import torch
 
-from kernellab import registry
+import kltest
+from kernellab.core import registry
+from kernellab.core.spec import fuzz_dim, get_spec, shape_str
 from kernellab.harness.check import check_impl
-from kernellab.ops.spec import fuzz_dim, get_spec, shape_str
 
 OPS = registry.op_names()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness import check as chk
 from kernellab.harness import parallel
 
@@ -98,16 +98,16 @@ def test_a_worker_that_dies_is_a_failure_not_a_hang(monkeypatch):
     jobs = [parallel.Job("relu", "manual", torch.float32), parallel.Job("relu", "torch", torch.float32)]
     opts = dict(device="cpu", quick=True, seed=SEED)
     monkeypatch.setattr(parallel, "_run_job", _die_on_torch)
-    reps = parallel.run_jobs(jobs, opts, workers=2)
+    reps = parallel.run_jobs(jobs, chk.check_impl, opts, workers=2)
     status = {r.backend: r.status for r in reps}
     assert status == {"manual": "pass", "torch": "fail"}
     assert "worker process died" in reps[1].failures[0].detail
 
 
-def _die_on_torch(job, options):
+def _die_on_torch(runner, job, options):
     import os
 
     if job.backend == "torch":
         os._exit(3)
     impl = registry.get(job.op, job.backend)
-    return chk.check_impl(impl, job.dtype, **options)
+    return runner(impl, job.dtype, **options)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core import spec as sp
+from kernellab.core.spec import BadInput, OpSpec, make_tensor
 from kernellab.harness import bench as bn
 from kernellab.harness.check import FAIL, PASS, check_impl
-from kernellab.ops import spec as sp
-from kernellab.ops.spec import BadInput, OpSpec, make_tensor
 
 # --------------------------------------------------------------------------- toy ops
 

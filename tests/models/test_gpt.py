@@ -335,7 +335,7 @@ def test_default_slots_resolve_by_device_time_at_the_model_shapes(tmp_path, monk
     the traced graph)."""
     import json
 
-    from kernellab import tuning
+    from kernellab.core import registry
 
     monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
     cfg = gpt.Config(vocab=256, ctx=16, dim=32, layers=2, heads=2)
@@ -355,7 +355,7 @@ def test_default_slots_resolve_by_device_time_at_the_model_shapes(tmp_path, monk
     for k in [(32, 96, 32), (32, 32, 32), (32, 128, 32), (32, 32, 128), (32, 256, 32)]:
         row("matmul", k, {"torch": 1.0, "triton": 2.0})
     (tmp_path / "cpu.json").write_text(json.dumps({"gpu": "cpu", "rows": rows}))
-    tuning.clear_cache()
+    registry.clear_cache()
     try:
         torch.manual_seed(0)
         m = gpt.GPT(cfg, None, None)
@@ -376,7 +376,7 @@ def test_default_slots_resolve_by_device_time_at_the_model_shapes(tmp_path, monk
         lc = torch.compile(m, fullgraph=True)(idx, idx)
         torch.testing.assert_close(lc, lr, rtol=1e-5, atol=1e-6)
     finally:
-        tuning.clear_cache()
+        registry.clear_cache()
 
 
 def test_default_slots_under_compile_choose_backends_inductor_launches(tmp_path, monkeypatch):
@@ -386,7 +386,7 @@ def test_default_slots_under_compile_choose_backends_inductor_launches(tmp_path,
     a CUDA C++ kernel on the GPU) is passed over; eager keeps the device-time choice."""
     import json
 
-    from kernellab import tuning
+    from kernellab.core import registry
 
     monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
     cfg = gpt.Config(vocab=256, ctx=16, dim=32, layers=1, heads=2)
@@ -402,7 +402,7 @@ def test_default_slots_under_compile_choose_backends_inductor_launches(tmp_path,
         rows.append({"op": op, "dtype": "fp32", "mode": "fwdbwd", "shape": list(key), "key": list(key),
                      "options": opts, "best": min(dev, key=dev.get), "times": dev, "device": dev})  # fmt: skip
     (tmp_path / "cpu.json").write_text(json.dumps({"gpu": "cpu", "rows": rows}))
-    tuning.clear_cache()
+    registry.clear_cache()
     try:
         chosen = gpt.GPT(cfg, None, None).ops["chosen"]
         eager = gpt.resolve_defaults(chosen, cfg, 2, 16, torch.float32, "cpu")
@@ -412,4 +412,4 @@ def test_default_slots_under_compile_choose_backends_inductor_launches(tmp_path,
         assert eager["ln"] == "pytorch" and traced["ln"] == "pytorch"
         assert {k: v for k, v in traced.items() if k != "ce"} == {k: v for k, v in eager.items() if k != "ce"}
     finally:
-        tuning.clear_cache()
+        registry.clear_cache()

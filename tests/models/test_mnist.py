@@ -119,7 +119,7 @@ def test_when_the_blocks_use_the_fused_op():
     assert mnist.make("pytorch", "cpu", fuse_pool=True).fuse_pool
     assert mnist.make("cuda", "cpu").fuse_pool  # bn_relu_pool2d's cuda backend
     # a bn backend that bn_relu_pool2d lacks: the blocks keep the chosen batch_norm2d
-    from kernellab import registry
+    from kernellab.core import registry
 
     registry.register("batch_norm2d", "t_mine", devices=("cpu",))(lambda x, w, b, eps=1e-5, relu=False: x)
     try:

@@ -410,15 +410,15 @@ def test_gpu_cuda_graph_capture():
 def test_gpu_cuda_core_launch_path_gives_identical_results(backend, monkeypatch):
     """KERNELLAB_LAUNCH=core: cuda.core.launch gives the same answer (fresh Module, since
     the variable is read when a Kernel is made)."""
-    from kernellab.cuda import elementwise
     from kernellab.cuda.runtime import Module
+    from kernellab.ops import _elementwise_cuda as elementwise
     from kernellab.ops.add import cuda as add_cuda
     from kltest import KEEP_ALIVE
 
     a = torch.randn(3, 1001, device="cuda", dtype=torch.float16)
     b = torch.randn(3, 1001, device="cuda", dtype=torch.float16)
     default = kernellab.add(a, b, backend=backend)
-    monkeypatch.setenv("KERNELLAB_LAUNCH", "core")
+    monkeypatch.setattr(kernellab.config, "cuda_launch", "core")
     core_mod = Module(add_cuda.MODULE.path)
     KEEP_ALIVE.append(core_mod)
     core = elementwise.launch(core_mod, "add", [a, b], backend == "cuda")
@@ -432,8 +432,8 @@ def test_gpu_cuda_core_launch_path_gives_identical_results(backend, monkeypatch)
 def test_gpu_large_16bit_tensors_take_the_8_byte_kernel(dtype):
     """From W8_MIN_ELEMS up, 16-bit add runs add_w8 (8-byte packs): every element written
     (output poisoned) and exact, n % 4 tail included; fp32 keeps the 16-byte x1 kernel."""
-    from kernellab.cuda import elementwise as ew
     from kernellab.harness.check import poison_allocator
+    from kernellab.ops import _elementwise_cuda as ew
     from kltest import launched_cuda_kernels
 
     n = ew.W8_MIN_ELEMS + 4 * 1000 + 3

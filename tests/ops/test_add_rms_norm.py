@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
 from kltest import (

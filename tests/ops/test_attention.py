@@ -26,11 +26,10 @@ SPEC = kernellab.get_spec("attention")
 def _no_autotuning():
     # Hundreds of (length, head dim, dtype, causal) keys here: tune none of them (each
     # tuned key compiles and times every candidate tile); the benchmark script tunes.
-    from kernellab.ops.attention import triton as at
+    from kernellab.options import config
 
-    old, at.AUTOTUNE = at.AUTOTUNE, False
-    yield
-    at.AUTOTUNE = old
+    with config.override(attn_autotune=False):
+        yield
 
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -1064,7 +1063,7 @@ def test_warp_specialized_backward_takes_column_views_only_when_asked(monkeypatc
     flat = _ws_bwd_inputs(1, 2, 2048, 128, torch.bfloat16, "contiguous", "cpu")
     fused = _ws_bwd_inputs(1, 2, 2048, 128, torch.bfloat16, "fused_qkv", "cpu")
     for mode, want in (("1", (True, False)), ("views", (True, True)), ("0", (False, False))):
-        monkeypatch.setenv("KERNELLAB_ATTN_WS_BWD", mode)
+        monkeypatch.setattr(kernellab.config, "attn_ws_bwd", mode)
         assert (at._ws_bwd_fits(*flat, *args), at._ws_bwd_fits(*fused, *args)) == want, mode
 
 
@@ -1127,7 +1126,7 @@ def test_gpu_warp_specialized_forward(s, monkeypatch):
     assert not at._ws_fits(at._split(qt), k4, v4, o4, False, 1, 0, 0, 128, 128**-0.5 * at.LOG2E, s, s)
     _check_case("triton", shape, torch.bfloat16, "cuda", False)
     o_ws, lse_ws = at.forward(q, k, v, False, 128**-0.5)
-    monkeypatch.setenv("KERNELLAB_ATTN_WS", "0")
+    monkeypatch.setattr(kernellab.config, "attn_ws", "0")
     o_plain, lse_plain = at.forward(q, k, v, False, 128**-0.5)
     torch.testing.assert_close(lse_ws, lse_plain, atol=2e-6, rtol=1e-6)
     torch.testing.assert_close(o_ws.float(), o_plain.float(), atol=1e-2, rtol=1e-2)
@@ -1192,7 +1191,7 @@ def test_gpu_warp_specialized_backward(causal, layout, monkeypatch):
     q, k, v, do = _ws_bwd_inputs(b, h, s, d, torch.bfloat16, layout, "cuda")
     scale = d**-0.5
     mode = "1" if layout == "contiguous" else "views"  # (column-offset views: opt-in, see _WS_BWD_MODE)
-    monkeypatch.setenv("KERNELLAB_ATTN_WS_BWD", mode)
+    monkeypatch.setattr(kernellab.config, "attn_ws_bwd", mode)
     assert at._ws_bwd_fits(q, k, v, do, causal, 1, False, 0, d, scale * at.LOG2E, s, s, False)
     o, lse = at.forward(q, k, v, causal, scale)
     launched = []
@@ -1206,7 +1205,7 @@ def test_gpu_warp_specialized_backward(causal, layout, monkeypatch):
     monkeypatch.setattr(at, "_attn_bwd_dq_ws", Counted())
     got = at.backward(do, q, k, v, o, lse, causal, scale)
     assert launched, "the warp-specialized passes did not run"
-    monkeypatch.setenv("KERNELLAB_ATTN_WS_BWD", "0")
+    monkeypatch.setattr(kernellab.config, "attn_ws_bwd", "0")
     plain = at.backward(do, q, k, v, o, lse, causal, scale)
     assert len(launched) == 1
     a64 = [t.double().requires_grad_() for t in (q, k, v)]
@@ -1214,7 +1213,7 @@ def test_gpu_warp_specialized_backward(causal, layout, monkeypatch):
     for name, g, p, r in zip(("dq", "dk", "dv"), got, plain, ref):
         verdict = judge(g, r, torch.bfloat16, p)
         assert verdict.ok, f"{name}: {verdict.detail}"
-    monkeypatch.setenv("KERNELLAB_ATTN_WS_BWD", mode)
+    monkeypatch.setattr(kernellab.config, "attn_ws_bwd", mode)
     buf = torch.empty(do.numel() + 1, device="cuda", dtype=do.dtype)
     do_off = buf[1:].view(do.shape)  # contiguous strides, 2 bytes off alignment
     if layout != "contiguous":
@@ -1267,7 +1266,7 @@ def test_triton_reads_packed_qkv_and_writes_gradients_in_place():
     q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
     o, saved = kernellab.get("attention", "triton").fn.forward_saving(q, k, v, True, 0.25)
     q64, k64, v64 = (x.double().requires_grad_(True) for x in (q, k, v))
-    from kernellab.ops.spec import get_spec
+    from kernellab.core.spec import get_spec
 
     ref = get_spec("attention").reference(q64, k64, v64, causal=True, scale=0.25)
     assert (o.double() - ref).abs().max().item() < 1e-5

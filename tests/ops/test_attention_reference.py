@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import kernellab
+from kernellab.core.spec import relayout
 from kernellab.ops.attention import attention_reference
-from kernellab.ops.spec import relayout
 
 NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
 from kernellab.ops.batch_norm2d import batch_norm2d_reference

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, REFUSED, check_impl
 from kernellab.harness.compare import judge
 from kltest import DTYPES, check_planted, cpu_backends, cuda_backends, dtype_id, seed_for

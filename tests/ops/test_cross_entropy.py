@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import kernellab
 import kernellab.ops.cross_entropy as ce  # registers the op and its backends
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
 from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, seed_for, shape_id

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import FLOAT_DTYPES, REFERENCE_DTYPES, get_spec, load_all
 from kernellab.harness.check import check_impl
-from kernellab.ops.spec import FLOAT_DTYPES, REFERENCE_DTYPES, get_spec, load_all
 
 load_all()
 OPS = registry.op_names()

@@ -465,8 +465,8 @@ def test_gpu_cuda_core_launch_path_gives_identical_results(backend, monkeypatch)
     made, so the core path runs on a fresh Module of the same .cu file."""
     import cuda.core
 
-    from kernellab.cuda import elementwise
     from kernellab.cuda.runtime import Module
+    from kernellab.ops import _elementwise_cuda as elementwise
     from kltest import KEEP_ALIVE
 
     vec = backend == "cuda"
@@ -483,7 +483,7 @@ def test_gpu_cuda_core_launch_path_gives_identical_results(backend, monkeypatch)
     calls = []
     real_launch = cuda.core.launch
     monkeypatch.setattr(cuda.core, "launch", lambda *a, **k: (calls.append(1), real_launch(*a, **k))[1])
-    monkeypatch.setenv("KERNELLAB_LAUNCH", "core")
+    monkeypatch.setattr(kernellab.config, "cuda_launch", "core")
     core_mod = Module(_cuda_module().path)
     KEEP_ALIVE.append(core_mod)
     core = []
@@ -505,8 +505,8 @@ def test_gpu_large_tensors_take_the_fat_vectorized_kernel(dtype):
     """From 8 fat blocks (256 threads x 4 packs) per SM up, the fp32 forward runs the
     kernel with 4 packs per thread, 16-bit ones the x1 kernel in 512-thread blocks; an
     odd tail still comes out right."""
-    from kernellab.cuda import elementwise as ew
     from kernellab.cuda.runtime import sm_count
+    from kernellab.ops import _elementwise_cuda as ew
     from kltest import launched_cuda_kernels
 
     per_pack = 16 // torch.empty((), dtype=dtype).element_size()
@@ -525,8 +525,8 @@ def test_gpu_large_tensors_take_the_fat_vectorized_kernel(dtype):
 def test_gpu_large_16bit_backward_takes_the_8_byte_kernel(dtype):
     """From W8_MIN_ELEMS up, the 16-bit backward runs gelu_bwd_w8 (8-byte packs); every
     element is written (output poisoned) and right, n % 4 tail included; fp32 keeps x1."""
-    from kernellab.cuda import elementwise as ew
     from kernellab.harness.check import poison_allocator
+    from kernellab.ops import _elementwise_cuda as ew
     from kltest import launched_cuda_kernels
 
     n = ew.W8_MIN_ELEMS + 4 * 1000 + 3

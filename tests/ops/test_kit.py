@@ -1,4 +1,4 @@
-"""The op kit (ops/kit.py): what every backend built on it gets."""
+"""The op kit (core/kit.py): what every backend built on it gets."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
 
 # (op, make args) for every op whose Triton backend the kit builds; CPU: Triton interpreted.
 CASES = {

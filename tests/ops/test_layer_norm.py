@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 import kernellab
 import kernellab.ops.norms.layer_norm as ln
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
 from kltest import (

@@ -14,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import kernellab
 import kernellab.ops.linear_cross_entropy as lce  # registers the op and its backends
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
 from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
@@ -463,16 +463,16 @@ def test_block_columns_keep_each_block_device_bound():
 def test_small_problems_default_to_pytorchs_path(monkeypatch):
     # No table row near the shape: up to 2^20 logits PyTorch's few kernels (launch-bound
     # calls), above it the op's preferred backends; a table row near the shape decides.
-    from kernellab import tuning
+    from kernellab.core import registry, tables
 
-    monkeypatch.setattr(tuning, "load_table", lambda gpu: None)
-    tuning._CHOICES.clear()
-    small, why = tuning.choose_key(OP, (64, 64, 256), torch.float32, "cpu", "fwdbwd")
+    monkeypatch.setattr(tables, "load_table", lambda gpu: None)
+    registry._CHOICES.clear()
+    small, why = registry.choose_key(OP, (64, 64, 256), torch.float32, "cpu", "fwdbwd")
     assert small == "torch" and "small_backend" in why
-    assert tuning.choose_key(OP, (1024, 64, 1024), torch.float32, "cpu", "fwd")[0] == "torch"
-    big = tuning.choose_key(OP, (1025, 64, 1024), torch.float32, "cpu", "fwd")[0]
+    assert registry.choose_key(OP, (1024, 64, 1024), torch.float32, "cpu", "fwd")[0] == "torch"
+    big = registry.choose_key(OP, (1025, 64, 1024), torch.float32, "cpu", "fwd")[0]
     assert big == registry.default_backend(OP, "cpu") != "torch"
-    tuning._CHOICES.clear()
+    registry._CHOICES.clear()
     # and the public call follows it
     x, w = torch.randn(8, 16), torch.randn(32, 16)
     t = torch.randint(0, 32, (8,))

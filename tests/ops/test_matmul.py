@@ -9,8 +9,8 @@ import torch
 
 import kernellab
 import kernellab.ops.matmul as mm  # registers the op (not yet in OP_MODULES)
+from kernellab.core import spec as spec_mod
 from kernellab.harness.compare import judge
-from kernellab.ops import spec as spec_mod
 from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
 
 SPEC = kernellab.get_spec("matmul")

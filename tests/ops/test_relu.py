@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kltest import DTYPES, LAYOUTS, ODD_SHAPES, backend_matrix, check_planted, dtype_id, seed_for, shape_id
 

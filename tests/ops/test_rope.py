@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.ops.rope import SPEC, may_self_overlap, rope_reference
 from kernellab.ops.rope import triton as rope_triton_mod

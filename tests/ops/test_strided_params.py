@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import kernellab
-from kernellab import registry
+from kernellab.core import registry
 
 
 def _layouts(d, device, requires_grad=True):

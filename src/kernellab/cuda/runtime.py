@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from kernellab.options import config
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_OPTIONS = ("-std=c++17",)
 # CI proves every kernel compiles for these (A100 and H100/H200).
@@ -341,7 +343,7 @@ class Kernel:
         self._nargs = len(self._slots)
         self._lock = threading.Lock()
         self._launch = _libcuda().cuLaunchKernel
-        self._use_core = os.environ.get("KERNELLAB_LAUNCH", "") == "core"
+        self._use_core = config.cuda_launch == "core"
         self.max_dynamic_shared = 48 * 1024  # the default limit; see set_max_dynamic_shared
 
     def __call__(self, grid, block, *args, shared: int = 0, device_index: int | None = None):
@@ -513,21 +515,3 @@ def ceil_div(a: int, b: int) -> int:
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
-
-def register_cuda(op: str, backend: str, fn, module: Module, description: str) -> None:
-    """Register ``fn`` as CUDA backend ``backend`` of ``op``, built from ``module``: GPU
-    only, available where NVRTC is, precompiled for the "compiled, not run" report, its
-    custom ops (``fn.custom_ops``) checked with opcheck."""
-    from kernellab.registry import register
-
-    register(
-        op,
-        backend,
-        devices=("cuda",),
-        available=nvrtc_unavailable,
-        precompile=module.precompile,
-        custom_ops=getattr(fn, "custom_ops", ()),
-        builtin=True,
-        description=description,
-        module=module,
-    )(fn)

@@ -41,9 +41,19 @@ import argparse
 import datetime
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import kernellab
+from kernellab.distributed import LAYOUTS, block_calls, gather_sequence, shard, simulate_ring
+from kernellab.distributed import ring as R
+from kernellab.distributed.blocks import TORCH, TRITON, math_dtype
+from kernellab.harness.bench import git_sha, versions
+from kernellab.harness.results import write_jsonl
+from kernellab.ops.attention.reference import reference_attention
 
 
 def parse_args(argv=None):
@@ -60,7 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument(
-        "--no-autotune", action="store_true", help="KERNELLAB_ATTN_AUTOTUNE=0 (first tile that fits)"
+        "--no-autotune", action="store_true", help="attention tiles untuned: the first that fits (kernellab.config.attn_autotune)"
     )
     p.add_argument(
         "--no-check-ranks",
@@ -98,21 +108,6 @@ def parse_args(argv=None):
     return a
 
 
-ARGS = parse_args()
-os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (KINDS.md), before any NCCL init
-if ARGS.no_autotune:
-    os.environ["KERNELLAB_ATTN_AUTOTUNE"] = "0"
-
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-import kernellab  # noqa: E402
-from kernellab.distributed import LAYOUTS, block_calls, gather_sequence, shard, simulate_ring  # noqa: E402
-from kernellab.distributed import ring as R  # noqa: E402
-from kernellab.distributed.blocks import TORCH, TRITON, math_dtype  # noqa: E402
-from kernellab.harness.bench import git_sha, versions  # noqa: E402
-from kernellab.harness.results import write_jsonl  # noqa: E402
-from kernellab.ops.attention.reference import reference_attention  # noqa: E402
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -521,7 +516,11 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def main(a) -> int:
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    os.environ["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off (KINDS.md), before any NCCL init
+    if a.no_autotune:
+        kernellab.config.attn_autotune = False
     for lay in a.layout_list:
         if lay not in LAYOUTS:
             raise SystemExit(f"--layouts: unknown layout {lay!r}; choose from {', '.join(LAYOUTS)}")
@@ -558,4 +557,4 @@ def main(a) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(ARGS))
+    raise SystemExit(main())

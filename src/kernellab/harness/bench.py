@@ -26,10 +26,10 @@ import subprocess
 import torch
 
 from kernellab import device as _device
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import dtype_name, get_spec, options_str, shape_str, to64
 from kernellab.harness import timer
 from kernellab.harness.compare import judge
-from kernellab.ops.spec import dtype_name, get_spec, options_str, shape_str, to64
 from kernellab.profile.nvtx import nvtx_range
 
 MODES = ("fwd", "bwd", "fwdbwd")

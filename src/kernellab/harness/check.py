@@ -52,17 +52,17 @@ import random
 import re
 import time
 import traceback
-import zlib
 import warnings
-from dataclasses import dataclass, field
+import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from kernellab import device as _device
-from kernellab import registry, triton_support
-from kernellab.harness.compare import Verdict, judge, max_error
-from kernellab.ops.spec import (
+from kernellab import triton_support
+from kernellab.core import registry
+from kernellab.core.spec import (
     LAYOUTS,
     OpSpec,
     TensorOption,
@@ -74,9 +74,20 @@ from kernellab.ops.spec import (
     to64,
     with_ties,
 )
+from kernellab.harness.cases import (  # noqa: F401  (FAIL, PASS, ...: what callers of check read)
+    _OP_WEIGHT,
+    FAIL,
+    PASS,
+    REFUSED,
+    SKIP,
+    SPLIT_WEIGHT,
+    STAGE_GROUPS,
+    CaseResult,
+    Report,
+)
+from kernellab.harness.compare import Verdict, judge, max_error
 from kernellab.profile.nvtx import nvtx_range
 
-PASS, FAIL, REFUSED, SKIP = "pass", "fail", "refused", "skip"
 # Exceptions that count as a clear refusal of an unsupported layout.
 _REFUSAL = (TypeError, ValueError, NotImplementedError)
 
@@ -99,62 +110,6 @@ def _work(spec: OpSpec, shape, options) -> int:
         for d in shape:
             n *= d
         return n
-
-
-@dataclass
-class CaseResult:
-    # shape | rerun | special | layout | option | boundary | grad | integrity | recall | double
-    # | opcheck | bad | fuzz | compile
-    kind: str
-    name: str
-    status: str
-    err: float | None = None
-    bound: float | None = None
-    detail: str = ""
-    seconds: float = 0.0  # wall time of the case (set by check_impl)
-
-    @property
-    def ratio(self) -> float | None:
-        if self.err is None or not self.bound:
-            return None
-        return self.err / self.bound
-
-
-@dataclass
-class Report:
-    op: str
-    backend: str
-    dtype: str | None
-    device: str
-    status: str  # pass | fail | unavailable | compiled
-    reason: str = ""
-    seed: int = 0
-    cases: list[CaseResult] = field(default_factory=list)
-    seconds: float = 0.0  # wall time of the whole check of this implementation and dtype
-    stage_seconds: dict[str, float] = field(default_factory=dict)  # per stage, in run order
-
-    @property
-    def failures(self) -> list[CaseResult]:
-        return [c for c in self.cases if c.status == FAIL]
-
-    @property
-    def worst_ratio(self) -> float | None:
-        r = [c.ratio for c in self.cases if c.ratio is not None and c.status == PASS]
-        return max(r) if r else None
-
-    def to_dict(self) -> dict:
-        return {
-            "op": self.op,
-            "backend": self.backend,
-            "dtype": self.dtype,
-            "device": self.device,
-            "status": self.status,
-            "reason": self.reason,
-            "seed": self.seed,
-            "seconds": round(self.seconds, 3),
-            "stage_seconds": {k: round(v, 3) for k, v in self.stage_seconds.items()},
-            "cases": [c.__dict__ for c in self.cases],
-        }
 
 
 # --------------------------------------------------------------------------- helpers
@@ -1012,15 +967,6 @@ def _all_stages(runner: _Runner) -> list:
     ]
 
 
-# How the parallel check splits one heavy implementation x dtype over 2 or 3 workers
-# (method names of _Runner, in run order): forward cases; options and gradients; the rest.
-STAGE_GROUPS = (
-    ("shapes", "specials", "layouts", "arg_layouts"),
-    ("options", "boundaries", "grads"),
-    ("integrity_and_recall", "double_backward", "bad_inputs", "fuzz", "opchecks"),
-)
-
-
 def check_impl(
     impl: registry.Impl,
     dtype: torch.dtype,
@@ -1141,7 +1087,8 @@ def check(
         from kernellab.harness import parallel
 
         options = dict(device=device, quick=quick, seed=seed, fuzz=fuzz, only_fuzz=only_fuzz)
-        return parallel.run_jobs(parallel.jobs_for(items, only_fuzz), options, workers, on_start, on_result)
+        return parallel.run_jobs(parallel.jobs_for(items, only_fuzz), check_impl, options, workers, on_start,
+                                 on_result)  # fmt: skip
     reports = []
     for item in items:
         impl, dtype = item.impl, item.dtype
@@ -1175,16 +1122,6 @@ _COST = {
     "cuda": {"triton": 8.0, "compile": 30.0, "eager": 1.1, "nvrtc": 3.0},  # 16 workers
 }
 _FULL_FACTOR = 3.0  # --full: every test shape and gradient shape
-# Ops whose kernels have many compiled variants (attention: causal x window x softcap x
-# GQA x head-dim padding, forward and three backward kernels; conv2d and matmul: tile and
-# epilogue variants): a quick check of one of their kernel backends takes 3-6x an
-# elementwise op's on a GPU host. The parallel check splits an item
-# this heavy over STAGE_GROUPS.
-_OP_WEIGHT = {"attention": 6.0, "conv2d": 3.0, "matmul": 3.0, "batch_norm2d": 1.5, "bn_relu_pool2d": 1.5,
-              "layer_norm": 1.5}  # fmt: skip
-SPLIT_WEIGHT = 3.0
-
-
 @dataclass
 class PlanItem:
     impl: registry.Impl

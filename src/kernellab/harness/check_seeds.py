@@ -25,10 +25,10 @@ import time
 from collections import Counter
 
 from kernellab import device as _device
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import parse_dtype
 from kernellab.harness import check as chk
 from kernellab.harness.results import is_ours
-from kernellab.ops.spec import parse_dtype
 
 
 def ours(ops=None) -> list[str]:

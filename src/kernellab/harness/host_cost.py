@@ -23,10 +23,10 @@ import statistics
 import torch
 
 from kernellab import device as _device
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import get_spec
 from kernellab.harness import timer
 from kernellab.harness.bench import DefaultImpl, Problem, git_sha, versions
-from kernellab.ops.spec import get_spec
 
 # op -> (tiny shape, model-sized shape, options), shapes in the OpSpec's convention.
 SHAPES = {

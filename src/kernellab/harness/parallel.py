@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kernellab import registry
-from kernellab.ops.spec import dtype_name
+from kernellab.core import registry
+from kernellab.core.spec import dtype_name
+from kernellab.harness.cases import _OP_WEIGHT, FAIL, SPLIT_WEIGHT, STAGE_GROUPS, CaseResult, Report
 
 
 def available_cores() -> int:
@@ -65,18 +66,16 @@ class Job:
 def jobs_for(items, only_fuzz: bool = False) -> list[Job]:
     """The jobs for ``check.plan`` items: one each, or one per ``STAGE_GROUPS`` entry for
     an item whose kernels compile in many variants (``check._OP_WEIGHT``)."""
-    from kernellab.harness import check as chk
-
     jobs = []
     for it in items:
-        heavy = it.runs == "run" and not only_fuzz and chk._OP_WEIGHT.get(it.impl.op, 1.0) >= chk.SPLIT_WEIGHT
+        heavy = it.runs == "run" and not only_fuzz and _OP_WEIGHT.get(it.impl.op, 1.0) >= SPLIT_WEIGHT
         heavy = heavy and (it.impl.triton_kernels is not None or it.impl.precompile is not None)
         if heavy:
             # The heaviest (attention) one stage a job: its fp32 kernels alone compile for
             # longer than all other reports together.
-            groups = chk.STAGE_GROUPS
-            if chk._OP_WEIGHT.get(it.impl.op, 1.0) >= 2 * chk.SPLIT_WEIGHT:
-                groups = tuple((name,) for g in chk.STAGE_GROUPS for name in g)
+            groups = STAGE_GROUPS
+            if _OP_WEIGHT.get(it.impl.op, 1.0) >= 2 * SPLIT_WEIGHT:
+                groups = tuple((name,) for g in STAGE_GROUPS for name in g)
             jobs += [Job(it.impl.op, it.impl.backend, it.dtype, g, it.estimate / len(groups)) for g in groups]
         else:
             jobs.append(Job(it.impl.op, it.impl.backend, it.dtype, None, it.estimate))
@@ -95,17 +94,13 @@ def _init_worker(threads: int) -> None:
         pass
 
 
-def _run_job(job: Job, options: dict):
-    from kernellab.harness.check import check_impl
-
+def _run_job(runner: Callable, job: Job, options: dict):
     impl = registry.get(job.op, job.backend)
-    return check_impl(impl, job.dtype, stages=job.stages, **options)
+    return runner(impl, job.dtype, stages=job.stages, **options)
 
 
 def _merge(parts: Sequence[tuple[Job, object]]):
     """One Report from the reports of one implementation's stage groups, in stage order."""
-    from kernellab.harness.check import FAIL, STAGE_GROUPS
-
     order = [name for g in STAGE_GROUPS for name in g]
 
     def rank(job: Job) -> int:
@@ -124,16 +119,16 @@ def _merge(parts: Sequence[tuple[Job, object]]):
 
 def run_jobs(
     jobs: Sequence[Job],
+    runner: Callable,
     options: dict,
     workers: int,
     on_start: Callable | None = None,
     on_result: Callable | None = None,
 ) -> list:
-    """Run ``jobs`` (check_impl keyword ``options`` shared by all) on ``workers`` processes;
+    """Run ``jobs`` on ``workers`` processes: ``runner(impl, dtype, stages=..., **options)``
+    each (``check.check_impl``; a module-level function, so that workers can import it);
     ``on_result(report)`` once per implementation x dtype as soon as all its parts are in.
     Returns the reports in the jobs' order."""
-    from kernellab.harness.check import FAIL, CaseResult, Report
-
     keys: list[tuple] = []
     parts_left: dict[tuple, int] = {}
     for j in jobs:
@@ -172,7 +167,7 @@ def run_jobs(
                     if on_start and j.key not in started:
                         started.add(j.key)
                         on_start(registry.get(j.op, j.backend), j.dtype)
-                    pending[ex.submit(_run_job, j, options)] = j
+                    pending[ex.submit(_run_job, runner, j, options)] = j
                 while pending:
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                     for f in finished:
@@ -194,7 +189,7 @@ def run_jobs(
         def alone(j: Job):
             with ProcessPoolExecutor(1, mp_context=ctx, initializer=_init_worker, initargs=(threads,)) as one:
                 try:
-                    return j, one.submit(_run_job, j, options).result()
+                    return j, one.submit(_run_job, runner, j, options).result()
                 except BrokenProcessPool:
                     return j, died(j, "the check's worker process died running this job")
                 except Exception as e:  # noqa: BLE001
@@ -204,12 +199,10 @@ def run_jobs(
             for j, rep in threads_ex.map(alone, retry):
                 finish(j, rep)
     if local:
-        from kernellab.harness.check import check_impl
-
         for j in local:
             impl = registry.get(j.op, j.backend)
             if on_start and j.key not in started:
                 started.add(j.key)
                 on_start(impl, j.dtype)
-            finish(j, check_impl(impl, j.dtype, stages=j.stages, **options))
+            finish(j, runner(impl, j.dtype, stages=j.stages, **options))
     return [reports[k] for k in keys]

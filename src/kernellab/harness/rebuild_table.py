@@ -1,6 +1,6 @@
 """Rebuild a GPU's tuning table from committed tune rows (JSONL written by
 ``kernellab.harness.tune_all`` / ``kernellab tune``), with today's table rules
-(``kernellab.tuning.table_rows``: device times kept beside the effective ones, ties within
+(``kernellab.tuner.table_rows``: device times kept beside the effective ones, ties within
 ``TIE`` told apart by device time). No GPU needed: the rows hold the measurements.
 
     python -m kernellab.harness.rebuild_table benchmarks/results/tune-NVIDIA_H100_80GB_HBM3-part*.jsonl
@@ -26,8 +26,9 @@ import json
 import os
 import sys
 
-from kernellab import tuning
+from kernellab.core import shapes, tables
 from kernellab.harness import timer
+from kernellab.harness import tune as tuner
 
 
 def main(argv=None) -> int:
@@ -45,10 +46,10 @@ def main(argv=None) -> int:
         print(f"rows from {len(gpus)} GPU models ({sorted(gpus)}): one table per GPU", file=sys.stderr)
         return 2
     gpu = gpus.pop()
-    path = a.out or os.path.join(os.path.dirname(tuning.__file__), "tables", tuning.gpu_slug(gpu) + ".json")
+    path = a.out or os.path.join(tables.PACKAGE_TABLES, tables.gpu_slug(gpu) + ".json")
     old = json.load(open(path)) if os.path.exists(path) else {"rows": []}
     ops = sorted({r["op"] for r in rows})
-    new_rows = [t for op in ops for t in tuning.table_rows(op, rows)]
+    new_rows = [t for op in ops for t in tuner.table_rows(op, rows)]
 
     def ident(r):
         return (r["op"], r["dtype"], r["mode"], tuple(r["shape"]), r.get("options", ""))
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
             **old.get("provenance", {}),
             "git_sha": ",".join(sorted({r["git_sha"] for r in rows if r.get("git_sha")})),
             "torch": first.get("torch"), "triton": first.get("triton"), "cuda": first.get("cuda"),
-            "device": gpu, "how": tuning.HOW,
+            "device": gpu, "how": tuner.HOW,
             "rebuilt_from": [os.path.basename(f) for f in a.files],
             **({"verified_by": [os.path.basename(f) for f in a.verify]} if a.verify else {}),
             **({"rows_from_verify": [os.path.basename(f) for f in a.rows_from_verify]}
@@ -96,7 +97,7 @@ _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 def _case_key(r) -> tuple:
     """(op, dtype, mode, shape, options) of a verify or host-cost row, spelled as table rows."""
-    from kernellab.ops.spec import options_str
+    from kernellab.core.spec import options_str
 
     o = r.get("options") or ""
     o = options_str(o) if isinstance(o, dict) else o
@@ -149,7 +150,7 @@ def _apply_verify(table_rows, vrows) -> None:
 
 def _rows_from_verify(table_rows, vrows) -> list[dict]:
     """Rows for the paired cases (``_paired_cases``) of an op, dtype and mode that no table
-    row has: a 16-bit dtype served by its sibling's rows (``tuning.SIBLING_DTYPES``; the
+    row has: a 16-bit dtype served by its sibling's rows (``choice.SIBLING_DTYPES``; the
     MNIST ops are tuned in fp32 only, so a 16-bit call can get a choice no 16-bit row
     backs). Each row holds the backends the verify
     timed (torch and the default's choice): ``times`` their paired medians, ``device``
@@ -176,7 +177,7 @@ def _rows_from_verify(table_rows, vrows) -> list[dict]:
         alt = max(ratios, key=ratios.get, default=None)
         best = alt if alt is not None and ratios[alt] > 1 + MARGIN else pick
         dims = [int(v) for v in shape.split("x")]
-        out.append({"op": op, "dtype": dt, "mode": mode, "shape": dims, "key": list(tuning.key_of_shape(op, dims)),
+        out.append({"op": op, "dtype": dt, "mode": mode, "shape": dims, "key": list(shapes.key_of_shape(op, dims)),
                     "options": opts, "best": best, "from_verify": True,
                     "times": {b: round(statistics.median(v), 5) for b, v in got.items()},
                     "device": {b: t for b, t in device.get(key, {}).items() if b in got}})  # fmt: skip

@@ -5,7 +5,7 @@ second, independent run.
         [--modes fwd fwdbwd] [--phases tune verify] [--families F ...] [--budget 0.15]
         [--limit-s 540]
 
-tune:   ``tuning.tune`` per op over every family but ``heldout`` (ours and the peers, each
+tune:   ``tuner.tune`` per op over every family but ``heldout`` (ours and the peers, each
         admitted by the check engine first; outputs re-checked; each backend judged by the
         larger of device time and loop time) -> ``DIR/tables/<gpu>.json`` and every raw row
         in ``DIR/tune.jsonl``.
@@ -39,9 +39,9 @@ import time
 
 import torch
 
+from kernellab.core.spec import options_str
 from kernellab.harness import timer
 from kernellab.harness.bench import _eff as bench_eff
-from kernellab.ops.spec import options_str
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # GPT-2's ops first: the model step reads these rows.
@@ -77,9 +77,10 @@ def main(argv=None) -> int:
     os.environ.setdefault("KERNELLAB_TABLES", f"{a.out}/tables")
 
     from kernellab import device as _device
-    from kernellab import tuning
+    from kernellab.core import registry, shapes
+    from kernellab.core.spec import get_spec
+    from kernellab.harness import tune as tuner
     from kernellab.harness.bench import bench
-    from kernellab.ops.spec import get_spec
 
     dev = _device.default_device()
     dtypes = [DTYPES[d] for d in a.dtypes]
@@ -102,18 +103,18 @@ def main(argv=None) -> int:
                     left_out.append(f"tune {op}")
                     continue
                 for fam in a.families or [None]:
-                    if fam is not None and not tuning.FAMILIES[fam].get(op):
+                    if fam is not None and not shapes.FAMILIES[fam].get(op):
                         continue
                     t = time.perf_counter()
                     try:
-                        tuning.tune(op, fam, dtypes, a.modes, device=dev, budget_s=a.budget, on_row=keep,
+                        tuner.tune(op, fam, dtypes, a.modes, device=dev, budget_s=a.budget, on_row=keep,
                                     admitted=admitted)  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - one op's failure must not lose the others
                         left_out.append(f"tune {op}: {type(e).__name__}: {str(e)[:160]}")
                     print(f"tuned {op} {fam or 'all families'} in {time.perf_counter() - t:.0f} s", flush=True)
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
-        tuning.clear_cache()
+        registry.clear_cache()
 
     if "verify" in a.phases:
         cases = []
@@ -123,16 +124,16 @@ def main(argv=None) -> int:
                     left_out.append(f"verify {op}")
                     continue
                 spec = get_spec(op)
-                fams = [f for f in (a.families or [f for f in tuning.FAMILIES if f != "cpu-tiny"])
-                        if tuning.FAMILIES[f].get(op)]  # fmt: skip
+                fams = [f for f in (a.families or [f for f in shapes.FAMILIES if f != "cpu-tiny"])
+                        if shapes.FAMILIES[f].get(op)]  # fmt: skip
                 for fam in fams:
-                    for shape in tuning.FAMILIES[fam][op]:
+                    for shape in shapes.FAMILIES[fam][op]:
                         for dtype in dtypes:
                             for mode in [m for m in a.modes if m in spec.modes]:
                                 for opts in spec.bench_options:
-                                    key = tuning.key_of_shape(op, shape)
-                                    chosen, why = tuning.choose_key(
-                                        op, key, dtype, dev, mode, tuning.option_key(op, opts)
+                                    key = shapes.key_of_shape(op, shape)
+                                    chosen, why = registry.choose_key(
+                                        op, key, dtype, dev, mode, shapes.option_key(op, opts)
                                     )
                                     names = list(dict.fromkeys(["default", "torch", chosen]))
                                     try:
@@ -185,7 +186,7 @@ def _paired(spec, shape, dtype, mode, dev, opts, rows, rounds: int, chosen: str 
     over 10%, a false "miss" of the default against itself. Returns {"rounds_ms", "loop_ms",
     "floor_ms", "ratio"} (ratio: the median over rounds of default / backend) or None when
     the default did not pass."""
-    from kernellab import registry
+    from kernellab.core import registry
     from kernellab.harness.bench import DefaultImpl, Problem
 
     ok = {r["backend"]: r for r in rows if r.get("status") == "ok"}

@@ -222,7 +222,7 @@ def triton_artifacts(op: str, shape, dtype: str) -> tuple[list[KernelAsm], str]:
         )
     code = (
         "import torch\n"
-        "from kernellab.ops.spec import parse_dtype\n"
+        "from kernellab.core.spec import parse_dtype\n"
         "from kernellab.profile.torchprof import op_call\n"
         f"op_call({op!r}, 'triton', {tuple(shape)!r}, parse_dtype({dtype!r}))()\n"
         "torch.cuda.synchronize()\n"
@@ -266,7 +266,7 @@ def compile_triton_kernels(op: str, backend: str, dtype_name: str, arch: str, ou
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernellab import registry
+    from kernellab.core import registry
 
     impl = registry.get(op, backend)
     cap = int(arch.removeprefix("sm_").rstrip("a"))

@@ -144,7 +144,7 @@ def fused_kernels(chosen: dict, device: str):
     kernel in every slot at a shape (GPT-2 at 4x256) and still run the blocks under one
     node with their CUDA graphs. ``None`` slots must have been resolved
     (``resolve_defaults``); an unresolved one takes the op's heuristic default."""
-    from kernellab import registry
+    from kernellab.core import registry
     from kernellab.ops import aten
 
     if not chosen or chosen.get("linear", "pytorch") not in ("pytorch", "torch"):
@@ -191,7 +191,7 @@ def resolve_defaults(
     The model pays host cost once per step, not once per op (eager: its blocks run under
     one autograd node and replay CUDA graphs of themselves; compile: Inductor launches the
     kernels), so a slot's default is the fastest by the tuning table's DEVICE time at the
-    model's shape (``tuning.choose_key(by="device")``), where a standalone call's default
+    model's shape (``registry.choose_key(by="device")``), where a standalone call's default
     weighs its loop time too. The block's slots choose among backends with node-free
     entry points (ours, and PyTorch's through ``kernellab.ops.aten``). PyTorch's op chosen
     -> the slot calls PyTorch's op itself (``"pytorch"``). The linear layers: cuBLAS
@@ -202,7 +202,7 @@ def resolve_defaults(
     Inductor launches itself (``_inductor_launches``): a backend with a launcher of its
     own adds that launcher's host time to every step, which a host-bound compiled step
     (GPT-2 4 x 256) pays in full."""
-    from kernellab import registry, tuning
+    from kernellab.core import registry
 
     out = dict(chosen)
     for slot, (op, keys, opts) in _slot_keys(cfg, b, t).items():
@@ -220,9 +220,9 @@ def resolve_defaults(
             )  # fmt: skip
         picks = set()
         for k in keys:
-            pick, why = tuning.choose_key(op, k, dtype, device, "fwdbwd", opts, by="device", among=among)
+            pick, why = registry.choose_key(op, k, dtype, device, "fwdbwd", opts, by="device", among=among)
             if why.startswith("heuristic"):  # no fwdbwd row (add's backward is dy itself): the forward's
-                pick = tuning.choose_key(op, k, dtype, device, "fwd", opts, by="device", among=among)[0]
+                pick = registry.choose_key(op, k, dtype, device, "fwd", opts, by="device", among=among)[0]
             if compiling and not _inductor_launches(pick):  # a heuristic's pick (no table row)
                 pick = "triton" if "triton" in among else "torch"
             picks.add(pick)

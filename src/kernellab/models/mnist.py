@@ -222,7 +222,7 @@ def default_choices(batch: int, device: str, data=None) -> list[dict]:
     """What kernellab's default (``backends=None``) runs for each op of a training step at
     ``batch`` on ``device``: one forward of a fresh model (weights requiring grad, so the
     forward+backward rows) through ``registry.recording_choices``."""
-    from kernellab import registry
+    from kernellab.core import registry
 
     model = make(None, device, 0)
     x = data.train_x[:batch] if data is not None else torch.zeros(batch, 1, 28, 28, device=device)

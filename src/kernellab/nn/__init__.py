@@ -103,9 +103,9 @@ class LinearCrossEntropyLoss(nn.Module):
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-        import kernellab
+        from kernellab.ops.linear_cross_entropy import linear_cross_entropy
 
-        return kernellab.linear_cross_entropy(
+        return linear_cross_entropy(
             x, weight, target, bias, ignore_index=self.ignore_index, reduction=self.reduction,
             label_smoothing=self.label_smoothing, z_loss=self.z_loss, backend=self.backend,
         )  # fmt: skip

@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import torch
 
-import kernellab
-from kernellab import registry, tuning
+from kernellab.core import registry
+from kernellab.ops import public as ops
+
 
 def _backend_for(op: str, a: torch.Tensor, b: torch.Tensor, opts: dict) -> str:
     """The backend kernellab's default picks for a gradient-taking call ``op(a, b, **opts)``
     (tuning's cached choice), named so that the forward and the remake in the backward run
     the same kernel."""
-    return tuning.choose(op, (a, b), a.device.type, "fwdbwd", opts)[0]
+    return registry.choose(op, (a, b), a.device.type, "fwdbwd", opts)[0]
 
 
 class _Remade:
@@ -67,7 +68,7 @@ def gated_mlp(x: torch.Tensor, gate, up, down, op: str, opts: dict, backend: str
     kw = dict(opts, inplace_backward=True) if inplace_backward else dict(opts)
 
     def composed():  # c kept by down, as in a plain module
-        return down(getattr(kernellab, op)(a, b, **kw, backend=backend))
+        return down(ops.FUNCTIONS[op](a, b, **kw, backend=backend))
 
     if torch.compiler.is_compiling() or not torch.is_grad_enabled() or not (a.requires_grad or b.requires_grad):
         return composed()

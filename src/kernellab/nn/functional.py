@@ -11,11 +11,10 @@ The kernellab ops themselves keep their own documented signatures
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as _F
 
-import kernellab as _kl
+from kernellab.ops import public as _kl
 
 
 def _normalized_dims(normalized_shape, x: torch.Tensor, name: str = "normalized_shape") -> int:

@@ -8,8 +8,8 @@ import inspect
 
 import torch
 
-from kernellab.ops.spec import REFERENCE_DTYPES
-from kernellab.registry import register
+from kernellab.core.registry import register
+from kernellab.core.spec import REFERENCE_DTYPES
 
 
 def _raise_recompile_limit(n: int = 256) -> None:

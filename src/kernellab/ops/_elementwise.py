@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from torch import Tensor
 
-from kernellab.ops.kit import OpDecl, build, empty_like_contig
+from kernellab.core.kit import OpDecl, build, empty_like_contig
 
 
 def unary_op(name: str, fwd: Callable, bwd: Callable, save_output: bool = False, triton: bool = False):

@@ -25,7 +25,7 @@ def liger_unavailable() -> str | None:
 def register_liger(op: str, fn, description: str) -> None:
     """Register ``fn`` (a wrapper around a liger-kernel function) as backend ``liger`` of
     ``op``: GPU only, available when liger-kernel imports."""
-    from kernellab.registry import register
+    from kernellab.core.registry import register
 
     register(
         op, "liger", devices=("cuda",), available=liger_unavailable, builtin=True, description=description

@@ -119,9 +119,9 @@ def profile_call(
 def op_call(op: str, backend: str, shape, dtype, mode: str = "fwd", device: str | None = None, seed: int = 0):
     """A zero-argument callable running one unit of ``op``'s work, as the benchmark does."""
     from kernellab import device as _device
-    from kernellab import registry
+    from kernellab.core import registry
+    from kernellab.core.spec import get_spec
     from kernellab.harness.bench import Problem
-    from kernellab.ops.spec import get_spec
 
     spec = get_spec(op)
     dev = device or _device.default_device()

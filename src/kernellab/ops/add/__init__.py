@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from kernellab import registry
-from kernellab.ops.spec import OpSpec, define, elementwise_shapes
+from kernellab.core import registry
+from kernellab.core.spec import OpSpec, define, elementwise_shapes
 
 
 def add_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._elementwise import binary_op
+from kernellab.ops._register import register_triton
 
 
 @triton_support.jit
@@ -29,6 +30,6 @@ def _fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 add_triton = binary_op("add_triton", _fwd, triton=True)
-triton_support.register_triton(
+register_triton(
     "add", add_triton, triton_support.streaming_kernels(_add_kernel), "Triton, one pass, 16-byte accesses"
 )

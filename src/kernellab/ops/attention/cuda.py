@@ -11,9 +11,15 @@ from pathlib import Path
 
 import torch
 
+from kernellab.core.registry import register
 from kernellab.cuda.runtime import Module, ceil_div, nvrtc_unavailable
-from kernellab.ops.attention import check_dtype, check_head_dim, refuse_gqa, refuse_options, resolve_scale
-from kernellab.registry import register
+from kernellab.ops.attention.args import (
+    check_dtype,
+    check_head_dim,
+    refuse_gqa,
+    refuse_options,
+    resolve_scale,
+)
 
 MODULE = Module(Path(__file__).with_name("attention.cu"))
 HEAD_DIMS = (16, 32, 64, 128)

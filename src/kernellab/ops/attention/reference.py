@@ -24,8 +24,10 @@ import math
 import torch
 import torch.nn.functional as F
 
+from kernellab.core.registry import register
+from kernellab.core.spec import REFERENCE_DTYPES, upcast
 from kernellab.ops._baselines import _compile_unavailable, compiled
-from kernellab.ops.attention import (
+from kernellab.ops.attention.args import (
     allowed_mask,
     causal_allowed,
     check_dtype,
@@ -35,11 +37,9 @@ from kernellab.ops.attention import (
     is_gqa,
     refuse_gqa,
     refuse_options,
-    window_bounds,
     resolve_scale,
+    window_bounds,
 )
-from kernellab.ops.spec import REFERENCE_DTYPES, upcast
-from kernellab.registry import register
 
 
 def _reference_rows(q, k, v, i0: int, causal: bool, sc: float, s_q: int, window=None, softcap=None):

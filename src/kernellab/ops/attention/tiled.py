@@ -54,8 +54,8 @@ import math
 
 import torch
 
-from kernellab.ops.attention import expand_kv, has_softcap, resolve_scale, window_bounds
-from kernellab.registry import register
+from kernellab.core.registry import register
+from kernellab.ops.attention.args import expand_kv, has_softcap, resolve_scale, window_bounds
 
 BLOCK_M = 32  # query rows per tile
 BLOCK_N = 16  # keys per tile (unequal on purpose: the causal bookkeeping must not assume M == N)

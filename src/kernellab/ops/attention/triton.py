@@ -70,7 +70,6 @@ bf16 dot is wrong), never on a GPU.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -80,9 +79,11 @@ from triton.language.extra import libdevice
 
 from kernellab import device as _device
 from kernellab import triton_support
+from kernellab.core.kit import OpDecl, build
+from kernellab.ops._register import register_triton
 from kernellab.ops._triton_dots import dot, two_level
-from kernellab.ops.attention import resolve_scale
-from kernellab.ops.kit import OpDecl, build
+from kernellab.ops.attention.args import resolve_scale
+from kernellab.options import config
 
 HEAD_DIMS = tuple(range(8, 257, 8))  # tiles padded to a power of two (_block_d)
 LOG2E = 1.4426950408889634
@@ -157,16 +158,16 @@ def bwd_dq_configs():
     ]
 
 
-# KERNELLAB_ATTN_AUTOTUNE=0: no tuning, the first config that fits (tests that sweep many
-# shapes set it: every autotuned key compiles and times each candidate). Problems with
-# both lengths under AUTOTUNE_MIN_S are never tuned either: they are launch-bound.
-AUTOTUNE = os.environ.get("KERNELLAB_ATTN_AUTOTUNE", "1") != "0"
+# kernellab.config.attn_autotune False: no tuning, the first config that fits (tests that
+# sweep many shapes set it: every autotuned key compiles and times each candidate).
+# Problems with both lengths under AUTOTUNE_MIN_S are never tuned either: they are
+# launch-bound.
 AUTOTUNE_MIN_S = 1024
 
 
 def _tuned(kept, nargs):
     big = max(nargs.get("S_Q_KEY") or 0, nargs.get("S_K_KEY") or 0) >= AUTOTUNE_MIN_S
-    return kept if AUTOTUNE and big else kept[:1]
+    return kept if big and config.attn_autotune else kept[:1]
 
 
 def _prune(configs, nargs, **kwargs):
@@ -1185,7 +1186,7 @@ def _tf32(dtype) -> bool:  # (the plan keys: _prec reads this global flag for fp
 
 
 def _WS_ENV() -> str:
-    return os.environ.get("KERNELLAB_ATTN_WS", "1")
+    return config.attn_ws
 
 
 def _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, softcap):
@@ -1320,12 +1321,12 @@ def _ws_bwd_fits(q4, k4, v4, do4, causal, group, win, cap, d, qk_scale, s_q, s_k
 
 
 def _WS_BWD_MODE() -> str:
-    """KERNELLAB_ATTN_WS_BWD: "0" off; "1" (the default) head-major layouts, each head's
+    """kernellab.config.attn_ws_bwd: "0" off; "1" (the default) head-major layouts, each head's
     rows starting at column 0 of its view (contiguous (B, H, S, D) and the like: verified on
     a GPU against float64); "views" also a fused projection's (B, S, H, D) memory, whose
     heads start at column h * D (verified only under the CPU interpreter, so it is
-    opt-in)."""
-    return os.environ.get("KERNELLAB_ATTN_WS_BWD", "1")
+    opt-in). Set by ``kernellab.config.attn_ws_bwd``."""
+    return config.attn_ws_bwd
 
 
 def _ws_bwd_args(q4, k4, v4, do4, d):
@@ -1546,8 +1547,8 @@ _attention = build(
         samples=(_opcheck_fwd, _opcheck_bwd),  # (+ _opcheck_fwd_options in the tests)
         # A triton_op on a GPU (Inductor launches the four kernels itself); the kernels
         # cast their float scales to fp32 so that it compiles there (Inductor passes
-        # floats as fp64). KERNELLAB_ATTN_TRITON_OP=0 makes it a custom_op (comparisons).
-        triton=os.environ.get("KERNELLAB_ATTN_TRITON_OP", "1") == "1",
+        # floats as fp64).
+        triton=True,
         inplace_hint=INPLACE_HINT,
     )
 )
@@ -1653,7 +1654,7 @@ def _backward_into(saved, do, dq, dk, dv):
 triton_attention.backward_into = _backward_into
 
 
-triton_support.register_triton(
+register_triton(
     "attention",
     triton_attention,
     _kernel_specs,

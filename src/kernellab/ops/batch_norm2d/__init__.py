@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import torch
 
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import BadInput, OpSpec, define, fuzz_nchw
 from kernellab.ops.batch_norm2d import _kit
-from kernellab.ops.spec import BadInput, OpSpec, define, fuzz_nchw
 
 
 def batch_norm2d_reference(x, weight, bias, eps=1e-5, relu=False):

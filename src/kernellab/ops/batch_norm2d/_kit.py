@@ -30,8 +30,8 @@ import numbers
 import torch
 from torch import Tensor
 
-from kernellab.ops.kit import OpDecl, build, contig, empty_like_contig
-from kernellab.ops.spec import FLOAT_DTYPES, check_float_tensor, make_tensor
+from kernellab.core.kit import OpDecl, build, contig, empty_like_contig
+from kernellab.core.spec import FLOAT_DTYPES, check_float_tensor, make_tensor
 
 OP = "batch_norm2d"
 _FLOATS = frozenset(FLOAT_DTYPES)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from kernellab.cuda.runtime import Module, register_cuda, sm_count
+from kernellab.cuda.runtime import Module, sm_count
+from kernellab.ops._register import register_cuda
 from kernellab.ops.batch_norm2d import _kit
 
 MODULE = Module(Path(__file__).with_name("batch_norm2d.cu"))

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._register import register_triton
 from kernellab.ops.batch_norm2d import _kit
 
 
@@ -347,7 +348,7 @@ def kernel_specs(dtype: str):
     ]  # fmt: skip
 
 
-triton_support.register_triton(
+register_triton(
     "batch_norm2d",
     batch_norm2d_triton,
     kernel_specs,

@@ -36,13 +36,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import BadInput, Boundary, OpSpec, define, fuzz_nchw
+from kernellab.ops.batch_norm2d import CHANNEL_BAD_INPUTS, batch_norm2d_reference
 from kernellab.ops.batch_norm2d import _kit as _bn_kit
-from kernellab.ops.batch_norm2d import CHANNEL_BAD_INPUTS
 from kernellab.ops.batch_norm2d import bad_case as _bad
-from kernellab.ops.batch_norm2d import batch_norm2d_reference
 from kernellab.ops.bn_relu_pool2d import _kit
-from kernellab.ops.spec import BadInput, Boundary, OpSpec, define, fuzz_nchw
 
 
 def bn_relu_pool2d_reference(x, weight, bias, eps=1e-5):

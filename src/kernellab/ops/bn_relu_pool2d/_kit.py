@@ -36,9 +36,9 @@ import math
 import torch
 from torch import Tensor
 
+from kernellab.core.kit import OpDecl, build, contig
+from kernellab.core.spec import FLOAT_DTYPES
 from kernellab.ops.batch_norm2d import _kit as _bn
-from kernellab.ops.kit import OpDecl, build, contig
-from kernellab.ops.spec import FLOAT_DTYPES
 
 OP = "bn_relu_pool2d"
 

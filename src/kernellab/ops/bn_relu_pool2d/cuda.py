@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from kernellab.cuda.runtime import Module, register_cuda
+from kernellab.cuda.runtime import Module
+from kernellab.ops._register import register_cuda
 from kernellab.ops.batch_norm2d import cuda as bn_cuda
 from kernellab.ops.bn_relu_pool2d import _kit
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernellab.core.spec import upcast
 from kernellab.ops._baselines import compiled, register_baseline
-from kernellab.ops.spec import upcast
 from kernellab.ops.batch_norm2d.reference import manual_batch_norm2d
 from kernellab.ops.pool.reference import manual_max_pool2d
 

@@ -39,6 +39,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._register import register_triton
 from kernellab.ops.batch_norm2d.triton import CONFIG, Config, _bn_stats_kernel, channel_stats, grid_of
 from kernellab.ops.bn_relu_pool2d import _kit
 
@@ -311,7 +312,7 @@ def kernel_specs(dtype: str):
     ]  # fmt: skip
 
 
-triton_support.register_triton(
+register_triton(
     "bn_relu_pool2d",
     bn_relu_pool2d_triton,
     kernel_specs,

@@ -24,8 +24,8 @@ import numbers
 
 import torch
 
-from kernellab import registry
-from kernellab.ops.spec import (
+from kernellab.core import registry
+from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
     OpSpec,
@@ -35,26 +35,13 @@ from kernellab.ops.spec import (
     fuzz_nchw,
     make_tensor,
 )
+from kernellab.ops.conv2d.geometry import as_pair, out_size  # noqa: F401
 
 # --------------------------------------------------------------------------- geometry
 
 
-def as_pair(v, name: str, minimum: int) -> tuple[int, int]:
-    """``v`` (an int or a pair of ints) as an (h, w) pair, each >= minimum; else an error
-    naming ``name``."""
-    vals = tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-    if len(vals) != 2 or not all(isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in vals):
-        raise TypeError(f"conv2d: {name} must be an int or a pair of ints, got {v!r}")
-    vals = (int(vals[0]), int(vals[1]))
-    if min(vals) < minimum:
-        raise ValueError(f"conv2d: {name} must be >= {minimum}, got {v!r}")
-    return vals
 
 
-def out_size(h: int, w: int, r: int, s: int, stride, padding) -> tuple[int, int]:
-    """(P, Q) of the output."""
-    (sh, sw), (ph, pw) = stride, padding
-    return (h + 2 * ph - r) // sh + 1, (w + 2 * pw - s) // sw + 1
 
 
 def conv2d_reference(x, w, bias=None, stride=1, padding=0):

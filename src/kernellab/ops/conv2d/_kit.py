@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernellab.ops.conv2d import as_pair, out_size
-from kernellab.ops.kit import OpDecl, build
+from kernellab.core.kit import OpDecl, build
+from kernellab.ops.conv2d.geometry import as_pair, out_size
 
 # The kernels index with 32-bit ints (cheaper address math; 2^31 elements is 8 GiB of
 # fp32 activations, far past any one conv call of the models here): larger is refused.

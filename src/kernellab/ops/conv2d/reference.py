@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernellab.core.registry import register
+from kernellab.core.spec import wide_dtype
 from kernellab.ops._baselines import compiled, register_baseline
-from kernellab.ops.conv2d import as_pair, out_size
-from kernellab.ops.spec import wide_dtype
-from kernellab.registry import register
+from kernellab.ops.conv2d.geometry import as_pair, out_size
 
 
 def manual_conv2d(x, w, bias=None, stride=1, padding=0):

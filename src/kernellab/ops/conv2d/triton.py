@@ -29,8 +29,10 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._register import register_triton
 from kernellab.ops._triton_dots import dot, dot_precision, mma
-from kernellab.ops.conv2d import _kit, out_size
+from kernellab.ops.conv2d import _kit
+from kernellab.ops.conv2d.geometry import out_size
 
 # --------------------------------------------------------------------------- kernels
 
@@ -321,7 +323,7 @@ def _kernel_specs(dtype: str):
     ]
 
 
-triton_support.register_triton(
+register_triton(
     "conv2d",
     conv2d_triton,
     _kernel_specs,

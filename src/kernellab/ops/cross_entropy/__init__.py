@@ -30,8 +30,9 @@ on a GPU PyTorch's device-side assert; undefined for liger.
 ``check_targets=None`` (the default): checked, except by the fused backends on a GPU, where
 the default path never waits for the device (the wait cost 0.1-0.2 ms of host time per
 call, most of the op's host cost); there a bad target gives a NaN loss row (and a NaN mean),
-never a read out of bounds. ``KERNELLAB_CHECK_TARGETS=1`` in the environment (a debug
-mode) turns the fused backends' GPU check back on for every default call.
+never a read out of bounds. ``kernellab.config.check_targets = True`` (or
+KERNELLAB_CHECK_TARGETS=1; a debug mode) turns the fused backends' GPU check back on for
+every default call.
 
 The fused backends (triton, cuda_v1, cuda) read the logits once in the forward, save
 only the per-row log-sum-exp (N fp32) and recompute the softmax in the backward; the
@@ -51,8 +52,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernellab import registry
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, Boundary, OpSpec, check_dtype, define, fuzz_rows, make_tensor
+from kernellab.core import registry
+from kernellab.core.spec import (
+    FLOAT_DTYPES,
+    BadInput,
+    Boundary,
+    OpSpec,
+    check_dtype,
+    define,
+    fuzz_rows,
+    make_tensor,
+)
 
 REDUCTIONS = ("mean", "sum", "none")
 OPTIONS = ("ignore_index", "reduction", "inplace_backward", "check_targets")

@@ -39,15 +39,14 @@ torch.compile a PyTorch sum that Inductor fuses).
 from __future__ import annotations
 
 import itertools
-import os
 
 import torch
 from torch import Tensor
 
-from kernellab.ops.kit import OpDecl, build
+from kernellab.core.kit import OpDecl, build
+from kernellab.options import config
 
 # The debug switch for the default call's range check on a GPU (see cross_entropy/__init__).
-CHECK_ON_GPU = os.environ.get("KERNELLAB_CHECK_TARGETS", "0") not in ("", "0")
 
 
 def lse_rows(dtype: torch.dtype) -> int:
@@ -299,10 +298,10 @@ def fused_backend(name: str, fwd, bwd, stats_fn, triton: bool = False):
             loss_rows = rows(logits, target, ignore_index, False)
             return reduce_rows(loss_rows, target, ignore_index, reduction, logits.dtype)
         # The target range check runs beside the forward (see the module docstring); with
-        # check_targets=False, or by default on a GPU (None, unless KERNELLAB_CHECK_TARGETS=1),
+        # check_targets=False, or by default on a GPU (None, unless kernellab.config.check_targets),
         # it is skipped (no host sync) and an out-of-range target gives a NaN loss for its row.
         if check_targets is None:
-            check_targets = CHECK_ON_GPU or not logits.is_cuda
+            check_targets = not logits.is_cuda or config.check_targets
         tc = target.contiguous()
         stats = None
         pending = start_check(tc) if check_targets and tc.shape[0] else None

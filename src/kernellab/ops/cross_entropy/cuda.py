@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from kernellab.cuda.runtime import Module, _get_device, register_cuda
+from kernellab.cuda.runtime import Module, _get_device
+from kernellab.ops._register import register_cuda
 from kernellab.ops.cross_entropy._fused import fused_backend, lse_rows
 
 MODULE = Module(Path(__file__).with_name("cross_entropy.cu"))

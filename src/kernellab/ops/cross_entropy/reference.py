@@ -7,9 +7,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from kernellab.core.spec import upcast
 from kernellab.ops._baselines import compiled, register_baseline
 from kernellab.ops.cross_entropy._fused import check_targets as _check_targets
-from kernellab.ops.spec import upcast
 
 
 def _checked(fn):

@@ -19,6 +19,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._register import register_triton
 from kernellab.ops.cross_entropy._fused import fused_backend, lse_rows
 
 BLOCK_MAX = 4096  # columns per chunk: 16 fp32 / 8-16 elements per thread at 8 warps
@@ -208,7 +209,7 @@ def _kernel_specs(dtype: str):
     return [(_ce_fwd_kernel, fwd, cx, warps), (_ce_bwd_kernel, bwd, cx, warps)]
 
 
-triton_support.register_triton(
+register_triton(
     "cross_entropy",
     cross_entropy_triton,
     _kernel_specs,

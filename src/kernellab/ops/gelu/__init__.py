@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from kernellab import registry
-from kernellab.ops.spec import OpSpec, define, elementwise_shapes
+from kernellab.core import registry
+from kernellab.core.spec import OpSpec, define, elementwise_shapes
 
 _K = math.sqrt(2.0 / math.pi)
 

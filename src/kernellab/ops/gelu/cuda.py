@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernellab.cuda import elementwise
 from kernellab.cuda.runtime import Module
+from kernellab.ops import _elementwise_cuda as elementwise
 from kernellab.ops._elementwise import unary_op
 
 MODULE = Module(Path(__file__).with_name("gelu.cu"))

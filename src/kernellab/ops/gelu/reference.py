@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from kernellab.core.spec import upcast
 from kernellab.ops._baselines import compiled, register_baseline
-from kernellab.ops.spec import upcast
 
 _K = 0.7978845608028654
 

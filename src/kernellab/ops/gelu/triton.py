@@ -14,6 +14,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._elementwise import unary_op
+from kernellab.ops._register import register_triton
 
 _K = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
 _C = tl.constexpr(0.044715)
@@ -67,7 +68,7 @@ def _bwd(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 gelu_triton = unary_op("gelu_triton", _fwd, _bwd, triton=True)
-triton_support.register_triton(
+register_triton(
     "gelu",
     gelu_triton,
     triton_support.streaming_kernels(_gelu_fwd_kernel, _gelu_bwd_kernel),

@@ -40,8 +40,8 @@ import math
 
 import torch
 
-from kernellab import registry
-from kernellab.ops.spec import (
+from kernellab.core import registry
+from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
     OpSpec,

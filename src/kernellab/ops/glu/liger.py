@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernellab.core.registry import register
 from kernellab.ops._peers import first_order_only, liger_unavailable, register_liger
-from kernellab.registry import register
 
 
 def _own(a, b):

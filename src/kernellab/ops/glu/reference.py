@@ -8,8 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from kernellab.core.spec import upcast
 from kernellab.ops._baselines import compiled, register_baseline
-from kernellab.ops.spec import upcast
 
 _K = math.sqrt(2.0 / math.pi)
 

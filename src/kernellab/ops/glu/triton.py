@@ -19,7 +19,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernellab import triton_support
-from kernellab.ops.kit import OpDecl, build, empty_like_contig
+from kernellab.core.kit import OpDecl, build, empty_like_contig
+from kernellab.ops._register import register_triton
 
 ACT = {"silu": 0, "none": 1, "tanh": 2}  # the ACT constexpr: silu, erf-GeLU, tanh-GeLU
 _K = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
@@ -289,11 +290,11 @@ def kernel_specs(acts):
     return specs
 
 
-triton_support.register_triton(
+register_triton(
     "swiglu", swiglu_call, kernel_specs(("silu",)),
     "Triton, one fused pass each way, silu recomputed in the backward",
 )  # fmt: skip
-triton_support.register_triton(
+register_triton(
     "geglu", geglu_call, kernel_specs(("none", "tanh")),
     "Triton, one fused pass each way, gelu recomputed in the backward",
 )  # fmt: skip

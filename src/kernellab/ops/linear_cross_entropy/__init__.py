@@ -67,8 +67,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kernellab import registry
-from kernellab.ops.spec import (
+from kernellab.core import registry
+from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
     Boundary,
@@ -79,11 +79,10 @@ from kernellab.ops.spec import (
     fuzz_dim,
     make_tensor,
 )
+from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, check_targets  # noqa: F401
 
 REDUCTIONS = ("mean", "sum", "none")
 OPTIONS = ("bias", "ignore_index", "reduction", "label_smoothing", "z_loss", "chunk")
-DEFAULT_IGNORE = -100
-OP = "linear_cross_entropy"
 
 
 def linear_cross_entropy_reference(
@@ -231,18 +230,6 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
         raise ValueError(f"{OP}: chunk must be None or a positive int (rows per chunk), got {chunk!r}")
 
 
-def check_targets(target: torch.Tensor, v: int, ignore_index: int) -> None:
-    """ValueError naming ``target`` when a target is neither ignore_index nor in [0, V)."""
-    if not target.numel():
-        return
-    t = target.reshape(-1)
-    lo, hi = torch.stack(torch.aminmax(torch.where(t == ignore_index, 0, t))).tolist()
-    if lo < 0 or hi >= v:
-        first = int((((t < 0) | (t >= v)) & (t != ignore_index)).nonzero()[0, 0])
-        raise ValueError(
-            f"{OP}: target (flattened) [{first}] = {int(t[first])} is out of range: targets must be in "
-            f"[0, {v}) (V = weight.shape[0]) or equal ignore_index ({ignore_index})"
-        )
 
 
 # --------------------------------------------------------------------------- counts
@@ -424,6 +411,6 @@ def linear_cross_entropy(
     return registry.call(OP, backend, x, weight, target, **opts)
 
 
+from kernellab.ops.linear_cross_entropy import liger as _liger  # noqa: E402,F401
 from kernellab.ops.linear_cross_entropy import reference as _reference  # noqa: E402,F401  (registrations)
 from kernellab.ops.linear_cross_entropy import triton as _triton  # noqa: E402,F401
-from kernellab.ops.linear_cross_entropy import liger as _liger  # noqa: E402,F401

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernellab.ops.kit import OpDecl, build
+from kernellab.core.kit import OpDecl, build
 from kernellab.triton_support import cdiv, next_pow2
 
 _F32 = torch.float32
@@ -416,7 +416,7 @@ def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False
 
     def call(x, weight, target, bias=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
              z_loss=0.0, chunk=None):  # fmt: skip
-        from kernellab.ops.linear_cross_entropy import check_targets
+        from kernellab.ops.linear_cross_entropy.targets import check_targets
 
         v, h = weight.shape
         t = target.reshape(-1)

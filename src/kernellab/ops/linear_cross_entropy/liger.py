@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._peers import first_order_only, register_liger
-from kernellab.ops.linear_cross_entropy import DEFAULT_IGNORE, OP, check_targets
+from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, check_targets
 
 
 def liger_linear_cross_entropy(x, weight, target, bias=None, ignore_index=DEFAULT_IGNORE, reduction="mean",

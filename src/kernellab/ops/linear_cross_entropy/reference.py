@@ -8,11 +8,11 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from kernellab.core.registry import register
+from kernellab.core.spec import upcast
 from kernellab.ops._baselines import compiled, register_baseline
-from kernellab.ops.linear_cross_entropy import DEFAULT_IGNORE, OP, check_targets
 from kernellab.ops.linear_cross_entropy._chunked import chunked_backend, torch_rows
-from kernellab.ops.spec import upcast
-from kernellab.registry import register
+from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, check_targets
 
 
 def _checked(fn):

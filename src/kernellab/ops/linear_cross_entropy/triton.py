@@ -23,8 +23,9 @@ from __future__ import annotations
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops.linear_cross_entropy import OP
+from kernellab.ops._register import register_triton
 from kernellab.ops.linear_cross_entropy._chunked import chunked_backend
+from kernellab.ops.linear_cross_entropy.targets import OP
 
 BLOCK_MAX = 4096  # columns per piece: 16 fp32 per thread at 8 warps
 
@@ -141,7 +142,7 @@ def _kernel_specs(dtype: str):
     ]
 
 
-triton_support.register_triton(
+register_triton(
     OP,
     linear_cross_entropy_triton,
     _kernel_specs,

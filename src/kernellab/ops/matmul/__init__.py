@@ -18,8 +18,8 @@ import math
 
 import torch
 
-from kernellab import registry
-from kernellab.ops.spec import (
+from kernellab.core import registry
+from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
     OpSpec,
@@ -32,20 +32,12 @@ from kernellab.ops.spec import (
     make_tensor,
     runs_on,
 )
+from kernellab.ops.matmul.epilogue import apply_epilogue  # noqa: F401
 
 ACTIVATIONS = (None, "relu", "gelu")
 _GELU_K = 0.7978845608028654
 
 
-def apply_epilogue(z: torch.Tensor, bias, activation):
-    """bias add and activation on the product ``z`` with PyTorch ops (any dtype)."""
-    if bias is not None:
-        z = z + bias
-    if activation == "relu":
-        z = torch.relu(z)
-    elif activation == "gelu":
-        z = torch.nn.functional.gelu(z, approximate="tanh")
-    return z
 
 
 def matmul_reference(a, b, bias=None, activation=None):

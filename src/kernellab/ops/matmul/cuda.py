@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
+from kernellab.core.registry import register
 from kernellab.cuda.runtime import Module, nvrtc_unavailable
 from kernellab.device import is_sm90
-from kernellab.ops.matmul import apply_epilogue
 from kernellab.ops.matmul._autograd import matmul_op
-from kernellab.registry import register
+from kernellab.ops.matmul.epilogue import apply_epilogue
 
 MODULE = Module(Path(__file__).with_name("matmul.cu"))
 MODULE.asm_aliases = {"cuda": ("cuda_v7", "cuda_v9")}  # `kernellab asm matmul --backend cuda`

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from kernellab.core.registry import register
+from kernellab.core.spec import REFERENCE_DTYPES, wide_dtype
 from kernellab.ops._baselines import _compile_unavailable, compiled
-from kernellab.ops.matmul import apply_epilogue
-from kernellab.ops.spec import REFERENCE_DTYPES, wide_dtype
-from kernellab.registry import register
+from kernellab.ops.matmul.epilogue import apply_epilogue
 
 # Largest [rows, K, N] product (elements) the manual backend materializes at once.
 _CHUNK = 1 << 24

@@ -29,10 +29,10 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.core.registry import register
+from kernellab.core.spec import GRID_YZ_LIMIT
 from kernellab.ops._triton_dots import dot_precision, mma
 from kernellab.ops.matmul._autograd import matmul_op
-from kernellab.ops.spec import GRID_YZ_LIMIT
-from kernellab.registry import register
 
 _ACT = {None: 0, "relu": 1, "gelu": 2}
 

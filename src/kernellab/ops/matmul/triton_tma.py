@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.core.registry import register
 from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.ops.matmul.triton import (
     _ACT,
@@ -30,7 +31,6 @@ from kernellab.ops.matmul.triton import (
     check_batch_grid,
     triton_matmul_fwd,
 )
-from kernellab.registry import register
 from kernellab.triton_support import install_tma_allocator as _install_allocator
 from kernellab.triton_support import torch_scratch_alloc as _torch_alloc  # noqa: F401 (tests)
 

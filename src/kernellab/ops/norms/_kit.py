@@ -25,8 +25,8 @@ import numbers
 import torch
 from torch import Tensor
 
-from kernellab.ops.kit import OpDecl, build, empty_like_contig
-from kernellab.ops.spec import (
+from kernellab.core.kit import OpDecl, build, empty_like_contig
+from kernellab.core.spec import (
     FLOAT_DTYPES,
     Boundary,
     check_float_tensor,

@@ -24,9 +24,8 @@ import math
 import torch
 from torch import Tensor
 
-from kernellab import registry
-from kernellab.ops.norms import _kit
-from kernellab.ops.spec import (
+from kernellab.core import registry
+from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
     OpSpec,
@@ -36,6 +35,7 @@ from kernellab.ops.spec import (
     layout_checking,
     make_tensor,
 )
+from kernellab.ops.norms import _kit
 
 
 def add_rms_norm_reference(x, residual, weight, eps=1e-6):

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from kernellab.cuda.runtime import Module, register_cuda, sm_count
+from kernellab.cuda.runtime import Module, sm_count
+from kernellab.ops._register import register_cuda
 from kernellab.ops.norms import _kit
 
 MODULE = Module(Path(__file__).with_name("norms.cu"))

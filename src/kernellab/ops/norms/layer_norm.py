@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import BadInput, OpSpec, define
 from kernellab.ops.norms import _kit
-from kernellab.ops.spec import BadInput, OpSpec, define
 
 
 def layer_norm_reference(x, weight, bias, eps=1e-5):

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import BadInput, OpSpec, define
 from kernellab.ops.norms import _kit
-from kernellab.ops.spec import BadInput, OpSpec, define
 
 
 def rms_norm_reference(x, weight, eps=1e-6):

@@ -25,6 +25,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._register import register_triton
 from kernellab.ops.norms import _kit
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
@@ -728,7 +729,7 @@ def kernel_specs(rms: bool):
     return specs
 
 
-triton_support.register_triton(
+register_triton(
     "layer_norm",
     layer_norm_triton,
     kernel_specs(False),
@@ -738,7 +739,7 @@ triton_support.register_triton(
 # rms_norm: the same kernels with RMS=True (no mean, no bias).
 rms_norm_triton = _kit.rms_norm_op("rms_norm_triton", norm_fwd, norm_bwd, triton=True)
 
-triton_support.register_triton(
+register_triton(
     "rms_norm",
     rms_norm_triton,
     kernel_specs(True),
@@ -825,7 +826,7 @@ def _add_rms_bwd(dy, dres, h, w, rstd):
 
 add_rms_norm_triton = _kit.add_rms_norm_op("add_rms_norm_triton", _add_rms_fwd, _add_rms_bwd, triton=True)
 
-triton_support.register_triton(
+register_triton(
     "add_rms_norm",
     add_rms_norm_triton,
     kernel_specs(True),

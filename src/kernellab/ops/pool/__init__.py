@@ -21,8 +21,8 @@ import numbers
 
 import torch
 
-from kernellab import registry
-from kernellab.ops.spec import (
+from kernellab.core import registry
+from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
     Boundary,
@@ -33,17 +33,7 @@ from kernellab.ops.spec import (
     fuzz_nchw,
     make_tensor,
 )
-
-# Offsets are kept in int8: windows of up to 11 x 11 (121 offsets). Larger windows are
-# refused by the Triton and CUDA backends (manual and torch take any).
-MAX_KERNEL = 11
-
-
-def geometry(h: int, w: int, kernel_size, stride) -> tuple[int, int, int, int]:
-    """(k, s, P, Q) with the defaults applied."""
-    k = int(kernel_size)
-    s = k if stride is None else int(stride)
-    return k, s, (h - k) // s + 1, (w - k) // s + 1
+from kernellab.ops.pool.windows import MAX_KERNEL, geometry  # noqa: F401
 
 
 def max_pool2d_reference(x, kernel_size=2, stride=None):

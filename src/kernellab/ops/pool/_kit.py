@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernellab.ops.kit import OpDecl, build
-from kernellab.ops.pool import MAX_KERNEL, geometry
+from kernellab.core.kit import OpDecl, build
+from kernellab.ops.pool.windows import MAX_KERNEL, geometry
 
 
 def _fwd_fake(x, k, s):

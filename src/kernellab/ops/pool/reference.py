@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._baselines import compiled, register_baseline
-from kernellab.ops.pool import geometry
+from kernellab.ops.pool.windows import geometry
 
 
 def manual_max_pool2d(x, kernel_size=2, stride=None):

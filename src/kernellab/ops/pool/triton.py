@@ -15,7 +15,9 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops.pool import _kit, geometry
+from kernellab.ops._register import register_triton
+from kernellab.ops.pool import _kit
+from kernellab.ops.pool.windows import geometry
 
 BLOCK = 1024
 
@@ -113,7 +115,7 @@ def _kernel_specs(dtype: str):
     ]
 
 
-triton_support.register_triton(
+register_triton(
     "max_pool2d",
     max_pool2d_triton,
     _kernel_specs,

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from kernellab.ops.spec import FLOAT_DTYPES, check_dtype
+from kernellab.core.spec import FLOAT_DTYPES, check_dtype
 
 # --------------------------------------------------------------------------- validation
 

@@ -24,9 +24,9 @@ from collections import namedtuple
 
 import torch
 
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import FLOAT_DTYPES, BadInput, Boundary, OpSpec, define, fuzz_rows
 from kernellab.ops.reductions._kit import check_x
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, Boundary, OpSpec, define, fuzz_rows
 
 MaxResult = namedtuple("MaxResult", ["values", "indices"])
 

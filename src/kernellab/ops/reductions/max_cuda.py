@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
-from kernellab.cuda.elementwise import SUFFIX
-from kernellab.cuda.runtime import Module, _get_device, register_cuda
+from kernellab.cuda.runtime import Module, _get_device
+from kernellab.ops._elementwise_cuda import SUFFIX
+from kernellab.ops._register import register_cuda
 from kernellab.ops.reductions._kit import max_backends
 
 MODULE = Module(Path(__file__).with_name("max.cu"))

@@ -16,6 +16,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._register import register_triton
 from kernellab.ops.reductions._kit import max_backends
 
 MAX_BLOCK = 4096
@@ -101,7 +102,7 @@ def _kernel_specs(dtype: str, write_vals: bool = True):
 
 
 for _op, _fn, _vals in (("max", max_triton, True), ("argmax", argmax_triton, False)):
-    triton_support.register_triton(
+    register_triton(
         _op,
         _fn,
         lambda dtype, _v=_vals: _kernel_specs(dtype, _v),

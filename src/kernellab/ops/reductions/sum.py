@@ -26,9 +26,9 @@ import math
 
 import torch
 
-from kernellab import registry
+from kernellab.core import registry
+from kernellab.core.spec import FLOAT_DTYPES, BadInput, OpSpec, define, fuzz_same_shape, make_tensor
 from kernellab.ops.reductions._kit import check_x
-from kernellab.ops.spec import FLOAT_DTYPES, BadInput, OpSpec, define, fuzz_same_shape, make_tensor
 
 
 def sum_reference(x: torch.Tensor, dim=None) -> torch.Tensor:

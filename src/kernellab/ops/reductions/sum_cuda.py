@@ -13,14 +13,14 @@ from pathlib import Path
 
 import torch
 
-from kernellab.cuda.elementwise import SUFFIX
 from kernellab.cuda.runtime import (
     Module,
     _get_device,
     _raw_stream,
-    register_cuda,
     sm_count,
 )
+from kernellab.ops._elementwise_cuda import SUFFIX
+from kernellab.ops._register import register_cuda
 from kernellab.ops.reductions._kit import sum_backend
 
 MODULE = Module(Path(__file__).with_name("sum.cu"))

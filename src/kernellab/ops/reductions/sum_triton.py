@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._register import register_triton
 from kernellab.ops.reductions._kit import sum_backend
 
 BLOCK_ALL = 4096  # elements per load step of a program (8 warps: 16 fp32 per thread)
@@ -135,7 +136,7 @@ def _kernel_specs(dtype: str):
     ]
 
 
-triton_support.register_triton(
+register_triton(
     "sum",
     sum_triton,
     _kernel_specs,

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._elementwise import unary_op
+from kernellab.ops._register import register_triton
 
 
 @triton_support.jit
@@ -47,7 +48,7 @@ def _bwd(dy, x):
 
 
 relu_triton = unary_op("relu_triton", _fwd, _bwd, triton=True)
-triton_support.register_triton(
+register_triton(
     "relu",
     relu_triton,
     triton_support.streaming_kernels(_relu_fwd_kernel, _relu_bwd_kernel),

@@ -52,8 +52,8 @@ import math
 
 import torch
 
-from kernellab import registry
-from kernellab.ops.spec import (
+from kernellab.core import registry
+from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
     Boundary,
@@ -64,6 +64,7 @@ from kernellab.ops.spec import (
     fuzz_dim,
     make_tensor,
 )
+from kernellab.ops.rope.rotation import gather_cos_sin, rotate_every_two, rotate_half  # noqa: F401
 
 LAYOUTS = ("neox", "interleaved")
 OPTIONS = ("layout", "inplace")
@@ -321,26 +322,10 @@ validate.checks_layouts = True  # (layout_checking: every tensor's layout is che
 # --------------------------------------------------------------------------- reference
 
 
-def gather_cos_sin(q, cos, sin, position_ids):
-    """cos, sin as ``(B or 1, 1, S, R)`` (broadcast over heads): rows ``position_ids`` of
-    the tables, else the given rows."""
-    if position_ids is not None:
-        cos, sin = cos[position_ids], sin[position_ids]  # (B or 1, S, R)
-    if cos.dim() == 2:
-        return cos[None, None], sin[None, None]
-    return cos[:, None], sin[:, None]
 
 
-def rotate_half(x):
-    """Hugging Face's rotate_half: cat(-x2, x1) of the two halves of the last dim."""
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
-    return torch.cat((-x2, x1), dim=-1)
 
 
-def rotate_every_two(x):
-    """Hugging Face GPT-J's rotate_every_two: (x0, x1, x2, x3, ..) -> (-x1, x0, -x3, x2, ..)."""
-    x1, x2 = x[..., ::2], x[..., 1::2]
-    return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
 def rope_reference(q, k, cos, sin, position_ids=None, layout="neox", inplace=False):
@@ -484,10 +469,17 @@ def _unknown_option(device, dtype):
     return tuple(_args(device, dtype)), {"interleaved": True}
 
 
+def _key_of_shape(shape) -> tuple:
+    """The shape key of a problem shape: (B x S tokens, H_q, H_k, D, R), as a call's."""
+    b, h, hk, s, d, r = parse_problem(shape)
+    return (b * s, h, hk, d, r)
+
+
 SPEC = define(
     OpSpec(
         name="rope",
         arg_names=("q", "k", "cos", "sin", "position_ids"),
+        key_of_shape=_key_of_shape,
         reference=rope_reference,
         flops=_flops,
         bytes_moved=_bytes,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from kernellab.core.spec import upcast
 from kernellab.ops._baselines import compiled, register_baseline
-from kernellab.ops.rope import gather_cos_sin, rotate_every_two, rotate_half
-from kernellab.ops.spec import upcast
+from kernellab.ops.rope.rotation import gather_cos_sin, rotate_every_two, rotate_half
 
 
 def _rope_manual(q, k, cos, sin, position_ids=None, layout="neox"):

@@ -30,7 +30,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernellab import triton_support
-from kernellab.ops.kit import OpDecl, build
+from kernellab.core.kit import OpDecl, build
+from kernellab.ops._register import register_triton
 
 
 @triton.jit
@@ -284,7 +285,7 @@ def _kernel_specs(dtype: str):
     return [(_rope_kernel, sig, cx, 4)]
 
 
-triton_support.register_triton(
+register_triton(
     "rope",
     rope_triton,
     _kernel_specs,

@@ -16,8 +16,8 @@ import math
 
 import torch
 
-from kernellab import registry
-from kernellab.ops.spec import OpSpec, define, fuzz_rows
+from kernellab.core import registry
+from kernellab.core.spec import OpSpec, define, fuzz_rows
 
 
 def softmax_reference(x: torch.Tensor) -> torch.Tensor:

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import torch
 
-from kernellab.cuda.elementwise import SUFFIX
-from kernellab.cuda.runtime import Module, register_cuda
+from kernellab.cuda.runtime import Module
 from kernellab.ops._elementwise import unary_op
+from kernellab.ops._elementwise_cuda import SUFFIX
+from kernellab.ops._register import register_cuda
 
 MODULE = Module(Path(__file__).with_name("softmax.cu"))
 

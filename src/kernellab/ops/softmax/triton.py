@@ -21,6 +21,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._elementwise import unary_op
+from kernellab.ops._register import register_triton
 
 MAX_SINGLE = 8192  # widest row kept in one block (fp32: 32 KB of registers per row program)
 STREAM_BLOCK = 4096  # columns per step when streaming a longer row
@@ -227,6 +228,6 @@ def _kernel_specs(dtype: str):
     return [(_softmax_fwd_kernel, fwd, fcx, fwarps), (_softmax_bwd_kernel, bwd, dict(cx, F64=dtype == "fp32"), warps)]
 
 
-triton_support.register_triton(
+register_triton(
     "softmax", softmax_triton, _kernel_specs, "Triton: one program per row, online softmax for long rows"
 )

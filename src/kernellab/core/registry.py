@@ -13,14 +13,14 @@ a built-in one::
 from __future__ import annotations
 
 import contextlib
-
+import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
-from kernellab import tuning
+from kernellab.core import choice, shapes, tables
 
 # Backend names are ordered for display: the baselines, then ours, then numbered
 # teaching variants, then peers and user registrations.
@@ -107,7 +107,7 @@ class Impl:
     def _validator(self):
         spec = self._spec
         if spec is None:  # an Impl built by hand rather than through register()
-            from kernellab.ops.spec import get_spec
+            from kernellab.core.spec import get_spec
 
             spec = self._spec = get_spec(self.op)
         # a backend that takes a dtype the spec does not (the reference backends' float64)
@@ -139,7 +139,7 @@ def _sort_key(backend: str):
 def add_impl(impl: Impl, *, replace: bool = False) -> Impl:
     if not _BACKEND_RE.fullmatch(impl.backend):
         raise ValueError(f"backend name {impl.backend!r} must be an identifier (letters, digits, _)")
-    from kernellab.ops.spec import SPECS
+    from kernellab.core.spec import SPECS
 
     if impl.op not in SPECS:
         raise ValueError(f"unknown op {impl.op!r}; define its OpSpec first")
@@ -181,7 +181,7 @@ def register(
     The op must exist (its OpSpec defines inputs, reference and checks). A user's
     registration is checked and benchmarked like a built-in one.
     """
-    from kernellab.ops import spec as _spec
+    from kernellab.core import spec as _spec
 
     if op not in _spec.SPECS:
         _spec.load_all()
@@ -226,7 +226,7 @@ def unregister(op: str, backend: str) -> None:
 
 
 def impls(op: str | None = None) -> list[Impl]:
-    from kernellab.ops import spec as _spec
+    from kernellab.core import spec as _spec
 
     _spec.load_all()
     rows = [i for i in _TABLE.values() if op is None or i.op == op]
@@ -243,7 +243,7 @@ def get(op: str, backend: str) -> Impl:
     if not isinstance(backend, str):
         what = f"{type(backend).__name__} {backend!r}"
         raise TypeError(f"backend must be a backend name (str) or None, got {what}")
-    from kernellab.ops import spec as _spec
+    from kernellab.core import spec as _spec
 
     _spec.load_all()
     try:
@@ -254,7 +254,7 @@ def get(op: str, backend: str) -> Impl:
 
 
 def op_names() -> list[str]:
-    from kernellab.ops import spec as _spec
+    from kernellab.core import spec as _spec
 
     _spec.load_all()
     return sorted(_spec.SPECS)
@@ -334,9 +334,9 @@ _RECORD: list | None = None
 _RECORDED: set = set()  # (choice key, whether a backward follows) already in _RECORD
 
 # what ``call`` reads on every default call, bound once (module attribute lookups)
-_KEY_ARGS = tuning.KEY_ARGS
-_wants_grad = tuning.wants_grad
-_option_values = tuning.option_values
+_KEY_ARGS = shapes.KEY_ARGS
+_wants_grad = shapes.wants_grad
+_option_values = shapes.option_values
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -356,7 +356,7 @@ def recording_choices():
 
 def call(op: str, backend: str | None, *args, **kwargs):
     """Run ``op`` with ``backend``. None: the default for these arguments on the device of
-    the first tensor (``kernellab.tuning``): the tuning table's choice for the nearest
+    the first tensor (``core.choice``): the tuning table's choice for the nearest
     measured shape where this GPU model (or one of its architecture) has a table, else the
     op's preferred backend usable there; and where that backend refuses the input with a
     ValueError that PyTorch's op accepts, PyTorch's op (attention with head dim 100 is
@@ -424,11 +424,11 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
     if pick.__class__ is _Trusted:  # (recording: every call comes here)
         pick = pick.pick()
     elif pick is None:
-        fwd = get(op, tuning.choose(op, args, dev, "fwd", kwargs)[0])
+        fwd = get(op, choose(op, args, dev, "fwd", kwargs)[0])
         # an op timed forward only (argmax: no gradient) has no forward+backward rows: its
         # forward choice serves a call with gradients on too (not the heuristic's)
         modes = getattr(fwd._spec, "modes", ("fwdbwd",))
-        both = get(op, tuning.choose(op, args, dev, "fwdbwd", kwargs)[0]) if "fwdbwd" in modes else fwd
+        both = get(op, choose(op, args, dev, "fwdbwd", kwargs)[0]) if "fwdbwd" in modes else fwd
         pick = fwd if fwd is both else (fwd, both)
         if ck is not None:
             if len(_CHOSEN) >= _CHOSEN_MAX:
@@ -436,7 +436,7 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
             _CHOSEN[ck] = pick
     impl = pick if pick.__class__ is Impl else pick[wants]
     if _RECORD is not None and (ck is None or (ck, wants) not in _RECORDED):
-        name, why = tuning.choose(op, args, dev, None, kwargs)
+        name, why = choose(op, args, dev, None, kwargs)
         _RECORD.append({"op": op, "shape": tuple(getattr(x, "shape", ())), "fwdbwd": wants,
                         "backend": name, "why": why})  # fmt: skip
         if ck is not None:
@@ -498,12 +498,73 @@ def _fall_back(op: str, impl: Impl, refusal: ValueError, args, kwargs):
 def _forget_choices() -> None:
     """A backend came or went, or a table changed: cached choices may name the wrong one."""
     _CHOSEN.clear()
-    tuning._CHOICES.clear()
+    _CHOICES.clear()
+    _USABLE.clear()
+
+
+def clear_cache() -> None:
+    """Forget loaded tables and every cached choice (after ``tune`` writes, in tests)."""
+    tables.clear()
+    _forget_choices()
+
+
+# --------------------------------------------------------------------------- the choice
+
+# (op, device, dtype, mode, key, options, by, among) -> (backend, why)
+_CHOICES: dict[tuple, tuple[str, str]] = {}
+# (op, device) -> the backends of op registered and runnable on device
+_USABLE: dict[tuple[str, str], frozenset] = {}
+
+
+def usable(op: str, device: str) -> frozenset:
+    """The backends of ``op`` registered here that run on ``device``."""
+    got = _USABLE.get((op, device))
+    if got is None:
+        got = frozenset(b for (o, b), impl in _TABLE.items() if o == op and impl.why_unavailable(device) is None)
+        _USABLE[(op, device)] = got
+    return got
+
+
+def choose(op: str, args, dev: str, mode: str | None = None, kwargs=None) -> tuple[str, str]:
+    """(backend, why) ``backend=None`` picks for a call of ``op`` with ``args`` (and
+    ``kwargs``) on device type ``dev``; ``mode`` "fwd" or "fwdbwd" (None: fwdbwd when a
+    tensor argument requires grad)."""
+    x = args[0] if args else None
+    if mode is None:
+        mode = "fwdbwd" if _wants_grad(args) else "fwd"
+    opts = shapes.option_key(op, kwargs or {})
+    return choose_key(op, shapes.shape_key(op, args), getattr(x, "dtype", None), dev, mode, opts)
+
+
+def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = "", by: str = "call",
+               among=None) -> tuple[str, str]:  # fmt: skip
+    """``choose`` from a shape key (``core.shapes``), a dtype and the ``option_key`` of the
+    call: ``core.choice.choose`` given this GPU model's table, the backends usable on
+    ``dev`` and the op's preference (``by`` and ``among``: see there); cached."""
+    from kernellab.core.spec import dtype_name, get_spec
+
+    if by not in ("call", "device"):
+        raise ValueError(f"by: 'call' or 'device', got {by!r}")
+    among = tuple(among) if among is not None else None
+    ck = (op, dev, dtype, mode, key, options, by, among)
+    hit = _CHOICES.get(ck)
+    if hit is not None:
+        return hit
+    gpu = tables.gpu_of(dev)
+    table = tables.load_table(gpu)
+    rule = get_spec(op).small_backend  # (a host-cost rule: for standalone calls only)
+    small = rule(key) if rule is not None and key is not None else None
+    dn = dtype_name(dtype) if dtype is not None else None
+    out = choice.choose(table, os.path.basename(tables.table_path(gpu)), op, key, dn, mode, options,
+                        usable=usable(op, dev), preferred=default_backend(op, dev), small=small, by=by,
+                        among=among)  # fmt: skip
+    _CHOICES[ck] = out
+    return out
 
 
 def default_backend(op: str, device: str | None = None) -> str:
     """The first of the op's preferred backends that runs on ``device``."""
-    from kernellab.ops.spec import get_spec
+    from kernellab.core.spec import get_spec
 
     return _first_usable(op, get_spec(op).default_backends, device) or "torch"
 
@@ -527,7 +588,7 @@ def compiled_backend(op: str, device: str | None = None) -> str:
     CUDA backends), its host cost on every call of every step; so a compiled model that
     names no backend runs at least as fast as the same model without kernellab. A backend
     is declared here only where a compiled step with it measured faster."""
-    from kernellab.ops.spec import get_spec
+    from kernellab.core.spec import get_spec
 
     return _first_usable(op, get_spec(op).compiled_backends, device) or default_backend(op, device)
 

@@ -344,6 +344,9 @@ class OpSpec:
     # near, before default_backends (e.g. a launch-bound size where PyTorch's few kernels
     # cost less host time than a fused runner's many); None: default_backends decide
     small_backend: Callable | None = None
+    # problem shape -> shape key (core.shapes.key_of_shape) where the op's problem shape is
+    # not read like its kind's (rope's (B, H, H_k, S, D, R)); None: the generic rule
+    key_of_shape: Callable | None = None
     doc: str = ""
     extra_bad_inputs: list = field(default_factory=list)
     metric: str = "gbps"  # which ceiling the op lives under: gbps (memory) or tflops

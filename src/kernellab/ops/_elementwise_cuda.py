@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from kernellab.cuda.runtime import Module, _get_device, register_cuda, sm_count
+from kernellab.cuda.runtime import Module, _get_device, sm_count
+from kernellab.ops._register import register_cuda
 
 SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS = 256

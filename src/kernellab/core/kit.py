@@ -35,7 +35,6 @@ shown to the user. With several, the user gets a tuple, and ``bwd_args`` and
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -96,7 +95,6 @@ def _use_triton_op(decl: OpDecl) -> bool:
     return (
         decl.triton
         and not _device.triton_interpreted()
-        and os.environ.get("KERNELLAB_TRITON_OP", "1") != "0"
         and hasattr(torch.library, "triton_op")
     )
 

@@ -1,0 +1,193 @@
+"""The choice ``backend=None`` makes, as a pure function: a tuning table's rows, the
+backends usable here and the op's preference in, (backend, why) out.
+
+``choose`` reads no file, no device and no registry: ``core.registry`` gathers what it
+needs (the table of this GPU model from ``core.tables``, the backends registered and
+runnable on the device, the op's preferred backend and its small-size rule) and caches
+the answer per call shape.
+
+- The row of the nearest shape (same op, dtype, mode and option key; distance = summed
+  |log2| ratios of the dims, infinite across alignment classes) names the backend when it
+  lies within ``NEAR``; a 16-bit call with no rows of its dtype reads a sibling dtype's
+  (``SIBLING_DTYPES``).
+- No row near: the backend that won a strict majority of the op's rows (``_table_vote``),
+  else the one nearest the best over them by geometric mean.
+- No table or no evidence: the op's small-size rule, else its preferred backend.
+- ``pick_best``: a row's winner from its backends' effective and device times (``tune``
+  writes it; ``by="call"`` reads it back).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def _distance(a, b) -> float:
+    """Summed |log2| ratios of the dims; infinite across alignment classes (a dim that is a
+    multiple of 8 in one key and not in the other): libraries choose other kernels for
+    odd sizes (cuBLAS at 4097x4095x1023 is slower than our CUDA matmul, at 1024x3072x768
+    it is the fastest), so an odd row does not speak for an aligned call, nor the reverse."""
+    if len(a) != len(b) or any((x % 8 == 0) != (y % 8 == 0) for x, y in zip(a, b)):
+        return math.inf
+    return sum(abs(math.log2(max(x, 1)) - math.log2(max(y, 1))) for x, y in zip(a, b))
+
+
+NEAR = 4.0  # a row this far (summed log2 ratios: 16x in one dim) or nearer is used
+
+
+def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mode: str, options: str, *,
+           usable, preferred: str, small: str | None = None, by: str = "call",
+           among=None) -> tuple[str, str]:  # fmt: skip
+    """(backend, why) for a call of ``op`` with shape key ``key`` in dtype ``dn`` (a dtype
+    name) and ``mode``, from ``table`` (None: no table; ``table_name`` names it in the
+    why). ``usable``: the backends that run here (a container of names); ``preferred``:
+    the op's first usable preferred backend; ``small``: the op's backend for a problem of
+    this size (``OpSpec.small_backend``), or None.
+
+    ``by="call"``: the row's choice for a standalone call (the larger of device and loop
+    time). ``by="device"``: the fastest by device time alone, for a call whose host cost
+    is paid elsewhere (inside a CUDA graph, a compiled graph, or a model that runs several
+    ops under one autograd node); ``among`` limits the backends considered (e.g. those
+    with node-free entry points). Rows written before device times were kept fall back to
+    their effective times."""
+    if by not in ("call", "device"):
+        raise ValueError(f"by: 'call' or 'device', got {by!r}")
+    out = None
+    if table is not None and key is not None and dn is not None:
+        dn, src = _row_dtype(table, op, dn, mode, options)
+        best = None
+        for row in _rows(table, op, dn, mode, options):
+            dist = _distance(tuple(row["key"]), key)
+            if best is None or dist < best[0]:
+                best = (dist, row)
+        if best is not None and best[0] <= NEAR:
+            row = best[1]
+            times = row.get("device") if by == "device" and row.get("device") else row["times"]
+            metric = "device time" if times is not row["times"] else "the larger of device and loop time"
+            if by == "device" or among is not None:
+                avail = {b: t for b, t in times.items() if (among is None or b in among) and b in usable}
+                pick = min(avail, key=avail.get) if avail else None
+            else:
+                pick = row["best"]
+            if pick is not None and pick in usable:
+                out = (
+                    pick,
+                    f"table {table_name}: nearest row {row['shape']}"
+                    + (f" {options}" if options else "")
+                    + src
+                    + (
+                        f" (a row of {row['measured_on']}'s table, same architecture)"
+                        if row.get("measured_on")
+                        else ""
+                    )
+                    + " "
+                    f"(distance {best[0]:.2f}): {pick} was fastest there "
+                    f"({times[pick]:.4g} ms by {metric}; "
+                    + ", ".join(f"{b} {t:.4g}" for b, t in times.items() if b != pick)
+                    + ")",
+                )
+        if out is None and by == "call" and among is None:
+            out = _table_vote(table, table_name, op, dn, mode, options, usable)
+            if out is not None and src:
+                out = (out[0], out[1] + src)
+    if out is None:
+        why = "no tuning table for this device" if table is None else "no table row near this shape"
+        if small is not None and key is not None and by == "call" and among is None and small in usable:
+            out = (small, f"heuristic ({why}): the op's backend for a problem of this size "
+                          "(OpSpec.small_backend)")  # fmt: skip
+        else:
+            out = (preferred, f"heuristic ({why}): first available of the op's preferred backends")
+    return out
+
+
+# Where the table has no row of a 16-bit call's dtype for the op and mode, the rows of these
+# dtypes speak for it, in this order: the same kernels run with the same bytes moved (fp16 and
+# bf16), or the same shapes with twice the bytes (fp32: the MNIST ops were tuned in fp32 only).
+# Without them the op's fixed preference list chooses, blind to fp32 rows near the shape that
+# name a faster backend. fp32 calls borrow no 16-bit rows: their kernels differ (TF32, fp32
+# dots).
+SIBLING_DTYPES = {"fp16": ("bf16", "fp32"), "bf16": ("fp16", "fp32")}
+
+
+def _row_dtype(table, op, dn, mode, options) -> tuple[str, str]:
+    """(dtype whose rows serve a call of dtype ``dn``, a note for the reason when it is not
+    ``dn`` itself); ``dn`` when no dtype has rows."""
+    for alt in (dn, *SIBLING_DTYPES.get(dn, ())):
+        if next(_rows(table, op, alt, mode, options), None) is not None:
+            return alt, "" if alt == dn else f" (the table has no {op} {dn} {mode} rows: its {alt} rows)"
+    return dn, ""
+
+
+def _rows(table, op, dn, mode, options):
+    """The table's rows of ``op`` in dtype ``dn`` and ``mode`` for a call's option key (a
+    row without "options" serves every option set)."""
+    for row in table["rows"]:
+        if (row.get("op") == op and row.get("dtype") == dn and row.get("mode") == mode
+                and row.get("options", options) == options):  # fmt: skip
+            yield row
+
+
+VOTE_MIN_ROWS = 3  # rows of an op / dtype / mode before they speak for far shapes
+# Without a majority, the backend nearest the best on average speaks only when its geometric
+# mean of time over each row's best leads the next backend's by more than this
+NEAREST_LEAD = 0.01
+
+
+def _table_vote(table, table_name, op, dn, mode, options, usable):
+    """(backend, why) for a shape no row is near: the backend this GPU's table found fastest
+    at the most shapes of the op, dtype and mode, or None where the table has no such row.
+    The op's fixed preference list knows nothing of the GPU, so at far shapes it can name a
+    backend the table found slower at most rows. A strict majority of at least VOTE_MIN_ROWS
+    rows speaks; without one, the backend timed at every row whose time over each row's best
+    has the least geometric mean (NEAREST_LEAD ahead of the next)."""
+    wins, ratios, n_rows = {}, {}, 0
+    for row in _rows(table, op, dn, mode, options):
+        n_rows += 1
+        wins[row["best"]] = wins.get(row["best"], 0) + 1
+        best_t = min(row["times"].values())
+        for b, t in row["times"].items():
+            if best_t > 0 and t > 0:
+                ratios.setdefault(b, []).append(math.log(t / best_t))
+    if n_rows < VOTE_MIN_ROWS:
+        return None  # too few rows: no evidence for this GPU
+    where = f"table {table_name}: no row near this shape; "
+    ok = [b for b in wins if b in usable]
+    if ok:
+        pick = max(ok, key=wins.get)
+        if 2 * wins[pick] > n_rows:
+            return pick, where + f"{pick} was fastest at {wins[pick]} of its {n_rows} {op} {dn} {mode} rows"
+    # no majority: the geometric mean over the rows, among backends timed at every one (a
+    # row made from a verify run times only torch and its choice: rows_from_verify)
+    gm = {b: math.exp(sum(r) / len(r)) for b, r in ratios.items() if len(r) == n_rows and b in usable}
+    if not gm:
+        return None
+    ranked = sorted(gm, key=gm.get)
+    pick = ranked[0]
+    if len(ranked) > 1 and gm[ranked[1]] <= gm[pick] * (1 + NEAREST_LEAD):
+        return None  # no backend is nearer the best than the others: no evidence either way
+    head = where + f"no backend won most of its {n_rows} {op} {dn} {mode} rows; "
+    mean = f"geometric mean of its time over each row's best {gm[pick]:.2f}"
+    if len(ranked) == 1:  # rows from a verify run: torch is the one backend every row timed
+        return pick, head + f"{pick} is the only backend timed at every one of them ({mean})"
+    others = ", ".join(f"{b} {gm[b]:.2f}" for b in ranked[1:])
+    return pick, head + f"{pick} was nearest the best over them ({mean}; {others})"
+
+
+# Loop times of launch-bound calls move by 10-30% between runs on one host, so a
+# loop-time lead this small is noise; device time is stable to a few percent, and it is
+# what a call inside a CUDA graph or a compiled graph costs.
+TIE = 0.05
+# Device times this close are the same kernel speed (the median of one run moves ~1%); among
+# them the larger of device and loop time decides: a launcher with more host cost loses
+# its plain-loop calls even with the faster kernel.
+DEVICE_TIE = 0.01
+
+
+def pick_best(times: dict, device: dict) -> str:
+    """The table's choice from per-backend effective and device times (see TIE, DEVICE_TIE)."""
+    first = min(times, key=times.get)
+    close = [b for b, t in times.items() if t <= times[first] * (1 + TIE) and b in device]
+    if not close:
+        return first
+    fastest = min(device[b] for b in close)
+    return min((b for b in close if device[b] <= fastest * (1 + DEVICE_TIE)), key=times.get)
