@@ -1,0 +1,110 @@
+"""The dispatch core's contracts on the CPU: the choice is a pure function of the rows and
+the usable backends, the one registration helper, and ``kernellab.config``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import kernellab
+from kernellab.core import choice
+from kernellab.ops import _register
+from kernellab.options import Config
+
+ROW = {"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": [4096], "key": [4096], "best": "triton",
+       "times": {"triton": 0.010, "torch": 0.020, "cuda": 0.015},
+       "device": {"triton": 0.008, "torch": 0.019, "cuda": 0.005}}  # fmt: skip
+TABLE = {"gpu": "X", "rows": [ROW]}
+
+
+def _choose(table=TABLE, key=(4096,), dn="bf16", usable=("torch", "triton", "cuda"), **kw):
+    kw.setdefault("preferred", "torch")
+    return choice.choose(table, "X.json", "gelu", key, dn, "fwd", "", usable=frozenset(usable), **kw)
+
+
+def test_the_nearest_rows_best_when_it_is_usable():
+    backend, why = _choose()
+    assert backend == "triton" and "X.json" in why and "nearest row [4096]" in why
+    assert _choose(key=(8192,))[0] == "triton"  # one doubling away: near enough
+
+
+def test_by_device_picks_the_least_device_time_among_the_allowed():
+    assert _choose(by="device")[0] == "cuda"
+    assert _choose(by="device", among=("torch", "triton"))[0] == "triton"
+    assert _choose(by="device", usable=("torch", "triton"))[0] == "triton"
+
+
+def test_without_a_usable_row_the_small_rule_then_the_preference_decide():
+    assert _choose(usable=("torch", "cuda"))[0] == "torch"  # the row's best is not usable here
+    assert _choose(table=None, small="cuda")[0] == "cuda"
+    backend, why = _choose(table=None, small="triton", usable=("torch",))
+    assert backend == "torch" and why.startswith("heuristic (no tuning table")
+    assert _choose(key=(2**30,))[1].startswith("heuristic (no table row near")
+
+
+def test_a_16_bit_call_reads_a_sibling_dtypes_rows():
+    backend, why = _choose(dn="fp16")
+    assert backend == "triton" and "its bf16 rows" in why
+    assert _choose(dn="fp32")[1].startswith("heuristic")  # fp32 borrows no 16-bit rows
+
+
+def test_the_choice_is_pure():
+    # the same inputs give the same answer, and nothing it is given is changed
+    import copy
+
+    before = copy.deepcopy(TABLE)
+    assert _choose() == _choose()
+    assert TABLE == before
+    with pytest.raises(ValueError, match="by: 'call' or 'device'"):
+        _choose(by="fast")
+
+
+def test_the_registration_helper_takes_exactly_one_kind():
+    with pytest.raises(ValueError, match="gelu/mine: give triton_kernels .* or module"):
+        _register.register_builtin("gelu", "mine", lambda x: x, "neither")
+    with pytest.raises(ValueError, match="gelu/mine"):
+        _register.register_builtin("gelu", "mine", lambda x: x, "both", triton_kernels=lambda d: [], module=object())
+    assert ("gelu", "mine") not in kernellab.registry._TABLE
+
+
+def test_config_reads_its_variable_at_first_use_and_keeps_it(monkeypatch):
+    cfg = Config()
+    monkeypatch.setenv("KERNELLAB_ATTN_AUTOTUNE", "0")
+    assert cfg.attn_autotune is False
+    monkeypatch.setenv("KERNELLAB_ATTN_AUTOTUNE", "1")
+    assert cfg.attn_autotune is False  # kept
+    cfg.reset("attn_autotune")
+    assert cfg.attn_autotune is True  # read again
+    monkeypatch.delenv("KERNELLAB_CHECK_TARGETS", raising=False)
+    assert cfg.check_targets is False  # the default
+    with cfg.override(check_targets=True, attn_ws="0"):
+        assert cfg.check_targets is True and cfg.attn_ws == "0"
+    assert cfg.check_targets is False and cfg.attn_ws == "1"
+
+
+def test_config_refuses_unknown_options_and_wrong_types():
+    cfg = Config()
+    with pytest.raises(AttributeError, match="no option 'autotune'; options: attn_autotune"):
+        cfg.autotune = False
+    with pytest.raises(AttributeError, match="no option 'nope'"):
+        cfg.nope  # noqa: B018
+    with pytest.raises(TypeError, match="kernellab.config.attn_autotune: expected bool, got 'no'"):
+        cfg.attn_autotune = "no"
+    with pytest.raises(AttributeError, match="no option 'x'"):
+        cfg.reset("x")
+
+
+def test_importing_kernellab_reads_no_switch_and_setting_one_later_works():
+    # The variable set after `import kernellab`, before the first use, still takes effect.
+    code = (
+        "import os, kernellab\n"
+        "os.environ['KERNELLAB_CHECK_TARGETS'] = '1'\n"
+        "print(kernellab.config.check_targets)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNELLAB_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"
