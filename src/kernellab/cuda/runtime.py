@@ -511,6 +511,10 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# The suffix of a templated kernel's instance for each dtype (``gelu_f32``, ``softmax_bf16``):
+# how the .cu files name their explicit instantiations.
+DTYPE_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
 @functools.cache
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
+from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, _get_device, sm_count
 from kernellab.ops._register import register_cuda
 
-SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS = 256
 UNROLL = {1: 4, 2: 2}  # packs per thread for 1 and 2 inputs: kl::UNROLL, kl::UNROLL2
 

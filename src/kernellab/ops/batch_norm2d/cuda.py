@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
+from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, sm_count
 from kernellab.ops._register import register_cuda
 from kernellab.ops.batch_norm2d import _kit
 
 MODULE = Module(Path(__file__).with_name("batch_norm2d.cu"))
-SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS = 256  # batch_norm2d.cu's THREADS
 # Blocks per SM the grid aims at (C * split ~ this x SMs): 8 x 256 threads fill an SM's
 # 2048 thread slots (see the .cu file for the bytes in flight); a first guess, not tuned.

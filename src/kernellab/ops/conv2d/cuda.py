@@ -23,13 +23,13 @@ from pathlib import Path
 import torch
 
 from kernellab.core.registry import register
+from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, nvrtc_unavailable, sm_count
 from kernellab.ops._register import register_cuda
 from kernellab.ops.conv2d import _kit
 from kernellab.ops.conv2d.geometry import out_size
 
 MODULE = Module(Path(__file__).with_name("conv2d.cu"))
-SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _GEOM = ("i32",) * 13
 BM = BN = 64  # conv2d.cu's kBM, kBN
 BK = 16  # kBK

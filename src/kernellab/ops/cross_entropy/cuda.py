@@ -11,12 +11,12 @@ from pathlib import Path
 
 import torch
 
+from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, _get_device
 from kernellab.ops._register import register_cuda
 from kernellab.ops.cross_entropy._fused import fused_backend, lse_rows
 
 MODULE = Module(Path(__file__).with_name("cross_entropy.cu"))
-SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS_V1 = 256
 THREADS = 256  # v2: 8 blocks (rows) per SM, 4 x 16 B in flight per thread
 FWD_SIG = ("ptr", "ptr", "ptr", "ptr", "i64", "i64")  # x, t, loss, lse, V, ii

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from kernellab.core.registry import register
+from kernellab.cuda.runtime import DTYPE_SUFFIX as _SUFFIX
 from kernellab.cuda.runtime import Module, nvrtc_unavailable
 from kernellab.device import is_sm90
 from kernellab.ops.matmul._autograd import matmul_op
@@ -34,7 +35,6 @@ MODULE.asm_aliases = {"cuda": ("cuda_v7", "cuda_v9")}  # `kernellab asm matmul -
 MODULE_SM90 = Module(Path(__file__).with_name("matmul_sm90.cu"), archs=("sm_90a",))
 _FP32 = (torch.float32,)
 _HALF = (torch.float16, torch.bfloat16)
-_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 def _cdiv(a: int, b: int) -> int:

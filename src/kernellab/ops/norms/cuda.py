@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 
+from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, sm_count
 from kernellab.ops._register import register_cuda
 from kernellab.ops.norms import _kit
 
 MODULE = Module(Path(__file__).with_name("norms.cu"))
-SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 V1_THREADS = 256
 V2_THREADS = 256  # norms.cu's __launch_bounds__ for v2
 V2_MAX_PACKS = 8 * 256  # P = 8 packs per thread, 256 threads per row

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import torch
 
+from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module
 from kernellab.ops._register import register_cuda
 from kernellab.ops.pool import _kit
 from kernellab.ops.pool.windows import geometry
 
 MODULE = Module(Path(__file__).with_name("pool.cu"))
-SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 THREADS = 256
 _SIG = ("ptr",) * 3 + ("i64",) + ("i32",) * 6
 _KERNELS: dict = {}
