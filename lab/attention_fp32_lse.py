@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 import kernellab.ops.attention as A
+from kernellab.ops.attention import args as AA
 from kernellab.harness.compare import judge
 from kernellab.ops.attention import triton as tri
 
@@ -63,7 +64,7 @@ def _grads(form, q, k, v, dy, causal, scale, window):
 
 def _errors(shape, causal, window, scale, seed, dev):
     q, k, v = A.SPEC.make_inputs(shape, torch.float32, dev, seed)
-    scale = A.resolve_scale(q, scale)
+    scale = AA.resolve_scale(q, scale)
     opts = {"causal": causal, "scale": scale, **({"window": window} if window else {})}
     a64 = [t.double().requires_grad_() for t in (q, k, v)]
     ref = A.SPEC.reference(*a64, **opts)

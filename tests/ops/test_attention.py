@@ -16,6 +16,7 @@ import torch
 
 import kernellab
 import kernellab.ops.attention as A  # registers the op and its backends
+from kernellab.ops.attention import args as AA
 from kernellab.harness.compare import judge
 from kltest import cpu_backends, cuda_backends, dtype_id, seed_for
 
@@ -367,11 +368,11 @@ def test_cpu_window_and_softcap_bf16_triton():
 def test_window_semantics():
     """The window is FlashAttention's: bottom-right aligned like causal, -1 unbounded,
     causal forcing the right bound to 0; (-1, -1) and causal-without-left are no window."""
-    m = A.allowed_mask(4, 6, False, (1, 0), "cpu")  # query i sees keys i + 2 - 1 .. i + 2
+    m = AA.allowed_mask(4, 6, False, (1, 0), "cpu")  # query i sees keys i + 2 - 1 .. i + 2
     assert m.tolist()[0] == [False, True, True, False, False, False]
-    assert torch.equal(A.allowed_mask(4, 6, True, (-1, 5), "cpu"), A.causal_allowed(4, 6, "cpu"))
-    assert A.allowed_mask(4, 6, False, (-1, -1), "cpu") is None
-    assert torch.equal(A.allowed_mask(4, 6, True, (2, 3), "cpu"), A.allowed_mask(4, 6, False, (2, 0), "cpu"))
+    assert torch.equal(AA.allowed_mask(4, 6, True, (-1, 5), "cpu"), AA.causal_allowed(4, 6, "cpu"))
+    assert AA.allowed_mask(4, 6, False, (-1, -1), "cpu") is None
+    assert torch.equal(AA.allowed_mask(4, 6, True, (2, 3), "cpu"), AA.allowed_mask(4, 6, False, (2, 0), "cpu"))
     # softcap: scores capped before the softmax
     q, k, v = SPEC.make_inputs((1, 1, 5, 7, 16), torch.float64, "cpu", 1)
     s = 4.0 * torch.tanh(q @ k.transpose(-1, -2) * 0.25 / 4.0)
@@ -471,9 +472,9 @@ def _check_saved_lse(backend, shape, dtype, device, causal):
     assert torch.equal(saved[0], q) and torch.equal(saved[3], o)
     lse = saved[4]
     assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32, (tuple(lse.shape), lse.dtype)
-    ke, _ = A.expand_kv(q, k, v)
+    ke, _ = AA.expand_kv(q, k, v)
     s = (q.double() @ ke.double().transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    allowed = A.allowed_mask(q.shape[-2], k.shape[-2], causal, None, device)
+    allowed = AA.allowed_mask(q.shape[-2], k.shape[-2], causal, None, device)
     if allowed is not None:
         s = s.masked_fill(~allowed, float("-inf"))
     expect = s.logsumexp(-1)
@@ -587,7 +588,7 @@ def test_cpu_triton_launchers_take_a_negative_scale(dtype):
     q, k, v = SPEC.make_inputs((1, 2, 21, 26, 32), dtype, "cpu", 11)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(12)).to(dtype)
     a64 = [t.double().requires_grad_() for t in (q, k, v)]
-    allowed = A.causal_allowed(21, 26, "cpu")
+    allowed = AA.causal_allowed(21, 26, "cpu")
     s = (a64[0] @ a64[1].transpose(-1, -2) * -0.3).masked_fill(~allowed, float("-inf"))
     ref = torch.softmax(s, -1) @ a64[2]
     grads = torch.autograd.grad(ref, a64, do.double())

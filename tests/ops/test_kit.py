@@ -82,7 +82,7 @@ def test_triton_matmul_supports_double_backward(activation):
     """The matmul's second derivative is cheap and exact: a gradient penalty through
     kernellab.matmul(backend="triton") matches PyTorch's (the backward's matmuls go through
     the custom op, whose autograd is registered)."""
-    from kernellab.ops.matmul import apply_epilogue
+    from kernellab.ops.matmul.epilogue import apply_epilogue
 
     def penalty(mm, a, b, bias):
         (ga,) = torch.autograd.grad(mm(a, b, bias).square().sum(), a, create_graph=True)

@@ -83,19 +83,6 @@ from kernellab.core.spec import (
     make_tensor,
     runs_on,
 )
-from kernellab.ops.attention.args import (  # noqa: F401
-    allowed_mask,
-    causal_allowed,
-    check_dtype,
-    check_head_dim,
-    expand_kv,
-    has_softcap,
-    is_gqa,
-    refuse_gqa,
-    refuse_options,
-    resolve_scale,
-    window_bounds,
-)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OPTIONS = ("causal", "scale", "window", "softcap")

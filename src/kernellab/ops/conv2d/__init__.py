@@ -35,7 +35,7 @@ from kernellab.core.spec import (
     fuzz_nchw,
     make_tensor,
 )
-from kernellab.ops.conv2d.geometry import as_pair, out_size  # noqa: F401
+from kernellab.ops.conv2d.geometry import as_pair, out_size
 
 # --------------------------------------------------------------------------- geometry
 

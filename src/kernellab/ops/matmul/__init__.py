@@ -32,7 +32,7 @@ from kernellab.core.spec import (
     make_tensor,
     runs_on,
 )
-from kernellab.ops.matmul.epilogue import apply_epilogue  # noqa: F401
+from kernellab.ops.matmul.epilogue import apply_epilogue
 
 ACTIVATIONS = (None, "relu", "gelu")
 _GELU_K = 0.7978845608028654

@@ -33,7 +33,7 @@ from kernellab.core.spec import (
     fuzz_nchw,
     make_tensor,
 )
-from kernellab.ops.pool.windows import MAX_KERNEL, geometry  # noqa: F401
+from kernellab.ops.pool.windows import geometry
 
 
 def max_pool2d_reference(x, kernel_size=2, stride=None):

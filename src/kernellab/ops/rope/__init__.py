@@ -64,7 +64,7 @@ from kernellab.core.spec import (
     fuzz_dim,
     make_tensor,
 )
-from kernellab.ops.rope.rotation import gather_cos_sin, rotate_every_two, rotate_half  # noqa: F401
+from kernellab.ops.rope.rotation import gather_cos_sin, rotate_every_two, rotate_half
 
 LAYOUTS = ("neox", "interleaved")
 OPTIONS = ("layout", "inplace")
