@@ -513,6 +513,9 @@ def cmd_info(args) -> int:
     why = nvrtc_unavailable()
     d["nvrtc"] = nvrtc_version() if why is None else f"unavailable: {why}"
     d["cuda_headers"] = list(include_dirs())
+    from kernellab.options import config
+
+    d["config"] = config.as_dict()  # the process-wide switches (kernellab.config), as set now
     console.print_json(json.dumps(d))
     return 0
 

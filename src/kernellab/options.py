@@ -85,6 +85,10 @@ class Config:
                 else:
                     self.__dict__[n] = v
 
+    def as_dict(self) -> dict:
+        """Every option's value now (reading the unread ones' variables)."""
+        return {n: getattr(self, n) for n in _OPTIONS}
+
     def __repr__(self) -> str:
         return "kernellab.config(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in _OPTIONS) + ")"
 
