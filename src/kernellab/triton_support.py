@@ -109,7 +109,7 @@ def streaming_kernels(*kernels):
 # Under torch.compile (FakeTensor / FunctionalTensor arguments inside a triton_op) the
 # call goes through ``torch.library.wrap_triton``, so Inductor sees the kernel and
 # launches it from its generated code. Under the interpreter (CPU) ``jit`` is plain
-# ``triton.jit``. ``KERNELLAB_TRITON_LAUNCH=jit`` turns the lean path off (comparisons).
+# ``triton.jit``. ``kernellab.config.triton_launch`` "jit" turns the lean path off (comparisons).
 
 _REAL_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _INT32 = (-(2**31), 2**31)

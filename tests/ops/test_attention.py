@@ -1191,7 +1191,7 @@ def test_gpu_warp_specialized_backward(causal, layout, monkeypatch):
     b, h, s, d = 1, 4, 2048, 128
     q, k, v, do = _ws_bwd_inputs(b, h, s, d, torch.bfloat16, layout, "cuda")
     scale = d**-0.5
-    mode = "1" if layout == "contiguous" else "views"  # (column-offset views: opt-in, see _WS_BWD_MODE)
+    mode = "1" if layout == "contiguous" else "views"  # (column-offset views: opt-in, kernellab.config.attn_ws_bwd)
     monkeypatch.setattr(kernellab.config, "attn_ws_bwd", mode)
     assert at._ws_bwd_fits(q, k, v, do, causal, 1, False, 0, d, scale * at.LOG2E, s, s, False)
     o, lse = at.forward(q, k, v, causal, scale)

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kernellab import device as _dev
 from kernellab.core import choice, shapes, tables
+from kernellab.core import spec as _spec
 
 # Backend names are ordered for display: the baselines, then ours, then numbered
 # teaching variants, then peers and user registrations.
@@ -76,8 +78,6 @@ class Impl:
 
     def why_unavailable(self, device: str | None = None) -> str | None:
         """None if this impl can run on ``device`` (default: the best device here)."""
-        from kernellab import device as _dev
-
         device = device or _dev.default_device()
         if self.available is not None:
             reason = self.available()
@@ -107,9 +107,7 @@ class Impl:
     def _validator(self):
         spec = self._spec
         if spec is None:  # an Impl built by hand rather than through register()
-            from kernellab.core.spec import get_spec
-
-            spec = self._spec = get_spec(self.op)
+            spec = self._spec = _spec.get_spec(self.op)
         # a backend that takes a dtype the spec does not (the reference backends' float64)
         # validates against its own list
         wider = self.dtypes is not None and any(d not in spec.dtypes for d in self.dtypes)
@@ -139,11 +137,9 @@ def _sort_key(backend: str):
 def add_impl(impl: Impl, *, replace: bool = False) -> Impl:
     if not _BACKEND_RE.fullmatch(impl.backend):
         raise ValueError(f"backend name {impl.backend!r} must be an identifier (letters, digits, _)")
-    from kernellab.core.spec import SPECS
-
-    if impl.op not in SPECS:
+    if impl.op not in _spec.SPECS:
         raise ValueError(f"unknown op {impl.op!r}; define its OpSpec first")
-    impl._spec = SPECS[impl.op]
+    impl._spec = _spec.SPECS[impl.op]
     if getattr(impl._spec, "key_validates", False):
         _SIG_OPS.add(impl.op)
     key = (impl.op, impl.backend)
@@ -181,8 +177,6 @@ def register(
     The op must exist (its OpSpec defines inputs, reference and checks). A user's
     registration is checked and benchmarked like a built-in one.
     """
-    from kernellab.core import spec as _spec
-
     if op not in _spec.SPECS:
         _spec.load_all()
     if op not in _spec.SPECS:
@@ -226,8 +220,6 @@ def unregister(op: str, backend: str) -> None:
 
 
 def impls(op: str | None = None) -> list[Impl]:
-    from kernellab.core import spec as _spec
-
     _spec.load_all()
     rows = [i for i in _TABLE.values() if op is None or i.op == op]
     return sorted(rows, key=lambda i: (i.op, _sort_key(i.backend)))
@@ -243,8 +235,6 @@ def get(op: str, backend: str) -> Impl:
     if not isinstance(backend, str):
         what = f"{type(backend).__name__} {backend!r}"
         raise TypeError(f"backend must be a backend name (str) or None, got {what}")
-    from kernellab.core import spec as _spec
-
     _spec.load_all()
     try:
         return _TABLE[(op, backend)]
@@ -254,8 +244,6 @@ def get(op: str, backend: str) -> Impl:
 
 
 def op_names() -> list[str]:
-    from kernellab.core import spec as _spec
-
     _spec.load_all()
     return sorted(_spec.SPECS)
 
@@ -541,8 +529,6 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
     """``choose`` from a shape key (``core.shapes``), a dtype and the ``option_key`` of the
     call: ``core.choice.choose`` given this GPU model's table, the backends usable on
     ``dev`` and the op's preference (``by`` and ``among``: see there); cached."""
-    from kernellab.core.spec import dtype_name, get_spec
-
     if by not in ("call", "device"):
         raise ValueError(f"by: 'call' or 'device', got {by!r}")
     among = tuple(among) if among is not None else None
@@ -552,9 +538,9 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
         return hit
     gpu = tables.gpu_of(dev)
     table = tables.load_table(gpu)
-    rule = get_spec(op).small_backend  # (a host-cost rule: for standalone calls only)
+    rule = _spec.get_spec(op).small_backend  # (a host-cost rule: for standalone calls only)
     small = rule(key) if rule is not None and key is not None else None
-    dn = dtype_name(dtype) if dtype is not None else None
+    dn = _spec.dtype_name(dtype) if dtype is not None else None
     out = choice.choose(table, os.path.basename(tables.table_path(gpu)), op, key, dn, mode, options,
                         usable=usable(op, dev), preferred=default_backend(op, dev), small=small, by=by,
                         among=among)  # fmt: skip
@@ -564,9 +550,7 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
 
 def default_backend(op: str, device: str | None = None) -> str:
     """The first of the op's preferred backends that runs on ``device``."""
-    from kernellab.core.spec import get_spec
-
-    return _first_usable(op, get_spec(op).default_backends, device) or "torch"
+    return _first_usable(op, _spec.get_spec(op).default_backends, device) or "torch"
 
 
 def _first_usable(op: str, backends, device: str | None) -> str | None:
@@ -588,14 +572,10 @@ def compiled_backend(op: str, device: str | None = None) -> str:
     CUDA backends), its host cost on every call of every step; so a compiled model that
     names no backend runs at least as fast as the same model without kernellab. A backend
     is declared here only where a compiled step with it measured faster."""
-    from kernellab.core.spec import get_spec
-
-    return _first_usable(op, get_spec(op).compiled_backends, device) or default_backend(op, device)
+    return _first_usable(op, _spec.get_spec(op).compiled_backends, device) or default_backend(op, device)
 
 
 def warm_defaults() -> None:
-    from kernellab import device as _dev
-
     devices = ["cpu"] + (["cuda"] if _dev.has_cuda() else [])
     for op in op_names():
         for d in devices:

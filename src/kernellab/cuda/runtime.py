@@ -9,7 +9,7 @@ Launch: a naive ``cuda.core.launch`` costs about twice the host time per call of
 torch elementwise op. The cost is argument boxing and stream/config objects built per
 call. Here each kernel keeps its parameter buffer (ctypes slots and the ``void**``
 array pointing at them) and calls ``cuLaunchKernel`` from the driver directly; per call
-we only store the new values into the slots. ``KERNELLAB_LAUNCH=core`` switches to
+we only store the new values into the slots. ``kernellab.config.cuda_launch`` "core" switches to
 ``cuda.core.launch`` (kept for comparison and as a fallback).
 """
 

@@ -62,7 +62,7 @@ reads that -inf as +inf so their P is exactly 0.
 Tiles: autotuned (configs from fwd_configs / bwd_dkdv_configs / bwd_dq_configs, pruned by
 what fits; key: lengths bucketed to powers of two, head dim, causal, dot precision, dtype)
 for problems at least 1024 long; shorter ones, and every problem when
-KERNELLAB_ATTN_AUTOTUNE=0, take the first config that fits. Under the CPU interpreter: one
+``kernellab.config.attn_autotune`` False, take the first config that fits. Under the CPU interpreter: one
 small config, and bf16 tiles upcast to fp32 before the dots (F32_DOTS: the interpreter's
 bf16 dot is wrong), never on a GPU.
 """
@@ -1161,7 +1161,7 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
         key = ("f", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                q.get_device(),
                causal, scale, window_left, window_right, softcap, None if fresh else (o.dtype, o.stride()),
-               _tf32(q.dtype), _WS_ENV())  # fmt: skip
+               _tf32(q.dtype), config.attn_ws)  # fmt: skip
     q4, k4, v4, o4 = _split(q), _split(k), _split(v), _split(o)
     plan = _plan(key, lambda: _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, softcap))
     if plan is not None:
@@ -1183,10 +1183,6 @@ def _plan(key, make):
 
 def _tf32(dtype) -> bool:  # (the plan keys: _prec reads this global flag for fp32)
     return dtype is torch.float32 and torch.backends.cuda.matmul.allow_tf32
-
-
-def _WS_ENV() -> str:
-    return config.attn_ws
 
 
 def _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, softcap):
@@ -1236,7 +1232,7 @@ def _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k) -> 
     """Whether this forward takes _attn_fwd_ws: a Hopper GPU, not causal, no window, no
     softcap, no GQA, 16-bit, D = 128, S_q = S_k >= WS_MIN_S a multiple of 128, a positive
     scale, q, k and v contiguous (B, H, S, D); o any strides with unit-stride rows. TMA's
-    16-byte aligned bases are the plan's test, on every call (_fwd_plan). KERNELLAB_ATTN_WS=0
+    16-byte aligned bases are the plan's test, on every call (_fwd_plan). ``config.attn_ws`` "0"
     turns it off. Eager tensors only: traced by torch.compile (the triton_op's fake tensors)
     the autotuned kernel runs."""
     return (
@@ -1258,7 +1254,7 @@ def _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k) -> 
         and v4.is_contiguous()
         and _WS_TRITON
         and _device.is_sm90(q4.get_device())
-        and _WS_ENV() != "0"
+        and config.attn_ws != "0"
     )
 
 
@@ -1295,9 +1291,11 @@ def _ws_layout(t4: Tensor, d: int) -> tuple[int, int, int, int] | None:
 def _ws_bwd_fits(q4, k4, v4, do4, causal, group, win, cap, d, qk_scale, s_q, s_k, raw_m) -> bool:
     """Whether the backward takes the warp-specialized passes: a Hopper GPU, 16-bit, D = 128,
     S_q = S_k >= WS_BWD_MIN_S a multiple of 128, no GQA, window or softcap, a positive scale,
-    q, k, v and dO in layouts _ws_layout reads (see _WS_BWD_MODE for which by default).
-    KERNELLAB_ATTN_WS_BWD=0 turns it off. Eager tensors only."""
-    mode = _WS_BWD_MODE()
+    q, k, v and dO in layouts _ws_layout reads. Which layouts: ``kernellab.config.attn_ws_bwd``,
+    "1" (the default) head-major ones, each head's rows starting at column 0 of its view;
+    "views" also a fused projection's (B, S, H, D) memory, whose heads start at column
+    h * D; "0" none. Eager tensors only."""
+    mode = config.attn_ws_bwd
     return (
         mode != "0"
         and type(q4) in triton_support._REAL_TENSORS
@@ -1318,15 +1316,6 @@ def _ws_bwd_fits(q4, k4, v4, do4, causal, group, win, cap, d, qk_scale, s_q, s_k
         and _WS_TRITON
         and _device.is_sm90(q4.get_device())
     )
-
-
-def _WS_BWD_MODE() -> str:
-    """kernellab.config.attn_ws_bwd: "0" off; "1" (the default) head-major layouts, each head's
-    rows starting at column 0 of its view (contiguous (B, H, S, D) and the like: verified on
-    a GPU against float64); "views" also a fused projection's (B, S, H, D) memory, whose
-    heads start at column h * D (verified only under the CPU interpreter, so it is
-    opt-in). Set by ``kernellab.config.attn_ws_bwd``."""
-    return config.attn_ws_bwd
 
 
 def _ws_bwd_args(q4, k4, v4, do4, d):
@@ -1392,7 +1381,7 @@ def backward_into(
     if type(q) in triton_support._REAL_TENSORS:
         key = ("b", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), do.shape, do.stride(),
                o.shape, o.stride(), lse.shape, q.dtype, do.dtype, o.dtype, q.get_device(), causal, scale,
-               window_left, window_right, softcap, _tf32(q.dtype), _WS_BWD_MODE(), raw_m,
+               window_left, window_right, softcap, _tf32(q.dtype), config.attn_ws_bwd, raw_m,
                k.dtype, v.dtype, *(None if f else (t.dtype, t.stride()) for f, t in zip(fresh, (dq, dk, dv))))  # fmt: skip
     t4 = tuple(_split(t) for t in (q, k, v, do, o, dq, dk, dv))
     plan = _plan(key, lambda: _bwd_plan(*t4, lse, raw_m, causal, scale, window_left, window_right, softcap))
