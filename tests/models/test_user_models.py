@@ -33,3 +33,22 @@ def test_train_user_model_compare_runs_each_variant_in_its_own_process(cli_run, 
     # the same weights and batch: the kernellab variant's loss is the reference's to rounding
     assert abs(rows[0]["loss"] - rows[1]["loss"]) < 1e-3 * abs(rows[0]["loss"])
     assert "each variant in its own process" in out
+
+
+def test_training_state_counts_parameters_gradients_and_adamw_moments():
+    import torch
+
+    from kernellab.models.user_models import NanoGPT, nano_ops, training_state_gib
+
+    model = NanoGPT(64, 16, 32, 1, 2, nano_ops("torch"))  # the head shares the embedding's weight
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx = torch.randint(0, 64, (2, 16))
+    model(idx, idx).backward()
+    opt.step()
+    params = {id(p): p for p in model.parameters()}.values()
+    n = sum(p.numel() for p in params)
+    # fp32: parameters, gradients and two moments, 4 bytes each, plus AdamW's step counters
+    steps = sum(st["step"].numel() * st["step"].element_size() for st in opt.state.values())
+    assert training_state_gib(model, opt) * 2**30 == 4 * 4 * n + steps
+    # the rows carry it
+    assert training_state_gib(model, torch.optim.SGD(model.parameters(), lr=1e-3)) * 2**30 == 2 * 4 * n

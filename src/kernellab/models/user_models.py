@@ -194,6 +194,18 @@ def make_step(model, opt, mode: str, hf: bool):
     return step
 
 
+def training_state_gib(model, opt) -> float:
+    """GiB of what a training step keeps between steps, whatever its kernels: the
+    parameters, one gradient per trainable parameter (allocated by every backward) and
+    the optimizer's state. No step's peak can be below it."""
+    params = {id(p): p for p in model.parameters()}.values()  # tied weights once
+    n = sum(p.numel() * p.element_size() for p in params)
+    n += sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    n += sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+             if isinstance(t, torch.Tensor))  # fmt: skip
+    return n / 2**30
+
+
 def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
     """Prints the device time per step, the host time per step and the ``top`` kernels by
     device time of ``n`` steps under torch.profiler."""
@@ -257,7 +269,8 @@ def _isolated(a, argv: list[str]) -> int:
     for mode in a.modes.split(","):
         for row in (r for r in rows if r["mode"] == mode):
             print(f"  {mode:16s} {row['variant']:10s} {row['ms']:9.2f} ms  {row['tokens_per_s']:>9d} tok/s"
-                  f"  {row['peak_gib']:6.2f} GiB  {row['speedup']:.2f}x  loss {row['loss']:.4f}")  # fmt: skip
+                  f"  {row['peak_gib']:6.2f} GiB (state {row.get('state_gib', float('nan')):.2f})"
+                  f"  {row['speedup']:.2f}x  loss {row['loss']:.4f}")  # fmt: skip
     return rc
 
 
@@ -325,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             m.train()
             opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=dev == "cuda")
-            runs[(v, mode)] = (m, make_step(m, opt, mode, hf))
+            runs[(v, mode)] = (m, make_step(m, opt, mode, hf), opt)
     # the parameters: resident before a variant's warm-up; its gradients and AdamW's moments
     # are allocated by its first step and so counted in the step's peak
     param_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
@@ -335,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     tgt = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     peak, losses = {}, {}
-    for key, (_, step) in runs.items():  # warm-up: compiles, autotuning, allocator
+    for key, (_, step, _) in runs.items():  # warm-up: compiles, autotuning, allocator
         # Every variant's model stays resident: a variant's peak is its own parameters plus
         # the most its steps allocated above what was resident before its warm-up (its
         # gradients, AdamW's moments and the step's activations and temporaries).
@@ -347,9 +360,10 @@ def main(argv: list[str] | None = None) -> int:
             losses[key] = float(step(idx, tgt).detach())
         sync()
         peak[key] = (torch.cuda.max_memory_allocated() - before + param_bytes) / 2**30 if dev == "cuda" else float("nan")
+    state = {key: training_state_gib(m, opt) for key, (m, _, opt) in runs.items()}
     times = {key: [] for key in runs}
     for _ in range(a.rounds):
-        for key, (_, step) in runs.items():
+        for key, (_, step, _) in runs.items():
             sync()
             t0 = time.perf_counter()
             for _ in range(a.steps):
@@ -358,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
             times[key].append((time.perf_counter() - t0) * 1e3 / a.steps)
     gpu = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(f"{a.model} B={a.batch} T={a.seq} {a.dtype} on {gpu}: ms/step (median of {a.rounds} rounds of "
-          f"{a.steps}), tokens/s, peak GiB (own parameters + its steps' peak); ratio = first variant's time / this one's")  # fmt: skip
+          f"{a.steps}), tokens/s, peak GiB (own parameters + its steps' peak) and the state kept between "
+          "steps (parameters, gradients, optimizer); ratio = first variant's time / this one's")  # fmt: skip
     for v, why in skipped.items():
         print(f"  {v}: skipped ({why})")
     rows = []
@@ -371,20 +386,21 @@ def main(argv: list[str] | None = None) -> int:
             first = first or ms
             row = dict(model=a.model, variant=v, mode=mode, batch=a.batch, seq=a.seq, dtype=a.dtype, gpu=gpu,
                        ms=round(ms, 3), tokens_per_s=round(a.batch * a.seq / ms * 1e3),
-                       peak_gib=round(peak[(v, mode)], 2), speedup=round(first / ms, 3),
+                       peak_gib=round(peak[(v, mode)], 2), state_gib=round(state[(v, mode)], 2),
+                       speedup=round(first / ms, 3),
                        rounds=[round(t, 3) for t in times[(v, mode)]], loss=round(losses[(v, mode)], 4))  # fmt: skip
             if backends and v == "kernellab":
                 row["backends"] = backends
             rows.append(row)
             print(f"  {mode:16s} {v:10s} {ms:9.2f} ms  {row['tokens_per_s']:>9d} tok/s  {row['peak_gib']:6.2f} GiB"
-                  f"  {row['speedup']:.2f}x  loss {row['loss']:.4f}")  # fmt: skip
+                  f" (state {row['state_gib']:.2f})  {row['speedup']:.2f}x  loss {row['loss']:.4f}")  # fmt: skip
             if not math.isfinite(losses[(v, mode)]):
                 print(f"  WARNING: {v} {mode} loss is not finite")
     if a.cprofile:
         import cProfile
         import pstats
 
-        for key, (_, step) in runs.items():
+        for key, (_, step, _) in runs.items():
             sync()
             prof = cProfile.Profile()
             prof.enable()
@@ -396,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             pstats.Stats(prof, stream=sys.stdout).sort_stats("tottime").print_stats(22)
             pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(30)
     if a.profile:
-        for key, (_, step) in runs.items():
+        for key, (_, step, _) in runs.items():
             profile_steps(key, step, idx, tgt, a.profile, sync)
     if a.json:
         with open(a.json, "a") as f:
