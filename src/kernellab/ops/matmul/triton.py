@@ -148,6 +148,11 @@ def matmul_configs() -> list:
         (64, 32, 32, 8, 5, 2),
         (32, 32, 32, 8, 4, 2),
     ]
+    return as_configs(rows)
+
+
+def as_configs(rows) -> list:
+    """triton.Config of each (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, stages, warps) row."""
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}, num_stages=s, num_warps=w)
         for bm, bn, bk, g, s, w in rows

@@ -28,6 +28,7 @@ from kernellab.ops.matmul.triton import (
     TUNE_MIN_WORK,
     _max_shared,
     _tune_keys,
+    as_configs,
     check_batch_grid,
     epilogue,
     grouped_tile,
@@ -86,10 +87,7 @@ def tma_configs() -> list:
         (128, 64, 64, 8, 4, 4),
         (64, 64, 64, 8, 4, 4),
     ]
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}, num_stages=s, num_warps=w)
-        for bm, bn, bk, g, s, w in rows
-    ]
+    return as_configs(rows)
 
 
 def _fits_tma(cfg, m, n, k, elem, max_shared) -> bool:
