@@ -26,7 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 import kernellab  # noqa: E402
-import kernellab.ops.reductions  # noqa: E402,F401  (registers sum, max and argmax)
+import kernellab.ops.argmax  # noqa: E402,F401  (registers sum, max and argmax)
+import kernellab.ops.max  # noqa: E402,F401
+import kernellab.ops.sum  # noqa: E402,F401
 from kernellab.core.spec import dtype_name  # noqa: E402
 from kernellab.harness import bench as kbench  # noqa: E402
 from kernellab.harness.check import check_impl  # noqa: E402

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import kernellab
-import kernellab.ops.reductions.max as kmax
+import kernellab.ops.argmax as kargmax
+import kernellab.ops.max as kmax
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
 from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, seed_for, shape_id
@@ -85,7 +86,7 @@ def test_dim_argument(backend):
         v, i = kmax.max(x, dim, backend=backend)
         tv, ti = torch.max(x, dim)
         assert torch.equal(v, tv) and torch.equal(i, ti)
-        assert torch.equal(kmax.argmax(x, dim, backend=backend), torch.argmax(x, dim))
+        assert torch.equal(kargmax.argmax(x, dim, backend=backend), torch.argmax(x, dim))
     r = kmax.max(x, backend=backend)
     assert r.values.shape == (6, 7) and r.indices.shape == (6, 7)
     s = kmax.max(torch.tensor(2.5), backend=backend)
@@ -94,11 +95,11 @@ def test_dim_argument(backend):
         with pytest.raises(ValueError, match="dim"):
             kmax.max(x, bad, backend=backend)
         with pytest.raises(ValueError, match="dim"):
-            kmax.argmax(x, bad, backend=backend)
+            kargmax.argmax(x, bad, backend=backend)
     with pytest.raises(ValueError, match=r"\bx\b.*empty"):
         kmax.max(torch.empty(3, 0), backend=backend)
     with pytest.raises(TypeError, match=r"\bx\b"):
-        kmax.argmax([1.0, 2.0], backend=backend)
+        kargmax.argmax([1.0, 2.0], backend=backend)
 
 
 @pytest.mark.parametrize("op", ["max", "argmax"])
@@ -155,7 +156,7 @@ def test_compile_backend_quick():  # one Inductor compile (seconds on the CPU)
 def test_under_torch_compile_fullgraph():
     def f(t):
         r = kmax.max(t, backend="triton")
-        return r.values.sum() * 2, kmax.argmax(t, backend="triton")
+        return r.values.sum() * 2, kargmax.argmax(t, backend="triton")
 
     g = torch.compile(f, fullgraph=True)
     x = torch.randn(5, 33, requires_grad=True)
@@ -169,7 +170,7 @@ def test_under_torch_compile_fullgraph():
 
 def test_cuda_kernels_compile_and_export():
     from kernellab.cuda.runtime import nvrtc_unavailable
-    from kernellab.ops.reductions import max_cuda as mcuda
+    from kernellab.ops.max import cuda as mcuda
 
     if nvrtc_unavailable():
         pytest.skip(nvrtc_unavailable())

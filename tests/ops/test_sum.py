@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernellab
-import kernellab.ops.reductions.sum as ksum
+import kernellab.ops.sum as ksum
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
 from kltest import DTYPES, cpu_backends, cuda_backends, dtype_id, seed_for, shape_id
@@ -177,7 +177,7 @@ _CUDA_NAMES = [
 
 def test_cuda_ladder_compiles_and_exports_every_kernel():
     from kernellab.cuda.runtime import nvrtc_unavailable
-    from kernellab.ops.reductions import sum_cuda as scuda
+    from kernellab.ops.sum import cuda as scuda
 
     if nvrtc_unavailable():
         pytest.skip(nvrtc_unavailable())

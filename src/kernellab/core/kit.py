@@ -20,11 +20,22 @@ the inputs. ``build`` returns the registry callable and makes, once:
   ``opcheck`` verifies the custom ops, the check engine the eager path.
 - ``custom_ops`` samples for ``opcheck``.
 
-Double backward: every backward here is a fused kernel with no derivative of its own;
-the eager path raises a RuntimeError naming the op when its backward runs with
-``create_graph=True`` (``once_differentiable`` misses the case a gradient penalty hits:
-a constant ``dy``, and the term through the saved input is dropped without a word); the
-backward custom op has no autograd, so PyTorch refuses to differentiate through it.
+Double backward: a fused backward kernel has no derivative of its own; the eager path
+raises a RuntimeError naming the op when its backward runs with ``create_graph=True``
+(``once_differentiable`` misses the case a gradient penalty hits: a constant ``dy``, and
+the term through the saved input is dropped without a word); the backward custom op has
+no autograd, so PyTorch refuses to differentiate through it.
+
+Composed backward (``OpDecl.backward`` instead of ``bwd``): where the gradient is a few
+calls rather than a kernel of its own - matmul's dA = dC @ B^T and dB = A^T @ dC through
+the same backend's forward, sum's dy broadcast, max's dy written at the chosen index -
+the backend declares ``backward(fwd, saved, extra, dy, need) -> one gradient (or None)
+per input``. ``fwd`` is the forward to compose with: the custom op under torch.compile,
+and in eager mode when the backward is itself differentiated (``create_graph=True``:
+the op's registered autograd then makes second derivatives exact); the launcher
+directly otherwise (no dispatcher). ``need`` is autograd's ``needs_input_grad`` (None
+from ``backward_from``: every gradient). No backward custom op is made, and double
+backward is not refused: every call in it is differentiable.
 
 Every op built here has ``OpDecl.outputs`` differentiable outputs (the first ones; one
 unless declared: the residual add + layer norm has two, the normalized rows and the sum);
@@ -50,15 +61,23 @@ class OpDecl:
     name:        custom-op name (``kernellab::<name>``, ``kernellab::<name>_backward``).
     fwd:         forward launcher; annotated (the schema); returns a Tensor or a tuple whose
                  first element is the user's output.
-    bwd:         backward launcher; annotated; returns a Tensor or tuple of gradients; None
-                 when the gradients are ``dy`` itself (add: no backward kernel, no op).
-    fwd_fake, bwd_fake: fake kernels (shapes and dtypes only) for custom_op registration.
+    fwd_fake:    fake kernel of ``fwd`` (shapes and dtypes only) for custom_op registration.
     save:        ``(inputs, outputs) -> (tensors, extra)``: what the forward keeps for the
                  backward (``outputs`` is always a tuple); ``extra`` is any non-tensor value.
+    needs_grad:  ``(*inputs) -> bool``: whether any differentiable input requires grad.
+    samples:     ``(fwd sample, bwd sample)`` for opcheck: ``make -> args`` each; with
+                 ``backward``, forward samples only (one or more).
+
+    The backward, one of two ways:
+    bwd:         backward launcher; annotated; returns a Tensor or tuple of gradients; None
+                 when the gradients are ``dy`` itself (add: no backward kernel, no op).
+    bwd_fake:    its fake kernel.
     bwd_args:    ``(saved tensors, extra, dy) -> args`` of ``bwd``.
     grads:       ``(bwd result as a tuple, extra) -> one gradient (or None) per input``.
-    needs_grad:  ``(*inputs) -> bool``: whether any differentiable input requires grad.
-    samples:     ``(fwd sample, bwd sample)`` for opcheck: ``make -> args`` each.
+    or
+    backward:    the composed backward (module docstring):
+                 ``(fwd, saved tensors, extra, dy, need) -> one gradient (or None) per input``.
+
     triton:      whether the launchers are Triton (triton_op on a GPU).
     label:       the op as user-facing messages name it (default ``name``), e.g.
                  ``"attention (triton)"``.
@@ -76,14 +95,15 @@ class OpDecl:
 
     name: str
     fwd: Callable
-    bwd: Callable | None
     fwd_fake: Callable
-    bwd_fake: Callable | None
     save: Callable
-    bwd_args: Callable
-    grads: Callable
     needs_grad: Callable
     samples: tuple
+    bwd: Callable | None = None
+    bwd_fake: Callable | None = None
+    bwd_args: Callable | None = None
+    grads: Callable | None = None
+    backward: Callable | None = None
     triton: bool = False
     label: str | None = None
     eager_bwd: Callable | None = None
@@ -107,6 +127,9 @@ def build(decl: OpDecl) -> Callable:
     """The registry callable of ``decl`` (see the module docstring); it carries
     ``custom_ops`` (for opcheck) and ``ops`` (the forward and backward custom ops)."""
     fwd, bwd, save, bwd_args, grads = decl.fwd, decl.bwd, decl.save, decl.bwd_args, decl.grads
+    composed = decl.backward
+    if (composed is None) == (grads is None) or (composed is not None and bwd is not None):
+        raise ValueError(f"{decl.name}: declare a backward launcher (bwd, bwd_args, grads) or a backward")
     qual = f"kernellab::{decl.name}"
     bop = None
     if _use_triton_op(decl):
@@ -119,7 +142,7 @@ def build(decl: OpDecl) -> Callable:
         if bwd is not None:
             bop = torch.library.custom_op(f"{qual}_backward", bwd, mutates_args=())
             bop.register_fake(decl.bwd_fake)
-    if bwd is None:  # the gradient is dy itself: no kernel
+    if bwd is None and composed is None:  # the gradient is dy itself: no kernel
         bwd = bop = lambda *args: args
     ebwd = decl.eager_bwd or bwd
 
@@ -132,6 +155,8 @@ def build(decl: OpDecl) -> Callable:
     def op_backward(ctx, dy, *more):
         if n_out > 1:
             dy = (dy, *more[: n_out - 1])
+        if composed is not None:
+            return composed(op, ctx.saved_tensors, ctx.extra, dy, ctx.needs_input_grad)
         return grads(_as_tuple(bop(*bwd_args(ctx.saved_tensors, ctx.extra, dy))), ctx.extra)
 
     op.register_autograd(op_backward, setup_context=setup_context)
@@ -152,7 +177,8 @@ def build(decl: OpDecl) -> Callable:
 
         @staticmethod
         def backward(ctx, dy, *more):  # grad mode is on here exactly when create_graph=True
-            if grad_enabled():
+            differentiated = grad_enabled()
+            if differentiated and composed is None:
                 raise RuntimeError(refusal)
             if n_out > 1:
                 dy = (dy, *more[: n_out - 1])
@@ -162,6 +188,8 @@ def build(decl: OpDecl) -> Callable:
                 if decl.inplace_hint is None or "modified by an inplace operation" not in str(e):
                     raise
                 raise RuntimeError(f"{decl.label or decl.name}: {decl.inplace_hint} (PyTorch: {e})") from None
+            if composed is not None:
+                return composed(op if differentiated else fwd, saved, ctx.extra, dy, ctx.needs_input_grad)
             g = ebwd(*bwd_args(saved, ctx.extra, dy))
             return grads(g if type(g) is tuple else (g,), ctx.extra)
 
@@ -207,11 +235,16 @@ def build(decl: OpDecl) -> Callable:
     def backward_from(saved, dy):
         """One gradient (or None) per input of ``forward_saving``, from what it saved."""
         tensors, extra = saved
+        if composed is not None:
+            return composed(fwd, tensors, extra, dy, None)
         return grads(_as_tuple(ebwd(*bwd_args(tensors, extra, dy))), extra)
 
-    fs, bs = decl.samples
     call.forward_saving, call.backward_from = forward_saving, backward_from
-    call.custom_ops = [(op, fs, True)] + ([(bop, bs, False)] if decl.bwd is not None else [])
+    if composed is not None:
+        call.custom_ops = [(op, sample, True) for sample in decl.samples]
+    else:
+        fs, bs = decl.samples
+        call.custom_ops = [(op, fs, True)] + ([(bop, bs, False)] if decl.bwd is not None else [])
     call.ops = (op, bop if decl.bwd is not None else None)
     call.__name__ = decl.name
     return call

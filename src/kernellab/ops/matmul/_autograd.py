@@ -1,15 +1,16 @@
-"""Autograd and torch.library plumbing shared by the Triton and CUDA matmul backends.
+"""matmul's autograd, declared once through the op kit for the Triton and CUDA backends.
 
 A backend supplies ``fwd(a, b, bias, activation) -> y``: any strides in, a fresh contiguous
-``[..., M, N]`` out. From it come a custom op ``kernellab::<name>`` (fake kernel for
-torch.compile, autograd registered) and the registry callable, which in eager mode calls
-``fwd`` directly without grad and a plain ``torch.autograd.Function`` with grad (the custom
-op's dispatcher round trips cost host time; see ops/_elementwise.py for the measurement).
+``[..., M, N]`` out. ``matmul_op`` hands it to the kit (core/kit.py) with a composed
+backward: the custom op ``kernellab::<name>`` (a ``triton_op`` for a Triton backend on a
+GPU), its fake kernel, the eager fast path and the registry callable.
 
 Backward, with z = a @ b + bias and dz = dy * act'(z):
-    da = dz @ b^T, db = a^T @ dz  (the same kernel on transposed views), dbias = sum_rows dz.
+    da = dz @ b^T, db = a^T @ dz  (the same forward on transposed views), dbias = sum_rows dz.
 relu needs only the output (z > 0 exactly where y > 0); gelu recomputes z with one more
 matmul rather than keeping a second [M, N] output alive between forward and backward.
+Every step is a PyTorch op or the forward, so second derivatives are exact (the kit passes
+the custom op as the forward when the backward is differentiated).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from kernellab.core.kit import OpDecl, build
 
 _K = 0.7978845608028654
 
@@ -28,8 +31,12 @@ def _gelu_grad(z32: Tensor) -> Tensor:
     return 0.5 * (1.0 + t) + 0.5 * z32 * (1.0 - t * t) * _K * (1.0 + 3 * 0.044715 * z32 * z32)
 
 
-def _backward(mm: Callable, dy, a, b, bias, y, activation, need):
-    """need = (da?, db?, dbias?); ``mm(a, b, bias, activation)`` is the forward to reuse."""
+def _backward(mm: Callable, saved, activation, dy, need):
+    """The kit's composed backward: ``mm(a, b, bias, activation)`` is the forward to reuse;
+    ``need`` says which of (a, b, bias) want a gradient (None: all)."""
+    a, b, bias, y = saved
+    need = need or (True, True, True)
+    dy = dy.contiguous()
     dz32 = None
     if activation == "relu":
         dz = dy * (y > 0).to(dy.dtype)
@@ -42,83 +49,47 @@ def _backward(mm: Callable, dy, a, b, bias, y, activation, need):
     da = mm(dz, b.transpose(-1, -2), None, None) if need[0] else None
     db = mm(a.transpose(-1, -2), dz, None, None) if need[1] else None
     dbias = None
-    if need[2]:
+    if bias is not None and need[2]:
         src = dz32 if dz32 is not None else dz.float()
         dbias = src.sum(dim=tuple(range(src.dim() - 1))).to(dy.dtype)
-    return da, db, dbias
+    return da, db, dbias, None
 
 
-def matmul_op(name: str, fwd: Callable):
+def _with_bias(make):
+    a, b = make.args(1)[:2]
+    bias = torch.randn(b.shape[-1], dtype=a.dtype, device=a.device, requires_grad=True)
+    return (a, b, bias, "gelu")
+
+
+def matmul_op(name: str, fwd: Callable, triton: bool = False):
     """Custom op ``kernellab::<name>(a, b, bias?, activation?)`` and the registry callable
-    ``call(a, b, bias=None, activation=None)`` (with ``.custom_ops`` for opcheck)."""
+    ``call(a, b, bias=None, activation=None)`` (with ``.custom_ops`` for opcheck and
+    ``.op``, the custom op)."""
 
     def _fwd(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None) -> Tensor:
         return fwd(a, b, bias, activation)
 
-    op = torch.library.custom_op(f"kernellab::{name}", _fwd, mutates_args=())
-
-    @op.register_fake
-    def _(a, b, bias, activation):
-        return a.new_empty(tuple(a.shape[:-1]) + (b.shape[-1],))
-
-    def setup_context(ctx, inputs, output):
-        a, b, bias, activation = inputs
-        ctx.activation = activation
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(a, b, bias, output)
-
-    def backward(ctx, dy):
-        a, b, bias, y = ctx.saved_tensors
-        need = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
-        da, db, dbias = _backward(op, dy.contiguous(), a, b, bias, y, ctx.activation, need)
-        return da, db, dbias, None
-
-    op.register_autograd(backward, setup_context=setup_context)
-
-    class Eager(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, a, b, bias, activation):
-            y = fwd(a, b, bias, activation)
-            ctx.activation = activation
-            ctx.has_bias = bias is not None
-            ctx.save_for_backward(a, b, bias, y)
-            return y
-
-        @staticmethod
-        def backward(ctx, dy):
-            a, b, bias, y = ctx.saved_tensors
-            need = (
-                ctx.needs_input_grad[0],
-                ctx.needs_input_grad[1],
-                ctx.has_bias and ctx.needs_input_grad[2],
-            )
-            # create_graph=True (grad mode on in here): the backward's matmuls go through the
-            # custom op, whose autograd is registered, so a second derivative is exact (every
-            # other step of _backward is torch ops); otherwise the launcher directly.
-            mm = op if torch.is_grad_enabled() else fwd
-            da, db, dbias = _backward(mm, dy.contiguous(), a, b, bias, y, ctx.activation, need)
-            return da, db, dbias, None
+    op = build(
+        OpDecl(
+            name=name,
+            fwd=_fwd,
+            fwd_fake=lambda a, b, bias, activation: a.new_empty(tuple(a.shape[:-1]) + (b.shape[-1],)),
+            save=lambda inputs, out: ((inputs[0], inputs[1], inputs[2], out[0]), inputs[3]),
+            needs_grad=lambda a, b, bias, activation: (
+                a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
+            ),
+            samples=(lambda make: tuple(make.args(1)[:2]) + (None, None), _with_bias),
+            backward=_backward,
+            triton=triton,
+        )
+    )
 
     def call(a: Tensor, b: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
         if bias is not None and not bias.is_contiguous():
             bias = bias.contiguous()  # the kernels read bias with unit stride
-        if torch.compiler.is_compiling():
-            return op(a, b, bias, activation)
-        if torch.is_grad_enabled() and (
-            a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
-        ):
-            return Eager.apply(a, b, bias, activation)
-        return fwd(a, b, bias, activation)
+        return op(a, b, bias, activation)
 
-    def _with_bias(make):
-        a, b = make.args(1)[:2]
-        bias = torch.randn(b.shape[-1], dtype=a.dtype, device=a.device, requires_grad=True)
-        return (a, b, bias, "gelu")
-
-    call.custom_ops = [
-        (op, lambda make: tuple(make.args(1)[:2]) + (None, None), True),
-        (op, _with_bias, True),
-    ]
-    call.op = op
+    call.custom_ops = op.custom_ops
+    call.op = op.ops[0]
     call.__name__ = name
     return call

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from kernellab.core.registry import register
 from kernellab.cuda.runtime import DTYPE_SUFFIX as _SUFFIX
 from kernellab.cuda.runtime import Module, nvrtc_unavailable
 from kernellab.device import is_sm90
+from kernellab.ops._register import register_builtin
 from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.ops.matmul.epilogue import apply_epilogue
 
@@ -231,10 +231,6 @@ def _best_fwd(a, b, bias=None, activation=None):
     return _make_fwd(variant)(a, b, bias, activation)
 
 
-def _available():
-    return nvrtc_unavailable()
-
-
 def _available_sm90():
     """v10's wgmma exists on sm_90 only (an sm_90a cubin runs nowhere else). Without a GPU
     this is None, so the check reports it "compiled, not run" (compiled for sm_90a)."""
@@ -247,21 +243,17 @@ def _available_sm90():
     return None
 
 
-def _register(backend: str, fwd, dtypes, description: str, module=MODULE, available=_available) -> None:
-    call = matmul_op(f"matmul_{backend}", fwd)
-    register(
+def _register(backend: str, fwd, dtypes, description: str, module=MODULE, available=None) -> None:
+    register_builtin(
         "matmul",
         backend,
-        devices=("cuda",),
-        available=available,
-        precompile=module.precompile,
-        custom_ops=call.custom_ops,
-        builtin=True,
-        dtypes=dtypes,
+        matmul_op(f"matmul_{backend}", fwd),
+        description,
         module=module,
-        description=description,
+        available=available,
+        dtypes=dtypes,
         double_backward=True,  # _autograd.matmul_op: the backward's matmuls are the custom op
-    )(call)
+    )
 
 
 for _v, (_g, _b, _hv, _dt, _desc) in VARIANTS.items():

@@ -29,12 +29,41 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.core.registry import register
 from kernellab.core.spec import GRID_YZ_LIMIT
+from kernellab.ops._register import register_builtin
 from kernellab.ops._triton_dots import dot_precision, mma
 from kernellab.ops.matmul._autograd import matmul_op
 
 _ACT = {None: 0, "relu": 1, "gelu": 2}
+
+
+@triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # Program pid's tile (pid_m, pid_n), numbered down columns of GROUP_M tile-rows (see
+    # the module docstring).
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_rows = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % per_group) % group_rows)
+    pid_n = (pid % per_group) // group_rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def epilogue(acc, bias_ptr, rn, N, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
+    # bias [N] at columns rn, then the activation (0 none, 1 relu, 2 gelu tanh), on the
+    # fp32 accumulator before its one store.
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if ACT == 1:
+        acc = tl.maximum(acc, 0.0)
+    elif ACT == 2:
+        # tanh(u) = 1 - 2 / (1 + exp(2u)): exact limits +-1 when exp over/underflows.
+        u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
+        acc = 0.5 * acc * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * u)))
+    return acc
 
 
 @triton_support.jit
@@ -67,16 +96,8 @@ def _matmul_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     bz = tl.program_id(1).to(tl.int64)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % per_group) % group_rows)
-    pid_n = (pid % per_group) // group_rows
-
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -97,14 +118,7 @@ def _matmul_kernel(
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
 
-    if HAS_BIAS:
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    if ACT == 1:
-        acc = tl.maximum(acc, 0.0)
-    elif ACT == 2:
-        # tanh(u) = 1 - 2 / (1 + exp(2u)): exact limits +-1 when exp over/underflows.
-        u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
-        acc = 0.5 * acc * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * u)))
+    acc = epilogue(acc, bias_ptr, rn, N, HAS_BIAS, ACT)
     c_ptrs = c_ptr + bz * s_cb + rm[:, None] * s_cm + rn[None, :] * s_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
@@ -134,6 +148,11 @@ def matmul_configs() -> list:
         (64, 32, 32, 8, 5, 2),
         (32, 32, 32, 8, 4, 2),
     ]
+    return as_configs(rows)
+
+
+def as_configs(rows) -> list:
+    """triton.Config of each (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, stages, warps) row."""
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}, num_stages=s, num_warps=w)
         for bm, bn, bk, g, s, w in rows
@@ -297,7 +316,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
     return c.reshape(batch + (m, n))
 
 
-matmul_triton = matmul_op("matmul_triton", triton_matmul_fwd)
+matmul_triton = matmul_op("matmul_triton", triton_matmul_fwd, triton=True)
 
 
 def _kernel_specs(dtype: str):
@@ -336,18 +355,11 @@ def _kernel_specs(dtype: str):
     return [(_matmul_kernel, sig, cx, 8 if half else 4)]
 
 
-def _unavailable():
-    return triton_support.unavailable()
-
-
-register(
+register_builtin(
     "matmul",
     "triton",
-    devices=triton_support.devices(),
-    available=_unavailable,
-    custom_ops=matmul_triton.custom_ops,
-    builtin=True,
+    matmul_triton,
+    "Triton: autotuned tiles, grouped program order, fused bias/activation",
     triton_kernels=_kernel_specs,
-    description="Triton: autotuned tiles, grouped program order, fused bias/activation",
     double_backward=True,  # _autograd.matmul_op: the backward's matmuls are the custom op
-)(matmul_triton)
+)

@@ -21,14 +21,17 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.core.registry import register
+from kernellab.ops._register import register_builtin
 from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.ops.matmul.triton import (
     _ACT,
     TUNE_MIN_WORK,
     _max_shared,
     _tune_keys,
+    as_configs,
     check_batch_grid,
+    epilogue,
+    grouped_tile,
     triton_matmul_fwd,
 )
 from kernellab.triton_support import install_tma_allocator as _install_allocator
@@ -54,15 +57,8 @@ def _matmul_tma_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     bz = tl.program_id(1).to(tl.int64)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_rows = min(num_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % per_group) % group_rows)
-    pid_n = (pid % per_group) // group_rows
 
     a_desc = tl.make_tensor_descriptor(a_ptr + bz * M * K, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
     b_desc = tl.make_tensor_descriptor(b_ptr + bz * K * N, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
@@ -74,14 +70,7 @@ def _matmul_tma_kernel(
         a = a_desc.load([off_m, k * BLOCK_K])  # zero-filled past M and K
         b = b_desc.load([k * BLOCK_K, off_n])
         acc = tl.dot(a, b, acc)
-    if HAS_BIAS:
-        rn = off_n + tl.arange(0, BLOCK_N)
-        acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    if ACT == 1:
-        acc = tl.maximum(acc, 0.0)
-    elif ACT == 2:
-        u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
-        acc = 0.5 * acc * (2.0 - 2.0 / (1.0 + tl.exp(2.0 * u)))
+    acc = epilogue(acc, bias_ptr, off_n + tl.arange(0, BLOCK_N), N, HAS_BIAS, ACT)
     c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))  # clipped at the edges
 
 
@@ -98,10 +87,7 @@ def tma_configs() -> list:
         (128, 64, 64, 8, 4, 4),
         (64, 64, 64, 8, 4, 4),
     ]
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g}, num_stages=s, num_warps=w)
-        for bm, bn, bk, g, s, w in rows
-    ]
+    return as_configs(rows)
 
 
 def _fits_tma(cfg, m, n, k, elem, max_shared) -> bool:
@@ -144,6 +130,16 @@ def _fixed_tma_config(device_index: int) -> dict:
     return cfg
 
 
+def _aligned16(t: torch.Tensor) -> bool:
+    """Whether t's base address is 16-byte aligned (TMA's rule). Traced under torch.compile
+    (fake tensors have no address) it is judged by the storage offset: Inductor's buffers
+    are aligned, and it copies a graph input that arrives misaligned where it compiled the
+    graph for an aligned one."""
+    if type(t) in triton_support._REAL_TENSORS:
+        return t.data_ptr() % 16 == 0
+    return t.storage_offset() * t.element_size() % 16 == 0
+
+
 def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
     """act(a @ b + bias) through TMA descriptors; falls back to the pointer kernel when a row
     pitch cannot be a multiple of 16 bytes."""
@@ -156,7 +152,7 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None)
     bt = math.prod(batch)
     a3 = a.reshape(bt, m, k).contiguous()
     b3 = b.reshape(bt, k, n).contiguous()
-    if a3.data_ptr() % 16 or b3.data_ptr() % 16:  # a storage offset: realign with a copy
+    if not (_aligned16(a3) and _aligned16(b3)):  # a storage offset: realign with a copy
         a3, b3 = a3.clone(), b3.clone()
     c = torch.empty((bt, m, n), dtype=a.dtype, device=a.device)
     if bt and m and n:
@@ -177,7 +173,7 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None)
     return c.reshape(batch + (m, n))
 
 
-matmul_triton_tma = matmul_op("matmul_triton_tma", tma_matmul_fwd)
+matmul_triton_tma = matmul_op("matmul_triton_tma", tma_matmul_fwd, triton=True)
 
 
 def _kernel_specs(dtype: str):
@@ -198,15 +194,14 @@ def _unavailable():
     return None
 
 
-register(
+register_builtin(
     "matmul",
     "triton_tma",
+    matmul_triton_tma,
+    "Triton with TMA tensor descriptors (Hopper), autotuned, fused epilogue",
+    triton_kernels=_kernel_specs,
     devices=("cuda",),
     available=_unavailable,
-    custom_ops=matmul_triton_tma.custom_ops,
-    builtin=True,
     dtypes=(torch.float16, torch.bfloat16),
-    triton_kernels=_kernel_specs,
-    description="Triton with TMA tensor descriptors (Hopper), autotuned, fused epilogue",
     double_backward=True,  # _autograd.matmul_op: the backward's matmuls are the custom op
-)(matmul_triton_tma)
+)

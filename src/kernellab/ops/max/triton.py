@@ -1,8 +1,9 @@
-"""max / argmax over the last dim in Triton: kernel, launcher, custom ops, registration.
+"""max over the last dim in Triton: kernel, launcher, custom op, registration.
 
-One kernel for both ops. A program owns ROWS rows (short rows share a program, ~4096
-elements per step) and streams them BLOCK columns at a time, keeping per row the running
-best value, its index and the index of the first NaN. Per step: the block's max with NaN
+One kernel for max and argmax (ops/argmax/triton.py launches it without the values
+store). A program owns ROWS rows (short rows share a program, ~4096 elements per step)
+and streams them BLOCK columns at a time, keeping per row the running best value, its
+index and the index of the first NaN. Per step: the block's max with NaN
 replaced by -inf, the first column equal to it, the first NaN column (three register
 reductions); a block replaces the running best only when strictly larger, so the earlier
 index wins ties. NaN is handled by hand: ``tl.max`` drops NaN on the GPU (fmaxf) while
@@ -16,10 +17,9 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._reductions import max_backend, rows_config
 from kernellab.ops._register import register_triton
-from kernellab.ops.reductions._kit import max_backends
 
-MAX_BLOCK = 4096
 NO_INDEX = tl.constexpr(2**31 - 1)  # "no index yet" (a global used in a kernel: constexpr)
 
 
@@ -58,12 +58,6 @@ def _max_rows_kernel(
         tl.store(val_ptr + rows, val.to(val_ptr.dtype.element_ty), mask=rmask)
 
 
-def _config(n_cols: int):
-    block = min(triton_support.next_pow2(max(n_cols, 1)), MAX_BLOCK)
-    rows = max(1, min(64, MAX_BLOCK // block))
-    return block, rows, 4 if block * rows <= 2048 else 8
-
-
 def max_rows(x: torch.Tensor, want_values: bool):
     x = x.contiguous()
     n_cols = x.shape[-1] if x.dim() else 1
@@ -73,7 +67,7 @@ def max_rows(x: torch.Tensor, want_values: bool):
     vals = torch.empty(x.shape[:-1], dtype=x.dtype, device=x.device) if want_values else None
     n_rows = idx.numel()
     if n_rows:
-        block, rows, warps = _config(n_cols)
+        block, rows, warps = rows_config(n_cols)
         grid = (triton_support.cdiv(n_rows, rows),)
         _max_rows_kernel[grid](
             x,
@@ -89,22 +83,18 @@ def max_rows(x: torch.Tensor, want_values: bool):
     return vals, idx
 
 
-max_triton, argmax_triton = max_backends("triton", max_rows)
+max_triton = max_backend("triton", max_rows, triton=True)
 
 
-def _kernel_specs(dtype: str, write_vals: bool = True):
+def kernel_specs(dtype: str, write_vals: bool = True):
     """For `kernellab asm`: the kernel as launched for 4096-wide rows."""
-    block, rows, warps = _config(4096)
+    block, rows, warps = rows_config(4096)
     sig = {"x_ptr": f"*{dtype}", "val_ptr": f"*{dtype}", "idx_ptr": "*i64", "n_rows": "i32", "n_cols": "i32"}
     sig.update(BLOCK="constexpr", ROWS="constexpr", WRITE_VALS="constexpr")
     cx = {"BLOCK": block, "ROWS": rows, "WRITE_VALS": write_vals}
     return [(_max_rows_kernel, sig, cx, warps)]
 
 
-for _op, _fn, _vals in (("max", max_triton, True), ("argmax", argmax_triton, False)):
-    register_triton(
-        _op,
-        _fn,
-        lambda dtype, _v=_vals: _kernel_specs(dtype, _v),
-        "Triton: rows per program, running (value, index, first NaN)",
-    )
+DESCRIPTION = "Triton: rows per program, running (value, index, first NaN)"
+
+register_triton("max", max_triton, kernel_specs, DESCRIPTION)

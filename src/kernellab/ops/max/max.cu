@@ -133,23 +133,17 @@ __device__ void max_rows_block(const T* __restrict__ x, T* vals, long long* __re
 
 }  // namespace
 
-#define KL_MAX_KERNELS(S, T)                                                                                    \
-    extern "C" __global__ void max_rows_v1_##S(const T* x, T* vals, long long* idx, long long rows, int cols) { \
-        max_rows_v1<T>(x, vals, idx, rows, cols);                                                               \
-    }                                                                                                           \
-    extern "C" __global__ void max_rows_warp_##S(const T* x, T* vals, long long* idx, long long rows, int cols) { \
-        max_rows_warp<T, false>(x, vals, idx, rows, cols);                                                      \
-    }                                                                                                           \
-    extern "C" __global__ void max_rows_warp_vec_##S(const T* x, T* vals, long long* idx, long long rows,       \
-                                                     int cols) {                                                \
-        max_rows_warp<T, true>(x, vals, idx, rows, cols);                                                       \
-    }                                                                                                           \
-    extern "C" __global__ void max_rows_block_##S(const T* x, T* vals, long long* idx, long long rows, int cols) { \
-        max_rows_block<T, false>(x, vals, idx, rows, cols);                                                     \
-    }                                                                                                           \
-    extern "C" __global__ void max_rows_block_vec_##S(const T* x, T* vals, long long* idx, long long rows,      \
-                                                      int cols) {                                               \
-        max_rows_block<T, true>(x, vals, idx, rows, cols);                                                      \
+// One entry point NAME_S(x, vals, idx, rows, cols) around the kernel template given last.
+#define KL_MAX_ENTRY(NAME, S, T, ...)                                                                     \
+    extern "C" __global__ void NAME##_##S(const T* x, T* vals, long long* idx, long long rows, int cols) { \
+        __VA_ARGS__(x, vals, idx, rows, cols);                                                            \
     }
+
+#define KL_MAX_KERNELS(S, T)                                        \
+    KL_MAX_ENTRY(max_rows_v1, S, T, max_rows_v1<T>)                 \
+    KL_MAX_ENTRY(max_rows_warp, S, T, max_rows_warp<T, false>)      \
+    KL_MAX_ENTRY(max_rows_warp_vec, S, T, max_rows_warp<T, true>)   \
+    KL_MAX_ENTRY(max_rows_block, S, T, max_rows_block<T, false>)    \
+    KL_MAX_ENTRY(max_rows_block_vec, S, T, max_rows_block<T, true>)
 
 KL_FOR_EACH_DTYPE(KL_MAX_KERNELS)

@@ -11,7 +11,7 @@ Rows (sum over the last dim): ``_sum_rows_kernel`` gives ROWS rows to a program 
 rows share one), streams the row BLOCK columns at a time with the same compensated
 lanes, combines a row's lanes in float64.
 
-Why compensation and float64 (see ops/reductions/sum.py): an fp32 tree is about as
+Why compensation and float64 (see ops/sum/__init__.py): an fp32 tree is about as
 accurate as torch.sum itself, and the check admits 2 x torch's error.
 """
 
@@ -22,13 +22,12 @@ import triton
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._reductions import rows_config, sum_backend
 from kernellab.ops._register import register_triton
-from kernellab.ops.reductions._kit import sum_backend
 
 BLOCK_ALL = 4096  # elements per load step of a program (8 warps: 16 fp32 per thread)
 ITERS_ALL = 8  # load steps per program: 32768 elements per program
 FINAL_BLOCK = 1024
-MAX_ROW_BLOCK = 4096  # columns per step of the rows kernel
 
 
 @triton.jit
@@ -87,13 +86,6 @@ def _sum_rows_kernel(x_ptr, out_ptr, n_rows, n_cols, BLOCK: tl.constexpr, ROWS: 
     tl.store(out_ptr + rows, total.to(tl.float32).to(out_ptr.dtype.element_ty), mask=rmask)
 
 
-def _rows_config(n_cols: int):
-    """(BLOCK, ROWS, num_warps): ~4096 elements per step; short rows share a program."""
-    block = min(triton_support.next_pow2(max(n_cols, 1)), MAX_ROW_BLOCK)
-    rows = max(1, min(64, MAX_ROW_BLOCK // block))
-    return block, rows, 4 if block * rows <= 2048 else 8
-
-
 def sum_all(x: torch.Tensor) -> torch.Tensor:
     x = x.contiguous()  # strided or expanded: pack first
     n = x.numel()
@@ -113,18 +105,18 @@ def sum_rows(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[:-1], dtype=x.dtype, device=x.device)
     n_rows = out.numel()
     if n_rows:
-        block, rows, warps = _rows_config(n_cols)
+        block, rows, warps = rows_config(n_cols)
         grid = (triton_support.cdiv(n_rows, rows),)
         _sum_rows_kernel[grid](x, out, n_rows, n_cols, BLOCK=block, ROWS=rows, num_warps=warps)
     return out
 
 
-sum_triton = sum_backend("triton", sum_all, sum_rows)
+sum_triton = sum_backend("triton", sum_all, sum_rows, triton=True)
 
 
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: the three kernels as launched at the bench sizes."""
-    block, rows, warps = _rows_config(4096)
+    block, rows, warps = rows_config(4096)
     part = {"x_ptr": f"*{dtype}", "part_ptr": "*fp64", "n": "i64", "BLOCK": "constexpr", "ITERS": "constexpr"}
     final = {"part_ptr": "*fp64", "out_ptr": f"*{dtype}", "n_part": "i32", "BLOCK": "constexpr"}
     rows_sig = {"x_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "n_rows": "i32", "n_cols": "i32"}

@@ -20,8 +20,8 @@ from kernellab.cuda.runtime import (
     sm_count,
 )
 from kernellab.ops._elementwise_cuda import SUFFIX
+from kernellab.ops._reductions import sum_backend
 from kernellab.ops._register import register_cuda
-from kernellab.ops.reductions._kit import sum_backend
 
 MODULE = Module(Path(__file__).with_name("sum.cu"))
 

@@ -1,6 +1,7 @@
-"""max / argmax over the last dim in CUDA C++ (max.cu, NVRTC): launchers, custom ops,
+"""max over the last dim in CUDA C++ (max.cu, NVRTC): launchers, custom ops,
 registrations. ``cuda_v1``: one thread per row (naive); ``cuda``: a warp or a block per
-row with 16-byte loads and shuffles (see the top of max.cu)."""
+row with 16-byte loads and shuffles (see the top of max.cu). argmax's CUDA backends
+(ops/argmax/cuda.py) are these launchers without the values store."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 
 from kernellab.cuda.runtime import Module, _get_device
 from kernellab.ops._elementwise_cuda import SUFFIX
+from kernellab.ops._reductions import max_backend
 from kernellab.ops._register import register_cuda
-from kernellab.ops.reductions._kit import max_backends
 
 MODULE = Module(Path(__file__).with_name("max.cu"))
 THREADS = 256
@@ -63,7 +64,11 @@ VARIANTS = [
     ("cuda", "good", "CUDA: warp or block per row, 16-byte loads, shuffles"),
 ]
 
+
+def launcher(variant: str):
+    """``rows(x, want_values)`` of one variant (the kit declarations' launcher)."""
+    return lambda x, want_values: max_rows(x, want_values, variant)
+
+
 for _backend, _variant, _what in VARIANTS:
-    _max, _argmax = max_backends(_backend, lambda x, want, _v=_variant: max_rows(x, want, _v))
-    for _op, _fn in (("max", _max), ("argmax", _argmax)):
-        register_cuda(_op, _backend, _fn, MODULE, _what)
+    register_cuda("max", _backend, max_backend(_backend, launcher(_variant)), MODULE, _what)
