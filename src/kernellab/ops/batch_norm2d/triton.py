@@ -32,7 +32,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.batch_norm2d import _kit
+from kernellab.ops.batch_norm2d.batch_norm_op import batch_norm_op, dims, empty_stats
 
 
 @dataclass(frozen=True)
@@ -283,10 +283,10 @@ def _warps(dev) -> int:
 
 
 def bn_fwd(x, w, b, eps, relu=False, cfg: Config = CONFIG):
-    """See _kit: (y, mean, rstd); x contiguous NCHW."""
+    """See batch_norm_op.py: (y, mean, rstd); x contiguous NCHW."""
     y = torch.empty_like(x)
-    mean, rstd = _kit.empty_stats(x)
-    n, c, hw, m = _kit.dims(x)
+    mean, rstd = empty_stats(x)
+    n, c, hw, m = dims(x)
     if m == 0 or c == 0:
         return y, mean.zero_(), rstd.zero_()
     block, split, chunk = grid_of(c, m, x.device, cfg)
@@ -300,9 +300,9 @@ def bn_fwd(x, w, b, eps, relu=False, cfg: Config = CONFIG):
 
 
 def bn_bwd(dy, x, w, b, mean, rstd, relu=False, cfg: Config = CONFIG):
-    """See _kit: (dx, dw, db); dy and x contiguous NCHW."""
+    """See batch_norm_op.py: (dx, dw, db); dy and x contiguous NCHW."""
     dx = torch.empty_like(x)
-    n, c, hw, m = _kit.dims(x)
+    n, c, hw, m = dims(x)
     if m == 0 or c == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dw, db = torch.empty_like(w), torch.empty_like(w)
@@ -321,7 +321,7 @@ def bn_bwd(dy, x, w, b, mean, rstd, relu=False, cfg: Config = CONFIG):
 
 # --------------------------------------------------------------------------- registration
 
-batch_norm2d_triton = _kit.batch_norm_op("batch_norm2d_triton", bn_fwd, bn_bwd, triton=True)
+batch_norm2d_triton = batch_norm_op("batch_norm2d_triton", bn_fwd, bn_bwd, triton=True)
 
 
 def kernel_specs(dtype: str):

@@ -10,7 +10,7 @@ import torch
 from kernellab.cuda.runtime import Module
 from kernellab.ops._register import register_cuda
 from kernellab.ops.batch_norm2d import cuda as bn_cuda
-from kernellab.ops.bn_relu_pool2d import _kit
+from kernellab.ops.bn_relu_pool2d.fused_op import bn_relu_pool_op, fwd_outputs
 
 MODULE = Module(Path(__file__).with_name("bn_relu_pool2d.cu"))
 SUFFIX = bn_cuda.SUFFIX
@@ -21,7 +21,7 @@ _kernel = MODULE.kernel  # (name, signature, device index); the Module caches pe
 def brp_fwd(x, w, b, eps):
     n, c, h, wd = x.shape
     p, q = h // 2, wd // 2
-    z, code, mean, rstd = _kit.fwd_outputs(x)
+    z, code, mean, rstd = fwd_outputs(x)
     m, mo = n * h * wd, n * p * q
     if m == 0 or c == 0:
         return z, code, mean.zero_(), rstd.zero_()
@@ -63,7 +63,7 @@ def brp_bwd(dz, x, w, code, mean, rstd):
     return dx, dw, db
 
 
-bn_relu_pool2d_cuda = _kit.op("bn_relu_pool2d_cuda", brp_fwd, brp_bwd)
+bn_relu_pool2d_cuda = bn_relu_pool_op("bn_relu_pool2d_cuda", brp_fwd, brp_bwd)
 register_cuda(
     "bn_relu_pool2d",
     "cuda",

@@ -41,7 +41,7 @@ import triton.language as tl
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
 from kernellab.ops.batch_norm2d.triton import CONFIG, Config, _bn_stats_kernel, channel_stats, grid_of
-from kernellab.ops.bn_relu_pool2d import _kit
+from kernellab.ops.bn_relu_pool2d.fused_op import bn_relu_pool_op, fwd_outputs
 
 __all__ = ["CONFIG", "Config", "brp_bwd", "brp_fwd"]
 
@@ -248,10 +248,10 @@ def _warps(dev, cfg: Config) -> int:
 
 
 def brp_fwd(x, w, b, eps, cfg: Config = CONFIG):
-    """See _kit: (z, code, mean, rstd); x contiguous NCHW, H, W >= 2."""
+    """See fused_op.py: (z, code, mean, rstd); x contiguous NCHW, H, W >= 2."""
     n, c, h, wd = x.shape
     p, q = h // 2, wd // 2
-    z, code, mean, rstd = _kit.fwd_outputs(x)
+    z, code, mean, rstd = fwd_outputs(x)
     m, mo = n * h * wd, n * p * q
     if m == 0 or c == 0:
         return z, code, mean.zero_(), rstd.zero_()
@@ -268,7 +268,7 @@ def brp_fwd(x, w, b, eps, cfg: Config = CONFIG):
 
 
 def brp_bwd(dz, x, w, code, mean, rstd, cfg: Config = CONFIG):
-    """See _kit: (dx, dw, db); dz [N, C, P, Q] and x contiguous."""
+    """See fused_op.py: (dx, dw, db); dz [N, C, P, Q] and x contiguous."""
     n, c, h, wd = x.shape
     p, q = h // 2, wd // 2
     dx = torch.empty_like(x)
@@ -290,7 +290,7 @@ def brp_bwd(dz, x, w, code, mean, rstd, cfg: Config = CONFIG):
 
 # --------------------------------------------------------------------------- registration
 
-bn_relu_pool2d_triton = _kit.op("bn_relu_pool2d_triton", brp_fwd, brp_bwd, triton=True)
+bn_relu_pool2d_triton = bn_relu_pool_op("bn_relu_pool2d_triton", brp_fwd, brp_bwd, triton=True)
 
 
 def kernel_specs(dtype: str):

@@ -31,7 +31,7 @@ import triton.language as tl
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
 from kernellab.ops._triton_dots import dot, dot_precision, mma
-from kernellab.ops.conv2d import _kit
+from kernellab.ops.conv2d.conv_op import check_int32, conv_op
 from kernellab.ops.conv2d.geometry import out_size
 
 # --------------------------------------------------------------------------- kernels
@@ -224,7 +224,7 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     n, c, h, wd = x.shape
     k, _, r, s = w.shape
     p, q = out_size(h, wd, r, s, (sh, sw), (ph, pw))
-    _kit.check_int32(x, w, p, q, "triton")
+    check_int32(x, w, p, q, "triton")
     y = torch.empty((n, k, p, q), dtype=x.dtype, device=x.device)
     m = n * p * q
     if m == 0:
@@ -291,7 +291,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     return dx, dw, db
 
 
-conv2d_triton = _kit.conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, triton=True)
+conv2d_triton = conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, triton=True)
 
 
 def _kernel_specs(dtype: str):

@@ -11,7 +11,7 @@ import torch
 from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module
 from kernellab.ops._register import register_cuda
-from kernellab.ops.pool import _kit
+from kernellab.ops.pool.pool_op import pool_op
 from kernellab.ops.pool.windows import geometry
 
 MODULE = Module(Path(__file__).with_name("pool.cu"))
@@ -55,7 +55,7 @@ def cuda_pool_bwd(dy, idx, h, w, k, s):
 register_cuda(
     "max_pool2d",
     "cuda",
-    _kit.pool_op("max_pool2d_cuda", cuda_pool_fwd, cuda_pool_bwd),
+    pool_op("max_pool2d_cuda", cuda_pool_fwd, cuda_pool_bwd),
     MODULE,
     "CUDA: one thread per output (int8 argmax offsets); backward a gather, no atomics",
 )

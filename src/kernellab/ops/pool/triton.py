@@ -16,7 +16,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.pool import _kit
+from kernellab.ops.pool.pool_op import pool_op
 from kernellab.ops.pool.windows import geometry
 
 BLOCK = 1024
@@ -98,7 +98,7 @@ def triton_pool_bwd(dy, idx, h, w, k, s):
     return dx
 
 
-max_pool2d_triton = _kit.pool_op("max_pool2d_triton", triton_pool_fwd, triton_pool_bwd, triton=True)
+max_pool2d_triton = pool_op("max_pool2d_triton", triton_pool_fwd, triton_pool_bwd, triton=True)
 
 
 def _kernel_specs(dtype: str):
