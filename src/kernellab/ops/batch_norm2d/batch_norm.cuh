@@ -10,6 +10,8 @@
 //   channel_stats   a thread merges channel c's `split` triples in fp64 and rounds mean and
 //                   rstd = 1 / sqrt(var + eps) to fp32 once: the float64 reference's
 //                   statistics within half an ulp (the Triton backend's, too).
+//   normalize_params   channel_stats, stored by block s == 0, as the forward's scale
+//                   rstd * w and shift b.
 //   store_grad_partials / channel_grads   the backward's per-chunk sums of g * (x - mean)
 //                   and g in part[2][C][split], then their totals: dw (rstd applied once)
 //                   and db.
@@ -105,6 +107,26 @@ __device__ __forceinline__ void channel_stats(const double* __restrict__ part, i
     }
     mean = (float)m;
     rstd = (float)(1.0 / sqrt(m2 / cnt + (double)eps));
+}
+
+// The forward's (x - mean) * scale + shift of channel c: mean, scale = rstd * w and
+// shift = b, the statistics from channel_stats; block s == 0 stores mean and rstd.
+struct NormParams {
+    float mean, scale, shift;
+};
+
+template <typename T>
+__device__ __forceinline__ NormParams normalize_params(const double* __restrict__ part, int C, int split, int c,
+                                                       int s, float eps, const T* __restrict__ w,
+                                                       const T* __restrict__ b, float* __restrict__ mean_out,
+                                                       float* __restrict__ rstd_out) {
+    float mean, rstd;
+    channel_stats(part, C, split, c, eps, mean, rstd);
+    if (s == 0 && threadIdx.x == 0) {
+        mean_out[c] = mean;
+        rstd_out[c] = rstd;
+    }
+    return {mean, rstd * kl::to_f(w[c]), kl::to_f(b[c])};
 }
 
 // The block's totals (fp64) of its threads' sums of g * (x - mean) and g, written by

@@ -50,14 +50,7 @@ __device__ void bn_fwd_apply(const T* __restrict__ x, const T* __restrict__ w, c
                              float* __restrict__ rstd_out, int C, int HW, int M, int chunk, float eps, int relu) {
     const auto [split, c, s] = channel_chunk(C);
     // Every thread merges the channel's partials itself (split is small): no barrier.
-    float mean, rstd;
-    channel_stats(part, C, split, c, eps, mean, rstd);
-    if (s == 0 && threadIdx.x == 0) {
-        mean_out[c] = mean;
-        rstd_out[c] = rstd;
-    }
-    const float scale = rstd * kl::to_f(w[c]);
-    const float shift = kl::to_f(b[c]);
+    const auto [mean, scale, shift] = normalize_params(part, C, split, c, s, eps, w, b, mean_out, rstd_out);
     const auto [start, end] = chunk_range(s, chunk, M);
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {

@@ -40,14 +40,7 @@ __device__ void brp_fwd(const T* __restrict__ x, const T* __restrict__ w, const 
                         float* __restrict__ mean_out, float* __restrict__ rstd_out, int C, int H, int W, int P,
                         int Q, int split_s, int MO, int chunk, float eps) {
     const auto [split, c, s] = channel_chunk(C);
-    float mean, rstd;
-    channel_stats(part, C, split_s, c, eps, mean, rstd);
-    if (s == 0 && threadIdx.x == 0) {
-        mean_out[c] = mean;
-        rstd_out[c] = rstd;
-    }
-    const float scale = rstd * kl::to_f(w[c]);
-    const float shift = kl::to_f(b[c]);
+    const auto [mean, scale, shift] = normalize_params(part, C, split_s, c, s, eps, w, b, mean_out, rstd_out);
     const float sgn = scale > 0.0f ? 1.0f : (scale < 0.0f ? -1.0f : 0.0f);
     const int PQ = P * Q;
     const auto [start, end] = chunk_range(s, chunk, MO);

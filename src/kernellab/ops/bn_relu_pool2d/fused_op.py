@@ -88,6 +88,14 @@ def count_flops(shape, mode, **options):
 # --------------------------------------------------------------------------- the op
 
 
+def sizes(x) -> tuple[int, int, int, int, int, int, int]:
+    """(C, H, W, P, Q, M, MO) of x [N, C, H, W]: a channel's M = N * H * W values and its
+    MO = N * P * Q pooled outputs."""
+    n, c, h, w = x.shape
+    p, q = pooled(x.shape)
+    return c, h, w, p, q, n * h * w, n * p * q
+
+
 def fwd_outputs(x) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Uninitialized (z, code, mean, rstd) for x: what the launchers fill, and the fake
     kernel's outputs."""

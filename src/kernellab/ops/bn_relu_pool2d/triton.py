@@ -53,7 +53,7 @@ from kernellab.ops.batch_norm2d.triton import (
     normalize_params,
     store_grad_partials,
 )
-from kernellab.ops.bn_relu_pool2d.fused_op import bn_relu_pool_op, fwd_outputs
+from kernellab.ops.bn_relu_pool2d.fused_op import bn_relu_pool_op, fwd_outputs, sizes
 
 __all__ = ["CONFIG", "Config", "brp_bwd", "brp_fwd"]
 
@@ -224,10 +224,8 @@ def _warps(dev, cfg: Config) -> int:
 
 def brp_fwd(x, w, b, eps, cfg: Config = CONFIG):
     """See fused_op.py: (z, code, mean, rstd); x contiguous NCHW, H, W >= 2."""
-    n, c, h, wd = x.shape
-    p, q = h // 2, wd // 2
+    c, h, wd, p, q, m, mo = sizes(x)
     z, code, mean, rstd = fwd_outputs(x)
-    m, mo = n * h * wd, n * p * q
     if m == 0 or c == 0:
         return z, code, mean.zero_(), rstd.zero_()
     warps = _warps(x.device, cfg)
@@ -244,10 +242,8 @@ def brp_fwd(x, w, b, eps, cfg: Config = CONFIG):
 
 def brp_bwd(dz, x, w, code, mean, rstd, cfg: Config = CONFIG):
     """See fused_op.py: (dx, dw, db); dz [N, C, P, Q] and x contiguous."""
-    n, c, h, wd = x.shape
-    p, q = h // 2, wd // 2
+    c, h, wd, p, q, m, mo = sizes(x)
     dx = torch.empty_like(x)
-    m, mo = n * h * wd, n * p * q
     if m == 0 or c == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dw, db = torch.empty_like(w), torch.empty_like(w)
