@@ -7,11 +7,12 @@ PyTorch normalizes with); no running statistics are kept (the course's MNIST mod
 batch statistics only). As ``torch.batch_norm(x, weight, bias, None, None, True, 0.0, eps)``:
 fp32 / fp16 / bf16 storage (x, weight and bias share one dtype), fp32 statistics and math,
 one rounding at the end; gradients for x, weight and bias. ``relu=True`` applies a ReLU in
-the same kernels (forward and backward; see _kit). A channel of variance 0 (a
+the same kernels (forward and backward; see batch_norm_op.py). A channel of variance 0 (a
 constant one, or batch 1 with 1x1 images) gives y = bias and dx = 0, as PyTorch's kernel
 does (F.batch_norm refuses one value per channel in Python before reaching it).
 
-    _kit.py          validation, inputs, counts, the op-kit declaration of a backend
+    batch_norm_op.py validation (shared with bn_relu_pool2d), inputs, counts, the custom op
+                     around a backend's launchers
     reference.py     manual, torch and compile baselines
     triton.py        split per-channel reductions in Triton (forward and backward)
     cuda.py, batch_norm2d.cu   the same in CUDA C++ (NVRTC)
@@ -23,7 +24,7 @@ import torch
 
 from kernellab.core import registry
 from kernellab.core.spec import BadInput, OpSpec, define, fuzz_nchw
-from kernellab.ops.batch_norm2d import _kit
+from kernellab.ops.batch_norm2d import batch_norm_op as _op
 
 
 def batch_norm2d_reference(x, weight, bias, eps=1e-5, relu=False):
@@ -67,8 +68,8 @@ SPEC = define(
         name="batch_norm2d",
         arg_names=("x", "weight", "bias"),
         reference=batch_norm2d_reference,
-        flops=_kit.count_flops,
-        bytes_moved=_kit.count_bytes,
+        flops=_op.count_flops,
+        bytes_moved=_op.count_bytes,
         grad_args=(0, 1, 2),
         # 1x1 images, batch 1 with 1x1 (variance 0), odd sizes, channels not a multiple of 8,
         # an empty batch, the model's layers (32 channels at 28x28, 64 at 14x14).
@@ -82,11 +83,11 @@ SPEC = define(
         grad_shapes=[(3, 5, 7, 9), (1, 3, 1, 1)],
         bad_shape=(2, 3, 4, 4),
         scale=2.0,
-        plant_extra=_kit.plant_constant_channel,
+        plant_extra=_op.plant_constant_channel,
         default_backends=("cuda", "triton", "torch"),
         doc=__doc__.strip().split("\n")[0],
-        inputs=_kit.inputs,
-        validator=_kit.validate,
+        inputs=_op.inputs,
+        validator=_op.validate,
         key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
         option_sets=[{"eps": 1e-2}, {"relu": True}],
         fuzz=lambda rng, big: (fuzz_nchw(rng, big), None),

@@ -6,7 +6,7 @@
 //   i in [0, M) (image i / HW, pixel i % HW); block b = c * split + s of 256 threads takes
 //   chunk s of channel c, so C * split blocks fill the GPU when C alone (32, 64) would not.
 //
-//   bn_stats     (bn_stats.cuh, shared with bn_relu_pool2d.cu) each thread sums its
+//   bn_stats     (batch_norm.cuh, shared with bn_relu_pool2d.cu) each thread sums its
 //                elements of the chunk shifted by the chunk's first value in fp64; the
 //                block merges the (count, mean, M2) triples (Chan's formula, fp64);
 //                thread 0 writes the chunk's triple to part[3][C][split] (fp64).
@@ -35,25 +35,23 @@ namespace {
 
 constexpr int THREADS = 256;
 
-#include "bn_stats.cuh"
+#include "batch_norm.cuh"
+
+// g where relu is off or the forward's pre-activation (x - mean) * scale + shift,
+// recomputed with the forward's expression (so the same sign), is > 0; else 0.
+__device__ __forceinline__ float relu_grad(float g, float xv, float mean, float scale, float shift, int relu) {
+    if (relu && !((xv - mean) * scale + shift > 0.0f)) g = 0.0f;
+    return g;
+}
 
 template <typename T>
 __device__ void bn_fwd_apply(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                              T* __restrict__ y, const double* __restrict__ part, float* __restrict__ mean_out,
                              float* __restrict__ rstd_out, int C, int HW, int M, int chunk, float eps, int relu) {
-    const int split = gridDim.x / C;
-    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
+    const auto [split, c, s] = channel_chunk(C);
     // Every thread merges the channel's partials itself (split is small): no barrier.
-    float mean, rstd;
-    channel_stats(part, C, split, c, eps, mean, rstd);
-    if (s == 0 && threadIdx.x == 0) {
-        mean_out[c] = mean;
-        rstd_out[c] = rstd;
-    }
-    const float scale = rstd * kl::to_f(w[c]);
-    const float shift = kl::to_f(b[c]);
-    const int start = s * chunk;
-    const int end = min(start + chunk, M);
+    const auto [mean, scale, shift] = normalize_params(part, C, split, c, s, eps, w, b, mean_out, rstd_out);
+    const auto [start, end] = chunk_range(s, chunk, M);
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const long long o = bn_offset(i, c, C, HW);
@@ -68,29 +66,20 @@ __device__ void bn_bwd_sums(const T* __restrict__ dy, const T* __restrict__ x, c
                             const float* __restrict__ rstd_in, double* __restrict__ part, int C, int HW, int M,
                             int chunk, int relu) {
     __shared__ double red[THREADS];
-    const int split = gridDim.x / C;
-    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
+    const auto [split, c, s] = channel_chunk(C);
     const float mean = mean_in[c];
-    // relu: the forward's pre-activation, recomputed with the forward's expression (same sign)
     const float scale = rstd_in[c] * kl::to_f(w[c]), shift = kl::to_f(b[c]);
-    const int start = s * chunk;
-    const int end = min(start + chunk, M);
+    const auto [start, end] = chunk_range(s, chunk, M);
     double sw = 0.0, sb = 0.0;
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const long long o = bn_offset(i, c, C, HW);
         const float xv = kl::to_f(x[o]);
-        float g = kl::to_f(dy[o]);
-        if (relu && !((xv - mean) * scale + shift > 0.0f)) g = 0.0f;
+        const float g = relu_grad(kl::to_f(dy[o]), xv, mean, scale, shift, relu);
         sw += (double)g * ((double)xv - (double)mean);
         sb += (double)g;
     }
-    const double tw = kl::smem_block_sum<THREADS>(sw, red);
-    const double tb = kl::smem_block_sum<THREADS>(sb, red);
-    if (threadIdx.x == 0) {
-        part[c * split + s] = tw;
-        part[C * split + c * split + s] = tb;
-    }
+    store_grad_partials(sw, sb, red, part, C, split, c, s);
 }
 
 template <typename T>
@@ -99,30 +88,18 @@ __device__ void bn_bwd_apply(const T* __restrict__ dy, const T* __restrict__ x, 
                              const float* __restrict__ rstd_in, const double* __restrict__ part,
                              T* __restrict__ dx, T* __restrict__ dw, T* __restrict__ db, int C, int HW, int M,
                              int chunk, int relu) {
-    const int split = gridDim.x / C;
-    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
+    const auto [split, c, s] = channel_chunk(C);
     const float mean = mean_in[c], rstd = rstd_in[c];
-    double tw = 0.0, tb = 0.0;
-    for (int j = 0; j < split; ++j) {
-        tw += part[c * split + j];
-        tb += part[C * split + c * split + j];
-    }
-    const float sw = (float)(tw * (double)rstd), sb = (float)tb;
-    if (s == 0 && threadIdx.x == 0) {
-        dw[c] = kl::from_f<T>(sw);
-        db[c] = kl::from_f<T>(sb);
-    }
+    const GradSums t = channel_grads(part, C, split, c, s, rstd, dw, db);
     const float k = rstd * kl::to_f(w[c]);  // = the forward's scale
     const float shift = kl::to_f(b[c]);
-    const float mdb = sb / M, mdw = sw / M;
-    const int start = s * chunk;
-    const int end = min(start + chunk, M);
+    const float mdb = t.sb / M, mdw = t.sw / M;
+    const auto [start, end] = chunk_range(s, chunk, M);
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const long long o = bn_offset(i, c, C, HW);
         const float xv = kl::to_f(x[o]);
-        float g = kl::to_f(dy[o]);
-        if (relu && !((xv - mean) * k + shift > 0.0f)) g = 0.0f;
+        const float g = relu_grad(kl::to_f(dy[o]), xv, mean, k, shift, relu);
         const float xhat = (xv - mean) * rstd;
         dx[o] = kl::from_f<T>(k * (g - mdb - xhat * mdw));
     }

@@ -10,7 +10,7 @@ import torch
 from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, sm_count
 from kernellab.ops._register import register_cuda
-from kernellab.ops.batch_norm2d import _kit
+from kernellab.ops.batch_norm2d.batch_norm_op import batch_norm_op, dims, empty_stats
 
 MODULE = Module(Path(__file__).with_name("batch_norm2d.cu"))
 THREADS = 256  # batch_norm2d.cu's THREADS
@@ -31,8 +31,8 @@ def _grid(c: int, m: int, dev: int) -> tuple[int, int]:
 
 def bn_fwd(x, w, b, eps, relu=False):
     y = torch.empty_like(x)
-    mean, rstd = _kit.empty_stats(x)
-    n, c, hw, m = _kit.dims(x)
+    mean, rstd = empty_stats(x)
+    n, c, hw, m = dims(x)
     if m == 0 or c == 0:
         return y, mean.zero_(), rstd.zero_()
     dev = x.device.index
@@ -50,7 +50,7 @@ def bn_fwd(x, w, b, eps, relu=False):
 
 def bn_bwd(dy, x, w, b, mean, rstd, relu=False):
     dx = torch.empty_like(x)
-    n, c, hw, m = _kit.dims(x)
+    n, c, hw, m = dims(x)
     if m == 0 or c == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dev = x.device.index
@@ -67,7 +67,7 @@ def bn_bwd(dy, x, w, b, mean, rstd, relu=False):
     return dx, dw, db
 
 
-batch_norm2d_cuda = _kit.batch_norm_op("batch_norm2d_cuda", bn_fwd, bn_bwd)
+batch_norm2d_cuda = batch_norm_op("batch_norm2d_cuda", bn_fwd, bn_bwd)
 register_cuda(
     "batch_norm2d",
     "cuda",

@@ -32,7 +32,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.batch_norm2d import _kit
+from kernellab.ops.batch_norm2d.batch_norm_op import batch_norm_op, dims, empty_stats
 
 
 @dataclass(frozen=True)
@@ -73,16 +73,12 @@ def _bn_stats_kernel(
     c = tl.program_id(0)
     s = tl.program_id(1)
     split = tl.num_programs(1)
-    start = s * chunk
-    end = tl.minimum(start + chunk, M)
+    start, end = chunk_bounds(s, chunk, M)
     cnt = tl.zeros((), dtype=tl.float64)
     mean = tl.zeros((), dtype=tl.float64)
     m2 = tl.zeros((), dtype=tl.float64)
     for i0 in range(start, end, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        mask = i < end
-        n = i // HW
-        off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
+        mask, n, r, off = channel_block(i0, end, c, C, HW, BLOCK)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float64)
         nb = tl.minimum(end - i0, BLOCK).to(tl.float64)
         mb = tl.sum(x, axis=0) / nb
@@ -116,6 +112,75 @@ def channel_stats(part_ptr, C, split, c, eps, SPLIT_P2: tl.constexpr):
     return mean64.to(tl.float32), rstd
 
 
+@triton.jit
+def chunk_bounds(s, chunk, total):
+    """[start, end) of chunk ``s`` of a channel's ``total`` flat indices."""
+    start = s * chunk
+    return start, tl.minimum(start + chunk, total)
+
+
+@triton.jit
+def channel_block(i0, end, c, C, D, BLOCK: tl.constexpr):
+    """The block at flat index i0 of channel c, i = n * D + r over planes of D elements
+    ([N, C, D] contiguous): (mask, n, r, element offset)."""
+    i = i0 + tl.arange(0, BLOCK)
+    n = i // D
+    r = i - n * D
+    return i < end, n, r, (n.to(tl.int64) * C + c) * D + r
+
+
+@triton.jit
+def normalize_params(part_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, C, split, c, s, eps, SPLIT_P2: tl.constexpr):
+    """(mean, scale = rstd * w, shift = b) of channel c for the forward's expression
+    (x - mean) * scale + shift, from the statistics partials; program s == 0 stores mean and
+    rstd."""
+    mean, rstd = channel_stats(part_ptr, C, split, c, eps, SPLIT_P2)
+    if s == 0:
+        tl.store(mean_ptr + c, mean)
+        tl.store(rstd_ptr + c, rstd)
+    scale = rstd * tl.load(w_ptr + c).to(tl.float32)
+    shift = tl.load(b_ptr + c).to(tl.float32)
+    return mean, scale, shift
+
+
+@triton.jit
+def add_grad_terms(acc_w, acc_b, g, x, mean64, mask):
+    """The running fp64 sums of g * (x - mean) and g (an fp32 product and difference are
+    exact in fp64)."""
+    g64 = g.to(tl.float64)
+    return acc_w + g64 * tl.where(mask, x.to(tl.float64) - mean64, 0.0), acc_b + g64
+
+
+@triton.jit
+def store_grad_partials(part_ptr, C, split, c, s, acc_w, acc_b):
+    """Chunk s's sums of g * (x - mean) and g into part [2, C, split]."""
+    p = c * split + s
+    tl.store(part_ptr + p, tl.sum(acc_w, axis=0))
+    tl.store(part_ptr + C * split + p, tl.sum(acc_b, axis=0))
+
+
+@triton.jit
+def grad_params(
+    part_ptr, mean_ptr, rstd_ptr, w_ptr, dw_ptr, db_ptr, C, split, c, s, M, SPLIT_P2: tl.constexpr
+):
+    """dw and db of channel c from the [2, C, split] partials (rstd applied once, fp64;
+    program s == 0 stores them) and what dx = k * (g - db / M - xhat * dw / M) needs:
+    (mean, rstd, k = w * rstd, db / M, dw / M)."""
+    j = tl.arange(0, SPLIT_P2)
+    jm = j < split
+    mean = tl.load(mean_ptr + c)
+    rstd = tl.load(rstd_ptr + c)
+    dw64 = tl.sum(tl.load(part_ptr + c * split + j, mask=jm, other=0.0), axis=0) * rstd.to(tl.float64)
+    db64 = tl.sum(tl.load(part_ptr + C * split + c * split + j, mask=jm, other=0.0), axis=0)
+    dw = dw64.to(tl.float32)
+    db = db64.to(tl.float32)
+    if s == 0:
+        tl.store(dw_ptr + c, dw.to(dw_ptr.dtype.element_ty))
+        tl.store(db_ptr + c, db.to(db_ptr.dtype.element_ty))
+    k = tl.load(w_ptr + c).to(tl.float32) * rstd  # = the forward's scale
+    return mean, rstd, k, db / M, dw / M
+
+
 @triton_support.jit
 def _bn_fwd_apply_kernel(
     x_ptr,  # [N, C, HW] contiguous
@@ -137,19 +202,12 @@ def _bn_fwd_apply_kernel(
     c = tl.program_id(0)
     s = tl.program_id(1)
     split = tl.num_programs(1)
-    mean, rstd = channel_stats(part_ptr, C, split, c, eps, SPLIT_P2)
-    if s == 0:
-        tl.store(mean_ptr + c, mean)
-        tl.store(rstd_ptr + c, rstd)
-    scale = rstd * tl.load(w_ptr + c).to(tl.float32)
-    shift = tl.load(b_ptr + c).to(tl.float32)
-    start = s * chunk
-    end = tl.minimum(start + chunk, M)
+    mean, scale, shift = normalize_params(
+        part_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, C, split, c, s, eps, SPLIT_P2
+    )
+    start, end = chunk_bounds(s, chunk, M)
     for i0 in range(start, end, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        mask = i < end
-        n = i // HW
-        off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
+        mask, n, r, off = channel_block(i0, end, c, C, HW, BLOCK)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         y = (x - mean) * scale + shift
         if RELU:
@@ -183,13 +241,9 @@ def _bn_bwd_sums_kernel(
     mean64 = mean.to(tl.float64)
     acc_w = tl.zeros([BLOCK], dtype=tl.float64)
     acc_b = tl.zeros([BLOCK], dtype=tl.float64)
-    start = s * chunk
-    end = tl.minimum(start + chunk, M)
+    start, end = chunk_bounds(s, chunk, M)
     for i0 in range(start, end, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        mask = i < end
-        n = i // HW
-        off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
+        mask, n, r, off = channel_block(i0, end, c, C, HW, BLOCK)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         if RELU:  # the forward's expression: the same fp32 value, the same sign
@@ -199,12 +253,8 @@ def _bn_bwd_sums_kernel(
         # sums rounded once. fp32 lanes lost up to a few ulps to cancellation at small
         # channels (a 1,500-term sum near zero); the fp64 work (3 flops per element) hides
         # under the loads on an H100, as in _bn_stats_kernel.
-        g = dy.to(tl.float64)
-        acc_w += g * tl.where(mask, x.to(tl.float64) - mean64, 0.0)
-        acc_b += g
-    p = c * split + s
-    tl.store(part_ptr + p, tl.sum(acc_w, axis=0))
-    tl.store(part_ptr + C * split + p, tl.sum(acc_b, axis=0))
+        acc_w, acc_b = add_grad_terms(acc_w, acc_b, dy, x, mean64, mask)
+    store_grad_partials(part_ptr, C, split, c, s, acc_w, acc_b)
 
 
 @triton_support.jit
@@ -230,29 +280,14 @@ def _bn_bwd_apply_kernel(
     c = tl.program_id(0)
     s = tl.program_id(1)
     split = tl.num_programs(1)
-    j = tl.arange(0, SPLIT_P2)
-    jm = j < split
-    mean = tl.load(mean_ptr + c)
-    rstd = tl.load(rstd_ptr + c)
-    dw64 = tl.sum(tl.load(part_ptr + c * split + j, mask=jm, other=0.0), axis=0) * rstd.to(tl.float64)
-    db64 = tl.sum(tl.load(part_ptr + C * split + c * split + j, mask=jm, other=0.0), axis=0)
-    dw = dw64.to(tl.float32)
-    db = db64.to(tl.float32)
-    if s == 0:
-        tl.store(dw_ptr + c, dw.to(dw_ptr.dtype.element_ty))
-        tl.store(db_ptr + c, db.to(db_ptr.dtype.element_ty))
-    k = tl.load(w_ptr + c).to(tl.float32) * rstd  # = the forward's scale
+    mean, rstd, k, mdb, mdw = grad_params(
+        part_ptr, mean_ptr, rstd_ptr, w_ptr, dw_ptr, db_ptr, C, split, c, s, M, SPLIT_P2
+    )
     if RELU:
         shift = tl.load(b_ptr + c).to(tl.float32)
-    mdb = db / M
-    mdw = dw / M
-    start = s * chunk
-    end = tl.minimum(start + chunk, M)
+    start, end = chunk_bounds(s, chunk, M)
     for i0 in range(start, end, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        mask = i < end
-        n = i // HW
-        off = (n.to(tl.int64) * C + c) * HW + (i - n * HW)
+        mask, n, r, off = channel_block(i0, end, c, C, HW, BLOCK)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         if RELU:
@@ -283,10 +318,10 @@ def _warps(dev) -> int:
 
 
 def bn_fwd(x, w, b, eps, relu=False, cfg: Config = CONFIG):
-    """See _kit: (y, mean, rstd); x contiguous NCHW."""
+    """See batch_norm_op.py: (y, mean, rstd); x contiguous NCHW."""
     y = torch.empty_like(x)
-    mean, rstd = _kit.empty_stats(x)
-    n, c, hw, m = _kit.dims(x)
+    mean, rstd = empty_stats(x)
+    n, c, hw, m = dims(x)
     if m == 0 or c == 0:
         return y, mean.zero_(), rstd.zero_()
     block, split, chunk = grid_of(c, m, x.device, cfg)
@@ -300,9 +335,9 @@ def bn_fwd(x, w, b, eps, relu=False, cfg: Config = CONFIG):
 
 
 def bn_bwd(dy, x, w, b, mean, rstd, relu=False, cfg: Config = CONFIG):
-    """See _kit: (dx, dw, db); dy and x contiguous NCHW."""
+    """See batch_norm_op.py: (dx, dw, db); dy and x contiguous NCHW."""
     dx = torch.empty_like(x)
-    n, c, hw, m = _kit.dims(x)
+    n, c, hw, m = dims(x)
     if m == 0 or c == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dw, db = torch.empty_like(w), torch.empty_like(w)
@@ -321,7 +356,7 @@ def bn_bwd(dy, x, w, b, mean, rstd, relu=False, cfg: Config = CONFIG):
 
 # --------------------------------------------------------------------------- registration
 
-batch_norm2d_triton = _kit.batch_norm_op("batch_norm2d_triton", bn_fwd, bn_bwd, triton=True)
+batch_norm2d_triton = batch_norm_op("batch_norm2d_triton", bn_fwd, bn_bwd, triton=True)
 
 
 def kernel_specs(dtype: str):

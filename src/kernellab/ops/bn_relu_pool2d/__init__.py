@@ -24,7 +24,7 @@ v > max or v is NaN); where the window's maximum is <= 0 the relu closes it and 
 gradient flows (relu's derivative at 0 is 0, as PyTorch's). The reference, F.max_pool2d
 over float64, follows the same rule.
 
-    _kit.py          validation, counts, the op-kit declaration of a backend
+    fused_op.py      validation, counts, the custom op around a backend's launchers
     reference.py     manual, torch and compile baselines
     triton.py        batch_norm2d's statistics kernel + a normalize/relu/pool kernel;
                      backward: sums over the argmaxes + one dense dx kernel
@@ -39,9 +39,9 @@ import torch.nn.functional as F
 from kernellab.core import registry
 from kernellab.core.spec import BadInput, Boundary, OpSpec, define, fuzz_nchw
 from kernellab.ops.batch_norm2d import CHANNEL_BAD_INPUTS, batch_norm2d_reference
-from kernellab.ops.batch_norm2d import _kit as _bn_kit
 from kernellab.ops.batch_norm2d import bad_case as _bad
-from kernellab.ops.bn_relu_pool2d import _kit
+from kernellab.ops.batch_norm2d import batch_norm_op as _bn_op
+from kernellab.ops.bn_relu_pool2d import fused_op as _op
 
 
 def bn_relu_pool2d_reference(x, weight, bias, eps=1e-5):
@@ -54,8 +54,8 @@ SPEC = define(
         name="bn_relu_pool2d",
         arg_names=("x", "weight", "bias"),
         reference=bn_relu_pool2d_reference,
-        flops=_kit.count_flops,
-        bytes_moved=_kit.count_bytes,
+        flops=_op.count_flops,
+        bytes_moved=_op.count_bytes,
         grad_args=(0, 1, 2),
         # the smallest image (2x2), batch 1, odd sizes (the dropped row / column), channels
         # not a multiple of 8, an empty batch, the model's layers (32 at 28x28, 64 at 14x14)
@@ -69,11 +69,11 @@ SPEC = define(
         grad_shapes=[(3, 5, 7, 9), (1, 3, 2, 2)],
         bad_shape=(2, 3, 4, 4),
         scale=2.0,
-        plant_extra=_bn_kit.plant_constant_channel,
+        plant_extra=_bn_op.plant_constant_channel,
         default_backends=("triton", "cuda", "torch"),  # Triton first: the backend the CPU tests run
         doc=__doc__.strip().split("\n")[0],
-        inputs=_bn_kit.inputs,
-        validator=_kit.validate,
+        inputs=_bn_op.inputs,
+        validator=_op.validate,
         key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
         option_sets=[{"eps": 1e-2}],
         fuzz=lambda rng, big: (fuzz_nchw(rng, big, min_hw=2), None),

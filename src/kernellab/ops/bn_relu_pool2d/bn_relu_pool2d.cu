@@ -5,7 +5,7 @@
 //   A channel's work is cut into `split` chunks of a flat index; block b = c * split + s of
 //   256 threads takes chunk s of channel c (C alone, 32 or 64, would not fill the GPU).
 //
-//   (stats)      batch_norm2d's bn_stats (bn_stats.cuh): fp64 shifted sums per thread,
+//   (stats)      batch_norm2d's bn_stats (batch_norm.cuh): fp64 shifted sums per thread,
 //                Chan merge per block, a (count, mean, M2) triple per chunk in
 //                part[3][C][split_s] (fp64), over all N * H * W values (an odd size's
 //                dropped row and column included).
@@ -32,27 +32,18 @@ namespace {
 
 constexpr int THREADS = 256;
 
-#include "../batch_norm2d/bn_stats.cuh"
+#include "../batch_norm2d/batch_norm.cuh"
 
 template <typename T>
 __device__ void brp_fwd(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ b,
                         T* __restrict__ z, signed char* __restrict__ code, const double* __restrict__ part,
                         float* __restrict__ mean_out, float* __restrict__ rstd_out, int C, int H, int W, int P,
                         int Q, int split_s, int MO, int chunk, float eps) {
-    const int split = gridDim.x / C;
-    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
-    float mean, rstd;
-    channel_stats(part, C, split_s, c, eps, mean, rstd);
-    if (s == 0 && threadIdx.x == 0) {
-        mean_out[c] = mean;
-        rstd_out[c] = rstd;
-    }
-    const float scale = rstd * kl::to_f(w[c]);
-    const float shift = kl::to_f(b[c]);
+    const auto [split, c, s] = channel_chunk(C);
+    const auto [mean, scale, shift] = normalize_params(part, C, split_s, c, s, eps, w, b, mean_out, rstd_out);
     const float sgn = scale > 0.0f ? 1.0f : (scale < 0.0f ? -1.0f : 0.0f);
     const int PQ = P * Q;
-    const int start = s * chunk;
-    const int end = min(start + chunk, MO);
+    const auto [start, end] = chunk_range(s, chunk, MO);
 #pragma unroll 2
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const int n = i / PQ;
@@ -79,23 +70,18 @@ __device__ void brp_fwd(const T* __restrict__ x, const T* __restrict__ w, const 
     }
 }
 
-template <typename T> struct SumAcc { using type = float; };
-template <> struct SumAcc<float> { using type = double; };
-
 template <typename T>
 __device__ void brp_bwd_sums(const T* __restrict__ dz, const signed char* __restrict__ code,
                              const T* __restrict__ x, const float* __restrict__ mean_in, double* __restrict__ part,
                              int C, int H, int W, int P, int Q, int MO, int chunk) {
     __shared__ double red[THREADS];
-    const int split = gridDim.x / C;
-    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
+    const auto [split, c, s] = channel_chunk(C);
     const float mean = mean_in[c];
     const int PQ = P * Q;
-    const int start = s * chunk;
-    const int end = min(start + chunk, MO);
+    const auto [start, end] = chunk_range(s, chunk, MO);
     // fp32 storage: per-element products and running sums in fp64; 16-bit: fp32 (the
     // block's total is fp64 either way)
-    using Acc = typename SumAcc<T>::type;
+    using Acc = typename kl::WideAcc<T>::type;
     Acc sw = 0, sb = 0;
 #pragma unroll 2
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
@@ -112,12 +98,7 @@ __device__ void brp_bwd_sums(const T* __restrict__ dz, const signed char* __rest
             sb += g;
         }
     }
-    const double tw = kl::smem_block_sum<THREADS>(sw, red);
-    const double tb = kl::smem_block_sum<THREADS>(sb, red);
-    if (threadIdx.x == 0) {
-        part[c * split + s] = tw;
-        part[C * split + c * split + s] = tb;
-    }
+    store_grad_partials(sw, sb, red, part, C, split, c, s);
 }
 
 template <typename T>
@@ -126,27 +107,16 @@ __device__ void brp_bwd_dx(const T* __restrict__ dz, const signed char* __restri
                            const float* __restrict__ rstd_in, const double* __restrict__ part, T* __restrict__ dx,
                            T* __restrict__ dw, T* __restrict__ db, int C, int H, int W, int P, int Q, int split_g,
                            int M, int chunk) {
-    const int split = gridDim.x / C;
-    const int c = blockIdx.x / split, s = blockIdx.x - c * split;
+    const auto [split, c, s] = channel_chunk(C);
     const float mean = mean_in[c], rstd = rstd_in[c];
-    double tw = 0.0, tb = 0.0;
-    for (int j = 0; j < split_g; ++j) {
-        tw += part[c * split_g + j];
-        tb += part[C * split_g + c * split_g + j];
-    }
-    const float sw = (float)(tw * (double)rstd), sb = (float)tb;
-    if (s == 0 && threadIdx.x == 0) {
-        dw[c] = kl::from_f<T>(sw);
-        db[c] = kl::from_f<T>(sb);
-    }
+    const auto [tw, tb, sw, sb] = channel_grads(part, C, split_g, c, s, rstd, dw, db);
     const float k = rstd * kl::to_f(w[c]);
     const float mdb = sb / M, mdw = sw / M;
     // fp32 storage: the per-element formula in fp64 (in fp32, five roundings put dx at the
     // check's bound); 16-bit: fp32
     const double k64 = (double)rstd * (double)kl::to_f(w[c]), mdb64 = tb / M, mdw64 = tw * (double)rstd / M;
     const int HW = H * W, PQ = P * Q;
-    const int start = s * chunk;
-    const int end = min(start + chunk, M);
+    const auto [start, end] = chunk_range(s, chunk, M);
 #pragma unroll 4
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const int n = i / HW;

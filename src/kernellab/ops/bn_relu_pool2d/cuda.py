@@ -10,7 +10,7 @@ import torch
 from kernellab.cuda.runtime import Module
 from kernellab.ops._register import register_cuda
 from kernellab.ops.batch_norm2d import cuda as bn_cuda
-from kernellab.ops.bn_relu_pool2d import _kit
+from kernellab.ops.bn_relu_pool2d.fused_op import bn_relu_pool_op, fwd_outputs, sizes
 
 MODULE = Module(Path(__file__).with_name("bn_relu_pool2d.cu"))
 SUFFIX = bn_cuda.SUFFIX
@@ -19,10 +19,8 @@ _kernel = MODULE.kernel  # (name, signature, device index); the Module caches pe
 
 
 def brp_fwd(x, w, b, eps):
-    n, c, h, wd = x.shape
-    p, q = h // 2, wd // 2
-    z, code, mean, rstd = _kit.fwd_outputs(x)
-    m, mo = n * h * wd, n * p * q
+    c, h, wd, p, q, m, mo = sizes(x)
+    z, code, mean, rstd = fwd_outputs(x)
     if m == 0 or c == 0:
         return z, code, mean.zero_(), rstd.zero_()
     dev = x.device.index
@@ -41,10 +39,8 @@ def brp_fwd(x, w, b, eps):
 
 
 def brp_bwd(dz, x, w, code, mean, rstd):
-    n, c, h, wd = x.shape
-    p, q = h // 2, wd // 2
+    c, h, wd, p, q, m, mo = sizes(x)
     dx = torch.empty_like(x)
-    m, mo = n * h * wd, n * p * q
     if m == 0 or c == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dev = x.device.index
@@ -63,7 +59,7 @@ def brp_bwd(dz, x, w, code, mean, rstd):
     return dx, dw, db
 
 
-bn_relu_pool2d_cuda = _kit.op("bn_relu_pool2d_cuda", brp_fwd, brp_bwd)
+bn_relu_pool2d_cuda = bn_relu_pool_op("bn_relu_pool2d_cuda", brp_fwd, brp_bwd)
 register_cuda(
     "bn_relu_pool2d",
     "cuda",

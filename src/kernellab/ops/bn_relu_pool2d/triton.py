@@ -36,14 +36,35 @@ step is launch bound and the launches are what fusion buys.
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.batch_norm2d.triton import CONFIG, Config, _bn_stats_kernel, channel_stats, grid_of
-from kernellab.ops.bn_relu_pool2d import _kit
+from kernellab.ops.batch_norm2d.triton import (
+    CONFIG,
+    Config,
+    _bn_stats_kernel,
+    add_grad_terms,
+    channel_block,
+    chunk_bounds,
+    grad_params,
+    grid_of,
+    normalize_params,
+    store_grad_partials,
+)
+from kernellab.ops.bn_relu_pool2d.fused_op import bn_relu_pool_op, fwd_outputs, sizes
 
 __all__ = ["CONFIG", "Config", "brp_bwd", "brp_fwd"]
+
+
+@triton.jit
+def _window_step(best, bx, arg, v, sgn, j):
+    """One more value v (window position j) against the running maximum: taken where its
+    key v * sgn is larger or a NaN (PyTorch's rule); (best key, its x, its position)."""
+    key = v * sgn
+    take = (key > best) | (key != key)
+    return tl.where(take, key, best), tl.where(take, v, bx), tl.where(take, j, arg)
 
 
 @triton_support.jit
@@ -70,25 +91,16 @@ def _fwd_kernel(
 ):
     c = tl.program_id(0)
     s = tl.program_id(1)
-    mean, rstd = channel_stats(part_ptr, C, split_s, c, eps, SPLIT_P2)
-    if s == 0:
-        tl.store(mean_ptr + c, mean)
-        tl.store(rstd_ptr + c, rstd)
     # batch_norm2d's expression (x - mean) * (rstd * w) + b: the same fp32 values, so the
     # fused block and the unfused fp32 one make the same relu and max decisions
-    scale = rstd * tl.load(w_ptr + c).to(tl.float32)
-    shift = tl.load(b_ptr + c).to(tl.float32)
-    PQ = P * Q
-    start = s * chunk
-    end = tl.minimum(start + chunk, MO)
+    mean, scale, shift = normalize_params(
+        part_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, C, split_s, c, s, eps, SPLIT_P2
+    )
+    start, end = chunk_bounds(s, chunk, MO)
     for i0 in range(start, end, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        mask = i < end
-        n = i // PQ
-        r = i - n * PQ
+        mask, n, r, o = channel_block(i0, end, c, C, P * Q, BLOCK)  # o: the pooled output
         p = r // Q
         q = r - p * Q
-        o = (n.to(tl.int64) * C + c) * PQ + r  # the pooled output
         top = ((n.to(tl.int64) * C + c) * H + 2 * p) * W + 2 * q  # the window's (0, 0)
         # The window's maximum is found on x itself: the normalization is an increasing
         # map of x where rstd * w > 0, decreasing where < 0 and constant where 0, so the
@@ -103,22 +115,11 @@ def _fwd_kernel(
         best = bx * sgn
         arg = tl.zeros([BLOCK], dtype=tl.int32)
         v = tl.load(x_ptr + top + 1, mask=mask, other=0.0).to(tl.float32)
-        key = v * sgn
-        take = (key > best) | (key != key)
-        best = tl.where(take, key, best)
-        bx = tl.where(take, v, bx)
-        arg = tl.where(take, 1, arg)
+        best, bx, arg = _window_step(best, bx, arg, v, sgn, 1)
         v = tl.load(x_ptr + top + W, mask=mask, other=0.0).to(tl.float32)
-        key = v * sgn
-        take = (key > best) | (key != key)
-        best = tl.where(take, key, best)
-        bx = tl.where(take, v, bx)
-        arg = tl.where(take, 2, arg)
+        best, bx, arg = _window_step(best, bx, arg, v, sgn, 2)
         v = tl.load(x_ptr + top + W + 1, mask=mask, other=0.0).to(tl.float32)
-        key = v * sgn
-        take = (key > best) | (key != key)
-        bx = tl.where(take, v, bx)
-        arg = tl.where(take, 3, arg)
+        best, bx, arg = _window_step(best, bx, arg, v, sgn, 3)
         # relu after the max (they commute); batch_norm2d's fp32 expression, so the relu
         # decision is the unfused chain's; a NaN passes, as torch.relu's does
         a = (bx - mean) * scale + shift
@@ -147,20 +148,14 @@ def _bwd_sums_kernel(
     s = tl.program_id(1)
     split = tl.num_programs(1)
     mean = tl.load(mean_ptr + c)
-    PQ = P * Q
     mean64 = mean.to(tl.float64)
     acc_w = tl.zeros([BLOCK], dtype=tl.float64)
     acc_b = tl.zeros([BLOCK], dtype=tl.float64)
-    start = s * chunk
-    end = tl.minimum(start + chunk, MO)
+    start, end = chunk_bounds(s, chunk, MO)
     for i0 in range(start, end, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        mask = i < end
-        n = i // PQ
-        r = i - n * PQ
+        mask, n, r, o = channel_block(i0, end, c, C, P * Q, BLOCK)
         p = r // Q
         q = r - p * Q
-        o = (n.to(tl.int64) * C + c) * PQ + r
         code = tl.load(code_ptr + o, mask=mask, other=-1).to(tl.int32)
         live = mask & (code >= 0)
         # x at the argmax: a gather of a quarter of x's elements (the window's row 2p or
@@ -168,12 +163,8 @@ def _bwd_sums_kernel(
         at = ((n.to(tl.int64) * C + c) * H + 2 * p + code // 2) * W + 2 * q + code % 2
         x = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
         g = tl.load(dz_ptr + o, mask=live, other=0.0).to(tl.float32)
-        g64 = g.to(tl.float64)  # fp64 terms and sums, as batch_norm2d's backward
-        acc_w += g64 * tl.where(live, x.to(tl.float64) - mean64, 0.0)
-        acc_b += g64
-    p_ = c * split + s
-    tl.store(part_ptr + p_, tl.sum(acc_w, axis=0))
-    tl.store(part_ptr + C * split + p_, tl.sum(acc_b, axis=0))
+        acc_w, acc_b = add_grad_terms(acc_w, acc_b, g, x, mean64, live)  # fp64, as batch_norm2d's
+    store_grad_partials(part_ptr, C, split, c, s, acc_w, acc_b)
 
 
 @triton_support.jit
@@ -201,29 +192,14 @@ def _bwd_dx_kernel(
 ):
     c = tl.program_id(0)
     s = tl.program_id(1)
-    j = tl.arange(0, SPLIT_P2)
-    jm = j < split_g
-    mean = tl.load(mean_ptr + c)
-    rstd = tl.load(rstd_ptr + c)
-    dw64 = tl.sum(tl.load(part_ptr + c * split_g + j, mask=jm, other=0.0), axis=0) * rstd.to(tl.float64)
-    db64 = tl.sum(tl.load(part_ptr + C * split_g + c * split_g + j, mask=jm, other=0.0), axis=0)
-    dw = dw64.to(tl.float32)
-    db = db64.to(tl.float32)
-    if s == 0:
-        tl.store(dw_ptr + c, dw.to(dw_ptr.dtype.element_ty))
-        tl.store(db_ptr + c, db.to(db_ptr.dtype.element_ty))
-    k = tl.load(w_ptr + c).to(tl.float32) * rstd
-    mdb = db / M
-    mdw = dw / M
+    mean, rstd, k, mdb, mdw = grad_params(
+        part_ptr, mean_ptr, rstd_ptr, w_ptr, dw_ptr, db_ptr, C, split_g, c, s, M, SPLIT_P2
+    )
     HW = H * W
     PQ = P * Q
-    start = s * chunk
-    end = tl.minimum(start + chunk, M)
+    start, end = chunk_bounds(s, chunk, M)
     for i0 in range(start, end, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        mask = i < end
-        n = i // HW
-        hw = i - n * HW
+        mask, n, hw, off = channel_block(i0, end, c, C, HW, BLOCK)
         h = hw // W
         w = hw - h * W
         p = h // 2
@@ -233,7 +209,6 @@ def _bwd_dx_kernel(
         code = tl.load(code_ptr + o, mask=inpool, other=-1).to(tl.int32)
         hit = inpool & (code == (h - 2 * p) * 2 + (w - 2 * q))
         g = tl.load(dz_ptr + o, mask=hit, other=0.0).to(tl.float32)
-        off = (n.to(tl.int64) * C + c) * HW + hw
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         xhat = (x - mean) * rstd
         dx = k * (g - mdb - xhat * mdw)
@@ -248,11 +223,9 @@ def _warps(dev, cfg: Config) -> int:
 
 
 def brp_fwd(x, w, b, eps, cfg: Config = CONFIG):
-    """See _kit: (z, code, mean, rstd); x contiguous NCHW, H, W >= 2."""
-    n, c, h, wd = x.shape
-    p, q = h // 2, wd // 2
-    z, code, mean, rstd = _kit.fwd_outputs(x)
-    m, mo = n * h * wd, n * p * q
+    """See fused_op.py: (z, code, mean, rstd); x contiguous NCHW, H, W >= 2."""
+    c, h, wd, p, q, m, mo = sizes(x)
+    z, code, mean, rstd = fwd_outputs(x)
     if m == 0 or c == 0:
         return z, code, mean.zero_(), rstd.zero_()
     warps = _warps(x.device, cfg)
@@ -268,18 +241,18 @@ def brp_fwd(x, w, b, eps, cfg: Config = CONFIG):
 
 
 def brp_bwd(dz, x, w, code, mean, rstd, cfg: Config = CONFIG):
-    """See _kit: (dx, dw, db); dz [N, C, P, Q] and x contiguous."""
-    n, c, h, wd = x.shape
-    p, q = h // 2, wd // 2
+    """See fused_op.py: (dx, dw, db); dz [N, C, P, Q] and x contiguous."""
+    c, h, wd, p, q, m, mo = sizes(x)
     dx = torch.empty_like(x)
-    m, mo = n * h * wd, n * p * q
     if m == 0 or c == 0:
         return dx, torch.zeros_like(w), torch.zeros_like(w)
     dw, db = torch.empty_like(w), torch.empty_like(w)
     warps = _warps(x.device, cfg)
     block, split_g, chunk_g = grid_of(c, mo, x.device, cfg)
     part = torch.empty((2, c, split_g), dtype=torch.float64, device=x.device)
-    _bwd_sums_kernel[(c, split_g)](dz, code, x, mean, part, c, h, wd, p, q, mo, chunk_g, BLOCK=block, num_warps=warps)
+    _bwd_sums_kernel[(c, split_g)](
+        dz, code, x, mean, part, c, h, wd, p, q, mo, chunk_g, BLOCK=block, num_warps=warps
+    )
     block, split, chunk = grid_of(c, m, x.device, cfg)
     _bwd_dx_kernel[(c, split)](
         dz, code, x, w, mean, rstd, part, dx, dw, db, c, h, wd, p, q, split_g, m, chunk,
@@ -290,7 +263,7 @@ def brp_bwd(dz, x, w, code, mean, rstd, cfg: Config = CONFIG):
 
 # --------------------------------------------------------------------------- registration
 
-bn_relu_pool2d_triton = _kit.op("bn_relu_pool2d_triton", brp_fwd, brp_bwd, triton=True)
+bn_relu_pool2d_triton = bn_relu_pool_op("bn_relu_pool2d_triton", brp_fwd, brp_bwd, triton=True)
 
 
 def kernel_specs(dtype: str):

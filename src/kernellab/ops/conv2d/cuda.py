@@ -26,7 +26,7 @@ from kernellab.core.registry import register
 from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, nvrtc_unavailable, sm_count
 from kernellab.ops._register import register_cuda
-from kernellab.ops.conv2d import _kit
+from kernellab.ops.conv2d.conv_op import check_int32, conv_op
 from kernellab.ops.conv2d.geometry import out_size
 
 MODULE = Module(Path(__file__).with_name("conv2d.cu"))
@@ -67,7 +67,7 @@ def _fwd(variant: str):
         x = x if x.is_contiguous() else x.contiguous()
         g = _geom(x, w, sh, sw, ph, pw)
         n, c, h, wd, k, r, s, p, q = g[:9]
-        _kit.check_int32(x, w, p, q, variant)
+        check_int32(x, w, p, q, variant)
         y = torch.empty((n, k, p, q), dtype=x.dtype, device=x.device)
         if y.numel() == 0:
             return y
@@ -149,12 +149,12 @@ for _backend, _what in VARIANTS:  # (cuda_v4 below: 16-bit only)
     register_cuda(
         "conv2d",
         _backend,
-        _kit.conv_op(f"conv2d_{_backend}", _fwd(_backend), cuda_conv2d_bwd, label=f"conv2d ({_backend})"),
+        conv_op(f"conv2d_{_backend}", _fwd(_backend), cuda_conv2d_bwd, label=f"conv2d ({_backend})"),
         MODULE,
         _what,
     )
 
-_v4 = _kit.conv_op("conv2d_cuda_v4", _fwd("cuda_v4"), cuda_conv2d_bwd, label="conv2d (cuda_v4)")
+_v4 = conv_op("conv2d_cuda_v4", _fwd("cuda_v4"), cuda_conv2d_bwd, label="conv2d (cuda_v4)")
 register(
     "conv2d",
     "cuda_v4",

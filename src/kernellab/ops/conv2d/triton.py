@@ -26,15 +26,28 @@ Under the CPU interpreter (no real 16-bit dots) the operands are upcast to fp32.
 from __future__ import annotations
 
 import torch
+import triton
 import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
 from kernellab.ops._triton_dots import dot, dot_precision, mma
-from kernellab.ops.conv2d import _kit
+from kernellab.ops.conv2d.conv_op import check_int32, conv_op
 from kernellab.ops.conv2d.geometry import out_size
 
 # --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The [BLOCK_M, BLOCK_N] tile of an [M, N] GEMM output that program_id(0) computes
+    (tiles row-major): its row and column indices and their masks."""
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    pid_m, pid_n = pid // n_tiles, pid % n_tiles
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return offs_m, offs_n, offs_m < M, offs_n < N
 
 
 @triton_support.jit
@@ -46,12 +59,7 @@ def _conv_fwd_kernel(
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(K, BLOCK_N)
-    pid_m, pid_n = pid // n_tiles, pid % n_tiles
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output pixels (n, p, q)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # output channels k
-    m_ok, n_ok = offs_m < M, offs_n < K
+    offs_m, offs_n, m_ok, n_ok = _tile(M, K, BLOCK_M, BLOCK_N)  # output pixels (n, p, q), channels k
     pq = P * Q
     nb, rem = offs_m // pq, offs_m % pq
     ih0 = (rem // Q) * SH - PH  # top-left input row / column of each output's window
@@ -94,12 +102,7 @@ def _conv_dgrad_kernel(
 ):
     # ACC64 (fp32 storage): each BLOCK_K-deep tile's dot in fp32, their sum in fp64 (one
     # fp32 chain over K R S is several times cuDNN's dx error at the MNIST / large layers)
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(C, BLOCK_N)
-    pid_m, pid_n = pid // n_tiles, pid % n_tiles
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # input pixels (n, h, w)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # input channels c
-    m_ok, n_ok = offs_m < M, offs_n < C
+    offs_m, offs_n, m_ok, n_ok = _tile(M, C, BLOCK_M, BLOCK_N)  # input pixels (n, h, w), channels c
     hw = H * W
     nb, rem = offs_m // hw, offs_m % hw
     ih, iw = rem // W, rem % W
@@ -149,15 +152,10 @@ def _conv_wgrad_kernel(
     # the sums fp64: each BLOCK_K-deep fp32 dot summed in fp64 misses the check's bound, 2x
     # cuDNN's error, on some seeds), TF32 dots summed in fp64; else one fp32
     # accumulator over the chunk (16-bit: a far looser bound)
-    pid = tl.program_id(0)
     split = tl.program_id(1)
     RS = R * S
     CRS = C * RS
-    n_tiles = tl.cdiv(CRS, BLOCK_N)
-    pid_m, pid_n = pid // n_tiles, pid % n_tiles
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # output channels k
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # filter taps (c, r, s)
-    m_ok, n_ok = offs_m < K, offs_n < CRS
+    offs_m, offs_n, m_ok, n_ok = _tile(K, CRS, BLOCK_M, BLOCK_N)  # output channels k, filter taps (c, r, s)
     c, rs = offs_n // RS, offs_n % RS
     r, s = rs // S, rs % S
     pq = P * Q
@@ -191,6 +189,7 @@ def _conv_wgrad_kernel(
         acc64 = acc.to(tl.float64)
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
     tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
+    pid_n = tl.program_id(0) % tl.cdiv(CRS, BLOCK_N)  # the tile's column, as _tile takes it
     first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)
     tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
@@ -224,7 +223,7 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     n, c, h, wd = x.shape
     k, _, r, s = w.shape
     p, q = out_size(h, wd, r, s, (sh, sw), (ph, pw))
-    _kit.check_int32(x, w, p, q, "triton")
+    check_int32(x, w, p, q, "triton")
     y = torch.empty((n, k, p, q), dtype=x.dtype, device=x.device)
     m = n * p * q
     if m == 0:
@@ -291,7 +290,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     return dx, dw, db
 
 
-conv2d_triton = _kit.conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, triton=True)
+conv2d_triton = conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, triton=True)
 
 
 def _kernel_specs(dtype: str):

@@ -6,13 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module
 from kernellab.ops._register import register_cuda
-from kernellab.ops.pool import _kit
-from kernellab.ops.pool.windows import geometry
+from kernellab.ops.pool.pool_op import fwd_outputs, grad_input, pool_op
 
 MODULE = Module(Path(__file__).with_name("pool.cu"))
 THREADS = 256
@@ -20,42 +17,37 @@ _SIG = ("ptr",) * 3 + ("i64",) + ("i32",) * 6
 _KERNELS: dict = {}
 
 
-def _kernel(name: str, dev: int):
-    k = _KERNELS.get((name, dev))
-    if k is None:
-        k = _KERNELS[(name, dev)] = MODULE.kernel(name, _SIG, dev)
-    return k
+def _launch(kind: str, a, b, c, total, *geom):
+    """maxpool2d_<kind> over ``total`` threads (one per element of its output) on a's
+    device and dtype."""
+    if total:
+        dev = a.device.index
+        key = (f"maxpool2d_{kind}_{SUFFIX[a.dtype]}", dev)
+        kern = _KERNELS.get(key)
+        if kern is None:
+            kern = _KERNELS[key] = MODULE.kernel(key[0], _SIG, dev)
+        kern(-(-total // THREADS), THREADS, a, b, c, total, *geom, device_index=dev)
 
 
 def cuda_pool_fwd(x, k, s):
     x = x if x.is_contiguous() else x.contiguous()
-    n, c, h, w = x.shape
-    _, _, p, q = geometry(h, w, k, s)
-    y = torch.empty((n, c, p, q), dtype=x.dtype, device=x.device)
-    idx = torch.empty((n, c, p, q), dtype=torch.int8, device=x.device)
-    total = y.numel()
-    if total:
-        dev = x.device.index
-        kern = _kernel(f"maxpool2d_fwd_{SUFFIX[x.dtype]}", dev)
-        kern(-(-total // THREADS), THREADS, x, y, idx, total, h, w, p, q, k, s, device_index=dev)
+    y, idx = fwd_outputs(x, k, s)
+    (_, _, h, w), (_, _, p, q) = x.shape, y.shape
+    _launch("fwd", x, y, idx, y.numel(), h, w, p, q, k, s)
     return y, idx
 
 
 def cuda_pool_bwd(dy, idx, h, w, k, s):
-    n, c, p, q = dy.shape
-    dx = torch.empty((n, c, h, w), dtype=dy.dtype, device=dy.device)
-    total = dx.numel()
-    if total:
-        dev = dy.device.index
-        kern = _kernel(f"maxpool2d_bwd_{SUFFIX[dy.dtype]}", dev)
-        kern(-(-total // THREADS), THREADS, dy, idx, dx, total, h, w, p, q, k, s, device_index=dev)
+    _, _, p, q = dy.shape
+    dx = grad_input(dy, h, w)
+    _launch("bwd", dy, idx, dx, dx.numel(), h, w, p, q, k, s)
     return dx
 
 
 register_cuda(
     "max_pool2d",
     "cuda",
-    _kit.pool_op("max_pool2d_cuda", cuda_pool_fwd, cuda_pool_bwd),
+    pool_op("max_pool2d_cuda", cuda_pool_fwd, cuda_pool_bwd),
     MODULE,
     "CUDA: one thread per output (int8 argmax offsets); backward a gather, no atomics",
 )

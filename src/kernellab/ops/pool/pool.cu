@@ -10,14 +10,20 @@
 //                    that can cover it: no atomics, no zero-fill pass, deterministic.
 #include "common.cuh"
 
+// Flat index i of a contiguous [N C, rows, cols] tensor: its row and col; returns its plane n c.
+__device__ __forceinline__ long long plane_of(long long i, int rows, int cols, int& row, int& col) {
+    col = (int)(i % cols);
+    row = (int)((i / cols) % rows);
+    return i / ((long long)rows * cols);
+}
+
 template <typename T>
 __device__ void pool_fwd(const T* __restrict__ x, T* __restrict__ y, signed char* __restrict__ idx,
                          long long total, int H, int W, int P, int Q, int k, int s) {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= total) return;
-    const int q = (int)(i % Q);
-    const int p = (int)((i / Q) % P);
-    const long long nc = i / ((long long)P * Q);
+    int p, q;
+    const long long nc = plane_of(i, P, Q, p, q);
     const T* win = x + nc * H * W + (long long)(p * s) * W + q * s;
     float best = kl::to_f(win[0]);
     int arg = 0;
@@ -37,9 +43,8 @@ __device__ void pool_bwd(const T* __restrict__ dy, const signed char* __restrict
                          long long total, int H, int W, int P, int Q, int k, int s) {
     const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (i >= total) return;
-    const int w = (int)(i % W);
-    const int h = (int)((i / W) % H);
-    const long long nc = i / ((long long)H * W);
+    int h, w;
+    const long long nc = plane_of(i, H, W, h, w);
     const int p_hi = min(h / s, P - 1), q_hi = min(w / s, Q - 1);
     float acc = 0.0f;
     for (int p = p_hi; p >= 0 && h - p * s < k; --p) {

@@ -11,13 +11,11 @@ y 6.4 MB + offsets 1.6 MB written; backward dy + offsets 8 MB read, dx 25.7 MB w
 
 from __future__ import annotations
 
-import torch
 import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.pool import _kit
-from kernellab.ops.pool.windows import geometry
+from kernellab.ops.pool.pool_op import fwd_outputs, grad_input, pool_op
 
 BLOCK = 1024
 
@@ -75,10 +73,8 @@ def _pool_bwd_kernel(
 
 
 def triton_pool_fwd(x, k, s):
-    n, c, h, w = x.shape
-    _, _, p, q = geometry(h, w, k, s)
-    y = torch.empty((n, c, p, q), dtype=x.dtype, device=x.device)
-    idx = torch.empty((n, c, p, q), dtype=torch.int8, device=x.device)
+    y, idx = fwd_outputs(x, k, s)
+    _, c, p, q = y.shape
     total = y.numel()
     if total:
         _pool_fwd_kernel[(triton_support.cdiv(total, BLOCK),)](
@@ -88,8 +84,8 @@ def triton_pool_fwd(x, k, s):
 
 
 def triton_pool_bwd(dy, idx, h, w, k, s):
-    n, c, p, q = dy.shape
-    dx = torch.empty((n, c, h, w), dtype=dy.dtype, device=dy.device)
+    _, _, p, q = dy.shape
+    dx = grad_input(dy, h, w)
     total = dx.numel()
     if total:
         _pool_bwd_kernel[(triton_support.cdiv(total, BLOCK),)](
@@ -98,7 +94,7 @@ def triton_pool_bwd(dy, idx, h, w, k, s):
     return dx
 
 
-max_pool2d_triton = _kit.pool_op("max_pool2d_triton", triton_pool_fwd, triton_pool_bwd, triton=True)
+max_pool2d_triton = pool_op("max_pool2d_triton", triton_pool_fwd, triton_pool_bwd, triton=True)
 
 
 def _kernel_specs(dtype: str):

@@ -38,7 +38,7 @@ from torch import Tensor
 
 from kernellab.core.kit import OpDecl, build, contig
 from kernellab.core.spec import FLOAT_DTYPES
-from kernellab.ops.batch_norm2d import _kit as _bn
+from kernellab.ops.batch_norm2d.batch_norm_op import validate_channels
 
 OP = "bn_relu_pool2d"
 
@@ -48,7 +48,7 @@ OP = "bn_relu_pool2d"
 def validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
     """``bn_relu_pool2d(x, weight, bias, eps=...)``: x [N, C, H, W] with H, W >= 2,
     weight and bias [C] in x's dtype (batch_norm2d's checks, no relu option)."""
-    _bn.validate_channels(args, kwargs, devices, OP, relu=False, min_hw=2, dtypes=dtypes)
+    validate_channels(args, kwargs, devices, OP, relu=False, min_hw=2, dtypes=dtypes)
 
 
 # --------------------------------------------------------------------------- counts
@@ -88,6 +88,14 @@ def count_flops(shape, mode, **options):
 # --------------------------------------------------------------------------- the op
 
 
+def sizes(x) -> tuple[int, int, int, int, int, int, int]:
+    """(C, H, W, P, Q, M, MO) of x [N, C, H, W]: a channel's M = N * H * W values and its
+    MO = N * P * Q pooled outputs."""
+    n, c, h, w = x.shape
+    p, q = pooled(x.shape)
+    return c, h, w, p, q, n * h * w, n * p * q
+
+
 def fwd_outputs(x) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Uninitialized (z, code, mean, rstd) for x: what the launchers fill, and the fake
     kernel's outputs."""
@@ -101,7 +109,7 @@ def _fwd_fake(x, w, b, eps):
     return fwd_outputs(x)
 
 
-def op(name: str, fwd, bwd, triton: bool = False):
+def bn_relu_pool_op(name: str, fwd, bwd, triton: bool = False):
     """Custom ops ``kernellab::<name>`` (x, w, b, eps) -> (z, code, mean, rstd) and
     ``kernellab::<name>_backward`` (dz, x, w, code, mean, rstd) -> (dx, dw, db); returns
     the registry callable ``(x, weight, bias, eps=1e-5)``."""

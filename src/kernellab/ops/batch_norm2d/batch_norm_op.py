@@ -1,5 +1,6 @@
-"""What every batch_norm2d backend shares: argument validation, input builders, byte and
-flop counts, and the op-kit declaration around a backend's launchers.
+"""What every batch_norm2d backend shares: argument validation (bn_relu_pool2d's too),
+input builders, byte and flop counts, and the op-kit declaration around a backend's
+launchers.
 
 Contract of a backend's launchers (Triton and CUDA alike), x NCHW [N, C, H, W]:
 

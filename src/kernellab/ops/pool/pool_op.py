@@ -14,10 +14,17 @@ from kernellab.core.kit import OpDecl, build
 from kernellab.ops.pool.windows import MAX_KERNEL, geometry
 
 
-def _fwd_fake(x, k, s):
+def fwd_outputs(x, k, s) -> tuple[Tensor, Tensor]:
+    """Uninitialized (y, idx) [N, C, P, Q], x's dtype and int8: what the forward launchers
+    fill, and the fake kernel's outputs."""
     _, _, p, q = geometry(x.shape[2], x.shape[3], k, s)
     shape = (x.shape[0], x.shape[1], p, q)
     return x.new_empty(shape), x.new_empty(shape, dtype=torch.int8)
+
+
+def grad_input(dy, h, w) -> Tensor:
+    """Uninitialized dx [N, C, H, W] in dy's dtype: what the backward launchers fill."""
+    return dy.new_empty((dy.shape[0], dy.shape[1], h, w))
 
 
 def pool_op(name: str, fwd, bwd, triton: bool = False):
@@ -40,8 +47,8 @@ def pool_op(name: str, fwd, bwd, triton: bool = False):
             name=name,
             fwd=_fwd,
             bwd=_bwd,
-            fwd_fake=_fwd_fake,
-            bwd_fake=lambda dy, idx, h, w, k, s: dy.new_empty((dy.shape[0], dy.shape[1], h, w)),
+            fwd_fake=fwd_outputs,
+            bwd_fake=lambda dy, idx, h, w, k, s: grad_input(dy, h, w),
             # saved: the int8 offsets alone (not x): (H, W, k, s) rebuild dx's geometry
             save=lambda inputs, out: ((out[1],), (*inputs[0].shape[2:], inputs[1], inputs[2])),
             bwd_args=lambda saved, extra, dy: (dy, saved[0], *extra),
