@@ -1,3 +1,4 @@
-"""Ops: one folder each, one per family where ops share kernels (norms/: layer_norm and
-rms_norm; reductions/: sum, max and argmax); importing a folder's package registers its
-ops and their backends."""
+"""Ops: one folder each, one per family where ops share kernels (reductions/: sum, max and
+argmax), or shared kernels in a package of their own (norm_kernels/: layer_norm, rms_norm
+and add_rms_norm; glu_kernels/: swiglu and geglu); importing an op's package registers it
+and its backends."""
