@@ -11,10 +11,11 @@ taken of the rounded sum, in fp32 through the weight multiply, rounded once (as
 residual and weight, from the grad_outputs of both outputs: d(x) = d(residual) =
 rms_norm's input gradient + the gradient of new_residual.
 
-The Triton backend is rms_norm's kernels with the residual fused (ops/norm_kernels/triton_kernels.py,
-``RES``): one kernel reads x and residual and writes normed, new_residual and the fp32
-rstd of each row; one backward kernel adds the residual stream's gradient into dx. NaN and
-inf follow rms_norm's (an inf in a row makes its rstd 0: the inf becomes NaN, the rest 0).
+The Triton backend is rms_norm's kernels with the residual fused (``RES`` in
+ops/norm_kernels/triton_kernels.py): one kernel reads x and residual and writes normed,
+new_residual and the fp32 rstd of each row; one backward kernel adds the residual stream's
+gradient into dx. NaN and inf follow rms_norm's (an inf in a row makes its rstd 0: the inf
+becomes NaN, the rest 0).
 """
 
 from __future__ import annotations

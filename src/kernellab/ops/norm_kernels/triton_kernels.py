@@ -2,7 +2,7 @@
 what `kernellab asm` compiles; the ops' backends (layer_norm/triton.py, rms_norm/triton.py,
 add_rms_norm/triton.py) declare their custom ops over these launchers and register them.
 
-One pair of kernels serves all three (``RMS`` constexpr: no mean, no bias; ``RES``: the
+One set of kernels serves all three (``RMS`` constexpr: no mean, no bias; ``RES``: the
 residual add fused in front of the norm).
 
 Forward: a row of D <= MAX_D columns is loaded once into registers, reduced twice
