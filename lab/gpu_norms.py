@@ -81,7 +81,7 @@ def sweep(out: Path, budget: float) -> None:
     buffer. (The Triton backward's knobs are a ``Config`` passed to its launcher:
     lab/probe_norm_bwd.py sweeps them.)"""
     from kernellab.harness import bench, results
-    from kernellab.ops.norms import cuda as lc
+    from kernellab.ops.norm_kernels import cuda_kernels as lc
 
     rows, old = [], lc.BWD_BLOCKS_PER_SM
     try:
@@ -190,7 +190,8 @@ def main(argv=None) -> int:
         print("no GPU: this script is for the GPU machine", file=sys.stderr)
         return 2
     import kernellab  # noqa: F401  (sets up Triton before the ops define kernels)
-    import kernellab.ops.norms  # noqa: F401  (registers both ops and their backends)
+    import kernellab.ops.layer_norm  # noqa: F401  (registers the op and its backends)
+    import kernellab.ops.rms_norm  # noqa: F401
     from kernellab import device
     from kernellab.core.registry import impls
     from kernellab.core.spec import parse_dtype, parse_shape

@@ -84,7 +84,7 @@ def main() -> int:
     sys.setswitchinterval(old)
     print("threads after:", [t.name for t in threading.enumerate()])
 
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.norm_kernels import triton_kernels as lt
 
     xd, wd, bd = x.detach(), w.detach(), b.detach()
     y, mean, rstd = lt.norm_fwd(xd, wd, bd, 1e-5, False)

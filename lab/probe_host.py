@@ -117,7 +117,7 @@ def main() -> int:
         rec(f"layer_norm fwdbwd kernellab {be}", per_call_us(fb(lambda: kernellab.layer_norm(x, w, b, backend=be))), base)
     lnimpl = kernellab.get("layer_norm", "triton")
     rec("layer_norm fwdbwd triton impl.fn", per_call_us(fb(lambda: lnimpl.fn(x, w, b))), base)
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.norm_kernels import triton_kernels as lt
 
     xd, wd, bd = x.detach(), w.detach(), b.detach()
     y, mean, rstd = lt.norm_fwd(xd, wd, bd, 1e-5, False)

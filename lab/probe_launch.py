@@ -199,7 +199,7 @@ def parts() -> int:
 
     from kernellab.ops.attention import triton as at
     from kernellab.ops.matmul import triton as mt
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.norm_kernels import triton_kernels as lt
 
     dev, bf = "cuda", torch.bfloat16
     x = torch.randn(64, 256, device=dev, dtype=bf)

@@ -26,7 +26,7 @@ import triton
 
 from kernellab.harness import timer
 from kernellab.harness.bench import git_sha, versions
-from kernellab.ops.norms import triton as nt
+from kernellab.ops.norm_kernels import triton_kernels as nt
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ import torch
 
 import kernellab
 from kernellab import triton_support
-from kernellab.ops.norms import triton as lt
+from kernellab.ops.norm_kernels import triton_kernels as lt
 
 from probe_host import per_call_us  # noqa: E402  (lab/ is on sys.path)
 

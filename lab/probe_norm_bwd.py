@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import triton
 
-import kernellab.ops.norms.triton as lt
+import kernellab.ops.norm_kernels.triton_kernels as lt
 from kernellab.harness import timer
 from kernellab.harness.bench import git_sha
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-import kernellab.ops.norms.triton as lt  # noqa: E402
+import kernellab.ops.norm_kernels.triton_kernels as lt  # noqa: E402
 
 
 def _copy_gbps() -> float:

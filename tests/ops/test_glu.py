@@ -98,7 +98,7 @@ def test_strided_inputs(op, opts, layout):
 
 @pytest.mark.parametrize("op,opts", CASES, ids=CASE_IDS)
 def test_nan_inf_follow_the_formula(op, opts):
-    """The documented choice (module docstring of ops/glu): act(-inf) = NaN, act(+inf) =
+    """The documented choice (package docstring of ops/glu_kernels): act(-inf) = NaN, act(+inf) =
     +inf, act'(+-inf) = NaN (so da is NaN there; db = dy * act(a) follows the forward),
     NaN stays NaN; large finite a keeps the limits. Positions must match the float64 reference exactly."""
     spec = kernellab.get_spec(op)
@@ -458,7 +458,8 @@ def test_liger_peers_refuse_double_backward(monkeypatch):
         mod = types.ModuleType(f"liger_kernel.ops.{name}")
         setattr(mod, cls, Detached)
         monkeypatch.setitem(sys.modules, f"liger_kernel.ops.{name}", mod)
-    from kernellab.ops.norms.liger import liger_layer_norm, liger_rms_norm
+    from kernellab.ops.layer_norm.liger import liger_layer_norm
+    from kernellab.ops.rms_norm.liger import liger_rms_norm
     from kernellab.ops.softmax.reference import liger_softmax
 
     calls = {"rms_norm": lambda x, w: liger_rms_norm(x, w), "layer_norm": lambda x, w: liger_layer_norm(x, w),

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import kernellab
-import kernellab.ops.norms.layer_norm as ln
+import kernellab.ops.layer_norm as ln
 from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
@@ -214,7 +214,7 @@ def test_bad_inputs_name_the_argument():
 
 
 def test_triton_refuses_rows_wider_than_its_limit():
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.norm_kernels import triton_kernels as lt
 
     x = torch.randn(1, lt.MAX_D + 1)
     with pytest.raises(ValueError, match=r"\bx\b"):
@@ -222,7 +222,7 @@ def test_triton_refuses_rows_wider_than_its_limit():
 
 
 def test_triton_configs():
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.norm_kernels import triton_kernels as lt
 
     assert lt._fwd_config(3) == (4, 64, 4)  # short rows share a program
     assert lt._fwd_config(4096)[:2] == (4096, 1)
@@ -235,7 +235,7 @@ def test_triton_one_row_forward(rms, width):
     """16-bit rows of 4096 columns and more take the 1-D row kernel (weight first,
     approximate rsqrt), masked when the width is not a power of two; fp32 keeps the 2-D
     kernel. Checked against float64, mean and rstd included."""
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.norm_kernels import triton_kernels as lt
 
     block, rows, _ = lt._fwd_config(width)
     assert lt._row_1d(rows, torch.bfloat16) and not lt._row_1d(rows, torch.float32)
@@ -277,7 +277,7 @@ def test_compile_backend_quick():
 
 
 def test_cuda_v2_shapes():
-    from kernellab.ops.norms.cuda import _v2_shape
+    from kernellab.ops.norm_kernels.cuda_kernels import _v2_shape
 
     assert _v2_shape(512, 4) == (128, 4)  # 4096 bf16 forward
     assert _v2_shape(512, 2) == (256, 2)  # ... backward
@@ -342,7 +342,7 @@ def test_triton_residual_add_fused_is_bitwise_add_then_norm(dtype, shape):
     """add_forward_saving / add_backward_from (the GPT blocks' residual + norm in one
     kernel each way, 2-D and 1-D row kernels) give bitwise what add, then layer_norm, and
     in the backward layer_norm's dx, then an add of the residual gradient give."""
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.layer_norm import triton as lt
 
     gen = torch.Generator().manual_seed(1)
     x, r, dy, dres = (torch.randn(*shape, generator=gen).to(dtype) for _ in range(4))
@@ -365,7 +365,7 @@ def test_triton_residual_add_fused_is_bitwise_add_then_norm(dtype, shape):
 
 
 def test_triton_residual_add_refuses_mismatched_residual():
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.layer_norm import triton as lt
 
     x, w, b = torch.randn(4, 8), torch.ones(8), torch.zeros(8)
     with pytest.raises(ValueError, match="r: expected a contiguous tensor of x's shape"):
@@ -389,7 +389,7 @@ def test_triton_add_layer_norm_op_gradients_of_both_outputs(use):
     """The residual add + layer norm as one op with two differentiable outputs (the kit's
     ``outputs=2``): (y, h); every input's gradient through either or both, against PyTorch
     in float64 (an output nobody differentiates reaches the backward as None or zeros)."""
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.layer_norm import triton as lt
 
     gen = torch.Generator().manual_seed(2)
     x, r, gy, gh = (torch.randn(6, 37, generator=gen) for _ in range(4))
@@ -413,7 +413,7 @@ def test_triton_add_layer_norm_op_gradients_of_both_outputs(use):
 
 
 def test_triton_add_layer_norm_opcheck_and_compile_fullgraph():
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.layer_norm import triton as lt
 
     fn = lt.add_layer_norm_triton
     assert len(fn.custom_ops) == 2
@@ -438,7 +438,7 @@ def test_triton_launch_knobs_are_a_config_not_module_state(monkeypatch):
     the forward's warps, the partial sum's tile."""
     import dataclasses
 
-    from kernellab.ops.norms import triton as lt
+    from kernellab.ops.norm_kernels import triton_kernels as lt
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         lt.CONFIG.bwd_programs_per_sm = 4
@@ -469,7 +469,7 @@ def test_gpu_triton_launch_plans_go_direct_and_fall_back_when_misaligned(rms, sh
     """After the first call at a shape, the Triton norms launch through the plan's bound
     compiled launchers (triton_support.Bound); a misaligned x at the same shape (a view 2
     bytes into its storage) must take Triton's own path, with the same results."""
-    from kernellab.ops.norms import triton as nt
+    from kernellab.ops.norm_kernels import triton_kernels as nt
 
     dt = torch.bfloat16
     op = "rms_norm" if rms else "layer_norm"

@@ -25,9 +25,12 @@ SPEC_API_VERSION = 2
 OP_MODULES = [
     "kernellab.ops.add",
     "kernellab.ops.gelu",
-    "kernellab.ops.glu",
+    "kernellab.ops.swiglu",
+    "kernellab.ops.geglu",
     "kernellab.ops.softmax",
-    "kernellab.ops.norms",
+    "kernellab.ops.layer_norm",
+    "kernellab.ops.rms_norm",
+    "kernellab.ops.add_rms_norm",
     "kernellab.ops.cross_entropy",
     "kernellab.ops.linear_cross_entropy",
     "kernellab.ops.sum",
@@ -113,6 +116,22 @@ def check_float_tensor(op: str, name: str, t, devices, dtypes=FLOAT_DTYPES) -> N
     if t.device.type not in devices:
         raise ValueError(
             f"{op}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only"
+        )
+
+
+def check_like(op: str, name: str, t, like_name: str, like, devices, dtypes=FLOAT_DTYPES) -> None:
+    """``check_float_tensor`` of ``t``, then: on ``like``'s device, of its dtype and of its
+    shape (no broadcasting), or an error naming both arguments. For an op whose second
+    tensor is the first one's twin (a GLU's up projection, a residual)."""
+    check_float_tensor(op, name, t, devices, dtypes)
+    if t.device != like.device:
+        raise ValueError(f"{op}: {name} is on {t.device} but {like_name} is on {like.device}")
+    if t.dtype != like.dtype:
+        raise TypeError(f"{op}: {name} has dtype {t.dtype} but {like_name} has {like.dtype}; they must match")
+    if t.shape != like.shape:
+        raise ValueError(
+            f"{op}: {name} has shape {tuple(t.shape)} but {like_name} has {tuple(like.shape)}; "
+            "shapes must match (no broadcasting)"
         )
 
 

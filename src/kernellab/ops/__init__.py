@@ -1,3 +1,4 @@
-"""Ops: one folder each, one per family where ops share kernels (norms/: layer_norm and
-rms_norm); importing a folder's package registers its ops and their backends. sum, max
-and argmax share ops/_reductions.py, and argmax's backends are max's kernels."""
+"""Ops: one folder each; importing an op's package registers it and its backends. Kernels
+several ops share live in a package or module of their own: norm_kernels/ (layer_norm,
+rms_norm, add_rms_norm), glu_kernels/ (swiglu, geglu) and _reductions.py (sum, max,
+argmax; argmax's backends are max's kernels)."""

@@ -57,3 +57,12 @@ def first_order_only(y: torch.Tensor, label: str) -> torch.Tensor:
     if not (torch.is_grad_enabled() and y.requires_grad):
         return y
     return _FirstOrderOnly.apply(y, label)
+
+
+def owned_inputs(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` for a peer whose backward writes into the inputs it saved (liger's GLUs):
+    private contiguous copies when a backward will run (the caller's tensors must not
+    change), else the tensors themselves, made contiguous."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return tuple(t.clone(memory_format=torch.contiguous_format) for t in tensors)
+    return tuple(t.contiguous() for t in tensors)

@@ -11,10 +11,11 @@ taken of the rounded sum, in fp32 through the weight multiply, rounded once (as
 residual and weight, from the grad_outputs of both outputs: d(x) = d(residual) =
 rms_norm's input gradient + the gradient of new_residual.
 
-The Triton backend is rms_norm's kernels with the residual fused (ops/norms/triton.py,
-``RES``): one kernel reads x and residual and writes normed, new_residual and the fp32
-rstd of each row; one backward kernel adds the residual stream's gradient into dx. NaN and
-inf follow rms_norm's (an inf in a row makes its rstd 0: the inf becomes NaN, the rest 0).
+The Triton backend is rms_norm's kernels with the residual fused (``RES`` in
+ops/norm_kernels/triton_kernels.py): one kernel reads x and residual and writes normed,
+new_residual and the fp32 rstd of each row; one backward kernel adds the residual stream's
+gradient into dx. NaN and inf follow rms_norm's (an inf in a row makes its rstd 0: the inf
+becomes NaN, the rest 0).
 """
 
 from __future__ import annotations
@@ -25,17 +26,8 @@ import torch
 from torch import Tensor
 
 from kernellab.core import registry
-from kernellab.core.spec import (
-    FLOAT_DTYPES,
-    BadInput,
-    OpSpec,
-    check_float_tensor,
-    define,
-    device_of,
-    layout_checking,
-    make_tensor,
-)
-from kernellab.ops.norms import _kit
+from kernellab.core.spec import FLOAT_DTYPES, BadInput, check_like, device_of, layout_checking, make_tensor
+from kernellab.ops.norm_kernels import spec_parts
 
 
 def add_rms_norm_reference(x, residual, weight, eps=1e-6):
@@ -45,7 +37,7 @@ def add_rms_norm_reference(x, residual, weight, eps=1e-6):
 
 
 # x, weight and eps follow rms_norm's rules (and its fast accept); residual is x's twin.
-_NORM_ARGS = _kit.make_validator("add_rms_norm", ("x", "weight"))
+_NORM_ARGS = spec_parts.make_validator("add_rms_norm", ("x", "weight"))
 
 
 def _validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
@@ -57,16 +49,7 @@ def _validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
     if (isinstance(r, Tensor) and r.dtype is x.dtype and r.layout is torch.strided and r.shape == x.shape
             and device_of(r) == device_of(x)):  # fmt: skip
         return
-    check_float_tensor(op, "residual", r, devices, dtypes)
-    if r.device != x.device:
-        raise ValueError(f"{op}: residual is on {r.device} but x is on {x.device}")
-    if r.dtype != x.dtype:
-        raise TypeError(f"{op}: residual has dtype {r.dtype} but x has {x.dtype}; they must match")
-    if r.shape != x.shape:
-        raise ValueError(
-            f"{op}: residual has shape {tuple(r.shape)} but x has {tuple(x.shape)}; "
-            "shapes must match (no broadcasting)"
-        )
+    check_like(op, "residual", r, "x", x, devices, dtypes)
 
 
 def _inputs(shape, dtype, device, gen, layout, scale):
@@ -106,33 +89,27 @@ def _case(device, dtype, r_shape=(4, 8), r_dtype=None, w_shape=(8,), w_dtype=Non
     return (x, r, w), kwargs
 
 
-SPEC = define(
-    OpSpec(
-        name="add_rms_norm",
-        arg_names=("x", "residual", "weight"),
-        reference=add_rms_norm_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        grad_args=(0, 1, 2),
-        grad_outputs=2,  # normed and new_residual, each with its own grad_output
-        **_kit.family_spec(),
-        doc=__doc__.strip().split("\n")[0],
-        inputs=_inputs,
-        validator=layout_checking(_validate),
-        key_validates=True,
-        option_sets=[{"eps": 1e-2}],
-        extra_bad_inputs=[
-            BadInput("residual of another shape", lambda d, t: _case(d, t, r_shape=(4, 9)), "residual"),
-            BadInput("residual dtype differs from x",
-                     lambda d, t: _case(d, torch.float32, r_dtype=torch.float16), "residual"),  # fmt: skip
-            BadInput("integer residual", lambda d, t: _case(d, t, r_dtype=torch.int32), "residual"),
-            BadInput("weight of the wrong shape", lambda d, t: _case(d, t, w_shape=(4, 8)), "weight"),
-            BadInput("weight dtype differs from x",
-                     lambda d, t: _case(d, torch.float32, w_dtype=torch.bfloat16), "weight"),  # fmt: skip
-            BadInput("eps not a number", lambda d, t: _case(d, t, eps="small"), "eps"),
-            BadInput("unknown keyword", lambda d, t: _case(d, t, offset=1.0), "offset"),
-        ],
-    )
+SPEC = spec_parts.define_norm(
+    "add_rms_norm",
+    ("x", "residual", "weight"),
+    add_rms_norm_reference,
+    (_flops, _bytes),
+    __doc__,
+    grad_outputs=2,  # normed and new_residual, each with its own grad_output
+    inputs=_inputs,
+    validator=layout_checking(_validate),
+    option_sets=[{"eps": 1e-2}],
+    extra_bad_inputs=[
+        BadInput("residual of another shape", lambda d, t: _case(d, t, r_shape=(4, 9)), "residual"),
+        BadInput("residual dtype differs from x",
+                 lambda d, t: _case(d, torch.float32, r_dtype=torch.float16), "residual"),  # fmt: skip
+        BadInput("integer residual", lambda d, t: _case(d, t, r_dtype=torch.int32), "residual"),
+        BadInput("weight of the wrong shape", lambda d, t: _case(d, t, w_shape=(4, 8)), "weight"),
+        BadInput("weight dtype differs from x",
+                 lambda d, t: _case(d, torch.float32, w_dtype=torch.bfloat16), "weight"),  # fmt: skip
+        BadInput("eps not a number", lambda d, t: _case(d, t, eps="small"), "eps"),
+        BadInput("unknown keyword", lambda d, t: _case(d, t, offset=1.0), "offset"),
+    ],
 )
 
 
@@ -142,3 +119,9 @@ def add_rms_norm(
     """``(rms_norm(x + residual) * weight, x + residual)`` over the last dimension with the
     chosen backend."""
     return registry.call("add_rms_norm", backend, x, residual, weight, eps=eps)
+
+
+# The backends register themselves, after the spec exists.
+from kernellab.ops.add_rms_norm import liger as _liger  # noqa: E402,F401
+from kernellab.ops.add_rms_norm import reference as _reference  # noqa: E402,F401
+from kernellab.ops.add_rms_norm import triton as _triton  # noqa: E402,F401

@@ -1,5 +1,6 @@
-"""LayerNorm and RMSNorm in CUDA C++ (norms.cu, compiled by NVRTC): launchers, custom
-ops, registrations. rms_norm's CUDA backends are the same launchers with ``rms=True``.
+"""LayerNorm and RMSNorm in CUDA C++ (norms.cu, compiled by NVRTC): the launchers of both
+ops and the registration of their variants (layer_norm/cuda.py, rms_norm/cuda.py call it).
+rms_norm's CUDA backends are the same launchers with ``rms=True``.
 
 Backends: ``cuda_v1`` (one block per row, shared-memory reductions, the row re-read per
 pass) and ``cuda`` (= v2: the row in registers, 16-byte accesses, warp shuffles, several
@@ -16,7 +17,7 @@ import torch
 from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, sm_count
 from kernellab.ops._register import register_cuda
-from kernellab.ops.norms import _kit
+from kernellab.ops.norm_kernels import plumbing
 
 MODULE = Module(Path(__file__).with_name("norms.cu"))
 V1_THREADS = 256
@@ -59,8 +60,8 @@ def _use_v2(x: torch.Tensor, vectorized: bool, target: int):
 def _launchers(vectorized: bool):
     def fwd(x, w, b, eps, rms):
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        mean, rstd = _kit.empty_stats(x, rms)
-        n_rows, n_cols = _kit.rows_of(x)
+        mean, rstd = plumbing.empty_stats(x, rms)
+        n_rows, n_cols = plumbing.rows_of(x)
         if not (n_rows and n_cols):
             return y, mean, rstd
         dev = x.device.index
@@ -95,7 +96,7 @@ def _launchers(vectorized: bool):
         return y, mean, rstd
 
     def bwd(dy, x, w, mean, rstd, rms, has_bias):
-        n_rows, n_cols = _kit.rows_of(x)
+        n_rows, n_cols = plumbing.rows_of(x)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         want_db = has_bias and not rms
         if not (n_rows and n_cols):
@@ -116,44 +117,18 @@ def _launchers(vectorized: bool):
             dw_part = torch.empty((slots, n_cols), dtype=torch.float32, device=x.device)
             db_part = torch.empty_like(dw_part) if not rms else dw_part
             k = _kernel(f"{kind}_bwd_p{p}_{sfx}", ("ptr",) * 8 + ("i64", "i32", "i32"), dev)
-            k(
-                grid,
-                V2_THREADS,
-                dy,
-                x,
-                w,
-                mean_ptr,
-                rstd,
-                dx,
-                dw_part,
-                db_part,
-                n_rows,
-                n_cols,
-                tpr,
-                device_index=dev,
-            )
+            threads, extra = V2_THREADS, (tpr,)
         else:
             grid = max(1, min(n_rows, 8 * sms))
             dw_part = torch.zeros((grid, n_cols), dtype=torch.float32, device=x.device)
             db_part = torch.zeros_like(dw_part) if not rms else dw_part
             k = _kernel(f"{kind}_bwd_v1_{sfx}", ("ptr",) * 8 + ("i64", "i32"), dev)
-            k(
-                grid,
-                V1_THREADS,
-                dy,
-                x,
-                w,
-                mean_ptr,
-                rstd,
-                dx,
-                dw_part,
-                db_part,
-                n_rows,
-                n_cols,
-                device_index=dev,
-            )
-        dw = _kit.reduce_partials(dw_part, w.dtype)
-        db = _kit.reduce_partials(db_part, w.dtype) if want_db else None
+            threads, extra = V1_THREADS, ()
+        # v1 and v2 take the same arguments; v2 also takes its threads per row
+        args = (dy, x, w, mean_ptr, rstd, dx, dw_part, db_part, n_rows, n_cols, *extra)
+        k(grid, threads, *args, device_index=dev)
+        dw = plumbing.reduce_partials(dw_part, w.dtype)
+        db = plumbing.reduce_partials(db_part, w.dtype) if want_db else None
         return dx, dw, db
 
     return fwd, bwd
@@ -170,11 +145,9 @@ VARIANTS = [
 
 
 def register_variants(op: str, make_op) -> None:
+    """Register each variant as backend ``VARIANTS[i][0]`` of ``op``: its launchers through
+    ``make_op`` (a plumbing ``*_op``), custom ops ``kernellab::<op>_<backend>``."""
     for backend, what in VARIANTS:
         fwd, bwd = LAUNCHERS[backend]
         fn = make_op(f"{op}_{backend}", fwd, bwd)
         register_cuda(op, backend, fn, MODULE, what)
-
-
-register_variants("layer_norm", _kit.layer_norm_op)
-register_variants("rms_norm", _kit.rms_norm_op)

@@ -1,5 +1,5 @@
-"""What layer_norm and rms_norm share: argument validation, input builders, byte counts,
-and the custom-op / eager-autograd plumbing around a backend's launchers.
+"""The custom-op / eager-autograd plumbing of the norms' backends (layer_norm, rms_norm,
+add_rms_norm, and layer_norm's residual-add form), around each backend's launchers.
 
 Contract of a backend's launchers (Triton and CUDA alike), over the last dimension D:
 
@@ -19,189 +19,10 @@ Math, with xhat = (x - mean) * rstd (rms: x * rstd) and g = w * dy:
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 from torch import Tensor
 
-from kernellab.core.kit import OpDecl, build, empty_like_contig
-from kernellab.core.spec import (
-    FLOAT_DTYPES,
-    Boundary,
-    check_float_tensor,
-    device_of,
-    fuzz_rows,
-    layout_checking,
-    make_tensor,
-    runs_on,
-)
-
-# --------------------------------------------------------------------------- validation
-
-
-_FLOATS = frozenset(FLOAT_DTYPES)
-
-
-def check_eps(op: str, eps) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"{op}: eps must be a float, got {type(eps).__name__}")
-    eps = float(eps)
-    if not (eps >= 0.0 and math.isfinite(eps)):
-        raise ValueError(f"{op}: eps must be finite and >= 0, got {eps!r}")
-    return eps
-
-
-def make_validator(op: str, arg_names: tuple[str, ...]):
-    """validator(args, kwargs, devices) for ``op(x, weight[, bias], *, eps)``; it checks
-    every tensor's layout (the fast accept and check_float_tensor both do)."""
-    n = len(arg_names)
-
-    def validate(args, kwargs, devices, dtypes=FLOAT_DTYPES) -> None:
-        # Fast accept for well-formed calls (this runs on every call: a few attribute reads);
-        # anything else takes the checks below, which name the offending argument.
-        if len(args) == n and (not kwargs or (len(kwargs) == 1 and type(kwargs.get("eps")) is float)):
-            x, w = args[0], args[1]
-            b = args[2] if n == 3 else None
-            if isinstance(x, Tensor) and isinstance(w, Tensor) and (b is None or isinstance(b, Tensor)):
-                # (device_of / runs_on / ndim: the cheapest reads of each fact)
-                dt, dev = x.dtype, device_of(x)
-                eps = kwargs.get("eps", 0.0) if kwargs else 0.0
-                if (
-                    dt in dtypes
-                    and x.layout is torch.strided
-                    and x.ndim
-                    and runs_on(x, devices)
-                    and w.dtype is dt
-                    and w.layout is torch.strided
-                    and w.ndim == 1
-                    and w.shape[0] == x.shape[-1]
-                    and device_of(w) == dev
-                    and (
-                        b is None
-                        or (
-                            b.dtype is dt
-                            and b.layout is torch.strided
-                            and b.ndim == 1
-                            and b.shape[0] == w.shape[0]
-                            and device_of(b) == dev
-                        )
-                    )
-                    and 0.0 <= eps < math.inf
-                ):
-                    return
-        if len(args) != n:
-            raise TypeError(f"{op}() takes {n} tensor arguments ({', '.join(arg_names)}), got {len(args)}")
-        x = args[0]
-        check_float_tensor(op, "x", x, devices, dtypes)
-        if x.dim() == 0:
-            raise ValueError(f"{op}: x must have at least one dimension, got a 0-d tensor")
-        d = x.shape[-1]
-        for name, t in zip(arg_names[1:], args[1:]):
-            if t is None and name == "bias":
-                continue
-            check_float_tensor(op, name, t, devices, dtypes)
-            if t.device != x.device:
-                raise ValueError(f"{op}: {name} is on {t.device} but x is on {x.device}")
-            if t.dtype != x.dtype:
-                raise TypeError(f"{op}: {name} has dtype {t.dtype} but x has {x.dtype}; they must match")
-            if t.shape != (d,):
-                raise ValueError(
-                    f"{op}: {name} must have shape [{d}] (the last dimension of x), got {list(t.shape)}"
-                )
-        for k, v in kwargs.items():
-            if k != "eps":
-                raise TypeError(f"{op}() got an unexpected keyword argument {k!r}")
-            check_eps(op, v)
-
-    return layout_checking(validate)
-
-
-# --------------------------------------------------------------------------- inputs
-
-
-def make_inputs_fn(with_bias: bool):
-    """inputs(shape, dtype, device, gen, layout, scale): x of ``shape`` in ``layout``,
-    weight (and bias) ~ 1 + N(0, 0.1^2), contiguous [D]."""
-
-    def inputs(shape, dtype, device, gen, layout, scale):
-        x = make_tensor(shape, dtype, device, gen, layout, scale)
-        if x is None:
-            return None
-        d = shape[-1] if shape else 1
-        w = (1.0 + make_tensor((d,), torch.float32, device, gen, "contiguous", 0.1)).to(dtype)
-        if not with_bias:
-            return x, w
-        b = (1.0 + make_tensor((d,), torch.float32, device, gen, "contiguous", 0.1)).to(dtype)
-        return x, w, b
-
-    return inputs
-
-
-def plant_constant_rows(x: Tensor) -> None:
-    """Row 1 constant (0.5: its fp32 sum is exact, so the variance is exactly 0) and row 2
-    all zeros: both normalize through the eps term alone (layer_norm: y = bias there)."""
-    if x.dim() < 2 or not x.is_contiguous():
-        return
-    rows = x.reshape(-1, x.shape[-1])
-    if rows.shape[0] >= 2:
-        rows[1].fill_(0.5)
-    if rows.shape[0] >= 3:
-        rows[2].zero_()
-
-
-def counts(with_bias: bool, rms: bool):
-    """(flops, bytes_moved) for the spec. Bytes: fwd reads x (+ w, b) and writes y and the
-    fp32 row statistics; bwd reads dy, x, w and the statistics and writes dx, dw (, db)."""
-
-    def _bytes(shape, dtype, mode, **options):
-        es = torch.empty((), dtype=dtype).element_size()
-        n = math.prod(shape)
-        d = shape[-1] if shape else 1
-        rows = n // d if d else 0
-        stats = (1 if rms else 2) * 4 * rows
-        params = (2 if with_bias else 1) * d * es
-        fwd = 2 * n * es + params + stats
-        bwd = 3 * n * es + stats + 2 * params
-        return {"fwd": fwd, "bwd": bwd, "fwdbwd": fwd + bwd}[mode]
-
-    def _flops(shape, mode, **options):
-        n = math.prod(shape)
-        f, b = (4, 9) if rms else (7, 12)  # per element: fwd sum/sq/scale, bwd products + sums
-        return {"fwd": f * n, "bwd": b * n, "fwdbwd": (f + b) * n}[mode]
-
-    return _flops, _bytes
-
-
-# --------------------------------------------------------------------------- spec fields
-
-
-def family_spec() -> dict:
-    """What layer_norm's and rms_norm's OpSpecs share: the family's test, bench and check
-    shapes (rows of odd widths, one very tall narrow tensor, widths past one block) and
-    defaults (fresh lists per spec: no spec shares a mutable field with another)."""
-    return dict(
-        test_shapes=[(0, 7), (1,), (17,), (3, 123), (5, 1025), (2, 3, 257), (65537, 3), (4, 4097), (3, 8192)],
-        quick_shapes=[(0, 7), (1,), (3, 123), (4, 1025)],
-        bench_shapes=[(16384, 4096)],
-        cpu_bench_shapes=[(64, 1024)],
-        layout_shape=(37, 1025),
-        reach_shape=(5, 1025),
-        rows_shape=(65537, 3),
-        grad_shapes=[(37, 1025), (1025,)],
-        bad_shape=(4, 33),
-        scale=2.0,
-        plant_extra=plant_constant_rows,
-        default_backends=("cuda", "triton", "torch"),
-        fuzz=fuzz_rows(5000, 20000),
-        # (17, 4099): a row past 4096 (the quick widths stop at 1025) and, at 69,683
-        # elements, the Triton backward's row-group kernel and partial sums (smaller
-        # inputs take the one-launch backward). (67, 40): more rows than one program
-        # holds (64 in the forward, 64 a step in the small backward at this width), with
-        # a short last group: dweight and dbias must sum every group.
-        boundary_cases=[Boundary((17, 4099)), Boundary((67, 40))],
-    )
-
+from kernellab.core.kit import OpDecl, build, contig, empty_like_contig
 
 # --------------------------------------------------------------------------- helpers
 
@@ -223,8 +44,17 @@ def reduce_partials(partial: Tensor, dtype) -> Tensor:
     return partial.sum(0).to(dtype)
 
 
-def _contig(t):
-    return t if t is None or t.is_contiguous() else t.contiguous()
+def _exposing(call, name: str):
+    """Decorator of a registry callable wrapping ``call`` (a kit.build result): named ``name``,
+    with ``call``'s custom ops (for opcheck), ops, forward_saving and backward_from (what the
+    registry, `kernellab asm` and the models' fused paths read)."""
+
+    def wrap(fn):
+        fn.custom_ops, fn.ops, fn.__name__ = call.custom_ops, call.ops, name
+        fn.forward_saving, fn.backward_from = call.forward_saving, call.backward_from
+        return fn
+
+    return wrap
 
 
 # --------------------------------------------------------------------------- custom ops
@@ -241,12 +71,12 @@ def layer_norm_op(name: str, fwd, bwd, triton: bool = False):
     (see kit.build for the eager path)."""
 
     def _fwd(x: Tensor, w: Tensor, b: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-        return fwd(_contig(x), w, b, eps, False)
+        return fwd(contig(x), w, b, eps, False)
 
     def _bwd(
         dy: Tensor, x: Tensor, w: Tensor, mean: Tensor, rstd: Tensor, has_bias: bool
     ) -> tuple[Tensor, Tensor, Tensor]:
-        dx, dw, db = bwd(_contig(dy), _contig(x), w, mean, rstd, False, True)
+        dx, dw, db = bwd(contig(dy), contig(x), w, mean, rstd, False, True)
         return dx, dw, db
 
     call = build(
@@ -274,13 +104,12 @@ def layer_norm_op(name: str, fwd, bwd, triton: bool = False):
         )
     )
 
+    @_exposing(call, name)
     def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
         # The launchers read weight and bias with unit stride: a strided or expanded one
         # is packed first (autograd carries its gradient back through the copy).
-        return call(x, _contig(weight), _contig(bias), float(eps))
+        return call(x, contig(weight), contig(bias), float(eps))
 
-    layer_norm.custom_ops, layer_norm.ops, layer_norm.__name__ = call.custom_ops, call.ops, name
-    layer_norm.forward_saving, layer_norm.backward_from = call.forward_saving, call.backward_from
     return layer_norm
 
 
@@ -305,8 +134,8 @@ def add_layer_norm_op(name: str, fwd, bwd, triton: bool = False):
         dy, dres = dys
         h = saved[0]
         # autograd passes None for an output nobody differentiated
-        dy = torch.zeros_like(h) if dy is None else _contig(dy)
-        return (dy, _contig(dres), *saved, has_bias)
+        dy = torch.zeros_like(h) if dy is None else contig(dy)
+        return (dy, contig(dres), *saved, has_bias)
 
     return build(
         OpDecl(
@@ -344,11 +173,11 @@ def rms_norm_op(name: str, fwd, bwd, triton: bool = False):
     ``kernellab::<name>_backward``; returns the registry callable ``(x, w, eps=1e-6)``."""
 
     def _fwd(x: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-        y, _, rstd = fwd(_contig(x), w, None, eps, True)
+        y, _, rstd = fwd(contig(x), w, None, eps, True)
         return y, rstd
 
     def _bwd(dy: Tensor, x: Tensor, w: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
-        dx, dw, _ = bwd(_contig(dy), _contig(x), w, None, rstd, True, False)
+        dx, dw, _ = bwd(contig(dy), contig(x), w, None, rstd, True, False)
         return dx, dw
 
     call = build(
@@ -370,11 +199,10 @@ def rms_norm_op(name: str, fwd, bwd, triton: bool = False):
         )
     )
 
+    @_exposing(call, name)
     def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-        return call(x, _contig(weight), float(eps))  # unit-stride weight, as layer_norm
+        return call(x, contig(weight), float(eps))  # unit-stride weight, as layer_norm
 
-    rms_norm.custom_ops, rms_norm.ops, rms_norm.__name__ = call.custom_ops, call.ops, name
-    rms_norm.forward_saving, rms_norm.backward_from = call.forward_saving, call.backward_from
     return rms_norm
 
 
@@ -401,7 +229,7 @@ def add_rms_norm_op(name: str, fwd, bwd, triton: bool = False):
     the launchers; dh = the norm's gradient + dres is the gradient of x and of r alike."""
 
     def _fwd(x: Tensor, r: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
-        return fwd(_contig(x), _contig(r), w, eps)
+        return fwd(contig(x), contig(r), w, eps)
 
     def _bwd(dy: Tensor, dres: Tensor | None, h: Tensor, w: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
         dh, dw = bwd(dy, dres, h, w, rstd)
@@ -411,8 +239,8 @@ def add_rms_norm_op(name: str, fwd, bwd, triton: bool = False):
         dy, dres = dys
         h = saved[0]
         # autograd passes None for an output nobody differentiated
-        dy = torch.zeros_like(h) if dy is None else _contig(dy)
-        return (dy, _contig(dres), *saved)
+        dy = torch.zeros_like(h) if dy is None else contig(dy)
+        return (dy, contig(dres), *saved)
 
     def _bwd_sample(make):
         x, r, w = make.args(False)
@@ -438,9 +266,8 @@ def add_rms_norm_op(name: str, fwd, bwd, triton: bool = False):
         )
     )
 
+    @_exposing(call, name)
     def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
-        return call(x, residual, _contig(weight), float(eps))  # unit-stride weight, as rms_norm
+        return call(x, residual, contig(weight), float(eps))  # unit-stride weight, as rms_norm
 
-    add_rms_norm.custom_ops, add_rms_norm.ops, add_rms_norm.__name__ = call.custom_ops, call.ops, name
-    add_rms_norm.forward_saving, add_rms_norm.backward_from = call.forward_saving, call.backward_from
     return add_rms_norm

@@ -1,5 +1,5 @@
-"""manual, torch and compile backends of swiglu and geglu. ``inplace_backward`` is accepted
-and ignored: PyTorch's autograd allocates the gradients (see the package docstring)."""
+"""manual, torch and compile backends of geglu. ``inplace_backward`` is accepted and
+ignored: PyTorch's autograd allocates the gradients (see ops/glu_kernels/__init__.py)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,6 @@ from kernellab.core.spec import upcast
 from kernellab.ops._baselines import compiled, register_baseline
 
 _K = math.sqrt(2.0 / math.pi)
-
-
-def manual_swiglu(a: torch.Tensor, b: torch.Tensor, inplace_backward: bool = False) -> torch.Tensor:
-    """a * sigmoid(a) * b from PyTorch primitives in fp32: ~5 kernels, each a round trip to memory."""
-    a32 = upcast(a)  # the naive version still computes in fp32, as the fused ones do
-    return (a32 * torch.sigmoid(a32) * upcast(b)).to(a.dtype)
-
-
-def torch_swiglu(a: torch.Tensor, b: torch.Tensor, inplace_backward: bool = False) -> torch.Tensor:
-    """F.silu(a) * b: two ATen kernels (the activation rounded to the input dtype in between)."""
-    return F.silu(a) * b
 
 
 def manual_geglu(
@@ -44,5 +33,4 @@ def torch_geglu(
     return F.gelu(a, approximate=approximate) * b
 
 
-register_baseline("swiglu", manual_swiglu, torch_swiglu, compiled(manual_swiglu))
 register_baseline("geglu", manual_geglu, torch_geglu, compiled(manual_geglu))

@@ -1,4 +1,6 @@
-"""SwiGLU and GeGLU in Triton: kernels, launcher, custom ops, registration.
+"""SwiGLU and GeGLU in Triton: kernels, launcher, the in-place backward, what `kernellab
+asm` compiles; swiglu/triton.py and geglu/triton.py declare their custom ops over these and
+register them.
 
 One streaming kernel each way, shared by both ops (``ACT``: silu, erf-GeLU, tanh-GeLU).
 Forward reads a and b and writes y = act(a) * b: 3 accesses per element against 5 for
@@ -19,8 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernellab import triton_support
-from kernellab.core.kit import OpDecl, build, empty_like_contig
-from kernellab.ops._register import register_triton
+from kernellab.core.kit import empty_like_contig
 
 ACT = {"silu": 0, "none": 1, "tanh": 2}  # the ACT constexpr: silu, erf-GeLU, tanh-GeLU
 _K = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
@@ -129,7 +130,7 @@ def _overlap(x: Tensor, y: Tensor) -> bool:
     return x.data_ptr() < y.data_ptr() + ny and y.data_ptr() < x.data_ptr() + nx
 
 
-def _bwd_inplace(dy: Tensor, a: Tensor, b: Tensor, act: int) -> tuple[Tensor, Tensor]:
+def bwd_inplace(dy: Tensor, a: Tensor, b: Tensor, act: int) -> tuple[Tensor, Tensor]:
     """The eager backward of ``inplace_backward=True``: da into a's buffer, db into b's.
 
     Safe because each program reads dy, a and b at its offsets before it stores da and db
@@ -167,48 +168,35 @@ def _bwd_inplace(dy: Tensor, a: Tensor, b: Tensor, act: int) -> tuple[Tensor, Te
 # --------------------------------------------------------------------------- custom ops
 
 
-# ``inplace_backward`` is in both schemas but only the eager backward acts on it (the
-# kit's ``eager_bwd``): the ops never write into their inputs, they declare no mutation,
-# and the registry callables pass False under torch.compile.
+# The launchers of the ops' custom ops (``act``: an ACT value). ``inplace_backward`` is in
+# both ops' schemas but only the eager backward acts on it (the kit's ``eager_bwd``): the
+# ops never write into their inputs, they declare no mutation, and the registry callables
+# pass False under torch.compile.
 
 
-def _swiglu_fwd(a: Tensor, b: Tensor, inplace_backward: bool) -> Tensor:
-    return _launch(_glu_fwd_kernel, (a, b), 1, ACT["silu"])[0]
+def glu_fwd(a: Tensor, b: Tensor, act: int) -> Tensor:
+    """y = act(a) * b."""
+    return _launch(_glu_fwd_kernel, (a, b), 1, act)[0]
 
 
-def _swiglu_bwd(dy: Tensor, a: Tensor, b: Tensor, inplace_backward: bool) -> tuple[Tensor, Tensor]:
-    da, db = _launch(_glu_bwd_kernel, (dy, a, b), 2, ACT["silu"])
+def glu_bwd(dy: Tensor, a: Tensor, b: Tensor, act: int) -> tuple[Tensor, Tensor]:
+    """(da, db) into fresh tensors."""
+    da, db = _launch(_glu_bwd_kernel, (dy, a, b), 2, act)
     return da, db
 
 
-def _swiglu_bwd_eager(dy, a, b, inplace_backward):
+def glu_bwd_eager(dy: Tensor, a: Tensor, b: Tensor, act: int, inplace_backward: bool):
+    """The eager backward: into a's and b's buffers with ``inplace_backward``, else fresh."""
     if inplace_backward:
-        return _bwd_inplace(dy, a, b, ACT["silu"])
-    return _swiglu_bwd(dy, a, b, False)
+        return bwd_inplace(dy, a, b, act)
+    return glu_bwd(dy, a, b, act)
 
 
-def _geglu_fwd(a: Tensor, b: Tensor, approximate: str, inplace_backward: bool) -> Tensor:
-    return _launch(_glu_fwd_kernel, (a, b), 1, ACT[approximate])[0]
-
-
-def _geglu_bwd(
-    dy: Tensor, a: Tensor, b: Tensor, approximate: str, inplace_backward: bool
-) -> tuple[Tensor, Tensor]:
-    da, db = _launch(_glu_bwd_kernel, (dy, a, b), 2, ACT[approximate])
-    return da, db
-
-
-def _geglu_bwd_eager(dy, a, b, approximate, inplace_backward):
-    if inplace_backward:
-        return _bwd_inplace(dy, a, b, ACT[approximate])
-    return _geglu_bwd(dy, a, b, approximate, False)
-
-
-def _pair_fake(t: Tensor) -> tuple[Tensor, Tensor]:
+def pair_fake(t: Tensor) -> tuple[Tensor, Tensor]:
     return empty_like_contig(t), empty_like_contig(t)
 
 
-def _inplace_hint(op: str) -> str:
+def inplace_hint(op: str) -> str:
     return (
         "a or b was modified in place after the forward: by the caller, or by this node's first "
         "backward, which with inplace_backward=True wrote the gradients into them; a second backward "
@@ -216,62 +204,16 @@ def _inplace_hint(op: str) -> str:
     )
 
 
-_swiglu_call = build(
-    OpDecl(
-        name="swiglu_triton",
-        label="swiglu (triton)",
-        fwd=_swiglu_fwd,
-        bwd=_swiglu_bwd,
-        eager_bwd=_swiglu_bwd_eager,
-        fwd_fake=lambda a, b, inplace_backward: empty_like_contig(a),
-        bwd_fake=lambda dy, a, b, inplace_backward: _pair_fake(a),
-        save=lambda inputs, out: ((inputs[0], inputs[1]), inputs[2]),  # a and b: act(a) is recomputed
-        bwd_args=lambda saved, inplace, dy: (dy, *saved, inplace),
-        grads=lambda g, extra: (g[0], g[1], None),
-        needs_grad=lambda a, b, inplace_backward: a.requires_grad or b.requires_grad,
-        samples=(lambda make: (make(1), make(1), False), lambda make: (make(0), make(0), make(0), False)),
-        triton=True,
-        inplace_hint=_inplace_hint("swiglu"),
-    )
-)
+def exposing(built):
+    """Decorator of a registry callable wrapping ``built`` (a kit.build result): with its
+    custom ops (for opcheck), ops, forward_saving and backward_from."""
 
-_geglu_call = build(
-    OpDecl(
-        name="geglu_triton",
-        label="geglu (triton)",
-        fwd=_geglu_fwd,
-        bwd=_geglu_bwd,
-        eager_bwd=_geglu_bwd_eager,
-        fwd_fake=lambda a, b, approximate, inplace_backward: empty_like_contig(a),
-        bwd_fake=lambda dy, a, b, approximate, inplace_backward: _pair_fake(a),
-        save=lambda inputs, out: ((inputs[0], inputs[1]), inputs[2:]),
-        bwd_args=lambda saved, extra, dy: (dy, *saved, *extra),
-        grads=lambda g, extra: (g[0], g[1], None, None),
-        needs_grad=lambda a, b, approximate, inplace_backward: a.requires_grad or b.requires_grad,
-        samples=(lambda make: (make(1), make(1), "none", False),
-                 lambda make: (make(0), make(0), make(0), "tanh", False)),  # fmt: skip
-        triton=True,
-        inplace_hint=_inplace_hint("geglu"),
-    )
-)
-_is_compiling = torch.compiler.is_compiling
+    def wrap(fn):
+        fn.custom_ops, fn.ops = built.custom_ops, built.ops
+        fn.forward_saving, fn.backward_from = built.forward_saving, built.backward_from
+        return fn
 
-
-def swiglu_call(a: Tensor, b: Tensor, inplace_backward: bool = False) -> Tensor:
-    """The registry callable of swiglu's Triton backend; ``inplace_backward`` (eager only)
-    as the package docstring says: traced, the custom op gets False."""
-    return _swiglu_call(a, b, inplace_backward and not _is_compiling())
-
-
-def geglu_call(a: Tensor, b: Tensor, approximate: str = "none", inplace_backward: bool = False) -> Tensor:
-    """The registry callable of geglu's Triton backend (the custom op takes ``approximate``
-    and ``inplace_backward`` positionally; traced, the latter is False)."""
-    return _geglu_call(a, b, approximate, inplace_backward and not _is_compiling())
-
-
-for _call, _built in ((swiglu_call, _swiglu_call), (geglu_call, _geglu_call)):
-    _call.custom_ops, _call.ops = _built.custom_ops, _built.ops
-    _call.forward_saving, _call.backward_from = _built.forward_saving, _built.backward_from
+    return wrap
 
 
 def kernel_specs(acts):
@@ -288,13 +230,3 @@ def kernel_specs(acts):
         return out
 
     return specs
-
-
-register_triton(
-    "swiglu", swiglu_call, kernel_specs(("silu",)),
-    "Triton, one fused pass each way, silu recomputed in the backward",
-)  # fmt: skip
-register_triton(
-    "geglu", geglu_call, kernel_specs(("none", "tanh")),
-    "Triton, one fused pass each way, gelu recomputed in the backward",
-)  # fmt: skip

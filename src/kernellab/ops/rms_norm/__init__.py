@@ -7,7 +7,7 @@ and weight share one dtype), everything in fp32 including the weight multiply, o
 rounding at the end (what PyTorch does; in liger-kernel's terms casting mode "gemma"
 with offset 0, not "llama", which rounds x * rstd to the storage dtype before the weight
 multiply). Gradients for x and weight. An all-zero row normalizes through eps alone
-(y = 0). The kernels are layer_norm's (``RMS`` flag; ops/norms/triton.py, cuda.py): they
+(y = 0). The kernels are layer_norm's (``RMS`` flag; ops/norm_kernels/): they
 save the fp32 rstd of each row and reduce dweight from per-program partial sums.
 """
 
@@ -16,16 +16,13 @@ from __future__ import annotations
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import BadInput, OpSpec, define
-from kernellab.ops.norms import _kit
+from kernellab.core.spec import BadInput
+from kernellab.ops.norm_kernels import spec_parts
 
 
 def rms_norm_reference(x, weight, eps=1e-6):
     """The formula in x's dtype (float64 in checks)."""
     return x / torch.sqrt(x.square().mean(-1, keepdim=True) + eps) * weight
-
-
-_flops, _bytes = _kit.counts(with_bias=False, rms=True)
 
 
 def _bad_weight(device, dtype):
@@ -48,27 +45,21 @@ def _unknown_option(device, dtype):
     return (x, torch.ones(8, device=device, dtype=dtype)), {"offset": 1.0}
 
 
-SPEC = define(
-    OpSpec(
-        name="rms_norm",
-        arg_names=("x", "weight"),
-        reference=rms_norm_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        grad_args=(0, 1),
-        **_kit.family_spec(),
-        doc=__doc__.strip().split("\n")[0],
-        inputs=_kit.make_inputs_fn(with_bias=False),
-        validator=_kit.make_validator("rms_norm", ("x", "weight")),
-        key_validates=True,
-        option_sets=[{"eps": 1e-2}],
-        extra_bad_inputs=[
-            BadInput("weight of the wrong shape", _bad_weight, "weight"),
-            BadInput("weight dtype differs from x", _bad_weight_dtype, "weight"),
-            BadInput("eps not a number", _bad_eps, "eps"),
-            BadInput("unknown keyword", _unknown_option, "offset"),
-        ],
-    )
+SPEC = spec_parts.define_norm(
+    "rms_norm",
+    ("x", "weight"),
+    rms_norm_reference,
+    spec_parts.counts(with_bias=False, rms=True),
+    __doc__,
+    inputs=spec_parts.make_inputs_fn(with_bias=False),
+    validator=spec_parts.make_validator("rms_norm", ("x", "weight")),
+    option_sets=[{"eps": 1e-2}],
+    extra_bad_inputs=[
+        BadInput("weight of the wrong shape", _bad_weight, "weight"),
+        BadInput("weight dtype differs from x", _bad_weight_dtype, "weight"),
+        BadInput("eps not a number", _bad_eps, "eps"),
+        BadInput("unknown keyword", _unknown_option, "offset"),
+    ],
 )
 
 
@@ -77,3 +68,10 @@ def rms_norm(
 ) -> torch.Tensor:
     """RMSNorm of ``x`` over its last dimension with the chosen backend."""
     return registry.call("rms_norm", backend, x, weight, eps=eps)
+
+
+# The backends register themselves, after the spec exists.
+from kernellab.ops.rms_norm import cuda as _cuda  # noqa: E402,F401
+from kernellab.ops.rms_norm import liger as _liger  # noqa: E402,F401
+from kernellab.ops.rms_norm import reference as _reference  # noqa: E402,F401
+from kernellab.ops.rms_norm import triton as _triton  # noqa: E402,F401

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import BadInput, OpSpec, define
-from kernellab.ops.norms import _kit
+from kernellab.core.spec import BadInput
+from kernellab.ops.norm_kernels import spec_parts
 
 
 def layer_norm_reference(x, weight, bias, eps=1e-5):
@@ -25,9 +25,6 @@ def layer_norm_reference(x, weight, bias, eps=1e-5):
     var = (x - mean).square().mean(-1, keepdim=True)
     y = (x - mean) / torch.sqrt(var + eps) * weight
     return y + bias if bias is not None else y
-
-
-_flops, _bytes = _kit.counts(with_bias=True, rms=False)
 
 
 def _bad_weight(device, dtype):
@@ -57,28 +54,22 @@ def _unknown_option(device, dtype):
     return (x, w, w.clone()), {"epsilon": 1e-5}
 
 
-SPEC = define(
-    OpSpec(
-        name="layer_norm",
-        arg_names=("x", "weight", "bias"),
-        reference=layer_norm_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        grad_args=(0, 1, 2),
-        **_kit.family_spec(),
-        doc=__doc__.strip().split("\n")[0],
-        inputs=_kit.make_inputs_fn(with_bias=True),
-        validator=_kit.make_validator("layer_norm", ("x", "weight", "bias")),
-        key_validates=True,
-        option_sets=[{"eps": 1e-2}, {"bias": None}],
-        extra_bad_inputs=[
-            BadInput("weight of the wrong length", _bad_weight, "weight"),
-            BadInput("bias of the wrong shape", _bad_bias, "bias"),
-            BadInput("weight dtype differs from x", _bad_weight_dtype, "weight"),
-            BadInput("negative eps", _bad_eps, "eps"),
-            BadInput("unknown keyword", _unknown_option, "epsilon"),
-        ],
-    )
+SPEC = spec_parts.define_norm(
+    "layer_norm",
+    ("x", "weight", "bias"),
+    layer_norm_reference,
+    spec_parts.counts(with_bias=True, rms=False),
+    __doc__,
+    inputs=spec_parts.make_inputs_fn(with_bias=True),
+    validator=spec_parts.make_validator("layer_norm", ("x", "weight", "bias")),
+    option_sets=[{"eps": 1e-2}, {"bias": None}],
+    extra_bad_inputs=[
+        BadInput("weight of the wrong length", _bad_weight, "weight"),
+        BadInput("bias of the wrong shape", _bad_bias, "bias"),
+        BadInput("weight dtype differs from x", _bad_weight_dtype, "weight"),
+        BadInput("negative eps", _bad_eps, "eps"),
+        BadInput("unknown keyword", _unknown_option, "epsilon"),
+    ],
 )
 
 
@@ -92,3 +83,10 @@ def layer_norm(
 ) -> torch.Tensor:
     """LayerNorm of ``x`` over its last dimension with the chosen backend."""
     return registry.call("layer_norm", backend, x, weight, bias, eps=eps)
+
+
+# The backends register themselves, after the spec exists.
+from kernellab.ops.layer_norm import cuda as _cuda  # noqa: E402,F401
+from kernellab.ops.layer_norm import liger as _liger  # noqa: E402,F401
+from kernellab.ops.layer_norm import reference as _reference  # noqa: E402,F401
+from kernellab.ops.layer_norm import triton as _triton  # noqa: E402,F401

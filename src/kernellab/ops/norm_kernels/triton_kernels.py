@@ -1,6 +1,9 @@
-"""LayerNorm and RMSNorm in Triton: kernels, launchers, custom ops, registration.
+"""LayerNorm and RMSNorm in Triton: kernels, config, launchers (norm_fwd, norm_bwd) and
+what `kernellab asm` compiles; the ops' backends (layer_norm/triton.py, rms_norm/triton.py,
+add_rms_norm/triton.py) declare their custom ops over these launchers and register them.
 
-One pair of kernels serves both ops (``RMS`` constexpr: no mean, no bias).
+One set of kernels serves all three (``RMS`` constexpr: no mean, no bias; ``RES``: the
+residual add fused in front of the norm).
 
 Forward: a row of D <= MAX_D columns is loaded once into registers, reduced twice
 (mean, then the variance of x - mean: the two-pass variance, exact for constant rows) and
@@ -25,8 +28,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops._register import register_triton
-from kernellab.ops.norms import _kit
+from kernellab.ops.norm_kernels import plumbing
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
 
@@ -474,7 +476,7 @@ class BwdPlan(NamedTuple):
 
 
 def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
-    n_rows, n_cols = _kit.rows_of(x)
+    n_rows, n_cols = plumbing.rows_of(x)
     if not (n_rows and n_cols):
         return FwdPlan(n_rows, n_cols, None, False)
     block, rows, warps = _fwd_config(n_cols, cfg)
@@ -492,7 +494,7 @@ def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
 
 
 def norm_fwd(x, w, b, eps, rms, res=None, h=None, cfg: Config = CONFIG):
-    """See _kit: (y, mean, rstd); x contiguous. With ``res`` (contiguous, x's shape and
+    """See plumbing: (y, mean, rstd); x contiguous. With ``res`` (contiguous, x's shape and
     dtype) the kernel normalizes x + res and writes that sum into ``h`` (fresh, x's shape)."""
     key = ("f", x.shape, x.dtype, x.device, rms, b is None, res is None, None if cfg is CONFIG else cfg)
     plan = _plan(x, key, lambda: _fwd_plan(x, rms, b is not None, res is not None, cfg))
@@ -512,7 +514,7 @@ def norm_fwd(x, w, b, eps, rms, res=None, h=None, cfg: Config = CONFIG):
 
 
 def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
-    n_rows, n_cols = _kit.rows_of(x)
+    n_rows, n_cols = plumbing.rows_of(x)
     want_db = has_bias and not rms
     if not (n_rows and n_cols):
         return BwdPlan(n_rows, n_cols, 0, want_db, None, 0, None, False)
@@ -547,7 +549,7 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
 
 
 def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFIG):
-    """See _kit: (dx, dw, db); dy and x contiguous. With ``dres`` (contiguous, x's shape
+    """See plumbing: (dx, dw, db); dy and x contiguous. With ``dres`` (contiguous, x's shape
     and dtype) dx is the norm's gradient plus dres, rounded as two ops would round."""
     key = ("b", x.shape, x.dtype, w.dtype, x.device, rms, has_bias, dres is None, None if cfg is CONFIG else cfg)
     plan = _plan(x, key, lambda: _bwd_plan(x, w, rms, has_bias, dres is not None, cfg))
@@ -575,8 +577,8 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFI
     if psum is None:
         # fp32 weights: torch's sum (no cast to launch). The kernel below misses the
         # check's bound for an fp32 dweight over many rows.
-        dw = _kit.reduce_partials(dw_part, w.dtype)
-        db = _kit.reduce_partials(db_part, w.dtype) if want_db else None
+        dw = plumbing.reduce_partials(dw_part, w.dtype)
+        db = plumbing.reduce_partials(db_part, w.dtype) if want_db else None
         return dx, dw, db
     dw = torch.empty(n_cols, dtype=w.dtype, device=w.device)  # (custom-op outputs may not alias)
     db = torch.empty_like(dw) if want_db else None
@@ -625,9 +627,6 @@ def _partials_sum_kernel(
     tl.store(dw_ptr + cols, tl.sum(acc_w, axis=0).to(dw_ptr.dtype.element_ty), mask=cmask)
     if HAS_DB:
         tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(db_ptr.dtype.element_ty), mask=cmask)
-
-
-layer_norm_triton = _kit.layer_norm_op("layer_norm_triton", norm_fwd, norm_bwd, triton=True)
 
 
 def kernel_specs(rms: bool):
@@ -727,108 +726,3 @@ def kernel_specs(rms: bool):
         ]
 
     return specs
-
-
-register_triton(
-    "layer_norm",
-    layer_norm_triton,
-    kernel_specs(False),
-    "Triton: row in registers, saved mean/rstd, per-program dweight/dbias partials",
-)
-
-# rms_norm: the same kernels with RMS=True (no mean, no bias).
-rms_norm_triton = _kit.rms_norm_op("rms_norm_triton", norm_fwd, norm_bwd, triton=True)
-
-register_triton(
-    "rms_norm",
-    rms_norm_triton,
-    kernel_specs(True),
-    "Triton: row in registers, saved rstd, per-program dweight partials",
-)
-
-
-# --------------------------------------------------------------------------- residual add
-#
-# A pre-LN transformer adds a residual and normalizes the sum: h = x + r; y = LN(h). For
-# models that own their autograd (kernellab.models.gpt's fused blocks), one forward kernel
-# does both (h is written once, as the add would write it) and one backward kernel adds
-# the residual stream's gradient into dx: two launches fewer per residual, and the sum is
-# read once less. Results are bitwise those of add then layer_norm (same roundings).
-
-
-def _same_rows(x, r, name):
-    if r.shape != x.shape or r.dtype != x.dtype or r.device != x.device or not r.is_contiguous():
-        raise ValueError(
-            f"{name}: expected a contiguous tensor of x's shape {tuple(x.shape)}, dtype {x.dtype} and "
-            f"device, got shape {tuple(r.shape)}, {r.dtype}, {r.device}"
-            + ("" if r.is_contiguous() else ", non-contiguous")
-        )
-
-
-def _add_norm_fwd(x, r, w, b, eps):
-    if not x.is_contiguous():
-        raise ValueError("x: expected a contiguous tensor")
-    _same_rows(x, r, "r")
-    h = torch.empty_like(x)
-    y, mean, rstd = norm_fwd(x, w, b, float(eps), False, res=r, h=h)
-    return y, h, mean, rstd
-
-
-def _add_norm_bwd(dy, dres, h, w, mean, rstd, has_bias):
-    _same_rows(h, dy, "dy")
-    if dres is not None:
-        _same_rows(h, dres, "dres")
-    return norm_bwd(dy, h, w, mean, rstd, False, True, dres=dres)
-
-
-# (x, r, w, b, eps) -> (layer_norm(x + r), x + r): one kernel each way, a triton_op on a GPU
-# (the GPT's op-by-op path under torch.compile: Inductor launches it where PyTorch's
-# compiled step fuses its own add into its norm).
-add_layer_norm_triton = _kit.add_layer_norm_op("add_layer_norm_triton", _add_norm_fwd, _add_norm_bwd, triton=True)
-
-
-def add_forward_saving(x, r, w, b, eps: float = 1e-5):
-    """``(layer_norm(x + r), x + r, saved)`` with no autograd node; x and r contiguous, of
-    one shape and dtype. ``saved`` is what ``add_backward_from`` takes."""
-    (y, h), saved = add_layer_norm_triton.forward_saving(x, r, w, b, float(eps))
-    return y, h, saved
-
-
-def add_backward_from(saved, dy, dres):
-    """(dx + dres, dweight, dbias or None) from ``add_forward_saving``'s saved tuple: the
-    gradient of x and of r both (h = x + r), the residual stream's ``dres`` included."""
-    dx, _, dw, db, _ = add_layer_norm_triton.backward_from(saved, (dy, dres))
-    return dx, dw, db
-
-
-layer_norm_triton.add_forward_saving = add_forward_saving
-layer_norm_triton.add_backward_from = add_backward_from
-layer_norm_triton.add_layer_norm = add_layer_norm_triton
-
-
-# --------------------------------------------------------------------------- add_rms_norm
-#
-# The same fused residual add with RMS=True: (rms_norm(x + r) * w, x + r) in one kernel,
-# the residual stream's gradient added into dx by the backward kernel. Bitwise the
-# results of add then rms_norm_triton (same roundings).
-
-
-def _add_rms_fwd(x, r, w, eps):
-    h = torch.empty_like(x)
-    y, _, rstd = norm_fwd(x, w, None, float(eps), True, res=r, h=h)
-    return y, h, rstd
-
-
-def _add_rms_bwd(dy, dres, h, w, rstd):
-    dh, dw, _ = norm_bwd(dy, h, w, None, rstd, True, False, dres=dres)
-    return dh, dw
-
-
-add_rms_norm_triton = _kit.add_rms_norm_op("add_rms_norm_triton", _add_rms_fwd, _add_rms_bwd, triton=True)
-
-register_triton(
-    "add_rms_norm",
-    add_rms_norm_triton,
-    kernel_specs(True),
-    "Triton: residual add fused into rms_norm's kernels, saved rstd, dres added in the backward",
-)

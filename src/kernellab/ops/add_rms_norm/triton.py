@@ -1,0 +1,33 @@
+"""add_rms_norm's Triton backend: rms_norm's kernels (ops/norm_kernels/triton_kernels.py)
+with the residual add fused (RES=True): (rms_norm(x + r) * w, x + r) in one kernel, the
+residual stream's gradient added into dx by the backward kernel. Bitwise the results of
+add then rms_norm_triton (same roundings)."""
+
+from __future__ import annotations
+
+import torch
+
+from kernellab.ops._register import register_triton
+from kernellab.ops.norm_kernels import plumbing
+from kernellab.ops.norm_kernels.triton_kernels import kernel_specs, norm_bwd, norm_fwd
+
+
+def _add_rms_fwd(x, r, w, eps):
+    h = torch.empty_like(x)
+    y, _, rstd = norm_fwd(x, w, None, float(eps), True, res=r, h=h)
+    return y, h, rstd
+
+
+def _add_rms_bwd(dy, dres, h, w, rstd):
+    dh, dw, _ = norm_bwd(dy, h, w, None, rstd, True, False, dres=dres)
+    return dh, dw
+
+
+add_rms_norm_triton = plumbing.add_rms_norm_op("add_rms_norm_triton", _add_rms_fwd, _add_rms_bwd, triton=True)
+
+register_triton(
+    "add_rms_norm",
+    add_rms_norm_triton,
+    kernel_specs(True),
+    "Triton: residual add fused into rms_norm's kernels, saved rstd, dres added in the backward",
+)
