@@ -18,7 +18,6 @@ accurate as torch.sum itself, and the check admits 2 x torch's error.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support
@@ -31,7 +30,7 @@ FINAL_BLOCK = 1024
 MAX_ROW_BLOCK = 4096  # columns per step of the rows kernel
 
 
-@triton.jit
+@triton_support.jit
 def _kahan_add(s, c, x):
     # s + x with the rounding error carried in c (Kahan). Once s is +-inf or NaN the
     # compensation would turn inf into NaN (inf - inf); it is dropped there instead.
