@@ -282,25 +282,29 @@ def test_attention_forward_and_backward_do_not_autotune_inside_no_autotune(tuner
 # --------------------------------------------------------------------------- interpreter per call
 
 
-def test_importing_kernellab_leaves_triton_interpret_unset_and_cpu_tensors_interpret():
-    """In a fresh process with TRITON_INTERPRET unset: ``import kernellab`` leaves it unset,
-    and a Triton backend given CPU tensors runs under the interpreter (chosen per launch)."""
+@pytest.mark.parametrize("interpret", [None, "1"], ids=["unset", "user_set"])
+def test_importing_kernellab_leaves_triton_interpret_as_it_was_and_cpu_tensors_interpret(interpret):
+    """In a fresh process: ``import kernellab`` leaves TRITON_INTERPRET as it found it
+    (unset, or the user's 1: Triton's own behaviour), and a Triton backend given CPU
+    tensors runs under the interpreter (chosen per launch)."""
     import os
     import subprocess
     import sys
 
     code = (
         "import os, torch, kernellab\n"
-        "assert 'TRITON_INTERPRET' not in os.environ, os.environ['TRITON_INTERPRET']\n"
+        "assert os.environ.get('TRITON_INTERPRET') == WANT, os.environ.get('TRITON_INTERPRET')\n"
         "x = torch.randn(3, 37, generator=torch.Generator().manual_seed(0))\n"
         "y = kernellab.gelu(x, backend='triton')\n"
         "torch.testing.assert_close(y, torch.nn.functional.gelu(x, approximate='tanh'))\n"
         "s = kernellab.softmax(x, -1, backend='triton')\n"
         "torch.testing.assert_close(s, torch.softmax(x, -1))\n"
-        "assert 'TRITON_INTERPRET' not in os.environ\n"
+        "assert os.environ.get('TRITON_INTERPRET') == WANT\n"
         "print('ok')\n"
-    )
+    ).replace("WANT", repr(interpret))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret is not None:
+        env["TRITON_INTERPRET"] = interpret
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("ok")
@@ -380,3 +384,40 @@ def test_one_process_runs_triton_compiled_on_cuda_and_interpreted_on_cpu():
     for a, b, c in zip(compiled, interpreted, again):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(a, c)
+
+
+def test_triton_ops_registered_as_on_a_gpu_machine_take_cpu_tensors():
+    """A GPU machine registers the Triton backends as ``triton_op``s (kit.build); given CPU
+    tensors, eagerly and under torch.compile (forward and backward), they run under the
+    interpreter. Here in a fresh process whose kit registers as a GPU machine would."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from kernellab.core import kit
+kit._use_triton_op = lambda decl: decl.triton and hasattr(torch.library, "triton_op")
+import kernellab
+gen = torch.Generator().manual_seed(0)
+q = torch.randn(1, 2, 19, 16, generator=gen, requires_grad=True)
+x = torch.randn(4, 33, generator=gen, requires_grad=True)
+
+def ours(q, x):
+    o = kernellab.attention(q, q, q, causal=True, backend="triton")
+    return o.sum() + kernellab.gelu(x, backend="triton").square().sum()
+
+def torchs(q, x):
+    o = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    return o.sum() + torch.nn.functional.gelu(x, approximate="tanh").square().sum()
+
+want = torch.autograd.grad(torchs(q, x), (q, x))
+for f in (ours, torch.compile(ours)):
+    for a, b in zip(torch.autograd.grad(f(q, x), (q, x)), want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("ok")

@@ -248,7 +248,7 @@ def _make_lean_jit():
                     return False
                 launch, pre = fast_launcher(compiled.run, compiled.function, compiled.packed_metadata)
                 return launch, pre, tuple(extra)
-            except AttributeError:  # a Triton whose compiled kernels look different
+            except AttributeError:  # compiled kernels that look different, or none (interpreted)
                 return False
 
         def __init__(self, fn, **kwargs):
@@ -321,16 +321,15 @@ class Bound:
     keeps it; float values may change). What may change between calls is the addresses:
     the tensors at positions ``check`` are tested for 16-byte alignment on every call
     (the fresh allocations of a launcher need no test), and a misaligned one, another
-    current device, a traced call (torch.compile) or the interpreter take
+    current device, a traced call (torch.compile) or CPU tensors (the interpreter) take
     ``kernel[grid]``."""
 
     __slots__ = ("kernel", "grid", "kw", "check", "lean", "hit", "dev", "tensors")
 
     def __init__(self, kernel, grid: tuple, kw: dict, check: tuple[int, ...]):
         self.kernel, self.grid, self.kw, self.check = kernel, grid, kw, check
-        # whether the kernel has a lean path at all (not under the interpreter, nor with
-        # kernellab.config.triton_launch "jit"): only then are alignments tested and
-        # launchers kept
+        # whether the kernel has a lean path at all (not with kernellab.config.triton_launch
+        # "jit"): only then are alignments tested and launchers kept (compiled launches)
         self.lean = (
             _LEAN_JIT is not None
             and isinstance(kernel, _LEAN_JIT)
@@ -381,14 +380,10 @@ def jit(fn=None, **kwargs):
     Inductor take it as Triton's own) whose launches with CUDA tensors compile and go
     through the lean path (with ``kernellab.config.triton_launch`` "jit": plain
     ``kernel[grid]`` launches), and whose launches with CPU tensors run the same function
-    under Triton's interpreter. With the user's ``TRITON_INTERPRET=1`` it is
-    ``triton.jit`` itself (Triton's interpreter for everything)."""
-    import triton
-
+    under Triton's interpreter; with the user's ``TRITON_INTERPRET=1`` every launch does,
+    as with Triton's own."""
     if fn is None:
         return lambda f: jit(f, **kwargs)
-    if device.triton_interpret_forced():
-        return triton.jit(fn, **kwargs)
     global _LEAN_JIT
     if _LEAN_JIT is None:
         _LEAN_JIT = _make_lean_jit()
@@ -646,7 +641,8 @@ _INTERPRETED: dict[int, tuple] = {}  # id(JITFunction) -> (it, its InterpretedFu
 
 def _interprets(args, kwargs) -> bool:
     """Whether a launch runs under the interpreter: its first tensor argument (or a tensor
-    descriptor's) is off a CUDA device; with no tensor, this machine's default device."""
+    descriptor's) is off a CUDA device, or the user set TRITON_INTERPRET; with no tensor,
+    as this machine's default device."""
     for a in (*args, *kwargs.values()):
         if not isinstance(a, torch.Tensor):
             a = getattr(a, "base", None)  # a host-side tensor descriptor
@@ -680,7 +676,8 @@ def _call_interpreted(self, *args, **kwargs):
     try:
         return fn.rewrite()(*args, **kwargs)
     finally:
-        scope.restore()
+        if scope is not None:
+            scope.restore()
 
 
 _interp_depth = 0

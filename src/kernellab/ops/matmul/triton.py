@@ -229,8 +229,9 @@ _CPU_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
 # --------------------------------------------------------------------------- launcher
 
 
-def _precision(a: torch.Tensor) -> str:
-    return dot_precision(a.dtype, torch.backends.cuda.matmul.allow_tf32, _device.triton_interpreted(a))
+def _precision(dtype: torch.dtype, where=None) -> str:
+    """PRECISION for operands of ``dtype`` launched on ``where`` (device.triton_interpreted)."""
+    return dot_precision(dtype, torch.backends.cuda.matmul.allow_tf32, _device.triton_interpreted(where))
 
 
 def check_batch_grid(bt: int) -> None:
@@ -276,7 +277,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
         consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])
         if a.device.type == "cuda":
             check_batch_grid(bt)
-            consts.update(PRECISION=_precision(a), UPCAST=False)
+            consts.update(PRECISION=_precision(a.dtype, a), UPCAST=False)
 
             def grid(meta):
                 return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)
