@@ -34,7 +34,7 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = _tempfile.mkdtemp(prefix="kernellab-inductor-")
     _atexit.register(_shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
-import kernellab  # noqa: E402  (sets TRITON_INTERPRET=1 on a machine without a GPU)
+import kernellab  # noqa: E402
 from kernellab import registry  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import triton.language as tl
 
 from kernellab import triton_support
 
@@ -170,18 +171,16 @@ def test_bound_treats_parameters_as_tensors(fake_lean):
     assert fake_lean.fast[0][4] == (x.data_ptr(), w.data_ptr(), "EXTRA")
 
 
-def test_dot_precision_follows_the_dtype_the_flag_and_the_interpreter(monkeypatch):
+def test_dot_precision_follows_the_dtype_the_flag_and_the_interpreter():
     """fp32 dots are IEEE with TF32 off, TF32 rounded to nearest with it on (on a GPU; the
     interpreter has no PTX, "tf32"), and 16-bit operands take "tf32" whatever the flag."""
-    from kernellab import device as _dev
     from kernellab.ops._triton_dots import dot_precision
 
     for interpreted, tf32_fp32 in ((False, "tf32rn"), (True, "tf32")):
-        monkeypatch.setattr(_dev, "triton_interpreted", lambda v=interpreted: v)
-        assert dot_precision(torch.float32, False) == "ieee"
-        assert dot_precision(torch.float32, True) == tf32_fp32
+        assert dot_precision(torch.float32, False, interpreted) == "ieee"
+        assert dot_precision(torch.float32, True, interpreted) == tf32_fp32
         for dt in (torch.bfloat16, torch.float16):
-            assert dot_precision(dt, False) == dot_precision(dt, True) == "tf32"
+            assert dot_precision(dt, False, interpreted) == dot_precision(dt, True, interpreted) == "tf32"
 
 
 # --------------------------------------------------------------------------- no_autotune
@@ -199,7 +198,7 @@ def _block_filler():
         key=["n"],
         prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: configs[1:]},
     )
-    @triton.jit
+    @triton_support.jit
     def fill(out, n, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         tl.store(out + offs, tl.full((BLOCK,), BLOCK, tl.float32), mask=offs < n)
@@ -278,3 +277,147 @@ def test_attention_forward_and_backward_do_not_autotune_inside_no_autotune(tuner
     assert {"_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"} <= set(tuner_runs)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+# --------------------------------------------------------------------------- interpreter per call
+
+
+@pytest.mark.parametrize("interpret", [None, "1"], ids=["unset", "user_set"])
+def test_importing_kernellab_leaves_triton_interpret_as_it_was_and_cpu_tensors_interpret(interpret):
+    """In a fresh process: ``import kernellab`` leaves TRITON_INTERPRET as it found it
+    (unset, or the user's 1: Triton's own behaviour), and a Triton backend given CPU
+    tensors runs under the interpreter (chosen per launch)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch, kernellab\n"
+        "assert os.environ.get('TRITON_INTERPRET') == WANT, os.environ.get('TRITON_INTERPRET')\n"
+        "x = torch.randn(3, 37, generator=torch.Generator().manual_seed(0))\n"
+        "y = kernellab.gelu(x, backend='triton')\n"
+        "torch.testing.assert_close(y, torch.nn.functional.gelu(x, approximate='tanh'))\n"
+        "s = kernellab.softmax(x, -1, backend='triton')\n"
+        "torch.testing.assert_close(s, torch.softmax(x, -1))\n"
+        "assert os.environ.get('TRITON_INTERPRET') == WANT\n"
+        "print('ok')\n"
+    ).replace("WANT", repr(interpret))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret is not None:
+        env["TRITON_INTERPRET"] = interpret
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("ok")
+
+
+# A kernel calling a @jit helper that calls another, and Triton's own library functions
+# (tl.sum, tl.cdiv: JITFunctions too). At module level: kernels find their helpers among
+# their module's globals.
+
+
+@triton_support.jit
+def _twice(x):
+    return x * 2.0
+
+
+@triton_support.jit
+def _twice_plus_sum(x):
+    return _twice(x) + tl.sum(x, axis=0)
+
+
+@triton_support.jit
+def _nested_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    ok = offs < n
+    x = tl.load(x_ptr + offs, mask=ok, other=0.0)
+    tl.store(y_ptr + offs, _twice_plus_sum(x) + tl.cdiv(n, 4), mask=ok)
+
+
+def test_a_kernel_with_nested_jit_helpers_runs_interpreted_on_cpu_tensors():
+    """The decorator gives Triton's own JITFunction (compiled for CUDA tensors); with CPU
+    tensors it runs under the interpreter, its helpers too, and once the launch is over
+    Triton is as it was: a helper called outside a kernel raises as Triton's do."""
+    from triton.runtime.jit import JITFunction
+
+    assert isinstance(_nested_kernel, JITFunction) and isinstance(_twice, JITFunction)
+    x = torch.randn(19, generator=torch.Generator().manual_seed(1))
+    y = torch.empty_like(x)
+    _nested_kernel[(1,)](x, y, 19, BLOCK=32)
+    torch.testing.assert_close(y, x * 2 + x.sum() + 5)
+    call = JITFunction.__dict__["__call__"]
+    assert call is not triton_support._call_interpreted
+    with pytest.raises(RuntimeError, match="outside of the scope of a kernel"):
+        _twice(x)
+
+
+@pytest.mark.gpu
+def test_one_process_runs_triton_compiled_on_cuda_and_interpreted_on_cpu():
+    """The same Triton backends on CUDA tensors (compiled), then CPU tensors (the
+    interpreter), then CUDA again (compiled still, after the interpreter ran): the results
+    agree."""
+    import kernellab
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 133, generator=gen)
+    q = torch.randn(1, 2, 40, 32, generator=gen)
+
+    def run(dev):
+        xd = x.to(dev)
+        qd = q.to(dev).requires_grad_()
+        o = kernellab.attention(qd, qd, qd, causal=True, backend="triton")
+        (dq,) = torch.autograd.grad(o, qd, torch.ones_like(o))
+        out = (
+            kernellab.gelu(xd, backend="triton"),
+            kernellab.softmax(xd, -1, backend="triton"),
+            kernellab.cross_entropy(xd, torch.arange(8, device=dev), backend="triton"),
+            o,
+            dq,
+        )
+        return [t.detach().cpu() for t in out]
+
+    for dev in ("cuda", "cpu"):
+        xd = x[0].to(dev)
+        y = torch.empty_like(xd)
+        _nested_kernel[(1,)](xd, y, 133, BLOCK=256)
+        torch.testing.assert_close(y.cpu(), x[0] * 2 + x[0].sum() + 34)
+    compiled, interpreted, again = run("cuda"), run("cpu"), run("cuda")
+    for a, b, c in zip(compiled, interpreted, again):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(a, c)
+
+
+def test_triton_ops_registered_as_on_a_gpu_machine_take_cpu_tensors():
+    """A GPU machine registers the Triton backends as ``triton_op``s (kit.build); given CPU
+    tensors, eagerly and under torch.compile (forward and backward), they run under the
+    interpreter. Here in a fresh process whose kit registers as a GPU machine would."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from kernellab.core import kit
+kit._use_triton_op = lambda decl: decl.triton and hasattr(torch.library, "triton_op")
+import kernellab
+gen = torch.Generator().manual_seed(0)
+q = torch.randn(1, 2, 19, 16, generator=gen, requires_grad=True)
+x = torch.randn(4, 33, generator=gen, requires_grad=True)
+
+def ours(q, x):
+    o = kernellab.attention(q, q, q, causal=True, backend="triton")
+    return o.sum() + kernellab.gelu(x, backend="triton").square().sum()
+
+def torchs(q, x):
+    o = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+    return o.sum() + torch.nn.functional.gelu(x, approximate="tanh").square().sum()
+
+want = torch.autograd.grad(torchs(q, x), (q, x))
+for f in (ours, torch.compile(ours)):
+    for a, b in zip(torch.autograd.grad(f(q, x), (q, x)), want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("ok")

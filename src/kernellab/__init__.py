@@ -6,20 +6,11 @@ y = kernellab.gelu(x, backend="triton")     # a chosen one
 kernellab.impls("gelu")                     # every registered implementation
 """
 
-import os as _os
-
-import torch as _torch
-
-# Triton kernels must see TRITON_INTERPRET before they are defined: with no GPU, run them
-# under the interpreter on CPU tensors (set it to 0 yourself to opt out).
-if not _torch.cuda.is_available():
-    _os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from kernellab import nn  # noqa: E402  (drop-in modules; after the ops they call)
-from kernellab.core import registry  # noqa: E402  (kernellab.registry: the table of implementations)
-from kernellab.core.registry import Impl, get, impls, op_names, register, unregister  # noqa: E402
-from kernellab.core.spec import get_spec  # noqa: E402
-from kernellab.ops.public import (  # noqa: E402,A004
+from kernellab import nn  # (drop-in modules; after the ops they call)
+from kernellab.core import registry  # (kernellab.registry: the table of implementations)
+from kernellab.core.registry import Impl, get, impls, op_names, register, unregister
+from kernellab.core.spec import get_spec
+from kernellab.ops.public import (  # noqa: A004
     add,
     add_rms_norm,
     argmax,
@@ -42,9 +33,9 @@ from kernellab.ops.public import (  # noqa: E402,A004
     sum,
     swiglu,
 )
-from kernellab.optim import sgd_step  # noqa: E402
-from kernellab.options import config  # noqa: E402
-from kernellab.patch import PatchReport, patch, unpatch  # noqa: E402
+from kernellab.optim import sgd_step
+from kernellab.options import config
+from kernellab.patch import PatchReport, patch, unpatch
 
 registry.warm_defaults()
 

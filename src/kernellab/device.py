@@ -1,4 +1,5 @@
-"""What this machine has: a CUDA GPU, or only the CPU (Triton under its interpreter).
+"""What this machine has (a CUDA GPU, or only the CPU), and where a Triton launch runs:
+compiled on a GPU, under Triton's interpreter for tensors on the CPU.
 
 Also the device's *measured* ceilings (``kernellab peaks``): device-to-device copy
 bandwidth and matmul rates, measured once and cached per GPU model.
@@ -24,8 +25,23 @@ def default_device() -> str:
     return "cuda" if has_cuda() else "cpu"
 
 
-def triton_interpreted() -> bool:
+def triton_interpret_forced() -> bool:
+    """Whether the user set Triton's own ``TRITON_INTERPRET``: Triton then builds every
+    kernel, its own library functions included, for the interpreter, GPU tensors too."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_interpreted(where=None) -> bool:
+    """Whether a Triton launch on ``where`` (a tensor, a torch.device or a device type;
+    None: this machine's default device) runs under Triton's interpreter: anything off a
+    CUDA device does, and everything does when ``triton_interpret_forced``."""
+    if where is None:
+        kind = default_device()
+    elif isinstance(where, str):
+        kind = where.split(":")[0]
+    else:
+        kind = getattr(where, "device", where).type
+    return kind != "cuda" or triton_interpret_forced()
 
 
 def gpu_name() -> str:

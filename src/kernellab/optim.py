@@ -28,7 +28,6 @@ import numbers
 from collections.abc import Sequence
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support
@@ -191,7 +190,7 @@ def sgd_step(params, grads, lr: float, *, backend: str | None = None) -> None:
     if backend is None:
         from kernellab import device as _device
 
-        packed = not _device.triton_interpreted() and packed_span(params) is not None
+        packed = not _device.triton_interpreted(params[0]) and packed_span(params) is not None
         backend = "triton" if packed and packed_span(grads) is not None else "torch"
     fn = _TABLE.get(backend)
     if fn is None:
@@ -252,7 +251,7 @@ def _adamw_kernel(
                      offs < n, lr, beta1, beta2, eps, weight_decay, bc1, bc2_sqrt)  # fmt: skip
 
 
-@triton.jit
+@triton_support.jit
 def _one_minus_exp(x):
     """1 - exp(x) for x <= 0 to fp32's precision: 1 - beta2^step (beta2 = 0.999) is ~1e-3,
     and 1 - exp(x) rounded from exp(x) ~ 0.999 would lose 10 of its 24 bits, the error
@@ -262,7 +261,7 @@ def _one_minus_exp(x):
     return tl.where(x > -0.5, -t, 1.0 - tl.exp(x))
 
 
-@triton.jit
+@triton_support.jit
 def _adamw_block(p_ptrs, g_ptrs, m_ptrs, v_ptrs, mask, lr, beta1, beta2, eps, weight_decay, bc1, bc2_sqrt):
     p = tl.load(p_ptrs, mask=mask).to(tl.float32)
     g = tl.load(g_ptrs, mask=mask).to(tl.float32)

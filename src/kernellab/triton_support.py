@@ -1,7 +1,9 @@
-"""Triton availability: compiled kernels on a CUDA GPU, the interpreter on the CPU.
+"""Triton kernels for kernellab: compiled on a CUDA GPU, Triton's interpreter on the CPU.
 
-kernellab sets ``TRITON_INTERPRET=1`` itself (in ``kernellab/__init__``, before any
-kernel is defined) when no GPU is present, so Triton kernels run on CPU tensors. The
+The choice is made per launch, from the launch's tensors (``jit``): a kernel launched
+with CUDA tensors compiles, the same kernel launched with CPU tensors runs under the
+interpreter, in one process. Nothing is set for the process; a user who sets Triton's
+own ``TRITON_INTERPRET=1`` gets Triton's behaviour (every kernel interpreted). The
 interpreter runs programs one after another: it proves indexing and masking, not the
 absence of races, and it is slow - keep CPU shapes small.
 """
@@ -25,13 +27,12 @@ def unavailable() -> str | None:
         import triton  # noqa: F401
     except Exception as e:
         return f"triton not importable: {e}"
-    if not device.has_cuda() and not device.triton_interpreted():
-        return "no GPU and TRITON_INTERPRET is off"
     return None
 
 
 def devices() -> tuple[str, ...]:
-    return ("cuda", "cpu") if device.triton_interpreted() else ("cuda",)
+    """Where kernellab's Triton kernels run: a GPU compiled, the CPU interpreted."""
+    return ("cuda", "cpu")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -108,8 +109,9 @@ def streaming_kernels(*kernels):
 #
 # Under torch.compile (FakeTensor / FunctionalTensor arguments inside a triton_op) the
 # call goes through ``torch.library.wrap_triton``, so Inductor sees the kernel and
-# launches it from its generated code. Under the interpreter (CPU) ``jit`` is plain
-# ``triton.jit``. ``kernellab.config.triton_launch`` "jit" turns the lean path off (comparisons).
+# launches it from its generated code. A launch with CPU tensors goes to Triton's
+# interpreter (``run``, below). ``kernellab.config.triton_launch`` "jit" turns the lean path
+# off (comparisons).
 
 _REAL_TENSORS = (torch.Tensor, torch.nn.Parameter)
 _INT32 = (-(2**31), 2**31)
@@ -146,7 +148,15 @@ def _make_lean_jit():
             return lambda *args, **kw: self._lean_run(grid, args, kw)
 
         def _slow(self, grid, args, kw):
-            return JITFunction.run(self, *args, grid=grid, warmup=False, **kw)
+            return self.run(*args, grid=grid, warmup=False, **kw)
+
+        def run(self, *args, grid, warmup, **kwargs):
+            """Triton's launch (compile, cache, launch), or the interpreter when the launch's
+            tensors are on the CPU (``_interprets``)."""
+            if _interprets(args, kwargs):
+                with interpreting():
+                    return _interpreted(self).run(*args, grid=grid, warmup=warmup, **kwargs)
+            return JITFunction.run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
         def _lean_run(self, grid, args, kw):
             a0 = args[0]
@@ -166,6 +176,8 @@ def _make_lean_jit():
             if key is None:  # a type the cache does not model (descriptors, dtypes, ...)
                 return self._slow(grid, args, kw)
             dev = key[0]
+            if dev is None:  # a CPU tensor: the interpreter
+                return self._slow(grid, args, kw)
             hit = self._lean_cache.get(key)
             if hit is None or dev != current_device():
                 compiled = self._slow(grid, args, kw)
@@ -236,12 +248,13 @@ def _make_lean_jit():
                     return False
                 launch, pre = fast_launcher(compiled.run, compiled.function, compiled.packed_metadata)
                 return launch, pre, tuple(extra)
-            except AttributeError:  # a Triton whose compiled kernels look different
+            except AttributeError:  # compiled kernels that look different, or none (interpreted)
                 return False
 
         def __init__(self, fn, **kwargs):
             super().__init__(fn, **kwargs)
             self._lean_cache = {}
+            self.jit_kwargs = kwargs  # (the interpreted form is built with the same)
 
     LeanJIT.raw_stream = staticmethod(raw_stream) if raw_stream else None
     LeanJIT.current_device = staticmethod(current_device) if current_device else None
@@ -308,16 +321,15 @@ class Bound:
     keeps it; float values may change). What may change between calls is the addresses:
     the tensors at positions ``check`` are tested for 16-byte alignment on every call
     (the fresh allocations of a launcher need no test), and a misaligned one, another
-    current device, a traced call (torch.compile) or the interpreter take
+    current device, a traced call (torch.compile) or CPU tensors (the interpreter) take
     ``kernel[grid]``."""
 
     __slots__ = ("kernel", "grid", "kw", "check", "lean", "hit", "dev", "tensors")
 
     def __init__(self, kernel, grid: tuple, kw: dict, check: tuple[int, ...]):
         self.kernel, self.grid, self.kw, self.check = kernel, grid, kw, check
-        # whether the kernel has a lean path at all (not under the interpreter, nor with
-        # kernellab.config.triton_launch "jit"): only then are alignments tested and
-        # launchers kept
+        # whether the kernel has a lean path at all (not with kernellab.config.triton_launch
+        # "jit"): only then are alignments tested and launchers kept (compiled launches)
         self.lean = (
             _LEAN_JIT is not None
             and isinstance(kernel, _LEAN_JIT)
@@ -363,15 +375,15 @@ class Bound:
 
 
 def jit(fn=None, **kwargs):
-    """``triton.jit`` for kernels the host launches (helpers called from kernels keep
-    ``triton.jit``): on a GPU, launches through the lean path; under the interpreter, or
-    with ``kernellab.config.triton_launch`` "jit", plain ``kernel[grid]`` launches."""
-    import triton
-
+    """``triton.jit`` for kernellab's kernels and the @jit helpers they call: a JITFunction
+    (Triton, ``triton.autotune``, ``torch.library.triton_op`` / ``wrap_triton`` and
+    Inductor take it as Triton's own) whose launches with CUDA tensors compile and go
+    through the lean path (with ``kernellab.config.triton_launch`` "jit": plain
+    ``kernel[grid]`` launches), and whose launches with CPU tensors run the same function
+    under Triton's interpreter; with the user's ``TRITON_INTERPRET=1`` every launch does,
+    as with Triton's own."""
     if fn is None:
         return lambda f: jit(f, **kwargs)
-    if device.triton_interpreted():
-        return triton.jit(fn, **kwargs)
     global _LEAN_JIT
     if _LEAN_JIT is None:
         _LEAN_JIT = _make_lean_jit()
@@ -433,7 +445,7 @@ class TunedBound:
         if b is not None:
             return b(*args)
         launch_tuned(self.tuner, self.grid, *args, **self.kw)
-        if type(args[0]) in _REAL_TENSORS and not device.triton_interpreted():
+        if type(args[0]) in _REAL_TENSORS and not device.triton_interpreted(args[0]):
             cache, key = _tuned_key(self.tuner, args, self.kw)
             cfg = cache.get(key)
             if cfg:  # (False: this call shape cannot go lean; None: not cached)
@@ -510,11 +522,11 @@ def launch_tuned(tuner, grid, *args, **kw):
     a0 = args[0]
     if _no_tune_depth and type(a0) in _REAL_TENSORS:
         return _launch_untuned(tuner, grid, args, kw)
-    if type(a0) not in _REAL_TENSORS or device.triton_interpreted():
-        if type(a0) not in _REAL_TENSORS and not device.triton_interpreted():
-            from torch.library import wrap_triton
+    if type(a0) not in _REAL_TENSORS:  # traced (a triton_op under torch.compile)
+        from torch.library import wrap_triton
 
-            return wrap_triton(tuner)[grid](*args, **kw)
+        return wrap_triton(tuner)[grid](*args, **kw)
+    if device.triton_interpreted(a0):
         return tuner[grid](*args, **kw)
     fn = tuner.fn
     cache, key = _tuned_key(tuner, args, kw)
@@ -611,8 +623,85 @@ def _patch_interpreter_bf16() -> bool:
     return True
 
 
-if device.triton_interpreted():
-    _patch_interpreter_bf16()
+# --------------------------------------------------------------------------- interpreter per call
+#
+# ``jit``'s kernels send a launch with CPU tensors to Triton's interpreter: an
+# ``InterpretedFunction`` of the same Python function (``_interpreted``). Inside it every
+# @jit function the kernel calls must run interpreted as well: kernellab's helpers and
+# Triton's own library functions (tl.sum, tl.cdiv, ...), all JITFunctions, whose
+# ``__call__`` raises outside a compiled kernel. So while an interpreted launch runs
+# (``interpreting``), ``JITFunction.__call__`` calls the function's interpreted form, the
+# way Triton's interpreter itself swaps triton.language's builtins for the length of a
+# launch; both are put back when it ends. Interpreted launches take a lock: those swaps are
+# process-wide.
+
+_INTERP_LOCK = threading.RLock()
+_INTERPRETED: dict[int, tuple] = {}  # id(JITFunction) -> (it, its InterpretedFunction)
+
+
+def _interprets(args, kwargs) -> bool:
+    """Whether a launch runs under the interpreter: its first tensor argument (or a tensor
+    descriptor's) is off a CUDA device, or the user set TRITON_INTERPRET; with no tensor,
+    as this machine's default device."""
+    for a in (*args, *kwargs.values()):
+        if not isinstance(a, torch.Tensor):
+            a = getattr(a, "base", None)  # a host-side tensor descriptor
+            if not isinstance(a, torch.Tensor):
+                continue
+        return device.triton_interpreted(a)
+    return device.triton_interpreted()
+
+
+def _interpreted(jit_fn):
+    """The InterpretedFunction of a JITFunction (made once), built as ``jit`` built it."""
+    hit = _INTERPRETED.get(id(jit_fn))
+    if hit is None:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        made = InterpretedFunction(jit_fn.fn, **getattr(jit_fn, "jit_kwargs", {}))
+        made.pre_run_hooks = getattr(jit_fn, "pre_run_hooks", made.pre_run_hooks)
+        hit = _INTERPRETED[id(jit_fn)] = (jit_fn, made)
+    return hit[1]
+
+
+def _call_interpreted(self, *args, **kwargs):
+    """``JITFunction.__call__`` during an interpreted launch: a @jit function called from
+    the kernel. As ``InterpretedFunction.__call__``, except that the language patches made
+    for the callee's module (Triton's library functions see ``triton.language.core``, not
+    ``triton.language``) are undone when it returns: none outlives the launch."""
+    from triton.runtime.interpreter import _patch_lang
+
+    fn = _interpreted(self)
+    scope = _patch_lang(fn.fn)
+    try:
+        return fn.rewrite()(*args, **kwargs)
+    finally:
+        if scope is not None:
+            scope.restore()
+
+
+_interp_depth = 0
+
+
+@contextlib.contextmanager
+def interpreting():
+    """The scope of an interpreted launch (see above): @jit functions called inside run
+    interpreted, the exact bf16 conversion is installed, other threads' interpreted
+    launches wait."""
+    global _interp_depth
+    from triton.runtime.jit import JITFunction
+
+    with _INTERP_LOCK:
+        _patch_interpreter_bf16()
+        outer = JITFunction.__dict__["__call__"]
+        _interp_depth += 1
+        JITFunction.__call__ = _call_interpreted
+        try:
+            yield
+        finally:
+            _interp_depth -= 1
+            if not _interp_depth:
+                JITFunction.__call__ = outer
 
 
 def install_tma_allocator() -> None:

@@ -28,10 +28,11 @@ def _interpreter_mangles() -> bool:
     round trip (a kernel with no kernellab code in it)."""
     if not _device.triton_interpreted():
         return False
-    import triton
     import triton.language as tl
 
-    @triton.jit
+    from kernellab import triton_support
+
+    @triton_support.jit
     def roundtrip(x, y, n, BLOCK: tl.constexpr):
         i = tl.arange(0, BLOCK)
         m = i < n
@@ -93,10 +94,9 @@ def test_interpreter_converts_bf16_exactly():
         pytest.skip("Triton compiles here: no interpreter to patch")
     assert triton_support._patch_interpreter_bf16()
     assert not _interpreter_mangles()
-    import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton_support.jit
     def down(x, y, n, BLOCK: tl.constexpr):
         i = tl.arange(0, BLOCK)
         m = i < n

@@ -10,8 +10,8 @@ the inputs. ``build`` returns the registry callable and makes, once:
   on a GPU is registered through ``torch.library.triton_op``: under ``torch.compile``
   Inductor traces the launcher, sees the Triton kernels (``triton_support.jit`` routes
   traced launches through ``wrap_triton``) and launches them from its own generated code
-  (its launcher, its CUDA graphs). CUDA (NVRTC) backends, and Triton under the CPU
-  interpreter, are ``custom_op`` with the declared fake kernels.
+  (its launcher, its CUDA graphs). CUDA (NVRTC) backends, and Triton on a machine without
+  a GPU, are ``custom_op`` with the declared fake kernels.
 - autograd for the custom op (used under torch.compile);
 - the eager path: an ``autograd.Function`` around the same launchers when a gradient is
   needed, the forward launcher alone when none is. The dispatcher and the custom op's

@@ -406,7 +406,8 @@ class _Runner:
             return None
         if self.dtype != (self.impl.dtypes or spec.dtypes)[0]:
             return None
-        if not spec.rows_shape_interpreted and self.impl.triton_kernels and _device.triton_interpreted():
+        interpreted = self.impl.triton_kernels and _device.triton_interpreted(self.dev)
+        if interpreted and not spec.rows_shape_interpreted:
             why = "Triton interpreter: a program per row takes minutes on a CPU (checked on a GPU)"
             return CaseResult("shape", shape_str(shape), SKIP, detail=why)
         args = spec.make_inputs(shape, self.dtype, self.dev, self.next_seed())
@@ -463,7 +464,7 @@ class _Runner:
         """``n_fuzz`` problems from the op's generator, forward and gradients; without
         ``n_fuzz``, QUICK_DRAWS small ones (every run draws others: a kernel tuned to the
         listed shapes meets shapes nobody listed, and the run's seed replays them)."""
-        n, big = self.n_fuzz, self.dev == "cuda" and not _device.triton_interpreted()
+        n, big = self.n_fuzz, not _device.triton_interpreted(self.dev)
         if not n:
             if self.gate or (self.quick and self.impl.builds_per_shape):
                 return  # (torch.compile: a build per drawn shape; --fuzz N or --full draws)

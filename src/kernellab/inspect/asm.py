@@ -260,8 +260,9 @@ def _jit(kernel):
 def compile_triton_kernels(op: str, backend: str, dtype_name: str, arch: str, out_dir: str) -> list[str]:
     """Compile the backend's declared kernels with triton.compile for ``arch`` and write
     ``<kernel>.ptx`` / ``<kernel>.cubin`` into ``out_dir``; returns error lines. Runs in a
-    process with TRITON_INTERPRET=0: under the interpreter Triton's own library functions
-    (the combine functions of tl.max, tl.sum) are interpreter objects and cannot compile."""
+    process with TRITON_INTERPRET=0: a user's TRITON_INTERPRET=1 makes Triton build its own
+    library functions (the combine functions of tl.max, tl.sum) for the interpreter, and
+    those cannot compile."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

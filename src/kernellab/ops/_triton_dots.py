@@ -11,24 +11,24 @@ launchers' value.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
-from kernellab import device as _device
+from kernellab import triton_support
 
 
-def dot_precision(dtype: torch.dtype, tf32: bool) -> str:
+def dot_precision(dtype: torch.dtype, tf32: bool, interpreted: bool) -> str:
     """PREC for operands of ``dtype`` with TF32 allowed or not: fp32 is "ieee", or with TF32
-    "tf32rn" on a GPU ("tf32" under the interpreter, which has no PTX and computes fp32
-    dots exactly); 16-bit operands "tf32" (the setting does not apply to them)."""
+    "tf32rn" on a GPU ("tf32" when the launch is ``interpreted``: the interpreter has no
+    PTX and computes fp32 dots exactly); 16-bit operands "tf32" (the setting does not
+    apply to them)."""
     if dtype != torch.float32:
         return "tf32"
     if not tf32:
         return "ieee"
-    return "tf32" if _device.triton_interpreted() else "tf32rn"
+    return "tf32" if interpreted else "tf32rn"
 
 
-@triton.jit
+@triton_support.jit
 def tf32_rn(x):
     # fp32 -> TF32 rounded to nearest (what cuBLAS and cuDNN do with TF32 on). Handed raw
     # fp32 registers, the tensor cores drop the low 13 mantissa bits (truncation): ~2x the
@@ -39,7 +39,7 @@ def tf32_rn(x):
     )
 
 
-@triton.jit
+@triton_support.jit
 def dot(a, b, PREC: tl.constexpr, c=None):
     """c + a @ b in fp32 (c None: 0) with the dot PREC names (module docstring)."""
     if PREC == "tf32rn":
@@ -48,7 +48,7 @@ def dot(a, b, PREC: tl.constexpr, c=None):
         return tl.dot(a, b, acc=c, input_precision=PREC)
 
 
-@triton.jit
+@triton_support.jit
 def two_level(a, b, acc, PREC: tl.constexpr):
     """acc + (a @ b summed apart): two-level summation for fp32 operands. Chained through
     acc=, an IEEE fp32 dot adds every term of every K block into one accumulator in
@@ -62,7 +62,7 @@ def two_level(a, b, acc, PREC: tl.constexpr):
     return acc + dot(a, b, PREC, zero)
 
 
-@triton.jit
+@triton_support.jit
 def mma(a, b, acc, PREC: tl.constexpr):
     """acc + a @ b for a K loop: IEEE fp32 dots summed a K block at a time (``two_level``),
     TF32 and 16-bit dots accumulated in the MMA (their operand rounding dominates)."""

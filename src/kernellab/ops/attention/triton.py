@@ -62,9 +62,10 @@ reads that -inf as +inf so their P is exactly 0.
 Tiles: autotuned (configs from fwd_configs / bwd_dkdv_configs / bwd_dq_configs, pruned by
 what fits; key: lengths bucketed to powers of two, head dim, causal, dot precision, dtype)
 for problems at least 1024 long; shorter ones, and every problem when
-``kernellab.config.attn_autotune`` False, take the first config that fits. Under the CPU interpreter: one
-small config, and bf16 tiles upcast to fp32 before the dots (F32_DOTS: the interpreter's
-bf16 dot is wrong), never on a GPU.
+``kernellab.config.attn_autotune`` False, take the first config that fits. Launched with CPU
+tensors (Triton's interpreter): one small config (tuners of their own), bf16 tiles upcast to
+fp32 before the dots (F32_DOTS: the interpreter's bf16 dot is wrong) and the fp32 dots two
+kernels share formed in fp64 (_shared_dot); never on a GPU.
 """
 
 from __future__ import annotations
@@ -81,21 +82,12 @@ from kernellab import device as _device
 from kernellab import triton_support
 from kernellab.core.kit import OpDecl, build
 from kernellab.ops._register import register_triton
-from kernellab.ops._triton_dots import dot, two_level
+from kernellab.ops._triton_dots import dot, dot_precision, two_level
 from kernellab.ops.attention.args import resolve_scale
 from kernellab.options import config
 
 HEAD_DIMS = tuple(range(8, 257, 8))  # tiles padded to a power of two (_block_d)
 LOG2E = 1.4426950408889634
-# The backward recomputes the forward's scores, and P is only as good as the two agree.
-# On a GPU an IEEE fp32 dot is one FMA chain over D in order: the forward's q k^T and the
-# dK/dV kernel's k q^T round alike, whatever the tiles. The interpreter's numpy matmul
-# rounds by the tile's shape and orientation (2-8 ulps of a score), and every recomputed
-# P inherited that: fp32 dv at 1.1-1.6x the check's bound on the CPU alone. There the
-# fp32 dots that two kernels both form (the scores, dP) run in fp64 and round once
-# (_shared_dot), alike in every kernel.
-_SHARED_F64 = tl.constexpr(_device.triton_interpreted())
-
 
 # --------------------------------------------------------------------------- configs
 
@@ -110,11 +102,7 @@ def fwd_configs():
     (D=128, bf16: 16-32 KB per stage); at D=64 and S=1024 a 64 x 64 tile with 4 warps and
     4 stages is the fastest on Hopper (causal, well ahead of 128 x 64). The first config is
     what problems too short to tune take (64 x 64, 3 stages: the fastest at ViT's
-    64x12x197x64). Smaller tiles for D=256 and fp32 (pruned below).
-    Under the CPU interpreter, one small config with BLOCK_M != BLOCK_N so that tests
-    exercise the causal bookkeeping with unequal tiles."""
-    if _device.triton_interpreted():
-        return [_cfg(32, 16, 4, 1)]
+    64x12x197x64). Smaller tiles for D=256 and fp32 (pruned below)."""
     return [
         _cfg(64, 64, 4, 3),
         _cfg(128, 64, 8, 3),
@@ -130,8 +118,6 @@ def bwd_dkdv_configs():
     query rows streamed per step. The first config is the one problems too short to tune
     take (on Hopper, bf16, D=64: fastest or within 5% of it at 4x12x256, 64x12x197 and
     8x12x1024); 64 x 128 with 8 warps is the fastest at D=128 and S >= 2k."""
-    if _device.triton_interpreted():
-        return [_cfg(16, 32, 4, 1)]
     return [
         _cfg(32, 64, 4, 3),
         _cfg(64, 128, 8, 3),
@@ -146,8 +132,6 @@ def bwd_dq_configs():
     """dQ pass: BLOCK_M query rows held (q, dO, dq), BLOCK_N keys streamed per step. First:
     the short problems' config (as above); 128 x 64 with 8 warps and 3 stages is the
     fastest on Hopper at lengths >= 1024."""
-    if _device.triton_interpreted():
-        return [_cfg(32, 16, 4, 1)]
     return [
         _cfg(64, 64, 4, 3),
         _cfg(128, 64, 8, 3),
@@ -213,24 +197,32 @@ _KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "CAUSAL", "PREC", "WINDOW", "SOFTCAP", "
 # --------------------------------------------------------------------------- forward
 
 
-@triton.jit
+@triton_support.jit
 def _raw_scale(qk_scale):
     """(sign, |qk_scale|) of the RAW_M exponent (qk * sign - m) * |qk_scale|: the sign
     flips the scores (exactly) so that m is the max of the scaled ones (lse_shape)."""
     return tl.where(qk_scale < 0, -1.0, 1.0), tl.abs(qk_scale)
 
 
-@triton.jit
-def _shared_dot(a, b, PREC: tl.constexpr):
+@triton_support.jit
+def _shared_dot(a, b, PREC: tl.constexpr, F32_DOTS: tl.constexpr):
     """a @ b for a product two kernels both form (q k^T or k q^T, dO v^T or v dO^T): _dot,
-    but under the interpreter an IEEE fp32 one in fp64, rounded once (see _SHARED_F64)."""
-    if _SHARED_F64 and PREC == "ieee":
+    but under the interpreter (F32_DOTS) an IEEE fp32 one in fp64, rounded once.
+
+    The backward recomputes the forward's scores, and P is only as good as the two agree.
+    On a GPU an IEEE fp32 dot is one FMA chain over D in order: the forward's q k^T and
+    the dK/dV kernel's k q^T round alike, whatever the tiles. The interpreter's numpy
+    matmul rounds by the tile's shape and orientation (2-8 ulps of a score), and every
+    recomputed P inherited that: fp32 dv at 1.1-1.6x the check's bound on the CPU alone.
+    There the fp32 dots that two kernels both form (the scores, dP) run in fp64 and round
+    once, alike in every kernel."""
+    if F32_DOTS and PREC == "ieee":
         return tl.dot(a.to(tl.float64), b.to(tl.float64), input_precision="ieee").to(tl.float32)
     else:
         return dot(a, b, PREC)
 
 
-@triton.jit
+@triton_support.jit
 def _mma(a, b, acc, PREC: tl.constexpr):
     """acc + a @ b. For fp32 operands the block's product is summed apart and then added
     to acc (two-level summation): chained through acc=, an IEEE fp32 dot adds every row
@@ -244,7 +236,7 @@ def _mma(a, b, acc, PREC: tl.constexpr):
         return tl.dot(a, b, acc=acc, input_precision=PREC)
 
 
-@triton.jit
+@triton_support.jit
 def _ld(ptrs, rows_ok, d_ok, ROWS: tl.constexpr, PAD_D: tl.constexpr):
     """A (rows x BLOCK_D) tile: rows masked when ROWS (a tail or a causal edge), the head
     dim masked when PAD_D (D padded up to the power of two BLOCK_D: columns D..BLOCK_D load
@@ -264,7 +256,7 @@ def _ld(ptrs, rows_ok, d_ok, ROWS: tl.constexpr, PAD_D: tl.constexpr):
     return x
 
 
-@triton.jit
+@triton_support.jit
 def _st(ptrs, x, rows_ok, d_ok, PAD_D: tl.constexpr):
     """Store a (rows x BLOCK_D) tile, rows masked, the padded head-dim columns dropped."""
     if PAD_D:
@@ -273,7 +265,7 @@ def _st(ptrs, x, rows_ok, d_ok, PAD_D: tl.constexpr):
         tl.store(ptrs, x, mask=rows_ok[:, None])
 
 
-@triton.jit
+@triton_support.jit
 def _tanh(x, SOFTCAP: tl.constexpr):
     """tanh in fp32. SOFTCAP 1 (a GPU): libdevice's tanhf (~2 ulp). SOFTCAP 2 (the CPU
     interpreter, which has no libdevice): sign(x) (1 - e) / (1 + e) with e = exp(-2|x|),
@@ -293,7 +285,7 @@ def _tanh(x, SOFTCAP: tl.constexpr):
     return t
 
 
-@triton.jit
+@triton_support.jit
 def _in_window(offs_m, cols, OFFSET, WIN_L, WIN_R):
     """(rows x cols) True where query offs_m may see key cols: i + OFFSET - WIN_L <= j <=
     i + OFFSET + WIN_R (an unbounded side comes as 2^30)."""
@@ -301,7 +293,7 @@ def _in_window(offs_m, cols, OFFSET, WIN_L, WIN_R):
     return (rel >= -WIN_L) & (rel <= WIN_R)
 
 
-@triton.jit
+@triton_support.jit
 def _fwd_inner(
     acc, l_i, m_i, q,
     k_ptrs, v_ptrs, stride_kn, stride_vn,
@@ -323,7 +315,7 @@ def _fwd_inner(
         k = _ld(k_ptrs + start_n * stride_kn, key_ok, d_ok, MASKED, PAD_D)
         if F32_DOTS:
             k = k.to(tl.float32)
-        qk = _shared_dot(q, tl.trans(k), PREC)
+        qk = _shared_dot(q, tl.trans(k), PREC, F32_DOTS)
         if SOFTCAP:
             qk = cap_out * _tanh(qk * cap_in, SOFTCAP)
         if MASKED:
@@ -476,7 +468,7 @@ def _attn_fwd(
         tl.store(LSE + bh * S_q + offs_m, lse, mask=row_ok)
 
 
-@triton.jit
+@triton_support.jit
 def _attn_fwd_ws(
     Q, K, V, O, LSE,  # q, k, v contiguous (Z*NH*S, D); o (Z, NH, S, D) strided (unit-stride rows)
     qk_scale,  # scale * log2(e) > 0
@@ -544,7 +536,7 @@ def _attn_fwd_ws(
 # and at 2k causal; it is slower at D = 64.
 
 
-@triton.jit
+@triton_support.jit
 def _ws_view(X, ROWS_X, sxz, sxh, sxs, z, h, BLOCK: tl.constexpr, HEAD_D: tl.constexpr):
     # (descriptor, first row, first column) of head (z, h) of X read as (ROWS_X, sxs) rows
     base = z.to(tl.int64) * sxz + h.to(tl.int64) * sxh
@@ -554,7 +546,7 @@ def _ws_view(X, ROWS_X, sxz, sxh, sxs, z, h, BLOCK: tl.constexpr, HEAD_D: tl.con
     return desc, r0, c0
 
 
-@triton.jit
+@triton_support.jit
 def _attn_bwd_dkdv_ws(
     Q, K, V, DO, LSE, DELTA, DK, DV,  # lse, delta (Z*NH*S) fp32 contiguous, log2 units
     qk_scale, sm_scale,
@@ -604,7 +596,7 @@ def _attn_bwd_dkdv_ws(
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty))
 
 
-@triton.jit
+@triton_support.jit
 def _attn_bwd_dq_ws(
     Q, K, V, DO, LSE, DELTA, DQ,
     qk_scale, sm_scale,
@@ -680,7 +672,7 @@ def _attn_bwd_pre(
     tl.store(DELTA + bh * S_q + offs_m, delta, mask=row_ok)
 
 
-@triton.jit
+@triton_support.jit
 def _dkdv_step(
     dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_m, row_ok, offs_n, d_ok,
     qk_scale, sign, c_abs, OFFSET, WIN_L, WIN_R, cap_in, cap_out, S_q,
@@ -703,7 +695,7 @@ def _dkdv_step(
         q = q.to(tl.float32)
         do = do.to(tl.float32)
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units; empty rows: P = 0
-    qkT = _shared_dot(k, tl.trans(q), PREC)
+    qkT = _shared_dot(k, tl.trans(q), PREC, F32_DOTS)
     if SOFTCAP:
         tT = _tanh(qkT * cap_in, SOFTCAP)
         qkT = cap_out * tT
@@ -718,7 +710,7 @@ def _dkdv_step(
         if WINDOW:
             pT = tl.where(tl.trans(_in_window(offs_m, offs_n, OFFSET, WIN_L, WIN_R)), pT, 0.0)
     dv = _mma(pT.to(do.dtype), do, dv, PREC)
-    dpT = _shared_dot(v, tl.trans(do), PREC)
+    dpT = _shared_dot(v, tl.trans(do), PREC, F32_DOTS)
     dsT = pT * (dpT - delta[None, :])
     if SOFTCAP:
         dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(s / softcap)) / ds
@@ -726,7 +718,7 @@ def _dkdv_step(
     return dk, dv
 
 
-@triton.jit
+@triton_support.jit
 def _dkdv_inner(
     dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
     offs_m0, offs_n, d_ok, start, end, qk_scale, S_q, OFFSET,
@@ -770,7 +762,7 @@ def _dkdv_inner(
     return dk, dv
 
 
-@triton.jit
+@triton_support.jit
 def _dkdv_head(
     dk, dv, k, v, Q, DO, LSE, DELTA, zo, ho, NH,
     stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
@@ -903,7 +895,7 @@ def _attn_bwd_dkdv(
     _st(DV + dv_out, dv.to(DV.dtype.element_ty), key_ok, d_ok, PAD_D)
 
 
-@triton.jit
+@triton_support.jit
 def _dq_inner(
     dq, q, do, lse, ll, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
     offs_m, offs_n, d_ok, start, end, qk_scale, S_k, OFFSET,
@@ -922,7 +914,7 @@ def _dq_inner(
         if F32_DOTS:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        qk = _shared_dot(q, tl.trans(k), PREC)
+        qk = _shared_dot(q, tl.trans(k), PREC, F32_DOTS)
         if SOFTCAP:
             t = _tanh(qk * cap_in, SOFTCAP)
             qk = cap_out * t
@@ -937,7 +929,7 @@ def _dq_inner(
             if WINDOW:
                 allowed = allowed & _in_window(offs_m, start_n + offs_n, OFFSET, WIN_L, WIN_R)
             p = tl.where(allowed, p, 0.0)
-        dp = _shared_dot(do, tl.trans(v), PREC)
+        dp = _shared_dot(do, tl.trans(v), PREC, F32_DOTS)
         if DELTA_ONLY:
             delta += tl.sum(p * dp, 1)
         else:
@@ -1049,23 +1041,33 @@ def _attn_bwd_dq(
         )  # fmt: skip
 
 
+# The same kernels for launches with CPU tensors (Triton's interpreter, which runs programs
+# one after another): one small config each, BLOCK_M != BLOCK_N so that tests exercise the
+# causal bookkeeping with unequal tiles. Tuners of their own, so that a key tuned on a GPU
+# never hands its tile to the interpreter, nor the reverse.
+def _interp_tuner(tuner, cfg):
+    return triton.autotune(configs=[cfg], key=tuner.keys)(tuner.fn)
+
+
+_attn_fwd_interp = _interp_tuner(_attn_fwd, _cfg(32, 16, 4, 1))
+_attn_bwd_dkdv_interp = _interp_tuner(_attn_bwd_dkdv, _cfg(16, 32, 4, 1))
+_attn_bwd_dq_interp = _interp_tuner(_attn_bwd_dq, _cfg(32, 16, 4, 1))
+
+
 # --------------------------------------------------------------------------- launchers
 
 
-def _prec(dtype: torch.dtype) -> str:
+def _prec(dtype: torch.dtype, interp: bool) -> str:
     """Dot precision (see _dot): TF32 for fp32 exactly when PyTorch's matmuls use it,
     with the operands rounded to nearest on a GPU ("tf32rn"; the interpreter has no PTX)."""
-    if dtype != torch.float32:
-        return "tf32"  # (ignored for fp16 / bf16 operands)
-    if not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
-    return "tf32" if _device.triton_interpreted() else "tf32rn"
+    return dot_precision(dtype, torch.backends.cuda.matmul.allow_tf32, interp)
 
 
-def _f32_dots(dtype: torch.dtype) -> bool:
-    """The CPU interpreter gets bf16 dots and fp32 -> bf16 casts wrong (numpy has no bf16):
-    there, bf16 tiles are upcast to fp32 before the dots (on a GPU: never)."""
-    return dtype == torch.bfloat16 and _device.triton_interpreted()
+def _f32_dots(dtype: torch.dtype, interp: bool) -> bool:
+    """F32_DOTS, for the interpreter only (on a GPU: never): it gets bf16 dots and fp32 ->
+    bf16 casts wrong (numpy has no bf16), so bf16 tiles are upcast to fp32 before the dots;
+    fp32 tiles stay as they are, and their shared IEEE dots run in fp64 (_shared_dot)."""
+    return interp and dtype in (torch.bfloat16, torch.float32)
 
 
 def _split(t: torch.Tensor) -> torch.Tensor:
@@ -1118,10 +1120,11 @@ _UNBOUNDED = 1 << 30  # a window side of -1: farther than any length (int32 sums
 EXACT_DELTA_KEYS = 64  # fp32: delta from P * dP where no row sees more keys (backward_into)
 
 
-def _options(causal: bool, scale: float, window_left: int, window_right: int, softcap: float):
+def _options(causal: bool, scale: float, window_left: int, window_right: int, softcap: float, interp: bool):
     """Kernel arguments of the options: (qk_scale, cap_in, cap_out, WIN_L, WIN_R, WINDOW,
-    SOFTCAP). A window that restricts nothing beyond causal (both sides -1, or causal with
-    no left bound) is no window: the causal kernels run unchanged."""
+    SOFTCAP) for a launch on a GPU or, ``interp``, under the interpreter. A window that
+    restricts nothing beyond causal (both sides -1, or causal with no left bound) is no
+    window: the causal kernels run unchanged."""
     if causal:
         window_right = 0
     window = window_left >= 0 or (window_right >= 0 and not causal)
@@ -1129,7 +1132,7 @@ def _options(causal: bool, scale: float, window_left: int, window_right: int, so
     wr = (window_right if window_right >= 0 else _UNBOUNDED) if window else 0
     if softcap > 0:
         # scores in log2 units: softcap * log2(e) * tanh(qk * scale / softcap); qk_scale 1
-        cap = 2 if _device.triton_interpreted() else 1
+        cap = 2 if interp else 1
         return 1.0, scale / softcap, softcap * LOG2E, wl, wr, window, cap
     return scale * LOG2E, 0.0, 0.0, wl, wr, window, 0
 
@@ -1193,18 +1196,21 @@ def _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, s
     if not (bh and s_q):
         return None
     group = nh // k4.shape[1] if k4.shape[1] else 1  # GQA: q heads per k/v head
-    qk_scale, cap_in, cap_out, wl, wr, win, cap = _options(causal, scale, window_left, window_right, softcap)
+    interp = _device.triton_interpreted(q4)
+    options = _options(causal, scale, window_left, window_right, softcap, interp)
+    qk_scale, cap_in, cap_out, wl, wr, win, cap = options
     rest = (
         qk_scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
         nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
     )  # fmt: skip
     kw = dict(
-        HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=_prec(q4.dtype), F32_DOTS=_f32_dots(q4.dtype),
-        WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m, STATS=False,
+        HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=_prec(q4.dtype, interp),
+        F32_DOTS=_f32_dots(q4.dtype, interp), WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
+        STATS=False,
     )  # fmt: skip
     # The grid depends on the tile the autotuner picks.
     grid = lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)  # noqa: E731
-    tuned = triton_support.TunedBound(_attn_fwd, grid, kw, (0, 1, 2, 3))
+    tuned = triton_support.TunedBound(_attn_fwd_interp if interp else _attn_fwd, grid, kw, (0, 1, 2, 3))
 
     def plan(q4, k4, v4, o4, lse):
         tuned(q4, k4, v4, o4, lse, *rest)
@@ -1225,7 +1231,7 @@ def _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, s
 # and its causal forms do not compile under Triton 3.6.
 WS_MIN_S = 1024
 _WS_TILE = dict(BLOCK_M=128, BLOCK_N=128, num_warps=4, num_stages=2)
-_WS_TRITON = hasattr(tl, "make_tensor_descriptor") and not _device.triton_interpreted()
+_WS_TRITON = hasattr(tl, "make_tensor_descriptor")
 
 
 def _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k) -> bool:
@@ -1253,6 +1259,7 @@ def _ws_fits(q4, k4, v4, o4, causal, group, win, cap, d, qk_scale, s_q, s_k) -> 
         and k4.is_contiguous()
         and v4.is_contiguous()
         and _WS_TRITON
+        and not _device.triton_interpret_forced()
         and _device.is_sm90(q4.get_device())
         and config.attn_ws != "0"
     )
@@ -1264,7 +1271,8 @@ def _launch_ws(q4, k4, v4, o4, lse, qk_scale, nh, s):
     grid = (bh * (s // _WS_TILE["BLOCK_M"]),)
     _attn_fwd_ws[grid](
         q4, k4, v4, o4, lse, qk_scale, o4.stride(0), o4.stride(1), o4.stride(2),
-        nh, s, bh * s, HEAD_D=q4.shape[-1], F32_DOTS=_f32_dots(q4.dtype), **_WS_TILE,
+        nh, s, bh * s, HEAD_D=q4.shape[-1], F32_DOTS=_f32_dots(q4.dtype, _device.triton_interpreted(q4)),
+        **_WS_TILE,
     )  # fmt: skip
 
 
@@ -1314,6 +1322,7 @@ def _ws_bwd_fits(q4, k4, v4, do4, causal, group, win, cap, d, qk_scale, s_q, s_k
         and all(_ws_layout(t, d) is not None for t in (q4, k4, v4, do4))
         and (mode == "views" or all(t.stride(1) % t.stride(2) == 0 for t in (q4, k4, v4, do4)))
         and _WS_TRITON
+        and not _device.triton_interpret_forced()
         and _device.is_sm90(q4.get_device())
     )
 
@@ -1398,13 +1407,17 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
     if not bh:
         return None
     group = nh // k4.shape[1] if k4.shape[1] else 1  # GQA: q heads per k/v head
-    prec = _prec(q4.dtype)
-    qk_scale, cap_in, cap_out, wl, wr, win, cap = _options(causal, scale, window_left, window_right, softcap)
+    interp = _device.triton_interpreted(q4)
+    fwd, bwd_dkdv, bwd_dq = (_attn_fwd_interp, _attn_bwd_dkdv_interp, _attn_bwd_dq_interp) if interp else (
+        _attn_fwd, _attn_bwd_dkdv, _attn_bwd_dq)  # fmt: skip
+    prec = _prec(q4.dtype, interp)
+    options = _options(causal, scale, window_left, window_right, softcap, interp)
+    qk_scale, cap_in, cap_out, wl, wr, win, cap = options
     common = (qk_scale, scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride())
     lengths = (nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr)
     dq_rest = (*common, *dq4.stride()[:3], *lengths)
     dq_kw = dict(
-        HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q4.dtype),
+        HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q4.dtype, interp),
         WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
     )  # fmt: skip
     dq_grid = lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)  # noqa: E731
@@ -1415,7 +1428,7 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
         # its QK^T and row sums without V, P @ V or the o store, one matmul more beside the
         # backward's seven (the fp32 backward is the slow teaching path; 16-bit never runs
         # it). The forward's own code: the same scores, max and sums as o was made with.
-        stats = triton_support.TunedBound(_attn_fwd, dq_grid, dict(dq_kw, STATS=True), (0, 1, 2, 3))
+        stats = triton_support.TunedBound(fwd, dq_grid, dict(dq_kw, STATS=True), (0, 1, 2, 3))
         stats_rest = (
             qk_scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
             nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
@@ -1428,20 +1441,20 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
         # (0, -1), where PyTorch's error is 0). It costs a pass over the keys like dq's
         # without the dq dot (a large share of a short fp32 backward): where rows see
         # many keys, PyTorch's own error is far above those ulps.
-        delta_pass = triton_support.TunedBound(_attn_bwd_dq, dq_grid, dict(dq_kw, DELTA_ONLY=True), (0, 1, 2, 3, 4, 6))
+        delta_pass = triton_support.TunedBound(bwd_dq, dq_grid, dict(dq_kw, DELTA_ONLY=True), (0, 1, 2, 3, 4, 6))
     elif s_q:
-        pre_m = 64 if not _device.triton_interpreted() else 32
+        pre_m = 32 if interp else 64
         num_m = triton_support.cdiv(s_q, pre_m)
         pre = triton_support.Bound(_attn_bwd_pre, (num_m * bh,), dict(HEAD_D=d, BLOCK_D=_block_d(d), BLOCK_M=pre_m), (0, 1))
         pre_rest = (*o4.stride()[:3], *do4.stride(), nh, s_q, num_m)
     if s_k:
         dkdv = triton_support.TunedBound(
-            _attn_bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * (bh // group),),
+            bwd_dkdv, lambda meta: (triton_support.cdiv(s_k, meta["BLOCK_N"]) * (bh // group),),
             dict(dq_kw), (0, 1, 2, 3, 4, 6, 7),
         )  # fmt: skip
         dkdv_rest = (*common, *dk4.stride()[:3], *dv4.stride()[:3], *lengths)
     if s_q:
-        dqp = triton_support.TunedBound(_attn_bwd_dq, dq_grid, dict(dq_kw, DELTA_ONLY=False), (0, 1, 2, 3, 4, 6))
+        dqp = triton_support.TunedBound(bwd_dq, dq_grid, dict(dq_kw, DELTA_ONLY=False), (0, 1, 2, 3, 4, 6))
     dev = q4.device
     ws = _ws_bwd_fits(q4, k4, v4, do4, causal, group, win, cap, d, qk_scale, s_q, s_k, raw_m)
     if ws:

@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support
@@ -95,7 +94,7 @@ def _bn_stats_kernel(
     tl.store(part_ptr + 2 * C * split + p, m2)
 
 
-@triton.jit
+@triton_support.jit
 def channel_stats(part_ptr, C, split, c, eps, SPLIT_P2: tl.constexpr):
     """(mean, rstd) in fp32 of channel ``c`` from ``_bn_stats_kernel``'s [3, C, split] fp64
     partials (count, mean, M2 per chunk): Chan's merge in fp64, rounded once."""

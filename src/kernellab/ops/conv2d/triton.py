@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernellab import device as _device
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
 from kernellab.ops._triton_dots import dot, dot_precision, mma
@@ -202,7 +203,8 @@ def _consts(t: torch.Tensor) -> dict:
         return dict(PRECISION="ieee", UPCAST=True)
     # fp32: as cuDNN's setting says (TF32 rounded to nearest, as cuDNN rounds); fp16/bf16
     # dots ignore it
-    return dict(PRECISION=dot_precision(t.dtype, torch.backends.cudnn.allow_tf32), UPCAST=False)
+    tf32 = torch.backends.cudnn.allow_tf32
+    return dict(PRECISION=dot_precision(t.dtype, tf32, _device.triton_interpreted(t)), UPCAST=False)
 
 
 def _clamp_pow2(n: int, lo: int, hi: int) -> int:

@@ -16,7 +16,6 @@ BLOCK as gelu's: four 16-byte accesses per thread with 8 warps (fp32 4096, 16-bi
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 from torch import Tensor
 
@@ -30,7 +29,7 @@ _RSQRT2 = tl.constexpr(0.7071067811865476)
 _RSQRT2PI = tl.constexpr(0.3989422804014327)
 
 
-@triton.jit
+@triton_support.jit
 def _sigmoid_pair(z):
     # (sigmoid(z), 1 - sigmoid(z)) without overflow or cancellation: t = exp(-|z|) <= 1,
     # q = 1 / (1 + t); sigmoid(z) = q for z >= 0, t q below, and 1 - sigmoid the other one.
@@ -40,7 +39,7 @@ def _sigmoid_pair(z):
     return tl.where(z >= 0, q, t * q), tl.where(z >= 0, t * q, q)
 
 
-@triton.jit
+@triton_support.jit
 def _act(a, ACT: tl.constexpr):
     # act(a) in fp32. The formulas' own NaN at -inf (-inf * 0) is kept, as PyTorch's.
     if ACT == 0:
@@ -56,7 +55,7 @@ def _act(a, ACT: tl.constexpr):
     return y
 
 
-@triton.jit
+@triton_support.jit
 def _act_and_grad(a, ACT: tl.constexpr):
     # (act(a), act'(a)) in fp32. At a = +-inf the derivative is NaN (inf * 0 in each
     # formula's derivative, as PyTorch's), not the limits 1 and 0.

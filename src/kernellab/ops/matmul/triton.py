@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernellab import device as _device
 from kernellab import triton_support
 from kernellab.core.spec import GRID_YZ_LIMIT
 from kernellab.ops._register import register_builtin
@@ -247,8 +248,9 @@ _CPU_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
 # --------------------------------------------------------------------------- launcher
 
 
-def _precision(dtype: torch.dtype) -> str:
-    return dot_precision(dtype, torch.backends.cuda.matmul.allow_tf32)
+def _precision(dtype: torch.dtype, where=None) -> str:
+    """PRECISION for operands of ``dtype`` launched on ``where`` (device.triton_interpreted)."""
+    return dot_precision(dtype, torch.backends.cuda.matmul.allow_tf32, _device.triton_interpreted(where))
 
 
 def check_batch_grid(bt: int) -> None:
@@ -294,7 +296,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
         consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])
         if a.device.type == "cuda":
             check_batch_grid(bt)
-            consts.update(PRECISION=_precision(a.dtype), UPCAST=False)
+            consts.update(PRECISION=_precision(a.dtype, a), UPCAST=False)
 
             def grid(meta):
                 return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)

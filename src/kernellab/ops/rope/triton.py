@@ -25,7 +25,6 @@ import inspect
 from typing import Optional
 
 import torch
-import triton
 import triton.language as tl
 from torch import Tensor
 
@@ -34,7 +33,7 @@ from kernellab.core.kit import OpDecl, build
 from kernellab.ops._register import register_triton
 
 
-@triton.jit
+@triton_support.jit
 def _rotate_heads(
     x_ptr, y_ptr, b, s, n_heads, D, R,
     c1, c2, cmask, cos1, cos2, sa, sb,  # columns of the two sets, their mask, cos / signed sin

@@ -18,7 +18,6 @@ accurate as torch.sum itself, and the check admits 2 x torch's error.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support
@@ -30,7 +29,7 @@ ITERS_ALL = 8  # load steps per program: 32768 elements per program
 FINAL_BLOCK = 1024
 
 
-@triton.jit
+@triton_support.jit
 def _kahan_add(s, c, x):
     # s + x with the rounding error carried in c (Kahan). Once s is +-inf or NaN the
     # compensation would turn inf into NaN (inf - inf); it is dropped there instead.
