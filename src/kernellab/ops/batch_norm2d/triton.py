@@ -111,14 +111,14 @@ def channel_stats(part_ptr, C, split, c, eps, SPLIT_P2: tl.constexpr):
     return mean64.to(tl.float32), rstd
 
 
-@triton.jit
+@triton_support.jit
 def chunk_bounds(s, chunk, total):
     """[start, end) of chunk ``s`` of a channel's ``total`` flat indices."""
     start = s * chunk
     return start, tl.minimum(start + chunk, total)
 
 
-@triton.jit
+@triton_support.jit
 def channel_block(i0, end, c, C, D, BLOCK: tl.constexpr):
     """The block at flat index i0 of channel c, i = n * D + r over planes of D elements
     ([N, C, D] contiguous): (mask, n, r, element offset)."""
@@ -128,7 +128,7 @@ def channel_block(i0, end, c, C, D, BLOCK: tl.constexpr):
     return i < end, n, r, (n.to(tl.int64) * C + c) * D + r
 
 
-@triton.jit
+@triton_support.jit
 def normalize_params(part_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, C, split, c, s, eps, SPLIT_P2: tl.constexpr):
     """(mean, scale = rstd * w, shift = b) of channel c for the forward's expression
     (x - mean) * scale + shift, from the statistics partials; program s == 0 stores mean and
@@ -142,7 +142,7 @@ def normalize_params(part_ptr, w_ptr, b_ptr, mean_ptr, rstd_ptr, C, split, c, s,
     return mean, scale, shift
 
 
-@triton.jit
+@triton_support.jit
 def add_grad_terms(acc_w, acc_b, g, x, mean64, mask):
     """The running fp64 sums of g * (x - mean) and g (an fp32 product and difference are
     exact in fp64)."""
@@ -150,7 +150,7 @@ def add_grad_terms(acc_w, acc_b, g, x, mean64, mask):
     return acc_w + g64 * tl.where(mask, x.to(tl.float64) - mean64, 0.0), acc_b + g64
 
 
-@triton.jit
+@triton_support.jit
 def store_grad_partials(part_ptr, C, split, c, s, acc_w, acc_b):
     """Chunk s's sums of g * (x - mean) and g into part [2, C, split]."""
     p = c * split + s
@@ -158,7 +158,7 @@ def store_grad_partials(part_ptr, C, split, c, s, acc_w, acc_b):
     tl.store(part_ptr + C * split + p, tl.sum(acc_b, axis=0))
 
 
-@triton.jit
+@triton_support.jit
 def grad_params(
     part_ptr, mean_ptr, rstd_ptr, w_ptr, dw_ptr, db_ptr, C, split, c, s, M, SPLIT_P2: tl.constexpr
 ):

@@ -36,7 +36,6 @@ step is launch bound and the launches are what fusion buys.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import triton_support
@@ -58,7 +57,7 @@ from kernellab.ops.bn_relu_pool2d.fused_op import bn_relu_pool_op, fwd_outputs, 
 __all__ = ["CONFIG", "Config", "brp_bwd", "brp_fwd"]
 
 
-@triton.jit
+@triton_support.jit
 def _window_step(best, bx, arg, v, sgn, j):
     """One more value v (window position j) against the running maximum: taken where its
     key v * sgn is larger or a NaN (PyTorch's rule); (best key, its x, its position)."""

@@ -26,7 +26,6 @@ Under the CPU interpreter (no real 16-bit dots) the operands are upcast to fp32.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 from kernellab import device as _device
@@ -39,7 +38,7 @@ from kernellab.ops.conv2d.geometry import out_size
 # --------------------------------------------------------------------------- kernels
 
 
-@triton.jit
+@triton_support.jit
 def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """The [BLOCK_M, BLOCK_N] tile of an [M, N] GEMM output that program_id(0) computes
     (tiles row-major): its row and column indices and their masks."""

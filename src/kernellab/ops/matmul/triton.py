@@ -38,7 +38,7 @@ from kernellab.ops.matmul._autograd import matmul_op
 _ACT = {None: 0, "relu": 1, "gelu": 2}
 
 
-@triton.jit
+@triton_support.jit
 def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     # Program pid's tile (pid_m, pid_n), numbered down columns of GROUP_M tile-rows (see
     # the module docstring).
@@ -52,7 +52,7 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_
     return pid_m, pid_n
 
 
-@triton.jit
+@triton_support.jit
 def epilogue(acc, bias_ptr, rn, N, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
     # bias [N] at columns rn, then the activation (0 none, 1 relu, 2 gelu tanh), on the
     # fp32 accumulator before its one store.
