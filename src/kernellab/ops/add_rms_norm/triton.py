@@ -5,25 +5,11 @@ add then rms_norm_triton (same roundings)."""
 
 from __future__ import annotations
 
-import torch
-
 from kernellab.ops._register import register_triton
 from kernellab.ops.norm_kernels import plumbing
-from kernellab.ops.norm_kernels.triton_kernels import kernel_specs, norm_bwd, norm_fwd
+from kernellab.ops.norm_kernels.triton_kernels import add_rms_bwd, add_rms_fwd, kernel_specs
 
-
-def _add_rms_fwd(x, r, w, eps):
-    h = torch.empty_like(x)
-    y, _, rstd = norm_fwd(x, w, None, float(eps), True, res=r, h=h)
-    return y, h, rstd
-
-
-def _add_rms_bwd(dy, dres, h, w, rstd):
-    dh, dw, _ = norm_bwd(dy, h, w, None, rstd, True, False, dres=dres)
-    return dh, dw
-
-
-add_rms_norm_triton = plumbing.add_rms_norm_op("add_rms_norm_triton", _add_rms_fwd, _add_rms_bwd, triton=True)
+add_rms_norm_triton = plumbing.add_rms_norm_op("add_rms_norm_triton", add_rms_fwd, add_rms_bwd, triton=True)
 
 register_triton(
     "add_rms_norm",

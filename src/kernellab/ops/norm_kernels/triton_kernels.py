@@ -726,3 +726,18 @@ def kernel_specs(rms: bool):
         ]
 
     return specs
+
+
+# add_rms_norm's launchers: (x + r) normalized with the sum written out (RES), and the
+# residual stream's gradient added into dx by the backward kernel.
+
+
+def add_rms_fwd(x, r, w, eps):
+    h = torch.empty_like(x)
+    y, _, rstd = norm_fwd(x, w, None, float(eps), True, res=r, h=h)
+    return y, h, rstd
+
+
+def add_rms_bwd(dy, dres, h, w, rstd):
+    dh, dw, _ = norm_bwd(dy, h, w, None, rstd, True, False, dres=dres)
+    return dh, dw
