@@ -756,3 +756,32 @@ def elementwise_shapes():
         (129, 1000),
         (2, 3, 1025),
     ]
+
+
+# Bench sizes of an elementwise op: 2^16 (launch-bound) to 2^28 elements (at the copy ceiling).
+ELEMENTWISE_BENCH_SHAPES = tuple((2**p,) for p in (16, 20, 24, 26, 28))
+
+
+def elementwise_spec(**fields) -> OpSpec:
+    """Define the OpSpec of an elementwise op (inputs and output of one shape, any shape):
+    the elementwise edge shapes, the usual quick, bench, layout, reach and rows shapes, and
+    a validation that reads only each tensor's facts (``key_validates``). ``fields`` name
+    the op and add to or replace these."""
+    common = dict(
+        key_validates=True,
+        test_shapes=elementwise_shapes(),
+        quick_shapes=[(0,), (1,), (1025,), (129, 1000)],
+        bench_shapes=list(ELEMENTWISE_BENCH_SHAPES),
+        cpu_bench_shapes=[(2**p,) for p in (10, 14, 18)],
+        layout_shape=(37, 1025),
+        reach_shape=(5, 1025),
+        rows_shape=(65537, 3),
+    )
+    return define(OpSpec(**{**common, **fields}))
+
+
+def unary_bytes(shape, dtype, mode) -> int:
+    """Bytes a one-input op with a backward moves: forward, x read and y written; backward,
+    dy and x (or y) read and dx written."""
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return {"fwd": 2 * n, "bwd": 3 * n, "fwdbwd": 5 * n}[mode]
