@@ -785,3 +785,15 @@ def unary_bytes(shape, dtype, mode) -> int:
     dy and x (or y) read and dx written."""
     n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     return {"fwd": 2 * n, "bwd": 3 * n, "fwdbwd": 5 * n}[mode]
+
+
+def loss_option_sets() -> list[dict]:
+    """Option sets of a loss over class targets (cross-entropy's, fused or not): the other
+    reductions and a non-default ignore_index, in range (3, which some targets also draw)
+    and negative."""
+    return [
+        {"reduction": "sum"},
+        {"reduction": "none"},
+        {"ignore_index": 3},
+        {"ignore_index": -1, "reduction": "sum"},
+    ]

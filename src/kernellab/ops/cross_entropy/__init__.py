@@ -61,6 +61,7 @@ from kernellab.core.spec import (
     check_dtype,
     define,
     fuzz_rows,
+    loss_option_sets,
     make_tensor,
 )
 
@@ -245,13 +246,9 @@ SPEC = define(
         plant_extra=_extremes,
         inputs=_inputs,
         validator=_validate,
-        # Non-default ignore_index: in range (3, which some targets also draw) and negative;
-        # _option_inputs puts it where the builder planted -100.
+        # _option_inputs puts a non-default ignore_index where the builder planted -100.
         option_sets=[
-            {"reduction": "sum"},
-            {"reduction": "none"},
-            {"ignore_index": 3},
-            {"ignore_index": -1, "reduction": "sum"},
+            *loss_option_sets(),
             {"inplace_backward": True},
             {"check_targets": False},
             {"check_targets": True},

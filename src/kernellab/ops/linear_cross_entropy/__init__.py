@@ -77,9 +77,10 @@ from kernellab.core.spec import (
     check_float_tensor,
     define,
     fuzz_dim,
+    loss_option_sets,
     make_tensor,
 )
-from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP
+from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, logits_loss
 
 REDUCTIONS = ("mean", "sum", "none")
 OPTIONS = ("bias", "ignore_index", "reduction", "label_smoothing", "z_loss", "chunk")
@@ -90,21 +91,8 @@ def linear_cross_entropy_reference(
     z_loss=0.0, chunk=None,
 ):  # fmt: skip
     """PyTorch ops in the inputs' dtype (float64 for the check): full logits, F.cross_entropy."""
-    v = weight.shape[0]
-    logits = F.linear(x, weight, bias).reshape(-1, v)
-    t = target.reshape(-1)
-    loss = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction,
-                           label_smoothing=label_smoothing)  # fmt: skip
-    if z_loss:
-        keep = t != ignore_index
-        zrow = torch.where(keep, torch.logsumexp(logits, dim=-1) ** 2, 0.0)
-        if reduction == "none":
-            zterm = zrow
-        elif reduction == "sum":
-            zterm = zrow.sum()
-        else:
-            zterm = zrow.sum() / keep.sum()
-        loss = loss + z_loss * zterm
+    logits = F.linear(x, weight, bias).reshape(-1, weight.shape[0])
+    loss = logits_loss(logits, target.reshape(-1), ignore_index, reduction, label_smoothing, z_loss)
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return loss
@@ -344,10 +332,7 @@ SPEC = define(
         inputs=_inputs,
         validator=validate,
         option_sets=[
-            {"reduction": "sum"},
-            {"reduction": "none"},
-            {"ignore_index": 3},
-            {"ignore_index": -1, "reduction": "sum"},
+            *loss_option_sets(),
             {"label_smoothing": 0.1},
             {"label_smoothing": 0.2, "reduction": "none"},
             {"z_loss": 1e-2},
