@@ -762,12 +762,22 @@ def elementwise_shapes():
 ELEMENTWISE_BENCH_SHAPES = tuple((2**p,) for p in (16, 20, 24, 26, 28))
 
 
-def elementwise_spec(**fields) -> OpSpec:
+def unary_bytes(shape, dtype, mode) -> int:
+    """Bytes a one-input op with a backward moves: forward, x read and y written; backward,
+    dy and x (or y) read and dx written."""
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return {"fwd": 2 * n, "bwd": 3 * n, "fwdbwd": 5 * n}[mode]
+
+
+def elementwise_spec(name: str, reference, flops, **fields) -> OpSpec:
     """Define the OpSpec of an elementwise op (inputs and output of one shape, any shape):
-    the elementwise edge shapes, the usual quick, bench, layout, reach and rows shapes, and
-    a validation that reads only each tensor's facts (``key_validates``). ``fields`` name
-    the op and add to or replace these."""
+    by default one input ``x`` with a gradient (``unary_bytes``), the elementwise edge
+    shapes, the usual quick, bench, layout, reach and rows shapes, and a validation that
+    reads only each tensor's facts (``key_validates``). ``fields`` add to or replace these."""
     common = dict(
+        arg_names=("x",),
+        grad_args=(0,),
+        bytes_moved=unary_bytes,
         key_validates=True,
         test_shapes=elementwise_shapes(),
         quick_shapes=[(0,), (1,), (1025,), (129, 1000)],
@@ -777,14 +787,7 @@ def elementwise_spec(**fields) -> OpSpec:
         reach_shape=(5, 1025),
         rows_shape=(65537, 3),
     )
-    return define(OpSpec(**{**common, **fields}))
-
-
-def unary_bytes(shape, dtype, mode) -> int:
-    """Bytes a one-input op with a backward moves: forward, x read and y written; backward,
-    dy and x (or y) read and dx written."""
-    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return {"fwd": 2 * n, "bwd": 3 * n, "fwdbwd": 5 * n}[mode]
+    return define(OpSpec(name=name, reference=reference, flops=flops, **{**common, **fields}))
 
 
 def loss_option_sets() -> list[dict]:

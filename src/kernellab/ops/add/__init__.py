@@ -25,10 +25,10 @@ def _bytes(shape, dtype, mode):
 
 
 SPEC = elementwise_spec(
-    name="add",
+    "add",
+    add_reference,
+    lambda shape, mode: math.prod(shape),
     arg_names=("a", "b"),
-    reference=add_reference,
-    flops=lambda shape, mode: math.prod(shape),
     bytes_moved=_bytes,
     grad_args=(0, 1),
     modes=("fwd",),

@@ -16,7 +16,7 @@ import math
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import ELEMENTWISE_BENCH_SHAPES, elementwise_spec, unary_bytes
+from kernellab.core.spec import ELEMENTWISE_BENCH_SHAPES, elementwise_spec
 
 
 def relu_reference(x: torch.Tensor) -> torch.Tensor:
@@ -30,13 +30,10 @@ def _flops(shape, mode):
 
 
 SPEC = elementwise_spec(
-    name="relu",
-    arg_names=("x",),
-    reference=relu_reference,
-    flops=_flops,
-    bytes_moved=unary_bytes,
+    "relu",
+    relu_reference,
+    _flops,
     bench_shapes=[*ELEMENTWISE_BENCH_SHAPES, (64 * 32 * 28 * 28,), (1024 * 64 * 14 * 14,)],
-    grad_args=(0,),
     specials=(float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-45, -1e-45),
     doc=__doc__.strip().split("\n")[0],
 )
