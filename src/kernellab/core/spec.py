@@ -800,3 +800,14 @@ def loss_option_sets() -> list[dict]:
         {"ignore_index": 3},
         {"ignore_index": -1, "reduction": "sum"},
     ]
+
+
+def check_loss_options(op: str, kwargs: dict, default_ignore: int, reductions) -> None:
+    """TypeError / ValueError naming ``ignore_index`` (an int) or ``reduction`` (one of
+    ``reductions``) where a loss's call gets it wrong."""
+    ii = kwargs.get("ignore_index", default_ignore)
+    if not isinstance(ii, int) or isinstance(ii, bool):
+        raise TypeError(f"{op}: ignore_index must be an int, got {ii!r}")
+    red = kwargs.get("reduction", "mean")
+    if red not in reductions:
+        raise ValueError(f"{op}: reduction must be one of {reductions}, got {red!r}")

@@ -75,6 +75,7 @@ from kernellab.core.spec import (
     OpSpec,
     TensorOption,
     check_float_tensor,
+    check_loss_options,
     define,
     fuzz_dim,
     loss_option_sets,
@@ -205,12 +206,7 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
             raise ValueError(f"{OP}: bias is on {bias.device} but x is on {x.device}")
         if tuple(bias.shape) != (w.shape[0],):
             raise ValueError(f"{OP}: bias must have shape ({w.shape[0]},) (V), got {tuple(bias.shape)}")
-    ii = kwargs.get("ignore_index", DEFAULT_IGNORE)
-    if not isinstance(ii, int) or isinstance(ii, bool):
-        raise TypeError(f"{OP}: ignore_index must be an int, got {ii!r}")
-    red = kwargs.get("reduction", "mean")
-    if red not in REDUCTIONS:
-        raise ValueError(f"{OP}: reduction must be one of {REDUCTIONS}, got {red!r}")
+    check_loss_options(OP, kwargs, DEFAULT_IGNORE, REDUCTIONS)
     _number("label_smoothing", kwargs.get("label_smoothing", 0.0), 0.0, 1.0)
     _number("z_loss", kwargs.get("z_loss", 0.0), 0.0)
     chunk = kwargs.get("chunk")
