@@ -777,3 +777,58 @@ def elementwise_shapes():
         (129, 1000),
         (2, 3, 1025),
     ]
+
+
+# Bench sizes of an elementwise op: 2^16 (launch-bound) to 2^28 elements (at the copy ceiling).
+ELEMENTWISE_BENCH_SHAPES = tuple((2**p,) for p in (16, 20, 24, 26, 28))
+
+
+def unary_bytes(shape, dtype, mode) -> int:
+    """Bytes a one-input op with a backward moves: forward, x read and y written; backward,
+    dy and x (or y) read and dx written."""
+    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return {"fwd": 2 * n, "bwd": 3 * n, "fwdbwd": 5 * n}[mode]
+
+
+def elementwise_spec(name: str, reference, flops, **fields) -> OpSpec:
+    """Define the OpSpec of an elementwise op (inputs and output of one shape, any shape):
+    by default one input ``x`` with a gradient (``unary_bytes``), the elementwise edge
+    shapes, the usual quick, bench, layout, reach and rows shapes, and a validation that
+    reads only each tensor's facts (``key_validates``). ``fields`` add to or replace these."""
+    common = dict(
+        arg_names=("x",),
+        grad_args=(0,),
+        bytes_moved=unary_bytes,
+        key_validates=True,
+        test_shapes=elementwise_shapes(),
+        quick_shapes=[(0,), (1,), (1025,), (129, 1000)],
+        bench_shapes=list(ELEMENTWISE_BENCH_SHAPES),
+        cpu_bench_shapes=[(2**p,) for p in (10, 14, 18)],
+        layout_shape=(37, 1025),
+        reach_shape=(5, 1025),
+        rows_shape=(65537, 3),
+    )
+    return define(OpSpec(name=name, reference=reference, flops=flops, **{**common, **fields}))
+
+
+def loss_option_sets() -> list[dict]:
+    """Option sets of a loss over class targets (cross-entropy's, fused or not): the other
+    reductions and a non-default ignore_index, in range (3, which some targets also draw)
+    and negative."""
+    return [
+        {"reduction": "sum"},
+        {"reduction": "none"},
+        {"ignore_index": 3},
+        {"ignore_index": -1, "reduction": "sum"},
+    ]
+
+
+def check_loss_options(op: str, kwargs: dict, default_ignore: int, reductions) -> None:
+    """TypeError / ValueError naming ``ignore_index`` (an int) or ``reduction`` (one of
+    ``reductions``) where a loss's call gets it wrong."""
+    ii = kwargs.get("ignore_index", default_ignore)
+    if not isinstance(ii, int) or isinstance(ii, bool):
+        raise TypeError(f"{op}: ignore_index must be an int, got {ii!r}")
+    red = kwargs.get("reduction", "mean")
+    if red not in reductions:
+        raise ValueError(f"{op}: reduction must be one of {reductions}, got {red!r}")

@@ -188,6 +188,13 @@ def make(a, s, device, seed, heads=None, kv_heads=None, requires_grad=False):
     return q, k, v, do
 
 
+def make_check(a, world, device):
+    """The numerics check's full problem: --check-heads heads (K/V heads in the run's
+    ratio), --check-seq tokens per GPU, seed 7."""
+    kv_heads = max(1, a.check_heads * a.kv_heads // a.heads)
+    return make(a, a.check_seq * world, device, 7, heads=a.check_heads, kv_heads=kv_heads)
+
+
 def single(a, q, k, v, causal):
     """One device's attention (kernellab's Triton kernels; --smoke: PyTorch's)."""
     g = q.shape[1] // k.shape[1]
@@ -317,14 +324,7 @@ def run_distributed(a, out_rows):
     # every rank with the same seed; rank 0 judges.
     for layout in a.layout_list:
         s_local = a.check_seq
-        q, k, v, do = make(
-            a,
-            s_local * world,
-            device,
-            7,
-            heads=a.check_heads,
-            kv_heads=max(1, a.check_heads * a.kv_heads // a.heads),
-        )
+        q, k, v, do = make_check(a, world, device)
         loc = [shard(t, rank, world, layout) for t in (q, k, v, do)]
         got = grads_of(lambda *t: R.ring_attention(*t, causal=a.causal, layout=layout, blocks=blocks), *loc)
         full = [gather_sequence(x, layout) for x in got]
@@ -461,14 +461,7 @@ def run_simulated(a, out_rows):
         if not a.skip_check:
             for layout in a.layout_list:
                 s_local = a.check_seq
-                q, k, v, do = make(
-                    a,
-                    s_local * world,
-                    device,
-                    7,
-                    heads=a.check_heads,
-                    kv_heads=max(1, a.check_heads * a.kv_heads // a.heads),
-                )
+                q, k, v, do = make_check(a, world, device)
                 got = grads_of(
                     lambda *t: simulate_ring(*t, world, causal=a.causal, layout=layout, blocks=blocks),
                     q,

@@ -105,15 +105,23 @@ def split_sass(text: str) -> dict[str, str]:
     return out
 
 
-_PATTERNS = {
+def _ptx_global(op: str, vec: str):
     # qualifiers may include cache policies such as .L1::evict_last
-    "ptx_ld_global_v4": (r"ld\.global(?:\.[\w:]+)*\.v4\.", "ptx"),
-    "ptx_st_global_v4": (r"st\.global(?:\.[\w:]+)*\.v4\.", "ptx"),
-    "ptx_ld_global_v2": (r"ld\.global(?:\.[\w:]+)*\.v2\.", "ptx"),
+    return (rf"{op}\.global(?:\.[\w:]+)*\.{vec}\.", "ptx")
+
+
+def _sass_wide(op: str, bits: int):
+    return (rf"\b{op}\.E\.{bits}\b|\b{op}\.E\.(?:\w+\.)*{bits}\b", "sass")
+
+
+_PATTERNS = {
+    "ptx_ld_global_v4": _ptx_global("ld", "v4"),
+    "ptx_st_global_v4": _ptx_global("st", "v4"),
+    "ptx_ld_global_v2": _ptx_global("ld", "v2"),
     "ptx_local": (r"\b(?:ld|st)\.local\b", "ptx"),
-    "LDG_128": (r"\bLDG\.E\.128\b|\bLDG\.E\.(?:\w+\.)*128\b", "sass"),
-    "STG_128": (r"\bSTG\.E\.128\b|\bSTG\.E\.(?:\w+\.)*128\b", "sass"),
-    "LDG_64": (r"\bLDG\.E\.64\b|\bLDG\.E\.(?:\w+\.)*64\b", "sass"),
+    "LDG_128": _sass_wide("LDG", 128),
+    "STG_128": _sass_wide("STG", 128),
+    "LDG_64": _sass_wide("LDG", 64),
     "LDG": (r"\bLDG\b", "sass"),
     "STG": (r"\bSTG\b", "sass"),
     "LDL_STL": (r"\b(?:LDL|STL)\b", "sass"),

@@ -113,8 +113,9 @@ def _compile_unavailable() -> str | None:
     return None
 
 
-def register_baseline(op: str, manual, torch_fn, compile_fn) -> None:
-    # manual and torch are PyTorch ops under PyTorch's autograd: differentiable twice.
+def register_baseline(op: str, manual, torch_fn, compile_fn, torch_double_backward: bool = True) -> None:
+    # manual and torch are PyTorch ops under PyTorch's autograd: differentiable twice
+    # (torch unless the op's PyTorch kernels refuse it: ``torch_double_backward``).
     # compile is not declared: torch.compile refuses double backward with a RuntimeError.
     # All three take float64 as well (REFERENCE_DTYPES): torch.autograd.gradcheck runs
     # through them; the check judges the spec's dtypes only.
@@ -122,7 +123,7 @@ def register_baseline(op: str, manual, torch_fn, compile_fn) -> None:
     register(op, "manual", builtin=True, description=describe, double_backward=True,
              dtypes=REFERENCE_DTYPES)(manual)  # fmt: skip
     describe = (torch_fn.__doc__ or "").split("\n")[0]
-    register(op, "torch", builtin=True, description=describe, double_backward=True,
+    register(op, "torch", builtin=True, description=describe, double_backward=torch_double_backward,
              dtypes=REFERENCE_DTYPES)(torch_fn)  # fmt: skip
     register(
         op,

@@ -20,7 +20,9 @@ from collections.abc import Callable
 
 from torch import Tensor
 
+from kernellab import triton_support
 from kernellab.core.kit import OpDecl, build, empty_like_contig
+from kernellab.ops._register import register_triton
 
 
 def unary_op(name: str, fwd: Callable, bwd: Callable, save_output: bool = False, triton: bool = False):
@@ -75,3 +77,16 @@ def binary_op(name: str, fwd: Callable, triton: bool = False):
             triton=triton,
         )
     )
+
+
+def register_streaming_unary(op: str, fwd_kernel, bwd_kernel, description: str) -> None:
+    """Backend ``triton`` of a one-input op from two streaming kernels as
+    ``triton_support.launch_streaming`` runs them, ``fwd_kernel(x, y, n, BLOCK)`` and
+    ``bwd_kernel(dy, x, dx, n, BLOCK)``: custom ops ``kernellab::<op>_triton``."""
+    fn = unary_op(
+        f"{op}_triton",
+        lambda x: triton_support.launch_streaming(fwd_kernel, [x]),
+        lambda dy, x: triton_support.launch_streaming(bwd_kernel, [dy, x]),
+        triton=True,
+    )
+    register_triton(op, fn, triton_support.streaming_kernels(fwd_kernel, bwd_kernel), description)

@@ -14,6 +14,7 @@ import torch
 
 from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, _get_device, sm_count
+from kernellab.ops._elementwise import unary_op
 from kernellab.ops._register import register_cuda
 
 THREADS = 256
@@ -101,10 +102,32 @@ def launch(module: Module, base: str, inputs, vectorized: bool = True, w8=None) 
     return y
 
 
-def register_variants(op: str, module: Module, make_fn, variants) -> None:
-    """Register one backend per ``(backend, vectorized, description)`` in ``variants``;
-    ``make_fn(backend, vectorized)`` returns the registry callable (with ``.custom_ops``)."""
+_V1 = "CUDA v1: one element per thread"
 
-    for backend, vec, what in variants:
+
+def register_variants(op: str, module: Module, make_fn, v1: str = _V1) -> None:
+    """Register backends ``cuda_v1`` (the scalar kernels, described by ``v1``) and ``cuda``
+    (the vectorized ones); ``make_fn(backend, vectorized)`` returns the registry callable
+    (with ``.custom_ops``)."""
+
+    for backend, vec, what in (("cuda_v1", False, v1), ("cuda", True, "CUDA v2: 16-byte vector accesses")):
         fn = make_fn(backend, vec)
         register_cuda(op, backend, fn, module, what)
+
+
+def register_unary(op: str, module: Module, v1: str = _V1) -> None:
+    """``register_variants`` for a one-input op whose module follows the naming contract
+    with bases ``<op>_fwd`` and ``<op>_bwd`` (see _elementwise.cuh): custom ops
+    ``kernellab::<op>_<backend>``; large 16-bit backwards take the w8 kernel with two packs
+    per thread in 128-thread blocks."""
+    fwd, bwd = f"{op}_fwd", f"{op}_bwd"
+    register_variants(
+        op,
+        module,
+        lambda backend, vec: unary_op(
+            f"{op}_{backend}",
+            lambda x: launch(module, fwd, [x], vec),
+            lambda dy, x: launch(module, bwd, [dy, x], vec, w8=(2, 128)),
+        ),
+        v1,
+    )

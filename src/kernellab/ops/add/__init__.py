@@ -12,7 +12,7 @@ import math
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import OpSpec, define, elementwise_shapes
+from kernellab.core.spec import elementwise_spec
 
 
 def add_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -24,25 +24,15 @@ def _bytes(shape, dtype, mode):
     return 3 * math.prod(shape) * torch.empty((), dtype=dtype).element_size()
 
 
-SPEC = define(
-    OpSpec(
-        name="add",
-        key_validates=True,
-        arg_names=("a", "b"),
-        reference=add_reference,
-        flops=lambda shape, mode: math.prod(shape),
-        bytes_moved=_bytes,
-        test_shapes=elementwise_shapes(),
-        quick_shapes=[(0,), (1,), (1025,), (129, 1000)],
-        bench_shapes=[(2**p,) for p in (16, 20, 24, 26, 28)],
-        cpu_bench_shapes=[(2**p,) for p in (10, 14, 18)],
-        layout_shape=(37, 1025),
-        reach_shape=(5, 1025),
-        grad_args=(0, 1),
-        rows_shape=(65537, 3),
-        modes=("fwd",),
-        doc=__doc__.strip().split("\n")[0],
-    )
+SPEC = elementwise_spec(
+    "add",
+    add_reference,
+    lambda shape, mode: math.prod(shape),
+    arg_names=("a", "b"),
+    bytes_moved=_bytes,
+    grad_args=(0, 1),
+    modes=("fwd",),
+    doc=__doc__.strip().split("\n")[0],
 )
 
 

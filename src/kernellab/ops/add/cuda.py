@@ -16,8 +16,4 @@ elementwise.register_variants(
     lambda backend, vec: binary_op(
         f"add_{backend}", lambda a, b: elementwise.launch(MODULE, "add", [a, b], vec, w8=(1, 256))
     ),
-    [
-        ("cuda_v1", False, "CUDA v1: one element per thread"),
-        ("cuda", True, "CUDA v2: 16-byte vector accesses"),
-    ],
 )

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from kernellab.core.registry import register
-from kernellab.core.spec import REFERENCE_DTYPES, upcast
-from kernellab.ops._baselines import _compile_unavailable, compiled
+from kernellab.core.spec import upcast
+from kernellab.ops._baselines import compiled, register_baseline
 from kernellab.ops.attention.args import (
     allowed_mask,
     causal_allowed,
@@ -308,29 +308,11 @@ def torch_attention(q, k, v, causal: bool = False, scale=None, window=None, soft
     return _sdpa(q, k, v, causal, scale)
 
 
-register(
-    "attention",
-    "manual",
-    builtin=True,
-    description=manual_attention.__doc__.split("\n")[0],
-    double_backward=True,  # PyTorch ops under PyTorch's autograd
-    dtypes=REFERENCE_DTYPES,  # float64 too: torch.autograd.gradcheck runs through it
-)(manual_attention)
-# torch: not declared. SDPA's math path is differentiable twice, its flash and efficient
-# kernels (the GPU's choice for 16-bit inputs) refuse with a RuntimeError.
-register("attention", "torch", builtin=True, description=torch_attention.__doc__.split("\n")[0],
-         dtypes=REFERENCE_DTYPES)(
-    torch_attention
+# torch: double backward not declared. SDPA's math path is differentiable twice, its flash
+# and efficient kernels (the GPU's choice for 16-bit inputs) refuse with a RuntimeError.
+register_baseline(
+    "attention", manual_attention, torch_attention, compiled(manual_attention), torch_double_backward=False
 )
-register(
-    "attention",
-    "compile",
-    builtin=True,
-    available=_compile_unavailable,
-    description="torch.compile of manual",
-    dtypes=REFERENCE_DTYPES,
-    builds_per_shape=True,
-)(compiled(manual_attention))
 
 
 # Peers: one SDPA kernel each, forced. ------------------------------------------------

@@ -59,8 +59,10 @@ from kernellab.core.spec import (
     Boundary,
     OpSpec,
     check_dtype,
+    check_loss_options,
     define,
     fuzz_rows,
+    loss_option_sets,
     make_tensor,
 )
 
@@ -137,12 +139,7 @@ def _validate(args, kwargs, devices, dtypes=FLOAT_DTYPES):
     unknown = set(kwargs) - set(OPTIONS)
     if unknown:
         raise TypeError(f"cross_entropy() got unexpected keyword arguments {sorted(unknown)}")
-    ii = kwargs.get("ignore_index", DEFAULT_IGNORE)
-    if not isinstance(ii, int) or isinstance(ii, bool):
-        raise TypeError(f"cross_entropy: ignore_index must be an int, got {ii!r}")
-    red = kwargs.get("reduction", "mean")
-    if red not in REDUCTIONS:
-        raise ValueError(f"cross_entropy: reduction must be one of {REDUCTIONS}, got {red!r}")
+    check_loss_options("cross_entropy", kwargs, DEFAULT_IGNORE, REDUCTIONS)
     ib = kwargs.get("inplace_backward", False)
     if not isinstance(ib, bool):
         raise TypeError(f"cross_entropy: inplace_backward must be a bool, got {ib!r}")
@@ -245,13 +242,9 @@ SPEC = define(
         plant_extra=_extremes,
         inputs=_inputs,
         validator=_validate,
-        # Non-default ignore_index: in range (3, which some targets also draw) and negative;
-        # _option_inputs puts it where the builder planted -100.
+        # _option_inputs puts a non-default ignore_index where the builder planted -100.
         option_sets=[
-            {"reduction": "sum"},
-            {"reduction": "none"},
-            {"ignore_index": 3},
-            {"ignore_index": -1, "reduction": "sum"},
+            *loss_option_sets(),
             {"inplace_backward": True},
             {"check_targets": False},
             {"check_targets": True},

@@ -35,6 +35,13 @@ def _vec_ok(x: torch.Tensor, out: torch.Tensor | None = None) -> bool:
     return out is None or (x.data_ptr() - out.data_ptr()) % 16 == 0
 
 
+def _pick(stage: str, sig, vec: bool, logits: torch.Tensor, dev: int):
+    """The ``stage`` ("fwd" or "bwd") kernel for the logits' dtype, vectorized (v2) or
+    v1, and its threads per block (one block per row)."""
+    k = _kernel(f"ce_{stage}_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}", sig, dev)
+    return k, THREADS if vec else THREADS_V1
+
+
 def _make(vectorized: bool):
     def fwd(logits: torch.Tensor, target: torch.Tensor, ignore_index: int):
         n, v = logits.shape
@@ -45,20 +52,8 @@ def _make(vectorized: bool):
             if dev != _get_device():
                 with torch.cuda.device(dev):
                     return fwd(logits, target, ignore_index)
-            vec = vectorized and _vec_ok(logits)
-            name = f"ce_fwd_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}"
-            k = _kernel(name, FWD_SIG, dev)
-            k(
-                n,
-                THREADS if vec else THREADS_V1,
-                logits,
-                target,
-                loss,
-                lse,
-                v,
-                ignore_index,
-                device_index=dev,
-            )
+            k, threads = _pick("fwd", FWD_SIG, vectorized and _vec_ok(logits), logits, dev)
+            k(n, threads, logits, target, loss, lse, v, ignore_index, device_index=dev)
         return loss, lse
 
     def bwd(logits, target, lse, scale, ignore_index, out) -> None:
@@ -69,22 +64,8 @@ def _make(vectorized: bool):
         if dev != _get_device():
             with torch.cuda.device(dev):
                 return bwd(logits, target, lse, scale, ignore_index, out)
-        vec = vectorized and _vec_ok(logits, out)
-        name = f"ce_bwd_{'' if vec else 'v1_'}{SUFFIX[logits.dtype]}"
-        k = _kernel(name, BWD_SIG, dev)
-        k(
-            n,
-            THREADS if vec else THREADS_V1,
-            logits,
-            target,
-            lse,
-            scale,
-            scale.stride(0),
-            out,
-            v,
-            ignore_index,
-            device_index=dev,
-        )
+        k, threads = _pick("bwd", BWD_SIG, vectorized and _vec_ok(logits, out), logits, dev)
+        k(n, threads, logits, target, lse, scale, scale.stride(0), out, v, ignore_index, device_index=dev)
 
     return fwd, bwd
 

@@ -15,7 +15,7 @@ import math
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import OpSpec, define, elementwise_shapes
+from kernellab.core.spec import elementwise_spec
 
 _K = math.sqrt(2.0 / math.pi)
 
@@ -25,38 +25,19 @@ def gelu_reference(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(_K * (x + 0.044715 * x * x * x)))
 
 
-def _bytes(shape, dtype, mode):
-    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    # fwd: read x, write y. bwd: read dy and x, write dx. fwdbwd: both.
-    return {"fwd": 2 * n, "bwd": 3 * n, "fwdbwd": 5 * n}[mode]
-
-
 def _flops(shape, mode):
     # ~8 flops forward (x^3, fma, scale, tanh counted as 1, 1 +, 2 mul), ~14 backward.
     n = math.prod(shape)
     return {"fwd": 8 * n, "bwd": 14 * n, "fwdbwd": 22 * n}[mode]
 
 
-SPEC = define(
-    OpSpec(
-        name="gelu",
-        arg_names=("x",),
-        key_validates=True,
-        reference=gelu_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        test_shapes=elementwise_shapes(),
-        quick_shapes=[(0,), (1,), (1025,), (129, 1000)],
-        bench_shapes=[(2**p,) for p in (16, 20, 24, 26, 28)],
-        cpu_bench_shapes=[(2**p,) for p in (10, 14, 18)],
-        layout_shape=(37, 1025),
-        reach_shape=(5, 1025),
-        grad_args=(0,),
-        scale=3.0,  # reach both tails of tanh
-        specials=(float("nan"), float("inf"), float("-inf"), 1e4, -1e4, 60.0, -60.0),
-        rows_shape=(65537, 3),
-        doc=__doc__.strip().split("\n")[0],
-    )
+SPEC = elementwise_spec(
+    "gelu",
+    gelu_reference,
+    _flops,
+    scale=3.0,  # reach both tails of tanh
+    specials=(float("nan"), float("inf"), float("-inf"), 1e4, -1e4, 60.0, -60.0),
+    doc=__doc__.strip().split("\n")[0],
 )
 
 

@@ -16,6 +16,8 @@
 //                      16-bit tensors take gelu_bwd_w8_* (two 8-byte packs per thread and
 //                      input, see common.cuh map2_vec8).
 #include "common.cuh"
+#include "../_elementwise.cuh"  // gelu_bwd_v1_* and the vectorized kernels: common.cuh's
+                                  // map1_vec16 / map2_vec16 / map2_vec8 loops
 
 namespace {
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
@@ -89,36 +91,7 @@ __device__ void gelu_v1(const T* x, T* y, long long n) {
     }
 }
 
-// v1 backward, same shape: one element per thread.
-template <typename T>
-__device__ void gelu_bwd_v1(const T* dy, const T* x, T* dx, long long n) {
-    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i < n) dx[i] = kl::from_f<T>(GeluBwd{}(kl::to_f(dy[i]), kl::to_f(x[i])));
-}
-
 #define KL_GELU(NAME, T)                                                                          \
     extern "C" __global__ void gelu_fwd_v1_##NAME(const T* x, T* y, long long n) { gelu_v1<T>(x, y, n); } \
-    extern "C" __global__ void gelu_bwd_v1_##NAME(const T* dy, const T* x, T* dx, long long n) {  \
-        gelu_bwd_v1<T>(dy, x, dx, n);                                                             \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_THREADS)                                      \
-        gelu_fwd_##NAME(const T* __restrict__ x, T* __restrict__ y, long long n) {                \
-        kl::map1_vec16<kl::UNROLL, T>(x, y, n, GeluFwd<(sizeof(T) == 2)>{});                                        \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS)                                      \
-        gelu_fwd_x1_##NAME(const T* __restrict__ x, T* __restrict__ y, long long n) {             \
-        kl::map1_vec16<1, T>(x, y, n, GeluFwd<(sizeof(T) == 2)>{});                                                 \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_THREADS) gelu_bwd_##NAME(                     \
-        const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
-        kl::map2_vec16<kl::UNROLL2, T>(dy, x, dx, n, GeluBwd{});                                  \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS) gelu_bwd_x1_##NAME(                  \
-        const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
-        kl::map2_vec16<1, T>(dy, x, dx, n, GeluBwd{});                                            \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS) gelu_bwd_w8_##NAME(           \
-        const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
-        kl::map2_vec8<2, T>(dy, x, dx, n, GeluBwd{});                                             \
-    }
+    KL_UNARY_KERNELS(gelu, NAME, T, GeluFwd<(sizeof(T) == 2)>{}, GeluBwd{})
 KL_FOR_EACH_DTYPE(KL_GELU)

@@ -9,12 +9,10 @@ negative x (see the kernels).
 
 from __future__ import annotations
 
-import torch
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops._elementwise import unary_op
-from kernellab.ops._register import register_triton
+from kernellab.ops._elementwise import register_streaming_unary
 
 _K = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
 _C = tl.constexpr(0.044715)
@@ -59,18 +57,6 @@ def _gelu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
     tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _fwd(x: torch.Tensor) -> torch.Tensor:
-    return triton_support.launch_streaming(_gelu_fwd_kernel, [x])
-
-
-def _bwd(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return triton_support.launch_streaming(_gelu_bwd_kernel, [dy, x])
-
-
-gelu_triton = unary_op("gelu_triton", _fwd, _bwd, triton=True)
-register_triton(
-    "gelu",
-    gelu_triton,
-    triton_support.streaming_kernels(_gelu_fwd_kernel, _gelu_bwd_kernel),
-    "Triton, one fused pass, 16-byte accesses",
+register_streaming_unary(
+    "gelu", _gelu_fwd_kernel, _gelu_bwd_kernel, "Triton, one fused pass, 16-byte accesses"
 )

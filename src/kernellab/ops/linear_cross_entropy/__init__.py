@@ -75,11 +75,13 @@ from kernellab.core.spec import (
     OpSpec,
     TensorOption,
     check_float_tensor,
+    check_loss_options,
     define,
     fuzz_dim,
+    loss_option_sets,
     make_tensor,
 )
-from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP
+from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, logits_loss
 
 REDUCTIONS = ("mean", "sum", "none")
 OPTIONS = ("bias", "ignore_index", "reduction", "label_smoothing", "z_loss", "chunk")
@@ -90,21 +92,8 @@ def linear_cross_entropy_reference(
     z_loss=0.0, chunk=None,
 ):  # fmt: skip
     """PyTorch ops in the inputs' dtype (float64 for the check): full logits, F.cross_entropy."""
-    v = weight.shape[0]
-    logits = F.linear(x, weight, bias).reshape(-1, v)
-    t = target.reshape(-1)
-    loss = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction,
-                           label_smoothing=label_smoothing)  # fmt: skip
-    if z_loss:
-        keep = t != ignore_index
-        zrow = torch.where(keep, torch.logsumexp(logits, dim=-1) ** 2, 0.0)
-        if reduction == "none":
-            zterm = zrow
-        elif reduction == "sum":
-            zterm = zrow.sum()
-        else:
-            zterm = zrow.sum() / keep.sum()
-        loss = loss + z_loss * zterm
+    logits = F.linear(x, weight, bias).reshape(-1, weight.shape[0])
+    loss = logits_loss(logits, target.reshape(-1), ignore_index, reduction, label_smoothing, z_loss)
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return loss
@@ -217,12 +206,7 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
             raise ValueError(f"{OP}: bias is on {bias.device} but x is on {x.device}")
         if tuple(bias.shape) != (w.shape[0],):
             raise ValueError(f"{OP}: bias must have shape ({w.shape[0]},) (V), got {tuple(bias.shape)}")
-    ii = kwargs.get("ignore_index", DEFAULT_IGNORE)
-    if not isinstance(ii, int) or isinstance(ii, bool):
-        raise TypeError(f"{OP}: ignore_index must be an int, got {ii!r}")
-    red = kwargs.get("reduction", "mean")
-    if red not in REDUCTIONS:
-        raise ValueError(f"{OP}: reduction must be one of {REDUCTIONS}, got {red!r}")
+    check_loss_options(OP, kwargs, DEFAULT_IGNORE, REDUCTIONS)
     _number("label_smoothing", kwargs.get("label_smoothing", 0.0), 0.0, 1.0)
     _number("z_loss", kwargs.get("z_loss", 0.0), 0.0)
     chunk = kwargs.get("chunk")
@@ -344,10 +328,7 @@ SPEC = define(
         inputs=_inputs,
         validator=validate,
         option_sets=[
-            {"reduction": "sum"},
-            {"reduction": "none"},
-            {"ignore_index": 3},
-            {"ignore_index": -1, "reduction": "sum"},
+            *loss_option_sets(),
             {"label_smoothing": 0.1},
             {"label_smoothing": 0.2, "reduction": "none"},
             {"z_loss": 1e-2},

@@ -12,7 +12,7 @@ from kernellab.core.registry import register
 from kernellab.core.spec import upcast
 from kernellab.ops._baselines import compiled, register_baseline
 from kernellab.ops.linear_cross_entropy._chunked import chunked_backend, torch_rows
-from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, check_targets
+from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, check_targets, logits_loss
 
 
 def _checked(fn):
@@ -57,16 +57,8 @@ def torch_linear_cross_entropy(x, weight, target, bias=None, ignore_index=DEFAUL
     # fp32 logits for the loss, as Hugging Face's LM heads do (logits.float()): PyTorch's
     # label-smoothing term sums -log p over V and then over N in the logits' dtype, and in
     # fp16 that sum overflows to inf already at 37 x 300.
-    v = weight.shape[0]
-    logits = upcast(F.linear(x, weight, bias).reshape(-1, v))
-    t = target.reshape(-1)
-    loss = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction,
-                           label_smoothing=label_smoothing)  # fmt: skip
-    if z_loss:
-        keep = t != ignore_index
-        zrow = torch.where(keep, torch.logsumexp(logits, dim=-1) ** 2, 0.0)
-        zterm = zrow if reduction == "none" else zrow.sum() if reduction == "sum" else zrow.sum() / keep.sum()
-        loss = loss + z_loss * zterm
+    logits = upcast(F.linear(x, weight, bias).reshape(-1, weight.shape[0]))
+    loss = logits_loss(logits, target.reshape(-1), ignore_index, reduction, label_smoothing, z_loss)
     loss = loss.to(x.dtype)
     return loss.reshape(target.shape) if reduction == "none" else loss
 

@@ -1,9 +1,10 @@
-"""linear_cross_entropy's targets: the ignore index and the check of target values every
-backend runs."""
+"""linear_cross_entropy's targets: the ignore index, the check of target values every
+backend runs, and the loss of full logits against them (the reference's and PyTorch's)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 DEFAULT_IGNORE = -100
 
@@ -23,3 +24,22 @@ def check_targets(target: torch.Tensor, v: int, ignore_index: int) -> None:
             f"{OP}: target (flattened) [{first}] = {int(t[first])} is out of range: targets must be in "
             f"[0, {v}) (V = weight.shape[0]) or equal ignore_index ({ignore_index})"
         )
+
+
+def logits_loss(logits, t, ignore_index, reduction, label_smoothing, z_loss):
+    """F.cross_entropy of ``logits`` (N, V) against ``t`` (N,), plus the z-loss
+    ``z_loss * logsumexp(logits)^2`` of the rows not ignored, reduced alike; with
+    ``reduction="none"`` one value per row, in the logits' dtype."""
+    loss = F.cross_entropy(logits, t, ignore_index=ignore_index, reduction=reduction,
+                           label_smoothing=label_smoothing)  # fmt: skip
+    if z_loss:
+        keep = t != ignore_index
+        zrow = torch.where(keep, torch.logsumexp(logits, dim=-1) ** 2, 0.0)
+        if reduction == "none":
+            zterm = zrow
+        elif reduction == "sum":
+            zterm = zrow.sum()
+        else:
+            zterm = zrow.sum() / keep.sum()
+        loss = loss + z_loss * zterm
+    return loss

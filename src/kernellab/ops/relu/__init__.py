@@ -16,7 +16,7 @@ import math
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import OpSpec, define, elementwise_shapes
+from kernellab.core.spec import ELEMENTWISE_BENCH_SHAPES, elementwise_spec
 
 
 def relu_reference(x: torch.Tensor) -> torch.Tensor:
@@ -24,36 +24,18 @@ def relu_reference(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x)
 
 
-def _bytes(shape, dtype, mode):
-    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    # fwd: read x, write y. bwd: read dy and x, write dx.
-    return {"fwd": 2 * n, "bwd": 3 * n, "fwdbwd": 5 * n}[mode]
-
-
 def _flops(shape, mode):
     n = math.prod(shape)  # one compare (and select) per element each way
     return {"fwd": n, "bwd": n, "fwdbwd": 2 * n}[mode]
 
 
-SPEC = define(
-    OpSpec(
-        name="relu",
-        arg_names=("x",),
-        key_validates=True,
-        reference=relu_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        test_shapes=elementwise_shapes(),
-        quick_shapes=[(0,), (1,), (1025,), (129, 1000)],
-        bench_shapes=[(2**p,) for p in (16, 20, 24, 26, 28)] + [(64 * 32 * 28 * 28,), (1024 * 64 * 14 * 14,)],
-        cpu_bench_shapes=[(2**p,) for p in (10, 14, 18)],
-        layout_shape=(37, 1025),
-        reach_shape=(5, 1025),
-        grad_args=(0,),
-        specials=(float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-45, -1e-45),
-        rows_shape=(65537, 3),
-        doc=__doc__.strip().split("\n")[0],
-    )
+SPEC = elementwise_spec(
+    "relu",
+    relu_reference,
+    _flops,
+    bench_shapes=[*ELEMENTWISE_BENCH_SHAPES, (64 * 32 * 28 * 28,), (1024 * 64 * 14 * 14,)],
+    specials=(float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-45, -1e-45),
+    doc=__doc__.strip().split("\n")[0],
 )
 
 

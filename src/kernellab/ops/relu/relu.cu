@@ -12,6 +12,8 @@
 //                      backward's w8: 8-byte packs for large 16-bit tensors). ReLU moves
 //                      8 B (fp32 fwd) per compare: the copy ceiling is the whole story.
 #include "common.cuh"
+#include "../_elementwise.cuh"  // relu_bwd_v1_* and the vectorized kernels: common.cuh's
+                                  // map1_vec16 / map2_vec16 / map2_vec8 loops
 
 namespace {
 struct ReluFwd {
@@ -28,35 +30,7 @@ __device__ void relu_v1(const T* x, T* y, long long n) {
     if (i < n) y[i] = kl::from_f<T>(ReluFwd{}(kl::to_f(x[i])));
 }
 
-template <typename T>
-__device__ void relu_bwd_v1(const T* dy, const T* x, T* dx, long long n) {
-    const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-    if (i < n) dx[i] = kl::from_f<T>(ReluBwd{}(kl::to_f(dy[i]), kl::to_f(x[i])));
-}
-
 #define KL_RELU(NAME, T)                                                                          \
     extern "C" __global__ void relu_fwd_v1_##NAME(const T* x, T* y, long long n) { relu_v1<T>(x, y, n); } \
-    extern "C" __global__ void relu_bwd_v1_##NAME(const T* dy, const T* x, T* dx, long long n) {  \
-        relu_bwd_v1<T>(dy, x, dx, n);                                                             \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_THREADS)                                      \
-        relu_fwd_##NAME(const T* __restrict__ x, T* __restrict__ y, long long n) {                \
-        kl::map1_vec16<kl::UNROLL, T>(x, y, n, ReluFwd{});                                        \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS)                               \
-        relu_fwd_x1_##NAME(const T* __restrict__ x, T* __restrict__ y, long long n) {             \
-        kl::map1_vec16<1, T>(x, y, n, ReluFwd{});                                                 \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_THREADS) relu_bwd_##NAME(                     \
-        const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
-        kl::map2_vec16<kl::UNROLL2, T>(dy, x, dx, n, ReluBwd{});                                  \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS) relu_bwd_x1_##NAME(           \
-        const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
-        kl::map2_vec16<1, T>(dy, x, dx, n, ReluBwd{});                                            \
-    }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(KL_X1_MAX_THREADS) relu_bwd_w8_##NAME(           \
-        const T* __restrict__ dy, const T* __restrict__ x, T* __restrict__ dx, long long n) {     \
-        kl::map2_vec8<2, T>(dy, x, dx, n, ReluBwd{});                                             \
-    }
+    KL_UNARY_KERNELS(relu, NAME, T, ReluFwd{}, ReluBwd{})
 KL_FOR_EACH_DTYPE(KL_RELU)

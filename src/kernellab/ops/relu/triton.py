@@ -11,8 +11,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops._elementwise import unary_op
-from kernellab.ops._register import register_triton
+from kernellab.ops._elementwise import register_streaming_unary
 
 
 @triton_support.jit
@@ -39,18 +38,4 @@ def _relu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
     tl.store(dx_ptr + offs, tl.where(x <= 0, 0.0, dy).to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _fwd(x):
-    return triton_support.launch_streaming(_relu_fwd_kernel, [x])
-
-
-def _bwd(dy, x):
-    return triton_support.launch_streaming(_relu_bwd_kernel, [dy, x])
-
-
-relu_triton = unary_op("relu_triton", _fwd, _bwd, triton=True)
-register_triton(
-    "relu",
-    relu_triton,
-    triton_support.streaming_kernels(_relu_fwd_kernel, _relu_bwd_kernel),
-    "Triton, one pass, 16-byte accesses",
-)
+register_streaming_unary("relu", _relu_fwd_kernel, _relu_bwd_kernel, "Triton, one pass, 16-byte accesses")

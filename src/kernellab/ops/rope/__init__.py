@@ -359,64 +359,58 @@ def _args(device, dtype, b=1, h=2, hk=2, s=3, d=8, r=8):
     return list(_inputs((b, h, hk, s, d, r), dtype, device, gen))
 
 
+def _replaced(a, changes: dict, options=None):
+    """The sample arguments ``a`` with those at ``changes``' positions replaced."""
+    for i, t in changes.items():
+        a[i] = t
+    return tuple(a), options or {}
+
+
 def _bad_head_dim(device, dtype):
-    a = _args(device, dtype)
-    a[1] = torch.randn(1, 2, 3, 6, device=device).to(dtype)
-    return tuple(a), {}
+    return _replaced(_args(device, dtype), {1: torch.randn(1, 2, 3, 6, device=device).to(dtype)})
 
 
 def _bad_odd_rotary(device, dtype):
     a = _args(device, dtype)
-    a[2], a[3] = a[2][..., :7], a[3][..., :7]
-    return tuple(a), {}
+    return _replaced(a, {2: a[2][..., :7], 3: a[3][..., :7]})
 
 
 def _bad_rotary_too_wide(device, dtype):
     a = _args(device, dtype)
-    a[2] = a[3] = torch.randn(1, 3, 10, device=device).to(dtype)
-    return tuple(a), {}
+    return _replaced(a, dict.fromkeys((2, 3), torch.randn(1, 3, 10, device=device).to(dtype)))
 
 
 def _bad_cos_seq(device, dtype):
     a = _args(device, dtype)
-    a[2] = a[3] = torch.randn(1, 4, 8, device=device).to(dtype)
-    return tuple(a), {}
+    return _replaced(a, dict.fromkeys((2, 3), torch.randn(1, 4, 8, device=device).to(dtype)))
 
 
 def _bad_sin_shape(device, dtype):
-    a = _args(device, dtype)
-    a[3] = torch.randn(3, 8, device=device).to(dtype)
-    return tuple(a), {}
+    return _replaced(_args(device, dtype), {3: torch.randn(3, 8, device=device).to(dtype)})
 
 
 def _bad_cos_dtype(device, dtype):
     a = _args(device, dtype)
-    a[2] = a[2].to(torch.int32)
-    return tuple(a), {}
+    return _replaced(a, {2: a[2].to(torch.int32)})
 
 
 def _bad_sin_dtype(device, dtype):
     a = _args(device, torch.float32)
-    a[3] = a[3].half()
-    return tuple(a), {}
+    return _replaced(a, {3: a[3].half()})
 
 
 def _bad_k_dtype(device, dtype):
     a = _args(device, torch.float32)
-    a[1] = a[1].half()
-    return tuple(a), {}
+    return _replaced(a, {1: a[1].half()})
 
 
 def _bad_k_batch(device, dtype):
-    a = _args(device, dtype)
-    a[1] = torch.randn(2, 2, 3, 8, device=device).to(dtype)
-    return tuple(a), {}
+    return _replaced(_args(device, dtype), {1: torch.randn(2, 2, 3, 8, device=device).to(dtype)})
 
 
 def _bad_q_rank(device, dtype):
     a = _args(device, dtype)
-    a[0] = a[0][0]
-    return tuple(a), {}
+    return _replaced(a, {0: a[0][0]})
 
 
 def _bad_positions(lo_hi, dt=torch.int64, shape=None):
@@ -431,9 +425,7 @@ def _bad_positions(lo_hi, dt=torch.int64, shape=None):
 
 
 def _bad_positions_table(device, dtype):
-    a = _args(device, dtype)
-    a[4] = torch.tensor([[0, 1, 2]], device=device)
-    return tuple(a), {}
+    return _replaced(_args(device, dtype), {4: torch.tensor([[0, 1, 2]], device=device)})
 
 
 def _bad_layout(device, dtype):
@@ -442,27 +434,24 @@ def _bad_layout(device, dtype):
 
 def _bad_cos_grad(device, dtype):
     a = _args(device, dtype)
-    a[2] = a[2].detach().requires_grad_(True)
-    return tuple(a), {}
+    return _replaced(a, {2: a[2].detach().requires_grad_(True)})
 
 
 def _bad_inplace_grad(device, dtype):
     a = _args(device, dtype)
-    a[0] = a[0].detach().requires_grad_(True)
-    return tuple(a), {"inplace": True}
+    return _replaced(a, {0: a[0].detach().requires_grad_(True)}, {"inplace": True})
 
 
 def _bad_inplace_shared(device, dtype):
     a = _args(device, dtype)
     qkv = torch.randn(1, 3, 3, 2, 8, device=device).to(dtype)  # (B, S, 3, H, D)
-    a[0], a[1] = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)
-    return tuple(a), {"inplace": True}
+    return _replaced(a, {0: qkv[:, :, 0].transpose(1, 2), 1: qkv[:, :, 1].transpose(1, 2)}, {"inplace": True})
 
 
 def _bad_inplace_expanded(device, dtype):
     a = _args(device, dtype)
-    a[1] = torch.randn(1, 1, 1, 8, device=device).to(dtype).expand(1, 2, 3, 8)
-    return tuple(a), {"inplace": True}
+    k = torch.randn(1, 1, 1, 8, device=device).to(dtype).expand(1, 2, 3, 8)
+    return _replaced(a, {1: k}, {"inplace": True})
 
 
 def _unknown_option(device, dtype):

@@ -177,20 +177,22 @@ def _empty(t: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- custom op
 
 
+def _rotate(a: Tensor, b: Tensor, cos, sin, position_ids, interleaved: bool, backward: bool):
+    ao, bo = _empty(a), _empty(b)
+    launch(a, b, cos, sin, position_ids, interleaved, backward, ao, bo, True)
+    return ao, bo
+
+
 def _fwd(
     q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[Tensor], interleaved: bool
 ) -> tuple[Tensor, Tensor]:
-    qo, ko = _empty(q), _empty(k)
-    launch(q, k, cos, sin, position_ids, interleaved, False, qo, ko, True)
-    return qo, ko
+    return _rotate(q, k, cos, sin, position_ids, interleaved, False)
 
 
 def _bwd(
     dq: Tensor, dk: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[Tensor], interleaved: bool
 ) -> tuple[Tensor, Tensor]:
-    gq, gk = _empty(dq), _empty(dk)
-    launch(dq, dk, cos, sin, position_ids, interleaved, True, gq, gk, True)
-    return gq, gk
+    return _rotate(dq, dk, cos, sin, position_ids, interleaved, True)
 
 
 def _fake(q, k, cos, sin, position_ids, interleaved):

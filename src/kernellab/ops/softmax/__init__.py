@@ -17,17 +17,11 @@ import math
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import OpSpec, define, fuzz_rows
+from kernellab.core.spec import OpSpec, define, fuzz_rows, unary_bytes
 
 
 def softmax_reference(x: torch.Tensor) -> torch.Tensor:
     return torch.softmax(x, dim=-1)
-
-
-def _bytes(shape, dtype, mode):
-    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    # fwd: read x, write y. bwd: read y and dy, write dx.
-    return {"fwd": 2 * n, "bwd": 3 * n, "fwdbwd": 5 * n}[mode]
 
 
 def _flops(shape, mode):
@@ -47,7 +41,7 @@ SPEC = define(
         arg_names=("x",),
         reference=softmax_reference,
         flops=_flops,
-        bytes_moved=_bytes,
+        bytes_moved=unary_bytes,  # the backward reads y and dy
         test_shapes=[
             (0, 7),
             (1,),
