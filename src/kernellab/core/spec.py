@@ -124,10 +124,16 @@ def check_like(op: str, name: str, t, like_name: str, like, devices, dtypes=FLOA
     shape (no broadcasting), or an error naming both arguments. For an op whose second
     tensor is the first one's twin (a GLU's up projection, a residual)."""
     check_float_tensor(op, name, t, devices, dtypes)
+    check_twin(op, name, t, like_name, like, "; they must match")
+
+
+def check_twin(op: str, name: str, t, like_name: str, like, dtype_hint: str = "") -> None:
+    """``t`` on ``like``'s device, of its dtype (the error ends with ``dtype_hint``) and of
+    its shape, or an error naming both arguments."""
     if t.device != like.device:
         raise ValueError(f"{op}: {name} is on {t.device} but {like_name} is on {like.device}")
     if t.dtype != like.dtype:
-        raise TypeError(f"{op}: {name} has dtype {t.dtype} but {like_name} has {like.dtype}; they must match")
+        raise TypeError(f"{op}: {name} has dtype {t.dtype} but {like_name} has {like.dtype}{dtype_hint}")
     if t.shape != like.shape:
         raise ValueError(
             f"{op}: {name} has shape {tuple(t.shape)} but {like_name} has {tuple(like.shape)}; "
@@ -580,16 +586,7 @@ class OpSpec:
             if first is None:
                 first = (name, a)
                 continue
-            fname, f = first
-            if a.device != f.device:
-                raise ValueError(f"{self.name}: {name} is on {a.device} but {fname} is on {f.device}")
-            if a.dtype != f.dtype:
-                raise TypeError(f"{self.name}: {name} has dtype {a.dtype} but {fname} has {f.dtype}")
-            if a.shape != f.shape:
-                raise ValueError(
-                    f"{self.name}: {name} has shape {tuple(a.shape)} but {fname} has "
-                    f"{tuple(f.shape)}; shapes must match (no broadcasting)"
-                )
+            check_twin(self.name, name, a, *first)
         if kwargs:
             raise TypeError(f"{self.name}() got unexpected keyword arguments {sorted(kwargs)}")
 
