@@ -24,7 +24,7 @@ import torch
 
 from kernellab.core import registry
 from kernellab.core.spec import BadInput, OpSpec, define, fuzz_nchw
-from kernellab.ops.batch_norm2d import batch_norm_op as _op
+from kernellab.ops.batch_norm_kernels import batch_norm_op as _op
 
 
 def batch_norm2d_reference(x, weight, bias, eps=1e-5, relu=False):
@@ -120,4 +120,4 @@ __all__ = ["SPEC", "batch_norm2d", "batch_norm2d_reference"]
 # The backends register themselves, after the spec exists.
 from kernellab.ops.batch_norm2d import cuda as _cuda  # noqa: E402,F401
 from kernellab.ops.batch_norm2d import reference as _reference  # noqa: E402,F401
-from kernellab.ops.batch_norm2d import triton as _triton  # noqa: E402,F401
+from kernellab.ops.batch_norm_kernels import triton_kernels as _triton  # noqa: E402,F401

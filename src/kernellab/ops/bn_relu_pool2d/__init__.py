@@ -40,8 +40,8 @@ from kernellab.core import registry
 from kernellab.core.spec import BadInput, Boundary, OpSpec, define, fuzz_nchw
 from kernellab.ops.batch_norm2d import CHANNEL_BAD_INPUTS, batch_norm2d_reference
 from kernellab.ops.batch_norm2d import bad_case as _bad
-from kernellab.ops.batch_norm2d import batch_norm_op as _bn_op
-from kernellab.ops.bn_relu_pool2d import fused_op as _op
+from kernellab.ops.batch_norm_kernels import batch_norm_op as _bn_op
+from kernellab.ops.batch_norm_kernels import fused_op as _op
 
 
 def bn_relu_pool2d_reference(x, weight, bias, eps=1e-5):

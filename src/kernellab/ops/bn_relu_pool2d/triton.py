@@ -40,7 +40,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.batch_norm2d.triton import (
+from kernellab.ops.batch_norm_kernels.triton_kernels import (
     CONFIG,
     Config,
     _bn_stats_kernel,
@@ -52,7 +52,7 @@ from kernellab.ops.batch_norm2d.triton import (
     normalize_params,
     store_grad_partials,
 )
-from kernellab.ops.bn_relu_pool2d.fused_op import bn_relu_pool_op, fwd_outputs, sizes
+from kernellab.ops.batch_norm_kernels.fused_op import bn_relu_pool_op, fwd_outputs, sizes
 
 __all__ = ["CONFIG", "Config", "brp_bwd", "brp_fwd"]
 

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.batch_norm2d.batch_norm_op import batch_norm_op, dims, empty_stats
+from kernellab.ops.batch_norm_kernels.batch_norm_op import batch_norm_op, dims, empty_stats
 
 
 @dataclass(frozen=True)
