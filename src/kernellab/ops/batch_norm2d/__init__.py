@@ -7,15 +7,17 @@ PyTorch normalizes with); no running statistics are kept (the course's MNIST mod
 batch statistics only). As ``torch.batch_norm(x, weight, bias, None, None, True, 0.0, eps)``:
 fp32 / fp16 / bf16 storage (x, weight and bias share one dtype), fp32 statistics and math,
 one rounding at the end; gradients for x, weight and bias. ``relu=True`` applies a ReLU in
-the same kernels (forward and backward; see batch_norm_op.py). A channel of variance 0 (a
-constant one, or batch 1 with 1x1 images) gives y = bias and dx = 0, as PyTorch's kernel
-does (F.batch_norm refuses one value per channel in Python before reaching it).
+the same kernels (forward and backward; see ops/batch_norm_kernels/batch_norm_op.py). A
+channel of variance 0 (a constant one, or batch 1 with 1x1 images) gives y = bias and
+dx = 0, as PyTorch's kernel does (F.batch_norm refuses one value per channel in Python
+before reaching it).
 
-    batch_norm_op.py validation (shared with bn_relu_pool2d), inputs, counts, the custom op
-                     around a backend's launchers
     reference.py     manual, torch and compile baselines
-    triton.py        split per-channel reductions in Triton (forward and backward)
+    triton.py        the Triton backend: split per-channel reductions (forward and backward)
     cuda.py, batch_norm2d.cu   the same in CUDA C++ (NVRTC)
+
+Validation, inputs, counts and the custom op (shared with bn_relu_pool2d), and the Triton
+kernels: ops/batch_norm_kernels/.
 """
 
 from __future__ import annotations
@@ -120,4 +122,4 @@ __all__ = ["SPEC", "batch_norm2d", "batch_norm2d_reference"]
 # The backends register themselves, after the spec exists.
 from kernellab.ops.batch_norm2d import cuda as _cuda  # noqa: E402,F401
 from kernellab.ops.batch_norm2d import reference as _reference  # noqa: E402,F401
-from kernellab.ops.batch_norm_kernels import triton_kernels as _triton  # noqa: E402,F401
+from kernellab.ops.batch_norm2d import triton as _triton  # noqa: E402,F401
