@@ -1,6 +1,7 @@
 """The package's shape: no import cycle among its modules (imports inside functions
 included), each module importable alone in a fresh interpreter, the dispatch core below
-the ops and the tooling, and no ``KERNELLAB_*`` variable read when a module is imported."""
+the ops and the tooling, no ``KERNELLAB_*`` variable read when a module is imported, and
+a short path from an op's public function to its Triton kernel."""
 
 from __future__ import annotations
 
@@ -160,3 +161,85 @@ def test_each_module_imports_alone_and_reads_no_kernellab_variable(part):
     out = subprocess.run([sys.executable, "-c", _ALONE], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "", out.stdout
+
+
+# --------------------------------------------------------------------------- call depth
+
+# The launch layer every Triton kernel goes through; not counted against an op.
+LAUNCH_LAYER = ("triton_support.py", os.path.join("cuda", "runtime.py"))
+MAX_FILES = 5  # public function, registry, custom-op plumbing, op kit, kernels
+
+
+def _triton_ops() -> list[str]:
+    from kernellab.core import registry
+    from kernellab.ops.public import FUNCTIONS
+
+    return sorted(op for op in FUNCTIONS if any(i.backend == "triton" for i in registry.impls(op)))
+
+
+def _files_when_the_first_kernel_starts(call) -> list[str] | None:
+    """The kernellab files (relative to the package, in call order, each once) on the
+    Python stack when ``call()`` enters its first Triton kernel under the interpreter: the
+    first frame of a kernellab function called from Triton's own code (the interpreter
+    running a kernel's body) other than the launch layer. None when no kernel ran."""
+    import triton
+
+    pkg = str(PKG) + os.sep
+    triton_dir = os.path.dirname(triton.__file__) + os.sep
+    found: list[list[str]] = []
+
+    def tracer(frame, event, arg):
+        if event != "call" or found:
+            return None
+        here = frame.f_code.co_filename
+        caller = frame.f_back.f_code.co_filename if frame.f_back is not None else ""
+        if here.startswith(pkg) and caller.startswith(triton_dir) and not here.endswith(LAUNCH_LAYER):
+            stack, f = [], frame
+            while f is not None:
+                stack.append(f.f_code.co_filename)
+                f = f.f_back
+            found.append(stack[::-1])
+        return None
+
+    before = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        call()
+    finally:
+        sys.settrace(before)
+    if not found:
+        return None
+    files: list[str] = []
+    for name in found[0]:
+        if name.startswith(pkg):
+            rel = os.path.relpath(name, PKG)
+            if rel not in files:
+                files.append(rel)
+    return files
+
+
+@pytest.mark.parametrize("op", _triton_ops())
+def test_a_triton_kernel_is_at_most_five_files_from_the_ops_function(op):
+    # An op's public function reaches its Triton kernel through its own package, the
+    # registry, the custom-op plumbing, the op kit and the module of kernels (a family's
+    # shared one, or the op's triton.py): deeper chains mean indirection to read through.
+    import torch
+
+    from kernellab.core import registry
+    from kernellab.core.spec import get_spec
+    from kernellab.ops.public import FUNCTIONS
+
+    why = registry.get(op, "triton").why_unavailable("cpu")
+    if why is not None:
+        pytest.skip(f"{op}: triton backend unavailable on the CPU: {why}")
+    spec = get_spec(op)
+    if torch.float32 not in spec.dtypes:
+        pytest.skip(f"{op}: its spec has no float32 (dtypes {spec.dtypes}), the dtype this test runs")
+    args = spec.make_inputs(spec.bad_shape, torch.float32, "cpu", 0)
+    files = _files_when_the_first_kernel_starts(lambda: FUNCTIONS[op](*args, backend="triton"))
+    assert files is not None, f"{op}: no Triton kernel ran for shape {spec.bad_shape}"
+    counted = [f for f in files if not f.endswith(LAUNCH_LAYER)]
+    assert len(counted) <= MAX_FILES, (
+        f"{op}: {len(counted)} kernellab files between its function and its first Triton kernel "
+        f"(at most {MAX_FILES}, the launch layer not counted): {' -> '.join(files)}"
+    )

@@ -78,7 +78,7 @@ def test_triton_chunks_and_blocks(dtype, block, split):
     """The Triton launchers with small blocks: several chunks per channel (the partials'
     merge) of several blocks each (the block loop, Chan's running merge) and a masked
     tail; (4, 5, 7, 9) has 252 values per channel. Statistics and gradients vs float64."""
-    from kernellab.ops.batch_norm2d import triton as bt
+    from kernellab.ops.batch_norm_kernels import triton_kernels as bt
 
     cfg = bt.Config(interp_block=block, interp_split=split)
     _, got_split, chunk = bt.grid_of(5, 252, torch.device("cpu"), cfg)

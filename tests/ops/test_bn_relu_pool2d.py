@@ -96,7 +96,7 @@ def test_triton_chunks_and_blocks(dtype, block, split):
     four kernels (the statistics merge, the backward partials) and several blocks per chunk
     with a masked tail. (4, 5, 9, 11): 396 values and 80 windows per channel, an odd size.
     Statistics, codes, z and the gradients against float64."""
-    from kernellab.ops.bn_relu_pool2d import triton as bt
+    from kernellab.ops.batch_norm_kernels import triton_kernels as bt
 
     cfg = bt.Config(interp_block=block, interp_split=split)
     x, w, b = SPEC.make_inputs((4, 5, 9, 11), dtype, "cpu", block)

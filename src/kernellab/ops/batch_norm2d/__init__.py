@@ -7,15 +7,17 @@ PyTorch normalizes with); no running statistics are kept (the course's MNIST mod
 batch statistics only). As ``torch.batch_norm(x, weight, bias, None, None, True, 0.0, eps)``:
 fp32 / fp16 / bf16 storage (x, weight and bias share one dtype), fp32 statistics and math,
 one rounding at the end; gradients for x, weight and bias. ``relu=True`` applies a ReLU in
-the same kernels (forward and backward; see batch_norm_op.py). A channel of variance 0 (a
-constant one, or batch 1 with 1x1 images) gives y = bias and dx = 0, as PyTorch's kernel
-does (F.batch_norm refuses one value per channel in Python before reaching it).
+the same kernels (forward and backward; see ops/batch_norm_kernels/batch_norm_op.py). A
+channel of variance 0 (a constant one, or batch 1 with 1x1 images) gives y = bias and
+dx = 0, as PyTorch's kernel does (F.batch_norm refuses one value per channel in Python
+before reaching it).
 
-    batch_norm_op.py validation (shared with bn_relu_pool2d), inputs, counts, the custom op
-                     around a backend's launchers
     reference.py     manual, torch and compile baselines
-    triton.py        split per-channel reductions in Triton (forward and backward)
+    triton.py        the Triton backend: split per-channel reductions (forward and backward)
     cuda.py, batch_norm2d.cu   the same in CUDA C++ (NVRTC)
+
+Validation, inputs, counts and the custom op (shared with bn_relu_pool2d), and the Triton
+kernels: ops/batch_norm_kernels/.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 
 from kernellab.core import registry
 from kernellab.core.spec import BadInput, OpSpec, define, fuzz_nchw
-from kernellab.ops.batch_norm2d import batch_norm_op as _op
+from kernellab.ops.batch_norm_kernels import batch_norm_op as _op
 
 
 def batch_norm2d_reference(x, weight, bias, eps=1e-5, relu=False):

@@ -10,7 +10,7 @@ import torch
 from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, sm_count
 from kernellab.ops._register import register_cuda
-from kernellab.ops.batch_norm2d.batch_norm_op import batch_norm_op, dims, empty_stats
+from kernellab.ops.batch_norm_kernels.batch_norm_op import batch_norm_op, dims, empty_stats
 
 MODULE = Module(Path(__file__).with_name("batch_norm2d.cu"))
 THREADS = 256  # batch_norm2d.cu's THREADS

@@ -24,11 +24,14 @@ v > max or v is NaN); where the window's maximum is <= 0 the relu closes it and 
 gradient flows (relu's derivative at 0 is 0, as PyTorch's). The reference, F.max_pool2d
 over float64, follows the same rule.
 
-    fused_op.py      validation, counts, the custom op around a backend's launchers
     reference.py     manual, torch and compile baselines
-    triton.py        batch_norm2d's statistics kernel + a normalize/relu/pool kernel;
-                     backward: sums over the argmaxes + one dense dx kernel
+    triton.py        the Triton backend: batch_norm2d's statistics kernel + a
+                     normalize/relu/pool kernel; backward: sums over the argmaxes + one
+                     dense dx kernel
     cuda.py, bn_relu_pool2d.cu   the same in CUDA C++ (NVRTC)
+
+Validation, counts and the custom op (fused_op.py), and the Triton kernels:
+ops/batch_norm_kernels/, beside batch_norm2d's.
 """
 
 from __future__ import annotations
@@ -40,8 +43,8 @@ from kernellab.core import registry
 from kernellab.core.spec import BadInput, Boundary, OpSpec, define, fuzz_nchw
 from kernellab.ops.batch_norm2d import CHANNEL_BAD_INPUTS, batch_norm2d_reference
 from kernellab.ops.batch_norm2d import bad_case as _bad
-from kernellab.ops.batch_norm2d import batch_norm_op as _bn_op
-from kernellab.ops.bn_relu_pool2d import fused_op as _op
+from kernellab.ops.batch_norm_kernels import batch_norm_op as _bn_op
+from kernellab.ops.batch_norm_kernels import fused_op as _op
 
 
 def bn_relu_pool2d_reference(x, weight, bias, eps=1e-5):

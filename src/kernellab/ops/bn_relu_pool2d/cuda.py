@@ -10,7 +10,7 @@ import torch
 from kernellab.cuda.runtime import Module
 from kernellab.ops._register import register_cuda
 from kernellab.ops.batch_norm2d import cuda as bn_cuda
-from kernellab.ops.bn_relu_pool2d.fused_op import bn_relu_pool_op, fwd_outputs, sizes
+from kernellab.ops.batch_norm_kernels.fused_op import bn_relu_pool_op, fwd_outputs, sizes
 
 MODULE = Module(Path(__file__).with_name("bn_relu_pool2d.cu"))
 SUFFIX = bn_cuda.SUFFIX

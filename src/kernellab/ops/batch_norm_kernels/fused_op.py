@@ -38,7 +38,7 @@ from torch import Tensor
 
 from kernellab.core.kit import OpDecl, build, contig
 from kernellab.core.spec import FLOAT_DTYPES
-from kernellab.ops.batch_norm2d.batch_norm_op import validate_channels
+from kernellab.ops.batch_norm_kernels.batch_norm_op import validate_channels
 
 OP = "bn_relu_pool2d"
 
