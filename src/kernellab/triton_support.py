@@ -31,8 +31,13 @@ def unavailable() -> str | None:
 
 
 def devices() -> tuple[str, ...]:
-    """Where kernellab's Triton kernels run: a GPU compiled, the CPU interpreted."""
-    return ("cuda", "cpu")
+    """Where kernellab's Triton backends take tensors: CUDA tensors, compiled; and on a
+    machine without a GPU, CPU tensors under the interpreter. A GPU machine's Triton
+    backends refuse CPU tensors (the default serves them with another backend): Triton
+    3.6's interpreter fails on some of the kernels there (a loop bound that is a one-element
+    array, which NumPy 2 will not turn into an int). A kernel launched directly with CPU
+    tensors is interpreted on any machine (``jit``)."""
+    return ("cuda",) if torch.cuda.is_available() else ("cuda", "cpu")
 
 
 def cdiv(a: int, b: int) -> int:
