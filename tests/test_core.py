@@ -37,8 +37,13 @@ def test_by_device_picks_the_least_device_time_among_the_allowed():
     assert _choose(by="device", usable=("torch", "triton"))[0] == "triton"
 
 
-def test_without_a_usable_row_the_small_rule_then_the_preference_decide():
-    assert _choose(usable=("torch", "cuda"))[0] == "torch"  # the row's best is not usable here
+def test_a_row_whose_best_is_not_usable_names_its_fastest_usable_backend():
+    backend, why = _choose(usable=("torch", "cuda"))  # the row's best, triton, is not usable here
+    assert backend == "cuda" and "triton, the fastest, is not usable here" in why
+    assert _choose(usable=("torch",))[0] == "torch"
+
+
+def test_the_small_rule_then_the_preference_decide_where_no_row_serves():
     assert _choose(table=None, small="cuda")[0] == "cuda"
     backend, why = _choose(table=None, small="triton", usable=("torch",))
     assert backend == "torch" and why.startswith("heuristic (no tuning table")
@@ -108,3 +113,26 @@ def test_importing_kernellab_reads_no_switch_and_setting_one_later_works():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_linear_cross_entropys_default_never_stores_the_logits_past_the_small_size(monkeypatch):
+    """A table row that found PyTorch's head + loss (the [N, V] logits stored) fastest at an
+    LLM's shape does not make it the default there: the op promises the logits are never
+    stored (OpSpec.default_excludes); at a launch-bound size it may."""
+    from kernellab.core import registry, tables
+
+    big, small = [4096, 2048, 128256], [64, 64, 256]
+    rows = [{"op": "linear_cross_entropy", "dtype": "bf16", "mode": "fwdbwd", "shape": k, "key": k,
+             "best": "torch", "times": {"torch": 1.0, "chunked": 1.5, "triton": 1.2}} for k in (big, small)]  # fmt: skip
+    monkeypatch.setattr(tables, "gpu_of", lambda dev: "X")
+    monkeypatch.setattr(tables, "load_table", lambda gpu: {"gpu": "X", "rows": rows})
+    monkeypatch.setattr(registry, "usable", lambda op, dev: frozenset({"torch", "chunked", "triton"}))
+    registry.clear_cache()
+    try:
+        import torch
+
+        backend, why = registry.choose_key("linear_cross_entropy", tuple(big), torch.bfloat16, "cuda", "fwdbwd")
+        assert backend == "triton" and "torch, the fastest, is not usable here" in why
+        assert registry.choose_key("linear_cross_entropy", tuple(small), torch.bfloat16, "cuda", "fwdbwd")[0] == "torch"
+    finally:
+        registry.clear_cache()

@@ -8,8 +8,10 @@ the answer per call shape.
 
 - The row of the nearest shape (same op, dtype, mode and option key; distance = summed
   |log2| ratios of the dims, infinite across alignment classes) names the backend when it
-  lies within ``NEAR``; a 16-bit call with no rows of its dtype reads a sibling dtype's
-  (``SIBLING_DTYPES``).
+  lies within ``NEAR`` (where that backend is not in ``usable``, the fastest of the row's
+  usable ones); a 16-bit call with no rows of its dtype reads a sibling dtype's
+  (``SIBLING_DTYPES``). ``usable`` is what runs here less what the op excludes for the
+  shape (``OpSpec.default_excludes``).
 - No row near: the backend that won a strict majority of the op's rows (``_table_vote``),
   else the one nearest the best over them by geometric mean.
 - No table or no evidence: the op's small-size rule, else its preferred backend.
@@ -64,7 +66,12 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
             row = best[1]
             times = row.get("device") if by == "device" and row.get("device") else row["times"]
             metric = "device time" if times is not row["times"] else "the larger of device and loop time"
-            if by == "device" or among is not None:
+            fastest = "fastest"
+            if row["best"] not in usable and by == "call" and among is None:
+                fastest = f"the fastest of the usable ({row['best']}, the fastest, is not usable here)"
+            if by == "device" or among is not None or row["best"] not in usable:
+                # (a row whose fastest backend cannot serve here, or may not: the fastest of
+                # those that can, by the row's own times)
                 avail = {b: t for b, t in times.items() if (among is None or b in among) and b in usable}
                 pick = min(avail, key=avail.get) if avail else None
             else:
@@ -81,7 +88,7 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
                         else ""
                     )
                     + " "
-                    f"(distance {best[0]:.2f}): {pick} was fastest there "
+                    f"(distance {best[0]:.2f}): {pick} was {fastest} there "
                     f"({times[pick]:.4g} ms by {metric}; "
                     + ", ".join(f"{b} {t:.4g}" for b, t in times.items() if b != pick)
                     + ")",

@@ -538,11 +538,15 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
         return hit
     gpu = tables.gpu_of(dev)
     table = tables.load_table(gpu)
-    rule = _spec.get_spec(op).small_backend  # (a host-cost rule: for standalone calls only)
+    spec = _spec.get_spec(op)
+    rule = spec.small_backend  # (a host-cost rule: for standalone calls only)
     small = rule(key) if rule is not None and key is not None else None
     dn = _spec.dtype_name(dtype) if dtype is not None else None
+    allowed = usable(op, dev)
+    if spec.default_excludes is not None and key is not None:
+        allowed = allowed - frozenset(spec.default_excludes(key))
     out = choice.choose(table, os.path.basename(tables.table_path(gpu)), op, key, dn, mode, options,
-                        usable=usable(op, dev), preferred=default_backend(op, dev), small=small, by=by,
+                        usable=allowed, preferred=default_backend(op, dev), small=small, by=by,
                         among=among)  # fmt: skip
     _CHOICES[ck] = out
     return out

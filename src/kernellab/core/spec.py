@@ -371,6 +371,10 @@ class OpSpec:
     # near, before default_backends (e.g. a launch-bound size where PyTorch's few kernels
     # cost less host time than a fused runner's many); None: default_backends decide
     small_backend: Callable | None = None
+    # (shape key) -> backends the default must not pick for this problem, whatever a table
+    # row says: those that would break a promise of the op there (linear_cross_entropy's
+    # logits never stored: the backends that store them, past a small size); None: none
+    default_excludes: Callable | None = None
     # problem shape -> shape key (core.shapes.key_of_shape) where the op's problem shape is
     # not read like its kind's (rope's (B, H, H_k, S, D, R)); None: the generic rule
     key_of_shape: Callable | None = None

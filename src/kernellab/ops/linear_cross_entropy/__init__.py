@@ -249,6 +249,16 @@ def _small_backend(key) -> str | None:
     return "torch" if n * v <= SMALL_LOGITS else None
 
 
+STORING = ("torch", "manual", "compile")  # the backends that store the [N, V] logits
+
+
+def _default_excludes(key) -> tuple:
+    """Past the small size, the default never picks a backend that stores the logits (the
+    op's promise), even where a table row found one faster."""
+    n, _, v = key
+    return () if n * v <= SMALL_LOGITS else STORING
+
+
 def _fuzz(rng, big: bool):
     """(N, H, V) or (B, T, H, V): vocabularies past one 4096-column block and past 8192."""
     v = fuzz_dim(rng, 1, 160000 if big else 9000)
@@ -357,6 +367,7 @@ SPEC = define(
         extra_bad_inputs=EXTRA_BAD,
         default_backends=("triton", "chunked", "torch"),
         small_backend=_small_backend,
+        default_excludes=_default_excludes,
         # no "bwd": timing a backward alone repeats it on one graph, which the chunked
         # backends refuse (their backward scales the saved gradients in place)
         modes=("fwd", "fwdbwd"),

@@ -273,11 +273,17 @@ def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad) -> None:
     if not write_grad:
         return
     torch.exp(zm.sub_(log_s.unsqueeze(1)), out=z)  # p
-    if zc:
-        z.mul_((1.0 + 2.0 * zc * (m.squeeze(1) + log_s)).unsqueeze(1))
     if eps:
         z.sub_(eps / v)
     z.scatter_add_(1, tt, torch.full(tt.shape, -(1.0 - eps), dtype=_F32, device=z.device))
+    if zc:
+        # p (1 + c) - q as (p - q)(1 + c) + c q, c = 2 z lse: the factor 1 + c, rounded,
+        # multiplies p - q (near 0 where p is near q: a one-word vocabulary), not p
+        c = (2.0 * zc * (m.squeeze(1) + log_s)).unsqueeze(1)
+        z.mul_(1.0 + c)
+        if eps:
+            z.add_(c * (eps / v))
+        z.scatter_add_(1, tt, c * (1.0 - eps))
     if g is not None:
         z.mul_(g.unsqueeze(1))
     z.masked_fill_(~keep.unsqueeze(1), 0.0)
