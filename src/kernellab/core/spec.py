@@ -750,6 +750,13 @@ def define(spec: OpSpec) -> OpSpec:
     return spec
 
 
+def declare(name: str, arg_names: tuple, reference, flops, bytes_moved, **fields) -> OpSpec:
+    """``define(OpSpec(...))`` with the fields every op has given in order: its name, its
+    tensor arguments, the float64 reference and the flop and byte counts."""
+    return define(OpSpec(name=name, arg_names=arg_names, reference=reference, flops=flops,
+                         bytes_moved=bytes_moved, **fields))  # fmt: skip
+
+
 def get_spec(op: str) -> OpSpec:
     spec = SPECS.get(op)
     if spec is not None:

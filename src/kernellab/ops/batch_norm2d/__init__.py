@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import BadInput, OpSpec, define, fuzz_nchw
+from kernellab.core.spec import BadInput, declare, fuzz_nchw
 from kernellab.ops.batch_norm_kernels import batch_norm_op as _op
 
 
@@ -65,39 +65,33 @@ CHANNEL_BAD_INPUTS = [
 ]
 
 
-SPEC = define(
-    OpSpec(
-        name="batch_norm2d",
-        arg_names=("x", "weight", "bias"),
-        reference=batch_norm2d_reference,
-        flops=_op.count_flops,
-        bytes_moved=_op.count_bytes,
-        grad_args=(0, 1, 2),
-        # 1x1 images, batch 1 with 1x1 (variance 0), odd sizes, channels not a multiple of 8,
-        # an empty batch, the model's layers (32 channels at 28x28, 64 at 14x14).
-        test_shapes=[(0, 3, 4, 4), (1, 1, 1, 1), (1, 5, 1, 1), (2, 3, 1, 1), (3, 7, 5, 5),
-                     (4, 13, 9, 11), (1, 3, 17, 19), (2, 32, 28, 28), (5, 64, 14, 14)],  # fmt: skip
-        quick_shapes=[(1, 1, 1, 1), (2, 3, 1, 1), (3, 7, 5, 5), (2, 13, 9, 11)],
-        bench_shapes=[(256, 32, 28, 28), (256, 64, 14, 14), (1024, 32, 28, 28)],
-        cpu_bench_shapes=[(8, 16, 14, 14)],
-        layout_shape=(3, 5, 7, 9),
-        reach_shape=(2, 3, 5, 7),
-        grad_shapes=[(3, 5, 7, 9), (1, 3, 1, 1)],
-        bad_shape=(2, 3, 4, 4),
-        scale=2.0,
-        plant_extra=_op.plant_constant_channel,
-        default_backends=("cuda", "triton", "torch"),
-        doc=__doc__.strip().split("\n")[0],
-        inputs=_op.inputs,
-        validator=_op.validate,
-        key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
-        option_sets=[{"eps": 1e-2}, {"relu": True}],
-        fuzz=lambda rng, big: (fuzz_nchw(rng, big), None),
-        extra_bad_inputs=CHANNEL_BAD_INPUTS + [
-            BadInput("unknown keyword", _bad(lambda x, w, b: ((x, w, b), {"epsilon": 1e-5})), "epsilon"),
-            BadInput("relu not a bool", _bad(lambda x, w, b: ((x, w, b), {"relu": "yes"})), "relu"),
-        ],
-    )
+SPEC = declare(
+    "batch_norm2d", ("x", "weight", "bias"), batch_norm2d_reference, _op.count_flops, _op.count_bytes,
+    grad_args=(0, 1, 2),
+    # 1x1 images, batch 1 with 1x1 (variance 0), odd sizes, channels not a multiple of 8,
+    # an empty batch, the model's layers (32 channels at 28x28, 64 at 14x14).
+    test_shapes=[(0, 3, 4, 4), (1, 1, 1, 1), (1, 5, 1, 1), (2, 3, 1, 1), (3, 7, 5, 5),
+                 (4, 13, 9, 11), (1, 3, 17, 19), (2, 32, 28, 28), (5, 64, 14, 14)],  # fmt: skip
+    quick_shapes=[(1, 1, 1, 1), (2, 3, 1, 1), (3, 7, 5, 5), (2, 13, 9, 11)],
+    bench_shapes=[(256, 32, 28, 28), (256, 64, 14, 14), (1024, 32, 28, 28)],
+    cpu_bench_shapes=[(8, 16, 14, 14)],
+    layout_shape=(3, 5, 7, 9),
+    reach_shape=(2, 3, 5, 7),
+    grad_shapes=[(3, 5, 7, 9), (1, 3, 1, 1)],
+    bad_shape=(2, 3, 4, 4),
+    scale=2.0,
+    plant_extra=_op.plant_constant_channel,
+    default_backends=("cuda", "triton", "torch"),
+    doc=__doc__.strip().split("\n")[0],
+    inputs=_op.inputs,
+    validator=_op.validate,
+    key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
+    option_sets=[{"eps": 1e-2}, {"relu": True}],
+    fuzz=lambda rng, big: (fuzz_nchw(rng, big), None),
+    extra_bad_inputs=CHANNEL_BAD_INPUTS + [
+        BadInput("unknown keyword", _bad(lambda x, w, b: ((x, w, b), {"epsilon": 1e-5})), "epsilon"),
+        BadInput("relu not a bool", _bad(lambda x, w, b: ((x, w, b), {"relu": "yes"})), "relu"),
+    ],
 )
 
 

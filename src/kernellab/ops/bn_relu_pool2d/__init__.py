@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from kernellab.core import registry
-from kernellab.core.spec import BadInput, Boundary, OpSpec, define, fuzz_nchw
+from kernellab.core.spec import BadInput, Boundary, declare, fuzz_nchw
 from kernellab.ops.batch_norm2d import CHANNEL_BAD_INPUTS, batch_norm2d_reference
 from kernellab.ops.batch_norm2d import bad_case as _bad
 from kernellab.ops.batch_norm_kernels import batch_norm_op as _bn_op
@@ -52,42 +52,36 @@ def bn_relu_pool2d_reference(x, weight, bias, eps=1e-5):
     return F.max_pool2d(torch.relu(batch_norm2d_reference(x, weight, bias, eps)), 2, 2)
 
 
-SPEC = define(
-    OpSpec(
-        name="bn_relu_pool2d",
-        arg_names=("x", "weight", "bias"),
-        reference=bn_relu_pool2d_reference,
-        flops=_op.count_flops,
-        bytes_moved=_op.count_bytes,
-        grad_args=(0, 1, 2),
-        # the smallest image (2x2), batch 1, odd sizes (the dropped row / column), channels
-        # not a multiple of 8, an empty batch, the model's layers (32 at 28x28, 64 at 14x14)
-        test_shapes=[(0, 3, 4, 4), (1, 1, 2, 2), (2, 3, 2, 2), (1, 5, 3, 3), (3, 7, 5, 5),
-                     (4, 13, 9, 11), (1, 3, 17, 19), (2, 32, 28, 28), (5, 64, 14, 14)],  # fmt: skip
-        quick_shapes=[(1, 1, 2, 2), (2, 3, 3, 2), (3, 7, 5, 5), (2, 13, 9, 11)],
-        bench_shapes=[(b, c, hw, hw) for b in (64, 256, 1024) for c, hw in ((32, 28), (64, 14))],
-        cpu_bench_shapes=[(8, 16, 14, 14)],
-        layout_shape=(3, 5, 7, 9),
-        reach_shape=(2, 3, 5, 7),
-        grad_shapes=[(3, 5, 7, 9), (1, 3, 2, 2)],
-        bad_shape=(2, 3, 4, 4),
-        scale=2.0,
-        plant_extra=_bn_op.plant_constant_channel,
-        default_backends=("triton", "cuda", "torch"),  # Triton first: the backend the CPU tests run
-        doc=__doc__.strip().split("\n")[0],
-        inputs=_bn_op.inputs,
-        validator=_op.validate,
-        key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
-        option_sets=[{"eps": 1e-2}],
-        fuzz=lambda rng, big: (fuzz_nchw(rng, big, min_hw=2), None),
-        # equal inputs stay equal through the batch norm: tied maxima in the pool's windows
-        boundary_cases=[Boundary((2, 3, 6, 7), ties=True)],
-        extra_bad_inputs=CHANNEL_BAD_INPUTS + [
-            BadInput("1x1 images", _bad(lambda x, w, b: ((x, w, b), {}), (2, 3, 1, 1)), "x"),
-            BadInput("images one row high", _bad(lambda x, w, b: ((x, w, b), {}), (2, 3, 1, 6)), "x"),
-            BadInput("unknown keyword", _bad(lambda x, w, b: ((x, w, b), {"relu": True})), "relu"),
-        ],
-    )
+SPEC = declare(
+    "bn_relu_pool2d", ("x", "weight", "bias"), bn_relu_pool2d_reference, _op.count_flops, _op.count_bytes,
+    grad_args=(0, 1, 2),
+    # the smallest image (2x2), batch 1, odd sizes (the dropped row / column), channels
+    # not a multiple of 8, an empty batch, the model's layers (32 at 28x28, 64 at 14x14)
+    test_shapes=[(0, 3, 4, 4), (1, 1, 2, 2), (2, 3, 2, 2), (1, 5, 3, 3), (3, 7, 5, 5),
+                 (4, 13, 9, 11), (1, 3, 17, 19), (2, 32, 28, 28), (5, 64, 14, 14)],  # fmt: skip
+    quick_shapes=[(1, 1, 2, 2), (2, 3, 3, 2), (3, 7, 5, 5), (2, 13, 9, 11)],
+    bench_shapes=[(b, c, hw, hw) for b in (64, 256, 1024) for c, hw in ((32, 28), (64, 14))],
+    cpu_bench_shapes=[(8, 16, 14, 14)],
+    layout_shape=(3, 5, 7, 9),
+    reach_shape=(2, 3, 5, 7),
+    grad_shapes=[(3, 5, 7, 9), (1, 3, 2, 2)],
+    bad_shape=(2, 3, 4, 4),
+    scale=2.0,
+    plant_extra=_bn_op.plant_constant_channel,
+    default_backends=("triton", "cuda", "torch"),  # Triton first: the backend the CPU tests run
+    doc=__doc__.strip().split("\n")[0],
+    inputs=_bn_op.inputs,
+    validator=_op.validate,
+    key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
+    option_sets=[{"eps": 1e-2}],
+    fuzz=lambda rng, big: (fuzz_nchw(rng, big, min_hw=2), None),
+    # equal inputs stay equal through the batch norm: tied maxima in the pool's windows
+    boundary_cases=[Boundary((2, 3, 6, 7), ties=True)],
+    extra_bad_inputs=CHANNEL_BAD_INPUTS + [
+        BadInput("1x1 images", _bad(lambda x, w, b: ((x, w, b), {}), (2, 3, 1, 1)), "x"),
+        BadInput("images one row high", _bad(lambda x, w, b: ((x, w, b), {}), (2, 3, 1, 6)), "x"),
+        BadInput("unknown keyword", _bad(lambda x, w, b: ((x, w, b), {"relu": True})), "relu"),
+    ],
 )
 
 

@@ -28,9 +28,8 @@ from kernellab.core import registry
 from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
-    OpSpec,
     check_float_tensor,
-    define,
+    declare,
     fuzz_dim,
     fuzz_nchw,
     make_tensor,
@@ -201,61 +200,55 @@ def _fuzz(rng, big):
     return (n, c, h, w, k, r, s), opts
 
 
-SPEC = define(
-    OpSpec(
-        name="conv2d",
-        arg_names=("x", "w", "bias"),
-        reference=conv2d_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        # (N, C, H, W, K, R, S): a 1x1 image, odd sizes, batch 1, channels not a multiple
-        # of 8, kernels 1, 3 and 5, an empty batch (stride and padding: option_sets)
-        test_shapes=[
-            (1, 1, 1, 1, 1, 1, 1),
-            (2, 3, 5, 7, 4, 3, 3),
-            (1, 5, 9, 9, 6, 5, 5),
-            (2, 17, 6, 5, 9, 1, 1),
-            (3, 1, 12, 12, 8, 3, 3),
-            (0, 3, 5, 5, 4, 3, 3),
-            (2, 9, 11, 10, 33, 3, 3),
-        ],
-        quick_shapes=[(1, 1, 1, 1, 1, 1, 1), (2, 3, 5, 7, 4, 3, 3), (1, 5, 9, 9, 6, 5, 5)],
-        # the MNIST model's layers (padding 1, see bench_options) and a large layer
-        bench_shapes=[
-            (64, 1, 28, 28, 32, 3, 3),
-            (64, 32, 14, 14, 64, 3, 3),
-            (256, 1, 28, 28, 32, 3, 3),
-            (256, 32, 14, 14, 64, 3, 3),
-            (1024, 1, 28, 28, 32, 3, 3),
-            (1024, 32, 14, 14, 64, 3, 3),
-            (32, 64, 56, 56, 64, 3, 3),
-        ],
-        cpu_bench_shapes=[(4, 1, 28, 28, 8, 3, 3)],
-        bench_options=[{"padding": 1}],
-        layout_shape=(2, 3, 7, 6, 5, 3, 3),
-        reach_shape=(2, 3, 5, 6, 4, 3, 3),
-        option_shape=(2, 3, 7, 6, 5, 3, 3),
-        option_sets=[
-            {"padding": 1},
-            {"padding": 2},
-            {"stride": 2},
-            {"stride": 2, "padding": 1},
-            {"stride": (2, 1), "padding": (1, 2)},
-            {"bias": None},
-        ],
-        grad_args=(0, 1, 2),
-        grad_shapes=[(2, 3, 7, 6, 5, 3, 3), (1, 4, 5, 5, 3, 5, 5)],
-        bad_shape=(1, 2, 4, 4, 3, 3, 3),
-        rows_shape=None,
-        metric="tflops",
-        inputs=make_conv_inputs,
-        validator=validate_conv2d,
-        key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
-        fuzz=_fuzz,
-        extra_bad_inputs=_EXTRA_BAD,
-        default_backends=("torch",),
-        doc=__doc__.strip().split("\n")[0],
-    )
+SPEC = declare(
+    "conv2d", ("x", "w", "bias"), conv2d_reference, _flops, _bytes,
+    # (N, C, H, W, K, R, S): a 1x1 image, odd sizes, batch 1, channels not a multiple
+    # of 8, kernels 1, 3 and 5, an empty batch (stride and padding: option_sets)
+    test_shapes=[
+        (1, 1, 1, 1, 1, 1, 1),
+        (2, 3, 5, 7, 4, 3, 3),
+        (1, 5, 9, 9, 6, 5, 5),
+        (2, 17, 6, 5, 9, 1, 1),
+        (3, 1, 12, 12, 8, 3, 3),
+        (0, 3, 5, 5, 4, 3, 3),
+        (2, 9, 11, 10, 33, 3, 3),
+    ],
+    quick_shapes=[(1, 1, 1, 1, 1, 1, 1), (2, 3, 5, 7, 4, 3, 3), (1, 5, 9, 9, 6, 5, 5)],
+    # the MNIST model's layers (padding 1, see bench_options) and a large layer
+    bench_shapes=[
+        (64, 1, 28, 28, 32, 3, 3),
+        (64, 32, 14, 14, 64, 3, 3),
+        (256, 1, 28, 28, 32, 3, 3),
+        (256, 32, 14, 14, 64, 3, 3),
+        (1024, 1, 28, 28, 32, 3, 3),
+        (1024, 32, 14, 14, 64, 3, 3),
+        (32, 64, 56, 56, 64, 3, 3),
+    ],
+    cpu_bench_shapes=[(4, 1, 28, 28, 8, 3, 3)],
+    bench_options=[{"padding": 1}],
+    layout_shape=(2, 3, 7, 6, 5, 3, 3),
+    reach_shape=(2, 3, 5, 6, 4, 3, 3),
+    option_shape=(2, 3, 7, 6, 5, 3, 3),
+    option_sets=[
+        {"padding": 1},
+        {"padding": 2},
+        {"stride": 2},
+        {"stride": 2, "padding": 1},
+        {"stride": (2, 1), "padding": (1, 2)},
+        {"bias": None},
+    ],
+    grad_args=(0, 1, 2),
+    grad_shapes=[(2, 3, 7, 6, 5, 3, 3), (1, 4, 5, 5, 3, 5, 5)],
+    bad_shape=(1, 2, 4, 4, 3, 3, 3),
+    rows_shape=None,
+    metric="tflops",
+    inputs=make_conv_inputs,
+    validator=validate_conv2d,
+    key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
+    fuzz=_fuzz,
+    extra_bad_inputs=_EXTRA_BAD,
+    default_backends=("torch",),
+    doc=__doc__.strip().split("\n")[0],
 )
 
 

@@ -57,10 +57,9 @@ from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
     Boundary,
-    OpSpec,
     check_dtype,
     check_loss_options,
-    define,
+    declare,
     fuzz_rows,
     loss_option_sets,
     make_tensor,
@@ -224,46 +223,40 @@ EXTRA_BAD = [
     BadInput("float ignore_index", _opt(ignore_index=-100.0), "ignore_index"),
 ]
 
-SPEC = define(
-    OpSpec(
-        name="cross_entropy",
-        arg_names=("logits", "target"),
-        reference=cross_entropy_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        test_shapes=[(0, 7), (1, 1), (3, 1000), (7, 1023), (5, 4097), (2, 32001), (65537, 3), (2, 50304)],
-        quick_shapes=[(0, 7), (1, 1), (3, 1000), (2, 4099)],
-        bench_shapes=[(8192, 50304), (8192, 128256)],
-        cpu_bench_shapes=[(64, 1000)],
-        layout_shape=(13, 1025),
-        reach_shape=(5, 1025),
-        grad_args=(0,),
-        scale=2.0,
-        plant_extra=_extremes,
-        inputs=_inputs,
-        validator=_validate,
-        # _option_inputs puts a non-default ignore_index where the builder planted -100.
-        option_sets=[
-            *loss_option_sets(),
-            {"inplace_backward": True},
-            {"check_targets": False},
-            {"check_targets": True},
-        ],
-        option_inputs=_option_inputs,
-        fuzz=fuzz_rows(6000, 160000, max_rows=32, lead_rank=1),  # GPU: every model's vocabulary
-        # documented in-place mode: the backward writes dlogits into the logits' buffer
-        inplace_options={"inplace_backward": ("logits",)},
-        rows_shape=(65537, 3),
-        rows_shape_interpreted=False,  # one program per row: 210 s per call interpreted
-        grad_shapes=[(13, 1025), (3, 4099)],
-        # A vocabulary past two 4096-column chunks and past 8192 (a kernel that handles
-        # one or two chunks and drops the rest), in two rows: cheap under the interpreter.
-        boundary_cases=[Boundary((2, 8197))],
-        bad_shape=(4, 3),
-        extra_bad_inputs=EXTRA_BAD,
-        default_backends=("cuda", "triton", "torch"),
-        doc=__doc__.strip().split("\n")[0],
-    )
+SPEC = declare(
+    "cross_entropy", ("logits", "target"), cross_entropy_reference, _flops, _bytes,
+    test_shapes=[(0, 7), (1, 1), (3, 1000), (7, 1023), (5, 4097), (2, 32001), (65537, 3), (2, 50304)],
+    quick_shapes=[(0, 7), (1, 1), (3, 1000), (2, 4099)],
+    bench_shapes=[(8192, 50304), (8192, 128256)],
+    cpu_bench_shapes=[(64, 1000)],
+    layout_shape=(13, 1025),
+    reach_shape=(5, 1025),
+    grad_args=(0,),
+    scale=2.0,
+    plant_extra=_extremes,
+    inputs=_inputs,
+    validator=_validate,
+    # _option_inputs puts a non-default ignore_index where the builder planted -100.
+    option_sets=[
+        *loss_option_sets(),
+        {"inplace_backward": True},
+        {"check_targets": False},
+        {"check_targets": True},
+    ],
+    option_inputs=_option_inputs,
+    fuzz=fuzz_rows(6000, 160000, max_rows=32, lead_rank=1),  # GPU: every model's vocabulary
+    # documented in-place mode: the backward writes dlogits into the logits' buffer
+    inplace_options={"inplace_backward": ("logits",)},
+    rows_shape=(65537, 3),
+    rows_shape_interpreted=False,  # one program per row: 210 s per call interpreted
+    grad_shapes=[(13, 1025), (3, 4099)],
+    # A vocabulary past two 4096-column chunks and past 8192 (a kernel that handles
+    # one or two chunks and drops the rest), in two rows: cheap under the interpreter.
+    boundary_cases=[Boundary((2, 8197))],
+    bad_shape=(4, 3),
+    extra_bad_inputs=EXTRA_BAD,
+    default_backends=("cuda", "triton", "torch"),
+    doc=__doc__.strip().split("\n")[0],
 )
 
 

@@ -72,11 +72,10 @@ from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
     Boundary,
-    OpSpec,
     TensorOption,
     check_float_tensor,
     check_loss_options,
-    define,
+    declare,
     fuzz_dim,
     loss_option_sets,
     make_tensor,
@@ -318,61 +317,55 @@ EXTRA_BAD = [
     BadInput("chunk of 0 rows", _with(chunk=0), "chunk"),
 ]  # fmt: skip
 
-SPEC = define(
-    OpSpec(
-        name=OP,
-        arg_names=("x", "weight", "target"),
-        reference=linear_cross_entropy_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        test_shapes=[(0, 8, 7), (1, 1, 1), (37, 24, 300), (2, 5, 16, 129), (3, 16, 4099)],
-        quick_shapes=[(0, 8, 7), (1, 1, 1), (37, 24, 300), (2, 5, 16, 129)],
-        bench_shapes=[(8192, 768, 50304), (8192, 2048, 128256), (16384, 896, 151936)],
-        cpu_bench_shapes=[(256, 64, 1000)],
-        layout_shape=(13, 24, 300),
-        reach_shape=(9, 16, 131),
-        grad_args=(0, 1),
-        dtypes=FLOAT_DTYPES,
-        scale=2.0,
-        metric="tflops",
-        inputs=_inputs,
-        validator=validate,
-        option_sets=[
-            *loss_option_sets(),
-            {"label_smoothing": 0.1},
-            {"label_smoothing": 0.2, "reduction": "none"},
-            {"z_loss": 1e-2},
-            {"z_loss": 1e-3, "label_smoothing": 0.1, "reduction": "sum"},
-            {"bias": BIAS},
-            {"bias": BIAS, "reduction": "none", "z_loss": 1e-2},
-            {"chunk": 5},
-            {"chunk": 1000},
-        ],
-        option_inputs=_option_inputs,
-        fuzz=_fuzz,
-        # dx_i = sum_j dlogits_ij W_j is a dot with cancellation (sum_j dlogits_ij = 0 up to
-        # smoothing): its rounding is at the scale of the terms, not of the result, as for
-        # matmul; the loss and gradients are continuous in x, weight and bias.
-        perturbation_floor=True,
-        grad_shapes=[(37, 24, 300), (2, 3, 8, 133)],
-        # V past two 4096-column blocks (a kernel that handles one or two blocks and drops
-        # the rest), V not a multiple of the chunk's rows, every row ignored (mean: NaN,
-        # zero gradients), a chunk that does not divide N.
-        boundary_cases=[
-            Boundary((3, 8, 8197)),
-            Boundary((7, 8, 33), {"chunk": 3}),
-            Boundary((3, 8, 17), {"ignore_index": 1, "chunk": 2}),
-        ],
-        bad_shape=(4, 6, 5),
-        extra_bad_inputs=EXTRA_BAD,
-        default_backends=("triton", "chunked", "torch"),
-        small_backend=_small_backend,
-        default_excludes=_default_excludes,
-        # no "bwd": timing a backward alone repeats it on one graph, which the chunked
-        # backends refuse (their backward scales the saved gradients in place)
-        modes=("fwd", "fwdbwd"),
-        doc=__doc__.strip().split("\n")[0],
-    )
+SPEC = declare(
+    OP, ("x", "weight", "target"), linear_cross_entropy_reference, _flops, _bytes,
+    test_shapes=[(0, 8, 7), (1, 1, 1), (37, 24, 300), (2, 5, 16, 129), (3, 16, 4099)],
+    quick_shapes=[(0, 8, 7), (1, 1, 1), (37, 24, 300), (2, 5, 16, 129)],
+    bench_shapes=[(8192, 768, 50304), (8192, 2048, 128256), (16384, 896, 151936)],
+    cpu_bench_shapes=[(256, 64, 1000)],
+    layout_shape=(13, 24, 300),
+    reach_shape=(9, 16, 131),
+    grad_args=(0, 1),
+    dtypes=FLOAT_DTYPES,
+    scale=2.0,
+    metric="tflops",
+    inputs=_inputs,
+    validator=validate,
+    option_sets=[
+        *loss_option_sets(),
+        {"label_smoothing": 0.1},
+        {"label_smoothing": 0.2, "reduction": "none"},
+        {"z_loss": 1e-2},
+        {"z_loss": 1e-3, "label_smoothing": 0.1, "reduction": "sum"},
+        {"bias": BIAS},
+        {"bias": BIAS, "reduction": "none", "z_loss": 1e-2},
+        {"chunk": 5},
+        {"chunk": 1000},
+    ],
+    option_inputs=_option_inputs,
+    fuzz=_fuzz,
+    # dx_i = sum_j dlogits_ij W_j is a dot with cancellation (sum_j dlogits_ij = 0 up to
+    # smoothing): its rounding is at the scale of the terms, not of the result, as for
+    # matmul; the loss and gradients are continuous in x, weight and bias.
+    perturbation_floor=True,
+    grad_shapes=[(37, 24, 300), (2, 3, 8, 133)],
+    # V past two 4096-column blocks (a kernel that handles one or two blocks and drops
+    # the rest), V not a multiple of the chunk's rows, every row ignored (mean: NaN,
+    # zero gradients), a chunk that does not divide N.
+    boundary_cases=[
+        Boundary((3, 8, 8197)),
+        Boundary((7, 8, 33), {"chunk": 3}),
+        Boundary((3, 8, 17), {"ignore_index": 1, "chunk": 2}),
+    ],
+    bad_shape=(4, 6, 5),
+    extra_bad_inputs=EXTRA_BAD,
+    default_backends=("triton", "chunked", "torch"),
+    small_backend=_small_backend,
+    default_excludes=_default_excludes,
+    # no "bwd": timing a backward alone repeats it on one graph, which the chunked
+    # backends refuse (their backward scales the saved gradients in place)
+    modes=("fwd", "fwdbwd"),
+    doc=__doc__.strip().split("\n")[0],
 )
 
 

@@ -22,10 +22,9 @@ from kernellab.core import registry
 from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
-    OpSpec,
     TensorOption,
     check_dtype,
-    define,
+    declare,
     device_of,
     dtype_name,
     fuzz_dim,
@@ -203,55 +202,49 @@ def _fuzz(rng, big):
     return (m, n, k), None
 
 
-SPEC = define(
-    OpSpec(
-        name="matmul",
-        arg_names=("a", "b"),
-        reference=matmul_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        test_shapes=[
-            (1, 1, 1),
-            (0, 5, 7),
-            (17, 33, 65),
-            (64, 48, 80),
-            (127, 129, 63),
-            (33, 17, 0),
-            (2, 17, 33, 65),
-        ],
-        # (2, 136, 264, 72): the CUDA 16-byte paths (K, N multiples of 8) with partial tiles in
-        # every dim and 3 k-tiles (the full cp.async ring); compute-sanitizer runs these shapes.
-        quick_shapes=[(1, 1, 1), (17, 33, 65), (2, 9, 15, 31), (2, 136, 264, 72)],
-        bench_shapes=[(4096, 4096, 4096), (8192, 8192, 8192)],
-        cpu_bench_shapes=[(256, 256, 256)],
-        layout_shape=(37, 45, 29),
-        grad_args=(0, 1),
-        specials=(float("nan"), float("inf")),
-        metric="tflops",
-        # cuBLAS first where no table row is near: it is the fastest at nearly every row of
-        # the tuning table.
-        default_backends=("torch", "cuda", "triton"),
-        doc=__doc__.strip().split("\n")[0],
-        extra_bad_inputs=_EXTRA_BAD,
-        inputs=make_matmul_inputs,
-        validator=validate_matmul,
-        key_validates=True,
-        option_sets=[
-            {"activation": "relu"},
-            {"activation": "gelu"},
-            {"bias": BIAS},
-            {"bias": BIAS, "activation": "gelu"},
-        ],
-        bench_options=[{}],
-        grad_shapes=[(37, 45, 29), (2, 17, 19, 23)],
-        fuzz=_fuzz,
-        # A dot's rounding happens at the scale of its partial sums, not of its result: with
-        # few outputs (M = N = 1) and cancellation, one ulp of the output under-rates it and
-        # a lucky PyTorch rounding left a bound below any summation order's error (fuzz
-        # 1x1x1x95: terms ~8 summing to 1.06; gelu's dz amplifies z's rounding the same way).
-        perturbation_floor=True,
-        bad_shape=(5, 6, 7),
-    )
+SPEC = declare(
+    "matmul", ("a", "b"), matmul_reference, _flops, _bytes,
+    test_shapes=[
+        (1, 1, 1),
+        (0, 5, 7),
+        (17, 33, 65),
+        (64, 48, 80),
+        (127, 129, 63),
+        (33, 17, 0),
+        (2, 17, 33, 65),
+    ],
+    # (2, 136, 264, 72): the CUDA 16-byte paths (K, N multiples of 8) with partial tiles in
+    # every dim and 3 k-tiles (the full cp.async ring); compute-sanitizer runs these shapes.
+    quick_shapes=[(1, 1, 1), (17, 33, 65), (2, 9, 15, 31), (2, 136, 264, 72)],
+    bench_shapes=[(4096, 4096, 4096), (8192, 8192, 8192)],
+    cpu_bench_shapes=[(256, 256, 256)],
+    layout_shape=(37, 45, 29),
+    grad_args=(0, 1),
+    specials=(float("nan"), float("inf")),
+    metric="tflops",
+    # cuBLAS first where no table row is near: it is the fastest at nearly every row of
+    # the tuning table.
+    default_backends=("torch", "cuda", "triton"),
+    doc=__doc__.strip().split("\n")[0],
+    extra_bad_inputs=_EXTRA_BAD,
+    inputs=make_matmul_inputs,
+    validator=validate_matmul,
+    key_validates=True,
+    option_sets=[
+        {"activation": "relu"},
+        {"activation": "gelu"},
+        {"bias": BIAS},
+        {"bias": BIAS, "activation": "gelu"},
+    ],
+    bench_options=[{}],
+    grad_shapes=[(37, 45, 29), (2, 17, 19, 23)],
+    fuzz=_fuzz,
+    # A dot's rounding happens at the scale of its partial sums, not of its result: with
+    # few outputs (M = N = 1) and cancellation, one ulp of the output under-rates it and
+    # a lucky PyTorch rounding left a bound below any summation order's error (fuzz
+    # 1x1x1x95: terms ~8 summing to 1.06; gelu's dz amplifies z's rounding the same way).
+    perturbation_floor=True,
+    bad_shape=(5, 6, 7),
 )
 
 

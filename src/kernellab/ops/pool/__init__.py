@@ -26,9 +26,8 @@ from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
     Boundary,
-    OpSpec,
     check_dtype,
-    define,
+    declare,
     dtype_name,
     fuzz_nchw,
     make_tensor,
@@ -110,56 +109,50 @@ def _fuzz(rng, big):
     return fuzz_nchw(rng, big, min_hw=ks), opts
 
 
-SPEC = define(
-    OpSpec(
-        name="max_pool2d",
-        arg_names=("x",),
-        reference=max_pool2d_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        # (N, C, H, W): the smallest image a 2x2 window takes, odd sizes (floor), batch 1,
-        # channels not a multiple of 8, an empty batch (1x1 images: kernel_size=1 below)
-        test_shapes=[(1, 1, 2, 2), (2, 3, 5, 7), (1, 17, 28, 28), (0, 2, 4, 4), (1, 1, 2, 9), (4, 5, 13, 3)],
-        quick_shapes=[(1, 1, 2, 2), (2, 3, 5, 7), (1, 17, 28, 28)],
-        # the MNIST model's pools (after conv 1 and conv 2) at batch 64, 256, 1024
-        bench_shapes=[(b, c, hw, hw) for b in (64, 256, 1024) for c, hw in ((32, 28), (64, 14))],
-        cpu_bench_shapes=[(4, 8, 28, 28)],
-        layout_shape=(2, 3, 9, 8),
-        reach_shape=(2, 3, 5, 6),
-        option_shape=(2, 3, 9, 8),
-        option_sets=[
-            {"kernel_size": 3},
-            {"kernel_size": 3, "stride": 1},
-            {"kernel_size": 2, "stride": 3},
-            {"kernel_size": 1},
-        ],
-        grad_args=(0,),
-        grad_shapes=[(2, 3, 9, 8), (1, 17, 28, 28)],
-        bad_shape=(1, 2, 4, 4),
-        fuzz=_fuzz,
-        # tied maxima in most windows: dx goes to the first (row-major), in disjoint and
-        # in overlapping windows (where the tied gradients also sum)
-        boundary_cases=[
-            Boundary((2, 3, 6, 7), ties=True),
-            Boundary((1, 2, 7, 7), {"kernel_size": 3, "stride": 1}, ties=True),
-        ],
-        rows_shape=None,
-        inputs=lambda shape, dtype, device, gen, layout, scale: (
-            None if (t := make_tensor(shape, dtype, device, gen, layout, scale)) is None else (t,)
-        ),
-        validator=validate_max_pool2d,
-        key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
-        extra_bad_inputs=[
-            BadInput("3-d x", lambda d, t: ((_x(d, t, (3, 6, 6)),), {}), "x"),
-            BadInput("kernel_size 0", lambda d, t: ((_x(d, t),), {"kernel_size": 0}), "kernel_size"),
-            BadInput("float kernel_size", lambda d, t: ((_x(d, t),), {"kernel_size": 2.0}), "kernel_size"),
-            BadInput("stride 0", lambda d, t: ((_x(d, t),), {"stride": 0}), "stride"),
-            BadInput("window larger than x", lambda d, t: ((_x(d, t, (1, 1, 3, 1)),), {}), "kernel_size"),
-            BadInput("unknown keyword", lambda d, t: ((_x(d, t),), {"padding": 1}), "padding"),
-        ],
-        default_backends=("cuda", "triton", "torch"),
-        doc=__doc__.strip().split("\n")[0],
-    )
+SPEC = declare(
+    "max_pool2d", ("x",), max_pool2d_reference, _flops, _bytes,
+    # (N, C, H, W): the smallest image a 2x2 window takes, odd sizes (floor), batch 1,
+    # channels not a multiple of 8, an empty batch (1x1 images: kernel_size=1 below)
+    test_shapes=[(1, 1, 2, 2), (2, 3, 5, 7), (1, 17, 28, 28), (0, 2, 4, 4), (1, 1, 2, 9), (4, 5, 13, 3)],
+    quick_shapes=[(1, 1, 2, 2), (2, 3, 5, 7), (1, 17, 28, 28)],
+    # the MNIST model's pools (after conv 1 and conv 2) at batch 64, 256, 1024
+    bench_shapes=[(b, c, hw, hw) for b in (64, 256, 1024) for c, hw in ((32, 28), (64, 14))],
+    cpu_bench_shapes=[(4, 8, 28, 28)],
+    layout_shape=(2, 3, 9, 8),
+    reach_shape=(2, 3, 5, 6),
+    option_shape=(2, 3, 9, 8),
+    option_sets=[
+        {"kernel_size": 3},
+        {"kernel_size": 3, "stride": 1},
+        {"kernel_size": 2, "stride": 3},
+        {"kernel_size": 1},
+    ],
+    grad_args=(0,),
+    grad_shapes=[(2, 3, 9, 8), (1, 17, 28, 28)],
+    bad_shape=(1, 2, 4, 4),
+    fuzz=_fuzz,
+    # tied maxima in most windows: dx goes to the first (row-major), in disjoint and
+    # in overlapping windows (where the tied gradients also sum)
+    boundary_cases=[
+        Boundary((2, 3, 6, 7), ties=True),
+        Boundary((1, 2, 7, 7), {"kernel_size": 3, "stride": 1}, ties=True),
+    ],
+    rows_shape=None,
+    inputs=lambda shape, dtype, device, gen, layout, scale: (
+        None if (t := make_tensor(shape, dtype, device, gen, layout, scale)) is None else (t,)
+    ),
+    validator=validate_max_pool2d,
+    key_validates=True,  # reads each tensor's class, dtype, shape, device, layout; the keyword values
+    extra_bad_inputs=[
+        BadInput("3-d x", lambda d, t: ((_x(d, t, (3, 6, 6)),), {}), "x"),
+        BadInput("kernel_size 0", lambda d, t: ((_x(d, t),), {"kernel_size": 0}), "kernel_size"),
+        BadInput("float kernel_size", lambda d, t: ((_x(d, t),), {"kernel_size": 2.0}), "kernel_size"),
+        BadInput("stride 0", lambda d, t: ((_x(d, t),), {"stride": 0}), "stride"),
+        BadInput("window larger than x", lambda d, t: ((_x(d, t, (1, 1, 3, 1)),), {}), "kernel_size"),
+        BadInput("unknown keyword", lambda d, t: ((_x(d, t),), {"padding": 1}), "padding"),
+    ],
+    default_backends=("cuda", "triton", "torch"),
+    doc=__doc__.strip().split("\n")[0],
 )
 
 

@@ -17,7 +17,7 @@ import math
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import OpSpec, define, fuzz_rows, unary_bytes
+from kernellab.core.spec import declare, fuzz_rows, unary_bytes
 
 
 def softmax_reference(x: torch.Tensor) -> torch.Tensor:
@@ -35,39 +35,33 @@ def _mask_a_row(x: torch.Tensor) -> None:
         rows[1].fill_(float("-inf"))  # a fully masked row
 
 
-SPEC = define(
-    OpSpec(
-        name="softmax",
-        arg_names=("x",),
-        reference=softmax_reference,
-        flops=_flops,
-        bytes_moved=unary_bytes,  # the backward reads y and dy
-        test_shapes=[
-            (0, 7),
-            (1,),
-            (41,),
-            (3, 123),
-            (17, 1024),
-            (5, 1025),
-            (4, 4097),
-            (2, 3, 257),
-            (65537, 3),
-            (2, 20000),
-        ],
-        quick_shapes=[(0, 7), (1,), (3, 123), (2, 9000)],
-        bench_shapes=[(32768, 4096)],
-        cpu_bench_shapes=[(64, 1024)],
-        layout_shape=(37, 1025),
-        reach_shape=(5, 1025),
-        grad_args=(0,),
-        scale=3.0,
-        plant_extra=_mask_a_row,
-        fuzz=fuzz_rows(6000, 160000),  # GPU: past every vocabulary (Qwen2.5's 152064)
-        rows_shape=(65537, 3),
-        default_backends=("triton", "torch"),
-        key_validates=True,
-        doc=__doc__.strip().split("\n")[0],
-    )
+SPEC = declare(
+    "softmax", ("x",), softmax_reference, _flops, unary_bytes,  # the backward reads y and dy
+    test_shapes=[
+        (0, 7),
+        (1,),
+        (41,),
+        (3, 123),
+        (17, 1024),
+        (5, 1025),
+        (4, 4097),
+        (2, 3, 257),
+        (65537, 3),
+        (2, 20000),
+    ],
+    quick_shapes=[(0, 7), (1,), (3, 123), (2, 9000)],
+    bench_shapes=[(32768, 4096)],
+    cpu_bench_shapes=[(64, 1024)],
+    layout_shape=(37, 1025),
+    reach_shape=(5, 1025),
+    grad_args=(0,),
+    scale=3.0,
+    plant_extra=_mask_a_row,
+    fuzz=fuzz_rows(6000, 160000),  # GPU: past every vocabulary (Qwen2.5's 152064)
+    rows_shape=(65537, 3),
+    default_backends=("triton", "torch"),
+    key_validates=True,
+    doc=__doc__.strip().split("\n")[0],
 )
 
 

@@ -31,8 +31,7 @@ from kernellab.core import registry
 from kernellab.core.spec import (
     FLOAT_DTYPES,
     BadInput,
-    OpSpec,
-    define,
+    declare,
     elementwise_shapes,
     fuzz_same_shape,
     make_tensor,
@@ -113,39 +112,33 @@ def _fuzz(rng, big):
     return shape, ({} if dim is None else {"dim": dim})
 
 
-SPEC = define(
-    OpSpec(
-        name="sum",
-        arg_names=("x",),
-        reference=sum_reference,
-        flops=_flops,
-        bytes_moved=_bytes,
-        test_shapes=elementwise_shapes() + [(1 << 20,)],
-        quick_shapes=[(0,), (1,), (1025,), (129, 1000)],
-        bench_shapes=[(2**28,)],
-        cpu_bench_shapes=[(1 << 16,)],
-        layout_shape=(37, 1025),
-        reach_shape=(5, 1025),
-        grad_args=(0,),
-        modes=("fwd", "fwdbwd"),
-        inputs=_inputs,
-        validator=_validate,
-        # dim 0 and 1 of a 3-D shape: an implementation that always reduces the last dim
-        # (or ignores dim) fails them.
-        option_sets=[{"dim": -1}, {"dim": 0}, {"dim": 1}],
-        option_shape=(5, 37, 129),
-        fuzz=_fuzz,
-        rows_shape=(65537, 3),
-        bench_options=[{}],
-        default_backends=("cuda", "triton", "torch"),
-        key_validates=True,
-        extra_bad_inputs=[
-            BadInput("dim out of range", _bad_dim, "dim"),
-            BadInput("dim a tuple", _bad_dim_type, "dim"),
-            BadInput("unknown keyword", _bad_kwarg, "keepdim", exc=(TypeError,)),
-        ],
-        doc=__doc__.strip().split("\n")[0],
-    )
+SPEC = declare(
+    "sum", ("x",), sum_reference, _flops, _bytes,
+    test_shapes=elementwise_shapes() + [(1 << 20,)],
+    quick_shapes=[(0,), (1,), (1025,), (129, 1000)],
+    bench_shapes=[(2**28,)],
+    cpu_bench_shapes=[(1 << 16,)],
+    layout_shape=(37, 1025),
+    reach_shape=(5, 1025),
+    grad_args=(0,),
+    modes=("fwd", "fwdbwd"),
+    inputs=_inputs,
+    validator=_validate,
+    # dim 0 and 1 of a 3-D shape: an implementation that always reduces the last dim
+    # (or ignores dim) fails them.
+    option_sets=[{"dim": -1}, {"dim": 0}, {"dim": 1}],
+    option_shape=(5, 37, 129),
+    fuzz=_fuzz,
+    rows_shape=(65537, 3),
+    bench_options=[{}],
+    default_backends=("cuda", "triton", "torch"),
+    key_validates=True,
+    extra_bad_inputs=[
+        BadInput("dim out of range", _bad_dim, "dim"),
+        BadInput("dim a tuple", _bad_dim_type, "dim"),
+        BadInput("unknown keyword", _bad_kwarg, "keepdim", exc=(TypeError,)),
+    ],
+    doc=__doc__.strip().split("\n")[0],
 )
 
 
