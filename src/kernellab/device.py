@@ -35,6 +35,8 @@ def triton_interpreted(where=None) -> bool:
     """Whether a Triton launch on ``where`` (a tensor, a torch.device or a device type;
     None: this machine's default device) runs under Triton's interpreter: anything off a
     CUDA device does, and everything does when ``triton_interpret_forced``."""
+    if isinstance(where, torch.Tensor):  # (is_cuda: a fraction of device.type's cost)
+        return not where.is_cuda or triton_interpret_forced()
     if where is None:
         kind = default_device()
     elif isinstance(where, str):
@@ -91,7 +93,7 @@ def summary() -> dict:
             cuda=torch.version.cuda,
         )
     else:
-        d["triton_mode"] = "interpreter" if triton_interpreted() else "unavailable"
+        d["triton_mode"] = "interpreter"
     return d
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
 import threading
 
 import torch
@@ -37,7 +38,7 @@ def devices() -> tuple[str, ...]:
     3.6's interpreter fails on some of the kernels there (a loop bound that is a one-element
     array, which NumPy 2 will not turn into an int). A kernel launched directly with CPU
     tensors is interpreted on any machine (``jit``)."""
-    return ("cuda",) if torch.cuda.is_available() else ("cuda", "cpu")
+    return ("cuda",) if device.has_cuda() else ("cuda", "cpu")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -648,7 +649,9 @@ def _interprets(args, kwargs) -> bool:
     """Whether a launch runs under the interpreter: its first tensor argument (or a tensor
     descriptor's) is off a CUDA device, or the user set TRITON_INTERPRET; with no tensor,
     as this machine's default device."""
-    for a in (*args, *kwargs.values()):
+    if args and type(args[0]) in _REAL_TENSORS:  # (the common launch: a tensor first)
+        return device.triton_interpreted(args[0])
+    for a in itertools.chain(args, kwargs.values()):
         if not isinstance(a, torch.Tensor):
             a = getattr(a, "base", None)  # a host-side tensor descriptor
             if not isinstance(a, torch.Tensor):
@@ -663,6 +666,7 @@ def _interpreted(jit_fn):
     if hit is None:
         from triton.runtime.interpreter import InterpretedFunction
 
+        _patch_interpreter_bf16()  # (once: before the first interpreted launch)
         made = InterpretedFunction(jit_fn.fn, **getattr(jit_fn, "jit_kwargs", {}))
         made.pre_run_hooks = getattr(jit_fn, "pre_run_hooks", made.pre_run_hooks)
         hit = _INTERPRETED[id(jit_fn)] = (jit_fn, made)
@@ -685,28 +689,20 @@ def _call_interpreted(self, *args, **kwargs):
             scope.restore()
 
 
-_interp_depth = 0
-
-
 @contextlib.contextmanager
 def interpreting():
     """The scope of an interpreted launch (see above): @jit functions called inside run
-    interpreted, the exact bf16 conversion is installed, other threads' interpreted
-    launches wait."""
-    global _interp_depth
+    interpreted, other threads' interpreted launches wait. A nested launch puts back what
+    it found, so the outermost one restores Triton's own ``__call__``."""
     from triton.runtime.jit import JITFunction
 
     with _INTERP_LOCK:
-        _patch_interpreter_bf16()
         outer = JITFunction.__dict__["__call__"]
-        _interp_depth += 1
         JITFunction.__call__ = _call_interpreted
         try:
             yield
         finally:
-            _interp_depth -= 1
-            if not _interp_depth:
-                JITFunction.__call__ = outer
+            JITFunction.__call__ = outer
 
 
 def install_tma_allocator() -> None:

@@ -67,16 +67,14 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
             times = row.get("device") if by == "device" and row.get("device") else row["times"]
             metric = "device time" if times is not row["times"] else "the larger of device and loop time"
             fastest = "fastest"
-            if row["best"] not in usable and by == "call" and among is None:
-                fastest = f"the fastest of the usable ({row['best']}, the fastest, is not usable here)"
-            if by == "device" or among is not None or row["best"] not in usable:
-                # (a row whose fastest backend cannot serve here, or may not: the fastest of
-                # those that can, by the row's own times)
+            if by == "call" and among is None and row["best"] in usable:
+                pick = row["best"]
+            else:  # by device time, among some, or the row's best cannot serve here
+                if by == "call" and among is None:
+                    fastest = f"the fastest of the usable ({row['best']}, the fastest, is not usable here)"
                 avail = {b: t for b, t in times.items() if (among is None or b in among) and b in usable}
                 pick = min(avail, key=avail.get) if avail else None
-            else:
-                pick = row["best"]
-            if pick is not None and pick in usable:
+            if pick is not None:
                 out = (
                     pick,
                     f"table {table_name}: nearest row {row['shape']}"

@@ -214,7 +214,7 @@ def build(decl: OpDecl) -> Callable:
             if isinstance(out, torch.Tensor):
                 return out
             return out[0] if n_out == 1 else tuple(out[:n_out])
-        if needs_grad(*inputs) and grad_enabled():
+        if grad_enabled() and needs_grad(*inputs):
             return Eager.apply(*inputs) if functorch_active() else c_apply(*inputs)
         out = fwd(*inputs)
         if single is None:

@@ -237,7 +237,6 @@ def max_backend(name: str, rows: Callable, triton: bool = False):
             triton=triton,
         )
     )
-    call.__name__ = f"max_{name}"
     return call
 
 
@@ -260,6 +259,4 @@ def argmax_backend(name: str, rows: Callable, triton: bool = False):
             triton=triton,
         )
     )
-    call.differentiable = False
-    call.__name__ = f"argmax_{name}"
     return call

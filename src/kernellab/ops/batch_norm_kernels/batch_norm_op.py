@@ -35,7 +35,6 @@ from kernellab.core.kit import OpDecl, build, contig, empty_like_contig
 from kernellab.core.spec import FLOAT_DTYPES, check_float_tensor, make_tensor
 
 OP = "batch_norm2d"
-_FLOATS = frozenset(FLOAT_DTYPES)
 
 # --------------------------------------------------------------------------- validation
 

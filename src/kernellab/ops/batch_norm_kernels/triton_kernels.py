@@ -524,10 +524,11 @@ def bn_fwd(x, w, b, eps, relu=False, cfg: Config = CONFIG):
         return y, mean.zero_(), rstd.zero_()
     block, split, chunk = grid_of(c, m, x.device, cfg)
     part = torch.empty((3, c, split), dtype=torch.float64, device=x.device)
-    _bn_stats_kernel[(c, split)](x, part, c, hw, m, chunk, BLOCK=block, num_warps=_warps(x.device))
+    warps = _warps(x.device)
+    _bn_stats_kernel[(c, split)](x, part, c, hw, m, chunk, BLOCK=block, num_warps=warps)
     _bn_fwd_apply_kernel[(c, split)](
         x, w, b, y, part, mean, rstd, c, hw, m, chunk, eps,
-        SPLIT_P2=triton_support.next_pow2(split), BLOCK=block, RELU=bool(relu), num_warps=_warps(x.device),
+        SPLIT_P2=triton_support.next_pow2(split), BLOCK=block, RELU=bool(relu), num_warps=warps,
     )  # fmt: skip
     return y, mean, rstd
 
@@ -542,12 +543,13 @@ def bn_bwd(dy, x, w, b, mean, rstd, relu=False, cfg: Config = CONFIG):
     block, split, chunk = grid_of(c, m, x.device, cfg)
     part = torch.empty((2, c, split), dtype=torch.float64, device=x.device)
     relu = bool(relu)
+    warps = _warps(x.device)
     _bn_bwd_sums_kernel[(c, split)](
-        dy, x, w, b, mean, rstd, part, c, hw, m, chunk, BLOCK=block, RELU=relu, num_warps=_warps(x.device)
+        dy, x, w, b, mean, rstd, part, c, hw, m, chunk, BLOCK=block, RELU=relu, num_warps=warps
     )
     _bn_bwd_apply_kernel[(c, split)](
         dy, x, w, b, mean, rstd, part, dx, dw, db, c, hw, m, chunk,
-        SPLIT_P2=triton_support.next_pow2(split), BLOCK=block, RELU=relu, num_warps=_warps(x.device),
+        SPLIT_P2=triton_support.next_pow2(split), BLOCK=block, RELU=relu, num_warps=warps,
     )  # fmt: skip
     return dx, dw, db
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import torch
 
+from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module
 from kernellab.ops._register import register_cuda
 from kernellab.ops.batch_norm2d import cuda as bn_cuda
 from kernellab.ops.batch_norm_kernels.fused_op import bn_relu_pool_op, fwd_outputs, sizes
 
 MODULE = Module(Path(__file__).with_name("bn_relu_pool2d.cu"))
-SUFFIX = bn_cuda.SUFFIX
 THREADS = 256  # bn_relu_pool2d.cu's THREADS (and batch_norm2d.cu's)
 _kernel = MODULE.kernel  # (name, signature, device index); the Module caches per name and device
 

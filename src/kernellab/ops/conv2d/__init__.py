@@ -20,7 +20,6 @@ for teaching).
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 
@@ -35,12 +34,6 @@ from kernellab.core.spec import (
     make_tensor,
 )
 from kernellab.ops.conv2d.geometry import as_pair, out_size
-
-# --------------------------------------------------------------------------- geometry
-
-
-
-
 
 
 def conv2d_reference(x, w, bias=None, stride=1, padding=0):

@@ -203,7 +203,7 @@ def _consts(t: torch.Tensor) -> dict:
     # fp32: as cuDNN's setting says (TF32 rounded to nearest, as cuDNN rounds); fp16/bf16
     # dots ignore it
     tf32 = torch.backends.cudnn.allow_tf32
-    return dict(PRECISION=dot_precision(t.dtype, tf32, _device.triton_interpreted(t)), UPCAST=False)
+    return dict(PRECISION=dot_precision(t.dtype, tf32, _device.triton_interpret_forced()), UPCAST=False)
 
 
 def _clamp_pow2(n: int, lo: int, hi: int) -> int:

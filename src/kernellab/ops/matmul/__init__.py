@@ -34,9 +34,6 @@ from kernellab.core.spec import (
 from kernellab.ops.matmul.epilogue import apply_epilogue
 
 ACTIVATIONS = (None, "relu", "gelu")
-_GELU_K = 0.7978845608028654
-
-
 
 
 def matmul_reference(a, b, bias=None, activation=None):

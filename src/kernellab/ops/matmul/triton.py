@@ -296,7 +296,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
         consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])
         if a.device.type == "cuda":
             check_batch_grid(bt)
-            consts.update(PRECISION=_precision(a.dtype, a), UPCAST=False)
+            consts.update(PRECISION=_precision(a.dtype, "cuda"), UPCAST=False)
 
             def grid(meta):
                 return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
+from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, _get_device
-from kernellab.ops._elementwise_cuda import SUFFIX
 from kernellab.ops._reductions import max_backend
 from kernellab.ops._register import register_cuda
 

@@ -14,18 +14,14 @@ from kernellab.ops.pool.pool_op import fwd_outputs, grad_input, pool_op
 MODULE = Module(Path(__file__).with_name("pool.cu"))
 THREADS = 256
 _SIG = ("ptr",) * 3 + ("i64",) + ("i32",) * 6
-_KERNELS: dict = {}
 
 
 def _launch(kind: str, a, b, c, total, *geom):
     """maxpool2d_<kind> over ``total`` threads (one per element of its output) on a's
-    device and dtype."""
+    device and dtype (``Module.kernel`` keeps the kernel per name and device)."""
     if total:
         dev = a.device.index
-        key = (f"maxpool2d_{kind}_{SUFFIX[a.dtype]}", dev)
-        kern = _KERNELS.get(key)
-        if kern is None:
-            kern = _KERNELS[key] = MODULE.kernel(key[0], _SIG, dev)
+        kern = MODULE.kernel(f"maxpool2d_{kind}_{SUFFIX[a.dtype]}", _SIG, dev)
         kern(-(-total // THREADS), THREADS, a, b, c, total, *geom, device_index=dev)
 
 
