@@ -642,7 +642,6 @@ def _patch_interpreter_bf16() -> bool:
 # process-wide.
 
 _INTERP_LOCK = threading.RLock()
-_INTERPRETED: dict[int, tuple] = {}  # id(JITFunction) -> (it, its InterpretedFunction)
 
 
 def _interprets(args, kwargs) -> bool:
@@ -661,16 +660,17 @@ def _interprets(args, kwargs) -> bool:
 
 
 def _interpreted(jit_fn):
-    """The InterpretedFunction of a JITFunction (made once), built as ``jit`` built it."""
-    hit = _INTERPRETED.get(id(jit_fn))
-    if hit is None:
+    """The InterpretedFunction of a JITFunction (made once and kept on it), built as ``jit``
+    built it."""
+    made = jit_fn.__dict__.get("_kl_interpreted")
+    if made is None:
         from triton.runtime.interpreter import InterpretedFunction
 
-        _patch_interpreter_bf16()  # (once: before the first interpreted launch)
+        _patch_interpreter_bf16()  # (before any interpreted launch; a no-op once installed)
         made = InterpretedFunction(jit_fn.fn, **getattr(jit_fn, "jit_kwargs", {}))
         made.pre_run_hooks = getattr(jit_fn, "pre_run_hooks", made.pre_run_hooks)
-        hit = _INTERPRETED[id(jit_fn)] = (jit_fn, made)
-    return hit[1]
+        jit_fn.__dict__["_kl_interpreted"] = made
+    return made
 
 
 def _call_interpreted(self, *args, **kwargs):

@@ -253,6 +253,21 @@ def build(decl: OpDecl) -> Callable:
 # --------------------------------------------------------------------------- small helpers
 
 
+def expose(built, name: str | None = None):
+    """Decorator of a registry callable that wraps ``built`` (a ``build`` result): it gets
+    ``built``'s custom ops (for opcheck), ops, forward_saving and backward_from (what the
+    registry, ``kernellab asm`` and the models' fused paths read), and ``name`` if given."""
+
+    def wrap(fn):
+        fn.custom_ops, fn.ops = built.custom_ops, built.ops
+        fn.forward_saving, fn.backward_from = built.forward_saving, built.backward_from
+        if name is not None:
+            fn.__name__ = name
+        return fn
+
+    return wrap
+
+
 def empty_like_contig(x: torch.Tensor) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 

@@ -791,6 +791,17 @@ def elementwise_shapes():
 ELEMENTWISE_BENCH_SHAPES = tuple((2**p,) for p in (16, 20, 24, 26, 28))
 
 
+def per_element_flops(per_fwd: int, per_bwd: int):
+    """The flop count of an op of ``per_fwd`` flops per element forward and ``per_bwd``
+    backward: ``(shape, mode, **options) -> flops``."""
+
+    def count(shape, mode, **options):
+        n = math.prod(shape)
+        return {"fwd": per_fwd * n, "bwd": per_bwd * n, "fwdbwd": (per_fwd + per_bwd) * n}[mode]
+
+    return count
+
+
 def unary_bytes(shape, dtype, mode) -> int:
     """Bytes a one-input op with a backward moves: forward, x read and y written; backward,
     dy and x (or y) read and dx written."""

@@ -26,7 +26,15 @@ import torch
 from torch import Tensor
 
 from kernellab.core import registry
-from kernellab.core.spec import FLOAT_DTYPES, BadInput, check_like, device_of, layout_checking, make_tensor
+from kernellab.core.spec import (
+    FLOAT_DTYPES,
+    BadInput,
+    check_like,
+    device_of,
+    layout_checking,
+    make_tensor,
+    per_element_flops,
+)
 from kernellab.ops.norm_kernels import spec_parts
 
 
@@ -75,10 +83,8 @@ def _bytes(shape, dtype, mode, **options):
     return {"fwd": fwd, "bwd": bwd, "fwdbwd": fwd + bwd}[mode]
 
 
-def _flops(shape, mode, **options):
-    n = math.prod(shape)
-    f, b = 5, 10  # per element: the add, square-sum, scale, weight; bwd products, sums, dres add
-    return {"fwd": f * n, "bwd": b * n, "fwdbwd": (f + b) * n}[mode]
+# per element: the add, square-sum, scale, weight; bwd products, sums, dres add
+_flops = per_element_flops(5, 10)
 
 
 def _case(device, dtype, r_shape=(4, 8), r_dtype=None, w_shape=(8,), w_dtype=None, **kwargs):

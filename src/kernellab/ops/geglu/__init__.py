@@ -17,7 +17,7 @@ import math
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import BadInput
+from kernellab.core.spec import BadInput, per_element_flops
 from kernellab.ops.glu_kernels import spec_parts
 
 APPROXIMATIONS = ("none", "tanh")
@@ -40,7 +40,7 @@ def geglu_reference(
 SPEC = spec_parts.define_glu(
     "geglu",
     geglu_reference,
-    spec_parts.flops(9, 16),
+    per_element_flops(9, 16),
     APPROXIMATIONS,
     "GeGLU: gelu(a) * b (exact or tanh GeLU), the gate of a Gemma-style MLP",
     option_sets=[{"approximate": "tanh"}, {"inplace_backward": True},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernellab.core.kit import OpDecl, build, empty_like_contig
+from kernellab.core.kit import OpDecl, build, empty_like_contig, expose
 from kernellab.ops._register import register_triton
 from kernellab.ops.glu_kernels import triton_kernels as glu
 
@@ -46,7 +46,7 @@ _geglu_call = build(
 _is_compiling = torch.compiler.is_compiling
 
 
-@glu.exposing(_geglu_call)
+@expose(_geglu_call)
 def geglu_call(a: Tensor, b: Tensor, approximate: str = "none", inplace_backward: bool = False) -> Tensor:
     """The registry callable of geglu's Triton backend (the custom op takes ``approximate``
     and ``inplace_backward`` positionally; traced, the latter is False)."""

@@ -15,7 +15,7 @@ import math
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import elementwise_spec
+from kernellab.core.spec import elementwise_spec, per_element_flops
 
 _K = math.sqrt(2.0 / math.pi)
 
@@ -25,10 +25,8 @@ def gelu_reference(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(_K * (x + 0.044715 * x * x * x)))
 
 
-def _flops(shape, mode):
-    # ~8 flops forward (x^3, fma, scale, tanh counted as 1, 1 +, 2 mul), ~14 backward.
-    n = math.prod(shape)
-    return {"fwd": 8 * n, "bwd": 14 * n, "fwdbwd": 22 * n}[mode]
+# ~8 flops forward (x^3, fma, scale, tanh counted as 1, 1 +, 2 mul), ~14 backward.
+_flops = per_element_flops(8, 14)
 
 
 SPEC = elementwise_spec(

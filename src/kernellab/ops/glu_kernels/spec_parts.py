@@ -84,16 +84,6 @@ def _bytes(shape, dtype, mode, **options):
     return {"fwd": 3 * n, "bwd": 5 * n, "fwdbwd": 8 * n}[mode]
 
 
-def flops(per_fwd: int, per_bwd: int):
-    """The flop count of an op of ``per_fwd`` flops per element forward, ``per_bwd`` backward."""
-
-    def count(shape, mode, **options):
-        n = math.prod(shape)
-        return {"fwd": per_fwd * n, "bwd": per_bwd * n, "fwdbwd": (per_fwd + per_bwd) * n}[mode]
-
-    return count
-
-
 # --------------------------------------------------------------------------- bad inputs
 
 

@@ -203,18 +203,6 @@ def inplace_hint(op: str) -> str:
     )
 
 
-def exposing(built):
-    """Decorator of a registry callable wrapping ``built`` (a kit.build result): with its
-    custom ops (for opcheck), ops, forward_saving and backward_from."""
-
-    def wrap(fn):
-        fn.custom_ops, fn.ops = built.custom_ops, built.ops
-        fn.forward_saving, fn.backward_from = built.forward_saving, built.backward_from
-        return fn
-
-    return wrap
-
-
 def kernel_specs(acts):
     """For `kernellab asm`: both kernels as the launcher launches them, per activation."""
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernellab.core.kit import OpDecl, build, contig, empty_like_contig
+from kernellab.core.kit import OpDecl, build, contig, empty_like_contig, expose
 
 # --------------------------------------------------------------------------- helpers
 
@@ -42,19 +42,6 @@ def empty_stats(x: Tensor, rms: bool):
 def reduce_partials(partial: Tensor, dtype) -> Tensor:
     """[programs, D] fp32 partial sums -> [D] in ``dtype`` (one small reduction)."""
     return partial.sum(0).to(dtype)
-
-
-def _exposing(call, name: str):
-    """Decorator of a registry callable wrapping ``call`` (a kit.build result): named ``name``,
-    with ``call``'s custom ops (for opcheck), ops, forward_saving and backward_from (what the
-    registry, `kernellab asm` and the models' fused paths read)."""
-
-    def wrap(fn):
-        fn.custom_ops, fn.ops, fn.__name__ = call.custom_ops, call.ops, name
-        fn.forward_saving, fn.backward_from = call.forward_saving, call.backward_from
-        return fn
-
-    return wrap
 
 
 # --------------------------------------------------------------------------- custom ops
@@ -104,7 +91,7 @@ def layer_norm_op(name: str, fwd, bwd, triton: bool = False):
         )
     )
 
-    @_exposing(call, name)
+    @expose(call, name)
     def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
         # The launchers read weight and bias with unit stride: a strided or expanded one
         # is packed first (autograd carries its gradient back through the copy).
@@ -199,7 +186,7 @@ def rms_norm_op(name: str, fwd, bwd, triton: bool = False):
         )
     )
 
-    @_exposing(call, name)
+    @expose(call, name)
     def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
         return call(x, contig(weight), float(eps))  # unit-stride weight, as layer_norm
 
@@ -266,7 +253,7 @@ def add_rms_norm_op(name: str, fwd, bwd, triton: bool = False):
         )
     )
 
-    @_exposing(call, name)
+    @expose(call, name)
     def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
         return call(x, residual, contig(weight), float(eps))  # unit-stride weight, as rms_norm
 

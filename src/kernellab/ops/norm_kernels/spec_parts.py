@@ -19,6 +19,7 @@ from kernellab.core.spec import (
     fuzz_rows,
     layout_checking,
     make_tensor,
+    per_element_flops,
     runs_on,
 )
 
@@ -147,12 +148,8 @@ def counts(with_bias: bool, rms: bool):
         bwd = 3 * n * es + stats + 2 * params
         return {"fwd": fwd, "bwd": bwd, "fwdbwd": fwd + bwd}[mode]
 
-    def _flops(shape, mode, **options):
-        n = math.prod(shape)
-        f, b = (4, 9) if rms else (7, 12)  # per element: fwd sum/sq/scale, bwd products + sums
-        return {"fwd": f * n, "bwd": b * n, "fwdbwd": (f + b) * n}[mode]
-
-    return _flops, _bytes
+    # per element: fwd sum/sq/scale, bwd products + sums
+    return per_element_flops(4, 9) if rms else per_element_flops(7, 12), _bytes
 
 
 # --------------------------------------------------------------------------- spec fields

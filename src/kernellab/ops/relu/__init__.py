@@ -11,12 +11,10 @@ false, so dy passes through, which is what autograd of the float64 reference giv
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import ELEMENTWISE_BENCH_SHAPES, elementwise_spec
+from kernellab.core.spec import ELEMENTWISE_BENCH_SHAPES, elementwise_spec, per_element_flops
 
 
 def relu_reference(x: torch.Tensor) -> torch.Tensor:
@@ -24,9 +22,7 @@ def relu_reference(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x)
 
 
-def _flops(shape, mode):
-    n = math.prod(shape)  # one compare (and select) per element each way
-    return {"fwd": n, "bwd": n, "fwdbwd": 2 * n}[mode]
+_flops = per_element_flops(1, 1)  # one compare (and select) per element each way
 
 
 SPEC = elementwise_spec(

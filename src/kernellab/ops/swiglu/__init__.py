@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from kernellab.core import registry
+from kernellab.core.spec import per_element_flops
 from kernellab.ops.glu_kernels import spec_parts
 
 
@@ -26,7 +27,7 @@ SPEC = spec_parts.define_glu(
     "swiglu",
     swiglu_reference,
     # fwd: exp, add, div, 2 mul (~5); bwd: the same plus ~6 for s (1 + a (1 - s)) and dy products
-    spec_parts.flops(5, 11),
+    per_element_flops(5, 11),
     (),
     "SwiGLU: silu(a) * b, the gate of a Llama-style MLP",
     option_sets=[{"inplace_backward": True}],

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kernellab.core.kit import OpDecl, build, empty_like_contig
+from kernellab.core.kit import OpDecl, build, empty_like_contig, expose
 from kernellab.ops._register import register_triton
 from kernellab.ops.glu_kernels import triton_kernels as glu
 
@@ -42,7 +42,7 @@ _swiglu_call = build(
 _is_compiling = torch.compiler.is_compiling
 
 
-@glu.exposing(_swiglu_call)
+@expose(_swiglu_call)
 def swiglu_call(a: Tensor, b: Tensor, inplace_backward: bool = False) -> Tensor:
     """The registry callable of swiglu's Triton backend; ``inplace_backward`` (eager only)
     as ops/glu_kernels/__init__.py says: traced, the custom op gets False."""
