@@ -1,0 +1,204 @@
+"""Our own kernels against the vendors' at model shapes nobody tuned for, and the default
+against the fastest backend there (issue 43's measure).
+
+    python -m kernellab.harness.vendor_gap --out DIR [--ops matmul attention ...] [--quick]
+
+Every case of ``CASES`` (op, shape, dtype, mode, options) is timed by ``harness.bench``
+for every backend of the op that runs here (device time, L2 flushed, outputs checked
+against float64), ``default`` included. Per case, three numbers:
+
+- **own / vendor**: the best vendor kernel's time over our best own kernel's (``triton*``,
+  ``cuda*``): >= 1.0 where ours is faster. Vendors are PyTorch's op, torch.compile, the
+  SDPA kernels (cuDNN, FlashAttention-2, efficient) and Liger (``report.VENDOR``).
+- **default / best**: the fastest backend's time over the default's: >= 0.97 is "within 3%".
+- which backends those were.
+
+The summary counts the cases where ours >= 1.0x and where ours < 0.9x, and where the
+default is within 3% of the best. ``summarize`` is a pure function of the rows (tested).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+from kernellab.core.spec import options_str
+
+# (op, shape, dtype, mode, options). Model-family shapes absent from the tuning families,
+# and the cases the issue names.
+CASES: list[tuple] = [
+    # attention (B, H, S, D) or GQA (B, Hq, Hkv, Sq, Sk, D)
+    ("attention", (1, 32, 2048, 80), "bf16", "fwd", {"causal": True}),
+    ("attention", (1, 32, 2048, 80), "bf16", "fwdbwd", {"causal": True}),
+    ("attention", (1, 32, 8, 4096, 4096, 128), "bf16", "fwd", {"causal": True}),
+    ("attention", (1, 32, 8, 4096, 4096, 128), "bf16", "fwdbwd", {"causal": True}),
+    ("attention", (4, 16, 1024, 64), "bf16", "fwd", {"causal": True}),
+    ("attention", (4, 16, 1024, 64), "bf16", "fwdbwd", {"causal": True}),
+    ("attention", (8, 16, 256, 96), "bf16", "fwdbwd", {"causal": False}),
+    ("attention", (2, 16, 2048, 128), "bf16", "fwd", {"causal": False}),
+    ("attention", (2, 16, 2048, 128), "bf16", "fwdbwd", {"causal": False}),
+    ("attention", (1, 8, 4096, 256), "bf16", "fwd", {"causal": True}),
+    # matmul (M, N, K): decode and prefill against 8B-class weights, an LM head, odd sizes
+    ("matmul", (1, 14336, 4096), "bf16", "fwd", {}),
+    ("matmul", (16, 4096, 14336), "bf16", "fwd", {}),
+    ("matmul", (64, 4096, 4096), "bf16", "fwd", {}),
+    ("matmul", (128, 14336, 4096), "bf16", "fwd", {}),
+    ("matmul", (128, 14336, 4096), "bf16", "fwdbwd", {}),
+    ("matmul", (1000, 3000, 5000), "fp16", "fwd", {}),
+    ("matmul", (2048, 2048, 2048), "fp32", "fwd", {}),
+    ("matmul", (4096, 5120, 5120), "bf16", "fwd", {}),
+    ("matmul", (4096, 5120, 5120), "bf16", "fwdbwd", {}),
+    ("matmul", (8192, 50257, 768), "bf16", "fwd", {}),
+    # norms: odd widths in fp32, a Llama-1B-sized bf16 layer
+    ("layer_norm", (2000, 3000), "fp32", "fwd", {}),
+    ("layer_norm", (2000, 3000), "fp32", "fwdbwd", {}),
+    ("layer_norm", (4096, 2048), "bf16", "fwdbwd", {}),
+    ("layer_norm", (12288, 1024), "bf16", "fwdbwd", {}),
+    ("rms_norm", (2000, 3000), "fp32", "fwd", {}),
+    ("rms_norm", (2000, 3000), "fp32", "fwdbwd", {}),
+    ("rms_norm", (4096, 2048), "bf16", "fwdbwd", {}),
+    ("rms_norm", (8192, 5120), "bf16", "fwdbwd", {}),
+    # softmax and cross-entropy
+    ("softmax", (8192, 1000), "fp32", "fwdbwd", {}),
+    ("softmax", (3000, 7000), "fp32", "fwd", {}),
+    ("softmax", (3000, 7000), "fp32", "fwdbwd", {}),
+    ("softmax", (256, 262144), "fp32", "fwd", {}),
+    ("softmax", (2048, 32000), "bf16", "fwdbwd", {}),
+    ("cross_entropy", (4096, 32000), "bf16", "fwdbwd", {}),
+    ("cross_entropy", (2048, 151936), "bf16", "fwdbwd", {}),
+]
+
+WITHIN = 0.97  # the default within 3% of the fastest backend
+NONE_BELOW = 0.9
+
+
+def _is_own(backend: str) -> bool:
+    from kernellab.harness.results import is_ours
+
+    return is_ours(backend)
+
+
+def _is_vendor(backend: str) -> bool:
+    from kernellab.harness.report import VENDOR
+
+    return backend in VENDOR
+
+
+def summarize(rows) -> tuple[list[dict], dict]:
+    """(one line per case, totals) from bench rows: per (op, shape, dtype, mode, options)
+    the best own and best vendor backend by device time (``median_ms``), their ratio
+    (vendor / own), the default's time and the fastest backend's over it."""
+    cases: dict[tuple, dict[str, float]] = {}
+    for r in rows:
+        if r.get("status") != "ok" or r.get("bench", "bench") != "bench":
+            continue
+        key = (r["op"], r["shape"], r["dtype"], r["mode"], r.get("options") or "")
+        by = cases.setdefault(key, {})
+        ms = r["median_ms"]
+        by[r["backend"]] = min(ms, by.get(r["backend"], math.inf))
+    lines = []
+    for key, by in cases.items():
+        own = {b: t for b, t in by.items() if _is_own(b)}
+        ven = {b: t for b, t in by.items() if _is_vendor(b)}
+        line = dict(zip(("op", "shape", "dtype", "mode", "options"), key))
+        if own and ven:
+            ob, vb = min(own, key=own.get), min(ven, key=ven.get)
+            line.update(
+                own=ob,
+                own_ms=own[ob],
+                vendor=vb,
+                vendor_ms=ven[vb],
+                own_vs_vendor=round(ven[vb] / own[ob], 3),
+            )
+        cand = {b: t for b, t in by.items() if b != "default" and (_is_own(b) or _is_vendor(b))}
+        if "default" in by and cand:
+            best = min(cand, key=cand.get)
+            line.update(best=best, best_ms=cand[best], default_ms=by["default"],
+                        default_vs_best=round(cand[best] / by["default"], 3))  # fmt: skip
+        lines.append(line)
+    ratios = [ln["own_vs_vendor"] for ln in lines if "own_vs_vendor" in ln]
+    dflt = [ln["default_vs_best"] for ln in lines if "default_vs_best" in ln]
+    totals = {
+        "cases": len(lines),
+        "own_cases": len(ratios),
+        "own_at_least_vendor": sum(r >= 1.0 for r in ratios),
+        "own_below_0.9": sum(r < NONE_BELOW for r in ratios),
+        "own_geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3) if ratios else None,
+        "default_cases": len(dflt),
+        "default_within_3pct": sum(r >= WITHIN for r in dflt),
+    }
+    return lines, totals
+
+
+def format_lines(lines, totals) -> str:
+    out = [f"{'op':14s} {'shape':26s} {'dtype':5s} {'mode':7s} {'opts':12s} {'own':14s} {'vendor':12s} "
+           f"{'own/vendor':>10s} {'best':12s} {'default/best':>12s}"]  # fmt: skip
+    for ln in lines:
+        out.append(
+            f"{ln['op']:14s} {ln['shape']:26s} {ln['dtype']:5s} {ln['mode']:7s} {ln['options'][:12]:12s} "
+            f"{ln.get('own', '-'):14s} {ln.get('vendor', '-'):12s} "
+            f"{ln.get('own_vs_vendor', float('nan')):10.3f} "
+            f"{ln.get('best', '-'):12s} {ln.get('default_vs_best', float('nan')):12.3f}"
+        )
+    t = totals
+    out.append(
+        f"own >= vendor: {t['own_at_least_vendor']}/{t['own_cases']}, below 0.9x: {t['own_below_0.9']}, "
+        f"geomean {t['own_geomean']}; "
+        f"default within 3% of the best: {t['default_within_3pct']}/{t['default_cases']}"
+    )
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=None, help="directory for vendor_gap.jsonl and the summary")
+    p.add_argument("--ops", nargs="+", default=None, help="only these ops' cases")
+    p.add_argument("--budget", type=float, default=0.4, help="seconds of timing per measurement (max)")
+    p.add_argument("--with-compile", action="store_true",
+                   help="also time torch.compile (a compile per case: minutes in all)")  # fmt: skip
+    args = p.parse_args(argv)
+    from kernellab import device as _device
+    from kernellab.harness import bench as _bench
+    from kernellab.harness.tune import candidates
+
+    if _device.default_device() != "cuda":
+        raise SystemExit("vendor_gap times GPU kernels: no CUDA device here")
+    cases = [c for c in CASES if not args.ops or c[0] in args.ops]
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+    dt = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+    import torch
+
+    rows = []
+    meta = {"git_sha": _bench.git_sha(), **_bench.versions()}
+    for op, shape, dtype, mode, opts in cases:
+        # ours and the peers (no teaching rungs or naive baselines), the default
+        backends = candidates(op) + ["default"] + (["compile"] if args.with_compile else [])
+        try:
+            dtypes = [getattr(torch, dt[dtype])]
+            got = _bench.bench(op, backends, [shape], dtypes, (mode,), budget_s=args.budget, options=opts)
+        except Exception as e:  # noqa: BLE001 - one case's failure is its row
+            why = f"{type(e).__name__}: {e}"[:300]
+            got = [{"op": op, "shape": "x".join(map(str, shape)), "dtype": dtype, "mode": mode,
+                    "options": options_str(opts), "status": "error", "reason": why}]  # fmt: skip
+        for r in got:
+            r.update(meta, bench="bench", suite="vendor_gap")
+            if args.out:
+                with open(os.path.join(args.out, "vendor_gap.jsonl"), "a") as f:
+                    f.write(json.dumps(r) + "\n")
+        rows += got
+        one = summarize(got)
+        print(format_lines(*one).splitlines()[1] if one[0] else f"{op} {shape}: no rows", flush=True)
+    lines, totals = summarize(rows)
+    text = format_lines(lines, totals)
+    print(text)
+    if args.out:
+        with open(os.path.join(args.out, "vendor_gap-summary.txt"), "w") as f:
+            f.write(text + "\n" + json.dumps(totals) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

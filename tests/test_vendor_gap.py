@@ -1,0 +1,58 @@
+"""The vendor-gap measure (harness/vendor_gap.py): its summary and its case list."""
+
+import pytest
+
+import kernellab  # noqa: F401  (registers the ops)
+from kernellab.core.spec import get_spec
+from kernellab.harness import vendor_gap
+
+
+def _row(backend, ms, shape="1x4096x4096", status="ok"):
+    return {"op": "matmul", "shape": shape, "dtype": "bf16", "mode": "fwd", "options": "", "backend": backend,
+            "median_ms": ms, "status": status}  # fmt: skip
+
+
+def test_summary_ratios_and_counts():
+    a, b, c = "1x4096x4096", "2x2x2", "3x3x3"
+    rows = [_row("torch", 1.0, a), _row("triton", 0.8, a), _row("cuda", 1.2, a), _row("default", 0.82, a)]
+    rows += [_row("torch", 1.0, b), _row("triton", 2.0, b), _row("default", 1.0, b)]
+    rows += [_row("torch", 1.0, c), _row("triton", 1.05, c), _row("default", 1.2, c)]
+    rows += [_row("triton", 0.1, c, status="rejected")]  # a rejected backend does not count
+    lines, totals = vendor_gap.summarize(rows)
+    by = {ln["shape"]: ln for ln in lines}
+    assert by[a]["own"] == "triton" and by[a]["own_vs_vendor"] == 1.25
+    assert by[a]["best"] == "triton" and by[a]["default_vs_best"] == pytest.approx(0.976, abs=1e-3)
+    assert by[b]["own_vs_vendor"] == 0.5 and by[b]["default_vs_best"] == 1.0
+    assert by[c]["own_vs_vendor"] == pytest.approx(0.952, abs=1e-3)
+    assert by[c]["default_vs_best"] == pytest.approx(0.833, abs=1e-3)
+    assert totals["own_cases"] == 3 and totals["own_at_least_vendor"] == 1 and totals["own_below_0.9"] == 1
+    assert totals["default_cases"] == 3 and totals["default_within_3pct"] == 2
+    text = vendor_gap.format_lines(lines, totals)
+    assert "own >= vendor: 1/3" in text and "within 3% of the best: 2/3" in text
+
+
+def test_summary_without_vendor_or_default():
+    lines, totals = vendor_gap.summarize([_row("triton", 1.0), _row("cuda", 0.5)])
+    assert "own_vs_vendor" not in lines[0] and "default_vs_best" not in lines[0]
+    assert totals["own_cases"] == 0 and totals["own_geomean"] is None
+
+
+def _case_id(c):
+    return f"{c[0]}-{'x'.join(map(str, c[1]))}-{c[2]}-{c[3]}"
+
+
+@pytest.mark.parametrize("case", vendor_gap.CASES, ids=_case_id)
+def test_cases_are_valid(case):
+    """Each case names an op, a mode it times and a shape its spec reads; its options are
+    ones the op's bench or check already runs (a typo would time the wrong problem)."""
+    op, shape, dtype, mode, opts = case
+    spec = get_spec(op)
+    assert mode in spec.modes and dtype in ("fp32", "fp16", "bf16")
+    assert spec.flops(shape, mode, **opts) > 0
+    known = {k for o in spec.bench_options + spec.option_sets for k in o}
+    assert set(opts) <= known
+
+
+def test_main_refuses_without_gpu():
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        vendor_gap.main(["--ops", "matmul"])
