@@ -118,6 +118,37 @@ def test_the_best_is_the_least_effective_time_and_ties_go_by_device_time():
     assert choice.pick_best({"a": 0.0281, "b": 0.0290}, {"a": 0.0281, "b": 0.0270}) == "b"
 
 
+def test_device_time_decides_where_the_fastest_kernel_is_not_launch_bound():
+    # the fastest device time >= DEVICE_BOUND_MS: device time decides, however the plain
+    # loop came out (a layer_norm fwd+bwd at 4096x2048: ours 41 us on the device, PyTorch's
+    # 66, both host-bound in a loop of that call alone)
+    assert choice.DEVICE_BOUND_MS == 0.02
+    assert choice.pick_best({"torch": 0.177, "triton": 0.189}, {"torch": 0.066, "triton": 0.041}) == "triton"
+    # device times within DEVICE_TIE: the effective time among them
+    assert choice.pick_best({"a": 0.30, "b": 0.20}, {"a": 0.0500, "b": 0.0503}) == "b"
+    # below the bound the call is launch-bound: the effective time decides
+    assert choice.pick_best({"torch": 0.140, "triton": 0.190}, {"torch": 0.019, "triton": 0.012}) == "torch"
+    # a backend without a device time: the old rule
+    assert choice.pick_best({"torch": 0.1, "triton": 0.2}, {"triton": 0.05}) == "torch"
+
+
+def test_rows_written_before_the_device_rule_are_read_by_it():
+    row = {"best": "torch", "times": {"torch": 0.177, "triton": 0.189},
+           "device": {"torch": 0.066, "triton": 0.041}}  # fmt: skip
+    assert choice.row_choice(row) == "triton"
+    tiny = {"best": "torch", "times": {"torch": 0.14, "triton": 0.19},
+            "device": {"torch": 0.009, "triton": 0.012}}  # fmt: skip
+    assert choice.row_choice(tiny) == "torch"
+    # a launch-bound row keeps the choice it was written with (a paired verify's verdict)
+    verified = dict(tiny, best="triton")
+    assert choice.row_choice(verified) == "triton"
+    where = dict(op="gelu", dtype="bf16", mode="fwdbwd", shape=[4096 * 2048], key=[4096 * 2048])
+    table = {"rows": [dict(row, **where)]}
+    pick, why = choice.choose(table, "X.json", "gelu", (4096 * 2048,), "bf16", "fwdbwd", "",
+                              usable=frozenset({"torch", "triton"}), preferred="torch")  # fmt: skip
+    assert pick == "triton" and "by device time" in why
+
+
 def test_table_rows_keep_device_times_and_a_later_row_replaces_an_earlier():
     base = {"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": "4096", "status": "ok"}
     rows = [

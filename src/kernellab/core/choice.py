@@ -16,7 +16,9 @@ the answer per call shape.
   else the one nearest the best over them by geometric mean.
 - No table or no evidence: the op's small-size rule, else its preferred backend.
 - ``pick_best``: a row's winner from its backends' effective and device times (``tune``
-  writes it; ``by="call"`` reads it back).
+  writes it; ``by="call"`` reads it back). Where the row's fastest backend takes
+  ``DEVICE_BOUND_MS`` or more on the device, device time decides (``decided_by_device``),
+  and ``choose`` applies that rule to rows written before it too.
 """
 
 from __future__ import annotations
@@ -64,14 +66,16 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
                 best = (dist, row)
         if best is not None and best[0] <= NEAR:
             row = best[1]
-            times = row.get("device") if by == "device" and row.get("device") else row["times"]
+            device = row.get("device")
+            times = device if device and (by == "device" or decided_by_device(device)) else row["times"]
             metric = "device time" if times is not row["times"] else "the larger of device and loop time"
             fastest = "fastest"
-            if by == "call" and among is None and row["best"] in usable:
-                pick = row["best"]
+            row_best = row_choice(row)
+            if by == "call" and among is None and row_best in usable:
+                pick = row_best
             else:  # by device time, among some, or the row's best cannot serve here
                 if by == "call" and among is None:
-                    fastest = f"the fastest of the usable ({row['best']}, the fastest, is not usable here)"
+                    fastest = f"the fastest of the usable ({row_best}, the fastest, is not usable here)"
                 avail = {b: t for b, t in times.items() if (among is None or b in among) and b in usable}
                 pick = min(avail, key=avail.get) if avail else None
             if pick is not None:
@@ -148,9 +152,12 @@ def _table_vote(table, table_name, op, dn, mode, options, usable):
     wins, ratios, n_rows = {}, {}, 0
     for row in _rows(table, op, dn, mode, options):
         n_rows += 1
-        wins[row["best"]] = wins.get(row["best"], 0) + 1
-        best_t = min(row["times"].values())
-        for b, t in row["times"].items():
+        row_best = row_choice(row)
+        wins[row_best] = wins.get(row_best, 0) + 1
+        device = row.get("device")
+        times = device if device and decided_by_device(device) else row["times"]
+        best_t = min(times.values())
+        for b, t in times.items():
             if best_t > 0 and t > 0:
                 ratios.setdefault(b, []).append(math.log(t / best_t))
     if n_rows < VOTE_MIN_ROWS:
@@ -188,8 +195,36 @@ TIE = 0.05
 DEVICE_TIE = 0.01
 
 
+# A row whose fastest backend takes this long on the device is judged by device time: a
+# kernel of 20 us or more outlasts the host cost of launching it (15-30 us a call on the
+# GPU hosts, ours and PyTorch's alike), so in a model with work in flight the kernels queue
+# behind each other and the host cost is hidden; a plain loop of that one call alone
+# would be host-bound and name the backend with the cheapest launch instead. Below it the
+# call is launch-bound anywhere, and the larger of device and loop time decides.
+DEVICE_BOUND_MS = 0.02
+
+
+def decided_by_device(device: dict | None) -> bool:
+    """Whether a row with these device times (ms) is judged by device time alone."""
+    return bool(device) and min(device.values()) >= DEVICE_BOUND_MS
+
+
+def row_choice(row: dict) -> str:
+    """A table row's choice under today's rules: ``pick_best`` of its times where device
+    time decides, else the ``best`` it was written with (which may carry a paired verify's
+    verdict, ``rebuild_table --verify``)."""
+    device = row.get("device")
+    if device and decided_by_device(device) and set(row["times"]) <= set(device):
+        return pick_best(row["times"], device)
+    return row["best"]
+
+
 def pick_best(times: dict, device: dict) -> str:
-    """The table's choice from per-backend effective and device times (see TIE, DEVICE_TIE)."""
+    """The table's choice from per-backend effective and device times (see TIE, DEVICE_TIE,
+    DEVICE_BOUND_MS)."""
+    if decided_by_device(device) and set(times) <= set(device):
+        fastest = min(device.values())
+        return min((b for b in device if device[b] <= fastest * (1 + DEVICE_TIE)), key=times.get)
     first = min(times, key=times.get)
     close = [b for b, t in times.items() if t <= times[first] * (1 + TIE) and b in device]
     if not close:
