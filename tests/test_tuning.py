@@ -676,6 +676,25 @@ def test_ops_missing_from_a_gpus_table_come_from_its_architecture(tables, monkey
     assert by_op["gelu"]["best"] == "triton" and by_op["gelu"]["measured_on"] == "NVIDIA H100"
 
 
+def test_a_dtype_or_mode_missing_from_a_gpus_table_comes_from_its_architecture(tables, monkeypatch):
+    # The H200's own bf16 rows of an op decide bf16 calls; its fp32 calls read the H100's
+    # fp32 rows of that op, never the H100's bf16 ones.
+    monkeypatch.setattr(table_files._device, "capability", lambda: (9, 0))
+    row = {"op": "rms_norm", "mode": "fwd", "shape": [4096], "key": [4096]}
+    h100 = {"gpu": "NVIDIA H100", "provenance": {"capability": "9.0"},
+            "rows": [{**row, "dtype": "fp32", "best": "cuda", "times": {"cuda": 0.01, "triton": 0.02}},
+                     {**row, "dtype": "bf16", "best": "cuda", "times": {"cuda": 0.01, "triton": 0.02}},
+                     {**row, "dtype": "bf16", "mode": "fwdbwd", "best": "cuda", "times": {"cuda": 0.01}}]}  # fmt: skip
+    h200 = {"gpu": "NVIDIA H200", "provenance": {"capability": "9.0"},
+            "rows": [{**row, "dtype": "bf16", "best": "triton", "times": {"cuda": 0.02, "triton": 0.01}}]}  # fmt: skip
+    (tables / "NVIDIA_H100.json").write_text(json.dumps(h100))
+    (tables / "NVIDIA_H200.json").write_text(json.dumps(h200))
+    table = table_files.load_table("NVIDIA H200")
+    got = sorted((r["dtype"], r["mode"], r["best"], r.get("measured_on")) for r in table["rows"])
+    assert got == [("bf16", "fwd", "triton", None), ("bf16", "fwdbwd", "cuda", "NVIDIA H100"),
+                   ("fp32", "fwd", "cuda", "NVIDIA H100")]  # fmt: skip
+
+
 def test_defaults_are_chosen_among_ours_and_the_peers_only():
     for op in registry.op_names():
         names = tuner.candidates(op)

@@ -63,7 +63,7 @@ _NOTICED: set[str] = set()
 
 def load_table(gpu: str) -> dict | None:
     """The table of ``gpu`` (cached). Where this GPU model has no table, or its table has
-    no rows of an op, another model of the same architecture speaks for it (an H200 may
+    no rows of an op in a dtype and mode, another model of the same architecture speaks for it (an H200 may
     use an H100's rows, with a one-line notice; each such row names the GPU it was measured
     on in ``measured_on``). None when neither exists: then a one-line notice, once per GPU
     model, says defaults come from heuristics."""
@@ -81,8 +81,11 @@ def load_table(gpu: str) -> dict | None:
                               f"sm_{other_table['provenance']['capability'].replace('.', '')}): run "
                               "`kernellab tune` to make this GPU's own", stacklevel=3)  # fmt: skip
         elif table is not None and other_table is not None:
-            have = {r.get("op") for r in table["rows"]}
-            borrowed = [{**r, "measured_on": other} for r in other_table["rows"] if r.get("op") not in have]
+            # per (op, dtype, mode): an H200 table of bf16 rms_norm rows still reads the
+            # H100's fp32 rms_norm rows rather than no rows at all
+            have = {(r.get("op"), r.get("dtype"), r.get("mode")) for r in table["rows"]}
+            borrowed = [{**r, "measured_on": other} for r in other_table["rows"]
+                        if (r.get("op"), r.get("dtype"), r.get("mode")) not in have]  # fmt: skip
             table = {**table, "rows": table["rows"] + borrowed}
         elif table is None and gpu not in _NOTICED:
             _NOTICED.add(gpu)
