@@ -71,7 +71,9 @@ def test_the_registration_helper_takes_exactly_one_kind():
     with pytest.raises(ValueError, match="gelu/mine: give triton_kernels .* or module"):
         _register.register_builtin("gelu", "mine", lambda x: x, "neither")
     with pytest.raises(ValueError, match="gelu/mine"):
-        _register.register_builtin("gelu", "mine", lambda x: x, "both", triton_kernels=lambda d: [], module=object())
+        _register.register_builtin(
+            "gelu", "mine", lambda x: x, "both", triton_kernels=lambda d: [], module=object()
+        )
     assert ("gelu", "mine") not in kernellab.registry._TABLE
 
 
@@ -131,8 +133,35 @@ def test_linear_cross_entropys_default_never_stores_the_logits_past_the_small_si
     try:
         import torch
 
-        backend, why = registry.choose_key("linear_cross_entropy", tuple(big), torch.bfloat16, "cuda", "fwdbwd")
+        backend, why = registry.choose_key(
+            "linear_cross_entropy", tuple(big), torch.bfloat16, "cuda", "fwdbwd"
+        )
         assert backend == "triton" and "torch, the fastest, is not usable here" in why
-        assert registry.choose_key("linear_cross_entropy", tuple(small), torch.bfloat16, "cuda", "fwdbwd")[0] == "torch"
+        assert (
+            registry.choose_key("linear_cross_entropy", tuple(small), torch.bfloat16, "cuda", "fwdbwd")[0]
+            == "torch"
+        )
     finally:
         registry.clear_cache()
+
+
+def test_a_far_shape_hears_the_rows_of_its_alignment_class():
+    # four odd-width rows named torch, three aligned rows named cuda: an aligned far shape
+    # follows the aligned rows, an odd one the odd rows
+    def row(shape, best):
+        times = {"cuda": 1.0, "torch": 2.0} if best == "cuda" else {"cuda": 2.0, "torch": 1.0}
+        return {"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": list(shape), "key": list(shape),
+                "best": best, "times": times}  # fmt: skip
+
+    rows = [row((4096, 4097), "torch"), row((8191, 50257), "torch"), row((257, 65537), "torch"),
+            row((605185, 197), "torch"), row((8192, 50304), "cuda"), row((98304, 1024), "cuda"),
+            row((16, 128256), "cuda")]  # fmt: skip
+    table = {"rows": rows}
+
+    def pick(key):
+        usable = frozenset({"cuda", "torch"})
+        return choice.choose(table, "X.json", "gelu", key, "fp32", "fwd", "", usable=usable, preferred="torch")
+
+    backend, why = pick((3000 * 64, 7000 * 64))  # aligned, far from every row
+    assert backend == "cuda" and "3 of its 3 gelu fp32 fwd rows of its alignment class" in why
+    assert pick((3001 * 64 + 1, 7001 * 64 + 1))[0] == "torch"  # odd in both dims: the 4 odd rows

@@ -96,7 +96,7 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
                     + ")",
                 )
         if out is None and by == "call" and among is None:
-            out = _table_vote(table, table_name, op, dn, mode, options, usable)
+            out = _table_vote(table, table_name, op, dn, mode, options, usable, key)
             if out is not None and src:
                 out = (out[0], out[1] + src)
     if out is None:
@@ -142,15 +142,23 @@ VOTE_MIN_ROWS = 3  # rows of an op / dtype / mode before they speak for far shap
 NEAREST_LEAD = 0.01
 
 
-def _table_vote(table, table_name, op, dn, mode, options, usable):
+def _table_vote(table, table_name, op, dn, mode, options, usable, key=None):
     """(backend, why) for a shape no row is near: the backend this GPU's table found fastest
     at the most shapes of the op, dtype and mode, or None where the table has no such row.
     The op's fixed preference list knows nothing of the GPU, so at far shapes it can name a
     backend the table found slower at most rows. A strict majority of at least VOTE_MIN_ROWS
     rows speaks; without one, the backend timed at every row whose time over each row's best
-    has the least geometric mean (NEAREST_LEAD ahead of the next)."""
+    has the least geometric mean (NEAREST_LEAD ahead of the next). Where VOTE_MIN_ROWS rows
+    share the call's alignment class (``_distance`` finite), only they vote: a kernel's
+    speed at odd widths says little about aligned ones (softmax fp32 on an H100: PyTorch's
+    fastest at 4096x4097, our CUDA kernel at 8192x50304)."""
+    rows = list(_rows(table, op, dn, mode, options))
+    alike = [r for r in rows if key is not None and _distance(tuple(r["key"]), key) < math.inf]
+    alike_note = ""
+    if len(alike) >= VOTE_MIN_ROWS and len(alike) < len(rows):
+        rows, alike_note = alike, " of its alignment class"
     wins, ratios, n_rows = {}, {}, 0
-    for row in _rows(table, op, dn, mode, options):
+    for row in rows:
         n_rows += 1
         row_best = row_choice(row)
         wins[row_best] = wins.get(row_best, 0) + 1
@@ -167,7 +175,8 @@ def _table_vote(table, table_name, op, dn, mode, options, usable):
     if ok:
         pick = max(ok, key=wins.get)
         if 2 * wins[pick] > n_rows:
-            return pick, where + f"{pick} was fastest at {wins[pick]} of its {n_rows} {op} {dn} {mode} rows"
+            won = f"{pick} was fastest at {wins[pick]} of its {n_rows} {op} {dn} {mode} rows{alike_note}"
+            return pick, where + won
     # no majority: the geometric mean over the rows, among backends timed at every one (a
     # row made from a verify run times only torch and its choice: rows_from_verify)
     gm = {b: math.exp(sum(r) / len(r)) for b, r in ratios.items() if len(r) == n_rows and b in usable}
@@ -177,7 +186,7 @@ def _table_vote(table, table_name, op, dn, mode, options, usable):
     pick = ranked[0]
     if len(ranked) > 1 and gm[ranked[1]] <= gm[pick] * (1 + NEAREST_LEAD):
         return None  # no backend is nearer the best than the others: no evidence either way
-    head = where + f"no backend won most of its {n_rows} {op} {dn} {mode} rows; "
+    head = where + f"no backend won most of its {n_rows} {op} {dn} {mode} rows{alike_note}; "
     mean = f"geometric mean of its time over each row's best {gm[pick]:.2f}"
     if len(ranked) == 1:  # rows from a verify run: torch is the one backend every row timed
         return pick, head + f"{pick} is the only backend timed at every one of them ({mean})"
