@@ -97,6 +97,8 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
                 )
         if out is None and by == "call" and among is None:
             out = _table_vote(table, table_name, op, dn, mode, options, usable, key)
+            if out is None:  # its alignment class is split: every row votes
+                out = _table_vote(table, table_name, op, dn, mode, options, usable)
             if out is not None and src:
                 out = (out[0], out[1] + src)
     if out is None:
