@@ -92,7 +92,7 @@ def main() -> int:
                 record(op=op, shape=shape, impl="norm_bwd", per_sm=per_sm, warps=warps,
                        shipped=(per_sm, warps) == shipped, ms=ms)  # fmt: skip
             # the partial sum alone, at the shipped knobs
-            programs = lt._bwd_programs(n, x.device)
+            programs = lt._bwd_programs(n, lt._row_block(x.shape[-1]), x.device)
             programs = triton.cdiv(n, triton.cdiv(n, programs))
             part = torch.randn((2, programs, d), device="cuda")
             dw, db = torch.empty_like(w), torch.empty_like(w)

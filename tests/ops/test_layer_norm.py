@@ -226,7 +226,7 @@ def test_triton_configs():
 
     assert lt._fwd_config(3) == (4, 64, 4)  # short rows share a program
     assert lt._fwd_config(4096)[:2] == (4096, 1)
-    assert lt._bwd_programs(70, torch.device("cpu")) == 4  # 18 rows per program, short last group
+    assert lt._bwd_programs(70, 64, torch.device("cpu")) == 4  # 18 rows per program, short last group
 
 
 @pytest.mark.parametrize("rms", [False, True])
@@ -444,9 +444,12 @@ def test_triton_launch_knobs_are_a_config_not_module_state(monkeypatch):
         lt.CONFIG.bwd_programs_per_sm = 4
     monkeypatch.setattr(lt.triton_support, "sm_count", lambda index=None: 132)
     gpu = torch.device("cuda", 0)  # the GPU branch's arithmetic; nothing is allocated there
-    assert lt._bwd_programs(16384, gpu) == 2 * 132
-    assert lt._bwd_programs(16384, gpu, lt.Config(bwd_programs_per_sm=4)) == 4 * 132
-    assert lt._bwd_programs(100, gpu, lt.Config(bwd_programs_per_sm=4)) == 100
+    # by row width: one program per SM from rows of 4096, 8192 / BLOCK below (at most 8)
+    assert [lt._bwd_programs(16384, blk, gpu) for blk in (256, 1024, 2048, 4096, 8192)] == [
+        8 * 132, 8 * 132, 4 * 132, 132, 132]  # fmt: skip
+    assert [lt._bwd_warps(blk) for blk in (256, 1024, 2048, 4096, 8192)] == [4, 8, 4, 16, 16]
+    assert lt._bwd_programs(16384, 4096, gpu, lt.Config(bwd_programs_per_sm=4)) == 4 * 132
+    assert lt._bwd_programs(100, 4096, gpu, lt.Config(bwd_programs_per_sm=4)) == 100
     assert lt._fwd_config(768, lt.Config(fwd_warps=16))[2] == 16
     assert lt._bwd_warps(1024, lt.Config(bwd_warps=8)) == 8
     assert lt._psum_config(264, 768) == (512, 8)

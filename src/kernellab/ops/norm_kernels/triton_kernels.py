@@ -47,8 +47,9 @@ class Config:
     fwd_row_1d: 16-bit x with one row per program runs ``_norm_fwd_row_kernel`` (a 1-D
         block, weight and bias loaded first, an approximate rsqrt).
     bwd_programs_per_sm: backward programs per SM (each walks a group of rows and writes
-        one partial row of dweight / dbias: fewer programs, fewer partials to sum).
-    bwd_warps: backward warps (None: ~32 elements per thread, 4 to 16).
+        one partial row of dweight / dbias: fewer programs, fewer partials to sum; None:
+        by row width, ``_bwd_programs``).
+    bwd_warps: backward warps (None: by row width, ``_bwd_warps``).
     bwd_prefetch: load row i + 1 before row i's reductions.
     psum_elems, psum_max_p: the partial sum's tile (~psum_elems fp32 values per array,
         all of a column strip's partials at once up to psum_max_p of them).
@@ -62,7 +63,7 @@ class Config:
     fwd_even: bool = True
     fwd_narrow: bool = True
     fwd_row_1d: bool = True
-    bwd_programs_per_sm: int = 2
+    bwd_programs_per_sm: int | None = None
     bwd_warps: int | None = None
     bwd_prefetch: bool = True
     psum_elems: int = 4096
@@ -426,17 +427,32 @@ def _fwd_config(n_cols: int, cfg: Config = CONFIG):
     return block, rows, cfg.fwd_warps or warps
 
 
+# The backward's shape by padded row width (BLOCK), from a sweep of programs per SM x warps
+# on an H200 (lab/sweep_norm_shapes.py; rows of 768 to 5120, fp32 and bf16): rows of 4096
+# and more keep one program per SM with 16 warps (each program's row, its dy and two fp32
+# accumulators spread over 512 threads); narrower rows want more programs in flight,
+# 8192 / BLOCK of them per SM, with 8 warps at 1024 and 4 below.
+
+
 def _bwd_warps(block: int, cfg: Config = CONFIG) -> int:
-    """Warps of the backward: cfg.bwd_warps, or ~32 elements per thread (4 to 16 warps)."""
-    return cfg.bwd_warps or max(4, min(16, block // 1024))
+    """Warps of the backward: cfg.bwd_warps, or by row width (see above)."""
+    if cfg.bwd_warps:
+        return cfg.bwd_warps
+    return 16 if block >= 4096 else 8 if block == 1024 else 4
 
 
-def _bwd_programs(n_rows: int, dev, cfg: Config = CONFIG) -> int:
-    """Programs of the backward: cfg.bwd_programs_per_sm per SM on a GPU (each holds a row of
-    x and dy and two fp32 accumulators in registers); a handful under the interpreter
+def _bwd_programs_per_sm(block: int, cfg: Config = CONFIG) -> int:
+    if cfg.bwd_programs_per_sm:
+        return cfg.bwd_programs_per_sm
+    return 1 if block >= 4096 else max(1, min(8, 8192 // block))
+
+
+def _bwd_programs(n_rows: int, block: int, dev, cfg: Config = CONFIG) -> int:
+    """Programs of the backward: ``_bwd_programs_per_sm`` per SM on a GPU (each holds a row
+    of x and dy and two fp32 accumulators in registers); a handful under the interpreter
     (several rows per program, so the group loop and its short last group are exercised)."""
     if dev.type == "cuda":
-        return max(1, min(n_rows, cfg.bwd_programs_per_sm * triton_support.sm_count(dev.index)))
+        return max(1, min(n_rows, _bwd_programs_per_sm(block, cfg) * triton_support.sm_count(dev.index)))
     return max(1, min(n_rows, 4))
 
 
@@ -527,7 +543,7 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
         # dy, x, w, mean, rstd and dres come from outside: checked for alignment on every call
         cols = triton_support.Bound(_norm_bwd_cols_kernel, grid, kw, (0, 1, 2, 3, 4, 6))
         return BwdPlan(n_rows, n_cols, grid[0], want_db, cols, n_rows, None, True)
-    programs = _bwd_programs(n_rows, x.device, cfg)
+    programs = _bwd_programs(n_rows, block, x.device, cfg)
     per = triton_support.cdiv(n_rows, programs)
     programs = triton_support.cdiv(n_rows, per)
     kw = dict(BLOCK=block, RMS=rms, PREFETCH=cfg.bwd_prefetch, RES=has_dres, num_warps=_bwd_warps(block, cfg),
