@@ -17,6 +17,19 @@ fp32: the dots follow ``torch.backends.cuda.matmul.allow_tf32``: on, TF32 tensor
 the operands rounded to nearest first ("tf32rn", as cuBLAS rounds them); off, exact fp32 FMA
 products ("ieee", as cuBLAS with TF32 off), each K block summed apart and then added
 (``_triton_dots.two_level``). fp16/bf16 always use tensor cores with fp32 accumulation.
+
+Skinny products (``triton_skinny_fwd``: one product, M <= 128, N K >= 2^20, on a GPU) are
+bound by reading the weight b once, not by the MMAs: [1, 4096] @ [4096, 14336] bf16 reads
+117 MB for 0.1 GFLOP. One BLOCK_M tile (M rounded up to a power of two in [16, 128], so
+``tl.dot`` serves M = 1 too) holds every row, and the programs go over N tiles x K slices
+(split-K) so that ~2 waves of programs stream b on every SM. Slices write fp32 partials
+[SPLIT_K, M, N] and a second kernel adds them in slice order (deterministic, no atomics)
+with the bias and activation; one slice applies the epilogue in place. b's tile is read
+along whichever of K or N has unit stride (Triton specializes a stride of 1), so
+b = weight.t() (the forward of a linear) and a contiguous b (its backward's dz @ W) both
+load 16 bytes per access. ``skinny_config`` picks tiles and slices from the shape and the
+SM count; weights of 32 MB and up are autotuned among a dozen configs around it (tiles,
+warps, stages; the slices stay the heuristic's), keyed on M's bucket and the exact N, K.
 """
 
 from __future__ import annotations
@@ -122,6 +135,94 @@ def _matmul_kernel(
     acc = epilogue(acc, bias_ptr, rn, N, HAS_BIAS, ACT)
     c_ptrs = c_ptr + bz * s_cb + rm[:, None] * s_cm + rn[None, :] * s_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton_support.jit
+def _skinny_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    w_ptr,
+    bias_ptr,  # a [M, K], b [K, N], c [M, N] (any strides), w [SPLIT_K, M, N] fp32 contiguous, bias [N]
+    M,
+    N,
+    K,
+    s_am,
+    s_ak,  # strides of a, in elements
+    s_bk,
+    s_bn,  # strides of b: s_bk == 1 for b = weight.t(), s_bn == 1 for a contiguous b
+    s_cm,
+    s_cn,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,  # 0 none, 1 relu, 2 gelu (tanh)
+    PRECISION: tl.constexpr,  # "ieee", "tf32" or "tf32rn" (ops/_triton_dots.py)
+    UPCAST: tl.constexpr,  # dot in fp32 (the CPU interpreter has no bf16 dot)
+    SPLIT_K: tl.constexpr,  # K slices; 1: the epilogue here, else fp32 partials into w
+    BLOCK_M: tl.constexpr,  # >= M: one tile covers every row
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # Program (pid_n, pid_k): columns [pid_n * BLOCK_N, +BLOCK_N) of all M rows, over K
+    # blocks [pid_k * per, +per) of the cdiv(K, BLOCK_K) blocks. A slice past the end has no
+    # block and stores zeros, so the sum over slices never reads an unwritten partial.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(k_blocks, SPLIT_K)
+    k_lo = pid_k * per * BLOCK_K
+    steps = tl.minimum(per, k_blocks - pid_k * per)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    am = rm % M  # wrapped rows / columns: always in bounds, never stored
+    bn = rn % N
+    # 64-bit offsets into b: a weight past 2^31 elements, or k_lo * s_bk past 2^31
+    a_ptrs = a_ptr + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
+    b_ptrs = b_ptr + (k_lo + rk)[:, None].to(tl.int64) * s_bk + bn[None, :].to(tl.int64) * s_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(0, steps):
+        k_left = K - k_lo - i * BLOCK_K  # only the last block of K is partial
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = mma(a, b, acc, PRECISION)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        acc = epilogue(acc, bias_ptr, rn, N, HAS_BIAS, ACT)
+        c_ptrs = c_ptr + rm[:, None] * s_cm + rn[None, :] * s_cn
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        w_ptrs = w_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :]
+        tl.store(w_ptrs, acc, mask=mask)
+
+
+@triton_support.jit
+def _split_sum_kernel(
+    w_ptr,
+    c_ptr,
+    bias_ptr,  # w [SPLIT_K, M, N] fp32, c [M, N] contiguous, bias [N]
+    MN,  # M * N
+    N,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    # c = act(w[0] + w[1] + ... + w[SPLIT_K - 1] + bias), slices added in that order:
+    # the same bits on every run (no atomics). Reads 4 * SPLIT_K bytes per output element.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT_K):
+        acc += tl.load(w_ptr + s * MN + offs, mask=mask, other=0.0)
+    acc = epilogue(acc[None, :], bias_ptr, offs % N, N, HAS_BIAS, ACT)  # [1, BLOCK]
+    tl.store(c_ptr + offs[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask[None, :])
 
 
 # --------------------------------------------------------------------------- configs
@@ -245,6 +346,169 @@ def fixed_config(elem: int, precision: str, max_shared: int) -> dict:
 _CPU_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
 
 
+# --------------------------------------------------------------------------- skinny configs
+#
+# A skinny product (M <= 128 rows against a weight of N x K) reads the weight once and
+# little else: [16, 4096] @ [4096, 14336] in bf16 is 117 MB of weight for 1.9 GFLOP
+# (16 FLOP/byte, the H100's ridge is ~300), so its time is the weight's bytes over the
+# copy bandwidth (~3-4 TB/s: ~35 us) when enough loads are in flight on every SM. One
+# BLOCK_M tile holds every row; programs go over N tiles x K slices.
+
+SKINNY_M_MAX = 128  # rows one tile holds; more rows: the general kernel
+SKINNY_MIN_NK = 1 << 20  # a weight of 2 MB (bf16) and up; below, launch cost dominates either path
+SKINNY_WAVES = 2  # programs wanted: this many per SM (one wave = n_sm programs)
+SKINNY_MIN_K_BLOCKS = 2  # each K slice walks at least this many BLOCK_K steps
+SKINNY_SPLIT_MAX = 32
+SKINNY_SPLIT_MIN_BYTES = 1 << 23  # below (~2 us of reading), no split: the sum's launch costs more
+SKINNY_SMEM = 128 * 1024  # shared memory budget of one program's pipeline (H100: 227 KB per SM)
+SKINNY_TUNE_MIN_BYTES = 1 << 25  # weights of 32 MB and up (>= ~10 us a call) are autotuned
+_SKINNY_BN = (32, 64, 128, 256)
+_SKINNY_BK = (32, 64, 128, 256)
+
+
+def skinny_block_m(m: int) -> int:
+    """BLOCK_M for M rows: the power of two at or above M, within [16, 128] (tl.dot's
+    smallest tile is 16; M = 1 pays 16 rows of MMA, free in a memory-bound product)."""
+    return min(SKINNY_M_MAX, max(16, triton_support.next_pow2(m)))
+
+
+def _skinny_stages(bm: int, bn: int, bk: int, elem: int) -> int:
+    """Pipeline depth that fits SKINNY_SMEM: one a and one b tile per stage, 2 to 4."""
+    return max(2, min(4, SKINNY_SMEM // ((bm * bk + bk * bn) * elem)))
+
+
+def _skinny_warps(bm: int, bn: int) -> int:
+    """4 warps, 8 for a 128 x 128 accumulator (64 fp32 registers a thread instead of 128)."""
+    return 8 if bm * bn >= 128 * 128 else 4
+
+
+def _skinny_splits(m: int, n: int, k: int, bn: int, bk: int, n_sm: int, elem: int) -> int:
+    """K slices for N tiles of ``bn``: enough for SKINNY_WAVES * n_sm programs, at most
+    ``_skinny_split_cap``, and no empty slice (K per slice: a whole number of BLOCK_K)."""
+    kb = max(1, triton_support.cdiv(k, bk))
+    tiles = triton_support.cdiv(n, bn)
+    s = min(_skinny_split_cap(m, k, kb, elem), triton_support.cdiv(SKINNY_WAVES * n_sm, tiles))
+    s = max(1, s)
+    return triton_support.cdiv(kb, triton_support.cdiv(kb, s))
+
+
+def _skinny_split_cap(m: int, k: int, kb: int, elem: int) -> int:
+    """The most K slices worth their cost: each slice writes and the sum reads back an fp32
+    [M, N] partial (8 M N bytes), kept under a quarter of the weight's N K elem bytes
+    (S <= K elem / (32 M): M = 128, K = 4096 bf16 allows 2; M = 16, 16); and each slice
+    walks SKINNY_MIN_K_BLOCKS blocks."""
+    return max(1, min(SKINNY_SPLIT_MAX, kb // SKINNY_MIN_K_BLOCKS, (k * elem) // (32 * max(m, 1))))
+
+
+@functools.lru_cache(maxsize=1024)
+def skinny_config(m: int, n: int, k: int, n_sm: int, elem_size: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for [M, K] @ [K, N], M <= 128.
+
+    BLOCK_K: 256 bytes of a weight column per step for BLOCK_M <= 32 (128 for wider
+    tiles, whose a tile fills shared memory too): whole 128-byte lines whichever of K or N
+    is contiguous. BLOCK_N: 128 (64 if that alone makes SKINNY_WAVES waves) when N tiles
+    fill SKINNY_WAVES waves without splitting; below SKINNY_SPLIT_MIN_BYTES of weight, 64
+    or 32 and no split; otherwise split K (``_skinny_splits``), with 64-wide tiles where
+    128-wide ones cannot reach the waves within the split cap.
+    Pure: a function of its arguments (cached)."""
+    bm = skinny_block_m(m)
+    bk = (256 if bm <= 32 else 128) // elem_size
+    bk = max(16, min(bk, triton_support.next_pow2(k)))
+    target = SKINNY_WAVES * n_sm
+    kb = triton_support.cdiv(k, bk)
+    bn = next((w for w in (128, 64) if triton_support.cdiv(n, w) >= target), None)
+    if bn is not None:
+        s = 1
+    elif n * k * elem_size < SKINNY_SPLIT_MIN_BYTES:  # a few microseconds: no second launch
+        bn = 64 if 2 * triton_support.cdiv(n, 64) >= n_sm else 32
+        s = 1
+    else:
+        cap = _skinny_split_cap(m, k, kb, elem_size)
+        bn = 128 if triton_support.cdiv(n, 128) * cap >= target else 64
+        s = _skinny_splits(m, n, k, bn, bk, n_sm, elem_size)
+    return bn, bk, s, _skinny_warps(bm, bn), _skinny_stages(bm, bn, bk, elem_size)
+
+
+def skinny_candidates(m: int, n: int, k: int, n_sm: int, elem_size: int) -> list[tuple]:
+    """Autotune candidates around ``skinny_config`` (first), at most 12: BLOCK_N and
+    BLOCK_K halved and doubled, the other warp count, one stage more and fewer. SPLIT_K stays
+    the heuristic's (the workspace and the sum kernel depend on it; a tuned BLOCK_K keeps
+    the same slices, each a different number of blocks)."""
+    bn, bk, s, w, st = skinny_config(m, n, k, n_sm, elem_size)
+    bm = skinny_block_m(m)
+    out = [(bn, bk, s, w, st)]
+
+    def add(bn2, bk2, w2=None, st2=None):
+        if bn2 not in _SKINNY_BN or bk2 not in _SKINNY_BK:
+            return
+        if bk2 > max(16, triton_support.next_pow2(k)) or bn2 > max(32, triton_support.next_pow2(n)):
+            return
+        st2 = st2 or _skinny_stages(bm, bn2, bk2, elem_size)
+        if st2 < 2 or st2 > 5 or (bm * bk2 + bk2 * bn2) * elem_size * st2 > 2 * SKINNY_SMEM:
+            return
+        cand = (bn2, bk2, s, w2 or _skinny_warps(bm, bn2), st2)
+        if cand not in out:
+            out.append(cand)
+
+    add(bn, bk, st2=st + 1)
+    add(bn, bk, st2=st - 1)
+    add(bn, bk, w2=12 - w)
+    add(bn // 2, bk)
+    add(bn * 2, bk)
+    add(bn, bk // 2)
+    add(bn, bk * 2)
+    add(bn // 2, bk * 2)
+    add(bn * 2, bk // 2)
+    add(bn // 2, bk, w2=12 - _skinny_warps(bm, bn // 2))
+    add(bn, bk // 2, st2=4 if st != 4 else 5)
+    return out[:12]
+
+
+def skinny_configs() -> list:
+    """Every (BLOCK_N, BLOCK_K, warps, stages) a candidate may take; ``skinny_prune``
+    keeps the dozen ``skinny_candidates`` names for the call."""
+    return [
+        triton.Config({"BLOCK_N": bn, "BLOCK_K": bk}, num_warps=w, num_stages=st)
+        for bn in _SKINNY_BN
+        for bk in _SKINNY_BK
+        for w in (4, 8)
+        for st in (2, 3, 4, 5)
+    ]
+
+
+def skinny_prune(configs, named_args, **kwargs):
+    """The configs of ``skinny_candidates`` for this call (the heuristic's first), those
+    whose pipeline fits the device's shared memory."""
+    a = named_args["a_ptr"]
+    m, n, k = int(named_args["M"]), int(named_args["N"]), int(named_args["K"])
+    elem = a.element_size()
+    dev = a.device.index or 0
+    limit = _max_shared(dev) if a.is_cuda else 232448
+    n_sm = triton_support.sm_count(dev) if a.is_cuda else 132
+    bm = kwargs["BLOCK_M"]
+    by_key = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages): c for c in configs}
+    kept = []
+    for bn, bk, _, w, st in skinny_candidates(m, n, k, n_sm, elem):
+        c = by_key.get((bn, bk, w, st))
+        if c is not None and (bm * bk + bk * bn) * elem * st <= limit:
+            kept.append(c)
+    return kept or [min(configs, key=lambda c: (c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"], c.num_stages))]
+
+
+# Autotune key: BLOCK_M (M's bucket), the exact N and K (a model's weights come in a few
+# fixed shapes, each called every token), SPLIT_K (the heuristic's, fixed before tuning)
+# and the precision; Triton adds the dtypes. A dozen configs, ~15 s per key.
+_skinny_tuned = triton.autotune(
+    configs=skinny_configs(),
+    key=["N", "K", "BLOCK_M", "SPLIT_K", "PRECISION"],
+    prune_configs_by={"early_config_prune": skinny_prune},
+)(_skinny_kernel)
+
+# The interpreter: 32 x 32 tiles, splits as the heuristic would make for 4 SMs.
+_SKINNY_CPU_SMS = 4
+_SKINNY_CPU_BLOCK = 32
+
+
 # --------------------------------------------------------------------------- launcher
 
 
@@ -265,7 +529,118 @@ def check_batch_grid(bt: int) -> None:
 
 
 def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
-    """act(a @ b + bias) for [..., M, K] @ [..., K, N] (any strides); a fresh contiguous output."""
+    """act(a @ b + bias) for [..., M, K] @ [..., K, N] (any strides); a fresh contiguous output.
+    On a GPU, one product of at most SKINNY_M_MAX rows against a weight of SKINNY_MIN_NK
+    elements or more takes the skinny kernels (``triton_skinny_fwd``); everything else,
+    and every CPU launch, the tiled kernel (``triton_general_fwd``)."""
+    if a.is_cuda and skinny_applies(a, b):
+        return triton_skinny_fwd(a, b, bias, activation)
+    return triton_general_fwd(a, b, bias, activation)
+
+
+def skinny_applies(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``triton_matmul_fwd`` gives a @ b to the skinny kernels (device aside)."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    return 0 < m <= SKINNY_M_MAX and n * k >= SKINNY_MIN_NK and math.prod(a.shape[:-2]) == 1
+
+
+def triton_skinny_fwd(
+    a: torch.Tensor, b: torch.Tensor, bias=None, activation=None, config=None, tune=None
+) -> torch.Tensor:
+    """act(a @ b + bias) for a [..., M, K] @ b [..., K, N] with 1 <= M <= SKINNY_M_MAX and
+    one product (leading dims of size 1): ``_skinny_kernel`` over N tiles x K slices, and
+    with more than one slice ``_split_sum_kernel`` adding the fp32 partials in order. Any
+    strides; a fresh contiguous output.
+
+    ``config``: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) to launch (a benchmark
+    or a test forcing one); None: ``skinny_config``'s, autotuned among
+    ``skinny_candidates`` for weights of SKINNY_TUNE_MIN_BYTES and up unless ``tune`` is
+    False (``tune`` True tunes any size); fp32 with TF32 off takes BLOCK_K <= 32 and no
+    tuning (FMA dots, as the tiled kernel). A given config launches as given. CPU tensors
+    run under the interpreter with 32 x 32 tiles and the splits of a 4-SM device."""
+    batch = tuple(a.shape[:-2])
+    # plain ints (traced under torch.compile: the graph is specialized to this shape; the
+    # tile and slice choice depends on it anyway)
+    m, k, n = int(a.shape[-2]), int(a.shape[-1]), int(b.shape[-1])
+    if math.prod(batch) != 1 or not 1 <= m <= SKINNY_M_MAX:
+        raise ValueError(
+            f"matmul: the skinny kernels take one product of 1 to {SKINNY_M_MAX} rows, "
+            f"got a of shape {tuple(a.shape)}"
+        )
+    a2 = a.reshape(m, k)  # views: the leading dims are all 1
+    b2 = b.reshape(k, n)
+    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if n == 0:
+        return c.reshape(batch + (m, n))
+    elem = a.element_size()
+    tuned = False
+    consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation], BLOCK_M=skinny_block_m(m))
+    if a.is_cuda:
+        dev = a.device.index
+        if dev != torch.cuda.current_device():  # launch in the tensors' device context
+            with torch.cuda.device(dev):
+                return triton_skinny_fwd(a, b, bias, activation, config, tune)
+        precision = _precision(a.dtype, "cuda")
+        consts.update(PRECISION=precision, UPCAST=False)
+        n_sm = triton_support.sm_count(dev)
+        if config is None:
+            fma = precision == "ieee" and elem == 4
+            config = _skinny_fit(skinny_config(m, n, k, n_sm, elem), consts["BLOCK_M"], elem, dev, fma)
+            tuned = not fma and (n * k * elem >= SKINNY_TUNE_MIN_BYTES if tune is None else tune)
+    else:
+        consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
+        n_sm = _SKINNY_CPU_SMS
+        if config is None:
+            bs = _SKINNY_CPU_BLOCK
+            config = (bs, bs, _skinny_splits(m, n, k, bs, bs, n_sm, elem), 4, 1)
+    bn, bk, split, warps, stages = config
+    w = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
+    bias_arg = bias if bias is not None else c
+    args = (a2, b2, c, w, bias_arg, m, n, k, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), n, 1)
+    consts["SPLIT_K"] = split
+    if tuned:
+
+        def grid(meta):
+            return (triton_support.cdiv(n, meta["BLOCK_N"]), split)
+
+        triton_support.launch_tuned(_skinny_tuned, grid, *args, **consts)
+    else:
+        grid = (triton_support.cdiv(n, bn), split)
+        _skinny_kernel[grid](*args, **consts, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+    if split > 1:
+        mn = m * n
+        # ~n_sm programs or more, 128 to 1024 outputs each (the interpreter: 1024)
+        block = 1024 if not a.is_cuda else max(128, min(1024, triton_support.next_pow2(mn // n_sm)))
+        _split_sum_kernel[(triton_support.cdiv(mn, block),)](
+            w,
+            c,
+            bias_arg,
+            mn,
+            n,
+            HAS_BIAS=bias is not None,
+            ACT=_ACT[activation],
+            SPLIT_K=split,
+            BLOCK=block,
+            num_warps=4,
+        )
+    return c.reshape(batch + (m, n))
+
+
+def _skinny_fit(config: tuple, bm: int, elem: int, dev: int, fma: bool) -> tuple:
+    """``config`` with fewer stages where its pipeline exceeds the device's shared memory
+    (SKINNY_SMEM assumes an H100's); for fp32 FMA dots (TF32 off), BLOCK_K <= 32 as the
+    tiled kernel's pruning keeps it (an FMA dot holds its operands' K slices in registers)."""
+    bn, bk, split, warps, stages = config
+    if fma:
+        bk = min(bk, 32)
+    max_shared = _max_shared(dev)
+    while stages > 2 and (bm * bk + bk * bn) * elem * stages > max_shared:
+        stages -= 1
+    return bn, bk, split, warps, stages
+
+
+def triton_general_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
+    """act(a @ b + bias) through the tiled kernel (``_matmul_kernel``) at every shape."""
     batch = tuple(a.shape[:-2])
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
@@ -304,7 +679,7 @@ def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=No
             dev = a.device.index
             if dev != torch.cuda.current_device():  # launch in the tensors' device context
                 with torch.cuda.device(dev):
-                    return triton_matmul_fwd(a, b, bias, activation)
+                    return triton_general_fwd(a, b, bias, activation)
             if bt * m * n * k >= TUNE_MIN_WORK:
                 triton_support.launch_tuned(_matmul_tuned, grid, *args, **consts)
             else:
@@ -322,9 +697,10 @@ matmul_triton = matmul_op("matmul_triton", triton_matmul_fwd, triton=True)
 
 
 def _kernel_specs(dtype: str):
-    """For `kernellab asm`: the kernel as the tuner usually picks it at 4096^3 on an H100
-    (fp16/bf16: 128x256x64, 8 warps; fp32 with TF32 off: 128x128x32, 4 warps), contiguous
-    operands (unit inner strides, which Triton specializes as the constant 1 at run time)."""
+    """For `kernellab asm`: the tiled kernel as the tuner usually picks it at 4096^3 on an
+    H100 (fp16/bf16: 128x256x64, 8 warps; fp32 with TF32 off: 128x128x32, 4 warps),
+    contiguous operands (unit inner strides, which Triton specializes as the constant 1 at
+    run time); then the skinny kernel (``_skinny_spec``)."""
     half = dtype in ("fp16", "bf16")
     cx = {"HAS_BIAS": False, "ACT": 0, "PRECISION": "tf32" if half else "ieee", "UPCAST": False, "GROUP_M": 8}
     cx.update(
@@ -354,7 +730,25 @@ def _kernel_specs(dtype: str):
         sig[p] = "constexpr" if p in cx else "i32"
     for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"):
         sig[p] = "constexpr"
-    return [(_matmul_kernel, sig, cx, 8 if half else 4)]
+    skinny = _skinny_spec(dtype)
+    return [(_matmul_kernel, sig, cx, 8 if half else 4), skinny]
+
+
+def _skinny_spec(dtype: str):
+    """The skinny kernel as ``skinny_config`` picks it for decode, [1, 4096] @ [4096, 4096]
+    with b = weight.t() (unit stride along K) on 132 SMs: BLOCK_M 16, 8 K slices."""
+    elem = 4 if dtype == "fp32" else 2
+    bn, bk, split, warps, _ = skinny_config(1, 4096, 4096, 132, elem)
+    cx = {"HAS_BIAS": False, "ACT": 0, "PRECISION": "tf32" if elem == 2 else "ieee", "UPCAST": False}
+    cx.update({"SPLIT_K": split, "BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": min(bk, 32) if elem == 4 else bk})
+    cx.update({"s_ak": 1, "s_bk": 1, "s_cn": 1})
+    sig = {n: f"*{dtype}" for n in ("a_ptr", "b_ptr", "c_ptr", "bias_ptr")}
+    sig["w_ptr"] = "*fp32"
+    for p in ("M", "N", "K", "s_am", "s_ak", "s_bk", "s_bn", "s_cm", "s_cn"):
+        sig[p] = "constexpr" if p in cx else "i32"
+    for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "SPLIT_K", "BLOCK_M", "BLOCK_N", "BLOCK_K"):
+        sig[p] = "constexpr"
+    return (_skinny_kernel, sig, cx, warps)
 
 
 register_builtin(
