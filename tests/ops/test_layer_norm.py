@@ -444,10 +444,14 @@ def test_triton_launch_knobs_are_a_config_not_module_state(monkeypatch):
         lt.CONFIG.bwd_programs_per_sm = 4
     monkeypatch.setattr(lt.triton_support, "sm_count", lambda index=None: 132)
     gpu = torch.device("cuda", 0)  # the GPU branch's arithmetic; nothing is allocated there
-    # by row width: one program per SM from rows of 4096, 8192 / BLOCK below (at most 8)
-    assert [lt._bwd_programs(16384, blk, gpu) for blk in (256, 1024, 2048, 4096, 8192)] == [
-        8 * 132, 8 * 132, 4 * 132, 132, 132]  # fmt: skip
-    assert [lt._bwd_warps(blk) for blk in (256, 1024, 2048, 4096, 8192)] == [4, 8, 4, 16, 16]
+    # by row width and element size: 8192 / BLOCK programs per SM below rows of 4096 (at
+    # most 8); from 4096, fp32 one per SM with 16 warps, 16-bit 2 with 4 warps, then 1 with 8
+    blocks = (256, 1024, 2048, 4096, 8192)
+    assert [lt._bwd_programs(16384, blk, gpu) for blk in blocks] == [8 * 132, 8 * 132, 4 * 132, 2 * 132, 132]
+    assert [lt._bwd_warps(blk) for blk in blocks] == [4, 8, 4, 4, 8]
+    fp32 = [lt._bwd_programs(16384, blk, gpu, elem=4) for blk in blocks]
+    assert fp32 == [8 * 132, 8 * 132, 4 * 132, 132, 132]
+    assert [lt._bwd_warps(blk, elem=4) for blk in blocks] == [4, 8, 4, 16, 16]
     assert lt._bwd_programs(16384, 4096, gpu, lt.Config(bwd_programs_per_sm=4)) == 4 * 132
     assert lt._bwd_programs(100, 4096, gpu, lt.Config(bwd_programs_per_sm=4)) == 100
     assert lt._fwd_config(768, lt.Config(fwd_warps=16))[2] == 16

@@ -427,32 +427,39 @@ def _fwd_config(n_cols: int, cfg: Config = CONFIG):
     return block, rows, cfg.fwd_warps or warps
 
 
-# The backward's shape by padded row width (BLOCK), from a sweep of programs per SM x warps
-# on an H200 (lab/sweep_norm_shapes.py; rows of 768 to 5120, fp32 and bf16): rows of 4096
-# and more keep one program per SM with 16 warps (each program's row, its dy and two fp32
-# accumulators spread over 512 threads); narrower rows want more programs in flight,
-# 8192 / BLOCK of them per SM, with 8 warps at 1024 and 4 below.
+# The backward's shape by padded row width (BLOCK) and element size, from sweeps of
+# programs per SM x warps on an H200 (lab/sweep_norm_shapes.py; rows of 768 to 5120, fp32
+# and bf16, layer_norm and rms_norm; geomean 0.976 of each case's best, none under 0.91):
+# fp32 rows of 4096 and more keep one program per SM with 16 warps; 16-bit rows two
+# programs per SM with 4 warps at 4096 and one with 8 warps past it; narrower rows want
+# more programs in flight, 8192 / BLOCK of them per SM, with 8 warps at 1024 and 4 below.
 
 
-def _bwd_warps(block: int, cfg: Config = CONFIG) -> int:
-    """Warps of the backward: cfg.bwd_warps, or by row width (see above)."""
-    if cfg.bwd_warps:
-        return cfg.bwd_warps
-    return 16 if block >= 4096 else 8 if block == 1024 else 4
+def _bwd_shape(block: int, elem: int) -> tuple[int, int]:
+    """(programs per SM, warps) of the backward by row width (see above)."""
+    if block >= 4096:
+        if elem >= 4:
+            return 1, 16
+        return (2, 4) if block == 4096 else (1, 8)
+    return max(1, min(8, 8192 // block)), 8 if block == 1024 else 4
 
 
-def _bwd_programs_per_sm(block: int, cfg: Config = CONFIG) -> int:
-    if cfg.bwd_programs_per_sm:
-        return cfg.bwd_programs_per_sm
-    return 1 if block >= 4096 else max(1, min(8, 8192 // block))
+def _bwd_warps(block: int, cfg: Config = CONFIG, elem: int = 2) -> int:
+    """Warps of the backward: cfg.bwd_warps, or by row width (``_bwd_shape``)."""
+    return cfg.bwd_warps or _bwd_shape(block, elem)[1]
 
 
-def _bwd_programs(n_rows: int, block: int, dev, cfg: Config = CONFIG) -> int:
+def _bwd_programs_per_sm(block: int, cfg: Config = CONFIG, elem: int = 2) -> int:
+    return cfg.bwd_programs_per_sm or _bwd_shape(block, elem)[0]
+
+
+def _bwd_programs(n_rows: int, block: int, dev, cfg: Config = CONFIG, elem: int = 2) -> int:
     """Programs of the backward: ``_bwd_programs_per_sm`` per SM on a GPU (each holds a row
     of x and dy and two fp32 accumulators in registers); a handful under the interpreter
     (several rows per program, so the group loop and its short last group are exercised)."""
     if dev.type == "cuda":
-        return max(1, min(n_rows, _bwd_programs_per_sm(block, cfg) * triton_support.sm_count(dev.index)))
+        per_sm = _bwd_programs_per_sm(block, cfg, elem)
+        return max(1, min(n_rows, per_sm * triton_support.sm_count(dev.index)))
     return max(1, min(n_rows, 4))
 
 
@@ -543,10 +550,11 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
         # dy, x, w, mean, rstd and dres come from outside: checked for alignment on every call
         cols = triton_support.Bound(_norm_bwd_cols_kernel, grid, kw, (0, 1, 2, 3, 4, 6))
         return BwdPlan(n_rows, n_cols, grid[0], want_db, cols, n_rows, None, True)
-    programs = _bwd_programs(n_rows, block, x.device, cfg)
+    programs = _bwd_programs(n_rows, block, x.device, cfg, x.element_size())
     per = triton_support.cdiv(n_rows, programs)
     programs = triton_support.cdiv(n_rows, per)
-    kw = dict(BLOCK=block, RMS=rms, PREFETCH=cfg.bwd_prefetch, RES=has_dres, num_warps=_bwd_warps(block, cfg),
+    warps = _bwd_warps(block, cfg, x.element_size())
+    kw = dict(BLOCK=block, RMS=rms, PREFETCH=cfg.bwd_prefetch, RES=has_dres, num_warps=warps,
               # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g),
               # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
               enable_fp_fusion=False)  # fmt: skip
