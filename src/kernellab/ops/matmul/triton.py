@@ -361,7 +361,9 @@ SKINNY_MIN_K_BLOCKS = 2  # each K slice walks at least this many BLOCK_K steps
 SKINNY_SPLIT_MAX = 32
 SKINNY_SPLIT_MIN_BYTES = 1 << 23  # below (~2 us of reading), no split: the sum's launch costs more
 SKINNY_SMEM = 128 * 1024  # shared memory budget of one program's pipeline (H100: 227 KB per SM)
-SKINNY_TUNE_MIN_BYTES = 1 << 25  # weights of 32 MB and up (>= ~10 us a call) are autotuned
+# Autotuning is opt-in (``tune=True``): on an H200 the tuned launches came out slower and
+# less steady than the heuristic's (lab/gpu_skinny.py, benchmarks/results/skinny-*).
+SKINNY_TUNE_MIN_BYTES = None
 _SKINNY_BN = (32, 64, 128, 256)
 _SKINNY_BK = (32, 64, 128, 256)
 
@@ -586,7 +588,8 @@ def triton_skinny_fwd(
         if config is None:
             fma = precision == "ieee" and elem == 4
             config = _skinny_fit(skinny_config(m, n, k, n_sm, elem), consts["BLOCK_M"], elem, dev, fma)
-            tuned = not fma and (n * k * elem >= SKINNY_TUNE_MIN_BYTES if tune is None else tune)
+            auto = SKINNY_TUNE_MIN_BYTES is not None and n * k * elem >= SKINNY_TUNE_MIN_BYTES
+            tuned = not fma and (auto if tune is None else tune)
     else:
         consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
         n_sm = _SKINNY_CPU_SMS
