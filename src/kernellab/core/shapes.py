@@ -78,6 +78,17 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "attention": [(2, 28, 4096, 128)],
         "rope": [(2, 28, 4, 4096, 128, 128)],
     },
+    "mistral-7b": {  # hidden 4096, MLP 14336, vocab 32000, 32 q / 8 kv heads of 128, window 4096
+        "rms_norm": [(8192, 4096)],
+        "add_rms_norm": [(8192, 4096)],
+        "softmax": [(8192, 32000)],
+        "cross_entropy": [(8192, 32000)],
+        "matmul": [(8192, 6144, 4096), (8192, 28672, 4096), (8192, 32000, 4096)]
+        + [(m, n, 4096) for m in (1, 8) for n in (6144, 28672)],
+        "attention": [(1, 32, 8, 8192, 8192, 128)],
+        "swiglu": [(8192 * 14336,)],
+        "linear_cross_entropy": [(8192, 4096, 32000)],
+    },
     "gemma2-2b": {  # hidden 2304, MLP 9216 (GeGLU, tanh GeLU), vocab 256000
         "geglu": [(4096 * 9216,), (16384 * 9216,)],
     },
@@ -88,8 +99,9 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "matmul": [(256 * 197, 2304, 768), (256 * 197, 768, 3072)],
         "attention": [(256, 12, 197, 64)],
     },
-    "decode": {  # M = 1, 4, 16 tokens against 8B-class weights
-        "matmul": [(m, n, 4096) for m in (1, 4, 16) for n in (4096, 14336)],
+    "decode": {  # M = 1-16 tokens against 8B-class weights
+        "matmul": [(m, n, 4096) for m in (1, 2, 4, 8, 16) for n in (4096, 14336)]
+        + [(m, 4096, 14336) for m in (1, 16)],
         "rms_norm": [(m, 4096) for m in (1, 4, 16)],
         "argmax": [(m, 128256) for m in (1, 4, 16)],
         "softmax": [(m, 128256) for m in (1, 16)],
