@@ -279,16 +279,16 @@ def sm90_resources(specs: list[dict]) -> list[dict]:
 
     env = dict(os.environ, TRITON_INTERPRET="0")
     arg = json.dumps([dict(sp, aligned_args=list(sp["aligned_args"])) for sp in specs])
-    proc = subprocess.run([sys.executable, "-c", _SM90_RESOURCES, arg], capture_output=True, text=True, env=env,
-                          timeout=600)  # fmt: skip
+    cmd = [sys.executable, "-c", _SM90_RESOURCES, arg]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-800:]
     out = []
     for r in json.loads(proc.stdout.strip().splitlines()[-1]):
         cubin = base64.b64decode(r["cubin"]) or None
         kernels, _ = analyze(r["ptx"], cubin)
         k = kernels[0]
-        out.append({"shared": r["shared"], "wgmma": r["ptx"].count("wgmma.mma_async"), "registers": k.registers,
-                    "local_bytes": k.local_bytes})  # fmt: skip
+        wgmma = r["ptx"].count("wgmma.mma_async")
+        out.append(dict(shared=r["shared"], wgmma=wgmma, registers=k.registers, local_bytes=k.local_bytes))
     return out
 
 

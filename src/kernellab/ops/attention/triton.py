@@ -88,7 +88,7 @@ from kernellab.ops._triton_dots import dot, dot_precision, two_level
 from kernellab.ops.attention.args import resolve_scale
 from kernellab.options import config
 
-HEAD_DIMS = tuple(range(8, 257, 8))  # tiles padded to a power of two (_block_d)
+HEAD_DIMS = tuple(range(8, 257, 8))  # tiled in one or two power-of-two tiles (_d_tiles)
 LOG2E = 1.4426950408889634
 
 # --------------------------------------------------------------------------- configs
