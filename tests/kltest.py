@@ -246,6 +246,52 @@ print(json.dumps(k.asm[a["asm"]]))
 """
 
 
+_SM90_RESOURCES = """
+import base64, importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+out = []
+for a in json.loads(sys.argv[1]):
+    mod, name = a["kernel"].rsplit(".", 1)
+    fn = getattr(importlib.import_module(mod), name)
+    while not isinstance(fn, JITFunction):  # an autotuner's kernel
+        fn = fn.fn
+    sig = {n: a["signature"][n] for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i in a["aligned_args"]}
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=a["constexprs"], attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=a["options"])
+    out.append({"shared": k.metadata.shared, "ptx": k.asm["ptx"],
+                "cubin": base64.b64encode(k.asm.get("cubin") or b"").decode()})
+print(json.dumps(out))
+"""
+
+
+def sm90_resources(specs: list[dict]) -> list[dict]:
+    """No GPU needed: compile each spec (``compile_for_sm90``'s arguments as a dict: kernel,
+    signature, constexprs, options, aligned_args) for sm_90 in one subprocess; per spec its
+    shared memory in bytes, the PTX's wgmma count and, where cuobjdump is found (Triton's
+    wheel ships one), registers and local-memory bytes per thread (None otherwise)."""
+    import base64
+
+    from kernellab.inspect.asm import analyze
+
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    arg = json.dumps([dict(sp, aligned_args=list(sp["aligned_args"])) for sp in specs])
+    cmd = [sys.executable, "-c", _SM90_RESOURCES, arg]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-800:]
+    out = []
+    for r in json.loads(proc.stdout.strip().splitlines()[-1]):
+        cubin = base64.b64decode(r["cubin"]) or None
+        kernels, _ = analyze(r["ptx"], cubin)
+        k = kernels[0]
+        wgmma = r["ptx"].count("wgmma.mma_async")
+        out.append(dict(shared=r["shared"], wgmma=wgmma, registers=k.registers, local_bytes=k.local_bytes))
+    return out
+
+
 def compile_for_sm90(kernel: str, signature: dict, constexprs: dict, options: dict, aligned_args, asm: str) -> str:
     """No GPU needed: compile the Triton kernel at dotted path ``kernel`` ahead of time for
     sm_90 (in a subprocess with the interpreter off) and return its ``asm`` ("ptx", "ttgir",

@@ -11,6 +11,7 @@ variable is read again).
 | ``attn_autotune`` | KERNELLAB_ATTN_AUTOTUNE | True | attention's Triton kernels time their candidate tiles (False: the first that fits) |
 | ``attn_ws`` | KERNELLAB_ATTN_WS | "1" | attention's warp-specialized forward on Hopper ("0": the plain kernel) |
 | ``attn_ws_bwd`` | KERNELLAB_ATTN_WS_BWD | "1" | its backward: "1" head-major layouts, "views" a fused projection's views too, "0" off |
+| ``attn_split_d`` | KERNELLAB_ATTN_SPLIT_D | True | attention head dims 80, 96, ... in two tiles |
 | ``check_targets`` | KERNELLAB_CHECK_TARGETS | False | cross_entropy checks target values on the GPU too (one host sync a call) |
 | ``triton_launch`` | KERNELLAB_TRITON_LAUNCH | "" | "jit": plain ``kernel[grid]`` launches instead of the lean launcher |
 | ``cuda_launch`` | KERNELLAB_LAUNCH | "" | "core": CUDA kernels launch through ``cuda.core`` instead of ``cuLaunchKernel`` |
@@ -34,6 +35,7 @@ _OPTIONS = {
     "attn_autotune": ("KERNELLAB_ATTN_AUTOTUNE", _flag, True),
     "attn_ws": ("KERNELLAB_ATTN_WS", str, "1"),
     "attn_ws_bwd": ("KERNELLAB_ATTN_WS_BWD", str, "1"),
+    "attn_split_d": ("KERNELLAB_ATTN_SPLIT_D", _flag, True),
     "check_targets": ("KERNELLAB_CHECK_TARGETS", _flag, False),
     "triton_launch": ("KERNELLAB_TRITON_LAUNCH", str, ""),
     "cuda_launch": ("KERNELLAB_LAUNCH", str, ""),

@@ -305,6 +305,157 @@ def test_cpu_triton_padded_columns_never_written():
         assert torch.isnan(b[..., 24:]).all() and torch.isfinite(b[..., :24]).all()
 
 
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def test_head_dim_tiles_cover_d_in_fewer_columns_than_one_padded_tile():
+    """_d_tiles, the rule: fp32 (or split=False) takes one power-of-two tile; 16-bit takes
+    two, the largest power of two below D and the rest rounded up to a power of two >= 16,
+    exactly where they cover D in fewer columns than the one padded tile, whose columns
+    every dot, shared-memory tile and accumulator pays for."""
+    from kernellab.ops.attention import triton as at
+    from kernellab.triton_support import next_pow2
+
+    for d in at.HEAD_DIMS:
+        full = at._block_d(d)
+        assert at._d_tiles(d, torch.float32) == (full, 0)
+        for dtype in (torch.float16, torch.bfloat16):
+            assert at._d_tiles(d, dtype, split=False) == (full, 0)
+            bd, bd2 = at._d_tiles(d, dtype)
+            two = (full // 2, max(16, next_pow2(d - full // 2)))
+            if d > 16 and two[0] >= 16 and sum(two) < full:
+                assert (bd, bd2) == two, d
+                # the first tile holds real columns only (no mask); the second covers the rest
+                assert _pow2(bd) and _pow2(bd2) and bd2 >= 16 and bd < d <= bd + bd2 < full, d
+            else:
+                assert (bd, bd2) == (full, 0), d
+    tiles = {d: at._d_tiles(d, torch.bfloat16) for d in (64, 72, 80, 96, 112, 128, 160, 192, 256)}
+    assert tiles == {64: (64, 0), 72: (64, 16), 80: (64, 16), 96: (64, 32), 112: (128, 0), 128: (128, 0),
+                     160: (128, 32), 192: (128, 64), 256: (256, 0)}  # fmt: skip
+
+
+def test_tile_pruning_judges_the_tiled_head_dim():
+    """_fit judges shared memory at BLOCK_D + BLOCK_D2: 16-bit D = 80 (64 + 16) keeps the
+    configs D = 64 and D = 128 keep; D = 160 (128 + 32), wider than 128, keeps the small
+    tiles D = 256 keeps, as its one padded 256-wide tile did."""
+    from kernellab.ops.attention import triton as at
+
+    def kept(configs, **tiles):
+        nargs = {"Q": torch.empty(1, dtype=torch.bfloat16), "S_Q_KEY": 64, "S_K_KEY": 64}
+        return [(c.kwargs, c.num_warps, c.num_stages) for c in at._fit(configs, nargs, **tiles)]
+
+    for configs in (at.fwd_configs(), at.bwd_dkdv_configs(), at.bwd_dq_configs()):
+        narrow = kept(configs, BLOCK_D=128, BLOCK_D2=0)
+        assert kept(configs, BLOCK_D=64, BLOCK_D2=16) == narrow == kept(configs, BLOCK_D=64, BLOCK_D2=0)
+        wide = kept(configs, BLOCK_D=256, BLOCK_D2=0)
+        assert kept(configs, BLOCK_D=128, BLOCK_D2=32) == wide and len(wide) < len(narrow)
+
+
+def _launch_spec(kernel: str, d: int, tiles, cfg) -> dict:
+    """compile_for_sm90's arguments for one of attention's kernels as a contiguous bf16
+    causal launch at head dim d with the given (BLOCK_D, BLOCK_D2) and triton.Config."""
+    from kernellab.ops.attention import triton as at
+
+    fn = getattr(at, kernel).fn
+    sig, cx = {}, {}
+    for n in fn.arg_names:
+        if n in ("LSE", "DELTA"):
+            sig[n] = "*fp32"
+        elif n in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV"):
+            sig[n] = "*bf16"
+        elif n in ("qk_scale", "sm_scale", "cap_in", "cap_out"):
+            sig[n] = "fp32"
+        elif n.startswith("stride_") and n.endswith("d"):
+            sig[n], cx[n] = "constexpr", 1
+        else:
+            sig[n] = "i32"
+    cx.update(HEAD_D=d, BLOCK_D=tiles[0], BLOCK_D2=tiles[1], CAUSAL=True, PREC="tf32", F32_DOTS=False,
+              WINDOW=False, SOFTCAP=0, GQA=False, RAW_M=False, **cfg.kwargs)  # fmt: skip
+    cx.update({k: False for k in ("STATS", "DELTA_ONLY") if k in fn.arg_names})
+    sig.update({k: "constexpr" for k in cx})
+    aligned = [i for i, n in enumerate(fn.arg_names) if sig[n] != "constexpr"]  # sizes too, as at 2048
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    return {"kernel": f"kernellab.ops.attention.triton.{kernel}", "signature": sig, "constexprs": cx,
+            "options": options, "aligned_args": aligned}  # fmt: skip
+
+
+def test_two_tile_head_dim_compiles_for_sm90_smaller_than_the_padded_tile():
+    """No GPU needed: at D = 80 the forward, dK/dV and dQ kernels with their first configs
+    (what problems too short to tune take) compile for sm_90 with the 64 + 16 tiles to
+    wgmma, without local memory, in less shared memory and no more registers than with one
+    padded 128-wide tile; and the 64 x 128 dK/dV tile (8 warps), which spills at 128 wide,
+    fits in registers."""
+    from kernellab.ops.attention import triton as at
+    from kltest import sm90_resources
+
+    firsts = {"_attn_fwd": at.fwd_configs()[0], "_attn_bwd_dkdv": at.bwd_dkdv_configs()[0],
+              "_attn_bwd_dq": at.bwd_dq_configs()[0]}  # fmt: skip
+    two, one = at._d_tiles(80, torch.bfloat16), at._d_tiles(80, torch.bfloat16, split=False)
+    assert two == (64, 16) and one == (128, 0)
+    specs = [_launch_spec(k, 80, t, c) for k, c in firsts.items() for t in (two, one)]
+    big = next(c for c in at.bwd_dkdv_configs() if c.kwargs == {"BLOCK_M": 64, "BLOCK_N": 128})
+    specs.append(_launch_spec("_attn_bwd_dkdv", 80, two, big))
+    res = sm90_resources(specs)
+    for i, kernel in enumerate(firsts):
+        split, padded = res[2 * i], res[2 * i + 1]
+        assert split["wgmma"] > 0 and split["shared"] < padded["shared"], (kernel, split, padded)
+        if split["registers"] is not None:  # (cuobjdump found)
+            assert split["local_bytes"] == 0, (kernel, split)
+            assert split["registers"] <= padded["registers"], (kernel, split, padded)
+    if res[-1]["registers"] is not None:
+        assert res[-1]["local_bytes"] == 0, res[-1]
+
+
+# Head dims that take two tiles, in 16-bit: exactly covered (48 = 32 + 16, 80, 96, 160 =
+# 128 + 32) and with the second tile padded (40 -> 32 + 16, 72 -> 64 + 16).
+SPLIT_HEAD_DIMS = [40, 48, 72, 80, 96, 160]
+
+
+@pytest.mark.parametrize("d", SPLIT_HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_cpu_triton_two_tile_head_dims(d, causal):
+    from kernellab.ops.attention import triton as at
+
+    assert at._d_tiles(d, torch.bfloat16)[1] > 0
+    _check_case("triton", (1, 2, 37, 29, d), torch.bfloat16, "cpu", causal)
+    if d in (72, 80):  # fp16; GQA with S_q > S_k; strided q, k, v and dO
+        _check_case("triton", (1, 2, 29, 37, d), torch.float16, "cpu", causal)
+        _check_case("triton", (1, 4, 2, 33, 17, d), torch.bfloat16, "cpu", causal)
+        _check_case("triton", (1, 2, 21, 19, d), torch.bfloat16, "cpu", causal, "sliced", strided_dy=True)
+
+
+def test_cpu_triton_two_tile_head_dim_with_window_and_softcap():
+    _check_case("triton", (1, 2, 33, 29, 80), torch.bfloat16, "cpu", True, window=(5, -1), softcap=7.0)
+    _check_case("triton", (1, 4, 2, 29, 33, 72), torch.float16, "cpu", False, window=(3, 4), softcap=5.0)
+
+
+def test_cpu_triton_two_tiles_agree_with_one_padded_tile_and_never_write_the_padding():
+    """The two-tile kernels (D = 72: 64 + 16, 8 columns masked) against the one padded
+    128-wide tile (kernellab.config.attn_split_d False): the same o, lse and gradients up to
+    summation order; o, dq, dk, dv written through masks (a view of a wider buffer keeps
+    its columns past D)."""
+    from kernellab.ops.attention import triton as at
+    from kernellab.options import config
+
+    q, k, v = SPEC.make_inputs((1, 2, 21, 19, 72), torch.bfloat16, "cpu", 4)
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    outs = {}
+    for split in (True, False):
+        with config.override(attn_split_d=split):
+            o_buf = torch.full((1, 2, 21, 80), float("nan"), dtype=torch.bfloat16)
+            o, lse = at.forward_into(q, k, v, True, 0.15, o_buf[..., :72])
+            bufs = [torch.full(t.shape[:-1] + (80,), float("nan"), dtype=torch.bfloat16) for t in (q, k, v)]
+            at.backward_into(do, q, k, v, o, lse, True, 0.15, *(b[..., :72] for b in bufs))
+        for b in (o_buf, *bufs):
+            assert torch.isnan(b[..., 72:]).all() and torch.isfinite(b[..., :72]).all()
+        outs[split] = [o.float(), lse] + [b[..., :72].float() for b in bufs]
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), outs[True], outs[False]):
+        fin = torch.isfinite(b)  # (lse: -inf at the causal rows that see no key)
+        assert torch.equal(a[~fin], b[~fin]) and fin.any(), name
+        assert (a[fin] - b[fin]).abs().max().item() <= 0.02 * b[fin].abs().max().item() + 1e-3, name
+
+
 def test_cpu_triton_launch_plans_are_kept_per_key_and_reused():
     """The forward and backward launchers keep one launch plan per (shapes, strides, dtypes,
     device, options) key: a second call at a key reuses it and computes the same values; a

@@ -7,8 +7,10 @@ Contract: q (..., S_q, D), k and v (..., S_k, D), same leading dims (folded into
 axis, a view when the strides allow) except GQA's heads (dim -3: H_q a multiple of H_kv;
 q head h reads k/v head h // GROUP in place, GROUP = H_q / H_kv, a runtime argument), any
 strides (passed to the kernels); D any multiple of 8 up to 256 (tiles
-BLOCK_D wide, the next power of two >= 16; the columns past D are masked in every load
-and store, so power-of-two head dims compile with no head-dim mask at all); fp16 / bf16
+BLOCK_D wide, the next power of two >= 16, or for 16-bit D such as 80 and 96 two tiles of
+BLOCK_D + BLOCK_D2 columns, 64 + 16 and 64 + 32 (``_d_tiles``); the columns past D are
+masked in every load and store, so head dims the tiles cover exactly compile with no
+head-dim mask at all); fp16 / bf16
 (fp32 accumulation) or fp32 (TF32 dots when
 ``torch.backends.cuda.matmul.allow_tf32``, IEEE fp32 dots otherwise; see the package
 docstring). Outputs are fresh: o (..., S_q, D) (``empty_bshd``'s layout) and lse
@@ -86,7 +88,7 @@ from kernellab.ops._triton_dots import dot, dot_precision, two_level
 from kernellab.ops.attention.args import resolve_scale
 from kernellab.options import config
 
-HEAD_DIMS = tuple(range(8, 257, 8))  # tiles padded to a power of two (_block_d)
+HEAD_DIMS = tuple(range(8, 257, 8))  # tiled in one or two power-of-two tiles (_d_tiles)
 LOG2E = 1.4426950408889634
 
 # --------------------------------------------------------------------------- configs
@@ -159,15 +161,15 @@ def _prune(configs, nargs, **kwargs):
 
 
 def _fit(configs, nargs, **kwargs):
-    """Drop tiles that cannot fit, judged at the padded head dim BLOCK_D (the tiles in
-    shared memory are BLOCK_D wide whatever D is: D = 136..256 all count as 256). D=256 or
-    fp32 keep tiles of at most 64 x 64 and 2 stages (a 128 x 256 bf16 Q tile alone is 64 KB,
+    """Drop tiles that cannot fit, judged at the tiled head dim, BLOCK_D + BLOCK_D2 (the
+    tiles in shared memory are that wide whatever D is). Wider than 128 (D = 136..256) or
+    fp32: tiles of at most 64 x 64 and 2 stages (a 128 x 256 bf16 Q tile alone is 64 KB,
     and fp32 doubles every tile); D=256 in fp32 keeps only the last, smallest config
     (compiled for sm_90, the 32 x 64 dK/dV and 64 x 32 dQ tiles ask for 262 KB of shared
     memory; the limit is 227 KB)."""
-    d = kwargs.get("BLOCK_D", nargs.get("BLOCK_D"))  # the padded head dim: what shared memory holds
+    d = _tiled_d(nargs, kwargs)
     q = nargs.get("Q")
-    wide = d is not None and d >= 256
+    wide = d is not None and d > 128
     fp32 = q is not None and getattr(q, "dtype", None) == torch.float32
     if wide and fp32:
         return configs[-1:]
@@ -181,6 +183,12 @@ def _fit(configs, nargs, **kwargs):
     return kept or configs[-1:]
 
 
+def _tiled_d(nargs, kwargs):
+    """BLOCK_D + BLOCK_D2 of a launch (the autotuner passes constexprs in kwargs), or None."""
+    d = kwargs.get("BLOCK_D", nargs.get("BLOCK_D"))
+    return None if d is None else d + (kwargs.get("BLOCK_D2", nargs.get("BLOCK_D2")) or 0)
+
+
 def _prune_dkdv(configs, nargs, **kwargs):
     """As _prune. (A 64 x 128 tile at D=128 needs ~255 registers per thread; compiled by
     some Triton versions it spills, by others it is the fastest tile: the autotuner
@@ -189,9 +197,9 @@ def _prune_dkdv(configs, nargs, **kwargs):
 
 
 # Autotune key: bucketed sequence lengths (next power of two, so odd lengths share a
-# tuning), the head dim, causal, the dot precision and the variant (window, softcap, GQA:
-# each a different kernel, tuned apart); Triton adds the tensors' dtypes.
-_KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "CAUSAL", "PREC", "WINDOW", "SOFTCAP", "GQA"]
+# tuning), the head dim and its tiling, causal, the dot precision and the variant (window,
+# softcap, GQA: each a different kernel, tuned apart); Triton adds the tensors' dtypes.
+_KEY = ["S_Q_KEY", "S_K_KEY", "HEAD_D", "BLOCK_D2", "CAUSAL", "PREC", "WINDOW", "SOFTCAP", "GQA"]
 
 
 # --------------------------------------------------------------------------- forward
@@ -295,19 +303,21 @@ def _in_window(offs_m, cols, OFFSET, WIN_L, WIN_R):
 
 @triton_support.jit
 def _fwd_inner(
-    acc, l_i, m_i, q,
-    k_ptrs, v_ptrs, stride_kn, stride_vn,
-    offs_m, offs_n, d_ok, start, end, qk_scale, S_k, OFFSET,
+    acc, acc1, l_i, m_i, q, q1,
+    k_ptrs, v_ptrs, k1_ptrs, v1_ptrs, stride_kn, stride_vn,
+    offs_m, offs_n, d_ok, d_ok1, start, end, qk_scale, S_k, OFFSET,
     WIN_L, WIN_R, cap_in, cap_out,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    RAW_M: tl.constexpr, STATS: tl.constexpr,
+    RAW_M: tl.constexpr, STATS: tl.constexpr, SPLIT: tl.constexpr, PAD_D1: tl.constexpr,
 ):  # fmt: skip
     # One pass over key blocks [start, end). m_i is in log2 units (scores * scale * log2 e);
     # RAW_M: in score units (qk, its sign flipped for a negative scale), each exponent
     # (qk - m) * |qk_scale| (see lse_shape). SOFTCAP: the scores become cap_out * tanh(qk *
     # cap_in) (softcap * log2 e * tanh(s / softcap)), already in log2 units: the launcher
-    # passes qk_scale = 1. STATS: m_i and l_i only (no V, no P @ V: see _attn_fwd).
+    # passes qk_scale = 1. STATS: m_i and l_i only (no V, no P @ V: see _attn_fwd). SPLIT:
+    # the head dim in two tiles (_d_tiles): q1, acc1 and the k1 / v1 tiles are its second
+    # columns; otherwise they are placeholders, never read.
     sign, c_abs = _raw_scale(qk_scale)
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -316,6 +326,11 @@ def _fwd_inner(
         if F32_DOTS:
             k = k.to(tl.float32)
         qk = _shared_dot(q, tl.trans(k), PREC, F32_DOTS)
+        if SPLIT:
+            k1 = _ld(k1_ptrs + start_n * stride_kn, key_ok, d_ok1, MASKED, PAD_D1)
+            if F32_DOTS:
+                k1 = k1.to(tl.float32)
+            qk = _mma(q1, tl.trans(k1), qk, PREC)
         if SOFTCAP:
             qk = cap_out * _tanh(qk * cap_in, SOFTCAP)
         if MASKED:
@@ -354,8 +369,14 @@ def _fwd_inner(
                 v = v.to(tl.float32)
             acc = acc * alpha[:, None]
             acc = _mma(p.to(v.dtype), v, acc, PREC)
+            if SPLIT:
+                v1 = _ld(v1_ptrs + start_n * stride_vn, key_ok, d_ok1, MASKED, PAD_D1)
+                if F32_DOTS:
+                    v1 = v1.to(tl.float32)
+                acc1 = acc1 * alpha[:, None]
+                acc1 = _mma(p.to(v1.dtype), v1, acc1, PREC)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc1, l_i, m_i
 
 
 @triton.autotune(configs=fwd_configs(), key=_KEY + ["STATS"], prune_configs_by={"early_config_prune": _prune})
@@ -374,7 +395,10 @@ def _attn_fwd(
     S_Q_KEY, S_K_KEY,  # autotune buckets only
     WIN_L, WIN_R,  # sliding window bounds (WINDOW only; unbounded: 2^30; causal: WIN_R = 0)
     HEAD_D: tl.constexpr,  # D (a multiple of 8, <= 256)
-    BLOCK_D: tl.constexpr,  # D's tile: the next power of two, >= 16 (tl.dot's minimum K)
+    # D's tiles (_d_tiles): BLOCK_D2 = 0: one tile of BLOCK_D columns, the next power of
+    # two >= 16 (tl.dot's minimum K); else columns [0, BLOCK_D) and [BLOCK_D, BLOCK_D +
+    # BLOCK_D2), each a power of two >= 16, the padding (if any) in the second
+    BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,  # SOFTCAP: 0 off, 1 libdevice tanh, 2 portable
     GQA: tl.constexpr,  # GROUP > 1 (False: no integer division by GROUP, ~24 instructions and a MUFU)
@@ -403,21 +427,36 @@ def _attn_fwd(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    PAD_D: tl.constexpr = BLOCK_D != HEAD_D
+    SPLIT: tl.constexpr = BLOCK_D2 > 0
+    PAD_D: tl.constexpr = BLOCK_D > HEAD_D
+    PAD_D1: tl.constexpr = BLOCK_D + BLOCK_D2 > HEAD_D
     d_ok = offs_d < HEAD_D
     OFFSET = S_k - S_q  # bottom-right causal: query i sees keys j <= i + OFFSET
     row_ok = offs_m < S_q
 
-    q_ptrs = Q + zo * stride_qz + ho * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd
-    q = _ld(q_ptrs, row_ok, d_ok, True, PAD_D)
+    q_rows = Q + zo * stride_qz + ho * stride_qh + offs_m[:, None] * stride_qs
+    k_rows = K + zo * stride_kz + hk * stride_kh + offs_n[:, None] * stride_ks
+    v_rows = V + zo * stride_vz + hk * stride_vh + offs_n[:, None] * stride_vs
+    q = _ld(q_rows + offs_d[None, :] * stride_qd, row_ok, d_ok, True, PAD_D)
     if F32_DOTS:
         q = q.to(tl.float32)
-    k_ptrs = K + zo * stride_kz + hk * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
-    v_ptrs = V + zo * stride_vz + hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    k_ptrs = k_rows + offs_d[None, :] * stride_kd
+    v_ptrs = v_rows + offs_d[None, :] * stride_vd
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # The second head-dim tile (SPLIT); without it, placeholders that are never read.
+    offs_d1, d_ok1, q1, acc1, k1_ptrs, v1_ptrs = offs_d, d_ok, q, acc, k_ptrs, v_ptrs
+    if SPLIT:
+        offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        d_ok1 = offs_d1 < HEAD_D
+        q1 = _ld(q_rows + offs_d1[None, :] * stride_qd, row_ok, d_ok1, True, PAD_D1)
+        if F32_DOTS:
+            q1 = q1.to(tl.float32)
+        k1_ptrs = k_rows + offs_d1[None, :] * stride_kd
+        v1_ptrs = v_rows + offs_d1[None, :] * stride_vd
+        acc1 = tl.zeros([BLOCK_M, BLOCK_D2], tl.float32)
 
     # Key blocks [0, full) are whole (below S_k) and visible to every row of this block
     # (causal: all keys <= start_m + OFFSET); [full, end) are masked.
@@ -434,15 +473,15 @@ def _attn_fwd(
         start = (tl.maximum(start_m + OFFSET - WIN_L, 0) // BLOCK_N) * BLOCK_N
         end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET + WIN_R), 0)
         full = start
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, d_ok,
-        start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, STATS,
+    acc, acc1, l_i, m_i = _fwd_inner(
+        acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, k1_ptrs, v1_ptrs, stride_ks, stride_vs, offs_m, offs_n,
+        d_ok, d_ok1, start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, STATS, SPLIT, PAD_D1,
     )  # fmt: skip
-    acc, l_i, m_i = _fwd_inner(
-        acc, l_i, m_i, q, k_ptrs, v_ptrs, stride_ks, stride_vs, offs_m, offs_n, d_ok,
-        full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, STATS,
+    acc, acc1, l_i, m_i = _fwd_inner(
+        acc, acc1, l_i, m_i, q, q1, k_ptrs, v_ptrs, k1_ptrs, v1_ptrs, stride_ks, stride_vs, offs_m, offs_n,
+        d_ok, d_ok1, full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, STATS, SPLIT, PAD_D1,
     )  # fmt: skip
 
     empty = l_i == 0.0  # no allowed key (only possible with causal and S_q > S_k)
@@ -453,8 +492,11 @@ def _attn_fwd(
         tl.store(lse_row + S_q + offs_m, tl.math.log2(l_div), mask=row_ok)
     else:
         o = acc / l_div[:, None]
-        o_ptrs = O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os + offs_d[None, :]
-        _st(o_ptrs, o.to(O.dtype.element_ty), row_ok, d_ok, PAD_D)
+        o_row = O + zo * stride_oz + ho * stride_oh + offs_m[:, None] * stride_os
+        _st(o_row + offs_d[None, :], o.to(O.dtype.element_ty), row_ok, d_ok, PAD_D)
+        if SPLIT:
+            o1 = acc1 / l_div[:, None]
+            _st(o_row + offs_d1[None, :], o1.to(O.dtype.element_ty), row_ok, d_ok1, PAD_D1)
         # The LSE is kept in log2 units (the backward's exponent is in log2 units):
         # converting to natural log here and back there rounded the exponent twice, ~|lse|
         # * 6e-8 each, which every recomputed probability inherited (fp32 dk/dv/dq up to
@@ -674,17 +716,22 @@ def _attn_bwd_pre(
 
 @triton_support.jit
 def _dkdv_step(
-    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, offs_m, row_ok, offs_n, d_ok,
+    dk, dv, dk1, dv1, k, v, k1, v1, q_ptrs, do_ptrs, q1_ptrs, do1_ptrs, lse_ptr, delta_ptr,
+    offs_m, row_ok, offs_n, d_ok, d_ok1,
     qk_scale, sign, c_abs, OFFSET, WIN_L, WIN_R, cap_in, cap_out, S_q,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    RAW_M: tl.constexpr,
+    RAW_M: tl.constexpr, SPLIT: tl.constexpr, PAD_D1: tl.constexpr,
 ):  # fmt: skip
     # One query block (q_ptrs, do_ptrs at its first row) against the key block in k, v
     # (transposed math: P^T (BLOCK_N x BLOCK_M) so dV += P^T dO and dK += dS^T Q need no
-    # transposes of big tiles).
+    # transposes of big tiles). SPLIT: the *1 tiles are the head dim's second columns.
     q = _ld(q_ptrs, row_ok, d_ok, MASKED, PAD_D)
     do = _ld(do_ptrs, row_ok, d_ok, MASKED, PAD_D)
+    q1, do1 = q, do
+    if SPLIT:
+        q1 = _ld(q1_ptrs, row_ok, d_ok1, MASKED, PAD_D1)
+        do1 = _ld(do1_ptrs, row_ok, d_ok1, MASKED, PAD_D1)
     if MASKED:
         lse = tl.load(lse_ptr + offs_m, mask=row_ok, other=float("inf"))
         delta = tl.load(delta_ptr + offs_m, mask=row_ok, other=0.0)
@@ -694,8 +741,12 @@ def _dkdv_step(
     if F32_DOTS:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
+        q1 = q1.to(tl.float32)
+        do1 = do1.to(tl.float32)
     lse = tl.where(lse == float("-inf"), float("inf"), lse)  # log2 units; empty rows: P = 0
     qkT = _shared_dot(k, tl.trans(q), PREC, F32_DOTS)
+    if SPLIT:
+        qkT = _mma(k1, tl.trans(q1), qkT, PREC)
     if SOFTCAP:
         tT = _tanh(qkT * cap_in, SOFTCAP)
         qkT = cap_out * tT
@@ -711,21 +762,26 @@ def _dkdv_step(
             pT = tl.where(tl.trans(_in_window(offs_m, offs_n, OFFSET, WIN_L, WIN_R)), pT, 0.0)
     dv = _mma(pT.to(do.dtype), do, dv, PREC)
     dpT = _shared_dot(v, tl.trans(do), PREC, F32_DOTS)
+    if SPLIT:
+        dv1 = _mma(pT.to(do1.dtype), do1, dv1, PREC)
+        dpT = _mma(v1, tl.trans(do1), dpT, PREC)
     dsT = pT * (dpT - delta[None, :])
     if SOFTCAP:
         dsT = dsT * (1.0 - tT * tT)  # d(softcap tanh(s / softcap)) / ds
     dk = _mma(dsT.to(q.dtype), q, dk, PREC)
-    return dk, dv
+    if SPLIT:
+        dk1 = _mma(dsT.to(q1.dtype), q1, dk1, PREC)
+    return dk, dv, dk1, dv1
 
 
 @triton_support.jit
 def _dkdv_inner(
-    dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-    offs_m0, offs_n, d_ok, start, end, qk_scale, S_q, OFFSET,
+    dk, dv, dk1, dv1, k, v, k1, v1, q_ptrs, do_ptrs, q1_ptrs, do1_ptrs, lse_ptr, delta_ptr,
+    stride_qs, stride_dos, offs_m0, offs_n, d_ok, d_ok1, start, end, qk_scale, S_q, OFFSET,
     WIN_L, WIN_R, cap_in, cap_out, stride_qh, stride_doh, GROUP,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    GQA: tl.constexpr, RAW_M: tl.constexpr,
+    GQA: tl.constexpr, RAW_M: tl.constexpr, SPLIT: tl.constexpr, PAD_D1: tl.constexpr,
 ):  # fmt: skip
     # Query blocks [start, end) against the key block held in k, v. GQA: at each query
     # block, the GROUP q heads of the group one after another (heads h0..h0+GROUP-1: q, dO
@@ -743,65 +799,72 @@ def _dkdv_inner(
         row_ok = offs_m < S_q
         if GQA:
             for g in range(0, GROUP):
-                dk, dv = _dkdv_step(
-                    dk, dv, k, v, q_ptrs + (g * stride_qh + start_m * stride_qs),
-                    do_ptrs + (g * stride_doh + start_m * stride_dos),
-                    lse_ptr + g * lse_stride, delta_ptr + g * S_q,
-                    offs_m, row_ok, offs_n, d_ok, qk_scale, sign, c_abs, OFFSET, WIN_L, WIN_R,
+                q_at = g * stride_qh + start_m * stride_qs
+                do_at = g * stride_doh + start_m * stride_dos
+                dk, dv, dk1, dv1 = _dkdv_step(
+                    dk, dv, dk1, dv1, k, v, k1, v1, q_ptrs + q_at, do_ptrs + do_at, q1_ptrs + q_at,
+                    do1_ptrs + do_at, lse_ptr + g * lse_stride, delta_ptr + g * S_q,
+                    offs_m, row_ok, offs_n, d_ok, d_ok1, qk_scale, sign, c_abs, OFFSET, WIN_L, WIN_R,
                     cap_in, cap_out, S_q,
-                    MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M,
+                    MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, SPLIT, PAD_D1,
                 )  # fmt: skip
         else:
-            dk, dv = _dkdv_step(
-                dk, dv, k, v, q_ptrs + start_m * stride_qs, do_ptrs + start_m * stride_dos,
-                lse_ptr, delta_ptr,
-                offs_m, row_ok, offs_n, d_ok, qk_scale, sign, c_abs, OFFSET, WIN_L, WIN_R,
+            q_at = start_m * stride_qs
+            do_at = start_m * stride_dos
+            dk, dv, dk1, dv1 = _dkdv_step(
+                dk, dv, dk1, dv1, k, v, k1, v1, q_ptrs + q_at, do_ptrs + do_at, q1_ptrs + q_at,
+                do1_ptrs + do_at, lse_ptr, delta_ptr,
+                offs_m, row_ok, offs_n, d_ok, d_ok1, qk_scale, sign, c_abs, OFFSET, WIN_L, WIN_R,
                 cap_in, cap_out, S_q,
-                MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M,
+                MASKED, CAUSAL, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, SPLIT, PAD_D1,
             )  # fmt: skip
-    return dk, dv
+    return dk, dv, dk1, dv1
 
 
 @triton_support.jit
 def _dkdv_head(
-    dk, dv, k, v, Q, DO, LSE, DELTA, zo, ho, NH,
+    dk, dv, dk1, dv1, k, v, k1, v1, Q, DO, LSE, DELTA, zo, ho, NH,
     stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
-    offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
+    offs_m0, offs_n, offs_d, offs_d1, d_ok, d_ok1, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
     WIN_L, WIN_R, cap_in, cap_out, GROUP,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, GQA: tl.constexpr,
-    RAW_M: tl.constexpr,
+    RAW_M: tl.constexpr, SPLIT: tl.constexpr, PAD_D1: tl.constexpr,
 ):  # fmt: skip
     # dK, dV += the share of q heads ho .. ho + GROUP - 1 (GQA; else ho alone): query
     # blocks [lo, mid) masked, [mid, tail) whole, [tail, q_end) masked.
     bh = zo * NH + ho
-    q_ptrs = Q + zo * stride_qz + ho * stride_qh + offs_m0[:, None] * stride_qs + offs_d[None, :] * stride_qd
-    do_ptrs = (
-        DO + zo * stride_doz + ho * stride_doh + offs_m0[:, None] * stride_dos + offs_d[None, :] * stride_dod
-    )
+    q_rows = Q + zo * stride_qz + ho * stride_qh + offs_m0[:, None] * stride_qs
+    do_rows = DO + zo * stride_doz + ho * stride_doh + offs_m0[:, None] * stride_dos
+    q_ptrs = q_rows + offs_d[None, :] * stride_qd
+    do_ptrs = do_rows + offs_d[None, :] * stride_dod
+    q1_ptrs, do1_ptrs = q_ptrs, do_ptrs
+    if SPLIT:
+        q1_ptrs = q_rows + offs_d1[None, :] * stride_qd
+        do1_ptrs = do_rows + offs_d1[None, :] * stride_dod
     lse_ptr = LSE + bh * S_q
     if RAW_M:
         lse_ptr = LSE + bh * (2 * S_q)
     delta_ptr = DELTA + bh * S_q
-    dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-        offs_m0, offs_n, d_ok, lo, mid, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
-        RAW_M,
+    dk, dv, dk1, dv1 = _dkdv_inner(
+        dk, dv, dk1, dv1, k, v, k1, v1, q_ptrs, do_ptrs, q1_ptrs, do1_ptrs, lse_ptr, delta_ptr,
+        stride_qs, stride_dos, offs_m0, offs_n, d_ok, d_ok1, lo, mid, qk_scale, S_q, OFFSET, WIN_L, WIN_R,
+        cap_in, cap_out, stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW,
+        SOFTCAP, GQA, RAW_M, SPLIT, PAD_D1,
     )  # fmt: skip
-    dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-        offs_m0, offs_n, d_ok, mid, tail, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        stride_qh, stride_doh, GROUP, False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
-        RAW_M,
+    dk, dv, dk1, dv1 = _dkdv_inner(
+        dk, dv, dk1, dv1, k, v, k1, v1, q_ptrs, do_ptrs, q1_ptrs, do1_ptrs, lse_ptr, delta_ptr,
+        stride_qs, stride_dos, offs_m0, offs_n, d_ok, d_ok1, mid, tail, qk_scale, S_q, OFFSET, WIN_L, WIN_R,
+        cap_in, cap_out, stride_qh, stride_doh, GROUP, False, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW,
+        SOFTCAP, GQA, RAW_M, SPLIT, PAD_D1,
     )  # fmt: skip
-    dk, dv = _dkdv_inner(
-        dk, dv, k, v, q_ptrs, do_ptrs, lse_ptr, delta_ptr, stride_qs, stride_dos,
-        offs_m0, offs_n, d_ok, tail, q_end, qk_scale, S_q, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA,
-        RAW_M,
+    dk, dv, dk1, dv1 = _dkdv_inner(
+        dk, dv, dk1, dv1, k, v, k1, v1, q_ptrs, do_ptrs, q1_ptrs, do1_ptrs, lse_ptr, delta_ptr,
+        stride_qs, stride_dos, offs_m0, offs_n, d_ok, d_ok1, tail, q_end, qk_scale, S_q, OFFSET, WIN_L, WIN_R,
+        cap_in, cap_out, stride_qh, stride_doh, GROUP, True, CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW,
+        SOFTCAP, GQA, RAW_M, SPLIT, PAD_D1,
     )  # fmt: skip
-    return dk, dv
+    return dk, dv, dk1, dv1
 
 
 @triton.autotune(configs=bwd_dkdv_configs(), key=_KEY, prune_configs_by={"early_config_prune": _prune_dkdv})
@@ -817,7 +880,7 @@ def _attn_bwd_dkdv(
     stride_dvz, stride_dvh, stride_dvs,
     NH, GROUP, S_q, S_k, S_Q_KEY, S_K_KEY,  # grid: cdiv(S_k, BLOCK_N) * Z * (NH / GROUP) programs
     WIN_L, WIN_R,
-    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,  # as _attn_fwd
+    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,  # as _attn_fwd
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
     GQA: tl.constexpr,  # GROUP > 1: loop over the group (GROUP == 1 compiles without the loop)
@@ -842,24 +905,34 @@ def _attn_bwd_dkdv(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    PAD_D: tl.constexpr = BLOCK_D != HEAD_D
+    SPLIT: tl.constexpr = BLOCK_D2 > 0
+    PAD_D: tl.constexpr = BLOCK_D > HEAD_D
+    PAD_D1: tl.constexpr = BLOCK_D + BLOCK_D2 > HEAD_D
     d_ok = offs_d < HEAD_D
     OFFSET = S_k - S_q
     key_ok = offs_n < S_k
     # Keys past S_k load as 0; their dk/dv rows are computed and never stored.
-    k = _ld(
-        K + zo * stride_kz + hk * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-        key_ok, d_ok, True, PAD_D,
-    )  # fmt: skip
-    v = _ld(
-        V + zo * stride_vz + hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-        key_ok, d_ok, True, PAD_D,
-    )  # fmt: skip
+    k_rows = K + zo * stride_kz + hk * stride_kh + offs_n[:, None] * stride_ks
+    v_rows = V + zo * stride_vz + hk * stride_vh + offs_n[:, None] * stride_vs
+    k = _ld(k_rows + offs_d[None, :] * stride_kd, key_ok, d_ok, True, PAD_D)
+    v = _ld(v_rows + offs_d[None, :] * stride_vd, key_ok, d_ok, True, PAD_D)
     if F32_DOTS:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    # The second head-dim tile (SPLIT); without it, placeholders that are never read.
+    offs_d1, d_ok1, k1, v1, dk1, dv1 = offs_d, d_ok, k, v, dk, dv
+    if SPLIT:
+        offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        d_ok1 = offs_d1 < HEAD_D
+        k1 = _ld(k_rows + offs_d1[None, :] * stride_kd, key_ok, d_ok1, True, PAD_D1)
+        v1 = _ld(v_rows + offs_d1[None, :] * stride_vd, key_ok, d_ok1, True, PAD_D1)
+        if F32_DOTS:
+            k1 = k1.to(tl.float32)
+            v1 = v1.to(tl.float32)
+        dk1 = tl.zeros([BLOCK_N, BLOCK_D2], tl.float32)
+        dv1 = tl.zeros([BLOCK_N, BLOCK_D2], tl.float32)
 
     # Query blocks: [lo, mid) on the causal diagonal (masked), [mid, full_end) whole and
     # fully visible (no mask), [tail, S_q) the S_q tail (masked).
@@ -881,30 +954,35 @@ def _attn_bwd_dkdv(
         q_end = tl.maximum(tl.minimum(q_pad, start_n + BLOCK_N - OFFSET + WIN_L), lo)
         mid = q_end
         tail = q_end
-    dk, dv = _dkdv_head(
-        dk, dv, k, v, Q, DO, LSE, DELTA, zo, hk * GROUP, NH,
+    dk, dv, dk1, dv1 = _dkdv_head(
+        dk, dv, dk1, dv1, k, v, k1, v1, Q, DO, LSE, DELTA, zo, hk * GROUP, NH,
         stride_qz, stride_qh, stride_qs, stride_qd, stride_doz, stride_doh, stride_dos, stride_dod,
-        offs_m0, offs_n, offs_d, d_ok, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
+        offs_m0, offs_n, offs_d, offs_d1, d_ok, d_ok1, lo, mid, tail, q_end, qk_scale, S_q, OFFSET,
         WIN_L, WIN_R, cap_in, cap_out, GROUP,
-        CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA, RAW_M,
+        CAUSAL, BLOCK_M, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, GQA, RAW_M, SPLIT, PAD_D1,
     )  # fmt: skip
     dk = dk * sm_scale
-    dk_out = zo * stride_dkz + hk * stride_dkh + offs_n[:, None] * stride_dks + offs_d[None, :]
-    dv_out = zo * stride_dvz + hk * stride_dvh + offs_n[:, None] * stride_dvs + offs_d[None, :]
-    _st(DK + dk_out, dk.to(DK.dtype.element_ty), key_ok, d_ok, PAD_D)
-    _st(DV + dv_out, dv.to(DV.dtype.element_ty), key_ok, d_ok, PAD_D)
+    dk_row = DK + zo * stride_dkz + hk * stride_dkh + offs_n[:, None] * stride_dks
+    dv_row = DV + zo * stride_dvz + hk * stride_dvh + offs_n[:, None] * stride_dvs
+    _st(dk_row + offs_d[None, :], dk.to(DK.dtype.element_ty), key_ok, d_ok, PAD_D)
+    _st(dv_row + offs_d[None, :], dv.to(DV.dtype.element_ty), key_ok, d_ok, PAD_D)
+    if SPLIT:
+        dk1 = dk1 * sm_scale
+        _st(dk_row + offs_d1[None, :], dk1.to(DK.dtype.element_ty), key_ok, d_ok1, PAD_D1)
+        _st(dv_row + offs_d1[None, :], dv1.to(DV.dtype.element_ty), key_ok, d_ok1, PAD_D1)
 
 
 @triton_support.jit
 def _dq_inner(
-    dq, q, do, lse, ll, delta, k_ptrs, v_ptrs, stride_kn, stride_vn,
-    offs_m, offs_n, d_ok, start, end, qk_scale, S_k, OFFSET,
+    dq, dq1, q, do, q1, do1, lse, ll, delta, k_ptrs, v_ptrs, k1_ptrs, v1_ptrs, stride_kn, stride_vn,
+    offs_m, offs_n, d_ok, d_ok1, start, end, qk_scale, S_k, OFFSET,
     WIN_L, WIN_R, cap_in, cap_out,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
     F32_DOTS: tl.constexpr, PAD_D: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    RAW_M: tl.constexpr, DELTA_ONLY: tl.constexpr,
+    RAW_M: tl.constexpr, DELTA_ONLY: tl.constexpr, SPLIT: tl.constexpr, PAD_D1: tl.constexpr,
 ):  # fmt: skip
-    # DELTA_ONLY: no dq; delta += rowsum(P * dP) (see _attn_bwd_dq).
+    # DELTA_ONLY: no dq; delta += rowsum(P * dP) (see _attn_bwd_dq). SPLIT: the *1 tiles
+    # are the head dim's second columns (as _fwd_inner).
     sign, c_abs = _raw_scale(qk_scale)
     for start_n in range(start, end, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -915,6 +993,14 @@ def _dq_inner(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         qk = _shared_dot(q, tl.trans(k), PREC, F32_DOTS)
+        k1, v1 = k, v
+        if SPLIT:
+            k1 = _ld(k1_ptrs + start_n * stride_kn, key_ok, d_ok1, MASKED, PAD_D1)
+            v1 = _ld(v1_ptrs + start_n * stride_vn, key_ok, d_ok1, MASKED, PAD_D1)
+            if F32_DOTS:
+                k1 = k1.to(tl.float32)
+                v1 = v1.to(tl.float32)
+            qk = _mma(q1, tl.trans(k1), qk, PREC)
         if SOFTCAP:
             t = _tanh(qk * cap_in, SOFTCAP)
             qk = cap_out * t
@@ -930,6 +1016,8 @@ def _dq_inner(
                 allowed = allowed & _in_window(offs_m, start_n + offs_n, OFFSET, WIN_L, WIN_R)
             p = tl.where(allowed, p, 0.0)
         dp = _shared_dot(do, tl.trans(v), PREC, F32_DOTS)
+        if SPLIT:
+            dp = _mma(do1, tl.trans(v1), dp, PREC)
         if DELTA_ONLY:
             delta += tl.sum(p * dp, 1)
         else:
@@ -937,7 +1025,9 @@ def _dq_inner(
             if SOFTCAP:
                 ds = ds * (1.0 - t * t)  # d(softcap tanh(s / softcap)) / ds
             dq = _mma(ds.to(k.dtype), k, dq, PREC)
-    return dq, delta
+            if SPLIT:
+                dq1 = _mma(ds.to(k1.dtype), k1, dq1, PREC)
+    return dq, dq1, delta
 
 
 @triton.autotune(
@@ -954,7 +1044,7 @@ def _attn_bwd_dq(
     stride_dqz, stride_dqh, stride_dqs,
     NH, GROUP, S_q, S_k, S_Q_KEY, S_K_KEY,
     WIN_L, WIN_R,
-    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,  # as _attn_fwd
+    HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_D2: tl.constexpr,  # as _attn_fwd
     CAUSAL: tl.constexpr, PREC: tl.constexpr, F32_DOTS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, GQA: tl.constexpr,
     RAW_M: tl.constexpr,  # as _attn_bwd_dkdv
@@ -976,18 +1066,16 @@ def _attn_bwd_dq(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    PAD_D: tl.constexpr = BLOCK_D != HEAD_D
+    SPLIT: tl.constexpr = BLOCK_D2 > 0
+    PAD_D: tl.constexpr = BLOCK_D > HEAD_D
+    PAD_D1: tl.constexpr = BLOCK_D + BLOCK_D2 > HEAD_D
     d_ok = offs_d < HEAD_D
     OFFSET = S_k - S_q
     row_ok = offs_m < S_q
-    q = _ld(
-        Q + zo * stride_qz + ho * stride_qh + offs_m[:, None] * stride_qs + offs_d[None, :] * stride_qd,
-        row_ok, d_ok, True, PAD_D,
-    )  # fmt: skip
-    do = _ld(
-        DO + zo * stride_doz + ho * stride_doh + offs_m[:, None] * stride_dos + offs_d[None, :] * stride_dod,
-        row_ok, d_ok, True, PAD_D,
-    )  # fmt: skip
+    q_rows = Q + zo * stride_qz + ho * stride_qh + offs_m[:, None] * stride_qs
+    do_rows = DO + zo * stride_doz + ho * stride_doh + offs_m[:, None] * stride_dos
+    q = _ld(q_rows + offs_d[None, :] * stride_qd, row_ok, d_ok, True, PAD_D)
+    do = _ld(do_rows + offs_d[None, :] * stride_dod, row_ok, d_ok, True, PAD_D)
     if F32_DOTS:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
@@ -1006,9 +1094,24 @@ def _attn_bwd_dq(
     hk = ho
     if GQA:
         hk = ho // GROUP  # the k/v head of this q head
-    k_ptrs = K + zo * stride_kz + hk * stride_kh + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd
-    v_ptrs = V + zo * stride_vz + hk * stride_vh + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd
+    k_rows = K + zo * stride_kz + hk * stride_kh + offs_n[:, None] * stride_ks
+    v_rows = V + zo * stride_vz + hk * stride_vh + offs_n[:, None] * stride_vs
+    k_ptrs = k_rows + offs_d[None, :] * stride_kd
+    v_ptrs = v_rows + offs_d[None, :] * stride_vd
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    # The second head-dim tile (SPLIT); without it, placeholders that are never read.
+    offs_d1, d_ok1, q1, do1, k1_ptrs, v1_ptrs, dq1 = offs_d, d_ok, q, do, k_ptrs, v_ptrs, dq
+    if SPLIT:
+        offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D2)
+        d_ok1 = offs_d1 < HEAD_D
+        q1 = _ld(q_rows + offs_d1[None, :] * stride_qd, row_ok, d_ok1, True, PAD_D1)
+        do1 = _ld(do_rows + offs_d1[None, :] * stride_dod, row_ok, d_ok1, True, PAD_D1)
+        if F32_DOTS:
+            q1 = q1.to(tl.float32)
+            do1 = do1.to(tl.float32)
+        k1_ptrs = k_rows + offs_d1[None, :] * stride_kd
+        v1_ptrs = v_rows + offs_d1[None, :] * stride_vd
+        dq1 = tl.zeros([BLOCK_M, BLOCK_D2], tl.float32)
 
     full = (S_k // BLOCK_N) * BLOCK_N
     end = S_k
@@ -1021,24 +1124,25 @@ def _attn_bwd_dq(
         start = (tl.maximum(start_m + OFFSET - WIN_L, 0) // BLOCK_N) * BLOCK_N
         end = tl.maximum(tl.minimum(S_k, start_m + BLOCK_M + OFFSET + WIN_R), 0)
         full = start
-    dq, delta = _dq_inner(
-        dq, q, do, lse, ll, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, d_ok, start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, DELTA_ONLY,
+    dq, dq1, delta = _dq_inner(
+        dq, dq1, q, do, q1, do1, lse, ll, delta, k_ptrs, v_ptrs, k1_ptrs, v1_ptrs, stride_ks, stride_vs,
+        offs_m, offs_n, d_ok, d_ok1, start, full, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        False, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, DELTA_ONLY, SPLIT, PAD_D1,
     )  # fmt: skip
-    dq, delta = _dq_inner(
-        dq, q, do, lse, ll, delta, k_ptrs, v_ptrs, stride_ks, stride_vs,
-        offs_m, offs_n, d_ok, full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
-        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, DELTA_ONLY,
+    dq, dq1, delta = _dq_inner(
+        dq, dq1, q, do, q1, do1, lse, ll, delta, k_ptrs, v_ptrs, k1_ptrs, v1_ptrs, stride_ks, stride_vs,
+        offs_m, offs_n, d_ok, d_ok1, full, end, qk_scale, S_k, OFFSET, WIN_L, WIN_R, cap_in, cap_out,
+        True, CAUSAL, BLOCK_N, PREC, F32_DOTS, PAD_D, WINDOW, SOFTCAP, RAW_M, DELTA_ONLY, SPLIT, PAD_D1,
     )  # fmt: skip
     if DELTA_ONLY:
         tl.store(DELTA + bh * S_q + offs_m, delta, mask=row_ok)
     else:
         dq = dq * sm_scale
-        _st(
-            DQ + zo * stride_dqz + ho * stride_dqh + offs_m[:, None] * stride_dqs + offs_d[None, :],
-            dq.to(DQ.dtype.element_ty), row_ok, d_ok, PAD_D,
-        )  # fmt: skip
+        dq_row = DQ + zo * stride_dqz + ho * stride_dqh + offs_m[:, None] * stride_dqs
+        _st(dq_row + offs_d[None, :], dq.to(DQ.dtype.element_ty), row_ok, d_ok, PAD_D)
+        if SPLIT:
+            dq1 = dq1 * sm_scale
+            _st(dq_row + offs_d1[None, :], dq1.to(DQ.dtype.element_ty), row_ok, d_ok1, PAD_D1)
 
 
 # The same kernels for launches with CPU tensors (Triton's interpreter, which runs programs
@@ -1103,11 +1207,30 @@ def empty_bshd(lead, s: int, d: int, dtype, device) -> torch.Tensor:
 
 
 def _block_d(d: int) -> int:
-    """The head dim's tile: the next power of two (tl.arange needs one), at least 16 (the
-    smallest K of tl.dot). D = 96 runs in 128-wide tiles whose last 32 columns are masked:
-    the dots do 4/3 of the useful MMA work (what FlashAttention-2 also does, its kernels being
-    instantiated for D in 32, 64, 96, 128, ...: Triton has no non-power-of-two tiles)."""
+    """The head dim's one tile: the next power of two (tl.arange needs one), at least 16 (the
+    smallest K of tl.dot); the columns past D are masked."""
     return triton_support.next_pow2(d) if d > 16 else 16
+
+
+def _d_tiles(d: int, dtype: torch.dtype, split: bool = True) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_D2): the head dim's tiles. One tile of ``_block_d(d)`` columns
+    (BLOCK_D2 = 0) pads D up to a power of two, and every dot over D, every K/V/Q tile in
+    shared memory and every dK/dV/dQ accumulator is that wide: D = 80 does the MMA work
+    and holds the registers of D = 128. Where two power-of-two tiles (the largest power of
+    two below D, then the rest rounded up to a power of two >= 16) cover D in fewer
+    columns, 16-bit dtypes take them: 80 = 64 + 16, 96 = 64 + 32, 72 -> 64 + 16, 48 = 32 +
+    16, 160 = 128 + 32, 192 = 128 + 64; each dot over D is two MMAs chained into one
+    accumulator. fp32 keeps one tile: its IEEE dots are single FMA chains over D that the
+    forward and backward must round alike (``_shared_dot``). ``split`` False
+    (``kernellab.config.attn_split_d``): always one tile."""
+    full = _block_d(d)
+    if not split or dtype == torch.float32 or d <= 16:
+        return full, 0
+    lo = full // 2
+    rest = max(16, triton_support.next_pow2(d - lo))
+    if lo >= 16 and lo + rest < full:
+        return lo, rest
+    return full, 0
 
 
 def _bucket(n: int) -> int:
@@ -1164,7 +1287,7 @@ def forward_into(q, k, v, causal: bool, scale: float, o, window_left=-1, window_
         key = ("f", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                q.get_device(),
                causal, scale, window_left, window_right, softcap, None if fresh else (o.dtype, o.stride()),
-               _tf32(q.dtype), config.attn_ws)  # fmt: skip
+               _tf32(q.dtype), config.attn_ws, config.attn_split_d)  # fmt: skip
     q4, k4, v4, o4 = _split(q), _split(k), _split(v), _split(o)
     plan = _plan(key, lambda: _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, softcap))
     if plan is not None:
@@ -1203,8 +1326,9 @@ def _fwd_plan(q4, k4, v4, o4, raw_m, causal, scale, window_left, window_right, s
         qk_scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *o4.stride()[:3],
         nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr,
     )  # fmt: skip
+    bd, bd2 = _d_tiles(d, q4.dtype, config.attn_split_d)
     kw = dict(
-        HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=_prec(q4.dtype, interp),
+        HEAD_D=d, BLOCK_D=bd, BLOCK_D2=bd2, CAUSAL=causal, PREC=_prec(q4.dtype, interp),
         F32_DOTS=_f32_dots(q4.dtype, interp), WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
         STATS=False,
     )  # fmt: skip
@@ -1391,6 +1515,7 @@ def backward_into(
         key = ("b", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), do.shape, do.stride(),
                o.shape, o.stride(), lse.shape, q.dtype, do.dtype, o.dtype, q.get_device(), causal, scale,
                window_left, window_right, softcap, _tf32(q.dtype), config.attn_ws_bwd, raw_m,
+               config.attn_split_d,
                k.dtype, v.dtype, *(None if f else (t.dtype, t.stride()) for f, t in zip(fresh, (dq, dk, dv))))  # fmt: skip
     t4 = tuple(_split(t) for t in (q, k, v, do, o, dq, dk, dv))
     plan = _plan(key, lambda: _bwd_plan(*t4, lse, raw_m, causal, scale, window_left, window_right, softcap))
@@ -1411,13 +1536,14 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
     fwd, bwd_dkdv, bwd_dq = (_attn_fwd_interp, _attn_bwd_dkdv_interp, _attn_bwd_dq_interp) if interp else (
         _attn_fwd, _attn_bwd_dkdv, _attn_bwd_dq)  # fmt: skip
     prec = _prec(q4.dtype, interp)
+    bd, bd2 = _d_tiles(d, q4.dtype, config.attn_split_d)
     options = _options(causal, scale, window_left, window_right, softcap, interp)
     qk_scale, cap_in, cap_out, wl, wr, win, cap = options
     common = (qk_scale, scale, cap_in, cap_out, *q4.stride(), *k4.stride(), *v4.stride(), *do4.stride())
     lengths = (nh, group, s_q, s_k, _bucket(s_q), _bucket(s_k), wl, wr)
     dq_rest = (*common, *dq4.stride()[:3], *lengths)
     dq_kw = dict(
-        HEAD_D=d, BLOCK_D=_block_d(d), CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q4.dtype, interp),
+        HEAD_D=d, BLOCK_D=bd, BLOCK_D2=bd2, CAUSAL=causal, PREC=prec, F32_DOTS=_f32_dots(q4.dtype, interp),
         WINDOW=win, SOFTCAP=cap, GQA=group > 1, RAW_M=raw_m,
     )  # fmt: skip
     dq_grid = lambda meta: (triton_support.cdiv(s_q, meta["BLOCK_M"]) * bh,)  # noqa: E731
@@ -1608,9 +1734,9 @@ def _kernel_specs(dtype: str):
         st_sig, st_cx = strides(stride_names, out_strides)
         sig.update(st_sig)
         sig.update({k: "i32" for k in ("NH", "GROUP", "S_q", "S_k", "S_Q_KEY", "S_K_KEY", "WIN_L", "WIN_R")})
-        cx = dict(st_cx, HEAD_D=128, BLOCK_D=128, CAUSAL=True, PREC="tf32", F32_DOTS=False, WINDOW=False,
-                  SOFTCAP=0, **cfg.kwargs)  # fmt: skip
-        cx_names = ("HEAD_D", "BLOCK_D", "CAUSAL", "PREC", "F32_DOTS", "WINDOW", "SOFTCAP")
+        cx = dict(st_cx, HEAD_D=128, BLOCK_D=128, BLOCK_D2=0, CAUSAL=True, PREC="tf32", F32_DOTS=False,
+                  WINDOW=False, SOFTCAP=0, **cfg.kwargs)  # fmt: skip
+        cx_names = ("HEAD_D", "BLOCK_D", "BLOCK_D2", "CAUSAL", "PREC", "F32_DOTS", "WINDOW", "SOFTCAP")
         cx_names += ("GQA", "RAW_M", "BLOCK_M", "BLOCK_N")
         cx["GQA"], cx["RAW_M"] = _ASM_GQA, dtype == "fp32"
         if kernel is _attn_bwd_dq:
