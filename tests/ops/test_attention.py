@@ -324,14 +324,14 @@ def test_head_dim_tiles_cover_d_in_fewer_columns_than_one_padded_tile():
             assert at._d_tiles(d, dtype, split=False) == (full, 0)
             bd, bd2 = at._d_tiles(d, dtype)
             two = (full // 2, max(16, next_pow2(d - full // 2)))
-            if d > 16 and two[0] >= 16 and sum(two) < full:
+            if d > 16 and two[0] >= 16 and sum(two) == d < full:
                 assert (bd, bd2) == two, d
-                # the first tile holds real columns only (no mask); the second covers the rest
-                assert _pow2(bd) and _pow2(bd2) and bd2 >= 16 and bd < d <= bd + bd2 < full, d
+                # both tiles hold real columns only: no mask over D
+                assert _pow2(bd) and _pow2(bd2) and bd2 >= 16 and bd < d == bd + bd2 < full, d
             else:
                 assert (bd, bd2) == (full, 0), d
     tiles = {d: at._d_tiles(d, torch.bfloat16) for d in (64, 72, 80, 96, 112, 128, 160, 192, 256)}
-    assert tiles == {64: (64, 0), 72: (64, 16), 80: (64, 16), 96: (64, 32), 112: (128, 0), 128: (128, 0),
+    assert tiles == {64: (64, 0), 72: (128, 0), 80: (64, 16), 96: (64, 32), 112: (128, 0), 128: (128, 0),
                      160: (128, 32), 192: (128, 64), 256: (256, 0)}  # fmt: skip
 
 
@@ -407,9 +407,8 @@ def test_two_tile_head_dim_compiles_for_sm90_smaller_than_the_padded_tile():
         assert res[-1]["local_bytes"] == 0, res[-1]
 
 
-# Head dims that take two tiles, in 16-bit: exactly covered (48 = 32 + 16, 80, 96, 160 =
-# 128 + 32) and with the second tile padded (40 -> 32 + 16, 72 -> 64 + 16).
-SPLIT_HEAD_DIMS = [40, 48, 72, 80, 96, 160]
+# Head dims that take two tiles, in 16-bit (48 = 32 + 16, 80, 96, 160 = 128 + 32).
+SPLIT_HEAD_DIMS = [48, 80, 96, 160]
 
 
 @pytest.mark.parametrize("d", SPLIT_HEAD_DIMS)
@@ -419,7 +418,7 @@ def test_cpu_triton_two_tile_head_dims(d, causal):
 
     assert at._d_tiles(d, torch.bfloat16)[1] > 0
     _check_case("triton", (1, 2, 37, 29, d), torch.bfloat16, "cpu", causal)
-    if d in (72, 80):  # fp16; GQA with S_q > S_k; strided q, k, v and dO
+    if d == 80:  # fp16; GQA with S_q > S_k; strided q, k, v and dO
         _check_case("triton", (1, 2, 29, 37, d), torch.float16, "cpu", causal)
         _check_case("triton", (1, 4, 2, 33, 17, d), torch.bfloat16, "cpu", causal)
         _check_case("triton", (1, 2, 21, 19, d), torch.bfloat16, "cpu", causal, "sliced", strided_dy=True)
@@ -431,25 +430,25 @@ def test_cpu_triton_two_tile_head_dim_with_window_and_softcap():
 
 
 def test_cpu_triton_two_tiles_agree_with_one_padded_tile_and_never_write_the_padding():
-    """The two-tile kernels (D = 72: 64 + 16, 8 columns masked) against the one padded
-    128-wide tile (kernellab.config.attn_split_d False): the same o, lse and gradients up to
+    """The two-tile kernels (D = 80: 64 + 16) against the one padded
+    128-wide tile, 48 columns masked (kernellab.config.attn_split_d False): the same o, lse and gradients up to
     summation order; o, dq, dk, dv written through masks (a view of a wider buffer keeps
     its columns past D)."""
     from kernellab.ops.attention import triton as at
     from kernellab.options import config
 
-    q, k, v = SPEC.make_inputs((1, 2, 21, 19, 72), torch.bfloat16, "cpu", 4)
+    q, k, v = SPEC.make_inputs((1, 2, 21, 19, 80), torch.bfloat16, "cpu", 4)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
     outs = {}
     for split in (True, False):
         with config.override(attn_split_d=split):
-            o_buf = torch.full((1, 2, 21, 80), float("nan"), dtype=torch.bfloat16)
-            o, lse = at.forward_into(q, k, v, True, 0.15, o_buf[..., :72])
-            bufs = [torch.full(t.shape[:-1] + (80,), float("nan"), dtype=torch.bfloat16) for t in (q, k, v)]
-            at.backward_into(do, q, k, v, o, lse, True, 0.15, *(b[..., :72] for b in bufs))
+            o_buf = torch.full((1, 2, 21, 96), float("nan"), dtype=torch.bfloat16)
+            o, lse = at.forward_into(q, k, v, True, 0.15, o_buf[..., :80])
+            bufs = [torch.full(t.shape[:-1] + (96,), float("nan"), dtype=torch.bfloat16) for t in (q, k, v)]
+            at.backward_into(do, q, k, v, o, lse, True, 0.15, *(b[..., :80] for b in bufs))
         for b in (o_buf, *bufs):
-            assert torch.isnan(b[..., 72:]).all() and torch.isfinite(b[..., :72]).all()
-        outs[split] = [o.float(), lse] + [b[..., :72].float() for b in bufs]
+            assert torch.isnan(b[..., 80:]).all() and torch.isfinite(b[..., :80]).all()
+        outs[split] = [o.float(), lse] + [b[..., :80].float() for b in bufs]
     for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), outs[True], outs[False]):
         fin = torch.isfinite(b)  # (lse: -inf at the causal rows that see no key)
         assert torch.equal(a[~fin], b[~fin]) and fin.any(), name

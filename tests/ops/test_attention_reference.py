@@ -77,22 +77,22 @@ CUDA_NONFINITE_KNOWN = frozenset(
     kinf-causal-70x133-fp32-cuda-torch kinf-causal-9x4-bf16-cuda-default kinf-causal-9x4-bf16-cuda-torch
     kinf-causal-9x4-fp32-cuda-default kinf-causal-9x4-fp32-cuda-torch kinf-full-4x9-fp32-cuda-torch
     kinf-full-5x5-fp32-cuda-torch kinf-full-70x133-fp32-cuda-torch kinf-full-9x4-fp32-cuda-torch
-    knan-causal-9x4-bf16-cuda-default knan-causal-9x4-bf16-cuda-torch knan-causal-9x4-fp32-cuda-torch
+    knan-causal-9x4-bf16-cuda-torch knan-causal-9x4-fp32-cuda-torch
     q-inf-causal-4x9-bf16-cuda-default q-inf-causal-4x9-bf16-cuda-torch q-inf-causal-4x9-fp32-cuda-default
     q-inf-causal-4x9-fp32-cuda-torch q-inf-causal-5x5-bf16-cuda-default q-inf-causal-5x5-bf16-cuda-torch
     q-inf-causal-5x5-fp32-cuda-default q-inf-causal-5x5-fp32-cuda-torch q-inf-causal-70x133-bf16-cuda-default
     q-inf-causal-70x133-bf16-cuda-torch q-inf-causal-70x133-fp32-cuda-default q-inf-causal-70x133-fp32-cuda-torch
-    q-inf-causal-9x4-bf16-cuda-default q-inf-causal-9x4-bf16-cuda-torch q-inf-causal-9x4-fp32-cuda-torch
+    q-inf-causal-9x4-bf16-cuda-torch q-inf-causal-9x4-fp32-cuda-torch
     qinf-causal-4x9-bf16-cuda-default qinf-causal-4x9-bf16-cuda-torch qinf-causal-4x9-fp32-cuda-default
     qinf-causal-4x9-fp32-cuda-torch qinf-causal-5x5-bf16-cuda-default qinf-causal-5x5-bf16-cuda-torch
     qinf-causal-5x5-fp32-cuda-default qinf-causal-5x5-fp32-cuda-torch qinf-causal-70x133-bf16-cuda-default
     qinf-causal-70x133-bf16-cuda-torch qinf-causal-70x133-fp32-cuda-default qinf-causal-70x133-fp32-cuda-torch
-    qinf-causal-9x4-bf16-cuda-default qinf-causal-9x4-bf16-cuda-torch qinf-causal-9x4-fp32-cuda-torch
+    qinf-causal-9x4-bf16-cuda-torch qinf-causal-9x4-fp32-cuda-torch
     qnan-causal-4x9-bf16-cuda-default qnan-causal-4x9-bf16-cuda-torch qnan-causal-4x9-fp32-cuda-default
     qnan-causal-4x9-fp32-cuda-torch qnan-causal-5x5-bf16-cuda-default qnan-causal-5x5-bf16-cuda-torch
     qnan-causal-5x5-fp32-cuda-default qnan-causal-5x5-fp32-cuda-torch qnan-causal-70x133-bf16-cuda-default
     qnan-causal-70x133-bf16-cuda-torch qnan-causal-70x133-fp32-cuda-default qnan-causal-70x133-fp32-cuda-torch
-    qnan-causal-9x4-bf16-cuda-default qnan-causal-9x4-bf16-cuda-torch qnan-causal-9x4-fp32-cuda-torch
+    qnan-causal-9x4-bf16-cuda-torch qnan-causal-9x4-fp32-cuda-torch
     v-inf-causal-4x9-bf16-cuda-default v-inf-causal-4x9-bf16-cuda-torch v-inf-causal-4x9-fp32-cuda-default
     v-inf-causal-4x9-fp32-cuda-torch v-inf-causal-5x5-bf16-cuda-default v-inf-causal-5x5-bf16-cuda-torch
     v-inf-causal-5x5-fp32-cuda-default v-inf-causal-5x5-fp32-cuda-torch v-inf-causal-70x133-bf16-cuda-default

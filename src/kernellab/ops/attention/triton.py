@@ -1216,11 +1216,12 @@ def _d_tiles(d: int, dtype: torch.dtype, split: bool = True) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_D2): the head dim's tiles. One tile of ``_block_d(d)`` columns
     (BLOCK_D2 = 0) pads D up to a power of two, and every dot over D, every K/V/Q tile in
     shared memory and every dK/dV/dQ accumulator is that wide: D = 80 does the MMA work
-    and holds the registers of D = 128. Where two power-of-two tiles (the largest power of
-    two below D, then the rest rounded up to a power of two >= 16) cover D in fewer
-    columns, 16-bit dtypes take them: 80 = 64 + 16, 96 = 64 + 32, 72 -> 64 + 16, 48 = 32 +
-    16, 160 = 128 + 32, 192 = 128 + 64; each dot over D is two MMAs chained into one
-    accumulator. fp32 keeps one tile: its IEEE dots are single FMA chains over D that the
+    and holds the registers of D = 128. Where D is exactly two power-of-two tiles (the
+    largest power of two below D, then a power of two >= 16), 16-bit dtypes take them:
+    80 = 64 + 16, 96 = 64 + 32, 48 = 32 + 16, 160 = 128 + 32, 192 = 128 + 64; each dot
+    over D is two MMAs chained into one accumulator. A second tile with padded columns
+    (72 -> 64 + 16, 40 -> 32 + 16) read out of bounds on an H200 (illegal address in the
+    forward): those head dims keep the one padded tile. fp32 keeps one tile: its IEEE dots are single FMA chains over D that the
     forward and backward must round alike (``_shared_dot``). ``split`` False
     (``kernellab.config.attn_split_d``): always one tile."""
     full = _block_d(d)
@@ -1228,7 +1229,7 @@ def _d_tiles(d: int, dtype: torch.dtype, split: bool = True) -> tuple[int, int]:
         return full, 0
     lo = full // 2
     rest = max(16, triton_support.next_pow2(d - lo))
-    if lo >= 16 and lo + rest < full:
+    if lo >= 16 and lo + rest == d < full:
         return lo, rest
     return full, 0
 
