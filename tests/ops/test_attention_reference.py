@@ -69,7 +69,7 @@ CUDA_NONFINITE_KNOWN = frozenset(
     """
     k-inf-causal-4x9-bf16-cuda-default k-inf-causal-4x9-bf16-cuda-torch k-inf-causal-4x9-fp32-cuda-default
     k-inf-causal-4x9-fp32-cuda-torch k-inf-causal-5x5-fp32-cuda-torch k-inf-causal-70x133-fp32-cuda-torch
-    k-inf-causal-9x4-bf16-cuda-default k-inf-causal-9x4-bf16-cuda-torch k-inf-causal-9x4-fp32-cuda-torch
+    k-inf-causal-9x4-bf16-cuda-torch k-inf-causal-9x4-fp32-cuda-torch
     k-inf-full-4x9-fp32-cuda-torch k-inf-full-5x5-fp32-cuda-torch k-inf-full-70x133-fp32-cuda-torch
     k-inf-full-9x4-fp32-cuda-torch kinf-causal-4x9-fp32-cuda-torch kinf-causal-5x5-bf16-cuda-default
     kinf-causal-5x5-bf16-cuda-torch kinf-causal-5x5-fp32-cuda-default kinf-causal-5x5-fp32-cuda-torch
