@@ -145,39 +145,35 @@ def test_linear_cross_entropys_default_never_stores_the_logits_past_the_small_si
         registry.clear_cache()
 
 
+def _vote_row(shape, best):
+    """A fp32 gelu fwd row of ``shape`` won by ``best`` (cuda or torch), twice as fast."""
+    times = {"cuda": 1.0, "torch": 2.0} if best == "cuda" else {"cuda": 2.0, "torch": 1.0}
+    return {"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": list(shape), "key": list(shape),
+            "best": best, "times": times}  # fmt: skip
+
+
+def _vote(rows, key):
+    usable = frozenset({"cuda", "torch"})
+    return choice.choose(
+        {"rows": rows}, "X.json", "gelu", key, "fp32", "fwd", "", usable=usable, preferred="torch"
+    )
+
+
 def test_a_far_shape_hears_the_rows_of_its_alignment_class():
     # four odd-width rows named torch, three aligned rows named cuda: an aligned far shape
     # follows the aligned rows, an odd one the odd rows
-    def row(shape, best):
-        times = {"cuda": 1.0, "torch": 2.0} if best == "cuda" else {"cuda": 2.0, "torch": 1.0}
-        return {"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": list(shape), "key": list(shape),
-                "best": best, "times": times}  # fmt: skip
-
-    rows = [row((4096, 4097), "torch"), row((8191, 50257), "torch"), row((257, 65537), "torch"),
-            row((605185, 197), "torch"), row((8192, 50304), "cuda"), row((98304, 1024), "cuda"),
-            row((16, 128256), "cuda")]  # fmt: skip
-    table = {"rows": rows}
-
-    def pick(key):
-        usable = frozenset({"cuda", "torch"})
-        return choice.choose(
-            table, "X.json", "gelu", key, "fp32", "fwd", "", usable=usable, preferred="torch"
-        )
-
-    backend, why = pick((3000 * 64, 7000 * 64))  # aligned, far from every row
+    odd = [(4096, 4097), (8191, 50257), (257, 65537), (605185, 197)]
+    aligned = [(8192, 50304), (98304, 1024), (16, 128256)]
+    rows = [_vote_row(s, "torch") for s in odd] + [_vote_row(s, "cuda") for s in aligned]
+    backend, why = _vote(rows, (3000 * 64, 7000 * 64))  # aligned, far from every row
     assert backend == "cuda" and "3 of its 3 gelu fp32 fwd rows of its alignment class" in why
-    assert pick((3001 * 64 + 1, 7001 * 64 + 1))[0] == "torch"  # odd in both dims: the 4 odd rows
+    assert _vote(rows, (3001 * 64 + 1, 7001 * 64 + 1))[0] == "torch"  # odd in both dims: the 4 odd rows
 
 
 def test_a_split_alignment_class_lets_every_row_vote():
-    def row(shape, best):
-        times = {"cuda": 1.0, "torch": 2.0} if best == "cuda" else {"cuda": 2.0, "torch": 1.0}
-        return {"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": list(shape), "key": list(shape),
-                "best": best, "times": times}  # fmt: skip
-
     # aligned rows: 2 cuda, 2 torch (no majority, the same geometric means); odd rows: cuda
-    rows = [row((8192, 50304), "cuda"), row((98304, 1024), "cuda"), row((64, 256), "torch"),
-            row((128, 1024), "torch"), row((4096, 4097), "cuda"), row((8191, 50257), "cuda")]  # fmt: skip
-    backend, why = choice.choose({"rows": rows}, "X.json", "gelu", (3000 * 64, 7000 * 64), "fp32", "fwd", "",
-                                 usable=frozenset({"cuda", "torch"}), preferred="torch")  # fmt: skip
+    wins = [((8192, 50304), "cuda"), ((98304, 1024), "cuda"), ((64, 256), "torch"), ((128, 1024), "torch"),
+            ((4096, 4097), "cuda"), ((8191, 50257), "cuda")]  # fmt: skip
+    rows = [_vote_row(s, b) for s, b in wins]
+    backend, why = _vote(rows, (3000 * 64, 7000 * 64))
     assert backend == "cuda" and "4 of its 6 gelu fp32 fwd rows" in why and "alignment class" not in why

@@ -67,7 +67,7 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
         if best is not None and best[0] <= NEAR:
             row = best[1]
             device = row.get("device")
-            times = device if device and (by == "device" or decided_by_device(device)) else row["times"]
+            times = device if by == "device" and device else deciding_times(row)
             metric = "device time" if times is not row["times"] else "the larger of device and loop time"
             fastest = "fastest"
             row_best = row_choice(row)
@@ -164,8 +164,7 @@ def _table_vote(table, table_name, op, dn, mode, options, usable, key=None):
         n_rows += 1
         row_best = row_choice(row)
         wins[row_best] = wins.get(row_best, 0) + 1
-        device = row.get("device")
-        times = device if device and decided_by_device(device) else row["times"]
+        times = deciding_times(row)
         best_t = min(times.values())
         for b, t in times.items():
             if best_t > 0 and t > 0:
@@ -215,9 +214,17 @@ DEVICE_TIE = 0.01
 DEVICE_BOUND_MS = 0.02
 
 
-def decided_by_device(device: dict | None) -> bool:
-    """Whether a row with these device times (ms) is judged by device time alone."""
-    return bool(device) and min(device.values()) >= DEVICE_BOUND_MS
+def decided_by_device(times: dict, device: dict | None) -> bool:
+    """Whether backends with these effective and device times (ms) are judged by device
+    time alone: every one has a device time and the fastest takes DEVICE_BOUND_MS or more."""
+    return bool(device) and set(times) <= set(device) and min(device.values()) >= DEVICE_BOUND_MS
+
+
+def deciding_times(row: dict) -> dict:
+    """The times a table row's backends are ranked by: device times where they decide,
+    else the effective ones."""
+    device = row.get("device")
+    return device if decided_by_device(row["times"], device) else row["times"]
 
 
 def row_choice(row: dict) -> str:
@@ -225,15 +232,13 @@ def row_choice(row: dict) -> str:
     time decides, else the ``best`` it was written with (which may carry a paired verify's
     verdict, ``rebuild_table --verify``)."""
     device = row.get("device")
-    if device and decided_by_device(device) and set(row["times"]) <= set(device):
-        return pick_best(row["times"], device)
-    return row["best"]
+    return pick_best(row["times"], device) if decided_by_device(row["times"], device) else row["best"]
 
 
 def pick_best(times: dict, device: dict) -> str:
     """The table's choice from per-backend effective and device times (see TIE, DEVICE_TIE,
     DEVICE_BOUND_MS)."""
-    if decided_by_device(device) and set(times) <= set(device):
+    if decided_by_device(times, device):
         fastest = min(device.values())
         return min((b for b in device if device[b] <= fastest * (1 + DEVICE_TIE)), key=times.get)
     first = min(times, key=times.get)

@@ -25,6 +25,8 @@ import math
 import os
 
 from kernellab.core.spec import options_str
+from kernellab.harness.report import VENDOR
+from kernellab.harness.results import is_ours
 
 # (op, shape, dtype, mode, options). Model-family shapes absent from the tuning families,
 # and the cases the issue names.
@@ -74,18 +76,6 @@ WITHIN = 0.97  # the default within 3% of the fastest backend
 NONE_BELOW = 0.9
 
 
-def _is_own(backend: str) -> bool:
-    from kernellab.harness.results import is_ours
-
-    return is_ours(backend)
-
-
-def _is_vendor(backend: str) -> bool:
-    from kernellab.harness.report import VENDOR
-
-    return backend in VENDOR
-
-
 def summarize(rows) -> tuple[list[dict], dict]:
     """(one line per case, totals) from bench rows: per (op, shape, dtype, mode, options)
     the best own and best vendor backend by device time (``median_ms``), their ratio
@@ -100,8 +90,8 @@ def summarize(rows) -> tuple[list[dict], dict]:
         by[r["backend"]] = min(ms, by.get(r["backend"], math.inf))
     lines = []
     for key, by in cases.items():
-        own = {b: t for b, t in by.items() if _is_own(b)}
-        ven = {b: t for b, t in by.items() if _is_vendor(b)}
+        own = {b: t for b, t in by.items() if is_ours(b)}
+        ven = {b: t for b, t in by.items() if b in VENDOR}
         line = dict(zip(("op", "shape", "dtype", "mode", "options"), key))
         if own and ven:
             ob, vb = min(own, key=own.get), min(ven, key=ven.get)
@@ -112,7 +102,7 @@ def summarize(rows) -> tuple[list[dict], dict]:
                 vendor_ms=ven[vb],
                 own_vs_vendor=round(ven[vb] / own[ob], 3),
             )
-        cand = {b: t for b, t in by.items() if b != "default" and (_is_own(b) or _is_vendor(b))}
+        cand = {b: t for b, t in by.items() if b != "default" and (is_ours(b) or b in VENDOR)}
         if "default" in by and cand:
             best = min(cand, key=cand.get)
             line.update(best=best, best_ms=cand[best], default_ms=by["default"],

@@ -267,11 +267,15 @@ def _max_shared(device_index: int) -> int:
     return int(getattr(props, "shared_memory_per_block_optin", 0) or 166912)  # A100's, if unknown
 
 
+def pipeline_bytes(bm: int, bn: int, bk: int, elem: int, stages: int = 1) -> int:
+    """Shared memory of a matmul's software pipeline: one A and one B tile per stage."""
+    return (bm * bk + bk * bn) * elem * stages
+
+
 def _fits(cfg, m: int, n: int, k: int, elem: int, max_shared: int) -> bool:
     kw = cfg.kwargs
     bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
-    # Shared memory of the software pipeline: one A and one B tile per stage.
-    if (bm * bk + bk * bn) * elem * cfg.num_stages > max_shared:
+    if pipeline_bytes(bm, bn, bk, elem, cfg.num_stages) > max_shared:
         return False
 
     # A tile much larger than the problem wastes the whole tile's MMAs on padding.
@@ -376,7 +380,7 @@ def skinny_block_m(m: int) -> int:
 
 def _skinny_stages(bm: int, bn: int, bk: int, elem: int) -> int:
     """Pipeline depth that fits SKINNY_SMEM: one a and one b tile per stage, 2 to 4."""
-    return max(2, min(4, SKINNY_SMEM // ((bm * bk + bk * bn) * elem)))
+    return max(2, min(4, SKINNY_SMEM // pipeline_bytes(bm, bn, bk, elem)))
 
 
 def _skinny_warps(bm: int, bn: int) -> int:
@@ -492,7 +496,7 @@ def skinny_prune(configs, named_args, **kwargs):
     kept = []
     for bn, bk, _, w, st in skinny_candidates(m, n, k, n_sm, elem):
         c = by_key.get((bn, bk, w, st))
-        if c is not None and (bm * bk + bk * bn) * elem * st <= limit:
+        if c is not None and pipeline_bytes(bm, bn, bk, elem, st) <= limit:
             kept.append(c)
     return kept or [min(configs, key=lambda c: (c.kwargs["BLOCK_N"] * c.kwargs["BLOCK_K"], c.num_stages))]
 
@@ -637,7 +641,7 @@ def _skinny_fit(config: tuple, bm: int, elem: int, dev: int, fma: bool) -> tuple
     if fma:
         bk = min(bk, 32)
     max_shared = _max_shared(dev)
-    while stages > 2 and (bm * bk + bk * bn) * elem * stages > max_shared:
+    while stages > 2 and pipeline_bytes(bm, bn, bk, elem, stages) > max_shared:
         stages -= 1
     return bn, bk, split, warps, stages
 

@@ -32,6 +32,7 @@ from kernellab.ops.matmul.triton import (
     check_batch_grid,
     epilogue,
     grouped_tile,
+    pipeline_bytes,
     triton_matmul_fwd,
 )
 from kernellab.triton_support import install_tma_allocator as _install_allocator
@@ -93,7 +94,7 @@ def tma_configs() -> list:
 def _fits_tma(cfg, m, n, k, elem, max_shared) -> bool:
     kw = cfg.kwargs
     bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
-    pipeline = (bm * bk + bk * bn) * elem * cfg.num_stages
+    pipeline = pipeline_bytes(bm, bn, bk, elem, cfg.num_stages)
     staging = bm * bn * elem  # the C tile staged in shared memory for the TMA store
     if pipeline + staging > max_shared:
         return False
