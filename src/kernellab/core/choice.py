@@ -152,8 +152,7 @@ def _table_vote(table, table_name, op, dn, mode, options, usable, key=None):
     rows speaks; without one, the backend timed at every row whose time over each row's best
     has the least geometric mean (NEAREST_LEAD ahead of the next). Where VOTE_MIN_ROWS rows
     share the call's alignment class (``_distance`` finite), only they vote: a kernel's
-    speed at odd widths says little about aligned ones (softmax fp32 on an H100: PyTorch's
-    fastest at 4096x4097, our CUDA kernel at 8192x50304)."""
+    speed at odd widths says little about aligned ones, as ``_distance`` says."""
     rows = list(_rows(table, op, dn, mode, options))
     alike = [r for r in rows if key is not None and _distance(tuple(r["key"]), key) < math.inf]
     alike_note = ""

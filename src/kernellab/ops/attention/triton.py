@@ -1219,10 +1219,10 @@ def _d_tiles(d: int, dtype: torch.dtype, split: bool = True) -> tuple[int, int]:
     and holds the registers of D = 128. Where D is exactly two power-of-two tiles (the
     largest power of two below D, then a power of two >= 16), 16-bit dtypes take them:
     80 = 64 + 16, 96 = 64 + 32, 48 = 32 + 16, 160 = 128 + 32, 192 = 128 + 64; each dot
-    over D is two MMAs chained into one accumulator. A second tile with padded columns
-    (72 -> 64 + 16, 40 -> 32 + 16) read out of bounds on an H200 (illegal address in the
-    forward): those head dims keep the one padded tile. fp32 keeps one tile: its IEEE dots are single FMA chains over D that the
-    forward and backward must round alike (``_shared_dot``). ``split`` False
+    over D is two MMAs chained into one accumulator. Head dims whose second tile would hold
+    padded columns (72 -> 64 + 16, 40 -> 32 + 16) keep the one padded tile (the masked
+    second tile faulted on the GPU: benchmarks/NOTES.md). fp32 keeps one tile: its IEEE
+    dots are single FMA chains over D that the forward and backward must round alike (``_shared_dot``). ``split`` False
     (``kernellab.config.attn_split_d``): always one tile."""
     full = _block_d(d)
     if not split or dtype == torch.float32 or d <= 16:

@@ -365,8 +365,8 @@ SKINNY_MIN_K_BLOCKS = 2  # each K slice walks at least this many BLOCK_K steps
 SKINNY_SPLIT_MAX = 32
 SKINNY_SPLIT_MIN_BYTES = 1 << 23  # below (~2 us of reading), no split: the sum's launch costs more
 SKINNY_SMEM = 128 * 1024  # shared memory budget of one program's pipeline (H100: 227 KB per SM)
-# Autotuning is opt-in (``tune=True``): on an H200 the tuned launches came out slower and
-# less steady than the heuristic's (lab/gpu_skinny.py, benchmarks/results/skinny-*).
+# Autotuning is opt-in (``tune=True``): the heuristic's configs are the default
+# (lab/gpu_skinny.py measures both; benchmarks/NOTES.md).
 SKINNY_TUNE_MIN_BYTES = None
 _SKINNY_BN = (32, 64, 128, 256)
 _SKINNY_BK = (32, 64, 128, 256)

@@ -427,10 +427,8 @@ def _fwd_config(n_cols: int, cfg: Config = CONFIG):
     return block, rows, cfg.fwd_warps or warps
 
 
-# The backward's shape by padded row width (BLOCK) and element size, from sweeps of
-# programs per SM x warps on an H200 (lab/sweep_norm_shapes.py; rows of 768 to 5120, fp32
-# and bf16, layer_norm and rms_norm; geomean 0.976 of each case's best, none under 0.91):
-# fp32 rows of 4096 and more keep one program per SM with 16 warps; 16-bit rows two
+# The backward's shape by padded row width (BLOCK) and element size, as swept by
+# lab/sweep_norm_shapes.py (measurements in benchmarks/NOTES.md): fp32 rows of 4096 and more keep one program per SM with 16 warps; 16-bit rows two
 # programs per SM with 4 warps at 4096 and one with 8 warps past it; narrower rows want
 # more programs in flight, 8192 / BLOCK of them per SM, with 8 warps at 1024 and 4 below.
 
