@@ -1,4 +1,4 @@
-"""kernellab command line: list | check | bench | peaks | report | profile | demo | train | asm | tune |
+"""kernellab command line: list | check | bench | peaks | build-nodes | report | profile | demo | train | asm | tune |
 explain | info. `kernellab` alone prints the help; a user's mistake is one line and exit 2."""
 
 from __future__ import annotations
@@ -483,6 +483,24 @@ def cmd_peaks(args) -> int:
     with console.status("measuring copy bandwidth and matmul rates ..."):
         p = device.peaks(refresh=args.refresh)
     console.print_json(json.dumps(p))
+    return 0
+
+
+def cmd_build_nodes(args) -> int:
+    """Build the C++ autograd nodes (kernellab/cuda/nodes.py) once; backends such as
+    rms_norm's ``cuda_node`` use them from then on."""
+    import time
+
+    from kernellab.cuda import nodes
+
+    t0 = time.perf_counter()
+    try:
+        with console.status("compiling kernellab/cuda/nodes.cpp (about a minute, once) ..."):
+            mod = nodes.build(verbose=args.verbose)
+    except Exception as e:  # noqa: BLE001 - no compiler, no ninja, torch headers missing: say so
+        console.print(f"[red]build-nodes failed: {type(e).__name__}: {e}[/]")
+        return 1
+    console.print(f"built {mod.__file__} in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -1354,6 +1372,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--refresh", action="store_true", help="measure again even if cached")
     s.set_defaults(func=cmd_peaks)
 
+    s = sub.add_parser("build-nodes", help="compile the C++ autograd nodes once (lower host cost per call)")
+    s.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    s.set_defaults(func=cmd_build_nodes)
+
     s = sub.add_parser(
         "report",
         help="markdown table, or with --html a page with pictures, from result files",
@@ -1454,6 +1476,7 @@ EXAMPLES = {
     "bench": ["kernellab bench gelu -s 2^28 --dtype bf16 --mode fwd --mode fwdbwd --json out.jsonl",
               "kernellab bench add -s 2^10 --graph"],
     "peaks": ["kernellab peaks --refresh"],
+    "build-nodes": ["kernellab build-nodes   # then rms_norm backend cuda_node (and the default) can use it"],
     "report": ["kernellab report rows.jsonl --pivot", "kernellab report --html out/ benchmarks/results/*.jsonl"],
     "profile": ["kernellab profile softmax -s 4096x4096 --dtype bf16", "kernellab profile matmul -b cuda --ncu"],
     "demo": ["kernellab demo gelu", "kernellab demo mlp"],

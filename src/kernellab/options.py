@@ -15,6 +15,7 @@ variable is read again).
 | ``check_targets`` | KERNELLAB_CHECK_TARGETS | False | cross_entropy checks target values on the GPU too (one host sync a call) |
 | ``triton_launch`` | KERNELLAB_TRITON_LAUNCH | "" | "jit": plain ``kernel[grid]`` launches instead of the lean launcher |
 | ``cuda_launch`` | KERNELLAB_LAUNCH | "" | "core": CUDA kernels launch through ``cuda.core`` instead of ``cuLaunchKernel`` |
+| ``cpp_nodes`` | KERNELLAB_CPP_NODES | "auto" | C++ autograd nodes (cuda/nodes.py): "auto" when built, "build" at first use, "off" |
 
 Paths are not options here: ``KERNELLAB_CACHE`` (the cache directory) and
 ``KERNELLAB_TABLES`` (tuning tables) are read where a path is needed.
@@ -39,6 +40,7 @@ _OPTIONS = {
     "check_targets": ("KERNELLAB_CHECK_TARGETS", _flag, False),
     "triton_launch": ("KERNELLAB_TRITON_LAUNCH", str, ""),
     "cuda_launch": ("KERNELLAB_LAUNCH", str, ""),
+    "cpp_nodes": ("KERNELLAB_CPP_NODES", str, "auto"),
 }
 
 

@@ -346,6 +346,11 @@ class Kernel:
         self._use_core = config.cuda_launch == "core"
         self.max_dynamic_shared = 48 * 1024  # the default limit; see set_max_dynamic_shared
 
+    @property
+    def handle(self) -> int:
+        """The CUfunction (a C++ caller's launch target; cuda/nodes.cpp)."""
+        return self._handle
+
     def __call__(self, grid, block, *args, shared: int = 0, device_index: int | None = None):
         """Launch on torch's current stream. ``grid``/``block`` are int or 3-tuples;
         ``args`` match the signature (tensors are passed as their data pointers).

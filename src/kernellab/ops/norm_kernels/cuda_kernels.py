@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
+from kernellab.cuda import nodes, runtime
 from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, sm_count
-from kernellab.ops._register import register_cuda
+from kernellab.ops._register import register_builtin, register_cuda
 from kernellab.ops.norm_kernels import plumbing
 
 MODULE = Module(Path(__file__).with_name("norms.cu"))
@@ -144,10 +145,68 @@ VARIANTS = [
 ]
 
 
+# The C++ autograd node's plans (kernellab/cuda/nodes.cpp): per (shape, dtype, device) the
+# v2 kernels' handles and launch shapes, or False where v2 does not take the shape.
+_NODE_PLANS: dict = {}
+
+
+def _rms_node_plan(x: torch.Tensor) -> list[int] | bool:
+    n_rows, n_cols = plumbing.rows_of(x)
+    fwd_shape, bwd_shape = _use_v2(x, True, 4), _use_v2(x, True, 2)
+    if not (n_rows and n_cols) or fwd_shape is None or bwd_shape is None or n_rows >= 2**31:
+        return False
+    dev, sfx = x.device.index, SUFFIX[x.dtype]
+    (ftpr, fp), (btpr, bp) = fwd_shape, bwd_shape
+    fk = _kernel(f"rms_fwd_p{fp}_{sfx}", _FWD_SIG + ("i64", "i32", "i32", "f32"), dev)
+    bk = _kernel(f"rms_bwd_p{bp}_{sfx}", ("ptr",) * 8 + ("i64", "i32", "i32"), dev)
+    frpb, brpb = V2_THREADS // ftpr, V2_THREADS // btpr
+    bgrid = max(1, min((n_rows + brpb - 1) // brpb, BWD_BLOCKS_PER_SM * sm_count(dev)))
+    fgrid = (n_rows + frpb - 1) // frpb
+    return [fk.handle, fgrid, V2_THREADS, ftpr, bk.handle, bgrid, V2_THREADS, btpr, bgrid * brpb]
+
+
+def rms_node(x: torch.Tensor, w: torch.Tensor, eps: float):
+    """rms_norm through the C++ autograd node (the ``cuda`` backend's eager path when
+    gradients are wanted), or None where it does not apply: no built extension
+    (``kernellab.config.cpp_nodes``), another layout, dtype or device than it takes."""
+    mod = nodes.module()
+    if mod is None:
+        return None
+    if (
+        w.dtype != x.dtype
+        or not (x.is_contiguous() and w.is_contiguous())
+        or (x.data_ptr() | w.data_ptr()) & 15
+        or x.device.index != torch.cuda.current_device()
+    ):
+        return None
+    key = (x.shape, x.dtype, x.device.index)
+    plan = _NODE_PLANS.get(key)
+    if plan is None:
+        if len(_NODE_PLANS) >= 1024:
+            _NODE_PLANS.clear()
+        plan = _NODE_PLANS[key] = _rms_node_plan(x)
+    if plan is False:
+        return None
+    return mod.rms_norm(x, w, eps, plan)
+
+
+def _node_unavailable() -> str | None:
+    return runtime.nvrtc_unavailable() or nodes.why_unavailable()
+
+
+NODE_BACKEND = ("cuda_node", "CUDA v2 in a C++ autograd node (built once: kernellab build-nodes)")
+
+
 def register_variants(op: str, make_op) -> None:
     """Register each variant as backend ``VARIANTS[i][0]`` of ``op``: its launchers through
-    ``make_op`` (a plumbing ``*_op``), custom ops ``kernellab::<op>_<backend>``."""
+    ``make_op`` (a plumbing ``*_op``), custom ops ``kernellab::<op>_<backend>``. rms_norm
+    also gets ``cuda_node``: v2's launchers, and where a gradient is recorded the C++ node
+    (``rms_node``), available once the extension is built (cuda/nodes.py)."""
     for backend, what in VARIANTS:
         fwd, bwd = LAUNCHERS[backend]
-        fn = make_op(f"{op}_{backend}", fwd, bwd)
-        register_cuda(op, backend, fn, MODULE, what)
+        register_cuda(op, backend, make_op(f"{op}_{backend}", fwd, bwd), MODULE, what)
+    if op == "rms_norm":
+        backend, what = NODE_BACKEND
+        fwd, bwd = LAUNCHERS["cuda"]
+        fn = make_op(f"{op}_{backend}", fwd, bwd, node=rms_node)
+        register_builtin(op, backend, fn, what, module=MODULE, available=_node_unavailable)

@@ -155,9 +155,11 @@ def _add_bwd_sample(make):
     return (dy, dy.detach().clone(), x, w, mean, rstd, True)
 
 
-def rms_norm_op(name: str, fwd, bwd, triton: bool = False):
+def rms_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
     """Custom ops ``kernellab::<name>`` (x, w, eps) -> (y, rstd) and
-    ``kernellab::<name>_backward``; returns the registry callable ``(x, w, eps=1e-6)``."""
+    ``kernellab::<name>_backward``; returns the registry callable ``(x, w, eps=1e-6)``.
+    ``node(x, w, eps) -> y or None``: an eager path for calls that record a gradient (a
+    C++ autograd node); None from it, or a traced call, takes the custom op."""
 
     def _fwd(x: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         y, _, rstd = fwd(contig(x), w, None, eps, True)
@@ -186,11 +188,30 @@ def rms_norm_op(name: str, fwd, bwd, triton: bool = False):
         )
     )
 
-    @expose(call, name)
-    def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-        return call(x, contig(weight), float(eps))  # unit-stride weight, as layer_norm
+    if node is None:
 
-    return rms_norm
+        @expose(call, name)
+        def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+            return call(x, contig(weight), float(eps))  # unit-stride weight, as layer_norm
+
+        return rms_norm
+
+    @expose(call, name)
+    def rms_norm_node(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+        if (
+            (x.requires_grad or weight.requires_grad)
+            and type(x) is Tensor
+            and x.is_cuda
+            and torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()
+        ):
+            y = node(x, weight, float(eps))
+            if y is not None:
+                return y
+        return call(x, contig(weight), float(eps))
+
+    rms_norm_node.__name__ = name
+    return rms_norm_node
 
 
 def _bwd_sample(make, rms: bool):

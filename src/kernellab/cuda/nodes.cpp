@@ -1,0 +1,162 @@
+// Autograd nodes in C++ for the norms' CUDA kernels (norms.cu, loaded by NVRTC in Python).
+//
+// Why: a Python autograd.Function costs its forward's frame and, in the backward, the GIL
+// taken on autograd's device thread. At tiny shapes that host time is the whole call: an
+// RMSNorm forward+backward of 64x256 took 1.29x PyTorch's per call in a plain loop even with
+// nothing but our two launches inside a bare Python node. Here the node, its saved tensors and
+// its backward live in C++; Python only finds the kernels and the launch shape once per
+// (shape, dtype, device) and passes them in as a plan.
+//
+// The kernels are launched with the driver's cuLaunchKernel, found at run time in
+// libcuda.so.1 (no CUDA headers or libraries at build time: this builds against a CPU-only
+// torch too), on torch's current stream of the tensors' device.
+//
+// Plan (int64 values, built by kernellab/cuda/nodes.py):
+//   [0] forward CUfunction   [1] forward grid   [2] forward block   [3] forward threads per row
+//   [4] backward CUfunction  [5] backward grid  [6] backward block  [7] backward threads per row
+//   [8] partial rows of dw (backward grid x rows per block)
+// Both kernels are norms.cu's v2 entry points (rms_fwd_p<P>_<dtype>, rms_bwd_p<P>_<dtype>):
+//   fwd(x, w, b, y, mean, rstd, long long rows, int d, int tpr, float eps)
+//   bwd(dy, x, w, mean, rstd, dx, dw_part, db_part, long long rows, int d, int tpr)
+// x, dy and w must be contiguous and 16-byte aligned (the v2 kernels read 16-byte packs);
+// Python checks x and w before it calls in, the backward re-packs a dy that is not.
+
+#include <torch/extension.h>
+
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                         void**, void**);
+using RetainFn = int (*)(void**, int);
+using SetCurrentFn = int (*)(void*);
+using DeviceGetFn = int (*)(int*, int);
+
+constexpr int kInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
+
+struct Driver {
+    LaunchFn launch = nullptr;
+    RetainFn retain = nullptr;
+    SetCurrentFn set_current = nullptr;
+    DeviceGetFn device_get = nullptr;
+};
+
+const Driver& driver() {
+    static const Driver d = [] {
+        Driver out;
+        void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+        TORCH_CHECK(lib != nullptr, "kernellab nodes: libcuda.so.1 cannot be loaded");
+        out.launch = reinterpret_cast<LaunchFn>(dlsym(lib, "cuLaunchKernel"));
+        out.retain = reinterpret_cast<RetainFn>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
+        out.set_current = reinterpret_cast<SetCurrentFn>(dlsym(lib, "cuCtxSetCurrent"));
+        out.device_get = reinterpret_cast<DeviceGetFn>(dlsym(lib, "cuDeviceGet"));
+        TORCH_CHECK(out.launch && out.retain && out.set_current && out.device_get,
+                    "kernellab nodes: libcuda.so.1 lacks the driver entry points it needs");
+        return out;
+    }();
+    return d;
+}
+
+// A thread that never touched the device (an autograd device thread before its first CUDA
+// call) has no current context: bind the device's primary context, as the runtime would.
+void bind_primary_context(int device_index) {
+    const Driver& d = driver();
+    int dev = 0;
+    void* ctx = nullptr;
+    TORCH_CHECK(d.device_get(&dev, device_index) == 0 && d.retain(&ctx, dev) == 0 && d.set_current(ctx) == 0,
+                "kernellab nodes: cannot bind the primary context of cuda:", device_index);
+}
+
+void launch(int64_t fn, int64_t grid, int64_t block, const at::Tensor& like, void** args) {
+    void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(like.device()).native_handle();
+    const Driver& d = driver();
+    void* f = reinterpret_cast<void*>(static_cast<uintptr_t>(fn));
+    auto g = static_cast<unsigned>(grid), b = static_cast<unsigned>(block);
+    int rc = d.launch(f, g, 1, 1, b, 1, 1, 0, stream, args, nullptr);
+    if (rc == kInvalidContext) {
+        bind_primary_context(like.device().index());
+        rc = d.launch(f, g, 1, 1, b, 1, 1, 0, stream, args, nullptr);
+    }
+    TORCH_CHECK(rc == 0, "kernellab nodes: kernel launch failed with CUDA driver error ", rc);
+}
+
+bool aligned16(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
+
+struct RmsNormNode : public torch::autograd::Function<RmsNormNode> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                              double eps, std::vector<int64_t> plan) {
+        const int64_t d = x.size(-1);
+        const int64_t rows = d ? x.numel() / d : 0;
+        at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+        at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+        void* xp = x.data_ptr();
+        void* wp = w.data_ptr();
+        void* none = nullptr;
+        void* yp = y.data_ptr();
+        void* rp = rstd.data_ptr();
+        long long n_rows = rows;
+        int n_cols = static_cast<int>(d);
+        int tpr = static_cast<int>(plan[3]);
+        float e = static_cast<float>(eps);
+        void* args[] = {&xp, &wp, &none, &yp, &none, &rp, &n_rows, &n_cols, &tpr, &e};
+        launch(plan[0], plan[1], plan[2], x, args);
+        ctx->save_for_backward({x, w, rstd});
+        ctx->saved_data["plan"] = std::move(plan);
+        return y;
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                    torch::autograd::variable_list grads) {
+        TORCH_CHECK(!at::GradMode::is_enabled(),
+                    "kernellab rms_norm (cuda): the gradient of its gradient is not implemented "
+                    "(create_graph=True); use backend='triton' or 'torch' for double backward");
+        auto saved = ctx->get_saved_variables();
+        const at::Tensor& x = saved[0];
+        const at::Tensor& w = saved[1];
+        const at::Tensor& rstd = saved[2];
+        const std::vector<int64_t> plan = ctx->saved_data["plan"].toIntVector();
+        at::Tensor dy = grads[0];
+        if (!dy.is_contiguous() || !aligned16(dy) || dy.scalar_type() != x.scalar_type()) {
+            dy = dy.to(x.scalar_type()).clone(at::MemoryFormat::Contiguous);
+        }
+        const int64_t d = x.size(-1);
+        const int64_t rows = d ? x.numel() / d : 0;
+        at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+        at::Tensor part = at::empty({plan[8], d}, x.options().dtype(at::kFloat));
+        void* dyp = dy.data_ptr();
+        void* xp = x.data_ptr();
+        void* wp = w.data_ptr();
+        void* none = nullptr;
+        void* rp = rstd.data_ptr();
+        void* dxp = dx.data_ptr();
+        void* pp = part.data_ptr();
+        long long n_rows = rows;
+        int n_cols = static_cast<int>(d);
+        int tpr = static_cast<int>(plan[7]);
+        void* args[] = {&dyp, &xp, &wp, &none, &rp, &dxp, &pp, &pp, &n_rows, &n_cols, &tpr};
+        launch(plan[4], plan[5], plan[6], x, args);
+        // fp32 partial rows -> dw in the weight's dtype: one reduction that rounds once
+        at::Tensor dw = at::sum(part, {0}, false, w.scalar_type());
+        return {dx, dw, at::Tensor(), at::Tensor()};
+    }
+};
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::vector<int64_t> plan) {
+    TORCH_CHECK(plan.size() == 9, "kernellab nodes: rms_norm plan has ", plan.size(), " values, expected 9");
+    TORCH_CHECK(x.is_cuda() && w.is_cuda() && x.is_contiguous() && w.is_contiguous() && aligned16(x) && aligned16(w),
+                "kernellab nodes: rms_norm takes contiguous, 16-byte aligned CUDA tensors");
+    return RmsNormNode::apply(x, w, eps, std::move(plan));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "kernellab's autograd nodes in C++ (see kernellab/cuda/nodes.py)";
+    m.def("rms_norm", &rms_norm, "RMSNorm with norms.cu's v2 kernels in a C++ autograd node",
+          pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("eps"), pybind11::arg("plan"));
+}

@@ -1,0 +1,154 @@
+"""The C++ autograd nodes (kernellab/cuda/nodes.py, nodes.cpp) and rms_norm's ``cuda_node``
+backend: the option, the build, the refusals on the CPU, and on a GPU the node's numbers
+against float64 and PyTorch's own op."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+import kernellab
+from kernellab.core import registry
+from kernellab.cuda import nodes
+
+
+@pytest.fixture
+def fresh_nodes(monkeypatch, tmp_path):
+    """nodes' state forgotten, the cache in tmp_path (nothing built there), the option unset."""
+    monkeypatch.setenv("KERNELLAB_CACHE", str(tmp_path))
+    saved = dict(nodes._STATE)
+    nodes._STATE.clear()
+    kernellab.config.reset("cpp_nodes")
+    yield tmp_path
+    nodes._STATE.clear()
+    nodes._STATE.update(saved)
+    kernellab.config.reset("cpp_nodes")
+
+
+def test_auto_never_builds(fresh_nodes):
+    assert nodes.module() is None
+    assert "not built" in nodes.why_unavailable()
+    assert not any(fresh_nodes.rglob("*.so"))
+
+
+def test_off_says_so(fresh_nodes):
+    with kernellab.config.override(cpp_nodes="off"):
+        assert nodes.module() is None
+        assert nodes.why_unavailable() == "cpp_nodes is off"
+
+
+def test_bad_mode_names_the_option(fresh_nodes):
+    with kernellab.config.override(cpp_nodes="sometimes"), pytest.raises(ValueError, match="cpp_nodes"):
+        nodes.module()
+
+
+def test_backend_registered_and_unavailable_until_built(fresh_nodes):
+    impl = registry.get("rms_norm", "cuda_node")
+    assert impl.devices == ("cuda",)
+    reason = impl.why_unavailable("cuda")
+    assert reason  # no GPU here, or not built in this fresh cache
+    assert "C++ autograd node" in impl.description
+
+
+def _can_build() -> str | None:
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        return "no C++ compiler"
+    try:
+        from torch.utils.cpp_extension import verify_ninja_availability
+
+        verify_ninja_availability()
+    except RuntimeError:
+        return "no ninja"
+    return None
+
+
+@pytest.mark.skipif(_can_build() is not None, reason=str(_can_build()))
+def test_builds_and_refuses_cpu_tensors(fresh_nodes):
+    """The extension compiles against this torch (a CPU build too: no CUDA headers needed),
+    loads, and refuses what its node cannot take with a clear error instead of launching."""
+    mod = nodes.build()
+    assert any(fresh_nodes.rglob("*.so"))
+    x, w = torch.randn(4, 16), torch.ones(16)
+    with pytest.raises(RuntimeError, match="16-byte aligned CUDA tensors"):
+        mod.rms_norm(x, w, 1e-6, [0] * 9)
+    with pytest.raises(RuntimeError, match="expected 9"):
+        mod.rms_norm(x, w, 1e-6, [0] * 3)
+    nodes._STATE.clear()  # a second process finds the build on disk: loaded, not rebuilt
+    assert nodes.module() is not None
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+
+def _built_or_skip():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    try:
+        return nodes.build()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"the extension does not build here: {e}")
+
+
+def _ref(x, w, dy, eps=1e-6):
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    y = x64 * torch.rsqrt(x64.square().mean(-1, keepdim=True) + eps) * w64
+    dx, dw = torch.autograd.grad(y, (x64, w64), dy.double())
+    return y, dx, dw
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 256), (3, 17, 1024), (1, 4096), (1000, 768)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_node_matches_float64(shape, dtype):
+    _built_or_skip()
+    x = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(shape[-1], device="cuda")).to(dtype).requires_grad_()
+    dy = torch.randn(*shape, device="cuda", dtype=dtype)
+    y = kernellab.rms_norm(x, w, backend="cuda_node")
+    assert type(y.grad_fn).__name__ == "CppFunction"  # the C++ node, not the Python one
+    dx, dw = torch.autograd.grad(y, (x, w), dy)
+    yt = torch.nn.functional.rms_norm(x, (shape[-1],), w, 1e-6)
+    dxt, dwt = torch.autograd.grad(yt, (x, w), dy)
+    y64, dx64, dw64 = _ref(x, w, dy)
+    for ours, theirs, ref in ((y, yt, y64), (dx, dxt, dx64), (dw, dwt, dw64)):
+        assert ours.dtype == dtype and ours.shape == ref.shape
+        err = (ours.double() - ref).abs().max().item()
+        err_torch = (theirs.double() - ref).abs().max().item()
+        assert err <= 2 * err_torch + 1e-5 * ref.abs().max().item() + 1e-6, (err, err_torch)
+
+
+@pytest.mark.gpu
+def test_node_strided_dy_and_one_gradient():
+    _built_or_skip()
+    x = torch.randn(32, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(512, device="cuda", dtype=torch.bfloat16)
+    dy = torch.randn(512, 32, device="cuda", dtype=torch.bfloat16).t()  # not contiguous
+    y = kernellab.rms_norm(x, w, backend="cuda_node")
+    (dx,) = torch.autograd.grad(y, (x,), dy)
+    _, dx64, _ = _ref(x, w, dy)
+    assert (dx.double() - dx64).abs().max().item() < 0.05
+
+
+@pytest.mark.gpu
+def test_node_refuses_double_backward():
+    _built_or_skip()
+    x = torch.randn(8, 256, device="cuda", requires_grad=True)
+    w = torch.ones(256, device="cuda", requires_grad=True)
+    y = kernellab.rms_norm(x, w, backend="cuda_node")
+    with pytest.raises(RuntimeError, match="create_graph"):
+        torch.autograd.grad(y.sum(), (x,), create_graph=True)
+
+
+@pytest.mark.gpu
+def test_node_falls_back_where_it_does_not_apply():
+    """A misaligned x (storage offset of one element) takes the Python node: same numbers."""
+    _built_or_skip()
+    base = torch.randn(8 * 256 + 1, device="cuda", requires_grad=True)
+    x = base[1:].view(8, 256)
+    w = torch.ones(256, device="cuda", requires_grad=True)
+    y = kernellab.rms_norm(x, w, backend="cuda_node")
+    assert type(y.grad_fn).__name__ != "CppFunction"
+    yt = torch.nn.functional.rms_norm(x, (256,), w, 1e-6)
+    torch.testing.assert_close(y, yt, rtol=1e-5, atol=1e-5)
