@@ -15,11 +15,15 @@
 //   [0] forward CUfunction   [1] forward grid   [2] forward block   [3] forward threads per row
 //   [4] backward CUfunction  [5] backward grid  [6] backward block  [7] backward threads per row
 //   [8] partial rows of dw (backward grid x rows per block)
-// Both kernels are norms.cu's v2 entry points (rms_fwd_p<P>_<dtype>, rms_bwd_p<P>_<dtype>):
+//   [9] partial-sum CUfunction (0: torch's sum)   [10] its grid (256 threads a block)
+// The kernels are norms.cu's v2 entry points (rms_fwd_p<P>_<dtype>, rms_bwd_p<P>_<dtype>)
+// and its partial-row sum (norm_psum_<dtype>, for 16-bit weights):
 //   fwd(x, w, b, y, mean, rstd, long long rows, int d, int tpr, float eps)
 //   bwd(dy, x, w, mean, rstd, dx, dw_part, db_part, long long rows, int d, int tpr)
-// x, dy and w must be contiguous and 16-byte aligned (the v2 kernels read 16-byte packs);
-// Python checks x and w before it calls in, the backward re-packs a dy that is not.
+//   psum(dw_part, dw, int rows, int d)
+// x, dy and w must be contiguous and 16-byte aligned (the v2 kernels read 16-byte packs):
+// the forward returns an undefined tensor (None in Python: take another path) for an x or
+// w that is not; the backward re-packs a dy that is not.
 
 #include <torch/extension.h>
 
@@ -73,6 +77,7 @@ void bind_primary_context(int device_index) {
 }
 
 void launch(int64_t fn, int64_t grid, int64_t block, const at::Tensor& like, void** args) {
+    // (the caller holds a device guard of like's device: its context is current)
     void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(like.device()).native_handle();
     const Driver& d = driver();
     void* f = reinterpret_cast<void*>(static_cast<uintptr_t>(fn));
@@ -126,6 +131,7 @@ struct RmsNormNode : public torch::autograd::Function<RmsNormNode> {
         }
         const int64_t d = x.size(-1);
         const int64_t rows = d ? x.numel() / d : 0;
+        c10::DeviceGuard guard(x.device());
         at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
         at::Tensor part = at::empty({plan[8], d}, x.options().dtype(at::kFloat));
         void* dyp = dy.data_ptr();
@@ -140,16 +146,30 @@ struct RmsNormNode : public torch::autograd::Function<RmsNormNode> {
         int tpr = static_cast<int>(plan[7]);
         void* args[] = {&dyp, &xp, &wp, &none, &rp, &dxp, &pp, &pp, &n_rows, &n_cols, &tpr};
         launch(plan[4], plan[5], plan[6], x, args);
-        // fp32 partial rows -> dw in the weight's dtype: one reduction that rounds once
-        at::Tensor dw = at::sum(part, {0}, false, w.scalar_type());
+        // fp32 partial rows -> dw in the weight's dtype, rounded once
+        at::Tensor dw;
+        if (plan[9] != 0) {
+            dw = at::empty({d}, w.options());
+            void* dwp = dw.data_ptr();
+            int p_rows = static_cast<int>(plan[8]);
+            void* pargs[] = {&pp, &dwp, &p_rows, &n_cols};
+            launch(plan[9], plan[10], 256, x, pargs);
+        } else {  // fp32 weights: torch's tree sum (a column-order sum of many rows drifts)
+            dw = at::sum(part, {0}, false, w.scalar_type());
+        }
         return {dx, dw, at::Tensor(), at::Tensor()};
     }
 };
 
+// y, or an undefined tensor where the node does not take these tensors (the caller's other
+// path): not CUDA, not contiguous, not 16-byte aligned, or a weight of another dtype.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::vector<int64_t> plan) {
-    TORCH_CHECK(plan.size() == 9, "kernellab nodes: rms_norm plan has ", plan.size(), " values, expected 9");
-    TORCH_CHECK(x.is_cuda() && w.is_cuda() && x.is_contiguous() && w.is_contiguous() && aligned16(x) && aligned16(w),
-                "kernellab nodes: rms_norm takes contiguous, 16-byte aligned CUDA tensors");
+    TORCH_CHECK(plan.size() == 11, "kernellab nodes: rms_norm plan has ", plan.size(), " values, expected 11");
+    if (!(x.is_cuda() && w.is_cuda() && x.is_contiguous() && w.is_contiguous() && aligned16(x) && aligned16(w) &&
+          w.scalar_type() == x.scalar_type() && w.device() == x.device())) {
+        return at::Tensor();
+    }
+    c10::DeviceGuard guard(x.device());
     return RmsNormNode::apply(x, w, eps, std::move(plan));
 }
 

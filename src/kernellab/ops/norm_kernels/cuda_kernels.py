@@ -162,24 +162,20 @@ def _rms_node_plan(x: torch.Tensor) -> list[int] | bool:
     frpb, brpb = V2_THREADS // ftpr, V2_THREADS // btpr
     bgrid = max(1, min((n_rows + brpb - 1) // brpb, BWD_BLOCKS_PER_SM * sm_count(dev)))
     fgrid = (n_rows + frpb - 1) // frpb
-    return [fk.handle, fgrid, V2_THREADS, ftpr, bk.handle, bgrid, V2_THREADS, btpr, bgrid * brpb]
+    psum = 0 if x.dtype == torch.float32 else _kernel(f"norm_psum_{sfx}", ("ptr", "ptr", "i32", "i32"), dev).handle
+    return [fk.handle, fgrid, V2_THREADS, ftpr, bk.handle, bgrid, V2_THREADS, btpr, bgrid * brpb, psum,
+            (n_cols + 255) // 256]  # fmt: skip
 
 
 def rms_node(x: torch.Tensor, w: torch.Tensor, eps: float):
-    """rms_norm through the C++ autograd node (the ``cuda`` backend's eager path when
+    """rms_norm through the C++ autograd node (the ``cuda_node`` backend's eager path when
     gradients are wanted), or None where it does not apply: no built extension
-    (``kernellab.config.cpp_nodes``), another layout, dtype or device than it takes."""
+    (``kernellab.config.cpp_nodes``), or tensors the node does not take (not contiguous,
+    not 16-byte aligned, a weight of another dtype: nodes.cpp decides)."""
     mod = nodes.module()
     if mod is None:
         return None
-    if (
-        w.dtype != x.dtype
-        or not (x.is_contiguous() and w.is_contiguous())
-        or (x.data_ptr() | w.data_ptr()) & 15
-        or x.device.index != torch.cuda.current_device()
-    ):
-        return None
-    key = (x.shape, x.dtype, x.device.index)
+    key = (x.shape, x.dtype, x.get_device())  # (the node refuses the layouts it does not take)
     plan = _NODE_PLANS.get(key)
     if plan is None:
         if len(_NODE_PLANS) >= 1024:

@@ -386,7 +386,20 @@ __device__ void norm_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, c
         norm_bwd_v2<T, P, true>(dy, x, w, mean, rstd, dx, dwp, dbp, rows, d, tpr);                      \
     }
 
+// The partial rows of dw summed in column order, rounded once to T: [rows, d] fp32 -> [d].
+// The C++ autograd node's backward (kernellab/cuda/nodes.cpp) launches it, one thread per
+// column: a launch costs the host a few microseconds where torch's sum(0, dtype) costs ~10.
+#define KL_NORM_PSUM(SFX, T)                                                                            \
+    extern "C" __global__ void norm_psum_##SFX(const float* part, T* out, int rows, int d) {           \
+        int j = blockIdx.x * blockDim.x + threadIdx.x;                                                  \
+        if (j >= d) return;                                                                             \
+        float acc = 0.0f;                                                                               \
+        for (int r = 0; r < rows; ++r) acc += part[(long long)r * d + j];                               \
+        out[j] = kl::from_f<T>(acc);                                                                    \
+    }
+
 #define KL_NORM_ALL(SFX, T) \
+    KL_NORM_PSUM(SFX, T)    \
     KL_NORM_V1(SFX, T)      \
     KL_NORM_V2(SFX, T, 1)   \
     KL_NORM_V2(SFX, T, 2)   \
