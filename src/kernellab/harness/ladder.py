@@ -303,9 +303,13 @@ def build(op: str, rows, *, shape=None, dtype=None, mode=None, gpu=None) -> list
 
 
 def _fill(line: Line, r: dict, metric: str) -> None:
-    line.git_sha, line.date = r.get("git_sha"), str(r.get("time") or "")[:10] or None
+    line.git_sha, line.date = (r.get("git_sha") or None), str(r.get("time") or "")[:10] or None
+    if line.git_sha:
+        line.git_sha = str(line.git_sha)[:7]  # (some runs wrote 12 digits: one commit, one name)
     if r.get("status", "ok") != "ok":
-        line.status = f"{r.get('status')}: {str(r.get('reason') or '')[:80]}".rstrip(": ")
+        reason = str(r.get("reason") or "")
+        reason = reason if len(reason) <= 80 else reason[:77] + "..."
+        line.status = f"{r.get('status')}: {reason}".rstrip(": ")
         return
     line.status, line.median_ms = "ok", float(r["median_ms"])
     line.value, line.pct_peak = r.get(metric), r.get("pct_peak")
