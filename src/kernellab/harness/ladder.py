@@ -277,21 +277,18 @@ def build(op: str, rows, *, shape=None, dtype=None, mode=None, gpu=None) -> list
             }
             for k, by in newest.items()
         }
+        ok = {k: v for k, v in ok.items() if v}  # the keys where a rung was measured
         left = set().union(*ok.values()) if ok else set()
         chosen = []
         while left:
 
             def rank(k):
-                shas = {by.get("git_sha") for by in newest[k].values()}
-                return (
-                    len(ok[k] & left),
-                    len(ok[k]),
-                    k[3] == "fwd",
-                    len(newest[k]),
-                    len(shas) == 1,
-                    max(str(r.get("time") or "") for r in newest[k].values()),
-                    k,
-                )
+                # most rungs (new ones first), forward, the rungs' rows from one commit, the
+                # newest, then the most references
+                mine = [newest[k][b] for b in ok[k]]
+                one_sha = len({r.get("git_sha") for r in mine}) == 1
+                when = max(str(r.get("time") or "") for r in mine)
+                return (len(ok[k] & left), len(ok[k]), k[3] == "fwd", one_sha, when, len(newest[k]), k)
 
             k = max(ok, key=rank)
             chosen.append(k)
