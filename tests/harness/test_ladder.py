@@ -131,6 +131,16 @@ def test_key_choice_and_filters():
     assert lad.key is None and all(ln.status == "not measured" for ln in lad.lines)
     with pytest.raises(ValueError, match="--dtype"):
         ladder.build("softmax", rows, dtype="fp33")
+    # as many rungs at two keys: the one whose rungs come from one commit, before the one with
+    # more references or the later key
+    rows = [_row("cuda_v1", 8.0, shape="8x8"), _row("cuda_v2", 4.0, shape="8x8", sha="bbbbbbb")]
+    rows += [_row("torch", 1.0, shape="8x8"), _row("triton", 1.0, shape="8x8")]
+    rows += [
+        _row("cuda_v1", 9.0, shape="64x64", time="2026-11-20T09:00:00+00:00"),
+        _row("cuda_v2", 3.0, shape="64x64"),
+    ]
+    (lad,) = ladder.build("softmax", rows)
+    assert lad.key[1] == "64x64" and not any("mixed rows" in n for n in lad.notes)
 
 
 def test_rungs_of_other_dtypes_get_their_own_table():
