@@ -12,8 +12,8 @@ CUDA kernels alike; every JSONL row records ``tf32: false``.
 2. bf16: torch / compile / triton / triton_tma / cuda / cuda_v8 / cuda_v9 / cuda_v10 at 4096^3 and 8192^3
    -> $OUT/matmul_bench_bf16.md (first: the issue's tensor-core targets);
 3. the same backends (and cuda = best fp32 variant) in fp32 -> $OUT/matmul_bench_fp32.md;
-4. the fp32 CUDA ladder at 4096^3 (cuda_v1 ... cuda_v7 and cuBLAS): GFLOP/s and % of cuBLAS,
-   a markdown table like SGEMM_CUDA's -> $OUT/matmul_ladder.md.
+4. the fp32 CUDA ladder at 4096^3 (cuda_v1 ... cuda_v7 and cuBLAS): each rung's change, TFLOP/s,
+   % of peak and gains (kernellab.harness.ladder's table) -> $OUT/matmul_ladder.md.
 Each table is printed and written as soon as its stage ends; no stage starts after
 --max-seconds (default 200 s) so the run stays under ~4 minutes. Small problems are not
 autotuned (triton.TUNE_MIN_WORK), so stage 1 takes seconds, not minutes.
@@ -105,25 +105,11 @@ def correctness(lines, dev="cuda", shapes=CHECK_SHAPES, skip=()) -> bool:
 
 
 def ladder_table(rows) -> str:
-    by = {r["backend"]: r for r in rows if r["dtype"] == "fp32"}
-    ref = by.get("torch", {}).get("tflops")
-    out = [
-        "| variant | what changes | GFLOP/s | % of cuBLAS |",
-        "|---|---|---:|---:|",
-    ]
-    from kernellab.ops.matmul.cuda import VARIANTS
+    """The fp32 ladder of this run as `kernellab ladder matmul --dtype fp32` prints it."""
+    from kernellab.harness import ladder
 
-    for b in LADDER + ["torch"]:
-        r = by.get(b)
-        desc = "cuBLAS (torch.matmul), TF32 off"
-        if b.startswith("cuda_v"):
-            desc = VARIANTS[b[5:]][4].split(": ", 1)[1]
-        if not r or not r.get("tflops"):
-            out.append(f"| {b} | {desc} | {r.get('status') if r else 'not run'} | |")
-            continue
-        pct = f"{100 * r['tflops'] / ref:.1f}%" if ref else ""
-        out.append(f"| {b} | {desc} | {r['tflops'] * 1e3:,.0f} | {pct} |")
-    return "\n".join(out)
+    timed = [r for r in rows if ladder.is_timing_row(r)]
+    return ladder.to_markdown(ladder.build("matmul", timed, dtype="fp32"))
 
 
 def top_table(rows) -> str:

@@ -1,5 +1,5 @@
-"""kernellab command line: list | check | bench | peaks | build-nodes | report | profile | demo | train | asm | tune |
-explain | info. `kernellab` alone prints the help; a user's mistake is one line and exit 2."""
+"""kernellab command line: list | check | bench | peaks | build-nodes | report | ladder | profile | demo |
+train | asm | tune | explain | info. `kernellab` alone prints the help; a user's mistake is one line and exit 2."""
 
 from __future__ import annotations
 
@@ -521,6 +521,20 @@ def cmd_report(args) -> int:
     else:
         print(results.markdown_table(rows, ops=args.op or None))
     return 0
+
+
+def cmd_ladder(args) -> int:
+    from kernellab.harness import ladder
+
+    fmt = "json" if args.json else "markdown" if args.markdown else "text"
+    text, rc = ladder.command(
+        args.op, all_ops=args.all, results=args.results, shape=args.shape, dtype=args.dtype, mode=args.mode,
+        gpu=args.gpu, fmt=fmt, plot_path=args.plot, plot_by=args.plot_by,
+    )  # fmt: skip
+    print(text, end="")
+    if args.plot:
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return rc
 
 
 def cmd_info(args) -> int:
@@ -1390,6 +1404,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser(
+        "ladder",
+        help="an op's numbered variants: each rung's change and measured gain, from committed rows",
+        description="Rungs: the backends <family>_v<N> (and the family's backend where its description "
+        "names a step, e.g. softmax's cuda = v4), each with its registry description. Numbers: the newest "
+        "row per backend at one key (GPU, shape, dtype, mode), chosen where the most rungs were measured "
+        "(then keys adding rungs still missing). Unmeasured rungs say so; rows of several commits or days "
+        "are flagged. Exit 1 when no rung has a row.",
+    )
+    s.add_argument("op", nargs="?", help="an op with numbered variants (--all: every one)")
+    s.add_argument("--all", action="store_true", help="every op with a ladder")
+    s.add_argument(
+        "--results", action="append", metavar="PATH",
+        help="JSONL file or folder of rows (repeatable; default benchmarks/results/)",
+    )  # fmt: skip
+    s.add_argument("--shape", "-s", help="only rows of this shape, as written in the rows (2^28 works)")
+    s.add_argument("--dtype", help="only rows of this dtype: fp32, fp16, bf16")
+    s.add_argument("--mode", choices=("fwd", "bwd", "fwdbwd"), help="only rows of this mode")
+    s.add_argument("--gpu", help="only rows whose GPU name contains this, e.g. H100")
+    out = s.add_mutually_exclusive_group()
+    out.add_argument("--markdown", action="store_true", help="markdown (--all: docs/ladders.md)")
+    out.add_argument("--json", action="store_true", help="the tables as JSON")
+    s.add_argument("--plot", metavar="FILE.png", help="also draw a bar chart per table to this PNG")
+    s.add_argument("--plot-by", choices=("peak", "time"), default="peak", help="bars: %% of peak, or ms")
+    s.set_defaults(func=cmd_ladder)
+
+    s = sub.add_parser(
         "profile", help="torch.profiler kernel table and trace of one op (--ncu: Nsight Compute)"
     )
     _op_argument(s)
@@ -1478,6 +1518,8 @@ EXAMPLES = {
     "peaks": ["kernellab peaks --refresh"],
     "build-nodes": ["kernellab build-nodes   # then rms_norm backend cuda_node (and the default) can use it"],
     "report": ["kernellab report rows.jsonl --pivot", "kernellab report --html out/ benchmarks/results/*.jsonl"],
+    "ladder": ["kernellab ladder matmul", "kernellab ladder softmax --dtype fp32 --plot softmax.png",
+               "kernellab ladder --all --markdown"],
     "profile": ["kernellab profile softmax -s 4096x4096 --dtype bf16", "kernellab profile matmul -b cuda --ncu"],
     "demo": ["kernellab demo gelu", "kernellab demo mlp"],
     "train": ["kernellab train gpt --steps 200", "kernellab train mnist --backend default",

@@ -217,21 +217,24 @@ def plot_host(rows, out: Path) -> str | None:
 
 
 def ladders(rows) -> dict[str, list[tuple[str, str, float, float | None]]]:
-    """Per (op, shape, dtype, mode) with numbered CUDA variants: (case, rung, ms, gain
-    over the previous rung)."""
+    """Per (op, shape, dtype, mode) with numbered variants (``<family>_v<N>``, see
+    ``harness.ladder``, which ``kernellab ladder`` prints with each rung's change): (case,
+    rung, ms, gain over the previous rung of its family)."""
+    from kernellab.harness.ladder import numbered
+
     by = defaultdict(dict)
     for r in rows:
-        b = r["backend"]
-        if b.startswith("cuda_v") and b[6:].isdigit():
-            by[(r["op"], r["shape"], r["dtype"], r["mode"])][int(b[6:])] = r["median_ms"]
+        fn = numbered(r["backend"])
+        if fn:
+            by[(r["op"], r["shape"], r["dtype"], r["mode"], fn[0])][fn[1]] = r["median_ms"]
     out = defaultdict(list)
-    for (op, shape, dtype, mode), rungs in sorted(by.items()):
+    for (op, shape, dtype, mode, family), rungs in sorted(by.items()):
         if len(rungs) < 2:
             continue
         prev = None
         for n in sorted(rungs):
             ms = rungs[n]
-            out[op].append((f"{shape} {dtype} {mode}", f"cuda_v{n}", ms, prev / ms if prev else None))
+            out[op].append((f"{shape} {dtype} {mode}", f"{family}_v{n}", ms, prev / ms if prev else None))
             prev = ms
     return out
 
