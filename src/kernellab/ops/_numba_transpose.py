@@ -28,6 +28,7 @@ from kernellab import numba_support as nb
 
 TILE = 32  # a warp's width: a tile row is one coalesced 128-byte (fp32) access
 ROWS = 8  # threads per block: TILE x ROWS = 256, each thread moves TILE / ROWS = 4 elements
+PADDED = (TILE, TILE + 1)  # the shared tile: +1 column, no bank conflicts on column reads
 
 
 @cuda.jit
@@ -40,7 +41,7 @@ def transpose_naive_kernel(x, out):
 
 @cuda.jit
 def transpose_tiled_kernel(x, out):
-    tile = cuda.shared.array((TILE, TILE + 1), float32)  # +1: no bank conflicts on columns
+    tile = cuda.shared.array(PADDED, float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
     m = x.shape[0]

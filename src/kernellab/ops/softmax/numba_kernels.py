@@ -6,7 +6,10 @@ Variants (backend ``numba_vN`` runs the kernels ending in ``_vN``; ``numba`` run
       twice over: a 4096x4096 fp32 matrix keeps only 4096 threads busy (2 per SM-lane on
       an H100's 132 SMs x 2048), and neighbouring threads read addresses a whole row apart,
       so every warp load touches 32 separate 32-byte sectors instead of 4 (8x the memory
-      transactions). The teaching baseline.
+      transactions). Its sums run in one chain per row, so they accumulate in fp64: an fp32
+      chain over a 9000-wide row drifts past twice torch's error (torch sums in a tree);
+      fp64 adds cost nothing that matters in a kernel this memory-bound. The teaching
+      baseline.
   v2  one block per row: the block's threads stride along the row together (coalesced:
       thread t reads column t, t + 256, ...), each keeps a partial max / sum in a register,
       and a shared-memory tree combines the 256 partials in log2(256) = 8 steps, with a
@@ -20,7 +23,7 @@ as torch.softmax. Backward: dx = y * (dy - sum(dy * y)) per row, the same two sh
 
 import math
 
-from numba import cuda, float32
+from numba import cuda, float32, float64
 
 # v2's shared buffer: one partial per thread; blocks are a power of two up to this.
 MAX_THREADS = 256
@@ -36,11 +39,12 @@ def softmax_fwd_v1(x, y):
         m = NEG_INF
         for j in range(cols):
             m = max(m, float32(x[r, j]))
-        s = ZERO
+        s = float64(0.0)
         for j in range(cols):
             s += math.exp(float32(x[r, j]) - m)
+        total = float32(s)
         for j in range(cols):
-            y[r, j] = math.exp(float32(x[r, j]) - m) / s
+            y[r, j] = math.exp(float32(x[r, j]) - m) / total
 
 
 @cuda.jit
@@ -48,9 +52,10 @@ def softmax_bwd_v1(y, dy, dx):
     r = cuda.grid(1)
     if r < y.shape[0]:
         cols = y.shape[1]
-        dot = ZERO
+        acc = float64(0.0)
         for j in range(cols):
-            dot += float32(dy[r, j]) * float32(y[r, j])
+            acc += float32(dy[r, j]) * float32(y[r, j])
+        dot = float32(acc)
         for j in range(cols):
             dx[r, j] = float32(y[r, j]) * (float32(dy[r, j]) - dot)
 
