@@ -71,7 +71,8 @@ def checks(dev: str, lines: list, quick: bool) -> int:
                         ok = rep.status == "unavailable"
                     else:
                         ok = rep.status == "pass" and not bad
-                    what = rep.status if not bad else f"FAIL {bad[0].kind} {bad[0].name}: {bad[0].detail[:160]}"
+                    what = (rep.status if not bad else
+                            f"FAIL {bad[0].kind} {bad[0].name}: {bad[0].detail[:150]}")  # fmt: skip
                     if rep.reason and rep.status != "pass":
                         what += f" ({rep.reason})"
                 except Exception as e:  # noqa: BLE001 - reported, the run goes on
@@ -206,7 +207,8 @@ def transposes(dev: str, out: Path, budget: float, dry: bool, meta: dict, rows: 
 def table(rows: list) -> str:
     from kernellab.core.registry import get
 
-    out = ["| op | shape | mode | backend | what it is | ms | GB/s | % copy BW |", "|---|---|---|---|---|---:|---:|---:|"]
+    out = ["| op | shape | mode | backend | what it is | ms | GB/s | % copy BW |",
+           "|---|---|---|---|---|---:|---:|---:|"]  # fmt: skip
     for r in rows:
         if r.get("status") == "unavailable":
             continue
@@ -221,8 +223,8 @@ def table(rows: list) -> str:
                        f"{r.get('status')}: {(r.get('reason') or '')[:60]} | | |")  # fmt: skip
             continue
         pct = r.get("pct_bw", r.get("pct_copy"))
-        out.append(f"| {r['op']} | {r['shape']} | {r['mode']} | {r['backend']} | {desc} | {r['median_ms']:.4f} | "
-                   f"{r['gbps']:.0f} | {'-' if pct is None else pct} |")  # fmt: skip
+        out.append(f"| {r['op']} | {r['shape']} | {r['mode']} | {r['backend']} | {desc} | "
+                   f"{r['median_ms']:.4f} | {r['gbps']:.0f} | {'-' if pct is None else pct} |")  # fmt: skip
     return "\n".join(out)
 
 

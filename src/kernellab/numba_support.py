@@ -102,7 +102,7 @@ def unavailable() -> str | None:
         return why
     if _device.has_cuda():
         if simulating():
-            return "Numba's CUDA simulator is on (NUMBA_ENABLE_CUDASIM): it takes host arrays, not CUDA tensors"
+            return "Numba's CUDA simulator is on (NUMBA_ENABLE_CUDASIM): it takes CPU tensors, not CUDA ones"
         if not _numba_cuda().is_available():
             return "numba.cuda sees no usable GPU (driver or NVVM missing)"
         return None
@@ -231,7 +231,8 @@ class Kernels:
         for arch in archs:
             t0 = time.perf_counter()
             n = sum(len(self.ptx(arch, f"numba_v{v}")) for v in range(1, self.best + 1))
-            lines.append(f"{self.label}: {arch} PTX of {n} kernels ({(time.perf_counter() - t0) * 1e3:.0f} ms)")
+            ms = (time.perf_counter() - t0) * 1e3
+            lines.append(f"{self.label}: {arch} PTX of {n} kernels ({ms:.0f} ms)")
         return lines
 
     def asm_report(self, arch: str, backend: str, dtype: str, kernel_regex: str | None = None):

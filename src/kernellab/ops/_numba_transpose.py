@@ -3,18 +3,20 @@ Standalone launchers (``transpose_naive``, ``transpose_tiled``), to be registere
 ``numba`` backends of a transpose op. Importing this module imports ``numba.cuda``: import
 it at the first launch (see kernellab.numba_support for the GPU / simulator rules).
 
-Variants:
-  naive   one thread per element, thread (i, j) reads x[i, j] and writes out[j, i]. The
-          reads are coalesced (a warp reads 32 neighbours of a row), the writes are not: a
-          warp's 32 stores land a whole output row apart, 32 sectors per store instead of
-          4, so the write side moves ~8x the bytes it needs (fp32) and sets the pace.
-  tiled   a 32x32 tile goes through shared memory: the block reads it row by row
-          (coalesced), syncs, and writes it back transposed, again row by row (coalesced).
-          The tile is 32 x 33 floats: with 32 columns, a column read tile[tx, ty] by a warp
-          would hit one shared-memory bank 32 times (addresses 32 words apart, 32 banks)
-          and serialize 32-fold; one word of padding puts consecutive rows in consecutive
-          banks. Each block is 32x8 threads and walks its tile in 4 steps (TILE / ROWS):
-          more work per thread, fewer blocks. Expect near copy bandwidth.
+Variants (kernels ``transpose_v1`` and ``transpose_v2``: the naming contract of
+``numba_support.Kernels``, so ``Kernels("kernellab.ops._numba_transpose", ndim=2, best=2)``
+gives a transpose op's numba_v1 / numba_v2 / numba backends their PTX in ``kernellab asm``):
+  v1  naive: one thread per element, thread (i, j) reads x[i, j] and writes out[j, i]. The
+      reads are coalesced (a warp reads 32 neighbours of a row), the writes are not: a
+      warp's 32 stores land a whole output row apart, 32 sectors per store instead of
+      4, so the write side moves ~8x the bytes it needs (fp32) and sets the pace.
+  v2  tiled: a 32x32 tile goes through shared memory: the block reads it row by row
+      (coalesced), syncs, and writes it back transposed, again row by row (coalesced).
+      The tile is 32 x 33 floats: with 32 columns, a column read tile[tx, ty] by a warp
+      would hit one shared-memory bank 32 times (addresses 32 words apart, 32 banks)
+      and serialize 32-fold; one word of padding puts consecutive rows in consecutive
+      banks. Each block is 32x8 threads and walks its tile in 4 steps (TILE / ROWS):
+      more work per thread, fewer blocks. Expect near copy bandwidth.
 
 Arrays: 2-D C-contiguous, fp32 or fp16 (bf16 refused: Numba has no bfloat16 arrays).
 """
@@ -32,7 +34,7 @@ PADDED = (TILE, TILE + 1)  # the shared tile: +1 column, no bank conflicts on co
 
 
 @cuda.jit
-def transpose_naive_kernel(x, out):
+def transpose_v1(x, out):
     # x: (m, n), out: (n, m). threadIdx.x runs along x's rows (j): coalesced reads.
     j, i = cuda.grid(2)
     if i < x.shape[0] and j < x.shape[1]:
@@ -40,7 +42,7 @@ def transpose_naive_kernel(x, out):
 
 
 @cuda.jit
-def transpose_tiled_kernel(x, out):
+def transpose_v2(x, out):
     tile = cuda.shared.array(PADDED, float32)
     tx = cuda.threadIdx.x
     ty = cuda.threadIdx.y
@@ -78,7 +80,7 @@ def transpose_naive(x: torch.Tensor) -> torch.Tensor:
     m, n = x.shape
     if out.numel():
         grid = (nb.cdiv(n, TILE), nb.cdiv(m, ROWS))
-        nb.launch(transpose_naive_kernel, grid, (TILE, ROWS), out, x, out)
+        nb.launch(transpose_v1, grid, (TILE, ROWS), out, x, out)
     return out
 
 
@@ -89,8 +91,6 @@ def transpose_tiled(x: torch.Tensor) -> torch.Tensor:
     m, n = x.shape
     if out.numel():
         grid = (nb.cdiv(n, TILE), nb.cdiv(m, TILE))
-        nb.launch(transpose_tiled_kernel, grid, (TILE, ROWS), out, x, out)
+        nb.launch(transpose_v2, grid, (TILE, ROWS), out, x, out)
     return out
 
-
-KERNELS = {"naive": transpose_naive_kernel, "tiled": transpose_tiled_kernel}
