@@ -217,7 +217,8 @@ class Kernels:
         nc = _numba_cuda()
         elem = getattr(numba.types, _NUMBA_TYPES[dtype])
         arr = elem[(slice(None),) * (self.ndim - 1) + (slice(None, None, 1),)]  # C-contiguous
-        cc = (int(arch.removeprefix("sm_")[:-1]), int(arch.removeprefix("sm_")[-1]))
+        digits = arch.removeprefix("sm_").rstrip("af")  # sm_90a: Numba targets sm_90
+        cc = (int(digits[:-1]), int(digits[-1]))
         out = {}
         for name in self.names(backend):
             py = self.get(name).py_func
