@@ -280,7 +280,8 @@ def test_numbered_variants_sort_numerically():
         for n in names:
             kernellab.register("gelu", n, devices=("cuda",))(user_gelu)
         backends = [i.backend for i in kernellab.impls("gelu")]
-        assert backends == BUILTIN + ["cuda_v2", "cuda_v10", "aa_peer", "zz_peer"]
+        named = ["aa_peer", "numba", "numba_v1", "numba_v2", "zz_peer"]  # peers and Numba: by name
+        assert backends == BUILTIN + ["cuda_v2", "cuda_v10"] + named
     finally:
         for n in names:
             kernellab.unregister("gelu", n)

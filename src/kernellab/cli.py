@@ -1041,6 +1041,7 @@ def cmd_asm(args) -> int:
     from kernellab.core import registry
     from kernellab.core.spec import parse_dtype, parse_shape
     from kernellab.inspect import asm
+    from kernellab.numba_support import Kernels
     from kernellab.ops._elementwise_cuda import SUFFIX
 
     if args.op not in registry.op_names():
@@ -1054,7 +1055,16 @@ def cmd_asm(args) -> int:
         console.print(f"[red]{_msg(e)}[/]")
         return 2
     arch = args.arch or device.arch() or "sm_90"
-    if impl.module is not None:
+    if isinstance(impl.module, Kernels):  # a Numba backend: PTX through NVVM, no GPU needed
+        from kernellab.core.spec import dtype_name
+
+        try:
+            kernels, note = impl.module.asm_report(arch, impl.backend, dtype_name(dtype), args.kernel)
+        except Exception as e:  # noqa: BLE001 - no NVVM, numba missing, the simulator on
+            console.print(f"[red]{e}[/]")
+            return 1
+        where = f"Numba CUDA, compiled for {arch} (NVVM)"
+    elif impl.module is not None:
         try:
             kernels, note = asm.cuda_report(impl.module, arch, impl.backend, SUFFIX.get(dtype), args.kernel)
         except Exception as e:  # noqa: BLE001 - an NVRTC failure is reported
@@ -1071,7 +1081,7 @@ def cmd_asm(args) -> int:
     else:
         console.print(
             f"[yellow]{args.op}/{args.backend} has no kernel source of ours to show "
-            f"(asm reads CUDA and Triton backends).[/]"
+            f"(asm reads CUDA, Triton and Numba backends).[/]"
         )
         return 1
     if note:
@@ -1470,7 +1480,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("asm", help="PTX/SASS, registers, spills, shared memory of a backend's kernels")
     _op_argument(s)
-    s.add_argument("--backend", "-b", required=True, help="a triton or cuda backend of the op")
+    s.add_argument("--backend", "-b", required=True, help="a triton, cuda or numba backend of the op")
     s.add_argument("--dtype", default="fp32", help="fp32, fp16, bf16 (default fp32)")
     s.add_argument("--shape", "-s", help="Triton: the shape to compile for (default 4096)")
     s.add_argument("--arch", help="CUDA: target arch, e.g. sm_90 (default: this GPU's, or sm_90)")

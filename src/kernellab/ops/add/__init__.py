@@ -42,5 +42,6 @@ def add(a: torch.Tensor, b: torch.Tensor, *, backend: str | None = None) -> torc
 
 
 from kernellab.ops.add import cuda as _cuda  # noqa: E402,F401  (registrations)
+from kernellab.ops.add import numba as _numba  # noqa: E402,F401
 from kernellab.ops.add import reference as _reference  # noqa: E402,F401
 from kernellab.ops.add import triton as _triton  # noqa: E402,F401

@@ -46,5 +46,6 @@ def gelu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
 
 
 from kernellab.ops.gelu import cuda as _cuda  # noqa: E402,F401  (registrations)
+from kernellab.ops.gelu import numba as _numba  # noqa: E402,F401
 from kernellab.ops.gelu import reference as _reference  # noqa: E402,F401
 from kernellab.ops.gelu import triton as _triton  # noqa: E402,F401

@@ -41,5 +41,6 @@ def relu(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
 
 
 from kernellab.ops.relu import cuda as _cuda  # noqa: E402,F401  (registrations)
+from kernellab.ops.relu import numba as _numba  # noqa: E402,F401
 from kernellab.ops.relu import reference as _reference  # noqa: E402,F401
 from kernellab.ops.relu import triton as _triton  # noqa: E402,F401

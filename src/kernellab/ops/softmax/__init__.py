@@ -79,5 +79,6 @@ def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> to
 
 
 from kernellab.ops.softmax import cuda as _cuda  # noqa: E402,F401
+from kernellab.ops.softmax import numba as _numba  # noqa: E402,F401
 from kernellab.ops.softmax import reference as _reference  # noqa: E402,F401  (registrations)
 from kernellab.ops.softmax import triton as _triton  # noqa: E402,F401
