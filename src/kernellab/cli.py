@@ -938,6 +938,17 @@ def cmd_train_gpt(args) -> int:
     config = args.config or ("gpt2" if gpu else "tiny")
     dtype = args.dtype or ("bf16" if gpu else "fp32")
     bsz = args.batch_size or (8 if config == "gpt2" else 4)
+    backend = None if args.backend == "default" else args.backend
+    matmul = None if args.matmul == "default" else args.matmul
+    # AdamW: PyTorch's with PyTorch's ops, kernellab's one-launch step with kernellab's
+    optimizer = args.optimizer or ("pytorch" if args.backend == "pytorch" else "triton")
+    from kernellab.distributed import data_parallel
+
+    if args.nproc is not None or args.dp is not None or args.global_batch is not None or data_parallel.launched():
+        kw = dict(config=config, backends=backend, matmul=matmul, mode=args.mode, batch_size=bsz,
+                  seq_len=args.seq_len, steps=args.steps, dtype=dtype, data=args.data, lr=args.lr,
+                  optimizer=optimizer)  # fmt: skip
+        return data_parallel.cli_train_gpt(args, console, _progress, kw)
     if args.compare:
         t = args.seq_len or gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"]).ctx
         modes = gpt.MODES if gpu else ("eager",)  # compile on the CPU: minutes of codegen, no speed claim
@@ -975,10 +986,6 @@ def cmd_train_gpt(args) -> int:
             table.add_row(f"{bsz} x {t}", mode, *cells)
         show(table)
         return 0 if all("error" not in r for r in rows) else 1
-    backend = None if args.backend == "default" else args.backend
-    matmul = None if args.matmul == "default" else args.matmul
-    # AdamW: PyTorch's with PyTorch's ops, kernellab's one-launch step with kernellab's
-    optimizer = args.optimizer or ("pytorch" if args.backend == "pytorch" else "triton")
     if backend is None or matmul is None:  # say what the default picked, and why it may differ per shape
         cfg = gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"])
         chosen = gpt.op_set(backend, matmul)["chosen"]
@@ -1240,6 +1247,11 @@ def _train_gpt_parser(models) -> None:
     t.add_argument("--optimizer", default=None, choices=["pytorch", "torch", "triton"],
                    help="AdamW from PyTorch (pytorch) or kernellab.optim.AdamW's backend torch / triton "
                    "(default: pytorch with --backend pytorch, else triton)")  # fmt: skip
+    t.add_argument("--nproc", type=int, default=None, help="data parallel over N ranks, one per GPU "
+                   "(re-runs the command under torchrun; docs/distributed.md)")  # fmt: skip
+    t.add_argument("--dp", default=None, help="data parallel: ddp | fsdp2 (default ddp)")
+    t.add_argument("--global-batch", type=int, default=None,
+                   help="data parallel: rows per step over all ranks (default: --batch-size per rank)")  # fmt: skip
 
 
 def _train_mnist_parser(models) -> None:
@@ -1500,6 +1512,7 @@ def main(argv=None) -> int:
     _FORMAT["value"], out = args.format, console._file  # (None: whatever sys.stdout is then)
     if args.format == "json":  # the tables alone on stdout
         console.file = sys.stderr
+    args._argv = list(sys.argv[1:] if argv is None else argv)  # (a data-parallel run re-runs it)
     try:
         return args.func(args)
     except KeyboardInterrupt:

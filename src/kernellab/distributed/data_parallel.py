@@ -1,0 +1,412 @@
+"""Data-parallel training of kernellab's GPT on torch.distributed: DDP or FSDP2 (issue 44).
+
+Every rank runs the same training engine (``kernellab.models.gpt.Trainer``: the model, its
+op set, the mode, PyTorch's or kernellab's AdamW) on its own rows of each global batch:
+
+- ``ddp``: PyTorch's DistributedDataParallel. Each rank holds the whole model; gradients
+  are averaged by all-reduce in 25 MB buckets, each bucket launched as soon as the
+  backward has produced all of its gradients, so communication overlaps the rest of the
+  backward (``gradient_as_bucket_view``: the gradients ARE the buckets, no copy). The GPT's
+  fused blocks return every block's gradients from one autograd node at once, so those
+  buckets overlap only the embedding's backward: at GPT-2 size the all-reduce moves 2 x
+  248 MB (bf16) per step, ~1 ms at NVLink's ~400 GB/s against a ~100 ms step.
+- ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` (FSDP2, ZeRO-3). Parameters, gradients
+  and AdamW's moments are sharded along dim 0 (DTensors); each block is a unit of its own,
+  all-gathered before its forward and again before its backward (the next block's
+  all-gather prefetched while this one computes), its gradients reduce-scattered as its
+  backward ends. A unit must be a module call, so the GPT runs its op-by-op path under
+  FSDP2 (``model.fuse = False``: the fused path reads every block's parameters in one node,
+  which would need them all gathered at once).
+
+Data: all ranks draw the same global batch (one generator, one seed) and each takes its
+``global_batch / world`` rows: the union of the shards is exactly the batch one process
+draws, so the losses and the parameters equal one GPU's at the same global batch (to fp32
+reduction order: tests/distributed/test_data_parallel.py). The logged loss is the mean of
+the ranks' losses (equal shards: the global batch's mean).
+
+Launch (NCCL on GPUs, with ``NCCL_NVLS_ENABLE=0``: NVLink multicast off; gloo on the CPU):
+
+    kernellab train gpt --nproc 4 --dp ddp --global-batch 32    # re-runs itself under torchrun
+    torchrun --nproc_per_node=4 -m kernellab train gpt --dp fsdp2  # or under torchrun directly
+
+``--nproc N`` re-executes the same command line under ``python -m torch.distributed.run
+--standalone --nproc_per_node N`` (torchrun itself: a free port, its own rendezvous, one
+process per GPU, a failed rank ends the others) after checking the arguments once in the
+parent; ``--nproc 1`` runs in-process on a one-rank group (the same code path).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+DP = ("ddp", "fsdp2")
+# A CUDA graph of the step (compile-cudagraphs, compile-step-graph) would capture the
+# gradient collectives the wrappers launch from hooks: not supported.
+MODES = ("eager", "compile")
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    backend: str  # "nccl" or "gloo"
+
+
+def launched() -> bool:
+    """Whether this process is a rank started by torchrun (it sets these variables)."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def child_env(env: dict | None = None) -> dict:
+    """An environment for rank processes: ``env`` (default: this one) with NVLink
+    multicast off (NCCL_NVLS_ENABLE=0: the lent machines' rule, KINDS.md)."""
+    out = dict(os.environ if env is None else env)
+    out["NCCL_NVLS_ENABLE"] = "0"
+    return out
+
+
+def init(device: str | None = None, timeout_s: float = 600.0) -> Rank:
+    """This process's rank, initialising the default process group where there is none:
+    from torchrun's environment (env://), or a one-rank group on an in-memory store when
+    not launched. NCCL on a GPU (``device`` None: a GPU where there is one), gloo on the
+    CPU."""
+    os.environ["NCCL_NVLS_ENABLE"] = "0"  # before any NCCL communicator exists
+    if dist.is_initialized():
+        backend = str(dist.get_backend())
+        rank, world = dist.get_rank(), dist.get_world_size()
+        local = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        dev = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        return Rank(rank, world, local, dev, backend)
+    cuda = device == "cuda" or (device is None and torch.cuda.is_available())
+    if cuda and not torch.cuda.is_available():
+        raise ValueError("device: cuda asked for, but torch.cuda.is_available() is False")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    kw: dict = {"timeout": datetime.timedelta(seconds=timeout_s)}
+    if world == 1 and "MASTER_ADDR" not in os.environ:  # alone: no port, no rendezvous
+        kw.update(store=dist.HashStore(), rank=0, world_size=1)
+    if cuda:
+        if local >= torch.cuda.device_count():
+            raise ValueError(f"LOCAL_RANK {local}: this machine has {torch.cuda.device_count()} GPUs")
+        dev = torch.device("cuda", local)
+        torch.cuda.set_device(dev)
+        try:
+            dist.init_process_group("nccl", device_id=dev, **kw)
+        except TypeError:  # torch without device_id
+            dist.init_process_group("nccl", **kw)
+        return Rank(rank, world, local, dev, "nccl")
+    dist.init_process_group("gloo", **kw)
+    return Rank(rank, world, local, torch.device("cpu"), "gloo")
+
+
+def check(dp: str, world: int, batch_size: int | None = None, global_batch: int | None = None,
+          mode: str = "eager") -> tuple[int, int]:  # fmt: skip
+    """(rows per rank, global batch) of a data-parallel run, or a ValueError naming the
+    argument. Every rank calls it with the same arguments before any collective, so a bad
+    argument is refused on every rank alike (no rank left waiting in a collective).
+    ``global_batch`` given: split over the ranks (the same batch one GPU would train on);
+    else each rank takes ``batch_size`` rows."""
+    if dp not in DP:
+        raise ValueError(f"dp: unknown {dp!r}; data parallel is one of {', '.join(DP)}")
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise ValueError(f"world size (nproc) must be an integer >= 1, got {world!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode: {mode!r} does not run data parallel; modes: {', '.join(MODES)} "
+                         "(a CUDA graph of the step would capture the gradient collectives)")  # fmt: skip
+    if global_batch is not None:
+        if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+            raise ValueError(f"global_batch must be an integer >= 1, got {global_batch!r}")
+        if global_batch % world:
+            raise ValueError(f"global_batch {global_batch} is not divisible by the world size {world}: "
+                             f"each rank trains on global_batch / {world} rows")  # fmt: skip
+        return global_batch // world, global_batch
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    return batch_size, batch_size * world
+
+
+def _fully_shard():
+    try:
+        from torch.distributed.fsdp import fully_shard  # torch >= 2.6
+    except ImportError:  # torch 2.4-2.5
+        from torch.distributed._composable.fsdp import fully_shard
+    return fully_shard
+
+
+def units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 shards as units of their own (then the root takes the rest): the
+    GPT's blocks, a Hugging Face decoder's layers."""
+    if isinstance(getattr(model, "blocks", None), nn.ModuleList):
+        return list(model.blocks)
+    inner = getattr(model, "model", None)
+    if isinstance(getattr(inner, "layers", None), nn.ModuleList):
+        return list(inner.layers)
+    return []
+
+
+def wrap(model: nn.Module, dp: str, rank: Rank) -> nn.Module:
+    """The module each rank calls: ``model`` under DDP, or ``model`` itself sharded in
+    place by FSDP2 (its parameters become DTensors; the GPT's fused path is turned off,
+    see the module docstring)."""
+    if dp not in DP:
+        raise ValueError(f"dp: unknown {dp!r}; data parallel is one of {', '.join(DP)}")
+    if dp == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [rank.device.index] if rank.device.type == "cuda" else None
+        return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+    fully_shard = _fully_shard()
+    if hasattr(model, "fuse"):
+        model.fuse = False
+    for unit in units(model):
+        fully_shard(unit)
+    fully_shard(model)
+    return model
+
+
+def inner(module: nn.Module) -> nn.Module:
+    """The model inside a DDP wrapper (FSDP2 shards the model itself)."""
+    return getattr(module, "module", module)
+
+
+def full_state(module: nn.Module) -> dict:
+    """name -> the whole parameter on every rank (DTensors all-gathered: a collective, so
+    every rank calls it), detached, on the CPU."""
+    from kernellab.optim import _dtensor_type
+
+    dtensor = _dtensor_type()
+    out = {}
+    for name, p in inner(module).named_parameters():
+        t = p.full_tensor() if dtensor is not None and isinstance(p, dtensor) else p
+        out[name] = t.detach().cpu().clone()
+    return out
+
+
+def global_mean(x: torch.Tensor) -> float:
+    """The mean over ranks of a scalar (a collective: every rank calls it)."""
+    t = x.detach().float().reshape(1).clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+    return float(t)
+
+
+def peak_gib_per_rank(rank: Rank) -> list[float] | None:
+    """Each rank's peak allocated GPU memory (GiB) since the last reset, on every rank;
+    None on the CPU."""
+    if rank.device.type != "cuda":
+        return None
+    mine = torch.cuda.max_memory_allocated(rank.device) / 2**30
+    out: list = [None] * rank.world
+    dist.all_gather_object(out, round(mine, 3))
+    return out
+
+
+@dataclass
+class Result:
+    losses: list[float]  # per step, the mean over ranks
+    ms: list[float]  # per step, host-timed on this rank (the step and the loss's all-reduce)
+    rank: Rank
+    local_batch: int
+    global_batch: int
+    seq_len: int
+    module: nn.Module
+    peak_gib: list[float] | None = None  # per rank (GPU)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Tokens per second of all ranks together, at the median step."""
+        later = self.ms[1:] or self.ms  # the first step compiles and allocates
+        return self.global_batch * self.seq_len / statistics.median(later) * 1e3
+
+
+def train(
+    config="tiny",
+    backends="pytorch",
+    matmul="pytorch",
+    mode="eager",
+    dp="ddp",
+    batch_size=8,
+    global_batch=None,
+    seq_len=None,
+    steps=20,
+    dtype="fp32",
+    data=None,
+    device=None,
+    seed=0,
+    lr=3e-4,
+    optimizer="pytorch",
+    on_step=None,
+) -> Result:
+    """``kernellab.models.gpt.train`` on every rank of the default process group (made by
+    ``init`` where there is none): the same model, op set, mode and optimizer, wrapped by
+    ``dp``; ``batch_size`` rows per rank, or ``global_batch`` split over the ranks.
+    ``on_step(i, loss, ms)`` is called on every rank after each step with the loss
+    averaged over ranks."""
+    from kernellab.models import gpt, text
+
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    # refused before any process group or model exists
+    check(dp, dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", "1")),
+          batch_size, global_batch, mode)  # fmt: skip
+    rank = init(device)
+    local_b, global_b = check(dp, rank.world, batch_size, global_batch, mode)
+    model = gpt.make(config, backends, matmul, rank.device, gpt._dtype(dtype), seed)
+    seq_len = seq_len or model.cfg.ctx
+    if not 1 <= seq_len <= model.cfg.ctx:
+        raise ValueError(f"seq_len must be in [1, {model.cfg.ctx}] for config {config!r}, got {seq_len}")
+    corpus = text.ByteData(text.load_corpus(data), rank.device)
+    gen = torch.Generator(device=rank.device).manual_seed(seed)
+    module = wrap(model, dp, rank)
+    trainer = gpt.Trainer(module, mode, lr, optimizer)
+    if rank.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(rank.device)
+    lo = rank.rank * local_b
+    losses, times = [], []
+    for i in range(steps):
+        idx, tgt = corpus.batch(global_b, seq_len, gen)  # the same global batch on every rank
+        t0 = time.perf_counter()
+        loss = global_mean(trainer.step(idx[lo : lo + local_b], tgt[lo : lo + local_b]))
+        ms = (time.perf_counter() - t0) * 1e3
+        losses.append(loss)
+        times.append(ms)
+        if on_step is not None:
+            on_step(i, loss, ms)
+    return Result(losses, times, rank, local_b, global_b, seq_len, module, peak_gib_per_rank(rank))
+
+
+def time_steps(trainer, batch, rank: Rank, warmup: int = 3, steps: int = 10, rounds: int = 3) -> dict:
+    """ms per data-parallel step: ``rounds`` rounds of ``steps`` steps, each round between
+    two device syncs and a collective (so the ranks start together), the slowest rank's
+    time per round, median round; plus each rank's peak memory."""
+    cuda = rank.device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(rank.device)) if cuda else (lambda: None)
+
+    def together():
+        sync()
+        if rank.world > 1:
+            t = torch.zeros(1, device=rank.device)
+            dist.all_reduce(t)
+            sync()
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(rank.device)
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        loss = trainer.step(*batch)
+    first = global_mean(loss)
+    together()
+    warm = time.perf_counter() - t0
+    times = []
+    for _ in range(rounds):
+        together()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            trainer.step(*batch)
+        sync()
+        t = torch.tensor([(time.perf_counter() - t0) / steps * 1e3], device=rank.device)
+        if rank.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times.append(float(t))
+    return {"ms_per_step": statistics.median(times), "ms_min": min(times), "ms_max": max(times),
+            "rounds_ms": [round(v, 3) for v in times], "warmup_s": round(warm, 2), "loss": first,
+            "peak_gib": peak_gib_per_rank(rank)}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def launch(nproc: int, argv: list[str], module: str = "kernellab") -> int:
+    """Runs ``python -m <module> *argv`` as ``nproc`` ranks through torchrun's own launcher
+    (``torch.distributed.run``, standalone: its rendezvous on a free local port, one
+    process per rank with RANK / WORLD_SIZE / LOCAL_RANK set, the others ended when one
+    fails), called in-process so ``argv`` never meets torchrun's option parser. Returns 0,
+    or the first failed rank's exit status."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
+    ns = torchrun.get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", "-m", module])
+    ns.training_script_args = list(argv)
+    os.environ.update(child_env())  # the ranks inherit the launcher's environment
+    try:
+        torchrun.run(ns)
+    except ChildFailedError as e:
+        codes = {r: f.exitcode for r, f in sorted(e.failures.items())}
+        print(f"data parallel: ranks failed (rank: exit status) {codes}", file=sys.stderr)
+        return next((c for c in codes.values() if c), 1)
+    return 0
+
+
+def cli_train_gpt(args, console, progress, gpt_kw: dict) -> int:
+    """``kernellab train gpt --nproc N / --dp / --global-batch`` (cli.cmd_train_gpt calls it
+    with its resolved defaults in ``gpt_kw``): checks the arguments, then re-runs the
+    command under torchrun (``--nproc`` > 1, not launched yet) or trains on this rank."""
+    dp = args.dp or "ddp"
+    if args.compare:
+        raise ValueError("--compare times one GPU's op sets; it takes no --nproc, --dp or --global-batch")
+    if args.nproc is not None and (isinstance(args.nproc, bool) or args.nproc < 1):
+        raise ValueError(f"nproc must be >= 1, got {args.nproc}")
+    world = int(os.environ["WORLD_SIZE"]) if launched() else (args.nproc or 1)
+    if launched() and args.nproc is not None and args.nproc != world:
+        raise ValueError(f"nproc {args.nproc} differs from torchrun's WORLD_SIZE {world}")
+    check(dp, world, gpt_kw["batch_size"], args.global_batch, gpt_kw["mode"])
+    if not launched() and world > 1:
+        if torch.cuda.is_available() and torch.cuda.device_count() < world:
+            raise ValueError(f"nproc {world}: this machine has {torch.cuda.device_count()} GPUs (a rank per GPU)")
+        console.print(f"data parallel: {world} ranks ({dp}) under torchrun", highlight=False)
+        return launch(world, args._argv)
+    lead = not launched() or int(os.environ.get("RANK", "0")) == 0
+    try:
+        res = _run_rank(dp, args, gpt_kw, progress if lead else None)
+        if lead:
+            r = res.rank
+            peak = "" if res.peak_gib is None else f"; peak memory per rank {res.peak_gib} GiB"
+            console.print(
+                f"{gpt_kw['config']} data parallel {dp} x {r.world} ({gpt_kw['mode']}, {gpt_kw['dtype']}, "
+                f"{r.backend}): loss {res.losses[0]:.3f} -> {res.losses[-1]:.3f} "
+                f"over {len(res.losses)} steps; "
+                f"global batch {res.global_batch} ({res.local_batch} per rank) x {res.seq_len}; "
+                f"{res.tokens_per_s:,.0f} tok/s, all ranks (median step){peak}",
+                highlight=False,
+            )
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def _run_rank(dp, args, kw, progress):
+    """This rank's training run; ``progress`` (the lead rank's): a progress bar."""
+    if progress is None:
+        return train(dp=dp, global_batch=args.global_batch, **kw)
+    from kernellab.models import gpt
+
+    seq = kw["seq_len"] or gpt.CONFIGS.get(kw["config"], gpt.CONFIGS["tiny"]).ctx
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    toks = (args.global_batch or kw["batch_size"] * world) * seq
+    with progress() as prog:
+        task = prog.add_task(f"train gpt ({dp} x {world})", total=kw["steps"])
+
+        def on_step(i, loss, ms):
+            desc = f"loss {loss:.3f}  {toks / ms * 1e3:,.0f} tok/s  {ms:.1f} ms/step"
+            prog.update(task, advance=1, description=desc)
+
+        return train(dp=dp, global_batch=args.global_batch, on_step=on_step, **kw)
