@@ -42,6 +42,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -170,8 +171,12 @@ def wrap(model: nn.Module, dp: str, rank: Rank) -> nn.Module:
         ids = [rank.device.index] if rank.device.type == "cuda" else None
         return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
     fully_shard = _fully_shard()
-    if hasattr(model, "fuse"):
+    if hasattr(model, "fuse"):  # kernellab's GPT
         model.fuse = False
+        # FSDP2 warns that a block returns a view (its last linear's output, reshaped): an
+        # in-place op on it would skip the pre-backward all-gather. The next block and the
+        # final norm read it out of place only.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     for unit in units(model):
         fully_shard(unit)
     fully_shard(model)
@@ -332,8 +337,9 @@ def time_steps(trainer, batch, rank: Rank, warmup: int = 3, steps: int = 10, rou
 # --------------------------------------------------------------------------- command line
 
 
-def launch(nproc: int, argv: list[str], module: str = "kernellab") -> int:
-    """Runs ``python -m <module> *argv`` as ``nproc`` ranks through torchrun's own launcher
+def launch(nproc: int, argv: list[str], module: str | None = "kernellab") -> int:
+    """Runs ``python -m <module> *argv`` (``module`` None: ``python *argv``, argv[0] a
+    script) as ``nproc`` ranks through torchrun's own launcher
     (``torch.distributed.run``, standalone: its rendezvous on a free local port, one
     process per rank with RANK / WORLD_SIZE / LOCAL_RANK set, the others ended when one
     fails), called in-process so ``argv`` never meets torchrun's option parser. Returns 0,
@@ -343,8 +349,10 @@ def launch(nproc: int, argv: list[str], module: str = "kernellab") -> int:
 
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be an integer >= 1, got {nproc!r}")
-    ns = torchrun.get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", "-m", module])
-    ns.training_script_args = list(argv)
+    argv = list(argv)
+    head = ["-m", module] if module is not None else [argv.pop(0)]
+    ns = torchrun.get_args_parser().parse_args(["--standalone", f"--nproc_per_node={nproc}", *head])
+    ns.training_script_args = argv
     os.environ.update(child_env())  # the ranks inherit the launcher's environment
     try:
         torchrun.run(ns)
@@ -370,7 +378,8 @@ def cli_train_gpt(args, console, progress, gpt_kw: dict) -> int:
     check(dp, world, gpt_kw["batch_size"], args.global_batch, gpt_kw["mode"])
     if not launched() and world > 1:
         if torch.cuda.is_available() and torch.cuda.device_count() < world:
-            raise ValueError(f"nproc {world}: this machine has {torch.cuda.device_count()} GPUs (a rank per GPU)")
+            n = torch.cuda.device_count()
+            raise ValueError(f"nproc {world}: this machine has {n} GPUs (a rank per GPU)")
         console.print(f"data parallel: {world} ranks ({dp}) under torchrun", highlight=False)
         return launch(world, args._argv)
     lead = not launched() or int(os.environ.get("RANK", "0")) == 0
