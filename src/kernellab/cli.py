@@ -880,13 +880,16 @@ def cmd_train_user_model(args) -> int:
     process, in every mode."""
     import torch
 
+    from kernellab.distributed import data_parallel
     from kernellab.models import user_models
 
+    gpu = torch.cuda.is_available()
+    if args.model == "hf" and data_parallel.asked(args):
+        return data_parallel.cli_train(args, console, _progress, data_parallel.hf_train_kw(args, HF_CONFIGS))
     if not args.compare:
         console.print(f"[red]train {args.model}: runs with --compare (training steps of the unpatched model, "
-                      "Liger's patch and kernellab's, timed)[/]")  # fmt: skip
+                      "Liger's patch and kernellab's, timed) or data parallel (hf --nproc N)[/]")  # fmt: skip
         return 2
-    gpu = torch.cuda.is_available()
     if args.model == "hf":
         config = args.config or "llama"
         if config not in HF_CONFIGS:
@@ -944,11 +947,11 @@ def cmd_train_gpt(args) -> int:
     optimizer = args.optimizer or ("pytorch" if args.backend == "pytorch" else "triton")
     from kernellab.distributed import data_parallel
 
-    if args.nproc is not None or args.dp is not None or args.global_batch is not None or data_parallel.launched():
-        kw = dict(config=config, backends=backend, matmul=matmul, mode=args.mode, batch_size=bsz,
-                  seq_len=args.seq_len, steps=args.steps, dtype=dtype, data=args.data, lr=args.lr,
-                  optimizer=optimizer)  # fmt: skip
-        return data_parallel.cli_train_gpt(args, console, _progress, kw)
+    if data_parallel.asked(args):
+        seq = args.seq_len or gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"]).ctx
+        kw = dict(config=config, backends=backend, matmul=matmul, mode=args.mode, batch_size=bsz, seq_len=seq,
+                  steps=args.steps, dtype=dtype, data=args.data, lr=args.lr, optimizer=optimizer)  # fmt: skip
+        return data_parallel.cli_train(args, console, _progress, kw)
     if args.compare:
         t = args.seq_len or gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"]).ctx
         modes = gpt.MODES if gpu else ("eager",)  # compile on the CPU: minutes of codegen, no speed claim
@@ -1247,11 +1250,15 @@ def _train_gpt_parser(models) -> None:
     t.add_argument("--optimizer", default=None, choices=["pytorch", "torch", "triton"],
                    help="AdamW from PyTorch (pytorch) or kernellab.optim.AdamW's backend torch / triton "
                    "(default: pytorch with --backend pytorch, else triton)")  # fmt: skip
+    _dp_arguments(t)
+
+
+def _dp_arguments(t) -> None:
     t.add_argument("--nproc", type=int, default=None, help="data parallel over N ranks, one per GPU "
                    "(re-runs the command under torchrun; docs/distributed.md)")  # fmt: skip
     t.add_argument("--dp", default=None, help="data parallel: ddp | fsdp2 (default ddp)")
     t.add_argument("--global-batch", type=int, default=None,
-                   help="data parallel: rows per step over all ranks (default: --batch-size per rank)")  # fmt: skip
+                   help="data parallel: rows per step, all ranks (default: --batch-size per rank)")  # fmt: skip
 
 
 def _train_mnist_parser(models) -> None:
@@ -1294,6 +1301,10 @@ def _train_user_parsers(models) -> None:
         t.add_argument("--mode", default=None, help="eager | compile | compile-cudagraphs (default: every one)")
         t.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")
         t.add_argument("--variants", default=None, help=f"comma list (default {variants})")
+        if name == "hf":  # a training run, data parallel (kernellab.distributed.data_parallel)
+            _dp_arguments(t)
+            t.add_argument("--steps", type=int, default=20, help="data parallel: training steps (default 20)")
+            t.add_argument("--lr", type=float, default=3e-4, help="data parallel: AdamW's learning rate")
 
 
 def build_parser() -> argparse.ArgumentParser:

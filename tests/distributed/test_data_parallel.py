@@ -34,14 +34,17 @@ STEPS, SEQ, GLOBAL_BATCH = 3, 16, 4
 # an error in the step's data (a wrong shard, a missing average) shows up as ~1e-4.
 LOSS_TOL, PARAM_TOL = 1e-5, 2e-6
 
-# (name, dp, op set, optimizer): op set "pytorch" runs the GPT op by op; "torch" runs its
-# fused blocks (one autograd node, kernellab.ops.aten's entry points)
+# (name, dp, model, op set, optimizer): op set "pytorch" runs the GPT op by op; "torch" runs
+# its fused blocks (one autograd node, kernellab.ops.aten's entry points); hf-llama:small is
+# Hugging Face's Llama at a tiny size (FSDP2 units: its decoder layers)
 CASES = [
-    ("ddp-ops", "ddp", "pytorch", "pytorch"),
-    ("ddp-fused-kladam", "ddp", "torch", "torch"),
-    ("fsdp2-ops", "fsdp2", "pytorch", "pytorch"),
-    ("fsdp2-kladam-torch", "fsdp2", "torch", "torch"),
-    ("fsdp2-kladam-triton", "fsdp2", "pytorch", "triton"),
+    ("ddp-ops", "ddp", "tiny", "pytorch", "pytorch"),
+    ("ddp-fused-kladam", "ddp", "tiny", "torch", "torch"),
+    ("fsdp2-ops", "fsdp2", "tiny", "pytorch", "pytorch"),
+    ("fsdp2-kladam-torch", "fsdp2", "tiny", "torch", "torch"),
+    ("fsdp2-kladam-triton", "fsdp2", "tiny", "pytorch", "triton"),
+    ("llama-ddp", "ddp", "hf-llama:small", "pytorch", "pytorch"),
+    ("llama-fsdp2", "fsdp2", "hf-llama:small", "pytorch", "pytorch"),
 ]
 WORLD4_CASES = ("ddp-ops", "fsdp2-ops")
 # (name, train's keyword arguments, what the error says)
@@ -53,8 +56,8 @@ BAD = [
 ]
 
 
-def _train_kw(dp, ops, opt):
-    return dict(config="tiny", backends=ops, dp=dp, global_batch=GLOBAL_BATCH, seq_len=SEQ, steps=STEPS,
+def _train_kw(dp, config, ops, opt):
+    return dict(config=config, backends=ops, dp=dp, global_batch=GLOBAL_BATCH, seq_len=SEQ, steps=STEPS,
                 optimizer=opt, device="cpu")  # fmt: skip
 
 
@@ -103,10 +106,10 @@ def _worker(rank, world, init_file, out_dir, cases):
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
             timeout=datetime.timedelta(seconds=90),
         )  # fmt: skip
-        for name, dp, ops, opt in CASES:
+        for name, dp, config, ops, opt in CASES:
             if name not in cases:
                 continue
-            r = D.train(**_train_kw(dp, ops, opt))
+            r = D.train(**_train_kw(dp, config, ops, opt))
             shards = [p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                       for p in D.inner(r.module).parameters()]  # fmt: skip
             res["runs"][name] = {
@@ -114,7 +117,7 @@ def _worker(rank, world, init_file, out_dir, cases):
                 "numel": sum(shards), "fuse": getattr(D.inner(r.module), "fuse", None),
             }  # fmt: skip
         for name, kw, _ in BAD:
-            args = {**_train_kw("ddp", "pytorch", "pytorch"), **kw}
+            args = {**_train_kw("ddp", "tiny", "pytorch", "pytorch"), **kw}
             try:
                 D.train(**args)
                 res["bad"][name] = None
@@ -129,25 +132,27 @@ def _worker(rank, world, init_file, out_dir, cases):
     torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def _single(ops, opt):
+def _single(config, ops, opt):
     """One process at the global batch: kernellab.models.gpt.train's loop, with its final
     parameters."""
     from kernellab.models import gpt, text
 
-    model = gpt.make("tiny", ops, device="cpu")
+    model, _ = D.build_model(config, ops, device="cpu")
     corpus = text.ByteData(text.load_corpus(), "cpu")
     gen = torch.Generator().manual_seed(0)
     trainer = gpt.Trainer(model, "eager", 3e-4, opt)
     losses = [float(trainer.step(*corpus.batch(GLOBAL_BATCH, SEQ, gen))) for _ in range(STEPS)]
-    assert losses == gpt.train("tiny", ops, seq_len=SEQ, steps=STEPS, batch_size=GLOBAL_BATCH, device="cpu",
-                               optimizer=opt)  # fmt: skip
+    if config == "tiny":
+        one_gpu = gpt.train(config, ops, seq_len=SEQ, steps=STEPS, batch_size=GLOBAL_BATCH, device="cpu",
+                            optimizer=opt)  # fmt: skip
+        assert losses == one_gpu
     return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 @pytest.fixture(scope="module")
 def single():
     torch.set_num_threads(1)
-    return {name: _single(ops, opt) for name, _, ops, opt in CASES}
+    return {name: _single(config, ops, opt) for name, _, config, ops, opt in CASES}
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
@@ -191,21 +196,21 @@ def test_losses_and_parameters_equal_one_process(ranks, single, case):
     # runs the op-by-op path; DDP a whole copy
     total = sum(p.numel() for p in ref_state.values())
     shards = [res["runs"][case]["numel"] for res in ranks]
-    if case.startswith("fsdp2"):
+    if "fsdp2" in case:
         assert sum(shards) == total and max(shards) < total
-        assert all(res["runs"][case]["fuse"] is False for res in ranks)
+        if not case.startswith("llama"):
+            assert all(res["runs"][case]["fuse"] is False for res in ranks)
     else:
         assert shards == [total] * world
 
 
 def test_the_steps_moved_the_parameters(single):
     # (the comparison above would pass for a run that never stepped if the reference did not)
-    from kernellab.models import gpt
-
-    start = dict(gpt.make("tiny", "pytorch", device="cpu").named_parameters())
-    losses, state = single["ddp-ops"]
-    assert max((state[n] - p.detach()).abs().max().item() for n, p in start.items()) > 10 * PARAM_TOL
-    assert losses[-1] < losses[0]
+    for case, config in (("ddp-ops", "tiny"), ("llama-ddp", "hf-llama:small")):
+        start = dict(D.build_model(config, device="cpu")[0].named_parameters())
+        losses, state = single[case]
+        assert max((state[n] - p.detach()).abs().max().item() for n, p in start.items()) > 10 * PARAM_TOL
+        assert losses[-1] < losses[0]
 
 
 @pytest.mark.parametrize("name,_kw,msg", BAD, ids=[b[0] for b in BAD])
@@ -251,6 +256,13 @@ def test_cli_refuses_before_launching(argv, msg, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert rc == 2 and msg in err, err
     assert not dist.is_initialized()
+
+
+def test_cli_hf_refuses_before_launching(capsys):
+    from kernellab import cli
+
+    rc = cli.main(["train", "hf", "--config", "llama", "--nproc", "2", "--variants", "hf,liger"])
+    assert rc == 2 and "one variant" in capsys.readouterr().err
 
 
 def test_cli_nproc_runs_ranks_under_torchrun():

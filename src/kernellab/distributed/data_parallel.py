@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 DP = ("ddp", "fsdp2")
@@ -150,13 +151,60 @@ def _fully_shard():
 
 def units(model: nn.Module) -> list[nn.Module]:
     """The modules FSDP2 shards as units of their own (then the root takes the rest): the
-    GPT's blocks, a Hugging Face decoder's layers."""
-    if isinstance(getattr(model, "blocks", None), nn.ModuleList):
-        return list(model.blocks)
-    inner = getattr(model, "model", None)
-    if isinstance(getattr(inner, "layers", None), nn.ModuleList):
-        return list(inner.layers)
+    first list of blocks in ``model`` (the GPT's ``blocks``, a Hugging Face decoder's
+    ``layers`` or GPT-2's ``h``)."""
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and name.rsplit(".", 1)[-1] in ("blocks", "layers", "h"):
+            return list(mod)
     return []
+
+
+class CausalLM(nn.Module):
+    """A Hugging Face causal LM as the training engine's model: ``forward(idx, targets)``
+    -> mean cross-entropy of next-token prediction (targets already shifted, as
+    ``kernellab.models.text`` draws them), computed in fp32."""
+
+    def __init__(self, hf: nn.Module):
+        super().__init__()
+        self.hf = hf
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.hf(input_ids=idx).logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+# Hugging Face models `train` builds from configs (kernellab.models.user_models.HF_SIZES;
+# ":small" the CPU smoke size); no weights are downloaded
+HF_MODELS = ("hf-llama", "hf-qwen2", "hf-mistral", "hf-gemma2", "hf-gpt2")
+
+
+def build_model(config="tiny", backends="pytorch", matmul="pytorch", device=None, dtype=torch.float32,
+                seed=0):  # fmt: skip
+    """(model, context length): kernellab's GPT (``gpt.make``), or a Hugging Face model
+    ``"hf-llama"`` / ``"hf-llama:small"`` (HF_MODELS) from ``seed`` as ``CausalLM`` (its
+    ops PyTorch's for ``backends`` "pytorch", else put in by ``kernellab.patch`` with
+    that backend, None: kernellab's choice)."""
+    from kernellab.models import gpt
+
+    name, _, size = str(config).partition(":")
+    if name not in HF_MODELS:
+        model = gpt.make(config, backends, matmul, device, dtype, seed)
+        return model, model.cfg.ctx
+    if size not in ("", "small"):
+        raise ValueError(f"config: {config!r}; a Hugging Face model is NAME or NAME:small")
+    from kernellab.models import user_models
+
+    torch.manual_seed(seed)
+    with torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")):
+        hf = user_models.hf_model(name, size == "small")
+    hf = hf.to(dtype)
+    if backends != "pytorch":
+        import kernellab
+
+        kernellab.patch(hf, backend=backends, verbose=False)
+    cfg = hf.config
+    ctx = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048
+    return CausalLM(hf), ctx
 
 
 def wrap(model: nn.Module, dp: str, rank: Rank) -> nn.Module:
@@ -171,6 +219,10 @@ def wrap(model: nn.Module, dp: str, rank: Rank) -> nn.Module:
         ids = [rank.device.index] if rank.device.type == "cuda" else None
         return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
     fully_shard = _fully_shard()
+    if rank.world > 1:  # DDP broadcasts rank 0's weights; FSDP2 shards what each rank holds
+        with torch.no_grad():
+            for t in model.state_dict().values():
+                dist.broadcast(t, 0)
     if hasattr(model, "fuse"):  # kernellab's GPT
         model.fuse = False
         # FSDP2 warns that a block returns a view (its last linear's output, reshaped): an
@@ -259,8 +311,9 @@ def train(
     on_step=None,
 ) -> Result:
     """``kernellab.models.gpt.train`` on every rank of the default process group (made by
-    ``init`` where there is none): the same model, op set, mode and optimizer, wrapped by
-    ``dp``; ``batch_size`` rows per rank, or ``global_batch`` split over the ranks.
+    ``init`` where there is none): the same model (``build_model``: the GPT or a Hugging
+    Face model), op set, mode and optimizer, wrapped by ``dp``; ``batch_size`` rows per
+    rank, or ``global_batch`` split over the ranks.
     ``on_step(i, loss, ms)`` is called on every rank after each step with the loss
     averaged over ranks."""
     from kernellab.models import gpt, text
@@ -272,10 +325,10 @@ def train(
           batch_size, global_batch, mode)  # fmt: skip
     rank = init(device)
     local_b, global_b = check(dp, rank.world, batch_size, global_batch, mode)
-    model = gpt.make(config, backends, matmul, rank.device, gpt._dtype(dtype), seed)
-    seq_len = seq_len or model.cfg.ctx
-    if not 1 <= seq_len <= model.cfg.ctx:
-        raise ValueError(f"seq_len must be in [1, {model.cfg.ctx}] for config {config!r}, got {seq_len}")
+    model, ctx = build_model(config, backends, matmul, rank.device, gpt._dtype(dtype), seed)
+    seq_len = seq_len or ctx
+    if not 1 <= seq_len <= ctx:
+        raise ValueError(f"seq_len must be in [1, {ctx}] for config {config!r}, got {seq_len}")
     corpus = text.ByteData(text.load_corpus(data), rank.device)
     gen = torch.Generator(device=rank.device).manual_seed(seed)
     module = wrap(model, dp, rank)
@@ -363,10 +416,32 @@ def launch(nproc: int, argv: list[str], module: str | None = "kernellab") -> int
     return 0
 
 
-def cli_train_gpt(args, console, progress, gpt_kw: dict) -> int:
-    """``kernellab train gpt --nproc N / --dp / --global-batch`` (cli.cmd_train_gpt calls it
-    with its resolved defaults in ``gpt_kw``): checks the arguments, then re-runs the
-    command under torchrun (``--nproc`` > 1, not launched yet) or trains on this rank."""
+def asked(args) -> bool:
+    """Whether a ``kernellab train`` command line asks for data parallel."""
+    return args.nproc is not None or args.dp is not None or args.global_batch is not None or launched()
+
+
+def hf_train_kw(args, configs) -> dict:
+    """``train``'s arguments for ``kernellab train hf --config NAME --nproc N ...``: the
+    config's full size on a GPU (bf16; 2 rows x 2048 tokens per rank), its small size on the
+    CPU (fp32, 32 tokens); ``--variants`` hf (as is) or kernellab (kernellab.patch)."""
+    gpu = torch.cuda.is_available()
+    config, variant = args.config or "llama", args.variants or "hf"
+    if config not in configs:
+        raise ValueError(f"config: {config!r}; train hf takes {', '.join(configs)}")
+    if variant not in ("hf", "kernellab"):
+        raise ValueError(f"variants: data parallel trains one variant, hf or kernellab; got {variant!r}")
+    return dict(config=f"hf-{config}" + ("" if gpu else ":small"), mode=args.mode or "eager",
+                backends="pytorch" if variant == "hf" else None, batch_size=args.batch_size or 2,
+                seq_len=args.seq_len or (2048 if gpu else 32), steps=args.steps, lr=args.lr,
+                dtype=args.dtype or ("bf16" if gpu else "fp32"), optimizer="pytorch")  # fmt: skip
+
+
+def cli_train(args, console, progress, kw: dict) -> int:
+    """``kernellab train gpt | hf ... --nproc N / --dp / --global-batch``: the CLI calls it
+    with ``train``'s keyword arguments resolved (``kw``: config, seq_len, ...); checks the
+    arguments, then re-runs the command under torchrun (``--nproc`` > 1, not launched yet)
+    or trains on this rank."""
     dp = args.dp or "ddp"
     if args.compare:
         raise ValueError("--compare times one GPU's op sets; it takes no --nproc, --dp or --global-batch")
@@ -375,7 +450,7 @@ def cli_train_gpt(args, console, progress, gpt_kw: dict) -> int:
     world = int(os.environ["WORLD_SIZE"]) if launched() else (args.nproc or 1)
     if launched() and args.nproc is not None and args.nproc != world:
         raise ValueError(f"nproc {args.nproc} differs from torchrun's WORLD_SIZE {world}")
-    check(dp, world, gpt_kw["batch_size"], args.global_batch, gpt_kw["mode"])
+    check(dp, world, kw["batch_size"], args.global_batch, kw["mode"])
     if not launched() and world > 1:
         if torch.cuda.is_available() and torch.cuda.device_count() < world:
             n = torch.cuda.device_count()
@@ -384,14 +459,13 @@ def cli_train_gpt(args, console, progress, gpt_kw: dict) -> int:
         return launch(world, args._argv)
     lead = not launched() or int(os.environ.get("RANK", "0")) == 0
     try:
-        res = _run_rank(dp, args, gpt_kw, progress if lead else None)
+        res = _run_rank(dp, args.global_batch, kw, world, progress if lead else None)
         if lead:
             r = res.rank
             peak = "" if res.peak_gib is None else f"; peak memory per rank {res.peak_gib} GiB"
             console.print(
-                f"{gpt_kw['config']} data parallel {dp} x {r.world} ({gpt_kw['mode']}, {gpt_kw['dtype']}, "
-                f"{r.backend}): loss {res.losses[0]:.3f} -> {res.losses[-1]:.3f} "
-                f"over {len(res.losses)} steps; "
+                f"{kw['config']} data parallel {dp} x {r.world} ({kw['mode']}, {kw['dtype']}, {r.backend}): "
+                f"loss {res.losses[0]:.3f} -> {res.losses[-1]:.3f} over {len(res.losses)} steps; "
                 f"global batch {res.global_batch} ({res.local_batch} per rank) x {res.seq_len}; "
                 f"{res.tokens_per_s:,.0f} tok/s, all ranks (median step){peak}",
                 highlight=False,
@@ -402,20 +476,16 @@ def cli_train_gpt(args, console, progress, gpt_kw: dict) -> int:
     return 0
 
 
-def _run_rank(dp, args, kw, progress):
+def _run_rank(dp, global_batch, kw, world, progress):
     """This rank's training run; ``progress`` (the lead rank's): a progress bar."""
     if progress is None:
-        return train(dp=dp, global_batch=args.global_batch, **kw)
-    from kernellab.models import gpt
-
-    seq = kw["seq_len"] or gpt.CONFIGS.get(kw["config"], gpt.CONFIGS["tiny"]).ctx
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    toks = (args.global_batch or kw["batch_size"] * world) * seq
+        return train(dp=dp, global_batch=global_batch, **kw)
+    toks = (global_batch or kw["batch_size"] * world) * kw["seq_len"]
     with progress() as prog:
-        task = prog.add_task(f"train gpt ({dp} x {world})", total=kw["steps"])
+        task = prog.add_task(f"train {kw['config']} ({dp} x {world})", total=kw["steps"])
 
         def on_step(i, loss, ms):
             desc = f"loss {loss:.3f}  {toks / ms * 1e3:,.0f} tok/s  {ms:.1f} ms/step"
             prog.update(task, advance=1, description=desc)
 
-        return train(dp=dp, global_batch=args.global_batch, on_step=on_step, **kw)
+        return train(dp=dp, global_batch=global_batch, on_step=on_step, **kw)
