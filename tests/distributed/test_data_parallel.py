@@ -278,3 +278,25 @@ def test_cli_nproc_runs_ranks_under_torchrun():
     assert p.returncode == 0, out[-4000:]
     assert "tiny data parallel fsdp2 x 2" in out and "global batch 4 (2 per rank) x 16" in out, out[-4000:]
     assert out.count("data parallel fsdp2 x 2") == 1  # the lead rank reports, the other is quiet
+
+
+def test_check_splits_the_global_batch():
+    assert D.check("ddp", 4, batch_size=8) == (8, 32)
+    assert D.check("fsdp2", 4, batch_size=99, global_batch=32) == (8, 32)  # global batch wins
+    assert D.check("ddp", 1, global_batch=3) == (3, 3)
+    for kw, msg in [
+        (dict(dp="ddp", world=0, batch_size=2), "world size"),
+        (dict(dp="ddp", world=2, global_batch=0), "global_batch must be"),
+        (dict(dp="ddp", world=2, global_batch=2.0), "global_batch must be"),
+        (dict(dp="ddp", world=2, batch_size=2, mode="compile-cudagraphs"), "mode"),
+    ]:
+        with pytest.raises(ValueError, match=msg):
+            D.check(**kw)
+    with pytest.raises(ValueError, match="nproc must be"):
+        D.launch(0, ["train", "gpt"])
+
+
+def test_fsdp2_units_are_the_block_lists():
+    model, _ = D.build_model("tiny", device="cpu")
+    assert D.units(model) == list(model.blocks)
+    assert D.units(torch.nn.Linear(2, 2)) == []

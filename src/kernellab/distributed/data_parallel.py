@@ -1,4 +1,5 @@
-"""Data-parallel training of kernellab's GPT on torch.distributed: DDP or FSDP2 (issue 44).
+"""Data-parallel training on torch.distributed: DDP or FSDP2 (issue 44), for kernellab's GPT
+and Hugging Face causal LMs.
 
 Every rank runs the same training engine (``kernellab.models.gpt.Trainer``: the model, its
 op set, the mode, PyTorch's or kernellab's AdamW) on its own rows of each global batch:
@@ -30,10 +31,11 @@ Launch (NCCL on GPUs, with ``NCCL_NVLS_ENABLE=0``: NVLink multicast off; gloo on
     kernellab train gpt --nproc 4 --dp ddp --global-batch 32    # re-runs itself under torchrun
     torchrun --nproc_per_node=4 -m kernellab train gpt --dp fsdp2  # or under torchrun directly
 
-``--nproc N`` re-executes the same command line under ``python -m torch.distributed.run
---standalone --nproc_per_node N`` (torchrun itself: a free port, its own rendezvous, one
-process per GPU, a failed rank ends the others) after checking the arguments once in the
-parent; ``--nproc 1`` runs in-process on a one-rank group (the same code path).
+``--nproc N`` checks the arguments once, then runs the same command line as N ranks
+through torchrun's own launcher (``launch``: torch.distributed.run, standalone: a free
+port, its own rendezvous, one process per GPU, a failed rank ends the others), called
+in-process so the command's options never meet torchrun's parser; ``--nproc 1`` runs
+in-process on a one-rank group (the same code path, no port).
 """
 
 from __future__ import annotations
@@ -72,8 +74,8 @@ def launched() -> bool:
 
 
 def child_env(env: dict | None = None) -> dict:
-    """An environment for rank processes: ``env`` (default: this one) with NVLink
-    multicast off (NCCL_NVLS_ENABLE=0: the lent machines' rule, KINDS.md)."""
+    """An environment for rank processes: ``env`` (default: this one) with NCCL's NVLink
+    multicast (NVLS) off: NCCL_NVLS_ENABLE=0."""
     out = dict(os.environ if env is None else env)
     out["NCCL_NVLS_ENABLE"] = "0"
     return out
@@ -93,7 +95,7 @@ def init(device: str | None = None, timeout_s: float = 600.0) -> Rank:
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         return Rank(rank, world, local, dev, backend)
-    cuda = device == "cuda" or (device is None and torch.cuda.is_available())
+    cuda = str(device).startswith("cuda") if device is not None else torch.cuda.is_available()
     if cuda and not torch.cuda.is_available():
         raise ValueError("device: cuda asked for, but torch.cuda.is_available() is False")
     world = int(os.environ.get("WORLD_SIZE", "1"))
