@@ -21,6 +21,9 @@ GPU: weak scaling, the global batch grows with W):
   block's gradient to the all-reduce at once, at the end of their backward);
 - ``ddp-ops``: DDP over the op-by-op model (gradients, and buckets, ready block by block
   as the backward proceeds: the all-reduce overlaps the backward) (not --quick);
+- ``ddp-g4``: DDP around the fused model with its blocks as 4 autograd nodes
+  (``GPT.block_groups``: 3 blocks each, their gradients handed over per group, so 3/4 of
+  the blocks' all-reduce can overlap the backward) (not --quick);
 - ``fsdp2``: fully_shard per block and the root (ZeRO-3), op by op, kernellab's AdamW on
   the local shards.
 
@@ -95,7 +98,8 @@ def _case(name, a, rank):
     model = gpt.make(kw["config"], kw["backends"], device=rank.device, dtype=kw["dtype"])
     if name.endswith("-ops"):
         model.fuse = False
-    module = model if name.startswith("single") else D.wrap(model, name.split("-")[0], rank)
+    groups = 4 if name == "ddp-g4" else None
+    module = model if name.startswith("single") else D.wrap(model, name.split("-")[0], rank, groups)
     trainer = gpt.Trainer(module, "eager", optimizer=kw["optimizer"])
     corpus = text.ByteData(text.load_corpus(), rank.device)
     idx, tgt = corpus.batch(a.batch * rank.world, a.seq, torch.Generator(device=rank.device).manual_seed(0))
@@ -138,9 +142,10 @@ def run_stage(a) -> int:
     rank = D.init("cpu" if a.dry else None, timeout_s=300)
     w = rank.world
     if w == 1:
-        cases = ["single", "ddp", "fsdp2"] if a.quick else ["single", "single-ops", "ddp", "ddp-ops", "fsdp2"]
+        full = ["single", "single-ops", "ddp", "ddp-ops", "ddp-g4", "fsdp2"]
+        cases = ["single", "ddp", "fsdp2"] if a.quick else full
     else:
-        cases = ["ddp", "fsdp2"] if a.quick else ["ddp", "ddp-ops", "fsdp2"]
+        cases = ["ddp", "fsdp2"] if a.quick else ["ddp", "ddp-ops", "ddp-g4", "fsdp2"]
         cases += ["check-ddp", "check-fsdp2"]
     meta = {"gpu": torch.cuda.get_device_name(rank.device) if rank.device.type == "cuda" else "cpu",
             "git_sha": git_sha(), **versions(), "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),

@@ -109,7 +109,9 @@ def _worker(rank, world, init_file, out_dir, cases):
         for name, dp, config, ops, opt in CASES:
             if name not in cases:
                 continue
-            r = D.train(**_train_kw(dp, config, ops, opt))
+            # the fused GPT under DDP as two autograd nodes (gradients handed over per group)
+            groups = 2 if name == "ddp-fused-kladam" else None
+            r = D.train(**_train_kw(dp, config, ops, opt), block_groups=groups)
             shards = [p.to_local().numel() if hasattr(p, "to_local") else p.numel()
                       for p in D.inner(r.module).parameters()]  # fmt: skip
             res["runs"][name] = {
@@ -294,6 +296,9 @@ def test_check_splits_the_global_batch():
             D.check(**kw)
     with pytest.raises(ValueError, match="nproc must be"):
         D.launch(0, ["train", "gpt"])
+    rank = D.Rank(0, 1, 0, torch.device("cpu"), "gloo")
+    with pytest.raises(ValueError, match="block_groups"):
+        D.wrap(D.build_model("tiny", device="cpu")[0], "fsdp2", rank, block_groups=2)
 
 
 def test_fsdp2_units_are_the_block_lists():

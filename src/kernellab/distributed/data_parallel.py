@@ -210,12 +210,20 @@ def build_model(config="tiny", backends="pytorch", matmul="pytorch", device=None
     return CausalLM(hf), ctx
 
 
-def wrap(model: nn.Module, dp: str, rank: Rank) -> nn.Module:
+def wrap(model: nn.Module, dp: str, rank: Rank, block_groups: int | None = None) -> nn.Module:
     """The module each rank calls: ``model`` under DDP, or ``model`` itself sharded in
     place by FSDP2 (its parameters become DTensors; the GPT's fused path is turned off,
-    see the module docstring)."""
+    see the module docstring). ``block_groups`` (DDP, the GPT's fused path): its blocks as
+    that many autograd nodes (``GPT.block_groups``), so the all-reduce of the later
+    groups' gradients overlaps the earlier groups' backward."""
     if dp not in DP:
         raise ValueError(f"dp: unknown {dp!r}; data parallel is one of {', '.join(DP)}")
+    if block_groups is not None:
+        if dp != "ddp" or not hasattr(model, "block_groups"):
+            raise ValueError("block_groups: for DDP around kernellab's GPT only")
+        if isinstance(block_groups, bool) or not isinstance(block_groups, int) or block_groups < 1:
+            raise ValueError(f"block_groups must be an integer >= 1, got {block_groups!r}")
+        model.block_groups = block_groups
     if dp == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -312,11 +320,12 @@ def train(
     lr=3e-4,
     optimizer="pytorch",
     on_step=None,
+    block_groups=None,
 ) -> Result:
     """``kernellab.models.gpt.train`` on every rank of the default process group (made by
     ``init`` where there is none): the same model (``build_model``: the GPT or a Hugging
     Face model), op set, mode and optimizer, wrapped by ``dp``; ``batch_size`` rows per
-    rank, or ``global_batch`` split over the ranks.
+    rank, or ``global_batch`` split over the ranks; ``block_groups``: see ``wrap``.
     ``on_step(i, loss, ms)`` is called on every rank after each step with the loss
     averaged over ranks."""
     from kernellab.models import gpt, text
@@ -334,7 +343,7 @@ def train(
         raise ValueError(f"seq_len must be in [1, {ctx}] for config {config!r}, got {seq_len}")
     corpus = text.ByteData(text.load_corpus(data), rank.device)
     gen = torch.Generator(device=rank.device).manual_seed(seed)
-    module = wrap(model, dp, rank)
+    module = wrap(model, dp, rank, block_groups)
     trainer = gpt.Trainer(module, mode, lr, optimizer)
     if rank.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rank.device)

@@ -476,10 +476,11 @@ class _Plans:
     forward's activations runs plainly. A capture that fails turns graphs off for the
     model with a warning (the plain path gives the same results)."""
 
-    KEEP = 4  # plans kept per model (each holds a step's activations in its pool)
+    KEEP = 4  # plans kept per model and block group (each holds a step's activations in its pool)
 
     def __init__(self):
         self.plans, self.seen, self.off = {}, set(), False
+        self.groups = 1  # the model's block_groups (one plan per group and key)
 
     def plan(self, x2, k, heads, params, b, t):
         if self.off:
@@ -490,7 +491,7 @@ class _Plans:
             if key not in self.seen:
                 self.seen.add(key)
                 return None
-            if len(self.plans) >= self.KEEP:  # the oldest plan's graphs and pool go
+            if len(self.plans) >= self.KEEP * self.groups:  # the oldest plan's graphs and pool go
                 self.plans.pop(next(iter(self.plans)))
             try:
                 p = self.plans[key] = _Plan(x2, k, heads, params, b, t)
@@ -553,6 +554,11 @@ class GPT(nn.Module):
         # eager on a GPU: the fused blocks replay CUDA graphs of themselves (_Plans)
         self.graphs = graphs
         self._plans = _Plans()
+        # The fused blocks as this many autograd nodes (consecutive blocks each): a node
+        # hands its blocks' gradients over when its backward ends, so a gradient
+        # all-reduce (DDP) of the later blocks can overlap the earlier blocks' backward.
+        # 1: one node for all blocks.
+        self.block_groups = 1
         if isinstance(cfg, str):
             if cfg not in CONFIGS:
                 raise ValueError(f"config: unknown {cfg!r}; known: {', '.join(CONFIGS)}")
@@ -587,7 +593,12 @@ class GPT(nn.Module):
         kern = self._fused(x, o) if self.fuse and not torch.compiler.is_compiling() else None
         if kern is not None and torch.is_grad_enabled():
             plans = self._plans if self.graphs and x.is_cuda else None
-            x = _Blocks.apply(x.contiguous(), kern, h, plans, *self._block_params())
+            params, n = self._block_params(), len(self.blocks)
+            groups = max(1, min(int(self.block_groups), n))
+            self._plans.groups = groups
+            for g in range(groups):  # consecutive blocks, as even as n allows
+                lo, hi = g * n // groups * _PER_BLOCK, (g + 1) * n // groups * _PER_BLOCK
+                x = _Blocks.apply(x.contiguous(), kern, h, plans, *params[lo:hi])
             x = o["ln"](x, self.lnf_w, self.lnf_b)
         else:
             r = None  # a block's output is x + r, summed by the next norm (_ln_add_ops)
