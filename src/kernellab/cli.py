@@ -912,13 +912,16 @@ def cmd_train_user_model(args) -> int:
     process, in every mode."""
     import torch
 
+    from kernellab.distributed import data_parallel
     from kernellab.models import user_models
 
+    gpu = torch.cuda.is_available()
+    if args.model == "hf" and data_parallel.asked(args):
+        return data_parallel.cli_train(args, console, _progress, data_parallel.hf_train_kw(args, HF_CONFIGS))
     if not args.compare:
         console.print(f"[red]train {args.model}: runs with --compare (training steps of the unpatched model, "
-                      "Liger's patch and kernellab's, timed)[/]")  # fmt: skip
+                      "Liger's patch and kernellab's, timed) or data parallel (hf --nproc N)[/]")  # fmt: skip
         return 2
-    gpu = torch.cuda.is_available()
     if args.model == "hf":
         config = args.config or "llama"
         if config not in HF_CONFIGS:
@@ -970,6 +973,17 @@ def cmd_train_gpt(args) -> int:
     config = args.config or ("gpt2" if gpu else "tiny")
     dtype = args.dtype or ("bf16" if gpu else "fp32")
     bsz = args.batch_size or (8 if config == "gpt2" else 4)
+    backend = None if args.backend == "default" else args.backend
+    matmul = None if args.matmul == "default" else args.matmul
+    # AdamW: PyTorch's with PyTorch's ops, kernellab's one-launch step with kernellab's
+    optimizer = args.optimizer or ("pytorch" if args.backend == "pytorch" else "triton")
+    from kernellab.distributed import data_parallel
+
+    if data_parallel.asked(args):
+        seq = args.seq_len or gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"]).ctx
+        kw = dict(config=config, backends=backend, matmul=matmul, mode=args.mode, batch_size=bsz, seq_len=seq,
+                  steps=args.steps, dtype=dtype, data=args.data, lr=args.lr, optimizer=optimizer)  # fmt: skip
+        return data_parallel.cli_train(args, console, _progress, kw)
     if args.compare:
         t = args.seq_len or gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"]).ctx
         modes = gpt.MODES if gpu else ("eager",)  # compile on the CPU: minutes of codegen, no speed claim
@@ -1007,10 +1021,6 @@ def cmd_train_gpt(args) -> int:
             table.add_row(f"{bsz} x {t}", mode, *cells)
         show(table)
         return 0 if all("error" not in r for r in rows) else 1
-    backend = None if args.backend == "default" else args.backend
-    matmul = None if args.matmul == "default" else args.matmul
-    # AdamW: PyTorch's with PyTorch's ops, kernellab's one-launch step with kernellab's
-    optimizer = args.optimizer or ("pytorch" if args.backend == "pytorch" else "triton")
     if backend is None or matmul is None:  # say what the default picked, and why it may differ per shape
         cfg = gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"])
         chosen = gpt.op_set(backend, matmul)["chosen"]
@@ -1282,6 +1292,15 @@ def _train_gpt_parser(models) -> None:
     t.add_argument("--optimizer", default=None, choices=["pytorch", "torch", "triton"],
                    help="AdamW from PyTorch (pytorch) or kernellab.optim.AdamW's backend torch / triton "
                    "(default: pytorch with --backend pytorch, else triton)")  # fmt: skip
+    _dp_arguments(t)
+
+
+def _dp_arguments(t) -> None:
+    t.add_argument("--nproc", type=int, default=None, help="data parallel over N ranks, one per GPU "
+                   "(re-runs the command under torchrun; docs/distributed.md)")  # fmt: skip
+    t.add_argument("--dp", default=None, help="data parallel: ddp | fsdp2 (default ddp)")
+    t.add_argument("--global-batch", type=int, default=None,
+                   help="data parallel: rows per step, all ranks (default: --batch-size per rank)")  # fmt: skip
 
 
 def _train_mnist_parser(models) -> None:
@@ -1324,6 +1343,10 @@ def _train_user_parsers(models) -> None:
         t.add_argument("--mode", default=None, help="eager | compile | compile-cudagraphs (default: every one)")
         t.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")
         t.add_argument("--variants", default=None, help=f"comma list (default {variants})")
+        if name == "hf":  # a training run, data parallel (kernellab.distributed.data_parallel)
+            _dp_arguments(t)
+            t.add_argument("--steps", type=int, default=20, help="data parallel: training steps (default 20)")
+            t.add_argument("--lr", type=float, default=3e-4, help="data parallel: AdamW's learning rate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1533,7 +1556,8 @@ EXAMPLES = {
     "profile": ["kernellab profile softmax -s 4096x4096 --dtype bf16", "kernellab profile matmul -b cuda --ncu"],
     "demo": ["kernellab demo gelu", "kernellab demo mlp"],
     "train": ["kernellab train gpt --steps 200", "kernellab train mnist --backend default",
-              "kernellab train hf --config llama --compare", "kernellab train nanogpt --compare"],
+              "kernellab train hf --config llama --compare", "kernellab train nanogpt --compare",
+              "kernellab train gpt --nproc 4 --dp fsdp2 --global-batch 32"],
     "asm": ["kernellab asm matmul -b cuda", "kernellab asm softmax -b triton --dtype bf16"],
     "tune": ["kernellab tune layer_norm --dtype bf16"],
     "explain": ["kernellab explain layer_norm -s 8192x768 --dtype bf16 --mode fwdbwd"],
@@ -1575,6 +1599,7 @@ def main(argv=None) -> int:
     _FORMAT["value"], out = args.format, console._file  # (None: whatever sys.stdout is then)
     if args.format == "json":  # the tables alone on stdout
         console.file = sys.stderr
+    args._argv = list(sys.argv[1:] if argv is None else argv)  # (a data-parallel run re-runs it)
     try:
         return args.func(args)
     except KeyboardInterrupt:

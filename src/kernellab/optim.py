@@ -302,6 +302,17 @@ def _hyper(lr, betas, eps, weight_decay, who: str = "AdamW") -> tuple:
             _finite("eps", eps, 0.0), _finite("weight_decay", weight_decay, 0.0))  # fmt: skip
 
 
+def _dtensor_type():
+    """torch's DTensor class, or None where torch.distributed is not built in."""
+    if not torch.distributed.is_available():
+        return None
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5
+        from torch.distributed._tensor import DTensor
+    return DTensor
+
+
 class AdamW:
     """AdamW over a fixed list of parameters with a host path far lighter than
     ``torch.optim.AdamW``'s (whose Python wrapper costs most of a millisecond a step for
@@ -320,6 +331,11 @@ class AdamW:
       an address changed; a non-contiguous tensor or a changed size is refused with an
       error naming it (``params[i].grad``).
 
+    Sharded parameters (``DTensor``, as FSDP2's ``fully_shard`` leaves them): each rank
+    updates its local shard with its local shard of the gradient (AdamW is elementwise, so
+    the shards' updates are the whole tensor's); the moments are local shards too. A
+    ``Partial`` placement (a gradient not yet reduced) is refused.
+
     ``step()`` skips parameters whose ``.grad`` is None (as PyTorch does); the step count
     lives on the device, so a step can be captured in a CUDA graph (the gradients'
     addresses at capture are the ones replays use, as for every captured kernel). ``lr`` is
@@ -335,10 +351,20 @@ class AdamW:
         self.params = [p for p in params]
         if not self.params:
             raise ValueError("AdamW: params is empty")
-        p0 = self.params[0]
         for i, p in enumerate(self.params):
             if not isinstance(p, torch.Tensor):
                 raise TypeError(f"AdamW: params[{i}] must be a torch.Tensor, got {type(p).__name__}")
+        dtensor = _dtensor_type()
+        # DTensor parameters: the step reads their local shards (see the class docstring)
+        self._sharded = dtensor is not None and any(isinstance(p, dtensor) for p in self.params)
+        if self._sharded:
+            for i, p in enumerate(self.params):
+                if isinstance(p, dtensor) and any(pl.is_partial() for pl in p.placements):
+                    raise ValueError(f"AdamW: params[{i}] is a DTensor with a Partial placement; "
+                                     "an elementwise step needs Shard or Replicate")  # fmt: skip
+        local = self._locals()
+        p0 = local[0]
+        for i, p in enumerate(local):
             if p.dtype not in FLOAT_DTYPES:
                 raise TypeError(f"AdamW: params[{i}] has dtype {p.dtype}; expected fp32, fp16 or bf16")
             if p.dtype != p0.dtype or p.device != p0.device:
@@ -350,8 +376,8 @@ class AdamW:
         self.lr, self.betas, self.eps, self.weight_decay = _hyper(lr, betas, eps, weight_decay)
         self.backend = backend
         self.device = p0.device
-        self.exp_avg = [torch.zeros_like(p) for p in self.params]
-        self.exp_avg_sq = [torch.zeros_like(p) for p in self.params]
+        self.exp_avg = [torch.zeros_like(p) for p in local]
+        self.exp_avg_sq = [torch.zeros_like(p) for p in local]
         # each tensor's step count (PyTorch's: a step without a gradient does not count)
         self.steps = torch.zeros(len(self.params), dtype=torch.float32, device=self.device)
         self._steps = list(self.steps.unbind(0))
@@ -397,15 +423,39 @@ class AdamW:
                     p.grad.zero_()
 
     @torch.no_grad()
+    def _locals(self) -> list:
+        """The tensors the step updates: the parameters, or their local shards (DTensor)."""
+        if not self._sharded:
+            return self.params
+        dtensor = _dtensor_type()
+        return [p.to_local() if isinstance(p, dtensor) else p for p in self.params]
+
+    def _local_grads(self) -> list:
+        """The parameters' gradients (None where absent), or their local shards."""
+        if not self._sharded:
+            return [p.grad for p in self.params]
+        dtensor, out = _dtensor_type(), []
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if isinstance(g, dtensor):
+                if not isinstance(p, dtensor) or g.placements != p.placements:
+                    raise ValueError(f"AdamW: params[{i}].grad is placed {g.placements}; params[{i}] "
+                                     f"{getattr(p, 'placements', 'as a plain tensor')}")  # fmt: skip
+                g = g.to_local()
+            out.append(g)
+        return out
+
+    @torch.no_grad()
     def step(self) -> None:
-        grads = [p.grad for p in self.params]
+        grads = self._local_grads()
         active = None  # every tensor has a gradient
         if any(g is None for g in grads):  # (not `None in grads`: that compares tensors, ~30 us each)
             active = tuple(i for i, g in enumerate(grads) if g is not None)
             if not active:
                 return
         # the Triton table is checked first: a refused step leaves the step counts alone
-        launch = self._triton_step(grads, active) if self.backend == "triton" else None
+        params = self._locals()
+        launch = self._triton_step(params, grads, active) if self.backend == "triton" else None
         if active is not None:
             self.steps.index_add_(0, torch.tensor(active, device=self.device), self.steps.new_ones(len(active)))
         else:
@@ -413,13 +463,13 @@ class AdamW:
         if launch is not None:
             launch()
         elif self.backend == "torch":
-            self._torch_step(grads, active)
+            self._torch_step(params, grads, active)
 
     def _pick(self, xs, active):
         return xs if active is None else [xs[i] for i in active]
 
-    def _torch_step(self, grads, active) -> None:
-        ps, gs = self._pick(self.params, active), self._pick(grads, active)
+    def _torch_step(self, params, grads, active) -> None:
+        ps, gs = self._pick(params, active), self._pick(grads, active)
         ms, vs = self._pick(self.exp_avg, active), self._pick(self.exp_avg_sq, active)
         b1, b2 = self.betas
         if self.device.type == "cuda":
@@ -439,17 +489,17 @@ class AdamW:
             m.copy_(m32)
             v.copy_(v32)
 
-    def _triton_step(self, grads, active):
+    def _triton_step(self, params, grads, active):
         """The table checked (and uploaded where it changed); returns the launch, or None
         when there is nothing to update."""
         gs = self._pick(grads, active)
         plan = self._plans.get(active)
         if plan is None:
-            plan = self._plans[active] = self._plan(active)
+            plan = self._plans[active] = self._plan(params, active)
         offs, pidx, numel, chunk_t, chunk_s, host = plan
         if not chunk_t.numel():
             return lambda: None
-        ps = self._pick(self.params, active)
+        ps = self._pick(params, active)
         # The table is right while every tensor has the address, the contiguous layout and
         # the size it was made from. Addresses and layouts are read every step (a strided
         # view at last step's address would otherwise be read as contiguous); a size is
@@ -498,19 +548,19 @@ class AdamW:
             host[r] = ptrs
         host["aligned"] = all((a - base) % 16 == 0 for a in host[0] + host[1] + host[2])
 
-    def _plan(self, active):
+    def _plan(self, params, active):
         """Device tables of the tensors ``active`` (None: all): element offsets from
         ``self._base`` [4, n] (the gradients' row filled per step), each tensor's parameter
         index and numel, and each program's (tensor, first element)."""
-        idx = list(range(len(self.params)) if active is None else active)
+        idx = list(range(len(params)) if active is None else active)
         base, es = self._base.data_ptr(), self._base.element_size()
-        p_ptrs = [self.params[i].data_ptr() for i in idx]
+        p_ptrs = [params[i].data_ptr() for i in idx]
         m_ptrs = [self.exp_avg[i].data_ptr() for i in idx]
         v_ptrs = [self.exp_avg_sq[i].data_ptr() for i in idx]
         if any((a - base) % es for a in p_ptrs + m_ptrs + v_ptrs):
             raise ValueError("AdamW: a parameter's address is not a multiple of its element size")
         rows = [[(a - base) // es for a in ptrs] for ptrs in (p_ptrs, [base] * len(idx), m_ptrs, v_ptrs)]
-        numels = [self.params[i].numel() for i in idx]
+        numels = [params[i].numel() for i in idx]
         chunk_t, chunk_s = [], []
         for t, k in enumerate(numels):
             starts = range(0, k, ADAMW_BLOCK)

@@ -296,7 +296,7 @@ def _ln_add_bwd(k, saved, dy, dres):
 
 
 def _block_fwd(x2, r, p, k, b, t, heads):
-    """One pre-LN transformer block (GPT._block_ops is the same math op by op) with no
+    """One pre-LN transformer block (Block.forward is the same math op by op) with no
     autograd node: its input is x2 + r (r None: x2), [B*T, D] contiguous, p its 12
     parameters; returns ((x1, m), saved), the block's output being x1 + m unsummed: the
     next block's first norm adds them in its own kernel (_ln_add)."""
@@ -476,10 +476,11 @@ class _Plans:
     forward's activations runs plainly. A capture that fails turns graphs off for the
     model with a warning (the plain path gives the same results)."""
 
-    KEEP = 4  # plans kept per model (each holds a step's activations in its pool)
+    KEEP = 4  # plans kept per model and block group (each holds a step's activations in its pool)
 
     def __init__(self):
         self.plans, self.seen, self.off = {}, set(), False
+        self.groups = 1  # the model's block_groups (one plan per group and key)
 
     def plan(self, x2, k, heads, params, b, t):
         if self.off:
@@ -490,7 +491,7 @@ class _Plans:
             if key not in self.seen:
                 self.seen.add(key)
                 return None
-            if len(self.plans) >= self.KEEP:  # the oldest plan's graphs and pool go
+            if len(self.plans) >= self.KEEP * self.groups:  # the oldest plan's graphs and pool go
                 self.plans.pop(next(iter(self.plans)))
             try:
                 p = self.plans[key] = _Plan(x2, k, heads, params, b, t)
@@ -512,6 +513,38 @@ def _ln_add_ops(o, x, r, w, b):
     return o["ln"](h, w, b), h
 
 
+class Block(nn.Module):
+    """One pre-LN transformer block's parameters, and its forward op by op (each op its own
+    autograd node). The fused path (``_Blocks``) reads the same parameters directly; the
+    op-by-op path calls the module, so a wrapper that hooks module calls (FSDP2's per-block
+    all-gather) sees one call per block."""
+
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1_w, self.ln1_b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+        self.ln2_w, self.ln2_b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x, r, o, b: int, t: int):
+        """The block's input is x + r (r None: x); returns (x1, m), the block's output
+        being x1 + m unsummed (the next norm adds them, as the fused blocks do)."""
+        d, h = x.shape[-1], self.heads
+        if r is None:
+            y = o["ln"](x, self.ln1_w, self.ln1_b)
+        else:
+            y, x = _ln_add_ops(o, x, r, self.ln1_w, self.ln1_b)
+        qkv = o["linear"](y, self.qkv.weight, self.qkv.bias).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        if o["qkv_contiguous"]:
+            qkv = qkv.contiguous()
+        q, k, v = qkv.unbind(0)
+        a = o["attn"](q, k, v).transpose(1, 2).reshape(b, t, d)
+        y, x = _ln_add_ops(o, x, o["linear"](a, self.proj.weight, self.proj.bias), self.ln2_w, self.ln2_b)
+        h = o["gelu"](o["linear"](y, self.fc.weight, self.fc.bias))
+        return x, o["linear"](h, self.fc2.weight, self.fc2.bias)
+
+
 class GPT(nn.Module):
     def __init__(
         self, cfg: Config | str = "tiny", backends="pytorch", matmul="pytorch", fuse: bool = True, graphs: bool = True
@@ -521,6 +554,11 @@ class GPT(nn.Module):
         # eager on a GPU: the fused blocks replay CUDA graphs of themselves (_Plans)
         self.graphs = graphs
         self._plans = _Plans()
+        # The fused blocks as this many autograd nodes (consecutive blocks each): a node
+        # hands its blocks' gradients over when its backward ends, so a gradient
+        # all-reduce (DDP) of the later blocks can overlap the earlier blocks' backward.
+        # 1: one node for all blocks.
+        self.block_groups = 1
         if isinstance(cfg, str):
             if cfg not in CONFIGS:
                 raise ValueError(f"config: unknown {cfg!r}; known: {', '.join(CONFIGS)}")
@@ -534,11 +572,7 @@ class GPT(nn.Module):
         self.wpe = nn.Parameter(torch.randn(cfg.ctx, d) * 0.01)
         self.blocks = nn.ModuleList()
         for _ in range(cfg.layers):
-            blk = nn.Module()
-            blk.ln1_w, blk.ln1_b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
-            blk.ln2_w, blk.ln2_b = nn.Parameter(torch.ones(d)), nn.Parameter(torch.zeros(d))
-            blk.qkv, blk.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-            blk.fc, blk.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+            blk = Block(d, cfg.heads)
             for lin in (blk.qkv, blk.proj, blk.fc, blk.fc2):
                 nn.init.normal_(lin.weight, std=0.02)
                 nn.init.zeros_(lin.bias)
@@ -559,12 +593,17 @@ class GPT(nn.Module):
         kern = self._fused(x, o) if self.fuse and not torch.compiler.is_compiling() else None
         if kern is not None and torch.is_grad_enabled():
             plans = self._plans if self.graphs and x.is_cuda else None
-            x = _Blocks.apply(x.contiguous(), kern, h, plans, *self._block_params())
+            params, n = self._block_params(), len(self.blocks)
+            groups = max(1, min(int(self.block_groups), n))
+            self._plans.groups = groups
+            for g in range(groups):  # consecutive blocks, as even as n allows
+                lo, hi = g * n // groups * _PER_BLOCK, (g + 1) * n // groups * _PER_BLOCK
+                x = _Blocks.apply(x.contiguous(), kern, h, plans, *params[lo:hi])
             x = o["ln"](x, self.lnf_w, self.lnf_b)
         else:
             r = None  # a block's output is x + r, summed by the next norm (_ln_add_ops)
             for blk in self.blocks:
-                x, r = self._block_ops(blk, x, r, o, b, t)
+                x, r = blk(x, r, o, b, t)
             x = o["ln"](x, self.lnf_w, self.lnf_b) if r is None else _ln_add_ops(o, x, r, self.lnf_w, self.lnf_b)[0]
         logits = o["linear"](x, self.wte)
         return o["ce"](logits.view(b * t, -1), targets.reshape(b * t))
@@ -579,24 +618,6 @@ class GPT(nn.Module):
                 blk.ln2_w, blk.ln2_b, blk.fc.weight, blk.fc.bias, blk.fc2.weight, blk.fc2.bias,
             )  # fmt: skip
         ]
-
-    def _block_ops(self, blk, x, r, o, b, t):
-        """One block op by op (each op its own autograd node): its input is x + r (r None:
-        x); returns (x1, m), the block's output being x1 + m unsummed (the next norm adds
-        them, as the fused blocks do)."""
-        d, h = self.cfg.dim, self.cfg.heads
-        if r is None:
-            y = o["ln"](x, blk.ln1_w, blk.ln1_b)
-        else:
-            y, x = _ln_add_ops(o, x, r, blk.ln1_w, blk.ln1_b)
-        qkv = o["linear"](y, blk.qkv.weight, blk.qkv.bias).view(b, t, 3, h, d // h).permute(2, 0, 3, 1, 4)
-        if o["qkv_contiguous"]:
-            qkv = qkv.contiguous()
-        q, k, v = qkv.unbind(0)
-        a = o["attn"](q, k, v).transpose(1, 2).reshape(b, t, d)
-        y, x = _ln_add_ops(o, x, o["linear"](a, blk.proj.weight, blk.proj.bias), blk.ln2_w, blk.ln2_b)
-        m = o["linear"](o["gelu"](o["linear"](y, blk.fc.weight, blk.fc.bias)), blk.fc2.weight, blk.fc2.bias)
-        return x, m
 
     def _ops(self, x, b: int, t: int) -> dict:
         """The op set of a call: ``self.ops``, its None slots (kernellab's default) resolved
