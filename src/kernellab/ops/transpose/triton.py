@@ -71,8 +71,9 @@ def _kernel_specs(dtype: str):
     which Triton specializes as a constant)."""
     es = 4 if dtype == "fp32" else 2
     bm, bn, warps = transpose_config(es)
-    sig = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "R": "i32", "C": "i32", "sxb": "i32", "sxr": "i32",
-           "sxc": "constexpr", "tiles_r": "i32", "tiles_c": "i32", "BM": "constexpr", "BN": "constexpr"}  # fmt: skip
+    sig = {"x_ptr": f"*{dtype}", "y_ptr": f"*{dtype}", "R": "i32", "C": "i32", "sxb": "i32",
+           "sxr": "i32", "sxc": "constexpr", "tiles_r": "i32", "tiles_c": "i32",
+           "BM": "constexpr", "BN": "constexpr"}  # fmt: skip
     return [(_transpose_kernel, sig, {"sxc": 1, "BM": bm, "BN": bn}, warps)]
 
 
