@@ -25,11 +25,11 @@
 //                       (64x64 fp32, 64x128 fp16/bf16), 256 threads, each loading 4 chunks of
 //                       16 B along input rows and storing 4 chunks of 16 B along output rows
 //                       (64 B in flight per thread; an H200 needs ~25 KB in flight per SM to
-//                       cover ~600 ns of DRAM latency at ~4.8 TB/s, and 8 blocks x 16 KB
-//                       resident hold 128 KB). The tile is XOR-swizzled instead of padded:
-//                       a padded row would not start on a 16-byte boundary. Needs R and C
-//                       multiples of 16 B worth of elements and 16-byte aligned input rows;
-//                       the host runs v4 otherwise.
+//                       cover ~600 ns of DRAM latency at ~4.8 TB/s; 6 resident blocks of
+//                       16 KB, as the launch bounds ask, hold 96 KB). The tile is
+//                       XOR-swizzled instead of padded: a padded row would not start on a
+//                       16-byte boundary. Needs R and C multiples of 16 B worth of elements
+//                       and 16-byte aligned input rows; the host runs v4 otherwise.
 //   copy_tile_*         not a transpose: v5's grid and 16-byte accesses copying x to a
 //                       same-shape y, no shared memory - the ceiling of v5's access pattern
 //                       (lab/gpu_transpose.py times it beside torch's copy).
