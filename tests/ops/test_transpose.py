@@ -20,6 +20,7 @@ from kltest import (
     LAYOUTS,
     backend_matrix,
     check_planted,
+    compile_grads_match,
     cpu_backends,
     dtype_id,
     gpu_only_backends,
@@ -178,6 +179,12 @@ def test_planted_mistakes_are_rejected(name):
 
 def test_custom_ops_opcheck():
     opcheck_custom_ops(registry.get(OP, "triton").custom_ops, SPEC, (5, 33))
+
+
+def test_traced_whole_by_torch_compile():
+    # Dynamo traces the custom op, AOTAutograd its composed backward (the op on dy)
+    x = torch.randn(3, 17, 33)
+    compile_grads_match(lambda t: kernellab.transpose(t, backend="triton"), _expected, [x], rtol=0, atol=0)
 
 
 # --------------------------------------------------------------------------- CUDA, without a GPU
