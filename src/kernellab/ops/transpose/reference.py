@@ -8,8 +8,9 @@ from kernellab.ops._baselines import compiled, register_baseline
 
 
 def manual_transpose(x: torch.Tensor) -> torch.Tensor:
-    """A gather through a computed flat index (a transpose written without one): index
-    kernels, then a gather that reads an int64 index per element."""
+    """A gather through a computed flat index: an int64 index read per element moved.
+
+    (A transpose written without one: index kernels, then index_select.)"""
     r, c = x.shape[-2], x.shape[-1]
     lead = x.shape[:-2]
     # output element (j, i) of each matrix is input element i * c + j
