@@ -39,6 +39,7 @@ def test_op_names_lists_the_ops():
         "softmax",
         "sum",
         "swiglu",
+        "transpose",
     ]
     assert registry.op_names() == ops
     assert kernellab.op_names is registry.op_names and kernellab.op_names() == ops
@@ -455,7 +456,7 @@ def test_a_trusted_call_whose_list_option_was_changed_in_place_is_validated_agai
 
 KEY_VALIDATED = ["gelu", "relu", "softmax", "sum", "max", "argmax", "layer_norm", "rms_norm", "attention",
                  "matmul", "add", "conv2d", "max_pool2d", "batch_norm2d", "bn_relu_pool2d",
-                 "swiglu", "geglu", "add_rms_norm"]
+                 "swiglu", "geglu", "add_rms_norm", "transpose"]
 
 
 def test_the_ops_declaring_key_validation_are_the_audited_ones():

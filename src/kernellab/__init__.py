@@ -32,6 +32,7 @@ from kernellab.ops.public import (  # noqa: A004
     softmax,
     sum,
     swiglu,
+    transpose,
 )
 from kernellab.optim import sgd_step
 from kernellab.options import config
@@ -73,6 +74,7 @@ __all__ = [
     "softmax",
     "sum",
     "swiglu",
+    "transpose",
     "unpatch",
     "unregister",
 ]

@@ -1151,6 +1151,8 @@ def cmd_asm(args) -> int:
             verdict.append(
                 f"local memory traffic ({k.counts['LDL_STL']} LDL/STL): spills or a runtime-indexed array"
             )
+        if k.counts["LDS"] or k.counts["STS"]:
+            verdict.append(f"shared memory ({k.counts['LDS']} LDS, {k.counts['STS']} STS)")
         if k.counts["HMMA"] or k.counts["HGMMA"]:
             verdict.append(f"tensor cores ({k.counts['HMMA']} HMMA, {k.counts['HGMMA']} HGMMA)")
         console.print(f"{k.name}: " + "; ".join(verdict))

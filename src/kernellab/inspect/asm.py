@@ -13,7 +13,8 @@ process with a private TRITON_CACHE_DIR and reads what Triton wrote.
 
 The summary counts what usually decides speed: 16-byte global accesses (``ld.global.v4`` /
 ``LDG.E.128``), local-memory traffic (spills: ``LDL``/``STL``), tensor-core instructions
-(``HMMA``, ``HGMMA``), special-function instructions (``MUFU``).
+(``HMMA``, ``HGMMA``), special-function instructions (``MUFU``), shared-memory loads and
+stores (``LDS`` / ``STS``).
 """
 
 from __future__ import annotations
@@ -125,6 +126,9 @@ _PATTERNS = {
     "LDG": (r"\bLDG\b", "sass"),
     "STG": (r"\bSTG\b", "sass"),
     "LDL_STL": (r"\b(?:LDL|STL)\b", "sass"),
+    "ptx_shared": (r"\b(?:ld|st)\.shared\b", "ptx"),
+    "LDS": (r"\bLDS\b", "sass"),  # shared-memory loads and stores (LDS.U16, LDS.128 too; not LDSM)
+    "STS": (r"\bSTS\b", "sass"),
     "HMMA": (r"\bHMMA\b", "sass"),
     "HGMMA": (r"\bHGMMA\b", "sass"),
     "MUFU": (r"\bMUFU\b", "sass"),

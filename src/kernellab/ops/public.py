@@ -24,6 +24,7 @@ from kernellab.ops.rope import rope
 from kernellab.ops.softmax import softmax
 from kernellab.ops.sum import sum  # noqa: A004
 from kernellab.ops.swiglu import swiglu
+from kernellab.ops.transpose import transpose
 
 FUNCTIONS = {
     f.__name__: f
@@ -49,5 +50,6 @@ FUNCTIONS = {
         relu,
         rope,
         softmax,
+        transpose,
     )
 }
