@@ -128,7 +128,8 @@ def test_why_unavailable_on_this_machine():
             assert impl.why_unavailable("cpu") is None, impl.name
         if tuple(impl.devices) == ("cuda",):  # cuda, cuda_v1, peers
             missing = impl.available() if impl.available is not None else None
-            if missing and "not installed" in missing:  # a peer library absent here says so first
+            # a peer library absent here, or a C++ extension not built, says so first
+            if missing and ("not installed" in missing or "not built" in missing):
                 assert impl.why_unavailable("cpu") == missing
                 continue
             if has_cuda:
