@@ -157,3 +157,15 @@ def test_transpose_bad_inputs():
         nt.transpose_naive(torch.randn(3, 3, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match=r"x must be a torch.Tensor"):
         nt.transpose_naive([[1.0]])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_transpose_op_backends(backend):
+    """The transpose op's numba backends: a batch (one matrix at a time) and the gradient
+    (the transpose of dy)."""
+    x = torch.randn(2, 5, 33, requires_grad=True)
+    y = kernellab.transpose(x, backend=backend)
+    assert torch.equal(y, x.detach().transpose(-2, -1).contiguous())
+    dy = torch.randn(2, 33, 5)
+    (g,) = torch.autograd.grad(y, x, dy)
+    assert torch.equal(g, dy.transpose(-2, -1))

@@ -141,5 +141,6 @@ def transpose(x: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
 
 # The backends register themselves, after the spec exists.
 from kernellab.ops.transpose import cuda as _cuda  # noqa: E402,F401
+from kernellab.ops.transpose import numba as _numba  # noqa: E402,F401
 from kernellab.ops.transpose import reference as _reference  # noqa: E402,F401
 from kernellab.ops.transpose import triton as _triton  # noqa: E402,F401
