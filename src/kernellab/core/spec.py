@@ -44,6 +44,7 @@ OP_MODULES = [
     "kernellab.ops.pool",
     "kernellab.ops.conv2d",
     "kernellab.ops.rope",
+    "kernellab.ops.histogram",
 ]
 
 DTYPES = {
