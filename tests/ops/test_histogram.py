@@ -207,7 +207,7 @@ def test_cuda_ladder_compiles_and_documents_itself():
 # --------------------------------------------------------------------------- GPU
 
 GPU_BACKENDS = [b for b in cuda_backends("histogram") if b != "manual"]
-GPU_PROBLEMS = PROBLEMS + [(1 << 20, 256), ((1 << 22) + 5, 4096), (1 << 20, 12288), (1 << 20, 12289)]
+GPU_PROBLEMS = PROBLEMS + [(1 << 20, 256), ((1 << 21) + 5, 4096), (1 << 18, 12288), (1 << 18, 12289)]
 
 
 @pytest.mark.gpu

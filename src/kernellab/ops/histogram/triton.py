@@ -55,20 +55,27 @@ def _hist_atomic_kernel(x_ptr, out_ptr, n, bins, BLOCK: tl.constexpr):
     tl.atomic_add(out_ptr + tl.where(ok, k, 0), one, mask=ok, sem="relaxed")
 
 
-def histogram_triton_fwd(x: torch.Tensor, bins: int) -> torch.Tensor:
+def launch(x: torch.Tensor, bins: int, private: bool | None = None) -> torch.Tensor:
+    """Counts of x's keys; ``private``: the privatized kernel (None: where bins <=
+    PRIVATE_MAX) or the global-atomics one (lab/gpu_histogram.py times both)."""
     x = x.contiguous()  # strided / expanded: pack first
     n = x.numel()
     out = torch.zeros(bins, dtype=torch.int64, device=x.device)
     if n == 0:
         return out
-    if bins <= PRIVATE_MAX:
-        nb = triton_support.next_pow2(bins)
+    if private if private is not None else bins <= PRIVATE_MAX:
+        # at least 32 counters: Triton's warp-level histogram gives each lane NB / 32 bins
+        nb = max(triton_support.next_pow2(bins), 32)
         grid = (triton_support.cdiv(n, BLOCK * ITERS),)
         _hist_private_kernel[grid](x, out, n, bins, BLOCK=BLOCK, ITERS=ITERS, NB=nb, num_warps=NUM_WARPS)
     else:
         grid = (triton_support.cdiv(n, ATOMIC_BLOCK),)
         _hist_atomic_kernel[grid](x, out, n, bins, BLOCK=ATOMIC_BLOCK, num_warps=4)
     return out
+
+
+def histogram_triton_fwd(x: torch.Tensor, bins: int) -> torch.Tensor:
+    return launch(x, bins)
 
 
 def _fake(x: torch.Tensor, bins: int) -> torch.Tensor:
