@@ -6,7 +6,7 @@
 Stages, each case in its own try (one failure is reported, the rest runs):
 
 1. check: ``check_impl`` (quick, int32) of every histogram backend.
-2. histogram bench: every backend (cuda_v1..v4, cuda, triton, torch, manual) on
+2. histogram bench: every backend (cuda_v1..v5, cuda, triton, torch, manual) on
    n in {2^24, 2^26} keys x (uint8, 256 bins), (int32, 256), (int32, 4096) x
    distributions uniform / skewed (90% of keys in one bin) / zipf, and 65536 bins
    (int32, 2^24: the privatized rungs refuse, ``cuda`` runs v1). Every timed output is
@@ -46,11 +46,11 @@ from kernellab.harness.results import write_jsonl  # noqa: E402
 from kernellab.ops.histogram import histogram_reference, make_keys  # noqa: E402
 from kernellab.ops.histogram import triton as triton_hist  # noqa: E402
 
-HIST_BACKENDS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda", "triton", "torch", "manual")
+HIST_BACKENDS = ("cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5", "cuda", "triton", "torch", "manual")
 # Timed beside the backends: Triton's global-atomics kernel where `triton` privatizes
 # (is tl.histogram's register histogram worth it at 4096 bins?)
 TRITON_GLOBAL = "triton_glob"
-PRIVATIZED = ("cuda_v2", "cuda_v3", "cuda_v4", "cuda")
+PRIVATIZED = ("cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5", "cuda")
 SUM_BACKENDS = ("cuda_v3", "cuda_v4", "cuda", "triton", "torch")
 DT = {"uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64}
 

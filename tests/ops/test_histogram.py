@@ -176,7 +176,8 @@ def test_under_torch_compile_fullgraph():
 
 # --------------------------------------------------------------------------- CUDA ladder
 
-_CUDA_KERNELS = [f"hist_{v}_{s}" for v in ("v1", "v2", "v3", "v4") for s in ("u8", "i32", "i64")]
+RUNGS = ("v1", "v2", "v3", "v4", "v5")
+_CUDA_KERNELS = [f"hist_{v}_{s}" for v in RUNGS for s in ("u8", "i32", "i64")]
 
 
 def test_cuda_ladder_compiles_and_documents_itself():
@@ -184,13 +185,13 @@ def test_cuda_ladder_compiles_and_documents_itself():
     from kernellab.ops.histogram import cuda as hcuda
 
     impls = {i.backend: i for i in kernellab.impls("histogram")}
-    assert {"cuda", "cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4"} <= set(impls)
-    for v in ("v1", "v2", "v3", "v4"):  # one line each, what the rung changes
+    assert {"cuda", *(f"cuda_{v}" for v in RUNGS)} <= set(impls)
+    for v in RUNGS:  # one line each, what the rung changes
         assert impls[f"cuda_{v}"].description.startswith(f"CUDA {v}: ")
         assert re.search(rf"^//\s+{v}\s+hist_{v}", hcuda.MODULE.source, re.M), v
     # documented limits: the privatized rungs refuse bins past shared memory, v1 and cuda don't
     x = torch.zeros(4, dtype=torch.int32)
-    for v in ("v2", "v3", "v4"):
+    for v in RUNGS[1:]:
         limits = impls[f"cuda_{v}"].outside_limits
         assert "bins=65536" in limits((x, 65536), {}) and limits((x, 4096), {}) is None
     for b in ("cuda_v1", "cuda"):
@@ -202,6 +203,7 @@ def test_cuda_ladder_compiles_and_documents_itself():
         entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
         assert set(_CUDA_KERNELS) <= entries, sorted(set(_CUDA_KERNELS) - entries)
         assert "match.any" in ptx and "atom.shared.add.u32" in ptx and "atom.global.add.u64" in ptx
+        assert "vote.sync.ballot" in ptx and "shfl.sync.idx" in ptx  # v5
 
 
 # --------------------------------------------------------------------------- GPU

@@ -1,9 +1,9 @@
 """Histogram in CUDA C++ (histogram.cu, compiled by NVRTC): launchers, custom ops,
 registrations.
 
-``cuda_v1`` .. ``cuda_v4`` are the lecture's steps (the list at the top of histogram.cu);
-``cuda`` is the best of them: v4 while the private histogram fits in shared memory
-(bins <= SHARED_BINS), v1's global atomics beyond. The privatized rungs v2-v4 refuse
+``cuda_v1`` .. ``cuda_v5`` are the lecture's steps (the list at the top of histogram.cu);
+``cuda`` is the best of them: v5 while the private histogram fits in shared memory
+(bins <= SHARED_BINS), v1's global atomics beyond. The privatized rungs v2-v5 refuse
 larger bins (``Impl.limits``), so the ladder compares like with like.
 """
 
@@ -27,6 +27,7 @@ BLOCKS_PER_SM = 8  # at most 8 x 256 threads = 2048, a full H100 SM
 # at one block per SM; 65536 bins do not fit anywhere.)
 SHARED_BINS = 12288
 SUFFIX = {torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
+PRIVATE = ("v2", "v3", "v4", "v5")  # the rungs with a shared-memory histogram
 
 _KERNELS: dict = {}
 
@@ -35,7 +36,7 @@ def _kernel(name: str, dtype, dev: int):
     key = (name, dtype, dev)
     k = _KERNELS.get(key)
     if k is None:
-        scalar = name in ("hist_v1", "hist_v2")  # (x, out, n, bins); v3/v4 take head before bins
+        scalar = name in ("hist_v1", "hist_v2")  # (x, out, n, bins); v3-v5 take head before bins
         sig = ("ptr", "ptr", "i64", "i32") if scalar else ("ptr", "ptr", "i64", "i64", "i32")
         k = _KERNELS[key] = MODULE.kernel(f"{name}_{SUFFIX[dtype]}", sig, dev)
     return k
@@ -73,7 +74,7 @@ def _head(x: torch.Tensor) -> int:
 
 
 def histogram_cuda(x: torch.Tensor, bins: int, variant: str) -> torch.Tensor:
-    if variant in ("v2", "v3", "v4") and bins > SHARED_BINS:
+    if variant in PRIVATE and bins > SHARED_BINS:
         raise ValueError(_too_many(bins, variant))
     x = x.contiguous()  # strided / expanded: pack first
     n = x.numel()
@@ -85,7 +86,7 @@ def histogram_cuda(x: torch.Tensor, bins: int, variant: str) -> torch.Tensor:
         with torch.cuda.device(dev):
             return histogram_cuda(x, bins, variant)
     if variant == "best":
-        variant = "v4" if bins <= SHARED_BINS else "v1"
+        variant = "v5" if bins <= SHARED_BINS else "v1"
     if variant == "v1":
         _kernel("hist_v1", x.dtype, dev)(-(-n // THREADS), THREADS, x, out, n, bins)
         return out
@@ -143,7 +144,8 @@ VARIANTS = [
     ("cuda_v2", "v2", "CUDA v2: per-block shared-memory histogram, merged with global atomics"),
     ("cuda_v3", "v3", "CUDA v3: coarsened grid-stride 16-byte loads; fill + merge once per block"),
     ("cuda_v4", "v4", "CUDA v4: warp-aggregated shared atomics (__match_any_sync) on top of v3"),
-    ("cuda", "best", "CUDA best: v4 up to 12288 bins, v1's global atomics beyond"),
+    ("cuda_v5", "v5", "CUDA v5: cheaper aggregation, two ballot rounds on a broadcast key, on top of v3"),
+    ("cuda", "best", "CUDA best: v5 up to 12288 bins, v1's global atomics beyond"),
 ]
 
 for _backend, _variant, _what in VARIANTS:
@@ -158,5 +160,5 @@ for _backend, _variant, _what in VARIANTS:
         builtin=True,
         module=MODULE,
         description=_what,
-        limits=_limits_of(_variant) if _variant in ("v2", "v3", "v4") else None,
+        limits=_limits_of(_variant) if _variant in PRIVATE else None,
     )(_fn)

@@ -21,7 +21,13 @@
 //                 and one of them adds the group's size. With 90% of the keys in one bin a
 //                 warp issues ~4 shared atomics per step instead of 32 that serialize on
 //                 one bank; on uniform keys it costs a match per key (more issue, no gain).
-// `cuda` runs v4 while the private histogram fits in shared memory, v1 beyond (cuda.py).
+//   v5  hist_v5   cheaper aggregation: two rounds of "broadcast one pending lane's key
+//                 (__shfl_sync), ballot the lanes that hold it"; a group of two or more is
+//                 added by one lane, everything else takes v3's plain atomic. A hot bin is
+//                 caught in round one or two (~0.99 of warps at 90% skew); on uniform keys
+//                 the cost is ~12 ALU instructions per 32 keys, no extra shared atomics,
+//                 where v4's match.any is a multi-pass instruction per key.
+// `cuda` runs v5 while the private histogram fits in shared memory, v1 beyond (cuda.py).
 //
 // Contract (every variant): x is contiguous, n elements of T (uint8, int32 or int64);
 // out is int64 [bins], zeroed by the host; a key v counts in bin v when 0 <= v < bins and
@@ -79,26 +85,46 @@ __device__ void hist_v2(const T* __restrict__ x, u64* __restrict__ out, long lon
     merge_private(sh, out, bins);
 }
 
-// One key into the private histogram: plain (v3) or warp-aggregated (v4). `ok` false:
-// no key (a lane past the end) or a key out of range. v4 must be called by all 32 lanes
-// (the loops below are warp-uniform).
-template <bool AGG>
+// How a key reaches the private histogram: v3 plain, v4 match.any, v5 ballot rounds.
+enum Agg { PLAIN = 0, MATCH = 1, BALLOT = 2 };
+
+// One key into the private histogram. `ok` false: no key (a lane past the end) or a key
+// out of range. MATCH and BALLOT must be called by all 32 lanes (the loops below are
+// warp-uniform).
+template <int AGG>
 __device__ __forceinline__ void count(unsigned* sh, unsigned b, bool ok) {
-    if (!AGG) {
-        if (ok) atomicAdd(sh + b, 1u);
+    const int lane = threadIdx.x & 31;
+    if (AGG == MATCH) {
+        const unsigned key = ok ? b : FULL;  // every lane without a key joins one group
+        const unsigned peers = __match_any_sync(FULL, key);
+        if (ok && lane == __ffs(peers) - 1) atomicAdd(sh + b, (unsigned)__popc(peers));
         return;
     }
-    const unsigned key = ok ? b : FULL;  // every lane without a key joins one group
-    const unsigned peers = __match_any_sync(FULL, key);
-    const int lane = threadIdx.x & 31;
-    if (ok && lane == __ffs(peers) - 1) atomicAdd(sh + b, (unsigned)__popc(peers));
+    if (AGG == BALLOT) {
+        bool tried = false;  // this lane's key was a candidate and had no twin
+#pragma unroll
+        for (int round = 0; round < 2; ++round) {
+            const unsigned pending = __ballot_sync(FULL, ok && !tried);
+            if (!pending) break;  // (uniform: the ballot is the warp's)
+            const int src = __ffs(pending) - 1;
+            const unsigned cand = __shfl_sync(FULL, b, src);
+            const unsigned same = __ballot_sync(FULL, ok && b == cand);
+            if (__popc(same) > 1) {  // uniform branch: a group worth one atomic
+                if (lane == src) atomicAdd(sh + cand, (unsigned)__popc(same));
+                ok = ok && b != cand;
+            } else if (lane == src) {
+                tried = true;
+            }
+        }
+    }
+    if (ok) atomicAdd(sh + b, 1u);
 }
 
 // v3 / v4: a grid-stride loop over 16-byte packs of x + head (16-byte aligned), the
 // `head` scalar keys before it and the tail after the last whole pack done one per thread.
 // The pack loop runs in whole warps: lane l of a warp takes pack p0 + l, and p0 is the
 // same for the 32 lanes, so every lane runs the same iterations (v4's match needs all).
-template <typename T, bool AGG>
+template <typename T, int AGG>
 __device__ void hist_coarse(const T* __restrict__ x, u64* __restrict__ out, long long n, long long head,
                             int bins) {
     using V = kl::Vec16<T>;
@@ -119,7 +145,7 @@ __device__ void hist_coarse(const T* __restrict__ x, u64* __restrict__ out, long
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const bool have = p0 + lane + (long long)u * stride < npacks;
-            if (!AGG && !have) continue;
+            if (AGG == PLAIN && !have) continue;
 #pragma unroll
             for (int j = 0; j < V::N; ++j) {
                 const unsigned b = have ? bin_of(r[u].e[j], bins) : (unsigned)bins;
@@ -150,10 +176,13 @@ __device__ void hist_coarse(const T* __restrict__ x, u64* __restrict__ out, long
         hist_v2<T>(x, out, n, bins);                                                                          \
     }                                                                                                         \
     extern "C" __global__ void hist_v3_##S(const T* x, u64* out, long long n, long long head, int bins) {     \
-        hist_coarse<T, false>(x, out, n, head, bins);                                                         \
+        hist_coarse<T, PLAIN>(x, out, n, head, bins);                                                         \
     }                                                                                                         \
     extern "C" __global__ void hist_v4_##S(const T* x, u64* out, long long n, long long head, int bins) {     \
-        hist_coarse<T, true>(x, out, n, head, bins);                                                          \
+        hist_coarse<T, MATCH>(x, out, n, head, bins);                                                         \
+    }                                                                                                         \
+    extern "C" __global__ void hist_v5_##S(const T* x, u64* out, long long n, long long head, int bins) {     \
+        hist_coarse<T, BALLOT>(x, out, n, head, bins);                                                        \
     }
 
 KL_HIST_KERNELS(u8, unsigned char)
