@@ -28,6 +28,7 @@ def test_op_names_lists_the_ops():
         "cross_entropy",
         "geglu",
         "gelu",
+        "histogram",
         "layer_norm",
         "linear_cross_entropy",
         "matmul",
@@ -457,7 +458,7 @@ def test_a_trusted_call_whose_list_option_was_changed_in_place_is_validated_agai
 
 KEY_VALIDATED = ["gelu", "relu", "softmax", "sum", "max", "argmax", "layer_norm", "rms_norm", "attention",
                  "matmul", "add", "conv2d", "max_pool2d", "batch_norm2d", "bn_relu_pool2d",
-                 "swiglu", "geglu", "add_rms_norm", "transpose"]
+                 "swiglu", "geglu", "add_rms_norm", "transpose", "histogram"]
 
 
 def test_the_ops_declaring_key_validation_are_the_audited_ones():
@@ -477,7 +478,7 @@ def test_ops_declaring_key_validation_refuse_their_bad_inputs_on_every_default_c
     def fn(*args, **kwargs):  # the registry's level, where the bad cases are defined
         return registry.call(op, None, *args, **kwargs)
 
-    good = spec.make_inputs(spec.bad_shape, torch.float32, "cpu", 0)
+    good = spec.make_inputs(spec.bad_shape, spec.dtypes[0], "cpu", 0)  # (histogram: int keys)
     fn(*good)
     fn(*good)
     for bad in spec.bad_inputs():

@@ -86,8 +86,9 @@ def test_every_backend_sees_the_same_problems(op):
 
 # Our Triton kernels under the interpreter, three problems each, fp32 (the interpreter's
 # bf16 truncates); attention in fp16 as well. Seeds fixed so CI is repeatable.
+# (each op's first dtype: fp32; histogram's uint8 keys)
 TRITON_CASES = [
-    pytest.param(op, torch.float32, id=f"{op}-fp32")
+    pytest.param(op, get_spec(op).dtypes[0], id=f"{op}-{kltest.dtype_id(get_spec(op).dtypes[0])}")
     for op in registry.op_names()
     if "triton" in kltest.cpu_backends(op)
 ] + [pytest.param("attention", torch.float16, id="attention-fp16")]

@@ -45,6 +45,7 @@ OP_MODULES = [
     "kernellab.ops.conv2d",
     "kernellab.ops.rope",
     "kernellab.ops.transpose",
+    "kernellab.ops.histogram",
 ]
 
 DTYPES = {

@@ -20,6 +20,7 @@ ops.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -58,6 +59,22 @@ def last_dim(x, dim, op: str):
     if isinstance(dim, bool) or not isinstance(dim, int) or not -nd <= dim < nd:
         raise ValueError(f"{op}: dim must be an int in [{-nd}, {nd - 1}], got {dim!r}")
     return dim_last(x, dim)
+
+
+def alert_not_deterministic(what: str) -> None:
+    """What PyTorch's own nondeterministic kernels do under
+    ``torch.use_deterministic_algorithms(True)``: raise a RuntimeError naming ``what``
+    (a warning under ``warn_only=True``); nothing otherwise. For a backend whose result
+    depends on the order its floating-point atomics land in (sum's cuda_v3)."""
+    if torch.are_deterministic_algorithms_enabled():
+        msg = (
+            f"{what} is not deterministic (floating-point atomics), but "
+            "torch.use_deterministic_algorithms(True) is set; use backend 'cuda', 'triton' or 'torch'"
+        )
+        if torch.is_deterministic_algorithms_warn_only_enabled():
+            warnings.warn(msg, stacklevel=3)
+        else:
+            raise RuntimeError(msg)
 
 
 # --------------------------------------------------------------------------- max and argmax cases

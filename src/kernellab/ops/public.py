@@ -13,6 +13,7 @@ from kernellab.ops.conv2d import conv2d
 from kernellab.ops.cross_entropy import cross_entropy
 from kernellab.ops.geglu import geglu
 from kernellab.ops.gelu import gelu
+from kernellab.ops.histogram import histogram
 from kernellab.ops.layer_norm import layer_norm
 from kernellab.ops.linear_cross_entropy import linear_cross_entropy
 from kernellab.ops.matmul import matmul
@@ -37,6 +38,7 @@ FUNCTIONS = {
         cross_entropy,
         gelu,
         geglu,
+        histogram,
         swiglu,
         linear_cross_entropy,
         matmul,

@@ -2,7 +2,11 @@
 
 Backends ``cuda_v1`` .. ``cuda_v4`` are the lecture's steps (see the list at the top of
 sum.cu); ``cuda`` is the best of them (v4: coarsened 16-byte loads, shuffles, private
-per-block partials with a last-block-done combine; one launch, deterministic). Each
+per-block partials with a last-block-done combine; one launch, deterministic).
+Determinism: every launcher adds in a fixed order except cuda_v3's whole-tensor sum,
+whose blocks meet in a float64 atomicAdd; under ``torch.use_deterministic_algorithms(True)``
+it raises as PyTorch's nondeterministic kernels do. v4 against v3 is the price of the
+fixed order (lab/gpu_histogram.py measures it). Each
 backend also sums rows (``dim=-1``): v1 one thread per row, v2 one block per row with a
 shared-memory tree, v3 and up a warp or a block per row with 16-byte loads.
 """
@@ -20,7 +24,7 @@ from kernellab.cuda.runtime import (
     _raw_stream,
     sm_count,
 )
-from kernellab.ops._reductions import sum_backend
+from kernellab.ops._reductions import alert_not_deterministic, sum_backend
 from kernellab.ops._register import register_cuda
 
 MODULE = Module(Path(__file__).with_name("sum.cu"))
@@ -107,6 +111,8 @@ def _finish(partials: torch.Tensor, n: int, out: torch.Tensor, dev: int) -> None
 
 
 def sum_all(x: torch.Tensor, variant: str) -> torch.Tensor:
+    if variant == "v3":  # the one launcher whose bits depend on the order of its atomics
+        alert_not_deterministic("kernellab sum cuda_v3 (whole tensor)")
     x = x.contiguous()  # strided / expanded: pack first
     n = x.numel()
     if n == 0:
