@@ -51,8 +51,22 @@ SIM_THREADS = 32
 
 
 @functools.cache
+def numpy_compat() -> None:
+    """numba-cuda 0.30 registers its overload of ``np.row_stack`` when it first compiles a
+    kernel, and fails there (AttributeError) under a NumPy that no longer has that name
+    (an alias of ``np.vstack`` since NumPy 2.0, seen removed on the GPU machine). Restore the
+    alias before the first compile; a NumPy that has it is left alone. Every kernel module
+    calls this before it imports numba."""
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+
+
+@functools.cache
 def _numba_cuda():
     """``numba.cuda`` (real or simulated, as Numba decided at this first import)."""
+    numpy_compat()
     from numba import cuda
 
     # Small grids are deliberate at tiny shapes: no occupancy warning on every such launch.

@@ -83,7 +83,7 @@ def test_a_new_family_is_a_ladder_of_its_own():
 def test_table_order_gains_and_not_measured(tmp_path):
     rows, files = ladder.load([_write(tmp_path, _softmax_rows())])
     assert len(files) == 1 and len(rows) == 8  # the graph and host-cost rows are not timing rows
-    (lad,) = ladder.build("softmax", rows)
+    (lad,) = [lad for lad in ladder.build("softmax", rows) if lad.family == "cuda"]
     assert lad.key == (GPU, "4096x4096", "fp32", "fwd", "", False)
     assert [(ln.label, ln.kind) for ln in lad.lines] == [
         ("cuda_v1", "rung"), ("cuda_v2", "rung"), ("cuda_v3", "rung"), ("cuda (v4)", "rung"),
@@ -106,7 +106,7 @@ def test_table_order_gains_and_not_measured(tmp_path):
 def test_mixed_commits_and_days_are_flagged():
     rows = [_row("cuda_v1", 8.0), _row("cuda_v2", 4.0, sha="bbbbbbb", time="2026-11-21T10:00:00+00:00"),
             _row("cuda_v3", 2.0)]  # fmt: skip
-    (lad,) = ladder.build("softmax", rows)
+    (lad,) = [lad for lad in ladder.build("softmax", rows) if lad.family == "cuda"]
     (note,) = [n for n in lad.notes if "mixed rows" in n]
     assert "2 commit(s), 2 day(s)" in note and "bbbbbbb (2026-11-21): cuda_v2" in note
     assert "aaaaaaa (2026-11-20): cuda_v1, cuda_v3" in note
@@ -121,13 +121,16 @@ def test_key_choice_and_filters():
         _row("cuda_v3", 2.0, shape="8x8"),
     ]
     rows.append(_row("cuda_v1", 7.0, shape="8x8", dtype="bf16", gpu="Other GPU"))
-    (lad,) = ladder.build("softmax", rows)
+    (lad,) = [lad for lad in ladder.build("softmax", rows) if lad.family == "cuda"]
     assert lad.key[1] == "8x8" and lad.key[2] == "fp32"  # the key where the most rungs were measured
-    (lad,) = ladder.build("softmax", rows, shape="64x64")
+    def cuda(**kw):
+        return [lad for lad in ladder.build("softmax", rows, **kw) if lad.family == "cuda"]
+
+    (lad,) = cuda(shape="64x64")
     assert lad.key[1] == "64x64" and _lines(lad)["cuda_v3"].status == "not measured"
-    (lad,) = ladder.build("softmax", rows, dtype="bfloat16", gpu="other")
+    (lad,) = cuda(dtype="bfloat16", gpu="other")
     assert lad.key == ("Other GPU", "8x8", "bf16", "fwd", "", False)
-    (lad,) = ladder.build("softmax", rows, mode="fwdbwd")  # nothing there: every rung "not measured"
+    (lad,) = cuda(mode="fwdbwd")  # nothing there: every rung "not measured"
     assert lad.key is None and all(ln.status == "not measured" for ln in lad.lines)
     with pytest.raises(ValueError, match="--dtype"):
         ladder.build("softmax", rows, dtype="fp33")
@@ -139,7 +142,7 @@ def test_key_choice_and_filters():
         _row("cuda_v1", 9.0, shape="64x64", time="2026-11-20T09:00:00+00:00"),
         _row("cuda_v2", 3.0, shape="64x64"),
     ]
-    (lad,) = ladder.build("softmax", rows)
+    (lad,) = [lad for lad in ladder.build("softmax", rows) if lad.family == "cuda"]
     assert lad.key[1] == "64x64" and not any("mixed rows" in n for n in lad.notes)
 
 
@@ -169,7 +172,7 @@ def test_a_rejected_row_prints_no_number():
     bad = _row("cuda_v2", 1.0, status="rejected", reason="wrong output in timed run")
     bad.update(median_ms=None, gbps=None, tflops=None, pct_peak=None)  # as the harness writes it
     rows = [_row("cuda_v1", 8.0), bad]
-    (lad,) = ladder.build("softmax", rows)
+    (lad,) = [lad for lad in ladder.build("softmax", rows) if lad.family == "cuda"]
     v2 = _lines(lad)["cuda_v2"]
     assert v2.status == "rejected: wrong output in timed run" and v2.median_ms is None and v2.vs_prev is None
 

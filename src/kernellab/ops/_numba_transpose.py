@@ -24,9 +24,12 @@ Arrays: 2-D C-contiguous, fp32 or fp16 (bf16 refused: Numba has no bfloat16 arra
 from __future__ import annotations
 
 import torch
-from numba import cuda, float32
 
 from kernellab import numba_support as nb
+
+nb.numpy_compat()  # before numba compiles anything (see numpy_compat)
+
+from numba import cuda, float32  # noqa: E402
 
 TILE = 32  # a warp's width: a tile row is one coalesced 128-byte (fp32) access
 ROWS = 8  # threads per block: TILE x ROWS = 256, each thread moves TILE / ROWS = 4 elements

@@ -8,7 +8,11 @@ fp32 sum for fp32 and fp16 storage, rounded once on the store (as torch's fp16 a
 12 B per element (fp32): its best time is 3/2 of a copy's.
 """
 
-from numba import cuda, float32
+from kernellab.numba_support import numpy_compat
+
+numpy_compat()  # before numba compiles anything (see numpy_compat)
+
+from numba import cuda, float32  # noqa: E402
 
 
 @cuda.jit

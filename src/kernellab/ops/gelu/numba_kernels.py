@@ -15,7 +15,11 @@ on a machine without a GPU (what CI and ``kernellab asm`` do).
 
 import math
 
-from numba import cuda, float32
+from kernellab.numba_support import numpy_compat
+
+numpy_compat()  # before numba compiles anything (see numpy_compat)
+
+from numba import cuda, float32  # noqa: E402
 
 K = float32(math.sqrt(2.0 / math.pi))
 C = float32(0.044715)

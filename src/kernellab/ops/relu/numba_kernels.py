@@ -12,7 +12,11 @@ moves 8 B per element (fp32 forward) for one compare: it runs at the copy ceilin
 all, so v1 and v2 differ only by launch and scheduling overhead.
 """
 
-from numba import cuda, float32
+from kernellab.numba_support import numpy_compat
+
+numpy_compat()  # before numba compiles anything (see numpy_compat)
+
+from numba import cuda, float32  # noqa: E402
 
 
 @cuda.jit

@@ -23,7 +23,11 @@ as torch.softmax. Backward: dx = y * (dy - sum(dy * y)) per row, the same two sh
 
 import math
 
-from numba import cuda, float32, float64
+from kernellab.numba_support import numpy_compat
+
+numpy_compat()  # before numba compiles anything (see numpy_compat)
+
+from numba import cuda, float32, float64  # noqa: E402
 
 # v2's shared buffer: one partial per thread; blocks are a power of two up to this.
 MAX_THREADS = 256
