@@ -35,6 +35,12 @@ from kernellab.ops.public import (  # noqa: A004
     swiglu,
     transpose,
 )
+from kernellab.ops.public import (
+    dequantize_weight,
+    int4_weight_only_matmul,
+    int8_weight_only_matmul,
+    quantize_weight,
+)
 from kernellab.optim import sgd_step
 from kernellab.options import config
 from kernellab.patch import PatchReport, patch, unpatch
@@ -59,6 +65,10 @@ __all__ = [
     "get_spec",
     "histogram",
     "impls",
+    "int4_weight_only_matmul",
+    "int8_weight_only_matmul",
+    "dequantize_weight",
+    "quantize_weight",
     "layer_norm",
     "linear_cross_entropy",
     "matmul",
