@@ -1,7 +1,7 @@
 """Weight-only quantized matmul (issue 45, lecture 7): int8 and int4 weights, 16-bit
 activations.
 
-    y = x @ dequant(w_q).T (+ bias)      x [..., K] fp16/bf16, w_q per nn.Linear [N, K],
+    y = x @ dequant(w_q).T (+ bias)      x [..., K] fp16/bf16 (fp32), w_q per nn.Linear [N, K],
                                           scales [N] (one per output channel), y [..., N]
 
     int8_weight_only_matmul: w_q int8 [N, K]
@@ -37,6 +37,7 @@ import torch
 
 from kernellab.core import registry
 from kernellab.core.spec import (
+    FLOAT_DTYPES,
     BadInput,
     TensorOption,
     declare,
@@ -55,7 +56,7 @@ from kernellab.ops.weight_only_matmul.quantize import (
     unpack_int4,
 )
 
-X_DTYPES = (torch.float16, torch.bfloat16)
+X_DTYPES = FLOAT_DTYPES  # fp16 / bf16 is the use; fp32 for completeness
 SCALE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 WQ_DTYPE = {8: torch.int8, 4: torch.uint8}
 OP_NAME = {8: "int8_weight_only_matmul", 4: "int4_weight_only_matmul"}
@@ -211,6 +212,10 @@ def _validator_for(bits):
 # --------------------------------------------------------------------------- bad inputs
 
 
+def _other_float(dtype):
+    return torch.float16 if dtype == torch.float32 else torch.float32
+
+
 def _bad_for(bits):
     make = _inputs_for(bits)
 
@@ -248,7 +253,7 @@ def _bad_for(bits):
         ),
         BadInput(
             "bias of another dtype",
-            case(bias=lambda x, w: torch.zeros(w.shape[0], dtype=torch.float32, device=x.device)),
+            case(bias=lambda x, w: torch.zeros(w.shape[0], dtype=_other_float(x.dtype), device=x.device)),
             "bias",
             exc=(TypeError,),
         ),

@@ -23,7 +23,9 @@ MODULE = Module(Path(__file__).with_name("wo_matmul.cu"))
 
 WARPS = 8  # wo_matmul.cu's WARPS: 256-thread blocks
 ROWS_V3 = 2  # weight rows per warp in v3
-KC = 2048  # v3's x chunk (values of K per shared-memory stage): MT x 2048 x 2 B <= 32 KB
+# v3's x chunk (values of K per shared-memory stage): MT x KC x element size <= 32 KB
+# (8 x 2048 x 2 B for 16-bit x, 8 x 1024 x 4 B for fp32), under the 48 KB default.
+KC_BYTES = 4096
 GRID_Y = 65535
 
 _SIG_V1 = ("ptr", "ptr", "ptr", "ptr", "ptr", "i32", "i32", "i32", "i32")
@@ -82,7 +84,8 @@ def cuda_wo_fwd(x, w_q, scales, bias, bits: int, variant: str):
         mt = _mt(m)
         grid = (_cdiv(n, WARPS * ROWS_V3), min(_cdiv(m, mt), GRID_Y))
         kern = _kernel(f"{prefix}_v3_m{mt}", x.dtype, dev, _SIG_V3)
-        kern(grid, 256, x2, w, s, bias_arg, y, m, n, k, KC, has_bias, shared=mt * KC * x.element_size())
+        kc = KC_BYTES // x.element_size()
+        kern(grid, 256, x2, w, s, bias_arg, y, m, n, k, kc, has_bias, shared=mt * kc * x.element_size())
     return y.reshape(lead + (n,))
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from kernellab.core.registry import register
+from kernellab.core.spec import REFERENCE_DTYPES, wide_dtype
 from kernellab.ops._baselines import _compile_unavailable, compiled
 from kernellab.ops.weight_only_matmul.quantize import dequantize_weight, int_values
 
@@ -28,11 +29,12 @@ _OPS = {8: "int8_weight_only_matmul", 4: "int4_weight_only_matmul"}
 
 def _manual_for(bits):
     def manual(x, w_q, scales, bias=None):
-        """Dequantize the weight to fp32, fp32 matmul (+ bias), cast to x's dtype."""
-        w = dequantize_weight(w_q, scales, bits, torch.float32)
-        y = x.float() @ w.T
+        """Dequantize the weight to fp32 (fp64 for fp32/fp64 x), matmul (+ bias), cast to x's dtype."""
+        acc = wide_dtype(x.dtype)
+        w = dequantize_weight(w_q, scales, bits, acc)
+        y = x.to(acc) @ w.T
         if bias is not None:
-            y = y + bias.float()
+            y = y + bias.to(acc)
         return y.to(x.dtype)
 
     manual.__name__ = f"manual_{_OPS[bits]}"
@@ -42,9 +44,10 @@ def _manual_for(bits):
 def _torch_for(bits):
     def torch_wo(x, w_q, scales, bias=None):
         """F.linear(x, w_q.to(x.dtype)) (cuBLAS, exact operands) * scales (+ bias)."""
-        y = F.linear(x, int_values(w_q, bits).to(x.dtype)).float() * scales.float()
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        y = F.linear(x, int_values(w_q, bits).to(x.dtype)).to(acc) * scales.to(acc)
         if bias is not None:
-            y = y + bias.float()
+            y = y + bias.to(acc)
         return y.to(x.dtype)
 
     torch_wo.__name__ = f"torch_{_OPS[bits]}"
@@ -53,14 +56,18 @@ def _torch_for(bits):
 
 for _bits, _op in _OPS.items():
     _manual, _torch = _manual_for(_bits), _torch_for(_bits)
-    register(_op, "manual", builtin=True, description=_manual.__doc__.split("\n")[0])(_manual)
-    register(_op, "torch", builtin=True, description=_torch.__doc__.split("\n")[0])(_torch)
+    # float64 too (REFERENCE_DTYPES): torch.autograd.gradcheck runs through them
+    describe = _manual.__doc__.split("\n")[0]
+    register(_op, "manual", builtin=True, description=describe, dtypes=REFERENCE_DTYPES)(_manual)
+    describe = _torch.__doc__.split("\n")[0]
+    register(_op, "torch", builtin=True, description=describe, dtypes=REFERENCE_DTYPES)(_torch)
     register(
         _op,
         "compile",
         builtin=True,
         available=_compile_unavailable,
         description="torch.compile of torch's formula (Inductor fuses the conversion and the scale)",
+        dtypes=REFERENCE_DTYPES,
         builds_per_shape=True,
     )(compiled(_torch_for(_bits), op=_op))
 

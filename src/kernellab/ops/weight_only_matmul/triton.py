@@ -109,6 +109,7 @@ def _wo_dot_kernel(
     HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr,
     UPCAST: tl.constexpr,  # interpreter: fp32 dots (it has no bf16 dot)
+    PRECISION: tl.constexpr,  # "ieee" for fp32 x (exact products, as cuBLAS with TF32 off)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -136,7 +137,7 @@ def _wo_dot_kernel(
             if UPCAST:
                 acc = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision="ieee")
             else:
-                acc = tl.dot(xt, tl.trans(wt.to(x_ptr.dtype.element_ty)), acc)
+                acc = tl.dot(xt, tl.trans(wt.to(x_ptr.dtype.element_ty)), acc, input_precision=PRECISION)
     else:
         wrow = offs_n.to(tl.int64) * (K // 2)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -153,8 +154,8 @@ def _wo_dot_kernel(
                 acc = tl.dot(xe.to(tl.float32), tl.trans(lo.to(tl.float32)), acc, input_precision="ieee")
                 acc = tl.dot(xo.to(tl.float32), tl.trans(hi.to(tl.float32)), acc, input_precision="ieee")
             else:
-                acc = tl.dot(xe, tl.trans(lo.to(x_ptr.dtype.element_ty)), acc)
-                acc = tl.dot(xo, tl.trans(hi.to(x_ptr.dtype.element_ty)), acc)
+                acc = tl.dot(xe, tl.trans(lo.to(x_ptr.dtype.element_ty)), acc, input_precision=PRECISION)
+                acc = tl.dot(xo, tl.trans(hi.to(x_ptr.dtype.element_ty)), acc, input_precision=PRECISION)
     out = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
     if SPLIT_K == 1:
@@ -293,7 +294,8 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
         grid = (triton_support.cdiv(m, cfg.block_m) * triton_support.cdiv(n, cfg.block_n), split)
         _wo_dot_kernel[grid](
             x2, w, s, bias_arg, y, p, m, n, k, k_split, **common,
-            UPCAST=interpreted, BLOCK_M=cfg.block_m, **gpu,
+            UPCAST=interpreted, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            BLOCK_M=cfg.block_m, **gpu,
         )  # fmt: skip
     if split > 1:
         block = 1024
@@ -318,7 +320,8 @@ def _kernel_specs_for(bits):
         gc = {"BITS": bits, "HAS_BIAS": False, "SPLIT_K": 1, "BLOCK_N": g.block_n, "BLOCK_K": g.block_k}
         gsig = {**ptrs, "N": "i32", "K": "i32", "K_SPLIT": "i32", **{c: "constexpr" for c in gc}}
         d = wo_config(16, 14336, 4096, bits, 132)
-        dc = {"BITS": bits, "HAS_BIAS": False, "SPLIT_K": 1, "UPCAST": False, "BLOCK_M": d.block_m,
+        dc = {"BITS": bits, "HAS_BIAS": False, "SPLIT_K": 1, "UPCAST": False,
+              "PRECISION": "ieee" if dtype == "fp32" else "tf32", "BLOCK_M": d.block_m,
               "BLOCK_N": d.block_n, "BLOCK_K": d.block_k}  # fmt: skip
         dsig = {**ptrs, "M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32", **{c: "constexpr" for c in dc}}
         return [(_wo_gemv_kernel, gsig, gc, g.warps), (_wo_dot_kernel, dsig, dc, d.warps)]

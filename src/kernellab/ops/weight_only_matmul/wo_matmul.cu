@@ -1,5 +1,5 @@
 // Weight-only quantized matmul: y[m, n] = scale[n] * sum_k x[m, k] q[n, k] (+ bias[n]).
-// x [M, K] fp16/bf16 row-major, q the nn.Linear weight [N, K] quantized per output row:
+// x [M, K] fp16/bf16 (or fp32) row-major, q the nn.Linear weight [N, K] quantized per output row:
 // int8 (BITS 8) or two signed 4-bit values per byte, low nibble = even k (BITS 4);
 // scale [N] fp32; y [M, N] in x's dtype. fp32 accumulation; the scale is applied once per
 // output, after the K sum.
@@ -112,15 +112,16 @@ __device__ __forceinline__ void int4x32_to_f32(const int4& raw, float* f) {
     }
 }
 
-// E consecutive x values (16-byte aligned, E a multiple of 8) -> floats
+// E consecutive x values (16-byte aligned, E a multiple of 16 / sizeof(T)) -> floats
 template <typename T, int E>
 __device__ __forceinline__ void load_x(const T* p, float* f) {
+    constexpr int V = kl::Vec16<T>::N;
 #pragma unroll
-    for (int v = 0; v < E / 8; ++v) {
+    for (int v = 0; v < E / V; ++v) {
         kl::Vec16<T> pack;
-        pack.raw = *reinterpret_cast<const int4*>(p + 8 * v);
+        pack.raw = *reinterpret_cast<const int4*>(p + V * v);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) f[8 * v + e] = kl::to_f(pack.e[e]);
+        for (int e = 0; e < V; ++e) f[V * v + e] = kl::to_f(pack.e[e]);
     }
 }
 
@@ -164,7 +165,8 @@ __device__ void wo_v2(const T* __restrict__ x, const uint8_t* __restrict__ w, co
 
 // ---------------------------------------------------------------------------- v3
 // ROWS weight rows per warp, MT rows of x per block (blockIdx.y: which group of MT rows),
-// x chunk [MT, KC] in shared memory (dynamic: MT * KC * sizeof(T) bytes).
+// x chunk [MT, KC] in shared memory (dynamic: MT * KC * sizeof(T) bytes; KC a multiple
+// of 32).
 // Requires K % (16 * 8 / BITS) == 0 (whole 16-byte weight groups) and 16-byte alignment.
 constexpr int ROWS = 2;
 constexpr int UNROLL = 2;  // groups per lane per step and row: ROWS x UNROLL loads in flight
@@ -190,12 +192,13 @@ __device__ void wo_v3(const T* __restrict__ x, const uint8_t* __restrict__ w, co
             const int kc = min(KC, K - k0);  // a multiple of E (K is)
             __syncthreads();  // the previous chunk is consumed
             // stage x[m0 .. m0 + MT, k0 .. k0 + kc] (rows past M as zeros), 16 bytes a thread
-            const int packs = kc / 8;  // 8 values of T per 16 bytes
+            constexpr int V = kl::Vec16<T>::N;  // values of T per 16 bytes
+            const int packs = kc / V;
             for (int i = threadIdx.x; i < MT * packs; i += THREADS) {
                 const int j = i / packs, p = i - j * packs;
                 int4 v = make_int4(0, 0, 0, 0);
-                if (j < mt) v = *reinterpret_cast<const int4*>(x + (m0 + j) * K + k0 + 8 * p);
-                *reinterpret_cast<int4*>(xs + j * KC + 8 * p) = v;
+                if (j < mt) v = *reinterpret_cast<const int4*>(x + (m0 + j) * K + k0 + V * p);
+                *reinterpret_cast<int4*>(xs + j * KC + V * p) = v;
             }
             __syncthreads();
             const int groups = kc / E;
@@ -283,5 +286,6 @@ __device__ void wo_v3(const T* __restrict__ x, const uint8_t* __restrict__ w, co
         wo_v3<T, 4, 8>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                         \
     }
 
+KL_WO_KERNELS(f32, float)
 KL_WO_KERNELS(f16, __half)
 KL_WO_KERNELS(bf16, __nv_bfloat16)
