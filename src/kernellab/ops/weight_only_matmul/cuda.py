@@ -5,7 +5,7 @@ int8: ``cuda_v1`` .. ``cuda_v3`` are the lecture's steps (the list at the top of
 wo_matmul.cu), ``cuda`` is v3. int4: ``cuda_v1`` (v1 with nibbles) and ``cuda`` (v3).
 The 16-byte paths need whole 16-byte weight groups per row (K % 16 == 0 for int8,
 K % 32 == 0 for int4) and 16-byte aligned x and w; other calls run v1's kernel (correct,
-slower). x, w_q and non-fp32 scales are packed contiguous first.
+slower), and so do fp32 x. x, w_q and non-fp32 scales are packed contiguous first.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MODULE = Module(Path(__file__).with_name("wo_matmul.cu"))
 WARPS = 8  # wo_matmul.cu's WARPS: 256-thread blocks
 ROWS_V3 = 2  # weight rows per warp in v3
 # v3's x chunk (values of K per shared-memory stage): MT x KC x element size <= 32 KB
-# (8 x 2048 x 2 B for 16-bit x, 8 x 1024 x 4 B for fp32), under the 48 KB default.
+# (8 x 2048 x 2 B for 16-bit x), under the 48 KB default.
 KC_BYTES = 4096
 GRID_Y = 65535
 
@@ -46,8 +46,8 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _mt(m: int) -> int:
-    """v3's rows of x per block: the smallest of 1, 2, 4, 8 that holds M (8 above)."""
-    return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
+    """v3's rows of x per block: the smallest of 1, 4, 8 that holds M (8 above)."""
+    return 1 if m <= 1 else 4 if m <= 4 else 8
 
 
 def cuda_wo_fwd(x, w_q, scales, bias, bits: int, variant: str):
@@ -74,7 +74,7 @@ def cuda_wo_fwd(x, w_q, scales, bias, bits: int, variant: str):
     vec = k % group == 0 and (x2.data_ptr() & 15) == 0 and (w.data_ptr() & 15) == 0
     prefix = "wo" if bits == 8 else "wo4"
     has_bias = int(b is not None)
-    if variant == "v1" or not vec:
+    if variant == "v1" or not vec or x.dtype == torch.float32:  # fp32 x: v1 only (wo_matmul.cu)
         grid = (_cdiv(n, WARPS), min(m, GRID_Y))
         _kernel(f"{prefix}_v1", x.dtype, dev, _SIG_V1)(grid, 256, x2, w, s, bias_arg, y, m, n, k, has_bias)
     elif variant == "v2":

@@ -21,8 +21,8 @@
 //                 is the float 2^23 + q + 128): cvt.f32.s8 runs at a quarter of the FMA
 //                 rate, ~4 T/s on an H200, below the 4.8 T weights/s HBM delivers.
 //                 Still one x row per block row: at M rows the weight is read M times.
-//   v3  wo_v3_*   (backend "cuda") 8 warps x 2 weight rows = 16 rows per block, and up to
-//                 MT = 8 rows of x per block: x is staged in shared memory in K chunks
+//   v3  wo_v3_*   (backend "cuda") 8 warps x 2 weight rows = 16 rows per block, and MT = 1,
+//                 4 or 8 rows of x per block: x is staged in shared memory in K chunks
 //                 (MT x 1024-2048 values), so the weight is read once per 8 rows of x
 //                 (M = 16: twice) and every weight byte feeds MT FMAs. 4 x 16-byte weight
 //                 loads in flight per lane. At MT = 8 the FMAs (8 per byte) approach the
@@ -251,41 +251,31 @@ __device__ void wo_v3(const T* __restrict__ x, const uint8_t* __restrict__ w, co
 }  // namespace
 
 #define KL_WO_ARGS(T) const T *x, const uint8_t *w, const float *scale, const T *bias, T *y, int M, int N, int K
-#define KL_WO_KERNELS(S, T)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo_v1_##S(KL_WO_ARGS(T), int has_bias) {             \
+#define KL_WO_V1(S, T)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS) wo_v1_##S(KL_WO_ARGS(T), int has_bias) {          \
         wo_v1<T, 8>(x, w, scale, bias, y, M, N, K, has_bias);                                                \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo_v2_##S(KL_WO_ARGS(T), int has_bias) {             \
+    extern "C" __global__ void __launch_bounds__(THREADS) wo4_v1_##S(KL_WO_ARGS(T), int has_bias) {         \
+        wo_v1<T, 4>(x, w, scale, bias, y, M, N, K, has_bias);                                                \
+    }
+#define KL_WO_V3(S, T, MT)                                                                                   \
+    extern "C" __global__ void __launch_bounds__(THREADS) wo_v3_m##MT##_##S(KL_WO_ARGS(T), int KC,         \
+                                                                            int has_bias) {                  \
+        wo_v3<T, 8, MT>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                        \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(THREADS) wo4_v3_m##MT##_##S(KL_WO_ARGS(T), int KC,        \
+                                                                             int has_bias) {                 \
+        wo_v3<T, 4, MT>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                        \
+    }
+// 16-bit x: every variant, v3 with 1, 4 or 8 rows of x per block (M = 2-3 takes 4: the
+// weight is read once either way). fp32 x (not what these kernels are for): v1 only.
+#define KL_WO_KERNELS(S, T)                                                                                  \
+    KL_WO_V1(S, T)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(THREADS) wo_v2_##S(KL_WO_ARGS(T), int has_bias) {          \
         wo_v2<T>(x, w, scale, bias, y, M, N, K, has_bias);                                                   \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo_v3_m1_##S(KL_WO_ARGS(T), int KC, int has_bias) {  \
-        wo_v3<T, 8, 1>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                         \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo_v3_m2_##S(KL_WO_ARGS(T), int KC, int has_bias) {  \
-        wo_v3<T, 8, 2>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                         \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo_v3_m4_##S(KL_WO_ARGS(T), int KC, int has_bias) {  \
-        wo_v3<T, 8, 4>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                         \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo_v3_m8_##S(KL_WO_ARGS(T), int KC, int has_bias) {  \
-        wo_v3<T, 8, 8>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                         \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo4_v1_##S(KL_WO_ARGS(T), int has_bias) {            \
-        wo_v1<T, 4>(x, w, scale, bias, y, M, N, K, has_bias);                                                \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo4_v3_m1_##S(KL_WO_ARGS(T), int KC, int has_bias) { \
-        wo_v3<T, 4, 1>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                         \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo4_v3_m2_##S(KL_WO_ARGS(T), int KC, int has_bias) { \
-        wo_v3<T, 4, 2>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                         \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo4_v3_m4_##S(KL_WO_ARGS(T), int KC, int has_bias) { \
-        wo_v3<T, 4, 4>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                         \
-    }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(THREADS) wo4_v3_m8_##S(KL_WO_ARGS(T), int KC, int has_bias) { \
-        wo_v3<T, 4, 8>(x, w, scale, bias, y, M, N, K, KC, has_bias);                                         \
-    }
+    KL_WO_V3(S, T, 1) KL_WO_V3(S, T, 4) KL_WO_V3(S, T, 8)
 
-KL_WO_KERNELS(f32, float)
+KL_WO_V1(f32, float)
 KL_WO_KERNELS(f16, __half)
 KL_WO_KERNELS(bf16, __nv_bfloat16)
