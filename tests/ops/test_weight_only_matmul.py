@@ -101,7 +101,11 @@ def test_int4_packing_is_exact_both_ways():
         (lambda: quantize_weight(torch.randn(8)), "w", ValueError),
         (lambda: quantize_weight(torch.randn(4, 7), bits=4), "odd K", ValueError),
         (lambda: quantize_weight(torch.tensor([[1.0, float("nan")]])), "NaN", ValueError),
-        (lambda: dequantize_weight(torch.zeros(2, 2, dtype=torch.int8), torch.ones(2), bits=2), "bits", ValueError),
+        (
+            lambda: dequantize_weight(torch.zeros(2, 2, dtype=torch.int8), torch.ones(2), bits=2),
+            "bits",
+            ValueError,
+        ),
         (lambda: pack_int4(torch.full((2, 2), 8, dtype=torch.int8)), "outside", ValueError),
     ],
 )
@@ -250,8 +254,12 @@ def test_bad_inputs_name_the_argument(bits, change, arg, exc):
     for impl in registry.impls(op):
         if impl.why_unavailable("cpu") is not None or impl.backend == "compile":
             continue
-        if arg == "x" and exc is TypeError and impl.dtypes and torch.float64 in impl.dtypes and not isinstance(
-            args[0], list
+        if (
+            arg == "x"
+            and exc is TypeError
+            and impl.dtypes
+            and torch.float64 in impl.dtypes
+            and not isinstance(args[0], list)
         ):
             continue  # the reference backends take float64
         with pytest.raises(exc, match=rf"\b{arg}\b"):
@@ -301,8 +309,13 @@ def test_check_engine_rejects_a_kernel_that_forgets_the_scale():
 
     registry.register("int8_weight_only_matmul", "test_no_scale", builtin=False)(no_scale)
     try:
-        rep = check_impl(registry.get("int8_weight_only_matmul", "test_no_scale"), torch.float16, device="cpu",
-                         quick=True, seed=2)  # fmt: skip
+        rep = check_impl(
+            registry.get("int8_weight_only_matmul", "test_no_scale"),
+            torch.float16,
+            device="cpu",
+            quick=True,
+            seed=2,
+        )
         assert rep.status != PASS
     finally:
         registry.unregister("int8_weight_only_matmul", "test_no_scale")
@@ -330,7 +343,9 @@ def test_torchao_peer_is_registered_only_as_an_optional_gpu_backend():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("shape", [(1, 4096, 1024), (16, 1000, 2048), (64, 512, 4096), (3, 77, 130)], ids=shape_id)
+@pytest.mark.parametrize(
+    "shape", [(1, 4096, 1024), (16, 1000, 2048), (64, 512, 4096), (3, 77, 130)], ids=shape_id
+)
 def test_gpu_every_backend(bits, shape):
     op = OPS[bits][0]
     for dev, backend in [p.values for p in MATRIX[bits]]:

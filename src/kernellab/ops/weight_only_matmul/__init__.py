@@ -172,7 +172,9 @@ def validate_wo(args, kwargs, devices=("cuda", "cpu"), dtypes=X_DTYPES, *, bits=
     if x.dim() < 1:
         raise ValueError(f"{op}: x must have at least 1 dimension ([..., K]), got a 0-d tensor")
     if w_q.dim() != 2:
-        raise ValueError(f"{op}: w_q must be 2-d (N, K{' // 2' if bits == 4 else ''}), got shape {tuple(w_q.shape)}")
+        raise ValueError(
+            f"{op}: w_q must be 2-d (N, K{' // 2' if bits == 4 else ''}), got shape {tuple(w_q.shape)}"
+        )
     k = x.shape[-1]
     k_w = w_q.shape[1] * (2 if bits == 4 else 1)
     if k_w != k:
@@ -183,7 +185,8 @@ def validate_wo(args, kwargs, devices=("cuda", "cpu"), dtypes=X_DTYPES, *, bits=
         )
     if s.dim() != 1 or s.shape[0] != w_q.shape[0]:
         raise ValueError(
-            f"{op}: scales must have shape ({w_q.shape[0]},) (one per output channel, N), got {tuple(s.shape)}"
+            f"{op}: scales must have shape ({w_q.shape[0]},) (one per output channel, N), "
+            f"got {tuple(s.shape)}"
         )
     if kwargs:
         unknown = sorted(set(kwargs) - {"bias"})
@@ -240,9 +243,15 @@ def _bad_for(bits):
     return [
         BadInput("w_q of a floating dtype", case(w_q=lambda w: w.float()), "w_q", exc=(TypeError,)),
         BadInput(f"w_q of dtype {other}", case(w_q=lambda w: w.to(other)), "w_q", exc=(TypeError,)),
-        BadInput("scales of an integer dtype", case(scales=lambda s: s.to(torch.int32)), "scales", exc=(TypeError,)),
-        BadInput("K of x and w_q differ", case(x=lambda x: x[..., :-2].contiguous()), "w_q", exc=(ValueError,)),
-        BadInput("scales of length != N", case(scales=lambda s: s[:-1].contiguous()), "scales", exc=(ValueError,)),
+        BadInput(
+            "scales of an integer dtype", case(scales=lambda s: s.to(torch.int32)), "scales", exc=(TypeError,)
+        ),
+        BadInput(
+            "K of x and w_q differ", case(x=lambda x: x[..., :-2].contiguous()), "w_q", exc=(ValueError,)
+        ),
+        BadInput(
+            "scales of length != N", case(scales=lambda s: s[:-1].contiguous()), "scales", exc=(ValueError,)
+        ),
         BadInput("2-d scales", case(scales=lambda s: s[:, None].contiguous()), "scales", exc=(ValueError,)),
         BadInput("1-d w_q", case(w_q=lambda w: w.reshape(-1)), "w_q", exc=(ValueError,)),
         BadInput(
@@ -290,8 +299,11 @@ def _declare(bits):
     if not even:
         test_shapes += [(1, 1, 1), (3, 9, 65), (1, 20, 1023)]
     return declare(
-        OP_NAME[bits], ("x", "w_q", "scales"), lambda *a, **kw: wo_reference(*a, **kw, bits=bits),
-        _flops, _bytes_for(bits),
+        OP_NAME[bits],
+        ("x", "w_q", "scales"),
+        lambda *a, **kw: wo_reference(*a, **kw, bits=bits),
+        _flops,
+        _bytes_for(bits),
         dtypes=X_DTYPES,
         test_shapes=test_shapes,
         # decode's GEMV path (M = 1, 4), the tiled path (M = 33), a split-K weight (N small,
@@ -316,7 +328,8 @@ def _declare(bits):
         perturbation_floor=True,
         bad_shape=(3, 8, 16),
         extra_bad_inputs=_bad_for(bits),
-        doc=f"y = x @ dequant(w_q).T (+ bias), {'int8' if bits == 8 else 'packed int4'} weight, per-channel scales",
+        doc=f"y = x @ dequant(w_q).T (+ bias), {'int8' if bits == 8 else 'packed int4'} weight, "
+        "per-channel scales",
     )
 
 

@@ -53,7 +53,9 @@ def wo_op(name: str, fwd: Callable, bits: int, triton: bool = False):
             fwd=_fwd,
             fwd_fake=lambda x, w_q, scales, bias: x.new_empty(tuple(x.shape[:-1]) + (w_q.shape[0],)),
             save=lambda inputs, out: ((inputs[1], inputs[2]), inputs[3] is not None),
-            needs_grad=lambda x, w_q, scales, bias: x.requires_grad or (bias is not None and bias.requires_grad),
+            needs_grad=lambda x, w_q, scales, bias: (
+                x.requires_grad or (bias is not None and bias.requires_grad)
+            ),
             samples=(_sample,),
             backward=_backward_for(bits),
             triton=triton,

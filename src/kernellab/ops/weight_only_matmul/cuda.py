@@ -97,7 +97,11 @@ VARIANTS = {
     8: [
         ("cuda_v1", "v1", "CUDA v1: one warp per output row, one weight byte per lane per load"),
         ("cuda_v2", "v2", "CUDA v2: 16-byte weight and x loads, byte-permute int8->fp32, shuffle reduce"),
-        ("cuda_v3", "v3", "CUDA v3: 16 rows per block, up to 8 x rows staged in shared memory (weight read once)"),
+        (
+            "cuda_v3",
+            "v3",
+            "CUDA v3: 16 rows per block, up to 8 x rows staged in shared memory (weight read once)",
+        ),
         ("cuda", "v3", "CUDA best (v3): 16-byte loads, x in shared memory, weight read once per 8 rows"),
     ],
     4: [

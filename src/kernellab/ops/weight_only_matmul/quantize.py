@@ -89,7 +89,9 @@ def int_values(w_q: torch.Tensor, bits: int) -> torch.Tensor:
     return w_q if bits == 8 else unpack_int4(w_q)
 
 
-def dequantize_weight(w_q: torch.Tensor, scales: torch.Tensor, bits: int = 8, dtype=torch.float32) -> torch.Tensor:
+def dequantize_weight(
+    w_q: torch.Tensor, scales: torch.Tensor, bits: int = 8, dtype=torch.float32
+) -> torch.Tensor:
     """``w_q * scales[:, None]`` in ``dtype`` (``(N, K)``), computed in fp32 (float64 for a
     float64 ``dtype``)."""
     _check_bits(bits, "dequantize_weight")

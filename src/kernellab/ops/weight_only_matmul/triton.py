@@ -68,7 +68,9 @@ def _wo_gemv_kernel(
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < k_hi
             x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + row[:, None] + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
+            w = tl.load(
+                w_ptr + row[:, None] + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0
+            )
             acc += w.to(tl.float32) * x[None, :]
     else:
         row = offs_n.to(tl.int64) * (K // 2)
@@ -78,7 +80,9 @@ def _wo_gemv_kernel(
             j_mask = offs_j < k_hi // 2
             xe = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
             xo = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
-            b = tl.load(w_ptr + row[:, None] + offs_j[None, :], mask=n_mask[:, None] & j_mask[None, :], other=0)
+            b = tl.load(
+                w_ptr + row[:, None] + offs_j[None, :], mask=n_mask[:, None] & j_mask[None, :], other=0
+            )
             b = b.to(tl.int32)
             lo = ((b & 15) ^ 8) - 8  # sign-extend the 4-bit two's complement nibbles
             hi = ((b >> 4) ^ 8) - 8
@@ -132,8 +136,12 @@ def _wo_dot_kernel(
         for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < k_hi
-            xt = tl.load(x_ptr + xrow[:, None] + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            wt = tl.load(w_ptr + wrow[:, None] + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0)
+            xt = tl.load(
+                x_ptr + xrow[:, None] + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0
+            )
+            wt = tl.load(
+                w_ptr + wrow[:, None] + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0
+            )
             if UPCAST:
                 acc = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision="ieee")
             else:
@@ -146,7 +154,9 @@ def _wo_dot_kernel(
             xm = m_mask[:, None] & j_mask[None, :]
             xe = tl.load(x_ptr + xrow[:, None] + 2 * offs_j[None, :], mask=xm, other=0.0)
             xo = tl.load(x_ptr + xrow[:, None] + 2 * offs_j[None, :] + 1, mask=xm, other=0.0)
-            b = tl.load(w_ptr + wrow[:, None] + offs_j[None, :], mask=n_mask[:, None] & j_mask[None, :], other=0)
+            b = tl.load(
+                w_ptr + wrow[:, None] + offs_j[None, :], mask=n_mask[:, None] & j_mask[None, :], other=0
+            )
             b = b.to(tl.int32)
             lo = ((b & 15) ^ 8) - 8
             hi = ((b >> 4) ^ 8) - 8
@@ -293,10 +303,22 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
     else:
         grid = (triton_support.cdiv(m, cfg.block_m) * triton_support.cdiv(n, cfg.block_n), split)
         _wo_dot_kernel[grid](
-            x2, w, s, bias_arg, y, p, m, n, k, k_split, **common,
-            UPCAST=interpreted, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            BLOCK_M=cfg.block_m, **gpu,
-        )  # fmt: skip
+            x2,
+            w,
+            s,
+            bias_arg,
+            y,
+            p,
+            m,
+            n,
+            k,
+            k_split,
+            **common,
+            UPCAST=interpreted,
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            BLOCK_M=cfg.block_m,
+            **gpu,
+        )
     if split > 1:
         block = 1024
         _wo_reduce_kernel[(triton_support.cdiv(m * n, block),)](
@@ -314,15 +336,28 @@ def _kernel_specs_for(bits):
         """For `kernellab asm`: decode's GEMV (M = 1) and the M = 16 tile kernel at
         N = 14336, K = 4096 on 132 SMs."""
         wt = "*i8" if bits == 8 else "*u8"
-        ptrs = {"x_ptr": f"*{dtype}", "w_ptr": wt, "s_ptr": "*fp32", "b_ptr": f"*{dtype}", "y_ptr": f"*{dtype}",
-                "p_ptr": "*fp32"}  # fmt: skip
+        ptrs = {
+            "x_ptr": f"*{dtype}",
+            "w_ptr": wt,
+            "s_ptr": "*fp32",
+            "b_ptr": f"*{dtype}",
+            "y_ptr": f"*{dtype}",
+            "p_ptr": "*fp32",
+        }
         g = wo_config(1, 14336, 4096, bits, 132)
         gc = {"BITS": bits, "HAS_BIAS": False, "SPLIT_K": 1, "BLOCK_N": g.block_n, "BLOCK_K": g.block_k}
         gsig = {**ptrs, "N": "i32", "K": "i32", "K_SPLIT": "i32", **{c: "constexpr" for c in gc}}
         d = wo_config(16, 14336, 4096, bits, 132)
-        dc = {"BITS": bits, "HAS_BIAS": False, "SPLIT_K": 1, "UPCAST": False,
-              "PRECISION": "ieee" if dtype == "fp32" else "tf32", "BLOCK_M": d.block_m,
-              "BLOCK_N": d.block_n, "BLOCK_K": d.block_k}  # fmt: skip
+        dc = {
+            "BITS": bits,
+            "HAS_BIAS": False,
+            "SPLIT_K": 1,
+            "UPCAST": False,
+            "PRECISION": "ieee" if dtype == "fp32" else "tf32",
+            "BLOCK_M": d.block_m,
+            "BLOCK_N": d.block_n,
+            "BLOCK_K": d.block_k,
+        }
         dsig = {**ptrs, "M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32", **{c: "constexpr" for c in dc}}
         return [(_wo_gemv_kernel, gsig, gc, g.warps), (_wo_dot_kernel, dsig, dc, d.warps)]
 
