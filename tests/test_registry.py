@@ -29,6 +29,8 @@ def test_op_names_lists_the_ops():
         "geglu",
         "gelu",
         "histogram",
+        "int4_weight_only_matmul",
+        "int8_weight_only_matmul",
         "layer_norm",
         "linear_cross_entropy",
         "matmul",

@@ -54,35 +54,44 @@ def _wo_gemv_kernel(
     SPLIT_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # weights (not bytes) per step
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0 (K_SPLIT always is): no mask in the loop
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    # rows past N are wrapped for the loads (stores are masked): the loop's loads then
+    # need no mask at all when EVEN_K, and stay 16-byte vectors
+    row_n = (offs_n % N).to(tl.int64)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
     if BITS == 8:
-        row = offs_n.to(tl.int64) * K
+        row = row_n * K
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < k_hi
-            x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
-            w = tl.load(
-                w_ptr + row[:, None] + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0
-            )
+            if EVEN_K:
+                x = tl.load(x_ptr + offs_k).to(tl.float32)
+                w = tl.load(w_ptr + row[:, None] + offs_k[None, :])
+            else:
+                k_mask = offs_k < k_hi
+                x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+                w = tl.load(w_ptr + row[:, None] + offs_k[None, :], mask=k_mask[None, :], other=0)
             acc += w.to(tl.float32) * x[None, :]
     else:
-        row = offs_n.to(tl.int64) * (K // 2)
+        row = row_n * (K // 2)
         acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte j holds k = 2j, 2j + 1
-            j_mask = offs_j < k_hi // 2
-            xe = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
-            xo = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
-            b = tl.load(
-                w_ptr + row[:, None] + offs_j[None, :], mask=n_mask[:, None] & j_mask[None, :], other=0
-            )
+            if EVEN_K:
+                xe = tl.load(x_ptr + 2 * offs_j).to(tl.float32)
+                xo = tl.load(x_ptr + 2 * offs_j + 1).to(tl.float32)
+                b = tl.load(w_ptr + row[:, None] + offs_j[None, :])
+            else:
+                j_mask = offs_j < k_hi // 2
+                xe = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
+                xo = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
+                b = tl.load(w_ptr + row[:, None] + offs_j[None, :], mask=j_mask[None, :], other=0)
             b = b.to(tl.int32)
             lo = ((b & 15) ^ 8) - 8  # sign-extend the 4-bit two's complement nibbles
             hi = ((b >> 4) ^ 8) - 8
@@ -117,6 +126,7 @@ def _wo_dot_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask in the loop (rows wrapped, as in gemv)
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -129,34 +139,36 @@ def _wo_dot_kernel(
     n_mask = offs_n < N
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
-    xrow = offs_m.to(tl.int64) * K
+    xrow = (offs_m % M).to(tl.int64) * K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if BITS == 8:
-        wrow = offs_n.to(tl.int64) * K
+        wrow = (offs_n % N).to(tl.int64) * K
         for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
-            k_mask = offs_k < k_hi
-            xt = tl.load(
-                x_ptr + xrow[:, None] + offs_k[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0
-            )
-            wt = tl.load(
-                w_ptr + wrow[:, None] + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0
-            )
+            if EVEN_K:
+                xt = tl.load(x_ptr + xrow[:, None] + offs_k[None, :])
+                wt = tl.load(w_ptr + wrow[:, None] + offs_k[None, :])
+            else:
+                k_mask = offs_k < k_hi
+                xt = tl.load(x_ptr + xrow[:, None] + offs_k[None, :], mask=k_mask[None, :], other=0.0)
+                wt = tl.load(w_ptr + wrow[:, None] + offs_k[None, :], mask=k_mask[None, :], other=0)
             if UPCAST:
                 acc = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision="ieee")
             else:
                 acc = tl.dot(xt, tl.trans(wt.to(x_ptr.dtype.element_ty)), acc, input_precision=PRECISION)
     else:
-        wrow = offs_n.to(tl.int64) * (K // 2)
+        wrow = (offs_n % N).to(tl.int64) * (K // 2)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-            j_mask = offs_j < k_hi // 2
-            xm = m_mask[:, None] & j_mask[None, :]
-            xe = tl.load(x_ptr + xrow[:, None] + 2 * offs_j[None, :], mask=xm, other=0.0)
-            xo = tl.load(x_ptr + xrow[:, None] + 2 * offs_j[None, :] + 1, mask=xm, other=0.0)
-            b = tl.load(
-                w_ptr + wrow[:, None] + offs_j[None, :], mask=n_mask[:, None] & j_mask[None, :], other=0
-            )
+            if EVEN_K:
+                xe = tl.load(x_ptr + xrow[:, None] + 2 * offs_j[None, :])
+                xo = tl.load(x_ptr + xrow[:, None] + 2 * offs_j[None, :] + 1)
+                b = tl.load(w_ptr + wrow[:, None] + offs_j[None, :])
+            else:
+                j_mask = offs_j < k_hi // 2
+                xe = tl.load(x_ptr + xrow[:, None] + 2 * offs_j[None, :], mask=j_mask[None, :], other=0.0)
+                xo = tl.load(x_ptr + xrow[:, None] + 2 * offs_j[None, :] + 1, mask=j_mask[None, :], other=0.0)
+                b = tl.load(w_ptr + wrow[:, None] + offs_j[None, :], mask=j_mask[None, :], other=0)
             b = b.to(tl.int32)
             lo = ((b & 15) ^ 8) - 8
             hi = ((b >> 4) ^ 8) - 8
@@ -295,7 +307,15 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     p = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
     bias_arg = b if b is not None else y
-    common = dict(BITS=bits, HAS_BIAS=b is not None, SPLIT_K=split, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+    even = k % cfg.block_k == 0
+    common = dict(
+        BITS=bits,
+        HAS_BIAS=b is not None,
+        SPLIT_K=split,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        EVEN_K=even,
+    )
     gpu = {} if interpreted else dict(num_warps=cfg.warps, num_stages=cfg.stages)
     if cfg.kernel == "gemv" and m == 1:
         grid = (triton_support.cdiv(n, cfg.block_n), split)
@@ -345,7 +365,14 @@ def _kernel_specs_for(bits):
             "p_ptr": "*fp32",
         }
         g = wo_config(1, 14336, 4096, bits, 132)
-        gc = {"BITS": bits, "HAS_BIAS": False, "SPLIT_K": 1, "BLOCK_N": g.block_n, "BLOCK_K": g.block_k}
+        gc = {
+            "BITS": bits,
+            "HAS_BIAS": False,
+            "SPLIT_K": 1,
+            "BLOCK_N": g.block_n,
+            "BLOCK_K": g.block_k,
+            "EVEN_K": True,
+        }
         gsig = {**ptrs, "N": "i32", "K": "i32", "K_SPLIT": "i32", **{c: "constexpr" for c in gc}}
         d = wo_config(16, 14336, 4096, bits, 132)
         dc = {
@@ -357,6 +384,7 @@ def _kernel_specs_for(bits):
             "BLOCK_M": d.block_m,
             "BLOCK_N": d.block_n,
             "BLOCK_K": d.block_k,
+            "EVEN_K": True,
         }
         dsig = {**ptrs, "M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32", **{c: "constexpr" for c in dc}}
         return [(_wo_gemv_kernel, gsig, gc, g.warps), (_wo_dot_kernel, dsig, dc, d.warps)]
