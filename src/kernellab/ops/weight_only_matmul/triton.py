@@ -27,6 +27,7 @@ and ``_wo_reduce_kernel`` adds them in slice order (deterministic) with scale an
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -237,6 +238,7 @@ def _splits(tiles: int, k: int, block_k: int, want: int) -> int:
     return max(1, min(16, triton_support.cdiv(want, tiles), triton_support.cdiv(k, block_k)))
 
 
+@functools.cache  # a pure function of ints, on every call's host path
 def wo_config(m: int, n: int, k: int, bits: int, n_sm: int, interpreted: bool = False) -> WoConfig:
     """The launch for an [M, K] x [N, K] product on ``n_sm`` SMs (module docstring).
 
