@@ -29,6 +29,8 @@ def test_op_names_lists_the_ops():
         "geglu",
         "gelu",
         "histogram",
+        "int4_weight_only_matmul",
+        "int8_weight_only_matmul",
         "layer_norm",
         "linear_cross_entropy",
         "matmul",
@@ -458,7 +460,8 @@ def test_a_trusted_call_whose_list_option_was_changed_in_place_is_validated_agai
 
 KEY_VALIDATED = ["gelu", "relu", "softmax", "sum", "max", "argmax", "layer_norm", "rms_norm", "attention",
                  "matmul", "add", "conv2d", "max_pool2d", "batch_norm2d", "bn_relu_pool2d",
-                 "swiglu", "geglu", "add_rms_norm", "transpose", "histogram"]
+                 "swiglu", "geglu", "add_rms_norm", "transpose", "histogram",
+                 "int8_weight_only_matmul", "int4_weight_only_matmul"]
 
 
 def test_the_ops_declaring_key_validation_are_the_audited_ones():

@@ -22,6 +22,8 @@ from kernellab.ops.public import (  # noqa: A004
     geglu,
     gelu,
     histogram,
+    int4_weight_only_matmul,
+    int8_weight_only_matmul,
     layer_norm,
     linear_cross_entropy,
     matmul,
@@ -35,6 +37,7 @@ from kernellab.ops.public import (  # noqa: A004
     swiglu,
     transpose,
 )
+from kernellab.ops.weight_only_matmul.quantize import dequantize_weight, quantize_weight
 from kernellab.optim import sgd_step
 from kernellab.options import config
 from kernellab.patch import PatchReport, patch, unpatch
@@ -59,6 +62,10 @@ __all__ = [
     "get_spec",
     "histogram",
     "impls",
+    "int4_weight_only_matmul",
+    "int8_weight_only_matmul",
+    "dequantize_weight",
+    "quantize_weight",
     "layer_norm",
     "linear_cross_entropy",
     "matmul",

@@ -46,6 +46,7 @@ OP_MODULES = [
     "kernellab.ops.rope",
     "kernellab.ops.transpose",
     "kernellab.ops.histogram",
+    "kernellab.ops.weight_only_matmul",
 ]
 
 DTYPES = {

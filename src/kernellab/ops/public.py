@@ -26,6 +26,7 @@ from kernellab.ops.softmax import softmax
 from kernellab.ops.sum import sum  # noqa: A004
 from kernellab.ops.swiglu import swiglu
 from kernellab.ops.transpose import transpose
+from kernellab.ops.weight_only_matmul import int4_weight_only_matmul, int8_weight_only_matmul
 
 FUNCTIONS = {
     f.__name__: f
@@ -53,5 +54,7 @@ FUNCTIONS = {
         rope,
         softmax,
         transpose,
+        int8_weight_only_matmul,
+        int4_weight_only_matmul,
     )
 }
