@@ -303,7 +303,12 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
         with torch.cuda.device(x.device.index):
             return triton_wo_fwd(x, w_q, scales, bias, bits, config)
     n_sm = 4 if interpreted else triton_support.sm_count(x.device.index)
-    cfg = config or wo_config(m, n, k, bits, n_sm, interpreted)
+    if config is not None:
+        cfg = config
+    elif type(m) is int and type(n) is int and type(k) is int:
+        cfg = wo_config(m, n, k, bits, n_sm, interpreted)
+    else:  # traced with symbolic sizes (torch.compile, opcheck): unhashable, so not cached
+        cfg = wo_config.__wrapped__(m, n, k, bits, n_sm, interpreted)
     k_split = triton_support.cdiv(triton_support.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split = triton_support.cdiv(k, k_split)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
