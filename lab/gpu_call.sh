@@ -4,6 +4,10 @@
 # Each step runs under `timeout TIMEOUT` with its output in W/NN.txt (W=/tmp/gpu_call; the
 # commands may write more files under $W); $OUT/NAME.tgz holds W at the end, and a summary
 # line per step (rc, seconds) goes to $OUT/NAME-steps.txt and stdout.
+# The device's copy of .git can be stale (its HEAD was the session's first commit for a whole
+# session): run as `KERNELLAB_GIT_SHA=$(git rev-parse --short=12 HEAD) bash lab/gpu_call.sh ...`
+# with the SHA written into the command here, so the rows carry the commit they measured.
+# Write outputs under $W, not $OUT/<dir>: the device returns at most 8 files from $OUT.
 set -u
 NAME=$1
 shift
