@@ -207,7 +207,9 @@ def test_cp_batch_zigzag_chunks_and_positions(world):
     for r in range(world):
         i, t, pos = CP.cp_batch(idx, tgt, r, world)
         c = s // (2 * world)
-        want = torch.cat([torch.arange(r * c, (r + 1) * c), torch.arange((2 * world - 1 - r) * c, (2 * world - r) * c)])
+        want = torch.cat(
+            [torch.arange(r * c, (r + 1) * c), torch.arange((2 * world - 1 - r) * c, (2 * world - r) * c)]
+        )
         assert torch.equal(pos, want)
         assert torch.equal(i, idx[:, want]) and torch.equal(t, tgt[:, want])
         shards.append(i)
@@ -237,8 +239,9 @@ def test_cli_refuses_before_launching(capsys, monkeypatch):
 
     for var in ("LOCAL_RANK", "WORLD_SIZE", "RANK"):
         monkeypatch.delenv(var, raising=False)
-    for argv, msg in [(["--nproc", "2", "--seq-len", "10"], "multiple of 4"),
-                      (["--nproc", "2", "--seq-len", "16", "--global-batch", "4"], "global_batch")]:  # fmt: skip
+    bad = [(["--nproc", "2", "--seq-len", "10"], "multiple of 4"),
+           (["--nproc", "2", "--seq-len", "16", "--global-batch", "4"], "global_batch")]  # fmt: skip
+    for argv, msg in bad:
         rc = cli.main(["train", "gpt", "--config", "tiny", "--backend", "pytorch", "--dp", "cp", *argv])
         err = capsys.readouterr().err
         assert rc == 2 and msg in err, err

@@ -57,10 +57,12 @@ def cp_batch(idx: torch.Tensor, targets: torch.Tensor, rank: int, world: int, la
     2W for zigzag (W for the others)."""
     for name, t in (("idx", idx), ("targets", targets)):
         if not isinstance(t, torch.Tensor) or t.dim() != 2:
-            raise TypeError(f"cp_batch: {name} must be a [B, S] tensor, got "
-                            f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")  # fmt: skip
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"cp_batch: {name} must be a [B, S] tensor, got {got}")
     if idx.shape != targets.shape:
-        raise ValueError(f"cp_batch: idx {tuple(idx.shape)} and targets {tuple(targets.shape)} differ in shape")
+        raise ValueError(
+            f"cp_batch: idx {tuple(idx.shape)} and targets {tuple(targets.shape)} differ in shape"
+        )
     check_seq(idx.shape[1], world, layout)
     s_local = idx.shape[1] // world
     pos = L.positions(rank, world, s_local, layout).to(idx.device)
@@ -72,17 +74,22 @@ def check_seq(seq_len: int, world: int, layout: str) -> None:
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1 or seq_len % g:
         raise ValueError(
             f"seq_len {seq_len} must be a positive multiple of {g} for context parallel over {world} ranks "
-            f"with layout {layout!r}" + (" (zigzag cuts each sequence in 2W chunks)" if layout == "zigzag" else "")
+            f"with layout {layout!r}"
+            + (" (zigzag cuts each sequence in 2W chunks)" if layout == "zigzag" else "")
         )
 
 
-def check(config: str, world: int, cp: int | None, seq_len: int, layout: str = "zigzag", mode: str = "eager") -> None:
+def check(
+    config: str, world: int, cp: int | None, seq_len: int, layout: str = "zigzag", mode: str = "eager"
+) -> None:
     """ValueError naming the argument, or None. Every rank calls it with the same arguments
     before any collective, so a bad argument is refused on every rank alike."""
     if isinstance(world, bool) or not isinstance(world, int) or world < 1:
         raise ValueError(f"world size (nproc) must be an integer >= 1, got {world!r}")
     if cp is not None and cp != world:
-        raise ValueError(f"cp {cp} differs from the world size {world}: the context-parallel group is all ranks")
+        raise ValueError(
+            f"cp {cp} differs from the world size {world}: the context-parallel group is all ranks"
+        )
     L.check_layout(layout)
     if mode not in MODES:
         raise ValueError(f"mode: {mode!r} does not run context parallel; modes: {', '.join(MODES)}")
@@ -161,7 +168,9 @@ class ContextParallel(nn.Module):
     run on this rank's shard: ``forward(idx, targets)`` takes the shard (``cp_batch``) and
     returns this rank's share of the global mean loss (module docstring)."""
 
-    def __init__(self, model: nn.Module, group=None, layout: str = "zigzag", ignore_index: int = IGNORE_INDEX):
+    def __init__(
+        self, model: nn.Module, group=None, layout: str = "zigzag", ignore_index: int = IGNORE_INDEX
+    ):
         super().__init__()
         from kernellab.distributed.data_parallel import CausalLM
         from kernellab.models.gpt import GPT
@@ -170,13 +179,17 @@ class ContextParallel(nn.Module):
         self.ignore_index = ignore_index
         if isinstance(model, GPT):
             self.kind = "gpt"
-        elif isinstance(model, CausalLM) and getattr(model.hf.config, "model_type", "") in ("llama", "qwen2", "mistral"):
+        elif isinstance(model, CausalLM) and getattr(model.hf.config, "model_type", "") in (
+            "llama",
+            "qwen2",
+            "mistral",
+        ):
             self.kind = "hf"
             _register_hf()
             model.hf.config._attn_implementation = HF_ATTN
         else:
-            raise ValueError(f"model: {type(model).__name__} does not run context parallel; kernellab's GPT or "
-                             f"a Llama-style Hugging Face model ({', '.join(CP_MODELS)})")  # fmt: skip
+            raise ValueError(f"model: {type(model).__name__} does not run context parallel; kernellab's GPT "
+                             f"or a Llama-style Hugging Face model ({', '.join(CP_MODELS)})")  # fmt: skip
         self.world = dist.get_world_size(group) if dist.is_initialized() else 1
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
 
@@ -329,7 +342,9 @@ def cli_train(args, console, progress, kw: dict) -> int:
     check(kw["config"], world, None, kw["seq_len"], "zigzag", kw["mode"])
     if not D.launched() and world > 1:
         if torch.cuda.is_available() and torch.cuda.device_count() < world:
-            raise ValueError(f"nproc {world}: this machine has {torch.cuda.device_count()} GPUs (a rank per GPU)")
+            raise ValueError(
+                f"nproc {world}: this machine has {torch.cuda.device_count()} GPUs (a rank per GPU)"
+            )
         console.print(f"context parallel: {world} ranks under torchrun", highlight=False)
         return D.launch(world, args._argv)
     lead = not D.launched() or int(os.environ.get("RANK", "0")) == 0
