@@ -43,7 +43,7 @@ WORLD4_CASES = ("gpt-zigzag-ignore", "llama-zigzag-ignore")
 BAD = [
     ("seq-not-2w", {"seq_len": 10}, "multiple of"),
     ("cp-not-world", {"cp": 3}, "differs from the world size"),
-    ("unsupported-model", {"config": "hf-gpt2:small"}, "does not run context parallel"),
+    ("unsupported-model", {"config": "hf-mistral:small"}, "does not run context parallel"),
     ("compile", {"mode": "compile"}, "does not run context parallel"),
     ("layout", {"layout": "spiral"}, "layout must be one of"),
 ]

@@ -109,9 +109,9 @@ def _gpt_configs():
 
 
 # Hugging Face models whose attention goes through transformers' attention interface with
-# RoPE from position_ids (the ring replaces the attention function); GPT-2's learned
-# positions would work too but its attention module is not the interface's
-CP_MODELS = ("hf-llama", "hf-qwen2", "hf-mistral")
+# RoPE from position_ids and full causal attention (the ring replaces the attention
+# function). Not Mistral or Gemma-2: their sliding windows are not the ring's mask.
+CP_MODELS = ("hf-llama", "hf-qwen2")
 
 
 # --------------------------------------------------------------------------- the model
@@ -179,11 +179,7 @@ class ContextParallel(nn.Module):
         self.ignore_index = ignore_index
         if isinstance(model, GPT):
             self.kind = "gpt"
-        elif isinstance(model, CausalLM) and getattr(model.hf.config, "model_type", "") in (
-            "llama",
-            "qwen2",
-            "mistral",
-        ):
+        elif isinstance(model, CausalLM) and _full_causal(model.hf.config):
             self.kind = "hf"
             _register_hf()
             model.hf.config._attn_implementation = HF_ATTN
@@ -226,6 +222,12 @@ class ContextParallel(nn.Module):
 
     def _hf_logits(self, idx, pos):
         return self.model.hf(input_ids=idx, position_ids=pos.unsqueeze(0).expand(idx.shape[0], -1)).logits
+
+
+def _full_causal(cfg) -> bool:
+    if getattr(cfg, "model_type", "") == "llama":
+        return True
+    return getattr(cfg, "model_type", "") == "qwen2" and not getattr(cfg, "use_sliding_window", False)
 
 
 def all_reduce_grads(module: nn.Module, group=None) -> None:
