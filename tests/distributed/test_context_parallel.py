@@ -246,3 +246,23 @@ def test_cli_refuses_before_launching(capsys, monkeypatch):
         err = capsys.readouterr().err
         assert rc == 2 and msg in err, err
     assert not dist.is_initialized()
+
+
+def test_cli_dp_cp_runs_ranks_under_torchrun():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for var in ("LOCAL_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)
+    p = subprocess.run(
+        [sys.executable, "-m", "kernellab", "train", "hf", "--config", "llama", "--nproc", "2", "--dp", "cp",
+         "--seq-len", "32", "--steps", "2"],
+        env=env, capture_output=True, text=True, timeout=120, cwd=root,
+    )  # fmt: skip
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert out.count("hf-llama:small context parallel (zigzag) x 2") == 1, out[-4000:]
+    assert "16 per rank" in out, out[-4000:]
