@@ -455,6 +455,10 @@ def cli_train(args, console, progress, kw: dict) -> int:
     arguments, then re-runs the command under torchrun (``--nproc`` > 1, not launched yet)
     or trains on this rank."""
     dp = args.dp or "ddp"
+    if dp == "cp":  # context parallel: the sequence sharded over the ranks
+        from kernellab.distributed import context_parallel
+
+        return context_parallel.cli_train(args, console, progress, kw)
     if args.compare:
         raise ValueError("--compare times one GPU's op sets; it takes no --nproc, --dp or --global-batch")
     if args.nproc is not None and (isinstance(args.nproc, bool) or args.nproc < 1):
