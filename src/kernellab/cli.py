@@ -906,6 +906,18 @@ def cmd_train_mnist(args) -> int:
 HF_CONFIGS = ("gpt2", "llama", "qwen2", "mistral", "gemma2")
 
 
+def _several_gpus(args, kw: dict) -> int:
+    """``train ... --nproc / --dp / --global-batch``: context parallel (``--dp cp``) or data
+    parallel (DDP, FSDP2), with ``train``'s keyword arguments resolved in ``kw``."""
+    if args.dp == "cp":  # the sequence sharded over the ranks
+        from kernellab.distributed import context_parallel
+
+        return context_parallel.cli_train(args, console, _progress, kw)
+    from kernellab.distributed import data_parallel
+
+    return data_parallel.cli_train(args, console, _progress, kw)
+
+
 def cmd_train_user_model(args) -> int:
     """``train hf --config llama --compare`` / ``train nanogpt --compare``: training steps of a
     model kernellab did not write (kernellab.models.user_models), each variant in its own
@@ -917,7 +929,7 @@ def cmd_train_user_model(args) -> int:
 
     gpu = torch.cuda.is_available()
     if args.model == "hf" and data_parallel.asked(args):
-        return data_parallel.cli_train(args, console, _progress, data_parallel.hf_train_kw(args, HF_CONFIGS))
+        return _several_gpus(args, data_parallel.hf_train_kw(args, HF_CONFIGS))
     if not args.compare:
         console.print(f"[red]train {args.model}: runs with --compare (training steps of the unpatched model, "
                       "Liger's patch and kernellab's, timed) or data parallel (hf --nproc N)[/]")  # fmt: skip
@@ -983,7 +995,7 @@ def cmd_train_gpt(args) -> int:
         seq = args.seq_len or gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"]).ctx
         kw = dict(config=config, backends=backend, matmul=matmul, mode=args.mode, batch_size=bsz, seq_len=seq,
                   steps=args.steps, dtype=dtype, data=args.data, lr=args.lr, optimizer=optimizer)  # fmt: skip
-        return data_parallel.cli_train(args, console, _progress, kw)
+        return _several_gpus(args, kw)
     if args.compare:
         t = args.seq_len or gpt.CONFIGS.get(config, gpt.CONFIGS["tiny"]).ctx
         modes = gpt.MODES if gpu else ("eager",)  # compile on the CPU: minutes of codegen, no speed claim

@@ -455,10 +455,8 @@ def cli_train(args, console, progress, kw: dict) -> int:
     arguments, then re-runs the command under torchrun (``--nproc`` > 1, not launched yet)
     or trains on this rank."""
     dp = args.dp or "ddp"
-    if dp == "cp":  # context parallel: the sequence sharded over the ranks
-        from kernellab.distributed import context_parallel
-
-        return context_parallel.cli_train(args, console, progress, kw)
+    if dp == "cp":  # (the CLI hands --dp cp to kernellab.distributed.context_parallel)
+        raise ValueError("dp: 'cp' trains through kernellab.distributed.context_parallel.cli_train")
     if args.compare:
         raise ValueError("--compare times one GPU's op sets; it takes no --nproc, --dp or --global-batch")
     if args.nproc is not None and (isinstance(args.nproc, bool) or args.nproc < 1):
