@@ -23,7 +23,6 @@ Without the extension everything works as before, through the Python node.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -120,14 +119,3 @@ def module():
 def why_unavailable() -> str | None:
     """None when the extension is loaded or loadable now, else why not."""
     return None if module() is not None else _STATE.get("why", "cpp_nodes is off")
-
-
-def forget() -> None:
-    """Forget what ``module()`` found (a test, or after ``config.cpp_nodes`` changed); a
-    loaded extension stays loaded in the process."""
-    _STATE.pop("why", None)
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from kernellab import triton_support
 from kernellab.cuda import nodes, runtime
 from kernellab.cuda.runtime import DTYPE_SUFFIX as SUFFIX
 from kernellab.cuda.runtime import Module, sm_count
@@ -162,7 +163,9 @@ def _rms_node_plan(x: torch.Tensor) -> list[int] | bool:
     frpb, brpb = V2_THREADS // ftpr, V2_THREADS // btpr
     bgrid = max(1, min((n_rows + brpb - 1) // brpb, BWD_BLOCKS_PER_SM * sm_count(dev)))
     fgrid = (n_rows + frpb - 1) // frpb
-    psum = 0 if x.dtype == torch.float32 else _kernel(f"norm_psum_{sfx}", ("ptr", "ptr", "i32", "i32"), dev).handle
+    psum = 0  # fp32 weights: torch's tree sum (nodes.cpp)
+    if x.dtype != torch.float32:
+        psum = _kernel(f"norm_psum_{sfx}", ("ptr", "ptr", "i32", "i32"), dev).handle
     return [fk.handle, fgrid, V2_THREADS, ftpr, bk.handle, bgrid, V2_THREADS, btpr, bgrid * brpb, psum,
             (n_cols + 255) // 256]  # fmt: skip
 
@@ -176,11 +179,7 @@ def rms_node(x: torch.Tensor, w: torch.Tensor, eps: float):
     if mod is None:
         return None
     key = (x.shape, x.dtype, x.get_device())  # (the node refuses the layouts it does not take)
-    plan = _NODE_PLANS.get(key)
-    if plan is None:
-        if len(_NODE_PLANS) >= 1024:
-            _NODE_PLANS.clear()
-        plan = _NODE_PLANS[key] = _rms_node_plan(x)
+    plan = triton_support.kept_plan(_NODE_PLANS, key, lambda: _rms_node_plan(x))
     if plan is False:
         return None
     return mod.rms_norm(x, w, eps, plan)

@@ -210,7 +210,6 @@ def rms_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
                 return y
         return call(x, contig(weight), float(eps))
 
-    rms_norm_node.__name__ = name
     return rms_norm_node
 
 
