@@ -47,6 +47,7 @@ from kernellab.core.spec import GRID_YZ_LIMIT
 from kernellab.ops._register import register_builtin
 from kernellab.ops._triton_dots import dot_precision, mma
 from kernellab.ops.matmul._autograd import matmul_op
+from kernellab.options import config as _options
 
 _ACT = {None: 0, "relu": 1, "gelu": 2}
 
@@ -534,36 +535,132 @@ def check_batch_grid(bt: int) -> None:
         )
 
 
-def triton_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
-    """act(a @ b + bias) for [..., M, K] @ [..., K, N] (any strides); a fresh contiguous output.
-    On a GPU, one product of at most SKINNY_M_MAX rows against a weight of SKINNY_MIN_NK
-    elements or more takes the skinny kernels (``triton_skinny_fwd``); everything else,
-    and every CPU launch, the tiled kernel (``triton_general_fwd``)."""
-    if a.is_cuda and skinny_applies(a, b):
-        return triton_skinny_fwd(a, b, bias, activation)
-    return triton_general_fwd(a, b, bias, activation)
+# Launch plans. Everything a launch derives from the call (tiles, split, grid,
+# constexprs, the int arguments, whether to autotune) is a function of the operands'
+# shapes, strides, dtypes and device, the bias / activation flags and the options below;
+# a plan computes it once per key and binds each launch (triton_support.Bound, or
+# TunedBound where the autotuner picks the config: it binds the picked config once the
+# tuner holds it). A repeated call then allocates its outputs and launches: derived per
+# call, the same Python costs ~20 us a launch, 3x the device time of a 128-row product.
+# The key holds the exact strides: Triton specializes int arguments on == 1 and on
+# divisibility by 16 (the forward's b = W.t() and the backward's dz @ W, a^T @ dz differ
+# there); data pointers' 16-byte alignment is tested by the bound launches on every call.
+# Traced calls (torch.compile's fake tensors) and, by default, CPU tensors (the
+# interpreter: seconds a launch, the Python is noise) derive everything per call.
+_PLANS: dict = {}
+
+try:
+    from torch._C import _cuda_getDevice as _current_device
+except ImportError:  # pragma: no cover - CPU-only torch builds
+    _current_device = None
 
 
-def skinny_applies(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``triton_matmul_fwd`` gives a @ b to the skinny kernels (device aside)."""
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    return 0 < m <= SKINNY_M_MAX and n * k >= SKINNY_MIN_NK and math.prod(a.shape[:-2]) == 1
+class _Launch:
+    """One launch derived for a call shape: ``kernel[grid](*args, **kw)``, or through
+    ``launch_tuned`` when ``kernel`` is the autotuner (``grid`` then reads the config).
+    ``check``: the positions of the arguments that come from the caller (the launch's own
+    allocations are aligned), as Bound takes them. ``bind()``: the plan's launch."""
+
+    __slots__ = ("kernel", "grid", "kw", "tuned", "check")
+
+    def __init__(self, kernel, grid, kw: dict, tuned: bool, check: tuple[int, ...]):
+        self.kernel, self.grid, self.kw, self.tuned, self.check = kernel, grid, kw, tuned, check
+
+    def __call__(self, *args):
+        if self.tuned:
+            return triton_support.launch_tuned(self.kernel, self.grid, *args, **self.kw)
+        return self.kernel[self.grid](*args, **self.kw)
+
+    def bind(self):
+        if self.tuned:
+            return triton_support.TunedBound(self.kernel, self.grid, self.kw, self.check)
+        return triton_support.Bound(self.kernel, self.grid, self.kw, self.check)
 
 
-def triton_skinny_fwd(
-    a: torch.Tensor, b: torch.Tensor, bias=None, activation=None, config=None, tune=None
-) -> torch.Tensor:
-    """act(a @ b + bias) for a [..., M, K] @ b [..., K, N] with 1 <= M <= SKINNY_M_MAX and
-    one product (leading dims of size 1): ``_skinny_kernel`` over N tiles x K slices, and
-    with more than one slice ``_split_sum_kernel`` adding the fp32 partials in order. Any
-    strides; a fresh contiguous output.
+def _planned(a, plan) -> bool:
+    """Whether a call takes a launch plan: real tensors (not traced); ``plan`` None asks
+    ``kernellab.config.matmul_plans`` and takes plans for CUDA tensors only."""
+    if type(a) is not torch.Tensor and type(a) is not torch.nn.Parameter:
+        return False
+    if plan is None:
+        return a.is_cuda and _options.matmul_plans
+    return bool(plan)
 
-    ``config``: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) to launch (a benchmark
-    or a test forcing one); None: ``skinny_config``'s, autotuned among
-    ``skinny_candidates`` for weights of SKINNY_TUNE_MIN_BYTES and up unless ``tune`` is
-    False (``tune`` True tunes any size); fp32 with TF32 off takes BLOCK_K <= 32 and no
-    tuning (FMA dots, as the tiled kernel). A given config launches as given. CPU tensors
-    run under the interpreter with 32 x 32 tiles and the splits of a 4-SM device."""
+
+def plan_key(kind: str, a, b, bias, activation, extra=()) -> tuple:
+    """The launch plan key of a call: everything the derived launch depends on (see above).
+    ``kind`` names the entry point, ``extra`` its own arguments (a forced config, tune)."""
+    return (
+        kind,
+        a.shape,
+        a.stride(),
+        b.shape,
+        b.stride(),
+        a.dtype,
+        b.dtype,
+        a.device,
+        None if bias is None else bias.dtype,
+        activation,
+        torch.backends.cuda.matmul.allow_tf32,  # PRECISION of fp32 operands
+        _options.triton_launch,  # Bound reads it when made
+        TUNE_MIN_WORK,
+        SKINNY_TUNE_MIN_BYTES,
+        SKINNY_M_MAX,
+        SKINNY_MIN_NK,
+        extra,
+    )
+
+
+def _plan(key, make):
+    return triton_support.kept_plan(_PLANS, key, make)
+
+
+def _on_device(a) -> bool:
+    """True when the call must move to a's device first (the launch runs on the current one)."""
+    return a.is_cuda and _current_device is not None and a.device.index != _current_device()
+
+
+class _SkinnyPlan:
+    """``triton_skinny_fwd`` derived for one call shape (``_skinny_setup``)."""
+
+    __slots__ = ("out_shape", "m", "n", "split", "dtype", "device", "ints", "main", "sum", "sum_ints")
+
+    def __init__(self, out_shape, m, n, split, dtype, device, ints, main, sum_, sum_ints):
+        self.out_shape, self.m, self.n, self.split, self.dtype, self.device = (
+            out_shape,
+            m,
+            n,
+            split,
+            dtype,
+            device,
+        )
+        self.ints, self.main, self.sum, self.sum_ints = ints, main, sum_, sum_ints
+
+    def bound(self) -> _SkinnyPlan:
+        """This plan with its launches bound (the kept plan)."""
+        return _SkinnyPlan(self.out_shape, self.m, self.n, self.split, self.dtype, self.device, self.ints,
+                           self.main.bind() if self.main is not None else None,
+                           self.sum.bind() if self.sum is not None else None, self.sum_ints)  # fmt: skip
+
+    def __call__(self, a, b, bias):
+        c = torch.empty((self.m, self.n), dtype=self.dtype, device=self.device)
+        if self.main is not None:
+            w = (
+                torch.empty((self.split, self.m, self.n), dtype=torch.float32, device=self.device)
+                if self.sum is not None
+                else c
+            )
+            bias_arg = bias if bias is not None else c
+            # a and b themselves: [M, K] and [K, N] views of them have the same address, and
+            # the strides passed are the views' (leading dims of size 1)
+            self.main(a, b, c, w, bias_arg, *self.ints)
+            if self.sum is not None:
+                self.sum(w, c, bias_arg, *self.sum_ints)
+        return c if self.out_shape is None else c.view(self.out_shape)
+
+
+def _skinny_setup(a, b, has_bias: bool, activation, config, tune) -> _SkinnyPlan:
+    """The launches of ``triton_skinny_fwd`` for a's and b's shapes, strides and dtype."""
     batch = tuple(a.shape[:-2])
     # plain ints (traced under torch.compile: the graph is specialized to this shape; the
     # tile and slice choice depends on it anyway)
@@ -575,17 +672,14 @@ def triton_skinny_fwd(
         )
     a2 = a.reshape(m, k)  # views: the leading dims are all 1
     b2 = b.reshape(k, n)
-    c = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    out_shape = None if not batch else batch + (m, n)
     if n == 0:
-        return c.reshape(batch + (m, n))
+        return _SkinnyPlan(out_shape, m, n, 1, a.dtype, a.device, (), None, None, ())
     elem = a.element_size()
     tuned = False
-    consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation], BLOCK_M=skinny_block_m(m))
+    consts = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], BLOCK_M=skinny_block_m(m))
     if a.is_cuda:
         dev = a.device.index
-        if dev != torch.cuda.current_device():  # launch in the tensors' device context
-            with torch.cuda.device(dev):
-                return triton_skinny_fwd(a, b, bias, activation, config, tune)
         precision = _precision(a.dtype, "cuda")
         consts.update(PRECISION=precision, UPCAST=False)
         n_sm = triton_support.sm_count(dev)
@@ -601,36 +695,155 @@ def triton_skinny_fwd(
             bs = _SKINNY_CPU_BLOCK
             config = (bs, bs, _skinny_splits(m, n, k, bs, bs, n_sm, elem), 4, 1)
     bn, bk, split, warps, stages = config
-    w = torch.empty((split, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
-    bias_arg = bias if bias is not None else c
-    args = (a2, b2, c, w, bias_arg, m, n, k, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), n, 1)
     consts["SPLIT_K"] = split
+    ints = (m, n, k, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), n, 1)
+    check = (0, 1, 4)  # a, b, bias: the caller's; c and the partials are fresh
     if tuned:
 
         def grid(meta):
             return (triton_support.cdiv(n, meta["BLOCK_N"]), split)
 
-        triton_support.launch_tuned(_skinny_tuned, grid, *args, **consts)
+        main = _Launch(_skinny_tuned, grid, consts, True, check)
     else:
-        grid = (triton_support.cdiv(n, bn), split)
-        _skinny_kernel[grid](*args, **consts, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        kw = dict(consts, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        main = _Launch(_skinny_kernel, (triton_support.cdiv(n, bn), split), kw, False, check)
+    sum_ = None
+    mn = m * n
     if split > 1:
-        mn = m * n
         # ~n_sm programs or more, 128 to 1024 outputs each (the interpreter: 1024)
         block = 1024 if not a.is_cuda else max(128, min(1024, triton_support.next_pow2(mn // n_sm)))
-        _split_sum_kernel[(triton_support.cdiv(mn, block),)](
-            w,
-            c,
-            bias_arg,
-            mn,
-            n,
-            HAS_BIAS=bias is not None,
-            ACT=_ACT[activation],
-            SPLIT_K=split,
-            BLOCK=block,
-            num_warps=4,
+        kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4)
+        sum_ = _Launch(_split_sum_kernel, (triton_support.cdiv(mn, block),), kw, False, (2,))
+    return _SkinnyPlan(out_shape, m, n, split, a.dtype, a.device, ints, main, sum_, (mn, n))
+
+
+class _GeneralPlan:
+    """``triton_general_fwd`` derived for one call shape (``_general_setup``)."""
+
+    __slots__ = ("out_shape", "shape", "dtype", "device", "a3", "b3", "ints", "main")
+
+    def __init__(self, out_shape, shape, dtype, device, a3, b3, ints, main):
+        self.out_shape, self.shape, self.dtype, self.device = out_shape, shape, dtype, device
+        self.a3, self.b3, self.ints, self.main = a3, b3, ints, main
+
+    def bound(self) -> _GeneralPlan:
+        main = self.main.bind() if self.main is not None else None
+        return _GeneralPlan(
+            self.out_shape, self.shape, self.dtype, self.device, self.a3, self.b3, self.ints, main
         )
-    return c.reshape(batch + (m, n))
+
+    def __call__(self, a, b, bias):
+        c = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        if self.main is not None:
+            # a [..., M, K] as [bt, M, K]: a itself where that is a view (the same address;
+            # the strides passed are the view's), else the copy reshape makes
+            a3 = a if self.a3 is None else a.reshape(self.a3)
+            b3 = b if self.b3 is None else b.reshape(self.b3)
+            self.main(a3, b3, c, bias if bias is not None else c, *self.ints)
+        return c if self.out_shape is None else c.view(self.out_shape)
+
+
+def _as_3d(t, shape):
+    """(strides of t as ``shape``, None when that is a view of t, else the shape to copy to)."""
+    t3 = t.reshape(shape)
+    view = t3._is_view() and t3.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+    return t3.stride(), None if view else shape
+
+
+def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
+    """The launch of ``triton_general_fwd`` for a's and b's shapes, strides and dtype."""
+    batch = tuple(a.shape[:-2])
+    m, k = a.shape[-2], a.shape[-1]
+    n = b.shape[-1]
+    bt = math.prod(batch)
+    out_shape = None if batch == (bt,) else batch + (m, n)
+    if not (bt and m and n):
+        return _GeneralPlan(out_shape, (bt, m, n), a.dtype, a.device, None, None, (), None)
+    sa, a3 = _as_3d(a, (bt, m, k))
+    sb, b3 = _as_3d(b, (bt, k, n))
+    # c: fresh [bt, M, N], contiguous strides as torch makes them (sizes of 0 count as 1)
+    sc = (max(m, 1) * max(n, 1), max(n, 1), 1)
+    ints = (m, n, k, *sa, *sb, *sc, *_tune_keys(m, n, k))
+    consts = dict(HAS_BIAS=has_bias, ACT=_ACT[activation])
+    check = (0, 1, 3)  # a, b, bias: the caller's; c is fresh
+    if a.device.type == "cuda":
+        check_batch_grid(bt)
+        consts.update(PRECISION=_precision(a.dtype, "cuda"), UPCAST=False)
+
+        def grid(meta):
+            return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)
+
+        if bt * m * n * k >= TUNE_MIN_WORK:
+            main = _Launch(_matmul_tuned, grid, consts, True, check)
+        else:
+            cfg = fixed_config(a.element_size(), consts["PRECISION"], _max_shared(a.device.index))
+            kw = dict(consts, **cfg)
+            main = _Launch(_matmul_kernel, tuple(grid(kw)), kw, False, check)
+    else:
+        consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
+        kw = dict(consts, **_CPU_CONFIG, num_warps=4)
+        grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt)
+        main = _Launch(_matmul_kernel, grid, kw, False, check)
+    return _GeneralPlan(out_shape, (bt, m, n), a.dtype, a.device, a3, b3, ints, main)
+
+
+def triton_matmul_fwd(
+    a: torch.Tensor, b: torch.Tensor, bias=None, activation=None, *, plan=None
+) -> torch.Tensor:
+    """act(a @ b + bias) for [..., M, K] @ [..., K, N] (any strides); a fresh contiguous output.
+    On a GPU, one product of at most SKINNY_M_MAX rows against a weight of SKINNY_MIN_NK
+    elements or more takes the skinny kernels (``triton_skinny_fwd``); everything else,
+    and every CPU launch, the tiled kernel (``triton_general_fwd``). ``plan``: take a
+    launch plan (True), derive every launch per call (False), or None: plans for CUDA
+    tensors when ``kernellab.config.matmul_plans`` (the default)."""
+    if _planned(a, plan):
+        if _on_device(a):  # launch in the tensors' device context
+            with torch.cuda.device(a.device.index):
+                return triton_matmul_fwd(a, b, bias, activation, plan=plan)
+
+        def make():
+            if a.is_cuda and skinny_applies(a, b):
+                return _skinny_setup(a, b, bias is not None, activation, None, None).bound()
+            return _general_setup(a, b, bias is not None, activation).bound()
+
+        return _plan(plan_key("f", a, b, bias, activation), make)(a, b, bias)
+    if a.is_cuda and skinny_applies(a, b):
+        return triton_skinny_fwd(a, b, bias, activation, plan=False)
+    return triton_general_fwd(a, b, bias, activation, plan=False)
+
+
+def skinny_applies(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``triton_matmul_fwd`` gives a @ b to the skinny kernels (device aside)."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    return 0 < m <= SKINNY_M_MAX and n * k >= SKINNY_MIN_NK and math.prod(a.shape[:-2]) == 1
+
+
+def triton_skinny_fwd(
+    a: torch.Tensor, b: torch.Tensor, bias=None, activation=None, config=None, tune=None, *, plan=None
+) -> torch.Tensor:
+    """act(a @ b + bias) for a [..., M, K] @ b [..., K, N] with 1 <= M <= SKINNY_M_MAX and
+    one product (leading dims of size 1): ``_skinny_kernel`` over N tiles x K slices, and
+    with more than one slice ``_split_sum_kernel`` adding the fp32 partials in order. Any
+    strides; a fresh contiguous output.
+
+    ``config``: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) to launch (a benchmark
+    or a test forcing one); None: ``skinny_config``'s, autotuned among
+    ``skinny_candidates`` for weights of SKINNY_TUNE_MIN_BYTES and up unless ``tune`` is
+    False (``tune`` True tunes any size); fp32 with TF32 off takes BLOCK_K <= 32 and no
+    tuning (FMA dots, as the tiled kernel). A given config launches as given. CPU tensors
+    run under the interpreter with 32 x 32 tiles and the splits of a 4-SM device.
+    ``plan``: as ``triton_matmul_fwd``'s."""
+    if _on_device(a):  # launch in the tensors' device context
+        with torch.cuda.device(a.device.index):
+            return triton_skinny_fwd(a, b, bias, activation, config, tune, plan=plan)
+    has_bias = bias is not None
+    if _planned(a, plan):
+        config = tuple(config) if config is not None else None
+        key = plan_key("s", a, b, bias, activation, (config, tune))
+        p = _plan(key, lambda: _skinny_setup(a, b, has_bias, activation, config, tune).bound())
+    else:
+        p = _skinny_setup(a, b, has_bias, activation, config, tune)
+    return p(a, b, bias)
 
 
 def _skinny_fit(config: tuple, bm: int, elem: int, dev: int, fma: bool) -> tuple:
@@ -646,58 +859,22 @@ def _skinny_fit(config: tuple, bm: int, elem: int, dev: int, fma: bool) -> tuple
     return bn, bk, split, warps, stages
 
 
-def triton_general_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
-    """act(a @ b + bias) through the tiled kernel (``_matmul_kernel``) at every shape."""
-    batch = tuple(a.shape[:-2])
-    m, k = a.shape[-2], a.shape[-1]
-    n = b.shape[-1]
-    a3 = a.reshape(math.prod(batch), m, k)  # a view whenever the strides allow it
-    b3 = b.reshape(math.prod(batch), k, n)
-    bt = a3.shape[0]
-    c = torch.empty((bt, m, n), dtype=a.dtype, device=a.device)
-    if bt and m and n:
-        args = (
-            a3,
-            b3,
-            c,
-            bias if bias is not None else c,
-            m,
-            n,
-            k,
-            a3.stride(0),
-            a3.stride(1),
-            a3.stride(2),
-            b3.stride(0),
-            b3.stride(1),
-            b3.stride(2),
-            c.stride(0),
-            c.stride(1),
-            c.stride(2),
-            *_tune_keys(m, n, k),
+def triton_general_fwd(
+    a: torch.Tensor, b: torch.Tensor, bias=None, activation=None, *, plan=None
+) -> torch.Tensor:
+    """act(a @ b + bias) through the tiled kernel (``_matmul_kernel``) at every shape.
+    ``plan``: as ``triton_matmul_fwd``'s."""
+    if _on_device(a):  # launch in the tensors' device context
+        with torch.cuda.device(a.device.index):
+            return triton_general_fwd(a, b, bias, activation, plan=plan)
+    has_bias = bias is not None
+    if _planned(a, plan):
+        p = _plan(
+            plan_key("g", a, b, bias, activation), lambda: _general_setup(a, b, has_bias, activation).bound()
         )
-        consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])
-        if a.device.type == "cuda":
-            check_batch_grid(bt)
-            consts.update(PRECISION=_precision(a.dtype, "cuda"), UPCAST=False)
-
-            def grid(meta):
-                return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)
-
-            dev = a.device.index
-            if dev != torch.cuda.current_device():  # launch in the tensors' device context
-                with torch.cuda.device(dev):
-                    return triton_general_fwd(a, b, bias, activation)
-            if bt * m * n * k >= TUNE_MIN_WORK:
-                triton_support.launch_tuned(_matmul_tuned, grid, *args, **consts)
-            else:
-                cfg = fixed_config(a.element_size(), consts["PRECISION"], _max_shared(dev))
-                _matmul_kernel[grid](*args, **consts, **cfg)
-        else:
-            consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
-            cfg = _CPU_CONFIG
-            grid = (triton_support.cdiv(m, cfg["BLOCK_M"]) * triton_support.cdiv(n, cfg["BLOCK_N"]), bt)
-            _matmul_kernel[grid](*args, **consts, **cfg, num_warps=4)
-    return c.reshape(batch + (m, n))
+    else:
+        p = _general_setup(a, b, has_bias, activation)
+    return p(a, b, bias)
 
 
 matmul_triton = matmul_op("matmul_triton", triton_matmul_fwd, triton=True)
