@@ -7,7 +7,10 @@ plain loop of each piece against torch's, then prints a cProfile of the backend'
 forward+backward (autograd's device threads off, so the backward's Python runs here) and a
 torch.profiler table.
 
-    PYTHONPATH=src python lab/probe_matmul_host.py [--shape 128x4096x4096]
+    PYTHONPATH=src python lab/probe_matmul_host.py [--shape 128x4096x4096] [--no-plans]
+
+``--no-plans``: the Triton forward derives every launch per call (kernellab.config.matmul_plans
+off), as before launch plans; lab/gpu_mm_plans.py times both side by side.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from kernellab.ops.matmul.triton import triton_matmul_fwd
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="128x4096x4096", help="MxNxK: x [M, K] @ W[N, K]^T")
+    p.add_argument("--no-plans", action="store_true", help="kernellab.config.matmul_plans = False")
     args = p.parse_args()
+    kernellab.config.matmul_plans = not args.no_plans
     m, n, k = (int(s) for s in args.shape.split("x"))
     dev, bf = "cuda", torch.bfloat16
     x = torch.randn(m, k, device=dev, dtype=bf, requires_grad=True)
