@@ -193,8 +193,10 @@ fi
 
 if want ring; then
 # One GPU: the simulated ring (issue 20). With several GPUs: every GPU takes part
-# (torchrun), NCCL_NVLS_ENABLE=0 is set by the script. RING_SIZES picks tokens per GPU.
-step "ring attention (issue 20)"
+# (torchrun), NCCL_NVLS_ENABLE=0 is set by the script: the first ring (v1), the
+# overlapped one (v2, v2 on a high-priority group) and PyTorch's context parallel, zigzag,
+# beside the model's prediction (issue 44). RING_SIZES picks tokens per GPU.
+step "ring attention (issues 20, 44)"
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
 if [ "${NGPU:-1}" -gt 1 ]; then
   run python3 -m torch.distributed.run --standalone --nproc_per_node="$NGPU" -m kernellab.distributed.ring_bench \

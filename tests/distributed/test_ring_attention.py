@@ -1,7 +1,9 @@
 """Ring attention (issue 20): every layout x causal / not against float64 attention on the
 full sequence, forward and dq / dk / dv; bad input refused on every rank, no hang; the
-simulated ring equals the distributed one; shard / unshard; the block plan against the
-causal mask; the fp32 merge; the Triton block functions (CPU interpreter: fp32; GPU: bf16).
+simulated ring equals the distributed one; the overlapped ring (variant 2, the default)
+equals the first one (variant 1) bit for bit; the argument check runs once per shape;
+shard / unshard; the block plan against the causal mask; the fp32 merge; the Triton block
+functions (CPU interpreter: fp32; GPU: bf16).
 
 The distributed part runs one ``torch.multiprocessing`` spawn per world size (2 and 4,
 gloo), every case inside it (a spawn costs seconds); ranks write their findings to files
@@ -64,6 +66,9 @@ BAD_CASES = [
     ("causal-differs", "causal"),
     ("blocks-rank1", "blocks"),
     ("triton-head-dim", "blocks"),
+    ("variant-unknown", "variant"),
+    ("variant-rank-last", "ring variants differ"),
+    ("check-rank0", "check"),
 ]
 
 
@@ -105,6 +110,11 @@ def _run_good(rank, world, case, group=None, sub_rank=None, sub_world=None, chec
     grads = torch.autograd.grad(o, loc[:3], loc[3])
     got = (o.detach(), *grads)
     errs = [(x - shard(y, r, w, layout)).abs().max().item() for x, y in zip(got, ref)]
+    # The first ring on the same shards: the same block order, the same bits.
+    kw = dict(causal=causal, group=group, layout=layout, scale=scale, blocks="torch", check=check)
+    o1 = R.ring_attention(*loc[:3], variant=1, **kw)
+    v1 = (o1.detach(), *torch.autograd.grad(o1, loc[:3], loc[3]))
+    v1_equal = all(torch.equal(x, y) for x, y in zip(got, v1))
     # The simulated ring over the same full problem: bitwise the same rows.
     qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
     so = simulate_ring(qq, kk, vv, w, causal=causal, layout=layout, scale=scale, blocks="torch")
@@ -112,7 +122,13 @@ def _run_good(rank, world, case, group=None, sub_rank=None, sub_world=None, chec
     sim = (so.detach(), *sg)
     sim_equal = all(torch.equal(x, shard(y, r, w, layout)) for x, y in zip(got, sim))
     sim_err = max((x - shard(y, r, w, layout)).abs().max().item() for x, y in zip(got, sim))
-    return {"errs": errs, "sim_equal": sim_equal, "sim_err": sim_err, "dtype": str(o.dtype)}
+    return {
+        "errs": errs,
+        "sim_equal": sim_equal,
+        "sim_err": sim_err,
+        "dtype": str(o.dtype),
+        "v1_equal": v1_equal,
+    }
 
 
 def _bad_args(name, rank, world):
@@ -139,7 +155,44 @@ def _bad_args(name, rank, world):
         kw["blocks"] = "flash"
     elif name == "triton-head-dim" and rank == 0:
         kw["blocks"] = "triton"  # D = 8: the Triton kernels take 16..256
+    elif name == "variant-unknown":
+        kw["variant"] = 3
+    elif name == "variant-rank-last" and rank == world - 1:
+        kw["variant"] = 1
+    elif name == "check-rank0" and rank == 0:
+        kw["check"] = "sometimes"
     return (q, k, v), kw
+
+
+def _gathers(fn) -> int:
+    """How many all_gathers ``fn()`` makes (dist.all_gather wrapped in this spawned rank)."""
+    real, n = dist.all_gather, [0]
+
+    def counting(*a, **k):
+        n[0] += 1
+        return real(*a, **k)
+
+    dist.all_gather = counting
+    try:
+        fn()
+    finally:
+        dist.all_gather = real
+    return n[0]
+
+
+def _check_counts(rank, world):
+    """All_gathers per call: check=True validates a shape once (then trusts it, in each
+    group apart), check="always" every call, check=False never."""
+    q, k, v, _ = _problem(5, 1, 2, 2, 6, 8)
+    call = lambda **kw: R.ring_attention(q, k, v, causal=True, layout="striped", blocks="torch", **kw)  # noqa: E731
+    q2 = torch.randn(1, 2, 10, 8, dtype=F64)
+    return {
+        "first": _gathers(call),
+        "again": _gathers(lambda: [call() for _ in range(3)]),
+        "always": _gathers(lambda: [call(check="always") for _ in range(2)]),
+        "off": _gathers(lambda: call(check=False)),
+        "new_shape": _gathers(lambda: R.ring_attention(q2, q2, q2, causal=True, blocks="torch")),
+    }
 
 
 def _worker(rank, world, init_file, out_dir):
@@ -163,6 +216,7 @@ def _worker(rank, world, init_file, out_dir):
         # The group still works after the refusals (no P2P was left half posted).
         res["after_bad"] = _run_good(rank, world, GOOD_CASES[3])
         res["nocheck"] = _run_good(rank, world, GOOD_CASES[-1], check=False)
+        res["counts"] = _check_counts(rank, world)
         # World size 1 (each rank alone) and, with 4 ranks, two rings of 2 (global ranks
         # differ from group ranks: the P2P peers must be translated).
         singles = [dist.new_group([r]) for r in range(world)]
@@ -219,6 +273,19 @@ def test_simulated_ring_equals_distributed(ranks, case):
         )
 
 
+@pytest.mark.parametrize("case", [c[0] for c in GOOD_CASES])
+def test_overlapped_ring_equals_first_ring(ranks, case):
+    for r, res in enumerate(ranks):
+        assert res["good"][case]["v1_equal"], f"rank {r} of {len(ranks)}, {case}: variant 2 differs from 1"
+
+
+def test_check_once_per_shape(ranks):
+    for r, res in enumerate(ranks):
+        assert res["counts"] == {"first": 1, "again": 0, "always": 2, "off": 0, "new_shape": 1}, (
+            f"rank {r}: all_gathers per call {res['counts']}"
+        )
+
+
 @pytest.mark.parametrize("case,needle", BAD_CASES, ids=[c[0] for c in BAD_CASES])
 def test_bad_input_refused_on_every_rank(ranks, case, needle):
     for r, res in enumerate(ranks):
@@ -232,9 +299,11 @@ def test_group_usable_after_refusals_and_subgroups(ranks):
     for r, res in enumerate(ranks):
         assert max(res["after_bad"]["errs"]) <= TOL
         assert max(res["nocheck"]["errs"]) <= TOL, f"rank {r}, check=False"
+        assert res["nocheck"]["v1_equal"] and res["single"]["v1_equal"], f"rank {r}: variant 2 differs from 1"
         assert max(res["single"]["errs"]) <= TOL, f"rank {r} alone (world size 1)"
         if len(ranks) == 4:
             assert max(res["sub"]["errs"]) <= TOL, f"rank {r} in a ring of 2 inside 4"
+            assert res["sub"]["v1_equal"], f"rank {r} in a ring of 2 inside 4: variant 2 differs from 1"
 
 
 # --------------------------------------------------------------------------- one process
@@ -341,6 +410,57 @@ def test_merge_empty_rows():
     merge_(acc_o, acc_lse, torch.ones(2, 4), torch.tensor([float("-inf"), 0.5]))
     assert torch.equal(acc_o[0], torch.zeros(4)) and acc_lse[0] == float("-inf")
     assert torch.allclose(acc_o[1], torch.ones(4)) and acc_lse[1] == 0.5
+
+
+def _sim_grads(q, k, v, do, world, causal, layout, blocks, variant):
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    o = simulate_ring(qq, kk, vv, world, causal=causal, layout=layout, blocks=blocks, variant=variant)
+    return [o.detach(), *torch.autograd.grad(o, (qq, kk, vv), do)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_simulated_v2_equals_v1(layout):
+    """The overlapped schedule (adopted first block, dK/dV added in place into the arriving
+    accumulator, the last hop rounded before it travels) gives v1's bits: worlds 1-5,
+    causal or not, MHA and GQA, float64 and bf16."""
+    for dtype in (F64, torch.bfloat16):
+        for world in (1, 2, 3, 5):
+            for causal in (False, True):
+                for hq, hkv in ((2, 2), (4, 2)):
+                    q, k, v, do = _problem(world, 1, hq, hkv, 4 * world, 8, dtype)
+                    one, two = (_sim_grads(q, k, v, do, world, causal, layout, "torch", n) for n in (1, 2))
+                    for what, x, y in zip(("o", "dq", "dk", "dv"), one, two):
+                        assert torch.equal(x, y), (dtype, world, causal, hq, hkv, what)
+
+
+def test_simulated_v2_equals_v1_triton_interpreted():
+    """The same with the Triton blocks, whose backward calls on_dkdv between its dK/dV and
+    dq kernels (CPU interpreter)."""
+    q, k, v, do = _problem(31, 1, 4, 2, 64, 32, torch.float32)
+    one, two = (_sim_grads(q, k, v, do, 2, True, "zigzag", "triton", n) for n in (1, 2))
+    for what, x, y in zip(("o", "dq", "dk", "dv"), one, two):
+        assert torch.equal(x, y), what
+
+
+@pytest.mark.parametrize("blocks", [TORCH, TRITON], ids=["torch", "triton"])
+def test_block_backward_hands_dkdv_over_once(blocks):
+    """on_dkdv gets the very dk, dv the backward returns, once; without it the results
+    are the same."""
+    q, k, v, do = _problem(3, 1, 2, 2, 32, 16, torch.float32)
+    o, lse = blocks.forward(q, k, v, True, 0.25)
+    seen = []
+    got = blocks.backward(do, q, k, v, o, lse, True, 0.25, on_dkdv=lambda dk, dv: seen.append((dk, dv)))
+    plain = blocks.backward(do, q, k, v, o, lse, True, 0.25)
+    assert blocks.early_dkdv and len(seen) == 1
+    assert seen[0][0] is got[1] and seen[0][1] is got[2]
+    for x, y in zip(got, plain):
+        assert torch.equal(x, y)
+
+
+def test_variant_refused():
+    x = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match="variant"):
+        simulate_ring(x, x, x, 2, variant=3)
 
 
 def test_simulate_world_sizes_and_gqa():

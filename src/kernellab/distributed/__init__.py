@@ -17,7 +17,7 @@ sequence: ``contiguous``, and for causal load balance ``zigzag`` and ``striped``
 from kernellab.distributed.blocks import TORCH, TRITON, BlockFns, default_blocks
 from kernellab.distributed.layouts import LAYOUTS, block_calls, positions, shard, unshard
 from kernellab.distributed.merge import merge_
-from kernellab.distributed.ring import gather_sequence, ring_attention, simulate_ring
+from kernellab.distributed.ring import gather_sequence, high_priority_group, ring_attention, simulate_ring
 
 __all__ = [
     "LAYOUTS",
@@ -27,6 +27,7 @@ __all__ = [
     "block_calls",
     "default_blocks",
     "gather_sequence",
+    "high_priority_group",
     "merge_",
     "positions",
     "ring_attention",

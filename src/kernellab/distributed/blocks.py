@@ -1,7 +1,7 @@
 """Local block attention for the ring: the pluggable pair
 
     forward(q, k, v, causal, scale) -> (o, lse)
-    backward(do, q, k, v, o, lse, causal, scale) -> (dq, dk, dv)
+    backward(do, q, k, v, o, lse, causal, scale[, on_dkdv]) -> (dq, dk, dv)
 
 q (..., S_q, D), k and v (..., S_k, D) with the same leading dims; ``lse`` is the
 log-sum-exp of the scaled scores in NATURAL-log units, shape (..., S_q). Causal is only
@@ -13,6 +13,12 @@ dS = P (dP - delta). Given the GLOBAL (merged) o and lse of the rows rather than
 block's own, P is exactly the global softmax restricted to this block's keys and delta is
 the global one, so each block's (dq, dk, dv) is its exact share of the true gradient and
 the ring just sums the shares.
+
+``on_dkdv`` (when ``BlockFns.early_dkdv``): the backward calls ``on_dkdv(dk, dv)`` once, as
+soon as dk and dv are final and before it computes dq, so that the ring can send the dK/dV
+accumulators on while dq computes (dq is 3 of the backward's 7 matmuls: at 16k tokens per
+GPU, ~6 ms of compute behind a ~0.7 ms hop). Both implementations here do; a user's
+``BlockFns`` without it gets ``on_dkdv`` called by the ring after its backward returns.
 
 Two implementations: ``TORCH`` (PyTorch ops, math in at least fp32, float64 for float64
 inputs: what the CPU tests use) and ``TRITON`` (kernellab's FlashAttention-2 kernels,
@@ -38,6 +44,7 @@ class BlockFns:
     name: str
     forward: Callable
     backward: Callable
+    early_dkdv: bool = False  # backward takes on_dkdv (module docstring)
 
 
 def math_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -71,19 +78,21 @@ def torch_block_forward(q, k, v, causal: bool, scale: float):
     return torch.matmul(_probs(s, lse), v.to(f)), lse
 
 
-def torch_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+def torch_block_backward(do, q, k, v, o, lse, causal: bool, scale: float, on_dkdv=None):
     f = math_dtype(q.dtype)
     p = _probs(_scores(q, k, causal, scale, f), lse.to(f))
     dof = do.to(f)
     delta = (dof * o.to(f)).sum(-1, keepdim=True)
     dv = torch.matmul(p.transpose(-1, -2), dof)
     ds = p * (torch.matmul(dof, v.to(f).transpose(-1, -2)) - delta)
-    dq = torch.matmul(ds, k.to(f)) * scale
     dk = torch.matmul(ds.transpose(-1, -2), q.to(f)) * scale
+    if on_dkdv is not None:
+        on_dkdv(dk, dv)
+    dq = torch.matmul(ds, k.to(f)) * scale
     return dq, dk, dv
 
 
-TORCH = BlockFns("torch", torch_block_forward, torch_block_backward)
+TORCH = BlockFns("torch", torch_block_forward, torch_block_backward, early_dkdv=True)
 
 
 # --------------------------------------------------------------------------- Triton
@@ -91,9 +100,10 @@ TORCH = BlockFns("torch", torch_block_forward, torch_block_backward)
 
 def triton_block_forward(q, k, v, causal: bool, scale: float):
     """kernellab's Triton forward (``ops.attention.triton.forward_into``) writing o in
-    fp32: the kernel accumulates in fp32 and rounds only at its store, so a bf16 o would round every block's partial result before the merge. Partial outputs
-    are normalized over fewer keys than the final one (magnitude ~ sqrt(W) larger for
-    random V), so those roundings would add up to ~1.4x the single device's error at W = 4;
+    fp32: the kernel accumulates in fp32 and rounds only at its store, so a bf16 o would
+    round every block's partial result before the merge. Partial outputs are normalized
+    over fewer keys than the final one (magnitude ~ sqrt(W) larger for random V), so those
+    roundings would add up to ~1.4x the single device's error at W = 4;
     in fp32 the ring rounds once, at the end, like the single device. Cost: o_b written in
     4 bytes instead of 2 (B=1 H=32 S=16k D=128: 256 MB, ~0.1 ms against ~5 ms of compute)."""
     from kernellab.ops.attention import triton as tri
@@ -103,7 +113,7 @@ def triton_block_forward(q, k, v, causal: bool, scale: float):
     return o, lse2 * LN2  # log2 units -> natural
 
 
-def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
+def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float, on_dkdv=None):
     from kernellab.ops.attention import triton as tri
 
     # The kernels read lse as a contiguous fp32 (..., S_q) in log2 units, and o / dO in
@@ -113,13 +123,16 @@ def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float):
     # exact_stats=False: P comes from the merged (global) lse, over keys this block does
     # not hold; fp32's recompute from this block's keys alone would normalize P wrongly.
     lse2 = (lse.float() * LOG2E).contiguous()
+    # on_dkdv: called between the dk/dv kernels and the dq kernel (backward_into's after_dkdv).
     dq, dk, dv = (torch.empty(t.shape, dtype=torch.float32, device=t.device) for t in (q, k, v))
+    after = None if on_dkdv is None else (lambda: on_dkdv(dk, dv))
     return tri.backward_into(
-        do.to(q.dtype), q, k, v, o.to(q.dtype), lse2, causal, scale, dq, dk, dv, exact_stats=False
-    )
+        do.to(q.dtype), q, k, v, o.to(q.dtype), lse2, causal, scale, dq, dk, dv, exact_stats=False,
+        after_dkdv=after,
+    )  # fmt: skip
 
 
-TRITON = BlockFns("triton", triton_block_forward, triton_block_backward)
+TRITON = BlockFns("triton", triton_block_forward, triton_block_backward, early_dkdv=True)
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TRITON_HEAD_DIMS = tuple(range(8, 257, 8))  # ops.attention.triton.HEAD_DIMS (imported lazily there)

@@ -1,38 +1,53 @@
-"""Ring attention benchmark (issue 20): several GPUs under torchrun, or one GPU simulating.
+"""Ring attention benchmark (issue 44): several GPUs under torchrun, or one GPU simulating.
 
 Several GPUs (NCCL; NVLink multicast off: NCCL_NVLS_ENABLE=0 is set before init):
 
-    torchrun --nproc_per_node=2 -m kernellab.distributed.ring_bench --seq-per-gpu 8192,16384 --out $OUT
+    torchrun --standalone --nproc_per_node=2 -m kernellab.distributed.ring_bench --out $OUT
 
-  For each tokens-per-GPU size and layout: forward and forward+backward of ``ring_attention``
-  (bf16, B=1, H=32, D=128, causal; Triton blocks), timed with CUDA events (warm-up first, a
-  barrier before each rep, the slowest rank's time per rep, median of --reps), against the
-  ideal: one GPU's Triton attention over the whole W x S_local sequence, divided by W (an
-  equal share of the same work). Scaling efficiency = ideal / measured. Then the numerics:
-  the ring (--check-heads heads, --check-seq tokens per GPU) gathered on rank 0 against
-  single-GPU Triton attention on the full sequence, both against float64; error ratio
-  (ring / single GPU; target <= 2) for o, dq, dk, dv.
-  Each call includes ring_attention's argument check (one small all_gather and a host
-  sync per forward).
+  For each tokens-per-GPU size (--seq-per-gpu, default 8192,16384), layout (--layouts,
+  default zigzag) and variant (--variants), forward and forward+backward (bf16, B=1, H=32,
+  D=128, causal; Triton blocks), timed with CUDA events (warm-up first, a barrier before
+  each rep, the slowest rank's time per rep, median of --reps), against the ideal: one
+  GPU's Triton attention over the whole W x S_local sequence, divided by W (an equal share
+  of the same work). Scaling efficiency = ideal / measured. Variants, side by side:
+
+    v1        ring_attention(variant=1, check="always"): the first ring, as it was
+              (its argument all_gather and host sync on every call)
+    v2        ring_attention(variant=2): exchanges hidden, argument check once per shape
+    v2-hi     v2 on a group made by high_priority_group (NCCL streams of high priority)
+    torch-cp  PyTorch's context parallel (torch.distributed.tensor.experimental.
+              context_parallel) around F.scaled_dot_product_attention, its load-balanced
+              (head-tail, i.e. zigzag) shards; a missing API is printed, not fatal
+
+  Beside each ring's time, a model's prediction: per step, the compute (each rank times its
+  own steps alone, with the ring's step code; the slowest rank per step) and the exchange
+  (bytes / the link's speed, measured by a warm-up ring exchange of one K/V block):
+
+    forward   sum over steps but the last of max(compute, K/V) + the last step's compute
+    backward  v2: sum over steps but the last of max(compute, K/V + fp32 dK/dV) + max(last
+              step, dK/dV home in the inputs' dtype); v1: the same, its last hop (fp32)
+              after the last step
+
+  "compute ms" is the steps' compute alone (the best any overlap can do). Then the
+  numerics: the ring (--check-heads heads, --check-seq tokens per GPU) gathered on rank 0
+  against single-GPU Triton attention on the full sequence, both against float64; error
+  ratio (ring / single GPU; target <= 2) for o, dq, dk, dv, and whether v2 gave v1's bits.
 
 One GPU (no torchrun, or --simulate):
 
     python -m kernellab.distributed.ring_bench --seq-per-gpu 8192,16384 --sim-world 2,4 --out $OUT
 
-  For each simulated world size W, size and layout: every (rank, step)'s compute (the same
-  step code as the ring: block calls + fp32 merge; backward: block gradients + accumulation)
-  timed on this GPU; the ring's compute time = sum over steps of the slowest rank; predicted
-  efficiency against the same ideal, assuming every exchange hides; and per step the bytes
-  a real exchange must move (K/V block forward; K/V + fp32 dK/dV backward), the time they
-  take at --link-gbps, and the tightest step's compute time that must hide them. Then the
-  numerics of simulate_ring against single-GPU Triton attention, as above.
+  For each simulated world size W, size and layout: every (rank, step)'s compute timed on
+  this GPU (the ring's v2 step code), the ring's compute time (the slowest rank per step),
+  the model's prediction with the exchanges at --link-gbps, and predicted efficiencies
+  against the same ideal. Then the numerics of simulate_ring, as above.
 
 Rows (JSONL, op "ring_attention") -> --out/ring_attention.jsonl; a table is printed last.
-Runtime: 2 GPUs, sizes 8192,16384, three layouts: ~1-3 minutes (mostly the Triton autotuner
-on the first calls; --no-autotune takes the first tile that fits).
+Runtime: 2 or 4 GPUs, sizes 8192,16384, zigzag, the four variants: ~1-3 minutes (mostly
+the Triton autotuner on the first calls; --no-autotune takes the first tile that fits).
 
---smoke: CPU, gloo, fp32, PyTorch blocks, tiny default sizes (checks the script's logic on
-a machine without a GPU: `torchrun --nproc_per_node=2 ... --smoke` or plain python).
+--smoke: CPU, gloo, fp32, PyTorch blocks, tiny sizes, variants v1,v2 (checks the script's
+logic on a machine without a GPU: `torchrun --nproc_per_node=2 ... --smoke` or plain python).
 """
 
 from __future__ import annotations
@@ -55,11 +70,22 @@ from kernellab.harness.bench import git_sha, versions
 from kernellab.harness.results import write_jsonl
 from kernellab.ops.attention.reference import reference_attention
 
+# variant -> ring_attention's keywords and the group it runs on ("hi": high_priority_group)
+RING_VARIANTS = {
+    "v1": dict(variant=1, check="always", group="default"),
+    "v2": dict(variant=2, check=True, group="default"),
+    "v2-hi": dict(variant=2, check=True, group="hi"),
+}
+VARIANTS = (*RING_VARIANTS, "torch-cp")
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seq-per-gpu", default="8192,16384", help="tokens per GPU, comma-separated")
-    p.add_argument("--layouts", default="contiguous,zigzag,striped")
+    p.add_argument("--layouts", default="zigzag", help="comma-separated: contiguous, zigzag, striped")
+    p.add_argument(
+        "--variants", default=None, help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)"
+    )
     p.add_argument("--modes", default="fwd,fwdbwd")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=32)
@@ -70,16 +96,19 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument(
-        "--no-autotune", action="store_true", help="attention tiles untuned: the first that fits (kernellab.config.attn_autotune)"
+        "--no-autotune",
+        action="store_true",
+        help="attention tiles untuned: the first that fits (kernellab.config.attn_autotune)",
     )
     p.add_argument(
         "--no-check-ranks",
         action="store_true",
-        help="ring_attention(check=False): no cross-rank shape check (and its host sync) per call",
+        help="ring_attention(check=False) for every variant: no cross-rank argument check",
     )
     p.add_argument(
         "--skip-ideal", action="store_true", help="do not time the single-GPU full-sequence problem"
     )
+    p.add_argument("--skip-model", action="store_true", help="no per-step compute times, link, prediction")
     p.add_argument("--skip-check", action="store_true", help="no numerics check")
     p.add_argument("--check-heads", type=int, default=2)
     p.add_argument("--check-seq", type=int, default=4096, help="tokens per GPU of the numerics check")
@@ -89,7 +118,7 @@ def parse_args(argv=None):
         "--link-gbps",
         type=float,
         default=370.0,
-        help="per-direction P2P bandwidth for the one-GPU estimate (H100 NVLink4 measured ~370)",
+        help="per-direction P2P bandwidth for the one-GPU model (H100 NVLink4 measured ~370)",
     )
     p.add_argument("--smoke", action="store_true", help="CPU, gloo, fp32, PyTorch blocks, tiny sizes")
     p.add_argument("--out", default=None, help="directory for ring_attention.jsonl")
@@ -103,10 +132,12 @@ def parse_args(argv=None):
     a.sizes = [int(x) for x in a.seq_per_gpu.split(",") if x]
     a.layout_list = [x for x in a.layouts.split(",") if x]
     a.mode_list = [x for x in a.modes.split(",") if x]
+    if a.variants is None:
+        a.variants = "v1,v2" if a.smoke else ",".join(VARIANTS)
+    a.variant_list = [x for x in a.variants.split(",") if x]
     a.kv_heads = a.kv_heads or a.heads
     a.causal = not a.no_causal
     return a
-
 
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -244,6 +275,158 @@ def grads_of(fn, q, k, v, do):
     return [o.detach(), *torch.autograd.grad(o, (q, k, v), do)]
 
 
+# --------------------------------------------------------------------------- the model
+
+
+def step_ms(a, clock, blocks, layout, world, ranks, q, k, v, do) -> dict:
+    """Per ring step, the slowest of ``ranks``' compute (ms) with the ring's v2 step code
+    (ring.forward_block: block + merge, the first step's block taken as the accumulator;
+    ring.backward_block: block backward, dq added, dK/dV added into an accumulator):
+    {"fwd": [W], "bwd": [W]}. Each distinct block call is timed once. Also tunes the
+    block kernels, with no exchange in flight."""
+    s_local, sc = q.shape[-2], 0.1
+    f = math_dtype(q.dtype)
+    with torch.no_grad():  # a real output and LSE for the backward: the diagonal block's
+        diag = R.forward_block(blocks, block_calls(layout, a.causal, 0, 0, world, s_local), q, k, v, None, sc)
+    o, lse = diag[0].to(q.dtype), diag[1]
+    acc_o, acc_lse = diag[0].clone(), diag[1].clone()
+    dq_acc = torch.zeros(q.shape, dtype=f, device=q.device)
+    dkv = [torch.zeros(k.shape, dtype=f, device=k.device), torch.zeros(v.shape, dtype=f, device=v.device)]
+
+    def into_dkv(keys, dk, dv):  # (the first step's share is taken as the accumulator, not added)
+        if keys is not None:
+            dkv[0][..., keys, :] += dk
+            dkv[1][..., keys, :] += dv
+
+    cache: dict = {}
+
+    def timed(calls, sub, first):
+        key = (tuple((c[0].start, c[0].stop, c[1].start, c[1].stop, c[2]) for c in calls), sub, first)
+        if key not in cache:
+
+            def fn():
+                with torch.no_grad():
+                    if sub == "fwd":  # (merging into the same accumulators again: timing only)
+                        R.forward_block(blocks, calls, q, k, v, None if first else [acc_o, acc_lse], sc)
+                    else:
+                        hook = (lambda *_: None) if first else into_dkv
+                        R.backward_block(
+                            blocks, calls, do, q, k, v, o, lse, None if first else dq_acc, sc, hook
+                        )
+
+            cache[key] = summary(clock.times(fn, a.reps, a.warmup))["median_ms"] if calls else 0.0
+        return cache[key]
+
+    return {
+        sub: [
+            max(
+                timed(block_calls(layout, a.causal, r, (r - s) % world, world, s_local), sub, s == 0)
+                for r in ranks
+            )
+            for s in range(world)
+        ]
+        for sub in ("fwd", "bwd")
+    }
+
+
+def predict(steps: dict, x_kv: float, x_dkv: float, x_home: float, mode: str, variant: int) -> dict:
+    """The model (module docstring): ms for ``mode`` with every exchange hidden where the
+    schedule lets it be ("predicted_ms"), the steps' compute alone ("compute_ms") and
+    nothing hidden ("serial_ms"). x_kv: one K/V block's exchange (ms); x_dkv: the fp32
+    dK/dV accumulators'; x_home: the last hop's (v2: inputs' dtype; v1: fp32)."""
+    cf, cb = steps["fwd"], steps["bwd"]
+    w = len(cf)
+    pred = sum(max(c, x_kv) for c in cf[:-1]) + cf[-1]
+    comp = sum(cf)
+    serial = comp + (w - 1) * x_kv
+    if mode == "fwdbwd":
+        comp += sum(cb)
+        if w == 1:
+            pred, serial = pred + cb[0], serial + cb[0]
+        else:
+            pred += sum(max(c, x_kv + x_dkv) for c in cb[:-1])
+            pred += max(cb[-1], x_home) if variant == 2 else cb[-1] + x_home
+            serial += sum(cb) + (w - 1) * (x_kv + x_dkv) + x_home
+    return {"predicted_ms": pred, "compute_ms": comp, "serial_ms": serial}
+
+
+def covers(steps: dict, link: dict, s_local: int) -> dict:
+    """The smallest tokens per GPU whose step compute still covers the exchange posted
+    beside it: compute grows as S_local^2 and bytes as S_local, so the margin
+    compute / exchange shrinks in proportion to S_local (forward: K/V; backward: K/V +
+    fp32 dK/dV, the last step the dK/dV home)."""
+    x_kv, x_dkv = link["link_ms_kv"], link["x_dkv"]
+    cf, cb = steps["fwd"], steps["bwd"]
+    fwd = min(cf[:-1]) / x_kv if len(cf) > 1 and x_kv > 0 else float("inf")
+    bwd = min([c / (x_kv + x_dkv) for c in cb[:-1]] + [cb[-1] / x_kv]) if x_kv > 0 else float("inf")
+    return {
+        "covers_down_to_fwd": s_local / fwd if fwd else None,
+        "covers_down_to_bwd": s_local / bwd if bwd else None,
+    }
+
+
+def _n(x) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def link_ms(a, clock, group, k, v, slowest) -> float:
+    """One ring exchange of a K/V block (send to the next rank, receive from the previous,
+    as the ring posts it), ms: the slowest rank's median."""
+    ring = R.DistRing(group)
+    send = [k.detach().contiguous(), v.detach().contiguous()]
+    recv = [torch.empty_like(t) for t in send]
+    ms = clock.times(lambda: ring.post([send], [recv], 0).wait(), a.reps, a.warmup)
+    return summary(slowest(ms))["median_ms"]
+
+
+# --------------------------------------------------------------------------- PyTorch's context parallel
+
+
+class TorchCP:
+    """PyTorch's context parallel around SDPA, on a 1-D device mesh of every rank; or
+    ``why`` it is not available here."""
+
+    def __init__(self, world: int, cuda: bool):
+        self.mesh, self.why = None, None
+        if not cuda:
+            self.why = "needs CUDA SDPA (skipped on the CPU)"
+            return
+        try:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.tensor.experimental import context_parallel  # noqa: F401  (torch >= 2.7)
+
+            self.mesh = init_device_mesh("cuda", (world,), mesh_dim_names=("cp",))
+        except Exception as e:  # noqa: BLE001 - reported in the output, not fatal
+            self.why = f"{type(e).__name__}: {e}"
+
+    def times(self, a, clock, s_total, device, mode) -> list[float]:
+        """Every rank makes the whole sequence (seed 1); context_parallel shards it in
+        place (head-tail), and SDPA inside the context runs PyTorch's ring."""
+        import torch.nn.functional as F
+        from torch.distributed.tensor.experimental import context_parallel
+
+        q, k, v, do = make(a, s_total, device, 1)
+        g = a.heads // a.kv_heads
+        if g > 1:  # (SDPA's ring: equal head counts)
+            k, v = k.repeat_interleave(g, 1).contiguous(), v.repeat_interleave(g, 1).contiguous()
+        bufs = [q, k, v, do]
+        try:
+            from torch.distributed.tensor.experimental import _attention as cp_attention
+
+            self.rotate = str(cp_attention._cp_options.rotate_method)
+        except Exception:  # noqa: BLE001 - informational only
+            self.rotate = None
+        with context_parallel(self.mesh, buffers=bufs, buffer_seq_dims=[2] * 4, no_restore_buffers=set(bufs)):
+            if mode == "fwdbwd":
+                for t in (q, k, v):
+                    t.requires_grad_()
+
+            def call(q_, k_, v_):
+                return F.scaled_dot_product_attention(q_, k_, v_, is_causal=a.causal)
+
+            return clock.times(fwd_fn(call, q, k, v, mode, do), a.reps, a.warmup)
+
+
 # --------------------------------------------------------------------------- several GPUs
 
 
@@ -257,17 +440,36 @@ def run_distributed(a, out_rows):
     say = print if rank == 0 else (lambda *x, **k: None)
     say(
         f"ring attention: {world} x {dev_name}, {a.dtype}, B={a.batch} H={a.heads} H_kv={a.kv_heads} "
-        f"D={a.head_dim}, causal={a.causal}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}"
+        f"D={a.head_dim}, causal={a.causal}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}, "
+        f"variants {','.join(a.variant_list)}"
     )
+    groups = {"default": None}
+    if any(RING_VARIANTS.get(v, {}).get("group") == "hi" for v in a.variant_list):
+        groups["hi"] = R.high_priority_group()  # (every rank: a collective)
+    torch_cp = TorchCP(world, cuda) if "torch-cp" in a.variant_list else None
+    if torch_cp is not None and torch_cp.why:
+        say(f"  torch-cp: not run: {torch_cp.why}")
+    rings = [v for v in a.variant_list if v in RING_VARIANTS]
 
     def slowest(ms):  # per rep, the slowest rank
         t = torch.tensor(ms, dtype=torch.float64, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
+    def ring_call(name, layout):
+        kw = dict(RING_VARIANTS[name])
+        group = groups[kw.pop("group")]
+        if a.no_check_ranks:
+            kw["check"] = False
+        return lambda q_, k_, v_: R.ring_attention(  # noqa: E731
+            q_, k_, v_, causal=a.causal, group=group, layout=layout, blocks=blocks, **kw
+        )
+
+    elt = torch.empty((), dtype=DT[a.dtype]).element_size()
     for s_local in a.sizes:
         s_total = s_local * world
         shape = (a.batch, a.heads, s_total, a.head_dim)
+        fl = {m: attn_flops(a.batch, a.heads, s_total, a.head_dim, a.causal, m) / world for m in a.mode_list}
         ideal = {}
         for mode in a.mode_list:
             if not a.skip_ideal:
@@ -281,60 +483,120 @@ def run_distributed(a, out_rows):
                     f"  single GPU, whole sequence {s_total}, {mode}: {t.item():.3f} ms -> "
                     f"ideal {ideal[mode]:.3f} ms per GPU ({time.time() - t0:.0f} s)"
                 )
+
+        def emit(variant, layout, mode, ms, t0, model=None, **extra):
+            st = summary(ms)
+            eff = ideal[mode] / st["median_ms"] if mode in ideal else None
+            row = base_row(
+                a, dev_name, mode, shape, **st, world=world, seq_per_gpu=s_local, layout=layout,
+                variant=variant, ideal_ms=ideal.get(mode), efficiency=eff,
+                tflops=fl[mode] / st["median_ms"] / 1e9, kind="ring", **(model or {}), **extra,
+            )  # fmt: skip
+            out_rows.append(row)
+            effs = "-" if eff is None else f"{eff:.1%}"
+            pred = ""
+            if model:
+                pred = (
+                    f"  model {model['predicted_ms']:.3f} ms (compute {model['compute_ms']:.3f}, "
+                    f"nothing hidden {model['serial_ms']:.3f})"
+                )
+            say(
+                f"  {variant:8s} {layout:10s} S/GPU={s_local:6d} {mode:6s} {st['median_ms']:9.3f} ms "
+                f"(p20 {st['p20_ms']:.3f}, p80 {st['p80_ms']:.3f})  {row['tflops']:.0f} TF/s/GPU  "
+                f"efficiency {effs}{pred}  ({time.time() - t0:.0f} s)"
+            )
+
+        link = None
         for layout in a.layout_list:
             q, k, v, do = make(a, s_local, device, 100 + rank, requires_grad=True)
-            # Tune / compile the block kernels locally first (no P2P in flight meanwhile).
-            for src in range(world):
-                calls = block_calls(layout, a.causal, rank, src, world, s_local)
-                f = math_dtype(q.dtype)
-                acc_o = torch.zeros(q.shape, dtype=f, device=device)
-                acc_l = torch.full(q.shape[:-1], float("-inf"), dtype=f, device=device)
-                with torch.no_grad():
-                    R.step_forward(blocks, calls, q, k, v, acc_o, acc_l, 0.1)
-                    R.step_backward(blocks, calls, do, q, k, v, acc_o.to(q.dtype), acc_l, acc_o, 0.1)
-            dist.barrier()
-            call = lambda q_, k_, v_: R.ring_attention(  # noqa: E731
-                q_, k_, v_, causal=a.causal, layout=layout, blocks=blocks, check=not a.no_check_ranks
+            t0 = time.time()
+            # Each rank's steps alone (this also tunes the block kernels with no P2P in flight).
+            steps = step_ms(
+                a, Clock(cuda), blocks, layout, world, [rank], q.detach(), k.detach(), v.detach(), do
             )
+            steps = {sub: slowest(x) for sub, x in steps.items()}
+            if link is None and world > 1 and not a.skip_model:
+                x_kv = link_ms(a, clock, None, k, v, slowest)
+                kv_bytes = 2 * k.numel() * elt
+                f_elt = torch.empty((), dtype=math_dtype(q.dtype)).element_size()
+                link = {"link_ms_kv": x_kv, "link_gbps": kv_bytes / x_kv / 1e6, "x_dkv": x_kv * f_elt / elt}
+                say(
+                    f"  link: one K/V block ({kv_bytes / 2**20:.0f} MiB) around the ring in {x_kv:.3f} ms "
+                    f"({link['link_gbps']:.0f} GB/s per direction)"
+                )
+            cover = covers(steps, link, s_local) if link else {}
+            say(
+                f"  {layout}: per-step compute fwd "
+                + " ".join(f"{x:.2f}" for x in steps["fwd"])
+                + ", bwd "
+                + " ".join(f"{x:.2f}" for x in steps["bwd"])
+                + " ms"
+                + (
+                    f"; compute covers the exchanges down to ~{_n(cover['covers_down_to_fwd'])} tokens/GPU "
+                    f"forward, ~{_n(cover['covers_down_to_bwd'])} backward"
+                    if cover
+                    else ""
+                )
+                + f" ({time.time() - t0:.0f} s)"
+            )
+            dist.barrier()
+            for name in rings:
+                variant = RING_VARIANTS[name]["variant"]
+                call = ring_call(name, layout)
+                for mode in a.mode_list:
+                    t0 = time.time()
+                    model = None
+                    if link is not None or world == 1:
+                        x_kv = link["link_ms_kv"] if link else 0.0
+                        x_dkv = link["x_dkv"] if link else 0.0
+                        model = predict(steps, x_kv, x_dkv, x_kv if variant == 2 else x_dkv, mode, variant)
+                        model.update(link or {}, **cover)
+                        model.pop("x_dkv", None)
+                        model["step_ms_fwd"], model["step_ms_bwd"] = steps["fwd"], steps["bwd"]
+                    ms = slowest(clock.times(fwd_fn(call, q, k, v, mode, do), a.reps, a.warmup))
+                    check = False if a.no_check_ranks else RING_VARIANTS[name]["check"]
+                    emit(name, layout, mode, ms, t0, model, check_ranks=check)
+            del q, k, v, do
+            if cuda:
+                torch.cuda.empty_cache()
+        if torch_cp is not None and not torch_cp.why:
             for mode in a.mode_list:
                 t0 = time.time()
-                ms = slowest(clock.times(fwd_fn(call, q, k, v, mode, do), a.reps, a.warmup))
-                st = summary(ms)
-                eff = ideal[mode] / st["median_ms"] if mode in ideal else None
-                fl = attn_flops(a.batch, a.heads, s_total, a.head_dim, a.causal, mode) / world
-                row = base_row(
-                    a, dev_name, mode, shape, **st, world=world, seq_per_gpu=s_local, layout=layout,
-                    ideal_ms=ideal.get(mode), efficiency=eff, tflops=fl / st["median_ms"] / 1e9, kind="ring",
-                    check_ranks=not a.no_check_ranks,
-                )  # fmt: skip
-                out_rows.append(row)
-                effs = "-" if eff is None else f"{eff:.1%}"
-                say(
-                    f"  {layout:10s} S/GPU={s_local:6d} {mode:6s} {st['median_ms']:9.3f} ms "
-                    f"(p20 {st['p20_ms']:.3f}, p80 {st['p80_ms']:.3f})  {row['tflops']:.0f} TF/s/GPU  "
-                    f"efficiency {effs}  ({time.time() - t0:.0f} s)"
-                )
-            del q, k, v, do
+                try:
+                    ms = slowest(torch_cp.times(a, clock, s_total, device, mode))
+                except Exception as e:  # noqa: BLE001 - every rank fails alike; reported, not fatal
+                    say(f"  torch-cp {mode}: failed: {type(e).__name__}: {str(e)[:300]}")
+                    continue
+                emit("torch-cp", "zigzag", mode, ms, t0, torch_cp_rotate=torch_cp.rotate)
             if cuda:
                 torch.cuda.empty_cache()
 
     if a.skip_check:
         return
     # Numerics: --check-heads heads, --check-seq tokens per GPU, the full problem made on
-    # every rank with the same seed; rank 0 judges.
+    # every rank with the same seed; rank 0 judges. v2 against v1: the same bits.
     for layout in a.layout_list:
         s_local = a.check_seq
         q, k, v, do = make_check(a, world, device)
         loc = [shard(t, rank, world, layout) for t in (q, k, v, do)]
-        got = grads_of(lambda *t: R.ring_attention(*t, causal=a.causal, layout=layout, blocks=blocks), *loc)
-        full = [gather_sequence(x, layout) for x in got]
+        got = {}
+        for name in [n for n in rings if RING_VARIANTS[n]["group"] == "default"]:  # (v2-hi: v2's code)
+            kw = {"variant": RING_VARIANTS[name]["variant"]}
+            fn = lambda *t, kw=kw: R.ring_attention(*t, causal=a.causal, layout=layout, blocks=blocks, **kw)  # noqa: E731
+            got[name] = [gather_sequence(x, layout) for x in grads_of(fn, *loc)]
         if rank == 0:
-            row = judge(a, full, q, k, v, do, dev_name, layout, world, s_local, kind="ring-check")
-            out_rows.append(row)
+            for name, full in got.items():
+                extra = {}
+                if name != "v1" and "v1" in got:
+                    extra["equals_v1"] = all(torch.equal(x, y) for x, y in zip(full, got["v1"]))
+                row = judge(
+                    a, full, q, k, v, do, dev_name, layout, world, s_local, "ring-check", name, **extra
+                )
+                out_rows.append(row)
         dist.barrier()
 
 
-def judge(a, got, q, k, v, do, dev_name, layout, world, s_local, kind):
+def judge(a, got, q, k, v, do, dev_name, layout, world, s_local, kind, variant="v2", **extra):
     ref = reference(q, k, v, do, a.causal)
     one = grads_of(lambda *t: single(a, *t, a.causal), q, k, v, do)
     e_ring, e_one = errors(got, ref), errors(one, ref)
@@ -345,12 +607,13 @@ def judge(a, got, q, k, v, do, dev_name, layout, world, s_local, kind):
     errs.update({f"ratio_{n}": x for n, x in zip(names, ratio)})
     row = base_row(
         a, dev_name, "check", (a.batch, q.shape[1], q.shape[2], a.head_dim), world=world,
-        seq_per_gpu=s_local, layout=layout, kind=kind, **errs,
-        within_2x=all(r <= 2 or e <= 1e-6 for r, e in zip(ratio, e_ring)),
+        seq_per_gpu=s_local, layout=layout, kind=kind, variant=variant, **errs,
+        within_2x=all(r <= 2 or e <= 1e-6 for r, e in zip(ratio, e_ring)), **extra,
     )  # fmt: skip
-    print(f"  check {layout:10s} W={world} S/GPU={s_local}: error ratio ring/single "
+    same = "" if "equals_v1" not in extra else f"  same bits as v1: {extra['equals_v1']}"
+    print(f"  check {variant:6s} {layout:10s} W={world} S/GPU={s_local}: error ratio ring/single "
           + " ".join(f"{n} {x:.2f}" for n, x in zip(names, ratio))
-          + f"  (ring o err {e_ring[0]:.2e}, single {e_one[0]:.2e})")  # fmt: skip
+          + f"  (ring o err {e_ring[0]:.2e}, single {e_one[0]:.2e}){same}")  # fmt: skip
     return row
 
 
@@ -377,83 +640,47 @@ def run_simulated(a, out_rows):
                 else {}
             )
             q, k, v, do = make(a, s_local, device, 3)
-            f = math_dtype(q.dtype)
+            f_elt = torch.empty((), dtype=math_dtype(q.dtype)).element_size()
             kv_bytes = 2 * a.batch * a.kv_heads * s_local * a.head_dim * elt
-            dkv_bytes = (
-                2 * a.batch * a.kv_heads * s_local * a.head_dim * torch.empty((), dtype=f).element_size()
-            )
+            dkv_bytes = kv_bytes // elt * f_elt
+            x_kv = kv_bytes / (a.link_gbps * 1e9) * 1e3
+            x_dkv = dkv_bytes / (a.link_gbps * 1e9) * 1e3
             for layout in a.layout_list:
-                cache = {}
-
-                def step_ms(calls, mode):
-                    key = (tuple((c[0].start, c[0].stop, c[1].start, c[1].stop, c[2]) for c in calls), mode)
-                    if key not in cache:
-                        acc_o = torch.zeros(q.shape, dtype=f, device=device)
-                        acc_l = torch.full(q.shape[:-1], float("-inf"), dtype=f, device=device)
-                        with torch.no_grad():
-                            R.step_forward(
-                                blocks, calls, q, k, v, acc_o, acc_l, 0.1
-                            )  # a real LSE for the backward
-                        o, lse = acc_o.to(q.dtype), acc_l.clone()
-                        dq_acc = torch.zeros_like(acc_o)
-
-                        def fn():
-                            with torch.no_grad():
-                                if mode == "fwd":  # merging into the same accumulators again: timing only
-                                    R.step_forward(blocks, calls, q, k, v, acc_o, acc_l, 0.1)
-                                else:
-                                    R.step_backward(blocks, calls, do, q, k, v, o, lse, dq_acc, 0.1)
-
-                        cache[key] = summary(clock.times(fn, a.reps, a.warmup))["median_ms"] if calls else 0.0
-                    return cache[key]
-
+                steps = step_ms(a, clock, blocks, layout, world, range(world), q, k, v, do)
                 for mode in a.mode_list:
-                    # per step, the slowest rank; (fwdbwd: the forward's steps + the backward's)
-                    per_step = []
-                    for sub in ["fwd"] if mode == "fwd" else ["fwd", "bwd"]:
-                        for step in range(world):
-                            per_step.append(
-                                max(
-                                    step_ms(
-                                        block_calls(layout, a.causal, r, (r - step) % world, world, s_local),
-                                        sub,
-                                    )
-                                    for r in range(world)
-                                )
-                            )
-                    total = sum(per_step)
-                    fwd_steps = per_step[:world]
-                    bwd_steps = per_step[world:]
-                    xfer_fwd = kv_bytes / (a.link_gbps * 1e9) * 1e3
-                    xfer_bwd = (kv_bytes + dkv_bytes) / (a.link_gbps * 1e9) * 1e3
+                    model = predict(steps, x_kv, x_dkv, x_kv, mode, 2)
+                    per_step = steps["fwd"] + (steps["bwd"] if mode == "fwdbwd" else [])
+                    total = model["compute_ms"]
+                    eff = ideal[mode] / total if mode in ideal else None
+                    eff_link = ideal[mode] / model["predicted_ms"] if mode in ideal else None
                     # the steps whose compute must hide an exchange: all but the last forward
                     # step (K/V), every backward step (dK/dV; K/V too but the last)
-                    tight_fwd = min(fwd_steps[:-1]) if world > 1 else None
-                    tight_bwd = min(bwd_steps) if bwd_steps else None
-                    eff = ideal[mode] / total if mode in ideal else None
+                    tight_fwd = min(steps["fwd"][:-1]) if world > 1 else None
+                    tight_bwd = min(steps["bwd"]) if mode == "fwdbwd" else None
                     fl = attn_flops(a.batch, a.heads, s_total, a.head_dim, a.causal, mode) / world
                     row = base_row(
                         a, dev_name, mode, shape, median_ms=total, world=world, seq_per_gpu=s_local,
-                        layout=layout, kind="simulated", step_ms=per_step, ideal_ms=ideal.get(mode),
-                        predicted_efficiency=eff, exchange_bytes_fwd=kv_bytes,
+                        layout=layout, kind="simulated", variant="v2", step_ms=per_step,
+                        ideal_ms=ideal.get(mode), predicted_efficiency=eff, exchange_bytes_fwd=kv_bytes,
                         exchange_bytes_bwd=kv_bytes + dkv_bytes, link_gbps=a.link_gbps,
-                        exchange_ms_fwd=xfer_fwd, exchange_ms_bwd=xfer_bwd if bwd_steps else None,
+                        exchange_ms_fwd=x_kv, exchange_ms_bwd=x_kv + x_dkv if mode == "fwdbwd" else None,
                         tightest_step_ms_fwd=tight_fwd, tightest_step_ms_bwd=tight_bwd,
-                        tflops=fl / total / 1e9 if total else None,
+                        tflops=fl / total / 1e9 if total else None, **model,
+                        predicted_efficiency_with_link=eff_link,
                     )  # fmt: skip
                     out_rows.append(row)
-                    hide = (
-                        f"fwd step >= {tight_fwd:.3f} ms vs exchange {xfer_fwd:.3f} ms"
-                        if tight_fwd is not None
-                        else ""
-                    )
+                    hide = ""
+                    if tight_fwd is not None:
+                        hide = f"fwd step >= {tight_fwd:.3f} ms vs exchange {x_kv:.3f} ms"
                     if tight_bwd is not None:
-                        hide += f"; bwd step >= {tight_bwd:.3f} ms vs {xfer_bwd:.3f} ms"
-                    steps = " ".join(f"{x:.2f}" for x in per_step)
+                        hide += f"; bwd step >= {tight_bwd:.3f} ms vs {x_kv + x_dkv:.3f} ms"
+                    steps_s = " ".join(f"{x:.2f}" for x in per_step)
                     effs = "-" if eff is None else f"{eff:.1%}"
+                    effl = "-" if eff_link is None else f"{eff_link:.1%}"
                     print(
                         f"  W={world} {layout:10s} S/GPU={s_local:6d} {mode:6s} ring compute {total:9.3f} ms "
-                        f"(steps {steps}); predicted efficiency {effs}; {hide}"
+                        f"(steps {steps_s}); with the link {model['predicted_ms']:.3f} ms; predicted "
+                        f"efficiency {effs} (compute), {effl} (with the link); {hide}"
                     )
             del q, k, v, do
             if cuda:
@@ -478,33 +705,37 @@ def run_simulated(a, out_rows):
 
 
 def table(rows) -> str:
+    def ms(x):
+        return "-" if x is None else f"{x:.3f}"
+
     lines = [
-        "| kind | W | layout | S/GPU | mode | ms | ideal ms | efficiency | TF/s/GPU |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| kind | W | layout | S/GPU | mode | variant | ms | ideal ms | efficiency | model ms | compute ms "
+        "| TF/s/GPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["mode"] == "check":
             continue
         eff = r.get("efficiency", r.get("predicted_efficiency"))
-        ideal = "-" if r.get("ideal_ms") is None else f"{r['ideal_ms']:.3f}"
         effs = "-" if eff is None else f"{eff:.1%}"
         tf = "-" if r.get("tflops") is None else f"{r['tflops']:.0f}"
         lines.append(
             f"| {r['kind']} | {r['world']} | {r['layout']} | {r['seq_per_gpu']} | {r['mode']} | "
-            f"{r['median_ms']:.3f} | {ideal} | {effs} | {tf} |"
+            f"{r.get('variant', '-')} | {r['median_ms']:.3f} | {ms(r.get('ideal_ms'))} | {effs} | "
+            f"{ms(r.get('predicted_ms'))} | {ms(r.get('compute_ms'))} | {tf} |"
         )
     checks = [r for r in rows if r["mode"] == "check"]
     if checks:
         lines += [
             "",
-            "| kind | W | layout | ratio o | dq | dk | dv | within 2x |",
-            "|---|---|---|---|---|---|---|---|",
+            "| kind | W | layout | variant | ratio o | dq | dk | dv | within 2x | same bits as v1 |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in checks:
             lines.append(
-                f"| {r['kind']} | {r['world']} | {r['layout']} | "
+                f"| {r['kind']} | {r['world']} | {r['layout']} | {r.get('variant', '-')} | "
                 + " | ".join(f"{r[f'ratio_{n}']:.2f}" for n in ("o", "dq", "dk", "dv"))
-                + f" | {r['within_2x']} |"
+                + f" | {r['within_2x']} | {r.get('equals_v1', '-')} |"
             )
     return "\n".join(lines)
 
@@ -517,6 +748,9 @@ def main(argv=None) -> int:
     for lay in a.layout_list:
         if lay not in LAYOUTS:
             raise SystemExit(f"--layouts: unknown layout {lay!r}; choose from {', '.join(LAYOUTS)}")
+    for var in a.variant_list:
+        if var not in VARIANTS:
+            raise SystemExit(f"--variants: unknown variant {var!r}; choose from {', '.join(VARIANTS)}")
     if not a.smoke and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (or --smoke for the CPU logic check)")
     world = int(os.environ.get("WORLD_SIZE", "1"))

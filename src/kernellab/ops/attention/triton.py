@@ -1488,7 +1488,7 @@ def backward(
 
 def backward_into(
     do, q, k, v, o, lse, causal: bool, scale: float, dq, dk, dv, window_left=-1, window_right=-1, softcap=0.0,
-    exact_stats: bool = True,
+    exact_stats: bool = True, after_dkdv=None,
 ):  # fmt: skip
     """``backward`` writing into the given ``dq``, ``dk``, ``dv`` (any strides with a
     unit-stride head dim, shaped as q, k, v: a fused model passes views of its qkv gradient
@@ -1497,7 +1497,8 @@ def backward_into(
     for an lse over exactly these keys): the row statistics are recomputed from q and k
     (``lse_shape`` says why) and lse is not read. ``exact_stats=False``: P comes from lse
     as given, in every dtype (ring attention: its merged lse spans keys this call does
-    not see)."""
+    not see). ``after_dkdv``: called with no argument once the dk / dv kernels are
+    enqueued, before the dq kernel (ring attention sends dK/dV on while dq computes)."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     raw_m = bool(exact_stats) and q.dtype == torch.float32
     want = tuple(lead) + (s_q,)
@@ -1521,7 +1522,9 @@ def backward_into(
     t4 = tuple(_split(t) for t in (q, k, v, do, o, dq, dk, dv))
     plan = _plan(key, lambda: _bwd_plan(*t4, lse, raw_m, causal, scale, window_left, window_right, softcap))
     if plan is not None:
-        plan(*t4, lse)
+        plan(*t4, lse, after_dkdv)
+    elif after_dkdv is not None:
+        after_dkdv()
     return dq, dk, dv
 
 
@@ -1591,13 +1594,15 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
         grid_dkdv = (bh * (s_q // _WS_BWD_DKDV["BLOCK_N"]),)
         grid_dq = (bh * (s_q // _WS_BWD_DQ["BLOCK_M"]),)
 
-    def plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse):
+    def plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, after_dkdv=None):
         delta = torch.empty((bh, s_q), dtype=torch.float32, device=dev)
         if ws and not (q4.data_ptr() | k4.data_ptr() | v4.data_ptr() | do4.data_ptr()) & 15:  # TMA bases
             pre(o4, do4, delta, *pre_rest)
             triton_support.install_tma_allocator()  # per call: Triton's allocator is per thread
             _attn_bwd_dkdv_ws[grid_dkdv](q4, k4, v4, do4, lse, delta, dk4, dv4, *ws_dkdv, HEAD_D=d,
                                          CAUSAL=causal, **_WS_BWD_DKDV)  # fmt: skip
+            if after_dkdv is not None:
+                after_dkdv()
             _attn_bwd_dq_ws[grid_dq](q4, k4, v4, do4, lse, delta, dq4, *ws_dq, HEAD_D=d, CAUSAL=causal,
                                      **_WS_BWD_DQ)  # fmt: skip
             return
@@ -1610,6 +1615,8 @@ def _bwd_plan(q4, k4, v4, do4, o4, dq4, dk4, dv4, lse, raw_m, causal, scale, win
             pre(o4, do4, delta, *pre_rest)
         if dkdv is not None:
             dkdv(q4, k4, v4, do4, lse, delta, dk4, dv4, *dkdv_rest)
+        if after_dkdv is not None:
+            after_dkdv()
         if dqp is not None:
             dqp(q4, k4, v4, do4, lse, delta, dq4, *dq_rest)
 
