@@ -285,6 +285,156 @@ def test_ceil_div():
     assert [runtime.ceil_div(a, 4) for a in (0, 1, 4, 5, 8)] == [0, 1, 1, 2, 2]
 
 
+# --------------------------------------------------------------------------- cluster launch (CPU)
+
+
+def test_cluster_launch_structs_match_the_driver_headers():
+    """The ctypes CUlaunchConfig / CUlaunchAttribute hold the same bytes as cuda.bindings'
+    own structs (generated from cuda.h) filled with the same values."""
+    import ctypes
+
+    from cuda.bindings import driver
+
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = 4, 2, 1
+    cfg = driver.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = 264, 6, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = 1024, 1, 1
+    cfg.sharedMemBytes = 32768
+    cfg.hStream = driver.CUstream(0xABC0)
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
+
+    ours, ours_attr = runtime._cluster_config((264, 6, 1), (1024, 1, 1), (4, 2, 1), 32768, 0xABC0)
+    assert ctypes.sizeof(runtime._LaunchAttribute) == 72 and ctypes.sizeof(runtime._LaunchConfig) == 56
+    assert ctypes.string_at(attr.getPtr(), 72) == ctypes.string_at(ctypes.addressof(ours_attr), 72)
+    theirs = ctypes.string_at(cfg.getPtr(), 56)
+    mine = ctypes.string_at(ctypes.addressof(ours), 56)
+    attrs_at = runtime._LaunchConfig.attrs.offset  # pointers differ: compare around them
+    assert attrs_at == 40 and runtime._LaunchConfig.numAttrs.offset == 48
+    assert mine[:attrs_at] == theirs[:attrs_at] and mine[attrs_at + 8 :] == theirs[attrs_at + 8 :]
+    assert ctypes.cast(ours.attrs, ctypes.c_void_p).value == ctypes.addressof(ours_attr)
+    assert runtime._LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION == int(
+        driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    )
+    assert runtime._FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED == int(
+        driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    )
+    assert runtime._FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES == int(
+        driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    )
+
+
+def test_cluster_dims_are_checked():
+    assert runtime.cluster_dims(264, 8) == ((264, 1, 1), (8, 1, 1))
+    assert runtime.cluster_dims((8, 6), (2, 3)) == ((8, 6, 1), (2, 3, 1))
+    with pytest.raises(ValueError, match=r"cluster \(8, 1, 1\) must divide grid \(132, 1, 1\)"):
+        runtime.cluster_dims(132, 8)
+    with pytest.raises(ValueError, match="at most 16"):
+        runtime.cluster_dims(64, 32)
+    for bad in (0, -2, 2.0, (2, 0), (1, 1, 1, 1), None):
+        with pytest.raises(ValueError, match="cluster must be a positive int"):
+            runtime.cluster_dims(64, bad)
+
+
+class _FakeDriver:
+    """The entry points launch_cluster and its helpers call, recording what they get."""
+
+    def __init__(self, results=(0,)):
+        self.results = list(results)
+        self.launches, self.attributes = [], []
+
+    def cuLaunchKernelEx(self, cfg_ref, handle, params, extra):
+        import ctypes
+
+        cfg = cfg_ref._obj
+        a = cfg.attrs[0]
+        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        self.launches.append(
+            {
+                "grid": (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ),
+                "block": (cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ),
+                "shared": cfg.sharedMemBytes,
+                "stream": cfg.hStream,
+                "attr": (a.id, a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z),
+                "nattrs": cfg.numAttrs,
+                "handle": handle,
+                "args": (
+                    ctypes.c_void_p.from_address(slots[0]).value,
+                    ctypes.c_int64.from_address(slots[1]).value,
+                    ctypes.c_int32.from_address(slots[2]).value,
+                ),
+                "extra": extra,
+            }
+        )
+        return self.results.pop(0) if self.results else 0
+
+    def cuOccupancyMaxActiveClusters(self, n_ref, handle, cfg_ref):
+        cfg = cfg_ref._obj
+        dim = cfg.attrs[0].value.clusterDim
+        n_ref._obj.value = 132 // (dim.x * dim.y * dim.z)
+        return 0
+
+    def cuFuncSetAttribute(self, handle, attribute, value):
+        self.attributes.append((handle, attribute, value))
+        return 0
+
+    def cuLaunchKernel(self, *a):  # (Kernel keeps it; the cluster path must not use it)
+        raise AssertionError("a cluster launch went through cuLaunchKernel")
+
+
+def _fake_kernel(monkeypatch, fake):
+    class CoreKernel:
+        handle = 0x1234
+
+    monkeypatch.setattr(runtime, "_libcuda", lambda: fake)
+    monkeypatch.setattr(runtime, "_libcuda_ex", lambda: fake)
+    monkeypatch.setattr(runtime, "_function_handle", lambda k: 0x5678)
+    monkeypatch.setattr(runtime, "_get_device", lambda: 0)
+    monkeypatch.setattr(runtime, "_raw_stream", lambda dev: 0xABC0)
+    monkeypatch.setattr(runtime.config, "cuda_launch", "driver")
+    return runtime.Kernel(CoreKernel(), "k", ("ptr", "i64", "i32"))
+
+
+def test_launch_cluster_plumbing(monkeypatch):
+    fake = _FakeDriver()
+    k = _fake_kernel(monkeypatch, fake)
+    k.launch_cluster(64, 1024, 8, 0xDEAD0, 1 << 40, -7, shared=32768)
+    k.launch_cluster((6, 4), (32, 8), (2, 2), 0xBEEF0, 5, 3)  # the second call refills the same structs
+    first, second = fake.launches
+    assert first == {
+        "grid": (64, 1, 1), "block": (1024, 1, 1), "shared": 32768, "stream": 0xABC0,
+        "attr": (runtime._LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, 8, 1, 1), "nattrs": 1, "handle": 0x5678,
+        "args": (0xDEAD0, 1 << 40, -7), "extra": None,
+    }  # fmt: skip
+    assert second["grid"] == (6, 4, 1) and second["block"] == (32, 8, 1) and second["shared"] == 0
+    assert second["attr"][1:] == (2, 2, 1) and second["args"] == (0xBEEF0, 5, 3)
+    # refused before the driver sees them
+    with pytest.raises(ValueError, match="must divide grid"):
+        k.launch_cluster(66, 1024, 4, 0, 0, 0)
+    with pytest.raises(TypeError, match="k takes 3 arguments, got 2"):
+        k.launch_cluster(64, 1024, 8, 0, 0)
+    assert len(fake.launches) == 2
+    # occupancy and the non-portable size attribute
+    assert k.max_active_clusters(1024, 16, 16384) == 132 // 16
+    k.allow_non_portable_cluster_size()
+    k.allow_non_portable_cluster_size()  # once per kernel
+    assert fake.attributes == [(0x5678, runtime._FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)]
+
+
+def test_launch_cluster_errors_and_context_retry(monkeypatch):
+    fake = _FakeDriver(results=[runtime._INVALID_CONTEXT, 0, 719])
+    k = _fake_kernel(monkeypatch, fake)
+    bound = []
+    monkeypatch.setattr(runtime, "_bind_context", bound.append)
+    monkeypatch.setattr(runtime, "_error_string", lambda rc: f"error {rc}")
+    k.launch_cluster(16, 256, 4, 0, 0, 0)  # no context on this thread: bind it, launch again
+    assert bound == [0] and len(fake.launches) == 2
+    with pytest.raises(CudaError, match=r"cluster launch of k \(cluster \(4, 1, 1\)\) failed: error 719"):
+        k.launch_cluster(16, 256, 4, 0, 0, 0)
+
+
 # --------------------------------------------------------------------------- GPU
 
 
@@ -339,6 +489,49 @@ def test_gpu_cuda_core_launch_path(monkeypatch):
     k(4, 256, x, y, -1.5, 1000)
     torch.cuda.synchronize()
     torch.testing.assert_close(y, -1.5 * x + 1.0, rtol=1e-6, atol=1e-6)
+
+
+CLUSTER_SRC = r"""
+#define CLUSTER_SYNC "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+extern "C" __global__ void ranks(unsigned* out) {
+    __shared__ unsigned mine;
+    unsigned rank, size, addr, peer;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
+    if (threadIdx.x == 0) mine = 0;
+    asm volatile(CLUSTER_SYNC ::: "memory");
+    // every thread adds 1 to the next block's word, through distributed shared memory
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(peer) : "r"((unsigned)__cvta_generic_to_shared(&mine)), "r"((rank + 1) % size));
+    asm volatile("red.relaxed.cluster.shared::cluster.add.u32 [%0], 1;" :: "r"(peer) : "memory");
+    asm volatile(CLUSTER_SYNC ::: "memory");
+    if (threadIdx.x == 0) out[blockIdx.x] = (rank << 24) | (size << 16) | mine;
+}
+"""
+
+
+def test_cluster_kernel_source_compiles_for_sm90(kl_cache):
+    ptx = compile_source(CLUSTER_SRC, "sm_90", target="ptx").decode()
+    assert "mapa.shared::cluster" in ptx and "barrier.cluster.wait" in ptx
+    assert compile_source(CLUSTER_SRC, "sm_90")[:4] == ELF_MAGIC
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("launch", ["driver", "core"])
+def test_gpu_cluster_launch(monkeypatch, launch):
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters need sm_90+")
+    monkeypatch.setattr(kernellab.config, "cuda_launch", launch)
+    k = Module(source=CLUSTER_SRC).kernel("ranks", ("ptr",))
+    k._use_core = launch == "core"
+    for cluster in (2, 4, 8):
+        out = torch.zeros(64, dtype=torch.int32, device="cuda")
+        k.launch_cluster(64, 96, cluster, out)
+        torch.cuda.synchronize()
+        got = out.cpu().tolist()
+        want = [((b % cluster) << 24) | (cluster << 16) | 96 for b in range(64)]
+        assert got == want, (launch, cluster)
+    assert k.max_active_clusters(96, 8) >= 1
 
 
 @pytest.mark.gpu

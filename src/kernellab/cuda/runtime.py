@@ -10,7 +10,9 @@ torch elementwise op. The cost is argument boxing and stream/config objects buil
 call. Here each kernel keeps its parameter buffer (ctypes slots and the ``void**``
 array pointing at them) and calls ``cuLaunchKernel`` from the driver directly; per call
 we only store the new values into the slots. ``kernellab.config.cuda_launch`` "core" switches to
-``cuda.core.launch`` (kept for comparison and as a fallback).
+``cuda.core.launch`` (kept for comparison and as a fallback). Thread-block clusters
+(sm_90+) launch through ``Kernel.launch_cluster`` (cuLaunchKernelEx with the cluster
+dimension attribute, its structs kept per kernel the same way).
 """
 
 from __future__ import annotations
@@ -242,6 +244,88 @@ def _libcuda():
 _INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT
 
 
+# Thread-block cluster launches (sm_90+) go through cuLaunchKernelEx, which takes its grid,
+# block, stream and attributes in a struct. The three structs below mirror cuda.h
+# (CUlaunchConfig, CUlaunchAttribute and its 64-byte value union); tests compare their
+# bytes with cuda.bindings' own.
+_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
+_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
+_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # (clusters of more than 8 blocks)
+
+
+class _ClusterDim(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_uint), ("y", ctypes.c_uint), ("z", ctypes.c_uint)]
+
+
+class _LaunchAttributeValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("align", ctypes.c_uint64), ("clusterDim", _ClusterDim)]
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttributeValue)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)),
+        ("numAttrs", ctypes.c_uint),
+    ]
+
+
+def _cluster_config(grid, block, cluster, shared: int, stream) -> tuple[_LaunchConfig, _LaunchAttribute]:
+    """cuLaunchKernelEx's config for ``grid`` blocks (3-tuple) in clusters of ``cluster``
+    blocks (3-tuple); the attribute is returned too, as the config points at it (keep both
+    alive while the driver reads them)."""
+    attr = _LaunchAttribute(id=_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+    attr.value.clusterDim = _ClusterDim(*cluster)
+    cfg = _LaunchConfig(*grid, *block, shared, stream, ctypes.pointer(attr), 1)
+    return cfg, attr
+
+
+def _dims(v, what: str) -> tuple[int, int, int]:
+    d = tuple(v) if isinstance(v, (tuple, list)) else (v,)
+    if not 1 <= len(d) <= 3 or not all(isinstance(e, int) and e >= 1 for e in d):
+        raise ValueError(f"{what} must be a positive int or up to 3 positive ints, got {v!r}")
+    return (d + (1, 1))[:3]
+
+
+def cluster_dims(grid, cluster) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, cluster) as 3-tuples of blocks, refused with a ValueError unless every grid
+    dimension is a multiple of the cluster's (the driver's rule) and the cluster holds at
+    most 16 blocks (Hopper's most, with non-portable sizes allowed)."""
+    g, c = _dims(grid, "grid"), _dims(cluster, "cluster")
+    if any(gi % ci for gi, ci in zip(g, c)):
+        raise ValueError(f"cluster {c} must divide grid {g} in every dimension")
+    if c[0] * c[1] * c[2] > 16:
+        raise ValueError(f"cluster {c} holds {c[0] * c[1] * c[2]} blocks; at most 16")
+    return g, c
+
+
+@functools.cache
+def _libcuda_ex():
+    """libcuda with the cluster entry points (CUDA 11.8+ drivers) typed."""
+    lib = _libcuda()
+    try:
+        launch, occupancy = lib.cuLaunchKernelEx, lib.cuOccupancyMaxActiveClusters
+    except AttributeError as e:
+        raise CudaError(f"this driver has no cluster launch (cuLaunchKernelEx): {e}") from None
+    launch.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    launch.restype = ctypes.c_int
+    occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_LaunchConfig)]
+    occupancy.restype = ctypes.c_int
+    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.cuFuncSetAttribute.restype = ctypes.c_int
+    return lib
+
+
 @functools.cache
 def _primary_context(device_index: int) -> int:
     """The device's primary context (the one torch's runtime calls use), retained once."""
@@ -345,6 +429,8 @@ class Kernel:
         self._launch = _libcuda().cuLaunchKernel
         self._use_core = config.cuda_launch == "core"
         self.max_dynamic_shared = 48 * 1024  # the default limit; see set_max_dynamic_shared
+        self._cluster_launch = None  # (config, attribute) of launch_cluster, made at its first call
+        self._non_portable_clusters = False  # see allow_non_portable_cluster_size
 
     @property
     def handle(self) -> int:
@@ -397,6 +483,86 @@ class Kernel:
         if rc != 0:
             raise CudaError(f"launch of {self.name} failed: {_error_string(rc)} ({rc})")
 
+    def launch_cluster(self, grid, block, cluster, *args, shared: int = 0, device_index: int | None = None):
+        """Launch ``grid`` blocks (int or 3-tuple, counted in blocks as for ``__call__``) in
+        thread-block clusters of ``cluster`` blocks (sm_90+: the blocks of a cluster run at
+        once on one GPC and reach each other's shared memory), on torch's current stream.
+        Every grid dimension must be a multiple of the cluster's. Clusters of more than 8
+        blocks need ``allow_non_portable_cluster_size`` first. Goes through
+        cuLaunchKernelEx with the CLUSTER_DIMENSION attribute (``cuda.core.launch`` with
+        ``LaunchConfig(cluster=...)`` when ``config.cuda_launch`` is "core")."""
+        if len(args) != self._nargs:
+            raise TypeError(f"{self.name} takes {self._nargs} arguments, got {len(args)}")
+        g, c = cluster_dims(grid, cluster)
+        b = _dims(block, "block")
+        current = _get_device()
+        if device_index is None:
+            device_index = current
+        elif device_index != current:
+            with torch.cuda.device(device_index):
+                return self.launch_cluster(
+                    grid, block, cluster, *args, shared=shared, device_index=device_index
+                )
+        stream = _raw_stream(device_index)
+        if self._use_core:
+            from cuda.core import LaunchConfig, Stream, launch
+
+            values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+            typed = [v if t == "ptr" else _CTYPE[t](v) for t, v in zip(self.signature, values)]
+            clusters = tuple(gi // ci for gi, ci in zip(g, c))  # cuda.core counts the grid in clusters
+            cfg = LaunchConfig(grid=clusters, cluster=c, block=b, shmem_size=shared)
+            return launch(Stream.from_handle(stream), cfg, self._core_kernel, *typed)
+        lib = _libcuda_ex()
+        with self._lock:
+            if self._cluster_launch is None:  # built once, refilled per call (host cost)
+                self._cluster_launch = _cluster_config(g, b, c, shared, stream)
+            cfg, attr = self._cluster_launch
+            cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
+            cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
+            cfg.sharedMemBytes, cfg.hStream = shared, stream
+            dim = attr.value.clusterDim
+            dim.x, dim.y, dim.z = c
+            for slot, a in zip(self._slots, args):
+                slot.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
+            rc = lib.cuLaunchKernelEx(ctypes.byref(cfg), self._handle, self._params, None)
+            if rc == _INVALID_CONTEXT:
+                _bind_context(device_index)
+                rc = lib.cuLaunchKernelEx(ctypes.byref(cfg), self._handle, self._params, None)
+        if rc != 0:
+            raise CudaError(f"cluster launch of {self.name} (cluster {c}) failed: {_error_string(rc)} ({rc})")
+
+    def max_active_clusters(self, block, cluster, shared: int = 0) -> int:
+        """How many clusters of ``cluster`` blocks of ``block`` threads with ``shared``
+        bytes of dynamic shared memory can run at once on the device
+        (cuOccupancyMaxActiveClusters: whole clusters fit on one GPC, so this can be less
+        than blocks per SM x SMs / cluster). 0: such a cluster cannot be launched."""
+        _, c = cluster_dims(cluster, cluster)
+        b = _dims(block, "block")
+        lib = _libcuda_ex()
+        cfg, _attr = _cluster_config(c, b, c, shared, None)
+        n = ctypes.c_int()
+        rc = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), self._handle, ctypes.byref(cfg))
+        if rc != 0:
+            raise CudaError(f"{self.name}: no occupancy for cluster {c}: {_error_string(rc)} ({rc})")
+        return int(n.value)
+
+    def allow_non_portable_cluster_size(self) -> None:
+        """Allow clusters of up to 16 blocks (Hopper; 8 is the portable most). Once per
+        kernel; later calls return at once."""
+        if self._non_portable_clusters:
+            return
+        self._set_attribute(
+            _FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, "allow clusters of > 8 blocks"
+        )
+        self._non_portable_clusters = True
+
+    def _set_attribute(self, attribute: int, value: int, what: str) -> None:
+        lib = _libcuda_ex()
+        with self._lock:
+            rc = lib.cuFuncSetAttribute(self._handle, attribute, int(value))
+        if rc != 0:
+            raise CudaError(f"{self.name}: cannot {what}: {_error_string(rc)}")
+
     def set_max_dynamic_shared(self, nbytes: int) -> None:
         """Allow launches with up to ``nbytes`` of dynamic shared memory per block. Above
         48 KB a kernel must opt in (cuFuncSetAttribute MAX_DYNAMIC_SHARED_SIZE_BYTES; an
@@ -406,7 +572,7 @@ class Kernel:
         lib = _libcuda()
         lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
         lib.cuFuncSetAttribute.restype = ctypes.c_int
-        max_dynamic_shared_size_bytes = 8  # CUfunction_attribute enum value
+        max_dynamic_shared_size_bytes = _FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         with self._lock:
             rc = lib.cuFuncSetAttribute(self._handle, max_dynamic_shared_size_bytes, int(nbytes))
         if rc != 0:
@@ -520,7 +686,7 @@ def ceil_div(a: int, b: int) -> int:
 # how the .cu files name their explicit instantiations.
 DTYPE_SUFFIX = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
+
 @functools.cache
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
-
