@@ -363,6 +363,53 @@ def test_gpu_every_backend(bits, shape):
         assert ((y.double() - ref).abs() <= bound).all(), backend
 
 
+# --------------------------------------------------------------------------- fp32 x (Triton)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize(
+    "shape,cfg",
+    [
+        ((4, 40, 258), None),  # K = 258: a masked step, two K slices on a GPU
+        ((33, 24, 130), None),
+        ((1, 96, 520), None),
+        ((2, 8, 2048), None),  # K sliced: fp64 partials
+        ((1, 37, 330), WoConfig("gemv", 1, 16, 64, split_k=3)),
+        ((4, 40, 258), WoConfig("dot", 16, 16, 32, split_k=4)),
+    ],
+    ids=["4x40x258", "33x24x130", "1x96x520", "2x8x2048-split", "gemv-split3", "dot-split4"],
+)
+def test_triton_fp32_x_sums_in_fp64(bits, shape, cfg):
+    """fp32 x: exact products and fp64 sums, one rounding at the end, so the error is
+    within an ulp of the exact result (an fp32 sum along K, as a GPU dot's FMA chain, is
+    hundreds of ulps of the result off where the terms cancel)."""
+    x, w_q, s, b = _case(bits, shape, torch.float32, "cpu", seed_for(bits, shape, "fp32"))
+    y = triton_wo_fwd(x, w_q, s, b, bits, cfg)
+    ref = wo_reference(x.double(), w_q, s.double(), b.double(), bits=bits)
+    mag = x.double().abs() @ dequantize_weight(w_q, s, bits, torch.float64).abs().T + b.double().abs()
+    err = (y.double() - ref).abs()
+    assert (err <= 2.0**-23 * ref.abs() + 2.0**-40 * mag).all(), (err / ref.abs()).max().item()
+
+
+def test_triton_gpu_plans_resolve():
+    """The GPU plan table gives a launch for every decode shape class, and K slices only
+    where the N tiles leave programs below the plan's count."""
+    from kernellab.ops.weight_only_matmul import triton as wt
+
+    for m, n, k, n_sm in [
+        (1, 14336, 4096, 132),
+        (16, 4096, 14336, 132),
+        (5, 4096, 4096, 132),
+        (16, 100, 64, 8),
+    ]:
+        for bits in (8, 4):
+            cfg = wt.wo_config(m, n, k, bits, n_sm)
+            assert cfg.kernel == ("gemv" if m == 1 else "dot") and cfg.split_k >= 1
+            plan = wt.TRITON_PLANS[("gemv" if m == 1 else "dot16", wt.shape_class(n, n_sm))]
+            tiles = -(-n // cfg.block_n)
+            assert cfg.split_k == 1 or tiles < plan.programs_per_sm * n_sm
+
+
 # --------------------------------------------------------------------------- cuda_v4 (no GPU)
 
 
