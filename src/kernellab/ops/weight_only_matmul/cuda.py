@@ -25,6 +25,8 @@ from kernellab.ops._register import register_cuda
 from kernellab.ops.weight_only_matmul._autograd import wo_op
 
 MODULE = Module(Path(__file__).with_name("wo_matmul.cu"))
+# `kernellab asm ... --backend cuda`: int8's cuda is v4, int4's is v3 (wo4_v3_*)
+MODULE.asm_aliases = {"cuda": ("cuda_v4", "cuda_v3")}
 
 WARPS = 8  # wo_matmul.cu's WARPS: 256-thread blocks
 ROWS_V3 = 2  # weight rows per warp in v3
