@@ -514,7 +514,7 @@ def summary(run, results, n_sm, copy_gbps):
             flush=True,
         )
         if m in MS and {n, k} == {4096, 14336}:
-            x = base / min(v4b, trb)
+            x = base / min((t for t in (v4b, trb) if t == t), default=math.inf)
             verdicts.append(
                 f"M={m} {n}x{k}: best int8 {x:.2f}x bf16 cuBLAS "
                 + (
