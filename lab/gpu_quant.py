@@ -16,7 +16,7 @@ torchao (optional) is not on the GPU machine: carry its wheel and put it on the 
    1, 2, 4, 8, 16, 32, 64 (--quick: 1, 16, 64). Timed with triton.testing.do_bench (L2
    flushed before every call; median, p20, p80):
      bf16      F.linear(x, w) with the unquantized bf16 weight (cuBLAS)
-     int8 *    our int8 backends (triton, cuda_v1..v3, torch, compile at M 1 / 16,
+     int8 *    our int8 backends (triton, cuda_v1..v4, torch, compile at M 1 / 16,
                manual at M 1), torch._weight_int8pack_mm where CUDA has it
      int4 *    our int4 backends (triton, cuda, cuda_v1, torch)
      torchao   torchao int8 weight-only through F.linear, eager; torchao_compile: a Linear
@@ -231,7 +231,7 @@ def bench_stage(args, dev, meta, jsonl, t_start, timeit, copy_gbps):
             x = torch.randn(m, k, generator=gen, device=dev).to(dtype)
             y_bf16 = F.linear(x, w)
             cases = [("bf16", "cublas", lambda: F.linear(x, w), 2 * n * k)]
-            int8 = [b for b in backends_here(OPS["int8"][0], dev) if b != "cuda"]  # cuda = cuda_v3
+            int8 = [b for b in backends_here(OPS["int8"][0], dev) if b != "cuda"]  # cuda = cuda_v4
             int4 = [b for b in backends_here(OPS["int4"][0], dev)]
             for b in int8:
                 if (b == "compile" and m not in COMPILE_MS) or (b == "manual" and m != 1) or b == "torchao":
@@ -327,7 +327,7 @@ def print_summary(summary, sq, copy_gbps, ao):
         flush=True,
     )
     verdicts = []
-    ours = ("triton", "cuda_v1", "cuda_v2", "cuda_v3")
+    ours = ("triton", "cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4")
     for (n, k, m), res in summary.items():
         base = res.get("bf16 cublas")
         if base is None:

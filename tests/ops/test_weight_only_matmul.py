@@ -361,3 +361,183 @@ def test_gpu_every_backend(bits, shape):
             terms = x.double().abs() @ (w_q.double().abs() * s.double().abs()[:, None]).T
             bound = bound + 2.0**-8 * terms
         assert ((y.double() - ref).abs() <= bound).all(), backend
+
+
+# --------------------------------------------------------------------------- fp32 x (Triton)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize(
+    "shape,cfg",
+    [
+        ((4, 40, 258), None),  # K = 258: a masked step, two K slices on a GPU
+        ((33, 24, 130), None),
+        ((1, 96, 520), None),
+        ((2, 8, 2048), None),  # K sliced: fp64 partials
+        ((1, 37, 330), WoConfig("gemv", 1, 16, 64, split_k=3)),
+        ((4, 40, 258), WoConfig("dot", 16, 16, 32, split_k=4)),
+    ],
+    ids=["4x40x258", "33x24x130", "1x96x520", "2x8x2048-split", "gemv-split3", "dot-split4"],
+)
+def test_triton_fp32_x_sums_in_fp64(bits, shape, cfg):
+    """fp32 x: exact products and fp64 sums, one rounding at the end, so the error is
+    within an ulp of the exact result (an fp32 sum along K, as a GPU dot's FMA chain, is
+    hundreds of ulps of the result off where the terms cancel)."""
+    x, w_q, s, b = _case(bits, shape, torch.float32, "cpu", seed_for(bits, shape, "fp32"))
+    y = triton_wo_fwd(x, w_q, s, b, bits, cfg)
+    ref = wo_reference(x.double(), w_q, s.double(), b.double(), bits=bits)
+    mag = x.double().abs() @ dequantize_weight(w_q, s, bits, torch.float64).abs().T + b.double().abs()
+    err = (y.double() - ref).abs()
+    assert (err <= 2.0**-23 * ref.abs() + 2.0**-40 * mag).all(), (err / ref.abs()).max().item()
+
+
+def test_triton_gpu_plans_resolve():
+    """The GPU plan table gives a launch for every decode shape class, and K slices only
+    where the N tiles leave programs below the plan's count."""
+    from kernellab.ops.weight_only_matmul import triton as wt
+
+    for m, n, k, n_sm in [
+        (1, 14336, 4096, 132),
+        (16, 4096, 14336, 132),
+        (5, 4096, 4096, 132),
+        (16, 100, 64, 8),
+    ]:
+        for bits in (8, 4):
+            cfg = wt.wo_config(m, n, k, bits, n_sm)
+            assert cfg.kernel == ("gemv" if m == 1 else "dot") and cfg.split_k >= 1
+            plan = wt.TRITON_PLANS[("gemv" if m == 1 else "dot16", wt.shape_class(n, n_sm))]
+            tiles = -(-n // cfg.block_n)
+            assert cfg.split_k == 1 or tiles < plan.programs_per_sm * n_sm
+
+
+# --------------------------------------------------------------------------- cuda_v4 (no GPU)
+
+
+def test_cuda_v4_kernels_compile_for_sm80_and_sm90():
+    """Every kernel the v4 launcher can ask for is in the module, for both archs CI checks."""
+    from kernellab.cuda.runtime import nvrtc_unavailable
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    names = [
+        f"wo_v4_m{mt}_r{rt}_u{u}_{d}" for mt in (8, 16) for rt, u in wc.V4_KERNELS for d in ("f16", "bf16")
+    ]
+    names += ["wo_v4_reduce_f16", "wo_v4_reduce_bf16"]
+    for arch in ("sm_80", "sm_90"):
+        cubin = wc.MODULE.compile(arch)
+        missing = [nm for nm in names if nm.encode() not in cubin]
+        assert not missing, (arch, missing)
+
+
+def test_cuda_v4_plans_resolve_to_launches_it_has():
+    """Every plan-table entry, at decode shapes on small and large GPUs, resolves to a
+    launch the .cu has (compiled (rt, u), <= 512 threads, <= 48 KB shared); K slices stay
+    within the plan's blocks per SM and keep a step for each warp along K."""
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    for m in (1, 3, 8, 9, 16, 40):
+        for n, k in [(14336, 4096), (4096, 14336), (4096, 4096), (1000, 1040), (33, 16), (1, 64)]:
+            for n_sm in (8, 108, 132):
+                cfg = wc.v4_config(m, n, k, n_sm)
+                wc.check_v4_config(cfg)
+                assert cfg.mt == (8 if m <= 8 else 16)
+                plan = wc.V4_PLANS[(cfg.mt, wc.shape_class(n, n_sm))]
+                row_blocks = -(-n // cfg.rows)
+                if cfg.split > 1:
+                    assert row_blocks * cfg.split <= plan.blocks_per_sm * n_sm
+                    assert k // cfg.split >= cfg.step * cfg.wk
+
+
+@pytest.mark.parametrize(
+    "field,cfg",
+    [
+        ("mt", dict(mt=12)),
+        ("rt, u", dict(rt=3, u=3)),
+        ("wn x wk", dict(wn=4, wk=8)),
+        ("shared memory", dict(rt=4, u=1, wn=4, wk=4)),
+        ("split", dict(split=0)),
+    ],
+)
+def test_cuda_v4_config_refused_naming_the_field(field, cfg):
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    with pytest.raises(ValueError, match=rf"V4Config.*{field}|{field}.*V4Config|V4Config \({field}\)"):
+        wc.check_v4_config(wc.V4Config(**{"mt": 16, **cfg}))
+
+
+class _FakeV4:
+    """Stands in for the compiled v4 kernels on the CPU with their contract (block bx: rows
+    [bx * rows, ...), by: K slice [by * KS, ...), bz: x rows [bz * mt, ...); one slice
+    writes y = sum * scale + bias, several write fp32 partials [slices, M, N]) and
+    asserts the launch the host computed (grid, threads, shared memory)."""
+
+    def __init__(self, name, launches):
+        self.name, self.launches = name, launches
+
+    def __call__(self, grid, block, x, w, s, b, y, part, m, n, k, ks, wn, has_bias, shared=0):
+        import re
+
+        mt, rt, u = map(int, re.match(r"wo_v4_m(\d+)_r(\d+)_u(\d+)", self.name).groups())
+        rows, wk = 16 * rt * wn, block // 32 // wn
+        self.launches.append((self.name, grid, block, ks))
+        assert block % (32 * wn) == 0 and shared == 4 * wk * mt * rows
+        gx, gy, gz = grid
+        assert (gx - 1) * rows < n <= gx * rows and (gz - 1) * mt < m <= gz * mt
+        assert ks % (64 * u) == 0 and (gy - 1) * ks < k <= gy * ks
+        for by in range(gy):
+            lo, hi = by * ks, min(k, by * ks + ks)
+            acc = x[:, lo:hi].double() @ w[:, lo:hi].double().T
+            if gy == 1:
+                out = acc * s.double() + (b.double() if has_bias else 0)
+                y.copy_(out.to(y.dtype))
+            else:
+                part[by] = acc.float()
+
+
+class _FakeReduce:
+    def __init__(self, launches):
+        self.launches = launches
+
+    def __call__(self, grid, block, part, s, b, y, m, n, slices, has_bias, shared=0):
+        self.launches.append(("reduce", grid, block, slices))
+        assert part.shape == (slices, m, n)
+        acc = torch.zeros(m, n)
+        for i in range(slices):  # slice order
+            acc += part[i]
+        y.copy_((acc * s + (b.float() if has_bias else 0)).to(y.dtype))
+
+
+@pytest.mark.parametrize(
+    "shape,cfg",
+    [
+        ((1, 40, 272), (8, 1, 4, 1, 8, 1)),
+        ((16, 33, 4096), (16, 2, 2, 2, 4, 5)),
+        ((17, 300, 1040), (16, 4, 1, 1, 4, 3)),
+        ((5, 1, 16), (8, 1, 4, 1, 1, 16)),
+    ],
+    ids=["m1", "m16-split5", "m17-two-groups-split3", "n1-one-chunk"],
+)
+def test_cuda_v4_launcher_grid_slices_and_partials(monkeypatch, shape, cfg):
+    """The v4 host code on the CPU with the kernels replaced by their contract: the grid
+    covers N and M, the K slices cover K once (multiples of a step), the partials are
+    [slices, M, N] and the reduction runs exactly when K is sliced."""
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    launches = []
+
+    def fake_kernel(name, dtype, dev, sig):
+        return _FakeReduce(launches) if name == "wo_v4_reduce" else _FakeV4(name, launches)
+
+    monkeypatch.setattr(wc, "_kernel", fake_kernel)
+    x, w_q, s, b = _case(8, shape, torch.bfloat16, "cpu", 3)
+    m, n, k = shape
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    config = wc.V4Config(*cfg)
+    wc._v4_launch(x, w_q, s, b, y, 1, m, n, k, 0, config)
+    ref = wo_reference(x.double(), w_q, s.double(), b.double(), bits=8)
+    assert ((y.double() - ref).abs() <= _bound(x, w_q, s, 8, ref, torch.bfloat16) + 1e-3).all()
+    sliced = launches[0][1][1] > 1
+    assert [e[0] for e in launches] == [f"wo_v4_m{config.mt}_r{config.rt}_u{config.u}"] + (
+        ["reduce"] if sliced else []
+    )

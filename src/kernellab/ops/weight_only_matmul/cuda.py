@@ -1,16 +1,21 @@
 """Weight-only matmuls in CUDA C++ (wo_matmul.cu, compiled by NVRTC): launchers and
 registrations.
 
-int8: ``cuda_v1`` .. ``cuda_v3`` are the lecture's steps (the list at the top of
-wo_matmul.cu), ``cuda`` is v3. int4: ``cuda_v1`` (v1 with nibbles) and ``cuda`` (v3).
-The 16-byte paths need whole 16-byte weight groups per row (K % 16 == 0 for int8,
-K % 32 == 0 for int4) and 16-byte aligned x and w; other calls run v1's kernel (correct,
-slower), and so do fp32 x. x, w_q and non-fp32 scales are packed contiguous first.
+int8: ``cuda_v1`` .. ``cuda_v4`` are the lecture's steps (the list at the top of
+wo_matmul.cu), ``cuda`` is v4 (tensor cores, any M). int4: ``cuda_v1`` (v1 with nibbles)
+and ``cuda`` (v3). The 16-byte paths need whole 16-byte weight groups per row (K % 16 == 0
+for int8, K % 32 == 0 for int4) and 16-byte aligned x and w; other calls run v1's kernel
+(correct, slower), and so do fp32 x. x, w_q and non-fp32 scales are packed contiguous first.
+
+v4's launch (``V4Config``) comes from ``V4_PLANS``, a small table by x-row group (MT 8 or
+16) and weight shape class, written from lab/gpu_quant_sweep.py's winners.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,6 +25,8 @@ from kernellab.ops._register import register_cuda
 from kernellab.ops.weight_only_matmul._autograd import wo_op
 
 MODULE = Module(Path(__file__).with_name("wo_matmul.cu"))
+# `kernellab asm ... --backend cuda`: int8's cuda is v4, int4's is v3 (wo4_v3_*)
+MODULE.asm_aliases = {"cuda": ("cuda_v4", "cuda_v3")}
 
 WARPS = 8  # wo_matmul.cu's WARPS: 256-thread blocks
 ROWS_V3 = 2  # weight rows per warp in v3
@@ -45,12 +52,156 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_SMS: dict = {}
+
+
+def _sm_count(dev: int) -> int:
+    n = _SMS.get(dev)
+    if n is None:
+        n = _SMS[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+    return n
+
+
 def _mt(m: int) -> int:
     """v3's rows of x per block: the smallest of 1, 4, 8 that holds M (8 above)."""
     return 1 if m <= 1 else 4 if m <= 4 else 8
 
 
-def cuda_wo_fwd(x, w_q, scales, bias, bits: int, variant: str):
+# --------------------------------------------------------------------------- v4 plans
+
+
+@dataclass(frozen=True)
+class V4Config:
+    """One cuda_v4 launch (wo_matmul.cu, v4): ``mt`` x rows per group (8 or 16), ``rt`` row
+    tiles of 16 weight rows per warp and ``u`` 16-byte chunks per row and step (a compiled
+    pair: (1, 4), (2, 2), (4, 1)), ``wn`` x ``wk`` warps per block (along N, along K),
+    ``split`` K slices across blocks (> 1: fp32 partials and wo_v4_reduce)."""
+
+    mt: int
+    rt: int = 1
+    u: int = 4
+    wn: int = 1
+    wk: int = 8
+    split: int = 1
+
+    @property
+    def step(self) -> int:  # K values per warp step
+        return 64 * self.u
+
+    @property
+    def rows(self) -> int:  # weight rows per block
+        return 16 * self.rt * self.wn
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wn * self.wk
+
+    @property
+    def shared(self) -> int:  # bytes: the block's [wk, mt, rows] fp32 partial sums
+        return 4 * self.wk * self.mt * self.rows
+
+
+V4_KERNELS = ((1, 4), (2, 2), (4, 1))  # (rt, u) pairs compiled in wo_matmul.cu
+V4_MAX_THREADS = 512
+V4_MAX_SHARED = 48 * 1024
+
+
+@dataclass(frozen=True)
+class V4Plan:
+    """A launch for a class of shapes: the kernel (rt, u), ``wn`` x ``wk`` warps, and K
+    slices chosen to bring the blocks to ``blocks_per_sm`` per SM (0: never split)."""
+
+    rt: int
+    u: int
+    wn: int
+    wk: int
+    blocks_per_sm: int = 0
+
+    def config(self, mt: int, n: int, k: int, n_sm: int) -> V4Config:
+        row_blocks = -(-n // (16 * self.rt * self.wn))
+        split = 1
+        if self.blocks_per_sm and 2 * row_blocks <= self.blocks_per_sm * n_sm:
+            # rounded down: the blocks stay within blocks_per_sm x n_sm (one wave when
+            # that many fit, no half-empty second wave); each slice keeps a step for
+            # every warp along K; at most 16 partials
+            most = max(1, min(16, k // (64 * self.u * self.wk)))
+            split = max(1, min(most, self.blocks_per_sm * n_sm // row_blocks))
+        return V4Config(mt, self.rt, self.u, self.wn, self.wk, split)
+
+
+def shape_class(n: int, n_sm: int) -> str:
+    """The class of a weight with N rows: "tall" when its 16-row tiles alone give >= 4 per
+    SM (N = 14336 on 132 SMs), else "short" (N = 4096: 256 tiles, too few blocks to keep
+    enough loads in flight without more warps along K or K slices)."""
+    return "tall" if n >= 64 * n_sm else "short"
+
+
+# (mt, shape class) -> plan. Napkin math for the starting point: a step keeps 8 weight
+# loads of 16 B per lane in flight (4 KB a warp); HBM at ~4 TB/s and ~1 us under load
+# wants ~30 KB per SM, i.e. 8+ warps per SM streaming, better 16. M <= 8: one 16-row tile
+# per warp, 8 warps along K (x is one row: nothing to share). M = 16: x rows cost 32 B per
+# K value per block, so blocks of 64 rows (x traffic half the weight's) and, where N is
+# short, K slices to keep 2 blocks per SM. lab/gpu_quant_sweep.py prints the measured
+# winners in this form: replace the entries with them.
+V4_PLANS = {
+    (8, "tall"): V4Plan(rt=1, u=4, wn=1, wk=8, blocks_per_sm=0),
+    (8, "short"): V4Plan(rt=1, u=4, wn=1, wk=8, blocks_per_sm=0),
+    (16, "tall"): V4Plan(rt=2, u=2, wn=2, wk=4, blocks_per_sm=0),
+    (16, "short"): V4Plan(rt=2, u=2, wn=2, wk=4, blocks_per_sm=2),
+}
+
+
+@functools.cache  # a pure function of ints, on every call's host path
+def v4_config(m: int, n: int, k: int, n_sm: int) -> V4Config:
+    """cuda_v4's launch for an [M, K] x [N, K] product on ``n_sm`` SMs (``V4_PLANS``)."""
+    mt = 8 if m <= 8 else 16
+    return V4_PLANS[(mt, shape_class(n, n_sm))].config(mt, n, k, n_sm)
+
+
+def check_v4_config(cfg: V4Config) -> None:
+    """Raise ValueError naming the field of a launch wo_matmul.cu has no kernel for."""
+    if cfg.mt not in (8, 16):
+        raise ValueError(f"V4Config.mt must be 8 or 16, got {cfg.mt}")
+    if (cfg.rt, cfg.u) not in V4_KERNELS:
+        raise ValueError(f"V4Config (rt, u) must be one of {V4_KERNELS}, got {(cfg.rt, cfg.u)}")
+    if cfg.wn < 1 or cfg.wk < 1 or cfg.threads > V4_MAX_THREADS:
+        raise ValueError(f"V4Config wn x wk must be 1..{V4_MAX_THREADS // 32} warps, got {cfg.wn} x {cfg.wk}")
+    if cfg.shared > V4_MAX_SHARED:
+        raise ValueError(f"V4Config needs {cfg.shared} B of shared memory (wk x mt x rows x 4), over 48 KB")
+    if cfg.split < 1:
+        raise ValueError(f"V4Config.split must be >= 1, got {cfg.split}")
+
+
+_SIG_V4 = ("ptr",) * 6 + ("i32",) * 6
+_SIG_V4_REDUCE = ("ptr",) * 4 + ("i32",) * 4
+GRID_Z = 65535
+
+
+def _v4_launch(x2, w, s, bias_arg, y, has_bias, m, n, k, dev, cfg: V4Config, module=None):
+    """Launch v4 (and its reduction when K is sliced) for y [M, N]."""
+    mod = module or MODULE
+    suffix = DTYPE_SUFFIX[x2.dtype]
+    if module is None:
+        kern = _kernel(f"wo_v4_m{cfg.mt}_r{cfg.rt}_u{cfg.u}", x2.dtype, dev, _SIG_V4)
+    else:
+        kern = mod.kernel(f"wo_v4_m{cfg.mt}_r{cfg.rt}_u{cfg.u}_{suffix}", _SIG_V4, dev)
+    ks = _cdiv(_cdiv(k, cfg.split), cfg.step) * cfg.step
+    split = _cdiv(k, ks)
+    grid = (_cdiv(n, cfg.rows), split, _cdiv(m, cfg.mt))
+    part = torch.empty((split, m, n), dtype=torch.float32, device=y.device) if split > 1 else y
+    kern(grid, cfg.threads, x2, w, s, bias_arg, y, part, m, n, k, ks, cfg.wn, has_bias, shared=cfg.shared)
+    if split > 1:
+        if module is None:
+            red = _kernel("wo_v4_reduce", x2.dtype, dev, _SIG_V4_REDUCE)
+        else:
+            red = mod.kernel(f"wo_v4_reduce_{suffix}", _SIG_V4_REDUCE, dev)
+        red(min(_cdiv(m * n, 256), 4096), 256, part, s, bias_arg, y, m, n, split, has_bias)
+
+
+def cuda_wo_fwd(x, w_q, scales, bias, bits: int, variant: str, config: V4Config | None = None, module=None):
+    """y [..., N] = x [..., K] @ dequant(w_q).T (+ bias) with rung ``variant`` ("v1" ..
+    "v4"). v4 only: ``config`` instead of ``v4_config``'s, ``module`` a build of
+    wo_matmul.cu with other -D options (lab/gpu_quant_sweep.py)."""
     k = x.shape[-1]
     n = w_q.shape[0]
     lead = tuple(x.shape[:-1])
@@ -67,7 +218,7 @@ def cuda_wo_fwd(x, w_q, scales, bias, bits: int, variant: str):
     dev = x.device.index
     if dev != torch.cuda.current_device():
         with torch.cuda.device(dev):
-            return cuda_wo_fwd(x, w_q, scales, bias, bits, variant)
+            return cuda_wo_fwd(x, w_q, scales, bias, bits, variant, config, module)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     bias_arg = b if b is not None else y
     group = 16 if bits == 8 else 32  # weights per 16-byte group
@@ -77,6 +228,13 @@ def cuda_wo_fwd(x, w_q, scales, bias, bits: int, variant: str):
     if variant == "v1" or not vec or x.dtype == torch.float32:  # fp32 x: v1 only (wo_matmul.cu)
         grid = (_cdiv(n, WARPS), min(m, GRID_Y))
         _kernel(f"{prefix}_v1", x.dtype, dev, _SIG_V1)(grid, 256, x2, w, s, bias_arg, y, m, n, k, has_bias)
+    elif variant == "v4" and bits == 8 and _cdiv(m, 16) <= GRID_Z:
+        if config is None:
+            cfg = v4_config(m, n, k, _sm_count(dev))
+        else:
+            check_v4_config(config)
+            cfg = config
+        _v4_launch(x2, w, s, bias_arg, y, has_bias, m, n, k, dev, cfg, module)
     elif variant == "v2":
         grid = (_cdiv(n, WARPS), min(m, GRID_Y))
         _kernel("wo_v2", x.dtype, dev, _SIG_V1)(grid, 256, x2, w, s, bias_arg, y, m, n, k, has_bias)
@@ -102,7 +260,12 @@ VARIANTS = {
             "v3",
             "CUDA v3: 16 rows per block, up to 8 x rows staged in shared memory (weight read once)",
         ),
-        ("cuda", "v3", "CUDA best (v3): 16-byte loads, x in shared memory, weight read once per 8 rows"),
+        (
+            "cuda_v4",
+            "v4",
+            "CUDA v4: mma.sync tensor cores, int8 -> 16-bit in registers, one weight load for 16 x rows",
+        ),
+        ("cuda", "v4", "CUDA best (v4): tensor cores, 16-byte loads, K split across warps and blocks"),
     ],
     4: [
         ("cuda_v1", "v1", "CUDA v1: one warp per output row, nibbles unpacked one weight at a time"),

@@ -21,8 +21,19 @@ interleave the nibbles back into K order, x is read as its even and odd columns 
 tiny and cached) and each half of the weight meets its own half of x: two products.
 
 Split-K: where the N tiles alone leave SMs idle (N = 4096 with K = 14336: 256 tiles of
-16 for 132 SMs), K is cut into SPLIT_K slices; slices write fp32 partials [SPLIT_K, M, N]
-and ``_wo_reduce_kernel`` adds them in slice order (deterministic) with scale and bias.
+16 for 132 SMs), K is cut into slices; slices write fp32 partials [slices, M, N] and
+``_wo_reduce_kernel`` adds them in slice order (deterministic) with scale and bias. At
+M = 16 wide N tiles matter as much: each program reads its [16, K] rows of x, 32 bytes
+per K value, against BLOCK_N bytes of weight, so BLOCK_N = 16 moves twice as many x bytes
+(from L2) as weight bytes; 64-128 wide tiles with K slices keep x at 1/4-1/2.
+
+fp32 x (not the use, but supported): products and sums in fp64 (int -> fp64 and
+fp32 -> fp64 are exact), partials in fp64, one rounding at the end. An fp32 dot on the GPU
+sums each output along K in one FMA chain (256 terms a step), whose error grows ~sqrt(K)
+ulps and can pass twice that of cuBLAS's blocked sums (the check's bound).
+
+GPU launches for M <= 16 come from ``TRITON_PLANS`` (by kernel and weight shape class),
+written from lab/gpu_quant_sweep.py's winners; M > 16 from a rule in ``wo_config``.
 """
 
 from __future__ import annotations
@@ -52,7 +63,8 @@ def _wo_gemv_kernel(
     K_SPLIT,  # K per slice, a multiple of BLOCK_K
     BITS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    PARTIAL: tl.constexpr,  # K is sliced: write partial sums to p_ptr, not y
+    ACC64: tl.constexpr,  # fp32 x: fp64 products and sums
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # weights (not bytes) per step
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0 (K_SPLIT always is): no mask in the loop
@@ -66,45 +78,46 @@ def _wo_gemv_kernel(
     row_n = (offs_n % N).to(tl.int64)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
+    acc_ty = tl.float64 if ACC64 else tl.float32
     if BITS == 8:
         row = row_n * K
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=acc_ty)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             if EVEN_K:
-                x = tl.load(x_ptr + offs_k).to(tl.float32)
+                x = tl.load(x_ptr + offs_k).to(acc_ty)
                 w = tl.load(w_ptr + row[:, None] + offs_k[None, :])
             else:
                 k_mask = offs_k < k_hi
-                x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+                x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0).to(acc_ty)
                 w = tl.load(w_ptr + row[:, None] + offs_k[None, :], mask=k_mask[None, :], other=0)
-            acc += w.to(tl.float32) * x[None, :]
+            acc += w.to(acc_ty) * x[None, :]
     else:
         row = row_n * (K // 2)
-        acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 2), dtype=acc_ty)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             offs_j = k0 // 2 + tl.arange(0, BLOCK_K // 2)  # byte j holds k = 2j, 2j + 1
             if EVEN_K:
-                xe = tl.load(x_ptr + 2 * offs_j).to(tl.float32)
-                xo = tl.load(x_ptr + 2 * offs_j + 1).to(tl.float32)
+                xe = tl.load(x_ptr + 2 * offs_j).to(acc_ty)
+                xo = tl.load(x_ptr + 2 * offs_j + 1).to(acc_ty)
                 b = tl.load(w_ptr + row[:, None] + offs_j[None, :])
             else:
                 j_mask = offs_j < k_hi // 2
-                xe = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(tl.float32)
-                xo = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(tl.float32)
+                xe = tl.load(x_ptr + 2 * offs_j, mask=j_mask, other=0.0).to(acc_ty)
+                xo = tl.load(x_ptr + 2 * offs_j + 1, mask=j_mask, other=0.0).to(acc_ty)
                 b = tl.load(w_ptr + row[:, None] + offs_j[None, :], mask=j_mask[None, :], other=0)
             b = b.to(tl.int32)
             lo = ((b & 15) ^ 8) - 8  # sign-extend the 4-bit two's complement nibbles
             hi = ((b >> 4) ^ 8) - 8
-            acc += lo.to(tl.float32) * xe[None, :] + hi.to(tl.float32) * xo[None, :]
+            acc += lo.to(acc_ty) * xe[None, :] + hi.to(acc_ty) * xo[None, :]
     part = tl.sum(acc, axis=1)
-    if SPLIT_K == 1:
-        y = part * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)
+    if not PARTIAL:
+        y = part * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(acc_ty)
         if HAS_BIAS:
-            y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+            y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(acc_ty)
         tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
     else:
-        tl.store(p_ptr + pid_k * N + offs_n, part, mask=n_mask)
+        tl.store(p_ptr + pid_k * N + offs_n, part.to(p_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton_support.jit
@@ -114,16 +127,16 @@ def _wo_dot_kernel(
     s_ptr,  # [N] fp32
     b_ptr,  # [N] (HAS_BIAS)
     y_ptr,  # [M, N]
-    p_ptr,  # [SPLIT_K, M, N] fp32 partials (SPLIT_K > 1)
+    p_ptr,  # [slices, M, N] fp32 (fp64 for ACC64) partials (PARTIAL)
     M,
     N,
     K,
     K_SPLIT,
     BITS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    ACC64: tl.constexpr,  # fp32 x: fp64 dots (exact products, fp64 sums)
     UPCAST: tl.constexpr,  # interpreter: fp32 dots (it has no bf16 dot)
-    PRECISION: tl.constexpr,  # "ieee" for fp32 x (exact products, as cuBLAS with TF32 off)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -141,7 +154,8 @@ def _wo_dot_kernel(
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
     xrow = (offs_m % M).to(tl.int64) * K
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_ty = tl.float64 if ACC64 else tl.float32
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_ty)
     if BITS == 8:
         wrow = (offs_n % N).to(tl.int64) * K
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -153,10 +167,12 @@ def _wo_dot_kernel(
                 k_mask = offs_k < k_hi
                 xt = tl.load(x_ptr + xrow[:, None] + offs_k[None, :], mask=k_mask[None, :], other=0.0)
                 wt = tl.load(w_ptr + wrow[:, None] + offs_k[None, :], mask=k_mask[None, :], other=0)
-            if UPCAST:
+            if ACC64:
+                acc = tl.dot(xt.to(tl.float64), tl.trans(wt.to(tl.float64)), acc)
+            elif UPCAST:
                 acc = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision="ieee")
             else:
-                acc = tl.dot(xt, tl.trans(wt.to(x_ptr.dtype.element_ty)), acc, input_precision=PRECISION)
+                acc = tl.dot(xt, tl.trans(wt.to(x_ptr.dtype.element_ty)), acc)
     else:
         wrow = (offs_n % N).to(tl.int64) * (K // 2)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -173,44 +189,48 @@ def _wo_dot_kernel(
             b = b.to(tl.int32)
             lo = ((b & 15) ^ 8) - 8
             hi = ((b >> 4) ^ 8) - 8
-            if UPCAST:
+            if ACC64:
+                acc = tl.dot(xe.to(tl.float64), tl.trans(lo.to(tl.float64)), acc)
+                acc = tl.dot(xo.to(tl.float64), tl.trans(hi.to(tl.float64)), acc)
+            elif UPCAST:
                 acc = tl.dot(xe.to(tl.float32), tl.trans(lo.to(tl.float32)), acc, input_precision="ieee")
                 acc = tl.dot(xo.to(tl.float32), tl.trans(hi.to(tl.float32)), acc, input_precision="ieee")
             else:
-                acc = tl.dot(xe, tl.trans(lo.to(x_ptr.dtype.element_ty)), acc, input_precision=PRECISION)
-                acc = tl.dot(xo, tl.trans(hi.to(x_ptr.dtype.element_ty)), acc, input_precision=PRECISION)
+                acc = tl.dot(xe, tl.trans(lo.to(x_ptr.dtype.element_ty)), acc)
+                acc = tl.dot(xo, tl.trans(hi.to(x_ptr.dtype.element_ty)), acc)
     out = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = m_mask[:, None] & n_mask[None, :]
-    if SPLIT_K == 1:
-        y = acc * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+    if not PARTIAL:
+        y = acc * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0).to(acc_ty)[None, :]
         if HAS_BIAS:
-            y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(acc_ty)[None, :]
         tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        tl.store(p_ptr + pid_k.to(tl.int64) * M * N + out, acc, mask=mask)
+        tl.store(p_ptr + pid_k.to(tl.int64) * M * N + out, acc.to(p_ptr.dtype.element_ty), mask=mask)
 
 
 @triton_support.jit
 def _wo_reduce_kernel(
-    p_ptr,  # [SPLIT_K, MN] fp32 partials
+    p_ptr,  # [SPLIT_K, MN] fp32 (fp64) partials
     s_ptr,  # [N] fp32
     b_ptr,  # [N] (HAS_BIAS)
     y_ptr,  # [MN] = [M, N] output
     MN,
     N,
+    SPLIT_K,  # slices (runtime: one compile serves every split)
     HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):  # slice order: the same sum every run
+    acc_ty = p_ptr.dtype.element_ty
+    acc = tl.zeros((BLOCK,), dtype=acc_ty)
+    for s in range(0, SPLIT_K):  # slice order: the same sum every run
         acc += tl.load(p_ptr + s * MN + offs, mask=mask, other=0.0)
     n = offs % N
-    y = acc * tl.load(s_ptr + n, mask=mask, other=0.0)
+    y = acc * tl.load(s_ptr + n, mask=mask, other=0.0).to(acc_ty)
     if HAS_BIAS:
-        y += tl.load(b_ptr + n, mask=mask, other=0.0).to(tl.float32)
+        y += tl.load(b_ptr + n, mask=mask, other=0.0).to(acc_ty)
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -238,37 +258,64 @@ def _splits(tiles: int, k: int, block_k: int, want: int) -> int:
     return max(1, min(16, triton_support.cdiv(want, tiles), triton_support.cdiv(k, block_k)))
 
 
+@dataclass(frozen=True)
+class TritonPlan:
+    """A GPU launch for a class of shapes (M = 1 "gemv" or M = 2..16 "dot16"): tiles,
+    warps, stages, and K slices chosen to bring the programs to ``programs_per_sm`` per SM
+    (0: never split). ``block_k`` counts weights (int4: bytes x 2)."""
+
+    block_n: int
+    block_k: int
+    warps: int = 4
+    stages: int = 3
+    programs_per_sm: int = 2
+
+    def config(self, kernel: str, n: int, k: int, bits: int, n_sm: int) -> WoConfig:
+        """``kernel`` "gemv" or "dot" (BLOCK_M 16); the gemv's int4 steps take twice the
+        weights (the same bytes)."""
+        bk = self.block_k * (2 if bits == 4 and kernel == "gemv" else 1)
+        tiles = triton_support.cdiv(n, self.block_n)
+        split = _splits(tiles, k, bk, self.programs_per_sm * n_sm) if self.programs_per_sm else 1
+        bm = 1 if kernel == "gemv" else 16
+        return WoConfig(kernel, bm, self.block_n, bk, split, self.warps, self.stages)
+
+
+def shape_class(n: int, n_sm: int) -> str:
+    """The class of a weight with N rows: "tall" when N gives >= 4 tiles of 16 per SM
+    (N = 14336 on 132 SMs), else "short" (as the CUDA launcher's ``shape_class``)."""
+    return "tall" if n >= 64 * n_sm else "short"
+
+
+# (kernel, shape class) -> plan, for GPUs. The gemv rows keep the rule the first H200 run
+# measured (about 4 KB of weight per step, 32 bytes per thread); dot16 moves to 64-wide N
+# tiles (x traffic half the weight's) with K slices where N is short. lab/gpu_quant_sweep.py
+# prints its winners in this form: replace the entries with them.
+TRITON_PLANS = {
+    ("gemv", "tall"): TritonPlan(block_n=16, block_k=256, warps=4, stages=3, programs_per_sm=2),
+    ("gemv", "short"): TritonPlan(block_n=4, block_k=1024, warps=4, stages=3, programs_per_sm=2),
+    ("dot16", "tall"): TritonPlan(block_n=32, block_k=256, warps=4, stages=4, programs_per_sm=2),
+    ("dot16", "short"): TritonPlan(block_n=64, block_k=256, warps=4, stages=4, programs_per_sm=2),
+}
+
+
 @functools.cache  # a pure function of ints, on every call's host path
 def wo_config(m: int, n: int, k: int, bits: int, n_sm: int, interpreted: bool = False) -> WoConfig:
     """The launch for an [M, K] x [N, K] product on ``n_sm`` SMs (module docstring).
 
-    GPU, M = 1: a tile of ~4 KB of weight per step (BLOCK_N x BLOCK_K bytes; 32 bytes per
-    thread of 4 warps: two 16-byte loads in flight each), BLOCK_N as large as still gives
-    4 programs per SM (a program streams one slab of rows; fewer programs leave HBM idle),
-    down to 4 rows; split K below 2 programs per SM.
-    M <= 16: BLOCK_M 16, BLOCK_K 256 weights, BLOCK_N 64 / 32 / 16 for 2 programs per SM.
+    GPU, M <= 16: ``TRITON_PLANS`` by kernel (M = 1: gemv, else dot16) and shape class.
     M > 16: tiles of 32-128 x 64-128 x 128, split K below one program per SM.
     Interpreter: few, large programs (it pays per program), and K sliced past 1024 so the
     split path runs on the CPU too."""
-    per_byte = 8 // bits  # weights per byte
     if interpreted:
         if m == 1:
             bk = 128
             return WoConfig("gemv", 1, 32, bk, _splits(1, k, bk, 4) if k > 1024 else 1)
         bk = 64
         return WoConfig("dot", 16, 32, bk, _splits(1, k, bk, 4) if k > 1024 else 1)
-    if m == 1:
-        for bn in (32, 16, 8, 4):
-            if triton_support.cdiv(n, bn) >= 4 * n_sm:
-                break
-        bk = max(256, min(2048, 4096 // bn)) * per_byte
-        return WoConfig("gemv", 1, bn, bk, _splits(triton_support.cdiv(n, bn), k, bk, 2 * n_sm), 4, 3)
     if m <= 16:
-        for bn in (64, 32, 16):
-            if triton_support.cdiv(n, bn) >= 2 * n_sm:
-                break
-        bk = 256
-        return WoConfig("dot", 16, bn, bk, _splits(triton_support.cdiv(n, bn), k, bk, 2 * n_sm), 4, 4)
+        kernel = "gemv" if m == 1 else "dot"
+        plan = TRITON_PLANS[("gemv" if m == 1 else "dot16", shape_class(n, n_sm))]
+        return plan.config(kernel, n, k, bits, n_sm)
     bm = 32 if m <= 32 else 64 if m <= 64 else 128
     bn = 128 if triton_support.cdiv(m, bm) * triton_support.cdiv(n, 128) >= n_sm else 64
     tiles = triton_support.cdiv(m, bm) * triton_support.cdiv(n, bn)
@@ -311,14 +358,17 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
         cfg = wo_config.__wrapped__(m, n, k, bits, n_sm, interpreted)
     k_split = triton_support.cdiv(triton_support.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split = triton_support.cdiv(k, k_split)
+    acc64 = x.dtype == torch.float32
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    p = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
+    p_dtype = torch.float64 if acc64 else torch.float32
+    p = torch.empty((split, m, n), dtype=p_dtype, device=x.device) if split > 1 else y
     bias_arg = b if b is not None else y
     even = k % cfg.block_k == 0
     common = dict(
         BITS=bits,
         HAS_BIAS=b is not None,
-        SPLIT_K=split,
+        PARTIAL=split > 1,
+        ACC64=acc64,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=even,
@@ -342,14 +392,13 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
             k_split,
             **common,
             UPCAST=interpreted,
-            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             BLOCK_M=cfg.block_m,
             **gpu,
         )
     if split > 1:
         block = 1024
         _wo_reduce_kernel[(triton_support.cdiv(m * n, block),)](
-            p, s, bias_arg, y, m * n, n, HAS_BIAS=b is not None, SPLIT_K=split, BLOCK=block
+            p, s, bias_arg, y, m * n, n, split, HAS_BIAS=b is not None, BLOCK=block
         )
     return y.reshape(lead + (n,))
 
@@ -375,7 +424,8 @@ def _kernel_specs_for(bits):
         gc = {
             "BITS": bits,
             "HAS_BIAS": False,
-            "SPLIT_K": 1,
+            "PARTIAL": False,
+            "ACC64": dtype == "fp32",
             "BLOCK_N": g.block_n,
             "BLOCK_K": g.block_k,
             "EVEN_K": True,
@@ -385,9 +435,9 @@ def _kernel_specs_for(bits):
         dc = {
             "BITS": bits,
             "HAS_BIAS": False,
-            "SPLIT_K": 1,
+            "PARTIAL": False,
+            "ACC64": dtype == "fp32",
             "UPCAST": False,
-            "PRECISION": "ieee" if dtype == "fp32" else "tf32",
             "BLOCK_M": d.block_m,
             "BLOCK_N": d.block_n,
             "BLOCK_K": d.block_k,
