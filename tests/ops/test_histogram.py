@@ -247,16 +247,16 @@ def test_best_variant_and_default_cluster():
     h100, a100, t4 = ((9, 0), 232448), ((8, 0), 166912), ((7, 5), 65536)
     for dev in (h100, a100, t4):  # a uint32 histogram in 48 KB: v3 everywhere
         assert best_variant(1, *dev) == best_variant(12288, *dev) == "v3"
-    assert [best_variant(b, *h100) for b in (12289, 65536, CLUSTER_BINS, CLUSTER_BINS + 1)] == [
-        "v7", "v7", "v7", "v1"]  # fmt: skip
-    assert best_variant(65536, (10, 0), 232448) == "v7"  # clusters after Hopper too
+    assert [best_variant(b, *h100) for b in (12289, 65536, 65537, CLUSTER_BINS, CLUSTER_BINS + 1)] == [
+        "v6", "v6", "v7", "v7", "v1"]  # fmt: skip
+    assert best_variant(65537, (10, 0), 232448) == "v7"  # clusters after Hopper too
     assert [best_variant(b, *a100) for b in (12289, 65536, 65537)] == ["v6", "v6", "v1"]
     # a T4 opts in to 64 KB: v6 holds 32768 bins there, not 65536
     assert packed_bytes(32768) == 65536 and packed_bytes(65535) == packed_bytes(65536) == 131072
     assert [best_variant(b, *t4) for b in (32768, 32769, 65536)] == ["v6", "v1", "v1"]
-    # smallest power of two in [2, 8] whose slice of uint32 bins fits 32 KB
-    sizes = [default_cluster(b) for b in (1, 4096, 16384, 16385, 32768, 65536, 131072)]
-    assert sizes == [2, 2, 2, 4, 4, 8, 8]
+    # smallest power of two in [2, 8] whose slice of uint32 bins fits 128 KB
+    sizes = [default_cluster(b) for b in (1, 4096, 65536, 65537, 131072)]
+    assert sizes == [2, 2, 2, 4, 4]
 
 
 def test_cuda_launcher_refuses_bad_options_naming_them():

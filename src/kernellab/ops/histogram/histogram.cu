@@ -39,7 +39,7 @@
 //                 hold every C-th bin (bin b lives in block b % C at word b / C) in their
 //                 own shared memory, and a key's increment goes to whichever block owns it
 //                 through distributed shared memory (mapa + red.shared::cluster). 65536
-//                 uint32 bins over 8 blocks are 32 KB each. The flush is C times shorter
+//                 uint32 bins over 2 blocks are 128 KB each. The flush is C times shorter
 //                 per block and there are C times fewer copies of the histogram to merge
 //                 into the output (the merge is what v3-v6 pay per block: at 65536 bins up
 //                 to 65536 global atomics per block, as many as half a block's share of
