@@ -565,3 +565,19 @@ def test_gpu_launch_from_a_thread_without_a_current_context():
     torch.cuda.synchronize()
     torch.testing.assert_close(ys[0], 2.0 * x + 1.0, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ys[1], 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)
+
+
+def test_module_refuses_a_launch_signature_the_kernel_does_not_take():
+    from types import SimpleNamespace
+
+    from kernellab.cuda.runtime import CudaError, _param_sizes, check_signature
+
+    core = SimpleNamespace(
+        arguments_info=[SimpleNamespace(offset=0, size=8), SimpleNamespace(offset=8, size=4)]
+    )
+    assert _param_sizes(core) == [8, 4]
+    check_signature("k", ("ptr", "i32"), _param_sizes(core))
+    with pytest.raises(CudaError, match=r"kernel k: .*\[8, 8\].*\[8, 4\]"):
+        check_signature("k", ("ptr", "ptr"), _param_sizes(core))
+    assert _param_sizes(object()) is None  # bindings that cannot tell: no check
+    check_signature("k", ("ptr", "ptr"), None)

@@ -475,7 +475,7 @@ class _FakeV4:
     def __init__(self, name, launches):
         self.name, self.launches = name, launches
 
-    def __call__(self, grid, block, x, w, s, b, y, part, m, n, k, ks, wn, has_bias, shared=0):
+    def __call__(self, grid, block, x, w, s, b, y, m, n, k, part, ks, wn, has_bias, shared=0):
         import re
 
         mt, rt, u = map(int, re.match(r"wo_v4_m(\d+)_r(\d+)_u(\d+)", self.name).groups())
@@ -541,3 +541,23 @@ def test_cuda_v4_launcher_grid_slices_and_partials(monkeypatch, shape, cfg):
     assert [e[0] for e in launches] == [f"wo_v4_m{config.mt}_r{config.rt}_u{config.u}"] + (
         ["reduce"] if sliced else []
     )
+
+
+def test_v4_launch_signatures_match_the_compiled_kernels():
+    """The launch signatures' parameter sizes equal the PTX entries' (a pointer passed where
+    the kernel takes M launched v4 with N = M and wrote one row)."""
+    from kernellab.cuda.runtime import check_signature, ptx_param_sizes
+    from kernellab.ops.weight_only_matmul import cuda as c
+
+    ptx = c.MODULE.compile("sm_90", target="ptx")
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    for mt in (8, 16):
+        for rt, u in c.V4_KERNELS:
+            for sfx in ("bf16", "f16"):
+                name = f"wo_v4_m{mt}_r{rt}_u{u}_{sfx}"
+                check_signature(name, c._SIG_V4, ptx_param_sizes(ptx, name))
+    check_signature("wo_v4_reduce_bf16", c._SIG_V4_REDUCE, ptx_param_sizes(ptx, "wo_v4_reduce_bf16"))
+    with pytest.raises(Exception, match="parameter sizes"):
+        check_signature(
+            "wo_v4_m8_r1_u4_bf16", ("ptr",) * 6 + ("i32",) * 6, ptx_param_sizes(ptx, "wo_v4_m8_r1_u4_bf16")
+        )

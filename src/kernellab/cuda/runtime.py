@@ -674,8 +674,47 @@ class Module:
                     major, minor = torch.cuda.get_device_capability(device_index)
                     obj = ObjectCode.from_cubin(self.compile(f"sm_{major}{minor}"))
                     self._objects[device_index] = obj
-                self._kernels[key] = Kernel(obj.get_kernel(name), name, signature)
+                core = obj.get_kernel(name)
+                check_signature(name, signature, _param_sizes(core))
+                self._kernels[key] = Kernel(core, name, signature)
         return self._kernels[key]
+
+
+def _param_sizes(core_kernel) -> list[int] | None:
+    """The byte size of each parameter of a loaded kernel (the driver's cuFuncGetParamInfo,
+    through cuda.core), or None where the bindings cannot tell."""
+    try:
+        return [int(p.size) for p in core_kernel.arguments_info]
+    except Exception:
+        return None
+
+
+def signature_sizes(signature: Sequence[str]) -> list[int]:
+    return [ctypes.sizeof(_CTYPE[t]) for t in signature]
+
+
+def check_signature(name: str, signature: Sequence[str], sizes: Sequence[int] | None) -> None:
+    """Refuse a launch signature whose parameter sizes differ from the kernel's own (a
+    pointer where the kernel takes an int would launch with garbage arguments)."""
+    if sizes is None:
+        return
+    want = signature_sizes(signature)
+    if list(sizes) != want:
+        raise CudaError(
+            f"kernel {name}: the launch signature {tuple(signature)} has parameter sizes {want}, "
+            f"the compiled kernel takes {list(sizes)}"
+        )
+
+
+def ptx_param_sizes(ptx: str, name: str) -> list[int]:
+    """The parameter sizes of ``.entry name`` in PTX text (CPU tests of launch signatures)."""
+    import re
+
+    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\((.*?)\)", ptx, re.S)
+    if m is None:
+        raise KeyError(f"no .entry {name} in the PTX")
+    sizes = {"8": 1, "16": 2, "32": 4, "64": 8}
+    return [sizes[b] for b in re.findall(r"\.param\s+\.[a-z]+?(\d+)\s", m.group(1) + " ")]
 
 
 def ceil_div(a: int, b: int) -> int:

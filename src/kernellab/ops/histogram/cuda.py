@@ -6,8 +6,8 @@ registrations.
 on uniform and skewed keys alike) while a uint32 private histogram fits in 48 KB of shared
 memory (bins <= SHARED_BINS); past that v6 (16-bit counters, 65536 bins in 128 KB) where it
 fits, then v7 (the bins split over a thread-block cluster, up to 2^17 bins) on sm_90 and
-later, v1's global atomics where neither fits. The privatized rungs refuse bins past what they hold (``Impl.limits``),
-so the ladder compares like with like.
+later, v1's global atomics where neither fits. The privatized rungs refuse bins past what
+they hold (``Impl.limits``), so the ladder compares like with like.
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def check_v4_config(cfg: V4Config) -> None:
         raise ValueError(f"V4Config.split must be >= 1, got {cfg.split}")
 
 
-_SIG_V4 = ("ptr",) * 6 + ("i32",) * 6
+_SIG_V4 = ("ptr",) * 5 + ("i32",) * 3 + ("ptr",) + ("i32",) * 3  # x w scale bias y, M N K, part, KS WN bias?
 _SIG_V4_REDUCE = ("ptr",) * 4 + ("i32",) * 4
 GRID_Z = 65535
 
@@ -189,7 +189,7 @@ def _v4_launch(x2, w, s, bias_arg, y, has_bias, m, n, k, dev, cfg: V4Config, mod
     split = _cdiv(k, ks)
     grid = (_cdiv(n, cfg.rows), split, _cdiv(m, cfg.mt))
     part = torch.empty((split, m, n), dtype=torch.float32, device=y.device) if split > 1 else y
-    kern(grid, cfg.threads, x2, w, s, bias_arg, y, part, m, n, k, ks, cfg.wn, has_bias, shared=cfg.shared)
+    kern(grid, cfg.threads, x2, w, s, bias_arg, y, m, n, k, part, ks, cfg.wn, has_bias, shared=cfg.shared)
     if split > 1:
         if module is None:
             red = _kernel("wo_v4_reduce", x2.dtype, dev, _SIG_V4_REDUCE)
