@@ -143,11 +143,16 @@ def compile_stage(arch: str, pairs) -> int:
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")  # no CUDA state crosses into the workers
     fails = 0
-    with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
-        for kernel, _sec, err in ex.map(_compile_one, jobs):
-            if err:
-                fails += 1
-                print(f"  compile FAILED {kernel}: {err}", flush=True)
+    try:
+        with ProcessPoolExecutor(workers, mp_context=ctx) as ex:
+            done = list(ex.map(_compile_one, jobs))
+    except Exception as e:  # noqa: BLE001 - no worker processes here: compile in this one
+        print(f"  worker pool failed ({type(e).__name__}: {e}); compiling here", flush=True)
+        done, workers = [_compile_one(j) for j in jobs], 1
+    for kernel, _sec, err in done:
+        if err:
+            fails += 1
+            print(f"  compile FAILED {kernel}: {err}", flush=True)
     print(f"compiled {len(jobs)} modules for {arch} in {time.perf_counter() - t0:.1f}s "
           f"({workers} processes), {fails} failures", flush=True)  # fmt: skip
     return fails
