@@ -258,6 +258,7 @@ def matmul(a, b, bias=None, activation=None, *, backend: str | None = None):
 __all__ = ["matmul", "SPEC", "matmul_reference", "validate_matmul", "make_matmul_inputs", "dtype_name"]
 
 from kernellab.ops.matmul import cuda as _cuda  # noqa: E402,F401
+from kernellab.ops.matmul import cuda_skinny as _cuda_skinny  # noqa: E402,F401
 from kernellab.ops.matmul import reference as _reference  # noqa: E402,F401  (registrations)
 from kernellab.ops.matmul import triton as _triton  # noqa: E402,F401
 from kernellab.ops.matmul import triton_tma as _triton_tma  # noqa: E402,F401

@@ -10,7 +10,9 @@ Backward, with z = a @ b + bias and dz = dy * act'(z):
 relu needs only the output (z > 0 exactly where y > 0); gelu recomputes z with one more
 matmul rather than keeping a second [M, N] output alive between forward and backward.
 Every step is a PyTorch op or the forward, so second derivatives are exact (the kit passes
-the custom op as the forward when the backward is differentiated).
+the custom op as the forward when the backward is differentiated). A backend whose forward
+takes only some shapes (cuda_skinny: M <= 128, while db = a^T @ dz has K rows) names the
+product its backward uses instead (``backward_mm``).
 """
 
 from __future__ import annotations
@@ -61,10 +63,16 @@ def _with_bias(make):
     return (a, b, bias, "gelu")
 
 
-def matmul_op(name: str, fwd: Callable, triton: bool = False):
+def matmul_op(name: str, fwd: Callable, triton: bool = False, backward_mm: Callable | None = None):
     """Custom op ``kernellab::<name>(a, b, bias?, activation?)`` and the registry callable
     ``call(a, b, bias=None, activation=None)`` (with ``.custom_ops`` for opcheck and
-    ``.op``, the custom op)."""
+    ``.op``, the custom op). ``backward_mm(a, b, bias, activation)``: the product the
+    backward calls (default: the forward itself)."""
+    backward = _backward
+    if backward_mm is not None:
+
+        def backward(mm, saved, activation, dy, need):
+            return _backward(backward_mm, saved, activation, dy, need)
 
     def _fwd(a: Tensor, b: Tensor, bias: Tensor | None, activation: str | None) -> Tensor:
         return fwd(a, b, bias, activation)
@@ -79,7 +87,7 @@ def matmul_op(name: str, fwd: Callable, triton: bool = False):
                 a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad)
             ),
             samples=(lambda make: tuple(make.args(1)[:2]) + (None, None), _with_bias),
-            backward=_backward,
+            backward=backward,
             triton=triton,
         )
     )

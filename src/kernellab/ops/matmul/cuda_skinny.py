@@ -1,0 +1,427 @@
+"""Skinny matmul in CUDA C++ (skinny.cu): backend ``cuda_skinny``, y = a @ b for M <= 128.
+
+Decode (M = 1-16) and small batches (M <= 128) against a linear layer's weight, fp16 / bf16
+with fp32 accumulation. b is read in place in either of two layouts: ``W.t()`` of a
+row-major [N, K] ``W`` ("nt", nn.Linear's weight: unit stride along K) or a row-major
+[K, N] ("nn"), with any row stride. Other layouts of b (sliced columns, expanded) are packed
+with ``.contiguous()`` first: correct, but a copy of the weight. a is read in place when it
+has unit stride along K, else packed (M x K halfs, cheap).
+
+Two kernels (skinny.cu): ``gemv`` (nt, M <= 16: the weight goes straight from global memory
+to the MMA's registers) and ``tile`` (any M, both layouts: a cp.async pipeline). Each has a
+config object (GemvConfig, TileConfig: tile shape, and the waves of blocks its split-K aims
+for); TABLE picks one per M bucket and layout. Edit TABLE from the sweep of
+lab/gpu_skinny_cuda.py. Every (config, kernel) pair is its own NVRTC module (-D macros,
+0.5-1.5 s to compile, cached on disk).
+
+Limits (``skinny_limits``; ``check`` counts these as refused): one 2-D product (no batch
+dims) with M <= 128. The backward runs torch's matmuls: da = dz @ b^T has M rows but
+db = a^T @ dz has K, which is not skinny.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from kernellab.core.registry import register
+from kernellab.cuda.runtime import DTYPE_SUFFIX, Module, _raw_stream, nvrtc_unavailable, sm_count
+from kernellab.ops.matmul._autograd import matmul_op
+from kernellab.ops.matmul.epilogue import apply_epilogue
+from kernellab.ops.matmul.reference import torch_matmul
+
+SOURCE = Path(__file__).with_name("skinny.cu")
+# Every entry point with the default macros: what `kernellab asm` shows and the check's
+# "compiled, not run" compiles.
+MODULE = Module(SOURCE)
+M_MAX = 128
+HALF = (torch.float16, torch.bfloat16)
+SMEM_MAX = 227 * 1024  # dynamic shared memory a block can opt into on sm_90 (sm_80: 163 KB)
+GRID_Z_MAX = 65535
+# Split-K: a slice is at least MIN_SLICE_K of K (shorter ones are mostly prologue), and
+# at most SPLIT_MAX slices. The blocks aim at `waves` x SMs, FILL of it being enough (32
+# tiles x 4 slices = 128 blocks on 132 SMs is a full wave, not 0.97 of one and a second).
+MIN_SLICE_K = 256
+SPLIT_MAX = 64
+FILL = 0.95
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --------------------------------------------------------------------------- configs
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """skinny_gemv (nt layout, M <= 16): a block of ``warps`` warps streams
+    warps x rows x 16 weight rows over one K slice of at most ``kc``."""
+
+    warps: int = 4  # warps per block
+    rows: int = 1  # 16-row groups per warp (each loads 2 x 16 B per 32-wide k step)
+    unroll: int = 4  # k steps per load batch; two batches in flight: 64 x unroll x rows B per thread
+    kc: int = 2048  # most K per block: x's shared copy is M x (kc + 32) halfs (66 KB at M = 16)
+    waves: float = 2.0  # split K until the blocks make this many waves of the SMs
+    prefetch: int = 0  # L2 prefetch-size hint on the weight loads: 0, 128 or 256 bytes
+
+    kind: ClassVar[str] = "gemv"
+    granule: ClassVar[int] = 64  # K slices are multiples of this (x's shared row pitch)
+
+    def __post_init__(self):
+        if not (1 <= self.warps <= 32 and self.rows >= 1 and self.unroll >= 1):
+            raise ValueError(f"GemvConfig: warps 1-32, rows >= 1, unroll >= 1; got {self}")
+        if self.unroll * self.rows > 8:
+            raise ValueError(
+                f"GemvConfig: unroll x rows <= 8 (16 x that many registers of loads); got {self}"
+            )
+        if self.kc < 64 or self.kc % 64 or 16 * (self.kc + 32) * 2 > SMEM_MAX:
+            raise ValueError(f"GemvConfig: kc a multiple of 64 whose x copy fits ({SMEM_MAX} B); got {self}")
+        if self.waves <= 0 or self.prefetch not in (0, 128, 256):
+            raise ValueError(f"GemvConfig: waves > 0, prefetch 0, 128 or 256; got {self}")
+
+    @property
+    def block_n(self) -> int:
+        return self.warps * self.rows * 16
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def block_m(self, m: int) -> int:
+        return 8 if m <= 8 else 16
+
+    def macros(self) -> tuple[str, ...]:
+        return (
+            f"-DSK_GW={self.warps}",
+            f"-DSK_GR={self.rows}",
+            f"-DSK_GU={self.unroll}",
+            f"-DSK_PF={self.prefetch}",
+        )
+
+    def kernel(self, m: int, layout: str, dtype: torch.dtype) -> str:
+        if layout != "nt":
+            raise ValueError(
+                "cuda_skinny: the gemv kernel reads the nt weight layout (W.t()) only; use a TileConfig"
+            )
+        if m > 16:
+            raise ValueError(f"cuda_skinny: the gemv kernel takes M <= 16 rows, got {m}; use a TileConfig")
+        return f"skinny_gemv_m{self.block_m(m)}_{DTYPE_SUFFIX[dtype]}"
+
+    def max_chunk(self) -> int:
+        return self.kc
+
+    def shared(self, m: int, layout: str, kchunk: int) -> int:
+        return m * (kchunk + 32) * 2
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """skinny_tile (nt or nn, any M): bn x bm output tiles over bk-deep stages of a
+    ``stages``-deep cp.async pipeline; wn x wm warps."""
+
+    bn: int = 64  # weight rows (outputs n) per block
+    bm: int = 16  # rows of a per block (grid y = ceil(M / bm))
+    bk: int = 64  # K per pipeline stage
+    stages: int = 4
+    wn: int = 4  # warps along n (warp tile bn / wn, a multiple of 16)
+    wm: int = 1  # warps along m (warp tile bm / wm, a multiple of 8)
+    waves: float = 1.0
+    prefetch: int = 0  # L2 prefetch-size hint on the weight copies: 0, 128 or 256 bytes
+
+    kind: ClassVar[str] = "tile"
+
+    def __post_init__(self):
+        if self.bn % (16 * self.wn) or self.bm % (8 * self.wm) or self.bk % 16 or self.bk < 16:
+            raise ValueError(f"TileConfig: bn a multiple of 16 wn, bm of 8 wm, bk of 16; got {self}")
+        if self.stages < 2 or not 1 <= self.wn * self.wm <= 32:
+            raise ValueError(f"TileConfig: stages >= 2, 1-32 warps; got {self}")
+        if max(self.shared(1, "nt", 0), self.shared(1, "nn", 0)) > SMEM_MAX:
+            raise ValueError(f"TileConfig: {self.stages} stages need more than {SMEM_MAX} B of shared memory")
+        if self.waves <= 0 or self.prefetch not in (0, 128, 256):
+            raise ValueError(f"TileConfig: waves > 0, prefetch 0, 128 or 256; got {self}")
+
+    @property
+    def block_n(self) -> int:
+        return self.bn
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.wn * self.wm
+
+    @property
+    def granule(self) -> int:
+        return self.bk
+
+    def block_m(self, m: int) -> int:
+        return self.bm
+
+    def macros(self) -> tuple[str, ...]:
+        return (
+            f"-DSK_BN={self.bn}",
+            f"-DSK_BM={self.bm}",
+            f"-DSK_BK={self.bk}",
+            f"-DSK_STAGES={self.stages}",
+            f"-DSK_WN={self.wn}",
+            f"-DSK_WM={self.wm}",
+            f"-DSK_PF={self.prefetch}",
+        )
+
+    def kernel(self, m: int, layout: str, dtype: torch.dtype) -> str:
+        return f"skinny_tile_{layout}_{DTYPE_SUFFIX[dtype]}"
+
+    def max_chunk(self) -> int | None:
+        return None
+
+    def shared(self, m: int, layout: str, kchunk: int) -> int:
+        """STAGES x (weight tile + x tile) halfs, rows padded by 8 (as skinny.cu lays them)."""
+        w = self.bk * (self.bn + 8) if layout == "nn" else self.bn * (self.bk + 8)
+        return self.stages * (w + self.bm * (self.bk + 8)) * 2
+
+
+# The config per M bucket and weight layout: the first row with M <= its bound and the
+# layout wins. Placeholders until the H200 sweep (lab/gpu_skinny_cuda.py) says otherwise.
+TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | TileConfig], ...] = (
+    (16, ("nt",), GemvConfig(warps=4, rows=1, unroll=4, kc=2048, waves=2.0)),
+    (16, ("nt", "nn"), TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1, waves=2.0)),
+    (32, ("nt", "nn"), TileConfig(bn=64, bm=32, bk=64, stages=4, wn=4, wm=1, waves=2.0)),
+    (64, ("nt", "nn"), TileConfig(bn=128, bm=64, bk=64, stages=3, wn=4, wm=2, waves=1.0)),
+    (128, ("nt", "nn"), TileConfig(bn=128, bm=128, bk=32, stages=4, wn=4, wm=2, waves=1.0)),
+)
+
+
+def choose_config(m: int, layout: str, table=TABLE):
+    """The config ``table`` gives an [M, K] @ b product in ``layout``."""
+    for bound, layouts, cfg in table:
+        if m <= bound and layout in layouts:
+            return cfg
+    raise ValueError(f"cuda_skinny: no config for M = {m}, layout {layout!r} (M <= {M_MAX})")
+
+
+# --------------------------------------------------------------------------- plan
+
+
+def split_k(tiles: int, k: int, granule: int, sms: int, waves: float, max_chunk: int | None = None,
+            splits: int | None = None) -> tuple[int, int]:  # fmt: skip
+    """(S, kchunk): K cut into S slices of kchunk elements (a multiple of ``granule``; the
+    last slice may be shorter, none is empty) for ``tiles`` output tiles on ``sms`` SMs.
+
+    S is the smallest count whose tiles x S blocks reach FILL x waves x SMs, at most
+    SPLIT_MAX and with slices of at least MIN_SLICE_K; ``splits`` asks for a count instead.
+    Either way a slice holds at most ``max_chunk`` (the gemv kernel's shared copy of x),
+    which wins over the rest."""
+    units = _cdiv(k, granule)
+    if splits is None:
+        s = max(1, math.ceil(FILL * waves * sms / max(1, tiles) - 1e-9))
+        s = min(s, SPLIT_MAX, max(1, k // MIN_SLICE_K))
+    elif splits < 1:
+        raise ValueError(f"cuda_skinny: splits must be >= 1, got {splits}")
+    else:
+        s = splits
+    if max_chunk is not None:
+        s = max(s, _cdiv(k, max_chunk))
+    per = _cdiv(units, min(s, units))  # granules per slice
+    return _cdiv(units, per), per * granule
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One launch: kernel name, config, grid, threads, K slices, dynamic shared memory."""
+
+    kernel: str
+    config: GemvConfig | TileConfig
+    grid: tuple[int, int, int]
+    block: int
+    splits: int
+    kchunk: int
+    shared: int
+
+
+def plan(m: int, n: int, k: int, layout: str, dtype: torch.dtype, sms: int, config=None,
+         splits: int | None = None) -> Plan:  # fmt: skip
+    """The launch for y [m, n] = x [m, k] @ b [k, n] (pure: no GPU needed). ``config``
+    None: TABLE's; ``splits`` None: split_k's heuristic."""
+    if not (1 <= m <= M_MAX and n >= 1 and k >= 1):
+        raise ValueError(f"cuda_skinny: plans 1 <= M <= {M_MAX}, N >= 1, K >= 1; got M={m}, N={n}, K={k}")
+    if layout not in ("nt", "nn"):
+        raise ValueError(f"cuda_skinny: layout is 'nt' or 'nn', got {layout!r}")
+    if dtype not in HALF:
+        raise TypeError(f"cuda_skinny: takes float16 / bfloat16, got {dtype}")
+    cfg = config if config is not None else choose_config(m, layout)
+    name = cfg.kernel(m, layout, dtype)
+    tiles_n, tiles_m = _cdiv(n, cfg.block_n), _cdiv(m, cfg.block_m(m))
+    s, kchunk = split_k(tiles_n * tiles_m, k, cfg.granule, sms, cfg.waves, cfg.max_chunk(), splits)
+    if s > GRID_Z_MAX:
+        raise ValueError(f"cuda_skinny: K = {k} needs {s} slices, more than the grid's {GRID_Z_MAX}")
+    shared = cfg.shared(m, layout, kchunk)
+    if shared > SMEM_MAX:
+        raise ValueError(
+            f"cuda_skinny: {cfg} needs {shared} B of shared memory at M = {m} (at most {SMEM_MAX})"
+        )
+    return Plan(name, cfg, (tiles_n, tiles_m, s), cfg.threads, s, kchunk, shared)
+
+
+# --------------------------------------------------------------------------- launcher
+
+
+@functools.cache
+def module_for(config, kernel: str) -> Module:
+    """The NVRTC module of one kernel of skinny.cu under ``config``'s macros."""
+    return Module(SOURCE, options=config.macros() + ("-DSK_ONE", f"-DSK_WANT_{kernel}"))
+
+
+_SIG = ("ptr", "ptr", "ptr", "ptr", "ptr") + ("i32",) * 7
+# Per (device, stream): the split-K tile counters. The kernel leaves them at zero, so one
+# zeroed buffer serves every launch on its stream (one per stream: launches on two
+# streams may run at once).
+_COUNTERS: dict[tuple[int, int], torch.Tensor] = {}
+_PLANS: dict[tuple, tuple[Plan, object]] = {}
+
+
+def _counters(dev: int, need: int) -> torch.Tensor:
+    key = (dev, _raw_stream(dev))
+    t = _COUNTERS.get(key)
+    if t is None or t.numel() < need:
+        t = torch.zeros(max(4096, 1 << (need - 1).bit_length()), dtype=torch.int32, device=f"cuda:{dev}")
+        _COUNTERS[key] = t
+    return t
+
+
+def skinny_limits(a, b, bias=None, activation=None) -> str | None:
+    """Why cuda_skinny does not take (a, b), or None (``Impl.limits``)."""
+    if a.dim() != 2 or b.dim() != 2:
+        return (
+            f"cuda_skinny computes one 2-D product a [M, K] @ b [K, N]; got a {tuple(a.shape)}, "
+            f"b {tuple(b.shape)} (batched products: backend 'cuda' or 'torch')"
+        )
+    if a.shape[0] > M_MAX:
+        return f"cuda_skinny takes M <= {M_MAX} rows of a (decode, small batches), got {a.shape[0]}"
+    if a.dtype not in HALF:
+        return f"cuda_skinny takes float16 / bfloat16, got {a.dtype}"
+    return None
+
+
+def weight_layout(b: torch.Tensor) -> tuple[str, int] | None:
+    """("nt", ldw) where b[k, n] = w[n ldw + k], ("nn", ldw) where b[k, n] = w[k ldw + n],
+    None where neither holds (b is packed then). Size-1 dims take any stride."""
+    k, n = b.shape
+    if b.stride(0) == 1 or k == 1:
+        return "nt", (b.stride(1) if n > 1 else k)
+    if b.stride(1) == 1 or n == 1:
+        return "nn", (b.stride(0) if k > 1 else n)
+    return None
+
+
+def skinny_product(a: torch.Tensor, b: torch.Tensor, config=None, splits: int | None = None) -> torch.Tensor:
+    """a [M, K] @ b [K, N] -> a fresh y [M, N] with one launch (fp16 / bf16, M <= 128).
+    ``config`` / ``splits`` override TABLE and the split heuristic (the sweep's knobs)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        raise TypeError("cuda_skinny: a and b must be tensors")
+    why = skinny_limits(a, b)
+    if why:
+        raise (TypeError if a.dtype not in HALF else ValueError)(f"matmul/{why}")
+    if b.dtype != a.dtype or b.shape[0] != a.shape[1]:
+        raise ValueError(f"matmul/cuda_skinny: a {tuple(a.shape)} {a.dtype} @ b {tuple(b.shape)} {b.dtype}")
+    if not (a.is_cuda and b.is_cuda and a.device == b.device):
+        raise ValueError(
+            f"matmul/cuda_skinny: a and b must be on one CUDA device, got {a.device} and {b.device}"
+        )
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0:
+        return a.new_empty((m, n))
+    if k == 0:
+        return a.new_zeros((m, n))
+    if a.stride(1) != 1 and k > 1:
+        a = a.contiguous()
+    ldx = a.stride(0) if m > 1 else k
+    found = weight_layout(b)
+    if found is None:
+        b = b.contiguous()
+        found = "nn", n
+    layout, ldw = found
+    dev = a.device.index
+    vec = int(
+        k % 8 == 0
+        and ldx % 8 == 0
+        and ldw % 8 == 0
+        and (layout == "nt" or n % 8 == 0)
+        and a.data_ptr() % 16 == 0
+        and b.data_ptr() % 16 == 0
+    )
+    key = (m, n, k, layout, a.dtype, dev, config, splits)
+    got = _PLANS.get(key)
+    if got is None:
+        p = plan(m, n, k, layout, a.dtype, sm_count(dev), config, splits)
+        kern = module_for(p.config, p.kernel).kernel(p.kernel, _SIG, dev)
+        if p.shared > kern.max_dynamic_shared:
+            kern.set_max_dynamic_shared(p.shared)
+        got = _PLANS[key] = (p, kern)
+    p, kern = got
+    y = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    ws = cnt = 0
+    if p.splits > 1:
+        ws = torch.empty((p.splits, m, n), dtype=torch.float32, device=a.device)
+        cnt = _counters(dev, p.grid[0] * p.grid[1])
+    kern(
+        p.grid, p.block, a, b, y, ws, cnt, m, n, k, ldx, ldw, p.kchunk, vec, shared=p.shared, device_index=dev
+    )
+    return y
+
+
+# --------------------------------------------------------------------------- registration
+
+
+def _fwd(a, b, bias=None, activation=None):
+    y = skinny_product(a, b)
+    if bias is None and activation is None:
+        return y
+    return apply_epilogue(y, bias, activation)
+
+
+def _available():
+    """NVRTC, and on a GPU sm_80 or newer (mma.sync on bf16, cp.async)."""
+    why = nvrtc_unavailable()
+    if why or not torch.cuda.is_available():
+        return why
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        return f"needs sm_80 or newer (bf16 mma.sync, cp.async); this GPU is sm_{major}{minor}"
+    return None
+
+
+def table_kernels(table=TABLE) -> list[tuple[GemvConfig | TileConfig, str]]:
+    """(config, kernel name) for every kernel TABLE can launch."""
+    out = []
+    for bound, layouts, cfg in table:
+        for layout in layouts:
+            for dtype in HALF:
+                for m in (8, 16) if cfg.kind == "gemv" else (1,):
+                    if cfg.kind == "gemv" and m > bound:
+                        continue
+                    pair = (cfg, cfg.kernel(m, layout, dtype))
+                    if pair not in out:
+                        out.append(pair)
+    return out
+
+
+_CALL = matmul_op("matmul_cuda_skinny", _fwd, backward_mm=torch_matmul)
+register(
+    "matmul",
+    "cuda_skinny",
+    devices=("cuda",),
+    available=_available,
+    precompile=MODULE.precompile,  # every entry point; the tests compile TABLE's own modules
+    custom_ops=_CALL.custom_ops,
+    description="CUDA skinny (M <= 128, fp16/bf16): tensor-core weight stream, split-K in one launch",
+    dtypes=HALF,
+    builtin=True,
+    module=MODULE,
+    limits=skinny_limits,
+    double_backward=True,
+)(_CALL)

@@ -1,0 +1,503 @@
+// Skinny matmul y [M, N] = x [M, K] @ B [K, N] for M <= 128 (decode and small batches),
+// fp16 / bf16 in and out, fp32 accumulation; compiled by NVRTC, one module per config (the
+// SK_* macros below, set by cuda_skinny.py).
+//
+// Why a kernel of its own (napkin math): at M = 1-16 a linear layer is a weight stream. An
+// 8B model's 14336x4096 bf16 weight is 117 MB, 28 us at the H200's ~4.2 TB/s copy rate,
+// while x and y are M (K + N) 2 B < 0.6 MB. cuBLAS reads that weight at ~2.9 TB/s. Both
+// kernels here put the weight in the A slot of mma.sync m16n8k16 (16 weight rows = 16
+// outputs n, by 16 k) and x in the B slot (8 columns = 8 rows m of x), so every weight
+// element is loaded once and one MMA applies it to 8 rows of x. M = 1 wastes 7/8 of each
+// MMA, but at M <= 16 the tensor cores have time to spare: one MMA per 512 B of weight.
+//
+// Operand layouts (read in place with their strides; cuda_skinny.py packs a weight in neither):
+//   nt: B = W.t() with W [N, ldw] row-major (nn.Linear's weight): B[k, n] = w[n * ldw + k]
+//   nn: B [K, ldw] row-major (a plain contiguous B):              B[k, n] = w[k * ldw + n]
+//   x [M, ldx] row-major, unit stride along K; y [M, N] contiguous.
+// vec != 0 promises 16-byte aligned x and w, ldx, ldw and K multiples of 8 (and N for nn):
+// every 8-element chunk is then whole and aligned (16-byte loads, cp.async). vec == 0 takes
+// guarded element loads (odd K such as 4095, misaligned views): correct, not fast.
+//
+// Kernels:
+//   skinny_gemv_m{8,16}_{bf16,f16} (nt, M <= 8 / M <= 16): no shared memory for the weight.
+//     Lane (g = lane / 4, q = lane % 4) of a warp loads 16 bytes (k = 8q .. 8q+7 of a
+//     32-wide k step) of weight rows g and g + 8 straight into registers: those are the
+//     A fragments of two MMAs once the 8 k values are given to them in a permuted order
+//     (MMA j takes elements 4j, 4j+1 as its k = 2q, 2q+1 and 4j+2, 4j+3 as k = 2q+8, 2q+9).
+//     x's B fragment is read from shared memory with the same permutation (16 bytes of row
+//     m = g at the same k): a dot product does not depend on the order of its k terms. A
+//     warp streams GR x 16 rows by 32 k per step; GU steps are loaded as one batch while the
+//     previous batch is multiplied (2 x GU x GR x 32 B of loads in flight per thread). x is
+//     staged once per block: M x kchunk halfs (kchunk <= the config's kc, host-chosen).
+//   skinny_tile_{nt,nn}_{bf16,f16} (any M, grid y = ceil(M / BM)): a STAGES-deep cp.async
+//     pipeline of BN x BK weight tiles and BM x BK x tiles in shared memory, fragments by
+//     ldmatrix (.trans for the nn weight: its k-major rows are the A fragment's columns),
+//     WN x WM warps over the BN x BM output tile. For 16 < M <= 128, where each weight
+//     element meets up to 128 rows of x and the MMAs start to cost as much as the stream.
+//
+// Split-K: grid z = S slices of kchunk elements of K (host-chosen so that small N still
+// fills the GPU). Each block writes its fp32 partial to ws [S, M, N], fences, and counts
+// itself in counters[tile] (atomicAdd). The block that counts last sums the S partials in
+// slice order 0 .. S-1, converts and writes y, and resets the counter to 0 for the next
+// launch. The sum order is fixed, whichever block comes last:
+// deterministic. One launch and no second reduction kernel: at 4096x4096, M = 1 the whole
+// product is ~10 us and a dependent second launch would add ~2 us.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+// ------------------------------------------------------------------ config (per module)
+#ifndef SK_GW
+#define SK_GW 4  // gemv: warps per block
+#endif
+#ifndef SK_GR
+#define SK_GR 1  // gemv: 16-row groups per warp (block: GW x GR x 16 weight rows)
+#endif
+#ifndef SK_GU
+#define SK_GU 4  // gemv: 32-wide k steps per load batch
+#endif
+#ifndef SK_BN
+#define SK_BN 64  // tile: weight rows (outputs n) per block
+#endif
+#ifndef SK_BM
+#define SK_BM 16  // tile: rows of x per block
+#endif
+#ifndef SK_BK
+#define SK_BK 64  // tile: k per pipeline stage
+#endif
+#ifndef SK_STAGES
+#define SK_STAGES 4
+#endif
+#ifndef SK_WN
+#define SK_WN 4  // tile: warps along n
+#endif
+#ifndef SK_WM
+#define SK_WM 1  // tile: warps along m
+#endif
+// Both: the L2 prefetch-size hint on weight loads (0 none, 128 or 256 bytes). A warp takes
+// 64 B of a weight row per gemv step (32 B to 256 B per tile stage): the hint has the L2
+// fetch the rest of the row's next bytes in the same DRAM access.
+#ifndef SK_PF
+#define SK_PF 0
+#endif
+#if SK_PF == 256
+#define SK_PF_HINT ".L2::256B"
+#elif SK_PF == 128
+#define SK_PF_HINT ".L2::128B"
+#else
+#define SK_PF_HINT ""
+#endif
+
+// ------------------------------------------------------------------ helpers
+__device__ __forceinline__ unsigned sk_smem(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte cp.async, bypassing L1; src_bytes < 16 zero-fills the rest (0: all zeros).
+__device__ __forceinline__ void sk_cp16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+// The same for a weight chunk, with the prefetch hint.
+__device__ __forceinline__ void sk_cp16_w(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global" SK_PF_HINT " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+}
+
+// A weight chunk that is read exactly once: read-only path, no L1 allocation.
+__device__ __forceinline__ uint4 sk_ld_stream(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate" SK_PF_HINT ".v4.u32 {%0,%1,%2,%3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+// Up to 8 halfs from p, one by one (no alignment needed); zeros past `valid`.
+__device__ __forceinline__ uint4 sk_ld8_guarded(const unsigned short* p, int valid) {
+    unsigned e[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) e[i] = i < valid ? p[i] : 0u;
+    return make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16), e[4] | (e[5] << 16), e[6] | (e[7] << 16));
+}
+
+__device__ __forceinline__ unsigned sk_word(const uint4& v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <bool BF16>
+__device__ __forceinline__ void sk_mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                       unsigned b0, unsigned b1) {
+    if (BF16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+
+__device__ __forceinline__ void sk_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void sk_store(__half* p, float v) { *p = __float2half_rn(v); }
+
+// ------------------------------------------------------------------ epilogue (both kernels)
+// acc[i][j] is the m16n8 accumulator fragment of weight rows nb + 16 i .. +15 (outputs n)
+// by x rows mb + 8 j .. +7: lane (g, q) holds (n = g, m = 2q), (g, 2q+1), (g+8, 2q),
+// (g+8, 2q+1). With one K slice it goes straight to y. Otherwise every block stores it to
+// its slice of ws, and the last block of the tile (the block's TILE_N x TILE_M outputs at
+// n_blk, m_blk) sums the slices in order, one output per thread at a time (consecutive
+// threads on consecutive n: coalesced reads of ws and writes of y). Every thread of the
+// block must call this.
+template <typename T, int NI, int MJ, int TILE_N, int TILE_M, int THREADS>
+__device__ __forceinline__ void sk_finish(float (&acc)[NI][MJ][4], T* __restrict__ y, float* __restrict__ ws,
+                                          int* __restrict__ counters, int M, int N, int nb, int mb, int n_blk,
+                                          int m_blk) {
+    __shared__ int sk_is_last;
+    const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    const int S = gridDim.z;
+    if (S == 1) {
+#pragma unroll
+        for (int i = 0; i < NI; ++i)
+#pragma unroll
+            for (int j = 0; j < MJ; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int n = nb + i * 16 + g + (e >> 1) * 8, m = mb + j * 8 + 2 * q + (e & 1);
+                    if (n < N && m < M) sk_store(y + (long long)m * N + n, acc[i][j][e]);
+                }
+        return;
+    }
+    const long long slice = (long long)M * N;
+    float* mine = ws + blockIdx.z * slice;
+#pragma unroll
+    for (int i = 0; i < NI; ++i)
+#pragma unroll
+        for (int j = 0; j < MJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int n = nb + i * 16 + g + (e >> 1) * 8, m = mb + j * 8 + 2 * q + (e & 1);
+                if (n < N && m < M) mine[(long long)m * N + n] = acc[i][j][e];
+            }
+    __threadfence();  // the partial is visible device-wide before the count says so
+    __syncthreads();
+    const int tile = blockIdx.x + gridDim.x * blockIdx.y;
+    if (threadIdx.x == 0) sk_is_last = atomicAdd(counters + tile, 1) == S - 1;
+    __syncthreads();
+    if (!sk_is_last) return;
+    __threadfence();
+#pragma unroll 1
+    for (int idx = threadIdx.x; idx < TILE_N * TILE_M; idx += THREADS) {
+        const int n = n_blk + idx % TILE_N, m = m_blk + idx / TILE_N;
+        if (n < N && m < M) {
+            const float* p = ws + (long long)m * N + n;
+            float v = 0.f;
+#pragma unroll 1
+            for (int s = 0; s < S; ++s) v += __ldcg(p + s * slice);  // slice order: deterministic
+            sk_store(y + (long long)m * N + n, v);
+        }
+    }
+    if (threadIdx.x == 0) counters[tile] = 0;  // ready for the next launch
+}
+
+// ------------------------------------------------------------------ gemv (nt, M <= 8 MG)
+// grid (ceil(N / (GW GR 16)), 1, S), block 32 GW, dynamic shared memory M (kchunk + 32)
+// halfs. kchunk (a multiple of 64) is the K slice per block; the x row pitch kchunk + 32
+// puts rows g and g + 1 64 bytes apart mod 128: the 16-byte reads of a quarter warp (two
+// rows x 64 B) hit 32 distinct banks.
+template <int GU, int GR>
+__device__ __forceinline__ void sk_gemv_load(uint4 (&buf)[GU][GR][2], const unsigned short* const (&wp)[GR][2],
+                                             const bool (&rok)[GR][2], int s0, int nsteps, int klen, int q,
+                                             int vec) {
+#pragma unroll
+    for (int u = 0; u < GU; ++u) {
+        const int step = s0 + u;
+        const int kk = step * 32 + q * 8;  // this lane's first k, relative to the slice
+#pragma unroll
+        for (int r = 0; r < GR; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                uint4 v = make_uint4(0u, 0u, 0u, 0u);
+                if (step < nsteps && rok[r][h] && kk < klen)
+                    v = vec ? sk_ld_stream(wp[r][h] + step * 32) : sk_ld8_guarded(wp[r][h] + step * 32, klen - kk);
+                buf[u][r][h] = v;
+            }
+    }
+}
+
+template <bool BF16, int GU, int GR, int MG>
+__device__ __forceinline__ void sk_gemv_mma(float (&acc)[GR][MG][4], const uint4 (&buf)[GU][GR][2],
+                                            const unsigned short* xs, int xp, int M, int s0, int nsteps, int g,
+                                            int q) {
+#pragma unroll
+    for (int u = 0; u < GU; ++u) {
+        const int step = s0 + u;
+        if (step < nsteps) {  // the same for the whole warp
+            const int kx = step * 32 + q * 8;
+#pragma unroll
+            for (int mg = 0; mg < MG; ++mg) {
+                const int m = mg * 8 + g;
+                const uint4 xv =
+                    m < M ? *reinterpret_cast<const uint4*>(xs + m * xp + kx) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+                for (int r = 0; r < GR; ++r)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        sk_mma<BF16>(acc[r][mg], sk_word(buf[u][r][0], 2 * j), sk_word(buf[u][r][1], 2 * j),
+                                     sk_word(buf[u][r][0], 2 * j + 1), sk_word(buf[u][r][1], 2 * j + 1),
+                                     sk_word(xv, 2 * j), sk_word(xv, 2 * j + 1));
+            }
+        }
+    }
+}
+
+template <typename T, bool BF16, int MG>
+__device__ __forceinline__ void sk_gemv_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                                             float* __restrict__ ws, int* __restrict__ counters, int M, int N,
+                                             int K, int ldx, int ldw, int kchunk, int vec) {
+    constexpr int GW = SK_GW, GR = SK_GR, GU = SK_GU;
+    extern __shared__ __align__(128) unsigned short sk_dyn[];
+    unsigned short* xs = sk_dyn;  // [M][kchunk + 32]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+    const int kbeg = blockIdx.z * kchunk;
+    const int klen = min(K - kbeg, kchunk);  // > 0: the host makes no empty slice
+    const int nsteps = (klen + 31) / 32;
+    const int xp = kchunk + 32;
+    const int nw = blockIdx.x * (GW * GR * 16) + warp * (GR * 16);
+    const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
+    const unsigned short* x16 = reinterpret_cast<const unsigned short*>(x);
+
+    const unsigned short* wp[GR][2];
+    bool rok[GR][2];
+#pragma unroll
+    for (int r = 0; r < GR; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int n = nw + r * 16 + g + h * 8;
+            rok[r][h] = n < N;
+            wp[r][h] = w16 + (long long)(n < N ? n : 0) * ldw + kbeg + q * 8;
+        }
+    uint4 wa[GU][GR][2], wb[GU][GR][2];
+    float acc[GR][MG][4] = {};
+
+    // The first batch of weights is in flight while x is staged.
+    sk_gemv_load<GU, GR>(wa, wp, rok, 0, nsteps, klen, q, vec);
+    const int chunks = kchunk / 8;
+    for (int c = threadIdx.x; c < M * chunks; c += 32 * GW) {
+        const int m = c / chunks, kk = (c % chunks) * 8;
+        const unsigned short* src = x16 + (long long)m * ldx + kbeg + kk;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (kk < klen) v = vec ? __ldg(reinterpret_cast<const uint4*>(src)) : sk_ld8_guarded(src, klen - kk);
+        *reinterpret_cast<uint4*>(xs + m * xp + kk) = v;
+    }
+    __syncthreads();
+
+    for (int s = 0; s < nsteps; s += 2 * GU) {
+        sk_gemv_load<GU, GR>(wb, wp, rok, s + GU, nsteps, klen, q, vec);
+        sk_gemv_mma<BF16, GU, GR, MG>(acc, wa, xs, xp, M, s, nsteps, g, q);
+        sk_gemv_load<GU, GR>(wa, wp, rok, s + 2 * GU, nsteps, klen, q, vec);
+        sk_gemv_mma<BF16, GU, GR, MG>(acc, wb, xs, xp, M, s + GU, nsteps, g, q);
+    }
+    sk_finish<T, GR, MG, GW * GR * 16, MG * 8, 32 * GW>(acc, y, ws, counters, M, N, nw, 0,
+                                                       blockIdx.x * (GW * GR * 16), 0);
+}
+
+// ------------------------------------------------------------------ tile (nt / nn, any M)
+// grid (ceil(N / BN), ceil(M / BM), S), block 32 WN WM, dynamic shared memory
+// STAGES (W_STAGE + X_STAGE) halfs (cuda_skinny.py computes the same). Padded rows (+8
+// halfs: 16 bytes) make every ldmatrix phase conflict-free.
+template <typename T, bool NN>
+__device__ __forceinline__ void sk_tile_load(const T* __restrict__ x, const T* __restrict__ w, unsigned short* ws_,
+                                             unsigned short* xs_, int M, int N, int ldx, int ldw, int n0, int m0,
+                                             int k0, int kl, int vec) {
+    constexpr int BN = SK_BN, BM = SK_BM, BK = SK_BK, THREADS = 32 * SK_WN * SK_WM;
+    constexpr int WP = NN ? BN + 8 : BK + 8, XP = BK + 8;
+    const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
+    const unsigned short* x16 = reinterpret_cast<const unsigned short*>(x);
+    const int t = threadIdx.x;
+    if (vec) {
+        if (NN) {  // BK k-rows x BN/8 chunks of n
+#pragma unroll 4
+            for (int c = t; c < BK * (BN / 8); c += THREADS) {
+                const int r = c / (BN / 8), cc = (c % (BN / 8)) * 8;
+                const bool in = r < kl && n0 + cc < N;
+                const unsigned short* src = in ? w16 + (long long)(k0 + r) * ldw + n0 + cc : w16;
+                sk_cp16_w(sk_smem(ws_ + r * WP + cc), src, in ? 16 : 0);
+            }
+        } else {  // BN n-rows x BK/8 chunks of k
+#pragma unroll 4
+            for (int c = t; c < BN * (BK / 8); c += THREADS) {
+                const int r = c / (BK / 8), cc = (c % (BK / 8)) * 8;
+                const bool in = n0 + r < N && cc < kl;
+                const unsigned short* src = in ? w16 + (long long)(n0 + r) * ldw + k0 + cc : w16;
+                sk_cp16_w(sk_smem(ws_ + r * WP + cc), src, in ? 16 : 0);
+            }
+        }
+#pragma unroll 4
+        for (int c = t; c < BM * (BK / 8); c += THREADS) {
+            const int r = c / (BK / 8), cc = (c % (BK / 8)) * 8;
+            const bool in = m0 + r < M && cc < kl;
+            const unsigned short* src = in ? x16 + (long long)(m0 + r) * ldx + k0 + cc : x16;
+            sk_cp16(sk_smem(xs_ + r * XP + cc), src, in ? 16 : 0);
+        }
+    } else {  // guarded element loads (stored before the barrier that precedes their use)
+        if (NN) {
+#pragma unroll 1
+            for (int e = t; e < BK * BN; e += THREADS) {
+                const int r = e / BN, c = e % BN;
+                ws_[r * WP + c] = (r < kl && n0 + c < N) ? w16[(long long)(k0 + r) * ldw + n0 + c] : 0;
+            }
+        } else {
+#pragma unroll 1
+            for (int e = t; e < BN * BK; e += THREADS) {
+                const int r = e / BK, c = e % BK;
+                ws_[r * WP + c] = (n0 + r < N && c < kl) ? w16[(long long)(n0 + r) * ldw + k0 + c] : 0;
+            }
+        }
+#pragma unroll 1
+        for (int e = t; e < BM * BK; e += THREADS) {
+            const int r = e / BK, c = e % BK;
+            xs_[r * XP + c] = (m0 + r < M && c < kl) ? x16[(long long)(m0 + r) * ldx + k0 + c] : 0;
+        }
+    }
+}
+
+template <typename T, bool BF16, bool NN>
+__device__ __forceinline__ void sk_tile_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                                             float* __restrict__ ws, int* __restrict__ counters, int M, int N,
+                                             int K, int ldx, int ldw, int kchunk, int vec) {
+    constexpr int BN = SK_BN, BM = SK_BM, BK = SK_BK, ST = SK_STAGES, WN = SK_WN;
+    constexpr int TN = BN / SK_WN, TM = BM / SK_WM;  // warp tile
+    constexpr int NI = TN / 16, MJ = TM / 8;
+    static_assert(TN % 16 == 0 && TM % 8 == 0 && BK % 16 == 0, "warp tile: 16k x 8j, BK: 16k");
+    constexpr int WP = NN ? BN + 8 : BK + 8, XP = BK + 8;
+    constexpr int W_STAGE = (NN ? BK : BN) * WP, X_STAGE = BM * XP;
+    extern __shared__ __align__(128) unsigned short sk_dyn[];
+    unsigned short* Ws = sk_dyn;                 // [ST][W_STAGE]
+    unsigned short* Xs = sk_dyn + ST * W_STAGE;  // [ST][X_STAGE]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wn = (warp % WN) * TN, wm = (warp / WN) * TM;
+    const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+    const int kbeg = blockIdx.z * kchunk;
+    const int klen = min(K - kbeg, kchunk);  // > 0
+    const int ktiles = (klen + BK - 1) / BK;
+    float acc[NI][MJ][4] = {};
+
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) {  // one commit per slot, even empty: see v9 in matmul.cu
+        if (s < ktiles)
+            sk_tile_load<T, NN>(x, w, Ws + s * W_STAGE, Xs + s * X_STAGE, M, N, ldx, ldw, n0, m0, kbeg + s * BK,
+                                klen - s * BK, vec);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int kt = 0; kt < ktiles; ++kt) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2));
+        __syncthreads();  // tile kt landed for everyone; tile kt-1's stage is free
+        const int pf = kt + ST - 1;
+        if (pf < ktiles) {
+            const int s = pf % ST;
+            sk_tile_load<T, NN>(x, w, Ws + s * W_STAGE, Xs + s * X_STAGE, M, N, ldx, ldw, n0, m0, kbeg + pf * BK,
+                                klen - pf * BK, vec);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+        const unsigned short* wt = Ws + (kt % ST) * W_STAGE;
+        const unsigned short* xt = Xs + (kt % ST) * X_STAGE;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            unsigned af[NI][4], bf[MJ][2];
+#pragma unroll
+            for (int i = 0; i < NI; ++i) {
+                if (NN) {
+                    // matrices (k 0-7, n 0-7), (k 0-7, n 8-15), (k 8-15, n 0-7), (k 8-15, n 8-15),
+                    // transposed: the A fragment's (n, k) quarters in order
+                    const unsigned short* p =
+                        wt + (kk + (lane % 8) + (lane / 16) * 8) * WP + wn + i * 16 + ((lane / 8) % 2) * 8;
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                                 : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3])
+                                 : "r"(sk_smem(p)));
+                } else {
+                    // lanes 0-15: rows n 0-15 at k, lanes 16-31: the same rows at k + 8
+                    const unsigned short* p = wt + (wn + i * 16 + (lane % 16)) * WP + kk + (lane / 16) * 8;
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                                 : "=r"(af[i][0]), "=r"(af[i][1]), "=r"(af[i][2]), "=r"(af[i][3])
+                                 : "r"(sk_smem(p)));
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < MJ; j += 2) {
+                // matrices (m 0-7, k 0-7), (m 0-7, k 8-15), (m 8-15, k 0-7), (m 8-15, k 8-15): x's
+                // rows are the B fragment's columns
+                const unsigned short* p = xt + (wm + j * 8 + (lane % 8) + (lane / 16) * 8) * XP + kk + ((lane / 8) % 2) * 8;
+                if (j + 1 < MJ) {
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                                 : "=r"(bf[j][0]), "=r"(bf[j][1]), "=r"(bf[j + 1][0]), "=r"(bf[j + 1][1])
+                                 : "r"(sk_smem(p)));
+                } else {  // an odd last column group: lanes 0-15's addresses, two matrices
+                    const unsigned short* p2 = xt + (wm + j * 8 + (lane % 8)) * XP + kk + ((lane / 8) % 2) * 8;
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                                 : "=r"(bf[j][0]), "=r"(bf[j][1])
+                                 : "r"(sk_smem(p2)));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < NI; ++i)
+#pragma unroll
+                for (int j = 0; j < MJ; ++j)
+                    sk_mma<BF16>(acc[i][j], af[i][0], af[i][1], af[i][2], af[i][3], bf[j][0], bf[j][1]);
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);  // no copy outlives the block
+    sk_finish<T, NI, MJ, BN, BM, 32 * SK_WN * SK_WM>(acc, y, ws, counters, M, N, n0 + wn, m0 + wm, n0, m0);
+}
+
+// ------------------------------------------------------------------ entry points
+#define SK_ARGS(T)                                                                                     \
+    const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, float *__restrict__ ws,     \
+        int *__restrict__ counters, int M, int N, int K, int ldx, int ldw, int kchunk, int vec
+#define SK_PASS x, w, y, ws, counters, M, N, K, ldx, ldw, kchunk, vec
+
+// Without SK_ONE every entry point is compiled (the default module: `kernellab asm`, the
+// CPU compile check); the launcher builds one module per (config, kernel) with SK_ONE and
+// SK_WANT_<name>, so that a config costs one kernel's compile (~0.3-1 s), not eight.
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_gemv_m8_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_GW) skinny_gemv_m8_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_gemv_body<__nv_bfloat16, true, 1>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_gemv_m16_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_GW) skinny_gemv_m16_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_gemv_body<__nv_bfloat16, true, 2>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_gemv_m8_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_GW) skinny_gemv_m8_f16(SK_ARGS(__half)) {
+    sk_gemv_body<__half, false, 1>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_gemv_m16_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_GW) skinny_gemv_m16_f16(SK_ARGS(__half)) {
+    sk_gemv_body<__half, false, 2>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_tile_nt_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_WN * SK_WM) skinny_tile_nt_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_tile_body<__nv_bfloat16, true, false>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_tile_nn_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_WN * SK_WM) skinny_tile_nn_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_tile_body<__nv_bfloat16, true, true>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_tile_nt_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_WN * SK_WM) skinny_tile_nt_f16(SK_ARGS(__half)) {
+    sk_tile_body<__half, false, false>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_tile_nn_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_WN * SK_WM) skinny_tile_nn_f16(SK_ARGS(__half)) {
+    sk_tile_body<__half, false, true>(SK_PASS);
+}
+#endif

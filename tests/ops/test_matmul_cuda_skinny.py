@@ -1,0 +1,288 @@
+"""matmul's cuda_skinny backend (skinny.cu, M <= 128): the launch plan and split-K as pure
+functions; TABLE and the config checks; the weight layouts it reads in place; the limits
+and the launcher's argument checks; every kernel TABLE can launch compiles with NVRTC for
+sm_80 and sm_90; GPU runs against float64 at odd shapes, both layouts, and the gradients."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import kernellab
+import kernellab.ops.matmul as mm
+from kernellab.cuda.runtime import nvrtc_unavailable
+from kernellab.harness.compare import judge
+from kernellab.ops.matmul import cuda_skinny as cs
+from kltest import dtype_id, seed_for
+
+HALF = [torch.bfloat16, torch.float16]
+WEIGHTS = [(14336, 4096), (4096, 14336), (4096, 4096), (128256, 4096), (3072, 768), (50257, 768)]
+ODD = [(1, 1), (4095, 4095), (17, 4101), (3000, 5000), (8, 100000)]
+
+
+# --------------------------------------------------------------------------- plan (pure)
+
+
+@pytest.mark.parametrize("sms", [132, 108, 20])
+def test_split_k_slices_cover_k_without_empty_ones(sms):
+    for tiles, k, granule, waves, max_chunk in itertools.product(
+        [1, 24, 64, 224, 2004], [1, 63, 64, 768, 4095, 4096, 14336, 100000], [32, 64, 128], [0.5, 1, 2, 4],
+        [None, 2048],
+    ):  # fmt: skip
+        s, kchunk = cs.split_k(tiles, k, granule, sms, waves, max_chunk)
+        where = (tiles, k, granule, sms, waves, max_chunk, s, kchunk)
+        assert kchunk % granule == 0 and kchunk > 0, where
+        assert s * kchunk >= k > (s - 1) * kchunk, where  # every slice holds some K
+        if max_chunk is not None:
+            assert kchunk <= max(max_chunk, granule), where
+        else:
+            assert s <= cs.SPLIT_MAX, where
+            if s > 1:  # slices no shorter than the minimum; the smallest count that fills
+                assert kchunk >= cs.MIN_SLICE_K, where
+                assert tiles * (s - 1) < cs.FILL * waves * sms, where
+
+
+def test_split_k_examples():
+    # 32 output tiles (M = 128 at 4096 x 4096, 128-wide) on 132 SMs: 4 slices fill a wave
+    assert cs.split_k(32, 4096, 32, 132, 1.0) == (4, 1024)
+    # the LM head has tiles for many waves: no split
+    assert cs.split_k(2004, 4096, 64, 132, 2.0) == (1, 4096)
+    # ... unless a slice may hold at most 2048 of K (the gemv kernel's copy of x)
+    assert cs.split_k(2004, 4096, 64, 132, 2.0, max_chunk=2048) == (2, 2048)
+    # K = 768 is cut into 256-long slices at most
+    assert cs.split_k(48, 768, 64, 132, 2.0) == (3, 256)
+    # asked-for slice counts: rounded so that none is empty
+    assert cs.split_k(64, 4096, 64, 132, 2.0, splits=3) == (3, 1408)
+    assert cs.split_k(64, 100, 64, 132, 2.0, splits=8) == (2, 64)
+    with pytest.raises(ValueError, match="splits"):
+        cs.split_k(64, 4096, 64, 132, 2.0, splits=0)
+
+
+def test_plan_follows_table_and_fits():
+    for m, (n, k), layout, dtype in itertools.product(
+        [1, 2, 3, 8, 9, 16, 17, 32, 33, 64, 100, 128], WEIGHTS + ODD, ("nt", "nn"), HALF
+    ):
+        p = cs.plan(m, n, k, layout, dtype, 132)
+        cfg = cs.choose_config(m, layout)
+        assert p.config == cfg
+        assert p.kernel == cfg.kernel(m, layout, dtype)
+        gx, gy, gz = p.grid
+        assert gx * cfg.block_n >= n > (gx - 1) * cfg.block_n
+        assert gy * cfg.block_m(m) >= m and gz == p.splits and p.block == cfg.threads
+        assert p.splits * p.kchunk >= k > (p.splits - 1) * p.kchunk and p.kchunk % cfg.granule == 0
+        assert p.shared == cfg.shared(m, layout, p.kchunk) <= cs.SMEM_MAX
+
+
+def test_plan_examples():
+    # decode against Llama-3-8B's down projection on an H100/H200: 64 row blocks x 7 slices
+    p = cs.plan(1, 4096, 14336, "nt", torch.bfloat16, 132)
+    assert p.kernel == "skinny_gemv_m8_bf16" and p.grid == (64, 1, 7) and p.kchunk == 2048
+    assert p.shared == 1 * (2048 + 32) * 2
+    assert cs.plan(16, 4096, 4096, "nt", torch.float16, 132).kernel == "skinny_gemv_m16_f16"
+    assert cs.plan(16, 4096, 4096, "nn", torch.float16, 132).kernel == "skinny_tile_nn_f16"
+    assert cs.plan(128, 4096, 4096, "nt", torch.bfloat16, 132).grid == (32, 1, 4)
+    # a config and a slice count asked for (the sweep's knobs)
+    cfg = cs.TileConfig(bn=128, bm=32, bk=64, stages=3, wn=4, wm=1)
+    p = cs.plan(20, 1000, 3000, "nt", torch.bfloat16, 132, cfg, splits=5)
+    assert (p.kernel, p.grid, p.kchunk) == ("skinny_tile_nt_bf16", (8, 1, 5), 640)
+
+
+def test_plan_refuses_what_it_cannot_launch():
+    with pytest.raises(ValueError, match="M <= 128"):
+        cs.plan(129, 64, 64, "nt", torch.bfloat16, 132)
+    with pytest.raises(ValueError, match="M <= 128"):
+        cs.plan(0, 64, 64, "nt", torch.bfloat16, 132)
+    with pytest.raises(ValueError, match="layout"):
+        cs.plan(1, 64, 64, "tn", torch.bfloat16, 132)
+    with pytest.raises(TypeError, match="float16"):
+        cs.plan(1, 64, 64, "nt", torch.float32, 132)
+    gemv = cs.GemvConfig()
+    with pytest.raises(ValueError, match="nt weight layout"):
+        cs.plan(1, 64, 64, "nn", torch.bfloat16, 132, gemv)
+    with pytest.raises(ValueError, match="M <= 16"):
+        cs.plan(17, 64, 64, "nt", torch.bfloat16, 132, gemv)
+
+
+def test_table_covers_every_m_and_layout():
+    for m, layout in itertools.product(range(1, cs.M_MAX + 1), ("nt", "nn")):
+        cfg = cs.choose_config(m, layout)
+        assert cfg.kind == "tile" or (layout == "nt" and m <= 16)
+        assert cfg.kind == "gemv" or cfg.bm >= m  # one row block: the weight is read once
+    with pytest.raises(ValueError, match="no config"):
+        cs.choose_config(129, "nt")
+    custom = ((8, ("nt",), cs.GemvConfig(warps=8)), (128, ("nt", "nn"), cs.TileConfig()))
+    assert cs.choose_config(8, "nt", custom).warps == 8
+    assert cs.choose_config(9, "nt", custom).kind == "tile"
+
+
+def test_configs_refuse_bad_shapes():
+    with pytest.raises(ValueError, match="multiple of 16 wn"):
+        cs.TileConfig(bn=64, wn=8)  # 8-row warp tiles: not an m16 MMA
+    with pytest.raises(ValueError, match="multiple of 16 wn"):
+        cs.TileConfig(bm=16, wm=4)  # 4 rows of x per warp
+    with pytest.raises(ValueError, match="shared memory"):
+        cs.TileConfig(bn=256, bm=128, bk=128, stages=4, wn=4, wm=2)
+    with pytest.raises(ValueError, match="kc"):
+        cs.GemvConfig(kc=1000)
+    with pytest.raises(ValueError, match="unroll"):
+        cs.GemvConfig(unroll=8, rows=2)
+    with pytest.raises(ValueError, match="waves"):
+        cs.TileConfig(waves=0)
+    with pytest.raises(ValueError, match="prefetch"):
+        cs.GemvConfig(prefetch=64)
+    assert "-DSK_PF=256" in cs.TileConfig(prefetch=256).macros()
+    # the shared-memory formula follows skinny.cu's layout: padded rows of 8 halfs
+    t = cs.TileConfig(bn=64, bm=16, bk=64, stages=4)
+    assert t.shared(1, "nt", 0) == 4 * (64 * 72 + 16 * 72) * 2
+    assert t.shared(1, "nn", 0) == 4 * (64 * 72 + 16 * 72) * 2
+    assert (
+        cs.TileConfig(bn=128, bm=16, bk=32, stages=2, wn=4).shared(5, "nn", 0) == 2 * (32 * 136 + 16 * 40) * 2
+    )
+    assert cs.GemvConfig().shared(3, "nt", 1024) == 3 * 1056 * 2
+
+
+# --------------------------------------------------------------------------- layouts, limits
+
+
+def test_weight_layout_reads_linear_weights_and_row_major_b_in_place():
+    w = torch.empty(48, 40)  # [N, K]
+    assert cs.weight_layout(w.t()) == ("nt", 40)
+    assert cs.weight_layout(torch.empty(40, 48)) == ("nn", 48)
+    assert cs.weight_layout(torch.empty(48, 80)[:, :40].t()) == ("nt", 80)  # row stride 80
+    assert cs.weight_layout(torch.empty(40, 96)[:, ::2]) is None  # sliced columns: packed
+    assert cs.weight_layout(torch.empty(1, 48).expand(40, 48)) == ("nn", 0)  # stride 0 reads fine
+    # size-1 dims: any stride; a [K, 1] column is one weight row
+    assert cs.weight_layout(torch.empty(40, 1)) == ("nt", 40)
+    assert cs.weight_layout(torch.empty(1, 48)) == ("nt", 1)
+
+
+def test_limits_name_what_is_refused():
+    a, b = torch.empty(4, 8, dtype=torch.bfloat16), torch.empty(8, 16, dtype=torch.bfloat16)
+    assert cs.skinny_limits(a, b) is None
+    assert "one 2-D product" in cs.skinny_limits(a[None], b[None])
+    assert "M <= 128" in cs.skinny_limits(torch.empty(129, 8, dtype=torch.bfloat16), b)
+    assert "float16" in cs.skinny_limits(a.float(), b.float())
+    impl = kernellab.registry.get("matmul", "cuda_skinny")
+    assert impl.limits is cs.skinny_limits and impl.devices == ("cuda",)
+    assert impl.dtypes == (torch.float16, torch.bfloat16) and impl.double_backward
+    assert impl.precompile == cs.MODULE.precompile
+
+
+def test_launcher_checks_arguments_before_any_launch():
+    a, b = torch.randn(4, 8).bfloat16(), torch.randn(8, 16).bfloat16()
+    with pytest.raises(ValueError, match="one 2-D product"):
+        cs.skinny_product(a[None], b[None])
+    with pytest.raises(ValueError, match="M <= 128"):
+        cs.skinny_product(torch.randn(200, 8).bfloat16(), b)
+    with pytest.raises(TypeError, match="float16"):
+        cs.skinny_product(a.float(), b.float())
+    with pytest.raises(ValueError, match="a \\(4, 8\\)"):
+        cs.skinny_product(a, b.half())
+    with pytest.raises(ValueError, match="CUDA device"):
+        cs.skinny_product(a, b)
+    with pytest.raises(TypeError, match="tensors"):
+        cs.skinny_product(a, None)
+    # the registered backend: GPU-only, a clear refusal of CPU tensors
+    with pytest.raises((ValueError, RuntimeError)):
+        mm.matmul(a, b, backend="cuda_skinny")
+
+
+# --------------------------------------------------------------------------- NVRTC (CPU)
+
+
+@pytest.mark.parametrize(
+    "config,kernel", cs.table_kernels(), ids=lambda v: v if isinstance(v, str) else type(v).__name__
+)
+def test_table_kernels_compile_for_sm80_and_sm90(config, kernel):
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    mod = cs.module_for(config, kernel)
+    for arch in ("sm_80", "sm_90"):
+        ptx = mod.compile(arch, target="ptx").decode()
+        assert f".entry {kernel}(" in ptx, arch
+        assert ptx.count(".entry ") == 1  # one kernel per module (-DSK_ONE)
+        assert "mma.sync.aligned.m16n8k16" in ptx
+        assert ("cp.async" in ptx) == (config.kind == "tile")
+        assert mod.compile(arch)[:4] == b"\x7fELF"
+
+
+def test_table_kernel_names_cover_both_dtypes_and_layouts():
+    names = {k for _, k in cs.table_kernels()}
+    for sfx in ("bf16", "f16"):
+        assert {f"skinny_gemv_m8_{sfx}", f"skinny_gemv_m16_{sfx}"} <= names
+        assert {f"skinny_tile_nt_{sfx}", f"skinny_tile_nn_{sfx}"} <= names
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _operands(m, n, k, dtype, layout, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, generator=gen, device="cuda").to(dtype)
+    w = (torch.randn(n, k, generator=gen, device="cuda") * k**-0.5).to(dtype)
+    if layout == "nt":
+        return a, w.t()
+    if layout == "nn":
+        return a, w.t().contiguous()
+    if layout == "sliced":  # strides (2, 2 K): neither layout, packed by the launcher
+        return a, torch.stack([w, w], 2).reshape(n, 2 * k)[:, ::2].t()
+    # misaligned: a storage offset of one element (the guarded element path)
+    flat = torch.empty(n * k + 1, dtype=dtype, device="cuda")
+    flat[1:].copy_(w.flatten())
+    return a, flat[1:].view(n, k).t()
+
+
+def _judge(y, a, b, dtype):
+    ref = a.double() @ b.double()
+    v = judge(y, ref, dtype, torch.matmul(a, b))
+    assert v.ok, v.detail
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+def test_gpu_table_matches_float64(dtype):
+    for m, (n, k), layout in itertools.product(
+        [1, 3, 16, 17, 64, 128], [(4095, 4095), (3000, 5000), (64, 8192), (17, 4101)],
+        ("nt", "nn", "sliced", "misaligned"),
+    ):  # fmt: skip
+        a, b = _operands(m, n, k, dtype, layout, seed_for(m, n, k, layout))
+        y = cs.skinny_product(a, b)
+        _judge(y, a, b, dtype)
+        assert torch.equal(y, cs.skinny_product(a, b)), "split-K sum is not deterministic"
+
+
+@pytest.mark.gpu
+def test_gpu_every_kernel_shape_and_slice_count():
+    cfgs = [
+        cs.GemvConfig(warps=2, rows=2, unroll=2, kc=512),
+        cs.TileConfig(bn=64, bm=8, bk=32, stages=2, wn=4, wm=1),  # an odd column group (ldmatrix x2)
+        cs.TileConfig(bn=32, bm=48, bk=64, stages=3, wn=2, wm=2),  # 24-row warp tiles
+    ]
+    for cfg, m, splits, layout in itertools.product(cfgs, [1, 5, 16, 40], [1, 3, 64], ("nt", "nn")):
+        if cfg.kind == "gemv" and (layout == "nn" or m > 16):
+            continue
+        a, b = _operands(m, 1000, 3000, torch.bfloat16, layout, seed_for(m, splits, layout))
+        _judge(cs.skinny_product(a, b, cfg, splits), a, b, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_backend_gradients_and_epilogue():
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(16, 1024, generator=gen, device="cuda").bfloat16().requires_grad_()
+    w = (torch.randn(2048, 1024, generator=gen, device="cuda") / 32).bfloat16().requires_grad_()
+    bias = torch.randn(2048, generator=gen, device="cuda").bfloat16().requires_grad_()
+    y = mm.matmul(x, w.t(), bias, "gelu", backend="cuda_skinny")
+    dy = torch.randn(y.shape, generator=gen, device="cuda").bfloat16()
+    got = torch.autograd.grad(y, (x, w, bias), dy)
+    leaves64 = [t.detach().double().requires_grad_() for t in (x, w, bias)]
+    y64 = mm.matmul_reference(leaves64[0], leaves64[1].t(), leaves64[2], "gelu")
+    ref = torch.autograd.grad(y64, leaves64, dy.double())
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, bias)]
+    yt = mm.apply_epilogue(leaves[0] @ leaves[1].t(), leaves[2], "gelu")
+    base = torch.autograd.grad(yt, leaves, dy)
+    assert judge(y, y64, torch.bfloat16, yt).ok
+    for g, r, t in zip(got, ref, base):
+        v = judge(g, r, torch.bfloat16, t)
+        assert v.ok, v.detail
