@@ -356,11 +356,15 @@ def test_gpu_every_backend(bits, shape):
         x, w_q, s, b = _case(bits, shape, torch.bfloat16, "cuda", 0)
         y = FN[bits](x, w_q, s, b, backend=backend)
         ref = wo_reference(x.double(), w_q, s.double(), b.double(), bits=bits)
-        bound = _bound(x, w_q, s, bits, ref, torch.bfloat16) + 1e-3
+        # the product's roundings scale with the product, not with the biased sum (a bias
+        # that cancels it leaves |ref| small), then one rounding of the sum
+        prod = ref - b.double()
+        bound = _bound(x, w_q, s, bits, prod, torch.bfloat16) + 2.0**-8 * ref.abs() + 1e-3
         if backend == "torchao":  # its weights dequantized to bf16: a rounding per term
             terms = x.double().abs() @ (w_q.double().abs() * s.double().abs()[:, None]).T
             bound = bound + 2.0**-8 * terms
-        assert ((y.double() - ref).abs() <= bound).all(), backend
+        ratio = float(((y.double() - ref).abs() / bound).max())
+        assert ratio <= 1, f"{backend}: error {ratio:.2f}x its bound"
 
 
 # --------------------------------------------------------------------------- fp32 x (Triton)
@@ -561,3 +565,14 @@ def test_v4_launch_signatures_match_the_compiled_kernels():
         check_signature(
             "wo_v4_m8_r1_u4_bf16", ("ptr",) * 6 + ("i32",) * 6, ptx_param_sizes(ptx, "wo_v4_m8_r1_u4_bf16")
         )
+
+
+@pytest.mark.parametrize("op", ["int8_weight_only_matmul", "int4_weight_only_matmul"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_kernels_compile_for_sm90(op, dtype):
+    """Triton compiles the launched kernels for a Hopper target without a GPU (the
+    interpreter accepts an fp64 tl.dot that the GPU compiler refuses)."""
+    from kernellab.inspect import asm
+
+    kernels, note = asm.triton_report(kernellab.get(op, "triton"), dtype, "sm_90")
+    assert len(kernels) == 2, note

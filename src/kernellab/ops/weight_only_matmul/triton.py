@@ -52,12 +52,13 @@ from kernellab.ops.weight_only_matmul._autograd import wo_op
 
 @triton_support.jit
 def _wo_gemv_kernel(
-    x_ptr,  # [K] x's one row, contiguous, fp16/bf16
+    x_ptr,  # [M, K] contiguous; one row per program (M = 1 for 16-bit x, any M for fp32)
     w_ptr,  # [N, K * BITS / 8] row-major: int8 (BITS 8) or packed uint8 (BITS 4)
     s_ptr,  # [N] fp32 scales
     b_ptr,  # [N] bias in y's dtype (HAS_BIAS)
-    y_ptr,  # [N] output
-    p_ptr,  # [SPLIT_K, N] fp32 partials (SPLIT_K > 1)
+    y_ptr,  # [M, N] output
+    p_ptr,  # [SPLIT_K, M, N] fp32 (fp64 for ACC64) partials (SPLIT_K > 1)
+    M,
     N,
     K,
     K_SPLIT,  # K per slice, a multiple of BLOCK_K
@@ -69,8 +70,14 @@ def _wo_gemv_kernel(
     BLOCK_K: tl.constexpr,  # weights (not bytes) per step
     EVEN_K: tl.constexpr,  # K % BLOCK_K == 0 (K_SPLIT always is): no mask in the loop
 ):
-    pid_n = tl.program_id(0)
+    pid = tl.program_id(0)
     pid_k = tl.program_id(1)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    x_ptr += pid_m.to(tl.int64) * K
+    y_ptr += pid_m.to(tl.int64) * N
+    p_ptr += (pid_k.to(tl.int64) * M + pid_m) * N
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
     # rows past N are wrapped for the loads (stores are masked): the loop's loads then
@@ -117,7 +124,7 @@ def _wo_gemv_kernel(
             y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(acc_ty)
         tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
     else:
-        tl.store(p_ptr + pid_k * N + offs_n, part.to(p_ptr.dtype.element_ty), mask=n_mask)
+        tl.store(p_ptr + offs_n, part.to(p_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton_support.jit
@@ -127,7 +134,7 @@ def _wo_dot_kernel(
     s_ptr,  # [N] fp32
     b_ptr,  # [N] (HAS_BIAS)
     y_ptr,  # [M, N]
-    p_ptr,  # [slices, M, N] fp32 (fp64 for ACC64) partials (PARTIAL)
+    p_ptr,  # [slices, M, N] fp32 partials (PARTIAL)
     M,
     N,
     K,
@@ -135,7 +142,6 @@ def _wo_dot_kernel(
     BITS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PARTIAL: tl.constexpr,
-    ACC64: tl.constexpr,  # fp32 x: fp64 dots (exact products, fp64 sums)
     UPCAST: tl.constexpr,  # interpreter: fp32 dots (it has no bf16 dot)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -154,7 +160,7 @@ def _wo_dot_kernel(
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
     xrow = (offs_m % M).to(tl.int64) * K
-    acc_ty = tl.float64 if ACC64 else tl.float32
+    acc_ty = tl.float32
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=acc_ty)
     if BITS == 8:
         wrow = (offs_n % N).to(tl.int64) * K
@@ -167,9 +173,7 @@ def _wo_dot_kernel(
                 k_mask = offs_k < k_hi
                 xt = tl.load(x_ptr + xrow[:, None] + offs_k[None, :], mask=k_mask[None, :], other=0.0)
                 wt = tl.load(w_ptr + wrow[:, None] + offs_k[None, :], mask=k_mask[None, :], other=0)
-            if ACC64:
-                acc = tl.dot(xt.to(tl.float64), tl.trans(wt.to(tl.float64)), acc)
-            elif UPCAST:
+            if UPCAST:
                 acc = tl.dot(xt.to(tl.float32), tl.trans(wt.to(tl.float32)), acc, input_precision="ieee")
             else:
                 acc = tl.dot(xt, tl.trans(wt.to(x_ptr.dtype.element_ty)), acc)
@@ -189,10 +193,7 @@ def _wo_dot_kernel(
             b = b.to(tl.int32)
             lo = ((b & 15) ^ 8) - 8
             hi = ((b >> 4) ^ 8) - 8
-            if ACC64:
-                acc = tl.dot(xe.to(tl.float64), tl.trans(lo.to(tl.float64)), acc)
-                acc = tl.dot(xo.to(tl.float64), tl.trans(hi.to(tl.float64)), acc)
-            elif UPCAST:
+            if UPCAST:
                 acc = tl.dot(xe.to(tl.float32), tl.trans(lo.to(tl.float32)), acc, input_precision="ieee")
                 acc = tl.dot(xo.to(tl.float32), tl.trans(hi.to(tl.float32)), acc, input_precision="ieee")
             else:
@@ -350,12 +351,13 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
         with torch.cuda.device(x.device.index):
             return triton_wo_fwd(x, w_q, scales, bias, bits, config)
     n_sm = 4 if interpreted else triton_support.sm_count(x.device.index)
+    m_cfg = 1 if x.dtype == torch.float32 else m  # fp32 x runs the GEMV kernel per row
     if config is not None:
         cfg = config
     elif type(m) is int and type(n) is int and type(k) is int:
-        cfg = wo_config(m, n, k, bits, n_sm, interpreted)
+        cfg = wo_config(m_cfg, n, k, bits, n_sm, interpreted)
     else:  # traced with symbolic sizes (torch.compile, opcheck): unhashable, so not cached
-        cfg = wo_config.__wrapped__(m, n, k, bits, n_sm, interpreted)
+        cfg = wo_config.__wrapped__(m_cfg, n, k, bits, n_sm, interpreted)
     k_split = triton_support.cdiv(triton_support.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split = triton_support.cdiv(k, k_split)
     acc64 = x.dtype == torch.float32
@@ -374,9 +376,11 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
         EVEN_K=even,
     )
     gpu = {} if interpreted else dict(num_warps=cfg.warps, num_stages=cfg.stages)
-    if cfg.kernel == "gemv" and m == 1:
-        grid = (triton_support.cdiv(n, cfg.block_n), split)
-        _wo_gemv_kernel[grid](x2, w, s, bias_arg, y, p, n, k, k_split, **common, **gpu)
+    if acc64 or (cfg.kernel == "gemv" and m == 1):
+        # fp32 x: the GEMV kernel row by row, fp64 products and sums (exact products, one
+        # rounding at the end; an fp32 dot's long FMA chains miss the check's bound)
+        grid = (triton_support.cdiv(n, cfg.block_n) * m, split)
+        _wo_gemv_kernel[grid](x2, w, s, bias_arg, y, p, m, n, k, k_split, **common, **gpu)
     else:
         grid = (triton_support.cdiv(m, cfg.block_m) * triton_support.cdiv(n, cfg.block_n), split)
         _wo_dot_kernel[grid](
@@ -390,7 +394,7 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
             n,
             k,
             k_split,
-            **common,
+            **{c: v for c, v in common.items() if c != "ACC64"},
             UPCAST=interpreted,
             BLOCK_M=cfg.block_m,
             **gpu,
@@ -430,13 +434,12 @@ def _kernel_specs_for(bits):
             "BLOCK_K": g.block_k,
             "EVEN_K": True,
         }
-        gsig = {**ptrs, "N": "i32", "K": "i32", "K_SPLIT": "i32", **{c: "constexpr" for c in gc}}
+        gsig = {**ptrs, "M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32", **{c: "constexpr" for c in gc}}
         d = wo_config(16, 14336, 4096, bits, 132)
         dc = {
             "BITS": bits,
             "HAS_BIAS": False,
             "PARTIAL": False,
-            "ACC64": dtype == "fp32",
             "UPCAST": False,
             "BLOCK_M": d.block_m,
             "BLOCK_N": d.block_n,
