@@ -80,9 +80,10 @@ def test_plan_examples():
     p = cs.plan(1, 4096, 14336, "nt", torch.bfloat16, 132)
     assert p.kernel == "skinny_gemv_m8_bf16" and p.grid == (64, 1, 7) and p.kchunk == 2048
     assert p.shared == 1 * (2048 + 32) * 2
-    assert cs.plan(16, 4096, 4096, "nt", torch.float16, 132).kernel == "skinny_gemv_m16_f16"
+    assert cs.plan(8, 4096, 4096, "nt", torch.float16, 132).kernel == "skinny_gemv_m8_f16"
+    assert cs.plan(16, 4096, 4096, "nt", torch.float16, 132).kernel == "skinny_tile_nt_f16"
     assert cs.plan(16, 4096, 4096, "nn", torch.float16, 132).kernel == "skinny_tile_nn_f16"
-    assert cs.plan(128, 4096, 4096, "nt", torch.bfloat16, 132).grid == (32, 1, 4)
+    assert cs.plan(128, 4096, 4096, "nt", torch.bfloat16, 132).grid == (64, 1, 2)
     # a config and a slice count asked for (the sweep's knobs)
     cfg = cs.TileConfig(bn=128, bm=32, bk=64, stages=3, wn=4, wm=1)
     p = cs.plan(20, 1000, 3000, "nt", torch.bfloat16, 132, cfg, splits=5)
