@@ -316,6 +316,9 @@ def test_launcher_refusals_name_the_argument(recorder, variant):
     q = torch.randn(1, 2, 9, 48, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=rf"attention/cuda_{variant}: q has head dim 48"):
         cs.forward(q, q, q, False, 0.1, variant)
+    q = torch.randn(1, 2, 9, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"attention/cuda_{variant}: scale must be positive"):
+        cs.forward(q, q, q, False, -0.1, variant)
     q = torch.randn(1, 65536, 1, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="65536 heads"):
         cs.forward(q, q, q, False, 0.1, variant)

@@ -107,6 +107,8 @@ def forward(
     backend = f"cuda_{variant}"
     check_dtype(q, DTYPES, backend)
     check_head_dim(q, HEAD_DIMS, backend)
+    if not scale > 0:  # (the kernels take the row max of the raw scores: a positive scale)
+        raise ValueError(f"attention/{backend}: scale must be positive, got {scale!r}")
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     o = at.empty_bshd(lead, s_q, d, q.dtype, q.device)
     lse = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
