@@ -1,8 +1,10 @@
 """attention's Hopper CUDA backends (cuda_v2 .. cuda_v5: attention_sm90.cu).
 
 Without a GPU: the generated wgmma header is the generator's; every head dim's module
-compiles for sm_90a with every kernel the launcher asks for, no local memory, and v3 at
-exactly the register count its setmaxnreg budget assumes; the launcher's arguments (grid,
+compiles for sm_90a with every kernel the launcher asks for, no local memory, and v3-v5 at
+exactly the register count their setmaxnreg budget assumes; the wgmma descriptors address
+the bytes the copies wrote (a model of the hardware's canonical layouts), and the S
+accumulator is the P operand's register fragment; the launcher's arguments (grid,
 strides, group, scale, shared memory, copies only where rows are not whole 16-byte chunks,
 the TMA variants' tensor maps) with the kernel replaced by a recorder; a tensor map passed
 by value through the runtime's launch; refusals that name the argument; availability;
@@ -128,6 +130,97 @@ def test_shared_memory_fits_and_matches_the_kernel():
             assert cs.smem_bytes(v, d) == 1024 + 128 * d * 2 + cs.stages(v, d) * 2 * bn * d * 2
             assert cs.smem_bytes(v, d) + 64 <= cs.SMEM_LIMIT  # + the static mbarriers
             assert cs.stages(v, d) == (2 if d == 256 else 3)
+
+
+# --------------------------------------------------------------------------- shared-memory layouts (no GPU)
+#
+# The copies write element (r, c) of a tile where attention_sm90.cu's tile_offset puts it;
+# wgmma reads the element a descriptor names through CUTLASS's canonical layouts (GMMA
+# Major-K ((8,m),(T,2)):((xT,SBO),(1,T)), Major-MN ((T,x,m),(8,k)):((1,T,LBO),(xT,SBO)),
+# T = 8 elements, x = W / 16) and the Swizzle<log2 x, 4, 3> of the absolute byte address.
+# The two formulations must name the same bytes for every operand, head dim and k step.
+
+
+def _write_offset(d: int, rows: int, r: int, c: int) -> int:
+    """attention_sm90.cu's tile_offset(r, c // 8) + the element's place in its chunk."""
+    w = cs.swizzle_bytes(d)
+    cpr = w // 16
+    gc = c // 8
+    sw = ((r * w) >> 7) & (cpr - 1)
+    return (gc // cpr) * (rows * w) + r * w + (((gc % cpr) ^ sw) << 4) + 2 * (c % 8)
+
+
+def _swizzle(addr: int, w: int) -> int:
+    b = {32: 1, 64: 2, 128: 3}[w]
+    return addr ^ (((addr >> 7) & ((1 << b) - 1)) << 4)
+
+
+def _desc(addr: int, lbo: int, sbo: int, w: int) -> tuple[int, int, int]:
+    """(start, LBO, SBO) bytes as the kernel's make_desc encodes them (4-bit units)."""
+    assert addr % 16 == 0 and lbo % 16 == 0 and sbo % 16 == 0
+    return addr, lbo, sbo
+
+
+@pytest.mark.parametrize("d", cs.HEAD_DIMS)
+def test_descriptors_read_what_the_copies_wrote(d):
+    w, bn, base = cs.swizzle_bytes(d), cs.block_n(d), 7 * 1024
+    e, x = w // 2, w // 16
+
+    def kmajor(tile_rows, row0, kk):  # desc_kmajor
+        return _desc(base + (kk * 16 // e) * (tile_rows * w) + (kk * 16 % e) * 2 + row0 * w, 16, 8 * w, w)
+
+    def mnmajor(tile_rows, kk):  # desc_mnmajor
+        return _desc(base + kk * 16 * w, tile_rows * w, 8 * w, w)
+
+    def read_k(desc, m, k):  # Major-K element (m, k)
+        start, _, sbo = desc
+        off = (m % 8) * x * 8 + (m // 8) * (sbo // 2) + (k % 8) + (k // 8) * 8
+        return _swizzle(start + 2 * off, w)
+
+    def read_mn(desc, k, n):  # Major-MN element (k, n)
+        start, lbo, sbo = desc
+        n0, n1, n2 = n % 8, (n // 8) % x, n // (8 * x)
+        off = n0 + n1 * 8 + n2 * (lbo // 2) + (k % 8) * x * 8 + (k // 8) * (sbo // 2)
+        return _swizzle(start + 2 * off, w)
+
+    for kk in range(d // 16):
+        for wg in (0, 1):  # Q: A of S = Q K^T, the warpgroup's 64 rows of the 128-row tile
+            desc = kmajor(128, 64 * wg, kk)
+            for m in range(64):
+                for k in range(16):
+                    assert read_k(desc, m, k) == base + _write_offset(d, 128, 64 * wg + m, 16 * kk + k)
+        desc = kmajor(bn, 0, kk)  # K: B of S = Q K^T (N = keys)
+        for n in range(bn):
+            for k in range(16):
+                assert read_k(desc, n, k) == base + _write_offset(d, bn, n, 16 * kk + k)
+    for kk in range(bn // 16):  # V: B of O = P V (K = keys, N = D), MN-major
+        desc = mnmajor(bn, kk)
+        for k in range(16):
+            for n in range(d):
+                assert read_mn(desc, k, n) == base + _write_offset(d, bn, 16 * kk + k, n)
+
+
+def test_p_fragment_is_the_a_operand():
+    """S's accumulator (m64nN, fp32) holds s[4j + 2h + e] = S(g + 8h, 8j + 2q + e); the A
+    operand from registers of k step kk is the m16n8k16 A fragment (a0..a7 = (g, 2q..+1),
+    (g+8, 2q..+1), (g, 2q+8..+9), (g+8, 2q+8..+9) of the 16 keys): pack_p's p[4kk + i] =
+    (s[8kk + 2i], s[8kk + 2i + 1]) must hold exactly those, in that order, for every lane."""
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+
+        def acc(i):  # (row, col) of accumulator register i
+            j, h, e = i // 4, (i % 4) // 2, i % 2
+            return g + 8 * h, 8 * j + 2 * q + e
+
+        for kk in range(128 // 16):
+            want = [(g, 2 * q), (g, 2 * q + 1), (g + 8, 2 * q), (g + 8, 2 * q + 1),
+                    (g, 2 * q + 8), (g, 2 * q + 9), (g + 8, 2 * q + 8), (g + 8, 2 * q + 9)]  # fmt: skip
+            got = []
+            for i in range(4):  # p[4kk + i] packs s[8kk + 2i] (low half) and s[8kk + 2i + 1]
+                for half in range(2):
+                    r, c = acc(8 * kk + 2 * i + half)
+                    got.append((r, c - 16 * kk))
+            assert got == want, (lane, kk)
 
 
 # --------------------------------------------------------------------------- the launcher (no GPU)

@@ -83,7 +83,11 @@
 // (Z, H_kv, S_k, D), o (Z, H, S_q, D) with element strides (z, h, s) given and a unit
 // stride over D, every stride a multiple of 8 and every base 16-byte aligned (whole 16-byte
 // chunks per row); lse (Z, H, S_q) fp32 contiguous. H = H_kv x group (GQA: q head h reads
-// k/v head h / group). Grid (ceil(S_q / 128), H, Z).
+// k/v head h / group). Grid (ceil(S_q / 128), H, Z). v4/v5 take q, k, v as tensor maps
+// instead: dims (D, S, H, Z), a box of one slab (E columns x 128 query rows or BN keys),
+// the tile's swizzle. S_k = 0 is never launched (the launcher writes o = 0, lse = -inf).
+// (The layouts above are checked against CUTLASS's canonical wgmma layouts on the CPU:
+// tests/ops/test_attention_sm90.py, test_descriptors_read_what_the_copies_wrote.)
 // ---------------------------------------------------------------------------------------
 
 #include <cuda_fp16.h>
