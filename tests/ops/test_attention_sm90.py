@@ -138,7 +138,8 @@ def test_shared_memory_fits_and_matches_the_kernel():
 # wgmma reads the element a descriptor names through CUTLASS's canonical layouts (GMMA
 # Major-K ((8,m),(T,2)):((xT,SBO),(1,T)), Major-MN ((T,x,m),(8,k)):((1,T,LBO),(xT,SBO)),
 # T = 8 elements, x = W / 16) and the Swizzle<log2 x, 4, 3> of the absolute byte address.
-# The two formulations must name the same bytes for every operand, head dim and k step.
+# The two formulations must name the same bytes for every operand, head dim and k step; so
+# must a TMA box (v4/v5) of one slab, written row-major and swizzled the same way.
 
 
 def _write_offset(d: int, rows: int, r: int, c: int) -> int:
@@ -198,6 +199,11 @@ def test_descriptors_read_what_the_copies_wrote(d):
         for k in range(16):
             for n in range(d):
                 assert read_mn(desc, k, n) == base + _write_offset(d, bn, 16 * kk + k, n)
+    for rows in (128, bn):  # v4/v5: a TMA box (one slab: E columns x rows, W bytes a row)
+        for r in range(rows):  # lands row-major at its slab, swizzled on the absolute address
+            for c in range(d):
+                tma = _swizzle(base + (c // e) * rows * w + r * w + 2 * (c % e), w)
+                assert tma == base + _write_offset(d, rows, r, c)
 
 
 def test_p_fragment_is_the_a_operand():
