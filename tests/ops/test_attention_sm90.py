@@ -110,6 +110,22 @@ def test_every_head_dim_compiles_for_sm90a_with_every_kernel_and_no_local_memory
                 assert res[name]["REG"] == 168, (name, res[name])
 
 
+def test_launch_signatures_match_the_kernels_parameters():
+    """Each kernel's parameter sizes (its PTX) are the launcher's signature's: a tensor map
+    is 128 bytes by value, pointers and strides 8, lengths, flags and the scale 4."""
+    _nvrtc()
+    from kernellab.cuda.runtime import check_signature, ptx_param_sizes
+
+    for d in (80, 128):
+        ptx = cs.MODULES[d].compile("sm_90", target="ptx").decode()
+        for v in cs.VARIANTS:
+            for sfx in ("f16", "bf16"):
+                name = f"attn_fwd_{v}_d{d}_{sfx}"
+                check_signature(
+                    name, cs._SIG_TMA if v in cs.TMA_VARIANTS else cs._SIG, ptx_param_sizes(ptx, name)
+                )
+
+
 def test_module_is_sm90a_only():
     _nvrtc()
     from kernellab.cuda.runtime import CudaError
