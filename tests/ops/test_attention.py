@@ -50,6 +50,13 @@ def _supported(backend, dtype, shape, causal) -> str | None:
             return "cuda_v1 takes no GQA"
     if backend == "triton" and (d % 8 or d > 256):
         return "triton head dims: multiples of 8 up to 256"
+    if backend in ("cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5"):  # Hopper (test_attention_sm90.py): 16-bit
+        impl = kernellab.registry.get("attention", backend)
+        if dtype not in impl.dtypes:
+            return f"{backend} is fp16 / bf16 only"
+        q = torch.empty(lead + (s_q, d), dtype=dtype, device="meta")
+        k = torch.empty(lead_kv + (s_k, d), dtype=dtype, device="meta")
+        return impl.outside_limits((q, k, k), {"causal": causal})
     if backend.startswith("sdpa_"):
         # The peer's declared limits (what it refuses; test_peer_limits_are_refused_clearly).
         q = torch.empty(lead + (s_q, d), dtype=dtype, device="meta")

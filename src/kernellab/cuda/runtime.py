@@ -212,12 +212,22 @@ def _nvrtc_ptx(source: str, name: str, option_bytes, kw: dict) -> bytes:
 
 # --------------------------------------------------------------------------- launch
 
+
+class TensorMap(ctypes.Structure):
+    """A CUtensorMap (128 opaque bytes): a TMA copy's description of a global tensor, built
+    by ``tensor_map`` and passed by value (a ``"tmap"`` kernel argument, received as a
+    ``const __grid_constant__`` 64-byte aligned 128-byte struct)."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
 _CTYPE = {
     "ptr": ctypes.c_void_p,
     "i64": ctypes.c_int64,
     "i32": ctypes.c_int32,
     "u32": ctypes.c_uint32,
     "f32": ctypes.c_float,
+    "tmap": TensorMap,
 }
 
 
@@ -425,6 +435,7 @@ class Kernel:
         self._slots = [_CTYPE[t]() for t in self.signature]
         self._params = (ctypes.c_void_p * len(self._slots))(*[ctypes.addressof(s) for s in self._slots])
         self._nargs = len(self._slots)
+        self._has_maps = "tmap" in self.signature
         self._lock = threading.Lock()
         self._launch = _libcuda().cuLaunchKernel
         self._use_core = config.cuda_launch == "core"
@@ -455,11 +466,20 @@ class Kernel:
         bx, by, bz = (block, 1, 1) if type(block) is int else (tuple(block) + (1, 1))[:3]
         stream = _raw_stream(device_index)
         if self._use_core:
+            if self._has_maps:
+                raise CudaError(f"{self.name}: tensor-map arguments need the direct launch (cuda_launch)")
             values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
             return self._launch_core(stream, (gx, gy, gz), (bx, by, bz), shared, values)
         with self._lock:
-            for slot, a in zip(self._slots, args):
-                slot.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
+            if self._has_maps:
+                for slot, a in zip(self._slots, args):
+                    if isinstance(slot, TensorMap):
+                        ctypes.memmove(ctypes.addressof(slot), ctypes.addressof(a), ctypes.sizeof(TensorMap))
+                    else:
+                        slot.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
+            else:
+                for slot, a in zip(self._slots, args):
+                    slot.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
             rc = self._launch(self._handle, gx, gy, gz, bx, by, bz, shared, stream, self._params, None)
             if rc == _INVALID_CONTEXT:  # this thread's first launch: bind the context, retry
                 _bind_context(device_index)
@@ -714,7 +734,54 @@ def ptx_param_sizes(ptx: str, name: str) -> list[int]:
     if m is None:
         raise KeyError(f"no .entry {name} in the PTX")
     sizes = {"8": 1, "16": 2, "32": 4, "64": 8}
-    return [sizes[b] for b in re.findall(r"\.param\s+\.[a-z]+?(\d+)\s", m.group(1) + " ")]
+    out = []
+    for param in m.group(1).split(","):
+        arr = re.search(r"\.b8\s+\w+\[(\d+)\]", param)  # a struct by value: .align A .b8 name[N]
+        if arr:
+            out.append(int(arr.group(1)))
+        else:
+            out += [sizes[b] for b in re.findall(r"\.param\s+\.[a-z]+?(\d+)\s", param + " ")]
+    return out
+
+
+# cuTensorMapEncodeTiled's enums (cuda.h)
+_TMAP_SWIZZLE = {0: 0, 32: 1, 64: 2, 128: 3}  # CU_TENSOR_MAP_SWIZZLE_{NONE, 32B, 64B, 128B}
+_TMAP_UINT = {1: 0, 2: 1, 4: 2, 8: 4}  # CU_TENSOR_MAP_DATA_TYPE_UINT{8, 16, 32, 64}: bits copied as they are
+_TMAP_L2_128B = 2  # CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+
+
+@functools.lru_cache(maxsize=1024)
+def tensor_map(address: int, elem_bytes: int, dims: tuple, strides: tuple, box: tuple, swizzle: int):
+    """A TMA tensor map (cuTensorMapEncodeTiled) of the tensor at ``address``: ``dims``
+    innermost first (elements; the innermost unit-stride), ``strides`` in bytes of dims
+    1.. (multiples of 16), ``box`` the tile one copy moves (elements per dim; box[0] x
+    elem_bytes at most ``swizzle`` bytes when swizzled), ``swizzle`` 0 / 32 / 64 / 128 (the
+    shared-memory pattern the copy writes, Swizzle<log2(swizzle/16), 4, 3>). Elements are
+    copied as raw bits; out-of-bounds elements arrive as zeros. Cached: the same arguments
+    give the same map (a map holds only these values). Returns a ``TensorMap``."""
+    rank = len(dims)
+    if not (len(strides) == rank - 1 and len(box) == rank):
+        raise ValueError(f"tensor_map: {rank} dims need {rank - 1} strides and {rank} box sizes")
+    lib = _libcuda()
+    fn = lib.cuTensorMapEncodeTiled
+    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    enum = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(TensorMap), enum, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                   enum, enum, enum, enum]  # fmt: skip
+    fn.restype = ctypes.c_int
+    out = TensorMap()
+    rc = fn(
+        ctypes.byref(out), _TMAP_UINT[elem_bytes], rank, ctypes.c_void_p(address),
+        (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
+        (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*([1] * rank)),
+        0, _TMAP_SWIZZLE[swizzle], _TMAP_L2_128B, 0,
+    )  # fmt: skip
+    if rc != 0:
+        raise CudaError(
+            f"cuTensorMapEncodeTiled(dims={dims}, strides={strides}, box={box}, swizzle={swizzle}) failed: "
+            f"{_error_string(rc)} ({rc})"
+        )
+    return out
 
 
 def ceil_div(a: int, b: int) -> int:

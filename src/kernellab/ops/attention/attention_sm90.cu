@@ -1,0 +1,755 @@
+// Attention forward on Hopper tensor cores (wgmma), fp16 / bf16, in the FlashAttention-3
+// design. Compiled by NVRTC for sm_90a only (wgmma and setmaxnreg are arch-specific: the
+// Module in cuda_sm90.py is built with archs=("sm_90a",)).
+//
+//   o = softmax(q k^T * scale) v,  bottom-right causal (query i sees keys j <= i + S_k - S_q)
+//   lse = log2(sum_j 2^(s_ij * scale * log2 e)): the log-sum-exp in log2 units, what the
+//   Triton backward reads (triton.py, lse_shape); -inf for a row that sees no key (o = 0).
+//
+// Variants (registered as backends of op "attention"; v1 is the fp32 teaching kernel in
+// attention.cu):
+//   v2  attn_fwd_v2_d<D>_<dtype>  (backend "cuda_v2") 128 query rows per block, two
+//       warpgroups of 64 rows each; all 256 threads copy K/V tiles (cp.async, 16 bytes) into
+//       swizzled shared memory, double buffered (tile t+1 lands while tile t is computed);
+//       S = Q K^T with wgmma from shared memory (fp32 accumulators in registers), online
+//       softmax in registers (exp2 of log2e-scaled scores), P converted to 16 bits in
+//       registers and fed as the register A operand of the second wgmma, O += P V.
+//   v3  attn_fwd_v3_d<D>_<dtype>  (backend "cuda_v3") v2's math, warp-specialized: a
+//       producer warpgroup (setmaxnreg down to 56 registers) copies Q and the K/V tiles
+//       through a ring of 2-3 stages guarded by mbarriers ("full": the copies of a stage
+//       landed, completed by cp.async.mbarrier.arrive; "empty": both consumer warpgroups are
+//       done with it); two consumer warpgroups (setmaxnreg up to 224) only compute. The
+//       consumers never wait for their own copies, and the two of them drift apart, so one
+//       warpgroup's softmax runs while the other's wgmmas occupy the tensor cores.
+//   v4  attn_fwd_v4_d<D>_<dtype>  (backend "cuda_v4") v3 with TMA: one producer thread
+//       issues a bulk tensor copy per column slab of a tile (the tensor maps come from the
+//       host, cuTensorMapEncodeTiled, and swizzle exactly as the tiles are laid out); the
+//       stage's full barrier counts the bytes. The 128 threads' ~32 cp.async per tile (and
+//       their address arithmetic, competing with the softmax for issue slots) are gone;
+//       rows past S_q / S_k arrive as zeros. setmaxnreg 40 / 232.
+//   v5  attn_fwd_v5_d<D>_<dtype>  (backend "cuda_v5") v4 with FlashAttention-3's
+//       intra-warpgroup overlap: per key tile j, S_j = Q K_j^T and O += P_{j-1} V_{j-1}
+//       are issued together, the softmax of S_j runs while that P V is in flight, and O is
+//       rescaled once it is done (registers: S_j and P_{j-1} live at once, 64 + 32 + 64 for
+//       O at D = 128).
+//
+// All: head dims 64, 80, 96, 128 (BN = 128 keys per tile) and 256 (BN = 64); causal blocks
+// skip every key tile above the diagonal and are issued heaviest first (the block of the
+// last query rows sees the most keys: blockIdx.x counts down the query blocks), so the light
+// blocks fill the tail of the grid. Only the key tiles that cut the diagonal or the S_k tail
+// are masked.
+//
+// Why (napkin math, H100 SXM, bf16, D = 128, BN = 128): per key tile a block (two
+// warpgroups) does 2 x 2 x 64 x 128 x 128 x 2 = 8.4 MFLOP of MMA, ~2050 cycles at the
+// tensor cores' ~4096 FLOP per cycle per SM; and 2 x 64 x 128 = 16k exponentials, ~1020
+// cycles at the SFU's 16 per cycle per SM, plus ~5 FP32 operations per score (scale, max,
+// sum, convert) at 128 per cycle, ~640 cycles. The softmax is most of the MMA time: it has
+// to run under the MMAs (v3's drifting warpgroups, v5's overlap) rather than between
+// them. K and V tiles are 2 x 32 KB; 128 query rows reuse each tile 128 times.
+//
+// ---------------------------------------------------------------------------------------
+// Shared-memory layout (what the descriptors must describe exactly)
+//
+// A tile of R rows x D columns (16-bit, row-major in global memory) is stored as D / E
+// column slabs of E = W / 2 elements, W the swizzle width in bytes: 128 where 64 divides D
+// (D = 64, 128, 256), 64 where only 32 does (D = 96), 32 otherwise (D = 80). A slab holds the
+// R rows at W bytes each (R x W bytes, slabs one after the other). Within a slab, 16-byte
+// chunk c of row r is stored at chunk position c ^ ((r * W / 128) % (W / 16)): the
+// hardware's Swizzle<log2(W/16), 4, 3> pattern (address bits [4, 4+b) ^= bits [7, 7+b)),
+// which repeats every 8 rows (8 x W bytes); every tile and slab starts on a 1024-byte
+// boundary, so the pattern over absolute addresses equals the pattern over tile offsets.
+// The head dim is never padded: D = 80 is five 16-column slabs, not a 128-wide tile.
+//
+// Q (A of S = Q K^T) and K (B of it, as K^T: [N = keys, K = D] rows) are K-major (the
+// head dim is contiguous): a descriptor for the 16-deep k step kk points at slab
+// (16 kk) / E, (16 kk % E) x 2 bytes into its rows (inside the swizzle row; the hardware
+// swizzles the final address); SBO = 8 x W (from one group of 8 rows to the next); LBO
+// unused (16). A warpgroup's 64 rows of Q start 64 x W bytes into each slab.
+// V (B of O = P V: [K = keys, N = D]) is MN-major (imm-trans-b = 1, N contiguous): the
+// descriptor of k step kk points 16 kk rows into the tile (16 x W bytes); LBO = R x W (from
+// one E-wide slab of N to the next), SBO = 8 x W (from one group of 8 key rows to the next).
+// Descriptor bits: [0,14) address >> 4, [16,30) LBO >> 4, [32,46) SBO >> 4, [62,64) swizzle
+// (1 = 128B, 2 = 64B, 3 = 32B); base offset 0.
+//
+// Register fragments (kernellab/cuda/wgmma.py): S's accumulator of m64nBNk16 holds, in warp
+// w of the warpgroup, lane l (g = l / 4, q = l % 4), s[4j + 2h + e] = S(16w + g + 8h,
+// 8j + 2q + e). The A operand of m64nNk16 from registers is the mma.sync m16n8k16 A
+// fragment, which for the 16 keys 16kk..16kk+15 is exactly s[8kk .. 8kk+7] packed in pairs
+// (low half = lower column): P never leaves the registers. Each thread owns two rows
+// (h = 0, 1); a row's 128 scores are spread over the 4 threads of a quad (reduced with two
+// shuffles).
+//
+// Contract (the launcher in cuda_sm90.py guarantees it): q (Z, H, S_q, D), k and v
+// (Z, H_kv, S_k, D), o (Z, H, S_q, D) with element strides (z, h, s) given and a unit
+// stride over D, every stride a multiple of 8 and every base 16-byte aligned (whole 16-byte
+// chunks per row); lse (Z, H, S_q) fp32 contiguous. H = H_kv x group (GQA: q head h reads
+// k/v head h / group). Grid (ceil(S_q / 128), H, Z). v4/v5 take q, k, v as tensor maps
+// instead: dims (D, S, H, Z), a box of one slab (E columns x 128 query rows or BN keys),
+// the tile's swizzle. S_k = 0 is never launched (the launcher writes o = 0, lse = -inf).
+// (The layouts above are checked against CUTLASS's canonical wgmma layouts on the CPU:
+// tests/ops/test_attention_sm90.py, test_descriptors_read_what_the_copies_wrote.)
+// ---------------------------------------------------------------------------------------
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include "attention_sm90_wgmma.cuh"
+
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_sm90.cu uses wgmma: compile it for sm_90a (Module(..., archs=(\"sm_90a\",)))"
+#endif
+
+// A CUtensorMap (cuda.h's, 128 bytes, 64-byte aligned): built on the host by
+// cuTensorMapEncodeTiled (cuda_sm90.py) and passed by value as a __grid_constant__ kernel
+// parameter, which TMA instructions address directly.
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
+
+namespace {
+
+constexpr int BM = 128;  // query rows per block: two consumer warpgroups of 64
+
+// Swizzled tile layout of a D-wide tile (see the header).
+template <int D>
+struct Layout {
+    static constexpr int W = (D % 64 == 0) ? 128 : (D % 32 == 0) ? 64 : 32;  // swizzle width, bytes
+    static constexpr int CPR = W / 16;                                       // 16-byte chunks per slab row
+    static constexpr int E = W / 2;                                          // elements per slab row
+    static constexpr unsigned long long MODE = W == 128 ? 1 : W == 64 ? 2 : 3;
+    static_assert(D % 16 == 0 && D % E == 0, "head dim must be a multiple of 16 and of the slab width");
+};
+
+// Keys per tile: 128 (S and P are 64 + 32 registers), 64 at D = 256 (O alone is 128).
+template <int D>
+struct Tiles {
+    static constexpr int BN = D > 128 ? 64 : 128;
+    static constexpr unsigned Q_BYTES = BM * D * 2;
+    static constexpr unsigned KV_BYTES = BN * D * 2;  // one K (or V) tile
+    static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles must keep 1024-byte alignment");
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    // src_bytes 0: 16 zero bytes written, nothing read (rows past S_q or S_k)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Generic-proxy writes (cp.async, st.shared) -> visible to the async proxy (wgmma's reads).
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+
+// The wgmma wait names no register: these keep the compiler from moving reads of the
+// accumulators above it, or reusing the A operand's registers before it (the MMA reads them
+// asynchronously).
+__device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_reg(unsigned& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+__device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned lbo, unsigned sbo,
+                                                        unsigned long long mode) {
+    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
+           (static_cast<unsigned long long>((lbo >> 4) & 0x3FFF) << 16) |
+           (static_cast<unsigned long long>((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
+}
+
+// K-major operand: rows [row0, row0 + 64 or N) of a tile of R rows, k step kk.
+template <int D, int R>
+__device__ __forceinline__ unsigned long long desc_kmajor(unsigned tile, int row0, int kk) {
+    using L = Layout<D>;
+    const unsigned addr = tile + (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2 + row0 * L::W;
+    return make_desc(addr, 16, 8 * L::W, L::MODE);
+}
+
+// MN-major operand (V): key rows [16 kk, 16 kk + 16) of a tile of R rows, all D columns.
+template <int D, int R>
+__device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int kk) {
+    using L = Layout<D>;
+    return make_desc(tile + kk * 16 * L::W, R * L::W, 8 * L::W, L::MODE);
+}
+
+// Byte offset of 16-byte chunk gc (columns 8gc..8gc+7) of row r in a swizzled tile of R rows.
+template <int D, int R>
+__device__ __forceinline__ unsigned tile_offset(int r, int gc) {
+    using L = Layout<D>;
+    const int c = gc % L::CPR;
+    const int sw = ((r * L::W) >> 7) & (L::CPR - 1);
+    return (gc / L::CPR) * (R * L::W) + r * L::W + ((c ^ sw) << 4);
+}
+
+// Copy rows [row0, row0 + R) of a (rows, D) matrix with row stride `stride` into the tile at
+// `dst`, NT threads (thread `t` of them), zero-filling rows >= rows. Consecutive threads
+// take consecutive 16-byte chunks of a row (coalesced). UNROLL: chunks whose addresses are
+// formed at once (v3's producer has 56 registers: a fully unrolled loop spills there).
+template <typename T, int D, int R, int NT, int UNROLL = R * D / 8 / NT>
+__device__ __forceinline__ void load_tile(unsigned dst, const T* __restrict__ src, long long stride, int row0,
+                                          int rows, int t) {
+    constexpr int CH = D / 8;
+    static_assert((R * CH) % NT == 0, "tile chunks must divide evenly among the threads");
+#pragma unroll UNROLL
+    for (int i = 0; i < R * CH / NT; ++i) {
+        const int e = t + i * NT;
+        const int r = e / CH, gc = e % CH;
+        const bool in = row0 + r < rows;
+        const T* g = in ? src + (row0 + r) * stride + gc * 8 : src;
+        cp_async16(dst + tile_offset<D, R>(r, gc), g, in ? 16 : 0);
+    }
+}
+
+__device__ __forceinline__ unsigned pack2(float x, float y, bool bf16) {
+    if (bf16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+        return *reinterpret_cast<unsigned*>(&v);
+    }
+    __half2 v = __floats2half2_rn(x, y);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float x, float y) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ void store2(__half* p, float x, float y) {
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+}
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// The launcher passes the dynamic shared memory each variant needs (cuda_sm90.py,
+// smem_bytes); a block given less traps rather than write past it.
+__device__ __forceinline__ void check_smem(unsigned need) {
+    unsigned have;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(have));
+    if (have < need) __trap();
+}
+
+// What a block does: its query rows and the key tiles they see.
+struct Block {
+    int m0;       // first query row
+    int n_tiles;  // key tiles 0 .. n_tiles-1
+    int off;      // S_k - S_q: query i sees keys j <= i + off (causal)
+};
+
+template <int BN>
+__device__ __forceinline__ Block block_of(int S_q, int S_k, int causal) {
+    Block b;
+    // heaviest first under causal: the last query block sees the most keys
+    const int mb = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    b.m0 = mb * BM;
+    b.off = S_k - S_q;
+    int n_end = S_k;
+    if (causal) n_end = max(0, min(S_k, b.m0 + BM + b.off));  // past the block's last row's limit
+    b.n_tiles = (n_end + BN - 1) / BN;
+    return b;
+}
+
+// Per-warpgroup online-softmax state and its math on one key tile: ``scores`` turns S into
+// P in place and returns the factor alpha by which O must be rescaled (it does not touch O,
+// so v5 runs it while the previous tile's P V is still in flight); ``rescale`` applies it.
+template <int D, int BN>
+struct Softmax {
+    float m[2];  // running max of the row's scaled scores (log2 units); -inf: no key yet
+    float l[2];  // this thread's share of the running sum of 2^(x - m)
+
+    __device__ __forceinline__ void init() {
+        m[0] = m[1] = neg_inf();
+        l[0] = l[1] = 0.f;
+    }
+
+    // s: raw scores of key columns n0 .. n0 + BN - 1 for rows row_lo (h = 0) and row_lo + 8.
+    __device__ __forceinline__ void scores(float (&s)[BN / 2], float (&alpha)[2], float scale_log2, bool masked,
+                                           int n0, int row_lo, int S_k, int causal, int off, int q) {
+        if (masked) {
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int h = 0; h < 2; ++h)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int col = n0 + 8 * j + 2 * q + e;
+                        const int row = row_lo + 8 * h;
+                        if (col >= S_k || (causal && col > row + off)) s[4 * j + 2 * h + e] = neg_inf();
+                    }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = neg_inf();
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            const float m_new = fmaxf(m[h], mx * scale_log2);
+            // a row with no key so far keeps m = -inf: subtract 0 instead (its p are all 0)
+            const float m_use = m_new == neg_inf() ? 0.f : m_new;
+            alpha[h] = exp2f(m[h] - m_use);  // 0 when m[h] = -inf
+            m[h] = m_new;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float x = exp2f(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
+                    s[4 * j + 2 * h + e] = x;
+                    sum += x;
+                }
+            l[h] = fmaf(l[h], alpha[h], sum);
+        }
+    }
+
+    __device__ __forceinline__ static void rescale(float (&o)[D / 2], const float (&alpha)[2]) {
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                o[4 * j + 2 * h] *= alpha[h];
+                o[4 * j + 2 * h + 1] *= alpha[h];
+            }
+    }
+
+    __device__ __forceinline__ void step(float (&s)[BN / 2], float (&o)[D / 2], float scale_log2, bool masked,
+                                         int n0, int row_lo, int S_k, int causal, int off, int q) {
+        float alpha[2];
+        scores(s, alpha, scale_log2, masked, n0, row_lo, S_k, causal, off, q);
+        rescale(o, alpha);
+    }
+};
+
+template <bool BF16, int BN>
+__device__ __forceinline__ void pack_p(const float (&s)[BN / 2], unsigned (&p)[BN / 4]) {
+#pragma unroll
+    for (int i = 0; i < BN / 4; ++i) p[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
+}
+
+// Issue S = Q K^T for one warpgroup's 64 rows (sQ: the Q tile, rows 64 wg..; sK: the K
+// tile) as one wgmma group; s is not readable before a wait (and fence_s).
+template <bool BF16, int D, int BN>
+__device__ __forceinline__ void issue_qk(float (&s)[BN / 2], unsigned sQ, unsigned sK, int wg) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        kl_wgmma_ss<BN, BF16>(s, desc_kmajor<D, BM>(sQ, 64 * wg, kk), desc_kmajor<D, BN>(sK, 0, kk), kk > 0);
+    wgmma_commit();
+}
+
+// Issue O += P V (P from registers, V: the tile at sV) as one wgmma group; neither o nor p
+// may be touched before a wait (and fence_pv).
+template <bool BF16, int D, int BN>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], unsigned (&p)[BN / 4], unsigned sV) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+        kl_wgmma_rs<D, BF16>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], desc_mnmajor<D, BN>(sV, kk), 1);
+    wgmma_commit();
+}
+
+template <int BN>
+__device__ __forceinline__ void fence_s(float (&s)[BN / 2]) {
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) fence_reg(s[i]);
+}
+
+template <int D, int BN>
+__device__ __forceinline__ void fence_pv(float (&o)[D / 2], unsigned (&p)[BN / 4]) {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) fence_reg(o[i]);
+#pragma unroll
+    for (int i = 0; i < BN / 4; ++i) fence_reg(p[i]);
+}
+
+template <bool BF16, int D, int BN>
+__device__ __forceinline__ void mma_qk(float (&s)[BN / 2], unsigned sQ, unsigned sK, int wg) {
+    issue_qk<BF16, D, BN>(s, sQ, sK, wg);
+    wgmma_wait<0>();
+    fence_s<BN>(s);
+}
+
+template <bool BF16, int D, int BN>
+__device__ __forceinline__ void mma_pv(float (&o)[D / 2], unsigned (&p)[BN / 4], unsigned sV) {
+    issue_pv<BF16, D, BN>(o, p, sV);
+    wgmma_wait<0>();
+    fence_pv<D, BN>(o, p);
+}
+
+// o = O / l and lse = m + log2(l) for the thread's two rows (0 and -inf for a row with no key).
+template <typename T, int D, int BN>
+__device__ __forceinline__ void epilogue(const Softmax<D, BN>& sm, const float (&o)[D / 2], T* __restrict__ ob,
+                                         long long sos, float* __restrict__ lse_b, int row_lo, int S_q, int q) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = sm.l[h];
+        l += __shfl_xor_sync(0xffffffff, l, 1);
+        l += __shfl_xor_sync(0xffffffff, l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int row = row_lo + 8 * h;
+        if (row < S_q) {
+            T* orow = ob + row * sos;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) store2(orow + 8 * j + 2 * q, o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+            if (q == 0) lse_b[row] = l > 0.f ? sm.m[h] + log2f(l) : neg_inf();
+        }
+    }
+}
+
+// --------------------------------------------------------------------------------------- v2
+
+template <typename T, bool BF16, int D>
+__device__ __forceinline__ void fwd_v2(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                       T* __restrict__ o, float* __restrict__ lse, int S_q, int S_k, int H,
+                                       int group, float scale_log2, int causal, long long sqz, long long sqh,
+                                       long long sqs, long long skz, long long skh, long long sks, long long svz,
+                                       long long svh, long long svs, long long soz, long long soh, long long sos) {
+    constexpr int BN = Tiles<D>::BN, NT = 256;
+    constexpr unsigned Q_BYTES = Tiles<D>::Q_BYTES, KV_BYTES = Tiles<D>::KV_BYTES;
+    extern __shared__ unsigned char smem[];
+    check_smem(1024 + Q_BYTES + 2 * 2 * KV_BYTES);
+    const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;  // swizzle atoms need 1024-byte alignment
+    const unsigned sKV = sQ + Q_BYTES;                       // stage st: K at sKV + 2 st KV_BYTES, V after it
+
+    const int t = threadIdx.x, wg = t / 128, warp = (t % 128) / 32, lane = t % 32;
+    const int g = lane / 4, qd = lane % 4;
+    const Block blk = block_of<BN>(S_q, S_k, causal);
+    const int h = blockIdx.y, z = blockIdx.z, hk = h / group;
+    const T* qb = q + z * sqz + h * sqh;
+    const T* kb = k + z * skz + hk * skh;
+    const T* vb = v + z * svz + hk * svh;
+    const int row_lo = blk.m0 + wg * 64 + warp * 16 + g;  // this thread's rows: row_lo, row_lo + 8
+
+    if (blk.n_tiles > 0) {
+        load_tile<T, D, BM, NT>(sQ, qb, sqs, blk.m0, S_q, t);
+        load_tile<T, D, BN, NT>(sKV, kb, sks, 0, S_k, t);
+        load_tile<T, D, BN, NT>(sKV + KV_BYTES, vb, svs, 0, S_k, t);
+        cp_async_commit();
+    }
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+    Softmax<D, BN> sm;
+    sm.init();
+
+    for (int it = 0; it < blk.n_tiles; ++it) {
+        cp_async_wait<0>();   // this thread's chunks of tile it (and Q) landed
+        fence_proxy_async();  // ... and are visible to wgmma
+        __syncthreads();      // everyone's chunks are in; everyone is past tile it-1's MMAs
+        if (it + 1 < blk.n_tiles) {  // tile it+1 into the other stage (tile it-1's, free now)
+            const unsigned st = sKV + ((it + 1) & 1) * 2 * KV_BYTES;
+            load_tile<T, D, BN, NT>(st, kb, sks, (it + 1) * BN, S_k, t);
+            load_tile<T, D, BN, NT>(st + KV_BYTES, vb, svs, (it + 1) * BN, S_k, t);
+            cp_async_commit();
+        }
+        const unsigned sK = sKV + (it & 1) * 2 * KV_BYTES;
+        float s[BN / 2];
+        mma_qk<BF16, D, BN>(s, sQ, sK, wg);
+        const int n0 = it * BN;
+        const bool masked = n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
+        sm.step(s, acc, scale_log2, masked, n0, row_lo, S_k, causal, blk.off, qd);
+        unsigned p[BN / 4];
+        pack_p<BF16, BN>(s, p);
+        mma_pv<BF16, D, BN>(acc, p, sK + KV_BYTES);
+    }
+    cp_async_wait_all();  // (nothing is pending; no copy may outlive the block)
+    epilogue<T, D, BN>(sm, acc, o + z * soz + h * soh, sos, lse + ((long long)z * H + h) * S_q, row_lo, S_q, qd);
+}
+
+// --------------------------------------------------------------------------------------- v3-v5
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival on `bar` when all of this thread's earlier cp.async copies have landed (the
+// barrier's count includes it: .noinc).
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// The one arrival of a TMA stage, announcing the bytes its copies will complete.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// Box (c0, c1, c2, c3) = (column, row, head, batch) of a 4-D tensor map into shared memory
+// at dst, completing `bar` (TMA, the async proxy: no fence needed before wgmma reads it).
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, unsigned bar, int c0, int c1, int c2,
+                                            int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+        "[%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+
+// Rows [row0, row0 + R) of head (h, z) into a swizzled tile: one box of E columns x R rows
+// per slab (the map's box; its swizzle is the tile's, so the layouts agree). Rows past the
+// map's length arrive as zeros (and count toward the transaction bytes).
+template <int D, int R>
+__device__ __forceinline__ void tma_tile(unsigned dst, const TensorMap* map, unsigned bar, int row0, int h, int z) {
+    using L = Layout<D>;
+#pragma unroll
+    for (int sl = 0; sl < D / L::E; ++sl) tma_load_4d(dst + sl * (R * L::W), map, bar, sl * L::E, row0, h, z);
+}
+
+constexpr int WS_THREADS = 384;  // producer warpgroup + two consumer warpgroups
+
+// Stages of the K/V ring: 3 where they fit in 227 KB (D <= 128), else 2.
+template <int D>
+struct WsStages {
+    static constexpr int value = (Tiles<D>::Q_BYTES + 3 * 2 * Tiles<D>::KV_BYTES + 1024 <= 227 * 1024) ? 3 : 2;
+};
+
+// The barriers of v3-v5 (static shared memory): full[st] (the copies of stage st landed),
+// empty[st] (count 8: every consumer warp is done with it), q_full. `arrivals`: the full
+// barriers' count (v3: one cp.async arrival per producer thread, 128; TMA: 1).
+template <int STAGES>
+struct Bars {
+    unsigned full0, empty0, q_full;
+
+    __device__ __forceinline__ Bars(unsigned long long* bars, unsigned arrivals) {
+        full0 = smem_u32(&bars[0]);
+        empty0 = smem_u32(&bars[STAGES]);
+        q_full = smem_u32(&bars[2 * STAGES]);
+        if (threadIdx.x == 0) {
+            for (int st = 0; st < STAGES; ++st) {
+                mbar_init(full0 + 8 * st, arrivals);
+                mbar_init(empty0 + 8 * st, 8);
+            }
+            mbar_init(q_full, arrivals);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+    }
+    __device__ __forceinline__ unsigned full(int it) const { return full0 + 8 * (it % STAGES); }
+    __device__ __forceinline__ unsigned empty(int it) const { return empty0 + 8 * (it % STAGES); }
+};
+
+// v3's producer warpgroup (128 threads): Q, then K/V tile it into stage it % STAGES once
+// the consumers released the tile that used it before; each thread's arrival on the
+// stage's full barrier fires when its own copies have landed.
+template <typename T, int D, int STAGES>
+__device__ __forceinline__ void produce_cp_async(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
+                                                 const T* qb, long long sqs, const T* kb, long long sks,
+                                                 const T* vb, long long svs, int S_q, int S_k, int t) {
+    constexpr int BN = Tiles<D>::BN;
+    constexpr unsigned KV_BYTES = Tiles<D>::KV_BYTES;
+    load_tile<T, D, BM, 128, 2>(sQ, qb, sqs, blk.m0, S_q, t);
+    mbar_arrive_cp_async(b.q_full);
+    for (int it = 0; it < blk.n_tiles; ++it) {
+        if (it >= STAGES) mbar_wait(b.empty(it), (it / STAGES - 1) & 1);  // tile it-STAGES consumed
+        const unsigned sK = sKV + (it % STAGES) * 2 * KV_BYTES;
+        load_tile<T, D, BN, 128, 2>(sK, kb, sks, it * BN, S_k, t);
+        load_tile<T, D, BN, 128, 2>(sK + KV_BYTES, vb, svs, it * BN, S_k, t);
+        mbar_arrive_cp_async(b.full(it));
+    }
+    cp_async_wait_all();  // no copy outlives its thread
+}
+
+// v4/v5's producer: one thread issues every copy (TMA boxes).
+template <int D, int STAGES>
+__device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
+                                            const TensorMap* tq, const TensorMap* tk, const TensorMap* tv, int h,
+                                            int hk, int z) {
+    constexpr int BN = Tiles<D>::BN;
+    constexpr unsigned KV_BYTES = Tiles<D>::KV_BYTES;
+    mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);
+    tma_tile<D, BM>(sQ, tq, b.q_full, blk.m0, h, z);
+    for (int it = 0; it < blk.n_tiles; ++it) {
+        if (it >= STAGES) mbar_wait(b.empty(it), (it / STAGES - 1) & 1);
+        const unsigned sK = sKV + (it % STAGES) * 2 * KV_BYTES, bar = b.full(it);
+        mbar_expect_tx(bar, 2 * KV_BYTES);
+        tma_tile<D, BN>(sK, tk, bar, it * BN, hk, z);
+        tma_tile<D, BN>(sK + KV_BYTES, tv, bar, it * BN, hk, z);
+    }
+}
+
+// The two consumer warpgroups of v3-v5 (threads 128..383). OVERLAP (v5): the QK^T of tile
+// it and the P V of tile it-1 are in flight together, and the softmax of tile it runs
+// while the P V does (FlashAttention-3's intra-warpgroup pipelining); O is rescaled once
+// that P V is done. FENCE: the stages were written by cp.async (generic proxy).
+template <typename T, bool BF16, int D, int STAGES, bool OVERLAP, bool FENCE>
+__device__ __forceinline__ void consume(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
+                                        T* __restrict__ ob, long long sos, float* __restrict__ lse_b, int S_q,
+                                        int S_k, float scale_log2, int causal, int t) {
+    constexpr int BN = Tiles<D>::BN;
+    constexpr unsigned KV_BYTES = Tiles<D>::KV_BYTES;
+    const int cw = t / 128 - 1, warp = (t % 128) / 32, lane = t % 32;
+    const int g = lane / 4, qd = lane % 4;
+    const int row_lo = blk.m0 + cw * 64 + warp * 16 + g;
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+    Softmax<D, BN> sm;
+    sm.init();
+    auto stage = [&](int it) { return sKV + (it % STAGES) * 2 * KV_BYTES; };
+    auto wait_full = [&](int it) {
+        mbar_wait(b.full(it), (it / STAGES) & 1);
+        if (FENCE) fence_proxy_async();  // the copies (generic proxy) before wgmma's reads (async proxy)
+    };
+    auto release = [&](int it) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(b.empty(it));  // this warp is done with the stage
+    };
+    auto masked = [&](int it) {
+        const int n0 = it * BN;
+        return n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
+    };
+    if (blk.n_tiles > 0) mbar_wait(b.q_full, 0);
+    if (!OVERLAP) {
+        for (int it = 0; it < blk.n_tiles; ++it) {
+            wait_full(it);
+            float s[BN / 2];
+            mma_qk<BF16, D, BN>(s, sQ, stage(it), cw);
+            sm.step(s, acc, scale_log2, masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
+            unsigned p[BN / 4];
+            pack_p<BF16, BN>(s, p);
+            mma_pv<BF16, D, BN>(acc, p, stage(it) + KV_BYTES);
+            release(it);
+        }
+    } else if (blk.n_tiles > 0) {
+        unsigned p[BN / 4];  // P of the tile before the current one
+        {
+            wait_full(0);
+            float s[BN / 2], alpha[2];
+            mma_qk<BF16, D, BN>(s, sQ, stage(0), cw);
+            sm.scores(s, alpha, scale_log2, masked(0), 0, row_lo, S_k, causal, blk.off, qd);  // (O = 0)
+            pack_p<BF16, BN>(s, p);
+        }
+        for (int it = 1; it < blk.n_tiles; ++it) {
+            wait_full(it);
+            float s[BN / 2], alpha[2];
+            issue_qk<BF16, D, BN>(s, sQ, stage(it), cw);           // S = Q K_it^T
+            issue_pv<BF16, D, BN>(acc, p, stage(it - 1) + KV_BYTES);  // O += P V_{it-1}
+            wgmma_wait<1>();                                       // the older group, S, is done
+            fence_s<BN>(s);
+            sm.scores(s, alpha, scale_log2, masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
+            wgmma_wait<0>();
+            fence_pv<D, BN>(acc, p);
+            release(it - 1);
+            Softmax<D, BN>::rescale(acc, alpha);
+            pack_p<BF16, BN>(s, p);
+        }
+        issue_pv<BF16, D, BN>(acc, p, stage(blk.n_tiles - 1) + KV_BYTES);
+        wgmma_wait<0>();
+        fence_pv<D, BN>(acc, p);
+        release(blk.n_tiles - 1);
+    }
+    epilogue<T, D, BN>(sm, acc, ob, sos, lse_b, row_lo, S_q, qd);
+}
+
+template <typename T, bool BF16, int D>
+__device__ __forceinline__ void fwd_v3(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                       T* __restrict__ o, float* __restrict__ lse, int S_q, int S_k, int H,
+                                       int group, float scale_log2, int causal, long long sqz, long long sqh,
+                                       long long sqs, long long skz, long long skh, long long sks, long long svz,
+                                       long long svh, long long svs, long long soz, long long soh, long long sos) {
+    constexpr int STAGES = WsStages<D>::value;
+    extern __shared__ unsigned char smem[];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+    check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * Tiles<D>::KV_BYTES);
+    const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;
+    const unsigned sKV = sQ + Tiles<D>::Q_BYTES;  // stage st: K at sKV + 2 st KV_BYTES, V after it
+    const Bars<STAGES> b(bars, 128);
+    const Block blk = block_of<Tiles<D>::BN>(S_q, S_k, causal);
+    const int t = threadIdx.x, h = blockIdx.y, z = blockIdx.z, hk = h / group;
+    if (t < 128) {  // producer: copies only (128 x 56 + 256 x 224 = 64512 = 384 x 168 registers)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        if (blk.n_tiles > 0)
+            produce_cp_async<T, D, STAGES>(blk, b, sQ, sKV, q + z * sqz + h * sqh, sqs, k + z * skz + hk * skh, sks,
+                                           v + z * svz + hk * svh, svs, S_q, S_k, t);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    consume<T, BF16, D, STAGES, false, true>(blk, b, sQ, sKV, o + z * soz + h * soh, sos,
+                                             lse + ((long long)z * H + h) * S_q, S_q, S_k, scale_log2, causal, t);
+}
+
+template <typename T, bool BF16, int D, bool OVERLAP>
+__device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
+                                        T* __restrict__ o, float* __restrict__ lse, int S_q, int S_k, int H,
+                                        int group, float scale_log2, int causal, long long soz, long long soh,
+                                        long long sos) {
+    constexpr int STAGES = WsStages<D>::value;
+    extern __shared__ unsigned char smem[];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+    check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * Tiles<D>::KV_BYTES);
+    const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;
+    const unsigned sKV = sQ + Tiles<D>::Q_BYTES;
+    const Bars<STAGES> b(bars, 1);
+    const Block blk = block_of<Tiles<D>::BN>(S_q, S_k, causal);
+    const int t = threadIdx.x, h = blockIdx.y, z = blockIdx.z;
+    if (t < 128) {  // producer: one thread issues the TMA copies (128 x 40 + 256 x 232 = 64512)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (t == 0 && blk.n_tiles > 0) produce_tma<D, STAGES>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    consume<T, BF16, D, STAGES, OVERLAP, false>(blk, b, sQ, sKV, o + z * soz + h * soh, sos,
+                                                lse + ((long long)z * H + h) * S_q, S_q, S_k, scale_log2, causal, t);
+}
+
+}  // namespace
+
+#define KL_ATTN_ARGS(T)                                                                                        \
+    const T *q, const T *k, const T *v, T *o, float *lse, int S_q, int S_k, int H, int group, float scale_log2, \
+        int causal, long long sqz, long long sqh, long long sqs, long long skz, long long skh, long long sks,     \
+        long long svz, long long svh, long long svs, long long soz, long long soh, long long sos
+#define KL_ATTN_PASS                                                                                        \
+    q, k, v, o, lse, S_q, S_k, H, group, scale_log2, causal, sqz, sqh, sqs, skz, skh, sks, svz, svh, svs, soz, \
+        soh, sos
+
+#define KL_ATTN_TMA_ARGS(T)                                                                                   \
+    const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,                              \
+        const __grid_constant__ TensorMap tv, T *o, float *lse, int S_q, int S_k, int H, int group,            \
+        float scale_log2, int causal, long long soz, long long soh, long long sos
+#define KL_ATTN_TMA_PASS &tq, &tk, &tv, o, lse, S_q, S_k, H, group, scale_log2, causal, soz, soh, sos
+
+#define KL_ATTN_SM90_T(D, T, BF16, SFX)                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 1) attn_fwd_v2_d##D##_##SFX(KL_ATTN_ARGS(T)) {          \
+        fwd_v2<T, BF16, D>(KL_ATTN_PASS);                                                                    \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_v3_d##D##_##SFX(KL_ATTN_ARGS(T)) {   \
+        fwd_v3<T, BF16, D>(KL_ATTN_PASS);                                                                    \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_v4_d##D##_##SFX(KL_ATTN_TMA_ARGS(T)) { \
+        fwd_tma<T, BF16, D, false>(KL_ATTN_TMA_PASS);                                                        \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_v5_d##D##_##SFX(KL_ATTN_TMA_ARGS(T)) { \
+        fwd_tma<T, BF16, D, true>(KL_ATTN_TMA_PASS);                                                         \
+    }
+#define KL_ATTN_SM90(D)                          \
+    KL_ATTN_SM90_T(D, __nv_bfloat16, true, bf16) \
+    KL_ATTN_SM90_T(D, __half, false, f16)
+
+// One head dim per module (-DKL_ATTN_D=80: a first call compiles its own four kernels,
+// ~3 s, not all twenty); every head dim without it.
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 64
+KL_ATTN_SM90(64)
+#endif
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 80
+KL_ATTN_SM90(80)
+#endif
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 96
+KL_ATTN_SM90(96)
+#endif
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 128
+KL_ATTN_SM90(128)
+#endif
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 256
+KL_ATTN_SM90(256)
+#endif

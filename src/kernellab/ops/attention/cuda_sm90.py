@@ -1,0 +1,354 @@
+"""Attention forward on Hopper in CUDA C++ (attention_sm90.cu, compiled by NVRTC for sm_90a):
+backends ``cuda_v2`` (wgmma, double-buffered cp.async), ``cuda_v3`` (v2 warp-specialized: a
+producer warpgroup, an mbarrier ring, two consumer warpgroups), ``cuda_v4`` (v3 with TMA
+copies from tensor maps built here) and ``cuda_v5`` (v4 with the softmax of one key tile
+overlapping the P V of the previous one). The list of what each variant changes is at
+the top of the .cu file.
+
+Contract: fp16 / bf16 q (..., S_q, D), k and v (..., S_k, D), D in 64, 80, 96, 128, 256;
+GQA (4-D and up, q heads a multiple of k/v heads: q head h reads k/v head h // group in
+place); causal aligned bottom-right, any lengths (masked tails). No window, no softcap
+(refused with a ValueError naming the option; the default dispatcher then serves the
+call). Strided inputs are passed as they are when each row is whole 16-byte chunks (unit
+stride over D, the other strides multiples of 8 elements, 16-byte aligned base), else
+copied once (``_chunked``). o comes back in ``triton.empty_bshd``'s layout and the
+log-sum-exp (..., S_q) fp32 in log2 units, exactly what the Triton forward returns, so
+the backward is the Triton FlashAttention-2 backward from the saved o and lse (the op's
+contract: the autograd node saves q, k, v, o and that one lse).
+
+Availability: sm_90 GPUs only (an sm_90a cubin runs nowhere else); without a GPU the
+module compiles ("compiled, not run"). The default backend never picks these until a
+committed tuning table names them.
+
+``emulate`` is the kernel's arithmetic in PyTorch (same blocks, tile order, masks, exp2
+online softmax, P rounded to 16 bits): the CPU tests hold it against the float64
+reference, which catches schedule and masking mistakes before a GPU sees the kernel.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from kernellab.core.kit import OpDecl, build
+from kernellab.core.registry import register
+from kernellab.cuda.runtime import DTYPE_SUFFIX, Module, ceil_div, nvrtc_unavailable, tensor_map
+from kernellab.ops.attention import triton as at
+from kernellab.ops.attention.args import check_dtype, check_head_dim, refuse_options, resolve_scale
+
+CU = Path(__file__).with_name("attention_sm90.cu")
+HEAD_DIMS = (64, 80, 96, 128, 256)
+DTYPES = (torch.float16, torch.bfloat16)
+VARIANTS = ("v2", "v3", "v4", "v5")
+TMA_VARIANTS = ("v4", "v5")  # K/V (and Q) copied by TMA: their kernels take tensor maps
+BM = 128  # query rows per block (two consumer warpgroups of 64)
+THREADS = {"v2": 256, "v3": 384, "v4": 384, "v5": 384}
+SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may opt into on an H100 / H200
+LOG2E = at.LOG2E  # log2(e): scores are scaled by scale * log2(e) and exponentiated with exp2
+# One module per head dim for the launches (its four kernels: v2 / v3 x fp16 / bf16, 1-2 s
+# to compile at first use); MODULE holds every head dim (~15 s: the "compiled, not run"
+# check without a GPU, `kernellab asm`).
+MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in HEAD_DIMS}
+MODULE = Module(CU, archs=("sm_90a",))
+_SIG = ("ptr",) * 5 + ("i32",) * 4 + ("f32", "i32") + ("i64",) * 12
+_SIG_TMA = ("tmap",) * 3 + ("ptr",) * 2 + ("i32",) * 4 + ("f32", "i32") + ("i64",) * 3
+GRID_LIMIT = 65535  # grid y (q heads) and z (batch)
+
+
+def block_n(d: int) -> int:
+    """Keys per tile (attention_sm90.cu, Tiles): 128, 64 at D = 256."""
+    return 64 if d > 128 else 128
+
+
+def swizzle_bytes(d: int) -> int:
+    """The tiles' swizzle width W (attention_sm90.cu, Layout): 128 where 64 divides D, 64
+    where 32 does, else 32; a tile is D / (W / 2) column slabs of W-byte rows."""
+    return 128 if d % 64 == 0 else 64 if d % 32 == 0 else 32
+
+
+def stages(variant: str, d: int) -> int:
+    """K/V stages: v2 two; v3-v5 three where they fit (WsStages), else two."""
+    if variant == "v2":
+        return 2
+    q_bytes, kv_bytes = BM * d * 2, block_n(d) * d * 2
+    return 3 if q_bytes + 3 * 2 * kv_bytes + 1024 <= SMEM_LIMIT else 2
+
+
+def smem_bytes(variant: str, d: int) -> int:
+    """Dynamic shared memory of a block: 1 KB to align the base to 1024 bytes (the swizzle
+    atoms), the Q tile (128 x D x 2 B), and per stage a K and a V tile (BN x D x 2 B each).
+    The kernel traps if given less (check_smem)."""
+    return 1024 + BM * d * 2 + stages(variant, d) * 2 * block_n(d) * d * 2
+
+
+def _device_index(t: Tensor) -> int:
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _chunked(t4: Tensor, tma: bool = False) -> Tensor:
+    """t4 (Z, H, S, D) as the kernels read it: rows of whole 16-byte chunks (unit stride over
+    D, the other strides multiples of 8 elements, a 16-byte aligned base; for TMA no zero
+    stride over a dim longer than 1, as an expanded tensor has); else a copy."""
+    st = t4.stride()
+    whole = all(s % 8 == 0 and (s or n == 1 or not tma) for s, n in zip(st[:3], t4.shape[:3]))
+    if st[-1] == 1 and whole and t4.data_ptr() % 16 == 0:
+        return t4
+    c = t4.contiguous()
+    return c if c.data_ptr() % 16 == 0 else c.clone()
+
+
+def forward(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, variant: str
+) -> tuple[Tensor, Tensor]:
+    """(o, lse) of one variant's kernel (``triton.forward``'s outputs: o in empty_bshd's
+    layout, lse (..., S_q) fp32 in log2 units, -inf for a row that sees no key)."""
+    backend = f"cuda_{variant}"
+    check_dtype(q, DTYPES, backend)
+    check_head_dim(q, HEAD_DIMS, backend)
+    if not scale > 0:  # (the kernels take the row max of the raw scores: a positive scale)
+        raise ValueError(f"attention/{backend}: scale must be positive, got {scale!r}")
+    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    o = at.empty_bshd(lead, s_q, d, q.dtype, q.device)
+    lse = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
+    q4, k4, v4, o4 = at._split(q), at._split(k), at._split(v), at._split(o)
+    z, h, h_kv = q4.shape[0], q4.shape[1], k4.shape[1]
+    if h > GRID_LIMIT or z > GRID_LIMIT:
+        raise ValueError(
+            f"attention/{backend}: q folds to {z} batches x {h} heads; each must be at most {GRID_LIMIT} "
+            "(CUDA grid y and z)"
+        )
+    if not (s_q and z and h):
+        return o, lse
+    if not s_k:  # no key at all: every row is empty (what the kernels would write)
+        return o.zero_(), lse.fill_(float("-inf"))
+    tma = variant in TMA_VARIANTS
+    q4, k4, v4 = _chunked(q4, tma), _chunked(k4, tma), _chunked(v4, tma)
+    dev = _device_index(q)
+    name = f"attn_fwd_{variant}_d{d}_{DTYPE_SUFFIX[q.dtype]}"
+    kern = MODULES[d].kernel(name, _SIG_TMA if tma else _SIG, dev)
+    shared = smem_bytes(variant, d)
+    if shared > kern.max_dynamic_shared:
+        kern.set_max_dynamic_shared(shared)
+    grid, group = (ceil_div(s_q, BM), h, z), h // h_kv
+    if tma:
+        bn = block_n(d)
+        kern(
+            grid, THREADS[variant],
+            _tensor_map(q4, BM), _tensor_map(k4, bn), _tensor_map(v4, bn), o4, lse,
+            s_q, s_k, h, group, float(scale) * LOG2E, int(causal), *o4.stride()[:3],
+            shared=shared, device_index=dev,
+        )  # fmt: skip
+    else:
+        kern(
+            grid, THREADS[variant],
+            q4, k4, v4, o4, lse, s_q, s_k, h, group, float(scale) * LOG2E, int(causal),
+            *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
+            shared=shared, device_index=dev,
+        )  # fmt: skip
+    return o, lse
+
+
+def _tensor_map(t4: Tensor, rows: int):
+    """The TMA map of t4 (Z, H, S, D) as v4/v5 copy it: dims (D, S, H, Z) innermost first,
+    one box = one column slab of a tile (W / 2 columns x ``rows`` rows of one head),
+    swizzled as the tile is (swizzle_bytes). A dim of length 1 is given the packed stride
+    (its stride is never used; TMA wants a multiple of 16 bytes)."""
+    z, h, s, d = t4.shape
+    st = t4.stride()
+    strides, packed = [], d
+    for n, stride in ((s, st[2]), (h, st[1]), (z, st[0])):
+        strides.append(2 * (stride if n > 1 else packed))
+        packed *= n
+    w = swizzle_bytes(d)
+    return tensor_map(t4.data_ptr(), 2, (d, s, h, z), tuple(strides), (w // 2, rows, 1, 1), w)
+
+
+# --------------------------------------------------------------------------- the kernel's math in PyTorch
+
+
+def schedule(s_q: int, s_k: int, d: int, causal: bool) -> list[tuple[int, int, list[tuple[int, bool]]]]:
+    """The blocks in launch order (blockIdx.x = 0, 1, ...) as the kernel derives them
+    (block_of): (block index, first query row, [(first key of each tile, masked)]).
+    Causal: the last query block first (it sees the most keys); its key tiles end at the
+    last row's limit (m0 + 128 - 1 + S_k - S_q); a tile is masked where it passes S_k or
+    some row's causal limit (its last key > m0 + S_k - S_q)."""
+    bn, off = block_n(d), s_k - s_q
+    nb = ceil_div(s_q, BM)
+    out = []
+    for x in range(nb):
+        mb = nb - 1 - x if causal else x
+        m0 = mb * BM
+        n_end = max(0, min(s_k, m0 + BM + off)) if causal else s_k
+        tiles = [
+            (n0, n0 + bn > s_k or (causal and n0 + bn - 1 > m0 + off))
+            for n0 in range(0, ceil_div(n_end, bn) * bn, bn)
+        ]
+        out.append((mb, m0, tiles))
+    return out
+
+
+def emulate(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """(o, lse) computed as the kernel computes them, in PyTorch (CPU or GPU): q, k, v
+    (..., S, D) 16-bit (GQA as the op takes it); fp32 scores from the 16-bit inputs, the
+    mask applied only to the tiles ``schedule`` marks, exp2 of the log2e-scaled scores with
+    the running max (0 subtracted while a row has seen no key), P rounded to the input
+    dtype before P V, o normalized once, lse = m + log2(l). Rows past S_q of the last block
+    are computed from zero q rows and dropped, as in the kernel."""
+    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    q4, k4, v4 = at._split(q), at._split(k), at._split(v)
+    group = q4.shape[1] // k4.shape[1] if k4.shape[1] else 1
+    c = scale * LOG2E
+    bn, off = block_n(d), s_k - s_q
+    heads = torch.arange(q4.shape[1], device=q.device) // group
+    kf, vf = k4[:, heads].float(), v4[:, heads].float()  # (Z, H, S_k, D): k/v head h // group
+    o = torch.zeros(q4.shape, dtype=torch.float32, device=q.device)
+    lse = torch.empty(q4.shape[:-1], dtype=torch.float32, device=q.device)
+    neg = float("-inf")
+    for _, m0, tiles in schedule(s_q, s_k, d, causal):
+        qb = torch.zeros(q4.shape[:2] + (BM, d), dtype=torch.float32, device=q.device)
+        rows = min(BM, s_q - m0)
+        qb[:, :, :rows] = q4[:, :, m0 : m0 + rows].float()
+        row = torch.arange(m0, m0 + BM, device=q.device)[:, None]
+        m = torch.full(q4.shape[:2] + (BM, 1), neg, device=q.device)
+        lsum = torch.zeros_like(m)
+        acc = torch.zeros(q4.shape[:2] + (BM, d), dtype=torch.float32, device=q.device)
+        for n0, masked in tiles:
+            kt = torch.zeros(q4.shape[:2] + (bn, d), dtype=torch.float32, device=q.device)
+            vt = torch.zeros_like(kt)
+            cols = min(bn, s_k - n0)
+            kt[:, :, :cols], vt[:, :, :cols] = kf[:, :, n0 : n0 + cols], vf[:, :, n0 : n0 + cols]
+            s = qb @ kt.transpose(-1, -2)
+            if masked:
+                col = torch.arange(n0, n0 + bn, device=q.device)[None, :]
+                bad = col >= s_k
+                if causal:
+                    bad = bad | (col > row + off)
+                s = s.masked_fill(bad, neg)
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True) * c)
+            m_use = torch.where(m_new == neg, torch.zeros_like(m_new), m_new)
+            alpha = torch.exp2(m - m_use)
+            p = torch.exp2(s * c - m_use)
+            lsum = lsum * alpha + p.sum(-1, keepdim=True)
+            acc = acc * alpha + p.to(q.dtype).float() @ vt
+            m = m_new
+        l_safe = torch.where(lsum > 0, lsum, torch.ones_like(lsum))
+        ob = torch.where(lsum > 0, acc / l_safe, torch.zeros_like(acc))
+        lb = torch.where(lsum > 0, m + torch.log2(l_safe), torch.full_like(lsum, neg))
+        o[:, :, m0 : m0 + rows] = ob[:, :, :rows]
+        lse[:, :, m0 : m0 + rows] = lb[:, :, :rows, 0]
+    return o.to(q.dtype).reshape(tuple(lead) + (s_q, d)), lse.reshape(tuple(lead) + (s_q,))
+
+
+# --------------------------------------------------------------------------- custom ops (the kit)
+
+
+def _backward(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The Triton FlashAttention-2 backward from the saved o and lse (log2 units)."""
+    return at.backward(do, q, k, v, o, lse, causal, scale)
+
+
+def _make(variant: str):
+    def fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+        return forward(q, k, v, causal, scale, variant)
+
+    def _opcheck_bwd(make):
+        q, k, v = make(0), make(0), make(0)
+        o, lse = forward(q, k, v, True, 0.125, variant)
+        return (make(0), q, k, v, o, lse, True, 0.125)
+
+    return build(
+        OpDecl(
+            name=f"attention_cuda_{variant}",
+            label=f"attention (cuda_{variant})",
+            fwd=fwd,
+            bwd=_backward,
+            fwd_fake=lambda q, k, v, causal, scale: (
+                at.empty_bshd(q.shape[:-2], q.shape[-2], v.shape[-1], q.dtype, q.device),
+                q.new_empty(at.lse_shape(q), dtype=torch.float32),
+            ),
+            bwd_fake=lambda do, q, k, v, o, lse, causal, scale: tuple(
+                at.empty_bshd(t.shape[:-2], t.shape[-2], t.shape[-1], t.dtype, t.device) for t in (q, k, v)
+            ),
+            save=lambda inputs, out: ((*inputs[:3], out[0], out[1]), inputs[3:]),
+            bwd_args=lambda saved, extra, do: (do, *saved, *extra),
+            grads=lambda g, extra: (g[0], g[1], g[2], None, None),
+            needs_grad=lambda q, k, v, *options: q.requires_grad or k.requires_grad or v.requires_grad,
+            samples=(lambda make: (make(1), make(1), make(1), True, 0.125), _opcheck_bwd),
+            inplace_hint=at.INPLACE_HINT,
+        )
+    )
+
+
+_BUILT = {variant: _make(variant) for variant in VARIANTS}
+
+
+def _limits_of(backend: str):
+    def limits(q, k, v, causal: bool = False, scale=None, window=None, softcap=None) -> str | None:
+        """What the backend refuses by design (``Impl.limits``): head dims other than
+        64/80/96/128/256, a window, a softcap (dtypes are declared)."""
+        try:
+            check_head_dim(q, HEAD_DIMS, backend)
+            refuse_options(backend, window, softcap, causal)
+        except ValueError as e:
+            return str(e)
+        return None
+
+    return limits
+
+
+def _entry(variant: str):
+    backend, built = f"cuda_{variant}", _BUILT[variant]
+
+    def attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
+        check_dtype(q, DTYPES, backend)
+        check_head_dim(q, HEAD_DIMS, backend)
+        refuse_options(backend, window, softcap, causal)
+        return built(q, k, v, causal, resolve_scale(q, scale))
+
+    attention.custom_ops, attention.ops = built.custom_ops, built.ops
+    attention.forward_saving, attention.backward_from = built.forward_saving, built.backward_from
+    attention.__name__ = f"cuda_{variant}_attention"
+    return attention
+
+
+def available() -> str | None:
+    """None on an sm_90 GPU, and without a GPU (the check reports "compiled, not run");
+    on any other GPU why not (an sm_90a cubin runs on sm_90 only)."""
+    why = nvrtc_unavailable()
+    if why or not torch.cuda.is_available():
+        return why
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"needs sm_90 (Hopper wgmma); this GPU is sm_{major}{minor}"
+    return None
+
+
+_DESCRIPTIONS = {
+    "v2": "CUDA v2 (sm_90): wgmma S = QK^T and O += PV with P from registers, cp.async double buffer, "
+    "128 query rows, heavy-first causal",
+    "v3": "CUDA v3 (sm_90): v2 warp-specialized: producer warpgroup, mbarrier ring of 2-3 K/V stages, "
+    "setmaxnreg 56/224",
+    "v4": "CUDA v4 (sm_90): v3 with TMA copies (one producer thread, tensor maps), setmaxnreg 40/232",
+    "v5": "CUDA v5 (sm_90): v4 with FlashAttention-3's intra-warpgroup overlap (softmax of tile j under "
+    "the P V of tile j-1)",
+}
+
+for _variant in VARIANTS:
+    _fn = _entry(_variant)
+    register(
+        "attention",
+        f"cuda_{_variant}",
+        devices=("cuda",),
+        available=available,
+        precompile=MODULE.precompile,
+        custom_ops=_fn.custom_ops,
+        builtin=True,
+        module=MODULE,
+        limits=_limits_of(f"cuda_{_variant}"),
+        dtypes=DTYPES,
+        description=_DESCRIPTIONS[_variant],
+    )(_fn)

@@ -1,0 +1,657 @@
+"""attention's Hopper CUDA backends (cuda_v2 .. cuda_v5: attention_sm90.cu).
+
+Without a GPU: the generated wgmma header is the generator's; every head dim's module
+compiles for sm_90a with every kernel the launcher asks for, no local memory, and v3-v5 at
+exactly the register count their setmaxnreg budget assumes; the wgmma descriptors address
+the bytes the copies wrote (a model of the hardware's canonical layouts), and the S
+accumulator is the P operand's register fragment; the launcher's arguments (grid,
+strides, group, scale, shared memory, copies only where rows are not whole 16-byte chunks,
+the TMA variants' tensor maps) with the kernel replaced by a recorder; a tensor map passed
+by value through the runtime's launch; refusals that name the argument; availability;
+the kernel's schedule and arithmetic (``emulate``) against the float64 reference.
+With a GPU (``gpu``): each kernel against ``emulate`` and the reference, odd shapes, every
+head dim, causal, GQA, the saved lse, and gradients through the Triton backward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernellab
+import kernellab.ops.attention as A
+from kernellab.harness.compare import judge
+from kernellab.ops.attention import args as AA
+from kernellab.ops.attention import cuda_sm90 as cs
+from kltest import dtype_id
+
+SPEC = kernellab.get_spec("attention")
+HALF = [torch.float16, torch.bfloat16]
+BACKENDS = [f"cuda_{v}" for v in cs.VARIANTS]
+
+
+def _nvrtc():
+    why = cs.nvrtc_unavailable()
+    if why:
+        pytest.skip(why)
+
+
+def _ref_lse2(q, k, v, causal, scale):
+    """The float64 log-sum-exp of the scaled scores in log2 units (the saved lse)."""
+    ke, _ = AA.expand_kv(q, k, v)
+    s = (q.double() @ ke.double().transpose(-1, -2)) * scale
+    allowed = AA.allowed_mask(q.shape[-2], k.shape[-2], causal, None, q.device)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, float("-inf"))
+    return s.logsumexp(-1) / math.log(2)
+
+
+def _check_o_lse(o, lse, q, k, v, causal, scale):
+    ref = SPEC.reference(q.double(), k.double(), v.double(), causal=causal, scale=scale)
+    base = A.attention(q, k, v, causal=causal, scale=scale, backend="torch")
+    verdict = judge(o, ref, q.dtype, base)
+    assert verdict.ok, f"o: {verdict.detail} (err {verdict.err:.3g}, bound {verdict.bound:.3g})"
+    want = _ref_lse2(q, k, v, causal, scale)
+    assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(want)), (
+        "lse: -inf exactly at the rows that see no key"
+    )
+    fin = torch.isfinite(want)
+    torch.testing.assert_close(lse.double()[fin], want[fin], rtol=1e-5, atol=1e-4)
+
+
+# --------------------------------------------------------------------------- compile (no GPU)
+
+
+def test_wgmma_header_is_the_generators():
+    from kernellab.cuda import wgmma
+
+    for rel, (ss, rs, guard) in wgmma.HEADERS.items():
+        path = cs.CU.parents[2] / rel
+        assert path.read_text() == wgmma.header(ss, rs, guard), (
+            f"{rel}: regenerate (python -m kernellab.cuda.wgmma)"
+        )
+
+
+def test_every_head_dim_compiles_for_sm90a_with_every_kernel_and_no_local_memory():
+    """Per head dim: every variant's kernels for fp16 and bf16 (what the launcher names), no
+    spills, and the warp-specialized ones (v3-v5) at exactly 168 registers a thread:
+    384 x 168 = 64512 registers at launch is the pool setmaxnreg redistributes (v3: 128 x 56
+    for the producer + 256 x 224 for the consumers; v4/v5: 128 x 40 + 256 x 232); at fewer,
+    the consumers' setmaxnreg.inc would wait forever."""
+    _nvrtc()
+    from kernellab.inspect import asm
+
+    cuobjdump = asm.find_tool("cuobjdump")
+    for d in cs.HEAD_DIMS:
+        mod = cs.MODULES[d]
+        ptx = mod.compile("sm_90", target="ptx").decode()
+        names = set(asm.split_ptx(ptx))
+        want = {f"attn_fwd_{v}_d{d}_{sfx}" for v in cs.VARIANTS for sfx in ("f16", "bf16")}
+        assert names == want, (d, names)
+        assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.mbarrier.arrive.noinc" in ptx
+        assert "cp.async.bulk.tensor.4d" in ptx
+        cubin = mod.compile("sm_90")
+        if cuobjdump is None:
+            continue
+        import subprocess
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(cubin)
+            f.flush()
+            res = asm.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
+                                                     text=True, check=True).stdout)  # fmt: skip
+        for name in want:
+            assert res[name]["STACK"] == 0 and res[name].get("LOCAL", 0) == 0, (name, res[name])
+            if "_v2_" not in name:
+                assert res[name]["REG"] == 168, (name, res[name])
+
+
+def test_launch_signatures_match_the_kernels_parameters():
+    """Each kernel's parameter sizes (its PTX) are the launcher's signature's: a tensor map
+    is 128 bytes by value, pointers and strides 8, lengths, flags and the scale 4."""
+    _nvrtc()
+    from kernellab.cuda.runtime import check_signature, ptx_param_sizes
+
+    for d in (80, 128):
+        ptx = cs.MODULES[d].compile("sm_90", target="ptx").decode()
+        for v in cs.VARIANTS:
+            for sfx in ("f16", "bf16"):
+                name = f"attn_fwd_{v}_d{d}_{sfx}"
+                check_signature(
+                    name, cs._SIG_TMA if v in cs.TMA_VARIANTS else cs._SIG, ptx_param_sizes(ptx, name)
+                )
+
+
+def test_module_is_sm90a_only():
+    _nvrtc()
+    from kernellab.cuda.runtime import CudaError
+
+    assert cs.MODULE.target_arch("sm_90") == "sm_90a"
+    with pytest.raises(CudaError, match="sm_90a"):
+        cs.MODULES[64].compile("sm_80")
+
+
+def test_shared_memory_fits_and_matches_the_kernel():
+    """smem_bytes is what the kernel checks (check_smem traps below it): 1 KB of alignment,
+    the Q tile and per stage a K and a V tile; all within the 227 KB a block may use."""
+    for d in cs.HEAD_DIMS:
+        bn = cs.block_n(d)
+        assert bn == (64 if d == 256 else 128)
+        assert cs.smem_bytes("v2", d) == 1024 + 128 * d * 2 + 2 * 2 * bn * d * 2
+        for v in ("v3", "v4", "v5"):
+            assert cs.smem_bytes(v, d) == 1024 + 128 * d * 2 + cs.stages(v, d) * 2 * bn * d * 2
+            assert cs.smem_bytes(v, d) + 64 <= cs.SMEM_LIMIT  # + the static mbarriers
+            assert cs.stages(v, d) == (2 if d == 256 else 3)
+
+
+# --------------------------------------------------------------------------- shared-memory layouts (no GPU)
+#
+# The copies write element (r, c) of a tile where attention_sm90.cu's tile_offset puts it;
+# wgmma reads the element a descriptor names through CUTLASS's canonical layouts (GMMA
+# Major-K ((8,m),(T,2)):((xT,SBO),(1,T)), Major-MN ((T,x,m),(8,k)):((1,T,LBO),(xT,SBO)),
+# T = 8 elements, x = W / 16) and the Swizzle<log2 x, 4, 3> of the absolute byte address.
+# The two formulations must name the same bytes for every operand, head dim and k step; so
+# must a TMA box (v4/v5) of one slab, written row-major and swizzled the same way.
+
+
+def _write_offset(d: int, rows: int, r: int, c: int) -> int:
+    """attention_sm90.cu's tile_offset(r, c // 8) + the element's place in its chunk."""
+    w = cs.swizzle_bytes(d)
+    cpr = w // 16
+    gc = c // 8
+    sw = ((r * w) >> 7) & (cpr - 1)
+    return (gc // cpr) * (rows * w) + r * w + (((gc % cpr) ^ sw) << 4) + 2 * (c % 8)
+
+
+def _swizzle(addr: int, w: int) -> int:
+    b = {32: 1, 64: 2, 128: 3}[w]
+    return addr ^ (((addr >> 7) & ((1 << b) - 1)) << 4)
+
+
+def _desc(addr: int, lbo: int, sbo: int, w: int) -> tuple[int, int, int]:
+    """(start, LBO, SBO) bytes as the kernel's make_desc encodes them (4-bit units)."""
+    assert addr % 16 == 0 and lbo % 16 == 0 and sbo % 16 == 0
+    return addr, lbo, sbo
+
+
+@pytest.mark.parametrize("d", cs.HEAD_DIMS)
+def test_descriptors_read_what_the_copies_wrote(d):
+    w, bn, base = cs.swizzle_bytes(d), cs.block_n(d), 7 * 1024
+    e, x = w // 2, w // 16
+
+    def kmajor(tile_rows, row0, kk):  # desc_kmajor
+        return _desc(base + (kk * 16 // e) * (tile_rows * w) + (kk * 16 % e) * 2 + row0 * w, 16, 8 * w, w)
+
+    def mnmajor(tile_rows, kk):  # desc_mnmajor
+        return _desc(base + kk * 16 * w, tile_rows * w, 8 * w, w)
+
+    def read_k(desc, m, k):  # Major-K element (m, k)
+        start, _, sbo = desc
+        off = (m % 8) * x * 8 + (m // 8) * (sbo // 2) + (k % 8) + (k // 8) * 8
+        return _swizzle(start + 2 * off, w)
+
+    def read_mn(desc, k, n):  # Major-MN element (k, n)
+        start, lbo, sbo = desc
+        n0, n1, n2 = n % 8, (n // 8) % x, n // (8 * x)
+        off = n0 + n1 * 8 + n2 * (lbo // 2) + (k % 8) * x * 8 + (k // 8) * (sbo // 2)
+        return _swizzle(start + 2 * off, w)
+
+    for kk in range(d // 16):
+        for wg in (0, 1):  # Q: A of S = Q K^T, the warpgroup's 64 rows of the 128-row tile
+            desc = kmajor(128, 64 * wg, kk)
+            for m in range(64):
+                for k in range(16):
+                    assert read_k(desc, m, k) == base + _write_offset(d, 128, 64 * wg + m, 16 * kk + k)
+        desc = kmajor(bn, 0, kk)  # K: B of S = Q K^T (N = keys)
+        for n in range(bn):
+            for k in range(16):
+                assert read_k(desc, n, k) == base + _write_offset(d, bn, n, 16 * kk + k)
+    for kk in range(bn // 16):  # V: B of O = P V (K = keys, N = D), MN-major
+        desc = mnmajor(bn, kk)
+        for k in range(16):
+            for n in range(d):
+                assert read_mn(desc, k, n) == base + _write_offset(d, bn, 16 * kk + k, n)
+    for rows in (128, bn):  # v4/v5: a TMA box (one slab: E columns x rows, W bytes a row)
+        for r in range(rows):  # lands row-major at its slab, swizzled on the absolute address
+            for c in range(d):
+                tma = _swizzle(base + (c // e) * rows * w + r * w + 2 * (c % e), w)
+                assert tma == base + _write_offset(d, rows, r, c)
+
+
+def test_p_fragment_is_the_a_operand():
+    """S's accumulator (m64nN, fp32) holds s[4j + 2h + e] = S(g + 8h, 8j + 2q + e); the A
+    operand from registers of k step kk is the m16n8k16 A fragment (a0..a7 = (g, 2q..+1),
+    (g+8, 2q..+1), (g, 2q+8..+9), (g+8, 2q+8..+9) of the 16 keys): pack_p's p[4kk + i] =
+    (s[8kk + 2i], s[8kk + 2i + 1]) must hold exactly those, in that order, for every lane."""
+    for lane in range(32):
+        g, q = lane // 4, lane % 4
+
+        def acc(i):  # (row, col) of accumulator register i
+            j, h, e = i // 4, (i % 4) // 2, i % 2
+            return g + 8 * h, 8 * j + 2 * q + e
+
+        for kk in range(128 // 16):
+            want = [(g, 2 * q), (g, 2 * q + 1), (g + 8, 2 * q), (g + 8, 2 * q + 1),
+                    (g, 2 * q + 8), (g, 2 * q + 9), (g + 8, 2 * q + 8), (g + 8, 2 * q + 9)]  # fmt: skip
+            got = []
+            for i in range(4):  # p[4kk + i] packs s[8kk + 2i] (low half) and s[8kk + 2i + 1]
+                for half in range(2):
+                    r, c = acc(8 * kk + 2 * i + half)
+                    got.append((r, c - 16 * kk))
+            assert got == want, (lane, kk)
+
+
+# --------------------------------------------------------------------------- the launcher (no GPU)
+
+
+class _Recorder:
+    """Stands in for a loaded kernel: records the launch, writes nothing."""
+
+    def __init__(self):
+        self.max_dynamic_shared = 48 * 1024
+        self.calls = []
+
+    def set_max_dynamic_shared(self, n):
+        self.max_dynamic_shared = n
+
+    def __call__(self, grid, block, *args, shared=0, device_index=None):
+        self.calls.append((grid, block, args, shared))
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    rec = _Recorder()
+    names = []
+
+    def kernel(self, name, signature, device_index=None):
+        assert signature == (cs._SIG_TMA if name.split("_")[2] in cs.TMA_VARIANTS else cs._SIG)
+        names.append(name)
+        return rec
+
+    def tensor_map(address, elem_bytes, dims, strides, box, swizzle):
+        return ("map", address, elem_bytes, dims, strides, box, swizzle)
+
+    monkeypatch.setattr(cs.Module, "kernel", kernel)
+    monkeypatch.setattr(cs, "_device_index", lambda t: 0)
+    monkeypatch.setattr(cs, "tensor_map", tensor_map)
+    rec.names = names
+    return rec
+
+
+@pytest.mark.parametrize("variant", cs.VARIANTS)
+def test_launcher_arguments(recorder, variant):
+    """GQA 8 q heads over 2 k/v heads, S_q 300 (three blocks of 128), causal: grid
+    (3, heads, batch), the group, scale * log2 e, strides in elements, o in empty_bshd's
+    layout, lse (..., S_q) fp32, the shared memory the kernel checks."""
+    q = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
+    k = torch.randn(2, 2, 200, 80, dtype=torch.bfloat16)
+    v = torch.randn(2, 2, 200, 80, dtype=torch.bfloat16)
+    o, lse = cs.forward(q, k, v, True, 0.3, variant)
+    assert recorder.names == [f"attn_fwd_{variant}_d80_bf16"]
+    ((grid, block, args, shared),) = recorder.calls
+    assert grid == (3, 8, 2) and block == cs.THREADS[variant]
+    assert shared == cs.smem_bytes(variant, 80) and recorder.max_dynamic_shared == shared
+    o_strides = (300 * 8 * 80, 80, 8 * 80)  # o: (B, S, H, D) in memory
+    if variant in cs.TMA_VARIANTS:
+        # one box = a 16-column slab (D = 80: 32-byte swizzle) of 128 query rows / 128 keys
+        tq, tk, tv, oa, la = args[:5]
+        assert tq == (
+            "map",
+            q.data_ptr(),
+            2,
+            (80, 300, 8, 2),
+            (160, 300 * 160, 8 * 300 * 160),
+            (16, 128, 1, 1),
+            32,
+        )
+        assert tk == (
+            "map",
+            k.data_ptr(),
+            2,
+            (80, 200, 2, 2),
+            (160, 200 * 160, 2 * 200 * 160),
+            (16, 128, 1, 1),
+            32,
+        )
+        assert tv[1] == v.data_ptr() and tv[3:] == tk[3:]
+        assert args[5:11] == (300, 200, 8, 4, pytest.approx(0.3 * cs.LOG2E), 1)
+        assert args[11:] == o_strides
+    else:
+        qa, ka, va, oa, la = args[:5]
+        assert qa is q and ka is k and va is v  # contiguous: passed as they are
+        assert args[5:11] == (300, 200, 8, 4, pytest.approx(0.3 * cs.LOG2E), 1)
+        assert args[11:17] == q.stride()[:3] + k.stride()[:3]
+        assert args[17:20] == v.stride()[:3]
+        assert args[20:23] == o_strides
+    assert oa.data_ptr() == o.data_ptr() and la is lse
+    assert o.shape == q.shape and o.dtype == q.dtype
+    assert lse.shape == (2, 8, 300) and lse.dtype == torch.float32 and lse.is_contiguous()
+
+
+def test_launcher_takes_whole_chunk_views_in_place_and_copies_the_rest(recorder):
+    """A transformer's q/k/v (views of one [B, S, 3, H, D] projection) are read in place;
+    a sliced head dim or a base one element off 16 bytes is copied (aligned) first."""
+    qkv = torch.randn(2, 40, 3, 4, 64, dtype=torch.float16)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    cs.forward(q, k, v, False, 0.125, "v2")
+    args = recorder.calls[-1][2]
+    assert [a.data_ptr() for a in args[:3]] == [q.data_ptr(), k.data_ptr(), v.data_ptr()]
+    assert args[11:14] == q.stride()[:3]
+    wide = torch.randn(1, 2, 33, 128, dtype=torch.float16)
+    sliced = wide[..., ::2]  # unit stride lost: copied
+    cs.forward(sliced, sliced, sliced, False, 0.125, "v2")
+    args = recorder.calls[-1][2]
+    assert all(a.is_contiguous() and a.data_ptr() % 16 == 0 for a in args[:3])
+    buf = torch.randn(1 + 2 * 33 * 64, dtype=torch.float16)
+    off = buf[1:].view(1, 2, 33, 64)  # contiguous, base 2 bytes past alignment
+    assert off.data_ptr() % 16
+    cs.forward(off, off, off, True, 0.125, "v3")
+    args = recorder.calls[-1][2]
+    assert all(a.data_ptr() % 16 == 0 for a in args[:3])
+    torch.testing.assert_close(args[0], off, rtol=0, atol=0)
+
+
+def test_tensor_maps_of_strided_views_and_swizzles(recorder):
+    """A [B, S, H, D] view (a model's q): the map keeps its strides (S before H in memory,
+    no copy); a dim of length 1 gets the packed stride; the box is one W-byte slab wide."""
+    qkv = torch.randn(2, 40, 3, 4, 96, dtype=torch.bfloat16)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    cs.forward(q, k, v, False, 0.1, "v4")
+    tq = recorder.calls[-1][2][0]
+    assert tq[1] == q.data_ptr() and tq[3] == (96, 40, 4, 2)
+    assert tq[4] == (2 * 3 * 4 * 96, 2 * 96, 2 * 40 * 3 * 4 * 96) and tq[5:] == ((32, 128, 1, 1), 64)
+    one = torch.randn(1, 1, 33, 128, dtype=torch.float16)
+    cs.forward(one, one, one, True, 0.1, "v5")
+    tk = recorder.calls[-1][2][1]
+    assert (
+        tk[3] == (128, 33, 1, 1) and tk[4] == (256, 256 * 33, 256 * 33) and tk[5:] == ((64, 128, 1, 1), 128)
+    )
+    expanded = torch.randn(1, 1, 33, 256, dtype=torch.float16).expand(1, 2, 33, 256)  # stride 0: copied
+    cs.forward(expanded, expanded, expanded, False, 0.1, "v4")
+    tq = recorder.calls[-1][2][0]
+    assert tq[1] != expanded.data_ptr() and tq[4][1] == 2 * 33 * 256 and tq[5] == (64, 128, 1, 1)
+    assert [cs.swizzle_bytes(d) for d in cs.HEAD_DIMS] == [128, 32, 64, 128, 128]
+
+
+def test_runtime_passes_a_tensor_map_by_value(monkeypatch):
+    """A "tmap" argument: its 128 bytes are copied into the parameter slot the launch's
+    pointer array points at (the driver copies them into the kernel's parameter space)."""
+    import ctypes
+
+    from kernellab.cuda import runtime
+
+    seen = {}
+
+    def launch(handle, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        p = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        seen["map"] = ctypes.string_at(p[0], 128)
+        seen["n"] = ctypes.c_int32.from_address(p[1]).value
+        return 0
+
+    kern = object.__new__(runtime.Kernel)
+    kern.name, kern.signature = "k", ("tmap", "i32")
+    kern._slots = [runtime._CTYPE[t]() for t in kern.signature]
+    kern._params = (ctypes.c_void_p * 2)(*[ctypes.addressof(x) for x in kern._slots])
+    kern._nargs, kern._has_maps, kern._handle = 2, True, 0
+    kern._lock, kern._launch, kern._use_core = __import__("threading").Lock(), launch, False
+    monkeypatch.setattr(runtime, "_get_device", lambda: 0)
+    monkeypatch.setattr(runtime, "_raw_stream", lambda i: 0)
+    m = runtime.TensorMap()
+    for i in range(16):
+        m.opaque[i] = 0x0101010101010101 * (i + 1)
+    kern(1, 1, m, 7, device_index=0)
+    assert seen["map"] == bytes(m) and seen["n"] == 7
+    assert ctypes.sizeof(runtime.TensorMap) == 128
+
+
+def test_launcher_3d_and_empty(recorder):
+    q = torch.randn(3, 17, 64, dtype=torch.float16)  # (B, S, D): B heads of one batch
+    o, lse = cs.forward(q, q, q, False, 0.125, "v2")
+    grid = recorder.calls[-1][0]
+    assert grid == (1, 3, 1) and o.shape == q.shape and lse.shape == (3, 17)
+    n = len(recorder.calls)
+    empty = torch.randn(2, 4, 0, 64, dtype=torch.float16)
+    o, lse = cs.forward(empty, q.new_zeros(2, 4, 5, 64), q.new_zeros(2, 4, 5, 64), True, 0.1, "v3")
+    assert len(recorder.calls) == n and o.shape == (2, 4, 0, 64) and lse.shape == (2, 4, 0)
+    no_keys = q.new_zeros(2, 4, 0, 64)
+    o, lse = cs.forward(torch.randn(2, 4, 5, 64, dtype=torch.float16), no_keys, no_keys, False, 0.1, "v4")
+    assert len(recorder.calls) == n  # no key: o = 0, lse = -inf without a launch (as the reference)
+    assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+
+
+@pytest.mark.parametrize("variant", cs.VARIANTS)
+def test_launcher_refusals_name_the_argument(recorder, variant):
+    q = torch.randn(1, 2, 9, 64)
+    with pytest.raises(TypeError, match=rf"attention/cuda_{variant}: q has dtype float32"):
+        cs.forward(q, q, q, False, 0.1, variant)
+    q = torch.randn(1, 2, 9, 48, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"attention/cuda_{variant}: q has head dim 48"):
+        cs.forward(q, q, q, False, 0.1, variant)
+    q = torch.randn(1, 2, 9, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=rf"attention/cuda_{variant}: scale must be positive"):
+        cs.forward(q, q, q, False, -0.1, variant)
+    q = torch.randn(1, 65536, 1, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="65536 heads"):
+        cs.forward(q, q, q, False, 0.1, variant)
+    assert not recorder.calls
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_limits_and_refusals(backend):
+    impl = kernellab.registry.get("attention", backend)
+    assert impl.dtypes == (torch.float16, torch.bfloat16) and impl.devices == ("cuda",)
+    q = torch.empty(1, 4, 9, 80, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(1, 2, 9, 80, dtype=torch.bfloat16, device="meta")
+    assert impl.outside_limits((q, kv, kv), {"causal": True}) is None  # GQA, D = 80
+    q32 = torch.empty(1, 2, 9, 32, dtype=torch.bfloat16, device="meta")
+    assert "head dim 32" in impl.outside_limits((q32, q32, q32), {})
+    assert "window" in impl.outside_limits((q, kv, kv), {"window": (3, 3)})
+    assert "softcap" in impl.outside_limits((q, kv, kv), {"softcap": 5.0})
+    for kw, pat in (({"window": (3, 3)}, "window"), ({"softcap": 2.0}, "softcap")):
+        with pytest.raises(ValueError, match=rf"attention/{backend}: {pat}"):
+            impl.fn(q, kv, kv, **kw)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cpu_tensors_and_fp32_refused(backend):
+    if torch.cuda.is_available():
+        pytest.skip("checked on a machine without a GPU (where every tensor is a CPU tensor)")
+    q, k, v = SPEC.make_inputs((1, 2, 9, 64), torch.bfloat16, "cpu", 0)
+    with pytest.raises(ValueError, match=r"\bq\b is on cpu"):
+        A.attention(q, k, v, backend=backend)
+    with pytest.raises(TypeError, match=rf"attention/{backend}: q has dtype float32"):
+        kernellab.registry.get("attention", backend).fn(q.float(), k.float(), v.float())
+
+
+def test_available_only_on_sm90(monkeypatch):
+    _nvrtc()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert cs.available() == "needs sm_90 (Hopper wgmma); this GPU is sm_80"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (10, 0))
+    assert cs.available() == "needs sm_90 (Hopper wgmma); this GPU is sm_100"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    assert cs.available() is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cs.available() is None  # no GPU: "compiled, not run"
+
+
+def test_default_backend_never_picks_them():
+    """Not in the op's preferred backends: the default reaches them only through a tuning
+    table row that names them (none is committed)."""
+    assert not set(BACKENDS) & set(SPEC.default_backends)
+
+
+# --------------------------------------------------------------------------- the kernel's math (no GPU)
+
+
+@pytest.mark.parametrize("s_q,s_k", [(1, 1), (300, 300), (129, 500), (500, 129), (64, 0)])
+@pytest.mark.parametrize("d", cs.HEAD_DIMS)
+def test_schedule_visits_every_needed_key_and_masks_every_crossing_tile(s_q, s_k, d):
+    """Brute force over (row, key): every key a row may see lies in a visited tile; a tile
+    left unmasked holds only keys every row of its block may see; causal blocks come
+    heaviest first; each query block once."""
+    for causal in (False, True):
+        sched = cs.schedule(s_q, s_k, d, causal)
+        assert sorted(mb for mb, _, _ in sched) == list(range(math.ceil(s_q / 128)))
+        if causal:
+            work = [len(tiles) for _, _, tiles in sched]
+            assert work == sorted(work, reverse=True)
+        ok = AA.allowed_mask(s_q, s_k, causal, None, "cpu")
+        ok = torch.ones(s_q, s_k, dtype=torch.bool) if ok is None else ok
+        bn = cs.block_n(d)
+        for _, m0, tiles in sched:
+            rows = range(m0, min(m0 + 128, s_q))
+            visited = set()
+            for n0, masked in tiles:
+                visited.update(range(n0, min(n0 + bn, s_k)))
+                if not masked:  # (rows past S_q, computed and dropped, see more keys still)
+                    assert n0 + bn <= s_k and ok[m0 : m0 + 128, n0 : n0 + bn].all()
+            for i in rows:
+                need = set(torch.nonzero(ok[i]).flatten().tolist())
+                assert need <= visited, (i, sorted(need - visited)[:5])
+
+
+EMU_SHAPES = [
+    (1, 2, 130, 300, 64),  # S_q < S_k, two query blocks, three key tiles
+    (1, 2, 300, 130, 80),  # S_q > S_k: causal leaves 170 rows without a key
+    (1, 4, 2, 257, 129, 96),  # GQA, group 2
+    (2, 131, 128),  # 3-D
+    (1, 1, 5, 140, 256),  # D = 256: 64-key tiles
+    (1, 2, 1, 1, 64),
+]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("shape", EMU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_emulated_kernel_matches_the_reference(shape, dtype, causal):
+    q, k, v = SPEC.make_inputs(shape, dtype, "cpu", 3)
+    scale = 1 / math.sqrt(q.shape[-1])
+    o, lse = cs.emulate(q, k, v, causal, scale)
+    _check_o_lse(o, lse, q, k, v, causal, scale)
+
+
+def test_emulated_kernel_survives_large_scores():
+    """The first query row scaled x30 (the check's planted case): scores near 100 would
+    overflow exp without the running max."""
+    q, k, v = SPEC.make_inputs((1, 2, 200, 333, 128), torch.bfloat16, "cpu", 4)
+    q[..., 0, :] *= 30
+    o, lse = cs.emulate(q, k, v, True, 0.2)
+    assert torch.isfinite(o).all()
+    _check_o_lse(o, lse, q, k, v, True, 0.2)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _sm90():
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    why = cs.available()
+    if why:
+        pytest.skip(why)
+
+
+GPU_SHAPES = [
+    (1, 1, 1, 1, 64),
+    (2, 3, 17, 17, 64),
+    (1, 2, 127, 129, 80),
+    (1, 2, 129, 127, 96),
+    (1, 2, 300, 1000, 128),
+    (1, 2, 1000, 300, 128),
+    (2, 257, 64),  # 3-D
+    (1, 2, 255, 256, 256),
+    (1, 8, 2, 517, 517, 128),  # GQA 4
+    (2, 4, 1, 384, 130, 80),  # MQA
+    (1, 4, 2048, 64),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_forward_against_emulation_and_reference(backend, dtype, shape, causal):
+    _sm90()
+    q, k, v = SPEC.make_inputs(shape, dtype, "cuda", 5)
+    scale = 1 / math.sqrt(q.shape[-1])
+    o, lse = cs.forward(q, k, v, causal, scale, backend.split("_")[1])
+    torch.cuda.synchronize()
+    eo, else_ = cs.emulate(q, k, v, causal, scale)
+    fin = torch.isfinite(else_)
+    assert torch.equal(fin, torch.isfinite(lse))
+    torch.testing.assert_close(lse[fin], else_[fin], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(o.float(), eo.float(), rtol=2e-2, atol=2e-2)
+    _check_o_lse(o, lse, q, k, v, causal, scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("d", cs.HEAD_DIMS)
+def test_gpu_forward_and_grads_every_head_dim(backend, dtype, d):
+    _sm90()
+    for shape, causal in (((1, 4, 2, 200, 333, d), True), ((2, 2, 257, d), False)):
+        args = SPEC.make_inputs(shape, dtype, "cuda", 6)
+        a64 = [a.detach().double().requires_grad_() for a in args]
+        ref = SPEC.reference(*a64, causal=causal)
+        dy = torch.randn(ref.shape, device="cuda").to(dtype)
+        ref_g = torch.autograd.grad(ref, a64, dy.double())
+
+        def run(b):
+            leaves = [a.detach().clone().requires_grad_() for a in args]
+            out = A.attention(*leaves, causal=causal, backend=b)
+            return (out,) + torch.autograd.grad(out, leaves, dy)
+
+        base, got = run("torch"), run(backend)
+        for name, g, r, b in zip(("o", "dq", "dk", "dv"), got, (ref,) + ref_g, base):
+            verdict = judge(g, r, dtype, b)
+            assert verdict.ok, (
+                f"{shape} {name}: {verdict.detail} (err {verdict.err:.3g}, bound {verdict.bound:.3g})"
+            )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_saved_tensors_are_inputs_output_and_lse(backend):
+    _sm90()
+    q, k, v = (
+        t.requires_grad_() for t in SPEC.make_inputs((1, 4, 2, 150, 170, 128), torch.bfloat16, "cuda", 7)
+    )
+    o = A.attention(q, k, v, causal=True, backend=backend)
+    saved = o.grad_fn.saved_tensors
+    assert len(saved) == 5 and torch.equal(saved[0], q) and torch.equal(saved[3], o)
+    want = _ref_lse2(q.detach(), k.detach(), v.detach(), True, 1 / math.sqrt(128))
+    assert saved[4].shape == q.shape[:-1] and saved[4].dtype == torch.float32
+    torch.testing.assert_close(saved[4].double(), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_reruns_bitwise_equal(backend):
+    _sm90()
+    q, k, v = SPEC.make_inputs((2, 4, 1025, 128), torch.bfloat16, "cuda", 12)
+    first = A.attention(q, k, v, causal=True, backend=backend)
+    for _ in range(20):
+        assert torch.equal(A.attention(q, k, v, causal=True, backend=backend), first)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_custom_ops_opcheck(backend):
+    _sm90()
+    fn = kernellab.registry.get("attention", backend).fn
+    for op, build, _ in fn.custom_ops:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def make(rg, gen=gen):
+            t = torch.randn(2, 3, 37, 64, generator=gen, device="cuda").to(torch.bfloat16)
+            return t.requires_grad_(bool(rg))
+
+        torch.library.opcheck(op, build(make))
