@@ -143,11 +143,11 @@ def shape_class(n: int, n_sm: int) -> str:
 # K value per block, so blocks of 64 rows (x traffic half the weight's) and, where N is
 # short, K slices to keep 2 blocks per SM. lab/gpu_quant_sweep.py prints the measured
 # winners in this form: replace the entries with them.
-V4_PLANS = {
-    (8, "tall"): V4Plan(rt=1, u=4, wn=1, wk=8, blocks_per_sm=0),
+V4_PLANS = {  # lab/gpu_quant_sweep.py on an H200: the fastest plan per class
+    (8, "tall"): V4Plan(rt=4, u=1, wn=1, wk=8, blocks_per_sm=0),
     (8, "short"): V4Plan(rt=1, u=4, wn=1, wk=8, blocks_per_sm=0),
-    (16, "tall"): V4Plan(rt=2, u=2, wn=2, wk=4, blocks_per_sm=0),
-    (16, "short"): V4Plan(rt=2, u=2, wn=2, wk=4, blocks_per_sm=2),
+    (16, "tall"): V4Plan(rt=4, u=1, wn=1, wk=8, blocks_per_sm=0),
+    (16, "short"): V4Plan(rt=2, u=2, wn=1, wk=16, blocks_per_sm=0),
 }
 
 
