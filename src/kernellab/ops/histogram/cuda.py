@@ -320,7 +320,7 @@ VARIANTS = [
     ("cuda_v5", "v5", "CUDA v5: cheaper aggregation, two ballot rounds on a broadcast key, on top of v3"),
     ("cuda_v6", "v6", "CUDA v6: 16-bit shared counters, 65536 bins in 128 KB; wraps credited exactly"),
     ("cuda_v7", "v7", "CUDA v7: bins split over a thread-block cluster's distributed shared memory (sm_90)"),
-    ("cuda", "best", "CUDA best: v3 up to 12288 bins, then v7 (sm_90+) or v6 up to 65536, v1 beyond"),
+    ("cuda", "best", "CUDA best: v3 up to 12288 bins, v6 up to 65536, v7 (sm_90+) up to 131072, v1 beyond"),
 ]
 
 
