@@ -60,7 +60,8 @@ def test_rungs_come_from_the_registry_in_order():
     # sum's `cuda` is "CUDA best (v4)": the same step as cuda_v4, a reference, not a rung of its own
     assert [r.backend for r in ladder.rungs("sum")["cuda"]] == ["cuda_v1", "cuda_v2", "cuda_v3", "cuda_v4"]
     assert {"matmul", "softmax", "sum", "conv2d"} <= set(ladder.ladder_ops())
-    assert "attention" not in ladder.ladder_ops()  # one numbered variant is not a ladder
+    assert "argmax" not in ladder.ladder_ops()  # one numbered variant is not a ladder
+    assert "attention" in ladder.ladder_ops()  # cuda_v1 .. cuda_v5
 
 
 def test_a_new_family_is_a_ladder_of_its_own():
@@ -213,9 +214,9 @@ def test_cli_exit_codes_and_errors(tmp_path, capsys):
     assert cli.main(["ladder", "nosuchop", "--results", d]) == 2
     err = capsys.readouterr().err
     assert "op: unknown op 'nosuchop'" in err and "matmul" in err and "softmax" in err
-    assert cli.main(["ladder", "attention", "--results", d]) == 2
+    assert cli.main(["ladder", "argmax", "--results", d]) == 2
     err = capsys.readouterr().err
-    assert "op: 'attention' has no ladder" in err and "cuda_v1" in err and "matmul" in err
+    assert "op: 'argmax' has no ladder" in err and "cuda_v1" in err and "matmul" in err
     assert cli.main(["ladder", "--results", d]) == 2
     assert "name one op, or --all" in capsys.readouterr().err
     assert cli.main(["ladder", "softmax", "--results", str(tmp_path / "missing")]) == 2
