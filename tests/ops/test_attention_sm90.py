@@ -1,8 +1,10 @@
-"""attention's Hopper CUDA backends (cuda_v2 .. cuda_v5: attention_sm90.cu).
+"""attention's Hopper CUDA backends (cuda_v2 .. cuda_v6: attention_sm90.cu).
 
 Without a GPU: the generated wgmma header is the generator's; every head dim's module
-compiles for sm_90a with every kernel the launcher asks for, no local memory, and v3-v5 at
-exactly the register count their setmaxnreg budget assumes; the wgmma descriptors address
+compiles for sm_90a with every kernel the launcher asks for, no local memory, and v3-v6 at
+exactly the register count their setmaxnreg budget assumes; v6's named barriers (ids, counts,
+and a model of its turns that must neither deadlock nor leave a phase half full); the wgmma
+descriptors address
 the bytes the copies wrote (a model of the hardware's canonical layouts), and the S
 accumulator is the P operand's register fragment; the launcher's arguments (grid,
 strides, group, scale, shared memory, copies only where rows are not whole 16-byte chunks,
@@ -77,9 +79,9 @@ def test_wgmma_header_is_the_generators():
 
 def test_every_head_dim_compiles_for_sm90a_with_every_kernel_and_no_local_memory():
     """Per head dim: every variant's kernels for fp16 and bf16 (what the launcher names), no
-    spills, and the warp-specialized ones (v3-v5) at exactly 168 registers a thread:
+    spills, and the warp-specialized ones (v3-v6) at exactly 168 registers a thread:
     384 x 168 = 64512 registers at launch is the pool setmaxnreg redistributes (v3: 128 x 56
-    for the producer + 256 x 224 for the consumers; v4/v5: 128 x 40 + 256 x 232); at fewer,
+    for the producer + 256 x 224 for the consumers; v4-v6: 128 x 40 + 256 x 232); at fewer,
     the consumers' setmaxnreg.inc would wait forever."""
     _nvrtc()
     from kernellab.inspect import asm
@@ -126,6 +128,91 @@ def test_launch_signatures_match_the_kernels_parameters():
                 )
 
 
+def test_pingpong_named_barriers_in_the_ptx():
+    """v6's turns are bar.sync / bar.arrive on named barriers met by 256 threads (the two
+    consumer warpgroups); the only other barrier is __syncthreads' id 0; v2-v5 use none."""
+    _nvrtc()
+    import re
+
+    from kernellab.inspect import asm
+
+    for d in (64, 256):
+        kernels = asm.split_ptx(cs.MODULES[d].compile("sm_90", target="ptx").decode())
+        for name, body in kernels.items():
+            named = re.findall(r"\bbar(?:rier)?\.(sync|arrive)\s+([^;]+);", body)
+            if "_v6_" not in name:
+                assert all(args.strip() == "0" for _, args in named), (name, named)
+                continue
+            ops = [(op, args.split(",")) for op, args in named if args.strip() != "0"]
+            assert {op for op, _ in ops} == {"sync", "arrive"}, (name, named)
+            assert all(len(a) == 2 and a[1].strip() == "256" for _, a in ops), (name, ops)
+
+
+def _pingpong_model(n: int) -> list[tuple[int, int]]:
+    """attention_sm90.cu's consume_pingpong as barrier operations, warpgroup w in 0, 1:
+    (op, barrier) with op "sync" / "arrive"; barrier PP_BAR + w is w's turn."""
+    ops = {0: [], 1: []}
+    if n == 0:
+        return ops
+    for w in (0, 1):
+        mine, other = 1 + w, 2 - w
+        if w == 1:
+            ops[w].append(("arrive", other))
+        for turn in range(n + 1):  # turn 0: S_0; 1..n-1: S_j and P V_{j-1}; n: the last P V
+            ops[w].append(("sync", mine))
+            if w == 0 or turn < n:
+                ops[w].append(("arrive", other))
+    return ops
+
+
+def _run_pingpong(ops: dict, rng) -> tuple[list[int], dict]:
+    """Run the two warpgroups' barrier operations, one at a time in an order ``rng``
+    picks: a phase completes when 256 threads (two warpgroups of 128) reached it; a
+    warpgroup that syncs blocks until its phase completes. Returns the order of the turns
+    and what each barrier holds at the end."""
+    pc, count, turns = {0: 0, 1: 0}, {1: 0, 2: 0}, []
+    waiting, released = {0: None, 1: None}, {0: False, 1: False}
+    while pc[0] < len(ops[0]) or pc[1] < len(ops[1]):
+        ready = []
+        for w in (0, 1):
+            if pc[w] < len(ops[w]) and (waiting[w] is None or released[w]):
+                ready.append(w)
+        assert ready, ("deadlock", pc, count)
+        w = rng.choice(ready)
+        op, bar = ops[w][pc[w]]
+        if op == "sync" and released[w]:
+            released[w], waiting[w] = False, None
+            turns.append(w)
+            pc[w] += 1
+            continue
+        assert count[bar] + 128 <= 256, "an arrival would join the next phase"
+        count[bar] += 128
+        if op == "arrive":
+            pc[w] += 1
+        else:
+            waiting[w] = bar
+        if count[bar] == 256:  # the phase completes and resets
+            count[bar] = 0
+            for u in (0, 1):
+                if waiting[u] == bar:
+                    released[u] = True
+    return turns, count
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5])
+def test_pingpong_turns_alternate_and_leave_no_barrier_half_full(n):
+    """In many random interleavings of the two warpgroups: both finish (no deadlock), the
+    turns alternate 0, 1, 0, 1 ... (n + 1 each), no arrival lands on a full phase, and no
+    barrier holds arrivals at the end."""
+    import random
+
+    ops = _pingpong_model(n)
+    for seed in range(200):
+        turns, count = _run_pingpong(ops, random.Random(seed))
+        assert turns == [0, 1] * (n + 1 if n else 0)
+        assert count == {1: 0, 2: 0}
+
+
 def test_module_is_sm90a_only():
     _nvrtc()
     from kernellab.cuda.runtime import CudaError
@@ -142,7 +229,7 @@ def test_shared_memory_fits_and_matches_the_kernel():
         bn = cs.block_n(d)
         assert bn == (64 if d == 256 else 128)
         assert cs.smem_bytes("v2", d) == 1024 + 128 * d * 2 + 2 * 2 * bn * d * 2
-        for v in ("v3", "v4", "v5"):
+        for v in ("v3", "v4", "v5", "v6"):
             assert cs.smem_bytes(v, d) == 1024 + 128 * d * 2 + cs.stages(v, d) * 2 * bn * d * 2
             assert cs.smem_bytes(v, d) + 64 <= cs.SMEM_LIMIT  # + the static mbarriers
             assert cs.stages(v, d) == (2 if d == 256 else 3)
@@ -155,7 +242,7 @@ def test_shared_memory_fits_and_matches_the_kernel():
 # Major-K ((8,m),(T,2)):((xT,SBO),(1,T)), Major-MN ((T,x,m),(8,k)):((1,T,LBO),(xT,SBO)),
 # T = 8 elements, x = W / 16) and the Swizzle<log2 x, 4, 3> of the absolute byte address.
 # The two formulations must name the same bytes for every operand, head dim and k step; so
-# must a TMA box (v4/v5) of one slab, written row-major and swizzled the same way.
+# must a TMA box (v4-v6) of one slab, written row-major and swizzled the same way.
 
 
 def _write_offset(d: int, rows: int, r: int, c: int) -> int:
@@ -215,7 +302,7 @@ def test_descriptors_read_what_the_copies_wrote(d):
         for k in range(16):
             for n in range(d):
                 assert read_mn(desc, k, n) == base + _write_offset(d, bn, 16 * kk + k, n)
-    for rows in (128, bn):  # v4/v5: a TMA box (one slab: E columns x rows, W bytes a row)
+    for rows in (128, bn):  # v4-v6: a TMA box (one slab: E columns x rows, W bytes a row)
         for r in range(rows):  # lands row-major at its slab, swizzled on the absolute address
             for c in range(d):
                 tma = _swizzle(base + (c // e) * rows * w + r * w + 2 * (c % e), w)

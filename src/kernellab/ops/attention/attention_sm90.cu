@@ -32,6 +32,25 @@
 //       are issued together, the softmax of S_j runs while that P V is in flight, and O is
 //       rescaled once it is done (registers: S_j and P_{j-1} live at once, 64 + 32 + 64 for
 //       O at D = 128).
+//   v6  attn_fwd_v6_d<D>_<dtype>  (backend "cuda_v6") v4 with FlashAttention-3's
+//       inter-warpgroup ping-pong: the two consumer warpgroups take turns at the tensor
+//       cores through two named barriers, so one warpgroup's softmax runs exactly while the
+//       other's GEMMs do (v3/v4 leave that to drift, which the barriers on the shared K/V
+//       stages keep pulling back into step). A warpgroup's turn is the GEMMs between two of
+//       its softmaxes: S_0 = Q K_0^T first, then O += P_{j-1} V_{j-1} with S_j = Q K_j^T,
+//       then the last P V. Per key tile, warpgroup 0 / 1:
+//           WG0: [GEMMs j] softmax j          [GEMMs j+1] softmax j+1 ...
+//           WG1:           [GEMMs j] softmax j            [GEMMs j+1] ...
+//       Barrier PP_BAR + w (ids 1 and 2; id 0 is __syncthreads, the kernel uses no other)
+//       is warpgroup w's turn: it bar.syncs on it (128 threads) before issuing its GEMMs,
+//       and the other warpgroup bar.arrives on it (128 more: count 256) once its own GEMMs
+//       are issued. Warpgroup 1 arrives on warpgroup 0's barrier once at the start, so 0
+//       goes first. Both warpgroups of a block see the same n key tiles and take n + 1
+//       turns; 0 arrives after each of its turns, 1 after all but its last, so every
+//       barrier phase meets exactly 256 threads and none is left half full at exit. A
+//       warpgroup waits for a stage's full barrier before its turn, never while holding
+//       it (the producer needs both warpgroups' releases of older stages, not a turn).
+//       The arithmetic is v4's (O rescaled before the P V that follows the softmax).
 //
 // All: head dims 64, 80, 96, 128 (BN = 128 keys per tile) and 256 (BN = 64); causal blocks
 // skip every key tile above the diagonal and are issued heaviest first (the block of the
@@ -83,7 +102,7 @@
 // (Z, H_kv, S_k, D), o (Z, H, S_q, D) with element strides (z, h, s) given and a unit
 // stride over D, every stride a multiple of 8 and every base 16-byte aligned (whole 16-byte
 // chunks per row); lse (Z, H, S_q) fp32 contiguous. H = H_kv x group (GQA: q head h reads
-// k/v head h / group). Grid (ceil(S_q / 128), H, Z). v4/v5 take q, k, v as tensor maps
+// k/v head h / group). Grid (ceil(S_q / 128), H, Z). v4-v6 take q, k, v as tensor maps
 // instead: dims (D, S, H, Z), a box of one slab (E columns x 128 query rows or BN keys),
 // the tile's swizzle. S_k = 0 is never launched (the launcher writes o = 0, lse = -inf).
 // (The layouts above are checked against CUTLASS's canonical wgmma layouts on the CPU:
@@ -457,7 +476,7 @@ __device__ __forceinline__ void fwd_v2(const T* __restrict__ q, const T* __restr
     epilogue<T, D, BN>(sm, acc, o + z * soz + h * soh, sos, lse + ((long long)z * H + h) * S_q, row_lo, S_q, qd);
 }
 
-// --------------------------------------------------------------------------------------- v3-v5
+// --------------------------------------------------------------------------------------- v3-v6
 
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -514,7 +533,7 @@ struct WsStages {
     static constexpr int value = (Tiles<D>::Q_BYTES + 3 * 2 * Tiles<D>::KV_BYTES + 1024 <= 227 * 1024) ? 3 : 2;
 };
 
-// The barriers of v3-v5 (static shared memory): full[st] (the copies of stage st landed),
+// The barriers of v3-v6 (static shared memory): full[st] (the copies of stage st landed),
 // empty[st] (count 8: every consumer warp is done with it), q_full. `arrivals`: the full
 // barriers' count (v3: one cp.async arrival per producer thread, 128; TMA: 1).
 template <int STAGES>
@@ -560,7 +579,7 @@ __device__ __forceinline__ void produce_cp_async(const Block& blk, const Bars<ST
     cp_async_wait_all();  // no copy outlives its thread
 }
 
-// v4/v5's producer: one thread issues every copy (TMA boxes).
+// v4-v6's producer: one thread issues every copy (TMA boxes).
 template <int D, int STAGES>
 __device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
                                             const TensorMap* tq, const TensorMap* tk, const TensorMap* tv, int h,
@@ -652,6 +671,87 @@ __device__ __forceinline__ void consume(const Block& blk, const Bars<STAGES>& b,
     epilogue<T, D, BN>(sm, acc, ob, sos, lse_b, row_lo, S_q, qd);
 }
 
+// v6's turns: named barriers PP_BAR (warpgroup 0's turn) and PP_BAR + 1 (warpgroup 1's),
+// each met by 256 threads: 128 bar.sync (the warpgroup whose turn it is) + 128 bar.arrive
+// (the other). Id 0 is __syncthreads' (Bars' constructor); no other named barrier exists.
+constexpr int PP_BAR = 1;
+constexpr int PP_COUNT = 256;
+
+__device__ __forceinline__ void named_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(PP_COUNT) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(PP_COUNT) : "memory");
+}
+
+// v6's consumers (threads 128..383): v4's arithmetic, the GEMMs in turns (the schedule is
+// in the header). A turn issues O += P_{it-1} V_{it-1} and S_it = Q K_it^T as two wgmma
+// groups, hands the tensor cores to the other warpgroup, then waits for both (the other
+// warpgroup's GEMMs queue behind them) and runs the softmax of S_it, rescaling O.
+template <typename T, bool BF16, int D, int STAGES>
+__device__ __forceinline__ void consume_pingpong(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
+                                                 T* __restrict__ ob, long long sos, float* __restrict__ lse_b,
+                                                 int S_q, int S_k, float scale_log2, int causal, int t) {
+    constexpr int BN = Tiles<D>::BN;
+    constexpr unsigned KV_BYTES = Tiles<D>::KV_BYTES;
+    const int cw = t / 128 - 1, warp = (t % 128) / 32, lane = t % 32;
+    const int g = lane / 4, qd = lane % 4;
+    const int row_lo = blk.m0 + cw * 64 + warp * 16 + g;
+    const int mine = PP_BAR + cw, other = PP_BAR + 1 - cw;
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+    Softmax<D, BN> sm;
+    sm.init();
+    auto stage = [&](int it) { return sKV + (it % STAGES) * 2 * KV_BYTES; };
+    auto release = [&](int it) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(b.empty(it));
+    };
+    auto masked = [&](int it) {
+        const int n0 = it * BN;
+        return n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
+    };
+    const int n = blk.n_tiles;
+    if (n > 0) {
+        if (cw == 1) named_arrive(other);  // warpgroup 0 takes the first turn
+        mbar_wait(b.q_full, 0);
+        unsigned p[BN / 4];  // P of the tile before the current one
+        {
+            mbar_wait(b.full(0), 0);
+            float s[BN / 2];
+            named_sync(mine);  // turn 0: S_0
+            issue_qk<BF16, D, BN>(s, sQ, stage(0), cw);
+            named_arrive(other);  // (n >= 1 turns remain for both)
+            wgmma_wait<0>();
+            fence_s<BN>(s);
+            sm.step(s, acc, scale_log2, masked(0), 0, row_lo, S_k, causal, blk.off, qd);
+            pack_p<BF16, BN>(s, p);
+        }
+        for (int it = 1; it < n; ++it) {
+            mbar_wait(b.full(it), (it / STAGES) & 1);
+            float s[BN / 2];
+            named_sync(mine);  // turn it: S_it and O += P V_{it-1}
+            issue_qk<BF16, D, BN>(s, sQ, stage(it), cw);
+            issue_pv<BF16, D, BN>(acc, p, stage(it - 1) + KV_BYTES);
+            named_arrive(other);
+            wgmma_wait<0>();
+            fence_s<BN>(s);
+            fence_pv<D, BN>(acc, p);
+            release(it - 1);
+            sm.step(s, acc, scale_log2, masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
+            pack_p<BF16, BN>(s, p);
+        }
+        named_sync(mine);  // turn n: the last P V
+        issue_pv<BF16, D, BN>(acc, p, stage(n - 1) + KV_BYTES);
+        if (cw == 0) named_arrive(other);  // warpgroup 1's last turn follows; 0 has none left
+        wgmma_wait<0>();
+        fence_pv<D, BN>(acc, p);
+        release(n - 1);
+    }
+    epilogue<T, D, BN>(sm, acc, ob, sos, lse_b, row_lo, S_q, qd);
+}
+
 template <typename T, bool BF16, int D>
 __device__ __forceinline__ void fwd_v3(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                        T* __restrict__ o, float* __restrict__ lse, int S_q, int S_k, int H,
@@ -679,7 +779,7 @@ __device__ __forceinline__ void fwd_v3(const T* __restrict__ q, const T* __restr
                                              lse + ((long long)z * H + h) * S_q, S_q, S_k, scale_log2, causal, t);
 }
 
-template <typename T, bool BF16, int D, bool OVERLAP>
+template <typename T, bool BF16, int D, bool OVERLAP, bool PINGPONG = false>
 __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
                                         T* __restrict__ o, float* __restrict__ lse, int S_q, int S_k, int H,
                                         int group, float scale_log2, int causal, long long soz, long long soh,
@@ -699,8 +799,13 @@ __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    consume<T, BF16, D, STAGES, OVERLAP, false>(blk, b, sQ, sKV, o + z * soz + h * soh, sos,
-                                                lse + ((long long)z * H + h) * S_q, S_q, S_k, scale_log2, causal, t);
+    if (PINGPONG)
+        consume_pingpong<T, BF16, D, STAGES>(blk, b, sQ, sKV, o + z * soz + h * soh, sos,
+                                             lse + ((long long)z * H + h) * S_q, S_q, S_k, scale_log2, causal, t);
+    else
+        consume<T, BF16, D, STAGES, OVERLAP, false>(blk, b, sQ, sKV, o + z * soz + h * soh, sos,
+                                                    lse + ((long long)z * H + h) * S_q, S_q, S_k, scale_log2, causal,
+                                                    t);
 }
 
 }  // namespace
@@ -731,13 +836,16 @@ __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_v5_d##D##_##SFX(KL_ATTN_TMA_ARGS(T)) { \
         fwd_tma<T, BF16, D, true>(KL_ATTN_TMA_PASS);                                                         \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_v6_d##D##_##SFX(KL_ATTN_TMA_ARGS(T)) { \
+        fwd_tma<T, BF16, D, false, true>(KL_ATTN_TMA_PASS);                                                  \
     }
 #define KL_ATTN_SM90(D)                          \
     KL_ATTN_SM90_T(D, __nv_bfloat16, true, bf16) \
     KL_ATTN_SM90_T(D, __half, false, f16)
 
-// One head dim per module (-DKL_ATTN_D=80: a first call compiles its own four kernels,
-// ~3 s, not all twenty); every head dim without it.
+// One head dim per module (-DKL_ATTN_D=80: a first call compiles its own ten kernels,
+// ~3 s, not all fifty); every head dim without it.
 #if !defined(KL_ATTN_D) || KL_ATTN_D == 64
 KL_ATTN_SM90(64)
 #endif

@@ -1,9 +1,10 @@
 """Attention forward on Hopper in CUDA C++ (attention_sm90.cu, compiled by NVRTC for sm_90a):
 backends ``cuda_v2`` (wgmma, double-buffered cp.async), ``cuda_v3`` (v2 warp-specialized: a
 producer warpgroup, an mbarrier ring, two consumer warpgroups), ``cuda_v4`` (v3 with TMA
-copies from tensor maps built here) and ``cuda_v5`` (v4 with the softmax of one key tile
-overlapping the P V of the previous one). The list of what each variant changes is at
-the top of the .cu file.
+copies from tensor maps built here), ``cuda_v5`` (v4 with the softmax of one key tile
+overlapping the P V of the previous one) and ``cuda_v6`` (v4 with the two consumer
+warpgroups taking turns at the tensor cores: one's softmax under the other's GEMMs). The
+list of what each variant changes is at the top of the .cu file.
 
 Contract: fp16 / bf16 q (..., S_q, D), k and v (..., S_k, D), D in 64, 80, 96, 128, 256;
 GQA (4-D and up, q heads a multiple of k/v heads: q head h reads k/v head h // group in
@@ -41,13 +42,13 @@ from kernellab.ops.attention.args import check_dtype, check_head_dim, refuse_opt
 CU = Path(__file__).with_name("attention_sm90.cu")
 HEAD_DIMS = (64, 80, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
-VARIANTS = ("v2", "v3", "v4", "v5")
-TMA_VARIANTS = ("v4", "v5")  # K/V (and Q) copied by TMA: their kernels take tensor maps
+VARIANTS = ("v2", "v3", "v4", "v5", "v6")
+TMA_VARIANTS = ("v4", "v5", "v6")  # K/V (and Q) copied by TMA: their kernels take tensor maps
 BM = 128  # query rows per block (two consumer warpgroups of 64)
-THREADS = {"v2": 256, "v3": 384, "v4": 384, "v5": 384}
+THREADS = {"v2": 256, "v3": 384, "v4": 384, "v5": 384, "v6": 384}
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may opt into on an H100 / H200
 LOG2E = at.LOG2E  # log2(e): scores are scaled by scale * log2(e) and exponentiated with exp2
-# One module per head dim for the launches (its four kernels: v2 / v3 x fp16 / bf16, 1-2 s
+# One module per head dim for the launches (its ten kernels: v2 .. v6 x fp16 / bf16, 1-2 s
 # to compile at first use); MODULE holds every head dim (~15 s: the "compiled, not run"
 # check without a GPU, `kernellab asm`).
 MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in HEAD_DIMS}
@@ -69,7 +70,7 @@ def swizzle_bytes(d: int) -> int:
 
 
 def stages(variant: str, d: int) -> int:
-    """K/V stages: v2 two; v3-v5 three where they fit (WsStages), else two."""
+    """K/V stages: v2 two; v3-v6 three where they fit (WsStages), else two."""
     if variant == "v2":
         return 2
     q_bytes, kv_bytes = BM * d * 2, block_n(d) * d * 2
@@ -151,7 +152,7 @@ def forward(
 
 
 def _tensor_map(t4: Tensor, rows: int):
-    """The TMA map of t4 (Z, H, S, D) as v4/v5 copy it: dims (D, S, H, Z) innermost first,
+    """The TMA map of t4 (Z, H, S, D) as v4-v6 copy it: dims (D, S, H, Z) innermost first,
     one box = one column slab of a tile (W / 2 columns x ``rows`` rows of one head),
     swizzled as the tile is (swizzle_bytes). A dim of length 1 is given the packed stride
     (its stride is never used; TMA wants a multiple of 16 bytes)."""
@@ -335,6 +336,8 @@ _DESCRIPTIONS = {
     "v4": "CUDA v4 (sm_90): v3 with TMA copies (one producer thread, tensor maps), setmaxnreg 40/232",
     "v5": "CUDA v5 (sm_90): v4 with FlashAttention-3's intra-warpgroup overlap (softmax of tile j under "
     "the P V of tile j-1)",
+    "v6": "CUDA v6 (sm_90): v4 with FlashAttention-3's inter-warpgroup ping-pong (named barriers: one "
+    "consumer's softmax under the other's GEMMs)",
 }
 
 for _variant in VARIANTS:
