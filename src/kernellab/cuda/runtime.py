@@ -64,6 +64,19 @@ def nvrtc_unavailable() -> str | None:
     return None
 
 
+def sm90_unavailable() -> str | None:
+    """For kernels built for sm_90a (wgmma, setmaxnreg, TMA): None on an sm_90 GPU, and
+    without a GPU (the check reports "compiled, not run"); on any other GPU why not (an
+    sm_90a cubin runs on sm_90 only)."""
+    why = nvrtc_unavailable()
+    if why or not torch.cuda.is_available():
+        return why
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return f"needs sm_90 (Hopper wgmma); this GPU is sm_{major}{minor}"
+    return None
+
+
 @functools.cache
 def nvrtc_version() -> str:
     from cuda.bindings import nvrtc

@@ -35,7 +35,14 @@ from torch import Tensor
 
 from kernellab.core.kit import OpDecl, build
 from kernellab.core.registry import register
-from kernellab.cuda.runtime import DTYPE_SUFFIX, Module, ceil_div, nvrtc_unavailable, tensor_map
+from kernellab.cuda.runtime import (
+    DTYPE_SUFFIX,
+    Module,
+    ceil_div,
+    nvrtc_unavailable,  # noqa: F401 (the tests ask this module)
+    sm90_unavailable,
+    tensor_map,
+)
 from kernellab.ops.attention import triton as at
 from kernellab.ops.attention.args import check_dtype, check_head_dim, refuse_options, resolve_scale
 
@@ -316,16 +323,7 @@ def _entry(variant: str):
     return attention
 
 
-def available() -> str | None:
-    """None on an sm_90 GPU, and without a GPU (the check reports "compiled, not run");
-    on any other GPU why not (an sm_90a cubin runs on sm_90 only)."""
-    why = nvrtc_unavailable()
-    if why or not torch.cuda.is_available():
-        return why
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return f"needs sm_90 (Hopper wgmma); this GPU is sm_{major}{minor}"
-    return None
+available = sm90_unavailable  # sm_90a cubins run on sm_90 only
 
 
 _DESCRIPTIONS = {

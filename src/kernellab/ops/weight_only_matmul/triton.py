@@ -370,7 +370,6 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
         BITS=bits,
         HAS_BIAS=b is not None,
         PARTIAL=split > 1,
-        ACC64=acc64,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=even,
@@ -380,7 +379,7 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
         # fp32 x: the GEMV kernel row by row, fp64 products and sums (exact products, one
         # rounding at the end; an fp32 dot's long FMA chains miss the check's bound)
         grid = (triton_support.cdiv(n, cfg.block_n) * m, split)
-        _wo_gemv_kernel[grid](x2, w, s, bias_arg, y, p, m, n, k, k_split, **common, **gpu)
+        _wo_gemv_kernel[grid](x2, w, s, bias_arg, y, p, m, n, k, k_split, **common, ACC64=acc64, **gpu)
     else:
         grid = (triton_support.cdiv(m, cfg.block_m) * triton_support.cdiv(n, cfg.block_n), split)
         _wo_dot_kernel[grid](
@@ -394,7 +393,7 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
             n,
             k,
             k_split,
-            **{c: v for c, v in common.items() if c != "ACC64"},
+            **common,
             UPCAST=interpreted,
             BLOCK_M=cfg.block_m,
             **gpu,
