@@ -47,8 +47,8 @@ PACKED_BINS = 65536
 # block at C = 8 (the portable cluster size), 32 KB at C = 16.
 CLUSTER_BINS = 1 << 17
 CLUSTER_SIZES = (2, 4, 8, 16)  # powers of two (the kernel maps bin b to block b % C with a mask)
-# The default C is the smallest whose slices fit this many bytes: on an H200, C = 2 was the
-# fastest cluster at 4096 and 65536 bins, uniform and skewed (fewer keys go to another SM).
+# The default C is the smallest whose slices fit this many bytes: smaller clusters send
+# fewer keys to another SM (docs/histogram.md has the measured sizes).
 CLUSTER_SLICE = 128 * 1024
 SUFFIX = {torch.uint8: "u8", torch.int32: "i32", torch.int64: "i64"}
 # The most bins each privatized rung holds (its limits refuse more)
@@ -144,8 +144,8 @@ def default_cluster(bins: int) -> int:
 def best_variant(bins: int, capability: tuple[int, int], optin_bytes: int) -> str:
     """The rung ``cuda`` runs: v3 while a uint32 private histogram fits the default 48 KB;
     past it v6 where its packed histogram fits what a block may opt in to (``optin_bytes``;
-    on an H200 at 65536 bins v6 read 2.6x v7's keys per second on uniform keys and the same
-    on skewed ones), else v7 on sm_90+ (clusters), else v1's global atomics."""
+    faster than v7 where both fit, docs/histogram.md), else v7 on sm_90+ (clusters), else
+    v1's global atomics."""
     if bins <= SHARED_BINS:
         return "v3"
     if bins <= PACKED_BINS and packed_bytes(bins) <= optin_bytes:

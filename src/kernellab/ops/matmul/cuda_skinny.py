@@ -185,9 +185,8 @@ class TileConfig:
 
 
 # The config per M bucket and weight layout: the first row with M <= its bound and the
-# layout wins. Placeholders until the H200 sweep (lab/gpu_skinny_cuda.py) says otherwise.
+# layout wins. lab/gpu_skinny_cuda.py prints a replacement from its sweep.
 TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | TileConfig], ...] = (
-    # lab/gpu_skinny_cuda.py on an H200: the best geometric mean over six weights per M bucket
     (8, ("nt",), GemvConfig(warps=4, rows=1, unroll=4, kc=2048, waves=2.0, prefetch=256)),
     (8, ("nt", "nn"), TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1, waves=2.0, prefetch=0)),
     (16, ("nt", "nn"), TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1, waves=2.0, prefetch=0)),

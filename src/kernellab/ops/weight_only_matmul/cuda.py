@@ -141,9 +141,9 @@ def shape_class(n: int, n_sm: int) -> str:
 # wants ~30 KB per SM, i.e. 8+ warps per SM streaming, better 16. M <= 8: one 16-row tile
 # per warp, 8 warps along K (x is one row: nothing to share). M = 16: x rows cost 32 B per
 # K value per block, so blocks of 64 rows (x traffic half the weight's) and, where N is
-# short, K slices to keep 2 blocks per SM. lab/gpu_quant_sweep.py prints the measured
-# winners in this form: replace the entries with them.
-V4_PLANS = {  # lab/gpu_quant_sweep.py on an H200: the fastest plan per class
+# short, K slices to keep blocks per SM. The entries are lab/gpu_quant_sweep.py's fastest
+# plan per class, which it prints in this form.
+V4_PLANS = {
     (8, "tall"): V4Plan(rt=4, u=1, wn=1, wk=8, blocks_per_sm=0),
     (8, "short"): V4Plan(rt=1, u=4, wn=1, wk=8, blocks_per_sm=0),
     (16, "tall"): V4Plan(rt=4, u=1, wn=1, wk=8, blocks_per_sm=0),

