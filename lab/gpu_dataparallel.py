@@ -72,6 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="cases single, ddp, fsdp2 only")
+    p.add_argument("--cases", default=None, help="comma-separated cases of both stages (default: as above)")
+    p.add_argument("--profile", default="", help="comma-separated cases to profile on rank 0 (3 steps)")
     p.add_argument("--dry", action="store_true", help="CPU, gloo, tiny GPT, PyTorch's ops, 2 ranks")
     p.add_argument("--stage", action="store_true", help=argparse.SUPPRESS)  # a rank of a launched stage
     a = p.parse_args(argv)
@@ -99,17 +101,53 @@ def _case(name, a, rank):
     if name.endswith("-ops"):
         model.fuse = False
     groups = 4 if name == "ddp-g4" else None
-    module = model if name.startswith("single") else D.wrap(model, name.split("-")[0], rank, groups)
-    trainer = gpt.Trainer(module, "eager", optimizer=kw["optimizer"])
+    options = dict(WRAP_OPTIONS.get(name, {}))
+    dp = name.split("-")[0]
+    module = model if name.startswith("single") else D.wrap(model, dp, rank, groups, **options)
+    opt = "pytorch" if name.endswith("-torchopt") else kw["optimizer"]
+    trainer = gpt.Trainer(module, "eager", optimizer=opt)
     corpus = text.ByteData(text.load_corpus(), rank.device)
     idx, tgt = corpus.batch(a.batch * rank.world, a.seq, torch.Generator(device=rank.device).manual_seed(0))
     lo = rank.rank * a.batch
     batch = (idx[lo : lo + a.batch], tgt[lo : lo + a.batch])
     t = D.time_steps(trainer, batch, rank, a.warmup, a.steps, a.rounds)
+    if name in a.profile.split(",") and rank.rank == 0:
+        profile(trainer, batch, rank, name)
     tokens = a.batch * rank.world * a.seq
     return {"ms_per_step": round(t["ms_per_step"], 3), "tokens_per_s": round(tokens / t["ms_per_step"] * 1e3),
             "rounds_ms": t["rounds_ms"], "warmup_s": t["warmup_s"], "loss": round(t["loss"], 4),
             "peak_gib": t["peak_gib"], "config": kw["config"]}  # fmt: skip
+
+
+# extra cases: the wrapper's options (D.wrap) by case name
+WRAP_OPTIONS = {
+    "fsdp2-keep": {"reshard_after_forward": False},  # no all-gather again before the backward
+    "ddp-static": {"static_graph": True, "bucket_cap_mb": 100},
+}
+
+
+def profile(trainer, batch, rank, name) -> None:
+    """Three steps under torch.profiler on this rank: wall time, the device's busy time and
+    the top operators by self CPU time and by self device time."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    torch.cuda.synchronize(rank.device)
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        t0 = time.perf_counter()
+        for _ in range(3):
+            trainer.step(*batch)
+        torch.cuda.synchronize(rank.device)
+        wall = (time.perf_counter() - t0) * 1e3 / 3
+    ev = p.key_averages()
+    dev = sum(getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0) for e in ev)
+    print(f"[profile {name}] wall {wall:.2f} ms per step, device busy {dev / 3e3:.2f} ms per step",
+          flush=True)  # fmt: skip
+    for key in ("self_cpu_time_total", "self_cuda_time_total"):
+        try:
+            print(ev.table(sort_by=key, row_limit=18, max_name_column_width=60), flush=True)
+        except Exception as e:  # noqa: BLE001 - informational
+            print(f"[profile {name}] table by {key}: {e}", flush=True)
 
 
 def _check(dp, a, rank):
@@ -147,6 +185,8 @@ def run_stage(a) -> int:
     else:
         cases = ["ddp", "fsdp2"] if a.quick else ["ddp", "ddp-ops", "ddp-g4", "fsdp2"]
         cases += ["check-ddp", "check-fsdp2"]
+    if a.cases:
+        cases = [c for c in a.cases.split(",") if c and (w > 1 or not c.startswith("check-"))]
     meta = {"gpu": torch.cuda.get_device_name(rank.device) if rank.device.type == "cuda" else "cpu",
             "git_sha": git_sha(), **versions(), "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
             "backend_dist": rank.backend, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip

@@ -20,8 +20,9 @@ accumulators on while dq computes (dq is 3 of the backward's 7 matmuls: at 16k t
 GPU, ~6 ms of compute behind a ~0.7 ms hop). Both implementations here do; a user's
 ``BlockFns`` without it gets ``on_dkdv`` called by the ring after its backward returns.
 
-Two implementations: ``TORCH`` (PyTorch ops, math in at least fp32, float64 for float64
-inputs: what the CPU tests use) and ``TRITON`` (kernellab's FlashAttention-2 kernels,
+Three implementations: ``TORCH`` (PyTorch ops, math in at least fp32, float64 for float64
+inputs: what the CPU tests use), ``CUDNN`` (PyTorch's cuDNN attention kernels, fp16 / bf16 on
+CUDA) and ``TRITON`` (kernellab's FlashAttention-2 kernels,
 whose LSE is in log2 units: natural = log2-LSE * ln 2, converted here both ways). The
 round trip costs about one fp32 rounding of the exponent (|lse| * 6e-8 relative on each
 recomputed probability): nothing next to bf16's 4e-3, visible only for fp32 inputs.
@@ -134,6 +135,79 @@ def triton_block_backward(do, q, k, v, o, lse, causal: bool, scale: float, on_dk
 
 TRITON = BlockFns("triton", triton_block_forward, triton_block_backward, early_dkdv=True)
 
+
+# --------------------------------------------------------------------------- cuDNN
+
+
+def _bhsd(t: torch.Tensor) -> torch.Tensor:
+    """(..., S, D) -> a contiguous (1, N, S, D): cuDNN's attention takes four dims (the
+    grouped, expanded K/V of a GQA call become real copies here)."""
+    return t.reshape(1, -1, *t.shape[-2:]).contiguous()
+
+
+# device -> (philox seed, offset) of a cuDNN forward; with dropout 0 the backward only binds them
+_PHILOX: dict = {}
+# whether this torch's cuDNN forward returns the LSE as (B, H, S, 1) rather than (B, H, S)
+_LSE_4D: dict = {}
+
+
+def _cudnn_fwd(q4, k4, v4, causal: bool, scale: float):
+    out = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q4, k4, v4, None, True, 0.0, causal, False, scale=scale
+    )
+    o, lse, seed, offset = out[0], out[1], out[6], out[7]
+    _PHILOX[q4.device] = (seed, offset)
+    _LSE_4D[q4.device] = lse.dim() == 4
+    return o, lse
+
+
+def cudnn_block_forward(q, k, v, causal: bool, scale: float):
+    """PyTorch's cuDNN attention (``aten._scaled_dot_product_cudnn_attention``, the kernel
+    PyTorch's own context parallel runs on Hopper). o comes back in q's dtype, rounded once
+    per block before the ring's fp32 merge (the Triton blocks keep it in fp32); lse in
+    natural-log units, as the ring wants."""
+    o, lse = _cudnn_fwd(_bhsd(q), _bhsd(k), _bhsd(v), causal, scale)
+    return o.reshape(q.shape[:-1] + (v.shape[-1],)), lse.reshape(q.shape[:-1])
+
+
+def cudnn_block_backward(do, q, k, v, o, lse, causal: bool, scale: float, on_dkdv=None):
+    """cuDNN's attention backward given the global o and lse (the module docstring); dq,
+    dk, dv come back in q's dtype. One kernel computes all three, so ``on_dkdv`` (if any)
+    is called after it."""
+    q4, k4, v4 = _bhsd(q), _bhsd(k), _bhsd(v)
+    if q4.device not in _PHILOX:  # the seed / offset tensors and the LSE's rank come from a forward
+        _cudnn_fwd(q4[..., :1, :], k4[..., :1, :], v4[..., :1, :], False, scale)
+    seed, offset = _PHILOX[q4.device]
+    lse4 = lse.float().reshape(q4.shape[:-1]).contiguous()
+    if _LSE_4D[q4.device]:
+        lse4 = lse4.unsqueeze(-1)
+    o4 = _bhsd(o.to(q.dtype))
+    dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        _bhsd(do.to(q.dtype)), q4, k4, v4, o4, lse4, seed, offset, None, None, None,
+        q4.shape[-2], k4.shape[-2], 0.0, causal, scale=scale,
+    )  # fmt: skip
+    dq, dk, dv = dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+    if on_dkdv is not None:
+        on_dkdv(dk, dv)
+    return dq, dk, dv
+
+
+CUDNN = BlockFns("cudnn", cudnn_block_forward, cudnn_block_backward, early_dkdv=False)
+CUDNN_DTYPES = (torch.float16, torch.bfloat16)
+CUDNN_HEAD_DIMS = tuple(range(8, 129, 8))
+
+
+def cudnn_available(q: torch.Tensor) -> bool:
+    """Whether the cuDNN blocks take q: a CUDA tensor in fp16 / bf16, head dim a multiple of 8
+    up to 128, and this PyTorch built with cuDNN."""
+    return (
+        q.is_cuda
+        and q.dtype in CUDNN_DTYPES
+        and q.shape[-1] in CUDNN_HEAD_DIMS
+        and torch.backends.cudnn.is_available()
+    )
+
+
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TRITON_HEAD_DIMS = tuple(range(8, 257, 8))  # ops.attention.triton.HEAD_DIMS (imported lazily there)
 
@@ -155,4 +229,6 @@ def resolve_blocks(blocks, q: torch.Tensor) -> BlockFns:
         return TORCH
     if blocks == "triton":
         return TRITON
-    raise ValueError(f"blocks must be None, 'torch', 'triton' or a BlockFns, got {blocks!r}")
+    if blocks == "cudnn":
+        return CUDNN
+    raise ValueError(f"blocks must be None, 'torch', 'triton', 'cudnn' or a BlockFns, got {blocks!r}")

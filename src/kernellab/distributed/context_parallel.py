@@ -121,9 +121,9 @@ _STATE: dict = {}  # the ring's group and layout while a CP forward runs (the HF
 
 
 @contextlib.contextmanager
-def _ring(group, layout):
+def _ring(group, layout, blocks=None):
     old = dict(_STATE)
-    _STATE.update(group=group, layout=layout)
+    _STATE.update(group=group, layout=layout, blocks=blocks)
     try:
         yield
     finally:
@@ -136,7 +136,8 @@ def _ring_attn(q, k, v):
 
     # check=False: the shapes were agreed before the step (every rank runs the same model
     # on the same number of tokens); the check would sync the host once per layer
-    return ring_attention(q, k, v, causal=True, group=_STATE["group"], layout=_STATE["layout"], check=False)
+    return ring_attention(q, k, v, causal=True, group=_STATE["group"], layout=_STATE["layout"], check=False,
+                          blocks=_STATE.get("blocks"))  # fmt: skip
 
 
 def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -150,7 +151,7 @@ def _hf_attention(module, query, key, value, attention_mask, dropout=0.0, scalin
     from kernellab.distributed.ring import ring_attention
 
     o = ring_attention(query, key, value, causal=True, group=_STATE["group"], layout=_STATE["layout"],
-                       scale=scaling, check=False)  # fmt: skip
+                       scale=scaling, check=False, blocks=_STATE.get("blocks"))  # fmt: skip
     return o.transpose(1, 2).contiguous(), None
 
 
@@ -166,17 +167,22 @@ def _register_hf() -> None:
 class ContextParallel(nn.Module):
     """``model`` (kernellab's GPT, or ``CausalLM`` around a Llama-style Hugging Face model)
     run on this rank's shard: ``forward(idx, targets)`` takes the shard (``cp_batch``) and
-    returns this rank's share of the global mean loss (module docstring)."""
+    returns this rank's share of the global mean loss (module docstring). ``blocks``: the
+    ring's block kernels (``ring_attention``'s: None, "triton", "cudnn", "torch")."""
 
     def __init__(
-        self, model: nn.Module, group=None, layout: str = "zigzag", ignore_index: int = IGNORE_INDEX
-    ):
+        self, model: nn.Module, group=None, layout: str = "zigzag", ignore_index: int = IGNORE_INDEX,
+        blocks=None,
+    ):  # fmt: skip
         super().__init__()
         from kernellab.distributed.data_parallel import CausalLM
         from kernellab.models.gpt import GPT
 
         self.model, self.group, self.layout = model, group, L.check_layout(layout)
         self.ignore_index = ignore_index
+        if blocks is not None and not isinstance(blocks, str) and not hasattr(blocks, "forward"):
+            raise ValueError(f"blocks must be None, 'torch', 'triton', 'cudnn' or a BlockFns, got {blocks!r}")
+        self.blocks = blocks
         if isinstance(model, GPT):
             self.kind = "gpt"
         elif isinstance(model, CausalLM) and _full_causal(model.hf.config):
@@ -195,7 +201,7 @@ class ContextParallel(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         b, t = idx.shape
         pos = self.positions(t, idx.device)
-        with _ring(self.group, self.layout):
+        with _ring(self.group, self.layout, self.blocks):
             logits = self._gpt_logits(idx, pos) if self.kind == "gpt" else self._hf_logits(idx, pos)
         count = (targets != self.ignore_index).sum().to(torch.float64)
         if self.world > 1:

@@ -210,12 +210,14 @@ def build_model(config="tiny", backends="pytorch", matmul="pytorch", device=None
     return CausalLM(hf), ctx
 
 
-def wrap(model: nn.Module, dp: str, rank: Rank, block_groups: int | None = None) -> nn.Module:
+def wrap(model: nn.Module, dp: str, rank: Rank, block_groups: int | None = None, **options) -> nn.Module:
     """The module each rank calls: ``model`` under DDP, or ``model`` itself sharded in
     place by FSDP2 (its parameters become DTensors; the GPT's fused path is turned off,
     see the module docstring). ``block_groups`` (DDP, the GPT's fused path): its blocks as
     that many autograd nodes (``GPT.block_groups``), so the all-reduce of the later
-    groups' gradients overlaps the earlier groups' backward."""
+    groups' gradients overlaps the earlier groups' backward. ``options`` go to
+    DistributedDataParallel (``bucket_cap_mb``, ``static_graph``, ...) or to every
+    ``fully_shard`` call (``reshard_after_forward``, ``mp_policy``, ...)."""
     if dp not in DP:
         raise ValueError(f"dp: unknown {dp!r}; data parallel is one of {', '.join(DP)}")
     if block_groups is not None:
@@ -228,7 +230,7 @@ def wrap(model: nn.Module, dp: str, rank: Rank, block_groups: int | None = None)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [rank.device.index] if rank.device.type == "cuda" else None
-        return DDP(model, device_ids=ids, gradient_as_bucket_view=True)
+        return DDP(model, device_ids=ids, **{"gradient_as_bucket_view": True, **options})
     fully_shard = _fully_shard()
     if rank.world > 1:  # DDP broadcasts rank 0's weights; FSDP2 shards what each rank holds
         with torch.no_grad():
@@ -241,8 +243,8 @@ def wrap(model: nn.Module, dp: str, rank: Rank, block_groups: int | None = None)
         # final norm read it out of place only.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     for unit in units(model):
-        fully_shard(unit)
-    fully_shard(model)
+        fully_shard(unit, **options)
+    fully_shard(model, **options)
     return model
 
 

@@ -88,7 +88,14 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from kernellab.distributed import layouts as L
-from kernellab.distributed.blocks import TRITON_DTYPES, TRITON_HEAD_DIMS, BlockFns, math_dtype, resolve_blocks
+from kernellab.distributed.blocks import (
+    TRITON_DTYPES,
+    TRITON_HEAD_DIMS,
+    BlockFns,
+    cudnn_available,
+    math_dtype,
+    resolve_blocks,
+)
 from kernellab.distributed.merge import merge_
 
 _TAG_KV, _TAG_DKV = 0, 8  # distinct tags per exchange kind (gloo matches on them; NCCL ignores them)
@@ -606,6 +613,12 @@ def _local_problem(q, k, v, causal, layout, scale, blocks=None, device_type=None
             "up to 256; "
             f"q is {q.dtype} with head dim {q.shape[3]} (blocks='torch' takes any)"
         )
+    if fns.name == "cudnn" and not cudnn_available(q):
+        return 5, ValueError(
+            "ring_attention: blocks 'cudnn' take CUDA fp16 / bf16 tensors with head dims that are "
+            f"multiples of 8 up to 128, in a PyTorch built with cuDNN; q is {q.dtype} on {q.device} "
+            f"with head dim {q.shape[3]}"
+        )
     s = q.shape[2]
     if s == 0:
         return 4, ValueError("ring_attention: q has 0 tokens (dim 2); every rank must hold at least one")
@@ -730,7 +743,8 @@ def ring_attention(
     this rank's shard in ``layout`` (``kernellab.distributed.shard``); every rank holds
     the same number of tokens. Returns this rank's rows of the output, in q's dtype,
     differentiable (dK/dV travel back around the ring). ``blocks``: None (Triton on CUDA
-    tensors it supports, PyTorch otherwise), "torch", "triton" or a ``BlockFns``.
+    tensors it supports, PyTorch otherwise), "torch", "triton", "cudnn" (PyTorch's cuDNN
+    kernels; CUDA fp16 / bf16, head dim <= 128) or a ``BlockFns``.
 
     Bad arguments on any rank are refused on every rank (one all_gather of the shapes
     before any P2P), so no rank hangs. That check makes the host wait for the device (it

@@ -65,7 +65,7 @@ import torch.distributed as dist
 import kernellab
 from kernellab.distributed import LAYOUTS, block_calls, gather_sequence, shard, simulate_ring
 from kernellab.distributed import ring as R
-from kernellab.distributed.blocks import TORCH, TRITON, math_dtype
+from kernellab.distributed.blocks import TORCH, TRITON, math_dtype, resolve_blocks
 from kernellab.harness.bench import git_sha, versions
 from kernellab.harness.results import write_jsonl
 from kernellab.ops.attention.reference import reference_attention
@@ -120,6 +120,12 @@ def parse_args(argv=None):
         default=370.0,
         help="per-direction P2P bandwidth for the one-GPU model (H100 NVLink4 measured ~370)",
     )
+    p.add_argument(
+        "--blocks",
+        default=None,
+        help="comma-separated block kernels for the rings, of triton, cudnn, torch (default: triton,cudnn; "
+        "--smoke: torch); each has its own ideal (its single-GPU kernel on the whole sequence)",
+    )
     p.add_argument("--smoke", action="store_true", help="CPU, gloo, fp32, PyTorch blocks, tiny sizes")
     p.add_argument("--out", default=None, help="directory for ring_attention.jsonl")
     a = p.parse_args(argv)
@@ -135,6 +141,7 @@ def parse_args(argv=None):
     if a.variants is None:
         a.variants = "v1,v2" if a.smoke else ",".join(VARIANTS)
     a.variant_list = [x for x in a.variants.split(",") if x]
+    a.blocks_list = [x for x in (a.blocks or ("torch" if a.smoke else "triton,cudnn")).split(",") if x]
     a.kv_heads = a.kv_heads or a.heads
     a.causal = not a.no_causal
     return a
@@ -226,12 +233,20 @@ def make_check(a, world, device):
     return make(a, a.check_seq * world, device, 7, heads=a.check_heads, kv_heads=kv_heads)
 
 
-def single(a, q, k, v, causal):
-    """One device's attention (kernellab's Triton kernels; --smoke: PyTorch's)."""
+def single(a, q, k, v, causal, blocks=None):
+    """One device's attention with the kernel of ``blocks``: kernellab's Triton kernels,
+    PyTorch's SDPA held to cuDNN ("cudnn"), or kernellab's PyTorch backend ("torch", --smoke)."""
     g = q.shape[1] // k.shape[1]
     if g > 1:
         k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    return kernellab.attention(q, k, v, causal=causal, backend="torch" if a.smoke else "triton")
+    blocks = blocks or ("torch" if a.smoke else "triton")
+    if blocks == "cudnn":
+        import torch.nn.functional as F
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return kernellab.attention(q, k, v, causal=causal, backend="torch" if blocks == "torch" else "triton")
 
 
 def fwd_fn(call, q, k, v, mode, do):
@@ -250,10 +265,12 @@ def fwd_fn(call, q, k, v, mode, do):
     return f
 
 
-def ideal_ms(a, clock, s_total, device, mode) -> float:
-    """One GPU's attention over the whole sequence (its time / W is the ideal ring time)."""
+def ideal_ms(a, clock, s_total, device, mode, blocks=None) -> float:
+    """One GPU's attention over the whole sequence with ``blocks``' kernel (its time / W is
+    the ideal ring time)."""
     q, k, v, do = make(a, s_total, device, 1, requires_grad=mode == "fwdbwd")
-    ms = summary(clock.times(fwd_fn(lambda *t: single(a, *t, a.causal), q, k, v, mode, do), a.reps, a.warmup))
+    call = lambda *t: single(a, *t, a.causal, blocks)  # noqa: E731
+    ms = summary(clock.times(fwd_fn(call, q, k, v, mode, do), a.reps, a.warmup))
     del q, k, v, do
     return ms["median_ms"]
 
@@ -436,12 +453,11 @@ def run_distributed(a, out_rows):
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     dev_name = torch.cuda.get_device_name() if cuda else "cpu"
     clock = Clock(cuda, barrier=dist.barrier)
-    blocks = TORCH if a.smoke else TRITON
     say = print if rank == 0 else (lambda *x, **k: None)
     say(
         f"ring attention: {world} x {dev_name}, {a.dtype}, B={a.batch} H={a.heads} H_kv={a.kv_heads} "
         f"D={a.head_dim}, causal={a.causal}, NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')}, "
-        f"variants {','.join(a.variant_list)}"
+        f"variants {','.join(a.variant_list)}, blocks {','.join(a.blocks_list)}"
     )
     groups = {"default": None}
     if any(RING_VARIANTS.get(v, {}).get("group") == "hi" for v in a.variant_list):
@@ -456,7 +472,7 @@ def run_distributed(a, out_rows):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
-    def ring_call(name, layout):
+    def ring_call(name, layout, blocks):
         kw = dict(RING_VARIANTS[name])
         group = groups[kw.pop("group")]
         if a.no_check_ranks:
@@ -470,28 +486,38 @@ def run_distributed(a, out_rows):
         s_total = s_local * world
         shape = (a.batch, a.heads, s_total, a.head_dim)
         fl = {m: attn_flops(a.batch, a.heads, s_total, a.head_dim, a.causal, m) / world for m in a.mode_list}
-        ideal = {}
-        for mode in a.mode_list:
-            if not a.skip_ideal:
+        ideal = {}  # (blocks, mode) -> ms per GPU
+        for bname in a.blocks_list if not a.skip_ideal else ():
+            for mode in a.mode_list:
                 t0 = time.time()
-                ms = ideal_ms(a, Clock(cuda), s_total, device, mode)
+                try:
+                    ms = ideal_ms(a, Clock(cuda), s_total, device, mode, bname)
+                except Exception as e:  # noqa: BLE001 - every rank fails alike; reported, not fatal
+                    say(f"  single GPU {bname} {mode}: failed: {type(e).__name__}: {str(e)[:300]}")
+                    continue
                 # every rank timed the same problem on its own GPU: rank 0's time for all
                 t = torch.tensor([ms], dtype=torch.float64, device=device)
                 dist.broadcast(t, 0)
-                ideal[mode] = t.item() / world
+                ideal[bname, mode] = t.item() / world
                 say(
-                    f"  single GPU, whole sequence {s_total}, {mode}: {t.item():.3f} ms -> "
-                    f"ideal {ideal[mode]:.3f} ms per GPU ({time.time() - t0:.0f} s)"
+                    f"  single GPU ({bname}), whole sequence {s_total}, {mode}: {t.item():.3f} ms -> "
+                    f"ideal {ideal[bname, mode]:.3f} ms per GPU ({time.time() - t0:.0f} s)"
                 )
 
-        def emit(variant, layout, mode, ms, t0, model=None, **extra):
+        def emit(variant, layout, mode, ms, t0, model=None, bname=None, **extra):
+            """A row: efficiency against the ideal of the same kernel (torch-cp: cuDNN's, the
+            kernel its SDPA runs on Hopper) and against the fastest single-GPU kernel timed."""
             st = summary(ms)
-            eff = ideal[mode] / st["median_ms"] if mode in ideal else None
+            own = ideal.get((bname or "cudnn", mode), ideal.get(("triton", mode)))
+            best = min((x for (b, m), x in ideal.items() if m == mode), default=None)
+            eff = own / st["median_ms"] if own is not None else None
             row = base_row(
                 a, dev_name, mode, shape, **st, world=world, seq_per_gpu=s_local, layout=layout,
-                variant=variant, ideal_ms=ideal.get(mode), efficiency=eff,
+                variant=variant, blocks=bname or "sdpa", ideal_ms=own, efficiency=eff, ideal_best_ms=best,
+                efficiency_best=best / st["median_ms"] if best is not None else None,
                 tflops=fl[mode] / st["median_ms"] / 1e9, kind="ring", **(model or {}), **extra,
             )  # fmt: skip
+            row["backend"] = bname or "sdpa"
             out_rows.append(row)
             effs = "-" if eff is None else f"{eff:.1%}"
             pred = ""
@@ -501,7 +527,8 @@ def run_distributed(a, out_rows):
                     f"nothing hidden {model['serial_ms']:.3f})"
                 )
             say(
-                f"  {variant:8s} {layout:10s} S/GPU={s_local:6d} {mode:6s} {st['median_ms']:9.3f} ms "
+                f"  {variant:8s} {row['blocks']:6s} {layout:10s} S/GPU={s_local:6d} {mode:6s} "
+                f"{st['median_ms']:9.3f} ms "
                 f"(p20 {st['p20_ms']:.3f}, p80 {st['p80_ms']:.3f})  {row['tflops']:.0f} TF/s/GPU  "
                 f"efficiency {effs}{pred}  ({time.time() - t0:.0f} s)"
             )
@@ -509,53 +536,70 @@ def run_distributed(a, out_rows):
         link = None
         for layout in a.layout_list:
             q, k, v, do = make(a, s_local, device, 100 + rank, requires_grad=True)
-            t0 = time.time()
-            # Each rank's steps alone (this also tunes the block kernels with no P2P in flight).
-            steps = step_ms(
-                a, Clock(cuda), blocks, layout, world, [rank], q.detach(), k.detach(), v.detach(), do
-            )
-            steps = {sub: slowest(x) for sub, x in steps.items()}
-            if link is None and world > 1 and not a.skip_model:
-                x_kv = link_ms(a, clock, None, k, v, slowest)
-                kv_bytes = 2 * k.numel() * elt
-                f_elt = torch.empty((), dtype=math_dtype(q.dtype)).element_size()
-                link = {"link_ms_kv": x_kv, "link_gbps": kv_bytes / x_kv / 1e6, "x_dkv": x_kv * f_elt / elt}
+            for bname in a.blocks_list:
+                blocks = resolve_blocks(bname, q)
+                t0 = time.time()
+                # Each rank's steps alone (this also tunes the block kernels with no P2P in flight);
+                # a block kernel that fails here fails before any exchange: skipped, not fatal.
+                try:
+                    steps = step_ms(
+                        a, Clock(cuda), blocks, layout, world, [rank], q.detach(), k.detach(), v.detach(), do
+                    )
+                    ok = torch.ones(1, device=device)
+                except Exception as e:  # noqa: BLE001 - reported, the other block kernels still run
+                    say(f"  blocks {bname}: failed: {type(e).__name__}: {str(e)[:300]}")
+                    ok = torch.zeros(1, device=device)
+                dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+                if not ok.item():
+                    continue
+                steps = {sub: slowest(x) for sub, x in steps.items()}
+                if link is None and world > 1 and not a.skip_model:
+                    x_kv = link_ms(a, clock, None, k, v, slowest)
+                    kv_bytes = 2 * k.numel() * elt
+                    f_elt = torch.empty((), dtype=math_dtype(q.dtype)).element_size()
+                    link = {"link_ms_kv": x_kv, "link_gbps": kv_bytes / x_kv / 1e6}
+                    link["x_dkv"] = x_kv * f_elt / elt
+                    say(
+                        f"  link: one K/V block ({kv_bytes / 2**20:.0f} MiB) around the ring in "
+                        f"{x_kv:.3f} ms "
+                        f"({link['link_gbps']:.0f} GB/s per direction)"
+                    )
+                cover = covers(steps, link, s_local) if link else {}
                 say(
-                    f"  link: one K/V block ({kv_bytes / 2**20:.0f} MiB) around the ring in {x_kv:.3f} ms "
-                    f"({link['link_gbps']:.0f} GB/s per direction)"
+                    f"  {layout} ({bname}): per-step compute fwd "
+                    + " ".join(f"{x:.2f}" for x in steps["fwd"])
+                    + ", bwd "
+                    + " ".join(f"{x:.2f}" for x in steps["bwd"])
+                    + " ms"
+                    + (
+                        "; compute covers the exchanges down to "
+                        f"~{_n(cover['covers_down_to_fwd'])} tokens/GPU "
+                        f"forward, ~{_n(cover['covers_down_to_bwd'])} backward"
+                        if cover
+                        else ""
+                    )
+                    + f" ({time.time() - t0:.0f} s)"
                 )
-            cover = covers(steps, link, s_local) if link else {}
-            say(
-                f"  {layout}: per-step compute fwd "
-                + " ".join(f"{x:.2f}" for x in steps["fwd"])
-                + ", bwd "
-                + " ".join(f"{x:.2f}" for x in steps["bwd"])
-                + " ms"
-                + (
-                    f"; compute covers the exchanges down to ~{_n(cover['covers_down_to_fwd'])} tokens/GPU "
-                    f"forward, ~{_n(cover['covers_down_to_bwd'])} backward"
-                    if cover
-                    else ""
-                )
-                + f" ({time.time() - t0:.0f} s)"
-            )
-            dist.barrier()
-            for name in rings:
-                variant = RING_VARIANTS[name]["variant"]
-                call = ring_call(name, layout)
-                for mode in a.mode_list:
-                    t0 = time.time()
-                    model = None
-                    if link is not None or world == 1:
-                        x_kv = link["link_ms_kv"] if link else 0.0
-                        x_dkv = link["x_dkv"] if link else 0.0
-                        model = predict(steps, x_kv, x_dkv, x_kv if variant == 2 else x_dkv, mode, variant)
-                        model.update(link or {}, **cover)
-                        model.pop("x_dkv", None)
-                        model["step_ms_fwd"], model["step_ms_bwd"] = steps["fwd"], steps["bwd"]
-                    ms = slowest(clock.times(fwd_fn(call, q, k, v, mode, do), a.reps, a.warmup))
-                    check = False if a.no_check_ranks else RING_VARIANTS[name]["check"]
-                    emit(name, layout, mode, ms, t0, model, check_ranks=check)
+                dist.barrier()
+                for name in rings:
+                    variant = RING_VARIANTS[name]["variant"]
+                    call = ring_call(name, layout, blocks)
+                    for mode in a.mode_list:
+                        t0 = time.time()
+                        model = None
+                        if link is not None or world == 1:
+                            x_kv = link["link_ms_kv"] if link else 0.0
+                            x_dkv = link["x_dkv"] if link else 0.0
+                            x_home = x_kv if variant == 2 else x_dkv
+                            model = predict(steps, x_kv, x_dkv, x_home, mode, variant)
+                            model.update(link or {}, **cover)
+                            model.pop("x_dkv", None)
+                            model["step_ms_fwd"], model["step_ms_bwd"] = steps["fwd"], steps["bwd"]
+                        ms = slowest(clock.times(fwd_fn(call, q, k, v, mode, do), a.reps, a.warmup))
+                        check = False if a.no_check_ranks else RING_VARIANTS[name]["check"]
+                        emit(name, layout, mode, ms, t0, model, bname, check_ranks=check)
+                if cuda:
+                    torch.cuda.empty_cache()
             del q, k, v, do
             if cuda:
                 torch.cuda.empty_cache()
@@ -580,15 +624,19 @@ def run_distributed(a, out_rows):
         q, k, v, do = make_check(a, world, device)
         loc = [shard(t, rank, world, layout) for t in (q, k, v, do)]
         got = {}
-        for name in [n for n in rings if RING_VARIANTS[n]["group"] == "default"]:  # (v2-hi: v2's code)
-            kw = {"variant": RING_VARIANTS[name]["variant"]}
-            fn = lambda *t, kw=kw: R.ring_attention(*t, causal=a.causal, layout=layout, blocks=blocks, **kw)  # noqa: E731
-            got[name] = [gather_sequence(x, layout) for x in grads_of(fn, *loc)]
+        for bname in a.blocks_list:
+            for name in [n for n in rings if RING_VARIANTS[n]["group"] == "default"]:  # (v2-hi: v2's code)
+                kw = {"variant": RING_VARIANTS[name]["variant"], "blocks": bname}
+                fn = lambda *t, kw=kw: R.ring_attention(*t, causal=a.causal, layout=layout, **kw)  # noqa: E731
+                try:
+                    got[name, bname] = [gather_sequence(x, layout) for x in grads_of(fn, *loc)]
+                except Exception as e:  # noqa: BLE001 - every rank fails alike; reported, not fatal
+                    say(f"  check {name} ({bname}): failed: {type(e).__name__}: {str(e)[:300]}")
         if rank == 0:
-            for name, full in got.items():
-                extra = {}
-                if name != "v1" and "v1" in got:
-                    extra["equals_v1"] = all(torch.equal(x, y) for x, y in zip(full, got["v1"]))
+            for (name, bname), full in got.items():
+                extra = {"blocks": bname}
+                if name != "v1" and ("v1", bname) in got:
+                    extra["equals_v1"] = all(torch.equal(x, y) for x, y in zip(full, got["v1", bname]))
                 row = judge(
                     a, full, q, k, v, do, dev_name, layout, world, s_local, "ring-check", name, **extra
                 )
@@ -598,7 +646,7 @@ def run_distributed(a, out_rows):
 
 def judge(a, got, q, k, v, do, dev_name, layout, world, s_local, kind, variant="v2", **extra):
     ref = reference(q, k, v, do, a.causal)
-    one = grads_of(lambda *t: single(a, *t, a.causal), q, k, v, do)
+    one = grads_of(lambda *t: single(a, *t, a.causal, extra.get("blocks")), q, k, v, do)
     e_ring, e_one = errors(got, ref), errors(one, ref)
     ratio = [r / max(o, 1e-30) for r, o in zip(e_ring, e_one)]
     names = ("o", "dq", "dk", "dv")
@@ -611,7 +659,8 @@ def judge(a, got, q, k, v, do, dev_name, layout, world, s_local, kind, variant="
         within_2x=all(r <= 2 or e <= 1e-6 for r, e in zip(ratio, e_ring)), **extra,
     )  # fmt: skip
     same = "" if "equals_v1" not in extra else f"  same bits as v1: {extra['equals_v1']}"
-    print(f"  check {variant:6s} {layout:10s} W={world} S/GPU={s_local}: error ratio ring/single "
+    print(f"  check {variant:6s} {extra.get('blocks', '-'):6s} {layout:10s} W={world} S/GPU={s_local}: "
+          "error ratio ring/single "
           + " ".join(f"{n} {x:.2f}" for n, x in zip(names, ratio))
           + f"  (ring o err {e_ring[0]:.2e}, single {e_one[0]:.2e}){same}")  # fmt: skip
     return row
@@ -709,9 +758,9 @@ def table(rows) -> str:
         return "-" if x is None else f"{x:.3f}"
 
     lines = [
-        "| kind | W | layout | S/GPU | mode | variant | ms | ideal ms | efficiency | model ms | compute ms "
-        "| TF/s/GPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kind | W | layout | S/GPU | mode | variant | blocks | ms | ideal ms | efficiency | vs best kernel "
+        "| model ms | compute ms | TF/s/GPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r["mode"] == "check":
@@ -721,19 +770,22 @@ def table(rows) -> str:
         tf = "-" if r.get("tflops") is None else f"{r['tflops']:.0f}"
         lines.append(
             f"| {r['kind']} | {r['world']} | {r['layout']} | {r['seq_per_gpu']} | {r['mode']} | "
-            f"{r.get('variant', '-')} | {r['median_ms']:.3f} | {ms(r.get('ideal_ms'))} | {effs} | "
+            f"{r.get('variant', '-')} | {r.get('blocks', '-')} | {r['median_ms']:.3f} | "
+            f"{ms(r.get('ideal_ms'))} | "
+            f"{effs} | {'-' if r.get('efficiency_best') is None else format(r['efficiency_best'], '.1%')} | "
             f"{ms(r.get('predicted_ms'))} | {ms(r.get('compute_ms'))} | {tf} |"
         )
     checks = [r for r in rows if r["mode"] == "check"]
     if checks:
         lines += [
             "",
-            "| kind | W | layout | variant | ratio o | dq | dk | dv | within 2x | same bits as v1 |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| kind | W | layout | variant | blocks | ratio o | dq | dk | dv | within 2x | same bits as v1 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in checks:
             lines.append(
                 f"| {r['kind']} | {r['world']} | {r['layout']} | {r.get('variant', '-')} | "
+                f"{r.get('blocks', '-')} | "
                 + " | ".join(f"{r[f'ratio_{n}']:.2f}" for n in ("o", "dq", "dk", "dv"))
                 + f" | {r['within_2x']} | {r.get('equals_v1', '-')} |"
             )
