@@ -65,7 +65,7 @@ import torch.distributed as dist
 import kernellab
 from kernellab.distributed import LAYOUTS, block_calls, gather_sequence, shard, simulate_ring
 from kernellab.distributed import ring as R
-from kernellab.distributed.blocks import TORCH, TRITON, math_dtype, resolve_blocks
+from kernellab.distributed.blocks import math_dtype, resolve_blocks
 from kernellab.harness.bench import git_sha, versions
 from kernellab.harness.results import write_jsonl
 from kernellab.ops.attention.reference import reference_attention
@@ -674,80 +674,113 @@ def run_simulated(a, out_rows):
     device = torch.device("cuda") if cuda else torch.device("cpu")
     dev_name = torch.cuda.get_device_name() if cuda else "cpu"
     clock = Clock(cuda)
-    blocks = TORCH if a.smoke else TRITON
     worlds = [int(x) for x in a.sim_world.split(",") if x]
     elt = torch.empty((), dtype=DT[a.dtype]).element_size()
     print(f"simulated ring on one {dev_name}: {a.dtype}, B={a.batch} H={a.heads} H_kv={a.kv_heads} "
-          f"D={a.head_dim}, causal={a.causal}, link {a.link_gbps:g} GB/s per direction")  # fmt: skip
+          f"D={a.head_dim}, causal={a.causal}, link {a.link_gbps:g} GB/s per direction, "
+          f"blocks {','.join(a.blocks_list)}")  # fmt: skip
     for world in worlds:
         for s_local in a.sizes:
-            s_total = s_local * world
-            shape = (a.batch, a.heads, s_total, a.head_dim)
-            ideal = (
-                {m: ideal_ms(a, clock, s_total, device, m) / world for m in a.mode_list}
-                if not a.skip_ideal
-                else {}
-            )
-            q, k, v, do = make(a, s_local, device, 3)
-            f_elt = torch.empty((), dtype=math_dtype(q.dtype)).element_size()
-            kv_bytes = 2 * a.batch * a.kv_heads * s_local * a.head_dim * elt
-            dkv_bytes = kv_bytes // elt * f_elt
-            x_kv = kv_bytes / (a.link_gbps * 1e9) * 1e3
-            x_dkv = dkv_bytes / (a.link_gbps * 1e9) * 1e3
-            for layout in a.layout_list:
-                steps = step_ms(a, clock, blocks, layout, world, range(world), q, k, v, do)
-                for mode in a.mode_list:
-                    model = predict(steps, x_kv, x_dkv, x_kv, mode, 2)
-                    per_step = steps["fwd"] + (steps["bwd"] if mode == "fwdbwd" else [])
-                    total = model["compute_ms"]
-                    eff = ideal[mode] / total if mode in ideal else None
-                    eff_link = ideal[mode] / model["predicted_ms"] if mode in ideal else None
-                    # the steps whose compute must hide an exchange: all but the last forward
-                    # step (K/V), every backward step (dK/dV; K/V too but the last)
-                    tight_fwd = min(steps["fwd"][:-1]) if world > 1 else None
-                    tight_bwd = min(steps["bwd"]) if mode == "fwdbwd" else None
-                    fl = attn_flops(a.batch, a.heads, s_total, a.head_dim, a.causal, mode) / world
-                    row = base_row(
-                        a, dev_name, mode, shape, median_ms=total, world=world, seq_per_gpu=s_local,
-                        layout=layout, kind="simulated", variant="v2", step_ms=per_step,
-                        ideal_ms=ideal.get(mode), predicted_efficiency=eff, exchange_bytes_fwd=kv_bytes,
-                        exchange_bytes_bwd=kv_bytes + dkv_bytes, link_gbps=a.link_gbps,
-                        exchange_ms_fwd=x_kv, exchange_ms_bwd=x_kv + x_dkv if mode == "fwdbwd" else None,
-                        tightest_step_ms_fwd=tight_fwd, tightest_step_ms_bwd=tight_bwd,
-                        tflops=fl / total / 1e9 if total else None, **model,
-                        predicted_efficiency_with_link=eff_link,
-                    )  # fmt: skip
-                    out_rows.append(row)
-                    hide = ""
-                    if tight_fwd is not None:
-                        hide = f"fwd step >= {tight_fwd:.3f} ms vs exchange {x_kv:.3f} ms"
-                    if tight_bwd is not None:
-                        hide += f"; bwd step >= {tight_bwd:.3f} ms vs {x_kv + x_dkv:.3f} ms"
-                    steps_s = " ".join(f"{x:.2f}" for x in per_step)
-                    effs = "-" if eff is None else f"{eff:.1%}"
-                    effl = "-" if eff_link is None else f"{eff_link:.1%}"
+            for bname in a.blocks_list:
+                try:
+                    simulate_one(a, out_rows, clock, device, dev_name, world, s_local, bname, elt)
+                except Exception as e:  # noqa: BLE001 - reported; the other block kernels still run
                     print(
-                        f"  W={world} {layout:10s} S/GPU={s_local:6d} {mode:6s} ring compute {total:9.3f} ms "
-                        f"(steps {steps_s}); with the link {model['predicted_ms']:.3f} ms; predicted "
-                        f"efficiency {effs} (compute), {effl} (with the link); {hide}"
+                        f"  W={world} S/GPU={s_local} blocks {bname}: failed: "
+                        f"{type(e).__name__}: {str(e)[:300]}"
                     )
-            del q, k, v, do
-            if cuda:
-                torch.cuda.empty_cache()
+                if cuda:
+                    torch.cuda.empty_cache()
         if not a.skip_check:
             for layout in a.layout_list:
-                s_local = a.check_seq
-                q, k, v, do = make_check(a, world, device)
-                got = grads_of(
-                    lambda *t: simulate_ring(*t, world, causal=a.causal, layout=layout, blocks=blocks),
-                    q,
-                    k,
-                    v,
-                    do,
-                )
-                out_rows.append(
-                    judge(a, got, q, k, v, do, dev_name, layout, world, s_local, kind="simulated-check")
-                )
+                for bname in a.blocks_list:
+                    s_local = a.check_seq
+                    q, k, v, do = make_check(a, world, device)
+                    ring = lambda *t, b=bname: simulate_ring(
+                        *t, world, causal=a.causal, layout=layout, blocks=b
+                    )  # noqa: E731
+                    try:
+                        got = grads_of(ring, q, k, v, do)
+                    except Exception as e:  # noqa: BLE001 - reported
+                        print(f"  check W={world} blocks {bname}: failed: {type(e).__name__}: {str(e)[:300]}")
+                        continue
+                    out_rows.append(
+                        judge(
+                            a,
+                            got,
+                            q,
+                            k,
+                            v,
+                            do,
+                            dev_name,
+                            layout,
+                            world,
+                            s_local,
+                            kind="simulated-check",
+                            blocks=bname,
+                        )  # fmt: skip
+                    )
+
+
+def simulate_one(a, out_rows, clock, device, dev_name, world, s_local, bname, elt):
+    """One simulated world size, size and block kernel: every layout's rows."""
+    cuda = device.type == "cuda"
+    s_total = s_local * world
+    shape = (a.batch, a.heads, s_total, a.head_dim)
+    ideal = (
+        {m: ideal_ms(a, clock, s_total, device, m, bname) / world for m in a.mode_list}
+        if not a.skip_ideal
+        else {}
+    )
+    q, k, v, do = make(a, s_local, device, 3)
+    blocks = resolve_blocks(bname, q)
+    f_elt = torch.empty((), dtype=math_dtype(q.dtype)).element_size()
+    kv_bytes = 2 * a.batch * a.kv_heads * s_local * a.head_dim * elt
+    dkv_bytes = kv_bytes // elt * f_elt
+    x_kv = kv_bytes / (a.link_gbps * 1e9) * 1e3
+    x_dkv = dkv_bytes / (a.link_gbps * 1e9) * 1e3
+    for layout in a.layout_list:
+        steps = step_ms(a, clock, blocks, layout, world, range(world), q, k, v, do)
+        for mode in a.mode_list:
+            model = predict(steps, x_kv, x_dkv, x_kv, mode, 2)
+            per_step = steps["fwd"] + (steps["bwd"] if mode == "fwdbwd" else [])
+            total = model["compute_ms"]
+            eff = ideal[mode] / total if mode in ideal else None
+            eff_link = ideal[mode] / model["predicted_ms"] if mode in ideal else None
+            # the steps whose compute must hide an exchange: all but the last forward
+            # step (K/V), every backward step (dK/dV; K/V too but the last)
+            tight_fwd = min(steps["fwd"][:-1]) if world > 1 else None
+            tight_bwd = min(steps["bwd"]) if mode == "fwdbwd" else None
+            fl = attn_flops(a.batch, a.heads, s_total, a.head_dim, a.causal, mode) / world
+            row = base_row(
+                a, dev_name, mode, shape, median_ms=total, world=world, seq_per_gpu=s_local,
+                layout=layout, kind="simulated", variant="v2", blocks=bname, step_ms=per_step,
+                ideal_ms=ideal.get(mode), predicted_efficiency=eff, exchange_bytes_fwd=kv_bytes,
+                exchange_bytes_bwd=kv_bytes + dkv_bytes, link_gbps=a.link_gbps,
+                exchange_ms_fwd=x_kv, exchange_ms_bwd=x_kv + x_dkv if mode == "fwdbwd" else None,
+                tightest_step_ms_fwd=tight_fwd, tightest_step_ms_bwd=tight_bwd,
+                tflops=fl / total / 1e9 if total else None, **model,
+                predicted_efficiency_with_link=eff_link,
+            )  # fmt: skip
+            row["backend"] = bname
+            out_rows.append(row)
+            hide = ""
+            if tight_fwd is not None:
+                hide = f"fwd step >= {tight_fwd:.3f} ms vs exchange {x_kv:.3f} ms"
+            if tight_bwd is not None:
+                hide += f"; bwd step >= {tight_bwd:.3f} ms vs {x_kv + x_dkv:.3f} ms"
+            steps_s = " ".join(f"{x:.2f}" for x in per_step)
+            effs = "-" if eff is None else f"{eff:.1%}"
+            effl = "-" if eff_link is None else f"{eff_link:.1%}"
+            print(
+                f"  W={world} {bname:6s} {layout:10s} S/GPU={s_local:6d} {mode:6s} "
+                f"ring compute {total:9.3f} ms "
+                f"(steps {steps_s}); with the link {model['predicted_ms']:.3f} ms; predicted "
+                f"efficiency {effs} (compute), {effl} (with the link); {hide}"
+            )
+    del q, k, v, do
+    if cuda:
+        torch.cuda.empty_cache()
 
 
 # --------------------------------------------------------------------------- main
