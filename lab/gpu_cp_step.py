@@ -19,10 +19,10 @@ PyTorch's AdamW. One row of --seq tokens per step (default: 32k at W=2, 64k at W
 
 Cases:
 - ``kl-ring``: kernellab.distributed.context_parallel (zigzag shards, global RoPE
-  positions, ring attention with Triton blocks, loss = sum / global token count,
-  gradients all-reduced);
-- ``kl-ring-cudnn``: the same with the ring's blocks on PyTorch's cuDNN attention kernels
-  (``blocks="cudnn"``), the kernel PyTorch's own context parallel runs here;
+  positions, ring attention with its default blocks (cuDNN's kernels on a GPU, the ones
+  PyTorch's own context parallel runs), loss = sum / global token count, gradients
+  all-reduced);
+- ``kl-ring-triton``: the same with the ring's blocks on kernellab's Triton kernels;
 - ``torch-cp``: the same model and step under
   ``torch.distributed.tensor.experimental.context_parallel`` (its load-balanced shards of
   input ids, labels and position ids; its ring under F.scaled_dot_product_attention,
@@ -154,7 +154,7 @@ def _timed(name, a, rank, seq):
     if rank.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(rank.device)
     if name.startswith("kl-ring"):
-        blocks = "cudnn" if name == "kl-ring-cudnn" else None
+        blocks = "triton" if name == "kl-ring-triton" else None
         module = CP.ContextParallel(model, None, "zigzag", blocks=blocks)
         trainer = CP.CPTrainer(module)
 
@@ -221,7 +221,7 @@ def run_stage(a) -> int:
     rank = D.init("cpu" if a.dry else None, timeout_s=300)
     w = rank.world
     seq = a.seq1 if w == 1 else (a.seq or (65536 if w >= 4 else 32768))
-    cases = ["kl-ring", "kl-ring-cudnn", "torch-cp"] + (["check"] if w > 1 else [])
+    cases = ["kl-ring", "kl-ring-triton", "torch-cp"] + (["check"] if w > 1 else [])
     meta = {"gpu": torch.cuda.get_device_name(rank.device) if rank.device.type == "cuda" else "cpu",
             "git_sha": git_sha(), **versions(), "backend_dist": rank.backend,
             "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),

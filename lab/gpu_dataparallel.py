@@ -25,7 +25,9 @@ GPU: weak scaling, the global batch grows with W):
   (``GPT.block_groups``: 3 blocks each, their gradients handed over per group, so 3/4 of
   the blocks' all-reduce can overlap the backward) (not --quick);
 - ``fsdp2``: fully_shard per block and the root (ZeRO-3), op by op, kernellab's AdamW on
-  the local shards.
+  the local shards;
+- ``fsdp2-model``: fully_shard on the whole model as one unit (gathered once per step,
+  gradients reduce-scattered once), the fused blocks and their CUDA graphs kept.
 
 Per case: ms per step (median of --rounds rounds of --steps steps, the slowest rank's
 round), tokens/s of all ranks, each rank's peak allocated memory. The W=N stage also checks
@@ -102,7 +104,7 @@ def _case(name, a, rank):
         model.fuse = False
     groups = 4 if name == "ddp-g4" else None
     options = dict(WRAP_OPTIONS.get(name, {}))
-    dp = name.split("-")[0]
+    dp = "fsdp2-model" if name.startswith("fsdp2-model") else name.split("-")[0]
     module = model if name.startswith("single") else D.wrap(model, dp, rank, groups, **options)
     opt = "pytorch" if name.endswith("-torchopt") else kw["optimizer"]
     trainer = gpt.Trainer(module, "eager", optimizer=opt)
@@ -180,11 +182,11 @@ def run_stage(a) -> int:
     rank = D.init("cpu" if a.dry else None, timeout_s=300)
     w = rank.world
     if w == 1:
-        full = ["single", "single-ops", "ddp", "ddp-ops", "ddp-g4", "fsdp2"]
+        full = ["single", "single-ops", "ddp", "ddp-ops", "ddp-g4", "fsdp2", "fsdp2-model"]
         cases = ["single", "ddp", "fsdp2"] if a.quick else full
     else:
-        cases = ["ddp", "fsdp2"] if a.quick else ["ddp", "ddp-ops", "ddp-g4", "fsdp2"]
-        cases += ["check-ddp", "check-fsdp2"]
+        cases = ["ddp", "fsdp2"] if a.quick else ["ddp", "ddp-ops", "ddp-g4", "fsdp2", "fsdp2-model"]
+        cases += ["check-ddp", "check-fsdp2", "check-fsdp2-model"]
     if a.cases:
         cases = [c for c in a.cases.split(",") if c and (w > 1 or not c.startswith("check-"))]
     meta = {"gpu": torch.cuda.get_device_name(rank.device) if rank.device.type == "cuda" else "cpu",

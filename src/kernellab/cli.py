@@ -1312,7 +1312,7 @@ def _train_gpt_parser(models) -> None:
 def _dp_arguments(t) -> None:
     t.add_argument("--nproc", type=int, default=None, help="data parallel over N ranks, one per GPU "
                    "(re-runs the command under torchrun; docs/distributed.md)")  # fmt: skip
-    t.add_argument("--dp", default=None, help="data parallel: ddp | fsdp2 (default ddp); cp: context "
+    t.add_argument("--dp", default=None, help="data parallel: ddp | fsdp2 | fsdp2-model (default ddp); cp: context "
                    "parallel, each sequence sharded over the ranks (ring attention)")
     t.add_argument("--global-batch", type=int, default=None,
                    help="data parallel: rows per step, all ranks (default: --batch-size per rank)")  # fmt: skip

@@ -43,10 +43,11 @@ CASES = [
     ("fsdp2-ops", "fsdp2", "tiny", "pytorch", "pytorch"),
     ("fsdp2-kladam-torch", "fsdp2", "tiny", "torch", "torch"),
     ("fsdp2-kladam-triton", "fsdp2", "tiny", "pytorch", "triton"),
+    ("fsdp2-model-fused", "fsdp2-model", "tiny", "torch", "torch"),
     ("llama-ddp", "ddp", "hf-llama:small", "pytorch", "pytorch"),
     ("llama-fsdp2", "fsdp2", "hf-llama:small", "pytorch", "pytorch"),
 ]
-WORLD4_CASES = ("ddp-ops", "fsdp2-ops")
+WORLD4_CASES = ("ddp-ops", "fsdp2-ops", "fsdp2-model-fused")
 # (name, train's keyword arguments, what the error says)
 BAD = [
     ("uneven-global-batch", {"global_batch": 3}, "not divisible by the world size"),
@@ -200,8 +201,8 @@ def test_losses_and_parameters_equal_one_process(ranks, single, case):
     shards = [res["runs"][case]["numel"] for res in ranks]
     if "fsdp2" in case:
         assert sum(shards) == total and max(shards) < total
-        if not case.startswith("llama"):
-            assert all(res["runs"][case]["fuse"] is False for res in ranks)
+        if not case.startswith("llama"):  # fsdp2: the op-by-op path; fsdp2-model keeps the fused one
+            assert all(res["runs"][case]["fuse"] is ("fsdp2-model" in case) for res in ranks)
     else:
         assert shards == [total] * world
 

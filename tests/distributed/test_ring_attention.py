@@ -66,6 +66,7 @@ BAD_CASES = [
     ("causal-differs", "causal"),
     ("blocks-rank1", "blocks"),
     ("triton-head-dim", "blocks"),
+    ("cudnn-on-cpu-rank-last", "blocks"),
     ("variant-unknown", "variant"),
     ("variant-rank-last", "ring variants differ"),
     ("check-rank0", "check"),
@@ -155,6 +156,8 @@ def _bad_args(name, rank, world):
         kw["blocks"] = "flash"
     elif name == "triton-head-dim" and rank == 0:
         kw["blocks"] = "triton"  # D = 8: the Triton kernels take 16..256
+    elif name == "cudnn-on-cpu-rank-last" and rank == world - 1:
+        kw["blocks"] = "cudnn"  # CPU float64 tensors: cuDNN takes CUDA fp16 / bf16
     elif name == "variant-unknown":
         kw["variant"] = 3
     elif name == "variant-rank-last" and rank == world - 1:
@@ -541,16 +544,29 @@ def _triton_single(q, k, v, causal):
     )
 
 
+def _cudnn_single(q, k, v, causal):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    g = q.shape[1] // k.shape[1]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return F.scaled_dot_product_attention(
+            q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), is_causal=causal
+        )
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("blocks", ["triton", "cudnn", None])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize(
     "world,hq,hkv,s_local,d", [(2, 4, 4, 256, 64), (4, 4, 4, 192, 128), (4, 8, 2, 128, 64)]
 )
-def test_simulated_ring_triton_bf16(cuda, layout, causal, world, hq, hkv, s_local, d):
-    """simulate_ring with the Triton blocks in bf16 against kernellab's single-device
-    Triton attention: both against float64, the ring within 2x the single device's error
-    (+ a noise floor), forward and the three gradients."""
+def test_simulated_ring_bf16(cuda, blocks, layout, causal, world, hq, hkv, s_local, d):
+    """simulate_ring with the Triton, cuDNN or default blocks in bf16 against one device's
+    attention on the same kernel (the default: cuDNN's, which it picks here): both against
+    float64, the ring within 2x the single device's error (+ a noise floor), forward and
+    the three gradients."""
     g = torch.Generator(device="cuda").manual_seed(world * 100 + s_local)
     shape_q, shape_kv = (1, hq, s_local * world, d), (1, hkv, s_local * world, d)
     q = torch.randn(shape_q, generator=g, device="cuda").bfloat16()
@@ -563,8 +579,9 @@ def test_simulated_ring_triton_bf16(cuda, layout, causal, world, hq, hkv, s_loca
         o = fn(qq, kk, vv)
         return (o.detach(), *torch.autograd.grad(o, (qq, kk, vv), do))
 
-    ring = run(lambda a, b, c: simulate_ring(a, b, c, world, causal=causal, layout=layout))
-    single = run(lambda a, b, c: _triton_single(a, b, c, causal))
+    ring = run(lambda a, b, c: simulate_ring(a, b, c, world, causal=causal, layout=layout, blocks=blocks))
+    one = _triton_single if blocks == "triton" else _cudnn_single
+    single = run(lambda a, b, c: one(a, b, c, causal))
     for what, x, y, r in zip(("o", "dq", "dk", "dv"), ring, single, ref):
         e_ring = (x.double() - r).abs().max().item()
         e_one = (y.double() - r).abs().max().item()
@@ -678,3 +695,46 @@ def test_simulated_ring_triton_bf16_interpreted():
     for what, x, y, r in zip(("o", "dq", "dk", "dv"), ring, single, ref):
         e_ring, e_one = (x.double() - r).abs().max().item(), (y.double() - r).abs().max().item()
         assert e_ring <= 1.25 * e_one, f"{what}: ring {e_ring:.3g} vs single device {e_one:.3g}"
+
+
+# --------------------------------------------------------------------------- cuDNN blocks
+
+
+def test_blocks_resolve_by_name_and_default_to_torch_on_the_cpu():
+    from kernellab.distributed.blocks import CUDNN, cudnn_available, default_blocks, resolve_blocks
+
+    q = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16)
+    assert resolve_blocks("cudnn", q) is CUDNN and resolve_blocks("triton", q) is TRITON
+    assert not cudnn_available(q) and default_blocks(q) is TORCH
+    with pytest.raises(ValueError, match="'cudnn'"):
+        resolve_blocks("flash", q)
+
+
+def test_simulated_ring_refuses_cudnn_blocks_on_cpu_tensors():
+    q = torch.randn(1, 2, 8, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="blocks 'cudnn' take CUDA fp16 / bf16"):
+        simulate_ring(q, q, q, 2, causal=True, layout="zigzag", blocks="cudnn")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_cudnn_block_matches_the_torch_block_and_hands_dkdv_over(cuda, causal):
+    """One cuDNN block forward and backward (given the global o and lse, as the ring
+    calls it) against the PyTorch block in float64: within bf16's error of it, lse in
+    natural-log units, on_dkdv called once with the returned dk, dv."""
+    from kernellab.distributed.blocks import CUDNN, default_blocks
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v, do = (torch.randn(2, 4, 256, 64, generator=g, device="cuda").bfloat16() for _ in range(4))
+    assert default_blocks(q) is CUDNN
+    o, lse = CUDNN.forward(q, k, v, causal, 0.125)
+    o64, lse64 = TORCH.forward(q.double(), k.double(), v.double(), causal, 0.125)
+    assert o.shape == q.shape and lse.shape == q.shape[:-1]
+    assert (lse.double() - lse64).abs().max().item() < 1e-2
+    assert (o.double() - o64).abs().max().item() < 2e-2
+    seen = []
+    got = CUDNN.backward(do, q, k, v, o, lse, causal, 0.125, on_dkdv=lambda dk, dv: seen.append((dk, dv)))
+    ref = TORCH.backward(do.double(), q.double(), k.double(), v.double(), o64, lse64, causal, 0.125)
+    assert len(seen) == 1 and seen[0][0] is got[1] and seen[0][1] is got[2]
+    for x, r in zip(got, ref):
+        assert (x.double() - r).abs().max().item() <= 3e-2 * r.abs().max().item()

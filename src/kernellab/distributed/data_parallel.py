@@ -19,6 +19,13 @@ op set, the mode, PyTorch's or kernellab's AdamW) on its own rows of each global
   backward ends. A unit must be a module call, so the GPT runs its op-by-op path under
   FSDP2 (``model.fuse = False``: the fused path reads every block's parameters in one node,
   which would need them all gathered at once).
+- ``fsdp2-model``: ``fully_shard`` on the whole model as one unit. Parameters, gradients and
+  AdamW's moments are sharded at rest as under ``fsdp2``, but the whole model is gathered
+  once per step (before the forward; the root unit stays gathered through the backward) and
+  its gradients reduce-scattered once at the end: the memory of one unsharded copy of the
+  parameters during the step, one collective each way per step, and the GPT keeps its fused
+  blocks and their CUDA graphs. For models whose parameters fit unsharded (GPT-2 small's
+  are 248 MB in bf16) it costs the least host time per step.
 
 Data: all ranks draw the same global batch (one generator, one seed) and each takes its
 ``global_batch / world`` rows: the union of the shards is exactly the batch one process
@@ -53,7 +60,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-DP = ("ddp", "fsdp2")
+DP = ("ddp", "fsdp2", "fsdp2-model")
 # A CUDA graph of the step (compile-cudagraphs, compile-step-graph) would capture the
 # gradient collectives the wrappers launch from hooks: not supported.
 MODES = ("eager", "compile")
@@ -212,8 +219,8 @@ def build_model(config="tiny", backends="pytorch", matmul="pytorch", device=None
 
 def wrap(model: nn.Module, dp: str, rank: Rank, block_groups: int | None = None, **options) -> nn.Module:
     """The module each rank calls: ``model`` under DDP, or ``model`` itself sharded in
-    place by FSDP2 (its parameters become DTensors; the GPT's fused path is turned off,
-    see the module docstring). ``block_groups`` (DDP, the GPT's fused path): its blocks as
+    place by FSDP2 (its parameters become DTensors; under ``fsdp2`` the GPT's fused path is
+    turned off, see the module docstring). ``block_groups`` (DDP, the GPT's fused path): its blocks as
     that many autograd nodes (``GPT.block_groups``), so the all-reduce of the later
     groups' gradients overlaps the earlier groups' backward. ``options`` go to
     DistributedDataParallel (``bucket_cap_mb``, ``static_graph``, ...) or to every
@@ -236,6 +243,9 @@ def wrap(model: nn.Module, dp: str, rank: Rank, block_groups: int | None = None,
         with torch.no_grad():
             for t in model.state_dict().values():
                 dist.broadcast(t, 0)
+    if dp == "fsdp2-model":
+        fully_shard(model, **options)
+        return model
     if hasattr(model, "fuse"):  # kernellab's GPT
         model.fuse = False
         # FSDP2 warns that a block returns a view (its last linear's output, reshaped): an

@@ -742,9 +742,10 @@ def ring_attention(
     docstring). q [B, H, S_local, D], k and v [B, H_kv, S_local, D] (H a multiple of H_kv),
     this rank's shard in ``layout`` (``kernellab.distributed.shard``); every rank holds
     the same number of tokens. Returns this rank's rows of the output, in q's dtype,
-    differentiable (dK/dV travel back around the ring). ``blocks``: None (Triton on CUDA
-    tensors it supports, PyTorch otherwise), "torch", "triton", "cudnn" (PyTorch's cuDNN
-    kernels; CUDA fp16 / bf16, head dim <= 128) or a ``BlockFns``.
+    differentiable (dK/dV travel back around the ring). ``blocks``: None (cuDNN, else
+    Triton, on CUDA tensors they take, PyTorch otherwise: ``blocks.default_blocks``),
+    "torch", "triton", "cudnn" (PyTorch's cuDNN kernels; CUDA fp16 / bf16, head dim <= 128)
+    or a ``BlockFns``.
 
     Bad arguments on any rank are refused on every rank (one all_gather of the shapes
     before any P2P), so no rank hangs. That check makes the host wait for the device (it
