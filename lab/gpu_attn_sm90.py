@@ -1,8 +1,8 @@
-"""The Hopper CUDA attention forwards (cuda_v2 .. cuda_v6: attention_sm90.cu) on a lent H100
+"""The Hopper CUDA attention forwards (cuda_v2 .. cuda_v7: attention_sm90.cu) on a lent H100
 / H200: correctness first, then time against SDPA's cuDNN and FlashAttention-2 kernels and
 kernellab's Triton forward.
 
-    python lab/gpu_attn_sm90.py --out DIR [--quick] [--variants v2,v3,v4,v5,v6] [--tune]
+    python lab/gpu_attn_sm90.py --out DIR [--quick] [--variants v2,v3,v4,v5,v6,v7] [--tune]
 
 Each stage runs in a subprocess under a timeout (rows are written as each case finishes):
 a kernel that hangs costs its stage's timeout, then the variant is left out and the stage
@@ -339,7 +339,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="directory for attn_sm90.jsonl and attn_sm90.txt")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
-    ap.add_argument("--variants", default="v2,v3,v4,v5,v6")
+    ap.add_argument("--variants", default="v2,v3,v4,v5,v6,v7")
     ap.add_argument("--tune", action="store_true", help="autotune the Triton forward (slow)")
     ap.add_argument("--budget-s", type=float, default=190.0, help="the whole run's time budget")
     ap.add_argument("--worker", choices=("smoke", "check", "time"), help=argparse.SUPPRESS)

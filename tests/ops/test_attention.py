@@ -16,8 +16,9 @@ import torch
 
 import kernellab
 import kernellab.ops.attention as A  # registers the op and its backends
-from kernellab.ops.attention import args as AA
 from kernellab.harness.compare import judge
+from kernellab.ops.attention import args as AA
+from kernellab.ops.attention import cuda_sm90
 from kltest import cpu_backends, cuda_backends, dtype_id, seed_for
 
 SPEC = kernellab.get_spec("attention")
@@ -36,6 +37,7 @@ def _no_autotuning():
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU_BACKENDS = cpu_backends("attention")  # manual, torch, tiled, triton (interpreted)
 GPU_BACKENDS = cuda_backends("attention")  # + the SDPA peers and cuda_v1
+SM90_BACKENDS = tuple(f"cuda_{v}" for v in cuda_sm90.VARIANTS)  # cuda_v2 .. (attention_sm90.cu)
 
 
 def _supported(backend, dtype, shape, causal) -> str | None:
@@ -50,7 +52,7 @@ def _supported(backend, dtype, shape, causal) -> str | None:
             return "cuda_v1 takes no GQA"
     if backend == "triton" and (d % 8 or d > 256):
         return "triton head dims: multiples of 8 up to 256"
-    if backend in ("cuda_v2", "cuda_v3", "cuda_v4", "cuda_v5"):  # Hopper (test_attention_sm90.py): 16-bit
+    if backend in SM90_BACKENDS:  # Hopper (test_attention_sm90.py): 16-bit
         impl = kernellab.registry.get("attention", backend)
         if dtype not in impl.dtypes:
             return f"{backend} is fp16 / bf16 only"

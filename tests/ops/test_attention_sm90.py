@@ -1,16 +1,17 @@
-"""attention's Hopper CUDA backends (cuda_v2 .. cuda_v6: attention_sm90.cu).
+"""attention's Hopper CUDA backends (cuda_v2 .. cuda_v7: attention_sm90.cu).
 
 Without a GPU: the generated wgmma header is the generator's; every head dim's module
-compiles for sm_90a with every kernel the launcher asks for, no local memory, and v3-v6 at
-exactly the register count their setmaxnreg budget assumes; v6's named barriers (ids, counts,
-and a model of its turns that must neither deadlock nor leave a phase half full); the wgmma
-descriptors address
-the bytes the copies wrote (a model of the hardware's canonical layouts), and the S
-accumulator is the P operand's register fragment; the launcher's arguments (grid,
+compiles for sm_90a with every kernel the launcher asks for, no local memory, and v3-v7 at
+exactly the register count their setmaxnreg budget assumes; v6's and v7's named barriers
+(ids, counts, and a model of their turns that must neither deadlock nor leave a phase half
+full; v7's epilogue barriers); the wgmma descriptors address the bytes the copies wrote (a
+model of the hardware's canonical layouts), v7's O rows land where its TMA store reads them,
+and the S accumulator is the P operand's register fragment; the launcher's arguments (grid,
 strides, group, scale, shared memory, copies only where rows are not whole 16-byte chunks,
-the TMA variants' tensor maps) with the kernel replaced by a recorder; a tensor map passed
-by value through the runtime's launch; refusals that name the argument; availability;
-the kernel's schedule and arithmetic (``emulate``) against the float64 reference.
+the TMA variants' tensor maps, v7's map of o) with the kernel replaced by a recorder; a
+tensor map passed by value through the runtime's launch; refusals that name the argument;
+availability; the kernel's schedule and arithmetic (``emulate``) against the float64
+reference.
 With a GPU (``gpu``): each kernel against ``emulate`` and the reference, odd shapes, every
 head dim, causal, GQA, the saved lse, and gradients through the Triton backward.
 """
@@ -79,9 +80,9 @@ def test_wgmma_header_is_the_generators():
 
 def test_every_head_dim_compiles_for_sm90a_with_every_kernel_and_no_local_memory():
     """Per head dim: every variant's kernels for fp16 and bf16 (what the launcher names), no
-    spills, and the warp-specialized ones (v3-v6) at exactly 168 registers a thread:
+    spills, and the warp-specialized ones (v3-v7) at exactly 168 registers a thread:
     384 x 168 = 64512 registers at launch is the pool setmaxnreg redistributes (v3: 128 x 56
-    for the producer + 256 x 224 for the consumers; v4-v6: 128 x 40 + 256 x 232); at fewer,
+    for the producer + 256 x 224 for the consumers; v4-v7: 128 x 40 + 256 x 232); at fewer,
     the consumers' setmaxnreg.inc would wait forever."""
     _nvrtc()
     from kernellab.inspect import asm
@@ -95,6 +96,10 @@ def test_every_head_dim_compiles_for_sm90a_with_every_kernel_and_no_local_memory
         assert names == want, (d, names)
         assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx and "cp.async.mbarrier.arrive.noinc" in ptx
         assert "cp.async.bulk.tensor.4d" in ptx
+        v7 = "\n".join(body for name, body in asm.split_ptx(ptx).items() if "_v7_" in name)
+        assert "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group" in v7  # v7's o: a TMA store
+        assert "cp.async.bulk.wait_group.read 0" in v7 and "fence.proxy.async.shared::cta" in v7
+        assert "wgmma.wait_group.sync.aligned 1" in v7  # S_j waited alone: P V_{j-1} still in flight
         cubin = mod.compile("sm_90")
         if cuobjdump is None:
             continue
@@ -123,14 +128,13 @@ def test_launch_signatures_match_the_kernels_parameters():
         for v in cs.VARIANTS:
             for sfx in ("f16", "bf16"):
                 name = f"attn_fwd_{v}_d{d}_{sfx}"
-                check_signature(
-                    name, cs._SIG_TMA if v in cs.TMA_VARIANTS else cs._SIG, ptx_param_sizes(ptx, name)
-                )
+                check_signature(name, cs.signature(v), ptx_param_sizes(ptx, name))
 
 
 def test_pingpong_named_barriers_in_the_ptx():
-    """v6's turns are bar.sync / bar.arrive on named barriers met by 256 threads (the two
-    consumer warpgroups); the only other barrier is __syncthreads' id 0; v2-v5 use none."""
+    """v6's and v7's turns are bar.sync / bar.arrive on named barriers met by 256 threads
+    (the two consumer warpgroups); v7's epilogue adds a bar.sync of 128 (one warpgroup);
+    the only other barrier is __syncthreads' id 0; v2-v5 use none."""
     _nvrtc()
     import re
 
@@ -140,12 +144,46 @@ def test_pingpong_named_barriers_in_the_ptx():
         kernels = asm.split_ptx(cs.MODULES[d].compile("sm_90", target="ptx").decode())
         for name, body in kernels.items():
             named = re.findall(r"\bbar(?:rier)?\.(sync|arrive)\s+([^;]+);", body)
-            if "_v6_" not in name:
+            if "_v6_" not in name and "_v7_" not in name:
                 assert all(args.strip() == "0" for _, args in named), (name, named)
                 continue
             ops = [(op, args.split(",")) for op, args in named if args.strip() != "0"]
-            assert {op for op, _ in ops} == {"sync", "arrive"}, (name, named)
-            assert all(len(a) == 2 and a[1].strip() == "256" for _, a in ops), (name, ops)
+            turns = [(op, a) for op, a in ops if a[-1].strip() == "256"]
+            assert {op for op, _ in turns} == {"sync", "arrive"}, (name, named)
+            assert all(len(a) == 2 for _, a in ops), (name, ops)
+            epi = [(op, a) for op, a in ops if a[-1].strip() != "256"]
+            if "_v6_" in name:
+                assert not epi, (name, ops)
+            else:
+                assert epi and all(op == "sync" and a[1].strip() == "128" for op, a in epi), (name, ops)
+
+
+def test_v7_barrier_ids_and_schedule_in_the_source():
+    """v7 uses v6's turn barriers (PP_BAR = 1, 2, count 256) and, per warpgroup, EPI_BAR + w
+    = 3, 4 (count 128): no id is shared between the two uses, all within the 16 a block has.
+    Its consumer's barrier operations are v6's, in the same order (so the model below, of
+    v6, is v7's too), and its epilogue barrier is reached by every consumer thread (not
+    inside a branch)."""
+    import re
+
+    src = cs.CU.read_text()
+    assert re.search(r"constexpr int PP_BAR = 1;", src) and re.search(r"constexpr int PP_COUNT = 256;", src)
+    assert re.search(r"constexpr int EPI_BAR = 3;", src) and re.search(r"constexpr int EPI_COUNT = 128;", src)
+
+    def body(fn):
+        start = src.index(f"void {fn}(")
+        end = src.index("\n}\n", start)
+        return src[start:end]
+
+    def barrier_ops(text):
+        return re.findall(r"named_(sync|arrive)\((mine|other)\)|\b(if \(cw == [01]\))", text)
+
+    assert barrier_ops(body("consume_v7")) == barrier_ops(body("consume_pingpong"))
+    epi = body("epilogue_tma")
+    line = next(ln for ln in epi.splitlines() if "named_sync_wg(" in ln)
+    assert line.strip() == "named_sync_wg(EPI_BAR + cw);"
+    before = epi[: epi.index(line)]
+    assert before.count("{") == before.count("}") + 1  # at the function's top level
 
 
 def _pingpong_model(n: int) -> list[tuple[int, int]]:
@@ -229,7 +267,7 @@ def test_shared_memory_fits_and_matches_the_kernel():
         bn = cs.block_n(d)
         assert bn == (64 if d == 256 else 128)
         assert cs.smem_bytes("v2", d) == 1024 + 128 * d * 2 + 2 * 2 * bn * d * 2
-        for v in ("v3", "v4", "v5", "v6"):
+        for v in ("v3", "v4", "v5", "v6", "v7"):
             assert cs.smem_bytes(v, d) == 1024 + 128 * d * 2 + cs.stages(v, d) * 2 * bn * d * 2
             assert cs.smem_bytes(v, d) + 64 <= cs.SMEM_LIMIT  # + the static mbarriers
             assert cs.stages(v, d) == (2 if d == 256 else 3)
@@ -309,6 +347,37 @@ def test_descriptors_read_what_the_copies_wrote(d):
                 assert tma == base + _write_offset(d, rows, r, c)
 
 
+@pytest.mark.parametrize("d", cs.HEAD_DIMS)
+def test_v7_o_rows_land_where_its_tma_store_reads_them(d):
+    """v7's epilogue: thread (warp, lane) of warpgroup cw writes O(r, 8j + 2q .. +1), r =
+    64 cw + 16 warp + g + 8h, as 4 bytes at tile_offset(r, j) + 4q of the 128-row tile; one
+    TMA box per slab, 64 rows from 64 cw W bytes into the slab, reads element (i, c) at the
+    swizzled address of its row-major place. Every element of the warpgroup's 64 x D block
+    is written exactly once and read back from where it was written; the box starts on a
+    1024-byte boundary (the swizzle pattern is that of absolute addresses)."""
+    w, base = cs.swizzle_bytes(d), 5 * 1024
+    e = w // 2
+    for cw in (0, 1):
+        box = {sl: base + sl * 128 * w + 64 * cw * w for sl in range(d // e)}
+        assert all(b % 1024 == 0 for b in box.values())
+        written = {}
+        for warp in range(4):
+            for lane in range(32):
+                g, q = lane // 4, lane % 4
+                for h in (0, 1):
+                    r = 64 * cw + 16 * warp + g + 8 * h
+                    for j in range(d // 8):
+                        for half in (0, 1):
+                            c = 8 * j + 2 * q + half
+                            # st.shared at tile_offset(r, j) + 4q: the pair's low half first
+                            addr = base + _write_offset(d, 128, r, 8 * j) + 4 * q + 2 * half
+                            assert (r - 64 * cw, c) not in written
+                            written[(r - 64 * cw, c)] = addr
+        assert len(written) == 64 * d
+        for (i, c), addr in written.items():
+            assert _swizzle(box[c // e] + i * w + 2 * (c % e), w) == addr
+
+
 def test_p_fragment_is_the_a_operand():
     """S's accumulator (m64nN, fp32) holds s[4j + 2h + e] = S(g + 8h, 8j + 2q + e); the A
     operand from registers of k step kk is the m16n8k16 A fragment (a0..a7 = (g, 2q..+1),
@@ -355,7 +424,7 @@ def recorder(monkeypatch):
     names = []
 
     def kernel(self, name, signature, device_index=None):
-        assert signature == (cs._SIG_TMA if name.split("_")[2] in cs.TMA_VARIANTS else cs._SIG)
+        assert signature == cs.signature(name.split("_")[2])
         names.append(name)
         return rec
 
@@ -383,7 +452,23 @@ def test_launcher_arguments(recorder, variant):
     assert grid == (3, 8, 2) and block == cs.THREADS[variant]
     assert shared == cs.smem_bytes(variant, 80) and recorder.max_dynamic_shared == shared
     o_strides = (300 * 8 * 80, 80, 8 * 80)  # o: (B, S, H, D) in memory
-    if variant in cs.TMA_VARIANTS:
+    if variant in cs.TMA_STORE_VARIANTS:
+        tq, tk, tv, to, la = args[:5]
+        assert tq[3:] == ((80, 300, 8, 2), (160, 300 * 160, 8 * 300 * 160), (16, 128, 1, 1), 32)
+        assert tk[1] == k.data_ptr() and tv[1] == v.data_ptr() and tk[5] == (16, 128, 1, 1)
+        # o (B, S, H, D) in memory: S stride 8 x 80 elements; a box of 64 rows (one warpgroup's)
+        assert to == (
+            "map",
+            o.data_ptr(),
+            2,
+            (80, 300, 8, 2),
+            (2 * 640, 2 * 80, 2 * 192000),
+            (16, 64, 1, 1),
+            32,
+        )
+        assert args[5:] == (300, 200, 8, 4, pytest.approx(0.3 * cs.LOG2E), 1)
+        oa = o
+    elif variant in cs.TMA_VARIANTS:
         # one box = a 16-column slab (D = 80: 32-byte swizzle) of 128 query rows / 128 keys
         tq, tk, tv, oa, la = args[:5]
         assert tq == (
@@ -462,6 +547,11 @@ def test_tensor_maps_of_strided_views_and_swizzles(recorder):
     tq = recorder.calls[-1][2][0]
     assert tq[1] != expanded.data_ptr() and tq[4][1] == 2 * 33 * 256 and tq[5] == (64, 128, 1, 1)
     assert [cs.swizzle_bytes(d) for d in cs.HEAD_DIMS] == [128, 32, 64, 128, 128]
+    three = torch.randn(3, 17, 64, dtype=torch.float16)  # v7's o: (B, S, D) folds to (1, B, S, D)
+    o, _ = cs.forward(three, three, three, True, 0.1, "v7")
+    to = recorder.calls[-1][2][3]
+    assert to[1] == o.data_ptr() and to[3] == (64, 17, 3, 1)
+    assert to[4] == (2 * 3 * 64, 2 * 64, 2 * 3 * 17 * 64) and to[5:] == ((64, 64, 1, 1), 128)
 
 
 def test_runtime_passes_a_tensor_map_by_value(monkeypatch):

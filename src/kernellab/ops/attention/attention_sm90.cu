@@ -41,7 +41,7 @@
 //       then the last P V. Per key tile, warpgroup 0 / 1:
 //           WG0: [GEMMs j] softmax j          [GEMMs j+1] softmax j+1 ...
 //           WG1:           [GEMMs j] softmax j            [GEMMs j+1] ...
-//       Barrier PP_BAR + w (ids 1 and 2; id 0 is __syncthreads, the kernel uses no other)
+//       Barrier PP_BAR + w (ids 1 and 2; id 0 is __syncthreads, v6 uses no other)
 //       is warpgroup w's turn: it bar.syncs on it (128 threads) before issuing its GEMMs,
 //       and the other warpgroup bar.arrives on it (128 more: count 256) once its own GEMMs
 //       are issued. Warpgroup 1 arrives on warpgroup 0's barrier once at the start, so 0
@@ -51,6 +51,21 @@
 //       warpgroup waits for a stage's full barrier before its turn, never while holding
 //       it (the producer needs both warpgroups' releases of older stages, not a turn).
 //       The arithmetic is v4's (O rescaled before the P V that follows the softmax).
+//   v7  attn_fwd_v7_d<D>_<dtype>  (backend "cuda_v7") FlashAttention-3's whole consumer
+//       schedule: v6's turns with v5's overlap inside each. A turn issues S_j = Q K_j^T,
+//       rescales O by the previous tile's alpha while S_j runs, issues O += P_{j-1} V_{j-1}
+//       and hands the tensor cores over; the warpgroup then waits for S_j alone
+//       (wgmma.wait_group 1) and runs the softmax of tile j while its own P V and the other
+//       warpgroup's GEMMs are in flight: the softmax hides under three GEMMs instead of
+//       two (v6) or one (v5). The turns and barriers are v6's (same ids, counts and
+//       arrivals). Epilogue: each warpgroup writes its 64 normalized O rows, 16-bit, into
+//       its own 64 rows of the Q tile (free once its last Q K^T is done; the other
+//       warpgroup reads only its own rows) in the tile's swizzled layout, fences them to
+//       the async proxy, meets its 128 threads at named barrier EPI_BAR + w (ids 3, 4,
+//       count 128), and one thread stores them with one TMA box per column slab (a fourth
+//       tensor map, of o; rows past S_q are clipped by the map, never written). lse is
+//       written by the threads as in v2-v6. Registers: S_j, P_{j-1} and O live at once,
+//       as in v5 and v6 (no spills at any head dim: tests/ops/test_attention_sm90.py).
 //
 // All: head dims 64, 80, 96, 128 (BN = 128 keys per tile) and 256 (BN = 64); causal blocks
 // skip every key tile above the diagonal and are issued heaviest first (the block of the
@@ -102,9 +117,10 @@
 // (Z, H_kv, S_k, D), o (Z, H, S_q, D) with element strides (z, h, s) given and a unit
 // stride over D, every stride a multiple of 8 and every base 16-byte aligned (whole 16-byte
 // chunks per row); lse (Z, H, S_q) fp32 contiguous. H = H_kv x group (GQA: q head h reads
-// k/v head h / group). Grid (ceil(S_q / 128), H, Z). v4-v6 take q, k, v as tensor maps
+// k/v head h / group). Grid (ceil(S_q / 128), H, Z). v4-v7 take q, k, v as tensor maps
 // instead: dims (D, S, H, Z), a box of one slab (E columns x 128 query rows or BN keys),
-// the tile's swizzle. S_k = 0 is never launched (the launcher writes o = 0, lse = -inf).
+// the tile's swizzle; v7 takes o as a tensor map too (a box of E columns x 64 rows).
+// S_k = 0 is never launched (the launcher writes o = 0, lse = -inf).
 // (The layouts above are checked against CUTLASS's canonical wgmma layouts on the CPU:
 // tests/ops/test_attention_sm90.py, test_descriptors_read_what_the_copies_wrote.)
 // ---------------------------------------------------------------------------------------
@@ -476,7 +492,7 @@ __device__ __forceinline__ void fwd_v2(const T* __restrict__ q, const T* __restr
     epilogue<T, D, BN>(sm, acc, o + z * soz + h * soh, sos, lse + ((long long)z * H + h) * S_q, row_lo, S_q, qd);
 }
 
-// --------------------------------------------------------------------------------------- v3-v6
+// --------------------------------------------------------------------------------------- v3-v7
 
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -533,7 +549,7 @@ struct WsStages {
     static constexpr int value = (Tiles<D>::Q_BYTES + 3 * 2 * Tiles<D>::KV_BYTES + 1024 <= 227 * 1024) ? 3 : 2;
 };
 
-// The barriers of v3-v6 (static shared memory): full[st] (the copies of stage st landed),
+// The barriers of v3-v7 (static shared memory): full[st] (the copies of stage st landed),
 // empty[st] (count 8: every consumer warp is done with it), q_full. `arrivals`: the full
 // barriers' count (v3: one cp.async arrival per producer thread, 128; TMA: 1).
 template <int STAGES>
@@ -579,7 +595,7 @@ __device__ __forceinline__ void produce_cp_async(const Block& blk, const Bars<ST
     cp_async_wait_all();  // no copy outlives its thread
 }
 
-// v4-v6's producer: one thread issues every copy (TMA boxes).
+// v4-v7's producer: one thread issues every copy (TMA boxes).
 template <int D, int STAGES>
 __device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
                                             const TensorMap* tq, const TensorMap* tk, const TensorMap* tv, int h,
@@ -673,7 +689,7 @@ __device__ __forceinline__ void consume(const Block& blk, const Bars<STAGES>& b,
 
 // v6's turns: named barriers PP_BAR (warpgroup 0's turn) and PP_BAR + 1 (warpgroup 1's),
 // each met by 256 threads: 128 bar.sync (the warpgroup whose turn it is) + 128 bar.arrive
-// (the other). Id 0 is __syncthreads' (Bars' constructor); no other named barrier exists.
+// (the other). Id 0 is __syncthreads' (Bars' constructor); v7 adds EPI_BAR (3, 4).
 constexpr int PP_BAR = 1;
 constexpr int PP_COUNT = 256;
 
@@ -752,6 +768,141 @@ __device__ __forceinline__ void consume_pingpong(const Block& blk, const Bars<ST
     epilogue<T, D, BN>(sm, acc, ob, sos, lse_b, row_lo, S_q, qd);
 }
 
+// v7's epilogue barriers: EPI_BAR + w, met by warpgroup w's 128 threads once they wrote
+// their O rows to shared memory (ids 1 and 2 are the turns, 0 is __syncthreads').
+constexpr int EPI_BAR = 3;
+constexpr int EPI_COUNT = 128;
+
+__device__ __forceinline__ void named_sync_wg(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(EPI_COUNT) : "memory");
+}
+
+__device__ __forceinline__ void st_shared_u32(unsigned addr, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// Box (c0, c1, c2, c3) of a 4-D tensor map from shared memory at src to global memory
+// (TMA store: elements outside the map's dims are not written). One bulk group.
+__device__ __forceinline__ void tma_store_4d(const TensorMap* map, unsigned src, int c0, int c1, int c2, int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+            reinterpret_cast<unsigned long long>(map)),
+        "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+// Commit this thread's bulk stores and wait until they have read their shared memory (the
+// block's shared memory must outlive the reads; the global writes complete by the kernel's end).
+__device__ __forceinline__ void tma_store_drain() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+// v7: o = O / l through shared memory and a TMA store; lse = m + log2(l) as ``epilogue``
+// writes it (0 and -inf for a row with no key). sQ: the Q tile, whose rows 64 cw .. 64 cw
+// + 63 this warpgroup alone has read (its wgmmas are all done) and now overwrites.
+template <bool BF16, int D, int BN>
+__device__ __forceinline__ void epilogue_tma(const Softmax<D, BN>& sm, const float (&o)[D / 2], unsigned sQ,
+                                             const TensorMap* to, float* __restrict__ lse_b, int m0, int cw,
+                                             int row_lo, int S_q, int h_q, int z, int t) {
+    using L = Layout<D>;
+    const int q = t % 4, r_lo = row_lo - m0;  // r_lo: the thread's first row within the 128-row tile
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = sm.l[h];
+        l += __shfl_xor_sync(0xffffffff, l, 1);
+        l += __shfl_xor_sync(0xffffffff, l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int r = r_lo + 8 * h;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j)  // columns 8j + 2q, 8j + 2q + 1: bytes 4q of chunk j
+            st_shared_u32(sQ + tile_offset<D, BM>(r, j) + 4 * q,
+                          pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv, BF16));
+        const int row = row_lo + 8 * h;
+        if (row < S_q && q == 0) lse_b[row] = l > 0.f ? sm.m[h] + log2f(l) : neg_inf();
+    }
+    fence_proxy_async();  // these st.shared (generic proxy) before the TMA's reads (async proxy)
+    named_sync_wg(EPI_BAR + cw);
+    const int row0 = m0 + 64 * cw;
+    if (t % 128 == 0 && row0 < S_q) {
+#pragma unroll
+        for (int sl = 0; sl < D / L::E; ++sl)
+            tma_store_4d(to, sQ + sl * (BM * L::W) + 64 * cw * L::W, sl * L::E, row0, h_q, z);
+        tma_store_drain();
+    }
+}
+
+// v7's consumers (threads 128..383): v6's turns with v5's overlap in each (the schedule is
+// in the header). O is rescaled by the previous tile's alpha inside the turn, after S_it is
+// issued (the tensor cores are busy with it) and before the P V that adds to O, so O =
+// alpha O + P V in emulate's order.
+template <bool BF16, int D, int STAGES>
+__device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
+                                           const TensorMap* to, float* __restrict__ lse_b, int S_q, int S_k,
+                                           float scale_log2, int causal, int h_q, int z, int t) {
+    constexpr int BN = Tiles<D>::BN;
+    constexpr unsigned KV_BYTES = Tiles<D>::KV_BYTES;
+    const int cw = t / 128 - 1, warp = (t % 128) / 32, lane = t % 32;
+    const int g = lane / 4, qd = lane % 4;
+    const int row_lo = blk.m0 + cw * 64 + warp * 16 + g;
+    const int mine = PP_BAR + cw, other = PP_BAR + 1 - cw;
+    float acc[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
+    Softmax<D, BN> sm;
+    sm.init();
+    auto stage = [&](int it) { return sKV + (it % STAGES) * 2 * KV_BYTES; };
+    auto release = [&](int it) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(b.empty(it));
+    };
+    auto masked = [&](int it) {
+        const int n0 = it * BN;
+        return n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
+    };
+    const int n = blk.n_tiles;
+    if (n > 0) {
+        if (cw == 1) named_arrive(other);  // warpgroup 0 takes the first turn
+        mbar_wait(b.q_full, 0);
+        unsigned p[BN / 4];  // P of the tile before the current one
+        float alpha[2];      // O's factor for that tile's max
+        {
+            mbar_wait(b.full(0), 0);
+            float s[BN / 2];
+            named_sync(mine);  // turn 0: S_0
+            issue_qk<BF16, D, BN>(s, sQ, stage(0), cw);
+            named_arrive(other);  // (n >= 1 turns remain for both)
+            wgmma_wait<0>();
+            fence_s<BN>(s);
+            sm.scores(s, alpha, scale_log2, masked(0), 0, row_lo, S_k, causal, blk.off, qd);
+            pack_p<BF16, BN>(s, p);
+        }
+        for (int it = 1; it < n; ++it) {
+            mbar_wait(b.full(it), (it / STAGES) & 1);
+            float s[BN / 2];
+            named_sync(mine);  // turn it: S_it, then O = alpha O + P V_{it-1}
+            issue_qk<BF16, D, BN>(s, sQ, stage(it), cw);
+            Softmax<D, BN>::rescale(acc, alpha);
+            issue_pv<BF16, D, BN>(acc, p, stage(it - 1) + KV_BYTES);
+            named_arrive(other);
+            wgmma_wait<1>();  // the older group, S_it, is done; the P V runs on
+            fence_s<BN>(s);
+            sm.scores(s, alpha, scale_log2, masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
+            wgmma_wait<0>();
+            fence_pv<D, BN>(acc, p);
+            release(it - 1);
+            pack_p<BF16, BN>(s, p);
+        }
+        Softmax<D, BN>::rescale(acc, alpha);  // (nothing in flight: before the turn)
+        named_sync(mine);                     // turn n: the last P V
+        issue_pv<BF16, D, BN>(acc, p, stage(n - 1) + KV_BYTES);
+        if (cw == 0) named_arrive(other);  // warpgroup 1's last turn follows; 0 has none left
+        wgmma_wait<0>();
+        fence_pv<D, BN>(acc, p);
+        release(n - 1);
+    }
+    epilogue_tma<BF16, D, BN>(sm, acc, sQ, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
+}
+
 template <typename T, bool BF16, int D>
 __device__ __forceinline__ void fwd_v3(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                        T* __restrict__ o, float* __restrict__ lse, int S_q, int S_k, int H,
@@ -808,6 +959,31 @@ __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk
                                                     t);
 }
 
+// v7: v4-v6's block (producer thread, ring, setmaxnreg 40 / 232) with consume_v7; o is
+// written through the tensor map `to` (dims (D, S_q, H, Z), box E columns x 64 rows).
+template <bool BF16, int D>
+__device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
+                                       const TensorMap* to, float* __restrict__ lse, int S_q, int S_k, int H,
+                                       int group, float scale_log2, int causal) {
+    constexpr int STAGES = WsStages<D>::value;
+    extern __shared__ unsigned char smem[];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+    check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * Tiles<D>::KV_BYTES);
+    const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;
+    const unsigned sKV = sQ + Tiles<D>::Q_BYTES;
+    const Bars<STAGES> b(bars, 1);
+    const Block blk = block_of<Tiles<D>::BN>(S_q, S_k, causal);
+    const int t = threadIdx.x, h = blockIdx.y, z = blockIdx.z;
+    if (t < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (t == 0 && blk.n_tiles > 0) produce_tma<D, STAGES>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    consume_v7<BF16, D, STAGES>(blk, b, sQ, sKV, to, lse + ((long long)z * H + h) * S_q, S_q, S_k, scale_log2,
+                                causal, h, z, t);
+}
+
 }  // namespace
 
 #define KL_ATTN_ARGS(T)                                                                                        \
@@ -824,6 +1000,12 @@ __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk
         float scale_log2, int causal, long long soz, long long soh, long long sos
 #define KL_ATTN_TMA_PASS &tq, &tk, &tv, o, lse, S_q, S_k, H, group, scale_log2, causal, soz, soh, sos
 
+#define KL_ATTN_V7_ARGS                                                                                       \
+    const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,                              \
+        const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap to, float *lse, int S_q,        \
+        int S_k, int H, int group, float scale_log2, int causal
+#define KL_ATTN_V7_PASS &tq, &tk, &tv, &to, lse, S_q, S_k, H, group, scale_log2, causal
+
 #define KL_ATTN_SM90_T(D, T, BF16, SFX)                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 1) attn_fwd_v2_d##D##_##SFX(KL_ATTN_ARGS(T)) {          \
         fwd_v2<T, BF16, D>(KL_ATTN_PASS);                                                                    \
@@ -839,13 +1021,16 @@ __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_v6_d##D##_##SFX(KL_ATTN_TMA_ARGS(T)) { \
         fwd_tma<T, BF16, D, false, true>(KL_ATTN_TMA_PASS);                                                  \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_v7_d##D##_##SFX(KL_ATTN_V7_ARGS) {   \
+        fwd_v7<BF16, D>(KL_ATTN_V7_PASS);                                                                    \
     }
 #define KL_ATTN_SM90(D)                          \
     KL_ATTN_SM90_T(D, __nv_bfloat16, true, bf16) \
     KL_ATTN_SM90_T(D, __half, false, f16)
 
-// One head dim per module (-DKL_ATTN_D=80: a first call compiles its own ten kernels,
-// ~3 s, not all fifty); every head dim without it.
+// One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,
+// ~3 s, not all sixty); every head dim without it.
 #if !defined(KL_ATTN_D) || KL_ATTN_D == 64
 KL_ATTN_SM90(64)
 #endif

@@ -2,9 +2,12 @@
 backends ``cuda_v2`` (wgmma, double-buffered cp.async), ``cuda_v3`` (v2 warp-specialized: a
 producer warpgroup, an mbarrier ring, two consumer warpgroups), ``cuda_v4`` (v3 with TMA
 copies from tensor maps built here), ``cuda_v5`` (v4 with the softmax of one key tile
-overlapping the P V of the previous one) and ``cuda_v6`` (v4 with the two consumer
-warpgroups taking turns at the tensor cores: one's softmax under the other's GEMMs). The
-list of what each variant changes is at the top of the .cu file.
+overlapping the P V of the previous one), ``cuda_v6`` (v4 with the two consumer
+warpgroups taking turns at the tensor cores: one's softmax under the other's GEMMs) and
+``cuda_v7`` (FlashAttention-3's full forward schedule: v6's turns with v5's overlap inside
+each, so a softmax runs under its own P V and the other warpgroup's GEMMs; o written
+through shared memory by a TMA store from a fourth tensor map, every head dim). The list of
+what each variant changes is at the top of the .cu file.
 
 Contract: fp16 / bf16 q (..., S_q, D), k and v (..., S_k, D), D in 64, 80, 96, 128, 256;
 GQA (4-D and up, q heads a multiple of k/v heads: q head h reads k/v head h // group in
@@ -49,20 +52,30 @@ from kernellab.ops.attention.args import check_dtype, check_head_dim, refuse_opt
 CU = Path(__file__).with_name("attention_sm90.cu")
 HEAD_DIMS = (64, 80, 96, 128, 256)
 DTYPES = (torch.float16, torch.bfloat16)
-VARIANTS = ("v2", "v3", "v4", "v5", "v6")
-TMA_VARIANTS = ("v4", "v5", "v6")  # K/V (and Q) copied by TMA: their kernels take tensor maps
+VARIANTS = ("v2", "v3", "v4", "v5", "v6", "v7")
+TMA_VARIANTS = ("v4", "v5", "v6", "v7")  # K/V (and Q) copied by TMA: their kernels take tensor maps
+TMA_STORE_VARIANTS = ("v7",)  # o stored by TMA too: a tensor map of o instead of its pointer and strides
 BM = 128  # query rows per block (two consumer warpgroups of 64)
-THREADS = {"v2": 256, "v3": 384, "v4": 384, "v5": 384, "v6": 384}
+THREADS = {"v2": 256, "v3": 384, "v4": 384, "v5": 384, "v6": 384, "v7": 384}
 SMEM_LIMIT = 227 * 1024  # dynamic shared memory a block may opt into on an H100 / H200
 LOG2E = at.LOG2E  # log2(e): scores are scaled by scale * log2(e) and exponentiated with exp2
-# One module per head dim for the launches (its ten kernels: v2 .. v6 x fp16 / bf16, 1-2 s
+# One module per head dim for the launches (its twelve kernels: v2 .. v7 x fp16 / bf16, 1-2 s
 # to compile at first use); MODULE holds every head dim (~15 s: the "compiled, not run"
 # check without a GPU, `kernellab asm`).
 MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in HEAD_DIMS}
 MODULE = Module(CU, archs=("sm_90a",))
 _SIG = ("ptr",) * 5 + ("i32",) * 4 + ("f32", "i32") + ("i64",) * 12
 _SIG_TMA = ("tmap",) * 3 + ("ptr",) * 2 + ("i32",) * 4 + ("f32", "i32") + ("i64",) * 3
+_SIG_TMA_STORE = ("tmap",) * 4 + ("ptr",) + ("i32",) * 4 + ("f32", "i32")
 GRID_LIMIT = 65535  # grid y (q heads) and z (batch)
+
+
+def signature(variant: str) -> tuple[str, ...]:
+    """The launch signature of a variant's kernels: v2-v3 pointers and strides; v4-v6 tensor
+    maps of q, k, v; v7 a map of o as well (no o pointer, no o strides)."""
+    if variant in TMA_STORE_VARIANTS:
+        return _SIG_TMA_STORE
+    return _SIG_TMA if variant in TMA_VARIANTS else _SIG
 
 
 def block_n(d: int) -> int:
@@ -77,7 +90,7 @@ def swizzle_bytes(d: int) -> int:
 
 
 def stages(variant: str, d: int) -> int:
-    """K/V stages: v2 two; v3-v6 three where they fit (WsStages), else two."""
+    """K/V stages: v2 two; v3-v7 three where they fit (WsStages), else two."""
     if variant == "v2":
         return 2
     q_bytes, kv_bytes = BM * d * 2, block_n(d) * d * 2
@@ -86,8 +99,8 @@ def stages(variant: str, d: int) -> int:
 
 def smem_bytes(variant: str, d: int) -> int:
     """Dynamic shared memory of a block: 1 KB to align the base to 1024 bytes (the swizzle
-    atoms), the Q tile (128 x D x 2 B), and per stage a K and a V tile (BN x D x 2 B each).
-    The kernel traps if given less (check_smem)."""
+    atoms), the Q tile (128 x D x 2 B; v7 stages o there for its TMA store), and per stage
+    a K and a V tile (BN x D x 2 B each). The kernel traps if given less (check_smem)."""
     return 1024 + BM * d * 2 + stages(variant, d) * 2 * block_n(d) * d * 2
 
 
@@ -135,12 +148,20 @@ def forward(
     q4, k4, v4 = _chunked(q4, tma), _chunked(k4, tma), _chunked(v4, tma)
     dev = _device_index(q)
     name = f"attn_fwd_{variant}_d{d}_{DTYPE_SUFFIX[q.dtype]}"
-    kern = MODULES[d].kernel(name, _SIG_TMA if tma else _SIG, dev)
+    kern = MODULES[d].kernel(name, signature(variant), dev)
     shared = smem_bytes(variant, d)
     if shared > kern.max_dynamic_shared:
         kern.set_max_dynamic_shared(shared)
     grid, group = (ceil_div(s_q, BM), h, z), h // h_kv
-    if tma:
+    if variant in TMA_STORE_VARIANTS:  # o is empty_bshd's: rows of D x 2 bytes, a fresh aligned base
+        bn = block_n(d)
+        kern(
+            grid, THREADS[variant],
+            _tensor_map(q4, BM), _tensor_map(k4, bn), _tensor_map(v4, bn), _tensor_map(o4, BM // 2), lse,
+            s_q, s_k, h, group, float(scale) * LOG2E, int(causal),
+            shared=shared, device_index=dev,
+        )  # fmt: skip
+    elif tma:
         bn = block_n(d)
         kern(
             grid, THREADS[variant],
@@ -159,8 +180,9 @@ def forward(
 
 
 def _tensor_map(t4: Tensor, rows: int):
-    """The TMA map of t4 (Z, H, S, D) as v4-v6 copy it: dims (D, S, H, Z) innermost first,
-    one box = one column slab of a tile (W / 2 columns x ``rows`` rows of one head),
+    """The TMA map of t4 (Z, H, S, D) as v4-v7 copy it: dims (D, S, H, Z) innermost first,
+    one box = one column slab of a tile (W / 2 columns x ``rows`` rows of one head; v7's
+    map of o: 64 rows, one consumer warpgroup's),
     swizzled as the tile is (swizzle_bytes). A dim of length 1 is given the packed stride
     (its stride is never used; TMA wants a multiple of 16 bytes)."""
     z, h, s, d = t4.shape
@@ -336,6 +358,8 @@ _DESCRIPTIONS = {
     "the P V of tile j-1)",
     "v6": "CUDA v6 (sm_90): v4 with FlashAttention-3's inter-warpgroup ping-pong (named barriers: one "
     "consumer's softmax under the other's GEMMs)",
+    "v7": "CUDA v7 (sm_90): FlashAttention-3's full schedule: v6's ping-pong with v5's intra-warpgroup "
+    "overlap in each turn, o stored from shared memory by TMA",
 }
 
 for _variant in VARIANTS:
