@@ -64,17 +64,23 @@ def nvrtc_unavailable() -> str | None:
     return None
 
 
-def sm90_unavailable() -> str | None:
-    """For kernels built for sm_90a (wgmma, setmaxnreg, TMA): None on an sm_90 GPU, and
-    without a GPU (the check reports "compiled, not run"); on any other GPU why not (an
-    sm_90a cubin runs on sm_90 only)."""
+def capability_unavailable(need: tuple[int, int], what: str, exact: bool = False) -> str | None:
+    """Why NVRTC-built kernels that need compute capability ``need`` (``exact``: that one
+    only, else it or newer) cannot run here, or None: None also without a GPU (the check
+    then reports "compiled, not run"). ``what`` names the need in the message."""
     why = nvrtc_unavailable()
     if why or not torch.cuda.is_available():
         return why
     major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return f"needs sm_90 (Hopper wgmma); this GPU is sm_{major}{minor}"
+    if (major, minor) != need if exact else (major, minor) < need:
+        return f"needs {what}; this GPU is sm_{major}{minor}"
     return None
+
+
+def sm90_unavailable() -> str | None:
+    """For kernels built for sm_90a (wgmma, setmaxnreg, TMA): an sm_90a cubin runs on sm_90
+    only."""
+    return capability_unavailable((9, 0), "sm_90 (Hopper wgmma)", exact=True)
 
 
 @functools.cache

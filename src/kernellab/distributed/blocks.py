@@ -145,19 +145,18 @@ def _bhsd(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(1, -1, *t.shape[-2:]).contiguous()
 
 
-# device -> (philox seed, offset) of a cuDNN forward; with dropout 0 the backward only binds them
-_PHILOX: dict = {}
-# whether this torch's cuDNN forward returns the LSE as (B, H, S, 1) rather than (B, H, S)
-_LSE_4D: dict = {}
+# device -> (philox seed, philox offset, whether the LSE came as (B, H, S, 1)) of a cuDNN
+# forward: with dropout 0 the backward only binds the seed and offset, and takes the LSE in
+# the forward's rank
+_CUDNN_FWD: dict = {}
 
 
 def _cudnn_fwd(q4, k4, v4, causal: bool, scale: float):
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(
         q4, k4, v4, None, True, 0.0, causal, False, scale=scale
     )
-    o, lse, seed, offset = out[0], out[1], out[6], out[7]
-    _PHILOX[q4.device] = (seed, offset)
-    _LSE_4D[q4.device] = lse.dim() == 4
+    o, lse = out[0], out[1]
+    _CUDNN_FWD[q4.device] = (out[6], out[7], lse.dim() == 4)
     return o, lse
 
 
@@ -175,11 +174,11 @@ def cudnn_block_backward(do, q, k, v, o, lse, causal: bool, scale: float, on_dkd
     dk, dv come back in q's dtype. One kernel computes all three, so ``on_dkdv`` (if any)
     is called after it."""
     q4, k4, v4 = _bhsd(q), _bhsd(k), _bhsd(v)
-    if q4.device not in _PHILOX:  # the seed / offset tensors and the LSE's rank come from a forward
+    if q4.device not in _CUDNN_FWD:  # the seed / offset tensors and the LSE's rank come from a forward
         _cudnn_fwd(q4[..., :1, :], k4[..., :1, :], v4[..., :1, :], False, scale)
-    seed, offset = _PHILOX[q4.device]
+    seed, offset, lse_4d = _CUDNN_FWD[q4.device]
     lse4 = lse.float().reshape(q4.shape[:-1]).contiguous()
-    if _LSE_4D[q4.device]:
+    if lse_4d:
         lse4 = lse4.unsqueeze(-1)
     o4 = _bhsd(o.to(q.dtype))
     dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
@@ -227,15 +226,18 @@ def default_blocks(q: torch.Tensor) -> BlockFns:
     return TORCH
 
 
-def resolve_blocks(blocks, q: torch.Tensor) -> BlockFns:
-    if blocks is None:
-        return default_blocks(q)
-    if isinstance(blocks, BlockFns):
+NAMED = {"torch": TORCH, "triton": TRITON, "cudnn": CUDNN}
+
+
+def check_blocks(blocks):
+    """``blocks`` itself if it names block kernels (None, a name of NAMED or a BlockFns),
+    else a ValueError naming the argument."""
+    if blocks is None or isinstance(blocks, BlockFns) or (isinstance(blocks, str) and blocks in NAMED):
         return blocks
-    if blocks == "torch":
-        return TORCH
-    if blocks == "triton":
-        return TRITON
-    if blocks == "cudnn":
-        return CUDNN
     raise ValueError(f"blocks must be None, 'torch', 'triton', 'cudnn' or a BlockFns, got {blocks!r}")
+
+
+def resolve_blocks(blocks, q: torch.Tensor) -> BlockFns:
+    if check_blocks(blocks) is None:
+        return default_blocks(q)
+    return blocks if isinstance(blocks, BlockFns) else NAMED[blocks]

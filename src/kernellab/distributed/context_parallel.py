@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernellab.distributed import layouts as L
+from kernellab.distributed.blocks import check_blocks
 
 IGNORE_INDEX = -100
 MODES = ("eager",)  # the ring's exchanges are host-driven P2P: no compile, no CUDA graph
@@ -180,9 +181,7 @@ class ContextParallel(nn.Module):
 
         self.model, self.group, self.layout = model, group, L.check_layout(layout)
         self.ignore_index = ignore_index
-        if blocks is not None and not isinstance(blocks, str) and not hasattr(blocks, "forward"):
-            raise ValueError(f"blocks must be None, 'torch', 'triton', 'cudnn' or a BlockFns, got {blocks!r}")
-        self.blocks = blocks
+        self.blocks = check_blocks(blocks)
         if isinstance(model, GPT):
             self.kind = "gpt"
         elif isinstance(model, CausalLM) and _full_causal(model.hf.config):

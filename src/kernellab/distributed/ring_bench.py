@@ -199,8 +199,9 @@ def attn_flops(b, h, s, d, causal, mode) -> float:
 
 def base_row(a, dev_name, mode, shape, **extra) -> dict:
     v = versions()
+    backend = extra.get("blocks") or ("torch" if a.smoke else "triton")  # the ring's block kernels
     row = {
-        "op": "ring_attention", "backend": "triton" if not a.smoke else "torch", "mode": mode,
+        "op": "ring_attention", "backend": backend, "mode": mode,
         "shape": "x".join(map(str, shape)), "dtype": a.dtype, "gpu": dev_name, "torch": v["torch"],
         "triton": v["triton"], "cuda": v["cuda"], "git_sha": git_sha(),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -517,7 +518,6 @@ def run_distributed(a, out_rows):
                 efficiency_best=best / st["median_ms"] if best is not None else None,
                 tflops=fl[mode] / st["median_ms"] / 1e9, kind="ring", **(model or {}), **extra,
             )  # fmt: skip
-            row["backend"] = bname or "sdpa"
             out_rows.append(row)
             effs = "-" if eff is None else f"{eff:.1%}"
             pred = ""
@@ -762,7 +762,6 @@ def simulate_one(a, out_rows, clock, device, dev_name, world, s_local, bname, el
                 tflops=fl / total / 1e9 if total else None, **model,
                 predicted_efficiency_with_link=eff_link,
             )  # fmt: skip
-            row["backend"] = bname
             out_rows.append(row)
             hide = ""
             if tight_fwd is not None:

@@ -19,7 +19,14 @@ import torch
 
 from kernellab.core.kit import OpDecl, build
 from kernellab.core.registry import register
-from kernellab.cuda.runtime import CHECK_ARCHS, Module, _get_device, nvrtc_unavailable, sm_count
+from kernellab.cuda.runtime import (
+    CHECK_ARCHS,
+    Module,
+    _get_device,
+    capability_unavailable,
+    nvrtc_unavailable,
+    sm_count,
+)
 
 # histogram.cu compiles as two modules: v1-v5, and v6-v7 (KL_HIST_LARGE), whose compile a
 # call of v1-v5 does not wait for (the two large rungs take as long to compile as the five).
@@ -281,13 +288,7 @@ def _limits_of(variant: str):
 def _available_clusters():
     """v7 launches thread-block clusters, which sm_90 and later have. Without a GPU this is
     None, so the check reports it "compiled, not run"."""
-    why = nvrtc_unavailable()
-    if why or not torch.cuda.is_available():
-        return why
-    major, minor = torch.cuda.get_device_capability()
-    if major < 9:
-        return f"needs sm_90+ (thread-block clusters); this GPU is sm_{major}{minor}"
-    return None
+    return capability_unavailable((9, 0), "sm_90+ (thread-block clusters)")
 
 
 def _sample(make):

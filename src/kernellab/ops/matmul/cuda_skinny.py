@@ -30,7 +30,7 @@ from typing import ClassVar
 import torch
 
 from kernellab.core.registry import register
-from kernellab.cuda.runtime import DTYPE_SUFFIX, Module, _raw_stream, nvrtc_unavailable, sm_count
+from kernellab.cuda.runtime import DTYPE_SUFFIX, Module, _raw_stream, capability_unavailable, sm_count
 from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.ops.matmul.epilogue import apply_epilogue
 from kernellab.ops.matmul.reference import torch_matmul
@@ -387,13 +387,7 @@ def _fwd(a, b, bias=None, activation=None):
 
 def _available():
     """NVRTC, and on a GPU sm_80 or newer (mma.sync on bf16, cp.async)."""
-    why = nvrtc_unavailable()
-    if why or not torch.cuda.is_available():
-        return why
-    major, minor = torch.cuda.get_device_capability()
-    if major < 8:
-        return f"needs sm_80 or newer (bf16 mma.sync, cp.async); this GPU is sm_{major}{minor}"
-    return None
+    return capability_unavailable((8, 0), "sm_80 or newer (bf16 mma.sync, cp.async)")
 
 
 def table_kernels(table=TABLE) -> list[tuple[GemvConfig | TileConfig, str]]:
