@@ -1,15 +1,18 @@
 """Weight-only int8 matmul, issue 45 part 4: check cuda_v4 and the Triton plans, time every
 candidate launch at decode's M = 1 and 16, and print the winners as table entries to paste.
 
-    PYTHONPATH=src python3 lab/gpu_quant_sweep.py --out $OUT [--max-seconds 135]
+    PYTHONPATH=src python3 lab/gpu_quant_sweep.py --out $OUT [--max-seconds 200]
     PYTHONPATH=src python3 lab/gpu_quant_sweep.py --out /tmp/qs --dry   # CPU, plumbing only
 
-One device call (~100-150 s on an H200, most of it Triton compiles and do_bench):
+One device call (~60-150 s on an H200, most of it compiles (four v4 builds of 26 kernels,
+Triton) and do_bench):
 
-1. check (fails loudly: "CHECK FAILED" lines, exit status 1): cuda_v4 at every compiled
-   kernel (x-row group 8 / 16, (rt, u) = (1, 4), (2, 2), (4, 1)) with 1 and several warps
-   along K and K slices, bf16 and fp16, bias or not, at decode and odd shapes (N = 1, odd
-   N, K not a multiple of a step, M = 17 in two groups, K sliced); NaN / inf in x; the
+1. check (fails loudly: "CHECK FAILED" lines, exit status 1): cuda_v4 at every kernel of
+   the sweep's build (``SWEEP_OPTIONS``: the default kernels, (mt, rt, u, pipe) in
+   cuda.V4_KERNELS, and KL_WO_V4_EXTRA's, cuda.V4_EXTRA_KERNELS: 16 loads per lane and
+   step, pipelined steps) with 1 and several warps along K and K slices, bf16 and fp16,
+   bias or not, at decode and odd shapes (N = 1, odd N, K not a multiple of a step, odd
+   and even whole steps per warp, M = 17 in two groups, K sliced); NaN / inf in x; the
    default ``cuda`` and ``triton`` backends; Triton at fp32 x (fp64 sums) at 4 x 40 x 258;
    the other builds of wo_matmul.cu (``BUILDS``: the weight loads' cache hints, ptxas's
    register target). The float64 reference of the dequantized weight, kernellab's rule
@@ -25,7 +28,8 @@ One device call (~100-150 s on an H200, most of it Triton compiles and do_bench)
    defaults (cuda.V4_PLANS, triton.TRITON_PLANS) and the issue's targets (int8 at M = 1 and
    16 on both 4096 x 14336 weights >= 1.6x bf16 cuBLAS; 1.8x for margin). Then, per shape
    class, the plan with the least total slowdown over its shapes, printed as the lines of
-   V4_PLANS / TRITON_PLANS to paste.
+   V4_PLANS / TRITON_PLANS to paste (a plan whose kernel is KL_WO_V4_EXTRA's says so: its
+   kernel moves to the default build with it).
 
 Rows go to $OUT/quant_sweep.jsonl. No stage starts after --max-seconds; a stage cut short
 says what it left out.
@@ -49,25 +53,41 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import kernellab  # noqa: E402
+from kernellab.cuda.runtime import Module  # noqa: E402
 from kernellab.harness.bench import git_sha, versions  # noqa: E402
 from kernellab.harness.compare import judge  # noqa: E402
 from kernellab.harness.results import write_jsonl  # noqa: E402
 from kernellab.ops.weight_only_matmul import SPEC, SPEC_INT4, quantize_weight, wo_reference  # noqa: E402
 from kernellab.ops.weight_only_matmul import cuda as wo_cuda  # noqa: E402
 from kernellab.ops.weight_only_matmul import triton as wo_triton  # noqa: E402
-from kernellab.ops.weight_only_matmul.cuda import V4_KERNELS, V4Config, V4Plan  # noqa: E402
+from kernellab.ops.weight_only_matmul.cuda import (  # noqa: E402
+    V4_EXTRA_KERNELS,
+    V4_EXTRA_OPTION,
+    V4_KERNELS,
+    V4Config,
+    V4Plan,
+)
 from kernellab.ops.weight_only_matmul.triton import TritonPlan  # noqa: E402
 
 WEIGHTS = ((14336, 4096), (4096, 14336), (4096, 4096))
 MS = (1, 16)
 TARGET, MARGIN = 1.6, 1.8
 
-# cuda_v4 plans: every compiled (rt, u), warps along N x along K, K slices to reach
-# blocks_per_sm (0: none). Resolved per shape; those beyond 512 threads or 48 KB skipped.
-V4_WARPS = ((1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 2), (4, 4))
-V4_BPS = (0, 1, 2, 4)
+# the sweep's builds of wo_matmul.cu: v4 alone, with KL_WO_V4_EXTRA's candidate kernels
+SWEEP_OPTIONS = ("-DKL_WO_V4_ONLY=1", V4_EXTRA_OPTION)
+SWEEP_KERNELS = V4_KERNELS + V4_EXTRA_KERNELS  # (mt, rt, u, pipe)
+
+# cuda_v4 plans: every (rt, u, pipe) of the sweep's build, warps along N x along K, K
+# slices to reach blocks_per_sm (0: none). Resolved per shape; those beyond 512 threads
+# or 48 KB, or with no kernel at the shape's mt, skipped. (No launch of warps (4, 2) or
+# blocks_per_sm 1 or 4 was among the 3 fastest in the previous sweep.)
+V4_WARPS = ((1, 4), (1, 8), (1, 16), (2, 4), (2, 8), (4, 4))
+V4_BPS = (0, 2)
 V4_GRID = [
-    V4Plan(rt, u, wn, wk, bps) for (rt, u), (wn, wk), bps in itertools.product(V4_KERNELS, V4_WARPS, V4_BPS)
+    V4Plan(rt, u, wn, wk, bps, pipe)
+    for (rt, u, pipe), (wn, wk), bps in itertools.product(
+        dict.fromkeys(k[1:] for k in SWEEP_KERNELS), V4_WARPS, V4_BPS
+    )
 ]
 
 # Triton plans (each distinct one compiles: ~1 s each on the GPU machine, so a short list)
@@ -95,8 +115,8 @@ TRITON_GRID = {
     ],
 }
 
-# other builds of wo_matmul.cu (v4 kernels only), against the default (KL_WO_HINT=2:
-# weights skip L1 and ask L2 for 256 B; KL_WO_V4_MINB=1)
+# other builds of wo_matmul.cu (SWEEP_OPTIONS and one more), against the default
+# (KL_WO_HINT=2: weights skip L1 and ask L2 for 256 B; KL_WO_V4_MINB=1)
 BUILDS = (
     ("hint1", "-DKL_WO_HINT=1"),  # no L2 prefetch size
     ("hint0", "-DKL_WO_HINT=0"),  # plain ld.global.nc: weights through L1 like x
@@ -113,10 +133,11 @@ CHECK_SHAPES = [  # (M, N, K)
     (17, 64, 512),  # two groups of x rows
     (5, 1, 16),  # one output channel, one chunk
     (2, 3, 2064),
+    (4, 48, 832),  # one warp along K: 3 whole steps of 256 + 64, 6 of 128 + 64, 13 of 64
 ]
-CHECK_LAUNCHES = [  # (rt, u, wn, wk, split), each at both x-row groups
-    (rt, u, wn, wk, split)
-    for (rt, u) in V4_KERNELS
+CHECK_LAUNCHES = [  # every kernel of the sweep's build at 1 and more warps along K, K sliced
+    V4Config(mt, rt, u, wn, wk, split, pipe)
+    for (mt, rt, u, pipe) in SWEEP_KERNELS
     for (wn, wk, split) in ((1, 1, 1), (1, 8, 1), (2, 4, 3), (1, 4, 16))
 ]
 
@@ -147,7 +168,7 @@ class Run:
         self.args, self.dev, self.meta, self.jsonl = args, dev, meta, jsonl
         self.t0 = time.perf_counter()
         self.failures = []
-        self.modules = {"default": None}  # build name -> cuda Module (None: cuda.MODULE)
+        self.modules = {"default": Module(wo_cuda.MODULE.path, options=SWEEP_OPTIONS)}  # build name -> Module
         self.v4_ok = True  # False when the check stage's process died
 
     def late(self, what):
@@ -202,9 +223,8 @@ def check_stage(run):
         x, w, s, b, ref, base = case(shape, dtype, dev, seed=sum(shape), bias=m % 2 == 1)
         line = []
         tries = []
-        for mt in (8, 16):
-            for c in CHECK_LAUNCHES:
-                tries.append((f"v4 {V4Config(mt, *c)!r}", v4_fn(run, x, w, s, b, V4Config(mt, *c))))
+        for cfg in CHECK_LAUNCHES:
+            tries.append((f"v4 {cfg!r}", v4_fn(run, x, w, s, b, cfg)))
         tries.append(
             (
                 "cuda",
@@ -237,34 +257,32 @@ def check_stage(run):
             )
         line.append(f"worst err/bound {worst:.2f} over {len(tries)} launches")
         print(f"  {str(dtype)[6:]:8s} {'x'.join(map(str, shape)):12s} " + "; ".join(line), flush=True)
-    # NaN / inf in x: positions must match the reference
+    # NaN / inf in x: positions must match the reference (every kernel, one and four
+    # warps along K: K = 512 is two whole steps of 256 for one warp)
     for mt_m in (1, 16):
         x, w, s, b, ref, base = case((mt_m, 96, 512), torch.bfloat16, dev, seed=7, bias=False)
         x[0, 3] = float("nan")
         x[-1, 100] = float("inf")
         ref = wo_reference(x.double(), w, s.double(), bits=8)
-        for c in CHECK_LAUNCHES[:4]:
-            cfg = V4Config(8 if mt_m == 1 else 16, *c)
+        for cfg in CHECK_LAUNCHES:
+            if cfg.mt != (8 if mt_m == 1 else 16) or (cfg.wk, cfg.split) not in ((1, 1), (4, 3)):
+                continue
             y = v4_fn(run, x, w, s, None, cfg)()
             if not (torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())):
                 run.fail(f"v4 specials M={mt_m} {cfg}", "NaN / inf positions differ from the reference")
     # the other builds of wo_matmul.cu
     if dev == "cuda":
-        from kernellab.cuda.runtime import Module
-
         for name, opt in BUILDS:
             if run.late(f"build {name}"):
                 continue
             t = time.perf_counter()
             try:
-                run.modules[name] = Module(wo_cuda.MODULE.path, options=(opt, "-DKL_WO_V4_ONLY=1"))
+                run.modules[name] = Module(wo_cuda.MODULE.path, options=(opt, *SWEEP_OPTIONS))
                 x, w, s, b, ref, base = case((16, 1000, 1040), torch.bfloat16, dev, seed=3)
-                for c in CHECK_LAUNCHES:
-                    for mt in (8, 16):
-                        cfg = V4Config(mt, *c)
-                        v = judge(v4_fn(run, x, w, s, b, cfg, name)(), ref, torch.bfloat16, base)
-                        if not v.ok:
-                            run.fail(f"build {name} {cfg}", v.detail)
+                for cfg in CHECK_LAUNCHES:
+                    v = judge(v4_fn(run, x, w, s, b, cfg, name)(), ref, torch.bfloat16, base)
+                    if not v.ok:
+                        run.fail(f"build {name} {cfg}", v.detail)
                 print(
                     f"  build {name} ({opt}): compiled and checked in {time.perf_counter() - t:.1f} s",
                     flush=True,
@@ -333,7 +351,7 @@ def sweep_stage(run, copy_gbps):
         for plan in V4_GRID:
             cfg = plan.config(mt, n, k, n_sm)
             try:
-                wo_cuda.check_v4_config(cfg)
+                wo_cuda.check_v4_config(cfg, run.modules["default"])
             except ValueError:
                 continue
             r["plans_v4"].setdefault(cfg, []).append(plan)
@@ -533,7 +551,9 @@ def summary(run, results, n_sm, copy_gbps):
         flush=True,
     )
     for (mt, cls), (plan, score) in sorted(best_plans(results, "v4", "plans_v4", classes).items(), key=str):
-        print(f'    ({mt}, "{cls}"): {plan!r},  # {score:.3f}', flush=True)
+        key = (mt, plan.rt, plan.u, plan.pipe)
+        extra = "" if key in V4_KERNELS else f"; {key}: only in {V4_EXTRA_OPTION}, move it to KL_WO_V4_ALL"
+        print(f'    ({mt}, "{cls}"): {plan!r},  # {score:.3f}{extra}', flush=True)
     tclasses = {}
     for (mt, cls), shapes in classes.items():
         tclasses[("gemv" if mt == 8 else "dot16", cls)] = shapes
@@ -570,18 +590,16 @@ def checked_in_a_child(run, out: Path) -> None:
             run.failures += got["failures"]
         return
     run.failures += got["failures"]
-    from kernellab.cuda.runtime import Module
-
     for name, opt in BUILDS:
         if name in got["builds"]:
-            run.modules[name] = Module(wo_cuda.MODULE.path, options=(opt, "-DKL_WO_V4_ONLY=1"))
+            run.modules[name] = Module(wo_cuda.MODULE.path, options=(opt, *SWEEP_OPTIONS))
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
     p.add_argument("--dry", action="store_true", help="tiny shapes on the CPU: exercises the script")
-    p.add_argument("--max-seconds", type=float, default=135.0, help="no stage or shape starts after")
+    p.add_argument("--max-seconds", type=float, default=200.0, help="no stage or shape starts after")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--check-only", action="store_true", help="stage 1 only (the sweep runs it in a child)")
     args = p.parse_args()

@@ -417,21 +417,75 @@ def test_triton_gpu_plans_resolve():
 # --------------------------------------------------------------------------- cuda_v4 (no GPU)
 
 
+def _v4_names(kernels, suffixes=("f16", "bf16")):
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    return [
+        f"{wc.V4Config(mt, rt, u, pipe=pipe).kernel}_{d}" for mt, rt, u, pipe in kernels for d in suffixes
+    ]
+
+
 def test_cuda_v4_kernels_compile_for_sm80_and_sm90():
-    """Every kernel the v4 launcher can ask for is in the module, for both archs CI checks."""
+    """Every kernel the v4 launcher can ask for is in the module, for both archs CI checks;
+    KL_WO_V4_EXTRA's candidates are not (they would double the compile time)."""
     from kernellab.cuda.runtime import nvrtc_unavailable
     from kernellab.ops.weight_only_matmul import cuda as wc
 
     if nvrtc_unavailable():
         pytest.skip(nvrtc_unavailable())
-    names = [
-        f"wo_v4_m{mt}_r{rt}_u{u}_{d}" for mt in (8, 16) for rt, u in wc.V4_KERNELS for d in ("f16", "bf16")
-    ]
-    names += ["wo_v4_reduce_f16", "wo_v4_reduce_bf16"]
+    names = _v4_names(wc.V4_KERNELS) + ["wo_v4_reduce_f16", "wo_v4_reduce_bf16"]
     for arch in ("sm_80", "sm_90"):
         cubin = wc.MODULE.compile(arch)
         missing = [nm for nm in names if nm.encode() not in cubin]
         assert not missing, (arch, missing)
+        assert not [nm for nm in _v4_names(wc.V4_EXTRA_KERNELS) if nm.encode() in cubin]
+
+
+@pytest.fixture(scope="module")
+def v4_extra_build():
+    """wo_matmul.cu as lab/gpu_quant_sweep.py builds it (v4 only, with KL_WO_V4_EXTRA):
+    the module, and its sm_90 PTX and cubin."""
+    from kernellab.cuda.runtime import Module, nvrtc_unavailable
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    mod = Module(wc.MODULE.path, options=("-DKL_WO_V4_ONLY=1", wc.V4_EXTRA_OPTION))
+    ptx = mod.compile("sm_90", target="ptx")
+    return mod, ptx.decode() if isinstance(ptx, bytes) else ptx, mod.compile("sm_90")
+
+
+def test_cuda_v4_extra_kernels_compile_without_spills(v4_extra_build):
+    """The sweep's build has every default and extra v4 kernel; the extra ones fit the
+    launch bounds' 128 registers with no spill (a spill shows as a stack frame and
+    LDL / STL, not as LOCAL); the pipelined ones issue the next step's 8 weight loads
+    before this step's first mma."""
+    import re
+
+    from kernellab.inspect import asm
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    _, ptx, cubin = v4_extra_build
+    extra = _v4_names(wc.V4_EXTRA_KERNELS)
+    missing = [nm for nm in _v4_names(wc.V4_KERNELS) + extra if nm.encode() not in cubin]
+    assert not missing, missing
+    if asm.find_tool("cuobjdump") is None:
+        pytest.skip("cuobjdump not found: registers and spills unknown")
+    kernels, note = asm.analyze(ptx, cubin, lambda n: n in extra)
+    assert len(kernels) == len(extra), note
+    for k in kernels:
+        assert k.registers <= 128 and k.stack_bytes == 0 and k.counts["LDL_STL"] == 0, k.to_dict()
+        if k.name.startswith("wo_v4p_"):
+            # the loop: between two HMMAs of consecutive steps, the next step's 8 loads
+            # (weights skip L1: LDG...NA, one per 16-byte chunk of a row)
+            runs, n = [], 0
+            for line in k.sass.splitlines():
+                if re.search(r"\bLDG\.E\.NA\b", line):
+                    n += 1
+                elif "HMMA" in line and n:
+                    runs.append(n)
+                    n = 0
+            assert runs[0] == 16 and max(runs[1:]) == 8, (k.name, runs)
 
 
 def test_cuda_v4_plans_resolve_to_launches_it_has():
@@ -458,6 +512,8 @@ def test_cuda_v4_plans_resolve_to_launches_it_has():
     [
         ("mt", dict(mt=12)),
         ("rt, u", dict(rt=3, u=3)),
+        ("pipe", dict(rt=4, u=1, pipe=True)),  # in no build (spills)
+        ("KL_WO_V4_EXTRA", dict(rt=2, u=4)),  # in the extra build only
         ("wn x wk", dict(wn=4, wk=8)),
         ("shared memory", dict(rt=4, u=1, wn=4, wk=4)),
         ("split", dict(split=0)),
@@ -468,6 +524,31 @@ def test_cuda_v4_config_refused_naming_the_field(field, cfg):
 
     with pytest.raises(ValueError, match=rf"V4Config.*{field}|{field}.*V4Config|V4Config \({field}\)"):
         wc.check_v4_config(wc.V4Config(**{"mt": 16, **cfg}))
+
+
+def test_cuda_v4_config_extra_kernels_need_the_extra_build():
+    """check_v4_config accepts KL_WO_V4_EXTRA's (mt, rt, u, pipe) with a module built with
+    it (not with MODULE), and refuses in both what neither builds."""
+    from kernellab.cuda.runtime import Module
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    extra = Module(wc.MODULE.path, options=("-DKL_WO_V4_ONLY=1", wc.V4_EXTRA_OPTION))
+    other = Module(wc.MODULE.path, options=("-DKL_WO_HINT=1",))
+    assert wc.v4_kernels() == wc.V4_KERNELS == wc.v4_kernels(other)
+    assert wc.v4_kernels(extra) == wc.V4_KERNELS + wc.V4_EXTRA_KERNELS
+    for mt, rt, u, pipe in wc.V4_EXTRA_KERNELS:
+        cfg = wc.V4Config(mt, rt, u, wn=1, wk=4, pipe=pipe)
+        wc.check_v4_config(cfg, extra)
+        with pytest.raises(ValueError, match=r"V4Config \(mt, rt, u, pipe\) = .* -DKL_WO_V4_EXTRA"):
+            wc.check_v4_config(cfg)
+        with pytest.raises(ValueError, match="KL_WO_V4_EXTRA"):
+            wc.check_v4_config(cfg, other)
+    for mt, rt, u, pipe in wc.V4_KERNELS:
+        wc.check_v4_config(wc.V4Config(mt, rt, u, pipe=pipe), extra)
+    for key in [(16, 4, 1, True), (16, 2, 2, True), (16, 4, 2, False), (8, 2, 4, True), (8, 3, 3, False)]:
+        with pytest.raises(ValueError, match=r"V4Config \(mt, rt, u, pipe\) must be one of"):
+            wc.check_v4_config(wc.V4Config(*key[:3], pipe=key[3]), extra)
+    assert wc.V4Plan(1, 4, 1, 8, pipe=True).config(8, 4096, 4096, 132).pipe
 
 
 class _FakeV4:
@@ -482,7 +563,7 @@ class _FakeV4:
     def __call__(self, grid, block, x, w, s, b, y, m, n, k, part, ks, wn, has_bias, shared=0):
         import re
 
-        mt, rt, u = map(int, re.match(r"wo_v4_m(\d+)_r(\d+)_u(\d+)", self.name).groups())
+        mt, rt, u = map(int, re.match(r"wo_v4p?_m(\d+)_r(\d+)_u(\d+)", self.name).groups())
         rows, wk = 16 * rt * wn, block // 32 // wn
         self.launches.append((self.name, grid, block, ks))
         assert block % (32 * wn) == 0 and shared == 4 * wk * mt * rows
@@ -519,8 +600,10 @@ class _FakeReduce:
         ((16, 33, 4096), (16, 2, 2, 2, 4, 5)),
         ((17, 300, 1040), (16, 4, 1, 1, 4, 3)),
         ((5, 1, 16), (8, 1, 4, 1, 1, 16)),
+        ((3, 50, 1040), (8, 2, 2, 1, 4, 2, True)),
+        ((16, 70, 2048), (16, 1, 4, 2, 4, 1, True)),
     ],
-    ids=["m1", "m16-split5", "m17-two-groups-split3", "n1-one-chunk"],
+    ids=["m1", "m16-split5", "m17-two-groups-split3", "n1-one-chunk", "pipe-split2", "pipe-m16"],
 )
 def test_cuda_v4_launcher_grid_slices_and_partials(monkeypatch, shape, cfg):
     """The v4 host code on the CPU with the kernels replaced by their contract: the grid
@@ -542,7 +625,8 @@ def test_cuda_v4_launcher_grid_slices_and_partials(monkeypatch, shape, cfg):
     ref = wo_reference(x.double(), w_q, s.double(), b.double(), bits=8)
     assert ((y.double() - ref).abs() <= _bound(x, w_q, s, 8, ref, torch.bfloat16) + 1e-3).all()
     sliced = launches[0][1][1] > 1
-    assert [e[0] for e in launches] == [f"wo_v4_m{config.mt}_r{config.rt}_u{config.u}"] + (
+    pipe = "p" if config.pipe else ""
+    assert [e[0] for e in launches] == [f"wo_v4{pipe}_m{config.mt}_r{config.rt}_u{config.u}"] + (
         ["reduce"] if sliced else []
     )
 
@@ -555,16 +639,23 @@ def test_v4_launch_signatures_match_the_compiled_kernels():
 
     ptx = c.MODULE.compile("sm_90", target="ptx")
     ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
-    for mt in (8, 16):
-        for rt, u in c.V4_KERNELS:
-            for sfx in ("bf16", "f16"):
-                name = f"wo_v4_m{mt}_r{rt}_u{u}_{sfx}"
-                check_signature(name, c._SIG_V4, ptx_param_sizes(ptx, name))
+    for name in _v4_names(c.V4_KERNELS):
+        check_signature(name, c._SIG_V4, ptx_param_sizes(ptx, name))
     check_signature("wo_v4_reduce_bf16", c._SIG_V4_REDUCE, ptx_param_sizes(ptx, "wo_v4_reduce_bf16"))
     with pytest.raises(Exception, match="parameter sizes"):
         check_signature(
             "wo_v4_m8_r1_u4_bf16", ("ptr",) * 6 + ("i32",) * 6, ptx_param_sizes(ptx, "wo_v4_m8_r1_u4_bf16")
         )
+
+
+def test_v4_extra_launch_signatures_match_the_compiled_kernels(v4_extra_build):
+    """The same for the extra build's kernels (launched through module=, as the sweep does)."""
+    from kernellab.cuda.runtime import check_signature, ptx_param_sizes
+    from kernellab.ops.weight_only_matmul import cuda as c
+
+    _, ptx, _ = v4_extra_build
+    for name in _v4_names(c.V4_KERNELS + c.V4_EXTRA_KERNELS):
+        check_signature(name, c._SIG_V4, ptx_param_sizes(ptx, name))
 
 
 @pytest.mark.parametrize("op", ["int8_weight_only_matmul", "int4_weight_only_matmul"])

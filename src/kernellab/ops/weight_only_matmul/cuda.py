@@ -73,9 +73,10 @@ def _mt(m: int) -> int:
 @dataclass(frozen=True)
 class V4Config:
     """One cuda_v4 launch (wo_matmul.cu, v4): ``mt`` x rows per group (8 or 16), ``rt`` row
-    tiles of 16 weight rows per warp and ``u`` 16-byte chunks per row and step (a compiled
-    pair: (1, 4), (2, 2), (4, 1)), ``wn`` x ``wk`` warps per block (along N, along K),
-    ``split`` K slices across blocks (> 1: fp32 partials and wo_v4_reduce)."""
+    tiles of 16 weight rows per warp and ``u`` 16-byte chunks per row and step, ``wn`` x
+    ``wk`` warps per block (along N, along K), ``split`` K slices across blocks (> 1: fp32
+    partials and wo_v4_reduce), ``pipe`` the pipelined kernel (the next step's weight loads
+    in flight during a step's mmas). The compiled (mt, rt, u, pipe): ``v4_kernels``."""
 
     mt: int
     rt: int = 1
@@ -83,6 +84,7 @@ class V4Config:
     wn: int = 1
     wk: int = 8
     split: int = 1
+    pipe: bool = False
 
     @property
     def step(self) -> int:  # K values per warp step
@@ -100,22 +102,41 @@ class V4Config:
     def shared(self) -> int:  # bytes: the block's [wk, mt, rows] fp32 partial sums
         return 4 * self.wk * self.mt * self.rows
 
+    @property
+    def kernel(self) -> str:  # wo_matmul.cu's name, less the dtype suffix
+        return f"wo_v4{'p' if self.pipe else ''}_m{self.mt}_r{self.rt}_u{self.u}"
 
-V4_KERNELS = ((1, 4), (2, 2), (4, 1))  # (rt, u) pairs compiled in wo_matmul.cu
+
+# (mt, rt, u, pipe) of the kernels in every build (wo_matmul.cu, KL_WO_V4_ALL)
+V4_KERNELS = tuple((mt, rt, u, False) for mt in (8, 16) for rt, u in ((1, 4), (2, 2), (4, 1)))
+# Built only with V4_EXTRA_OPTION (KL_WO_V4_EXTRA: lab/gpu_quant_sweep.py's candidates): 16
+# loads per lane and step, and the pipelined kernels, where they fit 128 registers
+# without spilling.
+V4_EXTRA_KERNELS = (
+    (8, 2, 4, False),
+    (8, 4, 2, False),
+    (16, 2, 4, False),
+    (8, 1, 4, True),
+    (8, 2, 2, True),
+    (8, 4, 1, True),
+    (16, 1, 4, True),
+)
+V4_EXTRA_OPTION = "-DKL_WO_V4_EXTRA=1"
 V4_MAX_THREADS = 512
 V4_MAX_SHARED = 48 * 1024
 
 
 @dataclass(frozen=True)
 class V4Plan:
-    """A launch for a class of shapes: the kernel (rt, u), ``wn`` x ``wk`` warps, and K
-    slices chosen to bring the blocks to ``blocks_per_sm`` per SM (0: never split)."""
+    """A launch for a class of shapes: the kernel (rt, u, pipe), ``wn`` x ``wk`` warps, and
+    K slices chosen to bring the blocks to ``blocks_per_sm`` per SM (0: never split)."""
 
     rt: int
     u: int
     wn: int
     wk: int
     blocks_per_sm: int = 0
+    pipe: bool = False
 
     def config(self, mt: int, n: int, k: int, n_sm: int) -> V4Config:
         row_blocks = -(-n // (16 * self.rt * self.wn))
@@ -126,7 +147,7 @@ class V4Plan:
             # every warp along K; at most 16 partials
             most = max(1, min(16, k // (64 * self.u * self.wk)))
             split = max(1, min(most, self.blocks_per_sm * n_sm // row_blocks))
-        return V4Config(mt, self.rt, self.u, self.wn, self.wk, split)
+        return V4Config(mt, self.rt, self.u, self.wn, self.wk, split, self.pipe)
 
 
 def shape_class(n: int, n_sm: int) -> str:
@@ -158,12 +179,26 @@ def v4_config(m: int, n: int, k: int, n_sm: int) -> V4Config:
     return V4_PLANS[(mt, shape_class(n, n_sm))].config(mt, n, k, n_sm)
 
 
-def check_v4_config(cfg: V4Config) -> None:
-    """Raise ValueError naming the field of a launch wo_matmul.cu has no kernel for."""
+def v4_kernels(module=None) -> tuple:
+    """The (mt, rt, u, pipe) that ``module`` (default: MODULE) has kernels for."""
+    extra = module is not None and any(o.startswith("-DKL_WO_V4_EXTRA") for o in module.options)
+    return V4_KERNELS + V4_EXTRA_KERNELS if extra else V4_KERNELS
+
+
+def check_v4_config(cfg: V4Config, module=None) -> None:
+    """Raise ValueError naming the field of a launch that ``module`` (default: MODULE, the
+    build without KL_WO_V4_EXTRA) has no kernel for."""
     if cfg.mt not in (8, 16):
         raise ValueError(f"V4Config.mt must be 8 or 16, got {cfg.mt}")
-    if (cfg.rt, cfg.u) not in V4_KERNELS:
-        raise ValueError(f"V4Config (rt, u) must be one of {V4_KERNELS}, got {(cfg.rt, cfg.u)}")
+    have = v4_kernels(module)
+    key = (cfg.mt, cfg.rt, cfg.u, cfg.pipe)
+    if key not in have:
+        if key in V4_EXTRA_KERNELS:
+            raise ValueError(
+                f"V4Config (mt, rt, u, pipe) = {key} is built only with {V4_EXTRA_OPTION}: pass module= a "
+                "Module of wo_matmul.cu with that option"
+            )
+        raise ValueError(f"V4Config (mt, rt, u, pipe) must be one of {have}, got {key}")
     if cfg.wn < 1 or cfg.wk < 1 or cfg.threads > V4_MAX_THREADS:
         raise ValueError(f"V4Config wn x wk must be 1..{V4_MAX_THREADS // 32} warps, got {cfg.wn} x {cfg.wk}")
     if cfg.shared > V4_MAX_SHARED:
@@ -182,9 +217,9 @@ def _v4_launch(x2, w, s, bias_arg, y, has_bias, m, n, k, dev, cfg: V4Config, mod
     mod = module or MODULE
     suffix = DTYPE_SUFFIX[x2.dtype]
     if module is None:
-        kern = _kernel(f"wo_v4_m{cfg.mt}_r{cfg.rt}_u{cfg.u}", x2.dtype, dev, _SIG_V4)
+        kern = _kernel(cfg.kernel, x2.dtype, dev, _SIG_V4)
     else:
-        kern = mod.kernel(f"wo_v4_m{cfg.mt}_r{cfg.rt}_u{cfg.u}_{suffix}", _SIG_V4, dev)
+        kern = mod.kernel(f"{cfg.kernel}_{suffix}", _SIG_V4, dev)
     ks = _cdiv(_cdiv(k, cfg.split), cfg.step) * cfg.step
     split = _cdiv(k, ks)
     grid = (_cdiv(n, cfg.rows), split, _cdiv(m, cfg.mt))
@@ -232,7 +267,7 @@ def cuda_wo_fwd(x, w_q, scales, bias, bits: int, variant: str, config: V4Config 
         if config is None:
             cfg = v4_config(m, n, k, _sm_count(dev))
         else:
-            check_v4_config(config)
+            check_v4_config(config, module)
             cfg = config
         _v4_launch(x2, w, s, bias_arg, y, has_bias, m, n, k, dev, cfg, module)
     elif variant == "v2":

@@ -34,7 +34,9 @@
 //                 per lane), x read through L1 (no staging, no barrier in the loop), K
 //                 split across the warps of a block and, where N alone gives too few
 //                 blocks, across blocks (fp32 partials + wo_v4_reduce). One weight load
-//                 serves all 16 rows: M = 16 costs about what M = 1 does.
+//                 serves all 16 rows: M = 16 costs about what M = 1 does. wo_v4p_* (built
+//                 with KL_WO_V4_EXTRA) pipeline the steps: the next step's loads fly
+//                 while a step computes.
 //   int4: wo4_v1_* (v1 with nibbles) and wo4_v3_* (v3: 16 bytes = 32 weights per load,
 //   nibbles offset by +8 and turned into floats with the same 2^23 trick).
 #include "common.cuh"
@@ -287,6 +289,10 @@ __device__ void wo_v3(const T* __restrict__ x, const uint8_t* __restrict__ w, co
 // read x from L1 (the WN warps of a step share it). Partial sums meet in shared memory
 // (WK of them, added in warp order); one K slice writes y (scale, bias), several write
 // fp32 partials [slices, M, N] that wo_v4_reduce adds in slice order (deterministic).
+// Pipelined (PIPE, wo_v4p_*): a warp issues its next step's weight loads before this
+// step's conversions and mmas, so 2 RT U loads per lane stay in flight while it computes
+// (x, an L1 / L2 hit, is loaded by the step that uses it: its second register set does
+// not fit).
 // Requires K % 16 == 0, 16-byte aligned x and w, KS % 16 == 0 (the host checks).
 __device__ __forceinline__ unsigned i8pair_to(unsigned w, __half*) {
     const unsigned magic = (w & 0x00FF00FFu) ^ 0x64806480u;  // halves 1024 + (q + 128)
@@ -346,57 +352,87 @@ __device__ __forceinline__ unsigned word_of(const int4& v, int s) {
 }
 
 // One warp step of v4: U chunks of 16 K values of the lane's 2 RT weight rows and J x
-// rows, at kc = k0 + 16 c (+ 64 u). TAIL: chunks at or past k_hi are zeros (weight and
+// rows, at kc = k0 + 16 c (+ 64 u): v4_load issues the loads into a V4Regs, v4_mma
+// converts and multiplies one chunk. TAIL: chunks at or past k_hi are zeros (weight and
 // x both, so an inf in x past the slice adds nothing), the loads behind a predicate.
+template <int MT, int RT, int U>
+struct V4Regs {
+    int4 w[RT][2][U];
+    int4 x[MT / 8][U][2];
+};
+
+// chunk u (K values kb .. kb + 15 of the lane) of the weight rows, or of the x rows
 template <typename T, int MT, int RT, int U, bool TAIL>
-__device__ __forceinline__ void v4_step(float (&acc)[RT][MT / 8][4], const uint8_t* const (&wrow)[RT][2],
+__device__ __forceinline__ void v4_load_w(V4Regs<MT, RT, U>& r, const uint8_t* const (&wrow)[RT][2], int u, int kb,
+                                          int k_hi) {
+    const bool in = !TAIL || kb < k_hi;  // whole chunks (K, KS multiples of 16)
+#pragma unroll
+    for (int t = 0; t < RT; ++t)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) r.w[t][h][u] = in ? ld_weight(wrow[t][h] + kb) : make_int4(0, 0, 0, 0);
+}
+template <typename T, int MT, int RT, int U, bool TAIL>
+__device__ __forceinline__ void v4_load_x(V4Regs<MT, RT, U>& r, const T* const (&xrow)[MT / 8], int u, int kb,
+                                          int k_hi) {
+    const bool in = !TAIL || kb < k_hi;
+#pragma unroll
+    for (int j = 0; j < MT / 8; ++j) {
+        const int4* xp = reinterpret_cast<const int4*>(xrow[j] + kb);
+        r.x[j][u][0] = in ? __ldg(xp) : make_int4(0, 0, 0, 0);
+        r.x[j][u][1] = in ? __ldg(xp + 1) : make_int4(0, 0, 0, 0);
+    }
+}
+// every chunk of a step: weight and x chunk by chunk (ALL), or the weight alone
+template <typename T, int MT, int RT, int U, bool TAIL, bool ALL>
+__device__ __forceinline__ void v4_load(V4Regs<MT, RT, U>& r, const uint8_t* const (&wrow)[RT][2],
                                         const T* const (&xrow)[MT / 8], int kc, int k_hi) {
-    constexpr int J = MT / 8;
-    int4 wr[RT][2][U], xr[J][U][2];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-        const int kb = kc + 64 * u;
-        const bool in = !TAIL || kb < k_hi;  // whole chunks (K, KS multiples of 16)
+        v4_load_w<T, MT, RT, U, TAIL>(r, wrow, u, kc + 64 * u, k_hi);
+        if (ALL) v4_load_x<T, MT, RT, U, TAIL>(r, xrow, u, kc + 64 * u, k_hi);
+    }
+}
+
+// chunk u of a step: x's pairs permuted to the weight's order, the weight converted, the mmas
+template <typename T, int MT, int RT, int U>
+__device__ __forceinline__ void v4_mma(float (&acc)[RT][MT / 8][4], const V4Regs<MT, RT, U>& r, int u) {
+    constexpr int J = MT / 8;
 #pragma unroll
-        for (int t = 0; t < RT; ++t)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) wr[t][h][u] = in ? ld_weight(wrow[t][h] + kb) : make_int4(0, 0, 0, 0);
+    for (int s = 0; s < 4; ++s) {
+        unsigned b[J][2];
 #pragma unroll
         for (int j = 0; j < J; ++j) {
-            const int4* xp = reinterpret_cast<const int4*>(xrow[j] + kb);
-            xr[j][u][0] = in ? __ldg(xp) : make_int4(0, 0, 0, 0);
-            xr[j][u][1] = in ? __ldg(xp + 1) : make_int4(0, 0, 0, 0);
+            // x[k + 4s .. k + 4s + 3] are words 2s, 2s + 1 of the lane's 32 bytes
+            const unsigned lo = word_of(r.x[j][u][s >> 1], (2 * s) & 3);
+            const unsigned hi = word_of(r.x[j][u][s >> 1], (2 * s + 1) & 3);
+            b[j][0] = __byte_perm(lo, hi, 0x5410);  // (x[k + 4s], x[k + 4s + 2])
+            b[j][1] = __byte_perm(lo, hi, 0x7632);  // (x[k + 4s + 1], x[k + 4s + 3])
         }
-    }
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+        for (int t = 0; t < RT; ++t) {
+            const unsigned w0 = word_of(r.w[t][0][u], s), w1 = word_of(r.w[t][1][u], s);
+            unsigned a[4];
+            a[0] = i8pair_to(w0, (T*)nullptr);       // row g: bytes 0, 2
+            a[1] = i8pair_to(w1, (T*)nullptr);       // row g + 8
+            a[2] = i8pair_to(w0 >> 8, (T*)nullptr);  // row g: bytes 1, 3
+            a[3] = i8pair_to(w1 >> 8, (T*)nullptr);
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-            unsigned b[J][2];
-#pragma unroll
-            for (int j = 0; j < J; ++j) {
-                // x[k + 4s .. k + 4s + 3] are words 2s, 2s + 1 of the lane's 32 bytes
-                const unsigned lo = word_of(xr[j][u][s >> 1], (2 * s) & 3);
-                const unsigned hi = word_of(xr[j][u][s >> 1], (2 * s + 1) & 3);
-                b[j][0] = __byte_perm(lo, hi, 0x5410);  // (x[k + 4s], x[k + 4s + 2])
-                b[j][1] = __byte_perm(lo, hi, 0x7632);  // (x[k + 4s + 1], x[k + 4s + 3])
-            }
-#pragma unroll
-            for (int t = 0; t < RT; ++t) {
-                const unsigned w0 = word_of(wr[t][0][u], s), w1 = word_of(wr[t][1][u], s);
-                unsigned a[4];
-                a[0] = i8pair_to(w0, (T*)nullptr);       // row g: bytes 0, 2
-                a[1] = i8pair_to(w1, (T*)nullptr);       // row g + 8
-                a[2] = i8pair_to(w0 >> 8, (T*)nullptr);  // row g: bytes 1, 3
-                a[3] = i8pair_to(w1 >> 8, (T*)nullptr);
-#pragma unroll
-                for (int j = 0; j < J; ++j) mma_16816(acc[t][j], a, b[j], (T*)nullptr);
-            }
+            for (int j = 0; j < J; ++j) mma_16816(acc[t][j], a, b[j], (T*)nullptr);
         }
     }
 }
 
-template <typename T, int MT, int RT, int U>
+// A whole step: every load, then every chunk's mmas.
+template <typename T, int MT, int RT, int U, bool TAIL>
+__device__ __forceinline__ void v4_step(float (&acc)[RT][MT / 8][4], const uint8_t* const (&wrow)[RT][2],
+                                        const T* const (&xrow)[MT / 8], int kc, int k_hi) {
+    V4Regs<MT, RT, U> r;
+    v4_load<T, MT, RT, U, TAIL, true>(r, wrow, xrow, kc, k_hi);
+#pragma unroll
+    for (int u = 0; u < U; ++u) v4_mma<T, MT, RT, U>(acc, r, u);
+}
+
+template <typename T, int MT, int RT, int U, bool PIPE>
 __device__ void wo_v4(const T* __restrict__ x, const uint8_t* __restrict__ w, const float* __restrict__ scale,
                       const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ part, int M, int N, int K,
                       int KS, int WN, int has_bias) {
@@ -435,7 +471,36 @@ __device__ void wo_v4(const T* __restrict__ x, const uint8_t* __restrict__ w, co
     // whole steps without a predicate (so that every load issues before the first
     // use), then at most one step that ends past k_hi
     int k0 = k_lo + wk * STEP;
-    for (; k0 + STEP <= k_hi; k0 += WK * STEP) v4_step<T, MT, RT, U, false>(acc, wrow, xrow, k0 + 16 * c, k_hi);
+    const int stride = WK * STEP;
+    if (!PIPE) {
+        for (; k0 + STEP <= k_hi; k0 += stride) v4_step<T, MT, RT, U, false>(acc, wrow, xrow, k0 + 16 * c, k_hi);
+    } else if (k0 + STEP <= k_hi) {
+        // PIPE: the next whole step's weight loads issue before this step's x loads,
+        // conversions and mmas (two register sets, alternating: the loop is unrolled by
+        // two, nothing is copied)
+        V4Regs<MT, RT, U> ra, rb;
+        v4_load<T, MT, RT, U, false, false>(ra, wrow, xrow, k0 + 16 * c, k_hi);
+        for (;;) {
+            int k1 = k0 + stride;
+            bool more = k1 + STEP <= k_hi;
+            if (more) v4_load<T, MT, RT, U, false, false>(rb, wrow, xrow, k1 + 16 * c, k_hi);
+#pragma unroll
+            for (int u = 0; u < U; ++u) v4_load_x<T, MT, RT, U, false>(ra, xrow, u, k0 + 16 * c + 64 * u, k_hi);
+#pragma unroll
+            for (int u = 0; u < U; ++u) v4_mma<T, MT, RT, U>(acc, ra, u);
+            k0 = k1;
+            if (!more) break;
+            k1 = k0 + stride;
+            more = k1 + STEP <= k_hi;
+            if (more) v4_load<T, MT, RT, U, false, false>(ra, wrow, xrow, k1 + 16 * c, k_hi);
+#pragma unroll
+            for (int u = 0; u < U; ++u) v4_load_x<T, MT, RT, U, false>(rb, xrow, u, k0 + 16 * c + 64 * u, k_hi);
+#pragma unroll
+            for (int u = 0; u < U; ++u) v4_mma<T, MT, RT, U>(acc, rb, u);
+            k0 = k1;
+            if (!more) break;
+        }
+    }
     if (k0 < k_hi) v4_step<T, MT, RT, U, true>(acc, wrow, xrow, k0 + 16 * c, k_hi);
 
     // C fragment: acc[t][j][i] is weight row 16 t + g + 8 (i >> 1), x row 8 j + 2 c + (i & 1)
@@ -524,7 +589,13 @@ __device__ void wo_v4_reduce(const float* __restrict__ part, const float* __rest
 #define KL_WO_V4(S, T, MT, RT, U)                                                                            \
     extern "C" __global__ void KL_WO_V4_BOUNDS                                                               \
         wo_v4_m##MT##_r##RT##_u##U##_##S(KL_WO_ARGS(T), float* part, int KS, int WN, int has_bias) {         \
-        wo_v4<T, MT, RT, U>(x, w, scale, bias, y, part, M, N, K, KS, WN, has_bias);                           \
+        wo_v4<T, MT, RT, U, false>(x, w, scale, bias, y, part, M, N, K, KS, WN, has_bias);                    \
+    }
+// wo_v4p_*: the same with PIPE (the next step's weight loads in flight during this step's mmas)
+#define KL_WO_V4P(S, T, MT, RT, U)                                                                           \
+    extern "C" __global__ void KL_WO_V4_BOUNDS                                                               \
+        wo_v4p_m##MT##_r##RT##_u##U##_##S(KL_WO_ARGS(T), float* part, int KS, int WN, int has_bias) {        \
+        wo_v4<T, MT, RT, U, true>(x, w, scale, bias, y, part, M, N, K, KS, WN, has_bias);                     \
     }
 #define KL_WO_V4_ALL(S, T)                                                                                   \
     KL_WO_V4(S, T, 8, 1, 4) KL_WO_V4(S, T, 8, 2, 2) KL_WO_V4(S, T, 8, 4, 1)                                  \
@@ -534,6 +605,15 @@ __device__ void wo_v4_reduce(const float* __restrict__ part, const float* __rest
                          int has_bias) {                                                                     \
         wo_v4_reduce<T>(part, scale, bias, y, M, N, S_, has_bias);                                           \
     }
+// KL_WO_V4_EXTRA: candidates for lab/gpu_quant_sweep.py, left out of the default build (no
+// plan uses them; they would double its compile time), those that fit 128 registers
+// without spilling (cuda.py's V4_EXTRA_KERNELS): 16 weight loads per lane and step
+// ((RT, U) = (2, 4), (4, 2); ptxas issues 8-13 of them before the first mma, the rest
+// between the mmas), and the pipelined kernels (the next step's 8 loads issued before
+// this step's 8 are consumed). m16 (4, 2) and pipelined m16 (2, 2), (4, 1) spill.
+#define KL_WO_V4_EXTRA_ALL(S, T)                                                                             \
+    KL_WO_V4(S, T, 8, 2, 4) KL_WO_V4(S, T, 8, 4, 2) KL_WO_V4(S, T, 16, 2, 4)                                 \
+    KL_WO_V4P(S, T, 8, 1, 4) KL_WO_V4P(S, T, 8, 2, 2) KL_WO_V4P(S, T, 8, 4, 1) KL_WO_V4P(S, T, 16, 1, 4)
 
 // KL_WO_V4_ONLY: v4 alone (the sweep's other builds compile in a third of the time)
 #ifndef KL_WO_V4_ONLY
@@ -543,3 +623,7 @@ KL_WO_KERNELS(bf16, __nv_bfloat16)
 #endif
 KL_WO_V4_ALL(f16, __half)
 KL_WO_V4_ALL(bf16, __nv_bfloat16)
+#ifdef KL_WO_V4_EXTRA
+KL_WO_V4_EXTRA_ALL(f16, __half)
+KL_WO_V4_EXTRA_ALL(bf16, __nv_bfloat16)
+#endif
