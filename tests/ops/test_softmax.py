@@ -111,14 +111,24 @@ def test_cuda_plan_covers_every_path():
     assert sc.plan(3, 4096, 4, True) == ("rv", 256, 1)
     assert sc.plan(3, 4100, 4, True) == ("ov", 256, 1)
     assert sc.plan(3, 4097, 4, True) == ("os", 256, 1)  # 4097 % 4: scalar twin
-    # v4: a warp per short row, a block fitted to the row, streamed for long rows
+    # v4: a warp per short row, a block fitted to the row (r up to 512 threads, l up to
+    # 1024), streamed for longer rows
     assert sc.plan(4, 512, 4, True) == ("wv", 256, 8)
     assert sc.plan(4, 123, 2, True) == ("ws", 256, 8)
     assert sc.plan(4, 4096, 4, True) == ("rv", 256, 1)
     assert sc.plan(4, 4096, 2, True) == ("rv", 128, 1)
     assert sc.plan(4, 8192, 4, True) == ("rv", 512, 1)
-    assert sc.plan(4, 8196, 4, True) == ("ov", 1024, 1)
-    assert sc.plan(4, 4096, 4, False) == ("os", 1024, 1)  # misaligned: scalar, 4096 > 4 x 512
+    assert sc.plan(4, 8196, 4, True) == ("lv", 544, 1)  # 2049 packs
+    assert sc.plan(4, 7000, 4, True) == ("rv", 448, 1)
+    assert sc.plan(4, 16384, 4, True) == ("lv", 1024, 1)
+    assert sc.plan(4, 16388, 4, True) == ("ov", 1024, 1)
+    assert sc.plan(4, 4096, 4, False) == ("ls", 1024, 1)  # misaligned: scalar, 4096 > 4 x 512
+    assert sc.plan(4, 4097, 4, False) == ("os", 1024, 1)
+    # 16-bit rows of 32000 (4000 packs): resident in 1024 threads, not streamed twice
+    assert sc.plan(4, 32000, 2, True) == ("lv", 1024, 1)
+    assert sc.plan(4, 32768, 2, True) == ("lv", 1024, 1)
+    assert sc.plan(4, 32776, 2, True) == ("ov", 1024, 1)
+    assert sc.plan(3, 32000, 2, True) == ("ov", 256, 1)  # v3 as before
 
 
 def test_cuda_kernels_compile_and_stay_in_registers():
@@ -129,14 +139,31 @@ def test_cuda_kernels_compile_and_stay_in_registers():
     ptx = sc.MODULE.compile("sm_90", target="ptx").decode()
     names = re.findall(r"\.entry (\w+)", ptx)
     for d in ("f32", "f16", "bf16"):
-        for kind in ("v1", "v2", "rv", "ov", "wv", "rs", "os", "ws"):
+        for kind in ("v1", "v2", "rv", "lv", "ov", "wv", "rs", "ls", "os", "ws"):
             for direction in ("fwd", "bwd"):
                 assert f"softmax_{direction}_{kind}_{d}" in names
     assert ".local" not in ptx  # the register-resident rows must not spill
     # fp32 rows' backward dot is compensated fp32: no fp64 in v3 / v4's entries
-    for kind in ("rv", "ov", "wv", "rs", "os", "ws"):
+    for kind in ("rv", "lv", "ov", "wv", "rs", "ls", "os", "ws"):
         body = ptx.split(f".entry softmax_bwd_{kind}_f32")[1].split(".entry")[0]
         assert ".f64" not in body, kind
+
+
+def test_cuda_long_resident_entries_fit_64_registers():
+    """The l entries run 1024 threads (__launch_bounds__(1024): 64 registers a thread): no
+    spills, in the SASS where cuobjdump is found."""
+    from kernellab.inspect import asm
+    from kernellab.ops.softmax import cuda as sc
+
+    if asm.find_tool("cuobjdump") is None:
+        pytest.skip("cuobjdump not found")
+    for d in ("f32", "bf16"):  # (f16 as bf16)
+        kernels, note = asm.cuda_report(sc.MODULE, "sm_90", "cuda", d)
+        assert kernels, note
+        for k in kernels:
+            assert k.local_bytes == 0, (k.name, k.local_bytes)
+            if "_l" in k.name:
+                assert k.registers <= 64, (k.name, k.registers)
 
 
 def _hostile_rows(width: int, seed: int):
@@ -231,7 +258,7 @@ def _cuda_bwd_model(y: torch.Tensor, dy: torch.Tensor, threads: int, n: int):
 @pytest.mark.parametrize("width", [3, 64, 1025, 4096, 7000, 16384])
 def test_cuda_fp32_backward_arithmetic_model(width):
     """A NumPy model of the CUDA fp32 backward's compensated dot, with the thread layout
-    cuda.plan picks (warp, fitted block, streamed), on the hostile rows."""
+    cuda.plan picks (warp, fitted block, 1024 threads), on the hostile rows."""
     from kernellab.ops.softmax import cuda as sc
 
     y, dy = _hostile_rows(width, width)
@@ -251,7 +278,7 @@ def test_gpu_forward_and_gradient(backend, dtype):
     why = impl.why_unavailable("cuda")
     if why:
         pytest.skip(why)
-    shapes = [(41,), (3, 123), (17, 4097), (70000, 3), (3, 8192), (2, 8200), (2, 16384)]
+    shapes = [(41,), (3, 123), (17, 4097), (70000, 3), (3, 8192), (2, 8200), (2, 16384), (3, 32000)]
     if backend not in ("cuda_v1",):  # one thread per 262144-wide row: correct but minutes
         shapes.append((4, 262144))
     for shape in shapes:
@@ -274,7 +301,7 @@ def test_gpu_forward_and_gradient(backend, dtype):
 @pytest.mark.parametrize("backend", ["triton", "cuda_v3", "cuda"])
 @pytest.mark.parametrize("width", [7, 64, 1025, 3001, 4096, 4097, 7000, 8193, 16384, 3 * 4096 + 17, 20000])
 def test_gpu_fp32_backward_on_hostile_rows(backend, width):
-    """The compensated fp32 dot on the GPU (every CUDA row kind: w, r, o, vector and
+    """The compensated fp32 dot on the GPU (every CUDA row kind: w, r, l, o, vector and
     scalar) on the hostile rows, as under the interpreter."""
     y, dy = _hostile_rows(width, width)
     x = y.log().cuda().requires_grad_()  # softmax(log y) = y: the backward sees its own y

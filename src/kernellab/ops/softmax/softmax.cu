@@ -17,17 +17,19 @@
 //       loads, and the row kept in registers (up to 4 packs per thread) so it is read once
 //       and written once - the minimum traffic. Longer rows stream twice with the online
 //       softmax recurrence (running max and rescaled sum in one pass).
-//   v4  (backend "cuda"): v3 with the block fitted to the row (32-512 threads, so that
+//   v4  (backend "cuda"): v3 with the block fitted to the row (32-1024 threads, so that
 //       every thread holds up to 4 packs: thread coarsening without idle lanes; 1024 for
 //       streamed rows), and one warp per row for short rows (8 rows per block, no shared
 //       memory, no barrier).
 //
-// v3 and v4 share the entry points softmax_{fwd,bwd}_{r,o,w}{v,s}_<dtype>: r = one block
-// per row, row in registers; o = one block per row, streamed (online softmax); w = one
-// warp per row; v = 16-byte packs, s = the scalar twin for rows that are not 16-byte
-// aligned (odd widths, storage offsets). The host (cuda.py) picks.
+// v3 and v4 share the entry points softmax_{fwd,bwd}_{r,l,o,w}{v,s}_<dtype>: r = one block
+// per row, row in registers (up to 512 threads); l = the same up to 1024 threads (64
+// registers a thread: the backward keeps its packs as loaded, 16-bit, and converts them
+// where used; v4 only); o = one block per row, streamed (online softmax); w = one warp
+// per row; v = 16-byte packs, s = the scalar twin for rows that are not 16-byte aligned
+// (odd widths, storage offsets). The host (cuda.py) picks.
 //
-// The backward's dot = sum(y * dy) for fp32 rows (r, o, w) is compensated fp32: error-
+// The backward's dot = sum(y * dy) for fp32 rows (r, l, o, w) is compensated fp32: error-
 // free products and sums carried as a pair hi + lo through the row reduction (RowDot),
 // as accurate as an fp64 sum without fp64 arithmetic. v2 keeps its fp64 dot, v1 Kahan's sum.
 #include "common.cuh"
@@ -46,6 +48,9 @@ constexpr int MAX_PACKS = KL_SOFTMAX_PACKS;
 // Register-resident rows use at most 512 threads per block, so the compiler may give each
 // thread 128 registers: the backward holds 2 x 4 packs (64 floats for 16-bit types).
 #define RESIDENT_MAX_THREADS 512
+// Longer resident rows (l entries): up to 1024 threads, 64 registers a thread; the
+// backward keeps 2 x 4 packs as loaded (32 registers for any dtype).
+#define LONG_MAX_THREADS 1024
 
 // exp and the final scaling: fp32 rows take expf and one division (each rounded once, as
 // PyTorch's kernel does); 16-bit rows take __expf and a reciprocal, whose extra ulps
@@ -93,6 +98,30 @@ struct Pack {
         for (int j = 0; j < N; ++j) v[j] = f;
     }
     __device__ __forceinline__ float f(int j) const { return v[j]; }
+};
+
+// A pack kept as loaded (16-bit elements stay 16-bit in registers), converted where used:
+// half the registers of Pack for fp16 / bf16 (the l backward's 2 x 4 packs fit in 64).
+template <typename T, bool VEC>
+struct RawPack {
+    static constexpr int N = 16 / sizeof(T);
+    kl::Vec16<T> r;
+    __device__ __forceinline__ void load(const T* row, long long p) {
+        r.raw = *reinterpret_cast<const int4*>(row + p * N);
+    }
+    __device__ __forceinline__ void fill(float f) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) r.e[j] = from_f<T>(f);
+    }
+    __device__ __forceinline__ float f(int j) const { return to_f(r.e[j]); }
+};
+template <typename T>
+struct RawPack<T, false> {
+    static constexpr int N = 1;
+    T e;
+    __device__ __forceinline__ void load(const T* row, long long p) { e = row[p]; }
+    __device__ __forceinline__ void fill(float f) { e = from_f<T>(f); }
+    __device__ __forceinline__ float f(int) const { return to_f(e); }
 };
 
 // ---------------------------------------------------------------------------- v1
@@ -419,14 +448,15 @@ struct RowDot<true> {
     }
 };
 
-template <typename T, bool VEC, bool WARP_ROWS, bool RESIDENT>
+// S: the resident packs' storage (Pack, or RawPack for the l entries).
+template <typename T, bool VEC, bool WARP_ROWS, bool RESIDENT, typename S = Pack<T, VEC>>
 __device__ __forceinline__ void bwd_row(const T* yr, const T* dyr, T* dxr, int cols, int lane, int width,
                                         float* scratch) {
     using P = Pack<T, VEC>;
     const int npacks = cols / P::N;
     RowDot<sizeof(T) == 4> dot;
     if constexpr (RESIDENT) {
-        P a[MAX_PACKS], g[MAX_PACKS];
+        S a[MAX_PACKS], g[MAX_PACKS];
 #pragma unroll
         for (int k = 0; k < MAX_PACKS; ++k) {
             const int p = lane + k * width;
@@ -487,11 +517,11 @@ __device__ __forceinline__ void fwd_warp(const T* x, T* y, long long rows, int c
     fwd_row<T, VEC, true, true>(x + r * cols, y + r * cols, cols, threadIdx.x & 31, 32, nullptr);
 }
 
-template <typename T, bool VEC, bool RESIDENT>
+template <typename T, bool VEC, bool RESIDENT, typename S = Pack<T, VEC>>
 __device__ __forceinline__ void bwd_block(const T* y, const T* dy, T* dx, long long rows, int cols) {
     __shared__ float scratch[64];  // 32 (hi, lo) pairs for fp32 rows' dot
     const long long o = blockIdx.x * (long long)cols;
-    bwd_row<T, VEC, false, RESIDENT>(y + o, dy + o, dx + o, cols, threadIdx.x, blockDim.x, scratch);
+    bwd_row<T, VEC, false, RESIDENT, S>(y + o, dy + o, dx + o, cols, threadIdx.x, blockDim.x, scratch);
 }
 
 template <typename T, bool VEC>
@@ -506,7 +536,7 @@ __device__ __forceinline__ void bwd_warp(const T* y, const T* dy, T* dx, long lo
 
 // Entry points. v3 and v4 share the row routines; the host decides the block shape
 // (v3: always 256 threads per row; v4: fitted to the row, or a warp per row) and whether
-// the row is register-resident (_r) or streamed (_o, online).
+// the row is register-resident (_r, _l) or streamed (_o, online).
 #define KL_SOFTMAX(NAME, T)                                                                               \
     extern "C" __global__ void softmax_fwd_v1_##NAME(const T* x, T* y, long long rows, int cols) {        \
         fwd_v1<T>(x, y, rows, cols);                                                                      \
@@ -531,6 +561,10 @@ __device__ __forceinline__ void bwd_warp(const T* y, const T* dy, T* dx, long lo
         softmax_fwd_r##KIND##_##NAME(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols) { \
         fwd_block<T, VEC, true>(x, y, rows, cols);                                                        \
     }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(LONG_MAX_THREADS)                                        \
+        softmax_fwd_l##KIND##_##NAME(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols) { \
+        fwd_block<T, VEC, true>(x, y, rows, cols);                                                        \
+    }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(1024)                                                    \
         softmax_fwd_o##KIND##_##NAME(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols) { \
         fwd_block<T, VEC, false>(x, y, rows, cols);                                                       \
@@ -542,6 +576,10 @@ __device__ __forceinline__ void bwd_warp(const T* y, const T* dy, T* dx, long lo
     extern "C" __global__ void __launch_bounds__(RESIDENT_MAX_THREADS) softmax_bwd_r##KIND##_##NAME(                      \
         const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, int cols) { \
         bwd_block<T, VEC, true>(y, dy, dx, rows, cols);                                                   \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(LONG_MAX_THREADS) softmax_bwd_l##KIND##_##NAME(          \
+        const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, int cols) { \
+        bwd_block<T, VEC, true, RawPack<T, VEC>>(y, dy, dx, rows, cols);                                  \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(1024) softmax_bwd_o##KIND##_##NAME(                      \
         const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, int cols) { \
