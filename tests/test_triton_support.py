@@ -424,3 +424,42 @@ print("ok")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().endswith("ok")
+
+
+@triton_support.jit
+def _min_first(v1, i1, v2, i2):  # associative, not commutative: the first of the smallest
+    left = (v1 < v2) | ((v1 == v2) & (i1 < i2))
+    return tl.where(left, v1, v2), tl.where(left, i1, i2)
+
+
+@triton_support.jit
+def _first_nonzero(a, b):  # associative, not commutative: the leftmost nonzero
+    return tl.where(a != 0, a, b)
+
+
+@triton_support.jit
+def _reduce_kernel(x_ptr, v_ptr, i_ptr, f_ptr, s_ptr, R: tl.constexpr, C: tl.constexpr):
+    r = tl.arange(0, R)[:, None]
+    c = tl.arange(0, C)[None, :]
+    x = tl.load(x_ptr + r * C + c)
+    v, i = tl.reduce((x, tl.broadcast_to(c, (R, C))), 1, _min_first)
+    tl.store(v_ptr + tl.arange(0, R), v)
+    tl.store(i_ptr + tl.arange(0, R), i)
+    tl.store(f_ptr + r, tl.reduce(x, 1, _first_nonzero, keep_dims=True))
+    tl.store(s_ptr, tl.reduce(x, None, _first_nonzero))
+
+
+def test_interpreter_custom_reduce_runs_over_whole_arrays():
+    """A custom tl.reduce combine under the interpreter (triton_support's tree over whole
+    arrays): tuples, keep_dims, axis=None, and combines whose operands' order matters."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 3, (4, 64), generator=g).float()
+    x[:, :5] = 0
+    x[1] = 0
+    v, i, f, s = torch.empty(4), torch.empty(4, dtype=torch.int32), torch.empty(4), torch.empty(1)
+    _reduce_kernel[(1,)](x, v, i, f, s, R=4, C=64)
+    want_v = x.min(1).values
+    want_i = (x == want_v[:, None]).int().argmax(1)  # argmax: the first of equal values
+    assert torch.equal(v, want_v) and torch.equal(i, want_i.int())
+    first = [r[r != 0][0].item() if (r != 0).any() else 0.0 for r in x]
+    assert f.tolist() == first and s.item() == first[0]

@@ -111,14 +111,24 @@ def test_cuda_plan_covers_every_path():
     assert sc.plan(3, 4096, 4, True) == ("rv", 256, 1)
     assert sc.plan(3, 4100, 4, True) == ("ov", 256, 1)
     assert sc.plan(3, 4097, 4, True) == ("os", 256, 1)  # 4097 % 4: scalar twin
-    # v4: a warp per short row, a block fitted to the row, streamed for long rows
+    # v4: a warp per short row, a block fitted to the row (r up to 512 threads, l up to
+    # 1024), streamed for longer rows
     assert sc.plan(4, 512, 4, True) == ("wv", 256, 8)
     assert sc.plan(4, 123, 2, True) == ("ws", 256, 8)
     assert sc.plan(4, 4096, 4, True) == ("rv", 256, 1)
     assert sc.plan(4, 4096, 2, True) == ("rv", 128, 1)
     assert sc.plan(4, 8192, 4, True) == ("rv", 512, 1)
-    assert sc.plan(4, 8196, 4, True) == ("ov", 1024, 1)
-    assert sc.plan(4, 4096, 4, False) == ("os", 1024, 1)  # misaligned: scalar, 4096 > 4 x 512
+    assert sc.plan(4, 8196, 4, True) == ("lv", 544, 1)  # 2049 packs
+    assert sc.plan(4, 7000, 4, True) == ("rv", 448, 1)
+    assert sc.plan(4, 16384, 4, True) == ("lv", 1024, 1)
+    assert sc.plan(4, 16388, 4, True) == ("ov", 1024, 1)
+    assert sc.plan(4, 4096, 4, False) == ("ls", 1024, 1)  # misaligned: scalar, 4096 > 4 x 512
+    assert sc.plan(4, 4097, 4, False) == ("os", 1024, 1)
+    # 16-bit rows of 32000 (4000 packs): resident in 1024 threads, not streamed twice
+    assert sc.plan(4, 32000, 2, True) == ("lv", 1024, 1)
+    assert sc.plan(4, 32768, 2, True) == ("lv", 1024, 1)
+    assert sc.plan(4, 32776, 2, True) == ("ov", 1024, 1)
+    assert sc.plan(3, 32000, 2, True) == ("ov", 256, 1)  # v3 as before
 
 
 def test_cuda_kernels_compile_and_stay_in_registers():
@@ -129,10 +139,132 @@ def test_cuda_kernels_compile_and_stay_in_registers():
     ptx = sc.MODULE.compile("sm_90", target="ptx").decode()
     names = re.findall(r"\.entry (\w+)", ptx)
     for d in ("f32", "f16", "bf16"):
-        for kind in ("v1", "v2", "rv", "ov", "wv", "rs", "os", "ws"):
+        for kind in ("v1", "v2", "rv", "lv", "ov", "wv", "rs", "ls", "os", "ws"):
             for direction in ("fwd", "bwd"):
                 assert f"softmax_{direction}_{kind}_{d}" in names
     assert ".local" not in ptx  # the register-resident rows must not spill
+    # fp32 rows' backward dot is compensated fp32: no fp64 in v3 / v4's entries
+    for kind in ("rv", "lv", "ov", "wv", "rs", "ls", "os", "ws"):
+        body = ptx.split(f".entry softmax_bwd_{kind}_f32")[1].split(".entry")[0]
+        assert ".f64" not in body, kind
+
+
+def test_cuda_long_resident_entries_fit_64_registers():
+    """The l entries run 1024 threads (__launch_bounds__(1024): 64 registers a thread): no
+    spills, in the SASS where cuobjdump is found."""
+    from kernellab.inspect import asm
+    from kernellab.ops.softmax import cuda as sc
+
+    if asm.find_tool("cuobjdump") is None:
+        pytest.skip("cuobjdump not found")
+    for d in ("f32", "bf16"):  # (f16 as bf16)
+        kernels, note = asm.cuda_report(sc.MODULE, "sm_90", "cuda", d)
+        assert kernels, note
+        for k in kernels:
+            assert k.local_bytes == 0, (k.name, k.local_bytes)
+            if "_l" in k.name:
+                assert k.registers <= 64, (k.name, k.registers)
+
+
+def _hostile_rows(width: int, seed: int):
+    """(y, dy) fp32, 6 rows: one y ~ 1 with a large dy there; dy - dot cancelling to noise;
+    both; large |dy|; uniform y with cancelling dy; an ordinary row."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, width, generator=g) * 3
+    dy = torch.randn(6, width, generator=g)
+    k = width // 3
+    x[0, k] = 40.0  # y ~ 1 at k, the rest tiny
+    dy[0, k] = 300.0
+    dy[1] = 1234.5 + 1e-3 * dy[1]
+    x[2, k] = 40.0
+    dy[2] = 2.5 + 1e-4 * dy[2]
+    dy[3] *= 1e4
+    x[4] = 0.0
+    dy[4] = -7.25 + 1e-5 * dy[4]
+    return torch.softmax(x, -1), dy
+
+
+def _judge_hostile(dx, y, dy):
+    """Each row within one ulp of its largest |dx| (at least 1) of float64, and within the
+    check's bound (2x torch's fp32 error + that floor). The fp64 form measures up to 0.42
+    ulp here, a plain fp32 dot up to hundreds (dy - dot cancels)."""
+    y, dy, dx = y.cpu(), dy.cpu(), dx.cpu()
+    ref = torch._softmax_backward_data(dy.double(), y.double(), -1, torch.float64)
+    tor = torch._softmax_backward_data(dy, y, -1, torch.float32)
+    for r in range(y.shape[0]):
+        v = judge(dx[r], ref[r], torch.float32, tor[r])
+        ulp = torch.finfo(torch.float32).eps * max(1.0, ref[r].abs().max().item())
+        assert v.ok and v.err <= ulp, (r, v.err / ulp, v.detail)
+
+
+# widths: one element, odd, a program of several rows, one block, past one block (streamed)
+@pytest.mark.parametrize("width", [1, 2, 3, 7, 64, 1025, 4096, 8192, 8193, 3 * 4096 + 17])
+def test_triton_fp32_backward_on_hostile_rows(width):
+    """The compensated fp32 dot (hi + lo) under the interpreter, against float64."""
+    from kernellab.ops.softmax import triton as st
+
+    y, dy = _hostile_rows(width, width)
+    _judge_hostile(st._bwd(dy, y), y, dy)
+
+
+def _two_sum(a, b):
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _cuda_bwd_model(y: torch.Tensor, dy: torch.Tensor, threads: int, n: int):
+    """softmax.cu's fp32 backward (RowDot<true>) in NumPy float32, in its order:
+    thread t adds packs t, t + threads, ... of n elements (zeros past the row), then the
+    xor shuffles within each warp, the warps' pairs through scratch and the shuffles
+    again; dx = fma(y, dy - hi, -y * lo). Products split exactly through float64."""
+    import numpy as np
+
+    f32 = np.float32
+    yv, gv = y.numpy(), dy.numpy()
+    rows, cols = yv.shape
+    npacks = cols // n
+    hi = np.zeros((rows, threads), f32)
+    lo = np.zeros((rows, threads), f32)
+    t = np.arange(threads)
+    for k in range(-(-npacks // threads)):
+        ok = t + k * threads < npacks
+        for j in range(n):
+            c = np.where(ok, (t + k * threads) * n + j, 0)
+            a, g = np.where(ok, yv[:, c], f32(0)), np.where(ok, gv[:, c], f32(0))
+            p = a * g
+            ep = (a.astype(np.float64) * g - p).astype(f32)  # fma(y, dy, -p): exact
+            hi, e = _two_sum(hi, p)
+            lo = lo + (ep + e)
+
+    def shuffles(hi, lo):
+        for off in (16, 8, 4, 2, 1):
+            idx = np.arange(hi.shape[-1]) ^ off
+            hi, e = _two_sum(hi, hi[..., idx])
+            lo = (lo + lo[..., idx]) + e
+        return hi, lo
+
+    hi, lo = shuffles(hi.reshape(rows, -1, 32), lo.reshape(rows, -1, 32))
+    warps = threads // 32
+    hi = np.concatenate([hi[:, :, 0], np.zeros((rows, 32 - warps), f32)], 1)
+    lo = np.concatenate([lo[:, :, 0], np.zeros((rows, 32 - warps), f32)], 1)
+    hi, lo = shuffles(hi, lo)
+    hi, lo = hi[:, :1], lo[:, :1]
+    s = gv - hi
+    dx = (yv.astype(np.float64) * s - (yv * lo)).astype(f32)  # the fma, rounded via float64
+    return torch.from_numpy(dx)
+
+
+@pytest.mark.parametrize("width", [3, 64, 1025, 4096, 7000, 16384])
+def test_cuda_fp32_backward_arithmetic_model(width):
+    """A NumPy model of the CUDA fp32 backward's compensated dot, with the thread layout
+    cuda.plan picks (warp, fitted block, 1024 threads), on the hostile rows."""
+    from kernellab.ops.softmax import cuda as sc
+
+    y, dy = _hostile_rows(width, width)
+    kind, threads, _ = sc.plan(4, width, 4, True)
+    n = 4 if kind.endswith("v") else 1
+    _judge_hostile(_cuda_bwd_model(y, dy, 32 if kind[0] == "w" else threads, n), y, dy)
 
 
 GPU_BACKENDS = ["manual", "torch", "triton", "cuda_v1", "cuda_v2", "cuda_v3", "cuda"]
@@ -146,7 +278,7 @@ def test_gpu_forward_and_gradient(backend, dtype):
     why = impl.why_unavailable("cuda")
     if why:
         pytest.skip(why)
-    shapes = [(41,), (3, 123), (17, 4097), (70000, 3), (3, 8192), (2, 8200), (2, 16384)]
+    shapes = [(41,), (3, 123), (17, 4097), (70000, 3), (3, 8192), (2, 8200), (2, 16384), (3, 32000)]
     if backend not in ("cuda_v1",):  # one thread per 262144-wide row: correct but minutes
         shapes.append((4, 262144))
     for shape in shapes:
@@ -163,6 +295,19 @@ def test_gpu_forward_and_gradient(backend, dtype):
         (g_torch,) = torch.autograd.grad(torch.softmax(t, -1), t, dy)
         v = judge(g, g_ref, dtype, g_torch)
         assert v.ok, (shape, "grad", v.detail)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda_v3", "cuda"])
+@pytest.mark.parametrize("width", [7, 64, 1025, 3001, 4096, 4097, 7000, 8193, 16384, 3 * 4096 + 17, 20000])
+def test_gpu_fp32_backward_on_hostile_rows(backend, width):
+    """The compensated fp32 dot on the GPU (every CUDA row kind: w, r, l, o, vector and
+    scalar) on the hostile rows, as under the interpreter."""
+    y, dy = _hostile_rows(width, width)
+    x = y.log().cuda().requires_grad_()  # softmax(log y) = y: the backward sees its own y
+    out = kernellab.softmax(x, backend=backend)
+    (dx,) = torch.autograd.grad(out, x, dy.cuda())
+    _judge_hostile(dx, out.detach(), dy)
 
 
 @pytest.mark.gpu

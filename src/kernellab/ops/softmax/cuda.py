@@ -2,7 +2,8 @@
 
 Backends ``cuda_v1`` (a thread per row), ``cuda_v2`` (a block per row, shared-memory tree),
 ``cuda_v3`` (warp shuffles, 16-byte loads, the row in registers, online softmax for long
-rows) and ``cuda`` (v4: v3 with the block fitted to the row and a warp per short row);
+rows) and ``cuda`` (v4: v3 with the block fitted to the row, up to 1024 threads, and a warp
+per short row);
 the variant list with what each changes is at the top of softmax.cu.
 """
 
@@ -21,6 +22,7 @@ MODULE = Module(Path(__file__).with_name("softmax.cu"))
 
 MAX_PACKS = 4  # softmax.cu: packs a thread keeps in registers
 RESIDENT_MAX_THREADS = 512
+LONG_MAX_THREADS = 1024  # the l entries: resident rows of up to 4 x 1024 packs
 STREAM_THREADS = 1024
 V3_THREADS = 256
 WARP_BLOCK = 256  # warp-per-row kernels: 8 rows per block
@@ -35,7 +37,7 @@ def _rows_cols(t: torch.Tensor):
 
 def plan(variant: int, cols: int, elem_size: int, aligned: bool):
     """(entry kind, threads per block, rows per block) for a row width; kind as in
-    softmax.cu: 'v1', 'v2', or r/o/w followed by v (16-byte packs) or s (scalar)."""
+    softmax.cu: 'v1', 'v2', or r/l/o/w followed by v (16-byte packs) or s (scalar)."""
     if variant == 1:
         return "v1", 128, 128
     if variant == 2:
@@ -46,13 +48,13 @@ def plan(variant: int, cols: int, elem_size: int, aligned: bool):
     sfx = "v" if vec else "s"
     if variant == 3:
         return ("r" if npacks <= MAX_PACKS * V3_THREADS else "o") + sfx, V3_THREADS, 1
-    # v4: a warp per short row; otherwise a block fitted to the row.
+    # v4: a warp per short row; otherwise a block fitted to the row, in registers up to
+    # 4 x 1024 packs (bf16 32768, fp32 16384 columns): r up to 512 threads, l beyond.
     if npacks <= MAX_PACKS * 32:
         return "w" + sfx, WARP_BLOCK, WARP_BLOCK // 32
-    if npacks <= MAX_PACKS * RESIDENT_MAX_THREADS:
-        threads = -(-npacks // MAX_PACKS)
-        threads = min(RESIDENT_MAX_THREADS, max(64, -(-threads // 32) * 32))
-        return "r" + sfx, threads, 1
+    if npacks <= MAX_PACKS * LONG_MAX_THREADS:
+        threads = max(64, -(-npacks // (MAX_PACKS * 32)) * 32)
+        return ("r" if threads <= RESIDENT_MAX_THREADS else "l") + sfx, threads, 1
     return "o" + sfx, STREAM_THREADS, 1
 
 

@@ -17,15 +17,21 @@
 //       loads, and the row kept in registers (up to 4 packs per thread) so it is read once
 //       and written once - the minimum traffic. Longer rows stream twice with the online
 //       softmax recurrence (running max and rescaled sum in one pass).
-//   v4  (backend "cuda"): v3 with the block fitted to the row (32-512 threads, so that
+//   v4  (backend "cuda"): v3 with the block fitted to the row (32-1024 threads, so that
 //       every thread holds up to 4 packs: thread coarsening without idle lanes; 1024 for
 //       streamed rows), and one warp per row for short rows (8 rows per block, no shared
 //       memory, no barrier).
 //
-// v3 and v4 share the entry points softmax_{fwd,bwd}_{r,o,w}{v,s}_<dtype>: r = one block
-// per row, row in registers; o = one block per row, streamed (online softmax); w = one
-// warp per row; v = 16-byte packs, s = the scalar twin for rows that are not 16-byte
-// aligned (odd widths, storage offsets). The host (cuda.py) picks.
+// v3 and v4 share the entry points softmax_{fwd,bwd}_{r,l,o,w}{v,s}_<dtype>: r = one block
+// per row, row in registers (up to 512 threads); l = the same up to 1024 threads (64
+// registers a thread: the backward keeps its packs as loaded, 16-bit, and converts them
+// where used; v4 only); o = one block per row, streamed (online softmax); w = one warp
+// per row; v = 16-byte packs, s = the scalar twin for rows that are not 16-byte aligned
+// (odd widths, storage offsets). The host (cuda.py) picks.
+//
+// The backward's dot = sum(y * dy) for fp32 rows (r, l, o, w) is compensated fp32: error-
+// free products and sums carried as a pair hi + lo through the row reduction (RowDot),
+// as accurate as an fp64 sum without fp64 arithmetic. v2 keeps its fp64 dot, v1 Kahan's sum.
 #include "common.cuh"
 #include "reduce.cuh"
 
@@ -42,6 +48,9 @@ constexpr int MAX_PACKS = KL_SOFTMAX_PACKS;
 // Register-resident rows use at most 512 threads per block, so the compiler may give each
 // thread 128 registers: the backward holds 2 x 4 packs (64 floats for 16-bit types).
 #define RESIDENT_MAX_THREADS 512
+// Longer resident rows (l entries): up to 1024 threads, 64 registers a thread; the
+// backward keeps 2 x 4 packs as loaded (32 registers for any dtype).
+#define LONG_MAX_THREADS 1024
 
 // exp and the final scaling: fp32 rows take expf and one division (each rounded once, as
 // PyTorch's kernel does); 16-bit rows take __expf and a reciprocal, whose extra ulps
@@ -88,6 +97,31 @@ struct Pack {
 #pragma unroll
         for (int j = 0; j < N; ++j) v[j] = f;
     }
+    __device__ __forceinline__ float f(int j) const { return v[j]; }
+};
+
+// A pack kept as loaded (16-bit elements stay 16-bit in registers), converted where used:
+// half the registers of Pack for fp16 / bf16 (the l backward's 2 x 4 packs fit in 64).
+template <typename T, bool VEC>
+struct RawPack {
+    static constexpr int N = 16 / sizeof(T);
+    kl::Vec16<T> r;
+    __device__ __forceinline__ void load(const T* row, long long p) {
+        r.raw = *reinterpret_cast<const int4*>(row + p * N);
+    }
+    __device__ __forceinline__ void fill(float f) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) r.e[j] = from_f<T>(f);
+    }
+    __device__ __forceinline__ float f(int j) const { return to_f(r.e[j]); }
+};
+template <typename T>
+struct RawPack<T, false> {
+    static constexpr int N = 1;
+    T e;
+    __device__ __forceinline__ void load(const T* row, long long p) { e = row[p]; }
+    __device__ __forceinline__ void fill(float f) { e = from_f<T>(f); }
+    __device__ __forceinline__ float f(int) const { return to_f(e); }
 };
 
 // ---------------------------------------------------------------------------- v1
@@ -126,12 +160,10 @@ __device__ void bwd_v1(const T* y, const T* dy, T* dx, long long rows, int cols)
     for (int c = 0; c < cols; ++c) dx[o + c] = from_f<T>(to_f(y[o + c]) * (to_f(dy[o + c]) - dot));
 }
 
-// The backward's dot = sum(y * dy) and dy - dot: fp32 rows accumulate in fp64 and form
-// y * (dy - dot) in fp64, rounding once. In fp32, dot's rounding error, cancelled against
-// dy where one y is near 1, puts dx past the check's bound (2x PyTorch's error). 16-bit
-// rows keep fp32 (their output rounding dominates).
+// The forward's row sum (and v2's backward dot): fp32 rows accumulate in fp64, rounding
+// once; 16-bit rows keep fp32 (their output rounding dominates).
 template <typename T>
-using DotAcc = kl::WideAcc<T>;
+using SumAcc = kl::WideAcc<T>;
 
 // ---------------------------------------------------------------------------- v2
 
@@ -160,9 +192,9 @@ __device__ void fwd_v2(const T* x, T* y, int cols) {
     float m = kl::neg_inf();
     for (int c = threadIdx.x; c < cols; c += V2_THREADS) m = fmaxf(m, to_f(xr[c]));
     m = tree_reduce(m, buf, kl::MaxOp{});
-    // Each thread adds cols / 256 terms in a row: for fp32 rows in fp64, as the backward's
-    // dot (in fp32, a row of 35549 whose largest term is ~1 comes out 6 ulps off; torch's 2).
-    using A = typename DotAcc<T>::type;
+    // Each thread adds cols / 256 terms in a row: for fp32 rows in fp64 (in fp32, a row of
+    // 35549 whose largest term is ~1 comes out 6 ulps off; torch's 2).
+    using A = typename SumAcc<T>::type;
     __shared__ A sbuf[V2_THREADS];
     A sa = 0;
     for (int c = threadIdx.x; c < cols; c += V2_THREADS) sa += A(expf(to_f(xr[c]) - m));
@@ -173,7 +205,10 @@ __device__ void fwd_v2(const T* x, T* y, int cols) {
 
 template <typename T>
 __device__ void bwd_v2(const T* y, const T* dy, T* dx, int cols) {
-    using A = typename DotAcc<T>::type;  // fp64 for fp32 rows, as v3 / v4
+    // fp64 dot and dx for fp32 rows, rounded once (v3 / v4: compensated fp32, RowDot): in
+    // fp32, dot's rounding, cancelled against dy where one y is near 1, puts dx past the
+    // check's bound (2x PyTorch's error).
+    using A = typename SumAcc<T>::type;
     __shared__ A buf[V2_THREADS];
     const long long o = blockIdx.x * (long long)cols;
     A dot = 0;
@@ -204,9 +239,9 @@ __device__ __forceinline__ kl::MaxSum row_allreduce(kl::MaxSum v, float* scratch
 // The row stays in registers when npacks <= MAX_PACKS * width (the host guarantees it
 // for RESIDENT), otherwise it is streamed twice (online max and sum, then the write).
 template <bool WARP_ROWS>
-__device__ __forceinline__ float dot_allreduce(float v, float* scratch);
+__device__ __forceinline__ float sum_allreduce(float v, float* scratch);
 template <bool WARP_ROWS>
-__device__ __forceinline__ double dot_allreduce(double v, float* scratch);
+__device__ __forceinline__ double sum_allreduce(double v, float* scratch);
 
 template <typename T, bool VEC, bool WARP_ROWS, bool RESIDENT>
 __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, int width, float* scratch) {
@@ -224,10 +259,10 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
             for (int j = 0; j < P::N; ++j) m = fmaxf(m, r[k].v[j]);
         }
         m = row_allreduce<WARP_ROWS>(m, kl::MaxOp{}, scratch);
-        // fp32 rows sum in fp64 through the row reduction (DotAcc), rounding once: in fp32
+        // fp32 rows sum in fp64 through the row reduction (SumAcc), rounding once: in fp32
         // the ~13 additions after the largest term cost 2.3 ulps where one term is ~0.78 of
         // the row, past the check's bound.
-        using A = typename DotAcc<T>::type;
+        using A = typename SumAcc<T>::type;
         A sa = 0;
 #pragma unroll
         for (int k = 0; k < MAX_PACKS; ++k)
@@ -236,7 +271,7 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
                 r[k].v[j] = ex<T>(r[k].v[j] - m);
                 sa += lane + k * width < npacks ? A(r[k].v[j]) : A(0);
             }
-        const float s = float(dot_allreduce<WARP_ROWS>(sa, scratch));
+        const float s = float(sum_allreduce<WARP_ROWS>(sa, scratch));
         const float inv = __frcp_rn(s);
 #pragma unroll
         for (int k = 0; k < MAX_PACKS; ++k) {
@@ -247,7 +282,7 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
                 r[k].store(yr, p);
             }
         }
-    } else if constexpr (sizeof(typename DotAcc<T>::type) == 8) {
+    } else if constexpr (sizeof(typename SumAcc<T>::type) == 8) {
         // fp32 rows too long to keep: three sweeps (max, fp64 sum, write), the sum rounded
         // once as in the resident path. The online fp32 sum below loses ~2 ulps of y on
         // long rows, past the check's bound; the extra read of a row mostly hits L2.
@@ -266,7 +301,7 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
 #pragma unroll
             for (int j = 0; j < P::N; ++j) sa += double(ex<T>(a.v[j] - m));
         }
-        const float s = float(dot_allreduce<WARP_ROWS>(sa, scratch));
+        const float s = float(sum_allreduce<WARP_ROWS>(sa, scratch));
         const float inv = __frcp_rn(s);
         for (int p = lane; p < npacks; p += width) {
             P a;
@@ -313,13 +348,13 @@ __device__ __forceinline__ void fwd_row(const T* xr, T* yr, int cols, int lane, 
 }
 
 template <bool WARP_ROWS>
-__device__ __forceinline__ float dot_allreduce(float v, float* scratch) {
+__device__ __forceinline__ float sum_allreduce(float v, float* scratch) {
     return row_allreduce<WARP_ROWS>(v, kl::SumOp{}, scratch);
 }
 
 // fp64 sum over the row's threads; ``scratch``: 8-byte aligned, 2 * blockDim.x / 32 floats.
 template <bool WARP_ROWS>
-__device__ __forceinline__ double dot_allreduce(double v, float* scratch) {
+__device__ __forceinline__ double sum_allreduce(double v, float* scratch) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kl::FULL_MASK, v, off);
     if constexpr (WARP_ROWS) {
@@ -337,15 +372,91 @@ __device__ __forceinline__ double dot_allreduce(double v, float* scratch) {
     }
 }
 
-template <typename T, bool VEC, bool WARP_ROWS, bool RESIDENT>
+// Error-free transformations in fp32: a + b = s + e exactly, s = fl(a + b) (Knuth's two-sum,
+// any order of magnitudes). The _rn intrinsics keep the compiler from contracting a product
+// and a sum into an fma, which would break the exactness.
+__device__ __forceinline__ float two_sum(float a, float b, float& e) {
+    const float s = __fadd_rn(a, b);
+    const float bb = __fsub_rn(s, a);
+    e = __fadd_rn(__fsub_rn(a, __fsub_rn(s, bb)), __fsub_rn(b, bb));
+    return s;
+}
+
+// The backward's dot = sum(y * dy) over a row and dx = y * (dy - dot). 16-bit rows: fp32
+// (their output rounding dominates).
+template <bool COMPENSATED>
+struct RowDot {
+    float s = 0.0f;
+    __device__ __forceinline__ void add(float y, float g) { s += y * g; }
+    template <bool WARP_ROWS>
+    __device__ __forceinline__ void allreduce(float* scratch) {
+        s = row_allreduce<WARP_ROWS>(s, kl::SumOp{}, scratch);
+    }
+    __device__ __forceinline__ float dx(float y, float g) const { return y * (g - s); }
+};
+
+// fp32 rows: dot as the pair hi + lo (Ogita, Rump and Oishi's Dot2): each product split
+// exactly (p + fma(y, dy, -p)), each sum by two_sum, the errors added in lo; pairs combine
+// through the reduction the same way. As accurate as an fp64 sum: a plain fp32 dot's
+// rounding, cancelled against dy where one y is near 1, puts dx past the check's bound
+// (2x PyTorch's error). dx = fma(y, dy - hi, -y * lo): dy - hi is exact where it cancels
+// (Sterbenz); dx is within one ulp of the row's largest |dx| (the fp64 form's: half),
+// the check's floor.
+template <>
+struct RowDot<true> {
+    float hi = 0.0f, lo = 0.0f;
+    __device__ __forceinline__ void add(float y, float g) {
+        const float p = __fmul_rn(y, g);
+        float e;
+        hi = two_sum(hi, p, e);
+        lo = __fadd_rn(lo, __fadd_rn(__fmaf_rn(y, g, -p), e));
+    }
+    __device__ __forceinline__ void combine(float h, float l) {
+        float e;
+        hi = two_sum(hi, h, e);
+        lo = __fadd_rn(__fadd_rn(lo, l), e);
+    }
+    __device__ __forceinline__ void warp_allreduce() {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float h = __shfl_xor_sync(kl::FULL_MASK, hi, off);
+            const float l = __shfl_xor_sync(kl::FULL_MASK, lo, off);
+            combine(h, l);  // two_sum's s and e do not depend on the order: lanes agree
+        }
+    }
+    // ``scratch``: 2 * blockDim.x / 32 floats (block rows).
+    template <bool WARP_ROWS>
+    __device__ __forceinline__ void allreduce(float* scratch) {
+        warp_allreduce();
+        if constexpr (!WARP_ROWS) {
+            const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+            __syncthreads();
+            if (lane == 0) {
+                scratch[2 * warp] = hi;
+                scratch[2 * warp + 1] = lo;
+            }
+            __syncthreads();
+            hi = lane < warps ? scratch[2 * lane] : 0.0f;
+            lo = lane < warps ? scratch[2 * lane + 1] : 0.0f;
+            warp_allreduce();
+        }
+        // An inf or NaN dot (inf in dy): lo is NaN; dx = y * (dy - hi), as torch.
+        if (!(fabsf(hi) <= __int_as_float(0x7f7fffff))) lo = 0.0f;
+    }
+    __device__ __forceinline__ float dx(float y, float g) const {
+        return __fmaf_rn(y, __fsub_rn(g, hi), -__fmul_rn(y, lo));
+    }
+};
+
+// S: the resident packs' storage (Pack, or RawPack for the l entries).
+template <typename T, bool VEC, bool WARP_ROWS, bool RESIDENT, typename S = Pack<T, VEC>>
 __device__ __forceinline__ void bwd_row(const T* yr, const T* dyr, T* dxr, int cols, int lane, int width,
                                         float* scratch) {
     using P = Pack<T, VEC>;
     const int npacks = cols / P::N;
+    RowDot<sizeof(T) == 4> dot;
     if constexpr (RESIDENT) {
-        P a[MAX_PACKS], g[MAX_PACKS];
-        using A = typename DotAcc<T>::type;
-        A dot = 0;
+        S a[MAX_PACKS], g[MAX_PACKS];
 #pragma unroll
         for (int k = 0; k < MAX_PACKS; ++k) {
             const int p = lane + k * width;
@@ -357,35 +468,34 @@ __device__ __forceinline__ void bwd_row(const T* yr, const T* dyr, T* dxr, int c
                 g[k].fill(0.0f);
             }
 #pragma unroll
-            for (int j = 0; j < P::N; ++j) dot += A(a[k].v[j]) * A(g[k].v[j]);
+            for (int j = 0; j < P::N; ++j) dot.add(a[k].f(j), g[k].f(j));
         }
-        dot = dot_allreduce<WARP_ROWS>(dot, scratch);
+        dot.template allreduce<WARP_ROWS>(scratch);
 #pragma unroll
         for (int k = 0; k < MAX_PACKS; ++k) {
             const int p = lane + k * width;
             if (p < npacks) {
+                P o;
 #pragma unroll
-                for (int j = 0; j < P::N; ++j) a[k].v[j] = float(A(a[k].v[j]) * (A(g[k].v[j]) - dot));
-                a[k].store(dxr, p);
+                for (int j = 0; j < P::N; ++j) o.v[j] = dot.dx(a[k].f(j), g[k].f(j));
+                o.store(dxr, p);
             }
         }
     } else {
-        using A = typename DotAcc<T>::type;
-        A dot = 0;
         for (int p = lane; p < npacks; p += width) {
             P a, g;
             a.load(yr, p);
             g.load(dyr, p);
 #pragma unroll
-            for (int j = 0; j < P::N; ++j) dot += A(a.v[j]) * A(g.v[j]);
+            for (int j = 0; j < P::N; ++j) dot.add(a.v[j], g.v[j]);
         }
-        dot = dot_allreduce<WARP_ROWS>(dot, scratch);
+        dot.template allreduce<WARP_ROWS>(scratch);
         for (int p = lane; p < npacks; p += width) {
             P a, g;
             a.load(yr, p);
             g.load(dyr, p);
 #pragma unroll
-            for (int j = 0; j < P::N; ++j) a.v[j] = float(A(a.v[j]) * (A(g.v[j]) - dot));
+            for (int j = 0; j < P::N; ++j) a.v[j] = dot.dx(a.v[j], g.v[j]);
             a.store(dxr, p);
         }
     }
@@ -407,11 +517,11 @@ __device__ __forceinline__ void fwd_warp(const T* x, T* y, long long rows, int c
     fwd_row<T, VEC, true, true>(x + r * cols, y + r * cols, cols, threadIdx.x & 31, 32, nullptr);
 }
 
-template <typename T, bool VEC, bool RESIDENT>
+template <typename T, bool VEC, bool RESIDENT, typename S = Pack<T, VEC>>
 __device__ __forceinline__ void bwd_block(const T* y, const T* dy, T* dx, long long rows, int cols) {
-    __shared__ __align__(8) float scratch[64];  // 32 doubles for the fp64 dot (fp32 rows)
+    __shared__ float scratch[64];  // 32 (hi, lo) pairs for fp32 rows' dot
     const long long o = blockIdx.x * (long long)cols;
-    bwd_row<T, VEC, false, RESIDENT>(y + o, dy + o, dx + o, cols, threadIdx.x, blockDim.x, scratch);
+    bwd_row<T, VEC, false, RESIDENT, S>(y + o, dy + o, dx + o, cols, threadIdx.x, blockDim.x, scratch);
 }
 
 template <typename T, bool VEC>
@@ -426,7 +536,7 @@ __device__ __forceinline__ void bwd_warp(const T* y, const T* dy, T* dx, long lo
 
 // Entry points. v3 and v4 share the row routines; the host decides the block shape
 // (v3: always 256 threads per row; v4: fitted to the row, or a warp per row) and whether
-// the row is register-resident (_r) or streamed (_o, online).
+// the row is register-resident (_r, _l) or streamed (_o, online).
 #define KL_SOFTMAX(NAME, T)                                                                               \
     extern "C" __global__ void softmax_fwd_v1_##NAME(const T* x, T* y, long long rows, int cols) {        \
         fwd_v1<T>(x, y, rows, cols);                                                                      \
@@ -451,6 +561,10 @@ __device__ __forceinline__ void bwd_warp(const T* y, const T* dy, T* dx, long lo
         softmax_fwd_r##KIND##_##NAME(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols) { \
         fwd_block<T, VEC, true>(x, y, rows, cols);                                                        \
     }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(LONG_MAX_THREADS)                                        \
+        softmax_fwd_l##KIND##_##NAME(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols) { \
+        fwd_block<T, VEC, true>(x, y, rows, cols);                                                        \
+    }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(1024)                                                    \
         softmax_fwd_o##KIND##_##NAME(const T* __restrict__ x, T* __restrict__ y, long long rows, int cols) { \
         fwd_block<T, VEC, false>(x, y, rows, cols);                                                       \
@@ -462,6 +576,10 @@ __device__ __forceinline__ void bwd_warp(const T* y, const T* dy, T* dx, long lo
     extern "C" __global__ void __launch_bounds__(RESIDENT_MAX_THREADS) softmax_bwd_r##KIND##_##NAME(                      \
         const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, int cols) { \
         bwd_block<T, VEC, true>(y, dy, dx, rows, cols);                                                   \
+    }                                                                                                     \
+    extern "C" __global__ void __launch_bounds__(LONG_MAX_THREADS) softmax_bwd_l##KIND##_##NAME(          \
+        const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, int cols) { \
+        bwd_block<T, VEC, true, RawPack<T, VEC>>(y, dy, dx, rows, cols);                                  \
     }                                                                                                     \
     extern "C" __global__ void __launch_bounds__(1024) softmax_bwd_o##KIND##_##NAME(                      \
         const T* __restrict__ y, const T* __restrict__ dy, T* __restrict__ dx, long long rows, int cols) { \

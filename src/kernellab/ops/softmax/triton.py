@@ -9,7 +9,8 @@ second writes exp(x - m) / s: 2 reads + 1 write per element instead of the 3 rea
 of max / sum / write passes.
 
 Backward, dx = y * (dy - sum(dy * y)), has the same two shapes (one block, or a sum pass and
-a write pass).
+a write pass). For fp32 rows the sum is compensated fp32 (a pair hi + lo, see
+_softmax_bwd_kernel), as accurate as an fp64 sum.
 """
 
 from __future__ import annotations
@@ -117,38 +118,103 @@ def _softmax_fwd_kernel(
 
 
 @triton_support.jit
+def _two_sum(a, b):
+    # a + b = s + e exactly, s = fl(a + b) (Knuth's two-sum: any order of magnitudes)
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+@triton_support.jit
+def _dot2_combine(h1, l1, h2, l2):
+    # (h1 + l1) + (h2 + l2) as a pair: the his by two_sum, its error added to the los
+    s, e = _two_sum(h1, h2)
+    return s, (l1 + l2) + e
+
+
+@triton_support.jit
+def _dot2_terms(y, dy):
+    # y * dy = p + e exactly. p by an fma with +0: a plain product could be contracted
+    # into an fma with the sum that takes it, which would break the two_sum.
+    p = tl.fma(y, dy, 0.0)
+    return p, tl.fma(y, dy, -p)
+
+
+@triton_support.jit
+def _dot2_reduce(hi, lo, axis: tl.constexpr):
+    # The pairs of a row summed to one. An inf or NaN dot (inf in dy) leaves lo NaN: lo = 0
+    # there, so that dx = y * (dy - hi), as torch.
+    hi, lo = tl.reduce((hi, lo), axis, _dot2_combine)
+    return hi, tl.where(tl.abs(hi) <= 3.4028234663852886e38, lo, 0.0)
+
+
+@triton_support.jit
+def _dot2_dx(y, dy, hi, lo):
+    # y * (dy - (hi + lo)), rounded twice; dy - hi is exact where it cancels (Sterbenz):
+    # within one ulp of the row's largest |dx| (an fp64 dx: half), the check's floor
+    return tl.fma(y, dy - hi, -(y * lo))
+
+
+@triton_support.jit
 def _softmax_bwd_kernel(
-    y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, BLOCK: tl.constexpr, ROWS: tl.constexpr, SINGLE: tl.constexpr,
-    F64: tl.constexpr,  # fp32 rows: the dot and dx in fp64
+    y_ptr,
+    dy_ptr,
+    dx_ptr,
+    n_rows,
+    n_cols,
+    BLOCK: tl.constexpr,
+    ROWS: tl.constexpr,
+    SINGLE: tl.constexpr,
+    COMP: tl.constexpr,  # fp32 rows: the dot compensated
 ):
-    # y, dy, dx: contiguous [n_rows, n_cols]; dx = y * (dy - sum(dy * y)) per row. fp32
-    # rows: the dot and y * (dy - dot) in fp64, rounded once (as the CUDA backends do): the
-    # fp32 dot's rounding, cancelled against dy where one y is near 1, puts dx past the
-    # check's bound. 16-bit rows keep fp32.
-    acc = tl.float64 if F64 else tl.float32
+    # y, dy, dx: contiguous [n_rows, n_cols]; dx = y * (dy - sum(dy * y)) per row. COMP (fp32
+    # rows): the dot as a pair hi + lo (Ogita, Rump and Oishi's Dot2: each product split
+    # exactly by an fma, each sum by two_sum, the errors added in lo), as accurate as an fp64
+    # sum; a plain fp32 dot's rounding, cancelled against dy where one y is near 1, puts dx
+    # past the check's bound (2x PyTorch's error). 16-bit rows keep fp32.
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     if SINGLE:
         rows = pid * ROWS + tl.arange(0, ROWS)
         mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
         offs = rows[:, None] * n_cols + cols[None, :]
-        y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(acc)
-        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(acc)
-        dot = tl.sum(y * dy, axis=1)[:, None]
-        tl.store(dx_ptr + offs, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+        y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if COMP:
+            p, ep = _dot2_terms(y, dy)
+            hi, lo = _dot2_reduce(p, ep, 1)
+            dx = _dot2_dx(y, dy, hi[:, None], lo[:, None])
+        else:
+            dx = y * (dy - tl.sum(y * dy, axis=1)[:, None])
+        tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     else:
         base = pid * n_cols
-        dot = tl.sum(tl.zeros([BLOCK], acc), axis=0)
+        # fp32: per lane a running pair (two_sum of the his), one reduction after the sweep
+        acc = tl.zeros([BLOCK], tl.float32)
+        acc_lo = tl.zeros([BLOCK], tl.float32)
         for start in range(0, n_cols, BLOCK):
             mask = start + cols < n_cols
-            y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0).to(acc)
-            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(acc)
-            dot += tl.sum(y * dy, axis=0)
+            y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if COMP:
+                p, ep = _dot2_terms(y, dy)
+                acc, e = _two_sum(acc, p)
+                acc_lo += ep + e
+            else:
+                acc += y * dy
+        if COMP:
+            hi, lo = _dot2_reduce(acc, acc_lo, 0)
+        else:
+            hi = tl.sum(acc, axis=0)
         for start in range(0, n_cols, BLOCK):
             mask = start + cols < n_cols
-            y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0).to(acc)
-            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(acc)
-            tl.store(dx_ptr + base + start + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=mask)
+            y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if COMP:
+                dx = _dot2_dx(y, dy, hi, lo)
+            else:
+                dx = y * (dy - hi)
+            tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def _config(n_cols: int):
@@ -183,8 +249,8 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
             even = cfg.fwd_even and single and block == n_cols and n_rows % rows == 0
             reread, warps = _fwd_choice(n_cols, block, single, out.element_size(), warps, cfg)
             extra = dict(EVEN=even, WIDE=not (cfg.fwd_narrow and out.numel() < 2**31), REREAD=reread)
-        else:  # the backward: fp32 rows in fp64
-            extra = {"F64": out.dtype == torch.float32}
+        else:  # the backward: fp32 rows compensated
+            extra = {"COMP": out.dtype == torch.float32}
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps, **extra
         )
@@ -222,10 +288,13 @@ def _kernel_specs(dtype: str):
         "WIDE": "constexpr",
         "REREAD": "constexpr",
     }
-    bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail, "F64": "constexpr"}
+    bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail, "COMP": "constexpr"}
     reread, fwarps = _fwd_choice(4096, block, single, 4 if dtype == "fp32" else 2, warps)
     fcx = dict(cx, EVEN=CONFIG.fwd_even and single, WIDE=not CONFIG.fwd_narrow, REREAD=reread)
-    return [(_softmax_fwd_kernel, fwd, fcx, fwarps), (_softmax_bwd_kernel, bwd, dict(cx, F64=dtype == "fp32"), warps)]
+    return [
+        (_softmax_fwd_kernel, fwd, fcx, fwarps),
+        (_softmax_bwd_kernel, bwd, dict(cx, COMP=dtype == "fp32"), warps),
+    ]
 
 
 register_triton(
