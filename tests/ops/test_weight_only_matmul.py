@@ -805,3 +805,27 @@ open({str(tmp_path / "k.ptx")!r}, "w").write(out.asm["ptx"])
     ptx = (tmp_path / "k.ptx").read_text()
     assert "cp.async.bulk.tensor" in ptx and "mbarrier" in ptx and "wgmma.mma_async" in ptx
     assert ptx.count("cp.async.bulk.tensor") >= 5  # the prologue's stages - 1 tiles and the loop's
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize(
+    "shape,cfg",
+    [
+        ((1, 4096, 4096), WoConfig("tma", 16, 64, 256, 1, 4, 6)),
+        ((16, 1000, 14336), WoConfig("tma", 16, 128, 128, 5, 4, 8)),
+        ((17, 77, 1040), WoConfig("tma", 16, 64, 256, 2, 4, 4)),  # masked last step, two M tiles
+        ((3, 40, 1000), WoConfig("tma", 16, 64, 128, 1, 4, 8)),  # K % 16 != 0: the dot kernel
+    ],
+    ids=["1x4096x4096", "16x1000x14336-split5", "17x77x1040-split2", "3x40x1000-fallback"],
+)
+def test_gpu_tma_kernel(shape, cfg, dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x, w_q, s, b = _case(8, shape, dtype, "cuda", 0)
+    y = triton_wo_fwd(x, w_q, s, b, 8, cfg)
+    ref = wo_reference(x.double(), w_q, s.double(), b.double(), bits=8)
+    prod = ref - b.double()
+    bound = _bound(x, w_q, s, 8, prod, dtype) + 2.0**-8 * ref.abs() + 1e-3
+    ratio = float(((y.double() - ref).abs() / bound).max())
+    assert ratio <= 1, f"error {ratio:.2f}x its bound"
