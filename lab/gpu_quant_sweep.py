@@ -4,8 +4,8 @@ candidate launch at decode's M = 1 and 16, and print the winners as table entrie
     PYTHONPATH=src python3 lab/gpu_quant_sweep.py --out $OUT [--max-seconds 200]
     PYTHONPATH=src python3 lab/gpu_quant_sweep.py --out /tmp/qs --dry   # CPU, plumbing only
 
-One device call (~60-150 s on an H200, most of it compiles (four v4 builds of 26 kernels,
-Triton) and do_bench):
+One device call (~60-150 s on an H200, and ~30-40 s more for the TMA kernel's ~35
+compiles; most of it compiles (four v4 builds of 26 kernels, Triton) and do_bench):
 
 1. check (fails loudly: "CHECK FAILED" lines, exit status 1): cuda_v4 at every kernel of
    the sweep's build (``SWEEP_OPTIONS``: the default kernels, (mt, rt, u, pipe) in
@@ -15,21 +15,26 @@ Triton) and do_bench):
    and even whole steps per warp, M = 17 in two groups, K sliced); NaN / inf in x; the
    default ``cuda`` and ``triton`` backends; Triton at fp32 x (fp64 sums) at 4 x 40 x 258;
    the other builds of wo_matmul.cu (``BUILDS``: the weight loads' cache hints, ptxas's
-   register target). The float64 reference of the dequantized weight, kernellab's rule
+   register target); the Triton TMA kernel (``TMA_CHECK``: whole steps and K slices, bf16
+   and fp16, bias, NaN / inf) and its fallback to the dot kernel (K % 16 != 0, a weight
+   off 16-byte alignment). The float64 reference of the dequantized weight, kernellab's rule
    (error <= 2 x the torch backend's + a floor).
 2. ceiling: device-to-device copy bandwidth (bytes read + written).
 3. sweep (bf16 x, weights (N, K) = (14336, 4096), (4096, 14336), (4096, 4096), M = 1, 16):
    every cuda_v4 plan of the grid below (resolved per shape, duplicates timed once) and
-   every Triton plan; each output checked, then timed with triton.testing.do_bench (L2
+   every Triton plan (``TRITON_GRID``: gemv or dot16 by M, and the 24 "tma" plans at both
+   Ms); each output checked, then timed with triton.testing.do_bench (L2
    flushed before every call, median). The 3 fastest of each per shape are timed again
-   longer, v4's also in the other builds.
+   longer (and the 2 fastest "tma" ones), v4's also in the other builds.
 4. summary: per shape the bf16 cuBLAS time, the fastest v4 and Triton launch (x = speedup
    over bf16 cuBLAS, %copy = weight bytes / time against the copy bandwidth), the
    defaults (cuda.V4_PLANS, triton.TRITON_PLANS) and the issue's targets (int8 at M = 1 and
    16 on both 4096 x 14336 weights >= 1.6x bf16 cuBLAS; 1.8x for margin). Then, per shape
    class, the plan with the least total slowdown over its shapes, printed as the lines of
    V4_PLANS / TRITON_PLANS to paste (a plan whose kernel is KL_WO_V4_EXTRA's says so: its
-   kernel moves to the default build with it).
+   kernel moves to the default build with it); the TRITON_PLANS winners may be "tma"
+   plans, and the best "tma" plan per class is printed too, each with its speedup over
+   bf16 cuBLAS per shape.
 
 Rows go to $OUT/quant_sweep.jsonl. No stage starts after --max-seconds; a stage cut short
 says what it left out.
@@ -67,7 +72,7 @@ from kernellab.ops.weight_only_matmul.cuda import (  # noqa: E402
     V4Config,
     V4Plan,
 )
-from kernellab.ops.weight_only_matmul.triton import TritonPlan  # noqa: E402
+from kernellab.ops.weight_only_matmul.triton import TritonPlan, WoConfig  # noqa: E402
 
 WEIGHTS = ((14336, 4096), (4096, 14336), (4096, 4096))
 MS = (1, 16)
@@ -113,7 +118,29 @@ TRITON_GRID = {
             (0, 2, 4),
         )
     ],
+    # the TMA kernel (int8 weight tiles by tensor descriptor, num_stages deep), for both
+    # classes: 8-32 KB tiles, 4-8 stages (<= 197 KB of shared memory), K slices to 2 or 4
+    # programs per SM or none (N = 4096 in tiles of 64 is 64 programs for 132 SMs)
+    "tma": [
+        TritonPlan(bn, bk, w, st, pps, kind="tma")
+        for (bn, bk, w, st), pps in itertools.product(
+            (
+                (64, 256, 4, 4),
+                (64, 256, 4, 6),
+                (64, 256, 4, 8),
+                (64, 128, 4, 8),
+                (128, 128, 4, 6),
+                (128, 128, 4, 8),
+                (128, 128, 8, 8),
+                (128, 256, 8, 5),
+            ),
+            (0, 2, 4),
+        )
+    ],
 }
+# the TMA kernel's checks: whole steps, and K slices with a 128-wide tile (bf16 and fp16 for
+# the first, bf16 for the second: each (dtype, bias, slices, K % BLOCK_K) compiles once)
+TMA_CHECK = [WoConfig("tma", 16, 64, 256, 1, 4, 6), WoConfig("tma", 16, 128, 128, 3, 4, 8)]
 
 # other builds of wo_matmul.cu (SWEEP_OPTIONS and one more), against the default
 # (KL_WO_HINT=2: weights skip L1 and ask L2 for 256 B; KL_WO_V4_MINB=1)
@@ -235,6 +262,8 @@ def check_stage(run):
         )
         if dtype == dtypes[0] and (n >= 4096 or run.args.dry):  # (each Triton launch compiles once)
             tries.append(("triton", lambda: kernellab.int8_weight_only_matmul(x, w, s, b, backend="triton")))
+        for cfg in TMA_CHECK[: 2 if dtype == torch.bfloat16 else 1]:
+            tries.append((f"triton {cfg!r}", triton_fn(x, w, s, b, cfg)))
         worst = 0.0
         for name, fn in tries:
             try:
@@ -270,6 +299,19 @@ def check_stage(run):
             y = v4_fn(run, x, w, s, None, cfg)()
             if not (torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())):
                 run.fail(f"v4 specials M={mt_m} {cfg}", "NaN / inf positions differ from the reference")
+        for cfg in TMA_CHECK:
+            y = triton_fn(x, w, s, None, cfg)()
+            if not (torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())):
+                run.fail(f"triton specials M={mt_m} {cfg}", "NaN / inf positions differ from the reference")
+    # the TMA kernel where TMA cannot run (K % 16 != 0; a weight 1 byte off 16-byte
+    # alignment): the launcher runs the dot kernel with the same tiles
+    for shape, shifted in (((3, 40, 1000), False), ((2, 24, 160), True)):
+        x, w, s, b, ref, base = case(shape, torch.bfloat16, dev, seed=5)
+        if shifted:
+            w = torch.empty(w.numel() + 1, dtype=w.dtype, device=dev)[1:].view(w.shape).copy_(w)
+        v = judge(triton_fn(x, w, s, b, TMA_CHECK[0])(), ref, torch.bfloat16, base)
+        if not v.ok:
+            run.fail(f"triton tma fallback {shape}", v.detail)
     # the other builds of wo_matmul.cu
     if dev == "cuda":
         for name, opt in BUILDS:
@@ -368,13 +410,13 @@ def sweep_stage(run, copy_gbps):
         x, q, s, wbf, ref, base = cases[shape]
         t = time.perf_counter()
         kernel, cls = ("gemv", "gemv") if m == 1 else ("dot", "dot16")
-        plans = list(TRITON_GRID[cls])
+        plans = TRITON_GRID[cls] + TRITON_GRID["tma"]
         for i, plan in enumerate(plans):
             if run.late(f"Triton plans {i + 1}-{len(plans)} at {shape}"):
                 break
             cfg = plan.config(kernel, n, k, 8, n_sm)
             if run.args.dry:  # the interpreter: one small config stands in for each
-                cfg = wo_triton.WoConfig(kernel, cfg.block_m, 16, 64, min(cfg.split_k, 2))
+                cfg = WoConfig(cfg.kernel, cfg.block_m, 16, 64, min(cfg.split_k, 2))
             r["plans_triton"].setdefault(cfg, []).append(plan)
             if cfg not in r["triton"]:
                 r["triton"][cfg] = timed(
@@ -395,7 +437,10 @@ def sweep_stage(run, copy_gbps):
         x, q, s, wbf, ref, base = cases[shape]
         r["bf16"] = final(lambda: F.linear(x, wbf))
         for key in ("v4", "triton"):
-            top = sorted(((t, c) for c, t in r[key].items() if t is not None), key=lambda e: e[0])[:3]
+            ranked = sorted(((t, c) for c, t in r[key].items() if t is not None), key=lambda e: e[0])
+            top = ranked[:3]
+            if key == "triton":  # and the 2 fastest TMA launches
+                top += [e for e in ranked if e[1].kernel == "tma" and e not in top][:2]
             for _, cfg in top:
                 r[key][cfg] = final(fn_for(key, shape, cfg))
                 if key == "v4":
@@ -450,6 +495,14 @@ def sweep_stage(run, copy_gbps):
                 print(
                     f"    {key:6s} {t:8.4f} ms {gbps:6.0f} GB/s {pct} {r['bf16'] / t:5.2f}x  {c}", flush=True
                 )
+        tma = best_tma(r)
+        if tma:
+            t, c = tma
+            gbps = wb / t / 1e6
+            pct = f"{100 * gbps / copy_gbps:5.1f}%" if copy_gbps else "   - "
+            print(
+                f"    {'tma':6s} {t:8.4f} ms {gbps:6.0f} GB/s {pct} {r['bf16'] / t:5.2f}x  {c!r}", flush=True
+            )
         for (build, cfg), t in r["builds"].items():
             if t:
                 print(f"    v4 build {build}: {t:.4f} ms {r['bf16'] / t:5.2f}x  {cfg!r}", flush=True)
@@ -471,12 +524,19 @@ def timed(run, t, fn, ref, base, what):
         return None
 
 
+def best_tma(r):
+    """(ms, WoConfig) of the fastest "tma" launch of a shape's results, or None."""
+    got = [(t, c) for c, t in r["triton"].items() if t and c.kernel == "tma"]
+    return min(got, key=lambda e: e[0]) if got else None
+
+
 # --------------------------------------------------------------------------- 4. summary
 
 
-def best_plans(results, key, plan_key, classes):
+def best_plans(results, key, plan_key, classes, keep=lambda plan: True):
     """Per class: the plan whose total of (time / the shape's best time) over the class's
-    shapes is least (a plan that never ran on a shape of its class is left out)."""
+    shapes is least (a plan that never ran on a shape of its class is left out); only
+    plans ``keep`` accepts."""
     out = {}
     for cls, shapes in classes.items():
         totals = {}
@@ -491,7 +551,8 @@ def best_plans(results, key, plan_key, classes):
             for cfg, plans in r[plan_key].items():
                 t = r[key].get(cfg)
                 for p in plans:
-                    seen[p] = t / best if t else math.inf
+                    if keep(p):
+                        seen[p] = t / best if t else math.inf
             for p, v in seen.items():
                 totals.setdefault(p, []).append(v)
         n = max((len(v) for v in totals.values()), default=0)
@@ -499,6 +560,16 @@ def best_plans(results, key, plan_key, classes):
         if ranked:
             out[cls] = (ranked[0][1], ranked[0][0] / n)
     return out
+
+
+def plan_speedups(results, tclasses, kernel, cls, plan):
+    """'MxNxK 1.72x, ...': bf16 cuBLAS ms / the plan's ms on each shape of its class."""
+    out = []
+    for n, k, m in tclasses[(kernel, cls)]:
+        r = results[(n, k, m)]
+        t = next((r["triton"].get(c) for c, ps in r["plans_triton"].items() if plan in ps), None)
+        out.append(f"{m}x{n}x{k} " + (f"{r['bf16'] / t:.2f}x" if t else "failed"))
+    return ", ".join(out)
 
 
 def summary(run, results, n_sm, copy_gbps):
@@ -509,7 +580,8 @@ def summary(run, results, n_sm, copy_gbps):
     )
     print(
         f"{'M':>3s} {'N':>6s} {'K':>6s} | {'bf16 ms':>8s} | {'v4 best':>8s} {'x':>5s} {'%copy':>5s} | "
-        f"{'v4 dflt':>8s} {'x':>5s} | {'triton best':>11s} {'x':>5s} | {'tr dflt':>8s} {'x':>5s}",
+        f"{'v4 dflt':>8s} {'x':>5s} | {'triton best':>11s} {'x':>5s} | {'tr dflt':>8s} {'x':>5s} | "
+        f"{'tma best':>8s} {'x':>5s} {'%copy':>5s}",
         flush=True,
     )
     verdicts = []
@@ -526,9 +598,12 @@ def summary(run, results, n_sm, copy_gbps):
             r["triton"].get(r.get("default_triton")) or math.nan,
         )
         pct = 100 * n * k / v4b / 1e6 / copy_gbps if copy_gbps and v4b == v4b else math.nan
+        tmab = (best_tma(r) or (math.nan,))[0]
+        tpct = 100 * n * k / tmab / 1e6 / copy_gbps if copy_gbps and tmab == tmab else math.nan
         print(
             f"{m:3d} {n:6d} {k:6d} | {base:8.4f} | {v4b:8.4f} {base / v4b:5.2f} {pct:5.1f} | "
-            f"{v4d:8.4f} {base / v4d:5.2f} | {trb:11.4f} {base / trb:5.2f} | {trd:8.4f} {base / trd:5.2f}",
+            f"{v4d:8.4f} {base / v4d:5.2f} | {trb:11.4f} {base / trb:5.2f} | {trd:8.4f} {base / trd:5.2f} | "
+            f"{tmab:8.4f} {base / tmab:5.2f} {tpct:5.1f}",
             flush=True,
         )
         if m in MS and {n, k} == {4096, 14336}:
@@ -561,7 +636,19 @@ def summary(run, results, n_sm, copy_gbps):
     for (kernel, cls), (plan, score) in sorted(
         best_plans(results, "triton", "plans_triton", tclasses).items(), key=str
     ):
-        print(f'    ("{kernel}", "{cls}"): {plan!r},  # {score:.3f}', flush=True)
+        xs = plan_speedups(results, tclasses, kernel, cls, plan)
+        print(f'    ("{kernel}", "{cls}"): {plan!r},  # {score:.3f}; {xs}', flush=True)
+    print(
+        'the best "tma" plan per class (pasteable the same way; after #: as above, then '
+        "x bf16 cuBLAS per shape):",
+        flush=True,
+    )
+    for (kernel, cls), (plan, score) in sorted(
+        best_plans(results, "triton", "plans_triton", tclasses, keep=lambda p: p.kind == "tma").items(),
+        key=str,
+    ):
+        xs = plan_speedups(results, tclasses, kernel, cls, plan)
+        print(f'    ("{kernel}", "{cls}"): {plan!r},  # {score:.3f}; {xs}', flush=True)
     for v in verdicts:
         print(v, flush=True)
 

@@ -667,3 +667,165 @@ def test_triton_kernels_compile_for_sm90(op, dtype):
 
     kernels, note = asm.triton_report(kernellab.get(op, "triton"), dtype, "sm_90")
     assert len(kernels) == 2, note
+
+
+# --------------------------------------------------------------------------- tma kernel
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("kernel", ["tma", "tma_ptr"])
+@pytest.mark.parametrize(
+    "shape,tiles",
+    [
+        ((1, 37, 320), (32, 64, 1)),  # decode: one row in a tile of 16, N cut unevenly
+        ((17, 40, 336), (16, 64, 3)),  # two M tiles, a masked last step, three K slices
+        ((16, 33, 4112), (32, 256, 2)),
+        ((5, 1, 16), (16, 16, 1)),  # one output channel, one step
+        ((3, 40, 1000), (16, 64, 1)),  # K % 16 != 0: "tma" falls back to the dot kernel
+    ],
+    ids=["m1", "m17-split3", "m16-split2", "n1", "K1000-fallback"],
+)
+def test_triton_tma_kernel(kernel, shape, tiles, dtype):
+    """The TMA kernel's arithmetic on the interpreter (Triton 3.9's runs tensor
+    descriptors, zero-filled past N and K), and the same body with pointer loads."""
+    bn, bk, split = tiles
+    x, w_q, s, b = _case(8, shape, dtype, "cpu", seed_for(8, shape, dtype))
+    y = triton_wo_fwd(x, w_q, s, b, 8, WoConfig(kernel, 16, bn, bk, split_k=split))
+    ref = wo_reference(x.double(), w_q, s.double(), b.double(), bits=8)
+    assert y.dtype == dtype and y.shape == ref.shape
+    err = (y.double() - ref).abs()
+    assert (err <= _bound(x, w_q, s, 8, ref, dtype) + dtype_eps_floor(dtype)).all(), err.max().item()
+
+
+def test_triton_tma_kernel_specials_propagate():
+    x, w_q, s, _ = _case(8, (17, 24, 128), torch.bfloat16, "cpu", 9)
+    x[0, 5] = float("nan")
+    x[16, 7] = float("inf")
+    ref = wo_reference(x.double(), w_q, s.double(), bits=8)
+    y = triton_wo_fwd(x, w_q, s, None, 8, WoConfig("tma", 16, 16, 64, split_k=2))
+    assert torch.equal(torch.isnan(y), torch.isnan(ref)) and torch.equal(torch.isinf(y), torch.isinf(ref))
+    assert torch.isfinite(y[1:16]).all()
+
+
+def test_triton_tma_falls_back_where_tma_cannot_run():
+    """TMA's rules (K % 16 == 0, a 16-byte aligned weight) and the kernel's (int8, 16-bit
+    x): elsewhere a "tma" launch runs the dot kernel (fp32 x: the GEMV) and is still right."""
+    from kernellab.ops.weight_only_matmul.triton import tma_ok
+
+    x, w_q, s, b = _case(8, (2, 24, 160), torch.bfloat16, "cpu", 4)
+    assert tma_ok("tma", x, w_q, 8)
+    buf = torch.empty(24 * 160 + 1, dtype=torch.int8)
+    shifted = buf[1:].view(24, 160)
+    shifted.copy_(w_q)
+    assert not tma_ok("tma", x, shifted, 8) and tma_ok("tma_ptr", x, shifted, 8)
+    assert not tma_ok("tma", x[:, :152], w_q[:, :152].contiguous(), 8)
+    assert not tma_ok("tma", x.float(), w_q, 8) and not tma_ok("tma_ptr", x.float(), w_q, 8)
+    x4, w4, s4, _ = _case(4, (2, 24, 160), torch.bfloat16, "cpu", 4)
+    assert not tma_ok("tma", x4, w4, 4) and not tma_ok("tma_ptr", x4, w4, 4)
+    cfg = WoConfig("tma", 16, 16, 64, split_k=2)
+    for xx, ww, ss, bits in [(x, shifted, s, 8), (x.float(), w_q, s, 8), (x4, w4, s4, 4)]:
+        y = triton_wo_fwd(xx, ww, ss, b.to(xx.dtype), bits, cfg)
+        ref = wo_reference(xx.double(), ww, ss.double(), b.double(), bits=bits)
+        assert ((y.double() - ref).abs() <= _bound(xx, ww, ss, bits, ref, xx.dtype) + 1e-3).all(), bits
+
+
+@pytest.mark.parametrize(
+    "field,kw",
+    [
+        ("kind", dict(kind="wgmma")),
+        ("block_n", dict(block_n=8, kind="tma")),  # tl.dot needs 16
+        ("block_n", dict(block_n=48)),
+        ("block_k", dict(block_k=512, kind="tma")),  # a TMA box is at most 256 a dim
+        ("warps", dict(warps=3)),
+        ("stages", dict(stages=0)),
+        ("stages", dict(block_n=256, block_k=256, stages=4, kind="tma")),  # 288 KB of shared memory
+        ("programs_per_sm", dict(programs_per_sm=-1)),
+    ],
+)
+def test_triton_plan_refused_naming_the_field(field, kw):
+    from kernellab.ops.weight_only_matmul.triton import TritonPlan
+
+    with pytest.raises(ValueError, match=rf"TritonPlan\.{field}\b"):
+        TritonPlan(**{"block_n": 64, "block_k": 256, **kw})
+
+
+def test_triton_plans_can_name_the_tma_kernel(monkeypatch):
+    """A TRITON_PLANS entry of kind "tma" (as the sweep prints it) makes the launcher's
+    config a "tma" launch for its class, M tiles of 16, K sliced by programs_per_sm."""
+    from kernellab.ops.weight_only_matmul import triton as wt
+
+    plan = wt.TritonPlan(block_n=64, block_k=256, warps=4, stages=6, programs_per_sm=2, kind="tma")
+    assert eval(repr(plan), {"TritonPlan": wt.TritonPlan}) == plan  # pasteable
+    wt.wo_config.cache_clear()
+    monkeypatch.setitem(wt.TRITON_PLANS, ("gemv", "short"), plan)
+    monkeypatch.setitem(wt.TRITON_PLANS, ("dot16", "short"), plan)
+    try:
+        for m in (1, 16):
+            cfg = wt.wo_config(m, 4096, 14336, 8, 132)
+            assert cfg == wt.WoConfig("tma", 16, 64, 256, 5, 4, 6), cfg  # 64 tiles x 5 slices
+        assert wt.wo_config(1, 14336, 4096, 8, 132).kernel == "gemv"  # the other class keeps its plan
+    finally:
+        wt.wo_config.cache_clear()
+
+
+def test_triton_tma_kernel_compiles_for_sm90_to_tma_and_wgmma(tmp_path):
+    """Ahead of time for an H100 / H200 (no GPU): the weight tiles load with bulk tensor
+    copies (TMA) on mbarriers, pipelined, and the product is a wgmma."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernellab.ops.weight_only_matmul import triton as wt
+fn = wt._wo_tma_kernel
+sig = {{"x_ptr": "*bf16", "w_ptr": "*i8", "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16",
+        "p_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32"}}
+cx = dict(HAS_BIAS=True, PARTIAL=False, UPCAST=False, TMA=True, BLOCK_M=16, BLOCK_N=64,
+          BLOCK_K=256, EVEN_K=True)
+sig.update({{c: "constexpr" for c in cx}})
+attrs = {{(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if sig[n] != "constexpr"}}
+out = None
+for c in (cx, {{(fn.arg_names.index(k),): v for k, v in cx.items()}}):  # by name (3.9), by index (3.6)
+    try:
+        out = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
+                             target=GPUTarget("cuda", 90, 32), options={{"num_warps": 4, "num_stages": 6}})
+        break
+    except Exception as e:
+        err = e
+if out is None:
+    raise err
+open({str(tmp_path / "k.ptx")!r}, "w").write(out.asm["ptx"])
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ptx = (tmp_path / "k.ptx").read_text()
+    assert "cp.async.bulk.tensor" in ptx and "mbarrier" in ptx and "wgmma.mma_async" in ptx
+    assert ptx.count("cp.async.bulk.tensor") >= 5  # the prologue's stages - 1 tiles and the loop's
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize(
+    "shape,cfg",
+    [
+        ((1, 4096, 4096), WoConfig("tma", 16, 64, 256, 1, 4, 6)),
+        ((16, 1000, 14336), WoConfig("tma", 16, 128, 128, 5, 4, 8)),
+        ((17, 77, 1040), WoConfig("tma", 16, 64, 256, 2, 4, 4)),  # masked last step, two M tiles
+        ((3, 40, 1000), WoConfig("tma", 16, 64, 128, 1, 4, 8)),  # K % 16 != 0: the dot kernel
+    ],
+    ids=["1x4096x4096", "16x1000x14336-split5", "17x77x1040-split2", "3x40x1000-fallback"],
+)
+def test_gpu_tma_kernel(shape, cfg, dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    x, w_q, s, b = _case(8, shape, dtype, "cuda", 0)
+    y = triton_wo_fwd(x, w_q, s, b, 8, cfg)
+    ref = wo_reference(x.double(), w_q, s.double(), b.double(), bits=8)
+    prod = ref - b.double()
+    bound = _bound(x, w_q, s, 8, prod, dtype) + 2.0**-8 * ref.abs() + 1e-3
+    ratio = float(((y.double() - ref).abs() / bound).max())
+    assert ratio <= 1, f"error {ratio:.2f}x its bound"

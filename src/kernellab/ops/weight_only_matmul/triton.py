@@ -1,8 +1,8 @@
 """Weight-only matmuls in Triton: kernels, configs, launcher, registration.
 
-Two kernels, chosen by M (rows of x), both reading the quantized weight exactly once per
-M tile and dequantizing it in registers (the scale is applied once per output, after the
-K sum):
+Two kernels chosen by M (rows of x), and a third for int8 that GPU plans may name, all
+reading the quantized weight exactly once per M tile and dequantizing it in registers (the
+scale is applied once per output, after the K sum):
 
 - ``_wo_gemv_kernel`` (M = 1, decode): a program owns BLOCK_N output channels and walks K
   in BLOCK_K steps; the weight tile [BLOCK_N, BLOCK_K] is contiguous along K, so each
@@ -15,6 +15,18 @@ K sum):
   M = 16 the FMAs on CUDA cores would be 16 per weight byte (~77 T/s at 4.8 TB/s, above
   the H200's ~34 T/s fp32 FMA rate): the tensor cores keep it memory-bound. BLOCK_M is 16
   up to M = 16 (decode), 32-128 above.
+- ``_wo_tma_kernel`` (int8, 16-bit x, any M in tiles of 16; a candidate, run when a
+  ``TRITON_PLANS`` entry has kind "tma"): the dot kernel's tiles, but the weight tile
+  [BLOCK_N, BLOCK_K] arrives by TMA (``tl.make_tensor_descriptor``; mbarriers, and
+  ``num_stages`` - 1 tiles in flight), as bf16 cuBLAS's decode GEMV streams its weight
+  (measured 72-76% of DRAM peak on an H200, against 46-55% for register loads). The
+  product is computed transposed, acc^T [BLOCK_N, 16] = W x^T: the converted weight is
+  wgmma's register operand (m64 per warpgroup) and x^T its shared-memory one, so the int8
+  tile goes shared -> registers -> tensor cores once. Deep pipelines: 64 x 256 int8 tiles
+  with 6 stages keep 5 x 16 KB of weight in flight per program (131 KB of shared memory
+  with x's tiles). TMA needs K % 16 == 0 (the row
+  pitch) and a 16-byte aligned weight; elsewhere the launcher runs ``_wo_dot_kernel``
+  with the same tiles. ``TMA=False`` is the same body with pointer loads ("tma_ptr").
 
 int4: byte j of a row holds k = 2j (low nibble) and 2j + 1 (high nibble). Rather than
 interleave the nibbles back into K order, x is read as its even and odd columns (x is
@@ -32,8 +44,9 @@ fp32 -> fp64 are exact), partials in fp64, one rounding at the end. An fp32 dot 
 sums each output along K in one FMA chain (256 terms a step), whose error grows ~sqrt(K)
 ulps and can pass twice that of cuBLAS's blocked sums (the check's bound).
 
-GPU launches for M <= 16 come from ``TRITON_PLANS`` (by kernel and weight shape class),
-written from lab/gpu_quant_sweep.py's winners; M > 16 from a rule in ``wo_config``.
+GPU launches for M <= 16 come from ``TRITON_PLANS`` (by kernel and weight shape class; a
+plan of kind "tma" runs ``_wo_tma_kernel`` for its class), written from
+lab/gpu_quant_sweep.py's winners; M > 16 from a rule in ``wo_config``.
 """
 
 from __future__ import annotations
@@ -211,6 +224,76 @@ def _wo_dot_kernel(
 
 
 @triton_support.jit
+def _wo_tma_kernel(
+    x_ptr,  # [M, K] contiguous, fp16/bf16
+    w_ptr,  # [N, K] int8 row-major; TMA: 16-byte aligned base and K % 16 == 0 (row pitch)
+    s_ptr,  # [N] fp32
+    b_ptr,  # [N] (HAS_BIAS)
+    y_ptr,  # [M, N]
+    p_ptr,  # [slices, M, N] fp32 partials (PARTIAL)
+    M,
+    N,
+    K,
+    K_SPLIT,  # K per slice, a multiple of BLOCK_K
+    HAS_BIAS: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    UPCAST: tl.constexpr,  # interpreter: fp32 dots (it has no bf16 dot)
+    TMA: tl.constexpr,  # weight tiles through a tensor descriptor (else pointer loads)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: x unmasked
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_n
+    pid_n = pid % num_n
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(K, k_lo + K_SPLIT)
+    xrow = (offs_m % M).to(tl.int64) * K
+    wrow = (offs_n % N).to(tl.int64) * K
+    if TMA:
+        # zero-filled past N and K; slices are whole BLOCK_K steps, so only the last
+        # slice's last step reaches past K (where x is masked to 0 too)
+        w_desc = tl.make_tensor_descriptor(
+            w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K]
+        )
+    # acc^T = W x^T: the converted weight is the dot's left operand (wgmma takes it from
+    # registers, m64 per warpgroup), x^T the right one (from shared memory)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            xt = tl.load(x_ptr + xrow[:, None] + offs_k[None, :])
+        else:
+            xt = tl.load(x_ptr + xrow[:, None] + offs_k[None, :], mask=(offs_k < k_hi)[None, :], other=0.0)
+        if TMA:
+            wt = w_desc.load([pid_n * BLOCK_N, k0])
+        elif EVEN_K:
+            wt = tl.load(w_ptr + wrow[:, None] + offs_k[None, :])
+        else:
+            wt = tl.load(w_ptr + wrow[:, None] + offs_k[None, :], mask=(offs_k < k_hi)[None, :], other=0)
+        if UPCAST:
+            acc = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(wt.to(x_ptr.dtype.element_ty), tl.trans(xt), acc)
+    out = offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]  # [BLOCK_N, BLOCK_M]
+    mask = n_mask[:, None] & m_mask[None, :]
+    if not PARTIAL:
+        y = acc * tl.load(s_ptr + offs_n, mask=n_mask, other=0.0)[:, None]
+        if HAS_BIAS:
+            y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        tl.store(y_ptr + out, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(p_ptr + pid_k.to(tl.int64) * M * N + out, acc, mask=mask)
+
+
+@triton_support.jit
 def _wo_reduce_kernel(
     p_ptr,  # [SPLIT_K, MN] fp32 (fp64) partials
     s_ptr,  # [N] fp32
@@ -240,7 +323,10 @@ def _wo_reduce_kernel(
 
 @dataclass(frozen=True)
 class WoConfig:
-    """One launch: ``kernel`` "gemv" (M = 1) or "dot"; tiles; K slices; warps; stages."""
+    """One launch: ``kernel`` "gemv" (M = 1), "dot", "tma" (int8, 16-bit x: weight tiles
+    through a tensor descriptor; the launcher runs "dot" with the same tiles where TMA's
+    rules fail) or "tma_ptr" (the tma kernel with pointer loads); tiles; K slices; warps;
+    stages."""
 
     kernel: str
     block_m: int
@@ -259,21 +345,57 @@ def _splits(tiles: int, k: int, block_k: int, want: int) -> int:
     return max(1, min(16, triton_support.cdiv(want, tiles), triton_support.cdiv(k, block_k)))
 
 
+# shared memory on an H100 / H200 (227 KB) a "tma" plan's pipeline must fit in
+MAX_SHARED = 232448
+
+
 @dataclass(frozen=True)
 class TritonPlan:
     """A GPU launch for a class of shapes (M = 1 "gemv" or M = 2..16 "dot16"): tiles,
     warps, stages, and K slices chosen to bring the programs to ``programs_per_sm`` per SM
-    (0: never split). ``block_k`` counts weights (int4: bytes x 2)."""
+    (0: never split). ``block_k`` counts weights (int4: bytes x 2). ``kind`` "" runs the
+    class's kernel (gemv or dot), "tma" the TMA kernel (BLOCK_M 16) for either class."""
 
     block_n: int
     block_k: int
     warps: int = 4
     stages: int = 3
     programs_per_sm: int = 2
+    kind: str = ""
+
+    def __post_init__(self):
+        def bad(field, want):
+            raise ValueError(f"TritonPlan.{field} must be {want}, got {getattr(self, field)!r}")
+
+        def pow2(v, lo, hi):
+            return type(v) is int and lo <= v <= hi and v & (v - 1) == 0
+
+        if self.kind not in ("", "tma"):
+            bad("kind", '"" or "tma"')
+        tma = self.kind == "tma"
+        # tl.dot needs 16 along each dim; a TMA box is at most 256 elements a dim
+        if not pow2(self.block_n, 16 if tma else 1, 256 if tma else 1024):
+            bad("block_n", "a power of two in " + ("[16, 256] for tma" if tma else "[1, 1024]"))
+        if not pow2(self.block_k, 16 if tma else 8, 256 if tma else 4096):
+            bad("block_k", "a power of two in " + ("[16, 256] for tma" if tma else "[8, 4096]"))
+        if self.warps not in (1, 2, 4, 8, 16):
+            bad("warps", "1, 2, 4, 8 or 16")
+        if type(self.stages) is not int or not 1 <= self.stages <= 16:
+            bad("stages", "in [1, 16]")
+        if tma and self.shared_bytes() > MAX_SHARED:
+            bad("stages", f"such that the pipeline fits {MAX_SHARED} bytes (needs {self.shared_bytes()})")
+        if type(self.programs_per_sm) is not int or self.programs_per_sm < 0:
+            bad("programs_per_sm", ">= 0")
+
+    def shared_bytes(self) -> int:
+        """A tma plan's pipeline: per stage the int8 weight tile and a 16-row 16-bit x tile."""
+        return self.stages * (self.block_n * self.block_k + 16 * self.block_k * 2)
 
     def config(self, kernel: str, n: int, k: int, bits: int, n_sm: int) -> WoConfig:
         """``kernel`` "gemv" or "dot" (BLOCK_M 16); the gemv's int4 steps take twice the
-        weights (the same bytes)."""
+        weights (the same bytes). A "tma" plan gives a "tma" launch whatever ``kernel``."""
+        if self.kind == "tma":
+            kernel = "tma"
         bk = self.block_k * (2 if bits == 4 and kernel == "gemv" else 1)
         tiles = triton_support.cdiv(n, self.block_n)
         split = _splits(tiles, k, bk, self.programs_per_sm * n_sm) if self.programs_per_sm else 1
@@ -325,6 +447,21 @@ def wo_config(m: int, n: int, k: int, bits: int, n_sm: int, interpreted: bool = 
 # --------------------------------------------------------------------------- launcher
 
 
+def tma_ok(kernel: str, x2: torch.Tensor, w: torch.Tensor, bits: int) -> bool:
+    """Whether a "tma" / "tma_ptr" launch can run: int8 weights and 16-bit x; for "tma"
+    also TMA's rules, a row pitch (K bytes) that is a multiple of 16 and a 16-byte aligned
+    base. Traced (fake tensors have no address) the base is judged by its storage offset."""
+    if bits != 8 or x2.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if kernel == "tma_ptr":
+        return True
+    if type(w) in triton_support._REAL_TENSORS:
+        base = w.data_ptr()
+    else:
+        base = w.storage_offset() * w.element_size()
+    return w.shape[1] % 16 == 0 and base % 16 == 0
+
+
 def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | None = None):
     """y [..., N] = x [..., K] @ dequant(w_q).T (+ bias), in x's dtype. Packs x, w_q (and
     non-fp32 scales) contiguous first: a strided weight costs a copy per call (quantize
@@ -356,6 +493,8 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
         cfg = wo_config(m_cfg, n, k, bits, n_sm, interpreted)
     else:  # traced with symbolic sizes (torch.compile, opcheck): unhashable, so not cached
         cfg = wo_config.__wrapped__(m_cfg, n, k, bits, n_sm, interpreted)
+    if cfg.kernel in ("tma", "tma_ptr") and not tma_ok(cfg.kernel, x2, w, bits):
+        cfg = WoConfig("dot", 16, cfg.block_n, cfg.block_k, cfg.split_k, cfg.warps, cfg.stages)
     k_split = triton_support.cdiv(triton_support.cdiv(k, cfg.split_k), cfg.block_k) * cfg.block_k
     split = triton_support.cdiv(k, k_split)
     acc64 = x.dtype == torch.float32
@@ -378,6 +517,32 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
         # rounding at the end; an fp32 dot's long FMA chains miss the check's bound)
         grid = (triton_support.cdiv(n, cfg.block_n) * m, split)
         _wo_gemv_kernel[grid](x2, w, s, bias_arg, y, p, m, n, k, k_split, **common, ACC64=acc64, **gpu)
+    elif cfg.kernel in ("tma", "tma_ptr"):
+        tma = cfg.kernel == "tma"
+        if tma and not interpreted:
+            triton_support.install_tma_allocator()  # descriptor scratch; per call: per thread
+        grid = (triton_support.cdiv(m, cfg.block_m) * triton_support.cdiv(n, cfg.block_n), split)
+        _wo_tma_kernel[grid](
+            x2,
+            w,
+            s,
+            bias_arg,
+            y,
+            p,
+            m,
+            n,
+            k,
+            k_split,
+            HAS_BIAS=b is not None,
+            PARTIAL=split > 1,
+            UPCAST=interpreted,
+            TMA=tma,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            EVEN_K=even,
+            **gpu,
+        )
     else:
         grid = (triton_support.cdiv(m, cfg.block_m) * triton_support.cdiv(n, cfg.block_n), split)
         _wo_dot_kernel[grid](
