@@ -37,6 +37,10 @@
 //                 serves all 16 rows: M = 16 costs about what M = 1 does. wo_v4p_* (built
 //                 with KL_WO_V4_EXTRA) pipeline the steps: the next step's loads fly
 //                 while a step computes.
+//   v5  wo_v5_*   (sm_90, built only with KL_WO_V5; no backend yet) v4's math fed from a
+//                 shared-memory ring that a producer warp fills with bulk async copies
+//                 (cp.async.bulk + mbarrier transaction counts): up to ~200 KB of weight
+//                 in flight per SM without registers.
 //   int4: wo4_v1_* (v1 with nibbles) and wo4_v3_* (v3: 16 bytes = 32 weights per load,
 //   nibbles offset by +8 and turned into floats with the same 2^23 trick).
 #include "common.cuh"
