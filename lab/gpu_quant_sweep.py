@@ -20,6 +20,13 @@ compiles; most of it compiles (four v4 builds of 26 kernels, Triton) and do_benc
    off 16-byte alignment). The float64 reference of the dequantized weight, kernellab's rule
    (error <= 2 x the torch backend's + a floor).
 2. ceiling: device-to-device copy bandwidth (bytes read + written).
+2b. v5 (sm_90 GPUs; ``v5_stage``, in a child process with a time limit: a deadlocked
+   mbarrier ring or an illegal address costs only this stage): the ``V5_OPTION`` build
+   (~20 s of compile), every ``V5_CHECK`` launch at the check shapes (N = 1, odd N, K not
+   a multiple of kc, K sliced, M = 17, bias, bf16 and fp16) and NaN / inf in x, then
+   ``v5_candidates`` (~24 launches per shape) at the sweep's shapes, checked and timed;
+   per shape the best v5 against bf16 cuBLAS and the copy bandwidth, as a V5Config to
+   paste. ``--v5-only`` runs this stage alone (with ``--copy-gbps`` from the parent).
 3. sweep (bf16 x, weights (N, K) = (14336, 4096), (4096, 14336), (4096, 4096), M = 1, 16):
    every cuda_v4 plan of the grid below (resolved per shape, duplicates timed once) and
    every Triton plan (``TRITON_GRID``: gemv or dot16 by M, and the 24 "tma" plans at both
@@ -69,8 +76,10 @@ from kernellab.ops.weight_only_matmul.cuda import (  # noqa: E402
     V4_EXTRA_KERNELS,
     V4_EXTRA_OPTION,
     V4_KERNELS,
+    V5_OPTION,
     V4Config,
     V4Plan,
+    V5Config,
 )
 from kernellab.ops.weight_only_matmul.triton import TritonPlan, WoConfig  # noqa: E402
 
@@ -169,6 +178,47 @@ CHECK_LAUNCHES = [  # every kernel of the sweep's build at 1 and more warps alon
 ]
 
 
+# v5's checks: small and large kc, 2-4 stages (the ring wraps within a tile), 2-8
+# consumer warps, one persistent block over every row tile (grid 1), K sliced (split 3);
+# each at mt 8 and 16
+V5_CHECK = [
+    V5Config(mt, rt, kc, st, wc, split, grid)
+    for mt in (8, 16)
+    for (rt, kc, st, wc, split, grid) in (
+        (2, 128, 2, 2, 1, 0),
+        (4, 512, 3, 8, 1, 0),
+        (8, 256, 4, 4, 3, 1),
+        (2, 1024, 2, 8, 2, 2),
+    )
+]
+V5_CHECK_SHAPES = CHECK_SHAPES + [(1, 1, 4096), (16, 8, 131072)]  # one row; 16 x rows of a long K
+V5_TIME_LIMIT = 240  # s, the child's (compile ~20 s, checks, ~120 timed launches)
+V5_RINGS = (96 * 1024, 192 * 1024)  # bytes of ring per block the candidates aim at
+
+
+def v5_candidates(m, n, k, n_sm):
+    """v5 launches for one shape: 32-128 rows per block, kc 512 or 1024, a ring of ~96 or
+    ~192 KB, 4 or 8 consumer warps; K sliced where the row tiles are fewer than half the
+    SMs; persistent blocks (one wave of as many as fit per SM) where tiles exceed them."""
+    mt = 8 if m <= 8 else 16
+    out = []
+    for rt, kc, ring, warps in itertools.product((2, 4, 8), (512, 1024), V5_RINGS, (4, 8)):
+        probe = V5Config(mt, rt, kc, 2, warps)
+        stages = max(2, ring // probe.stage_bytes)
+        while stages > 2 and V5Config(mt, rt, kc, stages, warps).shared > wo_cuda.V5_MAX_SHARED:
+            stages -= 1
+        if V5Config(mt, rt, kc, stages, warps).shared > wo_cuda.V5_MAX_SHARED:
+            continue  # not even two stages fit
+        tiles = -(-n // probe.rows)
+        split = max(1, min(16, n_sm // tiles, k // (4 * kc))) if 2 * tiles <= n_sm else 1
+        cfg = V5Config(mt, rt, kc, stages, warps, split)
+        fit = max(1, wo_cuda.V5_MAX_SHARED // cfg.shared)
+        if tiles * split > fit * n_sm:
+            cfg = V5Config(mt, rt, kc, stages, warps, split, fit * n_sm // split)
+        out.append(cfg)
+    return list(dict.fromkeys(out))
+
+
 def timer(dev, warmup, rep):
     if dev == "cuda":
         import triton.testing
@@ -222,6 +272,16 @@ def v4_fn(run, x, w, s, b, cfg, build="default"):
 
 def triton_fn(x, w, s, b, cfg, bits=8):
     return lambda: wo_triton.triton_wo_fwd(x, w, s, b, bits, cfg)
+
+
+def v5_fn(run, x, w, s, b, cfg):
+    """v5 with launch ``cfg`` (dry run: the torch backend stands in, after the launch is
+    validated)."""
+    wo_cuda.check_v5_config(cfg, run.modules["v5"])
+    if run.dev != "cuda":
+        return lambda: kernellab.int8_weight_only_matmul(x, w, s, b, backend="torch")
+    mod = run.modules["v5"]
+    return lambda: wo_cuda.cuda_wo_fwd(x, w, s, b, 8, "v5", config=cfg, module=mod)
 
 
 def case(shape, dtype, dev, seed, bits=8, bias=True):
@@ -344,6 +404,107 @@ def check_stage(run):
                 f"  triton int{bits} fp32 {'x'.join(map(str, shape)):10s} err/bound {v.ratio:.2f}", flush=True
             )
     print(f"check: {n_checked} launches, {len(run.failures)} failures", flush=True)
+
+
+# --------------------------------------------------------------------------- 2b. v5
+
+
+def v5_stage(run, copy_gbps):
+    """v5: check every V5_CHECK launch, then time v5_candidates at the sweep's shapes."""
+    print("\n## v5 (bulk-copy ring, sm_90): check, then time (median ms, L2 flushed)", flush=True)
+    dev = run.dev
+    if dev == "cuda" and wo_cuda.v5_unavailable(torch.cuda.get_device_capability()):
+        print(f"  left out: {wo_cuda.v5_unavailable(torch.cuda.get_device_capability())}", flush=True)
+        return
+    t = time.perf_counter()
+    run.modules["v5"] = Module(wo_cuda.MODULE.path, options=("-DKL_WO_V4_ONLY=1", V5_OPTION))
+    if dev == "cuda":
+        run.modules["v5"].kernel("wo_v5_m8_r2_bf16", wo_cuda._SIG_V5)  # compile once, here
+    print(f"  build: {time.perf_counter() - t:.1f} s", flush=True)
+    n_fail = len(run.failures)
+    shapes = [(1, 40, 144), (17, 20, 1040)] if run.args.dry else V5_CHECK_SHAPES
+    dtypes = (torch.bfloat16,) if run.args.dry else (torch.bfloat16, torch.float16)
+    n_checked = 0
+    for dtype, shape in itertools.product(dtypes, shapes):
+        x, w, s, b, ref, base = case(shape, dtype, dev, seed=sum(shape) + 1, bias=shape[0] % 2 == 1)
+        for cfg in V5_CHECK:
+            try:
+                v = judge(v5_fn(run, x, w, s, b, cfg)(), ref, dtype, base)
+                ok, detail = v.ok, v.detail
+            except Exception as e:  # noqa: BLE001 - reported, the run goes on
+                ok, detail = False, f"{type(e).__name__}: {str(e)[:200]}"
+            n_checked += 1
+            if not ok:
+                run.fail(f"v5 {cfg!r} {shape} {str(dtype)[6:]}", detail)
+    for mt_m in (1, 16):  # NaN / inf in x: positions as the reference's
+        x, w, s, b, ref, base = case((mt_m, 96, 1040), torch.bfloat16, dev, seed=7, bias=False)
+        x[0, 3] = float("nan")
+        x[-1, 1030] = float("inf")  # in the last, partial stage of kc 128 .. 1024
+        ref = wo_reference(x.double(), w, s.double(), bits=8)
+        for cfg in V5_CHECK:
+            y = v5_fn(run, x, w, s, None, cfg)()
+            n_checked += 1
+            if not (torch.equal(y.isnan(), ref.isnan()) and torch.equal(y.isinf(), ref.isinf())):
+                run.fail(f"v5 specials M={mt_m} {cfg!r}", "NaN / inf positions differ from the reference")
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    print(f"  check: {n_checked} launches, {len(run.failures) - n_fail} failures", flush=True)
+    if len(run.failures) > n_fail:
+        print("  v5 is not timed: its checks failed", flush=True)
+        return
+
+    n_sm = torch.cuda.get_device_properties(0).multi_processor_count if dev == "cuda" else 4
+    screen, final = timer(dev, 5, 15), timer(dev, 10, 60)
+    weights = ((256, 512),) if run.args.dry else WEIGHTS + ((4096, 4096),)
+    print(
+        f"{'M':>3s} {'N':>6s} {'K':>6s} | {'bf16 ms':>8s} | {'v5 best':>8s} {'x':>5s} {'%copy':>5s} | config"
+    )
+    for n, k in dict.fromkeys(weights):
+        gen, wbf, q, s = weights_for(n, k, dev)
+        for m in MS:
+            if run.late(f"v5 timing at {m}x{n}x{k} and after"):
+                return
+            x = torch.randn(m, k, generator=gen, device=dev).to(torch.bfloat16)
+            ref = wo_reference(x.double(), q, s.double(), bits=8)
+            base = kernellab.int8_weight_only_matmul(x, q, s, backend="torch")
+            bf16 = final(lambda: F.linear(x, wbf))
+            got = {}
+            for cfg in v5_candidates(m, n, k, n_sm):
+                got[cfg] = timed(run, screen, v5_fn(run, x, q, s, None, cfg), ref, base, f"v5 {cfg!r}")
+            ranked = (
+                sorted(((t, c) for c, t in got.items() if t), key=lambda e: e[0]) if dev == "cuda" else []
+            )
+            for _, cfg in ranked[:3]:  # the 3 fastest again, longer
+                got[cfg] = final(v5_fn(run, x, q, s, None, cfg))
+            for cfg, ms in got.items():
+                run.row(bench="quant_sweep_v5", shape=f"{m}x{n}x{k}", config=repr(cfg), ms=ms, bf16_ms=bf16)
+            timed_ = [(t, c) for c, t in got.items() if t]
+            if not timed_:
+                continue
+            t, cfg = min(timed_, key=lambda e: e[0])
+            pct = 100 * n * k / t / 1e6 / copy_gbps if copy_gbps else math.nan
+            print(
+                f"{m:3d} {n:6d} {k:6d} | {bf16:8.4f} | {t:8.4f} {bf16 / t:5.2f} {pct:5.1f} | {cfg!r}",
+                flush=True,
+            )
+
+
+def v5_in_a_child(run, out: Path, copy_gbps) -> None:
+    """v5_stage in a child process with a time limit (a hung ring is killed, and a dead
+    CUDA context stays the child's)."""
+    status = out / "quant_sweep_v5.json"
+    status.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--out", str(out), "--v5-only", "--copy-gbps", str(copy_gbps or 0)]
+    try:
+        rc = subprocess.run(cmd, timeout=V5_TIME_LIMIT).returncode
+    except subprocess.TimeoutExpired:
+        run.fail("v5 stage", f"killed after {V5_TIME_LIMIT} s (a hung mbarrier ring?)")
+        return
+    got = json.loads(status.read_text()) if status.exists() else None
+    if got is None or rc not in (0, 1):
+        run.fail("v5 stage", f"the child died (exit status {rc})")
+    if got:
+        run.failures += got["failures"]
 
 
 # --------------------------------------------------------------------------- 3. sweep
@@ -689,6 +850,8 @@ def main() -> int:
     p.add_argument("--max-seconds", type=float, default=200.0, help="no stage or shape starts after")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--check-only", action="store_true", help="stage 1 only (the sweep runs it in a child)")
+    p.add_argument("--v5-only", action="store_true", help="stage 2b only (the sweep runs it in a child)")
+    p.add_argument("--copy-gbps", type=float, default=0.0, help="with --v5-only: the parent's copy bandwidth")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -700,6 +863,13 @@ def main() -> int:
     meta = {"gpu": gpu, **versions(), "git_sha": git_sha(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     print(f"{gpu}  torch {meta['torch']}  triton {meta['triton']}  sha {meta['git_sha']}", flush=True)
     run = Run(args, dev, meta, out / "quant_sweep.jsonl")
+    if args.v5_only:
+        try:
+            v5_stage(run, args.copy_gbps or None)
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            run.fail("v5 stage", f"{type(e).__name__}: {str(e)[:300]}")
+        (out / "quant_sweep_v5.json").write_text(json.dumps({"failures": run.failures}))
+        return 1 if run.failures else 0
     if args.check_only or args.dry:
         check_stage(run)
         if args.check_only:
@@ -720,6 +890,9 @@ def main() -> int:
 
         copy_gbps = device._copy_gbps((1 << 30) // 4)
         print(f"\ncopy bandwidth: {copy_gbps:.0f} GB/s (read + write)", flush=True)
+        v5_in_a_child(run, out, copy_gbps)
+    else:
+        v5_stage(run, None)
     results, n_sm = sweep_stage(run, copy_gbps)
     summary(run, results, n_sm, copy_gbps)
     total = time.perf_counter() - run.t0

@@ -829,3 +829,187 @@ def test_gpu_tma_kernel(shape, cfg, dtype):
     bound = _bound(x, w_q, s, 8, prod, dtype) + 2.0**-8 * ref.abs() + 1e-3
     ratio = float(((y.double() - ref).abs() / bound).max())
     assert ratio <= 1, f"error {ratio:.2f}x its bound"
+
+
+# --------------------------------------------------------------------------- v5 (KL_WO_V5)
+
+
+def _v5_names(suffixes=("f16", "bf16")):
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    return [f"{wc.V5Config(mt, rt).kernel}_{d}" for mt, rt in wc.V5_KERNELS for d in suffixes]
+
+
+@pytest.fixture(scope="module")
+def v5_build():
+    """wo_matmul.cu as lab/gpu_quant_sweep.py builds it for v5: the module, and its sm_90
+    PTX and cubin."""
+    from kernellab.cuda.runtime import Module, nvrtc_unavailable
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    mod = Module(wc.MODULE.path, options=("-DKL_WO_V4_ONLY=1", wc.V5_OPTION))
+    ptx = mod.compile("sm_90", target="ptx")
+    return mod, ptx.decode() if isinstance(ptx, bytes) else ptx, mod.compile("sm_90")
+
+
+def test_cuda_v5_kernels_compile_for_sm90_without_spills(v5_build):
+    """The v5 build has every kernel V5_KERNELS names (and the default build none); each
+    streams by bulk copies into an mbarrier ring and fits its launch bounds (288 threads)
+    with no spill (a stack frame, LDL / STL)."""
+    from kernellab.inspect import asm
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    _, ptx, cubin = v5_build
+    names = _v5_names()
+    assert not [nm for nm in names if nm.encode() not in cubin]
+    assert b"wo_v5_" not in wc.MODULE.compile("sm_90")
+    for nm in names:
+        body = ptx[ptx.index(f".entry {nm}(") :]
+        body = body[: body.find(".entry", 10)]
+        for op in (
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
+            "mbarrier.try_wait.parity",
+        ):
+            assert op in body, (nm, op)
+        assert "mma.sync.aligned.m16n8k16" in body and "ld.shared.v4" in body, nm
+    if asm.find_tool("cuobjdump") is None:
+        pytest.skip("cuobjdump not found: registers and spills unknown")
+    kernels, note = asm.analyze(ptx, cubin, lambda n: n in names)
+    assert len(kernels) == len(names), note
+    for k in kernels:
+        assert k.registers <= 65536 // 288 and k.stack_bytes == 0 and k.counts["LDL_STL"] == 0, k.to_dict()
+
+
+def test_v5_launch_signatures_match_the_compiled_kernels(v5_build):
+    from kernellab.cuda.runtime import check_signature, ptx_param_sizes
+    from kernellab.ops.weight_only_matmul import cuda as c
+
+    _, ptx, _ = v5_build
+    for name in _v5_names():
+        check_signature(name, c._SIG_V5, ptx_param_sizes(ptx, name))
+    check_signature("wo_v4_reduce_bf16", c._SIG_V4_REDUCE, ptx_param_sizes(ptx, "wo_v4_reduce_bf16"))
+
+
+class _V5Module:
+    """Stands in for the v5 build: its options, and kernels that keep v5's contract."""
+
+    def __init__(self, launches):
+        from kernellab.ops.weight_only_matmul import cuda as wc
+
+        self.options = ("-DKL_WO_V4_ONLY=1", wc.V5_OPTION)
+        self.launches = launches
+
+    def kernel(self, name, sig, dev=None):
+        return _FakeReduce(self.launches) if name.startswith("wo_v4_reduce") else _FakeV5(name, self.launches)
+
+
+class _FakeV5:
+    """v5's contract on the CPU (block bx: row tiles bx, bx + gridDim.x, ...; by: K slice
+    [by * KS, ...) with KS a multiple of kc; bz: x rows [bz * mt, ...)); asserts the launch
+    (grid, threads, shared memory opt-in)."""
+
+    def __init__(self, name, launches):
+        self.name, self.launches = name, launches
+        self.max_dynamic_shared = 48 * 1024
+
+    def set_max_dynamic_shared(self, nbytes):
+        self.max_dynamic_shared = max(self.max_dynamic_shared, nbytes)
+
+    def __call__(self, grid, block, x, w, s, b, y, m, n, k, part, ks, kc, stages, has_bias, shared=0):
+        import re
+
+        mt, rt = map(int, re.match(r"wo_v5_m(\d+)_r(\d+)", self.name).groups())
+        rows, warps = 16 * rt, block // 32 - 1
+        self.launches.append((self.name, grid, block, ks))
+        assert shared <= self.max_dynamic_shared and warps >= 1 and kc % 128 == 0 and ks % kc == 0
+        assert shared == 128 + 4 * warps * mt * rows + stages * (
+            -(-(rows * kc + 64) // 128) * 128 + -(-(mt * (2 * kc + 16)) // 128) * 128
+        )
+        gx, gy, gz = grid
+        tiles = -(-n // rows)
+        assert 1 <= gx <= tiles and (gy - 1) * ks < k <= gy * ks and (gz - 1) * mt < m <= gz * mt
+        seen = sorted(t for bx in range(gx) for t in range(bx, tiles, gx))
+        assert seen == list(range(tiles))
+        for by in range(gy):
+            lo, hi = by * ks, min(k, by * ks + ks)
+            acc = x[:, lo:hi].double() @ w[:, lo:hi].double().T
+            if gy == 1:
+                y.copy_((acc * s.double() + (b.double() if has_bias else 0)).to(y.dtype))
+            else:
+                part[by] = acc.float()
+
+
+@pytest.mark.parametrize(
+    "shape,cfg",
+    [
+        ((1, 40, 272), (8, 2, 128, 2, 2, 1, 0)),
+        ((16, 33, 4096), (16, 4, 512, 3, 8, 3, 0)),
+        ((17, 300, 1040), (16, 2, 256, 4, 4, 1, 3)),
+        ((5, 1, 16), (8, 8, 512, 2, 8, 1, 0)),
+    ],
+    ids=["m1", "m16-split3", "m17-persistent", "n1"],
+)
+def test_cuda_v5_launcher_grid_slices_and_partials(shape, cfg):
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    launches = []
+    x, w_q, s, b = _case(8, shape, torch.bfloat16, "cpu", 3)
+    m, n, k = shape
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    config = wc.V5Config(*cfg)
+    wc.check_v5_config(config, _V5Module(launches))
+    wc._v5_launch(x, w_q, s, b, y, 1, m, n, k, 0, config, _V5Module(launches))
+    ref = wo_reference(x.double(), w_q, s.double(), b.double(), bits=8)
+    assert ((y.double() - ref).abs() <= _bound(x, w_q, s, 8, ref, torch.bfloat16) + 1e-3).all()
+    sliced = launches[0][1][1] > 1
+    assert [e[0] for e in launches] == [f"wo_v5_m{config.mt}_r{config.rt}_bf16"] + (
+        ["reduce"] if sliced else []
+    )
+
+
+@pytest.mark.parametrize(
+    "field,cfg",
+    [
+        ("mt", dict(mt=12)),
+        ("rt", dict(rt=3)),
+        ("kc", dict(kc=192)),
+        ("kc", dict(kc=64)),
+        ("warps", dict(warps=9)),
+        ("warps", dict(kc=128, warps=4)),
+        ("stages", dict(stages=1)),
+        ("shared memory", dict(rt=8, kc=1024, stages=2)),
+        ("split", dict(split=0)),
+        ("grid", dict(grid=-1)),
+    ],
+)
+def test_cuda_v5_config_refused_naming_the_field(field, cfg):
+    from kernellab.cuda.runtime import Module
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    mod = Module(wc.MODULE.path, options=("-DKL_WO_V4_ONLY=1", wc.V5_OPTION))
+    with pytest.raises(ValueError, match=rf"V5Config\.{field}|V5Config.*{field}"):
+        wc.check_v5_config(wc.V5Config(**{"mt": 16, **cfg}), mod)
+    wc.check_v5_config(wc.V5Config(16), mod)
+
+
+def test_cuda_v5_needs_its_build_a_config_and_sm90(monkeypatch):
+    """v5 is launched only with a V5Config and a module built with V5_OPTION, and refuses
+    GPUs before sm_90 with a message that says so."""
+    from kernellab.ops.weight_only_matmul import cuda as wc
+
+    x, w_q, s, b = _case(8, (1, 16, 256), torch.bfloat16, "cpu", 3)
+    with pytest.raises(ValueError, match="KL_WO_V5"):
+        wc.check_v5_config(wc.V5Config(8))
+    with pytest.raises(ValueError, match="KL_WO_V5"):
+        wc.cuda_wo_fwd(x, w_q, s, b, 8, "v5", config=wc.V5Config(8), module=wc.MODULE)
+    with pytest.raises(ValueError, match="V5Config"):
+        wc.cuda_wo_fwd(x, w_q, s, b, 8, "v5", config=wc.V4Config(8))
+    assert wc.v5_unavailable((9, 0)) is None and wc.v5_unavailable((10, 0)) is None
+    assert "sm_90" in wc.v5_unavailable((8, 9)) and "sm_89" in wc.v5_unavailable((8, 9))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (8, 0))
+    y = torch.empty(1, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="needs sm_90 .* this GPU is sm_80"):
+        wc._v5_launch(x, w_q, s, b, y, 1, 1, 16, 256, 0, wc.V5Config(8), _V5Module([]))

@@ -9,6 +9,10 @@ for int8, K % 32 == 0 for int4) and 16-byte aligned x and w; other calls run v1'
 
 v4's launch (``V4Config``) comes from ``V4_PLANS``, a small table by x-row group (MT 8 or
 16) and weight shape class, written from lab/gpu_quant_sweep.py's winners.
+
+v5 (sm_90: the weight streamed into a shared-memory ring by bulk copies) is built only with
+``V5_OPTION`` and launched only with an explicit ``V5Config`` and ``module=`` (the sweep's
+candidates): no backend, no plan.
 """
 
 from __future__ import annotations
@@ -233,10 +237,141 @@ def _v4_launch(x2, w, s, bias_arg, y, has_bias, m, n, k, dev, cfg: V4Config, mod
         red(min(_cdiv(m * n, 256), 4096), 256, part, s, bias_arg, y, m, n, split, has_bias)
 
 
-def cuda_wo_fwd(x, w_q, scales, bias, bits: int, variant: str, config: V4Config | None = None, module=None):
+# --------------------------------------------------------------------------- v5
+
+
+@dataclass(frozen=True)
+class V5Config:
+    """One v5 launch (wo_matmul.cu, v5; sm_90): ``mt`` x rows per group (8 or 16), ``rt`` row
+    tiles of 16 weight rows per block, ``kc`` bytes of K per ring stage (a multiple of 128),
+    ``stages`` stages in the ring, ``warps`` consumer warps (plus one producer warp),
+    ``split`` K slices across blocks (> 1: fp32 partials and wo_v4_reduce), ``grid`` blocks
+    along N (persistent over the row tiles; 0: one block per row tile)."""
+
+    mt: int
+    rt: int = 2
+    kc: int = 512
+    stages: int = 4
+    warps: int = 4
+    split: int = 1
+    grid: int = 0
+
+    @property
+    def rows(self) -> int:  # weight rows per block (row tile)
+        return 16 * self.rt
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.warps + 1)
+
+    @property
+    def stage_bytes(self) -> int:  # wo_matmul.cu's v5_stage_bytes
+        w = _cdiv(self.rows * self.kc + 64, 128) * 128
+        return w + _cdiv(self.mt * (2 * self.kc + 16), 128) * 128
+
+    @property
+    def shared(self) -> int:  # bytes: mbarriers, [warps, mt, rows] fp32 partials, the ring
+        return 128 + 4 * self.warps * self.mt * self.rows + self.stages * self.stage_bytes
+
+    @property
+    def kernel(self) -> str:  # wo_matmul.cu's name, less the dtype suffix
+        return f"wo_v5_m{self.mt}_r{self.rt}"
+
+
+V5_OPTION = "-DKL_WO_V5=1"
+# (mt, rt) of the kernels KL_WO_V5 builds
+V5_KERNELS = tuple((mt, rt) for mt in (8, 16) for rt in (2, 4, 8))
+V5_MAX_WARPS = 8  # consumers: launch bounds 288 threads
+V5_MAX_SHARED = 227 * 1024  # sm_90's opt-in limit per block
+V5_MAX_KC = 8192
+
+
+def check_v5_config(cfg: V5Config, module=None) -> None:
+    """Raise ValueError naming the field of a v5 launch that is invalid or that ``module``
+    (a Module of wo_matmul.cu built with V5_OPTION) has no kernel for."""
+    if module is None or V5_OPTION not in module.options:
+        raise ValueError(
+            f"V5Config: v5 is built only with {V5_OPTION}: pass module= a Module of wo_matmul.cu with it"
+        )
+    if cfg.mt not in (8, 16):
+        raise ValueError(f"V5Config.mt must be 8 or 16, got {cfg.mt}")
+    if (cfg.mt, cfg.rt) not in V5_KERNELS:
+        raise ValueError(f"V5Config.rt must be one of {sorted({rt for _, rt in V5_KERNELS})}, got {cfg.rt}")
+    if cfg.kc % 128 or not 128 <= cfg.kc <= V5_MAX_KC:
+        raise ValueError(f"V5Config.kc must be a multiple of 128 in 128..{V5_MAX_KC}, got {cfg.kc}")
+    if not 1 <= cfg.warps <= V5_MAX_WARPS or cfg.kc // 64 < cfg.warps:
+        raise ValueError(
+            f"V5Config.warps must be 1..{V5_MAX_WARPS} and at most kc / 64 (a 64-byte column each), "
+            f"got {cfg.warps} with kc {cfg.kc}"
+        )
+    if cfg.stages < 2:
+        raise ValueError(f"V5Config.stages must be >= 2, got {cfg.stages}")
+    if cfg.shared > V5_MAX_SHARED:
+        raise ValueError(
+            f"V5Config needs {cfg.shared} B of shared memory (stages x stage + partials), "
+            f"over {V5_MAX_SHARED}"
+        )
+    if cfg.split < 1:
+        raise ValueError(f"V5Config.split must be >= 1, got {cfg.split}")
+    if cfg.grid < 0:
+        raise ValueError(f"V5Config.grid must be >= 0 (0: one block per row tile), got {cfg.grid}")
+
+
+def v5_unavailable(capability: tuple[int, int]) -> str | None:
+    """Why v5 cannot run on a GPU of compute ``capability``, or None (sm_90 and newer)."""
+    if tuple(capability) >= (9, 0):
+        return None
+    major, minor = capability
+    return (
+        f"v5 needs sm_90 or newer (cp.async.bulk, mbarrier transaction counts); this GPU is sm_{major}{minor}"
+    )
+
+
+_SIG_V5 = (
+    ("ptr",) * 5 + ("i32",) * 3 + ("ptr",) + ("i32",) * 4
+)  # x w scale bias y, M N K, part, KS KC S bias?
+
+
+def v5_grid(cfg: V5Config, m: int, n: int, k: int) -> tuple[tuple[int, int, int], int]:
+    """v5's grid (blocks along N, K slices, x-row groups) and K slice length (a multiple of kc)."""
+    ks = _cdiv(_cdiv(k, cfg.split), cfg.kc) * cfg.kc
+    tiles = _cdiv(n, cfg.rows)
+    gx = tiles if cfg.grid == 0 else min(cfg.grid, tiles)
+    return (gx, _cdiv(k, ks), _cdiv(m, cfg.mt)), ks
+
+
+def _v5_launch(x2, w, s, bias_arg, y, has_bias, m, n, k, dev, cfg: V5Config, module):
+    """Launch v5 (and wo_v4_reduce when K is sliced) for y [M, N]."""
+    if torch.cuda.is_available():
+        why = v5_unavailable(torch.cuda.get_device_capability(dev))
+        if why:
+            raise RuntimeError(why)
+    suffix = DTYPE_SUFFIX[x2.dtype]
+    kern = module.kernel(f"{cfg.kernel}_{suffix}", _SIG_V5, dev)
+    kern.set_max_dynamic_shared(cfg.shared)
+    grid, ks = v5_grid(cfg, m, n, k)
+    split = grid[1]
+    part = torch.empty((split, m, n), dtype=torch.float32, device=y.device) if split > 1 else y
+    args = (x2, w, s, bias_arg, y, m, n, k, part, ks, cfg.kc, cfg.stages, has_bias)
+    kern(grid, cfg.threads, *args, shared=cfg.shared)
+    if split > 1:
+        red = module.kernel(f"wo_v4_reduce_{suffix}", _SIG_V4_REDUCE, dev)
+        red(min(_cdiv(m * n, 256), 4096), 256, part, s, bias_arg, y, m, n, split, has_bias)
+
+
+def cuda_wo_fwd(
+    x, w_q, scales, bias, bits: int, variant: str, config: V4Config | V5Config | None = None, module=None
+):
     """y [..., N] = x [..., K] @ dequant(w_q).T (+ bias) with rung ``variant`` ("v1" ..
-    "v4"). v4 only: ``config`` instead of ``v4_config``'s, ``module`` a build of
-    wo_matmul.cu with other -D options (lab/gpu_quant_sweep.py)."""
+    "v5"). v4: ``config`` instead of ``v4_config``'s, ``module`` a build of wo_matmul.cu
+    with other -D options (lab/gpu_quant_sweep.py). v5 (int8, 16-bit x): ``config`` (a
+    V5Config) and ``module`` (built with V5_OPTION) are required; sm_90 or newer."""
+    if variant == "v5":
+        if bits != 8:
+            raise ValueError("v5 is int8 only")
+        if not isinstance(config, V5Config):
+            raise ValueError("v5 has no default plan: pass config=V5Config(...)")
+        check_v5_config(config, module)
     k = x.shape[-1]
     n = w_q.shape[0]
     lead = tuple(x.shape[:-1])
@@ -270,6 +405,8 @@ def cuda_wo_fwd(x, w_q, scales, bias, bits: int, variant: str, config: V4Config 
             check_v4_config(config, module)
             cfg = config
         _v4_launch(x2, w, s, bias_arg, y, has_bias, m, n, k, dev, cfg, module)
+    elif variant == "v5" and _cdiv(m, config.mt) <= GRID_Z:
+        _v5_launch(x2, w, s, bias_arg, y, has_bias, m, n, k, dev, config, module)
     elif variant == "v2":
         grid = (_cdiv(n, WARPS), min(m, GRID_Y))
         _kernel("wo_v2", x.dtype, dev, _SIG_V1)(grid, 256, x2, w, s, bias_arg, y, m, n, k, has_bias)

@@ -37,6 +37,10 @@
 //                 serves all 16 rows: M = 16 costs about what M = 1 does. wo_v4p_* (built
 //                 with KL_WO_V4_EXTRA) pipeline the steps: the next step's loads fly
 //                 while a step computes.
+//   v5  wo_v5_*   (sm_90, built only with KL_WO_V5; no backend yet) v4's math fed from a
+//                 shared-memory ring that a producer warp fills with bulk async copies
+//                 (cp.async.bulk + mbarrier transaction counts): up to ~200 KB of weight
+//                 in flight per SM without registers.
 //   int4: wo4_v1_* (v1 with nibbles) and wo4_v3_* (v3: 16 bytes = 32 weights per load,
 //   nibbles offset by +8 and turned into floats with the same 2^23 trick).
 #include "common.cuh"
@@ -544,6 +548,198 @@ __device__ void wo_v4_reduce(const float* __restrict__ part, const float* __rest
     }
 }
 
+// ---------------------------------------------------------------------------- v5
+// v4's math with the weight streamed into shared memory by the copy engine (sm_90): a ring
+// of S stages, each holding KC bytes of K of the block's R = 16 RT weight rows and KC
+// values of its MT x rows, filled by one-dimensional bulk copies (cp.async.bulk, one per
+// row) that complete the stage's "full" mbarrier by their byte count. Bytes in flight per
+// SM are the ring's (S x stage, up to ~200 KB), not registers' (v4: 8 x 16 B per lane).
+//
+// Block: warp 0 produces (its 32 lanes issue the copies of a stage after lane 0 announced
+// the bytes with arrive.expect_tx), warps 1..CW consume: a stage's KC bytes are KC / 64
+// columns of 64 bytes, column q to consumer warp q % CW, each read in v4's fragment layout
+// (lane (g, c): rows g and g + 8 of each 16-row tile at 64 q + 16 c, x rows g (+ 8) at
+// the same K) with ld.shared.v4, converted and multiplied as v4 does; then each consumer
+// warp arrives once on the stage's "empty" barrier (count CW) and the producer refills it.
+// Blocks are persistent along N: block bx takes row tiles bx, bx + gridDim.x, ... with the
+// ring running on across tiles (the next tile's copies land during a tile's epilogue).
+// blockIdx.y is a K slice of KS (a multiple of KC), blockIdx.z a group of MT x rows; as in
+// v4 one slice writes y, several write fp32 partials for wo_v4_reduce.
+//
+// Shared memory (dynamic, 128-byte aligned): 2 S mbarriers (128 B), the consumers' partial
+// sums [CW][MT][R] fp32, then S stages of
+//   weight: even rows at (r / 2) KC, odd rows at R / 2 KC + 64 + (r / 2) KC: rows g and
+//           g + 1 sit 64 bytes apart mod 128, so a quarter warp's 8 x 16 B (rows g, g + 1,
+//           c = 0..3) hit 8 different 16-byte bank groups (a plain KC stride: 2-way conflicts);
+//   x:      MT rows of 2 KC bytes at a stride of 2 KC + 16 (rows 16 bytes apart mod 128).
+// The last stage of a slice may hold kv < KC bytes (K % KC): only kv are copied (the
+// expected bytes are the bytes copied) and lanes at or past kv use x = 0 (the stale
+// weight bytes there are finite int8, so they add nothing). Weight rows past N and x rows
+// past M are not copied: their smem is stale, and so are the sums that use them (other
+// rows / columns of the mma, never stored).
+// Requires sm_90, K % 16 == 0, 16-byte aligned x and w, KC % 128 == 0, KS % KC == 0.
+__host__ __device__ constexpr int v5_w_bytes(int R, int KC) { return (R * KC + 64 + 127) / 128 * 128; }
+__host__ __device__ constexpr int v5_stage_bytes(int R, int MT, int KC) {
+    return v5_w_bytes(R, KC) + (MT * (2 * KC + 16) + 127) / 128 * 128;
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+// bytes (a multiple of 16, 16-byte aligned ends) from global src to shared dst, completing bar
+__device__ __forceinline__ void bulk_g2s(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+#endif
+}
+__device__ __forceinline__ int4 lds16(unsigned a) {
+    int4 v;
+    asm volatile("ld.shared.v4.s32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+
+template <typename T, int MT, int RT>
+__device__ void wo_v5(const T* __restrict__ x, const uint8_t* __restrict__ w, const float* __restrict__ scale,
+                      const T* __restrict__ bias, T* __restrict__ y, float* __restrict__ part, int M, int N, int K,
+                      int KS, int KC, int S, int has_bias) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int J = MT / 8;
+    constexpr int R = 16 * RT;
+    extern __shared__ __align__(128) unsigned char v5_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int CW = (int)(blockDim.x >> 5) - 1;  // consumer warps
+    const unsigned full0 = smem_addr(v5_smem), empty0 = full0 + 8 * S;
+    float* red = reinterpret_cast<float*>(v5_smem + 128);
+    const unsigned ring = smem_addr(v5_smem) + 128 + CW * MT * R * 4;
+    const int WB = v5_w_bytes(R, KC), SB = v5_stage_bytes(R, MT, KC), XS = 2 * KC + 16;
+    const int tiles = (N + R - 1) / R;
+    const long long m0 = (long long)blockIdx.z * MT;
+    const int mv = (int)min((long long)MT, M - m0);  // x rows of the group
+    const int k_lo = blockIdx.y * KS;
+    const int k_hi = min(K, k_lo + KS);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, CW);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (warp == 0) {
+        // producer: stage it % S once the consumers released its previous use
+        int it = 0;
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const int n0 = tile * R;
+            const int rv = min(R, N - n0);
+            for (int k0 = k_lo; k0 < k_hi; k0 += KC, ++it) {
+                const int s = it % S;
+                if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);
+                const unsigned kv = (unsigned)min(KC, k_hi - k0);
+                const unsigned full = full0 + 8 * s;
+                if (lane == 0) mbar_expect_tx(full, (unsigned)(rv + 2 * mv) * kv);
+                __syncwarp();
+                const unsigned st = ring + s * SB;
+                for (int r = lane; r < rv; r += 32) {
+                    const unsigned dst = st + (r & 1) * (R / 2 * KC + 64) + (r >> 1) * KC;
+                    bulk_g2s(dst, w + (long long)(n0 + r) * K + k0, kv, full);
+                }
+                for (int j = lane; j < mv; j += 32) bulk_g2s(st + WB + j * XS, x + (m0 + j) * K + k0, 2 * kv, full);
+            }
+        }
+        return;
+    }
+
+    const int g = lane >> 2, c = lane & 3;
+    const int wc = warp - 1;
+    int it = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int n0 = tile * R;
+        float acc[RT][J][4];
+#pragma unroll
+        for (int t = 0; t < RT; ++t)
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[t][j][i] = 0.0f;
+        for (int k0 = k_lo; k0 < k_hi; k0 += KC, ++it) {
+            const int s = it % S;
+            mbar_wait(full0 + 8 * s, (it / S) & 1);
+            const int kv = min(KC, k_hi - k0);
+            const unsigned st = ring + s * SB;
+            // this lane's rows g (h = 0) and g + 8 (h = 1) of tile t: (16 t + g + 8 h) is odd
+            // exactly when g is (16 t + 8 h is even)
+            const unsigned wl = st + (g & 1) * (R / 2 * KC + 64) + (g >> 1) * KC + 16 * c;
+            const unsigned xl = st + WB + g * XS + 32 * c;
+            for (int q = wc; 64 * q < kv; q += CW) {
+                V4Regs<MT, RT, 1> r;
+                const bool in = 64 * q + 16 * c < kv;
+#pragma unroll
+                for (int t = 0; t < RT; ++t)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) r.w[t][h][0] = lds16(wl + (8 * t + 4 * h) * KC + 64 * q);
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    const unsigned xa = xl + 8 * j * XS + 128 * q;
+                    r.x[j][0][0] = in ? lds16(xa) : make_int4(0, 0, 0, 0);
+                    r.x[j][0][1] = in ? lds16(xa + 16) : make_int4(0, 0, 0, 0);
+                }
+                v4_mma<T, MT, RT, 1>(acc, r, 0);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty0 + 8 * s);
+        }
+
+        // partial sums of the CW consumers meet in shared memory (named barrier 1: the
+        // producer warp does not take part), summed in warp order
+#pragma unroll
+        for (int t = 0; t < RT; ++t)
+#pragma unroll
+            for (int j = 0; j < J; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    red[(wc * MT + 8 * j + 2 * c + (i & 1)) * R + 16 * t + g + 8 * (i >> 1)] = acc[t][j][i];
+        asm volatile("bar.sync 1, %0;\n" ::"r"(32 * CW) : "memory");
+        for (int e = threadIdx.x - 32; e < mv * R; e += 32 * CW) {
+            const int mm = e / R, r = e - mm * R;
+            const int n = n0 + r;
+            if (n >= N) continue;
+            float v = 0.0f;
+            for (int q = 0; q < CW; ++q) v += red[(q * MT + mm) * R + r];
+            const long long m = m0 + mm;
+            if (gridDim.y == 1) {
+                write_out(y, scale, bias, has_bias, m, n, N, v);
+            } else {
+                part[((long long)blockIdx.y * M + m) * N + n] = v;
+            }
+        }
+        asm volatile("bar.sync 1, %0;\n" ::"r"(32 * CW) : "memory");  // red is free again
+    }
+#else
+    __trap();  // sm_90 only (the host refuses other GPUs)
+#endif
+}
+
 }  // namespace
 
 #define KL_WO_ARGS(T) const T *x, const uint8_t *w, const float *scale, const T *bias, T *y, int M, int N, int K
@@ -626,4 +822,20 @@ KL_WO_V4_ALL(bf16, __nv_bfloat16)
 #ifdef KL_WO_V4_EXTRA
 KL_WO_V4_EXTRA_ALL(f16, __half)
 KL_WO_V4_EXTRA_ALL(bf16, __nv_bfloat16)
+#endif
+
+// KL_WO_V5: v5 (sm_90; lab/gpu_quant_sweep.py's candidates, no backend yet), MT = 8 or
+// 16 x rows and RT = 2, 4 or 8 row tiles (32-128 weight rows) per block; 1 producer + up
+// to 8 consumer warps (cuda.py's V5_KERNELS, V5Config)
+#ifdef KL_WO_V5
+#define KL_WO_V5K(S, T, MT, RT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(288)                                                        \
+        wo_v5_m##MT##_r##RT##_##S(KL_WO_ARGS(T), float* part, int KS, int KC, int S_, int has_bias) {        \
+        wo_v5<T, MT, RT>(x, w, scale, bias, y, part, M, N, K, KS, KC, S_, has_bias);                         \
+    }
+#define KL_WO_V5_ALL(S, T)                                                                                   \
+    KL_WO_V5K(S, T, 8, 2) KL_WO_V5K(S, T, 8, 4) KL_WO_V5K(S, T, 8, 8)                                        \
+    KL_WO_V5K(S, T, 16, 2) KL_WO_V5K(S, T, 16, 4) KL_WO_V5K(S, T, 16, 8)
+KL_WO_V5_ALL(f16, __half)
+KL_WO_V5_ALL(bf16, __nv_bfloat16)
 #endif
