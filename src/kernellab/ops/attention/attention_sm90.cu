@@ -129,6 +129,7 @@
 #include <cuda_bf16.h>
 
 #include "attention_sm90_wgmma.cuh"
+#include "mbarrier.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_sm90.cu uses wgmma: compile it for sm_90a (Module(..., archs=(\"sm_90a\",)))"
@@ -494,30 +495,10 @@ __device__ __forceinline__ void fwd_v2(const T* __restrict__ q, const T* __restr
 
 // --------------------------------------------------------------------------------------- v3-v7
 
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
 // One arrival on `bar` when all of this thread's earlier cp.async copies have landed (the
 // barrier's count includes it: .noinc).
 __device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-// The one arrival of a TMA stage, announcing the bytes its copies will complete.
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
 }
 
 // Box (c0, c1, c2, c3) = (column, row, head, batch) of a 4-D tensor map into shared memory

@@ -44,6 +44,7 @@
 //   int4: wo4_v1_* (v1 with nibbles) and wo4_v3_* (v3: 16 bytes = 32 weights per load,
 //   nibbles offset by +8 and turned into floats with the same 2^23 trick).
 #include "common.cuh"
+#include "mbarrier.cuh"
 // (NVRTC has no <stdint.h>: the fixed-width types it names are declared here)
 typedef signed char int8_t;
 typedef unsigned char uint8_t;
@@ -584,25 +585,6 @@ __host__ __device__ constexpr int v5_stage_bytes(int R, int MT, int KC) {
 }
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
-}
 // bytes (a multiple of 16, 16-byte aligned ends) from global src to shared dst, completing bar
 __device__ __forceinline__ void bulk_g2s(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
