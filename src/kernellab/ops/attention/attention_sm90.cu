@@ -594,6 +594,38 @@ __device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>
     }
 }
 
+// A consumer thread of the ring (threads 128..383): its warpgroup cw, its lane, its
+// fragment's first row, and per K/V tile it: the stage's shared address, the release of
+// the stage by this warp, and whether the tile needs the mask.
+template <int D, int STAGES>
+struct Consumer {
+    const Block& blk;
+    const Bars<STAGES>& b;
+    unsigned sKV;
+    int S_k, causal, cw, lane, qd, row_lo;
+    __device__ __forceinline__ Consumer(const Block& blk_, const Bars<STAGES>& b_, unsigned sKV_, int S_k_,
+                                        int causal_, int t)
+        : blk(blk_), b(b_), sKV(sKV_), S_k(S_k_), causal(causal_) {
+        cw = t / 128 - 1;
+        const int warp = (t % 128) / 32;
+        lane = t % 32;
+        const int g = lane / 4;
+        qd = lane % 4;
+        row_lo = blk.m0 + cw * 64 + warp * 16 + g;
+    }
+    __device__ __forceinline__ unsigned stage(int it) const {
+        return sKV + (it % STAGES) * 2 * Tiles<D>::KV_BYTES;
+    }
+    __device__ __forceinline__ void release(int it) const {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(b.empty(it));  // this warp is done with the stage
+    }
+    __device__ __forceinline__ bool masked(int it) const {
+        const int n0 = it * Tiles<D>::BN;
+        return n0 + Tiles<D>::BN > S_k || (causal && n0 + Tiles<D>::BN - 1 > blk.m0 + blk.off);
+    }
+};
+
 // The two consumer warpgroups of v3-v5 (threads 128..383). OVERLAP (v5): the QK^T of tile
 // it and the P V of tile it-1 are in flight together, and the softmax of tile it runs
 // while the P V does (FlashAttention-3's intra-warpgroup pipelining); O is rescaled once
@@ -604,66 +636,56 @@ __device__ __forceinline__ void consume(const Block& blk, const Bars<STAGES>& b,
                                         int S_k, float scale_log2, int causal, int t) {
     constexpr int BN = Tiles<D>::BN;
     constexpr unsigned KV_BYTES = Tiles<D>::KV_BYTES;
-    const int cw = t / 128 - 1, warp = (t % 128) / 32, lane = t % 32;
-    const int g = lane / 4, qd = lane % 4;
-    const int row_lo = blk.m0 + cw * 64 + warp * 16 + g;
+    const Consumer<D, STAGES> c(blk, b, sKV, S_k, causal, t);
+    const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     float acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
     Softmax<D, BN> sm;
     sm.init();
-    auto stage = [&](int it) { return sKV + (it % STAGES) * 2 * KV_BYTES; };
     auto wait_full = [&](int it) {
         mbar_wait(b.full(it), (it / STAGES) & 1);
         if (FENCE) fence_proxy_async();  // the copies (generic proxy) before wgmma's reads (async proxy)
-    };
-    auto release = [&](int it) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(b.empty(it));  // this warp is done with the stage
-    };
-    auto masked = [&](int it) {
-        const int n0 = it * BN;
-        return n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
     };
     if (blk.n_tiles > 0) mbar_wait(b.q_full, 0);
     if (!OVERLAP) {
         for (int it = 0; it < blk.n_tiles; ++it) {
             wait_full(it);
             float s[BN / 2];
-            mma_qk<BF16, D, BN>(s, sQ, stage(it), cw);
-            sm.step(s, acc, scale_log2, masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
+            mma_qk<BF16, D, BN>(s, sQ, c.stage(it), cw);
+            sm.step(s, acc, scale_log2, c.masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
             unsigned p[BN / 4];
             pack_p<BF16, BN>(s, p);
-            mma_pv<BF16, D, BN>(acc, p, stage(it) + KV_BYTES);
-            release(it);
+            mma_pv<BF16, D, BN>(acc, p, c.stage(it) + KV_BYTES);
+            c.release(it);
         }
     } else if (blk.n_tiles > 0) {
         unsigned p[BN / 4];  // P of the tile before the current one
         {
             wait_full(0);
             float s[BN / 2], alpha[2];
-            mma_qk<BF16, D, BN>(s, sQ, stage(0), cw);
-            sm.scores(s, alpha, scale_log2, masked(0), 0, row_lo, S_k, causal, blk.off, qd);  // (O = 0)
+            mma_qk<BF16, D, BN>(s, sQ, c.stage(0), cw);
+            sm.scores(s, alpha, scale_log2, c.masked(0), 0, row_lo, S_k, causal, blk.off, qd);  // (O = 0)
             pack_p<BF16, BN>(s, p);
         }
         for (int it = 1; it < blk.n_tiles; ++it) {
             wait_full(it);
             float s[BN / 2], alpha[2];
-            issue_qk<BF16, D, BN>(s, sQ, stage(it), cw);           // S = Q K_it^T
-            issue_pv<BF16, D, BN>(acc, p, stage(it - 1) + KV_BYTES);  // O += P V_{it-1}
+            issue_qk<BF16, D, BN>(s, sQ, c.stage(it), cw);           // S = Q K_it^T
+            issue_pv<BF16, D, BN>(acc, p, c.stage(it - 1) + KV_BYTES);  // O += P V_{it-1}
             wgmma_wait<1>();                                       // the older group, S, is done
             fence_s<BN>(s);
-            sm.scores(s, alpha, scale_log2, masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
+            sm.scores(s, alpha, scale_log2, c.masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
             wgmma_wait<0>();
             fence_pv<D, BN>(acc, p);
-            release(it - 1);
+            c.release(it - 1);
             Softmax<D, BN>::rescale(acc, alpha);
             pack_p<BF16, BN>(s, p);
         }
-        issue_pv<BF16, D, BN>(acc, p, stage(blk.n_tiles - 1) + KV_BYTES);
+        issue_pv<BF16, D, BN>(acc, p, c.stage(blk.n_tiles - 1) + KV_BYTES);
         wgmma_wait<0>();
         fence_pv<D, BN>(acc, p);
-        release(blk.n_tiles - 1);
+        c.release(blk.n_tiles - 1);
     }
     epilogue<T, D, BN>(sm, acc, ob, sos, lse_b, row_lo, S_q, qd);
 }
@@ -691,24 +713,14 @@ __device__ __forceinline__ void consume_pingpong(const Block& blk, const Bars<ST
                                                  int S_q, int S_k, float scale_log2, int causal, int t) {
     constexpr int BN = Tiles<D>::BN;
     constexpr unsigned KV_BYTES = Tiles<D>::KV_BYTES;
-    const int cw = t / 128 - 1, warp = (t % 128) / 32, lane = t % 32;
-    const int g = lane / 4, qd = lane % 4;
-    const int row_lo = blk.m0 + cw * 64 + warp * 16 + g;
+    const Consumer<D, STAGES> c(blk, b, sKV, S_k, causal, t);
+    const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     const int mine = PP_BAR + cw, other = PP_BAR + 1 - cw;
     float acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
     Softmax<D, BN> sm;
     sm.init();
-    auto stage = [&](int it) { return sKV + (it % STAGES) * 2 * KV_BYTES; };
-    auto release = [&](int it) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(b.empty(it));
-    };
-    auto masked = [&](int it) {
-        const int n0 = it * BN;
-        return n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
-    };
     const int n = blk.n_tiles;
     if (n > 0) {
         if (cw == 1) named_arrive(other);  // warpgroup 0 takes the first turn
@@ -718,33 +730,33 @@ __device__ __forceinline__ void consume_pingpong(const Block& blk, const Bars<ST
             mbar_wait(b.full(0), 0);
             float s[BN / 2];
             named_sync(mine);  // turn 0: S_0
-            issue_qk<BF16, D, BN>(s, sQ, stage(0), cw);
+            issue_qk<BF16, D, BN>(s, sQ, c.stage(0), cw);
             named_arrive(other);  // (n >= 1 turns remain for both)
             wgmma_wait<0>();
             fence_s<BN>(s);
-            sm.step(s, acc, scale_log2, masked(0), 0, row_lo, S_k, causal, blk.off, qd);
+            sm.step(s, acc, scale_log2, c.masked(0), 0, row_lo, S_k, causal, blk.off, qd);
             pack_p<BF16, BN>(s, p);
         }
         for (int it = 1; it < n; ++it) {
             mbar_wait(b.full(it), (it / STAGES) & 1);
             float s[BN / 2];
             named_sync(mine);  // turn it: S_it and O += P V_{it-1}
-            issue_qk<BF16, D, BN>(s, sQ, stage(it), cw);
-            issue_pv<BF16, D, BN>(acc, p, stage(it - 1) + KV_BYTES);
+            issue_qk<BF16, D, BN>(s, sQ, c.stage(it), cw);
+            issue_pv<BF16, D, BN>(acc, p, c.stage(it - 1) + KV_BYTES);
             named_arrive(other);
             wgmma_wait<0>();
             fence_s<BN>(s);
             fence_pv<D, BN>(acc, p);
-            release(it - 1);
-            sm.step(s, acc, scale_log2, masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
+            c.release(it - 1);
+            sm.step(s, acc, scale_log2, c.masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
             pack_p<BF16, BN>(s, p);
         }
         named_sync(mine);  // turn n: the last P V
-        issue_pv<BF16, D, BN>(acc, p, stage(n - 1) + KV_BYTES);
+        issue_pv<BF16, D, BN>(acc, p, c.stage(n - 1) + KV_BYTES);
         if (cw == 0) named_arrive(other);  // warpgroup 1's last turn follows; 0 has none left
         wgmma_wait<0>();
         fence_pv<D, BN>(acc, p);
-        release(n - 1);
+        c.release(n - 1);
     }
     epilogue<T, D, BN>(sm, acc, ob, sos, lse_b, row_lo, S_q, qd);
 }
@@ -822,24 +834,14 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES>&
                                            float scale_log2, int causal, int h_q, int z, int t) {
     constexpr int BN = Tiles<D>::BN;
     constexpr unsigned KV_BYTES = Tiles<D>::KV_BYTES;
-    const int cw = t / 128 - 1, warp = (t % 128) / 32, lane = t % 32;
-    const int g = lane / 4, qd = lane % 4;
-    const int row_lo = blk.m0 + cw * 64 + warp * 16 + g;
+    const Consumer<D, STAGES> c(blk, b, sKV, S_k, causal, t);
+    const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     const int mine = PP_BAR + cw, other = PP_BAR + 1 - cw;
     float acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
     Softmax<D, BN> sm;
     sm.init();
-    auto stage = [&](int it) { return sKV + (it % STAGES) * 2 * KV_BYTES; };
-    auto release = [&](int it) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(b.empty(it));
-    };
-    auto masked = [&](int it) {
-        const int n0 = it * BN;
-        return n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
-    };
     const int n = blk.n_tiles;
     if (n > 0) {
         if (cw == 1) named_arrive(other);  // warpgroup 0 takes the first turn
@@ -850,36 +852,36 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES>&
             mbar_wait(b.full(0), 0);
             float s[BN / 2];
             named_sync(mine);  // turn 0: S_0
-            issue_qk<BF16, D, BN>(s, sQ, stage(0), cw);
+            issue_qk<BF16, D, BN>(s, sQ, c.stage(0), cw);
             named_arrive(other);  // (n >= 1 turns remain for both)
             wgmma_wait<0>();
             fence_s<BN>(s);
-            sm.scores(s, alpha, scale_log2, masked(0), 0, row_lo, S_k, causal, blk.off, qd);
+            sm.scores(s, alpha, scale_log2, c.masked(0), 0, row_lo, S_k, causal, blk.off, qd);
             pack_p<BF16, BN>(s, p);
         }
         for (int it = 1; it < n; ++it) {
             mbar_wait(b.full(it), (it / STAGES) & 1);
             float s[BN / 2];
             named_sync(mine);  // turn it: S_it, then O = alpha O + P V_{it-1}
-            issue_qk<BF16, D, BN>(s, sQ, stage(it), cw);
+            issue_qk<BF16, D, BN>(s, sQ, c.stage(it), cw);
             Softmax<D, BN>::rescale(acc, alpha);
-            issue_pv<BF16, D, BN>(acc, p, stage(it - 1) + KV_BYTES);
+            issue_pv<BF16, D, BN>(acc, p, c.stage(it - 1) + KV_BYTES);
             named_arrive(other);
             wgmma_wait<1>();  // the older group, S_it, is done; the P V runs on
             fence_s<BN>(s);
-            sm.scores(s, alpha, scale_log2, masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
+            sm.scores(s, alpha, scale_log2, c.masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
             wgmma_wait<0>();
             fence_pv<D, BN>(acc, p);
-            release(it - 1);
+            c.release(it - 1);
             pack_p<BF16, BN>(s, p);
         }
         Softmax<D, BN>::rescale(acc, alpha);  // (nothing in flight: before the turn)
         named_sync(mine);                     // turn n: the last P V
-        issue_pv<BF16, D, BN>(acc, p, stage(n - 1) + KV_BYTES);
+        issue_pv<BF16, D, BN>(acc, p, c.stage(n - 1) + KV_BYTES);
         if (cw == 0) named_arrive(other);  // warpgroup 1's last turn follows; 0 has none left
         wgmma_wait<0>();
         fence_pv<D, BN>(acc, p);
-        release(n - 1);
+        c.release(n - 1);
     }
     epilogue_tma<BF16, D, BN>(sm, acc, sQ, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
 }
