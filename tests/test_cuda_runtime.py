@@ -567,6 +567,35 @@ def test_gpu_launch_from_a_thread_without_a_current_context():
     torch.testing.assert_close(ys[1], 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.gpu
+def test_gpu_kernel_loaded_before_any_cuda_work_takes_attributes():
+    """A kernel loaded on a thread with no current context (a fresh process that compiles
+    before touching the GPU) still resolves a CUfunction: raising its dynamic shared memory
+    limit works, and a launch that uses the raised limit runs."""
+    import threading
+
+    x = torch.randn(1000, device="cuda")
+    y = torch.empty_like(x)
+    dev = x.device.index
+    errors = []
+
+    def run():
+        try:
+            assert runtime._libcuda().cuCtxSetCurrent(None) == 0
+            k = Module(source=SCALE_SRC).kernel("scale_add", ("ptr", "ptr", "f32", "i64"), dev)
+            k.set_max_dynamic_shared(96 * 1024)
+            k(4, 256, x, y, 2.0, 1000, shared=96 * 1024, device_index=dev)
+        except Exception as e:  # noqa: BLE001 - reported in the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    assert not errors, errors
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, 2.0 * x + 1.0, rtol=1e-6, atol=1e-6)
+
+
 def test_module_refuses_a_launch_signature_the_kernel_does_not_take():
     from types import SimpleNamespace
 

@@ -715,6 +715,9 @@ class Module:
                     self._objects[device_index] = obj
                 core = obj.get_kernel(name)
                 check_signature(name, signature, _param_sizes(core))
+                # The CUfunction is resolved in the current context: a caller that loads
+                # a kernel before any CUDA work on this thread has none yet.
+                _bind_context(device_index)
                 self._kernels[key] = Kernel(core, name, signature)
         return self._kernels[key]
 
