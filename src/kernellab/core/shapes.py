@@ -35,7 +35,8 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "add": [(8 * 1024 * 768,), (4 * 256 * 768,)],
         "gelu": [(8 * 1024 * 3072,), (4 * 256 * 3072,)],
         "layer_norm": _rows(768, (1024, 8192, 16384)),
-        "softmax": [(8192, 50257), (8192, 50304), (96 * 1024, 1024)],
+        # logits; attention probabilities (B x 12 heads x T, T) at batch 8 and 1
+        "softmax": [(8192, 50257), (8192, 50304), (96 * 1024, 1024), (12 * 1024, 1024)],
         "cross_entropy": [(8192, 50257), (8192, 50304), (1024, 50304)],
         "matmul": [
             (8192, 2304, 768),
@@ -105,7 +106,9 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         + [(m, 4096, 14336) for m in (1, 16)],
         "rms_norm": [(m, 4096) for m in (1, 4, 16)],
         "argmax": [(m, 128256) for m in (1, 4, 16)],
-        "softmax": [(m, 128256) for m in (1, 16)],
+        # sampling over the vocabulary; eager attention probabilities (HF's upcast to fp32),
+        # one query row per head: batch 128 at 8K context, batch 8 at 128K
+        "softmax": [(m, 128256) for m in (1, 16)] + [(128 * 32, 8192), (8 * 32, 131072)],
     },
     "odd": {  # primes and 2^k +- 1
         "softmax": _ODD,
