@@ -374,3 +374,62 @@ def test_triton_forward_rereads_wide_rows(dtype, width):
     err, err2 = (y.double() - want).abs().max(), (y2.double() - want).abs().max()
     assert 0 < err <= 2 * err2, (err, err2)
     assert torch.isfinite(y).all() and (y[2, : width // 2] == 0).all()
+
+
+def test_triton_vec_is_the_widths_power_of_two():
+    from kernellab.ops.softmax.triton import _vec
+
+    assert [_vec(n) for n in (7000, 1000, 3000, 4097, 50257, 8192, 48, 0)] == [8, 8, 8, 1, 1, 16, 16, 16]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("which", ["fwd", "bwd"])
+def test_triton_rows_of_7000_load_16_bytes_at_a_time(which, dtype):
+    """At a width Triton does not specialize as divisible by 16 (7000 = 8 x 875) the
+    kernels still use 16-byte accesses once told VEC; told nothing (VEC = 1) they are scalar.
+    Compiled ahead of time for sm_90 (no GPU), n_cols without a divisibility hint, as
+    Triton specializes a launch at 7000 columns."""
+    import subprocess
+    import sys
+
+    code = f"""
+import re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernellab.inspect.asm import _jit
+from kernellab.ops.softmax import triton as T
+fwd = {which == "fwd"}
+kern = T._softmax_fwd_kernel if fwd else T._softmax_bwd_kernel
+extra = dict(EVEN=False, WIDE=False, REREAD=True) if fwd else dict(COMP={dtype == "fp32"})
+ptrs = ["x_ptr", "y_ptr"] if fwd else ["y_ptr", "dy_ptr", "dx_ptr"]
+fn = _jit(kern)
+for vec in (1, T._vec(7000)):
+    sig = {{p: "*{dtype}" for p in ptrs}}
+    sig.update(n_rows="i32", n_cols="i32")
+    sig.update(dict.fromkeys(("BLOCK", "ROWS", "SINGLE", "VEC"), "constexpr"))
+    sig.update({{k: "constexpr" for k in extra}})
+    sig = {{n: sig[n] for n in fn.arg_names}}
+    cx = dict(BLOCK=8192, ROWS=1, SINGLE=True, VEC=vec, **extra)
+    attrs = {{(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}}
+    for c in (cx, {{(fn.arg_names.index(k),): v for k, v in cx.items()}}):
+        try:
+            out = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
+                                 target=GPUTarget("cuda", 90, 32), options=dict(num_warps=16))
+            break
+        except Exception as e:
+            err = e
+    ptx = out.asm["ptx"]
+    ld = re.findall(r"ld\\.global\\S*", ptx)
+    st = re.findall(r"st\\.global\\S*", ptx)
+    wide = [sum(".v4" in s or ".v2" in s for s in acc) for acc in (ld, st)]
+    print(vec, len(ld), wide[0], len(st), wide[1])
+"""
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [tuple(map(int, ln.split())) for ln in res.stdout.split("\n") if ln.strip()]
+    (v1, n1, vl1, s1, vs1), (v8, n8, vl8, s8, vs8) = lines
+    assert (v1, v8) == (1, 8)
+    assert vl1 == 0 and vs1 == 0 and n1 > 0  # told nothing: scalar
+    assert vl8 == n8 > 0 and vs8 == s8 > 0  # every access vectorized
+    assert n8 < n1  # (fewer, wider)

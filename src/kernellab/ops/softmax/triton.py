@@ -63,6 +63,7 @@ def _softmax_fwd_kernel(
     EVEN: tl.constexpr,  # SINGLE, n_cols == BLOCK and ROWS divides n_rows: no masks
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
     REREAD: tl.constexpr,  # SINGLE: the output from x read again (L2), not from registers
+    VEC: tl.constexpr,  # a power of two dividing n_cols (see _vec)
 ):
     # x, y: contiguous [n_rows, n_cols]; math in fp32. SINGLE: ROWS whole rows per program
     # (short rows share a program: one 3-wide row per program would leave it idle);
@@ -70,6 +71,7 @@ def _softmax_fwd_kernel(
     pid = tl.program_id(0)
     if WIDE:
         pid = pid.to(tl.int64)
+    n_cols = (n_cols // VEC) * VEC  # == n_cols; Triton now knows it divides by VEC
     cols = tl.arange(0, BLOCK)
     if SINGLE:
         rows = pid * ROWS + tl.arange(0, ROWS)
@@ -166,6 +168,7 @@ def _softmax_bwd_kernel(
     ROWS: tl.constexpr,
     SINGLE: tl.constexpr,
     COMP: tl.constexpr,  # fp32 rows: the dot compensated
+    VEC: tl.constexpr,  # a power of two dividing n_cols (see _vec)
 ):
     # y, dy, dx: contiguous [n_rows, n_cols]; dx = y * (dy - sum(dy * y)) per row. COMP (fp32
     # rows): the dot as a pair hi + lo (Ogita, Rump and Oishi's Dot2: each product split
@@ -173,6 +176,7 @@ def _softmax_bwd_kernel(
     # sum; a plain fp32 dot's rounding, cancelled against dy where one y is near 1, puts dx
     # past the check's bound (2x PyTorch's error). 16-bit rows keep fp32.
     pid = tl.program_id(0).to(tl.int64)
+    n_cols = (n_cols // VEC) * VEC  # == n_cols; Triton now knows it divides by VEC
     cols = tl.arange(0, BLOCK)
     if SINGLE:
         rows = pid * ROWS + tl.arange(0, ROWS)
@@ -227,6 +231,16 @@ def _config(n_cols: int):
     return STREAM_BLOCK, 1, False, 8
 
 
+def _vec(n_cols: int) -> int:
+    """The largest power of two <= 16 that divides ``n_cols``. Triton specializes an int
+    argument only as divisible by 16 or not; at a width such as 7000 (8 x 875) the row
+    starts and the masks' edges it then cannot place on a 16-byte boundary, and every access
+    is scalar. The kernels rewrite n_cols as (n_cols // VEC) * VEC, the same value, which
+    Triton sees divides by VEC (a tl.multiple_of on a scalar argument is dropped): at 7000
+    columns fp32 and 16-bit rows then load and store 16 bytes at a time (PTX, sm_90)."""
+    return min(16, n_cols & -n_cols) if n_cols else 16
+
+
 def _fwd_choice(n_cols: int, block: int, single: bool, elem_size: int, warps: int, cfg: Config = CONFIG):
     """(REREAD, num_warps) of the forward."""
     reread = cfg.fwd_reread
@@ -252,8 +266,9 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
         else:  # the backward: fp32 rows compensated
             extra = {"COMP": out.dtype == torch.float32}
         kernel[grid](
-            *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, num_warps=warps, **extra
-        )
+            *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, VEC=_vec(n_cols),
+            num_warps=warps, **extra,
+        )  # fmt: skip
     return out
 
 
@@ -272,7 +287,7 @@ softmax_triton = unary_op("softmax_triton", _fwd, _bwd, save_output=True, triton
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: both kernels as launched for 4096-wide rows."""
     block, rows, single, warps = _config(4096)
-    cx = {"BLOCK": block, "ROWS": rows, "SINGLE": single}
+    cx = {"BLOCK": block, "ROWS": rows, "SINGLE": single, "VEC": _vec(4096)}
     tail = {
         "n_rows": "i32",
         "n_cols": "i32",
@@ -287,8 +302,10 @@ def _kernel_specs(dtype: str):
         "EVEN": "constexpr",
         "WIDE": "constexpr",
         "REREAD": "constexpr",
+        "VEC": "constexpr",
     }
-    bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail, "COMP": "constexpr"}
+    bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail, "COMP": "constexpr",
+           "VEC": "constexpr"}  # fmt: skip
     reread, fwarps = _fwd_choice(4096, block, single, 4 if dtype == "fp32" else 2, warps)
     fcx = dict(cx, EVEN=CONFIG.fwd_even and single, WIDE=not CONFIG.fwd_narrow, REREAD=reread)
     return [
