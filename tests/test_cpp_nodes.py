@@ -1,6 +1,6 @@
-"""The C++ autograd nodes (kernellab/cuda/nodes.py, nodes.cpp) and rms_norm's ``cuda_node``
-backend: the option, the build, the refusals on the CPU, and on a GPU the node's numbers
-against float64 and PyTorch's own op."""
+"""The C++ autograd nodes (kernellab/cuda/nodes.py, nodes.cpp) and the ``cuda_node`` backends
+of rms_norm and layer_norm: the option, the build, the refusals on the CPU, and on a GPU the
+node's numbers against float64 and PyTorch's own op."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def test_bad_mode_names_the_option(fresh_nodes):
         nodes.module()
 
 
-def test_backend_registered_and_unavailable_until_built(fresh_nodes):
-    impl = registry.get("rms_norm", "cuda_node")
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_backend_registered_and_unavailable_until_built(fresh_nodes, op):
+    impl = registry.get(op, "cuda_node")
     assert impl.devices == ("cuda",)
     reason = impl.why_unavailable("cuda")
     assert reason  # no GPU here, or not built in this fresh cache
@@ -75,6 +76,10 @@ def test_builds_and_refuses_cpu_tensors(fresh_nodes):
     assert mod.rms_norm(x, w, 1e-6, [0] * 11) is None  # not CUDA: the caller takes its other path
     with pytest.raises(RuntimeError, match="expected 11"):
         mod.rms_norm(x, w, 1e-6, [0] * 3)
+    assert mod.layer_norm(x, w, None, 1e-5, [0] * 11) is None
+    assert mod.layer_norm(x, w, torch.zeros(16), 1e-5, [0] * 11) is None
+    with pytest.raises(RuntimeError, match="layer_norm plan has 2 values"):
+        mod.layer_norm(x, w, None, 1e-5, [0] * 2)
     nodes._STATE.clear()  # a second process finds the build on disk: loaded, not rebuilt
     assert nodes.module() is not None
 
@@ -152,3 +157,72 @@ def test_node_falls_back_where_it_does_not_apply():
     assert type(y.grad_fn).__name__ != "CppFunction"
     yt = torch.nn.functional.rms_norm(x, (256,), w, 1e-6)
     torch.testing.assert_close(y, yt, rtol=1e-5, atol=1e-5)
+
+
+def _ln_ref(x, w, b, dy, eps=1e-5):
+    leaves = [t.detach().double().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
+    y = torch.nn.functional.layer_norm(leaves[0], (x.shape[-1],), *leaves[1:], eps)
+    return (y, *torch.autograd.grad(y, leaves, dy.double()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(64, 256), (3, 17, 1024), (1, 4096), (2000, 3000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_layer_norm_node_matches_float64(shape, dtype, bias):
+    _built_or_skip()
+    d = shape[-1]
+    x = torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(d, device="cuda")).to(dtype).requires_grad_()
+    b = (0.1 * torch.randn(d, device="cuda")).to(dtype).requires_grad_() if bias else None
+    dy = torch.randn(*shape, device="cuda", dtype=dtype)
+    leaves = (x, w) + ((b,) if bias else ())
+    y = kernellab.layer_norm(x, w, b, backend="cuda_node")
+    assert type(y.grad_fn).__name__ == "CppFunction"
+    ours = (y, *torch.autograd.grad(y, leaves, dy))
+    yt = torch.nn.functional.layer_norm(x, (d,), w, b, 1e-5)
+    theirs = (yt, *torch.autograd.grad(yt, leaves, dy))
+    for o, t, ref in zip(ours, theirs, _ln_ref(x, w, b, dy)):
+        assert o.dtype == dtype and o.shape == ref.shape
+        err = (o.double() - ref).abs().max().item()
+        err_torch = (t.double() - ref).abs().max().item()
+        assert err <= 2 * err_torch + 1e-5 * ref.abs().max().item() + 1e-6, (err, err_torch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_node_serves_calls_without_a_gradient(op):
+    """No gradient recorded (no_grad, or inputs that need none): the node still runs the
+    forward, and its output carries no graph."""
+    _built_or_skip()
+    x = torch.randn(48, 768, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(768, device="cuda", dtype=torch.bfloat16)
+    fn = getattr(kernellab, op)
+    want = getattr(torch.nn.functional, op)(x.float(), (768,), w.float()).to(x.dtype)
+    for ctx in (torch.no_grad(), torch.enable_grad(), torch.inference_mode()):
+        with ctx:
+            y = fn(x, w, backend="cuda_node")
+        assert y.grad_fn is None and not y.requires_grad
+        torch.testing.assert_close(y, want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_layer_norm_node_one_gradient_strided_dy_and_fallback():
+    _built_or_skip()
+    x = torch.randn(32, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(512, 32, device="cuda", dtype=torch.bfloat16).t()  # not contiguous
+    y = kernellab.layer_norm(x, w, b, backend="cuda_node")
+    dx, db = torch.autograd.grad(y, (x, b), dy)
+    _, dx64, _, db64 = _ln_ref(x, w, b, dy)
+    assert (dx.double() - dx64).abs().max().item() < 0.05
+    assert (db.double() - db64).abs().max().item() < 0.05 * db64.abs().max().item()
+    with pytest.raises(RuntimeError, match="create_graph"):
+        torch.autograd.grad(kernellab.layer_norm(x, w, b, backend="cuda_node").sum(), (x,), create_graph=True)
+    base = torch.randn(8 * 256 + 1, device="cuda", requires_grad=True)
+    xm = base[1:].view(8, 256)  # misaligned: the Python node, same numbers
+    wf = torch.ones(256, device="cuda", requires_grad=True)
+    ym = kernellab.layer_norm(xm, wf, None, backend="cuda_node")
+    assert type(ym.grad_fn).__name__ != "CppFunction"
+    torch.testing.assert_close(ym, torch.nn.functional.layer_norm(xm, (256,), wf), rtol=1e-5, atol=1e-5)

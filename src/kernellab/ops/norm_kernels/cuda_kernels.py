@@ -151,15 +151,15 @@ VARIANTS = [
 _NODE_PLANS: dict = {}
 
 
-def _rms_node_plan(x: torch.Tensor) -> list[int] | bool:
+def _node_plan(x: torch.Tensor, kind: str) -> list[int] | bool:
     n_rows, n_cols = plumbing.rows_of(x)
     fwd_shape, bwd_shape = _use_v2(x, True, 4), _use_v2(x, True, 2)
     if not (n_rows and n_cols) or fwd_shape is None or bwd_shape is None or n_rows >= 2**31:
         return False
     dev, sfx = x.device.index, SUFFIX[x.dtype]
     (ftpr, fp), (btpr, bp) = fwd_shape, bwd_shape
-    fk = _kernel(f"rms_fwd_p{fp}_{sfx}", _FWD_SIG + ("i64", "i32", "i32", "f32"), dev)
-    bk = _kernel(f"rms_bwd_p{bp}_{sfx}", ("ptr",) * 8 + ("i64", "i32", "i32"), dev)
+    fk = _kernel(f"{kind}_fwd_p{fp}_{sfx}", _FWD_SIG + ("i64", "i32", "i32", "f32"), dev)
+    bk = _kernel(f"{kind}_bwd_p{bp}_{sfx}", ("ptr",) * 8 + ("i64", "i32", "i32"), dev)
     frpb, brpb = V2_THREADS // ftpr, V2_THREADS // btpr
     bgrid = max(1, min((n_rows + brpb - 1) // brpb, BWD_BLOCKS_PER_SM * sm_count(dev)))
     fgrid = (n_rows + frpb - 1) // frpb
@@ -170,19 +170,34 @@ def _rms_node_plan(x: torch.Tensor) -> list[int] | bool:
             (n_cols + 255) // 256]  # fmt: skip
 
 
+def _plan(x: torch.Tensor, kind: str):
+    key = (x.shape, x.dtype, x.get_device(), kind)  # (the node refuses the layouts it does not take)
+    return triton_support.kept_plan(_NODE_PLANS, key, lambda: _node_plan(x, kind))
+
+
 def rms_node(x: torch.Tensor, w: torch.Tensor, eps: float):
-    """rms_norm through the C++ autograd node (the ``cuda_node`` backend's eager path when
-    gradients are wanted), or None where it does not apply: no built extension
-    (``kernellab.config.cpp_nodes``), or tensors the node does not take (not contiguous,
-    not 16-byte aligned, a weight of another dtype: nodes.cpp decides)."""
+    """rms_norm through the C++ autograd node (the ``cuda_node`` backend's eager path), or
+    None where it does not apply: no built extension (``kernellab.config.cpp_nodes``), a
+    shape v2 does not take, or tensors the node does not take (not contiguous, not 16-byte
+    aligned, a weight of another dtype: nodes.cpp decides)."""
     mod = nodes.module()
     if mod is None:
         return None
-    key = (x.shape, x.dtype, x.get_device())  # (the node refuses the layouts it does not take)
-    plan = triton_support.kept_plan(_NODE_PLANS, key, lambda: _rms_node_plan(x))
+    plan = _plan(x, "rms")
     if plan is False:
         return None
     return mod.rms_norm(x, w, eps, plan)
+
+
+def ln_node(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float):
+    """layer_norm through the C++ autograd node, as ``rms_node``."""
+    mod = nodes.module()
+    if mod is None:
+        return None
+    plan = _plan(x, "ln")
+    if plan is False:
+        return None
+    return mod.layer_norm(x, w, b, eps, plan)
 
 
 def _node_unavailable() -> str | None:
@@ -194,14 +209,13 @@ NODE_BACKEND = ("cuda_node", "CUDA v2 in a C++ autograd node (built once: kernel
 
 def register_variants(op: str, make_op) -> None:
     """Register each variant as backend ``VARIANTS[i][0]`` of ``op``: its launchers through
-    ``make_op`` (a plumbing ``*_op``), custom ops ``kernellab::<op>_<backend>``. rms_norm
-    also gets ``cuda_node``: v2's launchers, and where a gradient is recorded the C++ node
-    (``rms_node``), available once the extension is built (cuda/nodes.py)."""
+    ``make_op`` (a plumbing ``*_op``), custom ops ``kernellab::<op>_<backend>``; and
+    ``cuda_node``: v2's launchers, with the C++ node (``rms_node`` / ``ln_node``) as the
+    eager path, available once the extension is built (cuda/nodes.py)."""
     for backend, what in VARIANTS:
         fwd, bwd = LAUNCHERS[backend]
         register_cuda(op, backend, make_op(f"{op}_{backend}", fwd, bwd), MODULE, what)
-    if op == "rms_norm":
-        backend, what = NODE_BACKEND
-        fwd, bwd = LAUNCHERS["cuda"]
-        fn = make_op(f"{op}_{backend}", fwd, bwd, node=rms_node)
-        register_builtin(op, backend, fn, what, module=MODULE, available=_node_unavailable)
+    backend, what = NODE_BACKEND
+    fwd, bwd = LAUNCHERS["cuda"]
+    fn = make_op(f"{op}_{backend}", fwd, bwd, node=rms_node if op == "rms_norm" else ln_node)
+    register_builtin(op, backend, fn, what, module=MODULE, available=_node_unavailable)

@@ -52,10 +52,23 @@ def _stats_fake(x: Tensor) -> Tensor:
     return x.new_empty(rows, dtype=torch.float32)
 
 
-def layer_norm_op(name: str, fwd, bwd, triton: bool = False):
+def _eager_node(x: Tensor) -> bool:
+    """Whether a call may take a C++ node (``node`` of the ops below): a plain CUDA tensor
+    in eager mode, outside torch.compile and functorch transforms (their tensors carry no
+    storage the node could launch on)."""
+    return type(x) is Tensor and x.is_cuda and not _compiling() and not _functorch_active()
+
+
+_compiling = torch.compiler.is_compiling
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
+def layer_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
     """Custom ops ``kernellab::<name>`` (x, w, b?, eps) -> (y, mean, rstd) and
     ``kernellab::<name>_backward``; returns the registry callable ``(x, w, b, eps=1e-5)``
-    (see kit.build for the eager path)."""
+    (see kit.build for the eager path). ``node(x, w, b, eps) -> y or None``: the eager
+    path of plain CUDA calls (a C++ autograd node, which also serves calls that record no
+    gradient at less host cost); None from it, or a traced call, takes the custom op."""
 
     def _fwd(x: Tensor, w: Tensor, b: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor]:
         return fwd(contig(x), w, b, eps, False)
@@ -91,13 +104,25 @@ def layer_norm_op(name: str, fwd, bwd, triton: bool = False):
         )
     )
 
+    if node is None:
+
+        @expose(call, name)
+        def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+            # The launchers read weight and bias with unit stride: a strided or expanded one
+            # is packed first (autograd carries its gradient back through the copy).
+            return call(x, contig(weight), contig(bias), float(eps))
+
+        return layer_norm
+
     @expose(call, name)
-    def layer_norm(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
-        # The launchers read weight and bias with unit stride: a strided or expanded one
-        # is packed first (autograd carries its gradient back through the copy).
+    def layer_norm_node(x: Tensor, weight: Tensor, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+        if _eager_node(x):
+            y = node(x, weight, bias, float(eps))
+            if y is not None:
+                return y
         return call(x, contig(weight), contig(bias), float(eps))
 
-    return layer_norm
+    return layer_norm_node
 
 
 def add_layer_norm_op(name: str, fwd, bwd, triton: bool = False):
@@ -158,8 +183,8 @@ def _add_bwd_sample(make):
 def rms_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
     """Custom ops ``kernellab::<name>`` (x, w, eps) -> (y, rstd) and
     ``kernellab::<name>_backward``; returns the registry callable ``(x, w, eps=1e-6)``.
-    ``node(x, w, eps) -> y or None``: an eager path for calls that record a gradient (a
-    C++ autograd node); None from it, or a traced call, takes the custom op."""
+    ``node(x, w, eps) -> y or None``: the eager path of plain CUDA calls, as in
+    ``layer_norm_op``."""
 
     def _fwd(x: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor]:
         y, _, rstd = fwd(contig(x), w, None, eps, True)
@@ -198,13 +223,7 @@ def rms_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
 
     @expose(call, name)
     def rms_norm_node(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-        if (
-            (x.requires_grad or weight.requires_grad)
-            and type(x) is Tensor
-            and x.is_cuda
-            and torch.is_grad_enabled()
-            and not torch.compiler.is_compiling()
-        ):
+        if _eager_node(x):
             y = node(x, weight, float(eps))
             if y is not None:
                 return y
