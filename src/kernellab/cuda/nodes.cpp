@@ -112,10 +112,13 @@ at::Tensor reduce_partials(const at::Tensor& part, const at::Tensor& w, const st
     return out;
 }
 
-// RMSNorm (rms: no mean, no bias) and LayerNorm (b undefined: no bias) over the last dim.
+// RMSNorm (rms: no mean, no bias) and LayerNorm (no b: no bias) over the last dim. The bias
+// is an optional, not an undefined tensor: autograd's apply reads every tensor argument's
+// device, and an undefined one has none.
 struct NormNode : public torch::autograd::Function<NormNode> {
     static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
-                              const at::Tensor& b, double eps, bool rms, std::vector<int64_t> plan) {
+                              const std::optional<at::Tensor>& b, double eps, bool rms, std::vector<int64_t> plan) {
+        const bool has_bias = b.has_value() && b->defined();
         const int64_t d = x.size(-1);
         const int64_t rows = d ? x.numel() / d : 0;
         at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
@@ -123,7 +126,7 @@ struct NormNode : public torch::autograd::Function<NormNode> {
         at::Tensor mean = rms ? at::Tensor() : at::empty({rows}, x.options().dtype(at::kFloat));
         void* xp = x.data_ptr();
         void* wp = w.data_ptr();
-        void* bp = b.defined() ? b.data_ptr() : nullptr;
+        void* bp = has_bias ? b->data_ptr() : nullptr;
         void* yp = y.data_ptr();
         void* mp = rms ? nullptr : mean.data_ptr();
         void* rp = rstd.data_ptr();
@@ -140,7 +143,7 @@ struct NormNode : public torch::autograd::Function<NormNode> {
         }
         ctx->saved_data["plan"] = std::move(plan);
         ctx->saved_data["rms"] = rms;
-        ctx->saved_data["bias"] = b.defined();
+        ctx->saved_data["bias"] = has_bias;
         return y;
     }
 
@@ -205,7 +208,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, std::v
         return at::Tensor();
     }
     c10::DeviceGuard guard(x.device());
-    return NormNode::apply(x, w, at::Tensor(), eps, true, std::move(plan));
+    return NormNode::apply(x, w, std::optional<at::Tensor>(), eps, true, std::move(plan));
 }
 
 // As rms_norm, with a bias of the weight's kind (or None).
@@ -217,7 +220,7 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const std::optio
         return at::Tensor();
     }
     c10::DeviceGuard guard(x.device());
-    return NormNode::apply(x, w, has_bias ? *b : at::Tensor(), eps, false, std::move(plan));
+    return NormNode::apply(x, w, has_bias ? b : std::optional<at::Tensor>(), eps, false, std::move(plan));
 }
 
 }  // namespace
