@@ -160,9 +160,24 @@ def test_node_falls_back_where_it_does_not_apply():
 
 
 def _ln_ref(x, w, b, dy, eps=1e-5):
+    """float64 (y, dx, dw[, db]) of torch's layer_norm."""
     leaves = [t.detach().double().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
-    y = torch.nn.functional.layer_norm(leaves[0], (x.shape[-1],), *leaves[1:], eps)
+    bias = leaves[2] if b is not None else None
+    y = torch.nn.functional.layer_norm(leaves[0], (x.shape[-1],), leaves[1], bias, eps)
     return (y, *torch.autograd.grad(y, leaves, dy.double()))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layer_norm_reference_of_these_tests(bias):
+    x, w, dy = torch.randn(5, 12), torch.randn(12), torch.randn(5, 12)
+    b = torch.randn(12) if bias else None
+    got = _ln_ref(x, w, b, dy)
+    assert len(got) == 4 if bias else len(got) == 3
+    x64 = x.double()
+    xhat = (x64 - x64.mean(-1, keepdim=True)) / torch.sqrt(x64.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    want = xhat * w.double() + (b.double() if bias else 0)
+    torch.testing.assert_close(got[0].detach(), want)
+    torch.testing.assert_close(got[2], (dy.double() * xhat).sum(0))
 
 
 @pytest.mark.gpu
