@@ -56,3 +56,24 @@ def test_cases_are_valid(case):
 def test_main_refuses_without_gpu():
     with pytest.raises(SystemExit, match="no CUDA device"):
         vendor_gap.main(["--ops", "matmul"])
+
+
+def test_latest_rows_take_each_case_from_its_last_run(tmp_path, capsys):
+    import json
+
+    old = [_row("torch", 1.0, "a"), _row("triton", 2.0, "a"), _row("default", 2.0, "a")]
+    old.append(_row("torch", 1.0, "b"))
+    new = [_row("torch", 1.0, "a"), _row("triton", 0.5, "a"), _row("default", 0.5, "a")]
+    got = vendor_gap.latest_rows([old, new])
+    assert [(r["shape"], r["backend"], r["median_ms"]) for r in got] == [
+        ("b", "torch", 1.0), ("a", "torch", 1.0), ("a", "triton", 0.5), ("a", "default", 0.5)
+    ]  # fmt: skip
+    files = []
+    for i, rows in enumerate((old, new)):
+        files.append(tmp_path / f"run{i}.jsonl")
+        files[-1].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    assert vendor_gap.main(["--summarize", *map(str, files), "--out", str(out)]) == 0
+    text = (out / "vendor_gap-summary.txt").read_text()
+    assert text.startswith("from run0.jsonl, run1.jsonl") and "own >= vendor: 1/1" in text
+    assert "own >= vendor: 1/1" in capsys.readouterr().out

@@ -2,6 +2,7 @@
 against the fastest backend there (issue 43's measure).
 
     python -m kernellab.harness.vendor_gap --out DIR [--ops matmul attention ...] [--quick]
+    python -m kernellab.harness.vendor_gap --summarize RUN1.jsonl RUN2.jsonl ...   (no GPU)
 
 Every case of ``CASES`` (op, shape, dtype, mode, options) is timed by ``harness.bench``
 for every backend of the op that runs here (device time, L2 flushed, outputs checked
@@ -122,6 +123,20 @@ def summarize(rows) -> tuple[list[dict], dict]:
     return lines, totals
 
 
+def _case(r) -> tuple:
+    return (r.get("op"), r.get("shape"), r.get("dtype"), r.get("mode"), r.get("options") or "")
+
+
+def latest_rows(files: list[list[dict]]) -> list[dict]:
+    """The rows of every case from the last of ``files`` (row lists, oldest first) that
+    measured it: runs of some ops at a time make one current picture, each case from one run."""
+    last: dict[tuple, int] = {}
+    for i, rows in enumerate(files):
+        for r in rows:
+            last[_case(r)] = i
+    return [r for i, rows in enumerate(files) for r in rows if last[_case(r)] == i]
+
+
 def format_lines(lines, totals) -> str:
     out = [f"{'op':14s} {'shape':26s} {'dtype':5s} {'mode':7s} {'opts':12s} {'own':14s} {'vendor':12s} "
            f"{'own/vendor':>10s} {'best':12s} {'default/best':>12s}"]  # fmt: skip
@@ -148,7 +163,21 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=0.4, help="seconds of timing per measurement (max)")
     p.add_argument("--with-compile", action="store_true",
                    help="also time torch.compile (a compile per case: minutes in all)")  # fmt: skip
+    p.add_argument("--summarize", nargs="+", default=None, metavar="VENDOR_GAP_JSONL",
+                   help="time nothing: summarize these runs' rows, each case from the last file "
+                        "that has it (oldest first; with --ops, only those ops)")  # fmt: skip
     args = p.parse_args(argv)
+    if args.summarize:
+        runs = [[r for r in map(json.loads, open(f)) if not args.ops or r.get("op") in args.ops]
+                for f in args.summarize]  # fmt: skip
+        lines, totals = summarize(latest_rows(runs))
+        text = format_lines(lines, totals) + "\n" + json.dumps(totals)
+        print(text)
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            with open(os.path.join(args.out, "vendor_gap-summary.txt"), "w") as f:
+                f.write(f"from {', '.join(os.path.basename(f) for f in args.summarize)}\n{text}\n")
+        return 0
     from kernellab import device as _device
     from kernellab.harness import bench as _bench
     from kernellab.harness.tune import candidates
