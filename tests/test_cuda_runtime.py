@@ -534,34 +534,46 @@ def test_gpu_cluster_launch(monkeypatch, launch):
     assert k.max_active_clusters(96, 8) >= 1
 
 
-@pytest.mark.gpu
-def test_gpu_launch_from_a_thread_without_a_current_context():
-    """A thread that made no runtime call has no current context (autograd's device thread
-    when our kernel is the first of a backward: the conv2d CUDA dgrad failed with "invalid
-    device context"). The launch binds the device's primary context and runs, by either
-    entry point."""
+def _in_a_new_thread(fn) -> None:
+    """fn() on a thread of its own (which has made no CUDA call); its exception re-raised here."""
     import threading
 
-    k = Module(source=SCALE_SRC).kernel("scale_add", ("ptr", "ptr", "f32", "i64"))
-    x = torch.randn(1000, device="cuda")
-    ys = [torch.empty_like(x), torch.empty_like(x)]
-    dev = x.device.index
     errors = []
 
     def run():
         try:
-            lib = runtime._libcuda()
-            assert lib.cuCtxSetCurrent(None) == 0  # this thread: no context, for certain
-            k(4, 256, x, ys[0], 2.0, 1000, device_index=dev)
-            assert lib.cuCtxSetCurrent(None) == 0
-            k.launch_1d(4, 256, [x.data_ptr(), ys[1].data_ptr(), 3.0, 1000], dev)
-        except Exception as e:  # noqa: BLE001 - reported in the main thread
+            fn()
+        except Exception as e:  # noqa: BLE001 - reported in the calling thread
             errors.append(e)
 
     t = threading.Thread(target=run)
     t.start()
     t.join()
     assert not errors, errors
+
+
+def _drop_context() -> None:
+    assert runtime._libcuda().cuCtxSetCurrent(None) == 0  # this thread: no context, for certain
+
+
+@pytest.mark.gpu
+def test_gpu_launch_from_a_thread_without_a_current_context():
+    """A thread that made no runtime call has no current context (autograd's device thread
+    when our kernel is the first of a backward: the conv2d CUDA dgrad failed with "invalid
+    device context"). The launch binds the device's primary context and runs, by either
+    entry point."""
+    k = Module(source=SCALE_SRC).kernel("scale_add", ("ptr", "ptr", "f32", "i64"))
+    x = torch.randn(1000, device="cuda")
+    ys = [torch.empty_like(x), torch.empty_like(x)]
+    dev = x.device.index
+
+    def run():
+        _drop_context()
+        k(4, 256, x, ys[0], 2.0, 1000, device_index=dev)
+        _drop_context()
+        k.launch_1d(4, 256, [x.data_ptr(), ys[1].data_ptr(), 3.0, 1000], dev)
+
+    _in_a_new_thread(run)
     torch.cuda.synchronize()
     torch.testing.assert_close(ys[0], 2.0 * x + 1.0, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ys[1], 3.0 * x + 1.0, rtol=1e-6, atol=1e-6)
@@ -572,26 +584,17 @@ def test_gpu_kernel_loaded_before_any_cuda_work_takes_attributes():
     """A kernel loaded on a thread with no current context (a fresh process that compiles
     before touching the GPU) still resolves a CUfunction: raising its dynamic shared memory
     limit works, and a launch that uses the raised limit runs."""
-    import threading
-
     x = torch.randn(1000, device="cuda")
     y = torch.empty_like(x)
     dev = x.device.index
-    errors = []
 
     def run():
-        try:
-            assert runtime._libcuda().cuCtxSetCurrent(None) == 0
-            k = Module(source=SCALE_SRC).kernel("scale_add", ("ptr", "ptr", "f32", "i64"), dev)
-            k.set_max_dynamic_shared(96 * 1024)
-            k(4, 256, x, y, 2.0, 1000, shared=96 * 1024, device_index=dev)
-        except Exception as e:  # noqa: BLE001 - reported in the main thread
-            errors.append(e)
+        _drop_context()
+        k = Module(source=SCALE_SRC).kernel("scale_add", ("ptr", "ptr", "f32", "i64"), dev)
+        k.set_max_dynamic_shared(96 * 1024)
+        k(4, 256, x, y, 2.0, 1000, shared=96 * 1024, device_index=dev)
 
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    assert not errors, errors
+    _in_a_new_thread(run)
     torch.cuda.synchronize()
     torch.testing.assert_close(y, 2.0 * x + 1.0, rtol=1e-6, atol=1e-6)
 

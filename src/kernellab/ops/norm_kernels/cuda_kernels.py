@@ -175,29 +175,29 @@ def _plan(x: torch.Tensor, kind: str):
     return triton_support.kept_plan(_NODE_PLANS, key, lambda: _node_plan(x, kind))
 
 
-def rms_node(x: torch.Tensor, w: torch.Tensor, eps: float):
-    """rms_norm through the C++ autograd node (the ``cuda_node`` backend's eager path), or
-    None where it does not apply: no built extension (``kernellab.config.cpp_nodes``), a
-    shape v2 does not take, or tensors the node does not take (not contiguous, not 16-byte
-    aligned, a weight of another dtype: nodes.cpp decides)."""
+def _node(x: torch.Tensor, kind: str):
+    """(the extension, x's plan), or None where the C++ node does not apply: no built
+    extension (``kernellab.config.cpp_nodes``) or a shape v2 does not take. The node itself
+    refuses (None) tensors it does not take: not contiguous, not 16-byte aligned, a weight
+    or bias of another dtype (nodes.cpp decides)."""
     mod = nodes.module()
     if mod is None:
         return None
-    plan = _plan(x, "rms")
-    if plan is False:
-        return None
-    return mod.rms_norm(x, w, eps, plan)
+    plan = _plan(x, kind)
+    return None if plan is False else (mod, plan)
+
+
+def rms_node(x: torch.Tensor, w: torch.Tensor, eps: float):
+    """rms_norm through the C++ autograd node (the ``cuda_node`` backend's eager path), or
+    None where it does not apply (``_node``)."""
+    got = _node(x, "rms")
+    return None if got is None else got[0].rms_norm(x, w, eps, got[1])
 
 
 def ln_node(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float):
     """layer_norm through the C++ autograd node, as ``rms_node``."""
-    mod = nodes.module()
-    if mod is None:
-        return None
-    plan = _plan(x, "ln")
-    if plan is False:
-        return None
-    return mod.layer_norm(x, w, b, eps, plan)
+    got = _node(x, "ln")
+    return None if got is None else got[0].layer_norm(x, w, b, eps, got[1])
 
 
 def _node_unavailable() -> str | None:
