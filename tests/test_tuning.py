@@ -739,3 +739,35 @@ def test_tune_writes_the_users_tables_not_the_package(tmp_path, monkeypatch):
         assert table_files.table_path("cpu") == str(user)
     finally:
         registry.clear_cache()
+
+
+def test_explain_for_another_gpu_reads_its_table_and_its_architecture(tables):
+    """`kernellab explain --gpu NAME` on a machine without that GPU: the choice from NAME's
+    table, rows its table lacks from another table of the same architecture (its own
+    table's capability, not this machine's), and a clear refusal for an unknown model."""
+    import contextlib
+    import io
+
+    row = {"dtype": "fp32", "mode": "fwd", "shape": [4096], "key": [4096]}
+    x = {"gpu": "Fake GPU X", "provenance": {"capability": "9.0"},
+         "rows": [{**row, "op": "gelu", "best": "triton", "times": {"triton": 0.01, "torch": 0.02}}]}
+    y = {"gpu": "Fake GPU Y", "provenance": {"capability": "9.0"},
+         "rows": [{**row, "op": "add", "best": "torch", "times": {"triton": 0.02, "torch": 0.01}}]}  # fmt: skip
+    (tables / "Fake_GPU_X.json").write_text(json.dumps(x))
+    (tables / "Fake_GPU_Y.json").write_text(json.dumps(y))
+    table_files.clear()
+
+    def explain(*argv):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            code = main(["explain", *argv])
+        return code, buf.getvalue()
+
+    code, out = explain("gelu", "-s", "4096", "--gpu", "Fake GPU X")
+    assert code == 0 and "fwd on Fake GPU X" in out and "Fake_GPU_X.json" in out
+    assert out.splitlines()[0].endswith(": triton") and "nearest row [4096]" in out
+    code, out = explain("add", "-s", "4096", "--gpu", "Fake GPU X")
+    assert code == 0 and out.splitlines()[0].endswith(": torch") and "Fake GPU Y's table, same architecture" in out
+    code, out = explain("gelu", "-s", "4096", "--gpu", "Fake GPU Z")
+    assert code == 2 and "--gpu: no tuning table for 'Fake GPU Z'" in out and "'Fake GPU X'" in out
+    table_files.clear()

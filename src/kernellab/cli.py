@@ -1204,6 +1204,8 @@ def cmd_explain(args) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.gpu:
+        return _explain_for_gpu(args, key, dtype, opts)
     backend, why = registry.choose_key(args.op, key, dtype, dev, args.mode, opts)
     print(f"{args.op} {args.shape} {args.dtype} {args.mode}{' ' + opts if opts else ''} on {dev} "
           f"({tables.gpu_of(dev)}): {backend}")  # fmt: skip
@@ -1223,6 +1225,43 @@ def cmd_explain(args) -> int:
              " (OpSpec.compiled_backends)"))  # fmt: skip
     order = ", ".join(b for b in spec.default_backends if registry._TABLE.get((args.op, b)) is not None)
     print(f"  heuristic order: {order} (torch last); a ValueError refusal by the choice falls back to torch")
+    return 0
+
+
+def _explain_for_gpu(args, key, dtype, opts) -> int:
+    """explain against the table of GPU model ``args.gpu`` from any machine. Which backends
+    run there cannot be known here: every backend of the op that runs on CUDA counts."""
+    from kernellab.core import choice, registry, tables
+    from kernellab.core.spec import dtype_name, get_spec
+
+    path = tables.table_path(args.gpu)
+    if not os.path.exists(path):
+        have = [repr(g) for g in tables.table_gpus()]
+        print(f"error: --gpu: no tuning table for {args.gpu!r} ({os.path.basename(path)}); the GPU models "
+              f"with one: {', '.join(have) or 'none'}", file=sys.stderr)  # fmt: skip
+        return 2
+    table = tables.load_table(args.gpu)
+    spec = get_spec(args.op)
+    usable = frozenset(b for (o, b), impl in registry._TABLE.items()
+                       if o == args.op and "cuda" in impl.devices)  # fmt: skip
+    if spec.default_excludes is not None:
+        usable -= frozenset(spec.default_excludes(key))
+    preferred = next((b for b in spec.default_backends if b in usable), "torch")
+    small = spec.small_backend(key) if spec.small_backend is not None else None
+    name = os.path.basename(path)
+    dn = dtype_name(dtype)
+    got = {
+        by: choice.choose(table, name, args.op, key, dn, args.mode, opts, usable=usable, preferred=preferred,
+                          small=small, by=by)
+        for by in ("call", "device")
+    }  # fmt: skip
+    what = f"{args.op} {args.shape} {args.dtype} {args.mode}{' ' + opts if opts else ''}"
+    print(f"{what} on {args.gpu} (its table, {path}; every CUDA backend counted as usable there): "
+          f"{got['call'][0]}")  # fmt: skip
+    print(f"  why: {got['call'][1]}")
+    dev_backend, dev_why = got["device"]
+    print(f"  by device time (a graphed or fused step): {dev_backend}"
+          + ("" if dev_why == got["call"][1] else f" ({dev_why})"))  # fmt: skip
     return 0
 
 
@@ -1546,6 +1585,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", default="fwd", choices=("fwd", "fwdbwd"), help="the mode the choice is for")
     s.add_argument("--opt", action="append", help="keyword option KEY=VALUE, e.g. causal=true (repeatable)")
     s.add_argument("--device", default=None, help="cuda or cpu: whose choice (default: this machine's)")
+    s.add_argument("--gpu", default=None,
+                   help="the choice on this GPU model's table, from any machine (e.g. 'NVIDIA H200')")  # fmt: skip
     s.set_defaults(func=cmd_explain)
 
     s = sub.add_parser("info", help="what this machine has (GPU, NVRTC, Triton mode)")

@@ -72,7 +72,10 @@ def load_table(gpu: str) -> dict | None:
     path = table_path(gpu)
     table = read_table(path) if os.path.exists(path) else None
     if gpu != "cpu":
-        other_table, other = _same_arch_table(exclude=gpu)
+        # (the architecture of the table's own GPU: this device's when it has none; the
+        # same on the GPU itself, and right for `kernellab explain --gpu` on another machine)
+        own_cap = ((table or {}).get("provenance") or {}).get("capability")
+        other_table, other = _same_arch_table(exclude=gpu, cap=own_cap)
         if table is None and other_table is not None:
             table = {**other_table, "rows": [{**r, "measured_on": other} for r in other_table["rows"]]}
             if gpu not in _NOTICED:
@@ -98,6 +101,15 @@ def load_table(gpu: str) -> dict | None:
     return table
 
 
+def table_gpus() -> list[str]:
+    """The GPU models that have a table here (every table directory, the CPU's left out)."""
+    names = set()
+    for d in filter(os.path.isdir, _table_dirs()):
+        names |= {read_table(os.path.join(d, f)).get("gpu", f[:-5]) for f in os.listdir(d)
+                  if f.endswith(".json") and f != "cpu.json"}  # fmt: skip
+    return sorted(names)
+
+
 def read_table(path: str) -> dict:
     with open(path) as fh:
         table = json.load(fh)
@@ -111,10 +123,10 @@ def capability() -> str | None:
     return f"{cap[0]}.{cap[1]}" if cap else None
 
 
-def _same_arch_table(exclude: str | None = None) -> tuple[dict | None, str | None]:
-    """A table measured on another GPU model (not ``exclude``) of this device's compute
-    capability."""
-    cap = capability()
+def _same_arch_table(exclude: str | None = None, cap: str | None = None) -> tuple[dict | None, str | None]:
+    """A table measured on another GPU model (not ``exclude``) of compute capability ``cap``
+    ("9.0"; None: this device's)."""
+    cap = cap or capability()
     if cap is None:
         return None, None
     skip = gpu_slug(exclude) + ".json" if exclude else None
