@@ -77,3 +77,38 @@ def test_latest_rows_take_each_case_from_its_last_run(tmp_path, capsys):
     text = (out / "vendor_gap-summary.txt").read_text()
     assert text.startswith("from run0.jsonl, run1.jsonl") and "own >= vendor: 1/1" in text
     assert "own >= vendor: 1/1" in capsys.readouterr().out
+
+
+def test_default_judged_by_call_time_too():
+    """A peer whose host cost exceeds its kernel wins by device time and loses every eager
+    call: by call time (the larger of device and loop time) the default that avoided it is
+    the best; a default slower by call time is a miss there too."""
+    rows = [
+        {**_row("liger", 0.018, "a"), "effective_ms": 0.074},
+        {**_row("triton", 0.022, "a"), "effective_ms": 0.027},
+        {**_row("default", 0.022, "a"), "effective_ms": 0.026},
+        {**_row("torch", 0.020, "b"), "effective_ms": 0.020},
+        {**_row("triton", 0.019, "b"), "effective_ms": 0.030},
+        {**_row("default", 0.019, "b"), "effective_ms": 0.030},
+    ]
+    lines, totals = vendor_gap.summarize(rows)
+    by = {ln["shape"]: ln for ln in lines}
+    assert by["a"]["default_vs_best"] == pytest.approx(0.818, abs=1e-3) and by["a"]["best"] == "liger"
+    assert by["a"]["default_vs_best_call"] == pytest.approx(1.038, abs=1e-3)
+    assert by["a"]["best_call"] == "triton"
+    assert by["b"]["default_vs_best"] == 1.0
+    assert by["b"]["default_vs_best_call"] == pytest.approx(0.667, abs=1e-3)
+    assert totals["default_within_3pct"] == 1 and totals["default_within_3pct_call"] == 1
+    assert "1/2 by device time, 1/2 by call time" in vendor_gap.format_lines(lines, totals)
+
+
+def test_rows_say_what_the_default_ran():
+    import torch
+
+    got = vendor_gap._resolved("softmax", (64, 256), torch.float32, "fwd", {})
+    assert set(got) == {"resolved", "resolved_why", "resolved_by_device"} and got["resolved"]
+    rows = [_row("torch", 1.0, "a"), _row("triton", 0.9, "a")]
+    rows.append({**_row("default", 0.9, "a"), "resolved": "triton"})
+    (line,), _ = vendor_gap.summarize(rows)
+    assert line["default_is"] == "triton"
+    assert "triton" in vendor_gap.format_lines(*vendor_gap.summarize(rows)).splitlines()[1].split()[-3:]
