@@ -188,7 +188,7 @@ def test_choose_by_device_time_among_given_backends(tables):
     backend, why = registry.choose_key("gelu", (4096,), torch.float32, "cpu", "fwdbwd", by="device", among=("nope",))
     assert "heuristic" in why
     with pytest.raises(ValueError, match="by"):
-        registry.choose_key("gelu", (4096,), torch.float32, "cpu", by="loop")
+        registry.choose_key("gelu", (4096,), torch.float32, "cpu", by="plain")
 
 
 def test_rebuild_table_script_writes_device_times(tmp_path):
@@ -663,7 +663,8 @@ def test_ops_missing_from_a_gpus_table_come_from_its_architecture(tables, monkey
             "rows": [{**row, "op": "gelu", "best": "triton", "times": {"triton": 0.01, "torch": 0.02}},
                      {**row, "op": "add", "best": "triton", "times": {"triton": 0.01, "torch": 0.02}}]}  # fmt: skip
     h200 = {"gpu": "NVIDIA H200", "provenance": {"capability": "9.0"},
-            "rows": [{**row, "op": "add", "best": "torch", "times": {"triton": 0.02, "torch": 0.01}}]}  # fmt: skip
+            "rows": [{**row, "op": "add", "best": "torch",
+                   "times": {"triton": 0.02, "torch": 0.01}}]}  # fmt: skip
     (tables / "NVIDIA_H100.json").write_text(json.dumps(h100))
     (tables / "NVIDIA_H200.json").write_text(json.dumps(h200))
     with warnings.catch_warnings(record=True) as seen:
@@ -752,7 +753,8 @@ def test_explain_for_another_gpu_reads_its_table_and_its_architecture(tables):
     x = {"gpu": "Fake GPU X", "provenance": {"capability": "9.0"},
          "rows": [{**row, "op": "gelu", "best": "triton", "times": {"triton": 0.01, "torch": 0.02}}]}
     y = {"gpu": "Fake GPU Y", "provenance": {"capability": "9.0"},
-         "rows": [{**row, "op": "add", "best": "torch", "times": {"triton": 0.02, "torch": 0.01}}]}  # fmt: skip
+         "rows": [{**row, "op": "add", "best": "torch",
+                   "times": {"triton": 0.02, "torch": 0.01}}]}  # fmt: skip
     (tables / "Fake_GPU_X.json").write_text(json.dumps(x))
     (tables / "Fake_GPU_Y.json").write_text(json.dumps(y))
     table_files.clear()
@@ -767,7 +769,36 @@ def test_explain_for_another_gpu_reads_its_table_and_its_architecture(tables):
     assert code == 0 and "fwd on Fake GPU X" in out and "Fake_GPU_X.json" in out
     assert out.splitlines()[0].endswith(": triton") and "nearest row [4096]" in out
     code, out = explain("add", "-s", "4096", "--gpu", "Fake GPU X")
-    assert code == 0 and out.splitlines()[0].endswith(": torch") and "Fake GPU Y's table, same architecture" in out
+    assert code == 0 and out.splitlines()[0].endswith(": torch")
+    assert "Fake GPU Y's table, same architecture" in out
     code, out = explain("gelu", "-s", "4096", "--gpu", "Fake GPU Z")
     assert code == 2 and "--gpu: no tuning table for 'Fake GPU Z'" in out and "'Fake GPU X'" in out
     table_files.clear()
+
+
+def test_loop_ranking_drops_the_device_rule(tables):
+    """A row whose fastest kernel takes 20 us or more is ranked by device time (``by="call"``,
+    the default); ``by="loop"`` and ``config.default_by = "loop"`` rank it by the larger of
+    device and loop time, as a plain eager loop pays: a backend whose host cost is 9x its
+    kernel loses there."""
+    row = {"op": "gelu", "dtype": "fp32", "mode": "fwdbwd", "shape": [8192], "key": [8192], "best": "manual",
+           "times": {"torch": 0.141, "manual": 0.602, "compile": 0.25},
+           "device": {"torch": 0.075, "manual": 0.068, "compile": 0.09}}  # fmt: skip
+    _write(tables, [row])
+    assert choice.row_choice(row) == "manual" and choice.row_choice(row, "loop") == "torch"
+    assert choice.deciding_times(row) is row["device"] and choice.deciding_times(row, "loop") is row["times"]
+    assert registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd")[0] == "manual"
+    backend, why = registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd", by="loop")
+    assert backend == "torch" and "the larger of device and loop time" in why
+    with kernellab.config.override(default_by="loop"):
+        registry.clear_cache()
+        assert registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd")[0] == "torch"
+        by_device = registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd", by="device")
+        assert by_device[0] == "manual"
+    with kernellab.config.override(default_by="sometimes"):
+        registry.clear_cache()
+        with pytest.raises(ValueError, match="default_by"):
+            registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd")
+    registry.clear_cache()
+    with pytest.raises(ValueError, match="'loop'"):
+        registry.choose_key("gelu", (8192,), torch.float32, "cpu", by="plain")

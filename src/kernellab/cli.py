@@ -1219,6 +1219,9 @@ def cmd_explain(args) -> int:
     dev_backend, dev_why = registry.choose_key(args.op, key, dtype, dev, args.mode, opts, by="device")
     print(f"  by device time (a graphed or fused step): {dev_backend}"
           + ("" if dev_why == why else f" ({dev_why})"))  # fmt: skip
+    loop_backend, loop_why = registry.choose_key(args.op, key, dtype, dev, args.mode, opts, by="loop")
+    print(f"  in a plain eager loop (config.default_by='loop'): {loop_backend}"
+          + ("" if loop_why == why else f" ({loop_why})"))  # fmt: skip
     comp = registry.compiled_backend(args.op, dev)
     print(f"  inside torch.compile: {comp}"
           + (" (PyTorch's op: Inductor fuses it with its neighbours)" if comp == "torch" else
@@ -1253,15 +1256,16 @@ def _explain_for_gpu(args, key, dtype, opts) -> int:
     got = {
         by: choice.choose(table, name, args.op, key, dn, args.mode, opts, usable=usable, preferred=preferred,
                           small=small, by=by)
-        for by in ("call", "device")
+        for by in ("call", "device", "loop")
     }  # fmt: skip
     what = f"{args.op} {args.shape} {args.dtype} {args.mode}{' ' + opts if opts else ''}"
     print(f"{what} on {args.gpu} (its table, {path}; every CUDA backend counted as usable there): "
           f"{got['call'][0]}")  # fmt: skip
     print(f"  why: {got['call'][1]}")
-    dev_backend, dev_why = got["device"]
-    print(f"  by device time (a graphed or fused step): {dev_backend}"
-          + ("" if dev_why == got["call"][1] else f" ({dev_why})"))  # fmt: skip
+    for by, what in (("device", "by device time (a graphed or fused step)"),
+                     ("loop", "in a plain eager loop (config.default_by='loop')")):  # fmt: skip
+        b, why = got[by]
+        print(f"  {what}: {b}" + ("" if why == got["call"][1] else f" ({why})"))
     return 0
 
 

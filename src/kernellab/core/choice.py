@@ -37,6 +37,7 @@ def _distance(a, b) -> float:
 
 
 NEAR = 4.0  # a row this far (summed log2 ratios: 16x in one dim) or nearer is used
+BY = ("call", "loop", "device")  # what a choice ranks by (``choose``)
 
 
 def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mode: str, options: str, *,
@@ -49,13 +50,16 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
     this size (``OpSpec.small_backend``), or None.
 
     ``by="call"``: the row's choice for a standalone call (the larger of device and loop
-    time). ``by="device"``: the fastest by device time alone, for a call whose host cost
-    is paid elsewhere (inside a CUDA graph, a compiled graph, or a model that runs several
-    ops under one autograd node); ``among`` limits the backends considered (e.g. those
-    with node-free entry points). Rows written before device times were kept fall back to
-    their effective times."""
-    if by not in ("call", "device"):
-        raise ValueError(f"by: 'call' or 'device', got {by!r}")
+    time; device time where it decides, ``decided_by_device``). ``by="loop"``: the same
+    without that rule, the larger of device and loop time always (a plain eager loop with
+    nothing queued to hide host cost behind). ``by="device"``: the fastest by device time
+    alone, for a call whose host cost is paid elsewhere (inside a CUDA graph, a compiled
+    graph, or a model that runs several ops under one autograd node); ``among`` limits the
+    backends considered (e.g. those with node-free entry points). Rows written before
+    device times were kept fall back to their effective times."""
+    if by not in BY:
+        raise ValueError(f"by: one of {', '.join(map(repr, BY))}, got {by!r}")
+    standalone = by != "device"  # by "call" or "loop": a row's own choice, the vote, the heuristics
     out = None
     if table is not None and key is not None and dn is not None:
         dn, src = _row_dtype(table, op, dn, mode, options)
@@ -67,14 +71,14 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
         if best is not None and best[0] <= NEAR:
             row = best[1]
             device = row.get("device")
-            times = device if by == "device" and device else deciding_times(row)
+            times = device if by == "device" and device else deciding_times(row, by)
             metric = "device time" if times is not row["times"] else "the larger of device and loop time"
             fastest = "fastest"
-            row_best = row_choice(row)
-            if by == "call" and among is None and row_best in usable:
+            row_best = row_choice(row, by)
+            if standalone and among is None and row_best in usable:
                 pick = row_best
             else:  # by device time, among some, or the row's best cannot serve here
-                if by == "call" and among is None:
+                if standalone and among is None:
                     fastest = f"the fastest of the usable ({row_best}, the fastest, is not usable here)"
                 avail = {b: t for b, t in times.items() if (among is None or b in among) and b in usable}
                 pick = min(avail, key=avail.get) if avail else None
@@ -95,15 +99,15 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
                     + ", ".join(f"{b} {t:.4g}" for b, t in times.items() if b != pick)
                     + ")",
                 )
-        if out is None and by == "call" and among is None:
-            out = _table_vote(table, table_name, op, dn, mode, options, usable, key)
+        if out is None and standalone and among is None:
+            out = _table_vote(table, table_name, op, dn, mode, options, usable, key, by)
             if out is None:  # its alignment class is split: every row votes
-                out = _table_vote(table, table_name, op, dn, mode, options, usable)
+                out = _table_vote(table, table_name, op, dn, mode, options, usable, by=by)
             if out is not None and src:
                 out = (out[0], out[1] + src)
     if out is None:
         why = "no tuning table for this device" if table is None else "no table row near this shape"
-        if small is not None and key is not None and by == "call" and among is None and small in usable:
+        if small is not None and key is not None and standalone and among is None and small in usable:
             out = (small, f"heuristic ({why}): the op's backend for a problem of this size "
                           "(OpSpec.small_backend)")  # fmt: skip
         else:
@@ -144,7 +148,7 @@ VOTE_MIN_ROWS = 3  # rows of an op / dtype / mode before they speak for far shap
 NEAREST_LEAD = 0.01
 
 
-def _table_vote(table, table_name, op, dn, mode, options, usable, key=None):
+def _table_vote(table, table_name, op, dn, mode, options, usable, key=None, by="call"):
     """(backend, why) for a shape no row is near: the backend this GPU's table found fastest
     at the most shapes of the op, dtype and mode, or None where the table has no such row.
     The op's fixed preference list knows nothing of the GPU, so at far shapes it can name a
@@ -161,9 +165,9 @@ def _table_vote(table, table_name, op, dn, mode, options, usable, key=None):
     wins, ratios, n_rows = {}, {}, 0
     for row in rows:
         n_rows += 1
-        row_best = row_choice(row)
+        row_best = row_choice(row, by)
         wins[row_best] = wins.get(row_best, 0) + 1
-        times = deciding_times(row)
+        times = deciding_times(row, by)
         best_t = min(times.values())
         for b, t in times.items():
             if best_t > 0 and t > 0:
@@ -219,25 +223,29 @@ def decided_by_device(times: dict, device: dict | None) -> bool:
     return bool(device) and set(times) <= set(device) and min(device.values()) >= DEVICE_BOUND_MS
 
 
-def deciding_times(row: dict) -> dict:
-    """The times a table row's backends are ranked by: device times where they decide,
-    else the effective ones."""
+def deciding_times(row: dict, by: str = "call") -> dict:
+    """The times a table row's backends are ranked by: device times where they decide
+    (never ``by="loop"``), else the effective ones."""
     device = row.get("device")
-    return device if decided_by_device(row["times"], device) else row["times"]
+    return device if by != "loop" and decided_by_device(row["times"], device) else row["times"]
 
 
-def row_choice(row: dict) -> str:
+def row_choice(row: dict, by: str = "call") -> str:
     """A table row's choice under today's rules: ``pick_best`` of its times where device
     time decides, else the ``best`` it was written with (which may carry a paired verify's
-    verdict, ``rebuild_table --verify``)."""
+    verdict, ``rebuild_table --verify``). ``by="loop"``: ``pick_best`` without the device
+    rule, where device time decides the row."""
     device = row.get("device")
-    return pick_best(row["times"], device) if decided_by_device(row["times"], device) else row["best"]
+    if not decided_by_device(row["times"], device):
+        return row["best"]
+    return pick_best(row["times"], device, device_rule=by != "loop")
 
 
-def pick_best(times: dict, device: dict) -> str:
+def pick_best(times: dict, device: dict, device_rule: bool = True) -> str:
     """The table's choice from per-backend effective and device times (see TIE, DEVICE_TIE,
-    DEVICE_BOUND_MS)."""
-    if decided_by_device(times, device):
+    DEVICE_BOUND_MS; ``device_rule=False``: the effective times decide, device time only
+    among near-ties)."""
+    if device_rule and decided_by_device(times, device):
         fastest = min(device.values())
         return min((b for b in device if device[b] <= fastest * (1 + DEVICE_TIE)), key=times.get)
     first = min(times, key=times.get)

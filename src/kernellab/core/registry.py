@@ -528,9 +528,12 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
                among=None) -> tuple[str, str]:  # fmt: skip
     """``choose`` from a shape key (``core.shapes``), a dtype and the ``option_key`` of the
     call: ``core.choice.choose`` given this GPU model's table, the backends usable on
-    ``dev`` and the op's preference (``by`` and ``among``: see there); cached."""
-    if by not in ("call", "device"):
-        raise ValueError(f"by: 'call' or 'device', got {by!r}")
+    ``dev`` and the op's preference (``by`` and ``among``: see there); cached. ``by="call"``
+    follows ``kernellab.config.default_by`` ("loop": rank as a plain eager loop would)."""
+    if by not in choice.BY:
+        raise ValueError(f"by: one of {', '.join(map(repr, choice.BY))}, got {by!r}")
+    if by == "call":
+        by = _default_by()
     among = tuple(among) if among is not None else None
     ck = (op, dev, dtype, mode, key, options, by, among)
     hit = _CHOICES.get(ck)
@@ -550,6 +553,15 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
                         among=among)  # fmt: skip
     _CHOICES[ck] = out
     return out
+
+
+def _default_by() -> str:
+    from kernellab.options import config
+
+    got = config.default_by
+    if got not in ("call", "loop"):
+        raise ValueError(f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'call' or 'loop', got {got!r}")
+    return got
 
 
 def default_backend(op: str, device: str | None = None) -> str:

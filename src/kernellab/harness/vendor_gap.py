@@ -147,7 +147,9 @@ def _resolved(op, shape, dtype, mode, opts) -> dict:
     key, ok = shapes.key_of_shape(op, shape), shapes.option_key(op, opts)
     call, why = registry.choose_key(op, key, dtype, "cuda", mode, ok)
     by_device = registry.choose_key(op, key, dtype, "cuda", mode, ok, by="device")[0]
-    return {"resolved": call, "resolved_why": why, "resolved_by_device": by_device}
+    by_loop = registry.choose_key(op, key, dtype, "cuda", mode, ok, by="loop")[0]
+    return {"resolved": call, "resolved_why": why, "resolved_by_device": by_device,
+            "resolved_by_loop": by_loop}  # fmt: skip
 
 
 def _case(r) -> tuple:
