@@ -1204,68 +1204,47 @@ def cmd_explain(args) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.gpu:
-        return _explain_for_gpu(args, key, dtype, opts)
-    backend, why = registry.choose_key(args.op, key, dtype, dev, args.mode, opts)
-    print(f"{args.op} {args.shape} {args.dtype} {args.mode}{' ' + opts if opts else ''} on {dev} "
-          f"({tables.gpu_of(dev)}): {backend}")  # fmt: skip
+    what = f"{args.op} {args.shape} {args.dtype} {args.mode}{' ' + opts if opts else ''}"
+    if args.gpu:  # another GPU model's table, from this machine
+        src = tables.table_path(args.gpu)
+        if not os.path.exists(src):
+            have = ", ".join(repr(g) for g in tables.table_gpus()) or "none"
+            print(f"error: --gpu: no tuning table for {args.gpu!r} ({os.path.basename(src)}); the GPU models "
+                  f"with one: {have}", file=sys.stderr)  # fmt: skip
+            return 2
+
+        def choose(by):
+            return registry.choose_for_gpu(args.op, key, dtype, args.gpu, args.mode, opts, by=by)
+
+        where = f"{args.gpu} (its table, {src}; every CUDA backend counted as usable there)"
+    else:
+
+        def choose(by):
+            return registry.choose_key(args.op, key, dtype, dev, args.mode, opts, by=by)
+
+        where = f"{dev} ({tables.gpu_of(dev)})"
+    backend, why = choose("call")
+    print(f"{what} on {where}: {backend}")
     print(f"  why: {why}")
-    gpu = tables.gpu_of(dev)
-    src = tables.table_path(gpu)
-    print(f"  table: {src if os.path.exists(src) else 'none for ' + gpu}; `kernellab tune` writes "
-          f"{tables.table_path(gpu, write=True)}")  # fmt: skip
+    if not args.gpu:
+        gpu = tables.gpu_of(dev)
+        src = tables.table_path(gpu)
+        print(f"  table: {src if os.path.exists(src) else 'none for ' + gpu}; `kernellab tune` writes "
+              f"{tables.table_path(gpu, write=True)}")  # fmt: skip
     # Inside a CUDA graph, a compiled graph or a model's fused node the host cost is paid
     # once per step: what the device time alone would pick (kernellab.models.gpt does).
-    dev_backend, dev_why = registry.choose_key(args.op, key, dtype, dev, args.mode, opts, by="device")
-    print(f"  by device time (a graphed or fused step): {dev_backend}"
-          + ("" if dev_why == why else f" ({dev_why})"))  # fmt: skip
-    loop_backend, loop_why = registry.choose_key(args.op, key, dtype, dev, args.mode, opts, by="loop")
-    print(f"  in a plain eager loop (config.default_by='loop'): {loop_backend}"
-          + ("" if loop_why == why else f" ({loop_why})"))  # fmt: skip
+    for by, label in (("device", "by device time (a graphed or fused step)"),
+                      ("loop", "in a plain eager loop (config.default_by='loop')")):  # fmt: skip
+        other, other_why = choose(by)
+        print(f"  {label}: {other}" + ("" if other_why == why else f" ({other_why})"))
+    if args.gpu:
+        return 0
     comp = registry.compiled_backend(args.op, dev)
     print(f"  inside torch.compile: {comp}"
           + (" (PyTorch's op: Inductor fuses it with its neighbours)" if comp == "torch" else
              " (OpSpec.compiled_backends)"))  # fmt: skip
     order = ", ".join(b for b in spec.default_backends if registry._TABLE.get((args.op, b)) is not None)
     print(f"  heuristic order: {order} (torch last); a ValueError refusal by the choice falls back to torch")
-    return 0
-
-
-def _explain_for_gpu(args, key, dtype, opts) -> int:
-    """explain against the table of GPU model ``args.gpu`` from any machine. Which backends
-    run there cannot be known here: every backend of the op that runs on CUDA counts."""
-    from kernellab.core import choice, registry, tables
-    from kernellab.core.spec import dtype_name, get_spec
-
-    path = tables.table_path(args.gpu)
-    if not os.path.exists(path):
-        have = [repr(g) for g in tables.table_gpus()]
-        print(f"error: --gpu: no tuning table for {args.gpu!r} ({os.path.basename(path)}); the GPU models "
-              f"with one: {', '.join(have) or 'none'}", file=sys.stderr)  # fmt: skip
-        return 2
-    table = tables.load_table(args.gpu)
-    spec = get_spec(args.op)
-    usable = frozenset(b for (o, b), impl in registry._TABLE.items()
-                       if o == args.op and "cuda" in impl.devices)  # fmt: skip
-    if spec.default_excludes is not None:
-        usable -= frozenset(spec.default_excludes(key))
-    preferred = next((b for b in spec.default_backends if b in usable), "torch")
-    small = spec.small_backend(key) if spec.small_backend is not None else None
-    name = os.path.basename(path)
-    dn = dtype_name(dtype)
-    got = {
-        by: choice.choose(table, name, args.op, key, dn, args.mode, opts, usable=usable, preferred=preferred,
-                          small=small, by=by)
-        for by in ("call", "device", "loop")
-    }  # fmt: skip
-    what = f"{args.op} {args.shape} {args.dtype} {args.mode}{' ' + opts if opts else ''}"
-    print(f"{what} on {args.gpu} (its table, {path}; every CUDA backend counted as usable there): "
-          f"{got['call'][0]}")  # fmt: skip
-    print(f"  why: {got['call'][1]}")
-    for by, what in (("device", "by device time (a graphed or fused step)"),
-                     ("loop", "in a plain eager loop (config.default_by='loop')")):  # fmt: skip
-        b, why = got[by]
-        print(f"  {what}: {b}" + ("" if why == got["call"][1] else f" ({why})"))
     return 0
 
 

@@ -23,6 +23,7 @@ import torch
 from kernellab import device as _dev
 from kernellab.core import choice, shapes, tables
 from kernellab.core import spec as _spec
+from kernellab.options import config
 
 # Backend names are ordered for display: the baselines, then ours, then numbered
 # teaching variants, then peers and user registrations.
@@ -530,34 +531,48 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
     call: ``core.choice.choose`` given this GPU model's table, the backends usable on
     ``dev`` and the op's preference (``by`` and ``among``: see there); cached. ``by="call"``
     follows ``kernellab.config.default_by`` ("loop": rank as a plain eager loop would)."""
-    if by not in choice.BY:
-        raise ValueError(f"by: one of {', '.join(map(repr, choice.BY))}, got {by!r}")
-    if by == "call":
-        by = _default_by()
+    by = _resolve_by(by)
     among = tuple(among) if among is not None else None
     ck = (op, dev, dtype, mode, key, options, by, among)
     hit = _CHOICES.get(ck)
     if hit is not None:
         return hit
-    gpu = tables.gpu_of(dev)
-    table = tables.load_table(gpu)
-    spec = _spec.get_spec(op)
-    rule = spec.small_backend  # (a host-cost rule: for standalone calls only)
-    small = rule(key) if rule is not None and key is not None else None
-    dn = _spec.dtype_name(dtype) if dtype is not None else None
-    allowed = usable(op, dev)
-    if spec.default_excludes is not None and key is not None:
-        allowed = allowed - frozenset(spec.default_excludes(key))
-    out = choice.choose(table, os.path.basename(tables.table_path(gpu)), op, key, dn, mode, options,
-                        usable=allowed, preferred=default_backend(op, dev), small=small, by=by,
-                        among=among)  # fmt: skip
+    out = _choose(op, key, dtype, tables.gpu_of(dev), usable(op, dev), default_backend(op, dev),
+                  mode, options, by, among)  # fmt: skip
     _CHOICES[ck] = out
     return out
 
 
-def _default_by() -> str:
-    from kernellab.options import config
+def choose_for_gpu(op: str, key, dtype, gpu: str, mode: str = "fwd", options: str = "",
+                   by: str = "call") -> tuple[str, str]:  # fmt: skip
+    """``choose_key`` on GPU model ``gpu``'s table from any machine (``kernellab explain
+    --gpu``). Which backends run there cannot be known here: every backend of ``op`` that
+    runs on CUDA counts as usable. Not cached."""
+    cuda = frozenset(b for (o, b), impl in _TABLE.items() if o == op and "cuda" in impl.devices)
+    preferred = next((b for b in _spec.get_spec(op).default_backends if b in cuda), "torch")
+    return _choose(op, key, dtype, gpu, cuda, preferred, mode, options, _resolve_by(by), None)
 
+
+def _choose(op, key, dtype, gpu, allowed, preferred, mode, options, by, among) -> tuple[str, str]:
+    """``choice.choose`` on ``gpu``'s table for backends ``allowed`` (less what the op
+    excludes for the shape)."""
+    spec = _spec.get_spec(op)
+    rule = spec.small_backend  # (a host-cost rule: for standalone calls only)
+    small = rule(key) if rule is not None and key is not None else None
+    dn = _spec.dtype_name(dtype) if dtype is not None else None
+    if spec.default_excludes is not None and key is not None:
+        allowed = allowed - frozenset(spec.default_excludes(key))
+    return choice.choose(tables.load_table(gpu), os.path.basename(tables.table_path(gpu)), op, key, dn, mode,
+                         options, usable=allowed, preferred=preferred, small=small, by=by,
+                         among=among)  # fmt: skip
+
+
+def _resolve_by(by: str) -> str:
+    """``by`` checked, with "call" as ``config.default_by`` says."""
+    if by not in choice.BY:
+        raise ValueError(f"by: one of {', '.join(map(repr, choice.BY))}, got {by!r}")
+    if by != "call":
+        return by
     got = config.default_by
     if got not in ("call", "loop"):
         raise ValueError(f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'call' or 'loop', got {got!r}")

@@ -52,15 +52,15 @@ def _stats_fake(x: Tensor) -> Tensor:
     return x.new_empty(rows, dtype=torch.float32)
 
 
+_compiling = torch.compiler.is_compiling
+_functorch_active = torch._C._are_functorch_transforms_active
+
+
 def _eager_node(x: Tensor) -> bool:
     """Whether a call may take a C++ node (``node`` of the ops below): a plain CUDA tensor
     in eager mode, outside torch.compile and functorch transforms (their tensors carry no
     storage the node could launch on)."""
     return type(x) is Tensor and x.is_cuda and not _compiling() and not _functorch_active()
-
-
-_compiling = torch.compiler.is_compiling
-_functorch_active = torch._C._are_functorch_transforms_active
 
 
 def layer_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
