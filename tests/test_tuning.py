@@ -742,6 +742,47 @@ def test_tune_writes_the_users_tables_not_the_package(tmp_path, monkeypatch):
         registry.clear_cache()
 
 
+def test_default_rule_keeps_a_choice_cache_per_rule(tables):
+    """``registry.default_rule("loop")`` (user_models' "kernellab-loop" variant) makes
+    ``backend=None`` rank as a plain eager loop inside the block, with a cache of its own:
+    calls alternating between the rules each run their rule's choice, and the block
+    leaves ``config.default_by`` as it found it."""
+    row = {"op": "gelu", "dtype": "fp32", "mode": "fwdbwd", "shape": [8192], "key": [8192], "best": "manual",
+           "times": {"torch": 0.141, "manual": 0.602, "compile": 0.25},
+           "device": {"torch": 0.075, "manual": 0.068, "compile": 0.09}}  # fmt: skip
+    _write(tables, [row])
+    registry.clear_cache()
+    x = torch.randn(8192, requires_grad=True)
+
+    def ran(rule):
+        with registry.recording_choices() as rec:  # (recording chooses afresh, bypassing the caches)
+            if rule is None:
+                kernellab.gelu(x)
+            else:
+                with registry.default_rule(rule):
+                    kernellab.gelu(x)
+        return [r["backend"] for r in rec]
+
+    def cached(cache):  # the forward+backward choices a cache holds
+        picks = [p.pick() if hasattr(p, "pick") else p for p in cache.values()]
+        return {(p[1] if isinstance(p, tuple) else p).backend for p in picks}
+
+    try:
+        assert ran("loop") == ["torch"] and ran(None) == ["manual"] and ran("call") == ["manual"]
+        for _ in range(3):  # alternating: each rule's cache keeps its own choice
+            with registry.default_rule("loop"):
+                kernellab.gelu(x).sum().backward()
+            kernellab.gelu(x).sum().backward()
+        assert cached(registry._RULE_CHOSEN["loop"]) == {"torch"}
+        assert cached(registry._CHOSEN) == {"manual"}
+        assert kernellab.config.default_by == "call"
+        with pytest.raises(ValueError, match="'call' or 'loop'"):
+            with registry.default_rule("device"):
+                pass
+    finally:
+        registry.clear_cache()
+
+
 def test_explain_for_another_gpu_reads_its_table_and_its_architecture(tables):
     """`kernellab explain --gpu NAME` on a machine without that GPU: the choice from NAME's
     table, rows its table lacks from another table of the same architecture (its own

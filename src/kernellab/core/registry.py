@@ -487,8 +487,31 @@ def _fall_back(op: str, impl: Impl, refusal: ValueError, args, kwargs):
 def _forget_choices() -> None:
     """A backend came or went, or a table changed: cached choices may name the wrong one."""
     _CHOSEN.clear()
+    for cache in _RULE_CHOSEN.values():
+        cache.clear()
     _CHOICES.clear()
     _USABLE.clear()
+
+
+_RULE_CHOSEN: dict[str, dict] = {}  # default_rule's choice caches, one per rule
+
+
+@contextlib.contextmanager
+def default_rule(by: str):
+    """Within the block ``backend=None`` ranks table rows by ``by`` ("call" or "loop", as
+    ``config.default_by``), with a choice cache of that rule's own, so steps under either
+    rule can alternate in one process without re-choosing (``user_models``' variant
+    "kernellab-loop"). Not thread-safe: one rule at a time per process."""
+    global _CHOSEN
+    if by not in ("call", "loop"):
+        raise ValueError(f"by: 'call' or 'loop', got {by!r}")
+    saved = _CHOSEN, config.default_by
+    _CHOSEN = _RULE_CHOSEN.setdefault(by, {})
+    config.default_by = by
+    try:
+        yield
+    finally:
+        _CHOSEN, config.default_by = saved
 
 
 def clear_cache() -> None:

@@ -10,6 +10,10 @@ Models:
             Hugging Face transformers models built from configs (no weights downloaded);
             variants "hf" (as is, SDPA), "liger" (Liger-Kernel's patch, when installed) and
             "kernellab" (kernellab.patch, when present).
+  Every model also takes variant "kernellab-loop": "kernellab" with the default ranking
+  every table row as a plain eager loop (``registry.default_rule("loop")``; beside it
+  "kernellab" runs under the default rule), eager mode, to see whether a device-time
+  choice's host cost hides in a real step.
 
     kernellab train hf --config llama --compare          (this module, through the CLI)
     python -m kernellab.models.user_models --model nanogpt --batch 8 --seq 1024 --json out.jsonl
@@ -194,6 +198,20 @@ def make_step(model, opt, mode: str, hf: bool):
     return step
 
 
+def _under_rule(step, by: str):
+    """``step`` with kernellab's default ranking table rows by ``by`` (variant
+    "kernellab-loop": "loop", every row by the larger of device and loop time; beside it
+    "kernellab" runs under "call", the default rule), each rule with its own choice cache so
+    the variants can alternate in one process."""
+    from kernellab.core import registry
+
+    def run(idx, tgt):
+        with registry.default_rule(by):
+            return step(idx, tgt)
+
+    return run
+
+
 def training_state_gib(model, opt) -> float:
     """GiB of what a training step keeps between steps, whatever its kernels: the
     parameters, one gradient per trainable parameter (allocated by every backward) and
@@ -324,12 +342,13 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             m = copy.deepcopy(base)
             why = None
+            kl = v in ("kernellab", "kernellab-loop")
             if hf and v == "liger":
                 why = liger_patch(a.model, m)
-            elif hf and v == "kernellab":
+            elif hf and kl:
                 why = kernellab_patch(m, backends)
             elif not hf:
-                ops = nano_ops(v, backends if v == "kernellab" else None)
+                ops = nano_ops("kernellab" if kl else v, backends if kl else None)
                 m.ops = ops
                 for blk in m.blocks:
                     blk.ops = ops
@@ -338,7 +357,12 @@ def main(argv: list[str] | None = None) -> int:
                 break
             m.train()
             opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=dev == "cuda")
-            runs[(v, mode)] = (m, make_step(m, opt, mode, hf), opt)
+            step = make_step(m, opt, mode, hf)
+            if v == "kernellab-loop":
+                step = _under_rule(step, "loop")
+            elif v == "kernellab" and "kernellab-loop" in variants:
+                step = _under_rule(step, "call")
+            runs[(v, mode)] = (m, step, opt)
     # the parameters: resident before a variant's warm-up; its gradients and AdamW's moments
     # are allocated by its first step and so counted in the step's peak
     param_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
@@ -389,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
                        peak_gib=round(peak[(v, mode)], 2), state_gib=round(state[(v, mode)], 2),
                        speedup=round(first / ms, 3),
                        rounds=[round(t, 3) for t in times[(v, mode)]], loss=round(losses[(v, mode)], 4))  # fmt: skip
-            if backends and v == "kernellab":
+            if backends and v in ("kernellab", "kernellab-loop"):
                 row["backends"] = backends
             rows.append(row)
             print(f"  {mode:16s} {v:10s} {ms:9.2f} ms  {row['tokens_per_s']:>9d} tok/s  {row['peak_gib']:6.2f} GiB"
