@@ -10,10 +10,10 @@ Models:
             Hugging Face transformers models built from configs (no weights downloaded);
             variants "hf" (as is, SDPA), "liger" (Liger-Kernel's patch, when installed) and
             "kernellab" (kernellab.patch, when present).
-  Every model also takes variant "kernellab-loop": "kernellab" with the default ranking
-  every table row as a plain eager loop (``registry.default_rule("loop")``; beside it
-  "kernellab" runs under the default rule), eager mode, to see whether a device-time
-  choice's host cost hides in a real step.
+  Every model also takes variant "kernellab-queued": "kernellab" with the default ranking
+  table rows of kernels of 20 us or more by device time (``registry.default_rule("queued")``;
+  beside it "kernellab" runs under "loop", every row by the larger of device and loop
+  time), eager mode: whether a device-time choice's host cost hides in a real step.
 
     kernellab train hf --config llama --compare          (this module, through the CLI)
     python -m kernellab.models.user_models --model nanogpt --batch 8 --seq 1024 --json out.jsonl
@@ -200,9 +200,8 @@ def make_step(model, opt, mode: str, hf: bool):
 
 def _under_rule(step, by: str):
     """``step`` with kernellab's default ranking table rows by ``by`` (variant
-    "kernellab-loop": "loop", every row by the larger of device and loop time; beside it
-    "kernellab" runs under "call", the default rule), each rule with its own choice cache so
-    the variants can alternate in one process."""
+    "kernellab-queued": "queued"; beside it "kernellab" runs under "loop"), each rule with
+    its own choice cache so the variants can alternate in one process."""
     from kernellab.core import registry
 
     def run(idx, tgt):
@@ -342,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             m = copy.deepcopy(base)
             why = None
-            kl = v in ("kernellab", "kernellab-loop")
+            kl = v in ("kernellab", "kernellab-queued")
             if hf and v == "liger":
                 why = liger_patch(a.model, m)
             elif hf and kl:
@@ -358,10 +357,10 @@ def main(argv: list[str] | None = None) -> int:
             m.train()
             opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=dev == "cuda")
             step = make_step(m, opt, mode, hf)
-            if v == "kernellab-loop":
+            if v == "kernellab-queued":
+                step = _under_rule(step, "queued")
+            elif v == "kernellab" and "kernellab-queued" in variants:
                 step = _under_rule(step, "loop")
-            elif v == "kernellab" and "kernellab-loop" in variants:
-                step = _under_rule(step, "call")
             runs[(v, mode)] = (m, step, opt)
     # the parameters: resident before a variant's warm-up; its gradients and AdamW's moments
     # are allocated by its first step and so counted in the step's peak
@@ -395,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
             sync()
             times[key].append((time.perf_counter() - t0) * 1e3 / a.steps)
     gpu = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    from kernellab.harness.bench import git_sha
+
+    sha = git_sha()
     print(f"{a.model} B={a.batch} T={a.seq} {a.dtype} on {gpu}: ms/step (median of {a.rounds} rounds of "
           f"{a.steps}), tokens/s, peak GiB (own parameters + its steps' peak) and the state kept between "
           "steps (parameters, gradients, optimizer); ratio = first variant's time / this one's")  # fmt: skip
@@ -412,8 +414,9 @@ def main(argv: list[str] | None = None) -> int:
                        ms=round(ms, 3), tokens_per_s=round(a.batch * a.seq / ms * 1e3),
                        peak_gib=round(peak[(v, mode)], 2), state_gib=round(state[(v, mode)], 2),
                        speedup=round(first / ms, 3),
-                       rounds=[round(t, 3) for t in times[(v, mode)]], loss=round(losses[(v, mode)], 4))  # fmt: skip
-            if backends and v in ("kernellab", "kernellab-loop"):
+                       rounds=[round(t, 3) for t in times[(v, mode)]], loss=round(losses[(v, mode)], 4),
+                       git_sha=sha)  # fmt: skip
+            if backends and v in ("kernellab", "kernellab-queued"):
                 row["backends"] = backends
             rows.append(row)
             print(f"  {mode:16s} {v:10s} {ms:9.2f} ms  {row['tokens_per_s']:>9d} tok/s  {row['peak_gib']:6.2f} GiB"
