@@ -106,7 +106,7 @@ def test_rows_say_what_the_default_ran():
     import torch
 
     got = vendor_gap._resolved("softmax", (64, 256), torch.float32, "fwd", {})
-    assert set(got) == {"resolved", "resolved_why", "resolved_by_device", "resolved_by_loop"}
+    assert set(got) == {"resolved", "resolved_why", "resolved_by_device", "resolved_by_loop", "resolved_by_queued"}
     assert got["resolved"]
     rows = [_row("torch", 1.0, "a"), _row("triton", 0.9, "a")]
     rows.append({**_row("default", 0.9, "a"), "resolved": "triton"})

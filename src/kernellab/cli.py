@@ -1223,7 +1223,7 @@ def cmd_explain(args) -> int:
             return registry.choose_key(args.op, key, dtype, dev, args.mode, opts, by=by)
 
         where = f"{dev} ({tables.gpu_of(dev)})"
-    backend, why = choose("call")
+    backend, why = choose(None)
     print(f"{what} on {where}: {backend}")
     print(f"  why: {why}")
     if not args.gpu:
@@ -1233,8 +1233,12 @@ def cmd_explain(args) -> int:
               f"{tables.table_path(gpu, write=True)}")  # fmt: skip
     # Inside a CUDA graph, a compiled graph or a model's fused node the host cost is paid
     # once per step: what the device time alone would pick (kernellab.models.gpt does).
+    rule = registry._resolve_by(None)
+    other_rule = "queued" if rule == "loop" else "loop"
     for by, label in (("device", "by device time (a graphed or fused step)"),
-                      ("loop", "in a plain eager loop (config.default_by='loop')")):  # fmt: skip
+                      (other_rule, f"with config.default_by={other_rule!r}" + (
+                          " (device time where kernels take 20 us or more)" if other_rule == "queued" else
+                          " (the larger of device and loop time)"))):  # fmt: skip
         other, other_why = choose(by)
         print(f"  {label}: {other}" + ("" if other_why == why else f" ({other_why})"))
     if args.gpu:

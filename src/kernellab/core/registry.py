@@ -494,17 +494,18 @@ def _forget_choices() -> None:
 
 
 _RULE_CHOSEN: dict[str, dict] = {}  # default_rule's choice caches, one per rule
+DEFAULT_RULES = ("loop", "queued")  # what config.default_by may say (core.choice.choose's ``by``)
 
 
 @contextlib.contextmanager
 def default_rule(by: str):
-    """Within the block ``backend=None`` ranks table rows by ``by`` ("call" or "loop", as
+    """Within the block ``backend=None`` ranks table rows by ``by`` ("loop" or "queued", as
     ``config.default_by``), with a choice cache of that rule's own, so steps under either
     rule can alternate in one process without re-choosing (``user_models``' variant
-    "kernellab-loop"). Not thread-safe: one rule at a time per process."""
+    "kernellab-queued"). Not thread-safe: one rule at a time per process."""
     global _CHOSEN
-    if by not in ("call", "loop"):
-        raise ValueError(f"by: 'call' or 'loop', got {by!r}")
+    if by not in DEFAULT_RULES:
+        raise ValueError(f"by: 'loop' or 'queued', got {by!r}")
     saved = _CHOSEN, config.default_by
     _CHOSEN = _RULE_CHOSEN.setdefault(by, {})
     config.default_by = by
@@ -548,12 +549,12 @@ def choose(op: str, args, dev: str, mode: str | None = None, kwargs=None) -> tup
     return choose_key(op, shapes.shape_key(op, args), getattr(x, "dtype", None), dev, mode, opts)
 
 
-def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = "", by: str = "call",
+def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = "", by: str | None = None,
                among=None) -> tuple[str, str]:  # fmt: skip
     """``choose`` from a shape key (``core.shapes``), a dtype and the ``option_key`` of the
     call: ``core.choice.choose`` given this GPU model's table, the backends usable on
-    ``dev`` and the op's preference (``by`` and ``among``: see there); cached. ``by="call"``
-    follows ``kernellab.config.default_by`` ("loop": rank as a plain eager loop would)."""
+    ``dev`` and the op's preference (``by`` and ``among``: see there); cached. ``by=None``
+    follows ``kernellab.config.default_by`` ("loop" unless set)."""
     by = _resolve_by(by)
     among = tuple(among) if among is not None else None
     ck = (op, dev, dtype, mode, key, options, by, among)
@@ -567,7 +568,7 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
 
 
 def choose_for_gpu(op: str, key, dtype, gpu: str, mode: str = "fwd", options: str = "",
-                   by: str = "call") -> tuple[str, str]:  # fmt: skip
+                   by: str | None = None) -> tuple[str, str]:  # fmt: skip
     """``choose_key`` on GPU model ``gpu``'s table from any machine (``kernellab explain
     --gpu``). Which backends run there cannot be known here: every backend of ``op`` that
     runs on CUDA counts as usable. Not cached."""
@@ -590,16 +591,16 @@ def _choose(op, key, dtype, gpu, allowed, preferred, mode, options, by, among) -
                          among=among)  # fmt: skip
 
 
-def _resolve_by(by: str) -> str:
-    """``by`` checked, with "call" as ``config.default_by`` says."""
+def _resolve_by(by: str | None) -> str:
+    """``by`` checked; None: what ``config.default_by`` says."""
+    if by is None:
+        got = config.default_by
+        if got not in DEFAULT_RULES:
+            raise ValueError(f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'loop' or 'queued', got {got!r}")
+        return got
     if by not in choice.BY:
         raise ValueError(f"by: one of {', '.join(map(repr, choice.BY))}, got {by!r}")
-    if by != "call":
-        return by
-    got = config.default_by
-    if got not in ("call", "loop"):
-        raise ValueError(f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'call' or 'loop', got {got!r}")
-    return got
+    return by
 
 
 def default_backend(op: str, device: str | None = None) -> str:

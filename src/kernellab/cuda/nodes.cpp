@@ -15,7 +15,7 @@
 //   [0] forward CUfunction   [1] forward grid   [2] forward block   [3] forward threads per row
 //   [4] backward CUfunction  [5] backward grid  [6] backward block  [7] backward threads per row
 //   [8] partial rows of dw and db (backward grid x rows per block)
-//   [9] partial-sum CUfunction (0: torch's sum)   [10] its grid (256 threads a block)
+//   [9] partial-sum CUfunction (0: torch's sum, then the cast)   [10] its grid (256 threads a block)
 // The kernels are norms.cu's v2 entry points (rms_ / ln_fwd_p<P>_<dtype>, rms_ / ln_bwd_p<P>_<dtype>)
 // and its partial-row sum (norm_psum_<dtype>, for 16-bit weights):
 //   fwd(x, w, b, y, mean, rstd, long long rows, int d, int tpr, float eps)
@@ -94,13 +94,15 @@ void launch(int64_t fn, int64_t grid, int64_t block, const at::Tensor& like, voi
 bool aligned16(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
 
 // The fp32 partial rows of a weight (or bias) gradient -> [D] in the weight's dtype, rounded
-// once: norms.cu's partial-row sum for 16-bit weights (plan[9]), torch's tree sum for fp32
-// (a column-order sum of many rows drifts).
+// once: norms.cu's partial-row sum where the plan names it (plan[9]: 16-bit weights and few
+// partial rows, one launch), else torch's fp32 tree sum, then the cast (each thread of the
+// partial-row sum walks every row: with ~1000 rows it took longer than the backward itself).
 at::Tensor reduce_partials(const at::Tensor& part, const at::Tensor& w, const std::vector<int64_t>& plan,
                            const at::Tensor& like) {
     const int64_t d = part.size(1);
     if (plan[9] == 0) {
-        return at::sum(part, {0}, false, w.scalar_type());
+        at::Tensor s = at::sum(part, {0});
+        return s.scalar_type() == w.scalar_type() ? s : s.to(w.scalar_type());
     }
     at::Tensor out = at::empty({d}, w.options());
     void* pp = part.data_ptr();

@@ -148,8 +148,9 @@ def _resolved(op, shape, dtype, mode, opts) -> dict:
     call, why = registry.choose_key(op, key, dtype, "cuda", mode, ok)
     by_device = registry.choose_key(op, key, dtype, "cuda", mode, ok, by="device")[0]
     by_loop = registry.choose_key(op, key, dtype, "cuda", mode, ok, by="loop")[0]
+    by_queued = registry.choose_key(op, key, dtype, "cuda", mode, ok, by="queued")[0]
     return {"resolved": call, "resolved_why": why, "resolved_by_device": by_device,
-            "resolved_by_loop": by_loop}  # fmt: skip
+            "resolved_by_loop": by_loop, "resolved_by_queued": by_queued}  # fmt: skip
 
 
 def _case(r) -> tuple:

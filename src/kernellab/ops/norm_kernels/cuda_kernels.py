@@ -149,6 +149,9 @@ VARIANTS = [
 # The C++ autograd node's plans (kernellab/cuda/nodes.cpp): per (shape, dtype, device) the
 # v2 kernels' handles and launch shapes, or False where v2 does not take the shape.
 _NODE_PLANS: dict = {}
+# Partial rows up to which a 16-bit weight's gradient is summed by norms.cu's one-launch
+# partial-row sum (one thread per column walks every row); above, torch's sum and a cast.
+PSUM_MAX_ROWS = 64
 
 
 def _node_plan(x: torch.Tensor, kind: str) -> list[int] | bool:
@@ -163,8 +166,8 @@ def _node_plan(x: torch.Tensor, kind: str) -> list[int] | bool:
     frpb, brpb = V2_THREADS // ftpr, V2_THREADS // btpr
     bgrid = max(1, min((n_rows + brpb - 1) // brpb, BWD_BLOCKS_PER_SM * sm_count(dev)))
     fgrid = (n_rows + frpb - 1) // frpb
-    psum = 0  # fp32 weights: torch's tree sum (nodes.cpp)
-    if x.dtype != torch.float32:
+    psum = 0  # torch's tree sum (nodes.cpp), then the cast for 16-bit weights
+    if x.dtype != torch.float32 and bgrid * brpb <= PSUM_MAX_ROWS:
         psum = _kernel(f"norm_psum_{sfx}", ("ptr", "ptr", "i32", "i32"), dev).handle
     return [fk.handle, fgrid, V2_THREADS, ftpr, bk.handle, bgrid, V2_THREADS, btpr, bgrid * brpb, psum,
             (n_cols + 255) // 256]  # fmt: skip
