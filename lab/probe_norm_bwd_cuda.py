@@ -32,7 +32,8 @@ from kernellab.ops.norm_kernels import triton_kernels as tk
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--shapes", nargs="+", default=["1024x768", "8192x768", "16384x768", "4096x2048", "4096x4096"])
+    p.add_argument("--shapes", nargs="+",
+                   default=["1024x768", "8192x768", "16384x768", "4096x2048", "4096x4096"])
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--ops", nargs="+", default=["layer_norm", "rms_norm"])
     a = p.parse_args()
@@ -73,8 +74,9 @@ def main() -> int:
                         got = bwd(dy, x, w, mean, rstd, rms, not rms)
                         err = max(float((o.float() - r.float()).abs().max()) for o, r in zip(got, ref)
                                   if o is not None)  # fmt: skip
-                        res[f"cuda bps={bps} t={target}"] = timed(lambda: bwd(dy, x, w, mean, rstd, rms, not rms))
-                        res[f"err bps={bps} t={target}"] = err
+                        key = f"bps={bps} t={target}"
+                        res[f"cuda {key}"] = timed(lambda: bwd(dy, x, w, mean, rstd, rms, not rms))
+                        res[f"err {key}"] = err
                     finally:
                         ck.BWD_BLOCKS_PER_SM, ck._use_v2 = shipped_bps, shipped_use_v2
             sms = torch.cuda.get_device_properties(0).multi_processor_count
