@@ -133,10 +133,10 @@ def test_device_time_decides_where_the_fastest_kernel_is_not_launch_bound():
 
 
 def test_rows_written_before_the_device_rule_are_read_by_it():
-    # (the device rule is by="queued"'s; the default, by="loop", keeps the row's best)
+    # (the device rule is by="queued"'s, the default; by="loop" keeps the row's best)
     row = {"best": "torch", "times": {"torch": 0.177, "triton": 0.189},
            "device": {"torch": 0.066, "triton": 0.041}}  # fmt: skip
-    assert choice.row_choice(row, "queued") == "triton" and choice.row_choice(row) == "torch"
+    assert choice.row_choice(row) == "triton" and choice.row_choice(row, "loop") == "torch"
     tiny = {"best": "torch", "times": {"torch": 0.14, "triton": 0.19},
             "device": {"torch": 0.009, "triton": 0.012}}  # fmt: skip
     assert choice.row_choice(tiny) == "torch"
@@ -146,10 +146,10 @@ def test_rows_written_before_the_device_rule_are_read_by_it():
     where = dict(op="gelu", dtype="bf16", mode="fwdbwd", shape=[4096 * 2048], key=[4096 * 2048])
     table = {"rows": [dict(row, **where)]}
     pick, why = choice.choose(table, "X.json", "gelu", (4096 * 2048,), "bf16", "fwdbwd", "",
-                              usable=frozenset({"torch", "triton"}), preferred="torch", by="queued")  # fmt: skip
+                              usable=frozenset({"torch", "triton"}), preferred="torch")  # fmt: skip
     assert pick == "triton" and "by device time" in why
     pick, why = choice.choose(table, "X.json", "gelu", (4096 * 2048,), "bf16", "fwdbwd", "",
-                              usable=frozenset({"torch", "triton"}), preferred="torch")  # fmt: skip
+                              usable=frozenset({"torch", "triton"}), preferred="torch", by="loop")  # fmt: skip
     assert pick == "torch" and "the larger of device and loop time" in why
 
 
@@ -747,10 +747,10 @@ def test_tune_writes_the_users_tables_not_the_package(tmp_path, monkeypatch):
 
 
 def test_default_rule_keeps_a_choice_cache_per_rule(tables):
-    """``registry.default_rule("queued")`` (user_models' "kernellab-queued" variant) makes
-    ``backend=None`` rank kernels of 20 us or more by device time inside the block, with a
-    cache of its own: calls alternating between the rules each run their rule's choice,
-    and the block leaves ``config.default_by`` as it found it."""
+    """``registry.default_rule("loop")`` (user_models' "kernellab-loop" variant) makes
+    ``backend=None`` rank every row by the larger of device and loop time inside the block,
+    with a cache of its own: calls alternating between the rules each run their rule's
+    choice, and the block leaves ``config.default_by`` as it found it."""
     row = {"op": "gelu", "dtype": "fp32", "mode": "fwdbwd", "shape": [8192], "key": [8192], "best": "manual",
            "times": {"torch": 0.141, "manual": 0.602, "compile": 0.25},
            "device": {"torch": 0.075, "manual": 0.068, "compile": 0.09}}  # fmt: skip
@@ -772,15 +772,15 @@ def test_default_rule_keeps_a_choice_cache_per_rule(tables):
         return {(p[1] if isinstance(p, tuple) else p).backend for p in picks}
 
     try:
-        assert ran("queued") == ["manual"] and ran(None) == ["torch"] and ran("loop") == ["torch"]
+        assert ran("loop") == ["torch"] and ran(None) == ["manual"] and ran("queued") == ["manual"]
         for _ in range(3):  # alternating: each rule's cache keeps its own choice
-            with registry.default_rule("queued"):
+            with registry.default_rule("loop"):
                 kernellab.gelu(x).sum().backward()
             kernellab.gelu(x).sum().backward()
-        assert cached(registry._RULE_CHOSEN["queued"]) == {"manual"}
-        assert cached(registry._CHOSEN) == {"torch"}
-        assert kernellab.config.default_by == "loop"
-        with pytest.raises(ValueError, match="'loop' or 'queued'"):
+        assert cached(registry._RULE_CHOSEN["loop"]) == {"torch"}
+        assert cached(registry._CHOSEN) == {"manual"}
+        assert kernellab.config.default_by == "queued"
+        with pytest.raises(ValueError, match="'queued' or 'loop'"):
             with registry.default_rule("device"):
                 pass
     finally:
@@ -821,27 +821,28 @@ def test_explain_for_another_gpu_reads_its_table_and_its_architecture(tables):
     table_files.clear()
 
 
-def test_loop_ranking_is_the_default_and_queued_keeps_the_device_rule(tables):
-    """The default ranks every row by the larger of device and loop time (``by="loop"``, as
-    a call costs in an eager step: a backend whose host cost is 9x its kernel loses);
-    ``by="queued"`` and ``config.default_by = "queued"`` rank a row whose fastest kernel
-    takes 20 us or more by device time, as where host cost hides behind queued work."""
+def test_queued_ranking_is_the_default_and_loop_drops_the_device_rule(tables):
+    """A row whose fastest kernel takes 20 us or more is ranked by device time (``by="queued"``,
+    the default: in a step with work in flight its host cost hides); ``by="loop"`` and
+    ``config.default_by = "loop"`` rank it by the larger of device and loop time, as a plain
+    eager loop pays: a backend whose host cost is 9x its kernel loses there. "call", the
+    default's name for one session, still means "queued"."""
     row = {"op": "gelu", "dtype": "fp32", "mode": "fwdbwd", "shape": [8192], "key": [8192], "best": "manual",
            "times": {"torch": 0.141, "manual": 0.602, "compile": 0.25},
            "device": {"torch": 0.075, "manual": 0.068, "compile": 0.09}}  # fmt: skip
     _write(tables, [row])
-    assert choice.row_choice(row, "queued") == "manual" and choice.row_choice(row) == "torch"
-    assert choice.deciding_times(row, "queued") is row["device"] and choice.deciding_times(row) is row["times"]
-    assert kernellab.config.default_by == "loop"
-    backend, why = registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd")
+    assert choice.row_choice(row) == "manual" and choice.row_choice(row, "loop") == "torch"
+    assert choice.deciding_times(row) is row["device"] and choice.deciding_times(row, "loop") is row["times"]
+    assert kernellab.config.default_by == "queued"
+    assert registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd")[0] == "manual"
+    backend, why = registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd", by="loop")
     assert backend == "torch" and "the larger of device and loop time" in why
-    assert registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd", by="queued")[0] == "manual"
-    with kernellab.config.override(default_by="queued"):
-        registry.clear_cache()
-        assert registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd")[0] == "manual"
-        assert registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd", by="loop")[0] == "torch"
-        by_device = registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd", by="device")
-        assert by_device[0] == "manual"
+    for name, want in (("loop", "torch"), ("call", "manual")):
+        with kernellab.config.override(default_by=name):
+            registry.clear_cache()
+            assert registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd")[0] == want
+            by_device = registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd", by="device")
+            assert by_device[0] == "manual"
     with kernellab.config.override(default_by="sometimes"):
         registry.clear_cache()
         with pytest.raises(ValueError, match="default_by"):

@@ -17,7 +17,7 @@ variable is read again).
 | ``matmul_plans`` | KERNELLAB_MATMUL_PLANS | True | matmul's Triton forward keeps per-shape launch plans (False: derives every launch per call) |
 | ``cuda_launch`` | KERNELLAB_LAUNCH | "" | "core": CUDA kernels launch through ``cuda.core`` instead of ``cuLaunchKernel`` |
 | ``cpp_nodes`` | KERNELLAB_CPP_NODES | "auto" | C++ autograd nodes (cuda/nodes.py): "auto" when built, "build" at first use, "off" |
-| ``default_by`` | KERNELLAB_DEFAULT_BY | "loop" | how ``backend=None`` ranks a table row: "loop" (the larger of device and loop time: what a call costs in an eager step), "queued" (device time alone where the fastest kernel takes 20 us or more, for steps whose host cost hides behind queued work); set before the first call (``registry.clear_cache()`` after a change) |
+| ``default_by`` | KERNELLAB_DEFAULT_BY | "queued" | how ``backend=None`` ranks a table row: "queued" (device time alone where the fastest kernel takes 20 us or more: its host cost hides behind queued work; below that the larger of device and loop time), "loop" (the larger of device and loop time always); set before the first call (``registry.clear_cache()`` after a change) |
 
 Paths are not options here: ``KERNELLAB_CACHE`` (the cache directory) and
 ``KERNELLAB_TABLES`` (tuning tables) are read where a path is needed.
@@ -44,7 +44,7 @@ _OPTIONS = {
     "matmul_plans": ("KERNELLAB_MATMUL_PLANS", _flag, True),
     "cuda_launch": ("KERNELLAB_LAUNCH", str, ""),
     "cpp_nodes": ("KERNELLAB_CPP_NODES", str, "auto"),
-    "default_by": ("KERNELLAB_DEFAULT_BY", str, "loop"),
+    "default_by": ("KERNELLAB_DEFAULT_BY", str, "queued"),
 }
 
 

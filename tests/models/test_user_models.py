@@ -52,3 +52,24 @@ def test_training_state_counts_parameters_gradients_and_adamw_moments():
     assert training_state_gib(model, opt) * 2**30 == 4 * 4 * n + steps
     # the rows carry it
     assert training_state_gib(model, torch.optim.SGD(model.parameters(), lr=1e-3)) * 2**30 == 2 * 4 * n
+
+
+def test_rule_variants_alternate_in_one_process(tmp_path):
+    """Variants kernellab-loop and kernellab-queued run beside kernellab in one process
+    (interleaved rounds), each under its ranking rule, with the same loss (the same ops
+    at these tiny shapes), and the rows carry the measured commit."""
+    from kernellab.models import user_models
+
+    out_path = tmp_path / "rows.jsonl"
+    variants = ["torch", "kernellab", "kernellab-loop", "kernellab-queued"]
+    code = user_models.main(["--model", "nanogpt", "--small", "--batch", "2", "--seq", "32", "--modes", "eager",
+                             "--variants", ",".join(variants), "--steps", "1", "--rounds", "2", "--warmup", "1",
+                             "--json", str(out_path)])  # fmt: skip
+    assert code == 0
+    rows = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert [r["variant"] for r in rows] == variants
+    assert all(len(r["rounds"]) == 2 and r["git_sha"] for r in rows)
+    assert len({r["loss"] for r in rows[1:]}) == 1
+    import kernellab
+
+    assert kernellab.config.default_by == "queued"  # the rule variants leave the default as it was

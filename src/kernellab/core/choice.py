@@ -17,8 +17,8 @@ the answer per call shape.
 - No table or no evidence: the op's small-size rule, else its preferred backend.
 - ``pick_best``: a row's winner from its backends' effective and device times (``tune``
   writes it). Where the row's fastest backend takes ``DEVICE_BOUND_MS`` or more on the
-  device, ``by="queued"`` lets device time decide (``decided_by_device``, also for rows
-  written before the rule); ``by="loop"``, the default, ranks by the larger of device and
+  device, ``by="queued"`` (the default) lets device time decide (``decided_by_device``,
+  also for rows written before the rule); ``by="loop"`` ranks by the larger of device and
   loop time always.
 """
 
@@ -38,11 +38,11 @@ def _distance(a, b) -> float:
 
 
 NEAR = 4.0  # a row this far (summed log2 ratios: 16x in one dim) or nearer is used
-BY = ("loop", "queued", "device")  # what a choice ranks by (``choose``)
+BY = ("queued", "loop", "device")  # what a choice ranks by (``choose``)
 
 
 def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mode: str, options: str, *,
-           usable, preferred: str, small: str | None = None, by: str = "loop",
+           usable, preferred: str, small: str | None = None, by: str = "queued",
            among=None) -> tuple[str, str]:  # fmt: skip
     """(backend, why) for a call of ``op`` with shape key ``key`` in dtype ``dn`` (a dtype
     name) and ``mode``, from ``table`` (None: no table; ``table_name`` names it in the
@@ -50,11 +50,11 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
     the op's first usable preferred backend; ``small``: the op's backend for a problem of
     this size (``OpSpec.small_backend``), or None.
 
-    ``by="loop"``: the larger of device and loop time (what a call costs in an eager
-    step; in HF GPT-2, Llama, Qwen2 and nanoGPT training steps it beat "queued" in each).
-    ``by="queued"``: the same, but device time alone where the row's fastest kernel takes
-    ``DEVICE_BOUND_MS`` or more (``decided_by_device``: on the premise that its host cost
-    hides behind queued work). ``by="device"``: the fastest by device time
+    ``by="queued"`` (the default): the larger of device and loop time, but device time
+    alone where the row's fastest kernel takes ``DEVICE_BOUND_MS`` or more
+    (``decided_by_device``: its host cost hides behind queued work). ``by="loop"``: the
+    larger of device and loop time always (a plain eager loop with nothing queued to hide
+    host cost behind). ``by="device"``: the fastest by device time
     alone, for a call whose host cost is paid elsewhere (inside a CUDA graph, a compiled
     graph, or a model that runs several ops under one autograd node); ``among`` limits the
     backends considered (e.g. those with node-free entry points). Rows written before
@@ -150,7 +150,7 @@ VOTE_MIN_ROWS = 3  # rows of an op / dtype / mode before they speak for far shap
 NEAREST_LEAD = 0.01
 
 
-def _table_vote(table, table_name, op, dn, mode, options, usable, key=None, by="loop"):
+def _table_vote(table, table_name, op, dn, mode, options, usable, key=None, by="queued"):
     """(backend, why) for a shape no row is near: the backend this GPU's table found fastest
     at the most shapes of the op, dtype and mode, or None where the table has no such row.
     The op's fixed preference list knows nothing of the GPU, so at far shapes it can name a
@@ -225,14 +225,14 @@ def decided_by_device(times: dict, device: dict | None) -> bool:
     return bool(device) and set(times) <= set(device) and min(device.values()) >= DEVICE_BOUND_MS
 
 
-def deciding_times(row: dict, by: str = "loop") -> dict:
+def deciding_times(row: dict, by: str = "queued") -> dict:
     """The times a table row's backends are ranked by: device times where they decide
     (``by="queued"`` or ``"device"``), else the effective ones."""
     device = row.get("device")
     return device if by != "loop" and decided_by_device(row["times"], device) else row["times"]
 
 
-def row_choice(row: dict, by: str = "loop") -> str:
+def row_choice(row: dict, by: str = "queued") -> str:
     """A table row's choice under today's rules: ``pick_best`` of its times where device
     time decides, else the ``best`` it was written with (which may carry a paired verify's
     verdict, ``rebuild_table --verify``). ``by="loop"``: ``pick_best`` without the device

@@ -494,18 +494,19 @@ def _forget_choices() -> None:
 
 
 _RULE_CHOSEN: dict[str, dict] = {}  # default_rule's choice caches, one per rule
-DEFAULT_RULES = ("loop", "queued")  # what config.default_by may say (core.choice.choose's ``by``)
+DEFAULT_RULES = ("queued", "loop")  # what config.default_by may say (core.choice.choose's ``by``)
 
 
 @contextlib.contextmanager
 def default_rule(by: str):
-    """Within the block ``backend=None`` ranks table rows by ``by`` ("loop" or "queued", as
+    """Within the block ``backend=None`` ranks table rows by ``by`` ("queued" or "loop", as
     ``config.default_by``), with a choice cache of that rule's own, so steps under either
-    rule can alternate in one process without re-choosing (``user_models``' variant
-    "kernellab-queued"). Not thread-safe: one rule at a time per process."""
+    rule can alternate in one process without re-choosing (``user_models``' variants
+    "kernellab-loop" and "kernellab-queued"). Not thread-safe: one rule at a time per
+    process."""
     global _CHOSEN
     if by not in DEFAULT_RULES:
-        raise ValueError(f"by: 'loop' or 'queued', got {by!r}")
+        raise ValueError(f"by: 'queued' or 'loop', got {by!r}")
     saved = _CHOSEN, config.default_by
     _CHOSEN = _RULE_CHOSEN.setdefault(by, {})
     config.default_by = by
@@ -554,7 +555,7 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
     """``choose`` from a shape key (``core.shapes``), a dtype and the ``option_key`` of the
     call: ``core.choice.choose`` given this GPU model's table, the backends usable on
     ``dev`` and the op's preference (``by`` and ``among``: see there); cached. ``by=None``
-    follows ``kernellab.config.default_by`` ("loop" unless set)."""
+    follows ``kernellab.config.default_by`` ("queued" unless set)."""
     by = _resolve_by(by)
     among = tuple(among) if among is not None else None
     ck = (op, dev, dtype, mode, key, options, by, among)
@@ -595,8 +596,11 @@ def _resolve_by(by: str | None) -> str:
     """``by`` checked; None: what ``config.default_by`` says."""
     if by is None:
         got = config.default_by
+        if got == "call":  # its name for one session (2026-11-29): the rule now called "queued"
+            return "queued"
         if got not in DEFAULT_RULES:
-            raise ValueError(f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'loop' or 'queued', got {got!r}")
+            raise ValueError(f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'queued' or 'loop', "
+                             f"got {got!r}")
         return got
     if by not in choice.BY:
         raise ValueError(f"by: one of {', '.join(map(repr, choice.BY))}, got {by!r}")

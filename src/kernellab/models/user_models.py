@@ -10,10 +10,11 @@ Models:
             Hugging Face transformers models built from configs (no weights downloaded);
             variants "hf" (as is, SDPA), "liger" (Liger-Kernel's patch, when installed) and
             "kernellab" (kernellab.patch, when present).
-  Every model also takes variant "kernellab-queued": "kernellab" with the default ranking
-  table rows of kernels of 20 us or more by device time (``registry.default_rule("queued")``;
-  beside it "kernellab" runs under "loop", every row by the larger of device and loop
-  time), eager mode: whether a device-time choice's host cost hides in a real step.
+  Every model also takes variants "kernellab-loop" and "kernellab-queued": "kernellab"
+  with the default ranking table rows by that rule (``registry.default_rule``; "queued",
+  the default: kernels of 20 us or more by device time; "loop": every row by the larger of
+  device and loop time), eager mode: whether a device-time choice's host cost hides in a
+  real step. Beside them "kernellab" runs under ``config.default_by`` in a cache of its own.
 
     kernellab train hf --config llama --compare          (this module, through the CLI)
     python -m kernellab.models.user_models --model nanogpt --batch 8 --seq 1024 --json out.jsonl
@@ -198,11 +199,17 @@ def make_step(model, opt, mode: str, hf: bool):
     return step
 
 
-def _under_rule(step, by: str):
-    """``step`` with kernellab's default ranking table rows by ``by`` (variant
-    "kernellab-queued": "queued"; beside it "kernellab" runs under "loop"), each rule with
-    its own choice cache so the variants can alternate in one process."""
+RULE_VARIANTS = {"kernellab-loop": "loop", "kernellab-queued": "queued"}
+KL_VARIANTS = ("kernellab", *RULE_VARIANTS)
+
+
+def _under_rule(step, by: str | None):
+    """``step`` with kernellab's default ranking table rows by ``by`` (None:
+    ``config.default_by``), each rule with its own choice cache so the variants can
+    alternate in one process."""
     from kernellab.core import registry
+
+    by = registry._resolve_by(by)
 
     def run(idx, tgt):
         with registry.default_rule(by):
@@ -341,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             m = copy.deepcopy(base)
             why = None
-            kl = v in ("kernellab", "kernellab-queued")
+            kl = v in KL_VARIANTS
             if hf and v == "liger":
                 why = liger_patch(a.model, m)
             elif hf and kl:
@@ -357,10 +364,10 @@ def main(argv: list[str] | None = None) -> int:
             m.train()
             opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=dev == "cuda")
             step = make_step(m, opt, mode, hf)
-            if v == "kernellab-queued":
-                step = _under_rule(step, "queued")
-            elif v == "kernellab" and "kernellab-queued" in variants:
-                step = _under_rule(step, "loop")
+            if v in RULE_VARIANTS:
+                step = _under_rule(step, RULE_VARIANTS[v])
+            elif v == "kernellab" and any(r in variants for r in RULE_VARIANTS):
+                step = _under_rule(step, None)
             runs[(v, mode)] = (m, step, opt)
     # the parameters: resident before a variant's warm-up; its gradients and AdamW's moments
     # are allocated by its first step and so counted in the step's peak
@@ -416,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                        speedup=round(first / ms, 3),
                        rounds=[round(t, 3) for t in times[(v, mode)]], loss=round(losses[(v, mode)], 4),
                        git_sha=sha)  # fmt: skip
-            if backends and v in ("kernellab", "kernellab-queued"):
+            if backends and v in KL_VARIANTS:
                 row["backends"] = backends
             rows.append(row)
             print(f"  {mode:16s} {v:10s} {ms:9.2f} ms  {row['tokens_per_s']:>9d} tok/s  {row['peak_gib']:6.2f} GiB"
