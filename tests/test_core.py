@@ -63,7 +63,7 @@ def test_the_choice_is_pure():
     before = copy.deepcopy(TABLE)
     assert _choose() == _choose()
     assert TABLE == before
-    with pytest.raises(ValueError, match="by: one of 'call', 'loop', 'device'"):
+    with pytest.raises(ValueError, match="by: one of 'queued', 'loop', 'device'"):
         _choose(by="fast")
 
 

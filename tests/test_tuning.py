@@ -835,6 +835,7 @@ def test_queued_ranking_is_the_default_and_loop_drops_the_device_rule(tables):
     assert choice.deciding_times(row) is row["device"] and choice.deciding_times(row, "loop") is row["times"]
     assert kernellab.config.default_by == "queued"
     assert registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd")[0] == "manual"
+    assert registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd", by="call")[0] == "manual"
     backend, why = registry.choose_key("gelu", (8192,), torch.float32, "cpu", "fwdbwd", by="loop")
     assert backend == "torch" and "the larger of device and loop time" in why
     for name, want in (("loop", "torch"), ("call", "manual")):

@@ -594,9 +594,11 @@ def _choose(op, key, dtype, gpu, allowed, preferred, mode, options, by, among) -
 
 def _resolve_by(by: str | None) -> str:
     """``by`` checked; None: what ``config.default_by`` says."""
+    if by == "call":  # the name "queued" had for one session (2026-11-29)
+        return "queued"
     if by is None:
         got = config.default_by
-        if got == "call":  # its name for one session (2026-11-29): the rule now called "queued"
+        if got == "call":
             return "queued"
         if got not in DEFAULT_RULES:
             raise ValueError(f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'queued' or 'loop', "
