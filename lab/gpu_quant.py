@@ -200,6 +200,14 @@ def check_stage(args, dev, meta, jsonl, t_start):
 # --------------------------------------------------------------------------- 2-4. bench
 
 
+def _weight(n, k, dev, dtype):
+    """(the generator that then draws x, the bf16 weight, its int8 q and scales) for (n, k):
+    the same every time it is made (torchao's compiled pass remakes it)."""
+    gen = torch.Generator(device=dev).manual_seed(n + k)
+    w = (torch.randn(n, k, generator=gen, device=dev) * k**-0.5).to(dtype)
+    return (gen, w, *quantize_weight(w, 8))
+
+
 def _weint8pack(x, w_q, s):
     return torch._weight_int8pack_mm(x, w_q, s.to(x.dtype))
 
@@ -216,9 +224,7 @@ def bench_stage(args, dev, meta, jsonl, t_start, timeit, copy_gbps):
     sq = []
     failures = 0
     for n, k in weights:
-        gen = torch.Generator(device=dev).manual_seed(n + k)
-        w = (torch.randn(n, k, generator=gen, device=dev) * k**-0.5).to(dtype)
-        q8, s8 = quantize_weight(w, 8)
+        gen, w, q8, s8 = _weight(n, k, dev, dtype)
         q4, s4 = quantize_weight(w, 4)
         for m in ms:
             if time.perf_counter() - t_start > args.max_seconds:
@@ -307,7 +313,7 @@ def bench_stage(args, dev, meta, jsonl, t_start, timeit, copy_gbps):
         if dev == "cuda":
             torch.cuda.empty_cache()
     if ao:
-        failures += _torchao_compiled(weights, ms, dev, dtype, dname, meta, jsonl, timeit, copy_gbps, summary)
+        _torchao_compiled(weights, ms, dev, dtype, dname, meta, jsonl, timeit, copy_gbps, summary)
     return failures, summary, sq
 
 
@@ -317,16 +323,14 @@ def _torchao_compiled(weights, ms, dev, dtype, dname, meta, jsonl, timeit, copy_
     run without it, cuBLAS unchanged, so the compiled peer goes last."""
     print("\n## torchao in a compiled Linear (after the rest)", flush=True)
     for n, k in weights:
-        gen = torch.Generator(device=dev).manual_seed(n + k)
-        w = (torch.randn(n, k, generator=gen, device=dev) * k**-0.5).to(dtype)
-        q8, s8 = quantize_weight(w, 8)
+        gen, w, q8, s8 = _weight(n, k, dev, dtype)
         try:
             lin = torch.nn.Linear(k, n, bias=False, device=dev, dtype=dtype)
             lin.weight = torch.nn.Parameter(torchao_int8_weight(q8, s8, dtype), requires_grad=False)
             ao_lin = torch.compile(lin, dynamic=False)
         except Exception as e:  # noqa: BLE001
             print(f"  torchao Linear: {type(e).__name__}: {str(e)[:160]}", flush=True)
-            return 0
+            return
         for m in ms:
             x = torch.randn(m, k, generator=gen, device=dev).to(dtype)  # the bench's x for (n, k, m)
             if m not in COMPILE_MS or (n, k, m) not in summary:
@@ -338,7 +342,7 @@ def _torchao_compiled(weights, ms, dev, dtype, dname, meta, jsonl, timeit, copy_
                 q = timeit(lambda: ao_lin(x))
             except Exception as e:  # noqa: BLE001
                 print(f"  {m}x{n}x{k} torchao_compile: {type(e).__name__}: {str(e)[:160]}", flush=True)
-                return 0
+                return
             status = "ok" if v.ok else "rejected"
             write_jsonl([row(meta, OPS["int8"][0], "torchao_compile", m, n, k, dname, q, n * k, copy_gbps,
                              status, err_ratio=v.ratio)], jsonl)
@@ -347,7 +351,6 @@ def _torchao_compiled(weights, ms, dev, dtype, dname, meta, jsonl, timeit, copy_
             print(f"  M={m:3d} N={n:5d} K={k:5d} torchao_compile {q[0]:8.4f} ms {base / q[0]:5.2f}x",
                   flush=True)
         del w, q8, ao_lin
-    return 0
 
 
 def print_summary(summary, sq, copy_gbps, ao):

@@ -1233,12 +1233,11 @@ def cmd_explain(args) -> int:
               f"{tables.table_path(gpu, write=True)}")  # fmt: skip
     # Inside a CUDA graph, a compiled graph or a model's fused node the host cost is paid
     # once per step: what the device time alone would pick (kernellab.models.gpt does).
-    rule = registry._resolve_by(None)
-    other_rule = "queued" if rule == "loop" else "loop"
+    rules = {"queued": "device time where kernels take 20 us or more",
+             "loop": "the larger of device and loop time"}  # fmt: skip
+    other_rule = next(r for r in rules if r != registry.resolve_rule())
     for by, label in (("device", "by device time (a graphed or fused step)"),
-                      (other_rule, f"with config.default_by={other_rule!r}" + (
-                          " (device time where kernels take 20 us or more)" if other_rule == "queued" else
-                          " (the larger of device and loop time)"))):  # fmt: skip
+                      (other_rule, f"with config.default_by={other_rule!r} ({rules[other_rule]})")):
         other, other_why = choose(by)
         print(f"  {label}: {other}" + ("" if other_why == why else f" ({other_why})"))
     if args.gpu:

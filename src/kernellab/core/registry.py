@@ -498,13 +498,15 @@ DEFAULT_RULES = ("queued", "loop")  # what config.default_by may say (core.choic
 
 
 @contextlib.contextmanager
-def default_rule(by: str):
+def default_rule(by: str | None):
     """Within the block ``backend=None`` ranks table rows by ``by`` ("queued" or "loop", as
-    ``config.default_by``), with a choice cache of that rule's own, so steps under either
-    rule can alternate in one process without re-choosing (``user_models``' variants
-    "kernellab-loop" and "kernellab-queued"). Not thread-safe: one rule at a time per
-    process."""
+    ``config.default_by``; None: the rule it names now), with a choice cache of that rule's
+    own, so steps under either rule can alternate in one process without re-choosing
+    (``user_models``' variants "kernellab-loop" and "kernellab-queued"). Not thread-safe:
+    one rule at a time per process."""
     global _CHOSEN
+    if by is None:
+        by = resolve_rule()
     if by not in DEFAULT_RULES:
         raise ValueError(f"by: 'queued' or 'loop', got {by!r}")
     saved = _CHOSEN, config.default_by
@@ -556,7 +558,7 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
     call: ``core.choice.choose`` given this GPU model's table, the backends usable on
     ``dev`` and the op's preference (``by`` and ``among``: see there); cached. ``by=None``
     follows ``kernellab.config.default_by`` ("queued" unless set)."""
-    by = _resolve_by(by)
+    by = resolve_rule(by)
     among = tuple(among) if among is not None else None
     ck = (op, dev, dtype, mode, key, options, by, among)
     hit = _CHOICES.get(ck)
@@ -575,7 +577,7 @@ def choose_for_gpu(op: str, key, dtype, gpu: str, mode: str = "fwd", options: st
     runs on CUDA counts as usable. Not cached."""
     cuda = frozenset(b for (o, b), impl in _TABLE.items() if o == op and "cuda" in impl.devices)
     preferred = next((b for b in _spec.get_spec(op).default_backends if b in cuda), "torch")
-    return _choose(op, key, dtype, gpu, cuda, preferred, mode, options, _resolve_by(by), None)
+    return _choose(op, key, dtype, gpu, cuda, preferred, mode, options, resolve_rule(by), None)
 
 
 def _choose(op, key, dtype, gpu, allowed, preferred, mode, options, by, among) -> tuple[str, str]:
@@ -592,18 +594,17 @@ def _choose(op, key, dtype, gpu, allowed, preferred, mode, options, by, among) -
                          among=among)  # fmt: skip
 
 
-def _resolve_by(by: str | None) -> str:
-    """``by`` checked; None: what ``config.default_by`` says."""
-    if by == "call":  # the name "queued" had for one session (2026-11-29)
+def resolve_rule(by: str | None = None) -> str:
+    """The ranking rule ``by`` names, checked (``core.choice.BY``); None: the default rule,
+    ``config.default_by`` ("queued" or "loop"). "call" is "queued"'s name of one session."""
+    from_config = by is None
+    if from_config:
+        by = config.default_by
+    if by == "call":
         return "queued"
-    if by is None:
-        got = config.default_by
-        if got == "call":
-            return "queued"
-        if got not in DEFAULT_RULES:
-            raise ValueError(f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'queued' or 'loop', "
-                             f"got {got!r}")
-        return got
+    if from_config and by not in DEFAULT_RULES:
+        raise ValueError(f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'queued' or 'loop', "
+                         f"got {by!r}")
     if by not in choice.BY:
         raise ValueError(f"by: one of {', '.join(map(repr, choice.BY))}, got {by!r}")
     return by

@@ -209,8 +209,6 @@ def _under_rule(step, by: str | None):
     alternate in one process."""
     from kernellab.core import registry
 
-    by = registry._resolve_by(by)
-
     def run(idx, tgt):
         with registry.default_rule(by):
             return step(idx, tgt)
