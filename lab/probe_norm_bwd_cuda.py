@@ -81,7 +81,7 @@ def main() -> int:
                         ck.BWD_BLOCKS_PER_SM, ck._use_v2 = shipped_bps, shipped_use_v2
             sms = torch.cuda.get_device_properties(0).multi_processor_count
             tpr, _ = shipped_use_v2(x, True, 2)
-            slots = min((n + 256 // tpr - 1) // (256 // tpr), shipped_bps * sms) * (256 // tpr)
+            slots = min((n + 256 // tpr - 1) // (256 // tpr), shipped_bps * sms)  # one partial row a block
             part = torch.randn(slots, d, device="cuda")
             res["psum"] = timed(lambda: part.sum(0).to(dtype))
             cuda = {k: v for k, v in res.items() if k.startswith("cuda")}

@@ -14,7 +14,7 @@
 // Plan (int64 values, built by kernellab/ops/norm_kernels/cuda_kernels.py):
 //   [0] forward CUfunction   [1] forward grid   [2] forward block   [3] forward threads per row
 //   [4] backward CUfunction  [5] backward grid  [6] backward block  [7] backward threads per row
-//   [8] partial rows of dw and db (backward grid x rows per block)
+//   [8] partial rows of dw and db (one per backward block)
 //   [9] partial-sum CUfunction (0: torch's sum, then the cast)   [10] its grid (256 threads a block)
 // The kernels are norms.cu's v2 entry points (rms_ / ln_fwd_p<P>_<dtype>, rms_ / ln_bwd_p<P>_<dtype>)
 // and its partial-row sum (norm_psum_<dtype>, for 16-bit weights):

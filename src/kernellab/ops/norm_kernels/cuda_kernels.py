@@ -115,8 +115,8 @@ def _launchers(vectorized: bool):
             # the rest form a second wave): enough rows in flight, and the partial
             # buffer stays small (528 x D fp32 on a 132-SM GPU).
             grid = max(1, min((n_rows + rpb - 1) // rpb, BWD_BLOCKS_PER_SM * sms))
-            slots = grid * rpb
-            dw_part = torch.empty((slots, n_cols), dtype=torch.float32, device=x.device)
+            # one partial row per block (the kernel sums its rpb row slots)
+            dw_part = torch.empty((grid, n_cols), dtype=torch.float32, device=x.device)
             db_part = torch.empty_like(dw_part) if not rms else dw_part
             k = _kernel(f"{kind}_bwd_p{p}_{sfx}", ("ptr",) * 8 + ("i64", "i32", "i32"), dev)
             threads, extra = V2_THREADS, (tpr,)
@@ -167,9 +167,9 @@ def _node_plan(x: torch.Tensor, kind: str) -> list[int] | bool:
     bgrid = max(1, min((n_rows + brpb - 1) // brpb, BWD_BLOCKS_PER_SM * sm_count(dev)))
     fgrid = (n_rows + frpb - 1) // frpb
     psum = 0  # torch's tree sum (nodes.cpp), then the cast for 16-bit weights
-    if x.dtype != torch.float32 and bgrid * brpb <= PSUM_MAX_ROWS:
+    if x.dtype != torch.float32 and bgrid <= PSUM_MAX_ROWS:
         psum = _kernel(f"norm_psum_{sfx}", ("ptr", "ptr", "i32", "i32"), dev).handle
-    return [fk.handle, fgrid, V2_THREADS, ftpr, bk.handle, bgrid, V2_THREADS, btpr, bgrid * brpb, psum,
+    return [fk.handle, fgrid, V2_THREADS, ftpr, bk.handle, bgrid, V2_THREADS, btpr, bgrid, psum,
             (n_cols + 255) // 256]  # fmt: skip
 
 

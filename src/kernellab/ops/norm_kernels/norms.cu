@@ -321,17 +321,44 @@ __device__ void norm_bwd_v2(const T* __restrict__ dy, const T* __restrict__ x, c
             }
         }
     }
-    const long long slot = (long long)blockIdx.x * rpb + sub;
-    float* dwp = dw_part + slot * d;
-    float* dbp = db_part + slot * d;
+    // One partial row per block: the block's row slots (rpb of them, each tpr threads holding
+    // the same columns) are summed in shared memory in slot order, pack by pack, so the
+    // partial buffer (and the sum over it after this kernel) has gridDim.x rows, not
+    // gridDim.x * rpb (with 4 slots a block at D = 768 the sum of 2112 rows cost about as
+    // much as this kernel). The order is fixed: the result does not depend on scheduling.
+    __shared__ float red_w[V2_THREADS * N], red_b[RMS ? 1 : V2_THREADS * N];
+    float* dwp = dw_part + (long long)blockIdx.x * d;
+    float* dbp = db_part + (long long)blockIdx.x * d;
 #pragma unroll
     for (int k = 0; k < P; ++k) {
         const int p = lt + k * tpr;
-        if (p < packs) {
+        if (rpb == 1) {
+            if (p < packs) {
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    dwp[p * N + j] = dw[k][j];
+                    if (!RMS) dbp[p * N + j] = db[k][j];
+                }
+            }
+            continue;
+        }
+        __syncthreads();  // the previous pack's sums were read
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            red_w[threadIdx.x * N + j] = dw[k][j];
+            if (!RMS) red_b[threadIdx.x * N + j] = db[k][j];
+        }
+        __syncthreads();
+        if (sub == 0 && p < packs) {
 #pragma unroll
             for (int j = 0; j < N; ++j) {
-                dwp[p * N + j] = dw[k][j];
-                if (!RMS) dbp[p * N + j] = db[k][j];
+                float sw = red_w[lt * N + j], sb = RMS ? 0.0f : red_b[lt * N + j];
+                for (int s2 = 1; s2 < rpb; ++s2) {
+                    sw += red_w[(s2 * tpr + lt) * N + j];
+                    if (!RMS) sb += red_b[(s2 * tpr + lt) * N + j];
+                }
+                dwp[p * N + j] = sw;
+                if (!RMS) dbp[p * N + j] = sb;
             }
         }
     }
