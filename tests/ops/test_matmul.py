@@ -188,6 +188,62 @@ def test_triton_tunes_only_big_problems_by_size_bucket():
     )
 
 
+@pytest.mark.parametrize(
+    "m,n,k,a_t,b_t,split,batch",
+    [
+        (20, 24, 40, False, False, 1, ()),
+        (20, 24, 40, False, True, 1, ()),  # b = weight.t(): read in place, transposed in shared memory
+        (24, 24, 40, True, False, 1, ()),  # a = x.t() (the backward's a^T @ dz)
+        (24, 32, 72, True, True, 3, ()),  # three K slices, the last one short
+        (20, 24, 100, False, False, 4, (3,)),  # batched partials
+        (8, 16, 32, False, False, 8, ()),  # more slices than K blocks: empty slices add zeros
+    ],
+)
+def test_tma_kernel_layouts_and_k_slices_under_the_interpreter(m, n, k, a_t, b_t, split, batch):
+    """The TMA kernel's four operand layouts and its split-K partials (summed in slice
+    order) against float64, run by Triton's interpreter on CPU tensors, with a bias and
+    gelu through the split sum's epilogue."""
+    from kernellab.ops.matmul.epilogue import apply_epilogue
+    from kernellab.ops.matmul.triton_tma import tma_matmul_fwd
+
+    g = torch.Generator().manual_seed(m * n + k)
+    a = torch.randn(batch + ((k, m) if a_t else (m, k)), generator=g)
+    b = torch.randn(batch + ((n, k) if b_t else (k, n)), generator=g)
+    a, b = (a.mT if a_t else a), (b.mT if b_t else b)
+    bias = torch.randn(n, generator=g)
+    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4, split=split)
+    y = tma_matmul_fwd(a, b, bias, "gelu", config=cfg)
+    ref = apply_epilogue(a.double() @ b.double(), bias.double(), "gelu")
+    assert y.shape == ref.shape and y.dtype == torch.float32
+    assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_tma_operand_layouts_copy_only_where_no_layout_has_a_16_byte_pitch():
+    from kernellab.ops.matmul.triton_tma import _operand
+
+    w = torch.zeros(24, 40)  # fp32: 4 elements per 16 bytes
+    t3, transposed = _operand(w.t(), 1, 40, 24, 4)  # a weight's .t(): read in place
+    assert transposed and t3.data_ptr() == w.data_ptr() and tuple(t3.shape) == (1, 24, 40)
+    t3, transposed = _operand(w, 1, 24, 40, 4)
+    assert not transposed and t3.data_ptr() == w.data_ptr()
+    sliced = torch.zeros(24, 80)[:, ::2]  # neither layout contiguous: one copy, natural layout
+    t3, transposed = _operand(sliced, 1, 24, 40, 4)
+    assert not transposed and t3.is_contiguous()
+    assert _operand(torch.zeros(6, 7), 1, 6, 7, 4) is None  # no 16-byte pitch either way
+
+
+def test_tma_split_fills_a_wave_within_its_caps():
+    from kernellab.ops.matmul import triton_tma as tt
+
+    assert tt.tma_split(4096, 4096, 4096, 1, 132) == 1  # 1024 tiles: no split
+    s = tt.tma_split(64, 4096, 4096, 1, 132)  # 32 tiles
+    assert s == 8 and 32 * s >= 132 // 2
+    assert tt.tma_split(64, 4096, 128, 1, 132) == 1  # two K blocks of 64: nothing to split
+    assert tt.tma_split(1, 14336, 1 << 20, 1, 132) <= tt.TMA_SPLIT_MAX
+    big = tt.tma_split(2048, 2048, 1 << 16, 1, 1024)  # partials capped in bytes
+    assert big * 2048 * 2048 * 4 <= tt.TMA_SPLIT_MAX_BYTES
+
+
 def test_tma_allocator_installed_per_thread_and_never_replaces_the_users():
     import threading
 

@@ -15,6 +15,7 @@ descriptors need a global scratch allocator (128 bytes per descriptor), set once
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext as _nullcontext
 
 import torch
 import triton
@@ -27,6 +28,7 @@ from kernellab.ops.matmul.triton import (
     _ACT,
     TUNE_MIN_WORK,
     _max_shared,
+    _split_sum_kernel,
     _tune_keys,
     as_configs,
     check_batch_grid,
@@ -41,18 +43,23 @@ from kernellab.triton_support import torch_scratch_alloc as _torch_alloc  # noqa
 
 @triton_support.jit
 def _matmul_tma_kernel(
-    a_ptr,  # [Bt, M, K] contiguous
-    b_ptr,  # [Bt, K, N] contiguous
+    a_ptr,  # [Bt, M, K] contiguous; with A_T, [Bt, K, M] (a is that tensor's transposed view)
+    b_ptr,  # [Bt, K, N] contiguous; with B_T, [Bt, N, K] (b = weight.t() of an nn.Linear)
     c_ptr,  # [Bt, M, N] contiguous
+    w_ptr,  # PARTIAL: fp32 partials [split, Bt, M, N]; else unused
     bias_ptr,  # [N] or unused
     M,
     N,
     K,
+    split,  # K slices (grid axis 2); 1 unless PARTIAL
     M_KEY,  # autotuner key only (size buckets); unused by the kernel
     N_KEY,
     K_KEY,
     HAS_BIAS: tl.constexpr,
     ACT: tl.constexpr,
+    A_T: tl.constexpr,
+    B_T: tl.constexpr,
+    PARTIAL: tl.constexpr,  # store fp32 partials of this K slice (split-K); the sum adds them
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -60,19 +67,46 @@ def _matmul_tma_kernel(
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     bz = tl.program_id(1).to(tl.int64)
+    pid_k = tl.program_id(2)
 
-    a_desc = tl.make_tensor_descriptor(a_ptr + bz * M * K, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(b_ptr + bz * K * N, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
-    c_desc = tl.make_tensor_descriptor(c_ptr + bz * M * N, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    if A_T:
+        a_desc = tl.make_tensor_descriptor(a_ptr + bz * M * K, [K, M], [M, 1], [BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr + bz * M * K, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
+    if B_T:
+        b_desc = tl.make_tensor_descriptor(b_ptr + bz * K * N, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr + bz * K * N, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
+    # This program's K blocks: slice pid_k of `split` near-equal runs (a slice past the end
+    # has none and stores zeros, so the sum never reads an unwritten partial).
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(k_blocks, split)
+    k_first = pid_k * per
+    k_last = tl.minimum(k_first + per, k_blocks)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        a = a_desc.load([off_m, k * BLOCK_K])  # zero-filled past M and K
-        b = b_desc.load([k * BLOCK_K, off_n])
+    for kb in range(k_first, k_last):
+        kk = kb * BLOCK_K
+        if A_T:  # zero-filled past M and K; the transpose is a shared-memory view for wgmma
+            a = a_desc.load([kk, off_m]).T
+        else:
+            a = a_desc.load([off_m, kk])
+        if B_T:
+            b = b_desc.load([off_n, kk]).T
+        else:
+            b = b_desc.load([kk, off_n])
         acc = tl.dot(a, b, acc)
-    acc = epilogue(acc, bias_ptr, off_n + tl.arange(0, BLOCK_N), N, HAS_BIAS, ACT)
-    c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))  # clipped at the edges
+    if PARTIAL:
+        rm = off_m + tl.arange(0, BLOCK_M)
+        rn = off_n + tl.arange(0, BLOCK_N)
+        base = (pid_k.to(tl.int64) * tl.num_programs(1) + bz) * M * N
+        mask = (rm[:, None] < M) & (rn[None, :] < N)
+        tl.store(w_ptr + base + rm[:, None] * N + rn[None, :], acc, mask=mask)
+    else:
+        c_desc = tl.make_tensor_descriptor(c_ptr + bz * M * N, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+        acc = epilogue(acc, bias_ptr, off_n + tl.arange(0, BLOCK_N), N, HAS_BIAS, ACT)
+        c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))  # clipped at the edges
 
 
 def tma_configs() -> list:
@@ -95,7 +129,7 @@ def _fits_tma(cfg, m, n, k, elem, max_shared) -> bool:
     kw = cfg.kwargs
     bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
     pipeline = pipeline_bytes(bm, bn, bk, elem, cfg.num_stages)
-    staging = bm * bn * elem  # the C tile staged in shared memory for the TMA store
+    staging = bm * bn * elem  # the C tile staged in shared memory for the TMA store (or fp32 partials)
     if pipeline + staging > max_shared:
         return False
 
@@ -117,7 +151,7 @@ def prune_tma_configs(configs, named_args, **kwargs):
 # Tuned only at bt*M*N*K >= TUNE_MIN_WORK, once per (size bucket, dtype): see triton.py.
 _tma_tuned = triton.autotune(
     configs=tma_configs(),
-    key=["M_KEY", "N_KEY", "K_KEY"],
+    key=["M_KEY", "N_KEY", "K_KEY", "A_T", "B_T", "split"],
     prune_configs_by={"early_config_prune": prune_tma_configs},
 )(_matmul_tma_kernel)
 
@@ -141,37 +175,107 @@ def _aligned16(t: torch.Tensor) -> bool:
     return t.storage_offset() * t.element_size() % 16 == 0
 
 
-def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
-    """act(a @ b + bias) through TMA descriptors; falls back to the pointer kernel when a row
-    pitch cannot be a multiple of 16 bytes."""
+# Split-K: products with fewer output tiles than SMs (skinny M, or a short wide output) give
+# each tile's K blocks to `split` programs that write fp32 partials; a second kernel adds
+# them in slice order (deterministic). Each slice keeps at least TMA_MIN_SLICE_BLOCKS blocks
+# of 64, and the partials at most TMA_SPLIT_MAX_BYTES.
+TMA_SPLIT_MAX = 16
+TMA_MIN_SLICE_BLOCKS = 4
+TMA_SPLIT_MAX_BYTES = 64 << 20
+
+
+def tma_split(m: int, n: int, k: int, bt: int, n_sm: int) -> int:
+    """K slices for a [bt, m, k] @ [bt, k, n] product: the smallest power of two that gives
+    128x128 tiles a wave of programs on n_sm SMs, within the caps above; 1 when the tiles
+    alone fill the SMs."""
+    tiles = triton_support.cdiv(m, 128) * triton_support.cdiv(n, 128) * bt
+    split = 1
+    cap = min(TMA_SPLIT_MAX, max(1, triton_support.cdiv(k, 64) // TMA_MIN_SLICE_BLOCKS))
+    while tiles * split < n_sm and split * 2 <= cap and 2 * split * bt * m * n * 4 <= TMA_SPLIT_MAX_BYTES:
+        split *= 2
+    return split
+
+
+def _operand(t: torch.Tensor, bt: int, rows: int, cols: int, per16: int):
+    """(t as a [bt, rows, cols] or transposed [bt, cols, rows] contiguous tensor, transposed?),
+    without a copy where t already is one of those with a 16-byte row pitch; None when
+    neither pitch is a multiple of 16 bytes."""
+    if cols % per16 == 0:
+        t3 = t.reshape(bt, rows, cols)
+        if t3.is_contiguous():
+            return t3, False
+    if rows % per16 == 0 and rows > 1:
+        tt = t.transpose(-1, -2)
+        if tt.is_contiguous():
+            return tt.reshape(bt, cols, rows), True
+    if cols % per16 == 0:
+        return t.reshape(bt, rows, cols).contiguous(), False
+    if rows % per16 == 0:
+        return t.transpose(-1, -2).reshape(bt, cols, rows).contiguous(), True
+    return None
+
+
+def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None, config=None) -> torch.Tensor:
+    """act(a @ b + bias) through TMA descriptors. An operand that is the transpose of a
+    contiguous tensor (a weight's ``.t()``, the backward's ``a^T`` and ``b^T``) is read in
+    place; falls back to the pointer kernel when neither layout of an operand, or the
+    output, can have a 16-byte row pitch. CPU tensors (tests; the backend is registered for
+    CUDA only) run the same kernels under Triton's interpreter. ``config``: a dict of
+    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_stages, num_warps and split to launch as given
+    (benchmarks, tests)."""
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
     per16 = 16 // a.element_size()
-    if a.device.type != "cuda" or k % per16 or n % per16:
-        return triton_matmul_fwd(a, b, bias, activation)
     batch = tuple(a.shape[:-2])
     bt = math.prod(batch)
-    a3 = a.reshape(bt, m, k).contiguous()
-    b3 = b.reshape(bt, k, n).contiguous()
+    ops = (_operand(a, bt, m, k, per16), _operand(b, bt, k, n, per16)) if n % per16 == 0 else (None,)
+    if any(o is None for o in ops):
+        return triton_matmul_fwd(a, b, bias, activation)
+    (a3, a_t), (b3, b_t) = ops
     if not (_aligned16(a3) and _aligned16(b3)):  # a storage offset: realign with a copy
         a3, b3 = a3.clone(), b3.clone()
     c = torch.empty((bt, m, n), dtype=a.dtype, device=a.device)
     if bt and m and n:
         check_batch_grid(bt)  # the batch is the grid's y dimension
         _install_allocator()
+        on_gpu = a.device.type == "cuda"
+        dev = a.device.index or 0 if on_gpu else 0
+        if config is not None:
+            config = dict(config)
+            split = int(config.pop("split", 1))
+        else:
+            split = tma_split(m, n, k, bt, triton_support.sm_count(dev) if on_gpu else 4)
+        if k == 0:
+            split = 1
+        w = torch.empty((split, bt, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
 
         def grid(meta):
-            return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)
+            tiles = triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"])
+            return (tiles, bt, split)
 
-        args = (a3, b3, c, bias if bias is not None else c, m, n, k, *_tune_keys(m, n, k))
-        consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation])
-        with torch.cuda.device(a.device):
+        args = (a3, b3, c, w, bias if bias is not None else c, m, n, k, split, *_tune_keys(m, n, k))
+        consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation], A_T=a_t, B_T=b_t, PARTIAL=split > 1)
+        with torch.cuda.device(a.device) if on_gpu else _nullcontext():
             # (inside triton_support.no_autotune(), as under `kernellab check`: the fixed config)
-            if bt * m * n * k >= TUNE_MIN_WORK and triton_support.autotune_allowed():
+            if config is not None:
+                _matmul_tma_kernel[grid](*args, **consts, **config)
+            elif on_gpu and bt * m * n * k >= TUNE_MIN_WORK and triton_support.autotune_allowed():
                 _tma_tuned[grid](*args, **consts)
             else:
-                _matmul_tma_kernel[grid](*args, **consts, **_fixed_tma_config(a.device.index or 0))
+                fixed = _fixed_tma_config(dev) if on_gpu else _CPU_TMA_CONFIG
+                _matmul_tma_kernel[grid](*args, **consts, **fixed)
+            if split > 1:
+                mn = bt * m * n
+                block = max(128, min(1024, triton_support.next_pow2(max(mn // 132, 1))))
+                _split_sum_kernel[(triton_support.cdiv(mn, block),)](
+                    w, c, bias if bias is not None else c, mn, n,
+                    HAS_BIAS=bias is not None, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4,
+                )  # fmt: skip
     return c.reshape(batch + (m, n))
+
+
+# The CPU interpreter (tests): small tiles, one stage.
+_CPU_TMA_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2, "num_stages": 1, "num_warps": 4}
 
 
 matmul_triton_tma = matmul_op("matmul_triton_tma", tma_matmul_fwd, triton=True)
@@ -179,9 +283,11 @@ matmul_triton_tma = matmul_op("matmul_triton_tma", tma_matmul_fwd, triton=True)
 
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: 128x256x64, 8 warps (what the tuner usually picks at 4096^3)."""
-    cx = {"HAS_BIAS": False, "ACT": 0, "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}
-    sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "bias_ptr": f"*{dtype}"}
-    sig.update({p: "i32" for p in ("M", "N", "K", "M_KEY", "N_KEY", "K_KEY")})
+    cx = {"HAS_BIAS": False, "ACT": 0, "A_T": False, "B_T": False, "PARTIAL": False,
+          "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8}  # fmt: skip
+    sig = {"a_ptr": f"*{dtype}", "b_ptr": f"*{dtype}", "c_ptr": f"*{dtype}", "w_ptr": "*fp32"}
+    sig["bias_ptr"] = f"*{dtype}"
+    sig.update({p: "i32" for p in ("M", "N", "K", "split", "M_KEY", "N_KEY", "K_KEY")})
     sig.update({p: "constexpr" for p in cx})
     return [(_matmul_tma_kernel, sig, cx, 8)]
 
