@@ -50,6 +50,7 @@ DRY_CASES = {"dry_nn": (24, 32, 48, "fp32", False, False), "dry_tt": (32, 16, 64
 TILES = [(64, 64, 128), (64, 128, 64), (64, 128, 128), (64, 256, 64), (128, 64, 64), (128, 128, 64),
          (128, 128, 128), (128, 256, 64), (256, 128, 64)]  # fmt: skip
 STAGES = (3, 4, 5)
+STAGES_SHORT_K = (1, 2, 3)  # K of one to four blocks: fewer stages, more programs per SM
 WARPS = (4, 8)
 SPLITS = (1, 2, 4, 8, 16)
 SMEM = 227 * 1024
@@ -80,8 +81,9 @@ def configs_for(spec, n_sm, dry=False):
     m, n, k, dt, _, _ = spec
     elem = 2
     out = []
-    for (bm, bn, bk), st, w in itertools.product(TILES, STAGES, WARPS):
-        if (bm * bk + bk * bn) * elem * st + bm * bn * 4 > SMEM:
+    stages = STAGES_SHORT_K if k <= 256 else STAGES
+    for (bm, bn, bk), st, w in itertools.product(TILES, stages, WARPS):
+        if (bm * bk + bk * bn) * elem * st + bm * bn * elem > SMEM:  # pipeline + the C tile
             continue
         if bm > max(64, 2 * m) or bn > max(64, 2 * n) or bk > max(64, k):
             continue
@@ -91,6 +93,8 @@ def configs_for(spec, n_sm, dry=False):
         kb = -(-k // bk)
         for s in SPLITS:
             if s > 1 and (tiles >= 2 * n_sm or kb // s < 2 or s * m * n * 4 > (256 << 20)):
+                continue
+            if s > 1 and (bm * bk + bk * bn) * elem * st + bm * bn * 4 > SMEM:  # fp32 partials
                 continue
             cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_stages=st, num_warps=w)
             out.append(dict(cfg, split=s))

@@ -118,7 +118,11 @@ def tma_configs() -> list:
         (128, 128, 64, 8, 4, 8),
         (128, 128, 64, 8, 4, 4),
         (128, 128, 64, 8, 3, 4),
+        (128, 128, 64, 8, 5, 4),
         (64, 128, 64, 8, 4, 4),
+        (64, 128, 128, 8, 4, 4),
+        (64, 64, 128, 8, 5, 4),
+        (64, 256, 64, 8, 3, 4),
         (128, 64, 64, 8, 4, 4),
         (64, 64, 64, 8, 4, 4),
     ]
@@ -178,20 +182,24 @@ def _aligned16(t: torch.Tensor) -> bool:
 # Split-K: products with fewer output tiles than SMs (skinny M, or a short wide output) give
 # each tile's K blocks to `split` programs that write fp32 partials; a second kernel adds
 # them in slice order (deterministic). Each slice keeps at least TMA_MIN_SLICE_BLOCKS blocks
-# of 64, and the partials at most TMA_SPLIT_MAX_BYTES.
+# of 64, and the partials at most TMA_SPLIT_MAX_BYTES. Measured on an H200 (tiles x stages x
+# warps x slices at M = 1-128 against 4096-14336 weights, benchmarks/NOTES.md): the best
+# split keeps tiles x split within one wave; a second wave of slices costs more in partials
+# than it gains in parallel reads.
 TMA_SPLIT_MAX = 16
 TMA_MIN_SLICE_BLOCKS = 4
 TMA_SPLIT_MAX_BYTES = 64 << 20
 
 
 def tma_split(m: int, n: int, k: int, bt: int, n_sm: int) -> int:
-    """K slices for a [bt, m, k] @ [bt, k, n] product: the smallest power of two that gives
-    128x128 tiles a wave of programs on n_sm SMs, within the caps above; 1 when the tiles
-    alone fill the SMs."""
+    """K slices for a [bt, m, k] @ [bt, k, n] product: the largest power of two that keeps
+    the 128x128 tiles times the slices within one wave on n_sm SMs, within the caps above;
+    1 when the tiles alone fill half the SMs or more."""
     tiles = triton_support.cdiv(m, 128) * triton_support.cdiv(n, 128) * bt
     split = 1
     cap = min(TMA_SPLIT_MAX, max(1, triton_support.cdiv(k, 64) // TMA_MIN_SLICE_BLOCKS))
-    while tiles * split < n_sm and split * 2 <= cap and 2 * split * bt * m * n * 4 <= TMA_SPLIT_MAX_BYTES:
+    partial_bytes = bt * m * n * 4
+    while tiles * split * 2 <= n_sm and split * 2 <= cap and 2 * split * partial_bytes <= TMA_SPLIT_MAX_BYTES:
         split *= 2
     return split
 
