@@ -212,10 +212,11 @@ def test_tma_kernel_layouts_and_k_slices_under_the_interpreter(m, n, k, a_t, b_t
     a, b = (a.mT if a_t else a), (b.mT if b_t else b)
     bias = torch.randn(n, generator=g)
     cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4, split=split)
-    y = tma_matmul_fwd(a, b, bias, "gelu", config=cfg)
     ref = apply_epilogue(a.double() @ b.double(), bias.double(), "gelu")
-    assert y.shape == ref.shape and y.dtype == torch.float32
-    assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4)
+    for persistent in (False, True) if split == 1 and not batch else (False,):
+        y = tma_matmul_fwd(a, b, bias, "gelu", config=dict(cfg, persistent=persistent))
+        assert y.shape == ref.shape and y.dtype == torch.float32
+        assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4), persistent
 
 
 def test_tma_operand_layouts_copy_only_where_no_layout_has_a_16_byte_pitch():

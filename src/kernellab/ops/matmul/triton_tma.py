@@ -109,6 +109,59 @@ def _matmul_tma_kernel(
         c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))  # clipped at the edges
 
 
+@triton_support.jit
+def _matmul_tma_persistent_kernel(
+    a_ptr,  # as _matmul_tma_kernel's, one product (no batch, no K slices)
+    b_ptr,
+    c_ptr,
+    bias_ptr,
+    M,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    A_T: tl.constexpr,
+    B_T: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # One program per SM walks the tiles pid, pid + programs, ...; the tile loop and its K
+    # loop are flattened into one software pipeline, so the next tile's loads are in flight
+    # while this tile's epilogue stores (a short K leaves nothing else to hide the store
+    # behind: [4096, 128] @ [128, 14336] is a 117 MB write).
+    if A_T:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [M, 1], [BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
+    if B_T:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
+    c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
+    tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), tiles, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = grouped_tile(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(k_blocks):
+            kk = kb * BLOCK_K
+            if A_T:
+                a = a_desc.load([kk, off_m]).T
+            else:
+                a = a_desc.load([off_m, kk])
+            if B_T:
+                b = b_desc.load([off_n, kk]).T
+            else:
+                b = b_desc.load([kk, off_n])
+            acc = tl.dot(a, b, acc)
+        acc = epilogue(acc, bias_ptr, off_n + tl.arange(0, BLOCK_N), N, HAS_BIAS, ACT)
+        c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))
+
+
 def tma_configs() -> list:
     """Large Hopper tiles first (128x256x64 with 8 warps: two consumer warpgroups)."""
     rows = [
@@ -229,7 +282,8 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None,
     place; falls back to the pointer kernel when neither layout of an operand, or the
     output, can have a 16-byte row pitch. CPU tensors (tests; the backend is registered for
     CUDA only) run the same kernels under Triton's interpreter. ``config``: a dict of
-    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_stages, num_warps and split to launch as given
+    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_stages, num_warps, split and persistent (one
+    program per SM walking the tiles; one product, no split) to launch as given
     (benchmarks, tests)."""
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
@@ -248,9 +302,11 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None,
         _install_allocator()
         on_gpu = a.device.type == "cuda"
         dev = a.device.index or 0 if on_gpu else 0
+        persistent = False
         if config is not None:
             config = dict(config)
             split = int(config.pop("split", 1))
+            persistent = bool(config.pop("persistent", False)) and bt == 1 and split == 1
         else:
             split = tma_split(m, n, k, bt, triton_support.sm_count(dev) if on_gpu else 4)
         if k == 0:
@@ -265,7 +321,14 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None,
         consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation], A_T=a_t, B_T=b_t, PARTIAL=split > 1)
         with torch.cuda.device(a.device) if on_gpu else _nullcontext():
             # (inside triton_support.no_autotune(), as under `kernellab check`: the fixed config)
-            if config is not None:
+            if persistent:
+                tiles = triton_support.cdiv(m, config["BLOCK_M"]) * triton_support.cdiv(n, config["BLOCK_N"])
+                programs = min(tiles, triton_support.sm_count(dev) if on_gpu else 4)
+                _matmul_tma_persistent_kernel[(programs,)](
+                    a3, b3, c, bias if bias is not None else c, m, n, k,
+                    HAS_BIAS=bias is not None, ACT=_ACT[activation], A_T=a_t, B_T=b_t, **config,
+                )  # fmt: skip
+            elif config is not None:
                 _matmul_tma_kernel[grid](*args, **consts, **config)
             elif on_gpu and bt * m * n * k >= TUNE_MIN_WORK and triton_support.autotune_allowed():
                 _tma_tuned[grid](*args, **consts)
