@@ -113,8 +113,12 @@ def test_bad_input_names_the_argument(backend):
     _expect(ValueError, r"\ba\b.*1-d", torch.randn(7), b, backend=backend)
     _expect(ValueError, r"\bb\b.*0-d", a, torch.tensor(1.0), backend=backend)
     _expect(TypeError, r"\ba\b.*int", a.int(), b, backend=backend)
-    if torch.float64 in (kernellab.registry.get("matmul", backend).dtypes or ()):  # the reference backends take it
-        torch.testing.assert_close(kernellab.matmul(a.double(), b.double(), backend=backend), a.double() @ b.double())
+    if torch.float64 in (
+        kernellab.registry.get("matmul", backend).dtypes or ()
+    ):  # the reference backends take it
+        torch.testing.assert_close(
+            kernellab.matmul(a.double(), b.double(), backend=backend), a.double() @ b.double()
+        )
     else:
         _expect(TypeError, r"\ba\b.*float64", a.double(), b.double(), backend=backend)
     _expect(TypeError, r"\bb\b.*dtype", a, b.half(), backend=backend)
@@ -574,6 +578,35 @@ def test_gpu_forward_and_gradients(backend):
             _run_and_judge(backend, a, b, dtype, bias=bias, activation="gelu")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_gpu_tma_persistent_and_split_launches(dtype):
+    """triton_tma's own launch choices on the GPU, each judged against float64 as every
+    backend is: the persistent kernel (one product of >= a wave of 128x256 tiles and
+    >= 2^30 multiply-adds) with both operands in place as transposed views (a backward's
+    a^T @ dz, dz @ b^T) and with partial tiles; K slices at a skinny M."""
+    from kernellab.ops.matmul import triton_tma as tt
+
+    if kernellab.registry.get("matmul", "triton_tma").why_unavailable("cuda"):
+        pytest.skip(kernellab.registry.get("matmul", "triton_tma").why_unavailable("cuda"))
+    g = torch.Generator(device="cuda").manual_seed(3)
+    for m, n, k, a_t, b_t in [
+        (2048, 4096, 256, True, False),
+        (2000, 4104, 520, False, True),
+        (64, 4096, 4096, False, False),
+    ]:
+        a = torch.randn((k, m) if a_t else (m, k), generator=g, device="cuda").to(dtype)
+        b = torch.randn((n, k) if b_t else (k, n), generator=g, device="cuda").to(dtype)
+        a, b = (a.t() if a_t else a), (b.t() if b_t else b)
+        if m >= 2000:
+            assert tt._persistent_applies(m, n, k, 1, a.device.index or 0)
+        else:
+            assert (
+                tt.tma_split(m, n, k, 1, torch.cuda.get_device_properties(a.device).multi_processor_count) > 1
+            )
+        _run_and_judge("triton_tma", a, b, dtype, grads=False)
 
 
 @pytest.mark.gpu

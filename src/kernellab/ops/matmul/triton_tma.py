@@ -222,6 +222,34 @@ def _fixed_tma_config(device_index: int) -> dict:
     return cfg
 
 
+# The persistent kernel's launch where the 128x256 tiles of one product fill the SMs: on an
+# H200 (benchmarks/NOTES.md) 0.95-1.01x cuBLAS at [4096, 5120] x [5120, 5120] forward and
+# dA, and at [4096, 128] x [128, 14336] (dB of a 128-token step), where one program per
+# tile ran at 0.81-0.95x and 0.46-0.56x; the same tiles without the persistent loop are
+# the autotuner's usual pick. Below a wave of tiles (fp16 [1000, 5000] x [5000, 3000]: 96)
+# it is slower (0.51x) than one program per tile (0.71x).
+PERSISTENT_CONFIG = {
+    "BLOCK_M": 128,
+    "BLOCK_N": 256,
+    "BLOCK_K": 64,
+    "GROUP_M": 8,
+    "num_stages": 3,
+    "num_warps": 8,
+}
+
+
+def _persistent_applies(m: int, n: int, k: int, bt: int, dev: int) -> bool:
+    c = PERSISTENT_CONFIG
+    if bt != 1 or m * n * k < TUNE_MIN_WORK:
+        return False
+    smem = (
+        pipeline_bytes(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], 2, c["num_stages"])
+        + c["BLOCK_M"] * c["BLOCK_N"] * 2
+    )
+    tiles = triton_support.cdiv(m, c["BLOCK_M"]) * triton_support.cdiv(n, c["BLOCK_N"])
+    return tiles >= triton_support.sm_count(dev) and smem <= _max_shared(dev)
+
+
 def _aligned16(t: torch.Tensor) -> bool:
     """Whether t's base address is 16-byte aligned (TMA's rule). Traced under torch.compile
     (fake tensors have no address) it is judged by the storage offset: Inductor's buffers
@@ -307,6 +335,8 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None,
             config = dict(config)
             split = int(config.pop("split", 1))
             persistent = bool(config.pop("persistent", False)) and bt == 1 and split == 1
+        elif on_gpu and _persistent_applies(m, n, k, bt, dev):
+            config, split, persistent = dict(PERSISTENT_CONFIG), 1, True
         else:
             split = tma_split(m, n, k, bt, triton_support.sm_count(dev) if on_gpu else 4)
         if k == 0:
