@@ -15,7 +15,7 @@ from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
 
 SPEC = kernellab.get_spec("matmul")
 CPU_BACKENDS = cpu_backends("matmul")  # manual, torch, triton (interpreter); compile on its own
-CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 11)] + ["cuda"]
+CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 12)] + ["cuda"]
 SHAPES = [(1, 1, 1), (0, 5, 7), (33, 17, 0), (17, 33, 65), (64, 48, 80), (127, 129, 63), (2, 9, 15, 31)]
 
 
@@ -507,6 +507,306 @@ def test_v10_launcher_pads_k_and_n_to_multiples_of_8(monkeypatch):
     torch.testing.assert_close(mc._product("v10", a, b), (a.double() @ b.double()).to(torch.bfloat16))
 
 
+def test_asm_v11_shows_tma_mbarriers_and_the_register_split():
+    """v11's kernels (128x256 and 128x128 tiles): wgmma fed by TMA (bulk tensor copies that
+    complete an mbarrier's transaction bytes), consumers that wait on barrier parities, one MMA
+    group in flight, setmaxnreg 40 / 232, no cp.async; no spills, and exactly 168 registers:
+    384 x 168 = 64512 is the pool setmaxnreg redistributes (128 x 40 + 256 x 232); with fewer,
+    the consumers' setmaxnreg.inc would wait forever."""
+    import re
+
+    for sfx, ty in (("bf16", "bf16"), ("f16", "f16")):
+        ks = {k.name: k for k in _ptx_of("cuda_v11", sfx)}
+        assert set(ks) == {f"matmul_v11_{sfx}", f"matmul_v11_n128_{sfx}"}
+        for name, k in ks.items():
+            n = 128 if "_n128_" in name else 256
+            assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty}" in k.ptx
+            assert "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes" in k.ptx
+            assert "mbarrier.arrive.expect_tx" in k.ptx and "mbarrier.try_wait.parity" in k.ptx
+            assert "setmaxnreg.dec.sync.aligned.u32 40" in k.ptx
+            assert "setmaxnreg.inc.sync.aligned.u32 232" in k.ptx
+            assert "wgmma.wait_group.sync.aligned 1" in k.ptx  # one MMA group kept in flight
+            assert "cp.async.cg" not in k.ptx
+            # one bar.sync, after the barriers' init: no block-wide sync per k-tile
+            assert len(re.findall(r"\bbar\.sync\s", k.ptx)) == 1
+            assert (k.local_bytes or 0) == 0 and (k.stack_bytes or 0) == 0
+            if k.registers is not None:
+                assert k.registers == 168, (name, k.registers)
+            if k.sass:
+                assert f"HGMMA.64x{n}x16.F32" in k.sass and "tnspB" in k.sass and "UTMALDG.3D" in k.sass
+                # the four k16 MMAs of a k-tile issue back to back: one arrive, one wait
+                assert k.sass.count("WARPGROUP.ARRIVE") == 1, name
+
+
+def test_v11_launch_signature_matches_the_kernels_parameters():
+    """Two tensor maps by value (128 bytes each), C's pointer, M, N, K and the batch."""
+    from kernellab.cuda.runtime import check_signature, nvrtc_unavailable, ptx_param_sizes
+    from kernellab.ops.matmul import cuda as mc
+
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    ptx = mc.MODULE_SM90.compile("sm_90", target="ptx").decode()
+    for sfx in ("bf16", "f16"):
+        for tile in ("", "_n128"):
+            name = f"matmul_v11{tile}_{sfx}"
+            check_signature(name, mc.V11_SIGNATURE, ptx_param_sizes(ptx, name))
+            assert ptx_param_sizes(ptx, name) == [128, 128, 8, 4, 4, 4, 4]
+
+
+# The 128-byte swizzle as the hardware applies it to a shared-memory byte address (bits
+# [4:6] ^= bits [7:9]), and wgmma's canonical readers (CUTLASS's GMMA layouts, 16-bit
+# elements, T = 8 per 16-byte chunk, 8 chunks per 128-byte row): Major-K element (m, k) at
+# (m % 8) x 64 + (m // 8) x SBO/2 + k (k < 16 inside one row), Major-MN element (k, n) at
+# n % 64 + (n // 64) x LBO/2 + (k % 8) x 64 + (k // 8) x SBO/2; both swizzled on the final
+# address. attention_sm90's test_descriptors_read_what_the_copies_wrote uses the same model.
+def _sw128(addr: int) -> int:
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def test_v10_v11_descriptors_read_what_the_copies_wrote():
+    """Every element each wgmma descriptor of a k-tile names (A K-major per consumer
+    warpgroup and k16 step; B N-major per k16 step, 128 and 256 wide) is the byte where
+    v11's TMA boxes put it (row-major 128-byte box rows from a 1024-aligned address, swizzled
+    on the address) and where v10's cp.async writes put it (chunk c of row r at c ^ r % 8)."""
+    base, a_bytes = 5 * 1024, 128 * 64 * 2
+    for m in range(128):
+        for k in range(64):
+            tma = _sw128(base + m * 128 + 2 * k)  # the A box: 64 k x 128 m
+            assert tma == base + m * 128 + (((k // 8) ^ (m % 8)) << 4) + 2 * (k % 8)  # v10's cp.async
+    for kr in range(64):
+        for n in range(256):
+            slab = base + a_bytes + (n // 64) * 8192  # B box j: 64 n x 64 k
+            tma = _sw128(slab + kr * 128 + 2 * (n % 64))
+            assert tma == slab + kr * 128 + ((((n % 64) // 8) ^ (kr % 8)) << 4) + 2 * (n % 8)
+
+    def a_written(m, k):
+        return _sw128(base + m * 128 + 2 * k)
+
+    def b_written(kr, n):
+        return _sw128(base + a_bytes + (n // 64) * 8192 + kr * 128 + 2 * (n % 64))
+
+    for kk in range(4):
+        for cw in (0, 1):  # v11_body: v10_desc(sa + kk * 32, 16, 1024), sa = stage + cw * 64 * 128
+            start, sbo = base + cw * 64 * 128 + kk * 32, 1024
+            for m in range(64):
+                for k in range(16):
+                    off = (m % 8) * 64 + (m // 8) * (sbo // 2) + k
+                    assert _sw128(start + 2 * off) == a_written(64 * cw + m, 16 * kk + k)
+        start, lbo, sbo = base + a_bytes + kk * 16 * 128, 8192, 1024  # v10_desc(sb + kk * 2048, 8192, 1024)
+        for bn in (128, 256):
+            for k in range(16):
+                for n in range(bn):
+                    off = n % 64 + (n // 64) * (lbo // 2) + (k % 8) * 64 + (k // 8) * (sbo // 2)
+                    assert _sw128(start + 2 * off) == b_written(16 * kk + k, n)
+
+
+def _v11_tile(t, m, n, bn, group_m=8):
+    """V11Sched::tile in Python: output tile t -> (m0, n0, batch)."""
+    tiles_m, tiles_n = -(-m // 128), -(-n // bn)
+    per_batch = tiles_m * tiles_n
+    z, r = divmod(t, per_batch)
+    per_group = group_m * tiles_n
+    first_m = (r // per_group) * group_m
+    gm = min(tiles_m - first_m, group_m)
+    inner = r % per_group
+    return (first_m + inner % gm) * 128, (inner // gm) * bn, z
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (1000, 1024, 1), (1664, 4096, 1), (300, 520, 5), (4096, 64, 2)])
+@pytest.mark.parametrize("bn", [128, 256])
+def test_v11_schedule_covers_every_tile_once(shape, bn):
+    """The persistent schedule is a bijection from 0 .. tiles-1 onto the output tiles of every
+    batch (partial GROUP_M groups included: 1664 rows are 13 row-tiles, a group of 8 and 5),
+    and blocks stride by the grid: each tile is computed by exactly one block."""
+    m, n, bt = shape
+    tiles_m, tiles_n = -(-m // 128), -(-n // bn)
+    total = bt * tiles_m * tiles_n
+    seen = [_v11_tile(t, m, n, bn) for t in range(total)]
+    want = {(i * 128, j * bn, z) for z in range(bt) for i in range(tiles_m) for j in range(tiles_n)}
+    assert len(seen) == total and set(seen) == want
+    grid = min(132, total)
+    per_block = [list(range(b, total, grid)) for b in range(grid)]
+    assert sorted(t for ts in per_block for t in ts) == list(range(total))
+
+
+def _v11_pipeline(n_tiles, ktiles, stages, rng, warps=8):
+    """The mbarrier protocol of v11_body, run by a random scheduler: one producer thread,
+    `warps` consumer warps, TMA copies that land at random later moments. mbarrier model: a
+    phase completes when its arrivals (and transaction bytes) are all in; try_wait.parity(P)
+    succeeds iff the barrier's current phase parity is not P (the phase of parity P is the
+    one just completed; on a fresh barrier, parity 1). Checks every read sees its own k-tile's
+    data, no copy overwrites a stage some warp has not released, and nothing deadlocks.
+    Returns the number of steps."""
+
+    class Bar:
+        def __init__(self, count):
+            self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+        def arrive(self, tx=0):
+            self.pending -= 1
+            self.tx += tx
+            self._maybe_complete()
+
+        def complete_tx(self, nbytes):
+            self.tx -= nbytes
+            self._maybe_complete()
+
+        def _maybe_complete(self):
+            if self.pending == 0 and self.tx == 0:
+                self.phase += 1
+                self.pending = self.count
+
+        def try_wait(self, parity):
+            return (self.phase & 1) != parity
+
+    full = [Bar(1) for _ in range(stages)]
+    empty = [Bar(warps) for _ in range(stages)]
+    data = [None] * stages  # which global k-tile index the stage holds
+    holders = [set() for _ in range(stages)]  # warps that read the stage and have not released it
+    landing = []  # copies issued, not yet landed: (stage, it)
+    total = n_tiles * ktiles
+
+    def producer():
+        for it in range(total):  # (tiles x k-tiles, one running index)
+            s = it % stages
+            if it >= stages:
+                while not empty[s].try_wait((it // stages - 1) & 1):
+                    yield
+            assert not holders[s], f"stage {s} refilled for k-tile {it} while warps {holders[s]} hold it"
+            full[s].arrive(tx=2)  # expect_tx: two boxes' bytes (A and B)
+            landing.extend([(s, it, "a"), (s, it, "b")])
+            yield
+
+    def consumer(w):
+        it = 0
+        for _ in range(n_tiles):
+            for kt in range(ktiles):
+                s = it % stages
+                while not full[s].try_wait((it // stages) & 1):
+                    yield
+                assert data[s] == (it, it), f"warp {w} k-tile {it}: stage {s} holds {data[s]}"
+                holders[s].add(w)
+                yield  # wgmma issued; wait_group 1: the previous k-tile's MMAs are done
+                if kt > 0:
+                    p = (it - 1) % stages
+                    holders[p].discard(w)
+                    empty[p].arrive()
+                it += 1
+            if ktiles:
+                p = (it - 1) % stages
+                holders[p].discard(w)
+                empty[p].arrive()
+            yield  # epilogue
+
+    agents = [producer()] + [consumer(w) for w in range(warps)]
+    live, steps = list(agents), 0
+    while live or landing:
+        steps += 1
+        assert steps < 200_000, "deadlock or livelock"
+        if landing and (not live or rng.random() < 0.3):
+            s, it, part = landing.pop(rng.randrange(len(landing)))
+            assert not holders[s], f"copy into stage {s} landed while warps {holders[s]} hold it"
+            old = data[s] if data[s] is not None else (None, None)
+            data[s] = (it, old[1]) if part == "a" else (old[0], it)
+            full[s].complete_tx(1)
+            continue
+        ag = live[rng.randrange(len(live))]
+        try:
+            next(ag)
+        except StopIteration:
+            live.remove(ag)
+    return steps
+
+
+@pytest.mark.parametrize("n_tiles,ktiles", [(1, 1), (1, 3), (3, 1), (3, 4), (5, 7), (2, 13)])
+@pytest.mark.parametrize("stages", [4, 6])
+def test_v11_mbarrier_phases_across_persistent_tiles(n_tiles, ktiles, stages):
+    import random
+
+    for seed in range(20):
+        _v11_pipeline(n_tiles, ktiles, stages, random.Random(seed))
+
+
+class _V11Recorder:
+    """Stands in for the kernel (no GPU): records launches."""
+
+    def __init__(self):
+        self.calls, self.names, self.max_dynamic_shared = [], [], 48 * 1024
+
+    def set_max_dynamic_shared(self, n):
+        self.max_dynamic_shared = n
+
+    def __call__(self, grid, block, *args, shared=0, device_index=None):
+        self.calls.append((grid, block, args, shared))
+
+
+def test_v11_launcher_maps_grid_and_padding(monkeypatch):
+    """v11's launcher: K and N padded to multiples of 8 (as v10's), tensor maps of the padded
+    operands (dims innermost first, byte strides, boxes of 64 x 128 for A and 64 x 64 for B,
+    128-byte swizzle), a persistent grid of min(SMs, tiles) blocks of 384 threads, the tile
+    width v11_block_n picks (and its kernel and shared memory), K = 0 answered without a
+    launch, batches past the grid's z limit accepted (the batch is in the schedule)."""
+    from kernellab.ops.matmul import cuda as mc
+
+    rec = _V11Recorder()
+
+    def kernel(name, signature, device_index=None):
+        assert signature == mc.V11_SIGNATURE
+        rec.names.append(name)
+        return rec
+
+    monkeypatch.setattr(mc.MODULE_SM90, "kernel", kernel)
+    monkeypatch.setattr(mc, "tensor_map", lambda *a: ("map",) + a)
+    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
+    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    gen = torch.Generator().manual_seed(2)
+    for shape, (bt, m, kp, np8), bn in (
+        ((4096, 4096, 4096), (1, 4096, 4096, 4096), 256),  # 512 wide tiles: 4 waves either way
+        ((128, 14336, 4096), (1, 128, 4096, 14336), 128),  # 56 wide tiles: half the SMs idle
+        ((1000, 1023, 997), (1, 1000, 1000, 1024), 128),  # 32 wide / 64 narrow tiles: one wave
+        ((3, 129, 65, 257), (3, 129, 264, 72), 128),
+        ((2, 2048, 2048, 2048), (2, 2048, 2048, 2048), 256),
+    ):
+        *batch, mm_, n, k = shape
+        a = torch.randn(*batch, mm_, k, generator=gen).to(torch.bfloat16)
+        b = torch.randn(*batch, k, n, generator=gen).to(torch.bfloat16)
+        rec.calls.clear()
+        rec.names.clear()
+        out = mc._product("v11", a, b)
+        assert out.shape == (*batch, mm_, n)
+        ((grid, block, args, shared),) = rec.calls
+        tiles = bt * -(-m // 128) * -(-np8 // bn)
+        assert rec.names == [f"matmul_v11{'_n128' if bn == 128 else ''}_bf16"], shape
+        want_shared = mc.DYN_SHARED["v11_n128" if bn == 128 else "v11"]
+        assert (grid, block, shared) == (min(132, tiles), 384, want_shared)
+        ta, tb, c, *ints = args
+        assert ints == [m, np8, kp, bt] and c.shape == (bt, m, np8)
+        assert ta[0] == "map" and ta[2:] == (2, (kp, m, bt), (2 * kp, 2 * m * kp), (64, 128, 1), 128)
+        assert tb[0] == "map" and tb[2:] == (2, (np8, kp, bt), (2 * np8, 2 * kp * np8), (64, 64, 1), 128)
+        assert ta[1] % 16 == 0 and tb[1] % 16 == 0
+    assert mc.DYN_SHARED["v11"] == 4 * 48 * 1024 + 1024 and mc.DYN_SHARED["v11_n128"] == 6 * 32 * 1024 + 1024
+    assert max(mc.DYN_SHARED["v11"], mc.DYN_SHARED["v11_n128"]) + 2048 <= 227 * 1024  # + static (barriers)
+    rec.calls.clear()
+    a, b = torch.randn(5, 0).to(torch.bfloat16), torch.randn(0, 9).to(torch.bfloat16)
+    out = mc._product("v11", a, b)
+    assert rec.calls == [] and torch.equal(out, torch.zeros(5, 9, dtype=torch.bfloat16))
+    a, b = torch.randn(70000, 1, 8).to(torch.bfloat16), torch.randn(70000, 8, 8).to(torch.bfloat16)
+    out = mc._product("v11", a, b)
+    assert rec.calls[-1][2][3:] == (1, 8, 8, 70000) and out.shape == (70000, 1, 8)
+
+
+def test_v11_tile_width_choice():
+    from kernellab.ops.matmul import cuda as mc
+
+    assert mc.v11_block_n(4096, 4096, 1, 132) == 256
+    assert mc.v11_block_n(8192, 8192, 1, 132) == 256
+    assert mc.v11_block_n(2048, 2048, 1, 132) == 256  # 128 wide tiles: one wave already
+    assert mc.v11_block_n(128, 14336, 1, 132) == 128  # 56 wide tiles against 112 narrow
+    assert mc.v11_block_n(64, 4096, 1, 132) == 128
+    assert mc.v11_block_n(1000, 3000, 1, 132) == 256  # 96 wide tiles (one wave) against 192 narrow (two)
+    assert mc.v11_block_n(1000, 5000, 1, 132) == 128  # 160 wide (2 waves: 4) against 320 narrow (3: 3.3)
+
+
 def test_asm_alias_backend_shows_the_best_variant_per_dtype():
     names = {sfx: [k.name for k in _ptx_of("cuda", sfx)] for sfx in ("f32", "bf16")}
     assert names == {"f32": ["matmul_v7_f32"], "bf16": ["matmul_v9_bf16"]}
@@ -557,8 +857,9 @@ def _gpu_dtypes(backend):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", CUDA_VARIANTS + ["triton", "triton_tma", "torch", "manual"])
 def test_gpu_forward_and_gradients(backend):
-    if backend == "cuda_v10" and kernellab.registry.get("matmul", backend).why_unavailable("cuda"):
-        pytest.skip(kernellab.registry.get("matmul", backend).why_unavailable("cuda"))  # not sm_90
+    why = kernellab.registry.get("matmul", backend).why_unavailable("cuda")
+    if backend in ("cuda_v10", "cuda_v11") and why:
+        pytest.skip(why)  # not sm_90
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # every side full fp32
     try:
@@ -641,6 +942,48 @@ def test_gpu_v10_tile_edges_and_long_k(dtype):
         y = mm.matmul(a, b, backend="cuda_v10")
         v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
         assert v.ok, f"{shape}: {v.detail}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("block_n", [256, 128])
+def test_gpu_v11_tile_edges_persistent_schedule_and_both_widths(dtype, block_n):
+    """cuda_v11 (TMA, mbarrier ring, persistent blocks) with each tile width forced: v10's edge
+    shapes (TMA zero-fills every partial tile), grids with several tiles per block (the ring's
+    phases carried across tiles; 2048x4096 is 256 or 512 tiles on ~132 SMs), batches whose
+    tiles share a block, one k-tile, a long K (the ring wraps many times), then the public
+    call (the launcher's own choice of width)."""
+    from kernellab.ops.matmul import cuda as mc
+
+    impl = kernellab.registry.get("matmul", "cuda_v11")
+    if impl.why_unavailable("cuda"):
+        pytest.skip(impl.why_unavailable("cuda"))
+    shapes = [
+        (128, 256, 64),
+        (129, 257, 65),
+        (127, 255, 63),
+        (1, 8, 8),
+        (64, 256, 8192),
+        (300, 1000, 8),
+        (1413, 768, 136),
+        (2, 5, 600, 72),
+        (1000, 1023, 997),
+        (3, 129, 65, 257),
+        (2048, 4096, 256),
+        (7, 300, 520, 200),
+        (128, 2048, 1024),
+    ]
+    dev = torch.cuda.current_device()
+    for i, shape in enumerate(shapes):
+        a, b = _inputs(shape, dtype, "cuda", seed=300 + i)
+        a3 = a.reshape(-1, *a.shape[-2:]).contiguous()
+        b3 = b.reshape(-1, *b.shape[-2:]).contiguous()
+        y = mc._launch_v11(a3, b3, dev, block_n=block_n).reshape(*a.shape[:-1], b.shape[-1])
+        v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
+        assert v.ok, f"{shape} block_n={block_n}: {v.detail}"
+        y = mm.matmul(a, b, backend="cuda_v11")
+        v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
+        assert v.ok, f"{shape} (launcher's width): {v.detail}"
 
 
 @pytest.mark.gpu

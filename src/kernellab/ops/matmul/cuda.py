@@ -1,9 +1,10 @@
 """Matmul in CUDA C++ (matmul.cu, compiled by NVRTC): launchers, custom ops, registrations.
 
 Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of matmul.cu),
-``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` (Hopper wgmma, fp16/bf16,
-matmul_sm90.cu, sm_90 GPUs only) and ``cuda`` (the best per dtype: v7 for fp32; for
-fp16/bf16 v10 on sm_90, v9 elsewhere). The kernels take contiguous row-major
+``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` and ``cuda_v11`` (Hopper
+wgmma, fp16/bf16, matmul_sm90.cu, sm_90 GPUs only; v11 warp-specialized and persistent, its
+operands copied by TMA from tensor maps built here) and ``cuda`` (the best per dtype: v7 for
+fp32; for fp16/bf16 v10 on sm_90, v9 elsewhere). The kernels take contiguous row-major
 operands: strided inputs (transposed, sliced, expanded) are packed with ``.contiguous()``
 first, which costs a copy but computes correctly; the backward calls the same kernels on
 transposed (hence packed) views. v1-v7 on grids smaller than the GPU split K into 4-16 slices
@@ -26,6 +27,7 @@ from kernellab.cuda.runtime import (
     Module,
     nvrtc_unavailable,  # noqa: F401 (the tests ask this module)
     sm90_unavailable,
+    tensor_map,
 )
 from kernellab.device import is_sm90
 from kernellab.ops._register import register_builtin
@@ -81,13 +83,26 @@ VARIANTS = {
         _HALF,
         "CUDA v10: Hopper wgmma (m64n256k16 from 128B-swizzled smem, cp.async, 4 stages; sm_90 only)",
     ),
+    "v11": (
+        _tiles(128, 256),  # (the launcher's persistent grid is v11_grid's, not this)
+        384,
+        False,
+        _HALF,
+        "CUDA v11: Hopper wgmma, warp-specialized (TMA producer, mbarrier ring), persistent; sm_90 only",
+    ),
 }
 # Dynamic shared memory per block (bytes) of the variants that use it: v9 keeps 3 stages of
 # a 128x40 A tile and a 32x264 B tile (padded halfs); v10 4 stages of a 128x64 A tile and a
-# 64x256 B tile, plus 1 KB to align the base to 1024 bytes (128-byte swizzle atoms).
-DYN_SHARED = {"v9": 3 * (128 * 40 + 32 * 264) * 2, "v10": 4 * (128 * 64 + 64 * 256) * 2 + 1024}
+# 64x256 B tile, plus 1 KB to align the base to 1024 bytes (128-byte swizzle atoms); v11 the
+# same stages, and 6 stages of 128x64 + 64x128 in its 128x128 form (V11Tile in the .cu).
+DYN_SHARED = {
+    "v9": 3 * (128 * 40 + 32 * 264) * 2,
+    "v10": 4 * (128 * 64 + 64 * 256) * 2 + 1024,
+    "v11": 4 * (128 * 64 + 64 * 256) * 2 + 1024,
+    "v11_n128": 6 * (128 * 64 + 64 * 128) * 2 + 1024,
+}
 # The module of each variant that is not in matmul.cu.
-MODULES = {"v10": MODULE_SM90}
+MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90}
 # The best variant per dtype (v9 is faster than v8 in bf16; v10 where the GPU has wgmma,
 # see _best_fwd).
 BEST = {torch.float32: "v7", torch.float16: "v9", torch.bfloat16: "v9"}
@@ -141,15 +156,15 @@ def _launch(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch
     """One kernel launch: contiguous a3 [bt, M, K] @ b3 [bt, K, N] -> fresh [bt, M, N]."""
     if variant == "v10":
         return _launch_v10(a3, b3, dev)
+    if variant == "v11":
+        return _launch_v11(a3, b3, dev)
     return _launch_kernel(variant, a3, b3, dev)
 
 
-def _launch_v10(a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
-    """v10 copies whole 16-byte chunks (cp.async): its contract needs K and N multiples of 8
-    halfs and 16-byte aligned operands. Otherwise K and N are zero-padded up to multiples
-    of 8 (the extra products are exact zeros) and the output's extra columns sliced off;
-    a misaligned operand (a view with a storage offset) is copied to a fresh, aligned one.
-    Partial tiles (M, N, K not multiples of 128, 256, 64) are handled in the kernel."""
+def _whole_chunks(a3: torch.Tensor, b3: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a3, b3 with K and N zero-padded up to multiples of 8 halfs (rows of whole 16-byte
+    chunks; the extra products are exact zeros) and 16-byte aligned bases (a misaligned
+    view, one with a storage offset, is copied to a fresh, aligned tensor)."""
     k, n = a3.shape[-1], b3.shape[-1]
     kp, np8 = _cdiv(k, 8) * 8, _cdiv(n, 8) * 8
     if kp != k:
@@ -158,7 +173,74 @@ def _launch_v10(a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
         b3 = torch.nn.functional.pad(b3, (0, np8 - n, 0, kp - k))
     a3 = a3 if _aligned16(a3) else a3.clone()
     b3 = b3 if _aligned16(b3) else b3.clone()
+    return a3, b3
+
+
+def _launch_v10(a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
+    """v10 copies whole 16-byte chunks (cp.async): its contract needs K and N multiples of 8
+    halfs and 16-byte aligned operands (_whole_chunks pads or copies; the output's extra
+    columns are sliced off). Partial tiles (M, N, K not multiples of 128, 256, 64) are
+    handled in the kernel."""
+    n = b3.shape[-1]
+    a3, b3 = _whole_chunks(a3, b3)
     c = _launch_kernel("v10", a3, b3, dev)
+    return c if b3.shape[-1] == n else c[..., :n].contiguous()
+
+
+# v11's kernels take two tensor maps (A, B), C, M, N, K and the batch.
+V11_SIGNATURE = ("tmap", "tmap", "ptr", "i32", "i32", "i32", "i32")
+V11_THREADS = 384  # a producer warpgroup and two consumer warpgroups
+V11_BM, V11_BK = 128, 64
+
+
+def v11_block_n(m: int, n: int, bt: int, sms: int) -> int:
+    """v11's tile width: 256 (128x256 tiles, 128 x 256 x 64 MMAs per 48 KB k-tile), or 128
+    where that finishes in fewer tile-times. Estimated time = waves x tile cost: a 128x128
+    tile costs half a 128x256 one, plus 10% (half the MMAs per byte copied, more epilogues).
+    128 x 14336 on 132 SMs: 56 wide tiles (one wave, 2.0) or 112 narrow ones (one wave,
+    1.1): 128. 4096^2: 4 waves x 2 = 8 against 8 x 1.1: 256."""
+    tiles_m = _cdiv(m, V11_BM)
+    wide = _cdiv(bt * tiles_m * _cdiv(n, 256), sms) * 2.0
+    narrow = _cdiv(bt * tiles_m * _cdiv(n, 128), sms) * 1.1
+    return 128 if narrow < wide else 256
+
+
+def v11_tensor_maps(a3: torch.Tensor, b3: torch.Tensor) -> tuple:
+    """The TMA maps of contiguous a3 [bt, M, K] and b3 [bt, K, N] (K, N multiples of 8, 16-byte
+    aligned): dims innermost first, byte strides of the outer dims, boxes of 64 elements (128
+    bytes, the widest a 128-byte swizzle takes) x 128 rows of A (the whole A tile) and x 64
+    k-rows of B (one 64-column slab of the B tile), swizzled 128 bytes as the tiles are."""
+    bt, m, k = a3.shape
+    n = b3.shape[-1]
+    ta = tensor_map(a3.data_ptr(), 2, (k, m, bt), (2 * k, 2 * m * k), (V11_BK, V11_BM, 1), 128)
+    tb = tensor_map(b3.data_ptr(), 2, (n, k, bt), (2 * n, 2 * k * n), (64, V11_BK, 1), 128)
+    return ta, tb
+
+
+def _launch_v11(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
+    """v11: a persistent grid of min(SMs, tiles) blocks of 384 threads; TMA needs row strides
+    of whole 16-byte units and aligned bases (_whole_chunks pads or copies, as for v10), and
+    dims of at least one element (K = 0 is answered with zeros, no launch). Edge tiles in M,
+    N, K and the batch are zero-filled by TMA. ``block_n`` forces the tile width (tests)."""
+    bt, m, k = a3.shape
+    n = b3.shape[-1]
+    if k == 0:
+        return torch.zeros((bt, m, n), dtype=a3.dtype, device=a3.device)
+    a3, b3 = _whole_chunks(a3, b3)
+    kp, np8 = a3.shape[-1], b3.shape[-1]
+    sms = _sm_count(dev)
+    bn = block_n or v11_block_n(m, np8, bt, sms)
+    tiles = bt * _cdiv(m, V11_BM) * _cdiv(np8, bn)
+    if tiles >= 2**31:
+        raise ValueError(f"matmul: cuda_v11 counts output tiles in 32 bits; {tiles} is too many")
+    c = torch.empty((bt, m, np8), dtype=a3.dtype, device=a3.device)
+    ta, tb = v11_tensor_maps(a3, b3)
+    name = f"matmul_v11{'_n128' if bn == 128 else ''}_{_SUFFIX[a3.dtype]}"
+    kern = MODULE_SM90.kernel(name, V11_SIGNATURE, dev)
+    shared = DYN_SHARED["v11_n128" if bn == 128 else "v11"]
+    if shared > kern.max_dynamic_shared:
+        kern.set_max_dynamic_shared(shared)
+    kern(min(sms, tiles), V11_THREADS, ta, tb, c, m, np8, kp, bt, shared=shared, device_index=dev)
     return c if np8 == n else c[..., :n].contiguous()
 
 
@@ -199,7 +281,7 @@ def _product(variant: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     bt = a3.shape[0]
     if not (bt and m and n):
         return torch.empty(batch + (m, n), dtype=a.dtype, device=a.device)
-    if bt > 65535:
+    if bt > 65535 and variant != "v11":  # (v11 folds the batch into its tile schedule)
         raise ValueError(f"matmul: a batch of {bt} products exceeds the CUDA grid's z limit (65535)")
     dev = _device_index(a)
     s = split_k_slices(variant, m, n, k, bt, _sm_count(dev))
@@ -235,7 +317,7 @@ def _best_fwd(a, b, bias=None, activation=None):
     return _make_fwd(variant)(a, b, bias, activation)
 
 
-# v10's wgmma exists on sm_90 only (an sm_90a cubin runs nowhere else)
+# v10's and v11's wgmma exists on sm_90 only (an sm_90a cubin runs nowhere else)
 _available_sm90 = sm90_unavailable
 
 

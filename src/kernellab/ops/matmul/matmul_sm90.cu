@@ -16,6 +16,14 @@
 //       64x256 each (128 fp32 accumulators per thread), global -> shared with 16-byte
 //       cp.async written directly into the 128-byte-swizzled layout wgmma reads, 4-stage
 //       pipeline with one group of MMAs kept in flight while the next tile is issued.
+//   v11 v10's tiles and wgmma, in the CUTLASS sm90 warp-specialized / FlashAttention-3
+//       design: a producer warpgroup (one thread) copies tiles with TMA (tensor maps from the
+//       host) through a 4-stage mbarrier ring; two consumer warpgroups only issue wgmma;
+//       setmaxnreg moves registers from the producer to the consumers; persistent blocks
+//       (one per SM) walk the output tiles in grouped order and the producer runs ahead
+//       across tile boundaries, so the next tile's operands land during an epilogue. A
+//       128x128 form (6 stages) serves grids too small to fill the GPU with 128x256 tiles.
+//       Details in the v11 section below.
 //
 // Why wgmma (napkin math): an H100 SXM has ~990 TFLOP/s of dense bf16 on paper; mma.sync
 // (v8/v9) is issued warp by warp from registers fed by ldmatrix, and v9 reaches 272. wgmma
@@ -87,6 +95,8 @@
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
+
+#include "mbarrier.cuh"
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "matmul_sm90.cu uses wgmma: compile it for sm_90a (Module(..., archs=(\"sm_90a\",)))"
@@ -329,4 +339,297 @@ extern "C" __global__ void __launch_bounds__(V10_THREADS, 1)
     matmul_v10_f16(const __half* __restrict__ A, const __half* __restrict__ B, __half* __restrict__ C, int M,
                    int N, int K) {
     v10_body<__half, false>(A, B, C, M, N, K);
+}
+
+// ======================================================================================= v11
+//
+// v11: v10's MMAs (m64nBNk16 from the same 128-byte-swizzled tiles, the same descriptors),
+// fed the way CUTLASS's sm90 warp-specialized kernels and FlashAttention-3 feed them.
+//
+// What holds v10 back (71-77% of cuBLAS): all 256 threads both copy and compute. Per k-tile
+// each thread issues 24 cp.async with their address and bounds arithmetic, and a
+// __syncthreads ties the two warpgroups together every k-tile, so a late warp stalls both
+// and the tensor cores idle while the copies are issued. Each block also fills its pipeline
+// from empty and drains it for its epilogue (one block per output tile).
+//
+// Block: 384 threads = producer warpgroup (threads 0..127) + two consumer warpgroups
+// (128..383; consumer cw owns rows 64cw..64cw+63 of the 128-row tile, all BN columns).
+//   producer  setmaxnreg.dec 40; one thread issues per k-tile one TMA box of A (64 k x 128
+//             m = the 16 KB A tile) and BN/64 boxes of B (64 n x 64 k = one 8 KB slab each),
+//             after an mbarrier.arrive.expect_tx of the stage's bytes on the stage's full
+//             barrier. The tensor maps carry the 128-byte swizzle, so the boxes land exactly
+//             in v10's layouts (a box's rows are 128 bytes, written row-major from a
+//             1024-aligned address and swizzled on address bits: chunk c of row r at c ^ (r % 8)).
+//             Out-of-bounds elements (M, N, K edges, the batch's end) arrive as zeros and
+//             still count toward the transaction bytes: no edge case in the kernel.
+//   consumers setmaxnreg.inc 232 (128 x 40 + 256 x 232 = 64512 = 384 x 168, the registers the
+//             block is launched with); per k-tile: wait for the stage's full barrier, wgmma.fence,
+//             4 x wgmma (k16 steps), commit, wgmma.wait_group 1 (the previous k-tile's group
+//             is done, this one runs on), then each warp releases the previous k-tile's stage
+//             (one arrival per warp on its empty barrier, count 8).
+//
+// Ordering (why no fence.proxy.async in the main loop): TMA writes shared memory through the
+// async proxy and wgmma reads it through the async proxy; the full barrier's transaction
+// count completes only once the bytes are written, and a consumer's try_wait on it acquires
+// them. In the other direction, a stage is released only after wgmma.wait_group says the
+// MMAs reading it are complete, and the producer waits on that empty barrier before the next
+// TMA overwrites it. wgmma.fence orders the accumulator registers (zeroed by ordinary
+// instructions at the start of each tile) before the first wgmma that reads them.
+//
+// Phases (the mbarrier parity bookkeeping): the producer and both consumers walk the same
+// sequence of (tile, k-tile) pairs, counted by one running index `it` that does not restart
+// at tile boundaries. Stage s = it % S is used by it = s, s + S, s + 2S, ...; use number
+// r = it / S completes phase r of full[s] (parity r & 1) once its bytes land, and phase r of
+// empty[s] once the 8 consumer warps released it. So consumers wait full[s] with parity
+// (it / S) & 1, and the producer, before reusing stage s for it >= S, waits empty[s] with
+// parity (it / S - 1) & 1. Every use is released exactly once (k-tiles 0..n-2 inside the
+// loop, the last after wait_group 0), so the counts never drift across tiles.
+//
+// Persistent schedule: grid = min(SMs, tiles); block b takes tiles b, b + grid, ... of the
+// batch-major, grouped order (tile t: batch t / per_batch, then v10's GROUP_M = 8 raster:
+// 8 row-tiles share each sweep over N, so the ~132 blocks at work at once read a few row
+// panels of A and column panels of B from L2). The producer starts the next tile's k-tiles
+// as soon as stages free up, so the next tile's first S k-tiles land during the epilogue.
+//
+// Napkin math (H100 SXM, bf16, 128x256 tiles): a k-tile is 128 x 256 x 64 x 2 = 4.2 MFLOP,
+// ~1000 cycles at ~4096 dense FLOP per cycle per SM, against 48 KB of TMA traffic (5 copy
+// instructions from one thread instead of 6144 cp.async). At 4096^3 a tile is 64 k-tiles
+// (~65k cycles); its epilogue (64 two-element stores per consumer thread, 64 KB per tile)
+// is a few percent and overlaps the producer's loads of the next tile. Shared memory: 4
+// stages x 48 KB + 1 KB alignment = 193 KB of 227. 128x128 tiles (BN = 128): 6 stages x 32 KB.
+//
+// Epilogue: fp32 -> 16-bit from the accumulator fragment straight to global memory (v10's,
+// bounds-checked per row and per column pair), then the next tile's accumulators are zeroed.
+//
+// Contract: A [batch, M, K], B [batch, K, N], C [batch, M, N] contiguous, fp16 or bf16,
+// M, N, K >= 1, K % 8 == 0 and N % 8 == 0 (row strides of whole 16-byte units, what TMA
+// requires), 16-byte aligned bases: the launcher (cuda.py, _launch_v11) pads or copies
+// otherwise, returns zeros for K = 0, and builds the tensor maps: A dims (K, M, batch), box
+// (64, 128, 1); B dims (N, K, batch), box (64, 64, 1); both 128-byte swizzled.
+
+// A CUtensorMap (cuda.h's, 128 bytes, 64-byte aligned; the same struct as attention_sm90.cu's):
+// built on the host by cuTensorMapEncodeTiled and passed by value as a __grid_constant__
+// kernel parameter, which TMA instructions address directly.
+struct alignas(64) TensorMap {
+    unsigned long long opaque[16];
+};
+
+#define V11_BM 128
+#define V11_BK 64
+#define V11_THREADS 384
+#define V11_GROUP_M 8
+
+template <int BN>
+struct V11Tile {
+    static constexpr int STAGES = BN == 256 ? 4 : 6;
+    static constexpr int SLABS = BN / 64;                     // 64-column slabs of the B tile
+    static constexpr unsigned A_BYTES = V11_BM * V11_BK * 2;  // 16 KB
+    static constexpr unsigned SLAB_BYTES = V11_BK * 64 * 2;   // 8 KB: 64 k-rows x 128 bytes
+    static constexpr unsigned B_BYTES = SLABS * SLAB_BYTES;   // 32 KB (BN = 256), 16 KB (128)
+    static constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
+    static constexpr unsigned SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + room to align the base
+    static_assert(BN == 256 || BN == 128, "v11 tiles are 128x256 or 128x128");
+    static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0, "stages must keep 1024-B alignment");
+    static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block may have");
+};
+
+// The launcher passes the dynamic shared memory the tile needs (cuda.py, DYN_SHARED); a block
+// given less traps rather than write past it.
+__device__ __forceinline__ void v11_check_smem(unsigned need) {
+    unsigned have;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(have));
+    if (have < need) __trap();
+}
+
+// Box (c0, c1, c2) (innermost first) of a 3-D tensor map into shared memory at dst, completing
+// `bar` with the box's bytes (TMA; zeros where the box leaves the tensor).
+__device__ __forceinline__ void v11_tma_load_3d(unsigned dst, const TensorMap* map, unsigned bar, int c0, int c1,
+                                                int c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], "
+        "[%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+
+#define V11_REGS64                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, "             \
+    "%8, %9, %10, %11, %12, %13, %14, %15, "        \
+    "%16, %17, %18, %19, %20, %21, %22, %23, "      \
+    "%24, %25, %26, %27, %28, %29, %30, %31, "      \
+    "%32, %33, %34, %35, %36, %37, %38, %39, "      \
+    "%40, %41, %42, %43, %44, %45, %46, %47, "      \
+    "%48, %49, %50, %51, %52, %53, %54, %55, "      \
+    "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define V11_D64 V10_D8(0), V10_D8(8), V10_D8(16), V10_D8(24), V10_D8(32), V10_D8(40), V10_D8(48), V10_D8(56)
+
+// D[64x128] += A[64x16] (K-major) * B[16x128] (N-major): v10_wgmma_m64n256k16 at N = 128.
+template <bool BF16>
+__device__ __forceinline__ void v11_wgmma_m64n128k16(float (&d)[64], unsigned long long da, unsigned long long db) {
+    if (BF16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " V11_REGS64
+            ", %64, %65, p, 1, 1, 0, 1;\n}\n"
+            : V11_D64
+            : "l"(da), "l"(db), "r"(1));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " V11_REGS64
+            ", %64, %65, p, 1, 1, 0, 1;\n}\n"
+            : V11_D64
+            : "l"(da), "l"(db), "r"(1));
+    }
+}
+
+template <int BN, bool BF16>
+__device__ __forceinline__ void v11_wgmma(float (&d)[BN / 2], unsigned long long da, unsigned long long db) {
+    if constexpr (BN == 256)
+        v10_wgmma_m64n256k16<BF16>(d, da, db);
+    else
+        v11_wgmma_m64n128k16<BF16>(d, da, db);
+}
+
+// The persistent schedule: output tile t -> (m0, n0, batch), batch-major, grouped raster
+// inside a batch (see the v11 header).
+template <int BN>
+struct V11Sched {
+    int tiles_m, tiles_n, per_batch, total;
+    __device__ __forceinline__ V11Sched(int M, int N, int batch) {
+        tiles_m = (M + V11_BM - 1) / V11_BM;
+        tiles_n = (N + BN - 1) / BN;
+        per_batch = tiles_m * tiles_n;
+        total = per_batch * batch;  // the launcher keeps it below 2^31
+    }
+    __device__ __forceinline__ void tile(int t, int& m0, int& n0, int& z) const {
+        z = t / per_batch;
+        const int r = t - z * per_batch;
+        const int per_group = V11_GROUP_M * tiles_n;
+        const int first_m = (r / per_group) * V11_GROUP_M;
+        const int group_m = min(tiles_m - first_m, V11_GROUP_M);
+        const int in = r - (r / per_group) * per_group;
+        m0 = (first_m + in % group_m) * V11_BM;
+        n0 = (in / group_m) * BN;
+    }
+};
+
+template <typename T, bool BF16, int BN>
+__device__ __forceinline__ void v11_body(const TensorMap* ta, const TensorMap* tb, T* __restrict__ C, int M, int N,
+                                         int K, int batch) {
+    using Tile = V11Tile<BN>;
+    constexpr int S = Tile::STAGES;
+    extern __shared__ __align__(1024) unsigned char v11_smem[];
+    __shared__ __align__(8) unsigned long long v11_bars[2 * S];  // full[0..S), empty[0..S)
+    v11_check_smem(Tile::SMEM_BYTES);
+    const unsigned smem0 = (v10_smem_u32(v11_smem) + 1023u) & ~1023u;
+    const unsigned full0 = v10_smem_u32(&v11_bars[0]), empty0 = v10_smem_u32(&v11_bars[S]);
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(full0 + 8 * s, 1);   // the producer's arrive.expect_tx (+ the bytes)
+            mbar_init(empty0 + 8 * s, 8);  // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    const V11Sched<BN> sched(M, N, batch);
+    const int ktiles = (K + V11_BK - 1) / V11_BK;
+
+    if (tid < 128) {  // producer warpgroup: one thread issues every copy, the rest retire
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) {
+            // the maps' descriptors into the TMA unit's cache before the first copy needs them
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(ta)) : "memory");
+            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(tb)) : "memory");
+            int it = 0;
+            for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+                int m0, n0, z;
+                sched.tile(t, m0, n0, z);
+                for (int kt = 0; kt < ktiles; ++kt, ++it) {
+                    const int s = it % S;
+                    if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // use it - S released
+                    const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
+                    mbar_expect_tx(bar, Tile::STAGE_BYTES);
+                    v11_tma_load_3d(st, ta, bar, kt * V11_BK, m0, z);
+#pragma unroll
+                    for (int j = 0; j < Tile::SLABS; ++j)
+                        v11_tma_load_3d(st + Tile::A_BYTES + j * Tile::SLAB_BYTES, tb, bar, n0 + 64 * j, kt * V11_BK,
+                                        z);
+                }
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+
+    const int cw = tid / 128 - 1;  // consumer warpgroup: rows 64cw .. 64cw+63 of the tile
+    const int warp = (tid % 128) / 32, lane = tid % 32;
+    const int g = lane / 4, q = lane % 4;
+    auto release = [&](int used) {  // this warp is done with the stage of k-tile `used`
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * (used % S));
+    };
+    float acc[BN / 2];
+    int it = 0;
+    for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+        int m0, n0, z;
+        sched.tile(t, m0, n0, z);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+            const int s = it % S;
+            mbar_wait(full0 + 8 * s, (it / S) & 1);
+            const unsigned sa = smem0 + s * Tile::STAGE_BYTES + cw * 64 * 128;
+            const unsigned sb = smem0 + s * Tile::STAGE_BYTES + Tile::A_BYTES;
+            v10_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < V11_BK / 16; ++kk) {
+                const unsigned long long da = v10_desc(sa + kk * 32, 16, 1024);
+                const unsigned long long db = v10_desc(sb + kk * 16 * 128, Tile::SLAB_BYTES, 1024);
+                v11_wgmma<BN, BF16>(acc, da, db);
+            }
+            v10_wgmma_commit();
+            v10_wgmma_wait<1>();  // k-tile it-1's MMAs are complete: its stage may be refilled
+            if (kt > 0) release(it - 1);
+        }
+        v10_wgmma_wait<0>();
+        if (ktiles > 0) release(it - 1);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) v10_fence_operand(acc[i]);
+
+        // Epilogue (v10's): 2 adjacent columns per store; N % 8 == 0 and col is even, so
+        // col < N implies col + 1 < N.
+        T* Cz = C + (long long)z * M * N;
+        const int row0 = m0 + cw * 64 + warp * 16 + g;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+            const int col = n0 + j * 8 + 2 * q;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = row0 + 8 * h;
+                if (row < M && col < N)
+                    v10_store2(Cz + (long long)row * N + col, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+        }
+    }
+}
+
+#define V11_ARGS(T)                                                                                         \
+    const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb, T *__restrict__ C, int M, int N, \
+        int K, int batch
+
+// 128x256 tiles (the default) and 128x128 tiles (small grids; cuda.py, v11_block_n).
+extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v11_bf16(V11_ARGS(__nv_bfloat16)) {
+    v11_body<__nv_bfloat16, true, 256>(&ta, &tb, C, M, N, K, batch);
+}
+extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v11_f16(V11_ARGS(__half)) {
+    v11_body<__half, false, 256>(&ta, &tb, C, M, N, K, batch);
+}
+extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v11_n128_bf16(V11_ARGS(__nv_bfloat16)) {
+    v11_body<__nv_bfloat16, true, 128>(&ta, &tb, C, M, N, K, batch);
+}
+extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v11_n128_f16(V11_ARGS(__half)) {
+    v11_body<__half, false, 128>(&ta, &tb, C, M, N, K, batch);
 }
