@@ -4,7 +4,7 @@ Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of ma
 ``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` and ``cuda_v11`` (Hopper
 wgmma, fp16/bf16, matmul_sm90.cu, sm_90 GPUs only; v11 warp-specialized and persistent, its
 operands copied by TMA from tensor maps built here) and ``cuda`` (the best per dtype: v7 for
-fp32; for fp16/bf16 v10 on sm_90, v9 elsewhere). The kernels take contiguous row-major
+fp32; for fp16/bf16 v11 on sm_90, v9 elsewhere). The kernels take contiguous row-major
 operands: strided inputs (transposed, sliced, expanded) are packed with ``.contiguous()``
 first, which costs a copy but computes correctly; the backward calls the same kernels on
 transposed (hence packed) views. v1-v7 on grids smaller than the GPU split K into 4-16 slices
@@ -103,8 +103,9 @@ DYN_SHARED = {
 }
 # The module of each variant that is not in matmul.cu.
 MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90}
-# The best variant per dtype (v9 is faster than v8 in bf16; v10 where the GPU has wgmma,
-# see _best_fwd).
+# The best variant per dtype (v9 is faster than v8 in bf16; v11 where the GPU has wgmma,
+# see _best_fwd: 0.65-0.97x cuBLAS on an H200 where v10 gave 0.31-0.76x, at every shape of
+# lab/gpu_mm_v11.py).
 BEST = {torch.float32: "v7", torch.float16: "v9", torch.bfloat16: "v9"}
 
 
@@ -313,7 +314,7 @@ def _make_fwd(variant: str):
 def _best_fwd(a, b, bias=None, activation=None):
     variant = BEST[a.dtype]
     if a.dtype != torch.float32 and a.is_cuda and is_sm90(_device_index(a)):
-        variant = "v10"  # Hopper: wgmma
+        variant = "v11"  # Hopper: TMA, warp-specialized wgmma
     return _make_fwd(variant)(a, b, bias, activation)
 
 
@@ -340,5 +341,5 @@ for _v, (_g, _b, _hv, _dt, _desc) in VARIANTS.items():
     else:
         _register(f"cuda_{_v}", _make_fwd(_v), _dt, _desc)
 _register(
-    "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 fp32; v10 wgmma on sm_90, else v9, fp16/bf16)"
+    "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 fp32; v11 wgmma on sm_90, else v9, fp16/bf16)"
 )
