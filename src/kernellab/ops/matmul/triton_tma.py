@@ -42,6 +42,22 @@ from kernellab.triton_support import torch_scratch_alloc as _torch_alloc  # noqa
 
 
 @triton_support.jit
+def _tile_ab(a_desc, b_desc, off_m, off_n, kk, A_T: tl.constexpr, B_T: tl.constexpr):
+    # The A [BLOCK_M, BLOCK_K] and B [BLOCK_K, BLOCK_N] tiles at (off_m, kk) and (kk, off_n),
+    # zero-filled past the edges; a transposed operand is loaded as stored and transposed
+    # as a shared-memory view (wgmma reads either major order).
+    if A_T:
+        a = a_desc.load([kk, off_m]).T
+    else:
+        a = a_desc.load([off_m, kk])
+    if B_T:
+        b = b_desc.load([off_n, kk]).T
+    else:
+        b = b_desc.load([kk, off_n])
+    return a, b
+
+
+@triton_support.jit
 def _matmul_tma_kernel(
     a_ptr,  # [Bt, M, K] contiguous; with A_T, [Bt, K, M] (a is that tensor's transposed view)
     b_ptr,  # [Bt, K, N] contiguous; with B_T, [Bt, N, K] (b = weight.t() of an nn.Linear)
@@ -87,15 +103,7 @@ def _matmul_tma_kernel(
     k_last = tl.minimum(k_first + per, k_blocks)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(k_first, k_last):
-        kk = kb * BLOCK_K
-        if A_T:  # zero-filled past M and K; the transpose is a shared-memory view for wgmma
-            a = a_desc.load([kk, off_m]).T
-        else:
-            a = a_desc.load([off_m, kk])
-        if B_T:
-            b = b_desc.load([off_n, kk]).T
-        else:
-            b = b_desc.load([kk, off_n])
+        a, b = _tile_ab(a_desc, b_desc, off_m, off_n, kb * BLOCK_K, A_T, B_T)
         acc = tl.dot(a, b, acc)
     if PARTIAL:
         rm = off_m + tl.arange(0, BLOCK_M)
@@ -148,15 +156,7 @@ def _matmul_tma_persistent_kernel(
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kb in range(k_blocks):
-            kk = kb * BLOCK_K
-            if A_T:
-                a = a_desc.load([kk, off_m]).T
-            else:
-                a = a_desc.load([off_m, kk])
-            if B_T:
-                b = b_desc.load([off_n, kk]).T
-            else:
-                b = b_desc.load([kk, off_n])
+            a, b = _tile_ab(a_desc, b_desc, off_m, off_n, kb * BLOCK_K, A_T, B_T)
             acc = tl.dot(a, b, acc)
         acc = epilogue(acc, bias_ptr, off_n + tl.arange(0, BLOCK_N), N, HAS_BIAS, ACT)
         c_desc.store([off_m, off_n], acc.to(c_ptr.dtype.element_ty))
