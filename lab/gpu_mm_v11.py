@@ -1,15 +1,18 @@
-"""cuda_v11 (warp-specialized, persistent, TMA wgmma matmul) against cuBLAS and cuda_v10 on an H100/H200.
+"""cuda_v11 and cuda_v12 (persistent TMA wgmma matmuls) against cuBLAS and cuda_v10 on an H100/H200.
 
     PYTHONPATH=src python lab/gpu_mm_v11.py --out $OUT [--max-seconds 200] [--cpu-dry-run]
 
-1. smoke: cuda_v11 with each tile width (128x256, 128x128) on small edge shapes first (one
-   exact tile, partial tiles, 1x8x8, a batch, padded K and N, several tiles per block), so a
-   fault shows up on a cheap, readable case before a big one;
-2. per case, smallest first: correctness of cuda_v11 (the launcher's tile width) against a
-   float64 reference (inputs upcast): max |out - ref|, the same for torch.matmul, their
-   ratio, the relative error max |out - ref| / max |ref| and the harness verdict (error <=
-   2x PyTorch's + a noise floor, NaN positions, every element written); then device time
-   of torch.matmul (cuBLAS), cuda_v10 and cuda_v11 (``kernellab.harness.timer.time_cuda``:
+1. smoke: cuda_v12 (ping-pong consumers: the newest, the likeliest to hang) first, then
+   cuda_v11 with each tile width (128x256, 128x128), on small edge shapes (one exact tile,
+   partial tiles, 1x8x8, a batch, padded K and N, blocks with 1, 2-3 and 3-4 tiles: odd and
+   even turn counts), so a fault or a barrier deadlock shows up on a cheap, readable case
+   before a big one;
+2. per case, smallest first: correctness of cuda_v12 and cuda_v11 (the launcher's tile
+   width) against a float64 reference (inputs upcast): max |out - ref|, the same for
+   torch.matmul, their ratio, the relative error max |out - ref| / max |ref| and the harness
+   verdict (error <= 2x PyTorch's + a noise floor, NaN positions, every element written);
+   then device time of torch.matmul (cuBLAS), cuda_v10, cuda_v11 and cuda_v12
+   (``kernellab.harness.timer.time_cuda``:
    CUDA events, L2 flushed before each call, median of a stable run), TFLOP/s = 2 M N K
    batch / time and the ratio to cuBLAS.
 Rows go to DIR/mm_v11.jsonl as they are measured (kind: smoke / check / time / error /
@@ -54,7 +57,13 @@ CASES = [
     ((32, 512, 512, 512), "fp16"),
 ]
 SMOKE = [(128, 256, 64), (129, 257, 65), (1, 8, 8), (2, 5, 600, 72), (1000, 1023, 997), (2048, 4096, 256)]
-BACKENDS = ["torch", "cuda_v10", "cuda_v11"]
+# v12's extra smoke shapes: 288 and 1024 128x128 tiles (blocks with 2-3 and 7-8 turns), a
+# long K inside one turn, one k-tile per turn
+SMOKE_V12 = SMOKE + [(2304, 2048, 64), (4096, 4096, 512), (64, 256, 8192), (3, 129, 65, 257)]
+# (backend, forced v11 tile width or None), in smoke order
+SMOKE_RUNS = [("cuda_v12", None), ("cuda_v11", 256), ("cuda_v11", 128)]
+CHECKED = ["cuda_v12", "cuda_v11"]
+BACKENDS = ["torch", "cuda_v10", "cuda_v11", "cuda_v12"]
 STICKY = ("illegal", "misaligned", "unspecified launch failure", "device-side", "launch timed out")
 T0 = time.perf_counter()
 
@@ -129,10 +138,11 @@ def fatal_if_sticky(e: BaseException) -> None:
 
 def product(backend: str, block_n: int | None = None):
     """A callable a, b -> a @ b of one backend (the registered callable, no argument checks;
-    ``block_n``: v11 with its tile width forced)."""
+    ``block_n``: v11 with its tile width forced; v12 has one width)."""
     if backend == "torch":
         return torch.matmul
     if block_n is not None:
+        assert backend == "cuda_v11", backend
         from kernellab.ops.matmul import cuda as mc
 
         def forced(a, b):
@@ -204,7 +214,13 @@ def main() -> int:
             gflop = flops(shape) / 1e9
             rows.add(kind="plan", shape=label(shape), dtype=dname, gflop=gflop, backends=BACKENDS)
             log(f"plan {dname} {label(shape):>18}  {gflop:9.1f} GFLOP  {', '.join(BACKENDS)}")
-        log(f"dry run: {len(cases)} cases, {len(SMOKE)} smoke shapes x 2 widths; wrote {out}")
+        for backend, bn in SMOKE_RUNS:
+            shapes = SMOKE_V12 if backend == "cuda_v12" else SMOKE
+            rows.add(kind="plan", smoke=[label(s) for s in shapes], backend=backend, block_n=bn)
+        log(
+            f"dry run: {len(cases)} cases; smoke: {len(SMOKE_V12)} shapes of cuda_v12, then {len(SMOKE)} of "
+            f"cuda_v11 x 2 widths; checked {', '.join(CHECKED)}; wrote {out}"
+        )
         return 0
     if not torch.cuda.is_available():
         print("no GPU: this script runs on a lent H100/H200 (--cpu-dry-run to test it here)")
@@ -218,9 +234,9 @@ def main() -> int:
     meta = {"gpu": gpu, **versions(), "git_sha": git_sha(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     rows = Rows(out, meta)
     log(f"{gpu} sm_{cap[0]}{cap[1]}  torch {torch.__version__}  sha {rows.meta['git_sha']}")
-    why = kernellab.registry.get("matmul", "cuda_v11").why_unavailable("cuda")
+    why = kernellab.registry.get("matmul", "cuda_v12").why_unavailable("cuda")
     if why:
-        log(f"cuda_v11 unavailable here: {why}")
+        log(f"cuda_v11/cuda_v12 unavailable here: {why}")
         rows.add(kind="stop", status=why)
         return 2
     ok, table = True, {}
@@ -229,35 +245,37 @@ def main() -> int:
         kernellab.registry.get("matmul", "cuda_v11").module.compile(f"sm_{cap[0]}{cap[1]}")
         log(f"compiled matmul_sm90.cu in {time.perf_counter() - t:.2f} s")
         if not args.no_smoke:
-            for shape in SMOKE:
-                for bn in (256, 128):
+            for backend, bn in SMOKE_RUNS:
+                for shape in SMOKE_V12 if backend == "cuda_v12" else SMOKE:
                     for dname in DTYPES:
                         try:
-                            extra = {"backend": "cuda_v11", "block_n": bn}
-                            fn = product("cuda_v11", bn)
+                            extra = {"backend": backend, "block_n": bn}
+                            fn = product(backend, bn)
                             ok &= check(rows, "smoke", shape, dname, fn, args.hang_seconds, extra)
                         except Fatal:
                             raise
                         except Exception as e:  # noqa: BLE001 - record and go on
                             ok = False
-                            log(f"smoke {dname} {label(shape)} bn={bn}: ERROR {type(e).__name__}: {e}")
-                            rows.add(kind="error", shape=label(shape), dtype=dname, block_n=bn,
-                                     status=repr(e))  # fmt: skip
+                            what = f"smoke {backend} {dname} {label(shape)} bn={bn}"
+                            log(f"{what}: ERROR {type(e).__name__}: {e}")
+                            rows.add(kind="error", shape=label(shape), dtype=dname, backend=backend,
+                                     block_n=bn, status=repr(e))  # fmt: skip
                             fatal_if_sticky(e)
         for shape, dname in cases:
             if out_of_time(rows, args.max_seconds, shape, dname):
                 break
-            try:
-                ok &= check(rows, "check", shape, dname, product("cuda_v11"), args.hang_seconds,
-                            {"backend": "cuda_v11"})  # fmt: skip
-            except Fatal:
-                raise
-            except Exception as e:  # noqa: BLE001
-                ok = False
-                log(f"check {dname} {label(shape)}: ERROR {type(e).__name__}: {e}")
-                traceback.print_exc(limit=3)
-                rows.add(kind="error", shape=label(shape), dtype=dname, backend="cuda_v11", status=repr(e))
-                fatal_if_sticky(e)
+            for backend in CHECKED:
+                try:
+                    ok &= check(rows, "check", shape, dname, product(backend), args.hang_seconds,
+                                {"backend": backend})  # fmt: skip
+                except Fatal:
+                    raise
+                except Exception as e:  # noqa: BLE001
+                    ok = False
+                    log(f"check {backend} {dname} {label(shape)}: ERROR {type(e).__name__}: {e}")
+                    traceback.print_exc(limit=3)
+                    rows.add(kind="error", shape=label(shape), dtype=dname, backend=backend, status=repr(e))
+                    fatal_if_sticky(e)
             for backend in BACKENDS:
                 try:
                     ms, tf = time_one(rows, shape, dname, backend, args.hang_seconds)

@@ -15,7 +15,7 @@ from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
 
 SPEC = kernellab.get_spec("matmul")
 CPU_BACKENDS = cpu_backends("matmul")  # manual, torch, triton (interpreter); compile on its own
-CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 12)] + ["cuda"]
+CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 13)] + ["cuda"]
 SHAPES = [(1, 1, 1), (0, 5, 7), (33, 17, 0), (17, 33, 65), (64, 48, 80), (127, 129, 63), (2, 9, 15, 31)]
 
 
@@ -586,7 +586,9 @@ def test_v10_v11_descriptors_read_what_the_copies_wrote():
         return _sw128(base + a_bytes + (n // 64) * 8192 + kr * 128 + 2 * (n % 64))
 
     for kk in range(4):
-        for cw in (0, 1):  # v11_body: v10_desc(sa + kk * 32, 16, 1024), sa = stage + cw * 64 * 128
+        # v11_body: v10_desc(sa + kk * 32, 16, 1024), sa = stage + cw * 64 * 128 (consumer warpgroup cw);
+        # v12_body: the same with row half h for cw (one warpgroup reads both halves)
+        for cw in (0, 1):
             start, sbo = base + cw * 64 * 128 + kk * 32, 1024
             for m in range(64):
                 for k in range(16):
@@ -807,6 +809,315 @@ def test_v11_tile_width_choice():
     assert mc.v11_block_n(1000, 5000, 1, 132) == 128  # 160 wide (2 waves: 4) against 320 narrow (3: 3.3)
 
 
+def test_asm_v12_shows_tma_mbarriers_turns_and_the_register_split():
+    """v12's kernels: v11's TMA producer and mbarrier ring (bulk tensor copies completing
+    transaction bytes, parity waits, setmaxnreg 40 / 232 and exactly 168 registers: the pool
+    setmaxnreg redistributes), two m64n128k16 MMAs per k16 step (a 128x128 tile per
+    warpgroup), one MMA group in flight; the ping-pong turns as named barriers 1 and 2 of
+    256 threads: one bar.sync per turn and two bar.arrive sites (the first turn's, the
+    hand-over), besides the one __syncthreads after the barriers' init; no spills."""
+    import re
+
+    for sfx, ty in (("bf16", "bf16"), ("f16", "f16")):
+        (k,) = _ptx_of("cuda_v12", sfx)
+        assert k.name == f"matmul_v12_{sfx}"
+        assert f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{ty}.{ty}" in k.ptx
+        assert "m64n256k16" not in k.ptx
+        assert "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes" in k.ptx
+        assert "mbarrier.arrive.expect_tx" in k.ptx and "mbarrier.try_wait.parity" in k.ptx
+        assert "setmaxnreg.dec.sync.aligned.u32 40" in k.ptx
+        assert "setmaxnreg.inc.sync.aligned.u32 232" in k.ptx
+        assert "wgmma.wait_group.sync.aligned 1" in k.ptx and "wgmma.wait_group.sync.aligned 0" in k.ptx
+        assert "cp.async.cg" not in k.ptx
+        syncs = re.findall(r"\bbar\.sync\s+([^;]*);", k.ptx)
+        arrives = re.findall(r"\bbar\.arrive\s+([^;]*);", k.ptx)
+        assert [s.strip() for s in syncs if "," not in s] == ["0"]  # __syncthreads, once
+        turns = [s for s in syncs if "," in s]
+        assert len(turns) == 1 and turns[0].replace(" ", "").endswith(",256"), syncs
+        assert len(arrives) == 2 and all(a.replace(" ", "").endswith(",256") for a in arrives), arrives
+        assert (k.local_bytes or 0) == 0 and (k.stack_bytes or 0) == 0
+        if k.registers is not None:
+            assert k.registers == 168, (k.name, k.registers)
+        if k.sass:
+            assert "HGMMA.64x128x16.F32" in k.sass and "tnspB" in k.sass and "UTMALDG.3D" in k.sass
+            assert "HGMMA.64x256x16" not in k.sass
+            # the eight MMAs of a k-tile (4 k16 steps x 2 row halves) issue back to back
+            assert k.sass.count("WARPGROUP.ARRIVE") == 1, k.name
+            assert "BAR.ARV" in k.sass and re.search(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0x100", k.sass)
+
+
+def test_v12_launch_signature_matches_the_kernels_parameters():
+    """v11's parameters: two tensor maps by value, C, M, N, K, the batch."""
+    from kernellab.cuda.runtime import check_signature, nvrtc_unavailable, ptx_param_sizes
+    from kernellab.ops.matmul import cuda as mc
+
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    ptx = mc.MODULE_SM90.compile("sm_90", target="ptx").decode()
+    for sfx in ("bf16", "f16"):
+        name = f"matmul_v12_{sfx}"
+        check_signature(name, mc.V12_SIGNATURE, ptx_param_sizes(ptx, name))
+        assert ptx_param_sizes(ptx, name) == [128, 128, 8, 4, 4, 4, 4]
+
+
+def _v12_block_tiles(b, grid, total):
+    """v12_body: the block's tile count, and turn i -> (tile, warpgroup)."""
+    n = (total - b + grid - 1) // grid if b < total else 0
+    return n, [(b + i * grid, i % 2) for i in range(n)]
+
+
+@pytest.mark.parametrize("shape", [(1, 8, 8), (1000, 1024, 1), (1664, 4096, 1), (300, 520, 5), (4096, 64, 2)])
+def test_v12_warpgroups_split_each_blocks_tiles(shape):
+    """Each 128x128 output tile is computed once: by one block (v11's persistent schedule at
+    width 128), and inside it by one warpgroup (turn i by warpgroup i % 2), in the order the
+    producer loads the block's tiles (the same t = b, b + grid, ... walk); the tile count in
+    v12_body agrees with the producer's loop."""
+    m, n, bt = shape
+    total = bt * -(-m // 128) * -(-n // 128)
+    for grid in {min(132, total), min(7, total), 1}:
+        owner = {}
+        for b in range(grid):
+            count, turns = _v12_block_tiles(b, grid, total)
+            assert [t for t, _ in turns] == list(range(b, total, grid))  # the producer's order
+            assert count == len(range(b, total, grid))
+            for i, (t, wg) in enumerate(turns):
+                assert t not in owner
+                owner[t] = (b, wg)
+                assert wg == i % 2
+            wgs = [wg for _, wg in turns]
+            assert wgs.count(0) - wgs.count(1) in (0, 1)  # warpgroup 0 takes the odd one out
+        assert sorted(owner) == list(range(total))
+        assert {_v11_tile(t, m, n, 128) for t in owner} == {
+            (i * 128, j * 128, z) for z in range(bt) for i in range(-(-m // 128)) for j in range(-(-n // 128))
+        }
+
+
+def _v12_pipeline(n_tiles, ktiles, stages, rng, bug=None):
+    """v12_body's protocol, run by a random scheduler: one producer thread (v11's), two
+    consumer warpgroups of 4 warps each that take the block's tiles in turns, TMA copies that
+    land at random later moments. The mbarriers are _v11_pipeline's model; the two named
+    barriers (PP_BAR + w: warpgroup w's turn) count threads: bar.arrive adds a warp's 32,
+    bar.sync adds 32 and waits until the phase it joined completes at 256. Checks: every read
+    sees its own k-tile's data (so no parity wait is fooled by a stage two phases behind),
+    no copy overwrites a stage its reader has not released, a warpgroup starts turn i only
+    after all the other's warps issued turn i-1, every barrier phase has a waiter (none is
+    completed by arrivals alone), nothing deadlocks, and at exit every barrier is back to
+    empty (no phase left half full). ``bug`` injects one mistake (the test shows each one
+    fails): "no_turns", "extra_arrive", "no_first_arrive", "empty_count_8", "arrive_early"."""
+
+    class Bar:
+        def __init__(self, count):
+            self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+        def arrive(self, tx=0):
+            self.pending -= 1
+            self.tx += tx
+            self._maybe_complete()
+
+        def complete_tx(self, nbytes):
+            self.tx -= nbytes
+            self._maybe_complete()
+
+        def _maybe_complete(self):
+            if self.pending == 0 and self.tx == 0:
+                self.phase += 1
+                self.pending = self.count
+
+        def try_wait(self, parity):
+            return (self.phase & 1) != parity
+
+    class Named:
+        def __init__(self, count=256):
+            self.count, self.arrived, self.syncers, self.phase = count, 0, 0, 0
+
+        def _add(self, n, sync):
+            self.arrived += n
+            self.syncers += sync
+            assert self.arrived <= self.count
+            if self.arrived == self.count:
+                assert self.syncers, "a named barrier phase completed by bar.arrive alone"
+                self.phase, self.arrived, self.syncers = self.phase + 1, 0, 0
+
+        def arrive(self):
+            self._add(32, 0)
+
+        def sync(self):
+            ph = self.phase
+            self._add(32, 1)
+            while self.phase == ph:
+                yield
+
+    warps_per_wg = 4
+    full = [Bar(1) for _ in range(stages)]
+    empty = [Bar(2 * warps_per_wg if bug == "empty_count_8" else warps_per_wg) for _ in range(stages)]
+    turn = [Named(), Named()]
+    data = [None] * stages
+    holders = [set() for _ in range(stages)]
+    landing = []
+    issued = {}  # (wg, warp) -> the last turn whose MMAs it has issued
+    total = n_tiles * ktiles
+
+    def producer():
+        for it in range(total):
+            s = it % stages
+            if it >= stages:
+                while not empty[s].try_wait((it // stages - 1) & 1):
+                    yield
+            assert not holders[s], f"stage {s} refilled for k-tile {it} while warps {holders[s]} hold it"
+            full[s].arrive(tx=2)
+            landing.extend([(s, it, "a"), (s, it, "b")])
+            yield
+
+    def consumer(wg, warp):
+        me, other = turn[wg], turn[1 - wg]
+        w = (wg, warp)
+
+        def release(used):
+            p = used % stages
+            holders[p].discard(w)
+            empty[p].arrive()
+
+        if wg == 1 and n_tiles > 0 and bug not in ("no_first_arrive", "no_turns"):
+            other.arrive()  # warpgroup 0 goes first
+        for i in range(wg, n_tiles, 2):
+            if bug != "no_turns":
+                yield from me.sync()
+            if i > 0 and bug != "no_turns":
+                late = [v for (g, v), last in issued.items() if g != wg and last < i - 1]
+                late += [v for v in range(warps_per_wg) if (1 - wg, v) not in issued]
+                assert not late, f"warpgroup {wg} started turn {i} before warps {late} issued turn {i - 1}"
+            it = i * ktiles
+            for kt in range(ktiles):
+                s = it % stages
+                while not full[s].try_wait((it // stages) & 1):
+                    yield
+                assert data[s] == (it, it), (
+                    f"warpgroup {wg} warp {warp} k-tile {it}: stage {s} holds {data[s]}"
+                )
+                holders[s].add(w)
+                if bug == "arrive_early" and kt == 0 and i + 1 < n_tiles:
+                    other.arrive()  # handing the turn over before the tile's MMAs are all issued
+                yield  # wgmma issued; wait_group 1: the previous k-tile's MMAs are done
+                if kt > 0:
+                    release(it - 1)
+                it += 1
+            issued[w] = i
+            if (i + 1 < n_tiles or bug == "extra_arrive") and bug != "arrive_early" and bug != "no_turns":
+                other.arrive()
+            yield  # wait_group 0
+            if ktiles:
+                release(it - 1)
+            yield  # epilogue
+
+    agents = [producer()] + [consumer(g, v) for g in (0, 1) for v in range(warps_per_wg)]
+    live, steps = list(agents), 0
+    while live or landing:
+        steps += 1
+        assert steps < 200_000, "deadlock or livelock"
+        if landing and (not live or rng.random() < 0.3):
+            s, it, part = landing.pop(rng.randrange(len(landing)))
+            assert not holders[s], f"copy into stage {s} landed while warps {holders[s]} hold it"
+            old = data[s] if data[s] is not None else (None, None)
+            data[s] = (it, old[1]) if part == "a" else (old[0], it)
+            full[s].complete_tx(1)
+            continue
+        ag = live[rng.randrange(len(live))]
+        try:
+            next(ag)
+        except StopIteration:
+            live.remove(ag)
+    for t in turn:
+        assert t.arrived == 0 and t.syncers == 0, "a named barrier phase left half full at exit"
+    assert all(b.pending == b.count and b.tx == 0 for b in full + empty)
+    return steps
+
+
+@pytest.mark.parametrize(
+    "n_tiles,ktiles", [(0, 3), (1, 1), (1, 3), (2, 1), (3, 1), (3, 4), (4, 2), (5, 7), (2, 13)]
+)
+@pytest.mark.parametrize("stages", [4, 6])
+def test_v12_turns_and_mbarrier_phases_across_persistent_tiles(n_tiles, ktiles, stages):
+    """Odd and even tile counts per block (warpgroup 1 with no tile at 1, with one fewer at
+    3 and 5), tiles shorter and longer than the ring."""
+    import random
+
+    for seed in range(20):
+        _v12_pipeline(n_tiles, ktiles, stages, random.Random(seed))
+
+
+@pytest.mark.parametrize(
+    "bug,n_tiles,ktiles",
+    [
+        ("no_turns", 6, 5),  # warpgroup 1 parity-waits on a stage still (or not yet) filled for turn 0
+        ("extra_arrive", 3, 2),  # an arrival with no turn to follow: left half full at exit
+        ("extra_arrive", 2, 2),
+        ("no_first_arrive", 2, 2),  # nobody starts: deadlock
+        ("empty_count_8", 3, 5),  # both warpgroups' releases expected, one comes: deadlock
+        ("arrive_early", 4, 3),  # the next turn starts while this one still issues
+    ],
+)
+def test_v12_pipeline_model_catches_protocol_mistakes(bug, n_tiles, ktiles):
+    """The model above is strict enough: each injected mistake fails on some seed."""
+    import random
+
+    failed = 0
+    for seed in range(40):
+        try:
+            _v12_pipeline(n_tiles, ktiles, 4, random.Random(seed), bug=bug)
+        except AssertionError:
+            failed += 1
+    assert failed, f"the model did not notice {bug}"
+
+
+def test_v12_launcher_maps_grid_and_padding(monkeypatch):
+    """v12's launcher: v11's padding and tensor maps (its k-tiles are v11's 128x128 ones), a
+    persistent grid of min(SMs, 128x128 tiles) blocks of 384 threads, the 6-stage shared
+    memory, K = 0 answered without a launch, batches past the grid's z limit accepted."""
+    from kernellab.ops.matmul import cuda as mc
+
+    rec = _V11Recorder()
+
+    def kernel(name, signature, device_index=None):
+        assert signature == mc.V12_SIGNATURE
+        rec.names.append(name)
+        return rec
+
+    monkeypatch.setattr(mc.MODULE_SM90, "kernel", kernel)
+    monkeypatch.setattr(mc, "tensor_map", lambda *a: ("map",) + a)
+    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
+    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    gen = torch.Generator().manual_seed(2)
+    for shape, (bt, m, kp, np8), dtype in (
+        ((4096, 4096, 4096), (1, 4096, 4096, 4096), torch.bfloat16),  # 1024 tiles: ~7.8 per block
+        ((128, 14336, 4096), (1, 128, 4096, 14336), torch.float16),
+        ((1000, 1023, 997), (1, 1000, 1000, 1024), torch.bfloat16),
+        ((3, 129, 65, 257), (3, 129, 264, 72), torch.float16),
+    ):
+        *batch, mm_, n, k = shape
+        a = torch.randn(*batch, mm_, k, generator=gen).to(dtype)
+        b = torch.randn(*batch, k, n, generator=gen).to(dtype)
+        rec.calls.clear()
+        rec.names.clear()
+        out = mc._product("v12", a, b)
+        assert out.shape == (*batch, mm_, n) and out.dtype == dtype
+        ((grid, block, args, shared),) = rec.calls
+        tiles = bt * -(-m // 128) * -(-np8 // 128)
+        assert rec.names == [f"matmul_v12_{'bf16' if dtype == torch.bfloat16 else 'f16'}"], shape
+        assert (grid, block, shared) == (min(132, tiles), 384, mc.DYN_SHARED["v12"])
+        ta, tb, c, *ints = args
+        assert ints == [m, np8, kp, bt] and c.shape == (bt, m, np8)
+        assert ta[0] == "map" and ta[2:] == (2, (kp, m, bt), (2 * kp, 2 * m * kp), (64, 128, 1), 128)
+        assert tb[0] == "map" and tb[2:] == (2, (np8, kp, bt), (2 * np8, 2 * kp * np8), (64, 64, 1), 128)
+    assert mc.DYN_SHARED["v12"] == mc.DYN_SHARED["v11_n128"] == 6 * 32 * 1024 + 1024
+    rec.calls.clear()
+    a, b = torch.randn(5, 0).to(torch.bfloat16), torch.randn(0, 9).to(torch.bfloat16)
+    out = mc._product("v12", a, b)
+    assert rec.calls == [] and torch.equal(out, torch.zeros(5, 9, dtype=torch.bfloat16))
+    a, b = torch.randn(70000, 1, 8).to(torch.bfloat16), torch.randn(70000, 8, 8).to(torch.bfloat16)
+    out = mc._product("v12", a, b)
+    assert rec.calls[-1][2][3:] == (1, 8, 8, 70000) and out.shape == (70000, 1, 8)
+
+
 def test_asm_alias_backend_shows_the_best_variant_per_dtype():
     names = {sfx: [k.name for k in _ptx_of("cuda", sfx)] for sfx in ("f32", "bf16")}
     assert names == {"f32": ["matmul_v7_f32"], "bf16": ["matmul_v9_bf16"]}
@@ -858,7 +1169,7 @@ def _gpu_dtypes(backend):
 @pytest.mark.parametrize("backend", CUDA_VARIANTS + ["triton", "triton_tma", "torch", "manual"])
 def test_gpu_forward_and_gradients(backend):
     why = kernellab.registry.get("matmul", backend).why_unavailable("cuda")
-    if backend in ("cuda_v10", "cuda_v11") and why:
+    if backend in ("cuda_v10", "cuda_v11", "cuda_v12") and why:
         pytest.skip(why)  # not sm_90
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # every side full fp32
@@ -984,6 +1295,45 @@ def test_gpu_v11_tile_edges_persistent_schedule_and_both_widths(dtype, block_n):
         y = mm.matmul(a, b, backend="cuda_v11")
         v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
         assert v.ok, f"{shape} (launcher's width): {v.detail}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_gpu_v12_tile_edges_and_ping_pong_turns(dtype):
+    """cuda_v12 (v11's ring, a 128x128 tile per consumer warpgroup, turns between them):
+    v11's edge shapes (TMA zero-fills every partial tile), then blocks with 1 tile (warpgroup
+    1 idle: 16, 72, 105 tiles), 2-3 (288 tiles: odd and even counts side by side on ~132
+    SMs), 3-4 (512) and 7-8 tiles (1024), one k-tile per tile (the turns hand over every few
+    hundred cycles), a long K (the ring wraps many times inside one turn), batches whose tiles
+    share a block and alternate between warpgroups."""
+    impl = kernellab.registry.get("matmul", "cuda_v12")
+    if impl.why_unavailable("cuda"):
+        pytest.skip(impl.why_unavailable("cuda"))
+    shapes = [
+        (128, 128, 64),
+        (128, 256, 64),
+        (129, 257, 65),
+        (127, 255, 63),
+        (1, 8, 8),
+        (33, 17, 0),
+        (64, 256, 8192),
+        (300, 1000, 8),
+        (1413, 768, 136),
+        (2, 5, 600, 72),
+        (1000, 1023, 997),
+        (3, 129, 65, 257),
+        (128, 2048, 1024),
+        (2304, 2048, 64),
+        (2048, 4096, 256),
+        (4096, 4096, 512),
+        (7, 300, 520, 200),
+        (40, 200, 136, 520),
+    ]
+    for i, shape in enumerate(shapes):
+        a, b = _inputs(shape, dtype, "cuda", seed=500 + i)
+        y = mm.matmul(a, b, backend="cuda_v12")
+        v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
+        assert v.ok, f"{shape}: {v.detail}"
 
 
 @pytest.mark.gpu

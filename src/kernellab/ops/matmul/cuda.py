@@ -1,14 +1,16 @@
 """Matmul in CUDA C++ (matmul.cu, compiled by NVRTC): launchers, custom ops, registrations.
 
 Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of matmul.cu),
-``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` and ``cuda_v11`` (Hopper
-wgmma, fp16/bf16, matmul_sm90.cu, sm_90 GPUs only; v11 warp-specialized and persistent, its
-operands copied by TMA from tensor maps built here) and ``cuda`` (the best per dtype: v7 for
-fp32; for fp16/bf16 v11 on sm_90, v9 elsewhere). The kernels take contiguous row-major
-operands: strided inputs (transposed, sliced, expanded) are packed with ``.contiguous()``
-first, which costs a copy but computes correctly; the backward calls the same kernels on
-transposed (hence packed) views. v1-v7 on grids smaller than the GPU split K into 4-16 slices
-(SPLIT_K_MIN below: accuracy against cuBLAS, and idle SMs get work).
+``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10``, ``cuda_v11`` and ``cuda_v12``
+(Hopper wgmma, fp16/bf16, matmul_sm90.cu, sm_90 GPUs only; v11 warp-specialized and persistent,
+its operands copied by TMA from tensor maps built here; v12 the same with CUTLASS's ping-pong
+consumers, one 128x128 tile per warpgroup, epilogues overlapping the other's MMAs) and
+``cuda`` (the best per dtype: v7 for fp32; for fp16/bf16 v11 on sm_90, v9 elsewhere). The
+kernels take contiguous row-major operands: strided inputs (transposed, sliced, expanded) are
+packed with ``.contiguous()`` first, which costs a copy but computes correctly; the backward
+calls the same kernels on transposed (hence packed) views. v1-v7 on grids smaller than the
+GPU split K into 4-16 slices (SPLIT_K_MIN below: accuracy against cuBLAS, and idle SMs get
+work).
 
 The epilogue (bias, activation) runs as PyTorch ops after the kernel: the ladder is about the
 product; Triton's kernel is the one with a fused epilogue.
@@ -90,19 +92,29 @@ VARIANTS = {
         _HALF,
         "CUDA v11: Hopper wgmma, warp-specialized (TMA producer, mbarrier ring), persistent; sm_90 only",
     ),
+    "v12": (
+        _tiles(128, 128),  # (the launcher's persistent grid is v12's, not this)
+        384,
+        False,
+        _HALF,
+        "CUDA v12: v11 with ping-pong consumers (a 128x128 tile per warpgroup, turns at the tensor "
+        "cores, epilogue under the other's MMAs); sm_90 only",
+    ),
 }
 # Dynamic shared memory per block (bytes) of the variants that use it: v9 keeps 3 stages of
 # a 128x40 A tile and a 32x264 B tile (padded halfs); v10 4 stages of a 128x64 A tile and a
 # 64x256 B tile, plus 1 KB to align the base to 1024 bytes (128-byte swizzle atoms); v11 the
-# same stages, and 6 stages of 128x64 + 64x128 in its 128x128 form (V11Tile in the .cu).
+# same stages, and 6 stages of 128x64 + 64x128 in its 128x128 form (V11Tile in the .cu); v12
+# the 128x128 form's stages (its warpgroups' tiles are 128x128).
 DYN_SHARED = {
     "v9": 3 * (128 * 40 + 32 * 264) * 2,
     "v10": 4 * (128 * 64 + 64 * 256) * 2 + 1024,
     "v11": 4 * (128 * 64 + 64 * 256) * 2 + 1024,
     "v11_n128": 6 * (128 * 64 + 64 * 128) * 2 + 1024,
+    "v12": 6 * (128 * 64 + 64 * 128) * 2 + 1024,
 }
 # The module of each variant that is not in matmul.cu.
-MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90}
+MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90, "v12": MODULE_SM90}
 # The best variant per dtype (v9 is faster than v8 in bf16; v11 where the GPU has wgmma,
 # see _best_fwd: 0.65-0.97x cuBLAS on an H200 where v10 gave 0.31-0.76x, at every shape of
 # lab/gpu_mm_v11.py).
@@ -159,6 +171,8 @@ def _launch(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch
         return _launch_v10(a3, b3, dev)
     if variant == "v11":
         return _launch_v11(a3, b3, dev)
+    if variant == "v12":
+        return _launch_v12(a3, b3, dev)
     return _launch_kernel(variant, a3, b3, dev)
 
 
@@ -245,6 +259,34 @@ def _launch_v11(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | Non
     return c if np8 == n else c[..., :n].contiguous()
 
 
+# v12's kernels take v11's arguments (the same tensor maps: its k-tiles are v11's 128x128 ones).
+V12_SIGNATURE = V11_SIGNATURE
+V12_BM, V12_BN = 128, 128  # one output tile per consumer warpgroup at a time
+
+
+def _launch_v12(a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
+    """v12: as _launch_v11 (padding, tensor maps, K = 0, persistent grid of min(SMs, tiles)
+    blocks of 384 threads) with one tile width, 128x128: each block's tiles alternate between
+    its two consumer warpgroups."""
+    bt, m, k = a3.shape
+    n = b3.shape[-1]
+    if k == 0:
+        return torch.zeros((bt, m, n), dtype=a3.dtype, device=a3.device)
+    a3, b3 = _whole_chunks(a3, b3)
+    kp, np8 = a3.shape[-1], b3.shape[-1]
+    tiles = bt * _cdiv(m, V12_BM) * _cdiv(np8, V12_BN)
+    if tiles >= 2**31:
+        raise ValueError(f"matmul: cuda_v12 counts output tiles in 32 bits; {tiles} is too many")
+    c = torch.empty((bt, m, np8), dtype=a3.dtype, device=a3.device)
+    ta, tb = v11_tensor_maps(a3, b3)
+    kern = MODULE_SM90.kernel(f"matmul_v12_{_SUFFIX[a3.dtype]}", V12_SIGNATURE, dev)
+    shared = DYN_SHARED["v12"]
+    if shared > kern.max_dynamic_shared:
+        kern.set_max_dynamic_shared(shared)
+    kern(min(_sm_count(dev), tiles), V11_THREADS, ta, tb, c, m, np8, kp, bt, shared=shared, device_index=dev)
+    return c if np8 == n else c[..., :n].contiguous()
+
+
 def _launch_kernel(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
     grid_fn, block, has_vec, _, _ = VARIANTS[variant]
     bt, m, k = a3.shape
@@ -282,7 +324,7 @@ def _product(variant: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     bt = a3.shape[0]
     if not (bt and m and n):
         return torch.empty(batch + (m, n), dtype=a.dtype, device=a.device)
-    if bt > 65535 and variant != "v11":  # (v11 folds the batch into its tile schedule)
+    if bt > 65535 and variant not in ("v11", "v12"):  # (they fold the batch into the tile schedule)
         raise ValueError(f"matmul: a batch of {bt} products exceeds the CUDA grid's z limit (65535)")
     dev = _device_index(a)
     s = split_k_slices(variant, m, n, k, bt, _sm_count(dev))
@@ -318,7 +360,7 @@ def _best_fwd(a, b, bias=None, activation=None):
     return _make_fwd(variant)(a, b, bias, activation)
 
 
-# v10's and v11's wgmma exists on sm_90 only (an sm_90a cubin runs nowhere else)
+# v10-v12's wgmma exists on sm_90 only (an sm_90a cubin runs nowhere else)
 _available_sm90 = sm90_unavailable
 
 

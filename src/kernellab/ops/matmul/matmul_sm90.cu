@@ -24,6 +24,10 @@
 //       across tile boundaries, so the next tile's operands land during an epilogue. A
 //       128x128 form (6 stages) serves grids too small to fill the GPU with 128x256 tiles.
 //       Details in the v11 section below.
+//   v12 v11's producer and ring with CUTLASS's "ping-pong" consumers: each consumer
+//       warpgroup computes whole 128x128 tiles, alternate ones of the block's sequence, and
+//       the two take turns at the tensor cores through a pair of named barriers, so one
+//       warpgroup's epilogue runs under the other's mainloop. Details in the v12 section.
 //
 // Why wgmma (napkin math): an H100 SXM has ~990 TFLOP/s of dense bf16 on paper; mma.sync
 // (v8/v9) is issued warp by warp from registers fed by ldmatrix, and v9 reaches 272. wgmma
@@ -514,6 +518,51 @@ struct V11Sched {
     }
 };
 
+// The mbarrier ring's barriers: full[0..S) (count 1: the producer's arrive.expect_tx, plus
+// the bytes) and empty[0..S) (count: one arrival per consumer warp that reads each stage,
+// 8 in v11 where both warpgroups read every stage, 4 in v12 where one does). Initialized by
+// thread 0 before the block's __syncthreads.
+template <int S>
+__device__ __forceinline__ void v11_init_ring(unsigned full0, unsigned empty0, unsigned empty_count) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, empty_count);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
+// The producer thread (thread 0 after setmaxnreg.dec): every k-tile of the block's tiles
+// (t = blockIdx.x, blockIdx.x + gridDim.x, ...) in order, one running index `it` across
+// tiles (the phase bookkeeping in the v11 header). v11's consumers read every k-tile; v12's
+// warpgroups read alternate tiles of this same sequence.
+template <int BN>
+__device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap* tb, const V11Sched<BN>& sched,
+                                            int ktiles, unsigned smem0, unsigned full0, unsigned empty0) {
+    using Tile = V11Tile<BN>;
+    constexpr int S = Tile::STAGES;
+    // the maps' descriptors into the TMA unit's cache before the first copy needs them
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(ta)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(tb)) : "memory");
+    int it = 0;
+    for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+        int m0, n0, z;
+        sched.tile(t, m0, n0, z);
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+            const int s = it % S;
+            if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // use it - S released
+            const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
+            mbar_expect_tx(bar, Tile::STAGE_BYTES);
+            v11_tma_load_3d(st, ta, bar, kt * V11_BK, m0, z);
+#pragma unroll
+            for (int j = 0; j < Tile::SLABS; ++j)
+                v11_tma_load_3d(st + Tile::A_BYTES + j * Tile::SLAB_BYTES, tb, bar, n0 + 64 * j, kt * V11_BK, z);
+        }
+    }
+}
+
 template <typename T, bool BF16, int BN>
 __device__ __forceinline__ void v11_body(const TensorMap* ta, const TensorMap* tb, T* __restrict__ C, int M, int N,
                                          int K, int batch) {
@@ -525,41 +574,14 @@ __device__ __forceinline__ void v11_body(const TensorMap* ta, const TensorMap* t
     const unsigned smem0 = (v10_smem_u32(v11_smem) + 1023u) & ~1023u;
     const unsigned full0 = v10_smem_u32(&v11_bars[0]), empty0 = v10_smem_u32(&v11_bars[S]);
     const int tid = threadIdx.x;
-    if (tid == 0) {
-        for (int s = 0; s < S; ++s) {
-            mbar_init(full0 + 8 * s, 1);   // the producer's arrive.expect_tx (+ the bytes)
-            mbar_init(empty0 + 8 * s, 8);  // one arrival per consumer warp
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    v11_init_ring<S>(full0, empty0, 8);  // empty: one arrival per consumer warp
 
     const V11Sched<BN> sched(M, N, batch);
     const int ktiles = (K + V11_BK - 1) / V11_BK;
 
     if (tid < 128) {  // producer warpgroup: one thread issues every copy, the rest retire
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) {
-            // the maps' descriptors into the TMA unit's cache before the first copy needs them
-            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(ta)) : "memory");
-            asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(tb)) : "memory");
-            int it = 0;
-            for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
-                int m0, n0, z;
-                sched.tile(t, m0, n0, z);
-                for (int kt = 0; kt < ktiles; ++kt, ++it) {
-                    const int s = it % S;
-                    if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // use it - S released
-                    const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
-                    mbar_expect_tx(bar, Tile::STAGE_BYTES);
-                    v11_tma_load_3d(st, ta, bar, kt * V11_BK, m0, z);
-#pragma unroll
-                    for (int j = 0; j < Tile::SLABS; ++j)
-                        v11_tma_load_3d(st + Tile::A_BYTES + j * Tile::SLAB_BYTES, tb, bar, n0 + 64 * j, kt * V11_BK,
-                                        z);
-                }
-            }
-        }
+        if (tid == 0) v11_produce<BN>(ta, tb, sched, ktiles, smem0, full0, empty0);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -632,4 +654,167 @@ extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v11_n128_bf1
 }
 extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v11_n128_f16(V11_ARGS(__half)) {
     v11_body<__half, false, 128>(&ta, &tb, C, M, N, K, batch);
+}
+
+// ======================================================================================= v12
+//
+// v12: v11's producer, TMA boxes and mbarrier ring with CUTLASS's sm90 "ping-pong" consumer
+// schedule (KernelTmaWarpSpecializedPingpong).
+//
+// What holds v11 back: both consumer warpgroups work on the same tile, so they run its
+// epilogue (fp32 -> 16-bit, global stores) at the same moment and the tensor cores idle
+// until the next tile's first MMAs issue. v12 gives each consumer warpgroup whole tiles of
+// its own, alternately: of the block's tiles t_0, t_1, t_2, ... (v11's persistent schedule),
+// warpgroup 0 computes t_0, t_2, ... and warpgroup 1 t_1, t_3, ...; one warpgroup's epilogue
+// runs while the other's mainloop keeps the tensor cores busy:
+//     WG0: [mainloop t_0] epilogue t_0              [mainloop t_2] epilogue t_2 ...
+//     WG1:                [mainloop t_1] epilogue t_1              [mainloop t_3] ...
+//
+// Tile: 128x128 per warpgroup (a 128x256 tile would need 256 fp32 accumulators per thread,
+// more than the 232 registers setmaxnreg gives): per k16 step two wgmma m64n128k16, rows
+// 0..63 and 64..127 of the A tile against the same B slab pair, into acc[0] and acc[1] (64
+// fp32 each, 128 per thread as in v11). A k-tile is exactly v11's 128x128 form (A box 64 k x
+// 128 m, two B boxes of 64 n x 64 k; 32 KB, 6 stages), so the producer is v11_produce<128>
+// unchanged: it walks the block's tiles in order, which is the order the warpgroups take
+// them in turn. Napkin math (H100 SXM, bf16): a 128x128x64 k-tile is 2.1 MFLOP, ~512 cycles
+// at ~4096 FLOP per cycle per SM, for 32 KB of TMA traffic (32 MACs per byte against
+// v11's 43 at 128x256: more L2 traffic per output, the price of a tile that fits one
+// warpgroup's registers; wgmma's shared-memory reads rise too, 6 KB per 131k MACs of
+// m64n128k16 against 10 KB per 262k of m64n256k16: ~96 of the SM's 128 bytes per cycle at
+// the tensor peak of ~2048 MACs per cycle, against ~80). At K = 4096 a tile's mainloop is
+// 64 k-tiles, ~33k cycles; its epilogue (64 4-byte stores per thread, 32 KB) is ~1-2k
+// cycles and now hides entirely under the other warpgroup's mainloop.
+//
+// Turns: named barrier V12_PP_BAR + w (ids 1, 2; 0 is __syncthreads') is warpgroup w's turn
+// at the tensor cores, as in attention_sm90.cu's v6: warpgroup w bar.syncs on it (128
+// threads) before its tile's first wgmma, and the other warpgroup bar.arrives on it (128
+// more: count 256) once it has issued its own tile's last wgmma. The block has T tiles
+// (T = ceil((total - blockIdx.x) / gridDim.x)); turn i (i = 0 .. T-1) is tile t_i, taken by
+// warpgroup i % 2. Warpgroup 1 arrives on warpgroup 0's barrier once at the start if T >= 1
+// (0 goes first), and the owner of turn i arrives on the other's barrier after it iff
+// i + 1 < T. So every bar.sync (one per turn) meets exactly one bar.arrive, warpgroup 1
+// with no tile (T = 1) only makes the first arrival, and no barrier phase is left half full
+// at exit, whatever T's parity. Arrivals never run ahead: the other warpgroup arrives on
+// barrier w again only after its own turn, which came after w's previous sync.
+//
+// Phases: tile t_i's k-tiles have running indices i * ktiles + kt, as in the producer; a
+// warpgroup skips the other's indices. Waiting on full[s] with parity (it / S) & 1 is
+// correct only if the barrier is not two phases behind (an older use of the stage still
+// landing would look like this one). The turns give that: warpgroup w starts turn i after
+// the other warpgroup issued all of turn i-1's MMAs, each after its full wait, and the
+// turns before were w's own; so every older use of every stage has landed. The barrier
+// cannot run a phase ahead either: its next use needs this warpgroup's release first. Only
+// the owner reads a stage: empty barriers count 4 arrivals (its warps), and the producer's
+// waits are v11's.
+//
+// Hand-over: a warpgroup arrives on the other's turn right after its last k-tile's
+// wgmma.wait_group 1, with that k-tile's MMAs (~512 cycles of tensor work) still queued:
+// the other warpgroup, already waiting at bar.sync with its first stages landed, issues
+// its MMAs behind them. Then wait_group 0, release, epilogue (v11's, per 64-row half).
+#define V12_PP_BAR 1
+#define V12_PP_COUNT 256
+
+__device__ __forceinline__ void v12_turn_sync(int id) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(V12_PP_COUNT) : "memory");
+}
+__device__ __forceinline__ void v12_turn_arrive(int id) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(V12_PP_COUNT) : "memory");
+}
+
+template <typename T, bool BF16>
+__device__ __forceinline__ void v12_body(const TensorMap* ta, const TensorMap* tb, T* __restrict__ C, int M, int N,
+                                         int K, int batch) {
+    constexpr int BN = 128;
+    using Tile = V11Tile<BN>;
+    constexpr int S = Tile::STAGES;
+    extern __shared__ __align__(1024) unsigned char v12_smem[];
+    __shared__ __align__(8) unsigned long long v12_bars[2 * S];  // full[0..S), empty[0..S)
+    v11_check_smem(Tile::SMEM_BYTES);
+    const unsigned smem0 = (v10_smem_u32(v12_smem) + 1023u) & ~1023u;
+    const unsigned full0 = v10_smem_u32(&v12_bars[0]), empty0 = v10_smem_u32(&v12_bars[S]);
+    const int tid = threadIdx.x;
+    v11_init_ring<S>(full0, empty0, 4);  // empty: one arrival per warp of the stage's owner
+
+    const V11Sched<BN> sched(M, N, batch);
+    const int ktiles = (K + V11_BK - 1) / V11_BK;
+
+    if (tid < 128) {  // producer warpgroup: one thread issues every copy, the rest retire
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) v11_produce<BN>(ta, tb, sched, ktiles, smem0, full0, empty0);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+
+    const int cw = tid / 128 - 1;  // consumer warpgroup: the block's tiles cw, cw + 2, ...
+    const int warp = (tid % 128) / 32, lane = tid % 32;
+    const int g = lane / 4, q = lane % 4;
+    const int mine = V12_PP_BAR + cw, other = V12_PP_BAR + 1 - cw;
+    // the block's tile count (blockIdx.x < total: the launcher's grid is min(SMs, tiles))
+    const int n_tiles = blockIdx.x < sched.total ? (sched.total - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    auto release = [&](int used) {  // this warp is done with the stage of k-tile `used`
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * (used % S));
+    };
+    if (cw == 1 && n_tiles > 0) v12_turn_arrive(other);  // warpgroup 0 takes the first turn
+    float acc[2][BN / 2];
+    for (int i = cw; i < n_tiles; i += 2) {
+        int m0, n0, z;
+        sched.tile(blockIdx.x + i * gridDim.x, m0, n0, z);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int r = 0; r < BN / 2; ++r) acc[h][r] = 0.f;
+        int it = i * ktiles;
+        v12_turn_sync(mine);  // turn i: the tensor cores are this warpgroup's
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+            const int s = it % S;
+            mbar_wait(full0 + 8 * s, (it / S) & 1);
+            const unsigned sa = smem0 + s * Tile::STAGE_BYTES;
+            const unsigned sb = sa + Tile::A_BYTES;
+            v10_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < V11_BK / 16; ++kk) {
+                const unsigned long long db = v10_desc(sb + kk * 16 * 128, Tile::SLAB_BYTES, 1024);
+#pragma unroll
+                for (int h = 0; h < 2; ++h)  // rows 64h .. 64h+63 of the tile
+                    v11_wgmma_m64n128k16<BF16>(acc[h], v10_desc(sa + h * 64 * 128 + kk * 32, 16, 1024), db);
+            }
+            v10_wgmma_commit();
+            v10_wgmma_wait<1>();  // k-tile it-1's MMAs are complete: its stage may be refilled
+            if (kt > 0) release(it - 1);
+        }
+        if (i + 1 < n_tiles) v12_turn_arrive(other);  // turn i + 1 is the other warpgroup's
+        v10_wgmma_wait<0>();
+        if (ktiles > 0) release(it - 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int r = 0; r < BN / 2; ++r) v10_fence_operand(acc[h][r]);
+
+        // Epilogue (v11's, per 64-row half): 2 adjacent columns per store; N % 8 == 0 and
+        // col is even, so col < N implies col + 1 < N.
+        T* Cz = C + (long long)z * M * N;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row0 = m0 + h * 64 + warp * 16 + g;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int col = n0 + j * 8 + 2 * q;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int row = row0 + 8 * e;
+                    if (row < M && col < N)
+                        v10_store2(Cz + (long long)row * N + col, acc[h][4 * j + 2 * e], acc[h][4 * j + 2 * e + 1]);
+                }
+            }
+        }
+    }
+}
+
+// 128x128 tiles per consumer warpgroup, two in flight per block (cuda.py, _launch_v12).
+extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v12_bf16(V11_ARGS(__nv_bfloat16)) {
+    v12_body<__nv_bfloat16, true>(&ta, &tb, C, M, N, K, batch);
+}
+extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v12_f16(V11_ARGS(__half)) {
+    v12_body<__half, false>(&ta, &tb, C, M, N, K, batch);
 }
