@@ -631,6 +631,32 @@ def test_v11_schedule_covers_every_tile_once(shape, bn):
     assert sorted(t for ts in per_block for t in ts) == list(range(total))
 
 
+class _MBarrier:
+    """An mbarrier as the pipeline models below see it: a phase completes when its arrivals
+    and transaction bytes are all in; try_wait(P) succeeds iff the current phase parity is
+    not P."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def arrive(self, tx=0):
+        self.pending -= 1
+        self.tx += tx
+        self._maybe_complete()
+
+    def complete_tx(self, nbytes):
+        self.tx -= nbytes
+        self._maybe_complete()
+
+    def _maybe_complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def try_wait(self, parity):
+        return (self.phase & 1) != parity
+
+
 def _v11_pipeline(n_tiles, ktiles, stages, rng, warps=8):
     """The mbarrier protocol of v11_body, run by a random scheduler: one producer thread,
     `warps` consumer warps, TMA copies that land at random later moments. mbarrier model: a
@@ -640,26 +666,7 @@ def _v11_pipeline(n_tiles, ktiles, stages, rng, warps=8):
     data, no copy overwrites a stage some warp has not released, and nothing deadlocks.
     Returns the number of steps."""
 
-    class Bar:
-        def __init__(self, count):
-            self.count, self.pending, self.tx, self.phase = count, count, 0, 0
-
-        def arrive(self, tx=0):
-            self.pending -= 1
-            self.tx += tx
-            self._maybe_complete()
-
-        def complete_tx(self, nbytes):
-            self.tx -= nbytes
-            self._maybe_complete()
-
-        def _maybe_complete(self):
-            if self.pending == 0 and self.tx == 0:
-                self.phase += 1
-                self.pending = self.count
-
-        def try_wait(self, parity):
-            return (self.phase & 1) != parity
+    Bar = _MBarrier
 
     full = [Bar(1) for _ in range(stages)]
     empty = [Bar(warps) for _ in range(stages)]
@@ -905,26 +912,7 @@ def _v12_pipeline(n_tiles, ktiles, stages, rng, bug=None):
     empty (no phase left half full). ``bug`` injects one mistake (the test shows each one
     fails): "no_turns", "extra_arrive", "no_first_arrive", "empty_count_8", "arrive_early"."""
 
-    class Bar:
-        def __init__(self, count):
-            self.count, self.pending, self.tx, self.phase = count, count, 0, 0
-
-        def arrive(self, tx=0):
-            self.pending -= 1
-            self.tx += tx
-            self._maybe_complete()
-
-        def complete_tx(self, nbytes):
-            self.tx -= nbytes
-            self._maybe_complete()
-
-        def _maybe_complete(self):
-            if self.pending == 0 and self.tx == 0:
-                self.phase += 1
-                self.pending = self.count
-
-        def try_wait(self, parity):
-            return (self.phase & 1) != parity
+    Bar = _MBarrier
 
     class Named:
         def __init__(self, count=256):

@@ -237,26 +237,7 @@ def _launch_v11(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | Non
     of whole 16-byte units and aligned bases (_whole_chunks pads or copies, as for v10), and
     dims of at least one element (K = 0 is answered with zeros, no launch). Edge tiles in M,
     N, K and the batch are zero-filled by TMA. ``block_n`` forces the tile width (tests)."""
-    bt, m, k = a3.shape
-    n = b3.shape[-1]
-    if k == 0:
-        return torch.zeros((bt, m, n), dtype=a3.dtype, device=a3.device)
-    a3, b3 = _whole_chunks(a3, b3)
-    kp, np8 = a3.shape[-1], b3.shape[-1]
-    sms = _sm_count(dev)
-    bn = block_n or v11_block_n(m, np8, bt, sms)
-    tiles = bt * _cdiv(m, V11_BM) * _cdiv(np8, bn)
-    if tiles >= 2**31:
-        raise ValueError(f"matmul: cuda_v11 counts output tiles in 32 bits; {tiles} is too many")
-    c = torch.empty((bt, m, np8), dtype=a3.dtype, device=a3.device)
-    ta, tb = v11_tensor_maps(a3, b3)
-    name = f"matmul_v11{'_n128' if bn == 128 else ''}_{_SUFFIX[a3.dtype]}"
-    kern = MODULE_SM90.kernel(name, V11_SIGNATURE, dev)
-    shared = DYN_SHARED["v11_n128" if bn == 128 else "v11"]
-    if shared > kern.max_dynamic_shared:
-        kern.set_max_dynamic_shared(shared)
-    kern(min(sms, tiles), V11_THREADS, ta, tb, c, m, np8, kp, bt, shared=shared, device_index=dev)
-    return c if np8 == n else c[..., :n].contiguous()
+    return _launch_persistent("v11", a3, b3, dev, block_n)
 
 
 # v12's kernels take v11's arguments (the same tensor maps: its k-tiles are v11's 128x128 ones).
@@ -268,22 +249,31 @@ def _launch_v12(a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
     """v12: as _launch_v11 (padding, tensor maps, K = 0, persistent grid of min(SMs, tiles)
     blocks of 384 threads) with one tile width, 128x128: each block's tiles alternate between
     its two consumer warpgroups."""
+    return _launch_persistent("v12", a3, b3, dev, V12_BN)
+
+
+def _launch_persistent(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n) -> torch.Tensor:
+    """The launch v11 and v12 share: pad or copy to whole 16-byte rows, v11's tensor maps,
+    min(SMs, tiles) blocks of 384 threads; v11 picks its tile width (block_n None)."""
     bt, m, k = a3.shape
     n = b3.shape[-1]
     if k == 0:
         return torch.zeros((bt, m, n), dtype=a3.dtype, device=a3.device)
     a3, b3 = _whole_chunks(a3, b3)
     kp, np8 = a3.shape[-1], b3.shape[-1]
-    tiles = bt * _cdiv(m, V12_BM) * _cdiv(np8, V12_BN)
+    sms = _sm_count(dev)
+    bn = block_n or v11_block_n(m, np8, bt, sms)
+    tiles = bt * _cdiv(m, V11_BM) * _cdiv(np8, bn)
     if tiles >= 2**31:
-        raise ValueError(f"matmul: cuda_v12 counts output tiles in 32 bits; {tiles} is too many")
+        raise ValueError(f"matmul: cuda_{variant} counts output tiles in 32 bits; {tiles} is too many")
     c = torch.empty((bt, m, np8), dtype=a3.dtype, device=a3.device)
     ta, tb = v11_tensor_maps(a3, b3)
-    kern = MODULE_SM90.kernel(f"matmul_v12_{_SUFFIX[a3.dtype]}", V12_SIGNATURE, dev)
-    shared = DYN_SHARED["v12"]
+    form = variant + ("_n128" if variant == "v11" and bn == 128 else "")
+    kern = MODULE_SM90.kernel(f"matmul_{form}_{_SUFFIX[a3.dtype]}", V11_SIGNATURE, dev)
+    shared = DYN_SHARED[form]
     if shared > kern.max_dynamic_shared:
         kern.set_max_dynamic_shared(shared)
-    kern(min(_sm_count(dev), tiles), V11_THREADS, ta, tb, c, m, np8, kp, bt, shared=shared, device_index=dev)
+    kern(min(sms, tiles), V11_THREADS, ta, tb, c, m, np8, kp, bt, shared=shared, device_index=dev)
     return c if np8 == n else c[..., :n].contiguous()
 
 
