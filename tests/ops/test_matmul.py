@@ -657,6 +657,55 @@ class _MBarrier:
         return (self.phase & 1) != parity
 
 
+class _TmaRing:
+    """The stage ring the pipeline models share: `stages` full barriers (one producer arrival
+    plus the copies' bytes) and empty ones (`releasers` consumer arrivals), what each stage
+    holds, which warps hold it, and the copies in flight. ``producer()`` is v11's TMA thread;
+    ``run(agents, rng)`` interleaves the agents and lands copies at random later moments."""
+
+    def __init__(self, stages, releasers, total):
+        self.stages, self.total = stages, total
+        self.full = [_MBarrier(1) for _ in range(stages)]
+        self.empty = [_MBarrier(releasers) for _ in range(stages)]
+        self.data = [None] * stages  # which global k-tile index the stage holds (A's, B's)
+        self.holders = [set() for _ in range(stages)]  # warps that read the stage, not yet released
+        self.landing = []  # copies issued, not yet landed: (stage, it, "a" or "b")
+
+    def producer(self):
+        for it in range(self.total):  # (tiles x k-tiles, one running index)
+            s = it % self.stages
+            if it >= self.stages:
+                while not self.empty[s].try_wait((it // self.stages - 1) & 1):
+                    yield
+            assert not self.holders[s], (
+                f"stage {s} refilled for k-tile {it} while warps {self.holders[s]} hold it"
+            )
+            self.full[s].arrive(tx=2)  # expect_tx: two boxes' bytes (A and B)
+            self.landing.extend([(s, it, "a"), (s, it, "b")])
+            yield
+
+    def run(self, agents, rng) -> int:
+        live, steps = list(agents), 0
+        while live or self.landing:
+            steps += 1
+            assert steps < 200_000, "deadlock or livelock"
+            if self.landing and (not live or rng.random() < 0.3):
+                s, it, part = self.landing.pop(rng.randrange(len(self.landing)))
+                assert not self.holders[s], (
+                    f"copy into stage {s} landed while warps {self.holders[s]} hold it"
+                )
+                old = self.data[s] if self.data[s] is not None else (None, None)
+                self.data[s] = (it, old[1]) if part == "a" else (old[0], it)
+                self.full[s].complete_tx(1)
+                continue
+            ag = live[rng.randrange(len(live))]
+            try:
+                next(ag)
+            except StopIteration:
+                live.remove(ag)
+        return steps
+
+
 def _v11_pipeline(n_tiles, ktiles, stages, rng, warps=8):
     """The mbarrier protocol of v11_body, run by a random scheduler: one producer thread,
     `warps` consumer warps, TMA copies that land at random later moments. mbarrier model: a
@@ -666,25 +715,8 @@ def _v11_pipeline(n_tiles, ktiles, stages, rng, warps=8):
     data, no copy overwrites a stage some warp has not released, and nothing deadlocks.
     Returns the number of steps."""
 
-    Bar = _MBarrier
-
-    full = [Bar(1) for _ in range(stages)]
-    empty = [Bar(warps) for _ in range(stages)]
-    data = [None] * stages  # which global k-tile index the stage holds
-    holders = [set() for _ in range(stages)]  # warps that read the stage and have not released it
-    landing = []  # copies issued, not yet landed: (stage, it)
-    total = n_tiles * ktiles
-
-    def producer():
-        for it in range(total):  # (tiles x k-tiles, one running index)
-            s = it % stages
-            if it >= stages:
-                while not empty[s].try_wait((it // stages - 1) & 1):
-                    yield
-            assert not holders[s], f"stage {s} refilled for k-tile {it} while warps {holders[s]} hold it"
-            full[s].arrive(tx=2)  # expect_tx: two boxes' bytes (A and B)
-            landing.extend([(s, it, "a"), (s, it, "b")])
-            yield
+    ring = _TmaRing(stages, warps, n_tiles * ktiles)
+    full, empty, data, holders = ring.full, ring.empty, ring.data, ring.holders
 
     def consumer(w):
         it = 0
@@ -707,24 +739,7 @@ def _v11_pipeline(n_tiles, ktiles, stages, rng, warps=8):
                 empty[p].arrive()
             yield  # epilogue
 
-    agents = [producer()] + [consumer(w) for w in range(warps)]
-    live, steps = list(agents), 0
-    while live or landing:
-        steps += 1
-        assert steps < 200_000, "deadlock or livelock"
-        if landing and (not live or rng.random() < 0.3):
-            s, it, part = landing.pop(rng.randrange(len(landing)))
-            assert not holders[s], f"copy into stage {s} landed while warps {holders[s]} hold it"
-            old = data[s] if data[s] is not None else (None, None)
-            data[s] = (it, old[1]) if part == "a" else (old[0], it)
-            full[s].complete_tx(1)
-            continue
-        ag = live[rng.randrange(len(live))]
-        try:
-            next(ag)
-        except StopIteration:
-            live.remove(ag)
-    return steps
+    return ring.run([ring.producer()] + [consumer(w) for w in range(warps)], rng)
 
 
 @pytest.mark.parametrize("n_tiles,ktiles", [(1, 1), (1, 3), (3, 1), (3, 4), (5, 7), (2, 13)])
@@ -912,8 +927,6 @@ def _v12_pipeline(n_tiles, ktiles, stages, rng, bug=None):
     empty (no phase left half full). ``bug`` injects one mistake (the test shows each one
     fails): "no_turns", "extra_arrive", "no_first_arrive", "empty_count_8", "arrive_early"."""
 
-    Bar = _MBarrier
-
     class Named:
         def __init__(self, count=256):
             self.count, self.arrived, self.syncers, self.phase = count, 0, 0, 0
@@ -936,25 +949,10 @@ def _v12_pipeline(n_tiles, ktiles, stages, rng, bug=None):
                 yield
 
     warps_per_wg = 4
-    full = [Bar(1) for _ in range(stages)]
-    empty = [Bar(2 * warps_per_wg if bug == "empty_count_8" else warps_per_wg) for _ in range(stages)]
+    ring = _TmaRing(stages, 2 * warps_per_wg if bug == "empty_count_8" else warps_per_wg, n_tiles * ktiles)
+    full, empty, data, holders = ring.full, ring.empty, ring.data, ring.holders
     turn = [Named(), Named()]
-    data = [None] * stages
-    holders = [set() for _ in range(stages)]
-    landing = []
     issued = {}  # (wg, warp) -> the last turn whose MMAs it has issued
-    total = n_tiles * ktiles
-
-    def producer():
-        for it in range(total):
-            s = it % stages
-            if it >= stages:
-                while not empty[s].try_wait((it // stages - 1) & 1):
-                    yield
-            assert not holders[s], f"stage {s} refilled for k-tile {it} while warps {holders[s]} hold it"
-            full[s].arrive(tx=2)
-            landing.extend([(s, it, "a"), (s, it, "b")])
-            yield
 
     def consumer(wg, warp):
         me, other = turn[wg], turn[1 - wg]
@@ -997,23 +995,7 @@ def _v12_pipeline(n_tiles, ktiles, stages, rng, bug=None):
                 release(it - 1)
             yield  # epilogue
 
-    agents = [producer()] + [consumer(g, v) for g in (0, 1) for v in range(warps_per_wg)]
-    live, steps = list(agents), 0
-    while live or landing:
-        steps += 1
-        assert steps < 200_000, "deadlock or livelock"
-        if landing and (not live or rng.random() < 0.3):
-            s, it, part = landing.pop(rng.randrange(len(landing)))
-            assert not holders[s], f"copy into stage {s} landed while warps {holders[s]} hold it"
-            old = data[s] if data[s] is not None else (None, None)
-            data[s] = (it, old[1]) if part == "a" else (old[0], it)
-            full[s].complete_tx(1)
-            continue
-        ag = live[rng.randrange(len(live))]
-        try:
-            next(ag)
-        except StopIteration:
-            live.remove(ag)
+    steps = ring.run([ring.producer()] + [consumer(g, v) for g in (0, 1) for v in range(warps_per_wg)], rng)
     for t in turn:
         assert t.arrived == 0 and t.syncers == 0, "a named barrier phase left half full at exit"
     assert all(b.pending == b.count and b.tx == 0 for b in full + empty)
