@@ -621,6 +621,12 @@ def _on_device(a) -> bool:
     return a.is_cuda and _current_device is not None and a.device.index != _current_device()
 
 
+def split_sum_block(mn: int, n_sm: int, on_gpu: bool) -> int:
+    """Outputs per program of ``_split_sum_kernel`` over mn outputs: ~n_sm programs or more,
+    128 to 1024 outputs each (the interpreter: 1024)."""
+    return max(128, min(1024, triton_support.next_pow2(mn // n_sm))) if on_gpu else 1024
+
+
 class _SkinnyPlan:
     """``triton_skinny_fwd`` derived for one call shape (``_skinny_setup``)."""
 
@@ -711,8 +717,7 @@ def _skinny_setup(a, b, has_bias: bool, activation, config, tune) -> _SkinnyPlan
     sum_ = None
     mn = m * n
     if split > 1:
-        # ~n_sm programs or more, 128 to 1024 outputs each (the interpreter: 1024)
-        block = 1024 if not a.is_cuda else max(128, min(1024, triton_support.next_pow2(mn // n_sm)))
+        block = split_sum_block(mn, n_sm, a.is_cuda)
         kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4)
         sum_ = _Launch(_split_sum_kernel, (triton_support.cdiv(mn, block),), kw, False, (2,))
     return _SkinnyPlan(out_shape, m, n, split, a.dtype, a.device, ints, main, sum_, (mn, n))

@@ -35,6 +35,7 @@ from kernellab.ops.matmul.triton import (
     epilogue,
     grouped_tile,
     pipeline_bytes,
+    split_sum_block,
     triton_matmul_fwd,
 )
 from kernellab.triton_support import install_tma_allocator as _install_allocator
@@ -186,7 +187,7 @@ def _fits_tma(cfg, m, n, k, elem, max_shared) -> bool:
     kw = cfg.kwargs
     bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
     pipeline = pipeline_bytes(bm, bn, bk, elem, cfg.num_stages)
-    staging = bm * bn * elem  # the C tile staged in shared memory for the TMA store (or fp32 partials)
+    staging = bm * bn * elem  # the C tile staged in shared memory for the TMA store
     if pipeline + staging > max_shared:
         return False
 
@@ -329,7 +330,9 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None,
         check_batch_grid(bt)  # the batch is the grid's y dimension
         _install_allocator()
         on_gpu = a.device.type == "cuda"
-        dev = a.device.index or 0 if on_gpu else 0
+        dev = (a.device.index or 0) if on_gpu else 0
+        n_sm = triton_support.sm_count(dev) if on_gpu else 4
+        bias_arg = bias if bias is not None else c
         persistent = False
         if config is not None:
             config = dict(config)
@@ -338,24 +341,21 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None,
         elif on_gpu and _persistent_applies(m, n, k, bt, dev):
             config, split, persistent = dict(PERSISTENT_CONFIG), 1, True
         else:
-            split = tma_split(m, n, k, bt, triton_support.sm_count(dev) if on_gpu else 4)
-        if k == 0:
-            split = 1
+            split = tma_split(m, n, k, bt, n_sm) if k else 1
         w = torch.empty((split, bt, m, n), dtype=torch.float32, device=a.device) if split > 1 else c
 
         def grid(meta):
             tiles = triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"])
             return (tiles, bt, split)
 
-        args = (a3, b3, c, w, bias if bias is not None else c, m, n, k, split, *_tune_keys(m, n, k))
+        args = (a3, b3, c, w, bias_arg, m, n, k, split, *_tune_keys(m, n, k))
         consts = dict(HAS_BIAS=bias is not None, ACT=_ACT[activation], A_T=a_t, B_T=b_t, PARTIAL=split > 1)
         with torch.cuda.device(a.device) if on_gpu else _nullcontext():
             # (inside triton_support.no_autotune(), as under `kernellab check`: the fixed config)
             if persistent:
                 tiles = triton_support.cdiv(m, config["BLOCK_M"]) * triton_support.cdiv(n, config["BLOCK_N"])
-                programs = min(tiles, triton_support.sm_count(dev) if on_gpu else 4)
-                _matmul_tma_persistent_kernel[(programs,)](
-                    a3, b3, c, bias if bias is not None else c, m, n, k,
+                _matmul_tma_persistent_kernel[(min(tiles, n_sm),)](
+                    a3, b3, c, bias_arg, m, n, k,
                     HAS_BIAS=bias is not None, ACT=_ACT[activation], A_T=a_t, B_T=b_t, **config,
                 )  # fmt: skip
             elif config is not None:
@@ -367,9 +367,9 @@ def tma_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None,
                 _matmul_tma_kernel[grid](*args, **consts, **fixed)
             if split > 1:
                 mn = bt * m * n
-                block = max(128, min(1024, triton_support.next_pow2(max(mn // 132, 1))))
+                block = split_sum_block(mn, n_sm, on_gpu)
                 _split_sum_kernel[(triton_support.cdiv(mn, block),)](
-                    w, c, bias if bias is not None else c, mn, n,
+                    w, c, bias_arg, mn, n,
                     HAS_BIAS=bias is not None, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4,
                 )  # fmt: skip
     return c.reshape(batch + (m, n))
