@@ -116,8 +116,7 @@ DYN_SHARED = {
 # The module of each variant that is not in matmul.cu.
 MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90, "v12": MODULE_SM90}
 # The best variant per dtype (v9 is faster than v8 in bf16; v11 where the GPU has wgmma,
-# see _best_fwd: 0.65-0.97x cuBLAS on an H200 where v10 gave 0.31-0.76x, at every shape of
-# lab/gpu_mm_v11.py).
+# see _best_fwd: faster than v10 at every shape of lab/gpu_mm_v11.py).
 BEST = {torch.float32: "v7", torch.float16: "v9", torch.bfloat16: "v9"}
 
 
@@ -167,13 +166,8 @@ def _device_index(t: torch.Tensor) -> int:
 
 def _launch(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
     """One kernel launch: contiguous a3 [bt, M, K] @ b3 [bt, K, N] -> fresh [bt, M, N]."""
-    if variant == "v10":
-        return _launch_v10(a3, b3, dev)
-    if variant == "v11":
-        return _launch_v11(a3, b3, dev)
-    if variant == "v12":
-        return _launch_v12(a3, b3, dev)
-    return _launch_kernel(variant, a3, b3, dev)
+    launch = _LAUNCHERS.get(variant)
+    return launch(a3, b3, dev) if launch is not None else _launch_kernel(variant, a3, b3, dev)
 
 
 def _whole_chunks(a3: torch.Tensor, b3: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -277,6 +271,12 @@ def _launch_persistent(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: in
     return c if np8 == n else c[..., :n].contiguous()
 
 
+# The variants that are not one plain grid launch of a matmul.cu kernel, and those of them
+# that fold the batch into their tile schedule (no grid z limit of 65535).
+_LAUNCHERS = {"v10": _launch_v10, "v11": _launch_v11, "v12": _launch_v12}
+_BATCH_IN_SCHEDULE = ("v11", "v12")
+
+
 def _launch_kernel(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
     grid_fn, block, has_vec, _, _ = VARIANTS[variant]
     bt, m, k = a3.shape
@@ -314,7 +314,7 @@ def _product(variant: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     bt = a3.shape[0]
     if not (bt and m and n):
         return torch.empty(batch + (m, n), dtype=a.dtype, device=a.device)
-    if bt > 65535 and variant not in ("v11", "v12"):  # (they fold the batch into the tile schedule)
+    if bt > 65535 and variant not in _BATCH_IN_SCHEDULE:
         raise ValueError(f"matmul: a batch of {bt} products exceeds the CUDA grid's z limit (65535)")
     dev = _device_index(a)
     s = split_k_slices(variant, m, n, k, bt, _sm_count(dev))

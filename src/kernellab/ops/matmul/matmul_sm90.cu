@@ -30,10 +30,9 @@
 //       warpgroup's epilogue runs under the other's mainloop. Details in the v12 section.
 //       The trade: a 128x128 tile loads (128 + 128) / (128 * 128) = 1/64 operand elements
 //       per MAC where v11's 128x256 loads 3/256 (a third more traffic through L2 and shared
-//       memory), against an epilogue hidden under MMAs. On an H200 (lab/gpu_mm_v11.py) the
-//       epilogue wins where tiles are few and short (8x1024^3: 0.86x cuBLAS, v11 0.76x;
-//       2048^3 0.86x, v11 0.83x) and the reuse wins at 4096 and up (0.83-0.89x, v11
-//       0.85-0.97x), so `cuda` runs v11.
+//       memory), against an epilogue hidden under MMAs. Measured (lab/gpu_mm_v11.py), the
+//       hidden epilogue wins where a block's tiles are few and short (2048^3, batches of
+//       1024^3) and the reuse wins at 4096 and up, so `cuda` runs v11.
 //
 // Why wgmma (napkin math): an H100 SXM has ~990 TFLOP/s of dense bf16 on paper; mma.sync
 // (v8/v9) is issued warp by warp from registers fed by ldmatrix, and v9 reaches 272. wgmma

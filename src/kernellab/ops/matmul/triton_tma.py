@@ -223,12 +223,9 @@ def _fixed_tma_config(device_index: int) -> dict:
     return cfg
 
 
-# The persistent kernel's launch where the 128x256 tiles of one product fill the SMs: on an
-# H200 (benchmarks/NOTES.md) 0.95-1.01x cuBLAS at [4096, 5120] x [5120, 5120] forward and
-# dA, and at [4096, 128] x [128, 14336] (dB of a 128-token step), where one program per
-# tile ran at 0.81-0.95x and 0.46-0.56x; the same tiles without the persistent loop are
-# the autotuner's usual pick. Below a wave of tiles (fp16 [1000, 5000] x [5000, 3000]: 96)
-# it is slower (0.51x) than one program per tile (0.71x).
+# The persistent kernel's launch where the 128x256 tiles of one product fill the SMs (the
+# tile sweep's best at every such shape, lab/gpu_mm_tma_sweep.py; numbers in
+# benchmarks/NOTES.md). Below a wave of tiles one program per tile is faster.
 PERSISTENT_CONFIG = {
     "BLOCK_M": 128,
     "BLOCK_N": 256,
@@ -264,10 +261,9 @@ def _aligned16(t: torch.Tensor) -> bool:
 # Split-K: products with fewer output tiles than SMs (skinny M, or a short wide output) give
 # each tile's K blocks to `split` programs that write fp32 partials; a second kernel adds
 # them in slice order (deterministic). Each slice keeps at least TMA_MIN_SLICE_BLOCKS blocks
-# of 64, and the partials at most TMA_SPLIT_MAX_BYTES. Measured on an H200 (tiles x stages x
-# warps x slices at M = 1-128 against 4096-14336 weights, benchmarks/NOTES.md): the best
-# split keeps tiles x split within one wave; a second wave of slices costs more in partials
-# than it gains in parallel reads.
+# of 64, and the partials at most TMA_SPLIT_MAX_BYTES. Tiles x slices stay within one wave:
+# a second wave of slices costs more in partials than it gains in parallel reads (the
+# sweep's finding at M = 1-128, benchmarks/NOTES.md).
 TMA_SPLIT_MAX = 16
 TMA_MIN_SLICE_BLOCKS = 4
 TMA_SPLIT_MAX_BYTES = 64 << 20
