@@ -1,17 +1,19 @@
-"""cuda_v11 and cuda_v12 (persistent TMA wgmma matmuls) against cuBLAS and cuda_v10 on an H100/H200.
+"""cuda_v11, cuda_v12 and cuda_v13 (persistent TMA wgmma matmuls) against cuBLAS and cuda_v10
+on an H100/H200.
 
     PYTHONPATH=src python lab/gpu_mm_v11.py --out $OUT [--max-seconds 200] [--cpu-dry-run]
 
-1. smoke: cuda_v12 (ping-pong consumers: the newest, the likeliest to hang) first, then
-   cuda_v11 with each tile width (128x256, 128x128), on small edge shapes (one exact tile,
+1. smoke: cuda_v13 (TMA-store epilogue: the newest, the likeliest to fault or hang) with
+   each tile width (128x256, 128x128) first, then cuda_v12 (ping-pong consumers), then
+   cuda_v11 with each tile width, on small edge shapes (one exact tile,
    partial tiles, 1x8x8, a batch, padded K and N, blocks with 1, 2-3 and 3-4 tiles: odd and
    even turn counts), so a fault or a barrier deadlock shows up on a cheap, readable case
    before a big one;
-2. per case, smallest first: correctness of cuda_v12 and cuda_v11 (the launcher's tile
-   width) against a float64 reference (inputs upcast): max |out - ref|, the same for
+2. per case, smallest first: correctness of cuda_v13, cuda_v12 and cuda_v11 (the
+   launcher's tile width) against a float64 reference (inputs upcast): max |out - ref|, the same for
    torch.matmul, their ratio, the relative error max |out - ref| / max |ref| and the harness
    verdict (error <= 2x PyTorch's + a noise floor, NaN positions, every element written);
-   then device time of torch.matmul (cuBLAS), cuda_v10, cuda_v11 and cuda_v12
+   then device time of torch.matmul (cuBLAS), cuda_v10, cuda_v11, cuda_v12 and cuda_v13
    (``kernellab.harness.timer.time_cuda``:
    CUDA events, L2 flushed before each call, median of a stable run), TFLOP/s = 2 M N K
    batch / time and the ratio to cuBLAS.
@@ -60,10 +62,10 @@ SMOKE = [(128, 256, 64), (129, 257, 65), (1, 8, 8), (2, 5, 600, 72), (1000, 1023
 # v12's extra smoke shapes: 288 and 1024 128x128 tiles (blocks with 2-3 and 7-8 turns), a
 # long K inside one turn, one k-tile per turn
 SMOKE_V12 = SMOKE + [(2304, 2048, 64), (4096, 4096, 512), (64, 256, 8192), (3, 129, 65, 257)]
-# (backend, forced v11 tile width or None), in smoke order
-SMOKE_RUNS = [("cuda_v12", None), ("cuda_v11", 256), ("cuda_v11", 128)]
-CHECKED = ["cuda_v12", "cuda_v11"]
-BACKENDS = ["torch", "cuda_v10", "cuda_v11", "cuda_v12"]
+# (backend, forced v11 / v13 tile width or None), in smoke order
+SMOKE_RUNS = [("cuda_v13", 256), ("cuda_v13", 128), ("cuda_v12", None), ("cuda_v11", 256), ("cuda_v11", 128)]
+CHECKED = ["cuda_v13", "cuda_v12", "cuda_v11"]
+BACKENDS = ["torch", "cuda_v10", "cuda_v11", "cuda_v12", "cuda_v13"]
 STICKY = ("illegal", "misaligned", "unspecified launch failure", "device-side", "launch timed out")
 T0 = time.perf_counter()
 
@@ -138,17 +140,19 @@ def fatal_if_sticky(e: BaseException) -> None:
 
 def product(backend: str, block_n: int | None = None):
     """A callable a, b -> a @ b of one backend (the registered callable, no argument checks;
-    ``block_n``: v11 with its tile width forced; v12 has one width)."""
+    ``block_n``: v11 or v13 with its tile width forced; v12 has one width)."""
     if backend == "torch":
         return torch.matmul
     if block_n is not None:
-        assert backend == "cuda_v11", backend
+        assert backend in ("cuda_v11", "cuda_v13"), backend
         from kernellab.ops.matmul import cuda as mc
+
+        launch = getattr(mc, f"_launch_{backend.removeprefix('cuda_')}")
 
         def forced(a, b):
             a3 = a.reshape(-1, *a.shape[-2:]).contiguous()
             b3 = b.reshape(-1, *b.shape[-2:]).contiguous()
-            c = mc._launch_v11(a3, b3, torch.cuda.current_device(), block_n=block_n)
+            c = launch(a3, b3, torch.cuda.current_device(), block_n=block_n)
             return c.reshape(*a.shape[:-1], b.shape[-1])
 
         return forced
@@ -217,10 +221,11 @@ def main() -> int:
         for backend, bn in SMOKE_RUNS:
             shapes = SMOKE_V12 if backend == "cuda_v12" else SMOKE
             rows.add(kind="plan", smoke=[label(s) for s in shapes], backend=backend, block_n=bn)
-        log(
-            f"dry run: {len(cases)} cases; smoke: {len(SMOKE_V12)} shapes of cuda_v12, then {len(SMOKE)} of "
-            f"cuda_v11 x 2 widths; checked {', '.join(CHECKED)}; wrote {out}"
+        smoke = ", then ".join(
+            f"{len(SMOKE_V12 if b == 'cuda_v12' else SMOKE)} shapes of {b}" + (f" (width {bn})" if bn else "")
+            for b, bn in SMOKE_RUNS
         )
+        log(f"dry run: {len(cases)} cases; smoke: {smoke}; checked {', '.join(CHECKED)}; wrote {out}")
         return 0
     if not torch.cuda.is_available():
         print("no GPU: this script runs on a lent H100/H200 (--cpu-dry-run to test it here)")
@@ -234,9 +239,9 @@ def main() -> int:
     meta = {"gpu": gpu, **versions(), "git_sha": git_sha(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     rows = Rows(out, meta)
     log(f"{gpu} sm_{cap[0]}{cap[1]}  torch {torch.__version__}  sha {rows.meta['git_sha']}")
-    why = kernellab.registry.get("matmul", "cuda_v12").why_unavailable("cuda")
+    why = kernellab.registry.get("matmul", "cuda_v13").why_unavailable("cuda")
     if why:
-        log(f"cuda_v11/cuda_v12 unavailable here: {why}")
+        log(f"cuda_v11/cuda_v12/cuda_v13 unavailable here: {why}")
         rows.add(kind="stop", status=why)
         return 2
     ok, table = True, {}

@@ -15,7 +15,7 @@ from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
 
 SPEC = kernellab.get_spec("matmul")
 CPU_BACKENDS = cpu_backends("matmul")  # manual, torch, triton (interpreter); compile on its own
-CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 13)] + ["cuda"]
+CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 14)] + ["cuda"]
 SHAPES = [(1, 1, 1), (0, 5, 7), (33, 17, 0), (17, 33, 65), (64, 48, 80), (127, 129, 63), (2, 9, 15, 31)]
 
 
@@ -507,17 +507,22 @@ def test_v10_launcher_pads_k_and_n_to_multiples_of_8(monkeypatch):
     torch.testing.assert_close(mc._product("v10", a, b), (a.double() @ b.double()).to(torch.bfloat16))
 
 
-def test_asm_v11_shows_tma_mbarriers_and_the_register_split():
-    """v11's kernels (128x256 and 128x128 tiles): wgmma fed by TMA (bulk tensor copies that
-    complete an mbarrier's transaction bytes), consumers that wait on barrier parities, one MMA
-    group in flight, setmaxnreg 40 / 232, no cp.async; no spills, and exactly 168 registers:
-    384 x 168 = 64512 is the pool setmaxnreg redistributes (128 x 40 + 256 x 232); with fewer,
-    the consumers' setmaxnreg.inc would wait forever."""
+@pytest.mark.parametrize("variant", ["v11", "v13"])
+def test_asm_v11_shows_tma_mbarriers_and_the_register_split(variant):
+    """v11's and v13's kernels (128x256 and 128x128 tiles): wgmma fed by TMA (bulk tensor
+    copies that complete an mbarrier's transaction bytes), consumers that wait on barrier
+    parities, one MMA group in flight, setmaxnreg 40 / 232, no cp.async; no spills, and exactly
+    168 registers: 384 x 168 = 64512 is the pool setmaxnreg redistributes (128 x 40 + 256 x
+    232); with fewer, the consumers' setmaxnreg.inc would wait forever. One block-wide
+    bar.sync (after the barriers' init), none per k-tile. v13's epilogue: TMA stores of the
+    staged C tile as bulk groups, wait_group.read before the buffer is rewritten, wait_group 0
+    before exit, and two 128-thread named-barrier syncs per 128-column half (one warpgroup's)."""
     import re
 
+    tma_store = "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"
     for sfx, ty in (("bf16", "bf16"), ("f16", "f16")):
-        ks = {k.name: k for k in _ptx_of("cuda_v11", sfx)}
-        assert set(ks) == {f"matmul_v11_{sfx}", f"matmul_v11_n128_{sfx}"}
+        ks = {k.name: k for k in _ptx_of(f"cuda_{variant}", sfx)}
+        assert set(ks) == {f"matmul_{variant}_{sfx}", f"matmul_{variant}_n128_{sfx}"}
         for name, k in ks.items():
             n = 128 if "_n128_" in name else 256
             assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty}" in k.ptx
@@ -527,8 +532,18 @@ def test_asm_v11_shows_tma_mbarriers_and_the_register_split():
             assert "setmaxnreg.inc.sync.aligned.u32 232" in k.ptx
             assert "wgmma.wait_group.sync.aligned 1" in k.ptx  # one MMA group kept in flight
             assert "cp.async.cg" not in k.ptx
-            # one bar.sync, after the barriers' init: no block-wide sync per k-tile
-            assert len(re.findall(r"\bbar\.sync\s", k.ptx)) == 1
+            syncs = [x.strip() for x in re.findall(r"\bbar\.sync\s+([^;]*);", k.ptx)]
+            assert [x for x in syncs if "," not in x] == ["0"]  # __syncthreads, once
+            named = [x for x in syncs if "," in x]
+            if variant == "v11":
+                assert named == [] and tma_store not in k.ptx
+            else:
+                assert len(named) == 2 * n // 128 and all(x.replace(" ", "").endswith(",128") for x in named)
+                # two 64-column boxes per half (the loop over halves unrolled)
+                assert k.ptx.count(tma_store) == 2 * (n // 128) and "fence.proxy.async.shared::cta" in k.ptx
+                assert "cp.async.bulk.commit_group" in k.ptx and "cp.async.bulk.wait_group.read 0" in k.ptx
+                assert re.search(r"cp\.async\.bulk\.wait_group 0;", k.ptx)
+                assert "st.global" not in k.ptx  # C leaves only through the TMA stores
             assert (k.local_bytes or 0) == 0 and (k.stack_bytes or 0) == 0
             if k.registers is not None:
                 assert k.registers == 168, (name, k.registers)
@@ -536,21 +551,28 @@ def test_asm_v11_shows_tma_mbarriers_and_the_register_split():
                 assert f"HGMMA.64x{n}x16.F32" in k.sass and "tnspB" in k.sass and "UTMALDG.3D" in k.sass
                 # the four k16 MMAs of a k-tile issue back to back: one arrive, one wait
                 assert k.sass.count("WARPGROUP.ARRIVE") == 1, name
+                assert ("UTMASTG.3D" in k.sass) == (variant == "v13") and "STL" not in k.sass
 
 
-def test_v11_launch_signature_matches_the_kernels_parameters():
-    """Two tensor maps by value (128 bytes each), C's pointer, M, N, K and the batch."""
+@pytest.mark.parametrize(
+    "variant, c_param",
+    [("v11", 8), ("v13", 128)],  # v11: C's pointer; v13: C's tensor map
+)
+def test_v11_launch_signature_matches_the_kernels_parameters(variant, c_param):
+    """Two tensor maps by value (128 bytes each), C (v11: a pointer; v13: a third tensor
+    map), M, N, K and the batch."""
     from kernellab.cuda.runtime import check_signature, nvrtc_unavailable, ptx_param_sizes
     from kernellab.ops.matmul import cuda as mc
 
     if nvrtc_unavailable():
         pytest.skip(nvrtc_unavailable())
     ptx = mc.MODULE_SM90.compile("sm_90", target="ptx").decode()
+    signature = mc.V13_SIGNATURE if variant == "v13" else mc.V11_SIGNATURE
     for sfx in ("bf16", "f16"):
         for tile in ("", "_n128"):
-            name = f"matmul_v11{tile}_{sfx}"
-            check_signature(name, mc.V11_SIGNATURE, ptx_param_sizes(ptx, name))
-            assert ptx_param_sizes(ptx, name) == [128, 128, 8, 4, 4, 4, 4]
+            name = f"matmul_{variant}{tile}_{sfx}"
+            check_signature(name, signature, ptx_param_sizes(ptx, name))
+            assert ptx_param_sizes(ptx, name) == [128, 128, c_param, 4, 4, 4, 4]
 
 
 # The 128-byte swizzle as the hardware applies it to a shared-memory byte address (bits
@@ -600,6 +622,34 @@ def test_v10_v11_descriptors_read_what_the_copies_wrote():
                 for n in range(bn):
                     off = n % 64 + (n // 64) * (lbo // 2) + (k % 8) * 64 + (k // 8) * (sbo // 2)
                     assert _sw128(start + 2 * off) == b_written(16 * kk + k, n)
+
+
+def test_v13_epilogue_writes_what_the_c_map_stores():
+    """v13_body's staging writes, per consumer warpgroup and 128-column half: thread (warp,
+    lane) stores the pair of acc[4j + 2h] at byte box + r * 128 + (((jj % 8) ^ g) << 4 | q << 2)
+    (jj = j - 16 hf, box = buffer + (jj / 8) * 8192, r = 16 warp + 8h + g). That is where the
+    C map's TMA store (box 64 columns x 64 rows, 128-byte swizzle, from a 1024-aligned address)
+    reads element (r, 64 (jj / 8) + 8 (jj % 8) + 2q) and the next; every element of the 64 x
+    128 half is written once; each warp-wide store hits 32 different banks."""
+    base = 7 * 1024
+    seen = {}
+    for warp in range(4):
+        for jj in range(16):
+            for h in range(2):
+                banks = set()
+                for lane in range(32):
+                    g, q = lane // 4, lane % 4
+                    r, col = 16 * warp + 8 * h + g, 8 * jj + 2 * q  # the fragment's row and column
+                    box = base + (jj // 8) * 8192
+                    addr = box + r * 128 + ((((jj % 8) ^ g) << 4) | (q << 2))
+                    assert addr == _sw128(box + r * 128 + 2 * (col % 64))  # what TMA reads there
+                    assert _sw128(box + r * 128 + 2 * (col % 64 + 1)) == addr + 2  # the pair's second
+                    assert (r, col) not in seen
+                    seen[(r, col)] = addr
+                    banks.add((addr // 4) % 32)
+                assert len(banks) == 32, (warp, jj, h)
+    assert sorted(seen) == [(r, c) for r in range(64) for c in range(0, 128, 2)]
+    assert len(set(seen.values())) == len(seen) and max(seen.values()) < base + 16 * 1024
 
 
 def _v11_tile(t, m, n, bn, group_m=8):
@@ -764,18 +814,21 @@ class _V11Recorder:
         self.calls.append((grid, block, args, shared))
 
 
-def test_v11_launcher_maps_grid_and_padding(monkeypatch):
-    """v11's launcher: K and N padded to multiples of 8 (as v10's), tensor maps of the padded
-    operands (dims innermost first, byte strides, boxes of 64 x 128 for A and 64 x 64 for B,
-    128-byte swizzle), a persistent grid of min(SMs, tiles) blocks of 384 threads, the tile
-    width v11_block_n picks (and its kernel and shared memory), K = 0 answered without a
-    launch, batches past the grid's z limit accepted (the batch is in the schedule)."""
+@pytest.mark.parametrize("variant", ["v11", "v13"])
+def test_v11_launcher_maps_grid_and_padding(monkeypatch, variant):
+    """v11's and v13's launcher: K and N padded to multiples of 8 (as v10's), tensor maps of
+    the padded operands (dims innermost first, byte strides, boxes of 64 x 128 for A and 64 x
+    64 for B, 128-byte swizzle), a persistent grid of min(SMs, tiles) blocks of 384 threads,
+    the tile width v11_block_n picks (and its kernel and shared memory), K = 0 answered
+    without a launch, batches past the grid's z limit accepted (the batch is in the
+    schedule). v13 gets C [bt, M, np8] as a tensor map (boxes of 64 x 64, 128-byte swizzle:
+    its staging buffer's layout) in place of the pointer."""
     from kernellab.ops.matmul import cuda as mc
 
     rec = _V11Recorder()
 
     def kernel(name, signature, device_index=None):
-        assert signature == mc.V11_SIGNATURE
+        assert signature == (mc.V13_SIGNATURE if variant == "v13" else mc.V11_SIGNATURE)
         rec.names.append(name)
         return rec
 
@@ -796,26 +849,35 @@ def test_v11_launcher_maps_grid_and_padding(monkeypatch):
         b = torch.randn(*batch, k, n, generator=gen).to(torch.bfloat16)
         rec.calls.clear()
         rec.names.clear()
-        out = mc._product("v11", a, b)
+        out = mc._product(variant, a, b)
         assert out.shape == (*batch, mm_, n)
         ((grid, block, args, shared),) = rec.calls
         tiles = bt * -(-m // 128) * -(-np8 // bn)
-        assert rec.names == [f"matmul_v11{'_n128' if bn == 128 else ''}_bf16"], shape
-        want_shared = mc.DYN_SHARED["v11_n128" if bn == 128 else "v11"]
-        assert (grid, block, shared) == (min(132, tiles), 384, want_shared)
+        form = variant + ("_n128" if bn == 128 else "")
+        assert rec.names == [f"matmul_{form}_bf16"], shape
+        assert (grid, block, shared) == (min(132, tiles), 384, mc.DYN_SHARED[form])
         ta, tb, c, *ints = args
-        assert ints == [m, np8, kp, bt] and c.shape == (bt, m, np8)
+        if variant == "v13":
+            assert c[0] == "map" and c[2:] == (2, (np8, m, bt), (2 * np8, 2 * m * np8), (64, 64, 1), 128)
+            assert c[1] % 16 == 0 and (np8 != n or c[1] == out.data_ptr())  # the returned tensor
+        else:
+            assert c.shape == (bt, m, np8)
+        assert ints == [m, np8, kp, bt]
         assert ta[0] == "map" and ta[2:] == (2, (kp, m, bt), (2 * kp, 2 * m * kp), (64, 128, 1), 128)
         assert tb[0] == "map" and tb[2:] == (2, (np8, kp, bt), (2 * np8, 2 * kp * np8), (64, 64, 1), 128)
         assert ta[1] % 16 == 0 and tb[1] % 16 == 0
     assert mc.DYN_SHARED["v11"] == 4 * 48 * 1024 + 1024 and mc.DYN_SHARED["v11_n128"] == 6 * 32 * 1024 + 1024
-    assert max(mc.DYN_SHARED["v11"], mc.DYN_SHARED["v11_n128"]) + 2048 <= 227 * 1024  # + static (barriers)
+    # v13: v11's rings and a 32 KB C staging buffer
+    for form in ("", "_n128"):
+        assert mc.DYN_SHARED[f"v13{form}"] - mc.DYN_SHARED[f"v11{form}"] == 32 * 1024
+    wide, narrow = mc.DYN_SHARED[variant], mc.DYN_SHARED[f"{variant}_n128"]
+    assert max(wide, narrow) + 2048 <= 227 * 1024  # + static (barriers)
     rec.calls.clear()
     a, b = torch.randn(5, 0).to(torch.bfloat16), torch.randn(0, 9).to(torch.bfloat16)
-    out = mc._product("v11", a, b)
+    out = mc._product(variant, a, b)
     assert rec.calls == [] and torch.equal(out, torch.zeros(5, 9, dtype=torch.bfloat16))
     a, b = torch.randn(70000, 1, 8).to(torch.bfloat16), torch.randn(70000, 8, 8).to(torch.bfloat16)
-    out = mc._product("v11", a, b)
+    out = mc._product(variant, a, b)
     assert rec.calls[-1][2][3:] == (1, 8, 8, 70000) and out.shape == (70000, 1, 8)
 
 
@@ -1139,7 +1201,7 @@ def _gpu_dtypes(backend):
 @pytest.mark.parametrize("backend", CUDA_VARIANTS + ["triton", "triton_tma", "torch", "manual"])
 def test_gpu_forward_and_gradients(backend):
     why = kernellab.registry.get("matmul", backend).why_unavailable("cuda")
-    if backend in ("cuda_v10", "cuda_v11", "cuda_v12") and why:
+    if backend in ("cuda_v10", "cuda_v11", "cuda_v12", "cuda_v13") and why:
         pytest.skip(why)  # not sm_90
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # every side full fp32
@@ -1228,15 +1290,20 @@ def test_gpu_v10_tile_edges_and_long_k(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("block_n", [256, 128])
-def test_gpu_v11_tile_edges_persistent_schedule_and_both_widths(dtype, block_n):
-    """cuda_v11 (TMA, mbarrier ring, persistent blocks) with each tile width forced: v10's edge
-    shapes (TMA zero-fills every partial tile), grids with several tiles per block (the ring's
-    phases carried across tiles; 2048x4096 is 256 or 512 tiles on ~132 SMs), batches whose
-    tiles share a block, one k-tile, a long K (the ring wraps many times), then the public
-    call (the launcher's own choice of width)."""
+@pytest.mark.parametrize("variant", ["v11", "v13"])
+def test_gpu_v11_tile_edges_persistent_schedule_and_both_widths(dtype, block_n, variant):
+    """cuda_v11 and cuda_v13 (TMA, mbarrier ring, persistent blocks) with each tile width
+    forced: v10's edge shapes (TMA zero-fills every partial tile; v13's TMA stores clip
+    there), grids with several tiles per block (the ring's phases carried across tiles, v13's
+    staging buffer reused; 2048x4096 is 256 or 512 tiles on ~132 SMs), batches whose tiles
+    share a block (v13: the C map's batch dim keeps a tile's rows past M out of the next
+    product), one k-tile, a long K (the ring wraps many times), then the public call (the
+    launcher's own choice of width)."""
     from kernellab.ops.matmul import cuda as mc
 
-    impl = kernellab.registry.get("matmul", "cuda_v11")
+    backend = f"cuda_{variant}"
+    launch = getattr(mc, f"_launch_{variant}")
+    impl = kernellab.registry.get("matmul", backend)
     if impl.why_unavailable("cuda"):
         pytest.skip(impl.why_unavailable("cuda"))
     shapes = [
@@ -1259,10 +1326,10 @@ def test_gpu_v11_tile_edges_persistent_schedule_and_both_widths(dtype, block_n):
         a, b = _inputs(shape, dtype, "cuda", seed=300 + i)
         a3 = a.reshape(-1, *a.shape[-2:]).contiguous()
         b3 = b.reshape(-1, *b.shape[-2:]).contiguous()
-        y = mc._launch_v11(a3, b3, dev, block_n=block_n).reshape(*a.shape[:-1], b.shape[-1])
+        y = launch(a3, b3, dev, block_n=block_n).reshape(*a.shape[:-1], b.shape[-1])
         v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
         assert v.ok, f"{shape} block_n={block_n}: {v.detail}"
-        y = mm.matmul(a, b, backend="cuda_v11")
+        y = mm.matmul(a, b, backend=backend)
         v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
         assert v.ok, f"{shape} (launcher's width): {v.detail}"
 

@@ -1,10 +1,11 @@
 """Matmul in CUDA C++ (matmul.cu, compiled by NVRTC): launchers, custom ops, registrations.
 
 Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of matmul.cu),
-``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10``, ``cuda_v11`` and ``cuda_v12``
+``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` ... ``cuda_v13``
 (Hopper wgmma, fp16/bf16, matmul_sm90.cu, sm_90 GPUs only; v11 warp-specialized and persistent,
 its operands copied by TMA from tensor maps built here; v12 the same with CUTLASS's ping-pong
-consumers, one 128x128 tile per warpgroup, epilogues overlapping the other's MMAs) and
+consumers, one 128x128 tile per warpgroup, epilogues overlapping the other's MMAs; v13 v11
+with C staged in shared memory and written by TMA stores through a third tensor map) and
 ``cuda`` (the best per dtype: v7 for fp32; for fp16/bf16 v11 on sm_90, v9 elsewhere). The
 kernels take contiguous row-major operands: strided inputs (transposed, sliced, expanded) are
 packed with ``.contiguous()`` first, which costs a copy but computes correctly; the backward
@@ -100,21 +101,33 @@ VARIANTS = {
         "CUDA v12: v11 with ping-pong consumers (a 128x128 tile per warpgroup, turns at the tensor "
         "cores, epilogue under the other's MMAs); sm_90 only",
     ),
+    "v13": (
+        _tiles(128, 256),  # (the launcher's persistent grid is v11's, not this)
+        384,
+        False,
+        _HALF,
+        "CUDA v13: v11 with the epilogue through shared memory and TMA stores (drain under the next "
+        "tile's MMAs); sm_90 only",
+    ),
 }
 # Dynamic shared memory per block (bytes) of the variants that use it: v9 keeps 3 stages of
 # a 128x40 A tile and a 32x264 B tile (padded halfs); v10 4 stages of a 128x64 A tile and a
 # 64x256 B tile, plus 1 KB to align the base to 1024 bytes (128-byte swizzle atoms); v11 the
 # same stages, and 6 stages of 128x64 + 64x128 in its 128x128 form (V11Tile in the .cu); v12
-# the 128x128 form's stages (its warpgroups' tiles are 128x128).
+# the 128x128 form's stages (its warpgroups' tiles are 128x128); v13 v11's stages (both
+# forms) and a 32 KB C staging buffer after them (64 rows x 128 columns per consumer
+# warpgroup; V13Smem in the .cu).
 DYN_SHARED = {
     "v9": 3 * (128 * 40 + 32 * 264) * 2,
     "v10": 4 * (128 * 64 + 64 * 256) * 2 + 1024,
     "v11": 4 * (128 * 64 + 64 * 256) * 2 + 1024,
     "v11_n128": 6 * (128 * 64 + 64 * 128) * 2 + 1024,
     "v12": 6 * (128 * 64 + 64 * 128) * 2 + 1024,
+    "v13": 4 * (128 * 64 + 64 * 256) * 2 + 1024 + 2 * 64 * 128 * 2,
+    "v13_n128": 6 * (128 * 64 + 64 * 128) * 2 + 1024 + 2 * 64 * 128 * 2,
 }
 # The module of each variant that is not in matmul.cu.
-MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90, "v12": MODULE_SM90}
+MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90, "v12": MODULE_SM90, "v13": MODULE_SM90}
 # The best variant per dtype (v9 is faster than v8 in bf16; v11 where the GPU has wgmma,
 # see _best_fwd: faster than v10 at every shape of lab/gpu_mm_v11.py).
 BEST = {torch.float32: "v7", torch.float16: "v9", torch.bfloat16: "v9"}
@@ -246,9 +259,29 @@ def _launch_v12(a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
     return _launch_persistent("v12", a3, b3, dev, V12_BN)
 
 
+# v13's kernels take three tensor maps (A, B as v11's; C, see v13_c_map), M, N, K and the batch.
+V13_SIGNATURE = ("tmap", "tmap", "tmap", "i32", "i32", "i32", "i32")
+
+
+def v13_c_map(c: torch.Tensor):
+    """The TMA map of v13's output c [bt, M, N] (N the padded width, a multiple of 8): dims
+    innermost first, byte strides, boxes of 64 columns (128 bytes) x 64 rows (a consumer
+    warpgroup's rows of one 64-column slab), 128-byte swizzle (the staging buffer's layout).
+    TMA stores clip at the dims: rows past M and columns past N are not written."""
+    bt, m, n = c.shape
+    return tensor_map(c.data_ptr(), 2, (n, m, bt), (2 * n, 2 * m * n), (64, 64, 1), 128)
+
+
+def _launch_v13(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
+    """v13: as _launch_v11 (padding, A and B maps, K = 0, the tile width v11_block_n picks,
+    persistent grid), the output written through a C tensor map instead of a pointer."""
+    return _launch_persistent("v13", a3, b3, dev, block_n)
+
+
 def _launch_persistent(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n) -> torch.Tensor:
-    """The launch v11 and v12 share: pad or copy to whole 16-byte rows, v11's tensor maps,
-    min(SMs, tiles) blocks of 384 threads; v11 picks its tile width (block_n None)."""
+    """The launch v11-v13 share: pad or copy to whole 16-byte rows, v11's tensor maps,
+    min(SMs, tiles) blocks of 384 threads; v11 and v13 pick their tile width (block_n None);
+    v13 takes C as a third tensor map instead of a pointer."""
     bt, m, k = a3.shape
     n = b3.shape[-1]
     if k == 0:
@@ -262,19 +295,23 @@ def _launch_persistent(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: in
         raise ValueError(f"matmul: cuda_{variant} counts output tiles in 32 bits; {tiles} is too many")
     c = torch.empty((bt, m, np8), dtype=a3.dtype, device=a3.device)
     ta, tb = v11_tensor_maps(a3, b3)
-    form = variant + ("_n128" if variant == "v11" and bn == 128 else "")
-    kern = MODULE_SM90.kernel(f"matmul_{form}_{_SUFFIX[a3.dtype]}", V11_SIGNATURE, dev)
+    form = variant + ("_n128" if variant in ("v11", "v13") and bn == 128 else "")
+    tma_c = variant == "v13"
+    kern = MODULE_SM90.kernel(
+        f"matmul_{form}_{_SUFFIX[a3.dtype]}", V13_SIGNATURE if tma_c else V11_SIGNATURE, dev
+    )
     shared = DYN_SHARED[form]
     if shared > kern.max_dynamic_shared:
         kern.set_max_dynamic_shared(shared)
-    kern(min(sms, tiles), V11_THREADS, ta, tb, c, m, np8, kp, bt, shared=shared, device_index=dev)
+    out = v13_c_map(c) if tma_c else c
+    kern(min(sms, tiles), V11_THREADS, ta, tb, out, m, np8, kp, bt, shared=shared, device_index=dev)
     return c if np8 == n else c[..., :n].contiguous()
 
 
 # The variants that are not one plain grid launch of a matmul.cu kernel, and those of them
 # that fold the batch into their tile schedule (no grid z limit of 65535).
-_LAUNCHERS = {"v10": _launch_v10, "v11": _launch_v11, "v12": _launch_v12}
-_BATCH_IN_SCHEDULE = ("v11", "v12")
+_LAUNCHERS = {"v10": _launch_v10, "v11": _launch_v11, "v12": _launch_v12, "v13": _launch_v13}
+_BATCH_IN_SCHEDULE = ("v11", "v12", "v13")
 
 
 def _launch_kernel(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
@@ -350,7 +387,7 @@ def _best_fwd(a, b, bias=None, activation=None):
     return _make_fwd(variant)(a, b, bias, activation)
 
 
-# v10-v12's wgmma exists on sm_90 only (an sm_90a cubin runs nowhere else)
+# v10-v13's wgmma exists on sm_90 only (an sm_90a cubin runs nowhere else)
 _available_sm90 = sm90_unavailable
 
 

@@ -33,6 +33,11 @@
 //       memory), against an epilogue hidden under MMAs. Measured (lab/gpu_mm_v11.py), the
 //       hidden epilogue wins where a block's tiles are few and short (2048^3, batches of
 //       1024^3) and the reuse wins at 4096 and up, so `cuda` runs v11.
+//   v13 v11 with the epilogue through shared memory: the consumers write the converted C
+//       tile (128-byte swizzled, conflict-free) into a 32 KB staging buffer in two 128-column
+//       halves and one thread per warpgroup issues TMA stores (cp.async.bulk.tensor, clipped
+//       at the edges by the C tensor map) that drain during the next tile's mainloop; v11's
+//       4-stage ring is kept (192 + 32 + 1 KB). Details in the v13 section.
 //
 // Why wgmma (napkin math): an H100 SXM has ~990 TFLOP/s of dense bf16 on paper; mma.sync
 // (v8/v9) is issued warp by warp from registers fed by ldmatrix, and v9 reaches 272. wgmma
@@ -822,4 +827,207 @@ extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v12_bf16(V11
 }
 extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v12_f16(V11_ARGS(__half)) {
     v12_body<__half, false>(&ta, &tb, C, M, N, K, batch);
+}
+
+// ======================================================================================= v13
+//
+// v13: v11 (producer, ring, persistent schedule, both tile widths, MMAs unchanged) with the
+// epilogue through shared memory and TMA stores, as CUTLASS's sm90 TMA epilogues do.
+//
+// What holds v11 back: its epilogue stores C straight from the accumulator fragment, 64
+// scattered 4-byte global stores per consumer thread per 128x256 tile (each warp's store
+// touches 8 rows x 16 bytes), bounds-checked; the consumer warpgroups issue all of them
+// before the next tile's first MMA, so the tensor cores idle for the whole store. v13 moves
+// the tile through shared memory: the consumers convert and write it with conflict-free
+// 4-byte st.shared, and one thread per warpgroup hands it to the TMA unit
+// (cp.async.bulk.tensor ... .bulk_group), which drains it to global memory while the next
+// tile's mainloop runs. TMA clips the boxes at the M and N edges (the C map's dims are the
+// output's), so the epilogue has no bounds checks.
+//
+// Shared memory (napkin math, bytes): the whole 128x256 bf16 C tile is 64 KB, and v11's 4
+// stages x 48 KB + 1 KB alignment = 193 KB; 193 + 64 = 257 KB is over the 227 KB a block
+// may have. Two ways out: 3 stages (144 + 64 + 1 = 209 KB), which shortens the ring v11's
+// mainloop is tuned on (each stage is ~1000 cycles of MMAs; 3 stages hide ~2000 cycles of
+// TMA latency instead of ~3000), or keep 4 stages and stage C in halves: a 32 KB buffer,
+// 16 KB (64 rows x 128 columns) per consumer warpgroup: 192 + 32 + 1 = 225 KB (+ 96 B of
+// static barriers, under 227 KB). v13 keeps the mainloop and stages halves. The cost: a
+// 128x256 tile's second half waits until the TMA unit has read the first out of shared
+// memory (16 KB per warpgroup, ~32 KB per SM at ~128 B per cycle: a few hundred cycles,
+// against v11's ~2-4k cycles of scattered stores); the next tile's first half then waits
+// on nothing (its buffer drained during the mainloop). The 128x128 form (6 stages x 32 KB)
+// has exactly one half: 192 + 32 + 1 = 225 KB as well.
+//
+// Layout of a warpgroup's 16 KB buffer: two 8 KB boxes of 64 rows x 64 columns (128-byte
+// rows, 1024-aligned), 128-byte swizzled as the C tensor map says (box (64, 64, 1),
+// swizzle 128): element (r, c) of box b at b * 8192 + r * 128 + ((c / 8) ^ (r % 8)) * 16 +
+// (c % 8) * 2, the layout v11's TMA loads write, now read by the TMA store. A thread's pair
+// (acc[4j + 2h], acc[4j + 2h + 1]) is row r = 16 warp + 8h + g, columns 8j + 2q, 8j + 2q + 1
+// of the warpgroup's 64 rows (the m64nNk16 fragment), so r % 8 = g: for one (j, h) the 32
+// lanes of a warp write rows g = 0..7 at chunk (j % 8) ^ g, word q: 32 different banks.
+//
+// Ordering per warpgroup and half (a named barrier per warpgroup, ids 1 and 2, 128 threads:
+// the warpgroups write disjoint buffers and store them independently, so neither waits for
+// the other's epilogue): the issuing thread (the warpgroup's first) waits
+// cp.async.bulk.wait_group.read 0 (the TMA unit has finished reading the buffer's previous
+// contents), bar.sync; every thread writes its 32 pairs, fence.proxy.async.shared::cta (its
+// generic-proxy writes become visible to the async proxy), bar.sync; the issuing thread
+// issues the two boxes' stores (boxes wholly past N skipped) and commits them as one bulk
+// group. A warpgroup whose 64 rows start past M, or a half that starts past N, skips the
+// half (the condition is uniform across the warpgroup, so the barriers stay matched).
+// Before exit the issuing thread waits wait_group 0: the stores have completed, and shared
+// memory is not released under a read.
+//
+// Contract and launch: v11's, with C passed as a third tensor map instead of a pointer: C
+// [batch, M, N] (N the padded width), dims (N, M, batch), box (64, 64, 1), 128-byte
+// swizzle. Shared memory:
+// DYN_SHARED["v13"] / ["v13_n128"] in cuda.py.
+
+#define V13_C_BYTES (2 * 64 * 128 * 2)  // per consumer warpgroup 64 rows x 128 columns, 16-bit
+#define V13_EPI_BAR 1                  // named barriers 1 (warpgroup 0) and 2 (warpgroup 1)
+
+template <int BN>
+struct V13Smem {
+    static constexpr unsigned C_OFFSET = V11Tile<BN>::STAGES * V11Tile<BN>::STAGE_BYTES;  // after the ring
+    static constexpr unsigned BYTES = V11Tile<BN>::SMEM_BYTES + V13_C_BYTES;
+    static_assert(BYTES + 1024 <= 227 * 1024, "ring + C staging + static barriers exceed a block's shared memory");
+};
+
+__device__ __forceinline__ void v13_tma_store_3d(const TensorMap* map, unsigned src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                     reinterpret_cast<unsigned long long>(map)),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+__device__ __forceinline__ void v13_bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void v13_bulk_wait_read0() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void v13_bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void v13_epi_sync(int id) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ unsigned v13_pack(__nv_bfloat16*, float x, float y) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+__device__ __forceinline__ unsigned v13_pack(__half*, float x, float y) {
+    const __half2 v = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+__device__ __forceinline__ void v13_st_shared(unsigned addr, unsigned v) {
+    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+template <typename T, bool BF16, int BN>
+__device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* tb, const TensorMap* tc, int M,
+                                         int N, int K, int batch) {
+    using Tile = V11Tile<BN>;
+    constexpr int S = Tile::STAGES;
+    extern __shared__ __align__(1024) unsigned char v13_smem[];
+    __shared__ __align__(8) unsigned long long v13_bars[2 * S];  // full[0..S), empty[0..S)
+    v11_check_smem(V13Smem<BN>::BYTES);
+    const unsigned smem0 = (v10_smem_u32(v13_smem) + 1023u) & ~1023u;
+    const unsigned full0 = v10_smem_u32(&v13_bars[0]), empty0 = v10_smem_u32(&v13_bars[S]);
+    const int tid = threadIdx.x;
+    v11_init_ring<S>(full0, empty0, 8);  // empty: one arrival per consumer warp
+
+    const V11Sched<BN> sched(M, N, batch);
+    const int ktiles = (K + V11_BK - 1) / V11_BK;
+
+    if (tid < 128) {  // producer warpgroup: one thread issues every copy, the rest retire
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) v11_produce<BN>(ta, tb, sched, ktiles, smem0, full0, empty0);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+
+    const int cw = tid / 128 - 1;  // consumer warpgroup: rows 64cw .. 64cw+63 of the tile
+    const int warp = (tid % 128) / 32, lane = tid % 32;
+    const int g = lane / 4, q = lane % 4;
+    const bool issuer = tid % 128 == 0;  // the warpgroup's thread that issues its C stores
+    const int epi_bar = V13_EPI_BAR + cw;
+    // this warpgroup's C buffer, and the byte of each thread's pair in it (see the header)
+    const unsigned cbuf = smem0 + V13Smem<BN>::C_OFFSET + cw * (V13_C_BYTES / 2);
+    if (issuer) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(tc)) : "memory");
+    auto release = [&](int used) {  // this warp is done with the stage of k-tile `used`
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * (used % S));
+    };
+    float acc[BN / 2];
+    int it = 0;
+    for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+        int m0, n0, z;
+        sched.tile(t, m0, n0, z);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+            const int s = it % S;
+            mbar_wait(full0 + 8 * s, (it / S) & 1);
+            const unsigned sa = smem0 + s * Tile::STAGE_BYTES + cw * 64 * 128;
+            const unsigned sb = smem0 + s * Tile::STAGE_BYTES + Tile::A_BYTES;
+            v10_wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < V11_BK / 16; ++kk) {
+                const unsigned long long da = v10_desc(sa + kk * 32, 16, 1024);
+                const unsigned long long db = v10_desc(sb + kk * 16 * 128, Tile::SLAB_BYTES, 1024);
+                v11_wgmma<BN, BF16>(acc, da, db);
+            }
+            v10_wgmma_commit();
+            v10_wgmma_wait<1>();  // k-tile it-1's MMAs are complete: its stage may be refilled
+            if (kt > 0) release(it - 1);
+        }
+        v10_wgmma_wait<0>();
+        if (ktiles > 0) release(it - 1);
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) v10_fence_operand(acc[i]);
+
+        // Epilogue: per 128-column half, through this warpgroup's buffer to a TMA store.
+        const int row_c = m0 + cw * 64;  // the warpgroup's first row of C
+        if (row_c >= M) continue;        // (uniform in the warpgroup)
+#pragma unroll
+        for (int hf = 0; hf < BN / 128; ++hf) {
+            const int col_c = n0 + 128 * hf;
+            if (col_c >= N) break;  // (uniform in the warpgroup)
+            if (issuer) v13_bulk_wait_read0();  // the buffer's previous contents are read out
+            v13_epi_sync(epi_bar);
+#pragma unroll
+            for (int jj = 0; jj < 16; ++jj) {  // 8-column groups of the half: j = 16 hf + jj
+                const int j = 16 * hf + jj;
+                const unsigned box = cbuf + (jj / 8) * 8192 + ((((jj % 8) ^ g) << 4) | (q << 2));
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int r = warp * 16 + 8 * h + g;
+                    v13_st_shared(box + r * 128, v13_pack((T*)nullptr, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+                }
+            }
+            v10_fence_proxy_async();  // these st.shared -> visible to the TMA unit (async proxy)
+            v13_epi_sync(epi_bar);
+            if (issuer) {
+                v13_tma_store_3d(tc, cbuf, col_c, row_c, z);
+                if (col_c + 64 < N) v13_tma_store_3d(tc, cbuf + 8192, col_c + 64, row_c, z);
+                v13_bulk_commit();
+            }
+        }
+    }
+    if (issuer) v13_bulk_wait0();  // every store complete before the block's shared memory goes
+}
+
+#define V13_ARGS(T)                                                                                        \
+    const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb,                          \
+        const __grid_constant__ TensorMap tc, int M, int N, int K, int batch
+
+// 128x256 tiles (the default) and 128x128 tiles (small grids; cuda.py, v11_block_n). C is
+// written only through its tensor map tc: no pointer argument.
+extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v13_bf16(V13_ARGS(__nv_bfloat16)) {
+    v13_body<__nv_bfloat16, true, 256>(&ta, &tb, &tc, M, N, K, batch);
+}
+extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v13_f16(V13_ARGS(__half)) {
+    v13_body<__half, false, 256>(&ta, &tb, &tc, M, N, K, batch);
+}
+extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v13_n128_bf16(V13_ARGS(__nv_bfloat16)) {
+    v13_body<__nv_bfloat16, true, 128>(&ta, &tb, &tc, M, N, K, batch);
+}
+extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v13_n128_f16(V13_ARGS(__half)) {
+    v13_body<__half, false, 128>(&ta, &tb, &tc, M, N, K, batch);
 }
