@@ -6,7 +6,7 @@ Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of ma
 its operands copied by TMA from tensor maps built here; v12 the same with CUTLASS's ping-pong
 consumers, one 128x128 tile per warpgroup, epilogues overlapping the other's MMAs; v13 v11
 with C staged in shared memory and written by TMA stores through a third tensor map) and
-``cuda`` (the best per dtype: v7 for fp32; for fp16/bf16 v11 on sm_90, v9 elsewhere). The
+``cuda`` (the best per dtype: v7 for fp32; for fp16/bf16 v13 on sm_90, v9 elsewhere). The
 kernels take contiguous row-major operands: strided inputs (transposed, sliced, expanded) are
 packed with ``.contiguous()`` first, which costs a copy but computes correctly; the backward
 calls the same kernels on transposed (hence packed) views. v1-v7 on grids smaller than the
@@ -128,8 +128,8 @@ DYN_SHARED = {
 }
 # The module of each variant that is not in matmul.cu.
 MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90, "v12": MODULE_SM90, "v13": MODULE_SM90}
-# The best variant per dtype (v9 is faster than v8 in bf16; v11 where the GPU has wgmma,
-# see _best_fwd: faster than v10 at every shape of lab/gpu_mm_v11.py).
+# The best variant per dtype (v9 is faster than v8 in bf16; v13 where the GPU has wgmma,
+# see _best_fwd: the fastest of v10-v13 at the shapes of lab/gpu_mm_v11.py, NOTES).
 BEST = {torch.float32: "v7", torch.float16: "v9", torch.bfloat16: "v9"}
 
 
@@ -383,7 +383,7 @@ def _make_fwd(variant: str):
 def _best_fwd(a, b, bias=None, activation=None):
     variant = BEST[a.dtype]
     if a.dtype != torch.float32 and a.is_cuda and is_sm90(_device_index(a)):
-        variant = "v11"  # Hopper: TMA, warp-specialized wgmma
+        variant = "v13"  # Hopper: TMA, warp-specialized wgmma, TMA-stored epilogue
     return _make_fwd(variant)(a, b, bias, activation)
 
 
@@ -410,5 +410,5 @@ for _v, (_g, _b, _hv, _dt, _desc) in VARIANTS.items():
     else:
         _register(f"cuda_{_v}", _make_fwd(_v), _dt, _desc)
 _register(
-    "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 fp32; v11 wgmma on sm_90, else v9, fp16/bf16)"
+    "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 fp32; v13 wgmma on sm_90, else v9, fp16/bf16)"
 )

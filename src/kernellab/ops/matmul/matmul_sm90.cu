@@ -32,7 +32,7 @@
 //       per MAC where v11's 128x256 loads 3/256 (a third more traffic through L2 and shared
 //       memory), against an epilogue hidden under MMAs. Measured (lab/gpu_mm_v11.py), the
 //       hidden epilogue wins where a block's tiles are few and short (2048^3, batches of
-//       1024^3) and the reuse wins at 4096 and up, so `cuda` runs v11.
+//       1024^3) and the reuse wins at 4096 and up, so v12 stays a rung.
 //   v13 v11 with the epilogue through shared memory: the consumers write the converted C
 //       tile (128-byte swizzled, conflict-free) into a 32 KB staging buffer in two 128-column
 //       halves and one thread per warpgroup issues TMA stores (cp.async.bulk.tensor, clipped
