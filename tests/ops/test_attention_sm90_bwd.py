@@ -110,6 +110,46 @@ def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
                 assert res[name]["REG"] == 168, (name, res[name])
 
 
+def _ptxas_log(d: int) -> str:
+    """ptxas's verbose log of the head dim's module (NVRTC, sm_90a): the runtime's compile
+    keeps only the cubin."""
+    from cuda.bindings import nvrtc
+
+    from kernellab.cuda import runtime
+
+    dirs = (str(cb.CU.parent), str(runtime.HERE), *runtime.include_dirs())
+    opts = [b"--gpu-architecture=sm_90a", b"-std=c++17", f"-DKL_ATTN_D={d}".encode(), b"--ptxas-options=-v"]
+    opts += [f"-I{x}".encode() for x in dirs]
+    _, prog = nvrtc.nvrtcCreateProgram(cb.CU.read_text().encode(), b"attention_sm90_bwd.cu", 0, [], [])
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    text = log.decode(errors="replace").replace("\0", "")
+    assert int(err) == 0, text
+    return text
+
+
+def test_wgmmas_are_not_serialized_for_lack_of_registers():
+    """ptxas serializes the wgmmas of a kernel whose accumulators do not fit the registers
+    setmaxnreg gives it (warning C7512: each wgmma then waits for the previous one); no
+    spills either."""
+    _nvrtc()
+    for d in cb.BWD_HEAD_DIMS:
+        log = _ptxas_log(d)
+        assert "attn_bwd_v8" in log, log[-2000:]
+        assert "C7512" not in log and "serialized" not in log, (d, log[-2000:])
+        assert "0 bytes spill stores, 0 bytes spill loads" in log and " bytes spill stores" in log
+        assert all(
+            line.strip().endswith("0 bytes spill stores, 0 bytes spill loads")
+            for line in log.splitlines()
+            if "spill stores" in line
+        ), (d, log)
+
+
 def test_launch_signatures_match_the_kernels_parameters():
     _nvrtc()
     from kernellab.cuda.runtime import check_signature, ptx_param_sizes
@@ -210,6 +250,16 @@ def test_descriptors_read_what_the_copies_wrote(d):
                     assert _read_mn(start, lbo, sbo, w, k, n) == base + _write_offset(
                         d, 128, 64 * cw + 16 * kk + k, n
                     )
+    if cb.splits_dq(d):  # dQ's columns split: B = K's slab cw (N = D / 2), all 128 keys
+        for cw in (0, 1):
+            for kk in range(8):
+                start, lbo, sbo = mnmajor(128, 16 * kk)
+                start += cw * 128 * w
+                for k in range(16):
+                    for n in range(d // 2):
+                        assert _read_mn(start, lbo, sbo, w, k, n) == base + _write_offset(
+                            d, 128, 16 * kk + k, cw * d // 2 + n
+                        )
     # A of dQ_w = dS^T stored keys x queries (a D = 64 tile: 128-byte rows); A MN-major:
     # element (m = query, k = key) is stored element (key, query)
     for kk in range(4):
@@ -223,6 +273,10 @@ def test_descriptors_read_what_the_copies_wrote(d):
                 assert _swizzle(base + (c // e) * rows * w + r * w + 2 * (c % e), w) == base + _write_offset(
                     d, rows, r, c
                 )
+
+
+def test_dq_split_only_where_half_of_d_is_whole_slabs():
+    assert [d for d in cb.BWD_HEAD_DIMS if cb.splits_dq(d)] == [128]
 
 
 def test_ds_stores_cover_the_tile_once_and_conflict_free():
@@ -302,13 +356,16 @@ def test_ring_neither_deadlocks_nor_overwrites(n_it):
 
 def test_named_barriers_and_proxy_fence_in_the_source():
     """The dS^T tile of a warpgroup: written by its 128 threads, fenced to the async proxy,
-    then bar.sync on id 1 + cw with 128 threads before the dQ wgmma reads it; the tile
-    alternates per query block (it & 1); the producer's expect_tx counts exactly the bytes
-    of its copies (two tiles of 64 x D x 2 and two 256-byte bulk copies)."""
+    then bar.sync on id 1 + cw with 128 threads (or, where the warpgroups split dQ, on id 3
+    with all 256) before the dQ wgmma reads it; the tile alternates per query block (it & 1);
+    the producer's expect_tx counts exactly the bytes of its copies (two tiles of 64 x D x 2
+    and two 256-byte bulk copies)."""
     src = cb.CU.read_text()
-    i_st, i_fence = src.index("st.shared.b32"), src.index("fence_proxy_async();       //")
-    i_bar, i_tt = src.index("named_sync(1 + cw, 128)"), src.index("kl_wgmma_tt<D, BF16>")
-    assert i_st < i_fence < i_bar < i_tt
+    i_st, i_fence = src.index("st.shared.b32"), src.index("fence_proxy_async();  // the generic")
+    i_bar, i_split = src.index("named_sync(DS_BAR + cw, 128)"), src.index("named_sync(DQ_BAR, 256)")
+    i_tt = src.index("kl_wgmma_tt<NQ, BF16>")
+    assert i_st < i_fence < i_split < i_bar < i_tt
+    assert "constexpr int DS_BAR = 1, DQ_BAR = 3;" in src  # ids 1, 2 (per warpgroup) and 3; 0: __syncthreads
     assert "(2 * cw + (it & 1)) * S::DS_BYTES" in src
     assert "mbar_expect_tx(bar, 2 * S::QT_BYTES + 512)" in src
     assert src.count("bulk_load(") == 3 and "256, bar)" in src  # definition + two calls

@@ -31,6 +31,11 @@
 //           dQ_w = dS_w K_w      wgmma SS with both operands MN-major (kl_wgmma_tt): dS^T
 //                                goes to shared memory (a 64 x 64 tile, double buffered)
 //           dQ  += dQ_w          red.global.add.v2.f32 into the fp32 accumulator
+//       At D = 128 (SPLIT: half of D is whole slabs of the tile) the two warpgroups split
+//       dQ by columns instead: both dS^T tiles written, warpgroup w computes columns
+//       [64 w, 64 w + 64) of dS K over all 128 keys (32 accumulators a thread instead of
+//       64, which keeps ptxas from serializing the wgmmas for lack of registers, and half
+//       the atomics).
 //       and after the last query block writes scale * dK and dV (16-bit) for its 64 keys.
 //   attn_bwd_post_<dtype>     dq = scale * dQ accumulator, rounded to q's dtype.
 //
@@ -38,8 +43,9 @@
 // 5.2 MFLOP against 2 x 64 x 64 exponentials; K and V (64 KB) are read from HBM once per
 // block while Q and dO stream through the ring (32 KB per query block, shared by both
 // warpgroups). The dQ partials cost one fp32 atomic add per (query row, column, warpgroup)
-// per key block: 2 x 64 x 128 x 4 B = 64 KB of L2 reductions per query block, the price of
-// a single pass (FlashAttention-2's separate dQ pass recomputes S and dP instead).
+// per key block: 2 x 64 x 128 x 4 B = 64 KB of L2 reductions per query block (32 KB where
+// the warpgroups split dQ's columns), the price of a single pass (FlashAttention-2's
+// separate dQ pass recomputes S and dP instead).
 //
 // Shared memory (1024-byte aligned tiles, the forward's swizzled layout: Layout<D> below,
 // attention_sm90.cu's header explains it): K and V (BN_B x D each), per stage Q and dO
@@ -48,10 +54,13 @@
 //
 // Barriers: kv_full (K and V landed), full[st] (stage st's four copies landed: one
 // expect_tx arrival plus the bytes), empty[st] (count 8: every consumer warp is done with
-// the stage), named barriers 1 and 2 (count 128: consumer warpgroup w's dS^T tile is
-// written and fenced before its dQ wgmma reads it). The dS^T tiles alternate per query
-// block, so a tile is rewritten only after the named barrier of the next query block, which
-// every warp of the warpgroup reaches after waiting for the dQ wgmma that read it.
+// the stage), named barriers DS_BAR + w (ids 1, 2; count 128: consumer warpgroup w's dS^T
+// tile is written and fenced before its dQ wgmma reads it) or, at D = 128, DQ_BAR (id 3,
+// count 256: both tiles are, as both warpgroups read both). The dS^T tiles alternate per
+// query block, so a tile is rewritten only after the named barrier of the next query
+// block, which every warp that reads it reaches after waiting for the dQ wgmma that read
+// it. Every consumer thread meets the same barrier once per query block (both warpgroups
+// run the same n_it iterations), so no barrier phase is left half full.
 //
 // Contract (cuda_sm90_bwd.py guarantees it): q, dO (Z, H, S_q, D), k, v (Z, H_kv, S_k, D)
 // as tensor maps (dims (D, S, H, Z), box E columns x 64 rows for q / dO, x 128 rows for k /
@@ -210,6 +219,10 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
                  : "memory");
 }
 
+// Named barriers (id 0 is __syncthreads'): DS_BAR + cw (128 threads: warpgroup cw's dS^T
+// tile is written), DQ_BAR (256: both tiles are, where the warpgroups split dQ's columns).
+constexpr int DS_BAR = 1, DQ_BAR = 3;
+
 __device__ __forceinline__ void named_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
@@ -250,6 +263,8 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
                                        long long sdvs) {
     using S = Smem<D>;
     constexpr int STAGES = S::STAGES;
+    // dQ split by columns between the warpgroups where half of D is whole slabs (D = 128)
+    constexpr bool SPLIT = (D / 2) % Layout<D>::E == 0;
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
     check_smem(1024 + S::BYTES);
@@ -320,14 +335,10 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
             kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN_B>(sV, 64 * cw, kk), desc_kmajor<D, BM_B>(sdO, 0, kk), kk > 0);
         wgmma_commit();
 
-        // lse and delta of this thread's 16 query columns (8j + 2q, + 1), from the stage
-        const float* sl = reinterpret_cast<const float*>(smem + (base - smem_u32(smem)) + S::LD + st * 512);
-        float2 lse2[8], dl2[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            lse2[j] = *reinterpret_cast<const float2*>(sl + 8 * j + 2 * qd);
-            dl2[j] = *reinterpret_cast<const float2*>(sl + 64 + 8 * j + 2 * qd);
-        }
+        // lse and delta of the stage's 64 queries: this thread reads those of its columns
+        // (8j + 2q, + 1) where it uses them (held in registers across the GEMMs, the 32 of
+        // them push D = 128 past the 240 registers at which wgmma need not serialize)
+        const float2* sl = reinterpret_cast<const float2*>(smem + (base - smem_u32(smem)) + S::LD + st * 512) + qd;
         const bool masked = kw0 + 64 > S_k || (causal && kw0 + 63 > m0 + kb.off);
 
         wgmma_wait<1>();  // S^T
@@ -339,7 +350,8 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     float& x = s[4 * j + 2 * hh + e];
-                    const float l = e ? lse2[j].y : lse2[j].x;
+                    const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
+                    const float l = e ? l2.y : l2.x;
                     float p = exp2f(fmaf(x, scale_log2, -l));  // lse = +inf: 0
                     if (masked) {
                         const int key = key_lo + 8 * hh, col = m0 + 8 * j + 2 * qd + e;
@@ -367,7 +379,8 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 const int i = 4 * j + 2 * hh;
-                const float a = s[i] * (dp[i] - dl2[j].x), b = s[i + 1] * (dp[i + 1] - dl2[j].y);
+                const float2 dl = sl[32 + 4 * j];  // delta of columns 8j + 2q, + 1
+                const float a = s[i] * (dp[i] - dl.x), b = s[i + 1] * (dp[i + 1] - dl.y);
                 ds16[2 * j + hh] = pack2(a, b, BF16);
             }
 
@@ -388,18 +401,36 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
                 const unsigned addr = sdS + tile_offset<64, 64>(16 * warp + g + 8 * hh, j) + 4 * qd;
                 asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds16[2 * j + hh]) : "memory");
             }
-        fence_proxy_async();       // the generic-proxy stores before wgmma's (async-proxy) reads
-        named_sync(1 + cw, 128);   // the warpgroup's whole tile is written
+        fence_proxy_async();  // the generic-proxy stores before wgmma's (async-proxy) reads
+        if (SPLIT) {
+            // both warpgroups' tiles are written: warpgroup cw computes columns
+            // [cw D/2, (cw + 1) D/2) of dQ over all 128 keys (half the accumulators and half
+            // the atomics of a per-warpgroup dQ over its own 64 keys)
+            named_sync(DQ_BAR, 256);
+        } else {
+            named_sync(DS_BAR + cw, 128);  // the warpgroup's own tile is written
+        }
 
-        // dQ_w = dS_w K_w: A = dS (M = queries, K = keys) MN-major, B = K (K = keys, N = D) MN-major
-        float dq[D / 2];
+        // dQ = dS K: A = dS (M = queries, K = keys) MN-major (the dS^T tiles), B = K (K =
+        // keys, N = D or D / 2 columns) MN-major
+        constexpr int NQ = SPLIT ? D / 2 : D;
+        float dq[NQ / 2];
         wgmma_fence();
+        if (SPLIT) {
+            const unsigned sKc = sK + cw * (BN_B * Layout<D>::W);  // slab cw: columns cw D/2 ..
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            kl_wgmma_tt<D, BF16>(dq, desc_mnmajor<64, 64>(sdS, 16 * kk), desc_mnmajor<D, BN_B>(sK, 64 * cw + 16 * kk),
-                                 kk > 0);
+            for (int kk = 0; kk < 8; ++kk)
+                kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(base + S::DS + (2 * (kk / 4) + (it & 1)) * S::DS_BYTES,
+                                                               16 * (kk % 4)),
+                                      desc_mnmajor<D, BN_B>(sKc, 16 * kk), kk > 0);
+        } else {
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(sdS, 16 * kk),
+                                      desc_mnmajor<D, BN_B>(sK, 64 * cw + 16 * kk), kk > 0);
+        }
         wgmma_commit();
-        wgmma_wait<0>();  // dV, dK, dQ_w: the stage and p16 / ds16 are free
+        wgmma_wait<0>();  // dV, dK, dQ: the stage and p16 / ds16 are free
         fence_regs(dq);
         fence_regs(dv_acc);
         fence_regs(dk_acc);
@@ -408,11 +439,12 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * st);
 
-        // dQ += dQ_w: rows m0 + 16 warp + g (+ 8) of the padded accumulator (no bounds: the
-        // rows past S_q are the padding), columns 8j + 2q (+ 1)
-        float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + 2 * qd;
+        // dQ += this warpgroup's share: rows m0 + 16 warp + g (+ 8) of the padded accumulator
+        // (no bounds: the rows past S_q are the padding), columns c0 + 8j + 2q (+ 1)
+        const int c0 = SPLIT ? cw * NQ : 0;
+        float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j)
+        for (int j = 0; j < NQ / 8; ++j)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
     }

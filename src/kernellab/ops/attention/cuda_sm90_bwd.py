@@ -24,8 +24,9 @@ The default backend never picks it until a committed tuning table names it.
 
 ``emulate_backward`` is the kernel's arithmetic in PyTorch (same key blocks and query-block
 order, masks applied only where the kernel applies them, fp32 accumulation, P and dS
-rounded to 16 bits before their MMAs, dQ summed per 64-key warpgroup): the CPU tests hold
-it against the float64 reference.
+rounded to 16 bits before their MMAs, dQ summed per 64-key warpgroup or per 128-key block
+as the kernel sums it, ``splits_dq``): the CPU tests hold it against the float64
+reference.
 """
 
 from __future__ import annotations
@@ -88,6 +89,15 @@ def padded(s_q: int) -> int:
 
 def _tensor_map(t4: Tensor, rows: int):
     return cs._tensor_map(t4, rows)
+
+
+def splits_dq(d: int) -> bool:
+    """Whether the two consumer warpgroups split dQ = dS K by columns (each over the block's
+    128 keys: D / 2 accumulators a row) rather than each summing its own 64 keys over all
+    D columns: where D / 2 is whole slabs of the tile (D = 128), so a warpgroup's half of K
+    is a plain MN-major operand. At D = 128 the unsplit dQ (64 more registers) made ptxas
+    serialize the wgmmas."""
+    return (d // 2) % (cs.swizzle_bytes(d) // 2) == 0
 
 
 def backward_kernel(d: int) -> str:
@@ -184,8 +194,8 @@ def emulate_backward(
     ``schedule`` and per warpgroup of 64 keys: fp32 S^T and dP^T from the 16-bit inputs,
     P^T = 2^(S^T c - lse) zeroed at masked places only in the steps ``schedule`` marks, P^T
     rounded to the input dtype before dV += P^T dO, dS^T = P^T (dP^T - delta) (P in fp32)
-    rounded before dK += dS^T Q and dQ += dS K (fp32 accumulators); dK scaled once, dQ
-    scaled and rounded once."""
+    rounded before dK += dS^T Q and dQ += dS K (fp32 accumulators; dQ per warpgroup or, where
+    ``splits_dq``, per block); dK scaled once, dQ scaled and rounded once."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, do4, o4 = (at._split(t) for t in (q, k, v, do, o))
     z, h, h_kv = q4.shape[0], q4.shape[1], k4.shape[1]
@@ -210,11 +220,13 @@ def emulate_backward(
     dk = torch.zeros((z, h_kv, n_pad, d), device=dev)
     dv = torch.zeros_like(dk)
     heads = torch.arange(h_kv, device=dev) * group
+    split = splits_dq(d)
     for n0, steps in schedule(s_q, s_k, causal, group):
         for g, m0, masked in steps:
             hq = heads + g  # the q head of each k/v head at this step
             qb, dob = qp[:, hq, m0 : m0 + BM], dop[:, hq, m0 : m0 + BM]
             lb, db = lse_p[:, hq, m0 : m0 + BM], delta_p[:, hq, m0 : m0 + BM]
+            ds_block = []
             for w in (0, 1):
                 k0 = n0 + 64 * w
                 kw, vw = kp[:, :, k0 : k0 + 64], vp[:, :, k0 : k0 + 64]
@@ -231,7 +243,13 @@ def emulate_backward(
                 dv[:, :, k0 : k0 + 64] += pt.to(dt).float() @ dob
                 dst = (pt * (dpt - db[:, :, None, :])).to(dt).float()
                 dk[:, :, k0 : k0 + 64] += dst @ qb
-                dq_acc[:, hq, m0 : m0 + BM] += dst.transpose(-1, -2) @ kw
+                if split:
+                    ds_block.append(dst)
+                else:
+                    dq_acc[:, hq, m0 : m0 + BM] += dst.transpose(-1, -2) @ kw
+            if split:  # one sum over the block's 128 keys (each warpgroup's half of the columns)
+                dst = torch.cat(ds_block, dim=-2)
+                dq_acc[:, hq, m0 : m0 + BM] += dst.transpose(-1, -2) @ kp[:, :, n0 : n0 + BN]
     dq = (dq_acc[:, :, :s_q] * scale).to(dt).reshape(tuple(lead) + (s_q, d))
     dk = (dk[:, :, :s_k] * scale).to(k.dtype).reshape(tuple(k.shape[:-2]) + (s_k, d))
     dv = dv[:, :, :s_k].to(v.dtype).reshape(tuple(v.shape[:-2]) + (s_k, d))
