@@ -301,6 +301,33 @@ def test_ds_stores_cover_the_tile_once_and_conflict_free():
     assert len(written) == 64 * 64
 
 
+@pytest.mark.parametrize("d", cb.BWD_HEAD_DIMS)
+def test_fragments_read_their_columns_lse_and_add_dq_once(d):
+    """Thread (cw, warp, lane) holds S^T(key 16 warp + g + 8h, query 8j + 2q + e): its lse
+    is float2 sl[4j] of the stage's row pointer shifted by q (float 8j + 2q + e), its delta
+    float2 sl[32 + 4j] (float 64 + 8j + 2q + e); its dQ adds (row 16 warp + g + 8h, column
+    c0 + 8j + 2q + e), c0 = 64 cw where the warpgroups split dQ: every (row, column) of the
+    64 x D block exactly once per block (split) or once per warpgroup."""
+    split = cb.splits_dq(d)
+    nq = d // 2 if split else d
+    adds = {}
+    for cw in (0, 1):
+        for warp in range(4):
+            for lane in range(32):
+                g, q = lane // 4, lane % 4
+                for j in range(8):
+                    for e in (0, 1):
+                        assert 2 * (4 * j + q) + e == 8 * j + 2 * q + e  # lse
+                        assert 2 * (32 + 4 * j + q) + e == 64 + 8 * j + 2 * q + e  # delta
+                for h in (0, 1):
+                    for j in range(nq // 8):
+                        for e in (0, 1):
+                            key = (16 * warp + g + 8 * h, (64 * cw if split else 0) + 8 * j + 2 * q + e)
+                            adds[key] = adds.get(key, 0) + 1
+    assert set(adds) == {(r, c) for r in range(64) for c in range(d)}
+    assert set(adds.values()) == {1 if split else 2}
+
+
 # --------------------------------------------------------------------------- barrier protocol (no GPU)
 
 

@@ -102,8 +102,8 @@ struct Layout {  // attention_sm90.cu's Layout
 // The block's shared memory, byte offsets from the 1024-aligned base.
 template <int D>
 struct Smem {
-    static constexpr int STAGES = (2 * BN_B * D * 2 + 3 * 2 * BM_B * D * 2 + 4 * 8192 + 3 * 512 + 1024 <= 227 * 1024)
-                                      ? 3 : 2;  // clang-format off
+    static constexpr int STAGES =
+        (2 * BN_B * D * 2 + 3 * 2 * BM_B * D * 2 + 4 * 8192 + 3 * 512 + 1024 <= 227 * 1024) ? 3 : 2;
     static constexpr unsigned KV_BYTES = BN_B * D * 2;  // one K (or V) tile
     static constexpr unsigned QT_BYTES = BM_B * D * 2;  // one Q (or dO) tile
     static constexpr unsigned DS_BYTES = 64 * 64 * 2;   // one dS^T tile
