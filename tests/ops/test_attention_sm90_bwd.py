@@ -437,14 +437,14 @@ def recorder(monkeypatch):
 
 
 def test_launcher_arguments(recorder):
-    """GQA 8 q heads over 2 k/v heads, S_q 300 (padded to 320), S_k 200, D 80, causal: the
-    preprocess over 320 rows, the main kernel's grid (2 key blocks, 2 k/v heads, batch),
+    """GQA 8 q heads over 2 k/v heads, S_q 300 (padded to 320), S_k 260, D 80, causal: the
+    preprocess over 320 rows, the main kernel's grid (2 k/v heads, 3 key blocks, batch),
     its tensor maps (64-row boxes of q and dO, 128-row boxes of k and v), the group, the
     scale twice (plain and x log2 e), the shared memory; the postprocess over S_q x D / 2
     pairs; gradients shaped as the inputs, in empty_bshd's layout."""
     q = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
-    k = torch.randn(2, 2, 200, 80, dtype=torch.bfloat16)
-    v = torch.randn(2, 2, 200, 80, dtype=torch.bfloat16)
+    k = torch.randn(2, 2, 260, 80, dtype=torch.bfloat16)
+    v = torch.randn(2, 2, 260, 80, dtype=torch.bfloat16)
     do = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
     o = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
     lse = torch.randn(2, 8, 300)
@@ -456,14 +456,14 @@ def test_launcher_arguments(recorder):
     assert a_pre[2] is lse or a_pre[2].data_ptr() == lse.data_ptr()
     lse_p, delta_p, dq_acc = a_pre[3:6]
     assert lse_p.shape == delta_p.shape == (16, 320) and dq_acc.shape == (16, 320, 80)
-    assert g == (2, 2, 2) and b == 384 and shared == cb.smem_bytes(80)
+    assert g == (2, 3, 2) and b == 384 and shared == cb.smem_bytes(80)  # (k/v heads, key blocks, batch)
     tq, tk, tv, tdo = a[:4]
     assert tq[3:] == ((80, 300, 8, 2), (160, 300 * 160, 8 * 300 * 160), (16, 64, 1, 1), 32)
     assert tk[5] == (16, 128, 1, 1) and tv[5] == (16, 128, 1, 1) and tdo[5] == (16, 64, 1, 1)
     assert tk[1] == k.data_ptr() and tv[1] == v.data_ptr() and tdo[1] == do.data_ptr()
     assert a[4] is lse_p and a[5] is delta_p and a[6] is dq_acc
-    assert a[9:17] == (300, 200, 320, 8, 4, 0.3, pytest.approx(0.3 * cb.LOG2E), 1)
-    assert a[17:] == (200 * 2 * 80, 80, 2 * 80) * 2  # dk, dv (B, S, H, D) in memory
+    assert a[9:17] == (300, 260, 320, 8, 4, 0.3, pytest.approx(0.3 * cb.LOG2E), 1)
+    assert a[17:] == (260 * 2 * 80, 80, 2 * 80) * 2  # dk, dv (B, S, H, D) in memory
     assert g_post == (math.ceil(300 * 40 / 256), 8, 2) and b_post == 256
     assert a_post[0] is dq_acc and a_post[2:7] == (300, 320, 8, 80, 0.3)
     assert a_post[7:] == (300 * 8 * 80, 80, 8 * 80)

@@ -67,7 +67,9 @@
 // v, the tile's swizzle); o and dO for the preprocess as pointers with element strides (a
 // unit stride over D); lse (Z, H, S_q) fp32 contiguous; dk, dv (Z, H_kv, S_k, D) pointers
 // with element strides; dq (Z, H, S_q, D) with strides. H = H_kv x group. Grid of the main
-// kernel (ceil(S_k / 128), H_kv, Z); S_q, S_k > 0.
+// kernel (H_kv, ceil(S_k / 128), Z): the k/v head varies fastest in launch order, so under
+// causal masking every head's first (heaviest: it sees every query) key block is launched
+// before any head's second, and the light last key blocks fill the tail; S_q, S_k > 0.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -241,7 +243,7 @@ struct KeyBlock {
 
 __device__ __forceinline__ KeyBlock key_block(int S_q, int S_k, int group, int causal) {
     KeyBlock b;
-    b.n0 = blockIdx.x * BN_B;
+    b.n0 = blockIdx.y * BN_B;
     b.off = S_k - S_q;
     const int n_mb = (S_q + BM_B - 1) / BM_B;
     const int first_row = causal ? max(0, b.n0 - b.off) : 0;
@@ -270,7 +272,7 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
     check_smem(1024 + S::BYTES);
     const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[STAGES]), kv_full = smem_u32(&bars[2 * STAGES]);
-    const int t = threadIdx.x, hk = blockIdx.y, z = blockIdx.z;
+    const int t = threadIdx.x, hk = blockIdx.x, z = blockIdx.z;
     if (t == 0) {
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(full0 + 8 * st, 1);

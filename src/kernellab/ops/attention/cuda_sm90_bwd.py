@@ -121,9 +121,10 @@ def backward(
     z, h, h_kv = q4.shape[0], q4.shape[1], k4.shape[1]
     if not (z and h and s_q and s_k):  # nothing to sum: every gradient is zero
         return dq.zero_(), dk.zero_(), dv.zero_()
-    if h > GRID_LIMIT or z > GRID_LIMIT:
+    if h > GRID_LIMIT or z > GRID_LIMIT or ceil_div(s_k, BN) > GRID_LIMIT:
         raise ValueError(
-            f"attention/cuda_v8: q folds to {z} batches x {h} heads; each must be at most {GRID_LIMIT}"
+            f"attention/cuda_v8: q folds to {z} batches x {h} heads and k to {ceil_div(s_k, BN)} blocks of "
+            f"{BN} keys; each must be at most {GRID_LIMIT} (CUDA grid y and z)"
         )
     q4, k4, v4, do4 = (cs._chunked(t, True) for t in (q4, k4, v4, do4))
     o4 = cs._chunked(o4)
@@ -145,7 +146,7 @@ def backward(
     if shared > main.max_dynamic_shared:
         main.set_max_dynamic_shared(shared)
     main(
-        (ceil_div(s_k, BN), h_kv, z), THREADS,
+        (h_kv, ceil_div(s_k, BN), z), THREADS,  # heads fastest: heavy causal blocks first
         _tensor_map(q4, BM), _tensor_map(k4, BN), _tensor_map(v4, BN), _tensor_map(do4, BM),
         lse_p, delta_p, dq_acc, dk4, dv4, s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E,
         int(causal), *dk4.stride()[:3], *dv4.stride()[:3],
@@ -165,7 +166,7 @@ def backward(
 def schedule(
     s_q: int, s_k: int, causal: bool, group: int = 1
 ) -> list[tuple[int, list[tuple[int, int, tuple[bool, bool]]]]]:
-    """The main kernel's blocks of one k/v head (blockIdx.x = 0, 1, ...) as key_block
+    """The main kernel's blocks of one k/v head (blockIdx.y = 0, 1, ...) as key_block
     derives them: (first key n0, [(q head in the group, first query row m0, (masked for
     warpgroup 0, for warpgroup 1))] in loop order). A block visits, per q head of its group,
     the query blocks from the one holding the first row that sees key n0 (causal: n0 -
