@@ -7,22 +7,21 @@ time against SDPA's cuDNN and FlashAttention-2 kernels and kernellab's Triton ba
 Each stage runs in a subprocess under a timeout (rows are written as each case finishes),
 so a kernel that hangs (a barrier protocol that deadlocks) costs its stage's timeout and is
 reported, not the whole device call.
-1. ``check``: dq, dk, dv of cuda_v8 (through the public op and autograd) against the
-   float64 reference at small and odd shapes (one row, primes, tails of the 64-row and
-   128-key tiles, S_q < S_k and S_q > S_k, 3-D, GQA 4, MQA), each head dim the CUDA
-   backward builds (cuda_sm90_bwd.BWD_HEAD_DIMS) and 256 (Triton's backward behind it),
-   causal and not, bf16 (fp16 on a subset), judged by the check's rule (error within 2x
-   PyTorch's own in the same dtype + a floor); also against ``emulate_backward`` (the
-   kernels' arithmetic in PyTorch: the max difference is reported). A failing case is
-   reported and its head dim is left out of the timing.
+1. ``check``: dq, dk, dv of cuda_v8 (through the public op and autograd) against the float64
+   reference at small and odd shapes (one row, primes, tails of the 64-row and 128-key
+   tiles, S_q < S_k and S_q > S_k, 3-D, GQA 4, MQA), every head dim (64, 80, 96, 128, 256;
+   ``bwd`` in a row says whether the CUDA backward or Triton's ran), causal and not, bf16
+   (fp16 on a subset), judged by the check's rule (error within 2x PyTorch's own in the same
+   dtype + a floor); also against ``emulate_backward`` (the kernels' arithmetic in PyTorch:
+   the max difference is reported). A failing case is reported and its head dim is left out
+   of the timing.
 2. ``time``: ``triton.testing.do_bench`` (L2 flushed by a buffer it writes before each
    call, median) of forward+backward (``torch.autograd.grad`` of the output) and of the
    backward alone (the graph kept, ``retain_graph``), bf16, at (B, H, S, D): (1, 32, 2048,
    80 causal), (1, 32q/8kv, 4096, 128 causal GQA), (4, 16, 1024, 64 causal), (8, 16, 256,
    96), (2, 16, 2048, 128), (1, 8, 4096, 256 causal): cuDNN, FlashAttention-2 (flash
-   SDPA), Triton, cuda_v8; x_cudnn = cuDNN's time over ours (> 1: ours faster). Head dims
-   not built by the CUDA backward are marked ("triton bwd") rather than skipped: cuda_v8
-   serves them with Triton's backward.
+   SDPA), Triton, cuda_v8; x_cudnn = cuDNN's time over ours (> 1: ours faster). A head dim
+   whose check failed is left out.
 Rows: DIR/attn_bwd_sm90.jsonl; the table is printed last and written to
 DIR/attn_bwd_sm90.txt. ``--quick``: fewer check shapes and timing repetitions.
 """
@@ -103,7 +102,7 @@ def worker_check(quick: bool, out: Path) -> int:
     bad = 0
     n = 0
     with out.open("a") as f:
-        for d in cb.BWD_HEAD_DIMS + (256,):
+        for d in cs.HEAD_DIMS:
             for shape, dtypes in _check_shapes(d, quick):
                 for dn in dtypes:
                     for causal in (False, True):

@@ -91,8 +91,10 @@ def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
             "wgmma.wait_group.sync.aligned 1",
         ):  # fmt: skip
             assert needle in main, (d, needle)
-        # dQ = dS K: both operands MN-major (imm-trans-a = imm-trans-b = 1)
-        assert f"m64n{d}k16.f32.bf16.bf16" in main and "p, 1, 1, 1, 1;" in main
+        # dV, dK: N = the warpgroup's columns; dQ = dS K: both operands MN-major (imm-trans-a =
+        # imm-trans-b = 1)
+        nv = d // 2 if cb.splits_d(d) else d
+        assert f"m64n{nv}k16.f32.bf16.bf16" in main and "p, 1, 1, 1, 1;" in main
         cubin = mod.compile("sm_90")
         if cuobjdump is None:
             continue
@@ -178,9 +180,9 @@ def test_shared_memory_fits():
     traps below it), within the 227 KB a block may use with the static barriers; three
     stages at every head dim built."""
     for d in cb.BWD_HEAD_DIMS:
-        st = cb.stages(d)
-        assert st == 3
-        assert cb.smem_bytes(d) == 1024 + 2 * 128 * d * 2 + st * (2 * 64 * d * 2 + 512) + 4 * 8192
+        st, bn = cb.stages(d), cb.block_n(d)
+        assert st == (2 if d == 256 else 3) and bn == (64 if d == 256 else 128)
+        assert cb.smem_bytes(d) == 1024 + 2 * bn * d * 2 + st * (2 * 64 * d * 2 + 512) + 4 * 8192
         assert cb.smem_bytes(d) + 64 <= cb.SMEM_LIMIT
 
 
@@ -219,55 +221,50 @@ def _read_mn(start, lbo, sbo, w, k, n):  # Major-MN element (k, n) (n: the conti
 @pytest.mark.parametrize("d", cb.BWD_HEAD_DIMS)
 def test_descriptors_read_what_the_copies_wrote(d):
     w, e, base = cs.swizzle_bytes(d), cs.swizzle_bytes(d) // 2, 9 * 1024
+    bn, dsplit = cb.block_n(d), cb.splits_d(d)
+    nv = d // 2 if dsplit else d  # dK / dV columns of a warpgroup
 
     def kmajor(rows, row0, kk):  # desc_kmajor<D, rows>: (start, SBO)
         return base + (kk * 16 // e) * (rows * w) + (kk * 16 % e) * 2 + row0 * w, 8 * w
 
-    def mnmajor(rows, row0):  # desc_mnmajor<D, rows>(tile, row0): (start, LBO, SBO)
-        return base + row0 * w, rows * w, 8 * w
+    def mnmajor(rows, row0, col0=0):  # desc_mnmajor<D, rows>(tile + the slab of col0, row0)
+        return base + (col0 // e) * rows * w + row0 * w, rows * w, 8 * w
 
-    for kk in range(d // 16):
-        for cw in (0, 1):  # S^T = K_w Q^T, dP^T = V_w dO^T: A = the warpgroup's 64 keys
-            start, sbo = kmajor(128, 64 * cw, kk)
+    for cw in (0, 1):
+        kofs, c_kv = (0, cw * nv) if dsplit else (64 * cw, 0)
+        for kk in range(d // 16):  # S^T = K_w Q^T, dP^T = V_w dO^T: A = the warpgroup's 64 keys
+            start, sbo = kmajor(bn, kofs, kk)
             for m in range(64):
                 for k in range(16):
-                    assert _read_k(start, sbo, w, m, k) == base + _write_offset(
-                        d, 128, 64 * cw + m, 16 * kk + k
-                    )
-        start, sbo = kmajor(64, 0, kk)  # B = Q (dO): N = the 64 queries
-        for n in range(64):
+                    assert _read_k(start, sbo, w, m, k) == base + _write_offset(d, bn, kofs + m, 16 * kk + k)
+        for kk in range(4):  # dV += P^T dO, dK += dS^T Q: B (K = queries, N = the nv columns)
+            start, lbo, sbo = mnmajor(64, 16 * kk, c_kv)
             for k in range(16):
-                assert _read_k(start, sbo, w, n, k) == base + _write_offset(d, 64, n, 16 * kk + k)
-    for kk in range(4):
-        start, lbo, sbo = mnmajor(64, 16 * kk)  # dV += P^T dO, dK += dS^T Q: B (K = queries, N = D)
-        for k in range(16):
-            for n in range(d):
-                assert _read_mn(start, lbo, sbo, w, k, n) == base + _write_offset(d, 64, 16 * kk + k, n)
-        for cw in (0, 1):  # dQ_w = dS_w K_w: B = K (K = the warpgroup's keys, N = D)
-            start, lbo, sbo = mnmajor(128, 64 * cw + 16 * kk)
-            for k in range(16):
-                for n in range(d):
+                for n in range(nv):
                     assert _read_mn(start, lbo, sbo, w, k, n) == base + _write_offset(
-                        d, 128, 64 * cw + 16 * kk + k, n
+                        d, 64, 16 * kk + k, c_kv + n
                     )
-    if cb.splits_dq(d):  # dQ's columns split: B = K's slab cw (N = D / 2), all 128 keys
-        for cw in (0, 1):
-            for kk in range(8):
-                start, lbo, sbo = mnmajor(128, 16 * kk)
-                start += cw * 128 * w
+        if cb.splits_dq(d):  # B = K's slab cw (N = D / 2), all 128 keys
+            passes = [(cw * d // 2, d // 2, range(8))]
+        elif dsplit:  # B = one 64-column slab of K per pass, the block's 64 keys
+            passes = [(c_kv + 64 * p, 64, range(4)) for p in range(nv // 64)]
+        else:  # B = all D columns, the warpgroup's 64 keys
+            passes = [(0, d, range(4))]
+        for c0, nq, kks in passes:
+            for kk in kks:
+                start, lbo, sbo = mnmajor(bn, kofs + 16 * kk, c0)
                 for k in range(16):
-                    for n in range(d // 2):
-                        assert _read_mn(start, lbo, sbo, w, k, n) == base + _write_offset(
-                            d, 128, 16 * kk + k, cw * d // 2 + n
-                        )
-    # A of dQ_w = dS^T stored keys x queries (a D = 64 tile: 128-byte rows); A MN-major:
+                    for n in range(nq):
+                        want = base + _write_offset(d, bn, kofs + 16 * kk + k, c0 + n)
+                        assert _read_mn(start, lbo, sbo, w, k, n) == want
+    # A of dQ = dS^T stored keys x queries (a D = 64 tile: 128-byte rows); A MN-major:
     # element (m = query, k = key) is stored element (key, query)
     for kk in range(4):
         start, lbo, sbo = base + kk * 16 * 128, 64 * 128, 8 * 128  # desc_mnmajor<64, 64>(sdS, 16 kk)
         for k in range(16):
             for m in range(64):
                 assert _read_mn(start, lbo, sbo, 128, k, m) == base + _write_offset(64, 64, 16 * kk + k, m)
-    for rows in (64, 128):  # TMA boxes of Q / dO (64 rows) and K / V (128 rows), one slab each
+    for rows in (64, bn):  # TMA boxes of Q / dO (64 rows) and K / V (bn rows), one slab each
         for r in range(rows):
             for c in range(d):
                 assert _swizzle(base + (c // e) * rows * w + r * w + 2 * (c % e), w) == base + _write_offset(
@@ -277,6 +274,7 @@ def test_descriptors_read_what_the_copies_wrote(d):
 
 def test_dq_split_only_where_half_of_d_is_whole_slabs():
     assert [d for d in cb.BWD_HEAD_DIMS if cb.splits_dq(d)] == [128]
+    assert [d for d in cb.BWD_HEAD_DIMS if cb.splits_d(d)] == [256]
 
 
 def test_ds_stores_cover_the_tile_once_and_conflict_free():
@@ -306,10 +304,12 @@ def test_fragments_read_their_columns_lse_and_add_dq_once(d):
     """Thread (cw, warp, lane) holds S^T(key 16 warp + g + 8h, query 8j + 2q + e): its lse
     is float2 sl[4j] of the stage's row pointer shifted by q (float 8j + 2q + e), its delta
     float2 sl[32 + 4j] (float 64 + 8j + 2q + e); its dQ adds (row 16 warp + g + 8h, column
-    c0 + 8j + 2q + e), c0 = 64 cw where the warpgroups split dQ: every (row, column) of the
-    64 x D block exactly once per block (split) or once per warpgroup."""
-    split = cb.splits_dq(d)
-    nq = d // 2 if split else d
+    c0 + 8j + 2q + e), c0 = 64 cw where the warpgroups split dQ, 128 cw + 64 p in pass p
+    where they split D: every (row, column) of the 64 x D block exactly once per block
+    (split) or once per warpgroup (each over its own keys)."""
+    split, dsplit = cb.splits_dq(d), cb.splits_d(d)
+    nq = d // 2 if split else 64 if dsplit else d
+    passes = d // 2 // 64 if dsplit else 1
     adds = {}
     for cw in (0, 1):
         for warp in range(4):
@@ -319,13 +319,15 @@ def test_fragments_read_their_columns_lse_and_add_dq_once(d):
                     for e in (0, 1):
                         assert 2 * (4 * j + q) + e == 8 * j + 2 * q + e  # lse
                         assert 2 * (32 + 4 * j + q) + e == 64 + 8 * j + 2 * q + e  # delta
-                for h in (0, 1):
-                    for j in range(nq // 8):
-                        for e in (0, 1):
-                            key = (16 * warp + g + 8 * h, (64 * cw if split else 0) + 8 * j + 2 * q + e)
-                            adds[key] = adds.get(key, 0) + 1
+                for p in range(passes):
+                    c0 = cw * nq if split else cw * d // 2 + 64 * p if dsplit else 0
+                    for h in (0, 1):
+                        for j in range(nq // 8):
+                            for e in (0, 1):
+                                key = (16 * warp + g + 8 * h, c0 + 8 * j + 2 * q + e)
+                                adds[key] = adds.get(key, 0) + 1
     assert set(adds) == {(r, c) for r in range(64) for c in range(d)}
-    assert set(adds.values()) == {1 if split else 2}
+    assert set(adds.values()) == {1 if split or dsplit else 2}
 
 
 # --------------------------------------------------------------------------- barrier protocol (no GPU)
@@ -470,16 +472,22 @@ def test_launcher_arguments(recorder):
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
 
 
-def test_launcher_empty_and_head_dim_256(recorder, monkeypatch):
+def test_launcher_empty_and_head_dim_256(recorder):
+    """No query row: zero gradients, no launch. D = 256: blocks of 64 keys (grid y, the
+    k / v boxes), two stages of shared memory."""
     q = torch.randn(1, 2, 0, 64, dtype=torch.float16)
     kv = torch.randn(1, 2, 5, 64, dtype=torch.float16)
     dq, dk, dv = cb.backward(q, q, kv, kv, q, torch.empty(1, 2, 0), False, 0.1)
     assert not recorder and dq.shape == q.shape and torch.equal(dk, torch.zeros_like(dk))
-    seen = []
-    monkeypatch.setattr(cb.at, "backward", lambda *a: seen.append(a) or ("dq", "dk", "dv"))
-    q = torch.randn(1, 2, 9, 256, dtype=torch.float16)
-    assert cb.backward(q, q, q, q, q, torch.zeros(1, 2, 9), True, 0.1) == ("dq", "dk", "dv")
-    assert seen and not recorder and cb.backward_kernel(256) == "triton" and cb.backward_kernel(96) == "cuda"
+    q = torch.randn(1, 4, 9, 256, dtype=torch.float16)
+    kv = torch.randn(1, 2, 130, 256, dtype=torch.float16)
+    dq, dk, dv = cb.backward(q, q, kv, kv, q, torch.zeros(1, 4, 9), True, 0.1)
+    names = [c[0] for c in recorder]
+    assert names == ["attn_bwd_pre_f16", "attn_bwd_v8_d256_f16", "attn_bwd_post_f16"]
+    _, g, b, a, shared = recorder[1]
+    assert g == (2, 3, 1) and shared == cb.smem_bytes(256) and cb.stages(256) == 2
+    assert a[0][5] == (64, 64, 1, 1) and a[1][5] == (64, 64, 1, 1) and a[2][5] == (64, 64, 1, 1)
+    assert all(cb.backward_kernel(d) == "cuda" for d in cs.HEAD_DIMS)
 
 
 def test_limits_and_refusals():
@@ -513,18 +521,21 @@ def test_cpu_tensors_and_fp32_refused():
 
 @pytest.mark.parametrize("s_q,s_k", [(1, 1), (300, 300), (129, 500), (500, 129), (64, 64), (65, 63)])
 @pytest.mark.parametrize("group", [1, 3])
-def test_schedule_visits_every_needed_pair_once_and_masks_the_rest(s_q, s_k, group):
+@pytest.mark.parametrize("d", [128, 256])
+def test_schedule_visits_every_needed_pair_once_and_masks_the_rest(s_q, s_k, group, d):
     for causal in (False, True):
         ok = AA.allowed_mask(s_q, s_k, causal, None, "cpu")
         ok = torch.ones(s_q, s_k, dtype=torch.bool) if ok is None else ok
         seen = torch.zeros(group, s_q, s_k, dtype=torch.int32)
-        sched = cb.schedule(s_q, s_k, causal, group)
-        assert [n0 for n0, _ in sched] == list(range(0, s_k, 128))
+        sched = cb.schedule(s_q, s_k, causal, group, d)
+        bn = cb.block_n(d)
+        assert [n0 for n0, _ in sched] == list(range(0, s_k, bn))
         for n0, steps in sched:
             assert [g for g, _, _ in steps] == sorted(g for g, _, _ in steps)  # head-major
             for g, m0, masked in steps:
                 rows = slice(m0, min(m0 + 64, s_q))
-                for w in (0, 1):
+                assert len(masked) == bn // 64
+                for w in range(bn // 64):
                     keys = slice(n0 + 64 * w, min(n0 + 64 * w + 64, s_k))
                     if keys.start >= s_k:
                         assert masked[w]
@@ -544,6 +555,8 @@ EMU_SHAPES = [
     (2, 131, 128),  # 3-D
     (1, 6, 2, 65, 200, 64),  # GQA, group 3
     (1, 2, 1, 1, 64),
+    (1, 1, 5, 140, 256),  # D = 256: 64-key blocks, the head dim split
+    (1, 4, 2, 130, 70, 256),  # ... GQA, S_q > S_k
 ]
 
 
@@ -592,7 +605,8 @@ GPU_SHAPES = [
     (2, 4, 1, 384, 130, 80),  # MQA
     (1, 6, 2, 200, 333, 96),  # GQA 3
     (1, 4, 2048, 64),
-    (1, 2, 255, 256, 256),  # D = 256: Triton's backward behind cuda_v7's forward
+    (1, 2, 255, 256, 256),  # D = 256: 64-key blocks, the head dim split between warpgroups
+    (1, 4, 2, 130, 300, 256),
 ]
 
 

@@ -13,7 +13,7 @@
 //       (Z * H, S_pad) fp32 buffers; rows past S_q and rows that see no key (lse = -inf)
 //       get lse = +inf, delta = 0, so their P is exactly 0 with no mask; the row's fp32
 //       dQ accumulator (Z * H, S_pad, D) is zeroed.
-//   attn_bwd_v8_d<D>_<dtype>  one block per (key block of BN_B = 128 keys, k/v head,
+//   attn_bwd_v8_d<D>_<dtype>  one block per (key block of BN = 128 keys, k/v head,
 //       batch): a producer warpgroup (one thread issues TMA copies; setmaxnreg 24) and two
 //       consumer warpgroups (setmaxnreg 240), each owning 64 of the block's keys. K and V
 //       stay in shared memory; the block loops over its group's q heads (GQA: dK, dV sum
@@ -35,8 +35,12 @@
 //       dQ by columns instead: both dS^T tiles written, warpgroup w computes columns
 //       [64 w, 64 w + 64) of dS K over all 128 keys (32 accumulators a thread instead of
 //       64, which keeps ptxas from serializing the wgmmas for lack of registers, and half
-//       the atomics).
-//       and after the last query block writes scale * dK and dV (16-bit) for its 64 keys.
+//       the atomics). At D = 256 (DSPLIT) a block holds 64 keys: both warpgroups compute
+//       S^T, dP^T, P^T and dS^T of them (the same tiles: 2 x 128 dK / dV accumulators a
+//       thread over all 256 columns would not fit in 240 registers) and warpgroup w owns
+//       columns [128 w, 128 w + 128) of dV, dK and dQ (dQ in two passes of 64 columns).
+//       After the last query block each warpgroup writes scale * dK and dV (16-bit) of its
+//       keys and columns.
 //   attn_bwd_post_<dtype>     dq = scale * dQ accumulator, rounded to q's dtype.
 //
 // Why (napkin math, D = 128, per query block and warpgroup): five 64 x 64 x 128 GEMMs =
@@ -48,7 +52,7 @@
 // separate dQ pass recomputes S and dP instead).
 //
 // Shared memory (1024-byte aligned tiles, the forward's swizzled layout: Layout<D> below,
-// attention_sm90.cu's header explains it): K and V (BN_B x D each), per stage Q and dO
+// attention_sm90.cu's header explains it): K and V (BN x D each), per stage Q and dO
 // (64 x D each), per consumer warpgroup two dS^T tiles (64 keys x 64 queries, 128-byte
 // swizzle), per stage lse and delta (64 fp32 each).
 //
@@ -63,11 +67,11 @@
 // run the same n_it iterations), so no barrier phase is left half full.
 //
 // Contract (cuda_sm90_bwd.py guarantees it): q, dO (Z, H, S_q, D), k, v (Z, H_kv, S_k, D)
-// as tensor maps (dims (D, S, H, Z), box E columns x 64 rows for q / dO, x 128 rows for k /
+// as tensor maps (dims (D, S, H, Z), box E columns x 64 rows for q / dO, x BN rows for k /
 // v, the tile's swizzle); o and dO for the preprocess as pointers with element strides (a
 // unit stride over D); lse (Z, H, S_q) fp32 contiguous; dk, dv (Z, H_kv, S_k, D) pointers
 // with element strides; dq (Z, H, S_q, D) with strides. H = H_kv x group. Grid of the main
-// kernel (H_kv, ceil(S_k / 128), Z): the k/v head varies fastest in launch order, so under
+// kernel (H_kv, ceil(S_k / BN), Z): the k/v head varies fastest in launch order, so under
 // causal masking every head's first (heaviest: it sees every query) key block is launched
 // before any head's second, and the light last key blocks fill the tail; S_q, S_k > 0.
 
@@ -88,8 +92,7 @@ struct alignas(64) TensorMap {  // a CUtensorMap (cuTensorMapEncodeTiled), passe
 
 namespace {
 
-constexpr int BM_B = 64;   // query rows per step of the loop (one wgmma N of S^T)
-constexpr int BN_B = 128;  // keys per block: two consumer warpgroups of 64
+constexpr int BM_B = 64;  // query rows per step of the loop (one wgmma N of S^T)
 constexpr int THREADS_B = 384;
 
 template <int D>
@@ -101,12 +104,29 @@ struct Layout {  // attention_sm90.cu's Layout
     static_assert(D % 16 == 0 && D % E == 0, "head dim must be a multiple of 16 and of the slab width");
 };
 
+// How a block divides its work between the two consumer warpgroups.
+template <int D>
+struct Cfg {
+    // D <= 128: 128 keys a block, warpgroup w owns keys [64 w, 64 w + 64) over all D columns.
+    // D = 256 (DSPLIT): 64 keys a block, both warpgroups compute S^T and dP^T of those
+    // keys (the same 64 x 64 tiles, twice: dK and dV alone are 2 x 128 accumulators a
+    // thread over all 256 columns) and warpgroup w owns columns [128 w, 128 w + 128) of
+    // dK, dV and dQ.
+    static constexpr bool DSPLIT = D > 128;
+    static constexpr int BN = DSPLIT ? 64 : 128;   // keys per block
+    static constexpr int NV = DSPLIT ? D / 2 : D;  // dK / dV columns per warpgroup
+    // D = 128 (QSPLIT): the warpgroups split dQ = dS K by columns (each over all 128 keys;
+    // possible where half of D is whole slabs); else each sums its own keys' share.
+    static constexpr bool QSPLIT = !DSPLIT && (D / 2) % Layout<D>::E == 0;
+};
+
 // The block's shared memory, byte offsets from the 1024-aligned base.
 template <int D>
 struct Smem {
+    static constexpr int BN = Cfg<D>::BN;
     static constexpr int STAGES =
-        (2 * BN_B * D * 2 + 3 * 2 * BM_B * D * 2 + 4 * 8192 + 3 * 512 + 1024 <= 227 * 1024) ? 3 : 2;
-    static constexpr unsigned KV_BYTES = BN_B * D * 2;  // one K (or V) tile
+        (2 * BN * D * 2 + 3 * 2 * BM_B * D * 2 + 4 * 8192 + 3 * 512 + 1024 <= 227 * 1024) ? 3 : 2;
+    static constexpr unsigned KV_BYTES = BN * D * 2;  // one K (or V) tile
     static constexpr unsigned QT_BYTES = BM_B * D * 2;  // one Q (or dO) tile
     static constexpr unsigned DS_BYTES = 64 * 64 * 2;   // one dS^T tile
     static constexpr unsigned K = 0, V = KV_BYTES, Q = 2 * KV_BYTES;
@@ -241,9 +261,10 @@ struct KeyBlock {
     int n0, off, m_begin, per, n_it;
 };
 
+template <int BN>
 __device__ __forceinline__ KeyBlock key_block(int S_q, int S_k, int group, int causal) {
     KeyBlock b;
-    b.n0 = blockIdx.y * BN_B;
+    b.n0 = blockIdx.y * BN;
     b.off = S_k - S_q;
     const int n_mb = (S_q + BM_B - 1) / BM_B;
     const int first_row = causal ? max(0, b.n0 - b.off) : 0;
@@ -264,9 +285,9 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
                                        long long sdkh, long long sdks, long long sdvz, long long sdvh,
                                        long long sdvs) {
     using S = Smem<D>;
-    constexpr int STAGES = S::STAGES;
-    // dQ split by columns between the warpgroups where half of D is whole slabs (D = 128)
-    constexpr bool SPLIT = (D / 2) % Layout<D>::E == 0;
+    using L = Layout<D>;
+    constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
+    constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT;
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
     check_smem(1024 + S::BYTES);
@@ -282,14 +303,14 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    const KeyBlock kb = key_block(S_q, S_k, group, causal);
+    const KeyBlock kb = key_block<BN>(S_q, S_k, group, causal);
 
     if (t < 128) {  // producer (128 x 24 + 256 x 240 = 64512 = 384 x 168 registers)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (t == 0 && kb.n_it > 0) {
             mbar_expect_tx(kv_full, 2 * S::KV_BYTES);
-            tma_tile<D, BN_B>(base + S::K, tk, kv_full, kb.n0, hk, z);
-            tma_tile<D, BN_B>(base + S::V, tv, kv_full, kb.n0, hk, z);
+            tma_tile<D, BN>(base + S::K, tk, kv_full, kb.n0, hk, z);
+            tma_tile<D, BN>(base + S::V, tv, kv_full, kb.n0, hk, z);
             for (int it = 0; it < kb.n_it; ++it) {
                 const int st = it % STAGES;
                 if (it >= STAGES) mbar_wait(empty0 + 8 * st, (it / STAGES - 1) & 1);  // query block it-STAGES done
@@ -307,14 +328,18 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
 
-    // consumer warpgroup cw: keys n0 + 64 cw + [0, 64); this thread's accumulator rows are
-    // keys 16 warp + g (+ 8), its columns 8j + 2q (+ 1) (wgmma's fragment layout)
+    // consumer warpgroup cw: keys kw0 + [0, 64) (kw0 = n0 + 64 cw; n0 where DSPLIT), dK / dV
+    // columns c_kv + [0, NV); this thread's accumulator rows are keys 16 warp + g (+ 8),
+    // its columns 8j + 2q (+ 1) (wgmma's fragment layout)
     const int cw = t / 128 - 1, warp = (t % 128) / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
-    const int key_lo = kb.n0 + 64 * cw + 16 * warp + g;  // this thread's keys: key_lo, key_lo + 8
-    const int kw0 = kb.n0 + 64 * cw;                     // the warpgroup's first key
-    float dk_acc[D / 2], dv_acc[D / 2];
+    const int kofs = DSPLIT ? 0 : 64 * cw;         // the warpgroup's first key in the block
+    const int kw0 = kb.n0 + kofs;                  // ... in the sequence
+    const int key_lo = kw0 + 16 * warp + g;        // this thread's keys: key_lo, key_lo + 8
+    const int c_kv = DSPLIT ? cw * NV : 0;         // the warpgroup's first dK / dV column
+    const unsigned slab_kv = (c_kv / L::E) * (BM_B * L::W);  // ... as a byte offset into a Q / dO tile
+    float dk_acc[NV / 2], dv_acc[NV / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
+    for (int i = 0; i < NV / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
 
     if (kb.n_it > 0) mbar_wait(kv_full, 0);
     const unsigned sK = base + S::K, sV = base + S::V;
@@ -330,11 +355,11 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(s, desc_kmajor<D, BN_B>(sK, 64 * cw, kk), desc_kmajor<D, BM_B>(sQ, 0, kk), kk > 0);
+            kl_wgmma_ss<64, BF16>(s, desc_kmajor<D, BN>(sK, kofs, kk), desc_kmajor<D, BM_B>(sQ, 0, kk), kk > 0);
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN_B>(sV, 64 * cw, kk), desc_kmajor<D, BM_B>(sdO, 0, kk), kk > 0);
+            kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN>(sV, kofs, kk), desc_kmajor<D, BM_B>(sdO, 0, kk), kk > 0);
         wgmma_commit();
 
         // lse and delta of the stage's 64 queries: this thread reads those of its columns
@@ -365,12 +390,12 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
 #pragma unroll
         for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
 
-        // dV += P^T dO (P^T from registers; dO MN-major: K = queries, N = D)
+        // dV += P^T dO (P^T from registers; dO MN-major: K = queries, N = the NV columns)
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-            kl_wgmma_rs<D, BF16>(dv_acc, p16[4 * kk], p16[4 * kk + 1], p16[4 * kk + 2], p16[4 * kk + 3],
-                                 desc_mnmajor<D, BM_B>(sdO, 16 * kk), 1);
+            kl_wgmma_rs<NV, BF16>(dv_acc, p16[4 * kk], p16[4 * kk + 1], p16[4 * kk + 2], p16[4 * kk + 3],
+                                  desc_mnmajor<D, BM_B>(sdO + slab_kv, 16 * kk), 1);
         wgmma_commit();
 
         wgmma_wait<1>();  // dP^T (dV still in flight)
@@ -390,8 +415,8 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-            kl_wgmma_rs<D, BF16>(dk_acc, ds16[4 * kk], ds16[4 * kk + 1], ds16[4 * kk + 2], ds16[4 * kk + 3],
-                                 desc_mnmajor<D, BM_B>(sQ, 16 * kk), 1);
+            kl_wgmma_rs<NV, BF16>(dk_acc, ds16[4 * kk], ds16[4 * kk + 1], ds16[4 * kk + 2], ds16[4 * kk + 3],
+                                  desc_mnmajor<D, BM_B>(sQ + slab_kv, 16 * kk), 1);
         wgmma_commit();
 
         // dS^T to shared memory (64 keys x 64 queries, 128-byte rows swizzled as a D = 64
@@ -414,41 +439,51 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
         }
 
         // dQ = dS K: A = dS (M = queries, K = keys) MN-major (the dS^T tiles), B = K (K =
-        // keys, N = D or D / 2 columns) MN-major
-        constexpr int NQ = SPLIT ? D / 2 : D;
-        float dq[NQ / 2];
-        wgmma_fence();
-        if (SPLIT) {
-            const unsigned sKc = sK + cw * (BN_B * Layout<D>::W);  // slab cw: columns cw D/2 ..
+        // keys, N = columns) MN-major. Per warpgroup: QSPLIT, columns [64 cw, 64 cw + 64) over
+        // both tiles' 128 keys; DSPLIT, its 128 columns in two passes of 64 (32 accumulators
+        // at a time) over the block's 64 keys; else all D columns over its own 64 keys.
+        constexpr int NQ = SPLIT ? D / 2 : DSPLIT ? 64 : D;
+        constexpr int PASSES = DSPLIT ? NV / 64 : 1;
+#pragma unroll 1
+        for (int pass = 0; pass < PASSES; ++pass) {
+            const int c0 = SPLIT ? cw * NQ : DSPLIT ? c_kv + 64 * pass : 0;  // first dQ column
+            float dq[NQ / 2];
+            wgmma_fence();
+            if (SPLIT) {
+                const unsigned sKc = sK + cw * (BN * L::W);  // slab cw: columns 64 cw ..
 #pragma unroll
-            for (int kk = 0; kk < 8; ++kk)
-                kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(base + S::DS + (2 * (kk / 4) + (it & 1)) * S::DS_BYTES,
-                                                               16 * (kk % 4)),
-                                      desc_mnmajor<D, BN_B>(sKc, 16 * kk), kk > 0);
-        } else {
+                for (int kk = 0; kk < 8; ++kk)
+                    kl_wgmma_tt<NQ, BF16>(
+                        dq, desc_mnmajor<64, 64>(base + S::DS + (2 * (kk / 4) + (it & 1)) * S::DS_BYTES, 16 * (kk % 4)),
+                        desc_mnmajor<D, BN>(sKc, 16 * kk), kk > 0);
+            } else {
+                const unsigned sKc = sK + (c0 / L::E) * (BN * L::W);  // the slab of column c0 (0 unless DSPLIT)
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(sdS, 16 * kk),
-                                      desc_mnmajor<D, BN_B>(sK, 64 * cw + 16 * kk), kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();  // dV, dK, dQ: the stage and p16 / ds16 are free
-        fence_regs(dq);
-        fence_regs(dv_acc);
-        fence_regs(dk_acc);
-        fence_regs(p16);
-        fence_regs(ds16);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * st);
+                for (int kk = 0; kk < 4; ++kk)
+                    kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(sdS, 16 * kk),
+                                          desc_mnmajor<D, BN>(sKc, kofs + 16 * kk), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();  // (first pass) dV, dK and this dQ: the stage and p16 / ds16 are free
+            fence_regs(dq);
+            if (pass == 0) {
+                fence_regs(dv_acc);
+                fence_regs(dk_acc);
+                fence_regs(p16);
+                fence_regs(ds16);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty0 + 8 * st);
+            }
 
-        // dQ += this warpgroup's share: rows m0 + 16 warp + g (+ 8) of the padded accumulator
-        // (no bounds: the rows past S_q are the padding), columns c0 + 8j + 2q (+ 1)
-        const int c0 = SPLIT ? cw * NQ : 0;
-        float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
+            // dQ += this share: rows m0 + 16 warp + g (+ 8) of the padded accumulator (no
+            // bounds: the rows past S_q are the padding), columns c0 + 8j + 2q (+ 1)
+            float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
 #pragma unroll
-        for (int j = 0; j < NQ / 8; ++j)
+            for (int j = 0; j < NQ / 8; ++j)
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+                for (int hh = 0; hh < 2; ++hh)
+                    red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+        }
     }
 
     // epilogue: dK = scale * dS^T Q and dV for this thread's two keys (zeros for a block no
@@ -457,10 +492,10 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
     for (int hh = 0; hh < 2; ++hh) {
         const int key = key_lo + 8 * hh;
         if (key < S_k) {
-            T* dkr = dk + z * sdkz + hk * sdkh + key * sdks + 2 * qd;
-            T* dvr = dv + z * sdvz + hk * sdvh + key * sdvs + 2 * qd;
+            T* dkr = dk + z * sdkz + hk * sdkh + key * sdks + c_kv + 2 * qd;
+            T* dvr = dv + z * sdvz + hk * sdvh + key * sdvs + c_kv + 2 * qd;
 #pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
+            for (int j = 0; j < NV / 8; ++j) {
                 store2(dkr + 8 * j, dk_acc[4 * j + 2 * hh] * scale, dk_acc[4 * j + 2 * hh + 1] * scale);
                 store2(dvr + 8 * j, dv_acc[4 * j + 2 * hh], dv_acc[4 * j + 2 * hh + 1]);
             }
@@ -561,4 +596,7 @@ KL_ATTN_BWD(96)
 #endif
 #if !defined(KL_ATTN_D) || KL_ATTN_D == 128
 KL_ATTN_BWD(128)
+#endif
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 256
+KL_ATTN_BWD(256)
 #endif
