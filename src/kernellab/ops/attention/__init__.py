@@ -544,6 +544,7 @@ def attention(
 
 from kernellab.ops.attention import cuda as _cuda  # noqa: E402,F401
 from kernellab.ops.attention import cuda_sm90 as _cuda_sm90  # noqa: E402,F401
+from kernellab.ops.attention import cuda_sm90_bwd as _cuda_sm90_bwd  # noqa: E402,F401
 from kernellab.ops.attention import reference as _reference  # noqa: E402,F401  (registrations)
 from kernellab.ops.attention import tiled as _tiled  # noqa: E402,F401
 from kernellab.ops.attention import triton as _triton  # noqa: E402,F401

@@ -1,0 +1,602 @@
+// Attention backward on Hopper tensor cores (wgmma), fp16 / bf16, in the FlashAttention-3
+// design. Compiled by NVRTC for sm_90a only (wgmma, setmaxnreg; cuda_sm90_bwd.py builds the
+// Module with archs=("sm_90a",)). The forward is attention_sm90.cu's (its lse contract).
+//
+//   P = 2^(s * scale * log2 e - lse)   (lse: the forward's log-sum-exp in log2 units)
+//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - delta),  delta = rowsum(dO * O)
+//   dK = scale * dS^T Q,  dQ = scale * dS K
+//   bottom-right causal: query i sees keys j <= i + S_k - S_q.
+//
+// Kernels (registered through backend "cuda_v8": the forward is cuda_v7's):
+//   attn_bwd_pre_<dtype>      one warp per query row of the padded length S_pad (S_q rounded
+//       up to BM_B = 64): delta = rowsum(dO * O) in fp32 and lse copied, both into
+//       (Z * H, S_pad) fp32 buffers; rows past S_q and rows that see no key (lse = -inf)
+//       get lse = +inf, delta = 0, so their P is exactly 0 with no mask; the row's fp32
+//       dQ accumulator (Z * H, S_pad, D) is zeroed.
+//   attn_bwd_v8_d<D>_<dtype>  one block per (key block of BN = 128 keys, k/v head,
+//       batch): a producer warpgroup (one thread issues TMA copies; setmaxnreg 24) and two
+//       consumer warpgroups (setmaxnreg 240), each owning 64 of the block's keys. K and V
+//       stay in shared memory; the block loops over its group's q heads (GQA: dK, dV sum
+//       the group in registers: deterministic, no atomics on them) and, per head, over the
+//       query blocks of 64 rows that see its keys. A query block's Q, dO (TMA, swizzled
+//       tiles) and its 64 lse and delta (1-D bulk copies) come through a ring of 2-3
+//       stages (mbarriers full / empty, as the forward's v4-v7). Per query block each
+//       consumer warpgroup computes, transposed so that keys are the M dimension:
+//           S^T  = K_w Q^T       wgmma SS, 64 x 64, fp32 accumulators
+//           dP^T = V_w dO^T      wgmma SS, issued with S^T (one wait each)
+//           P^T  = 2^(S^T c - lse)          (0 where masked), rounded to 16 bits
+//           dV  += P^T dO        wgmma RS: P^T is the register A operand (no shared memory)
+//           dS^T = P^T (dP^T - delta)       rounded to 16 bits
+//           dK  += dS^T Q        wgmma RS
+//           dQ_w = dS_w K_w      wgmma SS with both operands MN-major (kl_wgmma_tt): dS^T
+//                                goes to shared memory (a 64 x 64 tile, double buffered)
+//           dQ  += dQ_w          red.global.add.v2.f32 into the fp32 accumulator
+//       At D = 128 (SPLIT: half of D is whole slabs of the tile) the two warpgroups split
+//       dQ by columns instead: both dS^T tiles written, warpgroup w computes columns
+//       [64 w, 64 w + 64) of dS K over all 128 keys (32 accumulators a thread instead of
+//       64, which keeps ptxas from serializing the wgmmas for lack of registers, and half
+//       the atomics). At D = 256 (DSPLIT) a block holds 64 keys: both warpgroups compute
+//       S^T, dP^T, P^T and dS^T of them (the same tiles: 2 x 128 dK / dV accumulators a
+//       thread over all 256 columns would not fit in 240 registers) and warpgroup w owns
+//       columns [128 w, 128 w + 128) of dV, dK and dQ (dQ in two passes of 64 columns).
+//       After the last query block each warpgroup writes scale * dK and dV (16-bit) of its
+//       keys and columns.
+//   attn_bwd_post_<dtype>     dq = scale * dQ accumulator, rounded to q's dtype.
+//
+// Why (napkin math, D = 128, per query block and warpgroup): five 64 x 64 x 128 GEMMs =
+// 5.2 MFLOP against 2 x 64 x 64 exponentials; K and V (64 KB) are read from HBM once per
+// block while Q and dO stream through the ring (32 KB per query block, shared by both
+// warpgroups). The dQ partials cost one fp32 atomic add per (query row, column, warpgroup)
+// per key block: 2 x 64 x 128 x 4 B = 64 KB of L2 reductions per query block (32 KB where
+// the warpgroups split dQ's columns), the price of a single pass (FlashAttention-2's
+// separate dQ pass recomputes S and dP instead).
+//
+// Shared memory (1024-byte aligned tiles, the forward's swizzled layout: Layout<D> below,
+// attention_sm90.cu's header explains it): K and V (BN x D each), per stage Q and dO
+// (64 x D each), per consumer warpgroup two dS^T tiles (64 keys x 64 queries, 128-byte
+// swizzle), per stage lse and delta (64 fp32 each).
+//
+// Barriers: kv_full (K and V landed), full[st] (stage st's four copies landed: one
+// expect_tx arrival plus the bytes), empty[st] (count 8: every consumer warp is done with
+// the stage), named barriers DS_BAR + w (ids 1, 2; count 128: consumer warpgroup w's dS^T
+// tile is written and fenced before its dQ wgmma reads it) or, at D = 128, DQ_BAR (id 3,
+// count 256: both tiles are, as both warpgroups read both). The dS^T tiles alternate per
+// query block, so a tile is rewritten only after the named barrier of the next query
+// block, which every warp that reads it reaches after waiting for the dQ wgmma that read
+// it. Every consumer thread meets the same barrier once per query block (both warpgroups
+// run the same n_it iterations), so no barrier phase is left half full.
+//
+// Contract (cuda_sm90_bwd.py guarantees it): q, dO (Z, H, S_q, D), k, v (Z, H_kv, S_k, D)
+// as tensor maps (dims (D, S, H, Z), box E columns x 64 rows for q / dO, x BN rows for k /
+// v, the tile's swizzle); o and dO for the preprocess as pointers with element strides (a
+// unit stride over D); lse (Z, H, S_q) fp32 contiguous; dk, dv (Z, H_kv, S_k, D) pointers
+// with element strides; dq (Z, H, S_q, D) with strides. H = H_kv x group. Grid of the main
+// kernel (H_kv, ceil(S_k / BN), Z): the k/v head varies fastest in launch order, so under
+// causal masking every head's first (heaviest: it sees every query) key block is launched
+// before any head's second, and the light last key blocks fill the tail; S_q, S_k > 0.
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#include "attention_sm90_wgmma.cuh"
+#include "attention_sm90_bwd_wgmma.cuh"
+#include "mbarrier.cuh"
+
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "attention_sm90_bwd.cu uses wgmma: compile it for sm_90a (Module(..., archs=(\"sm_90a\",)))"
+#endif
+
+struct alignas(64) TensorMap {  // a CUtensorMap (cuTensorMapEncodeTiled), passed by value
+    unsigned long long opaque[16];
+};
+
+namespace {
+
+constexpr int BM_B = 64;  // query rows per step of the loop (one wgmma N of S^T)
+constexpr int THREADS_B = 384;
+
+template <int D>
+struct Layout {  // attention_sm90.cu's Layout
+    static constexpr int W = (D % 64 == 0) ? 128 : (D % 32 == 0) ? 64 : 32;
+    static constexpr int CPR = W / 16;
+    static constexpr int E = W / 2;
+    static constexpr unsigned long long MODE = W == 128 ? 1 : W == 64 ? 2 : 3;
+    static_assert(D % 16 == 0 && D % E == 0, "head dim must be a multiple of 16 and of the slab width");
+};
+
+// How a block divides its work between the two consumer warpgroups.
+template <int D>
+struct Cfg {
+    // D <= 128: 128 keys a block, warpgroup w owns keys [64 w, 64 w + 64) over all D columns.
+    // D = 256 (DSPLIT): 64 keys a block, both warpgroups compute S^T and dP^T of those
+    // keys (the same 64 x 64 tiles, twice: dK and dV alone are 2 x 128 accumulators a
+    // thread over all 256 columns) and warpgroup w owns columns [128 w, 128 w + 128) of
+    // dK, dV and dQ.
+    static constexpr bool DSPLIT = D > 128;
+    static constexpr int BN = DSPLIT ? 64 : 128;   // keys per block
+    static constexpr int NV = DSPLIT ? D / 2 : D;  // dK / dV columns per warpgroup
+    // D = 128 (QSPLIT): the warpgroups split dQ = dS K by columns (each over all 128 keys;
+    // possible where half of D is whole slabs); else each sums its own keys' share.
+    static constexpr bool QSPLIT = !DSPLIT && (D / 2) % Layout<D>::E == 0;
+};
+
+// The block's shared memory, byte offsets from the 1024-aligned base.
+template <int D>
+struct Smem {
+    static constexpr int BN = Cfg<D>::BN;
+    static constexpr int STAGES =
+        (2 * BN * D * 2 + 3 * 2 * BM_B * D * 2 + 4 * 8192 + 3 * 512 + 1024 <= 227 * 1024) ? 3 : 2;
+    static constexpr unsigned KV_BYTES = BN * D * 2;  // one K (or V) tile
+    static constexpr unsigned QT_BYTES = BM_B * D * 2;  // one Q (or dO) tile
+    static constexpr unsigned DS_BYTES = 64 * 64 * 2;   // one dS^T tile
+    static constexpr unsigned K = 0, V = KV_BYTES, Q = 2 * KV_BYTES;
+    static constexpr unsigned DO = Q + STAGES * QT_BYTES;
+    static constexpr unsigned DS = DO + STAGES * QT_BYTES;  // [warpgroup][buffer]
+    static constexpr unsigned LD = DS + 4 * DS_BYTES;       // per stage: lse[64], delta[64]
+    static constexpr unsigned BYTES = LD + STAGES * 512;
+    static_assert(KV_BYTES % 1024 == 0 && QT_BYTES % 1024 == 0, "tiles must keep 1024-byte alignment");
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void fence_reg(unsigned& r) { asm volatile("" : "+r"(r)::"memory"); }
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) fence_reg(r[i]);
+}
+template <int N>
+__device__ __forceinline__ void fence_regs(unsigned (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) fence_reg(r[i]);
+}
+
+__device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned lbo, unsigned sbo,
+                                                        unsigned long long mode) {
+    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
+           (static_cast<unsigned long long>((lbo >> 4) & 0x3FFF) << 16) |
+           (static_cast<unsigned long long>((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
+}
+
+// K-major operand: rows [row0, row0 + 64) of a D-wide tile of R rows, k step kk (16 columns).
+template <int D, int R>
+__device__ __forceinline__ unsigned long long desc_kmajor(unsigned tile, int row0, int kk) {
+    using L = Layout<D>;
+    const unsigned addr = tile + (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2 + row0 * L::W;
+    return make_desc(addr, 16, 8 * L::W, L::MODE);
+}
+
+// MN-major operand: rows [row0, row0 + 16) of a D-wide tile of R rows (the k step), all D
+// columns (N; the E-wide slabs LBO apart).
+template <int D, int R>
+__device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int row0) {
+    using L = Layout<D>;
+    return make_desc(tile + row0 * L::W, R * L::W, 8 * L::W, L::MODE);
+}
+
+// Byte offset of 16-byte chunk gc of row r in a swizzled D-wide tile of R rows.
+template <int D, int R>
+__device__ __forceinline__ unsigned tile_offset(int r, int gc) {
+    using L = Layout<D>;
+    const int c = gc % L::CPR;
+    const int sw = ((r * L::W) >> 7) & (L::CPR - 1);
+    return (gc / L::CPR) * (R * L::W) + r * L::W + ((c ^ sw) << 4);
+}
+
+__device__ __forceinline__ unsigned pack2(float x, float y, bool bf16) {
+    if (bf16) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+        return *reinterpret_cast<unsigned*>(&v);
+    }
+    __half2 v = __floats2half2_rn(x, y);
+    return *reinterpret_cast<unsigned*>(&v);
+}
+__device__ __forceinline__ void store2(__nv_bfloat16* p, float x, float y) {
+    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ void store2(__half* p, float x, float y) {
+    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+}
+__device__ __forceinline__ float2 load2f(const __nv_bfloat16* p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ float2 load2f(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+
+__device__ __forceinline__ void check_smem(unsigned need) {
+    unsigned have;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(have));
+    if (have < need) __trap();
+}
+
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, unsigned bar, int c0, int c1, int c2,
+                                            int c3) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+        "[%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+        : "memory");
+}
+
+// Rows [row0, row0 + R) of head (h, z): one box of E columns x R rows per slab; rows past
+// the map's length arrive as zeros (and count toward the transaction bytes).
+template <int D, int R>
+__device__ __forceinline__ void tma_tile(unsigned dst, const TensorMap* map, unsigned bar, int row0, int h, int z) {
+    using L = Layout<D>;
+#pragma unroll
+    for (int sl = 0; sl < D / L::E; ++sl) tma_load_4d(dst + sl * (R * L::W), map, bar, sl * L::E, row0, h, z);
+}
+
+// `bytes` (a multiple of 16) from global `src` (16-byte aligned) to shared `dst`, completing `bar`.
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+// Named barriers (id 0 is __syncthreads'): DS_BAR + cw (128 threads: warpgroup cw's dS^T
+// tile is written), DQ_BAR (256: both tiles are, where the warpgroups split dQ's columns).
+constexpr int DS_BAR = 1, DQ_BAR = 3;
+
+__device__ __forceinline__ void named_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+// Two fp32 adds to consecutive words of global memory (one vector reduction, sm_90).
+__device__ __forceinline__ void red_add2(float* p, float x, float y) {
+    asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+}
+
+// What a key block does: the query blocks [m_begin, m_begin + per) of each q head of its
+// group that see any of its keys (causal: from the block holding the first row that sees
+// key n0); n_it = group x per iterations, head-major.
+struct KeyBlock {
+    int n0, off, m_begin, per, n_it;
+};
+
+template <int BN>
+__device__ __forceinline__ KeyBlock key_block(int S_q, int S_k, int group, int causal) {
+    KeyBlock b;
+    b.n0 = blockIdx.y * BN;
+    b.off = S_k - S_q;
+    const int n_mb = (S_q + BM_B - 1) / BM_B;
+    const int first_row = causal ? max(0, b.n0 - b.off) : 0;
+    b.m_begin = first_row / BM_B;
+    b.per = first_row < S_q ? n_mb - b.m_begin : 0;
+    b.n_it = group * b.per;
+    return b;
+}
+
+// --------------------------------------------------------------------------------------- kernel
+
+template <typename T, bool BF16, int D>
+__device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
+                                       const TensorMap* tdo, const float* __restrict__ lse_p,
+                                       const float* __restrict__ delta_p, float* __restrict__ dq_acc,
+                                       T* __restrict__ dk, T* __restrict__ dv, int S_q, int S_k, int S_pad, int H,
+                                       int group, float scale, float scale_log2, int causal, long long sdkz,
+                                       long long sdkh, long long sdks, long long sdvz, long long sdvh,
+                                       long long sdvs) {
+    using S = Smem<D>;
+    using L = Layout<D>;
+    constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
+    constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT;
+    extern __shared__ unsigned char smem[];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+    check_smem(1024 + S::BYTES);
+    const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
+    const unsigned full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[STAGES]), kv_full = smem_u32(&bars[2 * STAGES]);
+    const int t = threadIdx.x, hk = blockIdx.x, z = blockIdx.z;
+    if (t == 0) {
+        for (int st = 0; st < STAGES; ++st) {
+            mbar_init(full0 + 8 * st, 1);
+            mbar_init(empty0 + 8 * st, 8);
+        }
+        mbar_init(kv_full, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    const KeyBlock kb = key_block<BN>(S_q, S_k, group, causal);
+
+    if (t < 128) {  // producer (128 x 24 + 256 x 240 = 64512 = 384 x 168 registers)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (t == 0 && kb.n_it > 0) {
+            mbar_expect_tx(kv_full, 2 * S::KV_BYTES);
+            tma_tile<D, BN>(base + S::K, tk, kv_full, kb.n0, hk, z);
+            tma_tile<D, BN>(base + S::V, tv, kv_full, kb.n0, hk, z);
+            for (int it = 0; it < kb.n_it; ++it) {
+                const int st = it % STAGES;
+                if (it >= STAGES) mbar_wait(empty0 + 8 * st, (it / STAGES - 1) & 1);  // query block it-STAGES done
+                const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
+                const unsigned bar = full0 + 8 * st;
+                mbar_expect_tx(bar, 2 * S::QT_BYTES + 512);
+                tma_tile<D, BM_B>(base + S::Q + st * S::QT_BYTES, tq, bar, m0, h, z);
+                tma_tile<D, BM_B>(base + S::DO + st * S::QT_BYTES, tdo, bar, m0, h, z);
+                const long long row = ((long long)z * H + h) * S_pad + m0;
+                bulk_load(base + S::LD + st * 512, lse_p + row, 256, bar);
+                bulk_load(base + S::LD + st * 512 + 256, delta_p + row, 256, bar);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+
+    // consumer warpgroup cw: keys kw0 + [0, 64) (kw0 = n0 + 64 cw; n0 where DSPLIT), dK / dV
+    // columns c_kv + [0, NV); this thread's accumulator rows are keys 16 warp + g (+ 8),
+    // its columns 8j + 2q (+ 1) (wgmma's fragment layout)
+    const int cw = t / 128 - 1, warp = (t % 128) / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
+    const int kofs = DSPLIT ? 0 : 64 * cw;         // the warpgroup's first key in the block
+    const int kw0 = kb.n0 + kofs;                  // ... in the sequence
+    const int key_lo = kw0 + 16 * warp + g;        // this thread's keys: key_lo, key_lo + 8
+    const int c_kv = DSPLIT ? cw * NV : 0;         // the warpgroup's first dK / dV column
+    const unsigned slab_kv = (c_kv / L::E) * (BM_B * L::W);  // ... as a byte offset into a Q / dO tile
+    float dk_acc[NV / 2], dv_acc[NV / 2];
+#pragma unroll
+    for (int i = 0; i < NV / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
+
+    if (kb.n_it > 0) mbar_wait(kv_full, 0);
+    const unsigned sK = base + S::K, sV = base + S::V;
+    for (int it = 0; it < kb.n_it; ++it) {
+        const int st = it % STAGES;
+        const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
+        const unsigned sQ = base + S::Q + st * S::QT_BYTES, sdO = base + S::DO + st * S::QT_BYTES;
+        const unsigned sdS = base + S::DS + (2 * cw + (it & 1)) * S::DS_BYTES;
+        mbar_wait(full0 + 8 * st, (it / STAGES) & 1);
+
+        // S^T = K_w Q^T and dP^T = V_w dO^T: two groups, 64 keys x 64 queries each
+        float s[32], dp[32];
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            kl_wgmma_ss<64, BF16>(s, desc_kmajor<D, BN>(sK, kofs, kk), desc_kmajor<D, BM_B>(sQ, 0, kk), kk > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN>(sV, kofs, kk), desc_kmajor<D, BM_B>(sdO, 0, kk), kk > 0);
+        wgmma_commit();
+
+        // lse and delta of the stage's 64 queries: this thread reads those of its columns
+        // (8j + 2q, + 1) where it uses them (held in registers across the GEMMs, the 32 of
+        // them push D = 128 past the 240 registers at which wgmma need not serialize)
+        const float2* sl = reinterpret_cast<const float2*>(smem + (base - smem_u32(smem)) + S::LD + st * 512) + qd;
+        const bool masked = kw0 + 64 > S_k || (causal && kw0 + 63 > m0 + kb.off);
+
+        wgmma_wait<1>();  // S^T
+        fence_regs(s);
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float& x = s[4 * j + 2 * hh + e];
+                    const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
+                    const float l = e ? l2.y : l2.x;
+                    float p = exp2f(fmaf(x, scale_log2, -l));  // lse = +inf: 0
+                    if (masked) {
+                        const int key = key_lo + 8 * hh, col = m0 + 8 * j + 2 * qd + e;
+                        if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
+                    }
+                    x = p;
+                }
+        unsigned p16[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
+
+        // dV += P^T dO (P^T from registers; dO MN-major: K = queries, N = the NV columns)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            kl_wgmma_rs<NV, BF16>(dv_acc, p16[4 * kk], p16[4 * kk + 1], p16[4 * kk + 2], p16[4 * kk + 3],
+                                  desc_mnmajor<D, BM_B>(sdO + slab_kv, 16 * kk), 1);
+        wgmma_commit();
+
+        wgmma_wait<1>();  // dP^T (dV still in flight)
+        fence_regs(dp);
+        unsigned ds16[16];
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int i = 4 * j + 2 * hh;
+                const float2 dl = sl[32 + 4 * j];  // delta of columns 8j + 2q, + 1
+                const float a = s[i] * (dp[i] - dl.x), b = s[i + 1] * (dp[i + 1] - dl.y);
+                ds16[2 * j + hh] = pack2(a, b, BF16);
+            }
+
+        // dK += dS^T Q (dS^T from registers; Q MN-major)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            kl_wgmma_rs<NV, BF16>(dk_acc, ds16[4 * kk], ds16[4 * kk + 1], ds16[4 * kk + 2], ds16[4 * kk + 3],
+                                  desc_mnmajor<D, BM_B>(sQ + slab_kv, 16 * kk), 1);
+        wgmma_commit();
+
+        // dS^T to shared memory (64 keys x 64 queries, 128-byte rows swizzled as a D = 64
+        // tile): row key, the pair of queries (8j + 2q, + 1) as one 4-byte word
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const unsigned addr = sdS + tile_offset<64, 64>(16 * warp + g + 8 * hh, j) + 4 * qd;
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds16[2 * j + hh]) : "memory");
+            }
+        fence_proxy_async();  // the generic-proxy stores before wgmma's (async-proxy) reads
+        if (SPLIT) {
+            // both warpgroups' tiles are written: warpgroup cw computes columns
+            // [cw D/2, (cw + 1) D/2) of dQ over all 128 keys (half the accumulators and half
+            // the atomics of a per-warpgroup dQ over its own 64 keys)
+            named_sync(DQ_BAR, 256);
+        } else {
+            named_sync(DS_BAR + cw, 128);  // the warpgroup's own tile is written
+        }
+
+        // dQ = dS K: A = dS (M = queries, K = keys) MN-major (the dS^T tiles), B = K (K =
+        // keys, N = columns) MN-major. Per warpgroup: QSPLIT, columns [64 cw, 64 cw + 64) over
+        // both tiles' 128 keys; DSPLIT, its 128 columns in two passes of 64 (32 accumulators
+        // at a time) over the block's 64 keys; else all D columns over its own 64 keys.
+        constexpr int NQ = SPLIT ? D / 2 : DSPLIT ? 64 : D;
+        constexpr int PASSES = DSPLIT ? NV / 64 : 1;
+#pragma unroll 1
+        for (int pass = 0; pass < PASSES; ++pass) {
+            const int c0 = SPLIT ? cw * NQ : DSPLIT ? c_kv + 64 * pass : 0;  // first dQ column
+            float dq[NQ / 2];
+            wgmma_fence();
+            if (SPLIT) {
+                const unsigned sKc = sK + cw * (BN * L::W);  // slab cw: columns 64 cw ..
+#pragma unroll
+                for (int kk = 0; kk < 8; ++kk)
+                    kl_wgmma_tt<NQ, BF16>(
+                        dq, desc_mnmajor<64, 64>(base + S::DS + (2 * (kk / 4) + (it & 1)) * S::DS_BYTES, 16 * (kk % 4)),
+                        desc_mnmajor<D, BN>(sKc, 16 * kk), kk > 0);
+            } else {
+                const unsigned sKc = sK + (c0 / L::E) * (BN * L::W);  // the slab of column c0 (0 unless DSPLIT)
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+                    kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(sdS, 16 * kk),
+                                          desc_mnmajor<D, BN>(sKc, kofs + 16 * kk), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();  // (first pass) dV, dK and this dQ: the stage and p16 / ds16 are free
+            fence_regs(dq);
+            if (pass == 0) {
+                fence_regs(dv_acc);
+                fence_regs(dk_acc);
+                fence_regs(p16);
+                fence_regs(ds16);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty0 + 8 * st);
+            }
+
+            // dQ += this share: rows m0 + 16 warp + g (+ 8) of the padded accumulator (no
+            // bounds: the rows past S_q are the padding), columns c0 + 8j + 2q (+ 1)
+            float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
+#pragma unroll
+            for (int j = 0; j < NQ / 8; ++j)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+                    red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+        }
+    }
+
+    // epilogue: dK = scale * dS^T Q and dV for this thread's two keys (zeros for a block no
+    // query sees)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int key = key_lo + 8 * hh;
+        if (key < S_k) {
+            T* dkr = dk + z * sdkz + hk * sdkh + key * sdks + c_kv + 2 * qd;
+            T* dvr = dv + z * sdvz + hk * sdvh + key * sdvs + c_kv + 2 * qd;
+#pragma unroll
+            for (int j = 0; j < NV / 8; ++j) {
+                store2(dkr + 8 * j, dk_acc[4 * j + 2 * hh] * scale, dk_acc[4 * j + 2 * hh + 1] * scale);
+                store2(dvr + 8 * j, dv_acc[4 * j + 2 * hh], dv_acc[4 * j + 2 * hh + 1]);
+            }
+        }
+    }
+}
+
+// --------------------------------------------------------------------------------------- pre / post
+
+// One warp per padded row i of head (z, h): delta = rowsum(dO * O) (fp32), lse copied (+inf
+// for rows past S_q and rows with no key), the row's dQ accumulator zeroed. Grid
+// (S_pad / 8, H, Z), 256 threads.
+template <typename T>
+__device__ __forceinline__ void bwd_pre(const T* __restrict__ o, const T* __restrict__ dout,
+                                        const float* __restrict__ lse, float* __restrict__ lse_p,
+                                        float* __restrict__ delta_p, float* __restrict__ dq_acc, int S_q, int S_pad,
+                                        int H, int D, long long soz, long long soh, long long sos, long long sdz,
+                                        long long sdh, long long sds) {
+    const int i = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, z = blockIdx.z;
+    const long long zh = (long long)z * H + h;
+    float acc = 0.f;
+    if (i < S_q) {
+        const T* orow = o + z * soz + h * soh + i * sos;
+        const T* drow = dout + z * sdz + h * sdh + i * sds;
+        for (int c = 2 * lane; c < D; c += 64) {
+            const float2 a = load2f(orow + c), b = load2f(drow + c);
+            acc = fmaf(a.x, b.x, fmaf(a.y, b.y, acc));
+        }
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffff, acc, m);
+    float* dqr = dq_acc + (zh * S_pad + i) * D;
+    for (int c = 2 * lane; c < D; c += 64) *reinterpret_cast<float2*>(dqr + c) = make_float2(0.f, 0.f);
+    if (lane == 0) {
+        const float l = i < S_q ? lse[zh * S_q + i] : neg_inf();
+        lse_p[zh * S_pad + i] = l == neg_inf() ? pos_inf() : l;  // P = 2^(x - inf) = 0
+        delta_p[zh * S_pad + i] = acc;
+    }
+}
+
+// dq = scale * dQ accumulator in T: one thread per pair of columns. Grid (ceil(S_q * D / 2 /
+// 256), H, Z).
+template <typename T>
+__device__ __forceinline__ void bwd_post(const float* __restrict__ dq_acc, T* __restrict__ dq, int S_q, int S_pad,
+                                         int H, int D, float scale, long long sqz, long long sqh, long long sqs) {
+    const long long e = 2 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
+    if (e >= (long long)S_q * D) return;
+    const int h = blockIdx.y, z = blockIdx.z;
+    const int i = static_cast<int>(e / D), c = static_cast<int>(e % D);
+    const float2 a = *reinterpret_cast<const float2*>(dq_acc + (((long long)z * H + h) * S_pad + i) * D + c);
+    store2(dq + z * sqz + h * sqh + i * sqs + c, a.x * scale, a.y * scale);
+}
+
+}  // namespace
+
+#define KL_ATTN_BWD_ARGS(T)                                                                                      \
+    const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,                                \
+        const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap tdo, const float *lse_p,         \
+        const float *delta_p, float *dq_acc, T *dk, T *dv, int S_q, int S_k, int S_pad, int H, int group,       \
+        float scale, float scale_log2, int causal, long long sdkz, long long sdkh, long long sdks, long long sdvz, \
+        long long sdvh, long long sdvs
+#define KL_ATTN_BWD_PASS                                                                                         \
+    &tq, &tk, &tv, &tdo, lse_p, delta_p, dq_acc, dk, dv, S_q, S_k, S_pad, H, group, scale, scale_log2, causal, sdkz, \
+        sdkh, sdks, sdvz, sdvh, sdvs
+
+#define KL_ATTN_BWD_T(D, T, BF16, SFX)                                                                               \
+    extern "C" __global__ void __launch_bounds__(THREADS_B, 1) attn_bwd_v8_d##D##_##SFX(KL_ATTN_BWD_ARGS(T)) {        \
+        bwd_v8<T, BF16, D>(KL_ATTN_BWD_PASS);                                                                      \
+    }
+#define KL_ATTN_BWD(D)                          \
+    KL_ATTN_BWD_T(D, __nv_bfloat16, true, bf16) \
+    KL_ATTN_BWD_T(D, __half, false, f16)
+
+#define KL_ATTN_BWD_PP(T, SFX)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(256) attn_bwd_pre_##SFX(                                          \
+        const T *o, const T *dout, const float *lse, float *lse_p, float *delta_p, float *dq_acc, int S_q,         \
+        int S_pad, int H, int D, long long soz, long long soh, long long sos, long long sdz, long long sdh,        \
+        long long sds) {                                                                                           \
+        bwd_pre<T>(o, dout, lse, lse_p, delta_p, dq_acc, S_q, S_pad, H, D, soz, soh, sos, sdz, sdh, sds);          \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) attn_bwd_post_##SFX(                                         \
+        const float *dq_acc, T *dq, int S_q, int S_pad, int H, int D, float scale, long long sqz, long long sqh,   \
+        long long sqs) {                                                                                           \
+        bwd_post<T>(dq_acc, dq, S_q, S_pad, H, D, scale, sqz, sqh, sqs);                                           \
+    }
+KL_ATTN_BWD_PP(__nv_bfloat16, bf16)
+KL_ATTN_BWD_PP(__half, f16)
+
+// One head dim per module (-DKL_ATTN_D=96); every head dim without it.
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 64
+KL_ATTN_BWD(64)
+#endif
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 80
+KL_ATTN_BWD(80)
+#endif
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 96
+KL_ATTN_BWD(96)
+#endif
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 128
+KL_ATTN_BWD(128)
+#endif
+#if !defined(KL_ATTN_D) || KL_ATTN_D == 256
+KL_ATTN_BWD(256)
+#endif

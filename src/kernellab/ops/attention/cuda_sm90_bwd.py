@@ -1,0 +1,348 @@
+"""Attention backward on Hopper in CUDA C++ (attention_sm90_bwd.cu, compiled by NVRTC for
+sm_90a), FlashAttention-3's design: backend ``cuda_v8``, whose forward is ``cuda_v7``'s
+(cuda_sm90.py) and whose backward is three kernels: a preprocess (delta = rowsum(dO * O)
+in fp32, the lse copied into a padded buffer, the fp32 dQ accumulator zeroed), the main
+kernel (one block per 128 keys x k/v head x batch: a TMA producer warpgroup and two
+consumer warpgroups of 64 keys each (D = 256: 64 keys a block, the warpgroups splitting
+the head dim, ``splits_d``), K and V held in shared memory, Q / dO / lse / delta
+streamed per query block of 64 rows through an mbarrier ring; dK and dV accumulated in
+registers over the query blocks and the group's q heads, dQ added to the fp32 accumulator
+with vector atomics) and a postprocess (dq = scale x accumulator, in q's dtype). What each
+step computes is in the .cu file's header.
+
+Contract: the forward's (cuda_sm90.py): fp16 / bf16, GQA, causal aligned bottom-right, any
+lengths, no window or softcap (ValueError naming the option); head dims 64, 80, 96, 128 and
+256, all with the CUDA backward (``BWD_HEAD_DIMS``; ``backward_kernel`` names the Triton
+FlashAttention-2 backward for any head dim left out of it). The autograd node saves q, k, v,
+o and the one lse (..., S_q) fp32 in log2 units, as every attention backend does. Gradients
+come back in ``empty_bshd``'s layout. dQ is summed with atomics, so it is not bitwise
+reproducible run to run; dK and dV are (no atomics: a block owns its keys and loops over its
+group's q heads itself).
+
+Availability: sm_90 GPUs only; without a GPU the module compiles ("compiled, not run").
+The default backend never picks it until a committed tuning table names it.
+
+``emulate_backward`` is the kernel's arithmetic in PyTorch (same key blocks and query-block
+order, masks applied only where the kernel applies them, fp32 accumulation, P and dS
+rounded to 16 bits before their MMAs, dQ summed per 64 keys or per 128-key block as the
+kernel sums it, ``splits_dq``): the CPU tests hold it against the float64 reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from kernellab.core.kit import OpDecl, build
+from kernellab.core.registry import register
+from kernellab.cuda.runtime import (
+    DTYPE_SUFFIX,
+    Module,
+    ceil_div,
+    nvrtc_unavailable,  # noqa: F401 (the tests ask this module)
+    sm90_unavailable,
+)
+from kernellab.ops.attention import cuda_sm90 as cs
+from kernellab.ops.attention import triton as at
+from kernellab.ops.attention.args import check_dtype, check_head_dim, refuse_options, resolve_scale
+
+CU = Path(__file__).with_name("attention_sm90_bwd.cu")
+HEAD_DIMS = cs.HEAD_DIMS  # what the backend takes (the forward's)
+BWD_HEAD_DIMS = (64, 80, 96, 128, 256)  # what the CUDA backward computes (every one)
+DTYPES = cs.DTYPES
+FWD_VARIANT = "v7"
+BM = 64  # query rows per step of a block's loop
+THREADS = 384  # producer warpgroup + two consumer warpgroups
+SMEM_LIMIT = cs.SMEM_LIMIT
+LOG2E = cs.LOG2E
+MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in BWD_HEAD_DIMS}
+MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
+SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6
+SIG_PRE = ("ptr",) * 6 + ("i32",) * 4 + ("i64",) * 6
+SIG_POST = ("ptr",) * 2 + ("i32",) * 4 + ("f32",) + ("i64",) * 3
+PRE_ROWS = 8  # rows per preprocess block (a warp each)
+POST_THREADS = 256
+GRID_LIMIT = cs.GRID_LIMIT
+
+
+def splits_d(d: int) -> bool:
+    """Whether the two consumer warpgroups split the head dim (Cfg::DSPLIT, D = 256): a
+    block of 64 keys, both warpgroups computing S^T and dP^T of them, warpgroup w owning
+    columns [128 w, 128 w + 128) of dK, dV and dQ (2 x 128 dK / dV accumulators a thread
+    over all 256 columns would not fit). Else each owns 64 of the block's 128 keys."""
+    return d > 128
+
+
+def block_n(d: int) -> int:
+    """Keys per block of the main kernel (Cfg::BN): 128, 64 where ``splits_d``."""
+    return 64 if splits_d(d) else 128
+
+
+def stages(d: int) -> int:
+    """Q / dO stages of the ring: 3 where they fit in 227 KB, else 2 (Smem::STAGES)."""
+    fixed = 2 * block_n(d) * d * 2 + 4 * 64 * 64 * 2 + 1024
+    return 3 if fixed + 3 * (2 * BM * d * 2 + 512) <= SMEM_LIMIT else 2
+
+
+def smem_bytes(d: int) -> int:
+    """Dynamic shared memory of a block (Smem::BYTES + 1 KB to align the base to 1024
+    bytes): K and V (block_n x D x 2 B each), per stage Q and dO (64 x D x 2 B each) and
+    lse + delta (512 B), four dS^T tiles (64 x 64 x 2 B: two per consumer warpgroup)."""
+    return 1024 + 2 * block_n(d) * d * 2 + stages(d) * (2 * BM * d * 2 + 512) + 4 * 64 * 64 * 2
+
+
+def padded(s_q: int) -> int:
+    """S_q rounded up to a whole query block: the rows of the lse, delta and dQ buffers."""
+    return ceil_div(s_q, BM) * BM
+
+
+def _tensor_map(t4: Tensor, rows: int):
+    return cs._tensor_map(t4, rows)
+
+
+def splits_dq(d: int) -> bool:
+    """Whether the two consumer warpgroups split dQ = dS K by columns (each over the block's
+    128 keys: D / 2 accumulators a row) rather than each summing its own 64 keys over all
+    D columns: where D / 2 is whole slabs of the tile (D = 128), so a warpgroup's half of K
+    is a plain MN-major operand. At D = 128 the unsplit dQ (64 more registers) made ptxas
+    serialize the wgmmas. (Not where ``splits_d``: there each warpgroup's dQ columns are
+    its own half of D.)"""
+    return not splits_d(d) and (d // 2) % (cs.swizzle_bytes(d) // 2) == 0
+
+
+def backward_kernel(d: int) -> str:
+    """Which backward runs at head dim d: "cuda" (attention_sm90_bwd.cu) at every head dim
+    the backend takes; "triton" (the FlashAttention-2 backward) where none is built."""
+    return "cuda" if d in BWD_HEAD_DIMS else "triton"
+
+
+def backward(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) in ``empty_bshd``'s layout from the saved o and lse ((..., S_q) fp32,
+    log2 units: the forward's)."""
+    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    if backward_kernel(d) != "cuda":
+        return at.backward(do, q, k, v, o, lse, causal, scale)
+    dq = at.empty_bshd(lead, s_q, d, q.dtype, q.device)
+    dk = at.empty_bshd(k.shape[:-2], s_k, d, k.dtype, k.device)
+    dv = at.empty_bshd(v.shape[:-2], s_k, d, v.dtype, v.device)
+    q4, k4, v4, do4, o4 = (at._split(t) for t in (q, k, v, do, o))
+    dq4, dk4, dv4 = at._split(dq), at._split(dk), at._split(dv)
+    z, h, h_kv = q4.shape[0], q4.shape[1], k4.shape[1]
+    if not (z and h and s_q and s_k):  # nothing to sum: every gradient is zero
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    bn = block_n(d)
+    if h > GRID_LIMIT or z > GRID_LIMIT or ceil_div(s_k, bn) > GRID_LIMIT:
+        raise ValueError(
+            f"attention/cuda_v8: q folds to {z} batches x {h} heads and k to {ceil_div(s_k, bn)} blocks of "
+            f"{bn} keys; each must be at most {GRID_LIMIT} (CUDA grid y and z)"
+        )
+    q4, k4, v4, do4 = (cs._chunked(t, True) for t in (q4, k4, v4, do4))
+    o4 = cs._chunked(o4)
+    lse = lse.contiguous()
+    s_pad = padded(s_q)
+    lse_p = torch.empty((z * h, s_pad), dtype=torch.float32, device=q.device)
+    delta_p = torch.empty_like(lse_p)
+    dq_acc = torch.empty((z * h, s_pad, d), dtype=torch.float32, device=q.device)
+    dev = cs._device_index(q)
+    sfx = DTYPE_SUFFIX[q.dtype]
+    mod = MODULES[d]
+    mod.kernel(f"attn_bwd_pre_{sfx}", SIG_PRE, dev)(
+        (s_pad // PRE_ROWS, h, z), 32 * PRE_ROWS,
+        o4, do4, lse, lse_p, delta_p, dq_acc, s_q, s_pad, h, d, *o4.stride()[:3], *do4.stride()[:3],
+        device_index=dev,
+    )  # fmt: skip
+    main = mod.kernel(f"attn_bwd_v8_d{d}_{sfx}", SIG_MAIN, dev)
+    shared = smem_bytes(d)
+    if shared > main.max_dynamic_shared:
+        main.set_max_dynamic_shared(shared)
+    main(
+        (h_kv, ceil_div(s_k, bn), z), THREADS,  # heads fastest: heavy causal blocks first
+        _tensor_map(q4, BM), _tensor_map(k4, bn), _tensor_map(v4, bn), _tensor_map(do4, BM),
+        lse_p, delta_p, dq_acc, dk4, dv4, s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E,
+        int(causal), *dk4.stride()[:3], *dv4.stride()[:3],
+        shared=shared, device_index=dev,
+    )  # fmt: skip
+    mod.kernel(f"attn_bwd_post_{sfx}", SIG_POST, dev)(
+        (ceil_div(s_q * d // 2, POST_THREADS), h, z), POST_THREADS,
+        dq_acc, dq4, s_q, s_pad, h, d, float(scale), *dq4.stride()[:3],
+        device_index=dev,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------- the kernel's math in PyTorch
+
+
+def schedule(
+    s_q: int, s_k: int, causal: bool, group: int = 1, d: int = 128
+) -> list[tuple[int, list[tuple[int, int, tuple[bool, ...]]]]]:
+    """The main kernel's blocks of one k/v head (blockIdx.y = 0, 1, ...) as key_block
+    derives them: (first key n0, [(q head in the group, first query row m0, masked per
+    64-key group)] in loop order). A block (``block_n`` keys) visits, per q head of its
+    group, the query blocks from the one holding the first row that sees key n0 (causal:
+    n0 - (S_k - S_q)) to the last; the keys [n0 + 64 w, n0 + 64 w + 64) (w = 0, 1: one per
+    consumer warpgroup; w = 0 alone where ``splits_d``) are masked where they pass S_k or
+    their last key passes the query block's first row's causal limit."""
+    off, bn = s_k - s_q, block_n(d)
+    out = []
+    for n0 in range(0, s_k, bn):
+        first = max(0, n0 - off) if causal else 0
+        m_begin = first // BM
+        per = ceil_div(s_q, BM) - m_begin if first < s_q else 0
+        steps = []
+        for it in range(group * per):
+            g, m0 = it // per, (m_begin + it % per) * BM
+            masked = tuple(
+                n0 + k0 + 64 > s_k or (causal and n0 + k0 + 63 > m0 + off) for k0 in range(0, bn, 64)
+            )
+            steps.append((g, m0, masked))
+        out.append((n0, steps))
+    return out
+
+
+def emulate_backward(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(dq, dk, dv) computed as the kernels compute them, in PyTorch: delta = rowsum(dO *
+    O) in fp32 from the 16-bit o and dO; lse = +inf for rows that see no key; per block of
+    ``schedule`` and per warpgroup of 64 keys: fp32 S^T and dP^T from the 16-bit inputs,
+    P^T = 2^(S^T c - lse) zeroed at masked places only in the steps ``schedule`` marks, P^T
+    rounded to the input dtype before dV += P^T dO, dS^T = P^T (dP^T - delta) (P in fp32)
+    rounded before dK += dS^T Q and dQ += dS K (fp32 accumulators; dQ per warpgroup or, where
+    ``splits_dq``, per block); dK scaled once, dQ scaled and rounded once."""
+    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    q4, k4, v4, do4, o4 = (at._split(t) for t in (q, k, v, do, o))
+    z, h, h_kv = q4.shape[0], q4.shape[1], k4.shape[1]
+    group = h // h_kv if h_kv else 1
+    dt, dev = q.dtype, q.device
+    c = scale * LOG2E
+    off = s_k - s_q
+    s_pad = padded(s_q)
+    lse4 = lse.reshape(z, h, s_q).float()
+    lse_p = torch.full((z, h, s_pad), float("inf"), device=dev)
+    lse_p[:, :, :s_q] = torch.where(torch.isneginf(lse4), torch.full_like(lse4, float("inf")), lse4)
+    delta_p = torch.zeros((z, h, s_pad), device=dev)
+    delta_p[:, :, :s_q] = (do4.float() * o4.float()).sum(-1)
+    qp = torch.zeros((z, h, s_pad, d), device=dev)
+    dop = torch.zeros_like(qp)
+    qp[:, :, :s_q], dop[:, :, :s_q] = q4.float(), do4.float()
+    bn = block_n(d)
+    n_pad = ceil_div(s_k, bn) * bn
+    kp = torch.zeros((z, h_kv, n_pad, d), device=dev)
+    vp = torch.zeros_like(kp)
+    kp[:, :, :s_k], vp[:, :, :s_k] = k4.float(), v4.float()
+    dq_acc = torch.zeros((z, h, s_pad, d), device=dev)
+    dk = torch.zeros((z, h_kv, n_pad, d), device=dev)
+    dv = torch.zeros_like(dk)
+    heads = torch.arange(h_kv, device=dev) * group
+    split = splits_dq(d)
+    for n0, steps in schedule(s_q, s_k, causal, group, d):
+        for g, m0, masked in steps:
+            hq = heads + g  # the q head of each k/v head at this step
+            qb, dob = qp[:, hq, m0 : m0 + BM], dop[:, hq, m0 : m0 + BM]
+            lb, db = lse_p[:, hq, m0 : m0 + BM], delta_p[:, hq, m0 : m0 + BM]
+            ds_block = []
+            for w in range(bn // 64):  # 64-key groups (splits_d: one, both warpgroups on it)
+                k0 = n0 + 64 * w
+                kw, vw = kp[:, :, k0 : k0 + 64], vp[:, :, k0 : k0 + 64]
+                st = kw @ qb.transpose(-1, -2)  # (Z, H_kv, 64 keys, 64 queries)
+                dpt = vw @ dob.transpose(-1, -2)
+                pt = torch.exp2(st * c - lb[:, :, None, :])
+                if masked[w]:
+                    key = torch.arange(k0, k0 + 64, device=dev)[:, None]
+                    col = torch.arange(m0, m0 + BM, device=dev)[None, :]
+                    bad = key >= s_k
+                    if causal:
+                        bad = bad | (key > col + off)
+                    pt = pt.masked_fill(bad, 0.0)
+                dv[:, :, k0 : k0 + 64] += pt.to(dt).float() @ dob
+                dst = (pt * (dpt - db[:, :, None, :])).to(dt).float()
+                dk[:, :, k0 : k0 + 64] += dst @ qb
+                if split:
+                    ds_block.append(dst)
+                else:
+                    dq_acc[:, hq, m0 : m0 + BM] += dst.transpose(-1, -2) @ kw
+            if split:  # one sum over the block's 128 keys (each warpgroup's half of the columns)
+                dst = torch.cat(ds_block, dim=-2)
+                dq_acc[:, hq, m0 : m0 + BM] += dst.transpose(-1, -2) @ kp[:, :, n0 : n0 + bn]
+    dq = (dq_acc[:, :, :s_q] * scale).to(dt).reshape(tuple(lead) + (s_q, d))
+    dk = (dk[:, :, :s_k] * scale).to(k.dtype).reshape(tuple(k.shape[:-2]) + (s_k, d))
+    dv = dv[:, :, :s_k].to(v.dtype).reshape(tuple(v.shape[:-2]) + (s_k, d))
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------- custom ops (the kit)
+
+
+def _fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    return cs.forward(q, k, v, causal, scale, FWD_VARIANT)
+
+
+def _bwd(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    return backward(do, q, k, v, o, lse, causal, scale)
+
+
+def _opcheck_bwd(make):
+    q, k, v = make(0), make(0), make(0)
+    o, lse = _fwd(q, k, v, True, 0.125)
+    return (make(0), q, k, v, o, lse, True, 0.125)
+
+
+_BUILT = build(
+    OpDecl(
+        name="attention_cuda_v8",
+        label="attention (cuda_v8)",
+        fwd=_fwd,
+        bwd=_bwd,
+        fwd_fake=lambda q, k, v, causal, scale: (
+            at.empty_bshd(q.shape[:-2], q.shape[-2], v.shape[-1], q.dtype, q.device),
+            q.new_empty(at.lse_shape(q), dtype=torch.float32),
+        ),
+        bwd_fake=lambda do, q, k, v, o, lse, causal, scale: tuple(
+            at.empty_bshd(t.shape[:-2], t.shape[-2], t.shape[-1], t.dtype, t.device) for t in (q, k, v)
+        ),
+        save=lambda inputs, out: ((*inputs[:3], out[0], out[1]), inputs[3:]),
+        bwd_args=lambda saved, extra, do: (do, *saved, *extra),
+        grads=lambda g, extra: (g[0], g[1], g[2], None, None),
+        needs_grad=lambda q, k, v, *options: q.requires_grad or k.requires_grad or v.requires_grad,
+        samples=(lambda make: (make(1), make(1), make(1), True, 0.125), _opcheck_bwd),
+        inplace_hint=at.INPLACE_HINT,
+    )
+)
+
+BACKEND = "cuda_v8"
+
+
+def attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
+    check_dtype(q, DTYPES, BACKEND)
+    check_head_dim(q, HEAD_DIMS, BACKEND)
+    refuse_options(BACKEND, window, softcap, causal)
+    return _BUILT(q, k, v, causal, resolve_scale(q, scale))
+
+
+attention.custom_ops, attention.ops = _BUILT.custom_ops, _BUILT.ops
+attention.forward_saving, attention.backward_from = _BUILT.forward_saving, _BUILT.backward_from
+attention.__name__ = "cuda_v8_attention"
+
+
+register(
+    "attention",
+    BACKEND,
+    devices=("cuda",),
+    available=sm90_unavailable,
+    precompile=MODULE.precompile,  # (the forward's module is cuda_v7's, compiled there)
+    custom_ops=attention.custom_ops,
+    builtin=True,
+    module=MODULE,
+    limits=cs._limits_of(BACKEND),
+    dtypes=DTYPES,
+    description="CUDA v8 (sm_90): cuda_v7's forward; FlashAttention-3's backward: TMA producer, two "
+    "consumer warpgroups of 64 keys (D 256: of half the head dim), K/V resident, dK/dV in registers over "
+    "the group's q heads, dQ by fp32 vector atomics",
+)(attention)

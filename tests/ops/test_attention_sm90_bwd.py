@@ -1,0 +1,704 @@
+"""attention's Hopper CUDA backward (backend cuda_v8: attention_sm90_bwd.cu, cuda_v7's forward).
+
+Without a GPU: every head dim's module compiles for sm_90a with the three kernels the
+launcher names, no local memory, the main kernel at exactly the 168 registers a thread its
+setmaxnreg budget (24 / 240) assumes, parameter sizes equal to the launcher's signatures;
+the wgmma descriptors of the backward's operands (S^T's K and Q, dV's dO, dK's Q, dQ's
+dS^T and K tiles, both MN-major) address the bytes the copies and the dS^T stores wrote;
+the ring's and the named barriers' protocol in a model (no deadlock, no stage overwritten
+while read); the launcher's arguments with the kernels replaced by a recorder; the block
+schedule (every (row, key) pair a row may see is visited once per q head, masks wherever a
+pair is not allowed); the kernels' arithmetic (``emulate_backward``) against the float64
+reference.
+With a GPU (``gpu``): dq, dk, dv against the float64 reference with the rule the Triton
+backward's tests use (2 x PyTorch's own error + a floor), odd lengths, causal and not, GQA,
+every head dim, and against ``emulate_backward``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kernellab
+import kernellab.ops.attention as A
+from kernellab.harness.compare import judge
+from kernellab.ops.attention import args as AA
+from kernellab.ops.attention import cuda_sm90 as cs
+from kernellab.ops.attention import cuda_sm90_bwd as cb
+from kltest import dtype_id
+
+SPEC = kernellab.get_spec("attention")
+HALF = [torch.float16, torch.bfloat16]
+BACKEND = "cuda_v8"
+
+
+def _nvrtc():
+    why = cb.nvrtc_unavailable()
+    if why:
+        pytest.skip(why)
+
+
+def _grads_ref(q, k, v, do, causal, scale):
+    """(float64 reference gradients, PyTorch's own gradients in the input dtype)."""
+    a64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = SPEC.reference(*a64, causal=causal, scale=scale)
+    ref_g = torch.autograd.grad(ref, a64, do.double())
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = A.attention(*leaves, causal=causal, scale=scale, backend="torch")
+    base_g = torch.autograd.grad(out, leaves, do)
+    return ref_g, base_g
+
+
+def _check_grads(got, q, k, v, do, causal, scale, what=""):
+    ref_g, base_g = _grads_ref(q, k, v, do, causal, scale)
+    for name, g, r, b in zip(("dq", "dk", "dv"), got, ref_g, base_g):
+        assert g.shape == r.shape and g.dtype == q.dtype, (name, g.shape, g.dtype)
+        verdict = judge(g, r, q.dtype, b)
+        assert verdict.ok, (
+            f"{what} {name}: {verdict.detail} (err {verdict.err:.3g}, bound {verdict.bound:.3g})"
+        )
+
+
+# --------------------------------------------------------------------------- compile (no GPU)
+
+
+def _names(d):
+    return {f"attn_bwd_{k}_{sfx}" for k in ("pre", "post", f"v8_d{d}") for sfx in ("f16", "bf16")}
+
+
+def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
+    """Per head dim: the preprocess, main and postprocess kernels for fp16 and bf16; no
+    spills; the main kernel at exactly 168 registers a thread: 384 x 168 = 64512 is the
+    pool setmaxnreg redistributes (128 x 24 for the producer + 256 x 240 for the
+    consumers; at fewer, the consumers' setmaxnreg.inc would wait forever)."""
+    _nvrtc()
+    from kernellab.inspect import asm
+
+    cuobjdump = asm.find_tool("cuobjdump")
+    for d in cb.BWD_HEAD_DIMS:
+        mod = cb.MODULES[d]
+        ptx = mod.compile("sm_90", target="ptx").decode()
+        bodies = asm.split_ptx(ptx)
+        assert set(bodies) == _names(d), (d, set(bodies))
+        main = bodies[f"attn_bwd_v8_d{d}_bf16"]
+        for needle in (
+            "wgmma.mma_async", "setmaxnreg.dec.sync.aligned.u32 24", "setmaxnreg.inc.sync.aligned.u32 240",
+            "cp.async.bulk.tensor.4d", "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
+            "red.relaxed.gpu.global.add.v2.f32", "fence.proxy.async.shared::cta",
+            "wgmma.wait_group.sync.aligned 1",
+        ):  # fmt: skip
+            assert needle in main, (d, needle)
+        # dV, dK: N = the warpgroup's columns; dQ = dS K: both operands MN-major (imm-trans-a =
+        # imm-trans-b = 1)
+        nv = d // 2 if cb.splits_d(d) else d
+        assert f"m64n{nv}k16.f32.bf16.bf16" in main and "p, 1, 1, 1, 1;" in main
+        cubin = mod.compile("sm_90")
+        if cuobjdump is None:
+            continue
+        import subprocess
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(cubin)
+            f.flush()
+            res = asm.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
+                                                     text=True, check=True).stdout)  # fmt: skip
+        for name in _names(d):
+            assert res[name]["STACK"] == 0 and res[name].get("LOCAL", 0) == 0, (name, res[name])
+            if "_v8_" in name:
+                assert res[name]["REG"] == 168, (name, res[name])
+
+
+def _ptxas_log(d: int) -> str:
+    """ptxas's verbose log of the head dim's module (NVRTC, sm_90a): the runtime's compile
+    keeps only the cubin."""
+    from cuda.bindings import nvrtc
+
+    from kernellab.cuda import runtime
+
+    dirs = (str(cb.CU.parent), str(runtime.HERE), *runtime.include_dirs())
+    opts = [b"--gpu-architecture=sm_90a", b"-std=c++17", f"-DKL_ATTN_D={d}".encode(), b"--ptxas-options=-v"]
+    opts += [f"-I{x}".encode() for x in dirs]
+    _, prog = nvrtc.nvrtcCreateProgram(cb.CU.read_text().encode(), b"attention_sm90_bwd.cu", 0, [], [])
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    text = log.decode(errors="replace").replace("\0", "")
+    assert int(err) == 0, text
+    return text
+
+
+def test_wgmmas_are_not_serialized_for_lack_of_registers():
+    """ptxas serializes the wgmmas of a kernel whose accumulators do not fit the registers
+    setmaxnreg gives it (warning C7512: each wgmma then waits for the previous one); no
+    spills either."""
+    _nvrtc()
+    for d in cb.BWD_HEAD_DIMS:
+        log = _ptxas_log(d)
+        assert "attn_bwd_v8" in log, log[-2000:]
+        assert "C7512" not in log and "serialized" not in log, (d, log[-2000:])
+        assert "0 bytes spill stores, 0 bytes spill loads" in log and " bytes spill stores" in log
+        assert all(
+            line.strip().endswith("0 bytes spill stores, 0 bytes spill loads")
+            for line in log.splitlines()
+            if "spill stores" in line
+        ), (d, log)
+
+
+def test_launch_signatures_match_the_kernels_parameters():
+    _nvrtc()
+    from kernellab.cuda.runtime import check_signature, ptx_param_sizes
+
+    for d in (80, 128):
+        ptx = cb.MODULES[d].compile("sm_90", target="ptx").decode()
+        for sfx in ("f16", "bf16"):
+            check_signature(
+                f"attn_bwd_v8_d{d}_{sfx}", cb.SIG_MAIN, ptx_param_sizes(ptx, f"attn_bwd_v8_d{d}_{sfx}")
+            )
+            check_signature(f"attn_bwd_pre_{sfx}", cb.SIG_PRE, ptx_param_sizes(ptx, f"attn_bwd_pre_{sfx}"))
+            check_signature(f"attn_bwd_post_{sfx}", cb.SIG_POST, ptx_param_sizes(ptx, f"attn_bwd_post_{sfx}"))
+
+
+def test_module_is_sm90a_only():
+    _nvrtc()
+    from kernellab.cuda.runtime import CudaError
+
+    assert cb.MODULE.archs == ("sm_90a",) and cb.MODULE.target_arch("sm_90") == "sm_90a"
+    with pytest.raises(CudaError, match="sm_90a"):
+        cb.MODULE.target_arch("sm_80")
+
+
+def test_shared_memory_fits():
+    """smem_bytes is what the kernel checks (Smem<D>::BYTES + 1 KB of alignment, check_smem
+    traps below it), within the 227 KB a block may use with the static barriers; three
+    stages at every head dim built."""
+    for d in cb.BWD_HEAD_DIMS:
+        st, bn = cb.stages(d), cb.block_n(d)
+        assert st == (2 if d == 256 else 3) and bn == (64 if d == 256 else 128)
+        assert cb.smem_bytes(d) == 1024 + 2 * bn * d * 2 + st * (2 * 64 * d * 2 + 512) + 4 * 8192
+        assert cb.smem_bytes(d) + 64 <= cb.SMEM_LIMIT
+
+
+# --------------------------------------------------------------------------- shared-memory layouts (no GPU)
+#
+# The models of tests/ops/test_attention_sm90.py (CUTLASS's canonical GMMA layouts and the
+# Swizzle<log2 x, 4, 3> of the absolute address), applied to the backward's operands.
+
+
+def _write_offset(d, rows, r, c):
+    w = cs.swizzle_bytes(d)
+    cpr = w // 16
+    gc = c // 8
+    sw = ((r * w) >> 7) & (cpr - 1)
+    return (gc // cpr) * (rows * w) + r * w + (((gc % cpr) ^ sw) << 4) + 2 * (c % 8)
+
+
+def _swizzle(addr, w):
+    b = {32: 1, 64: 2, 128: 3}[w]
+    return addr ^ (((addr >> 7) & ((1 << b) - 1)) << 4)
+
+
+def _read_k(start, sbo, w, m, k):  # Major-K element (m, k)
+    x = w // 16
+    off = (m % 8) * x * 8 + (m // 8) * (sbo // 2) + (k % 8) + (k // 8) * 8
+    return _swizzle(start + 2 * off, w)
+
+
+def _read_mn(start, lbo, sbo, w, k, n):  # Major-MN element (k, n) (n: the contiguous dim)
+    x = w // 16
+    n0, n1, n2 = n % 8, (n // 8) % x, n // (8 * x)
+    off = n0 + n1 * 8 + n2 * (lbo // 2) + (k % 8) * x * 8 + (k // 8) * (sbo // 2)
+    return _swizzle(start + 2 * off, w)
+
+
+@pytest.mark.parametrize("d", cb.BWD_HEAD_DIMS)
+def test_descriptors_read_what_the_copies_wrote(d):
+    w, e, base = cs.swizzle_bytes(d), cs.swizzle_bytes(d) // 2, 9 * 1024
+    bn, dsplit = cb.block_n(d), cb.splits_d(d)
+    nv = d // 2 if dsplit else d  # dK / dV columns of a warpgroup
+
+    def kmajor(rows, row0, kk):  # desc_kmajor<D, rows>: (start, SBO)
+        return base + (kk * 16 // e) * (rows * w) + (kk * 16 % e) * 2 + row0 * w, 8 * w
+
+    def mnmajor(rows, row0, col0=0):  # desc_mnmajor<D, rows>(tile + the slab of col0, row0)
+        return base + (col0 // e) * rows * w + row0 * w, rows * w, 8 * w
+
+    for cw in (0, 1):
+        kofs, c_kv = (0, cw * nv) if dsplit else (64 * cw, 0)
+        for kk in range(d // 16):  # S^T = K_w Q^T, dP^T = V_w dO^T: A = the warpgroup's 64 keys
+            start, sbo = kmajor(bn, kofs, kk)
+            for m in range(64):
+                for k in range(16):
+                    assert _read_k(start, sbo, w, m, k) == base + _write_offset(d, bn, kofs + m, 16 * kk + k)
+        for kk in range(4):  # dV += P^T dO, dK += dS^T Q: B (K = queries, N = the nv columns)
+            start, lbo, sbo = mnmajor(64, 16 * kk, c_kv)
+            for k in range(16):
+                for n in range(nv):
+                    assert _read_mn(start, lbo, sbo, w, k, n) == base + _write_offset(
+                        d, 64, 16 * kk + k, c_kv + n
+                    )
+        if cb.splits_dq(d):  # B = K's slab cw (N = D / 2), all 128 keys
+            passes = [(cw * d // 2, d // 2, range(8))]
+        elif dsplit:  # B = one 64-column slab of K per pass, the block's 64 keys
+            passes = [(c_kv + 64 * p, 64, range(4)) for p in range(nv // 64)]
+        else:  # B = all D columns, the warpgroup's 64 keys
+            passes = [(0, d, range(4))]
+        for c0, nq, kks in passes:
+            for kk in kks:
+                start, lbo, sbo = mnmajor(bn, kofs + 16 * kk, c0)
+                for k in range(16):
+                    for n in range(nq):
+                        want = base + _write_offset(d, bn, kofs + 16 * kk + k, c0 + n)
+                        assert _read_mn(start, lbo, sbo, w, k, n) == want
+    # A of dQ = dS^T stored keys x queries (a D = 64 tile: 128-byte rows); A MN-major:
+    # element (m = query, k = key) is stored element (key, query)
+    for kk in range(4):
+        start, lbo, sbo = base + kk * 16 * 128, 64 * 128, 8 * 128  # desc_mnmajor<64, 64>(sdS, 16 kk)
+        for k in range(16):
+            for m in range(64):
+                assert _read_mn(start, lbo, sbo, 128, k, m) == base + _write_offset(64, 64, 16 * kk + k, m)
+    for rows in (64, bn):  # TMA boxes of Q / dO (64 rows) and K / V (bn rows), one slab each
+        for r in range(rows):
+            for c in range(d):
+                assert _swizzle(base + (c // e) * rows * w + r * w + 2 * (c % e), w) == base + _write_offset(
+                    d, rows, r, c
+                )
+
+
+def test_dq_split_only_where_half_of_d_is_whole_slabs():
+    assert [d for d in cb.BWD_HEAD_DIMS if cb.splits_dq(d)] == [128]
+    assert [d for d in cb.BWD_HEAD_DIMS if cb.splits_d(d)] == [256]
+
+
+def test_ds_stores_cover_the_tile_once_and_conflict_free():
+    """Thread (warp, lane) of a consumer warpgroup stores dS^T(16 warp + g + 8h, 8j + 2q ..
+    + 1) as 4 bytes at tile_offset<64, 64>(row, j) + 4q: every element of the 64 x 64 tile
+    exactly once, and the 32 lanes of a warp's store hit 32 different banks."""
+    written = set()
+    for warp in range(4):
+        for j in range(8):
+            for h in (0, 1):
+                banks = set()
+                for lane in range(32):
+                    g, q = lane // 4, lane % 4
+                    r = 16 * warp + g + 8 * h
+                    addr = _write_offset(64, 64, r, 8 * j) + 4 * q
+                    assert addr == _write_offset(64, 64, r, 8 * j + 2 * q)
+                    banks.add((addr // 4) % 32)
+                    for half in (0, 1):
+                        assert (r, 8 * j + 2 * q + half) not in written
+                        written.add((r, 8 * j + 2 * q + half))
+                assert len(banks) == 32
+    assert len(written) == 64 * 64
+
+
+@pytest.mark.parametrize("d", cb.BWD_HEAD_DIMS)
+def test_fragments_read_their_columns_lse_and_add_dq_once(d):
+    """Thread (cw, warp, lane) holds S^T(key 16 warp + g + 8h, query 8j + 2q + e): its lse
+    is float2 sl[4j] of the stage's row pointer shifted by q (float 8j + 2q + e), its delta
+    float2 sl[32 + 4j] (float 64 + 8j + 2q + e); its dQ adds (row 16 warp + g + 8h, column
+    c0 + 8j + 2q + e), c0 = 64 cw where the warpgroups split dQ, 128 cw + 64 p in pass p
+    where they split D: every (row, column) of the 64 x D block exactly once per block
+    (split) or once per warpgroup (each over its own keys)."""
+    split, dsplit = cb.splits_dq(d), cb.splits_d(d)
+    nq = d // 2 if split else 64 if dsplit else d
+    passes = d // 2 // 64 if dsplit else 1
+    adds = {}
+    for cw in (0, 1):
+        for warp in range(4):
+            for lane in range(32):
+                g, q = lane // 4, lane % 4
+                for j in range(8):
+                    for e in (0, 1):
+                        assert 2 * (4 * j + q) + e == 8 * j + 2 * q + e  # lse
+                        assert 2 * (32 + 4 * j + q) + e == 64 + 8 * j + 2 * q + e  # delta
+                for p in range(passes):
+                    c0 = cw * nq if split else cw * d // 2 + 64 * p if dsplit else 0
+                    for h in (0, 1):
+                        for j in range(nq // 8):
+                            for e in (0, 1):
+                                key = (16 * warp + g + 8 * h, c0 + 8 * j + 2 * q + e)
+                                adds[key] = adds.get(key, 0) + 1
+    assert set(adds) == {(r, c) for r in range(64) for c in range(d)}
+    assert set(adds.values()) == {1 if split or dsplit else 2}
+
+
+# --------------------------------------------------------------------------- barrier protocol (no GPU)
+
+
+def _simulate_ring(n_it: int, stages: int, order: list[str]) -> None:
+    """A model of the ring: the producer fills stage it % stages once it >= stages and the
+    stage's empty phase (it // stages - 1) completed (8 consumer-warp arrivals); a consumer
+    warp reads a stage once its full phase it // stages completed. Runs the agents in the
+    given interleaving preference until all finish; asserts no deadlock and that a stage
+    is never refilled while a warp still reads it."""
+    full = [0] * stages  # completed phases
+    empty = [0] * stages
+    arrivals = [0] * stages
+    prod = 0
+    cons = [0] * 8  # next iteration of each consumer warp
+    reading = [set() for _ in range(stages)]
+    steps = 0
+    while prod < n_it or min(cons) < n_it:
+        moved = False
+        for who in order:
+            if who == "p" and prod < n_it:
+                st = prod % stages
+                if prod < stages or empty[st] >= prod // stages:
+                    assert not reading[st], "stage refilled while read"
+                    full[st] += 1
+                    prod += 1
+                    moved = True
+            elif who != "p":
+                w = int(who)
+                it = cons[w]
+                if it < n_it:
+                    st = it % stages
+                    if full[st] > it // stages:
+                        reading[st].add(w)
+                        reading[st].discard(w)  # the warp's reads end before its arrival
+                        arrivals[st] += 1
+                        if arrivals[st] == 8:
+                            arrivals[st] = 0
+                            empty[st] += 1
+                        cons[w] += 1
+                        moved = True
+        steps += 1
+        assert moved, f"deadlock: producer {prod}, consumers {cons}"
+        assert steps < 10 * (n_it + 10) * 9
+
+
+@pytest.mark.parametrize("n_it", [0, 1, 2, 3, 4, 7, 30])
+def test_ring_neither_deadlocks_nor_overwrites(n_it):
+    for stages in (2, 3):
+        for order in (["p"] + [str(i) for i in range(8)], [str(i) for i in range(8)] + ["p"],
+                      ["7", "p", "0", "3", "1", "6", "2", "5", "4"]):  # fmt: skip
+            _simulate_ring(n_it, stages, order)
+
+
+def test_named_barriers_and_proxy_fence_in_the_source():
+    """The dS^T tile of a warpgroup: written by its 128 threads, fenced to the async proxy,
+    then bar.sync on id 1 + cw with 128 threads (or, where the warpgroups split dQ, on id 3
+    with all 256) before the dQ wgmma reads it; the tile alternates per query block (it & 1);
+    the producer's expect_tx counts exactly the bytes of its copies (two tiles of 64 x D x 2
+    and two 256-byte bulk copies)."""
+    src = cb.CU.read_text()
+    i_st, i_fence = src.index("st.shared.b32"), src.index("fence_proxy_async();  // the generic")
+    i_bar, i_split = src.index("named_sync(DS_BAR + cw, 128)"), src.index("named_sync(DQ_BAR, 256)")
+    i_tt = src.index("kl_wgmma_tt<NQ, BF16>")
+    assert i_st < i_fence < i_split < i_bar < i_tt
+    assert "constexpr int DS_BAR = 1, DQ_BAR = 3;" in src  # ids 1, 2 (per warpgroup) and 3; 0: __syncthreads
+    assert "(2 * cw + (it & 1)) * S::DS_BYTES" in src
+    assert "mbar_expect_tx(bar, 2 * S::QT_BYTES + 512)" in src
+    assert src.count("bulk_load(") == 3 and "256, bar)" in src  # definition + two calls
+
+
+# --------------------------------------------------------------------------- launcher (no GPU)
+
+
+class _Recorder:
+    def __init__(self, name):
+        self.name = name
+        self.max_dynamic_shared = 48 * 1024
+        self.calls = []
+
+    def set_max_dynamic_shared(self, n):
+        self.max_dynamic_shared = n
+
+    def __call__(self, grid, block, *args, shared=0, device_index=None):
+        self.calls.append((self.name, grid, block, args, shared))
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    calls = []
+    recs = {}
+
+    def kernel(self, name, signature, device_index=None):
+        kind = name.split("_")[2]
+        assert signature == {"pre": cb.SIG_PRE, "post": cb.SIG_POST, "v8": cb.SIG_MAIN}[kind]
+        if name not in recs:
+            recs[name] = _Recorder(name)
+            recs[name].calls = calls
+        return recs[name]
+
+    def tensor_map(address, elem_bytes, dims, strides, box, swizzle):
+        return ("map", address, elem_bytes, dims, strides, box, swizzle)
+
+    monkeypatch.setattr(cb.Module, "kernel", kernel)
+    monkeypatch.setattr(cs, "_device_index", lambda t: 0)
+    monkeypatch.setattr(cs, "tensor_map", tensor_map)
+    return calls
+
+
+def test_launcher_arguments(recorder):
+    """GQA 8 q heads over 2 k/v heads, S_q 300 (padded to 320), S_k 260, D 80, causal: the
+    preprocess over 320 rows, the main kernel's grid (2 k/v heads, 3 key blocks, batch),
+    its tensor maps (64-row boxes of q and dO, 128-row boxes of k and v), the group, the
+    scale twice (plain and x log2 e), the shared memory; the postprocess over S_q x D / 2
+    pairs; gradients shaped as the inputs, in empty_bshd's layout."""
+    q = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
+    k = torch.randn(2, 2, 260, 80, dtype=torch.bfloat16)
+    v = torch.randn(2, 2, 260, 80, dtype=torch.bfloat16)
+    do = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
+    o = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
+    lse = torch.randn(2, 8, 300)
+    dq, dk, dv = cb.backward(do, q, k, v, o, lse, True, 0.3)
+    assert [c[0] for c in recorder] == ["attn_bwd_pre_bf16", "attn_bwd_v8_d80_bf16", "attn_bwd_post_bf16"]
+    (_, g_pre, b_pre, a_pre, _), (_, g, b, a, shared), (_, g_post, b_post, a_post, _) = recorder
+    assert g_pre == (320 // 8, 8, 2) and b_pre == 256
+    assert a_pre[6:10] == (300, 320, 8, 80)
+    assert a_pre[2] is lse or a_pre[2].data_ptr() == lse.data_ptr()
+    lse_p, delta_p, dq_acc = a_pre[3:6]
+    assert lse_p.shape == delta_p.shape == (16, 320) and dq_acc.shape == (16, 320, 80)
+    assert g == (2, 3, 2) and b == 384 and shared == cb.smem_bytes(80)  # (k/v heads, key blocks, batch)
+    tq, tk, tv, tdo = a[:4]
+    assert tq[3:] == ((80, 300, 8, 2), (160, 300 * 160, 8 * 300 * 160), (16, 64, 1, 1), 32)
+    assert tk[5] == (16, 128, 1, 1) and tv[5] == (16, 128, 1, 1) and tdo[5] == (16, 64, 1, 1)
+    assert tk[1] == k.data_ptr() and tv[1] == v.data_ptr() and tdo[1] == do.data_ptr()
+    assert a[4] is lse_p and a[5] is delta_p and a[6] is dq_acc
+    assert a[9:17] == (300, 260, 320, 8, 4, 0.3, pytest.approx(0.3 * cb.LOG2E), 1)
+    assert a[17:] == (260 * 2 * 80, 80, 2 * 80) * 2  # dk, dv (B, S, H, D) in memory
+    assert g_post == (math.ceil(300 * 40 / 256), 8, 2) and b_post == 256
+    assert a_post[0] is dq_acc and a_post[2:7] == (300, 320, 8, 80, 0.3)
+    assert a_post[7:] == (300 * 8 * 80, 80, 8 * 80)
+    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+
+
+def test_launcher_empty_and_head_dim_256(recorder):
+    """No query row: zero gradients, no launch. D = 256: blocks of 64 keys (grid y, the
+    k / v boxes), two stages of shared memory."""
+    q = torch.randn(1, 2, 0, 64, dtype=torch.float16)
+    kv = torch.randn(1, 2, 5, 64, dtype=torch.float16)
+    dq, dk, dv = cb.backward(q, q, kv, kv, q, torch.empty(1, 2, 0), False, 0.1)
+    assert not recorder and dq.shape == q.shape and torch.equal(dk, torch.zeros_like(dk))
+    q = torch.randn(1, 4, 9, 256, dtype=torch.float16)
+    kv = torch.randn(1, 2, 130, 256, dtype=torch.float16)
+    dq, dk, dv = cb.backward(q, q, kv, kv, q, torch.zeros(1, 4, 9), True, 0.1)
+    names = [c[0] for c in recorder]
+    assert names == ["attn_bwd_pre_f16", "attn_bwd_v8_d256_f16", "attn_bwd_post_f16"]
+    _, g, b, a, shared = recorder[1]
+    assert g == (2, 3, 1) and shared == cb.smem_bytes(256) and cb.stages(256) == 2
+    assert a[0][5] == (64, 64, 1, 1) and a[1][5] == (64, 64, 1, 1) and a[2][5] == (64, 64, 1, 1)
+    assert all(cb.backward_kernel(d) == "cuda" for d in cs.HEAD_DIMS)
+
+
+def test_limits_and_refusals():
+    impl = kernellab.registry.get("attention", BACKEND)
+    assert impl.dtypes == (torch.float16, torch.bfloat16) and impl.devices == ("cuda",)
+    q = torch.empty(1, 4, 9, 80, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(1, 2, 9, 80, dtype=torch.bfloat16, device="meta")
+    assert impl.outside_limits((q, kv, kv), {"causal": True}) is None
+    q32 = torch.empty(1, 2, 9, 32, dtype=torch.bfloat16, device="meta")
+    assert "head dim 32" in impl.outside_limits((q32, q32, q32), {})
+    for kw, pat in (({"window": (3, 3)}, "window"), ({"softcap": 2.0}, "softcap")):
+        assert pat in impl.outside_limits((q, kv, kv), kw)
+        with pytest.raises(ValueError, match=rf"attention/{BACKEND}: {pat}"):
+            impl.fn(q, kv, kv, **kw)
+    assert impl.available is cs.sm90_unavailable
+    assert BACKEND not in SPEC.default_backends
+
+
+def test_cpu_tensors_and_fp32_refused():
+    if torch.cuda.is_available():
+        pytest.skip("checked on a machine without a GPU")
+    q, k, v = SPEC.make_inputs((1, 2, 9, 64), torch.bfloat16, "cpu", 0)
+    with pytest.raises(ValueError, match=r"\bq\b is on cpu"):
+        A.attention(q, k, v, backend=BACKEND)
+    with pytest.raises(TypeError, match=rf"attention/{BACKEND}: q has dtype float32"):
+        kernellab.registry.get("attention", BACKEND).fn(q.float(), k.float(), v.float())
+
+
+# --------------------------------------------------------------------------- the kernels' math (no GPU)
+
+
+@pytest.mark.parametrize("s_q,s_k", [(1, 1), (300, 300), (129, 500), (500, 129), (64, 64), (65, 63)])
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("d", [128, 256])
+def test_schedule_visits_every_needed_pair_once_and_masks_the_rest(s_q, s_k, group, d):
+    for causal in (False, True):
+        ok = AA.allowed_mask(s_q, s_k, causal, None, "cpu")
+        ok = torch.ones(s_q, s_k, dtype=torch.bool) if ok is None else ok
+        seen = torch.zeros(group, s_q, s_k, dtype=torch.int32)
+        sched = cb.schedule(s_q, s_k, causal, group, d)
+        bn = cb.block_n(d)
+        assert [n0 for n0, _ in sched] == list(range(0, s_k, bn))
+        for n0, steps in sched:
+            assert [g for g, _, _ in steps] == sorted(g for g, _, _ in steps)  # head-major
+            for g, m0, masked in steps:
+                rows = slice(m0, min(m0 + 64, s_q))
+                assert len(masked) == bn // 64
+                for w in range(bn // 64):
+                    keys = slice(n0 + 64 * w, min(n0 + 64 * w + 64, s_k))
+                    if keys.start >= s_k:
+                        assert masked[w]
+                        continue
+                    seen[g, rows, keys] += 1
+                    if not masked[w]:  # every (row, key) of the 64 x 64 tile is real and allowed
+                        assert keys.stop - keys.start == 64 and ok[m0 : m0 + 64, keys].all()
+        for g in range(group):
+            assert (seen[g] <= 1).all()
+            assert (seen[g][ok] == 1).all(), "an allowed (row, key) pair is never visited"
+
+
+EMU_SHAPES = [
+    (1, 2, 130, 300, 64),  # S_q < S_k
+    (1, 2, 300, 130, 80),  # S_q > S_k: causal leaves rows without a key (lse = -inf)
+    (1, 4, 2, 257, 129, 96),  # GQA, group 2
+    (2, 131, 128),  # 3-D
+    (1, 6, 2, 65, 200, 64),  # GQA, group 3
+    (1, 2, 1, 1, 64),
+    (1, 1, 5, 140, 256),  # D = 256: 64-key blocks, the head dim split
+    (1, 4, 2, 130, 70, 256),  # ... GQA, S_q > S_k
+]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("shape", EMU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_emulated_backward_matches_the_reference(shape, dtype, causal):
+    q, k, v = SPEC.make_inputs(shape, dtype, "cpu", 3)
+    scale = 1 / math.sqrt(q.shape[-1])
+    o, lse = cs.emulate(q, k, v, causal, scale)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    got = cb.emulate_backward(do, q, k, v, o, lse, causal, scale)
+    _check_grads(got, q, k, v, do, causal, scale, str(shape))
+
+
+def test_emulated_backward_survives_large_scores():
+    q, k, v = SPEC.make_inputs((1, 2, 200, 333, 128), torch.bfloat16, "cpu", 4)
+    q[..., 0, :] *= 30
+    o, lse = cs.emulate(q, k, v, True, 0.2)
+    do = torch.randn(o.shape).to(torch.bfloat16)
+    got = cb.emulate_backward(do, q, k, v, o, lse, True, 0.2)
+    assert all(torch.isfinite(g).all() for g in got)
+    _check_grads(got, q, k, v, do, True, 0.2)
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+def _sm90():
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    why = cb.sm90_unavailable()
+    if why:
+        pytest.skip(why)
+
+
+GPU_SHAPES = [
+    (1, 1, 1, 1, 64),
+    (2, 3, 17, 17, 64),
+    (1, 2, 127, 129, 80),
+    (1, 2, 129, 127, 96),
+    (1, 2, 300, 1000, 128),
+    (1, 2, 1000, 300, 128),
+    (2, 257, 64),  # 3-D
+    (1, 8, 2, 517, 517, 128),  # GQA 4
+    (2, 4, 1, 384, 130, 80),  # MQA
+    (1, 6, 2, 200, 333, 96),  # GQA 3
+    (1, 4, 2048, 64),
+    (1, 2, 255, 256, 256),  # D = 256: 64-key blocks, the head dim split between warpgroups
+    (1, 4, 2, 130, 300, 256),
+]
+
+
+def _run(backend, args, dy, causal):
+    leaves = [a.detach().clone().requires_grad_() for a in args]
+    out = A.attention(*leaves, causal=causal, backend=backend)
+    return (out,) + torch.autograd.grad(out, leaves, dy)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_grads_against_reference_and_emulation(dtype, shape, causal):
+    _sm90()
+    q, k, v = SPEC.make_inputs(shape, dtype, "cuda", 5)
+    scale = 1 / math.sqrt(q.shape[-1])
+    o, lse = cs.forward(q, k, v, causal, scale, cb.FWD_VARIANT)
+    do = torch.randn(o.shape, device="cuda").to(dtype)
+    for poison in (float("nan"), 0.0):  # every gradient element is written (NaN-poisoned caching allocator)
+        torch.empty(64 << 20, device="cuda").fill_(poison)
+        got = cb.backward(do, q, k, v, o, lse, causal, scale)
+        torch.cuda.synchronize()
+        for g in got:
+            assert torch.isfinite(g).all()
+    _check_grads(got, q, k, v, do, causal, scale, str(shape))
+    if cb.backward_kernel(q.shape[-1]) == "cuda":
+        emu = cb.emulate_backward(do, q, k, v, o, lse, causal, scale)
+        for name, g, e in zip(("dq", "dk", "dv"), got, emu):
+            torch.testing.assert_close(
+                g.float(), e.float(), rtol=2e-2, atol=2e-2, msg=lambda m, n=name: f"{n}: {m}"
+            )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
+@pytest.mark.parametrize("d", cs.HEAD_DIMS)
+def test_gpu_forward_and_grads_every_head_dim(dtype, d):
+    """Through the public op and autograd, as the forward backends' test does."""
+    _sm90()
+    for shape, causal in (
+        ((1, 4, 2, 200, 333, d), True),
+        ((2, 2, 257, d), False),
+        ((1, 8, 2, 700, 700, d), True),
+    ):
+        args = SPEC.make_inputs(shape, dtype, "cuda", 6)
+        a64 = [a.detach().double().requires_grad_() for a in args]
+        ref = SPEC.reference(*a64, causal=causal)
+        dy = torch.randn(ref.shape, device="cuda").to(dtype)
+        ref_g = torch.autograd.grad(ref, a64, dy.double())
+        base, got = _run("torch", args, dy, causal), _run(BACKEND, args, dy, causal)
+        for name, g, r, b in zip(("o", "dq", "dk", "dv"), got, (ref,) + ref_g, base):
+            verdict = judge(g, r, dtype, b)
+            assert verdict.ok, (
+                f"{shape} {name}: {verdict.detail} (err {verdict.err:.3g}, bound {verdict.bound:.3g})"
+            )
+
+
+@pytest.mark.gpu
+def test_gpu_dk_dv_bitwise_reproducible():
+    """dK and dV take no atomics: reruns are bitwise equal (dQ's atomics may reorder)."""
+    _sm90()
+    q, k, v = SPEC.make_inputs((2, 8, 2, 1025, 1025, 128), torch.bfloat16, "cuda", 12)
+    o, lse = cs.forward(q, k, v, True, 0.1, cb.FWD_VARIANT)
+    do = torch.randn(o.shape, device="cuda").to(torch.bfloat16)
+    _, dk0, dv0 = cb.backward(do, q, k, v, o, lse, True, 0.1)
+    for _ in range(10):
+        _, dk, dv = cb.backward(do, q, k, v, o, lse, True, 0.1)
+        assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
+
+
+@pytest.mark.gpu
+def test_gpu_saved_tensors_are_inputs_output_and_lse():
+    _sm90()
+    q, k, v = (
+        t.requires_grad_() for t in SPEC.make_inputs((1, 4, 2, 150, 170, 128), torch.bfloat16, "cuda", 7)
+    )
+    o = A.attention(q, k, v, causal=True, backend=BACKEND)
+    saved = o.grad_fn.saved_tensors
+    assert len(saved) == 5 and torch.equal(saved[0], q) and torch.equal(saved[3], o)
+    assert saved[4].shape == q.shape[:-1] and saved[4].dtype == torch.float32
+
+
+@pytest.mark.gpu
+def test_gpu_custom_ops_opcheck():
+    _sm90()
+    fn = kernellab.registry.get("attention", BACKEND).fn
+    for op, build, _ in fn.custom_ops:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+
+        def make(rg, gen=gen):
+            t = torch.randn(2, 3, 37, 64, generator=gen, device="cuda").to(torch.bfloat16)
+            return t.requires_grad_(bool(rg))
+
+        torch.library.opcheck(op, build(make))
