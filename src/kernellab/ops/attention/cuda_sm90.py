@@ -6,8 +6,8 @@ overlapping the P V of the previous one), ``cuda_v6`` (v4 with the two consumer
 warpgroups taking turns at the tensor cores: one's softmax under the other's GEMMs) and
 ``cuda_v7`` (FlashAttention-3's full forward schedule: v6's turns with v5's overlap inside
 each, so a softmax runs under its own P V and the other warpgroup's GEMMs; o written
-through shared memory by a TMA store from a fourth tensor map, every head dim); ``cuda`` is
-the fastest of them (v7). The list of
+through shared memory by a TMA store from a fourth tensor map, every head dim); ``cuda`` (the fastest, v8: v7's forward with the CUDA backward) is
+registered in cuda_sm90_bwd.py. The list of
 what each variant changes is at the top of the .cu file.
 
 Contract: fp16 / bf16 q (..., S_q, D), k and v (..., S_k, D), D in 64, 80, 96, 128, 256;
@@ -379,20 +379,3 @@ for _variant in VARIANTS:
         description=_DESCRIPTIONS[_variant],
     )(_fn)
 
-# ``cuda``: the fastest variant on sm_90 (as matmul's ``cuda`` is its ladder's best), so the
-# tune and vendor_gap, which time no numbered rung, time our Hopper kernels.
-BEST = "v7"
-_fn = _entry(BEST, "cuda")
-register(
-    "attention",
-    "cuda",
-    devices=("cuda",),
-    available=available,
-    precompile=MODULE.precompile,
-    custom_ops=_fn.custom_ops,
-    builtin=True,
-    module=MODULE,
-    limits=_limits_of("cuda"),
-    dtypes=DTYPES,
-    description=f"CUDA (sm_90): the best Hopper variant, {BEST} (" + _DESCRIPTIONS[BEST].split(": ", 1)[1] + ")",
-)(_fn)
