@@ -294,7 +294,7 @@ def _table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="directory for attn_bwd_sm90.jsonl and attn_bwd_sm90.txt")
+    ap.add_argument("--out", help="directory for attn_bwd_sm90.jsonl and attn_bwd_sm90.txt (required)")
     ap.add_argument("--quick", action="store_true", help="fewer check shapes, fewer timing repetitions")
     ap.add_argument("--max-seconds", type=float, default=300.0, help="the whole run's time budget")
     ap.add_argument("--worker", choices=("check", "time"), help=argparse.SUPPRESS)
@@ -308,6 +308,8 @@ def main(argv=None) -> int:
         skip = {int(x) for x in a.skip_d.split(",") if x}
         return worker_time(a.quick, a.budget, skip, Path(a.rows))
 
+    if not a.out:
+        ap.error("the following arguments are required: --out")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "attn_bwd_sm90.jsonl"
