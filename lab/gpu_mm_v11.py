@@ -195,7 +195,7 @@ def time_one(rows: Rows, shape, dname: str, backend: str, hang_s: float):
     sync_or_die(rows, f"time {backend} {label(shape)} {dname}", hang_s)
     t = time_cuda(lambda: fn(a, b))
     tf = flops(shape) / (t.median_ms * 1e-3) / 1e12
-    rows.add(kind="time", shape=label(shape), dtype=dname, backend=backend, tflops=tf, status="ok",
+    rows.add(kind="time", shape=label(shape), dtype=dname, mode="fwd", backend=backend, tflops=tf, status="ok",
              **t.as_dict())  # fmt: skip
     return t.median_ms, tf
 

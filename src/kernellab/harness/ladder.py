@@ -20,6 +20,8 @@ of different commits or days in one table are said so under it.
 
 from __future__ import annotations
 
+import math
+
 import json
 import re
 from dataclasses import asdict, dataclass, field
@@ -251,6 +253,14 @@ def _norm_shape(shape: str | None) -> str | None:
         return shape
 
 
+def _work(shape: str) -> int:
+    """The product of a shape key's dims ("8192x8192x8192"); 0 where it is not all numbers."""
+    try:
+        return math.prod(int(d) for d in str(shape).split("x"))
+    except ValueError:
+        return 0
+
+
 def build(op: str, rows, *, shape=None, dtype=None, mode=None, gpu=None) -> list[Ladder]:
     """The op's ladder tables from timing rows (``load``), one per chosen key and family."""
     ladders = check_op(op)
@@ -284,11 +294,12 @@ def build(op: str, rows, *, shape=None, dtype=None, mode=None, gpu=None) -> list
 
             def rank(k):
                 # most rungs (new ones first), forward, the rungs' rows from one commit, the
-                # newest, then the most references
+                # newest, the largest problem (where a ladder reaches the hardware's limit),
+                # then the most references
                 mine = [newest[k][b] for b in ok[k]]
                 one_sha = len({r.get("git_sha") for r in mine}) == 1
                 when = max(str(r.get("time") or "") for r in mine)
-                return (len(ok[k] & left), len(ok[k]), k[3] == "fwd", one_sha, when, len(newest[k]), k)
+                return (len(ok[k] & left), len(ok[k]), k[3] == "fwd", one_sha, when, _work(k[1]), len(newest[k]), k)
 
             k = max(ok, key=rank)
             chosen.append(k)
