@@ -323,8 +323,9 @@ def test_v7_tilings_are_what_the_modules_build():
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                 f.write(mod.compile("sm_90"))
                 f.flush()
-                res = asm.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                                                         text=True, check=True).stdout)  # fmt: skip
+                cmd = [cuobjdump, "-res-usage", f.name]
+                dump = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                res = asm.parse_res_usage(dump.stdout)
             for name, r in res.items():
                 assert r["STACK"] == 0 and r.get("LOCAL", 0) == 0 and r["REG"] == 168, (d, t, name, r)
 
@@ -359,7 +360,9 @@ def _desc(addr: int, lbo: int, sbo: int, w: int) -> tuple[int, int, int]:
     return addr, lbo, sbo
 
 
-_D_BN = sorted({(d, t.bn) for d in cs.HEAD_DIMS for t in (cs.tiles_of("v6", d), cs.V7_TILES[d]) + cs.V7_TILINGS[d]})
+_D_BN = sorted(
+    {(d, t.bn) for d in cs.HEAD_DIMS for t in (cs.tiles_of("v6", d), cs.V7_TILES[d]) + cs.V7_TILINGS[d]}
+)
 
 
 @pytest.mark.parametrize("d,bn", _D_BN)
@@ -651,7 +654,9 @@ def test_launcher_v7_tiling(recorder, monkeypatch, tiles):
     v2-v6 refuse a tiling."""
     modules = []
     kernel = cs.Module.kernel
-    monkeypatch.setattr(cs.Module, "kernel", lambda self, *a, **k: modules.append(self) or kernel(self, *a, **k))
+    monkeypatch.setattr(
+        cs.Module, "kernel", lambda self, *a, **k: modules.append(self) or kernel(self, *a, **k)
+    )
     q, k, v = (torch.randn(1, 2, 300, 256, dtype=torch.bfloat16) for _ in range(3))
     cs.forward(q, k, v, True, 0.1, "v7", tiles)
     t = tiles or cs.V7_TILES[256]
@@ -794,7 +799,9 @@ def test_emulated_kernel_matches_the_reference(shape, dtype, causal):
 
 # v7's tilings (V7_TILES and the ones the lab times): tails of the key tile, S_q < S_k and
 # S_q > S_k, GQA, at every tiling's head dim and width.
-EMU_V7 = [(d, t.bn) for d in cs.HEAD_DIMS for t in (cs.V7_TILES[d],) + cs.V7_TILINGS[d] if t.bn != cs.block_n(d)]
+EMU_V7 = [
+    (d, t.bn) for d in cs.HEAD_DIMS for t in (cs.V7_TILES[d],) + cs.V7_TILINGS[d] if t.bn != cs.block_n(d)
+]
 
 
 @pytest.mark.parametrize("d,bn", EMU_V7)

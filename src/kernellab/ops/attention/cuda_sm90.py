@@ -135,10 +135,14 @@ def check_tiles(d: int, tiles: Tiles) -> None:
     """What V7Tiles' static_asserts and the wgmma header require of a tiling, as a ValueError."""
     w = swizzle_bytes(d)
     if tiles.bn not in SS_WIDTHS or tiles.bn % 16 or (tiles.bn * w) % 1024 or tiles.stages < 2:
-        raise ValueError(f"attention/cuda_v7: no tiling {tiles} at D = {d} (keys per tile in {SS_WIDTHS}, "
-                         f"a multiple of 16 with {tiles.bn} x {w} bytes a multiple of 1024; stages >= 2)")  # fmt: skip
+        raise ValueError(
+            f"attention/cuda_v7: no tiling {tiles} at D = {d} (keys per tile in {SS_WIDTHS}, "
+            f"a multiple of 16 with {tiles.bn} x {w} bytes a multiple of 1024; stages >= 2)"
+        )
     if _smem(d, tiles) + 64 > SMEM_LIMIT:  # (+ the static mbarriers)
-        raise ValueError(f"attention/cuda_v7: tiling {tiles} at D = {d} needs more than 227 KB of shared memory")
+        raise ValueError(
+            f"attention/cuda_v7: tiling {tiles} at D = {d} needs more than 227 KB of shared memory"
+        )
 
 
 def swizzle_bytes(d: int) -> int:
