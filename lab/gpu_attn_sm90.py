@@ -3,10 +3,14 @@
 kernellab's Triton forward.
 
     python lab/gpu_attn_sm90.py --out DIR [--quick] [--variants v2,v3,v4,v5,v6,v7] [--tune]
+                                [--no-tilings]
 
 Each stage runs in a subprocess under a timeout (rows are written as each case finishes):
 a kernel that hangs costs its stage's timeout, then the variant is left out and the stage
 goes on with the others in a fresh subprocess.
+0. ``compile``: every module the run launches, compiled in parallel processes into the
+   NVRTC disk cache (a cold module of twelve kernels takes seconds; one after another they
+   took most of a minute), so the stages below load cubins;
 1. ``smoke`` (30 s + 15 s a variant): one small causal GQA case per head dim and dtype
    (the first launch of each module, compiled here: 1-2 s per head dim);
 2. ``check`` (the variants that passed; 40 s + 25-40 s a variant): o and the saved lse
@@ -22,9 +26,16 @@ goes on with the others in a fresh subprocess.
    (and GQA 32/8), S = 512..16384, D = 64/80/96/128, causal and not, bf16: cuDNN,
    FlashAttention-2, Triton (first config that fits unless --tune) and every variant
    that passed ``check``; x_cudnn = cuDNN's time over ours (> 1: ours faster).
+   With v7 among the variants (unless --no-tilings), v7 is also timed at each tiling
+   of the case's head dim side by side, launched alike (``cuda_sm90.forward(...,
+   tiles=)``): columns ``v7@BNxSTAGES``, the default V7_TILES first, then v7's first
+   tiling (V7_TILES_FIRST) and the candidates V7_TILINGS; ``check`` runs those tilings
+   on odd shapes first (against the reference and ``emulate`` at their tile).
 Rows: DIR/attn_sm90.jsonl (one per case: stage, variant, shape, verdicts or times); the
-x-cuDNN table is printed last and written to DIR/attn_sm90.txt. ``--quick``: fewer
-shapes (about half the time). The whole run is meant to stay under 200 s.
+x-cuDNN table is printed last and written to DIR/attn_sm90.txt. ``--quick`` (meant for
+``--variants v7``): the shapes of the forward's known gaps (D = 256, 64, 128, GQA, 80),
+fewer check shapes, no gradients, no Triton column; under 90 s. The whole run is meant
+to stay under 200 s.
 """
 
 from __future__ import annotations
@@ -44,6 +55,41 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 HEAD_DIMS = (64, 80, 96, 128, 256)
+
+
+def _tilings(d: int):
+    """v7's tilings at head dim d, the default first: V7_TILES, V7_TILES_FIRST, V7_TILINGS."""
+    from kernellab.ops.attention import cuda_sm90 as cs
+
+    out = []
+    for t in (cs.V7_TILES[d], cs.V7_TILES_FIRST[d]) + cs.V7_TILINGS[d]:
+        if t not in out:
+            out.append(t)
+    return out
+
+
+def worker_compile(variants: list[str], tilings: bool) -> int:
+    """Every module the run loads, compiled for sm_90a in parallel into the disk cache."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(d, None) for d in HEAD_DIMS]
+    if tilings and "v7" in variants:
+        jobs += [(d, t) for d in HEAD_DIMS for t in _tilings(d)[1:]]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 4)) as ex:
+        for (d, t), secs in zip(jobs, ex.map(_compile_one, jobs)):
+            print(f"compile D={d} {t or 'default'}: {secs:.1f} s", flush=True)
+    print(f"compile: {len(jobs)} modules in {time.perf_counter() - t0:.1f} s", flush=True)
+    return 0
+
+
+def _compile_one(job) -> float:
+    from kernellab.ops.attention import cuda_sm90 as cs
+
+    d, t = job
+    t0 = time.perf_counter()
+    (cs.MODULES[d] if t is None else cs.v7_module(d, t)).compile("sm_90")
+    return time.perf_counter() - t0
 
 
 def _meta() -> dict:
@@ -66,7 +112,7 @@ def _meta() -> dict:
 
 
 def _shapes(d: int, quick: bool):
-    """(shape, dtypes) for the check: small and odd, GQA, MQA, 3-D."""
+    """(shape, dtypes) for the check: small and odd, GQA, MQA, 3-D (quick: the first four)."""
     bf, both = ("bf16",), ("bf16", "fp16")
     shapes = [
         ((1, 1, 1, 1, d), both),  # one query, one key
@@ -76,18 +122,25 @@ def _shapes(d: int, quick: bool):
         ((1, 8, 2, 257, 255, d), both),  # GQA 4, three query blocks
         ((2, 4, 1, 129, 130, d), bf),  # MQA
     ]
-    if not quick:
-        shapes += [
-            ((1, 2, 300, 1000, d), bf),  # S_q < S_k: bottom-right causal
-            ((1, 2, 1000, 300, d), bf),
-            ((2, 257, d), bf),  # 3-D
-            ((1, 4, 1025, d), both),  # nine query blocks and key tiles
-        ]
+    if quick:
+        return shapes[:4]
+    shapes += [
+        ((1, 2, 300, 1000, d), bf),  # S_q < S_k: bottom-right causal
+        ((1, 2, 1000, 300, d), bf),
+        ((2, 257, d), bf),  # 3-D
+        ((1, 4, 1025, d), both),  # nine query blocks and key tiles
+    ]
     return shapes
 
 
 def worker_check(
-    variants: list[str], stage: str, quick: bool, out: Path, dry: bool = False, hang: str = ""
+    variants: list[str],
+    stage: str,
+    quick: bool,
+    out: Path,
+    dry: bool = False,
+    hang: str = "",
+    tilings: bool = True,
 ) -> int:
     import torch
 
@@ -104,7 +157,10 @@ def worker_check(
     f = out.open("a")
     dev, forward = "cuda", cs.forward
     if dry:  # (--dry-run: this script's logic on the CPU, the kernel's emulation for the kernel)
-        dev, forward = "cpu", lambda q, k, v, causal, scale, variant: cs.emulate(q, k, v, causal, scale)
+        dev = "cpu"
+
+        def forward(q, k, v, causal, scale, variant, tiles=None):
+            return cs.emulate(q, k, v, causal, scale, cs.tiles_of(variant, q.shape[-1], tiles).bn)
 
     def lse2(q, k, v, causal, scale):
         ke, _ = AA.expand_kv(q, k, v)
@@ -114,12 +170,12 @@ def worker_check(
             s = s.masked_fill(~allowed, float("-inf"))
         return s.logsumexp(-1) / math.log(2)
 
-    def forward_case(variant, n, shape, dtype, causal, row, plant=False):
+    def forward_case(variant, n, shape, dtype, causal, row, plant=False, tiles=None):
         q, k, v = spec.make_inputs(shape, dtype, dev, 100 + n)
         if plant:  # the check's large scores: row 0 of every head x30 (exp overflows without the max)
             q[..., 0, :] *= 30
         scale = 1 / math.sqrt(q.shape[-1])
-        o, lse = forward(q, k, v, causal, scale, variant)
+        o, lse = forward(q, k, v, causal, scale, variant, tiles)
         if not dry:
             torch.cuda.synchronize()
         ref = spec.reference(q.double(), k.double(), v.double(), causal=causal)
@@ -128,7 +184,7 @@ def worker_check(
         inf_ok = bool(torch.equal(torch.isneginf(lse), torch.isneginf(want)))
         fin = torch.isfinite(want)
         lse_err = (lse.double()[fin] - want[fin]).abs().max().item() if fin.any() else 0.0
-        eo, _ = cs.emulate(q, k, v, causal, scale)
+        eo, _ = cs.emulate(q, k, v, causal, scale, cs.tiles_of(variant, q.shape[-1], tiles).bn)
         row.update(o_ok=vo.ok, o_err=vo.err, o_bound=vo.bound, lse_err=lse_err, lse_inf_ok=inf_ok,
                    emu_o_diff=(o.float() - eo.float()).abs().max().item() if o.numel() else 0.0)  # fmt: skip
         return vo.ok and inf_ok and lse_err <= 1e-4
@@ -159,10 +215,16 @@ def worker_check(
         else:
             shapes = [(s, dl) for d in dims for s, dl in _shapes(d, quick)[: 2 if dry else None]]
             cases = [(forward_case, s, dt, c) for s, dl in shapes for dt in dl for c in (False, True)]
-            dims = () if dry else (64, 80, 128) if quick else HEAD_DIMS
+            dims = () if dry else (64, 256) if quick else HEAD_DIMS
             cases += [(functools.partial(forward_case, plant=True), (1, 2, 200, 333, d), "bf16", c)
                       for d in dims for c in (False, True)]  # fmt: skip
-            cases += [(grad_case, (1, 8, 2, 257, 255, d), "bf16", True) for d in dims]
+            if not quick:
+                cases += [(grad_case, (1, 8, 2, 257, 255, d), "bf16", True) for d in dims]
+            if variant == "v7" and tilings:  # every other tiling the time stage runs
+                cases += [(functools.partial(forward_case, tiles=t), s, "bf16", c)
+                          for d in ((64,) if dry else HEAD_DIMS) for t in _tilings(d)[1:]
+                          for s in ((1, 2, 127, 3 * t.bn + 5, d), (1, 8, 2, 257, 255, d))
+                          for c in (False, True)]  # fmt: skip
         bad = 0
         f.write(json.dumps(dict(meta, stage=stage, variant=variant, kind="start")) + "\n")
         f.flush()
@@ -170,8 +232,12 @@ def worker_check(
             time.sleep(3600)
         for n, (case, shape, dn, causal) in enumerate(cases):
             t0 = time.perf_counter()
-            kind = getattr(case, "__name__", "forward_case_large_scores")
+            kw = getattr(case, "keywords", {})
+            plain = "forward_case_large_scores" if kw.get("plant") else "forward_case"
+            kind = getattr(case, "__name__", plain)
             row = dict(shape=list(shape), dtype=dn, causal=causal, kind=kind)
+            if kw.get("tiles"):
+                row["tiles"] = str(kw["tiles"])
             try:
                 ok = case(variant, n, shape, dts[dn], causal, row)
                 row["status"] = "pass" if ok else "FAIL"
@@ -193,11 +259,29 @@ def worker_check(
     return 1 if failures else 0
 
 
+# The forward's gaps to cuDNN (B, H_q, H_kv, S, D, causal), D = 256 first: what --quick times.
+GAPS = [
+    (1, 8, 8, 4096, 256, True),
+    (1, 8, 8, 4096, 256, False),
+    (4, 16, 16, 1024, 64, True),
+    (4, 16, 16, 1024, 64, False),
+    (2, 16, 16, 2048, 128, False),
+    (2, 16, 16, 2048, 128, True),
+    (1, 32, 8, 4096, 128, True),
+    (1, 32, 32, 2048, 80, True),
+    (2, 16, 16, 2048, 256, True),
+    (1, 32, 32, 8192, 64, False),
+]
+
+
 def _time_cases(quick: bool):
-    """(B, H_q, H_kv, S, D, causal): H = 32 (and GQA 32/8 at D = 128), fewer sequences per
-    batch as S grows; the lengths that say most first (a budget cut drops the last ones)."""
-    cases = []
-    seqs = (2048, 8192, 512) if quick else (2048, 8192, 512, 16384, 1024, 4096)
+    """(B, H_q, H_kv, S, D, causal): GAPS, then (not quick) H = 32 (and GQA 32/8 at D =
+    128), fewer sequences per batch as S grows; the lengths that say most first (a budget
+    cut drops the last ones)."""
+    cases = list(GAPS)
+    if quick:
+        return cases
+    seqs = (2048, 8192, 512, 16384, 1024, 4096)
     for s in seqs:
         b = 4 if s <= 1024 else 2 if s <= 4096 else 1
         for d in (64, 80, 96, 128):
@@ -205,16 +289,21 @@ def _time_cases(quick: bool):
                 cases.append((b, 32, 32, s, d, causal))
         if s in (2048, 8192):
             cases += [(b, 32, 8, s, 128, causal) for causal in (False, True)]
+        if s in (2048, 8192, 4096):
+            cases += [(b, 16, 16, s, 256, causal) for causal in (False, True)]
     return cases
 
 
-def worker_time(variants: list[str], quick: bool, tune: bool, budget: float, out: Path) -> int:
+def worker_time(
+    variants: list[str], quick: bool, tune: bool, budget: float, out: Path, tilings: bool = True
+) -> int:
     import torch
     import torch.nn.functional as F
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import kernellab
+    from kernellab.ops.attention import cuda_sm90 as cs
     from kernellab.options import config
 
     meta = _meta()
@@ -235,7 +324,7 @@ def worker_time(variants: list[str], quick: bool, tune: bool, budget: float, out
         return run
 
     impls = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION)}
-    for name in ["triton"] + [f"cuda_{v}" for v in variants]:
+    for name in ([] if quick else ["triton"]) + [f"cuda_{v}" for v in variants]:
         impls[name] = lambda q, k, v, causal, name=name: kernellab.attention(
             q, k, v, causal=causal, backend=name
         )
@@ -252,10 +341,16 @@ def worker_time(variants: list[str], quick: bool, tune: bool, budget: float, out
             k = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
             v = torch.randn(b, hkv, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
             flops = 4 * b * hq * s * s * d / (2 if causal else 1)
+            case_impls = dict(impls)
+            if tilings and "v7" in variants:  # v7 at each tiling of this head dim, launched alike
+                for t in _tilings(d):
+                    case_impls[f"v7@{t}"] = lambda q, k, v, causal, t=t: cs.forward(
+                        q, k, v, causal, 1 / math.sqrt(q.shape[-1]), "v7", t
+                    )[0]
             row = dict(meta, stage="time", B=b, Hq=hq, Hkv=hkv, S=s, D=d, causal=causal, dtype="bf16",
                        tune=tune, ms={}, tflops={}, err={})  # fmt: skip
             ref = None
-            for name, fn in impls.items():
+            for name, fn in case_impls.items():
                 try:
                     o = fn(q, k, v, causal)
                     torch.cuda.synchronize()
@@ -341,18 +436,26 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--variants", default="v2,v3,v4,v5,v6,v7")
     ap.add_argument("--tune", action="store_true", help="autotune the Triton forward (slow)")
-    ap.add_argument("--budget-s", type=float, default=190.0, help="the whole run's time budget")
-    ap.add_argument("--worker", choices=("smoke", "check", "time"), help=argparse.SUPPRESS)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="the whole run's time budget (default 190 s, --quick 85 s)")  # fmt: skip
+    ap.add_argument("--no-tilings", action="store_true", help="v7 at its default tiling only")
+    ap.add_argument("--worker", choices=("compile", "smoke", "check", "time"), help=argparse.SUPPRESS)
     ap.add_argument("--rows", help=argparse.SUPPRESS)
     ap.add_argument("--time-budget", type=float, default=60.0, help=argparse.SUPPRESS)
     ap.add_argument("--dry-run", action="store_true", help="this logic on the CPU (no kernel, no timing)")
     ap.add_argument("--dry-hang", default="", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     variants = [v for v in a.variants.split(",") if v]
+    tilings = not a.no_tilings
+    if a.budget_s is None:
+        a.budget_s = 85.0 if a.quick else 190.0
+    if a.worker == "compile":
+        return worker_compile(variants, tilings)
     if a.worker == "time":
-        return worker_time([v for v in variants if v != "-"], a.quick, a.tune, a.time_budget, Path(a.rows))
+        return worker_time([v for v in variants if v != "-"], a.quick, a.tune, a.time_budget, Path(a.rows),
+                           tilings)  # fmt: skip
     if a.worker:
-        return worker_check(variants, a.worker, a.quick, Path(a.rows), a.dry_run, a.dry_hang)
+        return worker_check(variants, a.worker, a.quick, Path(a.rows), a.dry_run, a.dry_hang, tilings)
     if not a.out:
         ap.error("--out is required")
 
@@ -361,6 +464,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows_path = Path(tempfile.mkdtemp(prefix="attn_sm90_")) / "rows.jsonl"
     common = (["--quick"] if a.quick else []) + (["--dry-run", "--dry-hang", a.dry_hang] if a.dry_run else [])
+    common += ["--no-tilings"] if a.no_tilings else []
     log = []
 
     def left() -> float:
@@ -397,6 +501,11 @@ def main(argv=None) -> int:
             remaining = [v for v in remaining if v not in done and v != hung]
         return [v for v in vs if v in _done(_read(rows_path), name)]
 
+    if not a.dry_run:  # (a cold cache: the modules compiled side by side, not in the smoke)
+        rc, secs = _run(["--worker", "compile", "--variants", ",".join(variants)] + common,
+                        min(60.0, max(left() - 40, 10.0)))  # fmt: skip
+        log.append(f"compile: rc {rc} in {secs:.0f} s")
+        print(log[-1], flush=True)
     smoked = stage("smoke", variants, 30, 15)
     checked = stage("check", smoked, 40, 25 if a.quick else 40) if smoked else []
     if a.dry_run:

@@ -262,15 +262,72 @@ def test_module_is_sm90a_only():
 
 def test_shared_memory_fits_and_matches_the_kernel():
     """smem_bytes is what the kernel checks (check_smem traps below it): 1 KB of alignment,
-    the Q tile and per stage a K and a V tile; all within the 227 KB a block may use."""
+    the Q tile and per stage a K and a V tile; all within the 227 KB a block may use. v7 is
+    tiled by V7_TILES (80 keys x 2 stages at D = 256, 225 KB), the others by block_n."""
     for d in cs.HEAD_DIMS:
         bn = cs.block_n(d)
         assert bn == (64 if d == 256 else 128)
         assert cs.smem_bytes("v2", d) == 1024 + 128 * d * 2 + 2 * 2 * bn * d * 2
-        for v in ("v3", "v4", "v5", "v6", "v7"):
+        for v in ("v3", "v4", "v5", "v6"):
             assert cs.smem_bytes(v, d) == 1024 + 128 * d * 2 + cs.stages(v, d) * 2 * bn * d * 2
             assert cs.smem_bytes(v, d) + 64 <= cs.SMEM_LIMIT  # + the static mbarriers
             assert cs.stages(v, d) == (2 if d == 256 else 3)
+        for t in (cs.V7_TILES[d],) + cs.V7_TILINGS[d]:
+            assert cs.smem_bytes("v7", d, t) == 1024 + 128 * d * 2 + t.stages * 2 * t.bn * d * 2
+            assert cs.smem_bytes("v7", d, t) + 64 <= cs.SMEM_LIMIT
+            cs.check_tiles(d, t)
+        assert cs.smem_bytes("v7", d) == cs.smem_bytes("v7", d, cs.V7_TILES[d])
+        assert cs.V7_TILES[d] == (cs.Tiles(80, 2) if d == 256 else cs.Tiles(128, 3))
+        assert cs.V7_TILES_FIRST[d] == cs.tiles_of("v6", d)  # v7's first tiling: v6's
+    with pytest.raises(ValueError, match="227 KB"):
+        cs.check_tiles(256, cs.Tiles(80, 3))
+    with pytest.raises(ValueError, match="no tiling"):
+        cs.check_tiles(80, cs.Tiles(176, 2))  # 176 x 32 bytes: slabs off the 1024-byte grid
+    with pytest.raises(ValueError, match="only v7"):
+        cs.smem_bytes("v6", 64, cs.Tiles(128, 4))
+
+
+def _ptx_constants(ptx: str, struct: str, d: int) -> dict[str, int]:
+    """The values of a template struct's static constexpr members as NVRTC's PTX lists them
+    (.global .u32 <mangled name> = value)."""
+    import re
+
+    pat = rf"\.global \.align \d+ \.u\d+ \S*{len(struct)}{struct}ILi{d}EE\d+(\w+?)E = (\d+);"
+    return {name: int(val) for name, val in re.findall(pat, ptx)}
+
+
+def test_v7_tilings_are_what_the_modules_build():
+    """V7_TILES[d] is attention_sm90.cu's default V7Tiles<d> (its BN and STAGES, read from
+    the PTX), and v7_module builds every tiling the lab times with -DKL_ATTN_V7_BN / _STAGES:
+    v7's two kernels alone, at that tiling, no spills, 168 registers at launch."""
+    _nvrtc()
+    import subprocess
+    import tempfile
+
+    from kernellab.inspect import asm
+
+    cuobjdump = asm.find_tool("cuobjdump")
+    for d in cs.HEAD_DIMS:
+        assert cs.v7_module(d, cs.V7_TILES[d]) is cs.MODULES[d]
+        got = _ptx_constants(cs.MODULES[d].compile("sm_90", target="ptx").decode(), "V7Tiles", d)
+        assert (got["BN"], got["STAGES"]) == (cs.V7_TILES[d].bn, cs.V7_TILES[d].stages), (d, got)
+        for t in cs.V7_TILINGS[d]:
+            mod = cs.v7_module(d, t)
+            assert mod is cs.v7_module(d, t) and mod is not cs.MODULES[d]
+            ptx = mod.compile("sm_90", target="ptx").decode()
+            assert set(asm.split_ptx(ptx)) == {f"attn_fwd_v7_d{d}_bf16", f"attn_fwd_v7_d{d}_f16"}
+            got = _ptx_constants(ptx, "V7Tiles", d)
+            assert (got["BN"], got["STAGES"]) == (t.bn, t.stages), (d, t, got)
+            if cuobjdump is None:
+                continue
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(mod.compile("sm_90"))
+                f.flush()
+                cmd = [cuobjdump, "-res-usage", f.name]
+                dump = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                res = asm.parse_res_usage(dump.stdout)
+            for name, r in res.items():
+                assert r["STACK"] == 0 and r.get("LOCAL", 0) == 0 and r["REG"] == 168, (d, t, name, r)
 
 
 # --------------------------------------------------------------------------- shared-memory layouts (no GPU)
@@ -303,9 +360,14 @@ def _desc(addr: int, lbo: int, sbo: int, w: int) -> tuple[int, int, int]:
     return addr, lbo, sbo
 
 
-@pytest.mark.parametrize("d", cs.HEAD_DIMS)
-def test_descriptors_read_what_the_copies_wrote(d):
-    w, bn, base = cs.swizzle_bytes(d), cs.block_n(d), 7 * 1024
+_D_BN = sorted(
+    {(d, t.bn) for d in cs.HEAD_DIMS for t in (cs.tiles_of("v6", d), cs.V7_TILES[d]) + cs.V7_TILINGS[d]}
+)
+
+
+@pytest.mark.parametrize("d,bn", _D_BN)
+def test_descriptors_read_what_the_copies_wrote(d, bn):
+    w, base = cs.swizzle_bytes(d), 7 * 1024
     e, x = w // 2, w // 16
 
     def kmajor(tile_rows, row0, kk):  # desc_kmajor
@@ -585,6 +647,29 @@ def test_runtime_passes_a_tensor_map_by_value(monkeypatch):
     assert ctypes.sizeof(runtime.TensorMap) == 128
 
 
+@pytest.mark.parametrize("tiles", [None, cs.Tiles(64, 2)], ids=["default", "64x2"])
+def test_launcher_v7_tiling(recorder, monkeypatch, tiles):
+    """v7 at D = 256: K / V boxes of the tiling's keys (80 by default, V7_TILES), the shared
+    memory of its ring, the kernel from the tiling's module (MODULES[256] by default);
+    v2-v6 refuse a tiling."""
+    modules = []
+    kernel = cs.Module.kernel
+    monkeypatch.setattr(
+        cs.Module, "kernel", lambda self, *a, **k: modules.append(self) or kernel(self, *a, **k)
+    )
+    q, k, v = (torch.randn(1, 2, 300, 256, dtype=torch.bfloat16) for _ in range(3))
+    cs.forward(q, k, v, True, 0.1, "v7", tiles)
+    t = tiles or cs.V7_TILES[256]
+    ((grid, block, args, shared),) = recorder.calls
+    tq, tk, tv, to = args[:4]
+    assert tq[5] == (64, 128, 1, 1) and tk[5] == tv[5] == (64, t.bn, 1, 1) and to[5] == (64, 64, 1, 1)
+    assert shared == cs.smem_bytes("v7", 256, t) == 1024 + 128 * 512 + t.stages * 2 * t.bn * 512
+    assert (modules[0] is cs.MODULES[256]) == (tiles is None)
+    assert recorder.names == ["attn_fwd_v7_d256_bf16"]
+    with pytest.raises(ValueError, match="only v7"):
+        cs.forward(q, k, v, True, 0.1, "v6", cs.Tiles(64, 2))
+
+
 def test_launcher_3d_and_empty(recorder):
     q = torch.randn(3, 17, 64, dtype=torch.float16)  # (B, S, D): B heads of one batch
     o, lse = cs.forward(q, q, q, False, 0.125, "v2")
@@ -667,20 +752,19 @@ def test_default_backend_never_picks_them():
 
 
 @pytest.mark.parametrize("s_q,s_k", [(1, 1), (300, 300), (129, 500), (500, 129), (64, 0)])
-@pytest.mark.parametrize("d", cs.HEAD_DIMS)
-def test_schedule_visits_every_needed_key_and_masks_every_crossing_tile(s_q, s_k, d):
+@pytest.mark.parametrize("d,bn", _D_BN)
+def test_schedule_visits_every_needed_key_and_masks_every_crossing_tile(s_q, s_k, d, bn):
     """Brute force over (row, key): every key a row may see lies in a visited tile; a tile
     left unmasked holds only keys every row of its block may see; causal blocks come
     heaviest first; each query block once."""
     for causal in (False, True):
-        sched = cs.schedule(s_q, s_k, d, causal)
+        sched = cs.schedule(s_q, s_k, d, causal, bn)
         assert sorted(mb for mb, _, _ in sched) == list(range(math.ceil(s_q / 128)))
         if causal:
             work = [len(tiles) for _, _, tiles in sched]
             assert work == sorted(work, reverse=True)
         ok = AA.allowed_mask(s_q, s_k, causal, None, "cpu")
         ok = torch.ones(s_q, s_k, dtype=torch.bool) if ok is None else ok
-        bn = cs.block_n(d)
         for _, m0, tiles in sched:
             rows = range(m0, min(m0 + 128, s_q))
             visited = set()
@@ -713,6 +797,23 @@ def test_emulated_kernel_matches_the_reference(shape, dtype, causal):
     _check_o_lse(o, lse, q, k, v, causal, scale)
 
 
+# v7's tilings (V7_TILES and the ones the lab times): tails of the key tile, S_q < S_k and
+# S_q > S_k, GQA, at every tiling's head dim and width.
+EMU_V7 = [
+    (d, t.bn) for d in cs.HEAD_DIMS for t in (cs.V7_TILES[d],) + cs.V7_TILINGS[d] if t.bn != cs.block_n(d)
+]
+
+
+@pytest.mark.parametrize("d,bn", EMU_V7)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_emulated_kernel_matches_the_reference_at_v7_tilings(d, bn, causal):
+    for n, shape in enumerate(((1, 2, 130, 5 * bn + 7, d), (1, 4, 2, 300, bn + 1, d))):
+        q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cpu", 30 + n)
+        scale = 1 / math.sqrt(d)
+        o, lse = cs.emulate(q, k, v, causal, scale, bn)
+        _check_o_lse(o, lse, q, k, v, causal, scale)
+
+
 def test_emulated_kernel_survives_large_scores():
     """The first query row scaled x30 (the check's planted case): scores near 100 would
     overflow exp without the running max."""
@@ -743,6 +844,7 @@ GPU_SHAPES = [
     (1, 2, 1000, 300, 128),
     (2, 257, 64),  # 3-D
     (1, 2, 255, 256, 256),
+    (1, 2, 300, 333, 256),  # v7: 80-key tiles, a 13-key tail, S_q < S_k
     (1, 8, 2, 517, 517, 128),  # GQA 4
     (2, 4, 1, 384, 130, 80),  # MQA
     (1, 4, 2048, 64),
@@ -758,14 +860,38 @@ def test_gpu_forward_against_emulation_and_reference(backend, dtype, shape, caus
     _sm90()
     q, k, v = SPEC.make_inputs(shape, dtype, "cuda", 5)
     scale = 1 / math.sqrt(q.shape[-1])
-    o, lse = cs.forward(q, k, v, causal, scale, backend.split("_")[1])
+    variant = backend.split("_")[1]
+    o, lse = cs.forward(q, k, v, causal, scale, variant)
     torch.cuda.synchronize()
-    eo, else_ = cs.emulate(q, k, v, causal, scale)
+    eo, else_ = cs.emulate(q, k, v, causal, scale, cs.tiles_of(variant, q.shape[-1]).bn)
     fin = torch.isfinite(else_)
     assert torch.equal(fin, torch.isfinite(lse))
     torch.testing.assert_close(lse[fin], else_[fin], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(o.float(), eo.float(), rtol=2e-2, atol=2e-2)
     _check_o_lse(o, lse, q, k, v, causal, scale)
+
+
+V7_GPU = [(d, t) for d in cs.HEAD_DIMS for t in cs.V7_TILINGS[d]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,tiles", V7_GPU, ids=lambda x: str(x))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_v7_at_every_tiling_the_lab_times(d, tiles, causal):
+    """v7 at the tilings the lab times beside V7_TILES (their own modules): against its
+    emulation at that tiling and the reference, odd lengths, GQA, S_q != S_k."""
+    _sm90()
+    for n, shape in enumerate(((1, 2, 130, 3 * tiles.bn + 7, d), (1, 8, 2, 517, 300, d), (2, 2, 1025, d))):
+        q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cuda", 40 + n)
+        scale = 1 / math.sqrt(d)
+        o, lse = cs.forward(q, k, v, causal, scale, "v7", tiles)
+        torch.cuda.synchronize()
+        eo, else_ = cs.emulate(q, k, v, causal, scale, tiles.bn)
+        fin = torch.isfinite(else_)
+        assert torch.equal(fin, torch.isfinite(lse))
+        torch.testing.assert_close(lse[fin], else_[fin], rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(o.float(), eo.float(), rtol=2e-2, atol=2e-2)
+        _check_o_lse(o, lse, q, k, v, causal, scale)
 
 
 @pytest.mark.gpu

@@ -67,7 +67,7 @@
 //       written by the threads as in v2-v6. Registers: S_j, P_{j-1} and O live at once,
 //       as in v5 and v6 (no spills at any head dim: tests/ops/test_attention_sm90.py).
 //
-// All: head dims 64, 80, 96, 128 (BN = 128 keys per tile) and 256 (BN = 64); causal blocks
+// All: head dims 64, 80, 96, 128 (BN = 128 keys per tile) and 256 (BN = 64; v7: 80, V7Tiles); causal blocks
 // skip every key tile above the diagonal and are issued heaviest first (the block of the
 // last query rows sees the most keys: blockIdx.x counts down the query blocks), so the light
 // blocks fill the tail of the grid. Only the key tiles that cut the diagonal or the S_k tail
@@ -530,6 +530,29 @@ struct WsStages {
     static constexpr int value = (Tiles<D>::Q_BYTES + 3 * 2 * Tiles<D>::KV_BYTES + 1024 <= 227 * 1024) ? 3 : 2;
 };
 
+// v7's key tile and ring depth per head dim (cuda_sm90.py, V7_TILES, mirrors this; a module
+// built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s holds only v7's kernels, at that tiling:
+// how the launcher runs another tile set beside the default). D <= 128: v2-v6's 128 keys x 3
+// stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) + 2 x 2 x 40 = 225 KB of
+// the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP of MMA per block
+// against 8.4 at 64 keys, for the same per-tile costs (two full / empty barrier round trips,
+// two turn hand-overs, one row max and sum with its shuffles, one rescale of the 128 O
+// registers): those are 20% fewer per key. Registers: O 128 + S 40 + P 20 = 188 of 232.
+template <int D>
+struct V7Tiles {
+#if defined(KL_ATTN_V7_BN)
+    static constexpr int BN = KL_ATTN_V7_BN;
+    static constexpr int STAGES = KL_ATTN_V7_STAGES;
+#else
+    static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
+    static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
+#endif
+    static constexpr unsigned KV_BYTES = BN * D * 2;
+    static_assert(BN % 16 == 0 && BN <= 256, "keys per tile: whole 16-key steps of P V, one TMA box");
+    static_assert((BN * Layout<D>::W) % 1024 == 0, "K/V slabs must keep 1024-byte alignment");
+    static_assert(Tiles<D>::Q_BYTES + STAGES * 2 * KV_BYTES + 1024 <= 227 * 1024, "v7's ring must fit 227 KB");
+};
+
 // The barriers of v3-v7 (static shared memory): full[st] (the copies of stage st landed),
 // empty[st] (count 8: every consumer warp is done with it), q_full. `arrivals`: the full
 // barriers' count (v3: one cp.async arrival per producer thread, 128; TMA: 1).
@@ -577,12 +600,11 @@ __device__ __forceinline__ void produce_cp_async(const Block& blk, const Bars<ST
 }
 
 // v4-v7's producer: one thread issues every copy (TMA boxes).
-template <int D, int STAGES>
+template <int D, int STAGES, int BN = Tiles<D>::BN>
 __device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
                                             const TensorMap* tq, const TensorMap* tk, const TensorMap* tv, int h,
                                             int hk, int z) {
-    constexpr int BN = Tiles<D>::BN;
-    constexpr unsigned KV_BYTES = Tiles<D>::KV_BYTES;
+    constexpr unsigned KV_BYTES = BN * D * 2;
     mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);
     tma_tile<D, BM>(sQ, tq, b.q_full, blk.m0, h, z);
     for (int it = 0; it < blk.n_tiles; ++it) {
@@ -596,8 +618,8 @@ __device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>
 
 // A consumer thread of the ring (threads 128..383): its warpgroup cw, its lane, its
 // fragment's first row, and per K/V tile it: the stage's shared address, the release of
-// the stage by this warp, and whether the tile needs the mask.
-template <int D, int STAGES>
+// the stage by this warp, and whether the tile needs the mask. BN: keys per tile.
+template <int D, int STAGES, int BN = Tiles<D>::BN>
 struct Consumer {
     const Block& blk;
     const Bars<STAGES>& b;
@@ -614,15 +636,15 @@ struct Consumer {
         row_lo = blk.m0 + cw * 64 + warp * 16 + g;
     }
     __device__ __forceinline__ unsigned stage(int it) const {
-        return sKV + (it % STAGES) * 2 * Tiles<D>::KV_BYTES;
+        return sKV + (it % STAGES) * 2 * (BN * D * 2);
     }
     __device__ __forceinline__ void release(int it) const {
         __syncwarp();
         if (lane == 0) mbar_arrive(b.empty(it));  // this warp is done with the stage
     }
     __device__ __forceinline__ bool masked(int it) const {
-        const int n0 = it * Tiles<D>::BN;
-        return n0 + Tiles<D>::BN > S_k || (causal && n0 + Tiles<D>::BN - 1 > blk.m0 + blk.off);
+        const int n0 = it * BN;
+        return n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
     }
 };
 
@@ -827,14 +849,13 @@ __device__ __forceinline__ void epilogue_tma(const Softmax<D, BN>& sm, const flo
 // v7's consumers (threads 128..383): v6's turns with v5's overlap in each (the schedule is
 // in the header). O is rescaled by the previous tile's alpha inside the turn, after S_it is
 // issued (the tensor cores are busy with it) and before the P V that adds to O, so O =
-// alpha O + P V in emulate's order.
-template <bool BF16, int D, int STAGES>
+// alpha O + P V in emulate's order. BN: V7Tiles' keys per tile.
+template <bool BF16, int D, int STAGES, int BN>
 __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
                                            const TensorMap* to, float* __restrict__ lse_b, int S_q, int S_k,
                                            float scale_log2, int causal, int h_q, int z, int t) {
-    constexpr int BN = Tiles<D>::BN;
-    constexpr unsigned KV_BYTES = Tiles<D>::KV_BYTES;
-    const Consumer<D, STAGES> c(blk, b, sKV, S_k, causal, t);
+    constexpr unsigned KV_BYTES = BN * D * 2;
+    const Consumer<D, STAGES, BN> c(blk, b, sKV, S_k, causal, t);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     const int mine = PP_BAR + cw, other = PP_BAR + 1 - cw;
     float acc[D / 2];
@@ -942,28 +963,29 @@ __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk
                                                     t);
 }
 
-// v7: v4-v6's block (producer thread, ring, setmaxnreg 40 / 232) with consume_v7; o is
-// written through the tensor map `to` (dims (D, S_q, H, Z), box E columns x 64 rows).
+// v7: v4-v6's block (producer thread, ring, setmaxnreg 40 / 232) with consume_v7, tiled by
+// V7Tiles<D> (BN keys, STAGES); o is written through the tensor map `to` (dims (D, S_q, H,
+// Z), box E columns x 64 rows); the K / V maps' boxes are E columns x BN rows.
 template <bool BF16, int D>
 __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
                                        const TensorMap* to, float* __restrict__ lse, int S_q, int S_k, int H,
                                        int group, float scale_log2, int causal) {
-    constexpr int STAGES = WsStages<D>::value;
+    constexpr int STAGES = V7Tiles<D>::STAGES, BN = V7Tiles<D>::BN;
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
-    check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * Tiles<D>::KV_BYTES);
+    check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * V7Tiles<D>::KV_BYTES);
     const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned sKV = sQ + Tiles<D>::Q_BYTES;
     const Bars<STAGES> b(bars, 1);
-    const Block blk = block_of<Tiles<D>::BN>(S_q, S_k, causal);
+    const Block blk = block_of<BN>(S_q, S_k, causal);
     const int t = threadIdx.x, h = blockIdx.y, z = blockIdx.z;
     if (t < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (t == 0 && blk.n_tiles > 0) produce_tma<D, STAGES>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+        if (t == 0 && blk.n_tiles > 0) produce_tma<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    consume_v7<BF16, D, STAGES>(blk, b, sQ, sKV, to, lse + ((long long)z * H + h) * S_q, S_q, S_k, scale_log2,
+    consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, to, lse + ((long long)z * H + h) * S_q, S_q, S_k, scale_log2,
                                 causal, h, z, t);
 }
 
@@ -1004,13 +1026,27 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_v6_d##D##_##SFX(KL_ATTN_TMA_ARGS(T)) { \
         fwd_tma<T, BF16, D, false, true>(KL_ATTN_TMA_PASS);                                                  \
-    }                                                                                                        \
+    }
+#define KL_ATTN_SM90_V7_T(D, T, BF16, SFX)                                                                     \
     extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_v7_d##D##_##SFX(KL_ATTN_V7_ARGS) {   \
         fwd_v7<BF16, D>(KL_ATTN_V7_PASS);                                                                    \
     }
-#define KL_ATTN_SM90(D)                          \
-    KL_ATTN_SM90_T(D, __nv_bfloat16, true, bf16) \
-    KL_ATTN_SM90_T(D, __half, false, f16)
+// A module with another v7 tiling (-DKL_ATTN_V7_BN) holds v7's kernels alone.
+#if defined(KL_ATTN_V7_BN)
+#define KL_ATTN_SM90(D)                             \
+    KL_ATTN_SM90_V7_T(D, __nv_bfloat16, true, bf16) \
+    KL_ATTN_SM90_V7_T(D, __half, false, f16)
+#else
+#define KL_ATTN_SM90(D)                             \
+    KL_ATTN_SM90_T(D, __nv_bfloat16, true, bf16)    \
+    KL_ATTN_SM90_V7_T(D, __nv_bfloat16, true, bf16) \
+    KL_ATTN_SM90_T(D, __half, false, f16)           \
+    KL_ATTN_SM90_V7_T(D, __half, false, f16)
+#endif
+
+#if defined(KL_ATTN_V7_BN) && (!defined(KL_ATTN_D) || !defined(KL_ATTN_V7_STAGES))
+#error "-DKL_ATTN_V7_BN tiles one head dim: give -DKL_ATTN_D and -DKL_ATTN_V7_STAGES with it"
+#endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,
 // ~3 s, not all sixty); every head dim without it.

@@ -32,6 +32,7 @@ reference, which catches schedule and masking mistakes before a GPU sees the ker
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -65,6 +66,7 @@ LOG2E = at.LOG2E  # log2(e): scores are scaled by scale * log2(e) and exponentia
 # check without a GPU, `kernellab asm`).
 MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in HEAD_DIMS}
 MODULE = Module(CU, archs=("sm_90a",))
+SS_WIDTHS = (64, 80, 128, 176, 192)  # S = Q K^T widths (keys per tile) in attention_sm90_wgmma.cuh
 _SIG = ("ptr",) * 5 + ("i32",) * 4 + ("f32", "i32") + ("i64",) * 12
 _SIG_TMA = ("tmap",) * 3 + ("ptr",) * 2 + ("i32",) * 4 + ("f32", "i32") + ("i64",) * 3
 _SIG_TMA_STORE = ("tmap",) * 4 + ("ptr",) + ("i32",) * 4 + ("f32", "i32")
@@ -80,8 +82,67 @@ def signature(variant: str) -> tuple[str, ...]:
 
 
 def block_n(d: int) -> int:
-    """Keys per tile (attention_sm90.cu, Tiles): 128, 64 at D = 256."""
+    """Keys per tile of v2-v6 (attention_sm90.cu, Tiles): 128, 64 at D = 256 (v7's: V7_TILES)."""
     return 64 if d > 128 else 128
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One tiling of v7 (attention_sm90.cu, V7Tiles): ``bn`` keys per K/V tile (a multiple of
+    16 whose slabs keep 1024-byte alignment; an S = Q K^T width the wgmma header has) and
+    ``stages`` K/V stages in the ring (Q + stages x 2 tiles within 227 KB)."""
+
+    bn: int
+    stages: int
+
+    def __str__(self) -> str:
+        return f"{self.bn}x{self.stages}"
+
+
+# v7's tiling per head dim, what attention_sm90.cu's V7Tiles builds by default (the test
+# compares them). D = 256: FlashAttention-3's 80 keys x 2 stages (225 KB; the .cu says why).
+V7_TILES = {64: Tiles(128, 3), 80: Tiles(128, 3), 96: Tiles(128, 3), 128: Tiles(128, 3), 256: Tiles(80, 2)}
+# v7's first tiling (v2-v6's: 64 keys at D = 256): the lab times it beside V7_TILES.
+V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
+# The tilings lab/gpu_attn_sm90.py times beside V7_TILES, per head dim (the tests compile
+# each: no spills, within 227 KB): FlashAttention-3's wider key tiles at D = 64 (176 / 192
+# keys: S is 88 / 96 registers beside O's 32) and at D = 128 without a mask (176 keys, two
+# stages: 208 KB; 192 keys spills), a fourth stage at D = 64, v7's first tiling at D = 256.
+V7_TILINGS = {
+    64: (Tiles(128, 4), Tiles(176, 3), Tiles(192, 3)),
+    80: (),
+    96: (),
+    128: (Tiles(176, 2),),
+    256: (Tiles(64, 2),),
+}
+_V7_MODULES: dict[tuple[int, Tiles], Module] = {}
+
+
+def v7_module(d: int, tiles: Tiles) -> Module:
+    """The module whose v7 kernels at head dim d are tiled by ``tiles``: MODULES[d] for the
+    default (V7_TILES), else one built with -DKL_ATTN_V7_BN / _STAGES (v7's two kernels only)."""
+    if tiles == V7_TILES[d]:
+        return MODULES[d]
+    check_tiles(d, tiles)
+    key = (d, tiles)
+    if key not in _V7_MODULES:
+        opts = (f"-DKL_ATTN_D={d}", f"-DKL_ATTN_V7_BN={tiles.bn}", f"-DKL_ATTN_V7_STAGES={tiles.stages}")
+        _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
+    return _V7_MODULES[key]
+
+
+def check_tiles(d: int, tiles: Tiles) -> None:
+    """What V7Tiles' static_asserts and the wgmma header require of a tiling, as a ValueError."""
+    w = swizzle_bytes(d)
+    if tiles.bn not in SS_WIDTHS or tiles.bn % 16 or (tiles.bn * w) % 1024 or tiles.stages < 2:
+        raise ValueError(
+            f"attention/cuda_v7: no tiling {tiles} at D = {d} (keys per tile in {SS_WIDTHS}, "
+            f"a multiple of 16 with {tiles.bn} x {w} bytes a multiple of 1024; stages >= 2)"
+        )
+    if _smem(d, tiles) + 64 > SMEM_LIMIT:  # (+ the static mbarriers)
+        raise ValueError(
+            f"attention/cuda_v7: tiling {tiles} at D = {d} needs more than 227 KB of shared memory"
+        )
 
 
 def swizzle_bytes(d: int) -> int:
@@ -90,19 +151,33 @@ def swizzle_bytes(d: int) -> int:
     return 128 if d % 64 == 0 else 64 if d % 32 == 0 else 32
 
 
-def stages(variant: str, d: int) -> int:
-    """K/V stages: v2 two; v3-v7 three where they fit (WsStages), else two."""
+def tiles_of(variant: str, d: int, tiles: Tiles | None = None) -> Tiles:
+    """(keys per tile, K/V stages) of a variant's kernel: v2 block_n x 2; v3-v6 block_n x
+    three where they fit (WsStages), else two; v7 ``tiles`` or V7_TILES[d]."""
+    if variant == "v7":
+        return tiles or V7_TILES[d]
+    if tiles is not None:
+        raise ValueError(f"attention/cuda_{variant}: only v7 takes another tiling, got {tiles}")
     if variant == "v2":
-        return 2
+        return Tiles(block_n(d), 2)
     q_bytes, kv_bytes = BM * d * 2, block_n(d) * d * 2
-    return 3 if q_bytes + 3 * 2 * kv_bytes + 1024 <= SMEM_LIMIT else 2
+    return Tiles(block_n(d), 3 if q_bytes + 3 * 2 * kv_bytes + 1024 <= SMEM_LIMIT else 2)
 
 
-def smem_bytes(variant: str, d: int) -> int:
+def stages(variant: str, d: int) -> int:
+    """K/V stages of a variant's kernel at head dim d (tiles_of)."""
+    return tiles_of(variant, d).stages
+
+
+def smem_bytes(variant: str, d: int, tiles: Tiles | None = None) -> int:
     """Dynamic shared memory of a block: 1 KB to align the base to 1024 bytes (the swizzle
     atoms), the Q tile (128 x D x 2 B; v7 stages o there for its TMA store), and per stage
     a K and a V tile (BN x D x 2 B each). The kernel traps if given less (check_smem)."""
-    return 1024 + BM * d * 2 + stages(variant, d) * 2 * block_n(d) * d * 2
+    return _smem(d, tiles_of(variant, d, tiles))
+
+
+def _smem(d: int, t: Tiles) -> int:
+    return 1024 + BM * d * 2 + t.stages * 2 * t.bn * d * 2
 
 
 def _device_index(t: Tensor) -> int:
@@ -122,10 +197,11 @@ def _chunked(t4: Tensor, tma: bool = False) -> Tensor:
 
 
 def forward(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, variant: str
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, variant: str, tiles: Tiles | None = None
 ) -> tuple[Tensor, Tensor]:
     """(o, lse) of one variant's kernel (``triton.forward``'s outputs: o in empty_bshd's
-    layout, lse (..., S_q) fp32 in log2 units, -inf for a row that sees no key)."""
+    layout, lse (..., S_q) fp32 in log2 units, -inf for a row that sees no key). ``tiles``:
+    v7 only, another tiling than V7_TILES (the lab times one beside the other)."""
     backend = f"cuda_{variant}"
     check_dtype(q, DTYPES, backend)
     check_head_dim(q, HEAD_DIMS, backend)
@@ -143,19 +219,21 @@ def forward(
         )
     if not (s_q and z and h):
         return o, lse
+    t = tiles_of(variant, d, tiles)
     if not s_k:  # no key at all: every row is empty (what the kernels would write)
         return o.zero_(), lse.fill_(float("-inf"))
     tma = variant in TMA_VARIANTS
     q4, k4, v4 = _chunked(q4, tma), _chunked(k4, tma), _chunked(v4, tma)
     dev = _device_index(q)
     name = f"attn_fwd_{variant}_d{d}_{DTYPE_SUFFIX[q.dtype]}"
-    kern = MODULES[d].kernel(name, signature(variant), dev)
-    shared = smem_bytes(variant, d)
+    mod = v7_module(d, t) if variant == "v7" else MODULES[d]
+    kern = mod.kernel(name, signature(variant), dev)
+    shared = _smem(d, t)
     if shared > kern.max_dynamic_shared:
         kern.set_max_dynamic_shared(shared)
     grid, group = (ceil_div(s_q, BM), h, z), h // h_kv
     if variant in TMA_STORE_VARIANTS:  # o is empty_bshd's: rows of D x 2 bytes, a fresh aligned base
-        bn = block_n(d)
+        bn = t.bn
         kern(
             grid, THREADS[variant],
             _tensor_map(q4, BM), _tensor_map(k4, bn), _tensor_map(v4, bn), _tensor_map(o4, BM // 2), lse,
@@ -163,7 +241,7 @@ def forward(
             shared=shared, device_index=dev,
         )  # fmt: skip
     elif tma:
-        bn = block_n(d)
+        bn = t.bn
         kern(
             grid, THREADS[variant],
             _tensor_map(q4, BM), _tensor_map(k4, bn), _tensor_map(v4, bn), o4, lse,
@@ -199,13 +277,16 @@ def _tensor_map(t4: Tensor, rows: int):
 # --------------------------------------------------------------------------- the kernel's math in PyTorch
 
 
-def schedule(s_q: int, s_k: int, d: int, causal: bool) -> list[tuple[int, int, list[tuple[int, bool]]]]:
+def schedule(
+    s_q: int, s_k: int, d: int, causal: bool, bn: int | None = None
+) -> list[tuple[int, int, list[tuple[int, bool]]]]:
     """The blocks in launch order (blockIdx.x = 0, 1, ...) as the kernel derives them
-    (block_of): (block index, first query row, [(first key of each tile, masked)]).
+    (block_of): (block index, first query row, [(first key of each tile, masked)]); ``bn``
+    keys per tile (default block_n(d), v2-v6's; v7's: tiles_of("v7", d).bn).
     Causal: the last query block first (it sees the most keys); its key tiles end at the
     last row's limit (m0 + 128 - 1 + S_k - S_q); a tile is masked where it passes S_k or
     some row's causal limit (its last key > m0 + S_k - S_q)."""
-    bn, off = block_n(d), s_k - s_q
+    bn, off = bn or block_n(d), s_k - s_q
     nb = ceil_div(s_q, BM)
     out = []
     for x in range(nb):
@@ -220,8 +301,11 @@ def schedule(s_q: int, s_k: int, d: int, causal: bool) -> list[tuple[int, int, l
     return out
 
 
-def emulate(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    """(o, lse) computed as the kernel computes them, in PyTorch (CPU or GPU): q, k, v
+def emulate(
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, bn: int | None = None
+) -> tuple[Tensor, Tensor]:
+    """(o, lse) computed as the kernel computes them, in PyTorch (CPU or GPU), at ``bn``
+    keys per tile (default block_n(d), v2-v6's; v7's: tiles_of("v7", d).bn): q, k, v
     (..., S, D) 16-bit (GQA as the op takes it); fp32 scores from the 16-bit inputs, the
     mask applied only to the tiles ``schedule`` marks, exp2 of the log2e-scaled scores with
     the running max (0 subtracted while a row has seen no key), P rounded to the input
@@ -231,13 +315,13 @@ def emulate(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tupl
     q4, k4, v4 = at._split(q), at._split(k), at._split(v)
     group = q4.shape[1] // k4.shape[1] if k4.shape[1] else 1
     c = scale * LOG2E
-    bn, off = block_n(d), s_k - s_q
+    bn, off = bn or block_n(d), s_k - s_q
     heads = torch.arange(q4.shape[1], device=q.device) // group
     kf, vf = k4[:, heads].float(), v4[:, heads].float()  # (Z, H, S_k, D): k/v head h // group
     o = torch.zeros(q4.shape, dtype=torch.float32, device=q.device)
     lse = torch.empty(q4.shape[:-1], dtype=torch.float32, device=q.device)
     neg = float("-inf")
-    for _, m0, tiles in schedule(s_q, s_k, d, causal):
+    for _, m0, tiles in schedule(s_q, s_k, d, causal, bn):
         qb = torch.zeros(q4.shape[:2] + (BM, d), dtype=torch.float32, device=q.device)
         rows = min(BM, s_q - m0)
         qb[:, :, :rows] = q4[:, :, m0 : m0 + rows].float()
