@@ -88,8 +88,13 @@ def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
         assert set(bodies) == _names(d), (d, set(bodies))
         main = bodies[f"attn_bwd_v8_d{d}_bf16"]
         v9 = bodies[f"attn_bwd_v9_d{d}_bf16"]
-        bulk = ("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32", "cp.async.bulk.commit_group",
-                "cp.async.bulk.wait_group.read 0", "cp.async.bulk.wait_group 0", "st.shared.v4.f32")  # fmt: skip
+        bulk = (
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
+            "cp.async.bulk.commit_group",
+            "cp.async.bulk.wait_group.read 0",
+            "cp.async.bulk.wait_group 0",
+            "st.shared.v4.f32",
+        )
         if cb.bulk_dq(d, "v9"):  # v9: dQ by bulk reduce-adds, no atomics
             assert all(n in v9 for n in bulk) and "red.relaxed" not in v9, d
         else:  # D = 256: v8's kernel
@@ -203,7 +208,10 @@ def test_shared_memory_fits():
             assert st == (2 if d == 256 else 3) and bn == (64 if d == 256 else 128)
             dq = 2 * 64 * cb.dq_cols(d) * 4 if variant == "v9" and d != 256 else 0  # staging tiles
             assert cb.dq_stage_bytes(d, variant) == dq
-            assert cb.smem_bytes(d, variant) == 1024 + 2 * bn * d * 2 + st * (2 * 64 * d * 2 + 512) + 4 * 8192 + dq
+            assert (
+                cb.smem_bytes(d, variant)
+                == 1024 + 2 * bn * d * 2 + st * (2 * 64 * d * 2 + 512) + 4 * 8192 + dq
+            )
             assert cb.smem_bytes(d, variant) + 64 <= cb.SMEM_LIMIT
 
 
@@ -408,7 +416,7 @@ def test_v9_bulk_protocol_in_the_source():
     the warp syncs again and lane 0 issues the reduce-add (and commits it); the last one is
     waited for entirely before the block exits. No other thread touches a warp's slice."""
     src = cb.CU.read_text()
-    body = src[src.index("if constexpr (BQ) {\n                // v9"):]
+    body = src[src.index("if constexpr (BQ) {\n                // v9") :]
     i_wait = body.index("if (lane == 0) bulk_wait_read0();")
     i_sync1 = body.index("__syncwarp();", i_wait)
     i_st = body.index("st.shared.v4.f32", i_sync1)
@@ -417,7 +425,7 @@ def test_v9_bulk_protocol_in_the_source():
     i_red = body.index("bulk_reduce_add_f32(dst, sdq, 16 * NQ * 4);", i_sync2)
     i_end = body.index("if (lane == 0) bulk_wait0();", i_red)
     assert i_wait < i_sync1 < i_st < i_fence < i_sync2 < i_red < i_end
-    assert "cp.async.bulk.commit_group" in src[src.index("void bulk_reduce_add_f32"):]
+    assert "cp.async.bulk.commit_group" in src[src.index("void bulk_reduce_add_f32") :]
     assert "warp * (16 * NQ * 4)" in body  # the warp's own slice
 
 
@@ -573,7 +581,11 @@ def test_launcher_v9(recorder):
     q = torch.randn(1, 4, 300, 128, dtype=torch.bfloat16)
     kv = torch.randn(1, 2, 260, 128, dtype=torch.bfloat16)
     cb.backward(q, q, kv, kv, q, torch.zeros(1, 4, 300), True, 0.3, "v9")
-    assert [c[0] for c in recorder] == ["attn_bwd_pre_bf16", "attn_bwd_v9_d128_bf16", "attn_bwd_post_blk_bf16"]
+    assert [c[0] for c in recorder] == [
+        "attn_bwd_pre_bf16",
+        "attn_bwd_v9_d128_bf16",
+        "attn_bwd_post_blk_bf16",
+    ]
     (_, _, _, a_pre, _), (_, g, b, a, shared), (_, g_post, b_post, a_post, _) = recorder
     assert g == (2, 3, 1) and b == 384 and shared == cb.smem_bytes(128, "v9") > cb.smem_bytes(128)
     assert a[6] is a_pre[5] and a_post[0] is a_pre[5]  # one dq accumulator
@@ -597,7 +609,10 @@ def test_cuda_runs_the_variant_one_constant_names():
     assert impl.fn.custom_ops is want.fn.custom_ops
     assert f", {cb.CUDA_VARIANT} (" in impl.description
     other = [v for v in cb.VARIANTS if v != cb.CUDA_VARIANT]
-    assert all(kernellab.registry.get("attention", f"cuda_{v}").fn.custom_ops is not impl.fn.custom_ops for v in other)
+    assert all(
+        kernellab.registry.get("attention", f"cuda_{v}").fn.custom_ops is not impl.fn.custom_ops
+        for v in other
+    )
 
 
 def test_launcher_empty_and_head_dim_256(recorder):

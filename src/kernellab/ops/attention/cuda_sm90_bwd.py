@@ -124,7 +124,10 @@ def smem_bytes(d: int, variant: str = "v8") -> int:
     lse + delta (512 B), four dS^T tiles (64 x 64 x 2 B: two per consumer warpgroup); v9:
     the two dQ staging tiles."""
     return (
-        1024 + 2 * block_n(d) * d * 2 + stages(d, variant) * (2 * BM * d * 2 + 512) + 4 * 64 * 64 * 2
+        1024
+        + 2 * block_n(d) * d * 2
+        + stages(d, variant) * (2 * BM * d * 2 + 512)
+        + 4 * 64 * 64 * 2
         + dq_stage_bytes(d, variant)
     )
 
@@ -167,7 +170,14 @@ def backward_kernel(d: int) -> str:
 
 
 def backward(
-    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float,
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    causal: bool,
+    scale: float,
     variant: str = "v8",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) in ``empty_bshd``'s layout from the saved o and lse ((..., S_q) fp32,
@@ -188,7 +198,8 @@ def backward(
     bn = block_n(d)
     if h > GRID_LIMIT or z > GRID_LIMIT or ceil_div(s_k, bn) > GRID_LIMIT:
         raise ValueError(
-            f"attention/cuda_{variant}: q folds to {z} batches x {h} heads and k to {ceil_div(s_k, bn)} blocks of "
+            f"attention/cuda_{variant}: q folds to {z} batches x {h} heads and k to {ceil_div(s_k, bn)} "
+            f"blocks of "
             f"{bn} keys; each must be at most {GRID_LIMIT} (CUDA grid y and z)"
         )
     q4, k4, v4, do4 = (cs._chunked(t, True) for t in (q4, k4, v4, do4))
@@ -419,7 +430,8 @@ for _backend, _fn, _desc in (
         "cuda",
         _entry("cuda", CUDA_VARIANT),
         f"CUDA (sm_90): the fastest Hopper variant, {CUDA_VARIANT} ("
-        + _DESCRIPTIONS[CUDA_VARIANT].split(": ", 1)[1] + ")",
+        + _DESCRIPTIONS[CUDA_VARIANT].split(": ", 1)[1]
+        + ")",
     ),
 ):
     register(
