@@ -154,13 +154,15 @@ def _ptxas_log(d: int) -> str:
 
 def test_wgmmas_are_not_serialized_for_lack_of_registers():
     """ptxas serializes the wgmmas of a kernel whose accumulators do not fit the registers
-    setmaxnreg gives it (warning C7512: each wgmma then waits for the previous one); no
-    spills either."""
+    setmaxnreg gives it (warning C7512: each wgmma then waits for the previous one), or
+    where non-wgmma code reads a wgmma's registers while it may be in flight (C7514), or
+    injects a wait_group where it cannot prove a register's wgmma retired (C7517: v9's dQ
+    kept across the back edge); none of them, and no spills either."""
     _nvrtc()
     for d in cb.BWD_HEAD_DIMS:
         log = _ptxas_log(d)
         assert "attn_bwd_v8" in log and "attn_bwd_v9" in log, log[-2000:]
-        assert "C7512" not in log and "serialized" not in log, (d, log[-2000:])
+        assert "C75" not in log and "serialized" not in log and "injected" not in log, (d, log[-2000:])
         assert "0 bytes spill stores, 0 bytes spill loads" in log and " bytes spill stores" in log
         assert all(
             line.strip().endswith("0 bytes spill stores, 0 bytes spill loads")
@@ -416,7 +418,7 @@ def test_v9_bulk_protocol_in_the_source():
     the warp syncs again and lane 0 issues the reduce-add (and commits it); the last one is
     waited for entirely before the block exits. No other thread touches a warp's slice."""
     src = cb.CU.read_text()
-    body = src[src.index("if constexpr (BQ) {\n                // v9") :]
+    body = src[src.index("auto stage_dq = [&]") :]
     i_wait = body.index("if (lane == 0) bulk_wait_read0();")
     i_sync1 = body.index("__syncwarp();", i_wait)
     i_st = body.index("st.shared.v4.f32", i_sync1)
@@ -425,6 +427,18 @@ def test_v9_bulk_protocol_in_the_source():
     i_red = body.index("bulk_reduce_add_f32(dst, sdq, 16 * NQ * 4);", i_sync2)
     i_end = body.index("if (lane == 0) bulk_wait0();", i_red)
     assert i_wait < i_sync1 < i_st < i_fence < i_sync2 < i_red < i_end
+    # OVL (D <= 80): query block it - 1's dQ is staged right after block it's S^T and dP^T are
+    # issued and before they are waited for; the last block's after the loop, before the
+    # final bulk wait; dQ itself is retired by wait_group 0 in its own iteration (the stage
+    # released there too: the ring's protocol is v8's)
+    i_issue = body.index("issue_s_dp(st);")
+    i_prev = body.index("if (it > 0) stage_dq(dq_o, prev_h, prev_m0", i_issue)
+    i_s = body.index("wgmma_wait<1>();  // S^T", i_prev)
+    i_wait0 = body.index("wgmma_wait<0>();  // (first pass)", i_s)
+    i_keep = body.index("add.rn.f32 %0, %1, 0f00000000;", i_wait0)
+    i_last = body.index("if (kb.n_it > 0) stage_dq(dq_o, prev_h, prev_m0", i_keep)
+    assert i_issue < i_prev < i_s < i_wait0 < i_keep < i_last < i_end
+    assert "constexpr bool OVL = BQ && D <= 80;" in src
     assert "cp.async.bulk.commit_group" in src[src.index("void bulk_reduce_add_f32") :]
     assert "warp * (16 * NQ * 4)" in body  # the warp's own slice
 

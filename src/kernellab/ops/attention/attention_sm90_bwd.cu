@@ -54,7 +54,9 @@
 //       warpgroup that is 4 bulk instructions instead of 128 x NQ / 2 vector atomics (64 x
 //       NQ x 4 B of L2 reductions either way, done by the TMA unit instead of the LSU: the
 //       consumer warps go back to their wgmmas). D = 256 keeps v8's atomics (two ring stages
-//       leave no room for 2 x 32 KB of staging).
+//       leave no room for 2 x 32 KB of staging). At D <= 80 (OVL, where the registers hold
+//       it) a query block's dQ is staged one iteration late, right after the next block's
+//       S^T and dP^T wgmmas are issued, so the tensor cores run those during the staging.
 //
 // Why (napkin math, D = 128, per query block and warpgroup): five 64 x 64 x 128 GEMMs =
 // 5.2 MFLOP against 2 x 64 x 64 exponentials; K and V (64 KB) are read from HBM once per
@@ -339,6 +341,14 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                                        long long sdkh, long long sdks, long long sdvz, long long sdvh,
                                        long long sdvs) {
     constexpr bool BQ = BULK && Bulk<D>::ON;  // dQ through shared memory
+    // OVL (v9): a query block's dQ is staged and bulk-added only after the next query block's
+    // S^T and dP^T have been issued, so the tensor cores compute those while the warps move
+    // dQ through shared memory (instead of idling from the dQ wgmma's end to the next issue).
+    // The dQ registers stay live across the loop's back edge (NQ / 2 a thread beside dK, dV,
+    // S^T and dP^T). The dQ wgmma itself is still waited for (wait_group 0) in its own
+    // iteration: ptxas cannot prove a wgmma retired by a wait_group N > 0 across a back edge
+    // and serializes the whole pipeline (C7514) if its results are read after one.
+    constexpr bool OVL = BQ && D <= 80;  // (at D = 96, 128 the live dQ makes ptxas serialize: C7512)
     using S = Smem<D, BQ>;
     using L = Layout<D>;
     constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
@@ -398,24 +408,58 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
 
     if (kb.n_it > 0) mbar_wait(kv_full, 0);
     const unsigned sK = base + S::K, sV = base + S::V;
+    // S^T = K_w Q^T and dP^T = V_w dO^T of the query block in stage st_: two groups, 64 keys
+    // x 64 queries each, once the stage's copies have landed (the block's iteration it_)
+    constexpr int NQ = SPLIT ? D / 2 : DSPLIT ? 64 : D;  // dQ columns a warpgroup sums per pass
+    constexpr int PASSES = DSPLIT ? NV / 64 : 1;
+    float s[32], dp[32];
+    unsigned p16[16], ds16[16];
+    float dq_o[NQ / 2];  // OVL: the previous query block's dQ, staged in this iteration (else unused)
+    int prev_h = 0, prev_m0 = 0;  // ... and its query block
+    auto issue_s_dp = [&](int st_) {
+        const unsigned sQ_ = base + S::Q + st_ * S::QT_BYTES, sdO_ = base + S::DO + st_ * S::QT_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            kl_wgmma_ss<64, BF16>(s, desc_kmajor<D, BN>(sK, kofs, kk), desc_kmajor<D, BM_B>(sQ_, 0, kk), kk > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN>(sV, kofs, kk), desc_kmajor<D, BM_B>(sdO_, 0, kk), kk > 0);
+        wgmma_commit();
+    };
+    // v9: the warp's 16 rows x NQ columns of a dQ share to its slice of the warpgroup's
+    // staging tile (dq_frag_index's order), then one bulk reduce-add of those 16 NQ floats
+    // into chunk c0_ / NQ of query block m0_'s accumulator (the same order: the postprocess
+    // undoes it). The slice is free once this warp's previous reduce has read it (issued one
+    // query block ago: the wait is normally immediate).
+    auto stage_dq = [&](const float(&dq_)[NQ / 2], int h_, int m0_, int c0_) {
+        static_assert(!BQ || NQ == Bulk<D>::NQ, "staging tile width");
+        const unsigned sdq = base + S::DQ + cw * Bulk<D>::BYTES + warp * (16 * NQ * 4);
+        if (lane == 0) bulk_wait_read0();
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < NQ / 8; ++j)
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(sdq + (j * 128 + lane * 4) * 4),
+                         "f"(dq_[4 * j]), "f"(dq_[4 * j + 1]), "f"(dq_[4 * j + 2]), "f"(dq_[4 * j + 3])
+                         : "memory");
+        fence_proxy_async();  // each writer's stores before the async proxy's read
+        __syncwarp();
+        if (lane == 0) {
+            float* dst = dq_acc + (((long long)z * H + h_) * S_pad + m0_) * D + 64 * c0_ + dq_frag_index<NQ>(warp, 0, 0);
+            bulk_reduce_add_f32(dst, sdq, 16 * NQ * 4);
+        }
+    };
     for (int it = 0; it < kb.n_it; ++it) {
         const int st = it % STAGES;
         const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
         const unsigned sQ = base + S::Q + st * S::QT_BYTES, sdO = base + S::DO + st * S::QT_BYTES;
         const unsigned sdS = base + S::DS + (2 * cw + (it & 1)) * S::DS_BYTES;
         mbar_wait(full0 + 8 * st, (it / STAGES) & 1);
-
-        // S^T = K_w Q^T and dP^T = V_w dO^T: two groups, 64 keys x 64 queries each
-        float s[32], dp[32];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(s, desc_kmajor<D, BN>(sK, kofs, kk), desc_kmajor<D, BM_B>(sQ, 0, kk), kk > 0);
-        wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN>(sV, kofs, kk), desc_kmajor<D, BM_B>(sdO, 0, kk), kk > 0);
-        wgmma_commit();
+        issue_s_dp(st);
+        if constexpr (OVL) {
+            if (it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // behind S^T, dP^T
+        }
 
         // lse and delta of the stage's 64 queries: this thread reads those of its columns
         // (8j + 2q, + 1) where it uses them (held in registers across the GEMMs, the 32 of
@@ -441,7 +485,6 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     }
                     x = p;
                 }
-        unsigned p16[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
 
@@ -455,7 +498,6 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
 
         wgmma_wait<1>();  // dP^T (dV still in flight)
         fence_regs(dp);
-        unsigned ds16[16];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -497,8 +539,6 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         // keys, N = columns) MN-major. Per warpgroup: QSPLIT, columns [64 cw, 64 cw + 64) over
         // both tiles' 128 keys; DSPLIT, its 128 columns in two passes of 64 (32 accumulators
         // at a time) over the block's 64 keys; else all D columns over its own 64 keys.
-        constexpr int NQ = SPLIT ? D / 2 : DSPLIT ? 64 : D;
-        constexpr int PASSES = DSPLIT ? NV / 64 : 1;
 #pragma unroll 1
         for (int pass = 0; pass < PASSES; ++pass) {
             const int c0 = SPLIT ? cw * NQ : DSPLIT ? c_kv + 64 * pass : 0;  // first dQ column
@@ -530,28 +570,17 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                 if (lane == 0) mbar_arrive(empty0 + 8 * st);
             }
 
-            if constexpr (BQ) {
-                // v9: the warp's 16 rows x NQ columns to its slice of the warpgroup's staging
-                // tile (dq_frag_index's order), then one bulk reduce-add of those 16 NQ floats
-                // into the query block's chunk c0 / NQ of the accumulator (the same order: the
-                // postprocess undoes it). The slice is free once this warp's previous reduce
-                // has read it (issued one query block ago: the wait is normally immediate).
-                static_assert(NQ == Bulk<D>::NQ, "staging tile width");
-                const unsigned sdq = base + S::DQ + cw * Bulk<D>::BYTES + warp * (16 * NQ * 4);
-                if (lane == 0) bulk_wait_read0();
-                __syncwarp();
+            if constexpr (OVL) {
+                // kept for the next iteration, copied by an add of +0 (exact but for the sign
+                // of a zero; ptxas folds a plain mov): ptxas treats a register a wgmma defined
+                // as possibly in flight across the back edge and would make the staging wait
+                // for the next S^T, dP^T (an injected wait_group: C7517)
+                static_assert(PASSES == 1, "OVL keeps one pass of dQ");
 #pragma unroll
-                for (int j = 0; j < NQ / 8; ++j)
-                    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(sdq + (j * 128 + lane * 4) * 4),
-                                 "f"(dq[4 * j]), "f"(dq[4 * j + 1]), "f"(dq[4 * j + 2]), "f"(dq[4 * j + 3])
-                                 : "memory");
-                fence_proxy_async();  // each writer's stores before the async proxy's read
-                __syncwarp();
-                if (lane == 0) {
-                    float* dst = dq_acc + (((long long)z * H + h) * S_pad + m0) * D + 64 * c0 +
-                                 dq_frag_index<NQ>(warp, 0, 0);
-                    bulk_reduce_add_f32(dst, sdq, 16 * NQ * 4);
-                }
+                for (int i = 0; i < NQ / 2; ++i) asm volatile("add.rn.f32 %0, %1, 0f00000000;\n" : "=f"(dq_o[i]) : "f"(dq[i]));
+                prev_h = h, prev_m0 = m0;  // staged behind the next query block's S^T, dP^T
+            } else if constexpr (BQ) {
+                stage_dq(dq, h, m0, c0);
             } else {
                 // dQ += this share: rows m0 + 16 warp + g (+ 8) of the padded accumulator (no
                 // bounds: the rows past S_q are the padding), columns c0 + 8j + 2q (+ 1)
@@ -563,6 +592,9 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                         red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
             }
         }
+    }
+    if constexpr (OVL) {
+        if (kb.n_it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // the last query block's
     }
     if constexpr (BQ) {
         if (lane == 0) bulk_wait0();  // the warp's last reduce-add done before the block's shared memory goes

@@ -19,7 +19,10 @@ Variants (``VARIANTS``; each its own registered backend, so both time side by si
       instead of 16 NQ / 2 atomics a warp; the TMA unit does the adds at L2). The
       accumulator then holds each query block's 64 x D floats in the staging order
       (``dq_frag_offset``), which v9's postprocess undoes. Head dims <= 128 (D = 256 keeps
-      the atomics: its two ring stages leave no room for the staging tiles).
+      the atomics: its two ring stages leave no room for the staging tiles). At D <= 80 a
+      query block's dQ is staged after the next block's S^T and dP^T wgmmas are issued
+      (the tensor cores run them meanwhile); at D = 96 and 128 the dQ registers kept
+      across the iteration would make ptxas serialize the wgmmas.
 ``CUDA_VARIANT`` names the variant the ``cuda`` backend runs.
 
 Contract: the forward's (cuda_sm90.py): fp16 / bf16, GQA, causal aligned bottom-right, any
