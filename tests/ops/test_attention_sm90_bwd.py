@@ -18,6 +18,7 @@ every head dim, and against ``emulate_backward``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -361,14 +362,30 @@ def test_fragments_read_their_columns_lse_and_add_dq_once(d):
     assert set(adds.values()) == {1 if split or dsplit else 2}
 
 
-def _post_blocked_offset(d, row, col):
-    """bwd_post_blocked's address arithmetic (the .cu), transcribed: the float of the query
-    block that it reads for (row, col)."""
+def _post_blocked_reads(d, s_pad):
+    """bwd_post_blocked's index arithmetic (the .cu), transcribed: per thread u (a float4 of
+    the head's s_pad x D accumulator floats), the (row, col) of each of its four floats."""
     nq = cb.dq_cols(d)
-    c = col - col % 2
-    r, cc = row % 64, c % nq
-    warp, g, hh, j, qd = r // 16, r % 8, (r // 8) % 2, cc // 8, (cc % 8) // 2
-    return (c - cc) * 64 + warp * 16 * nq + j * 128 + (4 * g + qd) * 4 + 2 * hh + col % 2
+    out = {}
+    for u in range(s_pad * d // 4):
+        qb, rem = u // (16 * d), u % (16 * d)
+        chunk, r2 = rem // (16 * nq), rem % (16 * nq)
+        warp, r3 = r2 // (4 * nq), r2 % (4 * nq)
+        j, lane = r3 // 32, r3 % 32
+        row, col = qb * 64 + 16 * warp + lane // 4, chunk * nq + 8 * j + 2 * (lane % 4)
+        for k, rc in enumerate(((row, col), (row, col + 1), (row + 8, col), (row + 8, col + 1))):
+            out[4 * u + k] = rc
+    return out
+
+
+@functools.cache
+def _post_blocked_inverse(d):
+    return {rc: i for i, rc in _post_blocked_reads(d, 64).items()}
+
+
+def _post_blocked_offset(d, row, col):
+    """The float of the query block that the postprocess takes for (row, col) (row < 64)."""
+    return _post_blocked_inverse(d)[(row, col)]
 
 
 @pytest.mark.parametrize("d", [d for d in cb.BWD_HEAD_DIMS if cb.bulk_dq(d, "v9")])
@@ -410,6 +427,11 @@ def test_v9_dq_staging_bulk_copies_and_postprocess_agree(d):
                 assert all(len(b) == 32 for b in banks.values())  # each quarter warp: 32 banks
     assert set(hits) == set(range(64 * d))
     assert set(hits.values()) == {1 if split else 2}
+    # the postprocess: one float4 a thread, every (row, col) of two query blocks read once
+    reads = _post_blocked_reads(d, 128)
+    assert sorted(reads) == list(range(128 * d))
+    assert sorted(reads.values()) == [(r, c) for r in range(128) for c in range(d)]
+    assert all(reads[i] == (64 + reads[i - 64 * d][0], reads[i - 64 * d][1]) for i in range(64 * d, 128 * d))
 
 
 def test_v9_bulk_protocol_in_the_source():
@@ -603,7 +625,7 @@ def test_launcher_v9(recorder):
     (_, _, _, a_pre, _), (_, g, b, a, shared), (_, g_post, b_post, a_post, _) = recorder
     assert g == (2, 3, 1) and b == 384 and shared == cb.smem_bytes(128, "v9") > cb.smem_bytes(128)
     assert a[6] is a_pre[5] and a_post[0] is a_pre[5]  # one dq accumulator
-    assert g_post == (math.ceil(300 * 64 / 256), 4, 1) and b_post == 256
+    assert g_post == (math.ceil(320 * 128 / 4 / 256), 4, 1) and b_post == 256  # a float4 a thread
     assert a_post[2:8] == (300, 320, 4, 128, 64, 0.3)
     recorder.clear()
     q = torch.randn(1, 2, 9, 256, dtype=torch.float16)

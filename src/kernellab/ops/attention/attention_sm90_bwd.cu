@@ -663,23 +663,28 @@ __device__ __forceinline__ void bwd_post(const float* __restrict__ dq_acc, T* __
     store2(dq + z * sqz + h * sqh + i * sqs + c, a.x * scale, a.y * scale);
 }
 
-// v9: the same from the accumulator in dq_frag_index's order: query block i / 64 holds D / NQ
-// chunks of 64 x NQ floats, chunk c0 / NQ those of columns [c0, c0 + NQ), each warp-major as
-// the main kernel staged them. A pair (row r, columns c, c + 1) is one float2 there (e = 0, 1).
+// v9: the same from the accumulator in dq_frag_index's order (query block i / 64 holds D / NQ
+// chunks of 64 x NQ floats, chunk c / NQ those of columns [c, c + NQ), each warp-major as the
+// main kernel staged them). One thread per float4 of it, in memory order (coalesced 16-byte
+// loads): float4 u of head (z, h) is a lane's registers 4 j .. 4 j + 3 of one warp, i.e.
+// rows 16 warp + g and + 8, columns 8 j + 2 q and + 1 of its chunk. Grid (ceil(S_pad D / 4 /
+// 256), H, Z).
 template <typename T>
 __device__ __forceinline__ void bwd_post_blocked(const float* __restrict__ dq_acc, T* __restrict__ dq, int S_q,
                                                  int S_pad, int H, int D, int NQ, float scale, long long sqz,
                                                  long long sqh, long long sqs) {
-    const long long e = 2 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
-    if (e >= (long long)S_q * D) return;
+    const long long u = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // float4 of the head
+    if (u >= (long long)S_pad * D / 4) return;
     const int h = blockIdx.y, z = blockIdx.z;
-    const int i = static_cast<int>(e / D), c = static_cast<int>(e % D);
-    const int r = i % 64, cc = c % NQ;
-    const int warp = r / 16, g = r % 8, hh = (r / 8) % 2, j = cc / 8, qd = (cc % 8) / 2;
-    const long long off = (((long long)z * H + h) * S_pad + (i - r)) * D + (long long)(c - cc) * 64 +
-                          warp * 16 * NQ + j * 128 + (4 * g + qd) * 4 + 2 * hh;
-    const float2 a = *reinterpret_cast<const float2*>(dq_acc + off);
-    store2(dq + z * sqz + h * sqh + i * sqs + c, a.x * scale, a.y * scale);
+    const int qb = static_cast<int>(u / (16 * D)), rem = static_cast<int>(u % (16 * D));
+    const int chunk = rem / (16 * NQ), r2 = rem % (16 * NQ);
+    const int warp = r2 / (4 * NQ), r3 = r2 % (4 * NQ);
+    const int j = r3 / 32, lane = r3 % 32;
+    const int row = qb * 64 + 16 * warp + lane / 4, col = chunk * NQ + 8 * j + 2 * (lane % 4);
+    const float4 a = *reinterpret_cast<const float4*>(dq_acc + (((long long)z * H + h) * S_pad) * D + 4 * u);
+    T* out = dq + z * sqz + h * sqh + col;
+    if (row < S_q) store2(out + row * sqs, a.x * scale, a.y * scale);
+    if (row + 8 < S_q) store2(out + (row + 8) * sqs, a.z * scale, a.w * scale);
 }
 
 }  // namespace

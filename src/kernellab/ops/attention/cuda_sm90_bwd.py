@@ -233,7 +233,7 @@ def backward(
     )  # fmt: skip
     if bulk_dq(d, variant):  # the accumulator in the staging order (dq_frag_offset)
         mod.kernel(f"attn_bwd_post_blk_{sfx}", SIG_POST_BLK, dev)(
-            (ceil_div(s_q * d // 2, POST_THREADS), h, z), POST_THREADS,
+            (ceil_div(s_pad * d // 4, POST_THREADS), h, z), POST_THREADS,  # a float4 a thread
             dq_acc, dq4, s_q, s_pad, h, d, dq_cols(d), float(scale), *dq4.stride()[:3],
             device_index=dev,
         )  # fmt: skip
