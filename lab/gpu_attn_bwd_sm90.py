@@ -1,27 +1,36 @@
-"""The Hopper CUDA attention backward (backend cuda_v8: attention_sm90_bwd.cu behind cuda_v7's
-forward) on a lent H100 / H200: correctness first, then forward+backward and backward-only
-time against SDPA's cuDNN and FlashAttention-2 kernels and kernellab's Triton backend.
+"""The Hopper CUDA attention backwards (backends cuda_v8 and cuda_v9: attention_sm90_bwd.cu
+behind cuda_v7's forward; ``VARIANTS``) on a lent H100 / H200: correctness first, then
+forward+backward and backward-only time, side by side in one run, against SDPA's cuDNN and
+FlashAttention-2 kernels and kernellab's Triton backend.
 
     python lab/gpu_attn_bwd_sm90.py --out DIR [--quick] [--max-seconds 300]
 
 Each stage runs in a subprocess under a timeout (rows are written as each case finishes),
 so a kernel that hangs (a barrier protocol that deadlocks) costs its stage's timeout and is
 reported, not the whole device call.
-1. ``check``: dq, dk, dv of cuda_v8 (through the public op and autograd) against the float64
+1. ``check``: dq, dk, dv of each variant (through the public op and autograd) against the float64
    reference at small and odd shapes (one row, primes, tails of the 64-row and 128-key
    tiles, S_q < S_k and S_q > S_k, 3-D, GQA 4, MQA), every head dim (64, 80, 96, 128, 256;
    ``bwd`` in a row says whether the CUDA backward or Triton's ran), causal and not, bf16
    (fp16 on a subset), judged by the check's rule (error within 2x PyTorch's own in the same
    dtype + a floor); also against ``emulate_backward`` (the kernels' arithmetic in PyTorch;
    the max difference is reported; shapes up to 300 x 300). A failing case is reported and
-   its head dim is left out of the timing.
-2. ``time``: ``triton.testing.do_bench`` (L2 flushed by a buffer it writes before each
-   call, median) of forward+backward (``torch.autograd.grad`` of the output) and of the
-   backward alone (the graph kept, ``retain_graph``), bf16, at (B, H, S, D): (1, 32, 2048,
-   80 causal), (1, 32q/8kv, 4096, 128 causal GQA), (4, 16, 1024, 64 causal), (8, 16, 256,
-   96), (2, 16, 2048, 128), (1, 8, 4096, 256 causal): cuDNN, FlashAttention-2 (flash
-   SDPA), Triton, cuda_v8; x_cudnn = cuDNN's time over ours (> 1: ours faster). A head dim
-   whose check failed is left out.
+   its (variant, head dim) is left out of the timing.
+2. ``time``: device time by ``kernellab.harness.timer.time_cuda``, the timer ``bench`` and
+   ``vendor_gap`` use (CUDA events, L2 flushed before each call, the device held busy by a
+   spin kernel while the host enqueues, median), of forward+backward (``torch.autograd.grad``
+   of the output) and of the backward alone (the graph kept, ``retain_graph``); and the
+   time per call of forward+backward in a plain loop (``loop_ms``: host cost included,
+   what an eager step sees). bf16, at (B, H, S, D): (1, 32, 2048, 80 causal), (1, 32q/8kv,
+   4096, 128 causal GQA), (4, 16, 1024, 64 causal), (8, 16, 256, 96), (2, 16, 2048, 128),
+   (1, 8, 4096, 256 causal): cuDNN, FlashAttention-2 (flash SDPA), Triton, cuda_v8,
+   cuda_v9; x_cudnn = cuDNN's time over ours (> 1: ours faster).
+   (``triton.testing.do_bench``, used here before, records its events around each call
+   without holding the device: where a call's host cost (Python, autograd, custom-op
+   dispatch, tensor-map encoding, the launches) exceeds its device time, the GPU idles
+   inside the timed region and the events time the host. That is why it reported cuda_v8's
+   4 x 16 x 1024 D64 causal fwd+bwd at ~3x vendor_gap's device time; the loop column shows
+   that host-bound time on its own.)
 Rows: DIR/attn_bwd_sm90.jsonl; the table is printed last and written to
 DIR/attn_bwd_sm90.txt. ``--quick``: fewer check shapes and timing repetitions.
 """
@@ -40,6 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+VARIANTS = ("cuda_v8", "cuda_v9")  # the CUDA backwards compared side by side
 TIME_CASES = [  # (B, H_q, H_kv, S, D, causal)
     (1, 32, 32, 2048, 80, True),
     (1, 32, 8, 4096, 128, True),
@@ -87,6 +97,44 @@ def _check_shapes(d: int, quick: bool):
 # --------------------------------------------------------------------------- workers (subprocesses)
 
 
+def _check_case(spec, A, cs, cb, judge, backend, shape, dtype, causal, seed) -> dict:
+    """dq, dk, dv of one backend at one case against the float64 reference (judged by the
+    check's rule) and, at small shapes, the variant's kernels against ``emulate_backward``."""
+    import torch
+
+    d = shape[-1]
+    row = {}
+    q, k, v = spec.make_inputs(shape, dtype, "cuda", seed)
+    scale = 1 / math.sqrt(d)
+    do = torch.randn(q.shape[:-1] + (d,), device="cuda").to(dtype)
+    a64 = [t.double().requires_grad_() for t in (q, k, v)]
+    ref = spec.reference(*a64, causal=causal, scale=scale)
+    ref_g = torch.autograd.grad(ref, a64, do.double())
+
+    def grads(name):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = A.attention(*leaves, causal=causal, scale=scale, backend=name)
+        return torch.autograd.grad(o, leaves, do)
+
+    base, got = grads("torch"), grads(backend)
+    torch.cuda.synchronize()
+    ok = True
+    for name, g, r, b in zip(("dq", "dk", "dv"), got, ref_g, base):
+        vd = judge(g, r, dtype, b)
+        row[name] = dict(ok=bool(vd.ok), err=float(vd.err), bound=float(vd.bound))
+        ok &= bool(vd.ok)
+    # (emulate_backward loops in Python: the small shapes only)
+    if cb.backward_kernel(d) == "cuda" and q.shape[-2] * k.shape[-2] <= 300 * 300:
+        o, lse = cs.forward(q, k, v, causal, scale, cb.FWD_VARIANT)
+        emu = cb.emulate_backward(do, q, k, v, o, lse, causal, scale)
+        got2 = cb.backward(do, q, k, v, o, lse, causal, scale, backend.removeprefix("cuda_"))
+        row["vs_emulate"] = {
+            nm: float((g.float() - e.float()).abs().max()) for nm, g, e in zip(("dq", "dk", "dv"), got2, emu)
+        }
+    row["ok"] = ok
+    return row
+
+
 def worker_check(quick: bool, out: Path) -> int:
     import torch
 
@@ -106,60 +154,33 @@ def worker_check(quick: bool, out: Path) -> int:
             for shape, dtypes in _check_shapes(d, quick):
                 for dn in dtypes:
                     for causal in (False, True):
-                        n += 1
-                        dtype = dts[dn]
-                        row = dict(meta, stage="check", D=d, shape=list(shape), dtype=dn, causal=causal,
-                                   bwd=cb.backward_kernel(d))  # fmt: skip
-                        try:
-                            q, k, v = spec.make_inputs(shape, dtype, "cuda", n)
-                            scale = 1 / math.sqrt(d)
-                            do = torch.randn(q.shape[:-1] + (d,), device="cuda").to(dtype)
-                            a64 = [t.double().requires_grad_() for t in (q, k, v)]
-                            ref = spec.reference(*a64, causal=causal, scale=scale)
-                            ref_g = torch.autograd.grad(ref, a64, do.double())
-
-                            def grads(backend, q=q, k=k, v=v, causal=causal, scale=scale, do=do):
-                                leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-                                o = A.attention(*leaves, causal=causal, scale=scale, backend=backend)
-                                return torch.autograd.grad(o, leaves, do)
-
-                            base = grads("torch")
-                            got = grads("cuda_v8")
-                            torch.cuda.synchronize()
-                            ok = True
-                            for name, g, r, b in zip(("dq", "dk", "dv"), got, ref_g, base):
-                                vd = judge(g, r, dtype, b)
-                                row[name] = dict(ok=bool(vd.ok), err=float(vd.err), bound=float(vd.bound))
-                                ok &= bool(vd.ok)
-                            # (emulate_backward loops in Python: the small shapes only)
-                            if cb.backward_kernel(d) == "cuda" and q.shape[-2] * k.shape[-2] <= 300 * 300:
-                                o, lse = cs.forward(q, k, v, causal, scale, cb.FWD_VARIANT)
-                                emu = cb.emulate_backward(do, q, k, v, o, lse, causal, scale)
-                                got2 = cb.backward(do, q, k, v, o, lse, causal, scale)
-                                row["vs_emulate"] = {
-                                    nm: float((g.float() - e.float()).abs().max())
-                                    for nm, g, e in zip(("dq", "dk", "dv"), got2, emu)
-                                }
-                            row["ok"] = ok
-                        except Exception as e:  # noqa: BLE001
-                            row["ok"] = False
-                            row["error"] = f"{type(e).__name__}: {e}"[:300]
-                        bad += not row["ok"]
-                        f.write(json.dumps(row) + "\n")
-                        f.flush()
-                        if not row["ok"]:
-                            print(f"FAIL D{d} {shape} {dn} causal={causal}: {row}", flush=True)
+                        for backend in VARIANTS:
+                            n += 1
+                            row = dict(meta, stage="check", backend=backend, D=d, shape=list(shape), dtype=dn,
+                                       causal=causal, bwd=cb.backward_kernel(d))  # fmt: skip
+                            try:
+                                row.update(
+                                    _check_case(spec, A, cs, cb, judge, backend, shape, dts[dn], causal, n)
+                                )
+                            except Exception as e:  # noqa: BLE001
+                                row["ok"] = False
+                                row["error"] = f"{type(e).__name__}: {e}"[:300]
+                            bad += not row["ok"]
+                            f.write(json.dumps(row) + "\n")
+                            f.flush()
+                            if not row["ok"]:
+                                print(f"FAIL {backend} D{d} {shape} {dn} causal={causal}: {row}", flush=True)
     print(f"check: {n - bad}/{n} passed", flush=True)
     return 0
 
 
-def worker_time(quick: bool, budget: float, skip_d: set[int], out: Path) -> int:
+def worker_time(quick: bool, budget: float, skip: set[tuple[str, int]], out: Path) -> int:
     import torch
     import torch.nn.functional as F
-    import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import kernellab
+    from kernellab.harness import timer
     from kernellab.ops.attention import cuda_sm90_bwd as cb
 
     meta = _meta()
@@ -179,21 +200,20 @@ def worker_time(quick: bool, budget: float, skip_d: set[int], out: Path) -> int:
         return run
 
     impls = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION)}
-    for name in ("triton", "cuda_v8"):
+    for name in ("triton",) + VARIANTS:
         impls[name] = lambda q, k, v, causal, name=name: kernellab.attention(
             q, k, v, causal=causal, backend=name
         )
-    rep = 20 if quick else 50
+    # the timer's budget per measurement: stable medians in the full run, fewer reps in --quick
+    tkw = dict(min_time_s=0.05, budget_s=0.4) if quick else dict(min_time_s=0.2, budget_s=1.5)
     with out.open("a") as f:
         for b, hq, hkv, s, d, causal in TIME_CASES:
-            row = dict(meta, stage="time", B=b, Hq=hq, Hkv=hkv, S=s, D=d, causal=causal, dtype="bf16",
-                       cuda_bwd=cb.backward_kernel(d), fwdbwd_ms={}, bwd_ms={}, tflops_fwdbwd={})  # fmt: skip
+            row = dict(meta, stage="time", timer="harness.timer.time_cuda (L2 flushed, device held)",
+                       B=b, Hq=hq, Hkv=hkv, S=s, D=d, causal=causal, dtype="bf16",
+                       cuda_bwd=cb.backward_kernel(d), fwdbwd_ms={}, bwd_ms={}, loop_fwdbwd_ms={},
+                       tflops_fwdbwd={})  # fmt: skip
             if time.perf_counter() - t0 > budget:
                 row["status"] = "skipped (budget)"
-                f.write(json.dumps(row) + "\n")
-                continue
-            if d in skip_d:
-                row["status"] = "skipped (check failed at this head dim)"
                 f.write(json.dumps(row) + "\n")
                 continue
             gen = torch.Generator("cuda").manual_seed(0)
@@ -206,29 +226,33 @@ def worker_time(quick: bool, budget: float, skip_d: set[int], out: Path) -> int:
             flops = 3.5 * 4 * b * hq * s * s * d / (2 if causal else 1)
             ref = None
             for name, fn in impls.items():
+                if (name, d) in skip:
+                    row.setdefault("skipped", {})[name] = "check failed at this head dim"
+                    continue
                 try:
 
                     def fwdbwd(fn=fn):
                         o = fn(q, k, v, causal)
                         return torch.autograd.grad(o, (q, k, v), do)
 
-                    g = fwdbwd()
+                    g = fwdbwd()  # (compiles and autotunes outside the timed region)
                     torch.cuda.synchronize()
                     if ref is None:
                         ref = [t.float() for t in g]
                     row.setdefault("max_diff_vs_cudnn", {})[name] = round(
                         max((a.float() - r).abs().max().item() for a, r in zip(g, ref)), 5
                     )
-                    ms = triton.testing.do_bench(fwdbwd, warmup=5, rep=rep, return_mode="median")
+                    del g
+                    ms = timer.time_cuda(fwdbwd, **tkw).median_ms
                     row["fwdbwd_ms"][name] = round(ms, 4)
                     row["tflops_fwdbwd"][name] = round(flops / ms / 1e9, 1)
+                    row["loop_fwdbwd_ms"][name] = round(timer.loop_ms(fwdbwd, rounds=3, budget_s=0.3), 4)
                     o = fn(q, k, v, causal)
 
                     def bwd(o=o):
                         return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
-                    row["bwd_ms"][name] = round(triton.testing.do_bench(bwd, warmup=5, rep=rep,
-                                                                        return_mode="median"), 4)  # fmt: skip
+                    row["bwd_ms"][name] = round(timer.time_cuda(bwd, **tkw).median_ms, 4)
                     del o
                 except Exception as e:  # noqa: BLE001
                     row["fwdbwd_ms"].setdefault(name, None)
@@ -266,9 +290,11 @@ def _read(path: Path) -> list[dict]:
 
 
 def _table(rows: list[dict]) -> str:
-    names = ["cudnn", "flash", "triton", "cuda_v8"]
-    head = ["B", "H", "S", "D", "causal", "bwd"] + [f"{n} f+b ms" for n in names] + ["v8 x cudnn f+b"]
-    head += [f"{n} bwd ms" for n in names] + ["v8 x cudnn bwd"]
+    names = ["cudnn", "flash", "triton", *VARIANTS]
+    short = [n.removeprefix("cuda_") for n in VARIANTS]
+    head = ["B", "H", "S", "D", "causal", "bwd"] + [f"{n} f+b ms" for n in names]
+    head += [f"{n} x cudnn f+b" for n in short] + [f"{n} bwd ms" for n in names]
+    head += [f"{n} x cudnn bwd" for n in short] + [f"{n} loop f+b ms" for n in names]
     lines = [" | ".join(head)]
     for r in rows:
         if r.get("stage") != "time":
@@ -286,8 +312,11 @@ def _table(rows: list[dict]) -> str:
             str(r["causal"]),
             r["cuda_bwd"],
         ]
-        cells += [str(r["fwdbwd_ms"].get(n)) for n in names] + [str(r["x_cudnn_fwdbwd"].get("cuda_v8"))]
-        cells += [str(r["bwd_ms"].get(n)) for n in names] + [str(r["x_cudnn_bwd"].get("cuda_v8"))]
+        cells += [str(r["fwdbwd_ms"].get(n)) for n in names] + [
+            str(r["x_cudnn_fwdbwd"].get(n)) for n in VARIANTS
+        ]
+        cells += [str(r["bwd_ms"].get(n)) for n in names] + [str(r["x_cudnn_bwd"].get(n)) for n in VARIANTS]
+        cells += [str(r.get("loop_fwdbwd_ms", {}).get(n)) for n in names]
         lines.append(" | ".join(cells))
     return "\n".join(lines)
 
@@ -300,12 +329,12 @@ def main(argv=None) -> int:
     ap.add_argument("--worker", choices=("check", "time"), help=argparse.SUPPRESS)
     ap.add_argument("--rows", help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=float, default=60.0, help=argparse.SUPPRESS)
-    ap.add_argument("--skip-d", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--skip", default="", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker == "check":
         return worker_check(a.quick, Path(a.rows))
     if a.worker == "time":
-        skip = {int(x) for x in a.skip_d.split(",") if x}
+        skip = {(x.split(":")[0], int(x.split(":")[1])) for x in a.skip.split(",") if x}
         return worker_time(a.quick, a.budget, skip, Path(a.rows))
 
     if not a.out:
@@ -322,14 +351,14 @@ def main(argv=None) -> int:
     if rc == 124:
         log.append(f"check TIMED OUT after {check_s:.0f} s (a hang?): the last case written was "
                    f"{checks[-1] if checks else None}")  # fmt: skip
-    failed_d = sorted({r["D"] for r in checks if not r["ok"]})
-    if failed_d:
-        log.append(f"check failed at head dims {failed_d}: left out of the timing")
+    failed = sorted({(r.get("backend", "cuda_v8"), r["D"]) for r in checks if not r["ok"]})
+    if failed:
+        log.append(f"check failed at (backend, head dim) {failed}: left out of the timing")
     print(log[-1], flush=True)
     left = a.max_seconds - (time.perf_counter() - t_start)
     if rc != 124 and left > 20:
         rc2, took2 = _run(["--worker", "time", "--rows", str(rows_path), "--budget", str(left - 30),
-                           "--skip-d", ",".join(map(str, failed_d))] + quick, left - 5)  # fmt: skip
+                           "--skip", ",".join(f"{b}:{d}" for b, d in failed)] + quick, left - 5)  # fmt: skip
         log.append(f"time: rc {rc2} in {took2:.0f} s" + (" (TIMED OUT)" if rc2 == 124 else ""))
     table = _table(_read(rows_path))
     text = "\n".join(log) + "\n\n" + table + "\n"

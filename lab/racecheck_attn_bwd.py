@@ -1,7 +1,10 @@
-"""Small attention backwards of cuda_v8 (attention_sm90_bwd.cu), for compute-sanitizer:
+"""Small attention backwards of cuda_v8 (or the backend named first: cuda_v9) of
+attention_sm90_bwd.cu, for compute-sanitizer:
 
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck python lab/racecheck_attn_bwd.py
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python lab/racecheck_attn_bwd.py
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool racecheck \
+        python lab/racecheck_attn_bwd.py [cuda_v9]
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \
+        python lab/racecheck_attn_bwd.py [cuda_v9]
 
 Every head dim, causal and full, tails (S not a multiple of the 64-row or 128-key tile),
 GQA 2, bf16; dq, dk, dv compared with the gradients of PyTorch's own op in fp32, so a race

@@ -37,8 +37,8 @@ def _no_autotuning():
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 CPU_BACKENDS = cpu_backends("attention")  # manual, torch, tiled, triton (interpreted)
 GPU_BACKENDS = cuda_backends("attention")  # + the SDPA peers and cuda_v1
-# cuda_v2 .. v7 (attention_sm90.cu), v8 (its backward in CUDA) and cuda (the fastest of them)
-SM90_BACKENDS = tuple(f"cuda_{v}" for v in cuda_sm90.VARIANTS) + ("cuda_v8", "cuda")
+# cuda_v2 .. v7 (attention_sm90.cu), v8 and v9 (its backward in CUDA) and cuda (the fastest of them)
+SM90_BACKENDS = tuple(f"cuda_{v}" for v in cuda_sm90.VARIANTS) + ("cuda_v8", "cuda_v9", "cuda")
 
 
 def _supported(backend, dtype, shape, causal) -> str | None:

@@ -1,4 +1,5 @@
-"""attention's Hopper CUDA backward (backend cuda_v8: attention_sm90_bwd.cu, cuda_v7's forward).
+"""attention's Hopper CUDA backward (backends cuda_v8 and cuda_v9: attention_sm90_bwd.cu,
+cuda_v7's forward; v9 stages dQ in shared memory and bulk reduce-adds it).
 
 Without a GPU: every head dim's module compiles for sm_90a with the three kernels the
 launcher names, no local memory, the main kernel at exactly the 168 registers a thread its
@@ -17,6 +18,7 @@ every head dim, and against ``emulate_backward``.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -33,6 +35,7 @@ from kltest import dtype_id
 SPEC = kernellab.get_spec("attention")
 HALF = [torch.float16, torch.bfloat16]
 BACKEND = "cuda_v8"
+BACKENDS = tuple(f"cuda_{v}" for v in cb.VARIANTS)
 
 
 def _nvrtc():
@@ -66,7 +69,8 @@ def _check_grads(got, q, k, v, do, causal, scale, what=""):
 
 
 def _names(d):
-    return {f"attn_bwd_{k}_{sfx}" for k in ("pre", "post", f"v8_d{d}") for sfx in ("f16", "bf16")}
+    kinds = ("pre", "post", "post_blk", f"v8_d{d}", f"v9_d{d}")
+    return {f"attn_bwd_{k}_{sfx}" for k in kinds for sfx in ("f16", "bf16")}
 
 
 def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
@@ -84,6 +88,19 @@ def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
         bodies = asm.split_ptx(ptx)
         assert set(bodies) == _names(d), (d, set(bodies))
         main = bodies[f"attn_bwd_v8_d{d}_bf16"]
+        v9 = bodies[f"attn_bwd_v9_d{d}_bf16"]
+        bulk = (
+            "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32",
+            "cp.async.bulk.commit_group",
+            "cp.async.bulk.wait_group.read 0",
+            "cp.async.bulk.wait_group 0",
+            "st.shared.v4.f32",
+        )
+        if cb.bulk_dq(d, "v9"):  # v9: dQ by bulk reduce-adds, no atomics
+            assert all(n in v9 for n in bulk) and "red.relaxed" not in v9, d
+        else:  # D = 256: v8's kernel
+            assert "red.relaxed.gpu.global.add.v2.f32" in v9 and bulk[0] not in v9, d
+        assert all(n not in main for n in bulk[:4])
         for needle in (
             "wgmma.mma_async", "setmaxnreg.dec.sync.aligned.u32 24", "setmaxnreg.inc.sync.aligned.u32 240",
             "cp.async.bulk.tensor.4d", "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
@@ -91,6 +108,7 @@ def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
             "wgmma.wait_group.sync.aligned 1",
         ):  # fmt: skip
             assert needle in main, (d, needle)
+            assert needle in v9 or needle.startswith("red."), (d, needle)
         # dV, dK: N = the warpgroup's columns; dQ = dS K: both operands MN-major (imm-trans-a =
         # imm-trans-b = 1)
         nv = d // 2 if cb.splits_d(d) else d
@@ -108,7 +126,7 @@ def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
                                                      text=True, check=True).stdout)  # fmt: skip
         for name in _names(d):
             assert res[name]["STACK"] == 0 and res[name].get("LOCAL", 0) == 0, (name, res[name])
-            if "_v8_" in name:
+            if "_v8_" in name or "_v9_" in name:
                 assert res[name]["REG"] == 168, (name, res[name])
 
 
@@ -137,13 +155,15 @@ def _ptxas_log(d: int) -> str:
 
 def test_wgmmas_are_not_serialized_for_lack_of_registers():
     """ptxas serializes the wgmmas of a kernel whose accumulators do not fit the registers
-    setmaxnreg gives it (warning C7512: each wgmma then waits for the previous one); no
-    spills either."""
+    setmaxnreg gives it (warning C7512: each wgmma then waits for the previous one), or
+    where non-wgmma code reads a wgmma's registers while it may be in flight (C7514), or
+    injects a wait_group where it cannot prove a register's wgmma retired (C7517: v9's dQ
+    kept across the back edge); none of them, and no spills either."""
     _nvrtc()
     for d in cb.BWD_HEAD_DIMS:
         log = _ptxas_log(d)
-        assert "attn_bwd_v8" in log, log[-2000:]
-        assert "C7512" not in log and "serialized" not in log, (d, log[-2000:])
+        assert "attn_bwd_v8" in log and "attn_bwd_v9" in log, log[-2000:]
+        assert "C75" not in log and "serialized" not in log and "injected" not in log, (d, log[-2000:])
         assert "0 bytes spill stores, 0 bytes spill loads" in log and " bytes spill stores" in log
         assert all(
             line.strip().endswith("0 bytes spill stores, 0 bytes spill loads")
@@ -164,6 +184,12 @@ def test_launch_signatures_match_the_kernels_parameters():
             )
             check_signature(f"attn_bwd_pre_{sfx}", cb.SIG_PRE, ptx_param_sizes(ptx, f"attn_bwd_pre_{sfx}"))
             check_signature(f"attn_bwd_post_{sfx}", cb.SIG_POST, ptx_param_sizes(ptx, f"attn_bwd_post_{sfx}"))
+            check_signature(
+                f"attn_bwd_v9_d{d}_{sfx}", cb.SIG_MAIN, ptx_param_sizes(ptx, f"attn_bwd_v9_d{d}_{sfx}")
+            )
+            check_signature(
+                f"attn_bwd_post_blk_{sfx}", cb.SIG_POST_BLK, ptx_param_sizes(ptx, f"attn_bwd_post_blk_{sfx}")
+            )
 
 
 def test_module_is_sm90a_only():
@@ -180,10 +206,16 @@ def test_shared_memory_fits():
     traps below it), within the 227 KB a block may use with the static barriers; three
     stages at every head dim built."""
     for d in cb.BWD_HEAD_DIMS:
-        st, bn = cb.stages(d), cb.block_n(d)
-        assert st == (2 if d == 256 else 3) and bn == (64 if d == 256 else 128)
-        assert cb.smem_bytes(d) == 1024 + 2 * bn * d * 2 + st * (2 * 64 * d * 2 + 512) + 4 * 8192
-        assert cb.smem_bytes(d) + 64 <= cb.SMEM_LIMIT
+        for variant in cb.VARIANTS:
+            st, bn = cb.stages(d, variant), cb.block_n(d)
+            assert st == (2 if d == 256 else 3) and bn == (64 if d == 256 else 128)
+            dq = 2 * 64 * cb.dq_cols(d) * 4 if variant == "v9" and d != 256 else 0  # staging tiles
+            assert cb.dq_stage_bytes(d, variant) == dq
+            assert (
+                cb.smem_bytes(d, variant)
+                == 1024 + 2 * bn * d * 2 + st * (2 * 64 * d * 2 + 512) + 4 * 8192 + dq
+            )
+            assert cb.smem_bytes(d, variant) + 64 <= cb.SMEM_LIMIT
 
 
 # --------------------------------------------------------------------------- shared-memory layouts (no GPU)
@@ -330,6 +362,109 @@ def test_fragments_read_their_columns_lse_and_add_dq_once(d):
     assert set(adds.values()) == {1 if split or dsplit else 2}
 
 
+def _post_blocked_reads(d, s_pad):
+    """bwd_post_blocked's index arithmetic (the .cu), transcribed: per thread u (a float4 of
+    the head's s_pad x D accumulator floats), the (row, col) of each of its four floats."""
+    nq = cb.dq_cols(d)
+    out = {}
+    for u in range(s_pad * d // 4):
+        qb, rem = u // (16 * d), u % (16 * d)
+        chunk, r2 = rem // (16 * nq), rem % (16 * nq)
+        warp, r3 = r2 // (4 * nq), r2 % (4 * nq)
+        j, lane = r3 // 32, r3 % 32
+        row, col = qb * 64 + 16 * warp + lane // 4, chunk * nq + 8 * j + 2 * (lane % 4)
+        for k, rc in enumerate(((row, col), (row, col + 1), (row + 8, col), (row + 8, col + 1))):
+            out[4 * u + k] = rc
+    return out
+
+
+@functools.cache
+def _post_blocked_inverse(d):
+    return {rc: i for i, rc in _post_blocked_reads(d, 64).items()}
+
+
+def _post_blocked_offset(d, row, col):
+    """The float of the query block that the postprocess takes for (row, col) (row < 64)."""
+    return _post_blocked_inverse(d)[(row, col)]
+
+
+@pytest.mark.parametrize("d", [d for d in cb.BWD_HEAD_DIMS if cb.bulk_dq(d, "v9")])
+def test_v9_dq_staging_bulk_copies_and_postprocess_agree(d):
+    """v9: thread (cw, warp, lane) stores register i (row 16 warp + g + 8 hh, column c0 +
+    8 j + 2 q + e, i = 4 j + 2 hh + e) at dq_frag_index<NQ>(warp, lane, i) of its warpgroup's
+    staging tile as float4 j (16-byte aligned; the 8 lanes of a quarter warp cover 128
+    contiguous bytes: no bank conflict); warp w's bulk reduce-add copies floats [16 NQ w,
+    16 NQ (w + 1)) of the tile to 64 c0 + 16 NQ w of the query block (a multiple of 16 bytes,
+    16-byte aligned); so dQ(row, col) lands at dq_frag_offset(row, col), every float of the
+    block's 64 x D exactly once per warpgroup share (twice where both warpgroups sum all D
+    columns over their own keys), and the postprocess reads each (row, col) from there."""
+    nq = cb.dq_cols(d)
+    split = cb.splits_dq(d)
+    assert nq == (d // 2 if split else d)
+    hits = {}
+    for cw in (0, 1):
+        c0 = cw * nq if split else 0
+        for warp in range(4):
+            src0, n = warp * 16 * nq, 16 * nq  # the warp's bulk copy: tile floats [src0, src0 + n)
+            dst0 = 64 * c0 + src0
+            assert (4 * n) % 16 == 0 and (4 * dst0) % 16 == 0 and (4 * src0) % 16 == 0
+            for j in range(nq // 8):
+                banks = {}
+                for lane in range(32):
+                    g, q = lane // 4, lane % 4
+                    base = warp * 16 * nq + j * 128 + lane * 4  # dq_frag_index(warp, lane, 4 j)
+                    assert base % 4 == 0
+                    banks.setdefault(lane // 8, set()).update(((4 * base) // 4 + k) % 32 for k in range(4))
+                    for hh in (0, 1):
+                        for e in (0, 1):
+                            i = 4 * j + 2 * hh + e
+                            idx = warp * 16 * nq + (i // 4) * 128 + lane * 4 + i % 4
+                            assert src0 <= idx < src0 + n  # inside the warp's copy
+                            row, col = 16 * warp + g + 8 * hh, c0 + 8 * j + 2 * q + e
+                            at = dst0 + (idx - src0)
+                            assert at == cb.dq_frag_offset(d, row, col) == _post_blocked_offset(d, row, col)
+                            hits[at] = hits.get(at, 0) + 1
+                assert all(len(b) == 32 for b in banks.values())  # each quarter warp: 32 banks
+    assert set(hits) == set(range(64 * d))
+    assert set(hits.values()) == {1 if split else 2}
+    # the postprocess: one float4 a thread, every (row, col) of two query blocks read once
+    reads = _post_blocked_reads(d, 128)
+    assert sorted(reads) == list(range(128 * d))
+    assert sorted(reads.values()) == [(r, c) for r in range(128) for c in range(d)]
+    assert all(reads[i] == (64 + reads[i - 64 * d][0], reads[i - 64 * d][1]) for i in range(64 * d, 128 * d))
+
+
+def test_v9_bulk_protocol_in_the_source():
+    """v9's staging slice of a warp: lane 0 waits until its previous bulk reduce-add has read
+    the slice, the warp syncs, every lane stores and fences its stores to the async proxy,
+    the warp syncs again and lane 0 issues the reduce-add (and commits it); the last one is
+    waited for entirely before the block exits. No other thread touches a warp's slice."""
+    src = cb.CU.read_text()
+    body = src[src.index("auto stage_dq = [&]") :]
+    i_wait = body.index("if (lane == 0) bulk_wait_read0();")
+    i_sync1 = body.index("__syncwarp();", i_wait)
+    i_st = body.index("st.shared.v4.f32", i_sync1)
+    i_fence = body.index("fence_proxy_async();", i_st)
+    i_sync2 = body.index("__syncwarp();", i_fence)
+    i_red = body.index("bulk_reduce_add_f32(dst, sdq, 16 * NQ * 4);", i_sync2)
+    i_end = body.index("if (lane == 0) bulk_wait0();", i_red)
+    assert i_wait < i_sync1 < i_st < i_fence < i_sync2 < i_red < i_end
+    # OVL (D <= 80): query block it - 1's dQ is staged right after block it's S^T and dP^T are
+    # issued and before they are waited for; the last block's after the loop, before the
+    # final bulk wait; dQ itself is retired by wait_group 0 in its own iteration (the stage
+    # released there too: the ring's protocol is v8's)
+    i_issue = body.index("issue_s_dp(st);")
+    i_prev = body.index("if (it > 0) stage_dq(dq_o, prev_h, prev_m0", i_issue)
+    i_s = body.index("wgmma_wait<1>();  // S^T", i_prev)
+    i_wait0 = body.index("wgmma_wait<0>();  // (first pass)", i_s)
+    i_keep = body.index("add.rn.f32 %0, %1, 0f00000000;", i_wait0)
+    i_last = body.index("if (kb.n_it > 0) stage_dq(dq_o, prev_h, prev_m0", i_keep)
+    assert i_issue < i_prev < i_s < i_wait0 < i_keep < i_last < i_end
+    assert "constexpr bool OVL = BQ && D <= 80;" in src
+    assert "cp.async.bulk.commit_group" in src[src.index("void bulk_reduce_add_f32") :]
+    assert "warp * (16 * NQ * 4)" in body  # the warp's own slice
+
+
 # --------------------------------------------------------------------------- barrier protocol (no GPU)
 
 
@@ -423,7 +558,10 @@ def recorder(monkeypatch):
 
     def kernel(self, name, signature, device_index=None):
         kind = name.split("_")[2]
-        assert signature == {"pre": cb.SIG_PRE, "post": cb.SIG_POST, "v8": cb.SIG_MAIN}[kind]
+        if name.startswith("attn_bwd_post_blk_"):
+            kind = "post_blk"
+        assert signature == {"pre": cb.SIG_PRE, "post": cb.SIG_POST, "post_blk": cb.SIG_POST_BLK,
+                             "v8": cb.SIG_MAIN, "v9": cb.SIG_MAIN}[kind]  # fmt: skip
         if name not in recs:
             recs[name] = _Recorder(name)
             recs[name].calls = calls
@@ -472,6 +610,47 @@ def test_launcher_arguments(recorder):
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
 
 
+def test_launcher_v9(recorder):
+    """v9: the same preprocess and main-kernel arguments as v8 (its own kernel, its shared
+    memory with the dQ staging tiles), and the blocked postprocess with NQ (D = 128: the
+    warpgroups' halves, 64); at D = 256 v8's postprocess (v9 keeps the atomics there)."""
+    q = torch.randn(1, 4, 300, 128, dtype=torch.bfloat16)
+    kv = torch.randn(1, 2, 260, 128, dtype=torch.bfloat16)
+    cb.backward(q, q, kv, kv, q, torch.zeros(1, 4, 300), True, 0.3, "v9")
+    assert [c[0] for c in recorder] == [
+        "attn_bwd_pre_bf16",
+        "attn_bwd_v9_d128_bf16",
+        "attn_bwd_post_blk_bf16",
+    ]
+    (_, _, _, a_pre, _), (_, g, b, a, shared), (_, g_post, b_post, a_post, _) = recorder
+    assert g == (2, 3, 1) and b == 384 and shared == cb.smem_bytes(128, "v9") > cb.smem_bytes(128)
+    assert a[6] is a_pre[5] and a_post[0] is a_pre[5]  # one dq accumulator
+    assert g_post == (math.ceil(320 * 128 / 4 / 256), 4, 1) and b_post == 256  # a float4 a thread
+    assert a_post[2:8] == (300, 320, 4, 128, 64, 0.3)
+    recorder.clear()
+    q = torch.randn(1, 2, 9, 256, dtype=torch.float16)
+    cb.backward(q, q, q, q, q, torch.zeros(1, 2, 9), False, 0.1, "v9")
+    assert [c[0] for c in recorder] == ["attn_bwd_pre_f16", "attn_bwd_v9_d256_f16", "attn_bwd_post_f16"]
+    assert recorder[1][4] == cb.smem_bytes(256, "v9") == cb.smem_bytes(256)
+    with pytest.raises(ValueError, match="variant"):
+        cb.backward(q, q, q, q, q, torch.zeros(1, 2, 9), False, 0.1, "v10")
+
+
+def test_cuda_runs_the_variant_one_constant_names():
+    """``cuda`` (the registered fastest Hopper attention) runs CUDA_VARIANT's backward: its
+    custom ops are that variant's."""
+    assert cb.CUDA_VARIANT in cb.VARIANTS
+    impl = kernellab.registry.get("attention", "cuda")
+    want = kernellab.registry.get("attention", f"cuda_{cb.CUDA_VARIANT}")
+    assert impl.fn.custom_ops is want.fn.custom_ops
+    assert f", {cb.CUDA_VARIANT} (" in impl.description
+    other = [v for v in cb.VARIANTS if v != cb.CUDA_VARIANT]
+    assert all(
+        kernellab.registry.get("attention", f"cuda_{v}").fn.custom_ops is not impl.fn.custom_ops
+        for v in other
+    )
+
+
 def test_launcher_empty_and_head_dim_256(recorder):
     """No query row: zero gradients, no launch. D = 256: blocks of 64 keys (grid y, the
     k / v boxes), two stages of shared memory."""
@@ -490,7 +669,9 @@ def test_launcher_empty_and_head_dim_256(recorder):
     assert all(cb.backward_kernel(d) == "cuda" for d in cs.HEAD_DIMS)
 
 
-def test_limits_and_refusals():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_limits_and_refusals(backend):
+    BACKEND = backend  # noqa: N806
     impl = kernellab.registry.get("attention", BACKEND)
     assert impl.dtypes == (torch.float16, torch.bfloat16) and impl.devices == ("cuda",)
     q = torch.empty(1, 4, 9, 80, dtype=torch.bfloat16, device="meta")
@@ -506,7 +687,9 @@ def test_limits_and_refusals():
     assert BACKEND not in SPEC.default_backends
 
 
-def test_cpu_tensors_and_fp32_refused():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cpu_tensors_and_fp32_refused(backend):
+    BACKEND = backend  # noqa: N806
     if torch.cuda.is_available():
         pytest.skip("checked on a machine without a GPU")
     q, k, v = SPEC.make_inputs((1, 2, 9, 64), torch.bfloat16, "cpu", 0)
@@ -617,10 +800,11 @@ def _run(backend, args, dy, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant", cb.VARIANTS)
 @pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
 @pytest.mark.parametrize("shape", GPU_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_grads_against_reference_and_emulation(dtype, shape, causal):
+def test_gpu_grads_against_reference_and_emulation(dtype, shape, causal, variant):
     _sm90()
     q, k, v = SPEC.make_inputs(shape, dtype, "cuda", 5)
     scale = 1 / math.sqrt(q.shape[-1])
@@ -628,7 +812,7 @@ def test_gpu_grads_against_reference_and_emulation(dtype, shape, causal):
     do = torch.randn(o.shape, device="cuda").to(dtype)
     for poison in (float("nan"), 0.0):  # every gradient element is written (NaN-poisoned caching allocator)
         torch.empty(64 << 20, device="cuda").fill_(poison)
-        got = cb.backward(do, q, k, v, o, lse, causal, scale)
+        got = cb.backward(do, q, k, v, o, lse, causal, scale, variant)
         torch.cuda.synchronize()
         for g in got:
             assert torch.isfinite(g).all()
@@ -642,9 +826,10 @@ def test_gpu_grads_against_reference_and_emulation(dtype, shape, causal):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
 @pytest.mark.parametrize("d", cs.HEAD_DIMS)
-def test_gpu_forward_and_grads_every_head_dim(dtype, d):
+def test_gpu_forward_and_grads_every_head_dim(dtype, d, backend):
     """Through the public op and autograd, as the forward backends' test does."""
     _sm90()
     for shape, causal in (
@@ -657,7 +842,7 @@ def test_gpu_forward_and_grads_every_head_dim(dtype, d):
         ref = SPEC.reference(*a64, causal=causal)
         dy = torch.randn(ref.shape, device="cuda").to(dtype)
         ref_g = torch.autograd.grad(ref, a64, dy.double())
-        base, got = _run("torch", args, dy, causal), _run(BACKEND, args, dy, causal)
+        base, got = _run("torch", args, dy, causal), _run(backend, args, dy, causal)
         for name, g, r, b in zip(("o", "dq", "dk", "dv"), got, (ref,) + ref_g, base):
             verdict = judge(g, r, dtype, b)
             assert verdict.ok, (
@@ -666,34 +851,37 @@ def test_gpu_forward_and_grads_every_head_dim(dtype, d):
 
 
 @pytest.mark.gpu
-def test_gpu_dk_dv_bitwise_reproducible():
+@pytest.mark.parametrize("variant", cb.VARIANTS)
+def test_gpu_dk_dv_bitwise_reproducible(variant):
     """dK and dV take no atomics: reruns are bitwise equal (dQ's atomics may reorder)."""
     _sm90()
     q, k, v = SPEC.make_inputs((2, 8, 2, 1025, 1025, 128), torch.bfloat16, "cuda", 12)
     o, lse = cs.forward(q, k, v, True, 0.1, cb.FWD_VARIANT)
     do = torch.randn(o.shape, device="cuda").to(torch.bfloat16)
-    _, dk0, dv0 = cb.backward(do, q, k, v, o, lse, True, 0.1)
+    _, dk0, dv0 = cb.backward(do, q, k, v, o, lse, True, 0.1, variant)
     for _ in range(10):
-        _, dk, dv = cb.backward(do, q, k, v, o, lse, True, 0.1)
+        _, dk, dv = cb.backward(do, q, k, v, o, lse, True, 0.1, variant)
         assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
 
 
 @pytest.mark.gpu
-def test_gpu_saved_tensors_are_inputs_output_and_lse():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_saved_tensors_are_inputs_output_and_lse(backend):
     _sm90()
     q, k, v = (
         t.requires_grad_() for t in SPEC.make_inputs((1, 4, 2, 150, 170, 128), torch.bfloat16, "cuda", 7)
     )
-    o = A.attention(q, k, v, causal=True, backend=BACKEND)
+    o = A.attention(q, k, v, causal=True, backend=backend)
     saved = o.grad_fn.saved_tensors
     assert len(saved) == 5 and torch.equal(saved[0], q) and torch.equal(saved[3], o)
     assert saved[4].shape == q.shape[:-1] and saved[4].dtype == torch.float32
 
 
 @pytest.mark.gpu
-def test_gpu_custom_ops_opcheck():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gpu_custom_ops_opcheck(backend):
     _sm90()
-    fn = kernellab.registry.get("attention", BACKEND).fn
+    fn = kernellab.registry.get("attention", backend).fn
     for op, build, _ in fn.custom_ops:
         gen = torch.Generator(device="cuda").manual_seed(0)
 

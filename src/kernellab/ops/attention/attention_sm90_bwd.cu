@@ -42,6 +42,21 @@
 //       After the last query block each warpgroup writes scale * dK and dV (16-bit) of its
 //       keys and columns.
 //   attn_bwd_post_<dtype>     dq = scale * dQ accumulator, rounded to q's dtype.
+//   attn_bwd_v9_d<D>_<dtype>  (backend "cuda_v9") v8 with dQ staged in shared memory where
+//       Bulk<D>::ON (D <= 128): after the dQ wgmma each consumer warp stores its 16 rows x
+//       NQ fp32 columns (float4 stores in dq_frag_index's warp-major order: conflict-free),
+//       fences them to the async proxy, and its lane 0 issues one cp.reduce.async.bulk add.f32
+//       of the 16 NQ floats into the query block's chunk of the accumulator, which therefore
+//       holds each query block's 64 x D floats in that order; attn_bwd_post_blk_<dtype>
+//       undoes it. Before rewriting its slice a warp's lane 0 waits for its previous
+//       reduce-add to have read it (cp.async.bulk.wait_group.read 0, issued one query block
+//       earlier), and waits for it to complete before the block exits. Per query block and
+//       warpgroup that is 4 bulk instructions instead of 128 x NQ / 2 vector atomics (64 x
+//       NQ x 4 B of L2 reductions either way, done by the TMA unit instead of the LSU: the
+//       consumer warps go back to their wgmmas). D = 256 keeps v8's atomics (two ring stages
+//       leave no room for 2 x 32 KB of staging). At D <= 80 (OVL, where the registers hold
+//       it) a query block's dQ is staged one iteration late, right after the next block's
+//       S^T and dP^T wgmmas are issued, so the tensor cores run those during the staging.
 //
 // Why (napkin math, D = 128, per query block and warpgroup): five 64 x 64 x 128 GEMMs =
 // 5.2 MFLOP against 2 x 64 x 64 exponentials; K and V (64 KB) are read from HBM once per
@@ -120,12 +135,25 @@ struct Cfg {
     static constexpr bool QSPLIT = !DSPLIT && (D / 2) % Layout<D>::E == 0;
 };
 
-// The block's shared memory, byte offsets from the 1024-aligned base.
+// Whether v9 sums dQ through shared memory and bulk reduce-adds (Bulk<D>::ON): every head dim
+// whose two 64 x NQ fp32 staging tiles fit beside three stages (D <= 128); at D = 256 (two
+// stages already) v9 keeps v8's atomics.
 template <int D>
+struct Bulk {
+    static constexpr bool ON = !Cfg<D>::DSPLIT;
+    // dQ columns a warpgroup sums per query block: D / 2 where the warpgroups split dQ, else D
+    static constexpr int NQ = Cfg<D>::QSPLIT ? D / 2 : D;
+    static constexpr unsigned BYTES = 64 * NQ * 4;  // one warpgroup's staging tile
+};
+
+// The block's shared memory, byte offsets from the 1024-aligned base. BULK (v9): plus one
+// fp32 dQ staging tile per consumer warpgroup (Bulk<D>::BYTES each) after lse / delta.
+template <int D, bool BULK = false>
 struct Smem {
     static constexpr int BN = Cfg<D>::BN;
+    static constexpr unsigned DQ_ALL = BULK ? 2 * Bulk<D>::BYTES : 0;
     static constexpr int STAGES =
-        (2 * BN * D * 2 + 3 * 2 * BM_B * D * 2 + 4 * 8192 + 3 * 512 + 1024 <= 227 * 1024) ? 3 : 2;
+        (2 * BN * D * 2 + 3 * 2 * BM_B * D * 2 + 4 * 8192 + 3 * 512 + DQ_ALL + 1024 <= 227 * 1024) ? 3 : 2;
     static constexpr unsigned KV_BYTES = BN * D * 2;  // one K (or V) tile
     static constexpr unsigned QT_BYTES = BM_B * D * 2;  // one Q (or dO) tile
     static constexpr unsigned DS_BYTES = 64 * 64 * 2;   // one dS^T tile
@@ -133,8 +161,10 @@ struct Smem {
     static constexpr unsigned DO = Q + STAGES * QT_BYTES;
     static constexpr unsigned DS = DO + STAGES * QT_BYTES;  // [warpgroup][buffer]
     static constexpr unsigned LD = DS + 4 * DS_BYTES;       // per stage: lse[64], delta[64]
-    static constexpr unsigned BYTES = LD + STAGES * 512;
+    static constexpr unsigned DQ = LD + STAGES * 512;       // BULK: [warpgroup] staging tiles
+    static constexpr unsigned BYTES = DQ + DQ_ALL;
     static_assert(KV_BYTES % 1024 == 0 && QT_BYTES % 1024 == 0, "tiles must keep 1024-byte alignment");
+    static_assert(DQ % 16 == 0, "bulk copies need 16-byte aligned shared memory");
 };
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
@@ -254,6 +284,31 @@ __device__ __forceinline__ void red_add2(float* p, float x, float y) {
     asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
 }
 
+// v9's dQ path: `bytes` (a multiple of 16) of fp32 in shared memory added element-wise into
+// global memory by the TMA unit (one instruction for a warp's 16 rows; the adds are atomic
+// per element, as red is), tracked as a bulk async-group of the issuing thread.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// The issuing thread's bulk groups have finished reading shared memory (the source may be
+// rewritten) ...
+__device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// ... or have completed entirely (before the block exits).
+__device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// Where v9's dQ staging puts register i of thread (warp, lane) of a consumer warpgroup in its
+// 64 x NQ tile (and in the dq accumulator's query block, chunk by chunk): warp-major, so each
+// warp's 16 rows are one contiguous run of 16 NQ floats (one bulk reduce-add a warp), and
+// within it float4 j of the 32 lanes are consecutive (a conflict-free st.shared.v4 a
+// quarter warp). Register i = 4 j + 2 hh + e holds row 16 warp + g + 8 hh, column 8 j + 2 q + e.
+template <int NQ>
+__device__ __forceinline__ int dq_frag_index(int warp, int lane, int i) {
+    return warp * 16 * NQ + (i / 4) * 128 + lane * 4 + i % 4;
+}
+
 // What a key block does: the query blocks [m_begin, m_begin + per) of each q head of its
 // group that see any of its keys (causal: from the block holding the first row that sees
 // key n0); n_it = group x per iterations, head-major.
@@ -276,15 +331,25 @@ __device__ __forceinline__ KeyBlock key_block(int S_q, int S_k, int group, int c
 
 // --------------------------------------------------------------------------------------- kernel
 
-template <typename T, bool BF16, int D>
-__device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
+// BULK: v9 (dQ staged in shared memory and bulk reduce-added where Bulk<D>::ON); else v8.
+template <typename T, bool BF16, int D, bool BULK>
+__device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
                                        const TensorMap* tdo, const float* __restrict__ lse_p,
                                        const float* __restrict__ delta_p, float* __restrict__ dq_acc,
                                        T* __restrict__ dk, T* __restrict__ dv, int S_q, int S_k, int S_pad, int H,
                                        int group, float scale, float scale_log2, int causal, long long sdkz,
                                        long long sdkh, long long sdks, long long sdvz, long long sdvh,
                                        long long sdvs) {
-    using S = Smem<D>;
+    constexpr bool BQ = BULK && Bulk<D>::ON;  // dQ through shared memory
+    // OVL (v9): a query block's dQ is staged and bulk-added only after the next query block's
+    // S^T and dP^T have been issued, so the tensor cores compute those while the warps move
+    // dQ through shared memory (instead of idling from the dQ wgmma's end to the next issue).
+    // The dQ registers stay live across the loop's back edge (NQ / 2 a thread beside dK, dV,
+    // S^T and dP^T). The dQ wgmma itself is still waited for (wait_group 0) in its own
+    // iteration: ptxas cannot prove a wgmma retired by a wait_group N > 0 across a back edge
+    // and serializes the whole pipeline (C7514) if its results are read after one.
+    constexpr bool OVL = BQ && D <= 80;  // (at D = 96, 128 the live dQ makes ptxas serialize: C7512)
+    using S = Smem<D, BQ>;
     using L = Layout<D>;
     constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
     constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT;
@@ -343,24 +408,58 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
 
     if (kb.n_it > 0) mbar_wait(kv_full, 0);
     const unsigned sK = base + S::K, sV = base + S::V;
+    // S^T = K_w Q^T and dP^T = V_w dO^T of the query block in stage st_: two groups, 64 keys
+    // x 64 queries each, once the stage's copies have landed (the block's iteration it_)
+    constexpr int NQ = SPLIT ? D / 2 : DSPLIT ? 64 : D;  // dQ columns a warpgroup sums per pass
+    constexpr int PASSES = DSPLIT ? NV / 64 : 1;
+    float s[32], dp[32];
+    unsigned p16[16], ds16[16];
+    float dq_o[NQ / 2];  // OVL: the previous query block's dQ, staged in this iteration (else unused)
+    int prev_h = 0, prev_m0 = 0;  // ... and its query block
+    auto issue_s_dp = [&](int st_) {
+        const unsigned sQ_ = base + S::Q + st_ * S::QT_BYTES, sdO_ = base + S::DO + st_ * S::QT_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            kl_wgmma_ss<64, BF16>(s, desc_kmajor<D, BN>(sK, kofs, kk), desc_kmajor<D, BM_B>(sQ_, 0, kk), kk > 0);
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN>(sV, kofs, kk), desc_kmajor<D, BM_B>(sdO_, 0, kk), kk > 0);
+        wgmma_commit();
+    };
+    // v9: the warp's 16 rows x NQ columns of a dQ share to its slice of the warpgroup's
+    // staging tile (dq_frag_index's order), then one bulk reduce-add of those 16 NQ floats
+    // into chunk c0_ / NQ of query block m0_'s accumulator (the same order: the postprocess
+    // undoes it). The slice is free once this warp's previous reduce has read it (issued one
+    // query block ago: the wait is normally immediate).
+    auto stage_dq = [&](const float(&dq_)[NQ / 2], int h_, int m0_, int c0_) {
+        static_assert(!BQ || NQ == Bulk<D>::NQ, "staging tile width");
+        const unsigned sdq = base + S::DQ + cw * Bulk<D>::BYTES + warp * (16 * NQ * 4);
+        if (lane == 0) bulk_wait_read0();
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < NQ / 8; ++j)
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(sdq + (j * 128 + lane * 4) * 4),
+                         "f"(dq_[4 * j]), "f"(dq_[4 * j + 1]), "f"(dq_[4 * j + 2]), "f"(dq_[4 * j + 3])
+                         : "memory");
+        fence_proxy_async();  // each writer's stores before the async proxy's read
+        __syncwarp();
+        if (lane == 0) {
+            float* dst = dq_acc + (((long long)z * H + h_) * S_pad + m0_) * D + 64 * c0_ + dq_frag_index<NQ>(warp, 0, 0);
+            bulk_reduce_add_f32(dst, sdq, 16 * NQ * 4);
+        }
+    };
     for (int it = 0; it < kb.n_it; ++it) {
         const int st = it % STAGES;
         const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
         const unsigned sQ = base + S::Q + st * S::QT_BYTES, sdO = base + S::DO + st * S::QT_BYTES;
         const unsigned sdS = base + S::DS + (2 * cw + (it & 1)) * S::DS_BYTES;
         mbar_wait(full0 + 8 * st, (it / STAGES) & 1);
-
-        // S^T = K_w Q^T and dP^T = V_w dO^T: two groups, 64 keys x 64 queries each
-        float s[32], dp[32];
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(s, desc_kmajor<D, BN>(sK, kofs, kk), desc_kmajor<D, BM_B>(sQ, 0, kk), kk > 0);
-        wgmma_commit();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN>(sV, kofs, kk), desc_kmajor<D, BM_B>(sdO, 0, kk), kk > 0);
-        wgmma_commit();
+        issue_s_dp(st);
+        if constexpr (OVL) {
+            if (it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // behind S^T, dP^T
+        }
 
         // lse and delta of the stage's 64 queries: this thread reads those of its columns
         // (8j + 2q, + 1) where it uses them (held in registers across the GEMMs, the 32 of
@@ -386,7 +485,6 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
                     }
                     x = p;
                 }
-        unsigned p16[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
 
@@ -400,7 +498,6 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
 
         wgmma_wait<1>();  // dP^T (dV still in flight)
         fence_regs(dp);
-        unsigned ds16[16];
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -442,8 +539,6 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
         // keys, N = columns) MN-major. Per warpgroup: QSPLIT, columns [64 cw, 64 cw + 64) over
         // both tiles' 128 keys; DSPLIT, its 128 columns in two passes of 64 (32 accumulators
         // at a time) over the block's 64 keys; else all D columns over its own 64 keys.
-        constexpr int NQ = SPLIT ? D / 2 : DSPLIT ? 64 : D;
-        constexpr int PASSES = DSPLIT ? NV / 64 : 1;
 #pragma unroll 1
         for (int pass = 0; pass < PASSES; ++pass) {
             const int c0 = SPLIT ? cw * NQ : DSPLIT ? c_kv + 64 * pass : 0;  // first dQ column
@@ -475,15 +570,34 @@ __device__ __forceinline__ void bwd_v8(const TensorMap* tq, const TensorMap* tk,
                 if (lane == 0) mbar_arrive(empty0 + 8 * st);
             }
 
-            // dQ += this share: rows m0 + 16 warp + g (+ 8) of the padded accumulator (no
-            // bounds: the rows past S_q are the padding), columns c0 + 8j + 2q (+ 1)
-            float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
+            if constexpr (OVL) {
+                // kept for the next iteration, copied by an add of +0 (exact but for the sign
+                // of a zero; ptxas folds a plain mov): ptxas treats a register a wgmma defined
+                // as possibly in flight across the back edge and would make the staging wait
+                // for the next S^T, dP^T (an injected wait_group: C7517)
+                static_assert(PASSES == 1, "OVL keeps one pass of dQ");
 #pragma unroll
-            for (int j = 0; j < NQ / 8; ++j)
+                for (int i = 0; i < NQ / 2; ++i) asm volatile("add.rn.f32 %0, %1, 0f00000000;\n" : "=f"(dq_o[i]) : "f"(dq[i]));
+                prev_h = h, prev_m0 = m0;  // staged behind the next query block's S^T, dP^T
+            } else if constexpr (BQ) {
+                stage_dq(dq, h, m0, c0);
+            } else {
+                // dQ += this share: rows m0 + 16 warp + g (+ 8) of the padded accumulator (no
+                // bounds: the rows past S_q are the padding), columns c0 + 8j + 2q (+ 1)
+                float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
 #pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-                    red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+                for (int j = 0; j < NQ / 8; ++j)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+                        red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+            }
         }
+    }
+    if constexpr (OVL) {
+        if (kb.n_it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // the last query block's
+    }
+    if constexpr (BQ) {
+        if (lane == 0) bulk_wait0();  // the warp's last reduce-add done before the block's shared memory goes
     }
 
     // epilogue: dK = scale * dS^T Q and dV for this thread's two keys (zeros for a block no
@@ -549,6 +663,30 @@ __device__ __forceinline__ void bwd_post(const float* __restrict__ dq_acc, T* __
     store2(dq + z * sqz + h * sqh + i * sqs + c, a.x * scale, a.y * scale);
 }
 
+// v9: the same from the accumulator in dq_frag_index's order (query block i / 64 holds D / NQ
+// chunks of 64 x NQ floats, chunk c / NQ those of columns [c, c + NQ), each warp-major as the
+// main kernel staged them). One thread per float4 of it, in memory order (coalesced 16-byte
+// loads): float4 u of head (z, h) is a lane's registers 4 j .. 4 j + 3 of one warp, i.e.
+// rows 16 warp + g and + 8, columns 8 j + 2 q and + 1 of its chunk. Grid (ceil(S_pad D / 4 /
+// 256), H, Z).
+template <typename T>
+__device__ __forceinline__ void bwd_post_blocked(const float* __restrict__ dq_acc, T* __restrict__ dq, int S_q,
+                                                 int S_pad, int H, int D, int NQ, float scale, long long sqz,
+                                                 long long sqh, long long sqs) {
+    const long long u = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // float4 of the head
+    if (u >= (long long)S_pad * D / 4) return;
+    const int h = blockIdx.y, z = blockIdx.z;
+    const int qb = static_cast<int>(u / (16 * D)), rem = static_cast<int>(u % (16 * D));
+    const int chunk = rem / (16 * NQ), r2 = rem % (16 * NQ);
+    const int warp = r2 / (4 * NQ), r3 = r2 % (4 * NQ);
+    const int j = r3 / 32, lane = r3 % 32;
+    const int row = qb * 64 + 16 * warp + lane / 4, col = chunk * NQ + 8 * j + 2 * (lane % 4);
+    const float4 a = *reinterpret_cast<const float4*>(dq_acc + (((long long)z * H + h) * S_pad) * D + 4 * u);
+    T* out = dq + z * sqz + h * sqh + col;
+    if (row < S_q) store2(out + row * sqs, a.x * scale, a.y * scale);
+    if (row + 8 < S_q) store2(out + (row + 8) * sqs, a.z * scale, a.w * scale);
+}
+
 }  // namespace
 
 #define KL_ATTN_BWD_ARGS(T)                                                                                      \
@@ -563,7 +701,10 @@ __device__ __forceinline__ void bwd_post(const float* __restrict__ dq_acc, T* __
 
 #define KL_ATTN_BWD_T(D, T, BF16, SFX)                                                                               \
     extern "C" __global__ void __launch_bounds__(THREADS_B, 1) attn_bwd_v8_d##D##_##SFX(KL_ATTN_BWD_ARGS(T)) {        \
-        bwd_v8<T, BF16, D>(KL_ATTN_BWD_PASS);                                                                      \
+        bwd_main<T, BF16, D, false>(KL_ATTN_BWD_PASS);                                                             \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(THREADS_B, 1) attn_bwd_v9_d##D##_##SFX(KL_ATTN_BWD_ARGS(T)) {        \
+        bwd_main<T, BF16, D, true>(KL_ATTN_BWD_PASS);                                                              \
     }
 #define KL_ATTN_BWD(D)                          \
     KL_ATTN_BWD_T(D, __nv_bfloat16, true, bf16) \
@@ -580,6 +721,11 @@ __device__ __forceinline__ void bwd_post(const float* __restrict__ dq_acc, T* __
         const float *dq_acc, T *dq, int S_q, int S_pad, int H, int D, float scale, long long sqz, long long sqh,   \
         long long sqs) {                                                                                           \
         bwd_post<T>(dq_acc, dq, S_q, S_pad, H, D, scale, sqz, sqh, sqs);                                           \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256) attn_bwd_post_blk_##SFX(                                     \
+        const float *dq_acc, T *dq, int S_q, int S_pad, int H, int D, int NQ, float scale, long long sqz,          \
+        long long sqh, long long sqs) {                                                                            \
+        bwd_post_blocked<T>(dq_acc, dq, S_q, S_pad, H, D, NQ, scale, sqz, sqh, sqs);                               \
     }
 KL_ATTN_BWD_PP(__nv_bfloat16, bf16)
 KL_ATTN_BWD_PP(__half, f16)

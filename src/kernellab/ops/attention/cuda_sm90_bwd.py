@@ -1,6 +1,6 @@
 """Attention backward on Hopper in CUDA C++ (attention_sm90_bwd.cu, compiled by NVRTC for
-sm_90a), FlashAttention-3's design: backend ``cuda_v8``, whose forward is ``cuda_v7``'s
-(cuda_sm90.py) and whose backward is three kernels: a preprocess (delta = rowsum(dO * O)
+sm_90a), FlashAttention-3's design: backends ``cuda_v8`` and ``cuda_v9``, whose forward is
+``cuda_v7``'s (cuda_sm90.py) and whose backward is three kernels: a preprocess (delta = rowsum(dO * O)
 in fp32, the lse copied into a padded buffer, the fp32 dQ accumulator zeroed), the main
 kernel (one block per 128 keys x k/v head x batch: a TMA producer warpgroup and two
 consumer warpgroups of 64 keys each (D = 256: 64 keys a block, the warpgroups splitting
@@ -9,6 +9,21 @@ streamed per query block of 64 rows through an mbarrier ring; dK and dV accumula
 registers over the query blocks and the group's q heads, dQ added to the fp32 accumulator
 with vector atomics) and a postprocess (dq = scale x accumulator, in q's dtype). What each
 step computes is in the .cu file's header.
+
+Variants (``VARIANTS``; each its own registered backend, so both time side by side):
+  v8  dQ summed by per-thread ``red.global.add.v2.f32``: 64 x NQ / 2 vector atomics per
+      warpgroup and query block.
+  v9  v8 with dQ staged in shared memory: each consumer warp stores its 16 x NQ fp32 dQ rows
+      (conflict-free float4s), fences them to the async proxy and one lane issues a single
+      ``cp.reduce.async.bulk ... add.f32`` of them into the accumulator (one instruction
+      instead of 16 NQ / 2 atomics a warp; the TMA unit does the adds at L2). The
+      accumulator then holds each query block's 64 x D floats in the staging order
+      (``dq_frag_offset``), which v9's postprocess undoes. Head dims <= 128 (D = 256 keeps
+      the atomics: its two ring stages leave no room for the staging tiles). At D <= 80 a
+      query block's dQ is staged after the next block's S^T and dP^T wgmmas are issued
+      (the tensor cores run them meanwhile); at D = 96 and 128 the dQ registers kept
+      across the iteration would make ptxas serialize the wgmmas.
+``CUDA_VARIANT`` names the variant the ``cuda`` backend runs.
 
 Contract: the forward's (cuda_sm90.py): fp16 / bf16, GQA, causal aligned bottom-right, any
 lengths, no window or softcap (ValueError naming the option); head dims 64, 80, 96, 128 and
@@ -53,6 +68,8 @@ HEAD_DIMS = cs.HEAD_DIMS  # what the backend takes (the forward's)
 BWD_HEAD_DIMS = (64, 80, 96, 128, 256)  # what the CUDA backward computes (every one)
 DTYPES = cs.DTYPES
 FWD_VARIANT = "v7"
+VARIANTS = ("v8", "v9")  # the backward's rungs, each registered as cuda_<variant>
+CUDA_VARIANT = "v8"  # the one the ``cuda`` backend (the fastest Hopper attention) runs
 BM = 64  # query rows per step of a block's loop
 THREADS = 384  # producer warpgroup + two consumer warpgroups
 SMEM_LIMIT = cs.SMEM_LIMIT
@@ -62,6 +79,7 @@ MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `
 SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6
 SIG_PRE = ("ptr",) * 6 + ("i32",) * 4 + ("i64",) * 6
 SIG_POST = ("ptr",) * 2 + ("i32",) * 4 + ("f32",) + ("i64",) * 3
+SIG_POST_BLK = ("ptr",) * 2 + ("i32",) * 5 + ("f32",) + ("i64",) * 3  # + NQ
 PRE_ROWS = 8  # rows per preprocess block (a warp each)
 POST_THREADS = 256
 GRID_LIMIT = cs.GRID_LIMIT
@@ -80,17 +98,53 @@ def block_n(d: int) -> int:
     return 64 if splits_d(d) else 128
 
 
-def stages(d: int) -> int:
+def bulk_dq(d: int, variant: str) -> bool:
+    """Whether the variant sums dQ through shared memory and bulk reduce-adds (Bulk<D>::ON
+    in v9): every head dim but 256."""
+    return variant == "v9" and not splits_d(d)
+
+
+def dq_cols(d: int) -> int:
+    """dQ columns a consumer warpgroup sums per query block (Bulk<D>::NQ): D / 2 where the
+    warpgroups split dQ's columns (``splits_dq``), else D."""
+    return d // 2 if splits_dq(d) else d
+
+
+def dq_stage_bytes(d: int, variant: str) -> int:
+    """Shared memory of v9's two fp32 dQ staging tiles (64 x ``dq_cols`` each); 0 else."""
+    return 2 * 64 * dq_cols(d) * 4 if bulk_dq(d, variant) else 0
+
+
+def stages(d: int, variant: str = "v8") -> int:
     """Q / dO stages of the ring: 3 where they fit in 227 KB, else 2 (Smem::STAGES)."""
-    fixed = 2 * block_n(d) * d * 2 + 4 * 64 * 64 * 2 + 1024
+    fixed = 2 * block_n(d) * d * 2 + 4 * 64 * 64 * 2 + 1024 + dq_stage_bytes(d, variant)
     return 3 if fixed + 3 * (2 * BM * d * 2 + 512) <= SMEM_LIMIT else 2
 
 
-def smem_bytes(d: int) -> int:
+def smem_bytes(d: int, variant: str = "v8") -> int:
     """Dynamic shared memory of a block (Smem::BYTES + 1 KB to align the base to 1024
     bytes): K and V (block_n x D x 2 B each), per stage Q and dO (64 x D x 2 B each) and
-    lse + delta (512 B), four dS^T tiles (64 x 64 x 2 B: two per consumer warpgroup)."""
-    return 1024 + 2 * block_n(d) * d * 2 + stages(d) * (2 * BM * d * 2 + 512) + 4 * 64 * 64 * 2
+    lse + delta (512 B), four dS^T tiles (64 x 64 x 2 B: two per consumer warpgroup); v9:
+    the two dQ staging tiles."""
+    return (
+        1024
+        + 2 * block_n(d) * d * 2
+        + stages(d, variant) * (2 * BM * d * 2 + 512)
+        + 4 * 64 * 64 * 2
+        + dq_stage_bytes(d, variant)
+    )
+
+
+def dq_frag_offset(d: int, row: int, col: int) -> int:
+    """Where v9 keeps dQ(row, col) of a query block (row < 64) within the block's 64 x D
+    floats of the accumulator (dq_frag_index in the .cu, bwd_post_blocked's inverse): chunk
+    col // NQ of 64 x NQ floats; in it, warp-major (16 rows of one warp contiguous), then
+    float4 j = (col % NQ) // 8 of lane 4 g + q, element 2 hh + e, for row 16 warp + g + 8 hh
+    and column 8 j + 2 q + e."""
+    nq = dq_cols(d)
+    cc, warp, g, hh = col % nq, row // 16, row % 8, (row // 8) % 2
+    j, q, e = cc // 8, (cc % 8) // 2, cc % 2
+    return (col - cc) * 64 + warp * 16 * nq + j * 128 + (4 * g + q) * 4 + 2 * hh + e
 
 
 def padded(s_q: int) -> int:
@@ -119,10 +173,20 @@ def backward_kernel(d: int) -> str:
 
 
 def backward(
-    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    causal: bool,
+    scale: float,
+    variant: str = "v8",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) in ``empty_bshd``'s layout from the saved o and lse ((..., S_q) fp32,
-    log2 units: the forward's)."""
+    log2 units: the forward's), by the variant's kernels (``VARIANTS``)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"attention/cuda: backward variant must be one of {VARIANTS}, got {variant!r}")
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     if backward_kernel(d) != "cuda":
         return at.backward(do, q, k, v, o, lse, causal, scale)
@@ -137,7 +201,8 @@ def backward(
     bn = block_n(d)
     if h > GRID_LIMIT or z > GRID_LIMIT or ceil_div(s_k, bn) > GRID_LIMIT:
         raise ValueError(
-            f"attention/cuda_v8: q folds to {z} batches x {h} heads and k to {ceil_div(s_k, bn)} blocks of "
+            f"attention/cuda_{variant}: q folds to {z} batches x {h} heads and k to {ceil_div(s_k, bn)} "
+            f"blocks of "
             f"{bn} keys; each must be at most {GRID_LIMIT} (CUDA grid y and z)"
         )
     q4, k4, v4, do4 = (cs._chunked(t, True) for t in (q4, k4, v4, do4))
@@ -155,8 +220,8 @@ def backward(
         o4, do4, lse, lse_p, delta_p, dq_acc, s_q, s_pad, h, d, *o4.stride()[:3], *do4.stride()[:3],
         device_index=dev,
     )  # fmt: skip
-    main = mod.kernel(f"attn_bwd_v8_d{d}_{sfx}", SIG_MAIN, dev)
-    shared = smem_bytes(d)
+    main = mod.kernel(f"attn_bwd_{variant}_d{d}_{sfx}", SIG_MAIN, dev)
+    shared = smem_bytes(d, variant)
     if shared > main.max_dynamic_shared:
         main.set_max_dynamic_shared(shared)
     main(
@@ -166,11 +231,18 @@ def backward(
         int(causal), *dk4.stride()[:3], *dv4.stride()[:3],
         shared=shared, device_index=dev,
     )  # fmt: skip
-    mod.kernel(f"attn_bwd_post_{sfx}", SIG_POST, dev)(
-        (ceil_div(s_q * d // 2, POST_THREADS), h, z), POST_THREADS,
-        dq_acc, dq4, s_q, s_pad, h, d, float(scale), *dq4.stride()[:3],
-        device_index=dev,
-    )  # fmt: skip
+    if bulk_dq(d, variant):  # the accumulator in the staging order (dq_frag_offset)
+        mod.kernel(f"attn_bwd_post_blk_{sfx}", SIG_POST_BLK, dev)(
+            (ceil_div(s_pad * d // 4, POST_THREADS), h, z), POST_THREADS,  # a float4 a thread
+            dq_acc, dq4, s_q, s_pad, h, d, dq_cols(d), float(scale), *dq4.stride()[:3],
+            device_index=dev,
+        )  # fmt: skip
+    else:
+        mod.kernel(f"attn_bwd_post_{sfx}", SIG_POST, dev)(
+            (ceil_div(s_q * d // 2, POST_THREADS), h, z), POST_THREADS,
+            dq_acc, dq4, s_q, s_pad, h, d, float(scale), *dq4.stride()[:3],
+            device_index=dev,
+        )  # fmt: skip
     return dq, dk, dv
 
 
@@ -282,68 +354,88 @@ def _fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[T
     return cs.forward(q, k, v, causal, scale, FWD_VARIANT)
 
 
-def _bwd(
-    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    return backward(do, q, k, v, o, lse, causal, scale)
-
-
 def _opcheck_bwd(make):
     q, k, v = make(0), make(0), make(0)
     o, lse = _fwd(q, k, v, True, 0.125)
     return (make(0), q, k, v, o, lse, True, 0.125)
 
 
-_BUILT = build(
-    OpDecl(
-        name="attention_cuda_v8",
-        label="attention (cuda_v8)",
-        fwd=_fwd,
-        bwd=_bwd,
-        fwd_fake=lambda q, k, v, causal, scale: (
-            at.empty_bshd(q.shape[:-2], q.shape[-2], v.shape[-1], q.dtype, q.device),
-            q.new_empty(at.lse_shape(q), dtype=torch.float32),
-        ),
-        bwd_fake=lambda do, q, k, v, o, lse, causal, scale: tuple(
-            at.empty_bshd(t.shape[:-2], t.shape[-2], t.shape[-1], t.dtype, t.device) for t in (q, k, v)
-        ),
-        save=lambda inputs, out: ((*inputs[:3], out[0], out[1]), inputs[3:]),
-        bwd_args=lambda saved, extra, do: (do, *saved, *extra),
-        grads=lambda g, extra: (g[0], g[1], g[2], None, None),
-        needs_grad=lambda q, k, v, *options: q.requires_grad or k.requires_grad or v.requires_grad,
-        samples=(lambda make: (make(1), make(1), make(1), True, 0.125), _opcheck_bwd),
-        inplace_hint=at.INPLACE_HINT,
+def _build(variant: str):
+    """The custom ops (forward: v7's; backward: the variant's kernels) of cuda_<variant>."""
+
+    def _bwd(
+        do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        return backward(do, q, k, v, o, lse, causal, scale, variant)
+
+    return build(
+        OpDecl(
+            name=f"attention_cuda_{variant}",
+            label=f"attention (cuda_{variant})",
+            fwd=_fwd,
+            bwd=_bwd,
+            fwd_fake=lambda q, k, v, causal, scale: (
+                at.empty_bshd(q.shape[:-2], q.shape[-2], v.shape[-1], q.dtype, q.device),
+                q.new_empty(at.lse_shape(q), dtype=torch.float32),
+            ),
+            bwd_fake=lambda do, q, k, v, o, lse, causal, scale: tuple(
+                at.empty_bshd(t.shape[:-2], t.shape[-2], t.shape[-1], t.dtype, t.device) for t in (q, k, v)
+            ),
+            save=lambda inputs, out: ((*inputs[:3], out[0], out[1]), inputs[3:]),
+            bwd_args=lambda saved, extra, do: (do, *saved, *extra),
+            grads=lambda g, extra: (g[0], g[1], g[2], None, None),
+            needs_grad=lambda q, k, v, *options: q.requires_grad or k.requires_grad or v.requires_grad,
+            samples=(lambda make: (make(1), make(1), make(1), True, 0.125), _opcheck_bwd),
+            inplace_hint=at.INPLACE_HINT,
+        )
     )
-)
-
-BACKEND = "cuda_v8"
 
 
-def _entry(backend: str):
+_BUILT = {variant: _build(variant) for variant in VARIANTS}
+
+
+def _entry(backend: str, variant: str):
+    built = _BUILT[variant]
+
     def attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
         check_dtype(q, DTYPES, backend)
         check_head_dim(q, HEAD_DIMS, backend)
         refuse_options(backend, window, softcap, causal)
-        return _BUILT(q, k, v, causal, resolve_scale(q, scale))
+        return built(q, k, v, causal, resolve_scale(q, scale))
 
-    attention.custom_ops, attention.ops = _BUILT.custom_ops, _BUILT.ops
-    attention.forward_saving, attention.backward_from = _BUILT.forward_saving, _BUILT.backward_from
+    attention.custom_ops, attention.ops = built.custom_ops, built.ops
+    attention.forward_saving, attention.backward_from = built.forward_saving, built.backward_from
     attention.__name__ = f"{backend}_attention"
     return attention
 
 
-attention = _entry(BACKEND)
-_DESCRIPTION = (
-    "CUDA v8 (sm_90): cuda_v7's forward; FlashAttention-3's backward: TMA producer, two "
-    "consumer warpgroups of 64 keys (D 256: of half the head dim), K/V resident, dK/dV in registers over "
-    "the group's q heads, dQ by fp32 vector atomics"
-)
+_DESCRIPTIONS = {
+    "v8": (
+        "CUDA v8 (sm_90): cuda_v7's forward; FlashAttention-3's backward: TMA producer, two consumer "
+        "warpgroups of 64 keys (D 256: of half the head dim), K/V resident, dK/dV in registers over the "
+        "group's q heads, dQ by fp32 vector atomics"
+    ),
+    "v9": (
+        "CUDA v9 (sm_90): cuda_v8 with dQ staged in shared memory and added by one bulk reduce-add "
+        "(cp.reduce.async.bulk) per warp and query block instead of per-thread atomics (D <= 128)"
+    ),
+}
+BACKEND = "cuda_v8"
+attention = _entry(BACKEND, "v8")
+attention_v9 = _entry("cuda_v9", "v9")
 
 # ``cuda`` is the fastest Hopper variant (as matmul's ``cuda`` is its ladder's best): the tune
 # and vendor_gap time no numbered rung, so this is the name under which they time ours.
 for _backend, _fn, _desc in (
-    (BACKEND, attention, _DESCRIPTION),
-    ("cuda", _entry("cuda"), "CUDA (sm_90): the fastest Hopper variant, v8 (" + _DESCRIPTION.split(": ", 1)[1] + ")"),
+    (BACKEND, attention, _DESCRIPTIONS["v8"]),
+    ("cuda_v9", attention_v9, _DESCRIPTIONS["v9"]),
+    (
+        "cuda",
+        _entry("cuda", CUDA_VARIANT),
+        f"CUDA (sm_90): the fastest Hopper variant, {CUDA_VARIANT} ("
+        + _DESCRIPTIONS[CUDA_VARIANT].split(": ", 1)[1]
+        + ")",
+    ),
 ):
     register(
         "attention",
