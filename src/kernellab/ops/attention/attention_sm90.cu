@@ -128,6 +128,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "attention_sm90_common.cuh"
 #include "attention_sm90_wgmma.cuh"
 #include "mbarrier.cuh"
 
@@ -135,26 +136,9 @@
 #error "attention_sm90.cu uses wgmma: compile it for sm_90a (Module(..., archs=(\"sm_90a\",)))"
 #endif
 
-// A CUtensorMap (cuda.h's, 128 bytes, 64-byte aligned): built on the host by
-// cuTensorMapEncodeTiled (cuda_sm90.py) and passed by value as a __grid_constant__ kernel
-// parameter, which TMA instructions address directly.
-struct alignas(64) TensorMap {
-    unsigned long long opaque[16];
-};
-
 namespace {
 
 constexpr int BM = 128;  // query rows per block: two consumer warpgroups of 64
-
-// Swizzled tile layout of a D-wide tile (see the header).
-template <int D>
-struct Layout {
-    static constexpr int W = (D % 64 == 0) ? 128 : (D % 32 == 0) ? 64 : 32;  // swizzle width, bytes
-    static constexpr int CPR = W / 16;                                       // 16-byte chunks per slab row
-    static constexpr int E = W / 2;                                          // elements per slab row
-    static constexpr unsigned long long MODE = W == 128 ? 1 : W == 64 ? 2 : 3;
-    static_assert(D % 16 == 0 && D % E == 0, "head dim must be a multiple of 16 and of the slab width");
-};
 
 // Keys per tile: 128 (S and P are 64 + 32 registers), 64 at D = 256 (O alone is 128).
 template <int D>
@@ -165,8 +149,6 @@ struct Tiles {
     static_assert(Q_BYTES % 1024 == 0 && KV_BYTES % 1024 == 0, "tiles must keep 1024-byte alignment");
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
     // src_bytes 0: 16 zero bytes written, nothing read (rows past S_q or S_k)
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
@@ -176,49 +158,11 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Generic-proxy writes (cp.async, st.shared) -> visible to the async proxy (wgmma's reads).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-
-// The wgmma wait names no register: these keep the compiler from moving reads of the
-// accumulators above it, or reusing the A operand's registers before it (the MMA reads them
-// asynchronously).
-__device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void fence_reg(unsigned& r) { asm volatile("" : "+r"(r)::"memory"); }
-
-__device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned lbo, unsigned sbo,
-                                                        unsigned long long mode) {
-    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
-           (static_cast<unsigned long long>((lbo >> 4) & 0x3FFF) << 16) |
-           (static_cast<unsigned long long>((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
-}
-
-// K-major operand: rows [row0, row0 + 64 or N) of a tile of R rows, k step kk.
-template <int D, int R>
-__device__ __forceinline__ unsigned long long desc_kmajor(unsigned tile, int row0, int kk) {
-    using L = Layout<D>;
-    const unsigned addr = tile + (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2 + row0 * L::W;
-    return make_desc(addr, 16, 8 * L::W, L::MODE);
-}
-
 // MN-major operand (V): key rows [16 kk, 16 kk + 16) of a tile of R rows, all D columns.
 template <int D, int R>
 __device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int kk) {
     using L = Layout<D>;
     return make_desc(tile + kk * 16 * L::W, R * L::W, 8 * L::W, L::MODE);
-}
-
-// Byte offset of 16-byte chunk gc (columns 8gc..8gc+7) of row r in a swizzled tile of R rows.
-template <int D, int R>
-__device__ __forceinline__ unsigned tile_offset(int r, int gc) {
-    using L = Layout<D>;
-    const int c = gc % L::CPR;
-    const int sw = ((r * L::W) >> 7) & (L::CPR - 1);
-    return (gc / L::CPR) * (R * L::W) + r * L::W + ((c ^ sw) << 4);
 }
 
 // Copy rows [row0, row0 + R) of a (rows, D) matrix with row stride `stride` into the tile at

@@ -93,6 +93,7 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "attention_sm90_common.cuh"
 #include "attention_sm90_wgmma.cuh"
 #include "attention_sm90_bwd_wgmma.cuh"
 #include "mbarrier.cuh"
@@ -101,23 +102,10 @@
 #error "attention_sm90_bwd.cu uses wgmma: compile it for sm_90a (Module(..., archs=(\"sm_90a\",)))"
 #endif
 
-struct alignas(64) TensorMap {  // a CUtensorMap (cuTensorMapEncodeTiled), passed by value
-    unsigned long long opaque[16];
-};
-
 namespace {
 
 constexpr int BM_B = 64;  // query rows per step of the loop (one wgmma N of S^T)
 constexpr int THREADS_B = 384;
-
-template <int D>
-struct Layout {  // attention_sm90.cu's Layout
-    static constexpr int W = (D % 64 == 0) ? 128 : (D % 32 == 0) ? 64 : 32;
-    static constexpr int CPR = W / 16;
-    static constexpr int E = W / 2;
-    static constexpr unsigned long long MODE = W == 128 ? 1 : W == 64 ? 2 : 3;
-    static_assert(D % 16 == 0 && D % E == 0, "head dim must be a multiple of 16 and of the slab width");
-};
 
 // How a block divides its work between the two consumer warpgroups.
 template <int D>
@@ -167,14 +155,6 @@ struct Smem {
     static_assert(DQ % 16 == 0, "bulk copies need 16-byte aligned shared memory");
 };
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-__device__ __forceinline__ void fence_reg(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void fence_reg(unsigned& r) { asm volatile("" : "+r"(r)::"memory"); }
 template <int N>
 __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
@@ -186,36 +166,12 @@ __device__ __forceinline__ void fence_regs(unsigned (&r)[N]) {
     for (int i = 0; i < N; ++i) fence_reg(r[i]);
 }
 
-__device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned lbo, unsigned sbo,
-                                                        unsigned long long mode) {
-    return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
-           (static_cast<unsigned long long>((lbo >> 4) & 0x3FFF) << 16) |
-           (static_cast<unsigned long long>((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
-}
-
-// K-major operand: rows [row0, row0 + 64) of a D-wide tile of R rows, k step kk (16 columns).
-template <int D, int R>
-__device__ __forceinline__ unsigned long long desc_kmajor(unsigned tile, int row0, int kk) {
-    using L = Layout<D>;
-    const unsigned addr = tile + (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2 + row0 * L::W;
-    return make_desc(addr, 16, 8 * L::W, L::MODE);
-}
-
 // MN-major operand: rows [row0, row0 + 16) of a D-wide tile of R rows (the k step), all D
 // columns (N; the E-wide slabs LBO apart).
 template <int D, int R>
 __device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int row0) {
     using L = Layout<D>;
     return make_desc(tile + row0 * L::W, R * L::W, 8 * L::W, L::MODE);
-}
-
-// Byte offset of 16-byte chunk gc of row r in a swizzled D-wide tile of R rows.
-template <int D, int R>
-__device__ __forceinline__ unsigned tile_offset(int r, int gc) {
-    using L = Layout<D>;
-    const int c = gc % L::CPR;
-    const int sw = ((r * L::W) >> 7) & (L::CPR - 1);
-    return (gc / L::CPR) * (R * L::W) + r * L::W + ((c ^ sw) << 4);
 }
 
 __device__ __forceinline__ unsigned pack2(float x, float y, bool bf16) {
