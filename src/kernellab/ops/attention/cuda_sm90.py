@@ -367,21 +367,16 @@ def _backward(
     return at.backward(do, q, k, v, o, lse, causal, scale)
 
 
-def _make(variant: str):
-    def fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-        return forward(q, k, v, causal, scale, variant)
-
-    def _opcheck_bwd(make):
-        q, k, v = make(0), make(0), make(0)
-        o, lse = forward(q, k, v, True, 0.125, variant)
-        return (make(0), q, k, v, o, lse, True, 0.125)
-
+def declare(variant: str, fwd, bwd, opcheck_bwd):
+    """The custom ops of ``cuda_<variant>``: ``fwd`` (q, k, v, causal, scale) -> (o, lse),
+    ``bwd`` (do, q, k, v, o, lse, causal, scale) -> (dq, dk, dv), with the fakes, saved
+    tensors and gradients every Hopper variant shares (cuda_sm90_bwd.py's too)."""
     return build(
         OpDecl(
             name=f"attention_cuda_{variant}",
             label=f"attention (cuda_{variant})",
             fwd=fwd,
-            bwd=_backward,
+            bwd=bwd,
             fwd_fake=lambda q, k, v, causal, scale: (
                 at.empty_bshd(q.shape[:-2], q.shape[-2], v.shape[-1], q.dtype, q.device),
                 q.new_empty(at.lse_shape(q), dtype=torch.float32),
@@ -393,10 +388,22 @@ def _make(variant: str):
             bwd_args=lambda saved, extra, do: (do, *saved, *extra),
             grads=lambda g, extra: (g[0], g[1], g[2], None, None),
             needs_grad=lambda q, k, v, *options: q.requires_grad or k.requires_grad or v.requires_grad,
-            samples=(lambda make: (make(1), make(1), make(1), True, 0.125), _opcheck_bwd),
+            samples=(lambda make: (make(1), make(1), make(1), True, 0.125), opcheck_bwd),
             inplace_hint=at.INPLACE_HINT,
         )
     )
+
+
+def _make(variant: str):
+    def fwd(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+        return forward(q, k, v, causal, scale, variant)
+
+    def _opcheck_bwd(make):
+        q, k, v = make(0), make(0), make(0)
+        o, lse = forward(q, k, v, True, 0.125, variant)
+        return (make(0), q, k, v, o, lse, True, 0.125)
+
+    return declare(variant, fwd, _backward, _opcheck_bwd)
 
 
 _BUILT = {variant: _make(variant) for variant in VARIANTS}
@@ -416,8 +423,9 @@ def _limits_of(backend: str):
     return limits
 
 
-def _entry(variant: str, backend: str | None = None):
-    backend, built = backend or f"cuda_{variant}", _BUILT[variant]
+def entry(built, backend: str):
+    """The registered function of ``backend``: checks with the backend's name in the errors,
+    then ``built`` (a ``declare``'d op)."""
 
     def attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
         check_dtype(q, DTYPES, backend)
@@ -429,6 +437,10 @@ def _entry(variant: str, backend: str | None = None):
     attention.forward_saving, attention.backward_from = built.forward_saving, built.backward_from
     attention.__name__ = f"{backend}_attention"
     return attention
+
+
+def _entry(variant: str):
+    return entry(_BUILT[variant], f"cuda_{variant}")
 
 
 available = sm90_unavailable  # sm_90a cubins run on sm_90 only

@@ -50,7 +50,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from kernellab.core.kit import OpDecl, build
 from kernellab.core.registry import register
 from kernellab.cuda.runtime import (
     DTYPE_SUFFIX,
@@ -61,7 +60,6 @@ from kernellab.cuda.runtime import (
 )
 from kernellab.ops.attention import cuda_sm90 as cs
 from kernellab.ops.attention import triton as at
-from kernellab.ops.attention.args import check_dtype, check_head_dim, refuse_options, resolve_scale
 
 CU = Path(__file__).with_name("attention_sm90_bwd.cu")
 HEAD_DIMS = cs.HEAD_DIMS  # what the backend takes (the forward's)
@@ -368,45 +366,14 @@ def _build(variant: str):
     ) -> tuple[Tensor, Tensor, Tensor]:
         return backward(do, q, k, v, o, lse, causal, scale, variant)
 
-    return build(
-        OpDecl(
-            name=f"attention_cuda_{variant}",
-            label=f"attention (cuda_{variant})",
-            fwd=_fwd,
-            bwd=_bwd,
-            fwd_fake=lambda q, k, v, causal, scale: (
-                at.empty_bshd(q.shape[:-2], q.shape[-2], v.shape[-1], q.dtype, q.device),
-                q.new_empty(at.lse_shape(q), dtype=torch.float32),
-            ),
-            bwd_fake=lambda do, q, k, v, o, lse, causal, scale: tuple(
-                at.empty_bshd(t.shape[:-2], t.shape[-2], t.shape[-1], t.dtype, t.device) for t in (q, k, v)
-            ),
-            save=lambda inputs, out: ((*inputs[:3], out[0], out[1]), inputs[3:]),
-            bwd_args=lambda saved, extra, do: (do, *saved, *extra),
-            grads=lambda g, extra: (g[0], g[1], g[2], None, None),
-            needs_grad=lambda q, k, v, *options: q.requires_grad or k.requires_grad or v.requires_grad,
-            samples=(lambda make: (make(1), make(1), make(1), True, 0.125), _opcheck_bwd),
-            inplace_hint=at.INPLACE_HINT,
-        )
-    )
+    return cs.declare(variant, _fwd, _bwd, _opcheck_bwd)
 
 
 _BUILT = {variant: _build(variant) for variant in VARIANTS}
 
 
 def _entry(backend: str, variant: str):
-    built = _BUILT[variant]
-
-    def attention(q, k, v, causal: bool = False, scale=None, window=None, softcap=None):
-        check_dtype(q, DTYPES, backend)
-        check_head_dim(q, HEAD_DIMS, backend)
-        refuse_options(backend, window, softcap, causal)
-        return built(q, k, v, causal, resolve_scale(q, scale))
-
-    attention.custom_ops, attention.ops = built.custom_ops, built.ops
-    attention.forward_saving, attention.backward_from = built.forward_saving, built.backward_from
-    attention.__name__ = f"{backend}_attention"
-    return attention
+    return cs.entry(_BUILT[variant], backend)
 
 
 _DESCRIPTIONS = {
