@@ -573,6 +573,43 @@ __device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap
     }
 }
 
+// One output tile's mainloop in a v11 / v13 consumer warpgroup (rows 64cw .. 64cw+63):
+// acc = the tile's A B over `ktiles` k-tiles of the ring, `it` the block's running k-tile
+// count (its stage and phase); each warp hands a stage back to the producer (one arrival on
+// its empty barrier) once the MMAs that read it are complete.
+template <int BN, bool BF16>
+__device__ __forceinline__ void v11_mainloop(float (&acc)[BN / 2], int ktiles, int& it, unsigned smem0,
+                                             unsigned full0, unsigned empty0, int cw, int lane) {
+    using Tile = V11Tile<BN>;
+    constexpr int S = Tile::STAGES;
+    auto release = [&](int used) {  // this warp is done with the stage of k-tile `used`
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + 8 * (used % S));
+    };
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+    for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        const int s = it % S;
+        mbar_wait(full0 + 8 * s, (it / S) & 1);
+        const unsigned sa = smem0 + s * Tile::STAGE_BYTES + cw * 64 * 128;
+        const unsigned sb = smem0 + s * Tile::STAGE_BYTES + Tile::A_BYTES;
+        v10_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < V11_BK / 16; ++kk) {
+            const unsigned long long da = v10_desc(sa + kk * 32, 16, 1024);
+            const unsigned long long db = v10_desc(sb + kk * 16 * 128, Tile::SLAB_BYTES, 1024);
+            v11_wgmma<BN, BF16>(acc, da, db);
+        }
+        v10_wgmma_commit();
+        v10_wgmma_wait<1>();  // k-tile it-1's MMAs are complete: its stage may be refilled
+        if (kt > 0) release(it - 1);
+    }
+    v10_wgmma_wait<0>();
+    if (ktiles > 0) release(it - 1);
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) v10_fence_operand(acc[i]);
+}
+
 template <typename T, bool BF16, int BN>
 __device__ __forceinline__ void v11_body(const TensorMap* ta, const TensorMap* tb, T* __restrict__ C, int M, int N,
                                          int K, int batch) {
@@ -599,37 +636,12 @@ __device__ __forceinline__ void v11_body(const TensorMap* ta, const TensorMap* t
     const int cw = tid / 128 - 1;  // consumer warpgroup: rows 64cw .. 64cw+63 of the tile
     const int warp = (tid % 128) / 32, lane = tid % 32;
     const int g = lane / 4, q = lane % 4;
-    auto release = [&](int used) {  // this warp is done with the stage of k-tile `used`
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * (used % S));
-    };
     float acc[BN / 2];
     int it = 0;
     for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
         int m0, n0, z;
         sched.tile(t, m0, n0, z);
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
-            const int s = it % S;
-            mbar_wait(full0 + 8 * s, (it / S) & 1);
-            const unsigned sa = smem0 + s * Tile::STAGE_BYTES + cw * 64 * 128;
-            const unsigned sb = smem0 + s * Tile::STAGE_BYTES + Tile::A_BYTES;
-            v10_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < V11_BK / 16; ++kk) {
-                const unsigned long long da = v10_desc(sa + kk * 32, 16, 1024);
-                const unsigned long long db = v10_desc(sb + kk * 16 * 128, Tile::SLAB_BYTES, 1024);
-                v11_wgmma<BN, BF16>(acc, da, db);
-            }
-            v10_wgmma_commit();
-            v10_wgmma_wait<1>();  // k-tile it-1's MMAs are complete: its stage may be refilled
-            if (kt > 0) release(it - 1);
-        }
-        v10_wgmma_wait<0>();
-        if (ktiles > 0) release(it - 1);
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) v10_fence_operand(acc[i]);
+        v11_mainloop<BN, BF16>(acc, ktiles, it, smem0, full0, empty0, cw, lane);
 
         // Epilogue (v10's): 2 adjacent columns per store; N % 8 == 0 and col is even, so
         // col < N implies col + 1 < N.
@@ -950,37 +962,12 @@ __device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* t
     // this warpgroup's C buffer, and the byte of each thread's pair in it (see the header)
     const unsigned cbuf = smem0 + V13Smem<BN>::C_OFFSET + cw * (V13_C_BYTES / 2);
     if (issuer) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(tc)) : "memory");
-    auto release = [&](int used) {  // this warp is done with the stage of k-tile `used`
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * (used % S));
-    };
     float acc[BN / 2];
     int it = 0;
     for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
         int m0, n0, z;
         sched.tile(t, m0, n0, z);
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
-            const int s = it % S;
-            mbar_wait(full0 + 8 * s, (it / S) & 1);
-            const unsigned sa = smem0 + s * Tile::STAGE_BYTES + cw * 64 * 128;
-            const unsigned sb = smem0 + s * Tile::STAGE_BYTES + Tile::A_BYTES;
-            v10_wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < V11_BK / 16; ++kk) {
-                const unsigned long long da = v10_desc(sa + kk * 32, 16, 1024);
-                const unsigned long long db = v10_desc(sb + kk * 16 * 128, Tile::SLAB_BYTES, 1024);
-                v11_wgmma<BN, BF16>(acc, da, db);
-            }
-            v10_wgmma_commit();
-            v10_wgmma_wait<1>();  // k-tile it-1's MMAs are complete: its stage may be refilled
-            if (kt > 0) release(it - 1);
-        }
-        v10_wgmma_wait<0>();
-        if (ktiles > 0) release(it - 1);
-#pragma unroll
-        for (int i = 0; i < BN / 2; ++i) v10_fence_operand(acc[i]);
+        v11_mainloop<BN, BF16>(acc, ktiles, it, smem0, full0, empty0, cw, lane);
 
         // Epilogue: per 128-column half, through this warpgroup's buffer to a TMA store.
         const int row_c = m0 + cw * 64;  // the warpgroup's first row of C
