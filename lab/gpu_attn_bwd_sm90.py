@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -62,18 +61,11 @@ TIME_CASES = [  # (B, H_q, H_kv, S, D, causal)
 
 def _meta() -> dict:
     import torch
-    import triton
+
+    from kernellab.harness.bench import git_sha, versions
 
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    sha = os.environ.get("KERNELLAB_GIT_SHA")
-    if not sha:
-        try:
-            sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
-                                 text=True, timeout=10).stdout.strip()  # fmt: skip
-        except Exception:  # noqa: BLE001
-            sha = ""
-    return dict(gpu=gpu, torch=torch.__version__, triton=triton.__version__,
-                git_sha=sha, time=time.strftime("%Y-%m-%dT%H:%M:%S"))  # fmt: skip
+    return dict(gpu=gpu, **versions(), git_sha=git_sha(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
 
 
 def _check_shapes(d: int, quick: bool):

@@ -184,32 +184,6 @@ __device__ __forceinline__ void load_tile(unsigned dst, const T* __restrict__ sr
     }
 }
 
-__device__ __forceinline__ unsigned pack2(float x, float y, bool bf16) {
-    if (bf16) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-        return *reinterpret_cast<unsigned*>(&v);
-    }
-    __half2 v = __floats2half2_rn(x, y);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-
-__device__ __forceinline__ void store2(__nv_bfloat16* p, float x, float y) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-}
-__device__ __forceinline__ void store2(__half* p, float x, float y) {
-    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
-}
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-
-// The launcher passes the dynamic shared memory each variant needs (cuda_sm90.py,
-// smem_bytes); a block given less traps rather than write past it.
-__device__ __forceinline__ void check_smem(unsigned need) {
-    unsigned have;
-    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(have));
-    if (have < need) __trap();
-}
-
 // What a block does: its query rows and the key tiles they see.
 struct Block {
     int m0;       // first query row
@@ -443,27 +417,6 @@ __device__ __forceinline__ void fwd_v2(const T* __restrict__ q, const T* __restr
 // barrier's count includes it: .noinc).
 __device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
-// Box (c0, c1, c2, c3) = (column, row, head, batch) of a 4-D tensor map into shared memory
-// at dst, completing `bar` (TMA, the async proxy: no fence needed before wgmma reads it).
-__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, unsigned bar, int c0, int c1, int c2,
-                                            int c3) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
-        "[%2];\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-        : "memory");
-}
-
-// Rows [row0, row0 + R) of head (h, z) into a swizzled tile: one box of E columns x R rows
-// per slab (the map's box; its swizzle is the tile's, so the layouts agree). Rows past the
-// map's length arrive as zeros (and count toward the transaction bytes).
-template <int D, int R>
-__device__ __forceinline__ void tma_tile(unsigned dst, const TensorMap* map, unsigned bar, int row0, int h, int z) {
-    using L = Layout<D>;
-#pragma unroll
-    for (int sl = 0; sl < D / L::E; ++sl) tma_load_4d(dst + sl * (R * L::W), map, bar, sl * L::E, row0, h, z);
 }
 
 constexpr int WS_THREADS = 384;  // producer warpgroup + two consumer warpgroups

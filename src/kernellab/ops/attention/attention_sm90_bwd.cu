@@ -174,51 +174,12 @@ __device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int ro
     return make_desc(tile + row0 * L::W, R * L::W, 8 * L::W, L::MODE);
 }
 
-__device__ __forceinline__ unsigned pack2(float x, float y, bool bf16) {
-    if (bf16) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-        return *reinterpret_cast<unsigned*>(&v);
-    }
-    __half2 v = __floats2half2_rn(x, y);
-    return *reinterpret_cast<unsigned*>(&v);
-}
-__device__ __forceinline__ void store2(__nv_bfloat16* p, float x, float y) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
-}
-__device__ __forceinline__ void store2(__half* p, float x, float y) {
-    *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
-}
 __device__ __forceinline__ float2 load2f(const __nv_bfloat16* p) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
 __device__ __forceinline__ float2 load2f(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
-
-__device__ __forceinline__ void check_smem(unsigned need) {
-    unsigned have;
-    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(have));
-    if (have < need) __trap();
-}
-
-__device__ __forceinline__ void tma_load_4d(unsigned dst, const TensorMap* map, unsigned bar, int c0, int c1, int c2,
-                                            int c3) {
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
-        "[%2];\n" ::"r"(dst),
-        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-        : "memory");
-}
-
-// Rows [row0, row0 + R) of head (h, z): one box of E columns x R rows per slab; rows past
-// the map's length arrive as zeros (and count toward the transaction bytes).
-template <int D, int R>
-__device__ __forceinline__ void tma_tile(unsigned dst, const TensorMap* map, unsigned bar, int row0, int h, int z) {
-    using L = Layout<D>;
-#pragma unroll
-    for (int sl = 0; sl < D / L::E; ++sl) tma_load_4d(dst + sl * (R * L::W), map, bar, sl * L::E, row0, h, z);
-}
 
 // `bytes` (a multiple of 16) from global `src` (16-byte aligned) to shared `dst`, completing `bar`.
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {

@@ -150,10 +150,6 @@ def padded(s_q: int) -> int:
     return ceil_div(s_q, BM) * BM
 
 
-def _tensor_map(t4: Tensor, rows: int):
-    return cs._tensor_map(t4, rows)
-
-
 def splits_dq(d: int) -> bool:
     """Whether the two consumer warpgroups split dQ = dS K by columns (each over the block's
     128 keys: D / 2 accumulators a row) rather than each summing its own 64 keys over all
@@ -224,7 +220,7 @@ def backward(
         main.set_max_dynamic_shared(shared)
     main(
         (h_kv, ceil_div(s_k, bn), z), THREADS,  # heads fastest: heavy causal blocks first
-        _tensor_map(q4, BM), _tensor_map(k4, bn), _tensor_map(v4, bn), _tensor_map(do4, BM),
+        cs._tensor_map(q4, BM), cs._tensor_map(k4, bn), cs._tensor_map(v4, bn), cs._tensor_map(do4, BM),
         lse_p, delta_p, dq_acc, dk4, dv4, s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E,
         int(causal), *dk4.stride()[:3], *dv4.stride()[:3],
         shared=shared, device_index=dev,
