@@ -254,9 +254,11 @@ def _norm_shape(shape: str | None) -> str | None:
 
 
 def _work(shape: str) -> int:
-    """The product of a shape key's dims ("8192x8192x8192"); 0 where it is not all numbers."""
+    """The product of a shape key's dims ("8192x8192x8192"); 0 where it is not a shape."""
+    from kernellab.core.spec import parse_shape
+
     try:
-        return math.prod(int(d) for d in str(shape).split("x"))
+        return math.prod(parse_shape(str(shape)))
     except ValueError:
         return 0
 
