@@ -5,6 +5,11 @@ public call naming each backend, the registry's callable, and the Triton launche
 autograd node (forward, backward, both); then a cProfile of the named Triton call.
 
     PYTHONPATH=src python lab/probe_attn_host.py [--out FILE.jsonl] [--shape 1,2,64,64]
+                                                 [--profile triton|cuda|cuda_v8|...]
+
+``--profile`` names the backend whose public call is cProfiled (and checked for host
+synchronizations with ``torch.cuda.set_sync_debug_mode``); on an sm_90 GPU the Hopper
+CUDA backends (``cuda``, ``cuda_v8``, ``cuda_v9``) are timed beside the others.
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ def main(argv=None) -> int:
     p.add_argument("--shape", default="1,2,64,64")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--profile-calls", type=int, default=300)
+    p.add_argument("--profile", default="triton", help="the backend whose call is cProfiled")
     a = p.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     shape = tuple(int(s) for s in a.shape.split(","))
@@ -148,8 +154,12 @@ def main(argv=None) -> int:
         "default": grad_of(lambda: kernellab.attention(q, k, v, causal=True)),
     }
     if dev == "cuda":
-        for be in ("sdpa_flash", "sdpa_cudnn"):
+        backends = ["sdpa_flash", "sdpa_cudnn"]
+        if torch.cuda.get_device_capability() == (9, 0):
+            backends += ["cuda", "cuda_v8", "cuda_v9", "cuda_v7"]
+        for be in backends:
             fns[be] = grad_of(lambda be=be: kernellab.attention(q, k, v, causal=True, backend=be))
+        fns["cuda_fwd"] = lambda: kernellab.attention(q, k, v, causal=True, backend="cuda")
     res = timer.paired_us(fns, lambda n: "sdpa", a.rounds)
     meta = {"git_sha": git_sha(), **versions(), "device": dev,
             "gpu": torch.cuda.get_device_name() if dev == "cuda" else None}  # fmt: skip
@@ -162,9 +172,23 @@ def main(argv=None) -> int:
     for k_, v_ in line.items():
         print(f"{k_:24s} {v_}")
     _inside(q, k, v, g, scale, line)
-    f = fns["triton"]
+    f = fns[a.profile] if a.profile in fns else grad_of(
+        lambda: kernellab.attention(q, k, v, causal=True, backend=a.profile)
+    )
     for _ in range(20):
         f()
+    if dev == "cuda":  # a host synchronization inside the call (it serializes host and device)
+        import warnings
+
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            f()
+        torch.cuda.set_sync_debug_mode("default")
+        line["profile_backend"] = a.profile
+        line["profile_syncs"] = [str(w.message)[:200] for w in caught]
+        print("syncs in one call of", a.profile, ":", line["profile_syncs"])
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(a.profile_calls):
