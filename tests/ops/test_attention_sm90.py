@@ -263,7 +263,7 @@ def test_module_is_sm90a_only():
 def test_shared_memory_fits_and_matches_the_kernel():
     """smem_bytes is what the kernel checks (check_smem traps below it): 1 KB of alignment,
     the Q tile and per stage a K and a V tile; all within the 227 KB a block may use. v7 is
-    tiled by V7_TILES (64 keys x 2 stages at D = 256; the 80 x 2 candidate 225 KB), the others by block_n."""
+    tiled by V7_TILES (80 keys x 2 stages at D = 256: 225 KB), the others by block_n."""
     for d in cs.HEAD_DIMS:
         bn = cs.block_n(d)
         assert bn == (64 if d == 256 else 128)
@@ -277,7 +277,7 @@ def test_shared_memory_fits_and_matches_the_kernel():
             assert cs.smem_bytes("v7", d, t) + 64 <= cs.SMEM_LIMIT
             cs.check_tiles(d, t)
         assert cs.smem_bytes("v7", d) == cs.smem_bytes("v7", d, cs.V7_TILES[d])
-        assert cs.V7_TILES[d] == (cs.Tiles(64, 2) if d == 256 else cs.Tiles(128, 3))
+        assert cs.V7_TILES[d] == (cs.Tiles(80, 2) if d == 256 else cs.Tiles(128, 3))
         assert cs.V7_TILES_FIRST[d] == cs.tiles_of("v6", d)  # v7's first tiling: v6's
     with pytest.raises(ValueError, match="227 KB"):
         cs.check_tiles(256, cs.Tiles(80, 3))
@@ -647,7 +647,7 @@ def test_runtime_passes_a_tensor_map_by_value(monkeypatch):
     assert ctypes.sizeof(runtime.TensorMap) == 128
 
 
-@pytest.mark.parametrize("tiles", [None, cs.Tiles(80, 2)], ids=["default", "80x2"])
+@pytest.mark.parametrize("tiles", [None, cs.Tiles(64, 2)], ids=["default", "64x2"])
 def test_launcher_v7_tiling(recorder, monkeypatch, tiles):
     """v7 at D = 256: K / V boxes of the tiling's keys (64 by default, V7_TILES), the shared
     memory of its ring, the kernel from the tiling's module (MODULES[256] by default);

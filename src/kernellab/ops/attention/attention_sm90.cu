@@ -430,19 +430,18 @@ struct WsStages {
 // v7's key tile and ring depth per head dim (cuda_sm90.py, V7_TILES, mirrors this; a module
 // built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s holds only v7's kernels, at that tiling:
 // how the launcher runs another tile set beside the default). D <= 128: v2-v6's 128 keys x 3
-// stages. D = 256: 64 keys x 2 stages. The candidate beside it (V7_TILINGS, timed by the lab
-// before it can become the default) is FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) +
-// 2 x 2 x 40 = 225 KB of the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5
-// MFLOP of MMA per block against 8.4 at 64 keys, for the same per-tile costs (two full /
-// empty barrier round trips, two turn hand-overs, one row max and sum with its shuffles, one
-// rescale of the 128 O registers): 20% fewer per key. Registers: O 128 + S 40 + P 20 = 188.
+// stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) + 2 x 2 x 40 = 225 KB of
+// the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP of MMA per block
+// against 8.4 at v2-v6's 64 keys, for the same per-tile costs (two full / empty barrier round
+// trips, two turn hand-overs, one row max and sum with its shuffles, one rescale of the 128 O
+// registers): 20% fewer per key. Registers: O 128 + S 40 + P 20 = 188.
 template <int D>
 struct V7Tiles {
 #if defined(KL_ATTN_V7_BN)
     static constexpr int BN = KL_ATTN_V7_BN;
     static constexpr int STAGES = KL_ATTN_V7_STAGES;
 #else
-    static constexpr int BN = Tiles<D>::BN;
+    static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
     static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
 #endif
     static constexpr unsigned KV_BYTES = BN * D * 2;
