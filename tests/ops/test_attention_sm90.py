@@ -73,9 +73,7 @@ def test_wgmma_header_is_the_generators():
 
     for rel, spec in wgmma.HEADERS.items():
         path = cs.CU.parents[2] / rel
-        assert path.read_text() == wgmma.header(*spec), (
-            f"{rel}: regenerate (python -m kernellab.cuda.wgmma)"
-        )
+        assert path.read_text() == wgmma.header(*spec), f"{rel}: regenerate (python -m kernellab.cuda.wgmma)"
 
 
 def test_every_head_dim_compiles_for_sm90a_with_every_kernel_and_no_local_memory():
@@ -496,6 +494,7 @@ def recorder(monkeypatch):
     monkeypatch.setattr(cs.Module, "kernel", kernel)
     monkeypatch.setattr(cs, "_device_index", lambda t: 0)
     monkeypatch.setattr(cs, "tensor_map", tensor_map)
+    monkeypatch.setattr(cs, "PLANS", {})  # (plans bind the kernels they were made with)
     rec.names = names
     return rec
 
@@ -645,6 +644,12 @@ def test_runtime_passes_a_tensor_map_by_value(monkeypatch):
     kern(1, 1, m, 7, device_index=0)
     assert seen["map"] == bytes(m) and seen["n"] == 7
     assert ctypes.sizeof(runtime.TensorMap) == 128
+    with pytest.raises(TypeError, match="k: a tensor-map argument takes a TensorMap"):
+        kern(1, 1, 12345, 7, device_index=0)
+    with pytest.raises(TypeError):
+        kern(1, 1, m, m, device_index=0)  # a map where an int goes
+    kern(1, 1, m, True, device_index=0)  # a bool is an int's value
+    assert seen["n"] == 1
 
 
 @pytest.mark.parametrize("tiles", [None, cs.Tiles(64, 2)], ids=["default", "64x2"])
@@ -683,6 +688,47 @@ def test_launcher_3d_and_empty(recorder):
     o, lse = cs.forward(torch.randn(2, 4, 5, 64, dtype=torch.float16), no_keys, no_keys, False, 0.1, "v4")
     assert len(recorder.calls) == n  # no key: o = 0, lse = -inf without a launch (as the reference)
     assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+
+
+def test_launch_plan_made_once_per_layout_and_bound_to_each_calls_tensors(recorder):
+    """The second call at the same shapes, strides and options reuses the first's plan
+    (one entry in PLANS, no new kernel lookup) and launches with its own tensors' addresses
+    and a fresh o; another stride layout or option is another plan; a refusal is no plan."""
+    q, k, v = (torch.randn(1, 4, 70, 64, dtype=torch.bfloat16) for _ in range(3))
+    o1, _ = cs.forward(q, k, v, True, 0.125, "v7")
+    q2, k2, v2 = (torch.randn(1, 4, 70, 64, dtype=torch.bfloat16) for _ in range(3))
+    o2, lse2 = cs.forward(q2, k2, v2, True, 0.125, "v7")
+    assert len(cs.PLANS) == 1 and recorder.names == ["attn_fwd_v7_d64_bf16"]
+    first, second = recorder.calls[0][2], recorder.calls[1][2]
+    assert [m[1] for m in second[:4]] == [q2.data_ptr(), k2.data_ptr(), v2.data_ptr(), o2.data_ptr()]
+    assert [m[3:] for m in second[:4]] == [m[3:] for m in first[:4]] and second[4] is lse2
+    assert o2.data_ptr() != o1.data_ptr() and second[5:] == first[5:]
+    cs.forward(q, k, v, False, 0.125, "v7")
+    qkv = torch.randn(1, 70, 3, 4, 64, dtype=torch.bfloat16)
+    cs.forward(*qkv.permute(2, 0, 3, 1, 4).unbind(0), True, 0.125, "v7")  # a model's strided views
+    assert len(cs.PLANS) == 3 and recorder.calls[-1][2][0][4] == (
+        2 * 3 * 4 * 64,
+        2 * 64,
+        2 * 64 * 70 * 4,
+    )  # batch of 1: packed
+    with pytest.raises(ValueError, match="scale must be positive"):
+        cs.forward(q, k, v, True, -1.0, "v7")
+    assert len(cs.PLANS) == 3
+
+
+def test_launch_plan_steps_over_strides_of_length_one_dims(recorder):
+    """A dim of length 1 is never stepped along: whatever its stride, the tensor is read in
+    place (the map gives it the packed stride); a copy is made only for dims that matter."""
+    base = torch.randn(4, 33, 128, dtype=torch.float16)
+    odd = base.as_strided((1, 4, 33, 128), (3, 33 * 128, 128, 1))  # batch stride 3: unused
+    assert cs.in_place(odd, True) and cs._chunked(cs.at._split(odd), True) is not None
+    cs.forward(odd, odd, odd, True, 0.1, "v7")
+    tq = recorder.calls[-1][2][0]
+    assert tq[1] == odd.data_ptr() and tq[4] == (256, 256 * 33, 256 * 33 * 4)
+    sliced = torch.randn(1, 4, 33, 256, dtype=torch.float16)[..., ::2]  # D stride 2: copied
+    assert not cs.in_place(sliced, True)
+    cs.forward(sliced, sliced, sliced, True, 0.1, "v7")
+    assert recorder.calls[-1][2][0][1] != sliced.data_ptr()
 
 
 @pytest.mark.parametrize("variant", cs.VARIANTS)

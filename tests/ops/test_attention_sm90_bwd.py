@@ -573,6 +573,8 @@ def recorder(monkeypatch):
     monkeypatch.setattr(cb.Module, "kernel", kernel)
     monkeypatch.setattr(cs, "_device_index", lambda t: 0)
     monkeypatch.setattr(cs, "tensor_map", tensor_map)
+    monkeypatch.setattr(cs, "PLANS", {})  # (plans bind the kernels they were made with)
+    monkeypatch.setattr(cb, "PLANS", {})
     return calls
 
 
@@ -634,6 +636,32 @@ def test_launcher_v9(recorder):
     assert recorder[1][4] == cb.smem_bytes(256, "v9") == cb.smem_bytes(256)
     with pytest.raises(ValueError, match="variant"):
         cb.backward(q, q, q, q, q, torch.zeros(1, 2, 9), False, 0.1, "v10")
+
+
+def test_backward_plan_made_once_and_bound_to_each_calls_tensors(recorder):
+    """A second backward at the same layout reuses the plan (one entry in cb.PLANS) and
+    launches with its own tensors and fresh buffers; a misaligned do (same strides) is
+    copied to an aligned one first; a transposed do (other strides) is read in place."""
+    shape = (1, 4, 70, 64)
+    q, k, v, o, do = (torch.randn(*shape, dtype=torch.bfloat16) for _ in range(5))
+    lse = torch.zeros(1, 4, 70)
+    cb.backward(do, q, k, v, o, lse, True, 0.125, "v9")
+    q2, k2, v2, o2, do2 = (torch.randn(*shape, dtype=torch.bfloat16) for _ in range(5))
+    cb.backward(do2, q2, k2, v2, o2, lse, True, 0.125, "v9")
+    assert len(cb.PLANS) == 1 and len(recorder) == 6
+    pre1, main1, post1, pre2, main2, post2 = (c[3] for c in recorder)
+    assert pre2[0] is o2 and pre2[1] is do2 and pre2[6:] == pre1[6:]
+    assert [m[1] for m in main2[:4]] == [q2.data_ptr(), k2.data_ptr(), v2.data_ptr(), do2.data_ptr()]
+    assert main2[4] is pre2[3] and main2[6] is pre2[5] is post2[0] and main2[6] is not main1[6]
+    assert main2[9:] == main1[9:] and post2[2:] == post1[2:]
+    buf = torch.randn(1 + do.numel(), dtype=torch.bfloat16)
+    off = buf[1:].view(shape)  # do's strides, base 2 bytes off 16
+    cb.backward(off, q, k, v, o, lse, True, 0.125, "v9")
+    assert len(cb.PLANS) == 1 and recorder[-2][3][3][1] % 16 == 0
+    torch.testing.assert_close(recorder[-3][3][1], off, rtol=0, atol=0)
+    bshd = torch.randn(1, 70, 4, 64, dtype=torch.bfloat16).transpose(1, 2)  # a model's do: no copy
+    cb.backward(bshd, q, k, v, o, lse, True, 0.125, "v9")
+    assert len(cb.PLANS) == 2 and recorder[-2][3][3][1] == bshd.data_ptr()
 
 
 def test_cuda_runs_the_variant_one_constant_names():

@@ -240,6 +240,14 @@ class TensorMap(ctypes.Structure):
     _fields_ = [("opaque", ctypes.c_uint64 * 16)]
 
 
+_TMAP_BYTES = ctypes.sizeof(TensorMap)
+
+
+def _value(a):
+    """A kernel argument's value for its ctypes slot: a tensor's data pointer, else itself."""
+    return a.data_ptr() if isinstance(a, torch.Tensor) else a
+
+
 _CTYPE = {
     "ptr": ctypes.c_void_p,
     "i64": ctypes.c_int64,
@@ -489,16 +497,22 @@ class Kernel:
                 raise CudaError(f"{self.name}: tensor-map arguments need the direct launch (cuda_launch)")
             values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
             return self._launch_core(stream, (gx, gy, gz), (bx, by, bz), shared, values)
-        with self._lock:
+        with self._lock:  # (type() tests first: cheaper than isinstance on this path)
             if self._has_maps:
                 for slot, a in zip(self._slots, args):
-                    if isinstance(slot, TensorMap):
-                        ctypes.memmove(ctypes.addressof(slot), ctypes.addressof(a), ctypes.sizeof(TensorMap))
+                    if type(slot) is TensorMap:
+                        if type(a) is not TensorMap:
+                            raise TypeError(
+                                f"{self.name}: a tensor-map argument takes a TensorMap, got {type(a)}"
+                            )
+                        ctypes.memmove(ctypes.addressof(slot), ctypes.addressof(a), _TMAP_BYTES)
                     else:
-                        slot.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
+                        t = type(a)
+                        slot.value = a if t is int or t is float else _value(a)
             else:
                 for slot, a in zip(self._slots, args):
-                    slot.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
+                    t = type(a)
+                    slot.value = a if t is int or t is float else _value(a)
             rc = self._launch(self._handle, gx, gy, gz, bx, by, bz, shared, stream, self._params, None)
             if rc == _INVALID_CONTEXT:  # this thread's first launch: bind the context, retry
                 _bind_context(device_index)

@@ -189,9 +189,7 @@ def _chunked(t4: Tensor, tma: bool = False) -> Tensor:
     """t4 (Z, H, S, D) as the kernels read it: rows of whole 16-byte chunks (unit stride over
     D, the other strides multiples of 8 elements, a 16-byte aligned base; for TMA no zero
     stride over a dim longer than 1, as an expanded tensor has); else a copy."""
-    st = t4.stride()
-    whole = all(s % 8 == 0 and (s or n == 1 or not tma) for s, n in zip(st[:3], t4.shape[:3]))
-    if st[-1] == 1 and whole and t4.data_ptr() % 16 == 0:
+    if _rows_whole(t4, tma) and t4.data_ptr() % 16 == 0:
         return t4
     c = t4.contiguous()
     return c if c.data_ptr() % 16 == 0 else c.clone()
@@ -202,29 +200,105 @@ def forward(
 ) -> tuple[Tensor, Tensor]:
     """(o, lse) of one variant's kernel (``triton.forward``'s outputs: o in empty_bshd's
     layout, lse (..., S_q) fp32 in log2 units, -inf for a row that sees no key). ``tiles``:
-    v7 only, another tiling than V7_TILES (the lab times one beside the other)."""
+    v7 only, another tiling than V7_TILES (the lab times one beside the other).
+
+    Everything but the tensors' addresses is worked out once per (shapes, strides, dtypes,
+    device, options) into a ``Plan`` (``_plan_forward``, cached in ``PLANS``); a call then
+    allocates o and lse, encodes (or finds cached) the tensor maps and launches."""
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+           q.device, causal, scale, variant, tiles)  # fmt: skip
+    p = PLANS.get(key)
+    if p is None:
+        p = remember(key, _plan_forward(q, k, v, causal, scale, variant, tiles))
+    if p.copy or (p.launch is not None and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15):
+        q, k, v = (_whole(t, p.tma) for t in (q, k, v))  # contiguous, aligned: a plan of its own
+        return forward(q, k, v, causal, scale, variant, tiles)
+    o = torch.empty_strided(p.out[0], p.out[1], dtype=q.dtype, device=q.device)
+    lse = torch.empty(p.lse, dtype=torch.float32, device=q.device)
+    if p.launch is None:  # no query row, or no key: every row empty (what the kernels would write)
+        return (o, lse) if p.empty else (o.zero_(), lse.fill_(float("-inf")))
+    p.launch(q, k, v, o, lse)
+    return o, lse
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A launch worked out for one (shapes, strides, dtypes, device, options): ``out`` the
+    (size, stride) of o (empty_bshd's), ``lse`` its size; ``launch(q, k, v, o, lse)`` the
+    kernel launch with everything but the addresses bound (None: nothing to launch,
+    ``empty``: no query row, else no key); ``copy``: an input must be copied first
+    (``_whole``), ``tma``: whether the kernel reads tensor maps."""
+
+    out: tuple
+    lse: tuple
+    launch: object = None
+    empty: bool = False
+    copy: bool = False
+    tma: bool = False
+
+
+PLANS: dict = {}  # forward plans by (shapes, strides, dtypes, device, options)
+PLAN_LIMIT = 4096  # a cache past this many plans is emptied (a shape-changing workload)
+
+
+def remember(key, plan, plans: dict | None = None):
+    """``plan`` kept under ``key`` in ``plans`` (default PLANS), which is emptied first once
+    it holds PLAN_LIMIT plans; returns ``plan``."""
+    plans = PLANS if plans is None else plans
+    if len(plans) >= PLAN_LIMIT:
+        plans.clear()
+    plans[key] = plan
+    return plan
+
+
+def in_place(t: Tensor, tma: bool) -> bool:
+    """Whether the kernels read t (..., S, D) where it is (``_chunked`` would keep its 4-D
+    view): its (Z, H, S, D) view is a view, rows of whole 16-byte chunks, and (for TMA)
+    no zero stride over a dim longer than 1. The base's alignment is the call's to check."""
+    t4 = at._split(t)
+    if t4.data_ptr() != t.data_ptr():
+        return False  # the leading dims could not be viewed as one: _split copied them
+    return _rows_whole(t4, tma)
+
+
+def _rows_whole(t4: Tensor, tma: bool) -> bool:
+    """Unit stride over D and the other strides multiples of 8 elements (for TMA: none 0),
+    over the dims longer than 1 (the kernels never step along the others)."""
+    st = t4.stride()
+    return st[-1] == 1 and all(
+        n == 1 or (s % 8 == 0 and (s or not tma)) for s, n in zip(st[:3], t4.shape[:3])
+    )
+
+
+def _whole(t: Tensor, tma: bool) -> Tensor:
+    """t as the kernels read it (``_chunked`` of its 4-D view), in t's shape."""
+    return _chunked(at._split(t), tma).reshape(t.shape)
+
+
+def _plan_forward(q, k, v, causal, scale, variant, tiles) -> Plan:
+    """The ``Plan`` of ``forward`` at these tensors' shapes, strides and dtypes (and its
+    refusals: ValueError / TypeError naming the argument)."""
     backend = f"cuda_{variant}"
     check_dtype(q, DTYPES, backend)
     check_head_dim(q, HEAD_DIMS, backend)
     if not scale > 0:  # (the kernels take the row max of the raw scores: a positive scale)
         raise ValueError(f"attention/{backend}: scale must be positive, got {scale!r}")
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
-    o = at.empty_bshd(lead, s_q, d, q.dtype, q.device)
-    lse = torch.empty(tuple(lead) + (s_q,), dtype=torch.float32, device=q.device)
-    q4, k4, v4, o4 = at._split(q), at._split(k), at._split(v), at._split(o)
+    o_meta = at.empty_bshd(lead, s_q, d, q.dtype, "meta")
+    out, lse = (tuple(o_meta.shape), o_meta.stride()), tuple(lead) + (s_q,)
+    q4, k4, v4, o4 = at._split(q), at._split(k), at._split(v), at._split(o_meta)
     z, h, h_kv = q4.shape[0], q4.shape[1], k4.shape[1]
     if h > GRID_LIMIT or z > GRID_LIMIT:
         raise ValueError(
             f"attention/{backend}: q folds to {z} batches x {h} heads; each must be at most {GRID_LIMIT} "
             "(CUDA grid y and z)"
         )
-    if not (s_q and z and h):
-        return o, lse
     t = tiles_of(variant, d, tiles)
-    if not s_k:  # no key at all: every row is empty (what the kernels would write)
-        return o.zero_(), lse.fill_(float("-inf"))
+    if not (s_q and z and h) or not s_k:
+        return Plan(out, lse, empty=not (s_q and z and h))
     tma = variant in TMA_VARIANTS
-    q4, k4, v4 = _chunked(q4, tma), _chunked(k4, tma), _chunked(v4, tma)
+    if not all(in_place(x, tma) for x in (q, k, v)):
+        return Plan(out, lse, copy=True, tma=tma)
     dev = _device_index(q)
     name = f"attn_fwd_{variant}_d{d}_{DTYPE_SUFFIX[q.dtype]}"
     mod = v7_module(d, t) if variant == "v7" else MODULES[d]
@@ -232,39 +306,47 @@ def forward(
     shared = _smem(d, t)
     if shared > kern.max_dynamic_shared:
         kern.set_max_dynamic_shared(shared)
-    grid, group = (ceil_div(s_q, BM), h, z), h // h_kv
+    grid, threads = (ceil_div(s_q, BM), h, z), THREADS[variant]
+    scalars = (s_q, s_k, h, h // h_kv, float(scale) * LOG2E, int(causal))
+    if tma:
+        mq, mk, mv = _map_args(q4, BM), _map_args(k4, t.bn), _map_args(v4, t.bn)
     if variant in TMA_STORE_VARIANTS:  # o is empty_bshd's: rows of D x 2 bytes, a fresh aligned base
-        bn = t.bn
-        kern(
-            grid, THREADS[variant],
-            _tensor_map(q4, BM), _tensor_map(k4, bn), _tensor_map(v4, bn), _tensor_map(o4, BM // 2), lse,
-            s_q, s_k, h, group, float(scale) * LOG2E, int(causal),
-            shared=shared, device_index=dev,
-        )  # fmt: skip
+        mo = _map_args(o4, BM // 2)
+
+        def launch(q, k, v, o, lse):
+            kern(
+                grid, threads,
+                tensor_map(q.data_ptr(), *mq), tensor_map(k.data_ptr(), *mk), tensor_map(v.data_ptr(), *mv),
+                tensor_map(o.data_ptr(), *mo), lse, *scalars,
+                shared=shared, device_index=dev,
+            )  # fmt: skip
+
     elif tma:
-        bn = t.bn
-        kern(
-            grid, THREADS[variant],
-            _tensor_map(q4, BM), _tensor_map(k4, bn), _tensor_map(v4, bn), o4, lse,
-            s_q, s_k, h, group, float(scale) * LOG2E, int(causal), *o4.stride()[:3],
-            shared=shared, device_index=dev,
-        )  # fmt: skip
+        o_strides = o4.stride()[:3]
+
+        def launch(q, k, v, o, lse):
+            kern(
+                grid, threads,
+                tensor_map(q.data_ptr(), *mq), tensor_map(k.data_ptr(), *mk), tensor_map(v.data_ptr(), *mv),
+                o, lse, *scalars, *o_strides,
+                shared=shared, device_index=dev,
+            )  # fmt: skip
+
     else:
-        kern(
-            grid, THREADS[variant],
-            q4, k4, v4, o4, lse, s_q, s_k, h, group, float(scale) * LOG2E, int(causal),
-            *q4.stride()[:3], *k4.stride()[:3], *v4.stride()[:3], *o4.stride()[:3],
-            shared=shared, device_index=dev,
-        )  # fmt: skip
-    return o, lse
+        strides = q4.stride()[:3] + k4.stride()[:3] + v4.stride()[:3] + o4.stride()[:3]
+
+        def launch(q, k, v, o, lse):
+            kern(grid, threads, q, k, v, o, lse, *scalars, *strides, shared=shared, device_index=dev)
+
+    return Plan(out, lse, launch=launch, tma=tma)
 
 
-def _tensor_map(t4: Tensor, rows: int):
-    """The TMA map of t4 (Z, H, S, D) as v4-v7 copy it: dims (D, S, H, Z) innermost first,
-    one box = one column slab of a tile (W / 2 columns x ``rows`` rows of one head; v7's
-    map of o: 64 rows, one consumer warpgroup's),
-    swizzled as the tile is (swizzle_bytes). A dim of length 1 is given the packed stride
-    (its stride is never used; TMA wants a multiple of 16 bytes)."""
+def _map_args(t4: Tensor, rows: int) -> tuple:
+    """``tensor_map``'s arguments after the address for t4 (Z, H, S, D) as v4-v7 copy it:
+    dims (D, S, H, Z) innermost first, one box = one column slab of a tile (W / 2 columns x
+    ``rows`` rows of one head; v7's map of o: 64 rows, one consumer warpgroup's), swizzled as
+    the tile is (swizzle_bytes). A dim of length 1 is given the packed stride (its stride is
+    never used; TMA wants a multiple of 16 bytes)."""
     z, h, s, d = t4.shape
     st = t4.stride()
     strides, packed = [], d
@@ -272,7 +354,12 @@ def _tensor_map(t4: Tensor, rows: int):
         strides.append(2 * (stride if n > 1 else packed))
         packed *= n
     w = swizzle_bytes(d)
-    return tensor_map(t4.data_ptr(), 2, (d, s, h, z), tuple(strides), (w // 2, rows, 1, 1), w)
+    return 2, (d, s, h, z), tuple(strides), (w // 2, rows, 1, 1), w
+
+
+def _tensor_map(t4: Tensor, rows: int):
+    """The TMA map of t4 (Z, H, S, D) as v4-v7 copy it (``_map_args``)."""
+    return tensor_map(t4.data_ptr(), *_map_args(t4, rows))
 
 
 # --------------------------------------------------------------------------- the kernel's math in PyTorch
@@ -475,4 +562,3 @@ for _variant in VARIANTS:
         dtypes=DTYPES,
         description=_DESCRIPTIONS[_variant],
     )(_fn)
-

@@ -45,6 +45,7 @@ kernel sums it, ``splits_dq``): the CPU tests hold it against the float64 refere
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -178,66 +179,116 @@ def backward(
     variant: str = "v8",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) in ``empty_bshd``'s layout from the saved o and lse ((..., S_q) fp32,
-    log2 units: the forward's), by the variant's kernels (``VARIANTS``)."""
+    log2 units: the forward's), by the variant's kernels (``VARIANTS``). As the forward,
+    everything but the addresses is worked out once per (shapes, strides, dtype, device,
+    options) into a ``BwdPlan`` (``_plan_backward``, cached in ``PLANS``)."""
+    key = (do.shape, do.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+           o.shape, o.stride(), lse.shape, lse.stride(), q.dtype, q.device, causal, scale, variant)  # fmt: skip
+    p = PLANS.get(key)
+    if p is None:
+        p = cs.remember(key, _plan_backward(do, q, k, v, o, lse, causal, scale, variant), PLANS)
+    if p.triton:
+        return at.backward(do, q, k, v, o, lse, causal, scale)
+    if p.copy or (
+        p.launch is not None
+        and (do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | o.data_ptr()) & 15
+    ):  # contiguous, aligned copies: a plan of their own
+        do, q, k, v = (cs._whole(t, True) for t in (do, q, k, v))
+        return backward(do, q, k, v, cs._whole(o, False), lse.contiguous(), causal, scale, variant)
+    dev = q.device
+    (sq, tq), (sk, tk), (sv, tv) = p.grads
+    dq = torch.empty_strided(sq, tq, dtype=q.dtype, device=dev)
+    dk = torch.empty_strided(sk, tk, dtype=k.dtype, device=dev)
+    dv = torch.empty_strided(sv, tv, dtype=v.dtype, device=dev)
+    if p.launch is None:  # nothing to sum: every gradient is zero
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    lse_p = torch.empty(p.pad, dtype=torch.float32, device=dev)
+    delta_p = torch.empty(p.pad, dtype=torch.float32, device=dev)
+    dq_acc = torch.empty(p.acc, dtype=torch.float32, device=dev)
+    p.launch(do, q, k, v, o, lse, dq, dk, dv, lse_p, delta_p, dq_acc)
+    return dq, dk, dv
+
+
+@dataclass(frozen=True)
+class BwdPlan:
+    """``backward``'s launches worked out for one (shapes, strides, dtype, device, options):
+    ``grads`` the (size, stride) of dq, dk, dv (empty_bshd's), ``pad`` the size of the padded
+    lse and delta buffers, ``acc`` of the fp32 dQ accumulator; ``launch(do, q, k, v, o, lse,
+    dq, dk, dv, lse_p, delta_p, dq_acc)`` the three kernels with everything but the addresses
+    bound (None: nothing to sum); ``copy``: an input must be copied first; ``triton``: the
+    head dim has no CUDA backward (``backward_kernel``)."""
+
+    grads: tuple = ()
+    pad: tuple = ()
+    acc: tuple = ()
+    launch: object = None
+    copy: bool = False
+    triton: bool = False
+
+
+PLANS: dict = {}  # backward plans by (shapes, strides, dtype, device, options)
+
+
+def _plan_backward(do, q, k, v, o, lse, causal, scale, variant) -> BwdPlan:
+    """The ``BwdPlan`` of ``backward`` at these tensors' shapes and strides (and its
+    refusals, ValueError naming the argument)."""
     if variant not in VARIANTS:
         raise ValueError(f"attention/cuda: backward variant must be one of {VARIANTS}, got {variant!r}")
-    lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    s_q, s_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     if backward_kernel(d) != "cuda":
-        return at.backward(do, q, k, v, o, lse, causal, scale)
-    dq = at.empty_bshd(lead, s_q, d, q.dtype, q.device)
-    dk = at.empty_bshd(k.shape[:-2], s_k, d, k.dtype, k.device)
-    dv = at.empty_bshd(v.shape[:-2], s_k, d, v.dtype, v.device)
+        return BwdPlan(triton=True)
+    metas = [at.empty_bshd(t.shape[:-2], t.shape[-2], d, t.dtype, "meta") for t in (q, k, v)]
+    grads = tuple((tuple(m.shape), m.stride()) for m in metas)
     q4, k4, v4, do4, o4 = (at._split(t) for t in (q, k, v, do, o))
-    dq4, dk4, dv4 = at._split(dq), at._split(dk), at._split(dv)
+    dq4, dk4, dv4 = (at._split(m) for m in metas)
     z, h, h_kv = q4.shape[0], q4.shape[1], k4.shape[1]
-    if not (z and h and s_q and s_k):  # nothing to sum: every gradient is zero
-        return dq.zero_(), dk.zero_(), dv.zero_()
+    if not (z and h and s_q and s_k):
+        return BwdPlan(grads)
     bn = block_n(d)
     if h > GRID_LIMIT or z > GRID_LIMIT or ceil_div(s_k, bn) > GRID_LIMIT:
         raise ValueError(
             f"attention/cuda_{variant}: q folds to {z} batches x {h} heads and k to {ceil_div(s_k, bn)} "
-            f"blocks of "
-            f"{bn} keys; each must be at most {GRID_LIMIT} (CUDA grid y and z)"
+            f"blocks of {bn} keys; each must be at most {GRID_LIMIT} (CUDA grid y and z)"
         )
-    q4, k4, v4, do4 = (cs._chunked(t, True) for t in (q4, k4, v4, do4))
-    o4 = cs._chunked(o4)
-    lse = lse.contiguous()
+    if not (
+        all(cs.in_place(t, True) for t in (q, k, v, do)) and cs.in_place(o, False) and lse.is_contiguous()
+    ):
+        return BwdPlan(grads, copy=True)
     s_pad = padded(s_q)
-    lse_p = torch.empty((z * h, s_pad), dtype=torch.float32, device=q.device)
-    delta_p = torch.empty_like(lse_p)
-    dq_acc = torch.empty((z * h, s_pad, d), dtype=torch.float32, device=q.device)
     dev = cs._device_index(q)
     sfx = DTYPE_SUFFIX[q.dtype]
     mod = MODULES[d]
-    mod.kernel(f"attn_bwd_pre_{sfx}", SIG_PRE, dev)(
-        (s_pad // PRE_ROWS, h, z), 32 * PRE_ROWS,
-        o4, do4, lse, lse_p, delta_p, dq_acc, s_q, s_pad, h, d, *o4.stride()[:3], *do4.stride()[:3],
-        device_index=dev,
-    )  # fmt: skip
+    pre = mod.kernel(f"attn_bwd_pre_{sfx}", SIG_PRE, dev)
     main = mod.kernel(f"attn_bwd_{variant}_d{d}_{sfx}", SIG_MAIN, dev)
     shared = smem_bytes(d, variant)
     if shared > main.max_dynamic_shared:
         main.set_max_dynamic_shared(shared)
-    main(
-        (h_kv, ceil_div(s_k, bn), z), THREADS,  # heads fastest: heavy causal blocks first
-        cs._tensor_map(q4, BM), cs._tensor_map(k4, bn), cs._tensor_map(v4, bn), cs._tensor_map(do4, BM),
-        lse_p, delta_p, dq_acc, dk4, dv4, s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E,
-        int(causal), *dk4.stride()[:3], *dv4.stride()[:3],
-        shared=shared, device_index=dev,
-    )  # fmt: skip
-    if bulk_dq(d, variant):  # the accumulator in the staging order (dq_frag_offset)
-        mod.kernel(f"attn_bwd_post_blk_{sfx}", SIG_POST_BLK, dev)(
-            (ceil_div(s_pad * d // 4, POST_THREADS), h, z), POST_THREADS,  # a float4 a thread
-            dq_acc, dq4, s_q, s_pad, h, d, dq_cols(d), float(scale), *dq4.stride()[:3],
-            device_index=dev,
-        )  # fmt: skip
+    g_pre, pre_args = (s_pad // PRE_ROWS, h, z), (s_q, s_pad, h, d, *o4.stride()[:3], *do4.stride()[:3])
+    g_main = (h_kv, ceil_div(s_k, bn), z)  # heads fastest: heavy causal blocks first
+    mq, mk, mv, mdo = cs._map_args(q4, BM), cs._map_args(k4, bn), cs._map_args(v4, bn), cs._map_args(do4, BM)
+    main_args = (s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E, int(causal),
+                 *dk4.stride()[:3], *dv4.stride()[:3])  # fmt: skip
+    if bulk_dq(d, variant):  # the accumulator in the staging order (dq_frag_offset): a float4 a thread
+        post = mod.kernel(f"attn_bwd_post_blk_{sfx}", SIG_POST_BLK, dev)
+        g_post = (ceil_div(s_pad * d // 4, POST_THREADS), h, z)
+        post_args = (s_q, s_pad, h, d, dq_cols(d), float(scale), *dq4.stride()[:3])
     else:
-        mod.kernel(f"attn_bwd_post_{sfx}", SIG_POST, dev)(
-            (ceil_div(s_q * d // 2, POST_THREADS), h, z), POST_THREADS,
-            dq_acc, dq4, s_q, s_pad, h, d, float(scale), *dq4.stride()[:3],
-            device_index=dev,
+        post = mod.kernel(f"attn_bwd_post_{sfx}", SIG_POST, dev)
+        g_post = (ceil_div(s_q * d // 2, POST_THREADS), h, z)
+        post_args = (s_q, s_pad, h, d, float(scale), *dq4.stride()[:3])
+
+    def launch(do, q, k, v, o, lse, dq, dk, dv, lse_p, delta_p, dq_acc):
+        pre(g_pre, 32 * PRE_ROWS, o, do, lse, lse_p, delta_p, dq_acc, *pre_args, device_index=dev)
+        tmap = cs.tensor_map
+        main(
+            g_main, THREADS,
+            tmap(q.data_ptr(), *mq), tmap(k.data_ptr(), *mk), tmap(v.data_ptr(), *mv), tmap(do.data_ptr(), *mdo),
+            lse_p, delta_p, dq_acc, dk, dv, *main_args,
+            shared=shared, device_index=dev,
         )  # fmt: skip
-    return dq, dk, dv
+        post(g_post, POST_THREADS, dq_acc, dq, *post_args, device_index=dev)
+
+    return BwdPlan(grads, (z * h, s_pad), (z * h, s_pad, d), launch)
 
 
 # --------------------------------------------------------------------------- the kernel's math in PyTorch
