@@ -106,10 +106,31 @@ def test_rows_say_what_the_default_ran():
     import torch
 
     got = vendor_gap._resolved("softmax", (64, 256), torch.float32, "fwd", {})
-    assert set(got) == {"resolved", "resolved_why", "resolved_by_device", "resolved_by_loop", "resolved_by_queued"}
+    assert set(got) == {
+        "resolved",
+        "resolved_why",
+        "resolved_by_device",
+        "resolved_by_loop",
+        "resolved_by_queued",
+    }
     assert got["resolved"]
     rows = [_row("torch", 1.0, "a"), _row("triton", 0.9, "a")]
     rows.append({**_row("default", 0.9, "a"), "resolved": "triton"})
     (line,), _ = vendor_gap.summarize(rows)
     assert line["default_is"] == "triton"
     assert "triton" in vendor_gap.format_lines(*vendor_gap.summarize(rows)).splitlines()[1].split()[-3:]
+
+
+def test_select_by_op_and_shape():
+    """``--only`` picks cases by their shape as the rows write it; ``--ops`` by op; both at once."""
+    got = vendor_gap.select(vendor_gap.CASES, None, ["8192x50257x768", "2000x3000"])
+    assert [c[:2] for c in got] == [("matmul", (8192, 50257, 768))] + [
+        (op, (2000, 3000)) for op, shape, *_ in vendor_gap.CASES if shape == (2000, 3000)
+    ]
+    assert vendor_gap.select(vendor_gap.CASES, ["rms_norm"], ["2000x3000"]) == [
+        c for c in vendor_gap.CASES if c[:2] == ("rms_norm", (2000, 3000))
+    ]
+    assert (
+        vendor_gap.select(vendor_gap.CASES) == vendor_gap.CASES
+        and vendor_gap.select(vendor_gap.CASES, ["matmul"], ["1x1"]) == []
+    )

@@ -903,7 +903,7 @@ def cmd_train_mnist(args) -> int:
     return 0
 
 
-HF_CONFIGS = ("gpt2", "llama", "qwen2", "mistral", "gemma2")
+HF_CONFIGS = ("gpt2", "llama", "qwen2", "mistral", "gemma2", "phi")
 
 
 def _several_gpus(args, kw: dict) -> int:

@@ -73,3 +73,25 @@ def test_rule_variants_alternate_in_one_process(tmp_path):
     import kernellab
 
     assert kernellab.config.default_by == "queued"  # the rule variants leave the default as it was
+
+
+def test_hf_phi_builds_at_head_dim_80_and_patches(tmp_path):
+    """hf-phi: Phi-2's head dim (80) and partial rotary at a tiny width; kernellab's patch
+    gives the unpatched model's loss on the same weights and batch."""
+    from kernellab.models import user_models
+
+    model = user_models.hf_model("hf-phi", small=True)
+    cfg = model.config
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    assert cfg.hidden_size // cfg.num_attention_heads == 80
+    assert rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", None)) == 0.4
+    full = user_models.HF_SIZES["hf-phi"][0]
+    assert full["hidden_size"] // full["num_attention_heads"] == 80
+    out_path = tmp_path / "rows.jsonl"
+    code = user_models.main(["--model", "hf-phi", "--small", "--batch", "2", "--seq", "32", "--modes", "eager",
+                             "--variants", "hf,kernellab", "--steps", "1", "--rounds", "1", "--warmup", "1",
+                             "--json", str(out_path)])  # fmt: skip
+    assert code == 0
+    rows = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert [r["variant"] for r in rows] == ["hf", "kernellab"]
+    assert abs(rows[0]["loss"] - rows[1]["loss"]) < 1e-2 * abs(rows[0]["loss"])

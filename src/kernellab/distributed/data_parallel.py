@@ -185,7 +185,7 @@ class CausalLM(nn.Module):
 
 # Hugging Face models `train` builds from configs (kernellab.models.user_models.HF_SIZES;
 # ":small" the CPU smoke size); no weights are downloaded
-HF_MODELS = ("hf-llama", "hf-qwen2", "hf-mistral", "hf-gemma2", "hf-gpt2")
+HF_MODELS = ("hf-llama", "hf-qwen2", "hf-mistral", "hf-gemma2", "hf-gpt2", "hf-phi")
 
 
 def build_model(config="tiny", backends="pytorch", matmul="pytorch", device=None, dtype=torch.float32,

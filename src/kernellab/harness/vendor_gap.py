@@ -1,7 +1,7 @@
 """Our own kernels against the vendors' at model shapes nobody tuned for, and the default
 against the fastest backend there (issue 43's measure).
 
-    python -m kernellab.harness.vendor_gap --out DIR [--ops matmul attention ...] [--quick]
+    python -m kernellab.harness.vendor_gap --out DIR [--ops matmul attention ...] [--only SHAPE ...]
     python -m kernellab.harness.vendor_gap --summarize RUN1.jsonl RUN2.jsonl ...   (no GPU)
 
 Every case of ``CASES`` (op, shape, dtype, mode, options) is timed by ``harness.bench``
@@ -153,6 +153,14 @@ def _resolved(op, shape, dtype, mode, opts) -> dict:
             "resolved_by_loop": by_loop, "resolved_by_queued": by_queued}  # fmt: skip
 
 
+def select(cases: list[tuple], ops=None, shapes=None) -> list[tuple]:
+    """The cases of ``ops`` (all if None) whose shape, written as the rows write it
+    ("x"-joined), is in ``shapes`` (all if None)."""
+    return [
+        c for c in cases if (not ops or c[0] in ops) and (not shapes or "x".join(map(str, c[1])) in shapes)
+    ]
+
+
 def _case(r) -> tuple:
     return (r.get("op"), r.get("shape"), r.get("dtype"), r.get("mode"), r.get("options") or "")
 
@@ -194,6 +202,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None, help="directory for vendor_gap.jsonl and the summary")
     p.add_argument("--ops", nargs="+", default=None, help="only these ops' cases")
+    p.add_argument("--only", nargs="+", default=None, metavar="SHAPE",
+                   help="only the cases whose shape (as written in the rows, e.g. 8192x50257x768) is one of these")  # fmt: skip
     p.add_argument("--budget", type=float, default=0.4, help="seconds of timing per measurement (max)")
     p.add_argument("--with-compile", action="store_true",
                    help="also time torch.compile (a compile per case: minutes in all)")  # fmt: skip
@@ -218,7 +228,7 @@ def main(argv=None) -> int:
 
     if _device.default_device() != "cuda":
         raise SystemExit("vendor_gap times GPU kernels: no CUDA device here")
-    cases = [c for c in CASES if not args.ops or c[0] in args.ops]
+    cases = select(CASES, args.ops, args.only)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
     dt = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}

@@ -6,7 +6,7 @@ Models:
   nanogpt   a nanoGPT-style GPT-2 written as a user writes it (F.layer_norm, tanh GeLU,
             F.scaled_dot_product_attention, F.cross_entropy); variant "kernellab" swaps those
             four calls for kernellab's by hand (backend=None).
-  hf-gpt2, hf-llama, hf-qwen2, hf-mistral, hf-gemma2
+  hf-gpt2, hf-llama, hf-qwen2, hf-mistral, hf-gemma2, hf-phi (Phi-2's widths: head dim 80)
             Hugging Face transformers models built from configs (no weights downloaded);
             variants "hf" (as is, SDPA), "liger" (Liger-Kernel's patch, when installed) and
             "kernellab" (kernellab.patch, when present).
@@ -135,6 +135,11 @@ HF_SIZES = {
                        num_key_value_heads=4, head_dim=128, vocab_size=65536, sliding_window=1024),
                   dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16, vocab_size=256, sliding_window=16)),
+    # Phi-2's widths (head dim 80, partial rotary) at 8 of its 32 layers
+    "hf-phi": (dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=8, num_attention_heads=32,
+                    vocab_size=51200, partial_rotary_factor=0.4, max_position_embeddings=4096),
+               dict(hidden_size=80, intermediate_size=160, num_hidden_layers=2, num_attention_heads=1,
+                    vocab_size=256, partial_rotary_factor=0.4)),
 }  # fmt: skip
 
 
@@ -143,7 +148,7 @@ def hf_model(name: str, small: bool):
 
     cls = {"hf-gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel), "hf-llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
            "hf-qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "hf-mistral": (tf.MistralConfig, tf.MistralForCausalLM),
-           "hf-gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM)}[name]  # fmt: skip
+           "hf-gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM), "hf-phi": (tf.PhiConfig, tf.PhiForCausalLM)}[name]  # fmt: skip
     cfg = cls[0](**HF_SIZES[name][1 if small else 0])
     cfg._attn_implementation = "sdpa"
     return cls[1](cfg)
@@ -156,7 +161,8 @@ def liger_patch(name: str, model) -> str | None:
     except ImportError:
         return "liger-kernel is not installed"
     fn = {"hf-gpt2": None, "hf-llama": "apply_liger_kernel_to_llama", "hf-qwen2": "apply_liger_kernel_to_qwen2",
-          "hf-mistral": "apply_liger_kernel_to_mistral", "hf-gemma2": "apply_liger_kernel_to_gemma2"}[name]  # fmt: skip
+          "hf-mistral": "apply_liger_kernel_to_mistral", "hf-gemma2": "apply_liger_kernel_to_gemma2",
+          "hf-phi": None}[name]  # fmt: skip
     if fn is None or not hasattr(lk, fn):
         return f"Liger has no patch for {name}"
     getattr(lk, fn)(model=model)
