@@ -6,7 +6,7 @@ overlapping the P V of the previous one), ``cuda_v6`` (v4 with the two consumer
 warpgroups taking turns at the tensor cores: one's softmax under the other's GEMMs) and
 ``cuda_v7`` (FlashAttention-3's full forward schedule: v6's turns with v5's overlap inside
 each, so a softmax runs under its own P V and the other warpgroup's GEMMs; o written
-through shared memory by a TMA store from a fourth tensor map, every head dim); ``cuda`` (the fastest, v8: v7's forward with the CUDA backward) is
+through shared memory by a TMA store from a fourth tensor map, every head dim); ``cuda`` (the fastest: v7's forward with v9's CUDA backward, ``CUDA_VARIANT``) is
 registered in cuda_sm90_bwd.py. The list of
 what each variant changes is at the top of the .cu file.
 
