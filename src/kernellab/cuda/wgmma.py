@@ -45,15 +45,17 @@ def _outs(n: int) -> str:
     return (",\n          ").join(rows)
 
 
-def _ss(n: int, flag: str, ty: str) -> str:
+def _ss(n: int, flag: str, ty: str, form: str = "ss", trans: int = 0) -> str:
+    """``kl_wgmma_<form>``: both operands from shared memory, each transposed (MN-major) as
+    ``trans`` says (ss: 0, K-major; tt: 1)."""
     r = n // 2
     return f"""template <>
-__device__ __forceinline__ void kl_wgmma_ss<{n}, {flag}>(float (&d)[{r}], unsigned long long da,
+__device__ __forceinline__ void kl_wgmma_{form}<{n}, {flag}>(float (&d)[{r}], unsigned long long da,
                                                     unsigned long long db, int scale_d) {{
     asm volatile(
         "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
         "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} "
-        "{_regs(r)}, %{r}, %{r + 1}, p, 1, 1, 0, 0;\\n}}\\n"
+        "{_regs(r)}, %{r}, %{r + 1}, p, 1, 1, {trans}, {trans};\\n}}\\n"
         : {_outs(r)}
         : "l"(da), "l"(db), "r"(scale_d));
 }}
@@ -76,21 +78,6 @@ __device__ __forceinline__ void kl_wgmma_rs<{n}, {flag}>(float (&d)[{r}], unsign
 """
 
 
-def _tt(n: int, flag: str, ty: str) -> str:
-    r = n // 2
-    return f"""template <>
-__device__ __forceinline__ void kl_wgmma_tt<{n}, {flag}>(float (&d)[{r}], unsigned long long da,
-                                                    unsigned long long db, int scale_d) {{
-    asm volatile(
-        "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r + 2}, 0;\\n"
-        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} "
-        "{_regs(r)}, %{r}, %{r + 1}, p, 1, 1, 1, 1;\\n}}\\n"
-        : {_outs(r)}
-        : "l"(da), "l"(db), "r"(scale_d));
-}}
-"""
-
-
 def header(ss: tuple[int, ...], rs: tuple[int, ...], guard: str, tt: tuple[int, ...] = ()) -> str:
     """A header defining ``kl_wgmma_ss`` for every N in ``ss``, ``kl_wgmma_rs`` for every
     N in ``rs`` and ``kl_wgmma_tt`` for every N in ``tt`` (multiples of 8 from 8 to 256),
@@ -108,12 +95,13 @@ def header(ss: tuple[int, ...], rs: tuple[int, ...], guard: str, tt: tuple[int, 
         "// The operand contract is in kernellab/cuda/wgmma.py.\n",
         f"#ifndef {guard}\n#define {guard}\n",
     ]
+    smem_decl = (
+        "template <int N, bool BF16>\n"
+        "__device__ __forceinline__ void kl_wgmma_{}(float (&d)[N / 2], unsigned long long da, "
+        "unsigned long long db, int scale_d);\n"
+    )
     if ss:
-        parts.append(
-            "template <int N, bool BF16>\n"
-            "__device__ __forceinline__ void kl_wgmma_ss(float (&d)[N / 2], unsigned long long da, "
-            "unsigned long long db, int scale_d);\n"
-        )
+        parts.append(smem_decl.format("ss"))
     if rs:
         parts.append(
             "template <int N, bool BF16>\n"
@@ -122,11 +110,7 @@ def header(ss: tuple[int, ...], rs: tuple[int, ...], guard: str, tt: tuple[int, 
             "                                            unsigned long long db, int scale_d);\n"
         )
     if tt:
-        parts.append(
-            "template <int N, bool BF16>\n"
-            "__device__ __forceinline__ void kl_wgmma_tt(float (&d)[N / 2], unsigned long long da, "
-            "unsigned long long db, int scale_d);\n"
-        )
+        parts.append(smem_decl.format("tt"))
     for n in ss:
         for flag, ty in _TYPES:
             parts.append(_ss(n, flag, ty))
@@ -135,7 +119,7 @@ def header(ss: tuple[int, ...], rs: tuple[int, ...], guard: str, tt: tuple[int, 
             parts.append(_rs(n, flag, ty))
     for n in tt:
         for flag, ty in _TYPES:
-            parts.append(_tt(n, flag, ty))
+            parts.append(_ss(n, flag, ty, "tt", 1))
     parts.append(f"#endif  // {guard}\n")
     return "\n".join(parts)
 

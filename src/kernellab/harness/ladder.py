@@ -20,9 +20,8 @@ of different commits or days in one table are said so under it.
 
 from __future__ import annotations
 
-import math
-
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path

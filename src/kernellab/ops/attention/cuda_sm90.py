@@ -50,6 +50,7 @@ from kernellab.cuda.runtime import (
 )
 from kernellab.ops.attention import triton as at
 from kernellab.ops.attention.args import check_dtype, check_head_dim, refuse_options, resolve_scale
+from kernellab.triton_support import kept_plan
 
 CU = Path(__file__).with_name("attention_sm90.cu")
 HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -207,9 +208,7 @@ def forward(
     allocates o and lse, encodes (or finds cached) the tensor maps and launches."""
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
            q.device, causal, scale, variant, tiles)  # fmt: skip
-    p = PLANS.get(key)
-    if p is None:
-        p = remember(key, _plan_forward(q, k, v, causal, scale, variant, tiles))
+    p = kept_plan(PLANS, key, lambda: _plan_forward(q, k, v, causal, scale, variant, tiles))
     if p.copy or (p.launch is not None and (q.data_ptr() | k.data_ptr() | v.data_ptr()) & 15):
         q, k, v = (_whole(t, p.tma) for t in (q, k, v))  # contiguous, aligned: a plan of its own
         return forward(q, k, v, causal, scale, variant, tiles)
@@ -237,18 +236,7 @@ class Plan:
     tma: bool = False
 
 
-PLANS: dict = {}  # forward plans by (shapes, strides, dtypes, device, options)
-PLAN_LIMIT = 4096  # a cache past this many plans is emptied (a shape-changing workload)
-
-
-def remember(key, plan, plans: dict | None = None):
-    """``plan`` kept under ``key`` in ``plans`` (default PLANS), which is emptied first once
-    it holds PLAN_LIMIT plans; returns ``plan``."""
-    plans = PLANS if plans is None else plans
-    if len(plans) >= PLAN_LIMIT:
-        plans.clear()
-    plans[key] = plan
-    return plan
+PLANS: dict = {}  # forward plans by (shapes, strides, dtypes, device, options): kept_plan's
 
 
 def in_place(t: Tensor, tma: bool) -> bool:
@@ -355,11 +343,6 @@ def _map_args(t4: Tensor, rows: int) -> tuple:
         packed *= n
     w = swizzle_bytes(d)
     return 2, (d, s, h, z), tuple(strides), (w // 2, rows, 1, 1), w
-
-
-def _tensor_map(t4: Tensor, rows: int):
-    """The TMA map of t4 (Z, H, S, D) as v4-v7 copy it (``_map_args``)."""
-    return tensor_map(t4.data_ptr(), *_map_args(t4, rows))
 
 
 # --------------------------------------------------------------------------- the kernel's math in PyTorch

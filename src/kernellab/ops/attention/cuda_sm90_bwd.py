@@ -61,6 +61,7 @@ from kernellab.cuda.runtime import (
 )
 from kernellab.ops.attention import cuda_sm90 as cs
 from kernellab.ops.attention import triton as at
+from kernellab.triton_support import kept_plan
 
 CU = Path(__file__).with_name("attention_sm90_bwd.cu")
 HEAD_DIMS = cs.HEAD_DIMS  # what the backend takes (the forward's)
@@ -184,9 +185,7 @@ def backward(
     options) into a ``BwdPlan`` (``_plan_backward``, cached in ``PLANS``)."""
     key = (do.shape, do.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
            o.shape, o.stride(), lse.shape, lse.stride(), q.dtype, q.device, causal, scale, variant)  # fmt: skip
-    p = PLANS.get(key)
-    if p is None:
-        p = cs.remember(key, _plan_backward(do, q, k, v, o, lse, causal, scale, variant), PLANS)
+    p = kept_plan(PLANS, key, lambda: _plan_backward(do, q, k, v, o, lse, causal, scale, variant))
     if p.triton:
         return at.backward(do, q, k, v, o, lse, causal, scale)
     if p.copy or (
@@ -226,7 +225,7 @@ class BwdPlan:
     triton: bool = False
 
 
-PLANS: dict = {}  # backward plans by (shapes, strides, dtype, device, options)
+PLANS: dict = {}  # backward plans by (shapes, strides, dtype, device, options): kept_plan's
 
 
 def _plan_backward(do, q, k, v, o, lse, causal, scale, variant) -> BwdPlan:
