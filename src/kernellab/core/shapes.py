@@ -91,8 +91,15 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "swiglu": [(8192 * 14336,)],
         "linear_cross_entropy": [(8192, 4096, 32000)],
     },
-    "gemma2-2b": {  # hidden 2304, MLP 9216 (GeGLU, tanh GeLU), vocab 256000
+    "gemma2-2b": {  # hidden 2304, MLP 9216 (GeGLU, tanh GeLU), vocab 256000, 8 q / 4 kv heads of 256
         "geglu": [(4096 * 9216,), (16384 * 9216,)],
+        "attention": [(1, 8, 4, 4096, 4096, 256)],
+    },
+    "phi-2": {  # hidden 2560, MLP 10240 (GeLU), vocab 51200, 32 heads of 80, T 2048
+        "attention": [(1, 32, 2048, 80), (4, 32, 2048, 80)],
+    },
+    "phi-3-mini": {  # hidden 3072, MLP 8192 (SwiGLU), vocab 32064, 32 heads of 96, T 4096
+        "attention": [(1, 32, 4096, 96)],
     },
     "vit-b16": {  # hidden 768, 197 tokens, 12 heads of 64
         "layer_norm": [(256 * 197, 768)],
@@ -112,8 +119,9 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
     },
     "odd": {  # primes and 2^k +- 1
         "softmax": _ODD,
-        "layer_norm": _ODD[:3],
-        "rms_norm": _ODD[:3],
+        # (2000 x 3000: rows of an fp32 MLP whose width is no power of two)
+        "layer_norm": _ODD[:3] + [(2000, 3000)],
+        "rms_norm": _ODD[:3] + [(2000, 3000)],
         "cross_entropy": [(4099, 50257), (8191, 32003)],
         "sum": _ODD,
         "max": _ODD,
