@@ -170,6 +170,36 @@ def test_a_far_shape_hears_the_rows_of_its_alignment_class():
     assert _vote(rows, (3001 * 64 + 1, 7001 * 64 + 1))[0] == "torch"  # odd in both dims: the 4 odd rows
 
 
+def test_a_row_speaks_only_for_calls_of_its_exact_dims():
+    # attention-like keys (batch x heads, S_q, S_k, head dim): a near row at head dim 80
+    # names cuda, a farther one at head dim 128 names torch; with the head dim exact, a
+    # head-dim-128 call follows the 128 row and a head dim no row has hears no row near
+    def row(key, best):
+        times = {"cuda": 1.0, "torch": 2.0} if best == "cuda" else {"cuda": 2.0, "torch": 1.0}
+        return {"op": "attention", "dtype": "bf16", "mode": "fwd", "shape": list(key), "key": list(key),
+                "best": best, "times": times}  # fmt: skip
+
+    table = {"rows": [row((32, 2048, 2048, 80), "cuda"), row((128, 2048, 2048, 128), "torch")]}
+
+    def pick(key, exact):
+        return choice.choose(table, "X.json", "attention", key, "bf16", "fwd", "", usable=frozenset({"cuda", "torch"}),
+                             preferred="torch", exact=exact)  # fmt: skip
+
+    call = (32, 2048, 2048, 128)
+    assert pick(call, ())[0] == "cuda"  # by summed log ratios the head-dim-80 row is nearer
+    backend, why = pick(call, (3,))
+    assert backend == "torch" and "nearest row [128, 2048, 2048, 128]" in why
+    assert pick((32, 2048, 2048, 96), (3,))[1].startswith("heuristic (no table row near")
+
+
+def test_attention_rows_match_on_the_head_dim():
+    from kernellab.core.spec import get_spec
+
+    spec = get_spec("attention")
+    assert spec.key_exact == (3,)
+    assert choice._distance((32, 2048, 2048, 80), (32, 2048, 2048, 128), spec.key_exact) == float("inf")
+
+
 def test_a_split_alignment_class_lets_every_row_vote():
     # aligned rows: 2 cuda, 2 torch (no majority, the same geometric means); odd rows: cuda
     wins = [((8192, 50304), "cuda"), ((98304, 1024), "cuda"), ((64, 256), "torch"), ((128, 1024), "torch"),

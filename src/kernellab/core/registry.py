@@ -536,7 +536,9 @@ def usable(op: str, device: str) -> frozenset:
     """The backends of ``op`` registered here that run on ``device``."""
     got = _USABLE.get((op, device))
     if got is None:
-        got = frozenset(b for (o, b), impl in _TABLE.items() if o == op and impl.why_unavailable(device) is None)
+        got = frozenset(
+            b for (o, b), impl in _TABLE.items() if o == op and impl.why_unavailable(device) is None
+        )
         _USABLE[(op, device)] = got
     return got
 
@@ -591,7 +593,7 @@ def _choose(op, key, dtype, gpu, allowed, preferred, mode, options, by, among) -
         allowed = allowed - frozenset(spec.default_excludes(key))
     return choice.choose(tables.load_table(gpu), os.path.basename(tables.table_path(gpu)), op, key, dn, mode,
                          options, usable=allowed, preferred=preferred, small=small, by=by,
-                         among=among)  # fmt: skip
+                         among=among, exact=spec.key_exact)  # fmt: skip
 
 
 def resolve_rule(by: str | None = None) -> str:
@@ -603,8 +605,9 @@ def resolve_rule(by: str | None = None) -> str:
     if by == "call":
         return "queued"
     if from_config and by not in DEFAULT_RULES:
-        raise ValueError(f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'queued' or 'loop', "
-                         f"got {by!r}")
+        raise ValueError(
+            f"kernellab.config.default_by (KERNELLAB_DEFAULT_BY): 'queued' or 'loop', got {by!r}"
+        )
     if by not in choice.BY:
         raise ValueError(f"by: one of {', '.join(map(repr, choice.BY))}, got {by!r}")
     return by
