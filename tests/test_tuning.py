@@ -77,6 +77,25 @@ def test_tune_writes_a_table_the_default_then_reads(tables, capsys):
     assert "cpu.json" in out and "inside torch.compile: torch" in out
 
 
+def test_tune_names_the_candidates_it_cannot_time_here(tables, capsys):
+    # a tune leaves an unavailable backend out of every row, so the default can never pick
+    # it from them: the tune says which and why before it starts
+    missing = tuner.not_timed("rms_norm", "cpu")
+    assert "torch" not in missing and "triton" not in missing
+    assert "cuda" in missing and missing["cuda"]
+    assert "kernellab build-nodes" in missing["cuda_node"]
+    assert tuner.not_timed_notice("rms_norm", "cpu", ["torch", "triton"]) is None
+    with pytest.raises(KeyError, match="no backend 'nope'"):
+        tuner.not_timed("rms_norm", "cpu", ["nope"])
+    argv = ["tune", "gelu", "-f", "cpu-tiny", "-b", "torch,cuda", "--device", "cpu", "--dtype", "fp32",
+            "--budget", "0.05"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "tune gelu: not timed here: cuda (" in out
+    assert main(["tune", "gelu", "-f", "cpu-tiny", "-b", "torch,nope", "--device", "cpu"]) == 2
+    assert "no backend 'nope'" in capsys.readouterr().err
+
+
 def test_tune_times_fp32_as_fp32_and_restores_the_users_tf32_flags(tables, monkeypatch):
     """cuDNN takes TF32 by PyTorch's default where its heuristics like, so a TF32 kernel
     judged against it is refused at one shape and admitted at the next: tune, like `check`

@@ -1259,10 +1259,18 @@ def cmd_tune(args) -> int:
 
     dtypes = _dtypes(args.dtype)
     dev = args.device or _device.default_device()
+    backends = _split(args.backend) if args.backend else None
+    try:
+        notice = tuner.not_timed_notice(args.op, dev, backends)
+    except (KeyError, ValueError) as e:
+        print(f"error: {_msg(e)}", file=sys.stderr)
+        return 2
+    if notice:
+        print(notice, flush=True)
     try:
         table = tuner.tune(
             args.op, args.family, dtypes, args.mode, device=dev,
-            backends=_split(args.backend) if args.backend else None, budget_s=args.budget,
+            backends=backends, budget_s=args.budget,
             on_row=lambda r: print(
                 f"  {r['backend']:>10} {r['shape']:>18} {r['dtype']} {r['mode']}: "
                 + (f"{r.get('effective_ms') or r['median_ms']:.4g} ms" if r.get("status") == "ok" else r.get("status", "?")),

@@ -36,6 +36,26 @@ def candidates(op: str) -> list[str]:
     return [i.backend for i in registry.impls(op) if i.builtin and not _NOT_DEFAULT.fullmatch(i.backend)]
 
 
+def not_timed(op: str, device: str, backends=None) -> dict[str, str]:
+    """{backend: why} for the candidates (or ``backends``) of ``op`` that cannot run on
+    ``device``: a tune leaves them out of every row it writes, so the default can never
+    pick them from those rows (e.g. ``cuda_node`` before ``kernellab build-nodes``)."""
+    out = {}
+    for b in backends or candidates(op):
+        why = registry.get(op, b).why_unavailable(device)
+        if why is not None:
+            out[b] = why
+    return out
+
+
+def not_timed_notice(op: str, device: str, backends=None) -> str | None:
+    """One line naming what ``not_timed`` finds, or None when every candidate runs."""
+    missing = not_timed(op, device, backends)
+    if not missing:
+        return None
+    return f"tune {op}: not timed here: " + "; ".join(f"{b} ({why})" for b, why in missing.items())
+
+
 HOW = ("harness.bench: median device time and loop time per call; best = the least of the larger "
        "of the two, except that backends within TIE of it are told apart by device time (device "
        "times within DEVICE_TIE of the least: the larger of the two again); outputs re-checked "

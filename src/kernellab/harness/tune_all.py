@@ -102,6 +102,9 @@ def main(argv=None) -> int:
                 if over():
                     left_out.append(f"tune {op}")
                     continue
+                notice = tuner.not_timed_notice(op, dev)
+                if notice:
+                    print(notice, flush=True)
                 for fam in a.families or [None]:
                     if fam is not None and not shapes.FAMILIES[fam].get(op):
                         continue
