@@ -234,6 +234,31 @@ def test_rebuild_table_script_writes_device_times(tmp_path):
     assert table["gpu"] == "Fake GPU" and table["provenance"]["git_sha"] == "abc"
 
 
+def test_rebuild_table_can_leave_out_shapes_no_family_holds(tmp_path, capsys):
+    # a family edited after its tune run (a shape taken out): --family-shapes-only drops
+    # that shape's rows, from the files and from the table being rebuilt, and says so
+    from kernellab.harness import rebuild_table
+
+    held = shapes.family_shapes("gelu")[0]
+    held_s = "x".join(map(str, held))
+
+    def row(shape, b, d):
+        return {"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": shape, "status": "ok", "gpu": "Fake GPU",
+                "git_sha": "abc", "backend": b, "median_ms": d, "effective_ms": d}  # fmt: skip
+
+    src, out = tmp_path / "tune.jsonl", tmp_path / "table.json"
+    rows = [row(s, b, d) for s in (held_s, "12345") for b, d in (("torch", 0.05), ("triton", 0.04))]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert rebuild_table.main([str(src), "--out", str(out)]) == 0
+    assert sorted(r["shape"] for r in json.loads(out.read_text())["rows"]) == [[12345], list(held)]
+    capsys.readouterr()
+    assert rebuild_table.main([str(src), "--out", str(out), "--family-shapes-only"]) == 0
+    assert "left out (no tuned family holds it): gelu 12345" in capsys.readouterr().out
+    table = json.loads(out.read_text())
+    assert [r["shape"] for r in table["rows"]] == [list(held)]
+    assert table["provenance"]["family_shapes_only"] is True
+
+
 def _rebuild_with_verify(tmp_path, rows, vrows, vname: str, flag: str = "--verify") -> dict:
     """kernellab.harness.rebuild_table run on tune ``rows`` with ``flag`` (``--verify`` or
     ``--rows-from-verify``) rows ``vrows`` (a file named ``vname``); returns the table it wrote."""

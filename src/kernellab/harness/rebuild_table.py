@@ -17,6 +17,9 @@ the fastest of them becomes the choice and the row keeps the paired medians unde
 time the larger of device and loop time) are what a default is judged by; the tune rows'
 loop times are taken one backend after another on a host whose speed drifts, which makes
 some launch-bound choices by noise. A changed table needs a new verify run to be judged.
+
+``--family-shapes-only`` leaves out rows at shapes no tuned family holds now (a family
+edited after its tune run), from the files and from the table being rebuilt.
 """
 
 from __future__ import annotations
@@ -39,8 +42,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rows-from-verify", nargs="+", default=[], metavar="VERIFY_JSONL",
                     help="verify.jsonl files whose cases of an op, dtype and mode no tune row measured "
                          "become rows of their own (the backends the verify timed: torch and the choice)")  # fmt: skip
+    ap.add_argument("--family-shapes-only", action="store_true",
+                    help="leave out rows at shapes no tuned family holds now (a family edited after the run)")  # fmt: skip
     a = ap.parse_args(argv)
     rows = [json.loads(line) for f in a.files for line in open(f) if line.strip()]
+    if a.family_shapes_only:
+        rows, dropped = _at_family_shapes(rows)
+        for what in sorted(dropped):
+            print(f"left out (no tuned family holds it): {what}")
     gpus = {r["gpu"] for r in rows if r.get("gpu")}
     if len(gpus) != 1:
         print(f"rows from {len(gpus)} GPU models ({sorted(gpus)}): one table per GPU", file=sys.stderr)
@@ -56,6 +65,8 @@ def main(argv=None) -> int:
 
     done = {ident(r) for r in new_rows}
     kept = [r for r in old["rows"] if ident(r) not in done]
+    if a.family_shapes_only:  # (the old table's rows at such shapes go too)
+        kept = [r for r in kept if tuple(r["shape"]) in set(shapes.family_shapes(r["op"]))]
     before = {ident(r): r["best"] for r in old["rows"]}
     for r in new_rows:
         was = before.get(ident(r))
@@ -80,6 +91,7 @@ def main(argv=None) -> int:
             "device": gpu, "how": tuner.HOW,
             "rebuilt_from": [os.path.basename(f) for f in a.files],
             **({"verified_by": [os.path.basename(f) for f in a.verify]} if a.verify else {}),
+            **({"family_shapes_only": True} if a.family_shapes_only else {}),
             **({"rows_from_verify": [os.path.basename(f) for f in a.rows_from_verify]}
                if a.rows_from_verify else {}),
         },
@@ -89,6 +101,23 @@ def main(argv=None) -> int:
         fh.write("\n")
     print(f"{path}: {len(table['rows'])} rows ({len(new_rows)} from the files, {len(kept)} kept)")
     return 0
+
+
+def _at_family_shapes(rows) -> tuple[list, set]:
+    """(the rows whose op and shape a tuned family holds, "op shape" of those left out)."""
+    from kernellab.core.spec import shape_str
+
+    held: dict = {}
+    kept, dropped = [], set()
+    for r in rows:
+        op = r["op"]
+        if op not in held:
+            held[op] = {shape_str(s) for s in shapes.family_shapes(op)}
+        if r["shape"] in held[op]:
+            kept.append(r)
+        else:
+            dropped.add(f"{op} {r['shape']}")
+    return kept, dropped
 
 
 MARGIN = 0.05
