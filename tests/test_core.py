@@ -173,7 +173,8 @@ def test_a_far_shape_hears_the_rows_of_its_alignment_class():
 def test_a_row_speaks_only_for_calls_of_its_exact_dims():
     # attention-like keys (batch x heads, S_q, S_k, head dim): a near row at head dim 80
     # names cuda, a farther one at head dim 128 names torch; with the head dim exact, a
-    # head-dim-128 call follows the 128 row and a head dim no row has hears no row near
+    # head-dim-128 call follows the 128 row, and a head dim no row has takes the nearest
+    # row of any head dim, saying so
     def row(key, best):
         times = {"cuda": 1.0, "torch": 2.0} if best == "cuda" else {"cuda": 2.0, "torch": 1.0}
         return {"op": "attention", "dtype": "bf16", "mode": "fwd", "shape": list(key), "key": list(key),
@@ -189,7 +190,10 @@ def test_a_row_speaks_only_for_calls_of_its_exact_dims():
     assert pick(call, ())[0] == "cuda"  # by summed log ratios the head-dim-80 row is nearer
     backend, why = pick(call, (3,))
     assert backend == "torch" and "nearest row [128, 2048, 2048, 128]" in why
-    assert pick((32, 2048, 2048, 96), (3,))[1].startswith("heuristic (no table row near")
+    backend, why = pick((32, 2048, 2048, 96), (3,))
+    assert backend == "cuda" and "nearest row [32, 2048, 2048, 80]" in why and "the nearest of any" in why
+    assert "nearest of any" not in pick(call, (3,))[1]
+    assert pick((32, 2048, 2048, 128 * 64), (3,))[1].startswith("heuristic (no table row near")
 
 
 def test_attention_rows_match_on_the_head_dim():

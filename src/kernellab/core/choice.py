@@ -8,7 +8,8 @@ the answer per call shape.
 
 - The row of the nearest shape (same op, dtype, mode and option key; distance = summed
   |log2| ratios of the dims, infinite across alignment classes and across the values of
-  the dims the op names in ``OpSpec.key_exact``) names the backend when it
+  the dims the op names in ``OpSpec.key_exact``, unless no row of the call's values is
+  near) names the backend when it
   lies within ``NEAR`` (where that backend is not in ``usable``, the fastest of the row's
   usable ones); a 16-bit call with no rows of its dtype reads a sibling dtype's
   (``SIBLING_DTYPES``). ``usable`` is what runs here less what the op excludes for the
@@ -44,6 +45,16 @@ def _distance(a, b, exact=()) -> float:
     return sum(abs(math.log2(max(x, 1)) - math.log2(max(y, 1))) for x, y in zip(a, b))
 
 
+def _nearest(rows, key, exact=()):
+    """(distance, row) of the row nearest ``key`` (``_distance``), or None without rows."""
+    best = None
+    for row in rows:
+        dist = _distance(tuple(row["key"]), key, exact)
+        if best is None or dist < best[0]:
+            best = (dist, row)
+    return best
+
+
 NEAR = 4.0  # a row this far (summed log2 ratios: 16x in one dim) or nearer is used
 BY = ("queued", "loop", "device")  # what a choice ranks by (``choose``)
 
@@ -64,8 +75,9 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
     host cost behind). ``by="device"``: the fastest by device time
     alone, for a call whose host cost is paid elsewhere (inside a CUDA graph, a compiled
     graph, or a model that runs several ops under one autograd node); ``among`` limits the
-    backends considered (e.g. those with node-free entry points). ``exact``: the key dims a
-    row must match to be near (``_distance``). Rows written before
+    backends considered (e.g. those with node-free entry points). ``exact``: key dims a row
+    must match to be near (``_distance``); where no row of the call's values of them is
+    near, the nearest row of any values speaks (said in the why). Rows written before
     device times were kept fall back to their effective times."""
     if by not in BY:
         raise ValueError(f"by: one of {', '.join(map(repr, BY))}, got {by!r}")
@@ -73,11 +85,13 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
     out = None
     if table is not None and key is not None and dn is not None:
         dn, src = _row_dtype(table, op, dn, mode, options)
-        best = None
-        for row in _rows(table, op, dn, mode, options):
-            dist = _distance(tuple(row["key"]), key, exact)
-            if best is None or dist < best[0]:
-                best = (dist, row)
+        rows = list(_rows(table, op, dn, mode, options))
+        best, any_dims = _nearest(rows, key, exact), ""
+        if exact and (best is None or best[0] > NEAR):
+            # no row of the call's exact dims near: the nearest of any is the best evidence
+            # left (a vote over far shapes would be weaker), and the why says so
+            best = _nearest(rows, key)
+            any_dims = " (no row near with the call's exact key dims, OpSpec.key_exact: the nearest of any)"
         if best is not None and best[0] <= NEAR:
             row = best[1]
             device = row.get("device")
@@ -98,6 +112,7 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
                     f"table {table_name}: nearest row {row['shape']}"
                     + (f" {options}" if options else "")
                     + src
+                    + any_dims
                     + (
                         f" (a row of {row['measured_on']}'s table, same architecture)"
                         if row.get("measured_on")

@@ -381,8 +381,9 @@ class OpSpec:
     # problem shape -> shape key (core.shapes.key_of_shape) where the op's problem shape is
     # not read like its kind's (rope's (B, H, H_k, S, D, R)); None: the generic rule
     key_of_shape: Callable | None = None
-    # indices of shape-key dims a table row must equal to speak for a call (attention's head
-    # dim: its kernels are built per head dim); core.choice._distance
+    # indices of shape-key dims a table row must equal to speak first for a call (attention's
+    # head dim: its kernels are built per head dim); others only where no such row is near
+    # (core.choice.choose)
     key_exact: tuple[int, ...] = ()
     doc: str = ""
     extra_bad_inputs: list = field(default_factory=list)
