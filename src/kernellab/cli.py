@@ -1262,12 +1262,8 @@ def cmd_tune(args) -> int:
     backends = _split(args.backend) if args.backend else None
     try:
         notice = tuner.not_timed_notice(args.op, dev, backends)
-    except (KeyError, ValueError) as e:
-        print(f"error: {_msg(e)}", file=sys.stderr)
-        return 2
-    if notice:
-        print(notice, flush=True)
-    try:
+        if notice:
+            print(notice, flush=True)
         table = tuner.tune(
             args.op, args.family, dtypes, args.mode, device=dev,
             backends=backends, budget_s=args.budget,

@@ -495,7 +495,7 @@ class Kernel:
         if self._use_core:
             if self._has_maps:
                 raise CudaError(f"{self.name}: tensor-map arguments need the direct launch (cuda_launch)")
-            values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
+            values = [_value(a) for a in args]
             return self._launch_core(stream, (gx, gy, gz), (bx, by, bz), shared, values)
         with self._lock:  # (type() tests first: cheaper than isinstance on this path)
             if self._has_maps:

@@ -25,11 +25,13 @@ edited after its tune run), from the files and from the table being rebuilt.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 
 from kernellab.core import shapes, tables
+from kernellab.core.spec import parse_shape
 from kernellab.harness import timer
 from kernellab.harness import tune as tuner
 
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
     done = {ident(r) for r in new_rows}
     kept = [r for r in old["rows"] if ident(r) not in done]
     if a.family_shapes_only:  # (the old table's rows at such shapes go too)
-        kept = [r for r in kept if tuple(r["shape"]) in set(shapes.family_shapes(r["op"]))]
+        kept = [r for r in kept if tuple(r["shape"]) in _family_held(r["op"])]
     before = {ident(r): r["best"] for r in old["rows"]}
     for r in new_rows:
         was = before.get(ident(r))
@@ -103,20 +105,20 @@ def main(argv=None) -> int:
     return 0
 
 
-def _at_family_shapes(rows) -> tuple[list, set]:
-    """(the rows whose op and shape a tuned family holds, "op shape" of those left out)."""
-    from kernellab.core.spec import shape_str
+@functools.cache
+def _family_held(op: str) -> frozenset:
+    """The shapes of ``op`` that a tuned family holds now."""
+    return frozenset(shapes.family_shapes(op))
 
-    held: dict = {}
+
+def _at_family_shapes(rows) -> tuple[list, set]:
+    """(the tune rows whose op and shape a tuned family holds, "op shape" of those left out)."""
     kept, dropped = [], set()
     for r in rows:
-        op = r["op"]
-        if op not in held:
-            held[op] = {shape_str(s) for s in shapes.family_shapes(op)}
-        if r["shape"] in held[op]:
+        if parse_shape(r["shape"]) in _family_held(r["op"]):
             kept.append(r)
         else:
-            dropped.add(f"{op} {r['shape']}")
+            dropped.add(f"{r['op']} {r['shape']}")
     return kept, dropped
 
 
