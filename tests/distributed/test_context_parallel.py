@@ -9,9 +9,7 @@ findings to files and the tests judge them. A spawn past its deadline is killed 
 
 from __future__ import annotations
 
-import datetime
 import os
-import time
 import traceback
 import warnings
 
@@ -19,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import kldist
 from kernellab.distributed import context_parallel as CP
 from kernellab.distributed import layouts as L
 
@@ -87,8 +86,7 @@ def _worker(rank, world, init_file, out_dir, cases):
     warnings.simplefilter("ignore")
     res = {"runs": {}, "bad": {}, "after_bad": None, "train": None, "error": None}
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))  # fmt: skip
+        kldist.init_group("gloo", rank, world, init_file, 60)
         for name, config, layout, ignore in CASES:
             if name in cases:
                 res["runs"][name] = _cp_run(rank, world, config, layout, ignore)
@@ -134,24 +132,9 @@ def single():
 
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
 def ranks(request, tmp_path_factory):
-    import torch.multiprocessing as mp
-
     world = request.param
     cases = [c[0] for c in CASES] if world == 2 else list(WORLD4_CASES)
-    tmp = tmp_path_factory.mktemp(f"cp{world}")
-    ctx = mp.start_processes(_worker, args=(world, str(tmp / "init"), str(tmp), cases), nprocs=world,
-                             join=False, start_method="spawn")  # fmt: skip
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"context-parallel ranks (world {world}) still running after {SPAWN_TIMEOUT_S} s")
-    out = [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
-    for r, res in enumerate(out):
-        assert res["error"] is None, f"rank {r} failed:\n{res['error']}"
-    return out
+    return kldist.run_ranks(_worker, world, tmp_path_factory, "context-parallel", (cases,), SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])

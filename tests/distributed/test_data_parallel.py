@@ -11,11 +11,9 @@ finish in time fails the tests (and is killed) instead of blocking CI.
 
 from __future__ import annotations
 
-import datetime
 import os
 import subprocess
 import sys
-import time
 import traceback
 import warnings
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import kldist
 from kernellab.distributed import data_parallel as D
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,10 +102,7 @@ def _worker(rank, world, init_file, out_dir, cases):
     warnings.simplefilter("ignore")
     res = {"runs": {}, "bad": {}, "after_bad": None, "adamw": None, "error": None}
     try:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-            timeout=datetime.timedelta(seconds=90),
-        )  # fmt: skip
+        kldist.init_group("gloo", rank, world, init_file, 90)
         for name, dp, config, ops, opt in CASES:
             if name not in cases:
                 continue
@@ -161,24 +157,9 @@ def single():
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
 def ranks(request, tmp_path_factory):
     """Spawn ``world`` gloo ranks once; every rank's findings (list indexed by rank)."""
-    import torch.multiprocessing as mp
-
     world = request.param
     cases = [c[0] for c in CASES] if world == 2 else list(WORLD4_CASES)
-    tmp = tmp_path_factory.mktemp(f"dp{world}")
-    ctx = mp.start_processes(_worker, args=(world, str(tmp / "init"), str(tmp), cases), nprocs=world,
-                             join=False, start_method="spawn")  # fmt: skip
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"data-parallel ranks (world {world}) still running after {SPAWN_TIMEOUT_S} s")
-    out = [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
-    for r, res in enumerate(out):
-        assert res["error"] is None, f"rank {r} failed:\n{res['error']}"
-    return out
+    return kldist.run_ranks(_worker, world, tmp_path_factory, "data-parallel", (cases,), SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])

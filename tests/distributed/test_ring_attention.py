@@ -13,10 +13,8 @@ and the tests below judge them. A spawn that does not finish in time fails the t
 
 from __future__ import annotations
 
-import datetime
 import math
 import os
-import time
 import traceback
 import zlib
 
@@ -24,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import kldist
 from kernellab.distributed import (
     LAYOUTS,
     TORCH,
@@ -202,10 +201,7 @@ def _worker(rank, world, init_file, out_dir):
     torch.set_num_threads(1)
     res = {"good": {}, "bad": {}, "sub": {}, "single": None, "after_bad": None, "error": None}
     try:
-        dist.init_process_group(
-            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
-            timeout=datetime.timedelta(seconds=60),
-        )  # fmt: skip
+        kldist.init_group("gloo", rank, world, init_file, 60)
         for case in GOOD_CASES:
             res["good"][case[0]] = _run_good(rank, world, case)
         for name, _ in BAD_CASES:
@@ -236,26 +232,7 @@ def _worker(rank, world, init_file, out_dir):
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
 def ranks(request, tmp_path_factory):
     """Spawn ``world`` gloo ranks once; every rank's findings (list indexed by rank)."""
-    import torch.multiprocessing as mp
-
-    world = request.param
-    tmp = tmp_path_factory.mktemp(f"ring{world}")
-    ctx = mp.start_processes(
-        _worker, args=(world, str(tmp / "init"), str(tmp)), nprocs=world, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(
-                f"ring attention ranks (world {world}) still running after {SPAWN_TIMEOUT_S} s: a hang"
-            )
-    out = [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
-    for r, res in enumerate(out):
-        assert res["error"] is None, f"rank {r} failed:\n{res['error']}"
-    return out
+    return kldist.run_ranks(_worker, request.param, tmp_path_factory, "ring-attention", (), SPAWN_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("case", [c[0] for c in GOOD_CASES])
@@ -595,10 +572,7 @@ def _nccl_worker(rank, world, init_file, out_dir):
     res = {"cases": {}, "bad": None, "error": None}
     try:
         torch.cuda.set_device(rank)
-        dist.init_process_group(
-            "nccl", init_method=f"file://{init_file}", rank=rank, world_size=world,
-            timeout=datetime.timedelta(seconds=120),
-        )  # fmt: skip
+        kldist.init_group("nccl", rank, world, init_file, 120)
         from kernellab.distributed import gather_sequence
 
         for layout in LAYOUTS:
@@ -641,32 +615,15 @@ def _nccl_worker(rank, world, init_file, out_dir):
 
 
 @pytest.mark.gpu
-def test_nccl_ring(cuda, tmp_path, monkeypatch):
+def test_nccl_ring(cuda, tmp_path_factory, monkeypatch):
     """Needs 2+ GPUs (skipped on one): NCCL ring attention, every layout x causal, MHA and
     GQA, within 2x single-device Triton attention's error (+ a floor) against float64."""
-    import torch.multiprocessing as mp
-
     world = min(torch.cuda.device_count(), 4)
     if world < 2:
         pytest.skip("needs 2 or more GPUs")
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
-    ctx = mp.start_processes(
-        _nccl_worker,
-        args=(world, str(tmp_path / "init"), str(tmp_path)),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-            pytest.fail(f"NCCL ring ranks still running after {SPAWN_TIMEOUT_S} s: a hang")
-    out = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    out = kldist.run_ranks(_nccl_worker, world, tmp_path_factory, "nccl-ring", (), SPAWN_TIMEOUT_S)
     for r, res in enumerate(out):
-        assert res["error"] is None, f"rank {r}:\n{res['error']}"
         assert res["bad"] is not None and "sequence length" in res["bad"], f"rank {r}: {res['bad']!r}"
     assert len(out[0]["cases"]) == 12
     for case, errs in out[0]["cases"].items():
