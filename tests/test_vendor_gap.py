@@ -134,3 +134,41 @@ def test_select_by_op_and_shape():
         vendor_gap.select(vendor_gap.CASES) == vendor_gap.CASES
         and vendor_gap.select(vendor_gap.CASES, ["matmul"], ["1x1"]) == []
     )
+
+
+def _trow(shape, device, times=None, **extra):
+    return {"op": "matmul", "dtype": "bf16", "mode": "fwd", "options": "", "key": list(shape),
+            "shape": list(shape), "device": device, "times": times or device,
+            "best": min(device, key=device.get), **extra}  # fmt: skip
+
+
+def test_table_rows_score_ours_against_the_vendors():
+    table = {"rows": [
+        _trow((64, 64, 64), {"torch": 1.0, "triton": 0.8, "cuda": 1.25}),  # ours 1.25x
+        _trow((128, 64, 64), {"torch": 1.0, "triton": 1.25}, {"torch": 2.0, "triton": 1.3}),  # 0.8x by device
+        _trow((256, 64, 64), {"torch": 1.0, "triton": 0.5}, from_verify=True),  # left out
+        # no device times
+        {k: v for k, v in _trow((512, 64, 64), {"torch": 1.0, "triton": 0.5}).items() if k != "device"},
+    ]}  # fmt: skip
+    rows = vendor_gap.table_rows(table)
+    assert {r["shape"] for r in rows} == {"64x64x64", "128x64x64"}
+    torch_row = next(r for r in rows if r["shape"] == "128x64x64" and r["backend"] == "torch")
+    assert torch_row["effective_ms"] == 2.0
+    lines, totals = vendor_gap.summarize(rows)
+    assert totals["own_cases"] == 2 and totals["own_at_least_vendor"] == 1 and totals["own_below_0.9"] == 1
+    per_op = vendor_gap.op_totals(lines)
+    assert per_op == {"matmul": {"cases": 2, "own_at_least_vendor": 1, "own_below_0.9": 1,
+                                 "own_geomean": 1.0, "worst": 0.8}}  # fmt: skip
+
+
+def test_table_report_over_the_committed_tables(capsys):
+    from kernellab.core import tables
+
+    gpus = [g for g in tables.table_gpus() if g.startswith("NVIDIA H")]
+    assert vendor_gap.main(["--table", *gpus, "--ops", "attention", "matmul"]) == 0
+    out = capsys.readouterr().out
+    for gpu in gpus:
+        assert f"{gpu} (" in out and "model-family cases" in out
+    assert "  attention " in out and "  matmul " in out and "  softmax " not in out
+    with pytest.raises(SystemExit, match="--table: no table for 'NVIDIA Z9'"):
+        vendor_gap.main(["--table", "NVIDIA Z9"])

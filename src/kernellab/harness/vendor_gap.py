@@ -3,6 +3,7 @@ against the fastest backend there (issue 43's measure).
 
     python -m kernellab.harness.vendor_gap --out DIR [--ops matmul attention ...] [--only SHAPE ...]
     python -m kernellab.harness.vendor_gap --summarize RUN1.jsonl RUN2.jsonl ...   (no GPU)
+    python -m kernellab.harness.vendor_gap --table [GPU ...] [--ops ...] [--lines]   (no GPU)
 
 Every case of ``CASES`` (op, shape, dtype, mode, options) is timed by ``harness.bench``
 for every backend of the op that runs here (device time, L2 flushed, outputs checked
@@ -20,6 +21,13 @@ against float64), ``default`` included. Per case, three numbers:
 The summary counts the cases where ours >= 1.0x and where ours < 0.9x, and where the
 default is within 3% of the best by either measure. ``summarize`` is a pure function of the
 rows (tested).
+
+``--table`` reads no run: it scores our kernels against the vendors' at the model-family
+shapes, from a GPU's committed tuning table (each row: every candidate backend timed
+side by side by ``tune``, device times kept), per op and in all (``table_rows``). That is
+the issue's bar (ours >= 1.0x the best vendor at 80% of the model-family cases, none below
+0.9x); the default's side of it is ``harness.choice_cv``. Rows made from a verify run
+(``from_verify``: torch and one choice timed) and rows without device times are left out.
 """
 
 from __future__ import annotations
@@ -140,6 +148,59 @@ def summarize(rows) -> tuple[list[dict], dict]:
     return lines, totals
 
 
+def table_rows(table: dict) -> list[dict]:
+    """Bench-like rows (``summarize``'s input) from a tuning table: per table row and
+    backend, ``median_ms`` = its device time, ``effective_ms`` = its effective time."""
+    out = []
+    for r in table["rows"]:
+        device = r.get("device")
+        if r.get("from_verify") or not device:
+            continue
+        case = {"op": r["op"], "shape": "x".join(map(str, r["shape"])), "dtype": r["dtype"],
+                "mode": r["mode"], "options": r.get("options") or "", "status": "ok"}  # fmt: skip
+        for b, ms in device.items():
+            out.append({**case, "backend": b, "median_ms": ms, "effective_ms": r["times"].get(b, ms)})
+    return out
+
+
+def op_totals(lines) -> dict:
+    """``summarize``'s own-vs-vendor totals per op."""
+    by: dict[str, list] = {}
+    for ln in lines:
+        if "own_vs_vendor" in ln:
+            by.setdefault(ln["op"], []).append(ln["own_vs_vendor"])
+    return {op: {"cases": len(r), "own_at_least_vendor": sum(x >= 1.0 for x in r),
+                 "own_below_0.9": sum(x < NONE_BELOW for x in r),
+                 "own_geomean": round(math.exp(sum(map(math.log, r)) / len(r)), 3), "worst": min(r)}
+            for op, r in sorted(by.items())}  # fmt: skip
+
+
+def _table_report(gpus, ops, all_lines: bool) -> str:
+    from kernellab.core import tables
+
+    known = tables.table_gpus()
+    out = []
+    for gpu in gpus or known:
+        if gpu not in known:
+            raise SystemExit(f"--table: no table for {gpu!r}; tables: {', '.join(known)}")
+        path = tables.table_path(gpu)
+        rows = [r for r in table_rows(tables.read_table(path)) if not ops or r["op"] in ops]
+        lines, totals = summarize(rows)
+        lines = [ln for ln in lines if "own_vs_vendor" in ln]
+        t = totals
+        won, n = t["own_at_least_vendor"], t["own_cases"]
+        out.append(f"{gpu} ({os.path.basename(path)}): ours >= the best vendor at {won} of {n} model-family "
+                   f"cases ({won / max(n, 1):.0%}), below 0.9x at {t['own_below_0.9']}, geomean "
+                   f"{t['own_geomean']} (device time, the table's rows)")  # fmt: skip
+        for op, o in op_totals(lines).items():
+            out.append(f"  {op:22s} {o['own_at_least_vendor']:3d}/{o['cases']:<3d} "
+                       f"below 0.9x {o['own_below_0.9']:3d}  geomean {o['own_geomean']:.2f}  "
+                       f"worst {o['worst']:.2f}")  # fmt: skip
+        if all_lines:
+            out += ["  " + ln for ln in format_lines(lines, totals).splitlines()[:-1]]
+    return "\n".join(out)
+
+
 def _resolved(op, shape, dtype, mode, opts) -> dict:
     """What ``backend=None`` runs for the case: for a plain call and by device time."""
     from kernellab.core import registry, shapes
@@ -210,7 +271,14 @@ def main(argv=None) -> int:
     p.add_argument("--summarize", nargs="+", default=None, metavar="VENDOR_GAP_JSONL",
                    help="time nothing: summarize these runs' rows, each case from the last file "
                         "that has it (oldest first; with --ops, only those ops)")  # fmt: skip
+    p.add_argument("--table", nargs="*", default=None, metavar="GPU",
+                   help="time nothing: ours against the vendors at the model-family shapes, from these GPU "
+                        "models' tuning tables (none named: every table here)")  # fmt: skip
+    p.add_argument("--lines", action="store_true", help="with --table: every case's line too")
     args = p.parse_args(argv)
+    if args.table is not None:
+        print(_table_report(args.table, args.ops, args.lines))
+        return 0
     if args.summarize:
         runs = [[r for r in map(json.loads, open(f)) if not args.ops or r.get("op") in args.ops]
                 for f in args.summarize]  # fmt: skip
