@@ -21,8 +21,8 @@ from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
 
 SPEC = lce.SPEC
 OP = "linear_cross_entropy"
-CPU = cpu_backends(OP)  # manual, torch, chunked, triton (compile is tested on its own)
-CHUNKED = ["chunked", "triton"]
+CPU = cpu_backends(OP)  # manual, torch, chunked, triton, triton_rows (compile is tested on its own)
+CHUNKED = ["chunked", "triton", "triton_rows"]
 
 
 def _fresh(t):
@@ -105,7 +105,7 @@ def _opt_id(o):
 
 
 def test_matrix_is_not_empty():
-    assert {"manual", "torch", "chunked", "triton"} <= set(CPU)
+    assert {"manual", "torch", "chunked", "triton", "triton_rows"} <= set(CPU)
     assert "compile" in {i.backend for i in kernellab.impls(OP)}
 
 
@@ -214,6 +214,19 @@ def test_chunked_backends_never_make_an_n_by_v_tensor(backend, reduction):
     else:
         assert full, sorted(seen.shapes)
     assert xx.grad is not None and ww.grad is not None
+
+
+def test_rows_chunk_bounds_a_chunk_of_logits():
+    # triton_rows: the largest power of two of rows within 2^28 fp32 logits and N / 16 rows
+    # (its fp32 dweight accumulator is read and written once per chunk)
+    from kernellab.ops.linear_cross_entropy._chunked import ROWS_CHUNK_ELEMS, default_chunk, rows_chunk
+
+    assert rows_chunk(16384, 2048, 128256) == 1024  # N / 16
+    assert rows_chunk(1 << 15, 2048, 1 << 18) == 1024 and 2048 * (1 << 18) > ROWS_CHUNK_ELEMS  # the logits cap
+    assert rows_chunk(8192, 1024, 128256) == 512 > default_chunk(8192, 1024, 128256) == 128
+    assert rows_chunk(1024, 768, 50304) == 64  # the floor, MIN_CHUNK
+    assert rows_chunk(1 << 20, 4096, 1 << 22) == 1024 == default_chunk(1 << 20, 4096, 1 << 22)
+    assert rows_chunk(37, 24, 300) == 37 and rows_chunk(0, 8, 10) == 1
 
 
 def test_default_chunk_keeps_a_chunk_of_logits_near_x():
@@ -429,7 +442,7 @@ def test_triton_column_blocks_match_manual(monkeypatch, dtype, chunk):
         torch.testing.assert_close(got, want, **tol)
 
 
-@pytest.mark.parametrize("backend", ["triton", "chunked"])
+@pytest.mark.parametrize("backend", ["triton", "triton_rows", "chunked"])
 def test_chunked_backward_scales_in_place_and_refuses_a_second_backward(backend):
     """Eager, reduction mean: the backward hands over the saved gradients scaled in place
     (no second [V, H] dweight), equal to manual's for a grad_output of 2; a second backward

@@ -15,8 +15,8 @@ gradient-in-forward scheme below to one scalar scale). The loss has x's dtype.
 
 Backends: ``manual`` (full logits, log_softmax + gather in fp32), ``torch`` (F.linear in
 x's dtype, F.cross_entropy on the logits in fp32, as Hugging Face heads do: the
-baseline), ``compile`` (torch.compile of manual) store the [N, V] logits; ``chunked`` and
-``triton`` do not.
+baseline), ``compile`` (torch.compile of manual) store the [N, V] logits; ``chunked``,
+``triton`` and ``triton_rows`` do not.
 
 The ``chunked`` backend (PyTorch ops) takes the rows ``chunk`` at a time (default: as many
 rows as make a chunk's logits about the size of x, Liger's rule, but at least 64 rows: a
@@ -37,7 +37,14 @@ made in the weight's dtype), and dweight's products large enough for the tensor 
 (row chunks of 128 leave the accumulator's read and write memory-bound). Peak extra
 memory: one block of fp32 logits and one of dlogits, dx in fp32 (N*H*4), dweight.
 
-Both: with reduction "mean" or "sum" the gradients are computed in the forward and saved
+The ``triton_rows`` backend runs ``chunked``'s order with Triton's row kernels: row chunks
+of up to 2^28 logits and N / 16 rows (``rows_chunk``; fewer reads and writes of the fp32
+dweight accumulator than ``chunked``'s chunks near x's size), each chunk's logits made
+once, the statistics and dlogits kernels of ``triton`` over its full rows, dlogits written
+in x's dtype. Peak extra memory: one chunk of fp32 logits and of dlogits (up to 1 GiB and
+0.5 GiB in 16 bits, and under a fifth of the [N, V] logits in 16 bits), dweight in fp32, dx.
+
+All three: with reduction "mean" or "sum" the gradients are computed in the forward and saved
 (the logits are gone; Liger does the same), and the backward only scales them by
 grad_output (and 1 / #non-ignored for "mean"), in place in eager mode (a new dweight there
 would be one more [V, H] tensor at the step's peak): a second backward through the same

@@ -4,17 +4,19 @@ vocabulary), the 16-bit matmuls with fp32 results, each row's loss from its soft
 (``row_loss``), and the declaration to the op kit (custom op or triton_op, autograd, eager
 path).
 
-``run_chunks``' backend (``chunked``) supplies one launcher over a chunk's fp32 logits:
+``run_chunks``' backends (``chunked``, ``triton_rows``) supply one launcher over a chunk's
+fp32 logits:
 
-``rows(z, target, g, loss, ignore_index, label_smoothing, z_loss, write_grad) -> None``:
+``rows(z, target, g, loss, ignore_index, label_smoothing, z_loss, write_grad, grad_dtype)``:
     z fp32 contiguous [C, V] (the chunk's logits, bias included), target int64 [C] (each in
     [0, V) or ignore_index), g fp32 [C] or None (1 for every row); writes the per-row loss
-    into ``loss`` (fp32 [C], 0 on ignored rows) and, with ``write_grad``, overwrites z with
+    into ``loss`` (fp32 [C], 0 on ignored rows) and, with ``write_grad``, the dlogits
     g_i * d loss_i / d z_ij = g_i * (p_ij * (1 + 2 z lse_i) - eps / V - (1 - eps) [j == t_i])
-    (0 on ignored rows).
+    (0 on ignored rows): over z (fp32), returning None, or into a new tensor of
+    ``grad_dtype`` (x's dtype), returned.
 
-Memory per chunk: C * V * 4 bytes of logits (reused as dlogits), C * V * 2 more for the
-16-bit copy of dlogits the dx and dweight matmuls read. Across chunks: dweight and dbias
+Memory per chunk: C * V * 4 bytes of logits, C * V * 2 more for the 16-bit dlogits the dx
+and dweight matmuls read (a copy of z's, or written there by the launcher). Across chunks: dweight and dbias
 in fp32 and dx in x's dtype. ``run_blocks``' backend (``triton``) supplies a (stats, grad)
 pair of launchers (its docstring).
 """
@@ -38,6 +40,25 @@ def default_chunk(n: int, h: int, v: int) -> int:
     about as many elements as x ([N, H]); at least MIN_CHUNK, at most N (and 1)."""
     c = max(MIN_CHUNK, next_pow2(cdiv(n, max(1, cdiv(v, max(h, 1))))))
     return max(1, min(c, n))
+
+
+# Rows per chunk of ``triton_rows``: its [V, H] fp32 dweight accumulator is read and written
+# once per chunk (2 GB a chunk at V=128256, H=2048), so its chunks are larger than
+# ``default_chunk``'s, within two bounds: ROWS_CHUNK_ELEMS fp32 logits (1 GiB, and 0.5 GiB of
+# 16-bit dlogits), and 1 / ROWS_CHUNK_SHARE of the rows, so that a chunk's fp32 logits and
+# dlogits stay under a fifth of the [N, V] logits in 16 bits that the op never stores.
+ROWS_CHUNK_ELEMS = 1 << 28
+ROWS_CHUNK_SHARE = 16
+
+
+def rows_chunk(n: int, h: int, v: int) -> int:
+    """Rows per chunk of ``triton_rows``: the largest power of two within ROWS_CHUNK_ELEMS
+    logits and N / ROWS_CHUNK_SHARE rows, at least ``default_chunk``'s (so MIN_CHUNK), at
+    most N (and 1)."""
+    c = MIN_CHUNK
+    while 2 * c * max(v, 1) <= ROWS_CHUNK_ELEMS and 2 * c * ROWS_CHUNK_SHARE <= n:
+        c *= 2
+    return max(1, min(max(c, default_chunk(n, h, v)), n))
 
 
 # torch.mm / torch.addmm with out_dtype=float32 (cuBLAS: 16-bit operands, fp32 result and
@@ -105,16 +126,20 @@ def run_chunks(rows, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
         e = min(n, s + chunk)
         xc = x[s:e]
         z = _logits(xc, w, b32, b, wide)
-        rows(z, t[s:e], None if g is None else g[s:e], loss[s:e], ignore_index, eps, zc, want_grad)
+        gc = None if g is None else g[s:e]
+        d = rows(z, t[s:e], gc, loss[s:e], ignore_index, eps, zc, want_grad, x.dtype)
         if not want_grad:
             continue
         if db is not None:
-            db += z.sum(0)
+            db += z.sum(0) if d is None else d.float().sum(0)
         if not sixteen:
+            z = z if d is None else d
             torch.mm(z, w, out=dx[s:e])
             dw.addmm_(z.t(), xc)
             continue
-        z16 = z.to(x.dtype)  # dlogits rounded as PyTorch's autograd rounds them
+        # dlogits rounded as PyTorch's autograd rounds them
+        z16 = z.to(x.dtype) if d is None else d
+        del z
         torch.mm(z16, w, out=dx[s:e])
         if wide and traced:  # addmm's out_dtype forms have no working fake kernel in PyTorch 2.11
             dw = dw + torch.mm(z16.t(), xc, out_dtype=_F32)
@@ -259,9 +284,10 @@ def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
     return loss, dx, dw, db
 
 
-def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad) -> None:
-    """The row launcher in PyTorch ops (the ``chunked`` backend). As log_softmax, it keeps
-    z - m and log s apart (see triton.py): a row with +inf gives NaN, as PyTorch's."""
+def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad, grad_dtype=None) -> None:
+    """The row launcher in PyTorch ops (the ``chunked`` backend): dlogits over z. As
+    log_softmax, it keeps z - m and log s apart (see triton.py): a row with +inf gives NaN,
+    as PyTorch's."""
     v = z.shape[1]
     keep = t != ignore_index
     tt = torch.where(keep, t, 0).unsqueeze(1)
@@ -289,14 +315,16 @@ def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad) -> None:
     z.masked_fill_(~keep.unsqueeze(1), 0.0)
 
 
-def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False):
+def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False, chunk_rule=None):
     """The registry callable of a chunked backend around ``rows`` (module docstring): the
     ops ``kernellab::<name>`` (x [N, H], weight, bias, target [N], options, grad) ->
     (loss, grad scale, dx, dweight, dbias) and ``kernellab::<name>_backward``, declared
     once to the op kit, and the callable that flattens x, checks the targets and picks
     the chunk. ``blocked``: ``rows`` is run_blocks' (stats, grad) pair, and a pass takes
-    every row up to MAX_ROWS by default."""
+    every row up to MAX_ROWS by default. ``chunk_rule(n, h, v)``: the default rows per
+    chunk of ``run_chunks`` (default: ``default_chunk``)."""
     run = run_blocks if blocked else run_chunks
+    chunk_rule = chunk_rule or default_chunk
 
     def _fwd(
         x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, ignore_index: int, reduction: str,
@@ -432,7 +460,7 @@ def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False
         if chunk is not None:
             c = chunk
         else:
-            c = max(1, min(x2.shape[0], MAX_ROWS)) if blocked else default_chunk(x2.shape[0], h, v)
+            c = max(1, min(x2.shape[0], MAX_ROWS)) if blocked else chunk_rule(x2.shape[0], h, v)
         grad = reduction != "none" and grad_enabled() and _needs_grad(x, weight, bias, target)
         eps, zc = float(label_smoothing), float(z_loss)
         loss = op(x2, weight, bias, t, ignore_index, reduction, eps, zc, c, grad)

@@ -1,5 +1,6 @@
 """linear_cross_entropy in Triton: the two row kernels of the blocked runner
-(_chunked.run_blocks), their launchers, registration.
+(_chunked.run_blocks), their launchers, registration; and ``triton_rows``, the same two
+kernels over row chunks (_chunked.run_chunks).
 
 The matmuls are cuBLAS's; the kernels do what sits between them. The vocabulary is taken
 in column blocks of 4M-16M logits (_chunked.block_cols). Pass 1, per block: fp32 logits
@@ -16,15 +17,24 @@ The loss is formed from the row state as PyTorch's log_softmax forms it (_chunke
 z - m and log s kept apart), so a row with +inf logits gives NaN as PyTorch does, and the
 gradient kernel's p = exp((z - m) - log s) carries no rounding of a summed lse (at
 |lse| ~ 10 one fp32 ulp of it is a 1e-6 relative error in every p).
+
+``triton_rows`` takes the rows a chunk at a time with the whole vocabulary (``rows_chunk``:
+up to 2^28 logits and N / 16 rows a chunk) and computes each chunk's logits once: the statistics kernel over
+the full rows, the loss, the gradient kernel writing dlogits in x's dtype, then dx[chunk]
+= d @ W and dweight += d^T @ x[chunk] into an fp32 [V, H] accumulator. Three products where
+``triton`` makes four, for one read and write of the accumulator per chunk; the chunked
+backend's order (Liger's), with two passes over a chunk's logits instead of PyTorch's
+elementwise ops.
 """
 
 from __future__ import annotations
 
+import torch
 import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.linear_cross_entropy._chunked import chunked_backend
+from kernellab.ops.linear_cross_entropy._chunked import chunked_backend, row_loss, rows_chunk
 from kernellab.ops.linear_cross_entropy.targets import OP
 
 BLOCK_MAX = 4096  # columns per piece: 16 fp32 per thread at 8 warps
@@ -120,10 +130,34 @@ def _grad(z, d, t, g, m, log_s, v0, v, ignore_index, eps, zc) -> None:
     )  # fmt: skip
 
 
+def _rows(z, t, g, loss, ignore_index, eps, zc, write_grad, grad_dtype):
+    """``run_chunks``' launcher (_chunked module docstring) from the two row kernels over a
+    chunk's full rows: the statistics, the loss as the blocked runner forms it, and the
+    dlogits in ``grad_dtype`` (over z for fp32), returned."""
+    c, v = z.shape
+    f32 = torch.float32
+    m = torch.full((c,), float("-inf"), dtype=f32, device=z.device)
+    ssum = torch.zeros(c, dtype=f32, device=z.device)
+    zt = torch.zeros(c, dtype=f32, device=z.device)
+    tot = torch.zeros(c, dtype=f32, device=z.device)
+    _stats(z, t, 0, m, ssum, zt, tot)
+    log_s = ssum.log()
+    row = row_loss(m, log_s, zt - m, tot / v - m, eps, zc)
+    row = torch.where((t >= 0) & (t < v), row, float("nan"))
+    loss.copy_(torch.where(t != ignore_index, row, 0.0))  # select: an ignored NaN row stays 0
+    if not write_grad:
+        return None
+    d = z if grad_dtype == f32 else torch.empty(z.shape, dtype=grad_dtype, device=z.device)
+    _grad(z, d, t, g, m, log_s, 0, v, ignore_index, eps, zc)
+    return d
+
+
 # On a GPU the ops are triton_ops: under torch.compile Inductor traces the block loop (the
 # matmuls as aten ops, the row kernels through wrap_triton) and launches it itself.
 linear_cross_entropy_triton = chunked_backend("linear_cross_entropy_triton", (_stats, _grad), triton=True,
                                               blocked=True)
+linear_cross_entropy_triton_rows = chunked_backend("linear_cross_entropy_triton_rows", _rows, triton=True,
+                                                   chunk_rule=rows_chunk)  # fmt: skip
 
 
 def _kernel_specs(dtype: str):
@@ -147,4 +181,12 @@ register_triton(
     linear_cross_entropy_triton,
     _kernel_specs,
     "Triton: vocabulary in column blocks; cuBLAS logits twice, row-state and dlogits kernels, cuBLAS dx, dW",
+)
+register_triton(
+    OP,
+    linear_cross_entropy_triton_rows,
+    _kernel_specs,
+    "Triton: rows in chunks of the whole vocabulary; cuBLAS logits once, row-state and dlogits kernels, "
+    "cuBLAS dx, dW into an fp32 accumulator",
+    backend="triton_rows",
 )
