@@ -83,6 +83,9 @@ CASES: list[tuple] = [
     ("softmax", (2048, 32000), "bf16", "fwdbwd", {}),
     ("cross_entropy", (4096, 32000), "bf16", "fwdbwd", {}),
     ("cross_entropy", (2048, 151936), "bf16", "fwdbwd", {}),
+    # the LM head and its loss in one op: Gemma-2-2B's head (vocab 256000) and Qwen2-0.5B's
+    ("linear_cross_entropy", (8192, 2304, 256000), "bf16", "fwdbwd", {}),
+    ("linear_cross_entropy", (4096, 896, 151936), "bf16", "fwdbwd", {}),
 ]
 
 WITHIN = 0.97  # the default within 3% of the fastest backend
