@@ -4,8 +4,9 @@
 ``worker(rank, world, init_file, out_dir, *args)``. A worker opens its process group with
 ``init_group`` and saves its findings to ``rank{r}.pt`` in ``out_dir``; the test judges
 them. Around the worker each rank sends its stderr to ``rank{r}.stderr`` (a C++ abort
-leaves nothing else behind) and ends with ``os._exit`` once its findings are saved, so
-nothing after the measured work (interpreter and library teardown) decides the outcome.
+leaves nothing else behind; ``faulthandler`` adds the Python stack of a fatal signal) and
+ends with ``os._exit`` once its findings are saved, so nothing after the measured work
+(interpreter and library teardown) decides the outcome.
 
 A rank that dies or hangs fails the test with every rank's stderr tail. One case is tried
 again, once: a rank killed by a signal before its process group was connected (gloo's TCP
@@ -16,6 +17,7 @@ warning.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import sys
 import time
@@ -28,6 +30,7 @@ import torch
 def _rank_main(rank, worker, world, out_dir, args):
     fd = os.open(os.path.join(out_dir, f"rank{rank}.stderr"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 2)
+    faulthandler.enable()  # a fatal signal (SIGABRT, SIGSEGV) prints every thread's Python stack there
     worker(rank, world, os.path.join(out_dir, "init"), out_dir, *args)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -43,7 +46,7 @@ def init_group(backend, rank, world, init_file, seconds):
     open(os.path.join(os.path.dirname(init_file), f"rank{rank}.ready"), "w").close()
 
 
-def _tails(out_dir, world, lines=15) -> str:
+def _tails(out_dir, world, lines=40) -> str:
     parts = []
     for r in range(world):
         path = os.path.join(out_dir, f"rank{r}.stderr")

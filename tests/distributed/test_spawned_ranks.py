@@ -49,8 +49,10 @@ def test_death_before_the_group_connected_is_retried_once(tmp_path_factory, tmp_
 
 
 def test_death_after_the_group_connected_fails_with_stderr(tmp_path_factory, tmp_path):
-    with pytest.raises(pytest.fail.Exception, match="(?s)SIGABRT.*rank 1 about to abort"):
+    with pytest.raises(pytest.fail.Exception, match="(?s)SIGABRT.*rank 1 about to abort") as e:
         kldist.run_ranks(_worker, 2, tmp_path_factory, "late", ("abort-after-init", str(tmp_path)), 120)
+    # faulthandler's stack of the abort names the worker's line
+    assert "Fatal Python error: Aborted" in str(e.value) and "in _worker" in str(e.value)
 
 
 def test_worker_exception_fails_with_its_traceback(tmp_path_factory, tmp_path):
