@@ -1231,6 +1231,14 @@ def cmd_explain(args) -> int:
         src = tables.table_path(gpu)
         print(f"  table: {src if os.path.exists(src) else 'none for ' + gpu}; `kernellab tune` writes "
               f"{tables.table_path(gpu, write=True)}")  # fmt: skip
+    if os.path.exists(src) and dtype is not None:
+        from kernellab.core.spec import dtype_name
+        from kernellab.harness import choice_cv
+
+        line = choice_cv.group_line(tables.read_table(src)["rows"], args.op, dtype_name(dtype), args.mode, opts,
+                                    registry.resolve_rule(), None if args.gpu else dev)  # fmt: skip
+        if line:
+            print(f"  {line}")
     # Inside a CUDA graph, a compiled graph or a model's fused node the host cost is paid
     # once per step: what the device time alone would pick (kernellab.models.gpt does).
     rules = {"queued": "device time where kernels take 20 us or more",

@@ -85,3 +85,33 @@ def test_bad_arguments_name_the_argument(capsys):
     with pytest.raises(SystemExit):
         choice_cv.main(["--within", "-1"])
     assert "--within must be >= 0" in capsys.readouterr().err
+
+
+def test_explain_says_how_the_choice_did_where_no_row_is(tmp_path, monkeypatch, capsys):
+    """`kernellab explain` prints choice_cv's line for the call's op, dtype and mode: the
+    rows of that group left out in turn; rows of other modes still speak as neighbours but
+    are not scored."""
+    from kernellab.cli import main
+    from kernellab.core import registry
+
+    monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
+    rows = [
+        _row(4096, {"torch": 1.0, "manual": 2.0}),
+        _row(8192, {"torch": 2.0, "manual": 3.0}),
+        _row(16384, {"torch": 5.0, "manual": 4.0}),  # manual wins; its nearest row says torch
+        {**_row(16384, {"torch": 1.0, "manual": 2.0}), "mode": "fwdbwd"},
+    ]
+    rows = [{**r, "op": "gelu"} for r in rows]
+    (tmp_path / f"{tables.gpu_slug('cpu')}.json").write_text(json.dumps({"gpu": "cpu", "rows": rows}))
+    tables.clear()
+    registry.clear_cache()
+    try:
+        line = choice_cv.group_line(rows, "gelu", "fp32", "fwd", "", device="cpu")
+        assert "each of this table's 3 gelu fp32 fwd rows" in line and "at 2 of 3" in line
+        assert "worst 1.25" in line
+        assert choice_cv.group_line(rows, "gelu", "bf16", "fwd", "", device="cpu") is None
+        assert main(["explain", "gelu", "-s", "5000", "--device", "cpu", "--dtype", "fp32"]) == 0
+        assert line in capsys.readouterr().out
+    finally:
+        tables.clear()
+        registry.clear_cache()

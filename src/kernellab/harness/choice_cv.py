@@ -27,8 +27,9 @@ from collections import defaultdict
 WITHIN = 0.03  # a pick this close to the row's fastest counts as a hit
 
 
-def cross_validate(rows: list[dict], candidates, by: str = "queued") -> list[dict]:
-    """One result per row: the choice made without it, scored by its times.
+def cross_validate(rows: list[dict], candidates, by: str = "queued", score=None) -> list[dict]:
+    """One result per row (per row ``score(row)`` accepts, if given; the others still speak
+    for their neighbours): the choice made without it, scored by its times.
 
     ``candidates(op, key)`` -> (usable backends, preferred backend, small backend or None,
     exact key dims): what ``registry._choose`` passes to ``choice.choose`` for a call."""
@@ -36,6 +37,8 @@ def cross_validate(rows: list[dict], candidates, by: str = "queued") -> list[dic
 
     out = []
     for i, row in enumerate(rows):
+        if score is not None and not score(row):
+            continue
         key = tuple(row["key"])
         usable, preferred, small, exact = candidates(row["op"], key)
         rest = {"rows": rows[:i] + rows[i + 1 :]}
@@ -70,17 +73,42 @@ def summarize(results: list[dict], within: float = WITHIN) -> dict:
     return {"all": stats(results), "groups": {k: stats(v) for k, v in sorted(groups.items())}}
 
 
-def registry_candidates(op: str, key):
-    """What the default passes ``choice.choose`` for ``op`` on a CUDA device it cannot see
-    (``registry.choose_for_gpu``'s view)."""
+def registry_candidates(op: str, key, device: str | None = None):
+    """What the default passes ``choice.choose`` for ``op`` on ``device`` (None: a CUDA
+    device it cannot see, ``registry.choose_for_gpu``'s view: every CUDA backend usable)."""
     from kernellab.core import registry, spec
 
     sp = spec.get_spec(op)
-    cuda = frozenset(i.backend for i in registry.impls(op) if "cuda" in i.devices)
-    preferred = next((b for b in sp.default_backends if b in cuda), "torch")
+    if device is None:
+        runs = frozenset(i.backend for i in registry.impls(op) if "cuda" in i.devices)
+        preferred = next((b for b in sp.default_backends if b in runs), "torch")
+    else:
+        runs, preferred = registry.usable(op, device), registry.default_backend(op, device)
     small = sp.small_backend(key) if sp.small_backend is not None else None
-    usable = cuda - frozenset(sp.default_excludes(key)) if sp.default_excludes is not None else cuda
+    usable = runs - frozenset(sp.default_excludes(key)) if sp.default_excludes is not None else runs
     return usable, preferred, small, sp.key_exact
+
+
+def group_line(rows: list[dict], op: str, dn: str, mode: str, options: str, by: str = "queued",
+               device: str | None = None, within: float = WITHIN) -> str | None:
+    """One line for ``kernellab explain``: how the choice did for ``op`` / ``dn`` / ``mode`` /
+    ``options`` at this table's shapes, each of those rows left out in turn; None without
+    such rows."""
+    def cands(o, k):
+        return registry_candidates(o, k, device)
+
+    def mine(r):
+        return (r.get("op") == op and r.get("dtype") == dn and r.get("mode") == mode
+                and r.get("options", options) == options)  # fmt: skip
+
+    res = cross_validate([r for r in rows if r.get("op") == op], cands, by, score=mine)
+    s = summarize(res, within)["all"]
+    if not s["scored"]:
+        return None
+    return (f"at shapes no row holds: each of this table's {s['rows']} {op} {dn} {mode} rows left out in "
+            f"turn, the choice from the others was within {within:.0%} of that row's fastest at "
+            f"{s['hits']} of {s['scored']} (geomean {_fmt(s['geomean'])}, worst {_fmt(s['worst'])}; "
+            "python -m kernellab.harness.choice_cv)")  # fmt: skip
 
 
 def _fmt(x):
