@@ -118,3 +118,26 @@ def test_browser_check_sees_a_missing_picture_and_a_script_error(tmp_path):
     assert status == "missing: 1"
     assert any("roofline.png" in line for line in console)
     assert any("notDefined" in line for line in console)
+
+
+def test_report_tables_section(tmp_path, capsys):
+    """--tables: per GPU model's tuning table and op, ours against the vendors and the
+    default with each row left out, as vendor_gap --table and choice_cv count them."""
+    from kernellab.core import tables
+    from kernellab.harness import choice_cv, vendor_gap
+
+    gpu = "NVIDIA H200"
+    assert gpu in tables.table_gpus()
+    out = tmp_path / "out"
+    assert cli.main(["report", "--html", str(out), "--tables", gpu, *map(str, _files(tmp_path))]) == 0
+    text = (out / "index.html").read_text()
+    assert "<h2>At the model-family shapes (tuning tables)</h2>" in text and f"<h3>{gpu}</h3>" in text
+    rows = tables.read_table(tables.table_path(gpu))["rows"]
+    own = vendor_gap.op_totals(vendor_gap.summarize(vendor_gap.table_rows({"rows": rows}))[0])["rope"]
+    cv = choice_cv.summarize(choice_cv.cross_validate([r for r in rows if r["op"] == "rope"],
+                                                      choice_cv.registry_candidates))["all"]  # fmt: skip
+    cells = f"<td>rope</td><td>{own['own_at_least_vendor']} of {own['cases']}</td>"
+    assert cells in text and f"<td>{cv['hits']} of {cv['scored']}</td>" in text
+    capsys.readouterr()
+    assert cli.main(["report", "--html", str(out), "--tables", "NVIDIA Z9", *map(str, _files(tmp_path))]) == 2
+    assert "--tables: no tuning table for 'NVIDIA Z9'" in capsys.readouterr().err

@@ -508,9 +508,16 @@ def cmd_report(args) -> int:
     from kernellab.harness import results
 
     if args.html:
+        from kernellab.core import tables
         from kernellab.harness import report
 
-        page = report.build(args.files, args.html, title=args.title)
+        known = tables.table_gpus()
+        gpus = known if args.tables and "all" in args.tables else (args.tables or [])
+        bad = [g for g in gpus if g not in known]
+        if bad:
+            print(f"error: --tables: no tuning table for {bad[0]!r}; tables: {', '.join(known)}", file=sys.stderr)
+            return 2
+        page = report.build(args.files, args.html, title=args.title, tables_of=gpus)
         console.print(f"wrote {page} (open it in a browser)")
         return 0
     rows = []
@@ -1483,6 +1490,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("files", nargs="+", help="JSONL files written by bench --json, tune or train --out; check --json")
     s.add_argument("--html", metavar="DIR", help="write DIR/index.html and its pictures (roofline, speed-ups, models)")
     s.add_argument("--title", default="kernellab results", help="the page's title (with --html)")
+    s.add_argument("--tables", action="append", metavar="GPU",
+                   help="with --html: a section from this GPU model's tuning table (repeatable; 'all': every one "
+                        "here): ours against the vendors at the model-family shapes, the default left one out")  # fmt: skip
     s.add_argument("--op", action="append", help="only this op's rows (repeatable)")
     s.add_argument("--pivot", action="store_true", help="one column per backend")
     s.add_argument("--shape", "-s", action="append", help="only these shapes (as written in the rows)")

@@ -263,8 +263,41 @@ img { max-width: 100%; }
 </style>"""
 
 
-def build(paths, out_dir, title: str = "kernellab results") -> Path:
-    """Write ``out_dir/index.html`` and its pictures from the rows in ``paths``."""
+def tables_section(gpus) -> str:
+    """HTML: per GPU model's tuning table (its own rows: the model-family shapes, every
+    candidate timed side by side by ``tune``), per op: where ours are at least the best
+    vendor kernel (``vendor_gap.table_rows``) and where the default's choice lands within 3%
+    of the fastest with each row left out in turn (``choice_cv``)."""
+    from kernellab.core import tables
+    from kernellab.harness import choice_cv, vendor_gap
+
+    parts = ["<h2>At the model-family shapes (tuning tables)</h2>",
+             "<p>Device times from each GPU's committed table. <i>ours &gt;= vendor</i>: our best kernel "
+             "against the best vendor kernel at each row. <i>default, row left out</i>: each row taken out "
+             "in turn, the choice for its shape made from the other rows, within 3% of that row's fastest "
+             "(how the default does at shapes no row holds).</p>"]  # fmt: skip
+    for gpu in gpus:
+        rows = tables.read_table(tables.table_path(gpu))["rows"]
+        lines, _ = vendor_gap.summarize(vendor_gap.table_rows({"rows": rows}))
+        own = vendor_gap.op_totals(lines)
+        cv = choice_cv.summarize(choice_cv.cross_validate(rows, choice_cv.registry_candidates))["groups"]
+        out = []
+        for op in sorted({k[0] for k in cv} | set(own)):
+            o = own.get(op)
+            hits = sum(g["hits"] for k, g in cv.items() if k[0] == op)
+            scored = sum(g["scored"] for k, g in cv.items() if k[0] == op)
+            out.append((op, f"{o['own_at_least_vendor']} of {o['cases']}" if o else "-",
+                        o["own_below_0.9"] if o else "-", f"{o['own_geomean']:.2f}" if o else "-",
+                        f"{hits} of {scored}" if scored else "-"))  # fmt: skip
+        parts.append(f"<h3>{html.escape(gpu)}</h3>")
+        parts.append(_table(("op", "ours >= vendor", "below 0.9x", "geomean ours / vendor",
+                             "default, row left out: within 3%"), out))  # fmt: skip
+    return "\n".join(parts)
+
+
+def build(paths, out_dir, title: str = "kernellab results", tables_of=()) -> Path:
+    """Write ``out_dir/index.html`` and its pictures from the rows in ``paths`` (and, for
+    the GPU models in ``tables_of``, ``tables_section``)."""
     kinds = load(paths)
     if not any(kinds.values()):
         raise ValueError(f"no result rows in {', '.join(str(p) for p in paths)}")
@@ -307,6 +340,8 @@ def build(paths, out_dir, title: str = "kernellab results") -> Path:
             for op, rungs in lad.items():
                 rows = [(case, rung, f"{ms:.4f}", f"{g:.2f}x" if g else "") for case, rung, ms, g in rungs]
                 parts.append(f"<h3>{html.escape(op)}</h3>" + _table(("case", "rung", "ms", "gain"), rows))
+    if tables_of:
+        parts.append(tables_section(tables_of))
     if kinds["host"]:
         parts.append("<h2>Host cost</h2>")
         img = plot_host(kinds["host"], out)
