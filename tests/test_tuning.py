@@ -895,3 +895,24 @@ def test_queued_ranking_is_the_default_and_loop_drops_the_device_rule(tables):
     registry.clear_cache()
     with pytest.raises(ValueError, match="'queued'"):
         registry.choose_key("gelu", (8192,), torch.float32, "cpu", by="plain")
+
+
+def test_tune_at_your_own_shapes(tables, capsys):
+    """`kernellab tune OP -s SHAPE ...`: a model's own shapes instead of a family; the rows
+    land in the table like a family's, and the default then reads them. A shape with a zero
+    or a family given too is refused, naming the argument."""
+    argv = ["tune", "gelu", "-s", "5000", "-s", "12345", "-b", "torch,manual", "--device", "cpu",
+            "--dtype", "fp32", "--budget", "0.05"]  # fmt: skip
+    assert main(argv) == 0
+    rows = [r for r in json.loads((tables / "cpu.json").read_text())["rows"] if r["op"] == "gelu"]
+    assert sorted(tuple(r["shape"]) for r in rows) == [(5000,), (12345,)]
+    assert all(set(r["times"]) == {"torch", "manual"} for r in rows)
+    backend, why = registry.choose_key("gelu", (12345,), torch.float32, "cpu")
+    assert "[12345]" in why and "distance 0.00" in why
+    capsys.readouterr()
+    assert main(["tune", "gelu", "-s", "0", "-b", "torch", "--device", "cpu"]) == 2
+    assert "shape: every dim a positive integer, got (0,)" in capsys.readouterr().err
+    assert main(["tune", "gelu", "-s", "4096", "-f", "small", "--device", "cpu"]) == 2
+    assert "--shape and --family: give one" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="a family or shapes, not both"):
+        tuner.tune("gelu", "small", [torch.float32], ["fwd"], device="cpu", shapes=[(4096,)])

@@ -1270,18 +1270,22 @@ def cmd_tune(args) -> int:
     """Sweep every backend of OP over a shape family; write this GPU's tuning table."""
     from kernellab import device as _device
     from kernellab.core import tables
+    from kernellab.core.spec import parse_shape
     from kernellab.harness import tune as tuner
 
     dtypes = _dtypes(args.dtype)
     dev = args.device or _device.default_device()
     backends = _split(args.backend) if args.backend else None
     try:
+        if args.shape and args.family:
+            raise ValueError("--shape and --family: give one (a family's shapes, or your own)")
+        shapes = [parse_shape(s) for s in args.shape] if args.shape else None
         notice = tuner.not_timed_notice(args.op, dev, backends)
         if notice:
             print(notice, flush=True)
         table = tuner.tune(
             args.op, args.family, dtypes, args.mode, device=dev,
-            backends=backends, budget_s=args.budget,
+            backends=backends, budget_s=args.budget, shapes=shapes,
             on_row=lambda r: print(
                 f"  {r['backend']:>10} {r['shape']:>18} {r['dtype']} {r['mode']}: "
                 + (f"{r.get('effective_ms') or r['median_ms']:.4g} ms" if r.get("status") == "ok" else r.get("status", "?")),
@@ -1578,6 +1582,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("tune", help="time every backend over a model shape family; write this GPU's default table")
     _op_argument(s)
     s.add_argument("--family", "-f", default=None, help=f"{', '.join(_family_names())} (default: all but heldout and cpu-tiny)")
+    s.add_argument("--shape", "-s", action="append",
+                   help="time these shapes instead of a family (your model's, e.g. 6144x1536; repeatable)")  # fmt: skip
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16 (default: the op's)")
     s.add_argument("--mode", nargs="+", default=["fwd"], help="fwd, fwdbwd (default fwd)")
     s.add_argument("--backend", "-b", action="append",

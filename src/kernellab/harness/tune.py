@@ -89,14 +89,23 @@ def table_rows(op: str, rows, by_shape: dict | None = None) -> list[dict]:
 
 
 def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, backends=None,
-         budget_s: float = 1.0, on_row=None, admitted: dict | None = None) -> dict:  # fmt: skip
-    """Time the backends of ``op`` (default: ``candidates(op)``) over the family's shapes
+         budget_s: float = 1.0, on_row=None, admitted: dict | None = None, shapes=None) -> dict:  # fmt: skip
+    """Time the backends of ``op`` (default: ``candidates(op)``) over the family's shapes, or
+    over ``shapes`` (problem shapes, e.g. a model's own; then no family is read)
     (harness.bench: admission check, re-checked outputs, device and loop time) and merge
     the winners into this GPU's table; returns the table written. ``on_row`` sees every
     measured row (the raw timings behind the table)."""
     spec = get_spec(op)
     dev = device or _device.default_device()
-    shapes = family_shapes(op, family)
+    if shapes is not None:
+        if family is not None:
+            raise ValueError("tune: give a family or shapes, not both")
+        shapes = [tuple(s) for s in shapes]
+        for s in shapes:
+            if not s or any(not isinstance(d, int) or d < 1 for d in s):
+                raise ValueError(f"shape: every dim a positive integer, got {s}")
+    else:
+        shapes = family_shapes(op, family)
     if not shapes:
         raise ValueError(f"family {family!r} has no shapes for {op}")
     backends = backends or candidates(op)
