@@ -41,6 +41,10 @@ def init_group(backend, rank, world, init_file, seconds):
     """``dist.init_process_group`` through ``init_file``; marks this rank connected."""
     import torch.distributed as dist
 
+    if backend == "gloo" and os.path.exists("/sys/class/net/lo"):
+        # every rank on this machine: gloo's TCP pairs over loopback, not over the address
+        # the host name resolves to (a container's may be slow to connect or not reachable)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=seconds))  # fmt: skip
     open(os.path.join(os.path.dirname(init_file), f"rank{rank}.ready"), "w").close()
