@@ -106,6 +106,11 @@ def _numel(shape: str) -> int:
     return n
 
 
+# The vendors' backends our kernels are measured against: PyTorch's op and torch.compile,
+# the SDPA kernels (FlashAttention-2, cuDNN, efficient), Liger, cuFFT.
+VENDOR = ("torch", "compile", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "liger", "fft")
+
+
 def is_ours(backend: str) -> bool:
     """kernellab's own kernels, as opposed to the baselines (manual, torch, compile) and peers."""
     return backend.startswith(("triton", "cuda")) or backend == "tiled"

@@ -11,7 +11,7 @@ against float64), ``default`` included. Per case, three numbers:
 
 - **own / vendor**: the best vendor kernel's time over our best own kernel's (``triton*``,
   ``cuda*``): >= 1.0 where ours is faster. Vendors are PyTorch's op, torch.compile, the
-  SDPA kernels (cuDNN, FlashAttention-2, efficient) and Liger (``report.VENDOR``).
+  SDPA kernels (cuDNN, FlashAttention-2, efficient) and Liger (``results.VENDOR``).
 - **default / best**: the fastest backend's time over the default's: >= 0.97 is "within 3%";
   by device time, and by call time (``effective_ms``: the larger of device and loop time,
   what a standalone eager call costs and what the default chooses by: a backend whose host
@@ -38,8 +38,7 @@ import math
 import os
 
 from kernellab.core.spec import options_str
-from kernellab.harness.report import VENDOR
-from kernellab.harness.results import is_ours
+from kernellab.harness.results import VENDOR, is_ours
 
 # (op, shape, dtype, mode, options). Model-family shapes absent from the tuning families,
 # and the cases the issue names.
