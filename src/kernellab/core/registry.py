@@ -566,8 +566,7 @@ def choose_key(op: str, key, dtype, dev: str, mode: str = "fwd", options: str = 
     hit = _CHOICES.get(ck)
     if hit is not None:
         return hit
-    out = _choose(op, key, dtype, tables.gpu_of(dev), usable(op, dev), default_backend(op, dev),
-                  mode, options, by, among)  # fmt: skip
+    out = _choose(op, key, dtype, tables.gpu_of(dev), dev, mode, options, by, among)
     _CHOICES[ck] = out
     return out
 
@@ -577,23 +576,34 @@ def choose_for_gpu(op: str, key, dtype, gpu: str, mode: str = "fwd", options: st
     """``choose_key`` on GPU model ``gpu``'s table from any machine (``kernellab explain
     --gpu``). Which backends run there cannot be known here: every backend of ``op`` that
     runs on CUDA counts as usable. Not cached."""
-    cuda = frozenset(b for (o, b), impl in _TABLE.items() if o == op and "cuda" in impl.devices)
-    preferred = next((b for b in _spec.get_spec(op).default_backends if b in cuda), "torch")
-    return _choose(op, key, dtype, gpu, cuda, preferred, mode, options, resolve_rule(by), None)
+    return _choose(op, key, dtype, gpu, None, mode, options, resolve_rule(by), None)
 
 
-def _choose(op, key, dtype, gpu, allowed, preferred, mode, options, by, among) -> tuple[str, str]:
-    """``choice.choose`` on ``gpu``'s table for backends ``allowed`` (less what the op
-    excludes for the shape)."""
+def choice_inputs(op: str, key, device: str | None = None) -> tuple[frozenset, str, str | None, tuple]:
+    """What ``choice.choose`` is given for a call of ``op`` at shape key ``key`` on
+    ``device``: (usable backends, less what the op excludes for the shape; the preferred
+    backend; the small-size backend or None; the exact key dims). ``device`` None: a CUDA
+    device this machine may not have, every backend of the op that runs on CUDA usable."""
     spec = _spec.get_spec(op)
+    if device is None:
+        allowed = frozenset(b for (o, b), impl in _TABLE.items() if o == op and "cuda" in impl.devices)
+        preferred = next((b for b in spec.default_backends if b in allowed), "torch")
+    else:
+        allowed, preferred = usable(op, device), default_backend(op, device)
     rule = spec.small_backend  # (a host-cost rule: for standalone calls only)
     small = rule(key) if rule is not None and key is not None else None
-    dn = _spec.dtype_name(dtype) if dtype is not None else None
     if spec.default_excludes is not None and key is not None:
         allowed = allowed - frozenset(spec.default_excludes(key))
+    return allowed, preferred, small, spec.key_exact
+
+
+def _choose(op, key, dtype, gpu, device, mode, options, by, among) -> tuple[str, str]:
+    """``choice.choose`` on ``gpu``'s table with ``choice_inputs`` for ``device``."""
+    allowed, preferred, small, exact = choice_inputs(op, key, device)
+    dn = _spec.dtype_name(dtype) if dtype is not None else None
     return choice.choose(tables.load_table(gpu), os.path.basename(tables.table_path(gpu)), op, key, dn, mode,
                          options, usable=allowed, preferred=preferred, small=small, by=by,
-                         among=among, exact=spec.key_exact)  # fmt: skip
+                         among=among, exact=exact)  # fmt: skip
 
 
 def resolve_rule(by: str | None = None) -> str:

@@ -32,7 +32,7 @@ def cross_validate(rows: list[dict], candidates, by: str = "queued", score=None)
     for their neighbours): the choice made without it, scored by its times.
 
     ``candidates(op, key)`` -> (usable backends, preferred backend, small backend or None,
-    exact key dims): what ``registry._choose`` passes to ``choice.choose`` for a call."""
+    exact key dims): what ``choice.choose`` is given for a call (``registry.choice_inputs``)."""
     from kernellab.core import choice
 
     out = []
@@ -75,18 +75,10 @@ def summarize(results: list[dict], within: float = WITHIN) -> dict:
 
 def registry_candidates(op: str, key, device: str | None = None):
     """What the default passes ``choice.choose`` for ``op`` on ``device`` (None: a CUDA
-    device it cannot see, ``registry.choose_for_gpu``'s view: every CUDA backend usable)."""
-    from kernellab.core import registry, spec
+    device it cannot see, ``registry.choose_for_gpu``'s view): ``registry.choice_inputs``."""
+    from kernellab.core import registry
 
-    sp = spec.get_spec(op)
-    if device is None:
-        runs = frozenset(i.backend for i in registry.impls(op) if "cuda" in i.devices)
-        preferred = next((b for b in sp.default_backends if b in runs), "torch")
-    else:
-        runs, preferred = registry.usable(op, device), registry.default_backend(op, device)
-    small = sp.small_backend(key) if sp.small_backend is not None else None
-    usable = runs - frozenset(sp.default_excludes(key)) if sp.default_excludes is not None else runs
-    return usable, preferred, small, sp.key_exact
+    return registry.choice_inputs(op, key, device)
 
 
 def group_line(rows: list[dict], op: str, dn: str, mode: str, options: str, by: str = "queued",

@@ -140,9 +140,7 @@ def summarize(rows) -> tuple[list[dict], dict]:
     totals = {
         "cases": len(lines),
         "own_cases": len(ratios),
-        "own_at_least_vendor": sum(r >= 1.0 for r in ratios),
-        "own_below_0.9": sum(r < NONE_BELOW for r in ratios),
-        "own_geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3) if ratios else None,
+        **_own_counts(ratios),
         "default_cases": len(dflt),
         "default_within_3pct": sum(r >= WITHIN for r in dflt),
         "default_within_3pct_call": sum(r >= WITHIN for r in dflt_call),
@@ -165,16 +163,22 @@ def table_rows(table: dict) -> list[dict]:
     return out
 
 
+def _own_counts(ratios) -> dict:
+    """Of own / vendor ratios: how many >= 1.0, how many below NONE_BELOW, their geomean."""
+    return {
+        "own_at_least_vendor": sum(r >= 1.0 for r in ratios),
+        "own_below_0.9": sum(r < NONE_BELOW for r in ratios),
+        "own_geomean": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3) if ratios else None,
+    }
+
+
 def op_totals(lines) -> dict:
     """``summarize``'s own-vs-vendor totals per op."""
     by: dict[str, list] = {}
     for ln in lines:
         if "own_vs_vendor" in ln:
             by.setdefault(ln["op"], []).append(ln["own_vs_vendor"])
-    return {op: {"cases": len(r), "own_at_least_vendor": sum(x >= 1.0 for x in r),
-                 "own_below_0.9": sum(x < NONE_BELOW for x in r),
-                 "own_geomean": round(math.exp(sum(map(math.log, r)) / len(r)), 3), "worst": min(r)}
-            for op, r in sorted(by.items())}  # fmt: skip
+    return {op: {"cases": len(r), **_own_counts(r), "worst": min(r)} for op, r in sorted(by.items())}
 
 
 def _table_report(gpus, ops, all_lines: bool) -> str:

@@ -163,6 +163,24 @@ def row_loss(m, log_s, zt_m, mean_m, eps, zc):
     return row
 
 
+def state_loss(fold, t, v, ignore_index, eps, zc):
+    """(each row's loss, m, log s) of rows with targets ``t`` [C] over a vocabulary of ``v``:
+    ``fold(m, s, zt, tot)`` folds the rows' logits into their softmax state (fp32 [C] each,
+    in place: running max m, sum s of exp(z - m), target logit zt, row sum tot; the row
+    kernels' ``stats``). The loss is 0 on ignored rows and NaN where a target is out of
+    range."""
+    c, dev = t.shape[0], t.device
+    m = torch.full((c,), float("-inf"), dtype=_F32, device=dev)
+    ssum = torch.zeros(c, dtype=_F32, device=dev)
+    zt = torch.zeros(c, dtype=_F32, device=dev)
+    tot = torch.zeros(c, dtype=_F32, device=dev)
+    fold(m, ssum, zt, tot)
+    log_s = ssum.log()
+    row = row_loss(m, log_s, zt - m, tot / v - m, eps, zc)
+    row = torch.where((t >= 0) & (t < v), row, float("nan"))
+    return torch.where(t != ignore_index, row, 0.0), m, log_s  # select: an ignored NaN row stays 0
+
+
 # Logits per column block of the blocked runner. A block's fp32 logits, its dlogits and
 # the fp32 dx sum are the op's transient memory at the end of a model's forward (the step's
 # peak), so blocks are small: BLOCK_ELEMS logits (16 MiB in fp32), grown up to 4x that
@@ -229,17 +247,11 @@ def run_blocks(kernels, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
             return _logits(xc, w[v0:v1], None if b32 is None else b32[v0:v1],
                            None if b is None else b[v0:v1], wide)  # fmt: skip
 
-        m = torch.full((c,), float("-inf"), dtype=_F32, device=dev)
-        ssum = torch.zeros(c, dtype=_F32, device=dev)
-        zt = torch.zeros(c, dtype=_F32, device=dev)
-        tot = torch.zeros(c, dtype=_F32, device=dev)
-        for v0, v1 in blocks:
-            stats(logits(v0, v1), tc, v0, m, ssum, zt, tot)
-        log_s = ssum.log()
-        row = row_loss(m, log_s, zt - m, tot / v - m, eps, zc)
-        keep = tc != ignore_index
-        row = torch.where((tc >= 0) & (tc < v), row, float("nan"))
-        loss[s0:s1] = torch.where(keep, row, 0.0)  # select: an ignored NaN row stays 0
+        def fold(m, ssum, zt, tot):
+            for v0, v1 in blocks:
+                stats(logits(v0, v1), tc, v0, m, ssum, zt, tot)
+
+        loss[s0:s1], m, log_s = state_loss(fold, tc, v, ignore_index, eps, zc)
         if not want_grad:
             continue
         dxc = torch.zeros(c, h, dtype=_F32, device=dev)

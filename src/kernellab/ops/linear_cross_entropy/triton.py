@@ -34,7 +34,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.linear_cross_entropy._chunked import chunked_backend, row_loss, rows_chunk
+from kernellab.ops.linear_cross_entropy._chunked import chunked_backend, rows_chunk, state_loss
 from kernellab.ops.linear_cross_entropy.targets import OP
 
 BLOCK_MAX = 4096  # columns per piece: 16 fp32 per thread at 8 warps
@@ -134,20 +134,12 @@ def _rows(z, t, g, loss, ignore_index, eps, zc, write_grad, grad_dtype):
     """``run_chunks``' launcher (_chunked module docstring) from the two row kernels over a
     chunk's full rows: the statistics, the loss as the blocked runner forms it, and the
     dlogits in ``grad_dtype`` (over z for fp32), returned."""
-    c, v = z.shape
-    f32 = torch.float32
-    m = torch.full((c,), float("-inf"), dtype=f32, device=z.device)
-    ssum = torch.zeros(c, dtype=f32, device=z.device)
-    zt = torch.zeros(c, dtype=f32, device=z.device)
-    tot = torch.zeros(c, dtype=f32, device=z.device)
-    _stats(z, t, 0, m, ssum, zt, tot)
-    log_s = ssum.log()
-    row = row_loss(m, log_s, zt - m, tot / v - m, eps, zc)
-    row = torch.where((t >= 0) & (t < v), row, float("nan"))
-    loss.copy_(torch.where(t != ignore_index, row, 0.0))  # select: an ignored NaN row stays 0
+    v = z.shape[1]
+    rows, m, log_s = state_loss(lambda *state: _stats(z, t, 0, *state), t, v, ignore_index, eps, zc)
+    loss.copy_(rows)
     if not write_grad:
         return None
-    d = z if grad_dtype == f32 else torch.empty(z.shape, dtype=grad_dtype, device=z.device)
+    d = z if grad_dtype == torch.float32 else torch.empty(z.shape, dtype=grad_dtype, device=z.device)
     _grad(z, d, t, g, m, log_s, 0, v, ignore_index, eps, zc)
     return d
 
