@@ -462,13 +462,13 @@ def test_chunked_backward_scales_in_place_and_refuses_a_second_backward(backend)
 
 
 def test_block_columns_keep_each_block_device_bound():
-    # 4M logits a block unless its products are under BLOCK_FLOPS, then up to 16M: at
-    # Llama-1B's and Qwen2-0.5B's LM heads (4096 rows) a block's product stays ~30 GFLOP.
+    # 16M logits a block unless its products are under BLOCK_FLOPS, then up to 64M: at
+    # Llama-1B's and Qwen2-0.5B's LM heads (4096 rows) a block's product stays ~120 GFLOP.
     from kernellab.ops.linear_cross_entropy._chunked import block_cols
 
-    assert block_cols(4096, 128256, 2048) == 2048  # 8M logits, 34 GFLOP
-    assert block_cols(4096, 151936, 896) == 4096  # 16M logits (the cap), 30 GFLOP
-    assert block_cols(16384, 128256, 2048) == 512  # 8M logits
+    assert block_cols(4096, 128256, 2048) == 8192  # 32M logits, 137 GFLOP
+    assert block_cols(4096, 151936, 896) == 16384  # 64M logits (the cap), 120 GFLOP
+    assert block_cols(16384, 128256, 2048) == 2048  # 32M logits
     assert block_cols(1 << 20, 128256, 4096) == 128  # the floor
     assert block_cols(64, 256, 64) == 256  # at most V
 

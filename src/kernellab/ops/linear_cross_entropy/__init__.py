@@ -28,7 +28,7 @@ x[chunk] (fp32 accumulators for dweight and dbias). Peak extra memory: one chunk
 logits + dweight in fp32 (V*H*4 bytes) + dx, never N*V.
 
 The ``triton`` backend takes ``chunk`` rows per pass (default: every row, up to 131072)
-and the vocabulary in column blocks of 4M-16M logits (``block_cols``): a first
+and the vocabulary in column blocks of 16M-64M logits (``block_cols``): a first
 sweep over the blocks computes each row's softmax statistics and loss, a second computes
 the logits again, d(loss)/d(logits) in x's dtype, dx += dlogits @ weight[block] in fp32
 and dweight[block] = dlogits^T @ x in one product, rounded once. One more logits matmul

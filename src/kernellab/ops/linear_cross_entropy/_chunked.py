@@ -183,11 +183,12 @@ def state_loss(fold, t, v, ignore_index, eps, zc):
 
 # Logits per column block of the blocked runner. A block's fp32 logits, its dlogits and
 # the fp32 dx sum are the op's transient memory at the end of a model's forward (the step's
-# peak), so blocks are small: BLOCK_ELEMS logits (16 MiB in fp32), grown up to 4x that
-# while a block's products are under BLOCK_FLOPS. A block costs ~8 launches of host time
-# whatever its size, so its products must outlast them (~34 GFLOP, ~60 us on an H100).
-BLOCK_ELEMS = 1 << 22
-BLOCK_FLOPS = 1 << 35
+# peak): BLOCK_ELEMS logits (64 MiB in fp32), grown up to 4x that while a block's products
+# are under BLOCK_FLOPS. A block costs ~8 launches of host time, and each block reads and
+# writes the fp32 dx sum (8 N H bytes), so wider blocks are faster, up to about this size;
+# twice it gains ~2% for ~1.75x the memory (lab/probe_lce_blocks.py).
+BLOCK_ELEMS = 1 << 24
+BLOCK_FLOPS = 1 << 37
 MAX_ROWS = 1 << 17  # the blocked runner's default rows per pass
 
 

@@ -3,7 +3,7 @@
 kernels over row chunks (_chunked.run_chunks).
 
 The matmuls are cuBLAS's; the kernels do what sits between them. The vocabulary is taken
-in column blocks of 4M-16M logits (_chunked.block_cols). Pass 1, per block: fp32 logits
+in column blocks of 16M-64M logits (_chunked.block_cols). Pass 1, per block: fp32 logits
 [C, B] from one matmul, and _lce_stats_kernel folds them into each row's online-softmax state (running max
 m and sum s of exp(z - m)), row sum (label smoothing) and target logit. The loss of a row
 follows from those. Pass 2, per block: the logits again, _lce_grad_kernel writes
