@@ -217,14 +217,16 @@ def test_chunked_backends_never_make_an_n_by_v_tensor(backend, reduction):
 
 
 def test_rows_chunk_bounds_a_chunk_of_logits():
-    # triton_rows: the largest power of two of rows within 2^28 fp32 logits and N / 16 rows
-    # (its fp32 dweight accumulator is read and written once per chunk)
+    # triton_rows: the largest power of two of rows within 2^28 fp32 logits and
+    # max(N / 16, 2 H / 3) rows, at least default_chunk's, at most N
     from kernellab.ops.linear_cross_entropy._chunked import ROWS_CHUNK_ELEMS, default_chunk, rows_chunk
 
-    assert rows_chunk(16384, 2048, 128256) == 1024  # N / 16
+    assert rows_chunk(16384, 2048, 128256) == 1024  # N / 16 (2 H / 3 = 1365)
+    assert rows_chunk(4096, 4096, 128256) == 2048  # 2 H / 3 = 2730: 6 C V bytes within 4 V H
     assert rows_chunk(1 << 15, 2048, 1 << 18) == 1024 and 2048 * (1 << 18) > ROWS_CHUNK_ELEMS  # the logits cap
     assert rows_chunk(8192, 1024, 128256) == 512 > default_chunk(8192, 1024, 128256) == 128
-    assert rows_chunk(1024, 768, 50304) == 64  # the floor, MIN_CHUNK
+    assert rows_chunk(1024, 768, 50304) == 512  # 2 H / 3
+    assert rows_chunk(1024, 64, 50304) == 64  # the floor, MIN_CHUNK
     assert rows_chunk(1 << 20, 4096, 1 << 22) == 1024 == default_chunk(1 << 20, 4096, 1 << 22)
     assert rows_chunk(37, 24, 300) == 37 and rows_chunk(0, 8, 10) == 1
 

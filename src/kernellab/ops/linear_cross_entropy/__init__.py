@@ -38,11 +38,12 @@ made in the weight's dtype), and dweight's products large enough for the tensor 
 memory: one block of fp32 logits and one of dlogits, dx in fp32 (N*H*4), dweight.
 
 The ``triton_rows`` backend runs ``chunked``'s order with Triton's row kernels: row chunks
-of up to 2^28 logits and N / 16 rows (``rows_chunk``; fewer reads and writes of the fp32
-dweight accumulator than ``chunked``'s chunks near x's size), each chunk's logits made
-once, the statistics and dlogits kernels of ``triton`` over its full rows, dlogits written
-in x's dtype. Peak extra memory: one chunk of fp32 logits and of dlogits (up to 1 GiB and
-0.5 GiB in 16 bits, and under a fifth of the [N, V] logits in 16 bits), dweight in fp32, dx.
+of up to 2^28 logits and the larger of N / 16 and 2 H / 3 rows (``rows_chunk``; fewer reads
+and writes of the fp32 dweight accumulator than ``chunked``'s chunks near x's size), each
+chunk's logits made once, the statistics and dlogits kernels of ``triton`` over its full
+rows, dlogits written in x's dtype. Peak extra memory: dweight in fp32, dx, and one chunk
+of fp32 logits and of dlogits (up to 1 GiB and 0.5 GiB in 16 bits; under a fifth of the
+[N, V] logits in 16 bits, or under dweight's fp32 accumulator where that is larger).
 
 All three: with reduction "mean" or "sum" the gradients are computed in the forward and saved
 (the logits are gone; Liger does the same), and the backward only scales them by

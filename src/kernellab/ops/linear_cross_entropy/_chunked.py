@@ -43,20 +43,23 @@ def default_chunk(n: int, h: int, v: int) -> int:
 
 
 # Rows per chunk of ``triton_rows``: its [V, H] fp32 dweight accumulator is read and written
-# once per chunk (2 GB a chunk at V=128256, H=2048), so its chunks are larger than
-# ``default_chunk``'s, within two bounds: ROWS_CHUNK_ELEMS fp32 logits (1 GiB, and 0.5 GiB of
-# 16-bit dlogits), and 1 / ROWS_CHUNK_SHARE of the rows, so that a chunk's fp32 logits and
-# dlogits stay under a fifth of the [N, V] logits in 16 bits that the op never stores.
+# once per chunk (2 GB a chunk at V=128256, H=4096), so its chunks are larger than
+# ``default_chunk``'s: up to ROWS_CHUNK_ELEMS fp32 logits (1 GiB, and 0.5 GiB of 16-bit
+# dlogits), and up to the larger of N / ROWS_CHUNK_SHARE rows (a chunk's fp32 logits and
+# dlogits under a fifth of the [N, V] logits in 16 bits) and 2 H / 3 rows (the chunk's 6 C V
+# bytes within the accumulator's 4 V H: where the accumulator outweighs the logits, as at
+# 4096 rows of width 4096, the chunks grow with it rather than pass over it 16 times).
 ROWS_CHUNK_ELEMS = 1 << 28
 ROWS_CHUNK_SHARE = 16
 
 
 def rows_chunk(n: int, h: int, v: int) -> int:
     """Rows per chunk of ``triton_rows``: the largest power of two within ROWS_CHUNK_ELEMS
-    logits and N / ROWS_CHUNK_SHARE rows, at least ``default_chunk``'s (so MIN_CHUNK), at
-    most N (and 1)."""
+    logits and max(N / ROWS_CHUNK_SHARE, 2 H / 3) rows, at least ``default_chunk``'s (so
+    MIN_CHUNK), at most N (and 1)."""
     c = MIN_CHUNK
-    while 2 * c * max(v, 1) <= ROWS_CHUNK_ELEMS and 2 * c * ROWS_CHUNK_SHARE <= n:
+    cap = max(n // ROWS_CHUNK_SHARE, 2 * h // 3)
+    while 2 * c * max(v, 1) <= ROWS_CHUNK_ELEMS and 2 * c <= cap:
         c *= 2
     return max(1, min(max(c, default_chunk(n, h, v)), n))
 
