@@ -204,6 +204,39 @@ def test_attention_rows_match_on_the_head_dim():
     assert choice._distance((32, 2048, 2048, 80), (32, 2048, 2048, 128), spec.key_exact) == float("inf")
 
 
+def test_a_row_speaks_only_for_calls_of_its_band():
+    # matmul-like keys (M, N, K): a decode row (M = 16) names cuda, three M = 8192 rows name
+    # torch. With M banded at 16, a 64-row call is never served by the decode row (it is
+    # 4x away, within NEAR): no row of its band is near, so its band's rows vote; an 8-row
+    # call still follows the decode row; a batched key bands its M (third from the end)
+    def row(key, best):
+        times = {"cuda": 1.0, "torch": 2.0} if best == "cuda" else {"cuda": 2.0, "torch": 1.0}
+        return {"op": "matmul", "dtype": "bf16", "mode": "fwd", "shape": list(key), "key": list(key),
+                "best": best, "times": times}  # fmt: skip
+
+    big = [(8192, 4096, 4096), (8192, 14336, 4096), (8192, 6144, 4096)]
+    table = {"rows": [row((16, 4096, 4096), "cuda")] + [row(k, "torch") for k in big]}
+    bands = ((-3, (16,)),)
+
+    def pick(key, bands):
+        return choice.choose(table, "X.json", "matmul", key, "bf16", "fwd", "", usable=frozenset({"cuda", "torch"}),
+                             preferred="cuda", bands=bands)  # fmt: skip
+
+    assert pick((64, 4096, 4096), ())[0] == "cuda"  # unbanded: the decode row is nearest
+    backend, why = pick((64, 4096, 4096), bands)
+    assert backend == "torch" and "3 of its 3 matmul bf16 fwd rows" in why
+    assert pick((8, 4096, 4096), bands)[0] == "cuda"
+    assert choice._distance((2, 16, 64, 64), (2, 17, 64, 64), bands=bands) == float("inf")
+    assert choice._distance((2, 16, 64, 64), (4, 16, 64, 64), bands=bands) == 1.0
+
+
+def test_matmul_bands_its_rows_at_sixteen_rows():
+    from kernellab.core.spec import get_spec
+
+    assert get_spec("matmul").key_bands == ((-3, (16,)),)
+    assert choice._band(16, (16,)) == 0 and choice._band(17, (16,)) == 1
+
+
 def test_a_split_alignment_class_lets_every_row_vote():
     # aligned rows: 2 cuda, 2 torch (no majority, the same geometric means); odd rows: cuda
     wins = [((8192, 50304), "cuda"), ((98304, 1024), "cuda"), ((64, 256), "torch"), ((128, 1024), "torch"),

@@ -18,7 +18,7 @@ def _row(n, times, best=None):
 
 
 def _cands(usable=("a", "b")):
-    return lambda op, key: (frozenset(usable), "a", None, ())
+    return lambda op, key: (frozenset(usable), "a", None, (), ())
 
 
 def test_each_row_is_judged_by_the_rows_left():

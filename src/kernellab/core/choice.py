@@ -7,9 +7,9 @@ runnable on the device, the op's preferred backend and its small-size rule) and 
 the answer per call shape.
 
 - The row of the nearest shape (same op, dtype, mode and option key; distance = summed
-  |log2| ratios of the dims, infinite across alignment classes and across the values of
-  the dims the op names in ``OpSpec.key_exact``, unless no row of the call's values is
-  near) names the backend when it
+  |log2| ratios of the dims, infinite across alignment classes, across the bands the op
+  names in ``OpSpec.key_bands``, and across the values of the dims the op names in
+  ``OpSpec.key_exact``, unless no row of the call's values is near) names the backend when it
   lies within ``NEAR`` (where that backend is not in ``usable``, the fastest of the row's
   usable ones); a 16-bit call with no rows of its dtype reads a sibling dtype's
   (``SIBLING_DTYPES``). ``usable`` is what runs here less what the op excludes for the
@@ -29,27 +29,37 @@ from __future__ import annotations
 import math
 
 
-def _distance(a, b, exact=()) -> float:
+def _band(x: int, edges) -> int:
+    """Which band of ``edges`` (ascending upper bounds) ``x`` lies in: 0 for x <= edges[0]."""
+    return sum(x > e for e in edges)
+
+
+def _distance(a, b, exact=(), bands=()) -> float:
     """Summed |log2| ratios of the dims; infinite across alignment classes (a dim that is a
     multiple of 8 in one key and not in the other): libraries choose other kernels for
     odd sizes (cuBLAS at 4097x4095x1023 is slower than our CUDA matmul, at 1024x3072x768
     it is the fastest), so an odd row does not speak for an aligned call, nor the reverse.
-    Infinite too where a dim listed in ``exact`` (indices into the key, the op's
+    Infinite too across the bands of ``bands`` ((dim index, upper bounds) pairs, the op's
+    ``OpSpec.key_bands``: matmul's M <= 16 runs GEMV kernels, launch-bound, and above it
+    tile kernels), and where a dim listed in ``exact`` (indices into the key, the op's
     ``OpSpec.key_exact``) differs: attention's kernels are built per head dim, and the
     fastest at head dim 80 says nothing of head dim 128."""
     if len(a) != len(b) or any((x % 8 == 0) != (y % 8 == 0) for x, y in zip(a, b)):
         return math.inf
+    for i, edges in bands:
+        if _band(a[i], edges) != _band(b[i], edges):
+            return math.inf
     for i in exact:
         if a[i] != b[i]:
             return math.inf
     return sum(abs(math.log2(max(x, 1)) - math.log2(max(y, 1))) for x, y in zip(a, b))
 
 
-def _nearest(rows, key, exact=()):
+def _nearest(rows, key, exact=(), bands=()):
     """(distance, row) of the row nearest ``key`` (``_distance``), or None without rows."""
     best = None
     for row in rows:
-        dist = _distance(tuple(row["key"]), key, exact)
+        dist = _distance(tuple(row["key"]), key, exact, bands)
         if best is None or dist < best[0]:
             best = (dist, row)
     return best
@@ -61,7 +71,7 @@ BY = ("queued", "loop", "device")  # what a choice ranks by (``choose``)
 
 def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mode: str, options: str, *,
            usable, preferred: str, small: str | None = None, by: str = "queued",
-           among=None, exact=()) -> tuple[str, str]:  # fmt: skip
+           among=None, exact=(), bands=()) -> tuple[str, str]:  # fmt: skip
     """(backend, why) for a call of ``op`` with shape key ``key`` in dtype ``dn`` (a dtype
     name) and ``mode``, from ``table`` (None: no table; ``table_name`` names it in the
     why). ``usable``: the backends that run here (a container of names); ``preferred``:
@@ -77,8 +87,9 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
     graph, or a model that runs several ops under one autograd node); ``among`` limits the
     backends considered (e.g. those with node-free entry points). ``exact``: key dims a row
     must match to be near (``_distance``); where no row of the call's values of them is
-    near, the nearest row of any values speaks (said in the why). Rows written before
-    device times were kept fall back to their effective times."""
+    near, the nearest row of any values speaks (said in the why). ``bands``: (key dim,
+    upper bounds) pairs; a row of another band never speaks for the call (``_distance``).
+    Rows written before device times were kept fall back to their effective times."""
     if by not in BY:
         raise ValueError(f"by: one of {', '.join(map(repr, BY))}, got {by!r}")
     standalone = by != "device"  # by "loop" or "queued": a row's own choice, the vote, the heuristics
@@ -86,11 +97,11 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
     if table is not None and key is not None and dn is not None:
         dn, src = _row_dtype(table, op, dn, mode, options)
         rows = list(_rows(table, op, dn, mode, options))
-        best, any_dims = _nearest(rows, key, exact), ""
+        best, any_dims = _nearest(rows, key, exact, bands), ""
         if exact and (best is None or best[0] > NEAR):
             # no row of the call's exact dims near: the nearest of any is the best evidence
             # left (a vote over far shapes would be weaker), and the why says so
-            best = _nearest(rows, key)
+            best = _nearest(rows, key, bands=bands)
             any_dims = " (no row near with the call's exact key dims, OpSpec.key_exact: the nearest of any)"
         if best is not None and best[0] <= NEAR:
             row = best[1]
@@ -125,7 +136,7 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
                     + ")",
                 )
         if out is None and standalone and among is None:
-            out = _table_vote(table, table_name, op, dn, mode, options, usable, key, by, exact)
+            out = _table_vote(table, table_name, op, dn, mode, options, usable, key, by, exact, bands)
             if out is None:  # its alignment class is split: every row votes
                 out = _table_vote(table, table_name, op, dn, mode, options, usable, by=by)
             if out is not None and src:
@@ -173,17 +184,17 @@ VOTE_MIN_ROWS = 3  # rows of an op / dtype / mode before they speak for far shap
 NEAREST_LEAD = 0.01
 
 
-def _table_vote(table, table_name, op, dn, mode, options, usable, key=None, by="queued", exact=()):
+def _table_vote(table, table_name, op, dn, mode, options, usable, key=None, by="queued", exact=(), bands=()):
     """(backend, why) for a shape no row is near: the backend this GPU's table found fastest
     at the most shapes of the op, dtype and mode, or None where the table has no such row.
     The op's fixed preference list knows nothing of the GPU, so at far shapes it can name a
     backend the table found slower at most rows. A strict majority of at least VOTE_MIN_ROWS
     rows speaks; without one, the backend timed at every row whose time over each row's best
     has the least geometric mean (NEAREST_LEAD ahead of the next). Where VOTE_MIN_ROWS rows
-    share the call's alignment class and exact dims (``_distance`` finite), only they vote: a kernel's
-    speed at odd widths says little about aligned ones, as ``_distance`` says."""
+    share the call's alignment class, bands and exact dims (``_distance`` finite), only they
+    vote: a kernel's speed at odd widths says little about aligned ones, as ``_distance`` says."""
     rows = list(_rows(table, op, dn, mode, options))
-    alike = [r for r in rows if key is not None and _distance(tuple(r["key"]), key, exact) < math.inf]
+    alike = [r for r in rows if key is not None and _distance(tuple(r["key"]), key, exact, bands) < math.inf]
     alike_note = ""
     if len(alike) >= VOTE_MIN_ROWS and len(alike) < len(rows):
         rows, alike_note = alike, " of its alignment class"

@@ -579,11 +579,12 @@ def choose_for_gpu(op: str, key, dtype, gpu: str, mode: str = "fwd", options: st
     return _choose(op, key, dtype, gpu, None, mode, options, resolve_rule(by), None)
 
 
-def choice_inputs(op: str, key, device: str | None = None) -> tuple[frozenset, str, str | None, tuple]:
+def choice_inputs(op: str, key, device: str | None = None) -> tuple[frozenset, str, str | None, tuple, tuple]:
     """What ``choice.choose`` is given for a call of ``op`` at shape key ``key`` on
     ``device``: (usable backends, less what the op excludes for the shape; the preferred
-    backend; the small-size backend or None; the exact key dims). ``device`` None: a CUDA
-    device this machine may not have, every backend of the op that runs on CUDA usable."""
+    backend; the small-size backend or None; the exact key dims; the key bands). ``device``
+    None: a CUDA device this machine may not have, every backend of the op that runs on
+    CUDA usable."""
     spec = _spec.get_spec(op)
     if device is None:
         allowed = frozenset(b for (o, b), impl in _TABLE.items() if o == op and "cuda" in impl.devices)
@@ -594,16 +595,16 @@ def choice_inputs(op: str, key, device: str | None = None) -> tuple[frozenset, s
     small = rule(key) if rule is not None and key is not None else None
     if spec.default_excludes is not None and key is not None:
         allowed = allowed - frozenset(spec.default_excludes(key))
-    return allowed, preferred, small, spec.key_exact
+    return allowed, preferred, small, spec.key_exact, spec.key_bands
 
 
 def _choose(op, key, dtype, gpu, device, mode, options, by, among) -> tuple[str, str]:
     """``choice.choose`` on ``gpu``'s table with ``choice_inputs`` for ``device``."""
-    allowed, preferred, small, exact = choice_inputs(op, key, device)
+    allowed, preferred, small, exact, bands = choice_inputs(op, key, device)
     dn = _spec.dtype_name(dtype) if dtype is not None else None
     return choice.choose(tables.load_table(gpu), os.path.basename(tables.table_path(gpu)), op, key, dn, mode,
                          options, usable=allowed, preferred=preferred, small=small, by=by,
-                         among=among, exact=exact)  # fmt: skip
+                         among=among, exact=exact, bands=bands)  # fmt: skip
 
 
 def resolve_rule(by: str | None = None) -> str:

@@ -385,6 +385,11 @@ class OpSpec:
     # head dim: its kernels are built per head dim); others only where no such row is near
     # (core.choice.choose)
     key_exact: tuple[int, ...] = ()
+    # (shape-key dim index, ascending upper bounds) pairs: a table row speaks only for calls
+    # whose dim lies in the row's band (matmul's M <= 16 and M > 16: GEMV kernels and tile
+    # kernels); where no row of the call's band is near, the rows of its band vote
+    # (core.choice.choose). Negative indices count from the key's end (batched keys).
+    key_bands: tuple[tuple[int, tuple[int, ...]], ...] = ()
     doc: str = ""
     extra_bad_inputs: list = field(default_factory=list)
     metric: str = "gbps"  # which ceiling the op lives under: gbps (memory) or tflops

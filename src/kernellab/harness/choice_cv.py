@@ -32,7 +32,8 @@ def cross_validate(rows: list[dict], candidates, by: str = "queued", score=None)
     for their neighbours): the choice made without it, scored by its times.
 
     ``candidates(op, key)`` -> (usable backends, preferred backend, small backend or None,
-    exact key dims): what ``choice.choose`` is given for a call (``registry.choice_inputs``)."""
+    exact key dims, key bands): what ``choice.choose`` is given for a call
+    (``registry.choice_inputs``)."""
     from kernellab.core import choice
 
     out = []
@@ -40,11 +41,11 @@ def cross_validate(rows: list[dict], candidates, by: str = "queued", score=None)
         if score is not None and not score(row):
             continue
         key = tuple(row["key"])
-        usable, preferred, small, exact = candidates(row["op"], key)
+        usable, preferred, small, exact, bands = candidates(row["op"], key)
         rest = {"rows": rows[:i] + rows[i + 1 :]}
         pick, why = choice.choose(rest, "table", row["op"], key, row["dtype"], row["mode"],
                                   row.get("options", ""), usable=usable, preferred=preferred, small=small,
-                                  by=by, exact=exact)  # fmt: skip
+                                  by=by, exact=exact, bands=bands)  # fmt: skip
         times = choice.deciding_times(row, by)
         fastest = min(times, key=times.get)
         ratio = times[pick] / times[fastest] if pick in times and times[fastest] > 0 else None

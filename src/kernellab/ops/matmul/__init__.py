@@ -242,6 +242,10 @@ SPEC = declare(
     # 1x1x1x95: terms ~8 summing to 1.06; gelu's dz amplifies z's rounding the same way).
     perturbation_floor=True,
     bad_shape=(5, 6, 7),
+    # M <= 16 runs GEMV kernels (cuBLAS's, cuda_skinny's), launch-bound at model widths,
+    # where a row's winner is the cheapest launch; above it, tile kernels: a decode row does
+    # not speak for a 64-row call (the key's M is third from its end)
+    key_bands=((-3, (16,)),),
 )
 
 
