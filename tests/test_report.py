@@ -78,6 +78,14 @@ def test_report_refuses_bad_rows(tmp_path, capsys):
     bad.write_text('{"op": "softmax"}\nnot json\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: not a JSON row"):
         report.load([bad])
+    # a training step's row (a multi-GPU run's: op and backend, a list shape) is not a
+    # kernel's: left out of the bench rows, and the page still builds
+    step = tmp_path / "step.jsonl"
+    step.write_text(json.dumps(dict(op="llama_train_cp", backend="kl-ring", mode="eager", shape=[1, 8192],
+                                    dtype="bf16", median_ms=175.6)) + "\n"
+                    + json.dumps(_bench("softmax", "torch", 2.0)) + "\n")  # fmt: skip
+    assert [r["op"] for r in report.load([step])["bench"]] == ["softmax"]
+    assert report.build([step], tmp_path / "s").exists()
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     assert cli.main(["report", "--html", str(tmp_path / "o"), str(empty)]) == 2

@@ -32,6 +32,14 @@ NOT_OURS = VENDOR + ("manual",)
 BASELINES = ("hf", "torch")  # a user-model group's reference: the model as is
 
 
+def _is_bench(r: dict) -> bool:
+    """A timed kernel call's row: op, backend, dtype, mode, a time and an "AxB" shape (a
+    whole step's row, e.g. a multi-GPU run's, has a list shape; a lab probe's may lack the
+    mode)."""
+    return all(k in r for k in ("op", "backend", "dtype", "mode")) and bool(r.get("median_ms")) and isinstance(
+        r.get("shape"), str)
+
+
 def load(paths) -> dict[str, list]:
     """Rows of ``paths`` sorted by kind: bench, models, host, check."""
     kinds: dict[str, list] = {"bench": [], "models": [], "host": [], "check": []}
@@ -51,7 +59,7 @@ def load(paths) -> dict[str, list]:
                 kinds["host"].append(r)
             elif "model" in r and "variant" in r and "ms" in r:
                 kinds["models"].append(r)
-            elif "op" in r and "backend" in r and r.get("median_ms"):
+            elif _is_bench(r):
                 kinds["bench"].append(r)
     return kinds
 
