@@ -108,9 +108,11 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "matmul": [(256 * 197, 2304, 768), (256 * 197, 768, 3072)],
         "attention": [(256, 12, 197, 64)],
     },
-    "decode": {  # M = 1-16 tokens against 8B-class weights
+    "decode": {  # M = 1-16 tokens against 8B-class weights (and 32-256: batched decode)
         "matmul": [(m, n, 4096) for m in (1, 2, 4, 8, 16) for n in (4096, 14336)]
-        + [(m, 4096, 14336) for m in (1, 16)],
+        + [(m, 4096, 14336) for m in (1, 16)]
+        # above M = 16 the tile kernels' band (OpSpec.key_bands): rows of its own
+        + [(32, 4096, 4096), (32, 14336, 4096), (256, 4096, 4096), (256, 14336, 4096), (32, 4096, 14336)],
         "rms_norm": [(m, 4096) for m in (1, 4, 16)],
         "argmax": [(m, 128256) for m in (1, 4, 16)],
         # sampling over the vocabulary; eager attention probabilities (HF's upcast to fp32),
