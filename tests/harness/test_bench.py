@@ -295,3 +295,59 @@ def test_paired_rounds_alternate_the_order_of_the_functions():
     times, errors = timer.paired_loop_ms(fns, {n: 2 for n in fns}, rounds=3)
     assert not errors and all(len(t) == 3 for t in times.values())
     assert [seen[i] for i in range(0, len(seen), 3)] == list("abc") * 2 + list("cba") + list("abc")
+
+
+class _Prob:
+    """A stand-in Problem whose impls are the calls themselves."""
+
+    def call(self, impl):
+        return impl, None
+
+
+def _timed(**per_call_s):
+    import time
+
+    def sleeper(s):
+        return lambda: time.sleep(s)
+
+    rows = [{"backend": b, "status": "ok", "median_ms": 0.005, "loop_ms": 0.5, "effective_ms": 0.5}
+            for b in per_call_s]  # fmt: skip
+    return [(r, sleeper(per_call_s[r["backend"]])) for r in rows]
+
+
+def test_launch_bound_cases_take_their_loop_times_in_paired_rounds():
+    from kernellab.harness.bench import pair_loop_times
+
+    timed = _timed(slow=0.002, quick=0.0002)
+    assert pair_loop_times(timed, _Prob(), rounds=3, seconds=0.01)
+    slow, quick = (r for r, _ in timed)
+    assert quick["loop_ms"] < slow["loop_ms"] and slow["loop_ms"] >= 1.5  # ~2 ms a call
+    for r in (slow, quick):
+        assert r["loop_ms_alone"] == 0.5 and r["loop_paired_rounds"] == 3
+        assert r["effective_ms"] == round(max(r["loop_ms"], r["median_ms"]), 5) and r["bound"] == "host"
+
+
+def test_device_bound_cases_and_failing_backends_keep_their_lone_loop_times():
+    from kernellab.core.choice import DEVICE_BOUND_MS
+    from kernellab.harness.bench import pair_loop_times
+
+    timed = _timed(a=0.0001, b=0.0001)
+    for r, _ in timed:
+        r["median_ms"] = DEVICE_BOUND_MS  # the fastest kernel outlasts its launch: device time ranks
+    assert not pair_loop_times(timed, _Prob(), rounds=3, seconds=0.005)
+    assert all(r["loop_ms"] == 0.5 and "loop_ms_alone" not in r for r, _ in timed)
+
+    def boom():
+        raise RuntimeError("x")
+
+    (ra, fa), (rb, _) = _timed(a=0.0001, b=0.0001)
+    assert pair_loop_times([(ra, fa), (rb, boom)], _Prob(), rounds=3, seconds=0.005)
+    assert ra["loop_paired_rounds"] == 3 and rb["loop_ms"] == 0.5 and "loop_ms_alone" not in rb
+
+
+def test_bench_pairs_a_launch_bound_case_when_asked():
+    rows = {r["backend"]: r for r in bench("add", backends=["torch", "manual"], shapes=[(64,)],
+                                           dtypes=[torch.float32], budget_s=0.05, paired_rounds=3)}  # fmt: skip
+    assert all(r["status"] == "ok" for r in rows.values())
+    # on this CPU both take well under DEVICE_BOUND_MS per call: loop times from paired rounds
+    assert all(r["loop_paired_rounds"] == 3 and "loop_ms_alone" in r for r in rows.values())

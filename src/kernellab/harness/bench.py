@@ -13,6 +13,12 @@ back-to-back calls (host cost included, no device hold), ``effective_ms`` (the l
 the two) and ``bound`` ("host" when the loop is over 10% slower than the device time). The
 "vs torch" verdict (``speedup_vs_torch``) compares effective times;
 ``device_speedup_vs_torch`` keeps the device-only ratio.
+
+With ``paired_rounds`` (``kernellab tune``'s), a launch-bound case (its fastest device time
+under ``core.choice.DEVICE_BOUND_MS``, where loop times rank the backends) has its loop
+times taken again with the backends taking turns (``timer.paired_loop_ms``): one after
+another, a host whose speed drifts between minutes names the backend timed in its fast
+minute. The rows keep the lone loop time as ``loop_ms_alone``.
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ import datetime
 import functools
 import itertools
 import os
+import statistics
 import subprocess
 
 import torch
 
 from kernellab import device as _device
 from kernellab.core import registry
+from kernellab.core.choice import DEVICE_BOUND_MS
 from kernellab.core.spec import dtype_name, get_spec, options_str, shape_str, to64
 from kernellab.harness import timer
 from kernellab.harness.compare import judge
@@ -171,10 +179,12 @@ def bench(
     on_start=None,
     options: dict | None = None,
     admitted: dict | None = None,
+    paired_rounds: int = 0,
 ) -> list[dict]:
     """Time ``op`` for every backend x shape x dtype x mode (x keyword-option case: the
     spec's ``bench_options``, or ``options`` when given); returns result rows (measured
-    or rejected; unavailable backends appear with status "unavailable" and no timing)."""
+    or rejected; unavailable backends appear with status "unavailable" and no timing).
+    ``paired_rounds``: see the module docstring (0: off)."""
     spec = get_spec(op)
     dev = device or _device.default_device()
     impls = [i for i in registry.impls(op) if not backends or i.backend in backends]
@@ -205,7 +215,7 @@ def bench(
         if base_fn:
             base_fn()
         baseline = base_box[0] if base_box else None
-        group = []
+        group, timed = [], []
         for impl in impls:
             row = _base_row(op, impl.backend, mode, shape, dtype, gpu, dev)
             if opts:
@@ -228,8 +238,11 @@ def bench(
                 row.update(_measure(impl, prob, baseline, dev, graph, flush, budget_s))
             _rates(row, spec, shape, dtype, mode, peaks, opts)
             group.append(row)
+            timed.append((row, impl))
             if dev == "cuda":
                 torch.cuda.empty_cache()
+        if paired_rounds and not graph:
+            pair_loop_times(timed, prob, paired_rounds)
         # Speed-up against torch within this group, by the larger of device time and loop
         # time on both sides (a backend faster on the device but host-bound loses in a
         # model); the device-only ratio is kept beside it.
@@ -243,6 +256,40 @@ def bench(
         rows.extend(group)
         del prob, baseline, base_box
     return rows
+
+
+PAIRED_SECONDS = 0.02  # plain-loop time per backend per paired round
+
+
+def pair_loop_times(timed, prob, rounds: int, seconds: float = PAIRED_SECONDS) -> bool:
+    """Where the measured rows of one case (``timed``: (row, impl) pairs on ``prob``) are
+    launch-bound (the fastest device time under DEVICE_BOUND_MS), their loop times again
+    from ``rounds`` paired rounds (the median of each backend's), effective times and
+    bounds with them; the first loop time stays as ``loop_ms_alone``. Returns whether it
+    paired them. A backend that raises in a round keeps its lone loop time."""
+    ok = [(r, impl) for r, impl in timed if r.get("status") == "ok" and r.get("loop_ms") is not None]
+    if len(ok) < 2 or min(r["median_ms"] for r, _ in ok) >= DEVICE_BOUND_MS:
+        return False
+    fns, calls = {}, {}
+    for r, impl in ok:
+        fn = prob.call(impl)[0]
+        try:
+            calls[r["backend"]] = timer.calls_for(fn, seconds)
+        except Exception:  # noqa: BLE001 - it raised once alone; it keeps that row's loop time
+            continue
+        fns[r["backend"]] = fn
+    times, errors = timer.paired_loop_ms(fns, calls, rounds)
+    for r, _ in ok:
+        per = times.get(r["backend"])
+        if r["backend"] in errors or not per:
+            continue
+        loop = statistics.median(per)
+        r["loop_ms_alone"] = r["loop_ms"]
+        r["loop_ms"] = round(loop, 5)
+        r["effective_ms"] = round(max(loop, r["median_ms"]), 5)
+        r["bound"] = "host" if loop > 1.1 * r["median_ms"] else "device"
+        r["loop_paired_rounds"] = len(per)
+    return True
 
 
 class DefaultImpl(registry.Impl):

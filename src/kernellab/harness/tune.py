@@ -56,10 +56,14 @@ def not_timed_notice(op: str, device: str, backends=None) -> str | None:
     return f"tune {op}: not timed here: " + "; ".join(f"{b} ({why})" for b, why in missing.items())
 
 
-HOW = ("harness.bench: median device time and loop time per call; best = the least of the larger "
+HOW = ("harness.bench: median device time and loop time per call (launch-bound cases: loop times "
+       "from PAIRED_ROUNDS rounds of the backends taking turns); best = the least of the larger "
        "of the two, except that backends within TIE of it are told apart by device time (device "
        "times within DEVICE_TIE of the least: the larger of the two again); outputs re-checked "
        "against float64")  # fmt: skip
+# Paired rounds of loop time at a launch-bound case (harness.bench.pair_loop_times): ~20 ms
+# of calls per backend a round, so ~0.15 s per backend and case.
+PAIRED_ROUNDS = 7
 
 
 def _parse_shape(s: str) -> tuple:
@@ -116,7 +120,7 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
     # the next.
     with _tf32_off():
         rows = _bench.bench(op, backends, shapes, dtypes, tuple(modes), device=dev, budget_s=budget_s, on_row=on_row,
-                     admitted=admitted)  # fmt: skip
+                            admitted=admitted, paired_rounds=PAIRED_ROUNDS)  # fmt: skip
     gpu = tables.gpu_of(dev)
     path = tables.table_path(gpu, write=True)
     # A first tune into the user's tables starts from the package's table of this GPU model:
