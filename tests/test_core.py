@@ -224,7 +224,7 @@ def test_a_row_speaks_only_for_calls_of_its_band():
 
     assert pick((64, 4096, 4096), ())[0] == "cuda"  # unbanded: the decode row is nearest
     backend, why = pick((64, 4096, 4096), bands)
-    assert backend == "torch" and "3 of its 3 matmul bf16 fwd rows" in why
+    assert backend == "torch" and "3 of its 3 matmul bf16 fwd rows of its alignment class and band" in why
     assert pick((8, 4096, 4096), bands)[0] == "cuda"
     assert choice._distance((2, 16, 64, 64), (2, 17, 64, 64), bands=bands) == float("inf")
     assert choice._distance((2, 16, 64, 64), (4, 16, 64, 64), bands=bands) == 1.0

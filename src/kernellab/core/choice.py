@@ -197,7 +197,7 @@ def _table_vote(table, table_name, op, dn, mode, options, usable, key=None, by="
     alike = [r for r in rows if key is not None and _distance(tuple(r["key"]), key, exact, bands) < math.inf]
     alike_note = ""
     if len(alike) >= VOTE_MIN_ROWS and len(alike) < len(rows):
-        rows, alike_note = alike, " of its alignment class"
+        rows, alike_note = alike, " of its alignment class" + (" and band" if bands else "")
     wins, ratios, n_rows = {}, {}, 0
     for row in rows:
         n_rows += 1
