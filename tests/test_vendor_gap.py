@@ -132,6 +132,8 @@ def test_select_by_op_and_shape():
     ]
     assert (
         vendor_gap.select(vendor_gap.CASES) == vendor_gap.CASES
+        and [c[0] for c in vendor_gap.select(vendor_gap.CASES, ["linear_cross_entropy", "matmul"])][:3]
+        == ["linear_cross_entropy", "linear_cross_entropy", "matmul"]
         and vendor_gap.select(vendor_gap.CASES, ["matmul"], ["1x1"]) == []
     )
 

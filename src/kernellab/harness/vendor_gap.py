@@ -222,10 +222,15 @@ def _resolved(op, shape, dtype, mode, opts) -> dict:
 
 def select(cases: list[tuple], ops=None, shapes=None) -> list[tuple]:
     """The cases of ``ops`` (all if None) whose shape, written as the rows write it
-    ("x"-joined), is in ``shapes`` (all if None)."""
-    return [
+    ("x"-joined), is in ``shapes`` (all if None); with ``ops``, in their order (a run cut
+    short by its time limit has timed the ops named first)."""
+    chosen = [
         c for c in cases if (not ops or c[0] in ops) and (not shapes or "x".join(map(str, c[1])) in shapes)
     ]
+    if ops:
+        order = {op: i for i, op in enumerate(dict.fromkeys(ops))}
+        chosen.sort(key=lambda c: order[c[0]])  # stable: each op's cases keep their order
+    return chosen
 
 
 def _case(r) -> tuple:
