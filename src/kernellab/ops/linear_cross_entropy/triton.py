@@ -20,11 +20,11 @@ gradient kernel's p = exp((z - m) - log s) carries no rounding of a summed lse (
 
 ``triton_rows`` takes the rows a chunk at a time with the whole vocabulary (``rows_chunk``:
 up to 2^28 logits and max(N / 16, 2 H / 3) rows a chunk) and computes each chunk's logits
-once: the statistics kernel over the full rows, the loss, the gradient kernel writing dlogits in x's dtype, then dx[chunk]
-= d @ W and dweight += d^T @ x[chunk] into an fp32 [V, H] accumulator. Three products where
-``triton`` makes four, for one read and write of the accumulator per chunk; the chunked
-backend's order (Liger's), with two passes over a chunk's logits instead of PyTorch's
-elementwise ops.
+once: the statistics kernel over the full rows, the loss, the gradient kernel writing
+dlogits in x's dtype, then dx[chunk] = d @ W and dweight += d^T @ x[chunk] into an fp32
+[V, H] accumulator. Three products where ``triton`` makes four, for one read and write of
+the accumulator per chunk; the chunked backend's order (Liger's), with two passes over a
+chunk's logits instead of PyTorch's elementwise ops.
 """
 
 from __future__ import annotations
