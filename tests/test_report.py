@@ -149,3 +149,16 @@ def test_report_tables_section(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["report", "--html", str(out), "--tables", "NVIDIA Z9", *map(str, _files(tmp_path))]) == 2
     assert "--tables: no tuning table for 'NVIDIA Z9'" in capsys.readouterr().err
+
+
+def test_the_readme_report_command_reads_every_committed_row(tmp_path):
+    """README: ``kernellab report --html out/ --tables all benchmarks/results/*.jsonl``
+    builds the page from every committed row file (whole-step rows of the multi-GPU runs
+    and lab probes' rows among them)."""
+    from pathlib import Path
+
+    files = sorted(str(p) for p in (Path(__file__).resolve().parents[1] / "benchmarks" / "results").glob("*.jsonl"))
+    if not files:
+        pytest.skip("no committed rows in this checkout")
+    assert cli.main(["report", "--html", str(tmp_path / "out"), "--tables", "all", *files]) == 0
+    assert (tmp_path / "out" / "index.html").stat().st_size > 10_000
