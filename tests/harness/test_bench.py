@@ -297,6 +297,20 @@ def test_paired_rounds_alternate_the_order_of_the_functions():
     assert [seen[i] for i in range(0, len(seen), 3)] == list("abc") * 2 + list("cba") + list("abc")
 
 
+def test_paired_us_reports_a_function_that_raises_instead_of_raising():
+    from kernellab.harness import timer
+
+    def boom():
+        raise RuntimeError("x")
+
+    got = timer.paired_us({"a": lambda: None, "b": lambda: None, "bad": boom}, lambda k: "a", rounds=3,
+                          seconds=0.002)  # fmt: skip
+    assert isinstance(got["bad"], RuntimeError)
+    assert got["b"][0] >= 0 and got["b"][1] > 0 and got["a"][1] == 1.0
+    got = timer.paired_us({"a": boom, "b": lambda: None}, lambda k: "a", rounds=3, seconds=0.002)
+    assert isinstance(got["a"], RuntimeError) and got["b"][1] is None  # its base raised: no ratio
+
+
 class _Prob:
     """A stand-in Problem whose impls are the calls themselves."""
 

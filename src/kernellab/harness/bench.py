@@ -27,14 +27,13 @@ import datetime
 import functools
 import itertools
 import os
-import statistics
 import subprocess
 
 import torch
 
 from kernellab import device as _device
 from kernellab.core import registry
-from kernellab.core.choice import DEVICE_BOUND_MS
+from kernellab.core.choice import decided_by_device
 from kernellab.core.spec import dtype_name, get_spec, options_str, shape_str, to64
 from kernellab.harness import timer
 from kernellab.harness.compare import judge
@@ -263,32 +262,26 @@ PAIRED_SECONDS = 0.02  # plain-loop time per backend per paired round
 
 def pair_loop_times(timed, prob, rounds: int, seconds: float = PAIRED_SECONDS) -> bool:
     """Where the measured rows of one case (``timed``: (row, impl) pairs on ``prob``) are
-    launch-bound (the fastest device time under DEVICE_BOUND_MS), their loop times again
+    launch-bound (not ``choice.decided_by_device``: loop times rank them), their loop times again
     from ``rounds`` paired rounds (the median of each backend's), effective times and
     bounds with them; the first loop time stays as ``loop_ms_alone``. Returns whether it
     paired them. A backend that raises in a round keeps its lone loop time."""
     ok = [(r, impl) for r, impl in timed if r.get("status") == "ok" and r.get("loop_ms") is not None]
-    if len(ok) < 2 or min(r["median_ms"] for r, _ in ok) >= DEVICE_BOUND_MS:
-        return False
-    fns, calls = {}, {}
-    for r, impl in ok:
-        fn = prob.call(impl)[0]
-        try:
-            calls[r["backend"]] = timer.calls_for(fn, seconds)
-        except Exception:  # noqa: BLE001 - it raised once alone; it keeps that row's loop time
-            continue
-        fns[r["backend"]] = fn
-    times, errors = timer.paired_loop_ms(fns, calls, rounds)
+    effective = {r["backend"]: r["effective_ms"] for r, _ in ok}
+    device = {r["backend"]: r["median_ms"] for r, _ in ok}
+    if len(ok) < 2 or decided_by_device(effective, device):
+        return False  # the table ranks these by device time: their loop times decide nothing
+    got = timer.paired_us({r["backend"]: prob.call(impl)[0] for r, impl in ok}, lambda b: b, rounds, seconds)
     for r, _ in ok:
-        per = times.get(r["backend"])
-        if r["backend"] in errors or not per:
+        res = got[r["backend"]]
+        if isinstance(res, Exception):
             continue
-        loop = statistics.median(per)
+        loop = res[0] / 1e3
         r["loop_ms_alone"] = r["loop_ms"]
         r["loop_ms"] = round(loop, 5)
         r["effective_ms"] = round(max(loop, r["median_ms"]), 5)
         r["bound"] = "host" if loop > 1.1 * r["median_ms"] else "device"
-        r["loop_paired_rounds"] = len(per)
+        r["loop_paired_rounds"] = rounds
     return True
 
 

@@ -122,8 +122,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.within < 0:
         ap.error(f"--within must be >= 0, got {a.within}")
-    gpus = a.gpu or tables.table_gpus()
     known = tables.table_gpus()
+    gpus = a.gpu or known
     for g in gpus:
         if g not in known:
             ap.error(f"--gpu: no table for {g!r}; tables: {', '.join(known)}")

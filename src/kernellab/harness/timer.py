@@ -346,13 +346,22 @@ def paired_ratio(a: list, b: list) -> float:
 def paired_us(cases: dict, base_of, rounds: int, seconds: float = 0.03) -> dict:
     """The probes' measure: each case's plain-loop time per call (us, the median over
     ``paired_loop_ms`` rounds of ~``seconds`` each) and its ``paired_ratio`` to the case
-    ``base_of(name)`` names. Returns name -> (us, ratio), or the exception it raised in a round."""
-    calls = {k: calls_for(f, seconds) for k, f in cases.items()}
-    times, errors = paired_loop_ms(cases, calls, rounds)
+    ``base_of(name)`` names. Returns name -> (us, ratio), or the exception it raised (sizing
+    its round, or in one); a ratio to a base that raised is None."""
+    calls, errors = {}, {}
+    for k, f in cases.items():
+        try:
+            calls[k] = calls_for(f, seconds)
+        except Exception as e:  # noqa: BLE001 - the caller reports it
+            errors[k] = e
+    times, failed = paired_loop_ms({k: f for k, f in cases.items() if k in calls}, calls, rounds)
+    errors.update(failed)
     out = {}
     for k in cases:
         if k in errors:
             out[k] = errors[k]
         else:
-            out[k] = (statistics.median(times[k]) * 1e3, paired_ratio(times[k], times[base_of(k)]))
+            base = base_of(k)
+            ratio = None if base in errors else paired_ratio(times[k], times[base])
+            out[k] = (statistics.median(times[k]) * 1e3, ratio)
     return out
