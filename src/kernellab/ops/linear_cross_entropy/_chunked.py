@@ -188,8 +188,8 @@ def state_loss(fold, t, v, ignore_index, eps, zc):
 # the fp32 dx sum are the op's transient memory at the end of a model's forward (the step's
 # peak): BLOCK_ELEMS logits (64 MiB in fp32), grown up to 4x that while a block's products
 # are under BLOCK_FLOPS. A block costs ~8 launches of host time, and each block reads and
-# writes the fp32 dx sum (8 N H bytes), so wider blocks are faster, up to about this size;
-# twice it gains ~2% for ~1.75x the memory (lab/probe_lce_blocks.py).
+# writes the fp32 dx sum (8 N H bytes), so wider blocks are faster; past this size the
+# gain levels off while the memory keeps growing (benchmarks/NOTES.md, session (m)).
 BLOCK_ELEMS = 1 << 24
 BLOCK_FLOPS = 1 << 37
 MAX_ROWS = 1 << 17  # the blocked runner's default rows per pass
