@@ -228,7 +228,7 @@ def _operands(m, n, k, dtype, layout, seed):
         return a, w.t().contiguous()
     if layout == "sliced":  # strides (2, 2 K): neither layout, packed by the launcher
         return a, torch.stack([w, w], 2).reshape(n, 2 * k)[:, ::2].t()
-    # misaligned: a storage offset of one element (the guarded element path)
+    # misaligned: a storage offset of one element (the shifted-load path)
     flat = torch.empty(n * k + 1, dtype=dtype, device="cuda")
     flat[1:].copy_(w.flatten())
     return a, flat[1:].view(n, k).t()
@@ -251,6 +251,29 @@ def test_gpu_table_matches_float64(dtype):
         y = cs.skinny_product(a, b)
         _judge(y, a, b, dtype)
         assert torch.equal(y, cs.skinny_product(a, b)), "split-K sum is not deterministic"
+
+
+def _offset_view(t: torch.Tensor, off: int) -> torch.Tensor:
+    """t's values in a fresh buffer that starts ``off`` elements past an aligned one."""
+    flat = torch.zeros(t.numel() + off, dtype=t.dtype, device=t.device)
+    flat[off:].copy_(t.flatten())
+    return flat[off:].view(t.shape)
+
+
+@pytest.mark.gpu
+def test_gpu_unaligned_loads_every_offset_and_tail():
+    """The vec == 0 path (sk_ld8_shift): x and the weight starting at each of the 8 half
+    offsets into a 16-byte chunk, K and N tails of 1-9 halfs, in the gemv (M <= 8, nt)
+    and tile kernels, split K or not."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    for off, k, layout, m in itertools.product(range(8), [1, 2, 3, 7, 9, 15, 33, 199], ("nt", "nn"), [1, 8, 20]):
+        n = 37
+        a = _offset_view(torch.randn(m, k, generator=gen, device="cuda").bfloat16(), (off + 3) % 8)
+        w = torch.randn(n, k, generator=gen, device="cuda").bfloat16()
+        b = _offset_view(w, off).t() if layout == "nt" else _offset_view(w.t().contiguous(), off)
+        assert cs.weight_layout(b)[0] == layout
+        for splits in (None, 2) if k >= 128 else (None,):
+            _judge(cs.skinny_product(a, b, splits=splits), a, b, torch.bfloat16)
 
 
 @pytest.mark.gpu

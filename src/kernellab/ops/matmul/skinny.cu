@@ -15,8 +15,8 @@
 //   nn: B [K, ldw] row-major (a plain contiguous B):              B[k, n] = w[k * ldw + n]
 //   x [M, ldx] row-major, unit stride along K; y [M, N] contiguous.
 // vec != 0 promises 16-byte aligned x and w, ldx, ldw and K multiples of 8 (and N for nn):
-// every 8-element chunk is then whole and aligned (16-byte loads, cp.async). vec == 0 takes
-// guarded element loads (odd K such as 4095, misaligned views): correct, not fast.
+// every 8-element chunk is then whole and aligned (16-byte loads, cp.async). vec == 0 (odd K such as 4095,
+// misaligned views) loads the same chunks through sk_ld8_shift: aligned 16-byte loads, shifted.
 //
 // Kernels:
 //   skinny_gemv_m{8,16}_{bf16,f16} (nt, M <= 8 / M <= 16): no shared memory for the weight.
@@ -112,12 +112,35 @@ __device__ __forceinline__ uint4 sk_ld_stream(const void* p) {
     return v;
 }
 
-// Up to 8 halfs from p, one by one (no alignment needed); zeros past `valid`.
-__device__ __forceinline__ uint4 sk_ld8_guarded(const unsigned short* p, int valid) {
-    unsigned e[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) e[i] = i < valid ? p[i] : 0u;
-    return make_uint4(e[0] | (e[1] << 16), e[2] | (e[3] << 16), e[4] | (e[5] << 16), e[6] | (e[7] << 16));
+// Up to 8 halfs from p at any 2-byte alignment (odd K, odd row strides); zeros past
+// `valid` (>= 1). It reads the one or two aligned 16-byte chunks that hold them, never a
+// chunk without a valid element (so never past the allocation: an aligned chunk that holds
+// one of its bytes lies inside it), and shifts the 8 halfs out of the pair of chunks. The
+// chunks go through L1 (__ldg): the second chunk of one lane is the first of the next.
+__device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid) {
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
+    const int off = static_cast<int>(addr & 15) >> 1;  // halfs into the first chunk
+    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
+    const int need = valid < 8 ? valid : 8;
+    const uint4 lo = __ldg(c);
+    const uint4 hi = off + need > 8 ? __ldg(c + 1) : make_uint4(0u, 0u, 0u, 0u);
+    unsigned w0, w1, w2, w3, w4;  // the five words from word off / 2 on
+    switch (off >> 1) {
+        case 0: w0 = lo.x; w1 = lo.y; w2 = lo.z; w3 = lo.w; w4 = hi.x; break;
+        case 1: w0 = lo.y; w1 = lo.z; w2 = lo.w; w3 = hi.x; w4 = hi.y; break;
+        case 2: w0 = lo.z; w1 = lo.w; w2 = hi.x; w3 = hi.y; w4 = hi.z; break;
+        default: w0 = lo.w; w1 = hi.x; w2 = hi.y; w3 = hi.z; w4 = hi.w; break;
+    }
+    const unsigned sh = (off & 1) * 16;  // an odd off: each word straddles two
+    uint4 v = make_uint4(__funnelshift_r(w0, w1, sh), __funnelshift_r(w1, w2, sh), __funnelshift_r(w2, w3, sh),
+                         __funnelshift_r(w3, w4, sh));
+    if (need < 8) {  // the tail of a row or slice: the halfs past it belong to others
+        v.x &= need >= 2 ? ~0u : 0xFFFFu;
+        v.y &= need >= 4 ? ~0u : need == 3 ? 0xFFFFu : 0u;
+        v.z &= need >= 6 ? ~0u : need == 5 ? 0xFFFFu : 0u;
+        v.w &= need == 7 ? 0xFFFFu : 0u;
+    }
+    return v;
 }
 
 __device__ __forceinline__ unsigned sk_word(const uint4& v, int i) {
@@ -221,7 +244,7 @@ __device__ __forceinline__ void sk_gemv_load(uint4 (&buf)[GU][GR][2], const unsi
             for (int h = 0; h < 2; ++h) {
                 uint4 v = make_uint4(0u, 0u, 0u, 0u);
                 if (step < nsteps && rok[r][h] && kk < klen)
-                    v = vec ? sk_ld_stream(wp[r][h] + step * 32) : sk_ld8_guarded(wp[r][h] + step * 32, klen - kk);
+                    v = vec ? sk_ld_stream(wp[r][h] + step * 32) : sk_ld8_shift(wp[r][h] + step * 32, klen - kk);
                 buf[u][r][h] = v;
             }
     }
@@ -289,7 +312,7 @@ __device__ __forceinline__ void sk_gemv_body(const T* __restrict__ x, const T* _
         const int m = c / chunks, kk = (c % chunks) * 8;
         const unsigned short* src = x16 + (long long)m * ldx + kbeg + kk;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (kk < klen) v = vec ? __ldg(reinterpret_cast<const uint4*>(src)) : sk_ld8_guarded(src, klen - kk);
+        if (kk < klen) v = vec ? __ldg(reinterpret_cast<const uint4*>(src)) : sk_ld8_shift(src, klen - kk);
         *reinterpret_cast<uint4*>(xs + m * xp + kk) = v;
     }
     __syncthreads();
@@ -342,24 +365,31 @@ __device__ __forceinline__ void sk_tile_load(const T* __restrict__ x, const T* _
             const unsigned short* src = in ? x16 + (long long)(m0 + r) * ldx + k0 + cc : x16;
             sk_cp16(sk_smem(xs_ + r * XP + cc), src, in ? 16 : 0);
         }
-    } else {  // guarded element loads (stored before the barrier that precedes their use)
+    } else {  // unaligned: 8-half chunks by sk_ld8_shift, stored before the barrier that precedes their use
+        const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
         if (NN) {
-#pragma unroll 1
-            for (int e = t; e < BK * BN; e += THREADS) {
-                const int r = e / BN, c = e % BN;
-                ws_[r * WP + c] = (r < kl && n0 + c < N) ? w16[(long long)(k0 + r) * ldw + n0 + c] : 0;
+#pragma unroll 2
+            for (int c = t; c < BK * (BN / 8); c += THREADS) {
+                const int r = c / (BN / 8), cc = (c % (BN / 8)) * 8;
+                const bool in = r < kl && n0 + cc < N;
+                *reinterpret_cast<uint4*>(ws_ + r * WP + cc) =
+                    in ? sk_ld8_shift(w16 + (long long)(k0 + r) * ldw + n0 + cc, N - n0 - cc) : zero;
             }
         } else {
-#pragma unroll 1
-            for (int e = t; e < BN * BK; e += THREADS) {
-                const int r = e / BK, c = e % BK;
-                ws_[r * WP + c] = (n0 + r < N && c < kl) ? w16[(long long)(n0 + r) * ldw + k0 + c] : 0;
+#pragma unroll 2
+            for (int c = t; c < BN * (BK / 8); c += THREADS) {
+                const int r = c / (BK / 8), cc = (c % (BK / 8)) * 8;
+                const bool in = n0 + r < N && cc < kl;
+                *reinterpret_cast<uint4*>(ws_ + r * WP + cc) =
+                    in ? sk_ld8_shift(w16 + (long long)(n0 + r) * ldw + k0 + cc, kl - cc) : zero;
             }
         }
-#pragma unroll 1
-        for (int e = t; e < BM * BK; e += THREADS) {
-            const int r = e / BK, c = e % BK;
-            xs_[r * XP + c] = (m0 + r < M && c < kl) ? x16[(long long)(m0 + r) * ldx + k0 + c] : 0;
+#pragma unroll 2
+        for (int c = t; c < BM * (BK / 8); c += THREADS) {
+            const int r = c / (BK / 8), cc = (c % (BK / 8)) * 8;
+            const bool in = m0 + r < M && cc < kl;
+            *reinterpret_cast<uint4*>(xs_ + r * XP + cc) =
+                in ? sk_ld8_shift(x16 + (long long)(m0 + r) * ldx + k0 + cc, kl - cc) : zero;
         }
     }
 }
