@@ -43,13 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 from kernellab.ops.matmul import cuda_skinny as cs  # noqa: E402
-from kernellab.ops.matmul.cuda_skinny import GemvConfig, TileConfig  # noqa: E402
+from kernellab.ops.matmul.cuda_skinny import GemvConfig, RowsConfig, TileConfig  # noqa: E402
 
 WEIGHTS = ((14336, 4096), (4096, 14336), (4096, 4096), (128256, 4096), (3072, 768), (50257, 768))
 MS = (1, 2, 4, 8, 16, 32, 64, 128)
 QUICK_WEIGHTS = WEIGHTS[:3] + WEIGHTS[4:]
 QUICK_MS = (1, 16, 64, 128)
-BUCKETS = (8, 16, 32, 64, 128)  # TABLE's M bounds
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)  # TABLE's M bounds
 
 # Candidates per M bucket (configs; each is tried at several waves). gemv only where M <= 16.
 GEMV = [
@@ -60,8 +60,25 @@ GEMV = [
     GemvConfig(warps=2, rows=1, unroll=8, kc=4096),
     GemvConfig(warps=4, rows=1, unroll=4, kc=2048, prefetch=256),
 ]
+# The rows kernel (M <= 8); a config whose x registers do not fit an M is left out there.
+ROWS = [
+    RowsConfig(warps=4, chunks=4, rows=16, unroll=2),
+    RowsConfig(warps=4, chunks=4, rows=8, unroll=2),
+    RowsConfig(warps=4, chunks=4, rows=32, unroll=2),
+    RowsConfig(warps=4, chunks=4, rows=16, unroll=2, prefetch=256),
+    RowsConfig(warps=2, chunks=4, rows=8, unroll=2),
+    RowsConfig(warps=4, chunks=2, rows=16, unroll=4),
+    RowsConfig(warps=8, chunks=2, rows=16, unroll=2),
+    RowsConfig(warps=4, chunks=2, rows=8, unroll=2),
+    RowsConfig(warps=8, chunks=1, rows=32, unroll=4),
+    RowsConfig(warps=16, chunks=1, rows=16, unroll=4),
+]
 CANDIDATES = {
+    1: GEMV + ROWS,
+    2: GEMV + ROWS,
+    4: GEMV + ROWS,
     8: GEMV
+    + ROWS
     + [
         TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1),
         TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1),
@@ -90,7 +107,7 @@ CANDIDATES = {
         TileConfig(bn=128, bm=128, bk=32, stages=4, wn=4, wm=2, prefetch=128),
     ],
 }
-WAVES = {"gemv": (1.0, 2.0, 4.0), "tile": (1.0, 2.0)}
+WAVES = {"gemv": (1.0, 2.0, 4.0), "rows": (1.0, 2.0), "tile": (1.0, 2.0)}
 CORRECT_MS = (1, 3, 16, 17, 64, 128)
 CORRECT_SHAPES = (("bf16", 4095, 4095), ("fp16", 3000, 5000), ("bf16", 17, 4101), ("bf16", 4096, 14336))
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -109,6 +126,11 @@ def candidates(m: int):
     for cfg in CANDIDATES[bucket(m)]:
         if cfg.kind == "gemv" and m > 16:
             continue
+        if cfg.kind == "rows":
+            try:
+                cfg.kernel(m, "nt", torch.bfloat16)
+            except ValueError:  # x's registers at this M
+                continue
         out += [with_waves(cfg, w) for w in WAVES[cfg.kind]]
     return out
 
@@ -116,6 +138,8 @@ def candidates(m: int):
 def fmt_cfg(cfg) -> str:
     if cfg.kind == "gemv":
         return f"gemv(w{cfg.warps} r{cfg.rows} u{cfg.unroll} kc{cfg.kc} wv{cfg.waves:g} pf{cfg.prefetch})"
+    if cfg.kind == "rows":
+        return f"rows(w{cfg.warps} c{cfg.chunks} r{cfg.rows} u{cfg.unroll} wv{cfg.waves:g} pf{cfg.prefetch})"
     return (
         f"tile({cfg.bn}x{cfg.bm}x{cfg.bk} s{cfg.stages} {cfg.wn}x{cfg.wm} wv{cfg.waves:g} pf{cfg.prefetch})"
     )
@@ -163,7 +187,7 @@ def all_pairs(ms):
     for m in set(ms) | set(CORRECT_MS):
         for cfg in candidates(m):  # (bf16 only: the sweep and the candidates' check)
             for layout in ("nt", "nn"):
-                if cfg.kind == "gemv" and layout == "nn":
+                if cfg.kind != "tile" and layout == "nn":
                     continue
                 pairs.append((cfg, cfg.kernel(m, layout, torch.bfloat16)))
     return pairs
@@ -267,7 +291,7 @@ def correctness_stage(meta, jsonl, write) -> int:
         base = torch.nn.functional.linear(x, w)
         for cfg in candidates(m):
             for b in (w.t(), w.t().contiguous()):
-                if cfg.kind == "gemv" and b.stride(1) == 1:
+                if cfg.kind != "tile" and b.stride(1) == 1:
                     continue
                 cases += 1
                 try:
@@ -398,9 +422,9 @@ def suggest_table(results) -> list[str]:
         best = max(cands, key=gmean)
         worst = min(results[key][best] for key in keys)
         note = f"  # geomean {gmean(best):.2f}x cuBLAS, worst {worst:.2f}x over {len(keys)} shapes"
-        layouts = '("nt",)' if best.kind == "gemv" else '("nt", "nn")'
+        layouts = '("nt",)' if best.kind != "tile" else '("nt", "nn")'
         lines.append(f"    ({b}, {layouts}, {best!r}),{note}")
-        if best.kind == "gemv":
+        if best.kind != "tile":
             tiles = [c for c in cands if c.kind == "tile"]
             if tiles:
                 t = max(tiles, key=gmean)
@@ -420,11 +444,17 @@ def main() -> int:
         "--compile-only", action="store_true", help="compile every module, then stop (no GPU needed)"
     )
     p.add_argument("--max-seconds", type=float, default=170.0, help="start no shape after this")
+    p.add_argument("--ms", default=None, help="comma-separated M values (instead of --quick's or all)")
+    p.add_argument("--weights", default=None, help="comma-separated NxK weights, e.g. 14336x4096,4097x4095")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     weights, ms = (QUICK_WEIGHTS, QUICK_MS) if args.quick else (WEIGHTS, MS)
+    if args.ms:
+        ms = tuple(int(v) for v in args.ms.split(","))
+    if args.weights:
+        weights = tuple(tuple(int(d) for d in v.split("x")) for v in args.weights.split(","))
     has_gpu = torch.cuda.is_available()
     if has_gpu:
         major, minor = torch.cuda.get_device_capability(0)

@@ -90,6 +90,37 @@ def test_plan_examples():
     assert (p.kernel, p.grid, p.kchunk) == ("skinny_tile_nt_bf16", (8, 1, 5), 640)
 
 
+def test_rows_config_plans_whole_warp_ranges():
+    cfg = cs.RowsConfig(warps=4, chunks=4, rows=16, unroll=2)
+    # an 8B model's up projection at M = 1: 896 row groups, one slice of all of K
+    p = cs.plan(1, 14336, 4096, "nt", torch.bfloat16, 132, cfg)
+    assert (p.kernel, p.grid, p.block, p.kchunk, p.shared) == ("skinny_rows_m1_bf16", (896, 1, 1), 128, 4096, 0)
+    # the down projection: K = 14336 is 14 warp ranges of 1024, in slices of 4 warps
+    p = cs.plan(1, 4096, 14336, "nt", torch.float16, 132, cfg)
+    assert (p.kernel, p.grid, p.kchunk) == ("skinny_rows_m1_f16", (256, 1, 4), 4096)
+    # M = 3 runs the M <= 4 build; 2 chunks (ranges of 512): 28 ranges, slices of 4
+    p = cs.plan(3, 4096, 14336, "nt", torch.float16, 132, cs.RowsConfig(chunks=2))
+    assert (p.kernel, p.grid, p.kchunk) == ("skinny_rows_m4_f16", (256, 1, 7), 2048)
+    assert "-DSK_RJ=4" in cfg.macros() and "-DSK_RN=16" in cfg.macros()
+    # x's registers: M rounds up to 1, 2, 4, 8 and M x chunks x 8 values must stay <= 64
+    assert [cfg.block_m(m) for m in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+    with pytest.raises(ValueError, match="fewer chunks"):
+        cfg.kernel(3, "nt", torch.bfloat16)
+    assert cs.RowsConfig(chunks=1).kernel(8, "nt", torch.bfloat16) == "skinny_rows_m8_bf16"
+    with pytest.raises(ValueError, match="nt weight layout"):
+        cfg.kernel(1, "nn", torch.bfloat16)
+    with pytest.raises(ValueError, match="M <= 8"):
+        cs.RowsConfig(chunks=1).kernel(9, "nt", torch.bfloat16)
+    with pytest.raises(ValueError, match="multiple of 2 x unroll"):
+        cs.RowsConfig(rows=6, unroll=2)
+    with pytest.raises(ValueError, match="unroll x chunks"):
+        cs.RowsConfig(chunks=4, unroll=4)
+    # TABLE rows of the rows kernel build each M class their bound reaches, and no more
+    table = ((3, ("nt",), cs.RowsConfig(chunks=1)), (128, ("nt", "nn"), cs.TileConfig()))
+    names = {k for _, k in cs.table_kernels(table)}
+    assert {n for n in names if "rows" in n} == {f"skinny_rows_m{m}_{s}" for m in (1, 2, 4) for s in ("bf16", "f16")}
+
+
 def test_plan_refuses_what_it_cannot_launch():
     with pytest.raises(ValueError, match="M <= 128"):
         cs.plan(129, 64, 64, "nt", torch.bfloat16, 132)
@@ -110,7 +141,8 @@ def test_table_covers_every_m_and_layout():
     for m, layout in itertools.product(range(1, cs.M_MAX + 1), ("nt", "nn")):
         cfg = cs.choose_config(m, layout)
         assert cfg.kind == "tile" or (layout == "nt" and m <= 16)
-        assert cfg.kind == "gemv" or cfg.bm >= m  # one row block: the weight is read once
+        assert cfg.kind != "tile" or cfg.bm >= m  # one row block: the weight is read once
+        assert cfg.kind != "rows" or m <= cs.ROWS_M[-1]
     with pytest.raises(ValueError, match="no config"):
         cs.choose_config(129, "nt")
     custom = ((8, ("nt",), cs.GemvConfig(warps=8)), (128, ("nt", "nn"), cs.TileConfig()))
@@ -204,7 +236,7 @@ def test_table_kernels_compile_for_sm80_and_sm90(config, kernel):
         ptx = mod.compile(arch, target="ptx").decode()
         assert f".entry {kernel}(" in ptx, arch
         assert ptx.count(".entry ") == 1  # one kernel per module (-DSK_ONE)
-        assert "mma.sync.aligned.m16n8k16" in ptx
+        assert ("mma.sync.aligned.m16n8k16" in ptx) == (config.kind != "rows")
         assert ("cp.async" in ptx) == (config.kind == "tile")
         assert mod.compile(arch)[:4] == b"\x7fELF"
 
@@ -271,9 +303,10 @@ def test_gpu_unaligned_loads_every_offset_and_tail():
         a = _offset_view(torch.randn(m, k, generator=gen, device="cuda").bfloat16(), (off + 3) % 8)
         w = torch.randn(n, k, generator=gen, device="cuda").bfloat16()
         b = _offset_view(w, off).t() if layout == "nt" else _offset_view(w.t().contiguous(), off)
-        assert cs.weight_layout(b)[0] == layout
-        for splits in (None, 2) if k >= 128 else (None,):
-            _judge(cs.skinny_product(a, b, splits=splits), a, b, torch.bfloat16)
+        assert k == 1 or cs.weight_layout(b)[0] == layout  # (a size-1 K reads as nt)
+        cfgs = [None] + [cs.RowsConfig(warps=2, chunks=1, rows=8, unroll=2)] * (layout == "nt" or k == 1)
+        for cfg, splits in itertools.product(cfgs, (None, 2) if k >= 128 else (None,)):
+            _judge(cs.skinny_product(a, b, cfg, splits), a, b, torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -282,9 +315,13 @@ def test_gpu_every_kernel_shape_and_slice_count():
         cs.GemvConfig(warps=2, rows=2, unroll=2, kc=512),
         cs.TileConfig(bn=64, bm=8, bk=32, stages=2, wn=4, wm=1),  # an odd column group (ldmatrix x2)
         cs.TileConfig(bn=32, bm=48, bk=64, stages=3, wn=2, wm=2),  # 24-row warp tiles
+        cs.RowsConfig(warps=3, chunks=1, rows=12, unroll=3),  # 1000 rows: a partial last group
+        cs.RowsConfig(warps=2, chunks=4, rows=8, unroll=2),
     ]
-    for cfg, m, splits, layout in itertools.product(cfgs, [1, 5, 16, 40], [1, 3, 64], ("nt", "nn")):
-        if cfg.kind == "gemv" and (layout == "nn" or m > 16):
+    for cfg, m, splits, layout in itertools.product(cfgs, [1, 2, 5, 16, 40], [1, 3, 64], ("nt", "nn")):
+        if cfg.kind != "tile" and (layout == "nn" or m > {"gemv": 16, "rows": 8}[cfg.kind]):
+            continue
+        if cfg.kind == "rows" and cfg.block_m(m) * cfg.chunks > 8:
             continue
         a, b = _operands(m, 1000, 3000, torch.bfloat16, layout, seed_for(m, splits, layout))
         _judge(cs.skinny_product(a, b, cfg, splits), a, b, torch.bfloat16)

@@ -7,10 +7,11 @@ row-major [N, K] ``W`` ("nt", nn.Linear's weight: unit stride along K) or a row-
 with ``.contiguous()`` first: correct, but a copy of the weight. a is read in place when it
 has unit stride along K, else packed (M x K halfs, cheap).
 
-Two kernels (skinny.cu): ``gemv`` (nt, M <= 16: the weight goes straight from global memory
-to the MMA's registers) and ``tile`` (any M, both layouts: a cp.async pipeline). Each has a
-config object (GemvConfig, TileConfig: tile shape, and the waves of blocks its split-K aims
-for); TABLE picks one per M bucket and layout. Edit TABLE from the sweep of
+Three kernels (skinny.cu): ``gemv`` (nt, M <= 16: the weight goes straight from global memory
+to the MMA's registers), ``rows`` (nt, M <= 8: a warp streams whole 512-byte runs of one
+weight row at a time into CUDA-core FMAs) and ``tile`` (any M, both layouts: a cp.async
+pipeline). Each has a config object (GemvConfig, RowsConfig, TileConfig: tile shape, and
+the waves of blocks its split-K aims for); TABLE picks one per M bucket and layout. Edit TABLE from the sweep of
 lab/gpu_skinny_cuda.py. Every (config, kernel) pair is its own NVRTC module (-D macros,
 0.5-1.5 s to compile, cached on disk).
 
@@ -120,6 +121,81 @@ class GemvConfig:
         return m * (kchunk + 32) * 2
 
 
+ROWS_M = (1, 2, 4, 8)  # the rows kernel's builds: x rows held in registers
+
+
+@dataclass(frozen=True)
+class RowsConfig:
+    """skinny_rows (nt layout, M <= 8): a warp reads 512 x ``chunks`` contiguous bytes of
+    one weight row per step and walks ``rows`` rows; ``warps`` warps split the K slice
+    (256 x chunks each), x's values for its range in registers (M x chunks x 8 fp32)."""
+
+    warps: int = 4  # warps per block (the slice: warps x 256 x chunks of K)
+    chunks: int = 4  # 16-byte loads per lane per weight row
+    rows: int = 16  # weight rows (outputs n) per block
+    unroll: int = 2  # rows per load group (two groups in flight)
+    waves: float = 1.0
+    prefetch: int = 0
+
+    kind: ClassVar[str] = "rows"
+
+    def __post_init__(self):
+        if not (1 <= self.warps <= 32 and self.chunks >= 1 and self.unroll >= 1):
+            raise ValueError(f"RowsConfig: warps 1-32, chunks >= 1, unroll >= 1; got {self}")
+        if self.rows % (2 * self.unroll) or self.unroll * self.chunks > 8:
+            raise ValueError(
+                f"RowsConfig: rows a multiple of 2 x unroll, unroll x chunks <= 8 (two groups of "
+                f"loads, 4 registers each); got {self}"
+            )
+        if self.waves <= 0 or self.prefetch not in (0, 128, 256):
+            raise ValueError(f"RowsConfig: waves > 0, prefetch 0, 128 or 256; got {self}")
+
+    @property
+    def block_n(self) -> int:
+        return self.rows
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def granule(self) -> int:
+        return 256 * self.chunks  # one warp's range: slices keep every warp's range whole
+
+    def block_m(self, m: int) -> int:
+        return next(r for r in ROWS_M if m <= r) if m <= ROWS_M[-1] else m
+
+    def macros(self) -> tuple[str, ...]:
+        return (
+            f"-DSK_RW={self.warps}",
+            f"-DSK_RJ={self.chunks}",
+            f"-DSK_RN={self.rows}",
+            f"-DSK_RU={self.unroll}",
+            f"-DSK_PF={self.prefetch}",
+        )
+
+    def kernel(self, m: int, layout: str, dtype: torch.dtype) -> str:
+        if layout != "nt":
+            raise ValueError(
+                "cuda_skinny: the rows kernel reads the nt weight layout (W.t()) only; use a TileConfig"
+            )
+        if m > ROWS_M[-1]:
+            raise ValueError(f"cuda_skinny: the rows kernel takes M <= {ROWS_M[-1]} rows, got {m}")
+        mr = self.block_m(m)
+        if mr * self.chunks > 8:
+            raise ValueError(
+                f"cuda_skinny: M = {m} with {self.chunks} chunks holds {mr * self.chunks * 8} x values "
+                f"per lane (at most 64); use fewer chunks"
+            )
+        return f"skinny_rows_m{mr}_{DTYPE_SUFFIX[dtype]}"
+
+    def max_chunk(self) -> int:
+        return self.warps * self.granule
+
+    def shared(self, m: int, layout: str, kchunk: int) -> int:
+        return 0  # static only: the warps' row sums (warps x rows x M floats)
+
+
 @dataclass(frozen=True)
 class TileConfig:
     """skinny_tile (nt or nn, any M): bn x bm output tiles over bk-deep stages of a
@@ -186,7 +262,7 @@ class TileConfig:
 
 # The config per M bucket and weight layout: the first row with M <= its bound and the
 # layout wins. lab/gpu_skinny_cuda.py prints a replacement from its sweep.
-TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | TileConfig], ...] = (
+TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | RowsConfig | TileConfig], ...] = (
     (8, ("nt",), GemvConfig(warps=4, rows=1, unroll=4, kc=2048, waves=2.0, prefetch=256)),
     (8, ("nt", "nn"), TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1, waves=2.0, prefetch=0)),
     (16, ("nt", "nn"), TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1, waves=2.0, prefetch=0)),
@@ -235,7 +311,7 @@ class Plan:
     """One launch: kernel name, config, grid, threads, K slices, dynamic shared memory."""
 
     kernel: str
-    config: GemvConfig | TileConfig
+    config: GemvConfig | RowsConfig | TileConfig
     grid: tuple[int, int, int]
     block: int
     splits: int
@@ -390,14 +466,15 @@ def _available():
     return capability_unavailable((8, 0), "sm_80 or newer (bf16 mma.sync, cp.async)")
 
 
-def table_kernels(table=TABLE) -> list[tuple[GemvConfig | TileConfig, str]]:
+def table_kernels(table=TABLE) -> list[tuple[GemvConfig | RowsConfig | TileConfig, str]]:
     """(config, kernel name) for every kernel TABLE can launch."""
     out = []
     for bound, layouts, cfg in table:
         for layout in layouts:
             for dtype in HALF:
-                for m in (8, 16) if cfg.kind == "gemv" else (1,):
-                    if cfg.kind == "gemv" and m > bound:
+                ms = {"gemv": (8, 16), "rows": ROWS_M}.get(cfg.kind, (1,))
+                for i, m in enumerate(ms):
+                    if i and ms[i - 1] >= bound:  # a smaller build already covers the bound
                         continue
                     pair = (cfg, cfg.kernel(m, layout, dtype))
                     if pair not in out:

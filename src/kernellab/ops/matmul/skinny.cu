@@ -74,6 +74,18 @@
 #ifndef SK_WM
 #define SK_WM 1  // tile: warps along m
 #endif
+#ifndef SK_RW
+#define SK_RW 4  // rows: warps per block, each on its own 256 RJ-wide range of the K slice
+#endif
+#ifndef SK_RJ
+#define SK_RJ 4  // rows: 16-byte chunks per lane per weight row (a warp reads 512 RJ bytes of it)
+#endif
+#ifndef SK_RN
+#define SK_RN 16  // rows: weight rows (outputs n) per block
+#endif
+#ifndef SK_RU
+#define SK_RU 2  // rows: weight rows per load group (two groups in flight)
+#endif
 // Both: the L2 prefetch-size hint on weight loads (0 none, 128 or 256 bytes). A warp takes
 // 64 B of a weight row per gemv step (32 B to 256 B per tile stage): the hint has the L2
 // fetch the rest of the row's next bytes in the same DRAM access.
@@ -482,6 +494,156 @@ __device__ __forceinline__ void sk_tile_body(const T* __restrict__ x, const T* _
     sk_finish<T, NI, MJ, BN, BM, 32 * SK_WN * SK_WM>(acc, y, ws, counters, M, N, n0 + wn, m0 + wm, n0, m0);
 }
 
+// ------------------------------------------------------------------ rows (nt, M <= MR)
+// grid (ceil(N / RN), 1, S), block 32 RW, no dynamic shared memory. The gemv kernel's
+// loads each cover 8 weight rows x 64 bytes (the MMA fragment's layout); here a warp
+// instruction reads 512 contiguous bytes of one row, and a warp streams RN rows one after
+// another: longer runs per row for the DRAM. Warp wp of the block owns k in
+// [wp KW, wp KW + KW) of the slice (KW = 256 RJ), lane l the 8-half chunks at
+// l 8 + 256 j: x's values there stay in registers (fp32, MR x RJ x 8) for all RN rows.
+// Per row the lane multiplies on the CUDA cores (fp32 FMA: at M <= 8 the SM has the issue
+// slots to spare against one SM's share of the weight stream), a butterfly sums the 32
+// lanes, and part[] holds each warp's sum; the block adds its warps in order. Split K as
+// in sk_finish: fp32 partials in ws, the last block of the row group sums them in order.
+template <bool BF16>
+__device__ __forceinline__ void sk_unpack8(const uint4& v, float (&f)[8]) {
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (BF16) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+        } else {
+            const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
+            f[2 * i] = h.x;
+            f[2 * i + 1] = h.y;
+        }
+    }
+}
+
+template <int RU, int RJ>
+__device__ __forceinline__ void sk_rows_load(uint4 (&buf)[RU][RJ], const unsigned short* w16, int ldw, int N,
+                                             int nr, int kb, int kw, int klen, int lane, int vec) {
+#pragma unroll
+    for (int u = 0; u < RU; ++u)
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) {
+            const int kk = kw + j * 256 + lane * 8;  // relative to the slice
+            const int n = nr + u;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (n < N && kk < klen) {
+                const unsigned short* p = w16 + (long long)n * ldw + kb + kk;
+                v = vec ? sk_ld_stream(p) : sk_ld8_shift(p, klen - kk);
+            }
+            buf[u][j] = v;
+        }
+}
+
+template <bool BF16, int MR, int RU, int RJ, int RW, int RN>
+__device__ __forceinline__ void sk_rows_dot(const uint4 (&buf)[RU][RJ], const float (&xf)[MR][RJ][8],
+                                            float (*part)[RN][MR], int r0, int wp, int lane) {
+#pragma unroll
+    for (int u = 0; u < RU; ++u) {
+        float acc[MR];
+#pragma unroll
+        for (int m = 0; m < MR; ++m) acc[m] = 0.f;
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) {
+            float wf[8];
+            sk_unpack8<BF16>(buf[u][j], wf);
+#pragma unroll
+            for (int m = 0; m < MR; ++m)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[m] = fmaf(wf[e], xf[m][j][e], acc[m]);
+        }
+#pragma unroll
+        for (int m = 0; m < MR; ++m) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int m = 0; m < MR; ++m) part[wp][r0 + u][m] = acc[m];
+        }
+    }
+}
+
+template <typename T, bool BF16, int MR>
+__device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                                             float* __restrict__ ws, int* __restrict__ counters, int M, int N,
+                                             int K, int ldx, int ldw, int kchunk, int vec) {
+    constexpr int RW = SK_RW, RJ = SK_RJ, RN = SK_RN, RU = SK_RU, KW = 256 * RJ;
+    static_assert(RN % (2 * RU) == 0, "RN is a multiple of two load groups");
+    __shared__ float part[RW][RN][MR];
+    __shared__ int sk_rows_last;
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    const int kb = blockIdx.z * kchunk;
+    const int klen = min(K - kb, kchunk);  // > 0: the host makes no empty slice
+    const int kw = wp * KW;                // this warp's range of the slice
+    const int n0 = blockIdx.x * RN;
+    const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
+    const unsigned short* x16 = reinterpret_cast<const unsigned short*>(x);
+
+    uint4 wa[RU][RJ], wb[RU][RJ];
+    sk_rows_load<RU, RJ>(wa, w16, ldw, N, n0, kb, kw, klen, lane, vec);  // in flight while x loads
+    float xf[MR][RJ][8];
+#pragma unroll
+    for (int m = 0; m < MR; ++m)
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) {
+            const int kk = kw + j * 256 + lane * 8;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (m < M && kk < klen) {
+                const unsigned short* p = x16 + (long long)m * ldx + kb + kk;
+                v = vec ? __ldg(reinterpret_cast<const uint4*>(p)) : sk_ld8_shift(p, klen - kk);
+            }
+            sk_unpack8<BF16>(v, xf[m][j]);
+        }
+#pragma unroll 1
+    for (int r0 = 0; r0 < RN; r0 += 2 * RU) {
+        sk_rows_load<RU, RJ>(wb, w16, ldw, N, n0 + r0 + RU, kb, kw, klen, lane, vec);
+        sk_rows_dot<BF16, MR, RU, RJ, RW, RN>(wa, xf, part, r0, wp, lane);
+        if (r0 + 2 * RU < RN) sk_rows_load<RU, RJ>(wa, w16, ldw, N, n0 + r0 + 2 * RU, kb, kw, klen, lane, vec);
+        sk_rows_dot<BF16, MR, RU, RJ, RW, RN>(wb, xf, part, r0 + RU, wp, lane);
+    }
+    __syncthreads();
+
+    const int S = gridDim.z;
+    const long long slice = (long long)M * N;
+#pragma unroll 1
+    for (int t = threadIdx.x; t < RN * M; t += 32 * RW) {
+        const int m = t / RN, r = t % RN, n = n0 + r;  // consecutive threads: consecutive n
+        if (n < N) {
+            float v = 0.f;
+#pragma unroll
+            for (int q = 0; q < RW; ++q) v += part[q][r][m];  // warp order: deterministic
+            if (S == 1)
+                sk_store(y + (long long)m * N + n, v);
+            else
+                ws[blockIdx.z * slice + (long long)m * N + n] = v;
+        }
+    }
+    if (S == 1) return;
+    __threadfence();  // the partial is visible device-wide before the count says so
+    __syncthreads();
+    if (threadIdx.x == 0) sk_rows_last = atomicAdd(counters + blockIdx.x, 1) == S - 1;
+    __syncthreads();
+    if (!sk_rows_last) return;
+    __threadfence();
+#pragma unroll 1
+    for (int t = threadIdx.x; t < RN * M; t += 32 * RW) {
+        const int m = t / RN, n = n0 + t % RN;
+        if (n < N) {
+            const float* p = ws + (long long)m * N + n;
+            float v = 0.f;
+#pragma unroll 1
+            for (int z = 0; z < S; ++z) v += __ldcg(p + z * slice);  // slice order: deterministic
+            sk_store(y + (long long)m * N + n, v);
+        }
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+}
+
 // ------------------------------------------------------------------ entry points
 #define SK_ARGS(T)                                                                                     \
     const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, float *__restrict__ ws,     \
@@ -529,5 +691,45 @@ extern "C" __global__ void __launch_bounds__(32 * SK_WN * SK_WM) skinny_tile_nt_
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_tile_nn_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_WN * SK_WM) skinny_tile_nn_f16(SK_ARGS(__half)) {
     sk_tile_body<__half, false, true>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m1_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m1_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_rows_body<__nv_bfloat16, true, 1>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m1_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m1_f16(SK_ARGS(__half)) {
+    sk_rows_body<__half, false, 1>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m2_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m2_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_rows_body<__nv_bfloat16, true, 2>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m2_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m2_f16(SK_ARGS(__half)) {
+    sk_rows_body<__half, false, 2>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m4_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m4_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_rows_body<__nv_bfloat16, true, 4>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m4_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m4_f16(SK_ARGS(__half)) {
+    sk_rows_body<__half, false, 4>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m8_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_rows_body<__nv_bfloat16, true, 8>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m8_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_f16(SK_ARGS(__half)) {
+    sk_rows_body<__half, false, 8>(SK_PASS);
 }
 #endif
