@@ -76,10 +76,16 @@ def test_plan_follows_table_and_fits():
 
 
 def test_plan_examples():
-    # decode against Llama-3-8B's down projection on an H100/H200: 64 row blocks x 7 slices
+    # decode against Llama-3-8B's down projection on an H100/H200: 256 row groups of 16,
+    # K in 4 equal slices of 14 warp ranges of 256 (of the block's 16)
     p = cs.plan(1, 4096, 14336, "nt", torch.bfloat16, 132)
+    assert p.kernel == "skinny_rows_m1_bf16" and p.grid == (256, 1, 4) and p.kchunk == 3584
+    assert p.shared == 0 and p.block == 512
+    p = cs.plan(3, 4096, 14336, "nt", torch.bfloat16, 132)
     assert p.kernel == "skinny_gemv_m8_bf16" and p.grid == (64, 1, 7) and p.kchunk == 2048
-    assert p.shared == 1 * (2048 + 32) * 2
+    assert p.shared == 3 * (2048 + 32) * 2
+    assert cs.plan(2, 4096, 4096, "nt", torch.bfloat16, 132).kernel == "skinny_rows_m2_bf16"
+    assert cs.plan(1, 4096, 4096, "nn", torch.bfloat16, 132).kernel == "skinny_tile_nn_bf16"
     assert cs.plan(8, 4096, 4096, "nt", torch.float16, 132).kernel == "skinny_gemv_m8_f16"
     assert cs.plan(16, 4096, 4096, "nt", torch.float16, 132).kernel == "skinny_tile_nt_f16"
     assert cs.plan(16, 4096, 4096, "nn", torch.float16, 132).kernel == "skinny_tile_nn_f16"
@@ -304,7 +310,7 @@ def test_gpu_unaligned_loads_every_offset_and_tail():
         w = torch.randn(n, k, generator=gen, device="cuda").bfloat16()
         b = _offset_view(w, off).t() if layout == "nt" else _offset_view(w.t().contiguous(), off)
         assert k == 1 or cs.weight_layout(b)[0] == layout  # (a size-1 K reads as nt)
-        cfgs = [None] + [cs.RowsConfig(warps=2, chunks=1, rows=8, unroll=2)] * (layout == "nt" or k == 1)
+        cfgs = [None] + [cs.RowsConfig(warps=2, chunks=1, rows=8, unroll=2)] * ((layout == "nt" or k == 1) and m <= 8)
         for cfg, splits in itertools.product(cfgs, (None, 2) if k >= 128 else (None,)):
             _judge(cs.skinny_product(a, b, cfg, splits), a, b, torch.bfloat16)
 

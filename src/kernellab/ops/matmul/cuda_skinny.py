@@ -11,9 +11,9 @@ Three kernels (skinny.cu): ``gemv`` (nt, M <= 16: the weight goes straight from 
 to the MMA's registers), ``rows`` (nt, M <= 8: a warp streams whole 512-byte runs of one
 weight row at a time into CUDA-core FMAs) and ``tile`` (any M, both layouts: a cp.async
 pipeline). Each has a config object (GemvConfig, RowsConfig, TileConfig: tile shape, and
-the waves of blocks its split-K aims for); TABLE picks one per M bucket and layout. Edit TABLE from the sweep of
-lab/gpu_skinny_cuda.py. Every (config, kernel) pair is its own NVRTC module (-D macros,
-0.5-1.5 s to compile, cached on disk).
+the waves of blocks its split-K aims for); TABLE picks one per M bucket and layout. Edit
+TABLE from the sweep of lab/gpu_skinny_cuda.py. Every (config, kernel) pair is its own
+NVRTC module (-D macros, 0.5-1.5 s to compile, cached on disk).
 
 Limits (``skinny_limits``; ``check`` counts these as refused): one 2-D product (no batch
 dims) with M <= 128. The backward runs torch's matmuls: da = dz @ b^T has M rows but
@@ -263,6 +263,8 @@ class TileConfig:
 # The config per M bucket and weight layout: the first row with M <= its bound and the
 # layout wins. lab/gpu_skinny_cuda.py prints a replacement from its sweep.
 TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | RowsConfig | TileConfig], ...] = (
+    (1, ("nt",), RowsConfig(warps=16, chunks=1, rows=16, unroll=4, waves=1.0, prefetch=0)),
+    (2, ("nt",), RowsConfig(warps=8, chunks=2, rows=16, unroll=2, waves=2.0, prefetch=0)),
     (8, ("nt",), GemvConfig(warps=4, rows=1, unroll=4, kc=2048, waves=2.0, prefetch=256)),
     (8, ("nt", "nn"), TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1, waves=2.0, prefetch=0)),
     (16, ("nt", "nn"), TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1, waves=2.0, prefetch=0)),
