@@ -1,8 +1,10 @@
 """Skinny matmuls (M = 1-128) in CUDA C++ on a lent GPU: cuda_skinny against cuBLAS and Triton.
 
     python lab/gpu_skinny_cuda.py --out $OUT [--quick] [--max-seconds 170] [--compile-only]
+        [--layout nt|nn] [--ms 1,2,4] [--weights 14336x4096,4097x4095]
 
-y = x @ W.t() with W [N, K] contiguous (nn.Linear's layout). Stages:
+y = x @ W.t() with W [N, K] contiguous (nn.Linear's layout; --layout nn: b = W.t() packed
+row-major [K, N], the layout the tune and vendor_gap time). Stages:
 
 1. compile: every (config, kernel) module the run launches (TABLE's, the sweep's
    candidates), NVRTC in parallel worker processes into the disk cache (~1-2 s each).
@@ -43,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 from kernellab.ops.matmul import cuda_skinny as cs  # noqa: E402
-from kernellab.ops.matmul.cuda_skinny import GemvConfig, RowsConfig, TileConfig  # noqa: E402
+from kernellab.ops.matmul.cuda_skinny import ColsConfig, GemvConfig, RowsConfig, TileConfig  # noqa: E402
 
 WEIGHTS = ((14336, 4096), (4096, 14336), (4096, 4096), (128256, 4096), (3072, 768), (50257, 768))
 MS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -73,12 +75,23 @@ ROWS = [
     RowsConfig(warps=8, chunks=1, rows=32, unroll=4),
     RowsConfig(warps=16, chunks=1, rows=16, unroll=4),
 ]
+# The cols kernel (nn, M <= 8), likewise.
+COLS = [
+    ColsConfig(warps=4, chunks=1, unroll=8),
+    ColsConfig(warps=8, chunks=1, unroll=8),
+    ColsConfig(warps=4, chunks=2, unroll=4),
+    ColsConfig(warps=4, chunks=1, unroll=4),
+    ColsConfig(warps=2, chunks=1, unroll=8),
+    ColsConfig(warps=4, chunks=1, unroll=8, prefetch=256),
+]
+NN_TILES = [TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1)]
 CANDIDATES = {
-    1: GEMV + ROWS,
-    2: GEMV + ROWS,
-    4: GEMV + ROWS,
+    1: GEMV + ROWS + COLS + NN_TILES,
+    2: GEMV + ROWS + COLS + NN_TILES,
+    4: GEMV + ROWS + COLS + NN_TILES,
     8: GEMV
     + ROWS
+    + COLS
     + [
         TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1),
         TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1),
@@ -107,7 +120,7 @@ CANDIDATES = {
         TileConfig(bn=128, bm=128, bk=32, stages=4, wn=4, wm=2, prefetch=128),
     ],
 }
-WAVES = {"gemv": (1.0, 2.0, 4.0), "rows": (1.0, 2.0), "tile": (1.0, 2.0)}
+WAVES = {"gemv": (1.0, 2.0, 4.0), "rows": (1.0, 2.0), "cols": (1.0, 2.0, 4.0), "tile": (1.0, 2.0)}
 CORRECT_MS = (1, 3, 16, 17, 64, 128)
 CORRECT_SHAPES = (("bf16", 4095, 4095), ("fp16", 3000, 5000), ("bf16", 17, 4101), ("bf16", 4096, 14336))
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -121,18 +134,25 @@ def with_waves(cfg, waves):
     return type(cfg)(**{**cfg.__dict__, "waves": waves})
 
 
-def candidates(m: int):
+def candidates(m: int, layout: str | None = None):
+    """The configs tried at M (in ``layout`` only, when given), each at its kind's waves."""
     out = []
     for cfg in CANDIDATES[bucket(m)]:
         if cfg.kind == "gemv" and m > 16:
             continue
-        if cfg.kind == "rows":
+        if cfg.kind in ("rows", "cols"):
             try:
-                cfg.kernel(m, "nt", torch.bfloat16)
-            except ValueError:  # x's registers at this M
+                cfg.kernel(m, "nt" if cfg.kind == "rows" else "nn", torch.bfloat16)
+            except ValueError:  # the registers at this M
                 continue
-        out += [with_waves(cfg, w) for w in WAVES[cfg.kind]]
+        if layout is not None and layout not in LAYOUTS[cfg.kind]:
+            continue
+        cand = [with_waves(cfg, w) for w in WAVES[cfg.kind]]
+        out += [c for c in cand if c not in out]
     return out
+
+
+LAYOUTS = {"gemv": ("nt",), "rows": ("nt",), "cols": ("nn",), "tile": ("nt", "nn")}
 
 
 def fmt_cfg(cfg) -> str:
@@ -140,6 +160,8 @@ def fmt_cfg(cfg) -> str:
         return f"gemv(w{cfg.warps} r{cfg.rows} u{cfg.unroll} kc{cfg.kc} wv{cfg.waves:g} pf{cfg.prefetch})"
     if cfg.kind == "rows":
         return f"rows(w{cfg.warps} c{cfg.chunks} r{cfg.rows} u{cfg.unroll} wv{cfg.waves:g} pf{cfg.prefetch})"
+    if cfg.kind == "cols":
+        return f"cols(w{cfg.warps} c{cfg.chunks} u{cfg.unroll} kc{cfg.kc} wv{cfg.waves:g} pf{cfg.prefetch})"
     return (
         f"tile({cfg.bn}x{cfg.bm}x{cfg.bk} s{cfg.stages} {cfg.wn}x{cfg.wm} wv{cfg.waves:g} pf{cfg.prefetch})"
     )
@@ -186,9 +208,7 @@ def all_pairs(ms):
     pairs = list(cs.table_kernels())
     for m in set(ms) | set(CORRECT_MS):
         for cfg in candidates(m):  # (bf16 only: the sweep and the candidates' check)
-            for layout in ("nt", "nn"):
-                if cfg.kind != "tile" and layout == "nn":
-                    continue
+            for layout in LAYOUTS[cfg.kind]:
                 pairs.append((cfg, cfg.kernel(m, layout, torch.bfloat16)))
     return pairs
 
@@ -291,7 +311,7 @@ def correctness_stage(meta, jsonl, write) -> int:
         base = torch.nn.functional.linear(x, w)
         for cfg in candidates(m):
             for b in (w.t(), w.t().contiguous()):
-                if cfg.kind != "tile" and b.stride(1) == 1:
+                if ("nn" if b.stride(1) == 1 else "nt") not in LAYOUTS[cfg.kind]:
                     continue
                 cases += 1
                 try:
@@ -331,7 +351,10 @@ def bench_stage(args, meta, write, t_start, weights, ms):
 
     timeit = timer()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print("\n## bf16 y = x @ W.t(): us (median, L2 flushed), weight GB/s, x = cuBLAS time / this", flush=True)
+    print(
+        f"\n## bf16 y = x @ b, b {args.layout}: us (median, L2 flushed), weight GB/s, x = cuBLAS time / this",
+        flush=True,
+    )
     hdr = f"{'M':>4s} {'N':>6s} {'K':>6s} | {'cuBLAS':>7s} {'GB/s':>5s} | {'triton':>7s} {'x':>5s} | "
     hdr += f"{'table':>7s} {'GB/s':>5s} {'x':>5s} {'S':>3s} | {'best':>7s} {'x':>5s}  best config (S)"
     print(hdr, flush=True)
@@ -349,7 +372,7 @@ def bench_stage(args, meta, write, t_start, weights, ms):
             x = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
             ref = x.double() @ w64t
             base = torch.nn.functional.linear(x, w)
-            wt = w.t()
+            wt = w.t() if args.layout == "nt" else w.t().contiguous()  # nn: b [K, N] row-major
 
             def measure(name, fn, **extra):
                 nonlocal fails
@@ -365,15 +388,15 @@ def bench_stage(args, meta, write, t_start, weights, ms):
                            err_ratio=v.ratio, verdict=v.detail or "ok", **extra)])  # fmt: skip
                 return q[0] if v.ok else None
 
-            t_cublas = measure("torch", lambda: torch.nn.functional.linear(x, w))
+            t_cublas = measure("torch", lambda: torch.matmul(x, wt))
             t_triton = measure("triton", lambda: kernellab.matmul(x, wt, backend="triton"))
-            p = cs.plan(m, n, k, "nt", torch.bfloat16, sms)
+            p = cs.plan(m, n, k, args.layout, torch.bfloat16, sms)
             t_table = measure("cuda_skinny", lambda: kernellab.matmul(x, wt, backend="cuda_skinny"),
                               config=fmt_cfg(p.config), splits=p.splits)  # fmt: skip
             times, seen = {}, {}
             if not args.no_sweep:
-                for cfg in candidates(m):
-                    cp = cs.plan(m, n, k, "nt", torch.bfloat16, sms, cfg)
+                for cfg in candidates(m, args.layout):
+                    cp = cs.plan(m, n, k, args.layout, torch.bfloat16, sms, cfg)
                     key = (cp.kernel, cfg.macros(), cp.grid, cp.kchunk)
                     if key not in seen:
                         fn = lambda cfg=cfg: cs.skinny_product(x, wt, cfg)  # noqa: E731
@@ -404,7 +427,7 @@ def bench_stage(args, meta, write, t_start, weights, ms):
     return results, summary, fails
 
 
-def suggest_table(results) -> list[str]:
+def suggest_table(results, layout: str = "nt") -> list[str]:
     """Per M bucket, the candidate with the best geometric mean of x cuBLAS over every shape
     of the bucket that measured it (a candidate missing a shape is left out)."""
     lines = []
@@ -422,13 +445,7 @@ def suggest_table(results) -> list[str]:
         best = max(cands, key=gmean)
         worst = min(results[key][best] for key in keys)
         note = f"  # geomean {gmean(best):.2f}x cuBLAS, worst {worst:.2f}x over {len(keys)} shapes"
-        layouts = '("nt",)' if best.kind != "tile" else '("nt", "nn")'
-        lines.append(f"    ({b}, {layouts}, {best!r}),{note}")
-        if best.kind != "tile":
-            tiles = [c for c in cands if c.kind == "tile"]
-            if tiles:
-                t = max(tiles, key=gmean)
-                lines.append(f'    ({b}, ("nt", "nn"), {t!r}),  # nn weights; geomean {gmean(t):.2f}x in nt')
+        lines.append(f'    ({b}, ("{layout}",), {best!r}),{note}')
     return lines
 
 
@@ -444,6 +461,7 @@ def main() -> int:
         "--compile-only", action="store_true", help="compile every module, then stop (no GPU needed)"
     )
     p.add_argument("--max-seconds", type=float, default=170.0, help="start no shape after this")
+    p.add_argument("--layout", choices=("nt", "nn"), default="nt", help="b as W.t() (nt) or row-major [K, N]")
     p.add_argument("--ms", default=None, help="comma-separated M values (instead of --quick's or all)")
     p.add_argument("--weights", default=None, help="comma-separated NxK weights, e.g. 14336x4096,4097x4095")
     args = p.parse_args()
@@ -476,7 +494,7 @@ def main() -> int:
     jsonl = out / "skinny_cuda.jsonl"
 
     def write(rows):
-        write_jsonl(rows, jsonl)
+        write_jsonl([{**r, "layout": args.layout} for r in rows], jsonl)
 
     fails += correctness_stage(meta, jsonl, write)
     results, summary, bfails = bench_stage(args, meta, write, t_start, weights, ms)
@@ -489,7 +507,7 @@ def main() -> int:
             f"\ncuda_skinny (TABLE) vs cuBLAS: worst {worst[3]:.2f}x at {worst[0]}x{worst[1]}x{worst[2]}; "
             f"{len(below)} of {len(summary)} below 0.95x (best candidate per shape: {len(below_best)} below)"
         )
-    rows = suggest_table(results)
+    rows = suggest_table(results, args.layout)
     if rows:
         print("\nsuggested TABLE (src/kernellab/ops/matmul/cuda_skinny.py), best geomean per M bucket:")
         print("TABLE = (\n" + "\n".join(rows) + "\n)")

@@ -86,6 +86,15 @@
 #ifndef SK_RU
 #define SK_RU 2  // rows: weight rows per load group (two groups in flight)
 #endif
+#ifndef SK_CW
+#define SK_CW 4  // cols: warps per block, each on its own range of the K slice's rows
+#endif
+#ifndef SK_CC
+#define SK_CC 1  // cols: 16-byte chunks per lane per weight row (a block spans 256 CC columns)
+#endif
+#ifndef SK_CU
+#define SK_CU 8  // cols: weight rows (k) per load group (two groups in flight)
+#endif
 // Both: the L2 prefetch-size hint on weight loads (0 none, 128 or 256 bytes). A warp takes
 // 64 B of a weight row per gemv step (32 B to 256 B per tile stage): the hint has the L2
 // fetch the rest of the row's next bytes in the same DRAM access.
@@ -644,6 +653,143 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
 }
 
+// ------------------------------------------------------------------ cols (nn, M <= MR)
+// grid (ceil(N / (256 CC)), 1, S), block 32 CW, dynamic shared memory M kchunk floats.
+// The nn weight B [K, ldw] has unit stride along n: lane l owns the 8 columns at
+// 8 (l + 32 c) of the block's window, so a warp instruction reads 512 contiguous bytes of
+// one row k, and the sum over k stays in each lane's registers (no lane sums). Warp wp
+// walks its own range of the slice's rows, CU rows per load group; x's slice is staged
+// once as fp32 (every lane reads the same x value: a shared-memory broadcast). The warps'
+// sums are added in warp order in shared memory; split K as in the rows kernel.
+template <int CU, int CC>
+__device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CC], const unsigned short* w16, int ldw, int N,
+                                             int kr, int kend, int kb, int c0, int lane, int vec) {
+#pragma unroll
+    for (int u = 0; u < CU; ++u)
+#pragma unroll
+        for (int c = 0; c < CC; ++c) {
+            const int k = kr + u, col = c0 + (lane + 32 * c) * 8;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (k < kend && col < N) {
+                const unsigned short* p = w16 + (long long)(kb + k) * ldw + col;
+                v = vec ? sk_ld_stream(p) : sk_ld8_shift(p, N - col);
+            }
+            buf[u][c] = v;
+        }
+}
+
+template <bool BF16, int MR, int CU, int CC>
+__device__ __forceinline__ void sk_cols_fma(float (&acc)[MR][CC][8], const uint4 (&buf)[CU][CC], const float* xs,
+                                            int M, int kchunk, int kr, int kend) {
+#pragma unroll
+    for (int u = 0; u < CU; ++u) {
+        if (kr + u < kend) {  // the same for the whole warp
+#pragma unroll
+            for (int c = 0; c < CC; ++c) {
+                float wf[8];
+                sk_unpack8<BF16>(buf[u][c], wf);
+#pragma unroll
+                for (int m = 0; m < MR; ++m) {
+                    const float xv = m < M ? xs[m * kchunk + kr + u] : 0.f;  // xs holds M rows
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[m][c][e] = fmaf(wf[e], xv, acc[m][c][e]);
+                }
+            }
+        }
+    }
+}
+
+template <typename T, bool BF16, int MR>
+__device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                                             float* __restrict__ ws, int* __restrict__ counters, int M, int N,
+                                             int K, int ldx, int ldw, int kchunk, int vec) {
+    constexpr int CW = SK_CW, CC = SK_CC, CU = SK_CU, WIN = 256 * CC;
+    extern __shared__ __align__(128) unsigned short sk_dyn[];
+    float* xs = reinterpret_cast<float*>(sk_dyn);  // [M][kchunk]
+    __shared__ float red[MR][WIN];
+    __shared__ int sk_cols_last;
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    const int kb = blockIdx.z * kchunk;
+    const int klen = min(K - kb, kchunk);  // > 0: the host makes no empty slice
+    const int per = (klen + CW - 1) / CW;
+    const int kbeg = min(wp * per, klen), kend = min(kbeg + per, klen);  // this warp's rows
+    const int c0 = blockIdx.x * WIN;
+    const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
+    const unsigned short* x16 = reinterpret_cast<const unsigned short*>(x);
+
+    uint4 wa[CU][CC], wb[CU][CC];
+    sk_cols_load<CU, CC>(wa, w16, ldw, N, kbeg, kend, kb, c0, lane, vec);  // in flight while x stages
+    for (int i = threadIdx.x; i < M * klen; i += 32 * CW) {
+        const int m = i / klen, kk = i % klen;
+        const unsigned short h = x16[(long long)m * ldx + kb + kk];
+        xs[m * kchunk + kk] = BF16 ? __uint_as_float(static_cast<unsigned>(h) << 16)
+                                   : __half2float(__ushort_as_half(h));
+    }
+    __syncthreads();
+    float acc[MR][CC][8];
+#pragma unroll
+    for (int m = 0; m < MR; ++m)
+#pragma unroll
+        for (int c = 0; c < CC; ++c)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[m][c][e] = 0.f;
+#pragma unroll 1
+    for (int kr = kbeg; kr < kend; kr += 2 * CU) {
+        sk_cols_load<CU, CC>(wb, w16, ldw, N, kr + CU, kend, kb, c0, lane, vec);
+        sk_cols_fma<BF16, MR, CU, CC>(acc, wa, xs, M, kchunk, kr, kend);
+        sk_cols_load<CU, CC>(wa, w16, ldw, N, kr + 2 * CU, kend, kb, c0, lane, vec);
+        sk_cols_fma<BF16, MR, CU, CC>(acc, wb, xs, M, kchunk, kr + CU, kend);
+    }
+    // the warps' sums, added in warp order (deterministic); each lane owns its columns
+#pragma unroll 1
+    for (int q = 0; q < CW; ++q) {
+        if (wp == q) {
+#pragma unroll
+            for (int m = 0; m < MR; ++m)
+#pragma unroll
+                for (int c = 0; c < CC; ++c)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        float* r = &red[m][(lane + 32 * c) * 8 + e];
+                        *r = q ? *r + acc[m][c][e] : acc[m][c][e];
+                    }
+        }
+        __syncthreads();
+    }
+
+    const int S = gridDim.z;
+    const long long slice = (long long)M * N;
+#pragma unroll 1
+    for (int t = threadIdx.x; t < WIN * M; t += 32 * CW) {
+        const int m = t / WIN, n = c0 + t % WIN;
+        if (n < N) {
+            if (S == 1)
+                sk_store(y + (long long)m * N + n, red[m][t % WIN]);
+            else
+                ws[blockIdx.z * slice + (long long)m * N + n] = red[m][t % WIN];
+        }
+    }
+    if (S == 1) return;
+    __threadfence();  // the partial is visible device-wide before the count says so
+    __syncthreads();
+    if (threadIdx.x == 0) sk_cols_last = atomicAdd(counters + blockIdx.x, 1) == S - 1;
+    __syncthreads();
+    if (!sk_cols_last) return;
+    __threadfence();
+#pragma unroll 1
+    for (int t = threadIdx.x; t < WIN * M; t += 32 * CW) {
+        const int m = t / WIN, n = c0 + t % WIN;
+        if (n < N) {
+            const float* p = ws + (long long)m * N + n;
+            float v = 0.f;
+#pragma unroll 1
+            for (int z = 0; z < S; ++z) v += __ldcg(p + z * slice);  // slice order: deterministic
+            sk_store(y + (long long)m * N + n, v);
+        }
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+}
+
 // ------------------------------------------------------------------ entry points
 #define SK_ARGS(T)                                                                                     \
     const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, float *__restrict__ ws,     \
@@ -731,5 +877,45 @@ extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_bf16(SK_
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m8_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_f16(SK_ARGS(__half)) {
     sk_rows_body<__half, false, 8>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, true, 1>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, false, 1>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, true, 2>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, false, 2>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, true, 4>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, false, 4>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, true, 8>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, false, 8>(SK_PASS);
 }
 #endif
