@@ -81,10 +81,111 @@ def test_long_rows_take_the_streaming_path():
 
     assert st._config(8192)[2] is True and st._config(8193)[2] is False
     assert st._config(3)[1] == 64  # short rows share a program
-    x = torch.randn(2, 3 * st.STREAM_BLOCK + 17) * 5
+    x = torch.randn(2, 3 * st.CONFIG.stream_block + 17) * 5
     y = kernellab.softmax(x, backend="triton")
     v = judge(y, SPEC.ref(x), torch.float32, torch.softmax(x, -1))
     assert v.ok, v.detail
+
+
+@pytest.mark.parametrize("waves", [1, 2])
+def test_streamed_rows_walked_by_fewer_programs(waves):
+    # Config.stream_waves: fewer programs than rows, each walking rows (under the
+    # interpreter one "SM"): every row written once, forward and backward
+    from kernellab.ops.softmax import triton as st
+
+    cfg = st.Config(stream_block=256, stream_waves=waves, bwd_hints=True)
+    x = torch.randn(5, 3 * 256 + 17) * 5
+    dy = torch.randn_like(x)
+    assert st._grid(5, 1, False, x.device, cfg) == waves
+    y = st._fwd(x, cfg)
+    v = judge(y, SPEC.ref(x), torch.float32, torch.softmax(x, -1))
+    assert v.ok, v.detail
+    y64 = torch.softmax(x.double(), -1)
+    dx = st._bwd(dy, y, cfg)
+    ref = y.double() * (dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True))
+    torch.testing.assert_close(dx.double(), ref, rtol=1e-5, atol=1e-7)
+    assert y64.shape == dx.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("waves", [0, 1])
+def test_streamed_rows_off_16_byte_boundaries(dtype, waves):
+    # rows of 4097 / 9001 columns start at every offset within a 16-byte chunk: the shifted
+    # path (ALIGN) reads whole chunks and masks the neighbours, writes the interior and the
+    # ends apart, and reads the tensor's last partial chunk apart; forward and backward,
+    # also from a base one element off (a view into a larger buffer)
+    from kernellab.ops.softmax import triton as st
+
+    cfg = st.Config(stream_block=512, stream_waves=waves)
+    for rows, cols, off in ((9, 4097, 0), (5, 9001, 0), (3, 9001, 1)):
+        g = torch.Generator().manual_seed(cols + off)
+        buf = (torch.randn(rows * cols + off, generator=g) * 4).to(dtype)
+        x = buf[off:].view(rows, cols)
+        dy = torch.randn(rows, cols, generator=g).to(dtype)
+        block, _, single, _ = st._config(cols, cfg)
+        assert not single and st._align(cols, single, x.element_size()) == 16 // x.element_size()
+        y = st._fwd(x, cfg)
+        v = judge(y, SPEC.ref(x), dtype, torch.softmax(x, -1))
+        assert v.ok, (rows, cols, off, v.detail)
+        dx = st._bwd(dy, y, cfg)
+        y64, dy64 = y.double(), dy.double()
+        ref = y64 * (dy64 - (dy64 * y64).sum(-1, keepdim=True))
+        tor = torch._softmax_backward_data(dy.float(), y.float(), -1, torch.float32).to(dtype)
+        v = judge(dx, ref, dtype, tor)
+        assert v.ok, (rows, cols, off, "bwd", v.detail)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("which", ["fwd", "bwd"])
+def test_triton_shifted_rows_load_16_bytes_at_a_time(which, dtype):
+    """Streamed rows off 16-byte boundaries (ALIGN): the row's body is read and written
+    16 bytes at a time; only the ends and the tensor's last partial chunk go one element at
+    a time. Compiled for sm_90 (no GPU) at 8192-column steps, VEC = 1 (an odd width)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernellab.inspect.asm import _jit
+from kernellab.ops.softmax import triton as T
+fwd = {which == "fwd"}
+kern = T._softmax_fwd_kernel if fwd else T._softmax_bwd_kernel
+ptrs = ["x_ptr", "y_ptr"] if fwd else ["y_ptr", "dy_ptr", "dx_ptr"]
+fn = _jit(kern)
+for align in (1, {16 // (4 if dtype == "fp32" else 2)}):
+    extra = (dict(EVEN=False, WIDE=False, REREAD=False, ALIGN=align) if fwd
+             else dict(COMP={dtype == "fp32"}, HINTS=True, ALIGN=align))
+    sig = {{p: "*{dtype}" for p in ptrs}}
+    sig.update(n_rows="i32", n_cols="i32")
+    sig.update(dict.fromkeys(("BLOCK", "ROWS", "SINGLE", "VEC"), "constexpr"))
+    sig.update({{k: "constexpr" for k in extra}})
+    sig = {{n: sig[n] for n in fn.arg_names}}
+    cx = dict(BLOCK=8192, ROWS=1, SINGLE=False, VEC=1, **extra)
+    attrs = {{(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}}
+    for c in (cx, {{(fn.arg_names.index(k),): v for k, v in cx.items()}}):
+        try:
+            out = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
+                                 target=GPUTarget("cuda", 90, 32), options=dict(num_warps=16))
+            break
+        except Exception as e:
+            err = e
+    ptx = out.asm["ptx"]
+    ld = re.findall(r"ld\\.global\\S*", ptx)
+    st = re.findall(r"st\\.global\\S*", ptx)
+    print(align, len(ld), sum(".v4" in s for s in ld), len(st), sum(".v4" in s for s in st))
+"""
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [tuple(map(int, ln.split())) for ln in res.stdout.split("\n") if ln.strip()]
+    (a1, n1, w1, s1, ws1), (a, n, w, s, ws) = lines
+    tensors = 1 if which == "fwd" else 2
+    assert a1 == 1 and w1 == 0 and ws1 == 0  # unshifted at an odd width: one element at a time
+    assert a > 1 and w > 0 and ws > 0  # the shifted body: 16-byte loads and stores
+    # the scalar rest: per tensor read, the last partial chunk (1 load) and the two ends (2)
+    assert n - w == 3 * tensors and s - ws == 2, (n, w, s, ws)
 
 
 def test_compile_backend_quick():
@@ -400,7 +501,8 @@ from kernellab.inspect.asm import _jit
 from kernellab.ops.softmax import triton as T
 fwd = {which == "fwd"}
 kern = T._softmax_fwd_kernel if fwd else T._softmax_bwd_kernel
-extra = dict(EVEN=False, WIDE=False, REREAD=True) if fwd else dict(COMP={dtype == "fp32"})
+extra = (dict(EVEN=False, WIDE=False, REREAD=True, ALIGN=1) if fwd
+         else dict(COMP={dtype == "fp32"}, HINTS=False, ALIGN=1))
 ptrs = ["x_ptr", "y_ptr"] if fwd else ["y_ptr", "dy_ptr", "dx_ptr"]
 fn = _jit(kern)
 for vec in (1, T._vec(7000)):

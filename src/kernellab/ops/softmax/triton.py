@@ -25,7 +25,6 @@ from kernellab.ops._elementwise import unary_op
 from kernellab.ops._register import register_triton
 
 MAX_SINGLE = 8192  # widest row kept in one block (fp32: 32 KB of registers per row program)
-STREAM_BLOCK = 4096  # columns per step when streaming a longer row
 
 
 @dataclass(frozen=True)
@@ -39,16 +38,77 @@ class Config:
     fwd_warps: forward warps (None: _config's choice, 16 for fp32 rows that re-read).
     fwd_reread: whole rows take the statistics from x in registers and the output from x
         read again (from L2: the first read evict_last, the second evict_first); None:
-        from reread_min_cols columns up."""
+        from reread_min_cols columns up.
+    rows, warps: whole-row programs' rows per program and warps (None: _config's).
+    stream_block, stream_warps: a streamed row's columns per step and warps.
+    stream_waves: streamed rows run on stream_waves x SMs programs, each walking rows
+        (0: one program per row). Fewer rows in flight keep each row's second read in L2.
+    bwd_hints: the streamed backward's sum pass reads evict_last, its write pass evict_first.
+    max_single: the widest block of whole rows (wider rows stream)."""
 
     fwd_even: bool = True
     fwd_narrow: bool = True
     fwd_warps: int | None = None
     fwd_reread: bool | None = None
     reread_min_cols: int = 2048
+    rows: int | None = None
+    warps: int | None = None
+    stream_block: int = 8192
+    stream_warps: int = 16
+    stream_waves: int = 0
+    bwd_hints: bool = True
+    max_single: int = MAX_SINGLE
 
 
 CONFIG = Config()
+
+
+@triton_support.jit
+def _fwd_row_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr):
+    # The softmax of one row, elements [r0, r0 + n) of a tensor of ``total``, where rows
+    # do not start on 16-byte boundaries (A elements each; n % A != 0). It is read as the
+    # aligned A-element chunks that hold it, 16 bytes a load (the neighbours' values taken
+    # as -inf), and written as its aligned interior, 16 bytes a store, plus the < A
+    # elements at each end, one at a time. The tensor's last partial chunk (the last row's
+    # end, past total // A * A) is read apart, so that no load passes the tensor.
+    cols = tl.arange(0, BLOCK)
+    ends = tl.arange(0, A)
+    r1 = r0 + n
+    a0 = (r0 // A) * A  # the chunk holding the row's first element
+    hi = ((r1 + A - 1) // A) * A  # past the chunk holding its last
+    whole = (total // A) * A  # past the tensor's last whole chunk
+    b0 = ((r0 + A - 1) // A) * A  # the aligned interior [b0, b1)
+    b1 = (r1 // A) * A
+    span = (hi - a0).to(tl.int32)
+    m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)
+    s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+    for start in range(0, span, BLOCK):
+        idx = a0 + start + cols
+        ld = (idx < hi) & (idx < whole)
+        x = tl.load(x_ptr + idx, mask=ld, other=-float("inf"), eviction_policy="evict_last")
+        x = tl.where((idx >= r0) & (idx < r1), x.to(tl.float32), -float("inf"))
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+        m = m_new
+    tidx = whole + ends  # (only the last row has elements here)
+    t = tl.load(x_ptr + tidx, mask=(tidx >= r0) & (tidx < r1) & (tidx < total), other=-float("inf"))
+    t = t.to(tl.float32)
+    m_new = tl.maximum(m, tl.max(t, axis=0))
+    s = s * tl.exp(m - m_new) + tl.sum(tl.exp(t - m_new), axis=0)
+    m = m_new
+    for start in range(0, span, BLOCK):
+        idx = a0 + start + cols
+        x = tl.load(x_ptr + idx, mask=(idx < hi) & (idx < whole), other=0.0, eviction_policy="evict_first")
+        y = (tl.exp(x.to(tl.float32) - m) / s).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + idx, y, mask=(idx >= b0) & (idx < b1))
+    eidx = a0 + ends  # the ends: [r0, b0), then [b1, r1)
+    emask = (eidx >= r0) & (eidx < b0)
+    x = tl.load(x_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + eidx, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
+    eidx = b1 + ends
+    emask = eidx < r1
+    x = tl.load(x_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + eidx, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
 
 
 @triton_support.jit
@@ -64,6 +124,7 @@ def _softmax_fwd_kernel(
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
     REREAD: tl.constexpr,  # SINGLE: the output from x read again (L2), not from registers
     VEC: tl.constexpr,  # a power of two dividing n_cols (see _vec)
+    ALIGN: tl.constexpr,  # streamed rows off 16-byte boundaries: elements per 16 bytes, else 1
 ):
     # x, y: contiguous [n_rows, n_cols]; math in fp32. SINGLE: ROWS whole rows per program
     # (short rows share a program: one 3-wide row per program would leave it idle);
@@ -98,25 +159,34 @@ def _softmax_fwd_kernel(
         else:
             tl.store(y_ptr + offs, y, mask=mask)
     else:
-        x_row = x_ptr + pid.to(tl.int64) * n_cols
-        y_row = y_ptr + pid.to(tl.int64) * n_cols
-        m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)  # running max
-        s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)  # running sum of exp(x - m)
-        # First pass: keep the row in L2 (evict_last) for the second, which reads it from
-        # there and lets it go (evict_first), as Inductor's looped softmax does.
-        for start in range(0, n_cols, BLOCK):
-            mask = start + cols < n_cols
-            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy="evict_last")
-            x = x.to(tl.float32)
-            m_new = tl.maximum(m, tl.max(x, axis=0))
-            s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-            m = m_new
-        for start in range(0, n_cols, BLOCK):
-            mask = start + cols < n_cols
-            x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy="evict_first")
-            x = x.to(tl.float32)
-            y = (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty)
-            tl.store(y_row + start + cols, y, mask=mask)
+        # a program per row, or fewer programs each walking rows (Config.stream_waves)
+        FIRST: tl.constexpr = "evict_last"
+        SECOND: tl.constexpr = "evict_first"
+        n_cols64 = n_cols.to(tl.int64)
+        total = n_rows.to(tl.int64) * n_cols64
+        for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+            if ALIGN > 1:
+                _fwd_row_shifted(x_ptr, y_ptr, row * n_cols64, n_cols64, total, BLOCK, ALIGN)
+            else:
+                x_row = x_ptr + row * n_cols64
+                y_row = y_ptr + row * n_cols64
+                m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)  # running max
+                s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)  # running sum of exp(x - m)
+                # First pass: keep the row in L2 (evict_last) for the second, which reads it
+                # from there and lets it go (evict_first), as Inductor's looped softmax does.
+                for start in range(0, n_cols, BLOCK):
+                    mask = start + cols < n_cols
+                    x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy=FIRST)
+                    x = x.to(tl.float32)
+                    m_new = tl.maximum(m, tl.max(x, axis=0))
+                    s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+                    m = m_new
+                for start in range(0, n_cols, BLOCK):
+                    mask = start + cols < n_cols
+                    x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy=SECOND)
+                    x = x.to(tl.float32)
+                    y = (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty)
+                    tl.store(y_row + start + cols, y, mask=mask)
 
 
 @triton_support.jit
@@ -158,6 +228,73 @@ def _dot2_dx(y, dy, hi, lo):
 
 
 @triton_support.jit
+def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr,
+                     COMP: tl.constexpr, FIRST: tl.constexpr, SECOND: tl.constexpr):  # fmt: skip
+    # The backward of one row whose rows are off 16-byte boundaries, read and written as
+    # _fwd_row_shifted does (the neighbours' y and dy taken as 0).
+    cols = tl.arange(0, BLOCK)
+    ends = tl.arange(0, A)
+    r1 = r0 + n
+    a0 = (r0 // A) * A
+    hi = ((r1 + A - 1) // A) * A
+    whole = (total // A) * A
+    b0 = ((r0 + A - 1) // A) * A
+    b1 = (r1 // A) * A
+    span = (hi - a0).to(tl.int32)
+    acc = tl.zeros([BLOCK], tl.float32)
+    acc_lo = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, span, BLOCK):
+        idx = a0 + start + cols
+        ld = (idx < hi) & (idx < whole)
+        inside = (idx >= r0) & (idx < r1)
+        y = tl.load(y_ptr + idx, mask=ld, other=0.0, eviction_policy=FIRST)
+        dy = tl.load(dy_ptr + idx, mask=ld, other=0.0, eviction_policy=FIRST)
+        y = tl.where(inside, y.to(tl.float32), 0.0)
+        dy = tl.where(inside, dy.to(tl.float32), 0.0)
+        if COMP:
+            p, ep = _dot2_terms(y, dy)
+            acc, e = _two_sum(acc, p)
+            acc_lo += ep + e
+        else:
+            acc += y * dy
+    tidx = whole + ends  # the tensor's last partial chunk (the last row's end only)
+    tmask = (tidx >= r0) & (tidx < r1) & (tidx < total)
+    ty = tl.load(y_ptr + tidx, mask=tmask, other=0.0).to(tl.float32)
+    tdy = tl.load(dy_ptr + tidx, mask=tmask, other=0.0).to(tl.float32)
+    if COMP:
+        hi_, lo_ = tl.reduce((acc, acc_lo), 0, _dot2_combine)
+        tp, tep = _dot2_terms(ty, tdy)
+        th, tlo = tl.reduce((tp, tep), 0, _dot2_combine)
+        hi_, lo_ = _dot2_combine(hi_, lo_, th, tlo)
+        lo_ = tl.where(tl.abs(hi_) <= 3.4028234663852886e38, lo_, 0.0)  # as _dot2_reduce
+    else:
+        hi_ = tl.sum(acc, axis=0) + tl.sum(ty * tdy, axis=0)
+        lo_ = 0.0
+    for start in range(0, span, BLOCK):
+        idx = a0 + start + cols
+        ld = (idx < hi) & (idx < whole)
+        y = tl.load(y_ptr + idx, mask=ld, other=0.0, eviction_policy=SECOND).to(tl.float32)
+        dy = tl.load(dy_ptr + idx, mask=ld, other=0.0, eviction_policy=SECOND).to(tl.float32)
+        if COMP:
+            dx = _dot2_dx(y, dy, hi_, lo_)
+        else:
+            dx = y * (dy - hi_)
+        tl.store(dx_ptr + idx, dx.to(dx_ptr.dtype.element_ty), mask=(idx >= b0) & (idx < b1))
+    eidx = a0 + ends  # the ends: [r0, b0), then [b1, r1)
+    emask = (eidx >= r0) & (eidx < b0)
+    y = tl.load(y_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
+    dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
+    tl.store(dx_ptr + eidx, dx.to(dx_ptr.dtype.element_ty), mask=emask)
+    eidx = b1 + ends
+    emask = eidx < r1
+    y = tl.load(y_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
+    dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
+    tl.store(dx_ptr + eidx, dx.to(dx_ptr.dtype.element_ty), mask=emask)
+
+
+@triton_support.jit
 def _softmax_bwd_kernel(
     y_ptr,
     dy_ptr,
@@ -169,6 +306,8 @@ def _softmax_bwd_kernel(
     SINGLE: tl.constexpr,
     COMP: tl.constexpr,  # fp32 rows: the dot compensated
     VEC: tl.constexpr,  # a power of two dividing n_cols (see _vec)
+    HINTS: tl.constexpr,  # streamed: the sum pass evict_last, the write pass evict_first
+    ALIGN: tl.constexpr,  # streamed rows off 16-byte boundaries: elements per 16 bytes, else 1
 ):
     # y, dy, dx: contiguous [n_rows, n_cols]; dx = y * (dy - sum(dy * y)) per row. COMP (fp32
     # rows): the dot as a pair hi + lo (Ogita, Rump and Oishi's Dot2: each product split
@@ -178,6 +317,8 @@ def _softmax_bwd_kernel(
     pid = tl.program_id(0).to(tl.int64)
     n_cols = (n_cols // VEC) * VEC  # == n_cols; Triton now knows it divides by VEC
     cols = tl.arange(0, BLOCK)
+    FIRST: tl.constexpr = "evict_last" if HINTS else ""
+    SECOND: tl.constexpr = "evict_first" if HINTS else ""
     if SINGLE:
         rows = pid * ROWS + tl.arange(0, ROWS)
         mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
@@ -192,43 +333,75 @@ def _softmax_bwd_kernel(
             dx = y * (dy - tl.sum(y * dy, axis=1)[:, None])
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
     else:
-        base = pid * n_cols
-        # fp32: per lane a running pair (two_sum of the his), one reduction after the sweep
-        acc = tl.zeros([BLOCK], tl.float32)
-        acc_lo = tl.zeros([BLOCK], tl.float32)
-        for start in range(0, n_cols, BLOCK):
-            mask = start + cols < n_cols
-            y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
-            if COMP:
-                p, ep = _dot2_terms(y, dy)
-                acc, e = _two_sum(acc, p)
-                acc_lo += ep + e
+        # a program per row, or fewer programs each walking rows (Config.stream_waves)
+        n_cols64 = n_cols.to(tl.int64)
+        total = n_rows.to(tl.int64) * n_cols64
+        for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+            if ALIGN > 1:
+                _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, row * n_cols64, n_cols64, total, BLOCK, ALIGN, COMP,
+                                 FIRST, SECOND)  # fmt: skip
             else:
-                acc += y * dy
-        if COMP:
-            hi, lo = _dot2_reduce(acc, acc_lo, 0)
-        else:
-            hi = tl.sum(acc, axis=0)
-        for start in range(0, n_cols, BLOCK):
-            mask = start + cols < n_cols
-            y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0).to(tl.float32)
-            if COMP:
-                dx = _dot2_dx(y, dy, hi, lo)
-            else:
-                dx = y * (dy - hi)
-            tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+                base = row * n_cols64
+                # fp32: per lane a running pair (two_sum of the his), one reduction after the sweep
+                acc = tl.zeros([BLOCK], tl.float32)
+                acc_lo = tl.zeros([BLOCK], tl.float32)
+                for start in range(0, n_cols, BLOCK):
+                    mask = start + cols < n_cols
+                    y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=FIRST)
+                    dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=FIRST)
+                    y = y.to(tl.float32)
+                    dy = dy.to(tl.float32)
+                    if COMP:
+                        p, ep = _dot2_terms(y, dy)
+                        acc, e = _two_sum(acc, p)
+                        acc_lo += ep + e
+                    else:
+                        acc += y * dy
+                if COMP:
+                    hi, lo = _dot2_reduce(acc, acc_lo, 0)
+                else:
+                    hi = tl.sum(acc, axis=0)
+                for start in range(0, n_cols, BLOCK):
+                    mask = start + cols < n_cols
+                    y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=SECOND)
+                    dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=SECOND)
+                    y = y.to(tl.float32)
+                    dy = dy.to(tl.float32)
+                    if COMP:
+                        dx = _dot2_dx(y, dy, hi, lo)
+                    else:
+                        dx = y * (dy - hi)
+                    tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _config(n_cols: int):
+def _config(n_cols: int, cfg: Config = CONFIG):
     """(BLOCK, ROWS, SINGLE, num_warps) for a row width: whole rows in one block up to
     MAX_SINGLE columns, ~4096 elements per program (several short rows share one)."""
     block = triton_support.next_pow2(max(n_cols, 1))
-    if block <= MAX_SINGLE:
-        rows = max(1, min(64, 4096 // block))
-        return block, rows, True, 4 if block * rows <= 2048 else 8
-    return STREAM_BLOCK, 1, False, 8
+    if block <= cfg.max_single and (block <= 4096 or 4 * n_cols > 3 * block):
+        rows = cfg.rows or max(1, min(64, 4096 // block))
+        return block, rows, True, cfg.warps or (4 if block * rows <= 2048 else 8)
+    # streamed: wide rows in stream_block steps; a row of 4097-6144 columns, which would
+    # leave a quarter or more of an 8192-wide block idle, in quarter-block steps
+    step = min(cfg.stream_block, max(block // 4, 1024))
+    return step, 1, False, cfg.stream_warps if step >= cfg.stream_block else 8
+
+
+def _align(n_cols: int, single: bool, element_size: int) -> int:
+    """ALIGN: for streamed rows whose starts are off 16-byte boundaries (n_cols not a
+    multiple of 16 bytes' elements), the elements per 16 bytes; else 1."""
+    per16 = 16 // element_size
+    return per16 if not single and n_cols % per16 else 1
+
+
+def _grid(n_rows: int, rows: int, single: bool, device: torch.device, cfg: Config = CONFIG) -> int:
+    """Programs launched: one per ROWS rows, or for streamed rows with stream_waves set,
+    at most stream_waves per SM (each walks rows n_rows / programs apart)."""
+    programs = triton_support.cdiv(n_rows, rows)
+    if single or not cfg.stream_waves:
+        return programs
+    sms = triton_support.sm_count(device.index or 0) if device.type == "cuda" else 1  # (interpreter: 1)
+    return min(programs, cfg.stream_waves * sms)
 
 
 def _vec(n_cols: int) -> int:
@@ -257,14 +430,15 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
     n_cols = out.shape[-1] if out.dim() else 1
     n_rows = out.numel() // n_cols if n_cols else 0
     if n_rows and n_cols:
-        block, rows, single, warps = _config(n_cols)
-        grid = (triton_support.cdiv(n_rows, rows),)
+        block, rows, single, warps = _config(n_cols, cfg)
+        grid = (_grid(n_rows, rows, single, out.device, cfg),)
         if fwd:
             even = cfg.fwd_even and single and block == n_cols and n_rows % rows == 0
             reread, warps = _fwd_choice(n_cols, block, single, out.element_size(), warps, cfg)
             extra = dict(EVEN=even, WIDE=not (cfg.fwd_narrow and out.numel() < 2**31), REREAD=reread)
         else:  # the backward: fp32 rows compensated
-            extra = {"COMP": out.dtype == torch.float32}
+            extra = {"COMP": out.dtype == torch.float32, "HINTS": cfg.bwd_hints and not single}
+        extra["ALIGN"] = _align(n_cols, single, out.element_size())
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, VEC=_vec(n_cols),
             num_warps=warps, **extra,
@@ -276,8 +450,8 @@ def _fwd(x: torch.Tensor, cfg: Config = CONFIG) -> torch.Tensor:
     return _launch(_softmax_fwd_kernel, [x], fwd=True, cfg=cfg)
 
 
-def _bwd(dy: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return _launch(_softmax_bwd_kernel, [y, dy])
+def _bwd(dy: torch.Tensor, y: torch.Tensor, cfg: Config = CONFIG) -> torch.Tensor:
+    return _launch(_softmax_bwd_kernel, [y, dy], cfg=cfg)
 
 
 # The backward needs the output, not the input.
@@ -303,14 +477,15 @@ def _kernel_specs(dtype: str):
         "WIDE": "constexpr",
         "REREAD": "constexpr",
         "VEC": "constexpr",
+        "ALIGN": "constexpr",
     }
     bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail, "COMP": "constexpr",
-           "VEC": "constexpr"}  # fmt: skip
+           "VEC": "constexpr", "HINTS": "constexpr", "ALIGN": "constexpr"}  # fmt: skip
     reread, fwarps = _fwd_choice(4096, block, single, 4 if dtype == "fp32" else 2, warps)
-    fcx = dict(cx, EVEN=CONFIG.fwd_even and single, WIDE=not CONFIG.fwd_narrow, REREAD=reread)
+    fcx = dict(cx, EVEN=CONFIG.fwd_even and single, WIDE=not CONFIG.fwd_narrow, REREAD=reread, ALIGN=1)
     return [
         (_softmax_fwd_kernel, fwd, fcx, fwarps),
-        (_softmax_bwd_kernel, bwd, dict(cx, COMP=dtype == "fp32"), warps),
+        (_softmax_bwd_kernel, bwd, dict(cx, COMP=dtype == "fp32", HINTS=False, ALIGN=1), warps),
     ]
 
 
