@@ -86,6 +86,15 @@
 #ifndef SK_RU
 #define SK_RU 2  // rows: weight rows per load group (two groups in flight)
 #endif
+#ifndef SK_CW
+#define SK_CW 4  // cols: warps per block, on adjacent column windows of the same rows
+#endif
+#ifndef SK_CC
+#define SK_CC 1  // cols: 16-byte chunks per lane per row (a warp's window: 256 CC columns)
+#endif
+#ifndef SK_CU
+#define SK_CU 8  // cols: rows of b per load group (two groups in flight)
+#endif
 // Both: the L2 prefetch-size hint on weight loads (0 none, 128 or 256 bytes). A warp takes
 // 64 B of a weight row per gemv step (32 B to 256 B per tile stage): the hint has the L2
 // fetch the rest of the row's next bytes in the same DRAM access.
@@ -539,14 +548,51 @@ __device__ __forceinline__ void sk_rows_load(uint4 (&buf)[RU][RJ], const unsigne
         }
 }
 
+// The lane sums of V = RU x MR values (each lane holds a partial of every one) in
+// V - 1 + 5 - log2(P) shuffles, P = V rounded up to a power of two <= 32, instead of 5 V:
+// each of the first log2(P) butterfly steps hands half of the values still held to the
+// partner and keeps the other half (lane bit o set: the upper half), so the value count
+// halves per step; the last steps add the one value left. Lane l then holds the sum of
+// value l >> (5 - log2 P), written by the lanes whose low bits are zero.
+template <int V>
+struct SkPow2 {
+    static constexpr int P = V <= 1 ? 1 : 2 * SkPow2<(V + 1) / 2>::P;
+};
+template <>
+struct SkPow2<1> {
+    static constexpr int P = 1;
+};
+
+// One step of the lane sums: H of the 2H values held go across lane bit O (a lane with
+// the bit set keeps the upper half), then the next step with H / 2 values.
+template <int H, int O>
+struct SkHalve {
+    static __device__ __forceinline__ void run(float* v, int lane) {
+        const bool up = lane & O;
+#pragma unroll
+        for (int i = 0; i < H; ++i) {
+            const float give = up ? v[i] : v[i + H];
+            const float keep = up ? v[i + H] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, give, O);
+        }
+        SkHalve<H / 2, O / 2>::run(v, lane);
+    }
+};
+template <int O>
+struct SkHalve<0, O> {
+    static __device__ __forceinline__ void run(float*, int) {}
+};
+
 template <bool BF16, int MR, int RU, int RJ, int RW, int RN>
 __device__ __forceinline__ void sk_rows_dot(const uint4 (&buf)[RU][RJ], const float (&xf)[MR][RJ][8],
                                             float (*part)[RN][MR], int r0, int wp, int lane) {
+    constexpr int V = RU * MR, P = SkPow2<V>::P;
+    static_assert(P <= 32, "at most 32 sums per load group");
+    float v[P];
 #pragma unroll
-    for (int u = 0; u < RU; ++u) {
-        float acc[MR];
+    for (int i = 0; i < P; ++i) v[i] = 0.f;
 #pragma unroll
-        for (int m = 0; m < MR; ++m) acc[m] = 0.f;
+    for (int u = 0; u < RU; ++u)
 #pragma unroll
         for (int j = 0; j < RJ; ++j) {
             float wf[8];
@@ -554,18 +600,15 @@ __device__ __forceinline__ void sk_rows_dot(const uint4 (&buf)[RU][RJ], const fl
 #pragma unroll
             for (int m = 0; m < MR; ++m)
 #pragma unroll
-                for (int e = 0; e < 8; ++e) acc[m] = fmaf(wf[e], xf[m][j][e], acc[m]);
+                for (int e = 0; e < 8; ++e) v[u * MR + m] = fmaf(wf[e], xf[m][j][e], v[u * MR + m]);
         }
+    constexpr int L = P == 1 ? 0 : P == 2 ? 1 : P == 4 ? 2 : P == 8 ? 3 : P == 16 ? 4 : 5;  // log2 P
+    SkHalve<P / 2, 16>::run(v, lane);
 #pragma unroll
-        for (int m = 0; m < MR; ++m) {
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
-        }
-        if (lane == 0) {
-#pragma unroll
-            for (int m = 0; m < MR; ++m) part[wp][r0 + u][m] = acc[m];
-        }
-    }
+    for (int st = L; st < 5; ++st) v[0] += __shfl_xor_sync(0xffffffffu, v[0], 16 >> st);
+    constexpr int SHIFT = 5 - L;
+    const int idx = lane >> SHIFT;
+    if ((lane & ((1 << SHIFT) - 1)) == 0 && idx < V) part[wp][r0 + idx / MR][idx % MR] = v[0];
 }
 
 template <typename T, bool BF16, int MR>
@@ -633,6 +676,130 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
 #pragma unroll 1
     for (int t = threadIdx.x; t < RN * M; t += 32 * RW) {
         const int m = t / RN, n = n0 + t % RN;
+        if (n < N) {
+            const float* p = ws + (long long)m * N + n;
+            float v = 0.f;
+#pragma unroll 1
+            for (int z = 0; z < S; ++z) v += __ldcg(p + z * slice);  // slice order: deterministic
+            sk_store(y + (long long)m * N + n, v);
+        }
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+}
+
+// ------------------------------------------------------------------ cols (nn, M <= MR)
+// grid (ceil(N / (256 CC CW)), 1, S), block 32 CW, dynamic shared memory M kchunk floats.
+// The nn weight b [K, ldw] has unit stride along n. Warp wp owns the window of 256 CC
+// columns at c0 + wp 256 CC, lane l the 8 columns at 8 (l + 32 c) of it: one warp
+// instruction reads 512 contiguous bytes of a row of b and the block's warps read CW x 512
+// adjacent bytes of the same row, as the rows kernel's block reads whole weight rows. Every
+// warp walks all rows of the block's K slice, CU rows per load group; its column sums stay in
+// the lane's registers (no lane or warp sums). x's slice is staged once as fp32 (all lanes
+// read the same value: a shared-memory broadcast). Split K as in the rows kernel.
+template <int CU, int CC>
+__device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CC], const unsigned short* w16, int ldw, int N,
+                                             int kr, int klen, int kb, int cw, int lane, int vec) {
+#pragma unroll
+    for (int u = 0; u < CU; ++u)
+#pragma unroll
+        for (int c = 0; c < CC; ++c) {
+            const int k = kr + u, col = cw + (lane + 32 * c) * 8;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (k < klen && col < N) {
+                const unsigned short* p = w16 + (long long)(kb + k) * ldw + col;
+                v = vec ? sk_ld_stream(p) : sk_ld8_shift(p, N - col);
+            }
+            buf[u][c] = v;
+        }
+}
+
+template <bool BF16, int MR, int CU, int CC>
+__device__ __forceinline__ void sk_cols_fma(float (&acc)[MR][CC][8], const uint4 (&buf)[CU][CC], const float* xs,
+                                            int M, int kchunk, int kr, int klen) {
+#pragma unroll
+    for (int u = 0; u < CU; ++u) {
+        if (kr + u < klen) {  // the same for the whole block
+#pragma unroll
+            for (int c = 0; c < CC; ++c) {
+                float wf[8];
+                sk_unpack8<BF16>(buf[u][c], wf);
+#pragma unroll
+                for (int m = 0; m < MR; ++m) {
+                    const float xv = m < M ? xs[m * kchunk + kr + u] : 0.f;  // xs holds M rows
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[m][c][e] = fmaf(wf[e], xv, acc[m][c][e]);
+                }
+            }
+        }
+    }
+}
+
+template <typename T, bool BF16, int MR>
+__device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                                             float* __restrict__ ws, int* __restrict__ counters, int M, int N,
+                                             int K, int ldx, int ldw, int kchunk, int vec) {
+    constexpr int CW = SK_CW, CC = SK_CC, CU = SK_CU, WIN = 256 * CC;
+    extern __shared__ __align__(128) unsigned short sk_dyn[];
+    float* xs = reinterpret_cast<float*>(sk_dyn);  // [M][kchunk]
+    __shared__ int sk_cols_last;
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    const int kb = blockIdx.z * kchunk;
+    const int klen = min(K - kb, kchunk);  // > 0: the host makes no empty slice
+    const int c0 = blockIdx.x * (WIN * CW);
+    const int cw = c0 + wp * WIN;  // this warp's window
+    const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
+    const unsigned short* x16 = reinterpret_cast<const unsigned short*>(x);
+
+    uint4 wa[CU][CC], wb[CU][CC];
+    sk_cols_load<CU, CC>(wa, w16, ldw, N, 0, klen, kb, cw, lane, vec);  // in flight while x stages
+    for (int i = threadIdx.x; i < M * klen; i += 32 * CW) {
+        const int m = i / klen, kk = i % klen;
+        const unsigned short h = x16[(long long)m * ldx + kb + kk];
+        xs[m * kchunk + kk] = BF16 ? __uint_as_float(static_cast<unsigned>(h) << 16)
+                                   : __half2float(__ushort_as_half(h));
+    }
+    __syncthreads();
+    float acc[MR][CC][8];
+#pragma unroll
+    for (int m = 0; m < MR; ++m)
+#pragma unroll
+        for (int c = 0; c < CC; ++c)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[m][c][e] = 0.f;
+#pragma unroll 1
+    for (int kr = 0; kr < klen; kr += 2 * CU) {
+        sk_cols_load<CU, CC>(wb, w16, ldw, N, kr + CU, klen, kb, cw, lane, vec);
+        sk_cols_fma<BF16, MR, CU, CC>(acc, wa, xs, M, kchunk, kr, klen);
+        sk_cols_load<CU, CC>(wa, w16, ldw, N, kr + 2 * CU, klen, kb, cw, lane, vec);
+        sk_cols_fma<BF16, MR, CU, CC>(acc, wb, xs, M, kchunk, kr + CU, klen);
+    }
+
+    const int S = gridDim.z;
+    const long long slice = (long long)M * N;
+#pragma unroll
+    for (int m = 0; m < MR; ++m)
+#pragma unroll
+        for (int c = 0; c < CC; ++c)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const int n = cw + (lane + 32 * c) * 8 + e;
+                if (m < M && n < N) {
+                    if (S == 1)
+                        sk_store(y + (long long)m * N + n, acc[m][c][e]);
+                    else
+                        ws[blockIdx.z * slice + (long long)m * N + n] = acc[m][c][e];
+                }
+            }
+    if (S == 1) return;
+    __threadfence();  // the partial is visible device-wide before the count says so
+    __syncthreads();
+    if (threadIdx.x == 0) sk_cols_last = atomicAdd(counters + blockIdx.x, 1) == S - 1;
+    __syncthreads();
+    if (!sk_cols_last) return;
+    __threadfence();
+#pragma unroll 1
+    for (int t = threadIdx.x; t < WIN * CW * M; t += 32 * CW) {
+        const int m = t / (WIN * CW), n = c0 + t % (WIN * CW);
         if (n < N) {
             const float* p = ws + (long long)m * N + n;
             float v = 0.f;
@@ -731,5 +898,45 @@ extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_bf16(SK_
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m8_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_f16(SK_ARGS(__half)) {
     sk_rows_body<__half, false, 8>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, true, 1>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, false, 1>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, true, 2>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, false, 2>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, true, 4>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, false, 4>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, true, 8>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, false, 8>(SK_PASS);
 }
 #endif
