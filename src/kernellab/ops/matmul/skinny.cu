@@ -503,6 +503,37 @@ __device__ __forceinline__ void sk_tile_body(const T* __restrict__ x, const T* _
     sk_finish<T, NI, MJ, BN, BM, 32 * SK_WN * SK_WM>(acc, y, ws, counters, M, N, n0 + wn, m0 + wm, n0, m0);
 }
 
+// Split K for the rows and cols kernels, after each thread stored its share of the block's
+// fp32 partial (outputs n0 .. n0 + width - 1 of all M rows) to its slice of ws: the block that
+// counts last in counters[tile] sums the S slices in slice order (deterministic), writes y
+// and resets the counter for the next launch. Every thread of the block calls it.
+template <typename T>
+__device__ __forceinline__ void sk_slices_sum(T* __restrict__ y, const float* __restrict__ ws,
+                                              int* __restrict__ counters, int tile, int M, int N, int n0,
+                                              int width) {
+    __shared__ int sk_last;
+    const int S = gridDim.z, threads = blockDim.x;
+    const long long slice = (long long)M * N;
+    __threadfence();  // the partial is visible device-wide before the count says so
+    __syncthreads();
+    if (threadIdx.x == 0) sk_last = atomicAdd(counters + tile, 1) == S - 1;
+    __syncthreads();
+    if (!sk_last) return;
+    __threadfence();
+#pragma unroll 1
+    for (int t = threadIdx.x; t < width * M; t += threads) {
+        const int m = t / width, n = n0 + t % width;  // consecutive threads: consecutive n
+        if (n < N) {
+            const float* p = ws + (long long)m * N + n;
+            float v = 0.f;
+#pragma unroll 1
+            for (int z = 0; z < S; ++z) v += __ldcg(p + z * slice);
+            sk_store(y + (long long)m * N + n, v);
+        }
+    }
+    if (threadIdx.x == 0) counters[tile] = 0;
+}
+
 // ------------------------------------------------------------------ rows (nt, M <= MR)
 // grid (ceil(N / RN), 1, S), block 32 RW, no dynamic shared memory. The gemv kernel's
 // loads each cover 8 weight rows x 64 bytes (the MMA fragment's layout); here a warp
@@ -618,7 +649,6 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
     constexpr int RW = SK_RW, RJ = SK_RJ, RN = SK_RN, RU = SK_RU, KW = 256 * RJ;
     static_assert(RN % (2 * RU) == 0, "RN is a multiple of two load groups");
     __shared__ float part[RW][RN][MR];
-    __shared__ int sk_rows_last;
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     const int kb = blockIdx.z * kchunk;
     const int klen = min(K - kb, kchunk);  // > 0: the host makes no empty slice
@@ -666,25 +696,7 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
                 ws[blockIdx.z * slice + (long long)m * N + n] = v;
         }
     }
-    if (S == 1) return;
-    __threadfence();  // the partial is visible device-wide before the count says so
-    __syncthreads();
-    if (threadIdx.x == 0) sk_rows_last = atomicAdd(counters + blockIdx.x, 1) == S - 1;
-    __syncthreads();
-    if (!sk_rows_last) return;
-    __threadfence();
-#pragma unroll 1
-    for (int t = threadIdx.x; t < RN * M; t += 32 * RW) {
-        const int m = t / RN, n = n0 + t % RN;
-        if (n < N) {
-            const float* p = ws + (long long)m * N + n;
-            float v = 0.f;
-#pragma unroll 1
-            for (int z = 0; z < S; ++z) v += __ldcg(p + z * slice);  // slice order: deterministic
-            sk_store(y + (long long)m * N + n, v);
-        }
-    }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+    if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, n0, RN);
 }
 
 // ------------------------------------------------------------------ cols (nn, M <= MR)
@@ -741,7 +753,6 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
     constexpr int CW = SK_CW, CC = SK_CC, CU = SK_CU, WIN = 256 * CC;
     extern __shared__ __align__(128) unsigned short sk_dyn[];
     float* xs = reinterpret_cast<float*>(sk_dyn);  // [M][kchunk]
-    __shared__ int sk_cols_last;
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     const int kb = blockIdx.z * kchunk;
     const int klen = min(K - kb, kchunk);  // > 0: the host makes no empty slice
@@ -790,25 +801,7 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
                         ws[blockIdx.z * slice + (long long)m * N + n] = acc[m][c][e];
                 }
             }
-    if (S == 1) return;
-    __threadfence();  // the partial is visible device-wide before the count says so
-    __syncthreads();
-    if (threadIdx.x == 0) sk_cols_last = atomicAdd(counters + blockIdx.x, 1) == S - 1;
-    __syncthreads();
-    if (!sk_cols_last) return;
-    __threadfence();
-#pragma unroll 1
-    for (int t = threadIdx.x; t < WIN * CW * M; t += 32 * CW) {
-        const int m = t / (WIN * CW), n = c0 + t % (WIN * CW);
-        if (n < N) {
-            const float* p = ws + (long long)m * N + n;
-            float v = 0.f;
-#pragma unroll 1
-            for (int z = 0; z < S; ++z) v += __ldcg(p + z * slice);  // slice order: deterministic
-            sk_store(y + (long long)m * N + n, v);
-        }
-    }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+    if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, c0, WIN * CW);
 }
 
 // ------------------------------------------------------------------ entry points
