@@ -46,6 +46,8 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
+#include "common.cuh"  // Vec16, to_f
+
 // ------------------------------------------------------------------ config (per module)
 #ifndef SK_GW
 #define SK_GW 4  // gemv: warps per block
@@ -184,22 +186,52 @@ __device__ __forceinline__ void sk_mma(float* c, unsigned a0, unsigned a1, unsig
     }
 }
 
-__device__ __forceinline__ void sk_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void sk_store(__half* p, float v) { *p = __float2half_rn(v); }
+template <typename T>
+__device__ __forceinline__ void sk_store(T* p, float v) { *p = kl::from_f<T>(v); }
+
+// Split K, after each thread of the block stored its share of the block's fp32 partial
+// (outputs n0 .. n0 + width - 1 of rows m0 .. m0 + height - 1) to its slice of ws: the
+// block that counts last in counters[tile] sums the S slices in slice order 0 .. S-1
+// (deterministic, whichever block comes last), writes y and resets the counter for the next
+// launch. Consecutive threads take consecutive n: coalesced reads of ws and writes of y.
+// Every thread of the block calls it.
+template <typename T>
+__device__ __forceinline__ void sk_slices_sum(T* __restrict__ y, const float* __restrict__ ws,
+                                              int* __restrict__ counters, int tile, int M, int N, int n0,
+                                              int width, int m0, int height) {
+    __shared__ int sk_last;
+    const int S = gridDim.z;
+    const long long slice = (long long)M * N;
+    __threadfence();  // the partial is visible device-wide before the count says so
+    __syncthreads();
+    if (threadIdx.x == 0) sk_last = atomicAdd(counters + tile, 1) == S - 1;
+    __syncthreads();
+    if (!sk_last) return;
+    __threadfence();
+#pragma unroll 1
+    for (int t = threadIdx.x; t < width * height; t += blockDim.x) {
+        const int n = n0 + t % width, m = m0 + t / width;
+        if (n < N && m < M) {
+            const float* p = ws + (long long)m * N + n;
+            float v = 0.f;
+#pragma unroll 1
+            for (int z = 0; z < S; ++z) v += __ldcg(p + z * slice);
+            sk_store(y + (long long)m * N + n, v);
+        }
+    }
+    if (threadIdx.x == 0) counters[tile] = 0;
+}
 
 // ------------------------------------------------------------------ epilogue (both kernels)
 // acc[i][j] is the m16n8 accumulator fragment of weight rows nb + 16 i .. +15 (outputs n)
 // by x rows mb + 8 j .. +7: lane (g, q) holds (n = g, m = 2q), (g, 2q+1), (g+8, 2q),
 // (g+8, 2q+1). With one K slice it goes straight to y. Otherwise every block stores it to
-// its slice of ws, and the last block of the tile (the block's TILE_N x TILE_M outputs at
-// n_blk, m_blk) sums the slices in order, one output per thread at a time (consecutive
-// threads on consecutive n: coalesced reads of ws and writes of y). Every thread of the
-// block must call this.
-template <typename T, int NI, int MJ, int TILE_N, int TILE_M, int THREADS>
+// its slice of ws, and sk_slices_sum has the last block of the tile (the block's TILE_N x
+// TILE_M outputs at n_blk, m_blk) sum the slices. Every thread of the block must call this.
+template <typename T, int NI, int MJ, int TILE_N, int TILE_M>
 __device__ __forceinline__ void sk_finish(float (&acc)[NI][MJ][4], T* __restrict__ y, float* __restrict__ ws,
                                           int* __restrict__ counters, int M, int N, int nb, int mb, int n_blk,
                                           int m_blk) {
-    __shared__ int sk_is_last;
     const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const int S = gridDim.z;
     if (S == 1) {
@@ -225,25 +257,7 @@ __device__ __forceinline__ void sk_finish(float (&acc)[NI][MJ][4], T* __restrict
                 const int n = nb + i * 16 + g + (e >> 1) * 8, m = mb + j * 8 + 2 * q + (e & 1);
                 if (n < N && m < M) mine[(long long)m * N + n] = acc[i][j][e];
             }
-    __threadfence();  // the partial is visible device-wide before the count says so
-    __syncthreads();
-    const int tile = blockIdx.x + gridDim.x * blockIdx.y;
-    if (threadIdx.x == 0) sk_is_last = atomicAdd(counters + tile, 1) == S - 1;
-    __syncthreads();
-    if (!sk_is_last) return;
-    __threadfence();
-#pragma unroll 1
-    for (int idx = threadIdx.x; idx < TILE_N * TILE_M; idx += THREADS) {
-        const int n = n_blk + idx % TILE_N, m = m_blk + idx / TILE_N;
-        if (n < N && m < M) {
-            const float* p = ws + (long long)m * N + n;
-            float v = 0.f;
-#pragma unroll 1
-            for (int s = 0; s < S; ++s) v += __ldcg(p + s * slice);  // slice order: deterministic
-            sk_store(y + (long long)m * N + n, v);
-        }
-    }
-    if (threadIdx.x == 0) counters[tile] = 0;  // ready for the next launch
+    sk_slices_sum(y, ws, counters, blockIdx.x + gridDim.x * blockIdx.y, M, N, n_blk, TILE_N, m_blk, TILE_M);
 }
 
 // ------------------------------------------------------------------ gemv (nt, M <= 8 MG)
@@ -344,7 +358,7 @@ __device__ __forceinline__ void sk_gemv_body(const T* __restrict__ x, const T* _
         sk_gemv_load<GU, GR>(wa, wp, rok, s + 2 * GU, nsteps, klen, q, vec);
         sk_gemv_mma<BF16, GU, GR, MG>(acc, wb, xs, xp, M, s + GU, nsteps, g, q);
     }
-    sk_finish<T, GR, MG, GW * GR * 16, MG * 8, 32 * GW>(acc, y, ws, counters, M, N, nw, 0,
+    sk_finish<T, GR, MG, GW * GR * 16, MG * 8>(acc, y, ws, counters, M, N, nw, 0,
                                                        blockIdx.x * (GW * GR * 16), 0);
 }
 
@@ -500,38 +514,7 @@ __device__ __forceinline__ void sk_tile_body(const T* __restrict__ x, const T* _
         }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);  // no copy outlives the block
-    sk_finish<T, NI, MJ, BN, BM, 32 * SK_WN * SK_WM>(acc, y, ws, counters, M, N, n0 + wn, m0 + wm, n0, m0);
-}
-
-// Split K for the rows and cols kernels, after each thread stored its share of the block's
-// fp32 partial (outputs n0 .. n0 + width - 1 of all M rows) to its slice of ws: the block that
-// counts last in counters[tile] sums the S slices in slice order (deterministic), writes y
-// and resets the counter for the next launch. Every thread of the block calls it.
-template <typename T>
-__device__ __forceinline__ void sk_slices_sum(T* __restrict__ y, const float* __restrict__ ws,
-                                              int* __restrict__ counters, int tile, int M, int N, int n0,
-                                              int width) {
-    __shared__ int sk_last;
-    const int S = gridDim.z, threads = blockDim.x;
-    const long long slice = (long long)M * N;
-    __threadfence();  // the partial is visible device-wide before the count says so
-    __syncthreads();
-    if (threadIdx.x == 0) sk_last = atomicAdd(counters + tile, 1) == S - 1;
-    __syncthreads();
-    if (!sk_last) return;
-    __threadfence();
-#pragma unroll 1
-    for (int t = threadIdx.x; t < width * M; t += threads) {
-        const int m = t / width, n = n0 + t % width;  // consecutive threads: consecutive n
-        if (n < N) {
-            const float* p = ws + (long long)m * N + n;
-            float v = 0.f;
-#pragma unroll 1
-            for (int z = 0; z < S; ++z) v += __ldcg(p + z * slice);
-            sk_store(y + (long long)m * N + n, v);
-        }
-    }
-    if (threadIdx.x == 0) counters[tile] = 0;
+    sk_finish<T, NI, MJ, BN, BM>(acc, y, ws, counters, M, N, n0 + wn, m0 + wm, n0, m0);
 }
 
 // ------------------------------------------------------------------ rows (nt, M <= MR)
@@ -543,22 +526,16 @@ __device__ __forceinline__ void sk_slices_sum(T* __restrict__ y, const float* __
 // l 8 + 256 j: x's values there stay in registers (fp32, MR x RJ x 8) for all RN rows.
 // Per row the lane multiplies on the CUDA cores (fp32 FMA: at M <= 8 the SM has the issue
 // slots to spare against one SM's share of the weight stream), a butterfly sums the 32
-// lanes, and part[] holds each warp's sum; the block adds its warps in order. Split K as
-// in sk_finish: fp32 partials in ws, the last block of the row group sums them in order.
-template <bool BF16>
+// lanes, and part[] holds each warp's sum; the block adds its warps in order. Split K
+// through sk_slices_sum, as the gemv and tile kernels.
+
+// 8 halfs of storage type T (one 16-byte load) as fp32.
+template <typename T>
 __device__ __forceinline__ void sk_unpack8(const uint4& v, float (&f)[8]) {
-    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+    kl::Vec16<T> pack;
+    pack.raw = make_int4(static_cast<int>(v.x), static_cast<int>(v.y), static_cast<int>(v.z), static_cast<int>(v.w));
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        if (BF16) {
-            f[2 * i] = __uint_as_float(u[i] << 16);
-            f[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
-        } else {
-            const float2 h = __half22float2(*reinterpret_cast<const __half2*>(&u[i]));
-            f[2 * i] = h.x;
-            f[2 * i + 1] = h.y;
-        }
-    }
+    for (int i = 0; i < 8; ++i) f[i] = kl::to_f(pack.e[i]);
 }
 
 template <int RU, int RJ>
@@ -614,7 +591,7 @@ struct SkHalve<0, O> {
     static __device__ __forceinline__ void run(float*, int) {}
 };
 
-template <bool BF16, int MR, int RU, int RJ, int RW, int RN>
+template <typename T, int MR, int RU, int RJ, int RW, int RN>
 __device__ __forceinline__ void sk_rows_dot(const uint4 (&buf)[RU][RJ], const float (&xf)[MR][RJ][8],
                                             float (*part)[RN][MR], int r0, int wp, int lane) {
     constexpr int V = RU * MR, P = SkPow2<V>::P;
@@ -627,7 +604,7 @@ __device__ __forceinline__ void sk_rows_dot(const uint4 (&buf)[RU][RJ], const fl
 #pragma unroll
         for (int j = 0; j < RJ; ++j) {
             float wf[8];
-            sk_unpack8<BF16>(buf[u][j], wf);
+            sk_unpack8<T>(buf[u][j], wf);
 #pragma unroll
             for (int m = 0; m < MR; ++m)
 #pragma unroll
@@ -642,7 +619,7 @@ __device__ __forceinline__ void sk_rows_dot(const uint4 (&buf)[RU][RJ], const fl
     if ((lane & ((1 << SHIFT) - 1)) == 0 && idx < V) part[wp][r0 + idx / MR][idx % MR] = v[0];
 }
 
-template <typename T, bool BF16, int MR>
+template <typename T, int MR>
 __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                                              float* __restrict__ ws, int* __restrict__ counters, int M, int N,
                                              int K, int ldx, int ldw, int kchunk, int vec) {
@@ -670,14 +647,14 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
                 const unsigned short* p = x16 + (long long)m * ldx + kb + kk;
                 v = vec ? __ldg(reinterpret_cast<const uint4*>(p)) : sk_ld8_shift(p, klen - kk);
             }
-            sk_unpack8<BF16>(v, xf[m][j]);
+            sk_unpack8<T>(v, xf[m][j]);
         }
 #pragma unroll 1
     for (int r0 = 0; r0 < RN; r0 += 2 * RU) {
         sk_rows_load<RU, RJ>(wb, w16, ldw, N, n0 + r0 + RU, kb, kw, klen, lane, vec);
-        sk_rows_dot<BF16, MR, RU, RJ, RW, RN>(wa, xf, part, r0, wp, lane);
+        sk_rows_dot<T, MR, RU, RJ, RW, RN>(wa, xf, part, r0, wp, lane);
         if (r0 + 2 * RU < RN) sk_rows_load<RU, RJ>(wa, w16, ldw, N, n0 + r0 + 2 * RU, kb, kw, klen, lane, vec);
-        sk_rows_dot<BF16, MR, RU, RJ, RW, RN>(wb, xf, part, r0 + RU, wp, lane);
+        sk_rows_dot<T, MR, RU, RJ, RW, RN>(wb, xf, part, r0 + RU, wp, lane);
     }
     __syncthreads();
 
@@ -696,7 +673,7 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
                 ws[blockIdx.z * slice + (long long)m * N + n] = v;
         }
     }
-    if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, n0, RN);
+    if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, n0, RN, 0, M);
 }
 
 // ------------------------------------------------------------------ cols (nn, M <= MR)
@@ -707,7 +684,7 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
 // adjacent bytes of the same row, as the rows kernel's block reads whole weight rows. Every
 // warp walks all rows of the block's K slice, CU rows per load group; its column sums stay in
 // the lane's registers (no lane or warp sums). x's slice is staged once as fp32 (all lanes
-// read the same value: a shared-memory broadcast). Split K as in the rows kernel.
+// read the same value: a shared-memory broadcast). Split K through sk_slices_sum.
 template <int CU, int CC>
 __device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CC], const unsigned short* w16, int ldw, int N,
                                              int kr, int klen, int kb, int cw, int lane, int vec) {
@@ -725,7 +702,7 @@ __device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CC], const unsigne
         }
 }
 
-template <bool BF16, int MR, int CU, int CC>
+template <typename T, int MR, int CU, int CC>
 __device__ __forceinline__ void sk_cols_fma(float (&acc)[MR][CC][8], const uint4 (&buf)[CU][CC], const float* xs,
                                             int M, int kchunk, int kr, int klen) {
 #pragma unroll
@@ -734,7 +711,7 @@ __device__ __forceinline__ void sk_cols_fma(float (&acc)[MR][CC][8], const uint4
 #pragma unroll
             for (int c = 0; c < CC; ++c) {
                 float wf[8];
-                sk_unpack8<BF16>(buf[u][c], wf);
+                sk_unpack8<T>(buf[u][c], wf);
 #pragma unroll
                 for (int m = 0; m < MR; ++m) {
                     const float xv = m < M ? xs[m * kchunk + kr + u] : 0.f;  // xs holds M rows
@@ -746,7 +723,7 @@ __device__ __forceinline__ void sk_cols_fma(float (&acc)[MR][CC][8], const uint4
     }
 }
 
-template <typename T, bool BF16, int MR>
+template <typename T, int MR>
 __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
                                              float* __restrict__ ws, int* __restrict__ counters, int M, int N,
                                              int K, int ldx, int ldw, int kchunk, int vec) {
@@ -766,8 +743,7 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
     for (int i = threadIdx.x; i < M * klen; i += 32 * CW) {
         const int m = i / klen, kk = i % klen;
         const unsigned short h = x16[(long long)m * ldx + kb + kk];
-        xs[m * kchunk + kk] = BF16 ? __uint_as_float(static_cast<unsigned>(h) << 16)
-                                   : __half2float(__ushort_as_half(h));
+        xs[m * kchunk + kk] = kl::to_f(reinterpret_cast<const T&>(h));
     }
     __syncthreads();
     float acc[MR][CC][8];
@@ -780,9 +756,9 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
 #pragma unroll 1
     for (int kr = 0; kr < klen; kr += 2 * CU) {
         sk_cols_load<CU, CC>(wb, w16, ldw, N, kr + CU, klen, kb, cw, lane, vec);
-        sk_cols_fma<BF16, MR, CU, CC>(acc, wa, xs, M, kchunk, kr, klen);
+        sk_cols_fma<T, MR, CU, CC>(acc, wa, xs, M, kchunk, kr, klen);
         sk_cols_load<CU, CC>(wa, w16, ldw, N, kr + 2 * CU, klen, kb, cw, lane, vec);
-        sk_cols_fma<BF16, MR, CU, CC>(acc, wb, xs, M, kchunk, kr + CU, klen);
+        sk_cols_fma<T, MR, CU, CC>(acc, wb, xs, M, kchunk, kr + CU, klen);
     }
 
     const int S = gridDim.z;
@@ -801,7 +777,7 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
                         ws[blockIdx.z * slice + (long long)m * N + n] = acc[m][c][e];
                 }
             }
-    if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, c0, WIN * CW);
+    if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, c0, WIN * CW, 0, M);
 }
 
 // ------------------------------------------------------------------ entry points
@@ -855,81 +831,81 @@ extern "C" __global__ void __launch_bounds__(32 * SK_WN * SK_WM) skinny_tile_nn_
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m1_bf16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m1_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_rows_body<__nv_bfloat16, true, 1>(SK_PASS);
+    sk_rows_body<__nv_bfloat16, 1>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m1_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m1_f16(SK_ARGS(__half)) {
-    sk_rows_body<__half, false, 1>(SK_PASS);
+    sk_rows_body<__half, 1>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m2_bf16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m2_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_rows_body<__nv_bfloat16, true, 2>(SK_PASS);
+    sk_rows_body<__nv_bfloat16, 2>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m2_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m2_f16(SK_ARGS(__half)) {
-    sk_rows_body<__half, false, 2>(SK_PASS);
+    sk_rows_body<__half, 2>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m4_bf16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m4_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_rows_body<__nv_bfloat16, true, 4>(SK_PASS);
+    sk_rows_body<__nv_bfloat16, 4>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m4_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m4_f16(SK_ARGS(__half)) {
-    sk_rows_body<__half, false, 4>(SK_PASS);
+    sk_rows_body<__half, 4>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m8_bf16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_rows_body<__nv_bfloat16, true, 8>(SK_PASS);
+    sk_rows_body<__nv_bfloat16, 8>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m8_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_f16(SK_ARGS(__half)) {
-    sk_rows_body<__half, false, 8>(SK_PASS);
+    sk_rows_body<__half, 8>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_bf16)
 extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_cols_body<__nv_bfloat16, true, 1>(SK_PASS);
+    sk_cols_body<__nv_bfloat16, 1>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_f16(SK_ARGS(__half)) {
-    sk_cols_body<__half, false, 1>(SK_PASS);
+    sk_cols_body<__half, 1>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_bf16)
 extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_cols_body<__nv_bfloat16, true, 2>(SK_PASS);
+    sk_cols_body<__nv_bfloat16, 2>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_f16(SK_ARGS(__half)) {
-    sk_cols_body<__half, false, 2>(SK_PASS);
+    sk_cols_body<__half, 2>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_bf16)
 extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_cols_body<__nv_bfloat16, true, 4>(SK_PASS);
+    sk_cols_body<__nv_bfloat16, 4>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_f16(SK_ARGS(__half)) {
-    sk_cols_body<__half, false, 4>(SK_PASS);
+    sk_cols_body<__half, 4>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_bf16)
 extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_cols_body<__nv_bfloat16, true, 8>(SK_PASS);
+    sk_cols_body<__nv_bfloat16, 8>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_f16(SK_ARGS(__half)) {
-    sk_cols_body<__half, false, 8>(SK_PASS);
+    sk_cols_body<__half, 8>(SK_PASS);
 }
 #endif
