@@ -81,9 +81,13 @@ def test_plan_examples():
     p = cs.plan(1, 4096, 14336, "nt", torch.bfloat16, 132)
     assert p.kernel == "skinny_rows_m1_bf16" and p.grid == (256, 1, 4) and p.kchunk == 3584
     assert p.shared == 0 and p.block == 512
+    # M = 3 runs the rows kernel's M = 4 build: K in 4 slices of 7 warp ranges of 512 (of the block's 8)
     p = cs.plan(3, 4096, 14336, "nt", torch.bfloat16, 132)
+    assert p.kernel == "skinny_rows_m4_bf16" and p.grid == (256, 1, 4) and p.kchunk == 3584
+    assert p.shared == 0 and p.block == 256
+    p = cs.plan(5, 4096, 14336, "nt", torch.bfloat16, 132)
     assert p.kernel == "skinny_gemv_m8_bf16" and p.grid == (64, 1, 7) and p.kchunk == 2048
-    assert p.shared == 3 * (2048 + 32) * 2
+    assert p.shared == 5 * (2048 + 32) * 2
     assert cs.plan(2, 4096, 4096, "nt", torch.bfloat16, 132).kernel == "skinny_rows_m2_bf16"
     assert cs.plan(1, 4096, 4096, "nn", torch.bfloat16, 132).kernel == "skinny_tile_nn_bf16"
     assert cs.plan(8, 4096, 4096, "nt", torch.float16, 132).kernel == "skinny_gemv_m8_f16"
@@ -135,32 +139,6 @@ def test_rows_config_plans_whole_warp_ranges():
     }
 
 
-def test_cols_config_plans_column_windows():
-    cfg = cs.ColsConfig(warps=8, chunks=1, unroll=8, kc=1024, waves=2.0)
-    # row-major b [4096, 4096] at M = 1: 2 blocks of 8 windows of 256 columns (each block
-    # reads 4 KB of every row of its slice) x 64 slices of 64 rows
-    p = cs.plan(1, 4096, 4096, "nn", torch.bfloat16, 132, cfg)
-    assert (p.kernel, p.grid, p.block, p.kchunk) == ("skinny_cols_m1_bf16", (2, 1, 64), 256, 64)
-    assert p.shared == 1 * 64 * 4  # x's slice in fp32
-    p = cs.plan(2, 14336, 4096, "nn", torch.float16, 132, cfg)
-    assert (p.kernel, p.grid, p.kchunk, p.shared) == ("skinny_cols_m2_f16", (7, 1, 32), 128, 2 * 128 * 4)
-    # a slice holds at most kc rows; slices go down to 32 rows (min_slice), not 256
-    assert cs.plan(1, 64, 100000, "nn", torch.bfloat16, 132, cfg).kchunk <= 1024
-    assert cs.split_k(1, 4096, 32, 132, 2.0, 1024, min_slice=32) == (64, 64)
-    assert cs.split_k(1, 4096, 32, 132, 2.0, 1024) == (16, 256)
-    with pytest.raises(ValueError, match="nn weight layout"):
-        cfg.kernel(1, "nt", torch.bfloat16)
-    with pytest.raises(ValueError, match="fewer chunks"):
-        cs.ColsConfig(chunks=2, unroll=4).kernel(5, "nn", torch.bfloat16)
-    with pytest.raises(ValueError, match="M <= 8"):
-        cfg.kernel(9, "nn", torch.bfloat16)
-    with pytest.raises(ValueError, match="unroll x chunks"):
-        cs.ColsConfig(chunks=2, unroll=8)
-    with pytest.raises(ValueError, match="kc"):
-        cs.ColsConfig(kc=4096)  # 8 x 4096 fp32 x values: over 48 KB
-    assert "-DSK_CU=8" in cfg.macros() and cfg.block_n == 2048
-
-
 def test_plan_refuses_what_it_cannot_launch():
     with pytest.raises(ValueError, match="M <= 128"):
         cs.plan(129, 64, 64, "nt", torch.bfloat16, 132)
@@ -180,9 +158,9 @@ def test_plan_refuses_what_it_cannot_launch():
 def test_table_covers_every_m_and_layout():
     for m, layout in itertools.product(range(1, cs.M_MAX + 1), ("nt", "nn")):
         cfg = cs.choose_config(m, layout)
-        assert cfg.kind == "tile" or layout == {"gemv": "nt", "rows": "nt", "cols": "nn"}[cfg.kind]
-        assert cfg.kind == "tile" or m <= (16 if cfg.kind == "gemv" else cs.ROWS_M[-1])
+        assert cfg.kind == "tile" or (layout == "nt" and m <= 16)
         assert cfg.kind != "tile" or cfg.bm >= m  # one row block: the weight is read once
+        assert cfg.kind != "rows" or m <= cs.ROWS_M[-1]
     with pytest.raises(ValueError, match="no config"):
         cs.choose_config(129, "nt")
     custom = ((8, ("nt",), cs.GemvConfig(warps=8)), (128, ("nt", "nn"), cs.TileConfig()))
@@ -276,7 +254,7 @@ def test_table_kernels_compile_for_sm80_and_sm90(config, kernel):
         ptx = mod.compile(arch, target="ptx").decode()
         assert f".entry {kernel}(" in ptx, arch
         assert ptx.count(".entry ") == 1  # one kernel per module (-DSK_ONE)
-        assert ("mma.sync.aligned.m16n8k16" in ptx) == (config.kind not in ("rows", "cols"))
+        assert ("mma.sync.aligned.m16n8k16" in ptx) == (config.kind != "rows")
         assert ("cp.async" in ptx) == (config.kind == "tile")
         assert mod.compile(arch)[:4] == b"\x7fELF"
 
@@ -346,12 +324,9 @@ def test_gpu_unaligned_loads_every_offset_and_tail():
         w = torch.randn(n, k, generator=gen, device="cuda").bfloat16()
         b = _offset_view(w, off).t() if layout == "nt" else _offset_view(w.t().contiguous(), off)
         assert k == 1 or cs.weight_layout(b)[0] == layout  # (a size-1 K reads as nt)
-        extra = (
-            cs.RowsConfig(warps=2, chunks=1, rows=8, unroll=2)
-            if layout == "nt" or k == 1
-            else cs.ColsConfig(warps=3, unroll=2, kc=64)
+        cfgs = [None] + [cs.RowsConfig(warps=2, chunks=1, rows=8, unroll=2)] * (
+            (layout == "nt" or k == 1) and m <= 8
         )
-        cfgs = [None] + [extra] * (m <= 8)
         for cfg, splits in itertools.product(cfgs, (None, 2) if k >= 128 else (None,)):
             _judge(cs.skinny_product(a, b, cfg, splits), a, b, torch.bfloat16)
 
@@ -364,13 +339,11 @@ def test_gpu_every_kernel_shape_and_slice_count():
         cs.TileConfig(bn=32, bm=48, bk=64, stages=3, wn=2, wm=2),  # 24-row warp tiles
         cs.RowsConfig(warps=3, chunks=1, rows=12, unroll=3),  # 1000 rows: a partial last group
         cs.RowsConfig(warps=2, chunks=4, rows=8, unroll=2),
-        cs.ColsConfig(warps=3, chunks=1, unroll=3, kc=256),  # 1000 columns: a partial block
-        cs.ColsConfig(warps=4, chunks=2, unroll=4),
     ]
     for cfg, m, splits, layout in itertools.product(cfgs, [1, 2, 5, 16, 40], [1, 3, 64], ("nt", "nn")):
-        if cfg.kind != "tile" and (layout != ("nn" if cfg.kind == "cols" else "nt") or m > cfg.block_m(8)):
+        if cfg.kind != "tile" and (layout == "nn" or m > {"gemv": 16, "rows": 8}[cfg.kind]):
             continue
-        if cfg.kind in ("rows", "cols") and cfg.block_m(m) * cfg.chunks > 8:
+        if cfg.kind == "rows" and cfg.block_m(m) * cfg.chunks > 8:
             continue
         a, b = _operands(m, 1000, 3000, torch.bfloat16, layout, seed_for(m, splits, layout))
         _judge(cs.skinny_product(a, b, cfg, splits), a, b, torch.bfloat16)

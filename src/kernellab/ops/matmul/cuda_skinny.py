@@ -7,12 +7,10 @@ row-major [N, K] ``W`` ("nt", nn.Linear's weight: unit stride along K) or a row-
 with ``.contiguous()`` first: correct, but a copy of the weight. a is read in place when it
 has unit stride along K, else packed (M x K halfs, cheap).
 
-Four kernels (skinny.cu): ``gemv`` (nt, M <= 16: the weight goes straight from global memory
+Three kernels (skinny.cu): ``gemv`` (nt, M <= 16: the weight goes straight from global memory
 to the MMA's registers), ``rows`` (nt, M <= 8: a warp streams whole 512-byte runs of one
-weight row at a time into CUDA-core FMAs), ``cols`` (nn, M <= 8: a block's warps read
-adjacent 512-byte runs of each row of b, each lane summing its own 8 columns) and ``tile``
-(any M, both layouts: a cp.async
-pipeline). Each has a config object (GemvConfig, RowsConfig, ColsConfig, TileConfig: tile shape, and
+weight row at a time into CUDA-core FMAs) and ``tile`` (any M, both layouts: a cp.async
+pipeline). Each has a config object (GemvConfig, RowsConfig, TileConfig: tile shape, and
 the waves of blocks its split-K aims for); TABLE picks one per M bucket and layout. Edit
 TABLE from the sweep of lab/gpu_skinny_cuda.py. Every (config, kernel) pair is its own
 NVRTC module (-D macros, 0.5-1.5 s to compile, cached on disk).
@@ -199,75 +197,6 @@ class RowsConfig:
 
 
 @dataclass(frozen=True)
-class ColsConfig:
-    """skinny_cols (nn layout, M <= 8): warp w of a block owns a window of 256 x ``chunks``
-    columns next to warp w - 1's, lane l 8 columns of it, so the block reads ``warps`` x 512
-    x ``chunks`` contiguous bytes of each row of b in its K slice; column sums stay in the
-    lanes' registers. x's slice is staged as fp32 in shared memory (M x kchunk floats)."""
-
-    warps: int = 4  # warps per block, on adjacent column windows
-    chunks: int = 1  # 16-byte loads per lane per row (a warp's window: 256 x chunks columns)
-    unroll: int = 8  # rows of b per load group (two groups in flight)
-    kc: int = 1024  # most K per block: x's fp32 copy is M x kc x 4 bytes (<= 48 KB at M = 8)
-    waves: float = 2.0
-    prefetch: int = 0
-
-    kind: ClassVar[str] = "cols"
-    granule: ClassVar[int] = 32
-    min_slice: ClassVar[int] = 32  # slices this short still read whole windows of their rows
-
-    def __post_init__(self):
-        if not (1 <= self.warps <= 32 and self.chunks >= 1 and self.unroll >= 1):
-            raise ValueError(f"ColsConfig: warps 1-32, chunks >= 1, unroll >= 1; got {self}")
-        if self.unroll * self.chunks > 8:
-            raise ValueError(
-                f"ColsConfig: unroll x chunks <= 8 (two groups of loads, 4 registers each); got {self}"
-            )
-        if self.kc < 32 or self.kc % 32 or ROWS_M[-1] * self.kc * 4 > 48 * 1024:
-            raise ValueError(f"ColsConfig: kc a multiple of 32 whose x copy fits 48 KB at M = 8; got {self}")
-        if self.waves <= 0 or self.prefetch not in (0, 128, 256):
-            raise ValueError(f"ColsConfig: waves > 0, prefetch 0, 128 or 256; got {self}")
-
-    @property
-    def block_n(self) -> int:
-        return 256 * self.chunks * self.warps
-
-    @property
-    def threads(self) -> int:
-        return 32 * self.warps
-
-    def block_m(self, m: int) -> int:
-        return next(r for r in ROWS_M if m <= r) if m <= ROWS_M[-1] else m
-
-    def macros(self) -> tuple[str, ...]:
-        return (
-            f"-DSK_CW={self.warps}",
-            f"-DSK_CC={self.chunks}",
-            f"-DSK_CU={self.unroll}",
-            f"-DSK_PF={self.prefetch}",
-        )
-
-    def kernel(self, m: int, layout: str, dtype: torch.dtype) -> str:
-        if layout != "nn":
-            raise ValueError("cuda_skinny: the cols kernel reads the nn weight layout (row-major b) only")
-        if m > ROWS_M[-1]:
-            raise ValueError(f"cuda_skinny: the cols kernel takes M <= {ROWS_M[-1]} rows, got {m}")
-        mr = self.block_m(m)
-        if mr * self.chunks > 8:
-            raise ValueError(
-                f"cuda_skinny: M = {m} with {self.chunks} chunks keeps {mr * self.chunks * 8} sums per lane "
-                f"(at most 64); use fewer chunks"
-            )
-        return f"skinny_cols_m{mr}_{DTYPE_SUFFIX[dtype]}"
-
-    def max_chunk(self) -> int:
-        return self.kc
-
-    def shared(self, m: int, layout: str, kchunk: int) -> int:
-        return m * kchunk * 4  # x's slice in fp32
-
-
-@dataclass(frozen=True)
 class TileConfig:
     """skinny_tile (nt or nn, any M): bn x bm output tiles over bk-deep stages of a
     ``stages``-deep cp.async pipeline; wn x wm warps."""
@@ -333,9 +262,12 @@ class TileConfig:
 
 # The config per M bucket and weight layout: the first row with M <= its bound and the
 # layout wins. lab/gpu_skinny_cuda.py prints a replacement from its sweep.
-TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | RowsConfig | ColsConfig | TileConfig], ...] = (
+TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | RowsConfig | TileConfig], ...] = (
     (1, ("nt",), RowsConfig(warps=16, chunks=1, rows=16, unroll=4, waves=1.0, prefetch=0)),
     (2, ("nt",), RowsConfig(warps=8, chunks=2, rows=16, unroll=2, waves=2.0, prefetch=0)),
+    # M = 3-4: the rows kernel's one-butterfly lane sums, the sweep's best geomean x cuBLAS
+    # at M = 4 (skinny_cuda-H200-d865f54-*); nn stays on the tile row below
+    (4, ("nt",), RowsConfig(warps=8, chunks=2, rows=16, unroll=2, waves=2.0, prefetch=0)),
     (8, ("nt",), GemvConfig(warps=4, rows=1, unroll=4, kc=2048, waves=2.0, prefetch=256)),
     (8, ("nt", "nn"), TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1, waves=2.0, prefetch=0)),
     (16, ("nt", "nn"), TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1, waves=2.0, prefetch=0)),
@@ -357,19 +289,18 @@ def choose_config(m: int, layout: str, table=TABLE):
 
 
 def split_k(tiles: int, k: int, granule: int, sms: int, waves: float, max_chunk: int | None = None,
-            splits: int | None = None, min_slice: int = MIN_SLICE_K) -> tuple[int, int]:  # fmt: skip
+            splits: int | None = None) -> tuple[int, int]:  # fmt: skip
     """(S, kchunk): K cut into S slices of kchunk elements (a multiple of ``granule``; the
     last slice may be shorter, none is empty) for ``tiles`` output tiles on ``sms`` SMs.
 
     S is the smallest count whose tiles x S blocks reach FILL x waves x SMs, at most
-    SPLIT_MAX and with slices of at least ``min_slice`` (MIN_SLICE_K; the cols kernel 32);
-    ``splits`` asks for a count instead.
+    SPLIT_MAX and with slices of at least MIN_SLICE_K; ``splits`` asks for a count instead.
     Either way a slice holds at most ``max_chunk`` (the gemv kernel's shared copy of x),
     which wins over the rest."""
     units = _cdiv(k, granule)
     if splits is None:
         s = max(1, math.ceil(FILL * waves * sms / max(1, tiles) - 1e-9))
-        s = min(s, SPLIT_MAX, max(1, k // min_slice))
+        s = min(s, SPLIT_MAX, max(1, k // MIN_SLICE_K))
     elif splits < 1:
         raise ValueError(f"cuda_skinny: splits must be >= 1, got {splits}")
     else:
@@ -385,7 +316,7 @@ class Plan:
     """One launch: kernel name, config, grid, threads, K slices, dynamic shared memory."""
 
     kernel: str
-    config: GemvConfig | RowsConfig | ColsConfig | TileConfig
+    config: GemvConfig | RowsConfig | TileConfig
     grid: tuple[int, int, int]
     block: int
     splits: int
@@ -406,16 +337,7 @@ def plan(m: int, n: int, k: int, layout: str, dtype: torch.dtype, sms: int, conf
     cfg = config if config is not None else choose_config(m, layout)
     name = cfg.kernel(m, layout, dtype)
     tiles_n, tiles_m = _cdiv(n, cfg.block_n), _cdiv(m, cfg.block_m(m))
-    s, kchunk = split_k(
-        tiles_n * tiles_m,
-        k,
-        cfg.granule,
-        sms,
-        cfg.waves,
-        cfg.max_chunk(),
-        splits,
-        getattr(cfg, "min_slice", MIN_SLICE_K),
-    )
+    s, kchunk = split_k(tiles_n * tiles_m, k, cfg.granule, sms, cfg.waves, cfg.max_chunk(), splits)
     if s > GRID_Z_MAX:
         raise ValueError(f"cuda_skinny: K = {k} needs {s} slices, more than the grid's {GRID_Z_MAX}")
     shared = cfg.shared(m, layout, kchunk)
@@ -549,13 +471,13 @@ def _available():
     return capability_unavailable((8, 0), "sm_80 or newer (bf16 mma.sync, cp.async)")
 
 
-def table_kernels(table=TABLE) -> list[tuple[GemvConfig | RowsConfig | ColsConfig | TileConfig, str]]:
+def table_kernels(table=TABLE) -> list[tuple[GemvConfig | RowsConfig | TileConfig, str]]:
     """(config, kernel name) for every kernel TABLE can launch."""
     out = []
     for bound, layouts, cfg in table:
         for layout in layouts:
             for dtype in HALF:
-                ms = {"gemv": (8, 16), "rows": ROWS_M, "cols": ROWS_M}.get(cfg.kind, (1,))
+                ms = {"gemv": (8, 16), "rows": ROWS_M}.get(cfg.kind, (1,))
                 for i, m in enumerate(ms):
                     if i and ms[i - 1] >= bound:  # a smaller build already covers the bound
                         continue

@@ -88,15 +88,6 @@
 #ifndef SK_RU
 #define SK_RU 2  // rows: weight rows per load group (two groups in flight)
 #endif
-#ifndef SK_CW
-#define SK_CW 4  // cols: warps per block, on adjacent column windows of the same rows
-#endif
-#ifndef SK_CC
-#define SK_CC 1  // cols: 16-byte chunks per lane per row (a warp's window: 256 CC columns)
-#endif
-#ifndef SK_CU
-#define SK_CU 8  // cols: rows of b per load group (two groups in flight)
-#endif
 // Both: the L2 prefetch-size hint on weight loads (0 none, 128 or 256 bytes). A warp takes
 // 64 B of a weight row per gemv step (32 B to 256 B per tile stage): the hint has the L2
 // fetch the rest of the row's next bytes in the same DRAM access.
@@ -676,110 +667,6 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
     if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, n0, RN, 0, M);
 }
 
-// ------------------------------------------------------------------ cols (nn, M <= MR)
-// grid (ceil(N / (256 CC CW)), 1, S), block 32 CW, dynamic shared memory M kchunk floats.
-// The nn weight b [K, ldw] has unit stride along n. Warp wp owns the window of 256 CC
-// columns at c0 + wp 256 CC, lane l the 8 columns at 8 (l + 32 c) of it: one warp
-// instruction reads 512 contiguous bytes of a row of b and the block's warps read CW x 512
-// adjacent bytes of the same row, as the rows kernel's block reads whole weight rows. Every
-// warp walks all rows of the block's K slice, CU rows per load group; its column sums stay in
-// the lane's registers (no lane or warp sums). x's slice is staged once as fp32 (all lanes
-// read the same value: a shared-memory broadcast). Split K through sk_slices_sum.
-template <int CU, int CC>
-__device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CC], const unsigned short* w16, int ldw, int N,
-                                             int kr, int klen, int kb, int cw, int lane, int vec) {
-#pragma unroll
-    for (int u = 0; u < CU; ++u)
-#pragma unroll
-        for (int c = 0; c < CC; ++c) {
-            const int k = kr + u, col = cw + (lane + 32 * c) * 8;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (k < klen && col < N) {
-                const unsigned short* p = w16 + (long long)(kb + k) * ldw + col;
-                v = vec ? sk_ld_stream(p) : sk_ld8_shift(p, N - col);
-            }
-            buf[u][c] = v;
-        }
-}
-
-template <typename T, int MR, int CU, int CC>
-__device__ __forceinline__ void sk_cols_fma(float (&acc)[MR][CC][8], const uint4 (&buf)[CU][CC], const float* xs,
-                                            int M, int kchunk, int kr, int klen) {
-#pragma unroll
-    for (int u = 0; u < CU; ++u) {
-        if (kr + u < klen) {  // the same for the whole block
-#pragma unroll
-            for (int c = 0; c < CC; ++c) {
-                float wf[8];
-                sk_unpack8<T>(buf[u][c], wf);
-#pragma unroll
-                for (int m = 0; m < MR; ++m) {
-                    const float xv = m < M ? xs[m * kchunk + kr + u] : 0.f;  // xs holds M rows
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[m][c][e] = fmaf(wf[e], xv, acc[m][c][e]);
-                }
-            }
-        }
-    }
-}
-
-template <typename T, int MR>
-__device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-                                             float* __restrict__ ws, int* __restrict__ counters, int M, int N,
-                                             int K, int ldx, int ldw, int kchunk, int vec) {
-    constexpr int CW = SK_CW, CC = SK_CC, CU = SK_CU, WIN = 256 * CC;
-    extern __shared__ __align__(128) unsigned short sk_dyn[];
-    float* xs = reinterpret_cast<float*>(sk_dyn);  // [M][kchunk]
-    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-    const int kb = blockIdx.z * kchunk;
-    const int klen = min(K - kb, kchunk);  // > 0: the host makes no empty slice
-    const int c0 = blockIdx.x * (WIN * CW);
-    const int cw = c0 + wp * WIN;  // this warp's window
-    const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
-    const unsigned short* x16 = reinterpret_cast<const unsigned short*>(x);
-
-    uint4 wa[CU][CC], wb[CU][CC];
-    sk_cols_load<CU, CC>(wa, w16, ldw, N, 0, klen, kb, cw, lane, vec);  // in flight while x stages
-    for (int i = threadIdx.x; i < M * klen; i += 32 * CW) {
-        const int m = i / klen, kk = i % klen;
-        const unsigned short h = x16[(long long)m * ldx + kb + kk];
-        xs[m * kchunk + kk] = kl::to_f(reinterpret_cast<const T&>(h));
-    }
-    __syncthreads();
-    float acc[MR][CC][8];
-#pragma unroll
-    for (int m = 0; m < MR; ++m)
-#pragma unroll
-        for (int c = 0; c < CC; ++c)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) acc[m][c][e] = 0.f;
-#pragma unroll 1
-    for (int kr = 0; kr < klen; kr += 2 * CU) {
-        sk_cols_load<CU, CC>(wb, w16, ldw, N, kr + CU, klen, kb, cw, lane, vec);
-        sk_cols_fma<T, MR, CU, CC>(acc, wa, xs, M, kchunk, kr, klen);
-        sk_cols_load<CU, CC>(wa, w16, ldw, N, kr + 2 * CU, klen, kb, cw, lane, vec);
-        sk_cols_fma<T, MR, CU, CC>(acc, wb, xs, M, kchunk, kr + CU, klen);
-    }
-
-    const int S = gridDim.z;
-    const long long slice = (long long)M * N;
-#pragma unroll
-    for (int m = 0; m < MR; ++m)
-#pragma unroll
-        for (int c = 0; c < CC; ++c)
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const int n = cw + (lane + 32 * c) * 8 + e;
-                if (m < M && n < N) {
-                    if (S == 1)
-                        sk_store(y + (long long)m * N + n, acc[m][c][e]);
-                    else
-                        ws[blockIdx.z * slice + (long long)m * N + n] = acc[m][c][e];
-                }
-            }
-    if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, c0, WIN * CW, 0, M);
-}
-
 // ------------------------------------------------------------------ entry points
 #define SK_ARGS(T)                                                                                     \
     const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, float *__restrict__ ws,     \
@@ -867,45 +754,5 @@ extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_bf16(SK_
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m8_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_f16(SK_ARGS(__half)) {
     sk_rows_body<__half, 8>(SK_PASS);
-}
-#endif
-#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_bf16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_cols_body<__nv_bfloat16, 1>(SK_PASS);
-}
-#endif
-#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_f16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_f16(SK_ARGS(__half)) {
-    sk_cols_body<__half, 1>(SK_PASS);
-}
-#endif
-#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_bf16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_cols_body<__nv_bfloat16, 2>(SK_PASS);
-}
-#endif
-#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_f16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_f16(SK_ARGS(__half)) {
-    sk_cols_body<__half, 2>(SK_PASS);
-}
-#endif
-#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_bf16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_cols_body<__nv_bfloat16, 4>(SK_PASS);
-}
-#endif
-#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_f16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_f16(SK_ARGS(__half)) {
-    sk_cols_body<__half, 4>(SK_PASS);
-}
-#endif
-#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_bf16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_bf16(SK_ARGS(__nv_bfloat16)) {
-    sk_cols_body<__nv_bfloat16, 8>(SK_PASS);
-}
-#endif
-#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_f16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_f16(SK_ARGS(__half)) {
-    sk_cols_body<__half, 8>(SK_PASS);
 }
 #endif
