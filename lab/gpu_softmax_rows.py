@@ -45,11 +45,11 @@ SHAPES = [  # (dtype, rows, cols): the H200 table's softmax rows below torch or 
 DT = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def candidates(cols: int, quick: bool, shipped: bool = False):
+def candidates(dn: str, cols: int, quick: bool, shipped: bool = False):
     block = 1 << max(cols - 1, 0).bit_length()
     out = []
     if shipped:
-        if st._config(cols)[2] is False:
+        if st._config(cols, st.CONFIG, DT[dn].itemsize)[2] is False:
             out.append(st.Config(bwd_hints=False))
         return out
     if block > st.MAX_SINGLE or 4096 < cols <= 8192:
@@ -82,11 +82,11 @@ def main():
         dy = torch.randn(rows, cols, device="cuda", generator=g).to(dtype)
         y_t = torch.softmax(x, -1)
         dx_t = torch.ops.aten._softmax_backward_data(dy, y_t, -1, dtype)
-        tol_y = 4 * torch.finfo(dtype).eps * float(y_t.float().abs().max())
+        tol_y = 8 * torch.finfo(dtype).eps * float(y_t.float().abs().max())
         tol_dx = 8 * torch.finfo(dtype).eps * float(dx_t.float().abs().max()) + 1e-30
         torch_bwd = torch.ops.aten._softmax_backward_data
         res = {"torch": (bench(lambda: torch.softmax(x, -1)), bench(lambda: torch_bwd(dy, y_t, -1, dtype)))}
-        cands = candidates(cols, quick, shipped)
+        cands = candidates(dn, cols, quick, shipped)
         cfgs = [("shipped", st.CONFIG)] + [(repr(c).replace("Config", ""), c) for c in cands]
         for name, cfg in cfgs:
             try:

@@ -64,51 +64,61 @@ CONFIG = Config()
 
 
 @triton_support.jit
+def _shifted_span(r0, n, total, A: tl.constexpr):
+    # A row [r0, r0 + n) of a tensor of ``total`` elements whose rows do not start on
+    # 16-byte boundaries (A elements each), in offsets from a0, the start of the aligned
+    # A-element chunk holding its first element (all multiples of A but lo and r1):
+    # lo, r1: the row; hi: past the chunk holding its last element; lim: past the last
+    # whole chunk inside the tensor (< hi only at the tensor's end); [b0, b1): the row's
+    # aligned interior. 32-bit offsets (a row is < 2^31 elements).
+    a0 = (r0 // A) * A
+    lo = (r0 - a0).to(tl.int32)
+    r1 = lo + n
+    hi = ((r1 + A - 1) // A) * A
+    lim = (tl.minimum(total - a0, hi.to(tl.int64)).to(tl.int32) // A) * A
+    b0 = ((lo + A - 1) // A) * A
+    b1 = (r1 // A) * A
+    return a0, lo, r1, hi, lim, b0, b1
+
+
+@triton_support.jit
 def _fwd_row_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr):
-    # The softmax of one row, elements [r0, r0 + n) of a tensor of ``total``, where rows
-    # do not start on 16-byte boundaries (A elements each; n % A != 0). It is read as the
-    # aligned A-element chunks that hold it, 16 bytes a load (the neighbours' values taken
-    # as -inf), and written as its aligned interior, 16 bytes a store, plus the < A
-    # elements at each end, one at a time. The tensor's last partial chunk (the last row's
-    # end, past total // A * A) is read apart, so that no load passes the tensor.
+    # The softmax of one row whose rows do not start on 16-byte boundaries (_shifted_span).
+    # It is read as the aligned chunks that hold it, 16 bytes a load (the neighbours'
+    # values taken as -inf), and written as its aligned interior, 16 bytes a store, plus
+    # the < A elements at each end one at a time. The tensor's last partial chunk (the last
+    # row's end, past lim) is read apart, so that no load passes the tensor.
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
-    r1 = r0 + n
-    a0 = (r0 // A) * A  # the chunk holding the row's first element
-    hi = ((r1 + A - 1) // A) * A  # past the chunk holding its last
-    whole = (total // A) * A  # past the tensor's last whole chunk
-    b0 = ((r0 + A - 1) // A) * A  # the aligned interior [b0, b1)
-    b1 = (r1 // A) * A
-    span = (hi - a0).to(tl.int32)
+    a0, lo, r1, hi, lim, b0, b1 = _shifted_span(r0, n, total, A)
+    xp = x_ptr + a0
+    yp = y_ptr + a0
     m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)
     s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
-    for start in range(0, span, BLOCK):
-        idx = a0 + start + cols
-        ld = (idx < hi) & (idx < whole)
-        x = tl.load(x_ptr + idx, mask=ld, other=-float("inf"), eviction_policy="evict_last")
-        x = tl.where((idx >= r0) & (idx < r1), x.to(tl.float32), -float("inf"))
+    for start in range(0, hi, BLOCK):
+        j = start + cols
+        x = tl.load(xp + j, mask=j < lim, other=-float("inf"), eviction_policy="evict_last")
+        x = tl.where((j >= lo) & (j < r1), x.to(tl.float32), -float("inf"))
         m_new = tl.maximum(m, tl.max(x, axis=0))
         s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
         m = m_new
-    tidx = whole + ends  # (only the last row has elements here)
-    t = tl.load(x_ptr + tidx, mask=(tidx >= r0) & (tidx < r1) & (tidx < total), other=-float("inf"))
-    t = t.to(tl.float32)
+    tj = lim + ends  # (only the tensor's last row has elements here)
+    t = tl.load(xp + tj, mask=(tj >= lo) & (tj < r1), other=-float("inf")).to(tl.float32)
     m_new = tl.maximum(m, tl.max(t, axis=0))
     s = s * tl.exp(m - m_new) + tl.sum(tl.exp(t - m_new), axis=0)
     m = m_new
-    for start in range(0, span, BLOCK):
-        idx = a0 + start + cols
-        x = tl.load(x_ptr + idx, mask=(idx < hi) & (idx < whole), other=0.0, eviction_policy="evict_first")
+    for start in range(0, hi, BLOCK):
+        j = start + cols
+        x = tl.load(xp + j, mask=j < lim, other=0.0, eviction_policy="evict_first")
         y = (tl.exp(x.to(tl.float32) - m) / s).to(y_ptr.dtype.element_ty)
-        tl.store(y_ptr + idx, y, mask=(idx >= b0) & (idx < b1))
-    eidx = a0 + ends  # the ends: [r0, b0), then [b1, r1)
-    emask = (eidx >= r0) & (eidx < b0)
-    x = tl.load(x_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + eidx, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
-    eidx = b1 + ends
-    emask = eidx < r1
-    x = tl.load(x_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + eidx, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
+        tl.store(yp + j, y, mask=(j >= b0) & (j < b1))
+    emask = (ends >= lo) & (ends < b0)  # the ends: [lo, b0), then [b1, r1)
+    x = tl.load(xp + ends, mask=emask, other=0.0).to(tl.float32)
+    tl.store(yp + ends, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
+    ej = b1 + ends
+    emask = ej < r1
+    x = tl.load(xp + ej, mask=emask, other=0.0).to(tl.float32)
+    tl.store(yp + ej, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
 
 
 @triton_support.jit
@@ -163,10 +173,10 @@ def _softmax_fwd_kernel(
         FIRST: tl.constexpr = "evict_last"
         SECOND: tl.constexpr = "evict_first"
         n_cols64 = n_cols.to(tl.int64)
-        total = n_rows.to(tl.int64) * n_cols64
+        total = n_cols64 * n_rows  # (n_rows may arrive as a constant 1)
         for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
             if ALIGN > 1:
-                _fwd_row_shifted(x_ptr, y_ptr, row * n_cols64, n_cols64, total, BLOCK, ALIGN)
+                _fwd_row_shifted(x_ptr, y_ptr, row * n_cols64, n_cols, total, BLOCK, ALIGN)
             else:
                 x_row = x_ptr + row * n_cols64
                 y_row = y_ptr + row * n_cols64
@@ -230,25 +240,21 @@ def _dot2_dx(y, dy, hi, lo):
 @triton_support.jit
 def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr,
                      COMP: tl.constexpr, FIRST: tl.constexpr, SECOND: tl.constexpr):  # fmt: skip
-    # The backward of one row whose rows are off 16-byte boundaries, read and written as
-    # _fwd_row_shifted does (the neighbours' y and dy taken as 0).
+    # The backward of one row off 16-byte boundaries, read and written as _fwd_row_shifted
+    # does (the neighbours' y and dy taken as 0).
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
-    r1 = r0 + n
-    a0 = (r0 // A) * A
-    hi = ((r1 + A - 1) // A) * A
-    whole = (total // A) * A
-    b0 = ((r0 + A - 1) // A) * A
-    b1 = (r1 // A) * A
-    span = (hi - a0).to(tl.int32)
+    a0, lo, r1, hi, lim, b0, b1 = _shifted_span(r0, n, total, A)
+    yp = y_ptr + a0
+    dyp = dy_ptr + a0
+    dxp = dx_ptr + a0
     acc = tl.zeros([BLOCK], tl.float32)
     acc_lo = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, span, BLOCK):
-        idx = a0 + start + cols
-        ld = (idx < hi) & (idx < whole)
-        inside = (idx >= r0) & (idx < r1)
-        y = tl.load(y_ptr + idx, mask=ld, other=0.0, eviction_policy=FIRST)
-        dy = tl.load(dy_ptr + idx, mask=ld, other=0.0, eviction_policy=FIRST)
+    for start in range(0, hi, BLOCK):
+        j = start + cols
+        inside = (j >= lo) & (j < r1)
+        y = tl.load(yp + j, mask=j < lim, other=0.0, eviction_policy=FIRST)
+        dy = tl.load(dyp + j, mask=j < lim, other=0.0, eviction_policy=FIRST)
         y = tl.where(inside, y.to(tl.float32), 0.0)
         dy = tl.where(inside, dy.to(tl.float32), 0.0)
         if COMP:
@@ -257,10 +263,10 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
             acc_lo += ep + e
         else:
             acc += y * dy
-    tidx = whole + ends  # the tensor's last partial chunk (the last row's end only)
-    tmask = (tidx >= r0) & (tidx < r1) & (tidx < total)
-    ty = tl.load(y_ptr + tidx, mask=tmask, other=0.0).to(tl.float32)
-    tdy = tl.load(dy_ptr + tidx, mask=tmask, other=0.0).to(tl.float32)
+    tj = lim + ends  # the tensor's last partial chunk (its last row only)
+    tmask = (tj >= lo) & (tj < r1)
+    ty = tl.load(yp + tj, mask=tmask, other=0.0).to(tl.float32)
+    tdy = tl.load(dyp + tj, mask=tmask, other=0.0).to(tl.float32)
     if COMP:
         hi_, lo_ = tl.reduce((acc, acc_lo), 0, _dot2_combine)
         tp, tep = _dot2_terms(ty, tdy)
@@ -270,28 +276,23 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
     else:
         hi_ = tl.sum(acc, axis=0) + tl.sum(ty * tdy, axis=0)
         lo_ = 0.0
-    for start in range(0, span, BLOCK):
-        idx = a0 + start + cols
-        ld = (idx < hi) & (idx < whole)
-        y = tl.load(y_ptr + idx, mask=ld, other=0.0, eviction_policy=SECOND).to(tl.float32)
-        dy = tl.load(dy_ptr + idx, mask=ld, other=0.0, eviction_policy=SECOND).to(tl.float32)
-        if COMP:
-            dx = _dot2_dx(y, dy, hi_, lo_)
-        else:
-            dx = y * (dy - hi_)
-        tl.store(dx_ptr + idx, dx.to(dx_ptr.dtype.element_ty), mask=(idx >= b0) & (idx < b1))
-    eidx = a0 + ends  # the ends: [r0, b0), then [b1, r1)
-    emask = (eidx >= r0) & (eidx < b0)
-    y = tl.load(y_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
+    for start in range(0, hi, BLOCK):
+        j = start + cols
+        y = tl.load(yp + j, mask=j < lim, other=0.0, eviction_policy=SECOND).to(tl.float32)
+        dy = tl.load(dyp + j, mask=j < lim, other=0.0, eviction_policy=SECOND).to(tl.float32)
+        dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
+        tl.store(dxp + j, dx.to(dx_ptr.dtype.element_ty), mask=(j >= b0) & (j < b1))
+    emask = (ends >= lo) & (ends < b0)  # the ends: [lo, b0), then [b1, r1)
+    y = tl.load(yp + ends, mask=emask, other=0.0).to(tl.float32)
+    dy = tl.load(dyp + ends, mask=emask, other=0.0).to(tl.float32)
     dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
-    tl.store(dx_ptr + eidx, dx.to(dx_ptr.dtype.element_ty), mask=emask)
-    eidx = b1 + ends
-    emask = eidx < r1
-    y = tl.load(y_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + eidx, mask=emask, other=0.0).to(tl.float32)
+    tl.store(dxp + ends, dx.to(dx_ptr.dtype.element_ty), mask=emask)
+    ej = b1 + ends
+    emask = ej < r1
+    y = tl.load(yp + ej, mask=emask, other=0.0).to(tl.float32)
+    dy = tl.load(dyp + ej, mask=emask, other=0.0).to(tl.float32)
     dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
-    tl.store(dx_ptr + eidx, dx.to(dx_ptr.dtype.element_ty), mask=emask)
+    tl.store(dxp + ej, dx.to(dx_ptr.dtype.element_ty), mask=emask)
 
 
 @triton_support.jit
@@ -335,10 +336,10 @@ def _softmax_bwd_kernel(
     else:
         # a program per row, or fewer programs each walking rows (Config.stream_waves)
         n_cols64 = n_cols.to(tl.int64)
-        total = n_rows.to(tl.int64) * n_cols64
+        total = n_cols64 * n_rows  # (n_rows may arrive as a constant 1)
         for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
             if ALIGN > 1:
-                _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, row * n_cols64, n_cols64, total, BLOCK, ALIGN, COMP,
+                _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, row * n_cols64, n_cols, total, BLOCK, ALIGN, COMP,
                                  FIRST, SECOND)  # fmt: skip
             else:
                 base = row * n_cols64
@@ -374,11 +375,15 @@ def _softmax_bwd_kernel(
                     tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _config(n_cols: int, cfg: Config = CONFIG):
+def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4):
     """(BLOCK, ROWS, SINGLE, num_warps) for a row width: whole rows in one block up to
     MAX_SINGLE columns, ~4096 elements per program (several short rows share one)."""
     block = triton_support.next_pow2(max(n_cols, 1))
-    if block <= cfg.max_single and (block <= 4096 or 4 * n_cols > 3 * block):
+    # 16-bit rows of 4097-6144 columns stream (below); fp32 ones stay whole: the streamed
+    # forward's running-sum rescales cost ~1 ulp more than a whole row's exact max, past
+    # the check's bound at 17 x 4097 (2.7e-7 against 1.9e-7)
+    quarter_idle = element_size < 4 and 4 * n_cols <= 3 * block
+    if block <= cfg.max_single and (block <= 4096 or not quarter_idle):
         rows = cfg.rows or max(1, min(64, 4096 // block))
         return block, rows, True, cfg.warps or (4 if block * rows <= 2048 else 8)
     # streamed: wide rows in stream_block steps; a row of 4097-6144 columns, which would
@@ -430,7 +435,7 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
     n_cols = out.shape[-1] if out.dim() else 1
     n_rows = out.numel() // n_cols if n_cols else 0
     if n_rows and n_cols:
-        block, rows, single, warps = _config(n_cols, cfg)
+        block, rows, single, warps = _config(n_cols, cfg, out.element_size())
         grid = (_grid(n_rows, rows, single, out.device, cfg),)
         if fwd:
             even = cfg.fwd_even and single and block == n_cols and n_rows % rows == 0
