@@ -107,6 +107,26 @@ def test_streamed_rows_walked_by_fewer_programs(waves):
     assert y64.shape == dx.shape
 
 
+@pytest.mark.parametrize("cols", [3 * 512, 3 * 512 + 3])
+def test_streamed_row_opening_with_masked_steps(cols):
+    # a streamed row whose first steps are all -inf (a mask's prefix): the running sum
+    # stays 0 until a finite value arrives, then the answer is torch's; a row of -inf
+    # only is NaN, as torch
+    from kernellab.ops.softmax import triton as st
+
+    cfg = st.Config(stream_block=512)
+    g = torch.Generator().manual_seed(cols)
+    x = torch.randn(3, cols, generator=g) * 4
+    x[0, : 2 * 512 + 1] = float("-inf")
+    x[1] = float("-inf")
+    y = st._fwd(x, cfg)
+    assert torch.isnan(y[1]).all()
+    ref = torch.softmax(x.double(), -1).float()
+    assert (y[0, : 2 * 512 + 1] == 0).all()
+    v = judge(y[[0, 2]], SPEC.ref(x[[0, 2]]), torch.float32, ref[[0, 2]])
+    assert v.ok, v.detail
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("waves", [0, 1])
 def test_streamed_rows_off_16_byte_boundaries(dtype, waves):

@@ -2,11 +2,13 @@
 
 Rows that fit one block (next power of two <= MAX_SINGLE) are loaded once, reduced in
 registers and written: 1 read + 1 write per element, the minimum; short rows share a
-program (ROWS of them, ~4096 elements). A longer
-row is streamed twice with the online-softmax recurrence: the first pass keeps the running
-max m and the running sum s (rescaled by exp(m_old - m_new) whenever the max grows), the
-second writes exp(x - m) / s: 2 reads + 1 write per element instead of the 3 reads + 1 write
-of max / sum / write passes.
+program (ROWS of them, ~4096 elements). A longer row is streamed twice with the
+online-softmax recurrence: the first pass keeps a running bound m and the running sum s,
+in base 2 with m an integer, so that the rescale when m grows is an exact power of two
+(_stream_step); the second writes 2^(x log2(e) - m) / s: 2 reads + 1 write per element
+instead of the 3 reads + 1 write of max / sum / write passes. Rows whose width is not a
+multiple of 16 bytes start off 16-byte boundaries; they are streamed as the aligned chunks
+that hold them (_fwd_row_shifted), so that reads and writes stay 16 bytes wide.
 
 Backward, dx = y * (dy - sum(dy * y)), has the same two shapes (one block, or a sum pass and
 a write pass). For fp32 rows the sum is compensated fp32 (a pair hi + lo, see
@@ -63,6 +65,31 @@ class Config:
 CONFIG = Config()
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton_support.jit
+def _stream_step(m, s, x):
+    # One step of a streamed row's statistics, in base 2: m an integer (held in a float)
+    # at or above every x log2(e) seen so far, s the sum of 2^(x log2(e) - m). A grown m
+    # rescales s by 2^(old - new), a power of two, so exactly; the natural-base recurrence
+    # (s e^(m_old - m_new)) rounds at every rescale, which left fp32 rows past the check's
+    # bound (fuzz 23x28100: 1.71e-7 against 1.68e-7). Until a finite value arrives m is
+    # -inf and s stays 0 (a row opening with whole steps of -inf, as masks make).
+    m_new = tl.maximum(m, tl.math.ceil(tl.max(x, axis=0) * LOG2E))
+    seen = m_new > -float("inf")
+    scale = tl.where(seen, tl.math.exp2(m - m_new), 0.0)
+    terms = tl.math.exp2(tl.fma(x, LOG2E, -tl.where(seen, m_new, 0.0)))
+    return m_new, s * scale + tl.sum(terms, axis=0)
+
+
+@triton_support.jit
+def _stream_out(x, m, s):
+    # the softmax of x from a streamed row's statistics (_stream_step); a row of -inf only
+    # (m = -inf) gives NaN, as torch
+    return tl.math.exp2(tl.fma(x, LOG2E, -m)) / s
+
+
 @triton_support.jit
 def _shifted_span(r0, n, total, A: tl.constexpr):
     # A row [r0, r0 + n) of a tensor of ``total`` elements whose rows do not start on
@@ -99,26 +126,22 @@ def _fwd_row_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.cons
         j = start + cols
         x = tl.load(xp + j, mask=j < lim, other=-float("inf"), eviction_policy="evict_last")
         x = tl.where((j >= lo) & (j < r1), x.to(tl.float32), -float("inf"))
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-        m = m_new
+        m, s = _stream_step(m, s, x)
     tj = lim + ends  # (only the tensor's last row has elements here)
     t = tl.load(xp + tj, mask=(tj >= lo) & (tj < r1), other=-float("inf")).to(tl.float32)
-    m_new = tl.maximum(m, tl.max(t, axis=0))
-    s = s * tl.exp(m - m_new) + tl.sum(tl.exp(t - m_new), axis=0)
-    m = m_new
+    m, s = _stream_step(m, s, t)
     for start in range(0, hi, BLOCK):
         j = start + cols
         x = tl.load(xp + j, mask=j < lim, other=0.0, eviction_policy="evict_first")
-        y = (tl.exp(x.to(tl.float32) - m) / s).to(y_ptr.dtype.element_ty)
+        y = _stream_out(x.to(tl.float32), m, s).to(y_ptr.dtype.element_ty)
         tl.store(yp + j, y, mask=(j >= b0) & (j < b1))
     emask = (ends >= lo) & (ends < b0)  # the ends: [lo, b0), then [b1, r1)
     x = tl.load(xp + ends, mask=emask, other=0.0).to(tl.float32)
-    tl.store(yp + ends, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
+    tl.store(yp + ends, _stream_out(x, m, s).to(y_ptr.dtype.element_ty), mask=emask)
     ej = b1 + ends
     emask = ej < r1
     x = tl.load(xp + ej, mask=emask, other=0.0).to(tl.float32)
-    tl.store(yp + ej, (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
+    tl.store(yp + ej, _stream_out(x, m, s).to(y_ptr.dtype.element_ty), mask=emask)
 
 
 @triton_support.jit
@@ -180,22 +203,20 @@ def _softmax_fwd_kernel(
             else:
                 x_row = x_ptr + row * n_cols64
                 y_row = y_ptr + row * n_cols64
-                m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)  # running max
-                s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)  # running sum of exp(x - m)
+                m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)  # (_stream_step)
+                s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
                 # First pass: keep the row in L2 (evict_last) for the second, which reads it
                 # from there and lets it go (evict_first), as Inductor's looped softmax does.
                 for start in range(0, n_cols, BLOCK):
                     mask = start + cols < n_cols
                     x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy=FIRST)
                     x = x.to(tl.float32)
-                    m_new = tl.maximum(m, tl.max(x, axis=0))
-                    s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
-                    m = m_new
+                    m, s = _stream_step(m, s, x)
                 for start in range(0, n_cols, BLOCK):
                     mask = start + cols < n_cols
                     x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy=SECOND)
                     x = x.to(tl.float32)
-                    y = (tl.exp(x - m) / s).to(y_ptr.dtype.element_ty)
+                    y = _stream_out(x, m, s).to(y_ptr.dtype.element_ty)
                     tl.store(y_row + start + cols, y, mask=mask)
 
 
