@@ -1,6 +1,6 @@
 """Triton softmax launch knobs at the family rows where torch leads: a sweep on a lent GPU.
 
-    python lab/gpu_softmax_rows.py OUT.jsonl [--quick | --shipped]
+    python lab/gpu_softmax_rows.py OUT.jsonl [--quick | --shipped | --whole] [--only bf16:8192x32000,...]
 
 Per (dtype, rows, cols): torch's forward (``torch.softmax``) and backward
 (``aten._softmax_backward_data``), the Triton backend at its shipped ``Config``, and each
@@ -12,6 +12,11 @@ first (max abs difference <= 4 ulp-ish of the dtype's output scale); a wrong con
 printed and never ranked. Prints per shape the best forward and backward configs beside
 torch and the shipped one; one JSON row per measurement to OUT. ``--shipped``: torch, the
 shipped config, and for streamed rows the shipped config with the backward's hints off.
+``--whole``: whole rows in registers up to 128 KB a row (fp32 32768, 16-bit 65536
+columns; 16 or 32 warps, as Liger's one-block rows), with and without the forward's
+re-read, and at rows of 8192 columns or fewer rows per program x warps x re-read. Liger's
+forward (``kernellab.softmax(backend="liger")``) is timed beside torch where it imports.
+``--only``: these (dtype:RxC) shapes, listed or not.
 """
 
 from __future__ import annotations
@@ -41,16 +46,29 @@ SHAPES = [  # (dtype, rows, cols): the H200 table's softmax rows below torch or 
     ("fp32", 605184, 197),
     ("fp32", 12288, 1024),
     ("fp32", 4096, 8192),
+    ("fp32", 8192, 32000),
+    ("bf16", 8192, 32000),
+    ("fp32", 4099, 1025),
+    ("bf16", 128, 1024),
 ]
 DT = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def candidates(dn: str, cols: int, quick: bool, shipped: bool = False):
+def candidates(dn: str, cols: int, quick: bool, shipped: bool = False, whole: bool = False):
     block = 1 << max(cols - 1, 0).bit_length()
     out = []
     if shipped:
         if st._config(cols, st.CONFIG, DT[dn].itemsize)[2] is False:
             out.append(st.Config(bwd_hints=False))
+        return out
+    if whole:
+        if block > st.MAX_SINGLE and block * DT[dn].itemsize <= 128 * 1024:
+            for warps, reread in itertools.product((16, 32), (False, True)):
+                out.append(st.Config(max_single=block, rows=1, warps=warps, fwd_reread=reread))
+        elif block <= st.MAX_SINGLE:
+            for rows, warps, reread in itertools.product((1, 2, 4, 8, 16, 32), (2, 4, 8, 16), (None, False)):
+                if block * rows <= 32768 and block * rows >= 32 * warps:
+                    out.append(st.Config(rows=rows, warps=warps, fwd_reread=reread))
         return out
     if block > st.MAX_SINGLE or 4096 < cols <= 8192:
         for sb, sw, wv, h in itertools.product((2048, 4096, 8192), (4, 8, 16), (0, 1, 2, 4), (False, True)):
@@ -74,8 +92,21 @@ def main():
     out_path = sys.argv[1]
     quick = "--quick" in sys.argv
     shipped = "--shipped" in sys.argv
+    whole = "--whole" in sys.argv
+    shapes = SHAPES
+    if "--only" in sys.argv:
+        wanted = sys.argv[sys.argv.index("--only") + 1].split(",")
+        shapes = [(w.split(":")[0], *map(int, w.split(":")[1].split("x"))) for w in wanted]
+    try:
+        import kernellab
+
+        kernellab.softmax(torch.zeros(2, 8, device="cuda"), backend="liger")
+        liger = True
+    except Exception as e:  # not carried, or not runnable here: said once
+        print(f"(liger not timed: {type(e).__name__}: {str(e)[:100]})")
+        liger = False
     fh = open(out_path, "w")
-    for dn, rows, cols in SHAPES:
+    for dn, rows, cols in shapes:
         dtype = DT[dn]
         g = torch.Generator(device="cuda").manual_seed(0)
         x = (torch.randn(rows, cols, device="cuda", generator=g) * 3).to(dtype)
@@ -86,7 +117,12 @@ def main():
         tol_dx = 8 * torch.finfo(dtype).eps * float(dx_t.float().abs().max()) + 1e-30
         torch_bwd = torch.ops.aten._softmax_backward_data
         res = {"torch": (bench(lambda: torch.softmax(x, -1)), bench(lambda: torch_bwd(dy, y_t, -1, dtype)))}
-        cands = candidates(dn, cols, quick, shipped)
+        if liger:
+            try:
+                res["liger_fwd"] = (bench(lambda: kernellab.softmax(x, backend="liger")), float("nan"))
+            except Exception as e:
+                print(f"  liger {dn} {rows}x{cols}: {type(e).__name__}: {str(e)[:100]}")
+        cands = candidates(dn, cols, quick, shipped, whole)
         cfgs = [("shipped", st.CONFIG)] + [(repr(c).replace("Config", ""), c) for c in cands]
         for name, cfg in cfgs:
             try:
@@ -109,13 +145,17 @@ def main():
             continue
         tf, tb = res["torch"]
         sf, sb = res["shipped"]
-        bf = min((k for k in res if k != "torch"), key=lambda k: res[k][0])
-        bb = min((k for k in res if k != "torch"), key=lambda k: res[k][1])
+        ours = [k for k in res if k not in ("torch", "liger_fwd")]
+        bf = min(ours, key=lambda k: res[k][0])
+        bb = min(ours, key=lambda k: res[k][1])
         nbytes = rows * cols * x.element_size()
         head = f"{dn} {rows}x{cols}:"
         print(f"{head} fwd torch {tf * 1e3:.1f} us ({2 * nbytes / tf / 1e9:.2f} TB/s) shipped {sf * 1e3:.1f} "
               f"({tf / sf:.3f}x) best {res[bf][0] * 1e3:.1f} ({tf / res[bf][0]:.3f}x) {bf}")  # fmt: skip
         pad = " " * len(head)
+        if "liger_fwd" in res:
+            lf = res["liger_fwd"][0]
+            print(f"{pad} fwd liger {lf * 1e3:.1f} us: shipped {lf / sf:.3f}x, best {lf / res[bf][0]:.3f}x")
         print(f"{pad} bwd torch {tb * 1e3:.1f} us ({3 * nbytes / tb / 1e9:.2f} TB/s) shipped {sb * 1e3:.1f} "
               f"({tb / sb:.3f}x) best {res[bb][1] * 1e3:.1f} ({tb / res[bb][1]:.3f}x) {bb}")  # fmt: skip
         sys.stdout.flush()
