@@ -548,7 +548,8 @@ __device__ __forceinline__ void sk_rows_load(uint4 (&buf)[RU][RJ], const unsigne
 }
 
 // The lane sums of V = RU x MR values (each lane holds a partial of every one) in
-// V - 1 + 5 - log2(P) shuffles, P = V rounded up to a power of two <= 32, instead of 5 V:
+// P - 1 + 5 - log2(P) shuffles, P = V rounded up to a power of two <= 32 (the values past
+// V are zeros), instead of 5 V:
 // each of the first log2(P) butterfly steps hands half of the values still held to the
 // partner and keeps the other half (lane bit o set: the upper half), so the value count
 // halves per step; the last steps add the one value left. Lane l then holds the sum of

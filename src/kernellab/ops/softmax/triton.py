@@ -72,10 +72,10 @@ LOG2E = tl.constexpr(1.4426950408889634)
 def _stream_step(m, s, x):
     # One step of a streamed row's statistics, in base 2: m an integer (held in a float)
     # at or above every x log2(e) seen so far, s the sum of 2^(x log2(e) - m). A grown m
-    # rescales s by 2^(old - new), a power of two, so exactly; the natural-base recurrence
-    # (s e^(m_old - m_new)) rounds at every rescale, which left fp32 rows past the check's
-    # bound (fuzz 23x28100: 1.71e-7 against 1.68e-7). Until a finite value arrives m is
-    # -inf and s stays 0 (a row opening with whole steps of -inf, as masks make).
+    # rescales s by 2^(old - new), a power of two, so exactly (the natural-base recurrence,
+    # s e^(m_old - m_new), rounds at every rescale: about an ulp each, more than the check
+    # allows fp32 rows). Until a finite value arrives m is -inf and s stays 0 (a row
+    # opening with whole steps of -inf, as masks make).
     m_new = tl.maximum(m, tl.math.ceil(tl.max(x, axis=0) * LOG2E))
     seen = m_new > -float("inf")
     scale = tl.where(seen, tl.math.exp2(m - m_new), 0.0)
@@ -400,9 +400,8 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4):
     """(BLOCK, ROWS, SINGLE, num_warps) for a row width: whole rows in one block up to
     MAX_SINGLE columns, ~4096 elements per program (several short rows share one)."""
     block = triton_support.next_pow2(max(n_cols, 1))
-    # 16-bit rows of 4097-6144 columns stream (below); fp32 ones stay whole: the streamed
-    # forward's running-sum rescales cost ~1 ulp more than a whole row's exact max, past
-    # the check's bound at 17 x 4097 (2.7e-7 against 1.9e-7)
+    # 16-bit rows of 4097-6144 columns stream (below), where a whole row would leave a
+    # quarter or more of its block idle; fp32 ones stay whole
     quarter_idle = element_size < 4 and 4 * n_cols <= 3 * block
     if block <= cfg.max_single and (block <= 4096 or not quarter_idle):
         rows = cfg.rows or max(1, min(64, 4096 // block))
