@@ -44,7 +44,7 @@ class Config:
     rows, warps: whole-row programs' rows per program and warps (None: _config's).
     stream_block, stream_warps: a streamed row's columns per step and warps.
     stream_waves: streamed rows run on stream_waves x SMs programs, each walking rows
-        (0: one program per row). Fewer rows in flight keep each row's second read in L2.
+        (0: one program per row).
     bwd_hints: the streamed backward's sum pass reads evict_last, its write pass evict_first.
     max_single: the widest block of whole rows (wider rows stream)."""
 
@@ -400,14 +400,12 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4):
     """(BLOCK, ROWS, SINGLE, num_warps) for a row width: whole rows in one block up to
     MAX_SINGLE columns, ~4096 elements per program (several short rows share one)."""
     block = triton_support.next_pow2(max(n_cols, 1))
-    # 16-bit rows of 4097-6144 columns stream (below), where a whole row would leave a
-    # quarter or more of its block idle; fp32 ones stay whole
+    # a 16-bit row of 4097-6144 columns would leave a quarter or more of its 8192-wide
+    # block idle: it streams, in quarter-block steps; fp32 ones stay whole
     quarter_idle = element_size < 4 and 4 * n_cols <= 3 * block
     if block <= cfg.max_single and (block <= 4096 or not quarter_idle):
         rows = cfg.rows or max(1, min(64, 4096 // block))
         return block, rows, True, cfg.warps or (4 if block * rows <= 2048 else 8)
-    # streamed: wide rows in stream_block steps; a row of 4097-6144 columns, which would
-    # leave a quarter or more of an 8192-wide block idle, in quarter-block steps
     step = min(cfg.stream_block, max(block // 4, 1024))
     return step, 1, False, cfg.stream_warps if step >= cfg.stream_block else 8
 
