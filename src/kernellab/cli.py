@@ -1298,7 +1298,8 @@ def cmd_tune(args) -> int:
     rows = [r for r in table["rows"] if r["op"] == args.op]
     print(f"{tables.table_path(tables.gpu_of(dev))}: {len(rows)} rows for {args.op}")
     for r in rows:
-        print(f"  {r['dtype']} {r['mode']} {r['shape']}: {r['best']}")
+        opts = f" {r['options']}" if r.get("options") else ""
+        print(f"  {r['dtype']} {r['mode']} {r['shape']}{opts}: {r['best']}")
     return 0
 
 def _family_names() -> list[str]:

@@ -169,6 +169,11 @@ def _row_dtype(table, op, dn, mode, options) -> tuple[str, str]:
     return dn, ""
 
 
+def has_rows(table: dict, op: str, options: str) -> bool:
+    """Whether ``table`` has a row of ``op`` with option key ``options`` (any dtype, mode)."""
+    return any(row["op"] == op and row.get("options", "") == options for row in table["rows"])
+
+
 def _rows(table, op, dn, mode, options):
     """The table's rows of ``op`` in dtype ``dn`` and ``mode`` for a call's option key (a
     row without "options" serves every option set)."""

@@ -143,6 +143,8 @@ def add_impl(impl: Impl, *, replace: bool = False) -> Impl:
     impl._spec = _spec.SPECS[impl.op]
     if getattr(impl._spec, "key_validates", False):
         _SIG_OPS.add(impl.op)
+    if impl._spec.input_facts is not None:
+        _FACTS[impl.op] = impl._spec.input_facts
     key = (impl.op, impl.backend)
     if key in _TABLE and not replace:
         raise ValueError(f"{impl.op}/{impl.backend} is already registered; pass replace=True to override it")
@@ -264,6 +266,9 @@ _CHOSEN: dict[tuple, Impl | tuple[Impl, Impl] | _Trusted] = {}
 # ops whose spec says key_validates: for their calls of several tensors or with keywords
 # _CHOSEN also holds (op, *_signature(...)) -> _Trusted (never a 5-tuple like a choice key)
 _SIG_OPS: set[str] = set()
+# ops whose choice reads facts of the inputs (OpSpec.input_facts, e.g. matmul's b_t): the
+# facts join their choice keys and validation signatures
+_FACTS: dict = {}
 _CHOSEN_MAX = 4096  # a model with ever-new shapes (varying lengths) re-chooses, never grows without bound
 
 
@@ -298,12 +303,13 @@ _STRIDED = torch.strided
 _TENSOR = torch.Tensor
 
 
-def _signature(args, kwargs) -> list:
+def _signature(args, kwargs, op: str | None = None) -> list:
     """What a validation reads of a call, flat: per positional argument a tensor's class,
     dtype, shape, device and layout, or any other value's class and the value (``causal=1``
-    is not ``causal=True``); per keyword its name, then the same. (Unambiguous: a
-    positional entry starts with a class, a keyword's with its name, and a class says
-    whether a tensor's five facts follow. Flat: ~25% cheaper than a tuple per argument.)"""
+    is not ``causal=True``); per keyword its name, then the same; last, for an op whose
+    choice reads facts of the inputs (``_FACTS``), those. (Unambiguous: a positional entry
+    starts with a class, a keyword's with its name, and a class says whether a tensor's
+    five facts follow. Flat: ~25% cheaper than a tuple per argument.)"""
     sig = []
     for a in args:
         if isinstance(a, _TENSOR):
@@ -316,6 +322,8 @@ def _signature(args, kwargs) -> list:
                 sig += (k, v.__class__, v.dtype, v.shape, v.device, v.layout)
             else:  # a list's items, not the list: the caller may change it between calls
                 sig += (k, v.__class__, tuple(v) if v.__class__ is list else v)
+    if op in _FACTS:
+        sig.append(_FACTS[op](args))
     return sig
 
 
@@ -366,13 +374,15 @@ def call(op: str, backend: str | None, *args, **kwargs):
         if _RECORD is None and (kwargs or len(args) > 1) and op in _SIG_OPS:
             # a call of several tensors or with keywords: its facts are its own key
             try:
-                trusted = _CHOSEN.get((op, *_signature(args, kwargs)))
+                trusted = _CHOSEN.get((op, *_signature(args, kwargs, op)))
             except TypeError:  # an unhashable keyword value: the choice key's path
                 pass
         if trusted is None:
             dev = "cuda" if x.is_cuda else x.device.type  # (device.type costs ~0.5 us a read on a CPU host)
             ck = (op, dev, x.dtype, x.shape if op not in _KEY_ARGS else (x.shape, args[1].shape),
                   _option_values(op, kwargs) if kwargs else None)  # fmt: skip
+            if op in _FACTS:
+                ck = (*ck, _FACTS[op](args))
             pick = _CHOSEN.get(ck)
             if pick.__class__ is _Trusted and x.layout is _STRIDED and len(args) == 1 and _RECORD is None:
                 trusted = pick  # one tensor, no keywords: the key holds its facts but the layout
@@ -432,7 +442,7 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
             _RECORDED.add((ck, wants))
     if ck is None or not getattr(impl._spec, "key_validates", False):
         return _run(op, impl, args, kwargs)
-    sig = None if len(args) == 1 and not kwargs else _signature(args, kwargs)
+    sig = None if len(args) == 1 and not kwargs else _signature(args, kwargs, op)
     try:
         out = impl(*args, **kwargs)  # validated here: later calls with these facts skip it
     except ValueError as refusal:
@@ -550,7 +560,7 @@ def choose(op: str, args, dev: str, mode: str | None = None, kwargs=None) -> tup
     x = args[0] if args else None
     if mode is None:
         mode = "fwdbwd" if _wants_grad(args) else "fwd"
-    opts = shapes.option_key(op, kwargs or {})
+    opts = shapes.option_key(op, kwargs or {}, args if op in _FACTS else None)
     return choose_key(op, shapes.shape_key(op, args), getattr(x, "dtype", None), dev, mode, opts)
 
 
@@ -599,12 +609,27 @@ def choice_inputs(op: str, key, device: str | None = None) -> tuple[frozenset, s
 
 
 def _choose(op, key, dtype, gpu, device, mode, options, by, among) -> tuple[str, str]:
-    """``choice.choose`` on ``gpu``'s table with ``choice_inputs`` for ``device``."""
+    """``choice.choose`` on ``gpu``'s table with ``choice_inputs`` for ``device``. Where the
+    table has no row of the op with the call's input options (``OpSpec.input_options``,
+    e.g. a matmul of nn.Linear's ``W.t()`` on a table timed with [K, N] weights only), the
+    rows without them speak, and the why says so."""
     allowed, preferred, small, exact, bands = choice_inputs(op, key, device)
     dn = _spec.dtype_name(dtype) if dtype is not None else None
-    return choice.choose(tables.load_table(gpu), os.path.basename(tables.table_path(gpu)), op, key, dn, mode,
-                         options, usable=allowed, preferred=preferred, small=small, by=by,
-                         among=among, exact=exact, bands=bands)  # fmt: skip
+    table = tables.load_table(gpu)
+    note = ""
+    plain = shapes.without_input_options(op, options)
+    if plain != options and table is not None:
+        if choice.has_rows(table, op, options):
+            # only rows timed with these inputs: a row without options (which serves any
+            # option set) was timed without them
+            table = dict(table, rows=[r for r in table["rows"] if r.get("op") != op or "options" in r])
+        else:
+            note = f" (no {op} rows with {options}: the rows without it)"
+            options = plain
+    out = choice.choose(table, os.path.basename(tables.table_path(gpu)), op, key, dn, mode,
+                        options, usable=allowed, preferred=preferred, small=small, by=by,
+                        among=among, exact=exact, bands=bands)  # fmt: skip
+    return (out[0], out[1] + note) if note else out
 
 
 def resolve_rule(by: str | None = None) -> str:

@@ -246,20 +246,40 @@ _OPTION_KEYS: dict[str, tuple] = {}
 def _option_keys(op: str) -> tuple:
     keys = _OPTION_KEYS.get(op)
     if keys is None:
-        cases = get_spec(op).bench_options
+        spec = get_spec(op)
+        cases = spec.bench_options
         first = cases[0] if cases else {}
-        keys = _OPTION_KEYS[op] = tuple((k, first.get(k)) for k in sorted(set().union(*cases)))
+        names = sorted(set().union(*cases) - set(spec.input_options))
+        keys = _OPTION_KEYS[op] = tuple((k, first.get(k)) for k in names)
     return keys
 
 
-def option_key(op: str, kwargs) -> str:
+def option_key(op: str, kwargs, args=None) -> str:
     """The options of a call that tables tell apart (those the op's ``bench_options``
     vary, e.g. attention's ``causal``; an omitted one takes its value in the first bench
-    case), spelled as bench rows spell them (``spec.options_str``); "" for ops with none."""
+    case), spelled as bench rows spell them (``spec.options_str``); "" for ops with none.
+    The op's input options (``OpSpec.input_options``) come from ``kwargs`` (a bench row's
+    options) or else from ``args`` (a call's, through ``OpSpec.input_facts``), and are
+    spelled only away from their default."""
     keys = _option_keys(op)
-    if not keys:
-        return ""
-    return options_str({k: kwargs.get(k, d) for k, d in keys})
+    vals = {k: kwargs.get(k, d) for k, d in keys}
+    spec = get_spec(op)
+    if spec.input_options:
+        facts = spec.input_facts(args) if args is not None and spec.input_facts is not None else ()
+        facts = dict(zip(spec.input_options, facts))
+        for k, d in spec.input_options.items():
+            v = kwargs.get(k, facts.get(k, d))
+            if v != d:
+                vals[k] = v
+    return options_str(vals) if vals else ""
+
+
+def without_input_options(op: str, options: str) -> str:
+    """An option key (``option_key``) less the op's input options."""
+    names = get_spec(op).input_options
+    if not names or not options:
+        return options
+    return ",".join(t for t in options.split(",") if t.split("=", 1)[0] not in names)
 
 
 def option_values(op: str, kwargs) -> tuple:

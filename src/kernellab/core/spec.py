@@ -408,6 +408,14 @@ class OpSpec:
     key_validates: bool = False
     option_sets: list = field(default_factory=list)  # extra keyword cases the check runs
     bench_options: list = field(default_factory=lambda: [{}])  # keyword cases the bench times
+    # Options that describe the inputs, not the call: name -> default (matmul's ``b_t``: b is
+    # the transpose of a contiguous [N, K] weight, nn.Linear's ``W.t()``). ``inputs`` takes
+    # them as keyword arguments and builds that layout; the harness never passes them to
+    # the op; ``bench_options`` may name them, and tables tell them apart as they do keyword
+    # options, spelled only away from their default (rows written before an input option
+    # existed read as its default); ``input_facts`` reads them from a call's arguments.
+    input_options: dict = field(default_factory=dict)
+    input_facts: Callable | None = None  # args -> input_options' values (a tuple, in their order)
     grad_shapes: list | None = None  # problem shapes of the gradient stage
     # how many of the first outputs the gradient stages differentiate, each with a grad_output
     # of its own (rope: q_rot and k_rot)
@@ -459,11 +467,15 @@ class OpSpec:
         """Whether every argument is a float tensor of the problem shape (the v1 contract)."""
         return self.inputs is None
 
-    def make_inputs(self, shape, dtype, device, seed, layout="contiguous"):
-        """Fresh inputs: a tuple of args (None where ``layout`` does not apply)."""
+    def make_inputs(self, shape, dtype, device, seed, layout="contiguous", **input_options):
+        """Fresh inputs: a tuple of args (None where ``layout`` does not apply);
+        ``input_options`` (names of ``OpSpec.input_options``) shape them."""
+        unknown = sorted(set(input_options) - set(self.input_options))
+        if unknown:
+            raise TypeError(f"{self.name}: unknown input options {unknown}")
         gen = torch.Generator(device=device).manual_seed(seed)
         if self.inputs is not None:
-            out = self.inputs(tuple(shape), dtype, device, gen, layout, self.scale)
+            out = self.inputs(tuple(shape), dtype, device, gen, layout, self.scale, **input_options)
             return None if out is None else tuple(out)
         args = []
         for _ in self.arg_names:
@@ -750,6 +762,13 @@ def fuzz_options(rng, option_sets) -> dict:
     if not option_sets or rng.random() < 0.5:
         return {}
     return dict(rng.choice(option_sets))
+
+
+def split_options(spec, options: dict | None) -> tuple[dict, dict]:
+    """(keyword options, input options) of an options dict (``OpSpec.input_options``)."""
+    options = dict(options or {})
+    inputs = {k: options.pop(k) for k in list(options) if k in spec.input_options}
+    return options, inputs
 
 
 def options_str(options: dict | None) -> str:

@@ -34,7 +34,7 @@ import torch
 from kernellab import device as _device
 from kernellab.core import registry
 from kernellab.core.choice import decided_by_device
-from kernellab.core.spec import dtype_name, get_spec, options_str, shape_str, to64
+from kernellab.core.spec import dtype_name, get_spec, options_str, shape_str, split_options, to64
 from kernellab.harness import timer
 from kernellab.harness.compare import judge
 from kernellab.profile.nvtx import nvtx_range
@@ -83,8 +83,9 @@ class Problem:
 
     def __init__(self, spec, shape, dtype, mode, dev, seed, options=None):
         self.spec, self.shape, self.dtype, self.mode, self.dev = spec, shape, dtype, mode, dev
-        self.options = dict(options or {})
-        self.args = spec.make_inputs(shape, dtype, dev, seed)
+        # keyword options go to every call; input options (OpSpec.input_options) shape the inputs
+        self.options, self.input_options = split_options(spec, options)
+        self.args = spec.make_inputs(shape, dtype, dev, seed, **self.input_options)
         gen = torch.Generator(device=dev).manual_seed(seed + 1)
         self.wrt = list(spec.grad_args) if mode != "fwd" else []
         if self.wrt:
@@ -140,7 +141,8 @@ class Problem:
         # A new seed each time: the inputs must really change for every implementation
         # re-checked on this problem, not only for the first.
         self._refreshes += 1
-        fresh = self.spec.make_inputs(self.shape, self.dtype, self.dev, self.seed + 7919 * self._refreshes)
+        seed = self.seed + 7919 * self._refreshes
+        fresh = self.spec.make_inputs(self.shape, self.dtype, self.dev, seed, **self.input_options)
         with torch.no_grad():
             for a, f in zip(self.args, fresh):
                 if isinstance(a, torch.Tensor):

@@ -68,14 +68,33 @@ def _bytes(shape, dtype, mode, **options):
     return {"fwd": a + b + c, "bwd": 2 * (a + b) + c, "fwdbwd": 3 * (a + b) + 2 * c}[mode]
 
 
-def make_matmul_inputs(shape, dtype, device, gen, layout="contiguous", scale=1.0):
-    """(a [..., M, K], b [..., K, N]), both in ``layout``; None where it does not apply."""
+def make_matmul_inputs(shape, dtype, device, gen, layout="contiguous", scale=1.0, b_t=False):
+    """(a [..., M, K], b [..., K, N]), both in ``layout``; None where it does not apply.
+    ``b_t``: b is the transpose of a weight [..., N, K] made in ``layout`` (nn.Linear's
+    ``W.t()``), not a [..., K, N] tensor."""
     batch, m, n, k = _split(shape)
     a = make_tensor(batch + (m, k), dtype, device, gen, layout, scale)
-    b = make_tensor(batch + (k, n), dtype, device, gen, layout, scale)
+    if b_t:
+        w = make_tensor(batch + (n, k), dtype, device, gen, layout, scale)
+        b = None if w is None else w.transpose(-1, -2)
+    else:
+        b = make_tensor(batch + (k, n), dtype, device, gen, layout, scale)
     if a is None or b is None:
         return None
     return a, b
+
+
+def matmul_input_facts(args) -> tuple:
+    """(``b_t``,) of a call: b [..., K, N] is the transpose of a [..., N, K] tensor with unit
+    stride along K (nn.Linear's ``W.t()``; a size-1 N reads as either). False for anything
+    that is not such a tensor (the op's validation then says what is wrong). On every
+    default call: two reads of b."""
+    try:
+        b = args[1]
+        st, sh = b.stride(), b.shape
+        return (len(sh) >= 2 and sh[-2] > 1 and st[-2] == 1 and (sh[-1] == 1 or st[-1] != 1),)
+    except (AttributeError, IndexError, TypeError, RuntimeError):
+        return (False,)
 
 
 def _bias(args, dtype, device, gen):
@@ -233,7 +252,11 @@ SPEC = declare(
         {"bias": BIAS},
         {"bias": BIAS, "activation": "gelu"},
     ],
-    bench_options=[{}],
+    # b as a [K, N] tensor and as nn.Linear's W.t(): kernels read the two differently
+    # (cuda_skinny's rows kernel reads only the second), so tables keep rows of each
+    bench_options=[{}, {"b_t": True}],
+    input_options={"b_t": False},
+    input_facts=matmul_input_facts,
     grad_shapes=[(37, 45, 29), (2, 17, 19, 23)],
     fuzz=_fuzz,
     # A dot's rounding happens at the scale of its partial sums, not of its result: with
