@@ -14,7 +14,8 @@ torch and the shipped one; one JSON row per measurement to OUT. ``--shipped``: t
 shipped config, and for streamed rows the shipped config with the backward's hints off.
 ``--whole``: whole rows in registers up to 128 KB a row (fp32 32768, 16-bit 65536
 columns; 16 or 32 warps, as Liger's one-block rows), with and without the forward's
-re-read, and at rows of 8192 columns or fewer rows per program x warps x re-read. Liger's
+re-read, beside both ways streamed (max_whole=0); at rows of 8192 columns or fewer, rows
+per program x warps x re-read (the rule's, off, on). Liger's
 forward (``kernellab.softmax(backend="liger")``) is timed beside torch where it imports.
 ``--only``: these (dtype:RxC) shapes, listed or not.
 """
@@ -63,10 +64,12 @@ def candidates(dn: str, cols: int, quick: bool, shipped: bool = False, whole: bo
         return out
     if whole:
         if block > st.MAX_SINGLE and block * DT[dn].itemsize <= 128 * 1024:
+            out.append(st.Config(max_whole=0))  # streamed both ways
             for warps, reread in itertools.product((16, 32), (False, True)):
                 out.append(st.Config(max_single=block, rows=1, warps=warps, fwd_reread=reread))
         elif block <= st.MAX_SINGLE:
-            for rows, warps, reread in itertools.product((1, 2, 4, 8, 16, 32), (2, 4, 8, 16), (None, False)):
+            grid = itertools.product((1, 2, 4, 8, 16, 32), (2, 4, 8, 16), (None, False, True))
+            for rows, warps, reread in grid:
                 if block * rows <= 32768 and block * rows >= 32 * warps:
                     out.append(st.Config(rows=rows, warps=warps, fwd_reread=reread))
         return out
@@ -74,8 +77,8 @@ def candidates(dn: str, cols: int, quick: bool, shipped: bool = False, whole: bo
         for sb, sw, wv, h in itertools.product((2048, 4096, 8192), (4, 8, 16), (0, 1, 2, 4), (False, True)):
             if quick and (sb == 8192 or sw == 4):
                 continue
-            out.append(st.Config(max_single=min(block // 2, st.MAX_SINGLE), stream_block=sb, stream_warps=sw,
-                                 stream_waves=wv, bwd_hints=h))  # fmt: skip
+            out.append(st.Config(max_single=min(block // 2, st.MAX_SINGLE), max_whole=0, stream_block=sb,
+                                 stream_warps=sw, stream_waves=wv, bwd_hints=h))  # fmt: skip
     if block <= st.MAX_SINGLE:
         for rows, warps in itertools.product((1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16)):
             if block * rows > 32768 or block * rows < 32 * warps:

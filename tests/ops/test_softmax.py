@@ -79,9 +79,15 @@ def test_fully_masked_rows_match_torch(backend, width):
 def test_long_rows_take_the_streaming_path():
     from kernellab.ops.softmax import triton as st
 
-    assert st._config(8192)[2] is True and st._config(8193)[2] is False
+    assert st._config(8192)[2] is True and st._config(8193)[2] is True  # fp32: whole up to 32768
+    assert st._config(32768)[2] is True and st._config(32769)[2] is False
+    assert st._config(20000)[1:] == (1, True, st.CONFIG.whole_warps)
+    # 16-bit: the backward holds them whole, the forward streams them
+    assert st._config(20000, element_size=2)[2] is True
+    assert st._config(20000, element_size=2, fwd=True)[2] is False
     assert st._config(3)[1] == 64  # short rows share a program
-    x = torch.randn(2, 3 * st.CONFIG.stream_block + 17) * 5
+    assert st._config(197)[:2] == (256, 4) and st._config(197)[3] == 2  # ~1024 elements, 2 warps
+    x = torch.randn(2, st.MAX_WHOLE + 3 * st.CONFIG.stream_block + 17) * 5
     y = kernellab.softmax(x, backend="triton")
     v = judge(y, SPEC.ref(x), torch.float32, torch.softmax(x, -1))
     assert v.ok, v.detail
@@ -136,7 +142,7 @@ def test_streamed_rows_off_16_byte_boundaries(dtype, waves):
     # also from a base one element off (a view into a larger buffer)
     from kernellab.ops.softmax import triton as st
 
-    cfg = st.Config(stream_block=512, stream_waves=waves)
+    cfg = st.Config(stream_block=512, stream_waves=waves, max_whole=0)
     narrow = 4097 if dtype != torch.float32 else 8197  # (fp32 rows of 4097 stay whole)
     for rows, cols, off in ((9, narrow, 0), (5, 9001, 0), (3, 9001, 1), (1, 9001, 0)):
         g = torch.Generator().manual_seed(cols + off)
@@ -503,6 +509,34 @@ def test_triton_forward_rereads_wide_rows(dtype, width):
     err, err2 = (y.double() - want).abs().max(), (y2.double() - want).abs().max()
     assert 0 < err <= 2 * err2, (err, err2)
     assert torch.isfinite(y).all() and (y[2, : width // 2] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_triton_rows_off_16_byte_boundaries_do_not_reread(dtype):
+    """A whole row whose width is not a multiple of 16 bytes is read once (its loads are one
+    element wide); fp32 ones of 8192-wide blocks take 16 warps all the same. A row held
+    whole past MAX_SINGLE gives float64's answer, forward and backward."""
+    from kernellab.ops.softmax import triton as st
+
+    es = torch.tensor([], dtype=dtype).element_size()
+    block, rows, single, warps = st._config(4097, element_size=es)
+    if dtype == torch.float32:
+        assert single and st._fwd_choice(4097, block, single, es, warps) == (False, 16)
+    assert st._fwd_choice(4096, 4096, True, es, 8)[0] is True
+    assert st._fwd_choice(2049, 4096, True, es, 8)[0] is False
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(3, 9001, generator=g) * 4).to(dtype)
+    dy = torch.randn(3, 9001, generator=g).to(dtype)
+    assert st._config(9001, element_size=es)[2] is True  # the backward holds it whole
+    y = st._fwd(x)
+    v = judge(y, SPEC.ref(x), dtype, torch.softmax(x, -1))
+    assert v.ok, v.detail
+    dx = st._bwd(dy, y)
+    y64, dy64 = y.double(), dy.double()
+    ref = y64 * (dy64 - (dy64 * y64).sum(-1, keepdim=True))
+    tor = torch._softmax_backward_data(dy.float(), y.float(), -1, torch.float32).to(dtype)
+    v = judge(dx, ref, dtype, tor)
+    assert v.ok, ("bwd", v.detail)
 
 
 def test_triton_vec_is_the_widths_power_of_two():

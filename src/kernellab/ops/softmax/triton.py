@@ -2,7 +2,9 @@
 
 Rows that fit one block (next power of two <= MAX_SINGLE) are loaded once, reduced in
 registers and written: 1 read + 1 write per element, the minimum; short rows share a
-program (ROWS of them, ~4096 elements). A longer row is streamed twice with the
+program (ROWS of them, ~4096 elements; ~1024 for rows of 256 or fewer). Rows of up to
+MAX_WHOLE columns (128 KB of fp32) are held whole too, by 32 warps, except in the 16-bit
+forward, where streaming them is faster. A longer row is streamed twice with the
 online-softmax recurrence: the first pass keeps a running bound m and the running sum s,
 in base 2 with m an integer, so that the rescale when m grows is an exact power of two
 (_stream_step); the second writes 2^(x log2(e) - m) / s: 2 reads + 1 write per element
@@ -27,6 +29,7 @@ from kernellab.ops._elementwise import unary_op
 from kernellab.ops._register import register_triton
 
 MAX_SINGLE = 8192  # widest row kept in one block (fp32: 32 KB of registers per row program)
+MAX_WHOLE = 32768  # widest row held whole by whole_warps warps (fp32: 128 KB)
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,11 @@ class Config:
     stream_waves: streamed rows run on stream_waves x SMs programs, each walking rows
         (0: one program per row).
     bwd_hints: the streamed backward's sum pass reads evict_last, its write pass evict_first.
-    max_single: the widest block of whole rows (wider rows stream)."""
+    max_single: the widest block of whole rows at rows x warps (wider rows stream, or
+        up to max_whole are held whole).
+    max_whole, whole_warps: rows wider than max_single up to a block of max_whole held
+        whole, one per program of whole_warps warps: fp32 both ways, 16-bit in the
+        backward (the 16-bit forward streams them)."""
 
     fwd_even: bool = True
     fwd_narrow: bool = True
@@ -60,6 +67,8 @@ class Config:
     stream_waves: int = 0
     bwd_hints: bool = True
     max_single: int = MAX_SINGLE
+    max_whole: int = MAX_WHOLE
+    whole_warps: int = 32
 
 
 CONFIG = Config()
@@ -396,16 +405,21 @@ def _softmax_bwd_kernel(
                     tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4):
+def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool = False):
     """(BLOCK, ROWS, SINGLE, num_warps) for a row width: whole rows in one block up to
-    MAX_SINGLE columns, ~4096 elements per program (several short rows share one)."""
+    MAX_SINGLE columns, ~4096 elements per program (several short rows share one; rows of
+    256 or fewer ~1024 at 2 warps), one row per program up to max_whole (not the 16-bit
+    forward), else streamed."""
     block = triton_support.next_pow2(max(n_cols, 1))
     # a 16-bit row of 4097-6144 columns would leave a quarter or more of its 8192-wide
     # block idle: it streams, in quarter-block steps; fp32 ones stay whole
     quarter_idle = element_size < 4 and 4 * n_cols <= 3 * block
     if block <= cfg.max_single and (block <= 4096 or not quarter_idle):
-        rows = cfg.rows or max(1, min(64, 4096 // block))
-        return block, rows, True, cfg.warps or (4 if block * rows <= 2048 else 8)
+        rows = cfg.rows or max(1, min(64, (1024 if block <= 256 else 4096) // block))
+        per = block * rows
+        return block, rows, True, cfg.warps or (2 if per <= 1024 else 4 if per <= 2048 else 8)
+    if cfg.max_single < block <= cfg.max_whole and (element_size >= 4 or not fwd):
+        return block, 1, True, cfg.whole_warps
     step = min(cfg.stream_block, max(block // 4, 1024))
     return step, 1, False, cfg.stream_warps if step >= cfg.stream_block else 8
 
@@ -438,13 +452,17 @@ def _vec(n_cols: int) -> int:
 
 
 def _fwd_choice(n_cols: int, block: int, single: bool, elem_size: int, warps: int, cfg: Config = CONFIG):
-    """(REREAD, num_warps) of the forward."""
+    """(REREAD, num_warps) of the forward. Rows off 16-byte boundaries never re-read
+    (their loads are one element wide: a second read costs more than it saves); fp32
+    whole rows of 2048 columns and more take 16 warps or more."""
     reread = cfg.fwd_reread
     if reread is None:
-        reread = single and n_cols >= cfg.reread_min_cols
+        reread = single and n_cols >= cfg.reread_min_cols and n_cols % (16 // elem_size) == 0
     if cfg.fwd_warps:
         return bool(reread), cfg.fwd_warps
-    return bool(reread), 16 if reread and elem_size == 4 and block >= 2048 else warps
+    if single and elem_size == 4 and block >= 2048 and (reread or block >= 8192):
+        return bool(reread), 16 if reread else max(16, warps)
+    return bool(reread), warps
 
 
 def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
@@ -453,7 +471,7 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
     n_cols = out.shape[-1] if out.dim() else 1
     n_rows = out.numel() // n_cols if n_cols else 0
     if n_rows and n_cols:
-        block, rows, single, warps = _config(n_cols, cfg, out.element_size())
+        block, rows, single, warps = _config(n_cols, cfg, out.element_size(), fwd)
         grid = (_grid(n_rows, rows, single, out.device, cfg),)
         if fwd:
             even = cfg.fwd_even and single and block == n_cols and n_rows % rows == 0
