@@ -229,6 +229,140 @@ def test_triton_configs():
     assert lt._bwd_programs(70, 64, torch.device("cpu")) == 4  # 18 rows per program, short last group
 
 
+def test_triton_shifted_rows_config():
+    """Rows off 16-byte boundaries from shift_min_cols columns up take the shifted kernels,
+    in row classes that repeat every A / gcd(width, A) rows; rows on boundaries, narrow
+    rows and rows whose span passes MAX_D do not."""
+    from kernellab.ops.norm_kernels import triton_kernels as lt
+
+    assert lt._shift(4097, 2) == (8192, 8, 8) and lt._shift(4097, 4) == (8192, 4, 4)
+    assert lt._shift(4098, 2) == (8192, 8, 4) and lt._shift(4098, 4) == (8192, 4, 2)
+    assert lt._shift(4096, 2) is None and lt._shift(5000, 2) is None  # on boundaries
+    assert lt._shift(1025, 2) is None  # narrower than shift_min_cols
+    assert lt._shift(lt.MAX_D - 1, 2) is None  # its span needs a 2 * MAX_D block
+    assert lt._shift(1025, 2, lt.Config(shift_min_cols=8)) == (2048, 8, 8)
+    # whole classes of programs, every row walked once
+    for n_rows, classes, programs in ((4096, 8, 264), (5, 8, 264), (70, 4, 3), (1, 2, 132)):
+        progs, per = lt._class_split(n_rows, classes, programs)
+        assert progs % classes == 0 and (progs // classes) * per >= -(-n_rows // classes)
+        assert (progs // classes - 1) * per < -(-n_rows // classes)
+
+
+def _norm64(x, w, b, rms, eps=1e-5):
+    if rms:
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+    return F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_triton_shifted_rows_forward_and_gradients(rms, dtype):
+    """The shifted kernels (shift_min_cols lowered so that the interpreter reaches them)
+    against float64 at widths whose rows start at every shift: fewer rows than classes,
+    a tensor whose end is not on a 16-byte boundary (its last row read apart), and a view
+    one element into a buffer (its base off a boundary). y, mean and rstd, dx, dweight
+    and dbias judged with torch's own as the peer."""
+    from kernellab.ops.norm_kernels import triton_kernels as lt
+
+    cfg = lt.Config(shift_min_cols=8, bwd_small_elems=0)
+    for rows, cols, off in ((13, 101, 0), (3, 37, 0), (9, 66, 0), (6, 45, 1)):
+        g = torch.Generator().manual_seed(rows * cols + off)
+        buf = (torch.randn(rows * cols + off, generator=g) * 2 + 1).to(dtype)
+        x = buf[off:].view(rows, cols)
+        w = (1 + 0.2 * torch.randn(cols, generator=g)).to(dtype)
+        b = None if rms else (0.1 * torch.randn(cols, generator=g)).to(dtype)
+        dy = torch.randn(rows, cols, generator=g).to(dtype)
+        assert lt._shift(cols, x.element_size(), cfg) is not None
+        y, mean, rstd = lt.norm_fwd(x, w, b, 1e-5, rms, cfg=cfg)
+        dx, dw, db = lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)
+        leaves = [t.double().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+        want = _norm64(*leaves, rms)
+        want.backward(dy.double())
+        peer_leaves = [t.clone().requires_grad_(True) if t is not None else None for t in (x, w, b)]
+        if rms:
+            peer = F.rms_norm(peer_leaves[0], (cols,), peer_leaves[1], 1e-5)
+        else:
+            peer = F.layer_norm(peer_leaves[0], (cols,), peer_leaves[1], peer_leaves[2], 1e-5)
+        peer.backward(dy)
+        xd = x.double()
+        var = (xd * xd).mean(-1) if rms else xd.var(-1, unbiased=False)
+        torch.testing.assert_close(rstd.double(), (var + 1e-5).rsqrt(), rtol=1e-5, atol=0)
+        if not rms:
+            torch.testing.assert_close(mean.double(), xd.mean(-1), rtol=0, atol=1e-6)
+        checks = [("y", y, want, peer), ("dx", dx, leaves[0].grad, peer_leaves[0].grad),
+                  ("dweight", dw, leaves[1].grad, peer_leaves[1].grad)]  # fmt: skip
+        if not rms:
+            checks.append(("dbias", db, leaves[2].grad, peer_leaves[2].grad))
+        for name, got, ref, tor in checks:
+            v = judge(got, ref.detach(), dtype, tor.detach())
+            assert v.ok, (rows, cols, off, name, v.detail)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_shifted_rows_ptx_is_16_bytes_wide(dtype):
+    """Compiled for sm_90 (no GPU needed): the shifted kernels read a row 16 bytes at a
+    time and write its interior 16 bytes at a time; one element at a time are only the
+    weight and bias (once per program), the tensor's last partial chunk, the ends, and
+    the backward's partial sums (once per program)."""
+    import subprocess
+    import sys
+
+    code = f"""
+import re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernellab.inspect.asm import _jit
+from kernellab.ops.norm_kernels import triton_kernels as T
+dtype = "{dtype}"
+A = 16 // (4 if dtype == "fp32" else 2)
+for fwd in (True, False):
+    fn = _jit(T._norm_fwd_shift_kernel if fwd else T._norm_bwd_shift_kernel)
+    if fwd:
+        sig = {{p: "*" + dtype for p in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "h_ptr", "y_ptr")}}
+        sig.update(mean_ptr="*fp32", rstd_ptr="*fp32", n_rows="i32", n_cols="i32", eps="fp32", per="i32")
+        cx = dict(BLOCK=8192, A=A, C=A, RMS=False, HAS_BIAS=True, CORR=dtype == "fp32")
+    else:
+        sig = {{p: "*" + dtype for p in ("dy_ptr", "x_ptr", "w_ptr", "dx_ptr", "dres_ptr")}}
+        sig.update(mean_ptr="*fp32", rstd_ptr="*fp32", dw_part_ptr="*fp32", db_part_ptr="*fp32",
+                   n_rows="i32", n_cols="i32", per="i32")
+        cx = dict(BLOCK=8192, A=A, C=A, RMS=False)
+    sig.update(dict.fromkeys(cx, "constexpr"))
+    sig = {{n: sig[n] for n in fn.arg_names}}
+    attrs = {{(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in sig if p.endswith("_ptr")}}
+    err = None
+    for c in (cx, {{(fn.arg_names.index(k),): v for k, v in cx.items()}}):
+        try:
+            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
+                               target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+            break
+        except Exception as e:
+            err = e
+    else:
+        raise err
+    ptx = k.asm["ptx"]
+    ld = re.findall(r"ld\\.global\\S*", ptx)
+    st = re.findall(r"st\\.global\\S*", ptx)
+    print(len(ld), sum(".v4" in s for s in ld), len(st), sum(".v4" in s for s in st))
+"""
+    env = {**__import__("os").environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = [tuple(map(int, ln.split())) for ln in res.stdout.split("\n") if ln.strip()]
+    (fn, fw, fs, fws), (bn, bw, bs, bws) = lines
+    per_thread = 8192 // 256  # a BLOCK-wide vector over 8 warps
+    vec = per_thread * (4 if dtype == "fp32" else 2) // 16  # its 16-byte pieces per thread
+    # forward: x 16 bytes at a time (the first row, then the next in the loop); y's interior
+    assert fw == 2 * vec and fws == vec
+    # one element at a time: w and b once, the last partial chunk, the ends (x, w, b twice);
+    # stored so: the ends, mean and rstd
+    assert fn - fw == 3 * per_thread + 6 and fs - fws == 4
+    # backward: x and dy 16 bytes at a time, twice each; dx's interior
+    assert bw == 4 * vec and bws == vec
+    # w once, x and dy's last partial chunk, the ends (x, dy, w twice), the stats;
+    # the dweight and dbias partials once
+    assert bn - bw == 3 * per_thread + 6 + 2 and bs - bws == 2 * per_thread + 2
+
+
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize("width", [4096, 5000])
 def test_triton_one_row_forward(rms, width):

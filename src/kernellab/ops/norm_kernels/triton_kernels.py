@@ -11,6 +11,10 @@ written once: 1 read + 1 write per element, the minimum. Short rows share a prog
 of them, ~4096 elements per program). The fp32 mean and rstd of each row are stored for
 the backward (8 bytes per row against 2 * D bytes of x).
 
+Rows whose width is not a multiple of 16 bytes (4097 columns) take the shifted kernels
+(``_norm_fwd_shift_kernel``, ``_norm_bwd_shift_kernel``): each row is read as the aligned
+chunks that hold it, so that loads and stores stay 16 bytes wide.
+
 Backward: a fixed number of programs (a few per SM) each walks a contiguous group of
 rows; per row it recomputes xhat from x, mean, rstd, writes dx, and adds dy * xhat and dy
 into fp32 accumulators held in registers. Each program then writes one partial row of
@@ -21,6 +25,7 @@ and dy are read exactly once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -28,6 +33,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._triton_rows import shifted_span
 from kernellab.ops.norm_kernels import plumbing
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
@@ -55,7 +61,10 @@ class Config:
         all of a column strip's partials at once up to psum_max_p of them).
     bwd_small_elems: inputs of at most this many elements take the one-launch backward
         (``_norm_bwd_cols_kernel``; 0: never). Such calls are launch-bound: the partials'
-        buffer and the second launch cost more host time than the kernels take."""
+        buffer and the second launch cost more host time than the kernels take.
+    shift_min_cols: rows of at least this many columns whose width is not a multiple of
+        16 bytes take the shifted kernels (``_norm_fwd_shift_kernel``; 0: never).
+    shift_fwd_per_sm: programs per SM of the shifted forward."""
 
     row_elems: int = 4096
     fwd_warps: int | None = None
@@ -69,6 +78,8 @@ class Config:
     psum_elems: int = 4096
     psum_max_p: int = 1024
     bwd_small_elems: int = 65536
+    shift_min_cols: int = 2048
+    shift_fwd_per_sm: int = 4
 
 
 CONFIG = Config()
@@ -400,6 +411,175 @@ def _norm_bwd_cols_kernel(
         tl.store(db_ptr + scols, db_acc.to(tl.float32).to(db_ptr.dtype.element_ty), mask=smask)
 
 
+# --------------------------------------------------------------------------- shifted rows
+#
+# A row width that is not a multiple of 16 bytes (4097 columns) starts most rows off a
+# 16-byte boundary, and every load and store of the kernels above is then one element
+# wide. The kernels below read such a row as the aligned chunks that hold it
+# (_triton_rows.shifted_span; the neighbours' values masked out) and write its aligned
+# interior 16 bytes at a time, the < A elements at each end one at a time. Row r starts
+# (r * n_cols) mod A elements past a boundary, which repeats every C = A / gcd(n_cols, A)
+# rows: each program walks rows of one class (r mod C), so that its weight (and bias,
+# and the backward's dweight / dbias sums) sit at one shift, loaded or stored once.
+
+
+@triton_support.jit
+def _norm_fwd_shift_kernel(
+    x_ptr,  # as _norm_fwd_kernel's (no residual: r_ptr and h_ptr unused)
+    w_ptr,
+    b_ptr,
+    r_ptr,
+    h_ptr,
+    y_ptr,
+    mean_ptr,
+    rstd_ptr,
+    n_rows,
+    n_cols,
+    eps,
+    per,  # rows of its class per program
+    BLOCK: tl.constexpr,  # power of two >= n_cols + A - 1
+    A: tl.constexpr,  # elements per 16 bytes
+    C: tl.constexpr,  # row classes
+    RMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    CORR: tl.constexpr,  # fp32 x: the corrected two-pass mean (as _norm_fwd_kernel)
+):
+    pid = tl.program_id(0)
+    cls = pid % C
+    m0 = (pid // C) * per
+    m1 = tl.minimum(m0 + per, (n_rows - cls + C - 1) // C)
+    total = n_rows.to(tl.int64) * n_cols
+    cols = tl.arange(0, BLOCK)
+    ends = tl.arange(0, A)
+    lo = (cls * n_cols) % A
+    k = cols - lo  # the column at each place of a span
+    kmask = (k >= 0) & (k < n_cols)
+    w = tl.load(w_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+    b = w
+    if HAS_BIAS:
+        b = tl.load(b_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+    # the first row's chunks; then each step loads the next row's before its reductions
+    row = cls.to(tl.int64) + C * m0
+    a0, _, r1, hi, lim, b0, b1 = shifted_span(row * n_cols, n_cols, total, A)
+    x_nx = tl.load(x_ptr + a0 + cols, mask=(cols < lim) & (cols * 0 + m0 < m1), other=0.0)
+    for m in range(m0, m1):
+        x = x_nx.to(tl.float32)
+        row = cls.to(tl.int64) + C * m
+        a0, _, r1, hi, lim, b0, b1 = shifted_span(row * n_cols, n_cols, total, A)
+        nrow = row + C
+        na0, _, _, _, nlim, _, _ = shifted_span(nrow * n_cols, n_cols, total, A)
+        x_nx = tl.load(x_ptr + na0 + cols, mask=(cols < nlim) & (cols * 0 + m + 1 < m1), other=0.0)
+        if lim < r1:  # the tensor's last row: its last partial chunk, one element at a time
+            x += tl.load(x_ptr + a0 + cols, mask=(cols >= lim) & (cols < r1), other=0.0).to(tl.float32)
+        inside = (cols >= lo) & (cols < r1)
+        x = tl.where(inside, x, 0.0)
+        if RMS:
+            xc = x
+            mean = 0.0
+        else:
+            mean = tl.sum(x, axis=0) / n_cols
+            xc = tl.where(inside, x - mean, 0.0)
+            if CORR:
+                corr = tl.sum(xc, axis=0) / n_cols
+                mean = mean + corr
+                xc = tl.where(inside, xc - corr, 0.0)
+            tl.store(mean_ptr + row, mean)
+        rstd = 1.0 / tl.sqrt_rn((tl.sum(xc * xc, axis=0) / n_cols + eps).to(tl.float32))
+        tl.store(rstd_ptr + row, rstd)
+        y = xc * rstd * w
+        if HAS_BIAS:
+            y = y + b
+        tl.store(y_ptr + a0 + cols, y.to(y_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
+        for e0 in tl.static_range(2):  # the ends: [lo, b0), then [b1, r1)
+            ej = ends if e0 == 0 else b1 + ends
+            emask = ((ej >= lo) & (ej < b0)) if e0 == 0 else (ej < r1)
+            xe = tl.load(x_ptr + a0 + ej, mask=emask, other=0.0).to(tl.float32)
+            ye = (xe - mean) * rstd * tl.load(w_ptr + ej - lo, mask=emask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                ye = ye + tl.load(b_ptr + ej - lo, mask=emask, other=0.0).to(tl.float32)
+            tl.store(y_ptr + a0 + ej, ye.to(y_ptr.dtype.element_ty), mask=emask)
+
+
+@triton_support.jit
+def _norm_bwd_shift_kernel(
+    dy_ptr,  # as _norm_bwd_kernel's (no residual: dres_ptr unused)
+    x_ptr,
+    w_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dres_ptr,
+    dw_part_ptr,  # [programs, n_cols] fp32
+    db_part_ptr,
+    n_rows,
+    n_cols,
+    per,  # rows of its class per program
+    BLOCK: tl.constexpr,  # power of two >= n_cols + A - 1
+    A: tl.constexpr,
+    C: tl.constexpr,
+    RMS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cls = pid % C
+    m0 = (pid // C) * per
+    m1 = tl.minimum(m0 + per, (n_rows - cls + C - 1) // C)
+    total = n_rows.to(tl.int64) * n_cols
+    cols = tl.arange(0, BLOCK)
+    ends = tl.arange(0, A)
+    lo = (cls * n_cols) % A
+    k = cols - lo
+    kmask = (k >= 0) & (k < n_cols)
+    w = tl.load(w_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+    dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
+    db_acc = tl.zeros([BLOCK], dtype=tl.float32)
+    row = cls.to(tl.int64) + C * m0
+    a0, _, r1, hi, lim, b0, b1 = shifted_span(row * n_cols, n_cols, total, A)
+    first = (cols < lim) & (cols * 0 + m0 < m1)
+    x_nx = tl.load(x_ptr + a0 + cols, mask=first, other=0.0)
+    dy_nx = tl.load(dy_ptr + a0 + cols, mask=first, other=0.0)
+    for m in range(m0, m1):
+        x = x_nx.to(tl.float32)
+        dy = dy_nx.to(tl.float32)
+        row = cls.to(tl.int64) + C * m
+        a0, _, r1, hi, lim, b0, b1 = shifted_span(row * n_cols, n_cols, total, A)
+        nrow = row + C
+        na0, _, _, _, nlim, _, _ = shifted_span(nrow * n_cols, n_cols, total, A)
+        nmask = (cols < nlim) & (cols * 0 + m + 1 < m1)
+        x_nx = tl.load(x_ptr + na0 + cols, mask=nmask, other=0.0)
+        dy_nx = tl.load(dy_ptr + na0 + cols, mask=nmask, other=0.0)
+        if lim < r1:  # the tensor's last row: its last partial chunk, one element at a time
+            tmask = (cols >= lim) & (cols < r1)
+            x += tl.load(x_ptr + a0 + cols, mask=tmask, other=0.0).to(tl.float32)
+            dy += tl.load(dy_ptr + a0 + cols, mask=tmask, other=0.0).to(tl.float32)
+        inside = (cols >= lo) & (cols < r1)
+        rstd = tl.load(rstd_ptr + row)
+        mean = 0.0
+        if not RMS:
+            mean = tl.load(mean_ptr + row)
+        xhat = tl.where(inside, (x - mean) * rstd, 0.0)
+        dy = tl.where(inside, dy, 0.0)
+        g = dy * w
+        c1 = tl.sum(g * xhat, axis=0) / n_cols
+        c2 = 0.0
+        if not RMS:
+            c2 = tl.sum(g, axis=0) / n_cols
+            db_acc += dy
+        dw_acc += dy * xhat
+        dx = (g - (xhat * c1 + c2)) * rstd
+        tl.store(dx_ptr + a0 + cols, dx.to(dx_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
+        for e0 in tl.static_range(2):  # the ends: [lo, b0), then [b1, r1)
+            ej = ends if e0 == 0 else b1 + ends
+            emask = ((ej >= lo) & (ej < b0)) if e0 == 0 else (ej < r1)
+            xe = tl.load(x_ptr + a0 + ej, mask=emask, other=0.0).to(tl.float32)
+            dye = tl.load(dy_ptr + a0 + ej, mask=emask, other=0.0).to(tl.float32)
+            ge = dye * tl.load(w_ptr + ej - lo, mask=emask, other=0.0).to(tl.float32)
+            dxe = (ge - ((xe - mean) * rstd * c1 + c2)) * rstd
+            tl.store(dx_ptr + a0 + ej, dxe.to(dx_ptr.dtype.element_ty), mask=emask)
+    tl.store(dw_part_ptr + pid * n_cols + k, dw_acc, mask=kmask)
+    if not RMS:
+        tl.store(db_part_ptr + pid * n_cols + k, db_acc, mask=kmask)
+
+
 def _cols_config(n_rows: int, block: int) -> tuple[int, int, int]:
     """(BLOCK_C, ROWS, num_warps) of the one-launch backward: strips of up to 256 columns
     (at least 4 programs where the row is that wide), ~4096 elements a step."""
@@ -483,6 +663,26 @@ class FwdPlan(NamedTuple):
     n_cols: int
     launch: triton_support.Bound | None  # None: nothing to launch (an empty input)
     row_kernel: bool  # _norm_fwd_row_kernel (no n_rows argument)
+    per: int = 0  # _norm_fwd_shift_kernel: rows of a class per program
+
+
+def _shift(n_cols: int, elem: int, cfg: Config = CONFIG) -> tuple[int, int, int] | None:
+    """(BLOCK, A, C) of the shifted kernels for rows of ``n_cols`` elements of ``elem``
+    bytes, or None where they do not apply (rows on 16-byte boundaries, narrower than
+    cfg.shift_min_cols, or whose chunks pass MAX_D)."""
+    a = 16 // elem
+    if not cfg.shift_min_cols or n_cols < cfg.shift_min_cols or n_cols % a == 0:
+        return None
+    block = triton_support.next_pow2(n_cols + a - 1)
+    return (block, a, a // math.gcd(n_cols, a)) if block <= MAX_D else None
+
+
+def _class_split(n_rows: int, classes: int, programs: int) -> tuple[int, int]:
+    """(programs, rows per program) of a shifted launch: about ``programs`` programs, a
+    whole number per row class, each walking ``per`` rows of its class."""
+    in_class = triton_support.cdiv(n_rows, classes)
+    per = triton_support.cdiv(in_class, max(1, min(in_class, triton_support.cdiv(programs, classes))))
+    return classes * triton_support.cdiv(in_class, per), per
 
 
 class BwdPlan(NamedTuple):
@@ -500,6 +700,16 @@ def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
     n_rows, n_cols = plumbing.rows_of(x)
     if not (n_rows and n_cols):
         return FwdPlan(n_rows, n_cols, None, False)
+    shift = None if has_res else _shift(n_cols, x.element_size(), cfg)
+    if shift is not None:
+        block, a, c = shift
+        on_gpu = x.device.type == "cuda"
+        target = cfg.shift_fwd_per_sm * triton_support.sm_count(x.device.index) if on_gpu else 4
+        programs, per = _class_split(n_rows, c, target)
+        kw = dict(BLOCK=block, A=a, C=c, RMS=rms, HAS_BIAS=has_bias, CORR=x.dtype == torch.float32,
+                  num_warps=cfg.fwd_warps or (8 if block * x.element_size() <= 16384 else 16))  # fmt: skip
+        launch = triton_support.Bound(_norm_fwd_shift_kernel, (programs,), kw, (0, 1, 2, 3, 4))
+        return FwdPlan(n_rows, n_cols, launch, False, per)
     block, rows, warps = _fwd_config(n_cols, cfg)
     # tensors passed in (x, w, b, res, h) are checked for alignment on every call; the
     # launcher's own allocations need not be
@@ -519,7 +729,7 @@ def norm_fwd(x, w, b, eps, rms, res=None, h=None, cfg: Config = CONFIG):
     dtype) the kernel normalizes x + res and writes that sum into ``h`` (fresh, x's shape)."""
     key = ("f", x.shape, x.dtype, x.device, rms, b is None, res is None, None if cfg is CONFIG else cfg)
     plan = _plan(x, key, lambda: _fwd_plan(x, rms, b is not None, res is not None, cfg))
-    n_rows, n_cols, launch, row_kernel = plan
+    n_rows, n_cols, launch, row_kernel, per = plan
     y = torch.empty_like(x)
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     mean = None if rms else torch.empty(n_rows, dtype=torch.float32, device=x.device)
@@ -529,6 +739,8 @@ def norm_fwd(x, w, b, eps, rms, res=None, h=None, cfg: Config = CONFIG):
                 stats, rstd)  # fmt: skip
         if row_kernel:
             launch(*args, n_cols, eps)
+        elif per:
+            launch(*args, n_rows, n_cols, eps, per)
         else:
             launch(*args, n_rows, n_cols, eps)
     return y, mean, rstd
@@ -549,15 +761,22 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
         cols = triton_support.Bound(_norm_bwd_cols_kernel, grid, kw, (0, 1, 2, 3, 4, 6))
         return BwdPlan(n_rows, n_cols, grid[0], want_db, cols, n_rows, None, True)
     programs = _bwd_programs(n_rows, block, x.device, cfg, x.element_size())
-    per = triton_support.cdiv(n_rows, programs)
-    programs = triton_support.cdiv(n_rows, per)
     warps = _bwd_warps(block, cfg, x.element_size())
-    kw = dict(BLOCK=block, RMS=rms, PREFETCH=cfg.bwd_prefetch, RES=has_dres, num_warps=warps,
-              # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g),
-              # or dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
-              enable_fp_fusion=False)  # fmt: skip
-    # dy, x, w, mean, rstd and dres come from outside: checked for alignment on every call
-    bwd = triton_support.Bound(_norm_bwd_kernel, (programs,), kw, (0, 1, 2, 3, 4, 6))
+    shift = None if has_dres else _shift(n_cols, x.element_size(), cfg)
+    if shift is not None:
+        block, a, c = shift
+        programs, per = _class_split(n_rows, c, programs)
+        kw = dict(BLOCK=block, A=a, C=c, RMS=rms, num_warps=warps, enable_fp_fusion=False)  # (as below)
+        bwd = triton_support.Bound(_norm_bwd_shift_kernel, (programs,), kw, (0, 1, 2, 3, 4, 6))
+    else:
+        per = triton_support.cdiv(n_rows, programs)
+        programs = triton_support.cdiv(n_rows, per)
+        kw = dict(BLOCK=block, RMS=rms, PREFETCH=cfg.bwd_prefetch, RES=has_dres, num_warps=warps,
+                  # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g), or
+                  # dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
+                  enable_fp_fusion=False)  # fmt: skip
+        # dy, x, w, mean, rstd and dres come from outside: checked for alignment on every call
+        bwd = triton_support.Bound(_norm_bwd_kernel, (programs,), kw, (0, 1, 2, 3, 4, 6))
     psum = None
     if w.dtype != torch.float32:
         block_p, block_c = _psum_config(programs, n_cols, cfg)

@@ -27,6 +27,7 @@ import triton.language as tl
 from kernellab import triton_support
 from kernellab.ops._elementwise import unary_op
 from kernellab.ops._register import register_triton
+from kernellab.ops._triton_rows import shifted_span
 
 MAX_SINGLE = 8192  # widest row kept in one block (fp32: 32 KB of registers per row program)
 MAX_WHOLE = 32768  # widest row held whole by whole_warps warps (fp32: 128 KB)
@@ -100,33 +101,15 @@ def _stream_out(x, m, s):
 
 
 @triton_support.jit
-def _shifted_span(r0, n, total, A: tl.constexpr):
-    # A row [r0, r0 + n) of a tensor of ``total`` elements whose rows do not start on
-    # 16-byte boundaries (A elements each), in offsets from a0, the start of the aligned
-    # A-element chunk holding its first element (all multiples of A but lo and r1):
-    # lo, r1: the row; hi: past the chunk holding its last element; lim: past the last
-    # whole chunk inside the tensor (< hi only at the tensor's end); [b0, b1): the row's
-    # aligned interior. 32-bit offsets (a row is < 2^31 elements).
-    a0 = (r0 // A) * A
-    lo = (r0 - a0).to(tl.int32)
-    r1 = lo + n
-    hi = ((r1 + A - 1) // A) * A
-    lim = (tl.minimum(total - a0, hi.to(tl.int64)).to(tl.int32) // A) * A
-    b0 = ((lo + A - 1) // A) * A
-    b1 = (r1 // A) * A
-    return a0, lo, r1, hi, lim, b0, b1
-
-
-@triton_support.jit
 def _fwd_row_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr):
-    # The softmax of one row whose rows do not start on 16-byte boundaries (_shifted_span).
+    # The softmax of one row whose rows do not start on 16-byte boundaries (shifted_span).
     # It is read as the aligned chunks that hold it, 16 bytes a load (the neighbours'
     # values taken as -inf), and written as its aligned interior, 16 bytes a store, plus
     # the < A elements at each end one at a time. The tensor's last partial chunk (the last
     # row's end, past lim) is read apart, so that no load passes the tensor.
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
-    a0, lo, r1, hi, lim, b0, b1 = _shifted_span(r0, n, total, A)
+    a0, lo, r1, hi, lim, b0, b1 = shifted_span(r0, n, total, A)
     xp = x_ptr + a0
     yp = y_ptr + a0
     m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)
@@ -274,7 +257,7 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
     # does (the neighbours' y and dy taken as 0).
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
-    a0, lo, r1, hi, lim, b0, b1 = _shifted_span(r0, n, total, A)
+    a0, lo, r1, hi, lim, b0, b1 = shifted_span(r0, n, total, A)
     yp = y_ptr + a0
     dyp = dy_ptr + a0
     dxp = dx_ptr + a0
