@@ -28,18 +28,14 @@ R = dataclasses.replace
 C0 = tk.CONFIG
 VARIANTS = {
     "default": C0,
-    "noshift": R(C0, shift_min_cols=0),
-    "shift_all": R(C0, shift_min_cols=8),
-    "fwd_ps2": R(C0, shift_min_cols=8, shift_fwd_per_sm=2),
-    "fwd_ps8": R(C0, shift_min_cols=8, shift_fwd_per_sm=8),
-    "fwd_w4": R(C0, shift_min_cols=8, fwd_warps=4),
-    "fwd_w8": R(C0, shift_min_cols=8, fwd_warps=8),
-    "fwd_w16": R(C0, shift_min_cols=8, fwd_warps=16),
-    "bwd_w4": R(C0, shift_min_cols=8, bwd_warps=4),
-    "bwd_w8": R(C0, shift_min_cols=8, bwd_warps=8),
-    "bwd_w16": R(C0, shift_min_cols=8, bwd_warps=16),
-    "bwd_ps2": R(C0, shift_min_cols=8, bwd_programs_per_sm=2),
-    "bwd_ps4": R(C0, shift_min_cols=8, bwd_programs_per_sm=4),
+    "noshift": R(C0, shift_fwd_min_cols=0, shift_bwd_min_cols=0),
+    "shift_all": R(C0, shift_fwd_min_cols=8, shift_bwd_min_cols=8),
+    "fwd_w2": R(C0, shift_fwd_min_cols=8, shift_fwd_warps=2),
+    "fwd_w8": R(C0, shift_fwd_min_cols=8, shift_fwd_warps=8),
+    "fwd_ps8": R(C0, shift_fwd_min_cols=8, shift_fwd_per_sm=8),
+    "bwd_w8": R(C0, shift_bwd_min_cols=8, bwd_warps=8),
+    "bwd_w16": R(C0, shift_bwd_min_cols=8, bwd_warps=16),
+    "bwd_ps2": R(C0, shift_bwd_min_cols=8, bwd_programs_per_sm=2),
 }
 FWD_ONLY = ("fwd_",)
 BWD_ONLY = ("bwd_",)

@@ -230,22 +230,27 @@ def test_triton_configs():
 
 
 def test_triton_shifted_rows_config():
-    """Rows off 16-byte boundaries from shift_min_cols columns up take the shifted kernels,
-    in row classes that repeat every A / gcd(width, A) rows; rows on boundaries, narrow
-    rows and rows whose span passes MAX_D do not."""
+    """Rows off 16-byte boundaries from shift_fwd_min_cols / shift_bwd_min_cols columns up
+    take the shifted kernels, in row classes that repeat every A / gcd(width, A) rows;
+    rows on boundaries, narrow rows and rows whose span passes MAX_D do not. A backward
+    program sums at most bwd_max_rows rows into its partials."""
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
     assert lt._shift(4097, 2) == (8192, 8, 8) and lt._shift(4097, 4) == (8192, 4, 4)
     assert lt._shift(4098, 2) == (8192, 8, 4) and lt._shift(4098, 4) == (8192, 4, 2)
     assert lt._shift(4096, 2) is None and lt._shift(5000, 2) is None  # on boundaries
-    assert lt._shift(1025, 2) is None  # narrower than shift_min_cols
+    assert lt._shift(1025, 2) is None  # narrower than shift_bwd_min_cols
+    assert lt._shift(1025, 2, fwd=True) == (2048, 8, 8)  # the forward's is lower
     assert lt._shift(lt.MAX_D - 1, 2) is None  # its span needs a 2 * MAX_D block
-    assert lt._shift(1025, 2, lt.Config(shift_min_cols=8)) == (2048, 8, 8)
+    assert lt._shift(37, 2, lt.Config(shift_bwd_min_cols=8)) == (64, 8, 8)
     # whole classes of programs, every row walked once
     for n_rows, classes, programs in ((4096, 8, 264), (5, 8, 264), (70, 4, 3), (1, 2, 132)):
         progs, per = lt._class_split(n_rows, classes, programs)
         assert progs % classes == 0 and (progs // classes) * per >= -(-n_rows // classes)
         assert (progs // classes - 1) * per < -(-n_rows // classes)
+    x = torch.zeros(70000, 13)
+    plan = lt._bwd_plan(x, torch.ones(13), False, True, False, lt.Config(bwd_small_elems=0))
+    assert plan.rows_per_program <= lt.CONFIG.bwd_max_rows and plan.programs * plan.rows_per_program >= 70000
 
 
 def _norm64(x, w, b, rms, eps=1e-5):
@@ -257,14 +262,14 @@ def _norm64(x, w, b, rms, eps=1e-5):
 @pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_triton_shifted_rows_forward_and_gradients(rms, dtype):
-    """The shifted kernels (shift_min_cols lowered so that the interpreter reaches them)
+    """The shifted kernels (their least widths lowered so that the interpreter reaches them)
     against float64 at widths whose rows start at every shift: fewer rows than classes,
     a tensor whose end is not on a 16-byte boundary (its last row read apart), and a view
     one element into a buffer (its base off a boundary). y, mean and rstd, dx, dweight
     and dbias judged with torch's own as the peer."""
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
-    cfg = lt.Config(shift_min_cols=8, bwd_small_elems=0)
+    cfg = lt.Config(shift_fwd_min_cols=8, shift_bwd_min_cols=8, bwd_small_elems=0)
     for rows, cols, off in ((13, 101, 0), (3, 37, 0), (9, 66, 0), (6, 45, 1)):
         g = torch.Generator().manual_seed(rows * cols + off)
         buf = (torch.randn(rows * cols + off, generator=g) * 2 + 1).to(dtype)
@@ -272,7 +277,8 @@ def test_triton_shifted_rows_forward_and_gradients(rms, dtype):
         w = (1 + 0.2 * torch.randn(cols, generator=g)).to(dtype)
         b = None if rms else (0.1 * torch.randn(cols, generator=g)).to(dtype)
         dy = torch.randn(rows, cols, generator=g).to(dtype)
-        assert lt._shift(cols, x.element_size(), cfg) is not None
+        es = x.element_size()
+        assert lt._shift(cols, es, cfg) is not None and lt._shift(cols, es, cfg, fwd=True) is not None
         y, mean, rstd = lt.norm_fwd(x, w, b, 1e-5, rms, cfg=cfg)
         dx, dw, db = lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)
         leaves = [t.double().requires_grad_(True) if t is not None else None for t in (x, w, b)]
@@ -353,14 +359,14 @@ for fwd in (True, False):
     vec = per_thread * (4 if dtype == "fp32" else 2) // 16  # its 16-byte pieces per thread
     # forward: x 16 bytes at a time (the first row, then the next in the loop); y's interior
     assert fw == 2 * vec and fws == vec
-    # one element at a time: w and b once, the last partial chunk, the ends (x, w, b twice);
-    # stored so: the ends, mean and rstd
-    assert fn - fw == 3 * per_thread + 6 and fs - fws == 4
+    # one element at a time: w and b once, the last partial chunk, the ends (w and b once,
+    # x for the first row and in the loop); stored so: the ends, mean and rstd
+    assert fn - fw == 3 * per_thread + 8 and fs - fws == 4
     # backward: x and dy 16 bytes at a time, twice each; dx's interior
     assert bw == 4 * vec and bws == vec
-    # w once, x and dy's last partial chunk, the ends (x, dy, w twice), the stats;
-    # the dweight and dbias partials once
-    assert bn - bw == 3 * per_thread + 6 + 2 and bs - bws == 2 * per_thread + 2
+    # w once, x and dy's last partial chunk, the ends (w once, x and dy for the first row
+    # and in the loop), the stats (likewise); the dweight and dbias partials once
+    assert bn - bw == 3 * per_thread + 2 + 8 + 4 and bs - bws == 2 * per_thread + 2
 
 
 @pytest.mark.parametrize("rms", [False, True])

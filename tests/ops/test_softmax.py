@@ -81,7 +81,8 @@ def test_long_rows_take_the_streaming_path():
 
     assert st._config(8192)[2] is True and st._config(8193)[2] is True  # fp32: whole up to 32768
     assert st._config(32768)[2] is True and st._config(32769)[2] is False
-    assert st._config(20000)[1:] == (1, True, st.CONFIG.whole_warps)
+    assert st._config(20000)[1:] == (1, True, 32) and st._config(12000)[1:] == (1, True, 16)  # a warp per 1024
+    assert st._config(1025)[1:] == (1, True, 8) and st._config(1025, fwd=True)[1:] == (1, True, 4)
     # 16-bit: the backward holds them whole, the forward streams them
     assert st._config(20000, element_size=2)[2] is True
     assert st._config(20000, element_size=2, fwd=True)[2] is False

@@ -33,7 +33,6 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops._triton_rows import shifted_span
 from kernellab.ops.norm_kernels import plumbing
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
@@ -62,9 +61,13 @@ class Config:
     bwd_small_elems: inputs of at most this many elements take the one-launch backward
         (``_norm_bwd_cols_kernel``; 0: never). Such calls are launch-bound: the partials'
         buffer and the second launch cost more host time than the kernels take.
-    shift_min_cols: rows of at least this many columns whose width is not a multiple of
-        16 bytes take the shifted kernels (``_norm_fwd_shift_kernel``; 0: never).
-    shift_fwd_per_sm: programs per SM of the shifted forward."""
+    bwd_max_rows: the most rows a backward program sums into its partial dweight / dbias
+        (more programs past it: an fp32 sum of ~1000 rows of dy missed the check's bound
+        for dbias at 1048577 x 13).
+    shift_fwd_min_cols, shift_bwd_min_cols: rows of at least this many columns whose width
+        is not a multiple of 16 bytes take the shifted forward (``_norm_fwd_shift_kernel``)
+        and backward (0: never).
+    shift_fwd_per_sm, shift_fwd_warps: programs per SM and warps of the shifted forward."""
 
     row_elems: int = 4096
     fwd_warps: int | None = None
@@ -78,8 +81,11 @@ class Config:
     psum_elems: int = 4096
     psum_max_p: int = 1024
     bwd_small_elems: int = 65536
-    shift_min_cols: int = 2048
+    bwd_max_rows: int = 256
+    shift_fwd_min_cols: int = 1024
+    shift_bwd_min_cols: int = 2048
     shift_fwd_per_sm: int = 4
+    shift_fwd_warps: int = 4
 
 
 CONFIG = Config()
@@ -451,27 +457,51 @@ def _norm_fwd_shift_kernel(
     total = n_rows.to(tl.int64) * n_cols
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
+    # Every row of the class sits at one shift: from a0, its aligned start, the row is
+    # [lo, r1), its interior [b0, b1) and its ends [lo, b0) and [b1, r1) (shifted_span).
     lo = (cls * n_cols) % A
+    r1 = lo + n_cols
+    hi = ((r1 + A - 1) // A) * A
+    b0 = ((lo + A - 1) // A) * A
+    b1 = (r1 // A) * A
     k = cols - lo  # the column at each place of a span
     kmask = (k >= 0) & (k < n_cols)
+    inside = (cols >= lo) & (cols < r1)
+    e0 = ends
+    e0m = (e0 >= lo) & (e0 < b0)
+    e1 = b1 + ends
+    e1m = e1 < r1
     w = tl.load(w_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+    w0 = tl.load(w_ptr + e0 - lo, mask=e0m, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + e1 - lo, mask=e1m, other=0.0).to(tl.float32)
     b = w
+    bb0 = w0
+    bb1 = w1
     if HAS_BIAS:
         b = tl.load(b_ptr + k, mask=kmask, other=0.0).to(tl.float32)
-    # the first row's chunks; then each step loads the next row's before its reductions
-    row = cls.to(tl.int64) + C * m0
-    a0, _, r1, hi, lim, b0, b1 = shifted_span(row * n_cols, n_cols, total, A)
+        bb0 = tl.load(b_ptr + e0 - lo, mask=e0m, other=0.0).to(tl.float32)
+        bb1 = tl.load(b_ptr + e1 - lo, mask=e1m, other=0.0).to(tl.float32)
+    # the first row's chunks and ends; each step then loads the next row's before its
+    # reductions (lim: past its last whole chunk inside the tensor, < hi only at its end)
+    a0 = ((cls + C * m0).to(tl.int64) * n_cols // A) * A  # (= row * n_cols - lo, a multiple of A)
+    lim = (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
     x_nx = tl.load(x_ptr + a0 + cols, mask=(cols < lim) & (cols * 0 + m0 < m1), other=0.0)
+    x0_nx = tl.load(x_ptr + a0 + e0, mask=e0m & (ends * 0 + m0 < m1), other=0.0)
+    x1_nx = tl.load(x_ptr + a0 + e1, mask=e1m & (ends * 0 + m0 < m1), other=0.0)
     for m in range(m0, m1):
         x = x_nx.to(tl.float32)
+        x0 = x0_nx.to(tl.float32)
+        x1 = x1_nx.to(tl.float32)
         row = cls.to(tl.int64) + C * m
-        a0, _, r1, hi, lim, b0, b1 = shifted_span(row * n_cols, n_cols, total, A)
-        nrow = row + C
-        na0, _, _, _, nlim, _, _ = shifted_span(nrow * n_cols, n_cols, total, A)
+        a0 = (row * n_cols // A) * A
+        lim = (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
+        na0 = ((row + C) * n_cols // A) * A
+        nlim = (tl.minimum(total - na0, hi).to(tl.int32) // A) * A
         x_nx = tl.load(x_ptr + na0 + cols, mask=(cols < nlim) & (cols * 0 + m + 1 < m1), other=0.0)
+        x0_nx = tl.load(x_ptr + na0 + e0, mask=e0m & (ends * 0 + m + 1 < m1), other=0.0)
+        x1_nx = tl.load(x_ptr + na0 + e1, mask=e1m & (ends * 0 + m + 1 < m1), other=0.0)
         if lim < r1:  # the tensor's last row: its last partial chunk, one element at a time
             x += tl.load(x_ptr + a0 + cols, mask=(cols >= lim) & (cols < r1), other=0.0).to(tl.float32)
-        inside = (cols >= lo) & (cols < r1)
         x = tl.where(inside, x, 0.0)
         if RMS:
             xc = x
@@ -487,17 +517,15 @@ def _norm_fwd_shift_kernel(
         rstd = 1.0 / tl.sqrt_rn((tl.sum(xc * xc, axis=0) / n_cols + eps).to(tl.float32))
         tl.store(rstd_ptr + row, rstd)
         y = xc * rstd * w
+        y0 = (x0 - mean) * rstd * w0
+        y1 = (x1 - mean) * rstd * w1
         if HAS_BIAS:
             y = y + b
+            y0 = y0 + bb0
+            y1 = y1 + bb1
         tl.store(y_ptr + a0 + cols, y.to(y_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
-        for e0 in tl.static_range(2):  # the ends: [lo, b0), then [b1, r1)
-            ej = ends if e0 == 0 else b1 + ends
-            emask = ((ej >= lo) & (ej < b0)) if e0 == 0 else (ej < r1)
-            xe = tl.load(x_ptr + a0 + ej, mask=emask, other=0.0).to(tl.float32)
-            ye = (xe - mean) * rstd * tl.load(w_ptr + ej - lo, mask=emask, other=0.0).to(tl.float32)
-            if HAS_BIAS:
-                ye = ye + tl.load(b_ptr + ej - lo, mask=emask, other=0.0).to(tl.float32)
-            tl.store(y_ptr + a0 + ej, ye.to(y_ptr.dtype.element_ty), mask=emask)
+        tl.store(y_ptr + a0 + e0, y0.to(y_ptr.dtype.element_ty), mask=e0m)
+        tl.store(y_ptr + a0 + e1, y1.to(y_ptr.dtype.element_ty), mask=e1m)
 
 
 @triton_support.jit
@@ -526,36 +554,70 @@ def _norm_bwd_shift_kernel(
     total = n_rows.to(tl.int64) * n_cols
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
-    lo = (cls * n_cols) % A
+    lo = (cls * n_cols) % A  # the class's shift, as in _norm_fwd_shift_kernel
+    r1 = lo + n_cols
+    hi = ((r1 + A - 1) // A) * A
+    b0 = ((lo + A - 1) // A) * A
+    b1 = (r1 // A) * A
     k = cols - lo
     kmask = (k >= 0) & (k < n_cols)
+    inside = (cols >= lo) & (cols < r1)
+    e0 = ends
+    e0m = (e0 >= lo) & (e0 < b0)
+    e1 = b1 + ends
+    e1m = e1 < r1
     w = tl.load(w_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+    w0 = tl.load(w_ptr + e0 - lo, mask=e0m, other=0.0).to(tl.float32)
+    w1 = tl.load(w_ptr + e1 - lo, mask=e1m, other=0.0).to(tl.float32)
     dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
     db_acc = tl.zeros([BLOCK], dtype=tl.float32)
-    row = cls.to(tl.int64) + C * m0
-    a0, _, r1, hi, lim, b0, b1 = shifted_span(row * n_cols, n_cols, total, A)
-    first = (cols < lim) & (cols * 0 + m0 < m1)
-    x_nx = tl.load(x_ptr + a0 + cols, mask=first, other=0.0)
-    dy_nx = tl.load(dy_ptr + a0 + cols, mask=first, other=0.0)
+    row = (cls + C * m0).to(tl.int64)
+    a0 = (row * n_cols // A) * A  # (= row * n_cols - lo, a multiple of A)
+    lim = (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
+    ok = cols * 0 + m0 < m1
+    eok = ends * 0 + m0 < m1
+    x_nx = tl.load(x_ptr + a0 + cols, mask=(cols < lim) & ok, other=0.0)
+    dy_nx = tl.load(dy_ptr + a0 + cols, mask=(cols < lim) & ok, other=0.0)
+    x0_nx = tl.load(x_ptr + a0 + e0, mask=e0m & eok, other=0.0)
+    dy0_nx = tl.load(dy_ptr + a0 + e0, mask=e0m & eok, other=0.0)
+    x1_nx = tl.load(x_ptr + a0 + e1, mask=e1m & eok, other=0.0)
+    dy1_nx = tl.load(dy_ptr + a0 + e1, mask=e1m & eok, other=0.0)
+    srow = tl.minimum(row, n_rows - 1)  # (a valid row's statistics, read or not)
+    rstd_nx = tl.load(rstd_ptr + srow)
+    mean_nx = rstd_nx
+    if not RMS:
+        mean_nx = tl.load(mean_ptr + srow)
     for m in range(m0, m1):
         x = x_nx.to(tl.float32)
         dy = dy_nx.to(tl.float32)
+        x0 = x0_nx.to(tl.float32)
+        dy0 = dy0_nx.to(tl.float32)
+        x1 = x1_nx.to(tl.float32)
+        dy1 = dy1_nx.to(tl.float32)
+        rstd = rstd_nx
+        mean = 0.0
+        if not RMS:
+            mean = mean_nx
         row = cls.to(tl.int64) + C * m
-        a0, _, r1, hi, lim, b0, b1 = shifted_span(row * n_cols, n_cols, total, A)
-        nrow = row + C
-        na0, _, _, _, nlim, _, _ = shifted_span(nrow * n_cols, n_cols, total, A)
+        a0 = (row * n_cols // A) * A
+        lim = (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
+        na0 = ((row + C) * n_cols // A) * A
+        nlim = (tl.minimum(total - na0, hi).to(tl.int32) // A) * A
         nmask = (cols < nlim) & (cols * 0 + m + 1 < m1)
         x_nx = tl.load(x_ptr + na0 + cols, mask=nmask, other=0.0)
         dy_nx = tl.load(dy_ptr + na0 + cols, mask=nmask, other=0.0)
+        x0_nx = tl.load(x_ptr + na0 + e0, mask=e0m & (ends * 0 + m + 1 < m1), other=0.0)
+        dy0_nx = tl.load(dy_ptr + na0 + e0, mask=e0m & (ends * 0 + m + 1 < m1), other=0.0)
+        x1_nx = tl.load(x_ptr + na0 + e1, mask=e1m & (ends * 0 + m + 1 < m1), other=0.0)
+        dy1_nx = tl.load(dy_ptr + na0 + e1, mask=e1m & (ends * 0 + m + 1 < m1), other=0.0)
+        nsrow = tl.minimum(row + C, n_rows - 1)
+        rstd_nx = tl.load(rstd_ptr + nsrow)
+        if not RMS:
+            mean_nx = tl.load(mean_ptr + nsrow)
         if lim < r1:  # the tensor's last row: its last partial chunk, one element at a time
             tmask = (cols >= lim) & (cols < r1)
             x += tl.load(x_ptr + a0 + cols, mask=tmask, other=0.0).to(tl.float32)
             dy += tl.load(dy_ptr + a0 + cols, mask=tmask, other=0.0).to(tl.float32)
-        inside = (cols >= lo) & (cols < r1)
-        rstd = tl.load(rstd_ptr + row)
-        mean = 0.0
-        if not RMS:
-            mean = tl.load(mean_ptr + row)
         xhat = tl.where(inside, (x - mean) * rstd, 0.0)
         dy = tl.where(inside, dy, 0.0)
         g = dy * w
@@ -566,15 +628,11 @@ def _norm_bwd_shift_kernel(
             db_acc += dy
         dw_acc += dy * xhat
         dx = (g - (xhat * c1 + c2)) * rstd
+        dx0 = (dy0 * w0 - ((x0 - mean) * rstd * c1 + c2)) * rstd
+        dx1 = (dy1 * w1 - ((x1 - mean) * rstd * c1 + c2)) * rstd
         tl.store(dx_ptr + a0 + cols, dx.to(dx_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
-        for e0 in tl.static_range(2):  # the ends: [lo, b0), then [b1, r1)
-            ej = ends if e0 == 0 else b1 + ends
-            emask = ((ej >= lo) & (ej < b0)) if e0 == 0 else (ej < r1)
-            xe = tl.load(x_ptr + a0 + ej, mask=emask, other=0.0).to(tl.float32)
-            dye = tl.load(dy_ptr + a0 + ej, mask=emask, other=0.0).to(tl.float32)
-            ge = dye * tl.load(w_ptr + ej - lo, mask=emask, other=0.0).to(tl.float32)
-            dxe = (ge - ((xe - mean) * rstd * c1 + c2)) * rstd
-            tl.store(dx_ptr + a0 + ej, dxe.to(dx_ptr.dtype.element_ty), mask=emask)
+        tl.store(dx_ptr + a0 + e0, dx0.to(dx_ptr.dtype.element_ty), mask=e0m)
+        tl.store(dx_ptr + a0 + e1, dx1.to(dx_ptr.dtype.element_ty), mask=e1m)
     tl.store(dw_part_ptr + pid * n_cols + k, dw_acc, mask=kmask)
     if not RMS:
         tl.store(db_part_ptr + pid * n_cols + k, db_acc, mask=kmask)
@@ -666,12 +724,13 @@ class FwdPlan(NamedTuple):
     per: int = 0  # _norm_fwd_shift_kernel: rows of a class per program
 
 
-def _shift(n_cols: int, elem: int, cfg: Config = CONFIG) -> tuple[int, int, int] | None:
+def _shift(n_cols: int, elem: int, cfg: Config = CONFIG, fwd: bool = False) -> tuple[int, int, int] | None:
     """(BLOCK, A, C) of the shifted kernels for rows of ``n_cols`` elements of ``elem``
     bytes, or None where they do not apply (rows on 16-byte boundaries, narrower than
-    cfg.shift_min_cols, or whose chunks pass MAX_D)."""
+    cfg.shift_fwd_min_cols / shift_bwd_min_cols, or whose chunks pass MAX_D)."""
     a = 16 // elem
-    if not cfg.shift_min_cols or n_cols < cfg.shift_min_cols or n_cols % a == 0:
+    least = cfg.shift_fwd_min_cols if fwd else cfg.shift_bwd_min_cols
+    if not least or n_cols < least or n_cols % a == 0:
         return None
     block = triton_support.next_pow2(n_cols + a - 1)
     return (block, a, a // math.gcd(n_cols, a)) if block <= MAX_D else None
@@ -700,14 +759,14 @@ def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
     n_rows, n_cols = plumbing.rows_of(x)
     if not (n_rows and n_cols):
         return FwdPlan(n_rows, n_cols, None, False)
-    shift = None if has_res else _shift(n_cols, x.element_size(), cfg)
+    shift = None if has_res else _shift(n_cols, x.element_size(), cfg, fwd=True)
     if shift is not None:
         block, a, c = shift
         on_gpu = x.device.type == "cuda"
         target = cfg.shift_fwd_per_sm * triton_support.sm_count(x.device.index) if on_gpu else 4
         programs, per = _class_split(n_rows, c, target)
         kw = dict(BLOCK=block, A=a, C=c, RMS=rms, HAS_BIAS=has_bias, CORR=x.dtype == torch.float32,
-                  num_warps=cfg.fwd_warps or (8 if block * x.element_size() <= 16384 else 16))  # fmt: skip
+                  num_warps=cfg.fwd_warps or cfg.shift_fwd_warps)  # fmt: skip
         launch = triton_support.Bound(_norm_fwd_shift_kernel, (programs,), kw, (0, 1, 2, 3, 4))
         return FwdPlan(n_rows, n_cols, launch, False, per)
     block, rows, warps = _fwd_config(n_cols, cfg)
@@ -766,10 +825,12 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     if shift is not None:
         block, a, c = shift
         programs, per = _class_split(n_rows, c, programs)
+        if per > cfg.bwd_max_rows:
+            programs, per = _class_split(n_rows, c, c * triton_support.cdiv(n_rows, c * cfg.bwd_max_rows))
         kw = dict(BLOCK=block, A=a, C=c, RMS=rms, num_warps=warps, enable_fp_fusion=False)  # (as below)
         bwd = triton_support.Bound(_norm_bwd_shift_kernel, (programs,), kw, (0, 1, 2, 3, 4, 6))
     else:
-        per = triton_support.cdiv(n_rows, programs)
+        per = min(triton_support.cdiv(n_rows, programs), cfg.bwd_max_rows)
         programs = triton_support.cdiv(n_rows, per)
         kw = dict(BLOCK=block, RMS=rms, PREFETCH=cfg.bwd_prefetch, RES=has_dres, num_warps=warps,
                   # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g), or

@@ -3,8 +3,8 @@
 Rows that fit one block (next power of two <= MAX_SINGLE) are loaded once, reduced in
 registers and written: 1 read + 1 write per element, the minimum; short rows share a
 program (ROWS of them, ~4096 elements; ~1024 for rows of 256 or fewer). Rows of up to
-MAX_WHOLE columns (128 KB of fp32) are held whole too, by 32 warps, except in the 16-bit
-forward, where streaming them is faster. A longer row is streamed twice with the
+MAX_WHOLE columns (128 KB of fp32) are held whole too, by a warp per 1024 columns, except
+in the 16-bit forward, where streaming them is faster. A longer row is streamed twice with the
 online-softmax recurrence: the first pass keeps a running bound m and the running sum s,
 in base 2 with m an integer, so that the rescale when m grows is an exact power of two
 (_stream_step); the second writes 2^(x log2(e) - m) / s: 2 reads + 1 write per element
@@ -53,8 +53,8 @@ class Config:
     max_single: the widest block of whole rows at rows x warps (wider rows stream, or
         up to max_whole are held whole).
     max_whole, whole_warps: rows wider than max_single up to a block of max_whole held
-        whole, one per program of whole_warps warps: fp32 both ways, 16-bit in the
-        backward (the 16-bit forward streams them)."""
+        whole, one per program of whole_warps warps (None: one per 1024 columns), never
+        re-read: fp32 both ways, 16-bit in the backward (the 16-bit forward streams them)."""
 
     fwd_even: bool = True
     fwd_narrow: bool = True
@@ -69,7 +69,7 @@ class Config:
     bwd_hints: bool = True
     max_single: int = MAX_SINGLE
     max_whole: int = MAX_WHOLE
-    whole_warps: int = 32
+    whole_warps: int | None = None
 
 
 CONFIG = Config()
@@ -391,18 +391,20 @@ def _softmax_bwd_kernel(
 def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool = False):
     """(BLOCK, ROWS, SINGLE, num_warps) for a row width: whole rows in one block up to
     MAX_SINGLE columns, ~4096 elements per program (several short rows share one; rows of
-    256 or fewer ~1024 at 2 warps), one row per program up to max_whole (not the 16-bit
-    forward), else streamed."""
+    256 or fewer ~1024 at 2 warps; rows of 1025-2048 one each), one row per program up to
+    max_whole (not the 16-bit forward), else streamed."""
     block = triton_support.next_pow2(max(n_cols, 1))
     # a 16-bit row of 4097-6144 columns would leave a quarter or more of its 8192-wide
     # block idle: it streams, in quarter-block steps; fp32 ones stay whole
     quarter_idle = element_size < 4 and 4 * n_cols <= 3 * block
     if block <= cfg.max_single and (block <= 4096 or not quarter_idle):
+        if block == 2048:  # one row per program: 4 warps, 8 for the fp32 backward
+            return block, cfg.rows or 1, True, cfg.warps or (8 if element_size >= 4 and not fwd else 4)
         rows = cfg.rows or max(1, min(64, (1024 if block <= 256 else 4096) // block))
         per = block * rows
         return block, rows, True, cfg.warps or (2 if per <= 1024 else 4 if per <= 2048 else 8)
     if cfg.max_single < block <= cfg.max_whole and (element_size >= 4 or not fwd):
-        return block, 1, True, cfg.whole_warps
+        return block, 1, True, cfg.whole_warps or max(1, block // 1024)
     step = min(cfg.stream_block, max(block // 4, 1024))
     return step, 1, False, cfg.stream_warps if step >= cfg.stream_block else 8
 
@@ -440,7 +442,8 @@ def _fwd_choice(n_cols: int, block: int, single: bool, elem_size: int, warps: in
     whole rows of 2048 columns and more take 16 warps or more."""
     reread = cfg.fwd_reread
     if reread is None:
-        reread = single and n_cols >= cfg.reread_min_cols and n_cols % (16 // elem_size) == 0
+        aligned = n_cols % (16 // elem_size) == 0
+        reread = single and cfg.reread_min_cols <= n_cols and block <= cfg.max_single and aligned
     if cfg.fwd_warps:
         return bool(reread), cfg.fwd_warps
     if single and elem_size == 4 and block >= 2048 and (reread or block >= 8192):
