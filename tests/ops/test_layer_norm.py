@@ -232,8 +232,8 @@ def test_triton_configs():
 def test_triton_shifted_rows_config():
     """Rows off 16-byte boundaries from shift_fwd_min_cols / shift_bwd_min_cols columns up
     take the shifted kernels, in row classes that repeat every A / gcd(width, A) rows;
-    rows on boundaries, narrow rows and rows whose span passes MAX_D do not. A backward
-    program sums at most bwd_max_rows rows into its partials."""
+    rows on boundaries, narrow rows and rows whose span passes MAX_D do not. The partial
+    sums of fp32 weights: fp64, or at most bwd_max_rows rows a program."""
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
     assert lt._shift(4097, 2) == (8192, 8, 8) and lt._shift(4097, 4) == (8192, 4, 4)
@@ -248,9 +248,16 @@ def test_triton_shifted_rows_config():
         progs, per = lt._class_split(n_rows, classes, programs)
         assert progs % classes == 0 and (progs // classes) * per >= -(-n_rows // classes)
         assert (progs // classes - 1) * per < -(-n_rows // classes)
-    x = torch.zeros(70000, 13)
-    plan = lt._bwd_plan(x, torch.ones(13), False, True, False, lt.Config(bwd_small_elems=0))
-    assert plan.rows_per_program <= lt.CONFIG.bwd_max_rows and plan.programs * plan.rows_per_program >= 70000
+    # fp32 weights: partials summed in fp64 up to 4096-wide blocks, past them few rows each
+    cfg = lt.Config(bwd_small_elems=0)
+    plan = lt._bwd_plan(torch.zeros(70000, 13), torch.ones(13), False, True, False, cfg)
+    assert plan.part_dtype == torch.float64
+    plan = lt._bwd_plan(torch.zeros(300, 5000), torch.ones(5000), False, True, False, cfg)
+    assert plan.part_dtype == torch.float32 and plan.rows_per_program <= lt.CONFIG.bwd_max_rows
+    assert plan.programs * plan.rows_per_program >= 300
+    w16 = torch.ones(13, dtype=torch.bfloat16)
+    plan = lt._bwd_plan(torch.zeros(70000, 13, dtype=torch.bfloat16), w16, False, True, False, cfg)
+    assert plan.part_dtype == torch.float32
 
 
 def _norm64(x, w, b, rms, eps=1e-5):
@@ -309,7 +316,8 @@ def test_triton_shifted_rows_ptx_is_16_bytes_wide(dtype):
     """Compiled for sm_90 (no GPU needed): the shifted kernels read a row 16 bytes at a
     time and write its interior 16 bytes at a time; one element at a time are only the
     weight and bias (once per program), the tensor's last partial chunk, the ends, and
-    the backward's partial sums (once per program)."""
+    the backward's partial sums (once per program). Both also compile for one row (n_rows
+    the constant 1, as Triton specializes it)."""
     import subprocess
     import sys
 
@@ -317,6 +325,7 @@ def test_triton_shifted_rows_ptx_is_16_bytes_wide(dtype):
 import re, triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+import triton.language as tl
 from kernellab.inspect.asm import _jit
 from kernellab.ops.norm_kernels import triton_kernels as T
 dtype = "{dtype}"
@@ -331,24 +340,26 @@ for fwd in (True, False):
         sig = {{p: "*" + dtype for p in ("dy_ptr", "x_ptr", "w_ptr", "dx_ptr", "dres_ptr")}}
         sig.update(mean_ptr="*fp32", rstd_ptr="*fp32", dw_part_ptr="*fp32", db_part_ptr="*fp32",
                    n_rows="i32", n_cols="i32", per="i32")
-        cx = dict(BLOCK=8192, A=A, C=A, RMS=False)
+        cx = dict(BLOCK=8192, A=A, C=A, RMS=False, ACC=tl.float32)
     sig.update(dict.fromkeys(cx, "constexpr"))
-    sig = {{n: sig[n] for n in fn.arg_names}}
     attrs = {{(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in sig if p.endswith("_ptr")}}
-    err = None
-    for c in (cx, {{(fn.arg_names.index(k),): v for k, v in cx.items()}}):
-        try:
-            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
-                               target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
-            break
-        except Exception as e:
-            err = e
-    else:
+
+    def build(cx, sig):
+        sig = {{n: sig[n] for n in fn.arg_names}}
+        err = None
+        for c in (cx, {{(fn.arg_names.index(k),): v for k, v in cx.items()}}):
+            try:
+                return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
+                                      target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
+            except Exception as e:
+                err = e
         raise err
-    ptx = k.asm["ptx"]
+
+    ptx = build(cx, sig).asm["ptx"]
     ld = re.findall(r"ld\\.global\\S*", ptx)
     st = re.findall(r"st\\.global\\S*", ptx)
     print(len(ld), sum(".v4" in s for s in ld), len(st), sum(".v4" in s for s in st))
+    build(dict(cx, n_rows=1), dict(sig, n_rows="constexpr"))  # a one-row launch (Triton's constant 1)
 """
     env = {**__import__("os").environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)

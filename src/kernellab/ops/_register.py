@@ -21,14 +21,15 @@ def register_builtin(
     available=None,
     dtypes=None,
     double_backward: bool = False,
+    limits=None,
 ) -> None:
     """Register ``fn`` (with ``.custom_ops``, checked with opcheck) as built-in ``backend``
     of ``op``. With ``triton_kernels`` (what `kernellab asm` compiles ahead of time) a
     Triton backend: it runs where Triton does, the CPU through the interpreter. With
     ``module`` (a ``cuda.runtime.Module``) a CUDA backend: GPU only, available where NVRTC
     is, precompiled for the "compiled, not run" report. ``devices`` and ``available``
-    narrow those defaults (a Hopper-only kernel); ``dtypes`` and ``double_backward`` are
-    the registry's (``core.registry.Impl``)."""
+    narrow those defaults (a Hopper-only kernel); ``dtypes``, ``double_backward`` and
+    ``limits`` are the registry's (``core.registry.Impl``)."""
     if (triton_kernels is None) == (module is None):
         raise ValueError(f"{op}/{backend}: give triton_kernels (a Triton backend) or module (a CUDA one)")
     cuda = module is not None
@@ -45,12 +46,13 @@ def register_builtin(
         module=module,
         dtypes=dtypes,
         double_backward=double_backward,
+        limits=limits,
     )(fn)
 
 
-def register_triton(op: str, fn, kernels, description: str, backend: str = "triton") -> None:
+def register_triton(op: str, fn, kernels, description: str, backend: str = "triton", limits=None) -> None:
     """``register_builtin`` for a Triton backend (``kernels``: its ``triton_kernels``)."""
-    register_builtin(op, backend, fn, description, triton_kernels=kernels)
+    register_builtin(op, backend, fn, description, triton_kernels=kernels, limits=limits)
 
 
 def register_cuda(op: str, backend: str, fn, module, description: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from kernellab.ops._register import register_triton
 from kernellab.ops.norm_kernels import plumbing
-from kernellab.ops.norm_kernels.triton_kernels import add_rms_bwd, add_rms_fwd, kernel_specs
+from kernellab.ops.norm_kernels.triton_kernels import add_rms_bwd, add_rms_fwd, kernel_specs, row_limits
 
 add_rms_norm_triton = plumbing.add_rms_norm_op("add_rms_norm_triton", add_rms_fwd, add_rms_bwd, triton=True)
 
@@ -16,4 +16,5 @@ register_triton(
     add_rms_norm_triton,
     kernel_specs(True),
     "Triton: residual add fused into rms_norm's kernels, saved rstd, dres added in the backward",
+    limits=row_limits,
 )

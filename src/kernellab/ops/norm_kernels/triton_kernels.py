@@ -61,9 +61,10 @@ class Config:
     bwd_small_elems: inputs of at most this many elements take the one-launch backward
         (``_norm_bwd_cols_kernel``; 0: never). Such calls are launch-bound: the partials'
         buffer and the second launch cost more host time than the kernels take.
-    bwd_max_rows: the most rows a backward program sums into its partial dweight / dbias
-        (more programs past it: an fp32 sum of ~1000 rows of dy missed the check's bound
-        for dbias at 1048577 x 13).
+    acc64_max_block, bwd_max_rows: fp32 weights' backward programs sum their partial
+        dweight / dbias in fp64 up to rows of this block, and past it sum at most
+        bwd_max_rows rows each (fp32 sums of ~250-1000 rows missed the check's bound for
+        dbias at 1048577 x 13 and dweight at 333775 x 23)
     shift_fwd_min_cols, shift_bwd_min_cols: rows of at least this many columns whose width
         is not a multiple of 16 bytes take the shifted forward (``_norm_fwd_shift_kernel``)
         and backward (0: never).
@@ -81,7 +82,8 @@ class Config:
     psum_elems: int = 4096
     psum_max_p: int = 1024
     bwd_small_elems: int = 65536
-    bwd_max_rows: int = 256
+    acc64_max_block: int = 4096
+    bwd_max_rows: int = 64
     shift_fwd_min_cols: int = 1024
     shift_bwd_min_cols: int = 2048
     shift_fwd_per_sm: int = 4
@@ -268,13 +270,14 @@ def _norm_bwd_kernel(
     RMS: tl.constexpr,
     PREFETCH: tl.constexpr,  # load row i + 1 (x, dy, stats) before row i's reductions
     RES: tl.constexpr,  # dx += dres (the residual stream's gradient), after dx's rounding
+    ACC: tl.constexpr,  # the partials' dtype (fp64 for fp32 weights: a program sums many rows)
 ):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     cmask = cols < n_cols
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
-    db_acc = tl.zeros([BLOCK], dtype=tl.float32)
+    dw_acc = tl.zeros([BLOCK], dtype=ACC)
+    db_acc = tl.zeros([BLOCK], dtype=ACC)
     first = pid.to(tl.int64) * rows_per_prog
     # The last group may be short: rows past the end load zeros (dy = 0 adds nothing to
     # the partials) and store nothing; their statistics are read at a valid row.
@@ -324,13 +327,13 @@ def _norm_bwd_kernel(
             c1 = tl.sum(g * xhat, axis=0) / n_cols
             c2 = tl.sum(g, axis=0) / n_cols
             dx = (g - (xhat * c1 + c2)) * rstd
-            db_acc += dy
+            db_acc += dy.to(ACC)
         dx = dx.to(dx_ptr.dtype.element_ty)
         if RES:  # rounded as a separate add of the two would round
             dres = tl.load(dres_ptr + offs, mask=mask, other=0.0)
             dx = (dx.to(tl.float32) + dres.to(tl.float32)).to(dx_ptr.dtype.element_ty)
         tl.store(dx_ptr + offs, dx, mask=mask)
-        dw_acc += dy * xhat
+        dw_acc += (dy * xhat).to(ACC)
     tl.store(dw_part_ptr + pid * n_cols + cols, dw_acc, mask=cmask)
     if not RMS:
         tl.store(db_part_ptr + pid * n_cols + cols, db_acc, mask=cmask)
@@ -355,6 +358,7 @@ def _norm_bwd_cols_kernel(
     RMS: tl.constexpr,
     RES: tl.constexpr,
     HAS_DB: tl.constexpr,
+    MATH: tl.constexpr,  # the row sums' and dx's dtype (fp64 for fp32 x: these inputs are small)
 ):
     # One launch for a small input: program p owns columns [p * BLOCK_C, (p + 1) * BLOCK_C)
     # of dx, dw and db. Each step loads ROWS whole rows for the row sums mean(g * xhat) and
@@ -367,8 +371,8 @@ def _norm_bwd_cols_kernel(
     cmask = cols < n_cols
     scols = pid * BLOCK_C + tl.arange(0, BLOCK_C)
     smask = scols < n_cols
-    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    ws = tl.load(w_ptr + scols, mask=smask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(MATH)
+    ws = tl.load(w_ptr + scols, mask=smask, other=0.0).to(MATH)
     # The column sums accumulate in fp64 (a few thousand terms at most here): in fp32 one
     # program's sum over all rows lost to PyTorch's cascaded sum (dweight 2.8e-5 against a
     # bound of 1.85e-5 at 70 x 3 fp32, interpreter), where the partials path splits it.
@@ -379,21 +383,21 @@ def _norm_bwd_cols_kernel(
         rmask = rows < n_rows
         m2 = rmask[:, None] & cmask[None, :]
         offs = rows[:, None] * n_cols + cols[None, :]
-        x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0)[:, None]
+        x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(MATH)
+        dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(MATH)
+        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0).to(MATH)[:, None]
         mean = rstd
         if RMS:
             xhat = x * rstd
         else:
-            mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0)[:, None]
+            mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0).to(MATH)[:, None]
             xhat = tl.where(m2, (x - mean) * rstd, 0.0)
         g = dy * w[None, :]
         c1 = (tl.sum(g * xhat, axis=1) / n_cols)[:, None]
         ms = rmask[:, None] & smask[None, :]
         soffs = rows[:, None] * n_cols + scols[None, :]
-        xs = tl.load(x_ptr + soffs, mask=ms, other=0.0).to(tl.float32)
-        dys = tl.load(dy_ptr + soffs, mask=ms, other=0.0).to(tl.float32)
+        xs = tl.load(x_ptr + soffs, mask=ms, other=0.0).to(MATH)
+        dys = tl.load(dy_ptr + soffs, mask=ms, other=0.0).to(MATH)
         gs = dys * ws[None, :]
         if RMS:
             xhs = xs * rstd
@@ -402,7 +406,7 @@ def _norm_bwd_cols_kernel(
             xhs = tl.where(ms, (xs - mean) * rstd, 0.0)
             c2 = (tl.sum(g, axis=1) / n_cols)[:, None]
             dx = (gs - (xhs * c1 + c2)) * rstd
-        dx = dx.to(dx_ptr.dtype.element_ty)
+        dx = dx.to(tl.float32).to(dx_ptr.dtype.element_ty)
         if RES:  # rounded as a separate add of the two would round
             dres = tl.load(dres_ptr + soffs, mask=ms, other=0.0)
             dx = (dx.to(tl.float32) + dres.to(tl.float32)).to(dx_ptr.dtype.element_ty)
@@ -454,7 +458,7 @@ def _norm_fwd_shift_kernel(
     cls = pid % C
     m0 = (pid // C) * per
     m1 = tl.minimum(m0 + per, (n_rows - cls + C - 1) // C)
-    total = n_rows.to(tl.int64) * n_cols
+    total = n_cols.to(tl.int64) * n_rows  # (n_rows may be the constant 1)
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
     # Every row of the class sits at one shift: from a0, its aligned start, the row is
@@ -546,12 +550,13 @@ def _norm_bwd_shift_kernel(
     A: tl.constexpr,
     C: tl.constexpr,
     RMS: tl.constexpr,
+    ACC: tl.constexpr,  # the partials' dtype (as _norm_bwd_kernel's)
 ):
     pid = tl.program_id(0)
     cls = pid % C
     m0 = (pid // C) * per
     m1 = tl.minimum(m0 + per, (n_rows - cls + C - 1) // C)
-    total = n_rows.to(tl.int64) * n_cols
+    total = n_cols.to(tl.int64) * n_rows  # (n_rows may be the constant 1)
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
     lo = (cls * n_cols) % A  # the class's shift, as in _norm_fwd_shift_kernel
@@ -569,8 +574,8 @@ def _norm_bwd_shift_kernel(
     w = tl.load(w_ptr + k, mask=kmask, other=0.0).to(tl.float32)
     w0 = tl.load(w_ptr + e0 - lo, mask=e0m, other=0.0).to(tl.float32)
     w1 = tl.load(w_ptr + e1 - lo, mask=e1m, other=0.0).to(tl.float32)
-    dw_acc = tl.zeros([BLOCK], dtype=tl.float32)
-    db_acc = tl.zeros([BLOCK], dtype=tl.float32)
+    dw_acc = tl.zeros([BLOCK], dtype=ACC)
+    db_acc = tl.zeros([BLOCK], dtype=ACC)
     row = (cls + C * m0).to(tl.int64)
     a0 = (row * n_cols // A) * A  # (= row * n_cols - lo, a multiple of A)
     lim = (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
@@ -625,8 +630,8 @@ def _norm_bwd_shift_kernel(
         c2 = 0.0
         if not RMS:
             c2 = tl.sum(g, axis=0) / n_cols
-            db_acc += dy
-        dw_acc += dy * xhat
+            db_acc += dy.to(ACC)
+        dw_acc += (dy * xhat).to(ACC)
         dx = (g - (xhat * c1 + c2)) * rstd
         dx0 = (dy0 * w0 - ((x0 - mean) * rstd * c1 + c2)) * rstd
         dx1 = (dy1 * w1 - ((x1 - mean) * rstd * c1 + c2)) * rstd
@@ -645,6 +650,14 @@ def _cols_config(n_rows: int, block: int) -> tuple[int, int, int]:
     rows = max(1, min(triton_support.next_pow2(n_rows), 4096 // block))
     elems = rows * block
     return block_c, rows, 4 if elems <= 2048 else 8 if elems <= 8192 else 16
+
+
+def row_limits(x, *args, **kwargs) -> str | None:
+    """``Impl.limits`` of the Triton norms: rows wider than MAX_D are refused."""
+    d = x.shape[-1] if x.dim() else 1
+    if triton_support.next_pow2(max(d, 1)) > MAX_D:
+        return f"rows of {d} elements: wider than the Triton norms' limit ({MAX_D})"
+    return None
 
 
 def _row_block(n_cols: int) -> int:
@@ -736,6 +749,18 @@ def _shift(n_cols: int, elem: int, cfg: Config = CONFIG, fwd: bool = False) -> t
     return (block, a, a // math.gcd(n_cols, a)) if block <= MAX_D else None
 
 
+def _bwd_acc(block: int, w_dtype, cfg: Config = CONFIG):
+    """(ACC, most rows per program) of a backward: fp32 weights sum their partials in fp64
+    up to blocks of cfg.acc64_max_block (a wider fp64 row would not fit in registers),
+    and past it sum at most cfg.bwd_max_rows rows a program; 16-bit ones in fp32, any
+    number of rows (their bound is far looser than the rounding of such sums)."""
+    if w_dtype != torch.float32:
+        return tl.float32, 1 << 30
+    if block <= cfg.acc64_max_block:
+        return tl.float64, 1 << 30
+    return tl.float32, cfg.bwd_max_rows
+
+
 def _class_split(n_rows: int, classes: int, programs: int) -> tuple[int, int]:
     """(programs, rows per program) of a shifted launch: about ``programs`` programs, a
     whole number per row class, each walking ``per`` rows of its class."""
@@ -753,6 +778,7 @@ class BwdPlan(NamedTuple):
     rows_per_program: int
     psum: triton_support.Bound | None  # None: fp32 weights (torch's sum) or nothing to launch
     small: bool  # launch is _norm_bwd_cols_kernel (dw, db written directly)
+    part_dtype: torch.dtype = torch.float32  # the partials' (ACC)
 
 
 def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
@@ -814,6 +840,7 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     if n_rows * n_cols <= cfg.bwd_small_elems:
         block_c, rows, warps = _cols_config(n_rows, block)
         kw = dict(BLOCK=block, BLOCK_C=block_c, ROWS=rows, RMS=rms, RES=has_dres, HAS_DB=want_db,
+                  MATH=tl.float64 if x.dtype == torch.float32 else tl.float32,
                   num_warps=warps, enable_fp_fusion=False)  # fmt: skip  (as below: g rounds alike)
         grid = (triton_support.cdiv(n_cols, block_c),)
         # dy, x, w, mean, rstd and dres come from outside: checked for alignment on every call
@@ -824,15 +851,18 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     shift = None if has_dres else _shift(n_cols, x.element_size(), cfg)
     if shift is not None:
         block, a, c = shift
+        acc, most = _bwd_acc(block, w.dtype, cfg)
         programs, per = _class_split(n_rows, c, programs)
-        if per > cfg.bwd_max_rows:
-            programs, per = _class_split(n_rows, c, c * triton_support.cdiv(n_rows, c * cfg.bwd_max_rows))
-        kw = dict(BLOCK=block, A=a, C=c, RMS=rms, num_warps=warps, enable_fp_fusion=False)  # (as below)
+        if per > most:
+            programs, per = _class_split(n_rows, c, c * triton_support.cdiv(n_rows, c * most))
+        # (no fused multiply-add, as below)
+        kw = dict(BLOCK=block, A=a, C=c, RMS=rms, ACC=acc, num_warps=warps, enable_fp_fusion=False)
         bwd = triton_support.Bound(_norm_bwd_shift_kernel, (programs,), kw, (0, 1, 2, 3, 4, 6))
     else:
-        per = min(triton_support.cdiv(n_rows, programs), cfg.bwd_max_rows)
+        acc, most = _bwd_acc(block, w.dtype, cfg)
+        per = min(triton_support.cdiv(n_rows, programs), most)
         programs = triton_support.cdiv(n_rows, per)
-        kw = dict(BLOCK=block, RMS=rms, PREFETCH=cfg.bwd_prefetch, RES=has_dres, num_warps=warps,
+        kw = dict(BLOCK=block, RMS=rms, PREFETCH=cfg.bwd_prefetch, RES=has_dres, ACC=acc, num_warps=warps,
                   # No fused multiply-add: g = w * dy must round the same way in dx as in mean(g), or
                   # dx of a one-element row (exactly 0) comes out as rstd * (rounding error of g).
                   enable_fp_fusion=False)  # fmt: skip
@@ -847,7 +877,8 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
             dict(HAS_DB=want_db, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4),
             (1,),  # db_part is rstd when there is no db
         )
-    return BwdPlan(n_rows, n_cols, programs, want_db, bwd, per, psum, False)
+    part = torch.float64 if acc is tl.float64 else torch.float32
+    return BwdPlan(n_rows, n_cols, programs, want_db, bwd, per, psum, False, part)
 
 
 def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFIG):
@@ -855,7 +886,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFI
     and dtype) dx is the norm's gradient plus dres, rounded as two ops would round."""
     key = ("b", x.shape, x.dtype, w.dtype, x.device, rms, has_bias, dres is None, None if cfg is CONFIG else cfg)
     plan = _plan(x, key, lambda: _bwd_plan(x, w, rms, has_bias, dres is not None, cfg))
-    n_rows, n_cols, programs, want_db, launch, per, psum, small = plan
+    n_rows, n_cols, programs, want_db, launch, per, psum, small, part_dtype = plan
     dx = torch.empty_like(x)  # x is contiguous
     if launch is None:
         db = torch.zeros_like(w) if want_db else None
@@ -872,7 +903,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFI
     # kernel writes is functionalized into copies (Inductor emitted three select/clone
     # kernels per norm backward in the GPT-2 step, 75 launches a step). RMS has no db: its
     # db_part argument is rstd, which the kernel never touches then.
-    dw_part = torch.empty((programs, n_cols), dtype=torch.float32, device=x.device)
+    dw_part = torch.empty((programs, n_cols), dtype=part_dtype, device=x.device)
     db_part = torch.empty_like(dw_part) if not rms else rstd
     launch(dy, x, w, mean if mean is not None else rstd, rstd, dx, dres if dres is not None else dx, dw_part,
            db_part, n_rows, n_cols, per)  # fmt: skip
@@ -974,6 +1005,7 @@ def kernel_specs(rms: bool):
             "RMS": "constexpr",
             "PREFETCH": "constexpr",
             "RES": "constexpr",
+            "ACC": "constexpr",
         }
         fcx = {
             "BLOCK": block,
@@ -985,15 +1017,17 @@ def kernel_specs(rms: bool):
             "EVEN": CONFIG.fwd_even,
             "WIDE": not CONFIG.fwd_narrow,
         }
-        bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": CONFIG.bwd_prefetch, "RES": False}
+        bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": CONFIG.bwd_prefetch, "RES": False,
+               "ACC": _bwd_acc(4096, torch.float32 if dtype == "fp32" else torch.bfloat16)[0]}  # fmt: skip
         # the one-launch backward as 16 rows of 4096 launch it
         ins = ("dy_ptr", "x_ptr", "w_ptr", "mean_ptr", "rstd_ptr", "dx_ptr", "dres_ptr")
         cols = {**{k: bwd[k] for k in ins},
                 "dw_ptr": f"*{dtype}", "db_ptr": f"*{dtype}", "n_rows": "i32", "n_cols": "i32",
                 "BLOCK": "constexpr", "BLOCK_C": "constexpr", "ROWS": "constexpr", "RMS": "constexpr",
-                "RES": "constexpr", "HAS_DB": "constexpr"}  # fmt: skip
+                "RES": "constexpr", "HAS_DB": "constexpr", "MATH": "constexpr"}  # fmt: skip
         block_c, crows, cwarps = _cols_config(16, 4096)
-        ccx = {"BLOCK": 4096, "BLOCK_C": block_c, "ROWS": crows, "RMS": rms, "RES": False, "HAS_DB": not rms}
+        ccx = {"BLOCK": 4096, "BLOCK_C": block_c, "ROWS": crows, "RMS": rms, "RES": False, "HAS_DB": not rms,
+               "MATH": tl.float64 if dtype == "fp32" else tl.float32}  # fmt: skip
         if _row_1d(rows, torch.float32 if dtype == "fp32" else torch.bfloat16):
             names = (
                 "x_ptr",
