@@ -157,6 +157,16 @@ def planted():
 
 
 @pytest.fixture
+def tables(tmp_path, monkeypatch):
+    """An empty tables directory (KERNELLAB_TABLES) for the test, choices cleared before
+    and after."""
+    monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
+    registry.clear_cache()
+    yield tmp_path
+    registry.clear_cache()
+
+
+@pytest.fixture
 def kl_cache(tmp_path, monkeypatch):
     """A fresh, empty kernellab cache (KERNELLAB_CACHE is read at every use)."""
     root = tmp_path / "klcache"

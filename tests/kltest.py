@@ -252,9 +252,10 @@ print(json.dumps(k.asm[a["asm"]]))
 """
 
 
-_SM90_RESOURCES = """
+_SM90_BATCH = """
 import base64, importlib, json, sys
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
@@ -262,16 +263,40 @@ out = []
 for a in json.loads(sys.argv[1]):
     mod, name = a["kernel"].rsplit(".", 1)
     fn = getattr(importlib.import_module(mod), name)
-    while not isinstance(fn, JITFunction):  # an autotuner's kernel
+    while not isinstance(fn, JITFunction):  # an autotuner's kernel, or kernellab's lean jit
         fn = fn.fn
     sig = {n: a["signature"][n] for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i in a["aligned_args"]}
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=a["constexprs"], attrs=attrs),
+    cx = {k: getattr(tl, v["tl"]) if isinstance(v, dict) else v for k, v in a["constexprs"].items()}
+    aligned = [fn.arg_names.index(i) if isinstance(i, str) else i for i in a["aligned_args"]]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32), options=a["options"])
     out.append({"shared": k.metadata.shared, "ptx": k.asm["ptx"],
                 "cubin": base64.b64encode(k.asm.get("cubin") or b"").decode()})
 print(json.dumps(out))
 """
+
+
+def _sm90_batch(specs: list[dict]) -> list[dict]:
+    """Compile each spec for sm_90 in one subprocess (the interpreter off): per spec its
+    shared memory, PTX and cubin (base64). A spec is ``compile_for_sm90``'s arguments as
+    a dict (kernel, signature, constexprs, options, aligned_args); aligned_args may name
+    the arguments, and a constexpr ``{"tl": "float32"}`` is that Triton dtype."""
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    arg = json.dumps([dict(sp, aligned_args=list(sp["aligned_args"])) for sp in specs])
+    cmd = [sys.executable, "-c", _SM90_BATCH, arg]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def sm90_global_accesses(specs: list[dict]) -> list[tuple[list[str], list[str]]]:
+    """No GPU needed: per spec (``_sm90_batch``'s) the PTX's global loads and stores, each
+    instruction as written (``ld.global.v4.b32``, ``st.global.b16``, ...)."""
+    import re
+
+    ptxs = [r["ptx"] for r in _sm90_batch(specs)]
+    return [(re.findall(r"ld\.global\S*", p), re.findall(r"st\.global\S*", p)) for p in ptxs]
 
 
 def sm90_resources(specs: list[dict]) -> list[dict]:
@@ -283,13 +308,8 @@ def sm90_resources(specs: list[dict]) -> list[dict]:
 
     from kernellab.inspect.asm import analyze
 
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    arg = json.dumps([dict(sp, aligned_args=list(sp["aligned_args"])) for sp in specs])
-    cmd = [sys.executable, "-c", _SM90_RESOURCES, arg]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-800:]
     out = []
-    for r in json.loads(proc.stdout.strip().splitlines()[-1]):
+    for r in _sm90_batch(specs):
         cubin = base64.b64decode(r["cubin"]) or None
         kernels, _ = analyze(r["ptx"], cubin)
         k = kernels[0]

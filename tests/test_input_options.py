@@ -17,14 +17,6 @@ from kernellab.harness.bench import bench
 SPEC = get_spec("matmul")
 
 
-@pytest.fixture
-def tables(tmp_path, monkeypatch):
-    monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
-    registry.clear_cache()
-    yield tmp_path
-    registry.clear_cache()
-
-
 def _row(shape, best, options=None):
     times = {"torch": 1.0, "manual": 1.0}
     times[best] = 0.5

@@ -18,14 +18,6 @@ from kernellab.core.spec import get_spec
 from kernellab.harness import tune as tuner
 
 
-@pytest.fixture
-def tables(tmp_path, monkeypatch):
-    monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path))
-    registry.clear_cache()
-    yield tmp_path
-    registry.clear_cache()
-
-
 def _write(tables, rows, gpu="cpu"):
     (tables / f"{table_files.gpu_slug(gpu)}.json").write_text(json.dumps({"gpu": gpu, "rows": rows}))
     registry.clear_cache()

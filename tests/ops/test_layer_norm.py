@@ -221,6 +221,17 @@ def test_triton_refuses_rows_wider_than_its_limit():
         ln.layer_norm(x, torch.ones(lt.MAX_D + 1), backend="triton")
 
 
+def test_triton_norms_declare_the_limit_they_refuse():
+    """The Triton norms' Impl.limits name the refusal the launchers raise (rows past MAX_D),
+    so that the check counts it as a documented limit; narrower rows are inside them."""
+    from kernellab.ops.norm_kernels import triton_kernels as lt
+
+    for op in ("layer_norm", "rms_norm", "add_rms_norm"):
+        impl = registry.get(op, "triton")
+        assert "wider than" in impl.outside_limits((torch.zeros(1, lt.MAX_D + 1),), {}), op
+        assert impl.outside_limits((torch.zeros(1, lt.MAX_D),), {}) is None, op
+
+
 def test_triton_configs():
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
@@ -318,54 +329,32 @@ def test_triton_shifted_rows_ptx_is_16_bytes_wide(dtype):
     weight and bias (once per program), the tensor's last partial chunk, the ends, and
     the backward's partial sums (once per program). Both also compile for one row (n_rows
     the constant 1, as Triton specializes it)."""
-    import subprocess
-    import sys
+    from kltest import sm90_global_accesses
 
-    code = f"""
-import re, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import triton.language as tl
-from kernellab.inspect.asm import _jit
-from kernellab.ops.norm_kernels import triton_kernels as T
-dtype = "{dtype}"
-A = 16 // (4 if dtype == "fp32" else 2)
-for fwd in (True, False):
-    fn = _jit(T._norm_fwd_shift_kernel if fwd else T._norm_bwd_shift_kernel)
-    if fwd:
-        sig = {{p: "*" + dtype for p in ("x_ptr", "w_ptr", "b_ptr", "r_ptr", "h_ptr", "y_ptr")}}
-        sig.update(mean_ptr="*fp32", rstd_ptr="*fp32", n_rows="i32", n_cols="i32", eps="fp32", per="i32")
-        cx = dict(BLOCK=8192, A=A, C=A, RMS=False, HAS_BIAS=True, CORR=dtype == "fp32")
-    else:
-        sig = {{p: "*" + dtype for p in ("dy_ptr", "x_ptr", "w_ptr", "dx_ptr", "dres_ptr")}}
-        sig.update(mean_ptr="*fp32", rstd_ptr="*fp32", dw_part_ptr="*fp32", db_part_ptr="*fp32",
-                   n_rows="i32", n_cols="i32", per="i32")
-        cx = dict(BLOCK=8192, A=A, C=A, RMS=False, ACC=tl.float32)
-    sig.update(dict.fromkeys(cx, "constexpr"))
-    attrs = {{(fn.arg_names.index(p),): [["tt.divisibility", 16]] for p in sig if p.endswith("_ptr")}}
-
-    def build(cx, sig):
-        sig = {{n: sig[n] for n in fn.arg_names}}
-        err = None
-        for c in (cx, {{(fn.arg_names.index(k),): v for k, v in cx.items()}}):
-            try:
-                return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
-                                      target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
-            except Exception as e:
-                err = e
-        raise err
-
-    ptx = build(cx, sig).asm["ptx"]
-    ld = re.findall(r"ld\\.global\\S*", ptx)
-    st = re.findall(r"st\\.global\\S*", ptx)
-    print(len(ld), sum(".v4" in s for s in ld), len(st), sum(".v4" in s for s in st))
-    build(dict(cx, n_rows=1), dict(sig, n_rows="constexpr"))  # a one-row launch (Triton's constant 1)
-"""
-    env = {**__import__("os").environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    lines = [tuple(map(int, ln.split())) for ln in res.stdout.split("\n") if ln.strip()]
-    (fn, fw, fs, fws), (bn, bw, bs, bws) = lines
+    a = 16 // (4 if dtype == "fp32" else 2)
+    base = "kernellab.ops.norm_kernels.triton_kernels."
+    fwd = dict.fromkeys(("x_ptr", "w_ptr", "b_ptr", "r_ptr", "h_ptr", "y_ptr"), f"*{dtype}")
+    fwd.update(mean_ptr="*fp32", rstd_ptr="*fp32", n_rows="i32", n_cols="i32", eps="fp32", per="i32")
+    fcx = dict(BLOCK=8192, A=a, C=a, RMS=False, HAS_BIAS=True, CORR=dtype == "fp32")
+    bwd = dict.fromkeys(("dy_ptr", "x_ptr", "w_ptr", "dx_ptr", "dres_ptr"), f"*{dtype}")
+    bwd.update(mean_ptr="*fp32", rstd_ptr="*fp32", dw_part_ptr="*fp32", db_part_ptr="*fp32",
+               n_rows="i32", n_cols="i32", per="i32")  # fmt: skip
+    bcx = dict(BLOCK=8192, A=a, C=a, RMS=False, ACC={"tl": "float32"})
+    specs = []
+    for kernel, sig, cx in (("_norm_fwd_shift_kernel", fwd, fcx), ("_norm_bwd_shift_kernel", bwd, bcx)):
+        sig = dict(sig, **dict.fromkeys(cx, "constexpr"))
+        ptrs = [n for n in sig if n.endswith("_ptr")]
+        for one_row in (False, True):  # also a one-row launch (Triton's constant 1)
+            spec = dict(kernel=base + kernel, signature=dict(sig), constexprs=dict(cx),
+                        options={"num_warps": 8}, aligned_args=ptrs)  # fmt: skip
+            if one_row:
+                spec["signature"]["n_rows"] = "constexpr"
+                spec["constexprs"]["n_rows"] = 1
+            specs.append(spec)
+    counts = []
+    for ld, st in sm90_global_accesses(specs)[::2]:
+        counts.append((len(ld), sum(".v4" in i for i in ld), len(st), sum(".v4" in i for i in st)))
+    (fn, fw, fs, fws), (bn, bw, bs, bws) = counts
     per_thread = 8192 // 256  # a BLOCK-wide vector over 8 warps
     vec = per_thread * (4 if dtype == "fp32" else 2) // 16  # its 16-byte pieces per thread
     # forward: x 16 bytes at a time (the first row, then the next in the loop); y's interior

@@ -10,7 +10,7 @@ import torch
 
 import kernellab
 from kernellab.harness.compare import judge
-from kltest import DTYPES, dtype_id, shape_id
+from kltest import DTYPES, dtype_id, shape_id, sm90_global_accesses
 
 SPEC = kernellab.get_spec("softmax")
 CPU_BACKENDS = [
@@ -81,7 +81,8 @@ def test_long_rows_take_the_streaming_path():
 
     assert st._config(8192)[2] is True and st._config(8193)[2] is True  # fp32: whole up to 32768
     assert st._config(32768)[2] is True and st._config(32769)[2] is False
-    assert st._config(20000)[1:] == (1, True, 32) and st._config(12000)[1:] == (1, True, 16)  # a warp per 1024
+    # a warp per 1024 columns
+    assert st._config(20000)[1:] == (1, True, 32) and st._config(12000)[1:] == (1, True, 16)
     assert st._config(1025)[1:] == (1, True, 8) and st._config(1025, fwd=True)[1:] == (1, True, 4)
     # 16-bit: the backward holds them whole, the forward streams them
     assert st._config(20000, element_size=2)[2] is True
@@ -163,6 +164,20 @@ def test_streamed_rows_off_16_byte_boundaries(dtype, waves):
         assert v.ok, (rows, cols, off, "bwd", v.detail)
 
 
+def _sm90_spec(which, dtype, cx, align, hints=True):
+    """A softmax kernel's compile spec for kltest.sm90_global_accesses: 8192-column blocks,
+    one row per program, 16 warps, the pointers 16-byte aligned; ``cx`` sets SINGLE and VEC
+    (and n_rows, for a one-row launch)."""
+    fwd = which == "fwd"
+    ptrs = ["x_ptr", "y_ptr"] if fwd else ["y_ptr", "dy_ptr", "dx_ptr"]
+    extra = (dict(EVEN=False, WIDE=False, REREAD=False, ALIGN=align) if fwd
+             else dict(COMP=dtype == "fp32", HINTS=hints, ALIGN=align))  # fmt: skip
+    cx = dict(BLOCK=8192, ROWS=1, **extra) | cx
+    sig = dict(dict.fromkeys(ptrs, f"*{dtype}"), n_rows="i32", n_cols="i32") | dict.fromkeys(cx, "constexpr")
+    kernel = "kernellab.ops.softmax.triton." + ("_softmax_fwd_kernel" if fwd else "_softmax_bwd_kernel")
+    return dict(kernel=kernel, signature=sig, constexprs=cx, options={"num_warps": 16}, aligned_args=ptrs)
+
+
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
 def test_triton_shifted_rows_load_16_bytes_at_a_time(which, dtype):
@@ -170,51 +185,11 @@ def test_triton_shifted_rows_load_16_bytes_at_a_time(which, dtype):
     16 bytes at a time; only the ends and the tensor's last partial chunk go one element at
     a time. Compiled for sm_90 (no GPU) at 8192-column steps, VEC = 1 (an odd width); also
     with n_rows a constant 1, as Triton specializes a one-row launch."""
-    import subprocess
-    import sys
-
-    code = f"""
-import re, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernellab.inspect.asm import _jit
-from kernellab.ops.softmax import triton as T
-fwd = {which == "fwd"}
-kern = T._softmax_fwd_kernel if fwd else T._softmax_bwd_kernel
-ptrs = ["x_ptr", "y_ptr"] if fwd else ["y_ptr", "dy_ptr", "dx_ptr"]
-fn = _jit(kern)
-attrs = {{(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}}
-
-def build(align, one_row=False):
-    extra = (dict(EVEN=False, WIDE=False, REREAD=False, ALIGN=align) if fwd
-             else dict(COMP={dtype == "fp32"}, HINTS=True, ALIGN=align))
-    sig = {{p: "*{dtype}" for p in ptrs}}
-    sig.update(n_rows="constexpr" if one_row else "i32", n_cols="i32")
-    sig.update(dict.fromkeys(("BLOCK", "ROWS", "SINGLE", "VEC"), "constexpr"))
-    sig.update({{k: "constexpr" for k in extra}})
-    sig = {{n: sig[n] for n in fn.arg_names}}
-    cx = dict(BLOCK=8192, ROWS=1, SINGLE=False, VEC=1, **extra)
-    if one_row:
-        cx["n_rows"] = 1
-    for c in (cx, {{(fn.arg_names.index(k),): v for k, v in cx.items()}}):
-        try:
-            return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
-                                  target=GPUTarget("cuda", 90, 32), options=dict(num_warps=16))
-        except Exception as e:
-            err = e
-    raise err
-
-for align in (1, {16 // (4 if dtype == "fp32" else 2)}):
-    ptx = build(align).asm["ptx"]
-    ld = re.findall(r"ld\\.global\\S*", ptx)
-    st = re.findall(r"st\\.global\\S*", ptx)
-    print(align, len(ld), sum(".v4" in s for s in ld), len(st), sum(".v4" in s for s in st))
-build(align, one_row=True)
-"""
-    env = {**__import__("os").environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    lines = [tuple(map(int, ln.split())) for ln in res.stdout.split("\n") if ln.strip()]
+    a = 16 // (4 if dtype == "fp32" else 2)
+    specs = [_sm90_spec(which, dtype, dict(SINGLE=False, VEC=1), align) for align in (1, a)]
+    specs.append(_sm90_spec(which, dtype, dict(SINGLE=False, VEC=1, n_rows=1), a))  # a one-row launch
+    lines = [(align, len(ld), sum(".v4" in i for i in ld), len(st), sum(".v4" in i for i in st))
+             for align, (ld, st) in zip((1, a), sm90_global_accesses(specs))]  # fmt: skip
     (a1, n1, w1, s1, ws1), (a, n, w, s, ws) = lines
     tensors = 1 if which == "fwd" else 2
     assert a1 == 1 and w1 == 0 and ws1 == 0  # unshifted at an odd width: one element at a time
@@ -553,46 +528,16 @@ def test_triton_rows_of_7000_load_16_bytes_at_a_time(which, dtype):
     kernels still use 16-byte accesses once told VEC; told nothing (VEC = 1) they are scalar.
     Compiled ahead of time for sm_90 (no GPU), n_cols without a divisibility hint, as
     Triton specializes a launch at 7000 columns."""
-    import subprocess
-    import sys
+    from kernellab.ops.softmax.triton import _vec
 
-    code = f"""
-import re, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernellab.inspect.asm import _jit
-from kernellab.ops.softmax import triton as T
-fwd = {which == "fwd"}
-kern = T._softmax_fwd_kernel if fwd else T._softmax_bwd_kernel
-extra = (dict(EVEN=False, WIDE=False, REREAD=True, ALIGN=1) if fwd
-         else dict(COMP={dtype == "fp32"}, HINTS=False, ALIGN=1))
-ptrs = ["x_ptr", "y_ptr"] if fwd else ["y_ptr", "dy_ptr", "dx_ptr"]
-fn = _jit(kern)
-for vec in (1, T._vec(7000)):
-    sig = {{p: "*{dtype}" for p in ptrs}}
-    sig.update(n_rows="i32", n_cols="i32")
-    sig.update(dict.fromkeys(("BLOCK", "ROWS", "SINGLE", "VEC"), "constexpr"))
-    sig.update({{k: "constexpr" for k in extra}})
-    sig = {{n: sig[n] for n in fn.arg_names}}
-    cx = dict(BLOCK=8192, ROWS=1, SINGLE=True, VEC=vec, **extra)
-    attrs = {{(i,): [["tt.divisibility", 16]] for i in range(len(ptrs))}}
-    for c in (cx, {{(fn.arg_names.index(k),): v for k, v in cx.items()}}):
-        try:
-            out = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=c, attrs=attrs),
-                                 target=GPUTarget("cuda", 90, 32), options=dict(num_warps=16))
-            break
-        except Exception as e:
-            err = e
-    ptx = out.asm["ptx"]
-    ld = re.findall(r"ld\\.global\\S*", ptx)
-    st = re.findall(r"st\\.global\\S*", ptx)
-    wide = [sum(".v4" in s or ".v2" in s for s in acc) for acc in (ld, st)]
-    print(vec, len(ld), wide[0], len(st), wide[1])
-"""
-    env = {**__import__("os").environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    lines = [tuple(map(int, ln.split())) for ln in res.stdout.split("\n") if ln.strip()]
+    vecs = (1, _vec(7000))
+    fwd = which == "fwd"
+    reread = {"REREAD": True} if fwd else {}
+    specs = [_sm90_spec(which, dtype, dict(SINGLE=True, VEC=v, **reread), 1, hints=False) for v in vecs]
+    lines = []
+    for v, (ld, st) in zip(vecs, sm90_global_accesses(specs)):
+        wide = [sum(".v4" in i or ".v2" in i for i in acc) for acc in (ld, st)]
+        lines.append((v, len(ld), wide[0], len(st), wide[1]))
     (v1, n1, vl1, s1, vs1), (v8, n8, vl8, s8, vs8) = lines
     assert (v1, v8) == (1, 8)
     assert vl1 == 0 and vs1 == 0 and n1 > 0  # told nothing: scalar

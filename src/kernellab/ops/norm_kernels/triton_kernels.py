@@ -434,6 +434,33 @@ def _norm_bwd_cols_kernel(
 
 
 @triton_support.jit
+def _class_span(cls, n_cols, A: tl.constexpr):
+    # Every row of shift class cls sits at one shift: from a0, its aligned start, the row is
+    # [lo, r1), its interior [b0, b1) and its ends [lo, b0) and [b1, r1); hi: past the chunk
+    # holding its last element (shifted_span's, the same for each row of the class).
+    lo = (cls * n_cols) % A
+    r1 = lo + n_cols
+    return lo, r1, ((r1 + A - 1) // A) * A, ((lo + A - 1) // A) * A, (r1 // A) * A
+
+
+@triton_support.jit
+def _row_start(row, n_cols, total, hi, A: tl.constexpr):
+    # (a0, lim) of a row: its aligned start (= row * n_cols - lo, a multiple of A) and past
+    # its last whole chunk inside the tensor (< hi only at the tensor's end)
+    a0 = (row * n_cols // A) * A
+    return a0, (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
+
+
+@triton_support.jit
+def _span_loads(ptr, a0, lim, cols, e0, e0m, e1, e1m, m, m1):
+    # A row's chunks and its two ends, all masked off unless m < m1 (a row of the program)
+    main = tl.load(ptr + a0 + cols, mask=(cols < lim) & (cols * 0 + m < m1), other=0.0)
+    end0 = tl.load(ptr + a0 + e0, mask=e0m & (e0 * 0 + m < m1), other=0.0)
+    end1 = tl.load(ptr + a0 + e1, mask=e1m & (e1 * 0 + m < m1), other=0.0)
+    return main, end0, end1
+
+
+@triton_support.jit
 def _norm_fwd_shift_kernel(
     x_ptr,  # as _norm_fwd_kernel's (no residual: r_ptr and h_ptr unused)
     w_ptr,
@@ -461,13 +488,7 @@ def _norm_fwd_shift_kernel(
     total = n_cols.to(tl.int64) * n_rows  # (n_rows may be the constant 1)
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
-    # Every row of the class sits at one shift: from a0, its aligned start, the row is
-    # [lo, r1), its interior [b0, b1) and its ends [lo, b0) and [b1, r1) (shifted_span).
-    lo = (cls * n_cols) % A
-    r1 = lo + n_cols
-    hi = ((r1 + A - 1) // A) * A
-    b0 = ((lo + A - 1) // A) * A
-    b1 = (r1 // A) * A
+    lo, r1, hi, b0, b1 = _class_span(cls, n_cols, A)
     k = cols - lo  # the column at each place of a span
     kmask = (k >= 0) & (k < n_cols)
     inside = (cols >= lo) & (cols < r1)
@@ -486,24 +507,17 @@ def _norm_fwd_shift_kernel(
         bb0 = tl.load(b_ptr + e0 - lo, mask=e0m, other=0.0).to(tl.float32)
         bb1 = tl.load(b_ptr + e1 - lo, mask=e1m, other=0.0).to(tl.float32)
     # the first row's chunks and ends; each step then loads the next row's before its
-    # reductions (lim: past its last whole chunk inside the tensor, < hi only at its end)
-    a0 = ((cls + C * m0).to(tl.int64) * n_cols // A) * A  # (= row * n_cols - lo, a multiple of A)
-    lim = (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
-    x_nx = tl.load(x_ptr + a0 + cols, mask=(cols < lim) & (cols * 0 + m0 < m1), other=0.0)
-    x0_nx = tl.load(x_ptr + a0 + e0, mask=e0m & (ends * 0 + m0 < m1), other=0.0)
-    x1_nx = tl.load(x_ptr + a0 + e1, mask=e1m & (ends * 0 + m0 < m1), other=0.0)
+    # reductions
+    a0, lim = _row_start((cls + C * m0).to(tl.int64), n_cols, total, hi, A)
+    x_nx, x0_nx, x1_nx = _span_loads(x_ptr, a0, lim, cols, e0, e0m, e1, e1m, m0, m1)
     for m in range(m0, m1):
         x = x_nx.to(tl.float32)
         x0 = x0_nx.to(tl.float32)
         x1 = x1_nx.to(tl.float32)
         row = cls.to(tl.int64) + C * m
-        a0 = (row * n_cols // A) * A
-        lim = (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
-        na0 = ((row + C) * n_cols // A) * A
-        nlim = (tl.minimum(total - na0, hi).to(tl.int32) // A) * A
-        x_nx = tl.load(x_ptr + na0 + cols, mask=(cols < nlim) & (cols * 0 + m + 1 < m1), other=0.0)
-        x0_nx = tl.load(x_ptr + na0 + e0, mask=e0m & (ends * 0 + m + 1 < m1), other=0.0)
-        x1_nx = tl.load(x_ptr + na0 + e1, mask=e1m & (ends * 0 + m + 1 < m1), other=0.0)
+        a0, lim = _row_start(row, n_cols, total, hi, A)
+        na0, nlim = _row_start(row + C, n_cols, total, hi, A)
+        x_nx, x0_nx, x1_nx = _span_loads(x_ptr, na0, nlim, cols, e0, e0m, e1, e1m, m + 1, m1)
         if lim < r1:  # the tensor's last row: its last partial chunk, one element at a time
             x += tl.load(x_ptr + a0 + cols, mask=(cols >= lim) & (cols < r1), other=0.0).to(tl.float32)
         x = tl.where(inside, x, 0.0)
@@ -559,11 +573,7 @@ def _norm_bwd_shift_kernel(
     total = n_cols.to(tl.int64) * n_rows  # (n_rows may be the constant 1)
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
-    lo = (cls * n_cols) % A  # the class's shift, as in _norm_fwd_shift_kernel
-    r1 = lo + n_cols
-    hi = ((r1 + A - 1) // A) * A
-    b0 = ((lo + A - 1) // A) * A
-    b1 = (r1 // A) * A
+    lo, r1, hi, b0, b1 = _class_span(cls, n_cols, A)
     k = cols - lo
     kmask = (k >= 0) & (k < n_cols)
     inside = (cols >= lo) & (cols < r1)
@@ -577,16 +587,9 @@ def _norm_bwd_shift_kernel(
     dw_acc = tl.zeros([BLOCK], dtype=ACC)
     db_acc = tl.zeros([BLOCK], dtype=ACC)
     row = (cls + C * m0).to(tl.int64)
-    a0 = (row * n_cols // A) * A  # (= row * n_cols - lo, a multiple of A)
-    lim = (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
-    ok = cols * 0 + m0 < m1
-    eok = ends * 0 + m0 < m1
-    x_nx = tl.load(x_ptr + a0 + cols, mask=(cols < lim) & ok, other=0.0)
-    dy_nx = tl.load(dy_ptr + a0 + cols, mask=(cols < lim) & ok, other=0.0)
-    x0_nx = tl.load(x_ptr + a0 + e0, mask=e0m & eok, other=0.0)
-    dy0_nx = tl.load(dy_ptr + a0 + e0, mask=e0m & eok, other=0.0)
-    x1_nx = tl.load(x_ptr + a0 + e1, mask=e1m & eok, other=0.0)
-    dy1_nx = tl.load(dy_ptr + a0 + e1, mask=e1m & eok, other=0.0)
+    a0, lim = _row_start(row, n_cols, total, hi, A)
+    x_nx, x0_nx, x1_nx = _span_loads(x_ptr, a0, lim, cols, e0, e0m, e1, e1m, m0, m1)
+    dy_nx, dy0_nx, dy1_nx = _span_loads(dy_ptr, a0, lim, cols, e0, e0m, e1, e1m, m0, m1)
     srow = tl.minimum(row, n_rows - 1)  # (a valid row's statistics, read or not)
     rstd_nx = tl.load(rstd_ptr + srow)
     mean_nx = rstd_nx
@@ -604,17 +607,10 @@ def _norm_bwd_shift_kernel(
         if not RMS:
             mean = mean_nx
         row = cls.to(tl.int64) + C * m
-        a0 = (row * n_cols // A) * A
-        lim = (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
-        na0 = ((row + C) * n_cols // A) * A
-        nlim = (tl.minimum(total - na0, hi).to(tl.int32) // A) * A
-        nmask = (cols < nlim) & (cols * 0 + m + 1 < m1)
-        x_nx = tl.load(x_ptr + na0 + cols, mask=nmask, other=0.0)
-        dy_nx = tl.load(dy_ptr + na0 + cols, mask=nmask, other=0.0)
-        x0_nx = tl.load(x_ptr + na0 + e0, mask=e0m & (ends * 0 + m + 1 < m1), other=0.0)
-        dy0_nx = tl.load(dy_ptr + na0 + e0, mask=e0m & (ends * 0 + m + 1 < m1), other=0.0)
-        x1_nx = tl.load(x_ptr + na0 + e1, mask=e1m & (ends * 0 + m + 1 < m1), other=0.0)
-        dy1_nx = tl.load(dy_ptr + na0 + e1, mask=e1m & (ends * 0 + m + 1 < m1), other=0.0)
+        a0, lim = _row_start(row, n_cols, total, hi, A)
+        na0, nlim = _row_start(row + C, n_cols, total, hi, A)
+        x_nx, x0_nx, x1_nx = _span_loads(x_ptr, na0, nlim, cols, e0, e0m, e1, e1m, m + 1, m1)
+        dy_nx, dy0_nx, dy1_nx = _span_loads(dy_ptr, na0, nlim, cols, e0, e0m, e1, e1m, m + 1, m1)
         nsrow = tl.minimum(row + C, n_rows - 1)
         rstd_nx = tl.load(rstd_ptr + nsrow)
         if not RMS:
@@ -653,10 +649,12 @@ def _cols_config(n_rows: int, block: int) -> tuple[int, int, int]:
 
 
 def row_limits(x, *args, **kwargs) -> str | None:
-    """``Impl.limits`` of the Triton norms: rows wider than MAX_D are refused."""
-    d = x.shape[-1] if x.dim() else 1
-    if triton_support.next_pow2(max(d, 1)) > MAX_D:
-        return f"rows of {d} elements: wider than the Triton norms' limit ({MAX_D})"
+    """``Impl.limits`` of the Triton norms: rows wider than MAX_D are refused (the refusal
+    ``_row_block`` raises, as its message)."""
+    try:
+        _row_block(x.shape[-1] if x.dim() else 1)
+    except ValueError as e:
+        return str(e)
     return None
 
 
