@@ -3,7 +3,7 @@ bf16 layers): each forward and backward Config variant against the default Confi
 PyTorch's own kernels, device time (triton.testing.do_bench, median), outputs compared
 with the default Config's. Prints, per (op, shape, dtype, pass), the best variant.
 
-    PYTHONPATH=src python lab/sweep_norm_shapes.py [--out DIR]
+    PYTHONPATH=src python lab/sweep_norm_shapes.py [--out DIR] [--shapes RxC:dtype ...] [--small]
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ SHAPES = [((2000, 3000), torch.float32), ((4096, 2048), torch.bfloat16), ((12288
 FWD = [dict(fwd_warps=w, row_elems=r) for w, r in itertools.product((4, 8, 16), (2048, 4096, 16384))]
 BWD = [dict(bwd_programs_per_sm=p, bwd_warps=w) for p, w in itertools.product((1, 2, 4, 8), (4, 8, 16))]
 BWD += [dict(b, bwd_prefetch=False) for b in BWD[::3]]
+# --small: small inputs (GPT-2's hidden, tiny batches): the partials path at each
+# programs-per-SM against the one-launch backward's step and strip.
+SMALL = [dict(bwd_small_elems=0, bwd_programs_per_sm=p) for p in (1, 2, 4, 8)]
+SMALL += [dict(bwd_small_elems=1 << 20, small_step_elems=e, small_strip=c)
+          for e, c in itertools.product((2048, 4096, 16384), (64, 256))]  # fmt: skip
 
 
 def _ms(fn):
@@ -34,7 +39,9 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=None)
     p.add_argument("--shapes", nargs="+", default=None, help="RxC:dtype, e.g. 16384x4096:bf16")
+    p.add_argument("--small", action="store_true", help="backward variants of small inputs only")
     a = p.parse_args()
+    passes = (("bwd", SMALL),) if a.small else (("fwd", FWD), ("bwd", BWD))
     shapes = SHAPES
     if a.shapes:
         dts = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -67,7 +74,7 @@ def main() -> int:
                     dy, x, [c], tm, tr, w, b, [True, True, True]
                 )
             )
-        for kind, variants in (("fwd", FWD), ("bwd", BWD)):
+        for kind, variants in passes:
             best = (base[kind], "default")
             for v in variants:
                 cfg = dataclasses.replace(tk.CONFIG, **v)

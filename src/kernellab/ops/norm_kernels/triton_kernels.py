@@ -61,6 +61,8 @@ class Config:
     bwd_small_elems: inputs of at most this many elements take the one-launch backward
         (``_norm_bwd_cols_kernel``; 0: never). Such calls are launch-bound: the partials'
         buffer and the second launch cost more host time than the kernels take.
+    small_strip, small_step_elems: that backward's widest column strip (a program each)
+        and the elements (rows x padded width) it loads a step.
     acc64_max_block, bwd_max_rows: fp32 weights' backward programs sum their partial
         dweight / dbias in fp64 up to rows of this block, and past it sum at most
         bwd_max_rows rows each (fp32 sums of ~250-1000 rows missed the check's bound for
@@ -82,6 +84,8 @@ class Config:
     psum_elems: int = 4096
     psum_max_p: int = 1024
     bwd_small_elems: int = 65536
+    small_strip: int = 256
+    small_step_elems: int = 4096
     acc64_max_block: int = 4096
     bwd_max_rows: int = 64
     shift_fwd_min_cols: int = 1024
@@ -639,11 +643,12 @@ def _norm_bwd_shift_kernel(
         tl.store(db_part_ptr + pid * n_cols + k, db_acc, mask=kmask)
 
 
-def _cols_config(n_rows: int, block: int) -> tuple[int, int, int]:
-    """(BLOCK_C, ROWS, num_warps) of the one-launch backward: strips of up to 256 columns
-    (at least 4 programs where the row is that wide), ~4096 elements a step."""
-    block_c = max(16, min(256, block // 4))
-    rows = max(1, min(triton_support.next_pow2(n_rows), 4096 // block))
+def _cols_config(n_rows: int, block: int, cfg: Config = CONFIG) -> tuple[int, int, int]:
+    """(BLOCK_C, ROWS, num_warps) of the one-launch backward: strips of up to cfg.small_strip
+    columns (at least 4 programs where the row is that wide), ~cfg.small_step_elems elements
+    a step."""
+    block_c = max(16, min(cfg.small_strip, block // 4))
+    rows = max(1, min(triton_support.next_pow2(n_rows), cfg.small_step_elems // block))
     elems = rows * block
     return block_c, rows, 4 if elems <= 2048 else 8 if elems <= 8192 else 16
 
@@ -774,7 +779,7 @@ class BwdPlan(NamedTuple):
     want_db: bool
     launch: triton_support.Bound | None
     rows_per_program: int
-    psum: triton_support.Bound | None  # None: fp32 weights (torch's sum) or nothing to launch
+    psum: triton_support.Bound | None  # the partials' sum (None: nothing to launch)
     small: bool  # launch is _norm_bwd_cols_kernel (dw, db written directly)
     part_dtype: torch.dtype = torch.float32  # the partials' (ACC)
 
@@ -836,7 +841,7 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
         return BwdPlan(n_rows, n_cols, 0, want_db, None, 0, None, False)
     block = _row_block(n_cols)
     if n_rows * n_cols <= cfg.bwd_small_elems:
-        block_c, rows, warps = _cols_config(n_rows, block)
+        block_c, rows, warps = _cols_config(n_rows, block, cfg)
         kw = dict(BLOCK=block, BLOCK_C=block_c, ROWS=rows, RMS=rms, RES=has_dres, HAS_DB=want_db,
                   MATH=tl.float64 if x.dtype == torch.float32 else tl.float32,
                   num_warps=warps, enable_fp_fusion=False)  # fmt: skip  (as below: g rounds alike)
@@ -866,15 +871,15 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
                   enable_fp_fusion=False)  # fmt: skip
         # dy, x, w, mean, rstd and dres come from outside: checked for alignment on every call
         bwd = triton_support.Bound(_norm_bwd_kernel, (programs,), kw, (0, 1, 2, 3, 4, 6))
-    psum = None
-    if w.dtype != torch.float32:
-        block_p, block_c = _psum_config(programs, n_cols, cfg)
-        psum = triton_support.Bound(
-            _partials_sum_kernel,
-            (triton_support.cdiv(n_cols, block_c),),
-            dict(HAS_DB=want_db, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4),
-            (1,),  # db_part is rstd when there is no db
-        )
+    w32 = w.dtype == torch.float32
+    block_p, block_c = _psum_config(programs, n_cols, cfg, 8 if w32 else 4)
+    psum = triton_support.Bound(
+        _partials_sum_kernel,
+        (triton_support.cdiv(n_cols, block_c),),
+        dict(HAS_DB=want_db, BLOCK_P=block_p, BLOCK_C=block_c, ACC=tl.float64 if w32 else tl.float32,
+             num_warps=4),
+        (1,),  # db_part is rstd when there is no db
+    )
     part = torch.float64 if acc is tl.float64 else torch.float32
     return BwdPlan(n_rows, n_cols, programs, want_db, bwd, per, psum, False, part)
 
@@ -905,16 +910,10 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFI
     db_part = torch.empty_like(dw_part) if not rms else rstd
     launch(dy, x, w, mean if mean is not None else rstd, rstd, dx, dres if dres is not None else dx, dw_part,
            db_part, n_rows, n_cols, per)  # fmt: skip
-    if psum is None:
-        # fp32 weights: torch's sum (no cast to launch). The kernel below misses the
-        # check's bound for an fp32 dweight over many rows.
-        dw = plumbing.reduce_partials(dw_part, w.dtype)
-        db = plumbing.reduce_partials(db_part, w.dtype) if want_db else None
-        return dx, dw, db
     dw = torch.empty(n_cols, dtype=w.dtype, device=w.device)  # (custom-op outputs may not alias)
     db = torch.empty_like(dw) if want_db else None
-    # 16-bit weights: one launch sums the partials of dw (and db) and casts to w's dtype;
-    # torch's sum(0).to(dtype) takes two launches per parameter (~10 us of host time each).
+    # One launch sums the partials of dw (and db) and casts to w's dtype (in fp64 for fp32
+    # weights); torch's sum(0).to(dtype) takes two launches per parameter.
     psum(dw_part, db_part, dw, db if db is not None else dw, programs, n_cols)
     return dx, dw, db
 
@@ -924,10 +923,10 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFI
 # columns and 264 partials are 96 programs of 512 x 8.
 
 
-def _psum_config(programs: int, n_cols: int, cfg: Config = CONFIG) -> tuple[int, int]:
-    """(BLOCK_P, BLOCK_C) of the partial-sum kernel."""
-    block_p = min(cfg.psum_max_p, triton_support.next_pow2(programs))
-    block_c = max(8, min(triton_support.next_pow2(n_cols), cfg.psum_elems // block_p))
+def _psum_config(programs: int, n_cols: int, cfg: Config = CONFIG, acc_bytes: int = 4) -> tuple[int, int]:
+    """(BLOCK_P, BLOCK_C) of the partial-sum kernel (fp64 accumulators: half the tile)."""
+    block_p = min(cfg.psum_max_p * 4 // acc_bytes, triton_support.next_pow2(programs))
+    block_c = max(8, min(triton_support.next_pow2(n_cols), cfg.psum_elems * 4 // acc_bytes // block_p))
     return block_p, block_c
 
 
@@ -942,22 +941,24 @@ def _partials_sum_kernel(
     HAS_DB: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    ACC: tl.constexpr,  # fp64 for fp32 weights (their bound is tight), else fp32
 ):
-    # dw_part, db_part: fp32 [n_parts, n_cols] contiguous; dw, db: [n_cols] in w's dtype.
+    # dw_part, db_part: [n_parts, n_cols] contiguous (fp32 or fp64); dw, db: [n_cols] in w's dtype.
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < n_cols
-    acc_w = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    acc_w = tl.zeros((BLOCK_P, BLOCK_C), dtype=ACC)
+    acc_b = tl.zeros((BLOCK_P, BLOCK_C), dtype=ACC)
     for p0 in range(0, n_parts, BLOCK_P):
         parts = p0 + tl.arange(0, BLOCK_P)
         mask = (parts[:, None] < n_parts) & cmask[None, :]
         offs = parts[:, None] * n_cols + cols[None, :]
-        acc_w += tl.load(dw_part_ptr + offs, mask=mask, other=0.0)
+        acc_w += tl.load(dw_part_ptr + offs, mask=mask, other=0.0).to(ACC)
         if HAS_DB:
-            acc_b += tl.load(db_part_ptr + offs, mask=mask, other=0.0)
-    tl.store(dw_ptr + cols, tl.sum(acc_w, axis=0).to(dw_ptr.dtype.element_ty), mask=cmask)
+            acc_b += tl.load(db_part_ptr + offs, mask=mask, other=0.0).to(ACC)
+    # (through fp32, as in _norm_bwd_cols_kernel)
+    tl.store(dw_ptr + cols, tl.sum(acc_w, axis=0).to(tl.float32).to(dw_ptr.dtype.element_ty), mask=cmask)
     if HAS_DB:
-        tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(db_ptr.dtype.element_ty), mask=cmask)
+        tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(tl.float32).to(db_ptr.dtype.element_ty), mask=cmask)
 
 
 def kernel_specs(rms: bool):
