@@ -85,7 +85,7 @@ class Config:
     psum_max_p: int = 1024
     bwd_small_elems: int = 65536
     small_strip: int = 256
-    small_step_elems: int = 4096
+    small_step_elems: int = 16384
     acc64_max_block: int = 4096
     bwd_max_rows: int = 64
     shift_fwd_min_cols: int = 1024
@@ -682,9 +682,11 @@ def _fwd_config(n_cols: int, cfg: Config = CONFIG):
 
 
 # The backward's shape by padded row width (BLOCK) and element size, as swept by
-# lab/sweep_norm_shapes.py (measurements in benchmarks/NOTES.md): fp32 rows of 4096 and more keep one program per SM with 16 warps; 16-bit rows two
-# programs per SM with 4 warps at 4096 and one with 8 warps past it; narrower rows want
-# more programs in flight, 8192 / BLOCK of them per SM, with 8 warps at 1024 and 4 below.
+# lab/sweep_norm_shapes.py (measurements in benchmarks/NOTES.md): fp32 rows of 4096 and
+# more keep one program per SM with 16 warps; 16-bit rows two programs per SM with 4 warps
+# at 4096 and one with 8 warps past it; narrower rows want more programs in flight, 8192 /
+# BLOCK of them per SM (4 for fp32 rows of 1024, whose fp64 partials cost more to write:
+# 1024-16384 x 768 backward 8-15% faster than at 8), with 8 warps at 1024 and 4 below.
 
 
 def _bwd_shape(block: int, elem: int) -> tuple[int, int]:
@@ -693,6 +695,8 @@ def _bwd_shape(block: int, elem: int) -> tuple[int, int]:
         if elem >= 4:
             return 1, 16
         return (2, 4) if block == 4096 else (1, 8)
+    if elem >= 4 and block == 1024:
+        return 4, 8
     return max(1, min(8, 8192 // block)), 8 if block == 1024 else 4
 
 
