@@ -38,7 +38,7 @@ constexpr int V2_THREADS = 256;
 
 // Sum over the block through shared memory, each step halving the active threads
 // (kl::smem_block_sum); ``red`` holds V1_THREADS values (float, or double for the
-// backward's mean); every thread gets the result.
+// backward's sums); every thread gets the result.
 template <typename A>
 __device__ __forceinline__ A v1_block_sum(A v, A* red) {
     return kl::smem_block_sum<V1_THREADS>(v, red);
@@ -96,7 +96,6 @@ __device__ void norm_bwd_v1(const T* __restrict__ dy, const T* __restrict__ x, c
                             const float* __restrict__ mean_in, const float* __restrict__ rstd_in,
                             T* __restrict__ dx, float* __restrict__ dw_part, float* __restrict__ db_part,
                             long long rows, int d) {
-    __shared__ float red[V1_THREADS];
     __shared__ double red64[V1_THREADS];
     float* dwp = dw_part + (long long)blockIdx.x * d;
     float* dbp = db_part + (long long)blockIdx.x * d;
@@ -116,21 +115,25 @@ __device__ void norm_bwd_v1(const T* __restrict__ dy, const T* __restrict__ x, c
         }
         (void)mean_in;
         const float rstd = rstd_in[row];
-        float s1 = 0.0f, s2 = 0.0f;
+        // The row sums and dx in float64 too: for a row of one element dx is g * rstd *
+        // (1 - xhat^2), a difference of two numbers near 1, and in fp32 it missed the check's
+        // bound (rms_norm 16 rows x 1, dx 3.2e-6 against 1.55e-6). This kernel takes the
+        // widths the vectorized one cannot (not a multiple of 16 bytes): memory-bound either way.
+        double s1 = 0.0, s2 = 0.0;
         for (int j = threadIdx.x; j < d; j += V1_THREADS) {
             const float g = __fmul_rn(kl::to_f(dyr[j]), kl::to_f(w[j]));
-            const float xhat = (float)((double)kl::to_f(xr[j]) - mean64) * rstd;  // as in the dx loop
+            const double xhat = ((double)kl::to_f(xr[j]) - mean64) * rstd;  // as in the dx loop
             s1 += g * xhat;
             s2 += g;
         }
-        const float c1 = v1_block_sum(s1, red) / d;
-        const float c2 = RMS ? 0.0f : v1_block_sum(s2, red) / d;
+        const double c1 = v1_block_sum(s1, red64) / d;
+        const double c2 = RMS ? 0.0 : v1_block_sum(s2, red64) / d;
         for (int j = threadIdx.x; j < d; j += V1_THREADS) {
             const float dyv = kl::to_f(dyr[j]);
-            const float xhat = (float)((double)kl::to_f(xr[j]) - mean64) * rstd;
+            const double xhat = ((double)kl::to_f(xr[j]) - mean64) * rstd;
             const float g = __fmul_rn(dyv, kl::to_f(w[j]));  // rounded as in c2: no fma
-            dx[row * d + j] = kl::from_f<T>((g - (xhat * c1 + c2)) * rstd);
-            dwp[j] += dyv * xhat;
+            dx[row * d + j] = kl::from_f<T>((float)((g - (xhat * c1 + c2)) * rstd));
+            dwp[j] += dyv * (float)xhat;
             if (!RMS) dbp[j] += dyv;
         }
     }
