@@ -24,6 +24,8 @@ SHAPES = [((2000, 3000), torch.float32), ((4096, 2048), torch.bfloat16), ((12288
 FWD = [dict(fwd_warps=w, row_elems=r) for w, r in itertools.product((4, 8, 16), (2048, 4096, 16384))]
 BWD = [dict(bwd_programs_per_sm=p, bwd_warps=w) for p, w in itertools.product((1, 2, 4, 8), (4, 8, 16))]
 BWD += [dict(b, bwd_prefetch=False) for b in BWD[::3]]
+# --fwd: fewer rows a program (one row at row_elems <= the padded width).
+FWD_ROWS = [dict(row_elems=r, fwd_warps=w) for r, w in itertools.product((256, 512, 1024), (None, 1, 2, 4))]
 # --small: small inputs (GPT-2's hidden, tiny batches): the partials path at each
 # programs-per-SM against the one-launch backward's step and strip.
 SMALL = [dict(bwd_small_elems=0, bwd_programs_per_sm=p) for p in (1, 2, 4, 8)]
@@ -40,8 +42,11 @@ def main() -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--shapes", nargs="+", default=None, help="RxC:dtype, e.g. 16384x4096:bf16")
     p.add_argument("--small", action="store_true", help="backward variants of small inputs only")
+    p.add_argument("--fwd", action="store_true", help="forward variants only (row_elems down to one row)")
     a = p.parse_args()
-    passes = (("bwd", SMALL),) if a.small else (("fwd", FWD), ("bwd", BWD))
+    passes = (("fwd", FWD), ("bwd", BWD))
+    if a.small or a.fwd:
+        passes = (("bwd", SMALL),) if a.small else (("fwd", FWD + FWD_ROWS),)
     shapes = SHAPES
     if a.shapes:
         dts = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
