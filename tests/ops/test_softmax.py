@@ -138,22 +138,21 @@ def test_streamed_row_opening_with_masked_steps(cols):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("waves", [0, 1])
 def test_streamed_rows_off_16_byte_boundaries(dtype, waves):
-    # rows of 4097 / 9001 columns start at every offset within a 16-byte chunk: a streamed
-    # row (ALIGN) reads whole chunks and masks the neighbours, writes the interior and the
+    # rows of 4097 / 9001 columns start at every offset within a 16-byte chunk: the shifted
+    # path (ALIGN) reads whole chunks and masks the neighbours, writes the interior and the
     # ends apart, and reads the tensor's last partial chunk apart; forward and backward,
-    # also from a base one element off (a view into a larger buffer); 16384 columns: rows
-    # on 16-byte boundaries, whose ends are empty
+    # also from a base one element off (a view into a larger buffer)
     from kernellab.ops.softmax import triton as st
 
     cfg = st.Config(stream_block=512, stream_waves=waves, max_whole=0)
     narrow = 4097 if dtype != torch.float32 else 8197  # (fp32 rows of 4097 stay whole)
-    for rows, cols, off in ((9, narrow, 0), (5, 9001, 0), (3, 9001, 1), (1, 9001, 0), (2, 16384, 0)):
+    for rows, cols, off in ((9, narrow, 0), (5, 9001, 0), (3, 9001, 1), (1, 9001, 0)):
         g = torch.Generator().manual_seed(cols + off)
         buf = (torch.randn(rows * cols + off, generator=g) * 4).to(dtype)
         x = buf[off:].view(rows, cols)
         dy = torch.randn(rows, cols, generator=g).to(dtype)
         block, _, single, _ = st._config(cols, cfg, x.element_size())
-        assert not single
+        assert not single and st._align(cols, single, x.element_size()) == 16 // x.element_size()
         y = st._fwd(x, cfg)
         v = judge(y, SPEC.ref(x), dtype, torch.softmax(x, -1))
         assert v.ok, (rows, cols, off, v.detail)
@@ -182,18 +181,21 @@ def _sm90_spec(which, dtype, cx, align, hints=True):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
 def test_triton_shifted_rows_load_16_bytes_at_a_time(which, dtype):
-    """Streamed rows (ALIGN), on 16-byte boundaries or off them: the row's body is read and
-    written 16 bytes at a time; only the ends and the tensor's last partial chunk go one
-    element at a time. Compiled for sm_90 (no GPU) at 8192-column steps, VEC = 1 (an odd
-    width) and 16; also with n_rows a constant 1, as Triton specializes a one-row launch."""
+    """Streamed rows off 16-byte boundaries (ALIGN): the row's body is read and written
+    16 bytes at a time; only the ends and the tensor's last partial chunk go one element at
+    a time. Compiled for sm_90 (no GPU) at 8192-column steps, VEC = 1 (an odd width); also
+    with n_rows a constant 1, as Triton specializes a one-row launch."""
     a = 16 // (4 if dtype == "fp32" else 2)
-    cxs = [dict(SINGLE=False, VEC=1), dict(SINGLE=False, VEC=16), dict(SINGLE=False, VEC=1, n_rows=1)]
+    specs = [_sm90_spec(which, dtype, dict(SINGLE=False, VEC=1), align) for align in (1, a)]
+    specs.append(_sm90_spec(which, dtype, dict(SINGLE=False, VEC=1, n_rows=1), a))  # a one-row launch
+    lines = [(align, len(ld), sum(".v4" in i for i in ld), len(st), sum(".v4" in i for i in st))
+             for align, (ld, st) in zip((1, a), sm90_global_accesses(specs))]  # fmt: skip
+    (a1, n1, w1, s1, ws1), (a, n, w, s, ws) = lines
     tensors = 1 if which == "fwd" else 2
-    for cx, (ld, st) in zip(cxs, sm90_global_accesses([_sm90_spec(which, dtype, cx, a) for cx in cxs])):
-        n, w, s, ws = len(ld), sum(".v4" in i for i in ld), len(st), sum(".v4" in i for i in st)
-        assert w > 0 and ws > 0, cx  # the body: 16-byte loads and stores
-        # the scalar rest: per tensor read, the last partial chunk (1 load) and the two ends (2)
-        assert n - w == 3 * tensors and s - ws == 2, (cx, n, w, s, ws)
+    assert a1 == 1 and w1 == 0 and ws1 == 0  # unshifted at an odd width: one element at a time
+    assert a > 1 and w > 0 and ws > 0  # the shifted body: 16-byte loads and stores
+    # the scalar rest: per tensor read, the last partial chunk (1 load) and the two ends (2)
+    assert n - w == 3 * tensors and s - ws == 2, (n, w, s, ws)
 
 
 def test_compile_backend_quick():

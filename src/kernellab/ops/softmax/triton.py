@@ -8,9 +8,9 @@ in the 16-bit forward, where streaming them is faster. A longer row is streamed 
 online-softmax recurrence: the first pass keeps a running bound m and the running sum s,
 in base 2 with m an integer, so that the rescale when m grows is an exact power of two
 (_stream_step); the second writes 2^(x log2(e) - m) / s: 2 reads + 1 write per element
-instead of the 3 reads + 1 write of max / sum / write passes. A streamed row is read as the
-aligned 16-byte chunks that hold it (_fwd_row_shifted): rows whose width is not a multiple
-of 16 bytes start off 16-byte boundaries, and reads and writes stay 16 bytes wide.
+instead of the 3 reads + 1 write of max / sum / write passes. Rows whose width is not a
+multiple of 16 bytes start off 16-byte boundaries; they are streamed as the aligned chunks
+that hold them (_fwd_row_shifted), so that reads and writes stay 16 bytes wide.
 
 Backward, dx = y * (dy - sum(dy * y)), has the same two shapes (one block, or a sum pass and
 a write pass). For fp32 rows the sum is compensated fp32 (a pair hi + lo, see
@@ -102,11 +102,10 @@ def _stream_out(x, m, s):
 
 @triton_support.jit
 def _fwd_row_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr):
-    # The softmax of one streamed row, which need not start on a 16-byte boundary
-    # (shifted_span). It is read as the aligned chunks that hold it, 16 bytes a load (the
-    # neighbours' values taken as -inf), and written as its aligned interior, 16 bytes a
-    # store, plus the < A elements at each end one at a time (none for a row on a boundary
-    # whose width is a multiple of A). The tensor's last partial chunk (the last
+    # The softmax of one row whose rows do not start on 16-byte boundaries (shifted_span).
+    # It is read as the aligned chunks that hold it, 16 bytes a load (the neighbours'
+    # values taken as -inf), and written as its aligned interior, 16 bytes a store, plus
+    # the < A elements at each end one at a time. The tensor's last partial chunk (the last
     # row's end, past lim) is read apart, so that no load passes the tensor.
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
@@ -150,7 +149,7 @@ def _softmax_fwd_kernel(
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
     REREAD: tl.constexpr,  # SINGLE: the output from x read again (L2), not from registers
     VEC: tl.constexpr,  # a power of two dividing n_cols (see _vec)
-    ALIGN: tl.constexpr,  # elements per 16 bytes (streamed rows: _fwd_row_shifted)
+    ALIGN: tl.constexpr,  # streamed rows off 16-byte boundaries: elements per 16 bytes, else 1
 ):
     # x, y: contiguous [n_rows, n_cols]; math in fp32. SINGLE: ROWS whole rows per program
     # (short rows share a program: one 3-wide row per program would leave it idle);
@@ -186,10 +185,31 @@ def _softmax_fwd_kernel(
             tl.store(y_ptr + offs, y, mask=mask)
     else:
         # a program per row, or fewer programs each walking rows (Config.stream_waves)
+        FIRST: tl.constexpr = "evict_last"
+        SECOND: tl.constexpr = "evict_first"
         n_cols64 = n_cols.to(tl.int64)
         total = n_cols64 * n_rows  # (n_rows may arrive as a constant 1)
         for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-            _fwd_row_shifted(x_ptr, y_ptr, row * n_cols64, n_cols, total, BLOCK, ALIGN)
+            if ALIGN > 1:
+                _fwd_row_shifted(x_ptr, y_ptr, row * n_cols64, n_cols, total, BLOCK, ALIGN)
+            else:
+                x_row = x_ptr + row * n_cols64
+                y_row = y_ptr + row * n_cols64
+                m = tl.max(tl.full([BLOCK], -float("inf"), tl.float32), axis=0)  # (_stream_step)
+                s = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+                # First pass: keep the row in L2 (evict_last) for the second, which reads it
+                # from there and lets it go (evict_first), as Inductor's looped softmax does.
+                for start in range(0, n_cols, BLOCK):
+                    mask = start + cols < n_cols
+                    x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy=FIRST)
+                    x = x.to(tl.float32)
+                    m, s = _stream_step(m, s, x)
+                for start in range(0, n_cols, BLOCK):
+                    mask = start + cols < n_cols
+                    x = tl.load(x_row + start + cols, mask=mask, other=-float("inf"), eviction_policy=SECOND)
+                    x = x.to(tl.float32)
+                    y = _stream_out(x, m, s).to(y_ptr.dtype.element_ty)
+                    tl.store(y_row + start + cols, y, mask=mask)
 
 
 @triton_support.jit
@@ -233,8 +253,8 @@ def _dot2_dx(y, dy, hi, lo):
 @triton_support.jit
 def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr,
                      COMP: tl.constexpr, FIRST: tl.constexpr, SECOND: tl.constexpr):  # fmt: skip
-    # The backward of one streamed row, read and written as _fwd_row_shifted does (the
-    # neighbours' y and dy taken as 0).
+    # The backward of one row off 16-byte boundaries, read and written as _fwd_row_shifted
+    # does (the neighbours' y and dy taken as 0).
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
     a0, lo, r1, hi, lim, b0, b1 = shifted_span(r0, n, total, A)
@@ -301,7 +321,7 @@ def _softmax_bwd_kernel(
     COMP: tl.constexpr,  # fp32 rows: the dot compensated
     VEC: tl.constexpr,  # a power of two dividing n_cols (see _vec)
     HINTS: tl.constexpr,  # streamed: the sum pass evict_last, the write pass evict_first
-    ALIGN: tl.constexpr,  # elements per 16 bytes (streamed rows: _bwd_row_shifted)
+    ALIGN: tl.constexpr,  # streamed rows off 16-byte boundaries: elements per 16 bytes, else 1
 ):
     # y, dy, dx: contiguous [n_rows, n_cols]; dx = y * (dy - sum(dy * y)) per row. COMP (fp32
     # rows): the dot as a pair hi + lo (Ogita, Rump and Oishi's Dot2: each product split
@@ -331,8 +351,41 @@ def _softmax_bwd_kernel(
         n_cols64 = n_cols.to(tl.int64)
         total = n_cols64 * n_rows  # (n_rows may arrive as a constant 1)
         for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-            _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, row * n_cols64, n_cols, total, BLOCK, ALIGN, COMP,
-                             FIRST, SECOND)  # fmt: skip
+            if ALIGN > 1:
+                _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, row * n_cols64, n_cols, total, BLOCK, ALIGN, COMP,
+                                 FIRST, SECOND)  # fmt: skip
+            else:
+                base = row * n_cols64
+                # fp32: per lane a running pair (two_sum of the his), one reduction after the sweep
+                acc = tl.zeros([BLOCK], tl.float32)
+                acc_lo = tl.zeros([BLOCK], tl.float32)
+                for start in range(0, n_cols, BLOCK):
+                    mask = start + cols < n_cols
+                    y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=FIRST)
+                    dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=FIRST)
+                    y = y.to(tl.float32)
+                    dy = dy.to(tl.float32)
+                    if COMP:
+                        p, ep = _dot2_terms(y, dy)
+                        acc, e = _two_sum(acc, p)
+                        acc_lo += ep + e
+                    else:
+                        acc += y * dy
+                if COMP:
+                    hi, lo = _dot2_reduce(acc, acc_lo, 0)
+                else:
+                    hi = tl.sum(acc, axis=0)
+                for start in range(0, n_cols, BLOCK):
+                    mask = start + cols < n_cols
+                    y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=SECOND)
+                    dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=SECOND)
+                    y = y.to(tl.float32)
+                    dy = dy.to(tl.float32)
+                    if COMP:
+                        dx = _dot2_dx(y, dy, hi, lo)
+                    else:
+                        dx = y * (dy - hi)
+                    tl.store(dx_ptr + base + start + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool = False):
@@ -354,6 +407,13 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool 
         return block, 1, True, cfg.whole_warps or max(1, block // 1024)
     step = min(cfg.stream_block, max(block // 4, 1024))
     return step, 1, False, cfg.stream_warps if step >= cfg.stream_block else 8
+
+
+def _align(n_cols: int, single: bool, element_size: int) -> int:
+    """ALIGN: for streamed rows whose starts are off 16-byte boundaries (n_cols not a
+    multiple of 16 bytes' elements), the elements per 16 bytes; else 1."""
+    per16 = 16 // element_size
+    return per16 if not single and n_cols % per16 else 1
 
 
 def _grid(n_rows: int, rows: int, single: bool, device: torch.device, cfg: Config = CONFIG) -> int:
@@ -405,7 +465,7 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
             extra = dict(EVEN=even, WIDE=not (cfg.fwd_narrow and out.numel() < 2**31), REREAD=reread)
         else:  # the backward: fp32 rows compensated
             extra = {"COMP": out.dtype == torch.float32, "HINTS": cfg.bwd_hints and not single}
-        extra["ALIGN"] = 16 // out.element_size()
+        extra["ALIGN"] = _align(n_cols, single, out.element_size())
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, VEC=_vec(n_cols),
             num_warps=warps, **extra,
@@ -449,11 +509,10 @@ def _kernel_specs(dtype: str):
     bwd = {"y_ptr": f"*{dtype}", "dy_ptr": f"*{dtype}", "dx_ptr": f"*{dtype}", **tail, "COMP": "constexpr",
            "VEC": "constexpr", "HINTS": "constexpr", "ALIGN": "constexpr"}  # fmt: skip
     reread, fwarps = _fwd_choice(4096, block, single, 4 if dtype == "fp32" else 2, warps)
-    align = 4 if dtype == "fp32" else 8
-    fcx = dict(cx, EVEN=CONFIG.fwd_even and single, WIDE=not CONFIG.fwd_narrow, REREAD=reread, ALIGN=align)
+    fcx = dict(cx, EVEN=CONFIG.fwd_even and single, WIDE=not CONFIG.fwd_narrow, REREAD=reread, ALIGN=1)
     return [
         (_softmax_fwd_kernel, fwd, fcx, fwarps),
-        (_softmax_bwd_kernel, bwd, dict(cx, COMP=dtype == "fp32", HINTS=False, ALIGN=align), warps),
+        (_softmax_bwd_kernel, bwd, dict(cx, COMP=dtype == "fp32", HINTS=False, ALIGN=1), warps),
     ]
 
 
