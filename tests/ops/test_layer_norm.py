@@ -245,6 +245,8 @@ def test_triton_shifted_rows_config():
     take the shifted kernels, in row classes that repeat every A / gcd(width, A) rows;
     rows on boundaries, narrow rows and rows whose span passes MAX_D do not. The partial
     sums of fp32 weights: fp64, or at most bwd_max_rows rows a program."""
+    import triton.language as tl
+
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
     assert lt._shift(4097, 2) == (8192, 8, 8) and lt._shift(4097, 4) == (8192, 4, 4)
@@ -263,12 +265,14 @@ def test_triton_shifted_rows_config():
     cfg = lt.Config(bwd_small_elems=0)
     plan = lt._bwd_plan(torch.zeros(70000, 13), torch.ones(13), False, True, False, cfg)
     assert plan.part_dtype == torch.float64
+    # and one Triton launch sums them, in fp64, whatever the weights' dtype
+    assert plan.psum.kernel is lt._partials_sum_kernel and plan.psum.kw["ACC"] == tl.float64
     plan = lt._bwd_plan(torch.zeros(300, 5000), torch.ones(5000), False, True, False, cfg)
     assert plan.part_dtype == torch.float32 and plan.rows_per_program <= lt.CONFIG.bwd_max_rows
     assert plan.programs * plan.rows_per_program >= 300
     w16 = torch.ones(13, dtype=torch.bfloat16)
     plan = lt._bwd_plan(torch.zeros(70000, 13, dtype=torch.bfloat16), w16, False, True, False, cfg)
-    assert plan.part_dtype == torch.float32
+    assert plan.part_dtype == torch.float32 and plan.psum.kw["ACC"] == tl.float32
 
 
 def _norm64(x, w, b, rms, eps=1e-5):
@@ -585,12 +589,13 @@ def test_triton_launch_knobs_are_a_config_not_module_state(monkeypatch):
     monkeypatch.setattr(lt.triton_support, "sm_count", lambda index=None: 132)
     gpu = torch.device("cuda", 0)  # the GPU branch's arithmetic; nothing is allocated there
     # by row width and element size: 8192 / BLOCK programs per SM below rows of 4096 (at
-    # most 8); from 4096, fp32 one per SM with 16 warps, 16-bit 2 with 4 warps, then 1 with 8
+    # most 8; fp32 rows of 1024: 4); from 4096, fp32 one per SM with 16 warps, 16-bit 2
+    # with 4 warps, then 1 with 8
     blocks = (256, 1024, 2048, 4096, 8192)
     assert [lt._bwd_programs(16384, blk, gpu) for blk in blocks] == [8 * 132, 8 * 132, 4 * 132, 2 * 132, 132]
     assert [lt._bwd_warps(blk) for blk in blocks] == [4, 8, 4, 4, 8]
     fp32 = [lt._bwd_programs(16384, blk, gpu, elem=4) for blk in blocks]
-    assert fp32 == [8 * 132, 8 * 132, 4 * 132, 132, 132]
+    assert fp32 == [8 * 132, 4 * 132, 4 * 132, 132, 132]
     assert [lt._bwd_warps(blk, elem=4) for blk in blocks] == [4, 8, 4, 16, 16]
     assert lt._bwd_programs(16384, 4096, gpu, lt.Config(bwd_programs_per_sm=4)) == 4 * 132
     assert lt._bwd_programs(100, 4096, gpu, lt.Config(bwd_programs_per_sm=4)) == 100
@@ -598,6 +603,8 @@ def test_triton_launch_knobs_are_a_config_not_module_state(monkeypatch):
     assert lt._bwd_warps(1024, lt.Config(bwd_warps=8)) == 8
     assert lt._psum_config(264, 768) == (512, 8)
     assert lt._psum_config(264, 768, lt.Config(psum_elems=8192)) == (512, 16)
+    assert lt._psum_config(264, 768, acc_bytes=8) == (512, 8)  # fp64 sums: up to 512 partials a step
+    assert lt._psum_config(1056, 768, acc_bytes=8) == (512, 8)
     # a config reaches the kernels: the same answer through every backward program count
     x, w, b = SPEC.make_inputs((37, 40), torch.float32, "cpu", 4)
     dy = torch.randn(37, 40, generator=torch.Generator().manual_seed(1))
