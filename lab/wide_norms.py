@@ -1,0 +1,508 @@
+"""Triton layer_norm / rms_norm for rows wider than the Triton norms' limit (MAX_D = 16384
+columns), of any width: a lab version to time before it joins ``ops/norm_kernels``.
+
+Issue 43's worst norm cases are such rows: layer_norm 8191x50257 forward+backward runs our
+CUDA kernel at 0.52x (bf16) and 0.61x (fp32) torch on the H200. A row that wide does not fit
+in registers, and at an odd width its start is off a 16-byte boundary, so its loads are one
+element wide unless read as the aligned 16-byte chunks that hold it (as the shifted kernels
+in ``ops/norm_kernels/triton_kernels.py`` do). Those kernels load the weight once per
+program at the row class's shift; a wide row cannot hold its weight in registers, so here
+the weight (and bias) are laid out once per call as A shifted copies, ``ws[s, s + k] =
+w[k]`` (A = elements per 16 bytes, each copy's row a multiple of 16 bytes): a row at shift
+s reads its weight chunks from copy s, aligned like its own.
+
+Kernels (x [R, n] contiguous; a row's span: from a0, the aligned start of its first
+element, positions [lo, r1 = lo + n); interior [b0, b1) of whole chunks; ends [lo, b0),
+[b1, r1); lim: past the last whole chunk inside the tensor, < the span's end only for the
+last row, whose last partial chunk is read element by element):
+
+- forward: ``_stats_kernel`` (a program per row: mean and rstd from chunk statistics
+  merged pairwise, Chan et al.) and ``_out_kernel`` (programs of column strips x rows of
+  one shift class: y, 16-byte stores in the interior, the ends one element at a time);
+- backward: ``_row_sums_kernel`` (a program per row: c1 = mean(g xhat), c2 = mean(g),
+  g = dy w), ``_dx_kernel`` (strips x class rows: dx, and the strip's partial dweight /
+  dbias over its rows) and ``_dw_kernel`` (the partials summed back to columns, plus the
+  last row's partial chunk). Traffic: x and dy read twice, dx written once, ~10 bytes an
+  element in bf16 against torch's ~3 passes.
+
+    PYTHONPATH=src python lab/wide_norms.py --check           # CPU: the interpreter vs float64
+    PYTHONPATH=src python lab/wide_norms.py OUT.jsonl [--shapes 8191x50257] [--dtypes bf16,fp32] [--dry-run]
+
+On a GPU: each variant (strip, warps, groups) timed beside torch, Liger and our CUDA
+kernel (``harness.timer.time_cuda``, L2 flushed), outputs judged against float64 first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+
+import torch
+import triton.language as tl
+
+from kernellab import triton_support
+
+# --------------------------------------------------------------------------- helpers
+
+
+@triton_support.jit
+def _span(row, n, total, A: tl.constexpr):
+    # (a0, lo, r1, hi, lim, b0, b1) of a row (see the module docstring); offsets from a0 in
+    # 32 bits (a row is < 2^31 elements), a0 in 64
+    r0 = tl.cast(row, tl.int64) * n
+    a0 = (r0 // A) * A
+    lo = (r0 - a0).to(tl.int32)
+    r1 = lo + n
+    hi = ((r1 + A - 1) // A) * A
+    lim = (tl.minimum(total - a0, hi.to(tl.int64)).to(tl.int32) // A) * A
+    b0 = ((lo + A - 1) // A) * A
+    b1 = (r1 // A) * A
+    return a0, lo, r1, hi, lim, b0, b1
+
+
+@triton_support.jit
+def _merge(cnt, mean, m2, cnt_b, mean_b, m2_b):
+    # two (count, mean, sum of squared deviations) summaries as one (Chan et al.)
+    tot = cnt + cnt_b
+    d = mean_b - mean
+    f = tl.where(tot > 0, cnt_b / tl.maximum(tot, 1.0), 0.0)
+    return tot, mean + d * f, m2 + m2_b + d * d * cnt * f
+
+
+@triton_support.jit
+def _chunk_stats(x, inside):
+    cnt = tl.sum(inside.to(tl.float32), axis=0)
+    mean = tl.sum(tl.where(inside, x, 0.0), axis=0) / tl.maximum(cnt, 1.0)
+    d = tl.where(inside, x - mean, 0.0)
+    return cnt, mean, tl.sum(d * d, axis=0)
+
+
+# --------------------------------------------------------------------------- forward
+
+
+@triton_support.jit
+def _stats_kernel(x_ptr, mean_ptr, rstd_ptr, n_rows, n, eps, CHUNK: tl.constexpr, A: tl.constexpr,
+                  RMS: tl.constexpr):  # fmt: skip
+    # one program per row (or fewer, each walking rows): mean and rstd in fp32
+    total = tl.cast(n, tl.int64) * n_rows
+    cols = tl.arange(0, CHUNK)
+    ends = tl.arange(0, A)
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        a0, lo, r1, hi, lim, b0, b1 = _span(row, n, total, A)
+        xp = x_ptr + a0
+        cnt = tl.sum(tl.zeros([CHUNK], tl.float32), axis=0)
+        mean = cnt
+        m2 = cnt
+        ss = cnt
+        for start in range(0, hi, CHUNK):
+            j = start + cols
+            x = tl.load(xp + j, mask=j < lim, other=0.0).to(tl.float32)
+            inside = (j >= lo) & (j < r1) & (j < lim)
+            if RMS:
+                ss += tl.sum(tl.where(inside, x * x, 0.0), axis=0)
+            else:
+                cb, mb, qb = _chunk_stats(x, inside)
+                cnt, mean, m2 = _merge(cnt, mean, m2, cb, mb, qb)
+        tj = lim + ends  # the tensor's last partial chunk (the last row only)
+        tin = (tj >= lo) & (tj < r1)
+        t = tl.load(xp + tj, mask=tin, other=0.0).to(tl.float32)
+        if RMS:
+            ss += tl.sum(tl.where(tin, t * t, 0.0), axis=0)
+            tl.store(rstd_ptr + row, 1.0 / tl.sqrt_rn(ss / n + eps))
+        else:
+            cb, mb, qb = _chunk_stats(t, tin)
+            cnt, mean, m2 = _merge(cnt, mean, m2, cb, mb, qb)
+            tl.store(mean_ptr + row, mean)
+            tl.store(rstd_ptr + row, 1.0 / tl.sqrt_rn(m2 / n + eps))
+
+
+@triton_support.jit
+def _class_rows(q, n_rows, n, C: tl.constexpr, G, A: tl.constexpr):
+    # program q's class c, its rows c + C m for m in [m0, m1), and the class's span
+    c = q // G
+    g = q % G
+    in_class = (n_rows - c + C - 1) // C
+    per = (in_class + G - 1) // G
+    m0 = g * per
+    m1 = tl.minimum(m0 + per, in_class)
+    lo = (c * n) % A
+    r1 = lo + n
+    return c, m0, m1, lo, r1, ((r1 + A - 1) // A) * A, ((lo + A - 1) // A) * A, (r1 // A) * A
+
+
+@triton_support.jit
+def _out_kernel(x_ptr, ws_ptr, bs_ptr, mean_ptr, rstd_ptr, y_ptr, n_rows, n, L, G, STRIP: tl.constexpr,
+                A: tl.constexpr, C: tl.constexpr, RMS: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+    # grid (strips, C * G): the strip's y over the rows of one class (one shift: the
+    # shifted weight and bias strips load once)
+    t = tl.program_id(0)
+    c, m0, m1, lo, r1, hi, b0, b1 = _class_rows(tl.program_id(1), n_rows, n, C, G, A)
+    total = tl.cast(n, tl.int64) * n_rows
+    j = t * STRIP + tl.arange(0, STRIP)
+    ends = tl.arange(0, A)
+    w = tl.load(ws_ptr + lo * L + j, mask=j < hi, other=0.0).to(tl.float32)
+    b = tl.load(bs_ptr + lo * L + j, mask=j < hi, other=0.0).to(tl.float32) if HAS_BIAS else w
+    e0 = ends  # [lo, b0): strip 0's
+    e0m = (e0 >= lo) & (e0 < b0) & (e0 * 0 + t == 0)
+    e1 = b1 + ends  # [b1, r1): the strip holding b1's
+    e1m = (e1 < r1) & (e1 >= t * STRIP) & (e1 < t * STRIP + STRIP)
+    w0 = tl.load(ws_ptr + lo * L + e0, mask=e0m, other=0.0).to(tl.float32)
+    w1 = tl.load(ws_ptr + lo * L + e1, mask=e1m, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        bb0 = tl.load(bs_ptr + lo * L + e0, mask=e0m, other=0.0).to(tl.float32)
+        bb1 = tl.load(bs_ptr + lo * L + e1, mask=e1m, other=0.0).to(tl.float32)
+    smask = (j >= b0) & (j < b1)
+    for m in range(m0, m1):
+        row = c + C * m
+        a0 = (tl.cast(row, tl.int64) * n // A) * A
+        lim = (tl.minimum(total - a0, hi.to(tl.int64)).to(tl.int32) // A) * A
+        rstd = tl.load(rstd_ptr + row)
+        mean = 0.0 if RMS else tl.load(mean_ptr + row)
+        x = tl.load(x_ptr + a0 + j, mask=(j < lim) & smask, other=0.0).to(tl.float32)
+        y = (x - mean) * rstd * w
+        if HAS_BIAS:
+            y += b
+        tl.store(y_ptr + a0 + j, y.to(y_ptr.dtype.element_ty), mask=smask)
+        x0 = tl.load(x_ptr + a0 + e0, mask=e0m, other=0.0).to(tl.float32)
+        x1 = tl.load(x_ptr + a0 + e1, mask=e1m, other=0.0).to(tl.float32)
+        y0 = (x0 - mean) * rstd * w0
+        y1 = (x1 - mean) * rstd * w1
+        if HAS_BIAS:
+            y0 += bb0
+            y1 += bb1
+        tl.store(y_ptr + a0 + e0, y0.to(y_ptr.dtype.element_ty), mask=e0m)
+        tl.store(y_ptr + a0 + e1, y1.to(y_ptr.dtype.element_ty), mask=e1m)
+
+
+# --------------------------------------------------------------------------- backward
+
+
+@triton_support.jit
+def _row_sums_kernel(dy_ptr, x_ptr, ws_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr, n_rows, n, L,
+                     CHUNK: tl.constexpr, A: tl.constexpr, RMS: tl.constexpr):  # fmt: skip
+    # one program per row (or fewer, walking rows): c1 = mean(g xhat), c2 = mean(g)
+    total = tl.cast(n, tl.int64) * n_rows
+    cols = tl.arange(0, CHUNK)
+    ends = tl.arange(0, A)
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        a0, lo, r1, hi, lim, b0, b1 = _span(row, n, total, A)
+        rstd = tl.load(rstd_ptr + row)
+        mean = 0.0 if RMS else tl.load(mean_ptr + row)
+        s1 = tl.zeros([CHUNK], tl.float32)
+        s2 = tl.zeros([CHUNK], tl.float32)
+        for start in range(0, hi, CHUNK):
+            j = start + cols
+            x = tl.load(x_ptr + a0 + j, mask=j < lim, other=0.0).to(tl.float32)
+            dy = tl.load(dy_ptr + a0 + j, mask=j < lim, other=0.0).to(tl.float32)
+            w = tl.load(ws_ptr + lo * L + j, mask=j < hi, other=0.0).to(tl.float32)
+            inside = (j >= lo) & (j < r1) & (j < lim)
+            g = tl.where(inside, dy * w, 0.0)
+            s1 += g * ((x - mean) * rstd)
+            s2 += g
+        tj = lim + ends
+        tin = (tj >= lo) & (tj < r1)
+        x = tl.load(x_ptr + a0 + tj, mask=tin, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + a0 + tj, mask=tin, other=0.0).to(tl.float32)
+        w = tl.load(ws_ptr + lo * L + tj, mask=tin, other=0.0).to(tl.float32)
+        g = tl.where(tin, dy * w, 0.0)
+        tl.store(c1_ptr + row, (tl.sum(s1, axis=0) + tl.sum(g * ((x - mean) * rstd), axis=0)) / n)
+        tl.store(c2_ptr + row, (tl.sum(s2, axis=0) + tl.sum(g, axis=0)) / n)
+
+
+@triton_support.jit
+def _dx_ends(x_ptr, dy_ptr, dx_ptr, a0, e, em, w, mean, rstd, c1, c2):
+    # dx at a row's end positions (one element at a time)
+    x = tl.load(x_ptr + a0 + e, mask=em, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + a0 + e, mask=em, other=0.0).to(tl.float32)
+    dx = (dy * w - ((x - mean) * rstd * c1 + c2)) * rstd
+    tl.store(dx_ptr + a0 + e, dx.to(dx_ptr.dtype.element_ty), mask=em)
+
+
+@triton_support.jit
+def _dx_kernel(dy_ptr, x_ptr, ws_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr, dx_ptr, dwp_ptr, dbp_ptr, n_rows, n,
+               L, G, STRIP: tl.constexpr, A: tl.constexpr, C: tl.constexpr, RMS: tl.constexpr,
+               HAS_DB: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    # grid (strips, C * G): dx of the strip over the rows of one class, and the strip's
+    # partial dweight / dbias over them (in ACC), at span positions: dwp[q, j]
+    t = tl.program_id(0)
+    q = tl.program_id(1)
+    c, m0, m1, lo, r1, hi, b0, b1 = _class_rows(q, n_rows, n, C, G, A)
+    total = tl.cast(n, tl.int64) * n_rows
+    j = t * STRIP + tl.arange(0, STRIP)
+    ends = tl.arange(0, A)
+    w = tl.load(ws_ptr + lo * L + j, mask=j < hi, other=0.0).to(tl.float32)
+    e0 = ends
+    e0m = (e0 >= lo) & (e0 < b0) & (e0 * 0 + t == 0)
+    e1 = b1 + ends
+    e1m = (e1 < r1) & (e1 >= t * STRIP) & (e1 < t * STRIP + STRIP)
+    w0 = tl.load(ws_ptr + lo * L + e0, mask=e0m, other=0.0).to(tl.float32)
+    w1 = tl.load(ws_ptr + lo * L + e1, mask=e1m, other=0.0).to(tl.float32)
+    inside = (j >= lo) & (j < r1)
+    smask = (j >= b0) & (j < b1)
+    acc_w = tl.zeros([STRIP], ACC)
+    acc_b = tl.zeros([STRIP], ACC)
+    for m in range(m0, m1):
+        row = c + C * m
+        a0 = (tl.cast(row, tl.int64) * n // A) * A
+        lim = (tl.minimum(total - a0, hi.to(tl.int64)).to(tl.int32) // A) * A
+        rstd = tl.load(rstd_ptr + row)
+        mean = 0.0 if RMS else tl.load(mean_ptr + row)
+        c1 = tl.load(c1_ptr + row)
+        c2 = 0.0 if RMS else tl.load(c2_ptr + row)
+        live = inside & (j < lim)
+        x = tl.load(x_ptr + a0 + j, mask=j < lim, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + a0 + j, mask=j < lim, other=0.0).to(tl.float32)
+        xhat = tl.where(live, (x - mean) * rstd, 0.0)
+        dy = tl.where(live, dy, 0.0)
+        dx = (dy * w - (xhat * c1 + c2)) * rstd
+        tl.store(dx_ptr + a0 + j, dx.to(dx_ptr.dtype.element_ty), mask=smask)
+        acc_w += (dy * xhat).to(ACC)
+        if HAS_DB:
+            acc_b += dy.to(ACC)
+        _dx_ends(x_ptr, dy_ptr, dx_ptr, a0, e0, e0m, w0, mean, rstd, c1, c2)
+        _dx_ends(x_ptr, dy_ptr, dx_ptr, a0, e1, e1m, w1, mean, rstd, c1, c2)
+    tl.store(dwp_ptr + q * L + j, acc_w, mask=j < hi)
+    if HAS_DB:
+        tl.store(dbp_ptr + q * L + j, acc_b, mask=j < hi)
+
+
+@triton_support.jit
+def _dw_kernel(dwp_ptr, dbp_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, dw_ptr, db_ptr, n_rows, n, L, G,
+               BLOCK: tl.constexpr, A: tl.constexpr, C: tl.constexpr, RMS: tl.constexpr,
+               HAS_DB: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    # dweight[k] = sum over the C * G partial rows of dwp[q, lo(q's class) + k], plus the
+    # last row's columns past its lim (its partial chunk, which _dx_kernel left out)
+    k = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    kmask = k < n
+    acc_w = tl.zeros([BLOCK], ACC)
+    acc_b = tl.zeros([BLOCK], ACC)
+    for q in range(0, C * G):
+        lo = ((q // G) * n) % A
+        acc_w += tl.load(dwp_ptr + q * L + lo + k, mask=kmask, other=0.0).to(ACC)
+        if HAS_DB:
+            acc_b += tl.load(dbp_ptr + q * L + lo + k, mask=kmask, other=0.0).to(ACC)
+    last = n_rows - 1
+    total = tl.cast(n, tl.int64) * n_rows
+    a0, lo, r1, hi, lim, b0, b1 = _span(last, n, total, A)
+    tmask = kmask & (k + lo >= lim)  # the last row's columns past lim
+    base = tl.cast(last, tl.int64) * n
+    x = tl.load(x_ptr + base + k, mask=tmask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptr + base + k, mask=tmask, other=0.0).to(tl.float32)
+    rstd = tl.load(rstd_ptr + last)
+    mean = 0.0 if RMS else tl.load(mean_ptr + last)
+    acc_w += tl.where(tmask, dy * (x - mean) * rstd, 0.0).to(ACC)
+    tl.store(dw_ptr + k, acc_w.to(tl.float32).to(dw_ptr.dtype.element_ty), mask=kmask)
+    if HAS_DB:
+        acc_b += tl.where(tmask, dy, 0.0).to(ACC)
+        tl.store(db_ptr + k, acc_b.to(tl.float32).to(db_ptr.dtype.element_ty), mask=kmask)
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+def _shifted(v: torch.Tensor, a: int) -> tuple[torch.Tensor, int]:
+    """(the A shifted copies of v as one [a, L] tensor, L): copy s holds v at [s, s + n).
+    L is a multiple of 16 elements: Triton specializes such an int argument as divisible by
+    16, and so knows every copy (and the partial rows of _dx_kernel, L apart) starts on a
+    16-byte boundary (at a multiple of A it did not: those loads were one element wide)."""
+    n = v.numel()
+    L = -(-(n + a) // 16) * 16
+    idx = torch.arange(L, device=v.device)[None, :] - torch.arange(a, device=v.device)[:, None]
+    ok = (idx >= 0) & (idx < n)
+    return torch.where(ok, v[idx.clamp(0, n - 1)], torch.zeros((), dtype=v.dtype, device=v.device)), L
+
+
+def _classes(n: int, a: int) -> int:
+    return a // math.gcd(n, a)
+
+
+def _groups(n_rows: int, strips: int, c: int, waves: int, dev: torch.device) -> int:
+    if dev.type != "cuda":
+        return max(1, min(2, n_rows // c))
+    sms = triton_support.sm_count(dev.index or 0)
+    return max(1, min(-(-n_rows // c), -(-waves * sms // (strips * c))))
+
+
+def wide_fwd(x, w, b, eps, rms, chunk=4096, strip=2048, warps=8, waves=2, stats_warps=8):
+    """(y, mean, rstd) of x [R, n] contiguous (mean None for rms)."""
+    n_rows, n = x.shape
+    a = 16 // x.element_size()
+    c = _classes(n, a)
+    ws, L = _shifted(w, a)
+    bs = _shifted(b, a)[0] if b is not None else ws
+    y = torch.empty_like(x)
+    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    _stats_kernel[(n_rows,)](x, mean, rstd, n_rows, n, eps, CHUNK=chunk, A=a, RMS=rms, num_warps=stats_warps)
+    strips = -(-(n + a) // strip)
+    g = _groups(n_rows, strips, c, waves, x.device)
+    _out_kernel[(strips, c * g)](x, ws, bs, mean, rstd, y, n_rows, n, L, g, STRIP=strip, A=a, C=c, RMS=rms,
+                                 HAS_BIAS=b is not None, num_warps=warps)  # fmt: skip
+    return y, (None if rms else mean), rstd
+
+
+def wide_bwd(dy, x, w, mean, rstd, rms, has_bias, chunk=4096, strip=2048, warps=8, waves=2, sums_warps=8):
+    """(dx, dw, db) of the norm of x [R, n] (dy, x contiguous)."""
+    n_rows, n = x.shape
+    a = 16 // x.element_size()
+    c = _classes(n, a)
+    ws, L = _shifted(w, a)
+    c1 = torch.empty(n_rows, dtype=torch.float32, device=x.device)
+    c2 = torch.empty_like(c1)
+    m = mean if mean is not None else rstd
+    _row_sums_kernel[(n_rows,)](dy, x, ws, m, rstd, c1, c2, n_rows, n, L, CHUNK=chunk, A=a, RMS=rms,
+                                num_warps=sums_warps)  # fmt: skip
+    strips = -(-(n + a) // strip)
+    g = _groups(n_rows, strips, c, waves, x.device)
+    acc = tl.float64 if w.dtype == torch.float32 else tl.float32
+    part = torch.float64 if acc is tl.float64 else torch.float32
+    want_db = has_bias and not rms
+    dwp = torch.empty((c * g, L), dtype=part, device=x.device)
+    dbp = torch.empty_like(dwp) if want_db else dwp
+    dx = torch.empty_like(x)
+    _dx_kernel[(strips, c * g)](dy, x, ws, m, rstd, c1, c2, dx, dwp, dbp, n_rows, n, L, g, STRIP=strip, A=a,
+                                C=c, RMS=rms, HAS_DB=want_db, ACC=acc, num_warps=warps)  # fmt: skip
+    dw = torch.empty_like(w)
+    db = torch.empty_like(w) if want_db else None
+    block = 1024
+    _dw_kernel[(-(-n // block),)](
+        dwp, dbp, x, dy, m, rstd, dw, db if db is not None else dw, n_rows, n, L, g,
+        BLOCK=block, A=a, C=c, RMS=rms, HAS_DB=want_db, ACC=acc, num_warps=4,
+    )  # fmt: skip
+    return dx, dw, db
+
+
+# --------------------------------------------------------------------------- checks and timing
+
+
+def _ref(x, w, b, dy, rms, eps):
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    b64 = b.double().requires_grad_() if b is not None else None
+    if rms:
+        y = x64 * torch.rsqrt((x64 * x64).mean(-1, keepdim=True) + eps) * w64
+    else:
+        y = torch.nn.functional.layer_norm(x64, (x.shape[-1],), w64, b64, eps)
+    y.backward(dy.double())
+    return y.detach(), x64.grad, w64.grad, (b64.grad if b64 is not None else None)
+
+
+def _errors(x, w, b, dy, rms, eps, **kw):
+    y, mean, rstd = wide_fwd(
+        x, w, b, eps, rms, **{k: v for k, v in kw.items() if k in ("chunk", "strip", "waves")}
+    )
+    dx, dw, db = wide_bwd(dy, x, w, mean, rstd, rms, b is not None,
+                          **{k: v for k, v in kw.items() if k in ("chunk", "strip", "waves")})  # fmt: skip
+    ry, rdx, rdw, rdb = _ref(x, w, b, dy, rms, eps)
+    out = {"y": y, "dx": dx, "dw": dw}
+    ref = {"y": ry, "dx": rdx, "dw": rdw}
+    if db is not None:
+        out["db"], ref["db"] = db, rdb
+    return {
+        k: ((out[k].double() - ref[k]).abs().max() / ref[k].abs().max().clamp_min(1e-30)).item() for k in out
+    }
+
+
+def check() -> int:
+    """Under the interpreter (CPU): odd widths at every shift, small chunks and strips so
+    that rows span several of them, a last row ending mid-chunk; errors relative to the
+    largest reference value, against bounds by dtype."""
+    bad = 0
+    bounds = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+    shapes = [(7, 37), (5, 64), (9, 131), (3, 8), (40, 37), (1, 37)]
+    for (rows, n), dt, rms, bias in itertools.product(shapes, bounds, (False, True), (True, False)):
+        if rms and bias:
+            continue
+        g = torch.Generator().manual_seed(rows * n)
+        x = (torch.randn(rows, n, generator=g) * 2 + 0.5).to(dt)
+        w = (1 + 0.2 * torch.randn(n, generator=g)).to(dt)
+        b = (0.3 * torch.randn(n, generator=g)).to(dt) if bias else None
+        dy = torch.randn(rows, n, generator=g).to(dt)
+        err = _errors(x, w, b, dy, rms, 1e-5, chunk=16, strip=16, waves=1)
+        ok = all(v <= bounds[dt] for v in err.values())
+        bad += not ok
+        print(f"{'ok ' if ok else 'BAD'} {rows}x{n} {str(dt)[6:]} {'rms' if rms else 'layer'} bias={bias} "
+              + " ".join(f"{k} {v:.1e}" for k, v in err.items()))  # fmt: skip
+    print("all passed" if not bad else f"{bad} failed")
+    return 1 if bad else 0
+
+
+VARIANTS = [
+    dict(strip=s, warps=wp, waves=wv) for s, wp, wv in itertools.product((1024, 2048, 4096), (4, 8), (1, 2))
+]
+
+
+def bench(out: str, shapes, dtypes, device: str = "cuda") -> int:
+    import kernellab
+    from kernellab.harness import timer
+    from kernellab.harness.bench import git_sha
+
+    dts = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+    sha, gpu = git_sha(), (torch.cuda.get_device_name() if device == "cuda" else "cpu (a dry run: no times)")
+
+    def ms(fn):
+        if device != "cuda":
+            fn()
+            return float("nan")
+        return timer.time_cuda(fn).median_ms
+
+    with open(out, "a") as f:
+        for (rows, n), dn, rms in itertools.product(shapes, dtypes, (False, True)):
+            dt = dts[dn]
+            op = "rms_norm" if rms else "layer_norm"
+            x = torch.randn(rows, n, device=device, dtype=dt)
+            w = (1 + 0.1 * torch.randn(n, device=device)).to(dt)
+            b = None if rms else (0.1 * torch.randn(n, device=device)).to(dt)
+            dy = torch.randn_like(x)
+            err = _errors(x[:64].contiguous(), w, b, dy[:64].contiguous(), rms, 1e-5)
+            print(op, rows, n, dn, "errors (64 rows) vs float64:", {k: f"{v:.1e}" for k, v in err.items()})
+
+            def row(name, t, **extra):
+                r = {"op": op, "shape": [rows, n], "dtype": dn, "name": name, "ms": t, "gpu": gpu}
+                r["git_sha"] = sha
+                f.write(json.dumps(r | extra) + "\n")
+                f.flush()
+                print(f"{op:10s} {rows}x{n} {dn} {name:40s} {t * 1e3:9.1f} us", flush=True)
+
+            y, mean, rstd = wide_fwd(x, w, b, 1e-5, rms)
+            for kw in VARIANTS:
+                try:
+                    row(f"wide fwd {kw}", ms(lambda kw=kw: wide_fwd(x, w, b, 1e-5, rms, **kw)), **kw)
+                    bwd = lambda kw=kw: wide_bwd(dy, x, w, mean, rstd, rms, b is not None, **kw)  # noqa: E731
+                    row(f"wide bwd {kw}", ms(bwd), **kw)
+                except Exception as e:  # noqa: BLE001
+                    print(op, kw, "error", str(e)[:200])
+            xg = x.detach().requires_grad_()
+            for be in ("torch", "cuda", "liger"):
+                if rms:
+                    fn = lambda xx, be=be: kernellab.rms_norm(xx, w, backend=be)  # noqa: E731
+                else:
+                    fn = lambda xx, be=be: kernellab.layer_norm(xx, w, b, backend=be)  # noqa: E731
+                try:
+                    row(f"{be} fwd", ms(lambda fn=fn: fn(x)))
+                    yy = fn(xg)
+                    grad = lambda yy=yy: torch.autograd.grad(yy, xg, dy, retain_graph=True)  # noqa: E731
+                    row(f"{be} bwd (autograd)", ms(grad))
+                except Exception as e:  # noqa: BLE001
+                    print(op, be, "error", str(e)[:200])
+    return 0
+
+
+def main(argv) -> int:
+    if "--check" in argv:
+        return check()
+    out = argv[0]
+    shapes = [(8191, 50257)]
+    dtypes = ["bf16", "fp32"]
+    device = "cpu" if "--dry-run" in argv else "cuda"
+    for i, a in enumerate(argv):
+        if a == "--shapes":
+            shapes = [tuple(int(v) for v in s.split("x")) for s in argv[i + 1].split(",")]
+        if a == "--dtypes":
+            dtypes = argv[i + 1].split(",")
+    return bench(out, shapes, dtypes, device)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
