@@ -43,23 +43,10 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.ops._triton_rows import shifted_span
+from kernellab.ops.norm_kernels.triton_kernels import _class_span, _row_start
 
 # --------------------------------------------------------------------------- helpers
-
-
-@triton_support.jit
-def _span(row, n, total, A: tl.constexpr):
-    # (a0, lo, r1, hi, lim, b0, b1) of a row (see the module docstring); offsets from a0 in
-    # 32 bits (a row is < 2^31 elements), a0 in 64
-    r0 = tl.cast(row, tl.int64) * n
-    a0 = (r0 // A) * A
-    lo = (r0 - a0).to(tl.int32)
-    r1 = lo + n
-    hi = ((r1 + A - 1) // A) * A
-    lim = (tl.minimum(total - a0, hi.to(tl.int64)).to(tl.int32) // A) * A
-    b0 = ((lo + A - 1) // A) * A
-    b1 = (r1 // A) * A
-    return a0, lo, r1, hi, lim, b0, b1
 
 
 @triton_support.jit
@@ -90,7 +77,7 @@ def _stats_kernel(x_ptr, mean_ptr, rstd_ptr, n_rows, n, eps, CHUNK: tl.constexpr
     cols = tl.arange(0, CHUNK)
     ends = tl.arange(0, A)
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        a0, lo, r1, hi, lim, b0, b1 = _span(row, n, total, A)
+        a0, lo, r1, hi, lim, b0, b1 = shifted_span(tl.cast(row, tl.int64) * n, n, total, A)
         xp = x_ptr + a0
         cnt = tl.sum(tl.zeros([CHUNK], tl.float32), axis=0)
         mean = cnt
@@ -127,9 +114,21 @@ def _class_rows(q, n_rows, n, C: tl.constexpr, G, A: tl.constexpr):
     per = (in_class + G - 1) // G
     m0 = g * per
     m1 = tl.minimum(m0 + per, in_class)
-    lo = (c * n) % A
-    r1 = lo + n
-    return c, m0, m1, lo, r1, ((r1 + A - 1) // A) * A, ((lo + A - 1) // A) * A, (r1 // A) * A
+    lo, r1, hi, b0, b1 = _class_span(c, n, A)
+    return c, m0, m1, lo, r1, hi, b0, b1
+
+
+@triton_support.jit
+def _strip_ends(ws_ptr, lo, r1, b0, b1, L, t, STRIP: tl.constexpr, A: tl.constexpr):
+    # A class's row ends in strip t (one element at a time): [lo, b0) in strip 0, [b1, r1)
+    # in the strip holding b1; positions, masks and the shifted weight there
+    e0 = tl.arange(0, A)
+    e0m = (e0 >= lo) & (e0 < b0) & (e0 * 0 + t == 0)
+    e1 = b1 + tl.arange(0, A)
+    e1m = (e1 < r1) & (e1 >= t * STRIP) & (e1 < t * STRIP + STRIP)
+    w0 = tl.load(ws_ptr + lo * L + e0, mask=e0m, other=0.0).to(tl.float32)
+    w1 = tl.load(ws_ptr + lo * L + e1, mask=e1m, other=0.0).to(tl.float32)
+    return e0, e0m, e1, e1m, w0, w1
 
 
 @triton_support.jit
@@ -141,23 +140,16 @@ def _out_kernel(x_ptr, ws_ptr, bs_ptr, mean_ptr, rstd_ptr, y_ptr, n_rows, n, L, 
     c, m0, m1, lo, r1, hi, b0, b1 = _class_rows(tl.program_id(1), n_rows, n, C, G, A)
     total = tl.cast(n, tl.int64) * n_rows
     j = t * STRIP + tl.arange(0, STRIP)
-    ends = tl.arange(0, A)
     w = tl.load(ws_ptr + lo * L + j, mask=j < hi, other=0.0).to(tl.float32)
     b = tl.load(bs_ptr + lo * L + j, mask=j < hi, other=0.0).to(tl.float32) if HAS_BIAS else w
-    e0 = ends  # [lo, b0): strip 0's
-    e0m = (e0 >= lo) & (e0 < b0) & (e0 * 0 + t == 0)
-    e1 = b1 + ends  # [b1, r1): the strip holding b1's
-    e1m = (e1 < r1) & (e1 >= t * STRIP) & (e1 < t * STRIP + STRIP)
-    w0 = tl.load(ws_ptr + lo * L + e0, mask=e0m, other=0.0).to(tl.float32)
-    w1 = tl.load(ws_ptr + lo * L + e1, mask=e1m, other=0.0).to(tl.float32)
+    e0, e0m, e1, e1m, w0, w1 = _strip_ends(ws_ptr, lo, r1, b0, b1, L, t, STRIP, A)
     if HAS_BIAS:
         bb0 = tl.load(bs_ptr + lo * L + e0, mask=e0m, other=0.0).to(tl.float32)
         bb1 = tl.load(bs_ptr + lo * L + e1, mask=e1m, other=0.0).to(tl.float32)
     smask = (j >= b0) & (j < b1)
     for m in range(m0, m1):
         row = c + C * m
-        a0 = (tl.cast(row, tl.int64) * n // A) * A
-        lim = (tl.minimum(total - a0, hi.to(tl.int64)).to(tl.int32) // A) * A
+        a0, lim = _row_start(tl.cast(row, tl.int64), n, total, hi, A)
         rstd = tl.load(rstd_ptr + row)
         mean = 0.0 if RMS else tl.load(mean_ptr + row)
         x = tl.load(x_ptr + a0 + j, mask=(j < lim) & smask, other=0.0).to(tl.float32)
@@ -187,7 +179,7 @@ def _row_sums_kernel(dy_ptr, x_ptr, ws_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr, 
     cols = tl.arange(0, CHUNK)
     ends = tl.arange(0, A)
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        a0, lo, r1, hi, lim, b0, b1 = _span(row, n, total, A)
+        a0, lo, r1, hi, lim, b0, b1 = shifted_span(tl.cast(row, tl.int64) * n, n, total, A)
         rstd = tl.load(rstd_ptr + row)
         mean = 0.0 if RMS else tl.load(mean_ptr + row)
         s1 = tl.zeros([CHUNK], tl.float32)
@@ -231,22 +223,15 @@ def _dx_kernel(dy_ptr, x_ptr, ws_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr, dx_ptr
     c, m0, m1, lo, r1, hi, b0, b1 = _class_rows(q, n_rows, n, C, G, A)
     total = tl.cast(n, tl.int64) * n_rows
     j = t * STRIP + tl.arange(0, STRIP)
-    ends = tl.arange(0, A)
     w = tl.load(ws_ptr + lo * L + j, mask=j < hi, other=0.0).to(tl.float32)
-    e0 = ends
-    e0m = (e0 >= lo) & (e0 < b0) & (e0 * 0 + t == 0)
-    e1 = b1 + ends
-    e1m = (e1 < r1) & (e1 >= t * STRIP) & (e1 < t * STRIP + STRIP)
-    w0 = tl.load(ws_ptr + lo * L + e0, mask=e0m, other=0.0).to(tl.float32)
-    w1 = tl.load(ws_ptr + lo * L + e1, mask=e1m, other=0.0).to(tl.float32)
+    e0, e0m, e1, e1m, w0, w1 = _strip_ends(ws_ptr, lo, r1, b0, b1, L, t, STRIP, A)
     inside = (j >= lo) & (j < r1)
     smask = (j >= b0) & (j < b1)
     acc_w = tl.zeros([STRIP], ACC)
     acc_b = tl.zeros([STRIP], ACC)
     for m in range(m0, m1):
         row = c + C * m
-        a0 = (tl.cast(row, tl.int64) * n // A) * A
-        lim = (tl.minimum(total - a0, hi.to(tl.int64)).to(tl.int32) // A) * A
+        a0, lim = _row_start(tl.cast(row, tl.int64), n, total, hi, A)
         rstd = tl.load(rstd_ptr + row)
         mean = 0.0 if RMS else tl.load(mean_ptr + row)
         c1 = tl.load(c1_ptr + row)
@@ -285,7 +270,7 @@ def _dw_kernel(dwp_ptr, dbp_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, dw_ptr, db_p
             acc_b += tl.load(dbp_ptr + q * L + lo + k, mask=kmask, other=0.0).to(ACC)
     last = n_rows - 1
     total = tl.cast(n, tl.int64) * n_rows
-    a0, lo, r1, hi, lim, b0, b1 = _span(last, n, total, A)
+    a0, lo, r1, hi, lim, b0, b1 = shifted_span(tl.cast(last, tl.int64) * n, n, total, A)
     tmask = kmask & (k + lo >= lim)  # the last row's columns past lim
     base = tl.cast(last, tl.int64) * n
     x = tl.load(x_ptr + base + k, mask=tmask, other=0.0).to(tl.float32)
@@ -389,11 +374,8 @@ def _ref(x, w, b, dy, rms, eps):
 
 
 def _errors(x, w, b, dy, rms, eps, **kw):
-    y, mean, rstd = wide_fwd(
-        x, w, b, eps, rms, **{k: v for k, v in kw.items() if k in ("chunk", "strip", "waves")}
-    )
-    dx, dw, db = wide_bwd(dy, x, w, mean, rstd, rms, b is not None,
-                          **{k: v for k, v in kw.items() if k in ("chunk", "strip", "waves")})  # fmt: skip
+    y, mean, rstd = wide_fwd(x, w, b, eps, rms, **kw)
+    dx, dw, db = wide_bwd(dy, x, w, mean, rstd, rms, b is not None, **kw)
     ry, rdx, rdw, rdb = _ref(x, w, b, dy, rms, eps)
     out = {"y": y, "dx": dx, "dw": dw}
     ref = {"y": ry, "dx": rdx, "dw": rdw}
