@@ -395,8 +395,7 @@ def _norm_bwd_cols_kernel(
             xhat = x * rstd
         else:
             # The row mean again, in MATH, from the row in registers: the saved fp32 mean's
-            # rounding shifts every xhat of a row of nearly equal values (fp32 16 x 2: dweight
-            # 2.4e-6 against a bound of 3.1e-7, interpreter).
+            # rounding shifts every xhat of a row of nearly equal values.
             mean = (tl.sum(x, axis=1) / n_cols)[:, None]
             xhat = tl.where(m2, (x - mean) * rstd, 0.0)
         g = dy * w[None, :]
@@ -688,8 +687,8 @@ def _fwd_config(n_cols: int, cfg: Config = CONFIG):
 # lab/sweep_norm_shapes.py (measurements in benchmarks/NOTES.md): fp32 rows of 4096 and
 # more keep one program per SM with 16 warps; 16-bit rows two programs per SM with 4 warps
 # at 4096 and one with 8 warps past it; narrower rows want more programs in flight, 8192 /
-# BLOCK of them per SM (4 for fp32 rows of 1024, whose fp64 partials cost more to write:
-# 1024-16384 x 768 backward 8-15% faster than at 8), with 8 warps at 1024 and 4 below.
+# BLOCK of them per SM (4 for fp32 rows of 1024, whose fp64 partials cost more to write),
+# with 8 warps at 1024 and 4 below.
 
 
 def _bwd_shape(block: int, elem: int) -> tuple[int, int]:
