@@ -47,11 +47,11 @@ def _add_norm_fwd(x, r, w, b, eps):
     return y, h, mean, rstd
 
 
-def _add_norm_bwd(dy, dres, h, w, mean, rstd, has_bias):
+def _add_norm_bwd(dy, dres, h, w, mean, rstd, has_bias, eps):
     _same_rows(h, dy, "dy")
     if dres is not None:
         _same_rows(h, dres, "dres")
-    return norm_bwd(dy, h, w, mean, rstd, False, True, dres=dres)
+    return norm_bwd(dy, h, w, mean, rstd, False, True, dres=dres, eps=eps)
 
 
 # (x, r, w, b, eps) -> (layer_norm(x + r), x + r): one kernel each way, a triton_op on a GPU

@@ -97,7 +97,7 @@ def _launchers(vectorized: bool):
                 )
         return y, mean, rstd
 
-    def bwd(dy, x, w, mean, rstd, rms, has_bias):
+    def bwd(dy, x, w, mean, rstd, rms, has_bias, eps=None):  # (eps: the Triton backward's)
         n_rows, n_cols = plumbing.rows_of(x)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         want_db = has_bias and not rms

@@ -7,7 +7,7 @@ Contract of a backend's launchers (Triton and CUDA alike), over the last dimensi
         x: [..., D] contiguous, w (and b, or None): [D], same dtype as x.
         y: like x (contiguous). mean, rstd: fp32 [rows] (rows = x.numel() // D), saved for
         the backward; rms=True: mean is None and rstd = 1 / sqrt(mean(x^2) + eps).
-    bwd(dy, x, w, mean, rstd, rms, has_bias) -> (dx, dw, db)
+    bwd(dy, x, w, mean, rstd, rms, has_bias, eps) -> (dx, dw, db)
         dx like x; dw (and db, None when rms or no bias) [D] in w's dtype. dw/db are
         reduced from per-program partial sums (no atomics, no second pass over x).
 
@@ -74,9 +74,9 @@ def layer_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
         return fwd(contig(x), w, b, eps, False)
 
     def _bwd(
-        dy: Tensor, x: Tensor, w: Tensor, mean: Tensor, rstd: Tensor, has_bias: bool
+        dy: Tensor, x: Tensor, w: Tensor, mean: Tensor, rstd: Tensor, has_bias: bool, eps: float
     ) -> tuple[Tensor, Tensor, Tensor]:
-        dx, dw, db = bwd(contig(dy), contig(x), w, mean, rstd, False, True)
+        dx, dw, db = bwd(contig(dy), contig(x), w, mean, rstd, False, True, eps=eps)
         return dx, dw, db
 
     call = build(
@@ -85,20 +85,22 @@ def layer_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
             fwd=_fwd,
             bwd=_bwd,
             fwd_fake=lambda x, w, b, eps: (empty_like_contig(x), _stats_fake(x), _stats_fake(x)),
-            bwd_fake=lambda dy, x, w, mean, rstd, has_bias: (
+            bwd_fake=lambda dy, x, w, mean, rstd, has_bias, eps: (
                 empty_like_contig(x),
                 torch.empty_like(w),
                 torch.empty_like(w),
             ),
-            save=lambda inputs, out: ((inputs[0], inputs[1], out[1], out[2]), inputs[2] is not None),
-            bwd_args=lambda saved, has_bias, dy: (dy, *saved, has_bias),
-            grads=lambda g, has_bias: (g[0], g[1], g[2] if has_bias else None, None),
+            # extra: (has_bias, eps)
+            save=lambda inputs, out: ((inputs[0], inputs[1], out[1], out[2]),
+                                      (inputs[2] is not None, inputs[3])),  # fmt: skip
+            bwd_args=lambda saved, extra, dy: (dy, *saved, *extra),
+            grads=lambda g, extra: (g[0], g[1], g[2] if extra[0] else None, None),
             needs_grad=lambda x, w, b, eps: (
                 x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
             ),
             samples=(
                 lambda make: (*make.args(True), 1e-5),
-                lambda make: _bwd_sample(make, rms=False) + (True,),
+                lambda make: _bwd_sample(make, rms=False) + (True, 1e-5),
             ),
             triton=triton,
         )
@@ -130,24 +132,25 @@ def add_layer_norm_op(name: str, fwd, bwd, triton: bool = False):
     and y = layer_norm(h), and ``kernellab::<name>_backward``; returns the callable
     ``(x, r, w, b, eps) -> (y, h)``, both differentiable (a pre-LN transformer's residual
     stream h and its normalized rows y). ``fwd(x, r, w, b, eps) -> (y, h, mean, rstd)`` and
-    ``bwd(dy, dres, h, w, mean, rstd, has_bias) -> (dx + dres, dw, db)`` are the launchers;
+    ``bwd(dy, dres, h, w, mean, rstd, has_bias, eps) -> (dx + dres, dw, db)`` are the launchers;
     the gradient of x and of r is the same tensor (h = x + r)."""
 
     def _fwd(x: Tensor, r: Tensor, w: Tensor, b: Tensor | None, eps: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return fwd(x, r, w, b, eps)
 
     def _bwd(
-        dy: Tensor, dres: Tensor | None, h: Tensor, w: Tensor, mean: Tensor, rstd: Tensor, has_bias: bool
+        dy: Tensor, dres: Tensor | None, h: Tensor, w: Tensor, mean: Tensor, rstd: Tensor, has_bias: bool,
+        eps: float,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        dx, dw, db = bwd(dy, dres, h, w, mean, rstd, has_bias)
+        dx, dw, db = bwd(dy, dres, h, w, mean, rstd, has_bias, eps)
         return dx, dw, db
 
-    def _bwd_args(saved, has_bias, dys):
+    def _bwd_args(saved, extra, dys):
         dy, dres = dys
         h = saved[0]
         # autograd passes None for an output nobody differentiated
         dy = torch.zeros_like(h) if dy is None else contig(dy)
-        return (dy, contig(dres), *saved, has_bias)
+        return (dy, contig(dres), *saved, *extra)
 
     return build(
         OpDecl(
@@ -156,11 +159,12 @@ def add_layer_norm_op(name: str, fwd, bwd, triton: bool = False):
             bwd=_bwd,
             fwd_fake=lambda x, r, w, b, eps: (empty_like_contig(x), empty_like_contig(x), _stats_fake(x),
                                              _stats_fake(x)),  # fmt: skip
-            bwd_fake=lambda dy, dres, h, w, mean, rstd, has_bias: (
+            bwd_fake=lambda dy, dres, h, w, mean, rstd, has_bias, eps: (
                 empty_like_contig(h), torch.empty_like(w), torch.empty_like(w)),  # fmt: skip
-            save=lambda inputs, out: ((out[1], inputs[2], out[2], out[3]), inputs[3] is not None),
+            save=lambda inputs, out: ((out[1], inputs[2], out[2], out[3]),
+                                      (inputs[3] is not None, inputs[4])),  # fmt: skip
             bwd_args=_bwd_args,
-            grads=lambda g, has_bias: (g[0], g[0], g[1], g[2] if has_bias else None, None),
+            grads=lambda g, extra: (g[0], g[0], g[1], g[2] if extra[0] else None, None),
             needs_grad=lambda x, r, w, b, eps: (
                 x.requires_grad or r.requires_grad or w.requires_grad or (b is not None and b.requires_grad)
             ),
@@ -177,7 +181,7 @@ def add_layer_norm_op(name: str, fwd, bwd, triton: bool = False):
 
 def _add_bwd_sample(make):
     dy, x, w, mean, rstd = _bwd_sample(make, rms=False)
-    return (dy, dy.detach().clone(), x, w, mean, rstd, True)
+    return (dy, dy.detach().clone(), x, w, mean, rstd, True, 1e-5)
 
 
 def rms_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
@@ -190,8 +194,8 @@ def rms_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
         y, _, rstd = fwd(contig(x), w, None, eps, True)
         return y, rstd
 
-    def _bwd(dy: Tensor, x: Tensor, w: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
-        dx, dw, _ = bwd(contig(dy), contig(x), w, None, rstd, True, False)
+    def _bwd(dy: Tensor, x: Tensor, w: Tensor, rstd: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        dx, dw, _ = bwd(contig(dy), contig(x), w, None, rstd, True, False, eps=eps)
         return dx, dw
 
     call = build(
@@ -200,14 +204,14 @@ def rms_norm_op(name: str, fwd, bwd, triton: bool = False, node=None):
             fwd=_fwd,
             bwd=_bwd,
             fwd_fake=lambda x, w, eps: (empty_like_contig(x), _stats_fake(x)),
-            bwd_fake=lambda dy, x, w, rstd: (empty_like_contig(x), torch.empty_like(w)),
-            save=lambda inputs, out: ((inputs[0], inputs[1], out[1]), None),
-            bwd_args=lambda saved, extra, dy: (dy, *saved),
+            bwd_fake=lambda dy, x, w, rstd, eps: (empty_like_contig(x), torch.empty_like(w)),
+            save=lambda inputs, out: ((inputs[0], inputs[1], out[1]), inputs[2]),
+            bwd_args=lambda saved, eps, dy: (dy, *saved, eps),
             grads=lambda g, extra: (g[0], g[1], None),
             needs_grad=lambda x, w, eps: x.requires_grad or w.requires_grad,
             samples=(
                 lambda make: (*make.args(True), 1e-6),
-                lambda make: _bwd_sample(make, rms=True),
+                lambda make: _bwd_sample(make, rms=True) + (1e-6,),
             ),
             triton=triton,
         )
@@ -251,14 +255,16 @@ def add_rms_norm_op(name: str, fwd, bwd, triton: bool = False):
     """Custom ops ``kernellab::<name>`` (x, r, w, eps) -> (y, h, rstd), h = x + r and
     y = rms_norm(h) * w, and ``kernellab::<name>_backward``; returns the registry callable
     ``(x, residual, weight, eps=1e-6) -> (y, h)``, both differentiable. ``fwd(x, r, w, eps)
-    -> (y, h, rstd)`` (x, r contiguous) and ``bwd(dy, dres, h, w, rstd) -> (dh, dw)`` are
+    -> (y, h, rstd)`` (x, r contiguous) and ``bwd(dy, dres, h, w, rstd, eps) -> (dh, dw)`` are
     the launchers; dh = the norm's gradient + dres is the gradient of x and of r alike."""
 
     def _fwd(x: Tensor, r: Tensor, w: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
         return fwd(contig(x), contig(r), w, eps)
 
-    def _bwd(dy: Tensor, dres: Tensor | None, h: Tensor, w: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
-        dh, dw = bwd(dy, dres, h, w, rstd)
+    def _bwd(
+        dy: Tensor, dres: Tensor | None, h: Tensor, w: Tensor, rstd: Tensor, eps: float
+    ) -> tuple[Tensor, Tensor]:
+        dh, dw = bwd(dy, dres, h, w, rstd, eps)
         return dh, dw
 
     def _bwd_args(saved, extra, dys):
@@ -266,14 +272,14 @@ def add_rms_norm_op(name: str, fwd, bwd, triton: bool = False):
         h = saved[0]
         # autograd passes None for an output nobody differentiated
         dy = torch.zeros_like(h) if dy is None else contig(dy)
-        return (dy, contig(dres), *saved)
+        return (dy, contig(dres), *saved, extra)
 
     def _bwd_sample(make):
         x, r, w = make.args(False)
         h = x + r
         dy = make(False).to(x.dtype).reshape(x.shape)
         rstd = torch.rsqrt(h.float().reshape(-1, h.shape[-1]).square().mean(-1) + 1e-6)
-        return (dy, dy.detach().clone(), h, w, rstd)
+        return (dy, dy.detach().clone(), h, w, rstd, 1e-6)
 
     call = build(
         OpDecl(
@@ -281,8 +287,8 @@ def add_rms_norm_op(name: str, fwd, bwd, triton: bool = False):
             fwd=_fwd,
             bwd=_bwd,
             fwd_fake=lambda x, r, w, eps: (empty_like_contig(x), empty_like_contig(x), _stats_fake(x)),
-            bwd_fake=lambda dy, dres, h, w, rstd: (empty_like_contig(h), torch.empty_like(w)),
-            save=lambda inputs, out: ((out[1], inputs[2], out[2]), None),  # h, w, rstd
+            bwd_fake=lambda dy, dres, h, w, rstd, eps: (empty_like_contig(h), torch.empty_like(w)),
+            save=lambda inputs, out: ((out[1], inputs[2], out[2]), inputs[3]),  # h, w, rstd; eps
             bwd_args=_bwd_args,
             grads=lambda g, extra: (g[0], g[0], g[1], None),
             needs_grad=lambda x, r, w, eps: x.requires_grad or r.requires_grad or w.requires_grad,

@@ -356,6 +356,7 @@ def _norm_bwd_cols_kernel(
     db_ptr,  # [n_cols] in w's dtype: sum over rows of dy (HAS_DB)
     n_rows,
     n_cols,
+    eps,  # the forward's: with MATH fp64, rstd is recomputed from the row (the saved one is fp32)
     BLOCK: tl.constexpr,  # power of two >= n_cols: a whole row
     BLOCK_C: tl.constexpr,  # this program's strip of columns
     ROWS: tl.constexpr,  # rows per step
@@ -389,15 +390,19 @@ def _norm_bwd_cols_kernel(
         offs = rows[:, None] * n_cols + cols[None, :]
         x = tl.load(x_ptr + offs, mask=m2, other=0.0).to(MATH)
         dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(MATH)
-        rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0).to(MATH)[:, None]
-        mean = rstd
-        if RMS:
-            xhat = x * rstd
-        else:
-            # The row mean again, in MATH, from the row in registers: the saved fp32 mean's
-            # rounding shifts every xhat of a row of nearly equal values.
+        mean = tl.zeros([ROWS, 1], dtype=MATH)
+        if not RMS:
+            # The row statistics again, in MATH, from the row in registers: the saved fp32
+            # mean's and rstd's roundings shift every xhat of a row of nearly equal values,
+            # and the column sums over a few rows cancel down to that shift.
             mean = (tl.sum(x, axis=1) / n_cols)[:, None]
-            xhat = tl.where(m2, (x - mean) * rstd, 0.0)
+        if MATH == tl.float64:
+            xc = tl.where(m2, x - mean, 0.0)
+            var = tl.sum(xc * xc, axis=1) / n_cols + eps
+            rstd = tl.where(rmask, 1.0 / tl.sqrt(var), 0.0)[:, None]
+        else:
+            rstd = tl.load(rstd_ptr + rows, mask=rmask, other=0.0).to(MATH)[:, None]
+        xhat = tl.where(m2, (x - mean) * rstd, 0.0)
         g = dy * w[None, :]
         c1 = (tl.sum(g * xhat, axis=1) / n_cols)[:, None]
         ms = rmask[:, None] & smask[None, :]
@@ -405,11 +410,10 @@ def _norm_bwd_cols_kernel(
         xs = tl.load(x_ptr + soffs, mask=ms, other=0.0).to(MATH)
         dys = tl.load(dy_ptr + soffs, mask=ms, other=0.0).to(MATH)
         gs = dys * ws[None, :]
+        xhs = tl.where(ms, (xs - mean) * rstd, 0.0)
         if RMS:
-            xhs = xs * rstd
             dx = (gs - xhs * c1) * rstd
         else:
-            xhs = tl.where(ms, (xs - mean) * rstd, 0.0)
             c2 = (tl.sum(g, axis=1) / n_cols)[:, None]
             dx = (gs - (xhs * c1 + c2)) * rstd
         dx = dx.to(tl.float32).to(dx_ptr.dtype.element_ty)
@@ -890,9 +894,12 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     return BwdPlan(n_rows, n_cols, programs, want_db, bwd, per, psum, False, part)
 
 
-def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFIG):
+def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFIG, eps: float | None = None):
     """See plumbing: (dx, dw, db); dy and x contiguous. With ``dres`` (contiguous, x's shape
-    and dtype) dx is the norm's gradient plus dres, rounded as two ops would round."""
+    and dtype) dx is the norm's gradient plus dres, rounded as two ops would round. ``eps``:
+    the forward's (None: the ops' default, 1e-6 for rms and 1e-5 otherwise)."""
+    if eps is None:
+        eps = 1e-6 if rms else 1e-5
     key = ("b", x.shape, x.dtype, w.dtype, x.device, rms, has_bias, dres is None, None if cfg is CONFIG else cfg)
     plan = _plan(x, key, lambda: _bwd_plan(x, w, rms, has_bias, dres is not None, cfg))
     n_rows, n_cols, programs, want_db, launch, per, psum, small, part_dtype = plan
@@ -906,7 +913,7 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFI
         dw = torch.empty_like(w)
         db = torch.empty_like(w) if want_db else None
         launch(dy, x, w, mean if mean is not None else rstd, rstd, dx, dres if dres is not None else dx, dw,
-               db if db is not None else dw, n_rows, n_cols)  # fmt: skip
+               db if db is not None else dw, n_rows, n_cols, float(eps))  # fmt: skip
         return dx, dw, db
     # Separate buffers, not views of one: under torch.compile a view of a buffer that a
     # kernel writes is functionalized into copies (Inductor emitted three select/clone
@@ -1028,6 +1035,7 @@ def kernel_specs(rms: bool):
         ins = ("dy_ptr", "x_ptr", "w_ptr", "mean_ptr", "rstd_ptr", "dx_ptr", "dres_ptr")
         cols = {**{k: bwd[k] for k in ins},
                 "dw_ptr": f"*{dtype}", "db_ptr": f"*{dtype}", "n_rows": "i32", "n_cols": "i32",
+                "eps": "fp32",
                 "BLOCK": "constexpr", "BLOCK_C": "constexpr", "ROWS": "constexpr", "RMS": "constexpr",
                 "RES": "constexpr", "HAS_DB": "constexpr", "MATH": "constexpr"}  # fmt: skip
         block_c, crows, cwarps = _cols_config(16, 4096)
@@ -1079,6 +1087,6 @@ def add_rms_fwd(x, r, w, eps):
     return y, h, rstd
 
 
-def add_rms_bwd(dy, dres, h, w, rstd):
-    dh, dw, _ = norm_bwd(dy, h, w, None, rstd, True, False, dres=dres)
+def add_rms_bwd(dy, dres, h, w, rstd, eps):
+    dh, dw, _ = norm_bwd(dy, h, w, None, rstd, True, False, dres=dres, eps=eps)
     return dh, dw
