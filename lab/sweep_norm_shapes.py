@@ -29,8 +29,8 @@ FWD_ROWS = [dict(row_elems=r, fwd_warps=w) for r, w in itertools.product((256, 5
 # --small: small inputs (GPT-2's hidden, tiny batches): the partials path at each
 # programs-per-SM against the one-launch backward's step and strip.
 SMALL = [dict(bwd_small_elems=0, bwd_programs_per_sm=p) for p in (1, 2, 4, 8)]
-SMALL += [dict(bwd_small_elems=1 << 20, small_step_elems=e, small_strip=c)
-          for e, c in itertools.product((2048, 4096, 16384), (64, 256))]  # fmt: skip
+SMALL += [dict(bwd_small_elems=1 << 20, small_step_elems=e, small_strip=c, exact_max_block=x)
+          for e, c, x in itertools.product((2048, 4096, 16384), (64, 256), (0, 1 << 20))]  # fmt: skip
 
 
 def _ms(fn):

@@ -213,23 +213,31 @@ def test_bad_inputs_name_the_argument():
             ln.layer_norm(*args)  # the default
 
 
-def test_triton_refuses_rows_wider_than_its_limit():
+@pytest.mark.parametrize("shape", [(3, 16411), (2, 2, 16392), (1, 16385)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_triton_rows_wider_than_the_register_limit(shape, dtype):
+    """Rows past MAX_D take the streamed kernels of wide.py (interpreter here): forward and
+    every gradient within the float64 reference's bounds, with and without bias, at widths
+    off 16-byte boundaries (every shift class) and on them."""
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
-    x = torch.randn(1, lt.MAX_D + 1)
-    with pytest.raises(ValueError, match=r"\bx\b"):
-        ln.layer_norm(x, torch.ones(lt.MAX_D + 1), backend="triton")
+    assert shape[-1] > lt.MAX_D
+    args = SPEC.make_inputs(shape, dtype, "cpu", 5)
+    _assert_fwd_bwd("triton", args, dtype, seed=2)
+    _assert_fwd_bwd("triton", (args[0], args[1], None), dtype, seed=3)
 
 
 def test_triton_norms_declare_the_limit_they_refuse():
-    """The Triton norms' Impl.limits name the refusal the launchers raise (rows past MAX_D),
-    so that the check counts it as a documented limit; narrower rows are inside them."""
+    """add_rms_norm's Triton backend declares the refusal its launcher raises (rows past
+    MAX_D), so that the check counts it as a documented limit; layer_norm and rms_norm
+    take any width."""
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
-    for op in ("layer_norm", "rms_norm", "add_rms_norm"):
-        impl = registry.get(op, "triton")
-        assert "wider than" in impl.outside_limits((torch.zeros(1, lt.MAX_D + 1),), {}), op
-        assert impl.outside_limits((torch.zeros(1, lt.MAX_D),), {}) is None, op
+    impl = registry.get("add_rms_norm", "triton")
+    assert "wider than" in impl.outside_limits((torch.zeros(1, lt.MAX_D + 1),), {})
+    assert impl.outside_limits((torch.zeros(1, lt.MAX_D),), {}) is None
+    for op in ("layer_norm", "rms_norm"):
+        assert registry.get(op, "triton").outside_limits((torch.zeros(1, 4 * lt.MAX_D + 3),), {}) is None, op
 
 
 def test_triton_configs():
@@ -431,7 +439,8 @@ def test_cuda_v2_shapes():
 
 # --------------------------------------------------------------------------- GPU
 
-GPU_SHAPES = [(1,), (3, 123), (70000, 3), (17, 1025), (256, 4096), (64, 8192), (8, 16384), (3, 20000)]
+GPU_SHAPES = [(1,), (3, 123), (70000, 3), (17, 1025), (256, 4096), (64, 8192), (8, 16384), (3, 20000), (65, 50257),
+              (9, 32768)]  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -456,8 +465,6 @@ def test_gpu_forward_and_gradients(backend, dtype, request):
             pytest.mark.xfail(strict=True, reason="liger fp32: dx of a one-element row is not 0")
         )
     for shape in GPU_SHAPES:
-        if backend == "triton" and shape[-1] > 16384:
-            continue
         args = SPEC.make_inputs(shape, dtype, "cuda", seed_for(backend, shape))
         _assert_fwd_bwd(backend, args, dtype, seed=1)
     x, w, _ = SPEC.make_inputs((33, 4096), dtype, "cuda", 2)

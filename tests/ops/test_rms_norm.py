@@ -165,6 +165,14 @@ def test_bad_inputs_name_the_argument():
         kernellab.registry.call(OP, "triton", x, torch.ones(8), torch.ones(8))  # a bias it has not
 
 
+@pytest.mark.parametrize("shape", [(3, 16411), (2, 16392)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_triton_rows_wider_than_the_register_limit(shape, dtype):
+    """Rows past the Triton norms' register limit (16384) take the streamed kernels of
+    wide.py (interpreter here): output and gradients within the float64 bounds."""
+    _assert_fwd_bwd("triton", SPEC.make_inputs(shape, dtype, "cpu", 5), dtype, seed=2)
+
+
 def test_custom_ops_opcheck():
     opcheck_custom_ops(registry.get(OP, "triton").custom_ops, SPEC, (4, 33))
 
@@ -181,7 +189,8 @@ def test_compile_backend_quick():
 
 # --------------------------------------------------------------------------- GPU
 
-GPU_SHAPES = [(1,), (3, 123), (70000, 3), (17, 1025), (256, 4096), (64, 8192), (8, 16384), (3, 20000)]
+GPU_SHAPES = [(1,), (3, 123), (70000, 3), (17, 1025), (256, 4096), (64, 8192), (8, 16384), (3, 20000), (65, 50257),
+              (9, 32768)]  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -192,8 +201,6 @@ def test_gpu_forward_and_gradients(backend, dtype):
     if impl.why_unavailable("cuda"):
         pytest.skip(impl.why_unavailable("cuda"))
     for shape in GPU_SHAPES:
-        if backend == "triton" and shape[-1] > 16384:
-            continue
         _assert_fwd_bwd(
             backend, SPEC.make_inputs(shape, dtype, "cuda", seed_for(backend, shape)), dtype, seed=1
         )

@@ -63,6 +63,11 @@ class Config:
         buffer and the second launch cost more host time than the kernels take.
     small_strip, small_step_elems: that backward's widest column strip (a program each)
         and the elements (rows x padded width) it loads a step.
+    exact_max_block: for fp32 x, that backward recomputes each row's mean and rstd in fp64
+        from the row (not the saved fp32 ones) up to rows of this padded width.
+    wide_fwd_strip, wide_bwd_strip, wide_warps, wide_waves: rows wider than MAX_D
+        (``wide.py``): the column strip of a program of the output and dx kernels, their
+        warps, and about how many programs per SM they launch.
     acc64_max_block, bwd_max_rows: fp32 weights' backward programs sum their partial
         dweight / dbias in fp64 up to rows of this block, and past it sum at most
         bwd_max_rows rows each (fp32 sums of ~250-1000 rows missed the check's bound for
@@ -86,6 +91,11 @@ class Config:
     bwd_small_elems: int = 65536
     small_strip: int = 256
     small_step_elems: int = 16384
+    exact_max_block: int = 1 << 20
+    wide_fwd_strip: int = 4096
+    wide_bwd_strip: int = 2048
+    wide_warps: int = 8
+    wide_waves: int = 2
     acc64_max_block: int = 4096
     bwd_max_rows: int = 64
     shift_fwd_min_cols: int = 1024
@@ -364,6 +374,7 @@ def _norm_bwd_cols_kernel(
     RES: tl.constexpr,
     HAS_DB: tl.constexpr,
     MATH: tl.constexpr,  # the row sums' and dx's dtype (fp64 for fp32 x: these inputs are small)
+    EXACT: tl.constexpr,  # mean and rstd recomputed in MATH from the row (eps: the forward's)
 ):
     # One launch for a small input: program p owns columns [p * BLOCK_C, (p + 1) * BLOCK_C)
     # of dx, dw and db. Each step loads ROWS whole rows for the row sums mean(g * xhat) and
@@ -392,11 +403,14 @@ def _norm_bwd_cols_kernel(
         dy = tl.load(dy_ptr + offs, mask=m2, other=0.0).to(MATH)
         mean = tl.zeros([ROWS, 1], dtype=MATH)
         if not RMS:
-            # The row statistics again, in MATH, from the row in registers: the saved fp32
-            # mean's and rstd's roundings shift every xhat of a row of nearly equal values,
-            # and the column sums over a few rows cancel down to that shift.
-            mean = (tl.sum(x, axis=1) / n_cols)[:, None]
-        if MATH == tl.float64:
+            if EXACT:
+                # The row statistics again, in MATH, from the row in registers: the saved
+                # fp32 mean's and rstd's roundings shift every xhat of a row of nearly
+                # equal values, and the column sums over a few rows cancel down to that.
+                mean = (tl.sum(x, axis=1) / n_cols)[:, None]
+            else:
+                mean = tl.load(mean_ptr + rows, mask=rmask, other=0.0).to(MATH)[:, None]
+        if EXACT:
             xc = tl.where(m2, x - mean, 0.0)
             var = tl.sum(xc * xc, axis=1) / n_cols + eps
             rstd = tl.where(rmask, 1.0 / tl.sqrt(var), 0.0)[:, None]
@@ -660,8 +674,9 @@ def _cols_config(n_rows: int, block: int, cfg: Config = CONFIG) -> tuple[int, in
 
 
 def row_limits(x, *args, **kwargs) -> str | None:
-    """``Impl.limits`` of the Triton norms: rows wider than MAX_D are refused (the refusal
-    ``_row_block`` raises, as its message)."""
+    """``Impl.limits`` of the fused residual forms (add_rms_norm): rows wider than MAX_D
+    are refused (the refusal ``_row_block`` raises, as its message). layer_norm and
+    rms_norm take any width (``wide.py``)."""
     try:
         _row_block(x.shape[-1] if x.dim() else 1)
     except ValueError as e:
@@ -824,7 +839,10 @@ def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
 
 def norm_fwd(x, w, b, eps, rms, res=None, h=None, cfg: Config = CONFIG):
     """See plumbing: (y, mean, rstd); x contiguous. With ``res`` (contiguous, x's shape and
-    dtype) the kernel normalizes x + res and writes that sum into ``h`` (fresh, x's shape)."""
+    dtype) the kernel normalizes x + res and writes that sum into ``h`` (fresh, x's shape).
+    Rows wider than MAX_D without ``res`` take the kernels of ``wide.py``."""
+    if res is None and x.dim() and x.shape[-1] > MAX_D:
+        return _wide_fwd(x, w, b, eps, rms, cfg)
     key = ("f", x.shape, x.dtype, x.device, rms, b is None, res is None, None if cfg is CONFIG else cfg)
     plan = _plan(x, key, lambda: _fwd_plan(x, rms, b is not None, res is not None, cfg))
     n_rows, n_cols, launch, row_kernel, per = plan
@@ -844,6 +862,30 @@ def norm_fwd(x, w, b, eps, rms, res=None, h=None, cfg: Config = CONFIG):
     return y, mean, rstd
 
 
+def _wide_fwd(x, w, b, eps, rms, cfg: Config):
+    from kernellab.ops.norm_kernels import wide  # (it imports this module's row helpers)
+
+    n_rows, n_cols = plumbing.rows_of(x)
+    if not n_rows:
+        return torch.empty_like(x), *plumbing.empty_stats(x, rms)
+    y, mean, rstd = wide.wide_fwd(x.view(n_rows, n_cols), w, b, float(eps), rms, strip=cfg.wide_fwd_strip,
+                                  warps=cfg.wide_warps, waves=cfg.wide_waves)  # fmt: skip
+    return y.view(x.shape), mean, rstd
+
+
+def _wide_bwd(dy, x, w, mean, rstd, rms, has_bias, cfg: Config):
+    from kernellab.ops.norm_kernels import wide
+
+    n_rows, n_cols = plumbing.rows_of(x)
+    want_db = has_bias and not rms
+    if not n_rows:
+        return torch.empty_like(x), torch.zeros_like(w), (torch.zeros_like(w) if want_db else None)
+    x2, dy2 = x.view(n_rows, n_cols), dy.view(n_rows, n_cols)
+    dx, dw, db = wide.wide_bwd(dy2, x2, w, mean, rstd, rms, has_bias, strip=cfg.wide_bwd_strip,
+                               warps=cfg.wide_warps, waves=cfg.wide_waves)  # fmt: skip
+    return dx.view(x.shape), dw, db
+
+
 def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     n_rows, n_cols = plumbing.rows_of(x)
     want_db = has_bias and not rms
@@ -852,8 +894,9 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     block = _row_block(n_cols)
     if n_rows * n_cols <= cfg.bwd_small_elems:
         block_c, rows, warps = _cols_config(n_rows, block, cfg)
+        f32 = x.dtype == torch.float32
         kw = dict(BLOCK=block, BLOCK_C=block_c, ROWS=rows, RMS=rms, RES=has_dres, HAS_DB=want_db,
-                  MATH=tl.float64 if x.dtype == torch.float32 else tl.float32,
+                  MATH=tl.float64 if f32 else tl.float32, EXACT=f32 and block <= cfg.exact_max_block,
                   num_warps=warps, enable_fp_fusion=False)  # fmt: skip  (as below: g rounds alike)
         grid = (triton_support.cdiv(n_cols, block_c),)
         # dy, x, w, mean, rstd and dres come from outside: checked for alignment on every call
@@ -900,7 +943,10 @@ def norm_bwd(dy, x, w, mean, rstd, rms, has_bias, dres=None, cfg: Config = CONFI
     the forward's (None: the ops' default, 1e-6 for rms and 1e-5 otherwise)."""
     if eps is None:
         eps = 1e-6 if rms else 1e-5
-    key = ("b", x.shape, x.dtype, w.dtype, x.device, rms, has_bias, dres is None, None if cfg is CONFIG else cfg)
+    if dres is None and x.dim() and x.shape[-1] > MAX_D:
+        return _wide_bwd(dy, x, w, mean, rstd, rms, has_bias, cfg)
+    key = ("b", x.shape, x.dtype, w.dtype, x.device, rms, has_bias, dres is None,
+           None if cfg is CONFIG else cfg)  # fmt: skip
     plan = _plan(x, key, lambda: _bwd_plan(x, w, rms, has_bias, dres is not None, cfg))
     n_rows, n_cols, programs, want_db, launch, per, psum, small, part_dtype = plan
     dx = torch.empty_like(x)  # x is contiguous
@@ -1037,10 +1083,11 @@ def kernel_specs(rms: bool):
                 "dw_ptr": f"*{dtype}", "db_ptr": f"*{dtype}", "n_rows": "i32", "n_cols": "i32",
                 "eps": "fp32",
                 "BLOCK": "constexpr", "BLOCK_C": "constexpr", "ROWS": "constexpr", "RMS": "constexpr",
-                "RES": "constexpr", "HAS_DB": "constexpr", "MATH": "constexpr"}  # fmt: skip
+                "RES": "constexpr", "HAS_DB": "constexpr", "MATH": "constexpr",
+                "EXACT": "constexpr"}  # fmt: skip
         block_c, crows, cwarps = _cols_config(16, 4096)
         ccx = {"BLOCK": 4096, "BLOCK_C": block_c, "ROWS": crows, "RMS": rms, "RES": False, "HAS_DB": not rms,
-               "MATH": tl.float64 if dtype == "fp32" else tl.float32}  # fmt: skip
+               "MATH": tl.float64 if dtype == "fp32" else tl.float32, "EXACT": dtype == "fp32"}  # fmt: skip
         if _row_1d(rows, torch.float32 if dtype == "fp32" else torch.bfloat16):
             names = (
                 "x_ptr",
