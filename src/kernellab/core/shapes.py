@@ -121,8 +121,8 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
     },
     "odd": {  # primes and 2^k +- 1
         "softmax": _ODD,
-        "layer_norm": _ODD[:3],
-        "rms_norm": _ODD[:3],
+        "layer_norm": _ODD,
+        "rms_norm": _ODD,
         "cross_entropy": [(4099, 50257), (8191, 32003)],
         "sum": _ODD,
         "max": _ODD,

@@ -63,8 +63,13 @@ class Config:
         buffer and the second launch cost more host time than the kernels take.
     small_strip, small_step_elems: that backward's widest column strip (a program each)
         and the elements (rows x padded width) it loads a step.
+    small_fp32_elems, small_fp32_rows: fp32 inputs take it only up to this many elements
+        or rows (its fp64 arithmetic: 47 us at 128 x 512 against 11 on the partials path;
+        H200, `sweep_norm_small-H200-230c4e9.jsonl`).
     exact_max_block: for fp32 x, that backward recomputes each row's mean and rstd in fp64
-        from the row (not the saved fp32 ones) up to rows of this padded width.
+        from the row (not the saved fp32 ones) up to rows of this padded width: the
+        check's fuzz found rows of 2 columns past the bound on the saved ones; at 256
+        columns and more the recomputation costs 40-70%.
     wide_fwd_strip, wide_bwd_strip, wide_warps, wide_waves: rows wider than MAX_D
         (``wide.py``): the column strip of a program of the output and dx kernels, their
         warps, and about how many programs per SM they launch.
@@ -91,7 +96,9 @@ class Config:
     bwd_small_elems: int = 65536
     small_strip: int = 256
     small_step_elems: int = 16384
-    exact_max_block: int = 1 << 20
+    small_fp32_elems: int = 16384
+    small_fp32_rows: int = 16
+    exact_max_block: int = 64
     wide_fwd_strip: int = 4096
     wide_bwd_strip: int = 2048
     wide_warps: int = 8
@@ -892,9 +899,11 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     if not (n_rows and n_cols):
         return BwdPlan(n_rows, n_cols, 0, want_db, None, 0, None, False)
     block = _row_block(n_cols)
-    if n_rows * n_cols <= cfg.bwd_small_elems:
+    elems = n_rows * n_cols
+    f32 = x.dtype == torch.float32
+    small_f32 = elems <= cfg.small_fp32_elems or n_rows <= cfg.small_fp32_rows
+    if elems <= cfg.bwd_small_elems and (not f32 or small_f32):
         block_c, rows, warps = _cols_config(n_rows, block, cfg)
-        f32 = x.dtype == torch.float32
         kw = dict(BLOCK=block, BLOCK_C=block_c, ROWS=rows, RMS=rms, RES=has_dres, HAS_DB=want_db,
                   MATH=tl.float64 if f32 else tl.float32, EXACT=f32 and block <= cfg.exact_max_block,
                   num_warps=warps, enable_fp_fusion=False)  # fmt: skip  (as below: g rounds alike)

@@ -27,6 +27,7 @@ last row, whose last partial chunk is read element by element):
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton.language as tl
@@ -274,16 +275,33 @@ def _dw_kernel(dwp_ptr, dbp_ptr, x_ptr, dy_ptr, mean_ptr, rstd_ptr, dw_ptr, db_p
 # --------------------------------------------------------------------------- launchers
 
 
-def _shifted(v: torch.Tensor, a: int) -> tuple[torch.Tensor, int]:
-    """(the A shifted copies of v as one [a, L] tensor, L): copy s holds v at [s, s + n).
-    L is a multiple of 16 elements: Triton specializes such an int argument as divisible by
-    16, and so knows every copy (and the partial rows of _dx_kernel, L apart) starts on a
-    16-byte boundary (at a multiple of A it did not: those loads were one element wide)."""
-    n = v.numel()
-    L = -(-(n + a) // 16) * 16
-    idx = torch.arange(L, device=v.device)[None, :] - torch.arange(a, device=v.device)[:, None]
-    ok = (idx >= 0) & (idx < n)
-    return torch.where(ok, v[idx.clamp(0, n - 1)], torch.zeros((), dtype=v.dtype, device=v.device)), L
+@triton_support.jit
+def _shift_copy_kernel(v_ptr, u_ptr, vs_ptr, us_ptr, n, L, BLOCK: tl.constexpr, TWO: tl.constexpr):
+    # grid (A, cdiv(L, BLOCK)): vs[s, j] = v[j - s] where 0 <= j - s < n, else 0 (and us of u)
+    s = tl.program_id(0)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    k = j - s
+    m = (k >= 0) & (k < n)
+    jm = j < L
+    tl.store(vs_ptr + s * L + j, tl.load(v_ptr + k, mask=m, other=0.0), mask=jm)
+    if TWO:
+        tl.store(us_ptr + s * L + j, tl.load(u_ptr + k, mask=m, other=0.0), mask=jm)
+
+
+class WidePlan(NamedTuple):
+    n_rows: int
+    n: int
+    a: int  # elements per 16 bytes
+    c: int  # shift classes (1: every row on a 16-byte boundary; the weight is used as is)
+    L: int  # a shifted copy's row (and a partial row): a multiple of 16 elements
+    g: int  # programs per class
+    first: triton_support.Bound  # _stats_kernel / _row_sums_kernel
+    second: triton_support.Bound  # _out_kernel / _dx_kernel
+    last: triton_support.Bound | None  # _dw_kernel
+    copy: triton_support.Bound | None  # _shift_copy_kernel (c > 1)
+
+
+_PLANS: dict = {}
 
 
 def _classes(n: int, a: int) -> int:
@@ -297,50 +315,100 @@ def _groups(n_rows: int, strips: int, c: int, waves: int, dev: torch.device) -> 
     return max(1, min(-(-n_rows // c), -(-waves * sms // (strips * c))))
 
 
-def wide_fwd(x, w, b, eps, rms, strip=4096, warps=8, waves=2, chunk=4096, stats_warps=8):
-    """(y, mean, rstd) of x [R, n] contiguous (mean None for rms); R >= 1."""
+def _geometry(x, strip, waves):
     n_rows, n = x.shape
     a = 16 // x.element_size()
     c = _classes(n, a)
-    ws, L = _shifted(w, a)
-    bs = _shifted(b, a)[0] if b is not None else ws
-    y = torch.empty_like(x)
-    mean = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    rstd = torch.empty_like(mean)
-    _stats_kernel[(n_rows,)](x, mean, rstd, n_rows, n, eps, CHUNK=chunk, A=a, RMS=rms, num_warps=stats_warps)
+    L = -(-(n + a) // 16) * 16
     strips = -(-(n + a) // strip)
-    g = _groups(n_rows, strips, c, waves, x.device)
-    _out_kernel[(strips, c * g)](x, ws, bs, mean, rstd, y, n_rows, n, L, g, STRIP=strip, A=a, C=c, RMS=rms,
-                                 HAS_BIAS=b is not None, num_warps=warps)  # fmt: skip
+    return n_rows, n, a, c, L, strips, _groups(n_rows, strips, c, waves, x.device)
+
+
+def _copy_bound(c, a, L, two):
+    if c == 1:
+        return None
+    block = 1024
+    return triton_support.Bound(_shift_copy_kernel, (a, triton_support.cdiv(L, block)),
+                                dict(BLOCK=block, TWO=two, num_warps=4), (0, 1))  # fmt: skip
+
+
+def _shifted(plan: WidePlan, v, u=None):
+    """The weight (and bias) as A shifted copies [A, L] (copy s holds v at [s, s + n)), or
+    v itself when every row starts on a 16-byte boundary. L is a multiple of 16 elements:
+    Triton specializes such an int argument as divisible by 16, and so knows every copy
+    (and the partial rows of _dx_kernel, L apart) starts on a 16-byte boundary."""
+    if plan.copy is None:
+        return v, u
+    vs = torch.empty((plan.a, plan.L), dtype=v.dtype, device=v.device)
+    us = torch.empty((plan.a, plan.L), dtype=u.dtype, device=u.device) if u is not None else None
+    plan.copy(v, u if u is not None else v, vs, us if us is not None else vs, plan.n, plan.L)
+    return vs, us
+
+
+def _fwd_plan(x, has_bias, rms, strip, warps, waves, chunk, stats_warps) -> WidePlan:
+    n_rows, n, a, c, L, strips, g = _geometry(x, strip, waves)
+    # x and the weight and bias (c = 1) come from outside: checked for alignment on every call
+    kw = dict(CHUNK=chunk, A=a, RMS=rms, num_warps=stats_warps)
+    stats = triton_support.Bound(_stats_kernel, (n_rows,), kw, (0,))
+    out = triton_support.Bound(_out_kernel, (strips, c * g),
+                               dict(STRIP=strip, A=a, C=c, RMS=rms, HAS_BIAS=has_bias, num_warps=warps),
+                               (0, 1, 2))  # fmt: skip
+    return WidePlan(n_rows, n, a, c, L, g, stats, out, None, _copy_bound(c, a, L, has_bias))
+
+
+def wide_fwd(x, w, b, eps, rms, strip=4096, warps=8, waves=2, chunk=4096, stats_warps=8):
+    """(y, mean, rstd) of x [R, n] contiguous (mean None for rms); R >= 1."""
+    key = ("f", x.shape, x.dtype, w.dtype, x.device, rms, b is None, strip, warps, waves, chunk, stats_warps)
+    plan = triton_support.kept_plan(
+        _PLANS, key if type(x) is torch.Tensor else None,
+        lambda: _fwd_plan(x, b is not None, rms, strip, warps, waves, chunk, stats_warps),
+    )  # fmt: skip
+    ws, bs = _shifted(plan, w, b)
+    y = torch.empty_like(x)
+    mean = torch.empty(plan.n_rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty_like(mean)
+    plan.first(x, mean, rstd, plan.n_rows, plan.n, eps)
+    plan.second(x, ws, bs if bs is not None else ws, mean, rstd, y, plan.n_rows, plan.n, plan.L, plan.g)
     return y, (None if rms else mean), rstd
+
+
+def _bwd_plan(x, w, has_bias, rms, strip, warps, waves, chunk, sums_warps) -> WidePlan:
+    n_rows, n, a, c, L, strips, g = _geometry(x, strip, waves)
+    acc = tl.float64 if w.dtype == torch.float32 else tl.float32
+    want_db = has_bias and not rms
+    # dy, x, the weight (c = 1), mean and rstd come from outside: checked for alignment on every call
+    kw = dict(CHUNK=chunk, A=a, RMS=rms, num_warps=sums_warps)
+    sums = triton_support.Bound(_row_sums_kernel, (n_rows,), kw, (0, 1, 2, 3, 4))
+    dx = triton_support.Bound(_dx_kernel, (strips, c * g),
+                              dict(STRIP=strip, A=a, C=c, RMS=rms, HAS_DB=want_db, ACC=acc, num_warps=warps),
+                              (0, 1, 2, 3, 4))  # fmt: skip
+    block = 1024
+    dw = triton_support.Bound(_dw_kernel, (triton_support.cdiv(n, block),),
+                              dict(BLOCK=block, A=a, C=c, RMS=rms, HAS_DB=want_db, ACC=acc, num_warps=4),
+                              (2, 3, 4, 5))  # fmt: skip
+    return WidePlan(n_rows, n, a, c, L, g, sums, dx, dw, _copy_bound(c, a, L, False))
 
 
 def wide_bwd(dy, x, w, mean, rstd, rms, has_bias, strip=2048, warps=8, waves=2, chunk=4096, sums_warps=8):
     """(dx, dw, db) of the norm of x [R, n] (dy, x contiguous; R >= 1)."""
-    n_rows, n = x.shape
-    a = 16 // x.element_size()
-    c = _classes(n, a)
-    ws, L = _shifted(w, a)
+    key = ("b", x.shape, x.dtype, w.dtype, x.device, rms, has_bias, strip, warps, waves, chunk, sums_warps)
+    plan = triton_support.kept_plan(
+        _PLANS, key if type(x) is torch.Tensor else None,
+        lambda: _bwd_plan(x, w, has_bias, rms, strip, warps, waves, chunk, sums_warps),
+    )  # fmt: skip
+    n_rows, n, L, g = plan.n_rows, plan.n, plan.L, plan.g
+    ws, _ = _shifted(plan, w)
     c1 = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     c2 = torch.empty_like(c1)
     m = mean if mean is not None else rstd
-    _row_sums_kernel[(n_rows,)](dy, x, ws, m, rstd, c1, c2, n_rows, n, L, CHUNK=chunk, A=a, RMS=rms,
-                                num_warps=sums_warps)  # fmt: skip
-    strips = -(-(n + a) // strip)
-    g = _groups(n_rows, strips, c, waves, x.device)
-    acc = tl.float64 if w.dtype == torch.float32 else tl.float32
-    part = torch.float64 if acc is tl.float64 else torch.float32
+    plan.first(dy, x, ws, m, rstd, c1, c2, n_rows, n, L)
+    part = torch.float64 if w.dtype == torch.float32 else torch.float32
     want_db = has_bias and not rms
-    dwp = torch.empty((c * g, L), dtype=part, device=x.device)
+    dwp = torch.empty((plan.c * g, L), dtype=part, device=x.device)
     dbp = torch.empty_like(dwp) if want_db else dwp
     dx = torch.empty_like(x)
-    _dx_kernel[(strips, c * g)](dy, x, ws, m, rstd, c1, c2, dx, dwp, dbp, n_rows, n, L, g, STRIP=strip, A=a,
-                                C=c, RMS=rms, HAS_DB=want_db, ACC=acc, num_warps=warps)  # fmt: skip
+    plan.second(dy, x, ws, m, rstd, c1, c2, dx, dwp, dbp, n_rows, n, L, g)
     dw = torch.empty_like(w)
     db = torch.empty_like(w) if want_db else None
-    block = 1024
-    _dw_kernel[(-(-n // block),)](
-        dwp, dbp, x, dy, m, rstd, dw, db if db is not None else dw, n_rows, n, L, g,
-        BLOCK=block, A=a, C=c, RMS=rms, HAS_DB=want_db, ACC=acc, num_warps=4,
-    )  # fmt: skip
+    plan.last(dwp, dbp, x, dy, m, rstd, dw, db if db is not None else dw, n_rows, n, L, g)
     return dx, dw, db
