@@ -24,3 +24,21 @@ def shifted_span(r0, n, total, A: tl.constexpr):
     b0 = ((lo + A - 1) // A) * A
     b1 = (r1 // A) * A
     return a0, lo, r1, hi, lim, b0, b1
+
+
+@triton_support.jit
+def class_span(cls, n_cols, A: tl.constexpr):
+    # Every row of shift class cls sits at one shift: from a0, its aligned start, the row is
+    # [lo, r1), its interior [b0, b1) and its ends [lo, b0) and [b1, r1); hi: past the chunk
+    # holding its last element (shifted_span's, the same for each row of the class).
+    lo = (cls * n_cols) % A
+    r1 = lo + n_cols
+    return lo, r1, ((r1 + A - 1) // A) * A, ((lo + A - 1) // A) * A, (r1 // A) * A
+
+
+@triton_support.jit
+def row_start(row, n_cols, total, hi, A: tl.constexpr):
+    # (a0, lim) of a row: its aligned start (= row * n_cols - lo, a multiple of A) and past
+    # its last whole chunk inside the tensor (< hi only at the tensor's end)
+    a0 = (row * n_cols // A) * A
+    return a0, (tl.minimum(total - a0, hi).to(tl.int32) // A) * A

@@ -33,7 +33,8 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops.norm_kernels import plumbing
+from kernellab.ops._triton_rows import class_span, row_start
+from kernellab.ops.norm_kernels import plumbing, wide
 
 MAX_D = 16384  # widest row kept in registers (fp32: 64 KB per row program, 16 warps)
 
@@ -465,24 +466,6 @@ def _norm_bwd_cols_kernel(
 
 
 @triton_support.jit
-def _class_span(cls, n_cols, A: tl.constexpr):
-    # Every row of shift class cls sits at one shift: from a0, its aligned start, the row is
-    # [lo, r1), its interior [b0, b1) and its ends [lo, b0) and [b1, r1); hi: past the chunk
-    # holding its last element (shifted_span's, the same for each row of the class).
-    lo = (cls * n_cols) % A
-    r1 = lo + n_cols
-    return lo, r1, ((r1 + A - 1) // A) * A, ((lo + A - 1) // A) * A, (r1 // A) * A
-
-
-@triton_support.jit
-def _row_start(row, n_cols, total, hi, A: tl.constexpr):
-    # (a0, lim) of a row: its aligned start (= row * n_cols - lo, a multiple of A) and past
-    # its last whole chunk inside the tensor (< hi only at the tensor's end)
-    a0 = (row * n_cols // A) * A
-    return a0, (tl.minimum(total - a0, hi).to(tl.int32) // A) * A
-
-
-@triton_support.jit
 def _span_loads(ptr, a0, lim, cols, e0, e0m, e1, e1m, m, m1):
     # A row's chunks and its two ends, all masked off unless m < m1 (a row of the program)
     main = tl.load(ptr + a0 + cols, mask=(cols < lim) & (cols * 0 + m < m1), other=0.0)
@@ -519,7 +502,7 @@ def _norm_fwd_shift_kernel(
     total = n_cols.to(tl.int64) * n_rows  # (n_rows may be the constant 1)
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
-    lo, r1, hi, b0, b1 = _class_span(cls, n_cols, A)
+    lo, r1, hi, b0, b1 = class_span(cls, n_cols, A)
     k = cols - lo  # the column at each place of a span
     kmask = (k >= 0) & (k < n_cols)
     inside = (cols >= lo) & (cols < r1)
@@ -539,15 +522,15 @@ def _norm_fwd_shift_kernel(
         bb1 = tl.load(b_ptr + e1 - lo, mask=e1m, other=0.0).to(tl.float32)
     # the first row's chunks and ends; each step then loads the next row's before its
     # reductions
-    a0, lim = _row_start((cls + C * m0).to(tl.int64), n_cols, total, hi, A)
+    a0, lim = row_start((cls + C * m0).to(tl.int64), n_cols, total, hi, A)
     x_nx, x0_nx, x1_nx = _span_loads(x_ptr, a0, lim, cols, e0, e0m, e1, e1m, m0, m1)
     for m in range(m0, m1):
         x = x_nx.to(tl.float32)
         x0 = x0_nx.to(tl.float32)
         x1 = x1_nx.to(tl.float32)
         row = cls.to(tl.int64) + C * m
-        a0, lim = _row_start(row, n_cols, total, hi, A)
-        na0, nlim = _row_start(row + C, n_cols, total, hi, A)
+        a0, lim = row_start(row, n_cols, total, hi, A)
+        na0, nlim = row_start(row + C, n_cols, total, hi, A)
         x_nx, x0_nx, x1_nx = _span_loads(x_ptr, na0, nlim, cols, e0, e0m, e1, e1m, m + 1, m1)
         if lim < r1:  # the tensor's last row: its last partial chunk, one element at a time
             x += tl.load(x_ptr + a0 + cols, mask=(cols >= lim) & (cols < r1), other=0.0).to(tl.float32)
@@ -604,7 +587,7 @@ def _norm_bwd_shift_kernel(
     total = n_cols.to(tl.int64) * n_rows  # (n_rows may be the constant 1)
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
-    lo, r1, hi, b0, b1 = _class_span(cls, n_cols, A)
+    lo, r1, hi, b0, b1 = class_span(cls, n_cols, A)
     k = cols - lo
     kmask = (k >= 0) & (k < n_cols)
     inside = (cols >= lo) & (cols < r1)
@@ -618,7 +601,7 @@ def _norm_bwd_shift_kernel(
     dw_acc = tl.zeros([BLOCK], dtype=ACC)
     db_acc = tl.zeros([BLOCK], dtype=ACC)
     row = (cls + C * m0).to(tl.int64)
-    a0, lim = _row_start(row, n_cols, total, hi, A)
+    a0, lim = row_start(row, n_cols, total, hi, A)
     x_nx, x0_nx, x1_nx = _span_loads(x_ptr, a0, lim, cols, e0, e0m, e1, e1m, m0, m1)
     dy_nx, dy0_nx, dy1_nx = _span_loads(dy_ptr, a0, lim, cols, e0, e0m, e1, e1m, m0, m1)
     srow = tl.minimum(row, n_rows - 1)  # (a valid row's statistics, read or not)
@@ -638,8 +621,8 @@ def _norm_bwd_shift_kernel(
         if not RMS:
             mean = mean_nx
         row = cls.to(tl.int64) + C * m
-        a0, lim = _row_start(row, n_cols, total, hi, A)
-        na0, nlim = _row_start(row + C, n_cols, total, hi, A)
+        a0, lim = row_start(row, n_cols, total, hi, A)
+        na0, nlim = row_start(row + C, n_cols, total, hi, A)
         x_nx, x0_nx, x1_nx = _span_loads(x_ptr, na0, nlim, cols, e0, e0m, e1, e1m, m + 1, m1)
         dy_nx, dy0_nx, dy1_nx = _span_loads(dy_ptr, na0, nlim, cols, e0, e0m, e1, e1m, m + 1, m1)
         nsrow = tl.minimum(row + C, n_rows - 1)
@@ -870,8 +853,6 @@ def norm_fwd(x, w, b, eps, rms, res=None, h=None, cfg: Config = CONFIG):
 
 
 def _wide_fwd(x, w, b, eps, rms, cfg: Config):
-    from kernellab.ops.norm_kernels import wide  # (it imports this module's row helpers)
-
     n_rows, n_cols = plumbing.rows_of(x)
     if not n_rows:
         return torch.empty_like(x), *plumbing.empty_stats(x, rms)
@@ -881,8 +862,6 @@ def _wide_fwd(x, w, b, eps, rms, cfg: Config):
 
 
 def _wide_bwd(dy, x, w, mean, rstd, rms, has_bias, cfg: Config):
-    from kernellab.ops.norm_kernels import wide
-
     n_rows, n_cols = plumbing.rows_of(x)
     want_db = has_bias and not rms
     if not n_rows:

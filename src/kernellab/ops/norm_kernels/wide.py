@@ -33,8 +33,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops._triton_rows import shifted_span
-from kernellab.ops.norm_kernels.triton_kernels import _class_span, _row_start
+from kernellab.ops._triton_rows import class_span, row_start, shifted_span
 
 
 @triton_support.jit
@@ -102,7 +101,7 @@ def _class_rows(q, n_rows, n, C: tl.constexpr, G, A: tl.constexpr):
     per = (in_class + G - 1) // G
     m0 = g * per
     m1 = tl.minimum(m0 + per, in_class)
-    lo, r1, hi, b0, b1 = _class_span(c, n, A)
+    lo, r1, hi, b0, b1 = class_span(c, n, A)
     return c, m0, m1, lo, r1, hi, b0, b1
 
 
@@ -137,7 +136,7 @@ def _out_kernel(x_ptr, ws_ptr, bs_ptr, mean_ptr, rstd_ptr, y_ptr, n_rows, n, L, 
     smask = (j >= b0) & (j < b1)
     for m in range(m0, m1):
         row = c + C * m
-        a0, lim = _row_start(tl.cast(row, tl.int64), n, total, hi, A)
+        a0, lim = row_start(tl.cast(row, tl.int64), n, total, hi, A)
         rstd = tl.load(rstd_ptr + row)
         mean = 0.0 if RMS else tl.load(mean_ptr + row)
         x = tl.load(x_ptr + a0 + j, mask=(j < lim) & smask, other=0.0).to(tl.float32)
@@ -219,7 +218,7 @@ def _dx_kernel(dy_ptr, x_ptr, ws_ptr, mean_ptr, rstd_ptr, c1_ptr, c2_ptr, dx_ptr
     acc_b = tl.zeros([STRIP], ACC)
     for m in range(m0, m1):
         row = c + C * m
-        a0, lim = _row_start(tl.cast(row, tl.int64), n, total, hi, A)
+        a0, lim = row_start(tl.cast(row, tl.int64), n, total, hi, A)
         rstd = tl.load(rstd_ptr + row)
         mean = 0.0 if RMS else tl.load(mean_ptr + row)
         c1 = tl.load(c1_ptr + row)
