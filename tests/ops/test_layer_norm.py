@@ -394,6 +394,37 @@ def test_triton_shifted_rows_ptx_is_16_bytes_wide(dtype):
     assert bn - bw == 3 * per_thread + 2 + 8 + 4 and bs - bws == 2 * per_thread + 2
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_wide_rows_ptx_is_16_bytes_wide(dtype):
+    """Compiled for sm_90 (no GPU needed): the kernels of rows wider than MAX_D (wide.py)
+    that stream a strip over many rows, the forward's output and the backward's dx, load
+    x (and dy) and the shifted weight (and bias) 16 bytes at a time and store the row's
+    interior 16 bytes at a time (the copies' row L a multiple of 16 elements, as the
+    launchers make it)."""
+    from kltest import sm90_global_accesses
+
+    a = 16 // (4 if dtype == "fp32" else 2)
+    base = "kernellab.ops.norm_kernels.wide."
+    stats = dict(mean_ptr="*fp32", rstd_ptr="*fp32", n_rows="i32", n="i32", L="i32", G="i32")
+    out = dict(dict.fromkeys(("x_ptr", "ws_ptr", "bs_ptr", "y_ptr"), f"*{dtype}"), **stats)
+    ocx = dict(STRIP=4096, A=a, C=a, RMS=False, HAS_BIAS=True)
+    dx = dict(dict.fromkeys(("dy_ptr", "x_ptr", "ws_ptr", "dx_ptr"), f"*{dtype}"), **stats)
+    dx.update(c1_ptr="*fp32", c2_ptr="*fp32", dwp_ptr="*fp32", dbp_ptr="*fp32")
+    dcx = dict(STRIP=4096, A=a, C=a, RMS=False, HAS_DB=True, ACC={"tl": "float32"})
+    specs = []
+    for kernel, sig, cx in (("_out_kernel", out, ocx), ("_dx_kernel", dx, dcx)):
+        sig = dict(sig, **dict.fromkeys(cx, "constexpr"))
+        aligned = [n for n in sig if n.endswith("_ptr")] + ["L"]
+        specs.append(dict(kernel=base + kernel, signature=sig, constexprs=dict(cx), options={"num_warps": 8},
+                          aligned_args=aligned))  # fmt: skip
+    (old, ost), (bld, bst) = sm90_global_accesses(specs)
+    vec = 4096 // 256 * (4 if dtype == "fp32" else 2) // 16  # 16-byte pieces of a strip per thread
+    # output: w, b once and x per row, 16 bytes wide; y's interior likewise
+    assert sum(".v4" in i for i in old) >= 3 * vec and sum(".v4" in i for i in ost) >= vec
+    # dx: w once, x and dy per row; dx's interior; the fp32 partials (once)
+    assert sum(".v4" in i for i in bld) >= 3 * vec and sum(".v4" in i for i in bst) >= 2 * vec
+
+
 @pytest.mark.parametrize("rms", [False, True])
 @pytest.mark.parametrize("width", [4096, 5000])
 def test_triton_one_row_forward(rms, width):
