@@ -17,7 +17,19 @@ import sys
 
 import torch
 
-from kernellab.ops.norm_kernels.wide import wide_bwd, wide_fwd
+from kernellab.ops.norm_kernels import wide
+from kernellab.ops.norm_kernels.triton_kernels import CONFIG
+
+
+def wide_fwd(x, w, b, eps, rms, **kw):
+    # the library's launch knobs unless kw names others
+    knobs = dict(strip=CONFIG.wide_fwd_strip, warps=CONFIG.wide_warps, waves=CONFIG.wide_waves)
+    return wide.wide_fwd(x, w, b, eps, rms, **(knobs | kw))
+
+
+def wide_bwd(dy, x, w, mean, rstd, rms, has_bias, **kw):
+    knobs = dict(strip=CONFIG.wide_bwd_strip, warps=CONFIG.wide_warps, waves=CONFIG.wide_waves)
+    return wide.wide_bwd(dy, x, w, mean, rstd, rms, has_bias, **(knobs | kw))
 
 # --------------------------------------------------------------------------- checks and timing
 

@@ -1075,7 +1075,8 @@ def kernel_specs(rms: bool):
                 "EXACT": "constexpr"}  # fmt: skip
         block_c, crows, cwarps = _cols_config(16, 4096)
         ccx = {"BLOCK": 4096, "BLOCK_C": block_c, "ROWS": crows, "RMS": rms, "RES": False, "HAS_DB": not rms,
-               "MATH": tl.float64 if dtype == "fp32" else tl.float32, "EXACT": dtype == "fp32"}  # fmt: skip
+               "MATH": tl.float64 if dtype == "fp32" else tl.float32,
+               "EXACT": dtype == "fp32" and 4096 <= CONFIG.exact_max_block}  # fmt: skip
         if _row_1d(rows, torch.float32 if dtype == "fp32" else torch.bfloat16):
             names = (
                 "x_ptr",

@@ -355,8 +355,9 @@ def _fwd_plan(x, has_bias, rms, strip, warps, waves, chunk, stats_warps) -> Wide
     return WidePlan(n_rows, n, a, c, L, g, stats, out, None, _copy_bound(c, a, L, has_bias))
 
 
-def wide_fwd(x, w, b, eps, rms, strip=4096, warps=8, waves=2, chunk=4096, stats_warps=8):
-    """(y, mean, rstd) of x [R, n] contiguous (mean None for rms); R >= 1."""
+def wide_fwd(x, w, b, eps, rms, *, strip, warps, waves, chunk=4096, stats_warps=8):
+    """(y, mean, rstd) of x [R, n] contiguous (mean None for rms); R >= 1. strip, warps,
+    waves: ``triton_kernels.Config``'s wide_fwd_strip, wide_warps, wide_waves."""
     key = ("f", x.shape, x.dtype, w.dtype, x.device, rms, b is None, strip, warps, waves, chunk, stats_warps)
     plan = triton_support.kept_plan(
         _PLANS, key if type(x) is torch.Tensor else None,
@@ -388,8 +389,9 @@ def _bwd_plan(x, w, has_bias, rms, strip, warps, waves, chunk, sums_warps) -> Wi
     return WidePlan(n_rows, n, a, c, L, g, sums, dx, dw, _copy_bound(c, a, L, False))
 
 
-def wide_bwd(dy, x, w, mean, rstd, rms, has_bias, strip=2048, warps=8, waves=2, chunk=4096, sums_warps=8):
-    """(dx, dw, db) of the norm of x [R, n] (dy, x contiguous; R >= 1)."""
+def wide_bwd(dy, x, w, mean, rstd, rms, has_bias, *, strip, warps, waves, chunk=4096, sums_warps=8):
+    """(dx, dw, db) of the norm of x [R, n] (dy, x contiguous; R >= 1). strip, warps,
+    waves: ``triton_kernels.Config``'s wide_bwd_strip, wide_warps, wide_waves."""
     key = ("b", x.shape, x.dtype, w.dtype, x.device, rms, has_bias, strip, warps, waves, chunk, sums_warps)
     plan = triton_support.kept_plan(
         _PLANS, key if type(x) is torch.Tensor else None,
