@@ -225,6 +225,14 @@ def test_triton_rows_wider_than_the_register_limit(shape, dtype):
     args = SPEC.make_inputs(shape, dtype, "cpu", 5)
     _assert_fwd_bwd("triton", args, dtype, seed=2)
     _assert_fwd_bwd("triton", (args[0], args[1], None), dtype, seed=3)
+    # x a view one element off its storage's start; weight and bias strided views
+    x, w, b = args
+    flat = torch.empty(x.numel() + 1, dtype=dtype)
+    flat[1:] = x.reshape(-1)
+    ws = torch.stack([w, w], 1)[:, 0]
+    bs = torch.stack([b, b], 1)[:, 1]
+    assert not ws.is_contiguous() and not bs.is_contiguous()
+    _assert_fwd_bwd("triton", (flat[1:].view(x.shape), ws, bs), dtype, seed=4)
 
 
 @pytest.mark.parametrize("eps", [1e-5, 1e-2])
