@@ -494,3 +494,43 @@ def test_small_problems_default_to_pytorchs_path(monkeypatch):
     with registry.recording_choices() as rec:
         kernellab.linear_cross_entropy(x, w, t)
     assert rec and rec[0]["backend"] == "torch"
+
+
+class _CountMatmuls(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_):
+            self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", ["triton", "triton_rows"])
+def test_one_block_makes_the_logits_once(monkeypatch, backend):
+    """A problem that one pass of one column block holds: the triton backends run one matmul
+    for the logits, one for dx and one for dweight (the blocked runner's 4 only past one
+    block), and raise on a bad target from their loss reduction."""
+    import kernellab.ops.linear_cross_entropy._chunked as chunked
+
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(37, 24, generator=g).requires_grad_()
+    w = (torch.randn(300, 24, generator=g) * 0.3).requires_grad_()
+    t = torch.randint(0, 300, (37,), generator=g)
+    with _CountMatmuls() as c:
+        loss = lce.linear_cross_entropy(x, w, t, backend=backend)
+    assert c.n == 3, c.n
+    gx, gw = torch.autograd.grad(loss, [x, w])
+    rx, rw = torch.autograd.grad(lce.linear_cross_entropy(x, w, t, backend="manual"), [x, w])
+    torch.testing.assert_close(gx, rx, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(gw, rw, atol=1e-6, rtol=1e-5)
+    if backend == "triton":  # three blocks: logits twice
+        monkeypatch.setattr(chunked, "BLOCK_ELEMS", 1)
+        with _CountMatmuls() as c:
+            lce.linear_cross_entropy(x, w, t, backend=backend)
+        assert c.n == 3 * 4, c.n
+    bad = t.clone()
+    bad[11] = 300
+    with pytest.raises(ValueError, match=r"target \(flattened\) \[11\] = 300"):
+        lce.linear_cross_entropy(x, w, bad, backend=backend, reduction="none")

@@ -35,7 +35,9 @@ and dweight[block] = dlogits^T @ x in one product, rounded once. One more logits
 than ``chunked``, no [V, H] fp32 accumulator when one pass holds every row (dweight is
 made in the weight's dtype), and dweight's products large enough for the tensor cores
 (row chunks of 128 leave the accumulator's read and write memory-bound). Peak extra
-memory: one block of fp32 logits and one of dlogits, dx in fp32 (N*H*4), dweight.
+memory: one block of fp32 logits and one of dlogits, dx in fp32 (N*H*4), dweight. A problem
+that fits one pass of one block (up to 64M logits) runs as ``triton_rows`` does with one
+chunk: the logits made once.
 
 The ``triton_rows`` backend runs ``chunked``'s order with Triton's row kernels: row chunks
 of up to 2^28 logits and the larger of N / 16 and 2 H / 3 rows (``rows_chunk``; fewer reads
@@ -43,7 +45,9 @@ and writes of the fp32 dweight accumulator than ``chunked``'s chunks near x's si
 chunk's logits made once, the statistics and dlogits kernels of ``triton`` over its full
 rows, dlogits written in x's dtype. Peak extra memory: dweight in fp32, dx, and one chunk
 of fp32 logits and of dlogits (up to 1 GiB and 0.5 GiB in 16 bits; under a fifth of the
-[N, V] logits in 16 bits, or under dweight's fp32 accumulator where that is larger).
+[N, V] logits in 16 bits, or under dweight's fp32 accumulator where that is larger). One
+kernel per chunk takes each row's statistics, loss and dlogits; one more reduces the row
+losses (and checks the targets), and the eager backward scales the saved gradients in one.
 
 All three: with reduction "mean" or "sum" the gradients are computed in the forward and saved
 (the logits are gone; Liger does the same), and the backward only scales them by
@@ -61,8 +65,10 @@ rounded once at the end.
 
 Targets: int64, each in [0, V) or equal to ``ignore_index``; anything else raises
 ValueError naming ``target`` (every backend checks in eager mode: one small reduction and
-a device-to-host read per call; under torch.compile the check is skipped and a bad target
-gives a NaN loss row for the triton backend, PyTorch's index error for the others).
+a device-to-host read per call, before the compute, or for ``triton`` and ``triton_rows``
+in the kernel that reduces the row losses, read after it; under torch.compile the check is
+skipped and a bad target gives a NaN loss row for the triton backends, PyTorch's index
+error for the others).
 
 Double backward (create_graph=True): manual and torch (PyTorch ops) support it; the
 chunked backends raise a RuntimeError (their backward is a scale of saved gradients).

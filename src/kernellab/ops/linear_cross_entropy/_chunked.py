@@ -4,8 +4,7 @@ vocabulary), the 16-bit matmuls with fp32 results, each row's loss from its soft
 (``row_loss``), and the declaration to the op kit (custom op or triton_op, autograd, eager
 path).
 
-``run_chunks``' backends (``chunked``, ``triton_rows``) supply one launcher over a chunk's
-fp32 logits:
+Each backend supplies ``run_chunks``' launcher over a chunk's fp32 logits:
 
 ``rows(z, target, g, loss, ignore_index, label_smoothing, z_loss, write_grad, grad_dtype)``:
     z fp32 contiguous [C, V] (the chunk's logits, bias included), target int64 [C] (each in
@@ -18,7 +17,8 @@ fp32 logits:
 Memory per chunk: C * V * 4 bytes of logits, C * V * 2 more for the 16-bit dlogits the dx
 and dweight matmuls read (a copy of z's, or written there by the launcher). Across chunks: dweight and dbias
 in fp32 and dx in x's dtype. ``run_blocks``' backend (``triton``) supplies a (stats, grad)
-pair of launchers (its docstring).
+pair of launchers (its docstring) beside ``rows``, which it runs where one pass of one block
+holds the problem.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from kernellab.core.kit import OpDecl, build
+from kernellab.ops.linear_cross_entropy.targets import check_targets, raise_bad_target
 from kernellab.triton_support import cdiv, next_pow2
 
 _F32 = torch.float32
@@ -109,9 +110,11 @@ def _logits(xc: Tensor, w: Tensor, b32: Tensor | None, b: Tensor | None, wide: b
 
 
 def run_chunks(rows, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
-    """(loss_rows fp32 [N], dx [N, H] in x's dtype, dweight fp32 [V, H], dbias fp32 [V] or
+    """(loss_rows fp32 [N], dx [N, H] in x's dtype, dweight [V, H], dbias fp32 [V] or
     None); the gradients are None without ``want_grad``. x [N, H] any strides, w [V, H],
-    b [V] or None, t int64 [N] contiguous, g fp32 [N] or None (see the module docstring)."""
+    b [V] or None, t int64 [N] contiguous, g fp32 [N] or None (see the module docstring).
+    dweight is summed over the chunks in fp32; when one chunk holds every row it is one
+    product, in w's dtype where the product has fp32 results (rounded once, no accumulator)."""
     n, h = x.shape
     v = w.shape[0]
     dev = x.device
@@ -120,10 +123,11 @@ def run_chunks(rows, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
     sixteen = x.dtype != _F32
     wide = sixteen and _out_dtype_ok(x)
     traced = _tracing(x)
+    one = chunk >= n
     b32 = b.float() if (b is not None and wide) else None
     if want_grad:
         dx = torch.empty(n, h, dtype=x.dtype, device=dev)
-        dw = torch.zeros(v, h, dtype=_F32, device=dev)
+        dw = torch.zeros(v, h, dtype=_F32, device=dev) if not one or not n else None
         db = torch.zeros(v, dtype=_F32, device=dev) if b is not None else None
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
@@ -138,13 +142,18 @@ def run_chunks(rows, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
         if not sixteen:
             z = z if d is None else d
             torch.mm(z, w, out=dx[s:e])
-            dw.addmm_(z.t(), xc)
+            if one:
+                dw = z.t() @ xc
+            else:
+                dw.addmm_(z.t(), xc)
             continue
         # dlogits rounded as PyTorch's autograd rounds them
         z16 = z.to(x.dtype) if d is None else d
         del z
         torch.mm(z16, w, out=dx[s:e])
-        if wide and traced:  # addmm's out_dtype forms have no working fake kernel in PyTorch 2.11
+        if one:
+            dw = z16.t() @ xc if wide else z16.t().float() @ xc.float()
+        elif wide and traced:  # addmm's out_dtype forms have no working fake kernel in PyTorch 2.11
             dw = dw + torch.mm(z16.t(), xc, out_dtype=_F32)
         elif wide:
             torch.addmm(dw, z16.t(), xc, out_dtype=_F32, out=dw)
@@ -331,16 +340,33 @@ def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad, grad_dtype=None
     z.masked_fill_(~keep.unsqueeze(1), 0.0)
 
 
-def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False, chunk_rule=None):
+def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_rule=None, reduce=None,
+                    scale=None):  # fmt: skip
     """The registry callable of a chunked backend around ``rows`` (module docstring): the
     ops ``kernellab::<name>`` (x [N, H], weight, bias, target [N], options, grad) ->
     (loss, grad scale, dx, dweight, dbias) and ``kernellab::<name>_backward``, declared
     once to the op kit, and the callable that flattens x, checks the targets and picks
-    the chunk. ``blocked``: ``rows`` is run_blocks' (stats, grad) pair, and a pass takes
-    every row up to MAX_ROWS by default. ``chunk_rule(n, h, v)``: the default rows per
-    chunk of ``run_chunks`` (default: ``default_chunk``)."""
-    run = run_blocks if blocked else run_chunks
+    the chunk. ``blocks``: run_blocks' (stats, grad) pair; a pass takes every row up to
+    MAX_ROWS by default, and a problem of one pass and one column block runs
+    ``run_chunks`` with ``rows`` instead (its logits made once). ``chunk_rule(n, h, v)``:
+    the default rows per chunk of ``run_chunks`` (default: ``default_chunk``).
+    ``reduce(rows, target, ignore_index, V, reduction) -> (loss, scale, bad)``: the loss's
+    reduction and the gradients' scale (1 / #non-ignored for "mean") from the row losses,
+    and ``bad``, a 0-d int64 tensor holding the first row whose target is out of range (N
+    when none), read once in the eager forward to raise; None: PyTorch's ops, and the
+    targets checked before the call (``check_targets``). ``scale(dx, dw, db, dy, scale)``:
+    the eager backward's in-place scaling of the saved gradients by dy * scale (db None
+    without a bias); None: PyTorch's ops."""
     chunk_rule = chunk_rule or default_chunk
+    blocked = blocks is not None
+    scale_grads = scale
+
+    def run(x, weight, bias, t, g, ignore_index, eps, zc, chunk, want_grad):
+        n, h = x.shape
+        v = weight.shape[0]
+        if blocked and (chunk < n or block_cols(n, v, h) < v):
+            return run_blocks(blocks, x, weight, bias, t, g, ignore_index, eps, zc, chunk, want_grad)
+        return run_chunks(rows, x, weight, bias, t, g, ignore_index, eps, zc, chunk, want_grad)
 
     def _fwd(
         x: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, ignore_index: int, reduction: str,
@@ -349,17 +375,23 @@ def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False
         # grad (reduction "mean"/"sum" only): the gradients of the summed loss, computed here
         # (the logits are gone by the backward); scaled there by dy (/ #non-ignored).
         t = target.contiguous()
-        loss, dx, dw, db = run(rows, x, weight, bias, t, None, ignore_index, label_smoothing, z_loss,
-                                      chunk, grad)  # fmt: skip
-        count = (t != ignore_index).sum().to(_F32)
-        # The rows' losses are summed in fp64 and rounded once (PyTorch's CPU nll_loss
-        # accumulates fp32 in double too): an fp32 sum of a few rows near 5.5 can be 2 ulps off.
-        if reduction == "sum":
-            loss, scale = loss.double().sum().to(_F32), torch.ones((), dtype=_F32, device=x.device)
-        elif reduction == "mean":  # all ignored: 0 / 0 = NaN, zero gradients
-            loss, scale = (loss.double().sum() / count.double()).to(_F32), 1.0 / count.clamp(min=1.0)
+        loss, dx, dw, db = run(x, weight, bias, t, None, ignore_index, label_smoothing, z_loss, chunk, grad)
+        if reduce is not None:
+            loss, scale, bad = reduce(loss, t, ignore_index, weight.shape[0], reduction)
+            if not _tracing(x):
+                first = int(bad)
+                if first < t.shape[0]:
+                    raise_bad_target(t, first, weight.shape[0], ignore_index)
         else:
-            scale = torch.ones((), dtype=_F32, device=x.device)
+            count = (t != ignore_index).sum().to(_F32)
+            # The rows' losses are summed in fp64 and rounded once (PyTorch's CPU nll_loss
+            # accumulates fp32 in double too): an fp32 sum of a few rows near 5.5 can be 2 ulps off.
+            if reduction == "sum":
+                loss, scale = loss.double().sum().to(_F32), torch.ones((), dtype=_F32, device=x.device)
+            elif reduction == "mean":  # all ignored: 0 / 0 = NaN, zero gradients
+                loss, scale = (loss.double().sum() / count.double()).to(_F32), 1.0 / count.clamp(min=1.0)
+            else:
+                scale = torch.ones((), dtype=_F32, device=x.device)
         empty = x.new_empty(0)
         if not grad:
             return loss, scale, empty, empty, empty
@@ -374,8 +406,8 @@ def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False
             g = dy.to(_F32) * scale
             return dx * g, dw * g, (db * g if has_bias else db.new_empty(0))
         # "none": recompute each chunk's logits with the per-row dy folded into dlogits
-        _, gx, gw, gb = run(rows, x, weight, bias, target.contiguous(), dy.to(_F32).contiguous(),
-                                   ignore_index, label_smoothing, z_loss, chunk, True)  # fmt: skip
+        _, gx, gw, gb = run(x, weight, bias, target.contiguous(), dy.to(_F32).contiguous(), ignore_index,
+                            label_smoothing, z_loss, chunk, True)  # fmt: skip
         return gx, gw.to(weight.dtype), (gb.to(bias.dtype) if gb is not None else x.new_empty(0))
 
     def _bwd_eager(
@@ -390,6 +422,12 @@ def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False
         if reduction == "none":
             return _bwd(x, weight, bias, target, dx, dw, db, scale, dy, ignore_index, reduction, label_smoothing,
                         z_loss, chunk, has_bias)  # fmt: skip
+        if scale_grads is not None:
+            scale_grads(dx, dw, db if has_bias else None, dy, scale)
+            # a kernel's write bumps no version counter: bump them as mul_ would
+            for t in (dx, dw, db) if has_bias else (dx, dw):
+                torch.autograd.graph.increment_version(t)
+            return dx, dw, (db if has_bias else db.new_empty(0))
         g = dy.to(_F32) * scale
         return dx.mul_(g), dw.mul_(g), (db.mul_(g) if has_bias else db.new_empty(0))
 
@@ -466,12 +504,10 @@ def chunked_backend(name: str, rows, triton: bool = False, blocked: bool = False
 
     def call(x, weight, target, bias=None, ignore_index=-100, reduction="mean", label_smoothing=0.0,
              z_loss=0.0, chunk=None):  # fmt: skip
-        from kernellab.ops.linear_cross_entropy.targets import check_targets
-
         v, h = weight.shape
         t = target.reshape(-1)
         x2 = x.reshape(t.shape[0], h)
-        if not is_compiling():
+        if reduce is None and not is_compiling():
             check_targets(t, v, ignore_index)
         if chunk is not None:
             c = chunk

@@ -20,10 +20,15 @@ def check_targets(target: torch.Tensor, v: int, ignore_index: int) -> None:
     lo, hi = torch.stack(torch.aminmax(torch.where(t == ignore_index, 0, t))).tolist()
     if lo < 0 or hi >= v:
         first = int((((t < 0) | (t >= v)) & (t != ignore_index)).nonzero()[0, 0])
-        raise ValueError(
-            f"{OP}: target (flattened) [{first}] = {int(t[first])} is out of range: targets must be in "
-            f"[0, {v}) (V = weight.shape[0]) or equal ignore_index ({ignore_index})"
-        )
+        raise_bad_target(t, first, v, ignore_index)
+
+
+def raise_bad_target(t: torch.Tensor, first: int, v: int, ignore_index: int):
+    """The ValueError of ``check_targets`` for row ``first`` of the flattened targets."""
+    raise ValueError(
+        f"{OP}: target (flattened) [{first}] = {int(t.reshape(-1)[first])} is out of range: targets must be "
+        f"in [0, {v}) (V = weight.shape[0]) or equal ignore_index ({ignore_index})"
+    )
 
 
 def logits_loss(logits, t, ignore_index, reduction, label_smoothing, z_loss):

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.linear_cross_entropy._chunked import chunked_backend, rows_chunk, state_loss
+from kernellab.ops.linear_cross_entropy._chunked import chunked_backend, rows_chunk
 from kernellab.ops.linear_cross_entropy.targets import OP
 
 BLOCK_MAX = 4096  # columns per piece: 16 fp32 per thread at 8 warps
@@ -111,6 +111,154 @@ def _lce_grad_kernel(
         tl.store(d_row + start + cols, tl.where(keep, g * d, 0.0).to(d_ptr.dtype.element_ty), mask=mask)
 
 
+@triton_support.jit
+def _lce_row_kernel(
+    z_ptr, d_ptr, t_ptr, g_ptr, loss_ptr, n_cols, ignore_index, eps, keep_t, eps_v, zc,
+    HAS_G: tl.constexpr, GRAD: tl.constexpr, SMOOTH: tl.constexpr, ZLOSS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # One full row of z [C, n_cols] fp32 in one program: its softmax state (as
+    # _lce_stats_kernel), its loss (as _chunked.row_loss: z - m and log s kept apart; NaN
+    # for a target out of range, 0 where ignored) into loss, and with GRAD the dlogits
+    # g * dloss/dz into d in d's dtype (as _lce_grad_kernel). keep_t = 1 - eps and
+    # eps_v = eps / n_cols come rounded once from the host.
+    row = tl.program_id(0).to(tl.int64)
+    z_row = z_ptr + row * n_cols
+    cols = tl.arange(0, BLOCK)
+    m = -float("inf")
+    s = 0.0
+    tot = 0.0
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        z = tl.load(z_row + start + cols, mask=mask, other=-float("inf"))
+        m_new = tl.maximum(m, tl.max(z, axis=0))
+        e = tl.where(z == -float("inf"), 0.0, tl.exp(z - m_new))
+        alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
+        s = s * alpha + tl.sum(e, axis=0)
+        m = m_new
+        if SMOOTH:
+            tot += tl.sum(tl.where(mask, z, 0.0), axis=0)
+    t = tl.load(t_ptr + row)
+    keep = t != ignore_index
+    in_range = (t >= 0) & (t < n_cols)
+    zt = tl.load(z_row + tl.where(in_range, t, 0))
+    log_s = tl.log(s)
+    loss = log_s - keep_t * (zt - m)
+    if SMOOTH:
+        loss = loss - eps * (tot / n_cols - m)
+    lse = m + log_s
+    if ZLOSS:
+        loss = loss + zc * lse * lse
+    loss = tl.where(in_range, loss, float("nan"))
+    tl.store(loss_ptr + row, tl.where(keep, loss, 0.0))
+    if GRAD:
+        d_row = d_ptr + row * n_cols
+        g = 1.0
+        if HAS_G:
+            g = tl.load(g_ptr + row)
+        g = tl.where(in_range, g, float("nan"))
+        c1 = 1.0
+        if ZLOSS:
+            c1 = 1.0 + 2.0 * zc * lse
+        for start in range(0, n_cols, BLOCK):
+            mask = start + cols < n_cols
+            z = tl.load(z_row + start + cols, mask=mask, other=0.0)
+            p = tl.exp((z - m) - log_s)
+            d = p * c1 - eps_v
+            d = tl.where(start + cols == t, d - keep_t, d)
+            tl.store(d_row + start + cols, tl.where(keep, g * d, 0.0).to(d_ptr.dtype.element_ty), mask=mask)
+
+
+@triton_support.jit
+def _lce_reduce_kernel(
+    rows_ptr, t_ptr, out_ptr, scale_ptr, bad_ptr, n, v, ignore_index, MODE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # One program over the N row losses (fp32) and targets: bad = the first row whose target
+    # is neither ignore_index nor in [0, v) (n when none). MODE 1 (mean): out = sum / #kept
+    # (NaN when no row is kept), scale = 1 / max(#kept, 1); MODE 2 (sum): out = sum, scale
+    # = 1. The sum is fp64, rounded once.
+    idx0 = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], dtype=tl.float64)
+    cnt = tl.zeros([BLOCK], dtype=tl.int32)
+    bad = tl.full([BLOCK], n, tl.int64)
+    for start in range(0, n, BLOCK):
+        idx = start + idx0
+        mask = idx < n
+        t = tl.load(t_ptr + idx, mask=mask, other=ignore_index)
+        keep = t != ignore_index
+        bad = tl.minimum(bad, tl.where(keep & ((t < 0) | (t >= v)), idx, n))
+        if MODE != 0:
+            acc += tl.load(rows_ptr + idx, mask=mask, other=0.0).to(tl.float64)
+            cnt += keep.to(tl.int32)
+    tl.store(bad_ptr, tl.min(bad, axis=0))
+    if MODE != 0:
+        total = tl.sum(acc, axis=0)
+        if MODE == 1:
+            c = tl.sum(cnt, axis=0).to(tl.float64)
+            c1 = tl.maximum(c, 1.0)
+            tl.store(out_ptr, tl.where(c > 0, total / c1, float("nan")).to(tl.float32))
+            tl.store(scale_ptr, (1.0 / c1).to(tl.float32))
+        else:
+            tl.store(out_ptr, total.to(tl.float32))
+            tl.store(scale_ptr, 1.0)
+
+
+@triton_support.jit
+def _lce_scale_kernel(dx_ptr, dw_ptr, db_ptr, dy_ptr, scale_ptr, nx, nw, nb, BLOCK: tl.constexpr):
+    # The eager backward of "mean" / "sum" in one launch: dx, dweight and dbias (same
+    # dtype; nb = 0 without a bias) times g = dy * scale, in place, each element computed in
+    # fp32 and rounded once. Programs take BLOCK elements of dx, then of dweight, then of dbias.
+    pid = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    g = tl.load(dy_ptr).to(tl.float32) * tl.load(scale_ptr)
+    bx = tl.cdiv(nx, BLOCK)
+    bw = tl.cdiv(nw, BLOCK)
+    if pid < bx:
+        o = pid * BLOCK + cols
+        m = o < nx
+        y = tl.load(dx_ptr + o, mask=m).to(tl.float32) * g
+        tl.store(dx_ptr + o, y.to(dx_ptr.dtype.element_ty), mask=m)
+    elif pid < bx + bw:
+        o = (pid - bx) * BLOCK + cols
+        m = o < nw
+        y = tl.load(dw_ptr + o, mask=m).to(tl.float32) * g
+        tl.store(dw_ptr + o, y.to(dw_ptr.dtype.element_ty), mask=m)
+    else:
+        o = (pid - bx - bw) * BLOCK + cols
+        m = o < nb
+        y = tl.load(db_ptr + o, mask=m).to(tl.float32) * g
+        tl.store(db_ptr + o, y.to(db_ptr.dtype.element_ty), mask=m)
+
+
+SCALE_BLOCK = 4096
+
+
+def _scale(dx, dw, db, dy, scale) -> None:
+    """dx, dw and db (None: no bias) times dy * scale, in place, in one launch."""
+    nx, nw, nb = dx.numel(), dw.numel(), 0 if db is None else db.numel()
+    grid = (triton_support.cdiv(nx, SCALE_BLOCK) + triton_support.cdiv(nw, SCALE_BLOCK)
+            + triton_support.cdiv(nb, SCALE_BLOCK),)  # fmt: skip
+    if grid[0]:
+        _lce_scale_kernel[grid](dx, dw, dw if db is None else db, dy, scale, nx, nw, nb, BLOCK=SCALE_BLOCK,
+                                num_warps=4)  # fmt: skip
+
+
+REDUCE_BLOCK = 1024
+_MODES = {"none": 0, "mean": 1, "sum": 2}
+
+
+def _reduce(rows, t, ignore_index: int, v: int, reduction: str):
+    """(loss, scale, bad) from the row losses in one launch (_lce_reduce_kernel): for
+    "none" loss is ``rows``; bad is a 0-d int64 tensor, the first row with a target out of
+    range (N when none)."""
+    n, dev = rows.shape[0], rows.device
+    out = torch.empty((), dtype=torch.float32, device=dev)
+    scale = torch.ones((), dtype=torch.float32, device=dev) if reduction == "none" else torch.empty_like(out)
+    bad = torch.empty((), dtype=torch.int64, device=dev)
+    _lce_reduce_kernel[(1,)](rows, t, out, scale, bad, n, v, ignore_index, MODE=_MODES[reduction],
+                             BLOCK=REDUCE_BLOCK, num_warps=4)  # fmt: skip
+    return (rows if reduction == "none" else out), scale, bad
+
+
 def _stats(z, t, v0, m, s, zt, tot) -> None:
     c, nb = z.shape
     if not c:
@@ -131,30 +279,37 @@ def _grad(z, d, t, g, m, log_s, v0, v, ignore_index, eps, zc) -> None:
 
 
 def _rows(z, t, g, loss, ignore_index, eps, zc, write_grad, grad_dtype):
-    """``run_chunks``' launcher (_chunked module docstring) from the two row kernels over a
-    chunk's full rows: the statistics, the loss as the blocked runner forms it, and the
-    dlogits in ``grad_dtype`` (over z for fp32), returned."""
-    v = z.shape[1]
-    rows, m, log_s = state_loss(lambda *state: _stats(z, t, 0, *state), t, v, ignore_index, eps, zc)
-    loss.copy_(rows)
-    if not write_grad:
-        return None
-    d = z if grad_dtype == torch.float32 else torch.empty(z.shape, dtype=grad_dtype, device=z.device)
-    _grad(z, d, t, g, m, log_s, 0, v, ignore_index, eps, zc)
+    """``run_chunks``' launcher (_chunked module docstring): one launch of _lce_row_kernel
+    over a chunk's full rows writes each row's loss and, with ``write_grad``, the dlogits in
+    ``grad_dtype`` (over z for fp32), returned."""
+    c, v = z.shape
+    d = None
+    if write_grad:
+        d = z if grad_dtype == torch.float32 else torch.empty(z.shape, dtype=grad_dtype, device=z.device)
+    if not c:
+        return d
+    block, warps = _config(v)
+    eps, zc = float(eps), float(zc)
+    _lce_row_kernel[(c,)](
+        z, z if d is None else d, t, loss if g is None else g, loss, v, ignore_index, eps, 1.0 - eps, eps / v,
+        zc, HAS_G=g is not None, GRAD=write_grad, SMOOTH=eps != 0.0, ZLOSS=zc != 0.0, BLOCK=block,
+        num_warps=warps,
+    )  # fmt: skip
     return d
 
 
 # On a GPU the ops are triton_ops: under torch.compile Inductor traces the block loop (the
 # matmuls as aten ops, the row kernels through wrap_triton) and launches it itself.
-linear_cross_entropy_triton = chunked_backend("linear_cross_entropy_triton", (_stats, _grad), triton=True,
-                                              blocked=True)
+linear_cross_entropy_triton = chunked_backend("linear_cross_entropy_triton", _rows, triton=True,
+                                              blocks=(_stats, _grad), reduce=_reduce, scale=_scale)
 linear_cross_entropy_triton_rows = chunked_backend("linear_cross_entropy_triton_rows", _rows, triton=True,
-                                                   chunk_rule=rows_chunk)  # fmt: skip
+                                                   chunk_rule=rows_chunk, reduce=_reduce,
+                                                   scale=_scale)  # fmt: skip
 
 
 def _kernel_specs(dtype: str):
-    """For `kernellab asm`: the two row kernels as launched on a 4096-column block (fp32
-    logits whatever the op's dtype; dlogits in the op's dtype)."""
+    """For `kernellab asm`: the row kernels as launched on a 4096-column block (fp32 logits
+    whatever the op's dtype; dlogits in the op's dtype), and the reduction of the row losses."""
     block, warps = _config(4096)
     d = {"fp32": "*fp32", "fp16": "*fp16", "bf16": "*bf16"}[dtype]
     stats = {"z_ptr": "*fp32", "t_ptr": "*i64", "m_ptr": "*fp32", "s_ptr": "*fp32", "zt_ptr": "*fp32",
@@ -162,9 +317,23 @@ def _kernel_specs(dtype: str):
     grad = {"z_ptr": "*fp32", "d_ptr": d, "t_ptr": "*i64", "g_ptr": "*fp32", "m_ptr": "*fp32", "ls_ptr": "*fp32",
             "n_cols": "i32", "v0": "i32", "v_total": "i32", "ignore_index": "i32", "eps": "fp32", "zc": "fp32",
             "HAS_G": "constexpr", "BLOCK": "constexpr"}  # fmt: skip
+    row = {"z_ptr": "*fp32", "d_ptr": d, "t_ptr": "*i64", "g_ptr": "*fp32", "loss_ptr": "*fp32",
+           "n_cols": "i32", "ignore_index": "i32", "eps": "fp32", "keep_t": "fp32", "eps_v": "fp32",
+           "zc": "fp32",
+           "HAS_G": "constexpr", "GRAD": "constexpr", "SMOOTH": "constexpr", "ZLOSS": "constexpr",
+           "BLOCK": "constexpr"}  # fmt: skip
+    red = {"rows_ptr": "*fp32", "t_ptr": "*i64", "out_ptr": "*fp32", "scale_ptr": "*fp32", "bad_ptr": "*i64",
+           "n": "i32", "v": "i32", "ignore_index": "i32", "MODE": "constexpr",
+           "BLOCK": "constexpr"}  # fmt: skip
+    sc = {"dx_ptr": d, "dw_ptr": d, "db_ptr": d, "dy_ptr": d, "scale_ptr": "*fp32", "nx": "i32", "nw": "i32",
+          "nb": "i32", "BLOCK": "constexpr"}  # fmt: skip
     return [
+        (_lce_scale_kernel, sc, {"BLOCK": SCALE_BLOCK}, 4),
         (_lce_stats_kernel, stats, {"BLOCK": block}, warps),
         (_lce_grad_kernel, grad, {"HAS_G": False, "BLOCK": block}, warps),
+        (_lce_row_kernel, row, {"HAS_G": False, "GRAD": True, "SMOOTH": False, "ZLOSS": False,
+                                "BLOCK": block}, warps),
+        (_lce_reduce_kernel, red, {"MODE": 1, "BLOCK": REDUCE_BLOCK}, 4),
     ]
 
 
