@@ -511,7 +511,7 @@ class _CountMatmuls(TorchDispatchMode):
 def test_one_block_makes_the_logits_once(monkeypatch, backend):
     """A problem that one pass of one column block holds: the triton backends run one matmul
     for the logits, one for dx and one for dweight (the blocked runner's 4 only past one
-    block), and raise on a bad target from their loss reduction."""
+    block), and raise on a bad target from their one-launch target check."""
     import kernellab.ops.linear_cross_entropy._chunked as chunked
 
     g = torch.Generator().manual_seed(7)

@@ -46,8 +46,8 @@ chunk's logits made once, the statistics and dlogits kernels of ``triton`` over 
 rows, dlogits written in x's dtype. Peak extra memory: dweight in fp32, dx, and one chunk
 of fp32 logits and of dlogits (up to 1 GiB and 0.5 GiB in 16 bits; under a fifth of the
 [N, V] logits in 16 bits, or under dweight's fp32 accumulator where that is larger). One
-kernel per chunk takes each row's statistics, loss and dlogits; one more reduces the row
-losses (and checks the targets), and the eager backward scales the saved gradients in one.
+kernel per chunk takes each row's statistics, loss and dlogits; one checks the targets,
+one reduces the row losses, and the eager backward scales the saved gradients in one.
 
 All three: with reduction "mean" or "sum" the gradients are computed in the forward and saved
 (the logits are gone; Liger does the same), and the backward only scales them by
@@ -65,8 +65,7 @@ rounded once at the end.
 
 Targets: int64, each in [0, V) or equal to ``ignore_index``; anything else raises
 ValueError naming ``target`` (every backend checks in eager mode: one small reduction and
-a device-to-host read per call, before the compute, or for ``triton`` and ``triton_rows``
-in the kernel that reduces the row losses, read after it; under torch.compile the check is
+a device-to-host read per call, before the compute; under torch.compile the check is
 skipped and a bad target gives a NaN loss row for the triton backends, PyTorch's index
 error for the others).
 

@@ -340,8 +340,8 @@ def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad, grad_dtype=None
     z.masked_fill_(~keep.unsqueeze(1), 0.0)
 
 
-def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_rule=None, reduce=None,
-                    scale=None):  # fmt: skip
+def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_rule=None, check=None,
+                    reduce=None, scale=None):  # fmt: skip
     """The registry callable of a chunked backend around ``rows`` (module docstring): the
     ops ``kernellab::<name>`` (x [N, H], weight, bias, target [N], options, grad) ->
     (loss, grad scale, dx, dweight, dbias) and ``kernellab::<name>_backward``, declared
@@ -350,13 +350,13 @@ def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_ru
     MAX_ROWS by default, and a problem of one pass and one column block runs
     ``run_chunks`` with ``rows`` instead (its logits made once). ``chunk_rule(n, h, v)``:
     the default rows per chunk of ``run_chunks`` (default: ``default_chunk``).
-    ``reduce(rows, target, ignore_index, V, reduction) -> (loss, scale, bad)``: the loss's
-    reduction and the gradients' scale (1 / #non-ignored for "mean") from the row losses,
-    and ``bad``, a 0-d int64 tensor holding the first row whose target is out of range (N
-    when none), read once in the eager forward to raise; None: PyTorch's ops, and the
-    targets checked before the call (``check_targets``). ``scale(dx, dw, db, dy, scale)``:
-    the eager backward's in-place scaling of the saved gradients by dy * scale (db None
-    without a bias); None: PyTorch's ops."""
+    ``check(target, V, ignore_index)``: a 0-d int64 tensor, the first row whose target is
+    out of range (N when none), read before the eager call to raise (None:
+    ``check_targets``). ``reduce(rows, target, ignore_index, reduction) -> (loss, scale)``:
+    the loss's reduction and the gradients' scale (1 / #non-ignored for "mean") from the row
+    losses (None: PyTorch's ops). ``scale(dx, dw, db, dy, scale)``: the eager backward's
+    in-place scaling of the saved gradients by dy * scale (db None without a bias; None:
+    PyTorch's ops)."""
     chunk_rule = chunk_rule or default_chunk
     blocked = blocks is not None
     scale_grads = scale
@@ -377,11 +377,7 @@ def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_ru
         t = target.contiguous()
         loss, dx, dw, db = run(x, weight, bias, t, None, ignore_index, label_smoothing, z_loss, chunk, grad)
         if reduce is not None:
-            loss, scale, bad = reduce(loss, t, ignore_index, weight.shape[0], reduction)
-            if not _tracing(x):
-                first = int(bad)
-                if first < t.shape[0]:
-                    raise_bad_target(t, first, weight.shape[0], ignore_index)
+            loss, scale = reduce(loss, t, ignore_index, reduction)
         else:
             count = (t != ignore_index).sum().to(_F32)
             # The rows' losses are summed in fp64 and rounded once (PyTorch's CPU nll_loss
@@ -507,8 +503,13 @@ def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_ru
         v, h = weight.shape
         t = target.reshape(-1)
         x2 = x.reshape(t.shape[0], h)
-        if reduce is None and not is_compiling():
-            check_targets(t, v, ignore_index)
+        if not is_compiling():
+            if check is None:
+                check_targets(t, v, ignore_index)
+            elif t.shape[0]:
+                first = int(check(t, v, ignore_index))
+                if first < t.shape[0]:
+                    raise_bad_target(t, first, v, ignore_index)
         if chunk is not None:
             c = chunk
         else:

@@ -170,12 +170,12 @@ def _lce_row_kernel(
 
 @triton_support.jit
 def _lce_reduce_kernel(
-    rows_ptr, t_ptr, out_ptr, scale_ptr, bad_ptr, n, v, ignore_index, MODE: tl.constexpr, BLOCK: tl.constexpr,
+    rows_ptr, t_ptr, out_ptr, scale_ptr, n, v, ignore_index, MODE: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # One program over the N row losses (fp32) and targets: bad = the first row whose target
-    # is neither ignore_index nor in [0, v) (n when none). MODE 1 (mean): out = sum / #kept
-    # (NaN when no row is kept), scale = 1 / max(#kept, 1); MODE 2 (sum): out = sum, scale
-    # = 1. The sum is fp64, rounded once.
+    # One program over the N targets and row losses (fp32). MODE 0 (the target check): out
+    # (int64) = the first row whose target is neither ignore_index nor in [0, v), n when
+    # none. MODE 1 (mean): out = sum / #kept (NaN when no row is kept), scale = 1 /
+    # max(#kept, 1); MODE 2 (sum): out = sum, scale = 1. The sum is fp64, rounded once.
     idx0 = tl.arange(0, BLOCK)
     acc = tl.zeros([BLOCK], dtype=tl.float64)
     cnt = tl.zeros([BLOCK], dtype=tl.int32)
@@ -185,12 +185,14 @@ def _lce_reduce_kernel(
         mask = idx < n
         t = tl.load(t_ptr + idx, mask=mask, other=ignore_index)
         keep = t != ignore_index
-        bad = tl.minimum(bad, tl.where(keep & ((t < 0) | (t >= v)), idx, n))
-        if MODE != 0:
+        if MODE == 0:
+            bad = tl.minimum(bad, tl.where(keep & ((t < 0) | (t >= v)), idx, n))
+        else:
             acc += tl.load(rows_ptr + idx, mask=mask, other=0.0).to(tl.float64)
             cnt += keep.to(tl.int32)
-    tl.store(bad_ptr, tl.min(bad, axis=0))
-    if MODE != 0:
+    if MODE == 0:
+        tl.store(out_ptr, tl.min(bad, axis=0))
+    else:
         total = tl.sum(acc, axis=0)
         if MODE == 1:
             c = tl.sum(cnt, axis=0).to(tl.float64)
@@ -243,20 +245,28 @@ def _scale(dx, dw, db, dy, scale) -> None:
 
 
 REDUCE_BLOCK = 1024
-_MODES = {"none": 0, "mean": 1, "sum": 2}
 
 
-def _reduce(rows, t, ignore_index: int, v: int, reduction: str):
-    """(loss, scale, bad) from the row losses in one launch (_lce_reduce_kernel): for
-    "none" loss is ``rows``; bad is a 0-d int64 tensor, the first row with a target out of
-    range (N when none)."""
-    n, dev = rows.shape[0], rows.device
-    out = torch.empty((), dtype=torch.float32, device=dev)
-    scale = torch.ones((), dtype=torch.float32, device=dev) if reduction == "none" else torch.empty_like(out)
-    bad = torch.empty((), dtype=torch.int64, device=dev)
-    _lce_reduce_kernel[(1,)](rows, t, out, scale, bad, n, v, ignore_index, MODE=_MODES[reduction],
+def _check(t, v: int, ignore_index: int):
+    """A 0-d int64 tensor: the first of the targets ``t`` [N] neither ignore_index nor in
+    [0, v), N when none (one launch of _lce_reduce_kernel)."""
+    bad = torch.empty((), dtype=torch.int64, device=t.device)
+    _lce_reduce_kernel[(1,)](t, t, bad, bad, t.shape[0], v, ignore_index, MODE=0, BLOCK=REDUCE_BLOCK,
+                             num_warps=4)  # fmt: skip
+    return bad
+
+
+def _reduce(rows, t, ignore_index: int, reduction: str):
+    """(loss, scale) from the row losses ``rows`` [N] (one launch of _lce_reduce_kernel for
+    "mean" and "sum")."""
+    if reduction == "none":
+        return rows, torch.ones((), dtype=torch.float32, device=rows.device)
+    out = torch.empty((), dtype=torch.float32, device=rows.device)
+    scale = torch.empty_like(out)
+    mode = 1 if reduction == "mean" else 2
+    _lce_reduce_kernel[(1,)](rows, t, out, scale, rows.shape[0], 0, ignore_index, MODE=mode,
                              BLOCK=REDUCE_BLOCK, num_warps=4)  # fmt: skip
-    return (rows if reduction == "none" else out), scale, bad
+    return out, scale
 
 
 def _stats(z, t, v0, m, s, zt, tot) -> None:
@@ -301,9 +311,10 @@ def _rows(z, t, g, loss, ignore_index, eps, zc, write_grad, grad_dtype):
 # On a GPU the ops are triton_ops: under torch.compile Inductor traces the block loop (the
 # matmuls as aten ops, the row kernels through wrap_triton) and launches it itself.
 linear_cross_entropy_triton = chunked_backend("linear_cross_entropy_triton", _rows, triton=True,
-                                              blocks=(_stats, _grad), reduce=_reduce, scale=_scale)
+                                              blocks=(_stats, _grad), check=_check, reduce=_reduce,
+                                              scale=_scale)  # fmt: skip
 linear_cross_entropy_triton_rows = chunked_backend("linear_cross_entropy_triton_rows", _rows, triton=True,
-                                                   chunk_rule=rows_chunk, reduce=_reduce,
+                                                   chunk_rule=rows_chunk, check=_check, reduce=_reduce,
                                                    scale=_scale)  # fmt: skip
 
 
@@ -319,12 +330,10 @@ def _kernel_specs(dtype: str):
             "HAS_G": "constexpr", "BLOCK": "constexpr"}  # fmt: skip
     row = {"z_ptr": "*fp32", "d_ptr": d, "t_ptr": "*i64", "g_ptr": "*fp32", "loss_ptr": "*fp32",
            "n_cols": "i32", "ignore_index": "i32", "eps": "fp32", "keep_t": "fp32", "eps_v": "fp32",
-           "zc": "fp32",
-           "HAS_G": "constexpr", "GRAD": "constexpr", "SMOOTH": "constexpr", "ZLOSS": "constexpr",
-           "BLOCK": "constexpr"}  # fmt: skip
-    red = {"rows_ptr": "*fp32", "t_ptr": "*i64", "out_ptr": "*fp32", "scale_ptr": "*fp32", "bad_ptr": "*i64",
-           "n": "i32", "v": "i32", "ignore_index": "i32", "MODE": "constexpr",
-           "BLOCK": "constexpr"}  # fmt: skip
+           "zc": "fp32", "HAS_G": "constexpr", "GRAD": "constexpr", "SMOOTH": "constexpr",
+           "ZLOSS": "constexpr", "BLOCK": "constexpr"}  # fmt: skip
+    red = {"rows_ptr": "*fp32", "t_ptr": "*i64", "out_ptr": "*fp32", "scale_ptr": "*fp32", "n": "i32",
+           "v": "i32", "ignore_index": "i32", "MODE": "constexpr", "BLOCK": "constexpr"}  # fmt: skip
     sc = {"dx_ptr": d, "dw_ptr": d, "db_ptr": d, "dy_ptr": d, "scale_ptr": "*fp32", "nx": "i32", "nw": "i32",
           "nb": "i32", "BLOCK": "constexpr"}  # fmt: skip
     return [
