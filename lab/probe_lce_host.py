@@ -75,10 +75,9 @@ def main():
                        "shape": "x".join(map(str, shape)), "us_per_call": round(us, 2), "cuda_kernels": k}
                 rows.append(row)
                 print(f"{row['shape']:>16} {mode:7} {b:12} {us:9.1f} us/call  {k:3d} kernels")
-    if a.out:
-        with open(a.out, "w") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+                if a.out:  # row by row: a step cut short by its timeout keeps what it timed
+                    with open(a.out, "a") as f:
+                        f.write(json.dumps(row) + "\n")
     if a.profile:
         x, w, t = make(SHAPES[0])
         for b in ("torch", "triton", "triton_rows"):
