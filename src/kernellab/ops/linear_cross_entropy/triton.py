@@ -49,6 +49,17 @@ def _config(n_cols: int):
 
 
 @triton_support.jit
+def _fold(z, m, s):
+    """A piece z of a row (-inf where masked) folded into the row's running max m and sum s
+    of exp(z - m): (m, s) after it. -inf entries add 0 (no -inf - -inf = NaN while the row
+    is all -inf so far)."""
+    m_new = tl.maximum(m, tl.max(z, axis=0))
+    e = tl.where(z == -float("inf"), 0.0, tl.exp(z - m_new))
+    alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
+    return m_new, s * alpha + tl.sum(e, axis=0)
+
+
+@triton_support.jit
 def _lce_stats_kernel(
     z_ptr, t_ptr, m_ptr, s_ptr, zt_ptr, tot_ptr, n_cols, v0, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -64,12 +75,7 @@ def _lce_stats_kernel(
     for start in range(0, n_cols, BLOCK):
         mask = start + cols < n_cols
         z = tl.load(z_row + start + cols, mask=mask, other=-float("inf"))
-        m_new = tl.maximum(m, tl.max(z, axis=0))
-        # -inf entries add 0 (no -inf - -inf = NaN while the row is all -inf so far)
-        e = tl.where(z == -float("inf"), 0.0, tl.exp(z - m_new))
-        alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
-        s = s * alpha + tl.sum(e, axis=0)
-        m = m_new
+        m, s = _fold(z, m, s)
         tot += tl.sum(tl.where(mask, z, 0.0), axis=0)
     tl.store(m_ptr + row, m)
     tl.store(s_ptr + row, s)
@@ -130,11 +136,7 @@ def _lce_row_kernel(
     for start in range(0, n_cols, BLOCK):
         mask = start + cols < n_cols
         z = tl.load(z_row + start + cols, mask=mask, other=-float("inf"))
-        m_new = tl.maximum(m, tl.max(z, axis=0))
-        e = tl.where(z == -float("inf"), 0.0, tl.exp(z - m_new))
-        alpha = tl.where(m == m_new, 1.0, tl.exp(m - m_new))
-        s = s * alpha + tl.sum(e, axis=0)
-        m = m_new
+        m, s = _fold(z, m, s)
         if SMOOTH:
             tot += tl.sum(tl.where(mask, z, 0.0), axis=0)
     t = tl.load(t_ptr + row)
