@@ -8,10 +8,7 @@ profiler), and where the Python time of the triton backends goes (cProfile).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
-import pstats
 
 import torch
 
@@ -59,7 +56,6 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--backends", nargs="+", default=BACKENDS)
     a = ap.parse_args()
-    rows = []
     meta = {"gpu": torch.cuda.get_device_name(), "git_sha": git_sha(), **versions()}
     for shape in SHAPES:
         x, w, t = make(shape)
@@ -73,28 +69,16 @@ def main():
                     continue
                 row = {**meta, "bench": "lce_host", "backend": b, "mode": mode, "dtype": "bf16",
                        "shape": "x".join(map(str, shape)), "us_per_call": round(us, 2), "cuda_kernels": k}
-                rows.append(row)
                 print(f"{row['shape']:>16} {mode:7} {b:12} {us:9.1f} us/call  {k:3d} kernels")
                 if a.out:  # row by row: a step cut short by its timeout keeps what it timed
                     with open(a.out, "a") as f:
                         f.write(json.dumps(row) + "\n")
     if a.profile:
+        from probe_host import print_cprofile  # (lab/, the script's own folder)
+
         x, w, t = make(SHAPES[0])
         for b in ("torch", "triton", "triton_rows"):
-            fn = fns(b, x, w, t)["fwdbwd"]
-            fn()
-            torch.cuda.synchronize()
-            prof = cProfile.Profile()
-            prof.enable()
-            for _ in range(100):
-                fn()
-            torch.cuda.synchronize()
-            prof.disable()
-            buf = io.StringIO()
-            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-            print(f"--- cProfile {b} fwdbwd 64x64x256, 100 calls")
-            print("\n".join(ln[:170] for ln in buf.getvalue().splitlines() if ln.strip()))
-
+            print_cprofile(f"{b} fwdbwd 64x64x256, 100 calls", fns(b, x, w, t)["fwdbwd"], 100, 25)
 
 if __name__ == "__main__":
     main()

@@ -123,11 +123,11 @@ def run_chunks(rows, x, w, b, t, g, ignore_index, eps, zc, chunk, want_grad):
     sixteen = x.dtype != _F32
     wide = sixteen and _out_dtype_ok(x)
     traced = _tracing(x)
-    one = chunk >= n
+    one = 0 < n <= chunk  # one chunk: dweight from one product
     b32 = b.float() if (b is not None and wide) else None
     if want_grad:
         dx = torch.empty(n, h, dtype=x.dtype, device=dev)
-        dw = torch.zeros(v, h, dtype=_F32, device=dev) if not one or not n else None
+        dw = None if one else torch.zeros(v, h, dtype=_F32, device=dev)
         db = torch.zeros(v, dtype=_F32, device=dev) if b is not None else None
     for s in range(0, n, chunk):
         e = min(n, s + chunk)
@@ -340,8 +340,28 @@ def torch_rows(z, t, g, loss, ignore_index, eps, zc, write_grad, grad_dtype=None
     z.masked_fill_(~keep.unsqueeze(1), 0.0)
 
 
+def torch_reduce(rows: Tensor, t: Tensor, ignore_index: int, reduction: str):
+    """(loss, scale) of the row losses in PyTorch ops: the loss's reduction and the
+    gradients' scale (1 / #non-ignored for "mean"). The rows' losses are summed in fp64 and
+    rounded once (PyTorch's CPU nll_loss accumulates fp32 in double too): an fp32 sum of a
+    few rows near 5.5 can be 2 ulps off."""
+    if reduction == "sum":
+        return rows.double().sum().to(_F32), torch.ones((), dtype=_F32, device=rows.device)
+    if reduction == "mean":  # all ignored: 0 / 0 = NaN, zero gradients
+        count = (t != ignore_index).sum().to(_F32)
+        return (rows.double().sum() / count.double()).to(_F32), 1.0 / count.clamp(min=1.0)
+    return rows, torch.ones((), dtype=_F32, device=rows.device)
+
+
+def torch_scale(dx: Tensor, dw: Tensor, db: Tensor | None, dy: Tensor, scale: Tensor) -> None:
+    """dx, dw and db (None: no bias) times dy * scale, in place, in PyTorch ops."""
+    g = dy.to(_F32) * scale
+    for t in (dx, dw) if db is None else (dx, dw, db):
+        t.mul_(g)
+
+
 def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_rule=None, check=None,
-                    reduce=None, scale=None):  # fmt: skip
+                    reduce=torch_reduce, scale_grads=torch_scale):  # fmt: skip
     """The registry callable of a chunked backend around ``rows`` (module docstring): the
     ops ``kernellab::<name>`` (x [N, H], weight, bias, target [N], options, grad) ->
     (loss, grad scale, dx, dweight, dbias) and ``kernellab::<name>_backward``, declared
@@ -352,14 +372,11 @@ def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_ru
     the default rows per chunk of ``run_chunks`` (default: ``default_chunk``).
     ``check(target, V, ignore_index)``: a 0-d int64 tensor, the first row whose target is
     out of range (N when none), read before the eager call to raise (None:
-    ``check_targets``). ``reduce(rows, target, ignore_index, reduction) -> (loss, scale)``:
-    the loss's reduction and the gradients' scale (1 / #non-ignored for "mean") from the row
-    losses (None: PyTorch's ops). ``scale(dx, dw, db, dy, scale)``: the eager backward's
-    in-place scaling of the saved gradients by dy * scale (db None without a bias; None:
-    PyTorch's ops)."""
+    ``check_targets``). ``reduce``: as ``torch_reduce``; ``scale_grads``: as
+    ``torch_scale``, the eager backward's in-place scaling of the saved gradients (a
+    kernel's writes must bump the tensors' version counters, as mul_ does)."""
     chunk_rule = chunk_rule or default_chunk
     blocked = blocks is not None
-    scale_grads = scale
 
     def run(x, weight, bias, t, g, ignore_index, eps, zc, chunk, want_grad):
         n, h = x.shape
@@ -376,18 +393,7 @@ def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_ru
         # (the logits are gone by the backward); scaled there by dy (/ #non-ignored).
         t = target.contiguous()
         loss, dx, dw, db = run(x, weight, bias, t, None, ignore_index, label_smoothing, z_loss, chunk, grad)
-        if reduce is not None:
-            loss, scale = reduce(loss, t, ignore_index, reduction)
-        else:
-            count = (t != ignore_index).sum().to(_F32)
-            # The rows' losses are summed in fp64 and rounded once (PyTorch's CPU nll_loss
-            # accumulates fp32 in double too): an fp32 sum of a few rows near 5.5 can be 2 ulps off.
-            if reduction == "sum":
-                loss, scale = loss.double().sum().to(_F32), torch.ones((), dtype=_F32, device=x.device)
-            elif reduction == "mean":  # all ignored: 0 / 0 = NaN, zero gradients
-                loss, scale = (loss.double().sum() / count.double()).to(_F32), 1.0 / count.clamp(min=1.0)
-            else:
-                scale = torch.ones((), dtype=_F32, device=x.device)
+        loss, scale = reduce(loss, t, ignore_index, reduction)
         empty = x.new_empty(0)
         if not grad:
             return loss, scale, empty, empty, empty
@@ -418,14 +424,8 @@ def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_ru
         if reduction == "none":
             return _bwd(x, weight, bias, target, dx, dw, db, scale, dy, ignore_index, reduction, label_smoothing,
                         z_loss, chunk, has_bias)  # fmt: skip
-        if scale_grads is not None:
-            scale_grads(dx, dw, db if has_bias else None, dy, scale)
-            # a kernel's write bumps no version counter: bump them as mul_ would
-            for t in (dx, dw, db) if has_bias else (dx, dw):
-                torch.autograd.graph.increment_version(t)
-            return dx, dw, (db if has_bias else db.new_empty(0))
-        g = dy.to(_F32) * scale
-        return dx.mul_(g), dw.mul_(g), (db.mul_(g) if has_bias else db.new_empty(0))
+        scale_grads(dx, dw, db if has_bias else None, dy, scale)
+        return dx, dw, (db if has_bias else db.new_empty(0))
 
     def _fwd_fake(x, weight, bias, target, ignore_index, reduction, label_smoothing, z_loss, chunk, grad):
         n = x.shape[0]

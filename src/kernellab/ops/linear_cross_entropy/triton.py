@@ -34,7 +34,7 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._register import register_triton
-from kernellab.ops.linear_cross_entropy._chunked import chunked_backend, rows_chunk
+from kernellab.ops.linear_cross_entropy._chunked import chunked_backend, rows_chunk, torch_reduce
 from kernellab.ops.linear_cross_entropy.targets import OP
 
 BLOCK_MAX = 4096  # columns per piece: 16 fp32 per thread at 8 warps
@@ -87,6 +87,21 @@ def _lce_stats_kernel(
 
 
 @triton_support.jit
+def _store_dlogits(z_row, d_row, n_cols, t_col, keep, g, m, log_s, c1, eps_v, keep_t, BLOCK: tl.constexpr):
+    """A row's dlogits g * (p c1 - eps_v - keep_t [j == t_col]), p = exp((z - m) - log s),
+    written over its n_cols columns into d_row in d's dtype; 0 where the row is not kept.
+    t_col: the target's column in this block."""
+    cols = tl.arange(0, BLOCK)
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        z = tl.load(z_row + start + cols, mask=mask, other=0.0)
+        p = tl.exp((z - m) - log_s)
+        d = p * c1 - eps_v
+        d = tl.where(start + cols == t_col, d - keep_t, d)
+        tl.store(d_row + start + cols, tl.where(keep, g * d, 0.0).to(d_row.dtype.element_ty), mask=mask)
+
+
+@triton_support.jit
 def _lce_grad_kernel(
     z_ptr, d_ptr, t_ptr, g_ptr, m_ptr, ls_ptr, n_cols, v0, v_total, ignore_index, eps, zc,
     HAS_G: tl.constexpr, BLOCK: tl.constexpr,
@@ -96,7 +111,6 @@ def _lce_grad_kernel(
     row = tl.program_id(0).to(tl.int64)
     z_row = z_ptr + row * n_cols
     d_row = d_ptr + row * n_cols
-    cols = tl.arange(0, BLOCK)
     m = tl.load(m_ptr + row)
     log_s = tl.load(ls_ptr + row)
     lse = m + log_s
@@ -108,13 +122,7 @@ def _lce_grad_kernel(
         g = tl.load(g_ptr + row)
     g = tl.where(in_range, g, float("nan"))
     c1 = tl.where(zc != 0.0, 1.0 + 2.0 * zc * lse, 1.0)
-    for start in range(0, n_cols, BLOCK):
-        mask = start + cols < n_cols
-        z = tl.load(z_row + start + cols, mask=mask, other=0.0)
-        p = tl.exp((z - m) - log_s)
-        d = p * c1 - eps / v_total
-        d = tl.where(v0 + start + cols == t, d - (1.0 - eps), d)
-        tl.store(d_row + start + cols, tl.where(keep, g * d, 0.0).to(d_ptr.dtype.element_ty), mask=mask)
+    _store_dlogits(z_row, d_row, n_cols, t - v0, keep, g, m, log_s, c1, eps / v_total, 1.0 - eps, BLOCK)
 
 
 @triton_support.jit
@@ -161,13 +169,7 @@ def _lce_row_kernel(
         c1 = 1.0
         if ZLOSS:
             c1 = 1.0 + 2.0 * zc * lse
-        for start in range(0, n_cols, BLOCK):
-            mask = start + cols < n_cols
-            z = tl.load(z_row + start + cols, mask=mask, other=0.0)
-            p = tl.exp((z - m) - log_s)
-            d = p * c1 - eps_v
-            d = tl.where(start + cols == t, d - keep_t, d)
-            tl.store(d_row + start + cols, tl.where(keep, g * d, 0.0).to(d_ptr.dtype.element_ty), mask=mask)
+        _store_dlogits(z_row, d_row, n_cols, t, keep, g, m, log_s, c1, eps_v, keep_t, BLOCK)
 
 
 @triton_support.jit
@@ -244,6 +246,8 @@ def _scale(dx, dw, db, dy, scale) -> None:
     if grid[0]:
         _lce_scale_kernel[grid](dx, dw, dw if db is None else db, dy, scale, nx, nw, nb, BLOCK=SCALE_BLOCK,
                                 num_warps=4)  # fmt: skip
+    for t in (dx, dw) if db is None else (dx, dw, db):  # a kernel's write bumps no version counter
+        torch.autograd.graph.increment_version(t)
 
 
 REDUCE_BLOCK = 1024
@@ -262,7 +266,7 @@ def _reduce(rows, t, ignore_index: int, reduction: str):
     """(loss, scale) from the row losses ``rows`` [N] (one launch of _lce_reduce_kernel for
     "mean" and "sum")."""
     if reduction == "none":
-        return rows, torch.ones((), dtype=torch.float32, device=rows.device)
+        return torch_reduce(rows, t, ignore_index, reduction)
     out = torch.empty((), dtype=torch.float32, device=rows.device)
     scale = torch.empty_like(out)
     mode = 1 if reduction == "mean" else 2
@@ -314,10 +318,10 @@ def _rows(z, t, g, loss, ignore_index, eps, zc, write_grad, grad_dtype):
 # matmuls as aten ops, the row kernels through wrap_triton) and launches it itself.
 linear_cross_entropy_triton = chunked_backend("linear_cross_entropy_triton", _rows, triton=True,
                                               blocks=(_stats, _grad), check=_check, reduce=_reduce,
-                                              scale=_scale)  # fmt: skip
+                                              scale_grads=_scale)  # fmt: skip
 linear_cross_entropy_triton_rows = chunked_backend("linear_cross_entropy_triton_rows", _rows, triton=True,
                                                    chunk_rule=rows_chunk, check=_check, reduce=_reduce,
-                                                   scale=_scale)  # fmt: skip
+                                                   scale_grads=_scale)  # fmt: skip
 
 
 def _kernel_specs(dtype: str):
