@@ -201,6 +201,8 @@ def test_triton_tunes_only_big_problems_by_size_bucket():
         (24, 32, 72, True, True, 3, ()),  # three K slices, the last one short
         (20, 24, 100, False, False, 4, (3,)),  # batched partials
         (8, 16, 32, False, False, 8, ()),  # more slices than K blocks: empty slices add zeros
+        (40, 40, 72, False, True, 1, ()),  # persistent: 9 tiles on 4 programs, one tail tile
+        (20, 16, 72, True, False, 1, ()),  # persistent: 2 tiles, all tail; units > programs
     ],
 )
 def test_tma_kernel_layouts_and_k_slices_under_the_interpreter(m, n, k, a_t, b_t, split, batch):
@@ -217,10 +219,100 @@ def test_tma_kernel_layouts_and_k_slices_under_the_interpreter(m, n, k, a_t, b_t
     bias = torch.randn(n, generator=g)
     cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4, split=split)
     ref = apply_epilogue(a.double() @ b.double(), bias.double(), "gelu")
-    for persistent in (False, True) if split == 1 and not batch else (False,):
-        y = tma_matmul_fwd(a, b, bias, "gelu", config=dict(cfg, persistent=persistent))
+    launches = [{}]
+    if split == 1 and not batch:  # the persistent kernel, whole tiles and with its tail in K slices
+        launches += [{"persistent": True}, {"persistent": True, "tail_split": 2}]
+        launches += [{"persistent": True, "tail_split": 3}]
+    for extra in launches:
+        y = tma_matmul_fwd(a, b, bias, "gelu", config=dict(cfg, **extra))
         assert y.shape == ref.shape and y.dtype == torch.float32
-        assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4), persistent
+        assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4), extra
+
+
+@pytest.mark.parametrize(
+    "m,n,k",
+    [(8192, 768, 768), (768, 768, 8192), (3072, 768, 8192), (3000, 3000, 3000), (8192, 3072, 768),
+     (50432, 768, 3072), (4096, 14336, 128), (256, 4096, 4096), (8192, 8192, 8192)],
+)  # fmt: skip
+@pytest.mark.parametrize("n_sm", [132, 114, 78])
+def test_persistent_plan_is_a_valid_launch_and_beats_whole_tiles_by_its_own_model(m, n, k, n_sm):
+    """plan_persistent's launch on n_sm SMs: whole tiles are a multiple of n_sm (or every
+    tile), a tail of slices fits one round of programs, each slice keeps >= 2 K blocks,
+    and its modelled time is at most that of whole tiles alone with either tile."""
+    from kernellab import triton_support as ts
+    from kernellab.ops.matmul import triton_tma as tt
+
+    plan = tt.plan_persistent(m, n, k, n_sm, 232448)
+    bm, bn = plan.config["BLOCK_M"], plan.config["BLOCK_N"]
+    tiles = ts.cdiv(m, bm) * ts.cdiv(n, bn)
+    kb = ts.cdiv(k, plan.config["BLOCK_K"])
+    if plan.tail_split == 1:
+        assert plan.dp_tiles == tiles and plan.programs == min(tiles, n_sm)
+    else:
+        assert plan.dp_tiles == tiles // n_sm * n_sm and plan.programs == n_sm
+        assert (tiles - plan.dp_tiles) * plan.tail_split <= n_sm
+        assert kb // plan.tail_split >= tt.TAIL_MIN_BLOCKS
+    for tile in tt.PERSISTENT_TILES:
+        whole = tt.plan_persistent(m, n, k, n_sm, 232448, tiles=(tile,))
+        assert plan.est_s <= whole.est_s
+        cfg = tile[0]
+        t = ts.cdiv(m, cfg["BLOCK_M"]) * ts.cdiv(n, cfg["BLOCK_N"])
+        waves = ts.cdiv(t, n_sm) * ts.cdiv(k, cfg["BLOCK_K"])
+        per_block = 2 * cfg["BLOCK_M"] * cfg["BLOCK_N"] * cfg["BLOCK_K"] / (tt.SM_FLOPS * tile[1])
+        assert whole.est_s <= waves * per_block * (1 + 1e-9)
+
+
+def test_persistent_plan_cuts_a_short_last_wave_into_k_slices():
+    """3000^3 on 132 SMs: 288 tiles of 128x256 are two whole waves and 24 more; the 24 run
+    as K slices across the SMs instead of as a third wave. 768x768x8192 (GPT-2's weight
+    gradient): 36 tiles of 128x128, every one in 3 slices."""
+    from kernellab.ops.matmul import triton_tma as tt
+
+    plan = tt.plan_persistent(3000, 3000, 3000, 132, 232448)
+    assert plan.dp_tiles == 264 and plan.tail_split > 1
+    plan = tt.plan_persistent(768, 768, 8192, 132, 232448)
+    assert (plan.config["BLOCK_N"], plan.dp_tiles, plan.tail_split) == (128, 0, 3)
+
+
+@pytest.mark.parametrize("persistent", [False, True], ids=["split", "persistent-tail"])
+def test_tma_launch_plan_matches_the_general_path_under_the_interpreter(monkeypatch, persistent):
+    """tma_matmul_fwd's kept launch plan (plan=True; CUDA calls take one by default): the
+    launches derived once per call shape give float64's answer for both operand layouts of
+    a backward (a^T, b^T read in place) and batched, twice in a row; the plan is kept; a
+    misaligned operand leaves the plan for the general path (which realigns it)."""
+    from kernellab.ops.matmul import triton as mt
+    from kernellab.ops.matmul import triton_tma as tt
+    from kernellab.ops.matmul.epilogue import apply_epilogue
+
+    cpu = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, GROUP_M=2, num_stages=1, num_warps=4)
+    if persistent:  # as a GPU's plan: whole tiles on 4 programs, the last wave's tiles in 3 slices
+        monkeypatch.setattr(
+            tt, "_choose", lambda m, n, k, bt, *rest: (tt._given_plan(cpu, m, n, 3, 4), None, 1, False)
+        )
+    g = torch.Generator().manual_seed(7)
+    cases = [((40, 72), (72, 40), False, False, ()), ((72, 40), (40, 72), True, True, ())]
+    if not persistent:
+        cases.append(((3, 20, 48), (3, 48, 24), False, False, (3,)))
+    mt._PLANS.clear()
+    for sa, sb, a_t, b_t, _ in cases:
+        a = torch.randn(sa, generator=g)
+        b = torch.randn(sb, generator=g)
+        a, b = (a.mT if a_t else a), (b.mT if b_t else b)
+        bias = torch.randn(b.shape[-1], generator=g)
+        ref = apply_epilogue(a.double() @ b.double(), bias.double(), "gelu")
+        for _ in range(2):
+            y = tt.tma_matmul_fwd(a, b, bias, "gelu", plan=True)
+            assert y.shape == ref.shape
+            assert torch.allclose(y.double(), ref, atol=1e-4, rtol=1e-4)
+    kept = [p for key, p in mt._PLANS.items() if key[0] == "tma"]
+    assert len(kept) == len(cases) and all(isinstance(p, tt._TmaPlan) for p in kept)
+    if persistent:
+        assert all(p.second is not None and p.w_shape is not None for p in kept)  # the tail ran
+    # an operand at an odd address: the plan declines, the general path copies it aligned
+    a = torch.randn(40 * 72 + 1, generator=g)[1:].view(40, 72)
+    b = torch.randn(72, 40, generator=g)
+    ref = a.double() @ b.double()
+    assert torch.allclose(tt.tma_matmul_fwd(a, b, plan=True).double(), ref, atol=1e-4, rtol=1e-4)
 
 
 def test_tma_operand_layouts_copy_only_where_no_layout_has_a_16_byte_pitch():
@@ -1228,24 +1320,31 @@ def test_gpu_forward_and_gradients(backend):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 def test_gpu_tma_persistent_and_split_launches(dtype):
     """triton_tma's own launch choices on the GPU, each judged against float64 as every
-    backend is: the persistent kernel (one product of >= a wave of 128x256 tiles and
-    >= 2^30 multiply-adds) with both operands in place as transposed views (a backward's
-    a^T @ dz, dz @ b^T) and with partial tiles; K slices at a skinny M."""
+    backend is: the persistent kernel (one product of >= 2^30 multiply-adds) with both
+    operands in place as transposed views (a backward's a^T @ dz, dz @ b^T), with partial
+    tiles, and with its tail in K slices (after whole waves, and as the whole product);
+    K slices at a skinny M."""
     from kernellab.ops.matmul import triton_tma as tt
 
     if kernellab.registry.get("matmul", "triton_tma").why_unavailable("cuda"):
         pytest.skip(kernellab.registry.get("matmul", "triton_tma").why_unavailable("cuda"))
     g = torch.Generator(device="cuda").manual_seed(3)
-    for m, n, k, a_t, b_t in [
-        (2048, 4096, 256, True, False),
-        (2000, 4104, 520, False, True),
-        (64, 4096, 4096, False, False),
+    for m, n, k, a_t, b_t, tail in [
+        (2048, 4096, 256, True, False, False),
+        (2000, 4104, 520, False, True, None),
+        (3000, 3000, 3000, False, False, True),
+        (768, 768, 8192, True, False, True),
+        (64, 4096, 4096, False, False, None),
     ]:
         a = torch.randn((k, m) if a_t else (m, k), generator=g, device="cuda").to(dtype)
         b = torch.randn((n, k) if b_t else (k, n), generator=g, device="cuda").to(dtype)
         a, b = (a.t() if a_t else a), (b.t() if b_t else b)
-        if m >= 2000:
-            assert tt._persistent_applies(m, n, k, 1, a.device.index or 0)
+        pitches128 = all(d % 64 == 0 for d in (m if a_t else k, k if b_t else n, n))  # 2-byte elements
+        plan = tt._persistent_plan(m, n, k, 1, a.device.index or 0, pitches128)
+        if m >= 256:
+            assert plan is not None
+            if tail is not None:
+                assert (plan.tail_split > 1) == tail, plan
         else:
             assert (
                 tt.tma_split(m, n, k, 1, torch.cuda.get_device_properties(a.device).multi_processor_count) > 1
