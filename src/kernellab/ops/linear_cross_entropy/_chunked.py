@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from kernellab.core.kit import OpDecl, build
-from kernellab.ops.linear_cross_entropy.targets import check_targets, raise_bad_target
+from kernellab.ops.linear_cross_entropy.targets import check_targets
 from kernellab.triton_support import cdiv, next_pow2
 
 _F32 = torch.float32
@@ -370,9 +370,8 @@ def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_ru
     MAX_ROWS by default, and a problem of one pass and one column block runs
     ``run_chunks`` with ``rows`` instead (its logits made once). ``chunk_rule(n, h, v)``:
     the default rows per chunk of ``run_chunks`` (default: ``default_chunk``).
-    ``check(target, V, ignore_index)``: a 0-d int64 tensor, the first row whose target is
-    out of range (N when none), read before the eager call to raise (None:
-    ``check_targets``). ``reduce``: as ``torch_reduce``; ``scale_grads``: as
+    ``check``: ``check_targets``' ``first_bad`` (a kernel's search of the targets, read
+    before the eager call; None: PyTorch ops). ``reduce``: as ``torch_reduce``; ``scale_grads``: as
     ``torch_scale``, the eager backward's in-place scaling of the saved gradients (a
     kernel's writes must bump the tensors' version counters, as mul_ does)."""
     chunk_rule = chunk_rule or default_chunk
@@ -504,12 +503,7 @@ def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_ru
         t = target.reshape(-1)
         x2 = x.reshape(t.shape[0], h)
         if not is_compiling():
-            if check is None:
-                check_targets(t, v, ignore_index)
-            elif t.shape[0]:
-                first = int(check(t, v, ignore_index))
-                if first < t.shape[0]:
-                    raise_bad_target(t, first, v, ignore_index)
+            check_targets(t, v, ignore_index, check)
         if chunk is not None:
             c = chunk
         else:

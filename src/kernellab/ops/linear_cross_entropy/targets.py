@@ -12,18 +12,25 @@ DEFAULT_IGNORE = -100
 OP = "linear_cross_entropy"
 
 
-def check_targets(target: torch.Tensor, v: int, ignore_index: int) -> None:
-    """ValueError naming ``target`` when a target is neither ignore_index nor in [0, V)."""
+def check_targets(target: torch.Tensor, v: int, ignore_index: int, first_bad=None) -> None:
+    """ValueError naming ``target`` when a target is neither ignore_index nor in [0, V).
+    ``first_bad(t, v, ignore_index)``: a backend's own search of the flattened targets (a
+    0-d int64 tensor, the first bad row, N when none; read here), else PyTorch ops."""
     if not target.numel():
         return
     t = target.reshape(-1)
+    if first_bad is not None:
+        first = int(first_bad(t, v, ignore_index))
+        if first < t.shape[0]:
+            _raise_bad_target(t, first, v, ignore_index)
+        return
     lo, hi = torch.stack(torch.aminmax(torch.where(t == ignore_index, 0, t))).tolist()
     if lo < 0 or hi >= v:
         first = int((((t < 0) | (t >= v)) & (t != ignore_index)).nonzero()[0, 0])
-        raise_bad_target(t, first, v, ignore_index)
+        _raise_bad_target(t, first, v, ignore_index)
 
 
-def raise_bad_target(t: torch.Tensor, first: int, v: int, ignore_index: int):
+def _raise_bad_target(t: torch.Tensor, first: int, v: int, ignore_index: int):
     """The ValueError of ``check_targets`` for row ``first`` of the flattened targets."""
     raise ValueError(
         f"{OP}: target (flattened) [{first}] = {int(t.reshape(-1)[first])} is out of range: targets must be "
