@@ -44,6 +44,39 @@ CASES = {
     "big_4096x5120x5120": (4096, 5120, 5120, "bf16", False, False),
     "big_4096x5120x5120_dA": (4096, 5120, 5120, "bf16", False, True),
     "big_4096x5120x5120_dB": (5120, 5120, 4096, "bf16", True, False),
+    # GPT-2's products at B*T = 8192 (and 50432 rows for the MLP's 4x width), with their
+    # backward's dA = dy @ b^T and dB = a^T @ dy as vendor_gap's fwdbwd rows make them
+    "gpt_8192x768x768": (8192, 768, 768, "bf16", False, False),
+    "gpt_8192x768x768_dA": (8192, 768, 768, "bf16", False, True),
+    "gpt_8192x768x768_dB": (768, 768, 8192, "bf16", True, False),
+    "gpt_8192x768x3072": (8192, 768, 3072, "bf16", False, False),
+    "gpt_8192x768x3072_dA": (8192, 3072, 768, "bf16", False, True),
+    "gpt_8192x768x3072_dB": (3072, 768, 8192, "bf16", True, False),
+    "gpt_8192x3072x768": (8192, 3072, 768, "bf16", False, False),
+    "gpt_8192x3072x768_dA": (8192, 768, 3072, "bf16", False, True),
+    "gpt_8192x3072x768_dB": (768, 3072, 8192, "bf16", True, False),
+    "gpt_8192x2304x768": (8192, 2304, 768, "bf16", False, False),
+    "gpt_8192x2304x768_dA": (8192, 768, 2304, "bf16", False, True),
+    "gpt_8192x2304x768_dB": (768, 2304, 8192, "bf16", True, False),
+    "gpt_50432x768x3072": (50432, 768, 3072, "bf16", False, False),
+    "gpt_50432x768x3072_dA": (50432, 3072, 768, "bf16", False, True),
+    "gpt_50432x768x3072_dB": (3072, 768, 50432, "bf16", True, False),
+    "odd_3000x3000x3000": (3000, 3000, 3000, "bf16", False, False),
+    "odd_3072x3072x3072": (3072, 3072, 3072, "bf16", False, False),  # 3000's with 128-byte pitches
+    # the other families' large products, whose launch the persistent plan also decides
+    "llama_8192x28672x4096": (8192, 28672, 4096, "bf16", False, False),
+    "llama_8192x28672x4096_dA": (8192, 4096, 28672, "bf16", False, True),
+    "llama_8192x28672x4096_dB": (4096, 28672, 8192, "bf16", True, False),
+    "llama_8192x6144x4096": (8192, 6144, 4096, "bf16", False, False),
+    "llama_8192x4096x14336": (8192, 4096, 14336, "bf16", False, False),
+    "llama_8192x4096x14336_dB": (14336, 4096, 8192, "bf16", True, False),
+    "mistral_8192x32000x4096": (8192, 32000, 4096, "bf16", False, False),
+    "qwen_8192x4608x3584": (8192, 4608, 3584, "bf16", False, False),
+    "qwen_8192x3584x18944": (8192, 3584, 18944, "bf16", False, False),
+    "heldout_2048x1024x4096": (2048, 1024, 4096, "bf16", False, False),
+    "decode_256x4096x4096": (256, 4096, 4096, "bf16", False, False),
+    "decode_256x14336x4096": (256, 14336, 4096, "bf16", False, False),
+    "decode_256x14336x4096_dB": (4096, 14336, 256, "bf16", True, False),
 }
 DRY_CASES = {"dry_nn": (24, 32, 48, "fp32", False, False), "dry_tt": (32, 16, 64, "fp32", True, True)}
 
@@ -52,7 +85,7 @@ TILES = [(64, 64, 128), (64, 128, 64), (64, 128, 128), (64, 256, 64), (128, 64, 
 STAGES = (3, 4, 5)
 STAGES_SHORT_K = (1, 2, 3)  # K of one to four blocks: fewer stages, more programs per SM
 WARPS = (4, 8)
-SPLITS = (1, 2, 4, 8, 16)
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)  # split is a runtime argument: no extra compiles
 SMEM = 227 * 1024
 
 
@@ -128,6 +161,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--cases", default=None)
     ap.add_argument("--cpu-dry-run", action="store_true")
+    ap.add_argument("--auto-only", action="store_true", help="cuBLAS, the launcher's choice and cuda only")
+    ap.add_argument("--label", default="mm_tma_sweep", help="output file stem")
     args = ap.parse_args()
     t0 = time.time()
     out = Path(args.out)
@@ -145,7 +180,7 @@ def main():
     n_sm = 4 if dry else torch.cuda.get_device_properties(0).multi_processor_count
     gpu = "cpu" if dry else torch.cuda.get_device_name(0)
     sha = os.environ.get("KERNELLAB_GIT_SHA", "")
-    plan = {name: configs_for(spec, n_sm, dry) for name, spec in cases.items()}
+    plan = {name: [] if args.auto_only else configs_for(spec, n_sm, dry) for name, spec in cases.items()}
     print(f"{sum(map(len, plan.values()))} configs over {len(plan)} cases", flush=True)
     failed = {}  # (case, config json) -> what the compile worker's launch raised
     if not dry:
@@ -166,7 +201,7 @@ def main():
         return timer.time_cuda(fn, warmup_s=0.02, min_reps=10, min_time_s=0.05, budget_s=0.3).median_ms
 
     lines = []
-    rows_f = open(out / "mm_tma_sweep.jsonl", "w")
+    rows_f = open(out / f"{args.label}.jsonl", "w")
     for name, spec in cases.items():
         if time.time() - t0 > args.max_seconds:
             lines.append(f"{name}: skipped (time)")
@@ -178,7 +213,24 @@ def main():
         base = dict(case=name, m=m, n=n, k=k, dtype=dt, a_t=a_t, b_t=b_t, gpu=gpu, git_sha=sha)
         t_cublas = timed(lambda: torch.matmul(a, b)) if not dry else float("nan")
         auto_split = tma_split(m, n, k, 1, n_sm)
+        import kernellab.ops.matmul.triton_tma as tt
+
+        auto_plan = None
+        if not dry and hasattr(tt, "_persistent_plan"):
+            p = tt._persistent_plan(
+                m, n, k, 1, 0, all(d * 2 % 128 == 0 for d in (m if a_t else k, k if b_t else n, n))
+            )
+            if p is not None:
+                auto_plan = [p.config["BLOCK_N"], p.dp_tiles, p.tail_split, round(p.est_s * 1e3, 4)]
         t_auto = timed(lambda: tma_matmul_fwd(a, b))
+        t_cuda = float("nan")
+        if not dry:  # the cuda backend's forward on the same views (packing included)
+            try:
+                from kernellab.core import registry
+
+                t_cuda = timed(lambda: registry.call("matmul", "cuda", a, b))
+            except Exception as e:  # noqa: BLE001
+                print(f"{name}: cuda backend: {type(e).__name__}: {e}", flush=True)
         results = []
         for cfg in plan[name]:
             row = dict(base, **cfg)
@@ -200,7 +252,9 @@ def main():
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             rows_f.write(json.dumps(row) + "\n")
         rows_f.write(json.dumps(dict(base, backend="torch", ms=t_cublas)) + "\n")
-        rows_f.write(json.dumps(dict(base, backend="tma_auto", ms=t_auto, auto_split=auto_split)) + "\n")
+        auto = dict(base, backend="tma_auto", ms=t_auto, auto_split=auto_split, auto_plan=auto_plan)
+        rows_f.write(json.dumps(auto) + "\n")
+        rows_f.write(json.dumps(dict(base, backend="cuda", ms=t_cuda)) + "\n")
         rows_f.flush()
         fails = sum(1 for _ in plan[name]) - len(results)
         best = min(results, key=lambda r: r[0]) if results else (float("nan"), None)
@@ -209,14 +263,14 @@ def main():
         bestp = min(pers, key=lambda r: r[0]) if pers else (float("nan"), None)
         best1 = min(ones, key=lambda r: r[0]) if ones else (float("nan"), None)
         lines.append(
-            f"{name:26s} cublas {t_cublas:.4f}  auto(split {auto_split}) {t_auto:.4f} "
-            f"x{t_cublas / t_auto:.3f}  "
+            f"{name:26s} cublas {t_cublas:.4f}  auto(split {auto_split}, plan {auto_plan}) {t_auto:.4f} "
+            f"x{t_cublas / t_auto:.3f}  cuda x{t_cublas / t_cuda:.3f}  "
             f"best {best[0]:.4f} x{t_cublas / best[0]:.3f} {best[1]}  best split1 x{t_cublas / best1[0]:.3f} "
             f"{best1[1]}  best persistent x{t_cublas / bestp[0]:.3f} {bestp[1]}  (failed {fails})"
         )
         print(lines[-1], flush=True)
     rows_f.close()
-    (out / "mm_tma_sweep.txt").write_text("\n".join(lines) + "\n")
+    (out / f"{args.label}.txt").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
