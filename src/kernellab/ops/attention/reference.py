@@ -111,7 +111,14 @@ def manual_attention(q, k, v, causal: bool = False, scale=None, window=None, sof
         p = torch.softmax(s, dim=-1) * has_key
     else:
         p = torch.softmax(s, dim=-1)
-    return torch.matmul(p.to(q.dtype), v)
+    p = p.to(q.dtype)
+    if q.device.type == "cpu" and p.dtype in (torch.float16, torch.bfloat16):
+        # PyTorch's 16-bit CPU GEMM on AMX machines (torch 2.13, oneDNN) carries a NaN of
+        # one row of P into the row packed beside it. The rounded P and v multiplied in
+        # fp32 are the same products summed in fp32, with each row's NaN its own (and the
+        # gradients' products likewise, through the casts).
+        return torch.matmul(p.float(), v.float()).to(q.dtype)
+    return torch.matmul(p, v)
 
 
 # --------------------------------------------------------------------------- SDPA
