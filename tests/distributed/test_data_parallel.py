@@ -32,6 +32,23 @@ STEPS, SEQ, GLOBAL_BATCH = 3, 16, 4
 # (measured differences ~1e-7); AdamW's first steps move each parameter by ~lr = 3e-4, so
 # an error in the step's data (a wrong shard, a missing average) shows up as ~1e-4.
 LOSS_TOL, PARAM_TOL = 1e-5, 2e-6
+# The key third of an attention's qkv bias has a zero gradient in exact arithmetic (adding
+# a constant to every key shifts a row's scores by one constant: softmax ignores it), so
+# its gradient is rounding noise alone, and AdamW's normalized steps turn that noise into
+# moves of up to ~lr: ranks and one process differ there by 1e-6-ish (2.3e-6 at world 4 on
+# an AMX CPU) and it can say nothing about the data. Bounded by AdamW's steps only.
+KEY_BIAS_TOL = 3 * STEPS * 3e-4
+
+
+def _data_driven(name: str, p: torch.Tensor) -> torch.Tensor:
+    """The entries of parameter ``name`` whose gradient the data decides (all but the
+    key bias, see KEY_BIAS_TOL)."""
+    keep = torch.ones_like(p, dtype=torch.bool)
+    if name.endswith("qkv.bias"):
+        third = p.shape[0] // 3
+        keep[third : 2 * third] = False
+    return keep
+
 
 # (name, dp, model, op set, optimizer): op set "pytorch" runs the GPT op by op; "torch" runs
 # its fused blocks (one autograd node, kernellab.ops.aten's entry points); hf-llama:small is
@@ -174,8 +191,14 @@ def test_losses_and_parameters_equal_one_process(ranks, single, case):
         assert got["losses"] == pytest.approx(ref_losses, rel=LOSS_TOL), f"rank {r}: losses"
         assert set(got["state"]) == set(ref_state)
         for n, p in ref_state.items():
-            err = (got["state"][n] - p).abs().max().item()
+            diff = (got["state"][n] - p).abs()
+            exact = _data_driven(n, p)
+            err = diff[exact].max().item()
             assert err <= PARAM_TOL, f"rank {r} of {world}, {case}: {n} differs by {err:.3g}"
+            noise = diff[~exact]
+            assert noise.numel() == 0 or noise.max().item() <= KEY_BIAS_TOL, (
+                f"rank {r} of {world}, {case}: {n}"
+            )
     # FSDP2 holds a shard of each parameter on each rank (together: the model once) and
     # runs the op-by-op path; DDP a whole copy
     total = sum(p.numel() for p in ref_state.values())
