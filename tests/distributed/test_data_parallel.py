@@ -29,15 +29,17 @@ ROOT = Path(__file__).resolve().parents[2]
 SPAWN_TIMEOUT_S = 240
 STEPS, SEQ, GLOBAL_BATCH = 3, 16, 4
 # fp32: the ranks' gradients are averaged in another order than one process sums them
-# (measured differences ~1e-7); AdamW's first steps move each parameter by ~lr = 3e-4, so
-# an error in the step's data (a wrong shard, a missing average) shows up as ~1e-4.
+# (measured differences ~1e-7); AdamW's first steps move each parameter by ~LR, so an
+# error in the step's data (a wrong shard, a missing average) shows up as ~1e-4.
+LR = 3e-4
 LOSS_TOL, PARAM_TOL = 1e-5, 2e-6
 # The key third of an attention's qkv bias has a zero gradient in exact arithmetic (adding
 # a constant to every key shifts a row's scores by one constant: softmax ignores it), so
 # its gradient is rounding noise alone, and AdamW's normalized steps turn that noise into
 # moves of up to ~lr: ranks and one process differ there by 1e-6-ish (2.3e-6 at world 4 on
-# an AMX CPU) and it can say nothing about the data. Bounded by AdamW's steps only.
-KEY_BIAS_TOL = 3 * STEPS * 3e-4
+# an AMX CPU) and it can say nothing about the data. Bounded by the two runs' steps only
+# (~LR each, with a margin).
+KEY_BIAS_TOL = 3 * STEPS * LR
 
 
 def _data_driven(name: str, p: torch.Tensor) -> torch.Tensor:
@@ -75,7 +77,7 @@ BAD = [
 
 def _train_kw(dp, config, ops, opt):
     return dict(config=config, backends=ops, dp=dp, global_batch=GLOBAL_BATCH, seq_len=SEQ, steps=STEPS,
-                optimizer=opt, device="cpu")  # fmt: skip
+                optimizer=opt, lr=LR, device="cpu")  # fmt: skip
 
 
 def _adamw_on_shards(rank, world):
@@ -156,7 +158,7 @@ def _single(config, ops, opt):
     model, _ = D.build_model(config, ops, device="cpu")
     corpus = text.ByteData(text.load_corpus(), "cpu")
     gen = torch.Generator().manual_seed(0)
-    trainer = gpt.Trainer(model, "eager", 3e-4, opt)
+    trainer = gpt.Trainer(model, "eager", LR, opt)
     losses = [float(trainer.step(*corpus.batch(GLOBAL_BATCH, SEQ, gen))) for _ in range(STEPS)]
     if config == "tiny":
         one_gpu = gpt.train(config, ops, seq_len=SEQ, steps=STEPS, batch_size=GLOBAL_BATCH, device="cpu",
