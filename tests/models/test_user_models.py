@@ -95,3 +95,27 @@ def test_hf_phi_builds_at_head_dim_80_and_patches(tmp_path):
     rows = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert [r["variant"] for r in rows] == ["hf", "kernellab"]
     assert abs(rows[0]["loss"] - rows[1]["loss"]) < 1e-2 * abs(rows[0]["loss"])
+
+
+def test_kernel_timeline_sums_kernels_gaps_and_syncs():
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    def ev(kind, a, b, name="k"):
+        return NS(device_type=kind, time_range=NS(start=a, end=b), name=name)
+
+    cuda, cpu = DeviceType.CUDA, DeviceType.CPU
+    events = [
+        ev(cuda, 0, 100), ev(cuda, 50, 150),  # overlapping kernels: no gap
+        ev(cuda, 400, 500),  # 250 us idle before it
+        ev(cpu, 0, 900, "aten::mm"), ev(cpu, 160, 390, "cudaStreamSynchronize"),
+        ev(cuda, 1500, 1600),  # 1000 us idle
+    ]
+    from kernellab.models import user_models
+
+    tl = user_models.kernel_timeline(events, n=2)
+    assert tl["kernels_ms"] == pytest.approx((100 + 100 + 100 + 100) / 2 / 1e3)
+    assert tl["idle_ms"] == pytest.approx((250 + 1000) / 2 / 1e3)
+    assert tl["syncs"] == 0.5
+    assert user_models.kernel_timeline([], n=1) == {"kernels_ms": 0.0, "idle_ms": 0.0, "syncs": 0.0}

@@ -234,9 +234,31 @@ def training_state_gib(model, opt) -> float:
     return n / 2**30
 
 
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "aten::_local_scalar_dense")
+
+
+def kernel_timeline(events, n: int) -> dict:
+    """Per step, from a profiler's raw events: the kernels' summed time, the time the GPU
+    sat idle between the first kernel and the last (waiting for the host), and the calls
+    that made the host wait for the GPU. Kernels only: an aten op's device time repeats
+    its kernels'."""
+    from torch.autograd import DeviceType
+
+    ks = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type == DeviceType.CUDA)
+    busy = sum(b - a for a, b in ks)
+    idle, end = 0.0, ks[0][1] if ks else 0.0
+    for a, b in ks[1:]:
+        idle += max(0.0, a - end)
+        end = max(end, b)
+    syncs = sum(1 for e in events if e.device_type == DeviceType.CPU and e.name in SYNC_CALLS)
+    return {"kernels_ms": busy / n / 1e3, "idle_ms": idle / n / 1e3, "syncs": syncs / n}
+
+
 def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
-    """Prints the device time per step, the host time per step and the ``top`` kernels by
-    device time of ``n`` steps under torch.profiler."""
+    """Prints, for ``n`` steps under torch.profiler: the kernels' time, the GPU's idle time
+    between kernels and the host's syncs per step (``kernel_timeline``), the host time per
+    step, and the ``top`` kernels by device time."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -245,13 +267,18 @@ def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
         for _ in range(n):
             step(idx, tgt)
         sync()
+    tl = kernel_timeline(prof.events(), n)
     ev = prof.key_averages()
-    dev_us = sum(e.self_device_time_total for e in ev) / n
     host_us = sum(e.self_cpu_time_total for e in ev) / n
-    print(f"\n-- profile {key[0]} {key[1]}: device {dev_us / 1e3:.2f} ms/step, host {host_us / 1e3:.2f} ms/step")
-    rows = sorted((e for e in ev if e.self_device_time_total > 0), key=lambda e: -e.self_device_time_total)
-    for e in rows[:top]:
-        print(f"  {e.self_device_time_total / n / 1e3:8.3f} ms {e.count // n:5d}x  {e.key[:110]}")
+    print(f"\n-- profile {key[0]} {key[1]}: kernels {tl['kernels_ms']:.2f} ms/step, GPU idle between kernels"
+          f" {tl['idle_ms']:.2f} ms/step, host syncs {tl['syncs']:.1f}/step, host {host_us / 1e3:.2f} ms/step")
+    kern = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            t, c = kern.get(e.name, (0.0, 0))
+            kern[e.name] = (t + e.time_range.elapsed_us(), c + 1)
+    for name, (t, c) in sorted(kern.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {t / n / 1e3:8.3f} ms {c // n:5d}x  {name[:110]}")
 
 
 def _variants(a) -> list[str]:
