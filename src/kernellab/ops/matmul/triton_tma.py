@@ -50,6 +50,22 @@ from kernellab.triton_support import torch_scratch_alloc as _torch_alloc  # noqa
 
 
 @triton_support.jit
+def _ab_descs(a_ptr, b_ptr, M, N, K, A_T: tl.constexpr, B_T: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    # TMA descriptors of one product's A [M, K] (A_T: stored [K, M]) and B [K, N] (B_T:
+    # stored [N, K]), contiguous, in the block shapes _tile_ab loads.
+    if A_T:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [M, 1], [BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
+    if B_T:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
+    return a_desc, b_desc
+
+
+@triton_support.jit
 def _tile_ab(a_desc, b_desc, off_m, off_n, kk, A_T: tl.constexpr, B_T: tl.constexpr):
     # The A [BLOCK_M, BLOCK_K] and B [BLOCK_K, BLOCK_N] tiles at (off_m, kk) and (kk, off_n),
     # zero-filled past the edges; a transposed operand is loaded as stored and transposed
@@ -93,14 +109,9 @@ def _matmul_tma_kernel(
     bz = tl.program_id(1).to(tl.int64)
     pid_k = tl.program_id(2)
 
-    if A_T:
-        a_desc = tl.make_tensor_descriptor(a_ptr + bz * M * K, [K, M], [M, 1], [BLOCK_K, BLOCK_M])
-    else:
-        a_desc = tl.make_tensor_descriptor(a_ptr + bz * M * K, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
-    if B_T:
-        b_desc = tl.make_tensor_descriptor(b_ptr + bz * K * N, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
-    else:
-        b_desc = tl.make_tensor_descriptor(b_ptr + bz * K * N, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
+    a_desc, b_desc = _ab_descs(
+        a_ptr + bz * M * K, b_ptr + bz * K * N, M, N, K, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     # This program's K blocks: slice pid_k of `split` near-equal runs (a slice past the end
@@ -154,14 +165,7 @@ def _matmul_tma_persistent_kernel(
     # they are cut into tail_split K slices instead (units u = tail tile * tail_split +
     # slice, dealt out the same way), each slice's fp32 sum stored as a dense tile, and
     # _tail_sum_kernel adds a tile's slices in order (deterministic).
-    if A_T:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [M, 1], [BLOCK_K, BLOCK_M])
-    else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
-    if B_T:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
-    else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
+    a_desc, b_desc = _ab_descs(a_ptr, b_ptr, M, N, K, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K)
     c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_blocks = tl.cdiv(K, BLOCK_K)
