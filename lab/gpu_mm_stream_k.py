@@ -38,7 +38,7 @@ import triton.language as tl  # noqa: E402
 
 from kernellab import triton_support  # noqa: E402
 from kernellab.ops.matmul.triton import epilogue, grouped_tile  # noqa: E402
-from kernellab.ops.matmul.triton_tma import _ACT, _install_allocator, _layout, _tile_ab  # noqa: E402
+from kernellab.ops.matmul.triton_tma import _ACT, _ab_descs, _install_allocator, _layout, _tile_ab  # noqa: E402
 
 
 @triton_support.jit
@@ -48,14 +48,7 @@ def _sk_kernel(
     HAS_BIAS: tl.constexpr, ACT: tl.constexpr, A_T: tl.constexpr, B_T: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    if A_T:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [K, M], [M, 1], [BLOCK_K, BLOCK_M])
-    else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, [M, K], [K, 1], [BLOCK_M, BLOCK_K])
-    if B_T:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [N, K], [K, 1], [BLOCK_N, BLOCK_K])
-    else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, [K, N], [N, 1], [BLOCK_K, BLOCK_N])
+    a_desc, b_desc = _ab_descs(a_ptr, b_ptr, M, N, K, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K)
     c_desc = tl.make_tensor_descriptor(c_ptr, [M, N], [N, 1], [BLOCK_M, BLOCK_N])
     tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
     k_blocks = tl.cdiv(K, BLOCK_K)
