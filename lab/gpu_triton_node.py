@@ -15,9 +15,11 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -114,8 +116,6 @@ def nano(node, rows_out, rounds=5, steps=10):
     kl = nano_ops("kernellab")
     with_node = dict(kl, ln=lambda x, m: node.layer_norm(x, m.weight, m.bias, m.eps))
     runs = {}
-    import copy
-
     for name, ops in (("torch", nano_ops("torch")), ("kernellab", kl), ("kernellab + node", with_node)):
         m = copy.deepcopy(base)
         m.ops = ops
@@ -131,8 +131,6 @@ def nano(node, rows_out, rounds=5, steps=10):
             step(idx, tgt)
     torch.cuda.synchronize()
     ms = {k: [] for k in runs}
-    import time
-
     for _ in range(rounds):
         for k, step in runs.items():
             torch.cuda.synchronize()

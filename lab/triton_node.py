@@ -281,8 +281,7 @@ def main() -> int:
     a = ap.parse_args()
     if a.cpu_dry_run:
         return _cpu_dry_run()
-    ap.error("run lab/gpu_triton_node.py on a GPU, or --cpu-dry-run here")
-    return 2
+    ap.error("run lab/gpu_triton_node.py on a GPU, or --cpu-dry-run here")  # (exits 2)
 
 
 if __name__ == "__main__":

@@ -908,3 +908,26 @@ def test_tune_at_your_own_shapes(tables, capsys):
     assert "--shape and --family: give one" in capsys.readouterr().err
     with pytest.raises(ValueError, match="a family or shapes, not both"):
         tuner.tune("gelu", "small", [torch.float32], ["fwd"], device="cpu", shapes=[(4096,)])
+
+
+def test_rebuild_table_keeps_the_provenance_of_the_rows_it_keeps(tmp_path):
+    # a rebuild from one new file keeps the table's other rows, so their sources stay named
+    from kernellab.harness import rebuild_table
+
+    def write(name, shape, sha):
+        rows = [{"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": shape, "status": "ok",
+                 "gpu": "Fake GPU", "git_sha": sha, "backend": b, "median_ms": d, "effective_ms": d}
+                for b, d in (("torch", 0.05), ("triton", 0.04))]  # fmt: skip
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return str(path)
+
+    out = str(tmp_path / "table.json")
+    first, second = write("a.jsonl", "4096", "aaa"), write("b.jsonl", "65536", "bbb")
+    assert rebuild_table.main([first, "--out", out]) == 0
+    assert rebuild_table.main([second, "--out", out]) == 0
+    prov = json.loads(open(out).read())["provenance"]
+    assert prov["rebuilt_from"] == ["a.jsonl", "b.jsonl"] and prov["git_sha"] == "aaa,bbb"
+    assert rebuild_table.main([first, "--out", out]) == 0  # given again: named once, last
+    prov = json.loads(open(out).read())["provenance"]
+    assert prov["rebuilt_from"] == ["b.jsonl", "a.jsonl"]

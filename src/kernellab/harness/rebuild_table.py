@@ -6,7 +6,9 @@
     python -m kernellab.harness.rebuild_table benchmarks/results/tune-NVIDIA_H100_80GB_HBM3-part*.jsonl
 
 Files are read in the order given; a later row of the same case and backend replaces an
-earlier one, as a later ``kernellab tune`` run does. Prints which choices changed.
+earlier one, as a later ``kernellab tune`` run does. Prints which choices changed. The
+table's rows at cases the files do not hold are kept, and so are the files and commits its
+provenance names for them (``rebuilt_from`` gains the files given, ``git_sha`` their commits).
 
 ``--verify FILE ...`` (``tune_all.py --phases verify`` rows or ``kernellab.harness.host_cost`` rows,
 both paired): where the paired rounds of a tuned shape (the ``heldout`` family is never fed
@@ -83,15 +85,19 @@ def main(argv=None) -> int:
         for f in a.verify:  # one run's paired rounds at a time; a later file has the last word
             _apply_verify(kept + new_rows, [json.loads(line) for line in open(f) if line.strip()])
     first = rows[-1]
+    given = [os.path.basename(f) for f in a.files]
+    was = old.get("provenance", {}) if kept else {}  # rows kept: their sources stay named
+    shas = {r["git_sha"] for r in rows if r.get("git_sha")}
+    shas |= {s for s in was.get("git_sha", "").split(",") if s}
     table = {
         "gpu": gpu,
         "rows": sorted(kept + new_rows, key=lambda r: (r["op"], r["dtype"], r["mode"], r["shape"], r.get("options", ""))),
         "provenance": {
             **old.get("provenance", {}),
-            "git_sha": ",".join(sorted({r["git_sha"] for r in rows if r.get("git_sha")})),
+            "git_sha": ",".join(sorted(shas)),
             "torch": first.get("torch"), "triton": first.get("triton"), "cuda": first.get("cuda"),
             "device": gpu, "how": tuner.HOW,
-            "rebuilt_from": [os.path.basename(f) for f in a.files],
+            "rebuilt_from": [f for f in was.get("rebuilt_from", []) if f not in given] + given,
             **({"verified_by": [os.path.basename(f) for f in a.verify]} if a.verify else {}),
             **({"family_shapes_only": True} if a.family_shapes_only else {}),
             **({"rows_from_verify": [os.path.basename(f) for f in a.rows_from_verify]}
