@@ -47,3 +47,21 @@ def test_verify_verdicts_come_from_paired_rounds(tmp_path, monkeypatch):
     for mode, w in worst.items():
         assert groups[mode]["worst_default_vs_torch"] == w, (mode, groups[mode], w)
         assert groups[mode]["worst_default_vs_best"] >= 1.0  # the default against itself counts
+
+
+def test_shapes_tune_only_those_shapes(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path / "tables"))
+    argv = ["--out", str(tmp_path), "--ops", "add", "--dtypes", "fp32", "--phases", "tune",
+            "--shapes", "3x5", "7x9", "--budget", "0.02"]  # fmt: skip
+    assert mod.main(argv) == 0
+    rows = [json.loads(line) for line in (tmp_path / "tune.jsonl").read_text().splitlines()]
+    assert rows and {r["shape"] for r in rows} == {"3x5", "7x9"}
+
+
+def test_shapes_are_checked(tmp_path):
+    import pytest
+
+    for bad in (["--shapes", "3xq", "--phases", "tune"], ["--shapes", "3x5"],
+                ["--shapes", "3x5", "--families", "gpt2", "--phases", "tune"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            mod.main(["--out", str(tmp_path), "--ops", "add", *bad])

@@ -3,7 +3,7 @@ second, independent run.
 
     python -m kernellab.harness.tune_all --out DIR [--ops OP ...] [--dtypes bf16 fp32]
         [--modes fwd fwdbwd] [--phases tune verify] [--families F ...] [--budget 0.15]
-        [--limit-s 540]
+        [--limit-s 540] [--shapes AxBxC ... (with --phases tune: these shapes, no families)]
 
 tune:   ``tuner.tune`` per op over every family but ``heldout`` (ours and the peers, each
         admitted by the check engine first; outputs re-checked; each backend judged by the
@@ -58,12 +58,24 @@ def main(argv=None) -> int:
     p.add_argument("--phases", nargs="+", default=["tune", "verify"])
     p.add_argument("--families", nargs="+", default=None,
                    help="only these families (default: tune all but heldout, verify all)")  # fmt: skip
+    p.add_argument("--shapes", nargs="+", default=None, metavar="AxBxC",
+                   help="tune these shapes of each op, not families (finishes a cut-off tune)")  # fmt: skip
     p.add_argument("--budget", type=float, default=0.15)
     p.add_argument("--limit-s", type=float, default=None)
     p.add_argument("--paired-rounds", type=int, default=11, help="paired loop rounds per verify case (0: off)")
     p.add_argument("--summarize", nargs="+", default=None, metavar="VERIFY_JSONL",
                    help="only rebuild the verify summary from these files' rows (into --out)")
     a = p.parse_args(argv)
+    only = None
+    if a.shapes:
+        if a.families:
+            p.error("--shapes: give shapes or --families, not both")
+        try:
+            only = [tuple(int(d) for d in s.lower().split("x")) for s in a.shapes]
+        except ValueError:
+            p.error(f"--shapes: each shape is integers joined by x (e.g. 256x4096x4096), got {a.shapes}")
+        if "verify" in a.phases:
+            p.error("--shapes tunes only (verify runs the families): add --phases tune")
     if a.summarize:
         rows = [json.loads(line) for f in a.summarize for line in open(f) if line.strip()]
         summary = summarize_rows(rows)
@@ -105,16 +117,17 @@ def main(argv=None) -> int:
                 notice = tuner.not_timed_notice(op, dev)
                 if notice:
                     print(notice, flush=True)
-                for fam in a.families or [None]:
+                for fam in [None] if only else a.families or [None]:
                     if fam is not None and not shapes.FAMILIES[fam].get(op):
                         continue
                     t = time.perf_counter()
                     try:
                         tuner.tune(op, fam, dtypes, a.modes, device=dev, budget_s=a.budget, on_row=keep,
-                                    admitted=admitted)  # fmt: skip
+                                    admitted=admitted, shapes=only)  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - one op's failure must not lose the others
                         left_out.append(f"tune {op}: {type(e).__name__}: {str(e)[:160]}")
-                    print(f"tuned {op} {fam or 'all families'} in {time.perf_counter() - t:.0f} s", flush=True)
+                    what = fam or ("the shapes given" if only else "all families")
+                    print(f"tuned {op} {what} in {time.perf_counter() - t:.0f} s", flush=True)
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
         registry.clear_cache()
