@@ -80,6 +80,13 @@ def test_builds_and_refuses_cpu_tensors(fresh_nodes):
     assert mod.layer_norm(x, w, torch.zeros(16), 1e-5, [0] * 11) is None
     with pytest.raises(RuntimeError, match="layer_norm plan has 2 values"):
         mod.layer_norm(x, w, None, 1e-5, [0] * 2)
+    # the Triton kernels' node (ops/norm_kernels/triton_node.py)
+    blk = [0, 1, 1, 1, 32, 0, 0]
+    assert mod.triton_norm(x, w, None, 1e-5, [0, 0, 0, 1, 0], blk, blk, blk) is None
+    with pytest.raises(RuntimeError, match="meta has 2 values"):
+        mod.triton_norm(x, w, None, 1e-5, [0, 0], blk, blk, blk)
+    with pytest.raises(RuntimeError, match="made with a bias"):
+        mod.triton_norm(x, w, None, 1e-5, [0, 1, 0, 1, 0], blk, blk, blk)
     nodes._STATE.clear()  # a second process finds the build on disk: loaded, not rebuilt
     assert nodes.module() is not None
 

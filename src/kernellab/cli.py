@@ -487,8 +487,8 @@ def cmd_peaks(args) -> int:
 
 
 def cmd_build_nodes(args) -> int:
-    """Build the C++ autograd nodes (kernellab/cuda/nodes.py) once; backends such as
-    rms_norm's ``cuda_node`` use them from then on."""
+    """Build the C++ autograd nodes (kernellab/cuda/nodes.py) once; the norms' eager
+    ``triton`` and ``cuda_node`` backends use them from then on."""
     import time
 
     from kernellab.cuda import nodes
@@ -1620,7 +1620,7 @@ EXAMPLES = {
     "bench": ["kernellab bench gelu -s 2^28 --dtype bf16 --mode fwd --mode fwdbwd --json out.jsonl",
               "kernellab bench add -s 2^10 --graph"],
     "peaks": ["kernellab peaks --refresh"],
-    "build-nodes": ["kernellab build-nodes   # then rms_norm backend cuda_node (and the default) can use it"],
+    "build-nodes": ["kernellab build-nodes   # then the norms' triton and cuda_node backends launch from C++"],
     "report": ["kernellab report rows.jsonl --pivot", "kernellab report --html out/ benchmarks/results/*.jsonl"],
     "ladder": ["kernellab ladder matmul", "kernellab ladder softmax --dtype fp32 --plot softmax.png",
                "kernellab ladder --all --markdown"],

@@ -24,6 +24,19 @@
 // x, dy and w must be contiguous and 16-byte aligned (the v2 kernels read 16-byte packs):
 // the forward returns an undefined tensor (None in Python: take another path) for an x or
 // w that is not; the backward re-packs a dy that is not.
+//
+// triton_norm: the same node around the *Triton* norm kernels (the eager path of the
+// layer_norm / rms_norm ``triton`` backends; kernellab/ops/norm_kernels/triton_node.py).
+// Python compiles the kernels of triton_kernels.py's per-shape plan and describes each as a
+// launch block:
+//   [CUfunction, grid x, grid y, grid z, threads, shared bytes, n, code_0, value_0, ...]
+// one (code, value) per parameter of the compiled kernel, in order:
+//   code 0-15: the address of tensor slot `code` (forward: 0 x, 1 w, 2 b, 3 y, 4 mean,
+//              5 rstd; backward: 0 dy, 1 x, 2 w, 3 mean, 4 rstd, 5 dx, 6 dw_part, 7 db_part,
+//              8 dw, 9 db)
+//   100: an int32 `value`   101: an int64 `value`   102: eps as float32   103: a null pointer
+// meta: [rms, has_bias, small, partial rows, partials in fp64]. small: the backward kernel
+// writes dw and db itself; else it writes [partial rows, d] partials that the sum reduces.
 
 #include <torch/extension.h>
 
@@ -31,6 +44,7 @@
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -38,14 +52,14 @@ namespace {
 
 using LaunchFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
                          void**, void**);
+using GetCurrentFn = int (*)(void**);
 using RetainFn = int (*)(void**, int);
 using SetCurrentFn = int (*)(void*);
 using DeviceGetFn = int (*)(int*, int);
 
-constexpr int kInvalidContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
-
 struct Driver {
     LaunchFn launch = nullptr;
+    GetCurrentFn get_current = nullptr;
     RetainFn retain = nullptr;
     SetCurrentFn set_current = nullptr;
     DeviceGetFn device_get = nullptr;
@@ -57,10 +71,11 @@ const Driver& driver() {
         void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
         TORCH_CHECK(lib != nullptr, "kernellab nodes: libcuda.so.1 cannot be loaded");
         out.launch = reinterpret_cast<LaunchFn>(dlsym(lib, "cuLaunchKernel"));
+        out.get_current = reinterpret_cast<GetCurrentFn>(dlsym(lib, "cuCtxGetCurrent"));
         out.retain = reinterpret_cast<RetainFn>(dlsym(lib, "cuDevicePrimaryCtxRetain"));
         out.set_current = reinterpret_cast<SetCurrentFn>(dlsym(lib, "cuCtxSetCurrent"));
         out.device_get = reinterpret_cast<DeviceGetFn>(dlsym(lib, "cuDeviceGet"));
-        TORCH_CHECK(out.launch && out.retain && out.set_current && out.device_get,
+        TORCH_CHECK(out.launch && out.get_current && out.retain && out.set_current && out.device_get,
                     "kernellab nodes: libcuda.so.1 lacks the driver entry points it needs");
         return out;
     }();
@@ -69,26 +84,30 @@ const Driver& driver() {
 
 // A thread that never touched the device (an autograd device thread before its first CUDA
 // call) has no current context: bind the device's primary context, as the runtime would.
-void bind_primary_context(int device_index) {
+// (Checked before every launch: the driver's cuLaunchKernel on such a thread crashed the
+// process on an H200 rather than return CUDA_ERROR_INVALID_CONTEXT.)
+void ensure_context(int device_index) {
     const Driver& d = driver();
-    int dev = 0;
     void* ctx = nullptr;
+    if (d.get_current(&ctx) == 0 && ctx != nullptr) {
+        return;
+    }
+    int dev = 0;
     TORCH_CHECK(d.device_get(&dev, device_index) == 0 && d.retain(&ctx, dev) == 0 && d.set_current(ctx) == 0,
                 "kernellab nodes: cannot bind the primary context of cuda:", device_index);
 }
 
-void launch(int64_t fn, int64_t grid, int64_t block, const at::Tensor& like, void** args) {
-    // (the caller holds a device guard of like's device: its context is current)
+void launch3(int64_t fn, unsigned gx, unsigned gy, unsigned gz, unsigned threads, unsigned shared,
+             const at::Tensor& like, void** args) {
+    ensure_context(like.device().index());
     void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(like.device()).native_handle();
-    const Driver& d = driver();
     void* f = reinterpret_cast<void*>(static_cast<uintptr_t>(fn));
-    auto g = static_cast<unsigned>(grid), b = static_cast<unsigned>(block);
-    int rc = d.launch(f, g, 1, 1, b, 1, 1, 0, stream, args, nullptr);
-    if (rc == kInvalidContext) {
-        bind_primary_context(like.device().index());
-        rc = d.launch(f, g, 1, 1, b, 1, 1, 0, stream, args, nullptr);
-    }
+    const int rc = driver().launch(f, gx, gy, gz, threads, 1, 1, shared, stream, args, nullptr);
     TORCH_CHECK(rc == 0, "kernellab nodes: kernel launch failed with CUDA driver error ", rc);
+}
+
+void launch(int64_t fn, int64_t grid, int64_t block, const at::Tensor& like, void** args) {
+    launch3(fn, static_cast<unsigned>(grid), 1, 1, static_cast<unsigned>(block), 0, like, args);
 }
 
 bool aligned16(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
@@ -225,6 +244,115 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const std::optio
     return NormNode::apply(x, w, has_bias ? b : std::optional<at::Tensor>(), eps, false, std::move(plan));
 }
 
+// ---------------------------------------------------------------- the Triton kernels' node
+
+constexpr int kSlots = 16;
+
+// One launch block (see the file's head) with the tensor addresses of `slots`.
+void launch_block(const std::vector<int64_t>& blk, void* const* slots, float eps, const at::Tensor& like) {
+    TORCH_CHECK(blk.size() >= 7, "kernellab nodes: a launch block has ", blk.size(), " values");
+    const int64_t n = blk[6];
+    TORCH_CHECK(n >= 0 && static_cast<int64_t>(blk.size()) == 7 + 2 * n, "kernellab nodes: a launch block of ", n,
+                " parameters has ", blk.size(), " values");
+    std::vector<uint64_t> store(n, 0);
+    std::vector<void*> args(n);
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t code = blk[7 + 2 * i], value = blk[8 + 2 * i];
+        if (code >= 0 && code < kSlots) {
+            store[i] = reinterpret_cast<uint64_t>(slots[code]);
+        } else if (code == 100) {
+            const auto v = static_cast<int32_t>(value);
+            std::memcpy(&store[i], &v, sizeof v);
+        } else if (code == 101) {
+            std::memcpy(&store[i], &value, sizeof value);
+        } else if (code == 102) {
+            std::memcpy(&store[i], &eps, sizeof eps);
+        } else {
+            TORCH_CHECK(code == 103, "kernellab nodes: unknown parameter code ", code);
+        }
+        args[i] = &store[i];
+    }
+    launch3(blk[0], static_cast<unsigned>(blk[1]), static_cast<unsigned>(blk[2]), static_cast<unsigned>(blk[3]),
+            static_cast<unsigned>(blk[4]), static_cast<unsigned>(blk[5]), like, args.data());
+}
+
+struct TritonNormNode : public torch::autograd::Function<TritonNormNode> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                              const std::optional<at::Tensor>& b, double eps, std::vector<int64_t> meta,
+                              std::vector<int64_t> fwd, std::vector<int64_t> bwd, std::vector<int64_t> psum) {
+        const bool rms = meta[0] != 0, has_bias = meta[1] != 0;
+        const int64_t d = x.size(-1);
+        const int64_t rows = d ? x.numel() / d : 0;
+        at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+        at::Tensor rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+        at::Tensor mean = rms ? rstd : at::empty({rows}, x.options().dtype(at::kFloat));
+        void* slots[kSlots] = {x.data_ptr(), w.data_ptr(), has_bias ? b->data_ptr() : w.data_ptr(),
+                               y.data_ptr(), mean.data_ptr(), rstd.data_ptr()};
+        launch_block(fwd, slots, static_cast<float>(eps), x);
+        ctx->save_for_backward({x, w, mean, rstd});
+        ctx->saved_data["meta"] = std::move(meta);
+        ctx->saved_data["bwd"] = std::move(bwd);
+        ctx->saved_data["psum"] = std::move(psum);
+        ctx->saved_data["eps"] = eps;
+        return y;
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                    torch::autograd::variable_list grads) {
+        const std::vector<int64_t> meta = ctx->saved_data["meta"].toIntVector();
+        TORCH_CHECK(!at::GradMode::is_enabled(), "kernellab ", meta[0] ? "rms_norm" : "layer_norm",
+                    " (triton): the gradient of its gradient is not implemented (create_graph=True); "
+                    "use backend='torch' for double backward");
+        auto saved = ctx->get_saved_variables();
+        const at::Tensor &x = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
+        const std::vector<int64_t> bwd = ctx->saved_data["bwd"].toIntVector();
+        const std::vector<int64_t> psum = ctx->saved_data["psum"].toIntVector();
+        const float eps = static_cast<float>(ctx->saved_data["eps"].toDouble());
+        const bool rms = meta[0] != 0, has_bias = meta[1] != 0, small = meta[2] != 0;
+        at::Tensor dy = grads[0];
+        if (!dy.is_contiguous() || !aligned16(dy) || dy.scalar_type() != x.scalar_type()) {
+            dy = dy.to(x.scalar_type()).clone(at::MemoryFormat::Contiguous);
+        }
+        const int64_t d = x.size(-1);
+        c10::DeviceGuard guard(x.device());
+        at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+        at::Tensor dw = at::empty({d}, w.options());
+        at::Tensor db = has_bias ? at::empty({d}, w.options()) : dw;
+        at::Tensor dw_part, db_part;
+        if (!small) {
+            auto part = x.options().dtype(meta[4] ? at::kDouble : at::kFloat);
+            dw_part = at::empty({meta[3], d}, part);
+            db_part = rms ? rstd : at::empty({meta[3], d}, part);  // (rms: no bias partials)
+        }
+        void* slots[kSlots] = {dy.data_ptr(),   x.data_ptr(),  w.data_ptr(),  mean.data_ptr(),
+                               rstd.data_ptr(), dx.data_ptr(), small ? nullptr : dw_part.data_ptr(),
+                               small ? nullptr : db_part.data_ptr(), dw.data_ptr(), db.data_ptr()};
+        launch_block(bwd, slots, eps, x);
+        if (!small) {
+            launch_block(psum, slots, eps, x);
+        }
+        return {dx, dw, has_bias ? db : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+                at::Tensor()};
+    }
+};
+
+// layer_norm (rms: rms_norm) through the Triton kernels of a plan; an undefined tensor where
+// the node does not take these tensors (as rms_norm above).
+at::Tensor triton_norm(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b, double eps,
+                       std::vector<int64_t> meta, std::vector<int64_t> fwd, std::vector<int64_t> bwd,
+                       std::vector<int64_t> psum) {
+    TORCH_CHECK(meta.size() == 5, "kernellab nodes: triton_norm meta has ", meta.size(), " values, expected 5");
+    const bool has_bias = b.has_value() && b->defined();
+    TORCH_CHECK(has_bias == (meta[1] != 0), "kernellab nodes: triton_norm's plan was made ",
+                meta[1] ? "with" : "without", " a bias");
+    if (!takes(x, w) || (has_bias && !takes(*b, w))) {
+        return at::Tensor();
+    }
+    c10::DeviceGuard guard(x.device());
+    return TritonNormNode::apply(x, w, has_bias ? b : std::optional<at::Tensor>(), eps, std::move(meta),
+                                 std::move(fwd), std::move(bwd), std::move(psum));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -234,4 +362,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("layer_norm", &layer_norm, "LayerNorm with norms.cu's v2 kernels in a C++ autograd node",
           pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"),
           pybind11::arg("plan"));
+    m.def("triton_norm", &triton_norm, "LayerNorm / RMSNorm with kernellab's Triton kernels in a C++ autograd node",
+          pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"),
+          pybind11::arg("meta"), pybind11::arg("fwd"), pybind11::arg("bwd"), pybind11::arg("psum"));
 }

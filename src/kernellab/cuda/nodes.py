@@ -1,11 +1,12 @@
-"""Autograd nodes written in C++ (nodes.cpp): the eager path of the norms' CUDA backends
-where host time is the call.
+"""Autograd nodes written in C++ (nodes.cpp): the eager path of the norms' CUDA backend
+``cuda_node`` and of their Triton backends (ops/norm_kernels/triton_node.py), where host
+time is the call.
 
 A Python ``autograd.Function`` costs a Python frame in the forward and, in the backward,
 the GIL taken on autograd's device thread; at tiny shapes that is most of a call. The C++
-node keeps the saved tensors and the backward in C++ and launches norms.cu's kernels
-(already compiled by NVRTC; Python passes their CUfunction handles and launch shape in a
-per-shape plan).
+node keeps the saved tensors and the backward in C++ and launches the kernels (norms.cu's,
+compiled by NVRTC, or the Triton ones, compiled by Triton; Python passes their CUfunction
+handles and launch shapes in a per-shape plan).
 
 Building: a torch C++ extension (``torch.utils.cpp_extension.load``: a C++ compiler and
 ninja, about a minute, once per source, torch and Python version), kept under the cache

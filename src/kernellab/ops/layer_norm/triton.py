@@ -8,8 +8,9 @@ import torch
 from kernellab.ops._register import register_triton
 from kernellab.ops.norm_kernels import plumbing
 from kernellab.ops.norm_kernels.triton_kernels import kernel_specs, norm_bwd, norm_fwd
+from kernellab.ops.norm_kernels.triton_node import ln_node
 
-layer_norm_triton = plumbing.layer_norm_op("layer_norm_triton", norm_fwd, norm_bwd, triton=True)
+layer_norm_triton = plumbing.layer_norm_op("layer_norm_triton", norm_fwd, norm_bwd, triton=True, node=ln_node)
 
 register_triton(
     "layer_norm",

@@ -6,8 +6,9 @@ from __future__ import annotations
 from kernellab.ops._register import register_triton
 from kernellab.ops.norm_kernels import plumbing
 from kernellab.ops.norm_kernels.triton_kernels import kernel_specs, norm_bwd, norm_fwd
+from kernellab.ops.norm_kernels.triton_node import rms_node
 
-rms_norm_triton = plumbing.rms_norm_op("rms_norm_triton", norm_fwd, norm_bwd, triton=True)
+rms_norm_triton = plumbing.rms_norm_op("rms_norm_triton", norm_fwd, norm_bwd, triton=True, node=rms_node)
 
 register_triton(
     "rms_norm",
