@@ -674,14 +674,22 @@ def test_triton_launch_knobs_are_a_config_not_module_state(monkeypatch):
         torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6)
 
 
+@pytest.fixture
+def python_node():
+    """The norms' Python autograd node, whether or not the C++ nodes are built."""
+    with kernellab.config.override(cpp_nodes="off"):
+        yield
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rms", [False, True])
 # 2-D forward and the one-launch backward; the bf16 one-row forward; the partials backward
 @pytest.mark.parametrize("shape", [(64, 256), (3, 4096), (1024, 768)])
-def test_gpu_triton_launch_plans_go_direct_and_fall_back_when_misaligned(rms, shape):
+def test_gpu_triton_launch_plans_go_direct_and_fall_back_when_misaligned(rms, shape, python_node):
     """After the first call at a shape, the Triton norms launch through the plan's bound
     compiled launchers (triton_support.Bound); a misaligned x at the same shape (a view 2
-    bytes into its storage) must take Triton's own path, with the same results."""
+    bytes into its storage) must take Triton's own path, with the same results. (The
+    Python node's path: with the C++ nodes built, eager calls take triton_node.py's.)"""
     from kernellab.ops.norm_kernels import triton_kernels as nt
 
     dt = torch.bfloat16
