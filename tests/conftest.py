@@ -103,6 +103,66 @@ def _private_kernellab_cache(tmp_path_factory):
             os.environ["KERNELLAB_CACHE"] = old
 
 
+def _nodes_unbuildable() -> str | None:
+    import shutil
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        return "no C++ compiler"
+    try:
+        from torch.utils.cpp_extension import verify_ninja_availability
+
+        verify_ninja_availability()
+    except RuntimeError:
+        return "no ninja"
+    return None
+
+
+@pytest.fixture(scope="session")
+def built_nodes(tmp_path_factory):
+    """kernellab's C++ nodes extension (kernellab/cuda/nodes.py), built once for the run
+    and shared by the xdist workers (cpp_extension's lock file makes a second builder wait
+    for the first), or skip. The process's nodes state is left as it was: tests that want
+    the nodes in use take ``cpp_nodes_on``."""
+    why = _nodes_unbuildable()
+    if why:
+        pytest.skip(why)
+    from kernellab.cuda import nodes
+
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "kernellab-nodes"
+    old = os.environ.get("KERNELLAB_CACHE")
+    saved = dict(nodes._STATE)
+    os.environ["KERNELLAB_CACHE"] = str(shared)
+    nodes._STATE.clear()
+    try:
+        return nodes.build()
+    except Exception as e:  # noqa: BLE001 - a compiler error, missing headers: say so, skip
+        pytest.skip(f"the C++ nodes do not build here: {type(e).__name__}: {e}")
+    finally:
+        os.environ["KERNELLAB_CACHE"] = old if old is not None else ""
+        if old is None:
+            os.environ.pop("KERNELLAB_CACHE", None)
+        nodes._STATE.clear()
+        nodes._STATE.update(saved)
+
+
+@pytest.fixture
+def cpp_nodes_on(built_nodes):
+    """The C++ nodes in use for this test (``kernellab.config.cpp_nodes`` "auto" with the
+    extension loaded); the process's nodes state as it was after."""
+    from kernellab.cuda import nodes
+
+    saved = dict(nodes._STATE)
+    nodes._STATE.clear()
+    nodes._STATE["module"] = built_nodes
+    try:
+        with kernellab.config.override(cpp_nodes="auto"):
+            yield built_nodes
+    finally:
+        nodes._STATE.clear()
+        nodes._STATE.update(saved)
+
+
 @pytest.fixture(autouse=True)
 def _quiet_numpy_in_triton_interpreter():
     # NaN/inf inputs are deliberate in several tests; the Triton interpreter evaluates

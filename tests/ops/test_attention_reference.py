@@ -9,6 +9,8 @@ own kernels go wrong or say something unclear:
   backward as a contiguous copy;
 - double backward through a fused SDPA kernel raises a clear RuntimeError naming the
   backend that supports it.
+The last two are hooks on SDPA's node: in Python, or in C++ where the nodes extension is
+built (``grad_hooks``: both ways).
 """
 
 from __future__ import annotations
@@ -180,6 +182,40 @@ def test_torch_attention_finite_inputs_stay_on_sdpa():
     assert not type(out.grad_fn).__name__.startswith("ScaledDotProduct")
 
 
+class _Counting:
+    """The nodes extension, counting its sdpa_grad_hooks calls (the C++ hooks put)."""
+
+    def __init__(self, mod):
+        self.mod, self.calls = mod, 0
+
+    def sdpa_grad_hooks(self, o):
+        self.calls += 1
+        return self.mod.sdpa_grad_hooks(o)
+
+    def __getattr__(self, name):
+        return getattr(self.mod, name)
+
+
+@pytest.fixture(params=["python", "cpp"])
+def grad_hooks(request):
+    """SDPA's gradient hooks in Python (cpp_nodes off) or C++ (the nodes built); yields a
+    check that the wanted ones were put."""
+    if request.param == "python":
+        with kernellab.config.override(cpp_nodes="off"):
+            yield lambda: None
+        return
+    from kernellab.cuda import nodes
+
+    request.getfixturevalue("cpp_nodes_on")
+    counting = _Counting(nodes._STATE["module"])
+    nodes._STATE["module"] = counting
+
+    def check():
+        assert counting.calls > 0, "the C++ hooks were not put"
+
+    yield check
+
+
 def _sdpa_node(out):
     todo, seen = [out.grad_fn], set()
     while todo:
@@ -203,7 +239,7 @@ def _sdpa_node(out):
     ],
     ids=["layout-shape", "causal", "causal-rows-without-keys", "3d"],
 )
-def test_torch_attention_expanded_grad_reaches_sdpa_contiguous(shape_q, s_k, causal):
+def test_torch_attention_expanded_grad_reaches_sdpa_contiguous(shape_q, s_k, causal, grad_hooks):
     """An output gradient expanded over batch and heads (stride 0, the check's "expanded"
     layout) is handed to SDPA's backward as a contiguous copy, and the gradients are those
     of the same values laid out contiguously."""
@@ -221,13 +257,14 @@ def test_torch_attention_expanded_grad_reaches_sdpa_contiguous(shape_q, s_k, cau
         assert seen and all(0 not in st for st in seen), f"SDPA's backward got dy with strides {seen}"
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
+    grad_hooks()
 
 
 @pytest.mark.parametrize("device", _devices())
 @pytest.mark.parametrize(
     "shape_q,s_k,causal", [((2, 3, 9, 16), 9, False), ((3, 9, 16), 5, True)], ids=["4d", "3d"]
 )
-def test_torch_attention_double_backward_clear_error(device, shape_q, s_k, causal):
+def test_torch_attention_double_backward_clear_error(device, shape_q, s_k, causal, grad_hooks):
     dtype = torch.float16 if device == "cuda" else torch.float32  # a fused kernel on both
     (q, k, v), _ = _inputs(shape_q, s_k, dtype, device, seed=5)
     leaves = [t.requires_grad_() for t in (q, k, v)]
@@ -239,3 +276,4 @@ def test_torch_attention_double_backward_clear_error(device, shape_q, s_k, causa
     with pytest.raises(RuntimeError, match=r"attention/torch: double backward .* backend='manual'"):
         torch.autograd.grad(sum(x.float().sum() for x in grads), leaves)
     assert kernellab.get("attention", "manual").double_backward  # the backend the message names
+    grad_hooks()

@@ -25,6 +25,13 @@
 // the forward returns an undefined tensor (None in Python: take another path) for an x or
 // w that is not; the backward re-packs a dy that is not.
 //
+// sdpa_grad_hooks: the hooks the attention ``torch`` backend puts on SDPA's autograd node
+// (ops/attention/reference.py ``_align_grad``), in C++ so that a backward runs no Python:
+// a pre-hook that gives SDPA's backward an output gradient it takes (a contiguous copy of
+// one with zero strides, an aligned copy of a CUDA one off a 16-byte boundary) and, on a
+// fused kernel's node, a post-hook that under create_graph=True makes dq, dk and dv refuse
+// a second derivative with a clear error.
+//
 // triton_norm: the same node around the *Triton* norm kernels (the eager path of the
 // layer_norm / rms_norm ``triton`` backends; kernellab/ops/norm_kernels/triton_node.py).
 // Python compiles the kernels of triton_kernels.py's per-shape plan and describes each as a
@@ -40,12 +47,15 @@
 
 #include <torch/extension.h>
 
+#include <torch/csrc/autograd/function_hook.h>
+
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <dlfcn.h>
 
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace {
@@ -244,6 +254,86 @@ at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const std::optio
     return NormNode::apply(x, w, has_bias ? b : std::optional<at::Tensor>(), eps, false, std::move(plan));
 }
 
+// ---------------------------------------------------------------- SDPA's gradient hooks
+
+// Identity on one gradient of a fused SDPA kernel, whose backward has no derivative.
+struct NoSecondDerivative : public torch::autograd::Function<NoSecondDerivative> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g, std::string kernel) {
+        ctx->saved_data["kernel"] = std::move(kernel);
+        return g.view_as(g);
+    }
+
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                    torch::autograd::variable_list) {
+        TORCH_CHECK(false, "attention/torch: double backward (a gradient of dq, dk or dv taken with "
+                    "create_graph=True) is not supported: PyTorch's fused SDPA kernel (",
+                    ctx->saved_data["kernel"].toStringRef(),
+                    ") has no derivative of its backward. backend='manual' computes second derivatives.");
+        return {at::Tensor(), at::Tensor()};
+    }
+};
+
+struct FitGrad : public torch::autograd::FunctionPreHook {
+    explicit FitGrad(size_t i) : i_(i) {}
+
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+        if (i_ >= grads.size() || !grads[i_].defined()) {
+            return grads;
+        }
+        const at::Tensor& g = grads[i_];
+        bool zero = false;
+        for (int64_t d = 0; d < g.dim(); ++d) {
+            zero = zero || (g.stride(d) == 0 && g.size(d) > 1);
+        }
+        const bool misaligned = g.is_cuda() && (reinterpret_cast<uintptr_t>(g.data_ptr()) & 15) != 0;
+        if (!zero && !misaligned) {
+            return grads;
+        }
+        torch::autograd::variable_list out = grads;
+        out[i_] = zero ? g.contiguous() : g.clone();
+        return out;
+    }
+
+    size_t i_;
+};
+
+struct RefuseSecond : public torch::autograd::FunctionPostHook {
+    explicit RefuseSecond(std::string kernel) : kernel_(std::move(kernel)) {}
+
+    torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                              const torch::autograd::variable_list&) override {
+        if (!at::GradMode::is_enabled()) {  // (on only under create_graph=True)
+            return outputs;
+        }
+        torch::autograd::variable_list out;
+        out.reserve(outputs.size());
+        for (const auto& g : outputs) {
+            out.push_back(g.defined() ? NoSecondDerivative::apply(g, kernel_) : g);
+        }
+        return out;
+    }
+
+    std::string kernel_;
+};
+
+// The hooks of o's node (o: an SDPA output that requires grad): True where they were put.
+bool sdpa_grad_hooks(const at::Tensor& o) {
+    const auto& node = o.grad_fn();
+    if (!node) {
+        return false;
+    }
+    node->add_pre_hook(std::make_unique<FitGrad>(o.output_nr()));
+    std::string name = node->name();
+    if (name.rfind("ScaledDotProduct", 0) == 0) {
+        const std::string suffix = "Backward0";
+        if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+            name.resize(name.size() - suffix.size());
+        }
+        node->add_post_hook(std::make_unique<RefuseSecond>(std::move(name)));
+    }
+    return true;
+}
+
 // ---------------------------------------------------------------- the Triton kernels' node
 
 constexpr int kSlots = 16;
@@ -362,6 +452,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("layer_norm", &layer_norm, "LayerNorm with norms.cu's v2 kernels in a C++ autograd node",
           pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"),
           pybind11::arg("plan"));
+    m.def("sdpa_grad_hooks", &sdpa_grad_hooks, "attention: SDPA's gradient hooks, in C++", pybind11::arg("o"));
     m.def("triton_norm", &triton_norm, "LayerNorm / RMSNorm with kernellab's Triton kernels in a C++ autograd node",
           pybind11::arg("x"), pybind11::arg("weight"), pybind11::arg("bias"), pybind11::arg("eps"),
           pybind11::arg("meta"), pybind11::arg("fwd"), pybind11::arg("bwd"), pybind11::arg("psum"));

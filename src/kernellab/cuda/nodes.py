@@ -1,6 +1,7 @@
 """Autograd nodes written in C++ (nodes.cpp): the eager path of the norms' CUDA backend
 ``cuda_node`` and of their Triton backends (ops/norm_kernels/triton_node.py), where host
-time is the call.
+time is the call; and the attention ``torch`` backend's hooks on SDPA's node
+(ops/attention/reference.py ``_align_grad``), so that its backward runs no Python.
 
 A Python ``autograd.Function`` costs a Python frame in the forward and, in the backward,
 the GIL taken on autograd's device thread; at tiny shapes that is most of a call. The C++

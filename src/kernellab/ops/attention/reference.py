@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
 
 from kernellab.core.registry import register
 from kernellab.core.spec import upcast
+from kernellab.cuda import nodes
 from kernellab.ops._baselines import compiled, register_baseline
 from kernellab.ops.attention.args import (
     allowed_mask,
@@ -197,6 +199,11 @@ def _align_grad(o: torch.Tensor) -> torch.Tensor:
     torch.compile traces: a tensor hook breaks the graph, AOTAutograd lays out the
     gradient its compiled backward hands SDPA, and a compiled graph has no double backward."""
     if o.requires_grad and not torch.compiler.is_compiling():
+        # The C++ nodes' hooks where the extension is built (the backward then runs no
+        # Python); not under compiled autograd, which traces Python hooks only.
+        mod = nodes.module()
+        if mod is not None and not _compiled_autograd() and mod.sdpa_grad_hooks(o):
+            return o
         node = o.grad_fn
         # hooks of o's node, not Tensor.register_hook (the same effect on o's gradient,
         # registered in C++), made once per node class and output index: a call only
@@ -206,6 +213,11 @@ def _align_grad(o: torch.Tensor) -> torch.Tensor:
         if post is not None:
             node.register_hook(post)
     return o
+
+
+def _compiled_autograd() -> bool:
+    ca = sys.modules.get("torch._dynamo.compiled_autograd")  # (never imported: never enabled)
+    return ca is not None and bool(getattr(ca, "compiled_autograd_enabled", False))
 
 
 @functools.cache
