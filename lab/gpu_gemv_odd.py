@@ -8,6 +8,8 @@ cuda_skinny 54 us, triton 56, cuBLAS 21. Here, per shape, with triton.testing.do
 (L2 flushed), against float64:
 - torch (cuBLAS), kernellab's triton skinny kernel with its heuristic's config and a grid
   of configs (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages), cuda_skinny;
+- ``flat`` (lab/gemv_flat.py, nn with b contiguous, M <= 8): b read as 8-row super-rows in
+  16-byte vectors whatever N is, over BLOCK x warps x the x-select variant x slices;
 - ``fma``: a GEMV without tl.dot or a shared-memory pipeline (each program sums
   x[k] * b[k, n] over its K slice for BLOCK_N columns in fp32 registers, fp32 partials
   per slice, then the skinny path's in-order sum), over BLOCK_N x BLOCK_K x slices x warps.
@@ -31,6 +33,9 @@ import triton.language as tl  # noqa: E402
 
 import kernellab  # noqa: E402
 from kernellab.ops.matmul import triton as tm  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemv_flat import gemv_flat, splits_for  # noqa: E402
 
 # (M, N, K, layout): nn = b [K, N] row-major; nt = b = W.t() with W [N, K] row-major
 SHAPES = [
@@ -134,7 +139,13 @@ def main() -> int:
             for split in sorted({base, min(64, 2 * base, kb)}):
                 run("fma", [bn, bk, split, warps],
                     lambda bn=bn, bk=bk, s=split, w=warps: gemv_fma(a, b, bn, bk, s, w))  # fmt: skip
-        for fam in ("cuda_skinny", "triton_skinny", "fma"):
+        if layout == "nn" and m <= 8:
+            for block, warps, xsel in itertools.product((512, 1024, 2048, 4096), (4, 8), (0, 1)):
+                base = splits_for(n, k, block, n_sm)
+                for split in sorted({base, min(16, 2 * base)}):
+                    fn = lambda bl=block, w=warps, x=xsel, s=split: gemv_flat(a, b, bl, w, s, n_sm, x)  # noqa: E731
+                    run("flat", [block, warps, xsel, split], fn)
+        for fam in ("cuda_skinny", "triton_skinny", "fma", "flat"):
             got = [r for r in rows if r["shape"] == name and r["family"] == fam and r.get("ok")]
             bad = [r for r in rows if r["shape"] == name and r["family"] == fam and r.get("ok") is False]
             if got:
