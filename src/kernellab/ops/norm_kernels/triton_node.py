@@ -173,7 +173,12 @@ def _call(x, w, b, eps: float, rms: bool):
     if mod is None or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         return None  # (the node refuses a weight or bias of another dtype)
     key = (x.shape, x.dtype, x.device.index, rms, b is not None)
-    plan = triton_support.kept_plan(_PLANS, key, lambda: make_plan(x, w, b is not None, rms))
+    plan = _PLANS.get(key)
+    if plan is None:
+        # compiled and loaded on x's device (Triton loads a kernel into the current device's
+        # context; the node launches it in x's)
+        with torch.cuda.device(x.device.index):
+            plan = triton_support.kept_plan(_PLANS, key, lambda: make_plan(x, w, b is not None, rms))
     if plan is False:
         return None
     meta, fwd, bwd, psum, _ = plan
