@@ -119,3 +119,29 @@ def test_kernel_timeline_sums_kernels_gaps_and_syncs():
     assert tl["idle_ms"] == pytest.approx((250 + 1000) / 2 / 1e3)
     assert tl["syncs"] == 0.5
     assert user_models.kernel_timeline([], n=1) == {"kernels_ms": 0.0, "idle_ms": 0.0, "syncs": 0.0}
+
+
+def test_idle_is_charged_to_the_outermost_op_of_the_next_launch():
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    cuda, cpu = DeviceType.CUDA, DeviceType.CPU
+    step = NS(id=1, device_type=cpu, name="aten::linear", cpu_parent=None, time_range=NS(start=0, end=50))
+    mm = NS(id=2, device_type=cpu, name="aten::mm", cpu_parent=step, time_range=NS(start=1, end=40))
+    bwd = NS(id=3, device_type=cpu, name="autograd::engine::evaluate_function: CppFunction", cpu_parent=None,
+             time_range=NS(start=60, end=70))  # fmt: skip
+
+    def k(a, b, corr):
+        return NS(device_type=cuda, time_range=NS(start=a, end=b), linked_correlation_id=corr, name="k")
+
+    events = [step, mm, bwd, k(0, 100, 2), k(300, 400, 2), k(450, 500, 3), k(480, 490, 3), k(900, 950, 0)]
+    from kernellab.models import user_models
+
+    rows = user_models.idle_by_launcher(events, n=2)
+    # gaps: 200 us before a kernel of aten::mm (charged to its outermost op, aten::linear),
+    # 50 before the node's, none for the overlapping one, 400 before an unattributed launch
+    node = "autograd::engine::evaluate_function: CppFunction"
+    assert rows == [("(no op)", pytest.approx(0.2), 0.5), ("aten::linear", pytest.approx(0.1), 0.5),
+                    (node, pytest.approx(0.025), 0.5)]  # fmt: skip
+    assert user_models.idle_by_launcher([], n=1) == []

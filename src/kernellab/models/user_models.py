@@ -254,10 +254,38 @@ def kernel_timeline(events, n: int) -> dict:
     return {"kernels_ms": busy / n / 1e3, "idle_ms": idle / n / 1e3, "syncs": syncs / n}
 
 
+def idle_by_launcher(events, n: int, top: int = 8) -> list[tuple[str, float, float]]:
+    """Where the GPU waited: each idle gap between kernels (as ``kernel_timeline``) charged
+    to the kernel that ended it, by the outermost host op around that kernel's launch (the
+    model's call, or ``autograd::engine::evaluate_function: <node>`` in a backward; "(no
+    op)" for a launch outside any recorded op). [(op, idle ms a step, gaps a step)], the
+    ``top`` largest first."""
+    from torch.autograd import DeviceType
+
+    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU}
+    ks = sorted((e for e in events if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+    by: dict[str, list[float]] = {}
+    end = ks[0].time_range.end if ks else 0.0
+    for k in ks[1:]:
+        gap = k.time_range.start - end
+        end = max(end, k.time_range.end)
+        if gap <= 0:
+            continue
+        op = cpu.get(getattr(k, "linked_correlation_id", 0))
+        while op is not None and op.cpu_parent is not None:
+            op = op.cpu_parent
+        t = by.setdefault(op.name if op is not None else "(no op)", [0.0, 0])
+        t[0] += gap
+        t[1] += 1
+    rows = sorted(((name, us / n / 1e3, c / n) for name, (us, c) in by.items()), key=lambda r: -r[1])
+    return rows[:top]
+
+
 def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
     """Prints, for ``n`` steps under torch.profiler: the kernels' time, the GPU's idle time
     between kernels and the host's syncs per step (``kernel_timeline``), the host time per
-    step, and the ``top`` kernels by device time."""
+    step, the idle time by the host op that launched the kernel after it
+    (``idle_by_launcher``), and the ``top`` kernels by device time."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -272,6 +300,8 @@ def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
     host_us = sum(e.self_cpu_time_total for e in ev) / n
     print(f"\n-- profile {key[0]} {key[1]}: kernels {tl['kernels_ms']:.2f} ms/step, GPU idle between kernels"
           f" {tl['idle_ms']:.2f} ms/step, host syncs {tl['syncs']:.1f}/step, host {host_us / 1e3:.2f} ms/step")
+    for name, ms, gaps in idle_by_launcher(prof.events(), n):
+        print(f"  idle {ms:7.3f} ms {gaps:6.1f} gaps  before the kernels of: {name[:90]}")
     kern = {}
     for e in prof.events():
         if e.device_type == DeviceType.CUDA:
