@@ -264,7 +264,8 @@ def idle_by_launcher(events, n: int, top: int = 8) -> list[tuple[str, float, flo
 
     # host ops (a runtime call such as cudaLaunchKernel is linked to its op, and its own id
     # is the driver's correlation, a different numbering)
-    cpu = {e.id: e for e in events if e.device_type == DeviceType.CPU and not getattr(e, "linked_correlation_id", 0)}
+    host = DeviceType.CPU
+    cpu = {e.id: e for e in events if e.device_type == host and not getattr(e, "linked_correlation_id", 0)}
     ks = sorted((e for e in events if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
     by: dict[str, list[float]] = {}
     end = ks[0].time_range.end if ks else 0.0
