@@ -208,6 +208,7 @@ def test_peaks_and_info(cli_run):
     code, out = cli_run("info")
     assert code == 0 and "nvrtc" in out
     assert '"config"' in out and '"attn_autotune"' in out and '"check_targets"' in out
+    assert '"cpp_nodes": "in use"' in out or '"cpp_nodes": "not in use: ' in out
     if not torch.cuda.is_available():
         code, out = cli_run("peaks")
         assert code == 1 and "needs a CUDA GPU" in out

@@ -555,6 +555,11 @@ def cmd_info(args) -> int:
     from kernellab.options import config
 
     d["config"] = config.as_dict()  # the process-wide switches (kernellab.config), as set now
+    from kernellab.cuda import nodes
+
+    # the C++ autograd nodes (eager host cost of the norms and attention): in use, or why not
+    why_nodes = nodes.why_unavailable()
+    d["cpp_nodes"] = "in use" if why_nodes is None else f"not in use: {why_nodes}"
     console.print_json(json.dumps(d))
     return 0
 
