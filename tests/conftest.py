@@ -117,6 +117,14 @@ def _nodes_unbuildable() -> str | None:
     return None
 
 
+@pytest.fixture
+def nodes_buildable():
+    """Skip unless the C++ nodes extension can be built here (a compiler and ninja)."""
+    why = _nodes_unbuildable()
+    if why:
+        pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def built_nodes(tmp_path_factory):
     """kernellab's C++ nodes extension (kernellab/cuda/nodes.py), built once for the run

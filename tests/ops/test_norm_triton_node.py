@@ -122,15 +122,6 @@ def test_no_node_on_the_cpu_or_unbuilt(monkeypatch):
 # --------------------------------------------------------------------------- on a GPU
 
 
-def _built_or_skip():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
-    try:
-        return nodes.build()
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"the extension does not build here: {e}")
-
-
 def _run(fn, x, w, b, dy):
     leaves = [t.detach().clone().requires_grad_(True) for t in (x, w) + ((b,) if b is not None else ())]
     y = fn(*leaves)
@@ -140,8 +131,7 @@ def _run(fn, x, w, b, dy):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape,dtype,bias,rms", CASES + [((1, 4096), torch.bfloat16, True, False)])
-def test_node_is_bitwise_the_python_path(shape, dtype, bias, rms):
-    _built_or_skip()
+def test_node_is_bitwise_the_python_path(shape, dtype, bias, rms, cpp_nodes_on):
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(shape, device="cuda", dtype=dtype, generator=g)
     w = (1 + 0.1 * torch.randn(shape[-1], device="cuda", generator=g)).to(dtype)
@@ -169,8 +159,7 @@ def test_node_is_bitwise_the_python_path(shape, dtype, bias, rms):
 
 
 @pytest.mark.gpu
-def test_node_falls_back_and_refuses_double_backward():
-    _built_or_skip()
+def test_node_falls_back_and_refuses_double_backward(cpp_nodes_on):
     base = torch.randn(8 * 256 + 1, device="cuda")
     x = base[1:].view(8, 256).requires_grad_()  # misaligned: the Python path
     w = torch.ones(256, device="cuda", requires_grad=True)
