@@ -147,9 +147,10 @@ def built_nodes(tmp_path_factory):
     except Exception as e:  # noqa: BLE001 - a compiler error, missing headers: say so, skip
         pytest.skip(f"the C++ nodes do not build here: {type(e).__name__}: {e}")
     finally:
-        os.environ["KERNELLAB_CACHE"] = old if old is not None else ""
         if old is None:
             os.environ.pop("KERNELLAB_CACHE", None)
+        else:
+            os.environ["KERNELLAB_CACHE"] = old
         nodes._STATE.clear()
         nodes._STATE.update(saved)
 

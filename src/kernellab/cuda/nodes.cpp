@@ -122,6 +122,14 @@ void launch(int64_t fn, int64_t grid, int64_t block, const at::Tensor& like, voi
 
 bool aligned16(const at::Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0; }
 
+// The output gradient as the kernels read it: contiguous, 16-byte aligned, x's dtype.
+at::Tensor packed_grad(const at::Tensor& dy, const at::Tensor& x) {
+    if (dy.is_contiguous() && aligned16(dy) && dy.scalar_type() == x.scalar_type()) {
+        return dy;
+    }
+    return dy.to(x.scalar_type()).clone(at::MemoryFormat::Contiguous);
+}
+
 // The fp32 partial rows of a weight (or bias) gradient -> [D] in the weight's dtype, rounded
 // once: norms.cu's partial-row sum where the plan names it (plan[9]: 16-bit weights and few
 // partial rows, one launch), else torch's fp32 tree sum, then the cast (each thread of the
@@ -191,10 +199,7 @@ struct NormNode : public torch::autograd::Function<NormNode> {
         const at::Tensor& rstd = saved[rms ? 2 : 3];
         const std::vector<int64_t> plan = ctx->saved_data["plan"].toIntVector();
         const bool has_bias = ctx->saved_data["bias"].toBool();
-        at::Tensor dy = grads[0];
-        if (!dy.is_contiguous() || !aligned16(dy) || dy.scalar_type() != x.scalar_type()) {
-            dy = dy.to(x.scalar_type()).clone(at::MemoryFormat::Contiguous);
-        }
+        const at::Tensor dy = packed_grad(grads[0], x);
         const int64_t d = x.size(-1);
         const int64_t rows = d ? x.numel() / d : 0;
         c10::DeviceGuard guard(x.device());
@@ -399,10 +404,7 @@ struct TritonNormNode : public torch::autograd::Function<TritonNormNode> {
         const std::vector<int64_t> psum = ctx->saved_data["psum"].toIntVector();
         const float eps = static_cast<float>(ctx->saved_data["eps"].toDouble());
         const bool rms = meta[0] != 0, has_bias = meta[1] != 0, small = meta[2] != 0;
-        at::Tensor dy = grads[0];
-        if (!dy.is_contiguous() || !aligned16(dy) || dy.scalar_type() != x.scalar_type()) {
-            dy = dy.to(x.scalar_type()).clone(at::MemoryFormat::Contiguous);
-        }
+        const at::Tensor dy = packed_grad(grads[0], x);
         const int64_t d = x.size(-1);
         c10::DeviceGuard guard(x.device());
         at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);

@@ -3,9 +3,8 @@ launched from the C++ autograd node (``triton_norm`` in kernellab/cuda/nodes.cpp
 extension is built (``kernellab build-nodes``; ``kernellab.config.cpp_nodes``).
 
 Why: through the Python node a forward+backward costs the host a Python frame, the custom
-op's dispatch and Triton's launcher per kernel; at GPT-2's 8192x768 bf16 that was ~1.6x
-PyTorch's host time per call while the kernels take half PyTorch's device time. The node
-runs the same kernels (bitwise the same numbers) at about PyTorch's host cost.
+op's dispatch and Triton's launcher per kernel. The node runs the same kernels (bitwise the
+same numbers) with its saved tensors and backward in C++.
 
 Per (shape, dtype, device, rms, bias) the plan is what ``triton_kernels._fwd_plan`` and
 ``_bwd_plan`` choose for the Python path. Each kernel of it is compiled once (``warmup``)
@@ -26,6 +25,7 @@ import torch
 
 from kernellab import triton_support
 from kernellab.cuda import nodes
+from kernellab.ops.norm_kernels import plumbing
 from kernellab.ops.norm_kernels import triton_kernels as tk
 
 # parameter codes (nodes.cpp)
@@ -111,8 +111,7 @@ def kernels_of(x: torch.Tensor, w: torch.Tensor, has_bias: bool, rms: bool):
     kernels are specialized on is their dtype and 16-byte alignment, never the address."""
     if x.dim() == 0:
         return None
-    n_cols = x.shape[-1]
-    n_rows = x.numel() // n_cols if n_cols else 0
+    n_rows, n_cols = plumbing.rows_of(x)
     if not (n_rows and n_cols) or n_cols > tk.MAX_D:
         return None
     fp = tk._fwd_plan(x, rms, has_bias, False, tk.CONFIG)
@@ -148,17 +147,20 @@ def kernels_of(x: torch.Tensor, w: torch.Tensor, has_bias: bool, rms: bool):
 
 def make_plan(x: torch.Tensor, w: torch.Tensor, has_bias: bool, rms: bool):
     """(meta, fwd, bwd, psum, compiled kernels) for the node, or False where it does not
-    take this shape (the Python path runs it)."""
+    take this shape (the Python path runs it). The kernels are compiled and loaded on x's
+    device (Triton loads a kernel into the current device's context; the node launches it
+    in x's)."""
     got = kernels_of(x, w, has_bias, rms)
     if got is None:
         return False
     meta, launches = got
     compiled, blocks = [], []
     try:
-        for bound, args, slots, scalars in launches:
-            ck = bound.kernel.warmup(*args, grid=bound.grid, **bound.kw)  # (compiles; runs nothing)
-            compiled.append(ck)
-            blocks.append(launch_block(ck, bound.grid, slots, scalars))
+        with torch.cuda.device(x.device.index):
+            for bound, args, slots, scalars in launches:
+                ck = bound.kernel.warmup(*args, grid=bound.grid, **bound.kw)  # (compiles; runs nothing)
+                compiled.append(ck)
+                blocks.append(launch_block(ck, bound.grid, slots, scalars))
     except NotCoded:
         return False
     psum = blocks[2] if len(blocks) == 3 else [0, 1, 1, 1, 32, 0, 0]  # (small: not launched)
@@ -173,12 +175,7 @@ def _call(x, w, b, eps: float, rms: bool):
     if mod is None or w.dtype != x.dtype or (b is not None and b.dtype != x.dtype):
         return None  # (the node refuses a weight or bias of another dtype)
     key = (x.shape, x.dtype, x.device.index, rms, b is not None)
-    plan = _PLANS.get(key)
-    if plan is None:
-        # compiled and loaded on x's device (Triton loads a kernel into the current device's
-        # context; the node launches it in x's)
-        with torch.cuda.device(x.device.index):
-            plan = triton_support.kept_plan(_PLANS, key, lambda: make_plan(x, w, b is not None, rms))
+    plan = triton_support.kept_plan(_PLANS, key, lambda: make_plan(x, w, b is not None, rms))
     if plan is False:
         return None
     meta, fwd, bwd, psum, _ = plan
