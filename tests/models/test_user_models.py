@@ -145,3 +145,21 @@ def test_idle_is_charged_to_the_outermost_op_of_the_next_launch():
     assert rows == [("(no op)", pytest.approx(0.2), 0.5), ("aten::linear", pytest.approx(0.1), 0.5),
                     (node, pytest.approx(0.025), 0.5)]  # fmt: skip
     assert user_models.idle_by_launcher([], n=1) == []
+
+    # kernels without the attribute (PyTorch 2.11's FunctionEvent) take it from ``links``
+    bare = [NS(device_type=cuda, time_range=NS(start=a, end=b), name="k") for a, b in ((0, 100), (300, 400))]
+    rows = user_models.idle_by_launcher([step, mm, bwd, *bare], n=1, links={300.0: 3})
+    assert rows == [(node, pytest.approx(0.2), 1)]
+    assert user_models.idle_by_launcher([step, mm, bwd, *bare], n=1) == [("(no op)", pytest.approx(0.2), 1)]
+
+
+def test_kineto_links_reads_a_real_profile():
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernellab.models import user_models
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(8).sum()
+    # a CPU-only profile has no kernels; the call exercises the Kineto accessors it relies on
+    assert user_models.kineto_links(prof) == {}

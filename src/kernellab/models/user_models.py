@@ -254,18 +254,22 @@ def kernel_timeline(events, n: int) -> dict:
     return {"kernels_ms": busy / n / 1e3, "idle_ms": idle / n / 1e3, "syncs": syncs / n}
 
 
-def idle_by_launcher(events, n: int, top: int = 8) -> list[tuple[str, float, float]]:
+def idle_by_launcher(events, n: int, top: int = 8, links: dict | None = None) -> list[tuple[str, float, float]]:
     """Where the GPU waited: each idle gap between kernels (as ``kernel_timeline``) charged
     to the kernel that ended it, by the outermost host op around that kernel's launch (the
     model's call, or ``autograd::engine::evaluate_function: <node>`` in a backward; "(no
     op)" for a launch outside any recorded op). [(op, idle ms a step, gaps a step)], the
-    ``top`` largest first."""
+    ``top`` largest first. A kernel's op is its ``linked_correlation_id``; where the event
+    lacks one (PyTorch before 2.12 does not keep it), ``links`` maps the kernel's start (us,
+    3 decimals) to it (``kineto_links``)."""
     from torch.autograd import DeviceType
 
     # host ops (a runtime call such as cudaLaunchKernel is linked to its op, and its own id
     # is the driver's correlation, a different numbering)
     host = DeviceType.CPU
-    cpu = {e.id: e for e in events if e.device_type == host and not getattr(e, "linked_correlation_id", 0)}
+    cpu = {e.id: e for e in events
+           if e.device_type == host and e.id > 0 and not getattr(e, "linked_correlation_id", 0)}  # fmt: skip
+    links = links or {}
     ks = sorted((e for e in events if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
     by: dict[str, list[float]] = {}
     end = ks[0].time_range.end if ks else 0.0
@@ -274,7 +278,8 @@ def idle_by_launcher(events, n: int, top: int = 8) -> list[tuple[str, float, flo
         end = max(end, k.time_range.end)
         if gap <= 0:
             continue
-        op = cpu.get(getattr(k, "linked_correlation_id", 0))
+        corr = getattr(k, "linked_correlation_id", 0) or links.get(round(k.time_range.start, 3), 0)
+        op = cpu.get(corr)
         while op is not None and op.cpu_parent is not None:
             op = op.cpu_parent
         t = by.setdefault(op.name if op is not None else "(no op)", [0.0, 0])
@@ -282,6 +287,17 @@ def idle_by_launcher(events, n: int, top: int = 8) -> list[tuple[str, float, flo
         t[1] += 1
     rows = sorted(((name, us / n / 1e3, c / n) for name, (us, c) in by.items()), key=lambda r: -r[1])
     return rows[:top]
+
+
+def kineto_links(prof) -> dict[float, int]:
+    """{a kernel's start in a profile's FunctionEvent times (us from the trace's start, 3
+    decimals): the correlation id of the op that launched it}, from the raw Kineto events."""
+    from torch.autograd import DeviceType
+
+    res = prof.profiler.kineto_results
+    t0 = res.trace_start_ns()
+    return {round((e.start_ns() - t0) / 1000, 3): e.linked_correlation_id()
+            for e in res.events() if e.device_type() == DeviceType.CUDA and e.linked_correlation_id() > 0}  # fmt: skip
 
 
 def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
@@ -303,7 +319,7 @@ def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
     host_us = sum(e.self_cpu_time_total for e in ev) / n
     print(f"\n-- profile {key[0]} {key[1]}: kernels {tl['kernels_ms']:.2f} ms/step, GPU idle between kernels"
           f" {tl['idle_ms']:.2f} ms/step, host syncs {tl['syncs']:.1f}/step, host {host_us / 1e3:.2f} ms/step")
-    for name, ms, gaps in idle_by_launcher(prof.events(), n):
+    for name, ms, gaps in idle_by_launcher(prof.events(), n, links=kineto_links(prof)):
         print(f"  idle {ms:7.3f} ms {gaps:6.1f} gaps  before the kernels of: {name[:90]}")
     kern = {}
     for e in prof.events():

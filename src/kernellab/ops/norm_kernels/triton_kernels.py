@@ -64,6 +64,7 @@ class Config:
         buffer and the second launch cost more host time than the kernels take.
     small_strip, small_step_elems: that backward's widest column strip (a program each)
         and the elements (rows x padded width) it loads a step.
+    small_warps: that backward's warps (None: by the elements of a step, 4 to 16).
     small_fp32_elems, small_fp32_rows: fp32 inputs take it only up to this many elements
         or rows (its fp64 arithmetic: 47 us at 128 x 512 against 11 on the partials path;
         H200, `sweep_norm_small-H200-230c4e9.jsonl`).
@@ -97,6 +98,7 @@ class Config:
     bwd_small_elems: int = 65536
     small_strip: int = 256
     small_step_elems: int = 16384
+    small_warps: int | None = None
     small_fp32_elems: int = 16384
     small_fp32_rows: int = 16
     exact_max_block: int = 64
@@ -660,7 +662,7 @@ def _cols_config(n_rows: int, block: int, cfg: Config = CONFIG) -> tuple[int, in
     block_c = max(16, min(cfg.small_strip, block // 4))
     rows = max(1, min(triton_support.next_pow2(n_rows), cfg.small_step_elems // block))
     elems = rows * block
-    return block_c, rows, 4 if elems <= 2048 else 8 if elems <= 8192 else 16
+    return block_c, rows, cfg.small_warps or (4 if elems <= 2048 else 8 if elems <= 8192 else 16)
 
 
 def row_limits(x, *args, **kwargs) -> str | None:

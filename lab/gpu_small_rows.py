@@ -1,0 +1,152 @@
+"""Short-row norms and softmax at model-family shapes where Liger's kernels beat ours (H200
+table: layer_norm fp32 1024x768 forward 0.84x, softmax fp32 128x1024 fwd+bwd 0.86x, ...).
+
+    python lab/gpu_small_rows.py [--out DIR] [--budget 0.15]
+
+Our row kernels pack several short rows into a program (~4096 elements; softmax ~1024 at
+rows of 256 or fewer), so at 64-1024 rows they launch 16-256 programs where Liger launches
+one per row. Here, per (op, shape, dtype), device time (harness.timer.time_cuda, L2
+flushed) of:
+- the peers' forward and forward+backward (torch, liger) through autograd;
+- our Triton forward over ROWS x num_warps, and our backward (norms: the one-launch
+  small backward over strip x step x warps, and the partials path; softmax: ROWS x warps),
+  each kernel alone, checked against float64.
+Rows go to DIR/small_rows.jsonl; the best config of each kernel is printed beside the
+default's time and the best peer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kernellab.harness.timer import time_cuda  # noqa: E402
+from kernellab.ops.norm_kernels import triton_kernels as nk  # noqa: E402
+from kernellab.ops.softmax import triton as sm  # noqa: E402
+
+NORM_SHAPES = [(64, 256), (128, 768), (1024, 768)]
+SOFTMAX_SHAPES = [(64, 256), (128, 1024)]
+DTYPES = [torch.float32, torch.bfloat16]
+ROWS = (1, 2, 4, 8)
+WARPS = (1, 2, 4, 8)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="/tmp/small_rows")
+    ap.add_argument("--budget", type=float, default=0.15)
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows_out = open(out / "small_rows.jsonl", "w")
+    t0 = time.perf_counter()
+
+    def t(fn):
+        return time_cuda(fn, budget_s=a.budget, min_time_s=0.03, warmup_s=0.03).median_ms * 1e3  # us
+
+    def emit(**r):
+        rows_out.write(json.dumps(r) + "\n")
+        rows_out.flush()
+
+    from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    from liger_kernel.ops.softmax import LigerSoftmaxFunction
+
+    for op in ("layer_norm", "rms_norm", "softmax"):
+        shapes = SOFTMAX_SHAPES if op == "softmax" else NORM_SHAPES
+        for (n, d), dt in itertools.product(shapes, DTYPES):
+            g = torch.Generator(device="cuda").manual_seed(0)
+            x = torch.randn(n, d, device="cuda", generator=g).to(dt)
+            w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(dt)
+            b = (0.1 * torch.randn(d, device="cuda", generator=g)).to(dt)
+            dy = torch.randn(n, d, device="cuda", generator=g).to(dt)
+            rms = op == "rms_norm"
+            name = f"{op} {n}x{d} {str(dt)[6:]}"
+            peers = {}
+            if op == "softmax":
+                peers["torch"] = lambda z: torch.softmax(z, -1)
+                peers["liger"] = lambda z: LigerSoftmaxFunction.apply(z)
+                ref = torch.softmax(x.double(), -1)
+            elif rms:
+                peers["torch"] = lambda z: F.rms_norm(z, (d,), w, 1e-6)
+                peers["liger"] = lambda z: LigerRMSNormFunction.apply(z, w, 1e-6, 0.0, "gemma", False)
+                ref = F.rms_norm(x.double(), (d,), w.double(), 1e-6)
+            else:
+                peers["torch"] = lambda z: F.layer_norm(z, (d,), w, b, 1e-5)
+                peers["liger"] = lambda z: LigerLayerNormFunction.apply(z, w, b, 1e-5)
+                ref = F.layer_norm(x.double(), (d,), w.double(), b.double(), 1e-5)
+            best_peer = {}
+            for pname, fn in peers.items():
+                xr = x.clone().requires_grad_(True)
+                fwd = t(lambda: fn(x))
+
+                def fb():
+                    xr.grad = None
+                    fn(xr).backward(dy)
+
+                fwdbwd = t(fb)
+                emit(case=name, kind="peer", name=pname, fwd_us=fwd, fwdbwd_us=fwdbwd)
+                best_peer[pname] = (fwd, fwdbwd)
+            tol = 2e-2 if dt != torch.float32 else 1e-4
+
+            def ok(y):
+                return (y.double() - ref).abs().max().item() <= tol * max(1.0, ref.abs().max().item())
+
+            fwd_times, bwd_times = {}, {}
+            if op == "softmax":
+                for r, wp in itertools.product(ROWS, WARPS):
+                    cfg = replace(sm.CONFIG, rows=r, warps=wp)
+                    y = sm._fwd(x, cfg)
+                    fwd_times[(r, wp)] = (t(lambda: sm._fwd(x, cfg)), ok(y))
+                    bwd_times[(r, wp)] = (t(lambda: sm._bwd(dy, y, cfg)), True)
+                dflt_f = t(lambda: sm._fwd(x))
+                y = sm._fwd(x)
+                dflt_b = t(lambda: sm._bwd(dy, y))
+            else:
+                bb = None if rms else b
+                for r, wp in itertools.product(ROWS, WARPS):
+                    cfg = replace(nk.CONFIG, row_elems=r * nk._row_block(d), fwd_warps=wp, fwd_row_1d=False)
+                    y = nk.norm_fwd(x, w, bb, 1e-5 if not rms else 1e-6, rms, cfg=cfg)[0]
+                    fwd_times[(r, wp)] = (t(lambda: nk.norm_fwd(x, w, bb, 1e-5, rms, cfg=cfg)), ok(y))
+                if dt != torch.float32:
+                    cfg = replace(nk.CONFIG, fwd_row_1d=True, row_elems=nk._row_block(d))
+                    fwd_times[("row1d", nk._fwd_config(d, cfg)[2])] = (
+                        t(lambda: nk.norm_fwd(x, w, bb, 1e-5, rms, cfg=cfg)), True)  # fmt: skip
+                dflt_f = t(lambda: nk.norm_fwd(x, w, bb, 1e-5, rms))
+                _, mean, rstd = nk.norm_fwd(x, w, bb, 1e-5, rms)
+                for strip, step, wp in itertools.product((32, 64, 128), (4096, 16384), (4, 8)):
+                    cfg = replace(nk.CONFIG, small_strip=strip, small_step_elems=step, small_warps=wp,
+                                  small_fp32_elems=1 << 20, small_fp32_rows=1 << 20, bwd_small_elems=1 << 20)
+                    bwd_times[("small", strip, step, wp)] = (
+                        t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)), True)  # fmt: skip
+                cfg = replace(nk.CONFIG, bwd_small_elems=0)
+                bwd_times[("partials",)] = (t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)), True)
+                dflt_b = t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms))
+            for k, (us, good) in fwd_times.items():
+                emit(case=name, kind="fwd", config=list(k), us=us, ok=good)
+            for k, (us, good) in bwd_times.items():
+                emit(case=name, kind="bwd", config=list(k), us=us, ok=good)
+            emit(case=name, kind="default", fwd_us=dflt_f, bwd_us=dflt_b)
+            bf = min((v[0], k) for k, v in fwd_times.items() if v[1])
+            bb_ = min((v[0], k) for k, v in bwd_times.items())
+            lf = min(v[0] for v in best_peer.values())
+            lfb = min(v[1] for v in best_peer.values())
+            print(f"{name:28s} fwd: default {dflt_f:5.2f} best {bf[0]:5.2f} {bf[1]} peers {lf:5.2f} | "
+                  f"bwd: default {dflt_b:5.2f} best {bb_[0]:5.2f} {bb_[1]} | fwd+bwd peers {lfb:5.2f} "
+                  f"{ {k: round(v[1], 2) for k, v in best_peer.items()} }", flush=True)  # fmt: skip
+    print(f"{time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
