@@ -37,14 +37,17 @@ from kernellab.ops.softmax import triton as sm  # noqa: E402
 NORM_SHAPES = [(64, 256), (128, 768), (1024, 768)]
 SOFTMAX_SHAPES = [(64, 256), (128, 1024)]
 DTYPES = [torch.float32, torch.bfloat16]
-ROWS = (1, 2, 4, 8)
+ROWS = (1, 2, 4)
 WARPS = (1, 2, 4, 8)
+# the one-launch backward's (strip, elements a step, warps); the partials path beside them
+SMALL_BWD = [(16, 16384, 8), (32, 16384, 8), (32, 16384, 16), (64, 16384, 8), (32, 4096, 4)]
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/small_rows")
     ap.add_argument("--budget", type=float, default=0.15)
+    ap.add_argument("--ops", default="layer_norm,rms_norm,softmax")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,7 +65,7 @@ def main() -> int:
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     from liger_kernel.ops.softmax import LigerSoftmaxFunction
 
-    for op in ("layer_norm", "rms_norm", "softmax"):
+    for op in a.ops.split(","):
         shapes = SOFTMAX_SHAPES if op == "softmax" else NORM_SHAPES
         for (n, d), dt in itertools.product(shapes, DTYPES):
             g = torch.Generator(device="cuda").manual_seed(0)
@@ -124,21 +127,22 @@ def main() -> int:
                         t(lambda: nk.norm_fwd(x, w, bb, 1e-5, rms, cfg=cfg)), True)  # fmt: skip
                 dflt_f = t(lambda: nk.norm_fwd(x, w, bb, 1e-5, rms))
                 _, mean, rstd = nk.norm_fwd(x, w, bb, 1e-5, rms)
-                for strip, step, wp in itertools.product((32, 64, 128), (4096, 16384), (4, 8)):
+                for strip, step, wp in SMALL_BWD:
                     cfg = replace(nk.CONFIG, small_strip=strip, small_step_elems=step, small_warps=wp,
                                   small_fp32_elems=1 << 20, small_fp32_rows=1 << 20, bwd_small_elems=1 << 20)
                     bwd_times[("small", strip, step, wp)] = (
                         t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)), True)  # fmt: skip
                 cfg = replace(nk.CONFIG, bwd_small_elems=0)
-                bwd_times[("partials",)] = (t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)), True)
+                bwd_times[("partials",)] = (
+                    t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)), True)  # fmt: skip
                 dflt_b = t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms))
             for k, (us, good) in fwd_times.items():
                 emit(case=name, kind="fwd", config=list(k), us=us, ok=good)
             for k, (us, good) in bwd_times.items():
                 emit(case=name, kind="bwd", config=list(k), us=us, ok=good)
             emit(case=name, kind="default", fwd_us=dflt_f, bwd_us=dflt_b)
-            bf = min((v[0], k) for k, v in fwd_times.items() if v[1])
-            bb_ = min((v[0], k) for k, v in bwd_times.items())
+            bf = min(((v[0], k) for k, v in fwd_times.items() if v[1]), key=lambda r: r[0])
+            bb_ = min(((v[0], k) for k, v in bwd_times.items()), key=lambda r: r[0])
             lf = min(v[0] for v in best_peer.values())
             lfb = min(v[1] for v in best_peer.values())
             print(f"{name:28s} fwd: default {dflt_f:5.2f} best {bf[0]:5.2f} {bf[1]} peers {lf:5.2f} | "
