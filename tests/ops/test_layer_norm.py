@@ -269,6 +269,36 @@ def test_triton_configs():
     assert lt._bwd_programs(70, 64, torch.device("cpu")) == 4  # 18 rows per program, short last group
 
 
+def test_triton_short_inputs_run_a_row_per_program():
+    from kernellab.ops.norm_kernels import triton_kernels as lt
+
+    # 128 rows of 768 at 4 a program would be 32 programs on 132 SMs: one row each instead
+    assert lt._fwd_config(768, n_rows=128, sms=132, elem=4) == (1024, 1, 4)
+    assert lt._fwd_config(256, n_rows=64, sms=132, elem=4) == (256, 1, 2)
+    assert lt._fwd_config(256, n_rows=64, sms=132, elem=2) == (256, 1, 4)
+    # enough rows to fill the SMs (GPT-2's 8192), no SM count (the interpreter), or the knob off
+    assert lt._fwd_config(768, n_rows=8192, sms=132) == lt._fwd_config(768) == (1024, 4, 8)
+    assert lt._fwd_config(768, n_rows=128, sms=0) == (1024, 4, 8)
+    assert lt._fwd_config(768, lt.Config(fwd_min_per_sm=0), n_rows=128, sms=132) == (1024, 4, 8)
+    # the one-launch backward: 16 column strips of 8 warps at 256 columns; 4096-wide rows as before
+    assert lt._cols_config(64, 256) == (16, 64, 8)
+    assert lt._cols_config(16, 4096) == (256, 4, 16)
+    assert lt._cols_config(64, 256, lt.Config(small_warps=2))[2] == 2
+
+
+def test_triton_fp32_small_backward_choice():
+    from kernellab.ops.norm_kernels import triton_kernels as lt
+
+    def small(n, d, dtype=torch.float32):
+        x = torch.zeros(n, d, dtype=dtype)
+        return lt._bwd_plan(x, torch.ones(d, dtype=dtype), False, True, False, lt.CONFIG).small
+
+    # fp32 64 x 256 takes the partials path (faster); rows of at most exact_max_block keep
+    # the one-launch backward and its exact fp64 statistics at any row count it covers
+    assert not small(64, 256) and small(64, 256, torch.bfloat16)
+    assert small(300, 40) and small(16, 2048) and small(32, 128)
+
+
 def test_triton_shifted_rows_config():
     """Rows off 16-byte boundaries from shift_fwd_min_cols / shift_bwd_min_cols columns up
     take the shifted kernels, in row classes that repeat every A / gcd(width, A) rows;

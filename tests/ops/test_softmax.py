@@ -89,6 +89,14 @@ def test_long_rows_take_the_streaming_path():
     assert st._config(20000, element_size=2, fwd=True)[2] is False
     assert st._config(3)[1] == 64  # short rows share a program
     assert st._config(197)[:2] == (256, 4) and st._config(197)[3] == 2  # ~1024 elements, 2 warps
+    # too few rows to fill the SMs at several a program: one row each
+    assert st._config(1024, n_rows=128, sms=132) == (1024, 1, True, 8)
+    assert st._config(1024, fwd=True, n_rows=128, sms=132) == (1024, 1, True, 4)
+    assert st._config(1024, element_size=2, n_rows=128, sms=132)[3] == 4
+    assert st._config(256, n_rows=64, sms=132) == (256, 1, True, 1)
+    assert st._config(1024, n_rows=4096, sms=132) == st._config(1024) == (1024, 4, True, 8)
+    assert st._config(4096, n_rows=8, sms=132) == st._config(4096)
+    assert st._config(1024, st.Config(min_per_sm=0), n_rows=128, sms=132) == st._config(1024)
     x = torch.randn(2, st.MAX_WHOLE + 3 * st.CONFIG.stream_block + 17) * 5
     y = kernellab.softmax(x, backend="triton")
     v = judge(y, SPEC.ref(x), torch.float32, torch.softmax(x, -1))

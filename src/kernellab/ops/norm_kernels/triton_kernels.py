@@ -46,6 +46,9 @@ class Config:
     on Hopper at bf16 16384 x 4096.
 
     row_elems: elements per forward program when rows are short (rows share a program).
+    fwd_min_per_sm: short rows that would fill fewer programs than this many per SM run
+        one row a program instead (more programs in flight: on an H200, fp32 1024 x 768
+        takes 7.3 us against 7.8 at 4 rows a program, 64 x 256 5.2 against 6.4; 0: never).
     fwd_warps: forward warps (None: ~ one warp per 512 elements, 4 to 16).
     fwd_evict: eviction policy of the forward's x load and y store ("" or "evict_first").
     fwd_even: unmasked loads and stores when the rows fill the blocks exactly.
@@ -66,8 +69,9 @@ class Config:
         and the elements (rows x padded width) it loads a step.
     small_warps: that backward's warps (None: by the elements of a step, 4 to 16).
     small_fp32_elems, small_fp32_rows: fp32 inputs take it only up to this many elements
-        or rows (its fp64 arithmetic: 47 us at 128 x 512 against 11 on the partials path;
-        H200, `sweep_norm_small-H200-230c4e9.jsonl`).
+        or rows, or with rows of at most exact_max_block (its fp64 arithmetic: 47 us at
+        128 x 512 against 11 on the partials path, H200, `sweep_norm_small-H200-230c4e9.jsonl`;
+        64 x 256 16.1 us against 10.8, `small_rows-H200-1da5c91.jsonl`).
     exact_max_block: for fp32 x, that backward recomputes each row's mean and rstd in fp64
         from the row (not the saved fp32 ones) up to rows of this padded width: the
         check's fuzz found rows of 2 columns past the bound on the saved ones; at 256
@@ -85,6 +89,7 @@ class Config:
     shift_fwd_per_sm, shift_fwd_warps: programs per SM and warps of the shifted forward."""
 
     row_elems: int = 4096
+    fwd_min_per_sm: int = 4
     fwd_warps: int | None = None
     fwd_evict: str = ""
     fwd_even: bool = True
@@ -99,7 +104,7 @@ class Config:
     small_strip: int = 256
     small_step_elems: int = 16384
     small_warps: int | None = None
-    small_fp32_elems: int = 16384
+    small_fp32_elems: int = 8192
     small_fp32_rows: int = 16
     exact_max_block: int = 64
     wide_fwd_strip: int = 4096
@@ -657,12 +662,14 @@ def _norm_bwd_shift_kernel(
 
 def _cols_config(n_rows: int, block: int, cfg: Config = CONFIG) -> tuple[int, int, int]:
     """(BLOCK_C, ROWS, num_warps) of the one-launch backward: strips of up to cfg.small_strip
-    columns (at least 4 programs where the row is that wide), ~cfg.small_step_elems elements
-    a step."""
-    block_c = max(16, min(cfg.small_strip, block // 4))
+    columns (16 programs where the row is that wide, at least 16 columns each), ~cfg.small_step_elems
+    elements a step, 4 to 8 warps (16 for rows of 4096 columns and more). On an H200, bf16
+    64 x 256 takes 7.4 us in 16 strips of 8 warps against 11.9 in 4 of 16."""
+    block_c = max(16, min(cfg.small_strip, block // 16))
     rows = max(1, min(triton_support.next_pow2(n_rows), cfg.small_step_elems // block))
     elems = rows * block
-    return block_c, rows, cfg.small_warps or (4 if elems <= 2048 else 8 if elems <= 8192 else 16)
+    warps = 4 if elems <= 2048 else 8 if elems <= 8192 or block < 4096 else 16
+    return block_c, rows, cfg.small_warps or warps
 
 
 def row_limits(x, *args, **kwargs) -> str | None:
@@ -684,13 +691,17 @@ def _row_block(n_cols: int) -> int:
     return block
 
 
-def _fwd_config(n_cols: int, cfg: Config = CONFIG):
-    """(BLOCK, ROWS, num_warps): whole rows in registers, ~cfg.row_elems elements per program
-    (num_warps: cfg.fwd_warps when set)."""
+def _fwd_config(n_cols: int, cfg: Config = CONFIG, n_rows: int | None = None, sms: int = 0, elem: int = 2):
+    """(BLOCK, ROWS, num_warps): whole rows in registers, ~cfg.row_elems elements per program,
+    or one row a program where ``n_rows`` rows would fill fewer than cfg.fwd_min_per_sm
+    programs per SM of ``sms`` (fp32 rows of 256 or fewer then take 2 warps); num_warps:
+    cfg.fwd_warps when set."""
     block = _row_block(n_cols)
     rows = max(1, min(64, cfg.row_elems // block))
+    if n_rows is not None and triton_support.cdiv(n_rows, rows) < cfg.fwd_min_per_sm * sms:
+        rows = 1
     elems = block * rows
-    warps = 4 if elems <= 2048 else 8 if elems <= 8192 else 16
+    warps = 2 if elems <= 256 and elem >= 4 else 4 if elems <= 2048 else 8 if elems <= 8192 else 16
     return block, rows, cfg.fwd_warps or warps
 
 
@@ -815,7 +826,8 @@ def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
                   num_warps=cfg.fwd_warps or cfg.shift_fwd_warps)  # fmt: skip
         launch = triton_support.Bound(_norm_fwd_shift_kernel, (programs,), kw, (0, 1, 2, 3, 4))
         return FwdPlan(n_rows, n_cols, launch, False, per)
-    block, rows, warps = _fwd_config(n_cols, cfg)
+    sms = triton_support.sm_count(x.device.index) if x.device.type == "cuda" else 0
+    block, rows, warps = _fwd_config(n_cols, cfg, n_rows, sms, x.element_size())
     # tensors passed in (x, w, b, res, h) are checked for alignment on every call; the
     # launcher's own allocations need not be
     if _row_1d(rows, x.dtype, cfg):
@@ -882,7 +894,7 @@ def _bwd_plan(x, w, rms, has_bias, has_dres, cfg) -> BwdPlan:
     block = _row_block(n_cols)
     elems = n_rows * n_cols
     f32 = x.dtype == torch.float32
-    small_f32 = elems <= cfg.small_fp32_elems or n_rows <= cfg.small_fp32_rows
+    small_f32 = block <= cfg.exact_max_block or elems <= cfg.small_fp32_elems or n_rows <= cfg.small_fp32_rows
     if elems <= cfg.bwd_small_elems and (not f32 or small_f32):
         block_c, rows, warps = _cols_config(n_rows, block, cfg)
         kw = dict(BLOCK=block, BLOCK_C=block_c, ROWS=rows, RMS=rms, RES=has_dres, HAS_DB=want_db,
