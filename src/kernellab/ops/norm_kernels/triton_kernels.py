@@ -171,21 +171,28 @@ def _norm_fwd_kernel(
     if RMS:
         xc = x
     else:
+        if x_ptr.dtype.element_ty == tl.float32:
+            # fp32 x: the rounded mean's error, times rstd, would shift every xhat (rows of
+            # nearly equal values go past the check's bound). The mean is taken of x
+            # less the row's first element (exact for nearly equal values), whose sum
+            # rounds at the scale of the row's spread, not of its magnitude.
+            if EVEN:
+                s = tl.load(x_ptr + rows * n_cols)
+                if RES:
+                    s = s + tl.load(r_ptr + rows * n_cols)
+                x = x - s[:, None]
+            else:
+                s = tl.load(x_ptr + rows * n_cols, mask=rmask, other=0.0)
+                if RES:
+                    s = s + tl.load(r_ptr + rows * n_cols, mask=rmask, other=0.0)
+                x = tl.where(mask, x - s[:, None], 0.0)
         mean = tl.sum(x, axis=1) / n_cols
         if EVEN:
             xc = x - mean[:, None]
         else:
             xc = tl.where(mask, x - mean[:, None], 0.0)
         if x_ptr.dtype.element_ty == tl.float32:
-            # fp32 x: the rounded mean's error, times rstd, shifts every xhat (rows of
-            # nearly equal values go past the check's bound). One more pass removes it
-            # (corrected two-pass: the mean of x - mean).
-            corr = tl.sum(xc, axis=1) / n_cols
-            mean = mean + corr
-            if EVEN:
-                xc = xc - corr[:, None]
-            else:
-                xc = tl.where(mask, xc - corr[:, None], 0.0)
+            mean = mean + s
         if EVEN:
             tl.store(mean_ptr + rows, mean)
         else:
