@@ -1,7 +1,8 @@
 """Short-row norms and softmax at model-family shapes where Liger's kernels beat ours (H200
 table: layer_norm fp32 1024x768 forward 0.84x, softmax fp32 128x1024 fwd+bwd 0.86x, ...).
 
-    python lab/gpu_small_rows.py [--out DIR] [--budget 0.15]
+    python lab/gpu_small_rows.py [--out DIR] [--budget 0.15] [--ops softmax --softmax-shapes 4096x4097
+                                 --dtypes fp32 --rows 1 --warps 8,16,32]
 
 Our row kernels pack several short rows into a program (~4096 elements; softmax ~1024 at
 rows of 256 or fewer), so at 64-1024 rows they launch 16-256 programs where Liger launches
@@ -48,6 +49,11 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/small_rows")
     ap.add_argument("--budget", type=float, default=0.15)
     ap.add_argument("--ops", default="layer_norm,rms_norm,softmax")
+    ap.add_argument("--norm-shapes", nargs="+", default=None, metavar="RxC")
+    ap.add_argument("--softmax-shapes", nargs="+", default=None, metavar="RxC")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--rows", default=None, help="ROWS values, comma-separated (default: 1,2,4)")
+    ap.add_argument("--warps", default=None, help="num_warps values, comma-separated (default: 1,2,4,8)")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,9 +71,19 @@ def main() -> int:
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     from liger_kernel.ops.softmax import LigerSoftmaxFunction
 
+    def shapes_of(arg, default):
+        return [tuple(int(v) for v in s.split("x")) for s in arg] if arg else default
+
+    names = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    dtypes = [names[d] for d in a.dtypes.split(",")]
+    rows_set = tuple(int(v) for v in a.rows.split(",")) if a.rows else ROWS
+    warps_set = tuple(int(v) for v in a.warps.split(",")) if a.warps else WARPS
     for op in a.ops.split(","):
-        shapes = SOFTMAX_SHAPES if op == "softmax" else NORM_SHAPES
-        for (n, d), dt in itertools.product(shapes, DTYPES):
+        if op == "softmax":
+            shapes = shapes_of(a.softmax_shapes, SOFTMAX_SHAPES)
+        else:
+            shapes = shapes_of(a.norm_shapes, NORM_SHAPES)
+        for (n, d), dt in itertools.product(shapes, dtypes):
             g = torch.Generator(device="cuda").manual_seed(0)
             x = torch.randn(n, d, device="cuda", generator=g).to(dt)
             w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(dt)
@@ -107,7 +123,7 @@ def main() -> int:
 
             fwd_times, bwd_times = {}, {}
             if op == "softmax":
-                for r, wp in itertools.product(ROWS, WARPS):
+                for r, wp in itertools.product(rows_set, warps_set):
                     cfg = replace(sm.CONFIG, rows=r, warps=wp)
                     y = sm._fwd(x, cfg)
                     fwd_times[(r, wp)] = (t(lambda: sm._fwd(x, cfg)), ok(y))
@@ -117,7 +133,7 @@ def main() -> int:
                 dflt_b = t(lambda: sm._bwd(dy, y))
             else:
                 bb = None if rms else b
-                for r, wp in itertools.product(ROWS, WARPS):
+                for r, wp in itertools.product(rows_set, warps_set):
                     cfg = replace(nk.CONFIG, row_elems=r * nk._row_block(d), fwd_warps=wp, fwd_row_1d=False)
                     y = nk.norm_fwd(x, w, bb, 1e-5 if not rms else 1e-6, rms, cfg=cfg)[0]
                     fwd_times[(r, wp)] = (t(lambda: nk.norm_fwd(x, w, bb, 1e-5, rms, cfg=cfg)), ok(y))
@@ -128,8 +144,9 @@ def main() -> int:
                 dflt_f = t(lambda: nk.norm_fwd(x, w, bb, 1e-5, rms))
                 _, mean, rstd = nk.norm_fwd(x, w, bb, 1e-5, rms)
                 for strip, step, wp in SMALL_BWD:
+                    big = 1 << 20
                     cfg = replace(nk.CONFIG, small_strip=strip, small_step_elems=step, small_warps=wp,
-                                  small_fp32_elems=1 << 20, small_fp32_rows=1 << 20, bwd_small_elems=1 << 20)
+                                  small_fp32_elems=big, small_fp32_rows=big, bwd_small_elems=big)
                     bwd_times[("small", strip, step, wp)] = (
                         t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)), True)  # fmt: skip
                 cfg = replace(nk.CONFIG, bwd_small_elems=0)
