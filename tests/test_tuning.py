@@ -226,6 +226,34 @@ def test_rebuild_table_script_writes_device_times(tmp_path):
     assert table["gpu"] == "Fake GPU" and table["provenance"]["git_sha"] == "abc"
 
 
+def test_rebuild_table_says_when_a_case_mixes_cpp_node_states(tmp_path, capsys):
+    from kernellab.harness import rebuild_table
+
+    def row(shape, b, nodes, status="ok"):
+        r = {"op": "layer_norm", "dtype": "fp32", "mode": "fwdbwd", "shape": shape, "status": status,
+             "gpu": "Fake GPU", "git_sha": "abc", "backend": b, "median_ms": 0.01,
+             "effective_ms": 0.02 if status == "ok" else None}  # fmt: skip
+        if nodes is not None:
+            r["cpp_nodes"] = nodes
+        return r
+
+    rows = [
+        row("64x256", "cuda_node", True), row("64x256", "triton", False),
+        row("64x256", "cuda_node", None, "n/a"),
+        row("128x768", "torch", True), row("128x768", "triton", True),  # one state
+        row("1024x768", "torch", None), row("1024x768", "triton", False),  # a row that says nothing
+        row("8192x768", "triton", True), row("8192x768", "triton", False), row("8192x768", "torch", False),
+    ]  # fmt: skip
+    # 8192x768: triton's later row (False) replaces its earlier one, as the table takes it
+    assert rebuild_table.mixed_nodes(rows) == ["layer_norm fp32 fwdbwd 64x256"]
+    src, out = tmp_path / "tune.jsonl", tmp_path / "table.json"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert rebuild_table.main([str(src), "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "layer_norm fp32 fwdbwd 64x256: its backends' rows were taken with and without" in said
+    assert "128x768" not in said and "8192x768" not in said and "1024x768" not in said
+
+
 def test_rebuild_table_can_leave_out_shapes_no_family_holds(tmp_path, capsys):
     # a family edited after its tune run (a shape taken out): --family-shapes-only drops
     # that shape's rows, from the files and from the table being rebuilt, and says so

@@ -41,6 +41,11 @@ def test_correct_backends_measure_and_carry_the_design_fields():
         # GB/s from the OpSpec's byte count: read x + write y, 4 bytes each.
         assert r["gbps"] == pytest.approx(2 * 4096 * 4 / (r["median_ms"] * 1e-3) / 1e9, rel=1e-2)
         assert r["check_ratio"] is not None and r["check_ratio"] <= 1.0
+        # whether the C++ nodes were in use (they change eager loop times): not on a CPU-only run
+        # that has not built them
+        from kernellab.cuda import nodes
+
+        assert r["cpp_nodes"] is (nodes.module() is not None)
     assert rows["torch"]["speedup_vs_torch"] == 1.0
 
 

@@ -344,8 +344,16 @@ def _base_row(op, backend, mode, shape, dtype, gpu, dev) -> dict:
         "git_sha": git_sha(),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        # the C++ autograd nodes (eager host cost, so loop times) in use in this process
+        "cpp_nodes": _cpp_nodes_in_use(),
         "status": "ok",
     }
+
+
+def _cpp_nodes_in_use() -> bool:
+    from kernellab.cuda import nodes
+
+    return nodes.module() is not None
 
 
 def _measure(impl, prob, baseline, dev, graph, flush, budget_s) -> dict:

@@ -54,6 +54,9 @@ def main(argv=None) -> int:
         rows, dropped = _at_family_shapes(rows)
         for what in sorted(dropped):
             print(f"left out (no tuned family holds it): {what}")
+    for what in mixed_nodes(rows):
+        print(f"{what}: its backends' rows were taken with and without the C++ nodes (cpp_nodes), so their "
+              "loop times, and a launch-bound choice made by them, do not compare")  # fmt: skip
     gpus = {r["gpu"] for r in rows if r.get("gpu")}
     if len(gpus) != 1:
         print(f"rows from {len(gpus)} GPU models ({sorted(gpus)}): one table per GPU", file=sys.stderr)
@@ -109,6 +112,22 @@ def main(argv=None) -> int:
         fh.write("\n")
     print(f"{path}: {len(table['rows'])} rows ({len(new_rows)} from the files, {len(kept)} kept)")
     return 0
+
+
+def mixed_nodes(rows) -> list[str]:
+    """The cases ("op dtype mode shape options") whose rows, the last measured one of each
+    backend (as the table takes them), say both that the C++ nodes were in use and that
+    they were not (rows without the ``cpp_nodes`` field say nothing)."""
+    last: dict = {}
+    for r in rows:
+        if r.get("status", "ok") == "ok" and r.get("effective_ms") is not None:
+            case = (r["op"], r["dtype"], r["mode"], r["shape"], str(r.get("options") or ""))
+            last[case, r["backend"]] = r.get("cpp_nodes")
+    states: dict = {}
+    for (case, _), v in last.items():
+        if v is not None:
+            states.setdefault(case, set()).add(bool(v))
+    return [" ".join(c for c in case if c) for case, v in states.items() if len(v) > 1]
 
 
 @functools.cache
