@@ -51,29 +51,47 @@ def test_backend_registered_and_unavailable_until_built(fresh_nodes, op):
     assert "C++ autograd node" in impl.description
 
 
+_BUILD_AND_REFUSE = """
+import pytest, torch
+from kernellab.cuda import nodes
+
+mod = nodes.build()
+x, w = torch.randn(4, 16), torch.ones(16)
+assert mod.rms_norm(x, w, 1e-6, [0] * 11) is None  # not CUDA: the caller takes its other path
+with pytest.raises(RuntimeError, match="expected 11"):
+    mod.rms_norm(x, w, 1e-6, [0] * 3)
+assert mod.layer_norm(x, w, None, 1e-5, [0] * 11) is None
+assert mod.layer_norm(x, w, torch.zeros(16), 1e-5, [0] * 11) is None
+with pytest.raises(RuntimeError, match="layer_norm plan has 2 values"):
+    mod.layer_norm(x, w, None, 1e-5, [0] * 2)
+# the Triton kernels' node (ops/norm_kernels/triton_node.py)
+blk = [0, 1, 1, 1, 32, 0, 0]
+assert mod.triton_norm(x, w, None, 1e-5, [0, 0, 0, 1, 0], blk, blk, blk) is None
+with pytest.raises(RuntimeError, match="meta has 2 values"):
+    mod.triton_norm(x, w, None, 1e-5, [0, 0], blk, blk, blk)
+with pytest.raises(RuntimeError, match="made with a bias"):
+    mod.triton_norm(x, w, None, 1e-5, [0, 1, 0, 1, 0], blk, blk, blk)
+print("built and refused")
+"""
+
+
 def test_builds_and_refuses_cpu_tensors(nodes_buildable, fresh_nodes):
     """The extension compiles against this torch (a CPU build too: no CUDA headers needed),
     loads, hands back None for tensors its node does not take (the caller's other path)
-    and refuses a malformed plan with a clear error."""
-    mod = nodes.build()
+    and refuses a malformed plan with a clear error; a second process finds the build on
+    disk and loads it. Each in a process of its own: one that has built the extension
+    elsewhere (the session's ``built_nodes``) would build this one as name_v1.so."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "KERNELLAB_CACHE": str(fresh_nodes), "KERNELLAB_CPP_NODES": "auto"}
+    run = subprocess.run([sys.executable, "-c", _BUILD_AND_REFUSE], env=env, capture_output=True, text=True)
+    assert run.returncode == 0 and "built and refused" in run.stdout, run.stdout + run.stderr
     assert any(fresh_nodes.rglob("*.so"))
-    x, w = torch.randn(4, 16), torch.ones(16)
-    assert mod.rms_norm(x, w, 1e-6, [0] * 11) is None  # not CUDA: the caller takes its other path
-    with pytest.raises(RuntimeError, match="expected 11"):
-        mod.rms_norm(x, w, 1e-6, [0] * 3)
-    assert mod.layer_norm(x, w, None, 1e-5, [0] * 11) is None
-    assert mod.layer_norm(x, w, torch.zeros(16), 1e-5, [0] * 11) is None
-    with pytest.raises(RuntimeError, match="layer_norm plan has 2 values"):
-        mod.layer_norm(x, w, None, 1e-5, [0] * 2)
-    # the Triton kernels' node (ops/norm_kernels/triton_node.py)
-    blk = [0, 1, 1, 1, 32, 0, 0]
-    assert mod.triton_norm(x, w, None, 1e-5, [0, 0, 0, 1, 0], blk, blk, blk) is None
-    with pytest.raises(RuntimeError, match="meta has 2 values"):
-        mod.triton_norm(x, w, None, 1e-5, [0, 0], blk, blk, blk)
-    with pytest.raises(RuntimeError, match="made with a bias"):
-        mod.triton_norm(x, w, None, 1e-5, [0, 1, 0, 1, 0], blk, blk, blk)
-    nodes._STATE.clear()  # a second process finds the build on disk: loaded, not rebuilt
-    assert nodes.module() is not None
+    load = "from kernellab.cuda import nodes; print(nodes.module() is not None, nodes._STATE.get('why'))"
+    run = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("True"), run.stdout + run.stderr
 
 
 # --------------------------------------------------------------------------- on a GPU
