@@ -47,8 +47,7 @@ class Config:
 
     row_elems: elements per forward program when rows are short (rows share a program).
     fwd_min_per_sm: short rows that would fill fewer programs than this many per SM run
-        one row a program instead (more programs in flight: on an H200, fp32 1024 x 768
-        takes 7.3 us against 7.8 at 4 rows a program, 64 x 256 5.2 against 6.4; 0: never).
+        one row a program instead (more programs in flight; 0: never).
     fwd_warps: forward warps (None: ~ one warp per 512 elements, 4 to 16).
     fwd_evict: eviction policy of the forward's x load and y store ("" or "evict_first").
     fwd_even: unmasked loads and stores when the rows fill the blocks exactly.
@@ -69,9 +68,9 @@ class Config:
         and the elements (rows x padded width) it loads a step.
     small_warps: that backward's warps (None: by the elements of a step, 4 to 16).
     small_fp32_elems, small_fp32_rows: fp32 inputs take it only up to this many elements
-        or rows, or with rows of at most exact_max_block (its fp64 arithmetic: 47 us at
-        128 x 512 against 11 on the partials path, H200, `sweep_norm_small-H200-230c4e9.jsonl`;
-        64 x 256 16.1 us against 10.8, `small_rows-H200-1da5c91.jsonl`).
+        or rows, or with rows of at most exact_max_block (its fp64 arithmetic costs more
+        than the partials path past them: `sweep_norm_small-H200-230c4e9.jsonl`,
+        `small_rows-H200-1da5c91.jsonl`).
     exact_max_block: for fp32 x, that backward recomputes each row's mean and rstd in fp64
         from the row (not the saved fp32 ones) up to rows of this padded width: the
         check's fuzz found rows of 2 columns past the bound on the saved ones; at 256
@@ -670,8 +669,7 @@ def _norm_bwd_shift_kernel(
 def _cols_config(n_rows: int, block: int, cfg: Config = CONFIG) -> tuple[int, int, int]:
     """(BLOCK_C, ROWS, num_warps) of the one-launch backward: strips of up to cfg.small_strip
     columns (16 programs where the row is that wide, at least 16 columns each), ~cfg.small_step_elems
-    elements a step, 4 to 8 warps (16 for rows of 4096 columns and more). On an H200, bf16
-    64 x 256 takes 7.4 us in 16 strips of 8 warps against 11.9 in 4 of 16."""
+    elements a step, 4 to 8 warps (16 for rows of 4096 columns and more)."""
     block_c = max(16, min(cfg.small_strip, block // 16))
     rows = max(1, min(triton_support.next_pow2(n_rows), cfg.small_step_elems // block))
     elems = rows * block

@@ -47,8 +47,7 @@ class Config:
         from reread_min_cols columns up.
     rows, warps: whole-row programs' rows per program and warps (None: _config's).
     min_per_sm: rows of up to 1024 columns that would fill fewer programs than this many
-        per SM run one row a program (H200: fp32 128 x 1024 forward 5.1 us against 6.3 at
-        4 rows a program, backward 5.2 against 6.3; 0: never).
+        per SM run one row a program (0: never).
     stream_block, stream_warps: a streamed row's columns per step and warps.
     stream_waves: streamed rows run on stream_waves x SMs programs, each walking rows
         (0: one program per row).
