@@ -77,6 +77,10 @@ CASES = {
     "decode_256x4096x4096": (256, 4096, 4096, "bf16", False, False),
     "decode_256x14336x4096": (256, 14336, 4096, "bf16", False, False),
     "decode_256x14336x4096_dB": (4096, 14336, 256, "bf16", True, False),
+    "decode_256x4096x4096_linear": (256, 4096, 4096, "bf16", False, True),
+    "decode_256x14336x4096_linear": (256, 14336, 4096, "bf16", False, True),
+    "gpt_8192x768x768_linear": (8192, 768, 768, "bf16", False, True),
+    "small_64x128x3136": (64, 128, 3136, "bf16", False, False),
 }
 DRY_CASES = {"dry_nn": (24, 32, 48, "fp32", False, False), "dry_tt": (32, 16, 64, "fp32", True, True)}
 
