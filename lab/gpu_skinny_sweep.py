@@ -35,6 +35,14 @@ CASES = {
     "m32_4096x4096_linear": (32, 4096, 4096, True),
     "m16_14336x4096": (16, 14336, 4096, False),
     "m1_6144x4096": (1, 6144, 4096, False),
+    "m1_4096x14336": (1, 4096, 14336, False),
+    "m16_4096x14336": (16, 4096, 14336, False),
+    "m16_4096x14336_linear": (16, 4096, 14336, True),
+    "m1_14336x4096_linear": (1, 14336, 4096, True),
+    "m4_14336x4096": (4, 14336, 4096, False),
+    "m32_14336x4096": (32, 14336, 4096, False),
+    "m2_4096x4096": (2, 4096, 4096, False),
+    "m1_128256x2048_linear": (1, 128256, 2048, True),
 }
 BN_WARPS = [(32, 4), (64, 4), (128, 4), (128, 8), (256, 4), (256, 8)]
 BKS = (64, 128, 256)
@@ -94,6 +102,7 @@ def main():
     ap.add_argument("--max-seconds", type=float, default=300)
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--cases", default=None)
+    ap.add_argument("--heuristic-only", action="store_true", help="cuBLAS and the heuristic's launch only")
     args = ap.parse_args()
     t0 = time.time()
     out = Path(args.out)
@@ -109,7 +118,7 @@ def main():
     n_sm = torch.cuda.get_device_properties(0).multi_processor_count
     gpu = torch.cuda.get_device_name(0)
     sha = os.environ.get("KERNELLAB_GIT_SHA", "")
-    plan = {name: configs_for(spec, n_sm) for name, spec in cases.items()}
+    plan = {name: [] if args.heuristic_only else configs_for(spec, n_sm) for name, spec in cases.items()}
     print(f"{sum(map(len, plan.values()))} configs over {len(plan)} cases", flush=True)
     jobs = [(name, cases[name], cfgs[i : i + 8]) for name, cfgs in plan.items()
             for i in range(0, len(cfgs), 8)]  # fmt: skip
@@ -156,7 +165,7 @@ def main():
             rows_f.write(json.dumps(row) + "\n")
         rows_f.flush()
         res.sort()
-        top = "  ".join(f"{c} {u:.1f} x{t_cublas / u:.3f}" for u, c in res[:5])
+        top = "  ".join(f"{c} {u:.1f} x{t_cublas / u:.3f}" for u, c in res[:5]) or "-"
         ratio = t_cublas / t_heur
         lines.append(
             f"{name:24s} cublas {t_cublas:.1f} us  heuristic {heur} {t_heur:.1f} x{ratio:.3f}  best: {top}"

@@ -274,6 +274,26 @@ def test_persistent_plan_cuts_a_short_last_wave_into_k_slices():
     assert (plan.config["BLOCK_N"], plan.dp_tiles, plan.tail_split) == (128, 0, 3)
 
 
+def test_tma_one_wave_replaces_an_all_slices_plan(monkeypatch):
+    """A product the persistent plan would cut wholly into K slices runs ONE_WAVE_TMA's
+    64x128 tiles unsplit where they fill 0.7 to 1 wave (256x4096x4096 on 132 SMs: 128
+    tiles); otherwise the plan's split stands (768x768x8192: 72 tiles), and a plan with
+    whole waves is kept (256x14336x4096)."""
+    from kernellab.ops.matmul import triton_tma as tt
+
+    monkeypatch.setattr(tt, "_max_shared", lambda dev: 232448)
+    monkeypatch.setattr(
+        tt, "_persistent_plan", lambda m, n, k, bt, dev, p128: tt.plan_persistent(m, n, k, 132, 232448)
+    )
+    assert tt.plan_persistent(256, 4096, 4096, 132, 232448).dp_tiles == 0
+    assert tt._choose(256, 4096, 4096, 1, 0, True, 132, True, None) == (None, tt.ONE_WAVE_TMA, 1, False)
+    plan, cfg, split, tuned = tt._choose(768, 768, 8192, 1, 0, True, 132, True, None)
+    assert plan is None and cfg["BLOCK_M"] == 128 and split == 3
+    plan, cfg, split, _ = tt._choose(256, 14336, 4096, 1, 0, True, 132, True, None)
+    assert plan is not None and plan.dp_tiles > 0 and cfg is None
+    assert not tt._one_wave_fits(256, 4096, 132, 160 * 1024)  # its pipeline needs ~212 KB
+
+
 @pytest.mark.parametrize("persistent", [False, True], ids=["split", "persistent-tail"])
 def test_tma_launch_plan_matches_the_general_path_under_the_interpreter(monkeypatch, persistent):
     """tma_matmul_fwd's kept launch plan (plan=True; CUDA calls take one by default): the

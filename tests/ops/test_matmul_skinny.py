@@ -135,8 +135,16 @@ def test_skinny_config_invariants(n_sm, elem):
         bm = tm.skinny_block_m(m)
         where = (m, n, k, n_sm, elem, cfg)
         assert bm >= m and bm in (16, 32, 64, 128), where
-        assert bn in (32, 64, 128) and bk in (16, 32, 64, 128), where
+        assert bn in (32, 64, 128, 256) and bk in (16, 32, 64, 128, 256), where
         assert warps in (4, 8) and 2 <= stages <= 4, where
+        one_wave = bm <= 32 and elem == 2 and n * k * elem >= tm.SKINNY_SPLIT_MIN_BYTES
+        one_wave = one_wave and triton_support.cdiv(n, 32) >= tm.ONE_WAVE_FILL * n_sm
+        if one_wave:  # no split, N tiles for most of a wave, ~ONE_WAVE_TILE weight elements a step
+            assert split == 1 and triton_support.cdiv(n, bn) >= tm.ONE_WAVE_FILL * n_sm, where
+            assert bn * bk == tm.ONE_WAVE_TILE or bk == 256 or bk == triton_support.next_pow2(k), where
+            assert (bm * bk + bk * bn) * elem * stages <= tm.ONE_WAVE_SMEM, where
+            continue
+        assert bn <= 128 and bk <= 128, where
         assert (bm * bk + bk * bn) * elem * stages <= tm.SKINNY_SMEM, where
         # slices: each a whole number of BLOCK_K, none empty, none shorter than the minimum
         kb = triton_support.cdiv(k, bk)
@@ -158,10 +166,14 @@ def test_skinny_config_invariants(n_sm, elem):
 
 
 def test_skinny_config_examples():
-    # decode against Llama-3-8B's down projection (K = 14336) on an H100: 32 N tiles x 9
-    # slices; the LM head has N tiles for 7 waves and takes no split
-    assert tm.skinny_config(1, 4096, 14336, 132, 2)[:3] == (128, 128, 9)
+    # decode against Llama-3-8B's down projection (K = 14336) on an H100: one wave of 128
+    # programs 32 columns wide, no split (fp32 keeps the split: 32 N tiles x 9 slices); the
+    # LM head has N tiles for 7 waves and takes no split
+    assert tm.skinny_config(1, 4096, 14336, 132, 2)[:3] == (32, 256, 1)
+    assert tm.skinny_config(1, 4096, 14336, 132, 4)[:3] == (128, 64, 9)
+    assert tm.skinny_config(8, 28672, 4096, 132, 2)[:3] == (256, 64, 1)  # 112 programs
     assert tm.skinny_config(1, 128256, 2048, 132, 2)[:3] == (128, 128, 1)
+    assert tm.skinny_config(64, 4096, 4096, 132, 2)[2] > 1  # M > 32: the split heuristic
     assert tm.skinny_config(128, 4096, 4096, 132, 2)[2] <= 2  # the partials cost M N bytes
     assert tm.skinny_config(1, 3072, 768, 132, 2)[2] == 1  # 4.7 MB: one launch
 

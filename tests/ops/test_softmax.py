@@ -95,6 +95,10 @@ def test_long_rows_take_the_streaming_path():
     assert st._config(1024, element_size=2, n_rows=128, sms=132)[3] == 4
     assert st._config(256, n_rows=64, sms=132) == (256, 1, True, 1)
     assert st._config(1024, n_rows=4096, sms=132) == st._config(1024) == (1024, 4, True, 8)
+    # an fp32 backward of 8192-wide blocks: 32 warps (8 elements a thread); its forward 16
+    assert st._config(4097) == (8192, 1, True, 32) and st._config(4097, element_size=2)[3] == 8
+    block, _, single, warps = st._config(4097, fwd=True)
+    assert st._fwd_choice(4097, block, single, 4, warps) == (False, 16)
     assert st._config(4096, n_rows=8, sms=132) == st._config(4096)
     assert st._config(1024, st.Config(min_per_sm=0), n_rows=128, sms=132) == st._config(1024)
     x = torch.randn(2, st.MAX_WHOLE + 3 * st.CONFIG.stream_block + 17) * 5
@@ -503,7 +507,7 @@ def test_triton_rows_off_16_byte_boundaries_do_not_reread(dtype):
     from kernellab.ops.softmax import triton as st
 
     es = torch.tensor([], dtype=dtype).element_size()
-    block, rows, single, warps = st._config(4097, element_size=es)
+    block, rows, single, warps = st._config(4097, element_size=es, fwd=True)
     if dtype == torch.float32:
         assert single and st._fwd_choice(4097, block, single, es, warps) == (False, 16)
     assert st._fwd_choice(4096, 4096, True, es, 8)[0] is True

@@ -371,6 +371,13 @@ SKINNY_SMEM = 128 * 1024  # shared memory budget of one program's pipeline (H100
 SKINNY_TUNE_MIN_BYTES = None
 _SKINNY_BN = (32, 64, 128, 256)
 _SKINNY_BK = (32, 64, 128, 256)
+# One wave, no split (16-bit, M <= 32, where the weight's N tiles alone fill most of a
+# wave): programs of BLOCK_N x BLOCK_K = ONE_WAVE_TILE weight elements a step, as many
+# stages as ONE_WAVE_SMEM holds (up to 4), so each SM keeps ~128 KB of the weight in flight
+# and no fp32 partials or second launch are needed (lab/gpu_skinny_sweep.py).
+ONE_WAVE_FILL = 0.7  # programs >= this many waves
+ONE_WAVE_TILE = 16384
+ONE_WAVE_SMEM = 160 * 1024
 
 
 def skinny_block_m(m: int) -> int:
@@ -416,13 +423,20 @@ def skinny_config(m: int, n: int, k: int, n_sm: int, elem_size: int) -> tuple[in
     is contiguous. BLOCK_N: 128 (64 if that alone makes SKINNY_WAVES waves) when N tiles
     fill SKINNY_WAVES waves without splitting; below SKINNY_SPLIT_MIN_BYTES of weight, 64
     or 32 and no split; otherwise split K (``_skinny_splits``), with 64-wide tiles where
-    128-wide ones cannot reach the waves within the split cap.
+    128-wide ones cannot reach the waves within the split cap. Before all of that, a
+    16-bit product of M <= 32 (weights of SKINNY_SPLIT_MIN_BYTES and up) whose N tiles
+    alone fill most of a wave takes the one-wave launch (``_one_wave``: no split, deep
+    stages).
     Pure: a function of its arguments (cached)."""
     bm = skinny_block_m(m)
     bk = (256 if bm <= 32 else 128) // elem_size
     bk = max(16, min(bk, triton_support.next_pow2(k)))
     target = SKINNY_WAVES * n_sm
     kb = triton_support.cdiv(k, bk)
+    if bm <= 32 and elem_size == 2 and n * k * elem_size >= SKINNY_SPLIT_MIN_BYTES:
+        one = _one_wave(bm, n, k, n_sm, elem_size)
+        if one is not None:
+            return one
     bn = next((w for w in (128, 64) if triton_support.cdiv(n, w) >= target), None)
     if bn is not None:
         s = 1
@@ -434,6 +448,19 @@ def skinny_config(m: int, n: int, k: int, n_sm: int, elem_size: int) -> tuple[in
         bn = 128 if triton_support.cdiv(n, 128) * cap >= target else 64
         s = _skinny_splits(m, n, k, bn, bk, n_sm, elem_size)
     return bn, bk, s, _skinny_warps(bm, bn), _skinny_stages(bm, bn, bk, elem_size)
+
+
+def _one_wave(bm: int, n: int, k: int, n_sm: int, elem: int):
+    """The one-wave launch (see ONE_WAVE_FILL) of the widest BLOCK_N whose N tiles fill
+    ONE_WAVE_FILL of a wave (256 only where 128-wide tiles make fewer than SKINNY_WAVES
+    waves), or None when even 32-wide tiles do not."""
+    widths = (128, 64, 32) if triton_support.cdiv(n, 128) >= SKINNY_WAVES * n_sm else (256, 128, 64, 32)
+    bn = next((w for w in widths if triton_support.cdiv(n, w) >= ONE_WAVE_FILL * n_sm), None)
+    if bn is None:
+        return None
+    bk = max(16, min(256, ONE_WAVE_TILE // bn, triton_support.next_pow2(k)))
+    stages = max(2, min(4, ONE_WAVE_SMEM // pipeline_bytes(bm, bn, bk, elem)))
+    return bn, bk, 1, 4, stages
 
 
 def skinny_candidates(m: int, n: int, k: int, n_sm: int, elem_size: int) -> list[tuple]:

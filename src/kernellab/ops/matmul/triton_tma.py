@@ -418,6 +418,23 @@ def _operand(t: torch.Tensor, bt: int, rows: int, cols: int, per16: int):
     return None
 
 
+# A product the plan would cut wholly into K slices whose 64 x 128 tiles alone fill most of
+# one wave (256 x 4096 x 4096: 128 tiles on 132 SMs) runs them unsplit with a deep pipeline
+# instead: no fp32 partials, no second launch (lab/gpu_mm_tma_sweep.py, benchmarks/NOTES.md).
+ONE_WAVE_TMA = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_stages": 4, "num_warps": 4}
+ONE_WAVE_FILL = 0.7
+
+
+def _one_wave_fits(m: int, n: int, n_sm: int, max_shared: int) -> bool:
+    """Whether ONE_WAVE_TMA's tiles of an [m, n] output number ONE_WAVE_FILL to one wave
+    of n_sm SMs, and its pipeline and C staging fit max_shared."""
+    cfg = ONE_WAVE_TMA
+    tiles = _tile_count(m, n, cfg)
+    smem = pipeline_bytes(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], 2, cfg["num_stages"])
+    smem += cfg["BLOCK_M"] * cfg["BLOCK_N"] * 2
+    return ONE_WAVE_FILL * n_sm <= tiles <= n_sm and smem <= max_shared
+
+
 def _choose(m, n, k, bt, dev, on_gpu, n_sm, pitches128, config):
     """The launch of one call: (persistent plan or None, tile config or None, K slices,
     tuned?). ``config``: a caller's config (see ``tma_matmul_fwd``), or None."""
@@ -429,6 +446,8 @@ def _choose(m, n, k, bt, dev, on_gpu, n_sm, pitches128, config):
             return _given_plan(config, m, n, tail_split, n_sm), None, 1, False
         return None, config, split, False
     plan = _persistent_plan(m, n, k, bt, dev, pitches128) if on_gpu else None
+    if plan is not None and plan.dp_tiles == 0 and _one_wave_fits(m, n, n_sm, _max_shared(dev)):
+        return None, dict(ONE_WAVE_TMA), 1, False
     if plan is not None and plan.dp_tiles == 0:
         # every tile in K slices: the tile kernel's split launch is the faster form there
         # (768x768x8192 in 3 slices: 0.97x cuBLAS, the persistent tail 0.82x)

@@ -398,7 +398,8 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool 
     256 or fewer ~1024 at 2 warps; rows of 1025-2048 one each), one row per program up to
     max_whole (not the 16-bit forward), else streamed. Short rows that would fill fewer
     than cfg.min_per_sm programs per SM of ``sms`` run one row a program (1 warp up to 256
-    columns, 2 at 512, 4 at 1024, 8 in the fp32 backward)."""
+    columns, 2 at 512, 4 at 1024, 8 in the fp32 backward). The fp32 backward of an
+    8192-wide block takes 32 warps."""
     block = triton_support.next_pow2(max(n_cols, 1))
     # a 16-bit row of 4097-6144 columns would leave a quarter or more of its 8192-wide
     # block idle: it streams, in quarter-block steps; fp32 ones stay whole
@@ -412,6 +413,8 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool 
             warps = 1 if block <= 256 else 2 if block == 512 else 8 if element_size >= 4 and not fwd else 4
             return block, 1, True, cfg.warps or warps
         per = block * rows
+        if block == 8192 and element_size >= 4 and not fwd:  # the fp32 backward's dot pair
+            return block, rows, True, cfg.warps or 32  # in registers: 8 elements a thread
         return block, rows, True, cfg.warps or (2 if per <= 1024 else 4 if per <= 2048 else 8)
     if cfg.max_single < block <= cfg.max_whole and (element_size >= 4 or not fwd):
         return block, 1, True, cfg.whole_warps or max(1, block // 1024)
