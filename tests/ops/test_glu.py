@@ -32,6 +32,7 @@ from kltest import (
 CASES = [("swiglu", {}), ("geglu", {}), ("geglu", {"approximate": "tanh"})]
 CASE_IDS = ["swiglu", "geglu-erf", "geglu-tanh"]
 SHAPES = [(1,), (17,), (1025,), (3, 0, 5), (7, 129), (2, 3, 257)]
+SMALL_N = 1 << 17  # glu_kernels.triton_kernels.SMALL_N (asserted below)
 
 
 def _fn(op):
@@ -150,6 +151,26 @@ def test_fused_kernel_rounds_once():
     ours = (kernellab.swiglu(a, b, backend="triton").double() - ref).abs().mean()
     torch_err = ((F.silu(a) * b).double() - ref).abs().mean()
     assert ours < torch_err, (ours, torch_err)
+
+
+@pytest.mark.parametrize("n", [SMALL_N - 1, SMALL_N + 5], ids=["small-programs", "default-programs"])
+def test_triton_launch_shapes_either_side_of_small_n(n):
+    """Below SMALL_N elements the kernels run programs of SMALL_BLOCK elements and
+    SMALL_WARPS warps; from SMALL_N up, block_for's with 8 warps. Both give the float64
+    formula, forward and both gradients (the last program partial either way)."""
+    from kernellab import triton_support
+    from kernellab.ops.glu_kernels import triton_kernels as gk
+
+    assert gk.SMALL_N == SMALL_N
+    block, warps = gk.launch_shape(n, 2)
+    if n < SMALL_N:
+        assert (block, warps) == (gk.SMALL_BLOCK, gk.SMALL_WARPS)
+    else:
+        assert (block, warps) == (triton_support.block_for(2), 8)
+    assert n % block
+    spec = kernellab.get_spec("swiglu")
+    a, b = spec.make_inputs((n,), torch.bfloat16, "cpu", 4)
+    _assert_fwd_bwd("swiglu", "triton", a, b, {})
 
 
 # --------------------------------------------------------------------------- bad inputs

@@ -138,9 +138,10 @@ def test_skinny_config_invariants(n_sm, elem):
         assert bn in (32, 64, 128, 256) and bk in (16, 32, 64, 128, 256), where
         assert warps in (4, 8) and 2 <= stages <= 4, where
         one_wave = bm <= 32 and elem == 2 and n * k * elem >= tm.SKINNY_SPLIT_MIN_BYTES
-        one_wave = one_wave and triton_support.cdiv(n, 32) >= tm.ONE_WAVE_FILL * n_sm
+        one_wave = one_wave and triton_support.cdiv(n, 32 if m >= 16 else 64) >= tm.ONE_WAVE_FILL * n_sm
         if one_wave:  # no split, N tiles for most of a wave, ~ONE_WAVE_TILE weight elements a step
             assert split == 1 and triton_support.cdiv(n, bn) >= tm.ONE_WAVE_FILL * n_sm, where
+            assert bn >= 64 or m >= 16, where
             assert bn * bk == tm.ONE_WAVE_TILE or bk == 256 or bk == triton_support.next_pow2(k), where
             assert (bm * bk + bk * bn) * elem * stages <= tm.ONE_WAVE_SMEM, where
             continue
@@ -166,11 +167,13 @@ def test_skinny_config_invariants(n_sm, elem):
 
 
 def test_skinny_config_examples():
-    # decode against Llama-3-8B's down projection (K = 14336) on an H100: one wave of 128
-    # programs 32 columns wide, no split (fp32 keeps the split: 32 N tiles x 9 slices); the
-    # LM head has N tiles for 7 waves and takes no split
-    assert tm.skinny_config(1, 4096, 14336, 132, 2)[:3] == (32, 256, 1)
+    # decode against Llama-3-8B's down projection (K = 14336) on an H100: at M = 16, one
+    # wave of 128 programs 32 columns wide, no split; at M = 1 (and in fp32) 32 N tiles x 9
+    # slices; the LM head has N tiles for 7 waves and takes no split
+    assert tm.skinny_config(16, 4096, 14336, 132, 2)[:3] == (32, 256, 1)
+    assert tm.skinny_config(1, 4096, 14336, 132, 2)[:3] == (128, 128, 9)
     assert tm.skinny_config(1, 4096, 14336, 132, 4)[:3] == (128, 64, 9)
+    assert tm.skinny_config(1, 6144, 4096, 132, 2)[:3] == (64, 256, 1)
     assert tm.skinny_config(8, 28672, 4096, 132, 2)[:3] == (256, 64, 1)  # 112 programs
     assert tm.skinny_config(1, 128256, 2048, 132, 2)[:3] == (128, 128, 1)
     assert tm.skinny_config(64, 4096, 4096, 132, 2)[2] > 1  # M > 32: the split heuristic
@@ -237,10 +240,10 @@ def test_gpu_skinny_routed_with_gradients():
 def test_gpu_skinny_under_torch_compile():
     # the triton_op traces the skinny launcher: both kernels (split K)
     gen = torch.Generator(device="cuda").manual_seed(2)
-    w = torch.randn(4096, 2048, generator=gen, device="cuda").bfloat16()
-    bias = torch.randn(4096, generator=gen, device="cuda").bfloat16()
+    w = torch.randn(2048, 4096, generator=gen, device="cuda").bfloat16()
+    bias = torch.randn(2048, generator=gen, device="cuda").bfloat16()
     f = torch.compile(lambda x: mm.matmul(x, w.t(), bias, "gelu", backend="triton"), fullgraph=True)
     for m in (1, 16):
-        x = torch.randn(m, 2048, generator=gen, device="cuda").bfloat16()
-        assert tm.skinny_config(m, 4096, 2048, triton_support.sm_count(0), 2)[2] > 1
+        x = torch.randn(m, 4096, generator=gen, device="cuda").bfloat16()
+        assert tm.skinny_config(m, 2048, 4096, triton_support.sm_count(0), 2)[2] > 1
         _check(f(x), x, w.t(), bias, "gelu", torch.bfloat16)

@@ -10,7 +10,8 @@ few dozen flops per element, free under a memory-bound kernel) instead of being 
 the autograd node holds a and b only, the two tensors the MLP keeps alive anyway. Math in
 fp32, one rounding per output to the input dtype.
 
-BLOCK as gelu's: four 16-byte accesses per thread with 8 warps (fp32 4096, 16-bit 8192).
+BLOCK as gelu's: four 16-byte accesses per thread with 8 warps (fp32 4096, 16-bit 8192);
+tensors below SMALL_N elements take programs of SMALL_BLOCK elements (``launch_shape``).
 """
 
 from __future__ import annotations
@@ -118,9 +119,23 @@ def _launch(kernel, inputs, n_out: int, act: int, outs=None) -> list[Tensor]:
     outs = [torch.empty_like(inputs[0]) for _ in range(n_out)] if outs is None else outs(inputs)
     n = inputs[0].numel()
     if n:
-        block = triton_support.block_for(inputs[0].element_size())
-        kernel[(triton_support.cdiv(n, block),)](*inputs, *outs, n, ACT=act, BLOCK=block, num_warps=8)
+        block, warps = launch_shape(n, inputs[0].element_size())
+        kernel[(triton_support.cdiv(n, block),)](*inputs, *outs, n, ACT=act, BLOCK=block, num_warps=warps)
     return outs
+
+
+SMALL_N = 1 << 17  # below, programs of SMALL_BLOCK elements and SMALL_WARPS warps
+SMALL_BLOCK = 1024
+SMALL_WARPS = 16
+
+
+def launch_shape(n: int, element_size: int) -> tuple[int, int]:
+    """(BLOCK, num_warps) for n elements: ``block_for``'s with 8 warps, or below SMALL_N
+    elements small programs of many warps, which spread a short tensor over more SMs and
+    keep more loads in flight each (bf16 16384: 2 programs -> 16)."""
+    if n < SMALL_N:
+        return SMALL_BLOCK, SMALL_WARPS
+    return triton_support.block_for(element_size), 8
 
 
 def _overlap(x: Tensor, y: Tensor) -> bool:

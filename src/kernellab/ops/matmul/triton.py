@@ -434,7 +434,7 @@ def skinny_config(m: int, n: int, k: int, n_sm: int, elem_size: int) -> tuple[in
     target = SKINNY_WAVES * n_sm
     kb = triton_support.cdiv(k, bk)
     if bm <= 32 and elem_size == 2 and n * k * elem_size >= SKINNY_SPLIT_MIN_BYTES:
-        one = _one_wave(bm, n, k, n_sm, elem_size)
+        one = _one_wave(m, bm, n, k, n_sm, elem_size)
         if one is not None:
             return one
     bn = next((w for w in (128, 64) if triton_support.cdiv(n, w) >= target), None)
@@ -450,11 +450,13 @@ def skinny_config(m: int, n: int, k: int, n_sm: int, elem_size: int) -> tuple[in
     return bn, bk, s, _skinny_warps(bm, bn), _skinny_stages(bm, bn, bk, elem_size)
 
 
-def _one_wave(bm: int, n: int, k: int, n_sm: int, elem: int):
+def _one_wave(m_rows: int, bm: int, n: int, k: int, n_sm: int, elem: int):
     """The one-wave launch (see ONE_WAVE_FILL) of the widest BLOCK_N whose N tiles fill
     ONE_WAVE_FILL of a wave (256 only where 128-wide tiles make fewer than SKINNY_WAVES
-    waves), or None when even 32-wide tiles do not."""
+    waves; 32 only from 16 rows up), or None when no width does."""
     widths = (128, 64, 32) if triton_support.cdiv(n, 128) >= SKINNY_WAVES * n_sm else (256, 128, 64, 32)
+    if m_rows < 16:  # 32-wide tiles: 0.78-0.91x cuBLAS at M = 1-2 with b row-major (64-byte runs)
+        widths = tuple(w for w in widths if w >= 64)
     bn = next((w for w in widths if triton_support.cdiv(n, w) >= ONE_WAVE_FILL * n_sm), None)
     if bn is None:
         return None
