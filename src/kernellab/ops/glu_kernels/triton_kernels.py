@@ -124,7 +124,7 @@ def _launch(kernel, inputs, n_out: int, act: int, outs=None) -> list[Tensor]:
     return outs
 
 
-SMALL_N = 1 << 17  # below, programs of SMALL_BLOCK elements and SMALL_WARPS warps
+SMALL_N = 1 << 19  # below, programs of SMALL_BLOCK elements and SMALL_WARPS warps
 SMALL_BLOCK = 1024
 SMALL_WARPS = 16
 
