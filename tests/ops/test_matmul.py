@@ -292,6 +292,11 @@ def test_tma_one_wave_replaces_an_all_slices_plan(monkeypatch):
     plan, cfg, split, _ = tt._choose(256, 14336, 4096, 1, 0, True, 132, True, None)
     assert plan is not None and plan.dp_tiles > 0 and cfg is None
     assert not tt._one_wave_fits(256, 4096, 132, 160 * 1024)  # its pipeline needs ~212 KB
+    # its tiles under the interpreter, M, N and K off their multiples of 64, 128 and 128
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(70, 260, generator=g), torch.randn(260, 200, generator=g)
+    y = tt.tma_matmul_fwd(a, b, config=dict(tt.ONE_WAVE_TMA))
+    torch.testing.assert_close(y.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("persistent", [False, True], ids=["split", "persistent-tail"])

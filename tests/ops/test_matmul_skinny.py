@@ -59,6 +59,15 @@ def test_skinny_bias_and_activation_odd_shape(activation, dtype):
         _check(tm.triton_skinny_fwd(a, b, bias, activation, config=config), a, b, bias, activation, dtype)
 
 
+@pytest.mark.parametrize("layout", ["wt", "kn"])
+def test_skinny_one_wave_tiles_under_the_interpreter(layout):
+    """The one-wave launches' tiles (BLOCK_N x BLOCK_K of 64x256 and 256x64, one slice) with
+    N and K off their multiples: the partial last K block and N tile give float64's answer."""
+    for config in ((64, 256, 1, 4, 4), (256, 64, 1, 4, 4)):
+        a, b, _ = _operands(3, 300, 600, torch.bfloat16, layout, seed=11)
+        _check(tm.triton_skinny_fwd(a, b, config=config), a, b, None, None, torch.bfloat16)
+
+
 def test_skinny_empty_slice_writes_zeros():
     # K = 129 in 32-blocks is 5 blocks; 4 slices of 2 leave the last slice none: it must
     # store zeros into its partial (poisoned here), which the sum then adds.
