@@ -129,23 +129,23 @@ def nodes_buildable():
 def built_nodes(tmp_path_factory):
     """kernellab's C++ nodes extension (kernellab/cuda/nodes.py), built once for the run
     and shared by the xdist workers (cpp_extension's lock file makes a second builder wait
-    for the first), or skip. The process's nodes state is left as it was: tests that want
-    the nodes in use take ``cpp_nodes_on``."""
+    for the first); skip where no compiler or ninja is found, fail where the build breaks.
+    The process's nodes state is left as it was: tests that want the nodes in use take
+    ``cpp_nodes_on``."""
     why = _nodes_unbuildable()
     if why:
         pytest.skip(why)
     from kernellab.cuda import nodes
 
-    base = tmp_path_factory.getbasetemp()
-    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "kernellab-nodes"
+    shared = _shared_nodes_dir(tmp_path_factory)
     old = os.environ.get("KERNELLAB_CACHE")
     saved = dict(nodes._STATE)
     os.environ["KERNELLAB_CACHE"] = str(shared)
     nodes._STATE.clear()
     try:
         return nodes.build()
-    except Exception as e:  # noqa: BLE001 - a compiler error, missing headers: say so, skip
-        pytest.skip(f"the C++ nodes do not build here: {type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - a compiler error, missing headers: say so
+        pytest.fail(f"the C++ nodes do not build here: {type(e).__name__}: {e}")
     finally:
         if old is None:
             os.environ.pop("KERNELLAB_CACHE", None)
@@ -153,6 +153,18 @@ def built_nodes(tmp_path_factory):
             os.environ["KERNELLAB_CACHE"] = old
         nodes._STATE.clear()
         nodes._STATE.update(saved)
+
+
+def _shared_nodes_dir(tmp_path_factory):
+    """The cache directory of ``built_nodes``'s build, one for every xdist worker."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "kernellab-nodes"
+
+
+@pytest.fixture(scope="session")
+def built_nodes_dir(built_nodes, tmp_path_factory):
+    """The KERNELLAB_CACHE directory holding ``built_nodes``'s build."""
+    return _shared_nodes_dir(tmp_path_factory)
 
 
 @pytest.fixture

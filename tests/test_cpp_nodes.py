@@ -75,20 +75,21 @@ print("built and refused")
 """
 
 
-def test_builds_and_refuses_cpu_tensors(nodes_buildable, fresh_nodes):
-    """The extension compiles against this torch (a CPU build too: no CUDA headers needed),
-    loads, hands back None for tensors its node does not take (the caller's other path)
-    and refuses a malformed plan with a clear error; a second process finds the build on
-    disk and loads it. Each in a process of its own: one that has built the extension
-    elsewhere (the session's ``built_nodes``) would build this one as name_v1.so."""
+def test_builds_and_refuses_cpu_tensors(built_nodes_dir):
+    """The extension compiles against this torch (the session's ``built_nodes``, a CPU build
+    too: no CUDA headers needed; a build that breaks fails the run), a fresh process finds
+    the build on disk and loads it, hands back None for tensors its node does not take (the
+    caller's other path) and refuses a malformed plan with a clear error; so does a second.
+    Each in a process of its own: one that has loaded the extension already would build
+    another copy as name_v1.so."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "KERNELLAB_CACHE": str(fresh_nodes), "KERNELLAB_CPP_NODES": "auto"}
+    assert any(built_nodes_dir.rglob("*.so"))
+    env = {**os.environ, "KERNELLAB_CACHE": str(built_nodes_dir), "KERNELLAB_CPP_NODES": "auto"}
     run = subprocess.run([sys.executable, "-c", _BUILD_AND_REFUSE], env=env, capture_output=True, text=True)
     assert run.returncode == 0 and "built and refused" in run.stdout, run.stdout + run.stderr
-    assert any(fresh_nodes.rglob("*.so"))
     load = "from kernellab.cuda import nodes; print(nodes.module() is not None, nodes._STATE.get('why'))"
     run = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.startswith("True"), run.stdout + run.stderr
