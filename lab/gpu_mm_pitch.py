@@ -36,6 +36,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from kernellab import triton_support  # noqa: E402
+from kernellab.ops.matmul.triton import grouped_tile  # noqa: E402
 
 CASES = {
     "3000": (3000, 3000, 3000, torch.bfloat16),
@@ -49,20 +50,10 @@ DRY_TILES = [(16, 16, 16, 4, 1)]
 
 
 @triton_support.jit
-def _tile(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
-    tiles_m = tl.cdiv(M, BM)
-    tiles_n = tl.cdiv(N, BN)
-    group = GROUP_M * tiles_n
-    first = (pid // group) * GROUP_M
-    rows = tl.minimum(tiles_m - first, GROUP_M)
-    return first + (pid % group) % rows, (pid % group) // rows
-
-
-@triton_support.jit
 def mm_tma_pitch(a_ptr, b_ptr, c_ptr, M, N, K, pa, pb, pc, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, GROUP_M: tl.constexpr):  # fmt: skip
     # a [M, K] with row pitch pa, b [K, N] pitch pb, c [M, N] pitch pc (elements).
-    pid_m, pid_n = _tile(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BM, BN, GROUP_M)
     a_d = tl.make_tensor_descriptor(a_ptr, [M, K], [pa, 1], [BM, BK])
     b_d = tl.make_tensor_descriptor(b_ptr, [K, N], [pb, 1], [BK, BN])
     c_d = tl.make_tensor_descriptor(c_ptr, [M, N], [pc, 1], [BM, BN])
@@ -84,7 +75,7 @@ def mm_ptr(a_ptr, b_ptr, c_ptr, M, N, K, sa, sb, sc, HINT: tl.constexpr, BM: tl.
         sc = (sc // 8) * 8
         K = (K // 8) * 8
         N = (N // 8) * 8
-    pid_m, pid_n = _tile(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BM, BN, GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)

@@ -429,14 +429,14 @@ def skinny_config(m: int, n: int, k: int, n_sm: int, elem_size: int) -> tuple[in
     stages).
     Pure: a function of its arguments (cached)."""
     bm = skinny_block_m(m)
-    bk = (256 if bm <= 32 else 128) // elem_size
-    bk = max(16, min(bk, triton_support.next_pow2(k)))
-    target = SKINNY_WAVES * n_sm
-    kb = triton_support.cdiv(k, bk)
     if bm <= 32 and elem_size == 2 and n * k * elem_size >= SKINNY_SPLIT_MIN_BYTES:
         one = _one_wave(m, bm, n, k, n_sm, elem_size)
         if one is not None:
             return one
+    bk = (256 if bm <= 32 else 128) // elem_size
+    bk = max(16, min(bk, triton_support.next_pow2(k)))
+    target = SKINNY_WAVES * n_sm
+    kb = triton_support.cdiv(k, bk)
     bn = next((w for w in (128, 64) if triton_support.cdiv(n, w) >= target), None)
     if bn is not None:
         s = 1
@@ -455,7 +455,7 @@ def _one_wave(m_rows: int, bm: int, n: int, k: int, n_sm: int, elem: int):
     ONE_WAVE_FILL of a wave (256 only where 128-wide tiles make fewer than SKINNY_WAVES
     waves; 32 only from 16 rows up), or None when no width does."""
     widths = (128, 64, 32) if triton_support.cdiv(n, 128) >= SKINNY_WAVES * n_sm else (256, 128, 64, 32)
-    if m_rows < 16:  # 32-wide tiles: 0.78-0.91x cuBLAS at M = 1-2 with b row-major (64-byte runs)
+    if m_rows < 16:  # few rows: 32-wide tiles read a row-major b in 64-byte runs, too short
         widths = tuple(w for w in widths if w >= 64)
     bn = next((w for w in widths if triton_support.cdiv(n, w) >= ONE_WAVE_FILL * n_sm), None)
     if bn is None:

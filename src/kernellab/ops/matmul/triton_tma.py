@@ -28,6 +28,7 @@ from kernellab.ops._register import register_builtin
 from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.ops.matmul.triton import (
     _ACT,
+    ONE_WAVE_FILL,
     TUNE_MIN_WORK,
     _Launch,
     _max_shared,
@@ -248,12 +249,15 @@ def tma_configs() -> list:
     return as_configs(rows)
 
 
+def tma_shared_bytes(bm: int, bn: int, bk: int, elem: int, stages: int) -> int:
+    """Shared memory of the TMA kernels: the pipeline, and the C tile staged for the TMA store."""
+    return pipeline_bytes(bm, bn, bk, elem, stages) + bm * bn * elem
+
+
 def _fits_tma(cfg, m, n, k, elem, max_shared) -> bool:
     kw = cfg.kwargs
     bm, bn, bk = kw["BLOCK_M"], kw["BLOCK_N"], kw["BLOCK_K"]
-    pipeline = pipeline_bytes(bm, bn, bk, elem, cfg.num_stages)
-    staging = bm * bn * elem  # the C tile staged in shared memory for the TMA store
-    if pipeline + staging > max_shared:
+    if tma_shared_bytes(bm, bn, bk, elem, cfg.num_stages) > max_shared:
         return False
 
     def cap(d):
@@ -328,7 +332,7 @@ def plan_persistent(m: int, n: int, k: int, n_sm: int, max_shared: int, elem: in
     best = None
     for cfg, eff in tiles or PERSISTENT_TILES:
         bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-        if pipeline_bytes(bm, bn, bk, elem, cfg["num_stages"]) + bm * bn * elem > max_shared:
+        if tma_shared_bytes(bm, bn, bk, elem, cfg["num_stages"]) > max_shared:
             continue
         count = _tile_count(m, n, cfg)
         kb = max(1, triton_support.cdiv(k, bk))
@@ -422,17 +426,14 @@ def _operand(t: torch.Tensor, bt: int, rows: int, cols: int, per16: int):
 # one wave (256 x 4096 x 4096: 128 tiles on 132 SMs) runs them unsplit with a deep pipeline
 # instead: no fp32 partials, no second launch (lab/gpu_mm_tma_sweep.py, benchmarks/NOTES.md).
 ONE_WAVE_TMA = {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_stages": 4, "num_warps": 4}
-ONE_WAVE_FILL = 0.7
 
 
 def _one_wave_fits(m: int, n: int, n_sm: int, max_shared: int) -> bool:
-    """Whether ONE_WAVE_TMA's tiles of an [m, n] output number ONE_WAVE_FILL to one wave
-    of n_sm SMs, and its pipeline and C staging fit max_shared."""
+    """Whether ONE_WAVE_TMA's tiles of an [m, n] output number ONE_WAVE_FILL (the skinny
+    kernel's) to one wave of n_sm SMs, and its shared memory fits max_shared."""
     cfg = ONE_WAVE_TMA
-    tiles = _tile_count(m, n, cfg)
-    smem = pipeline_bytes(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], 2, cfg["num_stages"])
-    smem += cfg["BLOCK_M"] * cfg["BLOCK_N"] * 2
-    return ONE_WAVE_FILL * n_sm <= tiles <= n_sm and smem <= max_shared
+    smem = tma_shared_bytes(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], 2, cfg["num_stages"])
+    return ONE_WAVE_FILL * n_sm <= _tile_count(m, n, cfg) <= n_sm and smem <= max_shared
 
 
 def _choose(m, n, k, bt, dev, on_gpu, n_sm, pitches128, config):
