@@ -36,10 +36,16 @@ CASES = {
     "fc1_64x128x3136": (64, 128, 3136, False, False),
     "fc1_dA_64x3136x128": (64, 3136, 128, False, True),
     "fc1_dB_3136x128x64": (3136, 128, 64, True, False),
+    # other products below TUNE_MIN_WORK (the fixed config's domain), to check a rule on
+    "mid_512x512x512": (512, 512, 512, False, False),
+    "mid_512x768x768_linear": (512, 768, 768, False, True),
+    "mid_256x1024x1024": (256, 1024, 1024, False, False),
+    "mid_1024x1024x512": (1024, 1024, 512, False, False),
+    "mid_2048x256x1024_dB": (2048, 256, 1024, True, False),
 }
-TILES = [(16, 16, 64), (32, 16, 64), (32, 32, 64), (64, 16, 64), (64, 32, 32), (64, 64, 64), (32, 64, 128),
-         (64, 64, 128), (128, 64, 64), (128, 128, 64)]  # fmt: skip
-WARPS = (2, 4, 8)
+TILES = [(16, 16, 64), (16, 32, 64), (16, 64, 64), (32, 16, 64), (32, 32, 64), (64, 16, 64), (64, 32, 32),
+         (64, 64, 64), (32, 64, 128), (64, 64, 128), (64, 128, 64), (128, 64, 64), (128, 128, 64)]
+WARPS = (4, 8)
 STAGES = (1, 2, 3)
 
 
@@ -47,6 +53,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--cpu-dry-run", action="store_true")
+    ap.add_argument("--cases", default=None, help="comma-separated names (default: all)")
+    ap.add_argument("--budget", type=float, default=0.3, help="timing budget per config, s")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,7 +67,8 @@ def main() -> int:
         if dry:
             fn()
             return float("nan")
-        return timer.time_cuda(fn, warmup_s=0.02, min_reps=10, min_time_s=0.05, budget_s=0.3).median_ms * 1e3
+        t = timer.time_cuda(fn, warmup_s=0.02, min_reps=10, min_time_s=0.05, budget_s=args.budget)
+        return t.median_ms * 1e3
 
     sha = os.environ.get("KERNELLAB_GIT_SHA", "")
     rows = open(out / "mm_small.jsonl", "w")
@@ -70,6 +79,8 @@ def main() -> int:
     cases = (
         {k: v for k, v in CASES.items() if k.startswith("fc2")} if dry else CASES
     )  # the interpreter is slow
+    if args.cases:
+        cases = {k: v for k, v in cases.items() if k in args.cases.split(",")}
     for name, (m, n, k, a_t, b_t) in cases.items():
         g = torch.Generator(device=dev).manual_seed(0)
         a = torch.randn((k, m) if a_t else (m, k), generator=g, device=dev).to(dtype)
