@@ -192,6 +192,33 @@ def test_triton_tunes_only_big_problems_by_size_bucket():
     )
 
 
+def test_small_products_take_narrow_tiles_in_16_bit():
+    from kernellab import triton_support
+    from kernellab.ops.matmul import triton as tm
+
+    def tiles(m, n, k, bt=1):
+        c = tm.small_config(m, n, k, bt, 2, "tf32", 232448)
+        return c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]
+
+    # the H200 sweep's (lab/gpu_mm_small.py) winners or configs within 7% of them
+    assert tiles(512, 768, 768) == (64, 64, 128)  # 128x128x64 took 12.5 us, this 8.4
+    assert tiles(3136, 128, 64) == (64, 64, 64)  # K of one step
+    assert tiles(256, 10, 128) == (32, 16, 64)  # N = 10: 16-wide tiles, 16 programs
+    assert tiles(128, 10, 256) == (16, 16, 64)  # 8 programs
+    assert tiles(64, 128, 3136) == (64, 64, 128)  # a long K keeps the wide steps
+    assert tiles(128, 10, 256, bt=4) == (64, 16, 64)  # a batch counts toward the programs
+    for m, n, k, bt in ((1, 1, 1, 1), (17, 33, 65, 1), (256, 10, 128, 3), (1000, 1023, 997, 1), (8, 8, 8, 2)):
+        for shared in (232448, 48 * 1024):
+            c = tm.small_config(m, n, k, bt, 2, "tf32", shared)
+            assert min(c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"]) >= 16  # tl.dot's smallest
+            assert (c["BLOCK_M"] + c["BLOCK_N"]) * c["BLOCK_K"] * 2 * c["num_stages"] <= shared
+            programs = bt * triton_support.cdiv(m, c["BLOCK_M"]) * triton_support.cdiv(n, c["BLOCK_N"])
+            narrowest = c["BLOCK_M"] == c["BLOCK_N"] == 16
+            assert programs >= tm.SMALL_MIN_PROGRAMS or narrowest or k > tm.SMALL_SHRINK_MAX_K
+    for elem, prec in ((4, "tf32"), (4, "ieee")):  # fp32 keeps the fixed config
+        assert tm.small_config(256, 10, 128, 1, elem, prec, 232448) == tm.fixed_config(elem, prec, 232448)
+
+
 @pytest.mark.parametrize(
     "m,n,k,a_t,b_t,split,batch",
     [
@@ -1532,6 +1559,26 @@ def test_gpu_small_problems_are_not_autotuned():
     a, b = _inputs((1020, 1010, 2000), torch.bfloat16, "cuda")  # bucket (1024, 1024, 2048) again
     mm.matmul(a, b, backend="triton")
     assert len(tm._matmul_tuned.cache) == before + 2
+
+
+SMALL_PRODUCTS = [(256, 10, 128, False, False), (256, 128, 10, False, True), (128, 10, 256, True, False),
+                  (64, 3136, 128, False, True), (3136, 128, 64, True, False), (37, 70, 300, False, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("m,n,k,a_t,b_t", SMALL_PRODUCTS)
+def test_gpu_small_config_products_match_float64(m, n, k, a_t, b_t, dtype):
+    from kernellab.ops.matmul import triton as tm
+
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = torch.randn((k, m) if a_t else (m, k), generator=g, device="cuda").to(dtype)
+    b = torch.randn((n, k) if b_t else (k, n), generator=g, device="cuda").to(dtype)
+    a, b = (a.t() if a_t else a), (b.t() if b_t else b)
+    y = tm.triton_matmul_fwd(a, b)
+    ref = a.double() @ b.double()
+    err = (y.double() - ref).abs().max().item() / ref.abs().max().item()
+    assert err < 1e-2, err
 
 
 @pytest.mark.gpu

@@ -347,6 +347,33 @@ def fixed_config(elem: int, precision: str, max_shared: int) -> dict:
     return cfg
 
 
+# A 16-bit product below TUNE_MIN_WORK takes a few microseconds: 64x64 tiles stepping
+# 128 along K (4 warps, 3 stages), or, with K up to SMALL_SHRINK_MAX_K, narrower tiles
+# where the output has too few of those to give SMALL_MIN_PROGRAMS programs (a longer K
+# keeps the wide steps). 128x128 tiles there leave most SMs idle and run a mostly empty
+# tile (benchmarks/NOTES.md, "Small matmuls").
+SMALL_MIN_PROGRAMS = 8
+SMALL_SHRINK_MAX_K = 1024
+
+
+def small_config(m: int, n: int, k: int, bt: int, elem: int, precision: str, max_shared: int) -> dict:
+    """The untuned config of a [bt] x [m, k] @ [k, n] product below TUNE_MIN_WORK."""
+    if elem != 2:
+        return fixed_config(elem, precision, max_shared)
+    bm, bn = 64, min(64, max(16, triton_support.next_pow2(n)))
+    cdiv = triton_support.cdiv
+    while k <= SMALL_SHRINK_MAX_K and bm * bn > 256 and bt * cdiv(m, bm) * cdiv(n, bn) < SMALL_MIN_PROGRAMS:
+        if bm >= bn and bm > 16:
+            bm //= 2
+        else:
+            bn //= 2
+    bk = 128 if bm == bn == 64 and k >= 128 else 64
+    cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_stages": 3, "num_warps": 4}
+    if (bm + bn) * bk * elem * 3 > max_shared:
+        cfg.update(BLOCK_K=32, num_stages=2)
+    return cfg
+
+
 # The CPU interpreter runs programs one by one: one small config, no tuning.
 _CPU_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4}
 
@@ -811,7 +838,8 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
         if bt * m * n * k >= TUNE_MIN_WORK:
             main = _Launch(_matmul_tuned, grid, consts, True, check)
         else:
-            cfg = fixed_config(a.element_size(), consts["PRECISION"], _max_shared(a.device.index))
+            shared = _max_shared(a.device.index)
+            cfg = small_config(m, n, k, bt, a.element_size(), consts["PRECISION"], shared)
             kw = dict(consts, **cfg)
             main = _Launch(_matmul_kernel, tuple(grid(kw)), kw, False, check)
     else:
