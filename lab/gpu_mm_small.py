@@ -55,6 +55,8 @@ def main() -> int:
     ap.add_argument("--cpu-dry-run", action="store_true")
     ap.add_argument("--cases", default=None, help="comma-separated names (default: all)")
     ap.add_argument("--budget", type=float, default=0.3, help="timing budget per config, s")
+    ap.add_argument("--skinny", action="store_true",
+                    help="also the skinny kernel (M <= 128): BLOCK_N x BLOCK_K x K slices x stages")  # fmt: skip
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -96,6 +98,22 @@ def main() -> int:
         ):
             res[path] = timed(fn)
             rows.write(json.dumps(dict(base, path=path, us=res[path])) + "\n")
+        if args.skinny and m <= tm.SKINNY_M_MAX:
+            sk_best = (float("inf"), None)
+            for cfg in itertools.product((32, 64, 128), (64, 128, 256), (1, 2, 4, 7, 8, 14), (4,), (3, 4)):
+                row = dict(base, path="skinny", config=list(cfg))
+                try:
+                    y = tm.triton_skinny_fwd(a, b, config=cfg)
+                    row["rel_err"] = (y.float() - ref).abs().max().item() / scale
+                    if row["rel_err"] <= 2e-2:
+                        row["us"] = timed(lambda cfg=cfg: tm.triton_skinny_fwd(a, b, config=cfg))
+                        sk_best = min(sk_best, (row["us"], cfg))
+                    else:
+                        row["error"] = "mismatch"
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                rows.write(json.dumps(row) + "\n")
+            print(f"{name}: skinny best {sk_best[0]:.1f} us {sk_best[1]}", flush=True)
         best = (float("inf"), None)
         for bm, bn, bk, w, st in grid_cfgs:
             c = torch.empty(m, n, dtype=dtype, device=dev)
