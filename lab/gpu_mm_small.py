@@ -56,7 +56,7 @@ def main() -> int:
     ap.add_argument("--cases", default=None, help="comma-separated names (default: all)")
     ap.add_argument("--budget", type=float, default=0.3, help="timing budget per config, s")
     ap.add_argument("--skinny", action="store_true",
-                    help="also the skinny kernel (M <= 128): BLOCK_N x BLOCK_K x K slices x stages")  # fmt: skip
+                    help="also the skinny kernel (M <= 128) over its tiles and K slices")  # fmt: skip
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
