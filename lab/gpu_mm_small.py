@@ -55,6 +55,7 @@ def main() -> int:
     ap.add_argument("--cpu-dry-run", action="store_true")
     ap.add_argument("--cases", default=None, help="comma-separated names (default: all)")
     ap.add_argument("--budget", type=float, default=0.3, help="timing budget per config, s")
+    ap.add_argument("--no-grid", action="store_true", help="cuBLAS and the launchers only (and --skinny)")
     ap.add_argument("--skinny", action="store_true",
                     help="also the skinny kernel (M <= 128) over its tiles and K slices")  # fmt: skip
     args = ap.parse_args()
@@ -78,6 +79,8 @@ def main() -> int:
     grid_cfgs = (
         [(16, 16, 16, 4, 1)] if dry else [t + (w, s) for t, w, s in itertools.product(TILES, WARPS, STAGES)]
     )
+    if args.no_grid:
+        grid_cfgs = []
     cases = (
         {k: v for k, v in CASES.items() if k.startswith("fc2")} if dry else CASES
     )  # the interpreter is slow
