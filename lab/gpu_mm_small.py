@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 from kernellab import triton_support  # noqa: E402
 from kernellab.ops.matmul import triton as tm  # noqa: E402
+from kernellab.ops.matmul import triton_tma as tt  # noqa: E402
 
 # name: (M, N, K, a transposed view?, b transposed view?)
 CASES = {
@@ -95,10 +96,14 @@ def main() -> int:
         scale = ref.abs().max().item() or 1.0
         base = dict(case=name, m=m, n=n, k=k, a_t=a_t, b_t=b_t, git_sha=sha)
         res = {}
-        for path, fn in (
-            ("cublas", lambda: torch.matmul(a, b)),
-            ("triton", lambda: tm.triton_matmul_fwd(a, b)),
-        ):
+        paths = [("cublas", lambda: torch.matmul(a, b)), ("triton", lambda: tm.triton_matmul_fwd(a, b))]
+        if not dry:  # the TMA launcher's choice, and its config before SMALL_TMA (128x128x64, 8 warps)
+            n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+            old = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_stages=3, num_warps=8,
+                       split=tt.tma_split(m, n, k, 1, n_sm))  # fmt: skip
+            paths += [("triton_tma", lambda: tt.tma_matmul_fwd(a, b)),
+                      ("tma_128x128", lambda old=old: tt.tma_matmul_fwd(a, b, config=old))]  # fmt: skip
+        for path, fn in paths:
             res[path] = timed(fn)
             rows.write(json.dumps(dict(base, path=path, us=res[path])) + "\n")
         if args.skinny and m <= tm.SKINNY_M_MAX:

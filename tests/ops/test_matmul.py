@@ -394,6 +394,25 @@ def test_tma_split_fills_a_wave_within_its_caps():
     assert big * 2048 * 2048 * 4 <= tt.TMA_SPLIT_MAX_BYTES
 
 
+def test_tma_small_products_take_64x64_tiles_and_their_split(monkeypatch):
+    """Below TUNE_MIN_WORK the TMA kernel runs SMALL_TMA's 64x64x128 tiles, its K slices
+    counted on those tiles: 64x128x3136 (two tiles) in 8 slices; 48 KB of shared memory
+    takes the 2-stage 64x64x64 fallback."""
+    from kernellab.ops.matmul import triton_tma as tt
+
+    monkeypatch.setattr(tt, "_persistent_plan", lambda *args: None)
+    monkeypatch.setattr(tt, "_max_shared", lambda dev: 232448)
+    assert tt._choose(64, 128, 3136, 1, 0, True, 132, True, None) == (None, tt.SMALL_TMA, 8, False)
+    assert tt.tma_shared_bytes(64, 64, 128, 2, 4) <= 232448
+    plan, cfg, split, tuned = tt._choose(512, 768, 768, 1, 0, True, 132, True, None)
+    assert cfg == tt.SMALL_TMA and split == 1 and not tuned  # 96 tiles: most of a wave
+    monkeypatch.setattr(tt, "_max_shared", lambda dev: 48 * 1024)
+    _, cfg, _, _ = tt._choose(64, 128, 3136, 1, 0, True, 132, True, None)
+    assert (cfg["BLOCK_K"], cfg["num_stages"]) == (64, 2)
+    bm, bn, bk, stages = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["num_stages"]
+    assert tt.tma_shared_bytes(bm, bn, bk, 2, stages) <= 48 * 1024
+
+
 def test_tma_allocator_installed_per_thread_and_never_replaces_the_users():
     import threading
 

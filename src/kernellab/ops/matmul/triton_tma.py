@@ -283,11 +283,17 @@ _tma_tuned = triton.autotune(
 )(_matmul_tma_kernel)
 
 
+# Untuned config for products below TUNE_MIN_WORK: 64x64 tiles stepping 128 along K,
+# 4 stages, 4 warps (128 KB of pipeline + 8 KB C staging), as the pointer kernel's
+# ``small_config`` (benchmarks/NOTES.md, "Small matmuls"); 64x64x64 with 2 stages where
+# shared memory is smaller.
+SMALL_TMA = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_stages": 4, "num_warps": 4}
+
+
 def _fixed_tma_config(device_index: int) -> dict:
-    """Untuned config for small problems: 128x128x64, 3 stages, 8 warps (96 KB of pipeline +
-    32 KB C staging); 64x64x64 with 2 stages where shared memory is smaller."""
-    cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_stages": 3, "num_warps": 8}
-    if (128 + 128) * 64 * 2 * 3 + 128 * 128 * 2 > _max_shared(device_index):
+    """``SMALL_TMA``, or its fallback where shared memory is smaller."""
+    cfg = dict(SMALL_TMA)
+    if tma_shared_bytes(64, 64, 128, 2, 4) > _max_shared(device_index):
         cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_stages": 2, "num_warps": 4}
     return cfg
 
@@ -390,11 +396,11 @@ TMA_MIN_SLICE_BLOCKS = 4
 TMA_SPLIT_MAX_BYTES = 64 << 20
 
 
-def tma_split(m: int, n: int, k: int, bt: int, n_sm: int) -> int:
+def tma_split(m: int, n: int, k: int, bt: int, n_sm: int, block_m: int = 128, block_n: int = 128) -> int:
     """K slices for a [bt, m, k] @ [bt, k, n] product: the largest power of two that keeps
-    the 128x128 tiles times the slices within one wave on n_sm SMs, within the caps above;
-    1 when the tiles alone fill half the SMs or more."""
-    tiles = triton_support.cdiv(m, 128) * triton_support.cdiv(n, 128) * bt
+    the block_m x block_n tiles times the slices within one wave on n_sm SMs, within the
+    caps above; 1 when the tiles alone fill half the SMs or more."""
+    tiles = triton_support.cdiv(m, block_m) * triton_support.cdiv(n, block_n) * bt
     split = 1
     cap = min(TMA_SPLIT_MAX, max(1, triton_support.cdiv(k, 64) // TMA_MIN_SLICE_BLOCKS))
     partial_bytes = bt * m * n * 4
@@ -455,9 +461,9 @@ def _choose(m, n, k, bt, dev, on_gpu, n_sm, pitches128, config):
         return None, dict(plan.config), plan.tail_split, False
     if plan is not None:
         return plan, None, 1, False
-    split = tma_split(m, n, k, bt, n_sm) if k else 1
     if on_gpu and bt * m * n * k >= TUNE_MIN_WORK and triton_support.autotune_allowed():
-        return None, None, split, True
+        return None, None, tma_split(m, n, k, bt, n_sm) if k else 1, True
+    split = tma_split(m, n, k, bt, n_sm, SMALL_TMA["BLOCK_M"], SMALL_TMA["BLOCK_N"]) if k else 1
     return None, _fixed_tma_config(dev) if on_gpu else dict(_CPU_TMA_CONFIG), split, False
 
 
