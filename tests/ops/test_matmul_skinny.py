@@ -126,6 +126,10 @@ def test_skinny_routing():
     assert applies((1, 16, 1024), (1, 1024, 1024))  # one product with a leading dim
     assert not applies((129, 4096), (4096, 4096))  # too many rows: the tiled kernel
     assert not applies((16, 512), (512, 1024))  # N K < 2^20: launch-bound either way
+    assert applies((64, 3136), (3136, 128))  # MNIST's fc1: a long K over two 64x64 tiles
+    assert tm.skinny_config(64, 128, 3136, 132, 2) == (32, 128, 9, 4, 4)  # 9 slices of 3 blocks
+    assert not applies((64, 128), (128, 3136))  # its input gradient: a short K
+    assert not applies((128, 2048), (2048, 256))  # 8 tiles of 64x64: the tiled kernel
     assert not applies((2, 16, 1024), (2, 1024, 1024))  # a batch
     assert not applies((0, 4096), (4096, 4096))
 
@@ -133,7 +137,7 @@ def test_skinny_routing():
 # --------------------------------------------------------------------------- the chooser
 
 SHAPES = [(14336, 4096), (4096, 14336), (4096, 4096), (50257, 768), (128256, 2048), (3072, 768), (1024, 1024)]
-SHAPES += [(128, 8192), (8192, 128), (1000, 1048577 // 1000 + 1), (65, 20000)]
+SHAPES += [(128, 8192), (8192, 128), (1000, 1048577 // 1000 + 1), (65, 20000), (128, 3136), (10, 4096)]
 
 
 @pytest.mark.parametrize("elem", [2, 4])
@@ -153,6 +157,15 @@ def test_skinny_config_invariants(n_sm, elem):
             assert bn >= 64 or m >= 16, where
             assert bn * bk == tm.ONE_WAVE_TILE or bk == 256 or bk == triton_support.next_pow2(k), where
             assert (bm * bk + bk * bn) * elem * stages <= tm.ONE_WAVE_SMEM, where
+            continue
+        if n * k * elem < tm.SKINNY_SPLIT_MIN_BYTES and tm.long_k_small_output(m, n, k):
+            # a small weight under a long K: 32-wide tiles, K slices of two blocks or more
+            kb = triton_support.cdiv(k, bk)
+            per = triton_support.cdiv(kb, split)
+            assert (bn, bk) == (32, 256 // elem) and (split - 1) * per < kb, where
+            assert per >= tm.SKINNY_MIN_K_BLOCKS and 1 < split <= tm.SKINNY_SPLIT_MAX, where
+            assert triton_support.cdiv(n, bn) * split <= tm.SKINNY_WAVES * n_sm, where
+            assert (bm * bk + bk * bn) * elem * stages <= tm.SKINNY_SMEM, where
             continue
         assert bn <= 128 and bk <= 128, where
         assert (bm * bk + bk * bn) * elem * stages <= tm.SKINNY_SMEM, where

@@ -392,6 +392,10 @@ SKINNY_WAVES = 2  # programs wanted: this many per SM (one wave = n_sm programs)
 SKINNY_MIN_K_BLOCKS = 2  # each K slice walks at least this many BLOCK_K steps
 SKINNY_SPLIT_MAX = 32
 SKINNY_SPLIT_MIN_BYTES = 1 << 23  # below (~2 us of reading), no split: the sum's launch costs more
+# except a long K over an output of fewer than SMALL_MIN_PROGRAMS 64x64 tiles (MNIST's fc1,
+# 64x128x3136): there the serial K loop is the time, and 32-wide tiles in K slices of two
+# blocks or more take it (benchmarks/NOTES.md, "Small matmuls"), whatever the weight's size
+SKINNY_LONG_K = 2048
 SKINNY_SMEM = 128 * 1024  # shared memory budget of one program's pipeline (H100: 227 KB per SM)
 # Autotuning is opt-in (``tune=True``): the heuristic's configs are the default
 # (lab/gpu_skinny.py measures both; benchmarks/NOTES.md).
@@ -453,13 +457,21 @@ def skinny_config(m: int, n: int, k: int, n_sm: int, elem_size: int) -> tuple[in
     128-wide ones cannot reach the waves within the split cap. Before all of that, a
     16-bit product of M <= 32 (weights of SKINNY_SPLIT_MIN_BYTES and up) whose N tiles
     alone fill most of a wave takes the one-wave launch (``_one_wave``: no split, deep
-    stages).
+    stages); a small weight under a long K (``long_k_small_output``) takes 32-wide tiles
+    in K slices of SKINNY_MIN_K_BLOCKS blocks or more.
     Pure: a function of its arguments (cached)."""
     bm = skinny_block_m(m)
     if bm <= 32 and elem_size == 2 and n * k * elem_size >= SKINNY_SPLIT_MIN_BYTES:
         one = _one_wave(m, bm, n, k, n_sm, elem_size)
         if one is not None:
             return one
+    if n * k * elem_size < SKINNY_SPLIT_MIN_BYTES and long_k_small_output(m, n, k):
+        bn, bk = 32, 256 // elem_size
+        kb = triton_support.cdiv(k, bk)
+        waves = SKINNY_WAVES * n_sm // triton_support.cdiv(n, bn)
+        s = max(1, min(SKINNY_SPLIT_MAX, kb // SKINNY_MIN_K_BLOCKS, waves))
+        s = triton_support.cdiv(kb, triton_support.cdiv(kb, s))  # no empty slice
+        return bn, bk, s, _skinny_warps(bm, bn), _skinny_stages(bm, bn, bk, elem_size)
     bk = (256 if bm <= 32 else 128) // elem_size
     bk = max(16, min(bk, triton_support.next_pow2(k)))
     target = SKINNY_WAVES * n_sm
@@ -664,6 +676,7 @@ def plan_key(kind: str, a, b, bias, activation, extra=()) -> tuple:
         SKINNY_TUNE_MIN_BYTES,
         SKINNY_M_MAX,
         SKINNY_MIN_NK,
+        SKINNY_LONG_K,
         extra,
     )
 
@@ -875,10 +888,16 @@ def triton_matmul_fwd(
     return triton_general_fwd(a, b, bias, activation, plan=False)
 
 
+def long_k_small_output(m: int, n: int, k: int) -> bool:
+    """K of SKINNY_LONG_K or more over an output of fewer than SMALL_MIN_PROGRAMS 64x64 tiles."""
+    return k >= SKINNY_LONG_K and triton_support.cdiv(m, 64) * triton_support.cdiv(n, 64) < SMALL_MIN_PROGRAMS
+
+
 def skinny_applies(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``triton_matmul_fwd`` gives a @ b to the skinny kernels (device aside)."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    return 0 < m <= SKINNY_M_MAX and n * k >= SKINNY_MIN_NK and math.prod(a.shape[:-2]) == 1
+    weight = n * k >= SKINNY_MIN_NK or long_k_small_output(m, n, k)
+    return 0 < m <= SKINNY_M_MAX and weight and math.prod(a.shape[:-2]) == 1
 
 
 def triton_skinny_fwd(
