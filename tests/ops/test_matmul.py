@@ -394,6 +394,27 @@ def test_tma_split_fills_a_wave_within_its_caps():
     assert big * 2048 * 2048 * 4 <= tt.TMA_SPLIT_MAX_BYTES
 
 
+@pytest.mark.parametrize("m,n,k,a_t,b_t", [(256, 10, 128, False, False), (128, 10, 256, True, False),
+                                           (40, 70, 300, False, True)])  # fmt: skip
+def test_small_config_tiles_under_the_interpreter(m, n, k, a_t, b_t):
+    """The pointer kernel at ``small_config``'s GPU tiles (16-64 wide, BLOCK_K 64-128),
+    partial edge tiles included, gives float64's answer under the interpreter."""
+    from kernellab import triton_support
+    from kernellab.ops.matmul import triton as tm
+
+    g = torch.Generator().manual_seed(m + n + k)
+    a = torch.randn((k, m) if a_t else (m, k), generator=g)
+    b = torch.randn((n, k) if b_t else (k, n), generator=g)
+    a, b = (a.t() if a_t else a), (b.t() if b_t else b)
+    cfg = tm.small_config(m, n, k, 1, 2, "tf32", 232448)
+    c = torch.empty(m, n)
+    grid = (triton_support.cdiv(m, cfg["BLOCK_M"]) * triton_support.cdiv(n, cfg["BLOCK_N"]), 1)
+    tm._matmul_kernel[grid](a, b, c, c, m, n, k, 0, a.stride(0), a.stride(1), 0, b.stride(0), b.stride(1),
+                            0, n, 1, 1, 1, 1, HAS_BIAS=False, ACT=0, PRECISION="ieee", UPCAST=False,
+                            **cfg)  # fmt: skip
+    torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-4)
+
+
 def test_tma_small_products_take_64x64_tiles_and_their_split(monkeypatch):
     """Below TUNE_MIN_WORK the TMA kernel runs SMALL_TMA's 64x64x128 tiles, its K slices
     counted on those tiles: 64x128x3136 (two tiles) in 8 slices; 48 KB of shared memory

@@ -68,6 +68,16 @@ def test_skinny_one_wave_tiles_under_the_interpreter(layout):
         _check(tm.triton_skinny_fwd(a, b, config=config), a, b, None, None, torch.bfloat16)
 
 
+@pytest.mark.parametrize("layout", ["wt", "kn"])
+def test_skinny_long_k_slices_under_the_interpreter(layout):
+    """A long K over a small output (MNIST's fc1, 64x128x3136) runs the config
+    ``skinny_config`` gives it: 32-wide tiles, 128-deep blocks, 9 slices summed in order."""
+    config = tm.skinny_config(64, 128, 3136, 132, 2)
+    assert config[:3] == (32, 128, 9)
+    a, b, _ = _operands(64, 128, 3136, torch.bfloat16, layout, seed=12)
+    _check(tm.triton_skinny_fwd(a, b, config=config), a, b, None, None, torch.bfloat16)
+
+
 def test_skinny_empty_slice_writes_zeros():
     # K = 129 in 32-blocks is 5 blocks; 4 slices of 2 leave the last slice none: it must
     # store zeros into its partial (poisoned here), which the sum then adds.
