@@ -97,6 +97,50 @@ def test_hf_phi_builds_at_head_dim_80_and_patches(tmp_path):
     assert abs(rows[0]["loss"] - rows[1]["loss"]) < 1e-2 * abs(rows[0]["loss"])
 
 
+def test_decode_task_times_generation_and_compares_tokens(tmp_path, capsys):
+    """--task decode: greedy generation of a patched and an unpatched hf-llama from the
+    same weights and prompt; fp32 gives the same tokens; one row per (variant, mode)."""
+    from kernellab.models import user_models
+
+    out_path = tmp_path / "rows.jsonl"
+    code = user_models.main(["--model", "hf-llama", "--task", "decode", "--small", "--batch", "2",
+                             "--seq", "16", "--new-tokens", "5", "--modes", "eager", "--variants",
+                             "hf,kernellab", "--rounds", "2", "--dtype", "fp32",
+                             "--json", str(out_path)])  # fmt: skip
+    assert code == 0
+    rows = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert [(r["variant"], r["mode"], r["task"]) for r in rows] == [
+        ("hf", "eager", "decode"), ("kernellab", "eager", "decode")]  # fmt: skip
+    for r in rows:
+        assert r["new_tokens"] == 5 and r["prompt"] == 16 and r["git_sha"]
+        assert r["first_token_ms"] > 0 and r["tokens_per_s"] > 0
+        assert r["same_tokens"] == 1.0
+    assert rows[0]["speedup"] == 1.0
+    assert "ms/token" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--model", "nanogpt", "--task", "decode"], "needs a Hugging Face model"),
+    (["--model", "hf-llama", "--task", "decode", "--new-tokens", "1", "--small"],
+     "--new-tokens must be at least 2"),
+    (["--model", "hf-llama", "--task", "decode", "--modes", "reduce-overhead", "--small", "--variants", "hf"],
+     "is not one of eager, compile"),
+])  # fmt: skip
+def test_decode_task_refuses_what_it_cannot_time(argv, needle, capsys):
+    from kernellab.models import user_models
+
+    assert user_models.main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_decode_task_refuses_isolate():
+    from kernellab.models import user_models
+
+    with pytest.raises(SystemExit) as e:
+        user_models.main(["--model", "hf-llama", "--task", "decode", "--isolate"])
+    assert e.value.code == 2
+
+
 def test_kernel_timeline_sums_kernels_gaps_and_syncs():
     from types import SimpleNamespace as NS
 

@@ -19,6 +19,10 @@ Models:
     kernellab train hf --config llama --compare          (this module, through the CLI)
     python -m kernellab.models.user_models --model nanogpt --batch 8 --seq 1024 --json out.jsonl
     python -m kernellab.models.user_models --model hf-llama --seq 2048 --batch 2 --isolate
+    python -m kernellab.models.user_models --model hf-llama --task decode --batch 8 --seq 512
+
+``--task decode`` (hf-* models) times greedy generation with a KV cache instead of
+training steps (``decode_main``).
 
 Each (variant, mode) keeps its own copy of the model from the same initial weights; a round
 runs --steps timed steps of each in turn after warm-up (compiles) and the median round is
@@ -178,6 +182,113 @@ def kernellab_patch(model, backends: dict | None = None) -> str | None:
     print(kernellab.patch(model, backend=backends or None, fused_linear_cross_entropy=fused, verbose=False),
           file=sys.stderr)
     return None
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def decode_main(a, backends: dict) -> int:
+    """``--task decode``: greedy generation with a KV cache (``model.generate``), as a user
+    serves a model, per variant: time to the first token (the prompt's prefill) and each
+    further token's time, ``(t(new_tokens) - t(1)) / (new_tokens - 1)``, the median of
+    --rounds; and how many generated tokens equal the first variant's. Modes: eager, and
+    compile (a static cache and ``torch.compile`` of the forward, as transformers'
+    generation docs advise)."""
+    if not a.model.startswith("hf-"):
+        print(f"--task decode needs a Hugging Face model (hf-...), not {a.model!r}", file=sys.stderr)
+        return 2
+    if a.new_tokens < 2:
+        print(f"--new-tokens must be at least 2, got {a.new_tokens}", file=sys.stderr)
+        return 2
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
+    torch.manual_seed(0)
+    with torch.device(dev):
+        base = hf_model(a.model, a.small)
+    base = base.to(dev, dtype).eval()
+    vocab = base.config.vocab_size
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    prompt = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    modes = a.modes.split(",")
+    runs, skipped = {}, {}
+    for v in _variants(a):
+        for mode in modes:
+            if mode not in ("eager", "compile"):
+                print(f"--task decode: mode {mode!r} is not one of eager, compile", file=sys.stderr)
+                return 2
+            m = copy.deepcopy(base)
+            why = None
+            if v == "liger":
+                why = liger_patch(a.model, m)
+            elif v in KL_VARIANTS:
+                why = kernellab_patch(m, backends)
+            if why:
+                skipped[v] = why
+                break
+            kw = dict(do_sample=False, pad_token_id=0)
+            if mode == "compile":
+                kw["cache_implementation"] = "static"
+                m.forward = torch.compile(m.forward)
+            runs[(v, mode)] = (m, kw)
+    del base
+
+    def generate(m, kw, n):
+        with torch.no_grad():
+            return m.generate(prompt, max_new_tokens=n, min_new_tokens=n, **kw)
+
+    tokens = {}
+    for key, (m, kw) in runs.items():  # warm-up: compiles, autotuning, the allocator
+        for n in (1, a.new_tokens):
+            out = generate(m, kw, n)
+        tokens[key] = out[:, a.seq :].cpu()
+    first_ms, total_ms = {key: [] for key in runs}, {key: [] for key in runs}
+    for _ in range(a.rounds):
+        for key, (m, kw) in runs.items():
+            for n, into in ((1, first_ms), (a.new_tokens, total_ms)):
+                sync()
+                t0 = time.perf_counter()
+                generate(m, kw, n)
+                sync()
+                into[key].append((time.perf_counter() - t0) * 1e3)
+    gpu = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+    from kernellab.harness.bench import git_sha
+
+    sha = git_sha()
+    print(f"{a.model} decode: batch {a.batch}, prompt {a.seq}, {a.new_tokens} new tokens, {a.dtype} "
+          f"on {gpu}; "
+          f"median of {a.rounds} rounds; ratio = the first variant's ms per token / this one's; "
+          "same = generated tokens equal to the first variant's")  # fmt: skip
+    for v, why in skipped.items():
+        print(f"  {v}: skipped ({why})")
+    rows = []
+    for mode in modes:
+        ref = None
+        for v in _variants(a):
+            key = (v, mode)
+            if key not in runs:
+                continue
+            ttft = statistics.median(first_ms[key])
+            steps = zip(total_ms[key], first_ms[key])
+            per = statistics.median((t - f) / (a.new_tokens - 1) for t, f in steps)
+            ref = ref or (per, tokens[key])
+            same = float((tokens[key] == ref[1]).float().mean())
+            row = dict(model=a.model, task="decode", variant=v, mode=mode, batch=a.batch, prompt=a.seq,
+                       new_tokens=a.new_tokens, dtype=a.dtype, gpu=gpu, first_token_ms=round(ttft, 3),
+                       ms_per_token=round(per, 4),
+                       tokens_per_s=round(a.batch * 1e3 / per) if per > 0 else None,
+                       speedup=round(ref[0] / per, 3) if per > 0 else None, same_tokens=round(same, 4),
+                       git_sha=sha)  # fmt: skip
+            if backends and v in KL_VARIANTS:
+                row["backends"] = backends
+            rows.append(row)
+            print(f"  {mode:8s} {v:10s} first token {ttft:9.2f} ms  {per:8.3f} ms/token  "
+                  f"{row['tokens_per_s']} tok/s  {row['speedup']}x  same {same:.3f}")  # fmt: skip
+    if a.json:
+        with open(a.json, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    return 0
 
 
 # --------------------------------------------------------------------------- timing
@@ -381,6 +492,9 @@ def _isolated(a, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="nanogpt")
+    p.add_argument("--task", default="train", choices=("train", "decode"),
+                   help="train: training steps; decode: greedy generation with a KV cache (hf-* models)")
+    p.add_argument("--new-tokens", type=int, default=32, help="--task decode: tokens after the prompt")
     p.add_argument("--variants", default=None, help="comma-separated (default: every one the model has)")
     p.add_argument("--modes", default="eager,compile", help="eager, compile, reduce-overhead")
     p.add_argument("--batch", type=int, default=8)
@@ -406,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not op or not name:
             p.error(f"--backend {item!r}: expected OP=NAME, e.g. linear_cross_entropy=triton")
         backends[op] = name
+    if a.task == "decode":
+        if a.isolate:
+            p.error("--isolate is for --task train")
+        return decode_main(a, backends)
     if a.isolate:
         return _isolated(a, argv)
 
