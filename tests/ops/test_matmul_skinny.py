@@ -239,7 +239,7 @@ def test_skinny_candidates_and_pruning():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_gpu_skinny_matches_float64(dtype):
-    shapes = [(4096, 1024), (1000, 1100)]
+    shapes = [(4096, 1024), (1000, 1100), (128, 3136)]  # the last: long-K slices with config None
     for m, (n, k), layout in itertools.product([1, 7, 16, 33, 128], shapes, ("wt", "kn")):
         a, b, bias = _operands(m, n, k, dtype, layout, "cuda", seed=seed_for(m, n, layout), bias=True)
         for config in (None, (128, 64, 1, 4, 3), (64, 64, 4, 4, 3)):
