@@ -28,8 +28,9 @@ goes on with the others in a fresh subprocess.
    that passed ``check``; x_cudnn = cuDNN's time over ours (> 1: ours faster).
    With v7 among the variants (unless --no-tilings), v7 is also timed at each tiling
    of the case's head dim side by side, launched alike (``cuda_sm90.forward(...,
-   tiles=)``): columns ``v7@BNxSTAGES``, the default V7_TILES first, then v7's first
-   tiling (V7_TILES_FIRST) and the candidates V7_TILINGS; ``check`` runs those tilings
+   tiles=)``): columns ``v7@BNxSTAGES`` (suffix s: split K / V rings, e.g. ``v7@80x2s``),
+   the default V7_TILES first, then v7's first tiling (V7_TILES_FIRST) and the
+   candidates V7_TILINGS; ``check`` runs those tilings
    on odd shapes first (against the reference and ``emulate`` at their tile).
 Rows: DIR/attn_sm90.jsonl (one per case: stage, variant, shape, verdicts or times); the
 x-cuDNN table is printed last and written to DIR/attn_sm90.txt. ``--quick`` (meant for
@@ -256,6 +257,8 @@ def worker_check(
 GAPS = [
     (1, 8, 8, 4096, 256, True),
     (1, 8, 8, 4096, 256, False),
+    (1, 8, 4, 4096, 256, False),  # GQA 2 at D = 256
+    (1, 8, 4, 4096, 256, True),
     (4, 16, 16, 1024, 64, True),
     (4, 16, 16, 1024, 64, False),
     (2, 16, 16, 2048, 128, False),

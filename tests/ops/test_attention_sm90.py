@@ -297,8 +297,11 @@ def _ptx_constants(ptx: str, struct: str, d: int) -> dict[str, int]:
 def test_v7_tilings_are_what_the_modules_build():
     """V7_TILES[d] is attention_sm90.cu's default V7Tiles<d> (its BN and STAGES, read from
     the PTX), and v7_module builds every tiling the lab times with -DKL_ATTN_V7_BN / _STAGES:
-    v7's two kernels alone, at that tiling, no spills, 168 registers at launch."""
+    v7's two kernels alone, at that tiling, no spills, 168 registers at launch; a split K / V
+    tiling (-DKL_ATTN_V7_SPLIT_KV=1) with a full and an empty barrier per stage for K and for V
+    (4 x stages + 1 mbarriers with q_full), the others 2 x stages + 1."""
     _nvrtc()
+    import re
     import subprocess
     import tempfile
 
@@ -316,6 +319,8 @@ def test_v7_tilings_are_what_the_modules_build():
             assert set(asm.split_ptx(ptx)) == {f"attn_fwd_v7_d{d}_bf16", f"attn_fwd_v7_d{d}_f16"}
             got = _ptx_constants(ptx, "V7Tiles", d)
             assert (got["BN"], got["STAGES"]) == (t.bn, t.stages), (d, t, got)
+            bars = {int(n) for n in re.findall(r"4bars\[(\d+)\];", ptx)}
+            assert bars == {8 * ((4 if t.split_kv else 2) * t.stages + 1)}, (d, t, bars)
             if cuobjdump is None:
                 continue
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -845,9 +850,9 @@ def test_emulated_kernel_matches_the_reference(shape, dtype, causal):
 
 # v7's tilings (V7_TILES and the ones the lab times): tails of the key tile, S_q < S_k and
 # S_q > S_k, GQA, at every tiling's head dim and width.
-EMU_V7 = [
-    (d, t.bn) for d in cs.HEAD_DIMS for t in (cs.V7_TILES[d],) + cs.V7_TILINGS[d] if t.bn != cs.block_n(d)
-]
+EMU_V7 = sorted(
+    {(d, t.bn) for d in cs.HEAD_DIMS for t in (cs.V7_TILES[d],) + cs.V7_TILINGS[d] if t.bn != cs.block_n(d)}
+)
 
 
 @pytest.mark.parametrize("d,bn", EMU_V7)

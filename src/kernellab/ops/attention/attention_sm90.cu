@@ -66,6 +66,10 @@
 //       tensor map, of o; rows past S_q are clipped by the map, never written). lse is
 //       written by the threads as in v2-v6. Registers: S_j, P_{j-1} and O live at once,
 //       as in v5 and v6 (no spills at any head dim: tests/ops/test_attention_sm90.py).
+//       -DKL_ATTN_V7_SPLIT_KV=1 (lab tilings "80x2s" ...: cuda_sm90.py, Tiles.split_kv) gives K
+//       and V rings of their own, as FlashAttention-3 does: the producer loads K_j, then
+//       V_{j-1}; K_j is released once S_j is done, V_{j-1} once its P V is
+//       (produce_tma_split, consume_v7).
 //
 // All: head dims 64, 80, 96, 128 (BN = 128 keys per tile) and 256 (BN = 64; v7's per head dim: V7Tiles); causal blocks
 // skip every key tile above the diagonal and are issued heaviest first (the block of the
@@ -134,6 +138,12 @@
 
 #if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #error "attention_sm90.cu uses wgmma: compile it for sm_90a (Module(..., archs=(\"sm_90a\",)))"
+#endif
+
+// -DKL_ATTN_V7_SPLIT_KV=1 (with -DKL_ATTN_V7_BN): v7 with separate K and V rings
+// (produce_tma_split, consume_v7); 0: one ring of K / V stages.
+#ifndef KL_ATTN_V7_SPLIT_KV
+#define KL_ATTN_V7_SPLIT_KV 0
 #endif
 
 namespace {
@@ -453,18 +463,32 @@ struct V7Tiles {
 // The barriers of v3-v7 (static shared memory): full[st] (the copies of stage st landed),
 // empty[st] (count 8: every consumer warp is done with it), q_full. `arrivals`: the full
 // barriers' count (v3: one cp.async arrival per producer thread, 128; TMA: 1).
+// With KL_ATTN_V7_SPLIT_KV (a module of v7's kernels alone), K and V have rings of their own
+// over the same stages: full / empty guard the K tiles only, v_full / v_empty (after q_full,
+// 4 x STAGES + 1 barriers in all) the V tiles.
 template <int STAGES>
 struct Bars {
     unsigned full0, empty0, q_full;
+#if KL_ATTN_V7_SPLIT_KV
+    unsigned v_full0, v_empty0;
+#endif
 
     __device__ __forceinline__ Bars(unsigned long long* bars, unsigned arrivals) {
         full0 = smem_u32(&bars[0]);
         empty0 = smem_u32(&bars[STAGES]);
         q_full = smem_u32(&bars[2 * STAGES]);
+#if KL_ATTN_V7_SPLIT_KV
+        v_full0 = smem_u32(&bars[2 * STAGES + 1]);
+        v_empty0 = smem_u32(&bars[3 * STAGES + 1]);
+#endif
         if (threadIdx.x == 0) {
             for (int st = 0; st < STAGES; ++st) {
                 mbar_init(full0 + 8 * st, arrivals);
                 mbar_init(empty0 + 8 * st, 8);
+#if KL_ATTN_V7_SPLIT_KV
+                mbar_init(v_full0 + 8 * st, arrivals);
+                mbar_init(v_empty0 + 8 * st, 8);
+#endif
             }
             mbar_init(q_full, arrivals);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -473,6 +497,10 @@ struct Bars {
     }
     __device__ __forceinline__ unsigned full(int it) const { return full0 + 8 * (it % STAGES); }
     __device__ __forceinline__ unsigned empty(int it) const { return empty0 + 8 * (it % STAGES); }
+#if KL_ATTN_V7_SPLIT_KV
+    __device__ __forceinline__ unsigned v_full(int it) const { return v_full0 + 8 * (it % STAGES); }
+    __device__ __forceinline__ unsigned v_empty(int it) const { return v_empty0 + 8 * (it % STAGES); }
+#endif
 };
 
 // v3's producer warpgroup (128 threads): Q, then K/V tile it into stage it % STAGES once
@@ -513,6 +541,38 @@ __device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>
     }
 }
 
+#if KL_ATTN_V7_SPLIT_KV
+// v7's producer with split K / V rings (FlashAttention-3's order): Q and K_0, then per key
+// tile it >= 1 K_it followed by V_{it-1}, and V_{n-1} last. K_it waits only for the K of tile
+// it - STAGES (released once both warpgroups' S of it are done, before their softmax), V_it
+// for the V of tile it - STAGES (released after its P V): a K load is not held back by the
+// P V and softmax of older tiles. Each full barrier counts one tile's bytes.
+template <int D, int STAGES, int BN>
+__device__ __forceinline__ void produce_tma_split(const Block& blk, const Bars<STAGES>& b, unsigned sQ,
+                                                  unsigned sKV, const TensorMap* tq, const TensorMap* tk,
+                                                  const TensorMap* tv, int h, int hk, int z) {
+    constexpr unsigned KV_BYTES = BN * D * 2;
+    auto load_k = [&](int it) {
+        if (it >= STAGES) mbar_wait(b.empty(it), (it / STAGES - 1) & 1);  // K_{it - STAGES} consumed
+        mbar_expect_tx(b.full(it), KV_BYTES);
+        tma_tile<D, BN>(sKV + (it % STAGES) * 2 * KV_BYTES, tk, b.full(it), it * BN, hk, z);
+    };
+    auto load_v = [&](int it) {
+        if (it >= STAGES) mbar_wait(b.v_empty(it), (it / STAGES - 1) & 1);  // V_{it - STAGES} consumed
+        mbar_expect_tx(b.v_full(it), KV_BYTES);
+        tma_tile<D, BN>(sKV + (it % STAGES) * 2 * KV_BYTES + KV_BYTES, tv, b.v_full(it), it * BN, hk, z);
+    };
+    mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);
+    tma_tile<D, BM>(sQ, tq, b.q_full, blk.m0, h, z);
+    load_k(0);
+    for (int it = 1; it < blk.n_tiles; ++it) {
+        load_k(it);
+        load_v(it - 1);
+    }
+    load_v(blk.n_tiles - 1);
+}
+#endif
+
 // A consumer thread of the ring (threads 128..383): its warpgroup cw, its lane, its
 // fragment's first row, and per K/V tile it: the stage's shared address, the release of
 // the stage by this warp, and whether the tile needs the mask. BN: keys per tile.
@@ -539,6 +599,13 @@ struct Consumer {
         __syncwarp();
         if (lane == 0) mbar_arrive(b.empty(it));  // this warp is done with the stage
     }
+#if KL_ATTN_V7_SPLIT_KV
+    // Split rings: ``release`` gives back K_it alone, this V_it.
+    __device__ __forceinline__ void release_v(int it) const {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(b.v_empty(it));  // this warp is done with V_it
+    }
+#endif
     __device__ __forceinline__ bool masked(int it) const {
         const int n0 = it * BN;
         return n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
@@ -747,6 +814,11 @@ __device__ __forceinline__ void epilogue_tma(const Softmax<D, BN>& sm, const flo
 // in the header). O is rescaled by the previous tile's alpha inside the turn, after S_it is
 // issued (the tensor cores are busy with it) and before the P V that adds to O, so O =
 // alpha O + P V in emulate's order. BN: V7Tiles' keys per tile.
+// With KL_ATTN_V7_SPLIT_KV (produce_tma_split's rings): the full barrier waited before a turn
+// is K's; V_{it-1} is waited inside the turn, after S_it is issued (the producer loads it after
+// K_it, and everything it waits for is released by earlier turns or outside the turns, so the
+// wait cannot hold up a turn the producer needs); K_it is released as soon as S_it is done
+// (wgmma_wait<1>), V_{it-1} once its P V is.
 template <bool BF16, int D, int STAGES, int BN>
 __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
                                            const TensorMap* to, float* __restrict__ lse_b, int S_q, int S_k,
@@ -773,6 +845,9 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES>&
             issue_qk<BF16, D, BN>(s, sQ, c.stage(0), cw);
             named_arrive(other);  // (n >= 1 turns remain for both)
             wgmma_wait<0>();
+#if KL_ATTN_V7_SPLIT_KV
+            c.release(0);  // K_0
+#endif
             fence_s<BN>(s);
             sm.scores(s, alpha, scale_log2, c.masked(0), 0, row_lo, S_k, causal, blk.off, qd);
             pack_p<BF16, BN>(s, p);
@@ -783,23 +858,40 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES>&
             named_sync(mine);  // turn it: S_it, then O = alpha O + P V_{it-1}
             issue_qk<BF16, D, BN>(s, sQ, c.stage(it), cw);
             Softmax<D, BN>::rescale(acc, alpha);
+#if KL_ATTN_V7_SPLIT_KV
+            mbar_wait(b.v_full(it - 1), ((it - 1) / STAGES) & 1);
+#endif
             issue_pv<BF16, D, BN>(acc, p, c.stage(it - 1) + KV_BYTES);
             named_arrive(other);
             wgmma_wait<1>();  // the older group, S_it, is done; the P V runs on
+#if KL_ATTN_V7_SPLIT_KV
+            c.release(it);  // K_it
+#endif
             fence_s<BN>(s);
             sm.scores(s, alpha, scale_log2, c.masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
             wgmma_wait<0>();
             fence_pv<D, BN>(acc, p);
+#if KL_ATTN_V7_SPLIT_KV
+            c.release_v(it - 1);
+#else
             c.release(it - 1);
+#endif
             pack_p<BF16, BN>(s, p);
         }
         Softmax<D, BN>::rescale(acc, alpha);  // (nothing in flight: before the turn)
         named_sync(mine);                     // turn n: the last P V
+#if KL_ATTN_V7_SPLIT_KV
+        mbar_wait(b.v_full(n - 1), ((n - 1) / STAGES) & 1);
+#endif
         issue_pv<BF16, D, BN>(acc, p, c.stage(n - 1) + KV_BYTES);
         if (cw == 0) named_arrive(other);  // warpgroup 1's last turn follows; 0 has none left
         wgmma_wait<0>();
         fence_pv<D, BN>(acc, p);
+#if KL_ATTN_V7_SPLIT_KV
+        c.release_v(n - 1);
+#else
         c.release(n - 1);
+#endif
     }
     epilogue_tma<BF16, D, BN>(sm, acc, sQ, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
 }
@@ -869,7 +961,11 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
                                        int group, float scale_log2, int causal) {
     constexpr int STAGES = V7Tiles<D>::STAGES, BN = V7Tiles<D>::BN;
     extern __shared__ unsigned char smem[];
+#if KL_ATTN_V7_SPLIT_KV
+    __shared__ __align__(8) unsigned long long bars[4 * STAGES + 1];  // K's full / empty, q_full, V's full / empty
+#else
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+#endif
     check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * V7Tiles<D>::KV_BYTES);
     const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned sKV = sQ + Tiles<D>::Q_BYTES;
@@ -878,7 +974,12 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
     const int t = threadIdx.x, h = blockIdx.y, z = blockIdx.z;
     if (t < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+#if KL_ATTN_V7_SPLIT_KV
+        if (t == 0 && blk.n_tiles > 0)
+            produce_tma_split<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+#else
         if (t == 0 && blk.n_tiles > 0) produce_tma<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+#endif
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -943,6 +1044,9 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
 
 #if defined(KL_ATTN_V7_BN) && (!defined(KL_ATTN_D) || !defined(KL_ATTN_V7_STAGES))
 #error "-DKL_ATTN_V7_BN tiles one head dim: give -DKL_ATTN_D and -DKL_ATTN_V7_STAGES with it"
+#endif
+#if KL_ATTN_V7_SPLIT_KV && !defined(KL_ATTN_V7_BN)
+#error "-DKL_ATTN_V7_SPLIT_KV=1 changes Bars for v7 alone: give it with -DKL_ATTN_V7_BN (a v7-only module)"
 #endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,

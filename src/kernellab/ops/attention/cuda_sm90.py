@@ -91,13 +91,16 @@ def block_n(d: int) -> int:
 class Tiles:
     """One tiling of v7 (attention_sm90.cu, V7Tiles): ``bn`` keys per K/V tile (a multiple of
     16 whose slabs keep 1024-byte alignment; an S = Q K^T width the wgmma header has) and
-    ``stages`` K/V stages in the ring (Q + stages x 2 tiles within 227 KB)."""
+    ``stages`` K/V stages in the ring (Q + stages x 2 tiles within 227 KB). ``split_kv``:
+    separate K and V rings over the same stages (-DKL_ATTN_V7_SPLIT_KV=1, FlashAttention-3's
+    pipelines: a K tile is released once its S = Q K^T is done), written with a suffix "s"."""
 
     bn: int
     stages: int
+    split_kv: bool = False
 
     def __str__(self) -> str:
-        return f"{self.bn}x{self.stages}"
+        return f"{self.bn}x{self.stages}{'s' if self.split_kv else ''}"
 
 
 # v7's tiling per head dim, what attention_sm90.cu's V7Tiles builds by default (the test
@@ -109,26 +112,30 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # The tilings lab/gpu_attn_sm90.py times beside V7_TILES, per head dim (the tests compile
 # each: no spills, within 227 KB): FlashAttention-3's wider key tiles at D = 64 (176 / 192
 # keys: S is 88 / 96 registers beside O's 32) and at D = 128 without a mask (176 keys, two
-# stages: 208 KB; 192 keys spills) and a fourth stage at D = 64.
+# stages: 208 KB; 192 keys spills) and a fourth stage at D = 64; split K / V rings at D = 256
+# (80x2s) and D = 128 (176x2s, 128x3s).
 V7_TILINGS = {
     64: (Tiles(128, 4), Tiles(176, 3), Tiles(192, 3)),
     80: (),
     96: (),
-    128: (Tiles(176, 2),),
-    256: (),
+    128: (Tiles(176, 2), Tiles(176, 2, split_kv=True), Tiles(128, 3, split_kv=True)),
+    256: (Tiles(80, 2, split_kv=True),),
 }
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
 
 def v7_module(d: int, tiles: Tiles) -> Module:
     """The module whose v7 kernels at head dim d are tiled by ``tiles``: MODULES[d] for the
-    default (V7_TILES), else one built with -DKL_ATTN_V7_BN / _STAGES (v7's two kernels only)."""
+    default (V7_TILES), else one built with -DKL_ATTN_V7_BN / _STAGES (v7's two kernels only;
+    -DKL_ATTN_V7_SPLIT_KV=1 for a tiling with split K / V rings)."""
     if tiles == V7_TILES[d]:
         return MODULES[d]
     check_tiles(d, tiles)
     key = (d, tiles)
     if key not in _V7_MODULES:
         opts = (f"-DKL_ATTN_D={d}", f"-DKL_ATTN_V7_BN={tiles.bn}", f"-DKL_ATTN_V7_STAGES={tiles.stages}")
+        if tiles.split_kv:
+            opts += ("-DKL_ATTN_V7_SPLIT_KV=1",)
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
 
@@ -141,7 +148,8 @@ def check_tiles(d: int, tiles: Tiles) -> None:
             f"attention/cuda_v7: no tiling {tiles} at D = {d} (keys per tile in {SS_WIDTHS}, "
             f"a multiple of 16 with {tiles.bn} x {w} bytes a multiple of 1024; stages >= 2)"
         )
-    if _smem(d, tiles) + 64 > SMEM_LIMIT:  # (+ the static mbarriers)
+    bars = 8 * (4 * tiles.stages + 1) if tiles.split_kv else 64  # the static mbarriers
+    if _smem(d, tiles) + bars > SMEM_LIMIT:
         raise ValueError(
             f"attention/cuda_v7: tiling {tiles} at D = {d} needs more than 227 KB of shared memory"
         )
