@@ -184,6 +184,29 @@ def kernellab_patch(model, backends: dict | None = None) -> str | None:
     return None
 
 
+def hf_patch(name: str, variant: str, model, backends: dict | None) -> str | None:
+    """Patch a Hugging Face ``model`` in place for ``variant`` (liger, or a kernellab
+    variant; any other runs as is); why it cannot be, or None."""
+    if variant == "liger":
+        return liger_patch(name, model)
+    if variant in KL_VARIANTS:
+        return kernellab_patch(model, backends)
+    return None
+
+
+def _device_dtype(a) -> tuple[str, torch.dtype]:
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    return dev, {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
+
+
+def _append_rows(path: str | None, rows: list[dict]) -> None:
+    """One JSON line per row, appended to ``path`` (none: nothing)."""
+    if path and rows:
+        with open(path, "a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+
+
 # --------------------------------------------------------------------------- decode
 
 
@@ -200,8 +223,12 @@ def decode_main(a, backends: dict) -> int:
     if a.new_tokens < 2:
         print(f"--new-tokens must be at least 2, got {a.new_tokens}", file=sys.stderr)
         return 2
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
+    modes = a.modes.split(",")
+    for mode in modes:
+        if mode not in ("eager", "compile"):
+            print(f"--task decode: mode {mode!r} is not one of eager, compile", file=sys.stderr)
+            return 2
+    dev, dtype = _device_dtype(a)
     torch.manual_seed(0)
     with torch.device(dev):
         base = hf_model(a.model, a.small)
@@ -210,19 +237,11 @@ def decode_main(a, backends: dict) -> int:
     gen = torch.Generator(device="cpu").manual_seed(1)
     prompt = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-    modes = a.modes.split(",")
     runs, skipped = {}, {}
     for v in _variants(a):
         for mode in modes:
-            if mode not in ("eager", "compile"):
-                print(f"--task decode: mode {mode!r} is not one of eager, compile", file=sys.stderr)
-                return 2
             m = copy.deepcopy(base)
-            why = None
-            if v == "liger":
-                why = liger_patch(a.model, m)
-            elif v in KL_VARIANTS:
-                why = kernellab_patch(m, backends)
+            why = hf_patch(a.model, v, m, backends)
             if why:
                 skipped[v] = why
                 break
@@ -284,10 +303,7 @@ def decode_main(a, backends: dict) -> int:
             rows.append(row)
             print(f"  {mode:8s} {v:10s} first token {ttft:9.2f} ms  {per:8.3f} ms/token  "
                   f"{row['tokens_per_s']} tok/s  {row['speedup']}x  same {same:.3f}")  # fmt: skip
-    if a.json:
-        with open(a.json, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+    _append_rows(a.json, rows)
     return 0
 
 
@@ -475,10 +491,7 @@ def _isolated(a, argv: list[str]) -> int:
             for row in new:  # each variant's rows as it ends: a run stopped later keeps them
                 first = firsts.setdefault(row["mode"], row["ms"])
                 row["speedup"], row["isolated"] = round(first / row["ms"], 3), True
-            if a.json and new:
-                with open(a.json, "a") as f:
-                    for row in new:
-                        f.write(json.dumps(row) + "\n")
+            _append_rows(a.json, new)
             rows += new
     print(f"{a.model}: each variant in its own process; ratio = the first variant's time / this one's")
     for mode in a.modes.split(","):
@@ -527,8 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.isolate:
         return _isolated(a, argv)
 
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
+    dev, dtype = _device_dtype(a)
     hf = a.model.startswith("hf-")
     variants = _variants(a)
     modes = a.modes.split(",")
@@ -547,11 +559,9 @@ def main(argv: list[str] | None = None) -> int:
             m = copy.deepcopy(base)
             why = None
             kl = v in KL_VARIANTS
-            if hf and v == "liger":
-                why = liger_patch(a.model, m)
-            elif hf and kl:
-                why = kernellab_patch(m, backends)
-            elif not hf:
+            if hf:
+                why = hf_patch(a.model, v, m, backends)
+            else:
                 ops = nano_ops("kernellab" if kl else v, backends if kl else None)
                 m.ops = ops
                 for blk in m.blocks:
@@ -646,10 +656,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.profile:
         for key, (_, step, _) in runs.items():
             profile_steps(key, step, idx, tgt, a.profile, sync)
-    if a.json:
-        with open(a.json, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+    _append_rows(a.json, rows)
     return 0 if all(math.isfinite(r["loss"]) for r in rows) else 1
 
 

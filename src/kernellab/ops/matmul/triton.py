@@ -352,6 +352,7 @@ def fixed_config(elem: int, precision: str, max_shared: int) -> dict:
 # where the output has too few of those to give SMALL_MIN_PROGRAMS programs (a longer K
 # keeps the wide steps). 128x128 tiles there leave most SMs idle and run a mostly empty
 # tile (benchmarks/NOTES.md, "Small matmuls").
+SMALL_TILE = 64
 SMALL_MIN_PROGRAMS = 8
 SMALL_SHRINK_MAX_K = 1024
 
@@ -360,16 +361,16 @@ def small_config(m: int, n: int, k: int, bt: int, elem: int, precision: str, max
     """The untuned config of a [bt] x [m, k] @ [k, n] product below TUNE_MIN_WORK."""
     if elem != 2:
         return fixed_config(elem, precision, max_shared)
-    bm, bn = 64, min(64, max(16, triton_support.next_pow2(n)))
+    bm, bn = SMALL_TILE, min(SMALL_TILE, max(16, triton_support.next_pow2(n)))
     cdiv = triton_support.cdiv
     while k <= SMALL_SHRINK_MAX_K and bm * bn > 256 and bt * cdiv(m, bm) * cdiv(n, bn) < SMALL_MIN_PROGRAMS:
         if bm >= bn and bm > 16:
             bm //= 2
         else:
             bn //= 2
-    bk = 128 if bm == bn == 64 and k >= 128 else 64
+    bk = 128 if bm == bn == SMALL_TILE and k >= 128 else 64
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_stages": 3, "num_warps": 4}
-    if (bm + bn) * bk * elem * 3 > max_shared:
+    if pipeline_bytes(bm, bn, bk, elem, 3) > max_shared:
         cfg.update(BLOCK_K=32, num_stages=2)
     return cfg
 
@@ -431,10 +432,14 @@ def _skinny_splits(m: int, n: int, k: int, bn: int, bk: int, n_sm: int, elem: in
     """K slices for N tiles of ``bn``: enough for SKINNY_WAVES * n_sm programs, at most
     ``_skinny_split_cap``, and no empty slice (K per slice: a whole number of BLOCK_K)."""
     kb = max(1, triton_support.cdiv(k, bk))
-    tiles = triton_support.cdiv(n, bn)
-    s = min(_skinny_split_cap(m, k, kb, elem), triton_support.cdiv(SKINNY_WAVES * n_sm, tiles))
-    s = max(1, s)
-    return triton_support.cdiv(kb, triton_support.cdiv(kb, s))
+    wanted = triton_support.cdiv(SKINNY_WAVES * n_sm, triton_support.cdiv(n, bn))
+    return _whole_slices(kb, min(_skinny_split_cap(m, k, kb, elem), wanted))
+
+
+def _whole_slices(kb: int, s: int) -> int:
+    """At most ``s`` (at least 1) K slices of ``kb`` blocks, each a whole number of blocks
+    and none empty."""
+    return triton_support.cdiv(kb, triton_support.cdiv(kb, max(1, s)))
 
 
 def _skinny_split_cap(m: int, k: int, kb: int, elem: int) -> int:
@@ -469,8 +474,7 @@ def skinny_config(m: int, n: int, k: int, n_sm: int, elem_size: int) -> tuple[in
         bn, bk = 32, 256 // elem_size
         kb = triton_support.cdiv(k, bk)
         waves = SKINNY_WAVES * n_sm // triton_support.cdiv(n, bn)
-        s = max(1, min(SKINNY_SPLIT_MAX, kb // SKINNY_MIN_K_BLOCKS, waves))
-        s = triton_support.cdiv(kb, triton_support.cdiv(kb, s))  # no empty slice
+        s = _whole_slices(kb, min(SKINNY_SPLIT_MAX, kb // SKINNY_MIN_K_BLOCKS, waves))
         return bn, bk, s, _skinny_warps(bm, bn), _skinny_stages(bm, bn, bk, elem_size)
     bk = (256 if bm <= 32 else 128) // elem_size
     bk = max(16, min(bk, triton_support.next_pow2(k)))
@@ -889,8 +893,10 @@ def triton_matmul_fwd(
 
 
 def long_k_small_output(m: int, n: int, k: int) -> bool:
-    """K of SKINNY_LONG_K or more over an output of fewer than SMALL_MIN_PROGRAMS 64x64 tiles."""
-    return k >= SKINNY_LONG_K and triton_support.cdiv(m, 64) * triton_support.cdiv(n, 64) < SMALL_MIN_PROGRAMS
+    """K of SKINNY_LONG_K or more over an output of fewer than SMALL_MIN_PROGRAMS tiles of
+    SMALL_TILE x SMALL_TILE (small_config's)."""
+    tiles = triton_support.cdiv(m, SMALL_TILE) * triton_support.cdiv(n, SMALL_TILE)
+    return k >= SKINNY_LONG_K and tiles < SMALL_MIN_PROGRAMS
 
 
 def skinny_applies(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -293,7 +293,8 @@ SMALL_TMA = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 8, "num_st
 def _fixed_tma_config(device_index: int) -> dict:
     """``SMALL_TMA``, or its fallback where shared memory is smaller."""
     cfg = dict(SMALL_TMA)
-    if tma_shared_bytes(64, 64, 128, 2, 4) > _max_shared(device_index):
+    smem = tma_shared_bytes(cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], 2, cfg["num_stages"])
+    if smem > _max_shared(device_index):
         cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_stages": 2, "num_warps": 4}
     return cfg
 
