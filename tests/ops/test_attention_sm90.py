@@ -261,7 +261,8 @@ def test_module_is_sm90a_only():
 def test_shared_memory_fits_and_matches_the_kernel():
     """smem_bytes is what the kernel checks (check_smem traps below it): 1 KB of alignment,
     the Q tile and per stage a K and a V tile; all within the 227 KB a block may use. v7 is
-    tiled by V7_TILES (80 keys x 2 stages at D = 256: 225 KB), the others by block_n."""
+    tiled by V7_TILES (80 keys x 2 stages at D = 256, split rings: 225 KB), the others by
+    block_n."""
     for d in cs.HEAD_DIMS:
         bn = cs.block_n(d)
         assert bn == (64 if d == 256 else 128)
@@ -275,7 +276,10 @@ def test_shared_memory_fits_and_matches_the_kernel():
             assert cs.smem_bytes("v7", d, t) + 64 <= cs.SMEM_LIMIT
             cs.check_tiles(d, t)
         assert cs.smem_bytes("v7", d) == cs.smem_bytes("v7", d, cs.V7_TILES[d])
-        assert cs.V7_TILES[d] == (cs.Tiles(80, 2) if d == 256 else cs.Tiles(128, 3))
+        assert cs.V7_MODULE_TILES[d] == (cs.Tiles(80, 2) if d == 256 else cs.Tiles(128, 3))
+        # v7's default: the module's tiling, with split K / V rings at D = 256
+        assert cs.V7_TILES[d] == (cs.Tiles(80, 2, split_kv=True) if d == 256 else cs.V7_MODULE_TILES[d])
+        assert cs.V7_TILES[d] not in cs.V7_TILINGS[d]  # the lab times the default once
         assert cs.V7_TILES_FIRST[d] == cs.tiles_of("v6", d)  # v7's first tiling: v6's
     with pytest.raises(ValueError, match="227 KB"):
         cs.check_tiles(256, cs.Tiles(80, 3))
@@ -295,8 +299,9 @@ def _ptx_constants(ptx: str, struct: str, d: int) -> dict[str, int]:
 
 
 def test_v7_tilings_are_what_the_modules_build():
-    """V7_TILES[d] is attention_sm90.cu's default V7Tiles<d> (its BN and STAGES, read from
-    the PTX), and v7_module builds every tiling the lab times with -DKL_ATTN_V7_BN / _STAGES:
+    """V7_MODULE_TILES[d] is attention_sm90.cu's default V7Tiles<d> (its BN and STAGES, read
+    from the PTX), and v7_module builds every other tiling (V7_TILES at D = 256, the ones the
+    lab times) with -DKL_ATTN_V7_BN / _STAGES:
     v7's two kernels alone, at that tiling, no spills, 168 registers at launch; a split K / V
     tiling (-DKL_ATTN_V7_SPLIT_KV=1) with a full and an empty barrier per stage for K and for V
     (4 x stages + 1 mbarriers with q_full), the others 2 x stages + 1."""
@@ -309,10 +314,11 @@ def test_v7_tilings_are_what_the_modules_build():
 
     cuobjdump = asm.find_tool("cuobjdump")
     for d in cs.HEAD_DIMS:
-        assert cs.v7_module(d, cs.V7_TILES[d]) is cs.MODULES[d]
+        own = cs.V7_MODULE_TILES[d]
+        assert cs.v7_module(d, own) is cs.MODULES[d]
         got = _ptx_constants(cs.MODULES[d].compile("sm_90", target="ptx").decode(), "V7Tiles", d)
-        assert (got["BN"], got["STAGES"]) == (cs.V7_TILES[d].bn, cs.V7_TILES[d].stages), (d, got)
-        for t in cs.V7_TILINGS[d]:
+        assert (got["BN"], got["STAGES"]) == (own.bn, own.stages), (d, got)
+        for t in {cs.V7_TILES[d], *cs.V7_TILINGS[d]} - {own}:
             mod = cs.v7_module(d, t)
             assert mod is cs.v7_module(d, t) and mod is not cs.MODULES[d]
             ptx = mod.compile("sm_90", target="ptx").decode()
@@ -657,11 +663,11 @@ def test_runtime_passes_a_tensor_map_by_value(monkeypatch):
     assert seen["n"] == 1
 
 
-@pytest.mark.parametrize("tiles", [None, cs.Tiles(64, 2)], ids=["default", "64x2"])
+@pytest.mark.parametrize("tiles", [None, cs.Tiles(64, 2), cs.Tiles(80, 2)], ids=["default", "64x2", "80x2"])
 def test_launcher_v7_tiling(recorder, monkeypatch, tiles):
-    """v7 at D = 256: K / V boxes of the tiling's keys (64 by default, V7_TILES), the shared
-    memory of its ring, the kernel from the tiling's module (MODULES[256] by default);
-    v2-v6 refuse a tiling."""
+    """v7 at D = 256: K / V boxes of the tiling's keys (80 by default, V7_TILES), the shared
+    memory of its ring, the kernel from the tiling's module (by default the split-ring 80x2s,
+    a module of its own; MODULES[256] for its own 80x2); v2-v6 refuse a tiling."""
     modules = []
     kernel = cs.Module.kernel
     monkeypatch.setattr(
@@ -674,7 +680,8 @@ def test_launcher_v7_tiling(recorder, monkeypatch, tiles):
     tq, tk, tv, to = args[:4]
     assert tq[5] == (64, 128, 1, 1) and tk[5] == tv[5] == (64, t.bn, 1, 1) and to[5] == (64, 64, 1, 1)
     assert shared == cs.smem_bytes("v7", 256, t) == 1024 + 128 * 512 + t.stages * 2 * t.bn * 512
-    assert (modules[0] is cs.MODULES[256]) == (tiles is None)
+    assert modules[0] is cs.v7_module(256, t)
+    assert (modules[0] is cs.MODULES[256]) == (t == cs.Tiles(80, 2))
     assert recorder.names == ["attn_fwd_v7_d256_bf16"]
     with pytest.raises(ValueError, match="only v7"):
         cs.forward(q, k, v, True, 0.1, "v6", cs.Tiles(64, 2))
@@ -929,8 +936,9 @@ V7_GPU = [(d, t) for d in cs.HEAD_DIMS for t in cs.V7_TILINGS[d]]
 @pytest.mark.parametrize("d,tiles", V7_GPU, ids=lambda x: str(x))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_v7_at_every_tiling_the_lab_times(d, tiles, causal):
-    """v7 at the tilings the lab times beside V7_TILES (their own modules): against its
-    emulation at that tiling and the reference, odd lengths, GQA, S_q != S_k."""
+    """v7 at the tilings the lab times beside V7_TILES (80x2 from MODULES[256], the others
+    from modules of their own): against its emulation at that tiling and the reference, odd
+    lengths, GQA, S_q != S_k."""
     _sm90()
     for n, shape in enumerate(((1, 2, 130, 3 * tiles.bn + 7, d), (1, 8, 2, 517, 300, d), (2, 2, 1025, d))):
         q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cuda", 40 + n)

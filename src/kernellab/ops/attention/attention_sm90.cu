@@ -66,10 +66,10 @@
 //       tensor map, of o; rows past S_q are clipped by the map, never written). lse is
 //       written by the threads as in v2-v6. Registers: S_j, P_{j-1} and O live at once,
 //       as in v5 and v6 (no spills at any head dim: tests/ops/test_attention_sm90.py).
-//       -DKL_ATTN_V7_SPLIT_KV=1 (lab tilings "80x2s" ...: cuda_sm90.py, Tiles.split_kv) gives K
-//       and V rings of their own, as FlashAttention-3 does: the producer loads K_j, then
-//       V_{j-1}; K_j is released once S_j is done, V_{j-1} once its P V is
-//       (produce_tma_split, consume_v7).
+//       -DKL_ATTN_V7_SPLIT_KV=1 (tilings "80x2s" ...: cuda_sm90.py, Tiles.split_kv; v7's
+//       default at D = 256, V7_TILES) gives K and V rings of their own, as FlashAttention-3
+//       does: the producer loads K_j, then V_{j-1}; K_j is released once S_j is done,
+//       V_{j-1} once its P V is (produce_tma_split, consume_v7).
 //
 // All: head dims 64, 80, 96, 128 (BN = 128 keys per tile) and 256 (BN = 64; v7's per head dim: V7Tiles); causal blocks
 // skip every key tile above the diagonal and are issued heaviest first (the block of the
@@ -437,9 +437,9 @@ struct WsStages {
     static constexpr int value = (Tiles<D>::Q_BYTES + 3 * 2 * Tiles<D>::KV_BYTES + 1024 <= 227 * 1024) ? 3 : 2;
 };
 
-// v7's key tile and ring depth per head dim (cuda_sm90.py, V7_TILES, mirrors this; a module
+// v7's key tile and ring depth per head dim (cuda_sm90.py, V7_MODULE_TILES, mirrors this; a module
 // built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s holds only v7's kernels, at that tiling:
-// how the launcher runs another tile set beside the default). D <= 128: v2-v6's 128 keys x 3
+// how the launcher runs another tile set, and v7 at D = 256 with split rings). D <= 128: v2-v6's 128 keys x 3
 // stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) + 2 x 2 x 40 = 225 KB of
 // the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP of MMA per block
 // against 8.4 at v2-v6's 64 keys, for the same per-tile costs (two full / empty barrier round

@@ -103,32 +103,35 @@ class Tiles:
         return f"{self.bn}x{self.stages}{'s' if self.split_kv else ''}"
 
 
-# v7's tiling per head dim, what attention_sm90.cu's V7Tiles builds by default (the test
-# compares them). D = 256: FlashAttention-3's 80 keys x 2 stages (v2-v6's 64 x 2 is
-# V7_TILES_FIRST's, timed beside it).
-V7_TILES = {64: Tiles(128, 3), 80: Tiles(128, 3), 96: Tiles(128, 3), 128: Tiles(128, 3), 256: Tiles(80, 2)}
+# v7's tiling per head dim in MODULES[d], what attention_sm90.cu's V7Tiles builds by default
+# (the test compares them). D = 256: FlashAttention-3's 80 keys x 2 stages in one K / V ring.
+V7_MODULE_TILES = {64: Tiles(128, 3), 80: Tiles(128, 3), 96: Tiles(128, 3), 128: Tiles(128, 3), 256: Tiles(80, 2)}
+# v7's default tiling per head dim: MODULES[d]'s, except at D = 256, where the K and V tiles
+# have rings of their own (80x2s, a module of v7's kernels alone): with two stages in one
+# ring, no K tile loads while the P V of the tile before it runs.
+V7_TILES = {**V7_MODULE_TILES, 256: Tiles(80, 2, split_kv=True)}
 # v7's first tiling (v2-v6's: 64 keys at D = 256): the lab times it beside V7_TILES.
 V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # The tilings lab/gpu_attn_sm90.py times beside V7_TILES, per head dim (the tests compile
 # each: no spills, within 227 KB): FlashAttention-3's wider key tiles at D = 64 (176 / 192
 # keys: S is 88 / 96 registers beside O's 32) and at D = 128 without a mask (176 keys, two
 # stages: 208 KB; 192 keys spills) and a fourth stage at D = 64; split K / V rings at D = 256
-# (80x2s) and D = 128 (176x2s, 128x3s).
+# and D = 128 (176x2s, 128x3s); at D = 256 the one-ring 80x2 of MODULES[256].
 V7_TILINGS = {
     64: (Tiles(128, 4), Tiles(176, 3), Tiles(192, 3)),
     80: (),
     96: (),
     128: (Tiles(176, 2), Tiles(176, 2, split_kv=True), Tiles(128, 3, split_kv=True)),
-    256: (Tiles(80, 2, split_kv=True),),
+    256: (Tiles(80, 2),),
 }
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
 
 def v7_module(d: int, tiles: Tiles) -> Module:
-    """The module whose v7 kernels at head dim d are tiled by ``tiles``: MODULES[d] for the
-    default (V7_TILES), else one built with -DKL_ATTN_V7_BN / _STAGES (v7's two kernels only;
-    -DKL_ATTN_V7_SPLIT_KV=1 for a tiling with split K / V rings)."""
-    if tiles == V7_TILES[d]:
+    """The module whose v7 kernels at head dim d are tiled by ``tiles``: MODULES[d] for its
+    own tiling (V7_MODULE_TILES), else one built with -DKL_ATTN_V7_BN / _STAGES (v7's two
+    kernels only; -DKL_ATTN_V7_SPLIT_KV=1 for a tiling with split K / V rings)."""
+    if tiles == V7_MODULE_TILES[d]:
         return MODULES[d]
     check_tiles(d, tiles)
     key = (d, tiles)
