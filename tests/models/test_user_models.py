@@ -133,12 +133,31 @@ def test_decode_task_refuses_what_it_cannot_time(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
-def test_decode_task_refuses_isolate():
+def test_decode_task_isolated_compares_tokens_across_processes(tmp_path, capsys):
+    """--task decode --isolate: one process per variant; the parent's rows carry the ratio
+    and the share of equal tokens against the first variant (fp32: every token equal)."""
     from kernellab.models import user_models
 
-    with pytest.raises(SystemExit) as e:
-        user_models.main(["--model", "hf-llama", "--task", "decode", "--isolate"])
-    assert e.value.code == 2
+    out_path = tmp_path / "rows.jsonl"
+    code = user_models.main(["--model", "hf-llama", "--task", "decode", "--small", "--batch", "2",
+                             "--seq", "16", "--new-tokens", "4", "--modes", "eager", "--variants",
+                             "hf,kernellab", "--rounds", "1", "--dtype", "fp32", "--isolate",
+                             "--json", str(out_path)])  # fmt: skip
+    assert code == 0
+    rows = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert [(r["variant"], r["mode"], r["isolated"]) for r in rows] == [
+        ("hf", "eager", True), ("kernellab", "eager", True)]  # fmt: skip
+    assert [r["same_tokens"] for r in rows] == [1.0, 1.0] and rows[0]["speedup"] == 1.0
+    assert rows[1]["speedup"] == round(rows[0]["ms_per_token"] / rows[1]["ms_per_token"], 3)
+    assert "each variant in its own process" in capsys.readouterr().out
+
+
+def test_argv_without_drops_flags_and_options_with_values():
+    from kernellab.models import user_models
+
+    argv = ["--model", "m", "--isolate", "--variants", "a,b", "--json=x", "--seq", "8"]
+    assert user_models._argv_without(argv, ("--isolate",), ("--variants", "--json")) == [
+        "--model", "m", "--seq", "8"]  # fmt: skip
 
 
 def test_kernel_timeline_sums_kernels_gaps_and_syncs():

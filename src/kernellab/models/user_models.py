@@ -22,7 +22,8 @@ Models:
     python -m kernellab.models.user_models --model hf-llama --task decode --batch 8 --seq 512
 
 ``--task decode`` (hf-* models) times greedy generation with a KV cache instead of
-training steps (``decode_main``).
+training steps (``decode_main``); with ``--isolate`` each variant in its own process, which
+compiled decoding needs for the reason below (``_isolated_decode``).
 
 Each (variant, mode) keeps its own copy of the model from the same initial weights; a round
 runs --steps timed steps of each in turn after warm-up (compiles) and the median round is
@@ -261,6 +262,8 @@ def decode_main(a, backends: dict) -> int:
         for n in (1, a.new_tokens):
             out = generate(m, kw, n)
         tokens[key] = out[:, a.seq :].cpu()
+        if a.tokens_dir:  # --isolate: the parent compares the variants' tokens
+            torch.save(tokens[key], _tokens_path(a.tokens_dir, *key))
     first_ms, total_ms = {key: [] for key in runs}, {key: [] for key in runs}
     for _ in range(a.rounds):
         for key, (m, kw) in runs.items():
@@ -301,10 +304,56 @@ def decode_main(a, backends: dict) -> int:
             if backends and v in KL_VARIANTS:
                 row["backends"] = backends
             rows.append(row)
-            print(f"  {mode:8s} {v:10s} first token {ttft:9.2f} ms  {per:8.3f} ms/token  "
-                  f"{row['tokens_per_s']} tok/s  {row['speedup']}x  same {same:.3f}")  # fmt: skip
+            _print_decode_row(row)
     _append_rows(a.json, rows)
     return 0
+
+
+def _print_decode_row(row: dict) -> None:
+    print(f"  {row['mode']:8s} {row['variant']:10s} first token {row['first_token_ms']:9.2f} ms  "
+          f"{row['ms_per_token']:8.3f} ms/token  {row['tokens_per_s']} tok/s  {row['speedup']}x  "
+          f"same {row['same_tokens']:.3f}")  # fmt: skip
+
+
+def _tokens_path(folder: str, variant: str, mode: str) -> str:
+    import os
+
+    return os.path.join(folder, f"{variant}-{mode}.pt")
+
+
+def _isolated_decode(a, argv: list[str]) -> int:
+    """``--task decode --isolate``: each variant in its own process (its compiled forward
+    alone in torch.compile's cache); the ratio and the share of equal tokens against the
+    first variant of each mode, from the processes' rows and saved tokens."""
+    import os
+    import subprocess
+    import tempfile
+
+    rest = _argv_without(argv, ("--isolate",), ("--variants", "--json", "--tokens-dir"))
+    rows, rc = [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for v in _variants(a):
+            path = os.path.join(tmp, f"{v}.jsonl")
+            r = subprocess.run([sys.executable, "-m", "kernellab.models.user_models", *rest, "--variants", v,
+                                "--json", path, "--tokens-dir", tmp], check=False)  # fmt: skip
+            rc = rc or r.returncode
+            if r.returncode:
+                print(f"  {v}: failed (exit {r.returncode})")
+            rows += [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+        refs = {}
+        for row in rows:
+            tokens = torch.load(_tokens_path(tmp, row["variant"], row["mode"]))
+            ref_per, ref_tokens = refs.setdefault(row["mode"], (row["ms_per_token"], tokens))
+            row["speedup"] = round(ref_per / row["ms_per_token"], 3) if row["ms_per_token"] > 0 else None
+            same = (tokens == ref_tokens).float().mean() if tokens.shape == ref_tokens.shape else 0.0
+            row["same_tokens"], row["isolated"] = round(float(same), 4), True
+    print(f"{a.model} decode: each variant in its own process; ratio = the first variant's ms per token / "
+          "this one's; same = generated tokens equal to the first variant's")  # fmt: skip
+    for mode in a.modes.split(","):
+        for row in (r for r in rows if r["mode"] == mode):
+            _print_decode_row(row)
+    _append_rows(a.json, rows)
+    return rc
 
 
 # --------------------------------------------------------------------------- timing
@@ -463,6 +512,19 @@ def _variants(a) -> list[str]:
     return ["hf", "liger", "kernellab"] if a.model.startswith("hf-") else ["torch", "kernellab"]
 
 
+def _argv_without(argv: list[str], flags: tuple, options: tuple) -> list[str]:
+    """argv less the flags and the options with their values (``--opt v`` or ``--opt=v``)."""
+    rest, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in options:
+            skip = True
+        elif arg not in flags and not arg.startswith(tuple(o + "=" for o in options)):
+            rest.append(arg)
+    return rest
+
+
 def _isolated(a, argv: list[str]) -> int:
     """Each variant in its own process (``--isolate``); one table from their JSON rows."""
     import os
@@ -470,14 +532,7 @@ def _isolated(a, argv: list[str]) -> int:
     import tempfile
 
     variants = _variants(a)
-    rest, skip = [], False
-    for arg in argv:  # the same arguments without --isolate, --variants and --json
-        if skip:
-            skip = False
-        elif arg in ("--variants", "--json"):
-            skip = True
-        elif arg != "--isolate" and not arg.startswith(("--variants=", "--json=")):
-            rest.append(arg)
+    rest = _argv_without(argv, ("--isolate",), ("--variants", "--json"))
     rows, rc, firsts = [], 0, {}
     with tempfile.TemporaryDirectory() as tmp:
         for v in variants:
@@ -523,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="after timing, profile N steps of each (variant, mode): the top kernels by device time")
     p.add_argument("--isolate", action="store_true", help="each variant in a process of its own (module docstring)")
+    p.add_argument("--tokens-dir", default=None, help=argparse.SUPPRESS)  # decode --isolate's children
     p.add_argument("--backend", action="append", default=[], metavar="OP=NAME",
                    help="the kernellab variant runs OP on backend NAME (repeatable; default: kernellab's choice)")
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -534,9 +590,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--backend {item!r}: expected OP=NAME, e.g. linear_cross_entropy=triton")
         backends[op] = name
     if a.task == "decode":
-        if a.isolate:
-            p.error("--isolate is for --task train")
-        return decode_main(a, backends)
+        return _isolated_decode(a, argv) if a.isolate else decode_main(a, backends)
     if a.isolate:
         return _isolated(a, argv)
 

@@ -105,7 +105,7 @@ class Tiles:
 
 # v7's tiling per head dim in MODULES[d], what attention_sm90.cu's V7Tiles builds by default
 # (the test compares them). D = 256: FlashAttention-3's 80 keys x 2 stages in one K / V ring.
-V7_MODULE_TILES = {64: Tiles(128, 3), 80: Tiles(128, 3), 96: Tiles(128, 3), 128: Tiles(128, 3), 256: Tiles(80, 2)}
+V7_MODULE_TILES = {d: Tiles(80, 2) if d == 256 else Tiles(128, 3) for d in HEAD_DIMS}
 # v7's default tiling per head dim: MODULES[d]'s, except at D = 256, where the K and V tiles
 # have rings of their own (80x2s, a module of v7's kernels alone): with two stages in one
 # ring, no K tile loads while the P V of the tile before it runs.
