@@ -280,7 +280,8 @@ def decode_main(a, backends: dict) -> int:
     print(f"{a.model} decode: batch {a.batch}, prompt {a.seq}, {a.new_tokens} new tokens, {a.dtype} "
           f"on {gpu}; "
           f"median of {a.rounds} rounds; ratio = the first variant's ms per token / this one's; "
-          "same = generated tokens equal to the first variant's")  # fmt: skip
+          "same = generated tokens equal to the first variant's"
+          + (" (of this process; --isolate's table follows)" if a.tokens_dir else ""))  # fmt: skip
     for v, why in skipped.items():
         print(f"  {v}: skipped ({why})")
     rows = []
@@ -330,7 +331,7 @@ def _isolated_decode(a, argv: list[str]) -> int:
     import tempfile
 
     rest = _argv_without(argv, ("--isolate",), ("--variants", "--json", "--tokens-dir"))
-    rows, rc = [], 0
+    rows, rc, refs = [], 0, {}
     with tempfile.TemporaryDirectory() as tmp:
         for v in _variants(a):
             path = os.path.join(tmp, f"{v}.jsonl")
@@ -339,20 +340,20 @@ def _isolated_decode(a, argv: list[str]) -> int:
             rc = rc or r.returncode
             if r.returncode:
                 print(f"  {v}: failed (exit {r.returncode})")
-            rows += [json.loads(line) for line in open(path)] if os.path.exists(path) else []
-        refs = {}
-        for row in rows:
-            tokens = torch.load(_tokens_path(tmp, row["variant"], row["mode"]))
-            ref_per, ref_tokens = refs.setdefault(row["mode"], (row["ms_per_token"], tokens))
-            row["speedup"] = round(ref_per / row["ms_per_token"], 3) if row["ms_per_token"] > 0 else None
-            same = (tokens == ref_tokens).float().mean() if tokens.shape == ref_tokens.shape else 0.0
-            row["same_tokens"], row["isolated"] = round(float(same), 4), True
+            new = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+            for row in new:  # against the first variant of its mode, as each process ends
+                tokens = torch.load(_tokens_path(tmp, row["variant"], row["mode"]))
+                ref_per, ref_tokens = refs.setdefault(row["mode"], (row["ms_per_token"], tokens))
+                row["speedup"] = round(ref_per / row["ms_per_token"], 3) if row["ms_per_token"] > 0 else None
+                same = (tokens == ref_tokens).float().mean() if tokens.shape == ref_tokens.shape else 0.0
+                row["same_tokens"], row["isolated"] = round(float(same), 4), True
+            _append_rows(a.json, new)  # a run stopped later keeps the rows of the processes that ended
+            rows += new
     print(f"{a.model} decode: each variant in its own process; ratio = the first variant's ms per token / "
           "this one's; same = generated tokens equal to the first variant's")  # fmt: skip
     for mode in a.modes.split(","):
         for row in (r for r in rows if r["mode"] == mode):
             _print_decode_row(row)
-    _append_rows(a.json, rows)
     return rc
 
 
