@@ -3,7 +3,7 @@ behind cuda_v7's forward; ``VARIANTS``) on a lent H100 / H200: correctness first
 forward+backward and backward-only time, side by side in one run, against SDPA's cuDNN and
 FlashAttention-2 kernels and kernellab's Triton backend.
 
-    python lab/gpu_attn_bwd_sm90.py --out DIR [--quick] [--max-seconds 300]
+    python lab/gpu_attn_bwd_sm90.py --out DIR [--quick] [--max-seconds 300] [--head-dims 256]
 
 Each stage runs in a subprocess under a timeout (rows are written as each case finishes),
 so a kernel that hangs (a barrier protocol that deadlocks) costs its stage's timeout and is
@@ -24,7 +24,9 @@ reported, not the whole device call.
    what an eager step sees). bf16, at (B, H, S, D): (1, 32, 2048, 80 causal), (1, 32q/8kv,
    4096, 128 causal GQA), (4, 16, 1024, 64 causal), (8, 16, 256, 96), (2, 16, 2048, 128),
    (1, 8, 4096, 256 causal): cuDNN, FlashAttention-2 (flash SDPA), Triton, cuda_v8,
-   cuda_v9; x_cudnn = cuDNN's time over ours (> 1: ours faster).
+   cuda_v9; x_cudnn = cuDNN's time over ours (> 1: ours faster). At a head dim with lab
+   builds (``cuda_sm90_bwd.BWD_LAB``: -D options of the main kernel, ``BwdOpts``), the
+   backward alone launched directly, the default's and each build's, side by side.
    (``triton.testing.do_bench``, used here before, records its events around each call
    without holding the device: where a call's host cost (Python, autograd, custom-op
    dispatch, tensor-map encoding, the launches) exceeds its device time, the GPU idles
@@ -56,6 +58,8 @@ TIME_CASES = [  # (B, H_q, H_kv, S, D, causal)
     (8, 16, 16, 256, 96, False),
     (2, 16, 16, 2048, 128, False),
     (1, 8, 8, 4096, 256, True),
+    (1, 8, 4, 4096, 256, False),  # Gemma-2's GQA at head dim 256
+    (1, 8, 4, 4096, 256, True),
 ]
 
 
@@ -166,7 +170,7 @@ def worker_check(quick: bool, out: Path) -> int:
     return 0
 
 
-def worker_time(quick: bool, budget: float, skip: set[tuple[str, int]], out: Path) -> int:
+def worker_time(quick: bool, budget: float, skip: set[tuple[str, int]], out: Path, dims=None) -> int:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -200,6 +204,8 @@ def worker_time(quick: bool, budget: float, skip: set[tuple[str, int]], out: Pat
     tkw = dict(min_time_s=0.05, budget_s=0.4) if quick else dict(min_time_s=0.2, budget_s=1.5)
     with out.open("a") as f:
         for b, hq, hkv, s, d, causal in TIME_CASES:
+            if dims and d not in dims:
+                continue
             row = dict(meta, stage="time", timer="harness.timer.time_cuda (L2 flushed, device held)",
                        B=b, Hq=hq, Hkv=hkv, S=s, D=d, causal=causal, dtype="bf16",
                        cuda_bwd=cb.backward_kernel(d), fwdbwd_ms={}, bwd_ms={}, loop_fwdbwd_ms={},
@@ -249,6 +255,8 @@ def worker_time(quick: bool, budget: float, skip: set[tuple[str, int]], out: Pat
                 except Exception as e:  # noqa: BLE001
                     row["fwdbwd_ms"].setdefault(name, None)
                     row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:300]
+            if cb.BWD_LAB.get(d) and (VARIANTS[-1], d) not in skip:
+                _time_lab_builds(row, q, k, v, do, causal, d, tkw)
             for key in ("fwdbwd", "bwd"):
                 base = row[f"{key}_ms"].get("cudnn")
                 row[f"x_cudnn_{key}"] = {
@@ -261,6 +269,41 @@ def worker_time(quick: bool, budget: float, skip: set[tuple[str, int]], out: Pat
             del q, k, v, do
             torch.cuda.empty_cache()
     return 0
+
+
+def _time_lab_builds(row, q, k, v, do, causal, d, tkw) -> None:
+    """The backward alone, launched directly (no autograd), of cuda_v9 by default and of each
+    lab build of this head dim (``cuda_sm90_bwd.BWD_LAB``): row["bwd_direct_ms"] by
+    "v9@<opts>", and for a build that computes every gradient its max difference from the
+    default's (a build like no-dq-red is a timing bound: its dq is not summed)."""
+    import torch
+
+    from kernellab.harness import timer
+    from kernellab.ops.attention import cuda_sm90 as cs
+    from kernellab.ops.attention import cuda_sm90_bwd as cb
+
+    scale = 1 / math.sqrt(d)
+    with torch.no_grad():
+        o, lse = cs.forward(q, k, v, causal, scale, "v7")
+    ref = None
+    for opts in (cb.DEFAULT_OPTS, *cb.BWD_LAB[d]):
+        name = f"v9@{opts}"
+        try:
+            def bwd(opts=opts):  # noqa: E306
+                return cb.backward(do, q.detach(), k.detach(), v.detach(), o, lse, causal, scale, "v9", opts)
+
+            g = bwd()
+            torch.cuda.synchronize()
+            if ref is None:
+                ref = g
+            elif opts.exact:
+                row.setdefault("lab_max_diff", {})[name] = round(
+                    max((a.float() - r.float()).abs().max().item() for a, r in zip(g, ref)), 5
+                )
+            row.setdefault("bwd_direct_ms", {})[name] = round(timer.time_cuda(bwd, **tkw).median_ms, 4)
+        except Exception as e:  # noqa: BLE001
+            row.setdefault("errors", {})[name] = f"{type(e).__name__}: {e}"[:300]
+    print(f"  lab builds, backward alone (direct): {row.get('bwd_direct_ms')}", flush=True)
 
 
 # --------------------------------------------------------------------------- driver
@@ -287,6 +330,7 @@ def _table(rows: list[dict]) -> str:
     head = ["B", "H", "S", "D", "causal", "bwd"] + [f"{n} f+b ms" for n in names]
     head += [f"{n} x cudnn f+b" for n in short] + [f"{n} bwd ms" for n in names]
     head += [f"{n} x cudnn bwd" for n in short] + [f"{n} loop f+b ms" for n in names]
+    head += ["lab builds: bwd alone, direct ms"]
     lines = [" | ".join(head)]
     for r in rows:
         if r.get("stage") != "time":
@@ -309,6 +353,7 @@ def _table(rows: list[dict]) -> str:
         ]
         cells += [str(r["bwd_ms"].get(n)) for n in names] + [str(r["x_cudnn_bwd"].get(n)) for n in VARIANTS]
         cells += [str(r.get("loop_fwdbwd_ms", {}).get(n)) for n in names]
+        cells += [" ".join(f"{n} {t}" for n, t in r.get("bwd_direct_ms", {}).items()) or "-"]
         lines.append(" | ".join(cells))
     return "\n".join(lines)
 
@@ -322,12 +367,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=float, default=60.0, help=argparse.SUPPRESS)
     ap.add_argument("--skip", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--head-dims", default="", help="time only these head dims, e.g. 256 (default: all)")
     a = ap.parse_args(argv)
     if a.worker == "check":
         return worker_check(a.quick, Path(a.rows))
     if a.worker == "time":
         skip = {(x.split(":")[0], int(x.split(":")[1])) for x in a.skip.split(",") if x}
-        return worker_time(a.quick, a.budget, skip, Path(a.rows))
+        dims = {int(x) for x in a.head_dims.split(",") if x}
+        return worker_time(a.quick, a.budget, skip, Path(a.rows), dims)
 
     if not a.out:
         ap.error("the following arguments are required: --out")
@@ -350,7 +397,8 @@ def main(argv=None) -> int:
     left = a.max_seconds - (time.perf_counter() - t_start)
     if rc != 124 and left > 20:
         rc2, took2 = _run(["--worker", "time", "--rows", str(rows_path), "--budget", str(left - 30),
-                           "--skip", ",".join(f"{b}:{d}" for b, d in failed)] + quick, left - 5)  # fmt: skip
+                           "--skip", ",".join(f"{b}:{d}" for b, d in failed), "--head-dims", a.head_dims]
+                          + quick, left - 5)  # fmt: skip
         log.append(f"time: rc {rc2} in {took2:.0f} s" + (" (TIMED OUT)" if rc2 == 124 else ""))
     table = _table(_read(rows_path))
     text = "\n".join(log) + "\n\n" + table + "\n"

@@ -918,3 +918,28 @@ def test_gpu_custom_ops_opcheck(backend):
             return t.requires_grad_(bool(rg))
 
         torch.library.opcheck(op, build(make))
+
+
+# --------------------------------------------------------------------------- lab builds (no GPU)
+
+
+def test_lab_builds_named_and_built_beside_the_default():
+    """BwdOpts: the default build is MODULES[d]; a lab build is a module of its own, kept per
+    (d, opts); no-dq-red drops every dQ reduce-add and keeps every wgmma, and is not exact
+    (the lab never checks it); the default PTX keeps its atomics."""
+    import re
+
+    assert str(cb.DEFAULT_OPTS) == "default" and cb.DEFAULT_OPTS.exact
+    nored = cb.BwdOpts(no_dq_red=True)
+    assert str(nored) == "no-dq-red" and not nored.exact
+    assert all(cb.bwd_module(d) is cb.MODULES[d] for d in cb.BWD_HEAD_DIMS)
+    assert nored in cb.BWD_LAB[256]
+    assert all(opts != cb.DEFAULT_OPTS for lab in cb.BWD_LAB.values() for opts in lab)
+    _nvrtc()
+    mod = cb.bwd_module(256, nored)
+    assert mod is cb.bwd_module(256, nored) and mod is not cb.MODULES[256]
+    lab_ptx = mod.compile("sm_90", target="ptx").decode()
+    ptx = cb.MODULES[256].compile("sm_90", target="ptx").decode()
+    reds = re.compile(r"red\.[a-z.:]*add")
+    assert len(reds.findall(ptx)) > 0 and not reds.findall(lab_ptx)
+    assert lab_ptx.count("wgmma.mma_async") == ptx.count("wgmma.mma_async")

@@ -102,6 +102,13 @@
 #error "attention_sm90_bwd.cu uses wgmma: compile it for sm_90a (Module(..., archs=(\"sm_90a\",)))"
 #endif
 
+// -DKL_ATTN_BWD_NO_DQ_RED=1 (a lab build, cuda_sm90_bwd.BwdOpts.no_dq_red): the atomics'
+// dQ path computes dQ but skips its reduce-adds; dq comes back wrong. It bounds what a cheaper
+// dQ sum could gain and is never checked or chosen.
+#ifndef KL_ATTN_BWD_NO_DQ_RED
+#define KL_ATTN_BWD_NO_DQ_RED 0
+#endif
+
 namespace {
 
 constexpr int BM_B = 64;  // query rows per step of the loop (one wgmma N of S^T)
@@ -502,11 +509,15 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                 // dQ += this share: rows m0 + 16 warp + g (+ 8) of the padded accumulator (no
                 // bounds: the rows past S_q are the padding), columns c0 + 8j + 2q (+ 1)
                 float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
+#if !KL_ATTN_BWD_NO_DQ_RED
 #pragma unroll
                 for (int j = 0; j < NQ / 8; ++j)
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh)
                         red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+#else
+                if (dq[0] == 12345.f) dqb[0] = dq[NQ / 2 - 1];  // keeps dQ's wgmmas live; a timing bound only
+#endif
             }
         }
     }

@@ -75,6 +75,43 @@ THREADS = 384  # producer warpgroup + two consumer warpgroups
 SMEM_LIMIT = cs.SMEM_LIMIT
 LOG2E = cs.LOG2E
 MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in BWD_HEAD_DIMS}
+
+
+@dataclass(frozen=True)
+class BwdOpts:
+    """A lab build of the main kernel beside the default (attention_sm90_bwd.cu's -D options,
+    the backward's counterpart of the forward's ``cuda_sm90.Tiles``): ``no_dq_red`` skips the
+    dQ reduce-adds (-DKL_ATTN_BWD_NO_DQ_RED=1: dq comes back wrong; a timing bound only,
+    never checked, never a default). Written as the options set, joined by "+"."""
+
+    no_dq_red: bool = False
+
+    def __str__(self) -> str:
+        on = [f.replace("_", "-") for f in self.__dataclass_fields__ if getattr(self, f)]
+        return "+".join(on) or "default"
+
+    @property
+    def exact(self) -> bool:
+        """Whether the build computes every gradient (the lab checks only those)."""
+        return not self.no_dq_red
+
+
+DEFAULT_OPTS = BwdOpts()
+# The builds lab/gpu_attn_bwd_sm90.py times beside the default, per head dim.
+BWD_LAB = {d: (BwdOpts(no_dq_red=True),) if d == 256 else () for d in BWD_HEAD_DIMS}
+_LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
+
+
+def bwd_module(d: int, opts: BwdOpts = DEFAULT_OPTS) -> Module:
+    """The module of head dim d built with ``opts``: MODULES[d] for the default, else one
+    with the options' -D flags (kept per (d, opts))."""
+    if opts == DEFAULT_OPTS:
+        return MODULES[d]
+    key = (d, opts)
+    if key not in _LAB_MODULES:
+        flags = ("-DKL_ATTN_BWD_NO_DQ_RED=1",) if opts.no_dq_red else ()
+        _LAB_MODULES[key] = Module(CU, options=(f"-DKL_ATTN_D={d}", *flags), archs=("sm_90a",))
+    return _LAB_MODULES[key]
 MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
 SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6
 SIG_PRE = ("ptr",) * 6 + ("i32",) * 4 + ("i64",) * 6
@@ -178,14 +215,17 @@ def backward(
     causal: bool,
     scale: float,
     variant: str = "v8",
+    opts: BwdOpts = DEFAULT_OPTS,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) in ``empty_bshd``'s layout from the saved o and lse ((..., S_q) fp32,
-    log2 units: the forward's), by the variant's kernels (``VARIANTS``). As the forward,
-    everything but the addresses is worked out once per (shapes, strides, dtype, device,
-    options) into a ``BwdPlan`` (``_plan_backward``, cached in ``PLANS``)."""
+    log2 units: the forward's), by the variant's kernels (``VARIANTS``; ``opts``: a lab
+    build, ``BwdOpts``). As the forward, everything but the addresses is worked out once per
+    (shapes, strides, dtype, device, options) into a ``BwdPlan`` (``_plan_backward``, cached
+    in ``PLANS``)."""
     key = (do.shape, do.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-           o.shape, o.stride(), lse.shape, lse.stride(), q.dtype, q.device, causal, scale, variant)  # fmt: skip
-    p = kept_plan(PLANS, key, lambda: _plan_backward(do, q, k, v, o, lse, causal, scale, variant))
+           o.shape, o.stride(), lse.shape, lse.stride(), q.dtype, q.device, causal, scale, variant,
+           opts)  # fmt: skip
+    p = kept_plan(PLANS, key, lambda: _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts))
     if p.triton:
         return at.backward(do, q, k, v, o, lse, causal, scale)
     if p.copy or (
@@ -193,7 +233,7 @@ def backward(
         and (do.data_ptr() | q.data_ptr() | k.data_ptr() | v.data_ptr() | o.data_ptr()) & 15
     ):  # contiguous, aligned copies: a plan of their own
         do, q, k, v = (cs._whole(t, True) for t in (do, q, k, v))
-        return backward(do, q, k, v, cs._whole(o, False), lse.contiguous(), causal, scale, variant)
+        return backward(do, q, k, v, cs._whole(o, False), lse.contiguous(), causal, scale, variant, opts)
     dev = q.device
     (sq, tq), (sk, tk), (sv, tv) = p.grads
     dq = torch.empty_strided(sq, tq, dtype=q.dtype, device=dev)
@@ -228,7 +268,7 @@ class BwdPlan:
 PLANS: dict = {}  # backward plans by (shapes, strides, dtype, device, options): kept_plan's
 
 
-def _plan_backward(do, q, k, v, o, lse, causal, scale, variant) -> BwdPlan:
+def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=DEFAULT_OPTS) -> BwdPlan:
     """The ``BwdPlan`` of ``backward`` at these tensors' shapes and strides (and its
     refusals, ValueError naming the argument)."""
     if variant not in VARIANTS:
@@ -256,7 +296,7 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant) -> BwdPlan:
     s_pad = padded(s_q)
     dev = cs._device_index(q)
     sfx = DTYPE_SUFFIX[q.dtype]
-    mod = MODULES[d]
+    mod = bwd_module(d, opts)
     pre = mod.kernel(f"attn_bwd_pre_{sfx}", SIG_PRE, dev)
     main = mod.kernel(f"attn_bwd_{variant}_d{d}_{sfx}", SIG_MAIN, dev)
     shared = smem_bytes(d, variant)
