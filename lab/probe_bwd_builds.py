@@ -1,0 +1,75 @@
+"""The attention backward's lab builds (cuda_sm90_bwd.BWD_LAB) against the default and
+cuDNN at Gemma-2's head-dim-256 GQA shape, small enough for the tail of a device call:
+
+    python lab/probe_bwd_builds.py [--out FILE.jsonl] [--causal both|true|false]
+
+Per case: cuDNN's backward (SDPA, retain_graph), cuda_v9's backward launched directly by
+default and by each build (harness.timer.time_cuda, L2 flushed), and the default's largest
+difference from cuDNN's gradients (a build that is not exact is a timing bound only)."""
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+from kernellab.harness import timer  # noqa: E402
+from kernellab.harness.bench import git_sha  # noqa: E402
+from kernellab.ops.attention import cuda_sm90 as cs  # noqa: E402
+from kernellab.ops.attention import cuda_sm90_bwd as cb  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--causal", default="both", choices=("both", "true", "false"))
+    ap.add_argument("--shape", default="1,8,4,4096,256", help="B,H_q,H_kv,S,D")
+    a = ap.parse_args()
+    b, hq, hkv, s, d = (int(x) for x in a.shape.split(","))
+    flags = {"both": (False, True), "true": (True,), "false": (False,)}[a.causal]
+    gen = torch.Generator("cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for h in (hq, hkv, hkv)
+    )
+    do = torch.randn(b, hq, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    scale = 1 / math.sqrt(d)
+    tkw = dict(min_time_s=0.1, budget_s=0.8)
+    for causal in flags:
+        row = dict(gpu=torch.cuda.get_device_name(), git_sha=git_sha(), B=b, Hq=hq, Hkv=hkv, S=s, D=d,
+                   causal=causal, bwd_ms={})  # fmt: skip
+        qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            o_ref = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, enable_gqa=True)
+        ref = torch.autograd.grad(o_ref, (qg, kg, vg), do, retain_graph=True)
+
+        def cudnn_bwd():
+            return torch.autograd.grad(o_ref, (qg, kg, vg), do, retain_graph=True)
+
+        row["bwd_ms"]["cudnn"] = round(timer.time_cuda(cudnn_bwd, **tkw).median_ms, 4)
+        o, lse = cs.forward(q, k, v, causal, scale, "v7")
+        for opts in (cb.DEFAULT_OPTS, *cb.BWD_LAB.get(d, ())):
+
+            def bwd(opts=opts):
+                return cb.backward(do, q, k, v, o, lse, causal, scale, "v9", opts)
+
+            g = bwd()
+            torch.cuda.synchronize()
+            if opts.exact:
+                row.setdefault("max_diff_vs_cudnn", {})[str(opts)] = round(
+                    max((x.float() - r.float()).abs().max().item() for x, r in zip(g, ref)), 4)  # fmt: skip
+            row["bwd_ms"][f"v9@{opts}"] = round(timer.time_cuda(bwd, **tkw).median_ms, 4)
+        print(json.dumps(row), flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
