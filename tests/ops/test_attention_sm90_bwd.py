@@ -933,13 +933,14 @@ def test_lab_builds_named_and_built_beside_the_default():
     nored = cb.BwdOpts(no_dq_red=True)
     assert str(nored) == "no-dq-red" and not nored.exact
     assert all(cb.bwd_module(d) is cb.MODULES[d] for d in cb.BWD_HEAD_DIMS)
-    assert nored in cb.BWD_LAB[256]
+    assert all(nored in cb.BWD_LAB[d] for d in cb.BWD_HEAD_DIMS)
     assert all(opts != cb.DEFAULT_OPTS for lab in cb.BWD_LAB.values() for opts in lab)
     _nvrtc()
-    mod = cb.bwd_module(256, nored)
-    assert mod is cb.bwd_module(256, nored) and mod is not cb.MODULES[256]
-    lab_ptx = mod.compile("sm_90", target="ptx").decode()
-    ptx = cb.MODULES[256].compile("sm_90", target="ptx").decode()
-    reds = re.compile(r"red\.[a-z.:]*add")
-    assert len(reds.findall(ptx)) > 0 and not reds.findall(lab_ptx)
-    assert lab_ptx.count("wgmma.mma_async") == ptx.count("wgmma.mma_async")
+    reds = re.compile(r"red\.[a-z.:]*add|cp\.reduce\.async\.bulk")
+    for d in (128, 256):  # v9 by bulk reduce-adds at 128, by atomics at 256
+        mod = cb.bwd_module(d, nored)
+        assert mod is cb.bwd_module(d, nored) and mod is not cb.MODULES[d]
+        lab_ptx = mod.compile("sm_90", target="ptx").decode()
+        ptx = cb.MODULES[d].compile("sm_90", target="ptx").decode()
+        assert len(reds.findall(ptx)) > 0 and not reds.findall(lab_ptx), d
+        assert lab_ptx.count("wgmma.mma_async") == ptx.count("wgmma.mma_async"), d

@@ -102,9 +102,10 @@
 #error "attention_sm90_bwd.cu uses wgmma: compile it for sm_90a (Module(..., archs=(\"sm_90a\",)))"
 #endif
 
-// -DKL_ATTN_BWD_NO_DQ_RED=1 (a lab build, cuda_sm90_bwd.BwdOpts.no_dq_red): the atomics'
-// dQ path computes dQ but skips its reduce-adds; dq comes back wrong. It bounds what a cheaper
-// dQ sum could gain and is never checked or chosen.
+// -DKL_ATTN_BWD_NO_DQ_RED=1 (a lab build, cuda_sm90_bwd.BwdOpts.no_dq_red): dQ is computed
+// (and in v9 staged in shared memory) but neither the atomics nor the bulk reduce-adds add it
+// to the accumulator; dq comes back wrong. It bounds what a cheaper dQ sum could gain and is
+// never checked or chosen.
 #ifndef KL_ATTN_BWD_NO_DQ_RED
 #define KL_ATTN_BWD_NO_DQ_RED 0
 #endif
@@ -369,10 +370,12 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                          : "memory");
         fence_proxy_async();  // each writer's stores before the async proxy's read
         __syncwarp();
+#if !KL_ATTN_BWD_NO_DQ_RED
         if (lane == 0) {
             float* dst = dq_acc + (((long long)z * H + h_) * S_pad + m0_) * D + 64 * c0_ + dq_frag_index<NQ>(warp, 0, 0);
             bulk_reduce_add_f32(dst, sdq, 16 * NQ * 4);
         }
+#endif
     };
     for (int it = 0; it < kb.n_it; ++it) {
         const int st = it % STAGES;

@@ -98,7 +98,7 @@ class BwdOpts:
 
 DEFAULT_OPTS = BwdOpts()
 # The builds lab/gpu_attn_bwd_sm90.py times beside the default, per head dim.
-BWD_LAB = {d: (BwdOpts(no_dq_red=True),) if d == 256 else () for d in BWD_HEAD_DIMS}
+BWD_LAB = {d: (BwdOpts(no_dq_red=True),) for d in BWD_HEAD_DIMS}
 _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 
 
