@@ -10,7 +10,9 @@ the ring's and the named barriers' protocol in a model (no deadlock, no stage ov
 while read); the launcher's arguments with the kernels replaced by a recorder; the block
 schedule (every (row, key) pair a row may see is visited once per q head, masks wherever a
 pair is not allowed); the kernels' arithmetic (``emulate_backward``) against the float64
-reference.
+reference. The D = 256 lab option -DKL_ATTN_BWD_D256_QSPLIT=1 (never a default): its
+module compiles with the same kernels, no spills, no serialized wgmmas; it is refused
+without -DKL_ATTN_D=256; its tiles, descriptors and barriers in the source and a model.
 With a GPU (``gpu``): dq, dk, dv against the float64 reference with the rule the Triton
 backward's tests use (2 x PyTorch's own error + a floor), odd lengths, causal and not, GQA,
 every head dim, and against ``emulate_backward``.
@@ -130,15 +132,20 @@ def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
                 assert res[name]["REG"] == 168, (name, res[name])
 
 
-def _ptxas_log(d: int) -> str:
-    """ptxas's verbose log of the head dim's module (NVRTC, sm_90a): the runtime's compile
-    keeps only the cubin."""
+def _nvrtc_log(*defines: str) -> tuple[int, str]:
+    """(NVRTC's error code, its log with ptxas's verbose output) for the .cu compiled for
+    sm_90a with ``defines``: the runtime's compile keeps only the cubin."""
     from cuda.bindings import nvrtc
 
     from kernellab.cuda import runtime
 
     dirs = (str(cb.CU.parent), str(runtime.HERE), *runtime.include_dirs())
-    opts = [b"--gpu-architecture=sm_90a", b"-std=c++17", f"-DKL_ATTN_D={d}".encode(), b"--ptxas-options=-v"]
+    opts = [
+        b"--gpu-architecture=sm_90a",
+        b"-std=c++17",
+        *(x.encode() for x in defines),
+        b"--ptxas-options=-v",
+    ]
     opts += [f"-I{x}".encode() for x in dirs]
     _, prog = nvrtc.nvrtcCreateProgram(cb.CU.read_text().encode(), b"attention_sm90_bwd.cu", 0, [], [])
     try:
@@ -148,8 +155,13 @@ def _ptxas_log(d: int) -> str:
         nvrtc.nvrtcGetProgramLog(prog, log)
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    text = log.decode(errors="replace").replace("\0", "")
-    assert int(err) == 0, text
+    return int(err), log.decode(errors="replace").replace("\0", "")
+
+
+def _ptxas_log(d: int, *defines: str) -> str:
+    """ptxas's verbose log of the head dim's module (NVRTC, sm_90a), plus ``defines``."""
+    err, text = _nvrtc_log(f"-DKL_ATTN_D={d}", *defines)
+    assert err == 0, text
     return text
 
 
@@ -170,6 +182,135 @@ def test_wgmmas_are_not_serialized_for_lack_of_registers():
             for line in log.splitlines()
             if "spill stores" in line
         ), (d, log)
+
+
+# The lab option of attention_sm90_bwd.cu's header: at D = 256 the consumer warpgroups split
+# S^T and dP^T by queries and exchange P^T and dS^T through shared memory.
+QSPLIT_OPTS = ("-DKL_ATTN_D=256", "-DKL_ATTN_BWD_D256_QSPLIT=1")
+
+
+def test_d256_qsplit_lab_option_compiles_without_spills():
+    """The flagged D = 256 module: the same kernels as the default one, S^T and dP^T as
+    m64n32k16 (32 queries a warpgroup), dV and dK as SS wgmmas with A K-major from the
+    shared tiles and B MN-major (imm-trans 0, 1), dQ unchanged (both MN-major); 168
+    registers, no spills, no local memory or stack, no serialized wgmmas; the default D =
+    256 module has none of the new shapes."""
+    _nvrtc()
+    from kernellab.cuda.runtime import Module
+    from kernellab.inspect import asm
+
+    mod = Module(cb.CU, options=QSPLIT_OPTS, archs=("sm_90a",))
+    bodies = asm.split_ptx(mod.compile("sm_90", target="ptx").decode())
+    assert set(bodies) == _names(256), set(bodies)
+    for sfx, ty in (("bf16", "bf16"), ("f16", "f16")):
+        for v in ("v8", "v9"):
+            main = bodies[f"attn_bwd_{v}_d256_{sfx}"]
+            assert f"m64n32k16.f32.{ty}.{ty}" in main and f"m64n64k16.f32.{ty}.{ty}" in main
+            assert f"m64n128k16.f32.{ty}.{ty}" in main
+            assert "p, 1, 1, 0, 1;" in main and "p, 1, 1, 1, 1;" in main
+            assert "red.relaxed.gpu.global.add.v2.f32" in main and "fence.proxy.async.shared::cta" in main
+    default = asm.split_ptx(cb.MODULES[256].compile("sm_90", target="ptx").decode())["attn_bwd_v8_d256_bf16"]
+    assert "m64n32k16" not in default and "p, 1, 1, 0, 1;" not in default
+
+    log = _ptxas_log(256, QSPLIT_OPTS[1])
+    assert "attn_bwd_v8_d256" in log and "attn_bwd_v9_d256" in log, log[-2000:]
+    assert "C75" not in log and "serialized" not in log and "injected" not in log, log[-2000:]
+    spills = [line for line in log.splitlines() if "spill stores" in line]
+    clean = "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert spills and all(line.strip().endswith(clean) for line in spills), log
+    for line in log.splitlines():
+        if "Used" in line and "registers" in line:
+            assert "lmem" not in line, line
+    main_regs = [line for line in log.splitlines() if "Used 168 registers" in line]
+    assert len(main_regs) == 4, log  # v8 and v9, bf16 and f16: setmaxnreg's 168 a thread
+
+    cuobjdump = asm.find_tool("cuobjdump")
+    if cuobjdump is None:
+        return
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(mod.compile("sm_90"))
+        f.flush()
+        res = asm.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
+                                                 text=True, check=True).stdout)  # fmt: skip
+    for name in _names(256):
+        assert res[name]["STACK"] == 0 and res[name].get("LOCAL", 0) == 0, (name, res[name])
+        if "_v8_" in name or "_v9_" in name:
+            assert res[name]["REG"] == 168, (name, res[name])
+
+
+@pytest.mark.parametrize("defines", [(), ("-DKL_ATTN_D=128",), ("-DKL_ATTN_D=64",)])
+def test_d256_qsplit_lab_option_refused_without_d256(defines):
+    _nvrtc()
+    err, log = _nvrtc_log(*defines, QSPLIT_OPTS[1])
+    assert err != 0 and "KL_ATTN_BWD_D256_QSPLIT=1 needs a D = 256 module" in log, log[-2000:]
+
+
+def test_d256_qsplit_tiles_and_barriers_in_the_source():
+    """The lab option's loop: P^T stored, fenced to the async proxy and P_BAR (256 threads)
+    before dV's wgmma reads the tile; dS^T likewise before DQ_BAR and dK's and dQ's wgmmas;
+    P^T in the first two of the four dS^T tiles and dS^T in the last two, alternating per
+    query block; the stage released after the first dQ pass's wait_group 0."""
+    src = cb.CU.read_text()
+    qs = src[src.index("#if KL_BWD_QS256\n    else {") :]
+    qs = qs[: qs.index("#endif")]
+    order = [
+        "kl_wgmma_ss<32, BF16>(sq",
+        "kl_wgmma_ss<32, BF16>(dpq",
+        "wgmma_wait<1>();  // S^T",
+        '[%0], %1;\\n" ::"r"(addr), "r"(w)',
+        "fence_proxy_async();\n            named_sync(P_BAR, 256);",
+        "kl_wgmma_st<NV, BF16>(dv_acc, desc_kmajor<64, 64>(sP, 0, kk)",
+        "wgmma_wait<1>();  // dP^T",
+        '"r"(pack2(a, b, BF16))',
+        "fence_proxy_async();\n            named_sync(DQ_BAR, 256);",
+        "kl_wgmma_st<NV, BF16>(dk_acc, desc_kmajor<64, 64>(sdS, 0, kk)",
+        "kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(sdS, 16 * kk)",
+        "wgmma_wait<0>();",
+        "mbar_arrive(empty0 + 8 * st)",
+        "red_add2(",
+    ]
+    at = [qs.index(x) for x in order]
+    assert at == sorted(at), list(zip(order, at))
+    assert "sP0 = base + S::DS, sdS0 = base + S::DS + 2 * S::DS_BYTES" in qs
+    assert "sP = sP0 + (it & 1) * S::DS_BYTES, sdS = sdS0 + (it & 1) * S::DS_BYTES" in qs
+    assert "constexpr int P_BAR = 4;" in src  # ids 1, 2: DS_BAR + cw; 3: DQ_BAR
+
+
+def test_d256_qsplit_descriptors_read_what_the_stores_wrote():
+    """S^T's B = the warpgroup's 32 queries of the Q (dO) tile K-major from row 32 cw; dV's
+    and dK's A = the shared P^T / dS^T tile (keys x queries, a D = 64 tile) K-major: element
+    (m = key, k = query) is the one tile_offset<64, 64> stored."""
+    d, w, e, base = 256, cs.swizzle_bytes(256), cs.swizzle_bytes(256) // 2, 9 * 1024
+    for cw in (0, 1):
+        for kk in range(d // 16):
+            start = base + (kk * 16 // e) * (64 * w) + (kk * 16 % e) * 2 + 32 * cw * w
+            for n in range(32):
+                for k in range(16):
+                    want = base + _write_offset(d, 64, 32 * cw + n, 16 * kk + k)
+                    assert _read_k(start, 8 * w, w, n, k) == want
+    for kk in range(4):
+        start = base + kk * 32  # desc_kmajor<64, 64>(tile, 0, kk)
+        for m in range(64):
+            for k in range(16):
+                assert _read_k(start, 8 * 128, 128, m, k) == base + _write_offset(64, 64, m, 16 * kk + k)
+    # the two warpgroups' stores: thread (warp, lane) of warpgroup cw writes (16 warp + g + 8h,
+    # 32 cw + 8j + 2q .. + 1), j < 4: every element of the tile once
+    written = set()
+    for cw in (0, 1):
+        for warp in range(4):
+            for lane in range(32):
+                g, q = lane // 4, lane % 4
+                for j in range(4):
+                    for h in (0, 1):
+                        r, c = 16 * warp + g + 8 * h, 32 * cw + 8 * j + 2 * q
+                        assert _write_offset(64, 64, r, 8 * (c // 8)) + 4 * q == _write_offset(64, 64, r, c)
+                        for x in (c, c + 1):
+                            assert (r, x) not in written
+                            written.add((r, x))
+    assert len(written) == 64 * 64
 
 
 def test_launch_signatures_match_the_kernels_parameters():
@@ -853,6 +994,33 @@ def test_gpu_grads_against_reference_and_emulation(dtype, shape, causal, variant
             )
 
 
+LAB_EXACT = [(d, o) for d in cb.BWD_HEAD_DIMS for o in cb.BWD_LAB[d] if o.exact]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,opts", LAB_EXACT, ids=lambda x: str(x))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_exact_lab_builds_against_reference_and_emulation(d, opts, causal):
+    """Each lab build that computes every gradient (BWD_LAB, ``exact``), at its head dim:
+    tails, GQA, S_q != S_k, against the float64 reference and the default's emulation."""
+    _sm90()
+    for n, shape in enumerate(((1, 2, 255, 256, d), (1, 4, 2, 130, 300, d), (2, 8, 2, 200, 77, d))):
+        q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cuda", 60 + n)
+        scale = 1 / math.sqrt(d)
+        o, lse = cs.forward(q, k, v, causal, scale, cb.FWD_VARIANT)
+        do = torch.randn(o.shape, device="cuda").to(torch.bfloat16)
+        torch.empty(64 << 20, device="cuda").fill_(float("nan"))
+        got = cb.backward(do, q, k, v, o, lse, causal, scale, "v9", opts)
+        torch.cuda.synchronize()
+        assert all(torch.isfinite(g).all() for g in got), (shape, opts)
+        _check_grads(got, q, k, v, do, causal, scale, f"{shape} {opts}")
+        emu = cb.emulate_backward(do, q, k, v, o, lse, causal, scale)
+        for name, g, e in zip(("dq", "dk", "dv"), got, emu):
+            torch.testing.assert_close(
+                g.float(), e.float(), rtol=2e-2, atol=2e-2, msg=lambda m, n=name: f"{n}: {m}"
+            )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
@@ -944,3 +1112,9 @@ def test_lab_builds_named_and_built_beside_the_default():
         ptx = cb.MODULES[d].compile("sm_90", target="ptx").decode()
         assert len(reds.findall(ptx)) > 0 and not reds.findall(lab_ptx), d
         assert lab_ptx.count("wgmma.mma_async") == ptx.count("wgmma.mma_async"), d
+    split = cb.BwdOpts(split_queries=True)
+    assert str(split) == "split-queries" and split.exact and split in cb.BWD_LAB[256]
+    assert all(split not in cb.BWD_LAB[d] for d in cb.BWD_HEAD_DIMS if d != 256)
+    with pytest.raises(ValueError, match="split_queries"):
+        cb.bwd_module(128, split)
+    assert "m64n32k16" in cb.bwd_module(256, split).compile("sm_90", target="ptx").decode()

@@ -58,6 +58,22 @@
 //       it) a query block's dQ is staged one iteration late, right after the next block's
 //       S^T and dP^T wgmmas are issued, so the tensor cores run those during the staging.
 //
+// Lab option -DKL_ATTN_BWD_D256_QSPLIT=1 (a D = 256 module only: -DKL_ATTN_D=256, else
+// #error; v8 and v9 alike, which are one kernel at D = 256; the default build never sets it):
+// the two warpgroups stop computing the same S^T and dP^T. Warpgroup w computes them for the
+// block's 64 keys x queries [32 w, 32 w + 32) of the query block (wgmma SS, N = 32), its P^T
+// and dS^T columns, and stores them (16-bit) into one shared P^T tile and one shared dS^T
+// tile (64 keys x 64 queries, the dS^T tile's layout; each double buffered, the same four
+// tiles of shared memory as without the option). After the P^T stores and a fence to the
+// async proxy both warpgroups meet at named barrier P_BAR (id 4, count 256) and
+// dV += P^T dO becomes wgmma SS with A = the P^T tile K-major and B = dO MN-major
+// (kl_wgmma_st); after the dS^T stores, fence and DQ_BAR (id 3, count 256), dK += dS^T Q
+// likewise reads the dS^T tile, and dQ (two passes of 64 columns, as without the option)
+// reads the same tile. Warpgroup w still owns columns [128 w, 128 w + 128) of dK, dV and dQ.
+// A tile of buffer it & 1 is rewritten in iteration it + 2 only after both barriers of
+// iteration it + 1, which the other warpgroup reaches only after its wait_group 0 on every
+// wgmma of iteration it that read the tile.
+//
 // Why (napkin math, D = 128, per query block and warpgroup): five 64 x 64 x 128 GEMMs =
 // 5.2 MFLOP against 2 x 64 x 64 exponentials; K and V (64 KB) are read from HBM once per
 // block while Q and dO stream through the ring (32 KB per query block, shared by both
@@ -108,6 +124,17 @@
 // never checked or chosen.
 #ifndef KL_ATTN_BWD_NO_DQ_RED
 #define KL_ATTN_BWD_NO_DQ_RED 0
+#endif
+
+// Lab option (the header describes it): S^T and dP^T split by queries across the consumer
+// warpgroups at D = 256, P^T and dS^T exchanged through shared memory.
+#if defined(KL_ATTN_BWD_D256_QSPLIT) && KL_ATTN_BWD_D256_QSPLIT
+#if !defined(KL_ATTN_D) || KL_ATTN_D != 256
+#error "KL_ATTN_BWD_D256_QSPLIT=1 needs a D = 256 module (-DKL_ATTN_D=256)"
+#endif
+#define KL_BWD_QS256 1
+#else
+#define KL_BWD_QS256 0
 #endif
 
 namespace {
@@ -197,8 +224,13 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
 }
 
 // Named barriers (id 0 is __syncthreads'): DS_BAR + cw (128 threads: warpgroup cw's dS^T
-// tile is written), DQ_BAR (256: both tiles are, where the warpgroups split dQ's columns).
+// tile is written), DQ_BAR (256: both tiles are, where the warpgroups split dQ's columns;
+// with KL_ATTN_BWD_D256_QSPLIT both halves of the shared dS^T tile are), P_BAR (256, only
+// with KL_ATTN_BWD_D256_QSPLIT: both halves of the shared P^T tile are written).
 constexpr int DS_BAR = 1, DQ_BAR = 3;
+#if KL_BWD_QS256
+constexpr int P_BAR = 4;
+#endif
 
 __device__ __forceinline__ void named_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
@@ -278,6 +310,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     using L = Layout<D>;
     constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
     constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT;
+    constexpr bool QS256 = DSPLIT && KL_BWD_QS256;  // the lab option (header)
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
     check_smem(1024 + S::BYTES);
@@ -377,6 +410,9 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         }
 #endif
     };
+#if KL_BWD_QS256
+    if constexpr (!QS256)  // (the lab option's loop is the else branch below)
+#endif
     for (int it = 0; it < kb.n_it; ++it) {
         const int st = it % STAGES;
         const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
@@ -524,6 +560,127 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
             }
         }
     }
+#if KL_BWD_QS256
+    else {
+        // Warpgroup cw: S^T, dP^T of the block's 64 keys x queries q0 + [0, 32) of the query
+        // block; the shared P^T tiles are the first two of the dS^T region, the shared dS^T
+        // tiles the last two (buffer it & 1 of each)
+        static_assert(!BQ && !OVL && PASSES == 2 && NQ == 64 && NV == 128, "QSPLIT is D = 256's v8 path");
+        const int q0 = 32 * cw;
+        const unsigned sP0 = base + S::DS, sdS0 = base + S::DS + 2 * S::DS_BYTES;
+        float sq[16], dpq[16];
+        for (int it = 0; it < kb.n_it; ++it) {
+            const int st = it % STAGES;
+            const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
+            const unsigned sQ = base + S::Q + st * S::QT_BYTES, sdO = base + S::DO + st * S::QT_BYTES;
+            const unsigned sP = sP0 + (it & 1) * S::DS_BYTES, sdS = sdS0 + (it & 1) * S::DS_BYTES;
+            mbar_wait(full0 + 8 * st, (it / STAGES) & 1);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+                kl_wgmma_ss<32, BF16>(sq, desc_kmajor<D, BN>(sK, 0, kk), desc_kmajor<D, BM_B>(sQ, q0, kk), kk > 0);
+            wgmma_commit();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk)
+                kl_wgmma_ss<32, BF16>(dpq, desc_kmajor<D, BN>(sV, 0, kk), desc_kmajor<D, BM_B>(sdO, q0, kk), kk > 0);
+            wgmma_commit();
+
+            // lse, delta of this thread's columns q0 + 8j + 2q (+ 1)
+            const float2* sl =
+                reinterpret_cast<const float2*>(smem + (base - smem_u32(smem)) + S::LD + st * 512) + qd + q0 / 2;
+            const bool masked = kw0 + 64 > S_k || (causal && kw0 + 63 > m0 + q0 + kb.off);
+
+            wgmma_wait<1>();  // S^T
+            fence_regs(sq);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float& x = sq[4 * j + 2 * hh + e];
+                        const float2 l2 = sl[4 * j];
+                        const float l = e ? l2.y : l2.x;
+                        float p = exp2f(fmaf(x, scale_log2, -l));  // lse = +inf: 0
+                        if (masked) {
+                            const int key = key_lo + 8 * hh, col = m0 + q0 + 8 * j + 2 * qd + e;
+                            if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
+                        }
+                        x = p;
+                    }
+            // P^T (16-bit) to the shared tile: row key, queries q0 + 8j + 2q (+ 1) as one word
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const unsigned addr = sP + tile_offset<64, 64>(16 * warp + g + 8 * hh, q0 / 8 + j) + 4 * qd;
+                    const unsigned w = pack2(sq[4 * j + 2 * hh], sq[4 * j + 2 * hh + 1], BF16);
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(w) : "memory");
+                }
+            fence_proxy_async();
+            named_sync(P_BAR, 256);  // both warpgroups' halves of P^T written
+
+            // dV += P^T dO: A = the P^T tile K-major (K = queries), B = dO MN-major
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                kl_wgmma_st<NV, BF16>(dv_acc, desc_kmajor<64, 64>(sP, 0, kk),
+                                      desc_mnmajor<D, BM_B>(sdO + slab_kv, 16 * kk), 1);
+            wgmma_commit();
+
+            wgmma_wait<1>();  // dP^T (dV still in flight)
+            fence_regs(dpq);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int i = 4 * j + 2 * hh;
+                    const float2 dl = sl[32 + 4 * j];  // delta of columns q0 + 8j + 2q, + 1
+                    const float a = sq[i] * (dpq[i] - dl.x), b = sq[i + 1] * (dpq[i + 1] - dl.y);
+                    const unsigned addr = sdS + tile_offset<64, 64>(16 * warp + g + 8 * hh, q0 / 8 + j) + 4 * qd;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pack2(a, b, BF16)) : "memory");
+                }
+            fence_proxy_async();
+            named_sync(DQ_BAR, 256);  // both halves of dS^T written
+
+            // dK += dS^T Q: A = the dS^T tile K-major, B = Q MN-major
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                kl_wgmma_st<NV, BF16>(dk_acc, desc_kmajor<64, 64>(sdS, 0, kk),
+                                      desc_mnmajor<D, BM_B>(sQ + slab_kv, 16 * kk), 1);
+            wgmma_commit();
+
+            // dQ = dS K over the block's 64 keys, columns c_kv + [0, 128) in two passes
+#pragma unroll 1
+            for (int pass = 0; pass < PASSES; ++pass) {
+                const int c0 = c_kv + 64 * pass;
+                const unsigned sKc = sK + (c0 / L::E) * (BN * L::W);
+                float dq[NQ / 2];
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+                    kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(sdS, 16 * kk), desc_mnmajor<D, BN>(sKc, 16 * kk),
+                                          kk > 0);
+                wgmma_commit();
+                wgmma_wait<0>();  // (first pass) dV, dK and this dQ: the stage and the tiles are read
+                fence_regs(dq);
+                if (pass == 0) {
+                    fence_regs(dv_acc);
+                    fence_regs(dk_acc);
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty0 + 8 * st);
+                }
+                float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
+#pragma unroll
+                for (int j = 0; j < NQ / 8; ++j)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh)
+                        red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+            }
+        }
+    }
+#endif
     if constexpr (OVL) {
         if (kb.n_it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // the last query block's
     }

@@ -82,9 +82,13 @@ class BwdOpts:
     """A lab build of the main kernel beside the default (attention_sm90_bwd.cu's -D options,
     the backward's counterpart of the forward's ``cuda_sm90.Tiles``): ``no_dq_red`` skips the
     dQ reduce-adds (-DKL_ATTN_BWD_NO_DQ_RED=1: dq comes back wrong; a timing bound only,
-    never checked, never a default). Written as the options set, joined by "+"."""
+    never checked, never a default); ``split_queries`` (D = 256 only,
+    -DKL_ATTN_BWD_D256_QSPLIT=1): each consumer warpgroup computes S^T and dP^T for half of
+    a query block's rows instead of both computing all of them, and the two exchange P^T
+    and dS^T through shared memory. Written as the options set, joined by "+"."""
 
     no_dq_red: bool = False
+    split_queries: bool = False
 
     def __str__(self) -> str:
         on = [f.replace("_", "-") for f in self.__dataclass_fields__ if getattr(self, f)]
@@ -99,6 +103,7 @@ class BwdOpts:
 DEFAULT_OPTS = BwdOpts()
 # The builds lab/gpu_attn_bwd_sm90.py times beside the default, per head dim.
 BWD_LAB = {d: (BwdOpts(no_dq_red=True),) for d in BWD_HEAD_DIMS}
+BWD_LAB[256] += (BwdOpts(split_queries=True),)
 _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 
 
@@ -107,9 +112,12 @@ def bwd_module(d: int, opts: BwdOpts = DEFAULT_OPTS) -> Module:
     with the options' -D flags (kept per (d, opts))."""
     if opts == DEFAULT_OPTS:
         return MODULES[d]
+    if opts.split_queries and d != 256:
+        raise ValueError(f"attention/cuda: split_queries is a head-dim-256 build, not d = {d}")
     key = (d, opts)
     if key not in _LAB_MODULES:
         flags = ("-DKL_ATTN_BWD_NO_DQ_RED=1",) if opts.no_dq_red else ()
+        flags += ("-DKL_ATTN_BWD_D256_QSPLIT=1",) if opts.split_queries else ()
         _LAB_MODULES[key] = Module(CU, options=(f"-DKL_ATTN_D={d}", *flags), archs=("sm_90a",))
     return _LAB_MODULES[key]
 MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
