@@ -13,6 +13,9 @@ pair is not allowed); the kernels' arithmetic (``emulate_backward``) against the
 reference. The D = 256 lab option -DKL_ATTN_BWD_D256_QSPLIT=1 (never a default): its
 module compiles with the same kernels, no spills, no serialized wgmmas; it is refused
 without -DKL_ATTN_D=256; its tiles, descriptors and barriers in the source and a model.
+The D = 256 lab option -DKL_ATTN_BWD_DQ_V4=1 (alone and with the former): float4 dQ
+reductions only, no spills, no serialized wgmmas, refused without D = 256; the blocked
+offsets it writes cover the query block once and the postprocess maps them back.
 With a GPU (``gpu``): dq, dk, dv against the float64 reference with the rule the Triton
 backward's tests use (2 x PyTorch's own error + a floor), odd lengths, causal and not, GQA,
 every head dim, and against ``emulate_backward``.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 
 import pytest
 import torch
@@ -246,6 +250,109 @@ def test_d256_qsplit_lab_option_refused_without_d256(defines):
     _nvrtc()
     err, log = _nvrtc_log(*defines, QSPLIT_OPTS[1])
     assert err != 0 and "KL_ATTN_BWD_D256_QSPLIT=1 needs a D = 256 module" in log, log[-2000:]
+
+
+# The lab option -DKL_ATTN_BWD_DQ_V4=1: D = 256's dQ atomics as float4 reductions into the
+# blocked accumulator layout (chunks of 64 columns, one per dQ pass).
+DQV4 = "-DKL_ATTN_BWD_DQ_V4=1"
+_RED = re.compile(r"\bred\.[a-z0-9.:]+")
+
+
+@pytest.mark.parametrize("extra", [(), (QSPLIT_OPTS[1],)], ids=["dq-v4", "dq-v4+split-queries"])
+def test_d256_dq_v4_lab_option_compiles_without_spills(extra):
+    """The flagged D = 256 module (alone and with the query split): the same kernels; every dQ
+    reduction of the main kernels is red.relaxed.gpu.global.add.v4.f32, 8 a pass (none .v2);
+    168 registers, no spills, no local memory or stack, no serialized wgmmas; the default
+    D = 256 module keeps its .v2 reductions."""
+    _nvrtc()
+    from kernellab.cuda.runtime import Module
+    from kernellab.inspect import asm
+
+    mod = Module(cb.CU, options=("-DKL_ATTN_D=256", DQV4, *extra), archs=("sm_90a",))
+    bodies = asm.split_ptx(mod.compile("sm_90", target="ptx").decode())
+    assert set(bodies) == _names(256), set(bodies)
+    for sfx in ("bf16", "f16"):
+        for v in ("v8", "v9"):
+            reds = _RED.findall(bodies[f"attn_bwd_{v}_d256_{sfx}"])
+            assert reds == ["red.relaxed.gpu.global.add.v4.f32"] * 8, (v, sfx, reds)
+    default = asm.split_ptx(cb.MODULES[256].compile("sm_90", target="ptx").decode())["attn_bwd_v9_d256_bf16"]
+    assert set(_RED.findall(default)) == {"red.relaxed.gpu.global.add.v2.f32"}
+
+    log = _ptxas_log(256, DQV4, *extra)
+    assert "attn_bwd_v8_d256" in log and "attn_bwd_v9_d256" in log, log[-2000:]
+    assert "C75" not in log and "serialized" not in log and "injected" not in log, log[-2000:]
+    spills = [line for line in log.splitlines() if "spill stores" in line]
+    clean = "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert spills and all(line.strip().endswith(clean) for line in spills), log
+    assert not [line for line in log.splitlines() if "Used" in line and "lmem" in line], log
+    main_regs = [line for line in log.splitlines() if "Used 168 registers" in line]
+    assert len(main_regs) == 4, log  # v8 and v9, bf16 and f16
+
+    cuobjdump = asm.find_tool("cuobjdump")
+    if cuobjdump is None:
+        return
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(mod.compile("sm_90"))
+        f.flush()
+        res = asm.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
+                                                 text=True, check=True).stdout)  # fmt: skip
+    for name in _names(256):
+        assert res[name]["STACK"] == 0 and res[name].get("LOCAL", 0) == 0, (name, res[name])
+        if "_v8_" in name or "_v9_" in name:
+            assert res[name]["REG"] == 168, (name, res[name])
+
+
+@pytest.mark.parametrize("defines", [(), ("-DKL_ATTN_D=128",), ("-DKL_ATTN_D=64",)])
+def test_d256_dq_v4_lab_option_refused_without_d256(defines):
+    _nvrtc()
+    err, log = _nvrtc_log(*defines, DQV4)
+    assert err != 0 and "KL_ATTN_BWD_DQ_V4=1 needs a D = 256 module" in log, log[-2000:]
+
+
+def test_d256_dq_v4_reductions_cover_the_block_and_postprocess_agrees():
+    """The flagged kernel's dQ writes as red_dq_blocked64 makes them: thread (cw, warp, lane)
+    of pass p (first column c0 = 128 cw + 64 p) adds registers 4 j .. 4 j + 3 (rows 16 warp +
+    g, + 8; columns c0 + 8 j + 2 q, + 1) as one float4 at 64 c0 + dq_frag_index<64>(warp,
+    lane, 0) + 128 j of the query block: 16-byte aligned, a warp's 32 lanes 512 contiguous
+    bytes per j; every float of the 64 x 256 block exactly once, at dq_frag_offset(row, col,
+    64), where attn_bwd_post_blk with NQ = 64 reads (row, col) back."""
+    src = cb.CU.read_text()
+    body = src[src.index("void red_dq_blocked64(") :]
+    body = body[: body.index("#endif")]
+    assert "qb + 64 * c0 + dq_frag_index<64>(warp, lane, 0)" in body
+    assert "red_add4(p + 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3])" in body
+    assert "for (int j = 0; j < 8; ++j) red_add4(" in body
+    d, nq = 256, 64
+    v4 = cb.BwdOpts(dq_v4=True)
+    assert all(cb.dq_chunk(d, v, v4) == nq and cb.dq_chunk(d, v) == 0 for v in cb.VARIANTS)
+    assert cb.dq_chunk(128, "v9", v4) == cb.dq_cols(128) and cb.dq_chunk(128, "v8") == 0
+    hits = {}
+    for cw in (0, 1):
+        for p in (0, 1):
+            c0 = 128 * cw + 64 * p
+            for warp in range(4):
+                for j in range(8):
+                    starts = []
+                    for lane in range(32):
+                        g, q = lane // 4, lane % 4
+                        at0 = 64 * c0 + warp * 16 * nq + lane * 4 + 128 * j
+                        assert at0 % 4 == 0  # (accumulator rows of 256 floats: 16-byte aligned)
+                        starts.append(at0)
+                        for k in range(4):
+                            hh, e = k // 2, k % 2
+                            row, col = 16 * warp + g + 8 * hh, c0 + 8 * j + 2 * q + e
+                            at = at0 + k
+                            assert at == cb.dq_frag_offset(d, row, col, nq)
+                            assert at == _post_blocked_offset(d, row, col, nq)
+                            hits[at] = hits.get(at, 0) + 1
+                    assert starts == list(range(starts[0], starts[0] + 128, 4))  # 512 contiguous bytes
+    assert sorted(hits) == list(range(64 * d)) and set(hits.values()) == {1}
+    reads = _post_blocked_reads(d, 128, nq)
+    assert sorted(reads) == list(range(128 * d))
+    assert sorted(reads.values()) == [(r, c) for r in range(128) for c in range(d)]
 
 
 def test_d256_qsplit_tiles_and_barriers_in_the_source():
@@ -503,10 +610,11 @@ def test_fragments_read_their_columns_lse_and_add_dq_once(d):
     assert set(adds.values()) == {1 if split or dsplit else 2}
 
 
-def _post_blocked_reads(d, s_pad):
+def _post_blocked_reads(d, s_pad, nq=0):
     """bwd_post_blocked's index arithmetic (the .cu), transcribed: per thread u (a float4 of
-    the head's s_pad x D accumulator floats), the (row, col) of each of its four floats."""
-    nq = cb.dq_cols(d)
+    the head's s_pad x D accumulator floats), the (row, col) of each of its four floats
+    (chunks of ``nq`` columns, else v9's ``dq_cols``)."""
+    nq = nq or cb.dq_cols(d)
     out = {}
     for u in range(s_pad * d // 4):
         qb, rem = u // (16 * d), u % (16 * d)
@@ -520,13 +628,13 @@ def _post_blocked_reads(d, s_pad):
 
 
 @functools.cache
-def _post_blocked_inverse(d):
-    return {rc: i for i, rc in _post_blocked_reads(d, 64).items()}
+def _post_blocked_inverse(d, nq=0):
+    return {rc: i for i, rc in _post_blocked_reads(d, 64, nq).items()}
 
 
-def _post_blocked_offset(d, row, col):
+def _post_blocked_offset(d, row, col, nq=0):
     """The float of the query block that the postprocess takes for (row, col) (row < 64)."""
-    return _post_blocked_inverse(d)[(row, col)]
+    return _post_blocked_inverse(d, nq)[(row, col)]
 
 
 @pytest.mark.parametrize("d", [d for d in cb.BWD_HEAD_DIMS if cb.bulk_dq(d, "v9")])
@@ -838,6 +946,25 @@ def test_launcher_empty_and_head_dim_256(recorder):
     assert all(cb.backward_kernel(d) == "cuda" for d in cs.HEAD_DIMS)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["dq-v4", "dq-v4+split-queries"])
+def test_launcher_d256_dq_v4_runs_the_blocked_postprocess(recorder, split):
+    """A dq_v4 build (v8 and v9: one kernel at D = 256): its own module's main kernel, the
+    blocked postprocess over the padded rows with NQ = 64, one accumulator throughout."""
+    opts = cb.BwdOpts(split_queries=split, dq_v4=True)
+    q = torch.randn(1, 4, 9, 256, dtype=torch.float16)
+    kv = torch.randn(1, 2, 130, 256, dtype=torch.float16)
+    for variant in cb.VARIANTS:
+        recorder.clear()
+        cb.backward(q, q, kv, kv, q, torch.zeros(1, 4, 9), True, 0.1, variant, opts)
+        names = [c[0] for c in recorder]
+        assert names == ["attn_bwd_pre_f16", f"attn_bwd_{variant}_d256_f16", "attn_bwd_post_blk_f16"]
+        (_, _, _, a_pre, _), (_, g, _, a, shared), (_, g_post, b_post, a_post, _) = recorder
+        assert g == (2, 3, 1) and shared == cb.smem_bytes(256)
+        assert a[6] is a_pre[5] and a_post[0] is a_pre[5] and a_pre[5].shape == (4, 64, 256)
+        assert g_post == (64 * 256 // 4 // 256, 4, 1) and b_post == 256
+        assert a_post[2:8] == (9, 64, 4, 256, 64, 0.1)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_limits_and_refusals(backend):
     BACKEND = backend  # noqa: N806
@@ -1118,3 +1245,14 @@ def test_lab_builds_named_and_built_beside_the_default():
     with pytest.raises(ValueError, match="split_queries"):
         cb.bwd_module(128, split)
     assert "m64n32k16" in cb.bwd_module(256, split).compile("sm_90", target="ptx").decode()
+    v4 = cb.BwdOpts(dq_v4=True)
+    both = cb.BwdOpts(split_queries=True, dq_v4=True)
+    assert str(v4) == "dq-v4" and str(both) == "split-queries+dq-v4" and v4.exact and both.exact
+    assert v4 in cb.BWD_LAB[256] and both in cb.BWD_LAB[256]
+    assert all(v4 not in cb.BWD_LAB[d] and both not in cb.BWD_LAB[d] for d in cb.BWD_HEAD_DIMS if d != 256)
+    assert (256, v4) in LAB_EXACT and (256, both) in LAB_EXACT
+    for d in (64, 128):
+        with pytest.raises(ValueError, match="dq_v4"):
+            cb.bwd_module(d, v4)
+    v4_ptx = cb.bwd_module(256, v4).compile("sm_90", target="ptx").decode()
+    assert "red.relaxed.gpu.global.add.v4.f32" in v4_ptx

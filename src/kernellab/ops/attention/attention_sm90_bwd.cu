@@ -74,6 +74,15 @@
 // iteration it + 1, which the other warpgroup reaches only after its wait_group 0 on every
 // wgmma of iteration it that read the tile.
 //
+// Lab option -DKL_ATTN_BWD_DQ_V4=1 (a D = 256 module only, else #error; v8 and v9 alike; it
+// composes with KL_ATTN_BWD_D256_QSPLIT; the default build never sets it): each 64-column dQ
+// pass goes to the accumulator with red.global.add.v4.f32 instead of .v2, one per float4 of
+// registers 4 j .. 4 j + 3 (rows 16 warp + g and + 8, columns 8 j + 2 q and + 1). The
+// accumulator then holds each query block's 64 x 256 floats in v9's staging order
+// (dq_frag_index with NQ = 64: chunk c0 / 64 of 64 x 64 floats per pass), so a warp's 32
+// lanes cover 512 contiguous bytes per reduction, and attn_bwd_post_blk (NQ = 64) converts
+// it. Half the reduction instructions of .v2 for the same bytes.
+//
 // Why (napkin math, D = 128, per query block and warpgroup): five 64 x 64 x 128 GEMMs =
 // 5.2 MFLOP against 2 x 64 x 64 exponentials; K and V (64 KB) are read from HBM once per
 // block while Q and dO stream through the ring (32 KB per query block, shared by both
@@ -135,6 +144,17 @@
 #define KL_BWD_QS256 1
 #else
 #define KL_BWD_QS256 0
+#endif
+
+// Lab option (the header describes it): D = 256's dQ atomics as float4 reductions into the
+// blocked accumulator layout.
+#if defined(KL_ATTN_BWD_DQ_V4) && KL_ATTN_BWD_DQ_V4
+#if !defined(KL_ATTN_D) || KL_ATTN_D != 256
+#error "KL_ATTN_BWD_DQ_V4=1 needs a D = 256 module (-DKL_ATTN_D=256)"
+#endif
+#define KL_BWD_DQV4 1
+#else
+#define KL_BWD_DQV4 0
 #endif
 
 namespace {
@@ -236,10 +256,12 @@ __device__ __forceinline__ void named_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
+#if !KL_BWD_DQV4
 // Two fp32 adds to consecutive words of global memory (one vector reduction, sm_90).
 __device__ __forceinline__ void red_add2(float* p, float x, float y) {
     asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
 }
+#endif
 
 // v9's dQ path: `bytes` (a multiple of 16) of fp32 in shared memory added element-wise into
 // global memory by the TMA unit (one instruction for a warp's 16 rows; the adds are atomic
@@ -265,6 +287,24 @@ template <int NQ>
 __device__ __forceinline__ int dq_frag_index(int warp, int lane, int i) {
     return warp * 16 * NQ + (i / 4) * 128 + lane * 4 + i % 4;
 }
+
+#if KL_BWD_DQV4
+// Four fp32 adds to consecutive words of global memory (16-byte aligned; one vector reduction).
+__device__ __forceinline__ void red_add4(float* p, float x, float y, float z, float w) {
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(x), "f"(y), "f"(z),
+                 "f"(w)
+                 : "memory");
+}
+
+// KL_ATTN_BWD_DQ_V4: one 64-column dQ pass of a thread (registers in wgmma's fragment order)
+// added to its query block's accumulator qb (64 x D floats) in dq_frag_index<64>'s order,
+// chunk c0 / 64: float4 j of the thread is registers 4 j .. 4 j + 3.
+__device__ __forceinline__ void red_dq_blocked64(float* qb, int c0, int warp, int lane, const float (&dq)[32]) {
+    float* p = qb + 64 * c0 + dq_frag_index<64>(warp, lane, 0);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) red_add4(p + 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
+}
+#endif
 
 // What a key block does: the query blocks [m_begin, m_begin + per) of each q head of its
 // group that see any of its keys (causal: from the block holding the first row that sees
@@ -545,6 +585,10 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
             } else if constexpr (BQ) {
                 stage_dq(dq, h, m0, c0);
             } else {
+#if KL_BWD_DQV4 && !KL_ATTN_BWD_NO_DQ_RED
+                static_assert(DSPLIT && NQ == 64, "KL_ATTN_BWD_DQ_V4 is D = 256's");
+                red_dq_blocked64(dq_acc + (((long long)z * H + h) * S_pad + m0) * D, c0, warp, lane, dq);
+#else
                 // dQ += this share: rows m0 + 16 warp + g (+ 8) of the padded accumulator (no
                 // bounds: the rows past S_q are the padding), columns c0 + 8j + 2q (+ 1)
                 float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
@@ -556,6 +600,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                         red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
 #else
                 if (dq[0] == 12345.f) dqb[0] = dq[NQ / 2 - 1];  // keeps dQ's wgmmas live; a timing bound only
+#endif
 #endif
             }
         }
@@ -671,12 +716,16 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     __syncwarp();
                     if (lane == 0) mbar_arrive(empty0 + 8 * st);
                 }
+#if KL_BWD_DQV4
+                red_dq_blocked64(dq_acc + (((long long)z * H + h) * S_pad + m0) * D, c0, warp, lane, dq);
+#else
                 float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
 #pragma unroll
                 for (int j = 0; j < NQ / 8; ++j)
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh)
                         red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+#endif
             }
         }
     }

@@ -85,10 +85,14 @@ class BwdOpts:
     never checked, never a default); ``split_queries`` (D = 256 only,
     -DKL_ATTN_BWD_D256_QSPLIT=1): each consumer warpgroup computes S^T and dP^T for half of
     a query block's rows instead of both computing all of them, and the two exchange P^T
-    and dS^T through shared memory. Written as the options set, joined by "+"."""
+    and dS^T through shared memory; ``dq_v4`` (D = 256 only, -DKL_ATTN_BWD_DQ_V4=1; composes
+    with ``split_queries``): the dQ atomics are float4 reductions (red.global.add.v4.f32,
+    half as many as .v2) into the blocked accumulator layout (``dq_chunk``: 64-column
+    chunks), which attn_bwd_post_blk converts. Written as the options set, joined by "+"."""
 
     no_dq_red: bool = False
     split_queries: bool = False
+    dq_v4: bool = False
 
     def __str__(self) -> str:
         on = [f.replace("_", "-") for f in self.__dataclass_fields__ if getattr(self, f)]
@@ -103,7 +107,7 @@ class BwdOpts:
 DEFAULT_OPTS = BwdOpts()
 # The builds lab/gpu_attn_bwd_sm90.py times beside the default, per head dim.
 BWD_LAB = {d: (BwdOpts(no_dq_red=True),) for d in BWD_HEAD_DIMS}
-BWD_LAB[256] += (BwdOpts(split_queries=True),)
+BWD_LAB[256] += (BwdOpts(split_queries=True), BwdOpts(dq_v4=True), BwdOpts(split_queries=True, dq_v4=True))
 _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 
 
@@ -114,10 +118,13 @@ def bwd_module(d: int, opts: BwdOpts = DEFAULT_OPTS) -> Module:
         return MODULES[d]
     if opts.split_queries and d != 256:
         raise ValueError(f"attention/cuda: split_queries is a head-dim-256 build, not d = {d}")
+    if opts.dq_v4 and d != 256:
+        raise ValueError(f"attention/cuda: dq_v4 is a head-dim-256 build, not d = {d}")
     key = (d, opts)
     if key not in _LAB_MODULES:
         flags = ("-DKL_ATTN_BWD_NO_DQ_RED=1",) if opts.no_dq_red else ()
         flags += ("-DKL_ATTN_BWD_D256_QSPLIT=1",) if opts.split_queries else ()
+        flags += ("-DKL_ATTN_BWD_DQ_V4=1",) if opts.dq_v4 else ()
         _LAB_MODULES[key] = Module(CU, options=(f"-DKL_ATTN_D={d}", *flags), archs=("sm_90a",))
     return _LAB_MODULES[key]
 MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
@@ -155,6 +162,15 @@ def dq_cols(d: int) -> int:
     return d // 2 if splits_dq(d) else d
 
 
+def dq_chunk(d: int, variant: str, opts: BwdOpts = DEFAULT_OPTS) -> int:
+    """Columns per chunk (NQ) of the blocked dQ accumulator (``dq_frag_offset``'s layout,
+    which attn_bwd_post_blk converts), or 0 where the accumulator is row-major (attn_bwd_post):
+    ``dq_cols`` where v9 stages dQ (``bulk_dq``); 64 (one dQ pass) in a ``dq_v4`` build."""
+    if bulk_dq(d, variant):
+        return dq_cols(d)
+    return 64 if opts.dq_v4 and splits_d(d) else 0
+
+
 def dq_stage_bytes(d: int, variant: str) -> int:
     """Shared memory of v9's two fp32 dQ staging tiles (64 x ``dq_cols`` each); 0 else."""
     return 2 * 64 * dq_cols(d) * 4 if bulk_dq(d, variant) else 0
@@ -180,13 +196,13 @@ def smem_bytes(d: int, variant: str = "v8") -> int:
     )
 
 
-def dq_frag_offset(d: int, row: int, col: int) -> int:
+def dq_frag_offset(d: int, row: int, col: int, nq: int = 0) -> int:
     """Where v9 keeps dQ(row, col) of a query block (row < 64) within the block's 64 x D
     floats of the accumulator (dq_frag_index in the .cu, bwd_post_blocked's inverse): chunk
     col // NQ of 64 x NQ floats; in it, warp-major (16 rows of one warp contiguous), then
     float4 j = (col % NQ) // 8 of lane 4 g + q, element 2 hh + e, for row 16 warp + g + 8 hh
-    and column 8 j + 2 q + e."""
-    nq = dq_cols(d)
+    and column 8 j + 2 q + e. NQ: ``nq`` (``dq_chunk``), else ``dq_cols`` (v9's)."""
+    nq = nq or dq_cols(d)
     cc, warp, g, hh = col % nq, row // 16, row % 8, (row // 8) % 2
     j, q, e = cc // 8, (cc % 8) // 2, cc % 2
     return (col - cc) * 64 + warp * 16 * nq + j * 128 + (4 * g + q) * 4 + 2 * hh + e
@@ -315,10 +331,11 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=DEFAULT_OPT
     mq, mk, mv, mdo = cs._map_args(q4, BM), cs._map_args(k4, bn), cs._map_args(v4, bn), cs._map_args(do4, BM)
     main_args = (s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E, int(causal),
                  *dk4.stride()[:3], *dv4.stride()[:3])  # fmt: skip
-    if bulk_dq(d, variant):  # the accumulator in the staging order (dq_frag_offset): a float4 a thread
+    nq = dq_chunk(d, variant, opts)
+    if nq:  # the accumulator in the blocked order (dq_frag_offset): a float4 a thread
         post = mod.kernel(f"attn_bwd_post_blk_{sfx}", SIG_POST_BLK, dev)
         g_post = (ceil_div(s_pad * d // 4, POST_THREADS), h, z)
-        post_args = (s_q, s_pad, h, d, dq_cols(d), float(scale), *dq4.stride()[:3])
+        post_args = (s_q, s_pad, h, d, nq, float(scale), *dq4.stride()[:3])
     else:
         post = mod.kernel(f"attn_bwd_post_{sfx}", SIG_POST, dev)
         g_post = (ceil_div(s_q * d // 2, POST_THREADS), h, z)
