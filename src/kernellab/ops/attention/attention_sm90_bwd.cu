@@ -350,7 +350,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     using L = Layout<D>;
     constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
     constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT;
-    constexpr bool QS256 = DSPLIT && KL_BWD_QS256;  // the lab option (header)
+    [[maybe_unused]] constexpr bool QS256 = DSPLIT && KL_BWD_QS256;  // the lab option (header)
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
     check_smem(1024 + S::BYTES);
