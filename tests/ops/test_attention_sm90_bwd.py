@@ -188,6 +188,39 @@ def test_wgmmas_are_not_serialized_for_lack_of_registers():
         ), (d, log)
 
 
+def _assert_d256_build_clean(mod, *defines: str) -> None:
+    """A D = 256 lab build (``mod``, compiled with ``defines``): no serialized wgmmas in
+    ptxas's log, no spills, stack or local memory, the main kernels (v8 and v9, bf16 and
+    f16) at setmaxnreg's 168 registers a thread; cuobjdump's resource usage agrees."""
+    from kernellab.inspect import asm
+
+    log = _ptxas_log(256, *defines)
+    assert "attn_bwd_v8_d256" in log and "attn_bwd_v9_d256" in log, log[-2000:]
+    assert "C75" not in log and "serialized" not in log and "injected" not in log, log[-2000:]
+    spills = [line for line in log.splitlines() if "spill stores" in line]
+    clean = "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
+    assert spills and all(line.strip().endswith(clean) for line in spills), log
+    assert not [line for line in log.splitlines() if "Used" in line and "lmem" in line], log
+    main_regs = [line for line in log.splitlines() if "Used 168 registers" in line]
+    assert len(main_regs) == 4, log  # v8 and v9, bf16 and f16
+
+    cuobjdump = asm.find_tool("cuobjdump")
+    if cuobjdump is None:
+        return
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(mod.compile("sm_90"))
+        f.flush()
+        res = asm.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
+                                                 text=True, check=True).stdout)  # fmt: skip
+    for name in _names(256):
+        assert res[name]["STACK"] == 0 and res[name].get("LOCAL", 0) == 0, (name, res[name])
+        if "_v8_" in name or "_v9_" in name:
+            assert res[name]["REG"] == 168, (name, res[name])
+
+
 # The lab option of attention_sm90_bwd.cu's header: at D = 256 the consumer warpgroups split
 # S^T and dP^T by queries and exchange P^T and dS^T through shared memory.
 QSPLIT_OPTS = ("-DKL_ATTN_D=256", "-DKL_ATTN_BWD_D256_QSPLIT=1")
@@ -216,33 +249,7 @@ def test_d256_qsplit_lab_option_compiles_without_spills():
     default = asm.split_ptx(cb.MODULES[256].compile("sm_90", target="ptx").decode())["attn_bwd_v8_d256_bf16"]
     assert "m64n32k16" not in default and "p, 1, 1, 0, 1;" not in default
 
-    log = _ptxas_log(256, QSPLIT_OPTS[1])
-    assert "attn_bwd_v8_d256" in log and "attn_bwd_v9_d256" in log, log[-2000:]
-    assert "C75" not in log and "serialized" not in log and "injected" not in log, log[-2000:]
-    spills = [line for line in log.splitlines() if "spill stores" in line]
-    clean = "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
-    assert spills and all(line.strip().endswith(clean) for line in spills), log
-    for line in log.splitlines():
-        if "Used" in line and "registers" in line:
-            assert "lmem" not in line, line
-    main_regs = [line for line in log.splitlines() if "Used 168 registers" in line]
-    assert len(main_regs) == 4, log  # v8 and v9, bf16 and f16: setmaxnreg's 168 a thread
-
-    cuobjdump = asm.find_tool("cuobjdump")
-    if cuobjdump is None:
-        return
-    import subprocess
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(mod.compile("sm_90"))
-        f.flush()
-        res = asm.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                                                 text=True, check=True).stdout)  # fmt: skip
-    for name in _names(256):
-        assert res[name]["STACK"] == 0 and res[name].get("LOCAL", 0) == 0, (name, res[name])
-        if "_v8_" in name or "_v9_" in name:
-            assert res[name]["REG"] == 168, (name, res[name])
+    _assert_d256_build_clean(mod, QSPLIT_OPTS[1])
 
 
 @pytest.mark.parametrize("defines", [(), ("-DKL_ATTN_D=128",), ("-DKL_ATTN_D=64",)])
@@ -278,31 +285,7 @@ def test_d256_dq_v4_lab_option_compiles_without_spills(extra):
     default = asm.split_ptx(cb.MODULES[256].compile("sm_90", target="ptx").decode())["attn_bwd_v9_d256_bf16"]
     assert set(_RED.findall(default)) == {"red.relaxed.gpu.global.add.v2.f32"}
 
-    log = _ptxas_log(256, DQV4, *extra)
-    assert "attn_bwd_v8_d256" in log and "attn_bwd_v9_d256" in log, log[-2000:]
-    assert "C75" not in log and "serialized" not in log and "injected" not in log, log[-2000:]
-    spills = [line for line in log.splitlines() if "spill stores" in line]
-    clean = "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
-    assert spills and all(line.strip().endswith(clean) for line in spills), log
-    assert not [line for line in log.splitlines() if "Used" in line and "lmem" in line], log
-    main_regs = [line for line in log.splitlines() if "Used 168 registers" in line]
-    assert len(main_regs) == 4, log  # v8 and v9, bf16 and f16
-
-    cuobjdump = asm.find_tool("cuobjdump")
-    if cuobjdump is None:
-        return
-    import subprocess
-    import tempfile
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(mod.compile("sm_90"))
-        f.flush()
-        res = asm.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                                                 text=True, check=True).stdout)  # fmt: skip
-    for name in _names(256):
-        assert res[name]["STACK"] == 0 and res[name].get("LOCAL", 0) == 0, (name, res[name])
-        if "_v8_" in name or "_v9_" in name:
-            assert res[name]["REG"] == 168, (name, res[name])
+    _assert_d256_build_clean(mod, DQV4, *extra)
 
 
 @pytest.mark.parametrize("defines", [(), ("-DKL_ATTN_D=128",), ("-DKL_ATTN_D=64",)])
@@ -377,7 +360,7 @@ def test_d256_qsplit_tiles_and_barriers_in_the_source():
         "kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(sdS, 16 * kk)",
         "wgmma_wait<0>();",
         "mbar_arrive(empty0 + 8 * st)",
-        "red_add2(",
+        "add_dq(dq, h, m0, c0);",  # the atomics (add_dq: red_add2, or red_add4 with DQ_V4)
     ]
     at = [qs.index(x) for x in order]
     assert at == sorted(at), list(zip(order, at))

@@ -326,29 +326,16 @@ def _isolated_decode(a, argv: list[str]) -> int:
     """``--task decode --isolate``: each variant in its own process (its compiled forward
     alone in torch.compile's cache); the ratio and the share of equal tokens against the
     first variant of each mode, from the processes' rows and saved tokens."""
-    import os
-    import subprocess
-    import tempfile
+    refs = {}
 
-    rest = _argv_without(argv, ("--isolate",), ("--variants", "--json", "--tokens-dir"))
-    rows, rc, refs = [], 0, {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for v in _variants(a):
-            path = os.path.join(tmp, f"{v}.jsonl")
-            r = subprocess.run([sys.executable, "-m", "kernellab.models.user_models", *rest, "--variants", v,
-                                "--json", path, "--tokens-dir", tmp], check=False)  # fmt: skip
-            rc = rc or r.returncode
-            if r.returncode:
-                print(f"  {v}: failed (exit {r.returncode})")
-            new = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
-            for row in new:  # against the first variant of its mode, as each process ends
-                tokens = torch.load(_tokens_path(tmp, row["variant"], row["mode"]))
-                ref_per, ref_tokens = refs.setdefault(row["mode"], (row["ms_per_token"], tokens))
-                row["speedup"] = round(ref_per / row["ms_per_token"], 3) if row["ms_per_token"] > 0 else None
-                same = (tokens == ref_tokens).float().mean() if tokens.shape == ref_tokens.shape else 0.0
-                row["same_tokens"], row["isolated"] = round(float(same), 4), True
-            _append_rows(a.json, new)  # a run stopped later keeps the rows of the processes that ended
-            rows += new
+    def complete(row, tmp):  # against the first variant of its mode
+        tokens = torch.load(_tokens_path(tmp, row["variant"], row["mode"]))
+        ref_per, ref_tokens = refs.setdefault(row["mode"], (row["ms_per_token"], tokens))
+        row["speedup"] = round(ref_per / row["ms_per_token"], 3) if row["ms_per_token"] > 0 else None
+        same = (tokens == ref_tokens).float().mean() if tokens.shape == ref_tokens.shape else 0.0
+        row["same_tokens"] = round(float(same), 4)
+
+    rows, rc = _isolated_rows(a, argv, lambda tmp: ["--tokens-dir", tmp], complete)
     print(f"{a.model} decode: each variant in its own process; ratio = the first variant's ms per token / "
           "this one's; same = generated tokens equal to the first variant's")  # fmt: skip
     for mode in a.modes.split(","):
@@ -526,29 +513,42 @@ def _argv_without(argv: list[str], flags: tuple, options: tuple) -> list[str]:
     return rest
 
 
-def _isolated(a, argv: list[str]) -> int:
-    """Each variant in its own process (``--isolate``); one table from their JSON rows."""
+def _isolated_rows(a, argv: list[str], child_args, complete) -> tuple[list[dict], int]:
+    """Each variant of ``a`` in its own process (``argv`` less --isolate, --variants, --json
+    and --tokens-dir, plus ``child_args(tmp)``): its rows completed by ``complete(row, tmp)``
+    and appended to --json as its process ends (a run stopped later keeps them). Returns
+    (rows, the first non-zero exit code or 0)."""
     import os
     import subprocess
     import tempfile
 
-    variants = _variants(a)
-    rest = _argv_without(argv, ("--isolate",), ("--variants", "--json"))
-    rows, rc, firsts = [], 0, {}
+    rest = _argv_without(argv, ("--isolate",), ("--variants", "--json", "--tokens-dir"))
+    rows, rc = [], 0
     with tempfile.TemporaryDirectory() as tmp:
-        for v in variants:
+        for v in _variants(a):
             path = os.path.join(tmp, f"{v}.jsonl")
             r = subprocess.run([sys.executable, "-m", "kernellab.models.user_models", *rest, "--variants", v,
-                                "--json", path], check=False)  # fmt: skip
+                                "--json", path, *child_args(tmp)], check=False)  # fmt: skip
             rc = rc or r.returncode
             if r.returncode:
                 print(f"  {v}: failed (exit {r.returncode})")
             new = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
-            for row in new:  # each variant's rows as it ends: a run stopped later keeps them
-                first = firsts.setdefault(row["mode"], row["ms"])
-                row["speedup"], row["isolated"] = round(first / row["ms"], 3), True
+            for row in new:
+                complete(row, tmp)
+                row["isolated"] = True
             _append_rows(a.json, new)
             rows += new
+    return rows, rc
+
+
+def _isolated(a, argv: list[str]) -> int:
+    """Each variant in its own process (``--isolate``); one table from their JSON rows."""
+    firsts = {}
+
+    def complete(row, tmp):  # against the first variant of its mode
+        row["speedup"] = round(firsts.setdefault(row["mode"], row["ms"]) / row["ms"], 3)
+
+    rows, rc = _isolated_rows(a, argv, lambda tmp: [], complete)
     print(f"{a.model}: each variant in its own process; ratio = the first variant's time / this one's")
     for mode in a.modes.split(","):
         for row in (r for r in rows if r["mode"] == mode):

@@ -426,6 +426,27 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
             kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN>(sV, kofs, kk), desc_kmajor<D, BM_B>(sdO_, 0, kk), kk > 0);
         wgmma_commit();
     };
+    // The atomics' dQ path: this thread's share of a query block's dQ (columns c0_ ..) added
+    // to the accumulator. Rows m0_ + 16 warp + g (+ 8) of the padded accumulator (no bounds:
+    // the rows past S_q are the padding), columns c0_ + 8j + 2q (+ 1); with KL_ATTN_BWD_DQ_V4
+    // as float4s in the blocked order instead.
+    auto add_dq = [&](const float(&dq_)[NQ / 2], int h_, int m0_, int c0_) {
+#if KL_BWD_DQV4 && !KL_ATTN_BWD_NO_DQ_RED
+        static_assert(DSPLIT && NQ == 64, "KL_ATTN_BWD_DQ_V4 is D = 256's");
+        red_dq_blocked64(dq_acc + (((long long)z * H + h_) * S_pad + m0_) * D, c0_, warp, lane, dq_);
+#else
+        float* dqb = dq_acc + (((long long)z * H + h_) * S_pad + m0_ + 16 * warp + g) * D + c0_ + 2 * qd;
+#if !KL_ATTN_BWD_NO_DQ_RED
+#pragma unroll
+        for (int j = 0; j < NQ / 8; ++j)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh)
+                red_add2(dqb + 8 * hh * D + 8 * j, dq_[4 * j + 2 * hh], dq_[4 * j + 2 * hh + 1]);
+#else
+        if (dq_[0] == 12345.f) dqb[0] = dq_[NQ / 2 - 1];  // keeps dQ's wgmmas live; a timing bound only
+#endif
+#endif
+    };
     // v9: the warp's 16 rows x NQ columns of a dQ share to its slice of the warpgroup's
     // staging tile (dq_frag_index's order), then one bulk reduce-add of those 16 NQ floats
     // into chunk c0_ / NQ of query block m0_'s accumulator (the same order: the postprocess
@@ -585,23 +606,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
             } else if constexpr (BQ) {
                 stage_dq(dq, h, m0, c0);
             } else {
-#if KL_BWD_DQV4 && !KL_ATTN_BWD_NO_DQ_RED
-                static_assert(DSPLIT && NQ == 64, "KL_ATTN_BWD_DQ_V4 is D = 256's");
-                red_dq_blocked64(dq_acc + (((long long)z * H + h) * S_pad + m0) * D, c0, warp, lane, dq);
-#else
-                // dQ += this share: rows m0 + 16 warp + g (+ 8) of the padded accumulator (no
-                // bounds: the rows past S_q are the padding), columns c0 + 8j + 2q (+ 1)
-                float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
-#if !KL_ATTN_BWD_NO_DQ_RED
-#pragma unroll
-                for (int j = 0; j < NQ / 8; ++j)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh)
-                        red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
-#else
-                if (dq[0] == 12345.f) dqb[0] = dq[NQ / 2 - 1];  // keeps dQ's wgmmas live; a timing bound only
-#endif
-#endif
+                add_dq(dq, h, m0, c0);
             }
         }
     }
@@ -716,16 +721,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     __syncwarp();
                     if (lane == 0) mbar_arrive(empty0 + 8 * st);
                 }
-#if KL_BWD_DQV4
-                red_dq_blocked64(dq_acc + (((long long)z * H + h) * S_pad + m0) * D, c0, warp, lane, dq);
-#else
-                float* dqb = dq_acc + (((long long)z * H + h) * S_pad + m0 + 16 * warp + g) * D + c0 + 2 * qd;
-#pragma unroll
-                for (int j = 0; j < NQ / 8; ++j)
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh)
-                        red_add2(dqb + 8 * hh * D + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
-#endif
+                add_dq(dq, h, m0, c0);
             }
         }
     }

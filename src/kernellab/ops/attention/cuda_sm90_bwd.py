@@ -75,6 +75,7 @@ THREADS = 384  # producer warpgroup + two consumer warpgroups
 SMEM_LIMIT = cs.SMEM_LIMIT
 LOG2E = cs.LOG2E
 MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in BWD_HEAD_DIMS}
+MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,13 @@ class BwdOpts:
         return not self.no_dq_red
 
 
+# Each BwdOpts field's -D flag, and the fields only a head-dim-256 module takes (the .cu's #error).
+_OPT_FLAGS = {
+    "no_dq_red": "-DKL_ATTN_BWD_NO_DQ_RED=1",
+    "split_queries": "-DKL_ATTN_BWD_D256_QSPLIT=1",
+    "dq_v4": "-DKL_ATTN_BWD_DQ_V4=1",
+}
+_D256_ONLY = ("split_queries", "dq_v4")
 DEFAULT_OPTS = BwdOpts()
 # The builds lab/gpu_attn_bwd_sm90.py times beside the default, per head dim.
 BWD_LAB = {d: (BwdOpts(no_dq_red=True),) for d in BWD_HEAD_DIMS}
@@ -116,18 +124,17 @@ def bwd_module(d: int, opts: BwdOpts = DEFAULT_OPTS) -> Module:
     with the options' -D flags (kept per (d, opts))."""
     if opts == DEFAULT_OPTS:
         return MODULES[d]
-    if opts.split_queries and d != 256:
-        raise ValueError(f"attention/cuda: split_queries is a head-dim-256 build, not d = {d}")
-    if opts.dq_v4 and d != 256:
-        raise ValueError(f"attention/cuda: dq_v4 is a head-dim-256 build, not d = {d}")
+    on = [f for f in _OPT_FLAGS if getattr(opts, f)]
+    for f in on:
+        if f in _D256_ONLY and d != 256:
+            raise ValueError(f"attention/cuda: {f} is a head-dim-256 build, not d = {d}")
     key = (d, opts)
     if key not in _LAB_MODULES:
-        flags = ("-DKL_ATTN_BWD_NO_DQ_RED=1",) if opts.no_dq_red else ()
-        flags += ("-DKL_ATTN_BWD_D256_QSPLIT=1",) if opts.split_queries else ()
-        flags += ("-DKL_ATTN_BWD_DQ_V4=1",) if opts.dq_v4 else ()
+        flags = tuple(_OPT_FLAGS[f] for f in on)
         _LAB_MODULES[key] = Module(CU, options=(f"-DKL_ATTN_D={d}", *flags), archs=("sm_90a",))
     return _LAB_MODULES[key]
-MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
+
+
 SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6
 SIG_PRE = ("ptr",) * 6 + ("i32",) * 4 + ("i64",) * 6
 SIG_POST = ("ptr",) * 2 + ("i32",) * 4 + ("f32",) + ("i64",) * 3
