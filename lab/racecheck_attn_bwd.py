@@ -8,10 +8,8 @@ attention_sm90_bwd.cu, for compute-sanitizer:
 
 Every head dim, causal and full, tails (S not a multiple of the 64-row or 128-key tile),
 GQA 2, bf16; dq, dk, dv compared with the gradients of PyTorch's own op in fp32, so a race
-that changes numbers fails here too. A second argument names a lab build of cuda_v9
-(``cuda_sm90_bwd.BWD_LAB``, e.g. ``split-queries``): its head dims only, launched directly.
-
-    compute-sanitizer --tool racecheck python lab/racecheck_attn_bwd.py cuda_v9 split-queries"""
+that changes numbers fails here too. A second argument names an exact lab build of cuda_v9
+(``cuda_sm90_bwd.BWD_LAB``, ``BwdOpts.exact``): its head dims only, launched directly."""
 
 import sys
 from pathlib import Path

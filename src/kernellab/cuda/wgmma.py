@@ -148,14 +148,11 @@ HEADERS = {
         "KL_ATTENTION_SM90_WGMMA_CUH",
     ),
     # the backward's dQ = dS K (attention_sm90_bwd.cu); it includes the header above too.
-    # KL_ATTN_BWD_D256_QSPLIT: S^T, dP^T of 32 queries a warpgroup (ss 32), dV += P^T dO and
-    # dK += dS^T Q from the shared P^T / dS^T tiles (st 128)
     "ops/attention/attention_sm90_bwd_wgmma.cuh": (
-        (32,),
+        (),
         (),
         "KL_ATTENTION_SM90_BWD_WGMMA_CUH",
         (64, 80, 96, 128),
-        (128,),
     ),
 }
 

@@ -54,34 +54,17 @@
 //       warpgroup that is 4 bulk instructions instead of 128 x NQ / 2 vector atomics (64 x
 //       NQ x 4 B of L2 reductions either way, done by the TMA unit instead of the LSU: the
 //       consumer warps go back to their wgmmas). D = 256 keeps v8's atomics (two ring stages
-//       leave no room for 2 x 32 KB of staging). At D <= 80 (OVL, where the registers hold
+//       leave no room for 2 x 32 KB of staging), as float4 reductions (below). At D <= 80 (OVL, where the registers hold
 //       it) a query block's dQ is staged one iteration late, right after the next block's
 //       S^T and dP^T wgmmas are issued, so the tensor cores run those during the staging.
 //
-// Lab option -DKL_ATTN_BWD_D256_QSPLIT=1 (a D = 256 module only: -DKL_ATTN_D=256, else
-// #error; v8 and v9 alike, which are one kernel at D = 256; the default build never sets it):
-// the two warpgroups stop computing the same S^T and dP^T. Warpgroup w computes them for the
-// block's 64 keys x queries [32 w, 32 w + 32) of the query block (wgmma SS, N = 32), its P^T
-// and dS^T columns, and stores them (16-bit) into one shared P^T tile and one shared dS^T
-// tile (64 keys x 64 queries, the dS^T tile's layout; each double buffered, the same four
-// tiles of shared memory as without the option). After the P^T stores and a fence to the
-// async proxy both warpgroups meet at named barrier P_BAR (id 4, count 256) and
-// dV += P^T dO becomes wgmma SS with A = the P^T tile K-major and B = dO MN-major
-// (kl_wgmma_st); after the dS^T stores, fence and DQ_BAR (id 3, count 256), dK += dS^T Q
-// likewise reads the dS^T tile, and dQ (two passes of 64 columns, as without the option)
-// reads the same tile. Warpgroup w still owns columns [128 w, 128 w + 128) of dK, dV and dQ.
-// A tile of buffer it & 1 is rewritten in iteration it + 2 only after both barriers of
-// iteration it + 1, which the other warpgroup reaches only after its wait_group 0 on every
-// wgmma of iteration it that read the tile.
-//
-// Lab option -DKL_ATTN_BWD_DQ_V4=1 (a D = 256 module only, else #error; v8 and v9 alike; it
-// composes with KL_ATTN_BWD_D256_QSPLIT; the default build never sets it): each 64-column dQ
-// pass goes to the accumulator with red.global.add.v4.f32 instead of .v2, one per float4 of
-// registers 4 j .. 4 j + 3 (rows 16 warp + g and + 8, columns 8 j + 2 q and + 1). The
-// accumulator then holds each query block's 64 x 256 floats in v9's staging order
-// (dq_frag_index with NQ = 64: chunk c0 / 64 of 64 x 64 floats per pass), so a warp's 32
-// lanes cover 512 contiguous bytes per reduction, and attn_bwd_post_blk (NQ = 64) converts
-// it. Half the reduction instructions of .v2 for the same bytes.
+// dQ at D = 256 (v8 and v9 alike, one kernel there): each 64-column dQ pass goes to the
+// accumulator with red.global.add.v4.f32, one per float4 of registers 4 j .. 4 j + 3 (rows
+// 16 warp + g and + 8, columns 8 j + 2 q and + 1). The accumulator then holds each query
+// block's 64 x 256 floats in v9's staging order (dq_frag_index with NQ = 64: chunk c0 / 64
+// of 64 x 64 floats per pass), so a warp's 32 lanes cover 512 contiguous bytes per
+// reduction, and attn_bwd_post_blk (NQ = 64) converts it: half the reduction instructions
+// of .v2 into the row-major accumulator for the same bytes.
 //
 // Why (napkin math, D = 128, per query block and warpgroup): five 64 x 64 x 128 GEMMs =
 // 5.2 MFLOP against 2 x 64 x 64 exponentials; K and V (64 KB) are read from HBM once per
@@ -133,28 +116,6 @@
 // never checked or chosen.
 #ifndef KL_ATTN_BWD_NO_DQ_RED
 #define KL_ATTN_BWD_NO_DQ_RED 0
-#endif
-
-// Lab option (the header describes it): S^T and dP^T split by queries across the consumer
-// warpgroups at D = 256, P^T and dS^T exchanged through shared memory.
-#if defined(KL_ATTN_BWD_D256_QSPLIT) && KL_ATTN_BWD_D256_QSPLIT
-#if !defined(KL_ATTN_D) || KL_ATTN_D != 256
-#error "KL_ATTN_BWD_D256_QSPLIT=1 needs a D = 256 module (-DKL_ATTN_D=256)"
-#endif
-#define KL_BWD_QS256 1
-#else
-#define KL_BWD_QS256 0
-#endif
-
-// Lab option (the header describes it): D = 256's dQ atomics as float4 reductions into the
-// blocked accumulator layout.
-#if defined(KL_ATTN_BWD_DQ_V4) && KL_ATTN_BWD_DQ_V4
-#if !defined(KL_ATTN_D) || KL_ATTN_D != 256
-#error "KL_ATTN_BWD_DQ_V4=1 needs a D = 256 module (-DKL_ATTN_D=256)"
-#endif
-#define KL_BWD_DQV4 1
-#else
-#define KL_BWD_DQV4 0
 #endif
 
 namespace {
@@ -244,24 +205,17 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
 }
 
 // Named barriers (id 0 is __syncthreads'): DS_BAR + cw (128 threads: warpgroup cw's dS^T
-// tile is written), DQ_BAR (256: both tiles are, where the warpgroups split dQ's columns;
-// with KL_ATTN_BWD_D256_QSPLIT both halves of the shared dS^T tile are), P_BAR (256, only
-// with KL_ATTN_BWD_D256_QSPLIT: both halves of the shared P^T tile are written).
+// tile is written), DQ_BAR (256: both tiles are, where the warpgroups split dQ's columns).
 constexpr int DS_BAR = 1, DQ_BAR = 3;
-#if KL_BWD_QS256
-constexpr int P_BAR = 4;
-#endif
 
 __device__ __forceinline__ void named_sync(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 
-#if !KL_BWD_DQV4
 // Two fp32 adds to consecutive words of global memory (one vector reduction, sm_90).
 __device__ __forceinline__ void red_add2(float* p, float x, float y) {
     asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
 }
-#endif
 
 // v9's dQ path: `bytes` (a multiple of 16) of fp32 in shared memory added element-wise into
 // global memory by the TMA unit (one instruction for a warp's 16 rows; the adds are atomic
@@ -288,7 +242,6 @@ __device__ __forceinline__ int dq_frag_index(int warp, int lane, int i) {
     return warp * 16 * NQ + (i / 4) * 128 + lane * 4 + i % 4;
 }
 
-#if KL_BWD_DQV4
 // Four fp32 adds to consecutive words of global memory (16-byte aligned; one vector reduction).
 __device__ __forceinline__ void red_add4(float* p, float x, float y, float z, float w) {
     asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "f"(x), "f"(y), "f"(z),
@@ -296,7 +249,7 @@ __device__ __forceinline__ void red_add4(float* p, float x, float y, float z, fl
                  : "memory");
 }
 
-// KL_ATTN_BWD_DQ_V4: one 64-column dQ pass of a thread (registers in wgmma's fragment order)
+// D = 256: one 64-column dQ pass of a thread (registers in wgmma's fragment order)
 // added to its query block's accumulator qb (64 x D floats) in dq_frag_index<64>'s order,
 // chunk c0 / 64: float4 j of the thread is registers 4 j .. 4 j + 3.
 __device__ __forceinline__ void red_dq_blocked64(float* qb, int c0, int warp, int lane, const float (&dq)[32]) {
@@ -304,7 +257,6 @@ __device__ __forceinline__ void red_dq_blocked64(float* qb, int c0, int warp, in
 #pragma unroll
     for (int j = 0; j < 8; ++j) red_add4(p + 128 * j, dq[4 * j], dq[4 * j + 1], dq[4 * j + 2], dq[4 * j + 3]);
 }
-#endif
 
 // What a key block does: the query blocks [m_begin, m_begin + per) of each q head of its
 // group that see any of its keys (causal: from the block holding the first row that sees
@@ -350,7 +302,6 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     using L = Layout<D>;
     constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
     constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT;
-    [[maybe_unused]] constexpr bool QS256 = DSPLIT && KL_BWD_QS256;  // the lab option (header)
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
     check_smem(1024 + S::BYTES);
@@ -427,24 +378,24 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         wgmma_commit();
     };
     // The atomics' dQ path: this thread's share of a query block's dQ (columns c0_ ..) added
-    // to the accumulator. Rows m0_ + 16 warp + g (+ 8) of the padded accumulator (no bounds:
-    // the rows past S_q are the padding), columns c0_ + 8j + 2q (+ 1); with KL_ATTN_BWD_DQ_V4
-    // as float4s in the blocked order instead.
+    // to the accumulator. D = 256: float4s in the blocked order (red_dq_blocked64); else rows
+    // m0_ + 16 warp + g (+ 8) of the padded row-major accumulator (no bounds: the rows past
+    // S_q are the padding), columns c0_ + 8j + 2q (+ 1).
     auto add_dq = [&](const float(&dq_)[NQ / 2], int h_, int m0_, int c0_) {
-#if KL_BWD_DQV4 && !KL_ATTN_BWD_NO_DQ_RED
-        static_assert(DSPLIT && NQ == 64, "KL_ATTN_BWD_DQ_V4 is D = 256's");
-        red_dq_blocked64(dq_acc + (((long long)z * H + h_) * S_pad + m0_) * D, c0_, warp, lane, dq_);
-#else
         float* dqb = dq_acc + (((long long)z * H + h_) * S_pad + m0_ + 16 * warp + g) * D + c0_ + 2 * qd;
 #if !KL_ATTN_BWD_NO_DQ_RED
+        if constexpr (DSPLIT) {
+            static_assert(NQ == 64, "D = 256's dQ passes are 64 columns");
+            red_dq_blocked64(dq_acc + (((long long)z * H + h_) * S_pad + m0_) * D, c0_, warp, lane, dq_);
+        } else {
 #pragma unroll
-        for (int j = 0; j < NQ / 8; ++j)
+            for (int j = 0; j < NQ / 8; ++j)
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-                red_add2(dqb + 8 * hh * D + 8 * j, dq_[4 * j + 2 * hh], dq_[4 * j + 2 * hh + 1]);
+                for (int hh = 0; hh < 2; ++hh)
+                    red_add2(dqb + 8 * hh * D + 8 * j, dq_[4 * j + 2 * hh], dq_[4 * j + 2 * hh + 1]);
+        }
 #else
         if (dq_[0] == 12345.f) dqb[0] = dq_[NQ / 2 - 1];  // keeps dQ's wgmmas live; a timing bound only
-#endif
 #endif
     };
     // v9: the warp's 16 rows x NQ columns of a dQ share to its slice of the warpgroup's
@@ -471,9 +422,6 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         }
 #endif
     };
-#if KL_BWD_QS256
-    if constexpr (!QS256)  // (the lab option's loop is the else branch below)
-#endif
     for (int it = 0; it < kb.n_it; ++it) {
         const int st = it % STAGES;
         const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
@@ -610,122 +558,6 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
             }
         }
     }
-#if KL_BWD_QS256
-    else {
-        // Warpgroup cw: S^T, dP^T of the block's 64 keys x queries q0 + [0, 32) of the query
-        // block; the shared P^T tiles are the first two of the dS^T region, the shared dS^T
-        // tiles the last two (buffer it & 1 of each)
-        static_assert(!BQ && !OVL && PASSES == 2 && NQ == 64 && NV == 128, "QSPLIT is D = 256's v8 path");
-        const int q0 = 32 * cw;
-        const unsigned sP0 = base + S::DS, sdS0 = base + S::DS + 2 * S::DS_BYTES;
-        float sq[16], dpq[16];
-        for (int it = 0; it < kb.n_it; ++it) {
-            const int st = it % STAGES;
-            const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
-            const unsigned sQ = base + S::Q + st * S::QT_BYTES, sdO = base + S::DO + st * S::QT_BYTES;
-            const unsigned sP = sP0 + (it & 1) * S::DS_BYTES, sdS = sdS0 + (it & 1) * S::DS_BYTES;
-            mbar_wait(full0 + 8 * st, (it / STAGES) & 1);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk)
-                kl_wgmma_ss<32, BF16>(sq, desc_kmajor<D, BN>(sK, 0, kk), desc_kmajor<D, BM_B>(sQ, q0, kk), kk > 0);
-            wgmma_commit();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk)
-                kl_wgmma_ss<32, BF16>(dpq, desc_kmajor<D, BN>(sV, 0, kk), desc_kmajor<D, BM_B>(sdO, q0, kk), kk > 0);
-            wgmma_commit();
-
-            // lse, delta of this thread's columns q0 + 8j + 2q (+ 1)
-            const float2* sl =
-                reinterpret_cast<const float2*>(smem + (base - smem_u32(smem)) + S::LD + st * 512) + qd + q0 / 2;
-            const bool masked = kw0 + 64 > S_k || (causal && kw0 + 63 > m0 + q0 + kb.off);
-
-            wgmma_wait<1>();  // S^T
-            fence_regs(sq);
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float& x = sq[4 * j + 2 * hh + e];
-                        const float2 l2 = sl[4 * j];
-                        const float l = e ? l2.y : l2.x;
-                        float p = exp2f(fmaf(x, scale_log2, -l));  // lse = +inf: 0
-                        if (masked) {
-                            const int key = key_lo + 8 * hh, col = m0 + q0 + 8 * j + 2 * qd + e;
-                            if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
-                        }
-                        x = p;
-                    }
-            // P^T (16-bit) to the shared tile: row key, queries q0 + 8j + 2q (+ 1) as one word
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const unsigned addr = sP + tile_offset<64, 64>(16 * warp + g + 8 * hh, q0 / 8 + j) + 4 * qd;
-                    const unsigned w = pack2(sq[4 * j + 2 * hh], sq[4 * j + 2 * hh + 1], BF16);
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(w) : "memory");
-                }
-            fence_proxy_async();
-            named_sync(P_BAR, 256);  // both warpgroups' halves of P^T written
-
-            // dV += P^T dO: A = the P^T tile K-major (K = queries), B = dO MN-major
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                kl_wgmma_st<NV, BF16>(dv_acc, desc_kmajor<64, 64>(sP, 0, kk),
-                                      desc_mnmajor<D, BM_B>(sdO + slab_kv, 16 * kk), 1);
-            wgmma_commit();
-
-            wgmma_wait<1>();  // dP^T (dV still in flight)
-            fence_regs(dpq);
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int i = 4 * j + 2 * hh;
-                    const float2 dl = sl[32 + 4 * j];  // delta of columns q0 + 8j + 2q, + 1
-                    const float a = sq[i] * (dpq[i] - dl.x), b = sq[i + 1] * (dpq[i + 1] - dl.y);
-                    const unsigned addr = sdS + tile_offset<64, 64>(16 * warp + g + 8 * hh, q0 / 8 + j) + 4 * qd;
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(pack2(a, b, BF16)) : "memory");
-                }
-            fence_proxy_async();
-            named_sync(DQ_BAR, 256);  // both halves of dS^T written
-
-            // dK += dS^T Q: A = the dS^T tile K-major, B = Q MN-major
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                kl_wgmma_st<NV, BF16>(dk_acc, desc_kmajor<64, 64>(sdS, 0, kk),
-                                      desc_mnmajor<D, BM_B>(sQ + slab_kv, 16 * kk), 1);
-            wgmma_commit();
-
-            // dQ = dS K over the block's 64 keys, columns c_kv + [0, 128) in two passes
-#pragma unroll 1
-            for (int pass = 0; pass < PASSES; ++pass) {
-                const int c0 = c_kv + 64 * pass;
-                const unsigned sKc = sK + (c0 / L::E) * (BN * L::W);
-                float dq[NQ / 2];
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-                    kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(sdS, 16 * kk), desc_mnmajor<D, BN>(sKc, 16 * kk),
-                                          kk > 0);
-                wgmma_commit();
-                wgmma_wait<0>();  // (first pass) dV, dK and this dQ: the stage and the tiles are read
-                fence_regs(dq);
-                if (pass == 0) {
-                    fence_regs(dv_acc);
-                    fence_regs(dk_acc);
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive(empty0 + 8 * st);
-                }
-                add_dq(dq, h, m0, c0);
-            }
-        }
-    }
-#endif
     if constexpr (OVL) {
         if (kb.n_it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // the last query block's
     }

@@ -12,14 +12,15 @@ step computes is in the .cu file's header.
 
 Variants (``VARIANTS``; each its own registered backend, so both time side by side):
   v8  dQ summed by per-thread ``red.global.add.v2.f32``: 64 x NQ / 2 vector atomics per
-      warpgroup and query block.
+      warpgroup and query block. At D = 256 ``red.global.add.v4.f32`` instead, half as many,
+      into the blocked accumulator order below (64-column chunks, ``dq_chunk``).
   v9  v8 with dQ staged in shared memory: each consumer warp stores its 16 x NQ fp32 dQ rows
       (conflict-free float4s), fences them to the async proxy and one lane issues a single
       ``cp.reduce.async.bulk ... add.f32`` of them into the accumulator (one instruction
       instead of 16 NQ / 2 atomics a warp; the TMA unit does the adds at L2). The
       accumulator then holds each query block's 64 x D floats in the staging order
       (``dq_frag_offset``), which v9's postprocess undoes. Head dims <= 128 (D = 256 keeps
-      the atomics: its two ring stages leave no room for the staging tiles). At D <= 80 a
+      v8's float4 atomics: its two ring stages leave no room for the staging tiles). At D <= 80 a
       query block's dQ is staged after the next block's S^T and dP^T wgmmas are issued
       (the tensor cores run them meanwhile); at D = 96 and 128 the dQ registers kept
       across the iteration would make ptxas serialize the wgmmas.
@@ -83,17 +84,9 @@ class BwdOpts:
     """A lab build of the main kernel beside the default (attention_sm90_bwd.cu's -D options,
     the backward's counterpart of the forward's ``cuda_sm90.Tiles``): ``no_dq_red`` skips the
     dQ reduce-adds (-DKL_ATTN_BWD_NO_DQ_RED=1: dq comes back wrong; a timing bound only,
-    never checked, never a default); ``split_queries`` (D = 256 only,
-    -DKL_ATTN_BWD_D256_QSPLIT=1): each consumer warpgroup computes S^T and dP^T for half of
-    a query block's rows instead of both computing all of them, and the two exchange P^T
-    and dS^T through shared memory; ``dq_v4`` (D = 256 only, -DKL_ATTN_BWD_DQ_V4=1; composes
-    with ``split_queries``): the dQ atomics are float4 reductions (red.global.add.v4.f32,
-    half as many as .v2) into the blocked accumulator layout (``dq_chunk``: 64-column
-    chunks), which attn_bwd_post_blk converts. Written as the options set, joined by "+"."""
+    never checked, never a default). Written as the options set, joined by "+"."""
 
     no_dq_red: bool = False
-    split_queries: bool = False
-    dq_v4: bool = False
 
     def __str__(self) -> str:
         on = [f.replace("_", "-") for f in self.__dataclass_fields__ if getattr(self, f)]
@@ -105,17 +98,11 @@ class BwdOpts:
         return not self.no_dq_red
 
 
-# Each BwdOpts field's -D flag, and the fields only a head-dim-256 module takes (the .cu's #error).
-_OPT_FLAGS = {
-    "no_dq_red": "-DKL_ATTN_BWD_NO_DQ_RED=1",
-    "split_queries": "-DKL_ATTN_BWD_D256_QSPLIT=1",
-    "dq_v4": "-DKL_ATTN_BWD_DQ_V4=1",
-}
-_D256_ONLY = ("split_queries", "dq_v4")
+# Each BwdOpts field's -D flag.
+_OPT_FLAGS = {"no_dq_red": "-DKL_ATTN_BWD_NO_DQ_RED=1"}
 DEFAULT_OPTS = BwdOpts()
 # The builds lab/gpu_attn_bwd_sm90.py times beside the default, per head dim.
 BWD_LAB = {d: (BwdOpts(no_dq_red=True),) for d in BWD_HEAD_DIMS}
-BWD_LAB[256] += (BwdOpts(split_queries=True), BwdOpts(dq_v4=True), BwdOpts(split_queries=True, dq_v4=True))
 _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 
 
@@ -124,13 +111,9 @@ def bwd_module(d: int, opts: BwdOpts = DEFAULT_OPTS) -> Module:
     with the options' -D flags (kept per (d, opts))."""
     if opts == DEFAULT_OPTS:
         return MODULES[d]
-    on = [f for f in _OPT_FLAGS if getattr(opts, f)]
-    for f in on:
-        if f in _D256_ONLY and d != 256:
-            raise ValueError(f"attention/cuda: {f} is a head-dim-256 build, not d = {d}")
     key = (d, opts)
     if key not in _LAB_MODULES:
-        flags = tuple(_OPT_FLAGS[f] for f in on)
+        flags = tuple(_OPT_FLAGS[f] for f in _OPT_FLAGS if getattr(opts, f))
         _LAB_MODULES[key] = Module(CU, options=(f"-DKL_ATTN_D={d}", *flags), archs=("sm_90a",))
     return _LAB_MODULES[key]
 
@@ -169,13 +152,14 @@ def dq_cols(d: int) -> int:
     return d // 2 if splits_dq(d) else d
 
 
-def dq_chunk(d: int, variant: str, opts: BwdOpts = DEFAULT_OPTS) -> int:
+def dq_chunk(d: int, variant: str) -> int:
     """Columns per chunk (NQ) of the blocked dQ accumulator (``dq_frag_offset``'s layout,
     which attn_bwd_post_blk converts), or 0 where the accumulator is row-major (attn_bwd_post):
-    ``dq_cols`` where v9 stages dQ (``bulk_dq``); 64 (one dQ pass) in a ``dq_v4`` build."""
+    ``dq_cols`` where v9 stages dQ (``bulk_dq``); 64 (one dQ pass of float4 reductions) where
+    ``splits_d``, in v8 and v9 alike; row-major in v8 below that."""
     if bulk_dq(d, variant):
         return dq_cols(d)
-    return 64 if opts.dq_v4 and splits_d(d) else 0
+    return 64 if splits_d(d) else 0
 
 
 def dq_stage_bytes(d: int, variant: str) -> int:
@@ -338,7 +322,7 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=DEFAULT_OPT
     mq, mk, mv, mdo = cs._map_args(q4, BM), cs._map_args(k4, bn), cs._map_args(v4, bn), cs._map_args(do4, BM)
     main_args = (s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E, int(causal),
                  *dk4.stride()[:3], *dv4.stride()[:3])  # fmt: skip
-    nq = dq_chunk(d, variant, opts)
+    nq = dq_chunk(d, variant)
     if nq:  # the accumulator in the blocked order (dq_frag_offset): a float4 a thread
         post = mod.kernel(f"attn_bwd_post_blk_{sfx}", SIG_POST_BLK, dev)
         g_post = (ceil_div(s_pad * d // 4, POST_THREADS), h, z)
