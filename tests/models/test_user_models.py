@@ -119,6 +119,21 @@ def test_decode_task_times_generation_and_compares_tokens(tmp_path, capsys):
     assert "ms/token" in capsys.readouterr().out
 
 
+def test_decode_task_profiles_each_variant(capsys):
+    """--task decode --profile N: after the timing, N generate calls of each (variant, mode)
+    under the profiler, each with its kernel time per call and its top kernels (CPU: the
+    host's ops, no kernels)."""
+    from kernellab.models import user_models
+
+    code = user_models.main(["--model", "hf-llama", "--task", "decode", "--small", "--batch", "1",
+                             "--seq", "8", "--new-tokens", "3", "--modes", "eager", "--variants",
+                             "hf,kernellab", "--rounds", "1", "--dtype", "fp32", "--profile", "1"])  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "a step is one generate call, prompt 8 + 3 new tokens" in out
+    assert "-- profile hf eager: kernels" in out and "-- profile kernellab eager: kernels" in out
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--model", "nanogpt", "--task", "decode"], "needs a Hugging Face model"),
     (["--model", "hf-llama", "--task", "decode", "--new-tokens", "1", "--small"],

@@ -307,6 +307,10 @@ def decode_main(a, backends: dict) -> int:
             rows.append(row)
             _print_decode_row(row)
     _append_rows(a.json, rows)
+    if a.profile:  # a step here: one generate call of --new-tokens tokens after the prompt
+        print(f"\n(decode profiles: a step is one generate call, prompt {a.seq} + {a.new_tokens} new tokens)")
+        for key, (m, kw) in runs.items():
+            profile_steps(key, lambda *_, m=m, kw=kw: generate(m, kw, a.new_tokens), None, None, a.profile, sync)
     return 0
 
 
