@@ -12,6 +12,8 @@ schedule (every (row, key) pair a row may see is visited once per q head, masks 
 pair is not allowed); the kernels' arithmetic (``emulate_backward``) against the float64
 reference. D = 256's dQ: float4 reductions only, no spills, no serialized wgmmas; the
 blocked offsets they write cover the query block once and the postprocess maps them back.
+The lab builds of P (``BwdOpts.fast_exp``, ``mask_branch``) compile as cleanly, with the
+exponential they name; on a GPU each exact lab build meets the reference and the emulation.
 With a GPU (``gpu``): dq, dk, dv against the float64 reference with the rule the Triton
 backward's tests use (2 x PyTorch's own error + a floor), odd lengths, causal and not, GQA,
 every head dim, and against ``emulate_backward``.
@@ -184,14 +186,14 @@ def test_wgmmas_are_not_serialized_for_lack_of_registers():
         ), (d, log)
 
 
-def _assert_d256_build_clean(mod, *defines: str) -> None:
-    """A D = 256 lab build (``mod``, compiled with ``defines``): no serialized wgmmas in
+def _assert_build_clean(d: int, mod, *defines: str) -> None:
+    """Head dim d's module ``mod``, compiled with ``defines``: no serialized wgmmas in
     ptxas's log, no spills, stack or local memory, the main kernels (v8 and v9, bf16 and
     f16) at setmaxnreg's 168 registers a thread; cuobjdump's resource usage agrees."""
     from kernellab.inspect import asm
 
-    log = _ptxas_log(256, *defines)
-    assert "attn_bwd_v8_d256" in log and "attn_bwd_v9_d256" in log, log[-2000:]
+    log = _ptxas_log(d, *defines)
+    assert f"attn_bwd_v8_d{d}" in log and f"attn_bwd_v9_d{d}" in log, log[-2000:]
     assert "C75" not in log and "serialized" not in log and "injected" not in log, log[-2000:]
     spills = [line for line in log.splitlines() if "spill stores" in line]
     clean = "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads"
@@ -211,7 +213,7 @@ def _assert_d256_build_clean(mod, *defines: str) -> None:
         f.flush()
         res = asm.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
                                                  text=True, check=True).stdout)  # fmt: skip
-    for name in _names(256):
+    for name in _names(d):
         assert res[name]["STACK"] == 0 and res[name].get("LOCAL", 0) == 0, (name, res[name])
         if "_v8_" in name or "_v9_" in name:
             assert res[name]["REG"] == 168, (name, res[name])
@@ -232,7 +234,7 @@ def test_d256_dq_reductions_are_float4_and_the_build_is_clean():
         for v in ("v8", "v9"):
             reds = _RED.findall(bodies[f"attn_bwd_{v}_d256_{sfx}"])
             assert reds == ["red.relaxed.gpu.global.add.v4.f32"] * 8, (v, sfx, reds)
-    _assert_d256_build_clean(cb.MODULES[256])
+    _assert_build_clean(256, cb.MODULES[256])
 
 
 def test_d256_dq_reductions_cover_the_block_and_postprocess_agrees():
@@ -977,6 +979,33 @@ def test_gpu_grads_against_reference_and_emulation(dtype, shape, causal, variant
             )
 
 
+LAB_EXACT = [(d, o) for d in cb.BWD_HEAD_DIMS for o in cb.BWD_LAB[d] if o.exact]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,opts", LAB_EXACT, ids=lambda x: str(x))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_exact_lab_builds_against_reference_and_emulation(d, opts, causal):
+    """Each lab build that computes every gradient (BWD_LAB, ``exact``), at its head dim:
+    tails, GQA, S_q != S_k, against the float64 reference and the default's emulation."""
+    _sm90()
+    for n, shape in enumerate(((1, 2, 255, 256, d), (1, 4, 2, 130, 300, d), (2, 8, 2, 200, 77, d))):
+        q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cuda", 60 + n)
+        scale = 1 / math.sqrt(d)
+        o, lse = cs.forward(q, k, v, causal, scale, cb.FWD_VARIANT)
+        do = torch.randn(o.shape, device="cuda").to(torch.bfloat16)
+        torch.empty(64 << 20, device="cuda").fill_(float("nan"))
+        got = cb.backward(do, q, k, v, o, lse, causal, scale, "v9", opts)
+        torch.cuda.synchronize()
+        assert all(torch.isfinite(g).all() for g in got), (shape, opts)
+        _check_grads(got, q, k, v, do, causal, scale, f"{shape} {opts}")
+        emu = cb.emulate_backward(do, q, k, v, o, lse, causal, scale)
+        for name, g, e in zip(("dq", "dk", "dv"), got, emu):
+            torch.testing.assert_close(
+                g.float(), e.float(), rtol=2e-2, atol=2e-2, msg=lambda m, n=name: f"{n}: {m}"
+            )
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
@@ -1045,6 +1074,32 @@ def test_gpu_custom_ops_opcheck(backend):
 
 
 # --------------------------------------------------------------------------- lab builds (no GPU)
+
+
+P_LAB = [(d, o) for d in cb.BWD_HEAD_DIMS for o in cb.BWD_LAB[d] if o.fast_exp or o.mask_branch]
+
+
+@pytest.mark.parametrize("d,opts", P_LAB, ids=lambda x: str(x))
+def test_p_lab_builds_compile_clean_with_their_exp_and_masks(d, opts):
+    """The lab builds of P (fast-exp, fast-exp+mask-branch) at every head dim: the same
+    kernels, clean (no serialized wgmmas, spills, stack or local memory; 168 registers);
+    fast-exp's main kernels compute P by ex2.approx.ftz.f32 (ptxas adds no range check
+    around it), the default's by exp2f's ex2.approx.f32 (which ptxas wraps in a compare
+    and two multiplies for results below 2^-126)."""
+    _nvrtc()
+    from kernellab.inspect import asm
+
+    mod = cb.bwd_module(d, opts)
+    flags = [cb._OPT_FLAGS[f] for f in cb._OPT_FLAGS if getattr(opts, f)]
+    _assert_build_clean(d, mod, *flags)
+    lab = asm.split_ptx(mod.compile("sm_90", target="ptx").decode())
+    default = asm.split_ptx(cb.MODULES[d].compile("sm_90", target="ptx").decode())
+    assert set(lab) == set(default) == _names(d)
+    for sfx in ("bf16", "f16"):
+        main, base = lab[f"attn_bwd_v9_d{d}_{sfx}"], default[f"attn_bwd_v9_d{d}_{sfx}"]
+        assert main.count("wgmma.mma_async") == base.count("wgmma.mma_async")
+        assert "ex2.approx.ftz.f32" in main and "ex2.approx.f32" not in main
+        assert "ex2.approx.f32" in base and "ex2.approx.ftz.f32" not in base
 
 
 def test_lab_builds_named_and_built_beside_the_default():

@@ -118,6 +118,20 @@
 #define KL_ATTN_BWD_NO_DQ_RED 0
 #endif
 
+// Lab builds of P = exp2(S scale log2 e - lse) (cuda_sm90_bwd.BwdOpts; the default build
+// sets neither): -DKL_ATTN_BWD_FAST_EXP=1 computes it with ex2.approx.ftz.f32 (exp2f keeps
+// results below 2^-126 and costs a compare and two predicated multiplies an element around
+// the MUFU; flushed, such a P is 0 in bf16 or fp16 anyway); -DKL_ATTN_BWD_MASK_BRANCH=1
+// takes the masks on a branch of their own (a warpgroup's key block either needs them or
+// not), where the default build's one loop evaluates every element's two compares and
+// select even in blocks that need no mask.
+#ifndef KL_ATTN_BWD_FAST_EXP
+#define KL_ATTN_BWD_FAST_EXP 0
+#endif
+#ifndef KL_ATTN_BWD_MASK_BRANCH
+#define KL_ATTN_BWD_MASK_BRANCH 0
+#endif
+
 namespace {
 
 constexpr int BM_B = 64;  // query rows per step of the loop (one wgmma N of S^T)
@@ -196,6 +210,22 @@ __device__ __forceinline__ float2 load2f(const __nv_bfloat16* p) {
 __device__ __forceinline__ float2 load2f(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+
+// 2^x for P (KL_ATTN_BWD_FAST_EXP above); 2^-inf = 0 either way.
+__device__ __forceinline__ float p_exp2(float x) {
+#if KL_ATTN_BWD_FAST_EXP
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+
+template <bool B>
+struct BoolC {
+    static constexpr bool value = B;
+};
 
 // `bytes` (a multiple of 16) from global `src` (16-byte aligned) to shared `dst`, completing `bar`.
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
@@ -441,6 +471,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
 
         wgmma_wait<1>();  // S^T
         fence_regs(s);
+#if !KL_ATTN_BWD_MASK_BRANCH
 #pragma unroll
         for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -450,13 +481,36 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     float& x = s[4 * j + 2 * hh + e];
                     const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
                     const float l = e ? l2.y : l2.x;
-                    float p = exp2f(fmaf(x, scale_log2, -l));  // lse = +inf: 0
+                    float p = p_exp2(fmaf(x, scale_log2, -l));  // lse = +inf: 0
                     if (masked) {
                         const int key = key_lo + 8 * hh, col = m0 + 8 * j + 2 * qd + e;
                         if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
                     }
                     x = p;
                 }
+#else
+        auto p_of_s = [&](auto mask_c) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float& x = s[4 * j + 2 * hh + e];
+                        const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
+                        float p = p_exp2(fmaf(x, scale_log2, -(e ? l2.y : l2.x)));  // lse = +inf: 0
+                        if constexpr (decltype(mask_c)::value) {
+                            const int key = key_lo + 8 * hh, col = m0 + 8 * j + 2 * qd + e;
+                            if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
+                        }
+                        x = p;
+                    }
+        };
+        if (masked)
+            p_of_s(BoolC<true>{});
+        else
+            p_of_s(BoolC<false>{});
+#endif
 #pragma unroll
         for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
 

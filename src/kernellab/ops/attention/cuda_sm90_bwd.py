@@ -84,9 +84,14 @@ class BwdOpts:
     """A lab build of the main kernel beside the default (attention_sm90_bwd.cu's -D options,
     the backward's counterpart of the forward's ``cuda_sm90.Tiles``): ``no_dq_red`` skips the
     dQ reduce-adds (-DKL_ATTN_BWD_NO_DQ_RED=1: dq comes back wrong; a timing bound only,
-    never checked, never a default). Written as the options set, joined by "+"."""
+    never checked, never a default); ``fast_exp`` (-DKL_ATTN_BWD_FAST_EXP=1) computes P with
+    ex2.approx.ftz instead of exp2f's denormal-safe sequence; ``mask_branch``
+    (-DKL_ATTN_BWD_MASK_BRANCH=1) keeps the masks' compares and selects out of the key
+    blocks that need none. Written as the options set, joined by "+"."""
 
     no_dq_red: bool = False
+    fast_exp: bool = False
+    mask_branch: bool = False
 
     def __str__(self) -> str:
         on = [f.replace("_", "-") for f in self.__dataclass_fields__ if getattr(self, f)]
@@ -99,10 +104,17 @@ class BwdOpts:
 
 
 # Each BwdOpts field's -D flag.
-_OPT_FLAGS = {"no_dq_red": "-DKL_ATTN_BWD_NO_DQ_RED=1"}
+_OPT_FLAGS = {
+    "no_dq_red": "-DKL_ATTN_BWD_NO_DQ_RED=1",
+    "fast_exp": "-DKL_ATTN_BWD_FAST_EXP=1",
+    "mask_branch": "-DKL_ATTN_BWD_MASK_BRANCH=1",
+}
 DEFAULT_OPTS = BwdOpts()
-# The builds lab/gpu_attn_bwd_sm90.py times beside the default, per head dim.
-BWD_LAB = {d: (BwdOpts(no_dq_red=True),) for d in BWD_HEAD_DIMS}
+# The builds lab/gpu_attn_bwd_sm90.py and lab/probe_bwd_builds.py time beside the default.
+# (mask_branch alone is left out: with exp2f's longer sequence in both copies of the loop
+# ptxas serializes the wgmmas at D <= 128, C7511.)
+_P_BUILDS = (BwdOpts(fast_exp=True), BwdOpts(fast_exp=True, mask_branch=True))
+BWD_LAB = {d: (BwdOpts(no_dq_red=True), *_P_BUILDS) for d in BWD_HEAD_DIMS}
 _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 
 
