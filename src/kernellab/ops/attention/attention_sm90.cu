@@ -146,7 +146,27 @@
 #define KL_ATTN_V7_SPLIT_KV 0
 #endif
 
+// -DKL_ATTN_FAST_EXP=1 (with -DKL_ATTN_V7_BN: tilings "128x3e" ..., cuda_sm90.Tiles.fast_exp;
+// no default sets it): the softmax's exponentials by ex2.approx.ftz.f32. exp2f's
+// ex2.approx.f32 keeps results below 2^-126, for which ptxas adds a compare and two
+// predicated multiplies around every MUFU; flushed to 0 such a p (or alpha) changes nothing
+// a 16-bit P or the fp32 row sum can hold.
+#ifndef KL_ATTN_FAST_EXP
+#define KL_ATTN_FAST_EXP 0
+#endif
+
 namespace {
+
+// 2^x for the softmax (KL_ATTN_FAST_EXP above); 2^-inf = 0 either way.
+__device__ __forceinline__ float sm_exp2(float x) {
+#if KL_ATTN_FAST_EXP
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
 
 constexpr int BM = 128;  // query rows per block: two consumer warpgroups of 64
 
@@ -252,14 +272,14 @@ struct Softmax {
             const float m_new = fmaxf(m[h], mx * scale_log2);
             // a row with no key so far keeps m = -inf: subtract 0 instead (its p are all 0)
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            alpha[h] = exp2f(m[h] - m_use);  // 0 when m[h] = -inf
+            alpha[h] = sm_exp2(m[h] - m_use);  // 0 when m[h] = -inf
             m[h] = m_new;
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float x = exp2f(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
+                    const float x = sm_exp2(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
                     s[4 * j + 2 * h + e] = x;
                     sum += x;
                 }

@@ -93,14 +93,17 @@ class Tiles:
     16 whose slabs keep 1024-byte alignment; an S = Q K^T width the wgmma header has) and
     ``stages`` K/V stages in the ring (Q + stages x 2 tiles within 227 KB). ``split_kv``:
     separate K and V rings over the same stages (-DKL_ATTN_V7_SPLIT_KV=1, FlashAttention-3's
-    pipelines: a K tile is released once its S = Q K^T is done), written with a suffix "s"."""
+    pipelines: a K tile is released once its S = Q K^T is done), written with a suffix "s".
+    ``fast_exp``: the softmax's exponentials by ex2.approx.ftz (-DKL_ATTN_FAST_EXP=1),
+    written with a suffix "e"."""
 
     bn: int
     stages: int
     split_kv: bool = False
+    fast_exp: bool = False
 
     def __str__(self) -> str:
-        return f"{self.bn}x{self.stages}{'s' if self.split_kv else ''}"
+        return f"{self.bn}x{self.stages}{'s' if self.split_kv else ''}{'e' if self.fast_exp else ''}"
 
 
 # v7's tiling per head dim in MODULES[d], what attention_sm90.cu's V7Tiles builds by default
@@ -116,13 +119,19 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # each: no spills, within 227 KB): FlashAttention-3's wider key tiles at D = 64 (176 / 192
 # keys: S is 88 / 96 registers beside O's 32) and at D = 128 without a mask (176 keys, two
 # stages: 208 KB; 192 keys spills) and a fourth stage at D = 64; split K / V rings at D = 256
-# and D = 128 (176x2s, 128x3s); at D = 256 the one-ring 80x2 of MODULES[256].
+# and D = 128 (176x2s, 128x3s); at D = 256 the one-ring 80x2 of MODULES[256]; and each head
+# dim's default with ex2.approx.ftz exponentials (fast_exp, suffix "e").
 V7_TILINGS = {
-    64: (Tiles(128, 4), Tiles(176, 3), Tiles(192, 3)),
-    80: (),
-    96: (),
-    128: (Tiles(176, 2), Tiles(176, 2, split_kv=True), Tiles(128, 3, split_kv=True)),
-    256: (Tiles(80, 2),),
+    64: (Tiles(128, 4), Tiles(176, 3), Tiles(192, 3), Tiles(128, 3, fast_exp=True)),
+    80: (Tiles(128, 3, fast_exp=True),),
+    96: (Tiles(128, 3, fast_exp=True),),
+    128: (
+        Tiles(176, 2),
+        Tiles(176, 2, split_kv=True),
+        Tiles(128, 3, split_kv=True),
+        Tiles(128, 3, fast_exp=True),
+    ),
+    256: (Tiles(80, 2), Tiles(80, 2, split_kv=True, fast_exp=True)),
 }
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
@@ -130,7 +139,8 @@ _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 def v7_module(d: int, tiles: Tiles) -> Module:
     """The module whose v7 kernels at head dim d are tiled by ``tiles``: MODULES[d] for its
     own tiling (V7_MODULE_TILES), else one built with -DKL_ATTN_V7_BN / _STAGES (v7's two
-    kernels only; -DKL_ATTN_V7_SPLIT_KV=1 for a tiling with split K / V rings)."""
+    kernels only; -DKL_ATTN_V7_SPLIT_KV=1 for a tiling with split K / V rings,
+    -DKL_ATTN_FAST_EXP=1 for one with ex2.approx.ftz exponentials)."""
     if tiles == V7_MODULE_TILES[d]:
         return MODULES[d]
     check_tiles(d, tiles)
@@ -139,6 +149,8 @@ def v7_module(d: int, tiles: Tiles) -> Module:
         opts = (f"-DKL_ATTN_D={d}", f"-DKL_ATTN_V7_BN={tiles.bn}", f"-DKL_ATTN_V7_STAGES={tiles.stages}")
         if tiles.split_kv:
             opts += ("-DKL_ATTN_V7_SPLIT_KV=1",)
+        if tiles.fast_exp:
+            opts += ("-DKL_ATTN_FAST_EXP=1",)
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
 
