@@ -1076,16 +1076,16 @@ def test_gpu_custom_ops_opcheck(backend):
 # --------------------------------------------------------------------------- lab builds (no GPU)
 
 
-P_LAB = [(d, o) for d in cb.BWD_HEAD_DIMS for o in cb.BWD_LAB[d] if o.fast_exp or o.mask_branch]
+LOOP_LAB = [(d, o) for d in cb.BWD_HEAD_DIMS for o in cb.BWD_LAB[d] if o.exact]
 
 
-@pytest.mark.parametrize("d,opts", P_LAB, ids=lambda x: str(x))
-def test_p_lab_builds_compile_clean_with_their_exp_and_masks(d, opts):
-    """The lab builds of P (fast-exp, fast-exp+mask-branch) at every head dim: the same
-    kernels, clean (no serialized wgmmas, spills, stack or local memory; 168 registers);
+@pytest.mark.parametrize("d,opts", LOOP_LAB, ids=lambda x: str(x))
+def test_loop_lab_builds_compile_clean(d, opts):
+    """The exact lab builds of the main loop at every head dim: the same kernels and
+    wgmmas, clean (no serialized wgmmas, spills, stack or local memory; 168 registers);
     fast-exp's main kernels compute P by ex2.approx.ftz.f32 (ptxas adds no range check
-    around it), the default's by exp2f's ex2.approx.f32 (which ptxas wraps in a compare
-    and two multiplies for results below 2^-126)."""
+    around it), the others by exp2f's ex2.approx.f32 (which ptxas wraps in a compare and
+    two multiplies for results below 2^-126)."""
     _nvrtc()
     from kernellab.inspect import asm
 
@@ -1098,8 +1098,49 @@ def test_p_lab_builds_compile_clean_with_their_exp_and_masks(d, opts):
     for sfx in ("bf16", "f16"):
         main, base = lab[f"attn_bwd_v9_d{d}_{sfx}"], default[f"attn_bwd_v9_d{d}_{sfx}"]
         assert main.count("wgmma.mma_async") == base.count("wgmma.mma_async")
-        assert "ex2.approx.ftz.f32" in main and "ex2.approx.f32" not in main
         assert "ex2.approx.f32" in base and "ex2.approx.ftz.f32" not in base
+        if opts.fast_exp:
+            assert "ex2.approx.ftz.f32" in main and "ex2.approx.f32" not in main
+        else:
+            assert "ex2.approx.f32" in main and "ex2.approx.ftz.f32" not in main
+
+
+def _make_desc(addr: int, lbo: int, sbo: int, mode: int) -> int:
+    """attention_sm90_common.cuh's make_desc."""
+    return (
+        ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16) | (((sbo >> 4) & 0x3FFF) << 32) | (mode << 62)
+    )
+
+
+@pytest.mark.parametrize("d", cb.BWD_HEAD_DIMS)
+def test_desc_add_gives_the_same_descriptors(d):
+    """KL_ATTN_BWD_DESC_ADD's descriptors equal the default's: for every 1024-aligned tile
+    of the block's shared memory (below 2^18 bytes) and every k-step offset the loop uses
+    (K-major: (kk 16 / E) R W + (kk 16 % E) 2; MN-major: row0 W), make_desc(tile + offset)
+    == make_desc(tile) + offset / 16; the .cu builds them so."""
+    src = cb.CU.read_text()
+    assert (
+        "make_desc(tile, R * L::W, 8 * L::W, L::MODE) + static_cast<unsigned long long>(row0 * (L::W / 16))"
+        in src
+    )
+    assert "make_desc(tile + row0 * L::W, 16, 8 * L::W, L::MODE) + (step >> 4)" in src
+    w, e = cs.swizzle_bytes(d), cs.swizzle_bytes(d) // 2
+    top = cb.smem_bytes(d, "v9")
+    assert top < 1 << 18
+    bn = cb.block_n(d)
+    for r in (bn, 64):
+        offsets = [
+            (kk * 16 // e) * (r * w) + (kk * 16 % e) * 2 + row0 * w
+            for kk in range(d // 16)
+            for row0 in (0, 64)
+        ]
+        offsets += [row0 * w for row0 in range(0, r, 16)]
+        for tile in range(0, top, 1024):
+            for off in offsets:
+                if tile + off + 16 > top:
+                    continue
+                assert off % 16 == 0
+                assert _make_desc(tile + off, 16, 8 * w, 1) == _make_desc(tile, 16, 8 * w, 1) + off // 16
 
 
 def test_lab_builds_named_and_built_beside_the_default():

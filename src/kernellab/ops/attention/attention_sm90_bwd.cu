@@ -131,6 +131,15 @@
 #ifndef KL_ATTN_BWD_MASK_BRANCH
 #define KL_ATTN_BWD_MASK_BRANCH 0
 #endif
+// Lab build -DKL_ATTN_BWD_DESC_ADD=1 (cuda_sm90_bwd.BwdOpts.desc_add): a wgmma operand's k
+// step is added to its tile's descriptor (the start-address field, bits 0-13: address / 16)
+// rather than to the address that make_desc masks and shifts, so one descriptor per tile
+// serves every k step. The descriptors are the same numbers (every address is below 2^18 and
+// every offset a multiple of 16); the build only asks whether ptxas then spends fewer
+// instructions on them (~5 a wgmma in the default build).
+#ifndef KL_ATTN_BWD_DESC_ADD
+#define KL_ATTN_BWD_DESC_ADD 0
+#endif
 
 namespace {
 
@@ -197,11 +206,30 @@ __device__ __forceinline__ void fence_regs(unsigned (&r)[N]) {
 }
 
 // MN-major operand: rows [row0, row0 + 16) of a D-wide tile of R rows (the k step), all D
-// columns (N; the E-wide slabs LBO apart).
+// columns (N; the E-wide slabs LBO apart). With KL_ATTN_BWD_DESC_ADD the offset is added to
+// the tile's descriptor instead of to its address (below).
 template <int D, int R>
 __device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int row0) {
     using L = Layout<D>;
+#if KL_ATTN_BWD_DESC_ADD
+    static_assert(L::W % 16 == 0, "row offsets must be whole 16-byte units");
+    return make_desc(tile, R * L::W, 8 * L::W, L::MODE) + static_cast<unsigned long long>(row0 * (L::W / 16));
+#else
     return make_desc(tile + row0 * L::W, R * L::W, 8 * L::W, L::MODE);
+#endif
+}
+
+// desc_kmajor (attention_sm90_common.cuh) for the backward's S^T and dP^T operands; with
+// KL_ATTN_BWD_DESC_ADD the k step's offset is added to the descriptor of the rows' start.
+template <int D, int R>
+__device__ __forceinline__ unsigned long long bwd_desc_kmajor(unsigned tile, int row0, int kk) {
+#if KL_ATTN_BWD_DESC_ADD
+    using L = Layout<D>;
+    const unsigned step = (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2;  // a multiple of 32
+    return make_desc(tile + row0 * L::W, 16, 8 * L::W, L::MODE) + (step >> 4);
+#else
+    return desc_kmajor<D, R>(tile, row0, kk);
+#endif
 }
 
 __device__ __forceinline__ float2 load2f(const __nv_bfloat16* p) {
@@ -400,11 +428,13 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(s, desc_kmajor<D, BN>(sK, kofs, kk), desc_kmajor<D, BM_B>(sQ_, 0, kk), kk > 0);
+            kl_wgmma_ss<64, BF16>(s, bwd_desc_kmajor<D, BN>(sK, kofs, kk), bwd_desc_kmajor<D, BM_B>(sQ_, 0, kk),
+                                  kk > 0);
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN>(sV, kofs, kk), desc_kmajor<D, BM_B>(sdO_, 0, kk), kk > 0);
+            kl_wgmma_ss<64, BF16>(dp, bwd_desc_kmajor<D, BN>(sV, kofs, kk), bwd_desc_kmajor<D, BM_B>(sdO_, 0, kk),
+                                  kk > 0);
         wgmma_commit();
     };
     // The atomics' dQ path: this thread's share of a query block's dQ (columns c0_ ..) added

@@ -87,11 +87,14 @@ class BwdOpts:
     never checked, never a default); ``fast_exp`` (-DKL_ATTN_BWD_FAST_EXP=1) computes P with
     ex2.approx.ftz instead of exp2f's denormal-safe sequence; ``mask_branch``
     (-DKL_ATTN_BWD_MASK_BRANCH=1) keeps the masks' compares and selects out of the key
-    blocks that need none. Written as the options set, joined by "+"."""
+    blocks that need none; ``desc_add`` (-DKL_ATTN_BWD_DESC_ADD=1) adds a wgmma operand's k
+    step to its tile's descriptor instead of building a descriptor per step (the same
+    descriptors). Written as the options set, joined by "+"."""
 
     no_dq_red: bool = False
     fast_exp: bool = False
     mask_branch: bool = False
+    desc_add: bool = False
 
     def __str__(self) -> str:
         on = [f.replace("_", "-") for f in self.__dataclass_fields__ if getattr(self, f)]
@@ -108,13 +111,20 @@ _OPT_FLAGS = {
     "no_dq_red": "-DKL_ATTN_BWD_NO_DQ_RED=1",
     "fast_exp": "-DKL_ATTN_BWD_FAST_EXP=1",
     "mask_branch": "-DKL_ATTN_BWD_MASK_BRANCH=1",
+    "desc_add": "-DKL_ATTN_BWD_DESC_ADD=1",
 }
 DEFAULT_OPTS = BwdOpts()
 # The builds lab/gpu_attn_bwd_sm90.py and lab/probe_bwd_builds.py time beside the default.
 # (mask_branch alone is left out: with exp2f's longer sequence in both copies of the loop
 # ptxas serializes the wgmmas at D <= 128, C7511.)
-_P_BUILDS = (BwdOpts(fast_exp=True), BwdOpts(fast_exp=True, mask_branch=True))
-BWD_LAB = {d: (BwdOpts(no_dq_red=True), *_P_BUILDS) for d in BWD_HEAD_DIMS}
+_LOOP_BUILDS = (
+    BwdOpts(fast_exp=True),
+    BwdOpts(fast_exp=True, mask_branch=True),
+    BwdOpts(desc_add=True),
+    BwdOpts(fast_exp=True, desc_add=True),
+    BwdOpts(fast_exp=True, mask_branch=True, desc_add=True),
+)
+BWD_LAB = {d: (BwdOpts(no_dq_red=True), *_LOOP_BUILDS) for d in BWD_HEAD_DIMS}
 _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 
 
