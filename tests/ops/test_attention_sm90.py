@@ -298,6 +298,34 @@ def _ptx_constants(ptx: str, struct: str, d: int) -> dict[str, int]:
     return {name: int(val) for name, val in re.findall(pat, ptx)}
 
 
+def test_v7_lean_tilings_use_the_exponential_and_descriptors_they_name():
+    """The tilings with ``fast_exp`` ("e") compute the softmax's exponentials by
+    ex2.approx.ftz.f32, the others (and every default module) by exp2f's ex2.approx.f32;
+    ``desc_add`` ("d") keeps the same wgmmas and adds each k step to the tile's
+    descriptor (attention_sm90.cu's qk_desc / desc_mnmajor under KL_ATTN_DESC_ADD)."""
+    _nvrtc()
+    from kernellab.inspect import asm
+
+    src = cs.CU.read_text()
+    assert "make_desc(tile, R * L::W, 8 * L::W, L::MODE) + static_cast<unsigned long long>(kk * L::W)" in src
+    assert "make_desc(tile + row0 * L::W, 16, 8 * L::W, L::MODE) + (step >> 4)" in src
+    assert str(cs.Tiles(128, 3, fast_exp=True, desc_add=True)) == "128x3ed"
+    assert str(cs.Tiles(80, 2, split_kv=True, fast_exp=True)) == "80x2se"
+    for d in cs.HEAD_DIMS:
+        lean = [t for t in cs.V7_TILINGS[d] if t.fast_exp]
+        assert lean and any(t.desc_add for t in lean), d
+        base = asm.split_ptx(cs.v7_module(d, cs.V7_TILES[d]).compile("sm_90", target="ptx").decode())
+        base = base[f"attn_fwd_v7_d{d}_bf16"]
+        assert "ex2.approx.f32" in base and "ex2.approx.ftz.f32" not in base
+        for t in lean:
+            ptx = asm.split_ptx(cs.v7_module(d, t).compile("sm_90", target="ptx").decode())[
+                f"attn_fwd_v7_d{d}_bf16"
+            ]
+            assert "ex2.approx.ftz.f32" in ptx and "ex2.approx.f32" not in ptx, (d, t)
+            if t.bn == cs.V7_TILES[d].bn:
+                assert ptx.count("wgmma.mma_async") == base.count("wgmma.mma_async"), (d, t)
+
+
 def test_v7_tilings_are_what_the_modules_build():
     """V7_MODULE_TILES[d] is attention_sm90.cu's default V7Tiles<d> (its BN and STAGES, read
     from the PTX), and v7_module builds every other tiling (V7_TILES at D = 256, the ones the

@@ -154,6 +154,13 @@
 #ifndef KL_ATTN_FAST_EXP
 #define KL_ATTN_FAST_EXP 0
 #endif
+// -DKL_ATTN_DESC_ADD=1 (with -DKL_ATTN_V7_BN: tilings "...d", Tiles.desc_add): a wgmma
+// operand's k step is added to its tile's descriptor (start-address field: address / 16)
+// instead of to the address make_desc masks and shifts: the same descriptors (addresses
+// below 2^18, offsets multiples of 16), built once per tile rather than once per k step.
+#ifndef KL_ATTN_DESC_ADD
+#define KL_ATTN_DESC_ADD 0
+#endif
 
 namespace {
 
@@ -189,10 +196,28 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // MN-major operand (V): key rows [16 kk, 16 kk + 16) of a tile of R rows, all D columns.
+// With KL_ATTN_DESC_ADD (below) the k step is added to the tile's descriptor.
 template <int D, int R>
 __device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int kk) {
     using L = Layout<D>;
+#if KL_ATTN_DESC_ADD
+    return make_desc(tile, R * L::W, 8 * L::W, L::MODE) + static_cast<unsigned long long>(kk * L::W);
+#else
     return make_desc(tile + kk * 16 * L::W, R * L::W, 8 * L::W, L::MODE);
+#endif
+}
+
+// desc_kmajor (attention_sm90_common.cuh) for S = Q K^T's operands; with KL_ATTN_DESC_ADD
+// the k step's offset is added to the descriptor of the rows' start.
+template <int D, int R>
+__device__ __forceinline__ unsigned long long qk_desc(unsigned tile, int row0, int kk) {
+#if KL_ATTN_DESC_ADD
+    using L = Layout<D>;
+    const unsigned step = (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2;  // a multiple of 32
+    return make_desc(tile + row0 * L::W, 16, 8 * L::W, L::MODE) + (step >> 4);
+#else
+    return desc_kmajor<D, R>(tile, row0, kk);
+#endif
 }
 
 // Copy rows [row0, row0 + R) of a (rows, D) matrix with row stride `stride` into the tile at
@@ -318,7 +343,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], unsigned sQ, unsign
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        kl_wgmma_ss<BN, BF16>(s, desc_kmajor<D, BM>(sQ, 64 * wg, kk), desc_kmajor<D, BN>(sK, 0, kk), kk > 0);
+        kl_wgmma_ss<BN, BF16>(s, qk_desc<D, BM>(sQ, 64 * wg, kk), qk_desc<D, BN>(sK, 0, kk), kk > 0);
     wgmma_commit();
 }
 

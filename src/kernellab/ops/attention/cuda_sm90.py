@@ -95,15 +95,20 @@ class Tiles:
     separate K and V rings over the same stages (-DKL_ATTN_V7_SPLIT_KV=1, FlashAttention-3's
     pipelines: a K tile is released once its S = Q K^T is done), written with a suffix "s".
     ``fast_exp``: the softmax's exponentials by ex2.approx.ftz (-DKL_ATTN_FAST_EXP=1),
-    written with a suffix "e"."""
+    written with a suffix "e"; ``desc_add``: each wgmma k step added to its tile's
+    descriptor (-DKL_ATTN_DESC_ADD=1, the same descriptors from fewer instructions), "d"."""
 
     bn: int
     stages: int
     split_kv: bool = False
     fast_exp: bool = False
+    desc_add: bool = False
 
     def __str__(self) -> str:
-        return f"{self.bn}x{self.stages}{'s' if self.split_kv else ''}{'e' if self.fast_exp else ''}"
+        flags = (
+            ("s" if self.split_kv else "") + ("e" if self.fast_exp else "") + ("d" if self.desc_add else "")
+        )
+        return f"{self.bn}x{self.stages}{flags}"
 
 
 # v7's tiling per head dim in MODULES[d], what attention_sm90.cu's V7Tiles builds by default
@@ -120,18 +125,20 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # keys: S is 88 / 96 registers beside O's 32) and at D = 128 without a mask (176 keys, two
 # stages: 208 KB; 192 keys spills) and a fourth stage at D = 64; split K / V rings at D = 256
 # and D = 128 (176x2s, 128x3s); at D = 256 the one-ring 80x2 of MODULES[256]; and each head
-# dim's default with ex2.approx.ftz exponentials (fast_exp, suffix "e").
+# dim's default with ex2.approx.ftz exponentials (fast_exp, suffix "e"), alone and with
+# descriptors advanced by addition (desc_add, "d").
+_LEAN = (dict(fast_exp=True), dict(fast_exp=True, desc_add=True))
 V7_TILINGS = {
-    64: (Tiles(128, 4), Tiles(176, 3), Tiles(192, 3), Tiles(128, 3, fast_exp=True)),
-    80: (Tiles(128, 3, fast_exp=True),),
-    96: (Tiles(128, 3, fast_exp=True),),
+    64: (Tiles(128, 4), Tiles(176, 3), Tiles(192, 3), *(Tiles(128, 3, **f) for f in _LEAN)),
+    80: tuple(Tiles(128, 3, **f) for f in _LEAN),
+    96: tuple(Tiles(128, 3, **f) for f in _LEAN),
     128: (
         Tiles(176, 2),
         Tiles(176, 2, split_kv=True),
         Tiles(128, 3, split_kv=True),
-        Tiles(128, 3, fast_exp=True),
+        *(Tiles(128, 3, **f) for f in _LEAN),
     ),
-    256: (Tiles(80, 2), Tiles(80, 2, split_kv=True, fast_exp=True)),
+    256: (Tiles(80, 2), *(Tiles(80, 2, split_kv=True, **f) for f in _LEAN)),
 }
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
@@ -151,6 +158,8 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             opts += ("-DKL_ATTN_V7_SPLIT_KV=1",)
         if tiles.fast_exp:
             opts += ("-DKL_ATTN_FAST_EXP=1",)
+        if tiles.desc_add:
+            opts += ("-DKL_ATTN_DESC_ADD=1",)
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
 
