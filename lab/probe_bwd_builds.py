@@ -1,7 +1,10 @@
 """The attention backward's lab builds (cuda_sm90_bwd.BWD_LAB) against the default and
 cuDNN at Gemma-2's head-dim-256 GQA shape, small enough for the tail of a device call:
 
-    python lab/probe_bwd_builds.py [--out FILE.jsonl] [--causal both|true|false]
+    python lab/probe_bwd_builds.py [--out FILE.jsonl] [--causal both|true|false] [--shape B,Hq,Hkv,S,D]
+
+The builds' modules are first compiled in parallel processes into the disk cache (a build
+takes 5-20 s of NVRTC and ptxas; a head dim has six).
 
 Per case: cuDNN's backward (SDPA, retain_graph), cuda_v9's backward launched directly by
 default and by each build (harness.timer.time_cuda, L2 flushed), and the default's largest
@@ -25,6 +28,25 @@ from kernellab.ops.attention import cuda_sm90 as cs  # noqa: E402
 from kernellab.ops.attention import cuda_sm90_bwd as cb  # noqa: E402
 
 
+def _compile_one(job) -> None:
+    d, opts = job
+    cb.bwd_module(d, opts).compile("sm_90")
+
+
+def precompile(d: int) -> None:
+    """Every build of head dim d (the default and BWD_LAB[d]) compiled into the disk cache,
+    one process each."""
+    import os
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(d, o) for o in (cb.DEFAULT_OPTS, *cb.BWD_LAB.get(d, ()))]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 4)) as ex:
+        list(ex.map(_compile_one, jobs))
+    print(f"compiled {len(jobs)} builds of D={d} in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -32,6 +54,7 @@ def main() -> int:
     ap.add_argument("--shape", default="1,8,4,4096,256", help="B,H_q,H_kv,S,D")
     a = ap.parse_args()
     b, hq, hkv, s, d = (int(x) for x in a.shape.split(","))
+    precompile(d)
     flags = {"both": (False, True), "true": (True,), "false": (False,)}[a.causal]
     gen = torch.Generator("cuda").manual_seed(0)
     q, k, v = (
