@@ -302,13 +302,18 @@ def test_v7_lean_tilings_use_the_exponential_and_descriptors_they_name():
     """The tilings with ``fast_exp`` ("e") compute the softmax's exponentials by
     ex2.approx.ftz.f32, the others (and every default module) by exp2f's ex2.approx.f32;
     ``desc_add`` ("d") keeps the same wgmmas and adds each k step to the tile's
-    descriptor (attention_sm90.cu's qk_desc / desc_mnmajor under KL_ATTN_DESC_ADD)."""
+    descriptor (attention_sm90_common.cuh's desc_kmajor / desc_mnmajor with ADD, which
+    KL_ATTN_DESC_ADD sets)."""
     _nvrtc()
     from kernellab.inspect import asm
 
-    src = cs.CU.read_text()
-    assert "make_desc(tile, R * L::W, 8 * L::W, L::MODE) + static_cast<unsigned long long>(kk * L::W)" in src
+    src = cs.CU.with_name("attention_sm90_common.cuh").read_text()
+    assert (
+        "make_desc(tile, R * L::W, 8 * L::W, L::MODE) + static_cast<unsigned long long>(row0 * (L::W / 16))"
+        in src
+    )
     assert "make_desc(tile + row0 * L::W, 16, 8 * L::W, L::MODE) + (step >> 4)" in src
+    assert "desc_mnmajor<D, BN, KL_ATTN_DESC_ADD>(sV, 16 * kk)" in cs.CU.read_text()
     assert str(cs.Tiles(128, 3, fast_exp=True, desc_add=True)) == "128x3ed"
     assert str(cs.Tiles(80, 2, split_kv=True, fast_exp=True)) == "80x2se"
     for d in cs.HEAD_DIMS:

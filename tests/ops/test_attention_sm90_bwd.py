@@ -85,7 +85,6 @@ def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
     _nvrtc()
     from kernellab.inspect import asm
 
-    cuobjdump = asm.find_tool("cuobjdump")
     for d in cb.BWD_HEAD_DIMS:
         mod = cb.MODULES[d]
         ptx = mod.compile("sm_90", target="ptx").decode()
@@ -117,21 +116,7 @@ def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
         # imm-trans-b = 1)
         nv = d // 2 if cb.splits_d(d) else d
         assert f"m64n{nv}k16.f32.bf16.bf16" in main and "p, 1, 1, 1, 1;" in main
-        cubin = mod.compile("sm_90")
-        if cuobjdump is None:
-            continue
-        import subprocess
-        import tempfile
-
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(cubin)
-            f.flush()
-            res = asm.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True,
-                                                     text=True, check=True).stdout)  # fmt: skip
-        for name in _names(d):
-            assert res[name]["STACK"] == 0 and res[name].get("LOCAL", 0) == 0, (name, res[name])
-            if "_v8_" in name or "_v9_" in name:
-                assert res[name]["REG"] == 168, (name, res[name])
+        _assert_res_usage(d, mod)
 
 
 def _nvrtc_log(*defines: str) -> tuple[int, str]:
@@ -190,8 +175,6 @@ def _assert_build_clean(d: int, mod, *defines: str) -> None:
     """Head dim d's module ``mod``, compiled with ``defines``: no serialized wgmmas in
     ptxas's log, no spills, stack or local memory, the main kernels (v8 and v9, bf16 and
     f16) at setmaxnreg's 168 registers a thread; cuobjdump's resource usage agrees."""
-    from kernellab.inspect import asm
-
     log = _ptxas_log(d, *defines)
     assert f"attn_bwd_v8_d{d}" in log and f"attn_bwd_v9_d{d}" in log, log[-2000:]
     assert "C75" not in log and "serialized" not in log and "injected" not in log, log[-2000:]
@@ -201,13 +184,20 @@ def _assert_build_clean(d: int, mod, *defines: str) -> None:
     assert not [line for line in log.splitlines() if "Used" in line and "lmem" in line], log
     main_regs = [line for line in log.splitlines() if "Used 168 registers" in line]
     assert len(main_regs) == 4, log  # v8 and v9, bf16 and f16
+    _assert_res_usage(d, mod)
+
+
+def _assert_res_usage(d: int, mod) -> None:
+    """cuobjdump's resource usage of head dim d's module (where cuobjdump is found): no stack
+    or local memory in any kernel, the main kernels (v8, v9) at 168 registers a thread."""
+    import subprocess
+    import tempfile
+
+    from kernellab.inspect import asm
 
     cuobjdump = asm.find_tool("cuobjdump")
     if cuobjdump is None:
         return
-    import subprocess
-    import tempfile
-
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(mod.compile("sm_90"))
         f.flush()
@@ -1117,8 +1107,8 @@ def test_desc_add_gives_the_same_descriptors(d):
     """KL_ATTN_BWD_DESC_ADD's descriptors equal the default's: for every 1024-aligned tile
     of the block's shared memory (below 2^18 bytes) and every k-step offset the loop uses
     (K-major: (kk 16 / E) R W + (kk 16 % E) 2; MN-major: row0 W), make_desc(tile + offset)
-    == make_desc(tile) + offset / 16; the .cu builds them so."""
-    src = cb.CU.read_text()
+    == make_desc(tile) + offset / 16; attention_sm90_common.cuh builds them so."""
+    src = cb.CU.with_name("attention_sm90_common.cuh").read_text()
     assert (
         "make_desc(tile, R * L::W, 8 * L::W, L::MODE) + static_cast<unsigned long long>(row0 * (L::W / 16))"
         in src

@@ -146,34 +146,19 @@
 #define KL_ATTN_V7_SPLIT_KV 0
 #endif
 
-// -DKL_ATTN_FAST_EXP=1 (with -DKL_ATTN_V7_BN: tilings "128x3e" ..., cuda_sm90.Tiles.fast_exp;
-// no default sets it): the softmax's exponentials by ex2.approx.ftz.f32. exp2f's
-// ex2.approx.f32 keeps results below 2^-126, for which ptxas adds a compare and two
-// predicated multiplies around every MUFU; flushed to 0 such a p (or alpha) changes nothing
-// a 16-bit P or the fp32 row sum can hold.
+// Lab builds (with -DKL_ATTN_V7_BN; no default sets them): -DKL_ATTN_FAST_EXP=1 (tilings
+// "128x3e" ..., cuda_sm90.Tiles.fast_exp) computes the softmax's exponentials by
+// ex2.approx.ftz.f32, -DKL_ATTN_DESC_ADD=1 ("...d", Tiles.desc_add) adds each wgmma k step to
+// its tile's descriptor (softmax_exp2, desc_kmajor and desc_mnmajor in
+// attention_sm90_common.cuh say why).
 #ifndef KL_ATTN_FAST_EXP
 #define KL_ATTN_FAST_EXP 0
 #endif
-// -DKL_ATTN_DESC_ADD=1 (with -DKL_ATTN_V7_BN: tilings "...d", Tiles.desc_add): a wgmma
-// operand's k step is added to its tile's descriptor (start-address field: address / 16)
-// instead of to the address make_desc masks and shifts: the same descriptors (addresses
-// below 2^18, offsets multiples of 16), built once per tile rather than once per k step.
 #ifndef KL_ATTN_DESC_ADD
 #define KL_ATTN_DESC_ADD 0
 #endif
 
 namespace {
-
-// 2^x for the softmax (KL_ATTN_FAST_EXP above); 2^-inf = 0 either way.
-__device__ __forceinline__ float sm_exp2(float x) {
-#if KL_ATTN_FAST_EXP
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#else
-    return exp2f(x);
-#endif
-}
 
 constexpr int BM = 128;  // query rows per block: two consumer warpgroups of 64
 
@@ -194,31 +179,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-// MN-major operand (V): key rows [16 kk, 16 kk + 16) of a tile of R rows, all D columns.
-// With KL_ATTN_DESC_ADD (below) the k step is added to the tile's descriptor.
-template <int D, int R>
-__device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int kk) {
-    using L = Layout<D>;
-#if KL_ATTN_DESC_ADD
-    return make_desc(tile, R * L::W, 8 * L::W, L::MODE) + static_cast<unsigned long long>(kk * L::W);
-#else
-    return make_desc(tile + kk * 16 * L::W, R * L::W, 8 * L::W, L::MODE);
-#endif
-}
-
-// desc_kmajor (attention_sm90_common.cuh) for S = Q K^T's operands; with KL_ATTN_DESC_ADD
-// the k step's offset is added to the descriptor of the rows' start.
-template <int D, int R>
-__device__ __forceinline__ unsigned long long qk_desc(unsigned tile, int row0, int kk) {
-#if KL_ATTN_DESC_ADD
-    using L = Layout<D>;
-    const unsigned step = (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2;  // a multiple of 32
-    return make_desc(tile + row0 * L::W, 16, 8 * L::W, L::MODE) + (step >> 4);
-#else
-    return desc_kmajor<D, R>(tile, row0, kk);
-#endif
-}
 
 // Copy rows [row0, row0 + R) of a (rows, D) matrix with row stride `stride` into the tile at
 // `dst`, NT threads (thread `t` of them), zero-filling rows >= rows. Consecutive threads
@@ -297,14 +257,14 @@ struct Softmax {
             const float m_new = fmaxf(m[h], mx * scale_log2);
             // a row with no key so far keeps m = -inf: subtract 0 instead (its p are all 0)
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            alpha[h] = sm_exp2(m[h] - m_use);  // 0 when m[h] = -inf
+            alpha[h] = softmax_exp2<KL_ATTN_FAST_EXP>(m[h] - m_use);  // 0 when m[h] = -inf
             m[h] = m_new;
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float x = sm_exp2(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
+                    const float x = softmax_exp2<KL_ATTN_FAST_EXP>(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
                     s[4 * j + 2 * h + e] = x;
                     sum += x;
                 }
@@ -343,7 +303,8 @@ __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], unsigned sQ, unsign
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        kl_wgmma_ss<BN, BF16>(s, qk_desc<D, BM>(sQ, 64 * wg, kk), qk_desc<D, BN>(sK, 0, kk), kk > 0);
+        kl_wgmma_ss<BN, BF16>(s, desc_kmajor<D, BM, KL_ATTN_DESC_ADD>(sQ, 64 * wg, kk),
+                              desc_kmajor<D, BN, KL_ATTN_DESC_ADD>(sK, 0, kk), kk > 0);
     wgmma_commit();
 }
 
@@ -354,7 +315,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], unsigned (&p)[BN / 4
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
-        kl_wgmma_rs<D, BF16>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], desc_mnmajor<D, BN>(sV, kk), 1);
+        kl_wgmma_rs<D, BF16>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
+                             desc_mnmajor<D, BN, KL_ATTN_DESC_ADD>(sV, 16 * kk), 1);
     wgmma_commit();
 }
 

@@ -118,25 +118,20 @@
 #define KL_ATTN_BWD_NO_DQ_RED 0
 #endif
 
-// Lab builds of P = exp2(S scale log2 e - lse) (cuda_sm90_bwd.BwdOpts; the default build
-// sets neither): -DKL_ATTN_BWD_FAST_EXP=1 computes it with ex2.approx.ftz.f32 (exp2f keeps
-// results below 2^-126 and costs a compare and two predicated multiplies an element around
-// the MUFU; flushed, such a P is 0 in bf16 or fp16 anyway); -DKL_ATTN_BWD_MASK_BRANCH=1
-// takes the masks on a branch of their own (a warpgroup's key block either needs them or
-// not), where the default build's one loop evaluates every element's two compares and
-// select even in blocks that need no mask.
+// Lab builds of the loop (cuda_sm90_bwd.BwdOpts; the default build sets none):
+// -DKL_ATTN_BWD_FAST_EXP=1 computes P = exp2(S scale log2 e - lse) with ex2.approx.ftz.f32
+// (softmax_exp2 in attention_sm90_common.cuh); -DKL_ATTN_BWD_MASK_BRANCH=1 takes the masks
+// on a branch of their own (a warpgroup's key block either needs them or not), where the
+// default build's one loop evaluates every element's two compares and select even in blocks
+// that need no mask; -DKL_ATTN_BWD_DESC_ADD=1 adds each wgmma k step to its tile's
+// descriptor (desc_kmajor / desc_mnmajor: the same descriptors, which ptxas otherwise builds
+// with ~5 instructions a wgmma).
 #ifndef KL_ATTN_BWD_FAST_EXP
 #define KL_ATTN_BWD_FAST_EXP 0
 #endif
 #ifndef KL_ATTN_BWD_MASK_BRANCH
 #define KL_ATTN_BWD_MASK_BRANCH 0
 #endif
-// Lab build -DKL_ATTN_BWD_DESC_ADD=1 (cuda_sm90_bwd.BwdOpts.desc_add): a wgmma operand's k
-// step is added to its tile's descriptor (the start-address field, bits 0-13: address / 16)
-// rather than to the address that make_desc masks and shifts, so one descriptor per tile
-// serves every k step. The descriptors are the same numbers (every address is below 2^18 and
-// every offset a multiple of 16); the build only asks whether ptxas then spends fewer
-// instructions on them (~5 a wgmma in the default build).
 #ifndef KL_ATTN_BWD_DESC_ADD
 #define KL_ATTN_BWD_DESC_ADD 0
 #endif
@@ -205,50 +200,12 @@ __device__ __forceinline__ void fence_regs(unsigned (&r)[N]) {
     for (int i = 0; i < N; ++i) fence_reg(r[i]);
 }
 
-// MN-major operand: rows [row0, row0 + 16) of a D-wide tile of R rows (the k step), all D
-// columns (N; the E-wide slabs LBO apart). With KL_ATTN_BWD_DESC_ADD the offset is added to
-// the tile's descriptor instead of to its address (below).
-template <int D, int R>
-__device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int row0) {
-    using L = Layout<D>;
-#if KL_ATTN_BWD_DESC_ADD
-    static_assert(L::W % 16 == 0, "row offsets must be whole 16-byte units");
-    return make_desc(tile, R * L::W, 8 * L::W, L::MODE) + static_cast<unsigned long long>(row0 * (L::W / 16));
-#else
-    return make_desc(tile + row0 * L::W, R * L::W, 8 * L::W, L::MODE);
-#endif
-}
-
-// desc_kmajor (attention_sm90_common.cuh) for the backward's S^T and dP^T operands; with
-// KL_ATTN_BWD_DESC_ADD the k step's offset is added to the descriptor of the rows' start.
-template <int D, int R>
-__device__ __forceinline__ unsigned long long bwd_desc_kmajor(unsigned tile, int row0, int kk) {
-#if KL_ATTN_BWD_DESC_ADD
-    using L = Layout<D>;
-    const unsigned step = (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2;  // a multiple of 32
-    return make_desc(tile + row0 * L::W, 16, 8 * L::W, L::MODE) + (step >> 4);
-#else
-    return desc_kmajor<D, R>(tile, row0, kk);
-#endif
-}
-
 __device__ __forceinline__ float2 load2f(const __nv_bfloat16* p) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
 }
 __device__ __forceinline__ float2 load2f(const __half* p) { return __half22float2(*reinterpret_cast<const __half2*>(p)); }
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
-
-// 2^x for P (KL_ATTN_BWD_FAST_EXP above); 2^-inf = 0 either way.
-__device__ __forceinline__ float p_exp2(float x) {
-#if KL_ATTN_BWD_FAST_EXP
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#else
-    return exp2f(x);
-#endif
-}
 
 template <bool B>
 struct BoolC {
@@ -360,6 +317,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     using L = Layout<D>;
     constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
     constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT;
+    constexpr bool DADD = KL_ATTN_BWD_DESC_ADD;  // the lab's desc-add build (header)
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
     check_smem(1024 + S::BYTES);
@@ -428,12 +386,12 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(s, bwd_desc_kmajor<D, BN>(sK, kofs, kk), bwd_desc_kmajor<D, BM_B>(sQ_, 0, kk),
+            kl_wgmma_ss<64, BF16>(s, desc_kmajor<D, BN, DADD>(sK, kofs, kk), desc_kmajor<D, BM_B, DADD>(sQ_, 0, kk),
                                   kk > 0);
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(dp, bwd_desc_kmajor<D, BN>(sV, kofs, kk), bwd_desc_kmajor<D, BM_B>(sdO_, 0, kk),
+            kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN, DADD>(sV, kofs, kk), desc_kmajor<D, BM_B, DADD>(sdO_, 0, kk),
                                   kk > 0);
         wgmma_commit();
     };
@@ -511,7 +469,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     float& x = s[4 * j + 2 * hh + e];
                     const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
                     const float l = e ? l2.y : l2.x;
-                    float p = p_exp2(fmaf(x, scale_log2, -l));  // lse = +inf: 0
+                    float p = softmax_exp2<KL_ATTN_BWD_FAST_EXP>(fmaf(x, scale_log2, -l));  // lse = +inf: 0
                     if (masked) {
                         const int key = key_lo + 8 * hh, col = m0 + 8 * j + 2 * qd + e;
                         if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
@@ -528,7 +486,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     for (int e = 0; e < 2; ++e) {
                         float& x = s[4 * j + 2 * hh + e];
                         const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
-                        float p = p_exp2(fmaf(x, scale_log2, -(e ? l2.y : l2.x)));  // lse = +inf: 0
+                        float p = softmax_exp2<KL_ATTN_BWD_FAST_EXP>(fmaf(x, scale_log2, -(e ? l2.y : l2.x)));
                         if constexpr (decltype(mask_c)::value) {
                             const int key = key_lo + 8 * hh, col = m0 + 8 * j + 2 * qd + e;
                             if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
@@ -549,7 +507,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
             kl_wgmma_rs<NV, BF16>(dv_acc, p16[4 * kk], p16[4 * kk + 1], p16[4 * kk + 2], p16[4 * kk + 3],
-                                  desc_mnmajor<D, BM_B>(sdO + slab_kv, 16 * kk), 1);
+                                  desc_mnmajor<D, BM_B, DADD>(sdO + slab_kv, 16 * kk), 1);
         wgmma_commit();
 
         wgmma_wait<1>();  // dP^T (dV still in flight)
@@ -569,7 +527,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
             kl_wgmma_rs<NV, BF16>(dk_acc, ds16[4 * kk], ds16[4 * kk + 1], ds16[4 * kk + 2], ds16[4 * kk + 3],
-                                  desc_mnmajor<D, BM_B>(sQ + slab_kv, 16 * kk), 1);
+                                  desc_mnmajor<D, BM_B, DADD>(sQ + slab_kv, 16 * kk), 1);
         wgmma_commit();
 
         // dS^T to shared memory (64 keys x 64 queries, 128-byte rows swizzled as a D = 64
@@ -605,14 +563,14 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
 #pragma unroll
                 for (int kk = 0; kk < 8; ++kk)
                     kl_wgmma_tt<NQ, BF16>(
-                        dq, desc_mnmajor<64, 64>(base + S::DS + (2 * (kk / 4) + (it & 1)) * S::DS_BYTES, 16 * (kk % 4)),
-                        desc_mnmajor<D, BN>(sKc, 16 * kk), kk > 0);
+                        dq, desc_mnmajor<64, 64, DADD>(base + S::DS + (2 * (kk / 4) + (it & 1)) * S::DS_BYTES, 16 * (kk % 4)),
+                        desc_mnmajor<D, BN, DADD>(sKc, 16 * kk), kk > 0);
             } else {
                 const unsigned sKc = sK + (c0 / L::E) * (BN * L::W);  // the slab of column c0 (0 unless DSPLIT)
 #pragma unroll
                 for (int kk = 0; kk < 4; ++kk)
-                    kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64>(sdS, 16 * kk),
-                                          desc_mnmajor<D, BN>(sKc, kofs + 16 * kk), kk > 0);
+                    kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64, DADD>(sdS, 16 * kk),
+                                          desc_mnmajor<D, BN, DADD>(sKc, kofs + 16 * kk), kk > 0);
             }
             wgmma_commit();
             wgmma_wait<0>();  // (first pass) dV, dK and this dQ: the stage and p16 / ds16 are free

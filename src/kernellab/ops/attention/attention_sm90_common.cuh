@@ -46,12 +46,49 @@ __device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned 
            (static_cast<unsigned long long>((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
 }
 
-// K-major operand: rows [row0, row0 + 64 or N) of a tile of R rows, k step kk.
-template <int D, int R>
+// K-major operand: rows [row0, row0 + 64 or N) of a tile of R rows, k step kk. ADD (the lab
+// builds' -DKL_ATTN_DESC_ADD / -DKL_ATTN_BWD_DESC_ADD): the k step's offset is added to the
+// descriptor of the rows' start (its start-address field, bits 0-13: address / 16) instead of
+// to the address make_desc masks and shifts, so one descriptor per tile serves every k step.
+// The same descriptors: every shared address is below 2^18 and every offset a multiple of 16.
+template <int D, int R, bool ADD = false>
 __device__ __forceinline__ unsigned long long desc_kmajor(unsigned tile, int row0, int kk) {
     using L = Layout<D>;
-    const unsigned addr = tile + (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2 + row0 * L::W;
-    return make_desc(addr, 16, 8 * L::W, L::MODE);
+    if constexpr (ADD) {
+        const unsigned step = (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2;  // a multiple of 32
+        return make_desc(tile + row0 * L::W, 16, 8 * L::W, L::MODE) + (step >> 4);
+    } else {
+        const unsigned addr = tile + (kk * 16 / L::E) * (R * L::W) + (kk * 16 % L::E) * 2 + row0 * L::W;
+        return make_desc(addr, 16, 8 * L::W, L::MODE);
+    }
+}
+
+// MN-major operand: rows [row0, row0 + 16) of a D-wide tile of R rows (the k step), all D
+// columns (N; the E-wide slabs LBO apart). ADD as desc_kmajor's.
+template <int D, int R, bool ADD = false>
+__device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int row0) {
+    using L = Layout<D>;
+    static_assert(L::W % 16 == 0, "row offsets must be whole 16-byte units");
+    if constexpr (ADD)
+        return make_desc(tile, R * L::W, 8 * L::W, L::MODE) + static_cast<unsigned long long>(row0 * (L::W / 16));
+    else
+        return make_desc(tile + row0 * L::W, R * L::W, 8 * L::W, L::MODE);
+}
+
+// 2^x for a softmax: exp2f, or with FAST (the lab builds' -DKL_ATTN_FAST_EXP /
+// -DKL_ATTN_BWD_FAST_EXP) ex2.approx.ftz.f32 alone. exp2f's ex2.approx.f32 keeps results
+// below 2^-126, for which ptxas adds a compare and two predicated multiplies around every
+// MUFU; flushed to 0 such a value changes nothing a 16-bit P or an fp32 row sum can hold.
+// 2^-inf = 0 either way.
+template <bool FAST>
+__device__ __forceinline__ float softmax_exp2(float x) {
+    if constexpr (FAST) {
+        float y;
+        asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+        return y;
+    } else {
+        return exp2f(x);
+    }
 }
 
 

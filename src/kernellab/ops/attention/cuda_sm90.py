@@ -147,7 +147,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
     """The module whose v7 kernels at head dim d are tiled by ``tiles``: MODULES[d] for its
     own tiling (V7_MODULE_TILES), else one built with -DKL_ATTN_V7_BN / _STAGES (v7's two
     kernels only; -DKL_ATTN_V7_SPLIT_KV=1 for a tiling with split K / V rings,
-    -DKL_ATTN_FAST_EXP=1 for one with ex2.approx.ftz exponentials)."""
+    -DKL_ATTN_FAST_EXP=1 / -DKL_ATTN_DESC_ADD=1 for fast_exp / desc_add)."""
     if tiles == V7_MODULE_TILES[d]:
         return MODULES[d]
     check_tiles(d, tiles)
