@@ -2,6 +2,7 @@
 cuDNN at Gemma-2's head-dim-256 GQA shape, small enough for the tail of a device call:
 
     python lab/probe_bwd_builds.py [--out FILE.jsonl] [--causal both|true|false] [--shape B,Hq,Hkv,S,D]
+    python lab/probe_bwd_builds.py --precompile 64,80,96,128,256
 
 The builds' modules are first compiled in parallel processes into the disk cache (a build
 takes 5-20 s of NVRTC and ptxas; a head dim has six).
@@ -33,18 +34,18 @@ def _compile_one(job) -> None:
     cb.bwd_module(d, opts).compile("sm_90")
 
 
-def precompile(d: int) -> None:
-    """Every build of head dim d (the default and BWD_LAB[d]) compiled into the disk cache,
-    one process each."""
+def precompile(*ds: int) -> None:
+    """Every build of the head dims ds (the default and BWD_LAB[d]) compiled into the disk
+    cache, one process each."""
     import os
     import time
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(d, o) for o in (cb.DEFAULT_OPTS, *cb.BWD_LAB.get(d, ()))]
+    jobs = [(d, o) for d in ds for o in (cb.DEFAULT_OPTS, *cb.BWD_LAB.get(d, ()))]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 4)) as ex:
         list(ex.map(_compile_one, jobs))
-    print(f"compiled {len(jobs)} builds of D={d} in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"compiled {len(jobs)} builds of D={ds} in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def main() -> int:
@@ -52,7 +53,11 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--causal", default="both", choices=("both", "true", "false"))
     ap.add_argument("--shape", default="1,8,4,4096,256", help="B,H_q,H_kv,S,D")
+    ap.add_argument("--precompile", default=None, help="only compile these head dims' builds (e.g. 64,128)")
     a = ap.parse_args()
+    if a.precompile:
+        precompile(*(int(x) for x in a.precompile.split(",")))
+        return 0
     b, hq, hkv, s, d = (int(x) for x in a.shape.split(","))
     precompile(d)
     flags = {"both": (False, True), "true": (True,), "false": (False,)}[a.causal]
