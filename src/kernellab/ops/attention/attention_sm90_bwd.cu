@@ -207,10 +207,28 @@ __device__ __forceinline__ float2 load2f(const __half* p) { return __half22float
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
-template <bool B>
-struct BoolC {
-    static constexpr bool value = B;
-};
+// P = exp2(S scale_log2 - lse) over this thread's 32 scores in place; MASK zeroes the keys past
+// S_k and (causal) above the diagonal. A template, not a generic lambda: NVRTC 12 takes an
+// `auto` lambda parameter for a host function.
+template <bool MASK>
+__device__ __forceinline__ void p_of_s(float (&s)[32], const float2* sl, float scale_log2, int key_lo, int col0,
+                                       int S_k, bool causal) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& x = s[4 * j + 2 * hh + e];
+                const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
+                float p = softmax_exp2<KL_ATTN_BWD_FAST_EXP>(fmaf(x, scale_log2, -(e ? l2.y : l2.x)));
+                if constexpr (MASK) {
+                    const int key = key_lo + 8 * hh, col = col0 + 8 * j + e;
+                    if (key >= S_k || (causal && key > col)) p = 0.f;
+                }
+                x = p;
+            }
+}
 
 // `bytes` (a multiple of 16) from global `src` (16-byte aligned) to shared `dst`, completing `bar`.
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
@@ -477,27 +495,10 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     x = p;
                 }
 #else
-        auto p_of_s = [&](auto mask_c) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float& x = s[4 * j + 2 * hh + e];
-                        const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
-                        float p = softmax_exp2<KL_ATTN_BWD_FAST_EXP>(fmaf(x, scale_log2, -(e ? l2.y : l2.x)));
-                        if constexpr (decltype(mask_c)::value) {
-                            const int key = key_lo + 8 * hh, col = m0 + 8 * j + 2 * qd + e;
-                            if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
-                        }
-                        x = p;
-                    }
-        };
         if (masked)
-            p_of_s(BoolC<true>{});
+            p_of_s<true>(s, sl, scale_log2, key_lo, m0 + 2 * qd + kb.off, S_k, causal);
         else
-            p_of_s(BoolC<false>{});
+            p_of_s<false>(s, sl, scale_log2, key_lo, m0 + 2 * qd + kb.off, S_k, causal);
 #endif
 #pragma unroll
         for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
