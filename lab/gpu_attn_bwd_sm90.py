@@ -286,8 +286,8 @@ def _time_lab_builds(row, q, k, v, do, causal, d, tkw) -> None:
     with torch.no_grad():
         o, lse = cs.forward(q, k, v, causal, scale, "v7")
     ref = None
-    for opts in (cb.DEFAULT_OPTS, *cb.BWD_LAB[d]):
-        name = f"v9@{opts}"
+    for opts in (cb.BWD_DEFAULTS[d], *cb.BWD_LAB[d]):
+        name = "v9@default" if opts == cb.BWD_DEFAULTS[d] else f"v9@{opts}"
         try:
             def bwd(opts=opts):  # noqa: E306
                 return cb.backward(do, q.detach(), k.detach(), v.detach(), o, lse, causal, scale, "v9", opts)

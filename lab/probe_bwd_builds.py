@@ -8,7 +8,7 @@ The builds' modules are first compiled in parallel processes into the disk cache
 takes 5-20 s of NVRTC and ptxas; a head dim has six).
 
 Per case: cuDNN's backward (SDPA, retain_graph), cuda_v9's backward launched directly by
-default and by each build (harness.timer.time_cuda, L2 flushed), and the default's largest
+the head dim's default build (BWD_DEFAULTS, named in the row's "default") and by each lab build (harness.timer.time_cuda, L2 flushed), and the default's largest
 difference from cuDNN's gradients (a build that is not exact is a timing bound only)."""
 
 import argparse
@@ -41,7 +41,7 @@ def precompile(*ds: int) -> None:
     import time
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(d, o) for d in ds for o in (cb.DEFAULT_OPTS, *cb.BWD_LAB.get(d, ()))]
+    jobs = [(d, o) for d in ds for o in (cb.BWD_DEFAULTS[d], *cb.BWD_LAB[d])]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 4)) as ex:
         list(ex.map(_compile_one, jobs))
@@ -70,7 +70,7 @@ def main() -> int:
     tkw = dict(min_time_s=0.1, budget_s=0.8)
     for causal in flags:
         row = dict(gpu=torch.cuda.get_device_name(), git_sha=git_sha(), B=b, Hq=hq, Hkv=hkv, S=s, D=d,
-                   causal=causal, bwd_ms={})  # fmt: skip
+                   causal=causal, default=str(cb.BWD_DEFAULTS[d]), bwd_ms={})  # fmt: skip
         qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             o_ref = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, enable_gqa=True)
@@ -81,7 +81,8 @@ def main() -> int:
 
         row["bwd_ms"]["cudnn"] = round(timer.time_cuda(cudnn_bwd, **tkw).median_ms, 4)
         o, lse = cs.forward(q, k, v, causal, scale, "v7")
-        for opts in (cb.DEFAULT_OPTS, *cb.BWD_LAB.get(d, ())):
+        for opts in (cb.BWD_DEFAULTS[d], *cb.BWD_LAB[d]):
+            name = "default" if opts == cb.BWD_DEFAULTS[d] else str(opts)
 
             def bwd(opts=opts):
                 return cb.backward(do, q, k, v, o, lse, causal, scale, "v9", opts)
@@ -89,9 +90,9 @@ def main() -> int:
             g = bwd()
             torch.cuda.synchronize()
             if opts.exact:
-                row.setdefault("max_diff_vs_cudnn", {})[str(opts)] = round(
+                row.setdefault("max_diff_vs_cudnn", {})[name] = round(
                     max((x.float() - r.float()).abs().max().item() for x, r in zip(g, ref)), 4)  # fmt: skip
-            row["bwd_ms"][f"v9@{opts}"] = round(timer.time_cuda(bwd, **tkw).median_ms, 4)
+            row["bwd_ms"][f"v9@{name}"] = round(timer.time_cuda(bwd, **tkw).median_ms, 4)
         print(json.dumps(row), flush=True)
         if a.out:
             with open(a.out, "a") as f:

@@ -277,9 +277,15 @@ def test_shared_memory_fits_and_matches_the_kernel():
             cs.check_tiles(d, t)
         assert cs.smem_bytes("v7", d) == cs.smem_bytes("v7", d, cs.V7_TILES[d])
         assert cs.V7_MODULE_TILES[d] == (cs.Tiles(80, 2) if d == 256 else cs.Tiles(128, 3))
-        # v7's default: the module's tiling, with split K / V rings at D = 256
-        assert cs.V7_TILES[d] == (cs.Tiles(80, 2, split_kv=True) if d == 256 else cs.V7_MODULE_TILES[d])
-        assert cs.V7_TILES[d] not in cs.V7_TILINGS[d]  # the lab times the default once
+        # v7's default: the module's tile with fast_exp and desc_add, split K / V rings at D = 256
+        lean = dict(fast_exp=True, desc_add=True)
+        assert cs.V7_TILES[d] == (cs.Tiles(80, 2, True, **lean) if d == 256 else cs.Tiles(128, 3, **lean))
+        # the lab times the default once, beside the base of its tile and the one with fast_exp alone
+        assert cs.V7_TILES[d] not in cs.V7_TILINGS[d]
+        t = cs.V7_TILES[d]
+        base = cs.Tiles(t.bn, t.stages, t.split_kv)
+        assert base in (cs.V7_TILES_FIRST[d],) + cs.V7_TILINGS[d], d
+        assert cs.Tiles(t.bn, t.stages, t.split_kv, fast_exp=True) in cs.V7_TILINGS[d], d
         assert cs.V7_TILES_FIRST[d] == cs.tiles_of("v6", d)  # v7's first tiling: v6's
     with pytest.raises(ValueError, match="227 KB"):
         cs.check_tiles(256, cs.Tiles(80, 3))
@@ -299,8 +305,8 @@ def _ptx_constants(ptx: str, struct: str, d: int) -> dict[str, int]:
 
 
 def test_v7_lean_tilings_use_the_exponential_and_descriptors_they_name():
-    """The tilings with ``fast_exp`` ("e") compute the softmax's exponentials by
-    ex2.approx.ftz.f32, the others (and every default module) by exp2f's ex2.approx.f32;
+    """The tilings with ``fast_exp`` ("e", every V7_TILES) compute the softmax's exponentials
+    by ex2.approx.ftz.f32, the others (and every MODULES[d]) by exp2f's ex2.approx.f32;
     ``desc_add`` ("d") keeps the same wgmmas and adds each k step to the tile's
     descriptor (attention_sm90_common.cuh's desc_kmajor / desc_mnmajor with ADD, which
     KL_ATTN_DESC_ADD sets)."""
@@ -317,9 +323,9 @@ def test_v7_lean_tilings_use_the_exponential_and_descriptors_they_name():
     assert str(cs.Tiles(128, 3, fast_exp=True, desc_add=True)) == "128x3ed"
     assert str(cs.Tiles(80, 2, split_kv=True, fast_exp=True)) == "80x2se"
     for d in cs.HEAD_DIMS:
-        lean = [t for t in cs.V7_TILINGS[d] if t.fast_exp]
+        lean = [t for t in (cs.V7_TILES[d], *cs.V7_TILINGS[d]) if t.fast_exp]
         assert lean and any(t.desc_add for t in lean), d
-        base = asm.split_ptx(cs.v7_module(d, cs.V7_TILES[d]).compile("sm_90", target="ptx").decode())
+        base = asm.split_ptx(cs.MODULES[d].compile("sm_90", target="ptx").decode())
         base = base[f"attn_fwd_v7_d{d}_bf16"]
         assert "ex2.approx.f32" in base and "ex2.approx.ftz.f32" not in base
         for t in lean:
@@ -333,7 +339,7 @@ def test_v7_lean_tilings_use_the_exponential_and_descriptors_they_name():
 
 def test_v7_tilings_are_what_the_modules_build():
     """V7_MODULE_TILES[d] is attention_sm90.cu's default V7Tiles<d> (its BN and STAGES, read
-    from the PTX), and v7_module builds every other tiling (V7_TILES at D = 256, the ones the
+    from the PTX), and v7_module builds every other tiling (V7_TILES, the ones the
     lab times) with -DKL_ATTN_V7_BN / _STAGES:
     v7's two kernels alone, at that tiling, no spills, 168 registers at launch; a split K / V
     tiling (-DKL_ATTN_V7_SPLIT_KV=1) with a full and an empty barrier per stage for K and for V

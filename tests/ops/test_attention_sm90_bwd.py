@@ -160,7 +160,7 @@ def test_wgmmas_are_not_serialized_for_lack_of_registers():
     kept across the back edge); none of them, and no spills either."""
     _nvrtc()
     for d in cb.BWD_HEAD_DIMS:
-        log = _ptxas_log(d)
+        log = _ptxas_log(d, *cb.BWD_DEFAULTS[d].flags)  # MODULES[d]'s build
         assert "attn_bwd_v8" in log and "attn_bwd_v9" in log, log[-2000:]
         assert "C75" not in log and "serialized" not in log and "injected" not in log, (d, log[-2000:])
         assert "0 bytes spill stores, 0 bytes spill loads" in log and " bytes spill stores" in log
@@ -1066,27 +1066,26 @@ def test_gpu_custom_ops_opcheck(backend):
 # --------------------------------------------------------------------------- lab builds (no GPU)
 
 
-LOOP_LAB = [(d, o) for d in cb.BWD_HEAD_DIMS for o in cb.BWD_LAB[d] if o.exact]
+LOOP_BUILDS = [(d, o) for d in cb.BWD_HEAD_DIMS for o in (cb.BWD_DEFAULTS[d], *cb.BWD_LAB[d]) if o.exact]
 
 
-@pytest.mark.parametrize("d,opts", LOOP_LAB, ids=lambda x: str(x))
-def test_loop_lab_builds_compile_clean(d, opts):
-    """The exact lab builds of the main loop at every head dim: the same kernels and
-    wgmmas, clean (no serialized wgmmas, spills, stack or local memory; 168 registers);
-    fast-exp's main kernels compute P by ex2.approx.ftz.f32 (ptxas adds no range check
-    around it), the others by exp2f's ex2.approx.f32 (which ptxas wraps in a compare and
-    two multiplies for results below 2^-126)."""
+@pytest.mark.parametrize("d,opts", LOOP_BUILDS, ids=lambda x: str(x))
+def test_loop_builds_compile_clean(d, opts):
+    """Every exact build of the main loop at every head dim, the default (BWD_DEFAULTS) and the
+    lab's: the base build's kernels and wgmmas, clean (no serialized wgmmas, spills, stack or
+    local memory; 168 registers); fast-exp's main kernels compute P by ex2.approx.ftz.f32
+    (ptxas adds no range check around it), the others by exp2f's ex2.approx.f32 (which ptxas
+    wraps in a compare and two multiplies for results below 2^-126)."""
     _nvrtc()
     from kernellab.inspect import asm
 
     mod = cb.bwd_module(d, opts)
-    flags = [cb._OPT_FLAGS[f] for f in cb._OPT_FLAGS if getattr(opts, f)]
-    _assert_build_clean(d, mod, *flags)
-    lab = asm.split_ptx(mod.compile("sm_90", target="ptx").decode())
-    default = asm.split_ptx(cb.MODULES[d].compile("sm_90", target="ptx").decode())
-    assert set(lab) == set(default) == _names(d)
+    _assert_build_clean(d, mod, *opts.flags)
+    built = asm.split_ptx(mod.compile("sm_90", target="ptx").decode())
+    plain = asm.split_ptx(cb.bwd_module(d, cb.BwdOpts()).compile("sm_90", target="ptx").decode())
+    assert set(built) == set(plain) == _names(d)
     for sfx in ("bf16", "f16"):
-        main, base = lab[f"attn_bwd_v9_d{d}_{sfx}"], default[f"attn_bwd_v9_d{d}_{sfx}"]
+        main, base = built[f"attn_bwd_v9_d{d}_{sfx}"], plain[f"attn_bwd_v9_d{d}_{sfx}"]
         assert main.count("wgmma.mma_async") == base.count("wgmma.mma_async")
         assert "ex2.approx.f32" in base and "ex2.approx.ftz.f32" not in base
         if opts.fast_exp:
@@ -1134,22 +1133,29 @@ def test_desc_add_gives_the_same_descriptors(d):
 
 
 def test_lab_builds_named_and_built_beside_the_default():
-    """BwdOpts: the default build is MODULES[d]; a lab build is a module of its own, kept per
-    (d, opts); no-dq-red drops every dQ reduce-add and keeps every wgmma, and is not exact
-    (the lab never checks it); the default PTX keeps its atomics."""
+    """BwdOpts: each head dim's default (BWD_DEFAULTS) is MODULES[d], built with its flags; a
+    lab build is a module of its own, kept per (d, opts); no-dq-red (the default without dQ
+    sums) drops every dQ reduce-add and keeps every wgmma, and is not exact (the lab never
+    checks it); the default PTX keeps its reduce-adds."""
     import re
 
-    assert str(cb.DEFAULT_OPTS) == "default" and cb.DEFAULT_OPTS.exact
-    nored = cb.BwdOpts(no_dq_red=True)
-    assert str(nored) == "no-dq-red" and not nored.exact
-    assert all(cb.bwd_module(d) is cb.MODULES[d] for d in cb.BWD_HEAD_DIMS)
-    assert all(nored in cb.BWD_LAB[d] for d in cb.BWD_HEAD_DIMS)
-    assert all(opts != cb.DEFAULT_OPTS for lab in cb.BWD_LAB.values() for opts in lab)
+    assert str(cb.BwdOpts()) == "base" and cb.BwdOpts().exact
+    assert str(cb.BwdOpts(fast_exp=True, desc_add=True)) == "fast-exp+desc-add"
+    assert cb.BwdOpts(fast_exp=True, desc_add=True).flags == ("-DKL_ATTN_BWD_FAST_EXP=1", "-DKL_ATTN_BWD_DESC_ADD=1")
+    assert set(cb.BWD_DEFAULTS) == set(cb.BWD_HEAD_DIMS) and all(o.exact for o in cb.BWD_DEFAULTS.values())
+    for d in cb.BWD_HEAD_DIMS:
+        default = cb.BWD_DEFAULTS[d]
+        assert cb.bwd_module(d) is cb.MODULES[d] and cb.bwd_module(d, default) is cb.MODULES[d]
+        assert cb.MODULES[d].options == (f"-DKL_ATTN_D={d}", *default.flags)
+        assert default not in cb.BWD_LAB[d] and len(set(cb.BWD_LAB[d])) == len(cb.BWD_LAB[d])
+        assert cb.BWD_LAB[d][0] == cb.BwdOpts(**{**default.__dict__, "no_dq_red": True})
+        assert sum(not o.exact for o in cb.BWD_LAB[d]) == 1
+    nored = {d: cb.BWD_LAB[d][0] for d in cb.BWD_HEAD_DIMS}
     _nvrtc()
     reds = re.compile(r"red\.[a-z.:]*add|cp\.reduce\.async\.bulk")
     for d in (128, 256):  # v9 by bulk reduce-adds at 128, by atomics at 256
-        mod = cb.bwd_module(d, nored)
-        assert mod is cb.bwd_module(d, nored) and mod is not cb.MODULES[d]
+        mod = cb.bwd_module(d, nored[d])
+        assert mod is cb.bwd_module(d, nored[d]) and mod is not cb.MODULES[d]
         lab_ptx = mod.compile("sm_90", target="ptx").decode()
         ptx = cb.MODULES[d].compile("sm_90", target="ptx").decode()
         assert len(reds.findall(ptx)) > 0 and not reds.findall(lab_ptx), d

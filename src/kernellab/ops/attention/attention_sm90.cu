@@ -146,11 +146,11 @@
 #define KL_ATTN_V7_SPLIT_KV 0
 #endif
 
-// Lab builds (with -DKL_ATTN_V7_BN; no default sets them): -DKL_ATTN_FAST_EXP=1 (tilings
-// "128x3e" ..., cuda_sm90.Tiles.fast_exp) computes the softmax's exponentials by
-// ex2.approx.ftz.f32, -DKL_ATTN_DESC_ADD=1 ("...d", Tiles.desc_add) adds each wgmma k step to
-// its tile's descriptor (softmax_exp2, desc_kmajor and desc_mnmajor in
-// attention_sm90_common.cuh say why).
+// Builds of v7 alone (with -DKL_ATTN_V7_BN; v7's default at every head dim, cuda_sm90.V7_TILES,
+// sets both): -DKL_ATTN_FAST_EXP=1 (tilings "128x3e" ..., cuda_sm90.Tiles.fast_exp) computes
+// the softmax's exponentials by ex2.approx.ftz.f32, -DKL_ATTN_DESC_ADD=1 ("...d",
+// Tiles.desc_add) adds each wgmma k step to its tile's descriptor (softmax_exp2, desc_kmajor
+// and desc_mnmajor in attention_sm90_common.cuh say why).
 #ifndef KL_ATTN_FAST_EXP
 #define KL_ATTN_FAST_EXP 0
 #endif

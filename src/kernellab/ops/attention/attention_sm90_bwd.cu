@@ -118,14 +118,14 @@
 #define KL_ATTN_BWD_NO_DQ_RED 0
 #endif
 
-// Lab builds of the loop (cuda_sm90_bwd.BwdOpts; the default build sets none):
-// -DKL_ATTN_BWD_FAST_EXP=1 computes P = exp2(S scale log2 e - lse) with ex2.approx.ftz.f32
-// (softmax_exp2 in attention_sm90_common.cuh); -DKL_ATTN_BWD_MASK_BRANCH=1 takes the masks
-// on a branch of their own (a warpgroup's key block either needs them or not), where the
-// default build's one loop evaluates every element's two compares and select even in blocks
-// that need no mask; -DKL_ATTN_BWD_DESC_ADD=1 adds each wgmma k step to its tile's
-// descriptor (desc_kmajor / desc_mnmajor: the same descriptors, which ptxas otherwise builds
-// with ~5 instructions a wgmma).
+// Options of the loop (cuda_sm90_bwd.BwdOpts; BWD_DEFAULTS says which each head dim's module
+// sets): -DKL_ATTN_BWD_FAST_EXP=1 computes P = exp2(S scale log2 e - lse) with
+// ex2.approx.ftz.f32 (softmax_exp2 in attention_sm90_common.cuh) instead of exp2f's
+// denormal-safe sequence; -DKL_ATTN_BWD_MASK_BRANCH=1 takes the masks on a branch of their own
+// (a warpgroup's key block either needs them or not), where the base build's one loop
+// evaluates every element's two compares and select even in blocks that need no mask;
+// -DKL_ATTN_BWD_DESC_ADD=1 adds each wgmma k step to its tile's descriptor (desc_kmajor /
+// desc_mnmajor: the same descriptors, which ptxas otherwise builds with ~5 instructions a wgmma).
 #ifndef KL_ATTN_BWD_FAST_EXP
 #define KL_ATTN_BWD_FAST_EXP 0
 #endif

@@ -114,31 +114,30 @@ class Tiles:
 # v7's tiling per head dim in MODULES[d], what attention_sm90.cu's V7Tiles builds by default
 # (the test compares them). D = 256: FlashAttention-3's 80 keys x 2 stages in one K / V ring.
 V7_MODULE_TILES = {d: Tiles(80, 2) if d == 256 else Tiles(128, 3) for d in HEAD_DIMS}
-# v7's default tiling per head dim: MODULES[d]'s, except at D = 256, where the K and V tiles
-# have rings of their own (80x2s, a module of v7's kernels alone): with two stages in one
-# ring, no K tile loads while the P V of the tile before it runs.
-V7_TILES = {**V7_MODULE_TILES, 256: Tiles(80, 2, split_kv=True)}
+# v7's default tiling per head dim, a module of v7's kernels alone: MODULES[d]'s tile with the
+# softmax's exponentials by ex2.approx.ftz (fast_exp, suffix "e") and each wgmma k step added to
+# its tile's descriptor (desc_add, "d"), 3-10% faster than MODULES[d]'s exp2f and per-step
+# descriptors on an H200 (benchmarks/NOTES.md, session ac); at D = 256 the K and V tiles also
+# have rings of their own (80x2s): with two stages in one ring, no K tile loads while the P V
+# of the tile before it runs.
+V7_TILES = {
+    **{d: Tiles(t.bn, t.stages, fast_exp=True, desc_add=True) for d, t in V7_MODULE_TILES.items()},
+    256: Tiles(80, 2, split_kv=True, fast_exp=True, desc_add=True),
+}
 # v7's first tiling (v2-v6's: 64 keys at D = 256): the lab times it beside V7_TILES.
 V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # The tilings lab/gpu_attn_sm90.py times beside V7_TILES, per head dim (the tests compile
 # each: no spills, within 227 KB): FlashAttention-3's wider key tiles at D = 64 (176 / 192
 # keys: S is 88 / 96 registers beside O's 32) and at D = 128 without a mask (176 keys, two
-# stages: 208 KB; 192 keys spills) and a fourth stage at D = 64; split K / V rings at D = 256
-# and D = 128 (176x2s, 128x3s); at D = 256 the one-ring 80x2 of MODULES[256]; and each head
-# dim's default with ex2.approx.ftz exponentials (fast_exp, suffix "e"), alone and with
-# descriptors advanced by addition (desc_add, "d").
-_LEAN = (dict(fast_exp=True), dict(fast_exp=True, desc_add=True))
+# stages: 208 KB; 192 keys spills) and a fourth stage at D = 64; split K / V rings at D = 128
+# (176x2s, 128x3s); at D = 256 the one-ring 80x2 of MODULES[256] and the split 80x2s; and each
+# head dim's default without desc_add ("e"; V7_TILES_FIRST is the one without either).
 V7_TILINGS = {
-    64: (Tiles(128, 4), Tiles(176, 3), Tiles(192, 3), *(Tiles(128, 3, **f) for f in _LEAN)),
-    80: tuple(Tiles(128, 3, **f) for f in _LEAN),
-    96: tuple(Tiles(128, 3, **f) for f in _LEAN),
-    128: (
-        Tiles(176, 2),
-        Tiles(176, 2, split_kv=True),
-        Tiles(128, 3, split_kv=True),
-        *(Tiles(128, 3, **f) for f in _LEAN),
-    ),
-    256: (Tiles(80, 2), *(Tiles(80, 2, split_kv=True, **f) for f in _LEAN)),
+    64: (Tiles(128, 4), Tiles(176, 3), Tiles(192, 3), Tiles(128, 3, fast_exp=True)),
+    80: (Tiles(128, 3, fast_exp=True),),
+    96: (Tiles(128, 3, fast_exp=True),),
+    128: (Tiles(176, 2), Tiles(176, 2, split_kv=True), Tiles(128, 3, split_kv=True), Tiles(128, 3, fast_exp=True)),
+    256: (Tiles(80, 2), Tiles(80, 2, split_kv=True), Tiles(80, 2, split_kv=True, fast_exp=True)),
 }
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 

@@ -46,7 +46,7 @@ kernel sums it, ``splits_dq``): the CPU tests hold it against the float64 refere
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -75,8 +75,6 @@ BM = 64  # query rows per step of a block's loop
 THREADS = 384  # producer warpgroup + two consumer warpgroups
 SMEM_LIMIT = cs.SMEM_LIMIT
 LOG2E = cs.LOG2E
-MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in BWD_HEAD_DIMS}
-MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,12 @@ class BwdOpts:
 
     def __str__(self) -> str:
         on = [f.replace("_", "-") for f in self.__dataclass_fields__ if getattr(self, f)]
-        return "+".join(on) or "default"
+        return "+".join(on) or "base"
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The -D options of the build."""
+        return tuple(_OPT_FLAGS[f] for f in _OPT_FLAGS if getattr(self, f))
 
     @property
     def exact(self) -> bool:
@@ -113,30 +116,42 @@ _OPT_FLAGS = {
     "mask_branch": "-DKL_ATTN_BWD_MASK_BRANCH=1",
     "desc_add": "-DKL_ATTN_BWD_DESC_ADD=1",
 }
-DEFAULT_OPTS = BwdOpts()
-# The builds lab/gpu_attn_bwd_sm90.py and lab/probe_bwd_builds.py time beside the default.
-# (mask_branch alone is left out: with exp2f's longer sequence in both copies of the loop
-# ptxas serializes the wgmmas at D <= 128, C7511.)
+_LEAN = BwdOpts(fast_exp=True, mask_branch=True, desc_add=True)
+# The build each head dim runs (MODULES[d]), the fastest in lab/probe_bwd_builds.py on an H200
+# (benchmarks/NOTES.md, session ac): every option at D = 64 / 96 / 128; at D = 80 without
+# desc_add; none at D = 256, where each one made the loop slower.
+BWD_DEFAULTS = {64: _LEAN, 80: BwdOpts(fast_exp=True, mask_branch=True), 96: _LEAN, 128: _LEAN, 256: BwdOpts()}
+MODULES = {
+    d: Module(CU, options=(f"-DKL_ATTN_D={d}", *BWD_DEFAULTS[d].flags), archs=("sm_90a",)) for d in BWD_HEAD_DIMS
+}
+MODULE = Module(CU, archs=("sm_90a",))  # every head dim, base build: "compiled, not run", `kernellab asm`
+# The builds lab/gpu_attn_bwd_sm90.py and lab/probe_bwd_builds.py time beside each head dim's
+# default: the default without dQ sums (a bound), the base and the other loop options. (mask_branch
+# alone is left out: with exp2f's longer sequence in both copies of the loop ptxas serializes
+# the wgmmas at D <= 128, C7511.)
 _LOOP_BUILDS = (
+    BwdOpts(),
     BwdOpts(fast_exp=True),
     BwdOpts(fast_exp=True, mask_branch=True),
     BwdOpts(desc_add=True),
     BwdOpts(fast_exp=True, desc_add=True),
-    BwdOpts(fast_exp=True, mask_branch=True, desc_add=True),
+    _LEAN,
 )
-BWD_LAB = {d: (BwdOpts(no_dq_red=True), *_LOOP_BUILDS) for d in BWD_HEAD_DIMS}
+BWD_LAB = {
+    d: (replace(BWD_DEFAULTS[d], no_dq_red=True), *(o for o in _LOOP_BUILDS if o != BWD_DEFAULTS[d]))
+    for d in BWD_HEAD_DIMS
+}
 _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 
 
-def bwd_module(d: int, opts: BwdOpts = DEFAULT_OPTS) -> Module:
-    """The module of head dim d built with ``opts``: MODULES[d] for the default, else one
-    with the options' -D flags (kept per (d, opts))."""
-    if opts == DEFAULT_OPTS:
+def bwd_module(d: int, opts: BwdOpts | None = None) -> Module:
+    """The module of head dim d built with ``opts``: MODULES[d] for its default (None or
+    BWD_DEFAULTS[d]), else one with the options' -D flags (kept per (d, opts))."""
+    if opts is None or opts == BWD_DEFAULTS[d]:
         return MODULES[d]
     key = (d, opts)
     if key not in _LAB_MODULES:
-        flags = tuple(_OPT_FLAGS[f] for f in _OPT_FLAGS if getattr(opts, f))
-        _LAB_MODULES[key] = Module(CU, options=(f"-DKL_ATTN_D={d}", *flags), archs=("sm_90a",))
+        _LAB_MODULES[key] = Module(CU, options=(f"-DKL_ATTN_D={d}", *opts.flags), archs=("sm_90a",))
     return _LAB_MODULES[key]
 
 
@@ -252,11 +267,11 @@ def backward(
     causal: bool,
     scale: float,
     variant: str = "v8",
-    opts: BwdOpts = DEFAULT_OPTS,
+    opts: BwdOpts | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) in ``empty_bshd``'s layout from the saved o and lse ((..., S_q) fp32,
     log2 units: the forward's), by the variant's kernels (``VARIANTS``; ``opts``: a lab
-    build, ``BwdOpts``). As the forward, everything but the addresses is worked out once per
+    build, ``BwdOpts``; None: the head dim's, BWD_DEFAULTS). As the forward, everything but the addresses is worked out once per
     (shapes, strides, dtype, device, options) into a ``BwdPlan`` (``_plan_backward``, cached
     in ``PLANS``)."""
     key = (do.shape, do.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
@@ -305,7 +320,7 @@ class BwdPlan:
 PLANS: dict = {}  # backward plans by (shapes, strides, dtype, device, options): kept_plan's
 
 
-def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=DEFAULT_OPTS) -> BwdPlan:
+def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> BwdPlan:
     """The ``BwdPlan`` of ``backward`` at these tensors' shapes and strides (and its
     refusals, ValueError naming the argument)."""
     if variant not in VARIANTS:
