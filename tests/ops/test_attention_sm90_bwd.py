@@ -21,6 +21,7 @@ every head dim, and against ``emulate_backward``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -160,7 +161,7 @@ def test_wgmmas_are_not_serialized_for_lack_of_registers():
     kept across the back edge); none of them, and no spills either."""
     _nvrtc()
     for d in cb.BWD_HEAD_DIMS:
-        log = _ptxas_log(d, *cb.BWD_DEFAULTS[d].flags)  # MODULES[d]'s build
+        log = _ptxas_log(d)
         assert "attn_bwd_v8" in log and "attn_bwd_v9" in log, log[-2000:]
         assert "C75" not in log and "serialized" not in log and "injected" not in log, (d, log[-2000:])
         assert "0 bytes spill stores, 0 bytes spill loads" in log and " bytes spill stores" in log
@@ -1081,7 +1082,9 @@ def test_loop_builds_compile_clean(d, opts):
 
     mod = cb.bwd_module(d, opts)
     _assert_build_clean(d, mod, *opts.flags)
-    built = asm.split_ptx(mod.compile("sm_90", target="ptx").decode())
+    ptx = mod.compile("sm_90", target="ptx").decode()
+    assert _bwd_build(ptx, d) == dataclasses.replace(opts, no_dq_red=False)  # the flags set BwdBuild
+    built = asm.split_ptx(ptx)
     plain = asm.split_ptx(cb.bwd_module(d, cb.BwdOpts()).compile("sm_90", target="ptx").decode())
     assert set(built) == set(plain) == _names(d)
     for sfx in ("bf16", "f16"):
@@ -1092,6 +1095,24 @@ def test_loop_builds_compile_clean(d, opts):
             assert "ex2.approx.ftz.f32" in main and "ex2.approx.f32" not in main
         else:
             assert "ex2.approx.f32" in main and "ex2.approx.ftz.f32" not in main
+
+
+def _bwd_build(ptx: str, d: int) -> cb.BwdOpts:
+    """attention_sm90_bwd.cu's BwdBuild<d> as NVRTC's PTX lists its members (.global .u8
+    <mangled name> [= 1])."""
+    got = dict(re.findall(rf"\.global \.align 1 \.u8 _ZN8BwdBuildILi{d}EE\d+(\w+?)E(?: = (\d))?;", ptx))
+    assert set(got) == {"FAST_EXP", "MASK_BRANCH", "DESC_ADD"}, got
+    return cb.BwdOpts(**{k.lower(): v == "1" for k, v in got.items()})
+
+
+def test_defaults_are_the_cu_s():
+    """BWD_DEFAULTS[d] is attention_sm90_bwd.cu's BwdBuild<d>: the build of MODULES[d] (no
+    options but the head dim) and of head dim d in the every-head-dim MODULE that `kernellab
+    check` compiles without a GPU (the same template)."""
+    _nvrtc()
+    for d in cb.BWD_HEAD_DIMS:
+        assert cb.MODULES[d].options == (f"-DKL_ATTN_D={d}",)
+        assert _bwd_build(cb.MODULES[d].compile("sm_90", target="ptx").decode(), d) == cb.BWD_DEFAULTS[d], d
 
 
 def _make_desc(addr: int, lbo: int, sbo: int, mode: int) -> int:
@@ -1141,12 +1162,16 @@ def test_lab_builds_named_and_built_beside_the_default():
 
     assert str(cb.BwdOpts()) == "base" and cb.BwdOpts().exact
     assert str(cb.BwdOpts(fast_exp=True, desc_add=True)) == "fast-exp+desc-add"
-    assert cb.BwdOpts(fast_exp=True, desc_add=True).flags == ("-DKL_ATTN_BWD_FAST_EXP=1", "-DKL_ATTN_BWD_DESC_ADD=1")
+    assert cb.BwdOpts(fast_exp=True, desc_add=True).flags == (
+        "-DKL_ATTN_BWD_FAST_EXP=1",
+        "-DKL_ATTN_BWD_MASK_BRANCH=0",
+        "-DKL_ATTN_BWD_DESC_ADD=1",
+    )
+    assert cb.BwdOpts(no_dq_red=True).flags[0] == "-DKL_ATTN_BWD_NO_DQ_RED=1"
     assert set(cb.BWD_DEFAULTS) == set(cb.BWD_HEAD_DIMS) and all(o.exact for o in cb.BWD_DEFAULTS.values())
     for d in cb.BWD_HEAD_DIMS:
         default = cb.BWD_DEFAULTS[d]
         assert cb.bwd_module(d) is cb.MODULES[d] and cb.bwd_module(d, default) is cb.MODULES[d]
-        assert cb.MODULES[d].options == (f"-DKL_ATTN_D={d}", *default.flags)
         assert default not in cb.BWD_LAB[d] and len(set(cb.BWD_LAB[d])) == len(cb.BWD_LAB[d])
         assert cb.BWD_LAB[d][0] == cb.BwdOpts(**{**default.__dict__, "no_dq_red": True})
         assert sum(not o.exact for o in cb.BWD_LAB[d]) == 1

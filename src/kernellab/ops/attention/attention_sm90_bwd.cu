@@ -118,23 +118,38 @@
 #define KL_ATTN_BWD_NO_DQ_RED 0
 #endif
 
-// Options of the loop (cuda_sm90_bwd.BwdOpts; BWD_DEFAULTS says which each head dim's module
-// sets): -DKL_ATTN_BWD_FAST_EXP=1 computes P = exp2(S scale log2 e - lse) with
+// Options of the loop, per head dim (BwdBuild<D>; cuda_sm90_bwd.BWD_DEFAULTS is the same table,
+// which a test holds to the PTX): FAST_EXP computes P = exp2(S scale log2 e - lse) with
 // ex2.approx.ftz.f32 (softmax_exp2 in attention_sm90_common.cuh) instead of exp2f's
-// denormal-safe sequence; -DKL_ATTN_BWD_MASK_BRANCH=1 takes the masks on a branch of their own
-// (a warpgroup's key block either needs them or not), where the base build's one loop
-// evaluates every element's two compares and select even in blocks that need no mask;
-// -DKL_ATTN_BWD_DESC_ADD=1 adds each wgmma k step to its tile's descriptor (desc_kmajor /
-// desc_mnmajor: the same descriptors, which ptxas otherwise builds with ~5 instructions a wgmma).
-#ifndef KL_ATTN_BWD_FAST_EXP
-#define KL_ATTN_BWD_FAST_EXP 0
+// denormal-safe sequence; MASK_BRANCH takes the masks on a branch of their own (a warpgroup's
+// key block either needs them or not), where the one loop without it evaluates every
+// element's two compares and select even in blocks that need no mask; DESC_ADD adds each
+// wgmma k step to its tile's descriptor (desc_kmajor / desc_mnmajor: the same descriptors,
+// which ptxas otherwise builds with ~5 instructions a wgmma). Each head dim has the ones that
+// made its loop fastest on an H200; at D = 256 none did. The lab's builds set each of them for
+// every head dim with -DKL_ATTN_BWD_FAST_EXP=0|1, -DKL_ATTN_BWD_MASK_BRANCH=0|1 and
+// -DKL_ATTN_BWD_DESC_ADD=0|1 (cuda_sm90_bwd.BwdOpts).
+template <int D>
+struct BwdBuild {
+#ifdef KL_ATTN_BWD_FAST_EXP
+    static constexpr bool FAST_EXP = KL_ATTN_BWD_FAST_EXP;
+#else
+    static constexpr bool FAST_EXP = D != 256;
 #endif
-#ifndef KL_ATTN_BWD_MASK_BRANCH
-#define KL_ATTN_BWD_MASK_BRANCH 0
+#ifdef KL_ATTN_BWD_MASK_BRANCH
+    static constexpr bool MASK_BRANCH = KL_ATTN_BWD_MASK_BRANCH;
+#else
+    static constexpr bool MASK_BRANCH = D != 256;
 #endif
-#ifndef KL_ATTN_BWD_DESC_ADD
-#define KL_ATTN_BWD_DESC_ADD 0
+#ifdef KL_ATTN_BWD_DESC_ADD
+    static constexpr bool DESC_ADD = KL_ATTN_BWD_DESC_ADD;
+#else
+    static constexpr bool DESC_ADD = D != 80 && D != 256;
 #endif
+    // without exp2f's longer sequence the two copies of the loop make ptxas serialize the
+    // wgmmas at D <= 128 (C7511)
+    static_assert(FAST_EXP || !MASK_BRANCH, "mask-branch builds take fast-exp too");
+};
 
 namespace {
 
@@ -210,7 +225,7 @@ __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); 
 // P = exp2(S scale_log2 - lse) over this thread's 32 scores in place; MASK zeroes the keys past
 // S_k and (causal) above the diagonal. A template, not a generic lambda: NVRTC 12 takes an
 // `auto` lambda parameter for a host function.
-template <bool MASK>
+template <bool MASK, bool FAST>
 __device__ __forceinline__ void p_of_s(float (&s)[32], const float2* sl, float scale_log2, int key_lo, int col0,
                                        int S_k, bool causal) {
 #pragma unroll
@@ -221,7 +236,7 @@ __device__ __forceinline__ void p_of_s(float (&s)[32], const float2* sl, float s
             for (int e = 0; e < 2; ++e) {
                 float& x = s[4 * j + 2 * hh + e];
                 const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
-                float p = softmax_exp2<KL_ATTN_BWD_FAST_EXP>(fmaf(x, scale_log2, -(e ? l2.y : l2.x)));
+                float p = softmax_exp2<FAST>(fmaf(x, scale_log2, -(e ? l2.y : l2.x)));
                 if constexpr (MASK) {
                     const int key = key_lo + 8 * hh, col = col0 + 8 * j + e;
                     if (key >= S_k || (causal && key > col)) p = 0.f;
@@ -335,7 +350,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     using L = Layout<D>;
     constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
     constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT;
-    constexpr bool DADD = KL_ATTN_BWD_DESC_ADD;  // the lab's desc-add build (header)
+    constexpr bool DADD = BwdBuild<D>::DESC_ADD, FAST = BwdBuild<D>::FAST_EXP;
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
     check_smem(1024 + S::BYTES);
@@ -477,29 +492,28 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
 
         wgmma_wait<1>();  // S^T
         fence_regs(s);
-#if !KL_ATTN_BWD_MASK_BRANCH
+        if constexpr (!BwdBuild<D>::MASK_BRANCH) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+            for (int j = 0; j < 8; ++j)
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
+                for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float& x = s[4 * j + 2 * hh + e];
-                    const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
-                    const float l = e ? l2.y : l2.x;
-                    float p = softmax_exp2<KL_ATTN_BWD_FAST_EXP>(fmaf(x, scale_log2, -l));  // lse = +inf: 0
-                    if (masked) {
-                        const int key = key_lo + 8 * hh, col = m0 + 8 * j + 2 * qd + e;
-                        if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
+                    for (int e = 0; e < 2; ++e) {
+                        float& x = s[4 * j + 2 * hh + e];
+                        const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
+                        const float l = e ? l2.y : l2.x;
+                        float p = softmax_exp2<FAST>(fmaf(x, scale_log2, -l));  // lse = +inf: 0
+                        if (masked) {
+                            const int key = key_lo + 8 * hh, col = m0 + 8 * j + 2 * qd + e;
+                            if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
+                        }
+                        x = p;
                     }
-                    x = p;
-                }
-#else
-        if (masked)
-            p_of_s<true>(s, sl, scale_log2, key_lo, m0 + 2 * qd + kb.off, S_k, causal);
-        else
-            p_of_s<false>(s, sl, scale_log2, key_lo, m0 + 2 * qd + kb.off, S_k, causal);
-#endif
+        } else if (masked) {
+            p_of_s<true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd + kb.off, S_k, causal);
+        } else {
+            p_of_s<false, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd + kb.off, S_k, causal);
+        }
 #pragma unroll
         for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
 

@@ -79,8 +79,8 @@ LOG2E = cs.LOG2E
 
 @dataclass(frozen=True)
 class BwdOpts:
-    """A lab build of the main kernel beside the default (attention_sm90_bwd.cu's -D options,
-    the backward's counterpart of the forward's ``cuda_sm90.Tiles``): ``no_dq_red`` skips the
+    """A build of the main kernel (attention_sm90_bwd.cu's BwdBuild and -D options, the
+    backward's counterpart of the forward's ``cuda_sm90.Tiles``): ``no_dq_red`` skips the
     dQ reduce-adds (-DKL_ATTN_BWD_NO_DQ_RED=1: dq comes back wrong; a timing bound only,
     never checked, never a default); ``fast_exp`` (-DKL_ATTN_BWD_FAST_EXP=1) computes P with
     ex2.approx.ftz instead of exp2f's denormal-safe sequence; ``mask_branch``
@@ -100,8 +100,11 @@ class BwdOpts:
 
     @property
     def flags(self) -> tuple[str, ...]:
-        """The -D options of the build."""
-        return tuple(_OPT_FLAGS[f] for f in _OPT_FLAGS if getattr(self, f))
+        """The -D options of the build: each loop option set to 0 or 1 (for every head dim in
+        the module, in place of BwdBuild<D>'s), no_dq_red where it is on."""
+        return ("-DKL_ATTN_BWD_NO_DQ_RED=1",) * self.no_dq_red + tuple(
+            f"-DKL_ATTN_BWD_{f.upper()}={int(getattr(self, f))}" for f in ("fast_exp", "mask_branch", "desc_add")
+        )
 
     @property
     def exact(self) -> bool:
@@ -109,22 +112,14 @@ class BwdOpts:
         return not self.no_dq_red
 
 
-# Each BwdOpts field's -D flag.
-_OPT_FLAGS = {
-    "no_dq_red": "-DKL_ATTN_BWD_NO_DQ_RED=1",
-    "fast_exp": "-DKL_ATTN_BWD_FAST_EXP=1",
-    "mask_branch": "-DKL_ATTN_BWD_MASK_BRANCH=1",
-    "desc_add": "-DKL_ATTN_BWD_DESC_ADD=1",
-}
 _LEAN = BwdOpts(fast_exp=True, mask_branch=True, desc_add=True)
-# The build each head dim runs (MODULES[d]), the fastest in lab/probe_bwd_builds.py on an H200
-# (benchmarks/NOTES.md, session ac): every option at D = 64 / 96 / 128; at D = 80 without
-# desc_add; none at D = 256, where each one made the loop slower.
+# The build each head dim runs, attention_sm90_bwd.cu's BwdBuild<D> (a test holds the two to
+# the same PTX), the fastest in lab/probe_bwd_builds.py on an H200 (benchmarks/NOTES.md,
+# session ac): every option at D = 64 / 96 / 128; at D = 80 without desc_add; none at D = 256,
+# where each one made the loop slower.
 BWD_DEFAULTS = {64: _LEAN, 80: BwdOpts(fast_exp=True, mask_branch=True), 96: _LEAN, 128: _LEAN, 256: BwdOpts()}
-MODULES = {
-    d: Module(CU, options=(f"-DKL_ATTN_D={d}", *BWD_DEFAULTS[d].flags), archs=("sm_90a",)) for d in BWD_HEAD_DIMS
-}
-MODULE = Module(CU, archs=("sm_90a",))  # every head dim, base build: "compiled, not run", `kernellab asm`
+MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in BWD_HEAD_DIMS}
+MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
 # The builds lab/gpu_attn_bwd_sm90.py and lab/probe_bwd_builds.py time beside each head dim's
 # default: the default without dQ sums (a bound), the base and the other loop options. (mask_branch
 # alone is left out: with exp2f's longer sequence in both copies of the loop ptxas serializes
@@ -146,7 +141,8 @@ _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 
 def bwd_module(d: int, opts: BwdOpts | None = None) -> Module:
     """The module of head dim d built with ``opts``: MODULES[d] for its default (None or
-    BWD_DEFAULTS[d]), else one with the options' -D flags (kept per (d, opts))."""
+    BWD_DEFAULTS[d]), else one with the options' -D flags (``BwdOpts.flags``; kept per
+    (d, opts))."""
     if opts is None or opts == BWD_DEFAULTS[d]:
         return MODULES[d]
     key = (d, opts)
@@ -271,9 +267,9 @@ def backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) in ``empty_bshd``'s layout from the saved o and lse ((..., S_q) fp32,
     log2 units: the forward's), by the variant's kernels (``VARIANTS``; ``opts``: a lab
-    build, ``BwdOpts``; None: the head dim's, BWD_DEFAULTS). As the forward, everything but the addresses is worked out once per
-    (shapes, strides, dtype, device, options) into a ``BwdPlan`` (``_plan_backward``, cached
-    in ``PLANS``)."""
+    build, ``BwdOpts``; None: the head dim's, BWD_DEFAULTS). As the forward, everything but
+    the addresses is worked out once per (shapes, strides, dtype, device, options) into a
+    ``BwdPlan`` (``_plan_backward``, cached in ``PLANS``)."""
     key = (do.shape, do.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
            o.shape, o.stride(), lse.shape, lse.stride(), q.dtype, q.device, causal, scale, variant,
            opts)  # fmt: skip
