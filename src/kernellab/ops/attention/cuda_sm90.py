@@ -127,16 +127,23 @@ V7_TILES = {
 # v7's first tiling (v2-v6's: 64 keys at D = 256): the lab times it beside V7_TILES.
 V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # The tilings lab/gpu_attn_sm90.py times beside V7_TILES, per head dim (the tests compile
-# each: no spills, within 227 KB): FlashAttention-3's wider key tiles at D = 64 (176 / 192
-# keys: S is 88 / 96 registers beside O's 32) and at D = 128 without a mask (176 keys, two
-# stages: 208 KB; 192 keys spills) and a fourth stage at D = 64; split K / V rings at D = 128
-# (176x2s, 128x3s); at D = 256 the one-ring 80x2 of MODULES[256] and the split 80x2s; and each
-# head dim's default without desc_add ("e"; V7_TILES_FIRST is the one without either).
+# each: no spills, within 227 KB), with the default's exponentials and descriptors:
+# FlashAttention-3's wider key tiles at D = 64 (176 / 192 keys: S is 88 / 96 registers beside
+# O's 32) and at D = 128 without a mask (176 keys, two stages: 208 KB; 192 keys spills) and a
+# fourth stage at D = 64; split K / V rings at D = 128 (176x2s, 128x3s); at D = 256 the
+# one-ring 80x2 of MODULES[256] and the split 80x2s; and each head dim's default without
+# desc_add ("e"; V7_TILES_FIRST is the one without either).
+_ED = dict(fast_exp=True, desc_add=True)
 V7_TILINGS = {
-    64: (Tiles(128, 4), Tiles(176, 3), Tiles(192, 3), Tiles(128, 3, fast_exp=True)),
+    64: (Tiles(128, 4, **_ED), Tiles(176, 3, **_ED), Tiles(192, 3, **_ED), Tiles(128, 3, fast_exp=True)),
     80: (Tiles(128, 3, fast_exp=True),),
     96: (Tiles(128, 3, fast_exp=True),),
-    128: (Tiles(176, 2), Tiles(176, 2, split_kv=True), Tiles(128, 3, split_kv=True), Tiles(128, 3, fast_exp=True)),
+    128: (
+        Tiles(176, 2, **_ED),
+        Tiles(176, 2, split_kv=True, **_ED),
+        Tiles(128, 3, split_kv=True, **_ED),
+        Tiles(128, 3, fast_exp=True),
+    ),
     256: (Tiles(80, 2), Tiles(80, 2, split_kv=True), Tiles(80, 2, split_kv=True, fast_exp=True)),
 }
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
