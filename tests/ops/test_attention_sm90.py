@@ -276,8 +276,7 @@ def test_shared_memory_fits_and_matches_the_kernel():
             assert cs.smem_bytes("v7", d, t) + 64 <= cs.SMEM_LIMIT
             cs.check_tiles(d, t)
         assert cs.smem_bytes("v7", d) == cs.smem_bytes("v7", d, cs.V7_TILES[d])
-        assert cs.V7_MODULE_TILES[d] == (cs.Tiles(80, 2) if d == 256 else cs.Tiles(128, 3))
-        # v7's default: the module's tile with fast_exp and desc_add, split K / V rings at D = 256
+        # v7's default: 128 x 3 (80 x 2 in split K / V rings at D = 256), fast_exp and desc_add
         lean = dict(fast_exp=True, desc_add=True)
         assert cs.V7_TILES[d] == (cs.Tiles(80, 2, True, **lean) if d == 256 else cs.Tiles(128, 3, **lean))
         # the lab times the default once, beside the base of its tile and the one with fast_exp alone
@@ -297,19 +296,19 @@ def test_shared_memory_fits_and_matches_the_kernel():
 
 def _ptx_constants(ptx: str, struct: str, d: int) -> dict[str, int]:
     """The values of a template struct's static constexpr members as NVRTC's PTX lists them
-    (.global .u32 <mangled name> = value)."""
+    (.global .u32 <mangled name> = value; no value: 0)."""
     import re
 
-    pat = rf"\.global \.align \d+ \.u\d+ \S*{len(struct)}{struct}ILi{d}EE\d+(\w+?)E = (\d+);"
-    return {name: int(val) for name, val in re.findall(pat, ptx)}
+    pat = rf"\.global \.align \d+ \.u\d+ \S*{len(struct)}{struct}ILi{d}EE\d+(\w+?)E(?: = (\d+))?;"
+    return {name: int(val or 0) for name, val in re.findall(pat, ptx)}
 
 
 def test_v7_lean_tilings_use_the_exponential_and_descriptors_they_name():
     """The tilings with ``fast_exp`` ("e", every V7_TILES) compute the softmax's exponentials
-    by ex2.approx.ftz.f32, the others (and every MODULES[d]) by exp2f's ex2.approx.f32;
-    ``desc_add`` ("d") keeps the same wgmmas and adds each k step to the tile's
-    descriptor (attention_sm90_common.cuh's desc_kmajor / desc_mnmajor with ADD, which
-    KL_ATTN_DESC_ADD sets)."""
+    by ex2.approx.ftz.f32, the others (and v2-v6) by exp2f's ex2.approx.f32; ``desc_add``
+    ("d") keeps the same wgmmas and adds each k step to the tile's descriptor
+    (attention_sm90_common.cuh's desc_kmajor / desc_mnmajor with ADD, which V7Tiles'
+    DESC_ADD sets)."""
     _nvrtc()
     from kernellab.inspect import asm
 
@@ -319,13 +318,20 @@ def test_v7_lean_tilings_use_the_exponential_and_descriptors_they_name():
         in src
     )
     assert "make_desc(tile + row0 * L::W, 16, 8 * L::W, L::MODE) + (step >> 4)" in src
-    assert "desc_mnmajor<D, BN, KL_ATTN_DESC_ADD>(sV, 16 * kk)" in cs.CU.read_text()
+    assert "desc_mnmajor<D, BN, DADD>(sV, 16 * kk)" in cs.CU.read_text()
     assert str(cs.Tiles(128, 3, fast_exp=True, desc_add=True)) == "128x3ed"
     assert str(cs.Tiles(80, 2, split_kv=True, fast_exp=True)) == "80x2se"
     for d in cs.HEAD_DIMS:
         lean = [t for t in (cs.V7_TILES[d], *cs.V7_TILINGS[d]) if t.fast_exp]
         assert lean and any(t.desc_add for t in lean), d
-        base = asm.split_ptx(cs.MODULES[d].compile("sm_90", target="ptx").decode())
+        own = asm.split_ptx(cs.MODULES[d].compile("sm_90", target="ptx").decode())
+        for v in ("v2", "v3", "v4", "v5", "v6"):
+            k = own[f"attn_fwd_{v}_d{d}_bf16"]
+            assert "ex2.approx.f32" in k and "ex2.approx.ftz.f32" not in k, (d, v)
+        t0 = cs.V7_TILES[d]  # the default's tile with exp2f and a descriptor built per step
+        plain = cs.Tiles(t0.bn, t0.stages, t0.split_kv)
+        assert plain in (cs.V7_TILES_FIRST[d], *cs.V7_TILINGS[d]), d
+        base = asm.split_ptx(cs.v7_module(d, plain).compile("sm_90", target="ptx").decode())
         base = base[f"attn_fwd_v7_d{d}_bf16"]
         assert "ex2.approx.f32" in base and "ex2.approx.ftz.f32" not in base
         for t in lean:
@@ -338,12 +344,12 @@ def test_v7_lean_tilings_use_the_exponential_and_descriptors_they_name():
 
 
 def test_v7_tilings_are_what_the_modules_build():
-    """V7_MODULE_TILES[d] is attention_sm90.cu's default V7Tiles<d> (its BN and STAGES, read
-    from the PTX), and v7_module builds every other tiling (V7_TILES, the ones the
-    lab times) with -DKL_ATTN_V7_BN / _STAGES:
-    v7's two kernels alone, at that tiling, no spills, 168 registers at launch; a split K / V
-    tiling (-DKL_ATTN_V7_SPLIT_KV=1) with a full and an empty barrier per stage for K and for V
-    (4 x stages + 1 mbarriers with q_full), the others 2 x stages + 1."""
+    """V7_TILES[d] is attention_sm90.cu's default V7Tiles<d> in MODULES[d] (its BN, STAGES,
+    SPLIT_KV, FAST_EXP and DESC_ADD, read from the PTX), and v7_module builds every other
+    tiling (the ones the lab times) with -DKL_ATTN_V7_BN and the rest: v7's two kernels
+    alone, at that tiling, no spills, 168 registers at launch; a split K / V tiling with a
+    full and an empty barrier per stage for K and for V (4 x stages + 1 mbarriers with
+    q_full), the others 2 x stages + 1."""
     _nvrtc()
     import re
     import subprocess
@@ -352,20 +358,27 @@ def test_v7_tilings_are_what_the_modules_build():
     from kernellab.inspect import asm
 
     cuobjdump = asm.find_tool("cuobjdump")
+    def tiling(ptx: str, d: int) -> cs.Tiles:
+        got = _ptx_constants(ptx, "V7Tiles", d)
+        flags = (bool(got[k]) for k in ("SPLIT_KV", "FAST_EXP", "DESC_ADD"))
+        return cs.Tiles(got["BN"], got["STAGES"], *flags)
+
+    def v7_bars(ptx: str) -> set[int]:
+        return {int(n) for n in re.findall(r"fwd_v7\S*4bars\[(\d+)\];", ptx)}
+
     for d in cs.HEAD_DIMS:
-        own = cs.V7_MODULE_TILES[d]
+        own = cs.V7_TILES[d]
         assert cs.v7_module(d, own) is cs.MODULES[d]
-        got = _ptx_constants(cs.MODULES[d].compile("sm_90", target="ptx").decode(), "V7Tiles", d)
-        assert (got["BN"], got["STAGES"]) == (own.bn, own.stages), (d, got)
-        for t in {cs.V7_TILES[d], *cs.V7_TILINGS[d]} - {own}:
+        ptx = cs.MODULES[d].compile("sm_90", target="ptx").decode()
+        assert tiling(ptx, d) == own, d
+        assert v7_bars(ptx) == {8 * ((4 if own.split_kv else 2) * own.stages + 1)}, d
+        for t in {cs.V7_TILES_FIRST[d], *cs.V7_TILINGS[d]}:
             mod = cs.v7_module(d, t)
             assert mod is cs.v7_module(d, t) and mod is not cs.MODULES[d]
             ptx = mod.compile("sm_90", target="ptx").decode()
             assert set(asm.split_ptx(ptx)) == {f"attn_fwd_v7_d{d}_bf16", f"attn_fwd_v7_d{d}_f16"}
-            got = _ptx_constants(ptx, "V7Tiles", d)
-            assert (got["BN"], got["STAGES"]) == (t.bn, t.stages), (d, t, got)
-            bars = {int(n) for n in re.findall(r"4bars\[(\d+)\];", ptx)}
-            assert bars == {8 * ((4 if t.split_kv else 2) * t.stages + 1)}, (d, t, bars)
+            assert tiling(ptx, d) == t, (d, t)
+            assert v7_bars(ptx) == {8 * ((4 if t.split_kv else 2) * t.stages + 1)}, (d, t)
             if cuobjdump is None:
                 continue
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -705,8 +718,8 @@ def test_runtime_passes_a_tensor_map_by_value(monkeypatch):
 @pytest.mark.parametrize("tiles", [None, cs.Tiles(64, 2), cs.Tiles(80, 2)], ids=["default", "64x2", "80x2"])
 def test_launcher_v7_tiling(recorder, monkeypatch, tiles):
     """v7 at D = 256: K / V boxes of the tiling's keys (80 by default, V7_TILES), the shared
-    memory of its ring, the kernel from the tiling's module (by default the split-ring 80x2s,
-    a module of its own; MODULES[256] for its own 80x2); v2-v6 refuse a tiling."""
+    memory of its ring, the kernel from the tiling's module (MODULES[256] for the default
+    80x2sed, a module of its own for any other); v2-v6 refuse a tiling."""
     modules = []
     kernel = cs.Module.kernel
     monkeypatch.setattr(
@@ -720,7 +733,7 @@ def test_launcher_v7_tiling(recorder, monkeypatch, tiles):
     assert tq[5] == (64, 128, 1, 1) and tk[5] == tv[5] == (64, t.bn, 1, 1) and to[5] == (64, 64, 1, 1)
     assert shared == cs.smem_bytes("v7", 256, t) == 1024 + 128 * 512 + t.stages * 2 * t.bn * 512
     assert modules[0] is cs.v7_module(256, t)
-    assert (modules[0] is cs.MODULES[256]) == (t == cs.Tiles(80, 2))
+    assert (modules[0] is cs.MODULES[256]) == (t == cs.V7_TILES[256])
     assert recorder.names == ["attn_fwd_v7_d256_bf16"]
     with pytest.raises(ValueError, match="only v7"):
         cs.forward(q, k, v, True, 0.1, "v6", cs.Tiles(64, 2))

@@ -66,8 +66,8 @@
 //       tensor map, of o; rows past S_q are clipped by the map, never written). lse is
 //       written by the threads as in v2-v6. Registers: S_j, P_{j-1} and O live at once,
 //       as in v5 and v6 (no spills at any head dim: tests/ops/test_attention_sm90.py).
-//       -DKL_ATTN_V7_SPLIT_KV=1 (tilings "80x2s" ...: cuda_sm90.py, Tiles.split_kv; v7's
-//       default at D = 256, V7_TILES) gives K and V rings of their own, as FlashAttention-3
+//       Split rings (V7Tiles' SPLIT_KV, v7's default at D = 256; tilings "80x2s" ...:
+//       cuda_sm90.py, Tiles.split_kv) give K and V rings of their own, as FlashAttention-3
 //       does: the producer loads K_j, then V_{j-1}; K_j is released once S_j is done,
 //       V_{j-1} once its P V is (produce_tma_split, consume_v7).
 //
@@ -140,23 +140,6 @@
 #error "attention_sm90.cu uses wgmma: compile it for sm_90a (Module(..., archs=(\"sm_90a\",)))"
 #endif
 
-// -DKL_ATTN_V7_SPLIT_KV=1 (with -DKL_ATTN_V7_BN): v7 with separate K and V rings
-// (produce_tma_split, consume_v7); 0: one ring of K / V stages.
-#ifndef KL_ATTN_V7_SPLIT_KV
-#define KL_ATTN_V7_SPLIT_KV 0
-#endif
-
-// Builds of v7 alone (with -DKL_ATTN_V7_BN; v7's default at every head dim, cuda_sm90.V7_TILES,
-// sets both): -DKL_ATTN_FAST_EXP=1 (tilings "128x3e" ..., cuda_sm90.Tiles.fast_exp) computes
-// the softmax's exponentials by ex2.approx.ftz.f32, -DKL_ATTN_DESC_ADD=1 ("...d",
-// Tiles.desc_add) adds each wgmma k step to its tile's descriptor (softmax_exp2, desc_kmajor
-// and desc_mnmajor in attention_sm90_common.cuh say why).
-#ifndef KL_ATTN_FAST_EXP
-#define KL_ATTN_FAST_EXP 0
-#endif
-#ifndef KL_ATTN_DESC_ADD
-#define KL_ATTN_DESC_ADD 0
-#endif
 
 namespace {
 
@@ -222,7 +205,8 @@ __device__ __forceinline__ Block block_of(int S_q, int S_k, int causal) {
 // Per-warpgroup online-softmax state and its math on one key tile: ``scores`` turns S into
 // P in place and returns the factor alpha by which O must be rescaled (it does not touch O,
 // so v5 runs it while the previous tile's P V is still in flight); ``rescale`` applies it.
-template <int D, int BN>
+// FAST: the exponentials by ex2.approx.ftz.f32 (v7's; softmax_exp2 in attention_sm90_common.cuh).
+template <int D, int BN, bool FAST = false>
 struct Softmax {
     float m[2];  // running max of the row's scaled scores (log2 units); -inf: no key yet
     float l[2];  // this thread's share of the running sum of 2^(x - m)
@@ -257,14 +241,14 @@ struct Softmax {
             const float m_new = fmaxf(m[h], mx * scale_log2);
             // a row with no key so far keeps m = -inf: subtract 0 instead (its p are all 0)
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
-            alpha[h] = softmax_exp2<KL_ATTN_FAST_EXP>(m[h] - m_use);  // 0 when m[h] = -inf
+            alpha[h] = softmax_exp2<FAST>(m[h] - m_use);  // 0 when m[h] = -inf
             m[h] = m_new;
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float x = softmax_exp2<KL_ATTN_FAST_EXP>(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
+                    const float x = softmax_exp2<FAST>(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
                     s[4 * j + 2 * h + e] = x;
                     sum += x;
                 }
@@ -297,26 +281,27 @@ __device__ __forceinline__ void pack_p(const float (&s)[BN / 2], unsigned (&p)[B
 }
 
 // Issue S = Q K^T for one warpgroup's 64 rows (sQ: the Q tile, rows 64 wg..; sK: the K
-// tile) as one wgmma group; s is not readable before a wait (and fence_s).
-template <bool BF16, int D, int BN>
+// tile) as one wgmma group; s is not readable before a wait (and fence_s). DADD: each k step
+// added to the tile's descriptor (v7's; desc_kmajor in attention_sm90_common.cuh).
+template <bool BF16, int D, int BN, bool DADD = false>
 __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], unsigned sQ, unsigned sK, int wg) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        kl_wgmma_ss<BN, BF16>(s, desc_kmajor<D, BM, KL_ATTN_DESC_ADD>(sQ, 64 * wg, kk),
-                              desc_kmajor<D, BN, KL_ATTN_DESC_ADD>(sK, 0, kk), kk > 0);
+        kl_wgmma_ss<BN, BF16>(s, desc_kmajor<D, BM, DADD>(sQ, 64 * wg, kk), desc_kmajor<D, BN, DADD>(sK, 0, kk),
+                              kk > 0);
     wgmma_commit();
 }
 
 // Issue O += P V (P from registers, V: the tile at sV) as one wgmma group; neither o nor p
 // may be touched before a wait (and fence_pv).
-template <bool BF16, int D, int BN>
+template <bool BF16, int D, int BN, bool DADD = false>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], unsigned (&p)[BN / 4], unsigned sV) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
         kl_wgmma_rs<D, BF16>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                             desc_mnmajor<D, BN, KL_ATTN_DESC_ADD>(sV, 16 * kk), 1);
+                             desc_mnmajor<D, BN, DADD>(sV, 16 * kk), 1);
     wgmma_commit();
 }
 
@@ -444,22 +429,29 @@ struct WsStages {
     static constexpr int value = (Tiles<D>::Q_BYTES + 3 * 2 * Tiles<D>::KV_BYTES + 1024 <= 227 * 1024) ? 3 : 2;
 };
 
-// v7's key tile and ring depth per head dim (cuda_sm90.py, V7_MODULE_TILES, mirrors this; a module
-// built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s holds only v7's kernels, at that tiling:
-// how the launcher runs another tile set, and v7 at D = 256 with split rings). D <= 128: v2-v6's 128 keys x 3
-// stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) + 2 x 2 x 40 = 225 KB of
-// the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP of MMA per block
-// against 8.4 at v2-v6's 64 keys, for the same per-tile costs (two full / empty barrier round
-// trips, two turn hand-overs, one row max and sum with its shuffles, one rescale of the 128 O
-// registers): 20% fewer per key. Registers: O 128 + S 40 + P 20 = 188.
+// v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
+// PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
+// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD (each 0 or 1) holds only v7's kernels, at that tiling:
+// how the lab runs another one. D <= 128: v2-v6's 128 keys x 3 stages. D = 256:
+// FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) + 2 x 2 x 40 = 225 KB of the 227: each
+// 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP of MMA per block against 8.4 at
+// v2-v6's 64 keys, for the same per-tile costs (two full / empty barrier round trips, two turn
+// hand-overs, one row max and sum with its shuffles, one rescale of the 128 O registers): 20%
+// fewer per key. Registers: O 128 + S 40 + P 20 = 188.
 template <int D>
 struct V7Tiles {
 #if defined(KL_ATTN_V7_BN)
     static constexpr int BN = KL_ATTN_V7_BN;
     static constexpr int STAGES = KL_ATTN_V7_STAGES;
+    static constexpr bool SPLIT_KV = KL_ATTN_V7_SPLIT_KV, FAST_EXP = KL_ATTN_FAST_EXP, DESC_ADD = KL_ATTN_DESC_ADD;
 #else
     static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
     static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
+    // SPLIT_KV: K and V in rings of their own (produce_tma_split, consume_v7), at D = 256;
+    // FAST_EXP: the softmax's exponentials by ex2.approx.ftz.f32; DESC_ADD: each wgmma k step
+    // added to its tile's descriptor (softmax_exp2, desc_kmajor and desc_mnmajor in
+    // attention_sm90_common.cuh say why). Each was faster on an H200 (benchmarks/NOTES.md).
+    static constexpr bool SPLIT_KV = D == 256, FAST_EXP = true, DESC_ADD = true;
 #endif
     static constexpr unsigned KV_BYTES = BN * D * 2;
     static_assert(BN % 16 == 0 && BN <= 256, "keys per tile: whole 16-key steps of P V, one TMA box");
@@ -470,32 +462,30 @@ struct V7Tiles {
 // The barriers of v3-v7 (static shared memory): full[st] (the copies of stage st landed),
 // empty[st] (count 8: every consumer warp is done with it), q_full. `arrivals`: the full
 // barriers' count (v3: one cp.async arrival per producer thread, 128; TMA: 1).
-// With KL_ATTN_V7_SPLIT_KV (a module of v7's kernels alone), K and V have rings of their own
-// over the same stages: full / empty guard the K tiles only, v_full / v_empty (after q_full,
-// 4 x STAGES + 1 barriers in all) the V tiles.
-template <int STAGES>
+// SPLIT (v7 with V7Tiles' SPLIT_KV): K and V have rings of their own over the same stages:
+// full / empty guard the K tiles only, v_full / v_empty (after q_full, 4 x STAGES + 1
+// barriers in all) the V tiles.
+template <int STAGES, bool SPLIT = false>
 struct Bars {
     unsigned full0, empty0, q_full;
-#if KL_ATTN_V7_SPLIT_KV
-    unsigned v_full0, v_empty0;
-#endif
+    unsigned v_full0, v_empty0;  // SPLIT only
 
     __device__ __forceinline__ Bars(unsigned long long* bars, unsigned arrivals) {
         full0 = smem_u32(&bars[0]);
         empty0 = smem_u32(&bars[STAGES]);
         q_full = smem_u32(&bars[2 * STAGES]);
-#if KL_ATTN_V7_SPLIT_KV
-        v_full0 = smem_u32(&bars[2 * STAGES + 1]);
-        v_empty0 = smem_u32(&bars[3 * STAGES + 1]);
-#endif
+        if constexpr (SPLIT) {
+            v_full0 = smem_u32(&bars[2 * STAGES + 1]);
+            v_empty0 = smem_u32(&bars[3 * STAGES + 1]);
+        }
         if (threadIdx.x == 0) {
             for (int st = 0; st < STAGES; ++st) {
                 mbar_init(full0 + 8 * st, arrivals);
                 mbar_init(empty0 + 8 * st, 8);
-#if KL_ATTN_V7_SPLIT_KV
-                mbar_init(v_full0 + 8 * st, arrivals);
-                mbar_init(v_empty0 + 8 * st, 8);
-#endif
+                if constexpr (SPLIT) {
+                    mbar_init(v_full0 + 8 * st, arrivals);
+                    mbar_init(v_empty0 + 8 * st, 8);
+                }
             }
             mbar_init(q_full, arrivals);
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -504,10 +494,8 @@ struct Bars {
     }
     __device__ __forceinline__ unsigned full(int it) const { return full0 + 8 * (it % STAGES); }
     __device__ __forceinline__ unsigned empty(int it) const { return empty0 + 8 * (it % STAGES); }
-#if KL_ATTN_V7_SPLIT_KV
     __device__ __forceinline__ unsigned v_full(int it) const { return v_full0 + 8 * (it % STAGES); }
     __device__ __forceinline__ unsigned v_empty(int it) const { return v_empty0 + 8 * (it % STAGES); }
-#endif
 };
 
 // v3's producer warpgroup (128 threads): Q, then K/V tile it into stage it % STAGES once
@@ -548,14 +536,13 @@ __device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>
     }
 }
 
-#if KL_ATTN_V7_SPLIT_KV
 // v7's producer with split K / V rings (FlashAttention-3's order): Q and K_0, then per key
 // tile it >= 1 K_it followed by V_{it-1}, and V_{n-1} last. K_it waits only for the K of tile
 // it - STAGES (released once both warpgroups' S of it are done, before their softmax), V_it
 // for the V of tile it - STAGES (released after its P V): a K load is not held back by the
 // P V and softmax of older tiles. Each full barrier counts one tile's bytes.
 template <int D, int STAGES, int BN>
-__device__ __forceinline__ void produce_tma_split(const Block& blk, const Bars<STAGES>& b, unsigned sQ,
+__device__ __forceinline__ void produce_tma_split(const Block& blk, const Bars<STAGES, true>& b, unsigned sQ,
                                                   unsigned sKV, const TensorMap* tq, const TensorMap* tk,
                                                   const TensorMap* tv, int h, int hk, int z) {
     constexpr unsigned KV_BYTES = BN * D * 2;
@@ -578,18 +565,17 @@ __device__ __forceinline__ void produce_tma_split(const Block& blk, const Bars<S
     }
     load_v(blk.n_tiles - 1);
 }
-#endif
 
 // A consumer thread of the ring (threads 128..383): its warpgroup cw, its lane, its
 // fragment's first row, and per K/V tile it: the stage's shared address, the release of
 // the stage by this warp, and whether the tile needs the mask. BN: keys per tile.
-template <int D, int STAGES, int BN = Tiles<D>::BN>
+template <int D, int STAGES, int BN = Tiles<D>::BN, bool SPLIT = false>
 struct Consumer {
     const Block& blk;
-    const Bars<STAGES>& b;
+    const Bars<STAGES, SPLIT>& b;
     unsigned sKV;
     int S_k, causal, cw, lane, qd, row_lo;
-    __device__ __forceinline__ Consumer(const Block& blk_, const Bars<STAGES>& b_, unsigned sKV_, int S_k_,
+    __device__ __forceinline__ Consumer(const Block& blk_, const Bars<STAGES, SPLIT>& b_, unsigned sKV_, int S_k_,
                                         int causal_, int t)
         : blk(blk_), b(b_), sKV(sKV_), S_k(S_k_), causal(causal_) {
         cw = t / 128 - 1;
@@ -606,13 +592,11 @@ struct Consumer {
         __syncwarp();
         if (lane == 0) mbar_arrive(b.empty(it));  // this warp is done with the stage
     }
-#if KL_ATTN_V7_SPLIT_KV
     // Split rings: ``release`` gives back K_it alone, this V_it.
     __device__ __forceinline__ void release_v(int it) const {
         __syncwarp();
         if (lane == 0) mbar_arrive(b.v_empty(it));  // this warp is done with V_it
     }
-#endif
     __device__ __forceinline__ bool masked(int it) const {
         const int n0 = it * BN;
         return n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
@@ -786,8 +770,8 @@ __device__ __forceinline__ void tma_store_drain() {
 // v7: o = O / l through shared memory and a TMA store; lse = m + log2(l) as ``epilogue``
 // writes it (0 and -inf for a row with no key). sQ: the Q tile, whose rows 64 cw .. 64 cw
 // + 63 this warpgroup alone has read (its wgmmas are all done) and now overwrites.
-template <bool BF16, int D, int BN>
-__device__ __forceinline__ void epilogue_tma(const Softmax<D, BN>& sm, const float (&o)[D / 2], unsigned sQ,
+template <bool BF16, int D, int BN, bool FAST>
+__device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST>& sm, const float (&o)[D / 2], unsigned sQ,
                                              const TensorMap* to, float* __restrict__ lse_b, int m0, int cw,
                                              int row_lo, int S_q, int h_q, int z, int t) {
     using L = Layout<D>;
@@ -821,23 +805,25 @@ __device__ __forceinline__ void epilogue_tma(const Softmax<D, BN>& sm, const flo
 // in the header). O is rescaled by the previous tile's alpha inside the turn, after S_it is
 // issued (the tensor cores are busy with it) and before the P V that adds to O, so O =
 // alpha O + P V in emulate's order. BN: V7Tiles' keys per tile.
-// With KL_ATTN_V7_SPLIT_KV (produce_tma_split's rings): the full barrier waited before a turn
+// With V7Tiles' SPLIT_KV (produce_tma_split's rings): the full barrier waited before a turn
 // is K's; V_{it-1} is waited inside the turn, after S_it is issued (the producer loads it after
 // K_it, and everything it waits for is released by earlier turns or outside the turns, so the
 // wait cannot hold up a turn the producer needs); K_it is released as soon as S_it is done
 // (wgmma_wait<1>), V_{it-1} once its P V is.
-template <bool BF16, int D, int STAGES, int BN>
-__device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
+template <bool BF16, int D, int STAGES, int BN, bool SPLIT>
+__device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, SPLIT>& b, unsigned sQ, unsigned sKV,
                                            const TensorMap* to, float* __restrict__ lse_b, int S_q, int S_k,
                                            float scale_log2, int causal, int h_q, int z, int t) {
     constexpr unsigned KV_BYTES = BN * D * 2;
-    const Consumer<D, STAGES, BN> c(blk, b, sKV, S_k, causal, t);
+    constexpr bool DADD = V7Tiles<D>::DESC_ADD;
+    using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP>;
+    const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     const int mine = PP_BAR + cw, other = PP_BAR + 1 - cw;
     float acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
-    Softmax<D, BN> sm;
+    SM sm;
     sm.init();
     const int n = blk.n_tiles;
     if (n > 0) {
@@ -849,12 +835,12 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES>&
             mbar_wait(b.full(0), 0);
             float s[BN / 2];
             named_sync(mine);  // turn 0: S_0
-            issue_qk<BF16, D, BN>(s, sQ, c.stage(0), cw);
+            issue_qk<BF16, D, BN, DADD>(s, sQ, c.stage(0), cw);
             named_arrive(other);  // (n >= 1 turns remain for both)
             wgmma_wait<0>();
-#if KL_ATTN_V7_SPLIT_KV
-            c.release(0);  // K_0
-#endif
+            if constexpr (SPLIT) {
+                c.release(0);  // K_0
+            }
             fence_s<BN>(s);
             sm.scores(s, alpha, scale_log2, c.masked(0), 0, row_lo, S_k, causal, blk.off, qd);
             pack_p<BF16, BN>(s, p);
@@ -863,42 +849,42 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES>&
             mbar_wait(b.full(it), (it / STAGES) & 1);
             float s[BN / 2];
             named_sync(mine);  // turn it: S_it, then O = alpha O + P V_{it-1}
-            issue_qk<BF16, D, BN>(s, sQ, c.stage(it), cw);
-            Softmax<D, BN>::rescale(acc, alpha);
-#if KL_ATTN_V7_SPLIT_KV
-            mbar_wait(b.v_full(it - 1), ((it - 1) / STAGES) & 1);
-#endif
-            issue_pv<BF16, D, BN>(acc, p, c.stage(it - 1) + KV_BYTES);
+            issue_qk<BF16, D, BN, DADD>(s, sQ, c.stage(it), cw);
+            SM::rescale(acc, alpha);
+            if constexpr (SPLIT) {
+                mbar_wait(b.v_full(it - 1), ((it - 1) / STAGES) & 1);
+            }
+            issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(it - 1) + KV_BYTES);
             named_arrive(other);
             wgmma_wait<1>();  // the older group, S_it, is done; the P V runs on
-#if KL_ATTN_V7_SPLIT_KV
-            c.release(it);  // K_it
-#endif
+            if constexpr (SPLIT) {
+                c.release(it);  // K_it
+            }
             fence_s<BN>(s);
             sm.scores(s, alpha, scale_log2, c.masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
             wgmma_wait<0>();
             fence_pv<D, BN>(acc, p);
-#if KL_ATTN_V7_SPLIT_KV
-            c.release_v(it - 1);
-#else
-            c.release(it - 1);
-#endif
+            if constexpr (SPLIT) {
+                c.release_v(it - 1);
+            } else {
+                c.release(it - 1);
+            }
             pack_p<BF16, BN>(s, p);
         }
-        Softmax<D, BN>::rescale(acc, alpha);  // (nothing in flight: before the turn)
-        named_sync(mine);                     // turn n: the last P V
-#if KL_ATTN_V7_SPLIT_KV
-        mbar_wait(b.v_full(n - 1), ((n - 1) / STAGES) & 1);
-#endif
-        issue_pv<BF16, D, BN>(acc, p, c.stage(n - 1) + KV_BYTES);
+        SM::rescale(acc, alpha);  // (nothing in flight: before the turn)
+        named_sync(mine);         // turn n: the last P V
+        if constexpr (SPLIT) {
+            mbar_wait(b.v_full(n - 1), ((n - 1) / STAGES) & 1);
+        }
+        issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(n - 1) + KV_BYTES);
         if (cw == 0) named_arrive(other);  // warpgroup 1's last turn follows; 0 has none left
         wgmma_wait<0>();
         fence_pv<D, BN>(acc, p);
-#if KL_ATTN_V7_SPLIT_KV
-        c.release_v(n - 1);
-#else
-        c.release(n - 1);
-#endif
+        if constexpr (SPLIT) {
+            c.release_v(n - 1);
+        } else {
+            c.release(n - 1);
+        }
     }
     epilogue_tma<BF16, D, BN>(sm, acc, sQ, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
 }
@@ -967,26 +953,24 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
                                        const TensorMap* to, float* __restrict__ lse, int S_q, int S_k, int H,
                                        int group, float scale_log2, int causal) {
     constexpr int STAGES = V7Tiles<D>::STAGES, BN = V7Tiles<D>::BN;
+    constexpr bool SPLIT = V7Tiles<D>::SPLIT_KV;
     extern __shared__ unsigned char smem[];
-#if KL_ATTN_V7_SPLIT_KV
-    __shared__ __align__(8) unsigned long long bars[4 * STAGES + 1];  // K's full / empty, q_full, V's full / empty
-#else
-    __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
-#endif
+    // full / empty, q_full (and with SPLIT: V's full / empty after them)
+    __shared__ __align__(8) unsigned long long bars[(SPLIT ? 4 : 2) * STAGES + 1];
     check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * V7Tiles<D>::KV_BYTES);
     const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned sKV = sQ + Tiles<D>::Q_BYTES;
-    const Bars<STAGES> b(bars, 1);
+    const Bars<STAGES, SPLIT> b(bars, 1);
     const Block blk = block_of<BN>(S_q, S_k, causal);
     const int t = threadIdx.x, h = blockIdx.y, z = blockIdx.z;
     if (t < 128) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-#if KL_ATTN_V7_SPLIT_KV
-        if (t == 0 && blk.n_tiles > 0)
-            produce_tma_split<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
-#else
-        if (t == 0 && blk.n_tiles > 0) produce_tma<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
-#endif
+        if constexpr (SPLIT) {
+            if (t == 0 && blk.n_tiles > 0)
+                produce_tma_split<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+        } else {
+            if (t == 0 && blk.n_tiles > 0) produce_tma<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+        }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -1052,8 +1036,9 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
 #if defined(KL_ATTN_V7_BN) && (!defined(KL_ATTN_D) || !defined(KL_ATTN_V7_STAGES))
 #error "-DKL_ATTN_V7_BN tiles one head dim: give -DKL_ATTN_D and -DKL_ATTN_V7_STAGES with it"
 #endif
-#if KL_ATTN_V7_SPLIT_KV && !defined(KL_ATTN_V7_BN)
-#error "-DKL_ATTN_V7_SPLIT_KV=1 changes Bars for v7 alone: give it with -DKL_ATTN_V7_BN (a v7-only module)"
+#if defined(KL_ATTN_V7_BN) && \
+    !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) && defined(KL_ATTN_DESC_ADD))
+#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_SPLIT_KV, -DKL_ATTN_FAST_EXP and -DKL_ATTN_DESC_ADD (each 0 or 1)"
 #endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,

@@ -75,8 +75,8 @@ __device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int ro
         return make_desc(tile + row0 * L::W, R * L::W, 8 * L::W, L::MODE);
 }
 
-// 2^x for a softmax: exp2f, or with FAST (the lab builds' -DKL_ATTN_FAST_EXP /
-// -DKL_ATTN_BWD_FAST_EXP) ex2.approx.ftz.f32 alone. exp2f's ex2.approx.f32 keeps results
+// 2^x for a softmax: exp2f, or with FAST (attention_sm90.cu's V7Tiles and
+// attention_sm90_bwd.cu's BwdBuild say where) ex2.approx.ftz.f32 alone. exp2f's ex2.approx.f32 keeps results
 // below 2^-126, for which ptxas adds a compare and two predicated multiplies around every
 // MUFU; flushed to 0 such a value changes nothing a 16-bit P or an fp32 row sum can hold.
 // 2^-inf = 0 either way.

@@ -92,11 +92,11 @@ class Tiles:
     """One tiling of v7 (attention_sm90.cu, V7Tiles): ``bn`` keys per K/V tile (a multiple of
     16 whose slabs keep 1024-byte alignment; an S = Q K^T width the wgmma header has) and
     ``stages`` K/V stages in the ring (Q + stages x 2 tiles within 227 KB). ``split_kv``:
-    separate K and V rings over the same stages (-DKL_ATTN_V7_SPLIT_KV=1, FlashAttention-3's
+    separate K and V rings over the same stages (V7Tiles' SPLIT_KV, FlashAttention-3's
     pipelines: a K tile is released once its S = Q K^T is done), written with a suffix "s".
-    ``fast_exp``: the softmax's exponentials by ex2.approx.ftz (-DKL_ATTN_FAST_EXP=1),
-    written with a suffix "e"; ``desc_add``: each wgmma k step added to its tile's
-    descriptor (-DKL_ATTN_DESC_ADD=1, the same descriptors from fewer instructions), "d"."""
+    ``fast_exp``: the softmax's exponentials by ex2.approx.ftz (FAST_EXP), written with a
+    suffix "e"; ``desc_add``: each wgmma k step added to its tile's descriptor (DESC_ADD, the
+    same descriptors from fewer instructions), "d"."""
 
     bn: int
     stages: int
@@ -111,17 +111,14 @@ class Tiles:
         return f"{self.bn}x{self.stages}{flags}"
 
 
-# v7's tiling per head dim in MODULES[d], what attention_sm90.cu's V7Tiles builds by default
-# (the test compares them). D = 256: FlashAttention-3's 80 keys x 2 stages in one K / V ring.
-V7_MODULE_TILES = {d: Tiles(80, 2) if d == 256 else Tiles(128, 3) for d in HEAD_DIMS}
-# v7's default tiling per head dim, a module of v7's kernels alone: MODULES[d]'s tile with the
-# softmax's exponentials by ex2.approx.ftz (fast_exp, suffix "e") and each wgmma k step added to
-# its tile's descriptor (desc_add, "d"), 3-10% faster than MODULES[d]'s exp2f and per-step
-# descriptors on an H200 (benchmarks/NOTES.md, session ac); at D = 256 the K and V tiles also
-# have rings of their own (80x2s): with two stages in one ring, no K tile loads while the P V
-# of the tile before it runs.
+# v7's tiling per head dim, what attention_sm90.cu's V7Tiles builds in MODULES[d] (a test reads
+# it back from the PTX): 128 keys x 3 stages at D <= 128, FlashAttention-3's 80 x 2 at D = 256,
+# where the K and V tiles have rings of their own ("s": with two stages in one ring, no K tile
+# loads while the P V of the tile before it runs); the softmax's exponentials by ex2.approx.ftz
+# (fast_exp, "e") and each wgmma k step added to its tile's descriptor (desc_add, "d"): 3-10%
+# faster than exp2f and per-step descriptors on an H200 (benchmarks/NOTES.md, session ac).
 V7_TILES = {
-    **{d: Tiles(t.bn, t.stages, fast_exp=True, desc_add=True) for d, t in V7_MODULE_TILES.items()},
+    **{d: Tiles(128, 3, fast_exp=True, desc_add=True) for d in HEAD_DIMS if d <= 128},
     256: Tiles(80, 2, split_kv=True, fast_exp=True, desc_add=True),
 }
 # v7's first tiling (v2-v6's: 64 keys at D = 256): the lab times it beside V7_TILES.
@@ -131,8 +128,8 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # FlashAttention-3's wider key tiles at D = 64 (176 / 192 keys: S is 88 / 96 registers beside
 # O's 32) and at D = 128 without a mask (176 keys, two stages: 208 KB; 192 keys spills) and a
 # fourth stage at D = 64; split K / V rings at D = 128 (176x2s, 128x3s); at D = 256 the
-# one-ring 80x2 of MODULES[256] and the split 80x2s; and each head dim's default without
-# desc_add ("e"; V7_TILES_FIRST is the one without either).
+# one-ring 80x2 and the split 80x2s; and each head dim's default without desc_add ("e";
+# V7_TILES_FIRST is the one without either).
 _ED = dict(fast_exp=True, desc_add=True)
 V7_TILINGS = {
     64: (Tiles(128, 4, **_ED), Tiles(176, 3, **_ED), Tiles(192, 3, **_ED), Tiles(128, 3, fast_exp=True)),
@@ -150,22 +147,22 @@ _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
 
 def v7_module(d: int, tiles: Tiles) -> Module:
-    """The module whose v7 kernels at head dim d are tiled by ``tiles``: MODULES[d] for its
-    own tiling (V7_MODULE_TILES), else one built with -DKL_ATTN_V7_BN / _STAGES (v7's two
-    kernels only; -DKL_ATTN_V7_SPLIT_KV=1 for a tiling with split K / V rings,
-    -DKL_ATTN_FAST_EXP=1 / -DKL_ATTN_DESC_ADD=1 for fast_exp / desc_add)."""
-    if tiles == V7_MODULE_TILES[d]:
+    """The module whose v7 kernels at head dim d are tiled by ``tiles``: MODULES[d] for the
+    default (V7_TILES), else one of v7's two kernels alone, built with -DKL_ATTN_V7_BN /
+    _STAGES and -DKL_ATTN_V7_SPLIT_KV / -DKL_ATTN_FAST_EXP / -DKL_ATTN_DESC_ADD set to 0 or 1."""
+    if tiles == V7_TILES[d]:
         return MODULES[d]
     check_tiles(d, tiles)
     key = (d, tiles)
     if key not in _V7_MODULES:
-        opts = (f"-DKL_ATTN_D={d}", f"-DKL_ATTN_V7_BN={tiles.bn}", f"-DKL_ATTN_V7_STAGES={tiles.stages}")
-        if tiles.split_kv:
-            opts += ("-DKL_ATTN_V7_SPLIT_KV=1",)
-        if tiles.fast_exp:
-            opts += ("-DKL_ATTN_FAST_EXP=1",)
-        if tiles.desc_add:
-            opts += ("-DKL_ATTN_DESC_ADD=1",)
+        opts = (
+            f"-DKL_ATTN_D={d}",
+            f"-DKL_ATTN_V7_BN={tiles.bn}",
+            f"-DKL_ATTN_V7_STAGES={tiles.stages}",
+            f"-DKL_ATTN_V7_SPLIT_KV={int(tiles.split_kv)}",
+            f"-DKL_ATTN_FAST_EXP={int(tiles.fast_exp)}",
+            f"-DKL_ATTN_DESC_ADD={int(tiles.desc_add)}",
+        )
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
 
