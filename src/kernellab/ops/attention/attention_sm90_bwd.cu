@@ -119,7 +119,7 @@
 #endif
 
 // Options of the loop, per head dim (BwdBuild<D>; cuda_sm90_bwd.BWD_DEFAULTS is the same table,
-// which a test holds to the PTX): FAST_EXP computes P = exp2(S scale log2 e - lse) with
+// which a test reads back from the PTX): FAST_EXP computes P = exp2(S scale log2 e - lse) with
 // ex2.approx.ftz.f32 (softmax_exp2 in attention_sm90_common.cuh) instead of exp2f's
 // denormal-safe sequence; MASK_BRANCH takes the masks on a branch of their own (a warpgroup's
 // key block either needs them or not), where the one loop without it evaluates every
