@@ -222,12 +222,13 @@ __device__ __forceinline__ float2 load2f(const __half* p) { return __half22float
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
-// P = exp2(S scale_log2 - lse) over this thread's 32 scores in place; MASK zeroes the keys past
-// S_k and (causal) above the diagonal. A template, not a generic lambda: NVRTC 12 takes an
+// P = exp2(S scale_log2 - lse) over this thread's 32 scores in place; where MASK and `masked`,
+// zero the keys past S_k and (causal) above the diagonal (key > query column + off; the
+// thread's columns are col0 + 8j (+ 1)). A template, not a generic lambda: NVRTC 12 takes an
 // `auto` lambda parameter for a host function.
 template <bool MASK, bool FAST>
 __device__ __forceinline__ void p_of_s(float (&s)[32], const float2* sl, float scale_log2, int key_lo, int col0,
-                                       int S_k, bool causal) {
+                                       int off, int S_k, bool causal, bool masked) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -236,10 +237,11 @@ __device__ __forceinline__ void p_of_s(float (&s)[32], const float2* sl, float s
             for (int e = 0; e < 2; ++e) {
                 float& x = s[4 * j + 2 * hh + e];
                 const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
-                float p = softmax_exp2<FAST>(fmaf(x, scale_log2, -(e ? l2.y : l2.x)));
-                if constexpr (MASK) {
+                const float l = e ? l2.y : l2.x;
+                float p = softmax_exp2<FAST>(fmaf(x, scale_log2, -l));  // lse = +inf: 0
+                if (MASK && masked) {
                     const int key = key_lo + 8 * hh, col = col0 + 8 * j + e;
-                    if (key >= S_k || (causal && key > col)) p = 0.f;
+                    if (key >= S_k || (causal && key > col + off)) p = 0.f;
                 }
                 x = p;
             }
@@ -492,28 +494,12 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
 
         wgmma_wait<1>();  // S^T
         fence_regs(s);
-        if constexpr (!BwdBuild<D>::MASK_BRANCH) {
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        float& x = s[4 * j + 2 * hh + e];
-                        const float2 l2 = sl[4 * j];  // lse of columns 8j + 2q, + 1
-                        const float l = e ? l2.y : l2.x;
-                        float p = softmax_exp2<FAST>(fmaf(x, scale_log2, -l));  // lse = +inf: 0
-                        if (masked) {
-                            const int key = key_lo + 8 * hh, col = m0 + 8 * j + 2 * qd + e;
-                            if (key >= S_k || (causal && key > col + kb.off)) p = 0.f;
-                        }
-                        x = p;
-                    }
-        } else if (masked) {
-            p_of_s<true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd + kb.off, S_k, causal);
-        } else {
-            p_of_s<false, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd + kb.off, S_k, causal);
-        }
+        if constexpr (!BwdBuild<D>::MASK_BRANCH)  // one loop, its masks tested per element
+            p_of_s<true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, masked);
+        else if (masked)
+            p_of_s<true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, true);
+        else
+            p_of_s<false, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, false);
 #pragma unroll
         for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
 
