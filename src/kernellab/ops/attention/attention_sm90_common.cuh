@@ -46,10 +46,10 @@ __device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned 
            (static_cast<unsigned long long>((sbo >> 4) & 0x3FFF) << 32) | (mode << 62);
 }
 
-// K-major operand: rows [row0, row0 + 64 or N) of a tile of R rows, k step kk. ADD (the lab
-// builds' -DKL_ATTN_DESC_ADD / -DKL_ATTN_BWD_DESC_ADD): the k step's offset is added to the
-// descriptor of the rows' start (its start-address field, bits 0-13: address / 16) instead of
-// to the address make_desc masks and shifts, so one descriptor per tile serves every k step.
+// K-major operand: rows [row0, row0 + 64 or N) of a tile of R rows, k step kk. ADD (DESC_ADD
+// of V7Tiles / BwdBuild): the k step's offset is added to the descriptor of the rows' start
+// (its start-address field, bits 0-13: address / 16) instead of to the address make_desc
+// masks and shifts, so one descriptor per tile serves every k step.
 // The same descriptors: every shared address is below 2^18 and every offset a multiple of 16.
 template <int D, int R, bool ADD = false>
 __device__ __forceinline__ unsigned long long desc_kmajor(unsigned tile, int row0, int kk) {
@@ -75,10 +75,10 @@ __device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int ro
         return make_desc(tile + row0 * L::W, R * L::W, 8 * L::W, L::MODE);
 }
 
-// 2^x for a softmax: exp2f, or with FAST (attention_sm90.cu's V7Tiles and
-// attention_sm90_bwd.cu's BwdBuild say where) ex2.approx.ftz.f32 alone. exp2f's ex2.approx.f32 keeps results
-// below 2^-126, for which ptxas adds a compare and two predicated multiplies around every
-// MUFU; flushed to 0 such a value changes nothing a 16-bit P or an fp32 row sum can hold.
+// 2^x for a softmax: exp2f, or with FAST (FAST_EXP of V7Tiles / BwdBuild) ex2.approx.ftz.f32
+// alone. exp2f's ex2.approx.f32 keeps results below 2^-126, for which ptxas adds a compare and
+// two predicated multiplies around every MUFU; flushed to 0 such a value changes nothing a
+// 16-bit P or an fp32 row sum can hold.
 // 2^-inf = 0 either way.
 template <bool FAST>
 __device__ __forceinline__ float softmax_exp2(float x) {
