@@ -267,6 +267,8 @@ GAPS = [
     (1, 32, 32, 2048, 80, True),
     (2, 16, 16, 2048, 256, True),
     (1, 32, 32, 8192, 64, False),
+    (256, 12, 12, 197, 64, False),  # ViT-B/16: two query blocks a head, two key tiles each
+    (8, 12, 12, 1024, 64, True),  # GPT-2
 ]
 
 

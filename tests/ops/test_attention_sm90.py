@@ -360,7 +360,7 @@ def test_v7_tilings_are_what_the_modules_build():
     cuobjdump = asm.find_tool("cuobjdump")
     def tiling(ptx: str, d: int) -> cs.Tiles:
         got = _ptx_constants(ptx, "V7Tiles", d)
-        flags = (bool(got[k]) for k in ("SPLIT_KV", "FAST_EXP", "DESC_ADD"))
+        flags = (bool(got[k]) for k in ("SPLIT_KV", "FAST_EXP", "DESC_ADD", "PERSIST"))
         return cs.Tiles(got["BN"], got["STAGES"], *flags)
 
     def v7_bars(ptx: str) -> set[int]:
@@ -547,7 +547,8 @@ def recorder(monkeypatch):
     names = []
 
     def kernel(self, name, signature, device_index=None):
-        assert signature == cs.signature(name.split("_")[2])
+        v = name.split("_")[2]  # (the persistent v7 takes the batch count too)
+        assert signature in (cs.signature(v), cs.signature(v, cs.Tiles(128, 3, persistent=True)))
         names.append(name)
         return rec
 
@@ -737,6 +738,24 @@ def test_launcher_v7_tiling(recorder, monkeypatch, tiles):
     assert recorder.names == ["attn_fwd_v7_d256_bf16"]
     with pytest.raises(ValueError, match="only v7"):
         cs.forward(q, k, v, True, 0.1, "v6", cs.Tiles(64, 2))
+
+
+def test_launcher_v7_persistent(recorder, monkeypatch):
+    """A persistent v7 tiling: a one-dimensional grid of at most one block an SM (fewer when
+    there are fewer items: query blocks x heads x batches), the batch count after the other
+    scalars, its module's kernel; a persistent tiling with split K / V rings is refused."""
+    monkeypatch.setattr(cs, "_sm_count", lambda dev: 5)
+    t = cs.Tiles(128, 3, fast_exp=True, desc_add=True, persistent=True)
+    assert str(t) == "128x3edp"
+    for z, h, s, grid in ((2, 3, 300, (5, 1, 1)), (1, 2, 100, (2, 1, 1))):
+        q, k, v = (torch.randn(z, h, s, 64, dtype=torch.bfloat16) for _ in range(3))
+        cs.forward(q, k, v, True, 0.1, "v7", t)
+        got, block, args, shared = recorder.calls[-1]
+        assert got == grid and block == 384
+        assert args[5:] == (s, s, h, 1, pytest.approx(0.1 * cs.LOG2E), 1, z)
+        assert shared == cs.smem_bytes("v7", 64, t)
+    with pytest.raises(ValueError, match="one K/V ring"):
+        cs.check_tiles(128, cs.Tiles(128, 2, split_kv=True, persistent=True))
 
 
 def test_launcher_3d_and_empty(recorder):
@@ -990,9 +1009,13 @@ V7_GPU = [(d, t) for d in cs.HEAD_DIMS for t in cs.V7_TILINGS[d]]
 def test_gpu_v7_at_every_tiling_the_lab_times(d, tiles, causal):
     """v7 at the tilings the lab times beside V7_TILES (80x2 from MODULES[256], the others
     from modules of their own): against its emulation at that tiling and the reference, odd
-    lengths, GQA, S_q != S_k."""
+    lengths, GQA, S_q != S_k. A persistent tiling also at more items than SMs (each block
+    walks several; under causal the first query blocks see no key)."""
     _sm90()
-    for n, shape in enumerate(((1, 2, 130, 3 * tiles.bn + 7, d), (1, 8, 2, 517, 300, d), (2, 2, 1025, d))):
+    shapes = [(1, 2, 130, 3 * tiles.bn + 7, d), (1, 8, 2, 517, 300, d), (2, 2, 1025, d)]
+    if tiles.persistent:
+        shapes.append((4, 16, 4, 517, 300, d))
+    for n, shape in enumerate(shapes):
         q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cuda", 40 + n)
         scale = 1 / math.sqrt(d)
         o, lse = cs.forward(q, k, v, causal, scale, "v7", tiles)

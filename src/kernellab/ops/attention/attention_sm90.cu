@@ -189,17 +189,22 @@ struct Block {
     int off;      // S_k - S_q: query i sees keys j <= i + off (causal)
 };
 
+// Query block mb's rows and key tiles.
 template <int BN>
-__device__ __forceinline__ Block block_of(int S_q, int S_k, int causal) {
+__device__ __forceinline__ Block block_at(int mb, int S_q, int S_k, int causal) {
     Block b;
-    // heaviest first under causal: the last query block sees the most keys
-    const int mb = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     b.m0 = mb * BM;
     b.off = S_k - S_q;
     int n_end = S_k;
     if (causal) n_end = max(0, min(S_k, b.m0 + BM + b.off));  // past the block's last row's limit
     b.n_tiles = (n_end + BN - 1) / BN;
     return b;
+}
+
+// This block's query block: heaviest first under causal (the last query block sees the most keys).
+template <int BN>
+__device__ __forceinline__ Block block_of(int S_q, int S_k, int causal) {
+    return block_at<BN>(causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x, S_q, S_k, causal);
 }
 
 // Per-warpgroup online-softmax state and its math on one key tile: ``scores`` turns S into
@@ -431,8 +436,8 @@ struct WsStages {
 
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
-// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD (each 0 or 1) holds only v7's kernels, at that tiling:
-// how the lab runs another one. D <= 128: v2-v6's 128 keys x 3 stages. D = 256:
+// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_PERSIST (each 0 or 1) holds only v7's
+// kernels, at that tiling: how the lab runs another one. D <= 128: v2-v6's 128 keys x 3 stages. D = 256:
 // FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) + 2 x 2 x 40 = 225 KB of the 227: each
 // 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP of MMA per block against 8.4 at
 // v2-v6's 64 keys, for the same per-tile costs (two full / empty barrier round trips, two turn
@@ -444,6 +449,7 @@ struct V7Tiles {
     static constexpr int BN = KL_ATTN_V7_BN;
     static constexpr int STAGES = KL_ATTN_V7_STAGES;
     static constexpr bool SPLIT_KV = KL_ATTN_V7_SPLIT_KV, FAST_EXP = KL_ATTN_FAST_EXP, DESC_ADD = KL_ATTN_DESC_ADD;
+    static constexpr bool PERSIST = KL_ATTN_V7_PERSIST;
 #else
     static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
     static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
@@ -452,7 +458,10 @@ struct V7Tiles {
     // added to its tile's descriptor (softmax_exp2, desc_kmajor and desc_mnmajor in
     // attention_sm90_common.cuh say why). Each was faster on an H200 (benchmarks/NOTES.md).
     static constexpr bool SPLIT_KV = D == 256, FAST_EXP = true, DESC_ADD = true;
+    // PERSIST: one block an SM walks (query block, head, batch) items in turn (fwd_v7).
+    static constexpr bool PERSIST = false;
 #endif
+    static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
     static constexpr unsigned KV_BYTES = BN * D * 2;
     static_assert(BN % 16 == 0 && BN <= 256, "keys per tile: whole 16-key steps of P V, one TMA box");
     static_assert((BN * Layout<D>::W) % 1024 == 0, "K/V slabs must keep 1024-byte alignment");
@@ -536,6 +545,64 @@ __device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>
     }
 }
 
+// One item of the persistent v7 (fwd_v7): query block, head and batch.
+struct Item {
+    int mb, h, z;
+};
+
+// Item i of n_mb query blocks x H heads x Z batches: under causal the heaviest query blocks
+// first (every head's last block, then the blocks before them), else a head's query blocks
+// one after another (its K / V tiles read again from L2).
+__device__ __forceinline__ Item item_of(int i, int n_mb, int H, int Z, int causal) {
+    Item w;
+    if (causal) {
+        const int zh = i % (Z * H);
+        w.mb = n_mb - 1 - i / (Z * H);
+        w.z = zh / H;
+        w.h = zh % H;
+    } else {
+        const int zh = i / n_mb;
+        w.mb = i % n_mb;
+        w.z = zh / H;
+        w.h = zh % H;
+    }
+    return w;
+}
+
+// The persistent v7's producer (one thread, one ring): per item of the block's (items
+// blockIdx.x, + gridDim.x, ...), its first STAGES K/V tiles (their stages were released by
+// earlier items: they load while the consumers finish the item before), then Q once the
+// consumers gave its buffer back (q_empty; the epilogue staged o there), then the rest. Q
+// loads for every item, with or without key tiles, so that q_full and q_empty count items.
+template <int D, int STAGES, int BN>
+__device__ __forceinline__ void produce_tma_persist(const Bars<STAGES>& b, unsigned q_empty, unsigned sQ,
+                                                    unsigned sKV, const TensorMap* tq, const TensorMap* tk,
+                                                    const TensorMap* tv, int S_q, int S_k, int H, int group, int Z,
+                                                    int causal) {
+    constexpr unsigned KV_BYTES = BN * D * 2;
+    const int n_mb = (S_q + BM - 1) / BM, items = n_mb * H * Z;
+    int r = 0;  // the ring's uses so far
+    for (int i = blockIdx.x, k = 0; i < items; i += gridDim.x, ++k) {
+        const Item w = item_of(i, n_mb, H, Z, causal);
+        const int n = block_at<BN>(w.mb, S_q, S_k, causal).n_tiles, hk = w.h / group;
+        auto load_kv = [&](int it) {
+            const int u = r + it;
+            if (u >= STAGES) mbar_wait(b.empty(u), (u / STAGES - 1) & 1);
+            const unsigned sK = sKV + (u % STAGES) * 2 * KV_BYTES, bar = b.full(u);
+            mbar_expect_tx(bar, 2 * KV_BYTES);
+            tma_tile<D, BN>(sK, tk, bar, it * BN, hk, w.z);
+            tma_tile<D, BN>(sK + KV_BYTES, tv, bar, it * BN, hk, w.z);
+        };
+        const int pre = n < STAGES ? n : STAGES;
+        for (int it = 0; it < pre; ++it) load_kv(it);
+        if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
+        mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);
+        tma_tile<D, BM>(sQ, tq, b.q_full, w.mb * BM, w.h, w.z);
+        for (int it = pre; it < n; ++it) load_kv(it);
+        r += n;
+    }
+}
+
 // v7's producer with split K / V rings (FlashAttention-3's order): Q and K_0, then per key
 // tile it >= 1 K_it followed by V_{it-1}, and V_{n-1} last. K_it waits only for the K of tile
 // it - STAGES (released once both warpgroups' S of it are done, before their softmax), V_it
@@ -567,17 +634,18 @@ __device__ __forceinline__ void produce_tma_split(const Block& blk, const Bars<S
 }
 
 // A consumer thread of the ring (threads 128..383): its warpgroup cw, its lane, its
-// fragment's first row, and per K/V tile it: the stage's shared address, the release of
-// the stage by this warp, and whether the tile needs the mask. BN: keys per tile.
+// fragment's first row, and per K/V tile it: the stage's shared address, the wait for it,
+// the release of the stage by this warp, and whether the tile needs the mask. BN: keys per
+// tile. r0: the ring's use count before the block's tile 0 (the persistent v7's earlier items).
 template <int D, int STAGES, int BN = Tiles<D>::BN, bool SPLIT = false>
 struct Consumer {
     const Block& blk;
     const Bars<STAGES, SPLIT>& b;
     unsigned sKV;
-    int S_k, causal, cw, lane, qd, row_lo;
+    int S_k, causal, cw, lane, qd, row_lo, r0;
     __device__ __forceinline__ Consumer(const Block& blk_, const Bars<STAGES, SPLIT>& b_, unsigned sKV_, int S_k_,
-                                        int causal_, int t)
-        : blk(blk_), b(b_), sKV(sKV_), S_k(S_k_), causal(causal_) {
+                                        int causal_, int t, int r0_ = 0)
+        : blk(blk_), b(b_), sKV(sKV_), S_k(S_k_), causal(causal_), r0(r0_) {
         cw = t / 128 - 1;
         const int warp = (t % 128) / 32;
         lane = t % 32;
@@ -586,16 +654,22 @@ struct Consumer {
         row_lo = blk.m0 + cw * 64 + warp * 16 + g;
     }
     __device__ __forceinline__ unsigned stage(int it) const {
-        return sKV + (it % STAGES) * 2 * (BN * D * 2);
+        return sKV + ((r0 + it) % STAGES) * 2 * (BN * D * 2);
+    }
+    __device__ __forceinline__ void wait_full(int it) const {
+        mbar_wait(b.full(r0 + it), ((r0 + it) / STAGES) & 1);
+    }
+    __device__ __forceinline__ void wait_v_full(int it) const {
+        mbar_wait(b.v_full(r0 + it), ((r0 + it) / STAGES) & 1);
     }
     __device__ __forceinline__ void release(int it) const {
         __syncwarp();
-        if (lane == 0) mbar_arrive(b.empty(it));  // this warp is done with the stage
+        if (lane == 0) mbar_arrive(b.empty(r0 + it));  // this warp is done with the stage
     }
     // Split rings: ``release`` gives back K_it alone, this V_it.
     __device__ __forceinline__ void release_v(int it) const {
         __syncwarp();
-        if (lane == 0) mbar_arrive(b.v_empty(it));  // this warp is done with V_it
+        if (lane == 0) mbar_arrive(b.v_empty(r0 + it));  // this warp is done with V_it
     }
     __device__ __forceinline__ bool masked(int it) const {
         const int n0 = it * BN;
@@ -810,14 +884,19 @@ __device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST>& sm, con
 // K_it, and everything it waits for is released by earlier turns or outside the turns, so the
 // wait cannot hold up a turn the producer needs); K_it is released as soon as S_it is done
 // (wgmma_wait<1>), V_{it-1} once its P V is.
+// With V7Tiles' PERSIST this is one item of the block's: its key tiles are the ring's uses
+// r0 .. r0 + n - 1, its Q is q_full's phase q_phase (waited even with no key tile: the
+// producer loads every item's Q, and the epilogue must not stage o over a Q still landing),
+// and the epilogue gives Q's buffer back by q_empty.
 template <bool BF16, int D, int STAGES, int BN, bool SPLIT>
 __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, SPLIT>& b, unsigned sQ, unsigned sKV,
                                            const TensorMap* to, float* __restrict__ lse_b, int S_q, int S_k,
-                                           float scale_log2, int causal, int h_q, int z, int t) {
+                                           float scale_log2, int causal, int h_q, int z, int t, int r0 = 0,
+                                           int q_phase = 0, unsigned q_empty = 0) {
     constexpr unsigned KV_BYTES = BN * D * 2;
-    constexpr bool DADD = V7Tiles<D>::DESC_ADD;
+    constexpr bool DADD = V7Tiles<D>::DESC_ADD, PERSIST = V7Tiles<D>::PERSIST;
     using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP>;
-    const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t);
+    const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t, r0);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     const int mine = PP_BAR + cw, other = PP_BAR + 1 - cw;
     float acc[D / 2];
@@ -826,13 +905,14 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     SM sm;
     sm.init();
     const int n = blk.n_tiles;
+    if constexpr (PERSIST) mbar_wait(b.q_full, q_phase);
     if (n > 0) {
         if (cw == 1) named_arrive(other);  // warpgroup 0 takes the first turn
-        mbar_wait(b.q_full, 0);
+        if constexpr (!PERSIST) mbar_wait(b.q_full, 0);
         unsigned p[BN / 4];  // P of the tile before the current one
         float alpha[2];      // O's factor for that tile's max
         {
-            mbar_wait(b.full(0), 0);
+            c.wait_full(0);
             float s[BN / 2];
             named_sync(mine);  // turn 0: S_0
             issue_qk<BF16, D, BN, DADD>(s, sQ, c.stage(0), cw);
@@ -846,13 +926,13 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             pack_p<BF16, BN>(s, p);
         }
         for (int it = 1; it < n; ++it) {
-            mbar_wait(b.full(it), (it / STAGES) & 1);
+            c.wait_full(it);
             float s[BN / 2];
             named_sync(mine);  // turn it: S_it, then O = alpha O + P V_{it-1}
             issue_qk<BF16, D, BN, DADD>(s, sQ, c.stage(it), cw);
             SM::rescale(acc, alpha);
             if constexpr (SPLIT) {
-                mbar_wait(b.v_full(it - 1), ((it - 1) / STAGES) & 1);
+                c.wait_v_full(it - 1);
             }
             issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(it - 1) + KV_BYTES);
             named_arrive(other);
@@ -874,7 +954,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
         SM::rescale(acc, alpha);  // (nothing in flight: before the turn)
         named_sync(mine);         // turn n: the last P V
         if constexpr (SPLIT) {
-            mbar_wait(b.v_full(n - 1), ((n - 1) / STAGES) & 1);
+            c.wait_v_full(n - 1);
         }
         issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(n - 1) + KV_BYTES);
         if (cw == 0) named_arrive(other);  // warpgroup 1's last turn follows; 0 has none left
@@ -887,6 +967,11 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
         }
     }
     epilogue_tma<BF16, D, BN>(sm, acc, sQ, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
+    if constexpr (PERSIST) {
+        // every thread of the warpgroup wrote its o rows before the store (epilogue_tma's
+        // named sync), and the store has read them (its drain): Q's buffer is free
+        if (t % 128 == 0) mbar_arrive(q_empty);
+    }
 }
 
 template <typename T, bool BF16, int D>
@@ -947,11 +1032,14 @@ __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk
 
 // v7: v4-v6's block (producer thread, ring, setmaxnreg 40 / 232) with consume_v7, tiled by
 // V7Tiles<D> (BN keys, STAGES); o is written through the tensor map `to` (dims (D, S_q, H,
-// Z), box E columns x 64 rows); the K / V maps' boxes are E columns x BN rows.
+// Z), box E columns x 64 rows); the K / V maps' boxes are E columns x BN rows. With
+// V7Tiles' PERSIST the grid is one-dimensional (about one block an SM) and each block walks
+// the items blockIdx.x, + gridDim.x, ... of item_of's order; the ring and the barriers carry
+// on from one item to the next, so an item's first K / V tiles load during the one before.
 template <bool BF16, int D>
 __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
                                        const TensorMap* to, float* __restrict__ lse, int S_q, int S_k, int H,
-                                       int group, float scale_log2, int causal) {
+                                       int group, float scale_log2, int causal, int Z) {
     constexpr int STAGES = V7Tiles<D>::STAGES, BN = V7Tiles<D>::BN;
     constexpr bool SPLIT = V7Tiles<D>::SPLIT_KV;
     extern __shared__ unsigned char smem[];
@@ -960,22 +1048,47 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
     check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * V7Tiles<D>::KV_BYTES);
     const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned sKV = sQ + Tiles<D>::Q_BYTES;
-    const Bars<STAGES, SPLIT> b(bars, 1);
-    const Block blk = block_of<BN>(S_q, S_k, causal);
-    const int t = threadIdx.x, h = blockIdx.y, z = blockIdx.z;
-    if (t < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if constexpr (SPLIT) {
-            if (t == 0 && blk.n_tiles > 0)
-                produce_tma_split<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
-        } else {
-            if (t == 0 && blk.n_tiles > 0) produce_tma<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+    if constexpr (V7Tiles<D>::PERSIST) {
+        __shared__ __align__(8) unsigned long long q_empty_bar;
+        const unsigned q_empty = smem_u32(&q_empty_bar);
+        if (threadIdx.x == 0) mbar_init(q_empty, 2);  // an arrival a consumer warpgroup (Bars fences and syncs)
+        const Bars<STAGES> b(bars, 1);
+        const int t = threadIdx.x;
+        if (t < 128) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+            if (t == 0)
+                produce_tma_persist<D, STAGES, BN>(b, q_empty, sQ, sKV, tq, tk, tv, S_q, S_k, H, group, Z, causal);
+            return;
         }
-        return;
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        const int n_mb = (S_q + BM - 1) / BM, items = n_mb * H * Z;
+        int r = 0;
+        for (int i = blockIdx.x, k = 0; i < items; i += gridDim.x, ++k) {
+            const Item w = item_of(i, n_mb, H, Z, causal);
+            const Block blk = block_at<BN>(w.mb, S_q, S_k, causal);
+            consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, to, lse + ((long long)w.z * H + w.h) * S_q, S_q, S_k,
+                                            scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
+            r += blk.n_tiles;
+        }
+    } else {
+        const Bars<STAGES, SPLIT> b(bars, 1);
+        const Block blk = block_of<BN>(S_q, S_k, causal);
+        const int t = threadIdx.x, h = blockIdx.y, z = blockIdx.z;
+        if (t < 128) {
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+            if constexpr (SPLIT) {
+                if (t == 0 && blk.n_tiles > 0)
+                    produce_tma_split<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+            } else {
+                if (t == 0 && blk.n_tiles > 0)
+                    produce_tma<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+            }
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, to, lse + ((long long)z * H + h) * S_q, S_q, S_k,
+                                        scale_log2, causal, h, z, t);
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-    consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, to, lse + ((long long)z * H + h) * S_q, S_q, S_k, scale_log2,
-                                causal, h, z, t);
 }
 
 }  // namespace
@@ -994,11 +1107,18 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
         float scale_log2, int causal, long long soz, long long soh, long long sos
 #define KL_ATTN_TMA_PASS &tq, &tk, &tv, o, lse, S_q, S_k, H, group, scale_log2, causal, soz, soh, sos
 
-#define KL_ATTN_V7_ARGS                                                                                       \
+#define KL_ATTN_V7_ARGS0                                                                                      \
     const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,                              \
         const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap to, float *lse, int S_q,        \
         int S_k, int H, int group, float scale_log2, int causal
-#define KL_ATTN_V7_PASS &tq, &tk, &tv, &to, lse, S_q, S_k, H, group, scale_log2, causal
+// The persistent v7 takes the batch count Z (its grid is one-dimensional); the others' is gridDim.z.
+#if defined(KL_ATTN_V7_PERSIST) && KL_ATTN_V7_PERSIST
+#define KL_ATTN_V7_ARGS KL_ATTN_V7_ARGS0, int Z
+#define KL_ATTN_V7_PASS &tq, &tk, &tv, &to, lse, S_q, S_k, H, group, scale_log2, causal, Z
+#else
+#define KL_ATTN_V7_ARGS KL_ATTN_V7_ARGS0
+#define KL_ATTN_V7_PASS &tq, &tk, &tv, &to, lse, S_q, S_k, H, group, scale_log2, causal, (int)gridDim.z
+#endif
 
 #define KL_ATTN_SM90_T(D, T, BF16, SFX)                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 1) attn_fwd_v2_d##D##_##SFX(KL_ATTN_ARGS(T)) {          \
@@ -1036,9 +1156,9 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
 #if defined(KL_ATTN_V7_BN) && (!defined(KL_ATTN_D) || !defined(KL_ATTN_V7_STAGES))
 #error "-DKL_ATTN_V7_BN tiles one head dim: give -DKL_ATTN_D and -DKL_ATTN_V7_STAGES with it"
 #endif
-#if defined(KL_ATTN_V7_BN) && \
-    !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) && defined(KL_ATTN_DESC_ADD))
-#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_SPLIT_KV, -DKL_ATTN_FAST_EXP and -DKL_ATTN_DESC_ADD (each 0 or 1)"
+#if defined(KL_ATTN_V7_BN) && !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) && \
+                                defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST))
+#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_SPLIT_KV, -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_PERSIST"
 #endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,

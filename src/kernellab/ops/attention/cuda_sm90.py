@@ -32,6 +32,7 @@ reference, which catches schedule and masking mistakes before a GPU sees the ker
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,11 +75,12 @@ _SIG_TMA_STORE = ("tmap",) * 4 + ("ptr",) + ("i32",) * 4 + ("f32", "i32")
 GRID_LIMIT = 65535  # grid y (q heads) and z (batch)
 
 
-def signature(variant: str) -> tuple[str, ...]:
+def signature(variant: str, tiles: "Tiles | None" = None) -> tuple[str, ...]:
     """The launch signature of a variant's kernels: v2-v3 pointers and strides; v4-v6 tensor
-    maps of q, k, v; v7 a map of o as well (no o pointer, no o strides)."""
+    maps of q, k, v; v7 a map of o as well (no o pointer, no o strides), and the batch count
+    when ``tiles`` is persistent (its grid is one-dimensional)."""
     if variant in TMA_STORE_VARIANTS:
-        return _SIG_TMA_STORE
+        return _SIG_TMA_STORE + (("i32",) if tiles is not None and tiles.persistent else ())
     return _SIG_TMA if variant in TMA_VARIANTS else _SIG
 
 
@@ -96,17 +98,24 @@ class Tiles:
     pipelines: a K tile is released once its S = Q K^T is done), written with a suffix "s".
     ``fast_exp``: the softmax's exponentials by ex2.approx.ftz (FAST_EXP), written with a
     suffix "e"; ``desc_add``: each wgmma k step added to its tile's descriptor (DESC_ADD, the
-    same descriptors from fewer instructions), "d"."""
+    same descriptors from fewer instructions), "d". ``persistent``: about one block an SM, each
+    walking (query block, head, batch) items with the ring and barriers carried from one to the
+    next, so that an item's first K / V tiles load during the item before (PERSIST; one ring
+    only), "p"."""
 
     bn: int
     stages: int
     split_kv: bool = False
     fast_exp: bool = False
     desc_add: bool = False
+    persistent: bool = False
 
     def __str__(self) -> str:
         flags = (
-            ("s" if self.split_kv else "") + ("e" if self.fast_exp else "") + ("d" if self.desc_add else "")
+            ("s" if self.split_kv else "")
+            + ("e" if self.fast_exp else "")
+            + ("d" if self.desc_add else "")
+            + ("p" if self.persistent else "")
         )
         return f"{self.bn}x{self.stages}{flags}"
 
@@ -128,14 +137,23 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # FlashAttention-3's wider key tiles at D = 64 (176 / 192 keys: S is 88 / 96 registers beside
 # O's 32) and at D = 128 without a mask (176 keys, two stages: 208 KB; 192 keys spills) and a
 # fourth stage at D = 64; split K / V rings at D = 128 (176x2s, 128x3s); at D = 256 the
-# one-ring 80x2 and the split 80x2s; and each head dim's default without desc_add ("e";
-# V7_TILES_FIRST is the one without either).
+# one-ring 80x2 and the split 80x2s; each head dim's default without desc_add ("e";
+# V7_TILES_FIRST is the one without either); and at D <= 128 the default's tiling persistent
+# ("p": short sequences, where a block's start and end are a large part of its time).
 _ED = dict(fast_exp=True, desc_add=True)
+_EDP = dict(_ED, persistent=True)
 V7_TILINGS = {
-    64: (Tiles(128, 4, **_ED), Tiles(176, 3, **_ED), Tiles(192, 3, **_ED), Tiles(128, 3, fast_exp=True)),
-    80: (Tiles(128, 3, fast_exp=True),),
-    96: (Tiles(128, 3, fast_exp=True),),
+    64: (
+        Tiles(128, 4, **_ED),
+        Tiles(176, 3, **_ED),
+        Tiles(192, 3, **_ED),
+        Tiles(128, 3, fast_exp=True),
+        Tiles(128, 3, **_EDP),
+    ),
+    80: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_EDP)),
+    96: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_EDP)),
     128: (
+        Tiles(128, 3, **_EDP),
         Tiles(176, 2, **_ED),
         Tiles(176, 2, split_kv=True, **_ED),
         Tiles(128, 3, split_kv=True, **_ED),
@@ -162,6 +180,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_V7_SPLIT_KV={int(tiles.split_kv)}",
             f"-DKL_ATTN_FAST_EXP={int(tiles.fast_exp)}",
             f"-DKL_ATTN_DESC_ADD={int(tiles.desc_add)}",
+            f"-DKL_ATTN_V7_PERSIST={int(tiles.persistent)}",
         )
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
@@ -175,7 +194,9 @@ def check_tiles(d: int, tiles: Tiles) -> None:
             f"attention/cuda_v7: no tiling {tiles} at D = {d} (keys per tile in {SS_WIDTHS}, "
             f"a multiple of 16 with {tiles.bn} x {w} bytes a multiple of 1024; stages >= 2)"
         )
-    bars = 8 * (4 * tiles.stages + 1) if tiles.split_kv else 64  # the static mbarriers
+    if tiles.persistent and tiles.split_kv:
+        raise ValueError(f"attention/cuda_v7: tiling {tiles}: the persistent v7 has one K/V ring (no s)")
+    bars = 8 * ((4 if tiles.split_kv else 2) * tiles.stages + 1 + tiles.persistent)  # the static mbarriers
     if _smem(d, tiles) + bars > SMEM_LIMIT:
         raise ValueError(
             f"attention/cuda_v7: tiling {tiles} at D = {d} needs more than 227 KB of shared memory"
@@ -215,6 +236,11 @@ def smem_bytes(variant: str, d: int, tiles: Tiles | None = None) -> int:
 
 def _smem(d: int, t: Tiles) -> int:
     return 1024 + BM * d * 2 + t.stages * 2 * t.bn * d * 2
+
+
+@functools.cache
+def _sm_count(dev: int) -> int:
+    return torch.cuda.get_device_properties(dev).multi_processor_count
 
 
 def _device_index(t: Tensor) -> int:
@@ -325,12 +351,14 @@ def _plan_forward(q, k, v, causal, scale, variant, tiles) -> Plan:
     dev = _device_index(q)
     name = f"attn_fwd_{variant}_d{d}_{DTYPE_SUFFIX[q.dtype]}"
     mod = v7_module(d, t) if variant == "v7" else MODULES[d]
-    kern = mod.kernel(name, signature(variant), dev)
+    kern = mod.kernel(name, signature(variant, t if variant == "v7" else None), dev)
     shared = _smem(d, t)
     if shared > kern.max_dynamic_shared:
         kern.set_max_dynamic_shared(shared)
     grid, threads = (ceil_div(s_q, BM), h, z), THREADS[variant]
     scalars = (s_q, s_k, h, h // h_kv, float(scale) * LOG2E, int(causal))
+    if variant == "v7" and t.persistent:  # items (query block, head, batch), one block an SM at most
+        grid, scalars = (min(ceil_div(s_q, BM) * h * z, _sm_count(dev)), 1, 1), scalars + (z,)
     if tma:
         mq, mk, mv = _map_args(q4, BM), _map_args(k4, t.bn), _map_args(v4, t.bn)
     if variant in TMA_STORE_VARIANTS:  # o is empty_bshd's: rows of D x 2 bytes, a fresh aligned base
