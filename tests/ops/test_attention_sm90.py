@@ -272,7 +272,8 @@ def test_shared_memory_fits_and_matches_the_kernel():
             assert cs.smem_bytes(v, d) + 64 <= cs.SMEM_LIMIT  # + the static mbarriers
             assert cs.stages(v, d) == (2 if d == 256 else 3)
         for t in (cs.V7_TILES[d],) + cs.V7_TILINGS[d]:
-            assert cs.smem_bytes("v7", d, t) == 1024 + 128 * d * 2 + t.stages * 2 * t.bn * d * 2
+            o = 128 * d * 2 if t.o_buffer else 0  # o's own staging tile
+            assert cs.smem_bytes("v7", d, t) == 1024 + 128 * d * 2 + t.stages * 2 * t.bn * d * 2 + o
             assert cs.smem_bytes("v7", d, t) + 64 <= cs.SMEM_LIMIT
             cs.check_tiles(d, t)
         assert cs.smem_bytes("v7", d) == cs.smem_bytes("v7", d, cs.V7_TILES[d])
@@ -361,7 +362,7 @@ def test_v7_tilings_are_what_the_modules_build():
     def tiling(ptx: str, d: int) -> cs.Tiles:
         got = _ptx_constants(ptx, "V7Tiles", d)
         flags = (bool(got[k]) for k in ("SPLIT_KV", "FAST_EXP", "DESC_ADD", "PERSIST"))
-        return cs.Tiles(got["BN"], got["STAGES"], *flags)
+        return cs.Tiles(got["BN"], got["STAGES"], *flags, o_buffer=got["PERSIST"] == 2)
 
     def v7_bars(ptx: str) -> set[int]:
         return {int(n) for n in re.findall(r"fwd_v7\S*4bars\[(\d+)\];", ptx)}
@@ -756,6 +757,12 @@ def test_launcher_v7_persistent(recorder, monkeypatch):
         assert shared == cs.smem_bytes("v7", 64, t)
     with pytest.raises(ValueError, match="one K/V ring"):
         cs.check_tiles(128, cs.Tiles(128, 2, split_kv=True, persistent=True))
+    with pytest.raises(ValueError, match="persistent"):
+        cs.check_tiles(64, cs.Tiles(128, 3, o_buffer=True))
+    with pytest.raises(ValueError, match="227 KB"):  # o's tile beside three stages at D = 128
+        cs.check_tiles(128, cs.Tiles(128, 3, persistent=True, o_buffer=True))
+    to = cs.Tiles(128, 3, fast_exp=True, desc_add=True, persistent=True, o_buffer=True)
+    assert str(to) == "128x3edpo" and cs.smem_bytes("v7", 64, to) == cs.smem_bytes("v7", 64, t) + 128 * 64 * 2
 
 
 def test_launcher_3d_and_empty(recorder):

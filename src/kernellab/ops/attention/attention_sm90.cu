@@ -436,7 +436,7 @@ struct WsStages {
 
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
-// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_PERSIST (each 0 or 1) holds only v7's
+// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD (each 0 or 1), -DKL_ATTN_V7_PERSIST (0, 1, 2) holds only v7's
 // kernels, at that tiling: how the lab runs another one. D <= 128: v2-v6's 128 keys x 3 stages. D = 256:
 // FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) + 2 x 2 x 40 = 225 KB of the 227: each
 // 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP of MMA per block against 8.4 at
@@ -449,7 +449,7 @@ struct V7Tiles {
     static constexpr int BN = KL_ATTN_V7_BN;
     static constexpr int STAGES = KL_ATTN_V7_STAGES;
     static constexpr bool SPLIT_KV = KL_ATTN_V7_SPLIT_KV, FAST_EXP = KL_ATTN_FAST_EXP, DESC_ADD = KL_ATTN_DESC_ADD;
-    static constexpr bool PERSIST = KL_ATTN_V7_PERSIST;
+    static constexpr int PERSIST = KL_ATTN_V7_PERSIST;
 #else
     static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
     static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
@@ -458,14 +458,18 @@ struct V7Tiles {
     // added to its tile's descriptor (softmax_exp2, desc_kmajor and desc_mnmajor in
     // attention_sm90_common.cuh say why). Each was faster on an H200 (benchmarks/NOTES.md).
     static constexpr bool SPLIT_KV = D == 256, FAST_EXP = true, DESC_ADD = true;
-    // PERSIST: one block an SM walks (query block, head, batch) items in turn (fwd_v7).
-    static constexpr bool PERSIST = false;
+    // PERSIST: 1, one block an SM walks (query block, head, batch) items in turn (fwd_v7), o
+    // staged in Q's buffer; 2, the same with o staged in a buffer of its own after the ring,
+    // so that Q's buffer is free once an item's last S = Q K^T is done.
+    static constexpr int PERSIST = 0;
 #endif
     static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
     static constexpr unsigned KV_BYTES = BN * D * 2;
+    static constexpr unsigned O_BYTES = PERSIST == 2 ? Tiles<D>::Q_BYTES : 0;  // o's own staging buffer
     static_assert(BN % 16 == 0 && BN <= 256, "keys per tile: whole 16-key steps of P V, one TMA box");
     static_assert((BN * Layout<D>::W) % 1024 == 0, "K/V slabs must keep 1024-byte alignment");
-    static_assert(Tiles<D>::Q_BYTES + STAGES * 2 * KV_BYTES + 1024 <= 227 * 1024, "v7's ring must fit 227 KB");
+    static_assert(Tiles<D>::Q_BYTES + STAGES * 2 * KV_BYTES + O_BYTES + 1024 <= 227 * 1024,
+                  "v7's ring must fit 227 KB");
 };
 
 // The barriers of v3-v7 (static shared memory): full[st] (the copies of stage st landed),
@@ -572,7 +576,8 @@ __device__ __forceinline__ Item item_of(int i, int n_mb, int H, int Z, int causa
 // The persistent v7's producer (one thread, one ring): per item of the block's (items
 // blockIdx.x, + gridDim.x, ...), its first STAGES K/V tiles (their stages were released by
 // earlier items: they load while the consumers finish the item before), then Q once the
-// consumers gave its buffer back (q_empty; the epilogue staged o there), then the rest. Q
+// consumers gave its buffer back (q_empty: after the epilogue's store read o out of it, or
+// with o staged apart, after the last S = Q K^T), then the rest. Q
 // loads for every item, with or without key tiles, so that q_full and q_empty count items.
 template <int D, int STAGES, int BN>
 __device__ __forceinline__ void produce_tma_persist(const Bars<STAGES>& b, unsigned q_empty, unsigned sQ,
@@ -843,7 +848,8 @@ __device__ __forceinline__ void tma_store_drain() {
 
 // v7: o = O / l through shared memory and a TMA store; lse = m + log2(l) as ``epilogue``
 // writes it (0 and -inf for a row with no key). sQ: the Q tile, whose rows 64 cw .. 64 cw
-// + 63 this warpgroup alone has read (its wgmmas are all done) and now overwrites.
+// + 63 this warpgroup alone has read (its wgmmas are all done) and now overwrites (or, with
+// V7Tiles' PERSIST 2, o's own buffer, laid out as the Q tile).
 template <bool BF16, int D, int BN, bool FAST>
 __device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST>& sm, const float (&o)[D / 2], unsigned sQ,
                                              const TensorMap* to, float* __restrict__ lse_b, int m0, int cw,
@@ -887,14 +893,17 @@ __device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST>& sm, con
 // With V7Tiles' PERSIST this is one item of the block's: its key tiles are the ring's uses
 // r0 .. r0 + n - 1, its Q is q_full's phase q_phase (waited even with no key tile: the
 // producer loads every item's Q, and the epilogue must not stage o over a Q still landing),
-// and the epilogue gives Q's buffer back by q_empty.
+// and Q's buffer goes back by q_empty: at PERSIST 1 once the epilogue's store has read o out
+// of it (an arrival a warpgroup), at PERSIST 2 (o staged at sO) once the item's last S is
+// done (an arrival a warp).
 template <bool BF16, int D, int STAGES, int BN, bool SPLIT>
 __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, SPLIT>& b, unsigned sQ, unsigned sKV,
-                                           const TensorMap* to, float* __restrict__ lse_b, int S_q, int S_k,
-                                           float scale_log2, int causal, int h_q, int z, int t, int r0 = 0,
+                                           unsigned sO, const TensorMap* to, float* __restrict__ lse_b, int S_q,
+                                           int S_k, float scale_log2, int causal, int h_q, int z, int t, int r0 = 0,
                                            int q_phase = 0, unsigned q_empty = 0) {
     constexpr unsigned KV_BYTES = BN * D * 2;
-    constexpr bool DADD = V7Tiles<D>::DESC_ADD, PERSIST = V7Tiles<D>::PERSIST;
+    constexpr bool DADD = V7Tiles<D>::DESC_ADD;
+    constexpr int PERSIST = V7Tiles<D>::PERSIST;
     using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP>;
     const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t, r0);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
@@ -905,7 +914,16 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     SM sm;
     sm.init();
     const int n = blk.n_tiles;
+    auto q_done = [&](bool last) {  // PERSIST 2: this warp has read Q for the last time
+        if constexpr (PERSIST == 2) {
+            if (last) {
+                __syncwarp();
+                if (c.lane == 0) mbar_arrive(q_empty);
+            }
+        }
+    };
     if constexpr (PERSIST) mbar_wait(b.q_full, q_phase);
+    q_done(n == 0);
     if (n > 0) {
         if (cw == 1) named_arrive(other);  // warpgroup 0 takes the first turn
         if constexpr (!PERSIST) mbar_wait(b.q_full, 0);
@@ -918,6 +936,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             issue_qk<BF16, D, BN, DADD>(s, sQ, c.stage(0), cw);
             named_arrive(other);  // (n >= 1 turns remain for both)
             wgmma_wait<0>();
+            q_done(n == 1);
             if constexpr (SPLIT) {
                 c.release(0);  // K_0
             }
@@ -937,6 +956,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(it - 1) + KV_BYTES);
             named_arrive(other);
             wgmma_wait<1>();  // the older group, S_it, is done; the P V runs on
+            q_done(it == n - 1);
             if constexpr (SPLIT) {
                 c.release(it);  // K_it
             }
@@ -966,8 +986,11 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             c.release(n - 1);
         }
     }
-    epilogue_tma<BF16, D, BN>(sm, acc, sQ, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
-    if constexpr (PERSIST) {
+    // PERSIST 2: the item before's store has read sO (its drain, by this warpgroup's first
+    // thread, before it reached this barrier)
+    if constexpr (PERSIST == 2) named_sync_wg(EPI_BAR + cw);
+    epilogue_tma<BF16, D, BN>(sm, acc, sO, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
+    if constexpr (PERSIST == 1) {
         // every thread of the warpgroup wrote its o rows before the store (epilogue_tma's
         // named sync), and the store has read them (its drain): Q's buffer is free
         if (t % 128 == 0) mbar_arrive(q_empty);
@@ -1045,13 +1068,16 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
     extern __shared__ unsigned char smem[];
     // full / empty, q_full (and with SPLIT: V's full / empty after them)
     __shared__ __align__(8) unsigned long long bars[(SPLIT ? 4 : 2) * STAGES + 1];
-    check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * V7Tiles<D>::KV_BYTES);
+    check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * V7Tiles<D>::KV_BYTES + V7Tiles<D>::O_BYTES);
     const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned sKV = sQ + Tiles<D>::Q_BYTES;
     if constexpr (V7Tiles<D>::PERSIST) {
+        constexpr bool OWN_O = V7Tiles<D>::PERSIST == 2;
+        const unsigned sO = OWN_O ? sKV + STAGES * 2 * V7Tiles<D>::KV_BYTES : sQ;
         __shared__ __align__(8) unsigned long long q_empty_bar;
         const unsigned q_empty = smem_u32(&q_empty_bar);
-        if (threadIdx.x == 0) mbar_init(q_empty, 2);  // an arrival a consumer warpgroup (Bars fences and syncs)
+        // an arrival a consumer warp (OWN_O) or warpgroup; Bars' constructor fences and syncs
+        if (threadIdx.x == 0) mbar_init(q_empty, OWN_O ? 8 : 2);
         const Bars<STAGES> b(bars, 1);
         const int t = threadIdx.x;
         if (t < 128) {
@@ -1066,8 +1092,8 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
         for (int i = blockIdx.x, k = 0; i < items; i += gridDim.x, ++k) {
             const Item w = item_of(i, n_mb, H, Z, causal);
             const Block blk = block_at<BN>(w.mb, S_q, S_k, causal);
-            consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, to, lse + ((long long)w.z * H + w.h) * S_q, S_q, S_k,
-                                            scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
+            consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sO, to, lse + ((long long)w.z * H + w.h) * S_q, S_q,
+                                            S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
             r += blk.n_tiles;
         }
     } else {
@@ -1086,7 +1112,7 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
             return;
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-        consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, to, lse + ((long long)z * H + h) * S_q, S_q, S_k,
+        consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sQ, to, lse + ((long long)z * H + h) * S_q, S_q, S_k,
                                         scale_log2, causal, h, z, t);
     }
 }

@@ -101,7 +101,9 @@ class Tiles:
     same descriptors from fewer instructions), "d". ``persistent``: about one block an SM, each
     walking (query block, head, batch) items with the ring and barriers carried from one to the
     next, so that an item's first K / V tiles load during the item before (PERSIST; one ring
-    only), "p"."""
+    only), "p". ``o_buffer`` (persistent only): o staged in a buffer of its own rather than in
+    Q's, which is then free for the next item's Q once the item's last S = Q K^T is done
+    (PERSIST 2), "o"."""
 
     bn: int
     stages: int
@@ -109,6 +111,7 @@ class Tiles:
     fast_exp: bool = False
     desc_add: bool = False
     persistent: bool = False
+    o_buffer: bool = False
 
     def __str__(self) -> str:
         flags = (
@@ -116,6 +119,7 @@ class Tiles:
             + ("e" if self.fast_exp else "")
             + ("d" if self.desc_add else "")
             + ("p" if self.persistent else "")
+            + ("o" if self.o_buffer else "")
         )
         return f"{self.bn}x{self.stages}{flags}"
 
@@ -139,9 +143,11 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # fourth stage at D = 64; split K / V rings at D = 128 (176x2s, 128x3s); at D = 256 the
 # one-ring 80x2 and the split 80x2s; each head dim's default without desc_add ("e";
 # V7_TILES_FIRST is the one without either); and at D <= 128 the default's tiling persistent
-# ("p": short sequences, where a block's start and end are a large part of its time).
+# ("p": short sequences, where a block's start and end are a large part of its time), also
+# with o staged apart from Q ("o"; two stages at D = 128, where a third does not fit).
 _ED = dict(fast_exp=True, desc_add=True)
 _EDP = dict(_ED, persistent=True)
+_EDPO = dict(_EDP, o_buffer=True)
 V7_TILINGS = {
     64: (
         Tiles(128, 4, **_ED),
@@ -149,11 +155,13 @@ V7_TILINGS = {
         Tiles(192, 3, **_ED),
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_EDP),
+        Tiles(128, 3, **_EDPO),
     ),
-    80: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_EDP)),
-    96: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_EDP)),
+    80: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_EDP), Tiles(128, 3, **_EDPO)),
+    96: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_EDP), Tiles(128, 3, **_EDPO)),
     128: (
         Tiles(128, 3, **_EDP),
+        Tiles(128, 2, **_EDPO),
         Tiles(176, 2, **_ED),
         Tiles(176, 2, split_kv=True, **_ED),
         Tiles(128, 3, split_kv=True, **_ED),
@@ -180,7 +188,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_V7_SPLIT_KV={int(tiles.split_kv)}",
             f"-DKL_ATTN_FAST_EXP={int(tiles.fast_exp)}",
             f"-DKL_ATTN_DESC_ADD={int(tiles.desc_add)}",
-            f"-DKL_ATTN_V7_PERSIST={int(tiles.persistent)}",
+            f"-DKL_ATTN_V7_PERSIST={2 if tiles.o_buffer else int(tiles.persistent)}",
         )
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
@@ -196,6 +204,8 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         )
     if tiles.persistent and tiles.split_kv:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the persistent v7 has one K/V ring (no s)")
+    if tiles.o_buffer and not tiles.persistent:
+        raise ValueError(f"attention/cuda_v7: tiling {tiles}: o's own buffer (o) is the persistent v7's (p)")
     bars = 8 * ((4 if tiles.split_kv else 2) * tiles.stages + 1 + tiles.persistent)  # the static mbarriers
     if _smem(d, tiles) + bars > SMEM_LIMIT:
         raise ValueError(
@@ -230,12 +240,13 @@ def stages(variant: str, d: int) -> int:
 def smem_bytes(variant: str, d: int, tiles: Tiles | None = None) -> int:
     """Dynamic shared memory of a block: 1 KB to align the base to 1024 bytes (the swizzle
     atoms), the Q tile (128 x D x 2 B; v7 stages o there for its TMA store), and per stage
-    a K and a V tile (BN x D x 2 B each). The kernel traps if given less (check_smem)."""
+    a K and a V tile (BN x D x 2 B each); an o tile after them with ``o_buffer``. The kernel
+    traps if given less (check_smem)."""
     return _smem(d, tiles_of(variant, d, tiles))
 
 
 def _smem(d: int, t: Tiles) -> int:
-    return 1024 + BM * d * 2 + t.stages * 2 * t.bn * d * 2
+    return 1024 + BM * d * 2 * (2 if t.o_buffer else 1) + t.stages * 2 * t.bn * d * 2
 
 
 @functools.cache
