@@ -744,7 +744,9 @@ def test_launcher_v7_tiling(recorder, monkeypatch, tiles):
 def test_launcher_v7_persistent(recorder, monkeypatch):
     """A persistent v7 tiling: a one-dimensional grid of at most one block an SM (fewer when
     there are fewer items: query blocks x heads x batches), the batch count after the other
-    scalars, its module's kernel; a persistent tiling with split K / V rings is refused."""
+    scalars, its module's kernel; a persistent tiling with split K / V rings is refused, o's
+    own buffer needs a persistent tiling and adds an o tile to the shared memory (which no
+    longer fits three stages at D = 128)."""
     monkeypatch.setattr(cs, "_sm_count", lambda dev: 5)
     t = cs.Tiles(128, 3, fast_exp=True, desc_add=True, persistent=True)
     assert str(t) == "128x3edp"
