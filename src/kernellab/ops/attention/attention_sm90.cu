@@ -532,21 +532,27 @@ __device__ __forceinline__ void produce_cp_async(const Block& blk, const Bars<ST
     cp_async_wait_all();  // no copy outlives its thread
 }
 
+// Key tile `it` of K and V (head hk, batch z) into the ring's use u (stage u % STAGES) once
+// the consumers released the tile that used the stage before; one full barrier, both tiles.
+template <int D, int STAGES, int BN>
+__device__ __forceinline__ void load_kv_tile(const Bars<STAGES>& b, unsigned sKV, const TensorMap* tk,
+                                             const TensorMap* tv, int u, int it, int hk, int z) {
+    constexpr unsigned KV_BYTES = BN * D * 2;
+    if (u >= STAGES) mbar_wait(b.empty(u), (u / STAGES - 1) & 1);
+    const unsigned sK = sKV + (u % STAGES) * 2 * KV_BYTES, bar = b.full(u);
+    mbar_expect_tx(bar, 2 * KV_BYTES);
+    tma_tile<D, BN>(sK, tk, bar, it * BN, hk, z);
+    tma_tile<D, BN>(sK + KV_BYTES, tv, bar, it * BN, hk, z);
+}
+
 // v4-v7's producer: one thread issues every copy (TMA boxes).
 template <int D, int STAGES, int BN = Tiles<D>::BN>
 __device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
                                             const TensorMap* tq, const TensorMap* tk, const TensorMap* tv, int h,
                                             int hk, int z) {
-    constexpr unsigned KV_BYTES = BN * D * 2;
     mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);
     tma_tile<D, BM>(sQ, tq, b.q_full, blk.m0, h, z);
-    for (int it = 0; it < blk.n_tiles; ++it) {
-        if (it >= STAGES) mbar_wait(b.empty(it), (it / STAGES - 1) & 1);
-        const unsigned sK = sKV + (it % STAGES) * 2 * KV_BYTES, bar = b.full(it);
-        mbar_expect_tx(bar, 2 * KV_BYTES);
-        tma_tile<D, BN>(sK, tk, bar, it * BN, hk, z);
-        tma_tile<D, BN>(sK + KV_BYTES, tv, bar, it * BN, hk, z);
-    }
+    for (int it = 0; it < blk.n_tiles; ++it) load_kv_tile<D, STAGES, BN>(b, sKV, tk, tv, it, it, hk, z);
 }
 
 // One item of the persistent v7 (fwd_v7): query block, head and batch.
@@ -558,19 +564,8 @@ struct Item {
 // first (every head's last block, then the blocks before them), else a head's query blocks
 // one after another (its K / V tiles read again from L2).
 __device__ __forceinline__ Item item_of(int i, int n_mb, int H, int Z, int causal) {
-    Item w;
-    if (causal) {
-        const int zh = i % (Z * H);
-        w.mb = n_mb - 1 - i / (Z * H);
-        w.z = zh / H;
-        w.h = zh % H;
-    } else {
-        const int zh = i / n_mb;
-        w.mb = i % n_mb;
-        w.z = zh / H;
-        w.h = zh % H;
-    }
-    return w;
+    const int zh = causal ? i % (Z * H) : i / n_mb;
+    return Item{causal ? n_mb - 1 - i / (Z * H) : i % n_mb, zh % H, zh / H};
 }
 
 // The persistent v7's producer (one thread, one ring): per item of the block's (items
@@ -584,26 +579,17 @@ __device__ __forceinline__ void produce_tma_persist(const Bars<STAGES>& b, unsig
                                                     unsigned sKV, const TensorMap* tq, const TensorMap* tk,
                                                     const TensorMap* tv, int S_q, int S_k, int H, int group, int Z,
                                                     int causal) {
-    constexpr unsigned KV_BYTES = BN * D * 2;
     const int n_mb = (S_q + BM - 1) / BM, items = n_mb * H * Z;
     int r = 0;  // the ring's uses so far
     for (int i = blockIdx.x, k = 0; i < items; i += gridDim.x, ++k) {
         const Item w = item_of(i, n_mb, H, Z, causal);
         const int n = block_at<BN>(w.mb, S_q, S_k, causal).n_tiles, hk = w.h / group;
-        auto load_kv = [&](int it) {
-            const int u = r + it;
-            if (u >= STAGES) mbar_wait(b.empty(u), (u / STAGES - 1) & 1);
-            const unsigned sK = sKV + (u % STAGES) * 2 * KV_BYTES, bar = b.full(u);
-            mbar_expect_tx(bar, 2 * KV_BYTES);
-            tma_tile<D, BN>(sK, tk, bar, it * BN, hk, w.z);
-            tma_tile<D, BN>(sK + KV_BYTES, tv, bar, it * BN, hk, w.z);
-        };
         const int pre = n < STAGES ? n : STAGES;
-        for (int it = 0; it < pre; ++it) load_kv(it);
+        for (int it = 0; it < pre; ++it) load_kv_tile<D, STAGES, BN>(b, sKV, tk, tv, r + it, it, hk, w.z);
         if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
         mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);
         tma_tile<D, BM>(sQ, tq, b.q_full, w.mb * BM, w.h, w.z);
-        for (int it = pre; it < n; ++it) load_kv(it);
+        for (int it = pre; it < n; ++it) load_kv_tile<D, STAGES, BN>(b, sKV, tk, tv, r + it, it, hk, w.z);
         r += n;
     }
 }

@@ -494,12 +494,12 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
 
         wgmma_wait<1>();  // S^T
         fence_regs(s);
-        if constexpr (!BwdBuild<D>::MASK_BRANCH)  // one loop, its masks tested per element
-            p_of_s<true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, masked);
-        else if (masked)
-            p_of_s<true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, true);
-        else
+        // MASK_BRANCH: a copy of the loop without masks for the blocks that need none; else
+        // one loop, its masks tested per element where `masked`
+        if (BwdBuild<D>::MASK_BRANCH && !masked)
             p_of_s<false, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, false);
+        else
+            p_of_s<true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, masked);
 #pragma unroll
         for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
 
