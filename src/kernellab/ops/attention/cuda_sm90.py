@@ -128,8 +128,8 @@ class Tiles:
 # it back from the PTX): 128 keys x 3 stages at D <= 128, FlashAttention-3's 80 x 2 at D = 256,
 # where the K and V tiles have rings of their own ("s": with two stages in one ring, no K tile
 # loads while the P V of the tile before it runs); the softmax's exponentials by ex2.approx.ftz
-# (fast_exp, "e") and each wgmma k step added to its tile's descriptor (desc_add, "d"): 3-10%
-# faster than exp2f and per-step descriptors on an H200 (benchmarks/NOTES.md, session ac).
+# (fast_exp, "e") and each wgmma k step added to its tile's descriptor (desc_add, "d"): faster
+# than exp2f and per-step descriptors on an H200 (benchmarks/NOTES.md).
 V7_TILES = {
     **{d: Tiles(128, 3, fast_exp=True, desc_add=True) for d in HEAD_DIMS if d <= 128},
     256: Tiles(80, 2, split_kv=True, fast_exp=True, desc_add=True),

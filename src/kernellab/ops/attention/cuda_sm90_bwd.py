@@ -114,9 +114,9 @@ class BwdOpts:
 
 _LEAN = BwdOpts(fast_exp=True, mask_branch=True, desc_add=True)
 # The build each head dim runs, attention_sm90_bwd.cu's BwdBuild<D> (a test reads it back from
-# the PTX), the fastest in lab/probe_bwd_builds.py on an H200 (benchmarks/NOTES.md,
-# session ac): every option at D = 64 / 96 / 128; at D = 80 without desc_add; none at D = 256,
-# where each one made the loop slower.
+# the PTX), the fastest in lab/probe_bwd_builds.py on an H200 (benchmarks/NOTES.md): every
+# option at D = 64 / 96 / 128; at D = 80 without desc_add; none at D = 256, where each one
+# made the loop slower.
 BWD_DEFAULTS = {64: _LEAN, 80: BwdOpts(fast_exp=True, mask_branch=True), 96: _LEAN, 128: _LEAN, 256: BwdOpts()}
 MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in BWD_HEAD_DIMS}
 MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
