@@ -1,13 +1,14 @@
-"""v7's forward at its default tiling (V7_TILES) beside its persistent lab tilings ("p": one
-block an SM walking (query block, head, batch) items; "o": the same with o staged apart from
-Q) and cuDNN, at the short head-dim-64 sequences where a block's start and end are much of
-its time (ViT-B/16, GPT-2) and two longer ones for contrast:
+"""v7's forward at its default tiling (V7_TILES) beside the tilings of V7_TILINGS with the
+same key tile in one K/V ring (a block a (query block, head), "ed"; persistent, "p": one block
+an SM walking (query block, head, batch) items; "o": o staged apart from Q) and cuDNN, at the
+short head-dim-64 sequences where a block's start and end are much of its time (ViT-B/16,
+GPT-2) and two longer ones for contrast:
 
     python lab/probe_v7_persist.py [--out FILE.jsonl] [--shapes B,H,S,D[,c];...] [--dry-run]
 
-Per case: the forward of cuDNN (SDPA's backend), of v7 at V7_TILES and at every persistent
-tiling of V7_TILINGS at that head dim (harness.timer.time_cuda, L2 flushed), and each one's
-largest difference from cuDNN's o. A row per case, printed and appended to --out."""
+Per case: the forward of cuDNN (SDPA's backend), of v7 at those tilings (harness.timer.time_cuda,
+L2 flushed), and each one's largest difference from cuDNN's o. A row per case, printed and
+appended to --out."""
 
 import argparse
 import json
@@ -32,8 +33,12 @@ SHAPES = [
 
 
 def tilings(d: int) -> list:
-    """V7_TILES[d], then the persistent tilings of V7_TILINGS[d]."""
-    return [cs.V7_TILES[d]] + [t for t in cs.V7_TILINGS[d] if t.persistent]
+    """V7_TILES[d], then the tilings of V7_TILINGS[d] with its key tile, exponentials and
+    descriptors in one K/V ring: a block a (query block, head) and the persistent ones."""
+    own = cs.V7_TILES[d]
+    return [own] + [
+        t for t in cs.V7_TILINGS[d] if t.bn == own.bn and t.fast_exp and t.desc_add and not t.split_kv
+    ]
 
 
 def parse_shapes(text: str) -> list[tuple]:

@@ -460,8 +460,9 @@ struct V7Tiles {
     static constexpr bool SPLIT_KV = D == 256, FAST_EXP = true, DESC_ADD = true;
     // PERSIST: 1, one block an SM walks (query block, head, batch) items in turn (fwd_v7), o
     // staged in Q's buffer; 2, the same with o staged in a buffer of its own after the ring,
-    // so that Q's buffer is free once an item's last S = Q K^T is done.
-    static constexpr int PERSIST = 0;
+    // so that Q's buffer is free once an item's last S = Q K^T is done. 2 where three stages
+    // and o's tile fit (D <= 96), 1 at D = 128; D = 256's split rings are not persistent.
+    static constexpr int PERSIST = D == 256 ? 0 : D == 128 ? 1 : 2;
 #endif
     static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
     static constexpr unsigned KV_BYTES = BN * D * 2;
@@ -1123,14 +1124,9 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
     const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,                              \
         const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap to, float *lse, int S_q,        \
         int S_k, int H, int group, float scale_log2, int causal
-// The persistent v7 takes the batch count Z (its grid is one-dimensional); the others' is gridDim.z.
-#if defined(KL_ATTN_V7_PERSIST) && KL_ATTN_V7_PERSIST
+// v7 takes the batch count Z: a persistent v7's grid is one-dimensional (the others' Z is gridDim.z).
 #define KL_ATTN_V7_ARGS KL_ATTN_V7_ARGS0, int Z
 #define KL_ATTN_V7_PASS &tq, &tk, &tv, &to, lse, S_q, S_k, H, group, scale_log2, causal, Z
-#else
-#define KL_ATTN_V7_ARGS KL_ATTN_V7_ARGS0
-#define KL_ATTN_V7_PASS &tq, &tk, &tv, &to, lse, S_q, S_k, H, group, scale_log2, causal, (int)gridDim.z
-#endif
 
 #define KL_ATTN_SM90_T(D, T, BF16, SFX)                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 1) attn_fwd_v2_d##D##_##SFX(KL_ATTN_ARGS(T)) {          \

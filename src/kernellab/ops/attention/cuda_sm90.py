@@ -75,12 +75,12 @@ _SIG_TMA_STORE = ("tmap",) * 4 + ("ptr",) + ("i32",) * 4 + ("f32", "i32")
 GRID_LIMIT = 65535  # grid y (q heads) and z (batch)
 
 
-def signature(variant: str, tiles: "Tiles | None" = None) -> tuple[str, ...]:
+def signature(variant: str) -> tuple[str, ...]:
     """The launch signature of a variant's kernels: v2-v3 pointers and strides; v4-v6 tensor
-    maps of q, k, v; v7 a map of o as well (no o pointer, no o strides), and the batch count
-    when ``tiles`` is persistent (its grid is one-dimensional)."""
+    maps of q, k, v; v7 a map of o as well (no o pointer, no o strides) and the batch count
+    (a persistent tiling's grid is one-dimensional)."""
     if variant in TMA_STORE_VARIANTS:
-        return _SIG_TMA_STORE + (("i32",) if tiles is not None and tiles.persistent else ())
+        return _SIG_TMA_STORE + ("i32",)
     return _SIG_TMA if variant in TMA_VARIANTS else _SIG
 
 
@@ -128,11 +128,18 @@ class Tiles:
 # it back from the PTX): 128 keys x 3 stages at D <= 128, FlashAttention-3's 80 x 2 at D = 256,
 # where the K and V tiles have rings of their own ("s": with two stages in one ring, no K tile
 # loads while the P V of the tile before it runs); the softmax's exponentials by ex2.approx.ftz
-# (fast_exp, "e") and each wgmma k step added to its tile's descriptor (desc_add, "d"): faster
-# than exp2f and per-step descriptors on an H200 (benchmarks/NOTES.md).
+# (fast_exp, "e") and each wgmma k step added to its tile's descriptor (desc_add, "d"). At
+# D <= 128 persistent ("p": one block an SM walks (query block, head, batch) items, so a
+# block's start and end, a large part of its time at short sequences, are paid once an SM),
+# with o staged in a tile of its own at D <= 96 ("o": the next item's Q loads during this
+# one's last P V and epilogue; at D = 128 o's tile and three stages do not fit). Each was
+# faster on an H200 (benchmarks/NOTES.md).
+_ED = dict(fast_exp=True, desc_add=True)
+_EDP = dict(_ED, persistent=True)
+_EDPO = dict(_EDP, o_buffer=True)
 V7_TILES = {
-    **{d: Tiles(128, 3, fast_exp=True, desc_add=True) for d in HEAD_DIMS if d <= 128},
-    256: Tiles(80, 2, split_kv=True, fast_exp=True, desc_add=True),
+    **{d: Tiles(128, 3, **(_EDP if d == 128 else _EDPO)) for d in HEAD_DIMS if d <= 128},
+    256: Tiles(80, 2, split_kv=True, **_ED),
 }
 # v7's first tiling (v2-v6's: 64 keys at D = 256): the lab times it beside V7_TILES.
 V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
@@ -142,25 +149,22 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # O's 32) and at D = 128 without a mask (176 keys, two stages: 208 KB; 192 keys spills) and a
 # fourth stage at D = 64; split K / V rings at D = 128 (176x2s, 128x3s); at D = 256 the
 # one-ring 80x2 and the split 80x2s; each head dim's default without desc_add ("e";
-# V7_TILES_FIRST is the one without either); and at D <= 128 the default's tiling persistent
-# ("p": short sequences, where a block's start and end are a large part of its time), also
-# with o staged apart from Q ("o"; two stages at D = 128, where a third does not fit).
-_ED = dict(fast_exp=True, desc_add=True)
-_EDP = dict(_ED, persistent=True)
-_EDPO = dict(_EDP, o_buffer=True)
+# V7_TILES_FIRST is the one without either); at D <= 128 the default's tiling one block a
+# (query block, head) ("ed"), at D <= 96 persistent with o staged in Q's buffer ("edp"), and at
+# D = 128 with o's own tile and two stages ("edpo").
 V7_TILINGS = {
     64: (
         Tiles(128, 4, **_ED),
         Tiles(176, 3, **_ED),
         Tiles(192, 3, **_ED),
         Tiles(128, 3, fast_exp=True),
+        Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
-        Tiles(128, 3, **_EDPO),
     ),
-    80: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_EDP), Tiles(128, 3, **_EDPO)),
-    96: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_EDP), Tiles(128, 3, **_EDPO)),
+    80: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_ED), Tiles(128, 3, **_EDP)),
+    96: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_ED), Tiles(128, 3, **_EDP)),
     128: (
-        Tiles(128, 3, **_EDP),
+        Tiles(128, 3, **_ED),
         Tiles(128, 2, **_EDPO),
         Tiles(176, 2, **_ED),
         Tiles(176, 2, split_kv=True, **_ED),
@@ -362,14 +366,16 @@ def _plan_forward(q, k, v, causal, scale, variant, tiles) -> Plan:
     dev = _device_index(q)
     name = f"attn_fwd_{variant}_d{d}_{DTYPE_SUFFIX[q.dtype]}"
     mod = v7_module(d, t) if variant == "v7" else MODULES[d]
-    kern = mod.kernel(name, signature(variant, t if variant == "v7" else None), dev)
+    kern = mod.kernel(name, signature(variant), dev)
     shared = _smem(d, t)
     if shared > kern.max_dynamic_shared:
         kern.set_max_dynamic_shared(shared)
     grid, threads = (ceil_div(s_q, BM), h, z), THREADS[variant]
     scalars = (s_q, s_k, h, h // h_kv, float(scale) * LOG2E, int(causal))
-    if variant == "v7" and t.persistent:  # items (query block, head, batch), one block an SM at most
-        grid, scalars = (min(ceil_div(s_q, BM) * h * z, _sm_count(dev)), 1, 1), scalars + (z,)
+    if variant == "v7":
+        scalars += (z,)
+        if t.persistent:  # items (query block, head, batch), one block an SM at most
+            grid = (min(ceil_div(s_q, BM) * h * z, _sm_count(dev)), 1, 1)
     if tma:
         mq, mk, mv = _map_args(q4, BM), _map_args(k4, t.bn), _map_args(v4, t.bn)
     if variant in TMA_STORE_VARIANTS:  # o is empty_bshd's: rows of D x 2 bytes, a fresh aligned base
