@@ -561,12 +561,31 @@ struct Item {
     int mb, h, z;
 };
 
-// Item i of n_mb query blocks x H heads x Z batches: under causal the heaviest query blocks
-// first (every head's last block, then the blocks before them), else a head's query blocks
-// one after another (its K / V tiles read again from L2).
-__device__ __forceinline__ Item item_of(int i, int n_mb, int H, int Z, int causal) {
-    const int zh = causal ? i % (Z * H) : i / n_mb;
-    return Item{causal ? n_mb - 1 - i / (Z * H) : i % n_mb, zh % H, zh / H};
+// The (batch, head) pairs whose K and V fit in L2 together (32 MB of H100's and H200's 50):
+// under causal a chunk of them is walked heaviest query block first, so the blocks running at
+// once read the K / V of a chunk's heads, not of every head.
+constexpr long long ITEM_L2_BYTES = 32ll << 20;
+
+template <int D>
+__device__ __forceinline__ int heads_per_chunk(int S_k, int ZH) {
+    const long long kv = 4ll * D * (S_k > 0 ? S_k : 1);  // a head's K and V, 16-bit
+    const long long n = ITEM_L2_BYTES / kv;
+    return n < 1 ? 1 : n > ZH ? ZH : (int)n;
+}
+
+// Item i of n_mb query blocks x H heads x Z batches: under causal, chunk after chunk of
+// heads_per_chunk (batch, head) pairs, each chunk's heaviest query blocks first (its pairs'
+// last blocks, then the blocks before them); else a head's query blocks one after another
+// (its K / V tiles read again from L2).
+template <int D>
+__device__ __forceinline__ Item item_of(int i, int n_mb, int H, int Z, int causal, int S_k) {
+    if (!causal) {
+        const int zh = i / n_mb;
+        return Item{i % n_mb, zh % H, zh / H};
+    }
+    const int hc = heads_per_chunk<D>(S_k, Z * H), c = i / (hc * n_mb), w = i - c * hc * n_mb;
+    const int base = c * hc, cs = min(hc, Z * H - base), zh = base + w % cs;
+    return Item{n_mb - 1 - w / cs, zh % H, zh / H};
 }
 
 // The persistent v7's producer (one thread, one ring): per item of the block's (items
@@ -583,7 +602,7 @@ __device__ __forceinline__ void produce_tma_persist(const Bars<STAGES>& b, unsig
     const int n_mb = (S_q + BM - 1) / BM, items = n_mb * H * Z;
     int r = 0;  // the ring's uses so far
     for (int i = blockIdx.x, k = 0; i < items; i += gridDim.x, ++k) {
-        const Item w = item_of(i, n_mb, H, Z, causal);
+        const Item w = item_of<D>(i, n_mb, H, Z, causal, S_k);
         const int n = block_at<BN>(w.mb, S_q, S_k, causal).n_tiles, hk = w.h / group;
         const int pre = n < STAGES ? n : STAGES;
         for (int it = 0; it < pre; ++it) load_kv_tile<D, STAGES, BN>(b, sKV, tk, tv, r + it, it, hk, w.z);
@@ -1077,7 +1096,7 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
         const int n_mb = (S_q + BM - 1) / BM, items = n_mb * H * Z;
         int r = 0;
         for (int i = blockIdx.x, k = 0; i < items; i += gridDim.x, ++k) {
-            const Item w = item_of(i, n_mb, H, Z, causal);
+            const Item w = item_of<D>(i, n_mb, H, Z, causal, S_k);
             const Block blk = block_at<BN>(w.mb, S_q, S_k, causal);
             consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sO, to, lse + ((long long)w.z * H + w.h) * S_q, S_q,
                                             S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
