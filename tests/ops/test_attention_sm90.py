@@ -19,6 +19,7 @@ head dim, causal, GQA, the saved lse, and gradients through the Triton backward.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -278,9 +279,9 @@ def test_shared_memory_fits_and_matches_the_kernel():
             cs.check_tiles(d, t)
         assert cs.smem_bytes("v7", d) == cs.smem_bytes("v7", d, cs.V7_TILES[d])
         # v7's default: 128 x 3 (80 x 2 in split K / V rings at D = 256), fast_exp and desc_add;
-        # persistent at D <= 128, with o's own tile at D <= 96
+        # persistent with o's own tile at D <= 96
         lean = dict(fast_exp=True, desc_add=True)
-        own = dict(lean, persistent=d <= 128, o_buffer=d <= 96)
+        own = dict(lean, persistent=d <= 96, o_buffer=d <= 96)
         assert cs.V7_TILES[d] == (cs.Tiles(80, 2, True, **lean) if d == 256 else cs.Tiles(128, 3, **own))
         # the lab times the default once, beside the base of its tile, the one with fast_exp
         # alone and (persistent defaults) the one a block a (query block, head)
@@ -770,6 +771,52 @@ def test_launcher_v7_persistent(recorder, monkeypatch):
         cs.check_tiles(128, cs.Tiles(128, 3, persistent=True, o_buffer=True))
     to = cs.Tiles(128, 3, fast_exp=True, desc_add=True, persistent=True, o_buffer=True)
     assert str(to) == "128x3edpo" and cs.smem_bytes("v7", 64, to) == cs.smem_bytes("v7", 64, t) + 128 * 64 * 2
+
+
+def _persistent_items(n_mb, h, z, causal, s_k, d, l2_bytes):
+    """attention_sm90.cu's item_of over i = 0 .. items - 1, in Python."""
+    zhn = z * h
+    hc = max(1, min(zhn, l2_bytes // (4 * d * max(s_k, 1))))
+    out = []
+    for i in range(n_mb * zhn):
+        if not causal:
+            zh, mb = i // n_mb, i % n_mb
+        else:
+            c = i // (hc * n_mb)
+            w = i - c * hc * n_mb
+            base = c * hc
+            cs_ = min(hc, zhn - base)
+            zh, mb = base + w % cs_, n_mb - 1 - w // cs_
+        out.append((mb, zh % h, zh // h))
+    return out, hc
+
+
+@pytest.mark.parametrize(
+    "n_mb,h,z,s_k,d", [(2, 12, 256, 197, 64), (16, 32, 4, 2048, 128), (64, 32, 1, 8192, 128), (16, 32, 4, 2048, 80),
+                       (8, 32, 4, 1024, 96), (33, 8, 1, 4097, 128), (1, 3, 1, 5, 64)],
+)  # fmt: skip
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_persistent_items_cover_every_block_once_in_l2_sized_chunks(n_mb, h, z, s_k, d, causal):
+    """The persistent v7's items (item_of, mirrored): every (query block, head, batch) once;
+    without a mask a head's query blocks one after another; under causal chunk after chunk
+    of (batch, head) pairs whose K and V (4 x D x S_k bytes each) fit in ITEM_L2_BYTES, each
+    chunk's query blocks heaviest (last) first, the last chunk partial."""
+    import re
+
+    src = (Path(cs.__file__).with_name("attention_sm90.cu")).read_text()
+    m = re.search(r"ITEM_L2_BYTES = (\d+)ll << (\d+);", src)
+    l2 = int(m.group(1)) << int(m.group(2))
+    assert l2 == 32 << 20
+    items, hc = _persistent_items(n_mb, h, z, causal, s_k, d, l2)
+    assert sorted(items) == sorted((mb, hh, zz) for mb in range(n_mb) for hh in range(h) for zz in range(z))
+    if not causal:
+        assert items == [(mb, hh, zz) for zz in range(z) for hh in range(h) for mb in range(n_mb)]
+        return
+    assert hc * 4 * d * s_k <= l2 or hc == 1
+    for c in range(0, len(items), hc * n_mb):
+        chunk = items[c : c + hc * n_mb]
+        assert len({(hh, zz) for _, hh, zz in chunk}) <= hc
+        assert [mb for mb, _, _ in chunk] == sorted((mb for mb, _, _ in chunk), reverse=True)
 
 
 def test_launcher_3d_and_empty(recorder):

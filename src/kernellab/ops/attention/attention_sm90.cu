@@ -460,9 +460,10 @@ struct V7Tiles {
     static constexpr bool SPLIT_KV = D == 256, FAST_EXP = true, DESC_ADD = true;
     // PERSIST: 1, one block an SM walks (query block, head, batch) items in turn (fwd_v7), o
     // staged in Q's buffer; 2, the same with o staged in a buffer of its own after the ring,
-    // so that Q's buffer is free once an item's last S = Q K^T is done. 2 where three stages
-    // and o's tile fit (D <= 96), 1 at D = 128; D = 256's split rings are not persistent.
-    static constexpr int PERSIST = D == 256 ? 0 : D == 128 ? 1 : 2;
+    // so that Q's buffer is free once an item's last S = Q K^T is done. 2 at D <= 96, where
+    // three stages and o's tile fit; at D = 128 (1 would be its persistent tiling) one block a
+    // (query block, head) was faster under causal on an H200, D = 256 has split rings.
+    static constexpr int PERSIST = D <= 96 ? 2 : 0;
 #endif
     static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
     static constexpr unsigned KV_BYTES = BN * D * 2;

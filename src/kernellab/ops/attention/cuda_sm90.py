@@ -129,16 +129,18 @@ class Tiles:
 # where the K and V tiles have rings of their own ("s": with two stages in one ring, no K tile
 # loads while the P V of the tile before it runs); the softmax's exponentials by ex2.approx.ftz
 # (fast_exp, "e") and each wgmma k step added to its tile's descriptor (desc_add, "d"). At
-# D <= 128 persistent ("p": one block an SM walks (query block, head, batch) items, so a
-# block's start and end, a large part of its time at short sequences, are paid once an SM),
-# with o staged in a tile of its own at D <= 96 ("o": the next item's Q loads during this
-# one's last P V and epilogue; at D = 128 o's tile and three stages do not fit). Each was
-# faster on an H200 (benchmarks/NOTES.md).
+# D <= 96 persistent ("p": one block an SM walks (query block, head, batch) items, so a
+# block's start and end, a large part of its time at short sequences, are paid once an SM)
+# with o staged in a tile of its own ("o": the next item's Q loads during this one's last
+# P V and epilogue). Each was faster on an H200 (benchmarks/NOTES.md); at D = 128 the
+# persistent tiling (o in Q's buffer: o's tile and three stages do not fit) was slower under
+# causal at long sequences.
 _ED = dict(fast_exp=True, desc_add=True)
 _EDP = dict(_ED, persistent=True)
 _EDPO = dict(_EDP, o_buffer=True)
 V7_TILES = {
-    **{d: Tiles(128, 3, **(_EDP if d == 128 else _EDPO)) for d in HEAD_DIMS if d <= 128},
+    **{d: Tiles(128, 3, **_EDPO) for d in HEAD_DIMS if d <= 96},
+    128: Tiles(128, 3, **_ED),
     256: Tiles(80, 2, split_kv=True, **_ED),
 }
 # v7's first tiling (v2-v6's: 64 keys at D = 256): the lab times it beside V7_TILES.
@@ -149,9 +151,9 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # O's 32) and at D = 128 without a mask (176 keys, two stages: 208 KB; 192 keys spills) and a
 # fourth stage at D = 64; split K / V rings at D = 128 (176x2s, 128x3s); at D = 256 the
 # one-ring 80x2 and the split 80x2s; each head dim's default without desc_add ("e";
-# V7_TILES_FIRST is the one without either); at D <= 128 the default's tiling one block a
-# (query block, head) ("ed"), at D <= 96 persistent with o staged in Q's buffer ("edp"), and at
-# D = 128 with o's own tile and two stages ("edpo").
+# V7_TILES_FIRST is the one without either); at D <= 96 the default's tiling one block a
+# (query block, head) ("ed") and persistent with o staged in Q's buffer ("edp"); at D = 128
+# persistent ("edp") and with o's own tile and two stages ("edpo").
 V7_TILINGS = {
     64: (
         Tiles(128, 4, **_ED),
@@ -164,7 +166,7 @@ V7_TILINGS = {
     80: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_ED), Tiles(128, 3, **_EDP)),
     96: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_ED), Tiles(128, 3, **_EDP)),
     128: (
-        Tiles(128, 3, **_ED),
+        Tiles(128, 3, **_EDP),
         Tiles(128, 2, **_EDPO),
         Tiles(176, 2, **_ED),
         Tiles(176, 2, split_kv=True, **_ED),
