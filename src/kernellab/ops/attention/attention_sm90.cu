@@ -436,13 +436,13 @@ struct WsStages {
 
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
-// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD (each 0 or 1), -DKL_ATTN_V7_PERSIST (0, 1, 2) holds only v7's
-// kernels, at that tiling: how the lab runs another one. D <= 128: v2-v6's 128 keys x 3 stages. D = 256:
-// FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) + 2 x 2 x 40 = 225 KB of the 227: each
-// 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP of MMA per block against 8.4 at
-// v2-v6's 64 keys, for the same per-tile costs (two full / empty barrier round trips, two turn
-// hand-overs, one row max and sum with its shuffles, one rescale of the 128 O registers): 20%
-// fewer per key. Registers: O 128 + S 40 + P 20 = 188.
+// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_SM_CHUNKS (each 0 or 1), -DKL_ATTN_V7_PERSIST
+// (0, 1, 2) holds only v7's kernels, at that tiling: how the lab runs another one. D <= 128:
+// v2-v6's 128 keys x 3 stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) +
+// 2 x 2 x 40 = 225 KB of the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP
+// of MMA per block against 8.4 at v2-v6's 64 keys, for the same per-tile costs (two full /
+// empty barrier round trips, two turn hand-overs, one row max and sum with its shuffles, one
+// rescale of the 128 O registers): 20% fewer per key. Registers: O 128 + S 40 + P 20 = 188.
 template <int D>
 struct V7Tiles {
 #if defined(KL_ATTN_V7_BN)
@@ -450,6 +450,7 @@ struct V7Tiles {
     static constexpr int STAGES = KL_ATTN_V7_STAGES;
     static constexpr bool SPLIT_KV = KL_ATTN_V7_SPLIT_KV, FAST_EXP = KL_ATTN_FAST_EXP, DESC_ADD = KL_ATTN_DESC_ADD;
     static constexpr int PERSIST = KL_ATTN_V7_PERSIST;
+    static constexpr bool SM_CHUNKS = KL_ATTN_V7_SM_CHUNKS;
 #else
     static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
     static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
@@ -464,7 +465,11 @@ struct V7Tiles {
     // three stages and o's tile fit; at D = 128 (1 would be its persistent tiling) one block a
     // (query block, head) was faster under causal on an H200, D = 256 has split rings.
     static constexpr int PERSIST = D <= 96 ? 2 : 0;
+    // SM_CHUNKS (persistent only): under causal, chunks of about as many (batch, head) pairs as
+    // the blocks running at once hold (item_of), not as many as fit in L2.
+    static constexpr bool SM_CHUNKS = false;
 #endif
+    static_assert(!SM_CHUNKS || PERSIST, "SM-sized chunks order the persistent v7's items");
     static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
     static constexpr unsigned KV_BYTES = BN * D * 2;
     static constexpr unsigned O_BYTES = PERSIST == 2 ? Tiles<D>::Q_BYTES : 0;  // o's own staging buffer
@@ -567,10 +572,16 @@ struct Item {
 // once read the K / V of a chunk's heads, not of every head.
 constexpr long long ITEM_L2_BYTES = 32ll << 20;
 
+// With V7Tiles' SM_CHUNKS at most the pairs whose query blocks the grid's blocks take at
+// once (gridDim.x / n_mb, rounded up), as one block a (query block, head) reads them.
 template <int D>
-__device__ __forceinline__ int heads_per_chunk(int S_k, int ZH) {
+__device__ __forceinline__ int heads_per_chunk(int S_k, int ZH, int n_mb) {
     const long long kv = 4ll * D * (S_k > 0 ? S_k : 1);  // a head's K and V, 16-bit
-    const long long n = ITEM_L2_BYTES / kv;
+    long long n = ITEM_L2_BYTES / kv;
+    if constexpr (V7Tiles<D>::SM_CHUNKS) {
+        const long long live = (gridDim.x + n_mb - 1) / n_mb;
+        n = live < n ? live : n;
+    }
     return n < 1 ? 1 : n > ZH ? ZH : (int)n;
 }
 
@@ -584,7 +595,7 @@ __device__ __forceinline__ Item item_of(int i, int n_mb, int H, int Z, int causa
         const int zh = i / n_mb;
         return Item{i % n_mb, zh % H, zh / H};
     }
-    const int hc = heads_per_chunk<D>(S_k, Z * H), c = i / (hc * n_mb), w = i - c * hc * n_mb;
+    const int hc = heads_per_chunk<D>(S_k, Z * H, n_mb), c = i / (hc * n_mb), w = i - c * hc * n_mb;
     const int base = c * hc, cs = min(hc, Z * H - base), zh = base + w % cs;
     return Item{n_mb - 1 - w / cs, zh % H, zh / H};
 }
@@ -1185,8 +1196,9 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
 #error "-DKL_ATTN_V7_BN tiles one head dim: give -DKL_ATTN_D and -DKL_ATTN_V7_STAGES with it"
 #endif
 #if defined(KL_ATTN_V7_BN) && !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) && \
-                                defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST))
-#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_SPLIT_KV, -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_PERSIST"
+                                defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST) && \
+                                defined(KL_ATTN_V7_SM_CHUNKS))
+#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_SPLIT_KV, _FAST_EXP, _DESC_ADD, -DKL_ATTN_V7_PERSIST, _SM_CHUNKS"
 #endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,

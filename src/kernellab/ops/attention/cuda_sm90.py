@@ -103,7 +103,9 @@ class Tiles:
     next, so that an item's first K / V tiles load during the item before (PERSIST; one ring
     only), "p". ``o_buffer`` (persistent only): o staged in a buffer of its own rather than in
     Q's, which is then free for the next item's Q once the item's last S = Q K^T is done
-    (PERSIST 2), "o"."""
+    (PERSIST 2), "o". ``sm_chunks`` (persistent only): under causal the items go in chunks of
+    about as many (batch, head) pairs as the blocks running at once hold, rather than as many
+    as fit in L2 (SM_CHUNKS), "c"."""
 
     bn: int
     stages: int
@@ -112,6 +114,7 @@ class Tiles:
     desc_add: bool = False
     persistent: bool = False
     o_buffer: bool = False
+    sm_chunks: bool = False
 
     def __str__(self) -> str:
         flags = (
@@ -120,6 +123,7 @@ class Tiles:
             + ("d" if self.desc_add else "")
             + ("p" if self.persistent else "")
             + ("o" if self.o_buffer else "")
+            + ("c" if self.sm_chunks else "")
         )
         return f"{self.bn}x{self.stages}{flags}"
 
@@ -153,7 +157,9 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # one-ring 80x2 and the split 80x2s; each head dim's default without desc_add ("e";
 # V7_TILES_FIRST is the one without either); at D <= 96 the default's tiling one block a
 # (query block, head) ("ed") and persistent with o staged in Q's buffer ("edp"); at D = 128
-# persistent ("edp") and with o's own tile and two stages ("edpo").
+# persistent ("edp") and with o's own tile and two stages ("edpo"); and each persistent
+# default with its causal items in SM-sized chunks ("c": at long causal sequences one block
+# a tile, whose blocks running at once read a few heads' K / V, was faster).
 V7_TILINGS = {
     64: (
         Tiles(128, 4, **_ED),
@@ -162,11 +168,23 @@ V7_TILINGS = {
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
+        Tiles(128, 3, **_EDPO, sm_chunks=True),
     ),
-    80: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_ED), Tiles(128, 3, **_EDP)),
-    96: (Tiles(128, 3, fast_exp=True), Tiles(128, 3, **_ED), Tiles(128, 3, **_EDP)),
+    80: (
+        Tiles(128, 3, fast_exp=True),
+        Tiles(128, 3, **_ED),
+        Tiles(128, 3, **_EDP),
+        Tiles(128, 3, **_EDPO, sm_chunks=True),
+    ),
+    96: (
+        Tiles(128, 3, fast_exp=True),
+        Tiles(128, 3, **_ED),
+        Tiles(128, 3, **_EDP),
+        Tiles(128, 3, **_EDPO, sm_chunks=True),
+    ),
     128: (
         Tiles(128, 3, **_EDP),
+        Tiles(128, 3, **_EDP, sm_chunks=True),
         Tiles(128, 2, **_EDPO),
         Tiles(176, 2, **_ED),
         Tiles(176, 2, split_kv=True, **_ED),
@@ -195,6 +213,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_FAST_EXP={int(tiles.fast_exp)}",
             f"-DKL_ATTN_DESC_ADD={int(tiles.desc_add)}",
             f"-DKL_ATTN_V7_PERSIST={2 if tiles.o_buffer else int(tiles.persistent)}",
+            f"-DKL_ATTN_V7_SM_CHUNKS={int(tiles.sm_chunks)}",
         )
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
@@ -212,6 +231,10 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the persistent v7 has one K/V ring (no s)")
     if tiles.o_buffer and not tiles.persistent:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: o's own buffer (o) is the persistent v7's (p)")
+    if tiles.sm_chunks and not tiles.persistent:
+        raise ValueError(
+            f"attention/cuda_v7: tiling {tiles}: SM-sized chunks (c) order the persistent v7's items (p)"
+        )
     bars = 8 * ((4 if tiles.split_kv else 2) * tiles.stages + 1 + tiles.persistent)  # the static mbarriers
     if _smem(d, tiles) + bars > SMEM_LIMIT:
         raise ValueError(
