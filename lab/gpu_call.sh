@@ -8,6 +8,9 @@
 # session): run as `KERNELLAB_GIT_SHA=$(git rev-parse --short=12 HEAD) bash lab/gpu_call.sh ...`
 # with the SHA written into the command here, so the rows carry the commit they measured.
 # Write outputs under $W, not $OUT/<dir>: the device returns at most 8 files from $OUT.
+# A fresh machine has no C++ nodes: the first eager call that wants them starts their build
+# in the background (~40 s) and harness.bench / user_models wait for it before timing; give
+# a step KERNELLAB_CPP_NODES=off where they do not matter (an attention or matmul tune).
 set -u
 NAME=$1
 shift

@@ -25,10 +25,124 @@ def fresh_nodes(monkeypatch, tmp_path):
     kernellab.config.reset("cpp_nodes")
 
 
-def test_auto_never_builds(fresh_nodes):
+def test_auto_without_a_gpu_never_builds(fresh_nodes, monkeypatch):
+    monkeypatch.setattr(nodes.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(nodes.subprocess, "Popen", None)  # (a build would fail loudly)
     assert nodes.module() is None
     assert "not built" in nodes.why_unavailable()
     assert not any(fresh_nodes.rglob("*.so"))
+
+
+class _FakeBuild:
+    """subprocess.Popen's stand-in: records the command; poll() gives ``rc`` (None: running)."""
+
+    made: list = []
+
+    def __init__(self, argv, **kw):
+        self.argv, self.kw, self.rc, self.waited = argv, kw, None, False
+        _FakeBuild.made.append(self)
+
+    def poll(self):
+        return self.rc
+
+    def wait(self, timeout=None):
+        self.waited = True
+        self.rc = 0 if self.rc is None else self.rc
+        return self.rc
+
+
+@pytest.fixture
+def fake_build(fresh_nodes, monkeypatch):
+    """A GPU machine as far as nodes.py can tell, with the build process replaced."""
+    _FakeBuild.made = []
+    monkeypatch.setattr(nodes.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(nodes.subprocess, "Popen", _FakeBuild)
+    return _FakeBuild
+
+
+def test_auto_on_a_gpu_builds_in_a_background_process_and_never_waits(fake_build, monkeypatch):
+    """The first call starts `kernellab build-nodes` in a process of its own (its own session,
+    output to build_log(), this kernellab first on its path) and goes on without the
+    extension; later calls start no second build and look at most every POLL_S seconds; the
+    first look after the process finished loads the build."""
+    import os
+    import sys
+    from pathlib import Path
+
+    assert nodes.module() is None
+    (proc,) = fake_build.made
+    assert proc.argv == [sys.executable, "-m", "kernellab", "build-nodes"]
+    assert proc.kw["start_new_session"] is True and proc.kw["stdout"].name == str(nodes.build_log())
+    src = Path(nodes.__file__).resolve().parents[2]
+    assert proc.kw["env"]["PYTHONPATH"].split(os.pathsep)[0] == str(src) and (src / "kernellab").is_dir()
+    assert "background" in nodes.why_unavailable() and str(nodes.build_log()) in nodes.why_unavailable()
+    looks = []
+    monkeypatch.setattr(proc, "poll", lambda: looks.append(1))  # (running: None)
+    for _ in range(100):
+        assert nodes.module() is None
+    assert len(fake_build.made) == 1 and len(looks) == 0  # within POLL_S of the start: no look
+    nodes._STATE["next_poll"] = 0.0
+    assert nodes.module() is None and len(looks) == 1
+    sentinel = object()
+    monkeypatch.setattr(proc, "poll", lambda: 0)
+    monkeypatch.setattr(nodes, "_built_file", lambda: nodes.build_log())  # (a file that exists)
+    monkeypatch.setattr(nodes, "_load_file", lambda path: sentinel)
+    nodes._STATE["next_poll"] = 0.0
+    assert nodes.module() is sentinel and nodes.module() is sentinel and nodes.why_unavailable() is None
+    assert len(fake_build.made) == 1
+
+
+def test_a_failed_background_build_says_where_its_output_is(fake_build):
+    assert nodes.module() is None
+    fake_build.made[0].rc = 1
+    nodes._STATE["next_poll"] = 0.0
+    assert nodes.module() is None
+    why = nodes.why_unavailable()
+    assert "failed (exit status 1" in why and str(nodes.build_log()) in why
+    assert nodes.module() is None and len(fake_build.made) == 1  # no second attempt in this process
+
+
+def test_settle_waits_for_the_background_build(fake_build, monkeypatch):
+    sentinel = object()
+    monkeypatch.setattr(nodes, "_built_file", lambda: nodes.build_log())
+    monkeypatch.setattr(nodes, "_load_file", lambda path: sentinel)
+    assert nodes.settle() is sentinel
+    assert fake_build.made[0].waited
+    with kernellab.config.override(cpp_nodes="off"):
+        assert nodes.settle() is None
+
+
+_BACKGROUND = """
+import torch
+torch.cuda.is_available = lambda: True  # (what nodes.py asks before building in the background)
+from kernellab.cuda import nodes
+
+assert nodes.module() is None and "builder" in nodes._STATE
+mod = nodes.settle(timeout_s=600)
+assert mod is not None, (nodes._STATE, nodes.build_log().read_text())
+assert mod.rms_norm(torch.randn(4, 16), torch.ones(16), 1e-6, [0] * 11) is None
+print("built in the background")
+"""
+
+
+def test_background_build_for_real(built_nodes_dir, tmp_path):
+    """A fresh cache with the session's build less its library: the first call's background
+    process links it (kernellab build-nodes, for real), settle() waits and loads it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    shutil.copytree(built_nodes_dir, cache)
+    for so in cache.rglob("*.so"):
+        so.unlink()
+    for lock in cache.rglob("lock"):
+        lock.unlink()
+    env = {**os.environ, "KERNELLAB_CACHE": str(cache), "KERNELLAB_CPP_NODES": "auto"}
+    run = subprocess.run([sys.executable, "-c", _BACKGROUND], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0 and "built in the background" in run.stdout, run.stdout + run.stderr
+    assert any(cache.rglob("*.so"))
 
 
 def test_off_says_so(fresh_nodes):

@@ -16,7 +16,7 @@ variable is read again).
 | ``triton_launch`` | KERNELLAB_TRITON_LAUNCH | "" | "jit": plain ``kernel[grid]`` launches instead of the lean launcher |
 | ``matmul_plans`` | KERNELLAB_MATMUL_PLANS | True | matmul's Triton forward keeps per-shape launch plans (False: derives every launch per call) |
 | ``cuda_launch`` | KERNELLAB_LAUNCH | "" | "core": CUDA kernels launch through ``cuda.core`` instead of ``cuLaunchKernel`` |
-| ``cpp_nodes`` | KERNELLAB_CPP_NODES | "auto" | C++ autograd nodes (cuda/nodes.py): "auto" when built, "build" at first use, "off" |
+| ``cpp_nodes`` | KERNELLAB_CPP_NODES | "auto" | C++ autograd nodes (cuda/nodes.py): "auto" when built (on a GPU built in a background process), "build" at first use, "off" |
 | ``default_by`` | KERNELLAB_DEFAULT_BY | "queued" | how ``backend=None`` ranks a table row: "queued" (device time alone where the fastest kernel takes 20 us or more: its host cost hides behind queued work; below that the larger of device and loop time), "loop" (the larger of device and loop time always); set before the first call (``registry.clear_cache()`` after a change) |
 
 Paths are not options here: ``KERNELLAB_CACHE`` (the cache directory) and

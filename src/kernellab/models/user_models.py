@@ -200,6 +200,17 @@ def _device_dtype(a) -> tuple[str, torch.dtype]:
     return dev, {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[a.dtype]
 
 
+def _settle_nodes(dev: str) -> bool:
+    """Whether kernellab's C++ nodes are in use for this run: on a GPU a background build of
+    them (``cuda.nodes``) finishes before the first step, so that no variant's rounds mix
+    the two."""
+    if dev != "cuda":
+        return False
+    from kernellab.cuda import nodes
+
+    return nodes.settle() is not None
+
+
 def _append_rows(path: str | None, rows: list[dict]) -> None:
     """One JSON line per row, appended to ``path`` (none: nothing)."""
     if path and rows:
@@ -230,6 +241,7 @@ def decode_main(a, backends: dict) -> int:
             print(f"--task decode: mode {mode!r} is not one of eager, compile", file=sys.stderr)
             return 2
     dev, dtype = _device_dtype(a)
+    _settle_nodes(dev)
     torch.manual_seed(0)
     with torch.device(dev):
         base = hf_model(a.model, a.small)
@@ -600,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
         return _isolated(a, argv)
 
     dev, dtype = _device_dtype(a)
+    nodes_in_use = _settle_nodes(dev)
     hf = a.model.startswith("hf-")
     variants = _variants(a)
     modes = a.modes.split(",")
@@ -689,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
                        peak_gib=round(peak[(v, mode)], 2), state_gib=round(state[(v, mode)], 2),
                        speedup=round(first / ms, 3),
                        rounds=[round(t, 3) for t in times[(v, mode)]], loss=round(losses[(v, mode)], 4),
-                       git_sha=sha)  # fmt: skip
+                       git_sha=sha, cpp_nodes=nodes_in_use)  # fmt: skip
             if backends and v in KL_VARIANTS:
                 row["backends"] = backends
             rows.append(row)
