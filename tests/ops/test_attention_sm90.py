@@ -564,7 +564,7 @@ def recorder(monkeypatch):
 
     monkeypatch.setattr(cs.Module, "kernel", kernel)
     monkeypatch.setattr(cs, "_device_index", lambda t: 0)
-    monkeypatch.setattr(cs, "_sm_count", lambda dev: 132)
+    monkeypatch.setattr(cs, "sm_count", lambda dev: 132)
     monkeypatch.setattr(cs, "tensor_map", tensor_map)
     monkeypatch.setattr(cs, "PLANS", {})  # (plans bind the kernels they were made with)
     rec.names = names
@@ -755,7 +755,7 @@ def test_launcher_v7_persistent(recorder, monkeypatch):
     scalars, its module's kernel; a persistent tiling with split K / V rings is refused, o's
     own buffer needs a persistent tiling and adds an o tile to the shared memory (which no
     longer fits three stages at D = 128)."""
-    monkeypatch.setattr(cs, "_sm_count", lambda dev: 5)
+    monkeypatch.setattr(cs, "sm_count", lambda dev: 5)
     t = cs.Tiles(128, 3, fast_exp=True, desc_add=True, persistent=True)
     assert str(t) == "128x3edp"
     for z, h, s, grid in ((2, 3, 300, (5, 1, 1)), (1, 2, 100, (2, 1, 1))):
@@ -801,8 +801,9 @@ def _persistent_items(n_mb, h, z, causal, s_k, d, l2_bytes, grid=None):
 
 
 @pytest.mark.parametrize(
-    "n_mb,h,z,s_k,d", [(2, 12, 256, 197, 64), (16, 32, 4, 2048, 128), (64, 32, 1, 8192, 128), (16, 32, 4, 2048, 80),
-                       (8, 32, 4, 1024, 96), (33, 8, 1, 4097, 128), (1, 3, 1, 5, 64)],
+    "n_mb,h,z,s_k,d",
+    [(2, 12, 256, 197, 64), (16, 32, 4, 2048, 128), (64, 32, 1, 8192, 128), (16, 32, 4, 2048, 80),
+     (8, 32, 4, 1024, 96), (33, 8, 1, 4097, 128), (1, 3, 1, 5, 64)],
 )  # fmt: skip
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("sm_chunks", [False, True], ids=["l2", "sm"])

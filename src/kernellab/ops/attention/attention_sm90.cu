@@ -1198,7 +1198,7 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
 #if defined(KL_ATTN_V7_BN) && !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) && \
                                 defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST) && \
                                 defined(KL_ATTN_V7_SM_CHUNKS))
-#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_SPLIT_KV, _FAST_EXP, _DESC_ADD, -DKL_ATTN_V7_PERSIST, _SM_CHUNKS"
+#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,SM_CHUNKS} and -DKL_ATTN_{FAST_EXP,DESC_ADD}"
 #endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,

@@ -32,7 +32,6 @@ reference, which catches schedule and masking mistakes before a GPU sees the ker
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +46,7 @@ from kernellab.cuda.runtime import (
     ceil_div,
     nvrtc_unavailable,  # noqa: F401 (the tests ask this module)
     sm90_unavailable,
+    sm_count,
     tensor_map,
 )
 from kernellab.ops.attention import triton as at
@@ -278,11 +278,6 @@ def _smem(d: int, t: Tiles) -> int:
     return 1024 + BM * d * 2 * (2 if t.o_buffer else 1) + t.stages * 2 * t.bn * d * 2
 
 
-@functools.cache
-def _sm_count(dev: int) -> int:
-    return torch.cuda.get_device_properties(dev).multi_processor_count
-
-
 def _device_index(t: Tensor) -> int:
     return t.device.index if t.device.index is not None else torch.cuda.current_device()
 
@@ -400,7 +395,7 @@ def _plan_forward(q, k, v, causal, scale, variant, tiles) -> Plan:
     if variant == "v7":
         scalars += (z,)
         if t.persistent:  # items (query block, head, batch), one block an SM at most
-            grid = (min(ceil_div(s_q, BM) * h * z, _sm_count(dev)), 1, 1)
+            grid = (min(ceil_div(s_q, BM) * h * z, sm_count(dev)), 1, 1)
     if tma:
         mq, mk, mv = _map_args(q4, BM), _map_args(k4, t.bn), _map_args(v4, t.bn)
     if variant in TMA_STORE_VARIANTS:  # o is empty_bshd's: rows of D x 2 bytes, a fresh aligned base
