@@ -1,8 +1,12 @@
 """The attention backward's lab builds (cuda_sm90_bwd.BWD_LAB) against the default and
 cuDNN at Gemma-2's head-dim-256 GQA shape, small enough for the tail of a device call:
 
-    python lab/probe_bwd_builds.py [--out FILE.jsonl] [--causal both|true|false] [--shape B,Hq,Hkv,S,D]
+    python lab/probe_bwd_builds.py [--out FILE.jsonl] [--causal both|true|false] [--shape B,Hq,Hkv,S,D[;...]]
+                                   [--grid-only]
     python lab/probe_bwd_builds.py --precompile 64,80,96,128,256
+
+--grid-only times the default beside the default with the other grid only (persistent or a
+block an item: ``BwdOpts.persist``), at each of the ;-separated shapes.
 
 The builds' modules are first compiled in parallel processes into the disk cache (a build
 takes 5-20 s of NVRTC and ptxas; a head dim has six).
@@ -12,6 +16,7 @@ the head dim's default build (BWD_DEFAULTS, named in the row's "default") and by
 difference from cuDNN's gradients (a build that is not exact is a timing bound only)."""
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -34,14 +39,23 @@ def _compile_one(job) -> None:
     cb.bwd_module(d, opts).compile("sm_90")
 
 
-def precompile(*ds: int) -> None:
-    """Every build of the head dims ds (the default and BWD_LAB[d]) compiled into the disk
-    cache, one process each."""
+def builds(d: int, grid_only: bool = False) -> tuple:
+    """The builds timed at head dim d: the default, then BWD_LAB[d] (grid_only: the default
+    with the other grid alone)."""
+    default = cb.BWD_DEFAULTS[d]
+    if grid_only:
+        return (default, dataclasses.replace(default, persist=not default.persist))
+    return (default, *cb.BWD_LAB[d])
+
+
+def precompile(*ds: int, grid_only: bool = False) -> None:
+    """Every build of the head dims ds (``builds``) compiled into the disk cache, one process
+    each."""
     import os
     import time
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(d, o) for d in ds for o in (cb.BWD_DEFAULTS[d], *cb.BWD_LAB[d])]
+    jobs = [(d, o) for d in ds for o in builds(d, grid_only)]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 4)) as ex:
         list(ex.map(_compile_one, jobs))
@@ -54,12 +68,21 @@ def main() -> int:
     ap.add_argument("--causal", default="both", choices=("both", "true", "false"))
     ap.add_argument("--shape", default="1,8,4,4096,256", help="B,H_q,H_kv,S,D")
     ap.add_argument("--precompile", default=None, help="only compile these head dims' builds (e.g. 64,128)")
+    ap.add_argument("--grid-only", action="store_true", help="the default and its other grid only")
     a = ap.parse_args()
     if a.precompile:
-        precompile(*(int(x) for x in a.precompile.split(",")))
+        precompile(*(int(x) for x in a.precompile.split(",")), grid_only=a.grid_only)
         return 0
-    b, hq, hkv, s, d = (int(x) for x in a.shape.split(","))
-    precompile(d)
+    shapes = [tuple(int(x) for x in one.split(",")) for one in a.shape.split(";")]
+    precompile(*sorted({sh[4] for sh in shapes}), grid_only=a.grid_only)
+    for shape in shapes:
+        probe(shape, a)
+    return 0
+
+
+def probe(shape: tuple, a) -> None:
+    """One shape's rows (both causal flags unless --causal says otherwise)."""
+    b, hq, hkv, s, d = shape
     flags = {"both": (False, True), "true": (True,), "false": (False,)}[a.causal]
     gen = torch.Generator("cuda").manual_seed(0)
     q, k, v = (
@@ -81,7 +104,7 @@ def main() -> int:
 
         row["bwd_ms"]["cudnn"] = round(timer.time_cuda(cudnn_bwd, **tkw).median_ms, 4)
         o, lse = cs.forward(q, k, v, causal, scale, "v7")
-        for opts in (cb.BWD_DEFAULTS[d], *cb.BWD_LAB[d]):
+        for opts in builds(d, a.grid_only):
             name = "default" if opts == cb.BWD_DEFAULTS[d] else str(opts)
 
             def bwd(opts=opts):
@@ -97,7 +120,6 @@ def main() -> int:
         if a.out:
             with open(a.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

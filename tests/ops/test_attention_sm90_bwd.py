@@ -617,10 +617,123 @@ def test_ring_neither_deadlocks_nor_overwrites(n_it):
             _simulate_ring(n_it, stages, order)
 
 
+def _simulate_items(n_its: list[int], stages: int, seed: int) -> None:
+    """A model of a persistent block (BwdBuild's PERSIST): its items have n_its query blocks
+    each (0: a key block no query sees, skipped by the producer and by the K / V barriers).
+    The producer loads K / V for the u-th item with work once the kv_empty phase u - 1
+    completed (8 consumer-warp arrivals), then fills the ring's uses it0 + it as
+    ``_simulate_ring``'s producer; a consumer warp waits for kv_full's phase u, reads the
+    ring's uses in order, and arrives on kv_empty after its item's last one. The nine agents
+    move one step at a time in a random order (``seed``) among those that can. Asserts no
+    deadlock, K / V never reloaded while a warp reads them, a warp never reading a later
+    item's K / V, and a stage never refilled while a warp reads it."""
+    import random
+
+    rng = random.Random(seed)
+    work = [n for n in n_its if n]
+    total = sum(work)
+    kv_loads, kv_empty, kv_arrivals = 0, 0, 0  # K / V loads issued, kv_empty phases completed
+    full, empty, arrivals = [0] * stages, [0] * stages, [0] * stages
+    prod = [0, 0, 0]  # the producer's item (of `work`), query block in it, ring use
+    cons = [[0, 0, 0, False] for _ in range(8)]  # each warp's item, query block, ring use, K / V held
+    reading = [set() for _ in range(stages)]  # warps between a stage's full wait and their arrival
+
+    def producer_step(go: bool) -> bool:
+        nonlocal kv_loads
+        item, it, u = prod
+        if item >= len(work):
+            return False
+        if it == 0 and kv_loads == item:  # this item's K / V first
+            ok = item == 0 or kv_empty >= item
+            if ok and go:
+                assert not any(c[3] for c in cons), "K / V reloaded while read"
+                kv_loads += 1
+            return ok
+        st = u % stages
+        ok = u < stages or empty[st] >= u // stages
+        if ok and go:
+            assert not reading[st], "stage refilled while read"
+            full[st] += 1
+            it += 1
+            prod[:] = [item + 1, 0, u + 1] if it == work[item] else [item, it, u + 1]
+        return ok
+
+    def consumer_step(w: int, go: bool) -> bool:
+        nonlocal kv_arrivals, kv_empty
+        item, it, u, held = cons[w]
+        if item >= len(work):
+            return False
+        if not held:  # kv_full's phase `item`
+            ok = kv_loads > item
+            if ok and go:
+                assert kv_loads == item + 1, "K / V of a later item over this one's"
+                cons[w][3] = True
+            return ok
+        st = u % stages
+        if w in reading[st]:  # done with the stage: arrive on empty
+            if go:
+                reading[st].discard(w)
+                arrivals[st] += 1
+                if arrivals[st] == 8:
+                    arrivals[st], empty[st] = 0, empty[st] + 1
+                it, u = it + 1, u + 1
+                if it == work[item]:  # the item's last query block: K / V free
+                    kv_arrivals += 1
+                    if kv_arrivals == 8:
+                        kv_arrivals, kv_empty = 0, kv_empty + 1
+                    cons[w] = [item + 1, 0, u, False]
+                else:
+                    cons[w] = [item, it, u, True]
+            return True
+        ok = full[st] > u // stages
+        if ok and go:
+            reading[st].add(w)
+        return ok
+
+    steps = 0
+    while prod[0] < len(work) or any(c[0] < len(work) for c in cons):
+        ready = ["p"] * producer_step(False) + [w for w in range(8) if consumer_step(w, False)]
+        assert ready, f"deadlock: producer {prod}, consumers {cons}"
+        who = rng.choice(ready)
+        producer_step(True) if who == "p" else consumer_step(who, True)
+        steps += 1
+        assert steps < 40 * (total + len(work) + 10) * 9
+    assert kv_loads == len(work) and prod[2] == total and all(c[2] == total for c in cons)
+
+
+@pytest.mark.parametrize("n_its", [[0], [1], [4, 4, 4], [0, 3, 0, 0, 2], [7, 1, 0, 30], [2] * 9])
+def test_persistent_items_neither_deadlock_nor_overwrite_k_v(n_its):
+    for stages in (2, 3):
+        for seed in range(20):
+            _simulate_items(n_its, stages, seed)
+
+
+def test_persistent_items_cover_every_key_block_once():
+    """bwd_item (attention_sm90_bwd.cu) as written there: blocks b = 0 .. G - 1 taking items b,
+    b + G, ... of H_kv x n_kb x Z cover every (k/v head, key block, batch) once, the k/v head
+    fastest (the non-persistent grid's launch order); the producer and the consumers walk
+    the same items and count the ring and K / V uses on across them."""
+    src = cb.CU.read_text()
+    assert "return BwdItem{i % H_kv, (i / H_kv) % n_kb, i / (H_kv * n_kb)};" in src
+    assert src.count("for (int i = i0; i < items; i += step) {") == 2  # producer, consumers
+    assert src.count("const KeyBlock kb = key_block<BN>(w.nb, S_q, S_k, group, causal);") == 2
+    assert "if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);" in src
+    assert "if (kb.n_it > 0) mbar_wait(kv_full, uses & 1);" in src
+    for h_kv, n_kb, z, g in ((2, 3, 2, 132), (12, 2, 256, 132), (1, 1, 1, 1), (3, 5, 7, 4)):
+        items = h_kv * n_kb * z
+        seen = [
+            (i % h_kv, (i // h_kv) % n_kb, i // (h_kv * n_kb))
+            for b in range(min(items, g))
+            for i in range(b, items, min(items, g))
+        ]
+        assert sorted(seen) == sorted((hk, nb, zz) for zz in range(z) for nb in range(n_kb) for hk in range(h_kv))
+
+
 def test_named_barriers_and_proxy_fence_in_the_source():
     """The dS^T tile of a warpgroup: written by its 128 threads, fenced to the async proxy,
     then bar.sync on id 1 + cw with 128 threads (or, where the warpgroups split dQ, on id 3
-    with all 256) before the dQ wgmma reads it; the tile alternates per query block (it & 1);
+    with all 256) before the dQ wgmma reads it; the tile alternates per use u of the ring (one
+    a query block, counted on across a persistent block's items);
     the producer's expect_tx counts exactly the bytes of its copies (two tiles of 64 x D x 2
     and two 256-byte bulk copies)."""
     src = cb.CU.read_text()
@@ -629,7 +742,7 @@ def test_named_barriers_and_proxy_fence_in_the_source():
     i_tt = src.index("kl_wgmma_tt<NQ, BF16>")
     assert i_st < i_fence < i_split < i_bar < i_tt
     assert "constexpr int DS_BAR = 1, DQ_BAR = 3;" in src  # ids 1, 2 (per warpgroup) and 3; 0: __syncthreads
-    assert "(2 * cw + (it & 1)) * S::DS_BYTES" in src
+    assert "(2 * cw + (u & 1)) * S::DS_BYTES" in src and "(2 * (kk / 4) + (u & 1)) * S::DS_BYTES" in src
     assert "mbar_expect_tx(bar, 2 * S::QT_BYTES + 512)" in src
     assert src.count("bulk_load(") == 3 and "256, bar)" in src  # definition + two calls
 
@@ -672,6 +785,7 @@ def recorder(monkeypatch):
     monkeypatch.setattr(cb.Module, "kernel", kernel)
     monkeypatch.setattr(cs, "_device_index", lambda t: 0)
     monkeypatch.setattr(cs, "tensor_map", tensor_map)
+    monkeypatch.setattr(cb, "sm_count", lambda dev: 132)
     monkeypatch.setattr(cs, "PLANS", {})  # (plans bind the kernels they were made with)
     monkeypatch.setattr(cb, "PLANS", {})
     return calls
@@ -679,8 +793,8 @@ def recorder(monkeypatch):
 
 def test_launcher_arguments(recorder):
     """GQA 8 q heads over 2 k/v heads, S_q 300 (padded to 320), S_k 260, D 80, causal: the
-    preprocess over 320 rows, the main kernel's grid (2 k/v heads, 3 key blocks, batch),
-    its tensor maps (64-row boxes of q and dO, 128-row boxes of k and v), the group, the
+    preprocess over 320 rows, the main kernel's grid (persistent: one block for each of the
+    2 k/v heads x 3 key blocks x 2 batches, at most one an SM; else (2, 3, 2)), its tensor maps (64-row boxes of q and dO, 128-row boxes of k and v), the group, the
     scale twice (plain and x log2 e), the shared memory; the postprocess over S_q x D / 2
     pairs; gradients shaped as the inputs, in empty_bshd's layout."""
     q = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
@@ -697,18 +811,26 @@ def test_launcher_arguments(recorder):
     assert a_pre[2] is lse or a_pre[2].data_ptr() == lse.data_ptr()
     lse_p, delta_p, dq_acc = a_pre[3:6]
     assert lse_p.shape == delta_p.shape == (16, 320) and dq_acc.shape == (16, 320, 80)
-    assert g == (2, 3, 2) and b == 384 and shared == cb.smem_bytes(80)  # (k/v heads, key blocks, batch)
+    assert cb.BWD_DEFAULTS[80].persist
+    assert g == (12, 1, 1) and b == 384 and shared == cb.smem_bytes(80)  # items, at most one block an SM
     tq, tk, tv, tdo = a[:4]
     assert tq[3:] == ((80, 300, 8, 2), (160, 300 * 160, 8 * 300 * 160), (16, 64, 1, 1), 32)
     assert tk[5] == (16, 128, 1, 1) and tv[5] == (16, 128, 1, 1) and tdo[5] == (16, 64, 1, 1)
     assert tk[1] == k.data_ptr() and tv[1] == v.data_ptr() and tdo[1] == do.data_ptr()
     assert a[4] is lse_p and a[5] is delta_p and a[6] is dq_acc
     assert a[9:17] == (300, 260, 320, 8, 4, 0.3, pytest.approx(0.3 * cb.LOG2E), 1)
-    assert a[17:] == (260 * 2 * 80, 80, 2 * 80) * 2  # dk, dv (B, S, H, D) in memory
+    assert a[17:] == (260 * 2 * 80, 80, 2 * 80) * 2 + (2,)  # dk, dv (B, S, H, D) in memory; Z
     assert g_post == (math.ceil(300 * 40 / 256), 8, 2) and b_post == 256
     assert a_post[0] is dq_acc and a_post[2:7] == (300, 320, 8, 80, 0.3)
     assert a_post[7:] == (300 * 8 * 80, 80, 8 * 80)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    recorder.clear()  # a block an item: (k/v heads, key blocks, batch), heads fastest
+    cb.backward(do, q, k, v, o, lse, True, 0.3, opts=dataclasses.replace(cb.BWD_DEFAULTS[80], persist=False))
+    assert recorder[1][1] == (2, 3, 2) and recorder[1][3][9:] == a[9:]
+    recorder.clear()  # more items than SMs: one block an SM
+    big = torch.randn(140, 2, 260, 80, dtype=torch.bfloat16)
+    cb.backward(big, big, big, big, big, torch.zeros(140, 2, 260), False, 0.3)
+    assert recorder[1][1] == (132, 1, 1) and recorder[1][3][-1] == 140
 
 
 def test_launcher_v9(recorder):
@@ -724,7 +846,7 @@ def test_launcher_v9(recorder):
         "attn_bwd_post_blk_bf16",
     ]
     (_, _, _, a_pre, _), (_, g, b, a, shared), (_, g_post, b_post, a_post, _) = recorder
-    assert g == (2, 3, 1) and b == 384 and shared == cb.smem_bytes(128, "v9") > cb.smem_bytes(128)
+    assert g == (6, 1, 1) and b == 384 and shared == cb.smem_bytes(128, "v9") > cb.smem_bytes(128)
     assert a[6] is a_pre[5] and a_post[0] is a_pre[5]  # one dq accumulator
     assert g_post == (math.ceil(320 * 128 / 4 / 256), 4, 1) and b_post == 256  # a float4 a thread
     assert a_post[2:8] == (300, 320, 4, 128, 64, 0.3)
@@ -733,6 +855,7 @@ def test_launcher_v9(recorder):
     cb.backward(q, q, q, q, q, torch.zeros(1, 2, 9), False, 0.1, "v9")
     assert [c[0] for c in recorder] == ["attn_bwd_pre_f16", "attn_bwd_v9_d256_f16", "attn_bwd_post_blk_f16"]
     assert recorder[1][4] == cb.smem_bytes(256, "v9") == cb.smem_bytes(256)
+    assert recorder[1][1] == (2, 1, 1) and not cb.BWD_DEFAULTS[256].persist  # (k/v heads, key blocks, batch)
     with pytest.raises(ValueError, match="variant"):
         cb.backward(q, q, q, q, q, torch.zeros(1, 2, 9), False, 0.1, "v10")
 
@@ -1101,7 +1224,7 @@ def _bwd_build(ptx: str, d: int) -> cb.BwdOpts:
     """attention_sm90_bwd.cu's BwdBuild<d> as NVRTC's PTX lists its members (.global .u8
     <mangled name> [= 1])."""
     got = dict(re.findall(rf"\.global \.align 1 \.u8 _ZN8BwdBuildILi{d}EE\d+(\w+?)E(?: = (\d))?;", ptx))
-    assert set(got) == {"FAST_EXP", "MASK_BRANCH", "DESC_ADD"}, got
+    assert set(got) == {"FAST_EXP", "MASK_BRANCH", "DESC_ADD", "PERSIST"}, got
     return cb.BwdOpts(**{k.lower(): v == "1" for k, v in got.items()})
 
 
@@ -1166,6 +1289,7 @@ def test_lab_builds_named_and_built_beside_the_default():
         "-DKL_ATTN_BWD_FAST_EXP=1",
         "-DKL_ATTN_BWD_MASK_BRANCH=0",
         "-DKL_ATTN_BWD_DESC_ADD=1",
+        "-DKL_ATTN_BWD_PERSIST=0",
     )
     assert cb.BwdOpts(no_dq_red=True).flags[0] == "-DKL_ATTN_BWD_NO_DQ_RED=1"
     assert set(cb.BWD_DEFAULTS) == set(cb.BWD_HEAD_DIMS) and all(o.exact for o in cb.BWD_DEFAULTS.values())

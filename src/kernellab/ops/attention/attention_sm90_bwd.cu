@@ -14,7 +14,9 @@
 //       get lse = +inf, delta = 0, so their P is exactly 0 with no mask; the row's fp32
 //       dQ accumulator (Z * H, S_pad, D) is zeroed.
 //   attn_bwd_v8_d<D>_<dtype>  one block per (key block of BN = 128 keys, k/v head,
-//       batch): a producer warpgroup (one thread issues TMA copies; setmaxnreg 24) and two
+//       batch), or (BwdBuild's PERSIST, D <= 128) about one block an SM walking those items
+//       in turn, K and V of the next item loaded once every consumer warp is done with
+//       this item's (barrier kv_empty): a producer warpgroup (one thread issues TMA copies; setmaxnreg 24) and two
 //       consumer warpgroups (setmaxnreg 240), each owning 64 of the block's keys. K and V
 //       stay in shared memory; the block loops over its group's q heads (GQA: dK, dV sum
 //       the group in registers: deterministic, no atomics on them) and, per head, over the
@@ -97,6 +99,8 @@
 // kernel (H_kv, ceil(S_k / BN), Z): the k/v head varies fastest in launch order, so under
 // causal masking every head's first (heaviest: it sees every query) key block is launched
 // before any head's second, and the light last key blocks fill the tail; S_q, S_k > 0.
+// PERSIST: a one-dimensional grid of at most one block an SM; block b takes items b, b +
+// gridDim.x, ... of that same order (bwd_item), so the heavy items still go first.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -145,6 +149,15 @@ struct BwdBuild {
     static constexpr bool DESC_ADD = KL_ATTN_BWD_DESC_ADD;
 #else
     static constexpr bool DESC_ADD = D != 80 && D != 256;
+#endif
+    // PERSIST: about one block an SM (a one-dimensional grid), each walking (key block, k/v
+    // head, batch) items (bwd_item): K and V of the next item load while this one's last
+    // query blocks finish, and a short item (few query blocks: ViT's 197 rows are four)
+    // pays no block launch, barrier setup or first-load latency of its own.
+#ifdef KL_ATTN_BWD_PERSIST
+    static constexpr bool PERSIST = KL_ATTN_BWD_PERSIST;
+#else
+    static constexpr bool PERSIST = D <= 128;
 #endif
     // without exp2f's longer sequence the two copies of the loop make ptxas serialize the
     // wgmmas at D <= 128 (C7511)
@@ -316,9 +329,9 @@ struct KeyBlock {
 };
 
 template <int BN>
-__device__ __forceinline__ KeyBlock key_block(int S_q, int S_k, int group, int causal) {
+__device__ __forceinline__ KeyBlock key_block(int nb, int S_q, int S_k, int group, int causal) {
     KeyBlock b;
-    b.n0 = blockIdx.y * BN;
+    b.n0 = nb * BN;
     b.off = S_k - S_q;
     const int n_mb = (S_q + BM_B - 1) / BM_B;
     const int first_row = causal ? max(0, b.n0 - b.off) : 0;
@@ -326,6 +339,17 @@ __device__ __forceinline__ KeyBlock key_block(int S_q, int S_k, int group, int c
     b.per = first_row < S_q ? n_mb - b.m_begin : 0;
     b.n_it = group * b.per;
     return b;
+}
+
+// A block's work: key block nb of k/v head hk in batch z. One block each (grid (H_kv,
+// n_kb, Z)), or with BwdBuild's PERSIST item i of H_kv x n_kb x Z in the same order (the
+// k/v head fastest), block b taking items b, b + gridDim.x, ...
+struct BwdItem {
+    int hk, nb, z;
+};
+
+__device__ __forceinline__ BwdItem bwd_item(int i, int H_kv, int n_kb) {
+    return BwdItem{i % H_kv, (i / H_kv) % n_kb, i / (H_kv * n_kb)};
 }
 
 // --------------------------------------------------------------------------------------- kernel
@@ -338,7 +362,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                                        T* __restrict__ dk, T* __restrict__ dv, int S_q, int S_k, int S_pad, int H,
                                        int group, float scale, float scale_log2, int causal, long long sdkz,
                                        long long sdkh, long long sdks, long long sdvz, long long sdvh,
-                                       long long sdvs) {
+                                       long long sdvs, int Z) {
     constexpr bool BQ = BULK && Bulk<D>::ON;  // dQ through shared memory
     // OVL (v9): a query block's dQ is staged and bulk-added only after the next query block's
     // S^T and dP^T have been issued, so the tensor cores compute those while the warps move
@@ -352,41 +376,56 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     using L = Layout<D>;
     constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
     constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT;
-    constexpr bool DADD = BwdBuild<D>::DESC_ADD, FAST = BwdBuild<D>::FAST_EXP;
+    constexpr bool DADD = BwdBuild<D>::DESC_ADD, FAST = BwdBuild<D>::FAST_EXP, PERSIST = BwdBuild<D>::PERSIST;
     extern __shared__ unsigned char smem[];
-    __shared__ __align__(8) unsigned long long bars[2 * STAGES + 1];
+    __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
     check_smem(1024 + S::BYTES);
     const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[STAGES]), kv_full = smem_u32(&bars[2 * STAGES]);
-    const int t = threadIdx.x, hk = blockIdx.x, z = blockIdx.z;
+    const unsigned kv_empty = smem_u32(&bars[2 * STAGES + 1]);  // (PERSIST) every consumer warp is done with K, V
+    const int t = threadIdx.x;
     if (t == 0) {
         for (int st = 0; st < STAGES; ++st) {
             mbar_init(full0 + 8 * st, 1);
             mbar_init(empty0 + 8 * st, 8);
         }
         mbar_init(kv_full, 1);
+        mbar_init(kv_empty, 8);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    const KeyBlock kb = key_block<BN>(S_q, S_k, group, causal);
+    // The block's items: [i0, items) by step; one (its grid position) unless PERSIST. The ring's
+    // and K / V's use counts run on across items (it0, uses).
+    const int H_kv = H / group, n_kb = (S_k + BN - 1) / BN;
+    const int items = PERSIST ? H_kv * n_kb * Z : 1, i0 = PERSIST ? blockIdx.x : 0, step = PERSIST ? gridDim.x : 1;
+    auto item_of = [&](int i) { return PERSIST ? bwd_item(i, H_kv, n_kb) : BwdItem{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z}; };
 
     if (t < 128) {  // producer (128 x 24 + 256 x 240 = 64512 = 384 x 168 registers)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-        if (t == 0 && kb.n_it > 0) {
-            mbar_expect_tx(kv_full, 2 * S::KV_BYTES);
-            tma_tile<D, BN>(base + S::K, tk, kv_full, kb.n0, hk, z);
-            tma_tile<D, BN>(base + S::V, tv, kv_full, kb.n0, hk, z);
-            for (int it = 0; it < kb.n_it; ++it) {
-                const int st = it % STAGES;
-                if (it >= STAGES) mbar_wait(empty0 + 8 * st, (it / STAGES - 1) & 1);  // query block it-STAGES done
-                const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
-                const unsigned bar = full0 + 8 * st;
-                mbar_expect_tx(bar, 2 * S::QT_BYTES + 512);
-                tma_tile<D, BM_B>(base + S::Q + st * S::QT_BYTES, tq, bar, m0, h, z);
-                tma_tile<D, BM_B>(base + S::DO + st * S::QT_BYTES, tdo, bar, m0, h, z);
-                const long long row = ((long long)z * H + h) * S_pad + m0;
-                bulk_load(base + S::LD + st * 512, lse_p + row, 256, bar);
-                bulk_load(base + S::LD + st * 512 + 256, delta_p + row, 256, bar);
+        if (t == 0) {
+            int it0 = 0, uses = 0;
+            for (int i = i0; i < items; i += step) {
+                const BwdItem w = item_of(i);
+                const KeyBlock kb = key_block<BN>(w.nb, S_q, S_k, group, causal);
+                if (kb.n_it == 0) continue;
+                if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);  // the previous item's K, V done
+                ++uses;
+                mbar_expect_tx(kv_full, 2 * S::KV_BYTES);
+                tma_tile<D, BN>(base + S::K, tk, kv_full, kb.n0, w.hk, w.z);
+                tma_tile<D, BN>(base + S::V, tv, kv_full, kb.n0, w.hk, w.z);
+                for (int it = 0; it < kb.n_it; ++it) {
+                    const int u = it0 + it, st = u % STAGES;
+                    if (u >= STAGES) mbar_wait(empty0 + 8 * st, (u / STAGES - 1) & 1);  // use u - STAGES done
+                    const int h = w.hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
+                    const unsigned bar = full0 + 8 * st;
+                    mbar_expect_tx(bar, 2 * S::QT_BYTES + 512);
+                    tma_tile<D, BM_B>(base + S::Q + st * S::QT_BYTES, tq, bar, m0, h, w.z);
+                    tma_tile<D, BM_B>(base + S::DO + st * S::QT_BYTES, tdo, bar, m0, h, w.z);
+                    const long long row = ((long long)w.z * H + h) * S_pad + m0;
+                    bulk_load(base + S::LD + st * 512, lse_p + row, 256, bar);
+                    bulk_load(base + S::LD + st * 512 + 256, delta_p + row, 256, bar);
+                }
+                it0 += kb.n_it;
             }
         }
         return;
@@ -398,16 +437,10 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     // its columns 8j + 2q (+ 1) (wgmma's fragment layout)
     const int cw = t / 128 - 1, warp = (t % 128) / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
     const int kofs = DSPLIT ? 0 : 64 * cw;         // the warpgroup's first key in the block
-    const int kw0 = kb.n0 + kofs;                  // ... in the sequence
-    const int key_lo = kw0 + 16 * warp + g;        // this thread's keys: key_lo, key_lo + 8
     const int c_kv = DSPLIT ? cw * NV : 0;         // the warpgroup's first dK / dV column
     const unsigned slab_kv = (c_kv / L::E) * (BM_B * L::W);  // ... as a byte offset into a Q / dO tile
-    float dk_acc[NV / 2], dv_acc[NV / 2];
-#pragma unroll
-    for (int i = 0; i < NV / 2; ++i) dk_acc[i] = dv_acc[i] = 0.f;
-
-    if (kb.n_it > 0) mbar_wait(kv_full, 0);
     const unsigned sK = base + S::K, sV = base + S::V;
+    int z = 0;  // the item's batch
     // S^T = K_w Q^T and dP^T = V_w dO^T of the query block in stage st_: two groups, 64 keys
     // x 64 queries each, once the stage's copies have landed (the block's iteration it_)
     constexpr int NQ = SPLIT ? D / 2 : DSPLIT ? 64 : D;  // dQ columns a warpgroup sums per pass
@@ -475,153 +508,172 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         }
 #endif
     };
-    for (int it = 0; it < kb.n_it; ++it) {
-        const int st = it % STAGES;
-        const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
-        const unsigned sQ = base + S::Q + st * S::QT_BYTES, sdO = base + S::DO + st * S::QT_BYTES;
-        const unsigned sdS = base + S::DS + (2 * cw + (it & 1)) * S::DS_BYTES;
-        mbar_wait(full0 + 8 * st, (it / STAGES) & 1);
-        issue_s_dp(st);
-        if constexpr (OVL) {
-            if (it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // behind S^T, dP^T
-        }
-
-        // lse and delta of the stage's 64 queries: this thread reads those of its columns
-        // (8j + 2q, + 1) where it uses them (held in registers across the GEMMs, the 32 of
-        // them push D = 128 past the 240 registers at which wgmma need not serialize)
-        const float2* sl = reinterpret_cast<const float2*>(smem + (base - smem_u32(smem)) + S::LD + st * 512) + qd;
-        const bool masked = kw0 + 64 > S_k || (causal && kw0 + 63 > m0 + kb.off);
-
-        wgmma_wait<1>();  // S^T
-        fence_regs(s);
-        // MASK_BRANCH: a copy of the loop without masks for the blocks that need none; else
-        // one loop, its masks tested per element where `masked`
-        if (BwdBuild<D>::MASK_BRANCH && !masked)
-            p_of_s<false, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, false);
-        else
-            p_of_s<true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, masked);
+    int it0 = 0, uses = 0;
+    for (int i = i0; i < items; i += step) {
+        const BwdItem w = item_of(i);
+        const int hk = w.hk;
+        z = w.z;
+        const KeyBlock kb = key_block<BN>(w.nb, S_q, S_k, group, causal);
+        const int kw0 = kb.n0 + kofs;            // the warpgroup's first key in the sequence
+        const int key_lo = kw0 + 16 * warp + g;  // this thread's keys: key_lo, key_lo + 8
+        float dk_acc[NV / 2], dv_acc[NV / 2];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
-
-        // dV += P^T dO (P^T from registers; dO MN-major: K = queries, N = the NV columns)
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            kl_wgmma_rs<NV, BF16>(dv_acc, p16[4 * kk], p16[4 * kk + 1], p16[4 * kk + 2], p16[4 * kk + 3],
-                                  desc_mnmajor<D, BM_B, DADD>(sdO + slab_kv, 16 * kk), 1);
-        wgmma_commit();
-
-        wgmma_wait<1>();  // dP^T (dV still in flight)
-        fence_regs(dp);
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int i = 4 * j + 2 * hh;
-                const float2 dl = sl[32 + 4 * j];  // delta of columns 8j + 2q, + 1
-                const float a = s[i] * (dp[i] - dl.x), b = s[i + 1] * (dp[i + 1] - dl.y);
-                ds16[2 * j + hh] = pack2(a, b, BF16);
-            }
-
-        // dK += dS^T Q (dS^T from registers; Q MN-major)
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-            kl_wgmma_rs<NV, BF16>(dk_acc, ds16[4 * kk], ds16[4 * kk + 1], ds16[4 * kk + 2], ds16[4 * kk + 3],
-                                  desc_mnmajor<D, BM_B, DADD>(sQ + slab_kv, 16 * kk), 1);
-        wgmma_commit();
-
-        // dS^T to shared memory (64 keys x 64 queries, 128-byte rows swizzled as a D = 64
-        // tile): row key, the pair of queries (8j + 2q, + 1) as one 4-byte word
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const unsigned addr = sdS + tile_offset<64, 64>(16 * warp + g + 8 * hh, j) + 4 * qd;
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds16[2 * j + hh]) : "memory");
-            }
-        fence_proxy_async();  // the generic-proxy stores before wgmma's (async-proxy) reads
-        if (SPLIT) {
-            // both warpgroups' tiles are written: warpgroup cw computes columns
-            // [cw D/2, (cw + 1) D/2) of dQ over all 128 keys (half the accumulators and half
-            // the atomics of a per-warpgroup dQ over its own 64 keys)
-            named_sync(DQ_BAR, 256);
-        } else {
-            named_sync(DS_BAR + cw, 128);  // the warpgroup's own tile is written
-        }
-
-        // dQ = dS K: A = dS (M = queries, K = keys) MN-major (the dS^T tiles), B = K (K =
-        // keys, N = columns) MN-major. Per warpgroup: QSPLIT, columns [64 cw, 64 cw + 64) over
-        // both tiles' 128 keys; DSPLIT, its 128 columns in two passes of 64 (32 accumulators
-        // at a time) over the block's 64 keys; else all D columns over its own 64 keys.
-#pragma unroll 1
-        for (int pass = 0; pass < PASSES; ++pass) {
-            const int c0 = SPLIT ? cw * NQ : DSPLIT ? c_kv + 64 * pass : 0;  // first dQ column
-            float dq[NQ / 2];
-            wgmma_fence();
-            if (SPLIT) {
-                const unsigned sKc = sK + cw * (BN * L::W);  // slab cw: columns 64 cw ..
-#pragma unroll
-                for (int kk = 0; kk < 8; ++kk)
-                    kl_wgmma_tt<NQ, BF16>(
-                        dq, desc_mnmajor<64, 64, DADD>(base + S::DS + (2 * (kk / 4) + (it & 1)) * S::DS_BYTES, 16 * (kk % 4)),
-                        desc_mnmajor<D, BN, DADD>(sKc, 16 * kk), kk > 0);
-            } else {
-                const unsigned sKc = sK + (c0 / L::E) * (BN * L::W);  // the slab of column c0 (0 unless DSPLIT)
-#pragma unroll
-                for (int kk = 0; kk < 4; ++kk)
-                    kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64, DADD>(sdS, 16 * kk),
-                                          desc_mnmajor<D, BN, DADD>(sKc, kofs + 16 * kk), kk > 0);
-            }
-            wgmma_commit();
-            wgmma_wait<0>();  // (first pass) dV, dK and this dQ: the stage and p16 / ds16 are free
-            fence_regs(dq);
-            if (pass == 0) {
-                fence_regs(dv_acc);
-                fence_regs(dk_acc);
-                fence_regs(p16);
-                fence_regs(ds16);
-                __syncwarp();
-                if (lane == 0) mbar_arrive(empty0 + 8 * st);
-            }
-
+        for (int r = 0; r < NV / 2; ++r) dk_acc[r] = dv_acc[r] = 0.f;
+        if (kb.n_it > 0) mbar_wait(kv_full, uses & 1);
+        for (int it = 0; it < kb.n_it; ++it) {
+            const int u = it0 + it, st = u % STAGES;  // the ring's use
+            const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
+            const unsigned sQ = base + S::Q + st * S::QT_BYTES, sdO = base + S::DO + st * S::QT_BYTES;
+            const unsigned sdS = base + S::DS + (2 * cw + (u & 1)) * S::DS_BYTES;
+            mbar_wait(full0 + 8 * st, (u / STAGES) & 1);
+            issue_s_dp(st);
             if constexpr (OVL) {
-                // kept for the next iteration, copied by an add of +0 (exact but for the sign
-                // of a zero; ptxas folds a plain mov): ptxas treats a register a wgmma defined
-                // as possibly in flight across the back edge and would make the staging wait
-                // for the next S^T, dP^T (an injected wait_group: C7517)
-                static_assert(PASSES == 1, "OVL keeps one pass of dQ");
+                if (it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // behind S^T, dP^T
+            }
+
+            // lse and delta of the stage's 64 queries: this thread reads those of its columns
+            // (8j + 2q, + 1) where it uses them (held in registers across the GEMMs, the 32 of
+            // them push D = 128 past the 240 registers at which wgmma need not serialize)
+            const float2* sl = reinterpret_cast<const float2*>(smem + (base - smem_u32(smem)) + S::LD + st * 512) + qd;
+            const bool masked = kw0 + 64 > S_k || (causal && kw0 + 63 > m0 + kb.off);
+
+            wgmma_wait<1>();  // S^T
+            fence_regs(s);
+            // MASK_BRANCH: a copy of the loop without masks for the blocks that need none; else
+            // one loop, its masks tested per element where `masked`
+            if (BwdBuild<D>::MASK_BRANCH && !masked)
+                p_of_s<false, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, false);
+            else
+                p_of_s<true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, masked);
 #pragma unroll
-                for (int i = 0; i < NQ / 2; ++i) asm volatile("add.rn.f32 %0, %1, 0f00000000;\n" : "=f"(dq_o[i]) : "f"(dq[i]));
-                prev_h = h, prev_m0 = m0;  // staged behind the next query block's S^T, dP^T
-            } else if constexpr (BQ) {
-                stage_dq(dq, h, m0, c0);
+            for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
+
+            // dV += P^T dO (P^T from registers; dO MN-major: K = queries, N = the NV columns)
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                kl_wgmma_rs<NV, BF16>(dv_acc, p16[4 * kk], p16[4 * kk + 1], p16[4 * kk + 2], p16[4 * kk + 3],
+                                      desc_mnmajor<D, BM_B, DADD>(sdO + slab_kv, 16 * kk), 1);
+            wgmma_commit();
+
+            wgmma_wait<1>();  // dP^T (dV still in flight)
+            fence_regs(dp);
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int i = 4 * j + 2 * hh;
+                    const float2 dl = sl[32 + 4 * j];  // delta of columns 8j + 2q, + 1
+                    const float a = s[i] * (dp[i] - dl.x), b = s[i + 1] * (dp[i + 1] - dl.y);
+                    ds16[2 * j + hh] = pack2(a, b, BF16);
+                }
+
+            // dK += dS^T Q (dS^T from registers; Q MN-major)
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+                kl_wgmma_rs<NV, BF16>(dk_acc, ds16[4 * kk], ds16[4 * kk + 1], ds16[4 * kk + 2], ds16[4 * kk + 3],
+                                      desc_mnmajor<D, BM_B, DADD>(sQ + slab_kv, 16 * kk), 1);
+            wgmma_commit();
+
+            // dS^T to shared memory (64 keys x 64 queries, 128-byte rows swizzled as a D = 64
+            // tile): row key, the pair of queries (8j + 2q, + 1) as one 4-byte word
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const unsigned addr = sdS + tile_offset<64, 64>(16 * warp + g + 8 * hh, j) + 4 * qd;
+                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds16[2 * j + hh]) : "memory");
+                }
+            fence_proxy_async();  // the generic-proxy stores before wgmma's (async-proxy) reads
+            if (SPLIT) {
+                // both warpgroups' tiles are written: warpgroup cw computes columns
+                // [cw D/2, (cw + 1) D/2) of dQ over all 128 keys (half the accumulators and half
+                // the atomics of a per-warpgroup dQ over its own 64 keys)
+                named_sync(DQ_BAR, 256);
             } else {
-                add_dq(dq, h, m0, c0);
+                named_sync(DS_BAR + cw, 128);  // the warpgroup's own tile is written
+            }
+
+            // dQ = dS K: A = dS (M = queries, K = keys) MN-major (the dS^T tiles), B = K (K =
+            // keys, N = columns) MN-major. Per warpgroup: QSPLIT, columns [64 cw, 64 cw + 64) over
+            // both tiles' 128 keys; DSPLIT, its 128 columns in two passes of 64 (32 accumulators
+            // at a time) over the block's 64 keys; else all D columns over its own 64 keys.
+#pragma unroll 1
+            for (int pass = 0; pass < PASSES; ++pass) {
+                const int c0 = SPLIT ? cw * NQ : DSPLIT ? c_kv + 64 * pass : 0;  // first dQ column
+                float dq[NQ / 2];
+                wgmma_fence();
+                if (SPLIT) {
+                    const unsigned sKc = sK + cw * (BN * L::W);  // slab cw: columns 64 cw ..
+#pragma unroll
+                    for (int kk = 0; kk < 8; ++kk)
+                        kl_wgmma_tt<NQ, BF16>(
+                            dq, desc_mnmajor<64, 64, DADD>(base + S::DS + (2 * (kk / 4) + (u & 1)) * S::DS_BYTES, 16 * (kk % 4)),
+                            desc_mnmajor<D, BN, DADD>(sKc, 16 * kk), kk > 0);
+                } else {
+                    const unsigned sKc = sK + (c0 / L::E) * (BN * L::W);  // the slab of column c0 (0 unless DSPLIT)
+#pragma unroll
+                    for (int kk = 0; kk < 4; ++kk)
+                        kl_wgmma_tt<NQ, BF16>(dq, desc_mnmajor<64, 64, DADD>(sdS, 16 * kk),
+                                              desc_mnmajor<D, BN, DADD>(sKc, kofs + 16 * kk), kk > 0);
+                }
+                wgmma_commit();
+                wgmma_wait<0>();  // (first pass) dV, dK and this dQ: the stage and p16 / ds16 are free
+                fence_regs(dq);
+                if (pass == 0) {
+                    fence_regs(dv_acc);
+                    fence_regs(dk_acc);
+                    fence_regs(p16);
+                    fence_regs(ds16);
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty0 + 8 * st);
+                }
+
+                if constexpr (OVL) {
+                    // kept for the next iteration, copied by an add of +0 (exact but for the sign
+                    // of a zero; ptxas folds a plain mov): ptxas treats a register a wgmma defined
+                    // as possibly in flight across the back edge and would make the staging wait
+                    // for the next S^T, dP^T (an injected wait_group: C7517)
+                    static_assert(PASSES == 1, "OVL keeps one pass of dQ");
+#pragma unroll
+                    for (int i = 0; i < NQ / 2; ++i) asm volatile("add.rn.f32 %0, %1, 0f00000000;\n" : "=f"(dq_o[i]) : "f"(dq[i]));
+                    prev_h = h, prev_m0 = m0;  // staged behind the next query block's S^T, dP^T
+                } else if constexpr (BQ) {
+                    stage_dq(dq, h, m0, c0);
+                } else {
+                    add_dq(dq, h, m0, c0);
+                }
             }
         }
-    }
-    if constexpr (OVL) {
-        if (kb.n_it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // the last query block's
+        if (kb.n_it > 0) {  // K and V free for the next item's (every wgmma that read them waited for)
+            __syncwarp();
+            if (lane == 0) mbar_arrive(kv_empty);
+            ++uses;
+        }
+        if constexpr (OVL) {
+            if (kb.n_it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // the last query block's
+        }
+        it0 += kb.n_it;
+
+        // epilogue: dK = scale * dS^T Q and dV for this thread's two keys (zeros for a block no
+        // query sees)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int key = key_lo + 8 * hh;
+            if (key < S_k) {
+                T* dkr = dk + z * sdkz + hk * sdkh + key * sdks + c_kv + 2 * qd;
+                T* dvr = dv + z * sdvz + hk * sdvh + key * sdvs + c_kv + 2 * qd;
+#pragma unroll
+                for (int j = 0; j < NV / 8; ++j) {
+                    store2(dkr + 8 * j, dk_acc[4 * j + 2 * hh] * scale, dk_acc[4 * j + 2 * hh + 1] * scale);
+                    store2(dvr + 8 * j, dv_acc[4 * j + 2 * hh], dv_acc[4 * j + 2 * hh + 1]);
+                }
+            }
+        }
     }
     if constexpr (BQ) {
         if (lane == 0) bulk_wait0();  // the warp's last reduce-add done before the block's shared memory goes
-    }
-
-    // epilogue: dK = scale * dS^T Q and dV for this thread's two keys (zeros for a block no
-    // query sees)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-        const int key = key_lo + 8 * hh;
-        if (key < S_k) {
-            T* dkr = dk + z * sdkz + hk * sdkh + key * sdks + c_kv + 2 * qd;
-            T* dvr = dv + z * sdvz + hk * sdvh + key * sdvs + c_kv + 2 * qd;
-#pragma unroll
-            for (int j = 0; j < NV / 8; ++j) {
-                store2(dkr + 8 * j, dk_acc[4 * j + 2 * hh] * scale, dk_acc[4 * j + 2 * hh + 1] * scale);
-                store2(dvr + 8 * j, dv_acc[4 * j + 2 * hh], dv_acc[4 * j + 2 * hh + 1]);
-            }
-        }
     }
 }
 
@@ -702,10 +754,10 @@ __device__ __forceinline__ void bwd_post_blocked(const float* __restrict__ dq_ac
         const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap tdo, const float *lse_p,         \
         const float *delta_p, float *dq_acc, T *dk, T *dv, int S_q, int S_k, int S_pad, int H, int group,       \
         float scale, float scale_log2, int causal, long long sdkz, long long sdkh, long long sdks, long long sdvz, \
-        long long sdvh, long long sdvs
+        long long sdvh, long long sdvs, int Z
 #define KL_ATTN_BWD_PASS                                                                                         \
     &tq, &tk, &tv, &tdo, lse_p, delta_p, dq_acc, dk, dv, S_q, S_k, S_pad, H, group, scale, scale_log2, causal, sdkz, \
-        sdkh, sdks, sdvz, sdvh, sdvs
+        sdkh, sdks, sdvz, sdvh, sdvs, Z
 
 #define KL_ATTN_BWD_T(D, T, BF16, SFX)                                                                               \
     extern "C" __global__ void __launch_bounds__(THREADS_B, 1) attn_bwd_v8_d##D##_##SFX(KL_ATTN_BWD_ARGS(T)) {        \

@@ -2,7 +2,8 @@
 sm_90a), FlashAttention-3's design: backends ``cuda_v8`` and ``cuda_v9``, whose forward is
 ``cuda_v7``'s (cuda_sm90.py) and whose backward is three kernels: a preprocess (delta = rowsum(dO * O)
 in fp32, the lse copied into a padded buffer, the fp32 dQ accumulator zeroed), the main
-kernel (one block per 128 keys x k/v head x batch: a TMA producer warpgroup and two
+kernel (per 128 keys x k/v head x batch, a block or, at D <= 128, an item of a persistent
+block, about one an SM (``BwdOpts.persist``): a TMA producer warpgroup and two
 consumer warpgroups of 64 keys each (D = 256: 64 keys a block, the warpgroups splitting
 the head dim, ``splits_d``), K and V held in shared memory, Q / dO / lse / delta
 streamed per query block of 64 rows through an mbarrier ring; dK and dV accumulated in
@@ -59,6 +60,7 @@ from kernellab.cuda.runtime import (
     ceil_div,
     nvrtc_unavailable,  # noqa: F401 (the tests ask this module)
     sm90_unavailable,
+    sm_count,
 )
 from kernellab.ops.attention import cuda_sm90 as cs
 from kernellab.ops.attention import triton as at
@@ -87,12 +89,15 @@ class BwdOpts:
     (-DKL_ATTN_BWD_MASK_BRANCH=1) keeps the masks' compares and selects out of the key
     blocks that need none; ``desc_add`` (-DKL_ATTN_BWD_DESC_ADD=1) adds a wgmma operand's k
     step to its tile's descriptor instead of building a descriptor per step (the same
-    descriptors). Written as the options set, joined by "+"."""
+    descriptors); ``persist`` (-DKL_ATTN_BWD_PERSIST=1) launches about one block an SM, each
+    walking (key block, k/v head, batch) items, instead of one block an item. Written as the
+    options set, joined by "+"."""
 
     no_dq_red: bool = False
     fast_exp: bool = False
     mask_branch: bool = False
     desc_add: bool = False
+    persist: bool = False
 
     def __str__(self) -> str:
         on = [f.replace("_", "-") for f in self.__dataclass_fields__ if getattr(self, f)]
@@ -103,7 +108,8 @@ class BwdOpts:
         """The -D options of the build: each loop option set to 0 or 1 (for every head dim in
         the module, in place of BwdBuild<D>'s), no_dq_red where it is on."""
         return ("-DKL_ATTN_BWD_NO_DQ_RED=1",) * self.no_dq_red + tuple(
-            f"-DKL_ATTN_BWD_{f.upper()}={int(getattr(self, f))}" for f in ("fast_exp", "mask_branch", "desc_add")
+            f"-DKL_ATTN_BWD_{f.upper()}={int(getattr(self, f))}"
+            for f in ("fast_exp", "mask_branch", "desc_add", "persist")
         )
 
     @property
@@ -112,12 +118,18 @@ class BwdOpts:
         return not self.no_dq_red
 
 
-_LEAN = BwdOpts(fast_exp=True, mask_branch=True, desc_add=True)
+_LEAN = BwdOpts(fast_exp=True, mask_branch=True, desc_add=True, persist=True)
 # The build each head dim runs, attention_sm90_bwd.cu's BwdBuild<D> (a test reads it back from
 # the PTX), the fastest in lab/probe_bwd_builds.py on an H200 (benchmarks/NOTES.md): every
 # option at D = 64 / 96 / 128; at D = 80 without desc_add; none at D = 256, where each one
-# made the loop slower.
-BWD_DEFAULTS = {64: _LEAN, 80: BwdOpts(fast_exp=True, mask_branch=True), 96: _LEAN, 128: _LEAN, 256: BwdOpts()}
+# made the loop slower (and whose blocks are not persistent).
+BWD_DEFAULTS = {
+    64: _LEAN,
+    80: BwdOpts(fast_exp=True, mask_branch=True, persist=True),
+    96: _LEAN,
+    128: _LEAN,
+    256: BwdOpts(),
+}
 MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in BWD_HEAD_DIMS}
 MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
 # The builds lab/gpu_attn_bwd_sm90.py and lab/probe_bwd_builds.py time beside each head dim's
@@ -132,8 +144,18 @@ _LOOP_BUILDS = (
     BwdOpts(fast_exp=True, desc_add=True),
     _LEAN,
 )
+# The loop builds take the head dim's grid (persistent or not); the default with the other grid
+# comes last.
 BWD_LAB = {
-    d: (replace(BWD_DEFAULTS[d], no_dq_red=True), *(o for o in _LOOP_BUILDS if o != BWD_DEFAULTS[d]))
+    d: (
+        replace(BWD_DEFAULTS[d], no_dq_red=True),
+        *(
+            o
+            for o in (replace(b, persist=BWD_DEFAULTS[d].persist) for b in _LOOP_BUILDS)
+            if o != BWD_DEFAULTS[d]
+        ),
+        replace(BWD_DEFAULTS[d], persist=not BWD_DEFAULTS[d].persist),
+    )
     for d in BWD_HEAD_DIMS
 }
 _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
@@ -151,7 +173,7 @@ def bwd_module(d: int, opts: BwdOpts | None = None) -> Module:
     return _LAB_MODULES[key]
 
 
-SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6
+SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6 + ("i32",)  # + Z
 SIG_PRE = ("ptr",) * 6 + ("i32",) * 4 + ("i64",) * 6
 SIG_POST = ("ptr",) * 2 + ("i32",) * 4 + ("f32",) + ("i64",) * 3
 SIG_POST_BLK = ("ptr",) * 2 + ("i32",) * 5 + ("f32",) + ("i64",) * 3  # + NQ
@@ -351,10 +373,13 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
     if shared > main.max_dynamic_shared:
         main.set_max_dynamic_shared(shared)
     g_pre, pre_args = (s_pad // PRE_ROWS, h, z), (s_q, s_pad, h, d, *o4.stride()[:3], *do4.stride()[:3])
-    g_main = (h_kv, ceil_div(s_k, bn), z)  # heads fastest: heavy causal blocks first
+    if (opts or BWD_DEFAULTS[d]).persist:  # items (key block, k/v head, batch), one block an SM at most
+        g_main = (min(h_kv * ceil_div(s_k, bn) * z, sm_count(dev)), 1, 1)
+    else:
+        g_main = (h_kv, ceil_div(s_k, bn), z)  # heads fastest: heavy causal blocks first
     mq, mk, mv, mdo = cs._map_args(q4, BM), cs._map_args(k4, bn), cs._map_args(v4, bn), cs._map_args(do4, BM)
     main_args = (s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E, int(causal),
-                 *dk4.stride()[:3], *dv4.stride()[:3])  # fmt: skip
+                 *dk4.stride()[:3], *dv4.stride()[:3], z)  # fmt: skip
     nq = dq_chunk(d, variant)
     if nq:  # the accumulator in the blocked order (dq_frag_offset): a float4 a thread
         post = mod.kernel(f"attn_bwd_post_blk_{sfx}", SIG_POST_BLK, dev)
