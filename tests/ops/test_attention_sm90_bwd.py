@@ -618,36 +618,39 @@ def test_ring_neither_deadlocks_nor_overwrites(n_it):
 
 
 def _simulate_items(n_its: list[int], stages: int, seed: int) -> None:
-    """A model of a persistent block (BwdBuild's PERSIST): its items have n_its query blocks
-    each (0: a key block no query sees, skipped by the producer and by the K / V barriers).
-    The producer loads K / V for the u-th item with work once the kv_empty phase u - 1
-    completed (8 consumer-warp arrivals), then fills the ring's uses it0 + it as
-    ``_simulate_ring``'s producer; a consumer warp waits for kv_full's phase u, reads the
-    ring's uses in order, and arrives on kv_empty after its item's last one. The nine agents
-    move one step at a time in a random order (``seed``) among those that can. Asserts no
-    deadlock, K / V never reloaded while a warp reads them, a warp never reading a later
-    item's K / V, and a stage never refilled while a warp reads it."""
+    """A model of a persistent block (BwdBuild's PERSIST) taking items with n_its query blocks
+    each (0: a key block no query sees), then the end. Per item the producer waits for
+    kv_empty's phase u - 1 (8 consumer-warp arrivals; u: the items so far), writes the item
+    into item_slot and completes kv_full's phase u (loading K and V first where the item has
+    work), then fills the ring's uses it0 + it as ``_simulate_ring``'s producer; the end is
+    announced the same way. A consumer warp waits for kv_full's phase u, reads item_slot,
+    reads the item's ring uses in order and arrives on kv_empty. The nine agents move one
+    step at a time in a random order (``seed``) among those that can. Asserts no deadlock,
+    item_slot and K / V never rewritten while a warp holds its item, every warp seeing
+    every item and the end in order, and a stage never refilled while a warp reads it."""
     import random
 
     rng = random.Random(seed)
-    work = [n for n in n_its if n]
-    total = sum(work)
-    kv_loads, kv_empty, kv_arrivals = 0, 0, 0  # K / V loads issued, kv_empty phases completed
+    seq = list(n_its) + [None]  # None: the end
+    total = sum(n_its)
+    slot, kv_phases, kv_empty, kv_arrivals = None, 0, 0, 0
     full, empty, arrivals = [0] * stages, [0] * stages, [0] * stages
-    prod = [0, 0, 0]  # the producer's item (of `work`), query block in it, ring use
-    cons = [[0, 0, 0, False] for _ in range(8)]  # each warp's item, query block, ring use, K / V held
+    prod = [0, 0, 0, False]  # the producer's item (of seq), query block in it, ring use, item announced
+    cons = [[0, 0, 0, False] for _ in range(8)]  # each warp's item, query block, ring use, item held
     reading = [set() for _ in range(stages)]  # warps between a stage's full wait and their arrival
+    seen = [[] for _ in range(8)]
 
     def producer_step(go: bool) -> bool:
-        nonlocal kv_loads
-        item, it, u = prod
-        if item >= len(work):
+        nonlocal slot, kv_phases
+        item, it, u, announced = prod
+        if item >= len(seq):
             return False
-        if it == 0 and kv_loads == item:  # this item's K / V first
+        if not announced:  # kv_empty's phase item - 1, then item_slot and kv_full
             ok = item == 0 or kv_empty >= item
             if ok and go:
-                assert not any(c[3] for c in cons), "K / V reloaded while read"
-                kv_loads += 1
+                assert not any(c[3] for c in cons), "item_slot / K / V rewritten while held"
+                slot, kv_phases = item, kv_phases + 1
+                prod[:] = [item + 1, 0, u, False] if seq[item] in (None, 0) else [item, 0, u, True]
             return ok
         st = u % stages
         ok = u < stages or empty[st] >= u // stages
@@ -655,20 +658,33 @@ def _simulate_items(n_its: list[int], stages: int, seed: int) -> None:
             assert not reading[st], "stage refilled while read"
             full[st] += 1
             it += 1
-            prod[:] = [item + 1, 0, u + 1] if it == work[item] else [item, it, u + 1]
+            prod[:] = [item + 1, 0, u + 1, False] if it == seq[item] else [item, it, u + 1, True]
         return ok
 
     def consumer_step(w: int, go: bool) -> bool:
         nonlocal kv_arrivals, kv_empty
         item, it, u, held = cons[w]
-        if item >= len(work):
+        if item >= len(seq):
             return False
-        if not held:  # kv_full's phase `item`
-            ok = kv_loads > item
+        if not held:  # kv_full's phase `item`, then item_slot
+            ok = kv_phases > item
             if ok and go:
-                assert kv_loads == item + 1, "K / V of a later item over this one's"
-                cons[w][3] = True
+                assert slot == item, "item_slot of another item"
+                seen[w].append(seq[slot])
+                if seq[slot] is None:
+                    cons[w] = [len(seq), 0, u, False]  # the end
+                elif seq[slot] == 0:
+                    cons[w] = [item, 0, u, True]
+                else:
+                    cons[w] = [item, 0, u, True]
             return ok
+        if it == (seq[item] or 0):  # the item done: arrive on kv_empty
+            if go:
+                kv_arrivals += 1
+                if kv_arrivals == 8:
+                    kv_arrivals, kv_empty = 0, kv_empty + 1
+                cons[w] = [item + 1, 0, u, False]
+            return True
         st = u % stages
         if w in reading[st]:  # done with the stage: arrive on empty
             if go:
@@ -676,14 +692,7 @@ def _simulate_items(n_its: list[int], stages: int, seed: int) -> None:
                 arrivals[st] += 1
                 if arrivals[st] == 8:
                     arrivals[st], empty[st] = 0, empty[st] + 1
-                it, u = it + 1, u + 1
-                if it == work[item]:  # the item's last query block: K / V free
-                    kv_arrivals += 1
-                    if kv_arrivals == 8:
-                        kv_arrivals, kv_empty = 0, kv_empty + 1
-                    cons[w] = [item + 1, 0, u, False]
-                else:
-                    cons[w] = [item, it, u, True]
+                cons[w] = [item, it + 1, u + 1, True]
             return True
         ok = full[st] > u // stages
         if ok and go:
@@ -691,14 +700,15 @@ def _simulate_items(n_its: list[int], stages: int, seed: int) -> None:
         return ok
 
     steps = 0
-    while prod[0] < len(work) or any(c[0] < len(work) for c in cons):
+    while prod[0] < len(seq) or any(c[0] < len(seq) for c in cons):
         ready = ["p"] * producer_step(False) + [w for w in range(8) if consumer_step(w, False)]
         assert ready, f"deadlock: producer {prod}, consumers {cons}"
         who = rng.choice(ready)
         producer_step(True) if who == "p" else consumer_step(who, True)
         steps += 1
-        assert steps < 40 * (total + len(work) + 10) * 9
-    assert kv_loads == len(work) and prod[2] == total and all(c[2] == total for c in cons)
+        assert steps < 40 * (total + len(seq) + 10) * 9
+    assert kv_phases == len(seq) and prod[2] == total and all(c[2] == total for c in cons)
+    assert all(x == seq for x in seen)
 
 
 @pytest.mark.parametrize("n_its", [[0], [1], [4, 4, 4], [0, 3, 0, 0, 2], [7, 1, 0, 30], [2] * 9])
@@ -709,23 +719,21 @@ def test_persistent_items_neither_deadlock_nor_overwrite_k_v(n_its):
 
 
 def test_persistent_items_cover_every_key_block_once():
-    """bwd_item (attention_sm90_bwd.cu) as written there: blocks b = 0 .. G - 1 taking items b,
-    b + G, ... of H_kv x n_kb x Z cover every (k/v head, key block, batch) once, the k/v head
-    fastest (the non-persistent grid's launch order); the producer and the consumers walk
-    the same items and count the ring and K / V uses on across them."""
+    """bwd_item (attention_sm90_bwd.cu) as written there: items 0 .. H_kv x n_kb x Z - 1 (block b
+    takes item b first, then gridDim.x + the launch counter's next value: each index once)
+    cover every (k/v head, key block, batch) once, the k/v head fastest (the non-persistent
+    grid's launch order); the producer hands each item to the consumers through item_slot
+    and kv_full, and both count the ring's uses on across items."""
     src = cb.CU.read_text()
     assert "return BwdItem{i % H_kv, (i / H_kv) % n_kb, i / (H_kv * n_kb)};" in src
-    assert src.count("for (int i = i0; i < items; i += step) {") == 2  # producer, consumers
     assert src.count("const KeyBlock kb = key_block<BN>(w.nb, S_q, S_k, group, causal);") == 2
     assert "if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);" in src
-    assert "if (kb.n_it > 0) mbar_wait(kv_full, uses & 1);" in src
-    for h_kv, n_kb, z, g in ((2, 3, 2, 132), (12, 2, 256, 132), (1, 1, 1, 1), (3, 5, 7, 4)):
-        items = h_kv * n_kb * z
-        seen = [
-            (i % h_kv, (i // h_kv) % n_kb, i // (h_kv * n_kb))
-            for b in range(min(items, g))
-            for i in range(b, items, min(items, g))
-        ]
+    assert "mbar_wait(kv_full, uses & 1);\n        const int i = item_slot;" in src
+    assert "const int next = PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : items;" in src
+    assert "if (i == 0 && lane == 0 && h == 0 && z == 0) *sched = 0;" in src  # attn_bwd_pre
+    for h_kv, n_kb, z in ((2, 3, 2), (12, 2, 256), (1, 1, 1), (3, 5, 7)):
+        seen = [(i % h_kv, (i // h_kv) % n_kb, i // (h_kv * n_kb)) for i in range(h_kv * n_kb * z)]
+        assert seen[:h_kv] == [(hk, 0, 0) for hk in range(h_kv)]
         assert sorted(seen) == sorted((hk, nb, zz) for zz in range(z) for nb in range(n_kb) for hk in range(h_kv))
 
 
@@ -807,10 +815,11 @@ def test_launcher_arguments(recorder):
     assert [c[0] for c in recorder] == ["attn_bwd_pre_bf16", "attn_bwd_v8_d80_bf16", "attn_bwd_post_bf16"]
     (_, g_pre, b_pre, a_pre, _), (_, g, b, a, shared), (_, g_post, b_post, a_post, _) = recorder
     assert g_pre == (320 // 8, 8, 2) and b_pre == 256
-    assert a_pre[6:10] == (300, 320, 8, 80)
+    assert a_pre[7:11] == (300, 320, 8, 80)
     assert a_pre[2] is lse or a_pre[2].data_ptr() == lse.data_ptr()
-    lse_p, delta_p, dq_acc = a_pre[3:6]
-    assert lse_p.shape == delta_p.shape == (16, 320) and dq_acc.shape == (16, 320, 80)
+    lse_p, delta_p, dq_acc, sched = a_pre[3:7]
+    assert lse_p.shape == (16, 320) and delta_p.shape == (16 * 320 + 1,) and dq_acc.shape == (16, 320, 80)
+    assert sched == delta_p.data_ptr() + 4 * 16 * 320  # the item counter: the delta buffer's last word
     assert cb.BWD_DEFAULTS[80].persist
     assert g == (12, 1, 1) and b == 384 and shared == cb.smem_bytes(80)  # items, at most one block an SM
     tq, tk, tv, tdo = a[:4]
@@ -819,18 +828,18 @@ def test_launcher_arguments(recorder):
     assert tk[1] == k.data_ptr() and tv[1] == v.data_ptr() and tdo[1] == do.data_ptr()
     assert a[4] is lse_p and a[5] is delta_p and a[6] is dq_acc
     assert a[9:17] == (300, 260, 320, 8, 4, 0.3, pytest.approx(0.3 * cb.LOG2E), 1)
-    assert a[17:] == (260 * 2 * 80, 80, 2 * 80) * 2 + (2,)  # dk, dv (B, S, H, D) in memory; Z
+    assert a[17:] == (260 * 2 * 80, 80, 2 * 80) * 2 + (2, sched)  # dk, dv (B, S, H, D) in memory; Z
     assert g_post == (math.ceil(300 * 40 / 256), 8, 2) and b_post == 256
     assert a_post[0] is dq_acc and a_post[2:7] == (300, 320, 8, 80, 0.3)
     assert a_post[7:] == (300 * 8 * 80, 80, 8 * 80)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     recorder.clear()  # a block an item: (k/v heads, key blocks, batch), heads fastest
     cb.backward(do, q, k, v, o, lse, True, 0.3, opts=dataclasses.replace(cb.BWD_DEFAULTS[80], persist=False))
-    assert recorder[1][1] == (2, 3, 2) and recorder[1][3][9:] == a[9:]
+    assert recorder[1][1] == (2, 3, 2) and recorder[1][3][9:-1] == a[9:-1]
     recorder.clear()  # more items than SMs: one block an SM
     big = torch.randn(140, 2, 260, 80, dtype=torch.bfloat16)
     cb.backward(big, big, big, big, big, torch.zeros(140, 2, 260), False, 0.3)
-    assert recorder[1][1] == (132, 1, 1) and recorder[1][3][-1] == 140
+    assert recorder[1][1] == (132, 1, 1) and recorder[1][3][-2] == 140
 
 
 def test_launcher_v9(recorder):
@@ -872,10 +881,11 @@ def test_backward_plan_made_once_and_bound_to_each_calls_tensors(recorder):
     cb.backward(do2, q2, k2, v2, o2, lse, True, 0.125, "v9")
     assert len(cb.PLANS) == 1 and len(recorder) == 6
     pre1, main1, post1, pre2, main2, post2 = (c[3] for c in recorder)
-    assert pre2[0] is o2 and pre2[1] is do2 and pre2[6:] == pre1[6:]
+    assert pre2[0] is o2 and pre2[1] is do2 and pre2[7:] == pre1[7:]
     assert [m[1] for m in main2[:4]] == [q2.data_ptr(), k2.data_ptr(), v2.data_ptr(), do2.data_ptr()]
     assert main2[4] is pre2[3] and main2[6] is pre2[5] is post2[0] and main2[6] is not main1[6]
-    assert main2[9:] == main1[9:] and post2[2:] == post1[2:]
+    assert main2[9:-1] == main1[9:-1] and post2[2:] == post1[2:]
+    assert main2[-1] == pre2[6] == pre2[4].data_ptr() + 4 * 4 * 128 != main1[-1]  # this call's item counter
     buf = torch.randn(1 + do.numel(), dtype=torch.bfloat16)
     off = buf[1:].view(shape)  # do's strides, base 2 bytes off 16
     cb.backward(off, q, k, v, o, lse, True, 0.125, "v9")

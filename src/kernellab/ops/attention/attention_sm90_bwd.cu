@@ -362,7 +362,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                                        T* __restrict__ dk, T* __restrict__ dv, int S_q, int S_k, int S_pad, int H,
                                        int group, float scale, float scale_log2, int causal, long long sdkz,
                                        long long sdkh, long long sdks, long long sdvz, long long sdvh,
-                                       long long sdvs, int Z) {
+                                       long long sdvs, int Z, int* __restrict__ sched) {
     constexpr bool BQ = BULK && Bulk<D>::ON;  // dQ through shared memory
     // OVL (v9): a query block's dQ is staged and bulk-added only after the next query block's
     // S^T and dP^T have been issued, so the tensor cores compute those while the warps move
@@ -379,10 +379,11 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     constexpr bool DADD = BwdBuild<D>::DESC_ADD, FAST = BwdBuild<D>::FAST_EXP, PERSIST = BwdBuild<D>::PERSIST;
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
+    __shared__ int item_slot;  // the item kv_full's phase announces (PERSIST)
     check_smem(1024 + S::BYTES);
     const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[STAGES]), kv_full = smem_u32(&bars[2 * STAGES]);
-    const unsigned kv_empty = smem_u32(&bars[2 * STAGES + 1]);  // (PERSIST) every consumer warp is done with K, V
+    const unsigned kv_empty = smem_u32(&bars[2 * STAGES + 1]);  // every consumer warp is done with the item's K, V
     const int t = threadIdx.x;
     if (t == 0) {
         for (int st = 0; st < STAGES; ++st) {
@@ -394,22 +395,39 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    // The block's items: [i0, items) by step; one (its grid position) unless PERSIST. The ring's
-    // and K / V's use counts run on across items (it0, uses).
+    // The block's items. PERSIST: item blockIdx.x first, then gridDim.x + the next value of the
+    // launch's counter `sched` (zeroed by attn_bwd_pre), as a block-per-item grid would be
+    // scheduled (causal items differ in work); the producer announces each item in item_slot
+    // through kv_full's phase (K and V loaded, or none for an item no query sees, or the end:
+    // an item past the last), and takes the next once kv_empty says every consumer warp is
+    // done with this one. Else one item, the block's grid position. The ring's uses run on
+    // across items (it0).
     const int H_kv = H / group, n_kb = (S_k + BN - 1) / BN;
-    const int items = PERSIST ? H_kv * n_kb * Z : 1, i0 = PERSIST ? blockIdx.x : 0, step = PERSIST ? gridDim.x : 1;
-    auto item_of = [&](int i) { return PERSIST ? bwd_item(i, H_kv, n_kb) : BwdItem{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z}; };
+    const int items = PERSIST ? H_kv * n_kb * Z : 1;
+    auto item_of = [&](int i) {
+        return PERSIST ? bwd_item(i, H_kv, n_kb) : BwdItem{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
+    };
 
     if (t < 128) {  // producer (128 x 24 + 256 x 240 = 64512 = 384 x 168 registers)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (t == 0) {
-            int it0 = 0, uses = 0;
-            for (int i = i0; i < items; i += step) {
+            int it0 = 0;
+            for (int i = PERSIST ? blockIdx.x : 0, uses = 0;; ++uses) {
+                if (!PERSIST && uses == 1) break;
+                const int next = PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : items;  // (used next round)
+                if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);  // the previous item's K, V done
+                item_slot = i;
+                if (i >= items) {  // the end
+                    mbar_arrive(kv_full);
+                    break;
+                }
                 const BwdItem w = item_of(i);
                 const KeyBlock kb = key_block<BN>(w.nb, S_q, S_k, group, causal);
-                if (kb.n_it == 0) continue;
-                if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);  // the previous item's K, V done
-                ++uses;
+                i = next;
+                if (kb.n_it == 0) {  // nothing to load: dK = dV = 0
+                    mbar_arrive(kv_full);
+                    continue;
+                }
                 mbar_expect_tx(kv_full, 2 * S::KV_BYTES);
                 tma_tile<D, BN>(base + S::K, tk, kv_full, kb.n0, w.hk, w.z);
                 tma_tile<D, BN>(base + S::V, tv, kv_full, kb.n0, w.hk, w.z);
@@ -508,8 +526,12 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         }
 #endif
     };
-    int it0 = 0, uses = 0;
-    for (int i = i0; i < items; i += step) {
+    int it0 = 0;
+    for (int uses = 0;; ++uses) {
+        if (!PERSIST && uses == 1) break;
+        mbar_wait(kv_full, uses & 1);
+        const int i = item_slot;
+        if (i >= items) break;
         const BwdItem w = item_of(i);
         const int hk = w.hk;
         z = w.z;
@@ -519,7 +541,6 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         float dk_acc[NV / 2], dv_acc[NV / 2];
 #pragma unroll
         for (int r = 0; r < NV / 2; ++r) dk_acc[r] = dv_acc[r] = 0.f;
-        if (kb.n_it > 0) mbar_wait(kv_full, uses & 1);
         for (int it = 0; it < kb.n_it; ++it) {
             const int u = it0 + it, st = u % STAGES;  // the ring's use
             const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
@@ -646,11 +667,8 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                 }
             }
         }
-        if (kb.n_it > 0) {  // K and V free for the next item's (every wgmma that read them waited for)
-            __syncwarp();
-            if (lane == 0) mbar_arrive(kv_empty);
-            ++uses;
-        }
+        __syncwarp();  // K, V and item_slot free for the next item (every wgmma that read them waited for)
+        if (lane == 0) mbar_arrive(kv_empty);
         if constexpr (OVL) {
             if (kb.n_it > 0) stage_dq(dq_o, prev_h, prev_m0, SPLIT ? cw * NQ : 0);  // the last query block's
         }
@@ -680,15 +698,16 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
 // --------------------------------------------------------------------------------------- pre / post
 
 // One warp per padded row i of head (z, h): delta = rowsum(dO * O) (fp32), lse copied (+inf
-// for rows past S_q and rows with no key), the row's dQ accumulator zeroed. Grid
-// (S_pad / 8, H, Z), 256 threads.
+// for rows past S_q and rows with no key), the row's dQ accumulator zeroed; and the main
+// kernel's item counter (PERSIST) zeroed. Grid (S_pad / 8, H, Z), 256 threads.
 template <typename T>
 __device__ __forceinline__ void bwd_pre(const T* __restrict__ o, const T* __restrict__ dout,
                                         const float* __restrict__ lse, float* __restrict__ lse_p,
-                                        float* __restrict__ delta_p, float* __restrict__ dq_acc, int S_q, int S_pad,
-                                        int H, int D, long long soz, long long soh, long long sos, long long sdz,
-                                        long long sdh, long long sds) {
+                                        float* __restrict__ delta_p, float* __restrict__ dq_acc, int* sched, int S_q,
+                                        int S_pad, int H, int D, long long soz, long long soh, long long sos,
+                                        long long sdz, long long sdh, long long sds) {
     const int i = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, z = blockIdx.z;
+    if (i == 0 && lane == 0 && h == 0 && z == 0) *sched = 0;
     const long long zh = (long long)z * H + h;
     float acc = 0.f;
     if (i < S_q) {
@@ -754,10 +773,10 @@ __device__ __forceinline__ void bwd_post_blocked(const float* __restrict__ dq_ac
         const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap tdo, const float *lse_p,         \
         const float *delta_p, float *dq_acc, T *dk, T *dv, int S_q, int S_k, int S_pad, int H, int group,       \
         float scale, float scale_log2, int causal, long long sdkz, long long sdkh, long long sdks, long long sdvz, \
-        long long sdvh, long long sdvs, int Z
+        long long sdvh, long long sdvs, int Z, int *sched
 #define KL_ATTN_BWD_PASS                                                                                         \
     &tq, &tk, &tv, &tdo, lse_p, delta_p, dq_acc, dk, dv, S_q, S_k, S_pad, H, group, scale, scale_log2, causal, sdkz, \
-        sdkh, sdks, sdvz, sdvh, sdvs, Z
+        sdkh, sdks, sdvz, sdvh, sdvs, Z, sched
 
 #define KL_ATTN_BWD_T(D, T, BF16, SFX)                                                                               \
     extern "C" __global__ void __launch_bounds__(THREADS_B, 1) attn_bwd_v8_d##D##_##SFX(KL_ATTN_BWD_ARGS(T)) {        \
@@ -772,10 +791,10 @@ __device__ __forceinline__ void bwd_post_blocked(const float* __restrict__ dq_ac
 
 #define KL_ATTN_BWD_PP(T, SFX)                                                                                     \
     extern "C" __global__ void __launch_bounds__(256) attn_bwd_pre_##SFX(                                          \
-        const T *o, const T *dout, const float *lse, float *lse_p, float *delta_p, float *dq_acc, int S_q,         \
-        int S_pad, int H, int D, long long soz, long long soh, long long sos, long long sdz, long long sdh,        \
+        const T *o, const T *dout, const float *lse, float *lse_p, float *delta_p, float *dq_acc, int *sched,      \
+        int S_q, int S_pad, int H, int D, long long soz, long long soh, long long sos, long long sdz, long long sdh, \
         long long sds) {                                                                                           \
-        bwd_pre<T>(o, dout, lse, lse_p, delta_p, dq_acc, S_q, S_pad, H, D, soz, soh, sos, sdz, sdh, sds);          \
+        bwd_pre<T>(o, dout, lse, lse_p, delta_p, dq_acc, sched, S_q, S_pad, H, D, soz, soh, sos, sdz, sdh, sds);   \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(256) attn_bwd_post_##SFX(                                         \
         const float *dq_acc, T *dq, int S_q, int S_pad, int H, int D, float scale, long long sqz, long long sqh,   \

@@ -173,8 +173,8 @@ def bwd_module(d: int, opts: BwdOpts | None = None) -> Module:
     return _LAB_MODULES[key]
 
 
-SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6 + ("i32",)  # + Z
-SIG_PRE = ("ptr",) * 6 + ("i32",) * 4 + ("i64",) * 6
+SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6 + ("i32", "ptr")  # Z, sched
+SIG_PRE = ("ptr",) * 7 + ("i32",) * 4 + ("i64",) * 6
 SIG_POST = ("ptr",) * 2 + ("i32",) * 4 + ("f32",) + ("i64",) * 3
 SIG_POST_BLK = ("ptr",) * 2 + ("i32",) * 5 + ("f32",) + ("i64",) * 3  # + NQ
 PRE_ROWS = 8  # rows per preprocess block (a warp each)
@@ -312,7 +312,7 @@ def backward(
     if p.launch is None:  # nothing to sum: every gradient is zero
         return dq.zero_(), dk.zero_(), dv.zero_()
     lse_p = torch.empty(p.pad, dtype=torch.float32, device=dev)
-    delta_p = torch.empty(p.pad, dtype=torch.float32, device=dev)
+    delta_p = torch.empty(p.pad[0] * p.pad[1] + 1, dtype=torch.float32, device=dev)  # + the item counter
     dq_acc = torch.empty(p.acc, dtype=torch.float32, device=dev)
     p.launch(do, q, k, v, o, lse, dq, dk, dv, lse_p, delta_p, dq_acc)
     return dq, dk, dv
@@ -322,7 +322,8 @@ def backward(
 class BwdPlan:
     """``backward``'s launches worked out for one (shapes, strides, dtype, device, options):
     ``grads`` the (size, stride) of dq, dk, dv (empty_bshd's), ``pad`` the size of the padded
-    lse and delta buffers, ``acc`` of the fp32 dQ accumulator; ``launch(do, q, k, v, o, lse,
+    lse buffer (the delta buffer is as many floats, then the main kernel's int32 item counter,
+    which the preprocess zeroes), ``acc`` of the fp32 dQ accumulator; ``launch(do, q, k, v, o, lse,
     dq, dk, dv, lse_p, delta_p, dq_acc)`` the three kernels with everything but the addresses
     bound (None: nothing to sum); ``copy``: an input must be copied first; ``triton``: the
     head dim has no CUDA backward (``backward_kernel``)."""
@@ -390,13 +391,16 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
         g_post = (ceil_div(s_q * d // 2, POST_THREADS), h, z)
         post_args = (s_q, s_pad, h, d, float(scale), *dq4.stride()[:3])
 
+    counter = 4 * z * h * s_pad  # the item counter's byte offset in the delta buffer
+
     def launch(do, q, k, v, o, lse, dq, dk, dv, lse_p, delta_p, dq_acc):
-        pre(g_pre, 32 * PRE_ROWS, o, do, lse, lse_p, delta_p, dq_acc, *pre_args, device_index=dev)
+        sched = delta_p.data_ptr() + counter
+        pre(g_pre, 32 * PRE_ROWS, o, do, lse, lse_p, delta_p, dq_acc, sched, *pre_args, device_index=dev)
         tmap = cs.tensor_map
         main(
             g_main, THREADS,
             tmap(q.data_ptr(), *mq), tmap(k.data_ptr(), *mk), tmap(v.data_ptr(), *mv), tmap(do.data_ptr(), *mdo),
-            lse_p, delta_p, dq_acc, dk, dv, *main_args,
+            lse_p, delta_p, dq_acc, dk, dv, *main_args, sched,
             shared=shared, device_index=dev,
         )  # fmt: skip
         post(g_post, POST_THREADS, dq_acc, dq, *post_args, device_index=dev)
