@@ -729,7 +729,8 @@ def test_persistent_items_cover_every_key_block_once():
     assert src.count("const KeyBlock kb = key_block<BN>(w.nb, S_q, S_k, group, causal);") == 2
     assert "if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);" in src
     assert "mbar_wait(kv_full, uses & 1);\n        const int i = item_slot;" in src
-    assert "const int next = PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : items;" in src
+    assert "auto claim = [&]() { return PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : items; };" in src
+    assert src.count("i = claim();") == 2  # after an item's last copy is issued, or at once for an empty one
     assert "if (i == 0 && lane == 0 && h == 0 && z == 0) *sched = 0;" in src  # attn_bwd_pre
     for h_kv, n_kb, z in ((2, 3, 2), (12, 2, 256), (1, 1, 1), (3, 5, 7)):
         seen = [(i % h_kv, (i // h_kv) % n_kb, i // (h_kv * n_kb)) for i in range(h_kv * n_kb * z)]

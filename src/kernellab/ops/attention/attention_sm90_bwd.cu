@@ -412,9 +412,11 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (t == 0) {
             int it0 = 0;
+            // the next item, claimed once this one's copies are all issued (a claim made earlier
+            // would hold an item back behind a long one while other blocks run out of work)
+            auto claim = [&]() { return PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : items; };
             for (int i = PERSIST ? blockIdx.x : 0, uses = 0;; ++uses) {
                 if (!PERSIST && uses == 1) break;
-                const int next = PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : items;  // (used next round)
                 if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);  // the previous item's K, V done
                 item_slot = i;
                 if (i >= items) {  // the end
@@ -423,9 +425,9 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                 }
                 const BwdItem w = item_of(i);
                 const KeyBlock kb = key_block<BN>(w.nb, S_q, S_k, group, causal);
-                i = next;
                 if (kb.n_it == 0) {  // nothing to load: dK = dV = 0
                     mbar_arrive(kv_full);
+                    i = claim();
                     continue;
                 }
                 mbar_expect_tx(kv_full, 2 * S::KV_BYTES);
@@ -444,6 +446,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     bulk_load(base + S::LD + st * 512 + 256, delta_p + row, 256, bar);
                 }
                 it0 += kb.n_it;
+                i = claim();
             }
         }
         return;
