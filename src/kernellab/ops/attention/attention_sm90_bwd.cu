@@ -16,8 +16,8 @@
 //   attn_bwd_v8_d<D>_<dtype>  one block per (key block of BN = 128 keys, k/v head,
 //       batch), or (BwdBuild's PERSIST, D <= 128) about one block an SM walking those items
 //       in turn, K and V of the next item loaded once every consumer warp is done with
-//       this item's (barrier kv_empty): a producer warpgroup (one thread issues TMA copies; setmaxnreg 24) and two
-//       consumer warpgroups (setmaxnreg 240), each owning 64 of the block's keys. K and V
+//       this item's (barrier kv_empty): a producer warpgroup (one thread issues TMA
+//       copies; setmaxnreg 24) and two consumer warpgroups (setmaxnreg 240), each owning 64 of the block's keys. K and V
 //       stay in shared memory; the block loops over its group's q heads (GQA: dK, dV sum
 //       the group in registers: deterministic, no atomics on them) and, per head, over the
 //       query blocks of 64 rows that see its keys. A query block's Q, dO (TMA, swizzled
@@ -99,8 +99,9 @@
 // kernel (H_kv, ceil(S_k / BN), Z): the k/v head varies fastest in launch order, so under
 // causal masking every head's first (heaviest: it sees every query) key block is launched
 // before any head's second, and the light last key blocks fill the tail; S_q, S_k > 0.
-// PERSIST: a one-dimensional grid of at most one block an SM; block b takes items b, b +
-// gridDim.x, ... of that same order (bwd_item), so the heavy items still go first.
+// PERSIST: a one-dimensional grid of at most one block an SM; block b takes item b of that
+// same order (bwd_item) first, then the next one a launch-wide counter hands out, as the
+// hardware hands out a block-per-item grid's blocks, so the heavy items still go first.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -343,7 +344,7 @@ __device__ __forceinline__ KeyBlock key_block(int nb, int S_q, int S_k, int grou
 
 // A block's work: key block nb of k/v head hk in batch z. One block each (grid (H_kv,
 // n_kb, Z)), or with BwdBuild's PERSIST item i of H_kv x n_kb x Z in the same order (the
-// k/v head fastest), block b taking items b, b + gridDim.x, ...
+// k/v head fastest).
 struct BwdItem {
     int hk, nb, z;
 };
@@ -379,7 +380,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     constexpr bool DADD = BwdBuild<D>::DESC_ADD, FAST = BwdBuild<D>::FAST_EXP, PERSIST = BwdBuild<D>::PERSIST;
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
-    __shared__ int item_slot;  // the item kv_full's phase announces (PERSIST)
+    __shared__ int item_slot;  // the item kv_full's phase announces
     check_smem(1024 + S::BYTES);
     const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[STAGES]), kv_full = smem_u32(&bars[2 * STAGES]);
