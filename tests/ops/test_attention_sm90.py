@@ -368,7 +368,12 @@ def test_v7_tilings_are_what_the_modules_build():
         got = _ptx_constants(ptx, "V7Tiles", d)
         flags = (bool(got[k]) for k in ("SPLIT_KV", "FAST_EXP", "DESC_ADD", "PERSIST"))
         return cs.Tiles(
-            got["BN"], got["STAGES"], *flags, o_buffer=got["PERSIST"] == 2, sm_chunks=bool(got["SM_CHUNKS"])
+            got["BN"],
+            got["STAGES"],
+            *flags,
+            o_buffer=got["PERSIST"] == 2,
+            sm_chunks=bool(got["SM_CHUNKS"]),
+            queue=bool(got["QUEUE"]),
         )
 
     def v7_bars(ptx: str) -> set[int]:
@@ -600,7 +605,7 @@ def test_launcher_arguments(recorder, variant):
             (16, 64, 1, 1),
             32,
         )
-        assert args[5:] == (300, 200, 8, 4, pytest.approx(0.3 * cs.LOG2E), 1, 2)
+        assert args[5:] == (300, 200, 8, 4, pytest.approx(0.3 * cs.LOG2E), 1, 2, 0)  # Z; no item counter
         oa = o
     elif variant in cs.TMA_VARIANTS:
         # one box = a 16-column slab (D = 80: 32-byte swizzle) of 128 query rows / 128 keys
@@ -763,8 +768,20 @@ def test_launcher_v7_persistent(recorder, monkeypatch):
         cs.forward(q, k, v, True, 0.1, "v7", t)
         got, block, args, shared = recorder.calls[-1]
         assert got == grid and block == 384
-        assert args[5:] == (s, s, h, 1, pytest.approx(0.1 * cs.LOG2E), 1, z)
+        assert args[5:] == (s, s, h, 1, pytest.approx(0.1 * cs.LOG2E), 1, z, 0)
         assert shared == cs.smem_bytes("v7", 64, t)
+    tq = cs.Tiles(128, 3, fast_exp=True, desc_add=True, persistent=True, o_buffer=True, queue=True)
+    assert str(tq) == "128x3edpoq"
+    q, k, v = (torch.randn(2, 3, 300, 64, dtype=torch.bfloat16) for _ in range(3))
+    for _ in range(2):  # each launch its own counter, zeroed
+        cs.forward(q, k, v, True, 0.1, "v7", tq)
+        got, _, args, _ = recorder.calls[-1]
+        assert got == (5, 1, 1) and args[5:-1] == (300, 300, 3, 1, pytest.approx(0.1 * cs.LOG2E), 1, 2)
+        counter = args[-1]
+        assert counter.dtype == torch.int32 and counter.shape == (1,) and int(counter) == 0
+    assert recorder.calls[-1][2][-1] is not recorder.calls[-2][2][-1]
+    with pytest.raises(ValueError, match="queue"):
+        cs.check_tiles(64, cs.Tiles(128, 3, queue=True))
     with pytest.raises(ValueError, match="one K/V ring"):
         cs.check_tiles(128, cs.Tiles(128, 2, split_kv=True, persistent=True))
     with pytest.raises(ValueError, match="persistent"):
@@ -776,6 +793,134 @@ def test_launcher_v7_persistent(recorder, monkeypatch):
         cs.check_tiles(128, cs.Tiles(128, 3, persistent=True, o_buffer=True))
     to = cs.Tiles(128, 3, fast_exp=True, desc_add=True, persistent=True, o_buffer=True)
     assert str(to) == "128x3edpo" and cs.smem_bytes("v7", 64, to) == cs.smem_bytes("v7", 64, t) + 128 * 64 * 2
+
+
+def _simulate_queue(n_tiles: list[int], stages: int, seed: int) -> None:
+    """A model of a persistent v7 block with V7Tiles' QUEUE taking items of n_tiles K/V tiles
+    each (0: a query block that sees no key), then the end. Per item k the producer fills the
+    ring's first min(n, stages) uses of the item (each once its stage's empty phase came),
+    waits for q_empty's phase k - 1 (8 consumer-warp arrivals), writes the item into
+    item_slot and completes q_full's phase k (Q; the end by a plain arrival), then fills the
+    item's other uses. A consumer warp waits for q_full's phase k, reads item_slot, reads
+    the item's uses in order (arriving on each stage's empty) and arrives on q_empty after its
+    last one (at once for an item with no tiles), as the o-buffer tiling's warps do after
+    their last S = Q K^T. The nine agents move one step at a time in a random order
+    (``seed``). Asserts no deadlock, item_slot and Q never rewritten while a warp still
+    needs them, every warp seeing every item and the end in order, a stage never refilled
+    while read."""
+    import random
+
+    rng = random.Random(seed)
+    seq = list(n_tiles) + [None]
+    total = sum(n_tiles)
+    slot, q_phases, q_empty, q_arrivals = None, 0, 0, 0
+    full, empty, arrivals = [0] * stages, [0] * stages, [0] * stages
+    prod = [0, 0, 0, False]  # item (of seq), use within it, ring use, Q announced
+    cons = [[0, 0, 0, False] for _ in range(8)]  # item, use within it, ring use, holding Q / the slot
+    reading = [set() for _ in range(stages)]
+    seen = [[] for _ in range(8)]
+
+    def fill(u: int, go: bool) -> bool:
+        st = u % stages
+        ok = u < stages or empty[st] >= u // stages
+        if ok and go:
+            assert not reading[st], "stage refilled while read"
+            full[st] += 1
+        return ok
+
+    def producer_step(go: bool) -> bool:
+        nonlocal slot, q_phases
+        item, it, u, announced = prod
+        if item >= len(seq):
+            return False
+        n = seq[item] or 0
+        if not announced and (seq[item] is None or it >= min(n, stages)):  # Q after the first tiles
+            ok = item == 0 or q_empty >= item
+            if ok and go:
+                assert not any(c[3] for c in cons), "item_slot / Q rewritten while held"
+                slot, q_phases = item, q_phases + 1
+                prod[:] = [item + 1, 0, u, False] if seq[item] is None or n == it else [item, it, u, True]
+            return ok
+        ok = fill(u, go)
+        if ok and go:
+            it += 1
+            prod[:] = [item + 1, 0, u + 1, False] if announced and it == n else [item, it, u + 1, announced]
+        return ok
+
+    def consumer_step(w: int, go: bool) -> bool:
+        nonlocal q_arrivals, q_empty
+        item, it, u, held = cons[w]
+        if item >= len(seq):
+            return False
+        n = seq[item] or 0
+        if not held:
+            if it == 0:  # q_full's phase `item`, then item_slot
+                ok = q_phases > item
+                if ok and go:
+                    assert slot == item, "item_slot of another item"
+                    seen[w].append(seq[slot])
+                    cons[w] = [len(seq), 0, u, False] if seq[slot] is None else [item, 0, u, True]
+                return ok
+        st = u % stages
+        if w in reading[st]:  # done with this use
+            if go:
+                reading[st].discard(w)
+                arrivals[st] += 1
+                if arrivals[st] == 8:
+                    arrivals[st], empty[st] = 0, empty[st] + 1
+                cons[w] = [item, it + 1, u + 1, held]
+            return True
+        if held and it == n:  # the item's last S done: Q (and the slot) given back
+            if go:
+                q_arrivals += 1
+                if q_arrivals == 8:
+                    q_arrivals, q_empty = 0, q_empty + 1
+                cons[w] = [item + 1, 0, u, False] if n == 0 else [item, it, u, False]
+            return True
+        if not held and it == n:  # (the o epilogue) then the next item
+            if go:
+                cons[w] = [item + 1, 0, u, False]
+            return True
+        ok = full[st] > u // stages
+        if ok and go:
+            reading[st].add(w)
+        return ok
+
+    steps = 0
+    while prod[0] < len(seq) or any(c[0] < len(seq) for c in cons):
+        ready = ["p"] * producer_step(False) + [w for w in range(8) if consumer_step(w, False)]
+        assert ready, f"deadlock: producer {prod}, consumers {cons}"
+        who = rng.choice(ready)
+        producer_step(True) if who == "p" else consumer_step(who, True)
+        steps += 1
+        assert steps < 40 * (total + len(seq) + 10) * 9
+    assert q_phases == len(seq) and all(c[2] == total for c in cons)
+    assert all(x == seq for x in seen)
+
+
+@pytest.mark.parametrize("n_tiles", [[0], [1], [3, 3, 3], [0, 2, 0, 0, 5], [8, 1, 0, 12], [2] * 9])
+def test_queue_items_neither_deadlock_nor_overwrite_q(n_tiles):
+    for stages in (2, 3):
+        for seed in range(20):
+            _simulate_queue(n_tiles, stages, seed)
+
+
+def test_queue_in_the_source():
+    """What _simulate_queue models, as attention_sm90.cu writes it: the producer claims the
+    next item after the current one's last copy, writes item_slot after q_empty's wait and
+    before Q's q_full arrival (the end by a plain arrival), and the consumers read item_slot
+    right after q_full's wait."""
+    src = cs.CU.read_text()
+    body = src[src.index("void produce_tma_persist") :]
+    body = body[: body.index("\n}\n")]
+    i_wait = body.index("if (k > 0) mbar_wait(q_empty, (k - 1) & 1);\n        if constexpr (QUEUE) *item_slot = i;")
+    i_q = body.index("mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);", i_wait)
+    i_rest = body.index("for (int it = pre; it < n; ++it)", i_q)
+    i_claim = body.index("i = QUEUE ? (int)gridDim.x + atomicAdd(sched, 1) : i + (int)gridDim.x;", i_rest)
+    assert i_wait < i_q < i_rest < i_claim
+    end = body.index("if (QUEUE && i >= items) {")
+    assert body.index("*item_slot = i;\n            mbar_arrive(b.q_full);", end) < i_wait
+    assert "mbar_wait(b.q_full, k & 1);\n                i = item_slot;\n                if (i >= items) break;" in src
 
 
 def _persistent_items(n_mb, h, z, causal, s_k, d, l2_bytes, grid=None):

@@ -436,8 +436,9 @@ struct WsStages {
 
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
-// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_SM_CHUNKS (each 0 or 1), -DKL_ATTN_V7_PERSIST
-// (0, 1, 2) holds only v7's kernels, at that tiling: how the lab runs another one. D <= 128:
+// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_SM_CHUNKS, -DKL_ATTN_V7_QUEUE (each 0 or
+// 1), -DKL_ATTN_V7_PERSIST (0, 1, 2) holds only v7's kernels, at that tiling: how the lab runs
+// another one. D <= 128:
 // v2-v6's 128 keys x 3 stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) +
 // 2 x 2 x 40 = 225 KB of the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP
 // of MMA per block against 8.4 at v2-v6's 64 keys, for the same per-tile costs (two full /
@@ -450,7 +451,7 @@ struct V7Tiles {
     static constexpr int STAGES = KL_ATTN_V7_STAGES;
     static constexpr bool SPLIT_KV = KL_ATTN_V7_SPLIT_KV, FAST_EXP = KL_ATTN_FAST_EXP, DESC_ADD = KL_ATTN_DESC_ADD;
     static constexpr int PERSIST = KL_ATTN_V7_PERSIST;
-    static constexpr bool SM_CHUNKS = KL_ATTN_V7_SM_CHUNKS;
+    static constexpr bool SM_CHUNKS = KL_ATTN_V7_SM_CHUNKS, QUEUE = KL_ATTN_V7_QUEUE;
 #else
     static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
     static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
@@ -468,8 +469,14 @@ struct V7Tiles {
     // SM_CHUNKS (persistent only): under causal, chunks of about as many (batch, head) pairs as
     // the blocks running at once hold (item_of), not as many as fit in L2.
     static constexpr bool SM_CHUNKS = false;
+    // QUEUE (persistent only): a block's first item is blockIdx.x, each next one the value a
+    // launch-wide counter hands out (gridDim.x + 0, 1, ...), claimed once the block has issued
+    // the current item's last copy: items go to the blocks that are free, as a grid of one
+    // block an item is scheduled, rather than blockIdx.x + k gridDim.x.
+    static constexpr bool QUEUE = false;
 #endif
     static_assert(!SM_CHUNKS || PERSIST, "SM-sized chunks order the persistent v7's items");
+    static_assert(!QUEUE || PERSIST, "the item queue feeds the persistent v7");
     static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
     static constexpr unsigned KV_BYTES = BN * D * 2;
     static constexpr unsigned O_BYTES = PERSIST == 2 ? Tiles<D>::Q_BYTES : 0;  // o's own staging buffer
@@ -606,23 +613,37 @@ __device__ __forceinline__ Item item_of(int i, int n_mb, int H, int Z, int causa
 // consumers gave its buffer back (q_empty: after the epilogue's store read o out of it, or
 // with o staged apart, after the last S = Q K^T), then the rest. Q
 // loads for every item, with or without key tiles, so that q_full and q_empty count items.
+// With V7Tiles' QUEUE the next item comes from the counter `sched` (zeroed before the launch)
+// once this one's last copy is issued, and each item is announced to the consumers in
+// `item_slot`, written before its Q's q_full arrival (the end, an item past the last, by a
+// plain arrival); the slot is rewritten only after q_empty, which the consumers reach after
+// reading it.
 template <int D, int STAGES, int BN>
 __device__ __forceinline__ void produce_tma_persist(const Bars<STAGES>& b, unsigned q_empty, unsigned sQ,
                                                     unsigned sKV, const TensorMap* tq, const TensorMap* tk,
                                                     const TensorMap* tv, int S_q, int S_k, int H, int group, int Z,
-                                                    int causal) {
+                                                    int causal, int* sched, int* item_slot) {
+    constexpr bool QUEUE = V7Tiles<D>::QUEUE;
     const int n_mb = (S_q + BM - 1) / BM, items = n_mb * H * Z;
     int r = 0;  // the ring's uses so far
-    for (int i = blockIdx.x, k = 0; i < items; i += gridDim.x, ++k) {
+    for (int i = blockIdx.x, k = 0; QUEUE || i < items; ++k) {
+        if (QUEUE && i >= items) {  // the end
+            if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
+            *item_slot = i;
+            mbar_arrive(b.q_full);
+            break;
+        }
         const Item w = item_of<D>(i, n_mb, H, Z, causal, S_k);
         const int n = block_at<BN>(w.mb, S_q, S_k, causal).n_tiles, hk = w.h / group;
         const int pre = n < STAGES ? n : STAGES;
         for (int it = 0; it < pre; ++it) load_kv_tile<D, STAGES, BN>(b, sKV, tk, tv, r + it, it, hk, w.z);
         if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
+        if constexpr (QUEUE) *item_slot = i;
         mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);
         tma_tile<D, BM>(sQ, tq, b.q_full, w.mb * BM, w.h, w.z);
         for (int it = pre; it < n; ++it) load_kv_tile<D, STAGES, BN>(b, sKV, tk, tv, r + it, it, hk, w.z);
         r += n;
+        i = QUEUE ? (int)gridDim.x + atomicAdd(sched, 1) : i + (int)gridDim.x;
     }
 }
 
@@ -1080,7 +1101,7 @@ __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk
 template <bool BF16, int D>
 __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
                                        const TensorMap* to, float* __restrict__ lse, int S_q, int S_k, int H,
-                                       int group, float scale_log2, int causal, int Z) {
+                                       int group, float scale_log2, int causal, int Z, int* sched) {
     constexpr int STAGES = V7Tiles<D>::STAGES, BN = V7Tiles<D>::BN;
     constexpr bool SPLIT = V7Tiles<D>::SPLIT_KV;
     extern __shared__ unsigned char smem[];
@@ -1094,6 +1115,7 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
         const unsigned sO = OWN_O ? sKV + STAGES * 2 * V7Tiles<D>::KV_BYTES : sQ;
         __shared__ __align__(8) unsigned long long q_empty_bar;
         const unsigned q_empty = smem_u32(&q_empty_bar);
+        __shared__ int item_slot;  // (QUEUE) the item q_full's phase announces
         // an arrival a consumer warp (OWN_O) or warpgroup; Bars' constructor fences and syncs
         if (threadIdx.x == 0) mbar_init(q_empty, OWN_O ? 8 : 2);
         const Bars<STAGES> b(bars, 1);
@@ -1101,18 +1123,25 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
         if (t < 128) {
             asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
             if (t == 0)
-                produce_tma_persist<D, STAGES, BN>(b, q_empty, sQ, sKV, tq, tk, tv, S_q, S_k, H, group, Z, causal);
+                produce_tma_persist<D, STAGES, BN>(b, q_empty, sQ, sKV, tq, tk, tv, S_q, S_k, H, group, Z, causal,
+                                                   sched, &item_slot);
             return;
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
         const int n_mb = (S_q + BM - 1) / BM, items = n_mb * H * Z;
         int r = 0;
-        for (int i = blockIdx.x, k = 0; i < items; i += gridDim.x, ++k) {
+        for (int i = blockIdx.x, k = 0; V7Tiles<D>::QUEUE || i < items; ++k) {
+            if constexpr (V7Tiles<D>::QUEUE) {  // the producer's item (or the end) in item_slot
+                mbar_wait(b.q_full, k & 1);
+                i = item_slot;
+                if (i >= items) break;
+            }
             const Item w = item_of<D>(i, n_mb, H, Z, causal, S_k);
             const Block blk = block_at<BN>(w.mb, S_q, S_k, causal);
             consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sO, to, lse + ((long long)w.z * H + w.h) * S_q, S_q,
                                             S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
             r += blk.n_tiles;
+            if constexpr (!V7Tiles<D>::QUEUE) i += gridDim.x;
         }
     } else {
         const Bars<STAGES, SPLIT> b(bars, 1);
@@ -1155,9 +1184,10 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
     const __grid_constant__ TensorMap tq, const __grid_constant__ TensorMap tk,                              \
         const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap to, float *lse, int S_q,        \
         int S_k, int H, int group, float scale_log2, int causal
-// v7 takes the batch count Z: a persistent v7's grid is one-dimensional (the others' Z is gridDim.z).
-#define KL_ATTN_V7_ARGS KL_ATTN_V7_ARGS0, int Z
-#define KL_ATTN_V7_PASS &tq, &tk, &tv, &to, lse, S_q, S_k, H, group, scale_log2, causal, Z
+// v7 takes the batch count Z (a persistent v7's grid is one-dimensional; the others' Z is
+// gridDim.z) and the item counter of V7Tiles' QUEUE (zeroed before the launch; unused else).
+#define KL_ATTN_V7_ARGS KL_ATTN_V7_ARGS0, int Z, int *sched
+#define KL_ATTN_V7_PASS &tq, &tk, &tv, &to, lse, S_q, S_k, H, group, scale_log2, causal, Z, sched
 
 #define KL_ATTN_SM90_T(D, T, BF16, SFX)                                                                       \
     extern "C" __global__ void __launch_bounds__(256, 1) attn_fwd_v2_d##D##_##SFX(KL_ATTN_ARGS(T)) {          \
@@ -1197,8 +1227,8 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
 #endif
 #if defined(KL_ATTN_V7_BN) && !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) && \
                                 defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST) && \
-                                defined(KL_ATTN_V7_SM_CHUNKS))
-#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,SM_CHUNKS} and -DKL_ATTN_{FAST_EXP,DESC_ADD}"
+                                defined(KL_ATTN_V7_SM_CHUNKS) && defined(KL_ATTN_V7_QUEUE))
+#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,SM_CHUNKS,QUEUE} and -DKL_ATTN_{FAST_EXP,DESC_ADD}"
 #endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,

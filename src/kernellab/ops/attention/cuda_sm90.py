@@ -77,10 +77,11 @@ GRID_LIMIT = 65535  # grid y (q heads) and z (batch)
 
 def signature(variant: str) -> tuple[str, ...]:
     """The launch signature of a variant's kernels: v2-v3 pointers and strides; v4-v6 tensor
-    maps of q, k, v; v7 a map of o as well (no o pointer, no o strides) and the batch count
-    (a persistent tiling's grid is one-dimensional)."""
+    maps of q, k, v; v7 a map of o as well (no o pointer, no o strides), the batch count (a
+    persistent tiling's grid is one-dimensional) and the item counter of a queue tiling (a
+    null pointer for the others)."""
     if variant in TMA_STORE_VARIANTS:
-        return _SIG_TMA_STORE + ("i32",)
+        return _SIG_TMA_STORE + ("i32", "ptr")
     return _SIG_TMA if variant in TMA_VARIANTS else _SIG
 
 
@@ -105,7 +106,10 @@ class Tiles:
     Q's, which is then free for the next item's Q once the item's last S = Q K^T is done
     (PERSIST 2), "o". ``sm_chunks`` (persistent only): under causal the items go in chunks of
     about as many (batch, head) pairs as the blocks running at once hold, rather than as many
-    as fit in L2 (SM_CHUNKS), "c"."""
+    as fit in L2 (SM_CHUNKS), "c". ``queue`` (persistent only): a block's items after its first
+    come from a launch-wide counter (zeroed before each launch), claimed once the current
+    item's copies are issued, so free blocks take the next items as a one-block-an-item grid
+    would be scheduled (QUEUE), "q"."""
 
     bn: int
     stages: int
@@ -115,6 +119,7 @@ class Tiles:
     persistent: bool = False
     o_buffer: bool = False
     sm_chunks: bool = False
+    queue: bool = False
 
     def __str__(self) -> str:
         flags = (
@@ -124,6 +129,7 @@ class Tiles:
             + ("p" if self.persistent else "")
             + ("o" if self.o_buffer else "")
             + ("c" if self.sm_chunks else "")
+            + ("q" if self.queue else "")
         )
         return f"{self.bn}x{self.stages}{flags}"
 
@@ -158,8 +164,9 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # V7_TILES_FIRST is the one without either); at D <= 96 the default's tiling one block a
 # (query block, head) ("ed") and persistent with o staged in Q's buffer ("edp"); at D = 128
 # persistent ("edp") and with o's own tile and two stages ("edpo"); and each persistent
-# default with its causal items in SM-sized chunks ("c": at long causal sequences one block
-# a tile, whose blocks running at once read a few heads' K / V, was faster).
+# tiling with its items handed out by a counter ("q": at long causal sequences one block a
+# tile, which the hardware schedules as blocks free up, was faster than items b + k x grid;
+# SM-sized causal chunks, "c", did not close that gap: benchmarks/NOTES.md (af)).
 V7_TILINGS = {
     64: (
         Tiles(128, 4, **_ED),
@@ -168,23 +175,23 @@ V7_TILINGS = {
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
-        Tiles(128, 3, **_EDPO, sm_chunks=True),
+        Tiles(128, 3, **_EDPO, queue=True),
     ),
     80: (
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
-        Tiles(128, 3, **_EDPO, sm_chunks=True),
+        Tiles(128, 3, **_EDPO, queue=True),
     ),
     96: (
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
-        Tiles(128, 3, **_EDPO, sm_chunks=True),
+        Tiles(128, 3, **_EDPO, queue=True),
     ),
     128: (
         Tiles(128, 3, **_EDP),
-        Tiles(128, 3, **_EDP, sm_chunks=True),
+        Tiles(128, 3, **_EDP, queue=True),
         Tiles(128, 2, **_EDPO),
         Tiles(176, 2, **_ED),
         Tiles(176, 2, split_kv=True, **_ED),
@@ -214,6 +221,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_DESC_ADD={int(tiles.desc_add)}",
             f"-DKL_ATTN_V7_PERSIST={2 if tiles.o_buffer else int(tiles.persistent)}",
             f"-DKL_ATTN_V7_SM_CHUNKS={int(tiles.sm_chunks)}",
+            f"-DKL_ATTN_V7_QUEUE={int(tiles.queue)}",
         )
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
@@ -235,6 +243,8 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         raise ValueError(
             f"attention/cuda_v7: tiling {tiles}: SM-sized chunks (c) order the persistent v7's items (p)"
         )
+    if tiles.queue and not tiles.persistent:
+        raise ValueError(f"attention/cuda_v7: tiling {tiles}: the item queue (q) feeds the persistent v7 (p)")
     bars = 8 * ((4 if tiles.split_kv else 2) * tiles.stages + 1 + tiles.persistent)  # the static mbarriers
     if _smem(d, tiles) + bars > SMEM_LIMIT:
         raise ValueError(
@@ -400,12 +410,15 @@ def _plan_forward(q, k, v, causal, scale, variant, tiles) -> Plan:
         mq, mk, mv = _map_args(q4, BM), _map_args(k4, t.bn), _map_args(v4, t.bn)
     if variant in TMA_STORE_VARIANTS:  # o is empty_bshd's: rows of D x 2 bytes, a fresh aligned base
         mo = _map_args(o4, BM // 2)
+        queue = t.queue
 
         def launch(q, k, v, o, lse):
+            # the queue's item counter, zeroed on the launch's stream (else a null pointer)
+            sched = torch.zeros(1, dtype=torch.int32, device=q.device) if queue else 0
             kern(
                 grid, threads,
                 tensor_map(q.data_ptr(), *mq), tensor_map(k.data_ptr(), *mk), tensor_map(v.data_ptr(), *mv),
-                tensor_map(o.data_ptr(), *mo), lse, *scalars,
+                tensor_map(o.data_ptr(), *mo), lse, *scalars, sched,
                 shared=shared, device_index=dev,
             )  # fmt: skip
 
