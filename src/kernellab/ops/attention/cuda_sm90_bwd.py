@@ -145,17 +145,19 @@ _LOOP_BUILDS = (
     BwdOpts(fast_exp=True, desc_add=True),
     _LEAN,
 )
-# The loop builds take the head dim's grid (persistent or not); the default with the other grid
-# comes last.
+# The loop builds take the head dim's grid (persistent or not), but for the base build, which
+# is the kernel with no option at all; where the default is persistent, the default with one
+# block an item comes last. (A persistent base build spills at D = 64, a persistent D = 256
+# build too: neither is timed.)
 BWD_LAB = {
     d: (
         replace(BWD_DEFAULTS[d], no_dq_red=True),
         *(
             o
-            for o in (replace(b, persist=BWD_DEFAULTS[d].persist) for b in _LOOP_BUILDS)
+            for o in (b if b == BwdOpts() else replace(b, persist=BWD_DEFAULTS[d].persist) for b in _LOOP_BUILDS)
             if o != BWD_DEFAULTS[d]
         ),
-        replace(BWD_DEFAULTS[d], persist=not BWD_DEFAULTS[d].persist),
+        *((replace(BWD_DEFAULTS[d], persist=False),) if BWD_DEFAULTS[d].persist else ()),
     )
     for d in BWD_HEAD_DIMS
 }
