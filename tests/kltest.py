@@ -330,3 +330,69 @@ def compile_for_sm90(kernel: str, signature: dict, constexprs: dict, options: di
                           env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-800:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def interleave_agents(
+    producer_step, consumer_step, consumers: int, running, seed: int, limit: int, state=None
+) -> None:
+    """Run a model of a producer and ``consumers`` consumer agents one step at a time, each
+    step by an agent drawn at random (``seed``) among those that can move: ``producer_step(go)``
+    and ``consumer_step(w, go)`` say whether the agent can move and, with ``go``, make the move;
+    ``running()`` whether any agent still has work. Fails on a deadlock (no agent can move;
+    ``state()`` describes it) and after ``limit`` steps."""
+    import random
+
+    rng = random.Random(seed)
+    steps = 0
+    while running():
+        ready = ["p"] * producer_step(False) + [w for w in range(consumers) if consumer_step(w, False)]
+        assert ready, f"deadlock: {state() if state else ''}"
+        who = rng.choice(ready)
+        producer_step(True) if who == "p" else consumer_step(who, True)
+        steps += 1
+        assert steps < limit, f"no end after {limit} steps"
+
+
+class PhaseBarrier:
+    """A model of an mbarrier of ``count`` arrivals: ``phases`` completed so far."""
+
+    def __init__(self, count: int):
+        self.count, self.arrivals, self.phases = count, 0, 0
+
+    def arrive(self) -> None:
+        self.arrivals += 1
+        if self.arrivals == self.count:
+            self.arrivals, self.phases = 0, self.phases + 1
+
+
+class RingModel:
+    """A model of a ring of ``stages`` stages used in turn (use u in stage u % stages), each
+    filled once its use u - stages has been read by every one of ``readers`` consumer warps
+    (the stage's empty barrier) and read once filled (its full barrier); refilling a stage a
+    warp still reads fails."""
+
+    def __init__(self, stages: int, readers: int = 8):
+        self.stages = stages
+        self.full = [0] * stages
+        self.empty = [PhaseBarrier(readers) for _ in range(stages)]
+        self.reading = [set() for _ in range(stages)]
+
+    def can_fill(self, u: int) -> bool:
+        return u < self.stages or self.empty[u % self.stages].phases >= u // self.stages
+
+    def fill(self, u: int) -> None:
+        assert not self.reading[u % self.stages], "stage refilled while read"
+        self.full[u % self.stages] += 1
+
+    def is_reading(self, w: int, u: int) -> bool:
+        return w in self.reading[u % self.stages]
+
+    def can_read(self, u: int) -> bool:
+        return self.full[u % self.stages] > u // self.stages
+
+    def start_read(self, w: int, u: int) -> None:
+        self.reading[u % self.stages].add(w)
+
+    def end_read(self, w: int, u: int) -> None:
+        self.reading[u % self.stages].discard(w)
+        self.empty[u % self.stages].arrive()

@@ -29,7 +29,7 @@ import kernellab.ops.attention as A
 from kernellab.harness.compare import judge
 from kernellab.ops.attention import args as AA
 from kernellab.ops.attention import cuda_sm90 as cs
-from kltest import dtype_id
+from kltest import PhaseBarrier, RingModel, dtype_id, interleave_agents
 
 SPEC = kernellab.get_spec("attention")
 HALF = [torch.float16, torch.bfloat16]
@@ -808,25 +808,13 @@ def _simulate_queue(n_tiles: list[int], stages: int, seed: int) -> None:
     (``seed``). Asserts no deadlock, item_slot and Q never rewritten while a warp still
     needs them, every warp seeing every item and the end in order, a stage never refilled
     while read."""
-    import random
-
-    rng = random.Random(seed)
     seq = list(n_tiles) + [None]
     total = sum(n_tiles)
-    slot, q_phases, q_empty, q_arrivals = None, 0, 0, 0
-    full, empty, arrivals = [0] * stages, [0] * stages, [0] * stages
+    ring, q_empty = RingModel(stages), PhaseBarrier(8)
+    slot, q_phases = None, 0
     prod = [0, 0, 0, False]  # item (of seq), use within it, ring use, Q announced
     cons = [[0, 0, 0, False] for _ in range(8)]  # item, use within it, ring use, holding Q / the slot
-    reading = [set() for _ in range(stages)]
     seen = [[] for _ in range(8)]
-
-    def fill(u: int, go: bool) -> bool:
-        st = u % stages
-        ok = u < stages or empty[st] >= u // stages
-        if ok and go:
-            assert not reading[st], "stage refilled while read"
-            full[st] += 1
-        return ok
 
     def producer_step(go: bool) -> bool:
         nonlocal slot, q_phases
@@ -835,65 +823,59 @@ def _simulate_queue(n_tiles: list[int], stages: int, seed: int) -> None:
             return False
         n = seq[item] or 0
         if not announced and (seq[item] is None or it >= min(n, stages)):  # Q after the first tiles
-            ok = item == 0 or q_empty >= item
+            ok = item == 0 or q_empty.phases >= item
             if ok and go:
                 assert not any(c[3] for c in cons), "item_slot / Q rewritten while held"
                 slot, q_phases = item, q_phases + 1
                 prod[:] = [item + 1, 0, u, False] if seq[item] is None or n == it else [item, it, u, True]
             return ok
-        ok = fill(u, go)
+        ok = ring.can_fill(u)
         if ok and go:
+            ring.fill(u)
             it += 1
             prod[:] = [item + 1, 0, u + 1, False] if announced and it == n else [item, it, u + 1, announced]
         return ok
 
     def consumer_step(w: int, go: bool) -> bool:
-        nonlocal q_arrivals, q_empty
         item, it, u, held = cons[w]
         if item >= len(seq):
             return False
         n = seq[item] or 0
-        if not held:
-            if it == 0:  # q_full's phase `item`, then item_slot
-                ok = q_phases > item
-                if ok and go:
-                    assert slot == item, "item_slot of another item"
-                    seen[w].append(seq[slot])
-                    cons[w] = [len(seq), 0, u, False] if seq[slot] is None else [item, 0, u, True]
-                return ok
-        st = u % stages
-        if w in reading[st]:  # done with this use
+        if not held and it == 0:  # q_full's phase `item`, then item_slot
+            ok = q_phases > item
+            if ok and go:
+                assert slot == item, "item_slot of another item"
+                seen[w].append(seq[slot])
+                cons[w] = [len(seq), 0, u, False] if seq[slot] is None else [item, 0, u, True]
+            return ok
+        if ring.is_reading(w, u):  # done with this use
             if go:
-                reading[st].discard(w)
-                arrivals[st] += 1
-                if arrivals[st] == 8:
-                    arrivals[st], empty[st] = 0, empty[st] + 1
+                ring.end_read(w, u)
                 cons[w] = [item, it + 1, u + 1, held]
             return True
         if held and it == n:  # the item's last S done: Q (and the slot) given back
             if go:
-                q_arrivals += 1
-                if q_arrivals == 8:
-                    q_arrivals, q_empty = 0, q_empty + 1
+                q_empty.arrive()
                 cons[w] = [item + 1, 0, u, False] if n == 0 else [item, it, u, False]
             return True
         if not held and it == n:  # (the o epilogue) then the next item
             if go:
                 cons[w] = [item + 1, 0, u, False]
             return True
-        ok = full[st] > u // stages
+        ok = ring.can_read(u)
         if ok and go:
-            reading[st].add(w)
+            ring.start_read(w, u)
         return ok
 
-    steps = 0
-    while prod[0] < len(seq) or any(c[0] < len(seq) for c in cons):
-        ready = ["p"] * producer_step(False) + [w for w in range(8) if consumer_step(w, False)]
-        assert ready, f"deadlock: producer {prod}, consumers {cons}"
-        who = rng.choice(ready)
-        producer_step(True) if who == "p" else consumer_step(who, True)
-        steps += 1
-        assert steps < 40 * (total + len(seq) + 10) * 9
+    interleave_agents(
+        producer_step,
+        consumer_step,
+        8,
+        lambda: prod[0] < len(seq) or any(c[0] < len(seq) for c in cons),
+        seed,
+        40 * (total + len(seq) + 10) * 9,
+        lambda: f"producer {prod}, consumers {cons}",
+    )
     assert q_phases == len(seq) and all(c[2] == total for c in cons)
     assert all(x == seq for x in seen)
 
@@ -913,14 +895,18 @@ def test_queue_in_the_source():
     src = cs.CU.read_text()
     body = src[src.index("void produce_tma_persist") :]
     body = body[: body.index("\n}\n")]
-    i_wait = body.index("if (k > 0) mbar_wait(q_empty, (k - 1) & 1);\n        if constexpr (QUEUE) *item_slot = i;")
+    i_wait = body.index(
+        "if (k > 0) mbar_wait(q_empty, (k - 1) & 1);\n        if constexpr (QUEUE) *item_slot = i;"
+    )
     i_q = body.index("mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);", i_wait)
     i_rest = body.index("for (int it = pre; it < n; ++it)", i_q)
     i_claim = body.index("i = QUEUE ? (int)gridDim.x + atomicAdd(sched, 1) : i + (int)gridDim.x;", i_rest)
     assert i_wait < i_q < i_rest < i_claim
     end = body.index("if (QUEUE && i >= items) {")
     assert body.index("*item_slot = i;\n            mbar_arrive(b.q_full);", end) < i_wait
-    assert "mbar_wait(b.q_full, k & 1);\n                i = item_slot;\n                if (i >= items) break;" in src
+    pad = "\n" + " " * 16
+    consumer = "mbar_wait(b.q_full, k & 1);" + pad + "i = item_slot;" + pad + "if (i >= items) break;"
+    assert consumer in src
 
 
 def _persistent_items(n_mb, h, z, causal, s_k, d, l2_bytes, grid=None):

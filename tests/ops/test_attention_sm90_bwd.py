@@ -35,7 +35,7 @@ from kernellab.harness.compare import judge
 from kernellab.ops.attention import args as AA
 from kernellab.ops.attention import cuda_sm90 as cs
 from kernellab.ops.attention import cuda_sm90_bwd as cb
-from kltest import dtype_id
+from kltest import PhaseBarrier, RingModel, dtype_id, interleave_agents
 
 SPEC = kernellab.get_spec("attention")
 HALF = [torch.float16, torch.bfloat16]
@@ -628,16 +628,12 @@ def _simulate_items(n_its: list[int], stages: int, seed: int) -> None:
     step at a time in a random order (``seed``) among those that can. Asserts no deadlock,
     item_slot and K / V never rewritten while a warp holds its item, every warp seeing
     every item and the end in order, and a stage never refilled while a warp reads it."""
-    import random
-
-    rng = random.Random(seed)
     seq = list(n_its) + [None]  # None: the end
     total = sum(n_its)
-    slot, kv_phases, kv_empty, kv_arrivals = None, 0, 0, 0
-    full, empty, arrivals = [0] * stages, [0] * stages, [0] * stages
+    ring, kv_empty = RingModel(stages), PhaseBarrier(8)
+    slot, kv_phases = None, 0
     prod = [0, 0, 0, False]  # the producer's item (of seq), query block in it, ring use, item announced
     cons = [[0, 0, 0, False] for _ in range(8)]  # each warp's item, query block, ring use, item held
-    reading = [set() for _ in range(stages)]  # warps between a stage's full wait and their arrival
     seen = [[] for _ in range(8)]
 
     def producer_step(go: bool) -> bool:
@@ -646,23 +642,20 @@ def _simulate_items(n_its: list[int], stages: int, seed: int) -> None:
         if item >= len(seq):
             return False
         if not announced:  # kv_empty's phase item - 1, then item_slot and kv_full
-            ok = item == 0 or kv_empty >= item
+            ok = item == 0 or kv_empty.phases >= item
             if ok and go:
                 assert not any(c[3] for c in cons), "item_slot / K / V rewritten while held"
                 slot, kv_phases = item, kv_phases + 1
                 prod[:] = [item + 1, 0, u, False] if seq[item] in (None, 0) else [item, 0, u, True]
             return ok
-        st = u % stages
-        ok = u < stages or empty[st] >= u // stages
+        ok = ring.can_fill(u)
         if ok and go:
-            assert not reading[st], "stage refilled while read"
-            full[st] += 1
+            ring.fill(u)
             it += 1
             prod[:] = [item + 1, 0, u + 1, False] if it == seq[item] else [item, it, u + 1, True]
         return ok
 
     def consumer_step(w: int, go: bool) -> bool:
-        nonlocal kv_arrivals, kv_empty
         item, it, u, held = cons[w]
         if item >= len(seq):
             return False
@@ -671,42 +664,32 @@ def _simulate_items(n_its: list[int], stages: int, seed: int) -> None:
             if ok and go:
                 assert slot == item, "item_slot of another item"
                 seen[w].append(seq[slot])
-                if seq[slot] is None:
-                    cons[w] = [len(seq), 0, u, False]  # the end
-                elif seq[slot] == 0:
-                    cons[w] = [item, 0, u, True]
-                else:
-                    cons[w] = [item, 0, u, True]
+                cons[w] = [len(seq), 0, u, False] if seq[slot] is None else [item, 0, u, True]
             return ok
         if it == (seq[item] or 0):  # the item done: arrive on kv_empty
             if go:
-                kv_arrivals += 1
-                if kv_arrivals == 8:
-                    kv_arrivals, kv_empty = 0, kv_empty + 1
+                kv_empty.arrive()
                 cons[w] = [item + 1, 0, u, False]
             return True
-        st = u % stages
-        if w in reading[st]:  # done with the stage: arrive on empty
+        if ring.is_reading(w, u):  # done with the stage: arrive on empty
             if go:
-                reading[st].discard(w)
-                arrivals[st] += 1
-                if arrivals[st] == 8:
-                    arrivals[st], empty[st] = 0, empty[st] + 1
+                ring.end_read(w, u)
                 cons[w] = [item, it + 1, u + 1, True]
             return True
-        ok = full[st] > u // stages
+        ok = ring.can_read(u)
         if ok and go:
-            reading[st].add(w)
+            ring.start_read(w, u)
         return ok
 
-    steps = 0
-    while prod[0] < len(seq) or any(c[0] < len(seq) for c in cons):
-        ready = ["p"] * producer_step(False) + [w for w in range(8) if consumer_step(w, False)]
-        assert ready, f"deadlock: producer {prod}, consumers {cons}"
-        who = rng.choice(ready)
-        producer_step(True) if who == "p" else consumer_step(who, True)
-        steps += 1
-        assert steps < 40 * (total + len(seq) + 10) * 9
+    interleave_agents(
+        producer_step,
+        consumer_step,
+        8,
+        lambda: prod[0] < len(seq) or any(c[0] < len(seq) for c in cons),
+        seed,
+        40 * (total + len(seq) + 10) * 9,
+        lambda: f"producer {prod}, consumers {cons}",
+    )
     assert kv_phases == len(seq) and prod[2] == total and all(c[2] == total for c in cons)
     assert all(x == seq for x in seen)
 
@@ -735,7 +718,8 @@ def test_persistent_items_cover_every_key_block_once():
     for h_kv, n_kb, z in ((2, 3, 2), (12, 2, 256), (1, 1, 1), (3, 5, 7)):
         seen = [(i % h_kv, (i // h_kv) % n_kb, i // (h_kv * n_kb)) for i in range(h_kv * n_kb * z)]
         assert seen[:h_kv] == [(hk, 0, 0) for hk in range(h_kv)]
-        assert sorted(seen) == sorted((hk, nb, zz) for zz in range(z) for nb in range(n_kb) for hk in range(h_kv))
+        every = [(hk, nb, zz) for zz in range(z) for nb in range(n_kb) for hk in range(h_kv)]
+        assert sorted(seen) == sorted(every)
 
 
 def test_named_barriers_and_proxy_fence_in_the_source():
@@ -801,11 +785,12 @@ def recorder(monkeypatch):
 
 
 def test_launcher_arguments(recorder):
-    """GQA 8 q heads over 2 k/v heads, S_q 300 (padded to 320), S_k 260, D 80, causal: the
-    preprocess over 320 rows, the main kernel's grid (persistent: one block for each of the
-    2 k/v heads x 3 key blocks x 2 batches, at most one an SM; else (2, 3, 2)), its tensor maps (64-row boxes of q and dO, 128-row boxes of k and v), the group, the
-    scale twice (plain and x log2 e), the shared memory; the postprocess over S_q x D / 2
-    pairs; gradients shaped as the inputs, in empty_bshd's layout."""
+    """GQA 8 q heads over 2 k/v heads, S_q 300 (padded to 320), S_k 260, D 80, causal: the preprocess
+    over 320 rows, the main kernel's grid (persistent: one block for each of the 2 k/v heads x
+    3 key blocks x 2 batches, at most one an SM; else (2, 3, 2)), its tensor maps (64-row
+    boxes of q and dO, 128-row boxes of k and v), the group, the scale twice (plain and x log2
+    e), the shared memory; the postprocess over S_q x D / 2 pairs; gradients shaped as the
+    inputs, in empty_bshd's layout."""
     q = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
     k = torch.randn(2, 2, 260, 80, dtype=torch.bfloat16)
     v = torch.randn(2, 2, 260, 80, dtype=torch.bfloat16)
