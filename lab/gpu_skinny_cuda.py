@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import torch  # noqa: E402
 
 from kernellab.ops.matmul import cuda_skinny as cs  # noqa: E402
-from kernellab.ops.matmul.cuda_skinny import GemvConfig, RowsConfig, TileConfig  # noqa: E402
+from kernellab.ops.matmul.cuda_skinny import ColsConfig, GemvConfig, RowsConfig, TileConfig  # noqa: E402
 
 WEIGHTS = ((14336, 4096), (4096, 14336), (4096, 4096), (128256, 4096), (3072, 768), (50257, 768))
 MS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -76,18 +76,30 @@ ROWS = [
     RowsConfig(warps=16, chunks=1, rows=16, unroll=4),
 ]
 NN_TILES = [TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1)]
+# The cols kernel (nn, M <= 16); a config whose sums or stage do not fit an M is left out there.
+COLS = [
+    ColsConfig(warps=8, chunks=1, unroll=4),
+    ColsConfig(warps=8, chunks=1, unroll=8),
+    ColsConfig(warps=4, chunks=1, unroll=8),
+    ColsConfig(warps=4, chunks=2, unroll=4),
+    ColsConfig(warps=8, chunks=2, unroll=2),
+    ColsConfig(warps=16, chunks=1, unroll=4, kc=1024),
+    ColsConfig(warps=8, chunks=1, unroll=4, prefetch=256),
+]
 CANDIDATES = {
-    1: GEMV + ROWS + NN_TILES,
-    2: GEMV + ROWS + NN_TILES,
-    4: GEMV + ROWS + NN_TILES,
+    1: GEMV + ROWS + NN_TILES + COLS,
+    2: GEMV + ROWS + NN_TILES + COLS,
+    4: GEMV + ROWS + NN_TILES + COLS,
     8: GEMV
     + ROWS
+    + COLS
     + [
         TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1),
         TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1),
         TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1, prefetch=256),
     ],
     16: GEMV
+    + COLS
     + [
         TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1),
         TileConfig(bn=128, bm=16, bk=64, stages=4, wn=4, wm=1),
@@ -110,7 +122,7 @@ CANDIDATES = {
         TileConfig(bn=128, bm=128, bk=32, stages=4, wn=4, wm=2, prefetch=128),
     ],
 }
-WAVES = {"gemv": (1.0, 2.0, 4.0), "rows": (1.0, 2.0), "tile": (1.0, 2.0)}
+WAVES = {"gemv": (1.0, 2.0, 4.0), "rows": (1.0, 2.0), "cols": (1.0, 2.0, 4.0), "tile": (1.0, 2.0)}
 CORRECT_MS = (1, 3, 16, 17, 64, 128)
 CORRECT_SHAPES = (("bf16", 4095, 4095), ("fp16", 3000, 5000), ("bf16", 17, 4101), ("bf16", 4096, 14336))
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -130,10 +142,12 @@ def candidates(m: int, layout: str | None = None):
     for cfg in CANDIDATES[bucket(m)]:
         if cfg.kind == "gemv" and m > 16:
             continue
-        if cfg.kind == "rows":
+        if cfg.kind in ("rows", "cols"):
             try:
-                cfg.kernel(m, "nt", torch.bfloat16)
+                cfg.kernel(m, LAYOUTS[cfg.kind][0], torch.bfloat16)
             except ValueError:  # the registers at this M
+                continue
+            if cfg.shared(m, LAYOUTS[cfg.kind][0], cfg.max_chunk()) > cs.SMEM_MAX:
                 continue
         if layout is not None and layout not in LAYOUTS[cfg.kind]:
             continue
@@ -142,7 +156,7 @@ def candidates(m: int, layout: str | None = None):
     return out
 
 
-LAYOUTS = {"gemv": ("nt",), "rows": ("nt",), "tile": ("nt", "nn")}
+LAYOUTS = {"gemv": ("nt",), "rows": ("nt",), "cols": ("nn",), "tile": ("nt", "nn")}
 
 
 def fmt_cfg(cfg) -> str:
@@ -150,6 +164,8 @@ def fmt_cfg(cfg) -> str:
         return f"gemv(w{cfg.warps} r{cfg.rows} u{cfg.unroll} kc{cfg.kc} wv{cfg.waves:g} pf{cfg.prefetch})"
     if cfg.kind == "rows":
         return f"rows(w{cfg.warps} c{cfg.chunks} r{cfg.rows} u{cfg.unroll} wv{cfg.waves:g} pf{cfg.prefetch})"
+    if cfg.kind == "cols":
+        return f"cols(w{cfg.warps} c{cfg.chunks} u{cfg.unroll} kc{cfg.kc} wv{cfg.waves:g} pf{cfg.prefetch})"
     return (
         f"tile({cfg.bn}x{cfg.bm}x{cfg.bk} s{cfg.stages} {cfg.wn}x{cfg.wm} wv{cfg.waves:g} pf{cfg.prefetch})"
     )

@@ -139,6 +139,108 @@ def test_rows_config_plans_whole_warp_ranges():
     }
 
 
+def test_cols_config_plans_and_refuses():
+    cfg = cs.ColsConfig(warps=8, chunks=1, unroll=4, kc=2048, waves=2.0)
+    # M = 1 against a row-major 4096 x 4096 b: 16 blocks of 256 outputs; 16 slices of 256 k
+    # fill two waves of 132 SMs
+    p = cs.plan(1, 4096, 4096, "nn", torch.bfloat16, 132, cfg)
+    assert (p.kernel, p.grid, p.block, p.kchunk) == ("skinny_cols_m1_bf16", (16, 1, 16), 256, 256)
+    assert p.shared == 4 * 1 * max(256, 8 * 256)  # the warps' sums outgrow x's stage
+    # odd sizes: N = 4097 needs a 17th block; K = 4095 in 15 slices of 288, the last shorter
+    p = cs.plan(3, 4097, 4095, "nn", torch.float16, 132, cfg)
+    assert (p.kernel, p.grid, p.kchunk) == ("skinny_cols_m4_f16", (17, 1, 15), 288)
+    # a long K: x's stage (kc) caps the slice
+    p = cs.plan(16, 256, 14336, "nn", torch.bfloat16, 132, cfg)
+    assert (p.kernel, p.grid, p.kchunk) == ("skinny_cols_m16_bf16", (1, 1, 56), 256)
+    p = cs.plan(16, 256, 14336, "nn", torch.bfloat16, 132, cs.ColsConfig(waves=0.01))
+    assert p.grid == (1, 1, 7) and p.kchunk == 2048 and p.shared == 4 * 16 * 2048
+    assert "-DSK_CW=8" in cfg.macros() and "-DSK_CU=4" in cfg.macros()
+    assert [cfg.block_m(m) for m in (1, 2, 3, 5, 9, 16)] == [1, 2, 4, 8, 16, 16]
+    with pytest.raises(ValueError, match="nn weight layout"):
+        cfg.kernel(1, "nt", torch.bfloat16)
+    with pytest.raises(ValueError, match="M <= 16"):
+        cfg.kernel(17, "nn", torch.bfloat16)
+    with pytest.raises(ValueError, match="fewer chunks"):
+        cs.ColsConfig(chunks=2, unroll=2).kernel(9, "nn", torch.bfloat16)
+    with pytest.raises(ValueError, match="unroll x chunks"):
+        cs.ColsConfig(chunks=2, unroll=8)
+    with pytest.raises(ValueError, match="kc"):
+        cs.ColsConfig(kc=100)
+    # a block that cannot get its shared memory is refused by the plan, not launched
+    with pytest.raises(ValueError, match="shared memory"):
+        cs.plan(16, 4096, 4096, "nn", torch.bfloat16, 132, cs.ColsConfig(warps=16, chunks=1))
+    table = ((8, ("nn",), cs.ColsConfig()), (128, ("nt", "nn"), cs.TileConfig()))
+    assert {k for _, k in cs.table_kernels(table) if "cols" in k} == {
+        f"skinny_cols_m{m}_{s}" for m in (1, 2, 4, 8) for s in ("bf16", "f16")
+    }
+
+
+def _cols_model(x, w, cfg, kchunk):
+    """skinny_cols's loops in numpy, block by block: the rows each warp's load groups reach
+    (two groups a pass), the outputs each lane's chunks hold, the warps' sums added in warp
+    order, then the slices in slice order. Every (k, n) product must be counted once."""
+    import numpy as np
+
+    m, k = x.shape
+    n = w.shape[1]
+    cw, cu, cn, step = cfg.warps, cfg.unroll, cfg.block_n, cfg.warps * cfg.unroll
+    seen = np.zeros((k, n), dtype=np.int64)
+    y = np.zeros((m, n))
+    for z in range(-(-k // kchunk)):
+        kb = z * kchunk
+        klen = min(k - kb, kchunk)
+        for bx in range(-(-n // cn)):
+            n0 = bx * cn
+            part = np.zeros((cw, m, cn))
+            groups = -(-klen // step)
+            for wp in range(cw):
+                for g in range(0, groups, 2):
+                    for r0 in (wp + g * step, wp + (g + 1) * step):
+                        for u in range(cu):
+                            r = r0 + u * cw
+                            if r >= klen:
+                                continue
+                            for j in range(cfg.chunks):
+                                for lane in range(32):
+                                    c = j * 256 + lane * 8
+                                    cols = [c + e for e in range(8) if n0 + c + e < n]
+                                    for cc in cols:
+                                        seen[kb + r, n0 + cc] += 1
+                                        part[wp, :, cc] += x[:, kb + r] * w[kb + r, n0 + cc]
+            width = min(cn, n - n0)
+            y[:, n0 : n0 + width] += part.sum(0)[:, :width]
+    return y, seen
+
+
+@pytest.mark.parametrize("n,k,kchunk", [(300, 70, 32), (513, 100, 64), (40, 5, 32)])
+@pytest.mark.parametrize("cfg", [cs.ColsConfig(warps=3, chunks=1, unroll=2), cs.ColsConfig(warps=2, chunks=2, unroll=3)],
+                         ids=["w3c1u2", "w2c2u3"])  # fmt: skip
+def test_cols_loops_cover_every_product_once(n, k, kchunk, cfg):
+    import numpy as np
+
+    rng = np.random.default_rng(n * k)
+    x, w = rng.standard_normal((3, k)), rng.standard_normal((k, n))
+    y, seen = _cols_model(x, w, cfg, kchunk)
+    assert (seen == 1).all()
+    np.testing.assert_allclose(y, x @ w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("m", cs.COLS_M)
+def test_cols_kernels_compile_for_sm80_and_sm90(m):
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    cfg = cs.ColsConfig(warps=8, chunks=2 if m <= 8 else 1, unroll=4)
+    for dtype in HALF:
+        kernel = cfg.kernel(m, "nn", dtype)
+        mod = cs.module_for(cfg, kernel)
+        for arch in ("sm_80", "sm_90"):
+            ptx = mod.compile(arch, target="ptx").decode()
+            assert f".entry {kernel}(" in ptx and ptx.count(".entry ") == 1, arch
+            assert "mma.sync" not in ptx and "cp.async" not in ptx
+            assert "ld.global.nc.L1::no_allocate.v4.u32" in ptx  # the aligned weight stream
+            assert mod.compile(arch)[:4] == b"\x7fELF"
+
+
 def test_plan_refuses_what_it_cannot_launch():
     with pytest.raises(ValueError, match="M <= 128"):
         cs.plan(129, 64, 64, "nt", torch.bfloat16, 132)
@@ -254,7 +356,7 @@ def test_table_kernels_compile_for_sm80_and_sm90(config, kernel):
         ptx = mod.compile(arch, target="ptx").decode()
         assert f".entry {kernel}(" in ptx, arch
         assert ptx.count(".entry ") == 1  # one kernel per module (-DSK_ONE)
-        assert ("mma.sync.aligned.m16n8k16" in ptx) == (config.kind != "rows")
+        assert ("mma.sync.aligned.m16n8k16" in ptx) == (config.kind not in ("rows", "cols"))
         assert ("cp.async" in ptx) == (config.kind == "tile")
         assert mod.compile(arch)[:4] == b"\x7fELF"
 
@@ -327,6 +429,7 @@ def test_gpu_unaligned_loads_every_offset_and_tail():
         cfgs = [None] + [cs.RowsConfig(warps=2, chunks=1, rows=8, unroll=2)] * (
             (layout == "nt" or k == 1) and m <= 8
         )
+        cfgs += [cs.ColsConfig(warps=3, chunks=1, unroll=2)] * (layout == "nn" and k > 1 and m <= 16)
         for cfg, splits in itertools.product(cfgs, (None, 2) if k >= 128 else (None,)):
             _judge(cs.skinny_product(a, b, cfg, splits), a, b, torch.bfloat16)
 
@@ -339,9 +442,15 @@ def test_gpu_every_kernel_shape_and_slice_count():
         cs.TileConfig(bn=32, bm=48, bk=64, stages=3, wn=2, wm=2),  # 24-row warp tiles
         cs.RowsConfig(warps=3, chunks=1, rows=12, unroll=3),  # 1000 rows: a partial last group
         cs.RowsConfig(warps=2, chunks=4, rows=8, unroll=2),
+        cs.ColsConfig(warps=3, chunks=1, unroll=3, kc=512),  # 3 warps: rows in uneven shares
+        cs.ColsConfig(warps=8, chunks=2, unroll=4),
+        cs.ColsConfig(warps=4, chunks=1, unroll=8),
     ]
     for cfg, m, splits, layout in itertools.product(cfgs, [1, 2, 5, 16, 40], [1, 3, 64], ("nt", "nn")):
-        if cfg.kind != "tile" and (layout == "nn" or m > {"gemv": 16, "rows": 8}[cfg.kind]):
+        if cfg.kind == "cols":
+            if layout == "nt" or m > 16 or cfg.block_m(m) * cfg.chunks > 16:
+                continue
+        elif cfg.kind != "tile" and (layout == "nn" or m > {"gemv": 16, "rows": 8}[cfg.kind]):
             continue
         if cfg.kind == "rows" and cfg.block_m(m) * cfg.chunks > 8:
             continue

@@ -7,11 +7,12 @@ row-major [N, K] ``W`` ("nt", nn.Linear's weight: unit stride along K) or a row-
 with ``.contiguous()`` first: correct, but a copy of the weight. a is read in place when it
 has unit stride along K, else packed (M x K halfs, cheap).
 
-Three kernels (skinny.cu): ``gemv`` (nt, M <= 16: the weight goes straight from global memory
+Four kernels (skinny.cu): ``gemv`` (nt, M <= 16: the weight goes straight from global memory
 to the MMA's registers), ``rows`` (nt, M <= 8: a warp streams whole 512-byte runs of one
-weight row at a time into CUDA-core FMAs) and ``tile`` (any M, both layouts: a cp.async
-pipeline). Each has a config object (GemvConfig, RowsConfig, TileConfig: tile shape, and
-the waves of blocks its split-K aims for); TABLE picks one per M bucket and layout. Edit
+weight row at a time into CUDA-core FMAs), ``cols`` (nn, M <= 16: the same runs along a
+row of the [K, N] weight, each lane summing its own outputs) and ``tile`` (any M, both
+layouts: a cp.async pipeline). Each has a config object (GemvConfig, RowsConfig, ColsConfig,
+TileConfig: tile shape, and the waves of blocks its split-K aims for); TABLE picks one per M bucket and layout. Edit
 TABLE from the sweep of lab/gpu_skinny_cuda.py. Every (config, kernel) pair is its own
 NVRTC module (-D macros, 0.5-1.5 s to compile, cached on disk).
 
@@ -196,6 +197,82 @@ class RowsConfig:
         return 0  # static only: the warps' row sums (warps x rows x M floats)
 
 
+COLS_M = (1, 2, 4, 8, 16)  # the cols kernel's builds: accumulators of M rows in registers
+
+
+@dataclass(frozen=True)
+class ColsConfig:
+    """skinny_cols (nn layout, M <= 16): a warp reads 512 x ``chunks`` contiguous bytes of
+    one weight row (one k) per step, each lane summing its own 8 x ``chunks`` outputs for
+    every row of x in registers; ``warps`` warps split the K slice's rows, ``unroll`` rows
+    per load group (two groups in flight). x's slice is staged in shared memory as fp32
+    (at most ``kc`` of K per block)."""
+
+    warps: int = 8  # warps per block (they split the slice's rows)
+    chunks: int = 1  # 16-byte loads per lane per weight row: a block owns 256 x chunks outputs
+    unroll: int = 4  # rows per load group (two groups in flight)
+    kc: int = 2048  # most K per block: x's stage is kc x M fp32
+    waves: float = 2.0
+    prefetch: int = 0
+
+    kind: ClassVar[str] = "cols"
+    granule: ClassVar[int] = 32
+
+    def __post_init__(self):
+        if not (1 <= self.warps <= 32 and self.chunks >= 1 and self.unroll >= 1):
+            raise ValueError(f"ColsConfig: warps 1-32, chunks >= 1, unroll >= 1; got {self}")
+        if self.unroll * self.chunks > 8:
+            raise ValueError(
+                f"ColsConfig: unroll x chunks <= 8 (two groups of loads, 4 registers each); got {self}"
+            )
+        if self.kc < 32 or self.kc % 32 or self.shared(1, "nn", self.kc) > SMEM_MAX:
+            raise ValueError(f"ColsConfig: kc a multiple of 32 whose stage fits ({SMEM_MAX} B); got {self}")
+        if self.waves <= 0 or self.prefetch not in (0, 128, 256):
+            raise ValueError(f"ColsConfig: waves > 0, prefetch 0, 128 or 256; got {self}")
+
+    @property
+    def block_n(self) -> int:
+        return 256 * self.chunks
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def block_m(self, m: int) -> int:
+        return next(r for r in COLS_M if m <= r) if m <= COLS_M[-1] else m
+
+    def macros(self) -> tuple[str, ...]:
+        return (
+            f"-DSK_CW={self.warps}",
+            f"-DSK_CJ={self.chunks}",
+            f"-DSK_CU={self.unroll}",
+            f"-DSK_PF={self.prefetch}",
+        )
+
+    def kernel(self, m: int, layout: str, dtype: torch.dtype) -> str:
+        if layout != "nn":
+            raise ValueError(
+                "cuda_skinny: the cols kernel reads the nn weight layout (row-major [K, N]) only; "
+                "use a RowsConfig, GemvConfig or TileConfig"
+            )
+        if m > COLS_M[-1]:
+            raise ValueError(f"cuda_skinny: the cols kernel takes M <= {COLS_M[-1]} rows, got {m}")
+        mr = self.block_m(m)
+        if mr * self.chunks > 16:
+            raise ValueError(
+                f"cuda_skinny: M = {m} with {self.chunks} chunks keeps {mr * self.chunks * 8} sums "
+                f"per lane (at most 128); use fewer chunks"
+            )
+        return f"skinny_cols_m{mr}_{DTYPE_SUFFIX[dtype]}"
+
+    def max_chunk(self) -> int:
+        return self.kc
+
+    def shared(self, m: int, layout: str, kchunk: int) -> int:
+        """x's fp32 stage [kchunk][MR], later the warps' sums [warps][MR][block_n] (skinny.cu)."""
+        return 4 * self.block_m(m) * max(kchunk, self.warps * self.block_n)
+
+
 @dataclass(frozen=True)
 class TileConfig:
     """skinny_tile (nt or nn, any M): bn x bm output tiles over bk-deep stages of a
@@ -262,7 +339,7 @@ class TileConfig:
 
 # The config per M bucket and weight layout: the first row with M <= its bound and the
 # layout wins. lab/gpu_skinny_cuda.py prints a replacement from its sweep.
-TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | RowsConfig | TileConfig], ...] = (
+TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | RowsConfig | ColsConfig | TileConfig], ...] = (
     (1, ("nt",), RowsConfig(warps=16, chunks=1, rows=16, unroll=4, waves=1.0, prefetch=0)),
     (2, ("nt",), RowsConfig(warps=8, chunks=2, rows=16, unroll=2, waves=2.0, prefetch=0)),
     # M = 3-4: the rows kernel's one-butterfly lane sums, the sweep's best geomean x cuBLAS
@@ -316,7 +393,7 @@ class Plan:
     """One launch: kernel name, config, grid, threads, K slices, dynamic shared memory."""
 
     kernel: str
-    config: GemvConfig | RowsConfig | TileConfig
+    config: GemvConfig | RowsConfig | ColsConfig | TileConfig
     grid: tuple[int, int, int]
     block: int
     splits: int
@@ -471,13 +548,13 @@ def _available():
     return capability_unavailable((8, 0), "sm_80 or newer (bf16 mma.sync, cp.async)")
 
 
-def table_kernels(table=TABLE) -> list[tuple[GemvConfig | RowsConfig | TileConfig, str]]:
+def table_kernels(table=TABLE) -> list[tuple[GemvConfig | RowsConfig | ColsConfig | TileConfig, str]]:
     """(config, kernel name) for every kernel TABLE can launch."""
     out = []
     for bound, layouts, cfg in table:
         for layout in layouts:
             for dtype in HALF:
-                ms = {"gemv": (8, 16), "rows": ROWS_M}.get(cfg.kind, (1,))
+                ms = {"gemv": (8, 16), "rows": ROWS_M, "cols": COLS_M}.get(cfg.kind, (1,))
                 for i, m in enumerate(ms):
                     if i and ms[i - 1] >= bound:  # a smaller build already covers the bound
                         continue

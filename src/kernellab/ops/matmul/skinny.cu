@@ -4,8 +4,8 @@
 //
 // Why a kernel of its own (napkin math): at M = 1-16 a linear layer is a weight stream. An
 // 8B model's 14336x4096 bf16 weight is 117 MB, 28 us at the H200's ~4.2 TB/s copy rate,
-// while x and y are M (K + N) 2 B < 0.6 MB. cuBLAS reads that weight at ~2.9 TB/s. Both
-// kernels here put the weight in the A slot of mma.sync m16n8k16 (16 weight rows = 16
+// while x and y are M (K + N) 2 B < 0.6 MB. cuBLAS reads that weight at ~2.9 TB/s. The gemv
+// and tile kernels put the weight in the A slot of mma.sync m16n8k16 (16 weight rows = 16
 // outputs n, by 16 k) and x in the B slot (8 columns = 8 rows m of x), so every weight
 // element is loaded once and one MMA applies it to 8 rows of x. M = 1 wastes 7/8 of each
 // MMA, but at M <= 16 the tensor cores have time to spare: one MMA per 512 B of weight.
@@ -34,6 +34,9 @@
 //     ldmatrix (.trans for the nn weight: its k-major rows are the A fragment's columns),
 //     WN x WM warps over the BN x BM output tile. For 16 < M <= 128, where each weight
 //     element meets up to 128 rows of x and the MMAs start to cost as much as the stream.
+//   skinny_rows_m{1,2,4,8}_* (nt, M <= 8) and skinny_cols_m{1,2,4,8,16}_* (nn, M <= 16): whole
+//     512-byte runs of one weight row per warp instruction into CUDA-core FMAs (see their
+//     sections below).
 //
 // Split-K: grid z = S slices of kchunk elements of K (host-chosen so that small N still
 // fills the GPU). Each block writes its fp32 partial to ws [S, M, N], fences, and counts
@@ -668,6 +671,147 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
     if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, n0, RN, 0, M);
 }
 
+// ------------------------------------------------------------------ cols (nn, M <= MR <= 16)
+// grid (ceil(N / (256 CJ)), 1, S), block 32 CW, dynamic shared memory
+// max(kchunk, CW 256 CJ) x MR floats (cuda_skinny.py computes the same). In the nn layout
+// a weight row is one k and its elements are the outputs n: a warp instruction reads 512
+// contiguous bytes of one row, lane l taking outputs n0 + 256 j + 8 l .. +7 (j < CJ), so
+// each lane keeps its own outputs' sums in registers (MR x CJ x 8 fp32) and no sum crosses
+// lanes. The CW warps of a block split the slice's rows (warp w: rows w, w + CW, ...; CU
+// rows per load group, two groups in flight). x's values at the slice's rows are staged
+// once per block as fp32 [k][MR] (every lane of a warp reads the same row: a broadcast).
+// After the loop the warps' sums meet in the same shared memory and are added in warp
+// order (deterministic). Split K through sk_slices_sum, as the other kernels.
+#ifndef SK_CW
+#define SK_CW 8  // cols: warps per block, splitting the slice's k rows
+#endif
+#ifndef SK_CJ
+#define SK_CJ 1  // cols: 16-byte chunks per lane per row (a block's outputs: 256 CJ)
+#endif
+#ifndef SK_CU
+#define SK_CU 4  // cols: rows per load group (two groups in flight)
+#endif
+
+template <int CU, int CJ>
+__device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CJ], const unsigned short* w16, int ldw, int N,
+                                             int kb, int r0, int klen, int n0, int lane, int vec) {
+#pragma unroll
+    for (int u = 0; u < CU; ++u)
+#pragma unroll
+        for (int j = 0; j < CJ; ++j) {
+            const int r = r0 + u * SK_CW;  // this warp's rows are CW apart
+            const int n = n0 + j * 256 + lane * 8;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (r < klen && n < N) {
+                const unsigned short* p = w16 + (long long)(kb + r) * ldw + n;
+                v = vec ? sk_ld_stream(p) : sk_ld8_shift(p, N - n);
+            }
+            buf[u][j] = v;
+        }
+}
+
+template <typename T, int MR, int CU, int CJ>
+__device__ __forceinline__ void sk_cols_dot(const uint4 (&buf)[CU][CJ], const float* xs, float (&acc)[MR][CJ][8],
+                                            int r0, int klen) {
+#pragma unroll
+    for (int u = 0; u < CU; ++u) {
+        const int r = r0 + u * SK_CW;
+        if (r < klen) {  // the same for the whole warp
+            float xv[MR];
+            if constexpr (MR % 4 == 0) {
+#pragma unroll
+                for (int m = 0; m < MR; m += 4) {
+                    const float4 f = *reinterpret_cast<const float4*>(xs + r * MR + m);
+                    xv[m] = f.x;
+                    xv[m + 1] = f.y;
+                    xv[m + 2] = f.z;
+                    xv[m + 3] = f.w;
+                }
+            } else {
+#pragma unroll
+                for (int m = 0; m < MR; ++m) xv[m] = xs[r * MR + m];
+            }
+#pragma unroll
+            for (int j = 0; j < CJ; ++j) {
+                float wf[8];
+                sk_unpack8<T>(buf[u][j], wf);
+#pragma unroll
+                for (int m = 0; m < MR; ++m)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[m][j][e] = fmaf(wf[e], xv[m], acc[m][j][e]);
+            }
+        }
+    }
+}
+
+template <typename T, int MR>
+__device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                                             float* __restrict__ ws, int* __restrict__ counters, int M, int N,
+                                             int K, int ldx, int ldw, int kchunk, int vec) {
+    constexpr int CW = SK_CW, CJ = SK_CJ, CU = SK_CU, CN = 256 * CJ, STEP = CW * CU;
+    extern __shared__ __align__(128) unsigned short sk_dyn[];
+    float* xs = reinterpret_cast<float*>(sk_dyn);  // [kchunk][MR]; after the loop the sums [CW][MR][CN]
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    const int kb = blockIdx.z * kchunk;
+    const int klen = min(K - kb, kchunk);  // > 0: the host makes no empty slice
+    const int n0 = blockIdx.x * CN;
+    const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
+
+    uint4 wa[CU][CJ], wb[CU][CJ];
+    sk_cols_load<CU, CJ>(wa, w16, ldw, N, kb, wp, klen, n0, lane, vec);  // in flight while x is staged
+#pragma unroll 1
+    for (int t = threadIdx.x; t < klen * MR; t += 32 * CW) {
+        const int m = t / klen, r = t % klen;  // consecutive threads: consecutive k of one row of x
+        xs[r * MR + m] = m < M ? kl::to_f(x[(long long)m * ldx + kb + r]) : 0.f;
+    }
+    __syncthreads();
+
+    float acc[MR][CJ][8];
+#pragma unroll
+    for (int m = 0; m < MR; ++m)
+#pragma unroll
+        for (int j = 0; j < CJ; ++j)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[m][j][e] = 0.f;
+    const int groups = (klen + STEP - 1) / STEP;  // load groups per warp, the same for every warp
+#pragma unroll 1
+    for (int g = 0; g < groups; g += 2) {
+        const int ra = wp + g * STEP;
+        sk_cols_load<CU, CJ>(wb, w16, ldw, N, kb, ra + STEP, klen, n0, lane, vec);
+        sk_cols_dot<T, MR, CU, CJ>(wa, xs, acc, ra, klen);
+        if (g + 2 < groups) sk_cols_load<CU, CJ>(wa, w16, ldw, N, kb, ra + 2 * STEP, klen, n0, lane, vec);
+        sk_cols_dot<T, MR, CU, CJ>(wb, xs, acc, ra + STEP, klen);
+    }
+    __syncthreads();  // every warp is done with x's stage: its space takes the sums
+
+    float* part = xs;
+#pragma unroll
+    for (int m = 0; m < MR; ++m)
+#pragma unroll
+        for (int j = 0; j < CJ; ++j) {
+            float* p = part + (wp * MR + m) * CN + j * 256 + lane * 8;
+            *reinterpret_cast<float4*>(p) = make_float4(acc[m][j][0], acc[m][j][1], acc[m][j][2], acc[m][j][3]);
+            *reinterpret_cast<float4*>(p + 4) = make_float4(acc[m][j][4], acc[m][j][5], acc[m][j][6], acc[m][j][7]);
+        }
+    __syncthreads();
+    const int S = gridDim.z;
+    const long long slice = (long long)M * N;
+#pragma unroll 1
+    for (int t = threadIdx.x; t < M * CN; t += 32 * CW) {
+        const int m = t / CN, c = t % CN, n = n0 + c;  // consecutive threads: consecutive n
+        if (n < N) {
+            float v = 0.f;
+#pragma unroll
+            for (int q = 0; q < CW; ++q) v += part[(q * MR + m) * CN + c];  // warp order: deterministic
+            if (S == 1)
+                sk_store(y + (long long)m * N + n, v);
+            else
+                ws[blockIdx.z * slice + (long long)m * N + n] = v;
+        }
+    }
+    if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, n0, CN, 0, M);
+}
+
 // ------------------------------------------------------------------ entry points
 #define SK_ARGS(T)                                                                                     \
     const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y, float *__restrict__ ws,     \
@@ -755,5 +899,55 @@ extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_bf16(SK_
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_rows_m8_f16)
 extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_f16(SK_ARGS(__half)) {
     sk_rows_body<__half, 8>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, 1>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, 1>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, 2>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, 2>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, 4>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, 4>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, 8>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, 8>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m16_bf16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m16_bf16(SK_ARGS(__nv_bfloat16)) {
+    sk_cols_body<__nv_bfloat16, 16>(SK_PASS);
+}
+#endif
+#if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m16_f16)
+extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m16_f16(SK_ARGS(__half)) {
+    sk_cols_body<__half, 16>(SK_PASS);
 }
 #endif
