@@ -213,8 +213,9 @@ def _cols_model(x, w, cfg, kchunk):
 
 
 @pytest.mark.parametrize("n,k,kchunk", [(300, 70, 32), (513, 100, 64), (40, 5, 32)])
-@pytest.mark.parametrize("cfg", [cs.ColsConfig(warps=3, chunks=1, unroll=2), cs.ColsConfig(warps=2, chunks=2, unroll=3)],
-                         ids=["w3c1u2", "w2c2u3"])  # fmt: skip
+@pytest.mark.parametrize(
+    "cfg", [cs.ColsConfig(warps=3, chunks=1, unroll=2), cs.ColsConfig(warps=2, chunks=2, unroll=3)], ids=str
+)
 def test_cols_loops_cover_every_product_once(n, k, kchunk, cfg):
     import numpy as np
 

@@ -12,9 +12,9 @@ to the MMA's registers), ``rows`` (nt, M <= 8: a warp streams whole 512-byte run
 weight row at a time into CUDA-core FMAs), ``cols`` (nn, M <= 16: the same runs along a
 row of the [K, N] weight, each lane summing its own outputs) and ``tile`` (any M, both
 layouts: a cp.async pipeline). Each has a config object (GemvConfig, RowsConfig, ColsConfig,
-TileConfig: tile shape, and the waves of blocks its split-K aims for); TABLE picks one per M bucket and layout. Edit
-TABLE from the sweep of lab/gpu_skinny_cuda.py. Every (config, kernel) pair is its own
-NVRTC module (-D macros, 0.5-1.5 s to compile, cached on disk).
+TileConfig: tile shape, and the waves of blocks its split-K aims for); TABLE picks one per
+M bucket and layout. Edit TABLE from the sweep of lab/gpu_skinny_cuda.py. Every (config,
+kernel) pair is its own NVRTC module (-D macros, 0.5-1.5 s to compile, cached on disk).
 
 Limits (``skinny_limits``; ``check`` counts these as refused): one 2-D product (no batch
 dims) with M <= 128. The backward runs torch's matmuls: da = dz @ b^T has M rows but
