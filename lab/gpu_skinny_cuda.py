@@ -84,6 +84,9 @@ COLS = [
     ColsConfig(warps=4, chunks=2, unroll=4),
     ColsConfig(warps=8, chunks=2, unroll=2),
     ColsConfig(warps=16, chunks=1, unroll=4, kc=1024),
+    ColsConfig(warps=16, chunks=1, unroll=8, kc=1024),
+    ColsConfig(warps=32, chunks=1, unroll=4, kc=512),
+    ColsConfig(warps=16, chunks=1, unroll=2, kc=1024),
     ColsConfig(warps=8, chunks=1, unroll=4, prefetch=256),
 ]
 CANDIDATES = {

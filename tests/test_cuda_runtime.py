@@ -397,6 +397,23 @@ def _fake_kernel(monkeypatch, fake):
     return runtime.Kernel(CoreKernel(), "k", ("ptr", "i64", "i32"))
 
 
+def test_dynamic_shared_limit_leaves_room_for_static_shared_memory(monkeypatch):
+    """48 KB is the limit for static and dynamic shared memory together: a kernel with 128 B
+    of static shared memory must opt in before a launch with 48 KB of dynamic."""
+    fake = _FakeDriver()
+    fake.cuFuncGetAttribute = lambda out, attribute, handle: (
+        setattr(out._obj, "value", 128 if attribute == runtime._FUNC_ATTRIBUTE_SHARED_SIZE_BYTES else 0) or 0
+    )
+    k = _fake_kernel(monkeypatch, fake)
+    assert k.max_dynamic_shared == 48 * 1024 - 128
+    k.set_max_dynamic_shared(48 * 1024)
+    assert fake.attributes == [(0x5678, runtime._FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, 48 * 1024)]
+    # a driver that cannot say (no entry point, or an error): the documented default
+    assert _fake_kernel(monkeypatch, _FakeDriver()).max_dynamic_shared == 48 * 1024
+    fake.cuFuncGetAttribute = lambda out, attribute, handle: 201
+    assert _fake_kernel(monkeypatch, fake).max_dynamic_shared == 48 * 1024
+
+
 def test_launch_cluster_plumbing(monkeypatch):
     fake = _FakeDriver()
     k = _fake_kernel(monkeypatch, fake)

@@ -271,6 +271,10 @@ def _libcuda():
         ]
     )
     lib.cuLaunchKernel.restype = ctypes.c_int
+    lib.cuFuncGetAttribute.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int, ctypes.c_void_p]
+    lib.cuFuncGetAttribute.restype = ctypes.c_int
+    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.cuFuncSetAttribute.restype = ctypes.c_int
     lib.cuGetErrorString.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
     lib.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
     lib.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
@@ -286,7 +290,8 @@ _INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT
 # (CUlaunchConfig, CUlaunchAttribute and its 64-byte value union); tests compare their
 # bytes with cuda.bindings' own.
 _LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4  # CUlaunchAttributeID
-_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute
+_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1  # CUfunction_attribute: static shared memory
+_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
 _FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14  # (clusters of more than 8 blocks)
 
 
@@ -451,6 +456,17 @@ def _function_handle(kernel) -> int:
     return int(kernel.handle)
 
 
+def _static_shared(handle: int) -> int:
+    """The function's static shared memory in bytes (0 where the driver does not say)."""
+    try:
+        get = _libcuda().cuFuncGetAttribute
+    except AttributeError:
+        return 0
+    out = ctypes.c_int(0)
+    rc = get(ctypes.byref(out), _FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, handle)
+    return int(out.value) if rc == 0 else 0
+
+
 class Kernel:
     """A loaded kernel with a fixed signature, e.g. ``("ptr", "ptr", "i64")``."""
 
@@ -466,7 +482,8 @@ class Kernel:
         self._lock = threading.Lock()
         self._launch = _libcuda().cuLaunchKernel
         self._use_core = config.cuda_launch == "core"
-        self.max_dynamic_shared = 48 * 1024  # the default limit; see set_max_dynamic_shared
+        # The default limit: 48 KB for static and dynamic together; see set_max_dynamic_shared
+        self.max_dynamic_shared = 48 * 1024 - _static_shared(self._handle)
         self._cluster_launch = None  # (config, attribute) of launch_cluster, made at its first call
         self._non_portable_clusters = False  # see allow_non_portable_cluster_size
 
@@ -622,12 +639,10 @@ class Kernel:
         H100 allows 227 KB). Call once after loading; launches are unaffected."""
         if nbytes <= self.max_dynamic_shared:
             return
-        lib = _libcuda()
-        lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-        lib.cuFuncSetAttribute.restype = ctypes.c_int
-        max_dynamic_shared_size_bytes = _FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         with self._lock:
-            rc = lib.cuFuncSetAttribute(self._handle, max_dynamic_shared_size_bytes, int(nbytes))
+            rc = _libcuda().cuFuncSetAttribute(
+                self._handle, _FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes)
+            )
         if rc != 0:
             raise CudaError(
                 f"{self.name}: cannot allow {nbytes} B of dynamic shared memory: {_error_string(rc)}"
