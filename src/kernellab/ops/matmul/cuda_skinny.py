@@ -341,6 +341,11 @@ class TileConfig:
 # layout wins. lab/gpu_skinny_cuda.py prints a replacement from its sweep.
 TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | RowsConfig | ColsConfig | TileConfig], ...] = (
     (1, ("nt",), RowsConfig(warps=16, chunks=1, rows=16, unroll=4, waves=1.0, prefetch=0)),
+    # nn (a row-major [K, N] b) at M = 1-2: the cols kernel, the sweep's best geomean x cuBLAS
+    # (skinny_cuda-H200-<sha>-nn.jsonl); from M = 3 on its fp32 FMAs cost more than the
+    # tile kernel's MMAs
+    (1, ("nn",), ColsConfig(warps=16, chunks=1, unroll=4, kc=1024, waves=1.0, prefetch=0)),
+    (2, ("nn",), ColsConfig(warps=16, chunks=1, unroll=2, kc=1024, waves=2.0, prefetch=0)),
     (2, ("nt",), RowsConfig(warps=8, chunks=2, rows=16, unroll=2, waves=2.0, prefetch=0)),
     # M = 3-4: the rows kernel's one-butterfly lane sums, the sweep's best geomean x cuBLAS
     # at M = 4 (skinny_cuda-H200-d865f54-*); nn stays on the tile row below

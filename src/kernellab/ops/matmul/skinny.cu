@@ -129,18 +129,8 @@ __device__ __forceinline__ uint4 sk_ld_stream(const void* p) {
     return v;
 }
 
-// Up to 8 halfs from p at any 2-byte alignment (odd K, odd row strides); zeros past
-// `valid` (>= 1). It reads the one or two aligned 16-byte chunks that hold them, never a
-// chunk without a valid element (so never past the allocation: an aligned chunk that holds
-// one of its bytes lies inside it), and shifts the 8 halfs out of the pair of chunks. The
-// chunks go through L1 (__ldg): the second chunk of one lane is the first of the next.
-__device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid) {
-    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
-    const int off = static_cast<int>(addr & 15) >> 1;  // halfs into the first chunk
-    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
-    const int need = valid < 8 ? valid : 8;
-    const uint4 lo = __ldg(c);
-    const uint4 hi = off + need > 8 ? __ldg(c + 1) : make_uint4(0u, 0u, 0u, 0u);
+// 8 halfs starting `off` halfs into lo, continuing into hi; zeros past `need` (1-8).
+__device__ __forceinline__ uint4 sk_shift8(const uint4& lo, const uint4& hi, int off, int need) {
     unsigned w0, w1, w2, w3, w4;  // the five words from word off / 2 on
     switch (off >> 1) {
         case 0: w0 = lo.x; w1 = lo.y; w2 = lo.z; w3 = lo.w; w4 = hi.x; break;
@@ -158,6 +148,43 @@ __device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid
         v.w &= need == 7 ? 0xFFFFu : 0u;
     }
     return v;
+}
+
+// Up to 8 halfs from p at any 2-byte alignment (odd K, odd row strides); zeros past
+// `valid` (>= 1). It reads the one or two aligned 16-byte chunks that hold them, never a
+// chunk without a valid element (so never past the allocation: an aligned chunk that holds
+// one of its bytes lies inside it), and shifts the 8 halfs out of the pair of chunks. The
+// chunks go through L1 (__ldg): the second chunk of one lane is the first of the next.
+__device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid) {
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
+    const int off = static_cast<int>(addr & 15) >> 1;  // halfs into the first chunk
+    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
+    const int need = valid < 8 ? valid : 8;
+    const uint4 lo = __ldg(c);
+    const uint4 hi = off + need > 8 ? __ldg(c + 1) : make_uint4(0u, 0u, 0u, 0u);
+    return sk_shift8(lo, hi, off, need);
+}
+
+// The same for a warp whose lane l wants the 8 halfs at p0 + 8 l (one alignment for all
+// lanes; `valid` may be <= 0 past the end, every lane must call): each lane loads the one
+// aligned chunk that holds its first half (streaming, no L1), takes its second chunk from
+// lane l + 1 by shuffles, and lane 31 loads its own. One load per lane instead of two. A
+// chunk is loaded only where it holds a valid half (lane l + 1's chunk does exactly when
+// lane l needs it), so never past the allocation.
+__device__ __forceinline__ uint4 sk_ld8_shift_warp(const unsigned short* p, int valid, int lane) {
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
+    const int off = static_cast<int>(addr & 15) >> 1;
+    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
+    const int need = valid < 8 ? valid : 8;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    const uint4 lo = valid > -off ? sk_ld_stream(c) : zero;  // this chunk holds a valid half
+    uint4 hi;
+    hi.x = __shfl_down_sync(0xffffffffu, lo.x, 1);
+    hi.y = __shfl_down_sync(0xffffffffu, lo.y, 1);
+    hi.z = __shfl_down_sync(0xffffffffu, lo.z, 1);
+    hi.w = __shfl_down_sync(0xffffffffu, lo.w, 1);
+    if (lane == 31) hi = off + need > 8 ? sk_ld_stream(c + 1) : zero;
+    return need > 0 ? sk_shift8(lo, hi, off, need) : zero;
 }
 
 __device__ __forceinline__ unsigned sk_word(const uint4& v, int i) {
@@ -702,9 +729,12 @@ __device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CJ], const unsigne
             const int r = r0 + u * SK_CW;  // this warp's rows are CW apart
             const int n = n0 + j * 256 + lane * 8;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (r < klen && n < N) {
+            if (r < klen) {  // the same for the whole warp: the shifted load's shuffles need all lanes
                 const unsigned short* p = w16 + (long long)(kb + r) * ldw + n;
-                v = vec ? sk_ld_stream(p) : sk_ld8_shift(p, N - n);
+                if (vec)
+                    v = n < N ? sk_ld_stream(p) : v;
+                else
+                    v = sk_ld8_shift_warp(p, N - n, lane);
             }
             buf[u][j] = v;
         }
