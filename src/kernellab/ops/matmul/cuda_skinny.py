@@ -214,6 +214,8 @@ class ColsConfig:
     kc: int = 2048  # most K per block: x's stage is kc x M fp32
     waves: float = 2.0
     prefetch: int = 0
+    blocks: int = 1  # blocks per SM the kernel's registers must allow (__launch_bounds__)
+    shuffle: bool = True  # odd rows: one load per lane and shuffles, else two L1 reads
 
     kind: ClassVar[str] = "cols"
     granule: ClassVar[int] = 32
@@ -229,6 +231,8 @@ class ColsConfig:
             raise ValueError(f"ColsConfig: kc a multiple of 32 whose stage fits ({SMEM_MAX} B); got {self}")
         if self.waves <= 0 or self.prefetch not in (0, 128, 256):
             raise ValueError(f"ColsConfig: waves > 0, prefetch 0, 128 or 256; got {self}")
+        if not 1 <= self.blocks * self.warps <= 64:
+            raise ValueError(f"ColsConfig: blocks x warps 1-64 (an SM's warps); got {self}")
 
     @property
     def block_n(self) -> int:
@@ -246,6 +250,8 @@ class ColsConfig:
             f"-DSK_CW={self.warps}",
             f"-DSK_CJ={self.chunks}",
             f"-DSK_CU={self.unroll}",
+            f"-DSK_CB={self.blocks}",
+            f"-DSK_CSH={int(self.shuffle)}",
             f"-DSK_PF={self.prefetch}",
         )
 

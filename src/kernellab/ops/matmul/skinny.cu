@@ -718,10 +718,16 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
 #ifndef SK_CU
 #define SK_CU 4  // cols: rows per load group (two groups in flight)
 #endif
+#ifndef SK_CB
+#define SK_CB 1  // cols: blocks per SM the registers must allow (__launch_bounds__)
+#endif
+#ifndef SK_CSH
+#define SK_CSH 1  // cols, odd rows: 1 one load per lane and shuffles (sk_ld8_shift_warp), 0 two L1 reads
+#endif
 
-template <int CU, int CJ>
+template <int CU, int CJ, bool VEC>
 __device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CJ], const unsigned short* w16, int ldw, int N,
-                                             int kb, int r0, int klen, int n0, int lane, int vec) {
+                                             int kb, int r0, int klen, int n0, int lane) {
 #pragma unroll
     for (int u = 0; u < CU; ++u)
 #pragma unroll
@@ -731,10 +737,12 @@ __device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CJ], const unsigne
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
             if (r < klen) {  // the same for the whole warp: the shifted load's shuffles need all lanes
                 const unsigned short* p = w16 + (long long)(kb + r) * ldw + n;
-                if (vec)
+                if constexpr (VEC)
                     v = n < N ? sk_ld_stream(p) : v;
-                else
+                else if (SK_CSH)
                     v = sk_ld8_shift_warp(p, N - n, lane);
+                else
+                    v = n < N ? sk_ld8_shift(p, N - n) : v;
             }
             buf[u][j] = v;
         }
@@ -774,21 +782,15 @@ __device__ __forceinline__ void sk_cols_dot(const uint4 (&buf)[CU][CJ], const fl
     }
 }
 
-template <typename T, int MR>
-__device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
-                                             float* __restrict__ ws, int* __restrict__ counters, int M, int N,
-                                             int K, int ldx, int ldw, int kchunk, int vec) {
-    constexpr int CW = SK_CW, CJ = SK_CJ, CU = SK_CU, CN = 256 * CJ, STEP = CW * CU;
-    extern __shared__ __align__(128) unsigned short sk_dyn[];
-    float* xs = reinterpret_cast<float*>(sk_dyn);  // [kchunk][MR]; after the loop the sums [CW][MR][CN]
-    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
-    const int kb = blockIdx.z * kchunk;
-    const int klen = min(K - kb, kchunk);  // > 0: the host makes no empty slice
-    const int n0 = blockIdx.x * CN;
-    const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
-
+// The block's K slice: x's stage, then every row of the warp's share into acc (this lane's
+// outputs). VEC: aligned 16-byte loads; else the shifted loads of odd rows.
+template <typename T, int MR, bool VEC>
+__device__ __forceinline__ void sk_cols_stream(float (&acc)[MR][SK_CJ][8], const T* __restrict__ x,
+                                               const unsigned short* __restrict__ w16, float* xs, int M, int N,
+                                               int ldx, int ldw, int kb, int klen, int n0, int lane, int wp) {
+    constexpr int CW = SK_CW, CJ = SK_CJ, CU = SK_CU, STEP = CW * CU;
     uint4 wa[CU][CJ], wb[CU][CJ];
-    sk_cols_load<CU, CJ>(wa, w16, ldw, N, kb, wp, klen, n0, lane, vec);  // in flight while x is staged
+    sk_cols_load<CU, CJ, VEC>(wa, w16, ldw, N, kb, wp, klen, n0, lane);  // in flight while x is staged
 #pragma unroll 1
     for (int t = threadIdx.x; t < klen * MR; t += 32 * CW) {
         const int m = t / klen, r = t % klen;  // consecutive threads: consecutive k of one row of x
@@ -796,7 +798,6 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
     }
     __syncthreads();
 
-    float acc[MR][CJ][8];
 #pragma unroll
     for (int m = 0; m < MR; ++m)
 #pragma unroll
@@ -807,11 +808,31 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
 #pragma unroll 1
     for (int g = 0; g < groups; g += 2) {
         const int ra = wp + g * STEP;
-        sk_cols_load<CU, CJ>(wb, w16, ldw, N, kb, ra + STEP, klen, n0, lane, vec);
+        sk_cols_load<CU, CJ, VEC>(wb, w16, ldw, N, kb, ra + STEP, klen, n0, lane);
         sk_cols_dot<T, MR, CU, CJ>(wa, xs, acc, ra, klen);
-        if (g + 2 < groups) sk_cols_load<CU, CJ>(wa, w16, ldw, N, kb, ra + 2 * STEP, klen, n0, lane, vec);
+        if (g + 2 < groups) sk_cols_load<CU, CJ, VEC>(wa, w16, ldw, N, kb, ra + 2 * STEP, klen, n0, lane);
         sk_cols_dot<T, MR, CU, CJ>(wb, xs, acc, ra + STEP, klen);
     }
+}
+
+template <typename T, int MR>
+__device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y,
+                                             float* __restrict__ ws, int* __restrict__ counters, int M, int N,
+                                             int K, int ldx, int ldw, int kchunk, int vec) {
+    constexpr int CW = SK_CW, CJ = SK_CJ, CN = 256 * CJ;
+    extern __shared__ __align__(128) unsigned short sk_dyn[];
+    float* xs = reinterpret_cast<float*>(sk_dyn);  // [kchunk][MR]; after the loop the sums [CW][MR][CN]
+    const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
+    const int kb = blockIdx.z * kchunk;
+    const int klen = min(K - kb, kchunk);  // > 0: the host makes no empty slice
+    const int n0 = blockIdx.x * CN;
+    const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
+
+    float acc[MR][CJ][8];
+    if (vec)  // (one loop per load kind: a runtime branch per load slowed the aligned stream)
+        sk_cols_stream<T, MR, true>(acc, x, w16, xs, M, N, ldx, ldw, kb, klen, n0, lane, wp);
+    else
+        sk_cols_stream<T, MR, false>(acc, x, w16, xs, M, N, ldx, ldw, kb, klen, n0, lane, wp);
     __syncthreads();  // every warp is done with x's stage: its space takes the sums
 
     float* part = xs;
@@ -932,52 +953,52 @@ extern "C" __global__ void __launch_bounds__(32 * SK_RW) skinny_rows_m8_f16(SK_A
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_bf16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_bf16(SK_ARGS(__nv_bfloat16)) {
+extern "C" __global__ void __launch_bounds__(32 * SK_CW, SK_CB) skinny_cols_m1_bf16(SK_ARGS(__nv_bfloat16)) {
     sk_cols_body<__nv_bfloat16, 1>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m1_f16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m1_f16(SK_ARGS(__half)) {
+extern "C" __global__ void __launch_bounds__(32 * SK_CW, SK_CB) skinny_cols_m1_f16(SK_ARGS(__half)) {
     sk_cols_body<__half, 1>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_bf16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_bf16(SK_ARGS(__nv_bfloat16)) {
+extern "C" __global__ void __launch_bounds__(32 * SK_CW, SK_CB) skinny_cols_m2_bf16(SK_ARGS(__nv_bfloat16)) {
     sk_cols_body<__nv_bfloat16, 2>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m2_f16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m2_f16(SK_ARGS(__half)) {
+extern "C" __global__ void __launch_bounds__(32 * SK_CW, SK_CB) skinny_cols_m2_f16(SK_ARGS(__half)) {
     sk_cols_body<__half, 2>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_bf16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_bf16(SK_ARGS(__nv_bfloat16)) {
+extern "C" __global__ void __launch_bounds__(32 * SK_CW, SK_CB) skinny_cols_m4_bf16(SK_ARGS(__nv_bfloat16)) {
     sk_cols_body<__nv_bfloat16, 4>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m4_f16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m4_f16(SK_ARGS(__half)) {
+extern "C" __global__ void __launch_bounds__(32 * SK_CW, SK_CB) skinny_cols_m4_f16(SK_ARGS(__half)) {
     sk_cols_body<__half, 4>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_bf16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_bf16(SK_ARGS(__nv_bfloat16)) {
+extern "C" __global__ void __launch_bounds__(32 * SK_CW, SK_CB) skinny_cols_m8_bf16(SK_ARGS(__nv_bfloat16)) {
     sk_cols_body<__nv_bfloat16, 8>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m8_f16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m8_f16(SK_ARGS(__half)) {
+extern "C" __global__ void __launch_bounds__(32 * SK_CW, SK_CB) skinny_cols_m8_f16(SK_ARGS(__half)) {
     sk_cols_body<__half, 8>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m16_bf16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m16_bf16(SK_ARGS(__nv_bfloat16)) {
+extern "C" __global__ void __launch_bounds__(32 * SK_CW, SK_CB) skinny_cols_m16_bf16(SK_ARGS(__nv_bfloat16)) {
     sk_cols_body<__nv_bfloat16, 16>(SK_PASS);
 }
 #endif
 #if !defined(SK_ONE) || defined(SK_WANT_skinny_cols_m16_f16)
-extern "C" __global__ void __launch_bounds__(32 * SK_CW) skinny_cols_m16_f16(SK_ARGS(__half)) {
+extern "C" __global__ void __launch_bounds__(32 * SK_CW, SK_CB) skinny_cols_m16_f16(SK_ARGS(__half)) {
     sk_cols_body<__half, 16>(SK_PASS);
 }
 #endif
