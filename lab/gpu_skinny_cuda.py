@@ -89,9 +89,6 @@ COLS = [
     ColsConfig(warps=16, chunks=1, unroll=2, kc=1024),
     ColsConfig(warps=16, chunks=1, unroll=2, kc=1024, blocks=2),
     ColsConfig(warps=16, chunks=1, unroll=4, kc=1024, blocks=2),
-    ColsConfig(warps=16, chunks=1, unroll=2, kc=1024, blocks=2, shuffle=False),
-    ColsConfig(warps=16, chunks=1, unroll=4, kc=1024, shuffle=False),
-    ColsConfig(warps=16, chunks=1, unroll=4, kc=1024, blocks=2, shuffle=False),
     ColsConfig(warps=8, chunks=1, unroll=4, kc=2048, blocks=3),
     ColsConfig(warps=8, chunks=1, unroll=4, prefetch=256),
 ]
@@ -175,7 +172,7 @@ def fmt_cfg(cfg) -> str:
         return f"rows(w{cfg.warps} c{cfg.chunks} r{cfg.rows} u{cfg.unroll} wv{cfg.waves:g} pf{cfg.prefetch})"
     if cfg.kind == "cols":
         return (
-            f"cols(w{cfg.warps} c{cfg.chunks} u{cfg.unroll} kc{cfg.kc} b{cfg.blocks} sh{int(cfg.shuffle)} "
+            f"cols(w{cfg.warps} c{cfg.chunks} u{cfg.unroll} kc{cfg.kc} b{cfg.blocks} "
             f"wv{cfg.waves:g} pf{cfg.prefetch})"
         )
     return (

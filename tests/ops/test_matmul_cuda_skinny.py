@@ -228,70 +228,6 @@ def test_cols_loops_cover_every_product_once(n, k, kchunk, cfg):
     np.testing.assert_allclose(y, x @ w, rtol=1e-12, atol=1e-12)
 
 
-def _shift8(lo, hi, off, need):
-    """skinny.cu's sk_shift8 on Python ints: the five words from word off // 2 of (lo, hi),
-    funnel-shifted right by 16 bits where off is odd, the halfs past ``need`` zeroed."""
-    words = (lo + hi)[off // 2 : off // 2 + 5]
-    sh = (off & 1) * 16
-    v = [((words[i + 1] << 32 | words[i]) >> sh) & 0xFFFFFFFF for i in range(4)]
-    if need < 8:
-        keep = [0xFFFFFFFF if need >= 2 * i + 2 else 0xFFFF if need == 2 * i + 1 else 0 for i in range(4)]
-        v = [a & b for a, b in zip(v, keep)]
-    return v
-
-
-def _warp_shift_load(mem, start, end, p0):
-    """sk_ld8_shift_warp for the 32 lanes of one warp: lane l wants the 8 halfs at p0 + 8 l of
-    ``mem`` (16-bit values; the valid ones are mem[start:end]). Returns the lanes' 8 halfs and
-    the chunks (first half's index) read from memory."""
-    words = [int(mem[2 * i]) | int(mem[2 * i + 1]) << 16 for i in range(len(mem) // 2)]
-
-    def chunk(c):
-        return words[c // 2 : c // 2 + 4]
-
-    off = p0 % 8
-    loaded, lo = [], []
-    for lane in range(32):
-        valid = end - (p0 + 8 * lane)
-        c = p0 + 8 * lane - off
-        if valid > -off:
-            loaded.append(c)
-            lo.append(chunk(c))
-        else:
-            lo.append([0] * 4)
-    out = []
-    for lane in range(32):
-        valid = end - (p0 + 8 * lane)
-        need = min(valid, 8)
-        if lane < 31:
-            hi = lo[lane + 1]
-        elif off + need > 8:
-            loaded.append(p0 + 8 * lane - off + 8)
-            hi = chunk(p0 + 8 * lane - off + 8)
-        else:
-            hi = [0] * 4
-        v = _shift8(lo[lane], hi, off, need) if need > 0 else [0] * 4
-        out.append([(w >> (16 * h)) & 0xFFFF for w in v for h in (0, 1)])
-    return out, loaded
-
-
-@pytest.mark.parametrize("off", range(8))
-@pytest.mark.parametrize("width", [1, 7, 8, 9, 100, 255, 256, 257])
-def test_warp_shift_load_takes_each_lanes_halfs_and_reads_only_valid_chunks(off, width):
-    import numpy as np
-
-    start = 64 + off  # a row starting `off` halfs into an aligned chunk, `width` halfs long
-    end = start + width
-    mem = np.arange(1, 1024 + 1, dtype=np.int64)  # every half distinct and non-zero
-    out, loaded = _warp_shift_load(mem, start, end, start)
-    for lane in range(32):
-        want = [int(mem[i]) if i < end else 0 for i in range(start + 8 * lane, start + 8 * lane + 8)]
-        assert out[lane] == want, (lane, off, width)
-    for c in loaded:  # each chunk read is aligned and holds at least one valid half
-        assert c % 8 == 0 and any(start <= i < end for i in range(c, c + 8)), (c, off, width)
-    assert len(loaded) <= 33
-
-
 @pytest.mark.parametrize("m", cs.COLS_M)
 def test_cols_kernels_compile_for_sm80_and_sm90(m):
     if nvrtc_unavailable():
@@ -427,6 +363,43 @@ def test_table_kernels_compile_for_sm80_and_sm90(config, kernel):
         assert ("mma.sync.aligned.m16n8k16" in ptx) == (config.kind not in ("rows", "cols"))
         assert ("cp.async" in ptx) == (config.kind == "tile")
         assert mod.compile(arch)[:4] == b"\x7fELF"
+
+
+def _ptxas_log(config, kernel: str) -> str:
+    """ptxas's verbose output for one TABLE module compiled for sm_90 (the runtime's compile
+    keeps only the cubin)."""
+    from cuda.bindings import nvrtc
+
+    from kernellab.cuda import runtime
+
+    dirs = (str(cs.SOURCE.parent), str(runtime.HERE), *runtime.include_dirs())
+    opts = [b"--gpu-architecture=sm_90", b"-std=c++17", b"--ptxas-options=-v"]
+    opts += [x.encode() for x in cs.module_for(config, kernel).options] + [f"-I{d}".encode() for d in dirs]
+    _, prog = nvrtc.nvrtcCreateProgram(cs.SOURCE.read_text().encode(), b"skinny.cu", 0, [], [])
+    try:
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        log = b" " * size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    assert int(err) == 0, log
+    return log.decode(errors="replace")
+
+
+@pytest.mark.parametrize(
+    "config,kernel",
+    [(c, k) for c, k in cs.table_kernels() if c.kind == "cols"],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_table_cols_kernels_fit_their_register_bound_without_spills(config, kernel):
+    """blocks=2 caps the registers (__launch_bounds__): a later edit must not make it spill."""
+    if nvrtc_unavailable():
+        pytest.skip(nvrtc_unavailable())
+    log = _ptxas_log(config, kernel)
+    assert " 0 bytes spill stores, 0 bytes spill loads" in log, log
+    regs = int(log.split("Used ")[1].split(" registers")[0])
+    assert regs * config.threads * config.blocks <= 65536, log
 
 
 def test_table_kernel_names_cover_both_dtypes_and_layouts():

@@ -215,7 +215,6 @@ class ColsConfig:
     waves: float = 2.0
     prefetch: int = 0
     blocks: int = 1  # blocks per SM the kernel's registers must allow (__launch_bounds__)
-    shuffle: bool = True  # odd rows: one load per lane and shuffles, else two L1 reads
 
     kind: ClassVar[str] = "cols"
     granule: ClassVar[int] = 32
@@ -251,7 +250,6 @@ class ColsConfig:
             f"-DSK_CJ={self.chunks}",
             f"-DSK_CU={self.unroll}",
             f"-DSK_CB={self.blocks}",
-            f"-DSK_CSH={int(self.shuffle)}",
             f"-DSK_PF={self.prefetch}",
         )
 
@@ -348,10 +346,10 @@ class TileConfig:
 TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | RowsConfig | ColsConfig | TileConfig], ...] = (
     (1, ("nt",), RowsConfig(warps=16, chunks=1, rows=16, unroll=4, waves=1.0, prefetch=0)),
     # nn (a row-major [K, N] b) at M = 1-2: the cols kernel, the sweep's best geomean x cuBLAS
-    # (skinny_cuda-H200-<sha>-nn.jsonl); from M = 3 on its fp32 FMAs cost more than the
+    # (skinny_cuda-H200-99869f8-nn.jsonl); from M = 3 on its fp32 FMAs cost more than the
     # tile kernel's MMAs
-    (1, ("nn",), ColsConfig(warps=16, chunks=1, unroll=4, kc=1024, waves=1.0, prefetch=0)),
-    (2, ("nn",), ColsConfig(warps=16, chunks=1, unroll=2, kc=1024, waves=2.0, prefetch=0)),
+    (1, ("nn",), ColsConfig(warps=16, chunks=1, unroll=4, kc=1024, waves=1.0, prefetch=0, blocks=2)),
+    (2, ("nn",), ColsConfig(warps=16, chunks=1, unroll=2, kc=1024, waves=1.0, prefetch=0, blocks=2)),
     (2, ("nt",), RowsConfig(warps=8, chunks=2, rows=16, unroll=2, waves=2.0, prefetch=0)),
     # M = 3-4: the rows kernel's one-butterfly lane sums, the sweep's best geomean x cuBLAS
     # at M = 4 (skinny_cuda-H200-d865f54-*); nn stays on the tile row below

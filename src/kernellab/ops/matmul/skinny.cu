@@ -165,28 +165,6 @@ __device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid
     return sk_shift8(lo, hi, off, need);
 }
 
-// The same for a warp whose lane l wants the 8 halfs at p0 + 8 l (one alignment for all
-// lanes; `valid` may be <= 0 past the end, every lane must call): each lane loads the one
-// aligned chunk that holds its first half (streaming, no L1), takes its second chunk from
-// lane l + 1 by shuffles, and lane 31 loads its own. One load per lane instead of two. A
-// chunk is loaded only where it holds a valid half (lane l + 1's chunk does exactly when
-// lane l needs it), so never past the allocation.
-__device__ __forceinline__ uint4 sk_ld8_shift_warp(const unsigned short* p, int valid, int lane) {
-    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
-    const int off = static_cast<int>(addr & 15) >> 1;
-    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
-    const int need = valid < 8 ? valid : 8;
-    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    const uint4 lo = valid > -off ? sk_ld_stream(c) : zero;  // this chunk holds a valid half
-    uint4 hi;
-    hi.x = __shfl_down_sync(0xffffffffu, lo.x, 1);
-    hi.y = __shfl_down_sync(0xffffffffu, lo.y, 1);
-    hi.z = __shfl_down_sync(0xffffffffu, lo.z, 1);
-    hi.w = __shfl_down_sync(0xffffffffu, lo.w, 1);
-    if (lane == 31) hi = off + need > 8 ? sk_ld_stream(c + 1) : zero;
-    return need > 0 ? sk_shift8(lo, hi, off, need) : zero;
-}
-
 __device__ __forceinline__ unsigned sk_word(const uint4& v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -721,9 +699,6 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
 #ifndef SK_CB
 #define SK_CB 1  // cols: blocks per SM the registers must allow (__launch_bounds__)
 #endif
-#ifndef SK_CSH
-#define SK_CSH 1  // cols, odd rows: 1 one load per lane and shuffles (sk_ld8_shift_warp), 0 two L1 reads
-#endif
 
 template <int CU, int CJ, bool VEC>
 __device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CJ], const unsigned short* w16, int ldw, int N,
@@ -735,14 +710,9 @@ __device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CJ], const unsigne
             const int r = r0 + u * SK_CW;  // this warp's rows are CW apart
             const int n = n0 + j * 256 + lane * 8;
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (r < klen) {  // the same for the whole warp: the shifted load's shuffles need all lanes
+            if (r < klen && n < N) {
                 const unsigned short* p = w16 + (long long)(kb + r) * ldw + n;
-                if constexpr (VEC)
-                    v = n < N ? sk_ld_stream(p) : v;
-                else if (SK_CSH)
-                    v = sk_ld8_shift_warp(p, N - n, lane);
-                else
-                    v = n < N ? sk_ld8_shift(p, N - n) : v;
+                v = VEC ? sk_ld_stream(p) : sk_ld8_shift(p, N - n);
             }
             buf[u][j] = v;
         }
@@ -829,7 +799,7 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
     const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
 
     float acc[MR][CJ][8];
-    if (vec)  // (one loop per load kind: a runtime branch per load slowed the aligned stream)
+    if (vec)  // one loop per load kind: a runtime branch per load slows the aligned stream
         sk_cols_stream<T, MR, true>(acc, x, w16, xs, M, N, ldx, ldw, kb, klen, n0, lane, wp);
     else
         sk_cols_stream<T, MR, false>(acc, x, w16, xs, M, N, ldx, ldw, kb, klen, n0, lane, wp);
