@@ -35,7 +35,7 @@ from kernellab.harness.compare import judge
 from kernellab.ops.attention import args as AA
 from kernellab.ops.attention import cuda_sm90 as cs
 from kernellab.ops.attention import cuda_sm90_bwd as cb
-from kltest import PhaseBarrier, RingModel, dtype_id, interleave_agents
+from kltest import PhaseBarrier, RingModel, dtype_id, interleave_agents, nvrtc_log
 
 SPEC = kernellab.get_spec("attention")
 HALF = [torch.float16, torch.bfloat16]
@@ -122,28 +122,8 @@ def test_every_head_dim_compiles_for_sm90a_with_no_local_memory():
 
 def _nvrtc_log(*defines: str) -> tuple[int, str]:
     """(NVRTC's error code, its log with ptxas's verbose output) for the .cu compiled for
-    sm_90a with ``defines``: the runtime's compile keeps only the cubin."""
-    from cuda.bindings import nvrtc
-
-    from kernellab.cuda import runtime
-
-    dirs = (str(cb.CU.parent), str(runtime.HERE), *runtime.include_dirs())
-    opts = [
-        b"--gpu-architecture=sm_90a",
-        b"-std=c++17",
-        *(x.encode() for x in defines),
-        b"--ptxas-options=-v",
-    ]
-    opts += [f"-I{x}".encode() for x in dirs]
-    _, prog = nvrtc.nvrtcCreateProgram(cb.CU.read_text().encode(), b"attention_sm90_bwd.cu", 0, [], [])
-    try:
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    return int(err), log.decode(errors="replace").replace("\0", "")
+    sm_90a with ``defines``."""
+    return nvrtc_log(cb.CU, defines)
 
 
 def _ptxas_log(d: int, *defines: str) -> str:

@@ -15,7 +15,7 @@ import kernellab.ops.matmul as mm
 from kernellab.cuda.runtime import nvrtc_unavailable
 from kernellab.harness.compare import judge
 from kernellab.ops.matmul import cuda_skinny as cs
-from kltest import dtype_id, seed_for
+from kltest import dtype_id, nvrtc_log, seed_for
 
 HALF = [torch.bfloat16, torch.float16]
 WEIGHTS = [(14336, 4096), (4096, 14336), (4096, 4096), (128256, 4096), (3072, 768), (50257, 768)]
@@ -366,25 +366,10 @@ def test_table_kernels_compile_for_sm80_and_sm90(config, kernel):
 
 
 def _ptxas_log(config, kernel: str) -> str:
-    """ptxas's verbose output for one TABLE module compiled for sm_90 (the runtime's compile
-    keeps only the cubin)."""
-    from cuda.bindings import nvrtc
-
-    from kernellab.cuda import runtime
-
-    dirs = (str(cs.SOURCE.parent), str(runtime.HERE), *runtime.include_dirs())
-    opts = [b"--gpu-architecture=sm_90", b"-std=c++17", b"--ptxas-options=-v"]
-    opts += [x.encode() for x in cs.module_for(config, kernel).options] + [f"-I{d}".encode() for d in dirs]
-    _, prog = nvrtc.nvrtcCreateProgram(cs.SOURCE.read_text().encode(), b"skinny.cu", 0, [], [])
-    try:
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    assert int(err) == 0, log
-    return log.decode(errors="replace")
+    """ptxas's verbose output for one TABLE module compiled for sm_90."""
+    err, log = nvrtc_log(cs.SOURCE, cs.module_for(config, kernel).options, "sm_90")
+    assert err == 0, log
+    return log
 
 
 @pytest.mark.parametrize(

@@ -122,6 +122,26 @@ class GemvConfig:
         return m * (kchunk + 32) * 2
 
 
+def _lane_kernel(kind: str, reads: str, layout: str, builds: tuple[int, ...], m: int, chunks: int,
+                 per_lane: int, what: str, dtype: torch.dtype) -> str:  # fmt: skip
+    """The build of a kernel that keeps M x chunks x 8 values (``what``) per lane in
+    registers (rows, cols): M rounded up to one of ``builds``, at most ``per_lane`` values."""
+    want, _, desc = reads.partition(" ")
+    if layout != want:
+        raise ValueError(
+            f"cuda_skinny: the {kind} kernel reads the {want} weight layout {desc} only, got {layout!r}"
+        )
+    if m > builds[-1]:
+        raise ValueError(f"cuda_skinny: the {kind} kernel takes M <= {builds[-1]} rows, got {m}")
+    mr = next(r for r in builds if m <= r)
+    if mr * chunks * 8 > per_lane:
+        raise ValueError(
+            f"cuda_skinny: M = {m} with {chunks} chunks keeps {mr * chunks * 8} {what} per lane "
+            f"(at most {per_lane}); use fewer chunks"
+        )
+    return f"skinny_{kind}_m{mr}_{DTYPE_SUFFIX[dtype]}"
+
+
 ROWS_M = (1, 2, 4, 8)  # the rows kernel's builds: x rows held in registers
 
 
@@ -176,19 +196,7 @@ class RowsConfig:
         )
 
     def kernel(self, m: int, layout: str, dtype: torch.dtype) -> str:
-        if layout != "nt":
-            raise ValueError(
-                "cuda_skinny: the rows kernel reads the nt weight layout (W.t()) only; use a TileConfig"
-            )
-        if m > ROWS_M[-1]:
-            raise ValueError(f"cuda_skinny: the rows kernel takes M <= {ROWS_M[-1]} rows, got {m}")
-        mr = self.block_m(m)
-        if mr * self.chunks > 8:
-            raise ValueError(
-                f"cuda_skinny: M = {m} with {self.chunks} chunks holds {mr * self.chunks * 8} x values "
-                f"per lane (at most 64); use fewer chunks"
-            )
-        return f"skinny_rows_m{mr}_{DTYPE_SUFFIX[dtype]}"
+        return _lane_kernel("rows", "nt (W.t())", layout, ROWS_M, m, self.chunks, 64, "x values", dtype)
 
     def max_chunk(self) -> int:
         return self.warps * self.granule
@@ -254,20 +262,9 @@ class ColsConfig:
         )
 
     def kernel(self, m: int, layout: str, dtype: torch.dtype) -> str:
-        if layout != "nn":
-            raise ValueError(
-                "cuda_skinny: the cols kernel reads the nn weight layout (row-major [K, N]) only; "
-                "use a RowsConfig, GemvConfig or TileConfig"
-            )
-        if m > COLS_M[-1]:
-            raise ValueError(f"cuda_skinny: the cols kernel takes M <= {COLS_M[-1]} rows, got {m}")
-        mr = self.block_m(m)
-        if mr * self.chunks > 16:
-            raise ValueError(
-                f"cuda_skinny: M = {m} with {self.chunks} chunks keeps {mr * self.chunks * 8} sums "
-                f"per lane (at most 128); use fewer chunks"
-            )
-        return f"skinny_cols_m{mr}_{DTYPE_SUFFIX[dtype]}"
+        return _lane_kernel(
+            "cols", "nn (row-major [K, N])", layout, COLS_M, m, self.chunks, 128, "sums", dtype
+        )
 
     def max_chunk(self) -> int:
         return self.kc
