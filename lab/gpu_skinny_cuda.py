@@ -75,7 +75,15 @@ ROWS = [
     RowsConfig(warps=8, chunks=1, rows=32, unroll=4),
     RowsConfig(warps=16, chunks=1, rows=16, unroll=4),
 ]
-NN_TILES = [TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1)]
+# Tiles for the row-major [K, N] weight: a stage holds bk rows of bn halfs each, so a wider
+# bn reads longer runs of each k row (bn 64: 128 bytes a row and block; bn 256: 512)
+NN_TILES = [
+    TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1),
+    TileConfig(bn=128, bm=8, bk=64, stages=4, wn=4, wm=1),
+    TileConfig(bn=256, bm=8, bk=32, stages=4, wn=4, wm=1),
+    TileConfig(bn=256, bm=8, bk=64, stages=3, wn=8, wm=1),
+]
+NN_TILES_16 = [TileConfig(bn=256, bm=16, bk=32, stages=4, wn=4, wm=1)]
 # The cols kernel (nn, M <= 16); a config whose sums or stage do not fit an M is left out there.
 COLS = [
     ColsConfig(warps=8, chunks=1, unroll=4),
@@ -99,6 +107,7 @@ CANDIDATES = {
     8: GEMV
     + ROWS
     + COLS
+    + NN_TILES[1:]
     + [
         TileConfig(bn=64, bm=8, bk=128, stages=4, wn=4, wm=1),
         TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1),
@@ -106,6 +115,7 @@ CANDIDATES = {
     ],
     16: GEMV
     + COLS
+    + NN_TILES_16
     + [
         TileConfig(bn=64, bm=16, bk=128, stages=4, wn=4, wm=1),
         TileConfig(bn=128, bm=16, bk=64, stages=4, wn=4, wm=1),
