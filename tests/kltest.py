@@ -378,6 +378,22 @@ def interleave_agents(
         assert steps < limit, f"no end after {limit} steps"
 
 
+def interleave_items(producer_step, consumer_step, seq, prod, cons, seed: int, uses: int) -> None:
+    """``interleave_agents`` for a model of items handed out in turn: the producer's state
+    ``prod`` and each consumer's in ``cons`` start with the index of its item in ``seq``;
+    the run ends once all are past the last, and may take a step budget that grows with the
+    items and the ring's ``uses``."""
+    interleave_agents(
+        producer_step,
+        consumer_step,
+        len(cons),
+        lambda: prod[0] < len(seq) or any(c[0] < len(seq) for c in cons),
+        seed,
+        40 * (uses + len(seq) + 10) * 9,
+        lambda: f"producer {prod}, consumers {cons}",
+    )
+
+
 class PhaseBarrier:
     """A model of an mbarrier of ``count`` arrivals: ``phases`` completed so far."""
 

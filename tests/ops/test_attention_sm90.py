@@ -29,7 +29,7 @@ import kernellab.ops.attention as A
 from kernellab.harness.compare import judge
 from kernellab.ops.attention import args as AA
 from kernellab.ops.attention import cuda_sm90 as cs
-from kltest import PhaseBarrier, RingModel, dtype_id, interleave_agents
+from kltest import PhaseBarrier, RingModel, dtype_id, interleave_items
 
 SPEC = kernellab.get_spec("attention")
 HALF = [torch.float16, torch.bfloat16]
@@ -867,15 +867,7 @@ def _simulate_queue(n_tiles: list[int], stages: int, seed: int) -> None:
             ring.start_read(w, u)
         return ok
 
-    interleave_agents(
-        producer_step,
-        consumer_step,
-        8,
-        lambda: prod[0] < len(seq) or any(c[0] < len(seq) for c in cons),
-        seed,
-        40 * (total + len(seq) + 10) * 9,
-        lambda: f"producer {prod}, consumers {cons}",
-    )
+    interleave_items(producer_step, consumer_step, seq, prod, cons, seed, total)
     assert q_phases == len(seq) and all(c[2] == total for c in cons)
     assert all(x == seq for x in seen)
 

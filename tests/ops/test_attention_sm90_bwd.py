@@ -35,7 +35,7 @@ from kernellab.harness.compare import judge
 from kernellab.ops.attention import args as AA
 from kernellab.ops.attention import cuda_sm90 as cs
 from kernellab.ops.attention import cuda_sm90_bwd as cb
-from kltest import PhaseBarrier, RingModel, dtype_id, interleave_agents, nvrtc_log
+from kltest import PhaseBarrier, RingModel, dtype_id, interleave_items, nvrtc_log
 
 SPEC = kernellab.get_spec("attention")
 HALF = [torch.float16, torch.bfloat16]
@@ -661,15 +661,7 @@ def _simulate_items(n_its: list[int], stages: int, seed: int) -> None:
             ring.start_read(w, u)
         return ok
 
-    interleave_agents(
-        producer_step,
-        consumer_step,
-        8,
-        lambda: prod[0] < len(seq) or any(c[0] < len(seq) for c in cons),
-        seed,
-        40 * (total + len(seq) + 10) * 9,
-        lambda: f"producer {prod}, consumers {cons}",
-    )
+    interleave_items(producer_step, consumer_step, seq, prod, cons, seed, total)
     assert kv_phases == len(seq) and prod[2] == total and all(c[2] == total for c in cons)
     assert all(x == seq for x in seen)
 

@@ -363,8 +363,6 @@ def _libcuda_ex():
     launch.restype = ctypes.c_int
     occupancy.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.POINTER(_LaunchConfig)]
     occupancy.restype = ctypes.c_int
-    lib.cuFuncSetAttribute.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    lib.cuFuncSetAttribute.restype = ctypes.c_int
     return lib
 
 
@@ -627,7 +625,7 @@ class Kernel:
         self._non_portable_clusters = True
 
     def _set_attribute(self, attribute: int, value: int, what: str) -> None:
-        lib = _libcuda_ex()
+        lib = _libcuda()
         with self._lock:
             rc = lib.cuFuncSetAttribute(self._handle, attribute, int(value))
         if rc != 0:
@@ -639,14 +637,11 @@ class Kernel:
         H100 allows 227 KB). Call once after loading; launches are unaffected."""
         if nbytes <= self.max_dynamic_shared:
             return
-        with self._lock:
-            rc = _libcuda().cuFuncSetAttribute(
-                self._handle, _FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(nbytes)
-            )
-        if rc != 0:
-            raise CudaError(
-                f"{self.name}: cannot allow {nbytes} B of dynamic shared memory: {_error_string(rc)}"
-            )
+        self._set_attribute(
+            _FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            nbytes,
+            f"allow {nbytes} B of dynamic shared memory",
+        )
         self.max_dynamic_shared = int(nbytes)
 
     def _launch_core(self, stream, grid, block, shared, values):

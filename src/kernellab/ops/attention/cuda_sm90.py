@@ -163,10 +163,9 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # one-ring 80x2 and the split 80x2s; each head dim's default without desc_add ("e";
 # V7_TILES_FIRST is the one without either); at D <= 96 the default's tiling one block a
 # (query block, head) ("ed") and persistent with o staged in Q's buffer ("edp"); at D = 128
-# persistent ("edp") and with o's own tile and two stages ("edpo"); and each persistent
-# tiling with its items handed out by a counter ("q": at long causal sequences one block a
-# tile, which the hardware schedules as blocks free up, was faster than items b + k x grid;
-# SM-sized causal chunks, "c", did not close that gap: benchmarks/NOTES.md (af)).
+# persistent ("edp") and with o's own tile and two stages ("edpo"); and a persistent tiling
+# with its items handed out by a counter, as the hardware hands out a one-block-a-tile
+# grid's blocks ("q"; measured against the defaults in benchmarks/NOTES.md (ag)).
 V7_TILINGS = {
     64: (
         Tiles(128, 4, **_ED),

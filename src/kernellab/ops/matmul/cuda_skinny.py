@@ -122,6 +122,11 @@ class GemvConfig:
         return m * (kchunk + 32) * 2
 
 
+def _build_m(builds: tuple[int, ...], m: int) -> int:
+    """M rounded up to the first of ``builds`` that holds it (M itself past the last)."""
+    return next((r for r in builds if m <= r), m)
+
+
 def _lane_kernel(kind: str, reads: str, layout: str, builds: tuple[int, ...], m: int, chunks: int,
                  per_lane: int, what: str, dtype: torch.dtype) -> str:  # fmt: skip
     """The build of a kernel that keeps M x chunks x 8 values (``what``) per lane in
@@ -133,7 +138,7 @@ def _lane_kernel(kind: str, reads: str, layout: str, builds: tuple[int, ...], m:
         )
     if m > builds[-1]:
         raise ValueError(f"cuda_skinny: the {kind} kernel takes M <= {builds[-1]} rows, got {m}")
-    mr = next(r for r in builds if m <= r)
+    mr = _build_m(builds, m)
     if mr * chunks * 8 > per_lane:
         raise ValueError(
             f"cuda_skinny: M = {m} with {chunks} chunks keeps {mr * chunks * 8} {what} per lane "
@@ -184,7 +189,7 @@ class RowsConfig:
         return 256 * self.chunks  # one warp's range: slices keep every warp's range whole
 
     def block_m(self, m: int) -> int:
-        return next(r for r in ROWS_M if m <= r) if m <= ROWS_M[-1] else m
+        return _build_m(ROWS_M, m)
 
     def macros(self) -> tuple[str, ...]:
         return (
@@ -250,7 +255,7 @@ class ColsConfig:
         return 32 * self.warps
 
     def block_m(self, m: int) -> int:
-        return next(r for r in COLS_M if m <= r) if m <= COLS_M[-1] else m
+        return _build_m(COLS_M, m)
 
     def macros(self) -> tuple[str, ...]:
         return (

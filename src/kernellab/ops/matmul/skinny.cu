@@ -129,8 +129,18 @@ __device__ __forceinline__ uint4 sk_ld_stream(const void* p) {
     return v;
 }
 
-// 8 halfs starting `off` halfs into lo, continuing into hi; zeros past `need` (1-8).
-__device__ __forceinline__ uint4 sk_shift8(const uint4& lo, const uint4& hi, int off, int need) {
+// Up to 8 halfs from p at any 2-byte alignment (odd K, odd row strides); zeros past
+// `valid` (>= 1). It reads the one or two aligned 16-byte chunks that hold them, never a
+// chunk without a valid element (so never past the allocation: an aligned chunk that holds
+// one of its bytes lies inside it), and shifts the 8 halfs out of the pair of chunks. The
+// chunks go through L1 (__ldg): the second chunk of one lane is the first of the next.
+__device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid) {
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
+    const int off = static_cast<int>(addr & 15) >> 1;  // halfs into the first chunk
+    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
+    const int need = valid < 8 ? valid : 8;
+    const uint4 lo = __ldg(c);
+    const uint4 hi = off + need > 8 ? __ldg(c + 1) : make_uint4(0u, 0u, 0u, 0u);
     unsigned w0, w1, w2, w3, w4;  // the five words from word off / 2 on
     switch (off >> 1) {
         case 0: w0 = lo.x; w1 = lo.y; w2 = lo.z; w3 = lo.w; w4 = hi.x; break;
@@ -148,21 +158,6 @@ __device__ __forceinline__ uint4 sk_shift8(const uint4& lo, const uint4& hi, int
         v.w &= need == 7 ? 0xFFFFu : 0u;
     }
     return v;
-}
-
-// Up to 8 halfs from p at any 2-byte alignment (odd K, odd row strides); zeros past
-// `valid` (>= 1). It reads the one or two aligned 16-byte chunks that hold them, never a
-// chunk without a valid element (so never past the allocation: an aligned chunk that holds
-// one of its bytes lies inside it), and shifts the 8 halfs out of the pair of chunks. The
-// chunks go through L1 (__ldg): the second chunk of one lane is the first of the next.
-__device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid) {
-    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
-    const int off = static_cast<int>(addr & 15) >> 1;  // halfs into the first chunk
-    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
-    const int need = valid < 8 ? valid : 8;
-    const uint4 lo = __ldg(c);
-    const uint4 hi = off + need > 8 ? __ldg(c + 1) : make_uint4(0u, 0u, 0u, 0u);
-    return sk_shift8(lo, hi, off, need);
 }
 
 __device__ __forceinline__ unsigned sk_word(const uint4& v, int i) {
