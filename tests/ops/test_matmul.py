@@ -4,6 +4,8 @@ float64 autograd; operand layouts; the fused epilogue; bad input; the CUDA ladde
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
 
 SPEC = kernellab.get_spec("matmul")
 CPU_BACKENDS = cpu_backends("matmul")  # manual, torch, triton (interpreter); compile on its own
-CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 14)] + ["cuda"]
+CUDA_VARIANTS = [f"cuda_v{i}" for i in range(1, 15)] + ["cuda"]
 SHAPES = [(1, 1, 1), (0, 5, 7), (33, 17, 0), (17, 33, 65), (64, 48, 80), (127, 129, 63), (2, 9, 15, 31)]
 
 
@@ -1077,6 +1079,181 @@ def test_v11_tile_width_choice():
     assert mc.v11_block_n(1000, 5000, 1, 132) == 128  # 160 wide (2 waves: 4) against 320 narrow (3: 3.3)
 
 
+V14_FORMS = [(bn, ao, bo) for bn in (128, 192, 256) for ao in ("mk", "km") for bo in ("kn", "nk")]
+
+
+def test_asm_v14_reads_each_major_order_and_each_width():
+    """v14's 24 kernels (widths 128, 192, 256 x A's order x B's order x dtype): the wgmma of
+    the width with the operands' orders as its transpose immediates (A stored [K, M] ->
+    imm-trans-a 1; B stored [K, N] -> imm-trans-b 1), the TMA boxes the layouts need per
+    k-tile (A: one box, or two 64-wide slabs when stored [K, M]; B: one box of the tile's
+    rows when stored [N, K], else a box per 64-column slab), one pair of TMA stores per full
+    128-column half and one for the 192-wide tile's last 64 columns, v13's register split
+    (168 registers, setmaxnreg 40 / 232) and no spills."""
+    load = "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+    store = "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"
+    for sfx in ("bf16", "f16"):
+        ks = {k.name: k for k in _ptx_of("cuda_v14", sfx)}
+        assert set(ks) == {f"matmul_v14_n{bn}_{ao}_{bo}_{sfx}" for bn, ao, bo in V14_FORMS}
+        for bn, ao, bo in V14_FORMS:
+            k = ks[f"matmul_v14_n{bn}_{ao}_{bo}_{sfx}"]
+            ta, tb = int(ao == "km"), int(bo == "kn")
+            mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{sfx}.{sfx}"
+            assert k.ptx.count(mma) == 4, k.name  # the k-tile's four k16 steps, unrolled
+            flags = re.findall(r"m64n\d+k16\.f32[^;]*, p, 1, 1, (\d), (\d);", k.ptx)
+            assert flags == [(str(ta), str(tb))] * 4, k.name
+            assert k.ptx.count(load) == (2 if ta else 1) + (bn // 64 if tb else 1), k.name
+            assert k.ptx.count(store) == 2 * (bn // 128) + (bn % 128) // 64, k.name
+            assert "setmaxnreg.inc.sync.aligned.u32 232" in k.ptx and "st.global" not in k.ptx
+            assert (k.local_bytes or 0) == 0 and (k.stack_bytes or 0) == 0
+            if k.registers is not None:
+                assert k.registers == 168, (k.name, k.registers)
+            if k.sass:
+                assert f"HGMMA.64x{bn}x16.F32" in k.sass and "STL" not in k.sass
+                assert ("tnspA" in k.sass) == bool(ta) and ("tnspB" in k.sass) == bool(tb), k.name
+
+
+def test_v14_descriptors_read_what_the_boxes_wrote():
+    """v14's other two layouts, against the canonical readers (see _sw128): A stored [K, M]
+    arrives as two 64 m x 64 k slabs (box 64 m x 64 k: k-row kr of slab j at j * 8192 + kr *
+    128) and warpgroup cw's descriptor (slab cw + 2 KB per k16 step, LBO 8192, SBO 1024, read
+    MN-major) names exactly its rows 64cw.. of k-rows 16kk..; B stored [N, K] arrives as one
+    box of BN rows of 128 bytes and the descriptor (start + 32 B per k16 step, SBO 1024, read
+    K-major) names (n, 16kk + k) for every n < BN, at widths 128, 192 and 256."""
+    base = 3 * 1024
+    a_bytes = 128 * 64 * 2
+
+    def a_written(kr, m):  # the A [K, M] boxes
+        return _sw128(base + (m // 64) * 8192 + kr * 128 + 2 * (m % 64))
+
+    def b_written(n, k):  # the B [N, K] box
+        return _sw128(base + a_bytes + n * 128 + 2 * k)
+
+    for kk in range(4):
+        for cw in (0, 1):
+            start, lbo, sbo = base + cw * 8192 + kk * 16 * 128, 8192, 1024
+            for k in range(16):
+                for m in range(64):
+                    off = m % 64 + (m // 64) * (lbo // 2) + (k % 8) * 64 + (k // 8) * (sbo // 2)
+                    assert _sw128(start + 2 * off) == a_written(16 * kk + k, 64 * cw + m)
+        start, sbo = base + a_bytes + kk * 32, 1024
+        for bn in (128, 192, 256):
+            assert (a_bytes + bn * 128) % 1024 == 0  # every stage stays 1024-aligned
+            for n in range(bn):
+                for k in range(16):
+                    off = (n % 8) * 64 + (n // 8) * (sbo // 2) + k
+                    assert _sw128(start + 2 * off) == b_written(n, 16 * kk + k)
+
+
+@pytest.mark.parametrize("bn", [128, 192, 256])
+def test_v14_epilogue_halves_cover_the_tile_once(bn):
+    """v13_body's epilogue loop at each width: halves of min(16, BN / 8 - 16 hf) 8-column
+    groups, a second 64-column box only where the half has more than 8 groups. Every column
+    of the tile is staged once and stored by exactly one box."""
+    staged, boxes = [], []
+    for hf in range((bn + 127) // 128):
+        groups = min(16, bn // 8 - 16 * hf)
+        for jj in range(16):
+            if jj >= groups:
+                break
+            staged += [8 * (16 * hf + jj) + c for c in range(8)]
+        boxes.append(128 * hf)
+        if groups > 8:
+            boxes.append(128 * hf + 64)
+    assert sorted(staged) == list(range(bn))
+    assert sorted(c for b in boxes for c in range(b, b + 64)) == list(range(bn))
+
+
+def test_v14_window_reads_operands_as_they_lie():
+    from kernellab.ops.matmul import cuda as mc
+
+    x = torch.empty(300, 1000, dtype=torch.bfloat16)
+    assert mc.v14_window(x[None]) == ("r", 1000, 300 * 1000)
+    assert mc.v14_window(x.t()[None]) == ("c", 1000, 300 * 1000)  # a weight [N, K] read as B [K, N]
+    assert mc.v14_window(x[:, :999][None]) == ("r", 1000, 300 * 1000)  # a pitch wider than the row
+    assert mc.v14_window(torch.empty(3, 997, dtype=torch.bfloat16)[None]) is None  # pitch 997: not 16 bytes
+    assert mc.v14_window(x.view(-1)[1 : 1 + 8 * 8].view(1, 8, 8)) is None  # base 2 bytes past alignment
+    assert mc.v14_window(torch.empty(1, 997, dtype=torch.bfloat16)[None]) == ("r", 1000, 1000)  # one row
+    assert mc.v14_window(x[None].expand(4, 300, 1000)) is None  # batch stride 0: products would overlap
+    y = torch.empty(4, 64, 40, dtype=torch.bfloat16)
+    assert mc.v14_window(y) == ("r", 40, 64 * 40)
+    assert mc.v14_window(y.transpose(1, 2)) == ("c", 40, 64 * 40)
+
+
+def test_v14_tile_width_choice():
+    from kernellab.ops.matmul import cuda as mc
+
+    assert mc.v14_block_n(3000, 3000, 1, 132) == 192  # 288 / 384 / 576 tiles: 3 / 3 / 5 waves
+    assert mc.v14_block_n(8192, 768, 1, 132) == 192  # 192 / 256 / 384 tiles: 2 / 2 / 3 waves
+    assert mc.v14_block_n(4096, 4096, 1, 132) == 256
+    assert mc.v14_block_n(8192, 4096, 1, 132) == 256
+    assert mc.v14_block_n(128, 14336, 1, 132) == 128
+
+
+def test_v14_launcher_maps_each_window_without_copies(monkeypatch):
+    """_product("v14", ...) hands the launcher transposed views unpacked: A stored [K, M]
+    gets the km kernel and a map of dims (M, K) on x's own storage (box 64 x 64), B stored
+    [N, K] the nk kernel and dims (K, N) on the weight's storage (box 64 x BN); windows TMA
+    cannot read (pitch 997, an expanded batch) are packed with rows padded to 16 bytes while
+    the maps keep the real widths; C [bt, M, N rounded up to 8] through v13's C map; the grid,
+    threads and shared memory of the chosen width; K = 0 without a launch."""
+    from kernellab.ops.matmul import cuda as mc
+
+    rec = _V11Recorder()
+
+    def kernel(name, signature, device_index=None):
+        assert signature == mc.V13_SIGNATURE
+        rec.names.append(name)
+        return rec
+
+    monkeypatch.setattr(mc.MODULE_SM90, "kernel", kernel)
+    monkeypatch.setattr(mc, "tensor_map", lambda *a: ("map",) + a)
+    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
+    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    bf = torch.bfloat16
+    x = torch.empty(3000, 3000, dtype=bf)
+    w, d = torch.empty(768, 8192, dtype=bf), torch.empty(768, 768, dtype=bf)
+    for a, b, name, ta_args, tb_args, (m, np8, k, bt) in (
+        (x, x, "n192_mk_kn", ((3000, 3000, 1), (6000, 6000 * 3000), (64, 128, 1)),
+         ((3000, 3000, 1), (6000, 6000 * 3000), (64, 64, 1)), (3000, 3000, 3000, 1)),
+        (x.t(), x.t(), "n192_km_nk", ((3000, 3000, 1), (6000, 6000 * 3000), (64, 64, 1)),
+         ((3000, 3000, 1), (6000, 6000 * 3000), (64, 192, 1)), (3000, 3000, 3000, 1)),
+        (w.t(), d, "n192_km_kn", ((8192, 768, 1), (16384, 16384 * 768), (64, 64, 1)),
+         ((768, 768, 1), (1536, 1536 * 768), (64, 64, 1)), (8192, 768, 768, 1)),
+    ):  # fmt: skip
+        rec.calls.clear()
+        rec.names.clear()
+        out = mc._product("v14", a, b)
+        assert out.shape == (a.shape[0], b.shape[1]) and rec.names == [f"matmul_v14_{name}_bf16"]
+        ((grid, block, args, shared),) = rec.calls
+        bn = int(name[1:4])
+        assert (grid, block, shared) == (132, 384, mc.DYN_SHARED[f"v14_n{bn}"])
+        ta, tb, c, *ints = args
+        assert ta[1] == a.data_ptr() and tb[1] == b.data_ptr()  # read in place
+        assert ta[2:] == (2, *ta_args, 128) and tb[2:] == (2, *tb_args, 128)
+        assert c[2:] == (2, (np8, m, bt), (2 * np8, 2 * m * np8), (64, 64, 1), 128)
+        assert ints == [m, np8, k, bt]
+    # packed windows: A [5, 997] (pitch 997), B expanded over a batch; N = 9 -> C rows of 16
+    rec.calls.clear()
+    rec.names.clear()
+    a = torch.randn(2, 5, 997).to(bf)
+    b = torch.randn(997, 9).to(bf)[None].expand(2, 997, 9)
+    out = mc._product("v14", a, b)
+    ((grid, block, args, shared),) = rec.calls
+    ta, tb, c, *ints = args
+    assert rec.names == ["matmul_v14_n128_mk_kn_bf16"] and out.shape == (2, 5, 9)
+    assert ta[2:] == (2, (997, 5, 2), (2000, 2000 * 5), (64, 128, 1), 128) and ta[1] != a.data_ptr()
+    assert tb[2:] == (2, (9, 997, 2), (32, 32 * 997), (64, 64, 1), 128)
+    assert c[3][:2] == (16, 5) and ints == [5, 16, 997, 2]
+    assert ta[1] % 16 == 0 and tb[1] % 16 == 0
+    rec.calls.clear()
+    out = mc._product("v14", torch.randn(5, 0).to(bf), torch.randn(0, 9).to(bf))
+    assert rec.calls == [] and torch.equal(out, torch.zeros(5, 9, dtype=bf))
+    assert mc.DYN_SHARED["v14_n192"] + 2048 <= 227 * 1024
+    assert mc.DYN_SHARED["v14_n256"] == mc.DYN_SHARED["v13"]
+    assert mc.DYN_SHARED["v14_n128"] == mc.DYN_SHARED["v13_n128"]
+
+
 def test_asm_v12_shows_tma_mbarriers_turns_and_the_register_split():
     """v12's kernels: v11's TMA producer and mbarrier ring (bulk tensor copies completing
     transaction bytes, parity waits, setmaxnreg 40 / 232 and exactly 168 registers: the pool
@@ -1385,7 +1562,7 @@ def _gpu_dtypes(backend):
 @pytest.mark.parametrize("backend", CUDA_VARIANTS + ["triton", "triton_tma", "torch", "manual"])
 def test_gpu_forward_and_gradients(backend):
     why = kernellab.registry.get("matmul", backend).why_unavailable("cuda")
-    if backend in ("cuda_v10", "cuda_v11", "cuda_v12", "cuda_v13") and why:
+    if backend in ("cuda_v10", "cuda_v11", "cuda_v12", "cuda_v13", "cuda_v14") and why:
         pytest.skip(why)  # not sm_90
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # every side full fp32
@@ -1523,6 +1700,47 @@ def test_gpu_v11_tile_edges_persistent_schedule_and_both_widths(dtype, block_n, 
         y = mm.matmul(a, b, backend=backend)
         v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
         assert v.ok, f"{shape} (launcher's width): {v.detail}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("block_n", [256, 192, 128])
+def test_gpu_v14_every_major_order_and_width(dtype, block_n):
+    """cuda_v14 with each tile width forced, each operand as a row-major tensor or as the
+    transpose of one (read in place through its own tensor map), at v11's edge shapes (TMA
+    zero-fills past M, N, K; pitches that are 16-byte units while M, N, K are not), batches,
+    and windows the launcher must pack (an odd pitch, a slice, an expanded batch); then the
+    public call with its own width and the gradients (dA = dC B^T, dB = A^T dC: the
+    transposed layouts without copies)."""
+    from kernellab.ops.matmul import cuda as mc
+
+    impl = kernellab.registry.get("matmul", "cuda_v14")
+    if impl.why_unavailable("cuda"):
+        pytest.skip(impl.why_unavailable("cuda"))
+    dev = torch.cuda.current_device()
+    g = torch.Generator(device="cuda").manual_seed(11)
+    shapes = [(128, 192, 64), (129, 200, 72), (1, 8, 8), (300, 1000, 8), (1000, 1016, 1000),
+              (3, 136, 64, 264), (2048, 3000, 256), (64, 256, 8192)]  # fmt: skip
+    for shape in shapes:
+        *batch, m, n, k = shape
+        for a_t in (False, True):
+            for b_t in (False, True):
+                a = torch.randn(*batch, *((k, m) if a_t else (m, k)), generator=g, device="cuda").to(dtype)
+                b = torch.randn(*batch, *((n, k) if b_t else (k, n)), generator=g, device="cuda").to(dtype)
+                a = a.transpose(-1, -2) if a_t else a
+                b = b.transpose(-1, -2) if b_t else b
+                a3, b3 = a.reshape(-1, m, k), b.reshape(-1, k, n)
+                y = mc._launch_v14(a3, b3, dev, block_n=block_n).reshape(*batch, m, n)
+                v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
+                assert v.ok, f"{shape} a_t={a_t} b_t={b_t} block_n={block_n}: {v.detail}"
+    for layout in ("transposed", "sliced", "offset", "expanded"):
+        a, b = _inputs((37, 45, 29), dtype, "cuda", layout=layout, seed=7)
+        y = mc._launch_v14(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), dev, block_n=block_n)
+        v = judge(y.reshape(*a.shape[:-1], b.shape[-1]), SPEC.ref(a, b), dtype, torch.matmul(a, b))
+        assert v.ok, f"{layout}: {v.detail}"
+    for shape in [(1000, 1023, 997), (2, 264, 392, 136), (1024, 768, 3000)]:
+        a, b = _inputs(shape, dtype, "cuda", seed=21)
+        _run_and_judge("cuda_v14", a, b, dtype, grads=True)
 
 
 @pytest.mark.gpu

@@ -1,17 +1,19 @@
 """Matmul in CUDA C++ (matmul.cu, compiled by NVRTC): launchers, custom ops, registrations.
 
 Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of matmul.cu),
-``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` ... ``cuda_v13``
+``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` ... ``cuda_v14``
 (Hopper wgmma, fp16/bf16, matmul_sm90.cu, sm_90 GPUs only; v11 warp-specialized and persistent,
 its operands copied by TMA from tensor maps built here; v12 the same with CUTLASS's ping-pong
 consumers, one 128x128 tile per warpgroup, epilogues overlapping the other's MMAs; v13 v11
-with C staged in shared memory and written by TMA stores through a third tensor map) and
-``cuda`` (the best per dtype: v7 for fp32; for fp16/bf16 v13 on sm_90, v9 elsewhere). The
-kernels take contiguous row-major operands: strided inputs (transposed, sliced, expanded) are
-packed with ``.contiguous()`` first, which costs a copy but computes correctly; the backward
-calls the same kernels on transposed (hence packed) views. v1-v7 on grids smaller than the
-GPU split K into 4-16 slices (SPLIT_K_MIN below: accuracy against cuBLAS, and idle SMs get
-work).
+with C staged in shared memory and written by TMA stores through a third tensor map; v14 v13
+reading either major order of each operand and with a 128x192 tile) and ``cuda`` (the best
+per dtype: v7 for fp32; for fp16/bf16 v14 on sm_90, v9 elsewhere). v1-v13 take contiguous
+row-major operands: strided inputs (transposed, sliced, expanded) are packed with
+``.contiguous()`` first, which costs a copy but computes correctly; the backward calls the
+same kernels on transposed (hence packed) views. v14 reads row- or column-major windows as
+they lie (a weight [N, K] as B, the backward's transposed views) and packs only the rest.
+v1-v7 on grids smaller than the GPU split K into 4-16 slices (SPLIT_K_MIN below: accuracy
+against cuBLAS, and idle SMs get work).
 
 The epilogue (bias, activation) runs as PyTorch ops after the kernel: the ladder is about the
 product; Triton's kernel is the one with a fused epilogue.
@@ -109,6 +111,14 @@ VARIANTS = {
         "CUDA v13: v11 with the epilogue through shared memory and TMA stores (drain under the next "
         "tile's MMAs); sm_90 only",
     ),
+    "v14": (
+        _tiles(128, 256),  # (the launcher's persistent grid and tile width are v14's, not this)
+        384,
+        False,
+        _HALF,
+        "CUDA v14: v13 reading the operands as they lie (either major order, no packing copies) with "
+        "128x192 tiles beside 128x256 and 128x128 for wave fit; sm_90 only",
+    ),
 }
 # Dynamic shared memory per block (bytes) of the variants that use it: v9 keeps 3 stages of
 # a 128x40 A tile and a 32x264 B tile (padded halfs); v10 4 stages of a 128x64 A tile and a
@@ -125,9 +135,12 @@ DYN_SHARED = {
     "v12": 6 * (128 * 64 + 64 * 128) * 2 + 1024,
     "v13": 4 * (128 * 64 + 64 * 256) * 2 + 1024 + 2 * 64 * 128 * 2,
     "v13_n128": 6 * (128 * 64 + 64 * 128) * 2 + 1024 + 2 * 64 * 128 * 2,
+    "v14_n256": 4 * (128 * 64 + 64 * 256) * 2 + 1024 + 2 * 64 * 128 * 2,
+    "v14_n192": 4 * (128 * 64 + 64 * 192) * 2 + 1024 + 2 * 64 * 128 * 2,
+    "v14_n128": 6 * (128 * 64 + 64 * 128) * 2 + 1024 + 2 * 64 * 128 * 2,
 }
 # The module of each variant that is not in matmul.cu.
-MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90, "v12": MODULE_SM90, "v13": MODULE_SM90}
+MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90, "v12": MODULE_SM90, "v13": MODULE_SM90, "v14": MODULE_SM90}
 # The best variant per dtype (v9 is faster than v8 in bf16; v13 where the GPU has wgmma,
 # see _best_fwd: the fastest of v10-v13 at the shapes of lab/gpu_mm_v11.py, NOTES).
 BEST = {torch.float32: "v7", torch.float16: "v9", torch.bfloat16: "v9"}
@@ -308,10 +321,126 @@ def _launch_persistent(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: in
     return c if np8 == n else c[..., :n].contiguous()
 
 
+# v14 (matmul_sm90.cu): v13's kernels reading either major order of each operand, and a
+# 128x192 tile. Per-tile cost of each width relative to one 128x128 tile's MMAs: a tile's
+# MMAs scale with its width, plus a share for operand traffic per MAC (32, 39 and 43 MACs per
+# byte copied at 128, 192 and 256 wide) and the epilogue.
+V14_TILE_COST = {256: 2.0, 192: 1.56, 128: 1.1}
+_AS_THEY_LIE = ("v14",)  # the variants _product hands strided windows unpacked
+
+
+def v14_block_n(m: int, n: int, bt: int, sms: int) -> int:
+    """v14's tile width: the fewest waves x tile cost over 256, 192 and 128 (ties to the
+    wider). 3000^2: 288 wide tiles (3 waves, 6.0), 384 of 192 (3 waves, 4.7), 576 of 128
+    (5 waves, 5.5): 192. 4096^2: 4 waves x 2.0 against 6 x 1.56 and 8 x 1.1: 256."""
+    tiles_m = _cdiv(m, V11_BM)
+
+    def cost(bn: int) -> float:
+        return _cdiv(bt * tiles_m * _cdiv(n, bn), sms) * V14_TILE_COST[bn]
+
+    return min((256, 192, 128), key=cost)
+
+
+def v14_window(t: torch.Tensor) -> tuple[str, int, int] | None:
+    """How TMA reads a 16-bit [bt, rows, cols] window as it lies: ("r", pitch, batch stride)
+    when its rows are unit-stride, ("c", ...) when its columns are (the transpose of a
+    row-major tensor), strides in elements; None when neither works without a copy (a pitch
+    or batch stride that is not a whole number of 16-byte units or that overlaps, a base not
+    16-byte aligned). A pitch only one row or column uses is free: the map gets a valid one."""
+    bt, rows, cols = t.shape
+    if t.data_ptr() % 16:
+        return None
+    for major, inner, outer, s_in, s_out in (
+        ("r", cols, rows, t.stride(2), t.stride(1)),
+        ("c", rows, cols, t.stride(1), t.stride(2)),
+    ):
+        if s_in != 1 and inner > 1:
+            continue
+        pitch = s_out if outer > 1 else _cdiv(inner, 8) * 8
+        if pitch % 8 or pitch < inner:
+            continue
+        batch_stride = t.stride(0) if bt > 1 else pitch * outer
+        if batch_stride % 8 or batch_stride < pitch * outer:
+            continue
+        return major, pitch, batch_stride
+    return None
+
+
+def _v14_operand(t: torch.Tensor) -> tuple[torch.Tensor, tuple[str, int, int]]:
+    """t and its window (v14_window); a window TMA cannot read is packed row-major with its
+    rows padded to whole 16-byte units (the padding is never read: the maps keep the real
+    widths, and TMA fills past them with zeros)."""
+    w = v14_window(t)
+    if w is not None:
+        return t, w
+    bt, rows, cols = t.shape
+    pitch = _cdiv(cols, 8) * 8
+    packed = torch.empty((bt, rows, pitch), dtype=t.dtype, device=t.device)
+    packed[..., :cols].copy_(t)
+    return packed[..., :cols], ("r", pitch, rows * pitch)
+
+
+def v14_tensor_maps(a3: torch.Tensor, wa: tuple, b3: torch.Tensor, wb: tuple, bn: int) -> tuple:
+    """The A and B maps of v14's kernels, dims innermost first, byte strides, 128-byte
+    swizzle: A row-major ("mk") as v11's (box 64 k x 128 m) or column-major ("km": box 64 m
+    x 64 k, one slab per consumer warpgroup); B row-major ("kn") as v11's (box 64 n x 64 k)
+    or column-major ("nk": box 64 k x bn n, the whole B tile)."""
+    bt, m, k = a3.shape
+    n = b3.shape[-1]
+    (ma, pa, sa), (mb, pb, sb) = wa, wb
+    if ma == "r":
+        ta = tensor_map(a3.data_ptr(), 2, (k, m, bt), (2 * pa, 2 * sa), (V11_BK, V11_BM, 1), 128)
+    else:
+        ta = tensor_map(a3.data_ptr(), 2, (m, k, bt), (2 * pa, 2 * sa), (64, V11_BK, 1), 128)
+    if mb == "r":
+        tb = tensor_map(b3.data_ptr(), 2, (n, k, bt), (2 * pb, 2 * sb), (64, V11_BK, 1), 128)
+    else:
+        tb = tensor_map(b3.data_ptr(), 2, (k, n, bt), (2 * pb, 2 * sb), (V11_BK, bn, 1), 128)
+    return ta, tb
+
+
+def v14_kernel_name(wa: tuple, wb: tuple, bn: int, dtype: torch.dtype) -> str:
+    a_order = "mk" if wa[0] == "r" else "km"
+    b_order = "kn" if wb[0] == "r" else "nk"
+    return f"matmul_v14_n{bn}_{a_order}_{b_order}_{_SUFFIX[dtype]}"
+
+
+def _launch_v14(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
+    """v14: a3 [bt, M, K] and b3 [bt, K, N] as they lie (v14_window; packed only where TMA
+    cannot read them), the tile width v14_block_n picks (``block_n`` forces one: tests), C
+    [bt, M, N rounded up to 8] through v13's C map, min(SMs, tiles) blocks of 384 threads."""
+    bt, m, k = a3.shape
+    n = b3.shape[-1]
+    if k == 0:
+        return torch.zeros((bt, m, n), dtype=a3.dtype, device=a3.device)
+    a3, wa = _v14_operand(a3)
+    b3, wb = _v14_operand(b3)
+    np8 = _cdiv(n, 8) * 8
+    sms = _sm_count(dev)
+    bn = block_n or v14_block_n(m, np8, bt, sms)
+    tiles = bt * _cdiv(m, V11_BM) * _cdiv(np8, bn)
+    if tiles >= 2**31:
+        raise ValueError(f"matmul: cuda_v14 counts output tiles in 32 bits; {tiles} is too many")
+    c = torch.empty((bt, m, np8), dtype=a3.dtype, device=a3.device)
+    ta, tb = v14_tensor_maps(a3, wa, b3, wb, bn)
+    kern = MODULE_SM90.kernel(v14_kernel_name(wa, wb, bn, a3.dtype), V13_SIGNATURE, dev)
+    shared = DYN_SHARED[f"v14_n{bn}"]
+    if shared > kern.max_dynamic_shared:
+        kern.set_max_dynamic_shared(shared)
+    kern(min(sms, tiles), V11_THREADS, ta, tb, v13_c_map(c), m, np8, k, bt, shared=shared, device_index=dev)
+    return c if np8 == n else c[..., :n].contiguous()
+
+
 # The variants that are not one plain grid launch of a matmul.cu kernel, and those of them
 # that fold the batch into their tile schedule (no grid z limit of 65535).
-_LAUNCHERS = {"v10": _launch_v10, "v11": _launch_v11, "v12": _launch_v12, "v13": _launch_v13}
-_BATCH_IN_SCHEDULE = ("v11", "v12", "v13")
+_LAUNCHERS = {
+    "v10": _launch_v10,
+    "v11": _launch_v11,
+    "v12": _launch_v12,
+    "v13": _launch_v13,
+    "v14": _launch_v14,
+}
+_BATCH_IN_SCHEDULE = ("v11", "v12", "v13", "v14")
 
 
 def _launch_kernel(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:
@@ -346,8 +475,10 @@ def _product(variant: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     batch = tuple(a.shape[:-2])
     m, k = a.shape[-2], a.shape[-1]
     n = b.shape[-1]
-    a3 = a.reshape(math.prod(batch), m, k).contiguous()
-    b3 = b.reshape(math.prod(batch), k, n).contiguous()
+    a3 = a.reshape(math.prod(batch), m, k)
+    b3 = b.reshape(math.prod(batch), k, n)
+    if variant not in _AS_THEY_LIE:
+        a3, b3 = a3.contiguous(), b3.contiguous()
     bt = a3.shape[0]
     if not (bt and m and n):
         return torch.empty(batch + (m, n), dtype=a.dtype, device=a.device)
@@ -383,7 +514,7 @@ def _make_fwd(variant: str):
 def _best_fwd(a, b, bias=None, activation=None):
     variant = BEST[a.dtype]
     if a.dtype != torch.float32 and a.is_cuda and is_sm90(_device_index(a)):
-        variant = "v13"  # Hopper: TMA, warp-specialized wgmma, TMA-stored epilogue
+        variant = "v14"  # Hopper: TMA, warp-specialized wgmma, TMA-stored epilogue, no packing
     return _make_fwd(variant)(a, b, bias, activation)
 
 
@@ -410,5 +541,5 @@ for _v, (_g, _b, _hv, _dt, _desc) in VARIANTS.items():
     else:
         _register(f"cuda_{_v}", _make_fwd(_v), _dt, _desc)
 _register(
-    "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 fp32; v13 wgmma on sm_90, else v9, fp16/bf16)"
+    "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 fp32; v14 wgmma on sm_90, else v9, fp16/bf16)"
 )

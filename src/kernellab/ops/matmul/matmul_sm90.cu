@@ -435,14 +435,14 @@ struct alignas(64) TensorMap {
 
 template <int BN>
 struct V11Tile {
-    static constexpr int STAGES = BN == 256 ? 4 : 6;
+    static constexpr int STAGES = BN == 128 ? 6 : 4;  // 4 x 48 KB (256), 4 x 40 KB (192), 6 x 32 KB
     static constexpr int SLABS = BN / 64;                     // 64-column slabs of the B tile
     static constexpr unsigned A_BYTES = V11_BM * V11_BK * 2;  // 16 KB
     static constexpr unsigned SLAB_BYTES = V11_BK * 64 * 2;   // 8 KB: 64 k-rows x 128 bytes
-    static constexpr unsigned B_BYTES = SLABS * SLAB_BYTES;   // 32 KB (BN = 256), 16 KB (128)
+    static constexpr unsigned B_BYTES = SLABS * SLAB_BYTES;   // 32 KB (BN = 256), 24 KB (192), 16 KB (128)
     static constexpr unsigned STAGE_BYTES = A_BYTES + B_BYTES;
     static constexpr unsigned SMEM_BYTES = STAGES * STAGE_BYTES + 1024;  // + room to align the base
-    static_assert(BN == 256 || BN == 128, "v11 tiles are 128x256 or 128x128");
+    static_assert(BN == 256 || BN == 192 || BN == 128, "tiles are 128x256, 128x192 (v14) or 128x128");
     static_assert(STAGE_BYTES % 1024 == 0 && A_BYTES % 1024 == 0, "stages must keep 1024-B alignment");
     static_assert(SMEM_BYTES <= 227 * 1024, "more shared memory than a block may have");
 };
@@ -497,12 +497,52 @@ __device__ __forceinline__ void v11_wgmma_m64n128k16(float (&d)[64], unsigned lo
     }
 }
 
-template <int BN, bool BF16>
-__device__ __forceinline__ void v11_wgmma(float (&d)[BN / 2], unsigned long long da, unsigned long long db) {
-    if constexpr (BN == 256)
-        v10_wgmma_m64n256k16<BF16>(d, da, db);
-    else
-        v11_wgmma_m64n128k16<BF16>(d, da, db);
+#define V14_REGS96                                  \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, "             \
+    "%8, %9, %10, %11, %12, %13, %14, %15, "        \
+    "%16, %17, %18, %19, %20, %21, %22, %23, "      \
+    "%24, %25, %26, %27, %28, %29, %30, %31, "      \
+    "%32, %33, %34, %35, %36, %37, %38, %39, "      \
+    "%40, %41, %42, %43, %44, %45, %46, %47, "      \
+    "%48, %49, %50, %51, %52, %53, %54, %55, "      \
+    "%56, %57, %58, %59, %60, %61, %62, %63, "      \
+    "%64, %65, %66, %67, %68, %69, %70, %71, "      \
+    "%72, %73, %74, %75, %76, %77, %78, %79, "      \
+    "%80, %81, %82, %83, %84, %85, %86, %87, "      \
+    "%88, %89, %90, %91, %92, %93, %94, %95}"
+#define V14_D96 V11_D64, V10_D8(64), V10_D8(72), V10_D8(80), V10_D8(88)
+
+// The k16 step of v11, v13 and v14: D[64 x BN] += A[64 x 16] B[16 x BN], the operands' major
+// order as immediates (imm-trans-a, imm-trans-b; 16-bit types from shared memory take both):
+// TA = 0 A K-major (row-major [M, K]), 1 M-major; TB = 0 B K-major ([N, K]), 1 N-major
+// (row-major [K, N]). After the BN / 2 accumulators come the two descriptors, the scale-d
+// predicate's source (1: accumulate), TA and TB.
+#define V14_WGMMA(SHAPE, TY, REGS, DL, IA, IB, IP, ITA, ITB)                                        \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IP ", 0;\n"                                   \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " REGS ", %" IA ", %" IB \
+                 ", p, 1, 1, %" ITA ", %" ITB ";\n}\n"                                              \
+                 : DL                                                                               \
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+
+template <int BN, bool BF16, int TA, int TB>
+__device__ __forceinline__ void v14_wgmma(float (&d)[BN / 2], unsigned long long da, unsigned long long db) {
+    if constexpr (BN == 256) {
+        if constexpr (BF16)
+            V14_WGMMA("m64n256k16", "bf16", V10_REGS128, V10_D128, "128", "129", "130", "131", "132");
+        else
+            V14_WGMMA("m64n256k16", "f16", V10_REGS128, V10_D128, "128", "129", "130", "131", "132");
+    } else if constexpr (BN == 192) {
+        if constexpr (BF16)
+            V14_WGMMA("m64n192k16", "bf16", V14_REGS96, V14_D96, "96", "97", "98", "99", "100");
+        else
+            V14_WGMMA("m64n192k16", "f16", V14_REGS96, V14_D96, "96", "97", "98", "99", "100");
+    } else {
+        static_assert(BN == 128, "wgmma widths here: 128, 192, 256");
+        if constexpr (BF16)
+            V14_WGMMA("m64n128k16", "bf16", V11_REGS64, V11_D64, "64", "65", "66", "67", "68");
+        else
+            V14_WGMMA("m64n128k16", "f16", V11_REGS64, V11_D64, "64", "65", "66", "67", "68");
+    }
 }
 
 // The persistent schedule: output tile t -> (m0, n0, batch), batch-major, grouped raster
@@ -548,7 +588,7 @@ __device__ __forceinline__ void v11_init_ring(unsigned full0, unsigned empty0, u
 // (t = blockIdx.x, blockIdx.x + gridDim.x, ...) in order, one running index `it` across
 // tiles (the phase bookkeeping in the v11 header). v11's consumers read every k-tile; v12's
 // warpgroups read alternate tiles of this same sequence.
-template <int BN>
+template <int BN, bool AT = false, bool BT = false>
 __device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap* tb, const V11Sched<BN>& sched,
                                             int ktiles, unsigned smem0, unsigned full0, unsigned empty0) {
     using Tile = V11Tile<BN>;
@@ -565,10 +605,19 @@ __device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap
             if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // use it - S released
             const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
             mbar_expect_tx(bar, Tile::STAGE_BYTES);
-            v11_tma_load_3d(st, ta, bar, kt * V11_BK, m0, z);
+            if constexpr (AT) {  // v14, A stored [K, M]: two slabs of 64 m x 64 k, one per warpgroup
+                v11_tma_load_3d(st, ta, bar, m0, kt * V11_BK, z);
+                v11_tma_load_3d(st + Tile::A_BYTES / 2, ta, bar, m0 + 64, kt * V11_BK, z);
+            } else {
+                v11_tma_load_3d(st, ta, bar, kt * V11_BK, m0, z);
+            }
+            if constexpr (BT) {  // v14, B stored [N, K]: one box of 64 k x BN n (BN rows of 128 bytes)
+                v11_tma_load_3d(st + Tile::A_BYTES, tb, bar, kt * V11_BK, n0, z);
+            } else {
 #pragma unroll
-            for (int j = 0; j < Tile::SLABS; ++j)
-                v11_tma_load_3d(st + Tile::A_BYTES + j * Tile::SLAB_BYTES, tb, bar, n0 + 64 * j, kt * V11_BK, z);
+                for (int j = 0; j < Tile::SLABS; ++j)
+                    v11_tma_load_3d(st + Tile::A_BYTES + j * Tile::SLAB_BYTES, tb, bar, n0 + 64 * j, kt * V11_BK, z);
+            }
         }
     }
 }
@@ -577,7 +626,7 @@ __device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap
 // acc = the tile's A B over `ktiles` k-tiles of the ring, `it` the block's running k-tile
 // count (its stage and phase); each warp hands a stage back to the producer (one arrival on
 // its empty barrier) once the MMAs that read it are complete.
-template <int BN, bool BF16>
+template <int BN, bool BF16, bool AT = false, bool BT = false>
 __device__ __forceinline__ void v11_mainloop(float (&acc)[BN / 2], int ktiles, int& it, unsigned smem0,
                                              unsigned full0, unsigned empty0, int cw, int lane) {
     using Tile = V11Tile<BN>;
@@ -596,9 +645,13 @@ __device__ __forceinline__ void v11_mainloop(float (&acc)[BN / 2], int ktiles, i
         v10_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < V11_BK / 16; ++kk) {
-            const unsigned long long da = v10_desc(sa + kk * 32, 16, 1024);
-            const unsigned long long db = v10_desc(sb + kk * 16 * 128, Tile::SLAB_BYTES, 1024);
-            v11_wgmma<BN, BF16>(acc, da, db);
+            // K-major: 32 bytes further along the swizzled 128-byte rows per k16 step; MN-major
+            // (v11's B, v14's A stored [K, M]): 16 k-rows = 2 KB further (see the v14 header)
+            const unsigned long long da =
+                AT ? v10_desc(sa + kk * 16 * 128, 8192, 1024) : v10_desc(sa + kk * 32, 16, 1024);
+            const unsigned long long db =
+                BT ? v10_desc(sb + kk * 32, 16, 1024) : v10_desc(sb + kk * 16 * 128, Tile::SLAB_BYTES, 1024);
+            v14_wgmma<BN, BF16, AT ? 1 : 0, BT ? 0 : 1>(acc, da, db);
         }
         v10_wgmma_commit();
         v10_wgmma_wait<1>();  // k-tile it-1's MMAs are complete: its stage may be refilled
@@ -931,7 +984,7 @@ __device__ __forceinline__ void v13_st_shared(unsigned addr, unsigned v) {
     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
-template <typename T, bool BF16, int BN>
+template <typename T, bool BF16, int BN, bool AT = false, bool BT = false>
 __device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* tb, const TensorMap* tc, int M,
                                          int N, int K, int batch) {
     using Tile = V11Tile<BN>;
@@ -949,7 +1002,7 @@ __device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* t
 
     if (tid < 128) {  // producer warpgroup: one thread issues every copy, the rest retire
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) v11_produce<BN>(ta, tb, sched, ktiles, smem0, full0, empty0);
+        if (tid == 0) v11_produce<BN, AT, BT>(ta, tb, sched, ktiles, smem0, full0, empty0);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -967,19 +1020,22 @@ __device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* t
     for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
         int m0, n0, z;
         sched.tile(t, m0, n0, z);
-        v11_mainloop<BN, BF16>(acc, ktiles, it, smem0, full0, empty0, cw, lane);
+        v11_mainloop<BN, BF16, AT, BT>(acc, ktiles, it, smem0, full0, empty0, cw, lane);
 
-        // Epilogue: per 128-column half, through this warpgroup's buffer to a TMA store.
+        // Epilogue: per 128-column half (a 128x192 tile's second is 64 wide), through this
+        // warpgroup's buffer to a TMA store.
         const int row_c = m0 + cw * 64;  // the warpgroup's first row of C
         if (row_c >= M) continue;        // (uniform in the warpgroup)
 #pragma unroll
-        for (int hf = 0; hf < BN / 128; ++hf) {
+        for (int hf = 0; hf < (BN + 127) / 128; ++hf) {
             const int col_c = n0 + 128 * hf;
+            const int groups = min(16, BN / 8 - 16 * hf);  // 8-column groups in this half
             if (col_c >= N) break;  // (uniform in the warpgroup)
             if (issuer) v13_bulk_wait_read0();  // the buffer's previous contents are read out
             v13_epi_sync(epi_bar);
 #pragma unroll
             for (int jj = 0; jj < 16; ++jj) {  // 8-column groups of the half: j = 16 hf + jj
+                if (jj >= groups) break;
                 const int j = 16 * hf + jj;
                 const unsigned box = cbuf + (jj / 8) * 8192 + ((((jj % 8) ^ g) << 4) | (q << 2));
 #pragma unroll
@@ -992,7 +1048,7 @@ __device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* t
             v13_epi_sync(epi_bar);
             if (issuer) {
                 v13_tma_store_3d(tc, cbuf, col_c, row_c, z);
-                if (col_c + 64 < N) v13_tma_store_3d(tc, cbuf + 8192, col_c + 64, row_c, z);
+                if (groups > 8 && col_c + 64 < N) v13_tma_store_3d(tc, cbuf + 8192, col_c + 64, row_c, z);
                 v13_bulk_commit();
             }
         }
@@ -1018,3 +1074,55 @@ extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v13_n128_bf1
 extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v13_n128_f16(V13_ARGS(__half)) {
     v13_body<__half, false, 128>(&ta, &tb, &tc, M, N, K, batch);
 }
+
+// ======================================================================================= v14
+//
+// v14: v13 (producer, ring, persistent schedule, TMA-stored epilogue) with two changes that
+// matter at the shapes models use.
+//
+// 1. Operands in either major order. v11-v13 take row-major A [M, K] and B [K, N]; the
+//    launcher packs anything else with a copy, and a model's products rarely come that way:
+//    nn.Linear's weight is [N, K] (B K-major), the backward's dB = A^T dC reads A [M, K] as
+//    [K, M] (A M-major). wgmma reads either order of 16-bit operands from shared memory
+//    (imm-trans-a / imm-trans-b), and TMA copies any 2-D window with 16-byte row pitches, so
+//    v14 takes the operands as they lie:
+//      A K-major ([M, K] rows): v11's box (64 k x 128 m), descriptor start + 32 B per k16,
+//          LBO unused, SBO 1024 (8 m-rows); imm-trans-a = 0.
+//      A M-major (stored [K, M]): two boxes of 64 m x 64 k, one 8 KB slab per consumer
+//          warpgroup (k-row kr of slab at kr * 128, 64 m per row), as v11's B slabs; the
+//          descriptor of warpgroup cw: slab cw + 2 KB per k16 (16 k-rows), LBO 8192 (unused:
+//          m64 is one slab), SBO 1024 (8 k-rows); imm-trans-a = 1.
+//      B N-major ([K, N] rows): v11's slabs; imm-trans-b = 1.
+//      B K-major (stored [N, K]): one box of 64 k x BN n, BN rows of 128 bytes (A's K-major
+//          layout with n for m): start + 32 B per k16, SBO 1024 (8 n-rows); imm-trans-b = 0.
+//    Every descriptor still starts in a 1024-aligned atom or 32 B / 2 KB steps past it.
+// 2. A 128x192 tile beside 128x256 and 128x128: wgmma m64n192k16, 96 fp32 accumulators per
+//    consumer thread, 40 KB stages (4: 160 + 32 KB of C staging + 1 = 193 KB); its epilogue
+//    has a 128-column half and a 64-column one. It exists for wave quantization: 3000 x 3000
+//    is 288 tiles of 128x256 on 132 SMs (3 waves, the last 18% full) and 384 of 128x192
+//    (3 waves, 97% full); 8192 x 768 is 192 wide tiles (2 waves, the second 45% full) and
+//    256 of 192 (2 waves, 97%). The launcher picks the width (cuda.py, v14_block_n).
+//
+// Kernels: matmul_v14_n{128,192,256}_{mk,km}_{kn,nk}_{bf16,f16}: the tile width, A's stored
+// order (mk: [M, K] rows, km: [K, M]), B's (kn: [K, N], nk: [N, K]). Contract: v13's, with
+// A and B any 3-D windows whose rows are whole 16-byte units (the tensor maps carry the
+// pitches and batch strides; K and the operands' widths need not be multiples of 8); C as
+// v13's.
+
+#define V14_KERNEL(NAME, T, BF, BN, AT, BT)                                          \
+    extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) NAME(V13_ARGS(T)) { \
+        v13_body<T, BF, BN, AT, BT>(&ta, &tb, &tc, M, N, K, batch);                  \
+    }
+#define V14_FORM(BN)                                                                          \
+    V14_KERNEL(matmul_v14_n##BN##_mk_kn_bf16, __nv_bfloat16, true, BN, false, false)          \
+    V14_KERNEL(matmul_v14_n##BN##_mk_nk_bf16, __nv_bfloat16, true, BN, false, true)           \
+    V14_KERNEL(matmul_v14_n##BN##_km_kn_bf16, __nv_bfloat16, true, BN, true, false)           \
+    V14_KERNEL(matmul_v14_n##BN##_km_nk_bf16, __nv_bfloat16, true, BN, true, true)            \
+    V14_KERNEL(matmul_v14_n##BN##_mk_kn_f16, __half, false, BN, false, false)                 \
+    V14_KERNEL(matmul_v14_n##BN##_mk_nk_f16, __half, false, BN, false, true)                  \
+    V14_KERNEL(matmul_v14_n##BN##_km_kn_f16, __half, false, BN, true, false)                  \
+    V14_KERNEL(matmul_v14_n##BN##_km_nk_f16, __half, false, BN, true, true)
+
+V14_FORM(128)
+V14_FORM(192)
+V14_FORM(256)
