@@ -1254,6 +1254,96 @@ def test_v14_launcher_maps_each_window_without_copies(monkeypatch):
     assert mc.DYN_SHARED["v14_n128"] == mc.DYN_SHARED["v13_n128"]
 
 
+def test_asm_v14_split_kernels_stage_fp32():
+    """The split form (128x128 tiles, fp32 C): per tile 2 x 64-column quarters x 8 groups of
+    two 8-byte st.shared per thread (32), two 32-float TMA boxes per quarter (4 stores), no
+    16-bit packing of C, v13's register split and no spills."""
+    for k in _ptx_of("cuda_v14", None):
+        if not k.name.endswith("_c32"):
+            continue
+        assert k.name.startswith("matmul_v14_n128_")
+        assert k.ptx.count("st.shared.v2.f32") == 32 and k.ptx.count("st.shared.b32") == 0, k.name
+        assert k.ptx.count("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group") == 4
+        assert "cvt.rn.bf16x2.f32" not in k.ptx and "cvt.rn.f16x2.f32" not in k.ptx
+        assert (k.local_bytes or 0) == 0
+        if k.registers is not None:
+            assert k.registers == 168, (k.name, k.registers)
+
+
+def test_v14_fp32_epilogue_writes_what_the_c_map_stores():
+    """v13_body's C32 staging, per consumer warpgroup and 64-column quarter: thread (warp,
+    lane)'s pair of acc[4j + 2h] (j = 8 qf + jj) at box + r * 128 + (((2 (jj % 4) + q / 2) ^ g)
+    << 4) + 8 (q % 2), box = buffer + (jj / 4) * 8192, r = 16 warp + 8h + g: where the fp32 C
+    map's TMA store (box 32 floats x 64 rows, 128-byte swizzle) reads element (r, 32 (jj / 4)
+    + 8 (jj % 4) + 2q) and the next; every element of the 64 x 64 quarter is written once and
+    a warp's 8-byte stores fall in at most two wavefronts (each 4-byte bank used <= 2 times)."""
+    base = 5 * 1024
+    seen = {}
+    for warp in range(4):
+        for jj in range(8):
+            for h in range(2):
+                banks = {}
+                for lane in range(32):
+                    g, q = lane // 4, lane % 4
+                    r, col = 16 * warp + 8 * h + g, 8 * jj + 2 * q
+                    box = base + (jj // 4) * 8192
+                    addr = box + r * 128 + ((((2 * (jj % 4) + (q >> 1)) ^ g) << 4) + ((q & 1) << 3))
+                    assert addr == _sw128(box + r * 128 + 4 * (col % 32))
+                    assert _sw128(box + r * 128 + 4 * (col % 32 + 1)) == addr + 4
+                    assert (r, col) not in seen
+                    seen[(r, col)] = addr
+                    for word in (addr // 4, addr // 4 + 1):
+                        banks[word % 32] = banks.get(word % 32, 0) + 1
+                assert max(banks.values()) <= 2, (warp, jj, h)
+    assert sorted(seen) == [(r, c) for r in range(64) for c in range(0, 64, 2)]
+    assert max(seen.values()) < base + 16 * 1024
+
+
+def test_v14_split_choice_and_maps(monkeypatch):
+    """v14_split: K slices only where 128x128 tiles fill at most half the SMs, the most that
+    fit the SMs and cut K into equal 16-byte slices of >= 512; the split launch maps slice j as
+    batch entry j of each operand (dims with K / s, the batch stride K / s along K), C as fp32
+    [s, M, np8] with 32-float boxes, the c32 kernel, grid min(SMs, s x tiles), K / s and s as
+    the kernel's K and batch; the result is the fp32 sum of the slices in the operands' dtype."""
+    from kernellab.ops.matmul import cuda as mc
+
+    assert mc.v14_split(768, 768, 8192, 1, 132) == 2  # 36 tiles; 3 does not divide 8192
+    assert mc.v14_split(256, 4096, 14336, 1, 132) == 2  # 64 tiles
+    assert mc.v14_split(768, 3072, 8192, 1, 132) == 1  # 144 tiles: more than the SMs
+    assert mc.v14_split(256, 256, 1024, 1, 132) == 2  # 4 tiles, slices of >= 512
+    assert mc.v14_split(256, 256, 1000, 1, 132) == 1  # 500 per slice: too short
+    assert mc.v14_split(256, 256, 8192, 2, 132) == 1  # batched: no split
+    assert mc.v14_split(128, 128, 16384, 1, 132) == 16
+
+    rec = _V11Recorder()
+
+    def kernel(name, signature, device_index=None):
+        rec.names.append(name)
+        return rec
+
+    monkeypatch.setattr(mc.MODULE_SM90, "kernel", kernel)
+    monkeypatch.setattr(mc, "tensor_map", lambda *a: ("map",) + a)
+    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
+    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    bf = torch.bfloat16
+    dy, x = torch.randn(8192, 768).to(bf), torch.randn(8192, 760).to(bf)
+    out = mc._product("v14", dy.t(), x)  # a weight gradient: dy^T [768, 8192] @ x [8192, 760]
+    assert rec.names == ["matmul_v14_n128_km_kn_bf16_c32"] and out.shape == (768, 760) and out.dtype == bf
+    ((grid, block, args, shared),) = rec.calls
+    ta, tb, tc, *ints = args
+    assert ta[1] == dy.data_ptr() and tb[1] == x.data_ptr()
+    assert ta[2:] == (2, (768, 4096, 2), (1536, 1536 * 4096), (64, 64, 1), 128)
+    assert tb[2:] == (2, (760, 4096, 2), (1520, 1520 * 4096), (64, 64, 1), 128)
+    assert tc[2:] == (4, (760, 768, 2), (4 * 760, 4 * 768 * 760), (32, 64, 1), 128)
+    assert ints == [768, 760, 4096, 2] and (grid, block, shared) == (2 * 36, 384, mc.DYN_SHARED["v14_n128"])
+    rec.calls.clear()
+    w = torch.randn(768, 8192).to(bf)
+    mc._product("v14", torch.randn(768, 8192).to(bf), w.t())  # a row-major A, B stored [N, K]
+    ta, tb = rec.calls[0][2][:2]
+    assert ta[2:] == (2, (4096, 768, 2), (16384, 8192), (64, 128, 1), 128)
+    assert tb[2:] == (2, (4096, 768, 2), (16384, 8192), (64, 128, 1), 128)
+
+
 def test_asm_v12_shows_tma_mbarriers_turns_and_the_register_split():
     """v12's kernels: v11's TMA producer and mbarrier ring (bulk tensor copies completing
     transaction bytes, parity waits, setmaxnreg 40 / 232 and exactly 168 registers: the pool
@@ -1741,6 +1831,19 @@ def test_gpu_v14_every_major_order_and_width(dtype, block_n):
     for shape in [(1000, 1023, 997), (2, 264, 392, 136), (1024, 768, 3000)]:
         a, b = _inputs(shape, dtype, "cuda", seed=21)
         _run_and_judge("cuda_v14", a, b, dtype, grads=True)
+    # the launcher's K slices (fp32 partials): a weight gradient's shape in every order, a
+    # partial tile in M and N, slices of 512
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    for m, n, k in [(768, 768, 8192), (256, 1000, 4096), (200, 136, 1024)]:
+        assert mc.v14_split(m, -(-n // 8) * 8, k, 1, sms) > 1
+        for a_t in (False, True):
+            for b_t in (False, True):
+                a = torch.randn((k, m) if a_t else (m, k), generator=g, device="cuda").to(dtype)
+                b = torch.randn((n, k) if b_t else (k, n), generator=g, device="cuda").to(dtype)
+                a, b = (a.t() if a_t else a), (b.t() if b_t else b)
+                y = mc._launch_v14(a[None], b[None], dev)[0]
+                v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
+                assert v.ok, f"split {m}x{n}x{k} a_t={a_t} b_t={b_t}: {v.detail}"
 
 
 @pytest.mark.gpu

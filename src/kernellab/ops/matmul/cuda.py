@@ -399,10 +399,51 @@ def v14_tensor_maps(a3: torch.Tensor, wa: tuple, b3: torch.Tensor, wb: tuple, bn
     return ta, tb
 
 
-def v14_kernel_name(wa: tuple, wb: tuple, bn: int, dtype: torch.dtype) -> str:
+def v14_kernel_name(wa: tuple, wb: tuple, bn: int, dtype: torch.dtype, split: bool = False) -> str:
     a_order = "mk" if wa[0] == "r" else "km"
     b_order = "kn" if wb[0] == "r" else "nk"
-    return f"matmul_v14_n{bn}_{a_order}_{b_order}_{_SUFFIX[dtype]}"
+    return f"matmul_v14_n{bn}_{a_order}_{b_order}_{_SUFFIX[dtype]}" + ("_c32" if split else "")
+
+
+V14_SPLIT_MAX = 16
+V14_SPLIT_MIN_K = 512  # a slice keeps at least 8 k-tiles
+
+
+def v14_split(m: int, n: int, k: int, bt: int, sms: int) -> int:
+    """K slices for one product whose 128x128 tiles fill at most half the SMs: the most s
+    (<= 16) with tiles x s <= SMs that cuts K into equal slices of >= 512 elements and whole
+    16-byte units (a slice is a batch entry of each operand's map; equal slices keep every
+    read inside the operand); 1 (no split) otherwise. 768 x 768 over K = 8192: 36 tiles, s = 2
+    (3 does not divide K); 256 x 4096 over 14336: 64 tiles, s = 2."""
+    tiles = _cdiv(m, V11_BM) * _cdiv(n, 128)
+    if bt != 1 or 2 * tiles > sms:
+        return 1
+    best = 1
+    for s in range(2, V14_SPLIT_MAX + 1):
+        if tiles * s > sms:
+            break
+        if k % s == 0 and (k // s) % 8 == 0 and k // s >= V14_SPLIT_MIN_K:
+            best = s
+    return best
+
+
+def v14_split_maps(a3: torch.Tensor, wa: tuple, b3: torch.Tensor, wb: tuple, s: int) -> tuple:
+    """v14_tensor_maps at 128x128 tiles for K cut into s equal slices, slice j as batch entry
+    j (one product, bt = 1): the K dim of each map is K / s, the batch stride K / s elements
+    along K (K / s columns of a row-major A, K / s rows of a row-major B)."""
+    m, k = a3.shape[-2:]
+    n = b3.shape[-1]
+    ks = k // s
+    (ma, pa, _), (mb, pb, _) = wa, wb
+    if ma == "r":
+        ta = tensor_map(a3.data_ptr(), 2, (ks, m, s), (2 * pa, 2 * ks), (V11_BK, V11_BM, 1), 128)
+    else:
+        ta = tensor_map(a3.data_ptr(), 2, (m, ks, s), (2 * pa, 2 * ks * pa), (64, V11_BK, 1), 128)
+    if mb == "r":
+        tb = tensor_map(b3.data_ptr(), 2, (n, ks, s), (2 * pb, 2 * ks * pb), (64, V11_BK, 1), 128)
+    else:
+        tb = tensor_map(b3.data_ptr(), 2, (ks, n, s), (2 * pb, 2 * ks), (V11_BK, 128, 1), 128)
+    return ta, tb
 
 
 def _launch_v14(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
@@ -417,6 +458,9 @@ def _launch_v14(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | Non
     b3, wb = _v14_operand(b3)
     np8 = _cdiv(n, 8) * 8
     sms = _sm_count(dev)
+    s = 1 if block_n is not None else v14_split(m, np8, k, bt, sms)
+    if s > 1:
+        return _launch_v14_split(a3, wa, b3, wb, s, np8, dev)
     bn = block_n or v14_block_n(m, np8, bt, sms)
     tiles = bt * _cdiv(m, V11_BM) * _cdiv(np8, bn)
     if tiles >= 2**31:
@@ -429,6 +473,25 @@ def _launch_v14(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | Non
         kern.set_max_dynamic_shared(shared)
     kern(min(sms, tiles), V11_THREADS, ta, tb, v13_c_map(c), m, np8, k, bt, shared=shared, device_index=dev)
     return c if np8 == n else c[..., :n].contiguous()
+
+
+def _launch_v14_split(a3, wa, b3, wb, s: int, np8: int, dev: int) -> torch.Tensor:
+    """One product in s K slices (v14_split): 128x128 tiles, fp32 partial sums in C [s, M,
+    np8] (map boxes of 32 floats x 64 rows, 128-byte swizzle), then one fp32 sum over the
+    slices (deterministic) rounded to the operands' dtype."""
+    m, k, n = a3.shape[-2], a3.shape[-1], b3.shape[-1]
+    part = torch.empty((s, m, np8), dtype=torch.float32, device=a3.device)
+    ta, tb = v14_split_maps(a3, wa, b3, wb, s)
+    tc = tensor_map(part.data_ptr(), 4, (np8, m, s), (4 * np8, 4 * m * np8), (32, 64, 1), 128)
+    kern = MODULE_SM90.kernel(v14_kernel_name(wa, wb, 128, a3.dtype, split=True), V13_SIGNATURE, dev)
+    shared = DYN_SHARED["v14_n128"]
+    if shared > kern.max_dynamic_shared:
+        kern.set_max_dynamic_shared(shared)
+    tiles = s * _cdiv(m, V11_BM) * _cdiv(np8, 128)
+    grid = min(_sm_count(dev), tiles)
+    kern(grid, V11_THREADS, ta, tb, tc, m, np8, k // s, s, shared=shared, device_index=dev)
+    c = part.sum(dim=0, dtype=torch.float32).to(a3.dtype)
+    return (c if np8 == n else c[:, :n].contiguous()).unsqueeze(0)
 
 
 # The variants that are not one plain grid launch of a matmul.cu kernel, and those of them
