@@ -1310,10 +1310,10 @@ def test_v14_split_choice_and_maps(monkeypatch):
     assert mc.v14_split(768, 768, 8192, 1, 132) == 2  # 36 tiles; 3 does not divide 8192
     assert mc.v14_split(256, 4096, 14336, 1, 132) == 2  # 64 tiles
     assert mc.v14_split(768, 3072, 8192, 1, 132) == 1  # 144 tiles: more than the SMs
-    assert mc.v14_split(256, 256, 1024, 1, 132) == 2  # 4 tiles, slices of >= 512
-    assert mc.v14_split(256, 256, 1000, 1, 132) == 1  # 500 per slice: too short
+    assert mc.v14_split(256, 4096, 4096, 1, 132) == 1  # slices of 2048: too short
+    assert mc.v14_split(256, 256, 8208, 1, 132) == 2  # 4 tiles, slices of >= 4096
     assert mc.v14_split(256, 256, 8192, 2, 132) == 1  # batched: no split
-    assert mc.v14_split(128, 128, 16384, 1, 132) == 16
+    assert mc.v14_split(128, 128, 65536, 1, 132) == 16
 
     rec = _V11Recorder()
 
@@ -1832,9 +1832,9 @@ def test_gpu_v14_every_major_order_and_width(dtype, block_n):
         a, b = _inputs(shape, dtype, "cuda", seed=21)
         _run_and_judge("cuda_v14", a, b, dtype, grads=True)
     # the launcher's K slices (fp32 partials): a weight gradient's shape in every order, a
-    # partial tile in M and N, slices of 512
+    # partial tile in M and N, slices of 4096 and 4104
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    for m, n, k in [(768, 768, 8192), (256, 1000, 4096), (200, 136, 1024)]:
+    for m, n, k in [(768, 768, 8192), (256, 1000, 12288), (200, 136, 8208)]:
         assert mc.v14_split(m, -(-n // 8) * 8, k, 1, sms) > 1
         for a_t in (False, True):
             for b_t in (False, True):

@@ -406,12 +406,15 @@ def v14_kernel_name(wa: tuple, wb: tuple, bn: int, dtype: torch.dtype, split: bo
 
 
 V14_SPLIT_MAX = 16
-V14_SPLIT_MIN_K = 512  # a slice keeps at least 8 k-tiles
+# A slice keeps >= 4096 of K: at 256x4096x4096 (64 tiles) two slices of 2048 lost to one
+# pass (0.74-0.76x cuBLAS against 0.78-0.79x; the fp32 partials' traffic and the sum), while
+# two of 4096-7168 gained (768x768x8192 0.52 -> 0.69x, 256x4096x14336 0.65 -> 0.86x).
+V14_SPLIT_MIN_K = 4096
 
 
 def v14_split(m: int, n: int, k: int, bt: int, sms: int) -> int:
     """K slices for one product whose 128x128 tiles fill at most half the SMs: the most s
-    (<= 16) with tiles x s <= SMs that cuts K into equal slices of >= 512 elements and whole
+    (<= 16) with tiles x s <= SMs that cuts K into equal slices of >= 4096 elements and whole
     16-byte units (a slice is a batch entry of each operand's map; equal slices keep every
     read inside the operand); 1 (no split) otherwise. 768 x 768 over K = 8192: 36 tiles, s = 2
     (3 does not divide K); 256 x 4096 over 14336: 64 tiles, s = 2."""
