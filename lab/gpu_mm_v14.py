@@ -41,21 +41,24 @@ LAYERS = [  # (M, N, K): y [M, N] = x [M, K] W^T
     (256, 14336, 4096),
     (256, 4096, 4096),
 ]
-PLAIN = [((3000, 3000, 3000), "bf16"), ((4096, 4096, 4096), "bf16"), ((1000, 3000, 5000), "fp16")]
+PLAIN = [((3000, 3000, 3000), "bf16"), ((4096, 4096, 4096), "bf16"), ((1000, 3000, 5000), "fp16"),
+         ((8192, 8192, 8192), "bf16")]  # fmt: skip
 SMOKE = [(129, 200, 72), (1, 8, 8), (2, 5, 600, 72), (1000, 1023, 997), (2048, 3000, 256)]
 WIDTHS = (256, 192, 128)
 
 
-def products():
-    """(case, mode, m, n, k, a_t, b_t, dtype) of every timed product."""
+def products(plain_only: bool = False):
+    """(case, mode, m, n, k, a_t, b_t, dtype) of every timed product (the row-major products
+    are mode "fwd" with layout nn, as the ladder's rows are; nt / tn: one operand stored
+    transposed)."""
     out = []
-    for m, n, k in LAYERS:
+    for m, n, k in [] if plain_only else LAYERS:
         case = f"{m}x{n}x{k}"
         out += [(case, "fwd", m, n, k, False, True, "bf16"), (case, "dA", m, k, n, False, False, "bf16"),
                 (case, "dB", n, k, m, True, False, "bf16")]  # fmt: skip
     for (m, n, k), d in PLAIN:
         case = f"{m}x{n}x{k}"
-        out += [(case, "nn", m, n, k, False, False, d)]
+        out += [(case, "fwd", m, n, k, False, False, d)]
         if d == "bf16" and m == 3000:
             out += [(case, "nt", m, n, k, False, True, d), (case, "tn", m, n, k, True, False, d)]
     return out
@@ -95,14 +98,16 @@ def main() -> int:
     p.add_argument("--max-seconds", type=float, default=400.0)
     p.add_argument("--hang-seconds", type=float, default=30.0)
     p.add_argument("--cpu-dry-run", action="store_true")
+    p.add_argument("--plain-only", action="store_true", help="only the row-major products, no smoke")
     args = p.parse_args()
     out = Path(args.out) / "mm_v14.jsonl"
     if args.cpu_dry_run:
         rows = Rows(out, {"gpu": None, "dry_run": True})
-        for c in products():
+        for c in products(args.plain_only):
             case, mode, m, n, k, a_t, b_t, d = c
             rows.add(kind="plan", case=case, mode=mode, m=m, n=n, k=k, a_t=a_t, b_t=b_t, dtype=d)
-        log(f"dry run: {len(products())} products, smoke {len(SMOKE)} shapes x 3 widths x 4 orders; {out}")
+        n_products = len(products(args.plain_only))
+        log(f"dry run: {n_products} products, smoke {len(SMOKE)} shapes x 3 widths x 4 orders; {out}")
         return 0
     import kernellab.ops.matmul  # noqa: F401
     from kernellab.harness.bench import git_sha, versions
@@ -115,7 +120,7 @@ def main() -> int:
     log(f"{gpu} torch {torch.__version__} sha {rows.meta['git_sha']}")
     ok, table = True, {}
     try:
-        for shape in SMOKE:
+        for shape in [] if args.plain_only else SMOKE:
             *batch, m, n, k = shape
             for bn in WIDTHS:
                 for a_t in (False, True):
@@ -141,7 +146,7 @@ def main() -> int:
                             fatal_if_sticky(e)
         log(f"smoke: {'all PASS' if ok else 'FAILURES'}")
         fns = backends()
-        for case, mode, m, n, k, a_t, b_t, d in products():
+        for case, mode, m, n, k, a_t, b_t, d in products(args.plain_only):
             if time.perf_counter() - T0 > args.max_seconds:
                 log("max-seconds reached")
                 break
@@ -153,8 +158,8 @@ def main() -> int:
                     t = time_cuda(lambda fn=fn: fn(a, b))
                     tf = 2 * m * n * k / (t.median_ms * 1e-3) / 1e12
                     table[(case, mode, d, name)] = t.median_ms
-                    rows.add(kind="time", case=case, mode=mode, m=m, n=n, k=k, a_t=a_t, b_t=b_t, dtype=d,
-                             backend=name, tflops=tf, status="ok", **t.as_dict())  # fmt: skip
+                    rows.add(kind="time", case=case, shape=case, mode=mode, m=m, n=n, k=k, a_t=a_t, b_t=b_t,
+                             dtype=d, backend=name, tflops=tf, status="ok", **t.as_dict())  # fmt: skip
                 except Fatal:
                     raise
                 except Exception as e:  # noqa: BLE001
