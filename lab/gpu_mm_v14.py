@@ -47,7 +47,7 @@ SMOKE = [(129, 200, 72), (1, 8, 8), (2, 5, 600, 72), (1000, 1023, 997), (2048, 3
 WIDTHS = (256, 192, 128)
 
 
-def products(plain_only: bool = False):
+def products(plain_only: bool = False, plain=None):
     """(case, mode, m, n, k, a_t, b_t, dtype) of every timed product (the row-major products
     are mode "fwd" with layout nn, as the ladder's rows are; nt / tn: one operand stored
     transposed)."""
@@ -56,7 +56,7 @@ def products(plain_only: bool = False):
         case = f"{m}x{n}x{k}"
         out += [(case, "fwd", m, n, k, False, True, "bf16"), (case, "dA", m, k, n, False, False, "bf16"),
                 (case, "dB", n, k, m, True, False, "bf16")]  # fmt: skip
-    for (m, n, k), d in PLAIN:
+    for (m, n, k), d in PLAIN if plain is None else [(tuple(map(int, p.split("x"))), "bf16") for p in plain]:
         case = f"{m}x{n}x{k}"
         out += [(case, "fwd", m, n, k, False, False, d)]
         if d == "bf16" and m == 3000:
@@ -99,14 +99,22 @@ def main() -> int:
     p.add_argument("--hang-seconds", type=float, default=30.0)
     p.add_argument("--cpu-dry-run", action="store_true")
     p.add_argument("--plain-only", action="store_true", help="only the row-major products, no smoke")
+    p.add_argument("--plain", nargs="+", default=None, metavar="MxNxK", help="--plain-only's bf16 products")
+    p.add_argument(
+        "--l2",
+        type=int,
+        choices=(0, 64, 128, 256),
+        default=None,
+        help="the tensor maps' L2 promotion in bytes (0: none; default: the runtime's 128)",
+    )
     args = p.parse_args()
-    out = Path(args.out) / "mm_v14.jsonl"
+    out = Path(args.out) / ("mm_v14.jsonl" if args.l2 is None else f"mm_v14-l2_{args.l2}.jsonl")
     if args.cpu_dry_run:
         rows = Rows(out, {"gpu": None, "dry_run": True})
-        for c in products(args.plain_only):
+        for c in products(args.plain_only, args.plain):
             case, mode, m, n, k, a_t, b_t, d = c
             rows.add(kind="plan", case=case, mode=mode, m=m, n=n, k=k, a_t=a_t, b_t=b_t, dtype=d)
-        n_products = len(products(args.plain_only))
+        n_products = len(products(args.plain_only, args.plain))
         log(f"dry run: {n_products} products, smoke {len(SMOKE)} shapes x 3 widths x 4 orders; {out}")
         return 0
     import kernellab.ops.matmul  # noqa: F401
@@ -114,9 +122,14 @@ def main() -> int:
     from kernellab.harness.compare import judge
     from kernellab.harness.timer import time_cuda
 
+    if args.l2 is not None:  # CU_TENSOR_MAP_L2_PROMOTION_{NONE, L2_64B, L2_128B, L2_256B}
+        from kernellab.cuda import runtime
+
+        runtime._TMAP_L2_128B = {0: 0, 64: 1, 128: 2, 256: 3}[args.l2]
+        runtime.tensor_map.cache_clear()
     gpu = torch.cuda.get_device_name()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-    rows = Rows(out, {"gpu": gpu, **versions(), "git_sha": git_sha(), "time": stamp})
+    rows = Rows(out, {"gpu": gpu, **versions(), "git_sha": git_sha(), "time": stamp, "l2_promotion": args.l2})
     log(f"{gpu} torch {torch.__version__} sha {rows.meta['git_sha']}")
     ok, table = True, {}
     try:
@@ -146,7 +159,7 @@ def main() -> int:
                             fatal_if_sticky(e)
         log(f"smoke: {'all PASS' if ok else 'FAILURES'}")
         fns = backends()
-        for case, mode, m, n, k, a_t, b_t, d in products(args.plain_only):
+        for case, mode, m, n, k, a_t, b_t, d in products(args.plain_only, args.plain):
             if time.perf_counter() - T0 > args.max_seconds:
                 log("max-seconds reached")
                 break

@@ -52,7 +52,7 @@ def _lines(lad):
 
 def test_rungs_come_from_the_registry_in_order():
     mm = ladder.rungs("matmul")["cuda"]
-    assert [r.backend for r in mm] == [f"cuda_v{n}" for n in range(1, 14)]  # v10 after v9, not after v1
+    assert [r.backend for r in mm] == [f"cuda_v{n}" for n in range(1, 15)]  # v10 after v9, not after v1
     assert mm[0].change and not mm[0].change.lower().startswith("cuda v1")  # the label is stripped
     assert mm[0].dtypes == ("fp32",) and mm[9].dtypes == ("fp16", "bf16")
     sm = ladder.rungs("softmax")["cuda"]
@@ -163,11 +163,13 @@ def test_rungs_of_other_dtypes_get_their_own_table():
         "cuda_v11 (fp16/bf16 only)",
         "cuda_v12 (fp16/bf16 only)",
         "cuda_v13 (fp16/bf16 only)",
+        "cuda_v14 (fp16/bf16 only)",
     ]
     assert "TF32 off" in fp32.title and fp32.metric == "tflops"
     assert [(ln.label, ln.status) for ln in bf16.lines] == [
         ("cuda_v8", "ok"), ("cuda_v9", "not measured"), ("cuda_v10", "ok"), ("cuda_v11", "not measured"),
-        ("cuda_v12", "not measured"), ("cuda_v13", "not measured"), ("torch", "ok"),
+        ("cuda_v12", "not measured"), ("cuda_v13", "not measured"), ("cuda_v14", "not measured"),
+        ("torch", "ok"),
     ]  # fmt: skip
     assert bf16.base == "cuda_v8" and _lines(bf16)["cuda_v10"].vs_base == pytest.approx(10 / 8)
     assert "TFLOP/s" in ladder.to_text([bf16]) and "vs cuda_v8" in ladder.to_text([bf16])
@@ -231,13 +233,14 @@ def test_cli_exit_codes_and_errors(tmp_path, capsys):
 
 def test_committed_matmul_rows_print_every_rung():
     """The committed rows hold matmul's whole ladder: v1-v7 in fp32 at 4096^3 (TF32 off) and
-    v8-v10 in bf16 on an H100, v10-v13 in bf16 on an H200 (lab/gpu_mm_v11.py); each rung is
+    v8-v10 in bf16 on an H100, v10-v13 in bf16 on an H200 (lab/gpu_mm_v11.py), v14 at 8192^3
+    (lab/gpu_mm_v14.py --plain-only); each rung is
     printed with a measured time."""
     text, rc = ladder.command("matmul")
     assert rc == 0
     lads = ladder.build("matmul", ladder.load()[0])
     measured = {ln.backend for lad in lads for ln in lad.lines if ln.kind == "rung" and ln.status == "ok"}
-    assert measured == {f"cuda_v{n}" for n in range(1, 14)}
+    assert measured == {f"cuda_v{n}" for n in range(1, 15)}
     fp32 = next(lad for lad in lads if lad.key[2] == "fp32")
     assert fp32.key[1] == "4096x4096x4096" and not fp32.key[5]  # TF32 off
     v7 = _lines(fp32)["cuda_v7"]
