@@ -1000,6 +1000,25 @@ class _V11Recorder:
         self.calls.append((grid, block, args, shared))
 
 
+def _sm90_launches(monkeypatch, signature=None) -> _V11Recorder:
+    """matmul_sm90.cu's launchers without a GPU: the recorder stands in for every kernel (its
+    signature checked where given), tensor maps are tuples of their arguments, 132 SMs."""
+    from kernellab.ops.matmul import cuda as mc
+
+    rec = _V11Recorder()
+
+    def kernel(name, sig, device_index=None):
+        assert signature is None or sig == signature, (name, sig)
+        rec.names.append(name)
+        return rec
+
+    monkeypatch.setattr(mc.MODULE_SM90, "kernel", kernel)
+    monkeypatch.setattr(mc, "tensor_map", lambda *a: ("map",) + a)
+    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
+    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    return rec
+
+
 @pytest.mark.parametrize("variant", ["v11", "v13"])
 def test_v11_launcher_maps_grid_and_padding(monkeypatch, variant):
     """v11's and v13's launcher: K and N padded to multiples of 8 (as v10's), tensor maps of
@@ -1011,17 +1030,7 @@ def test_v11_launcher_maps_grid_and_padding(monkeypatch, variant):
     its staging buffer's layout) in place of the pointer."""
     from kernellab.ops.matmul import cuda as mc
 
-    rec = _V11Recorder()
-
-    def kernel(name, signature, device_index=None):
-        assert signature == (mc.V13_SIGNATURE if variant == "v13" else mc.V11_SIGNATURE)
-        rec.names.append(name)
-        return rec
-
-    monkeypatch.setattr(mc.MODULE_SM90, "kernel", kernel)
-    monkeypatch.setattr(mc, "tensor_map", lambda *a: ("map",) + a)
-    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
-    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    rec = _sm90_launches(monkeypatch, (mc.V13_SIGNATURE if variant == "v13" else mc.V11_SIGNATURE))
     gen = torch.Generator().manual_seed(2)
     for shape, (bt, m, kp, np8), bn in (
         ((4096, 4096, 4096), (1, 4096, 4096, 4096), 256),  # 512 wide tiles: 4 waves either way
@@ -1199,17 +1208,7 @@ def test_v14_launcher_maps_each_window_without_copies(monkeypatch):
     threads and shared memory of the chosen width; K = 0 without a launch."""
     from kernellab.ops.matmul import cuda as mc
 
-    rec = _V11Recorder()
-
-    def kernel(name, signature, device_index=None):
-        assert signature == mc.V13_SIGNATURE
-        rec.names.append(name)
-        return rec
-
-    monkeypatch.setattr(mc.MODULE_SM90, "kernel", kernel)
-    monkeypatch.setattr(mc, "tensor_map", lambda *a: ("map",) + a)
-    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
-    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    rec = _sm90_launches(monkeypatch, mc.V13_SIGNATURE)
     bf = torch.bfloat16
     x = torch.empty(3000, 3000, dtype=bf)
     w, d = torch.empty(768, 8192, dtype=bf), torch.empty(768, 768, dtype=bf)
@@ -1315,16 +1314,7 @@ def test_v14_split_choice_and_maps(monkeypatch):
     assert mc.v14_split(256, 256, 8192, 2, 132) == 1  # batched: no split
     assert mc.v14_split(128, 128, 65536, 1, 132) == 16
 
-    rec = _V11Recorder()
-
-    def kernel(name, signature, device_index=None):
-        rec.names.append(name)
-        return rec
-
-    monkeypatch.setattr(mc.MODULE_SM90, "kernel", kernel)
-    monkeypatch.setattr(mc, "tensor_map", lambda *a: ("map",) + a)
-    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
-    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    rec = _sm90_launches(monkeypatch)
     bf = torch.bfloat16
     dy, x = torch.randn(8192, 768).to(bf), torch.randn(8192, 760).to(bf)
     out = mc._product("v14", dy.t(), x)  # a weight gradient: dy^T [768, 8192] @ x [8192, 760]
@@ -1558,17 +1548,7 @@ def test_v12_launcher_maps_grid_and_padding(monkeypatch):
     memory, K = 0 answered without a launch, batches past the grid's z limit accepted."""
     from kernellab.ops.matmul import cuda as mc
 
-    rec = _V11Recorder()
-
-    def kernel(name, signature, device_index=None):
-        assert signature == mc.V12_SIGNATURE
-        rec.names.append(name)
-        return rec
-
-    monkeypatch.setattr(mc.MODULE_SM90, "kernel", kernel)
-    monkeypatch.setattr(mc, "tensor_map", lambda *a: ("map",) + a)
-    monkeypatch.setattr(mc, "_device_index", lambda t: 0)
-    monkeypatch.setattr(mc, "_sm_count", lambda dev: 132)
+    rec = _sm90_launches(monkeypatch, mc.V12_SIGNATURE)
     gen = torch.Generator().manual_seed(2)
     for shape, (bt, m, kp, np8), dtype in (
         ((4096, 4096, 4096), (1, 4096, 4096, 4096), torch.bfloat16),  # 1024 tiles: ~7.8 per block
