@@ -278,11 +278,13 @@ V13_SIGNATURE = ("tmap", "tmap", "tmap", "i32", "i32", "i32", "i32")
 
 def v13_c_map(c: torch.Tensor):
     """The TMA map of v13's output c [bt, M, N] (N the padded width, a multiple of 8): dims
-    innermost first, byte strides, boxes of 64 columns (128 bytes) x 64 rows (a consumer
-    warpgroup's rows of one 64-column slab), 128-byte swizzle (the staging buffer's layout).
-    TMA stores clip at the dims: rows past M and columns past N are not written."""
+    innermost first, byte strides, boxes of 128 bytes of columns (64 16-bit values; 32 fp32
+    ones for v14's split partials) x 64 rows (a consumer warpgroup's rows of one box),
+    128-byte swizzle (the staging buffer's layout). TMA stores clip at the dims: rows past M
+    and columns past N are not written."""
     bt, m, n = c.shape
-    return tensor_map(c.data_ptr(), 2, (n, m, bt), (2 * n, 2 * m * n), (64, 64, 1), 128)
+    e = c.element_size()
+    return tensor_map(c.data_ptr(), e, (n, m, bt), (e * n, e * m * n), (128 // e, 64, 1), 128)
 
 
 def _launch_v13(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
@@ -314,8 +316,7 @@ def _launch_persistent(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: in
         f"matmul_{form}_{_SUFFIX[a3.dtype]}", V13_SIGNATURE if tma_c else V11_SIGNATURE, dev
     )
     shared = DYN_SHARED[form]
-    if shared > kern.max_dynamic_shared:
-        kern.set_max_dynamic_shared(shared)
+    kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
     out = v13_c_map(c) if tma_c else c
     kern(min(sms, tiles), V11_THREADS, ta, tb, out, m, np8, kp, bt, shared=shared, device_index=dev)
     return c if np8 == n else c[..., :n].contiguous()
@@ -380,14 +381,22 @@ def _v14_operand(t: torch.Tensor) -> tuple[torch.Tensor, tuple[str, int, int]]:
     return packed[..., :cols], ("r", pitch, rows * pitch)
 
 
-def v14_tensor_maps(a3: torch.Tensor, wa: tuple, b3: torch.Tensor, wb: tuple, bn: int) -> tuple:
+def v14_tensor_maps(
+    a3: torch.Tensor, wa: tuple, b3: torch.Tensor, wb: tuple, bn: int, slices: int = 1
+) -> tuple:
     """The A and B maps of v14's kernels, dims innermost first, byte strides, 128-byte
     swizzle: A row-major ("mk") as v11's (box 64 k x 128 m) or column-major ("km": box 64 m
     x 64 k, one slab per consumer warpgroup); B row-major ("kn") as v11's (box 64 n x 64 k)
-    or column-major ("nk": box 64 k x bn n, the whole B tile)."""
+    or column-major ("nk": box 64 k x bn n, the whole B tile). ``slices`` > 1 (v14_split,
+    one product): K cut into that many equal slices, slice j as batch entry j (the maps' K
+    dim K / slices, their batch stride K / slices along K)."""
     bt, m, k = a3.shape
     n = b3.shape[-1]
     (ma, pa, sa), (mb, pb, sb) = wa, wb
+    if slices > 1:
+        k, bt = k // slices, slices
+        sa = k if ma == "r" else k * pa  # K / s columns of a row-major A, K / s rows of a [K, M] one
+        sb = k * pb if mb == "r" else k
     if ma == "r":
         ta = tensor_map(a3.data_ptr(), 2, (k, m, bt), (2 * pa, 2 * sa), (V11_BK, V11_BM, 1), 128)
     else:
@@ -430,25 +439,6 @@ def v14_split(m: int, n: int, k: int, bt: int, sms: int) -> int:
     return best
 
 
-def v14_split_maps(a3: torch.Tensor, wa: tuple, b3: torch.Tensor, wb: tuple, s: int) -> tuple:
-    """v14_tensor_maps at 128x128 tiles for K cut into s equal slices, slice j as batch entry
-    j (one product, bt = 1): the K dim of each map is K / s, the batch stride K / s elements
-    along K (K / s columns of a row-major A, K / s rows of a row-major B)."""
-    m, k = a3.shape[-2:]
-    n = b3.shape[-1]
-    ks = k // s
-    (ma, pa, _), (mb, pb, _) = wa, wb
-    if ma == "r":
-        ta = tensor_map(a3.data_ptr(), 2, (ks, m, s), (2 * pa, 2 * ks), (V11_BK, V11_BM, 1), 128)
-    else:
-        ta = tensor_map(a3.data_ptr(), 2, (m, ks, s), (2 * pa, 2 * ks * pa), (64, V11_BK, 1), 128)
-    if mb == "r":
-        tb = tensor_map(b3.data_ptr(), 2, (n, ks, s), (2 * pb, 2 * ks * pb), (64, V11_BK, 1), 128)
-    else:
-        tb = tensor_map(b3.data_ptr(), 2, (ks, n, s), (2 * pb, 2 * ks), (V11_BK, 128, 1), 128)
-    return ta, tb
-
-
 def _launch_v14(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
     """v14: a3 [bt, M, K] and b3 [bt, K, N] as they lie (v14_window; packed only where TMA
     cannot read them), the tile width v14_block_n picks (``block_n`` forces one: tests), C
@@ -472,27 +462,24 @@ def _launch_v14(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | Non
     ta, tb = v14_tensor_maps(a3, wa, b3, wb, bn)
     kern = MODULE_SM90.kernel(v14_kernel_name(wa, wb, bn, a3.dtype), V13_SIGNATURE, dev)
     shared = DYN_SHARED[f"v14_n{bn}"]
-    if shared > kern.max_dynamic_shared:
-        kern.set_max_dynamic_shared(shared)
+    kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
     kern(min(sms, tiles), V11_THREADS, ta, tb, v13_c_map(c), m, np8, k, bt, shared=shared, device_index=dev)
     return c if np8 == n else c[..., :n].contiguous()
 
 
 def _launch_v14_split(a3, wa, b3, wb, s: int, np8: int, dev: int) -> torch.Tensor:
     """One product in s K slices (v14_split): 128x128 tiles, fp32 partial sums in C [s, M,
-    np8] (map boxes of 32 floats x 64 rows, 128-byte swizzle), then one fp32 sum over the
+    np8] (v13_c_map: boxes of 32 floats x 64 rows), then one fp32 sum over the
     slices (deterministic) rounded to the operands' dtype."""
     m, k, n = a3.shape[-2], a3.shape[-1], b3.shape[-1]
     part = torch.empty((s, m, np8), dtype=torch.float32, device=a3.device)
-    ta, tb = v14_split_maps(a3, wa, b3, wb, s)
-    tc = tensor_map(part.data_ptr(), 4, (np8, m, s), (4 * np8, 4 * m * np8), (32, 64, 1), 128)
+    ta, tb = v14_tensor_maps(a3, wa, b3, wb, 128, slices=s)
     kern = MODULE_SM90.kernel(v14_kernel_name(wa, wb, 128, a3.dtype, split=True), V13_SIGNATURE, dev)
     shared = DYN_SHARED["v14_n128"]
-    if shared > kern.max_dynamic_shared:
-        kern.set_max_dynamic_shared(shared)
+    kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
     tiles = s * _cdiv(m, V11_BM) * _cdiv(np8, 128)
     grid = min(_sm_count(dev), tiles)
-    kern(grid, V11_THREADS, ta, tb, tc, m, np8, k // s, s, shared=shared, device_index=dev)
+    kern(grid, V11_THREADS, ta, tb, v13_c_map(part), m, np8, k // s, s, shared=shared, device_index=dev)
     c = part.sum(dim=0, dtype=torch.float32).to(a3.dtype)
     return (c if np8 == n else c[:, :n].contiguous()).unsqueeze(0)
 
@@ -526,8 +513,7 @@ def _launch_kernel(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -
         per16 = 16 // a3.element_size()
         args.append(int(k % per16 == 0 and n % per16 == 0 and _aligned16(a3, b3, c)))
     shared = DYN_SHARED.get(variant, 0)
-    if shared > kern.max_dynamic_shared:
-        kern.set_max_dynamic_shared(shared)
+    kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
     kern(grid_fn(m, n, bt), block, *args, shared=shared, device_index=dev)
     return c
 

@@ -200,25 +200,41 @@ __device__ __forceinline__ unsigned long long v10_desc(unsigned addr, unsigned l
     "%120, %121, %122, %123, %124, %125, %126, %127"
 #define V10_REGS128 V10_R0_63 V10_R64_95 V10_R96_127 "}"
 
-// D[64x256] += A[64x16] (K-major, desc da) * B[16x256] (N-major, desc db). Operands: the
-// 128 accumulators, the two descriptors; scale-d = 1 (accumulate: d starts at zero),
-// imm-scale-a = imm-scale-b = 1 (no negation), imm-trans-a = 0, imm-trans-b = 1.
-template <bool BF16>
-__device__ __forceinline__ void v10_wgmma_m64n256k16(float (&d)[128], unsigned long long da, unsigned long long db) {
-    if (BF16) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " V10_REGS128
-            ", %128, %129, p, 1, 1, 0, 1;\n}\n"
-            : V10_D128
-            : "l"(da), "l"(db), "r"(1));
+#define V11_REGS64 V10_R0_63 "}"
+#define V11_D64 V10_D8(0), V10_D8(8), V10_D8(16), V10_D8(24), V10_D8(32), V10_D8(40), V10_D8(48), V10_D8(56)
+#define V14_REGS96 V10_R0_63 V10_R64_95 "}"
+#define V14_D96 V11_D64, V10_D8(64), V10_D8(72), V10_D8(80), V10_D8(88)
+
+// The k16 step of v10-v14: D[64 x BN] += A[64 x 16] B[16 x BN], the operands' major
+// order as immediates (imm-trans-a, imm-trans-b; 16-bit types from shared memory take both):
+// TA = 0 A K-major (row-major [M, K]), 1 M-major; TB = 0 B K-major ([N, K]), 1 N-major
+// (row-major [K, N]). After the BN / 2 accumulators come the two descriptors, the scale-d
+// predicate's source (1: accumulate), TA and TB.
+#define SM90_WGMMA(SHAPE, TY, REGS, DL, IA, IB, IP, ITA, ITB)                                        \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IP ", 0;\n"                                   \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " REGS ", %" IA ", %" IB \
+                 ", p, 1, 1, %" ITA ", %" ITB ";\n}\n"                                              \
+                 : DL                                                                               \
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+
+template <int BN, bool BF16, int TA, int TB>
+__device__ __forceinline__ void sm90_wgmma(float (&d)[BN / 2], unsigned long long da, unsigned long long db) {
+    if constexpr (BN == 256) {
+        if constexpr (BF16)
+            SM90_WGMMA("m64n256k16", "bf16", V10_REGS128, V10_D128, "128", "129", "130", "131", "132");
+        else
+            SM90_WGMMA("m64n256k16", "f16", V10_REGS128, V10_D128, "128", "129", "130", "131", "132");
+    } else if constexpr (BN == 192) {
+        if constexpr (BF16)
+            SM90_WGMMA("m64n192k16", "bf16", V14_REGS96, V14_D96, "96", "97", "98", "99", "100");
+        else
+            SM90_WGMMA("m64n192k16", "f16", V14_REGS96, V14_D96, "96", "97", "98", "99", "100");
     } else {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " V10_REGS128
-            ", %128, %129, p, 1, 1, 0, 1;\n}\n"
-            : V10_D128
-            : "l"(da), "l"(db), "r"(1));
+        static_assert(BN == 128, "wgmma widths here: 128, 192, 256");
+        if constexpr (BF16)
+            SM90_WGMMA("m64n128k16", "bf16", V11_REGS64, V11_D64, "64", "65", "66", "67", "68");
+        else
+            SM90_WGMMA("m64n128k16", "f16", V11_REGS64, V11_D64, "64", "65", "66", "67", "68");
     }
 }
 
@@ -323,7 +339,7 @@ __device__ __forceinline__ void v10_body(const T* __restrict__ A, const T* __res
         for (int kk = 0; kk < V10_BK / 16; ++kk) {
             const unsigned long long da = v10_desc(sa + kk * 32, 16, 1024);
             const unsigned long long db = v10_desc(sb + kk * 16 * 128, 8192, 1024);
-            v10_wgmma_m64n256k16<BF16>(acc, da, db);
+            sm90_wgmma<256, BF16, 0, 1>(acc, da, db);
         }
         v10_wgmma_commit();
         v10_wgmma_wait<1>();
@@ -471,65 +487,6 @@ __device__ __forceinline__ void v11_tma_load_3d(unsigned dst, const TensorMap* m
         : "memory");
 }
 
-#define V11_REGS64 V10_R0_63 "}"
-#define V11_D64 V10_D8(0), V10_D8(8), V10_D8(16), V10_D8(24), V10_D8(32), V10_D8(40), V10_D8(48), V10_D8(56)
-
-// D[64x128] += A[64x16] (K-major) * B[16x128] (N-major): v10_wgmma_m64n256k16 at N = 128.
-template <bool BF16>
-__device__ __forceinline__ void v11_wgmma_m64n128k16(float (&d)[64], unsigned long long da, unsigned long long db) {
-    if (BF16) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " V11_REGS64
-            ", %64, %65, p, 1, 1, 0, 1;\n}\n"
-            : V11_D64
-            : "l"(da), "l"(db), "r"(1));
-    } else {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " V11_REGS64
-            ", %64, %65, p, 1, 1, 0, 1;\n}\n"
-            : V11_D64
-            : "l"(da), "l"(db), "r"(1));
-    }
-}
-
-#define V14_REGS96 V10_R0_63 V10_R64_95 "}"
-#define V14_D96 V11_D64, V10_D8(64), V10_D8(72), V10_D8(80), V10_D8(88)
-
-// The k16 step of v11, v13 and v14: D[64 x BN] += A[64 x 16] B[16 x BN], the operands' major
-// order as immediates (imm-trans-a, imm-trans-b; 16-bit types from shared memory take both):
-// TA = 0 A K-major (row-major [M, K]), 1 M-major; TB = 0 B K-major ([N, K]), 1 N-major
-// (row-major [K, N]). After the BN / 2 accumulators come the two descriptors, the scale-d
-// predicate's source (1: accumulate), TA and TB.
-#define V14_WGMMA(SHAPE, TY, REGS, DL, IA, IB, IP, ITA, ITB)                                        \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" IP ", 0;\n"                                   \
-                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TY "." TY " " REGS ", %" IA ", %" IB \
-                 ", p, 1, 1, %" ITA ", %" ITB ";\n}\n"                                              \
-                 : DL                                                                               \
-                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
-
-template <int BN, bool BF16, int TA, int TB>
-__device__ __forceinline__ void v14_wgmma(float (&d)[BN / 2], unsigned long long da, unsigned long long db) {
-    if constexpr (BN == 256) {
-        if constexpr (BF16)
-            V14_WGMMA("m64n256k16", "bf16", V10_REGS128, V10_D128, "128", "129", "130", "131", "132");
-        else
-            V14_WGMMA("m64n256k16", "f16", V10_REGS128, V10_D128, "128", "129", "130", "131", "132");
-    } else if constexpr (BN == 192) {
-        if constexpr (BF16)
-            V14_WGMMA("m64n192k16", "bf16", V14_REGS96, V14_D96, "96", "97", "98", "99", "100");
-        else
-            V14_WGMMA("m64n192k16", "f16", V14_REGS96, V14_D96, "96", "97", "98", "99", "100");
-    } else {
-        static_assert(BN == 128, "wgmma widths here: 128, 192, 256");
-        if constexpr (BF16)
-            V14_WGMMA("m64n128k16", "bf16", V11_REGS64, V11_D64, "64", "65", "66", "67", "68");
-        else
-            V14_WGMMA("m64n128k16", "f16", V11_REGS64, V11_D64, "64", "65", "66", "67", "68");
-    }
-}
-
 // The persistent schedule: output tile t -> (m0, n0, batch), batch-major, grouped raster
 // inside a batch (see the v11 header).
 template <int BN>
@@ -636,7 +593,7 @@ __device__ __forceinline__ void v11_mainloop(float (&acc)[BN / 2], int ktiles, i
                 AT ? v10_desc(sa + kk * 16 * 128, 8192, 1024) : v10_desc(sa + kk * 32, 16, 1024);
             const unsigned long long db =
                 BT ? v10_desc(sb + kk * 32, 16, 1024) : v10_desc(sb + kk * 16 * 128, Tile::SLAB_BYTES, 1024);
-            v14_wgmma<BN, BF16, AT ? 1 : 0, BT ? 0 : 1>(acc, da, db);
+            sm90_wgmma<BN, BF16, AT ? 1 : 0, BT ? 0 : 1>(acc, da, db);
         }
         v10_wgmma_commit();
         v10_wgmma_wait<1>();  // k-tile it-1's MMAs are complete: its stage may be refilled
@@ -837,7 +794,7 @@ __device__ __forceinline__ void v12_body(const TensorMap* ta, const TensorMap* t
                 const unsigned long long db = v10_desc(sb + kk * 16 * 128, Tile::SLAB_BYTES, 1024);
 #pragma unroll
                 for (int h = 0; h < 2; ++h)  // rows 64h .. 64h+63 of the tile
-                    v11_wgmma_m64n128k16<BF16>(acc[h], v10_desc(sa + h * 64 * 128 + kk * 32, 16, 1024), db);
+                    sm90_wgmma<128, BF16, 0, 1>(acc[h], v10_desc(sa + h * 64 * 128 + kk * 32, 16, 1024), db);
             }
             v10_wgmma_commit();
             v10_wgmma_wait<1>();  // k-tile it-1's MMAs are complete: its stage may be refilled
