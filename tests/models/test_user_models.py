@@ -104,7 +104,7 @@ def test_decode_task_times_generation_and_compares_tokens(tmp_path, capsys):
 
     out_path = tmp_path / "rows.jsonl"
     code = user_models.main(["--model", "hf-llama", "--task", "decode", "--small", "--batch", "2",
-                             "--seq", "16", "--new-tokens", "9", "--modes", "eager", "--variants",
+                             "--seq", "16", "--new-tokens", "33", "--modes", "eager", "--variants",
                              "hf,kernellab", "--rounds", "3", "--dtype", "fp32",
                              "--json", str(out_path)])  # fmt: skip
     assert code == 0
@@ -112,7 +112,7 @@ def test_decode_task_times_generation_and_compares_tokens(tmp_path, capsys):
     assert [(r["variant"], r["mode"], r["task"]) for r in rows] == [
         ("hf", "eager", "decode"), ("kernellab", "eager", "decode")]  # fmt: skip
     for r in rows:
-        assert r["new_tokens"] == 9 and r["prompt"] == 16 and r["git_sha"]
+        assert r["new_tokens"] == 33 and r["prompt"] == 16 and r["git_sha"]
         assert r["first_token_ms"] > 0 and r["tokens_per_s"] > 0
         assert r["same_tokens"] == 1.0
     assert rows[0]["speedup"] == 1.0
@@ -155,7 +155,7 @@ def test_decode_task_isolated_compares_tokens_across_processes(tmp_path, capsys)
 
     out_path = tmp_path / "rows.jsonl"
     code = user_models.main(["--model", "hf-llama", "--task", "decode", "--small", "--batch", "2",
-                             "--seq", "16", "--new-tokens", "9", "--modes", "eager", "--variants",
+                             "--seq", "16", "--new-tokens", "33", "--modes", "eager", "--variants",
                              "hf,kernellab", "--rounds", "3", "--dtype", "fp32", "--isolate",
                              "--json", str(out_path)])  # fmt: skip
     assert code == 0
