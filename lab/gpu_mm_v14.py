@@ -1,7 +1,7 @@
 """cuda_v14 (v13 reading either major order, 128x192 tiles) against cuBLAS, triton_tma and
 cuda_v13 at the products a model's linear layers make, forward and both backward products.
 
-    PYTHONPATH=src python lab/gpu_mm_v14.py --out $OUT [--max-seconds 400] [--cpu-dry-run]
+    PYTHONPATH=src python lab/gpu_mm_v14.py --out $OUT [--max-seconds 400] [--cpu-dry-run] [--v15]
 
 1. smoke: every width x A's order x B's order on small edge shapes, judged against float64
    (a fault or a deadlock shows on a cheap case first; gpu_mm_v11's helpers stop the run);
@@ -10,7 +10,9 @@ cuda_v13 at the products a model's linear layers make, forward and both backward
    dy^T @ x (A stored [M, N] read as [N, M]); plus row-major products (3000^3, fp16
    1000x3000x5000). Device time (CUDA events, L2 flushed, median) of torch.matmul, triton_tma,
    cuda_v13 (packs transposed operands), cuda_v14 with the launcher's width and with each
-   width forced. Rows to DIR/mm_v14.jsonl; the table last.
+   width forced. Rows to DIR/mm_v14.jsonl; the table last. --v15: the smoke of cuda_v15's
+   widths instead, and torch, triton_tma, cuda_v14, cuda_v15 and v15 at each width forced
+   (DIR/mm_v15.jsonl).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ PLAIN = [((3000, 3000, 3000), "bf16"), ((4096, 4096, 4096), "bf16"), ((1000, 300
          ((8192, 8192, 8192), "bf16")]  # fmt: skip
 SMOKE = [(129, 200, 72), (1, 8, 8), (2, 5, 600, 72), (1000, 1023, 997), (2048, 3000, 256)]
 WIDTHS = (256, 192, 128)
+V15_WIDTHS = (256, 192)
 
 
 def products(plain_only: bool = False, plain=None):
@@ -82,12 +85,27 @@ def v14(block_n=None):
     return run
 
 
-def backends():
+def v15(block_n=None):
+    from kernellab.ops.matmul import cuda as mc
+
+    def run(a, b):
+        a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
+        c = mc._launch_v15(a3, b3, torch.cuda.current_device(), block_n=block_n)
+        return c.reshape(*a.shape[:-1], b.shape[-1])
+
+    return run
+
+
+def backends(with_v15: bool = False):
     import kernellab
 
     reg = {name: kernellab.registry.get("matmul", name) for name in ("triton_tma", "cuda_v13")}
-    out = {"torch": torch.matmul, "triton_tma": lambda a, b: reg["triton_tma"].fn(a, b),
-           "cuda_v13": lambda a, b: reg["cuda_v13"].fn(a, b), "cuda_v14": v14()}  # fmt: skip
+    out = {"torch": torch.matmul, "triton_tma": lambda a, b: reg["triton_tma"].fn(a, b)}
+    if with_v15:  # v15 beside v14, each of its widths forced
+        out.update({"cuda_v14": v14(), "cuda_v15": v15()})
+        out.update({f"v15_n{bn}": v15(bn) for bn in V15_WIDTHS})
+        return out
+    out.update({"cuda_v13": lambda a, b: reg["cuda_v13"].fn(a, b), "cuda_v14": v14()})
     out.update({f"v14_n{bn}": v14(bn) for bn in WIDTHS})
     return out
 
@@ -100,6 +118,7 @@ def main() -> int:
     p.add_argument("--cpu-dry-run", action="store_true")
     p.add_argument("--plain-only", action="store_true", help="only the row-major products, no smoke")
     p.add_argument("--plain", nargs="+", default=None, metavar="MxNxK", help="--plain-only's bf16 products")
+    p.add_argument("--v15", action="store_true", help="smoke and time cuda_v15 (clusters) beside v14")
     p.add_argument(
         "--l2",
         type=int,
@@ -108,7 +127,8 @@ def main() -> int:
         help="the tensor maps' L2 promotion in bytes (0: none; default: the runtime's 128)",
     )
     args = p.parse_args()
-    out = Path(args.out) / ("mm_v14.jsonl" if args.l2 is None else f"mm_v14-l2_{args.l2}.jsonl")
+    name = "mm_v15" if args.v15 else "mm_v14"
+    out = Path(args.out) / (f"{name}.jsonl" if args.l2 is None else f"{name}-l2_{args.l2}.jsonl")
     if args.cpu_dry_run:
         rows = Rows(out, {"gpu": None, "dry_run": True})
         for c in products(args.plain_only, args.plain):
@@ -135,7 +155,7 @@ def main() -> int:
     try:
         for shape in [] if args.plain_only else SMOKE:
             *batch, m, n, k = shape
-            for bn in WIDTHS:
+            for bn in V15_WIDTHS if args.v15 else WIDTHS:
                 for a_t in (False, True):
                     for b_t in (False, True):
                         what = f"smoke {shape} n{bn} a_t={a_t} b_t={b_t}"
@@ -143,7 +163,7 @@ def main() -> int:
                             a, b = operands(m, n, k, a_t, b_t, torch.bfloat16, 5)
                             if batch:
                                 a, b = a.expand(*batch, m, k), b.expand(*batch, k, n)
-                            y = v14(bn)(a, b)
+                            y = (v15 if args.v15 else v14)(bn)(a, b)
                             sync_or_die(rows, what, args.hang_seconds)
                             ref = torch.matmul(a.double(), b.double())
                             v = judge(y, ref, torch.bfloat16, torch.matmul(a, b))
@@ -158,7 +178,7 @@ def main() -> int:
                             rows.add(kind="error", shape=str(shape), block_n=bn, status=repr(e))
                             fatal_if_sticky(e)
         log(f"smoke: {'all PASS' if ok else 'FAILURES'}")
-        fns = backends()
+        fns = backends(args.v15)
         for case, mode, m, n, k, a_t, b_t, d in products(args.plain_only, args.plain):
             if time.perf_counter() - T0 > args.max_seconds:
                 log("max-seconds reached")

@@ -1,5 +1,5 @@
-"""One product of cuBLAS (torch.matmul) and one of cuda_v14 per case, inside the NVTX range
-``kl_mm``, for Nsight Compute to compare: tensor-pipe activity, L2 and DRAM throughput.
+"""One product of cuBLAS (torch.matmul) and one of cuda_v14 (or v15: --variant) per case,
+inside the NVTX range ``kl_mm``, for Nsight Compute to compare: tensor pipes, L2 and DRAM.
 
     ncu --nvtx --nvtx-include "kl_mm/" --set full --page details --csv --clock-control none \\
         python lab/ncu_mm.py --cases 8192x3072x768:fwd 8192x4096x4096:fwd
@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from gpu_mm_v14 import operands, v14  # noqa: E402
+from gpu_mm_v14 import operands, v14, v15  # noqa: E402
 
 LAYOUTS = {"nn": (False, False), "fwd": (False, True), "tn": (True, False)}
 
@@ -24,9 +24,10 @@ LAYOUTS = {"nn": (False, False), "fwd": (False, True), "tn": (True, False)}
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", nargs="+", default=["8192x3072x768:fwd"])
-    ap.add_argument("--block-n", type=int, default=None, help="force cuda_v14's tile width")
+    ap.add_argument("--block-n", type=int, default=None, help="force the tile width")
+    ap.add_argument("--variant", choices=("v14", "v15"), default="v14")
     a = ap.parse_args()
-    run14 = v14(a.block_n)
+    run14 = (v15 if a.variant == "v15" else v14)(a.block_n)
     work = []
     for case in a.cases:
         dims, layout = case.split(":")
@@ -38,7 +39,7 @@ def main() -> int:
             run14(x, w)
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push("kl_mm")
-    for case, x, w in work:
+    for _case, x, w in work:
         torch.matmul(x, w)
         run14(x, w)
     torch.cuda.synchronize()

@@ -52,7 +52,7 @@ def _lines(lad):
 
 def test_rungs_come_from_the_registry_in_order():
     mm = ladder.rungs("matmul")["cuda"]
-    assert [r.backend for r in mm] == [f"cuda_v{n}" for n in range(1, 15)]  # v10 after v9, not after v1
+    assert [r.backend for r in mm] == [f"cuda_v{n}" for n in range(1, 16)]  # v10 after v9, not after v1
     assert mm[0].change and not mm[0].change.lower().startswith("cuda v1")  # the label is stripped
     assert mm[0].dtypes == ("fp32",) and mm[9].dtypes == ("fp16", "bf16")
     sm = ladder.rungs("softmax")["cuda"]
@@ -164,12 +164,13 @@ def test_rungs_of_other_dtypes_get_their_own_table():
         "cuda_v12 (fp16/bf16 only)",
         "cuda_v13 (fp16/bf16 only)",
         "cuda_v14 (fp16/bf16 only)",
+        "cuda_v15 (fp16/bf16 only)",
     ]
     assert "TF32 off" in fp32.title and fp32.metric == "tflops"
     assert [(ln.label, ln.status) for ln in bf16.lines] == [
         ("cuda_v8", "ok"), ("cuda_v9", "not measured"), ("cuda_v10", "ok"), ("cuda_v11", "not measured"),
         ("cuda_v12", "not measured"), ("cuda_v13", "not measured"), ("cuda_v14", "not measured"),
-        ("torch", "ok"),
+        ("cuda_v15", "not measured"), ("torch", "ok"),
     ]  # fmt: skip
     assert bf16.base == "cuda_v8" and _lines(bf16)["cuda_v10"].vs_base == pytest.approx(10 / 8)
     assert "TFLOP/s" in ladder.to_text([bf16]) and "vs cuda_v8" in ladder.to_text([bf16])

@@ -999,6 +999,15 @@ class _V11Recorder:
     def __call__(self, grid, block, *args, shared=0, device_index=None):
         self.calls.append((grid, block, args, shared))
 
+    active_clusters = 66  # (v15) two-block clusters at once on the stand-in GPU
+
+    def launch_cluster(self, grid, block, cluster, *args, shared=0, device_index=None):
+        self.calls.append((grid, block, args, shared))
+        self.clusters = getattr(self, "clusters", []) + [cluster]
+
+    def max_active_clusters(self, block, cluster, shared=0):
+        return self.active_clusters
+
 
 def _sm90_launches(monkeypatch, signature=None) -> _V11Recorder:
     """matmul_sm90.cu's launchers without a GPU: the recorder stands in for every kernel (its
@@ -1251,6 +1260,192 @@ def test_v14_launcher_maps_each_window_without_copies(monkeypatch):
     assert mc.DYN_SHARED["v14_n192"] + 2048 <= 227 * 1024
     assert mc.DYN_SHARED["v14_n256"] == mc.DYN_SHARED["v13"]
     assert mc.DYN_SHARED["v14_n128"] == mc.DYN_SHARED["v13_n128"]
+
+
+V15_FORMS = [(bn, ao, bo) for bn in (192, 256) for ao in ("mk", "km") for bo in ("kn", "nk")]
+
+
+def test_asm_v15_multicasts_half_of_b_in_two_block_clusters():
+    """v15's 16 kernels (widths 192, 256 x A's order x B's order x dtype): v14's wgmma and
+    epilogue, A's boxes as v14's (this block's rows), B's half by multicast (one box of BN / 2
+    n-rows stored [N, K], else one box of 32 k-rows per 64-column slab), the cluster's
+    protocol (the peer's empty barrier through mapa, remote arrivals at cluster scope, cluster
+    barrier after init, cluster-scope waits in the producer, a trap outside a 2-block
+    cluster), v13's register split and no spills."""
+    plain = "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes ["
+    multi = "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+    for sfx in ("bf16", "f16"):
+        ks = {k.name: k for k in _ptx_of("cuda_v15", sfx)}
+        assert set(ks) == {f"matmul_v15_n{bn}_{ao}_{bo}_{sfx}" for bn, ao, bo in V15_FORMS}
+        for bn, ao, bo in V15_FORMS:
+            k = ks[f"matmul_v15_n{bn}_{ao}_{bo}_{sfx}"]
+            ta, tb = int(ao == "km"), int(bo == "kn")
+            assert k.ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{sfx}.{sfx}") == 4, k.name
+            flags = re.findall(r"m64n\d+k16\.f32[^;]*, p, 1, 1, (\d), (\d);", k.ptx)
+            assert flags == [(str(ta), str(tb))] * 4, k.name
+            assert k.ptx.count(plain) == (2 if ta else 1), k.name  # A: this block's own
+            assert k.ptx.count(multi) == (bn // 64 if tb else 1), k.name
+            assert k.ptx.count("mapa.shared::cluster.u32") == 1
+            remote = "mbarrier.arrive.release.cluster.shared::cluster.b64"
+            assert k.ptx.count(remote) == 2  # both release sites
+            assert "barrier.cluster.arrive.release.aligned" in k.ptx and "%cluster_nctarank" in k.ptx
+            assert "trap;" in k.ptx and "mbarrier.try_wait.parity.acquire.cluster" in k.ptx
+            assert "setmaxnreg.inc.sync.aligned.u32 232" in k.ptx and "st.global" not in k.ptx
+            assert (k.local_bytes or 0) == 0 and (k.stack_bytes or 0) == 0
+            if k.registers is not None:
+                assert k.registers == 168, (k.name, k.registers)
+
+
+def test_v15_launcher_clusters_maps_and_fallbacks(monkeypatch):
+    """_product("v15", ...): clusters of 2 blocks, 2 x min(co-resident clusters, tile pairs)
+    blocks, v14's A and C maps on the operands as they lie and B's half box (64 n x 32 k
+    row-major, 64 k x BN / 2 n stored [N, K]), the width v15_block_n picks or the one forced;
+    v14 for the products it would split or tile 128 wide, for one row tile, and where no
+    cluster fits; a width other than 192 / 256 refused."""
+    from kernellab.ops.matmul import cuda as mc
+
+    rec = _sm90_launches(monkeypatch, mc.V13_SIGNATURE)
+    mc._v15_clusters.cache_clear()
+    bf = torch.bfloat16
+    x, w = torch.empty(3000, 3000, dtype=bf), torch.empty(4096, 8192, dtype=bf)
+    w_nk = ((4096, 4096, 1), (16384, 16384 * 4096), (64, 128, 1))
+    for a, b, name, tb_args, grid in (
+        (x, x, "v15_n192_mk_kn", ((3000, 3000, 1), (6000, 6000 * 3000), (64, 32, 1)), 132),
+        (w.t(), w[:, :4096].t(), "v15_n256_km_nk", w_nk, 132),
+        (torch.empty(40, 300, 64, dtype=bf), torch.empty(40, 64, 4096, dtype=bf), "v15_n256_mk_kn",
+         ((4096, 64, 40), (8192, 8192 * 64), (64, 32, 1)), 132),
+    ):  # fmt: skip
+        rec.calls.clear()
+        rec.names.clear()
+        rec.clusters = []
+        out = mc._product("v15", a, b)
+        assert out.shape == (*a.shape[:-1], b.shape[-1]) and rec.names[-1] == f"matmul_{name}_bf16", rec.names
+        ((g, block, args, shared),) = rec.calls
+        assert (g, block, shared, rec.clusters) == (grid, 384, mc.DYN_SHARED[name[:8]], [2])
+        ta, tb, c, *ints = args
+        assert ta[1] == a.data_ptr() and tb[1] == b.data_ptr() and tb[2:] == (2, *tb_args, 128)
+        bt = a.shape[0] if a.dim() == 3 else 1
+        assert ints == [a.shape[-2], -(-b.shape[-1] // 8) * 8, a.shape[-1], bt]
+    # 300 rows are 3 row tiles: 2 pairs, the second block of the second past M
+    assert mc.v15_block_n(3000, 3000, 1, 66) == 192 and mc.v15_block_n(8192, 4096, 1, 66) == 256
+    e = lambda *shape: torch.empty(*shape, dtype=bf)  # noqa: E731
+    for a, b, v14_name in (
+        (e(128, 4096), e(4096, 14336), "matmul_v14_n128_mk_kn_bf16"),
+        (e(8192, 768).t(), e(8192, 768), "matmul_v14_n128_km_kn_bf16_c32"),
+        (e(1000, 997), e(997, 1023), "matmul_v14_n128_mk_kn_bf16"),
+    ):  # one row tile; K slices; 128-wide tiles
+        rec.names.clear()
+        mc._product("v15", a, b)
+        assert rec.names[-1] == v14_name
+    rec.active_clusters = 0
+    mc._v15_clusters.cache_clear()
+    rec.names.clear()
+    mc._product("v15", x, x)
+    assert rec.names[-1] == "matmul_v14_n192_mk_kn_bf16"
+    with pytest.raises(ValueError, match="192 or 256 wide"):
+        mc._launch_v15(x[None], x[None], 0, block_n=128)
+    mc._v15_clusters.cache_clear()
+    assert mc.DYN_SHARED["v15_n192"] == mc.DYN_SHARED["v14_n192"]
+    assert mc.DYN_SHARED["v15_n256"] == mc.DYN_SHARED["v14_n256"]
+
+
+def _v15_pipeline(n_tiles, ktiles, stages, rng, warps=8, remote=True, tail=True):
+    """v15's two-block protocol (see its header), run by a random scheduler: per block one
+    producer and `warps` consumer warps; each producer's k-tile is its A and its half of B,
+    the half landing in both blocks (each landing one byte unit on that block's full
+    barrier). Empty barriers count both blocks' warps; each warp releases a stage in both
+    (``remote``); a producer waits for the last releases before its block may exit
+    (``tail``). A block exits when all its agents are done. Checks that every read sees its
+    k-tile's A and both halves of B, that no copy lands in a stage a warp of that block still
+    holds, that no copy or arrival reaches a block that has exited, and no deadlock."""
+    total = n_tiles * ktiles
+    full = [[_MBarrier(1) for _ in range(stages)] for _ in range(2)]
+    empty = [[_MBarrier((2 if remote else 1) * warps) for _ in range(stages)] for _ in range(2)]
+    data = [[{} for _ in range(stages)] for _ in range(2)]
+    holders = [[set() for _ in range(stages)] for _ in range(2)]
+    landing, exited = [], [False, False]
+
+    def producer(r):
+        for it in range(total):
+            s = it % stages
+            if it >= stages:
+                while not empty[r][s].try_wait((it // stages - 1) & 1):
+                    yield
+            full[r][s].arrive(tx=3)  # A, this block's half of B, the other's
+            landing.extend([(r, s, it, "a"), (r, s, it, f"b{r}"), (1 - r, s, it, f"b{r}")])
+            yield
+        for u in range(max(0, total - stages), total) if tail else ():
+            while not empty[r][u % stages].try_wait((u // stages) & 1):
+                yield
+
+    def release(r, w, used):
+        p = used % stages
+        holders[r][p].discard(w)
+        for b in (r, 1 - r) if remote else (r,):
+            assert not exited[b], f"block {r} warp {w} arrived on exited block {b}"
+            empty[b][p].arrive()
+
+    def consumer(r, w):
+        it = 0
+        for _ in range(n_tiles):
+            for kt in range(ktiles):
+                s = it % stages
+                while not full[r][s].try_wait((it // stages) & 1):
+                    yield
+                want = {"a": it, "b0": it, "b1": it}
+                assert data[r][s] == want, f"block {r} warp {w} k-tile {it}: stage {s} holds {data[r][s]}"
+                holders[r][s].add(w)
+                yield
+                if kt > 0:
+                    release(r, w, it - 1)
+                it += 1
+            if ktiles:
+                release(r, w, it - 1)
+            yield
+
+    live = [(r, producer(r)) for r in (0, 1)] + [(r, consumer(r, w)) for r in (0, 1) for w in range(warps)]
+    steps = 0
+    while live or landing:
+        steps += 1
+        assert steps < 400_000, "deadlock or livelock"
+        if landing and (not live or rng.random() < 0.3):
+            b, s, it, part = landing.pop(rng.randrange(len(landing)))
+            assert not exited[b], f"a copy for k-tile {it} landed in exited block {b}"
+            assert not holders[b][s], f"copy into block {b} stage {s} landed while {holders[b][s]} hold it"
+            data[b][s][part] = it
+            full[b][s].complete_tx(1)
+            continue
+        i = rng.randrange(len(live))
+        r, ag = live[i]
+        try:
+            next(ag)
+        except StopIteration:
+            live.pop(i)
+            exited[r] = not any(rr == r for rr, _ in live)
+    return steps
+
+
+@pytest.mark.parametrize("n_tiles,ktiles", [(1, 1), (1, 5), (3, 4), (2, 13)])
+@pytest.mark.parametrize("stages", [4])
+def test_v15_cluster_protocol_under_random_schedules(n_tiles, ktiles, stages):
+    """The protocol holds under 20 random schedules; without the remote releases a copy
+    overwrites a stage the other block still reads (where stages are refilled), and without
+    the producer's tail an arrival or copy reaches a block that has exited (some schedule of
+    40 shows each)."""
+    import random
+
+    for seed in range(20):
+        _v15_pipeline(n_tiles, ktiles, stages, random.Random(seed))
+    for kw, what in (({"remote": False}, "landed while"), ({"tail": False}, "exited block")):
+        if "remote" in kw and n_tiles * ktiles <= stages:
+            continue  # no stage is refilled
+        fails = 0
+        for seed in range(40):
+            try:
+                _v15_pipeline(n_tiles, ktiles, stages, random.Random(seed), **kw)
+            except AssertionError as e:
+                fails += what in str(e)
+        assert fails, f"{kw}: no schedule broke the protocol"
 
 
 def test_asm_v14_split_kernels_stage_fp32():
@@ -1770,6 +1965,47 @@ def test_gpu_v11_tile_edges_persistent_schedule_and_both_widths(dtype, block_n, 
         y = mm.matmul(a, b, backend=backend)
         v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
         assert v.ok, f"{shape} (launcher's width): {v.detail}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+@pytest.mark.parametrize("block_n", [256, 192])
+def test_gpu_v15_every_major_order_and_width(dtype, block_n):
+    """cuda_v15 (two-block clusters sharing B) with each width forced, each operand row-major
+    or the transpose of one, at edge shapes: a pair's second block past M (3 and 9 row
+    tiles), TMA's zero fill past N and K (each block's half of B included), batches, long K
+    (the ring wraps many times), windows the launcher packs; then the public call with its
+    own choice and the gradients. A barrier mistake hangs: run with --timeout."""
+    from kernellab.ops.matmul import cuda as mc
+
+    impl = kernellab.registry.get("matmul", "cuda_v15")
+    if impl.why_unavailable("cuda"):
+        pytest.skip(impl.why_unavailable("cuda"))
+    dev = torch.cuda.current_device()
+    g = torch.Generator(device="cuda").manual_seed(15)
+    shapes = [(129, 200, 72), (300, 1000, 8), (1000, 1016, 1000), (3, 136, 64, 264), (2048, 3000, 256),
+              (384, 512, 8192), (1, 8, 8), (3000, 3000, 3000)]  # fmt: skip
+    for shape in shapes:
+        *batch, m, n, k = shape
+        for a_t in (False, True):
+            for b_t in (False, True):
+                a = torch.randn(*batch, *((k, m) if a_t else (m, k)), generator=g, device="cuda").to(dtype)
+                b = torch.randn(*batch, *((n, k) if b_t else (k, n)), generator=g, device="cuda").to(dtype)
+                a = a.transpose(-1, -2) if a_t else a
+                b = b.transpose(-1, -2) if b_t else b
+                y = mc._launch_v15(a.reshape(-1, m, k), b.reshape(-1, k, n), dev, block_n=block_n)
+                v = judge(y.reshape(*batch, m, n), SPEC.ref(a, b), dtype, torch.matmul(a, b))
+                assert v.ok, f"{shape} a_t={a_t} b_t={b_t} block_n={block_n}: {v.detail}"
+    for layout in ("transposed", "sliced", "offset", "expanded"):
+        a, b = _inputs((300, 45, 29), dtype, "cuda", layout=layout, seed=7)
+        y = mc._launch_v15(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), dev, block_n=block_n)
+        v = judge(y.reshape(*a.shape[:-1], b.shape[-1]), SPEC.ref(a, b), dtype, torch.matmul(a, b))
+        assert v.ok, f"{layout}: {v.detail}"
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    assert mc.v14_block_n(4096, 1024, 1, sms) != 128  # the launcher's own choice runs v15 there
+    for shape in [(4096, 1024, 512), (2, 1000, 4096, 136), (1000, 1023, 997)]:
+        a, b = _inputs(shape, dtype, "cuda", seed=22)
+        _run_and_judge("cuda_v15", a, b, dtype, grads=True)
 
 
 @pytest.mark.gpu

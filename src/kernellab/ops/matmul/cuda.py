@@ -1,16 +1,17 @@
 """Matmul in CUDA C++ (matmul.cu, compiled by NVRTC): launchers, custom ops, registrations.
 
 Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of matmul.cu),
-``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` ... ``cuda_v14``
+``cuda_v8`` and ``cuda_v9`` (tensor cores, fp16/bf16), ``cuda_v10`` ... ``cuda_v15``
 (Hopper wgmma, fp16/bf16, matmul_sm90.cu, sm_90 GPUs only; v11 warp-specialized and persistent,
 its operands copied by TMA from tensor maps built here; v12 the same with CUTLASS's ping-pong
 consumers, one 128x128 tile per warpgroup, epilogues overlapping the other's MMAs; v13 v11
 with C staged in shared memory and written by TMA stores through a third tensor map; v14 v13
-reading either major order of each operand and with a 128x192 tile) and ``cuda`` (the best
+reading either major order of each operand and with a 128x192 tile; v15 v14 in clusters of two
+blocks sharing the B tile by TMA multicast) and ``cuda`` (the best
 per dtype: v7 for fp32; for fp16/bf16 v14 on sm_90, v9 elsewhere). v1-v13 take contiguous
 row-major operands: strided inputs (transposed, sliced, expanded) are packed with
 ``.contiguous()`` first, which costs a copy but computes correctly; the backward calls the
-same kernels on transposed (hence packed) views. v14 reads row- or column-major windows as
+same kernels on transposed (hence packed) views. v14 and v15 read row- or column-major windows as
 they lie (a weight [N, K] as B, the backward's transposed views) and packs only the rest.
 v1-v7 on grids smaller than the GPU split K into 4-16 slices (SPLIT_K_MIN below: accuracy
 against cuBLAS, and idle SMs get work).
@@ -119,6 +120,14 @@ VARIANTS = {
         "CUDA v14: v13 reading the operands as they lie (either major order, no packing copies) with "
         "128x192 tiles beside 128x256 and 128x128 for wave fit; sm_90 only",
     ),
+    "v15": (
+        _tiles(128, 256),  # (the launcher's clusters, grid and tile width are v15's, not this)
+        384,
+        False,
+        _HALF,
+        "CUDA v15: v14 in clusters of two blocks that share the B tile (TMA multicast: a third less "
+        "operand traffic through L2); sm_90 only",
+    ),
 }
 # Dynamic shared memory per block (bytes) of the variants that use it: v9 keeps 3 stages of
 # a 128x40 A tile and a 32x264 B tile (padded halfs); v10 4 stages of a 128x64 A tile and a
@@ -138,9 +147,11 @@ DYN_SHARED = {
     "v14_n256": 4 * (128 * 64 + 64 * 256) * 2 + 1024 + 2 * 64 * 128 * 2,
     "v14_n192": 4 * (128 * 64 + 64 * 192) * 2 + 1024 + 2 * 64 * 128 * 2,
     "v14_n128": 6 * (128 * 64 + 64 * 128) * 2 + 1024 + 2 * 64 * 128 * 2,
+    "v15_n256": 4 * (128 * 64 + 64 * 256) * 2 + 1024 + 2 * 64 * 128 * 2,
+    "v15_n192": 4 * (128 * 64 + 64 * 192) * 2 + 1024 + 2 * 64 * 128 * 2,
 }
 # The module of each variant that is not in matmul.cu.
-MODULES = {"v10": MODULE_SM90, "v11": MODULE_SM90, "v12": MODULE_SM90, "v13": MODULE_SM90, "v14": MODULE_SM90}
+MODULES = {v: MODULE_SM90 for v in ("v10", "v11", "v12", "v13", "v14", "v15")}
 # The best variant per dtype (v9 is faster than v8 in bf16; v13 where the GPU has wgmma,
 # see _best_fwd: the fastest of v10-v13 at the shapes of lab/gpu_mm_v11.py, NOTES).
 BEST = {torch.float32: "v7", torch.float16: "v9", torch.bfloat16: "v9"}
@@ -327,7 +338,7 @@ def _launch_persistent(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: in
 # MMAs scale with its width, plus a share for operand traffic per MAC (32, 39 and 43 MACs per
 # byte copied at 128, 192 and 256 wide) and the epilogue.
 V14_TILE_COST = {256: 2.0, 192: 1.56, 128: 1.1}
-_AS_THEY_LIE = ("v14",)  # the variants _product hands strided windows unpacked
+_AS_THEY_LIE = ("v14", "v15")  # the variants _product hands strided windows unpacked
 
 
 def v14_block_n(m: int, n: int, bt: int, sms: int) -> int:
@@ -382,14 +393,15 @@ def _v14_operand(t: torch.Tensor) -> tuple[torch.Tensor, tuple[str, int, int]]:
 
 
 def v14_tensor_maps(
-    a3: torch.Tensor, wa: tuple, b3: torch.Tensor, wb: tuple, bn: int, slices: int = 1
+    a3: torch.Tensor, wa: tuple, b3: torch.Tensor, wb: tuple, bn: int, slices: int = 1, b_half: bool = False
 ) -> tuple:
     """The A and B maps of v14's kernels, dims innermost first, byte strides, 128-byte
     swizzle: A row-major ("mk") as v11's (box 64 k x 128 m) or column-major ("km": box 64 m
     x 64 k, one slab per consumer warpgroup); B row-major ("kn") as v11's (box 64 n x 64 k)
     or column-major ("nk": box 64 k x bn n, the whole B tile). ``slices`` > 1 (v14_split,
     one product): K cut into that many equal slices, slice j as batch entry j (the maps' K
-    dim K / slices, their batch stride K / slices along K)."""
+    dim K / slices, their batch stride K / slices along K). ``b_half`` (v15): B's box is the
+    half a block of a cluster copies, 64 n x 32 k ("kn") or 64 k x bn / 2 n ("nk")."""
     bt, m, k = a3.shape
     n = b3.shape[-1]
     (ma, pa, sa), (mb, pb, sb) = wa, wb
@@ -402,16 +414,18 @@ def v14_tensor_maps(
     else:
         ta = tensor_map(a3.data_ptr(), 2, (m, k, bt), (2 * pa, 2 * sa), (64, V11_BK, 1), 128)
     if mb == "r":
-        tb = tensor_map(b3.data_ptr(), 2, (n, k, bt), (2 * pb, 2 * sb), (64, V11_BK, 1), 128)
+        tb = tensor_map(b3.data_ptr(), 2, (n, k, bt), (2 * pb, 2 * sb), (64, V11_BK // (1 + b_half), 1), 128)
     else:
-        tb = tensor_map(b3.data_ptr(), 2, (k, n, bt), (2 * pb, 2 * sb), (V11_BK, bn, 1), 128)
+        tb = tensor_map(b3.data_ptr(), 2, (k, n, bt), (2 * pb, 2 * sb), (V11_BK, bn // (1 + b_half), 1), 128)
     return ta, tb
 
 
-def v14_kernel_name(wa: tuple, wb: tuple, bn: int, dtype: torch.dtype, split: bool = False) -> str:
+def v14_kernel_name(
+    wa: tuple, wb: tuple, bn: int, dtype: torch.dtype, split: bool = False, variant: str = "v14"
+) -> str:
     a_order = "mk" if wa[0] == "r" else "km"
     b_order = "kn" if wb[0] == "r" else "nk"
-    return f"matmul_v14_n{bn}_{a_order}_{b_order}_{_SUFFIX[dtype]}" + ("_c32" if split else "")
+    return f"matmul_{variant}_n{bn}_{a_order}_{b_order}_{_SUFFIX[dtype]}" + ("_c32" if split else "")
 
 
 V14_SPLIT_MAX = 16
@@ -484,6 +498,69 @@ def _launch_v14_split(a3, wa, b3, wb, s: int, np8: int, dev: int) -> torch.Tenso
     return (c if np8 == n else c[:, :n].contiguous()).unsqueeze(0)
 
 
+# v15 (matmul_sm90.cu): v14's kernels in clusters of two blocks, tiles m0 and m0 + 128 of the
+# same columns, each block copying half of the shared B tile into both (TMA multicast).
+V15_CLUSTER = 2
+
+
+@functools.cache
+def _v15_clusters(name: str, shared: int, dev: int) -> int:
+    """How many two-block clusters of kernel ``name`` run at once on device ``dev`` (whole
+    clusters sit in one GPC: at most SMs / 2)."""
+    return MODULE_SM90.kernel(name, V13_SIGNATURE, dev).max_active_clusters(V11_THREADS, V15_CLUSTER, shared)
+
+
+def v15_block_n(m: int, n: int, bt: int, clusters: int) -> int:
+    """v15's tile width: the fewest waves of tile pairs over the co-resident clusters x tile
+    cost, 256 or 192 (ties to the wider). 3000^2 on 66 clusters: 144 wide pairs (3 waves,
+    6.0) against 192 of 192 (3 waves, 4.7): 192."""
+    pairs_m = _cdiv(_cdiv(m, V11_BM), V15_CLUSTER)
+
+    def cost(bn: int) -> float:
+        return _cdiv(bt * pairs_m * _cdiv(n, bn), clusters) * V14_TILE_COST[bn]
+
+    return min((256, 192), key=cost)
+
+
+def _launch_v15(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
+    """v15: v14's launch (windows, C map) in clusters of two blocks sharing B, 2 x
+    min(co-resident clusters, tile pairs) blocks, the width v15_block_n picks (``block_n``
+    forces 192 or 256: tests). Products v14 would cut into K slices or give 128-wide tiles,
+    and those of one row tile (the pair's second block would only copy B), go to v14."""
+    bt, m, k = a3.shape
+    n = b3.shape[-1]
+    np8 = _cdiv(n, 8) * 8
+    sms = _sm_count(dev)
+    if block_n is None and (
+        k == 0 or m <= V11_BM or v14_split(m, np8, k, bt, sms) > 1 or v14_block_n(m, np8, bt, sms) == 128
+    ):
+        return _launch_v14(a3, b3, dev)
+    if block_n not in (None, 192, 256):
+        raise ValueError(f"matmul: cuda_v15's tiles are 192 or 256 wide, not {block_n}")
+    if k == 0:
+        return torch.zeros((bt, m, n), dtype=a3.dtype, device=a3.device)
+    a3, wa = _v14_operand(a3)
+    b3, wb = _v14_operand(b3)
+    names = {bn: v14_kernel_name(wa, wb, bn, a3.dtype, variant="v15") for bn in (192, 256)}
+    clusters = min(_v15_clusters(names[bn], DYN_SHARED[f"v15_n{bn}"], dev) for bn in (192, 256))
+    if clusters < 1:
+        return _launch_v14(a3, b3, dev, block_n=block_n)
+    bn = block_n or v15_block_n(m, np8, bt, clusters)
+    pairs = bt * _cdiv(_cdiv(m, V11_BM), V15_CLUSTER) * _cdiv(np8, bn)
+    if pairs >= 2**31:
+        raise ValueError(f"matmul: cuda_v15 counts tile pairs in 32 bits; {pairs} is too many")
+    c = torch.empty((bt, m, np8), dtype=a3.dtype, device=a3.device)
+    ta, tb = v14_tensor_maps(a3, wa, b3, wb, bn, b_half=True)
+    kern = MODULE_SM90.kernel(names[bn], V13_SIGNATURE, dev)
+    shared = DYN_SHARED[f"v15_n{bn}"]
+    kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
+    grid = V15_CLUSTER * min(clusters, pairs)
+    kern.launch_cluster(
+        grid, V11_THREADS, V15_CLUSTER, ta, tb, v13_c_map(c), m, np8, k, bt, shared=shared, device_index=dev
+    )
+    return c if np8 == n else c[..., :n].contiguous()
+
+
 # The variants that are not one plain grid launch of a matmul.cu kernel, and those of them
 # that fold the batch into their tile schedule (no grid z limit of 65535).
 _LAUNCHERS = {
@@ -492,8 +569,9 @@ _LAUNCHERS = {
     "v12": _launch_v12,
     "v13": _launch_v13,
     "v14": _launch_v14,
+    "v15": _launch_v15,
 }
-_BATCH_IN_SCHEDULE = ("v11", "v12", "v13", "v14")
+_BATCH_IN_SCHEDULE = ("v11", "v12", "v13", "v14", "v15")
 
 
 def _launch_kernel(variant: str, a3: torch.Tensor, b3: torch.Tensor, dev: int) -> torch.Tensor:

@@ -487,13 +487,54 @@ __device__ __forceinline__ void v11_tma_load_3d(unsigned dst, const TensorMap* m
         : "memory");
 }
 
+// v15's cluster primitives (two blocks of a thread-block cluster, see the v15 header): the
+// block's rank, the same shared-memory offset in the other block (a shared::cluster
+// address), an arrival on a barrier there, a wait that acquires at cluster scope (arrivals
+// from either block), a barrier of both blocks' threads, and a TMA load written to the same
+// offset of every block in `mask` (each block's barrier at `bar` gets its own bytes).
+__device__ __forceinline__ unsigned v15_rank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned v15_peer(unsigned addr, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ void v15_arrive_remote(unsigned cluster_addr) {
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
+}
+__device__ __forceinline__ void v15_wait_cluster(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+            " selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+__device__ __forceinline__ void v15_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void v15_tma_load_mc(unsigned dst, const TensorMap* map, unsigned bar, int c0, int c1,
+                                                int c2, unsigned short mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+        "[%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+        : "memory");
+}
+
 // The persistent schedule: output tile t -> (m0, n0, batch), batch-major, grouped raster
-// inside a batch (see the v11 header).
-template <int BN>
+// inside a batch (see the v11 header); BM rows a tile (v15: a cluster's two 128-row tiles).
+template <int BN, int BM = V11_BM>
 struct V11Sched {
     int tiles_m, tiles_n, per_batch, total;
     __device__ __forceinline__ V11Sched(int M, int N, int batch) {
-        tiles_m = (M + V11_BM - 1) / V11_BM;
+        tiles_m = (M + BM - 1) / BM;
         tiles_n = (N + BN - 1) / BN;
         per_batch = tiles_m * tiles_n;
         total = per_batch * batch;  // the launcher keeps it below 2^31
@@ -505,7 +546,7 @@ struct V11Sched {
         const int first_m = (r / per_group) * V11_GROUP_M;
         const int group_m = min(tiles_m - first_m, V11_GROUP_M);
         const int in = r - (r / per_group) * per_group;
-        m0 = (first_m + in % group_m) * V11_BM;
+        m0 = (first_m + in % group_m) * BM;
         n0 = (in / group_m) * BN;
     }
 };
@@ -564,18 +605,68 @@ __device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap
     }
 }
 
+// v15's producer (thread 0 of each block of a two-block cluster; see the v15 header): the
+// cluster's tile pairs (pair p = the cluster's index, then + the clusters), this block's
+// 128 rows of A into its own ring, and its half of the pair's B tile into both blocks'
+// rings at once (multicast): B stored [N, K] by n-rows (BN / 2 of them), B stored [K, N] by
+// k-rows (32 of each 64-column slab's 64). A stage is refilled once the consumers of both
+// blocks have released it (empty counts 16); at the end the producer waits for the last
+// releases of every stage, so that no copy or arrival of the other block targets this
+// block's shared memory after it exits.
+template <int BN, bool AT, bool BT>
+__device__ __forceinline__ void v15_produce(const TensorMap* ta, const TensorMap* tb,
+                                            const V11Sched<BN, 2 * V11_BM>& sched, int ktiles, unsigned smem0,
+                                            unsigned full0, unsigned empty0, unsigned rank) {
+    using Tile = V11Tile<BN>;
+    constexpr int S = Tile::STAGES;
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(ta)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(tb)) : "memory");
+    int it = 0;
+    for (int t = blockIdx.x / 2; t < sched.total; t += gridDim.x / 2) {
+        int m0, n0, z;
+        sched.tile(t, m0, n0, z);
+        m0 += rank * V11_BM;
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+            const int s = it % S;
+            if (it >= S) v15_wait_cluster(empty0 + 8 * s, (it / S - 1) & 1);  // both blocks released it - S
+            const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
+            mbar_expect_tx(bar, Tile::STAGE_BYTES);  // A, this block's half of B and the other's
+            if constexpr (AT) {
+                v11_tma_load_3d(st, ta, bar, m0, kt * V11_BK, z);
+                v11_tma_load_3d(st + Tile::A_BYTES / 2, ta, bar, m0 + 64, kt * V11_BK, z);
+            } else {
+                v11_tma_load_3d(st, ta, bar, kt * V11_BK, m0, z);
+            }
+            if constexpr (BT) {
+                v15_tma_load_mc(st + Tile::A_BYTES + rank * (BN / 2) * 128, tb, bar, kt * V11_BK,
+                                n0 + rank * (BN / 2), z, 3);
+            } else {
+#pragma unroll
+                for (int j = 0; j < Tile::SLABS; ++j)
+                    v15_tma_load_mc(st + Tile::A_BYTES + j * Tile::SLAB_BYTES + rank * 32 * 128, tb, bar, n0 + 64 * j,
+                                    kt * V11_BK + 32 * rank, z, 3);
+            }
+        }
+    }
+    for (int u = it > S ? it - S : 0; u < it; ++u) v15_wait_cluster(empty0 + 8 * (u % S), (u / S) & 1);
+}
+
 // One output tile's mainloop in a v11 / v13 consumer warpgroup (rows 64cw .. 64cw+63):
 // acc = the tile's A B over `ktiles` k-tiles of the ring, `it` the block's running k-tile
 // count (its stage and phase); each warp hands a stage back to the producer (one arrival on
 // its empty barrier) once the MMAs that read it are complete.
-template <int BN, bool BF16, bool AT = false, bool BT = false>
+template <int BN, bool BF16, bool AT = false, bool BT = false, int MC = 1>
 __device__ __forceinline__ void v11_mainloop(float (&acc)[BN / 2], int ktiles, int& it, unsigned smem0,
-                                             unsigned full0, unsigned empty0, int cw, int lane) {
+                                             unsigned full0, unsigned empty0, int cw, int lane,
+                                             unsigned peer_empty0 = 0) {
     using Tile = V11Tile<BN>;
     constexpr int S = Tile::STAGES;
     auto release = [&](int used) {  // this warp is done with the stage of k-tile `used`
         __syncwarp();
-        if (lane == 0) mbar_arrive(empty0 + 8 * (used % S));
+        if (lane == 0) {
+            mbar_arrive(empty0 + 8 * (used % S));
+            if constexpr (MC == 2) v15_arrive_remote(peer_empty0 + 8 * (used % S));  // (v15)
+        }
     };
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
@@ -930,25 +1021,39 @@ __device__ __forceinline__ void v14_st_shared2(unsigned addr, float x, float y) 
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 
-template <typename T, bool BF16, int BN, bool AT = false, bool BT = false, bool C32 = false>
+template <typename T, bool BF16, int BN, bool AT = false, bool BT = false, bool C32 = false, int MC = 1>
 __device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* tb, const TensorMap* tc, int M,
                                          int N, int K, int batch) {
     using Tile = V11Tile<BN>;
     constexpr int S = Tile::STAGES;
+    static_assert(MC == 1 || (MC == 2 && !C32), "v15's clusters are of two blocks, with 16-bit C");
     extern __shared__ __align__(1024) unsigned char v13_smem[];
     __shared__ __align__(8) unsigned long long v13_bars[2 * S];  // full[0..S), empty[0..S)
     v11_check_smem(V13Smem<BN>::BYTES);
     const unsigned smem0 = (v10_smem_u32(v13_smem) + 1023u) & ~1023u;
     const unsigned full0 = v10_smem_u32(&v13_bars[0]), empty0 = v10_smem_u32(&v13_bars[S]);
     const int tid = threadIdx.x;
-    v11_init_ring<S>(full0, empty0, 8);  // empty: one arrival per consumer warp
+    v11_init_ring<S>(full0, empty0, 8 * MC);  // empty: one arrival per consumer warp (of both blocks: v15)
+    unsigned rank = 0, peer_empty0 = 0;
+    if constexpr (MC == 2) {
+        unsigned blocks;
+        asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(blocks));
+        if (blocks != 2) __trap();  // launched without its cluster
+        rank = v15_rank();
+        peer_empty0 = v15_peer(empty0, rank ^ 1);
+        v15_cluster_sync();  // both blocks' barriers are initialized before either is used
+    }
 
-    const V11Sched<BN> sched(M, N, batch);
+    const V11Sched<BN, V11_BM * MC> sched(M, N, batch);
     const int ktiles = (K + V11_BK - 1) / V11_BK;
 
     if (tid < 128) {  // producer warpgroup: one thread issues every copy, the rest retire
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if (tid == 0) v11_produce<BN, AT, BT>(ta, tb, sched, ktiles, smem0, full0, empty0);
+        if constexpr (MC == 2) {
+            if (tid == 0) v15_produce<BN, AT, BT>(ta, tb, sched, ktiles, smem0, full0, empty0, rank);
+        } else {
+            if (tid == 0) v11_produce<BN, AT, BT>(ta, tb, sched, ktiles, smem0, full0, empty0);
+        }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
@@ -963,10 +1068,11 @@ __device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* t
     if (issuer) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(tc)) : "memory");
     float acc[BN / 2];
     int it = 0;
-    for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+    for (int t = blockIdx.x / MC; t < sched.total; t += gridDim.x / MC) {
         int m0, n0, z;
         sched.tile(t, m0, n0, z);
-        v11_mainloop<BN, BF16, AT, BT>(acc, ktiles, it, smem0, full0, empty0, cw, lane);
+        if constexpr (MC == 2) m0 += rank * V11_BM;  // this block's half of the pair
+        v11_mainloop<BN, BF16, AT, BT, MC>(acc, ktiles, it, smem0, full0, empty0, cw, lane, peer_empty0);
 
         // Epilogue: per 128-column half (a 128x192 tile's second is 64 wide), through this
         // warpgroup's buffer to a TMA store.
@@ -1120,3 +1226,56 @@ V14_SPLIT(mk, kn, false, false)
 V14_SPLIT(mk, nk, false, true)
 V14_SPLIT(km, kn, true, false)
 V14_SPLIT(km, nk, true, true)
+
+// ======================================================================================= v15
+//
+// v15: v14 in thread-block clusters of two blocks that share the B tile (TMA multicast).
+//
+// What holds v14 back where it does: its operand traffic through L2. Per 128x192 tile and
+// k-tile a block copies 16 KB of A and 24 KB of B; at 3000^3 Nsight Compute reads v14 at 83%
+// of L2 throughput while its tensor pipes idle (cuBLAS's 192x192 kernel, in clusters of
+// two: 66%; lab/ncu_mm.py). Two blocks whose tiles sit one above the other (rows m0 and m0 +
+// 128 of the same columns) read the same B tile; in a cluster each copies half of it once,
+// into both blocks' shared memory: 16 + 12 KB a block per k-tile instead of 40 (-30%; 256
+// wide: 16 + 16 against 48, -33%).
+//
+// Protocol (per stage s of the ring, both blocks running the same tile pairs in the same
+// order, so their k-tile counts `it` agree):
+//   full[s]  (count 1) completes when this block's producer has arrived with the stage's
+//            bytes (A, its half of B, the other block's half) and all of them have landed:
+//            the other block's multicast signals this block's full[s] at the same offset.
+//   empty[s] (count 16) completes when the 8 consumer warps of this block and the 8 of the
+//            other have released the stage: each warp arrives on its own block's barrier
+//            and, through mapa, on the other's (mbarrier.arrive.release.cluster); a producer
+//            refills stage s only then, since its multicast writes both blocks' stage s.
+//   A multicast for k-tile it + S cannot reach a block whose full[s] is still in k-tile
+//   it's phase: its sender first waits on empty[s], which needs this block's consumers to
+//   have read k-tile it. The blocks' barriers are initialized before a cluster barrier;
+//   before exit each producer waits for the last release of every stage (after which no
+//   copy or arrival of the other block targets this block's shared memory).
+// The pair's second block may start past M (an odd number of row tiles): its A boxes read
+// zeros, it still copies its half of B, and its epilogue writes nothing.
+//
+// Launch: clusters of (2, 1, 1) blocks (the launcher's cuLaunchKernelEx; a block that finds
+// itself in no such cluster traps), 2 x min(co-resident clusters, tile pairs) blocks; the
+// schedule is v11's over 256-row pairs; v14's maps except B's box: (64 k, BN / 2 n) stored
+// [N, K], (64 n, 32 k) stored [K, N]. Shared memory: v14's of the width.
+//
+// Kernels: matmul_v15_n{192,256}_{mk,km}_{kn,nk}_{bf16,f16}.
+
+#define V15_KERNEL(NAME, T, BF, BN, AT, BT)                                          \
+    extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) NAME(V13_ARGS(T)) { \
+        v13_body<T, BF, BN, AT, BT, false, 2>(&ta, &tb, &tc, M, N, K, batch);        \
+    }
+#define V15_FORM(BN)                                                                        \
+    V15_KERNEL(matmul_v15_n##BN##_mk_kn_bf16, __nv_bfloat16, true, BN, false, false)        \
+    V15_KERNEL(matmul_v15_n##BN##_mk_nk_bf16, __nv_bfloat16, true, BN, false, true)         \
+    V15_KERNEL(matmul_v15_n##BN##_km_kn_bf16, __nv_bfloat16, true, BN, true, false)         \
+    V15_KERNEL(matmul_v15_n##BN##_km_nk_bf16, __nv_bfloat16, true, BN, true, true)          \
+    V15_KERNEL(matmul_v15_n##BN##_mk_kn_f16, __half, false, BN, false, false)               \
+    V15_KERNEL(matmul_v15_n##BN##_mk_nk_f16, __half, false, BN, false, true)                \
+    V15_KERNEL(matmul_v15_n##BN##_km_kn_f16, __half, false, BN, true, false)                \
+    V15_KERNEL(matmul_v15_n##BN##_km_nk_f16, __half, false, BN, true, true)
+
+V15_FORM(192)
+V15_FORM(256)
