@@ -152,6 +152,13 @@ def main() -> int:
     rows = Rows(out, {"gpu": gpu, **versions(), "git_sha": git_sha(), "time": stamp, "l2_promotion": args.l2})
     log(f"{gpu} torch {torch.__version__} sha {rows.meta['git_sha']}")
     ok, table = True, {}
+    if args.v15:  # (0 would send every v15 call to v14)
+        from kernellab.ops.matmul import cuda as mc
+
+        for bn in V15_WIDTHS:
+            n = mc._v15_clusters(f"matmul_v15_n{bn}_mk_kn_bf16", mc.DYN_SHARED[f"v15_n{bn}"], 0)
+            log(f"v15 n{bn}: {n} two-block clusters at once")
+            rows.add(kind="clusters", block_n=bn, clusters=n)
     try:
         for shape in [] if args.plain_only else SMOKE:
             *batch, m, n, k = shape

@@ -603,13 +603,17 @@ class Kernel:
         """How many clusters of ``cluster`` blocks of ``block`` threads with ``shared``
         bytes of dynamic shared memory can run at once on the device
         (cuOccupancyMaxActiveClusters: whole clusters fit on one GPC, so this can be less
-        than blocks per SM x SMs / cluster). 0: such a cluster cannot be launched."""
+        than blocks per SM x SMs / cluster). 0: such a cluster cannot be launched. Dynamic
+        shared memory past 48 KB counts only once ``set_max_dynamic_shared`` allowed it."""
         _, c = cluster_dims(cluster, cluster)
         b = _dims(block, "block")
         lib = _libcuda_ex()
         cfg, _attr = _cluster_config(c, b, c, shared, None)
         n = ctypes.c_int()
         rc = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), self._handle, ctypes.byref(cfg))
+        if rc == _INVALID_CONTEXT:  # a thread that has made no CUDA call yet (autograd's)
+            _bind_context(_get_device())
+            rc = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), self._handle, ctypes.byref(cfg))
         if rc != 0:
             raise CudaError(f"{self.name}: no occupancy for cluster {c}: {_error_string(rc)} ({rc})")
         return int(n.value)
@@ -816,12 +820,19 @@ def tensor_map(address: int, elem_bytes: int, dims: tuple, strides: tuple, box: 
                    enum, enum, enum, enum]  # fmt: skip
     fn.restype = ctypes.c_int
     out = TensorMap()
-    rc = fn(
-        ctypes.byref(out), _TMAP_UINT[elem_bytes], rank, ctypes.c_void_p(address),
-        (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
-        (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*([1] * rank)),
-        0, _TMAP_SWIZZLE[swizzle], _TMAP_L2_128B, 0,
-    )  # fmt: skip
+
+    def encode():
+        return fn(
+            ctypes.byref(out), _TMAP_UINT[elem_bytes], rank, ctypes.c_void_p(address),
+            (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * max(rank - 1, 1))(*strides),
+            (ctypes.c_uint32 * rank)(*box), (ctypes.c_uint32 * rank)(*([1] * rank)),
+            0, _TMAP_SWIZZLE[swizzle], _TMAP_L2_128B, 0,
+        )  # fmt: skip
+
+    rc = encode()
+    if rc == _INVALID_CONTEXT:  # a thread that has made no CUDA call yet (autograd's)
+        _bind_context(_get_device())
+        rc = encode()
     if rc != 0:
         raise CudaError(
             f"cuTensorMapEncodeTiled(dims={dims}, strides={strides}, box={box}, swizzle={swizzle}) failed: "

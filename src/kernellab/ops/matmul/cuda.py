@@ -505,9 +505,11 @@ V15_CLUSTER = 2
 
 @functools.cache
 def _v15_clusters(name: str, shared: int, dev: int) -> int:
-    """How many two-block clusters of kernel ``name`` run at once on device ``dev`` (whole
-    clusters sit in one GPC: at most SMs / 2)."""
-    return MODULE_SM90.kernel(name, V13_SIGNATURE, dev).max_active_clusters(V11_THREADS, V15_CLUSTER, shared)
+    """How many two-block clusters of kernel ``name`` with ``shared`` bytes of dynamic shared
+    memory run at once on device ``dev`` (whole clusters sit in one GPC: at most SMs / 2)."""
+    kern = MODULE_SM90.kernel(name, V13_SIGNATURE, dev)
+    kern.set_max_dynamic_shared(shared)  # (the occupancy counts no more than is allowed)
+    return kern.max_active_clusters(V11_THREADS, V15_CLUSTER, shared)
 
 
 def v15_block_n(m: int, n: int, bt: int, clusters: int) -> int:
@@ -544,7 +546,9 @@ def _launch_v15(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | Non
     names = {bn: v14_kernel_name(wa, wb, bn, a3.dtype, variant="v15") for bn in (192, 256)}
     clusters = min(_v15_clusters(names[bn], DYN_SHARED[f"v15_n{bn}"], dev) for bn in (192, 256))
     if clusters < 1:
-        return _launch_v14(a3, b3, dev, block_n=block_n)
+        if block_n is not None:
+            raise RuntimeError(f"matmul: no cluster of two cuda_v15 blocks fits on device {dev}")
+        return _launch_v14(a3, b3, dev)
     bn = block_n or v15_block_n(m, np8, bt, clusters)
     pairs = bt * _cdiv(_cdiv(m, V11_BM), V15_CLUSTER) * _cdiv(np8, bn)
     if pairs >= 2**31:
