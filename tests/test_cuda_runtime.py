@@ -440,6 +440,31 @@ def test_launch_cluster_plumbing(monkeypatch):
     assert fake.attributes == [(0x5678, runtime._FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)]
 
 
+def test_launch_cluster_passes_tensor_maps_by_value(monkeypatch):
+    """A cluster launch copies a TensorMap argument's 128 bytes into its parameter slot, as a
+    plain launch does (cuda_v15's maps arrived as zeros once: the kernel faulted)."""
+    import ctypes
+
+    seen = {}
+
+    def launch(cfg_ref, handle, params, extra):
+        slots = ctypes.cast(params, ctypes.POINTER(ctypes.c_void_p))
+        seen["map"] = bytes((ctypes.c_ubyte * 128).from_address(slots[0]))
+        seen["n"] = ctypes.c_int32.from_address(slots[1]).value
+        return 0
+
+    fake = _FakeDriver()
+    fake.cuLaunchKernelEx = launch
+    k = _fake_kernel(monkeypatch, fake)
+    k = runtime.Kernel(type("CoreKernel", (), {"handle": 0x1234})(), "k", ("tmap", "i32"))
+    m = runtime.TensorMap()
+    ctypes.memmove(ctypes.addressof(m), bytes(range(128)), 128)
+    k.launch_cluster(4, 128, 2, m, 77)
+    assert seen == {"map": bytes(range(128)), "n": 77}
+    with pytest.raises(TypeError, match="tensor-map argument takes a TensorMap"):
+        k.launch_cluster(4, 128, 2, 0, 77)
+
+
 def test_launch_cluster_errors_and_context_retry(monkeypatch):
     fake = _FakeDriver(results=[runtime._INVALID_CONTEXT, 0, 719])
     k = _fake_kernel(monkeypatch, fake)

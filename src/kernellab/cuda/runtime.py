@@ -512,28 +512,33 @@ class Kernel:
                 raise CudaError(f"{self.name}: tensor-map arguments need the direct launch (cuda_launch)")
             values = [_value(a) for a in args]
             return self._launch_core(stream, (gx, gy, gz), (bx, by, bz), shared, values)
-        with self._lock:  # (type() tests first: cheaper than isinstance on this path)
-            if self._has_maps:
-                for slot, a in zip(self._slots, args):
-                    if type(slot) is TensorMap:
-                        if type(a) is not TensorMap:
-                            raise TypeError(
-                                f"{self.name}: a tensor-map argument takes a TensorMap, got {type(a)}"
-                            )
-                        ctypes.memmove(ctypes.addressof(slot), ctypes.addressof(a), _TMAP_BYTES)
-                    else:
-                        t = type(a)
-                        slot.value = a if t is int or t is float else _value(a)
-            else:
-                for slot, a in zip(self._slots, args):
-                    t = type(a)
-                    slot.value = a if t is int or t is float else _value(a)
+        with self._lock:
+            self._fill(args)
             rc = self._launch(self._handle, gx, gy, gz, bx, by, bz, shared, stream, self._params, None)
             if rc == _INVALID_CONTEXT:  # this thread's first launch: bind the context, retry
                 _bind_context(device_index)
                 rc = self._launch(self._handle, gx, gy, gz, bx, by, bz, shared, stream, self._params, None)
         if rc != 0:
             raise CudaError(f"launch of {self.name} failed: {_error_string(rc)} ({rc})")
+
+    def _fill(self, args) -> None:
+        """The launch's argument slots from ``args`` (under the lock): tensor maps copied by
+        value into their 128-byte slots, tensors as their addresses, numbers as they are."""
+        if self._has_maps:  # (type() tests first: cheaper than isinstance on this path)
+            for slot, a in zip(self._slots, args):
+                if type(slot) is TensorMap:
+                    if type(a) is not TensorMap:
+                        raise TypeError(
+                            f"{self.name}: a tensor-map argument takes a TensorMap, got {type(a)}"
+                        )
+                    ctypes.memmove(ctypes.addressof(slot), ctypes.addressof(a), _TMAP_BYTES)
+                else:
+                    t = type(a)
+                    slot.value = a if t is int or t is float else _value(a)
+        else:
+            for slot, a in zip(self._slots, args):
+                t = type(a)
+                slot.value = a if t is int or t is float else _value(a)
 
     def launch_1d(self, grid: int, block: int, values, device_index: int) -> None:
         """Hot path for 1-D launches whose arguments are already plain ints (pointers from
@@ -590,8 +595,7 @@ class Kernel:
             cfg.sharedMemBytes, cfg.hStream = shared, stream
             dim = attr.value.clusterDim
             dim.x, dim.y, dim.z = c
-            for slot, a in zip(self._slots, args):
-                slot.value = a.data_ptr() if isinstance(a, torch.Tensor) else a
+            self._fill(args)  # (tensor maps by value, as for __call__)
             rc = lib.cuLaunchKernelEx(ctypes.byref(cfg), self._handle, self._params, None)
             if rc == _INVALID_CONTEXT:
                 _bind_context(device_index)
