@@ -489,9 +489,9 @@ __device__ __forceinline__ void v11_tma_load_3d(unsigned dst, const TensorMap* m
 
 // v15's cluster primitives (two blocks of a thread-block cluster, see the v15 header): the
 // block's rank, the same shared-memory offset in the other block (a shared::cluster
-// address), an arrival on a barrier there, a wait that acquires at cluster scope (arrivals
-// from either block), a barrier of both blocks' threads, and a TMA load written to the same
-// offset of every block in `mask` (each block's barrier at `bar` gets its own bytes).
+// address), an arrival on a barrier there, a barrier of both blocks' threads, and a TMA
+// load written to the same offset of every block in `mask` (each block's barrier at `bar`
+// gets its own bytes).
 __device__ __forceinline__ unsigned v15_rank() {
     unsigned r;
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
@@ -502,19 +502,11 @@ __device__ __forceinline__ unsigned v15_peer(unsigned addr, unsigned rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
     return r;
 }
+// The remote arrival and the producer's wait keep mbarrier's default semantics (release /
+// acquire at CTA scope), as CUTLASS's cluster pipelines do: what they order is the
+// consumers' wgmma reads (complete at wgmma.wait_group) before the other block's TMA writes.
 __device__ __forceinline__ void v15_arrive_remote(unsigned cluster_addr) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
-}
-__device__ __forceinline__ void v15_wait_cluster(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-            " selp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
-    } while (!done);
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
 }
 __device__ __forceinline__ void v15_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -628,7 +620,7 @@ __device__ __forceinline__ void v15_produce(const TensorMap* ta, const TensorMap
         m0 += rank * V11_BM;
         for (int kt = 0; kt < ktiles; ++kt, ++it) {
             const int s = it % S;
-            if (it >= S) v15_wait_cluster(empty0 + 8 * s, (it / S - 1) & 1);  // both blocks released it - S
+            if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // both blocks released it - S
             const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
             mbar_expect_tx(bar, Tile::STAGE_BYTES);  // A, this block's half of B and the other's
             if constexpr (AT) {
@@ -648,7 +640,7 @@ __device__ __forceinline__ void v15_produce(const TensorMap* ta, const TensorMap
             }
         }
     }
-    for (int u = it > S ? it - S : 0; u < it; ++u) v15_wait_cluster(empty0 + 8 * (u % S), (u / S) & 1);
+    for (int u = it > S ? it - S : 0; u < it; ++u) mbar_wait(empty0 + 8 * (u % S), (u / S) & 1);
 }
 
 // One output tile's mainloop in a v11 / v13 consumer warpgroup (rows 64cw .. 64cw+63):
@@ -1246,7 +1238,7 @@ V14_SPLIT(km, nk, true, true)
 //            the other block's multicast signals this block's full[s] at the same offset.
 //   empty[s] (count 16) completes when the 8 consumer warps of this block and the 8 of the
 //            other have released the stage: each warp arrives on its own block's barrier
-//            and, through mapa, on the other's (mbarrier.arrive.release.cluster); a producer
+//            and, through mapa, on the other's (mbarrier.arrive.shared::cluster); a producer
 //            refills stage s only then, since its multicast writes both blocks' stage s.
 //   A multicast for k-tile it + S cannot reach a block whose full[s] is still in k-tile
 //   it's phase: its sender first waits on empty[s], which needs this block's consumers to
