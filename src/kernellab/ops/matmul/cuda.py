@@ -8,7 +8,7 @@ consumers, one 128x128 tile per warpgroup, epilogues overlapping the other's MMA
 with C staged in shared memory and written by TMA stores through a third tensor map; v14 v13
 reading either major order of each operand and with a 128x192 tile; v15 v14 in clusters of two
 blocks sharing the B tile by TMA multicast) and ``cuda`` (the best
-per dtype: v7 for fp32; for fp16/bf16 v14 on sm_90, v9 elsewhere). v1-v13 take contiguous
+per dtype: v7 for fp32; for fp16/bf16 v15 on sm_90, v9 elsewhere). v1-v13 take contiguous
 row-major operands: strided inputs (transposed, sliced, expanded) are packed with
 ``.contiguous()`` first, which costs a copy but computes correctly; the backward calls the
 same kernels on transposed (hence packed) views. v14 and v15 read row- or column-major windows as
@@ -648,7 +648,7 @@ def _make_fwd(variant: str):
 def _best_fwd(a, b, bias=None, activation=None):
     variant = BEST[a.dtype]
     if a.dtype != torch.float32 and a.is_cuda and is_sm90(_device_index(a)):
-        variant = "v14"  # Hopper: TMA, warp-specialized wgmma, TMA-stored epilogue, no packing
+        variant = "v15"  # Hopper: v14 in clusters sharing B (v14 itself where v15 does not apply)
     return _make_fwd(variant)(a, b, bias, activation)
 
 
@@ -675,5 +675,5 @@ for _v, (_g, _b, _hv, _dt, _desc) in VARIANTS.items():
     else:
         _register(f"cuda_{_v}", _make_fwd(_v), _dt, _desc)
 _register(
-    "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 fp32; v14 wgmma on sm_90, else v9, fp16/bf16)"
+    "cuda", _best_fwd, _FP32 + _HALF, "CUDA: best per dtype (v7 fp32; v15 wgmma on sm_90, else v9, fp16/bf16)"
 )
