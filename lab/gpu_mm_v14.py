@@ -74,26 +74,26 @@ def operands(m, n, k, a_t, b_t, dtype, seed):
     return (a.t() if a_t else a), (b.t() if b_t else b)
 
 
-def v14(block_n=None):
+def _launcher(variant: str, block_n=None):
+    """a @ b by cuda.py's launcher of ``variant`` ("v14" or "v15"), its width forced or not."""
     from kernellab.ops.matmul import cuda as mc
+
+    launch = mc._LAUNCHERS[variant]
 
     def run(a, b):
         a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
-        c = mc._launch_v14(a3, b3, torch.cuda.current_device(), block_n=block_n)
+        c = launch(a3, b3, torch.cuda.current_device(), block_n=block_n)
         return c.reshape(*a.shape[:-1], b.shape[-1])
 
     return run
+
+
+def v14(block_n=None):
+    return _launcher("v14", block_n)
 
 
 def v15(block_n=None):
-    from kernellab.ops.matmul import cuda as mc
-
-    def run(a, b):
-        a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
-        c = mc._launch_v15(a3, b3, torch.cuda.current_device(), block_n=block_n)
-        return c.reshape(*a.shape[:-1], b.shape[-1])
-
-    return run
+    return _launcher("v15", block_n)
 
 
 def backends(with_v15: bool = False):

@@ -1097,6 +1097,25 @@ def test_v11_tile_width_choice():
     assert mc.v11_block_n(1000, 5000, 1, 132) == 128  # 160 wide (2 waves: 4) against 320 narrow (3: 3.3)
 
 
+def _assert_v14_form(k, bn, ao, bo, sfx) -> tuple[int, int]:
+    """What v14's and v15's kernels share: four wgmma m64n<bn>k16 steps a k-tile (unrolled)
+    whose transpose immediates are the operands' stored orders (A stored [K, M] -> imm-trans-a
+    1, B stored [K, N] -> imm-trans-b 1), one pair of TMA stores per full 128-column half of C
+    and one for a 192-wide tile's last 64 columns, v13's register split (168 registers,
+    setmaxnreg 40 / 232), no st.global and no spills. Returns (imm-trans-a, imm-trans-b)."""
+    ta, tb = int(ao == "km"), int(bo == "kn")
+    assert k.ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{sfx}.{sfx}") == 4, k.name
+    flags = re.findall(r"m64n\d+k16\.f32[^;]*, p, 1, 1, (\d), (\d);", k.ptx)
+    assert flags == [(str(ta), str(tb))] * 4, k.name
+    store = "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"
+    assert k.ptx.count(store) == 2 * (bn // 128) + (bn % 128) // 64, k.name
+    assert "setmaxnreg.inc.sync.aligned.u32 232" in k.ptx and "st.global" not in k.ptx
+    assert (k.local_bytes or 0) == 0 and (k.stack_bytes or 0) == 0
+    if k.registers is not None:
+        assert k.registers == 168, (k.name, k.registers)
+    return ta, tb
+
+
 V14_FORMS = [(bn, ao, bo) for bn in (128, 192, 256) for ao in ("mk", "km") for bo in ("kn", "nk")]
 
 
@@ -1109,23 +1128,13 @@ def test_asm_v14_reads_each_major_order_and_each_width():
     128-column half and one for the 192-wide tile's last 64 columns, v13's register split
     (168 registers, setmaxnreg 40 / 232) and no spills."""
     load = "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-    store = "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"
     for sfx in ("bf16", "f16"):
         ks = {k.name: k for k in _ptx_of("cuda_v14", sfx)}
         assert set(ks) == {f"matmul_v14_n{bn}_{ao}_{bo}_{sfx}" for bn, ao, bo in V14_FORMS}
         for bn, ao, bo in V14_FORMS:
             k = ks[f"matmul_v14_n{bn}_{ao}_{bo}_{sfx}"]
-            ta, tb = int(ao == "km"), int(bo == "kn")
-            mma = f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{sfx}.{sfx}"
-            assert k.ptx.count(mma) == 4, k.name  # the k-tile's four k16 steps, unrolled
-            flags = re.findall(r"m64n\d+k16\.f32[^;]*, p, 1, 1, (\d), (\d);", k.ptx)
-            assert flags == [(str(ta), str(tb))] * 4, k.name
+            ta, tb = _assert_v14_form(k, bn, ao, bo, sfx)
             assert k.ptx.count(load) == (2 if ta else 1) + (bn // 64 if tb else 1), k.name
-            assert k.ptx.count(store) == 2 * (bn // 128) + (bn % 128) // 64, k.name
-            assert "setmaxnreg.inc.sync.aligned.u32 232" in k.ptx and "st.global" not in k.ptx
-            assert (k.local_bytes or 0) == 0 and (k.stack_bytes or 0) == 0
-            if k.registers is not None:
-                assert k.registers == 168, (k.name, k.registers)
             if k.sass:
                 assert f"HGMMA.64x{bn}x16.F32" in k.sass and "STL" not in k.sass
                 assert ("tnspA" in k.sass) == bool(ta) and ("tnspB" in k.sass) == bool(tb), k.name
@@ -1278,20 +1287,13 @@ def test_asm_v15_multicasts_half_of_b_in_two_block_clusters():
         assert set(ks) == {f"matmul_v15_n{bn}_{ao}_{bo}_{sfx}" for bn, ao, bo in V15_FORMS}
         for bn, ao, bo in V15_FORMS:
             k = ks[f"matmul_v15_n{bn}_{ao}_{bo}_{sfx}"]
-            ta, tb = int(ao == "km"), int(bo == "kn")
-            assert k.ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.{sfx}.{sfx}") == 4, k.name
-            flags = re.findall(r"m64n\d+k16\.f32[^;]*, p, 1, 1, (\d), (\d);", k.ptx)
-            assert flags == [(str(ta), str(tb))] * 4, k.name
+            ta, tb = _assert_v14_form(k, bn, ao, bo, sfx)
             assert k.ptx.count(plain) == (2 if ta else 1), k.name  # A: this block's own
             assert k.ptx.count(multi) == (bn // 64 if tb else 1), k.name
             assert k.ptx.count("mapa.shared::cluster.u32") == 1
             assert k.ptx.count("mbarrier.arrive.shared::cluster.b64") == 2  # both release sites
             assert "barrier.cluster.arrive.release.aligned" in k.ptx and "%cluster_nctarank" in k.ptx
             assert "trap;" in k.ptx
-            assert "setmaxnreg.inc.sync.aligned.u32 232" in k.ptx and "st.global" not in k.ptx
-            assert (k.local_bytes or 0) == 0 and (k.stack_bytes or 0) == 0
-            if k.registers is not None:
-                assert k.registers == 168, (k.name, k.registers)
 
 
 def test_v15_launcher_clusters_maps_and_fallbacks(monkeypatch):
@@ -1965,6 +1967,35 @@ def test_gpu_v11_tile_edges_persistent_schedule_and_both_widths(dtype, block_n, 
         assert v.ok, f"{shape} (launcher's width): {v.detail}"
 
 
+def _judge_every_order(launch, shapes, dtype, block_n, seed):
+    """launch(a3, b3, device, block_n=...) (v14's or v15's launcher) at each shape with A and B
+    each row-major or the transpose of a row-major tensor (read in place), against float64."""
+    dev = torch.cuda.current_device()
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for shape in shapes:
+        *batch, m, n, k = shape
+        for a_t in (False, True):
+            for b_t in (False, True):
+                a = torch.randn(*batch, *((k, m) if a_t else (m, k)), generator=g, device="cuda").to(dtype)
+                b = torch.randn(*batch, *((n, k) if b_t else (k, n)), generator=g, device="cuda").to(dtype)
+                a = a.transpose(-1, -2) if a_t else a
+                b = b.transpose(-1, -2) if b_t else b
+                y = launch(a.reshape(-1, m, k), b.reshape(-1, k, n), dev, block_n=block_n)
+                v = judge(y.reshape(*batch, m, n), SPEC.ref(a, b), dtype, torch.matmul(a, b))
+                assert v.ok, f"{shape} a_t={a_t} b_t={b_t} block_n={block_n}: {v.detail}"
+
+
+def _judge_packed_windows(launch, shape, dtype, block_n):
+    """The launcher at windows it must pack (an odd pitch, a slice, an offset, an expanded
+    batch), against float64."""
+    dev = torch.cuda.current_device()
+    for layout in ("transposed", "sliced", "offset", "expanded"):
+        a, b = _inputs(shape, dtype, "cuda", layout=layout, seed=7)
+        y = launch(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), dev, block_n=block_n)
+        v = judge(y.reshape(*a.shape[:-1], b.shape[-1]), SPEC.ref(a, b), dtype, torch.matmul(a, b))
+        assert v.ok, f"{layout}: {v.detail}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
 @pytest.mark.parametrize("block_n", [256, 192])
@@ -1980,25 +2011,10 @@ def test_gpu_v15_every_major_order_and_width(dtype, block_n):
     if impl.why_unavailable("cuda"):
         pytest.skip(impl.why_unavailable("cuda"))
     dev = torch.cuda.current_device()
-    g = torch.Generator(device="cuda").manual_seed(15)
     shapes = [(129, 200, 72), (300, 1000, 8), (1000, 1016, 1000), (3, 136, 64, 264), (2048, 3000, 256),
               (384, 512, 8192), (1, 8, 8), (3000, 3000, 3000)]  # fmt: skip
-    for shape in shapes:
-        *batch, m, n, k = shape
-        for a_t in (False, True):
-            for b_t in (False, True):
-                a = torch.randn(*batch, *((k, m) if a_t else (m, k)), generator=g, device="cuda").to(dtype)
-                b = torch.randn(*batch, *((n, k) if b_t else (k, n)), generator=g, device="cuda").to(dtype)
-                a = a.transpose(-1, -2) if a_t else a
-                b = b.transpose(-1, -2) if b_t else b
-                y = mc._launch_v15(a.reshape(-1, m, k), b.reshape(-1, k, n), dev, block_n=block_n)
-                v = judge(y.reshape(*batch, m, n), SPEC.ref(a, b), dtype, torch.matmul(a, b))
-                assert v.ok, f"{shape} a_t={a_t} b_t={b_t} block_n={block_n}: {v.detail}"
-    for layout in ("transposed", "sliced", "offset", "expanded"):
-        a, b = _inputs((300, 45, 29), dtype, "cuda", layout=layout, seed=7)
-        y = mc._launch_v15(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), dev, block_n=block_n)
-        v = judge(y.reshape(*a.shape[:-1], b.shape[-1]), SPEC.ref(a, b), dtype, torch.matmul(a, b))
-        assert v.ok, f"{layout}: {v.detail}"
+    _judge_every_order(mc._launch_v15, shapes, dtype, block_n, seed=15)
+    _judge_packed_windows(mc._launch_v15, (300, 45, 29), dtype, block_n)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     assert mc.v14_block_n(4096, 1024, 1, sms) != 128  # the launcher's own choice runs v15 there
     for shape in [(4096, 1024, 512), (2, 1000, 4096, 136), (1000, 1023, 997)]:
@@ -2025,23 +2041,8 @@ def test_gpu_v14_every_major_order_and_width(dtype, block_n):
     g = torch.Generator(device="cuda").manual_seed(11)
     shapes = [(128, 192, 64), (129, 200, 72), (1, 8, 8), (300, 1000, 8), (1000, 1016, 1000),
               (3, 136, 64, 264), (2048, 3000, 256), (64, 256, 8192)]  # fmt: skip
-    for shape in shapes:
-        *batch, m, n, k = shape
-        for a_t in (False, True):
-            for b_t in (False, True):
-                a = torch.randn(*batch, *((k, m) if a_t else (m, k)), generator=g, device="cuda").to(dtype)
-                b = torch.randn(*batch, *((n, k) if b_t else (k, n)), generator=g, device="cuda").to(dtype)
-                a = a.transpose(-1, -2) if a_t else a
-                b = b.transpose(-1, -2) if b_t else b
-                a3, b3 = a.reshape(-1, m, k), b.reshape(-1, k, n)
-                y = mc._launch_v14(a3, b3, dev, block_n=block_n).reshape(*batch, m, n)
-                v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
-                assert v.ok, f"{shape} a_t={a_t} b_t={b_t} block_n={block_n}: {v.detail}"
-    for layout in ("transposed", "sliced", "offset", "expanded"):
-        a, b = _inputs((37, 45, 29), dtype, "cuda", layout=layout, seed=7)
-        y = mc._launch_v14(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), dev, block_n=block_n)
-        v = judge(y.reshape(*a.shape[:-1], b.shape[-1]), SPEC.ref(a, b), dtype, torch.matmul(a, b))
-        assert v.ok, f"{layout}: {v.detail}"
+    _judge_every_order(mc._launch_v14, shapes, dtype, block_n, seed=11)
+    _judge_packed_windows(mc._launch_v14, (37, 45, 29), dtype, block_n)
     for shape in [(1000, 1023, 997), (2, 264, 392, 136), (1024, 768, 3000)]:
         a, b = _inputs(shape, dtype, "cuda", seed=21)
         _run_and_judge("cuda_v14", a, b, dtype, grads=True)

@@ -559,6 +559,18 @@ __device__ __forceinline__ void v11_init_ring(unsigned full0, unsigned empty0, u
     __syncthreads();
 }
 
+// A's box of k-tile kt for the tile at row m0 into the stage at st: one box of 64 k x 128 m
+// stored [M, K]; stored [K, M] (v14), two slabs of 64 m x 64 k, one per consumer warpgroup.
+template <int BN, bool AT>
+__device__ __forceinline__ void v11_load_a(unsigned st, const TensorMap* ta, unsigned bar, int m0, int kt, int z) {
+    if constexpr (AT) {
+        v11_tma_load_3d(st, ta, bar, m0, kt * V11_BK, z);
+        v11_tma_load_3d(st + V11Tile<BN>::A_BYTES / 2, ta, bar, m0 + 64, kt * V11_BK, z);
+    } else {
+        v11_tma_load_3d(st, ta, bar, kt * V11_BK, m0, z);
+    }
+}
+
 // The producer thread (thread 0 after setmaxnreg.dec): every k-tile of the block's tiles
 // (t = blockIdx.x, blockIdx.x + gridDim.x, ...) in order, one running index `it` across
 // tiles (the phase bookkeeping in the v11 header). v11's consumers read every k-tile; v12's
@@ -580,12 +592,7 @@ __device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap
             if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // use it - S released
             const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
             mbar_expect_tx(bar, Tile::STAGE_BYTES);
-            if constexpr (AT) {  // v14, A stored [K, M]: two slabs of 64 m x 64 k, one per warpgroup
-                v11_tma_load_3d(st, ta, bar, m0, kt * V11_BK, z);
-                v11_tma_load_3d(st + Tile::A_BYTES / 2, ta, bar, m0 + 64, kt * V11_BK, z);
-            } else {
-                v11_tma_load_3d(st, ta, bar, kt * V11_BK, m0, z);
-            }
+            v11_load_a<BN, AT>(st, ta, bar, m0, kt, z);
             if constexpr (BT) {  // v14, B stored [N, K]: one box of 64 k x BN n (BN rows of 128 bytes)
                 v11_tma_load_3d(st + Tile::A_BYTES, tb, bar, kt * V11_BK, n0, z);
             } else {
@@ -623,12 +630,7 @@ __device__ __forceinline__ void v15_produce(const TensorMap* ta, const TensorMap
             if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // both blocks released it - S
             const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
             mbar_expect_tx(bar, Tile::STAGE_BYTES);  // A, this block's half of B and the other's
-            if constexpr (AT) {
-                v11_tma_load_3d(st, ta, bar, m0, kt * V11_BK, z);
-                v11_tma_load_3d(st + Tile::A_BYTES / 2, ta, bar, m0 + 64, kt * V11_BK, z);
-            } else {
-                v11_tma_load_3d(st, ta, bar, kt * V11_BK, m0, z);
-            }
+            v11_load_a<BN, AT>(st, ta, bar, m0, kt, z);
             if constexpr (BT) {
                 v15_tma_load_mc(st + Tile::A_BYTES + rank * (BN / 2) * 128, tb, bar, kt * V11_BK,
                                 n0 + rank * (BN / 2), z, 3);
