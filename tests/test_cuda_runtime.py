@@ -463,6 +463,10 @@ def test_launch_cluster_passes_tensor_maps_by_value(monkeypatch):
     assert seen == {"map": bytes(range(128)), "n": 77}
     with pytest.raises(TypeError, match="tensor-map argument takes a TensorMap"):
         k.launch_cluster(4, 128, 2, 0, 77)
+    monkeypatch.setattr(runtime.config, "cuda_launch", "core")  # cuda.core takes no TensorMap
+    k = runtime.Kernel(type("CoreKernel", (), {"handle": 0x1234})(), "k", ("tmap", "i32"))
+    with pytest.raises(runtime.CudaError, match="tensor-map arguments need the direct launch"):
+        k.launch_cluster(4, 128, 2, m, 77)
 
 
 def test_launch_cluster_errors_and_context_retry(monkeypatch):

@@ -578,6 +578,8 @@ class Kernel:
                 )
         stream = _raw_stream(device_index)
         if self._use_core:
+            if self._has_maps:
+                raise CudaError(f"{self.name}: tensor-map arguments need the direct launch (cuda_launch)")
             from cuda.core import LaunchConfig, Stream, launch
 
             values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
