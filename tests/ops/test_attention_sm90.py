@@ -372,7 +372,6 @@ def test_v7_tilings_are_what_the_modules_build():
             got["STAGES"],
             *flags,
             o_buffer=got["PERSIST"] == 2,
-            sm_chunks=bool(got["SM_CHUNKS"]),
             queue=bool(got["QUEUE"]),
         )
 
@@ -786,9 +785,6 @@ def test_launcher_v7_persistent(recorder, monkeypatch):
         cs.check_tiles(128, cs.Tiles(128, 2, split_kv=True, persistent=True))
     with pytest.raises(ValueError, match="persistent"):
         cs.check_tiles(64, cs.Tiles(128, 3, o_buffer=True))
-    with pytest.raises(ValueError, match="SM-sized chunks"):
-        cs.check_tiles(64, cs.Tiles(128, 3, sm_chunks=True))
-    assert str(cs.Tiles(128, 3, fast_exp=True, desc_add=True, persistent=True, sm_chunks=True)) == "128x3edpc"
     with pytest.raises(ValueError, match="227 KB"):  # o's tile beside three stages at D = 128
         cs.check_tiles(128, cs.Tiles(128, 3, persistent=True, o_buffer=True))
     to = cs.Tiles(128, 3, fast_exp=True, desc_add=True, persistent=True, o_buffer=True)
@@ -901,14 +897,10 @@ def test_queue_in_the_source():
     assert consumer in src
 
 
-def _persistent_items(n_mb, h, z, causal, s_k, d, l2_bytes, grid=None):
-    """attention_sm90.cu's item_of over i = 0 .. items - 1, in Python (``grid``: the blocks of
-    a tiling with SM_CHUNKS)."""
+def _persistent_items(n_mb, h, z, causal, s_k, d, l2_bytes):
+    """attention_sm90.cu's item_of over i = 0 .. items - 1, in Python."""
     zhn = z * h
-    hc = l2_bytes // (4 * d * max(s_k, 1))
-    if grid is not None:
-        hc = min(hc, -(-grid // n_mb))
-    hc = max(1, min(zhn, hc))
+    hc = max(1, min(zhn, l2_bytes // (4 * d * max(s_k, 1))))
     out = []
     for i in range(n_mb * zhn):
         if not causal:
@@ -929,29 +921,24 @@ def _persistent_items(n_mb, h, z, causal, s_k, d, l2_bytes, grid=None):
      (8, 32, 4, 1024, 96), (33, 8, 1, 4097, 128), (1, 3, 1, 5, 64)],
 )  # fmt: skip
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("sm_chunks", [False, True], ids=["l2", "sm"])
-def test_persistent_items_cover_every_block_once_in_l2_sized_chunks(n_mb, h, z, s_k, d, causal, sm_chunks):
+def test_persistent_items_cover_every_block_once_in_l2_sized_chunks(n_mb, h, z, s_k, d, causal):
     """The persistent v7's items (item_of, mirrored): every (query block, head, batch) once;
     without a mask a head's query blocks one after another; under causal chunk after chunk
-    of (batch, head) pairs whose K and V (4 x D x S_k bytes each) fit in ITEM_L2_BYTES (with
-    SM_CHUNKS, also at most the pairs a grid of 132 blocks takes at once), each chunk's query
-    blocks heaviest (last) first, the last chunk partial."""
+    of (batch, head) pairs whose K and V (4 x D x S_k bytes each) fit in ITEM_L2_BYTES, each
+    chunk's query blocks heaviest (last) first, the last chunk partial."""
     import re
 
     src = (Path(cs.__file__).with_name("attention_sm90.cu")).read_text()
     m = re.search(r"ITEM_L2_BYTES = (\d+)ll << (\d+);", src)
     l2 = int(m.group(1)) << int(m.group(2))
     assert l2 == 32 << 20
-    grid = min(132, n_mb * h * z) if sm_chunks else None
-    items, hc = _persistent_items(n_mb, h, z, causal, s_k, d, l2, grid)
-    assert "const long long live = (gridDim.x + n_mb - 1) / n_mb;" in src
+    items, hc = _persistent_items(n_mb, h, z, causal, s_k, d, l2)
+    assert "const long long n = ITEM_L2_BYTES / (4ll * D * (S_k > 0 ? S_k : 1));" in src
     assert sorted(items) == sorted((mb, hh, zz) for mb in range(n_mb) for hh in range(h) for zz in range(z))
     if not causal:
         assert items == [(mb, hh, zz) for zz in range(z) for hh in range(h) for mb in range(n_mb)]
         return
     assert hc * 4 * d * s_k <= l2 or hc == 1
-    if sm_chunks:
-        assert (hc - 1) * n_mb < grid
     for c in range(0, len(items), hc * n_mb):
         chunk = items[c : c + hc * n_mb]
         assert len({(hh, zz) for _, hh, zz in chunk}) <= hc

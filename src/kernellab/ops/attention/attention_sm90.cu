@@ -436,8 +436,8 @@ struct WsStages {
 
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
-// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_SM_CHUNKS, -DKL_ATTN_V7_QUEUE (each 0 or
-// 1), -DKL_ATTN_V7_PERSIST (0, 1, 2) holds only v7's kernels, at that tiling: how the lab runs
+// -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_QUEUE (each 0 or 1),
+// -DKL_ATTN_V7_PERSIST (0, 1, 2) holds only v7's kernels, at that tiling: how the lab runs
 // another one. D <= 128:
 // v2-v6's 128 keys x 3 stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) +
 // 2 x 2 x 40 = 225 KB of the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP
@@ -451,7 +451,7 @@ struct V7Tiles {
     static constexpr int STAGES = KL_ATTN_V7_STAGES;
     static constexpr bool SPLIT_KV = KL_ATTN_V7_SPLIT_KV, FAST_EXP = KL_ATTN_FAST_EXP, DESC_ADD = KL_ATTN_DESC_ADD;
     static constexpr int PERSIST = KL_ATTN_V7_PERSIST;
-    static constexpr bool SM_CHUNKS = KL_ATTN_V7_SM_CHUNKS, QUEUE = KL_ATTN_V7_QUEUE;
+    static constexpr bool QUEUE = KL_ATTN_V7_QUEUE;
 #else
     static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
     static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
@@ -466,16 +466,12 @@ struct V7Tiles {
     // three stages and o's tile fit; at D = 128 (1 would be its persistent tiling) one block a
     // (query block, head) was faster under causal on an H200, D = 256 has split rings.
     static constexpr int PERSIST = D <= 96 ? 2 : 0;
-    // SM_CHUNKS (persistent only): under causal, chunks of about as many (batch, head) pairs as
-    // the blocks running at once hold (item_of), not as many as fit in L2.
-    static constexpr bool SM_CHUNKS = false;
     // QUEUE (persistent only): a block's first item is blockIdx.x, each next one the value a
     // launch-wide counter hands out (gridDim.x + 0, 1, ...), claimed once the block has issued
     // the current item's last copy: items go to the blocks that are free, as a grid of one
     // block an item is scheduled, rather than blockIdx.x + k gridDim.x.
     static constexpr bool QUEUE = false;
 #endif
-    static_assert(!SM_CHUNKS || PERSIST, "SM-sized chunks order the persistent v7's items");
     static_assert(!QUEUE || PERSIST, "the item queue feeds the persistent v7");
     static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
     static constexpr unsigned KV_BYTES = BN * D * 2;
@@ -579,16 +575,9 @@ struct Item {
 // once read the K / V of a chunk's heads, not of every head.
 constexpr long long ITEM_L2_BYTES = 32ll << 20;
 
-// With V7Tiles' SM_CHUNKS at most the pairs whose query blocks the grid's blocks take at
-// once (gridDim.x / n_mb, rounded up), as one block a (query block, head) reads them.
 template <int D>
-__device__ __forceinline__ int heads_per_chunk(int S_k, int ZH, int n_mb) {
-    const long long kv = 4ll * D * (S_k > 0 ? S_k : 1);  // a head's K and V, 16-bit
-    long long n = ITEM_L2_BYTES / kv;
-    if constexpr (V7Tiles<D>::SM_CHUNKS) {
-        const long long live = (gridDim.x + n_mb - 1) / n_mb;
-        n = live < n ? live : n;
-    }
+__device__ __forceinline__ int heads_per_chunk(int S_k, int ZH) {
+    const long long n = ITEM_L2_BYTES / (4ll * D * (S_k > 0 ? S_k : 1));  // a head's K and V, 16-bit
     return n < 1 ? 1 : n > ZH ? ZH : (int)n;
 }
 
@@ -602,7 +591,7 @@ __device__ __forceinline__ Item item_of(int i, int n_mb, int H, int Z, int causa
         const int zh = i / n_mb;
         return Item{i % n_mb, zh % H, zh / H};
     }
-    const int hc = heads_per_chunk<D>(S_k, Z * H, n_mb), c = i / (hc * n_mb), w = i - c * hc * n_mb;
+    const int hc = heads_per_chunk<D>(S_k, Z * H), c = i / (hc * n_mb), w = i - c * hc * n_mb;
     const int base = c * hc, cs = min(hc, Z * H - base), zh = base + w % cs;
     return Item{n_mb - 1 - w / cs, zh % H, zh / H};
 }
@@ -1226,9 +1215,8 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
 #error "-DKL_ATTN_V7_BN tiles one head dim: give -DKL_ATTN_D and -DKL_ATTN_V7_STAGES with it"
 #endif
 #if defined(KL_ATTN_V7_BN) && !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) && \
-                                defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST) && \
-                                defined(KL_ATTN_V7_SM_CHUNKS) && defined(KL_ATTN_V7_QUEUE))
-#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,SM_CHUNKS,QUEUE} and -DKL_ATTN_{FAST_EXP,DESC_ADD}"
+                                defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST) && defined(KL_ATTN_V7_QUEUE))
+#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,QUEUE} and -DKL_ATTN_{FAST_EXP,DESC_ADD}"
 #endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,

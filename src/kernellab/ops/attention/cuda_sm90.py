@@ -104,9 +104,7 @@ class Tiles:
     next, so that an item's first K / V tiles load during the item before (PERSIST; one ring
     only), "p". ``o_buffer`` (persistent only): o staged in a buffer of its own rather than in
     Q's, which is then free for the next item's Q once the item's last S = Q K^T is done
-    (PERSIST 2), "o". ``sm_chunks`` (persistent only): under causal the items go in chunks of
-    about as many (batch, head) pairs as the blocks running at once hold, rather than as many
-    as fit in L2 (SM_CHUNKS), "c". ``queue`` (persistent only): a block's items after its first
+    (PERSIST 2), "o". ``queue`` (persistent only): a block's items after its first
     come from a launch-wide counter (zeroed before each launch), claimed once the current
     item's copies are issued, so free blocks take the next items as a one-block-an-item grid
     would be scheduled (QUEUE), "q"."""
@@ -118,7 +116,6 @@ class Tiles:
     desc_add: bool = False
     persistent: bool = False
     o_buffer: bool = False
-    sm_chunks: bool = False
     queue: bool = False
 
     def __str__(self) -> str:
@@ -128,7 +125,6 @@ class Tiles:
             + ("d" if self.desc_add else "")
             + ("p" if self.persistent else "")
             + ("o" if self.o_buffer else "")
-            + ("c" if self.sm_chunks else "")
             + ("q" if self.queue else "")
         )
         return f"{self.bn}x{self.stages}{flags}"
@@ -219,7 +215,6 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_FAST_EXP={int(tiles.fast_exp)}",
             f"-DKL_ATTN_DESC_ADD={int(tiles.desc_add)}",
             f"-DKL_ATTN_V7_PERSIST={2 if tiles.o_buffer else int(tiles.persistent)}",
-            f"-DKL_ATTN_V7_SM_CHUNKS={int(tiles.sm_chunks)}",
             f"-DKL_ATTN_V7_QUEUE={int(tiles.queue)}",
         )
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
@@ -238,10 +233,6 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the persistent v7 has one K/V ring (no s)")
     if tiles.o_buffer and not tiles.persistent:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: o's own buffer (o) is the persistent v7's (p)")
-    if tiles.sm_chunks and not tiles.persistent:
-        raise ValueError(
-            f"attention/cuda_v7: tiling {tiles}: SM-sized chunks (c) order the persistent v7's items (p)"
-        )
     if tiles.queue and not tiles.persistent:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the item queue (q) feeds the persistent v7 (p)")
     bars = 8 * ((4 if tiles.split_kv else 2) * tiles.stages + 1 + tiles.persistent)  # the static mbarriers
