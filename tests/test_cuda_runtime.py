@@ -469,6 +469,15 @@ def test_launch_cluster_passes_tensor_maps_by_value(monkeypatch):
         k.launch_cluster(4, 128, 2, m, 77)
 
 
+def test_driver_calls_bind_the_context_once_where_the_thread_has_none(monkeypatch):
+    """_in_context (the occupancy query, tensor-map encoding): a call answered "invalid
+    context" is made again after the device's context is bound; any other answer returns."""
+    bound, answers = [], [runtime._INVALID_CONTEXT, 0, 719]
+    monkeypatch.setattr(runtime, "_bind_context", bound.append)
+    assert runtime._in_context(lambda: answers.pop(0), 3) == 0 and bound == [3]
+    assert runtime._in_context(lambda: answers.pop(0), 3) == 719 and bound == [3]
+
+
 def test_launch_cluster_errors_and_context_retry(monkeypatch):
     fake = _FakeDriver(results=[runtime._INVALID_CONTEXT, 0, 719])
     k = _fake_kernel(monkeypatch, fake)

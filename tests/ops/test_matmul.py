@@ -1116,6 +1116,19 @@ def _assert_v14_form(k, bn, ao, bo, sfx) -> tuple[int, int]:
     return ta, tb
 
 
+def _v14_forms(backend, forms):
+    """(kernel, width, imm-trans-a, imm-trans-b) of each of the backend's kernels, bf16 and
+    f16, at each (width, A's order, B's order) of ``forms``, each checked by _assert_v14_form;
+    the backend's kernels are exactly these."""
+    variant = backend.removeprefix("cuda_")
+    for sfx in ("bf16", "f16"):
+        ks = {k.name: k for k in _ptx_of(backend, sfx)}
+        assert set(ks) == {f"matmul_{variant}_n{bn}_{ao}_{bo}_{sfx}" for bn, ao, bo in forms}
+        for bn, ao, bo in forms:
+            k = ks[f"matmul_{variant}_n{bn}_{ao}_{bo}_{sfx}"]
+            yield (k, bn, *_assert_v14_form(k, bn, ao, bo, sfx))
+
+
 V14_FORMS = [(bn, ao, bo) for bn in (128, 192, 256) for ao in ("mk", "km") for bo in ("kn", "nk")]
 
 
@@ -1128,16 +1141,11 @@ def test_asm_v14_reads_each_major_order_and_each_width():
     128-column half and one for the 192-wide tile's last 64 columns, v13's register split
     (168 registers, setmaxnreg 40 / 232) and no spills."""
     load = "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-    for sfx in ("bf16", "f16"):
-        ks = {k.name: k for k in _ptx_of("cuda_v14", sfx)}
-        assert set(ks) == {f"matmul_v14_n{bn}_{ao}_{bo}_{sfx}" for bn, ao, bo in V14_FORMS}
-        for bn, ao, bo in V14_FORMS:
-            k = ks[f"matmul_v14_n{bn}_{ao}_{bo}_{sfx}"]
-            ta, tb = _assert_v14_form(k, bn, ao, bo, sfx)
-            assert k.ptx.count(load) == (2 if ta else 1) + (bn // 64 if tb else 1), k.name
-            if k.sass:
-                assert f"HGMMA.64x{bn}x16.F32" in k.sass and "STL" not in k.sass
-                assert ("tnspA" in k.sass) == bool(ta) and ("tnspB" in k.sass) == bool(tb), k.name
+    for k, bn, ta, tb in _v14_forms("cuda_v14", V14_FORMS):
+        assert k.ptx.count(load) == (2 if ta else 1) + (bn // 64 if tb else 1), k.name
+        if k.sass:
+            assert f"HGMMA.64x{bn}x16.F32" in k.sass and "STL" not in k.sass
+            assert ("tnspA" in k.sass) == bool(ta) and ("tnspB" in k.sass) == bool(tb), k.name
 
 
 def test_v14_descriptors_read_what_the_boxes_wrote():
@@ -1282,18 +1290,13 @@ def test_asm_v15_multicasts_half_of_b_in_two_block_clusters():
     init, a trap outside a 2-block cluster), v13's register split and no spills."""
     plain = "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes ["
     multi = "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-    for sfx in ("bf16", "f16"):
-        ks = {k.name: k for k in _ptx_of("cuda_v15", sfx)}
-        assert set(ks) == {f"matmul_v15_n{bn}_{ao}_{bo}_{sfx}" for bn, ao, bo in V15_FORMS}
-        for bn, ao, bo in V15_FORMS:
-            k = ks[f"matmul_v15_n{bn}_{ao}_{bo}_{sfx}"]
-            ta, tb = _assert_v14_form(k, bn, ao, bo, sfx)
-            assert k.ptx.count(plain) == (2 if ta else 1), k.name  # A: this block's own
-            assert k.ptx.count(multi) == (bn // 64 if tb else 1), k.name
-            assert k.ptx.count("mapa.shared::cluster.u32") == 1
-            assert k.ptx.count("mbarrier.arrive.shared::cluster.b64") == 2  # both release sites
-            assert "barrier.cluster.arrive.release.aligned" in k.ptx and "%cluster_nctarank" in k.ptx
-            assert "trap;" in k.ptx
+    for k, bn, ta, tb in _v14_forms("cuda_v15", V15_FORMS):
+        assert k.ptx.count(plain) == (2 if ta else 1), k.name  # A: this block's own
+        assert k.ptx.count(multi) == (bn // 64 if tb else 1), k.name
+        assert k.ptx.count("mapa.shared::cluster.u32") == 1
+        assert k.ptx.count("mbarrier.arrive.shared::cluster.b64") == 2  # both release sites
+        assert "barrier.cluster.arrive.release.aligned" in k.ptx and "%cluster_nctarank" in k.ptx
+        assert "trap;" in k.ptx
 
 
 def test_v15_launcher_clusters_maps_and_fallbacks(monkeypatch):

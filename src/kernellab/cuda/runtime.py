@@ -390,6 +390,17 @@ def _bind_context(device_index: int) -> None:
         raise CudaError(f"cannot make device {device_index}'s context current: {_error_string(rc)}")
 
 
+def _in_context(call, device_index: int) -> int:
+    """``call()``'s CUresult; where the thread has no current context yet (autograd's thread
+    before its first CUDA call), the device's primary context is bound and ``call()`` made
+    again. (The launch paths inline the same retry: they are the host's hot path.)"""
+    rc = call()
+    if rc == _INVALID_CONTEXT:
+        _bind_context(device_index)
+        rc = call()
+    return rc
+
+
 def _error_string(code: int) -> str:
     s = ctypes.c_char_p()
     _libcuda().cuGetErrorString(code, ctypes.byref(s))
@@ -616,10 +627,10 @@ class Kernel:
         lib = _libcuda_ex()
         cfg, _attr = _cluster_config(c, b, c, shared, None)
         n = ctypes.c_int()
-        rc = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), self._handle, ctypes.byref(cfg))
-        if rc == _INVALID_CONTEXT:  # a thread that has made no CUDA call yet (autograd's)
-            _bind_context(_get_device())
-            rc = lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), self._handle, ctypes.byref(cfg))
+        rc = _in_context(
+            lambda: lib.cuOccupancyMaxActiveClusters(ctypes.byref(n), self._handle, ctypes.byref(cfg)),
+            _get_device(),
+        )
         if rc != 0:
             raise CudaError(f"{self.name}: no occupancy for cluster {c}: {_error_string(rc)} ({rc})")
         return int(n.value)
@@ -835,10 +846,7 @@ def tensor_map(address: int, elem_bytes: int, dims: tuple, strides: tuple, box: 
             0, _TMAP_SWIZZLE[swizzle], _TMAP_L2_128B, 0,
         )  # fmt: skip
 
-    rc = encode()
-    if rc == _INVALID_CONTEXT:  # a thread that has made no CUDA call yet (autograd's)
-        _bind_context(_get_device())
-        rc = encode()
+    rc = _in_context(encode, _get_device())
     if rc != 0:
         raise CudaError(
             f"cuTensorMapEncodeTiled(dims={dims}, strides={strides}, box={box}, swizzle={swizzle}) failed: "

@@ -147,9 +147,8 @@ DYN_SHARED = {
     "v14_n256": 4 * (128 * 64 + 64 * 256) * 2 + 1024 + 2 * 64 * 128 * 2,
     "v14_n192": 4 * (128 * 64 + 64 * 192) * 2 + 1024 + 2 * 64 * 128 * 2,
     "v14_n128": 6 * (128 * 64 + 64 * 128) * 2 + 1024 + 2 * 64 * 128 * 2,
-    "v15_n256": 4 * (128 * 64 + 64 * 256) * 2 + 1024 + 2 * 64 * 128 * 2,
-    "v15_n192": 4 * (128 * 64 + 64 * 192) * 2 + 1024 + 2 * 64 * 128 * 2,
 }
+DYN_SHARED.update({f"v15_n{bn}": DYN_SHARED[f"v14_n{bn}"] for bn in (192, 256)})  # v14's rings and C buffer
 # The module of each variant that is not in matmul.cu.
 MODULES = {v: MODULE_SM90 for v in ("v10", "v11", "v12", "v13", "v14", "v15")}
 # The best variant per dtype (v9 is faster than v8 in bf16; v13 where the GPU has wgmma,
@@ -453,51 +452,6 @@ def v14_split(m: int, n: int, k: int, bt: int, sms: int) -> int:
     return best
 
 
-def _launch_v14(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
-    """v14: a3 [bt, M, K] and b3 [bt, K, N] as they lie (v14_window; packed only where TMA
-    cannot read them), the tile width v14_block_n picks (``block_n`` forces one: tests), C
-    [bt, M, N rounded up to 8] through v13's C map, min(SMs, tiles) blocks of 384 threads."""
-    bt, m, k = a3.shape
-    n = b3.shape[-1]
-    if k == 0:
-        return torch.zeros((bt, m, n), dtype=a3.dtype, device=a3.device)
-    a3, wa = _v14_operand(a3)
-    b3, wb = _v14_operand(b3)
-    np8 = _cdiv(n, 8) * 8
-    sms = _sm_count(dev)
-    s = 1 if block_n is not None else v14_split(m, np8, k, bt, sms)
-    if s > 1:
-        return _launch_v14_split(a3, wa, b3, wb, s, np8, dev)
-    bn = block_n or v14_block_n(m, np8, bt, sms)
-    tiles = bt * _cdiv(m, V11_BM) * _cdiv(np8, bn)
-    if tiles >= 2**31:
-        raise ValueError(f"matmul: cuda_v14 counts output tiles in 32 bits; {tiles} is too many")
-    c = torch.empty((bt, m, np8), dtype=a3.dtype, device=a3.device)
-    ta, tb = v14_tensor_maps(a3, wa, b3, wb, bn)
-    kern = MODULE_SM90.kernel(v14_kernel_name(wa, wb, bn, a3.dtype), V13_SIGNATURE, dev)
-    shared = DYN_SHARED[f"v14_n{bn}"]
-    kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
-    kern(min(sms, tiles), V11_THREADS, ta, tb, v13_c_map(c), m, np8, k, bt, shared=shared, device_index=dev)
-    return c if np8 == n else c[..., :n].contiguous()
-
-
-def _launch_v14_split(a3, wa, b3, wb, s: int, np8: int, dev: int) -> torch.Tensor:
-    """One product in s K slices (v14_split): 128x128 tiles, fp32 partial sums in C [s, M,
-    np8] (v13_c_map: boxes of 32 floats x 64 rows), then one fp32 sum over the
-    slices (deterministic) rounded to the operands' dtype."""
-    m, k, n = a3.shape[-2], a3.shape[-1], b3.shape[-1]
-    part = torch.empty((s, m, np8), dtype=torch.float32, device=a3.device)
-    ta, tb = v14_tensor_maps(a3, wa, b3, wb, 128, slices=s)
-    kern = MODULE_SM90.kernel(v14_kernel_name(wa, wb, 128, a3.dtype, split=True), V13_SIGNATURE, dev)
-    shared = DYN_SHARED["v14_n128"]
-    kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
-    tiles = s * _cdiv(m, V11_BM) * _cdiv(np8, 128)
-    grid = min(_sm_count(dev), tiles)
-    kern(grid, V11_THREADS, ta, tb, v13_c_map(part), m, np8, k // s, s, shared=shared, device_index=dev)
-    c = part.sum(dim=0, dtype=torch.float32).to(a3.dtype)
-    return (c if np8 == n else c[:, :n].contiguous()).unsqueeze(0)
-
-
 # v15 (matmul_sm90.cu): v14's kernels in clusters of two blocks, tiles m0 and m0 + 128 of the
 # same columns, each block copying half of the shared B tile into both (TMA multicast).
 V15_CLUSTER = 2
@@ -524,45 +478,77 @@ def v15_block_n(m: int, n: int, bt: int, clusters: int) -> int:
     return min((256, 192), key=cost)
 
 
-def _launch_v15(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
-    """v15: v14's launch (windows, C map) in clusters of two blocks sharing B, 2 x
-    min(co-resident clusters, tile pairs) blocks, the width v15_block_n picks (``block_n``
-    forces 192 or 256: tests). Products v14 would cut into K slices or give 128-wide tiles,
-    and those of one row tile (the pair's second block would only copy B), go to v14."""
+def _launch_v14(
+    a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None, clusters: bool = False
+) -> torch.Tensor:
+    """v14: a3 [bt, M, K] and b3 [bt, K, N] as they lie (v14_window; packed only where TMA
+    cannot read them), the tile width v14_block_n picks (``block_n`` forces one: tests), C
+    [bt, M, N rounded up to 8] through v13's C map, min(SMs, tiles) blocks of 384 threads.
+    ``clusters`` (v15): in two-block clusters sharing B, 2 x min(co-resident clusters, tile
+    pairs) blocks at the width v15_block_n picks, where the product is not cut into K slices,
+    its v14 tiles are 192 or 256 wide, it has more than one row tile (else the pair's second
+    block would only copy B) and a cluster fits; ``block_n`` then forces 192 or 256 and a
+    cluster."""
+    if clusters and block_n not in (None, 192, 256):
+        raise ValueError(f"matmul: cuda_v15's tiles are 192 or 256 wide, not {block_n}")
     bt, m, k = a3.shape
     n = b3.shape[-1]
-    np8 = _cdiv(n, 8) * 8
-    sms = _sm_count(dev)
-    if block_n is None and (
-        k == 0 or m <= V11_BM or v14_split(m, np8, k, bt, sms) > 1 or v14_block_n(m, np8, bt, sms) == 128
-    ):
-        return _launch_v14(a3, b3, dev)
-    if block_n not in (None, 192, 256):
-        raise ValueError(f"matmul: cuda_v15's tiles are 192 or 256 wide, not {block_n}")
     if k == 0:
         return torch.zeros((bt, m, n), dtype=a3.dtype, device=a3.device)
     a3, wa = _v14_operand(a3)
     b3, wb = _v14_operand(b3)
-    names = {bn: v14_kernel_name(wa, wb, bn, a3.dtype, variant="v15") for bn in (192, 256)}
-    clusters = min(_v15_clusters(names[bn], DYN_SHARED[f"v15_n{bn}"], dev) for bn in (192, 256))
-    if clusters < 1:
-        if block_n is not None:
+    np8 = _cdiv(n, 8) * 8
+    sms = _sm_count(dev)
+    s = 1 if block_n is not None else v14_split(m, np8, k, bt, sms)
+    if s > 1:
+        return _launch_v14_split(a3, wa, b3, wb, s, np8, dev)
+    bn = block_n or v14_block_n(m, np8, bt, sms)
+    live = 0  # co-resident two-block clusters (v15); 0: one block a tile (v14)
+    if clusters and (block_n is not None or (bn != 128 and m > V11_BM)):
+        names = {w: v14_kernel_name(wa, wb, w, a3.dtype, variant="v15") for w in (192, 256)}
+        live = min(_v15_clusters(names[w], DYN_SHARED[f"v15_n{w}"], dev) for w in (192, 256))
+        if live < 1 and block_n is not None:
             raise RuntimeError(f"matmul: no cluster of two cuda_v15 blocks fits on device {dev}")
-        return _launch_v14(a3, b3, dev)
-    bn = block_n or v15_block_n(m, np8, bt, clusters)
-    pairs = bt * _cdiv(_cdiv(m, V11_BM), V15_CLUSTER) * _cdiv(np8, bn)
-    if pairs >= 2**31:
-        raise ValueError(f"matmul: cuda_v15 counts tile pairs in 32 bits; {pairs} is too many")
+        if live >= 1:
+            bn = block_n or v15_block_n(m, np8, bt, live)
+    variant, per_launch = ("v15", V15_CLUSTER) if live >= 1 else ("v14", 1)
+    tiles = bt * _cdiv(m, V11_BM * per_launch) * _cdiv(np8, bn)  # (v15: tile pairs)
+    if tiles >= 2**31:
+        raise ValueError(f"matmul: cuda_{variant} counts output tiles in 32 bits; {tiles} is too many")
     c = torch.empty((bt, m, np8), dtype=a3.dtype, device=a3.device)
-    ta, tb = v14_tensor_maps(a3, wa, b3, wb, bn, b_half=True)
-    kern = MODULE_SM90.kernel(names[bn], V13_SIGNATURE, dev)
-    shared = DYN_SHARED[f"v15_n{bn}"]
+    ta, tb = v14_tensor_maps(a3, wa, b3, wb, bn, b_half=variant == "v15")
+    kern = MODULE_SM90.kernel(v14_kernel_name(wa, wb, bn, a3.dtype, variant=variant), V13_SIGNATURE, dev)
+    shared = DYN_SHARED[f"{variant}_n{bn}"]
     kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
-    grid = V15_CLUSTER * min(clusters, pairs)
-    kern.launch_cluster(
-        grid, V11_THREADS, V15_CLUSTER, ta, tb, v13_c_map(c), m, np8, k, bt, shared=shared, device_index=dev
-    )
+    args = (ta, tb, v13_c_map(c), m, np8, k, bt)
+    if variant == "v15":
+        grid = V15_CLUSTER * min(live, tiles)
+        kern.launch_cluster(grid, V11_THREADS, V15_CLUSTER, *args, shared=shared, device_index=dev)
+    else:
+        kern(min(sms, tiles), V11_THREADS, *args, shared=shared, device_index=dev)
     return c if np8 == n else c[..., :n].contiguous()
+
+
+def _launch_v14_split(a3, wa, b3, wb, s: int, np8: int, dev: int) -> torch.Tensor:
+    """One product in s K slices (v14_split): 128x128 tiles, fp32 partial sums in C [s, M,
+    np8] (v13_c_map: boxes of 32 floats x 64 rows), then one fp32 sum over the
+    slices (deterministic) rounded to the operands' dtype."""
+    m, k, n = a3.shape[-2], a3.shape[-1], b3.shape[-1]
+    part = torch.empty((s, m, np8), dtype=torch.float32, device=a3.device)
+    ta, tb = v14_tensor_maps(a3, wa, b3, wb, 128, slices=s)
+    kern = MODULE_SM90.kernel(v14_kernel_name(wa, wb, 128, a3.dtype, split=True), V13_SIGNATURE, dev)
+    shared = DYN_SHARED["v14_n128"]
+    kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
+    tiles = s * _cdiv(m, V11_BM) * _cdiv(np8, 128)
+    grid = min(_sm_count(dev), tiles)
+    kern(grid, V11_THREADS, ta, tb, v13_c_map(part), m, np8, k // s, s, shared=shared, device_index=dev)
+    c = part.sum(dim=0, dtype=torch.float32).to(a3.dtype)
+    return (c if np8 == n else c[:, :n].contiguous()).unsqueeze(0)
+
+
+def _launch_v15(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
+    """v15: _launch_v14 in two-block clusters sharing B (its ``clusters``)."""
+    return _launch_v14(a3, b3, dev, block_n, clusters=True)
 
 
 # The variants that are not one plain grid launch of a matmul.cu kernel, and those of them

@@ -575,25 +575,44 @@ __device__ __forceinline__ void v11_load_a(unsigned st, const TensorMap* ta, uns
 // (t = blockIdx.x, blockIdx.x + gridDim.x, ...) in order, one running index `it` across
 // tiles (the phase bookkeeping in the v11 header). v11's consumers read every k-tile; v12's
 // warpgroups read alternate tiles of this same sequence.
-template <int BN, bool AT = false, bool BT = false>
-__device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap* tb, const V11Sched<BN>& sched,
-                                            int ktiles, unsigned smem0, unsigned full0, unsigned empty0) {
+// With MC = 2 (v15, a two-block cluster; see the v15 header): the cluster's tile pairs (pair
+// = the cluster's index, then + the clusters), this block's 128 rows of A into its own ring,
+// and its half of the pair's B tile into both blocks' rings at once (multicast): B stored
+// [N, K] by n-rows (BN / 2 of them), B stored [K, N] by k-rows (32 of each 64-column slab's
+// 64). A stage is refilled once the consumers of both blocks have released it (empty counts
+// 16); at the end the producer waits for the last releases of every stage, so that no copy
+// or arrival of the other block targets this block's shared memory after it exits.
+template <int BN, bool AT = false, bool BT = false, int MC = 1>
+__device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap* tb,
+                                            const V11Sched<BN, V11_BM * MC>& sched, int ktiles, unsigned smem0,
+                                            unsigned full0, unsigned empty0, unsigned rank = 0) {
     using Tile = V11Tile<BN>;
     constexpr int S = Tile::STAGES;
     // the maps' descriptors into the TMA unit's cache before the first copy needs them
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(ta)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(tb)) : "memory");
     int it = 0;
-    for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+    for (int t = blockIdx.x / MC; t < sched.total; t += gridDim.x / MC) {
         int m0, n0, z;
         sched.tile(t, m0, n0, z);
+        if constexpr (MC == 2) m0 += rank * V11_BM;  // this block's half of the pair
         for (int kt = 0; kt < ktiles; ++kt, ++it) {
             const int s = it % S;
-            if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // use it - S released
+            if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // use it - S released (by both blocks: v15)
             const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
-            mbar_expect_tx(bar, Tile::STAGE_BYTES);
+            mbar_expect_tx(bar, Tile::STAGE_BYTES);  // (v15: A, this block's half of B and the other's)
             v11_load_a<BN, AT>(st, ta, bar, m0, kt, z);
-            if constexpr (BT) {  // v14, B stored [N, K]: one box of 64 k x BN n (BN rows of 128 bytes)
+            if constexpr (MC == 2) {
+                if constexpr (BT) {
+                    v15_tma_load_mc(st + Tile::A_BYTES + rank * (BN / 2) * 128, tb, bar, kt * V11_BK,
+                                    n0 + rank * (BN / 2), z, 3);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < Tile::SLABS; ++j)
+                        v15_tma_load_mc(st + Tile::A_BYTES + j * Tile::SLAB_BYTES + rank * 32 * 128, tb, bar,
+                                        n0 + 64 * j, kt * V11_BK + 32 * rank, z, 3);
+                }
+            } else if constexpr (BT) {  // v14, B stored [N, K]: one box of 64 k x BN n (BN rows of 128 bytes)
                 v11_tma_load_3d(st + Tile::A_BYTES, tb, bar, kt * V11_BK, n0, z);
             } else {
 #pragma unroll
@@ -602,47 +621,8 @@ __device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap
             }
         }
     }
-}
-
-// v15's producer (thread 0 of each block of a two-block cluster; see the v15 header): the
-// cluster's tile pairs (pair p = the cluster's index, then + the clusters), this block's
-// 128 rows of A into its own ring, and its half of the pair's B tile into both blocks'
-// rings at once (multicast): B stored [N, K] by n-rows (BN / 2 of them), B stored [K, N] by
-// k-rows (32 of each 64-column slab's 64). A stage is refilled once the consumers of both
-// blocks have released it (empty counts 16); at the end the producer waits for the last
-// releases of every stage, so that no copy or arrival of the other block targets this
-// block's shared memory after it exits.
-template <int BN, bool AT, bool BT>
-__device__ __forceinline__ void v15_produce(const TensorMap* ta, const TensorMap* tb,
-                                            const V11Sched<BN, 2 * V11_BM>& sched, int ktiles, unsigned smem0,
-                                            unsigned full0, unsigned empty0, unsigned rank) {
-    using Tile = V11Tile<BN>;
-    constexpr int S = Tile::STAGES;
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(ta)) : "memory");
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(tb)) : "memory");
-    int it = 0;
-    for (int t = blockIdx.x / 2; t < sched.total; t += gridDim.x / 2) {
-        int m0, n0, z;
-        sched.tile(t, m0, n0, z);
-        m0 += rank * V11_BM;
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
-            const int s = it % S;
-            if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // both blocks released it - S
-            const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
-            mbar_expect_tx(bar, Tile::STAGE_BYTES);  // A, this block's half of B and the other's
-            v11_load_a<BN, AT>(st, ta, bar, m0, kt, z);
-            if constexpr (BT) {
-                v15_tma_load_mc(st + Tile::A_BYTES + rank * (BN / 2) * 128, tb, bar, kt * V11_BK,
-                                n0 + rank * (BN / 2), z, 3);
-            } else {
-#pragma unroll
-                for (int j = 0; j < Tile::SLABS; ++j)
-                    v15_tma_load_mc(st + Tile::A_BYTES + j * Tile::SLAB_BYTES + rank * 32 * 128, tb, bar, n0 + 64 * j,
-                                    kt * V11_BK + 32 * rank, z, 3);
-            }
-        }
-    }
-    for (int u = it > S ? it - S : 0; u < it; ++u) mbar_wait(empty0 + 8 * (u % S), (u / S) & 1);
+    if constexpr (MC == 2)
+        for (int u = it > S ? it - S : 0; u < it; ++u) mbar_wait(empty0 + 8 * (u % S), (u / S) & 1);
 }
 
 // One output tile's mainloop in a v11 / v13 consumer warpgroup (rows 64cw .. 64cw+63):
@@ -1043,11 +1023,7 @@ __device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* t
 
     if (tid < 128) {  // producer warpgroup: one thread issues every copy, the rest retire
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-        if constexpr (MC == 2) {
-            if (tid == 0) v15_produce<BN, AT, BT>(ta, tb, sched, ktiles, smem0, full0, empty0, rank);
-        } else {
-            if (tid == 0) v11_produce<BN, AT, BT>(ta, tb, sched, ktiles, smem0, full0, empty0);
-        }
+        if (tid == 0) v11_produce<BN, AT, BT, MC>(ta, tb, sched, ktiles, smem0, full0, empty0, rank);
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
