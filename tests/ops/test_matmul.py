@@ -1006,7 +1006,7 @@ class _V11Recorder:
         self.clusters = getattr(self, "clusters", []) + [cluster]
 
     def max_active_clusters(self, block, cluster, shared=0):
-        return self.active_clusters
+        return self.active_clusters * 2 // cluster  # 132 blocks in clusters of 2, 44 clusters of 3, ...
 
 
 def _sm90_launches(monkeypatch, signature=None) -> _V11Recorder:
@@ -1015,9 +1015,11 @@ def _sm90_launches(monkeypatch, signature=None) -> _V11Recorder:
     from kernellab.ops.matmul import cuda as mc
 
     rec = _V11Recorder()
+    mc._ks_blocks.cache_clear()  # (occupancy answers of the stand-in, not of a GPU)
 
     def kernel(name, sig, device_index=None):
-        assert signature is None or sig == signature, (name, sig)
+        ks = name.startswith("matmul_v14_ks_") and sig == mc.V14_KS_SIGNATURE  # (v14's K slices)
+        assert signature is None or sig == signature or ks, (name, sig)
         rec.names.append(name)
         return rec
 
@@ -1122,7 +1124,7 @@ def _v14_forms(backend, forms):
     the backend's kernels are exactly these."""
     variant = backend.removeprefix("cuda_")
     for sfx in ("bf16", "f16"):
-        ks = {k.name: k for k in _ptx_of(backend, sfx)}
+        ks = {k.name: k for k in _ptx_of(backend, sfx) if "_ks_" not in k.name}  # (v14's K slices: below)
         assert set(ks) == {f"matmul_{variant}_n{bn}_{ao}_{bo}_{sfx}" for bn, ao, bo in forms}
         for bn, ao, bo in forms:
             k = ks[f"matmul_{variant}_n{bn}_{ao}_{bo}_{sfx}"]
@@ -1334,8 +1336,8 @@ def test_v15_launcher_clusters_maps_and_fallbacks(monkeypatch):
     e = lambda *shape: torch.empty(*shape, dtype=bf)  # noqa: E731
     for a, b, v14_name in (
         (e(128, 4096), e(4096, 14336), "matmul_v14_n128_mk_kn_bf16"),
-        (e(8192, 768).t(), e(8192, 768), "matmul_v14_n128_km_kn_bf16_c32"),
-        (e(1000, 997), e(997, 1023), "matmul_v14_n128_mk_kn_bf16"),
+        (e(8192, 768).t(), e(8192, 768), "matmul_v14_ks_km_kn_bf16"),
+        (e(2000, 997), e(997, 1023), "matmul_v14_n128_mk_kn_bf16"),
     ):  # one row tile; K slices; 128-wide tiles
         rec.names.clear()
         mc._product("v15", a, b)
@@ -1451,6 +1453,104 @@ def test_v15_cluster_protocol_under_random_schedules(n_tiles, ktiles, stages):
         assert fails, f"{kw}: no schedule broke the protocol"
 
 
+def test_asm_v14_ks_kernels_sum_the_slices_in_the_cluster():
+    """v14's K-slice kernels (128x128 tiles, each A order x B order x dtype): v14's wgmma with
+    the orders' transpose immediates, the fp32 partial stored to shared memory as 32 pair
+    stores a thread, read back from every block of the cluster (mapa + ld.shared::cluster,
+    its size read from %cluster_nctarank), four cluster barriers (two of the producer
+    warpgroup, two of the consumers), C written by 8-byte st.global (no TMA store), v13's
+    register split and no spills."""
+    for sfx, cvt in (("bf16", "cvt.rn.bf16x2.f32"), ("f16", "cvt.rn.f16x2.f32")):
+        ks = {k.name: k for k in _ptx_of("cuda_v14", sfx) if "_ks_" in k.name}
+        assert set(ks) == {f"matmul_v14_ks_{ao}_{bo}_{sfx}" for ao in ("mk", "km") for bo in ("kn", "nk")}
+        for name, k in ks.items():
+            ta, tb = int("_km_" in name), int("_kn_" in name)
+            assert k.ptx.count(f"wgmma.mma_async.sync.aligned.m64n128k16.f32.{sfx}.{sfx}") == 4, name
+            flags = re.findall(r"m64n\d+k16\.f32[^;]*, p, 1, 1, (\d), (\d);", k.ptx)
+            assert flags == [(str(ta), str(tb))] * 4, name
+            assert "%cluster_nctarank" in k.ptx and "mapa.shared::cluster" in k.ptx
+            assert k.ptx.count("ld.shared::cluster.v4.f32") >= 2, name  # slice 0, then the (unrolled) loop
+            assert k.ptx.count("barrier.cluster.arrive") == 4 and k.ptx.count("barrier.cluster.wait") == 4
+            assert k.ptx.count("st.shared.v2.f32") == 32 and k.ptx.count("st.global.v2.u32") == 1, name
+            assert cvt in k.ptx and "cp.async.bulk.tensor.3d.global.shared::cta" not in k.ptx
+            assert "setmaxnreg.inc.sync.aligned.u32 232" in k.ptx and (k.local_bytes or 0) == 0
+            if k.registers is not None:
+                assert k.registers == 168, (name, k.registers)
+
+
+def test_v14_ks_partial_tile_layout_and_row_shares():
+    """v14_ks_body's partial tile: thread (warpgroup cw, warp, lane)'s pair acc[4j + 2h], +1
+    lands at float (r * 136 + 8j + 2q), r = 64cw + 16 warp + 8h + g: every element of the
+    128 x 128 tile once, inside the ring (6 stages of 32 KB), a warp's 8-byte stores in two
+    wavefronts (each bank used <= 2 times); block `rank` of s sums rows rank, rank + s, ...:
+    every row by exactly one block."""
+    pitch = 136
+    seen = set()
+    for cw in range(2):
+        for warp in range(4):
+            for j in range(16):
+                for h in range(2):
+                    banks = {}
+                    for lane in range(32):
+                        g, q = lane // 4, lane % 4
+                        r = 64 * cw + 16 * warp + 8 * h + g
+                        at = r * pitch + 8 * j + 2 * q
+                        assert (r, 8 * j + 2 * q) not in seen
+                        seen.add((r, 8 * j + 2 * q))
+                        for word in (at, at + 1):
+                            banks[word % 32] = banks.get(word % 32, 0) + 1
+                    assert max(banks.values()) <= 2
+    assert seen == {(r, c) for r in range(128) for c in range(0, 128, 2)}
+    assert 4 * (127 * pitch + 128) <= 6 * 32 * 1024
+    for s in range(2, 9):  # the sum's loop: thread ct of 256 takes i = ct, ct + 256, ... while its row < 128
+        summed = []
+        for rank in range(s):
+            for ct in range(256):
+                for i in range(ct, 10**6, 256):
+                    r, c = rank + s * (i // 32), 4 * (i % 32)
+                    if r >= 128:
+                        break
+                    summed.append((r, c))
+        assert sorted(summed) == [(r, c) for r in range(128) for c in range(0, 128, 4)], s
+
+
+def test_v14_ks_choice_and_launch(monkeypatch):
+    """v14_slices: K slices only where 128x128 tiles fill at most half the SMs, the most s <= 8
+    whose tiles x s blocks run at once and whose slices keep >= 8 k-tiles; the launcher runs
+    them as tiles x s blocks in clusters of s with v14's 128-wide maps over the whole K, C a
+    plain [M, np8] tensor and (M, np8, K) as the kernel's ints."""
+    from kernellab.ops.matmul import cuda as mc
+
+    h200 = {2: 132, 3: 129, 4: 128, 5: 125, 6: 126, 7: 126, 8: 128}.get  # (an H200's occupancy)
+    assert mc.v14_slices(768, 768, 8192, 1, 132, h200) == 3  # 36 tiles: 4 would be 144 blocks
+    assert mc.v14_slices(256, 4096, 4096, 1, 132, h200) == 2  # 64 tiles
+    assert mc.v14_slices(768, 3072, 8192, 1, 132, h200) == 1  # 144 tiles: more than the SMs
+    assert mc.v14_slices(768, 768, 1024, 1, 132, h200) == 2  # 16 k-tiles: slices of 8
+    assert mc.v14_slices(768, 768, 960, 1, 132, h200) == 1  # 15 k-tiles
+    assert mc.v14_slices(256, 256, 8192, 2, 132, h200) == 1  # batched: no split
+    assert mc.v14_slices(128, 128, 65536, 1, 132, h200) == 8  # the largest portable cluster
+    assert mc.v14_slices(768, 768, 8192, 1, 132, lambda s: 0) == 1  # no cluster fits
+
+    rec = _sm90_launches(monkeypatch)
+    bf = torch.bfloat16
+    dy, x = torch.randn(8192, 768).to(bf), torch.randn(8192, 760).to(bf)
+    for variant in ("v14", "v15"):
+        rec.calls.clear()
+        rec.names.clear()
+        rec.clusters = []
+        out = mc._product(variant, dy.t(), x)  # a weight gradient: dy^T [768, 8192] @ x [8192, 760]
+        assert set(rec.names) == {"matmul_v14_ks_km_kn_bf16"} and out.shape == (768, 760) and out.dtype == bf
+        ((grid, block, args, shared),) = rec.calls
+        assert (grid, block, shared, rec.clusters) == (36 * 3, 384, mc.DYN_SHARED["v14_ks"], [3])
+        ta, tb, c, *ints = args
+        assert ta[1] == dy.data_ptr() and tb[1] == x.data_ptr()
+        assert ta[2:] == (2, (768, 8192, 1), (1536, 1536 * 8192), (64, 64, 1), 128)
+        assert tb[2:] == (2, (760, 8192, 1), (1520, 1520 * 8192), (64, 64, 1), 128)
+        assert c.shape == (768, 760) and c.dtype == bf and ints == [768, 760, 8192]
+    assert mc.DYN_SHARED["v14_ks"] == 6 * 32 * 1024 + 1024
+    mc._ks_blocks.cache_clear()
+
+
 def test_asm_v14_split_kernels_stage_fp32():
     """The split form (128x128 tiles, fp32 C): per tile 2 x 64-column quarters x 8 groups of
     two 8-byte st.shared per thread (32), two 32-float TMA boxes per quarter (4 stores), no
@@ -1515,7 +1615,10 @@ def test_v14_split_choice_and_maps(monkeypatch):
     rec = _sm90_launches(monkeypatch)
     bf = torch.bfloat16
     dy, x = torch.randn(8192, 768).to(bf), torch.randn(8192, 760).to(bf)
-    out = mc._product("v14", dy.t(), x)  # a weight gradient: dy^T [768, 8192] @ x [8192, 760]
+    def split(a, b, s):
+        return mc._launch_v14_split(*mc._v14_operand(a[None]), *mc._v14_operand(b[None]), s, 760, 0)
+
+    out = split(dy.t(), x, 2)[0]  # a weight gradient: dy^T [768, 8192] @ x [8192, 760]
     assert rec.names == ["matmul_v14_n128_km_kn_bf16_c32"] and out.shape == (768, 760) and out.dtype == bf
     ((grid, block, args, shared),) = rec.calls
     ta, tb, tc, *ints = args
@@ -1526,7 +1629,7 @@ def test_v14_split_choice_and_maps(monkeypatch):
     assert ints == [768, 760, 4096, 2] and (grid, block, shared) == (2 * 36, 384, mc.DYN_SHARED["v14_n128"])
     rec.calls.clear()
     w = torch.randn(768, 8192).to(bf)
-    mc._product("v14", torch.randn(768, 8192).to(bf), w.t())  # a row-major A, B stored [N, K]
+    split(torch.randn(768, 8192).to(bf), w.t(), 2)  # a row-major A, B stored [N, K]
     ta, tb = rec.calls[0][2][:2]
     assert ta[2:] == (2, (4096, 768, 2), (16384, 8192), (64, 128, 1), 128)
     assert tb[2:] == (2, (4096, 768, 2), (16384, 8192), (64, 128, 1), 128)
@@ -2040,8 +2143,6 @@ def test_gpu_v14_every_major_order_and_width(dtype, block_n):
     impl = kernellab.registry.get("matmul", "cuda_v14")
     if impl.why_unavailable("cuda"):
         pytest.skip(impl.why_unavailable("cuda"))
-    dev = torch.cuda.current_device()
-    g = torch.Generator(device="cuda").manual_seed(11)
     shapes = [(128, 192, 64), (129, 200, 72), (1, 8, 8), (300, 1000, 8), (1000, 1016, 1000),
               (3, 136, 64, 264), (2048, 3000, 256), (64, 256, 8192)]  # fmt: skip
     _judge_every_order(mc._launch_v14, shapes, dtype, block_n, seed=11)
@@ -2049,19 +2150,46 @@ def test_gpu_v14_every_major_order_and_width(dtype, block_n):
     for shape in [(1000, 1023, 997), (2, 264, 392, 136), (1024, 768, 3000)]:
         a, b = _inputs(shape, dtype, "cuda", seed=21)
         _run_and_judge("cuda_v14", a, b, dtype, grads=True)
-    # the launcher's K slices (fp32 partials): a weight gradient's shape in every order, a
-    # partial tile in M and N, slices of 4096 and 4104
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=dtype_id)
+def test_gpu_v14_k_slices_in_clusters(dtype):
+    """v14's K slices (each tile in a cluster of s blocks, the partials summed through
+    distributed shared memory): the launcher's choice and s = 2, 3, 5 and 8 forced, on a
+    weight gradient's shape, partial tiles in M and N, K not a multiple of 64 or of s, every
+    operand order; judged against float64, and the same bits from a second call."""
+    from kernellab.ops.matmul import cuda as mc
+
+    impl = kernellab.registry.get("matmul", "cuda_v14")
+    if impl.why_unavailable("cuda"):
+        pytest.skip(impl.why_unavailable("cuda"))
+    dev = torch.cuda.current_device()
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    for m, n, k in [(768, 768, 8192), (256, 1000, 12288), (200, 136, 8208)]:
-        assert mc.v14_split(m, -(-n // 8) * 8, k, 1, sms) > 1
+    g = torch.Generator(device="cuda").manual_seed(12)
+    for m, n, k in [(768, 768, 8192), (256, 1000, 12296), (200, 136, 8208), (1000, 1023, 997)]:
+        np8 = -(-n // 8) * 8
+
+        def name(a, b):
+            return mc.v14_kernel_name(*(mc._v14_operand(t[None])[1] for t in (a, b)), 128, dtype, ks=True)
+
         for a_t in (False, True):
             for b_t in (False, True):
                 a = torch.randn((k, m) if a_t else (m, k), generator=g, device="cuda").to(dtype)
                 b = torch.randn((n, k) if b_t else (k, n), generator=g, device="cuda").to(dtype)
                 a, b = (a.t() if a_t else a), (b.t() if b_t else b)
-                y = mc._launch_v14(a[None], b[None], dev)[0]
-                v = judge(y, SPEC.ref(a, b), dtype, torch.matmul(a, b))
-                assert v.ok, f"split {m}x{n}x{k} a_t={a_t} b_t={b_t}: {v.detail}"
+                chosen = mc.v14_slices(m, np8, k, 1, sms, lambda s: mc._ks_blocks(name(a, b), s, dev))
+                assert chosen > 1, (m, n, k)
+                ref, want = SPEC.ref(a, b), torch.matmul(a, b)
+                runs = {"launcher": lambda: mc._launch_v14(a[None], b[None], dev)[0]}
+                for s in (2, 3, 5, 8):
+                    ops = (*mc._v14_operand(a[None]), *mc._v14_operand(b[None]))
+                    runs[f"s={s}"] = lambda s=s, ops=ops: mc._launch_v14_ks(*ops, s, np8, dev)[0]
+                for what, run in runs.items():
+                    y = run()
+                    v = judge(y, ref, dtype, want)
+                    assert v.ok, f"{what} {m}x{n}x{k} a_t={a_t} b_t={b_t}: {v.detail}"
+                    assert torch.equal(run(), y), f"{what} {m}x{n}x{k}: not repeatable"
 
 
 @pytest.mark.gpu

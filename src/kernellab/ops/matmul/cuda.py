@@ -149,6 +149,7 @@ DYN_SHARED = {
     "v14_n128": 6 * (128 * 64 + 64 * 128) * 2 + 1024 + 2 * 64 * 128 * 2,
 }
 DYN_SHARED.update({f"v15_n{bn}": DYN_SHARED[f"v14_n{bn}"] for bn in (192, 256)})  # v14's rings and C buffer
+DYN_SHARED["v14_ks"] = 6 * (128 * 64 + 64 * 128) * 2 + 1024  # the 128x128 ring; the slices' sum reuses it
 # The module of each variant that is not in matmul.cu.
 MODULES = {v: MODULE_SM90 for v in ("v10", "v11", "v12", "v13", "v14", "v15")}
 # The best variant per dtype (v9 is faster than v8 in bf16; v13 where the GPU has wgmma,
@@ -420,10 +421,18 @@ def v14_tensor_maps(
 
 
 def v14_kernel_name(
-    wa: tuple, wb: tuple, bn: int, dtype: torch.dtype, split: bool = False, variant: str = "v14"
+    wa: tuple,
+    wb: tuple,
+    bn: int,
+    dtype: torch.dtype,
+    split: bool = False,
+    variant: str = "v14",
+    ks: bool = False,
 ) -> str:
     a_order = "mk" if wa[0] == "r" else "km"
     b_order = "kn" if wb[0] == "r" else "nk"
+    if ks:
+        return f"matmul_v14_ks_{a_order}_{b_order}_{_SUFFIX[dtype]}"
     return f"matmul_{variant}_n{bn}_{a_order}_{b_order}_{_SUFFIX[dtype]}" + ("_c32" if split else "")
 
 
@@ -450,6 +459,51 @@ def v14_split(m: int, n: int, k: int, bt: int, sms: int) -> int:
         if k % s == 0 and (k // s) % 8 == 0 and k // s >= V14_SPLIT_MIN_K:
             best = s
     return best
+
+
+# v14's K slices in a cluster (matmul_sm90.cu, v14_ks_body): each 128x128 tile in a cluster of
+# s blocks, block j taking the j-th s-th of K; the blocks sum their fp32 partials through
+# distributed shared memory, in slice order, and write C: no workspace, no second kernel.
+V14_KS_SIGNATURE = ("tmap", "tmap", "ptr", "i32", "i32", "i32")
+V14_KS_MAX = 8  # the largest portable cluster
+V14_KS_MIN_KTILES = 8  # a slice keeps >= 8 k-tiles (512 of K): shorter ones are mostly fill and the sum
+
+
+@functools.cache
+def _ks_blocks(name: str, s: int, dev: int) -> int:
+    """How many blocks of v14's K-slice kernel ``name`` run at once on device ``dev`` in
+    clusters of ``s`` (whole clusters sit in one GPC)."""
+    kern = MODULE_SM90.kernel(name, V14_KS_SIGNATURE, dev)
+    kern.set_max_dynamic_shared(DYN_SHARED["v14_ks"])  # (the occupancy counts no more than is allowed)
+    return s * kern.max_active_clusters(V11_THREADS, s, DYN_SHARED["v14_ks"])
+
+
+def v14_slices(m: int, n: int, k: int, bt: int, sms: int, blocks) -> int:
+    """K slices (cluster size) for one product whose 128x128 tiles fill at most half the
+    SMs: the most s <= 8 whose tiles x s blocks run at once (``blocks(s)``: co-resident
+    blocks in clusters of s) and leave each slice >= 8 k-tiles; 1 (no split) otherwise.
+    768 x 768 over K = 8192 on an H200: 36 tiles, s = 3 (108 blocks; 4 would be 144)."""
+    tiles = _cdiv(m, V11_BM) * _cdiv(n, 128)
+    if bt != 1 or 2 * tiles > sms:
+        return 1
+    best = 1
+    for s in range(2, V14_KS_MAX + 1):
+        if _cdiv(k, V11_BK) // s >= V14_KS_MIN_KTILES and tiles * s <= blocks(s):
+            best = s
+    return best
+
+
+def _launch_v14_ks(a3, wa, b3, wb, s: int, np8: int, dev: int) -> torch.Tensor:
+    """One product in s K slices, each 128x128 tile in a cluster of s blocks (v14_slices)."""
+    m, k, n = a3.shape[-2], a3.shape[-1], b3.shape[-1]
+    c = torch.empty((m, np8), dtype=a3.dtype, device=a3.device)
+    ta, tb = v14_tensor_maps(a3, wa, b3, wb, 128)
+    kern = MODULE_SM90.kernel(v14_kernel_name(wa, wb, 128, a3.dtype, ks=True), V14_KS_SIGNATURE, dev)
+    shared = DYN_SHARED["v14_ks"]
+    kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
+    tiles = _cdiv(m, V11_BM) * _cdiv(np8, 128)
+    kern.launch_cluster(tiles * s, V11_THREADS, s, ta, tb, c, m, np8, k, shared=shared, device_index=dev)
+    return (c if np8 == n else c[:, :n].contiguous()).unsqueeze(0)
 
 
 # v15 (matmul_sm90.cu): v14's kernels in clusters of two blocks, tiles m0 and m0 + 128 of the
@@ -499,9 +553,11 @@ def _launch_v14(
     b3, wb = _v14_operand(b3)
     np8 = _cdiv(n, 8) * 8
     sms = _sm_count(dev)
-    s = 1 if block_n is not None else v14_split(m, np8, k, bt, sms)
-    if s > 1:
-        return _launch_v14_split(a3, wa, b3, wb, s, np8, dev)
+    if block_n is None:
+        name = v14_kernel_name(wa, wb, 128, a3.dtype, ks=True)
+        s = v14_slices(m, np8, k, bt, sms, lambda s: _ks_blocks(name, s, dev))
+        if s > 1:
+            return _launch_v14_ks(a3, wa, b3, wb, s, np8, dev)
     bn = block_n or v14_block_n(m, np8, bt, sms)
     live = 0  # co-resident two-block clusters (v15); 0: one block a tile (v14)
     if clusters and (block_n is not None or (bn != 128 and m > V11_BM)):

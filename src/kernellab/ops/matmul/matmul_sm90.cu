@@ -582,21 +582,24 @@ __device__ __forceinline__ void v11_load_a(unsigned st, const TensorMap* ta, uns
 // 64). A stage is refilled once the consumers of both blocks have released it (empty counts
 // 16); at the end the producer waits for the last releases of every stage, so that no copy
 // or arrival of the other block targets this block's shared memory after it exits.
+// v14's K slices (v14_ks_body): `group` blocks share each tile (t = blockIdx.x / group) and
+// this block copies the tile's k-tiles kt0 .. kt0 + ktiles - 1.
 template <int BN, bool AT = false, bool BT = false, int MC = 1>
 __device__ __forceinline__ void v11_produce(const TensorMap* ta, const TensorMap* tb,
                                             const V11Sched<BN, V11_BM * MC>& sched, int ktiles, unsigned smem0,
-                                            unsigned full0, unsigned empty0, unsigned rank = 0) {
+                                            unsigned full0, unsigned empty0, unsigned rank = 0, int kt0 = 0,
+                                            int group = MC) {
     using Tile = V11Tile<BN>;
     constexpr int S = Tile::STAGES;
     // the maps' descriptors into the TMA unit's cache before the first copy needs them
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(ta)) : "memory");
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(tb)) : "memory");
     int it = 0;
-    for (int t = blockIdx.x / MC; t < sched.total; t += gridDim.x / MC) {
+    for (int t = blockIdx.x / group; t < sched.total; t += gridDim.x / group) {
         int m0, n0, z;
         sched.tile(t, m0, n0, z);
         if constexpr (MC == 2) m0 += rank * V11_BM;  // this block's half of the pair
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        for (int kt = kt0; kt < kt0 + ktiles; ++kt, ++it) {
             const int s = it % S;
             if (it >= S) mbar_wait(empty0 + 8 * s, (it / S - 1) & 1);  // use it - S released (by both blocks: v15)
             const unsigned st = smem0 + s * Tile::STAGE_BYTES, bar = full0 + 8 * s;
@@ -1196,6 +1199,122 @@ V14_SPLIT(mk, kn, false, false)
 V14_SPLIT(mk, nk, false, true)
 V14_SPLIT(km, kn, true, false)
 V14_SPLIT(km, nk, true, true)
+
+// ----------------------------------------------------------------- v14's K slices in a cluster
+//
+// A product whose 128x128 tiles fill at most half the SMs (GPT-2's weight gradient: 768 x
+// 768 over K = 8192 tokens is 36 tiles on 132 SMs) runs each tile in a cluster of `slices`
+// blocks (2-8, the cluster's size), block `rank` taking k-tiles rank * kt / slices ..
+// (rank + 1) * kt / slices - 1 of the tile's kt. The slices meet in distributed shared
+// memory instead of global memory:
+//   1. each block's consumers finish their MMAs (both warpgroups: a named barrier, after
+//      which no wgmma reads the ring) and store their fp32 accumulators into the block's own
+//      ring, a [128][V14_KS_PITCH] float tile (pair stores of row r land 8 banks past row r -
+//      1's: two wavefronts per warp store, the fewest for 256 bytes);
+//   2. a cluster barrier (release / acquire: every block's partial is visible to the others);
+//   3. block `rank` sums rows rank, rank + slices, ... of the tile over the slices in slice
+//      order 0 .. slices - 1 (ld.shared::cluster through mapa; the same order whichever
+//      block finishes first: deterministic), rounds to T and stores them (4 columns a thread,
+//      8-byte stores, rows and columns past M and N skipped);
+//   4. a second cluster barrier: no block leaves while another still reads its shared memory.
+// No fp32 workspace in global memory and no second kernel. The producer warpgroup stays for
+// both barriers. One tile per cluster: grid = tiles x slices blocks, one wave (the launcher).
+// Kernels: matmul_v14_ks_{mk,km}_{kn,nk}_{bf16,f16}; C a plain pointer to [M, N] (N a multiple
+// of 8: 16-byte rows), A and B v14's maps of the 128x128 form.
+#define V14_KS_PITCH 136  // floats per row of a block's partial tile
+#define V14_KS_BAR 3      // named barrier of the two consumer warpgroups (v13's epilogue uses 1, 2)
+
+__device__ __forceinline__ float4 v14_ld_cluster4(unsigned cluster_addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(cluster_addr)
+                 : "memory");
+    return v;
+}
+
+template <typename T, bool BF16, bool AT, bool BT>
+__device__ __forceinline__ void v14_ks_body(const TensorMap* ta, const TensorMap* tb, T* __restrict__ C, int M,
+                                            int N, int K) {
+    using Tile = V11Tile<128>;
+    constexpr int S = Tile::STAGES;
+    static_assert(128 * V14_KS_PITCH * 4 <= S * Tile::STAGE_BYTES, "the partial tile must fit in the ring");
+    extern __shared__ __align__(1024) unsigned char v14k_smem[];
+    __shared__ __align__(8) unsigned long long v14k_bars[2 * S];  // full[0..S), empty[0..S)
+    v11_check_smem(Tile::SMEM_BYTES);
+    const unsigned smem0 = (v10_smem_u32(v14k_smem) + 1023u) & ~1023u;
+    const unsigned full0 = v10_smem_u32(&v14k_bars[0]), empty0 = v10_smem_u32(&v14k_bars[S]);
+    const int tid = threadIdx.x;
+    v11_init_ring<S>(full0, empty0, 8);
+    unsigned slices;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(slices));
+    const unsigned rank = v15_rank();
+    const V11Sched<128> sched(M, N, 1);
+    const int kt = (K + V11_BK - 1) / V11_BK;
+    const int kt0 = rank * kt / slices, mine = (rank + 1) * kt / slices - kt0;
+
+    if (tid < 128) {  // producer warpgroup: thread 0 copies the slice, then all wait out the sum
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (tid == 0) v11_produce<128, AT, BT>(ta, tb, sched, mine, smem0, full0, empty0, 0, kt0, slices);
+        __syncwarp();
+        v15_cluster_sync();
+        v15_cluster_sync();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int cw = tid / 128 - 1, warp = (tid % 128) / 32, lane = tid % 32;
+    const int g = lane / 4, q = lane % 4;
+    int m0, n0, z;
+    sched.tile(blockIdx.x / slices, m0, n0, z);
+    float acc[64];
+    int it = 0;
+    v11_mainloop<128, BF16, AT, BT>(acc, mine, it, smem0, full0, empty0, cw, lane);
+
+    asm volatile("bar.sync %0, 256;\n" ::"r"(V14_KS_BAR) : "memory");  // no wgmma reads the ring now
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = cw * 64 + warp * 16 + 8 * h + g;
+            v14_st_shared2(smem0 + (r * V14_KS_PITCH + 8 * j + 2 * q) * 4, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+    v15_cluster_sync();
+    for (int i = tid - 128;; i += 256) {  // 32 threads a row, 4 columns each
+        const int r = rank + slices * (i / 32), c = 4 * (i % 32);
+        if (r >= 128) break;
+        const unsigned at = smem0 + (r * V14_KS_PITCH + c) * 4;
+        float4 sum = v14_ld_cluster4(v15_peer(at, 0));
+        for (unsigned p = 1; p < slices; ++p) {
+            const float4 v = v14_ld_cluster4(v15_peer(at, p));
+            sum.x += v.x;
+            sum.y += v.y;
+            sum.z += v.z;
+            sum.w += v.w;
+        }
+        const int row = m0 + r, col = n0 + c;
+        if (row < M && col < N)
+            *reinterpret_cast<uint2*>(C + (long long)row * N + col) =
+                make_uint2(v13_pack((T*)nullptr, sum.x, sum.y), v13_pack((T*)nullptr, sum.z, sum.w));
+    }
+    v15_cluster_sync();
+}
+
+#define V14_KS_KERNEL(AO, BO, AT, BT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v14_ks_##AO##_##BO##_bf16(          \
+        const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb, __nv_bfloat16* C, int M, \
+        int N, int K) {                                                                                     \
+        v14_ks_body<__nv_bfloat16, true, AT, BT>(&ta, &tb, C, M, N, K);                                     \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v14_ks_##AO##_##BO##_f16(           \
+        const __grid_constant__ TensorMap ta, const __grid_constant__ TensorMap tb, __half* C, int M, int N, \
+        int K) {                                                                                            \
+        v14_ks_body<__half, false, AT, BT>(&ta, &tb, C, M, N, K);                                           \
+    }
+
+V14_KS_KERNEL(mk, kn, false, false)
+V14_KS_KERNEL(mk, nk, false, true)
+V14_KS_KERNEL(km, kn, true, false)
+V14_KS_KERNEL(km, nk, true, true)
 
 // ======================================================================================= v15
 //
