@@ -1,14 +1,13 @@
 """v14's K slices in a cluster (each 128x128 tile in a cluster of s blocks, the partials summed
-through distributed shared memory) against the split it replaces (fp32 slices in global
-memory, then torch's sum), one pass without a split, and cuBLAS, at the products whose
-tiles fill at most half the GPU.
+through distributed shared memory) against one pass without a split and cuBLAS, at the
+products whose tiles fill at most half the GPU. (The split it replaced, fp32 slices in
+global memory summed by torch, was measured beside it at 4cfe0a9: NOTES (aj).)
 
     PYTHONPATH=src python lab/gpu_mm_ks.py --out DIR [--max-seconds 240]
 
 Per product: every forced slice count s (2-8 where tiles x s blocks run at once) judged
 against float64 and timed (CUDA events, L2 flushed, median), the launcher's choice
-(``cuda_v15``), ``v14_n128`` (one pass, no split), ``split_c32`` (the old path, where it
-splits) and torch.matmul. Rows to DIR/mm_ks.jsonl; a table last.
+(``cuda_v15``), ``v14_n128`` (one pass, no split) and torch.matmul. Rows to DIR/mm_ks.jsonl; a table last.
 """
 
 from __future__ import annotations
@@ -53,18 +52,6 @@ def ks_fn(s: int):
     return run
 
 
-def split_fn(s: int):
-    from kernellab.ops.matmul import cuda as mc
-
-    def run(a, b):
-        a3, wa = mc._v14_operand(a.unsqueeze(0))
-        b3, wb = mc._v14_operand(b.unsqueeze(0))
-        np8 = -(-b.shape[-1] // 8) * 8
-        return mc._launch_v14_split(a3, wa, b3, wb, s, np8, torch.cuda.current_device())[0]
-
-    return run
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -95,9 +82,6 @@ def main() -> int:
             a, b = operands(m, n, k, a_t, b_t, dt, zlib.crc32(case.encode()))
             tiles = -(-m // 128) * -(-(-(-n // 8) * 8) // 128)
             fns = {"torch": torch.matmul, "cuda_v15": v15(), "v14_n128": v14(128)}
-            s_old = mc.v14_split(m, -(-n // 8) * 8, k, 1, sms)
-            if s_old > 1:
-                fns[f"split_c32_s{s_old}"] = split_fn(s_old)
             for s in range(2, mc.V14_KS_MAX + 1):
                 if tiles * s <= cap[s] and -(-k // 64) >= s:
                     fns[f"ks{s}"] = ks_fn(s)

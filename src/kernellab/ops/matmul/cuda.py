@@ -289,13 +289,11 @@ V13_SIGNATURE = ("tmap", "tmap", "tmap", "i32", "i32", "i32", "i32")
 
 def v13_c_map(c: torch.Tensor):
     """The TMA map of v13's output c [bt, M, N] (N the padded width, a multiple of 8): dims
-    innermost first, byte strides, boxes of 128 bytes of columns (64 16-bit values; 32 fp32
-    ones for v14's split partials) x 64 rows (a consumer warpgroup's rows of one box),
-    128-byte swizzle (the staging buffer's layout). TMA stores clip at the dims: rows past M
-    and columns past N are not written."""
+    innermost first, byte strides, boxes of 64 columns x 64 rows (a consumer warpgroup's rows
+    of one box), 128-byte swizzle (the staging buffer's layout). TMA stores clip at the dims:
+    rows past M and columns past N are not written."""
     bt, m, n = c.shape
-    e = c.element_size()
-    return tensor_map(c.data_ptr(), e, (n, m, bt), (e * n, e * m * n), (128 // e, 64, 1), 128)
+    return tensor_map(c.data_ptr(), 2, (n, m, bt), (2 * n, 2 * m * n), (64, 64, 1), 128)
 
 
 def _launch_v13(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:
@@ -393,22 +391,16 @@ def _v14_operand(t: torch.Tensor) -> tuple[torch.Tensor, tuple[str, int, int]]:
 
 
 def v14_tensor_maps(
-    a3: torch.Tensor, wa: tuple, b3: torch.Tensor, wb: tuple, bn: int, slices: int = 1, b_half: bool = False
+    a3: torch.Tensor, wa: tuple, b3: torch.Tensor, wb: tuple, bn: int, b_half: bool = False
 ) -> tuple:
     """The A and B maps of v14's kernels, dims innermost first, byte strides, 128-byte
     swizzle: A row-major ("mk") as v11's (box 64 k x 128 m) or column-major ("km": box 64 m
     x 64 k, one slab per consumer warpgroup); B row-major ("kn") as v11's (box 64 n x 64 k)
-    or column-major ("nk": box 64 k x bn n, the whole B tile). ``slices`` > 1 (v14_split,
-    one product): K cut into that many equal slices, slice j as batch entry j (the maps' K
-    dim K / slices, their batch stride K / slices along K). ``b_half`` (v15): B's box is the
-    half a block of a cluster copies, 64 n x 32 k ("kn") or 64 k x bn / 2 n ("nk")."""
+    or column-major ("nk": box 64 k x bn n, the whole B tile). ``b_half`` (v15): B's box is
+    the half a block of a cluster copies, 64 n x 32 k ("kn") or 64 k x bn / 2 n ("nk")."""
     bt, m, k = a3.shape
     n = b3.shape[-1]
     (ma, pa, sa), (mb, pb, sb) = wa, wb
-    if slices > 1:
-        k, bt = k // slices, slices
-        sa = k if ma == "r" else k * pa  # K / s columns of a row-major A, K / s rows of a [K, M] one
-        sb = k * pb if mb == "r" else k
     if ma == "r":
         ta = tensor_map(a3.data_ptr(), 2, (k, m, bt), (2 * pa, 2 * sa), (V11_BK, V11_BM, 1), 128)
     else:
@@ -421,44 +413,15 @@ def v14_tensor_maps(
 
 
 def v14_kernel_name(
-    wa: tuple,
-    wb: tuple,
-    bn: int,
-    dtype: torch.dtype,
-    split: bool = False,
-    variant: str = "v14",
-    ks: bool = False,
+    wa: tuple, wb: tuple, bn: int, dtype: torch.dtype, variant: str = "v14", ks: bool = False
 ) -> str:
+    """The kernel for the operands' windows: ``variant``'s of width ``bn``, or (``ks``) v14's
+    K-slice kernel (always 128 wide)."""
     a_order = "mk" if wa[0] == "r" else "km"
     b_order = "kn" if wb[0] == "r" else "nk"
     if ks:
         return f"matmul_v14_ks_{a_order}_{b_order}_{_SUFFIX[dtype]}"
-    return f"matmul_{variant}_n{bn}_{a_order}_{b_order}_{_SUFFIX[dtype]}" + ("_c32" if split else "")
-
-
-V14_SPLIT_MAX = 16
-# A slice keeps >= 4096 of K: at 256x4096x4096 (64 tiles) two slices of 2048 lost to one
-# pass (0.74-0.76x cuBLAS against 0.78-0.79x; the fp32 partials' traffic and the sum), while
-# two of 4096-7168 gained (768x768x8192 0.52 -> 0.69x, 256x4096x14336 0.65 -> 0.86x).
-V14_SPLIT_MIN_K = 4096
-
-
-def v14_split(m: int, n: int, k: int, bt: int, sms: int) -> int:
-    """K slices for one product whose 128x128 tiles fill at most half the SMs: the most s
-    (<= 16) with tiles x s <= SMs that cuts K into equal slices of >= 4096 elements and whole
-    16-byte units (a slice is a batch entry of each operand's map; equal slices keep every
-    read inside the operand); 1 (no split) otherwise. 768 x 768 over K = 8192: 36 tiles, s = 2
-    (3 does not divide K); 256 x 4096 over 14336: 64 tiles, s = 2."""
-    tiles = _cdiv(m, V11_BM) * _cdiv(n, 128)
-    if bt != 1 or 2 * tiles > sms:
-        return 1
-    best = 1
-    for s in range(2, V14_SPLIT_MAX + 1):
-        if tiles * s > sms:
-            break
-        if k % s == 0 and (k // s) % 8 == 0 and k // s >= V14_SPLIT_MIN_K:
-            best = s
-    return best
+    return f"matmul_{variant}_n{bn}_{a_order}_{b_order}_{_SUFFIX[dtype]}"
 
 
 # v14's K slices in a cluster (matmul_sm90.cu, v14_ks_body): each 128x128 tile in a cluster of
@@ -583,23 +546,6 @@ def _launch_v14(
     else:
         kern(min(sms, tiles), V11_THREADS, *args, shared=shared, device_index=dev)
     return c if np8 == n else c[..., :n].contiguous()
-
-
-def _launch_v14_split(a3, wa, b3, wb, s: int, np8: int, dev: int) -> torch.Tensor:
-    """One product in s K slices (v14_split): 128x128 tiles, fp32 partial sums in C [s, M,
-    np8] (v13_c_map: boxes of 32 floats x 64 rows), then one fp32 sum over the
-    slices (deterministic) rounded to the operands' dtype."""
-    m, k, n = a3.shape[-2], a3.shape[-1], b3.shape[-1]
-    part = torch.empty((s, m, np8), dtype=torch.float32, device=a3.device)
-    ta, tb = v14_tensor_maps(a3, wa, b3, wb, 128, slices=s)
-    kern = MODULE_SM90.kernel(v14_kernel_name(wa, wb, 128, a3.dtype, split=True), V13_SIGNATURE, dev)
-    shared = DYN_SHARED["v14_n128"]
-    kern.set_max_dynamic_shared(shared)  # (a no-op once allowed)
-    tiles = s * _cdiv(m, V11_BM) * _cdiv(np8, 128)
-    grid = min(_sm_count(dev), tiles)
-    kern(grid, V11_THREADS, ta, tb, v13_c_map(part), m, np8, k // s, s, shared=shared, device_index=dev)
-    c = part.sum(dim=0, dtype=torch.float32).to(a3.dtype)
-    return (c if np8 == n else c[:, :n].contiguous()).unsqueeze(0)
 
 
 def _launch_v15(a3: torch.Tensor, b3: torch.Tensor, dev: int, block_n: int | None = None) -> torch.Tensor:

@@ -998,12 +998,12 @@ __device__ __forceinline__ void v14_st_shared2(unsigned addr, float x, float y) 
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 
-template <typename T, bool BF16, int BN, bool AT = false, bool BT = false, bool C32 = false, int MC = 1>
+template <typename T, bool BF16, int BN, bool AT = false, bool BT = false, int MC = 1>
 __device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* tb, const TensorMap* tc, int M,
                                          int N, int K, int batch) {
     using Tile = V11Tile<BN>;
     constexpr int S = Tile::STAGES;
-    static_assert(MC == 1 || (MC == 2 && !C32), "v15's clusters are of two blocks, with 16-bit C");
+    static_assert(MC == 1 || MC == 2, "v15's clusters are of two blocks");
     extern __shared__ __align__(1024) unsigned char v13_smem[];
     __shared__ __align__(8) unsigned long long v13_bars[2 * S];  // full[0..S), empty[0..S)
     v11_check_smem(V13Smem<BN>::BYTES);
@@ -1051,36 +1051,6 @@ __device__ __forceinline__ void v13_body(const TensorMap* ta, const TensorMap* t
         // warpgroup's buffer to a TMA store.
         const int row_c = m0 + cw * 64;  // the warpgroup's first row of C
         if (row_c >= M) continue;        // (uniform in the warpgroup)
-        if constexpr (C32) {  // v14's fp32 partial sums: 64-column quarters, two 32-column boxes each
-#pragma unroll
-            for (int qf = 0; qf < BN / 64; ++qf) {
-                const int col_c = n0 + 64 * qf;
-                if (col_c >= N) break;  // (uniform in the warpgroup)
-                if (issuer) v13_bulk_wait_read0();
-                v13_epi_sync(epi_bar);
-#pragma unroll
-                for (int jj = 0; jj < 8; ++jj) {  // 8-column groups: j = 8 qf + jj
-                    const int j = 8 * qf + jj;
-                    // columns 8 (jj % 4) + 2q, +1 of box jj / 4: byte 32 (jj % 4) + 8q of the
-                    // 128-byte row, 16-byte chunk 2 (jj % 4) + q / 2, swizzled by the row (r % 8 = g)
-                    const unsigned chunk = (2 * (jj % 4) + (q >> 1)) ^ g;
-                    const unsigned box = cbuf + (jj / 4) * 8192 + (chunk << 4) + ((q & 1) << 3);
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int r = warp * 16 + 8 * h + g;
-                        v14_st_shared2(box + r * 128, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-                    }
-                }
-                v10_fence_proxy_async();
-                v13_epi_sync(epi_bar);
-                if (issuer) {
-                    v13_tma_store_3d(tc, cbuf, col_c, row_c, z);
-                    if (col_c + 32 < N) v13_tma_store_3d(tc, cbuf + 8192, col_c + 32, row_c, z);
-                    v13_bulk_commit();
-                }
-            }
-            continue;
-        }
 #pragma unroll
         for (int hf = 0; hf < (BN + 127) / 128; ++hf) {
             const int col_c = n0 + 128 * hf;
@@ -1158,47 +1128,31 @@ extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) matmul_v13_n128_f16
 //    (3 waves, 97% full); 8192 x 768 is 192 wide tiles (2 waves, the second 45% full) and
 //    256 of 192 (2 waves, 97%). The launcher picks the width (cuda.py, v14_block_n).
 //
-// 3. K slices with fp32 partial sums, for products whose 128x128 tiles leave most SMs idle
-//    (GPT-2's weight gradient, 768 x 768 over K = 8192 tokens, is 36 tiles on 132 SMs): the
-//    launcher maps slice j of K as batch entry j of both operands (a batch stride of K / s
-//    elements or rows) and C as an fp32 [s, M, N] tensor, and adds the slices in order. The
-//    fp32 epilogue stages 64-column quarters: two 8 KB boxes of 64 rows x 32 floats (128-byte
-//    rows, 128-byte swizzle); a fragment pair (8 bytes) of row r, columns 8j + 2q, +1 lands in
-//    box (j % 8) / 4 at 16-byte chunk (2 (j % 4) + q / 2) ^ (r % 8), byte 8 (q % 2) of it.
+// 3. K slices in a cluster, for products whose 128x128 tiles leave most SMs idle: see "v14's
+//    K slices in a cluster" below.
 //
 // Kernels: matmul_v14_n{128,192,256}_{mk,km}_{kn,nk}_{bf16,f16}: the tile width, A's stored
-// order (mk: [M, K] rows, km: [K, M]), B's (kn: [K, N], nk: [N, K]); and the split form
-// matmul_v14_n128_{mk,km}_{kn,nk}_{bf16,f16}_c32 (fp32 C). Contract: v13's, with A and B any
-// 3-D windows whose rows are whole 16-byte units (the tensor maps carry the pitches and batch
-// strides; K and the operands' widths need not be multiples of 8); C as v13's, or fp32 with
-// rows of whole 16-byte units.
+// order (mk: [M, K] rows, km: [K, M]), B's (kn: [K, N], nk: [N, K]). Contract: v13's, with A
+// and B any 3-D windows whose rows are whole 16-byte units (the tensor maps carry the pitches
+// and batch strides; K and the operands' widths need not be multiples of 8).
 
-#define V14_KERNEL(NAME, T, BF, BN, AT, BT, C32)                                     \
+#define V14_KERNEL(NAME, T, BF, BN, AT, BT)                                          \
     extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) NAME(V13_ARGS(T)) { \
-        v13_body<T, BF, BN, AT, BT, C32>(&ta, &tb, &tc, M, N, K, batch);             \
+        v13_body<T, BF, BN, AT, BT>(&ta, &tb, &tc, M, N, K, batch);                  \
     }
-#define V14_FORM(BN)                                                                                     \
-    V14_KERNEL(matmul_v14_n##BN##_mk_kn_bf16, __nv_bfloat16, true, BN, false, false, false)              \
-    V14_KERNEL(matmul_v14_n##BN##_mk_nk_bf16, __nv_bfloat16, true, BN, false, true, false)               \
-    V14_KERNEL(matmul_v14_n##BN##_km_kn_bf16, __nv_bfloat16, true, BN, true, false, false)               \
-    V14_KERNEL(matmul_v14_n##BN##_km_nk_bf16, __nv_bfloat16, true, BN, true, true, false)                \
-    V14_KERNEL(matmul_v14_n##BN##_mk_kn_f16, __half, false, BN, false, false, false)                     \
-    V14_KERNEL(matmul_v14_n##BN##_mk_nk_f16, __half, false, BN, false, true, false)                      \
-    V14_KERNEL(matmul_v14_n##BN##_km_kn_f16, __half, false, BN, true, false, false)                      \
-    V14_KERNEL(matmul_v14_n##BN##_km_nk_f16, __half, false, BN, true, true, false)
-
-// 128x128 tiles with fp32 C: the K slices of a split product (cuda.py, v14_split)
-#define V14_SPLIT(AO, BO, AT, BT)                                                                        \
-    V14_KERNEL(matmul_v14_n128_##AO##_##BO##_bf16_c32, __nv_bfloat16, true, 128, AT, BT, true)           \
-    V14_KERNEL(matmul_v14_n128_##AO##_##BO##_f16_c32, __half, false, 128, AT, BT, true)
+#define V14_FORM(BN)                                                                         \
+    V14_KERNEL(matmul_v14_n##BN##_mk_kn_bf16, __nv_bfloat16, true, BN, false, false)         \
+    V14_KERNEL(matmul_v14_n##BN##_mk_nk_bf16, __nv_bfloat16, true, BN, false, true)          \
+    V14_KERNEL(matmul_v14_n##BN##_km_kn_bf16, __nv_bfloat16, true, BN, true, false)          \
+    V14_KERNEL(matmul_v14_n##BN##_km_nk_bf16, __nv_bfloat16, true, BN, true, true)           \
+    V14_KERNEL(matmul_v14_n##BN##_mk_kn_f16, __half, false, BN, false, false)                \
+    V14_KERNEL(matmul_v14_n##BN##_mk_nk_f16, __half, false, BN, false, true)                 \
+    V14_KERNEL(matmul_v14_n##BN##_km_kn_f16, __half, false, BN, true, false)                 \
+    V14_KERNEL(matmul_v14_n##BN##_km_nk_f16, __half, false, BN, true, true)
 
 V14_FORM(128)
 V14_FORM(192)
 V14_FORM(256)
-V14_SPLIT(mk, kn, false, false)
-V14_SPLIT(mk, nk, false, true)
-V14_SPLIT(km, kn, true, false)
-V14_SPLIT(km, nk, true, true)
 
 // ----------------------------------------------------------------- v14's K slices in a cluster
 //
@@ -1354,7 +1308,7 @@ V14_KS_KERNEL(km, nk, true, true)
 
 #define V15_KERNEL(NAME, T, BF, BN, AT, BT)                                          \
     extern "C" __global__ void __launch_bounds__(V11_THREADS, 1) NAME(V13_ARGS(T)) { \
-        v13_body<T, BF, BN, AT, BT, false, 2>(&ta, &tb, &tc, M, N, K, batch);        \
+        v13_body<T, BF, BN, AT, BT, 2>(&ta, &tb, &tc, M, N, K, batch);               \
     }
 #define V15_FORM(BN)                                                                        \
     V15_KERNEL(matmul_v15_n##BN##_mk_kn_bf16, __nv_bfloat16, true, BN, false, false)        \
