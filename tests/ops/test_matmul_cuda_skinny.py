@@ -228,6 +228,75 @@ def test_cols_loops_cover_every_product_once(n, k, kchunk, cfg):
     np.testing.assert_allclose(y, x @ w, rtol=1e-12, atol=1e-12)
 
 
+def _cols_odd_model(x, w, woff, ldw, cfg, kchunk):
+    """skinny_cols's vec == 0 path in Python: the weight [k, n] lies in a flat buffer at half
+    offset ``woff`` from a 16-byte boundary with row pitch ``ldw`` (odd); a run is 248
+    outputs; lane l loads aligned chunk l from the run's start rounded down (where it holds
+    an output < n), takes chunk l + 1 from lane l + 1 and shifts out its 8 outputs (lane 31
+    none); the epilogue maps the 256-wide sums back to the run's outputs. Returns y and, per
+    (k, n), how often the value of w[k, n] met output n (an element of another column
+    counted as that column's would show)."""
+    import numpy as np
+
+    m, k = x.shape
+    n = w.shape[1]
+    flat = np.full(woff + k * ldw + 16, np.nan)  # halfs; past the weight: values never to be used
+    for r in range(k):
+        flat[woff + r * ldw : woff + r * ldw + n] = w[r]
+    ids = np.full(flat.shape, -1)
+    for r in range(k):
+        ids[woff + r * ldw : woff + r * ldw + n] = r * n + np.arange(n)
+    run, cn = 248, 248 * cfg.chunks
+    plan = cs.plan(m, n, k, "nn", torch.bfloat16, 132, cfg, -(-k // kchunk), aligned=False)
+    assert plan.grid[0] == -(-n // cn)
+    seen = np.zeros((k, n), dtype=np.int64)
+    y = np.zeros((m, n))
+    for z in range(-(-k // kchunk)):
+        kb = z * kchunk
+        for bx in range(plan.grid[0]):
+            n0 = bx * cn
+            for r in range(min(k - kb, kchunk)):
+                for j in range(cfg.chunks):
+                    first = n0 + j * run
+                    start = woff + (kb + r) * ldw + first  # the run's first half in the buffer
+                    off = (woff + (kb + r) * ldw + first) & 7
+                    assert start % 8 == off
+                    chunks = []
+                    for lane in range(32):
+                        at = start - off + 8 * lane
+                        ok = first - off + 8 * lane < n
+                        none = (np.zeros(8), -np.ones(8))
+                        chunks.append((flat[at : at + 8], ids[at : at + 8]) if ok else none)
+                    for lane in range(31):
+                        need = min(8, n - (first + 8 * lane))
+                        if need <= 0:
+                            continue
+                        vals = np.concatenate([chunks[lane][0], chunks[lane + 1][0]])[off : off + need]
+                        got = np.concatenate([chunks[lane][1], chunks[lane + 1][1]])[off : off + need]
+                        for e in range(need):
+                            col = first + 8 * lane + e
+                            assert got[e] == (kb + r) * n + col, (r, col, got[e])
+                            seen[kb + r, col] += 1
+                            y[:, col] += x[:, kb + r] * vals[e]
+    return y, seen
+
+
+@pytest.mark.parametrize(
+    "n,k,ldw,woff", [(300, 70, 301, 3), (513, 37, 515, 0), (40, 9, 41, 7), (249, 5, 253, 5)]
+)
+@pytest.mark.parametrize(
+    "cfg", [cs.ColsConfig(warps=3, chunks=1, unroll=2), cs.ColsConfig(warps=2, chunks=2, unroll=3)], ids=str
+)
+def test_cols_odd_strides_model_every_product_once(n, k, ldw, woff, cfg):
+    import numpy as np
+
+    rng = np.random.default_rng(n * k)
+    x, w = rng.standard_normal((2, k)), rng.standard_normal((k, n))
+    y, seen = _cols_odd_model(x, w, woff, ldw, cfg, 32)
+    assert (seen == 1).all()
+    np.testing.assert_allclose(y, x @ w, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("m", cs.COLS_M)
 def test_cols_kernels_compile_for_sm80_and_sm90(m):
     if nvrtc_unavailable():
@@ -458,6 +527,25 @@ def test_gpu_unaligned_loads_every_offset_and_tail():
         cfgs += [cs.ColsConfig(warps=3, chunks=1, unroll=2)] * (layout == "nn" and k > 1 and m <= 16)
         for cfg, splits in itertools.product(cfgs, (None, 2) if k >= 128 else (None,)):
             _judge(cs.skinny_product(a, b, cfg, splits), a, b, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_cols_odd_row_strides_every_offset():
+    """The cols kernel's odd row strides (sk_ld8_warp: one aligned chunk a lane, the chunk
+    after it from the next lane, the last lane's own): N just below and past one and two
+    warps' runs (256 and 512 halfs), the weight starting at each of the 8 half offsets, one
+    and two runs a lane, split K or not."""
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    cfgs = [cs.ColsConfig(warps=4, chunks=1, unroll=2), cs.ColsConfig(warps=8, chunks=2, unroll=4)]
+    ns, ms = [255, 257, 511, 513, 4097], [1, 3, 8]
+    for off, n, m, cfg, splits in itertools.product(range(8), ns, ms, cfgs, (None, 3)):
+        if cfg.block_m(m) * cfg.chunks > 16:
+            continue
+        k = 301
+        a = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
+        b = _offset_view(torch.randn(k, n, generator=gen, device="cuda").bfloat16(), off)
+        assert cs.weight_layout(b)[0] == "nn"
+        _judge(cs.skinny_product(a, b, cfg, splits), a, b, torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -413,9 +413,10 @@ class Plan:
 
 
 def plan(m: int, n: int, k: int, layout: str, dtype: torch.dtype, sms: int, config=None,
-         splits: int | None = None) -> Plan:  # fmt: skip
+         splits: int | None = None, aligned: bool = True) -> Plan:  # fmt: skip
     """The launch for y [m, n] = x [m, k] @ b [k, n] (pure: no GPU needed). ``config``
-    None: TABLE's; ``splits`` None: split_k's heuristic."""
+    None: TABLE's; ``splits`` None: split_k's heuristic. ``aligned`` False (the kernel's vec
+    == 0): the cols kernel's runs are 248 outputs, not 256 (skinny.cu, odd row strides)."""
     if not (1 <= m <= M_MAX and n >= 1 and k >= 1):
         raise ValueError(f"cuda_skinny: plans 1 <= M <= {M_MAX}, N >= 1, K >= 1; got M={m}, N={n}, K={k}")
     if layout not in ("nt", "nn"):
@@ -424,7 +425,8 @@ def plan(m: int, n: int, k: int, layout: str, dtype: torch.dtype, sms: int, conf
         raise TypeError(f"cuda_skinny: takes float16 / bfloat16, got {dtype}")
     cfg = config if config is not None else choose_config(m, layout)
     name = cfg.kernel(m, layout, dtype)
-    tiles_n, tiles_m = _cdiv(n, cfg.block_n), _cdiv(m, cfg.block_m(m))
+    block_n = cfg.block_n if aligned or cfg.kind != "cols" else 248 * cfg.chunks
+    tiles_n, tiles_m = _cdiv(n, block_n), _cdiv(m, cfg.block_m(m))
     s, kchunk = split_k(tiles_n * tiles_m, k, cfg.granule, sms, cfg.waves, cfg.max_chunk(), splits)
     if s > GRID_Z_MAX:
         raise ValueError(f"cuda_skinny: K = {k} needs {s} slices, more than the grid's {GRID_Z_MAX}")
@@ -524,10 +526,10 @@ def skinny_product(a: torch.Tensor, b: torch.Tensor, config=None, splits: int | 
         and a.data_ptr() % 16 == 0
         and b.data_ptr() % 16 == 0
     )
-    key = (m, n, k, layout, a.dtype, dev, config, splits)
+    key = (m, n, k, layout, a.dtype, dev, config, splits, vec)
     got = _PLANS.get(key)
     if got is None:
-        p = plan(m, n, k, layout, a.dtype, sm_count(dev), config, splits)
+        p = plan(m, n, k, layout, a.dtype, sm_count(dev), config, splits, aligned=bool(vec))
         kern = module_for(p.config, p.kernel).kernel(p.kernel, _SIG, dev)
         kern.set_max_dynamic_shared(p.shared)  # (a no-op once allowed)
         got = _PLANS[key] = (p, kern)

@@ -129,18 +129,8 @@ __device__ __forceinline__ uint4 sk_ld_stream(const void* p) {
     return v;
 }
 
-// Up to 8 halfs from p at any 2-byte alignment (odd K, odd row strides); zeros past
-// `valid` (>= 1). It reads the one or two aligned 16-byte chunks that hold them, never a
-// chunk without a valid element (so never past the allocation: an aligned chunk that holds
-// one of its bytes lies inside it), and shifts the 8 halfs out of the pair of chunks. The
-// chunks go through L1 (__ldg): the second chunk of one lane is the first of the next.
-__device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid) {
-    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
-    const int off = static_cast<int>(addr & 15) >> 1;  // halfs into the first chunk
-    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
-    const int need = valid < 8 ? valid : 8;
-    const uint4 lo = __ldg(c);
-    const uint4 hi = off + need > 8 ? __ldg(c + 1) : make_uint4(0u, 0u, 0u, 0u);
+// 8 halfs from half `off` of the chunk pair (lo, hi), zeros past `need` (1-8).
+__device__ __forceinline__ uint4 sk_shift8(const uint4& lo, const uint4& hi, int off, int need) {
     unsigned w0, w1, w2, w3, w4;  // the five words from word off / 2 on
     switch (off >> 1) {
         case 0: w0 = lo.x; w1 = lo.y; w2 = lo.z; w3 = lo.w; w4 = hi.x; break;
@@ -158,6 +148,21 @@ __device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid
         v.w &= need == 7 ? 0xFFFFu : 0u;
     }
     return v;
+}
+
+// Up to 8 halfs from p at any 2-byte alignment (odd K, odd row strides); zeros past
+// `valid` (>= 1). It reads the one or two aligned 16-byte chunks that hold them, never a
+// chunk without a valid element (so never past the allocation: an aligned chunk that holds
+// one of its bytes lies inside it), and shifts the 8 halfs out of the pair of chunks. The
+// chunks go through L1 (__ldg): the second chunk of one lane is the first of the next.
+__device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid) {
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
+    const int off = static_cast<int>(addr & 15) >> 1;  // halfs into the first chunk
+    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
+    const int need = valid < 8 ? valid : 8;
+    const uint4 lo = __ldg(c);
+    const uint4 hi = off + need > 8 ? __ldg(c + 1) : make_uint4(0u, 0u, 0u, 0u);
+    return sk_shift8(lo, hi, off, need);
 }
 
 __device__ __forceinline__ unsigned sk_word(const uint4& v, int i) {
@@ -682,6 +687,12 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
 // once per block as fp32 [k][MR] (every lane of a warp reads the same row: a broadcast).
 // After the loop the warps' sums meet in the same shared memory and are added in warp
 // order (deterministic). Split K through sk_slices_sum, as the other kernels.
+// Odd row strides (vec == 0: a row's runs are not 16-byte aligned): every run of a row is
+// misaligned by the same `off` halfs, so a warp's 32 aligned 16-byte chunks (512 bytes from
+// the run's start rounded down) hold 248 + 8 - off >= 248 of the run's outputs. A run is
+// then 248 outputs (31 lanes; a block owns 248 CJ): lane l loads chunk l as it lies (in
+// flight like the aligned loads), and at use takes chunk l + 1 from the next lane (a
+// shuffle) and shifts its 8 outputs out of the pair; lane 31 only lends its chunk.
 #ifndef SK_CW
 #define SK_CW 8  // cols: warps per block, splitting the slice's k rows
 #endif
@@ -695,6 +706,12 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
 #define SK_CB 1  // cols: blocks per SM the registers must allow (__launch_bounds__)
 #endif
 
+// A run's first output: 256 (aligned) or 248 (odd row strides) outputs a run.
+template <bool VEC>
+__device__ __forceinline__ int sk_cols_run(int n0, int j) {
+    return n0 + j * (VEC ? 256 : 248);
+}
+
 template <int CU, int CJ, bool VEC>
 __device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CJ], const unsigned short* w16, int ldw, int N,
                                              int kb, int r0, int klen, int n0, int lane) {
@@ -703,19 +720,24 @@ __device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CJ], const unsigne
 #pragma unroll
         for (int j = 0; j < CJ; ++j) {
             const int r = r0 + u * SK_CW;  // this warp's rows are CW apart
-            const int n = n0 + j * 256 + lane * 8;
+            const unsigned short* run = w16 + (long long)(kb + r) * ldw + sk_cols_run<VEC>(n0, j);
             uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (r < klen && n < N) {
-                const unsigned short* p = w16 + (long long)(kb + r) * ldw + n;
-                v = VEC ? sk_ld_stream(p) : sk_ld8_shift(p, N - n);
+            if constexpr (VEC) {
+                if (r < klen && sk_cols_run<VEC>(n0, j) + lane * 8 < N) v = sk_ld_stream(run + lane * 8);
+            } else {  // chunk `lane` from the run's start rounded down, where it holds an output < N
+                const unsigned long long at = reinterpret_cast<unsigned long long>(run);
+                const int off = static_cast<int>(at & 15) >> 1;
+                if (r < klen && sk_cols_run<VEC>(n0, j) - off + lane * 8 < N)
+                    v = sk_ld_stream(reinterpret_cast<const uint4*>(at & ~15ull) + lane);
             }
             buf[u][j] = v;
         }
 }
 
-template <typename T, int MR, int CU, int CJ>
+template <typename T, int MR, int CU, int CJ, bool VEC>
 __device__ __forceinline__ void sk_cols_dot(const uint4 (&buf)[CU][CJ], const float* xs, float (&acc)[MR][CJ][8],
-                                            int r0, int klen) {
+                                            int r0, int klen, int woff, int ldw, int N, int kb, int n0,
+                                            int lane) {
 #pragma unroll
     for (int u = 0; u < CU; ++u) {
         const int r = r0 + u * SK_CW;
@@ -736,8 +758,18 @@ __device__ __forceinline__ void sk_cols_dot(const uint4 (&buf)[CU][CJ], const fl
             }
 #pragma unroll
             for (int j = 0; j < CJ; ++j) {
+                uint4 wv = buf[u][j];
+                if constexpr (!VEC) {  // this lane's 8 outputs from its chunk and the next lane's
+                    const int first = sk_cols_run<VEC>(n0, j);
+                    // the run's start in halfs past a 16-byte boundary (mod 8: 32-bit products do)
+                    const int off = (woff + (kb + r) * ldw + first) & 7;
+                    const uint4 hi = make_uint4(__shfl_down_sync(~0u, wv.x, 1), __shfl_down_sync(~0u, wv.y, 1),
+                                                __shfl_down_sync(~0u, wv.z, 1), __shfl_down_sync(~0u, wv.w, 1));
+                    const int need = lane < 31 ? min(8, N - (first + lane * 8)) : 0;
+                    wv = need > 0 ? sk_shift8(wv, hi, off, need) : make_uint4(0u, 0u, 0u, 0u);
+                }
                 float wf[8];
-                sk_unpack8<T>(buf[u][j], wf);
+                sk_unpack8<T>(wv, wf);
 #pragma unroll
                 for (int m = 0; m < MR; ++m)
 #pragma unroll
@@ -754,6 +786,7 @@ __device__ __forceinline__ void sk_cols_stream(float (&acc)[MR][SK_CJ][8], const
                                                const unsigned short* __restrict__ w16, float* xs, int M, int N,
                                                int ldx, int ldw, int kb, int klen, int n0, int lane, int wp) {
     constexpr int CW = SK_CW, CJ = SK_CJ, CU = SK_CU, STEP = CW * CU;
+    const int woff = static_cast<int>(reinterpret_cast<unsigned long long>(w16) >> 1) & 7;  // (odd strides)
     uint4 wa[CU][CJ], wb[CU][CJ];
     sk_cols_load<CU, CJ, VEC>(wa, w16, ldw, N, kb, wp, klen, n0, lane);  // in flight while x is staged
 #pragma unroll 1
@@ -774,9 +807,9 @@ __device__ __forceinline__ void sk_cols_stream(float (&acc)[MR][SK_CJ][8], const
     for (int g = 0; g < groups; g += 2) {
         const int ra = wp + g * STEP;
         sk_cols_load<CU, CJ, VEC>(wb, w16, ldw, N, kb, ra + STEP, klen, n0, lane);
-        sk_cols_dot<T, MR, CU, CJ>(wa, xs, acc, ra, klen);
+        sk_cols_dot<T, MR, CU, CJ, VEC>(wa, xs, acc, ra, klen, woff, ldw, N, kb, n0, lane);
         if (g + 2 < groups) sk_cols_load<CU, CJ, VEC>(wa, w16, ldw, N, kb, ra + 2 * STEP, klen, n0, lane);
-        sk_cols_dot<T, MR, CU, CJ>(wb, xs, acc, ra + STEP, klen);
+        sk_cols_dot<T, MR, CU, CJ, VEC>(wb, xs, acc, ra + STEP, klen, woff, ldw, N, kb, n0, lane);
     }
 }
 
@@ -790,7 +823,8 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
     const int lane = threadIdx.x & 31, wp = threadIdx.x >> 5;
     const int kb = blockIdx.z * kchunk;
     const int klen = min(K - kb, kchunk);  // > 0: the host makes no empty slice
-    const int n0 = blockIdx.x * CN;
+    const int run = vec ? 256 : 248;     // outputs a run (see the odd row strides above)
+    const int n0 = blockIdx.x * run * CJ;
     const unsigned short* w16 = reinterpret_cast<const unsigned short*>(w);
 
     float acc[MR][CJ][8];
@@ -814,8 +848,8 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
     const long long slice = (long long)M * N;
 #pragma unroll 1
     for (int t = threadIdx.x; t < M * CN; t += 32 * CW) {
-        const int m = t / CN, c = t % CN, n = n0 + c;  // consecutive threads: consecutive n
-        if (n < N) {
+        const int m = t / CN, c = t % CN, n = n0 + (c / 256) * run + c % 256;  // consecutive threads: consecutive n
+        if (c % 256 < run && n < N) {
             float v = 0.f;
 #pragma unroll
             for (int q = 0; q < CW; ++q) v += part[(q * MR + m) * CN + c];  // warp order: deterministic
@@ -825,7 +859,7 @@ __device__ __forceinline__ void sk_cols_body(const T* __restrict__ x, const T* _
                 ws[blockIdx.z * slice + (long long)m * N + n] = v;
         }
     }
-    if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, n0, CN, 0, M);
+    if (S > 1) sk_slices_sum(y, ws, counters, blockIdx.x, M, N, n0, run * CJ, 0, M);
 }
 
 // ------------------------------------------------------------------ entry points
