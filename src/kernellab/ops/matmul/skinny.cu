@@ -129,8 +129,18 @@ __device__ __forceinline__ uint4 sk_ld_stream(const void* p) {
     return v;
 }
 
-// 8 halfs from half `off` of the chunk pair (lo, hi), zeros past `need` (1-8).
-__device__ __forceinline__ uint4 sk_shift8(const uint4& lo, const uint4& hi, int off, int need) {
+// Up to 8 halfs from p at any 2-byte alignment (odd K, odd row strides); zeros past
+// `valid` (>= 1). It reads the one or two aligned 16-byte chunks that hold them, never a
+// chunk without a valid element (so never past the allocation: an aligned chunk that holds
+// one of its bytes lies inside it), and shifts the 8 halfs out of the pair of chunks. The
+// chunks go through L1 (__ldg): the second chunk of one lane is the first of the next.
+__device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid) {
+    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
+    const int off = static_cast<int>(addr & 15) >> 1;  // halfs into the first chunk
+    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
+    const int need = valid < 8 ? valid : 8;
+    const uint4 lo = __ldg(c);
+    const uint4 hi = off + need > 8 ? __ldg(c + 1) : make_uint4(0u, 0u, 0u, 0u);
     unsigned w0, w1, w2, w3, w4;  // the five words from word off / 2 on
     switch (off >> 1) {
         case 0: w0 = lo.x; w1 = lo.y; w2 = lo.z; w3 = lo.w; w4 = hi.x; break;
@@ -148,21 +158,6 @@ __device__ __forceinline__ uint4 sk_shift8(const uint4& lo, const uint4& hi, int
         v.w &= need == 7 ? 0xFFFFu : 0u;
     }
     return v;
-}
-
-// Up to 8 halfs from p at any 2-byte alignment (odd K, odd row strides); zeros past
-// `valid` (>= 1). It reads the one or two aligned 16-byte chunks that hold them, never a
-// chunk without a valid element (so never past the allocation: an aligned chunk that holds
-// one of its bytes lies inside it), and shifts the 8 halfs out of the pair of chunks. The
-// chunks go through L1 (__ldg): the second chunk of one lane is the first of the next.
-__device__ __forceinline__ uint4 sk_ld8_shift(const unsigned short* p, int valid) {
-    const unsigned long long addr = reinterpret_cast<unsigned long long>(p);
-    const int off = static_cast<int>(addr & 15) >> 1;  // halfs into the first chunk
-    const uint4* c = reinterpret_cast<const uint4*>(addr & ~15ull);
-    const int need = valid < 8 ? valid : 8;
-    const uint4 lo = __ldg(c);
-    const uint4 hi = off + need > 8 ? __ldg(c + 1) : make_uint4(0u, 0u, 0u, 0u);
-    return sk_shift8(lo, hi, off, need);
 }
 
 __device__ __forceinline__ unsigned sk_word(const uint4& v, int i) {
@@ -706,6 +701,41 @@ __device__ __forceinline__ void sk_rows_body(const T* __restrict__ x, const T* _
 #define SK_CB 1  // cols: blocks per SM the registers must allow (__launch_bounds__)
 #endif
 
+// Odd row strides: lane l's 8 outputs, `off` halfs into its chunk `lo` and the next lane's
+// (shuffled in). `off` is the same for the whole warp, so each case is a branch the warp
+// takes together: only the words it needs cross lanes, no selects. Halfs past the row's end
+// belong to no output that is stored (their sums are never written).
+__device__ __forceinline__ uint4 sk_cols_shift(const uint4& lo, int off) {
+    const auto nx = [](unsigned v) { return __shfl_down_sync(~0u, v, 1); };
+    const auto f = [](unsigned a, unsigned b) { return __funnelshift_r(a, b, 16); };  // halfs 1, 2 of (a, b)
+    switch (off) {
+        case 0:
+            return lo;
+        case 1: {
+            const unsigned h0 = nx(lo.x);
+            return make_uint4(f(lo.x, lo.y), f(lo.y, lo.z), f(lo.z, lo.w), f(lo.w, h0));
+        }
+        case 2:
+            return make_uint4(lo.y, lo.z, lo.w, nx(lo.x));
+        case 3: {
+            const unsigned h0 = nx(lo.x), h1 = nx(lo.y);
+            return make_uint4(f(lo.y, lo.z), f(lo.z, lo.w), f(lo.w, h0), f(h0, h1));
+        }
+        case 4:
+            return make_uint4(lo.z, lo.w, nx(lo.x), nx(lo.y));
+        case 5: {
+            const unsigned h0 = nx(lo.x), h1 = nx(lo.y), h2 = nx(lo.z);
+            return make_uint4(f(lo.z, lo.w), f(lo.w, h0), f(h0, h1), f(h1, h2));
+        }
+        case 6:
+            return make_uint4(lo.w, nx(lo.x), nx(lo.y), nx(lo.z));
+        default: {
+            const unsigned h0 = nx(lo.x), h1 = nx(lo.y), h2 = nx(lo.z), h3 = nx(lo.w);
+            return make_uint4(f(lo.w, h0), f(h0, h1), f(h1, h2), f(h2, h3));
+        }
+    }
+}
+
 // A run's first output: 256 (aligned) or 248 (odd row strides) outputs a run.
 template <bool VEC>
 __device__ __forceinline__ int sk_cols_run(int n0, int j) {
@@ -736,8 +766,7 @@ __device__ __forceinline__ void sk_cols_load(uint4 (&buf)[CU][CJ], const unsigne
 
 template <typename T, int MR, int CU, int CJ, bool VEC>
 __device__ __forceinline__ void sk_cols_dot(const uint4 (&buf)[CU][CJ], const float* xs, float (&acc)[MR][CJ][8],
-                                            int r0, int klen, int woff, int ldw, int N, int kb, int n0,
-                                            int lane) {
+                                            int r0, int klen, int woff, int ldw, int kb, int n0) {
 #pragma unroll
     for (int u = 0; u < CU; ++u) {
         const int r = r0 + u * SK_CW;
@@ -762,11 +791,7 @@ __device__ __forceinline__ void sk_cols_dot(const uint4 (&buf)[CU][CJ], const fl
                 if constexpr (!VEC) {  // this lane's 8 outputs from its chunk and the next lane's
                     const int first = sk_cols_run<VEC>(n0, j);
                     // the run's start in halfs past a 16-byte boundary (mod 8: 32-bit products do)
-                    const int off = (woff + (kb + r) * ldw + first) & 7;
-                    const uint4 hi = make_uint4(__shfl_down_sync(~0u, wv.x, 1), __shfl_down_sync(~0u, wv.y, 1),
-                                                __shfl_down_sync(~0u, wv.z, 1), __shfl_down_sync(~0u, wv.w, 1));
-                    const int need = lane < 31 ? min(8, N - (first + lane * 8)) : 0;
-                    wv = need > 0 ? sk_shift8(wv, hi, off, need) : make_uint4(0u, 0u, 0u, 0u);
+                    wv = sk_cols_shift(wv, (woff + (kb + r) * ldw + first) & 7);
                 }
                 float wf[8];
                 sk_unpack8<T>(wv, wf);
@@ -807,9 +832,9 @@ __device__ __forceinline__ void sk_cols_stream(float (&acc)[MR][SK_CJ][8], const
     for (int g = 0; g < groups; g += 2) {
         const int ra = wp + g * STEP;
         sk_cols_load<CU, CJ, VEC>(wb, w16, ldw, N, kb, ra + STEP, klen, n0, lane);
-        sk_cols_dot<T, MR, CU, CJ, VEC>(wa, xs, acc, ra, klen, woff, ldw, N, kb, n0, lane);
+        sk_cols_dot<T, MR, CU, CJ, VEC>(wa, xs, acc, ra, klen, woff, ldw, kb, n0);
         if (g + 2 < groups) sk_cols_load<CU, CJ, VEC>(wa, w16, ldw, N, kb, ra + 2 * STEP, klen, n0, lane);
-        sk_cols_dot<T, MR, CU, CJ, VEC>(wb, xs, acc, ra + STEP, klen, woff, ldw, N, kb, n0, lane);
+        sk_cols_dot<T, MR, CU, CJ, VEC>(wb, xs, acc, ra + STEP, klen, woff, ldw, kb, n0);
     }
 }
 
