@@ -6,8 +6,8 @@ Backends ``cuda_v1`` ... ``cuda_v7`` (fp32 ladder, see the list at the top of ma
 its operands copied by TMA from tensor maps built here; v12 the same with CUTLASS's ping-pong
 consumers, one 128x128 tile per warpgroup, epilogues overlapping the other's MMAs; v13 v11
 with C staged in shared memory and written by TMA stores through a third tensor map; v14 v13
-reading either major order of each operand and with a 128x192 tile; v15 v14 in clusters of two
-blocks sharing the B tile by TMA multicast) and ``cuda`` (the best
+reading either major order of each operand, with a 128x192 tile, and K slices in clusters for
+small grids; v15 v14 in clusters of two blocks sharing the B tile by TMA multicast) and ``cuda`` (the best
 per dtype: v7 for fp32; for fp16/bf16 v15 on sm_90, v9 elsewhere). v1-v13 take contiguous
 row-major operands: strided inputs (transposed, sliced, expanded) are packed with
 ``.contiguous()`` first, which costs a copy but computes correctly; the backward calls the
@@ -118,7 +118,8 @@ VARIANTS = {
         False,
         _HALF,
         "CUDA v14: v13 reading the operands as they lie (either major order, no packing copies) with "
-        "128x192 tiles beside 128x256 and 128x128 for wave fit; sm_90 only",
+        "128x192 tiles beside 128x256 and 128x128 for wave fit, and small grids' tiles in clusters of "
+        "2-8 blocks taking slices of K; sm_90 only",
     ),
     "v15": (
         _tiles(128, 256),  # (the launcher's clusters, grid and tile width are v15's, not this)
