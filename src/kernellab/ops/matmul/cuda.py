@@ -517,9 +517,10 @@ def _launch_v14(
     b3, wb = _v14_operand(b3)
     np8 = _cdiv(n, 8) * 8
     sms = _sm_count(dev)
-    if block_n is None:
-        name = v14_kernel_name(wa, wb, 128, a3.dtype, ks=True)
-        s = v14_slices(m, np8, k, bt, sms, lambda s: _ks_blocks(name, s, dev))
+    if block_n is None:  # (the K-slice kernel's occupancy is asked only where the tiles are few)
+        s = v14_slices(
+            m, np8, k, bt, sms, lambda s: _ks_blocks(v14_kernel_name(wa, wb, 128, a3.dtype, ks=True), s, dev)
+        )
         if s > 1:
             return _launch_v14_ks(a3, wa, b3, wb, s, np8, dev)
     bn = block_n or v14_block_n(m, np8, bt, sms)

@@ -231,6 +231,7 @@ class ColsConfig:
 
     kind: ClassVar[str] = "cols"
     granule: ClassVar[int] = 32
+    odd_run: ClassVar[int] = 248  # outputs a warp's run at odd row strides (skinny.cu: 31 lanes x 8)
 
     def __post_init__(self):
         if not (1 <= self.warps <= 32 and self.chunks >= 1 and self.unroll >= 1):
@@ -249,6 +250,11 @@ class ColsConfig:
     @property
     def block_n(self) -> int:
         return 256 * self.chunks
+
+    @property
+    def block_n_odd(self) -> int:
+        """A block's outputs when the weight's rows are off 16-byte boundaries (vec == 0)."""
+        return self.odd_run * self.chunks
 
     @property
     def threads(self) -> int:
@@ -425,7 +431,7 @@ def plan(m: int, n: int, k: int, layout: str, dtype: torch.dtype, sms: int, conf
         raise TypeError(f"cuda_skinny: takes float16 / bfloat16, got {dtype}")
     cfg = config if config is not None else choose_config(m, layout)
     name = cfg.kernel(m, layout, dtype)
-    block_n = cfg.block_n if aligned or cfg.kind != "cols" else 248 * cfg.chunks
+    block_n = cfg.block_n_odd if not aligned and cfg.kind == "cols" else cfg.block_n
     tiles_n, tiles_m = _cdiv(n, block_n), _cdiv(m, cfg.block_m(m))
     s, kchunk = split_k(tiles_n * tiles_m, k, cfg.granule, sms, cfg.waves, cfg.max_chunk(), splits)
     if s > GRID_Z_MAX:
