@@ -26,10 +26,10 @@ def main() -> int:
     args = p.parse_args()
     out = Path(args.out) / "skinny_odd.jsonl"
     cfgs = {"table": None}
-    for warps in (8, 16):
+    for warps, blocks in ((8, 2), (16, 2), (8, 3), (8, 4), (4, 8)):
         for unroll in (2, 4):
-            cfgs[f"w{warps}u{unroll}"] = cs.ColsConfig(
-                warps=warps, chunks=1, unroll=unroll, kc=1024, blocks=2
+            cfgs[f"w{warps}u{unroll}b{blocks}"] = cs.ColsConfig(
+                warps=warps, chunks=1, unroll=unroll, kc=1024, blocks=blocks
             )
     with out.open("w") as f:
         for m, n, k in ((1, 4097, 4095), (1, 4096, 4096), (2, 4097, 4095)):

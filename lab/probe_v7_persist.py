@@ -4,7 +4,7 @@ an SM walking (query block, head, batch) items; "o": o staged apart from Q) and 
 short head-dim-64 sequences where a block's start and end are much of its time (ViT-B/16,
 GPT-2) and two longer ones for contrast:
 
-    python lab/probe_v7_persist.py [--out FILE.jsonl] [--shapes B,H,S,D[,c];...] [--dry-run]
+    python lab/probe_v7_persist.py [--out FILE.jsonl] [--shapes B,H,S,D[,c];...] [--tilings T,...] [--dry-run]
 
 Per case: the forward of cuDNN (SDPA's backend), of v7 at those tilings (harness.timer.time_cuda,
 L2 flushed), and each one's largest difference from cuDNN's o. A row per case, printed and
@@ -41,6 +41,29 @@ def tilings(d: int) -> list:
     ]
 
 
+def parse_tiling(text: str):
+    """'208x3edpo' as a Tiles (cuda_sm90.Tiles' str: keys x stages, then its flags)."""
+    import re
+
+    m = re.fullmatch(r"(\d+)x(\d+)([sedpoq]*)", text.strip())
+    if not m:
+        raise SystemExit(f"--tilings: BNxSTAGES[sedpoq] separated by ',', got {text!r}")
+    f = m.group(3)
+    t = cs.Tiles(int(m.group(1)), int(m.group(2)), split_kv="s" in f, fast_exp="e" in f, desc_add="d" in f,
+                 persistent="p" in f, o_buffer="o" in f, queue="q" in f)  # fmt: skip
+    if str(t) != text.strip():
+        raise SystemExit(f"--tilings: write the flags in the order sedpoq, got {text!r}")
+    return t
+
+
+def _builds(d: int, t) -> bool:
+    try:
+        cs.check_tiles(d, t)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_shapes(text: str) -> list[tuple]:
     """'B,H,S,D[,c];...' (c: causal) as SHAPES' tuples."""
     out = []
@@ -56,12 +79,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default=None, help="B,H,S,D[,c] separated by ';' (default: SHAPES)")
+    ap.add_argument("--tilings", default=None, help="v7 tilings to time instead, e.g. 128x3edpo,208x3edpo")
     ap.add_argument("--dry-run", action="store_true", help="print the cases and tilings, run nothing")
     a = ap.parse_args(argv)
     shapes = parse_shapes(a.shapes) if a.shapes else SHAPES
+    pick = tilings
+    if a.tilings:
+        chosen = [parse_tiling(x) for x in a.tilings.split(",") if x.strip()]
+
+        def pick(d: int) -> list:  # the --tilings that build at head dim d
+            return [t for t in chosen if _builds(d, t)]
     if a.dry_run:
         for b, h, s, d, causal in shapes:
-            print(f"{b}x{h}x{s}x{d} causal={causal}: cudnn, " + ", ".join(f"v7@{t}" for t in tilings(d)))
+            print(f"{b}x{h}x{s}x{d} causal={causal}: cudnn, " + ", ".join(f"v7@{t}" for t in pick(d)))
         return 0
 
     import torch
@@ -85,9 +115,9 @@ def main(argv=None) -> int:
 
         ref = cudnn().float()
         row = dict(gpu=torch.cuda.get_device_name(), git_sha=git_sha(), B=b, H=h, S=s, D=d, causal=causal,
-                   default=str(cs.V7_TILES[d]), ms={}, max_diff_vs_cudnn={})  # fmt: skip
+                   default=str(cs.v7_tiles(d, s)), ms={}, max_diff_vs_cudnn={})  # fmt: skip
         row["ms"]["cudnn"] = round(timer.time_cuda(cudnn, **tkw).median_ms, 4)
-        for t in tilings(d):
+        for t in pick(d):
 
             def fwd(t=t):
                 return cs.forward(q, k, v, causal, scale, "v7", t)[0]

@@ -127,7 +127,7 @@ def header(ss: tuple[int, ...], rs: tuple[int, ...], guard: str, tt: tuple[int, 
 # The committed headers: path (under src/kernellab) -> (ss Ns, rs Ns, include guard[, tt Ns]).
 HEADERS = {
     "ops/attention/attention_sm90_wgmma.cuh": (
-        (64, 80, 128, 176, 192),  # S = Q K^T: v2-v6's 64 / 128 keys, v7's tilings (cuda_sm90.V7_TILES)
+        (64, 80, 128, 176, 192, 208),  # S = Q K^T: v2-v6's 64 / 128 keys, v7's tilings (cuda_sm90.V7_TILES)
         (64, 80, 96, 128, 256),
         "KL_ATTENTION_SM90_WGMMA_CUH",
     ),

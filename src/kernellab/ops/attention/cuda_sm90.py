@@ -68,7 +68,7 @@ LOG2E = at.LOG2E  # log2(e): scores are scaled by scale * log2(e) and exponentia
 # check without a GPU, `kernellab asm`).
 MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in HEAD_DIMS}
 MODULE = Module(CU, archs=("sm_90a",))
-SS_WIDTHS = (64, 80, 128, 176, 192)  # S = Q K^T widths (keys per tile) in attention_sm90_wgmma.cuh
+SS_WIDTHS = (64, 80, 128, 176, 192, 208)  # S = Q K^T widths (keys per tile) in attention_sm90_wgmma.cuh
 _SIG = ("ptr",) * 5 + ("i32",) * 4 + ("f32", "i32") + ("i64",) * 12
 _SIG_TMA = ("tmap",) * 3 + ("ptr",) * 2 + ("i32",) * 4 + ("f32", "i32") + ("i64",) * 3
 _SIG_TMA_STORE = ("tmap",) * 4 + ("ptr",) + ("i32",) * 4 + ("f32", "i32")
@@ -161,12 +161,14 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # (query block, head) ("ed") and persistent with o staged in Q's buffer ("edp"); at D = 128
 # persistent ("edp") and with o's own tile and two stages ("edpo"); and a persistent tiling
 # with its items handed out by a counter, as the hardware hands out a one-block-a-tile
-# grid's blocks ("q"; measured against the defaults in benchmarks/NOTES.md (ag)).
+# grid's blocks ("q"; measured against the defaults in benchmarks/NOTES.md (ag)); at D = 64
+# the persistent tiling whose one tile holds all of a short sequence's keys (V7_SHORT).
 V7_TILINGS = {
     64: (
         Tiles(128, 4, **_ED),
         Tiles(176, 3, **_ED),
         Tiles(192, 3, **_ED),
+        Tiles(208, 3, **_EDPO),
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
@@ -195,6 +197,11 @@ V7_TILINGS = {
     ),
     256: (Tiles(80, 2), Tiles(80, 2, split_kv=True), Tiles(80, 2, split_kv=True, fast_exp=True)),
 }
+# v7's tiling where every key fits one tile wider than V7_TILES' (V7_TILES[d].bn < S_k <= bn):
+# at D = 64, ViT-B/16's 197 keys are one 208-key tile (S = 104 registers beside O's 32) rather
+# than two of 128, the second 69 keys wide: 19% fewer MMAs, one softmax and barrier round
+# trip a query block, no rescale of O (benchmarks/NOTES.md (ak)).
+V7_SHORT = {64: Tiles(208, 3, **_EDPO)}
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
 
@@ -248,11 +255,20 @@ def swizzle_bytes(d: int) -> int:
     return 128 if d % 64 == 0 else 64 if d % 32 == 0 else 32
 
 
-def tiles_of(variant: str, d: int, tiles: Tiles | None = None) -> Tiles:
+def v7_tiles(d: int, s_k: int | None = None) -> Tiles:
+    """v7's default tiling at head dim d and s_k keys: V7_SHORT[d] where s_k keys fill one of
+    its tiles and not one of V7_TILES[d]'s, else V7_TILES[d] (s_k None: V7_TILES[d])."""
+    short = V7_SHORT.get(d)
+    if short is not None and s_k is not None and V7_TILES[d].bn < s_k <= short.bn:
+        return short
+    return V7_TILES[d]
+
+
+def tiles_of(variant: str, d: int, tiles: Tiles | None = None, s_k: int | None = None) -> Tiles:
     """(keys per tile, K/V stages) of a variant's kernel: v2 block_n x 2; v3-v6 block_n x
-    three where they fit (WsStages), else two; v7 ``tiles`` or V7_TILES[d]."""
+    three where they fit (WsStages), else two; v7 ``tiles`` or v7_tiles(d, s_k)."""
     if variant == "v7":
-        return tiles or V7_TILES[d]
+        return tiles or v7_tiles(d, s_k)
     if tiles is not None:
         raise ValueError(f"attention/cuda_{variant}: only v7 takes another tiling, got {tiles}")
     if variant == "v2":
@@ -377,7 +393,7 @@ def _plan_forward(q, k, v, causal, scale, variant, tiles) -> Plan:
             f"attention/{backend}: q folds to {z} batches x {h} heads; each must be at most {GRID_LIMIT} "
             "(CUDA grid y and z)"
         )
-    t = tiles_of(variant, d, tiles)
+    t = tiles_of(variant, d, tiles, s_k)
     if not (s_q and z and h) or not s_k:
         return Plan(out, lse, empty=not (s_q and z and h))
     tma = variant in TMA_VARIANTS
