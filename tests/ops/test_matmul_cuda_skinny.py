@@ -281,6 +281,29 @@ def _cols_odd_model(x, w, woff, ldw, cfg, kchunk):
     return y, seen
 
 
+def test_cols_odd_strides_fill_one_wave_of_block_slots():
+    """At odd row strides (aligned False) the cols kernel's K slices fill the blocks x SMs
+    slots in one wave, never past it (1x4097x4095 on 132 SMs, two blocks an SM: 17 runs of
+    248 outputs x 15 slices = 255 blocks of 264); an explicit count, the aligned kernel and
+    the tile kernel keep split_k's; the slices stay within SPLIT_MAX and MIN_SLICE_K."""
+    cfg = cs.choose_config(1, "nn")
+    assert cfg.kind == "cols" and cfg.blocks == 2
+    p = cs.plan(1, 4097, 4095, "nn", torch.bfloat16, 132, aligned=False)
+    assert p.grid == (17, 1, 15) and 17 * 15 <= 2 * 132 < 17 * 16
+    assert p.kchunk * 14 < 4095 <= p.kchunk * 15
+    aligned = cs.plan(1, 4096, 4096, "nn", torch.bfloat16, 132)
+    assert aligned.grid == (16, 1, cs.split_k(16, 4096, cfg.granule, 132, cfg.waves, cfg.max_chunk())[0])
+    assert cs.plan(1, 4097, 4095, "nn", torch.bfloat16, 132, splits=12, aligned=False).grid[2] == 12
+    for tiles, k, blocks, sms in ((17, 4095, 2, 132), (1, 100000, 2, 132), (300, 4095, 2, 132), (5, 600, 3, 78)):
+        s = cs.odd_splits(tiles, k, blocks, sms)
+        assert 1 <= s <= min(cs.SPLIT_MAX, max(1, k // cs.MIN_SLICE_K))
+        assert tiles * s <= blocks * sms or s == 1
+    assert cs.odd_splits(1, 100000, 2, 132) == cs.SPLIT_MAX and cs.odd_splits(5, 600, 3, 78) == 2
+    tile = cs.plan(8, 4097, 4095, "nn", torch.bfloat16, 132, aligned=False)
+    assert tile.config.kind == "tile"
+    assert tile.grid == cs.plan(8, 4097, 4095, "nn", torch.bfloat16, 132).grid
+
+
 @pytest.mark.parametrize(
     "n,k,ldw,woff", [(300, 70, 301, 3), (513, 37, 515, 0), (40, 9, 41, 7), (249, 5, 253, 5)]
 )

@@ -405,6 +405,17 @@ def split_k(tiles: int, k: int, granule: int, sms: int, waves: float, max_chunk:
     return _cdiv(units, per), per * granule
 
 
+def odd_splits(tiles: int, k: int, blocks: int, sms: int) -> int:
+    """K slices of the cols kernel at odd row strides: as many as fill the ``blocks`` x
+    ``sms`` block slots in one wave (no second, partial wave), within split_k's bounds. Its
+    shifted loads issue about twice the aligned kernel's instructions, so more warps an SM
+    pay there where the aligned kernel's one block an SM does not (1x4097x4095 on an H200:
+    15 slices 21.7 us, 8 slices 24.4, 16 slices, 272 blocks on 264 slots, 25.7;
+    benchmarks/NOTES.md (ak))."""
+    s = max(1, blocks * sms // max(1, tiles))
+    return min(s, SPLIT_MAX, max(1, k // MIN_SLICE_K))
+
+
 @dataclass(frozen=True)
 class Plan:
     """One launch: kernel name, config, grid, threads, K slices, dynamic shared memory."""
@@ -422,7 +433,8 @@ def plan(m: int, n: int, k: int, layout: str, dtype: torch.dtype, sms: int, conf
          splits: int | None = None, aligned: bool = True) -> Plan:  # fmt: skip
     """The launch for y [m, n] = x [m, k] @ b [k, n] (pure: no GPU needed). ``config``
     None: TABLE's; ``splits`` None: split_k's heuristic. ``aligned`` False (the kernel's vec
-    == 0): the cols kernel's runs are 248 outputs, not 256 (skinny.cu, odd row strides)."""
+    == 0): the cols kernel's runs are 248 outputs, not 256 (skinny.cu, odd row strides), and
+    its K slices fill every block slot of one wave (odd_splits)."""
     if not (1 <= m <= M_MAX and n >= 1 and k >= 1):
         raise ValueError(f"cuda_skinny: plans 1 <= M <= {M_MAX}, N >= 1, K >= 1; got M={m}, N={n}, K={k}")
     if layout not in ("nt", "nn"):
@@ -433,6 +445,8 @@ def plan(m: int, n: int, k: int, layout: str, dtype: torch.dtype, sms: int, conf
     name = cfg.kernel(m, layout, dtype)
     block_n = cfg.block_n_odd if not aligned and cfg.kind == "cols" else cfg.block_n
     tiles_n, tiles_m = _cdiv(n, block_n), _cdiv(m, cfg.block_m(m))
+    if splits is None and not aligned and cfg.kind == "cols":
+        splits = odd_splits(tiles_n * tiles_m, k, cfg.blocks, sms)
     s, kchunk = split_k(tiles_n * tiles_m, k, cfg.granule, sms, cfg.waves, cfg.max_chunk(), splits)
     if s > GRID_Z_MAX:
         raise ValueError(f"cuda_skinny: K = {k} needs {s} slices, more than the grid's {GRID_Z_MAX}")
