@@ -294,7 +294,8 @@ def test_cols_odd_strides_fill_one_wave_of_block_slots():
     aligned = cs.plan(1, 4096, 4096, "nn", torch.bfloat16, 132)
     assert aligned.grid == (16, 1, cs.split_k(16, 4096, cfg.granule, 132, cfg.waves, cfg.max_chunk())[0])
     assert cs.plan(1, 4097, 4095, "nn", torch.bfloat16, 132, splits=12, aligned=False).grid[2] == 12
-    for tiles, k, blocks, sms in ((17, 4095, 2, 132), (1, 100000, 2, 132), (300, 4095, 2, 132), (5, 600, 3, 78)):
+    cases = ((17, 4095, 2, 132), (1, 100000, 2, 132), (300, 4095, 2, 132), (5, 600, 3, 78))
+    for tiles, k, blocks, sms in cases:
         s = cs.odd_splits(tiles, k, blocks, sms)
         assert 1 <= s <= min(cs.SPLIT_MAX, max(1, k // cs.MIN_SLICE_K))
         assert tiles * s <= blocks * sms or s == 1
