@@ -115,7 +115,7 @@ def main(argv=None) -> int:
 
         ref = cudnn().float()
         row = dict(gpu=torch.cuda.get_device_name(), git_sha=git_sha(), B=b, H=h, S=s, D=d, causal=causal,
-                   default=str(cs.v7_tiles(d, s)), ms={}, max_diff_vs_cudnn={})  # fmt: skip
+                   default=str(cs.v7_tiles(d, s, causal)), ms={}, max_diff_vs_cudnn={})  # fmt: skip
         row["ms"]["cudnn"] = round(timer.time_cuda(cudnn, **tkw).median_ms, 4)
         for t in pick(d):
 

@@ -792,16 +792,18 @@ def test_launcher_v7_persistent(recorder, monkeypatch):
 
 
 def test_v7_short_sequences_take_one_wide_tile(recorder, monkeypatch):
-    """v7's default at D = 64: V7_SHORT's 208-key tiling where every key fits one of its tiles
-    and not one of V7_TILES' (128 < S_k <= 208: ViT-B/16's 197), V7_TILES' elsewhere and at
-    the other head dims; an explicit tiling wins over both. The launch uses the wide tiling's
-    module, K / V boxes of 208 rows and its shared memory."""
+    """v7's default at D = 64 without the mask: V7_SHORT's 208-key tiling where every key
+    fits one of its tiles and not one of V7_TILES' (128 < S_k <= 208: ViT-B/16's 197),
+    V7_TILES' elsewhere, under causal and at the other head dims; an explicit tiling wins
+    over both. The launch uses the wide tiling's module, K / V boxes of 208 rows and its
+    shared memory."""
     short = cs.V7_SHORT[64]
     assert short.bn == 208 and short.persistent and short.o_buffer and short in cs.V7_TILINGS[64]
     for s_k, want in ((1, cs.V7_TILES[64]), (128, cs.V7_TILES[64]), (129, short), (197, short),
                       (208, short), (209, cs.V7_TILES[64]), (1024, cs.V7_TILES[64])):  # fmt: skip
         assert cs.v7_tiles(64, s_k) == want, s_k
         assert cs.tiles_of("v7", 64, None, s_k) == want, s_k
+        assert cs.v7_tiles(64, s_k, causal=True) == cs.V7_TILES[64], s_k
     assert cs.v7_tiles(64) == cs.V7_TILES[64]
     for d in (80, 96, 128, 256):
         assert cs.v7_tiles(d, 197) == cs.V7_TILES[d], d
@@ -813,9 +815,9 @@ def test_v7_short_sequences_take_one_wide_tile(recorder, monkeypatch):
         cs.Module, "kernel", lambda self, *a, **k: modules.append(self) or kernel(self, *a, **k)
     )
     monkeypatch.setattr(cs, "sm_count", lambda dev: 132)
-    for s, t in ((197, short), (256, cs.V7_TILES[64])):
+    for s, causal, t in ((197, False, short), (197, True, cs.V7_TILES[64]), (256, False, cs.V7_TILES[64])):
         q, k, v = (torch.randn(3, 2, s, 64, dtype=torch.bfloat16) for _ in range(3))
-        cs.forward(q, k, v, False, 0.125, "v7")
+        cs.forward(q, k, v, causal, 0.125, "v7")
         grid, block, args, shared = recorder.calls[-1]
         assert grid == (3 * 2 * 2, 1, 1) and block == 384
         assert args[1][5] == args[2][5] == (64, t.bn, 1, 1)
@@ -1250,16 +1252,16 @@ def test_gpu_v7_at_every_tiling_the_lab_times(d, tiles, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_gpu_v7_short_sequences_default(dtype, causal):
-    """v7's default at D = 64 and 129-208 keys (V7_SHORT's one 208-key tile: ViT-B/16's 197
-    tokens): against its emulation at 208 keys a tile and the reference, with S_q below,
-    at and above S_k, GQA, and more items than SMs."""
+def test_gpu_v7_short_sequences_default(dtype):
+    """v7's default at D = 64 and 129-208 keys without the mask (V7_SHORT's one 208-key
+    tile: ViT-B/16's 197 tokens): against its emulation at 208 keys a tile and the
+    reference, with S_q below, at and above S_k, GQA, and more items than SMs."""
+    causal = False
     _sm90()
     for n, shape in enumerate([(4, 12, 197, 64), (1, 8, 2, 300, 129, 64), (2, 4, 2, 1, 208, 64),
                                (300, 2, 160, 64)]):  # fmt: skip
         q, k, v = SPEC.make_inputs(shape, dtype, "cuda", 70 + n)
-        assert cs.v7_tiles(64, k.shape[-2]) == cs.V7_SHORT[64]
+        assert cs.v7_tiles(64, k.shape[-2], causal) == cs.V7_SHORT[64]
         scale = 1 / math.sqrt(64)
         o, lse = cs.forward(q, k, v, causal, scale, "v7")
         torch.cuda.synchronize()

@@ -197,10 +197,11 @@ V7_TILINGS = {
     ),
     256: (Tiles(80, 2), Tiles(80, 2, split_kv=True), Tiles(80, 2, split_kv=True, fast_exp=True)),
 }
-# v7's tiling where every key fits one tile wider than V7_TILES' (V7_TILES[d].bn < S_k <= bn):
-# at D = 64, ViT-B/16's 197 keys are one 208-key tile (S = 104 registers beside O's 32) rather
-# than two of 128, the second 69 keys wide: 19% fewer MMAs, one softmax and barrier round
-# trip a query block, no rescale of O (benchmarks/NOTES.md (ak)).
+# v7's tiling without a mask where every key fits one tile wider than V7_TILES'
+# (V7_TILES[d].bn < S_k <= bn): at D = 64, ViT-B/16's 197 keys are one 208-key tile (S = 104
+# registers beside O's 32) rather than two of 128, the second 69 keys wide. On an H200 1-2.5%
+# faster at 160-197 keys; under causal 5-10% slower (the first query block's 128 rows then
+# compute all 208 keys): benchmarks/NOTES.md (ak).
 V7_SHORT = {64: Tiles(208, 3, **_EDPO)}
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
@@ -255,20 +256,23 @@ def swizzle_bytes(d: int) -> int:
     return 128 if d % 64 == 0 else 64 if d % 32 == 0 else 32
 
 
-def v7_tiles(d: int, s_k: int | None = None) -> Tiles:
-    """v7's default tiling at head dim d and s_k keys: V7_SHORT[d] where s_k keys fill one of
-    its tiles and not one of V7_TILES[d]'s, else V7_TILES[d] (s_k None: V7_TILES[d])."""
+def v7_tiles(d: int, s_k: int | None = None, causal: bool = False) -> Tiles:
+    """v7's default tiling at head dim d, s_k keys and ``causal``: without the mask
+    V7_SHORT[d] where s_k keys fill one of its tiles and not one of V7_TILES[d]'s, else
+    V7_TILES[d] (s_k None: V7_TILES[d])."""
     short = V7_SHORT.get(d)
-    if short is not None and s_k is not None and V7_TILES[d].bn < s_k <= short.bn:
+    if short is not None and not causal and s_k is not None and V7_TILES[d].bn < s_k <= short.bn:
         return short
     return V7_TILES[d]
 
 
-def tiles_of(variant: str, d: int, tiles: Tiles | None = None, s_k: int | None = None) -> Tiles:
+def tiles_of(
+    variant: str, d: int, tiles: Tiles | None = None, s_k: int | None = None, causal: bool = False
+) -> Tiles:
     """(keys per tile, K/V stages) of a variant's kernel: v2 block_n x 2; v3-v6 block_n x
-    three where they fit (WsStages), else two; v7 ``tiles`` or v7_tiles(d, s_k)."""
+    three where they fit (WsStages), else two; v7 ``tiles`` or v7_tiles(d, s_k, causal)."""
     if variant == "v7":
-        return tiles or v7_tiles(d, s_k)
+        return tiles or v7_tiles(d, s_k, causal)
     if tiles is not None:
         raise ValueError(f"attention/cuda_{variant}: only v7 takes another tiling, got {tiles}")
     if variant == "v2":
@@ -393,7 +397,7 @@ def _plan_forward(q, k, v, causal, scale, variant, tiles) -> Plan:
             f"attention/{backend}: q folds to {z} batches x {h} heads; each must be at most {GRID_LIMIT} "
             "(CUDA grid y and z)"
         )
-    t = tiles_of(variant, d, tiles, s_k)
+    t = tiles_of(variant, d, tiles, s_k, bool(causal))
     if not (s_q and z and h) or not s_k:
         return Plan(out, lse, empty=not (s_q and z and h))
     tma = variant in TMA_VARIANTS
