@@ -373,7 +373,6 @@ def test_v7_tilings_are_what_the_modules_build():
             *flags,
             o_buffer=got["PERSIST"] == 2,
             queue=bool(got["QUEUE"]),
-            chains=got["CHAINS"] == cs.CHAINS,
         )
 
     def v7_bars(ptx: str) -> set[int]:

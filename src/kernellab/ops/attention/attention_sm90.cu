@@ -211,12 +211,8 @@ __device__ __forceinline__ Block block_of(int S_q, int S_k, int causal) {
 // P in place and returns the factor alpha by which O must be rescaled (it does not touch O,
 // so v5 runs it while the previous tile's P V is still in flight); ``rescale`` applies it.
 // FAST: the exponentials by ex2.approx.ftz.f32 (v7's; softmax_exp2 in attention_sm90_common.cuh).
-// CHAINS (1, 2, 4 or 8): a row's max and sum over the tile in that many independent chains,
-// joined pairwise at the end (1: one chain, column after column). With two consumer warps a
-// scheduler, one chain's dependent adds and max's wait out their latency back to back.
-template <int D, int BN, bool FAST = false, int CHAINS = 1>
+template <int D, int BN, bool FAST = false>
 struct Softmax {
-    static_assert(CHAINS == 1 || CHAINS == 2 || CHAINS == 4 || CHAINS == 8, "CHAINS: 1, 2, 4 or 8");
     float m[2];  // running max of the row's scaled scores (log2 units); -inf: no key yet
     float l[2];  // this thread's share of the running sum of 2^(x - m)
 
@@ -242,17 +238,9 @@ struct Softmax {
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float mc[CHAINS];
+            float mx = neg_inf();
 #pragma unroll
-            for (int c = 0; c < CHAINS; ++c) mc[c] = neg_inf();
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
-                mc[j % CHAINS] = fmaxf(mc[j % CHAINS], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-#pragma unroll
-            for (int w = CHAINS / 2; w >= 1; w /= 2)
-#pragma unroll
-                for (int c = 0; c < w; ++c) mc[c] = fmaxf(mc[c], mc[c + w]);
-            float mx = mc[0];
+            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
             const float m_new = fmaxf(m[h], mx * scale_log2);
@@ -260,22 +248,16 @@ struct Softmax {
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
             alpha[h] = softmax_exp2<FAST>(m[h] - m_use);  // 0 when m[h] = -inf
             m[h] = m_new;
-            float sc[CHAINS];
-#pragma unroll
-            for (int c = 0; c < CHAINS; ++c) sc[c] = 0.f;
+            float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float x = softmax_exp2<FAST>(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
                     s[4 * j + 2 * h + e] = x;
-                    sc[j % CHAINS] += x;
+                    sum += x;
                 }
-#pragma unroll
-            for (int w = CHAINS / 2; w >= 1; w /= 2)
-#pragma unroll
-                for (int c = 0; c < w; ++c) sc[c] += sc[c + w];
-            l[h] = fmaf(l[h], alpha[h], sc[0]);
+            l[h] = fmaf(l[h], alpha[h], sum);
         }
     }
 
@@ -455,8 +437,8 @@ struct WsStages {
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
 // -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_QUEUE (each 0 or 1),
-// -DKL_ATTN_V7_PERSIST (0, 1, 2), -DKL_ATTN_V7_CHAINS (1, 2, 4, 8) holds only v7's kernels,
-// at that tiling: how the lab runs another one. D <= 128:
+// -DKL_ATTN_V7_PERSIST (0, 1, 2) holds only v7's kernels, at that tiling: how the lab runs
+// another one. D <= 128:
 // v2-v6's 128 keys x 3 stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) +
 // 2 x 2 x 40 = 225 KB of the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP
 // of MMA per block against 8.4 at v2-v6's 64 keys, for the same per-tile costs (two full /
@@ -470,7 +452,6 @@ struct V7Tiles {
     static constexpr bool SPLIT_KV = KL_ATTN_V7_SPLIT_KV, FAST_EXP = KL_ATTN_FAST_EXP, DESC_ADD = KL_ATTN_DESC_ADD;
     static constexpr int PERSIST = KL_ATTN_V7_PERSIST;
     static constexpr bool QUEUE = KL_ATTN_V7_QUEUE;
-    static constexpr int CHAINS = KL_ATTN_V7_CHAINS;
 #else
     static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
     static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
@@ -490,8 +471,6 @@ struct V7Tiles {
     // the current item's last copy: items go to the blocks that are free, as a grid of one
     // block an item is scheduled, rather than blockIdx.x + k gridDim.x.
     static constexpr bool QUEUE = false;
-    // CHAINS: the softmax's row max and sum in that many independent chains (Softmax).
-    static constexpr int CHAINS = 1;
 #endif
     static_assert(!QUEUE || PERSIST, "the item queue feeds the persistent v7");
     static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
@@ -899,8 +878,8 @@ __device__ __forceinline__ void tma_store_drain() {
 // writes it (0 and -inf for a row with no key). sQ: the Q tile, whose rows 64 cw .. 64 cw
 // + 63 this warpgroup alone has read (its wgmmas are all done) and now overwrites (or, with
 // V7Tiles' PERSIST 2, o's own buffer, laid out as the Q tile).
-template <bool BF16, int D, int BN, bool FAST, int CHAINS>
-__device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST, CHAINS>& sm, const float (&o)[D / 2], unsigned sQ,
+template <bool BF16, int D, int BN, bool FAST>
+__device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST>& sm, const float (&o)[D / 2], unsigned sQ,
                                              const TensorMap* to, float* __restrict__ lse_b, int m0, int cw,
                                              int row_lo, int S_q, int h_q, int z, int t) {
     using L = Layout<D>;
@@ -953,7 +932,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     constexpr unsigned KV_BYTES = BN * D * 2;
     constexpr bool DADD = V7Tiles<D>::DESC_ADD;
     constexpr int PERSIST = V7Tiles<D>::PERSIST;
-    using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP, V7Tiles<D>::CHAINS>;
+    using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP>;
     const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t, r0);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     const int mine = PP_BAR + cw, other = PP_BAR + 1 - cw;
@@ -1235,10 +1214,9 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
 #if defined(KL_ATTN_V7_BN) && (!defined(KL_ATTN_D) || !defined(KL_ATTN_V7_STAGES))
 #error "-DKL_ATTN_V7_BN tiles one head dim: give -DKL_ATTN_D and -DKL_ATTN_V7_STAGES with it"
 #endif
-#if defined(KL_ATTN_V7_BN) && !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) &&   \
-                                defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST) &&       \
-                                defined(KL_ATTN_V7_QUEUE) && defined(KL_ATTN_V7_CHAINS))
-#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,QUEUE,CHAINS} and -DKL_ATTN_{FAST_EXP,DESC_ADD}"
+#if defined(KL_ATTN_V7_BN) && !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) && \
+                                defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST) && defined(KL_ATTN_V7_QUEUE))
+#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,QUEUE} and -DKL_ATTN_{FAST_EXP,DESC_ADD}"
 #endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,

@@ -107,8 +107,7 @@ class Tiles:
     (PERSIST 2), "o". ``queue`` (persistent only): a block's items after its first
     come from a launch-wide counter (zeroed before each launch), claimed once the current
     item's copies are issued, so free blocks take the next items as a one-block-an-item grid
-    would be scheduled (QUEUE), "q". ``chains``: the softmax's row max and sum in
-    CHAINS = 4 independent chains rather than one (CHAINS), "r"."""
+    would be scheduled (QUEUE), "q"."""
 
     bn: int
     stages: int
@@ -118,7 +117,6 @@ class Tiles:
     persistent: bool = False
     o_buffer: bool = False
     queue: bool = False
-    chains: bool = False
 
     def __str__(self) -> str:
         flags = (
@@ -128,7 +126,6 @@ class Tiles:
             + ("p" if self.persistent else "")
             + ("o" if self.o_buffer else "")
             + ("q" if self.queue else "")
-            + ("r" if self.chains else "")
         )
         return f"{self.bn}x{self.stages}{flags}"
 
@@ -165,37 +162,31 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # persistent ("edp") and with o's own tile and two stages ("edpo"); and a persistent tiling
 # with its items handed out by a counter, as the hardware hands out a one-block-a-tile
 # grid's blocks ("q"; measured against the defaults in benchmarks/NOTES.md (ag)); at D = 64
-# the persistent tiling whose one tile holds all of a short sequence's keys (V7_SHORT); at
-# every head dim the default with the softmax's max and sum in CHAINS chains ("r").
+# the persistent tiling whose one tile holds all of a short sequence's keys (V7_SHORT).
 V7_TILINGS = {
     64: (
         Tiles(128, 4, **_ED),
         Tiles(176, 3, **_ED),
         Tiles(192, 3, **_ED),
         Tiles(208, 3, **_EDPO),
-        Tiles(208, 3, **_EDPO, chains=True),
-        Tiles(128, 3, **_EDPO, chains=True),
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
         Tiles(128, 3, **_EDPO, queue=True),
     ),
     80: (
-        Tiles(128, 3, **_EDPO, chains=True),
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
         Tiles(128, 3, **_EDPO, queue=True),
     ),
     96: (
-        Tiles(128, 3, **_EDPO, chains=True),
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
         Tiles(128, 3, **_EDPO, queue=True),
     ),
     128: (
-        Tiles(128, 3, **_ED, chains=True),
         Tiles(128, 3, **_EDP),
         Tiles(128, 3, **_EDP, queue=True),
         Tiles(128, 2, **_EDPO),
@@ -204,12 +195,7 @@ V7_TILINGS = {
         Tiles(128, 3, split_kv=True, **_ED),
         Tiles(128, 3, fast_exp=True),
     ),
-    256: (
-        Tiles(80, 2),
-        Tiles(80, 2, split_kv=True),
-        Tiles(80, 2, split_kv=True, fast_exp=True),
-        Tiles(80, 2, split_kv=True, **_ED, chains=True),
-    ),
+    256: (Tiles(80, 2), Tiles(80, 2, split_kv=True), Tiles(80, 2, split_kv=True, fast_exp=True)),
 }
 # v7's tiling without a mask where every key fits one tile wider than V7_TILES'
 # (V7_TILES[d].bn < S_k <= bn): at D = 64, ViT-B/16's 197 keys are one 208-key tile (S = 104
@@ -217,7 +203,6 @@ V7_TILINGS = {
 # faster at 160-197 keys; under causal 5-10% slower (the first query block's 128 rows then
 # compute all 208 keys): benchmarks/NOTES.md (ak).
 V7_SHORT = {64: Tiles(208, 3, **_EDPO)}
-CHAINS = 4  # the softmax's independent max / sum chains of a tiling with ``chains``
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
 
@@ -239,7 +224,6 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_DESC_ADD={int(tiles.desc_add)}",
             f"-DKL_ATTN_V7_PERSIST={2 if tiles.o_buffer else int(tiles.persistent)}",
             f"-DKL_ATTN_V7_QUEUE={int(tiles.queue)}",
-            f"-DKL_ATTN_V7_CHAINS={CHAINS if tiles.chains else 1}",
         )
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
