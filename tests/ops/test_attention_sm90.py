@@ -373,6 +373,7 @@ def test_v7_tilings_are_what_the_modules_build():
             *flags,
             o_buffer=got["PERSIST"] == 2,
             queue=bool(got["QUEUE"]),
+            free=not got["TURNS"],
         )
 
     def v7_bars(ptx: str) -> set[int]:

@@ -437,8 +437,8 @@ struct WsStages {
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
 // -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_QUEUE (each 0 or 1),
-// -DKL_ATTN_V7_PERSIST (0, 1, 2) holds only v7's kernels, at that tiling: how the lab runs
-// another one. D <= 128:
+// -DKL_ATTN_V7_PERSIST (0, 1, 2), -DKL_ATTN_V7_TURNS (0 or 1) holds only v7's kernels, at that
+// tiling: how the lab runs another one. D <= 128:
 // v2-v6's 128 keys x 3 stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) +
 // 2 x 2 x 40 = 225 KB of the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP
 // of MMA per block against 8.4 at v2-v6's 64 keys, for the same per-tile costs (two full /
@@ -452,6 +452,7 @@ struct V7Tiles {
     static constexpr bool SPLIT_KV = KL_ATTN_V7_SPLIT_KV, FAST_EXP = KL_ATTN_FAST_EXP, DESC_ADD = KL_ATTN_DESC_ADD;
     static constexpr int PERSIST = KL_ATTN_V7_PERSIST;
     static constexpr bool QUEUE = KL_ATTN_V7_QUEUE;
+    static constexpr bool TURNS = KL_ATTN_V7_TURNS;
 #else
     static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
     static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
@@ -471,6 +472,9 @@ struct V7Tiles {
     // the current item's last copy: items go to the blocks that are free, as a grid of one
     // block an item is scheduled, rather than blockIdx.x + k gridDim.x.
     static constexpr bool QUEUE = false;
+    // TURNS: the consumer warpgroups issue their wgmma groups in turns (named barriers), so
+    // that one's softmax runs while the other's GEMMs do; without, each issues when ready.
+    static constexpr bool TURNS = true;
 #endif
     static_assert(!QUEUE || PERSIST, "the item queue feeds the persistent v7");
     static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
@@ -936,6 +940,13 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t, r0);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     const int mine = PP_BAR + cw, other = PP_BAR + 1 - cw;
+    // the turns (V7Tiles' TURNS): wait for this warpgroup's, hand the next to the other
+    auto turn = [&]() {
+        if constexpr (V7Tiles<D>::TURNS) named_sync(mine);
+    };
+    auto hand_over = [&]() {
+        if constexpr (V7Tiles<D>::TURNS) named_arrive(other);
+    };
     float acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
@@ -953,16 +964,16 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     if constexpr (PERSIST) mbar_wait(b.q_full, q_phase);
     q_done(n == 0);
     if (n > 0) {
-        if (cw == 1) named_arrive(other);  // warpgroup 0 takes the first turn
+        if (cw == 1) hand_over();  // warpgroup 0 takes the first turn
         if constexpr (!PERSIST) mbar_wait(b.q_full, 0);
         unsigned p[BN / 4];  // P of the tile before the current one
         float alpha[2];      // O's factor for that tile's max
         {
             c.wait_full(0);
             float s[BN / 2];
-            named_sync(mine);  // turn 0: S_0
+            turn();  // turn 0: S_0
             issue_qk<BF16, D, BN, DADD>(s, sQ, c.stage(0), cw);
-            named_arrive(other);  // (n >= 1 turns remain for both)
+            hand_over();  // (n >= 1 turns remain for both)
             wgmma_wait<0>();
             q_done(n == 1);
             if constexpr (SPLIT) {
@@ -975,14 +986,14 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
         for (int it = 1; it < n; ++it) {
             c.wait_full(it);
             float s[BN / 2];
-            named_sync(mine);  // turn it: S_it, then O = alpha O + P V_{it-1}
+            turn();  // turn it: S_it, then O = alpha O + P V_{it-1}
             issue_qk<BF16, D, BN, DADD>(s, sQ, c.stage(it), cw);
             SM::rescale(acc, alpha);
             if constexpr (SPLIT) {
                 c.wait_v_full(it - 1);
             }
             issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(it - 1) + KV_BYTES);
-            named_arrive(other);
+            hand_over();
             wgmma_wait<1>();  // the older group, S_it, is done; the P V runs on
             q_done(it == n - 1);
             if constexpr (SPLIT) {
@@ -1000,12 +1011,12 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             pack_p<BF16, BN>(s, p);
         }
         SM::rescale(acc, alpha);  // (nothing in flight: before the turn)
-        named_sync(mine);         // turn n: the last P V
+        turn();  // turn n: the last P V
         if constexpr (SPLIT) {
             c.wait_v_full(n - 1);
         }
         issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(n - 1) + KV_BYTES);
-        if (cw == 0) named_arrive(other);  // warpgroup 1's last turn follows; 0 has none left
+        if (cw == 0) hand_over();  // warpgroup 1's last turn follows; 0 has none left
         wgmma_wait<0>();
         fence_pv<D, BN>(acc, p);
         if constexpr (SPLIT) {
@@ -1214,9 +1225,10 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
 #if defined(KL_ATTN_V7_BN) && (!defined(KL_ATTN_D) || !defined(KL_ATTN_V7_STAGES))
 #error "-DKL_ATTN_V7_BN tiles one head dim: give -DKL_ATTN_D and -DKL_ATTN_V7_STAGES with it"
 #endif
-#if defined(KL_ATTN_V7_BN) && !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) && \
-                                defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST) && defined(KL_ATTN_V7_QUEUE))
-#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,QUEUE} and -DKL_ATTN_{FAST_EXP,DESC_ADD}"
+#if defined(KL_ATTN_V7_BN) && !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) &&   \
+                                defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST) &&       \
+                                defined(KL_ATTN_V7_QUEUE) && defined(KL_ATTN_V7_TURNS))
+#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,QUEUE,TURNS} and -DKL_ATTN_{FAST_EXP,DESC_ADD}"
 #endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,

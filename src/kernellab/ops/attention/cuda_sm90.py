@@ -107,7 +107,8 @@ class Tiles:
     (PERSIST 2), "o". ``queue`` (persistent only): a block's items after its first
     come from a launch-wide counter (zeroed before each launch), claimed once the current
     item's copies are issued, so free blocks take the next items as a one-block-an-item grid
-    would be scheduled (QUEUE), "q"."""
+    would be scheduled (QUEUE), "q". ``free``: the consumer warpgroups issue their wgmma
+    groups whenever ready rather than in turns (TURNS 0), "f"."""
 
     bn: int
     stages: int
@@ -117,6 +118,7 @@ class Tiles:
     persistent: bool = False
     o_buffer: bool = False
     queue: bool = False
+    free: bool = False
 
     def __str__(self) -> str:
         flags = (
@@ -126,6 +128,7 @@ class Tiles:
             + ("p" if self.persistent else "")
             + ("o" if self.o_buffer else "")
             + ("q" if self.queue else "")
+            + ("f" if self.free else "")
         )
         return f"{self.bn}x{self.stages}{flags}"
 
@@ -162,13 +165,16 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # persistent ("edp") and with o's own tile and two stages ("edpo"); and a persistent tiling
 # with its items handed out by a counter, as the hardware hands out a one-block-a-tile
 # grid's blocks ("q"; measured against the defaults in benchmarks/NOTES.md (ag)); at D = 64
-# the persistent tiling whose one tile holds all of a short sequence's keys (V7_SHORT).
+# the persistent tiling whose one tile holds all of a short sequence's keys (V7_SHORT), and
+# both persistent ones without the warpgroups' turns ("f").
 V7_TILINGS = {
     64: (
         Tiles(128, 4, **_ED),
         Tiles(176, 3, **_ED),
         Tiles(192, 3, **_ED),
         Tiles(208, 3, **_EDPO),
+        Tiles(208, 3, **_EDPO, free=True),
+        Tiles(128, 3, **_EDPO, free=True),
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
@@ -224,6 +230,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_DESC_ADD={int(tiles.desc_add)}",
             f"-DKL_ATTN_V7_PERSIST={2 if tiles.o_buffer else int(tiles.persistent)}",
             f"-DKL_ATTN_V7_QUEUE={int(tiles.queue)}",
+            f"-DKL_ATTN_V7_TURNS={int(not tiles.free)}",
         )
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
