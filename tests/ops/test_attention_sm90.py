@@ -374,6 +374,7 @@ def test_v7_tilings_are_what_the_modules_build():
             o_buffer=got["PERSIST"] == 2,
             queue=bool(got["QUEUE"]),
             free=not got["TURNS"],
+            early=bool(got["EARLY"]),
         )
 
     def v7_bars(ptx: str) -> set[int]:
