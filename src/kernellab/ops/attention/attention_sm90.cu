@@ -972,8 +972,9 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     if constexpr (PERSIST) mbar_wait(b.q_full, q_phase);
     q_done(n == 0);
     if (n > 0) {
-        // warpgroup 0 takes the first turn (with V7Tiles' EARLY, the block's first item's: at
-        // the others warpgroup 1 handed it over after its last turn of the item before)
+        // warpgroup 0 takes the first turn (with V7Tiles' EARLY, of the block's first item with
+        // key tiles, `first`: at the others warpgroup 1 handed it over after its last turn of
+        // the one before)
         if (cw == 1 && (!EARLY || first)) hand_over();
         if constexpr (!PERSIST) mbar_wait(b.q_full, 0);
         unsigned p[BN / 4];  // P of the tile before the current one
@@ -1158,7 +1159,7 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
                 }
             }
             consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sO, to, lse + ((long long)w.z * H + w.h) * S_q, S_q,
-                                            S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty, k == 0, more);
+                                            S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty, r == 0, more);
             r += blk.n_tiles;
             if constexpr (!V7Tiles<D>::QUEUE) i += gridDim.x;
         }
