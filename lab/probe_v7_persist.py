@@ -45,16 +45,14 @@ def parse_tiling(text: str):
     """'208x3edpo' as a Tiles (cuda_sm90.Tiles' str: keys x stages, then its flags)."""
     import re
 
-    m = re.fullmatch(r"(\d+)x(\d+)([sedpoqfh]*)", text.strip())
+    m = re.fullmatch(r"(\d+)x(\d+)([sedpoqf]*)", text.strip())
     if not m:
-        raise SystemExit(f"--tilings: BNxSTAGES[sedpoqfh] separated by ',', got {text!r}")
+        raise SystemExit(f"--tilings: BNxSTAGES[sedpoqf] separated by ',', got {text!r}")
     f = m.group(3)
-    t = cs.Tiles(
-        int(m.group(1)), int(m.group(2)), split_kv="s" in f, fast_exp="e" in f, desc_add="d" in f,
-        persistent="p" in f, o_buffer="o" in f, queue="q" in f, free="f" in f, early="h" in f,
-    )
+    t = cs.Tiles(int(m.group(1)), int(m.group(2)), split_kv="s" in f, fast_exp="e" in f, desc_add="d" in f,
+                 persistent="p" in f, o_buffer="o" in f, queue="q" in f, free="f" in f)  # fmt: skip
     if str(t) != text.strip():
-        raise SystemExit(f"--tilings: write the flags in the order sedpoqfh, got {text!r}")
+        raise SystemExit(f"--tilings: write the flags in the order sedpoqf, got {text!r}")
     return t
 
 

@@ -437,8 +437,8 @@ struct WsStages {
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
 // -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_QUEUE (each 0 or 1),
-// -DKL_ATTN_V7_PERSIST (0, 1, 2), -DKL_ATTN_V7_TURNS and -DKL_ATTN_V7_EARLY (0 or 1) holds only
-// v7's kernels, at that tiling: how the lab runs another one. D <= 128:
+// -DKL_ATTN_V7_PERSIST (0, 1, 2), -DKL_ATTN_V7_TURNS (0 or 1) holds only v7's kernels, at that
+// tiling: how the lab runs another one. D <= 128:
 // v2-v6's 128 keys x 3 stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) +
 // 2 x 2 x 40 = 225 KB of the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP
 // of MMA per block against 8.4 at v2-v6's 64 keys, for the same per-tile costs (two full /
@@ -453,7 +453,6 @@ struct V7Tiles {
     static constexpr int PERSIST = KL_ATTN_V7_PERSIST;
     static constexpr bool QUEUE = KL_ATTN_V7_QUEUE;
     static constexpr bool TURNS = KL_ATTN_V7_TURNS;
-    static constexpr bool EARLY = KL_ATTN_V7_EARLY;
 #else
     static constexpr int BN = D == 256 ? 80 : Tiles<D>::BN;
     static constexpr int STAGES = D == 256 ? 2 : WsStages<D>::value;
@@ -476,12 +475,7 @@ struct V7Tiles {
     // TURNS: the consumer warpgroups issue their wgmma groups in turns (named barriers), so
     // that one's softmax runs while the other's GEMMs do; without, each issues when ready.
     static constexpr bool TURNS = true;
-    // EARLY (persistent, no QUEUE): warpgroup 1 hands warpgroup 0 its next item's first turn
-    // right after issuing its own last P V of an item, not once it starts the next item, so
-    // that warpgroup 0's next S = Q K^T does not wait for warpgroup 1's epilogue.
-    static constexpr bool EARLY = false;
 #endif
-    static_assert(!EARLY || (PERSIST && !QUEUE), "the early hand-over is the persistent v7's, without the queue");
     static_assert(!QUEUE || PERSIST, "the item queue feeds the persistent v7");
     static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
     static constexpr unsigned KV_BYTES = BN * D * 2;
@@ -938,8 +932,7 @@ template <bool BF16, int D, int STAGES, int BN, bool SPLIT>
 __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, SPLIT>& b, unsigned sQ, unsigned sKV,
                                            unsigned sO, const TensorMap* to, float* __restrict__ lse_b, int S_q,
                                            int S_k, float scale_log2, int causal, int h_q, int z, int t, int r0 = 0,
-                                           int q_phase = 0, unsigned q_empty = 0, bool first = true,
-                                           bool more = false) {
+                                           int q_phase = 0, unsigned q_empty = 0) {
     constexpr unsigned KV_BYTES = BN * D * 2;
     constexpr bool DADD = V7Tiles<D>::DESC_ADD;
     constexpr int PERSIST = V7Tiles<D>::PERSIST;
@@ -954,7 +947,6 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     auto hand_over = [&]() {
         if constexpr (V7Tiles<D>::TURNS) named_arrive(other);
     };
-    constexpr bool EARLY = V7Tiles<D>::EARLY;
     float acc[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) acc[i] = 0.f;
@@ -972,10 +964,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     if constexpr (PERSIST) mbar_wait(b.q_full, q_phase);
     q_done(n == 0);
     if (n > 0) {
-        // warpgroup 0 takes the first turn (with V7Tiles' EARLY, of the block's first item with
-        // key tiles, `first`: at the others warpgroup 1 handed it over after its last turn of
-        // the one before)
-        if (cw == 1 && (!EARLY || first)) hand_over();
+        if (cw == 1) hand_over();  // warpgroup 0 takes the first turn
         if constexpr (!PERSIST) mbar_wait(b.q_full, 0);
         unsigned p[BN / 4];  // P of the tile before the current one
         float alpha[2];      // O's factor for that tile's max
@@ -1027,9 +1016,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             c.wait_v_full(n - 1);
         }
         issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(n - 1) + KV_BYTES);
-        // warpgroup 1's last turn follows; 0 has none left in this item (with EARLY and an
-        // item with key tiles after it in the block: warpgroup 1 hands over its first turn)
-        if (cw == 0 || (EARLY && more)) hand_over();
+        if (cw == 0) hand_over();  // warpgroup 1's last turn follows; 0 has none left
         wgmma_wait<0>();
         fence_pv<D, BN>(acc, p);
         if constexpr (SPLIT) {
@@ -1151,15 +1138,8 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
             }
             const Item w = item_of<D>(i, n_mb, H, Z, causal, S_k);
             const Block blk = block_at<BN>(w.mb, S_q, S_k, causal);
-            bool more = false;  // (EARLY) a later item of this block has key tiles
-            if constexpr (V7Tiles<D>::EARLY) {
-                for (int j = i + (int)gridDim.x; j < items && !more; j += gridDim.x) {
-                    const Item x = item_of<D>(j, n_mb, H, Z, causal, S_k);
-                    more = block_at<BN>(x.mb, S_q, S_k, causal).n_tiles > 0;
-                }
-            }
             consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sO, to, lse + ((long long)w.z * H + w.h) * S_q, S_q,
-                                            S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty, r == 0, more);
+                                            S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
             r += blk.n_tiles;
             if constexpr (!V7Tiles<D>::QUEUE) i += gridDim.x;
         }
@@ -1247,9 +1227,8 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
 #endif
 #if defined(KL_ATTN_V7_BN) && !(defined(KL_ATTN_V7_SPLIT_KV) && defined(KL_ATTN_FAST_EXP) &&   \
                                 defined(KL_ATTN_DESC_ADD) && defined(KL_ATTN_V7_PERSIST) &&       \
-                                defined(KL_ATTN_V7_QUEUE) && defined(KL_ATTN_V7_TURNS) &&         \
-                                defined(KL_ATTN_V7_EARLY))
-#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,QUEUE,TURNS,EARLY}, -DKL_ATTN_{FAST_EXP,DESC_ADD}"
+                                defined(KL_ATTN_V7_QUEUE) && defined(KL_ATTN_V7_TURNS))
+#error "-DKL_ATTN_V7_BN: give -DKL_ATTN_V7_{SPLIT_KV,PERSIST,QUEUE,TURNS} and -DKL_ATTN_{FAST_EXP,DESC_ADD}"
 #endif
 
 // One head dim per module (-DKL_ATTN_D=80: a first call compiles its own twelve kernels,

@@ -108,9 +108,7 @@ class Tiles:
     come from a launch-wide counter (zeroed before each launch), claimed once the current
     item's copies are issued, so free blocks take the next items as a one-block-an-item grid
     would be scheduled (QUEUE), "q". ``free``: the consumer warpgroups issue their wgmma
-    groups whenever ready rather than in turns (TURNS 0), "f". ``early`` (persistent, no
-    queue): warpgroup 1 hands warpgroup 0 its next item's first turn right after its own last
-    turn of an item (EARLY), "h"."""
+    groups whenever ready rather than in turns (TURNS 0), "f"."""
 
     bn: int
     stages: int
@@ -121,7 +119,6 @@ class Tiles:
     o_buffer: bool = False
     queue: bool = False
     free: bool = False
-    early: bool = False
 
     def __str__(self) -> str:
         flags = (
@@ -132,7 +129,6 @@ class Tiles:
             + ("o" if self.o_buffer else "")
             + ("q" if self.queue else "")
             + ("f" if self.free else "")
-            + ("h" if self.early else "")
         )
         return f"{self.bn}x{self.stages}{flags}"
 
@@ -170,8 +166,7 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # with its items handed out by a counter, as the hardware hands out a one-block-a-tile
 # grid's blocks ("q"; measured against the defaults in benchmarks/NOTES.md (ag)); at D = 64
 # the persistent tiling whose one tile holds all of a short sequence's keys (V7_SHORT), and
-# both persistent ones without the warpgroups' turns ("f") and with the turn handed over early
-# from one item to the next ("h").
+# both persistent ones without the warpgroups' turns ("f").
 V7_TILINGS = {
     64: (
         Tiles(128, 4, **_ED),
@@ -180,8 +175,6 @@ V7_TILINGS = {
         Tiles(208, 3, **_EDPO),
         Tiles(208, 3, **_EDPO, free=True),
         Tiles(128, 3, **_EDPO, free=True),
-        Tiles(208, 3, **_EDPO, early=True),
-        Tiles(128, 3, **_EDPO, early=True),
         Tiles(128, 3, fast_exp=True),
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
@@ -238,7 +231,6 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_V7_PERSIST={2 if tiles.o_buffer else int(tiles.persistent)}",
             f"-DKL_ATTN_V7_QUEUE={int(tiles.queue)}",
             f"-DKL_ATTN_V7_TURNS={int(not tiles.free)}",
-            f"-DKL_ATTN_V7_EARLY={int(tiles.early)}",
         )
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
@@ -258,11 +250,6 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: o's own buffer (o) is the persistent v7's (p)")
     if tiles.queue and not tiles.persistent:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the item queue (q) feeds the persistent v7 (p)")
-    if tiles.early and (not tiles.persistent or tiles.queue or tiles.free):
-        raise ValueError(
-            f"attention/cuda_v7: tiling {tiles}: the early hand-over (h) is the persistent v7's (p) turns', "
-            "without the queue (q)"
-        )
     bars = 8 * ((4 if tiles.split_kv else 2) * tiles.stages + 1 + tiles.persistent)  # the static mbarriers
     if _smem(d, tiles) + bars > SMEM_LIMIT:
         raise ValueError(
