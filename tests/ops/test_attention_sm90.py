@@ -792,22 +792,25 @@ def test_launcher_v7_persistent(recorder, monkeypatch):
     assert str(to) == "128x3edpo" and cs.smem_bytes("v7", 64, to) == cs.smem_bytes("v7", 64, t) + 128 * 64 * 2
 
 
-def test_v7_short_sequences_take_one_wide_tile(recorder, monkeypatch):
-    """v7's default at D = 64 without the mask: V7_SHORT's 208-key tiling where every key
-    fits one of its tiles and not one of V7_TILES' (128 < S_k <= 208: ViT-B/16's 197),
-    V7_TILES' elsewhere, under causal and at the other head dims; an explicit tiling wins
-    over both. The launch uses the wide tiling's module, K / V boxes of 208 rows and its
-    shared memory."""
-    short = cs.V7_SHORT[64]
-    assert short.bn == 208 and short.persistent and short.o_buffer and short in cs.V7_TILINGS[64]
-    for s_k, want in ((1, cs.V7_TILES[64]), (128, cs.V7_TILES[64]), (129, short), (197, short),
-                      (208, short), (209, cs.V7_TILES[64]), (1024, cs.V7_TILES[64])):  # fmt: skip
+def test_v7_short_sequences_take_their_own_tilings(recorder, monkeypatch):
+    """v7's default at D = 64 where every key fits one 208-key tile and not one of V7_TILES'
+    (128 < S_k <= 208: ViT-B/16's 197): V7_SHORT's, without the mask one 208-key tile, under
+    causal 128-key tiles, both persistent and without the warpgroups' turns ("f");
+    V7_TILES' elsewhere and at the other head dims; an explicit tiling wins over both. The
+    launch uses the chosen tiling's module, K / V boxes of its keys and its shared memory."""
+    wide, causal_t = cs.V7_SHORT[64]
+    assert (str(wide), str(causal_t)) == ("208x3edpof", "128x3edpof")
+    assert wide in cs.V7_TILINGS[64] and causal_t in cs.V7_TILINGS[64]
+    own = cs.V7_TILES[64]
+    for s_k, want, want_c in ((1, own, own), (128, own, own), (129, wide, causal_t), (197, wide, causal_t),
+                              (208, wide, causal_t), (209, own, own), (1024, own, own)):  # fmt: skip
         assert cs.v7_tiles(64, s_k) == want, s_k
         assert cs.tiles_of("v7", 64, None, s_k) == want, s_k
-        assert cs.v7_tiles(64, s_k, causal=True) == cs.V7_TILES[64], s_k
-    assert cs.v7_tiles(64) == cs.V7_TILES[64]
+        assert cs.v7_tiles(64, s_k, causal=True) == want_c, s_k
+        assert cs.tiles_of("v7", 64, None, s_k, True) == want_c, s_k
+    assert cs.v7_tiles(64) == own
     for d in (80, 96, 128, 256):
-        assert cs.v7_tiles(d, 197) == cs.V7_TILES[d], d
+        assert cs.v7_tiles(d, 197) == cs.v7_tiles(d, 197, True) == cs.V7_TILES[d], d
     assert cs.tiles_of("v7", 64, cs.Tiles(128, 3), 197) == cs.Tiles(128, 3)
     assert cs.tiles_of("v6", 64, None, 197) == cs.tiles_of("v6", 64)
     modules = []
@@ -816,7 +819,7 @@ def test_v7_short_sequences_take_one_wide_tile(recorder, monkeypatch):
         cs.Module, "kernel", lambda self, *a, **k: modules.append(self) or kernel(self, *a, **k)
     )
     monkeypatch.setattr(cs, "sm_count", lambda dev: 132)
-    for s, causal, t in ((197, False, short), (197, True, cs.V7_TILES[64]), (256, False, cs.V7_TILES[64])):
+    for s, causal, t in ((197, False, wide), (197, True, causal_t), (256, False, own)):
         q, k, v = (torch.randn(3, 2, s, 64, dtype=torch.bfloat16) for _ in range(3))
         cs.forward(q, k, v, causal, 0.125, "v7")
         grid, block, args, shared = recorder.calls[-1]
@@ -824,7 +827,7 @@ def test_v7_short_sequences_take_one_wide_tile(recorder, monkeypatch):
         assert args[1][5] == args[2][5] == (64, t.bn, 1, 1)
         assert shared == cs.smem_bytes("v7", 64, t)
         assert modules[-1] is cs.v7_module(64, t)
-    assert modules[0] is not cs.MODULES[64] and modules[-1] is cs.MODULES[64]
+    assert modules[0] is not cs.MODULES[64] and modules[1] is not modules[0] and modules[-1] is cs.MODULES[64]
 
 
 def _simulate_queue(n_tiles: list[int], stages: int, seed: int) -> None:
@@ -1253,20 +1256,21 @@ def test_gpu_v7_at_every_tiling_the_lab_times(d, tiles, causal):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
-def test_gpu_v7_short_sequences_default(dtype):
-    """v7's default at D = 64 and 129-208 keys without the mask (V7_SHORT's one 208-key
-    tile: ViT-B/16's 197 tokens): against its emulation at 208 keys a tile and the
-    reference, with S_q below, at and above S_k, GQA, and more items than SMs."""
-    causal = False
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_v7_short_sequences_default(dtype, causal):
+    """v7's default at D = 64 and 129-208 keys (V7_SHORT's tilings: ViT-B/16's 197 tokens):
+    against its emulation at the tiling's keys a tile and the reference, with S_q below, at
+    and above S_k, GQA, and more items than SMs."""
     _sm90()
     for n, shape in enumerate([(4, 12, 197, 64), (1, 8, 2, 300, 129, 64), (2, 4, 2, 1, 208, 64),
                                (300, 2, 160, 64)]):  # fmt: skip
         q, k, v = SPEC.make_inputs(shape, dtype, "cuda", 70 + n)
-        assert cs.v7_tiles(64, k.shape[-2], causal) == cs.V7_SHORT[64]
+        t = cs.v7_tiles(64, k.shape[-2], causal)
+        assert t == cs.V7_SHORT[64][int(causal)]
         scale = 1 / math.sqrt(64)
         o, lse = cs.forward(q, k, v, causal, scale, "v7")
         torch.cuda.synchronize()
-        eo, else_ = cs.emulate(q, k, v, causal, scale, 208)
+        eo, else_ = cs.emulate(q, k, v, causal, scale, t.bn)
         fin = torch.isfinite(else_)
         assert torch.equal(fin, torch.isfinite(lse))
         torch.testing.assert_close(lse[fin], else_[fin], rtol=1e-5, atol=1e-4)

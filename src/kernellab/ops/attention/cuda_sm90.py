@@ -203,12 +203,16 @@ V7_TILINGS = {
     ),
     256: (Tiles(80, 2), Tiles(80, 2, split_kv=True), Tiles(80, 2, split_kv=True, fast_exp=True)),
 }
-# v7's tiling without a mask where every key fits one tile wider than V7_TILES'
-# (V7_TILES[d].bn < S_k <= bn): at D = 64, ViT-B/16's 197 keys are one 208-key tile (S = 104
-# registers beside O's 32) rather than two of 128, the second 69 keys wide. On an H200 1-2.5%
-# faster at 160-197 keys; under causal 5-10% slower (the first query block's 128 rows then
-# compute all 208 keys): benchmarks/NOTES.md (ak).
-V7_SHORT = {64: Tiles(208, 3, **_EDPO)}
+# v7's tilings at short sequences, (without the mask, causal), where every key fits one tile
+# of the first and not one of V7_TILES' (V7_TILES[d].bn < S_k <= bn): at D = 64, ViT-B/16's
+# 197 keys. Without the mask one 208-key tile (S = 104 registers beside O's 32) rather than
+# two of 128, the second 69 keys wide; under causal the 128-key tiles (with 208 the first
+# query block's 128 rows would compute all 208 keys). Both without the warpgroups' turns
+# ("f"): an item is one or two key tiles, too few for the turns to overlap one warpgroup's
+# softmax with the other's GEMMs. On an H200 (x cuDNN, 256x12x197x64): 0.885 against the
+# long-sequence default's 0.825, causal 0.855 against 0.789; the free warpgroups lose up to
+# 6% at 1023-1024 keys (benchmarks/NOTES.md (ak)).
+V7_SHORT = {64: (Tiles(208, 3, **_EDPO, free=True), Tiles(128, 3, **_EDPO, free=True))}
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
 
@@ -264,12 +268,12 @@ def swizzle_bytes(d: int) -> int:
 
 
 def v7_tiles(d: int, s_k: int | None = None, causal: bool = False) -> Tiles:
-    """v7's default tiling at head dim d, s_k keys and ``causal``: without the mask
-    V7_SHORT[d] where s_k keys fill one of its tiles and not one of V7_TILES[d]'s, else
+    """v7's default tiling at head dim d, s_k keys and ``causal``: V7_SHORT[d]'s (without the
+    mask, causal) where s_k keys fill one tile of its first and not one of V7_TILES[d]'s, else
     V7_TILES[d] (s_k None: V7_TILES[d])."""
     short = V7_SHORT.get(d)
-    if short is not None and not causal and s_k is not None and V7_TILES[d].bn < s_k <= short.bn:
-        return short
+    if short is not None and s_k is not None and V7_TILES[d].bn < s_k <= short[0].bn:
+        return short[1] if causal else short[0]
     return V7_TILES[d]
 
 
