@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--which", choices=("v7", "cudnn"), default="v7")
     ap.add_argument("--shape", default="256,12,197,64")
-    ap.add_argument("--tiling", default=None, help="a v7 tiling (probe_v7_persist's --tilings form)")
+    ap.add_argument("--tiling", default=None, help="a v7 tiling as Tiles writes it, e.g. 208x3edpof")
     ap.add_argument("--calls", type=int, default=5)
     a = ap.parse_args(argv)
     f = a.shape.split(",")
@@ -33,12 +33,7 @@ def main(argv=None) -> int:
 
     gen = torch.Generator("cuda").manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-    tiles = None
-    if a.tiling:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from probe_v7_persist import parse_tiling
-
-        tiles = parse_tiling(a.tiling)
+    tiles = cs.Tiles.parse(a.tiling) if a.tiling else None
     for _ in range(a.calls):
         if a.which == "v7":
             cs.forward(q, k, v, causal, 1 / math.sqrt(d), "v7", tiles)

@@ -42,18 +42,11 @@ def tilings(d: int) -> list:
 
 
 def parse_tiling(text: str):
-    """'208x3edpo' as a Tiles (cuda_sm90.Tiles' str: keys x stages, then its flags)."""
-    import re
-
-    m = re.fullmatch(r"(\d+)x(\d+)([sedpoqf]*)", text.strip())
-    if not m:
-        raise SystemExit(f"--tilings: BNxSTAGES[sedpoqf] separated by ',', got {text!r}")
-    f = m.group(3)
-    t = cs.Tiles(int(m.group(1)), int(m.group(2)), split_kv="s" in f, fast_exp="e" in f, desc_add="d" in f,
-                 persistent="p" in f, o_buffer="o" in f, queue="q" in f, free="f" in f)  # fmt: skip
-    if str(t) != text.strip():
-        raise SystemExit(f"--tilings: write the flags in the order sedpoqf, got {text!r}")
-    return t
+    """'208x3edpo' as a Tiles (cuda_sm90.Tiles.parse), a usage error if it is not one."""
+    try:
+        return cs.Tiles.parse(text)
+    except ValueError as e:
+        raise SystemExit(f"--tilings: {e}") from None
 
 
 def _builds(d: int, t) -> bool:

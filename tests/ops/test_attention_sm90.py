@@ -824,6 +824,17 @@ def test_launcher_v7_persistent(recorder, monkeypatch):
     assert str(to) == "128x3edpo" and cs.smem_bytes("v7", 64, to) == cs.smem_bytes("v7", 64, t) + 128 * 64 * 2
 
 
+def test_tiles_parse_reads_what_str_writes():
+    """Tiles.parse is str's inverse over every tiling the module names (the lab's --tilings);
+    flags out of order, unknown letters or a missing stage count are a ValueError."""
+    for d in cs.HEAD_DIMS:
+        for t in (cs.V7_TILES[d], cs.V7_TILES_FIRST[d], *cs.V7_TILINGS[d]):
+            assert cs.Tiles.parse(str(t)) == t
+    for bad in ("128x3fedpo", "128x3z", "128x", "x3", "128x3ee"):
+        with pytest.raises(ValueError, match="KEYSxSTAGES"):
+            cs.Tiles.parse(bad)
+
+
 def test_v7_short_sequences_take_their_own_tilings(recorder, monkeypatch):
     """v7's default at D = 64 where every key fits one 208-key tile and not one of V7_TILES'
     (128 < S_k <= 208: ViT-B/16's 197): V7_SHORT's, without the mask one 208-key tile, under
@@ -1261,6 +1272,19 @@ def test_gpu_forward_against_emulation_and_reference(backend, dtype, shape, caus
 V7_GPU = [(d, t) for d in cs.HEAD_DIMS for t in cs.V7_TILINGS[d]]
 
 
+def _check_v7(q, k, v, causal, scale, tiles, bn):
+    """v7's forward at ``tiles`` (None: its default) against its emulation at bn keys a tile
+    (lse where finite, and o) and against the reference (_check_o_lse)."""
+    o, lse = cs.forward(q, k, v, causal, scale, "v7", tiles)
+    torch.cuda.synchronize()
+    eo, else_ = cs.emulate(q, k, v, causal, scale, bn)
+    fin = torch.isfinite(else_)
+    assert torch.equal(fin, torch.isfinite(lse))
+    torch.testing.assert_close(lse[fin], else_[fin], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(o.float(), eo.float(), rtol=2e-2, atol=2e-2)
+    _check_o_lse(o, lse, q, k, v, causal, scale)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d,tiles", V7_GPU, ids=lambda x: str(x))
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -1276,14 +1300,7 @@ def test_gpu_v7_at_every_tiling_the_lab_times(d, tiles, causal):
     for n, shape in enumerate(shapes):
         q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cuda", 40 + n)
         scale = 1 / math.sqrt(d)
-        o, lse = cs.forward(q, k, v, causal, scale, "v7", tiles)
-        torch.cuda.synchronize()
-        eo, else_ = cs.emulate(q, k, v, causal, scale, tiles.bn)
-        fin = torch.isfinite(else_)
-        assert torch.equal(fin, torch.isfinite(lse))
-        torch.testing.assert_close(lse[fin], else_[fin], rtol=1e-5, atol=1e-4)
-        torch.testing.assert_close(o.float(), eo.float(), rtol=2e-2, atol=2e-2)
-        _check_o_lse(o, lse, q, k, v, causal, scale)
+        _check_v7(q, k, v, causal, scale, tiles, tiles.bn)
 
 
 @pytest.mark.gpu
@@ -1300,14 +1317,7 @@ def test_gpu_v7_short_sequences_default(dtype, causal):
         t = cs.v7_tiles(64, k.shape[-2], causal)
         assert t == cs.V7_SHORT[64][int(causal)]
         scale = 1 / math.sqrt(64)
-        o, lse = cs.forward(q, k, v, causal, scale, "v7")
-        torch.cuda.synchronize()
-        eo, else_ = cs.emulate(q, k, v, causal, scale, t.bn)
-        fin = torch.isfinite(else_)
-        assert torch.equal(fin, torch.isfinite(lse))
-        torch.testing.assert_close(lse[fin], else_[fin], rtol=1e-5, atol=1e-4)
-        torch.testing.assert_close(o.float(), eo.float(), rtol=2e-2, atol=2e-2)
-        _check_o_lse(o, lse, q, k, v, causal, scale)
+        _check_v7(q, k, v, causal, scale, None, t.bn)
 
 
 @pytest.mark.gpu

@@ -32,6 +32,7 @@ reference, which catches schedule and masking mistakes before a GPU sees the ker
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,16 +122,31 @@ class Tiles:
     free: bool = False
 
     def __str__(self) -> str:
-        flags = (
-            ("s" if self.split_kv else "")
-            + ("e" if self.fast_exp else "")
-            + ("d" if self.desc_add else "")
-            + ("p" if self.persistent else "")
-            + ("o" if self.o_buffer else "")
-            + ("q" if self.queue else "")
-            + ("f" if self.free else "")
-        )
+        flags = "".join(c for name, c in _TILE_FLAGS if getattr(self, name))
         return f"{self.bn}x{self.stages}{flags}"
+
+    @classmethod
+    def parse(cls, text: str) -> Tiles:
+        """The tiling ``str`` writes ('208x3edpof': keys x stages, then the flags in order)."""
+        letters = "".join(c for _, c in _TILE_FLAGS)
+        m = re.fullmatch(rf"(\d+)x(\d+)([{letters}]*)", text.strip())
+        t = m and cls(int(m[1]), int(m[2]), **{name: c in m[3] for name, c in _TILE_FLAGS})
+        if not t or str(t) != text.strip():
+            raise ValueError(
+                f"attention/cuda_v7: a tiling is KEYSxSTAGES then flags in the order {letters}, got {text!r}"
+            )
+        return t
+
+
+_TILE_FLAGS = (  # Tiles' flags as str writes them, in order
+    ("split_kv", "s"),
+    ("fast_exp", "e"),
+    ("desc_add", "d"),
+    ("persistent", "p"),
+    ("o_buffer", "o"),
+    ("queue", "q"),
+    ("free", "f"),
+)
 
 
 # v7's tiling per head dim, what attention_sm90.cu's V7Tiles builds in MODULES[d] (a test reads

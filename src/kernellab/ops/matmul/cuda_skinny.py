@@ -393,8 +393,7 @@ def split_k(tiles: int, k: int, granule: int, sms: int, waves: float, max_chunk:
     which wins over the rest."""
     units = _cdiv(k, granule)
     if splits is None:
-        s = max(1, math.ceil(FILL * waves * sms / max(1, tiles) - 1e-9))
-        s = min(s, SPLIT_MAX, max(1, k // MIN_SLICE_K))
+        s = _slice_bound(math.ceil(FILL * waves * sms / max(1, tiles) - 1e-9), k)
     elif splits < 1:
         raise ValueError(f"cuda_skinny: splits must be >= 1, got {splits}")
     else:
@@ -412,8 +411,12 @@ def odd_splits(tiles: int, k: int, blocks: int, sms: int) -> int:
     pay there where the aligned kernel's one block an SM does not (1x4097x4095 on an H200:
     15 slices 21.7 us, 8 slices 24.4, 16 slices, 272 blocks on 264 slots, 25.7;
     benchmarks/NOTES.md (ak))."""
-    s = max(1, blocks * sms // max(1, tiles))
-    return min(s, SPLIT_MAX, max(1, k // MIN_SLICE_K))
+    return _slice_bound(blocks * sms // max(1, tiles), k)
+
+
+def _slice_bound(s: int, k: int) -> int:
+    """s K slices within split_k's bounds: 1 to SPLIT_MAX, slices of >= MIN_SLICE_K."""
+    return max(1, min(s, SPLIT_MAX, k // MIN_SLICE_K))
 
 
 @dataclass(frozen=True)
@@ -443,9 +446,10 @@ def plan(m: int, n: int, k: int, layout: str, dtype: torch.dtype, sms: int, conf
         raise TypeError(f"cuda_skinny: takes float16 / bfloat16, got {dtype}")
     cfg = config if config is not None else choose_config(m, layout)
     name = cfg.kernel(m, layout, dtype)
-    block_n = cfg.block_n_odd if not aligned and cfg.kind == "cols" else cfg.block_n
+    odd = not aligned and cfg.kind == "cols"
+    block_n = cfg.block_n_odd if odd else cfg.block_n
     tiles_n, tiles_m = _cdiv(n, block_n), _cdiv(m, cfg.block_m(m))
-    if splits is None and not aligned and cfg.kind == "cols":
+    if splits is None and odd:
         splits = odd_splits(tiles_n * tiles_m, k, cfg.blocks, sms)
     s, kchunk = split_k(tiles_n * tiles_m, k, cfg.granule, sms, cfg.waves, cfg.max_chunk(), splits)
     if s > GRID_Z_MAX:
