@@ -2,11 +2,12 @@
 cuDNN at Gemma-2's head-dim-256 GQA shape, small enough for the tail of a device call:
 
     python lab/probe_bwd_builds.py [--out FILE.jsonl] [--causal both|true|false] [--shape B,Hq,Hkv,S,D[;...]]
-                                   [--grid-only]
+                                   [--grid-only] [--flip OPTION[,OPTION...]]
     python lab/probe_bwd_builds.py --precompile 64,80,96,128,256
 
 --grid-only times the default beside the default with the other grid only (persistent or a
-block an item: ``BwdOpts.persist``), at each of the ;-separated shapes.
+block an item: ``BwdOpts.persist``), at each of the ;-separated shapes; --flip q128 the
+default beside the default with that option (a ``BwdOpts`` field) flipped, each on its own.
 
 The builds' modules are first compiled in parallel processes into the disk cache (a build
 takes 5-20 s of NVRTC and ptxas; a head dim has six).
@@ -39,23 +40,25 @@ def _compile_one(job) -> None:
     cb.bwd_module(d, opts).compile("sm_90")
 
 
-def builds(d: int, grid_only: bool = False) -> tuple:
+def builds(d: int, grid_only: bool = False, flip: tuple = ()) -> tuple:
     """The builds timed at head dim d: the default, then BWD_LAB[d] (grid_only: the default
-    with the other grid alone)."""
+    with the other grid alone; flip: the default with each named option flipped)."""
     default = cb.BWD_DEFAULTS[d]
     if grid_only:
-        return (default, dataclasses.replace(default, persist=not default.persist))
+        flip = ("persist",)
+    if flip:
+        return (default, *(dataclasses.replace(default, **{f: not getattr(default, f)}) for f in flip))
     return (default, *cb.BWD_LAB[d])
 
 
-def precompile(*ds: int, grid_only: bool = False) -> None:
+def precompile(*ds: int, grid_only: bool = False, flip: tuple = ()) -> None:
     """Every build of the head dims ds (``builds``) compiled into the disk cache, one process
     each."""
     import os
     import time
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(d, o) for d in ds for o in builds(d, grid_only)]
+    jobs = [(d, o) for d in ds for o in builds(d, grid_only, flip)]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 4)) as ex:
         list(ex.map(_compile_one, jobs))
@@ -69,12 +72,14 @@ def main() -> int:
     ap.add_argument("--shape", default="1,8,4,4096,256", help="B,H_q,H_kv,S,D")
     ap.add_argument("--precompile", default=None, help="only compile these head dims' builds (e.g. 64,128)")
     ap.add_argument("--grid-only", action="store_true", help="the default and its other grid only")
+    ap.add_argument("--flip", default="", help="the default and the default with these options flipped")
     a = ap.parse_args()
+    a.flip = tuple(f for f in a.flip.split(",") if f)
     if a.precompile:
-        precompile(*(int(x) for x in a.precompile.split(",")), grid_only=a.grid_only)
+        precompile(*(int(x) for x in a.precompile.split(",")), grid_only=a.grid_only, flip=a.flip)
         return 0
     shapes = [tuple(int(x) for x in one.split(",")) for one in a.shape.split(";")]
-    precompile(*sorted({sh[4] for sh in shapes}), grid_only=a.grid_only)
+    precompile(*sorted({sh[4] for sh in shapes}), grid_only=a.grid_only, flip=a.flip)
     for shape in shapes:
         probe(shape, a)
     return 0
@@ -104,7 +109,7 @@ def probe(shape: tuple, a) -> None:
 
         row["bwd_ms"]["cudnn"] = round(timer.time_cuda(cudnn_bwd, **tkw).median_ms, 4)
         o, lse = cs.forward(q, k, v, causal, scale, "v7")
-        for opts in builds(d, a.grid_only):
+        for opts in builds(d, a.grid_only, a.flip):
             name = "default" if opts == cb.BWD_DEFAULTS[d] else str(opts)
 
             def bwd(opts=opts):

@@ -160,6 +160,16 @@ struct BwdBuild {
 #else
     static constexpr bool PERSIST = D <= 128;
 #endif
+    // Q128 (D = 64 only): query blocks of 128 rows instead of 64, so each S^T / dP^T wgmma is
+    // m64n128 and a block's per-query-block costs (ring barriers, lse / delta copies, the dS^T
+    // barrier, the dQ sum) are paid once per 128 rows; the two warpgroups then split dQ by
+    // query rows (each its 64 over the block's 128 keys: half the dQ reduce-adds).
+#ifdef KL_ATTN_BWD_Q128
+    static constexpr bool Q128 = KL_ATTN_BWD_Q128 && D == 64;
+#else
+    static constexpr bool Q128 = false;
+#endif
+    static constexpr int BM = Q128 ? 128 : 64;  // query rows per step of the loop (S^T's wgmma N)
     // without exp2f's longer sequence the two copies of the loop make ptxas serialize the
     // wgmmas at D <= 128 (C7511)
     static_assert(FAST_EXP || !MASK_BRANCH, "mask-branch builds take fast-exp too");
@@ -167,7 +177,6 @@ struct BwdBuild {
 
 namespace {
 
-constexpr int BM_B = 64;  // query rows per step of the loop (one wgmma N of S^T)
 constexpr int THREADS_B = 384;
 
 // How a block divides its work between the two consumer warpgroups.
@@ -184,6 +193,10 @@ struct Cfg {
     // D = 128 (QSPLIT): the warpgroups split dQ = dS K by columns (each over all 128 keys;
     // possible where half of D is whole slabs); else each sums its own keys' share.
     static constexpr bool QSPLIT = !DSPLIT && (D / 2) % Layout<D>::E == 0;
+    // Q128 (RSPLIT): the warpgroups split dQ by query rows, warpgroup w the block's rows
+    // [64 w, 64 w + 64) over all 128 keys (both dS^T tiles).
+    static constexpr bool RSPLIT = BwdBuild<D>::Q128;
+    static_assert(!(RSPLIT && (DSPLIT || QSPLIT)), "dQ is split one way");
 };
 
 // Whether v9 sums dQ through shared memory and bulk reduce-adds (Bulk<D>::ON): every head dim
@@ -201,18 +214,19 @@ struct Bulk {
 // fp32 dQ staging tile per consumer warpgroup (Bulk<D>::BYTES each) after lse / delta.
 template <int D, bool BULK = false>
 struct Smem {
-    static constexpr int BN = Cfg<D>::BN;
+    static constexpr int BN = Cfg<D>::BN, BM = BwdBuild<D>::BM;
     static constexpr unsigned DQ_ALL = BULK ? 2 * Bulk<D>::BYTES : 0;
+    static constexpr unsigned DS_BYTES = BM * 64 * 2;  // one dS^T tile: BM / 64 slabs of 64 keys x 64 queries
+    static constexpr unsigned LD_BYTES = 8 * BM;      // a stage's lse[BM] and delta[BM]
     static constexpr int STAGES =
-        (2 * BN * D * 2 + 3 * 2 * BM_B * D * 2 + 4 * 8192 + 3 * 512 + DQ_ALL + 1024 <= 227 * 1024) ? 3 : 2;
+        (2 * BN * D * 2 + 3 * 2 * BM * D * 2 + 4 * DS_BYTES + 3 * LD_BYTES + DQ_ALL + 1024 <= 227 * 1024) ? 3 : 2;
     static constexpr unsigned KV_BYTES = BN * D * 2;  // one K (or V) tile
-    static constexpr unsigned QT_BYTES = BM_B * D * 2;  // one Q (or dO) tile
-    static constexpr unsigned DS_BYTES = 64 * 64 * 2;   // one dS^T tile
+    static constexpr unsigned QT_BYTES = BM * D * 2;  // one Q (or dO) tile
     static constexpr unsigned K = 0, V = KV_BYTES, Q = 2 * KV_BYTES;
     static constexpr unsigned DO = Q + STAGES * QT_BYTES;
     static constexpr unsigned DS = DO + STAGES * QT_BYTES;  // [warpgroup][buffer]
-    static constexpr unsigned LD = DS + 4 * DS_BYTES;       // per stage: lse[64], delta[64]
-    static constexpr unsigned DQ = LD + STAGES * 512;       // BULK: [warpgroup] staging tiles
+    static constexpr unsigned LD = DS + 4 * DS_BYTES;       // per stage: lse[BM], delta[BM]
+    static constexpr unsigned DQ = LD + STAGES * LD_BYTES;  // BULK: [warpgroup] staging tiles
     static constexpr unsigned BYTES = DQ + DQ_ALL;
     static_assert(KV_BYTES % 1024 == 0 && QT_BYTES % 1024 == 0, "tiles must keep 1024-byte alignment");
     static_assert(DQ % 16 == 0, "bulk copies need 16-byte aligned shared memory");
@@ -236,15 +250,15 @@ __device__ __forceinline__ float2 load2f(const __half* p) { return __half22float
 
 __device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
 
-// P = exp2(S scale_log2 - lse) over this thread's 32 scores in place; where MASK and `masked`,
+// P = exp2(S scale_log2 - lse) over this thread's N / 2 scores (N queries) in place; where MASK and `masked`,
 // zero the keys past S_k and (causal) above the diagonal (key > query column + off; the
 // thread's columns are col0 + 8j (+ 1)). A template, not a generic lambda: NVRTC 12 takes an
 // `auto` lambda parameter for a host function.
-template <bool MASK, bool FAST>
-__device__ __forceinline__ void p_of_s(float (&s)[32], const float2* sl, float scale_log2, int key_lo, int col0,
+template <int N, bool MASK, bool FAST>
+__device__ __forceinline__ void p_of_s(float (&s)[N / 2], const float2* sl, float scale_log2, int key_lo, int col0,
                                        int off, int S_k, bool causal, bool masked) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
+    for (int j = 0; j < N / 8; ++j)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -329,14 +343,14 @@ struct KeyBlock {
     int n0, off, m_begin, per, n_it;
 };
 
-template <int BN>
+template <int BN, int BM>
 __device__ __forceinline__ KeyBlock key_block(int nb, int S_q, int S_k, int group, int causal) {
     KeyBlock b;
     b.n0 = nb * BN;
     b.off = S_k - S_q;
-    const int n_mb = (S_q + BM_B - 1) / BM_B;
+    const int n_mb = (S_q + BM - 1) / BM;
     const int first_row = causal ? max(0, b.n0 - b.off) : 0;
-    b.m_begin = first_row / BM_B;
+    b.m_begin = first_row / BM;
     b.per = first_row < S_q ? n_mb - b.m_begin : 0;
     b.n_it = group * b.per;
     return b;
@@ -372,11 +386,12 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     // S^T and dP^T). The dQ wgmma itself is still waited for (wait_group 0) in its own
     // iteration: ptxas cannot prove a wgmma retired by a wait_group N > 0 across a back edge
     // and serializes the whole pipeline (C7514) if its results are read after one.
-    constexpr bool OVL = BQ && D <= 80;  // (at D = 96, 128 the live dQ makes ptxas serialize: C7512)
+    // (at D = 96, 128 and with Q128 the live dQ makes ptxas serialize: C7512)
+    constexpr bool OVL = BQ && D <= 80 && !BwdBuild<D>::Q128;
     using S = Smem<D, BQ>;
     using L = Layout<D>;
-    constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV;
-    constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT;
+    constexpr int STAGES = S::STAGES, BN = Cfg<D>::BN, NV = Cfg<D>::NV, BM = BwdBuild<D>::BM;
+    constexpr bool DSPLIT = Cfg<D>::DSPLIT, SPLIT = Cfg<D>::QSPLIT, RSPLIT = Cfg<D>::RSPLIT;
     constexpr bool DADD = BwdBuild<D>::DESC_ADD, FAST = BwdBuild<D>::FAST_EXP, PERSIST = BwdBuild<D>::PERSIST;
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
@@ -425,7 +440,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     break;
                 }
                 const BwdItem w = item_of(i);
-                const KeyBlock kb = key_block<BN>(w.nb, S_q, S_k, group, causal);
+                const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, group, causal);
                 if (kb.n_it == 0) {  // nothing to load: dK = dV = 0
                     mbar_arrive(kv_full);
                     i = claim();
@@ -437,14 +452,14 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                 for (int it = 0; it < kb.n_it; ++it) {
                     const int u = it0 + it, st = u % STAGES;
                     if (u >= STAGES) mbar_wait(empty0 + 8 * st, (u / STAGES - 1) & 1);  // use u - STAGES done
-                    const int h = w.hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
+                    const int h = w.hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM;
                     const unsigned bar = full0 + 8 * st;
-                    mbar_expect_tx(bar, 2 * S::QT_BYTES + 512);
-                    tma_tile<D, BM_B>(base + S::Q + st * S::QT_BYTES, tq, bar, m0, h, w.z);
-                    tma_tile<D, BM_B>(base + S::DO + st * S::QT_BYTES, tdo, bar, m0, h, w.z);
+                    mbar_expect_tx(bar, 2 * S::QT_BYTES + S::LD_BYTES);
+                    tma_tile<D, BM>(base + S::Q + st * S::QT_BYTES, tq, bar, m0, h, w.z);
+                    tma_tile<D, BM>(base + S::DO + st * S::QT_BYTES, tdo, bar, m0, h, w.z);
                     const long long row = ((long long)w.z * H + h) * S_pad + m0;
-                    bulk_load(base + S::LD + st * 512, lse_p + row, 256, bar);
-                    bulk_load(base + S::LD + st * 512 + 256, delta_p + row, 256, bar);
+                    bulk_load(base + S::LD + st * S::LD_BYTES, lse_p + row, 4 * BM, bar);
+                    bulk_load(base + S::LD + st * S::LD_BYTES + 4 * BM, delta_p + row, 4 * BM, bar);
                 }
                 it0 += kb.n_it;
                 i = claim();
@@ -460,15 +475,15 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     const int cw = t / 128 - 1, warp = (t % 128) / 32, lane = t % 32, g = lane / 4, qd = lane % 4;
     const int kofs = DSPLIT ? 0 : 64 * cw;         // the warpgroup's first key in the block
     const int c_kv = DSPLIT ? cw * NV : 0;         // the warpgroup's first dK / dV column
-    const unsigned slab_kv = (c_kv / L::E) * (BM_B * L::W);  // ... as a byte offset into a Q / dO tile
+    const unsigned slab_kv = (c_kv / L::E) * (BM * L::W);  // ... as a byte offset into a Q / dO tile
     const unsigned sK = base + S::K, sV = base + S::V;
     int z = 0;  // the item's batch
     // S^T = K_w Q^T and dP^T = V_w dO^T of the query block in stage st_: two groups, 64 keys
     // x 64 queries each, once the stage's copies have landed (the block's iteration it_)
     constexpr int NQ = SPLIT ? D / 2 : DSPLIT ? 64 : D;  // dQ columns a warpgroup sums per pass
     constexpr int PASSES = DSPLIT ? NV / 64 : 1;
-    float s[32], dp[32];
-    unsigned p16[16], ds16[16];
+    float s[BM / 2], dp[BM / 2];
+    unsigned p16[BM / 4], ds16[BM / 4];
     float dq_o[NQ / 2];  // OVL: the previous query block's dQ, staged in this iteration (else unused)
     int prev_h = 0, prev_m0 = 0;  // ... and its query block
     auto issue_s_dp = [&](int st_) {
@@ -476,12 +491,12 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(s, desc_kmajor<D, BN, DADD>(sK, kofs, kk), desc_kmajor<D, BM_B, DADD>(sQ_, 0, kk),
+            kl_wgmma_ss<BM, BF16>(s, desc_kmajor<D, BN, DADD>(sK, kofs, kk), desc_kmajor<D, BM, DADD>(sQ_, 0, kk),
                                   kk > 0);
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk)
-            kl_wgmma_ss<64, BF16>(dp, desc_kmajor<D, BN, DADD>(sV, kofs, kk), desc_kmajor<D, BM_B, DADD>(sdO_, 0, kk),
+            kl_wgmma_ss<BM, BF16>(dp, desc_kmajor<D, BN, DADD>(sV, kofs, kk), desc_kmajor<D, BM, DADD>(sdO_, 0, kk),
                                   kk > 0);
         wgmma_commit();
     };
@@ -539,7 +554,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         const BwdItem w = item_of(i);
         const int hk = w.hk;
         z = w.z;
-        const KeyBlock kb = key_block<BN>(w.nb, S_q, S_k, group, causal);
+        const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, group, causal);
         const int kw0 = kb.n0 + kofs;            // the warpgroup's first key in the sequence
         const int key_lo = kw0 + 16 * warp + g;  // this thread's keys: key_lo, key_lo + 8
         float dk_acc[NV / 2], dv_acc[NV / 2];
@@ -547,7 +562,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         for (int r = 0; r < NV / 2; ++r) dk_acc[r] = dv_acc[r] = 0.f;
         for (int it = 0; it < kb.n_it; ++it) {
             const int u = it0 + it, st = u % STAGES;  // the ring's use
-            const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM_B;
+            const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM;
             const unsigned sQ = base + S::Q + st * S::QT_BYTES, sdO = base + S::DO + st * S::QT_BYTES;
             const unsigned sdS = base + S::DS + (2 * cw + (u & 1)) * S::DS_BYTES;
             mbar_wait(full0 + 8 * st, (u / STAGES) & 1);
@@ -559,7 +574,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
             // lse and delta of the stage's 64 queries: this thread reads those of its columns
             // (8j + 2q, + 1) where it uses them (held in registers across the GEMMs, the 32 of
             // them push D = 128 past the 240 registers at which wgmma need not serialize)
-            const float2* sl = reinterpret_cast<const float2*>(smem + (base - smem_u32(smem)) + S::LD + st * 512) + qd;
+            const float2* sl = reinterpret_cast<const float2*>(smem + (base - smem_u32(smem)) + S::LD + st * S::LD_BYTES) + qd;
             const bool masked = kw0 + 64 > S_k || (causal && kw0 + 63 > m0 + kb.off);
 
             wgmma_wait<1>();  // S^T
@@ -567,54 +582,86 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
             // MASK_BRANCH: a copy of the loop without masks for the blocks that need none; else
             // one loop, its masks tested per element where `masked`
             if (BwdBuild<D>::MASK_BRANCH && !masked)
-                p_of_s<false, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, false);
+                p_of_s<BM, false, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, false);
             else
-                p_of_s<true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, masked);
+                p_of_s<BM, true, FAST>(s, sl, scale_log2, key_lo, m0 + 2 * qd, kb.off, S_k, causal, masked);
+            // dS^T = P^T (dP^T - delta) of this thread's pair of queries (8j + 2q, + 1) at key
+            // row hh, packed to 16 bits (P in fp32)
+            auto ds_pair = [&](int j, int hh) {
+                const int i = 4 * j + 2 * hh;
+                const float2 dl = sl[BM / 2 + 4 * j];  // delta of columns 8j + 2q, + 1
+                return pack2(s[i] * (dp[i] - dl.x), s[i + 1] * (dp[i + 1] - dl.y), BF16);
+            };
+            if constexpr (BwdBuild<D>::Q128) {
+                // 128 queries: P^T, dP^T, dK and dV are 224 registers a thread before the packed
+                // P^T (another 32) would be held for an in-flight dV, so both products wait for
+                // dP^T: P^T and dS^T packed together (each pair of s and dp dies as it is
+                // packed), then dV and dK issued as one group
+                wgmma_wait<0>();  // dP^T
+                fence_regs(dp);
 #pragma unroll
-            for (int i = 0; i < 16; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
+                for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int i = 4 * j + 2 * hh;
+                        p16[2 * j + hh] = pack2(s[i], s[i + 1], BF16);
+                        ds16[2 * j + hh] = ds_pair(j, hh);
+                    }
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BM / 16; ++kk)
+                    kl_wgmma_rs<NV, BF16>(dv_acc, p16[4 * kk], p16[4 * kk + 1], p16[4 * kk + 2], p16[4 * kk + 3],
+                                          desc_mnmajor<D, BM, DADD>(sdO + slab_kv, 16 * kk), 1);
+#pragma unroll
+                for (int kk = 0; kk < BM / 16; ++kk)
+                    kl_wgmma_rs<NV, BF16>(dk_acc, ds16[4 * kk], ds16[4 * kk + 1], ds16[4 * kk + 2], ds16[4 * kk + 3],
+                                          desc_mnmajor<D, BM, DADD>(sQ + slab_kv, 16 * kk), 1);
+                wgmma_commit();
+            } else {
+#pragma unroll
+                for (int i = 0; i < BM / 4; ++i) p16[i] = pack2(s[2 * i], s[2 * i + 1], BF16);
 
-            // dV += P^T dO (P^T from registers; dO MN-major: K = queries, N = the NV columns)
-            wgmma_fence();
+                // dV += P^T dO (P^T from registers; dO MN-major: K = queries, N = the NV columns)
+                wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                kl_wgmma_rs<NV, BF16>(dv_acc, p16[4 * kk], p16[4 * kk + 1], p16[4 * kk + 2], p16[4 * kk + 3],
-                                      desc_mnmajor<D, BM_B, DADD>(sdO + slab_kv, 16 * kk), 1);
-            wgmma_commit();
+                for (int kk = 0; kk < BM / 16; ++kk)
+                    kl_wgmma_rs<NV, BF16>(dv_acc, p16[4 * kk], p16[4 * kk + 1], p16[4 * kk + 2], p16[4 * kk + 3],
+                                          desc_mnmajor<D, BM, DADD>(sdO + slab_kv, 16 * kk), 1);
+                wgmma_commit();
 
-            wgmma_wait<1>();  // dP^T (dV still in flight)
-            fence_regs(dp);
+                wgmma_wait<1>();  // dP^T (dV still in flight)
+                fence_regs(dp);
 #pragma unroll
-            for (int j = 0; j < 8; ++j)
+                for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) ds16[2 * j + hh] = ds_pair(j, hh);
+
+                // dK += dS^T Q (dS^T from registers; Q MN-major)
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < BM / 16; ++kk)
+                    kl_wgmma_rs<NV, BF16>(dk_acc, ds16[4 * kk], ds16[4 * kk + 1], ds16[4 * kk + 2], ds16[4 * kk + 3],
+                                          desc_mnmajor<D, BM, DADD>(sQ + slab_kv, 16 * kk), 1);
+                wgmma_commit();
+            }
+
+            // dS^T to shared memory (64 keys x BM queries, in slabs of 64 queries: 128-byte rows
+            // swizzled as a D = 64 tile): row key, the pair of queries (8j + 2q, + 1) as one
+            // 4-byte word
+#pragma unroll
+            for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
-                    const int i = 4 * j + 2 * hh;
-                    const float2 dl = sl[32 + 4 * j];  // delta of columns 8j + 2q, + 1
-                    const float a = s[i] * (dp[i] - dl.x), b = s[i + 1] * (dp[i + 1] - dl.y);
-                    ds16[2 * j + hh] = pack2(a, b, BF16);
-                }
-
-            // dK += dS^T Q (dS^T from registers; Q MN-major)
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk)
-                kl_wgmma_rs<NV, BF16>(dk_acc, ds16[4 * kk], ds16[4 * kk + 1], ds16[4 * kk + 2], ds16[4 * kk + 3],
-                                      desc_mnmajor<D, BM_B, DADD>(sQ + slab_kv, 16 * kk), 1);
-            wgmma_commit();
-
-            // dS^T to shared memory (64 keys x 64 queries, 128-byte rows swizzled as a D = 64
-            // tile): row key, the pair of queries (8j + 2q, + 1) as one 4-byte word
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const unsigned addr = sdS + tile_offset<64, 64>(16 * warp + g + 8 * hh, j) + 4 * qd;
+                    const unsigned addr =
+                        sdS + (j / 8) * (64 * 64 * 2) + tile_offset<64, 64>(16 * warp + g + 8 * hh, j % 8) + 4 * qd;
                     asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds16[2 * j + hh]) : "memory");
                 }
             fence_proxy_async();  // the generic-proxy stores before wgmma's (async-proxy) reads
-            if (SPLIT) {
+            if (SPLIT || RSPLIT) {
                 // both warpgroups' tiles are written: warpgroup cw computes columns
-                // [cw D/2, (cw + 1) D/2) of dQ over all 128 keys (half the accumulators and half
-                // the atomics of a per-warpgroup dQ over its own 64 keys)
+                // [cw D/2, (cw + 1) D/2) (RSPLIT: query rows [64 cw, 64 cw + 64)) of dQ over all
+                // 128 keys (half the accumulators and half the atomics of a per-warpgroup dQ over
+                // its own 64 keys)
                 named_sync(DQ_BAR, 256);
             } else {
                 named_sync(DS_BAR + cw, 128);  // the warpgroup's own tile is written
@@ -629,7 +676,16 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                 const int c0 = SPLIT ? cw * NQ : DSPLIT ? c_kv + 64 * pass : 0;  // first dQ column
                 float dq[NQ / 2];
                 wgmma_fence();
-                if (SPLIT) {
+                if (RSPLIT) {
+                    // rows [64 cw, +64): query slab cw of each warpgroup's dS^T tile, all 128 keys
+#pragma unroll
+                    for (int kk = 0; kk < 8; ++kk)
+                        kl_wgmma_tt<NQ, BF16>(
+                            dq,
+                            desc_mnmajor<64, 64, DADD>(
+                                base + S::DS + (2 * (kk / 4) + (u & 1)) * S::DS_BYTES + cw * (64 * 64 * 2), 16 * (kk % 4)),
+                            desc_mnmajor<D, BN, DADD>(sK, 16 * kk), kk > 0);
+                } else if (SPLIT) {
                     const unsigned sKc = sK + cw * (BN * L::W);  // slab cw: columns 64 cw ..
 #pragma unroll
                     for (int kk = 0; kk < 8; ++kk)
@@ -665,9 +721,9 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     for (int i = 0; i < NQ / 2; ++i) asm volatile("add.rn.f32 %0, %1, 0f00000000;\n" : "=f"(dq_o[i]) : "f"(dq[i]));
                     prev_h = h, prev_m0 = m0;  // staged behind the next query block's S^T, dP^T
                 } else if constexpr (BQ) {
-                    stage_dq(dq, h, m0, c0);
+                    stage_dq(dq, h, RSPLIT ? m0 + 64 * cw : m0, c0);
                 } else {
-                    add_dq(dq, h, m0, c0);
+                    add_dq(dq, h, RSPLIT ? m0 + 64 * cw : m0, c0);
                 }
             }
         }

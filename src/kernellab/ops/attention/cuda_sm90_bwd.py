@@ -90,14 +90,17 @@ class BwdOpts:
     blocks that need none; ``desc_add`` (-DKL_ATTN_BWD_DESC_ADD=1) adds a wgmma operand's k
     step to its tile's descriptor instead of building a descriptor per step (the same
     descriptors); ``persist`` (-DKL_ATTN_BWD_PERSIST=1) launches about one block an SM, each
-    walking (key block, k/v head, batch) items, instead of one block an item. Written as the
-    options set, joined by "+"."""
+    walking (key block, k/v head, batch) items, instead of one block an item; ``q128``
+    (-DKL_ATTN_BWD_Q128=1, head dim 64 only) steps through the queries 128 rows at a time
+    instead of 64 (``query_rows``), the warpgroups splitting dQ by rows. Written as the options
+    set, joined by "+"."""
 
     no_dq_red: bool = False
     fast_exp: bool = False
     mask_branch: bool = False
     desc_add: bool = False
     persist: bool = False
+    q128: bool = False
 
     def __str__(self) -> str:
         on = [f.replace("_", "-") for f in self.__dataclass_fields__ if getattr(self, f)]
@@ -109,7 +112,7 @@ class BwdOpts:
         the module, in place of BwdBuild<D>'s), no_dq_red where it is on."""
         return ("-DKL_ATTN_BWD_NO_DQ_RED=1",) * self.no_dq_red + tuple(
             f"-DKL_ATTN_BWD_{f.upper()}={int(getattr(self, f))}"
-            for f in ("fast_exp", "mask_branch", "desc_add", "persist")
+            for f in ("fast_exp", "mask_branch", "desc_add", "persist", "q128")
         )
 
     @property
@@ -119,6 +122,7 @@ class BwdOpts:
 
 
 _LEAN = BwdOpts(fast_exp=True, mask_branch=True, desc_add=True, persist=True)
+Q128_HEAD_DIM = 64  # the head dim whose loop can take 128 query rows a step (BwdOpts.q128)
 # The build each head dim runs, attention_sm90_bwd.cu's BwdBuild<D> (a test reads it back from
 # the PTX), the fastest in lab/probe_bwd_builds.py on an H200 (benchmarks/NOTES.md): every
 # option at D = 64 / 96 / 128; at D = 80 without desc_add; none at D = 256, where each one
@@ -149,6 +153,7 @@ _LOOP_BUILDS = (
 # is the kernel with no option at all; where the default is persistent, the default with one
 # block an item comes last. (A persistent base build spills at D = 64, a persistent D = 256
 # build too: neither is timed.)
+# At D = 64 the default with query blocks of 128 rows (``q128``) too.
 BWD_LAB = {
     d: (
         replace(BWD_DEFAULTS[d], no_dq_red=True),
@@ -158,6 +163,7 @@ BWD_LAB = {
             if o != BWD_DEFAULTS[d]
         ),
         *((replace(BWD_DEFAULTS[d], persist=False),) if BWD_DEFAULTS[d].persist else ()),
+        *((replace(BWD_DEFAULTS[d], q128=not BWD_DEFAULTS[d].q128),) if d == Q128_HEAD_DIM else ()),
     )
     for d in BWD_HEAD_DIMS
 }
@@ -170,6 +176,8 @@ def bwd_module(d: int, opts: BwdOpts | None = None) -> Module:
     (d, opts))."""
     if opts is None or opts == BWD_DEFAULTS[d]:
         return MODULES[d]
+    if opts.q128 and d != Q128_HEAD_DIM:
+        raise ValueError(f"attention/cuda: q128 builds are head dim {Q128_HEAD_DIM} only, not {d}")
     key = (d, opts)
     if key not in _LAB_MODULES:
         _LAB_MODULES[key] = Module(CU, options=(f"-DKL_ATTN_D={d}", *opts.flags), archs=("sm_90a",))
@@ -220,27 +228,34 @@ def dq_chunk(d: int, variant: str) -> int:
     return 64 if splits_d(d) else 0
 
 
+def query_rows(d: int, opts: BwdOpts | None = None) -> int:
+    """Query rows per step of the main loop (BwdBuild::BM) in head dim d's build ``opts``
+    (None: BWD_DEFAULTS[d]): 128 where ``q128``, else 64."""
+    return 2 * BM if (opts or BWD_DEFAULTS[d]).q128 and d == Q128_HEAD_DIM else BM
+
+
 def dq_stage_bytes(d: int, variant: str) -> int:
     """Shared memory of v9's two fp32 dQ staging tiles (64 x ``dq_cols`` each); 0 else."""
     return 2 * 64 * dq_cols(d) * 4 if bulk_dq(d, variant) else 0
 
 
-def stages(d: int, variant: str = "v8") -> int:
-    """Q / dO stages of the ring: 3 where they fit in 227 KB, else 2 (Smem::STAGES)."""
-    fixed = 2 * block_n(d) * d * 2 + 4 * 64 * 64 * 2 + 1024 + dq_stage_bytes(d, variant)
-    return 3 if fixed + 3 * (2 * BM * d * 2 + 512) <= SMEM_LIMIT else 2
+def stages(d: int, variant: str = "v8", bm: int = BM) -> int:
+    """Q / dO stages of the ring: 3 where they fit in 227 KB, else 2 (Smem::STAGES); ``bm``
+    query rows a stage (``query_rows``)."""
+    fixed = 2 * block_n(d) * d * 2 + 4 * bm * 64 * 2 + 1024 + dq_stage_bytes(d, variant)
+    return 3 if fixed + 3 * (2 * bm * d * 2 + 8 * bm) <= SMEM_LIMIT else 2
 
 
-def smem_bytes(d: int, variant: str = "v8") -> int:
+def smem_bytes(d: int, variant: str = "v8", bm: int = BM) -> int:
     """Dynamic shared memory of a block (Smem::BYTES + 1 KB to align the base to 1024
-    bytes): K and V (block_n x D x 2 B each), per stage Q and dO (64 x D x 2 B each) and
-    lse + delta (512 B), four dS^T tiles (64 x 64 x 2 B: two per consumer warpgroup); v9:
-    the two dQ staging tiles."""
+    bytes): K and V (block_n x D x 2 B each), per stage Q and dO (bm x D x 2 B each) and
+    lse + delta (8 bm B), four dS^T tiles (64 keys x bm queries x 2 B: two per consumer
+    warpgroup); v9: the two dQ staging tiles. ``bm``: ``query_rows``."""
     return (
         1024
         + 2 * block_n(d) * d * 2
-        + stages(d, variant) * (2 * BM * d * 2 + 512)
-        + 4 * 64 * 64 * 2
+        + stages(d, variant, bm) * (2 * bm * d * 2 + 8 * bm)
+        + 4 * bm * 64 * 2
         + dq_stage_bytes(d, variant)
     )
 
@@ -257,9 +272,10 @@ def dq_frag_offset(d: int, row: int, col: int, nq: int = 0) -> int:
     return (col - cc) * 64 + warp * 16 * nq + j * 128 + (4 * g + q) * 4 + 2 * hh + e
 
 
-def padded(s_q: int) -> int:
-    """S_q rounded up to a whole query block: the rows of the lse, delta and dQ buffers."""
-    return ceil_div(s_q, BM) * BM
+def padded(s_q: int, bm: int = BM) -> int:
+    """S_q rounded up to a whole query block of ``bm`` rows (``query_rows``): the rows of the
+    lse, delta and dQ buffers."""
+    return ceil_div(s_q, bm) * bm
 
 
 def splits_dq(d: int) -> bool:
@@ -367,13 +383,14 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
         all(cs.in_place(t, True) for t in (q, k, v, do)) and cs.in_place(o, False) and lse.is_contiguous()
     ):
         return BwdPlan(grads, copy=True)
-    s_pad = padded(s_q)
+    bm = query_rows(d, opts)
+    s_pad = padded(s_q, bm)
     dev = cs._device_index(q)
     sfx = DTYPE_SUFFIX[q.dtype]
     mod = bwd_module(d, opts)
     pre = mod.kernel(f"attn_bwd_pre_{sfx}", SIG_PRE, dev)
     main = mod.kernel(f"attn_bwd_{variant}_d{d}_{sfx}", SIG_MAIN, dev)
-    shared = smem_bytes(d, variant)
+    shared = smem_bytes(d, variant, bm)
     if shared > main.max_dynamic_shared:
         main.set_max_dynamic_shared(shared)
     g_pre, pre_args = (s_pad // PRE_ROWS, h, z), (s_q, s_pad, h, d, *o4.stride()[:3], *do4.stride()[:3])
@@ -381,7 +398,7 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
         g_main = (min(h_kv * ceil_div(s_k, bn) * z, sm_count(dev)), 1, 1)
     else:
         g_main = (h_kv, ceil_div(s_k, bn), z)  # heads fastest: heavy causal blocks first
-    mq, mk, mv, mdo = cs._map_args(q4, BM), cs._map_args(k4, bn), cs._map_args(v4, bn), cs._map_args(do4, BM)
+    mq, mk, mv, mdo = cs._map_args(q4, bm), cs._map_args(k4, bn), cs._map_args(v4, bn), cs._map_args(do4, bm)
     main_args = (s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E, int(causal),
                  *dk4.stride()[:3], *dv4.stride()[:3], z)  # fmt: skip
     nq = dq_chunk(d, variant)
@@ -415,12 +432,13 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
 
 
 def schedule(
-    s_q: int, s_k: int, causal: bool, group: int = 1, d: int = 128
+    s_q: int, s_k: int, causal: bool, group: int = 1, d: int = 128, bm: int = BM
 ) -> list[tuple[int, list[tuple[int, int, tuple[bool, ...]]]]]:
     """The main kernel's blocks of one k/v head (blockIdx.y = 0, 1, ...) as key_block
     derives them: (first key n0, [(q head in the group, first query row m0, masked per
     64-key group)] in loop order). A block (``block_n`` keys) visits, per q head of its
-    group, the query blocks from the one holding the first row that sees key n0 (causal:
+    group, the query blocks (``bm`` rows: ``query_rows``) from the one holding the first row
+    that sees key n0 (causal:
     n0 - (S_k - S_q)) to the last; the keys [n0 + 64 w, n0 + 64 w + 64) (w = 0, 1: one per
     consumer warpgroup; w = 0 alone where ``splits_d``) are masked where they pass S_k or
     their last key passes the query block's first row's causal limit."""
@@ -428,11 +446,11 @@ def schedule(
     out = []
     for n0 in range(0, s_k, bn):
         first = max(0, n0 - off) if causal else 0
-        m_begin = first // BM
-        per = ceil_div(s_q, BM) - m_begin if first < s_q else 0
+        m_begin = first // bm
+        per = ceil_div(s_q, bm) - m_begin if first < s_q else 0
         steps = []
         for it in range(group * per):
-            g, m0 = it // per, (m_begin + it % per) * BM
+            g, m0 = it // per, (m_begin + it % per) * bm
             masked = tuple(
                 n0 + k0 + 64 > s_k or (causal and n0 + k0 + 63 > m0 + off) for k0 in range(0, bn, 64)
             )
@@ -442,7 +460,7 @@ def schedule(
 
 
 def emulate_backward(
-    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float, bm: int = BM
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) computed as the kernels compute them, in PyTorch: delta = rowsum(dO *
     O) in fp32 from the 16-bit o and dO; lse = +inf for rows that see no key; per block of
@@ -450,7 +468,8 @@ def emulate_backward(
     P^T = 2^(S^T c - lse) zeroed at masked places only in the steps ``schedule`` marks, P^T
     rounded to the input dtype before dV += P^T dO, dS^T = P^T (dP^T - delta) (P in fp32)
     rounded before dK += dS^T Q and dQ += dS K (fp32 accumulators; dQ per warpgroup or, where
-    ``splits_dq``, per block); dK scaled once, dQ scaled and rounded once."""
+    ``splits_dq`` or the query blocks are 128 rows, per block); dK scaled once, dQ scaled and
+    rounded once. ``bm``: query rows a step (``query_rows``)."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, do4, o4 = (at._split(t) for t in (q, k, v, do, o))
     z, h, h_kv = q4.shape[0], q4.shape[1], k4.shape[1]
@@ -458,7 +477,7 @@ def emulate_backward(
     dt, dev = q.dtype, q.device
     c = scale * LOG2E
     off = s_k - s_q
-    s_pad = padded(s_q)
+    s_pad = padded(s_q, bm)
     lse4 = lse.reshape(z, h, s_q).float()
     lse_p = torch.full((z, h, s_pad), float("inf"), device=dev)
     lse_p[:, :, :s_q] = torch.where(torch.isneginf(lse4), torch.full_like(lse4, float("inf")), lse4)
@@ -476,12 +495,12 @@ def emulate_backward(
     dk = torch.zeros((z, h_kv, n_pad, d), device=dev)
     dv = torch.zeros_like(dk)
     heads = torch.arange(h_kv, device=dev) * group
-    split = splits_dq(d)
-    for n0, steps in schedule(s_q, s_k, causal, group, d):
+    split = splits_dq(d) or bm != BM
+    for n0, steps in schedule(s_q, s_k, causal, group, d, bm):
         for g, m0, masked in steps:
             hq = heads + g  # the q head of each k/v head at this step
-            qb, dob = qp[:, hq, m0 : m0 + BM], dop[:, hq, m0 : m0 + BM]
-            lb, db = lse_p[:, hq, m0 : m0 + BM], delta_p[:, hq, m0 : m0 + BM]
+            qb, dob = qp[:, hq, m0 : m0 + bm], dop[:, hq, m0 : m0 + bm]
+            lb, db = lse_p[:, hq, m0 : m0 + bm], delta_p[:, hq, m0 : m0 + bm]
             ds_block = []
             for w in range(bn // 64):  # 64-key groups (splits_d: one, both warpgroups on it)
                 k0 = n0 + 64 * w
@@ -491,7 +510,7 @@ def emulate_backward(
                 pt = torch.exp2(st * c - lb[:, :, None, :])
                 if masked[w]:
                     key = torch.arange(k0, k0 + 64, device=dev)[:, None]
-                    col = torch.arange(m0, m0 + BM, device=dev)[None, :]
+                    col = torch.arange(m0, m0 + bm, device=dev)[None, :]
                     bad = key >= s_k
                     if causal:
                         bad = bad | (key > col + off)
@@ -502,10 +521,10 @@ def emulate_backward(
                 if split:
                     ds_block.append(dst)
                 else:
-                    dq_acc[:, hq, m0 : m0 + BM] += dst.transpose(-1, -2) @ kw
+                    dq_acc[:, hq, m0 : m0 + bm] += dst.transpose(-1, -2) @ kw
             if split:  # one sum over the block's 128 keys (each warpgroup's half of the columns)
                 dst = torch.cat(ds_block, dim=-2)
-                dq_acc[:, hq, m0 : m0 + BM] += dst.transpose(-1, -2) @ kp[:, :, n0 : n0 + bn]
+                dq_acc[:, hq, m0 : m0 + bm] += dst.transpose(-1, -2) @ kp[:, :, n0 : n0 + bn]
     dq = (dq_acc[:, :, :s_q] * scale).to(dt).reshape(tuple(lead) + (s_q, d))
     dk = (dk[:, :, :s_k] * scale).to(k.dtype).reshape(tuple(k.shape[:-2]) + (s_k, d))
     dv = dv[:, :, :s_k].to(v.dtype).reshape(tuple(v.shape[:-2]) + (s_k, d))
