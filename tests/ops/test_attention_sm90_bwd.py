@@ -282,18 +282,23 @@ def test_module_is_sm90a_only():
 def test_shared_memory_fits():
     """smem_bytes is what the kernel checks (Smem<D>::BYTES + 1 KB of alignment, check_smem
     traps below it), within the 227 KB a block may use with the static barriers; three
-    stages at every head dim built."""
+    stages at every head dim built but D = 256 and v9's 128-row query blocks (two)."""
+    assert cb.query_rows(64) == 128 and cb.query_rows(64, dataclasses.replace(cb.BWD_DEFAULTS[64], q128=False)) == 64
+    assert all(cb.query_rows(d) == 64 for d in cb.BWD_HEAD_DIMS if d != 64)
     for d in cb.BWD_HEAD_DIMS:
         for variant in cb.VARIANTS:
-            st, bn = cb.stages(d, variant), cb.block_n(d)
-            assert st == (2 if d == 256 else 3) and bn == (64 if d == 256 else 128)
-            dq = 2 * 64 * cb.dq_cols(d) * 4 if variant == "v9" and d != 256 else 0  # staging tiles
-            assert cb.dq_stage_bytes(d, variant) == dq
-            assert (
-                cb.smem_bytes(d, variant)
-                == 1024 + 2 * bn * d * 2 + st * (2 * 64 * d * 2 + 512) + 4 * 8192 + dq
-            )
-            assert cb.smem_bytes(d, variant) + 64 <= cb.SMEM_LIMIT
+            for bm in {64, cb.query_rows(d)}:
+                st, bn = cb.stages(d, variant, bm), cb.block_n(d)
+                assert st == (2 if d == 256 or (bm == 128 and variant == "v9") else 3), (d, variant, bm)
+                assert bn == (64 if d == 256 else 128)
+                dq = 2 * 64 * cb.dq_cols(d) * 4 if variant == "v9" and d != 256 else 0  # staging tiles
+                assert cb.dq_stage_bytes(d, variant) == dq
+                assert (
+                    cb.smem_bytes(d, variant, bm)
+                    == 1024 + 2 * bn * d * 2 + st * (2 * bm * d * 2 + 8 * bm) + 4 * bm * 128 + dq
+                )
+                assert cb.smem_bytes(d, variant, bm) + 64 <= cb.SMEM_LIMIT
+            assert cb.smem_bytes(d, variant) == cb.smem_bytes(d, variant, cb.query_rows(d))
 
 
 # --------------------------------------------------------------------------- shared-memory layouts (no GPU)
@@ -539,7 +544,7 @@ def test_v9_bulk_protocol_in_the_source():
     i_keep = body.index("add.rn.f32 %0, %1, 0f00000000;", i_wait0)
     i_last = body.index("if (kb.n_it > 0) stage_dq(dq_o, prev_h, prev_m0", i_keep)
     assert i_issue < i_prev < i_s < i_wait0 < i_keep < i_last < i_end
-    assert "constexpr bool OVL = BQ && D <= 80;" in src
+    assert "constexpr bool OVL = BQ && D <= 80 && !BwdBuild<D>::Q128;" in src
     assert "cp.async.bulk.commit_group" in src[src.index("void bulk_reduce_add_f32") :]
     assert "warp * (16 * NQ * 4)" in body  # the warp's own slice
 
@@ -681,7 +686,7 @@ def test_persistent_items_cover_every_key_block_once():
     and kv_full, and both count the ring's uses on across items."""
     src = cb.CU.read_text()
     assert "return BwdItem{i % H_kv, (i / H_kv) % n_kb, i / (H_kv * n_kb)};" in src
-    assert src.count("const KeyBlock kb = key_block<BN>(w.nb, S_q, S_k, group, causal);") == 2
+    assert src.count("const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, group, causal);") == 2
     assert "if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);" in src
     assert "mbar_wait(kv_full, uses & 1);\n        const int i = item_slot;" in src
     assert "auto claim = [&]() { return PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : items; };" in src
@@ -699,8 +704,9 @@ def test_named_barriers_and_proxy_fence_in_the_source():
     then bar.sync on id 1 + cw with 128 threads (or, where the warpgroups split dQ, on id 3
     with all 256) before the dQ wgmma reads it; the tile alternates per use u of the ring (one
     a query block, counted on across a persistent block's items);
-    the producer's expect_tx counts exactly the bytes of its copies (two tiles of 64 x D x 2
-    and two 256-byte bulk copies)."""
+    the producer's expect_tx counts exactly the bytes of its copies (two tiles of BM x D x 2
+    and two bulk copies of BM floats); with 128-row query blocks each warpgroup's dQ wgmma reads
+    query slab cw of both warpgroups' tiles."""
     src = cb.CU.read_text()
     i_st, i_fence = src.index("st.shared.b32"), src.index("fence_proxy_async();  // the generic")
     i_bar, i_split = src.index("named_sync(DS_BAR + cw, 128)"), src.index("named_sync(DQ_BAR, 256)")
@@ -708,8 +714,12 @@ def test_named_barriers_and_proxy_fence_in_the_source():
     assert i_st < i_fence < i_split < i_bar < i_tt
     assert "constexpr int DS_BAR = 1, DQ_BAR = 3;" in src  # ids 1, 2 (per warpgroup) and 3; 0: __syncthreads
     assert "(2 * cw + (u & 1)) * S::DS_BYTES" in src and "(2 * (kk / 4) + (u & 1)) * S::DS_BYTES" in src
-    assert "mbar_expect_tx(bar, 2 * S::QT_BYTES + 512)" in src
-    assert src.count("bulk_load(") == 3 and "256, bar)" in src  # definition + two calls
+    assert "mbar_expect_tx(bar, 2 * S::QT_BYTES + S::LD_BYTES)" in src
+    assert "static constexpr unsigned LD_BYTES = 8 * BM;" in src and "QT_BYTES = BM * D * 2;" in src
+    assert src.count("bulk_load(") == 3 and src.count("4 * BM, bar)") == 2  # definition + two calls
+    assert "if (SPLIT || RSPLIT) {" in src
+    assert "(2 * (kk / 4) + (u & 1)) * S::DS_BYTES + cw * (64 * 64 * 2), 16 * (kk % 4)" in src
+    assert "stage_dq(dq, h, RSPLIT ? m0 + 64 * cw : m0, c0);" in src
 
 
 # --------------------------------------------------------------------------- launcher (no GPU)
@@ -940,8 +950,9 @@ def test_cpu_tensors_and_fp32_refused(backend):
 
 @pytest.mark.parametrize("s_q,s_k", [(1, 1), (300, 300), (129, 500), (500, 129), (64, 64), (65, 63)])
 @pytest.mark.parametrize("group", [1, 3])
-@pytest.mark.parametrize("d", [128, 256])
+@pytest.mark.parametrize("d", [64, 128, 256])
 def test_schedule_visits_every_needed_pair_once_and_masks_the_rest(s_q, s_k, group, d):
+    bm = cb.query_rows(d)  # 128 at D = 64
     for causal in (False, True):
         ok = AA.allowed_mask(s_q, s_k, causal, None, "cpu")
         ok = torch.ones(s_q, s_k, dtype=torch.bool) if ok is None else ok
@@ -952,7 +963,8 @@ def test_schedule_visits_every_needed_pair_once_and_masks_the_rest(s_q, s_k, gro
         for n0, steps in sched:
             assert [g for g, _, _ in steps] == sorted(g for g, _, _ in steps)  # head-major
             for g, m0, masked in steps:
-                rows = slice(m0, min(m0 + 64, s_q))
+                assert m0 % bm == 0
+                rows = slice(m0, min(m0 + bm, s_q))
                 assert len(masked) == bn // 64
                 for w in range(bn // 64):
                     keys = slice(n0 + 64 * w, min(n0 + 64 * w + 64, s_k))
@@ -960,8 +972,8 @@ def test_schedule_visits_every_needed_pair_once_and_masks_the_rest(s_q, s_k, gro
                         assert masked[w]
                         continue
                     seen[g, rows, keys] += 1
-                    if not masked[w]:  # every (row, key) of the 64 x 64 tile is real and allowed
-                        assert keys.stop - keys.start == 64 and ok[m0 : m0 + 64, keys].all()
+                    if not masked[w]:  # every (row, key) of the 64 x bm tile is real and allowed
+                        assert keys.stop - keys.start == 64 and ok[m0 : m0 + bm, keys].all()
         for g in range(group):
             assert (seen[g] <= 1).all()
             assert (seen[g][ok] == 1).all(), "an allowed (row, key) pair is never visited"
@@ -1180,7 +1192,10 @@ def test_loop_builds_compile_clean(d, opts):
     assert set(built) == set(plain) == _names(d)
     for sfx in ("bf16", "f16"):
         main, base = built[f"attn_bwd_v9_d{d}_{sfx}"], plain[f"attn_bwd_v9_d{d}_{sfx}"]
-        assert main.count("wgmma.mma_async") == base.count("wgmma.mma_async")
+        # 128-row query blocks: dV and dK over 8 k steps of 16 queries instead of 4, dQ over 8
+        # of 16 keys (both tiles) instead of 4: 12 more in each of the loop's two copies
+        more = 12 if opts.q128 else 0
+        assert main.count("wgmma.mma_async") == base.count("wgmma.mma_async") + more
         assert "ex2.approx.f32" in base and "ex2.approx.ftz.f32" not in base
         if opts.fast_exp:
             assert "ex2.approx.ftz.f32" in main and "ex2.approx.f32" not in main
@@ -1192,7 +1207,7 @@ def _bwd_build(ptx: str, d: int) -> cb.BwdOpts:
     """attention_sm90_bwd.cu's BwdBuild<d> as NVRTC's PTX lists its members (.global .u8
     <mangled name> [= 1])."""
     got = dict(re.findall(rf"\.global \.align 1 \.u8 _ZN8BwdBuildILi{d}EE\d+(\w+?)E(?: = (\d))?;", ptx))
-    assert set(got) == {"FAST_EXP", "MASK_BRANCH", "DESC_ADD", "PERSIST"}, got
+    assert set(got) == {"FAST_EXP", "MASK_BRANCH", "DESC_ADD", "PERSIST", "Q128"}, got
     return cb.BwdOpts(**{k.lower(): v == "1" for k, v in got.items()})
 
 
@@ -1258,6 +1273,7 @@ def test_lab_builds_named_and_built_beside_the_default():
         "-DKL_ATTN_BWD_MASK_BRANCH=0",
         "-DKL_ATTN_BWD_DESC_ADD=1",
         "-DKL_ATTN_BWD_PERSIST=0",
+        "-DKL_ATTN_BWD_Q128=0",
     )
     assert cb.BwdOpts(no_dq_red=True).flags[0] == "-DKL_ATTN_BWD_NO_DQ_RED=1"
     assert set(cb.BWD_DEFAULTS) == set(cb.BWD_HEAD_DIMS) and all(o.exact for o in cb.BWD_DEFAULTS.values())

@@ -9,7 +9,7 @@
 //
 // Kernels (registered through backend "cuda_v8": the forward is cuda_v7's):
 //   attn_bwd_pre_<dtype>      one warp per query row of the padded length S_pad (S_q rounded
-//       up to BM_B = 64): delta = rowsum(dO * O) in fp32 and lse copied, both into
+//       up to a query block, BM rows): delta = rowsum(dO * O) in fp32 and lse copied, both into
 //       (Z * H, S_pad) fp32 buffers; rows past S_q and rows that see no key (lse = -inf)
 //       get lse = +inf, delta = 0, so their P is exactly 0 with no mask; the row's fp32
 //       dQ accumulator (Z * H, S_pad, D) is zeroed.
@@ -20,11 +20,12 @@
 //       copies; setmaxnreg 24) and two consumer warpgroups (setmaxnreg 240), each owning 64 of the block's keys. K and V
 //       stay in shared memory; the block loops over its group's q heads (GQA: dK, dV sum
 //       the group in registers: deterministic, no atomics on them) and, per head, over the
-//       query blocks of 64 rows that see its keys. A query block's Q, dO (TMA, swizzled
-//       tiles) and its 64 lse and delta (1-D bulk copies) come through a ring of 2-3
-//       stages (mbarriers full / empty, as the forward's v4-v7). Per query block each
-//       consumer warpgroup computes, transposed so that keys are the M dimension:
-//           S^T  = K_w Q^T       wgmma SS, 64 x 64, fp32 accumulators
+//       query blocks of BM rows that see its keys (BM = 64; 128 at D = 64, BwdBuild's
+//       Q128). A query block's Q, dO (TMA, swizzled tiles) and its BM lse and delta (1-D
+//       bulk copies) come through a ring of 2-3 stages (mbarriers full / empty, as the
+//       forward's v4-v7). Per query block each consumer warpgroup computes, transposed so
+//       that keys are the M dimension:
+//           S^T  = K_w Q^T       wgmma SS, 64 x BM, fp32 accumulators
 //           dP^T = V_w dO^T      wgmma SS, issued with S^T (one wait each)
 //           P^T  = 2^(S^T c - lse)          (0 where masked), rounded to 16 bits
 //           dV  += P^T dO        wgmma RS: P^T is the register A operand (no shared memory)
@@ -41,6 +42,12 @@
 //       S^T, dP^T, P^T and dS^T of them (the same tiles: 2 x 128 dK / dV accumulators a
 //       thread over all 256 columns would not fit in 240 registers) and warpgroup w owns
 //       columns [128 w, 128 w + 128) of dV, dK and dQ (dQ in two passes of 64 columns).
+//       At D = 64 (Q128, RSPLIT) a query block is 128 rows: S^T and dP^T are m64n128, the
+//       dS^T tile two 64 x 64 slabs, and the warpgroups split dQ by rows, warpgroup w
+//       computing rows [64 w, 64 w + 64) over all 128 keys; P^T and dS^T are packed once
+//       dP^T has landed and dV, dK issued together (an in-flight dV would hold the packed
+//       P^T beside 224 other live registers). The ring's waits, copies and barriers and
+//       the dQ sums then come once per 128 rows.
 //       After the last query block each warpgroup writes scale * dK and dV (16-bit) of its
 //       keys and columns.
 //   attn_bwd_post_<dtype>     dq = scale * dQ accumulator, rounded to q's dtype.
@@ -92,7 +99,7 @@
 // run the same n_it iterations), so no barrier phase is left half full.
 //
 // Contract (cuda_sm90_bwd.py guarantees it): q, dO (Z, H, S_q, D), k, v (Z, H_kv, S_k, D)
-// as tensor maps (dims (D, S, H, Z), box E columns x 64 rows for q / dO, x BN rows for k /
+// as tensor maps (dims (D, S, H, Z), box E columns x BM rows for q / dO, x BN rows for k /
 // v, the tile's swizzle); o and dO for the preprocess as pointers with element strides (a
 // unit stride over D); lse (Z, H, S_q) fp32 contiguous; dk, dv (Z, H_kv, S_k, D) pointers
 // with element strides; dq (Z, H, S_q, D) with strides. H = H_kv x group. Grid of the main
@@ -167,7 +174,7 @@ struct BwdBuild {
 #ifdef KL_ATTN_BWD_Q128
     static constexpr bool Q128 = KL_ATTN_BWD_Q128 && D == 64;
 #else
-    static constexpr bool Q128 = false;
+    static constexpr bool Q128 = D == 64;
 #endif
     static constexpr int BM = Q128 ? 128 : 64;  // query rows per step of the loop (S^T's wgmma N)
     // without exp2f's longer sequence the two copies of the loop make ptxas serialize the

@@ -127,9 +127,11 @@ Q128_HEAD_DIM = 64  # the head dim whose loop can take 128 query rows a step (Bw
 # the PTX), the fastest in lab/probe_bwd_builds.py on an H200 (benchmarks/NOTES.md): every
 # option at D = 64 / 96 / 128; at D = 80 without desc_add; none at D = 256, where each one
 # made the loop slower. Persistent at D <= 128: faster than one block an item at 12 of 14
-# cases, the same at the other two (attn_bwd_builds-H200-edaa3c8-persist.jsonl).
+# cases, the same at the other two (attn_bwd_builds-H200-edaa3c8-persist.jsonl). At D = 64
+# query blocks of 128 rows: 7-29% faster than 64 at every shape timed
+# (attn_bwd_builds-H200-362869f-q128.jsonl).
 BWD_DEFAULTS = {
-    64: _LEAN,
+    64: replace(_LEAN, q128=True),
     80: BwdOpts(fast_exp=True, mask_branch=True, persist=True),
     96: _LEAN,
     128: _LEAN,
@@ -153,20 +155,22 @@ _LOOP_BUILDS = (
 # is the kernel with no option at all; where the default is persistent, the default with one
 # block an item comes last. (A persistent base build spills at D = 64, a persistent D = 256
 # build too: neither is timed.)
-# At D = 64 the default with query blocks of 128 rows (``q128``) too.
-BWD_LAB = {
-    d: (
-        replace(BWD_DEFAULTS[d], no_dq_red=True),
-        *(
-            o
-            for o in (b if b == BwdOpts() else replace(b, persist=BWD_DEFAULTS[d].persist) for b in _LOOP_BUILDS)
-            if o != BWD_DEFAULTS[d]
-        ),
-        *((replace(BWD_DEFAULTS[d], persist=False),) if BWD_DEFAULTS[d].persist else ()),
-        *((replace(BWD_DEFAULTS[d], q128=not BWD_DEFAULTS[d].q128),) if d == Q128_HEAD_DIM else ()),
+# At D = 64 the default with the other query-block height (``q128``) too.
+
+
+def _lab_builds(d: int) -> tuple[BwdOpts, ...]:
+    default = BWD_DEFAULTS[d]
+    loop = (b if b == BwdOpts() else replace(b, persist=default.persist) for b in _LOOP_BUILDS)
+    builds = (
+        replace(default, no_dq_red=True),
+        *(o for o in loop if o != default),
+        *((replace(default, persist=False),) if default.persist else ()),
+        *((replace(default, q128=not default.q128),) if d == Q128_HEAD_DIM else ()),
     )
-    for d in BWD_HEAD_DIMS
-}
+    return tuple(dict.fromkeys(builds))  # (each once: at D = 64 the flip is a loop build)
+
+
+BWD_LAB = {d: _lab_builds(d) for d in BWD_HEAD_DIMS}
 _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 
 
@@ -239,18 +243,20 @@ def dq_stage_bytes(d: int, variant: str) -> int:
     return 2 * 64 * dq_cols(d) * 4 if bulk_dq(d, variant) else 0
 
 
-def stages(d: int, variant: str = "v8", bm: int = BM) -> int:
+def stages(d: int, variant: str = "v8", bm: int | None = None) -> int:
     """Q / dO stages of the ring: 3 where they fit in 227 KB, else 2 (Smem::STAGES); ``bm``
-    query rows a stage (``query_rows``)."""
+    query rows a stage (None: the default build's, ``query_rows``)."""
+    bm = bm or query_rows(d)
     fixed = 2 * block_n(d) * d * 2 + 4 * bm * 64 * 2 + 1024 + dq_stage_bytes(d, variant)
     return 3 if fixed + 3 * (2 * bm * d * 2 + 8 * bm) <= SMEM_LIMIT else 2
 
 
-def smem_bytes(d: int, variant: str = "v8", bm: int = BM) -> int:
+def smem_bytes(d: int, variant: str = "v8", bm: int | None = None) -> int:
     """Dynamic shared memory of a block (Smem::BYTES + 1 KB to align the base to 1024
     bytes): K and V (block_n x D x 2 B each), per stage Q and dO (bm x D x 2 B each) and
     lse + delta (8 bm B), four dS^T tiles (64 keys x bm queries x 2 B: two per consumer
-    warpgroup); v9: the two dQ staging tiles. ``bm``: ``query_rows``."""
+    warpgroup); v9: the two dQ staging tiles. ``bm``: as ``stages``."""
+    bm = bm or query_rows(d)
     return (
         1024
         + 2 * block_n(d) * d * 2
@@ -432,17 +438,17 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
 
 
 def schedule(
-    s_q: int, s_k: int, causal: bool, group: int = 1, d: int = 128, bm: int = BM
+    s_q: int, s_k: int, causal: bool, group: int = 1, d: int = 128, bm: int | None = None
 ) -> list[tuple[int, list[tuple[int, int, tuple[bool, ...]]]]]:
     """The main kernel's blocks of one k/v head (blockIdx.y = 0, 1, ...) as key_block
     derives them: (first key n0, [(q head in the group, first query row m0, masked per
     64-key group)] in loop order). A block (``block_n`` keys) visits, per q head of its
-    group, the query blocks (``bm`` rows: ``query_rows``) from the one holding the first row
-    that sees key n0 (causal:
+    group, the query blocks (``bm`` rows; None: the default build's, ``query_rows``) from the
+    one holding the first row that sees key n0 (causal:
     n0 - (S_k - S_q)) to the last; the keys [n0 + 64 w, n0 + 64 w + 64) (w = 0, 1: one per
     consumer warpgroup; w = 0 alone where ``splits_d``) are masked where they pass S_k or
     their last key passes the query block's first row's causal limit."""
-    off, bn = s_k - s_q, block_n(d)
+    off, bn, bm = s_k - s_q, block_n(d), bm or query_rows(d)
     out = []
     for n0 in range(0, s_k, bn):
         first = max(0, n0 - off) if causal else 0
@@ -460,7 +466,15 @@ def schedule(
 
 
 def emulate_backward(
-    do: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, causal: bool, scale: float, bm: int = BM
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    causal: bool,
+    scale: float,
+    bm: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) computed as the kernels compute them, in PyTorch: delta = rowsum(dO *
     O) in fp32 from the 16-bit o and dO; lse = +inf for rows that see no key; per block of
@@ -469,7 +483,7 @@ def emulate_backward(
     rounded to the input dtype before dV += P^T dO, dS^T = P^T (dP^T - delta) (P in fp32)
     rounded before dK += dS^T Q and dQ += dS K (fp32 accumulators; dQ per warpgroup or, where
     ``splits_dq`` or the query blocks are 128 rows, per block); dK scaled once, dQ scaled and
-    rounded once. ``bm``: query rows a step (``query_rows``)."""
+    rounded once. ``bm``: query rows a step (None: the default build's, ``query_rows``)."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, do4, o4 = (at._split(t) for t in (q, k, v, do, o))
     z, h, h_kv = q4.shape[0], q4.shape[1], k4.shape[1]
@@ -477,6 +491,7 @@ def emulate_backward(
     dt, dev = q.dtype, q.device
     c = scale * LOG2E
     off = s_k - s_q
+    bm = bm or query_rows(d)
     s_pad = padded(s_q, bm)
     lse4 = lse.reshape(z, h, s_q).float()
     lse_p = torch.full((z, h, s_pad), float("inf"), device=dev)
