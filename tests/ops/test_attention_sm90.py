@@ -159,15 +159,22 @@ def test_pingpong_named_barriers_in_the_ptx():
 
 def test_v7_barrier_ids_and_schedule_in_the_source():
     """v7 uses v6's turn barriers (PP_BAR = 1, 2, count 256) and, per warpgroup, EPI_BAR + w
-    = 3, 4 (count 128): no id is shared between the two uses, all within the 16 a block has.
-    Its consumer's barrier operations are v6's, in the same order (so the model below, of
-    v6, is v7's too), and its epilogue barrier is reached by every consumer thread (not
+    = 3, 4 (count 128); with three consumer warpgroups the turns take 1-3 and the epilogue
+    epi_bar<3>(w) = 4-6: no id is shared between the two uses, all within the 16 a block has.
+    Its consumer's barrier operations are v6's, in the same order, where its warpgroup
+    conditions are read at two warpgroups (so the model below, of v6 and of v7's turns going
+    round, is v7's too), and its epilogue barrier is reached by every consumer thread (not
     inside a branch)."""
     import re
 
     src = cs.CU.read_text()
     assert re.search(r"constexpr int PP_BAR = 1;", src) and re.search(r"constexpr int PP_COUNT = 256;", src)
     assert re.search(r"constexpr int EPI_BAR = 3;", src) and re.search(r"constexpr int EPI_COUNT = 128;", src)
+    assert "return EPI_BAR + (WG - 2) + cw;" in src
+    for wg in (2, 3):
+        turns = {1 + w for w in range(wg)}
+        epi = {3 + (wg - 2) + w for w in range(wg)}
+        assert not turns & epi and max(epi) < 16, wg
 
     def body(fn):
         start = src.index(f"void {fn}(")
@@ -179,6 +186,7 @@ def test_v7_barrier_ids_and_schedule_in_the_source():
 
     # v7 takes its turns through two lambdas (no turns at all with V7Tiles' TURNS 0)
     v7 = body("consume_v7")
+    assert "const int mine = PP_BAR + cw, other = PP_BAR + (cw + 1) % WG;" in v7
     guard = "\n        if constexpr (V7Tiles<D>::TURNS) "
     lambdas = (
         "    auto turn = [&]() {" + guard + "named_sync(mine);\n    };\n",
@@ -188,41 +196,45 @@ def test_v7_barrier_ids_and_schedule_in_the_source():
         assert text in v7
         v7 = v7.replace(text, "")
     v7 = v7.replace("turn()", "named_sync(mine)").replace("hand_over()", "named_arrive(other)")
-    assert barrier_ops(v7) == barrier_ops(body("consume_pingpong"))
+    assert v7.count("if (cw == WG - 1)") == 1 and v7.count("if (cw != WG - 1)") == 1
+    at_two = v7.replace("if (cw == WG - 1)", "if (cw == 1)").replace("if (cw != WG - 1)", "if (cw == 0)")
+    assert barrier_ops(at_two) == barrier_ops(body("consume_pingpong"))
     epi = body("epilogue_tma")
     line = next(ln for ln in epi.splitlines() if "named_sync_wg(" in ln)
-    assert line.strip() == "named_sync_wg(EPI_BAR + cw);"
+    assert line.strip() == "named_sync_wg(epi_bar<WG>(cw));"
     before = epi[: epi.index(line)]
     assert before.count("{") == before.count("}") + 1  # at the function's top level
 
 
-def _pingpong_model(n: int) -> list[tuple[int, int]]:
-    """attention_sm90.cu's consume_pingpong as barrier operations, warpgroup w in 0, 1:
-    (op, barrier) with op "sync" / "arrive"; barrier PP_BAR + w is w's turn."""
-    ops = {0: [], 1: []}
+def _pingpong_model(n: int, wg: int = 2) -> dict[int, list[tuple[str, int]]]:
+    """attention_sm90.cu's consume_v7 (consume_pingpong at wg = 2) as barrier operations,
+    warpgroup w in 0 .. wg - 1: (op, barrier) with op "sync" / "arrive"; barrier PP_BAR + w
+    is w's turn, and w hands over to w + 1 (the last to 0)."""
+    ops = {w: [] for w in range(wg)}
     if n == 0:
         return ops
-    for w in (0, 1):
-        mine, other = 1 + w, 2 - w
-        if w == 1:
+    for w in range(wg):
+        mine, other = 1 + w, 1 + (w + 1) % wg
+        if w == wg - 1:
             ops[w].append(("arrive", other))
         for turn in range(n + 1):  # turn 0: S_0; 1..n-1: S_j and P V_{j-1}; n: the last P V
             ops[w].append(("sync", mine))
-            if w == 0 or turn < n:
+            if w != wg - 1 or turn < n:
                 ops[w].append(("arrive", other))
     return ops
 
 
 def _run_pingpong(ops: dict, rng) -> tuple[list[int], dict]:
-    """Run the two warpgroups' barrier operations, one at a time in an order ``rng``
-    picks: a phase completes when 256 threads (two warpgroups of 128) reached it; a
-    warpgroup that syncs blocks until its phase completes. Returns the order of the turns
-    and what each barrier holds at the end."""
-    pc, count, turns = {0: 0, 1: 0}, {1: 0, 2: 0}, []
-    waiting, released = {0: None, 1: None}, {0: False, 1: False}
-    while pc[0] < len(ops[0]) or pc[1] < len(ops[1]):
+    """Run the warpgroups' barrier operations, one at a time in an order ``rng`` picks: a
+    phase completes when 256 threads (two warpgroups of 128) reached it; a warpgroup that
+    syncs blocks until its phase completes. Returns the order of the turns and what each
+    barrier holds at the end."""
+    wgs = sorted(ops)
+    pc, count, turns = {w: 0 for w in wgs}, {1 + w: 0 for w in wgs}, []
+    waiting, released = {w: None for w in wgs}, {w: False for w in wgs}
+    while any(pc[w] < len(ops[w]) for w in wgs):
         ready = []
-        for w in (0, 1):
+        for w in wgs:
             if pc[w] < len(ops[w]) and (waiting[w] is None or released[w]):
                 ready.append(w)
         assert ready, ("deadlock", pc, count)
@@ -241,45 +253,47 @@ def _run_pingpong(ops: dict, rng) -> tuple[list[int], dict]:
             waiting[w] = bar
         if count[bar] == 256:  # the phase completes and resets
             count[bar] = 0
-            for u in (0, 1):
+            for u in wgs:
                 if waiting[u] == bar:
                     released[u] = True
     return turns, count
 
 
+@pytest.mark.parametrize("wg", [2, 3])
 @pytest.mark.parametrize("n", [0, 1, 2, 5])
-def test_pingpong_turns_alternate_and_leave_no_barrier_half_full(n):
-    """In many random interleavings of the two warpgroups: both finish (no deadlock), the
-    turns alternate 0, 1, 0, 1 ... (n + 1 each), no arrival lands on a full phase, and no
-    barrier holds arrivals at the end."""
+def test_pingpong_turns_alternate_and_leave_no_barrier_half_full(n, wg):
+    """In many random interleavings of the warpgroups (two, or v7's three): all finish (no
+    deadlock), the turns go round 0, 1 (, 2), 0, 1 ... (n + 1 each), no arrival lands on a
+    full phase, and no barrier holds arrivals at the end."""
     import random
 
-    ops = _pingpong_model(n)
+    ops = _pingpong_model(n, wg)
     for seed in range(200):
         turns, count = _run_pingpong(ops, random.Random(seed))
-        assert turns == [0, 1] * (n + 1 if n else 0)
-        assert count == {1: 0, 2: 0}
+        assert turns == list(range(wg)) * (n + 1 if n else 0)
+        assert all(c == 0 for c in count.values())
 
 
-def test_pingpong_turns_across_a_persistent_blocks_items():
+@pytest.mark.parametrize("wg", [2, 3])
+def test_pingpong_turns_across_a_persistent_blocks_items(wg):
     """The persistent v7 takes the turns item after item (each item's barrier operations
     those of _pingpong_model, none for an item whose query block sees no key): in random
-    interleavings the turns still alternate over the whole walk, no arrival lands on a full
+    interleavings the turns still go round over the whole walk, no arrival lands on a full
     phase and no barrier holds arrivals at the end. (A lab variant that handed the next
     item's first turn over early deadlocked where a block's first item saw no key:
     benchmarks/NOTES.md (ak).)"""
     import random
 
     for n_tiles in ([3, 1, 2], [1, 1, 1, 1], [0, 2, 0, 0, 1, 0], [2, 0], [5, 0, 0]):
-        ops = {0: [], 1: []}
+        ops = {w: [] for w in range(wg)}
         for n in n_tiles:
-            item = _pingpong_model(n)
-            ops[0] += item[0]
-            ops[1] += item[1]
+            item = _pingpong_model(n, wg)
+            for w in range(wg):
+                ops[w] += item[w]
         for seed in range(50):
             turns, count = _run_pingpong(ops, random.Random(seed))
-            assert turns == [0, 1] * sum(n + 1 for n in n_tiles if n), n_tiles
-            assert count == {1: 0, 2: 0}
+            assert turns == list(range(wg)) * sum(n + 1 for n in n_tiles if n), n_tiles
+            assert all(c == 0 for c in count.values())
 
 
 def test_module_is_sm90a_only():
@@ -305,8 +319,10 @@ def test_shared_memory_fits_and_matches_the_kernel():
             assert cs.smem_bytes(v, d) + 64 <= cs.SMEM_LIMIT  # + the static mbarriers
             assert cs.stages(v, d) == (2 if d == 256 else 3)
         for t in (cs.V7_TILES[d],) + cs.V7_TILINGS[d]:
-            o = 128 * d * 2 if t.o_buffer else 0  # o's own staging tile
-            assert cs.smem_bytes("v7", d, t) == 1024 + 128 * d * 2 + t.stages * 2 * t.bn * d * 2 + o
+            rows = 192 if t.three_wg else 128  # query rows a block: 64 a consumer warpgroup
+            assert t.rows == rows and t.threads == 128 + 2 * rows
+            o = rows * d * 2 if t.o_buffer else 0  # o's own staging tile
+            assert cs.smem_bytes("v7", d, t) == 1024 + rows * d * 2 + t.stages * 2 * t.bn * d * 2 + o
             assert cs.smem_bytes("v7", d, t) + 64 <= cs.SMEM_LIMIT
             cs.check_tiles(d, t)
         assert cs.smem_bytes("v7", d) == cs.smem_bytes("v7", d, cs.V7_TILES[d])
@@ -330,6 +346,10 @@ def test_shared_memory_fits_and_matches_the_kernel():
         cs.check_tiles(80, cs.Tiles(176, 2))  # 176 x 32 bytes: slabs off the 1024-byte grid
     with pytest.raises(ValueError, match="only v7"):
         cs.smem_bytes("v6", 64, cs.Tiles(128, 4))
+    with pytest.raises(ValueError, match="three consumer warpgroups"):
+        cs.check_tiles(128, cs.Tiles(128, 2, three_wg=True))  # 160 registers: O alone is 64 at D = 128
+    with pytest.raises(ValueError, match="three consumer warpgroups"):
+        cs.check_tiles(64, cs.Tiles(176, 3, three_wg=True))
 
 
 def _ptx_constants(ptx: str, struct: str, d: int) -> dict[str, int]:
@@ -385,7 +405,8 @@ def test_v7_tilings_are_what_the_modules_build():
     """V7_TILES[d] is attention_sm90.cu's default V7Tiles<d> in MODULES[d] (its BN, STAGES,
     SPLIT_KV, FAST_EXP and DESC_ADD, read from the PTX), and v7_module builds every other
     tiling (the ones the lab times) with -DKL_ATTN_V7_BN and the rest: v7's two kernels
-    alone, at that tiling, no spills, 168 registers at launch; a split K / V tiling with a
+    alone, at that tiling, no spills, 168 registers at launch (128 with three consumer
+    warpgroups: 512 threads, setmaxnreg 24 / 160); a split K / V tiling with a
     full and an empty barrier per stage for K and for V (4 x stages + 1 mbarriers with
     q_full), the others 2 x stages + 1."""
     _nvrtc()
@@ -396,6 +417,7 @@ def test_v7_tilings_are_what_the_modules_build():
     from kernellab.inspect import asm
 
     cuobjdump = asm.find_tool("cuobjdump")
+
     def tiling(ptx: str, d: int) -> cs.Tiles:
         got = _ptx_constants(ptx, "V7Tiles", d)
         flags = (bool(got[k]) for k in ("SPLIT_KV", "FAST_EXP", "DESC_ADD", "PERSIST"))
@@ -406,6 +428,7 @@ def test_v7_tilings_are_what_the_modules_build():
             o_buffer=got["PERSIST"] == 2,
             queue=bool(got["QUEUE"]),
             free=not got["TURNS"],
+            three_wg=got["WG"] == 3,
         )
 
     def v7_bars(ptx: str) -> set[int]:
@@ -433,7 +456,8 @@ def test_v7_tilings_are_what_the_modules_build():
                 dump = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 res = asm.parse_res_usage(dump.stdout)
             for name, r in res.items():
-                assert r["STACK"] == 0 and r.get("LOCAL", 0) == 0 and r["REG"] == 168, (d, t, name, r)
+                regs = 128 if t.three_wg else 168  # 512 or 384 threads x regs: 64 K of the pool
+                assert r["STACK"] == 0 and r.get("LOCAL", 0) == 0 and r["REG"] == regs, (d, t, name, r)
 
 
 # --------------------------------------------------------------------------- shared-memory layouts (no GPU)
@@ -494,11 +518,12 @@ def test_descriptors_read_what_the_copies_wrote(d, bn):
         return _swizzle(start + 2 * off, w)
 
     for kk in range(d // 16):
-        for wg in (0, 1):  # Q: A of S = Q K^T, the warpgroup's 64 rows of the 128-row tile
-            desc = kmajor(128, 64 * wg, kk)
-            for m in range(64):
-                for k in range(16):
-                    assert read_k(desc, m, k) == base + _write_offset(d, 128, 64 * wg + m, 16 * kk + k)
+        for rows in (128, 192) if d == 64 else (128,):  # two or three consumer warpgroups (v7 "w")
+            for wg in range(rows // 64):  # Q: A of S = Q K^T, the warpgroup's 64 rows of the tile
+                desc = kmajor(rows, 64 * wg, kk)
+                for m in range(64):
+                    for k in range(16):
+                        assert read_k(desc, m, k) == base + _write_offset(d, rows, 64 * wg + m, 16 * kk + k)
         desc = kmajor(bn, 0, kk)  # K: B of S = Q K^T (N = keys)
         for n in range(bn):
             for k in range(16):
@@ -508,25 +533,26 @@ def test_descriptors_read_what_the_copies_wrote(d, bn):
         for k in range(16):
             for n in range(d):
                 assert read_mn(desc, k, n) == base + _write_offset(d, bn, 16 * kk + k, n)
-    for rows in (128, bn):  # v4-v6: a TMA box (one slab: E columns x rows, W bytes a row)
+    for rows in (128, 192, bn):  # v4-v7: a TMA box (one slab: E columns x rows, W bytes a row)
         for r in range(rows):  # lands row-major at its slab, swizzled on the absolute address
             for c in range(d):
                 tma = _swizzle(base + (c // e) * rows * w + r * w + 2 * (c % e), w)
                 assert tma == base + _write_offset(d, rows, r, c)
 
 
-@pytest.mark.parametrize("d", cs.HEAD_DIMS)
-def test_v7_o_rows_land_where_its_tma_store_reads_them(d):
+@pytest.mark.parametrize("d,rows", [(d, 128) for d in cs.HEAD_DIMS] + [(64, 192)])
+def test_v7_o_rows_land_where_its_tma_store_reads_them(d, rows):
     """v7's epilogue: thread (warp, lane) of warpgroup cw writes O(r, 8j + 2q .. +1), r =
-    64 cw + 16 warp + g + 8h, as 4 bytes at tile_offset(r, j) + 4q of the 128-row tile; one
-    TMA box per slab, 64 rows from 64 cw W bytes into the slab, reads element (i, c) at the
-    swizzled address of its row-major place. Every element of the warpgroup's 64 x D block
-    is written exactly once and read back from where it was written; the box starts on a
-    1024-byte boundary (the swizzle pattern is that of absolute addresses)."""
+    64 cw + 16 warp + g + 8h, as 4 bytes at tile_offset(r, j) + 4q of the tile (128 rows, 192
+    with three consumer warpgroups); one TMA box per slab, 64 rows from 64 cw W bytes into
+    the slab, reads element (i, c) at the swizzled address of its row-major place. Every
+    element of the warpgroup's 64 x D block is written exactly once and read back from where
+    it was written; the box starts on a 1024-byte boundary (the swizzle pattern is that of
+    absolute addresses)."""
     w, base = cs.swizzle_bytes(d), 5 * 1024
     e = w // 2
-    for cw in (0, 1):
-        box = {sl: base + sl * 128 * w + 64 * cw * w for sl in range(d // e)}
+    for cw in range(rows // 64):
+        box = {sl: base + sl * rows * w + 64 * cw * w for sl in range(d // e)}
         assert all(b % 1024 == 0 for b in box.values())
         written = {}
         for warp in range(4):
@@ -538,7 +564,7 @@ def test_v7_o_rows_land_where_its_tma_store_reads_them(d):
                         for half in (0, 1):
                             c = 8 * j + 2 * q + half
                             # st.shared at tile_offset(r, j) + 4q: the pair's low half first
-                            addr = base + _write_offset(d, 128, r, 8 * j) + 4 * q + 2 * half
+                            addr = base + _write_offset(d, rows, r, 8 * j) + 4 * q + 2 * half
                             assert (r - 64 * cw, c) not in written
                             written[(r - 64 * cw, c)] = addr
         assert len(written) == 64 * d
@@ -786,6 +812,31 @@ def test_launcher_v7_tiling(recorder, monkeypatch, tiles):
         cs.forward(q, k, v, True, 0.1, "v6", cs.Tiles(64, 2))
 
 
+_W3 = dict(fast_exp=True, desc_add=True, three_wg=True)
+
+
+@pytest.mark.parametrize(
+    "tiles", [cs.Tiles(128, 3, **_W3), cs.Tiles(128, 4, persistent=True, o_buffer=True, **_W3)], ids=str
+)
+def test_launcher_v7_three_warpgroups(recorder, monkeypatch, tiles):
+    """v7 with three consumer warpgroups ("w", D = 64): 512 threads, 192 query rows a block
+    (the grid's query blocks, Q's box), o's box still one warpgroup's 64 rows, the shared
+    memory of a 192-row Q (and o) tile, the kernel from a module built with -DKL_ATTN_V7_WG=3."""
+    monkeypatch.setattr(cs, "sm_count", lambda dev: 132)
+    q, k, v = (torch.randn(2, 3, 400, 64, dtype=torch.bfloat16) for _ in range(3))
+    cs.forward(q, k, v, True, 0.1, "v7", tiles)
+    ((grid, block, args, shared),) = recorder.calls
+    assert block == 512 and tiles.threads == 512 and tiles.rows == 192
+    blocks = 3  # ceil(400 / 192)
+    assert grid == ((min(blocks * 3 * 2, 132), 1, 1) if tiles.persistent else (blocks, 3, 2))
+    tq, tk, tv, to = args[:4]
+    assert tq[5] == (64, 192, 1, 1) and tk[5] == tv[5] == (64, 128, 1, 1) and to[5] == (64, 64, 1, 1)
+    o_tile = 192 * 128 if tiles.o_buffer else 0
+    ring = tiles.stages * 2 * 128 * 128
+    assert shared == cs.smem_bytes("v7", 64, tiles) == 1024 + 192 * 128 + ring + o_tile
+    assert "-DKL_ATTN_V7_WG=3" in cs.v7_module(64, tiles).options
+
+
 def test_launcher_v7_persistent(recorder, monkeypatch):
     """A persistent v7 tiling: a one-dimensional grid of at most one block an SM (fewer when
     there are fewer items: query blocks x heads x batches), the batch count after the other
@@ -968,7 +1019,7 @@ def test_queue_in_the_source():
     i_wait = body.index(
         "if (k > 0) mbar_wait(q_empty, (k - 1) & 1);\n        if constexpr (QUEUE) *item_slot = i;"
     )
-    i_q = body.index("mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);", i_wait)
+    i_q = body.index("mbar_expect_tx(b.q_full, V7Tiles<D>::Q_BYTES);", i_wait)
     i_rest = body.index("for (int it = pre; it < n; ++it)", i_q)
     i_claim = body.index("i = QUEUE ? (int)gridDim.x + atomicAdd(sched, 1) : i + (int)gridDim.x;", i_rest)
     assert i_wait < i_q < i_rest < i_claim
@@ -1198,17 +1249,22 @@ def test_emulated_kernel_matches_the_reference(shape, dtype, causal):
 # v7's tilings (V7_TILES and the ones the lab times): tails of the key tile, S_q < S_k and
 # S_q > S_k, GQA, at every tiling's head dim and width.
 EMU_V7 = sorted(
-    {(d, t.bn) for d in cs.HEAD_DIMS for t in (cs.V7_TILES[d],) + cs.V7_TILINGS[d] if t.bn != cs.block_n(d)}
+    {
+        (d, t.bn, t.rows)
+        for d in cs.HEAD_DIMS
+        for t in (cs.V7_TILES[d],) + cs.V7_TILINGS[d]
+        if (t.bn, t.rows) != (cs.block_n(d), cs.BM)
+    }
 )
 
 
-@pytest.mark.parametrize("d,bn", EMU_V7)
+@pytest.mark.parametrize("d,bn,bm", EMU_V7)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_emulated_kernel_matches_the_reference_at_v7_tilings(d, bn, causal):
-    for n, shape in enumerate(((1, 2, 130, 5 * bn + 7, d), (1, 4, 2, 300, bn + 1, d))):
+def test_emulated_kernel_matches_the_reference_at_v7_tilings(d, bn, bm, causal):
+    for n, shape in enumerate(((1, 2, 130, 5 * bn + 7, d), (1, 4, 2, 300, bn + 1, d), (1, 2, 400, 200, d))):
         q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cpu", 30 + n)
         scale = 1 / math.sqrt(d)
-        o, lse = cs.emulate(q, k, v, causal, scale, bn)
+        o, lse = cs.emulate(q, k, v, causal, scale, bn, bm)
         _check_o_lse(o, lse, q, k, v, causal, scale)
 
 
@@ -1274,10 +1330,11 @@ V7_GPU = [(d, t) for d in cs.HEAD_DIMS for t in cs.V7_TILINGS[d]]
 
 def _check_v7(q, k, v, causal, scale, tiles, bn):
     """v7's forward at ``tiles`` (None: its default) against its emulation at bn keys a tile
-    (lse where finite, and o) and against the reference (_check_o_lse)."""
+    and its query rows a block (lse where finite, and o) and against the reference
+    (_check_o_lse)."""
     o, lse = cs.forward(q, k, v, causal, scale, "v7", tiles)
     torch.cuda.synchronize()
-    eo, else_ = cs.emulate(q, k, v, causal, scale, bn)
+    eo, else_ = cs.emulate(q, k, v, causal, scale, bn, tiles.rows if tiles else cs.BM)
     fin = torch.isfinite(else_)
     assert torch.equal(fin, torch.isfinite(lse))
     torch.testing.assert_close(lse[fin], else_[fin], rtol=1e-5, atol=1e-4)

@@ -189,22 +189,22 @@ struct Block {
     int off;      // S_k - S_q: query i sees keys j <= i + off (causal)
 };
 
-// Query block mb's rows and key tiles.
-template <int BN>
+// Query block mb's rows and key tiles; R query rows a block (v7 with three consumer warpgroups: 192).
+template <int BN, int R = BM>
 __device__ __forceinline__ Block block_at(int mb, int S_q, int S_k, int causal) {
     Block b;
-    b.m0 = mb * BM;
+    b.m0 = mb * R;
     b.off = S_k - S_q;
     int n_end = S_k;
-    if (causal) n_end = max(0, min(S_k, b.m0 + BM + b.off));  // past the block's last row's limit
+    if (causal) n_end = max(0, min(S_k, b.m0 + R + b.off));  // past the block's last row's limit
     b.n_tiles = (n_end + BN - 1) / BN;
     return b;
 }
 
 // This block's query block: heaviest first under causal (the last query block sees the most keys).
-template <int BN>
+template <int BN, int R = BM>
 __device__ __forceinline__ Block block_of(int S_q, int S_k, int causal) {
-    return block_at<BN>(causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x, S_q, S_k, causal);
+    return block_at<BN, R>(causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x, S_q, S_k, causal);
 }
 
 // Per-warpgroup online-softmax state and its math on one key tile: ``scores`` turns S into
@@ -287,13 +287,14 @@ __device__ __forceinline__ void pack_p(const float (&s)[BN / 2], unsigned (&p)[B
 
 // Issue S = Q K^T for one warpgroup's 64 rows (sQ: the Q tile, rows 64 wg..; sK: the K
 // tile) as one wgmma group; s is not readable before a wait (and fence_s). DADD: each k step
-// added to the tile's descriptor (v7's; desc_kmajor in attention_sm90_common.cuh).
-template <bool BF16, int D, int BN, bool DADD = false>
+// added to the tile's descriptor (v7's; desc_kmajor in attention_sm90_common.cuh). R: the Q
+// tile's rows.
+template <bool BF16, int D, int BN, bool DADD = false, int R = BM>
 __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], unsigned sQ, unsigned sK, int wg) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        kl_wgmma_ss<BN, BF16>(s, desc_kmajor<D, BM, DADD>(sQ, 64 * wg, kk), desc_kmajor<D, BN, DADD>(sK, 0, kk),
+        kl_wgmma_ss<BN, BF16>(s, desc_kmajor<D, R, DADD>(sQ, 64 * wg, kk), desc_kmajor<D, BN, DADD>(sK, 0, kk),
                               kk > 0);
     wgmma_commit();
 }
@@ -437,8 +438,9 @@ struct WsStages {
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
 // -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_QUEUE (each 0 or 1),
-// -DKL_ATTN_V7_PERSIST (0, 1, 2), -DKL_ATTN_V7_TURNS (0 or 1) holds only v7's kernels, at that
-// tiling: how the lab runs another one. D <= 128:
+// -DKL_ATTN_V7_PERSIST (0, 1, 2), -DKL_ATTN_V7_TURNS (0 or 1) and optionally -DKL_ATTN_V7_WG
+// (consumer warpgroups, 2 or 3) holds only v7's kernels, at that tiling: how the lab runs
+// another one. D <= 128:
 // v2-v6's 128 keys x 3 stages. D = 256: FlashAttention-3's 80 keys x 2 stages, 1 + 64 (Q) +
 // 2 x 2 x 40 = 225 KB of the 227: each 80-key tile feeds 2 x 2 x 64 x 80 x 256 x 2 = 10.5 MFLOP
 // of MMA per block against 8.4 at v2-v6's 64 keys, for the same per-tile costs (two full /
@@ -476,19 +478,33 @@ struct V7Tiles {
     // that one's softmax runs while the other's GEMMs do; without, each issues when ready.
     static constexpr bool TURNS = true;
 #endif
+    // WG: consumer warpgroups, 64 query rows each (-DKL_ATTN_V7_WG=3 in a lab module: 192 rows
+    // a block, FlashAttention-3's block at head dim 64). Their turns go round in warpgroup order;
+    // with three, setmaxnreg 24 / 160 (128 x 24 + 384 x 160 = 64512 of the 512 x 128 at launch).
+#if defined(KL_ATTN_V7_WG)
+    static constexpr int WG = KL_ATTN_V7_WG;
+#else
+    static constexpr int WG = 2;
+#endif
+    static_assert(WG == 2 || WG == 3, "two or three consumer warpgroups");
+    static constexpr int BM = 64 * WG;  // query rows a block
+    static constexpr int THREADS = 128 * (WG + 1);
+    static constexpr int PRODUCER_REGS = WG == 2 ? 40 : 24, CONSUMER_REGS = WG == 2 ? 232 : 160;
+    static_assert(128 * PRODUCER_REGS + 128 * WG * CONSUMER_REGS <= 65536, "setmaxnreg's pool");
     static_assert(!QUEUE || PERSIST, "the item queue feeds the persistent v7");
     static_assert(!(PERSIST && SPLIT_KV), "the persistent v7 has the one K/V ring");
     static constexpr unsigned KV_BYTES = BN * D * 2;
-    static constexpr unsigned O_BYTES = PERSIST == 2 ? Tiles<D>::Q_BYTES : 0;  // o's own staging buffer
+    static constexpr unsigned Q_BYTES = BM * D * 2;
+    static constexpr unsigned O_BYTES = PERSIST == 2 ? Q_BYTES : 0;  // o's own staging buffer
     static_assert(BN % 16 == 0 && BN <= 256, "keys per tile: whole 16-key steps of P V, one TMA box");
     static_assert((BN * Layout<D>::W) % 1024 == 0, "K/V slabs must keep 1024-byte alignment");
-    static_assert(Tiles<D>::Q_BYTES + STAGES * 2 * KV_BYTES + O_BYTES + 1024 <= 227 * 1024,
-                  "v7's ring must fit 227 KB");
+    static_assert(Q_BYTES + STAGES * 2 * KV_BYTES + O_BYTES + 1024 <= 227 * 1024, "v7's ring must fit 227 KB");
 };
 
 // The barriers of v3-v7 (static shared memory): full[st] (the copies of stage st landed),
-// empty[st] (count 8: every consumer warp is done with it), q_full. `arrivals`: the full
-// barriers' count (v3: one cp.async arrival per producer thread, 128; TMA: 1).
+// empty[st] (count `warps`: every consumer warp is done with it; 8, 12 with v7's three
+// consumer warpgroups), q_full. `arrivals`: the full barriers' count (v3: one cp.async
+// arrival per producer thread, 128; TMA: 1).
 // SPLIT (v7 with V7Tiles' SPLIT_KV): K and V have rings of their own over the same stages:
 // full / empty guard the K tiles only, v_full / v_empty (after q_full, 4 x STAGES + 1
 // barriers in all) the V tiles.
@@ -497,7 +513,7 @@ struct Bars {
     unsigned full0, empty0, q_full;
     unsigned v_full0, v_empty0;  // SPLIT only
 
-    __device__ __forceinline__ Bars(unsigned long long* bars, unsigned arrivals) {
+    __device__ __forceinline__ Bars(unsigned long long* bars, unsigned arrivals, unsigned warps = 8) {
         full0 = smem_u32(&bars[0]);
         empty0 = smem_u32(&bars[STAGES]);
         q_full = smem_u32(&bars[2 * STAGES]);
@@ -508,10 +524,10 @@ struct Bars {
         if (threadIdx.x == 0) {
             for (int st = 0; st < STAGES; ++st) {
                 mbar_init(full0 + 8 * st, arrivals);
-                mbar_init(empty0 + 8 * st, 8);
+                mbar_init(empty0 + 8 * st, warps);
                 if constexpr (SPLIT) {
                     mbar_init(v_full0 + 8 * st, arrivals);
-                    mbar_init(v_empty0 + 8 * st, 8);
+                    mbar_init(v_empty0 + 8 * st, warps);
                 }
             }
             mbar_init(q_full, arrivals);
@@ -560,12 +576,12 @@ __device__ __forceinline__ void load_kv_tile(const Bars<STAGES>& b, unsigned sKV
 }
 
 // v4-v7's producer: one thread issues every copy (TMA boxes).
-template <int D, int STAGES, int BN = Tiles<D>::BN>
+template <int D, int STAGES, int BN = Tiles<D>::BN, int R = BM>
 __device__ __forceinline__ void produce_tma(const Block& blk, const Bars<STAGES>& b, unsigned sQ, unsigned sKV,
                                             const TensorMap* tq, const TensorMap* tk, const TensorMap* tv, int h,
                                             int hk, int z) {
-    mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);
-    tma_tile<D, BM>(sQ, tq, b.q_full, blk.m0, h, z);
+    mbar_expect_tx(b.q_full, R * D * 2);
+    tma_tile<D, R>(sQ, tq, b.q_full, blk.m0, h, z);
     for (int it = 0; it < blk.n_tiles; ++it) load_kv_tile<D, STAGES, BN>(b, sKV, tk, tv, it, it, hk, z);
 }
 
@@ -617,7 +633,8 @@ __device__ __forceinline__ void produce_tma_persist(const Bars<STAGES>& b, unsig
                                                     const TensorMap* tv, int S_q, int S_k, int H, int group, int Z,
                                                     int causal, int* sched, int* item_slot) {
     constexpr bool QUEUE = V7Tiles<D>::QUEUE;
-    const int n_mb = (S_q + BM - 1) / BM, items = n_mb * H * Z;
+    constexpr int R = V7Tiles<D>::BM;
+    const int n_mb = (S_q + R - 1) / R, items = n_mb * H * Z;
     int r = 0;  // the ring's uses so far
     for (int i = blockIdx.x, k = 0; QUEUE || i < items; ++k) {
         if (QUEUE && i >= items) {  // the end
@@ -627,13 +644,13 @@ __device__ __forceinline__ void produce_tma_persist(const Bars<STAGES>& b, unsig
             break;
         }
         const Item w = item_of<D>(i, n_mb, H, Z, causal, S_k);
-        const int n = block_at<BN>(w.mb, S_q, S_k, causal).n_tiles, hk = w.h / group;
+        const int n = block_at<BN, R>(w.mb, S_q, S_k, causal).n_tiles, hk = w.h / group;
         const int pre = n < STAGES ? n : STAGES;
         for (int it = 0; it < pre; ++it) load_kv_tile<D, STAGES, BN>(b, sKV, tk, tv, r + it, it, hk, w.z);
         if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
         if constexpr (QUEUE) *item_slot = i;
-        mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);
-        tma_tile<D, BM>(sQ, tq, b.q_full, w.mb * BM, w.h, w.z);
+        mbar_expect_tx(b.q_full, V7Tiles<D>::Q_BYTES);
+        tma_tile<D, R>(sQ, tq, b.q_full, w.mb * R, w.h, w.z);
         for (int it = pre; it < n; ++it) load_kv_tile<D, STAGES, BN>(b, sKV, tk, tv, r + it, it, hk, w.z);
         r += n;
         i = QUEUE ? (int)gridDim.x + atomicAdd(sched, 1) : i + (int)gridDim.x;
@@ -660,8 +677,8 @@ __device__ __forceinline__ void produce_tma_split(const Block& blk, const Bars<S
         mbar_expect_tx(b.v_full(it), KV_BYTES);
         tma_tile<D, BN>(sKV + (it % STAGES) * 2 * KV_BYTES + KV_BYTES, tv, b.v_full(it), it * BN, hk, z);
     };
-    mbar_expect_tx(b.q_full, Tiles<D>::Q_BYTES);
-    tma_tile<D, BM>(sQ, tq, b.q_full, blk.m0, h, z);
+    mbar_expect_tx(b.q_full, V7Tiles<D>::Q_BYTES);
+    tma_tile<D, V7Tiles<D>::BM>(sQ, tq, b.q_full, blk.m0, h, z);
     load_k(0);
     for (int it = 1; it < blk.n_tiles; ++it) {
         load_k(it);
@@ -850,9 +867,16 @@ __device__ __forceinline__ void consume_pingpong(const Block& blk, const Bars<ST
 }
 
 // v7's epilogue barriers: EPI_BAR + w, met by warpgroup w's 128 threads once they wrote
-// their O rows to shared memory (ids 1 and 2 are the turns, 0 is __syncthreads').
+// their O rows to shared memory (ids 1 and 2 are the turns, 0 is __syncthreads'). With three
+// consumer warpgroups the turns take ids 1-3 and the epilogue's start at EPI_BAR + 1
+// (epi_bar: 4-6).
 constexpr int EPI_BAR = 3;
 constexpr int EPI_COUNT = 128;
+
+template <int WG>
+__device__ __forceinline__ int epi_bar(int cw) {
+    return EPI_BAR + (WG - 2) + cw;
+}
 
 __device__ __forceinline__ void named_sync_wg(int id) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(EPI_COUNT) : "memory");
@@ -882,12 +906,13 @@ __device__ __forceinline__ void tma_store_drain() {
 // writes it (0 and -inf for a row with no key). sQ: the Q tile, whose rows 64 cw .. 64 cw
 // + 63 this warpgroup alone has read (its wgmmas are all done) and now overwrites (or, with
 // V7Tiles' PERSIST 2, o's own buffer, laid out as the Q tile).
-template <bool BF16, int D, int BN, bool FAST>
+template <bool BF16, int D, int BN, bool FAST, int WG = 2>
 __device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST>& sm, const float (&o)[D / 2], unsigned sQ,
                                              const TensorMap* to, float* __restrict__ lse_b, int m0, int cw,
                                              int row_lo, int S_q, int h_q, int z, int t) {
     using L = Layout<D>;
-    const int q = t % 4, r_lo = row_lo - m0;  // r_lo: the thread's first row within the 128-row tile
+    constexpr int R = 64 * WG;  // the tile's rows
+    const int q = t % 4, r_lo = row_lo - m0;  // r_lo: the thread's first row within the tile
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float l = sm.l[h];
@@ -897,18 +922,18 @@ __device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST>& sm, con
         const int r = r_lo + 8 * h;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j)  // columns 8j + 2q, 8j + 2q + 1: bytes 4q of chunk j
-            st_shared_u32(sQ + tile_offset<D, BM>(r, j) + 4 * q,
+            st_shared_u32(sQ + tile_offset<D, R>(r, j) + 4 * q,
                           pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv, BF16));
         const int row = row_lo + 8 * h;
         if (row < S_q && q == 0) lse_b[row] = l > 0.f ? sm.m[h] + log2f(l) : neg_inf();
     }
     fence_proxy_async();  // these st.shared (generic proxy) before the TMA's reads (async proxy)
-    named_sync_wg(EPI_BAR + cw);
+    named_sync_wg(epi_bar<WG>(cw));
     const int row0 = m0 + 64 * cw;
     if (t % 128 == 0 && row0 < S_q) {
 #pragma unroll
         for (int sl = 0; sl < D / L::E; ++sl)
-            tma_store_4d(to, sQ + sl * (BM * L::W) + 64 * cw * L::W, sl * L::E, row0, h_q, z);
+            tma_store_4d(to, sQ + sl * (R * L::W) + 64 * cw * L::W, sl * L::E, row0, h_q, z);
         tma_store_drain();
     }
 }
@@ -936,10 +961,12 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     constexpr unsigned KV_BYTES = BN * D * 2;
     constexpr bool DADD = V7Tiles<D>::DESC_ADD;
     constexpr int PERSIST = V7Tiles<D>::PERSIST;
+    constexpr int WG = V7Tiles<D>::WG, R = V7Tiles<D>::BM;
     using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP>;
     const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t, r0);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
-    const int mine = PP_BAR + cw, other = PP_BAR + 1 - cw;
+    // turns go round: warpgroup cw hands over to the next one (1 - cw with two)
+    const int mine = PP_BAR + cw, other = PP_BAR + (cw + 1) % WG;
     // the turns (V7Tiles' TURNS): wait for this warpgroup's, hand the next to the other
     auto turn = [&]() {
         if constexpr (V7Tiles<D>::TURNS) named_sync(mine);
@@ -964,7 +991,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     if constexpr (PERSIST) mbar_wait(b.q_full, q_phase);
     q_done(n == 0);
     if (n > 0) {
-        if (cw == 1) hand_over();  // warpgroup 0 takes the first turn
+        if (cw == WG - 1) hand_over();  // warpgroup 0 takes the first turn
         if constexpr (!PERSIST) mbar_wait(b.q_full, 0);
         unsigned p[BN / 4];  // P of the tile before the current one
         float alpha[2];      // O's factor for that tile's max
@@ -972,7 +999,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             c.wait_full(0);
             float s[BN / 2];
             turn();  // turn 0: S_0
-            issue_qk<BF16, D, BN, DADD>(s, sQ, c.stage(0), cw);
+            issue_qk<BF16, D, BN, DADD, R>(s, sQ, c.stage(0), cw);
             hand_over();  // (n >= 1 turns remain for both)
             wgmma_wait<0>();
             q_done(n == 1);
@@ -987,7 +1014,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             c.wait_full(it);
             float s[BN / 2];
             turn();  // turn it: S_it, then O = alpha O + P V_{it-1}
-            issue_qk<BF16, D, BN, DADD>(s, sQ, c.stage(it), cw);
+            issue_qk<BF16, D, BN, DADD, R>(s, sQ, c.stage(it), cw);
             SM::rescale(acc, alpha);
             if constexpr (SPLIT) {
                 c.wait_v_full(it - 1);
@@ -1016,7 +1043,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             c.wait_v_full(n - 1);
         }
         issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(n - 1) + KV_BYTES);
-        if (cw == 0) hand_over();  // warpgroup 1's last turn follows; 0 has none left
+        if (cw != WG - 1) hand_over();  // the next warpgroup's last turn follows; the last one's is the end
         wgmma_wait<0>();
         fence_pv<D, BN>(acc, p);
         if constexpr (SPLIT) {
@@ -1027,8 +1054,8 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     }
     // PERSIST 2: the item before's store has read sO (its drain, by this warpgroup's first
     // thread, before it reached this barrier)
-    if constexpr (PERSIST == 2) named_sync_wg(EPI_BAR + cw);
-    epilogue_tma<BF16, D, BN>(sm, acc, sO, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
+    if constexpr (PERSIST == 2) named_sync_wg(epi_bar<WG>(cw));
+    epilogue_tma<BF16, D, BN, V7Tiles<D>::FAST_EXP, WG>(sm, acc, sO, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
     if constexpr (PERSIST == 1) {
         // every thread of the warpgroup wrote its o rows before the store (epilogue_tma's
         // named sync), and the store has read them (its drain): Q's buffer is free
@@ -1102,14 +1129,15 @@ template <bool BF16, int D>
 __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk, const TensorMap* tv,
                                        const TensorMap* to, float* __restrict__ lse, int S_q, int S_k, int H,
                                        int group, float scale_log2, int causal, int Z, int* sched) {
-    constexpr int STAGES = V7Tiles<D>::STAGES, BN = V7Tiles<D>::BN;
-    constexpr bool SPLIT = V7Tiles<D>::SPLIT_KV;
+    using V7 = V7Tiles<D>;
+    constexpr int STAGES = V7::STAGES, BN = V7::BN, R = V7::BM, WARPS = 4 * V7::WG;
+    constexpr bool SPLIT = V7::SPLIT_KV;
     extern __shared__ unsigned char smem[];
     // full / empty, q_full (and with SPLIT: V's full / empty after them)
     __shared__ __align__(8) unsigned long long bars[(SPLIT ? 4 : 2) * STAGES + 1];
-    check_smem(1024 + Tiles<D>::Q_BYTES + STAGES * 2 * V7Tiles<D>::KV_BYTES + V7Tiles<D>::O_BYTES);
+    check_smem(1024 + V7::Q_BYTES + STAGES * 2 * V7::KV_BYTES + V7::O_BYTES);
     const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;
-    const unsigned sKV = sQ + Tiles<D>::Q_BYTES;
+    const unsigned sKV = sQ + V7::Q_BYTES;
     if constexpr (V7Tiles<D>::PERSIST) {
         constexpr bool OWN_O = V7Tiles<D>::PERSIST == 2;
         const unsigned sO = OWN_O ? sKV + STAGES * 2 * V7Tiles<D>::KV_BYTES : sQ;
@@ -1117,18 +1145,18 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
         const unsigned q_empty = smem_u32(&q_empty_bar);
         __shared__ int item_slot;  // (QUEUE) the item q_full's phase announces
         // an arrival a consumer warp (OWN_O) or warpgroup; Bars' constructor fences and syncs
-        if (threadIdx.x == 0) mbar_init(q_empty, OWN_O ? 8 : 2);
-        const Bars<STAGES> b(bars, 1);
+        if (threadIdx.x == 0) mbar_init(q_empty, OWN_O ? WARPS : V7::WG);
+        const Bars<STAGES> b(bars, 1, WARPS);
         const int t = threadIdx.x;
         if (t < 128) {
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(V7::PRODUCER_REGS));
             if (t == 0)
                 produce_tma_persist<D, STAGES, BN>(b, q_empty, sQ, sKV, tq, tk, tv, S_q, S_k, H, group, Z, causal,
                                                    sched, &item_slot);
             return;
         }
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-        const int n_mb = (S_q + BM - 1) / BM, items = n_mb * H * Z;
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(V7::CONSUMER_REGS));
+        const int n_mb = (S_q + R - 1) / R, items = n_mb * H * Z;
         int r = 0;
         for (int i = blockIdx.x, k = 0; V7Tiles<D>::QUEUE || i < items; ++k) {
             if constexpr (V7Tiles<D>::QUEUE) {  // the producer's item (or the end) in item_slot
@@ -1137,28 +1165,28 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
                 if (i >= items) break;
             }
             const Item w = item_of<D>(i, n_mb, H, Z, causal, S_k);
-            const Block blk = block_at<BN>(w.mb, S_q, S_k, causal);
+            const Block blk = block_at<BN, R>(w.mb, S_q, S_k, causal);
             consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sO, to, lse + ((long long)w.z * H + w.h) * S_q, S_q,
                                             S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
             r += blk.n_tiles;
             if constexpr (!V7Tiles<D>::QUEUE) i += gridDim.x;
         }
     } else {
-        const Bars<STAGES, SPLIT> b(bars, 1);
-        const Block blk = block_of<BN>(S_q, S_k, causal);
+        const Bars<STAGES, SPLIT> b(bars, 1, WARPS);
+        const Block blk = block_of<BN, R>(S_q, S_k, causal);
         const int t = threadIdx.x, h = blockIdx.y, z = blockIdx.z;
         if (t < 128) {
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(V7::PRODUCER_REGS));
             if constexpr (SPLIT) {
                 if (t == 0 && blk.n_tiles > 0)
                     produce_tma_split<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
             } else {
                 if (t == 0 && blk.n_tiles > 0)
-                    produce_tma<D, STAGES, BN>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
+                    produce_tma<D, STAGES, BN, R>(blk, b, sQ, sKV, tq, tk, tv, h, h / group, z);
             }
             return;
         }
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(V7::CONSUMER_REGS));
         consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sQ, to, lse + ((long long)z * H + h) * S_q, S_q, S_k,
                                         scale_log2, causal, h, z, t);
     }
@@ -1206,7 +1234,7 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
         fwd_tma<T, BF16, D, false, true>(KL_ATTN_TMA_PASS);                                                  \
     }
 #define KL_ATTN_SM90_V7_T(D, T, BF16, SFX)                                                                     \
-    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_v7_d##D##_##SFX(KL_ATTN_V7_ARGS) {   \
+    extern "C" __global__ void __launch_bounds__(V7Tiles<D>::THREADS, 1) attn_fwd_v7_d##D##_##SFX(KL_ATTN_V7_ARGS) { \
         fwd_v7<BF16, D>(KL_ATTN_V7_PASS);                                                                    \
     }
 // A module with another v7 tiling (-DKL_ATTN_V7_BN) holds v7's kernels alone.

@@ -109,7 +109,9 @@ class Tiles:
     come from a launch-wide counter (zeroed before each launch), claimed once the current
     item's copies are issued, so free blocks take the next items as a one-block-an-item grid
     would be scheduled (QUEUE), "q". ``free``: the consumer warpgroups issue their wgmma
-    groups whenever ready rather than in turns (TURNS 0), "f"."""
+    groups whenever ready rather than in turns (TURNS 0), "f". ``three_wg``: three consumer
+    warpgroups, 192 query rows a block, taking their turns round (WG 3; setmaxnreg 24 / 160:
+    head dim 64 and at most 128 keys a tile), FlashAttention-3's block at head dim 64, "w"."""
 
     bn: int
     stages: int
@@ -120,6 +122,17 @@ class Tiles:
     o_buffer: bool = False
     queue: bool = False
     free: bool = False
+    three_wg: bool = False
+
+    @property
+    def rows(self) -> int:
+        """Query rows a block: 64 a consumer warpgroup."""
+        return 192 if self.three_wg else BM
+
+    @property
+    def threads(self) -> int:
+        """Threads a block: the producer warpgroup and the consumers."""
+        return 128 * (1 + self.rows // 64)
 
     def __str__(self) -> str:
         flags = "".join(c for name, c in _TILE_FLAGS if getattr(self, name))
@@ -146,6 +159,7 @@ _TILE_FLAGS = (  # Tiles' flags as str writes them, in order
     ("o_buffer", "o"),
     ("queue", "q"),
     ("free", "f"),
+    ("three_wg", "w"),
 )
 
 
@@ -182,9 +196,14 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # with its items handed out by a counter, as the hardware hands out a one-block-a-tile
 # grid's blocks ("q"; measured against the defaults in benchmarks/NOTES.md (ag)); at D = 64
 # the persistent tiling whose one tile holds all of a short sequence's keys (V7_SHORT), and
-# both persistent ones without the warpgroups' turns ("f").
+# both persistent ones without the warpgroups' turns ("f"); at D = 64 three consumer
+# warpgroups ("w": 192 query rows a block, FlashAttention-3's block there), persistent with o's
+# own tile at three and four stages and one block a (query block, head).
 V7_TILINGS = {
     64: (
+        Tiles(128, 3, **_EDPO, three_wg=True),
+        Tiles(128, 4, **_EDPO, three_wg=True),
+        Tiles(128, 3, **_ED, three_wg=True),
         Tiles(128, 4, **_ED),
         Tiles(176, 3, **_ED),
         Tiles(192, 3, **_ED),
@@ -251,7 +270,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_V7_PERSIST={2 if tiles.o_buffer else int(tiles.persistent)}",
             f"-DKL_ATTN_V7_QUEUE={int(tiles.queue)}",
             f"-DKL_ATTN_V7_TURNS={int(not tiles.free)}",
-        )
+        ) + ((f"-DKL_ATTN_V7_WG={tiles.rows // 64}",) if tiles.three_wg else ())
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
 
@@ -270,6 +289,11 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: o's own buffer (o) is the persistent v7's (p)")
     if tiles.queue and not tiles.persistent:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the item queue (q) feeds the persistent v7 (p)")
+    if tiles.three_wg and (d != 64 or tiles.bn > 128 or tiles.split_kv):
+        raise ValueError(
+            f"attention/cuda_v7: tiling {tiles}: three consumer warpgroups (w) have 160 registers a thread: "
+            "head dim 64, at most 128 keys a tile, one K/V ring"
+        )
     bars = 8 * ((4 if tiles.split_kv else 2) * tiles.stages + 1 + tiles.persistent)  # the static mbarriers
     if _smem(d, tiles) + bars > SMEM_LIMIT:
         raise ValueError(
@@ -322,7 +346,7 @@ def smem_bytes(variant: str, d: int, tiles: Tiles | None = None) -> int:
 
 
 def _smem(d: int, t: Tiles) -> int:
-    return 1024 + BM * d * 2 * (2 if t.o_buffer else 1) + t.stages * 2 * t.bn * d * 2
+    return 1024 + t.rows * d * 2 * (2 if t.o_buffer else 1) + t.stages * 2 * t.bn * d * 2
 
 
 def _device_index(t: Tensor) -> int:
@@ -437,16 +461,17 @@ def _plan_forward(q, k, v, causal, scale, variant, tiles) -> Plan:
     shared = _smem(d, t)
     if shared > kern.max_dynamic_shared:
         kern.set_max_dynamic_shared(shared)
-    grid, threads = (ceil_div(s_q, BM), h, z), THREADS[variant]
+    bm = t.rows if variant == "v7" else BM  # query rows a block
+    grid, threads = (ceil_div(s_q, bm), h, z), t.threads if variant == "v7" else THREADS[variant]
     scalars = (s_q, s_k, h, h // h_kv, float(scale) * LOG2E, int(causal))
     if variant == "v7":
         scalars += (z,)
         if t.persistent:  # items (query block, head, batch), one block an SM at most
-            grid = (min(ceil_div(s_q, BM) * h * z, sm_count(dev)), 1, 1)
+            grid = (min(ceil_div(s_q, bm) * h * z, sm_count(dev)), 1, 1)
     if tma:
-        mq, mk, mv = _map_args(q4, BM), _map_args(k4, t.bn), _map_args(v4, t.bn)
+        mq, mk, mv = _map_args(q4, bm), _map_args(k4, t.bn), _map_args(v4, t.bn)
     if variant in TMA_STORE_VARIANTS:  # o is empty_bshd's: rows of D x 2 bytes, a fresh aligned base
-        mo = _map_args(o4, BM // 2)
+        mo = _map_args(o4, 64)  # one consumer warpgroup's rows
         queue = t.queue
 
         def launch(q, k, v, o, lse):
@@ -499,21 +524,22 @@ def _map_args(t4: Tensor, rows: int) -> tuple:
 
 
 def schedule(
-    s_q: int, s_k: int, d: int, causal: bool, bn: int | None = None
+    s_q: int, s_k: int, d: int, causal: bool, bn: int | None = None, bm: int = BM
 ) -> list[tuple[int, int, list[tuple[int, bool]]]]:
     """The blocks in launch order (blockIdx.x = 0, 1, ...) as the kernel derives them
     (block_of): (block index, first query row, [(first key of each tile, masked)]); ``bn``
-    keys per tile (default block_n(d), v2-v6's; v7's: tiles_of("v7", d).bn).
+    keys per tile (default block_n(d), v2-v6's; v7's: tiles_of("v7", d).bn), ``bm`` query rows a
+    block (v7's: Tiles.rows).
     Causal: the last query block first (it sees the most keys); its key tiles end at the
-    last row's limit (m0 + 128 - 1 + S_k - S_q); a tile is masked where it passes S_k or
+    last row's limit (m0 + bm - 1 + S_k - S_q); a tile is masked where it passes S_k or
     some row's causal limit (its last key > m0 + S_k - S_q)."""
     bn, off = bn or block_n(d), s_k - s_q
-    nb = ceil_div(s_q, BM)
+    nb = ceil_div(s_q, bm)
     out = []
     for x in range(nb):
         mb = nb - 1 - x if causal else x
-        m0 = mb * BM
-        n_end = max(0, min(s_k, m0 + BM + off)) if causal else s_k
+        m0 = mb * bm
+        n_end = max(0, min(s_k, m0 + bm + off)) if causal else s_k
         tiles = [
             (n0, n0 + bn > s_k or (causal and n0 + bn - 1 > m0 + off))
             for n0 in range(0, ceil_div(n_end, bn) * bn, bn)
@@ -523,10 +549,11 @@ def schedule(
 
 
 def emulate(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, bn: int | None = None
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, bn: int | None = None, bm: int = BM
 ) -> tuple[Tensor, Tensor]:
     """(o, lse) computed as the kernel computes them, in PyTorch (CPU or GPU), at ``bn``
-    keys per tile (default block_n(d), v2-v6's; v7's: tiles_of("v7", d).bn): q, k, v
+    keys per tile (default block_n(d), v2-v6's; v7's: tiles_of("v7", d).bn) and ``bm`` query
+    rows a block (v7's: Tiles.rows): q, k, v
     (..., S, D) 16-bit (GQA as the op takes it); fp32 scores from the 16-bit inputs, the
     mask applied only to the tiles ``schedule`` marks, exp2 of the log2e-scaled scores with
     the running max (0 subtracted while a row has seen no key), P rounded to the input
@@ -542,14 +569,14 @@ def emulate(
     o = torch.zeros(q4.shape, dtype=torch.float32, device=q.device)
     lse = torch.empty(q4.shape[:-1], dtype=torch.float32, device=q.device)
     neg = float("-inf")
-    for _, m0, tiles in schedule(s_q, s_k, d, causal, bn):
-        qb = torch.zeros(q4.shape[:2] + (BM, d), dtype=torch.float32, device=q.device)
-        rows = min(BM, s_q - m0)
+    for _, m0, tiles in schedule(s_q, s_k, d, causal, bn, bm):
+        qb = torch.zeros(q4.shape[:2] + (bm, d), dtype=torch.float32, device=q.device)
+        rows = min(bm, s_q - m0)
         qb[:, :, :rows] = q4[:, :, m0 : m0 + rows].float()
-        row = torch.arange(m0, m0 + BM, device=q.device)[:, None]
-        m = torch.full(q4.shape[:2] + (BM, 1), neg, device=q.device)
+        row = torch.arange(m0, m0 + bm, device=q.device)[:, None]
+        m = torch.full(q4.shape[:2] + (bm, 1), neg, device=q.device)
         lsum = torch.zeros_like(m)
-        acc = torch.zeros(q4.shape[:2] + (BM, d), dtype=torch.float32, device=q.device)
+        acc = torch.zeros(q4.shape[:2] + (bm, d), dtype=torch.float32, device=q.device)
         for n0, masked in tiles:
             kt = torch.zeros(q4.shape[:2] + (bn, d), dtype=torch.float32, device=q.device)
             vt = torch.zeros_like(kt)
