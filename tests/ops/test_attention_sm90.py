@@ -186,7 +186,7 @@ def test_v7_barrier_ids_and_schedule_in_the_source():
 
     # v7 takes its turns through two lambdas (no turns at all with V7Tiles' TURNS 0)
     v7 = body("consume_v7")
-    assert "const int mine = PP_BAR + cw, other = PP_BAR + (cw + 1) % WG;" in v7
+    assert "const int mine = PP_BAR + cw, other = WG == 2 ? PP_BAR + 1 - cw : PP_BAR + (cw + 1) % WG;" in v7
     guard = "\n        if constexpr (V7Tiles<D>::TURNS) "
     lambdas = (
         "    auto turn = [&]() {" + guard + "named_sync(mine);\n    };\n",

@@ -966,7 +966,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t, r0);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     // turns go round: warpgroup cw hands over to the next one (1 - cw with two)
-    const int mine = PP_BAR + cw, other = PP_BAR + (cw + 1) % WG;
+    const int mine = PP_BAR + cw, other = WG == 2 ? PP_BAR + 1 - cw : PP_BAR + (cw + 1) % WG;
     // the turns (V7Tiles' TURNS): wait for this warpgroup's, hand the next to the other
     auto turn = [&]() {
         if constexpr (V7Tiles<D>::TURNS) named_sync(mine);
