@@ -1138,9 +1138,9 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
     check_smem(1024 + V7::Q_BYTES + STAGES * 2 * V7::KV_BYTES + V7::O_BYTES);
     const unsigned sQ = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned sKV = sQ + V7::Q_BYTES;
-    if constexpr (V7Tiles<D>::PERSIST) {
-        constexpr bool OWN_O = V7Tiles<D>::PERSIST == 2;
-        const unsigned sO = OWN_O ? sKV + STAGES * 2 * V7Tiles<D>::KV_BYTES : sQ;
+    if constexpr (V7::PERSIST) {
+        constexpr bool OWN_O = V7::PERSIST == 2;
+        const unsigned sO = OWN_O ? sKV + STAGES * 2 * V7::KV_BYTES : sQ;
         __shared__ __align__(8) unsigned long long q_empty_bar;
         const unsigned q_empty = smem_u32(&q_empty_bar);
         __shared__ int item_slot;  // (QUEUE) the item q_full's phase announces
@@ -1158,8 +1158,8 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(V7::CONSUMER_REGS));
         const int n_mb = (S_q + R - 1) / R, items = n_mb * H * Z;
         int r = 0;
-        for (int i = blockIdx.x, k = 0; V7Tiles<D>::QUEUE || i < items; ++k) {
-            if constexpr (V7Tiles<D>::QUEUE) {  // the producer's item (or the end) in item_slot
+        for (int i = blockIdx.x, k = 0; V7::QUEUE || i < items; ++k) {
+            if constexpr (V7::QUEUE) {  // the producer's item (or the end) in item_slot
                 mbar_wait(b.q_full, k & 1);
                 i = item_slot;
                 if (i >= items) break;
@@ -1169,7 +1169,7 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
             consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sO, to, lse + ((long long)w.z * H + w.h) * S_q, S_q,
                                             S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
             r += blk.n_tiles;
-            if constexpr (!V7Tiles<D>::QUEUE) i += gridDim.x;
+            if constexpr (!V7::QUEUE) i += gridDim.x;
         }
     } else {
         const Bars<STAGES, SPLIT> b(bars, 1, WARPS);

@@ -461,7 +461,7 @@ def _plan_forward(q, k, v, causal, scale, variant, tiles) -> Plan:
     shared = _smem(d, t)
     if shared > kern.max_dynamic_shared:
         kern.set_max_dynamic_shared(shared)
-    bm = t.rows if variant == "v7" else BM  # query rows a block
+    bm = t.rows  # query rows a block (v2-v6: BM)
     grid, threads = (ceil_div(s_q, bm), h, z), t.threads if variant == "v7" else THREADS[variant]
     scalars = (s_q, s_k, h, h // h_kv, float(scale) * LOG2E, int(causal))
     if variant == "v7":
