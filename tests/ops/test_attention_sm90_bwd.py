@@ -679,24 +679,59 @@ def test_persistent_items_neither_deadlock_nor_overwrite_k_v(n_its):
 
 
 def test_persistent_items_cover_every_key_block_once():
-    """bwd_item (attention_sm90_bwd.cu) as written there: items 0 .. H_kv x n_kb x Z - 1 (block b
-    takes item b first, then gridDim.x + the launch counter's next value: each index once)
-    cover every (k/v head, key block, batch) once, the k/v head fastest (the non-persistent
-    grid's launch order); the producer hands each item to the consumers through item_slot
-    and kv_full, and both count the ring's uses on across items."""
+    """The persistent kernel's items: entry i of the plan's order table (``item_order`` packed by
+    ``order_table``, unpacked by bwd_item in attention_sm90_bwd.cu as written there) for i =
+    0 .. H_kv x n_kb x Z - 1 (block b takes item b first, then gridDim.x + the launch counter's
+    next value: each index once) covers every (k/v head, key block, batch) once, in sections
+    of sw (k/v head, batch) pairs, the pair fastest in a section, the key blocks in order; sw
+    = H_kv is the block-per-item grid's order. The producer hands each item to the consumers
+    through item_slot and kv_full, and both count the ring's uses on across items."""
     src = cb.CU.read_text()
-    assert "return BwdItem{i % H_kv, (i / H_kv) % n_kb, i / (H_kv * n_kb)};" in src
+    assert "const int2 e = __ldg(order + i);\n    return BwdItem{e.x & 0xffff, e.x >> 16, e.y};" in src
+    assert "return PERSIST ? bwd_item(order, i) :" in src
     assert src.count("const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, group, causal);") == 2
     assert "if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);" in src
-    assert "mbar_wait(kv_full, uses & 1);\n        const int i = item_slot;" in src
-    assert "auto claim = [&]() { return PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : items; };" in src
+    assert "item_slot[2] = w.z;\n                if (w.z < 0) {  // the end" in src  # the producer decodes the item
+    assert (
+        "mbar_wait(kv_full, uses & 1);\n        const BwdItem w{item_slot[0], item_slot[1], item_slot[2]};\n"
+        "        if (w.z < 0) break;"
+    ) in src
+    assert "auto claim = [&]() { return PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : 1; };" in src
     assert src.count("i = claim();") == 2  # after an item's last copy is issued, or at once for an empty one
     assert "if (i == 0 && lane == 0 && h == 0 && z == 0) *sched = 0;" in src  # attn_bwd_pre
-    for h_kv, n_kb, z in ((2, 3, 2), (12, 2, 256), (1, 1, 1), (3, 5, 7)):
-        seen = [(i % h_kv, (i // h_kv) % n_kb, i // (h_kv * n_kb)) for i in range(h_kv * n_kb * z)]
-        assert seen[:h_kv] == [(hk, 0, 0) for hk in range(h_kv)]
+    for h_kv, n_kb, z in ((2, 3, 2), (12, 2, 256), (1, 1, 1), (3, 5, 7), (28, 32, 2)):
         every = [(hk, nb, zz) for zz in range(z) for nb in range(n_kb) for hk in range(h_kv)]
-        assert sorted(seen) == sorted(every)
+        assert [tuple(t) for t in cb.item_order(h_kv, n_kb, z, h_kv).tolist()] == every  # the grid's order
+        for sw in sorted({1, 2, 3, 5, h_kv * z}):
+            items = cb.item_order(h_kv, n_kb, z, sw)
+            seen = [tuple(t) for t in items.tolist()]
+            assert sorted(seen) == sorted(every)
+            for first in range(0, h_kv * z, sw):  # a section: its pairs only, the pair fastest
+                part = seen[first * n_kb : (first + sw) * n_kb]
+                w = min(sw, h_kv * z - first)
+                assert [zz * h_kv + hk for hk, _, zz in part] == [first + i % w for i in range(w * n_kb)]
+                assert [nb for _, nb, _ in part] == [i // w for i in range(w * n_kb)]
+            table = cb.order_table(items, 3)  # as bwd_item unpacks it, then 3 blocks' ends
+            assert table.dtype == torch.int32 and table.shape == (len(seen) + 3, 2)
+            x, y = table[:, 0].tolist(), table[:, 1].tolist()
+            assert [(e & 0xFFFF, e >> 16, zz) for e, zz in zip(x, y)][: len(seen)] == seen
+            assert y[len(seen) :] == [-1] * 3
+
+
+def test_sections_fit_the_l2_share():
+    """section_pairs: the query side of a section's pairs (Q and dO 16-bit, the fp32 dQ
+    accumulator) within L2_SHARE of L2, at least one pair, at most every pair; the plan
+    passes it as SW (a lab build's ``pairs`` in its place)."""
+    l2 = 50 * 2**20
+    for h_kv, z, g, s_q, d in ((28, 2, 1, 4096, 128), (32, 1, 1, 8192, 128), (8, 1, 4, 8192, 128),
+                               (12, 8, 1, 1024, 64), (12, 256, 1, 197, 64), (4, 1, 8, 32768, 256)):  # fmt: skip
+        sw = cb.section_pairs(h_kv, z, g, s_q, d, 2, l2)
+        per = g * s_q * d * 8
+        assert 1 <= sw <= h_kv * z
+        assert sw == 1 or sw * per <= l2 * cb.L2_SHARE
+        assert sw == h_kv * z or (sw + 1) * per > l2 * cb.L2_SHARE
+    assert cb.section_pairs(28, 2, 1, 4096, 128, 2, l2) == 6  # 4 MiB a pair
+    assert cb.section_pairs(8, 1, 4, 8192, 128, 2, l2) == 1  # GQA: 32 MiB a k/v head
 
 
 def test_named_barriers_and_proxy_fence_in_the_source():
@@ -796,18 +831,22 @@ def test_launcher_arguments(recorder):
     assert tk[1] == k.data_ptr() and tv[1] == v.data_ptr() and tdo[1] == do.data_ptr()
     assert a[4] is lse_p and a[5] is delta_p and a[6] is dq_acc
     assert a[9:17] == (300, 260, 320, 8, 4, 0.3, pytest.approx(0.3 * cb.LOG2E), 1)
-    assert a[17:] == (260 * 2 * 80, 80, 2 * 80) * 2 + (2, sched)  # dk, dv (B, S, H, D) in memory; Z
+    assert a[17:24] == (260 * 2 * 80, 80, 2 * 80) * 2 + (2,) and a[25] == sched  # dk, dv (B, S, H, D); Z
+    assert cb.section_pairs(2, 2, 4, 300, 80, 2, 50 * 2**20) == 4  # every (k/v head, batch) pair in one section
+    assert a[24].tolist() == cb.order_table(cb.item_order(2, 3, 2, 4), 12).tolist()  # the item table
     assert g_post == (math.ceil(300 * 40 / 256), 8, 2) and b_post == 256
     assert a_post[0] is dq_acc and a_post[2:7] == (300, 320, 8, 80, 0.3)
     assert a_post[7:] == (300 * 8 * 80, 80, 8 * 80)
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     recorder.clear()  # a block an item: (k/v heads, key blocks, batch), heads fastest
     cb.backward(do, q, k, v, o, lse, True, 0.3, opts=dataclasses.replace(cb.BWD_DEFAULTS[80], persist=False))
-    assert recorder[1][1] == (2, 3, 2) and recorder[1][3][9:-1] == a[9:-1]
+    assert recorder[1][1] == (2, 3, 2) and recorder[1][3][9:-2] == a[9:-2] and recorder[1][3][-2] == 0  # no table
     recorder.clear()  # more items than SMs: one block an SM
     big = torch.randn(140, 2, 260, 80, dtype=torch.bfloat16)
     cb.backward(big, big, big, big, big, torch.zeros(140, 2, 260), False, 0.3)
-    assert recorder[1][1] == (132, 1, 1) and recorder[1][3][-2] == 140
+    assert recorder[1][1] == (132, 1, 1) and recorder[1][3][-3] == 140  # Z
+    assert cb.section_pairs(2, 140, 1, 260, 80, 2, 50 * 2**20) == 157  # of 280 pairs
+    assert recorder[1][3][-2].tolist() == cb.order_table(cb.item_order(2, 3, 140, 157), 132).tolist()
 
 
 def test_launcher_v9(recorder):

@@ -106,9 +106,12 @@
 // kernel (H_kv, ceil(S_k / BN), Z): the k/v head varies fastest in launch order, so under
 // causal masking every head's first (heaviest: it sees every query) key block is launched
 // before any head's second, and the light last key blocks fill the tail; S_q, S_k > 0.
-// PERSIST: a one-dimensional grid of at most one block an SM; block b takes item b of that
-// same order (bwd_item) first, then the next one a launch-wide counter hands out, as the
-// hardware hands out a block-per-item grid's blocks, so the heavy items still go first.
+// PERSIST: a one-dimensional grid of at most one block an SM; block b takes item b first,
+// then the next one a launch-wide counter hands out, item i being entry i of the host's
+// order table (bwd_item; cuda_sm90_bwd.py's item_order): sections of (k/v head, batch)
+// pairs, in a section the pair fastest, then the key block, so that the blocks at work at
+// once share the Q, dO and dQ accumulator of a section sized to stay in L2, and each
+// section's heavy causal key blocks go first.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -364,14 +367,16 @@ __device__ __forceinline__ KeyBlock key_block(int nb, int S_q, int S_k, int grou
 }
 
 // A block's work: key block nb of k/v head hk in batch z. One block each (grid (H_kv,
-// n_kb, Z)), or with BwdBuild's PERSIST item i of H_kv x n_kb x Z in the same order (the
-// k/v head fastest).
+// n_kb, Z)), or with BwdBuild's PERSIST item i of H_kv x n_kb x Z, entry i of the order
+// table {hk | nb << 16, z}; after the last item one entry a block {0, -1} (the end). (A table:
+// the producer's 24 registers hold no divisions.)
 struct BwdItem {
     int hk, nb, z;
 };
 
-__device__ __forceinline__ BwdItem bwd_item(int i, int H_kv, int n_kb) {
-    return BwdItem{i % H_kv, (i / H_kv) % n_kb, i / (H_kv * n_kb)};
+__device__ __forceinline__ BwdItem bwd_item(const int2* __restrict__ order, int i) {
+    const int2 e = __ldg(order + i);
+    return BwdItem{e.x & 0xffff, e.x >> 16, e.y};
 }
 
 // --------------------------------------------------------------------------------------- kernel
@@ -384,7 +389,8 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                                        T* __restrict__ dk, T* __restrict__ dv, int S_q, int S_k, int S_pad, int H,
                                        int group, float scale, float scale_log2, int causal, long long sdkz,
                                        long long sdkh, long long sdks, long long sdvz, long long sdvh,
-                                       long long sdvs, int Z, int* __restrict__ sched) {
+                                       long long sdvs, int Z, const int2* __restrict__ order,
+                                       int* __restrict__ sched) {
     constexpr bool BQ = BULK && Bulk<D>::ON;  // dQ through shared memory
     // OVL (v9): a query block's dQ is staged and bulk-added only after the next query block's
     // S^T and dP^T have been issued, so the tensor cores compute those while the warps move
@@ -402,7 +408,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     constexpr bool DADD = BwdBuild<D>::DESC_ADD, FAST = BwdBuild<D>::FAST_EXP, PERSIST = BwdBuild<D>::PERSIST;
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
-    __shared__ int item_slot;  // the item kv_full's phase announces
+    __shared__ int item_slot[3];  // the item kv_full's phase announces: hk, nb, z (-1: the end)
     check_smem(1024 + S::BYTES);
     const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[STAGES]), kv_full = smem_u32(&bars[2 * STAGES]);
@@ -422,13 +428,11 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     // launch's counter `sched` (zeroed by attn_bwd_pre), as a block-per-item grid would be
     // scheduled (causal items differ in work); the producer announces each item in item_slot
     // through kv_full's phase (K and V loaded, or none for an item no query sees, or the end:
-    // an item past the last), and takes the next once kv_empty says every consumer warp is
-    // done with this one. Else one item, the block's grid position. The ring's uses run on
-    // across items (it0).
-    const int H_kv = H / group, n_kb = (S_k + BN - 1) / BN;
-    const int items = PERSIST ? H_kv * n_kb * Z : 1;
+    // the table's entries past the last item, one a block, hold z = -1), and takes the next
+    // once kv_empty says every consumer warp is done with this one. Else one item, the block's
+    // grid position. The ring's uses run on across items (it0).
     auto item_of = [&](int i) {
-        return PERSIST ? bwd_item(i, H_kv, n_kb) : BwdItem{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
+        return PERSIST ? bwd_item(order, i) : BwdItem{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
     };
 
     if (t < 128) {  // producer (128 x 24 + 256 x 240 = 64512 = 384 x 168 registers)
@@ -437,16 +441,18 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
             int it0 = 0;
             // the next item, claimed once this one's copies are all issued (a claim made earlier
             // would hold an item back behind a long one while other blocks run out of work)
-            auto claim = [&]() { return PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : items; };
+            auto claim = [&]() { return PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : 1; };
             for (int i = PERSIST ? blockIdx.x : 0, uses = 0;; ++uses) {
                 if (!PERSIST && uses == 1) break;
                 if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);  // the previous item's K, V done
-                item_slot = i;
-                if (i >= items) {  // the end
+                const BwdItem w = item_of(i);
+                item_slot[0] = w.hk;
+                item_slot[1] = w.nb;
+                item_slot[2] = w.z;
+                if (w.z < 0) {  // the end
                     mbar_arrive(kv_full);
                     break;
                 }
-                const BwdItem w = item_of(i);
                 const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, group, causal);
                 if (kb.n_it == 0) {  // nothing to load: dK = dV = 0
                     mbar_arrive(kv_full);
@@ -556,9 +562,8 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     for (int uses = 0;; ++uses) {
         if (!PERSIST && uses == 1) break;
         mbar_wait(kv_full, uses & 1);
-        const int i = item_slot;
-        if (i >= items) break;
-        const BwdItem w = item_of(i);
+        const BwdItem w{item_slot[0], item_slot[1], item_slot[2]};
+        if (w.z < 0) break;
         const int hk = w.hk;
         z = w.z;
         const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, group, causal);
@@ -840,10 +845,10 @@ __device__ __forceinline__ void bwd_post_blocked(const float* __restrict__ dq_ac
         const __grid_constant__ TensorMap tv, const __grid_constant__ TensorMap tdo, const float *lse_p,         \
         const float *delta_p, float *dq_acc, T *dk, T *dv, int S_q, int S_k, int S_pad, int H, int group,       \
         float scale, float scale_log2, int causal, long long sdkz, long long sdkh, long long sdks, long long sdvz, \
-        long long sdvh, long long sdvs, int Z, int *sched
+        long long sdvh, long long sdvs, int Z, const int2 *order, int *sched
 #define KL_ATTN_BWD_PASS                                                                                         \
     &tq, &tk, &tv, &tdo, lse_p, delta_p, dq_acc, dk, dv, S_q, S_k, S_pad, H, group, scale, scale_log2, causal, sdkz, \
-        sdkh, sdks, sdvz, sdvh, sdvs, Z, sched
+        sdkh, sdks, sdvz, sdvh, sdvs, Z, order, sched
 
 #define KL_ATTN_BWD_T(D, T, BF16, SFX)                                                                               \
     extern "C" __global__ void __launch_bounds__(THREADS_B, 1) attn_bwd_v8_d##D##_##SFX(KL_ATTN_BWD_ARGS(T)) {        \

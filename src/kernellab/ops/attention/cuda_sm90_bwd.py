@@ -47,6 +47,7 @@ kernel sums it, ``splits_dq``): the CPU tests hold it against the float64 refere
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -92,8 +93,10 @@ class BwdOpts:
     descriptors); ``persist`` (-DKL_ATTN_BWD_PERSIST=1) launches about one block an SM, each
     walking (key block, k/v head, batch) items, instead of one block an item; ``q128``
     (-DKL_ATTN_BWD_Q128=1, head dim 64 only) steps through the queries 128 rows at a time
-    instead of 64 (``query_rows``), the warpgroups splitting dQ by rows. Written as the options
-    set, joined by "+"."""
+    instead of 64 (``query_rows``), the warpgroups splitting dQ by rows; ``pairs`` (no -D
+    option: a launch argument) the (k/v head, batch) pairs a section of the persistent item
+    order holds (``section_pairs``; 0: as many as fit the L2 budget). Written as the options
+    set, joined by "+" (pairs as "pairs-N")."""
 
     no_dq_red: bool = False
     fast_exp: bool = False
@@ -101,9 +104,11 @@ class BwdOpts:
     desc_add: bool = False
     persist: bool = False
     q128: bool = False
+    pairs: int = 0
 
     def __str__(self) -> str:
-        on = [f.replace("_", "-") for f in self.__dataclass_fields__ if getattr(self, f)]
+        on = [f.replace("_", "-") for f in self.__dataclass_fields__ if f != "pairs" and getattr(self, f)]
+        on += [f"pairs-{self.pairs}"] * bool(self.pairs)
         return "+".join(on) or "base"
 
     @property
@@ -177,7 +182,9 @@ _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 def bwd_module(d: int, opts: BwdOpts | None = None) -> Module:
     """The module of head dim d built with ``opts``: MODULES[d] for its default (None or
     BWD_DEFAULTS[d]), else one with the options' -D flags (``BwdOpts.flags``; kept per
-    (d, opts))."""
+    (d, opts)). ``pairs`` is a launch argument: it takes no module of its own."""
+    if opts is not None:
+        opts = replace(opts, pairs=0)
     if opts is None or opts == BWD_DEFAULTS[d]:
         return MODULES[d]
     if opts.q128 and d != Q128_HEAD_DIM:
@@ -188,7 +195,7 @@ def bwd_module(d: int, opts: BwdOpts | None = None) -> Module:
     return _LAB_MODULES[key]
 
 
-SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6 + ("i32", "ptr")  # Z, sched
+SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6 + ("i32", "ptr", "ptr")  # Z, order, sched
 SIG_PRE = ("ptr",) * 7 + ("i32",) * 4 + ("i64",) * 6
 SIG_POST = ("ptr",) * 2 + ("i32",) * 4 + ("f32",) + ("i64",) * 3
 SIG_POST_BLK = ("ptr",) * 2 + ("i32",) * 5 + ("f32",) + ("i64",) * 3  # + NQ
@@ -292,6 +299,51 @@ def splits_dq(d: int) -> bool:
     serialize the wgmmas. (Not where ``splits_d``: there each warpgroup's dQ columns are
     its own half of D.)"""
     return not splits_d(d) and (d // 2) % (cs.swizzle_bytes(d) // 2) == 0
+
+
+L2_SHARE = 0.5  # the share of L2 a section's Q, dO and dQ accumulator may fill (``section_pairs``)
+
+
+def section_pairs(h_kv: int, z: int, group: int, s_q: int, d: int, elem_bytes: int, l2: int) -> int:
+    """(k/v head, batch) pairs a section of the persistent item order holds (``item_order``'s
+    sw): as many as keep their query side (``group`` heads of Q and dO at
+    ``elem_bytes`` an element and of the fp32 dQ accumulator, S_q x D each) within L2_SHARE
+    of ``l2`` bytes of L2; at least one, at most H_kv x Z. The blocks at work at once walk
+    the section's pairs, so these are the bytes they read and reduce-add into meanwhile."""
+    per_pair = group * s_q * d * (2 * elem_bytes + 4)
+    return max(1, min(h_kv * z, int(l2 * L2_SHARE) // per_pair))
+
+
+@functools.cache
+def _l2_bytes(device_index: int) -> int:
+    """The L2 bytes of the device (H100 / H200: 50 MiB where torch cannot say, or without a GPU)."""
+    if torch.cuda.is_available():
+        return int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 0) or 50 * 2**20)
+    return 50 * 2**20
+
+
+def item_order(h_kv: int, n_kb: int, z: int, sw: int) -> Tensor:
+    """The persistent kernel's items, rows (k/v head, key block, batch), in the order it hands
+    them out: sections of ``sw`` pairs hb = z H_kv + hk (the last section holds the rest), in
+    a section the pair fastest, then the key block; sw = H_kv is the block-per-item grid's
+    launch order (the k/v head fastest, then the key block, then the batch). The kernel
+    reads it as a table (``order_table``)."""
+    i = torch.arange(h_kv * n_kb * z, dtype=torch.int64)
+    first = i // (sw * n_kb) * sw  # the section's first pair
+    r = i - first * n_kb
+    w = (h_kv * z - first).clamp(max=sw)  # the section's pairs
+    nb = r // w
+    hb = first + r - nb * w
+    return torch.stack((hb % h_kv, nb, hb // h_kv), 1)
+
+
+def order_table(items: Tensor, blocks: int) -> Tensor:
+    """``item_order``'s rows as the kernel's int32 pairs {hk | nb << 16, z} (bwd_item in the
+    .cu; hk and nb are below GRID_LIMIT, 2^16), then ``blocks`` end entries {0, -1} (each
+    block of the grid claims one item past the last), shape (items + blocks, 2)."""
+    table = torch.stack((items[:, 0] | items[:, 1] << 16, items[:, 2]), 1)
+    end = torch.tensor([[0, -1]], dtype=table.dtype).expand(blocks, 2)
+    return torch.cat((table, end)).to(torch.int32)
 
 
 def backward_kernel(d: int) -> str:
@@ -407,6 +459,13 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
     mq, mk, mv, mdo = cs._map_args(q4, bm), cs._map_args(k4, bn), cs._map_args(v4, bn), cs._map_args(do4, bm)
     main_args = (s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E, int(causal),
                  *dk4.stride()[:3], *dv4.stride()[:3], z)  # fmt: skip
+    order = 0  # the persistent grid's item table (kept by the plan), else none
+    if (opts or BWD_DEFAULTS[d]).persist:
+        sw = (opts or BWD_DEFAULTS[d]).pairs or section_pairs(
+            h_kv, z, h // h_kv, s_q, d, q.element_size(), _l2_bytes(dev)
+        )
+        items = item_order(h_kv, ceil_div(s_k, bn), z, min(sw, h_kv * z))
+        order = order_table(items, g_main[0]).to(q.device)
     nq = dq_chunk(d, variant)
     if nq:  # the accumulator in the blocked order (dq_frag_offset): a float4 a thread
         post = mod.kernel(f"attn_bwd_post_blk_{sfx}", SIG_POST_BLK, dev)
@@ -426,7 +485,7 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
         main(
             g_main, THREADS,
             tmap(q.data_ptr(), *mq), tmap(k.data_ptr(), *mk), tmap(v.data_ptr(), *mv), tmap(do.data_ptr(), *mdo),
-            lse_p, delta_p, dq_acc, dk, dv, *main_args, sched,
+            lse_p, delta_p, dq_acc, dk, dv, *main_args, order, sched,
             shared=shared, device_index=dev,
         )  # fmt: skip
         post(g_post, POST_THREADS, dq_acc, dq, *post_args, device_index=dev)
