@@ -691,7 +691,8 @@ def test_persistent_items_cover_every_key_block_once():
     assert "return PERSIST ? bwd_item(order, i) :" in src
     assert src.count("const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, group, causal);") == 2
     assert "if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);" in src
-    assert "item_slot[2] = w.z;\n                if (w.z < 0) {  // the end" in src  # the producer decodes the item
+    # the producer decodes the item
+    assert "item_slot[2] = w.z;\n                if (w.z < 0) {  // the end" in src
     assert (
         "mbar_wait(kv_full, uses & 1);\n        const BwdItem w{item_slot[0], item_slot[1], item_slot[2]};\n"
         "        if (w.z < 0) break;"
@@ -832,7 +833,7 @@ def test_launcher_arguments(recorder):
     assert a[4] is lse_p and a[5] is delta_p and a[6] is dq_acc
     assert a[9:17] == (300, 260, 320, 8, 4, 0.3, pytest.approx(0.3 * cb.LOG2E), 1)
     assert a[17:24] == (260 * 2 * 80, 80, 2 * 80) * 2 + (2,) and a[25] == sched  # dk, dv (B, S, H, D); Z
-    assert cb.section_pairs(2, 2, 4, 300, 80, 2, 50 * 2**20) == 4  # every (k/v head, batch) pair in one section
+    assert cb.section_pairs(2, 2, 4, 300, 80, 2, 50 * 2**20) == 4  # every pair in one section
     assert a[24].tolist() == cb.order_table(cb.item_order(2, 3, 2, 4), 12).tolist()  # the item table
     assert g_post == (math.ceil(300 * 40 / 256), 8, 2) and b_post == 256
     assert a_post[0] is dq_acc and a_post[2:7] == (300, 320, 8, 80, 0.3)
@@ -840,7 +841,8 @@ def test_launcher_arguments(recorder):
     assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
     recorder.clear()  # a block an item: (k/v heads, key blocks, batch), heads fastest
     cb.backward(do, q, k, v, o, lse, True, 0.3, opts=dataclasses.replace(cb.BWD_DEFAULTS[80], persist=False))
-    assert recorder[1][1] == (2, 3, 2) and recorder[1][3][9:-2] == a[9:-2] and recorder[1][3][-2] == 0  # no table
+    assert recorder[1][1] == (2, 3, 2) and recorder[1][3][9:-2] == a[9:-2]
+    assert recorder[1][3][-2] == 0  # no item table
     recorder.clear()  # more items than SMs: one block an SM
     big = torch.randn(140, 2, 260, 80, dtype=torch.bfloat16)
     cb.backward(big, big, big, big, big, torch.zeros(140, 2, 260), False, 0.3)

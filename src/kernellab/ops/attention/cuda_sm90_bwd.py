@@ -195,7 +195,9 @@ def bwd_module(d: int, opts: BwdOpts | None = None) -> Module:
     return _LAB_MODULES[key]
 
 
-SIG_MAIN = ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6 + ("i32", "ptr", "ptr")  # Z, order, sched
+SIG_MAIN = (  # ... Z, the item table, the item counter
+    ("tmap",) * 4 + ("ptr",) * 5 + ("i32",) * 5 + ("f32", "f32", "i32") + ("i64",) * 6 + ("i32", "ptr", "ptr")
+)
 SIG_PRE = ("ptr",) * 7 + ("i32",) * 4 + ("i64",) * 6
 SIG_POST = ("ptr",) * 2 + ("i32",) * 4 + ("f32",) + ("i64",) * 3
 SIG_POST_BLK = ("ptr",) * 2 + ("i32",) * 5 + ("f32",) + ("i64",) * 3  # + NQ
