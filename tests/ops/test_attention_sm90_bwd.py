@@ -719,20 +719,28 @@ def test_persistent_items_cover_every_key_block_once():
             assert y[len(seen) :] == [-1] * 3
 
 
-def test_sections_fit_the_l2_share():
-    """section_pairs: the query side of a section's pairs (Q and dO 16-bit, the fp32 dQ
-    accumulator) within L2_SHARE of L2, at least one pair, at most every pair; the plan
-    passes it as SW (a lab build's ``pairs`` in its place)."""
-    l2 = 50 * 2**20
-    for h_kv, z, g, s_q, d in ((28, 2, 1, 4096, 128), (32, 1, 1, 8192, 128), (8, 1, 4, 8192, 128),
-                               (12, 8, 1, 1024, 64), (12, 256, 1, 197, 64), (4, 1, 8, 32768, 256)):  # fmt: skip
-        sw = cb.section_pairs(h_kv, z, g, s_q, d, 2, l2)
+def test_sections_fit_l2_and_a_wave_and_causal_tails():
+    """section_pairs at 132 SMs and 50 MiB of L2: without the mask, the fewer of the pairs whose
+    query side (Q and dO 16-bit, the fp32 dQ accumulator) fits L2_SHARE of L2 and of the
+    pairs whose key blocks all fit one wave of blocks; under causal masking at least the pairs
+    of two waves of items; always 1 .. H_kv x Z pairs."""
+    l2, sms = 50 * 2**20, 132
+    cases = {  # (h_kv, z, group, s_q, d, n_kb): (full, causal)
+        (28, 2, 1, 4096, 128, 32): (4, 9),  # 4 MiB a pair: 6 fit; a wave takes 4 pairs' 32 blocks
+        (32, 1, 1, 8192, 128, 64): (2, 5),
+        (8, 1, 4, 8192, 128, 64): (1, 5),  # GQA: 32 MiB a k/v head
+        (32, 4, 1, 2048, 128, 16): (8, 17),
+        (12, 8, 1, 1024, 64, 8): (16, 33),
+        (12, 256, 1, 197, 64, 2): (66, 132),
+        (2, 1, 1, 300, 64, 3): (2, 2),  # every pair
+        (4, 1, 8, 32768, 256, 512): (1, 1),
+    }
+    for (h_kv, z, g, s_q, d, n_kb), want in cases.items():
+        got = tuple(cb.section_pairs(h_kv, z, g, s_q, d, 2, n_kb, c, l2, sms) for c in (False, True))
+        assert got == want, (h_kv, z, g, s_q, d, n_kb)
         per = g * s_q * d * 8
-        assert 1 <= sw <= h_kv * z
-        assert sw == 1 or sw * per <= l2 * cb.L2_SHARE
-        assert sw == h_kv * z or (sw + 1) * per > l2 * cb.L2_SHARE
-    assert cb.section_pairs(28, 2, 1, 4096, 128, 2, l2) == 6  # 4 MiB a pair
-    assert cb.section_pairs(8, 1, 4, 8192, 128, 2, l2) == 1  # GQA: 32 MiB a k/v head
+        assert got[0] == 1 or (got[0] * per <= l2 * cb.L2_SHARE and got[0] * n_kb <= sms)
+        assert got[1] == min(h_kv * z, max(got[0], -(-2 * sms // n_kb)))
 
 
 def test_named_barriers_and_proxy_fence_in_the_source():
@@ -833,7 +841,7 @@ def test_launcher_arguments(recorder):
     assert a[4] is lse_p and a[5] is delta_p and a[6] is dq_acc
     assert a[9:17] == (300, 260, 320, 8, 4, 0.3, pytest.approx(0.3 * cb.LOG2E), 1)
     assert a[17:24] == (260 * 2 * 80, 80, 2 * 80) * 2 + (2,) and a[25] == sched  # dk, dv (B, S, H, D); Z
-    assert cb.section_pairs(2, 2, 4, 300, 80, 2, 50 * 2**20) == 4  # every pair in one section
+    assert cb.section_pairs(2, 2, 4, 300, 80, 2, 3, True, 50 * 2**20, 132) == 4  # every pair in one section
     assert a[24].tolist() == cb.order_table(cb.item_order(2, 3, 2, 4), 12).tolist()  # the item table
     assert g_post == (math.ceil(300 * 40 / 256), 8, 2) and b_post == 256
     assert a_post[0] is dq_acc and a_post[2:7] == (300, 320, 8, 80, 0.3)
@@ -847,8 +855,8 @@ def test_launcher_arguments(recorder):
     big = torch.randn(140, 2, 260, 80, dtype=torch.bfloat16)
     cb.backward(big, big, big, big, big, torch.zeros(140, 2, 260), False, 0.3)
     assert recorder[1][1] == (132, 1, 1) and recorder[1][3][-3] == 140  # Z
-    assert cb.section_pairs(2, 140, 1, 260, 80, 2, 50 * 2**20) == 157  # of 280 pairs
-    assert recorder[1][3][-2].tolist() == cb.order_table(cb.item_order(2, 3, 140, 157), 132).tolist()
+    assert cb.section_pairs(2, 140, 1, 260, 80, 2, 3, False, 50 * 2**20, 132) == 44  # of 280 pairs: a wave
+    assert recorder[1][3][-2].tolist() == cb.order_table(cb.item_order(2, 3, 140, 44), 132).tolist()
 
 
 def test_launcher_v9(recorder):

@@ -95,7 +95,7 @@ class BwdOpts:
     (-DKL_ATTN_BWD_Q128=1, head dim 64 only) steps through the queries 128 rows at a time
     instead of 64 (``query_rows``), the warpgroups splitting dQ by rows; ``pairs`` (no -D
     option: a launch argument) the (k/v head, batch) pairs a section of the persistent item
-    order holds (``section_pairs``; 0: as many as fit the L2 budget). Written as the options
+    order holds (0: ``section_pairs``'s). Written as the options
     set, joined by "+" (pairs as "pairs-N")."""
 
     no_dq_red: bool = False
@@ -306,14 +306,24 @@ def splits_dq(d: int) -> bool:
 L2_SHARE = 0.5  # the share of L2 a section's Q, dO and dQ accumulator may fill (``section_pairs``)
 
 
-def section_pairs(h_kv: int, z: int, group: int, s_q: int, d: int, elem_bytes: int, l2: int) -> int:
+def section_pairs(h_kv: int, z: int, group: int, s_q: int, d: int, elem_bytes: int, n_kb: int, causal: bool,
+                  l2: int, sms: int) -> int:  # fmt: skip
     """(k/v head, batch) pairs a section of the persistent item order holds (``item_order``'s
-    sw): as many as keep their query side (``group`` heads of Q and dO at
-    ``elem_bytes`` an element and of the fp32 dQ accumulator, S_q x D each) within L2_SHARE
-    of ``l2`` bytes of L2; at least one, at most H_kv x Z. The blocks at work at once walk
-    the section's pairs, so these are the bytes they read and reduce-add into meanwhile."""
-    per_pair = group * s_q * d * (2 * elem_bytes + 4)
-    return max(1, min(h_kv * z, int(l2 * L2_SHARE) // per_pair))
+    sw), at least one, at most H_kv x Z:
+    - no more than keep their query side (``group`` heads of Q and dO at ``elem_bytes`` an
+      element and of the fp32 dQ accumulator, S_q x D each) within L2_SHARE of ``l2`` bytes
+      of L2: the blocks at work at once walk the section's pairs, so these are the bytes they
+      read and reduce-add into meanwhile;
+    - no more than ``sms`` blocks take at once (``n_kb`` key blocks a pair): a pair's key
+      blocks then run side by side, reading its Q and dO once from DRAM;
+    - under causal masking, at least two waves of items (2 ``sms``): a section's first key
+      blocks see every query, and the last section's must start early enough to end with
+      the rest (sections of one 8-head GQA pair left its heavy items to the launch's end)."""
+    fit = int(l2 * L2_SHARE) // (group * s_q * d * (2 * elem_bytes + 4))
+    sw = min(fit, sms // n_kb)
+    if causal:
+        sw = max(sw, ceil_div(2 * sms, n_kb))
+    return max(1, min(h_kv * z, sw))
 
 
 @functools.cache
@@ -463,10 +473,11 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
                  *dk4.stride()[:3], *dv4.stride()[:3], z)  # fmt: skip
     order = 0  # the persistent grid's item table (kept by the plan), else none
     if (opts or BWD_DEFAULTS[d]).persist:
+        n_kb = ceil_div(s_k, bn)
         sw = (opts or BWD_DEFAULTS[d]).pairs or section_pairs(
-            h_kv, z, h // h_kv, s_q, d, q.element_size(), _l2_bytes(dev)
+            h_kv, z, h // h_kv, s_q, d, q.element_size(), n_kb, causal, _l2_bytes(dev), sm_count(dev)
         )
-        items = item_order(h_kv, ceil_div(s_k, bn), z, min(sw, h_kv * z))
+        items = item_order(h_kv, n_kb, z, min(sw, h_kv * z))
         order = order_table(items, g_main[0]).to(q.device)
     nq = dq_chunk(d, variant)
     if nq:  # the accumulator in the blocked order (dq_frag_offset): a float4 a thread
