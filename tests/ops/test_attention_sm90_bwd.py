@@ -683,7 +683,8 @@ def test_persistent_items_cover_every_key_block_once():
     ``order_table``, unpacked by bwd_item in attention_sm90_bwd.cu as written there) for i =
     0 .. H_kv x n_kb x Z - 1 (block b takes item b first, then gridDim.x + the launch counter's
     next value: each index once) covers every (k/v head, key block, batch) once, in sections
-    of sw (k/v head, batch) pairs, the pair fastest in a section, the key blocks in order; sw
+    of at most sw (k/v head, batch) pairs, as even as they divide, the pair fastest in a
+    section, the key blocks in order; sw
     = H_kv is the block-per-item grid's order. The producer hands each item to the consumers
     through item_slot and kv_full, and both count the ring's uses on across items."""
     src = cb.CU.read_text()
@@ -707,11 +708,15 @@ def test_persistent_items_cover_every_key_block_once():
             items = cb.item_order(h_kv, n_kb, z, sw)
             seen = [tuple(t) for t in items.tolist()]
             assert sorted(seen) == sorted(every)
-            for first in range(0, h_kv * z, sw):  # a section: its pairs only, the pair fastest
-                part = seen[first * n_kb : (first + sw) * n_kb]
-                w = min(sw, h_kv * z - first)
+            n = -(-h_kv * z // sw)  # sections, their sizes within one of each other
+            sizes = [(k + 1) * h_kv * z // n - k * h_kv * z // n for k in range(n)]
+            assert sum(sizes) == h_kv * z and max(sizes) <= sw and max(sizes) - min(sizes) <= 1
+            first = 0
+            for w in sizes:  # a section: its pairs only, the pair fastest, then the key block
+                part = seen[first * n_kb : (first + w) * n_kb]
                 assert [zz * h_kv + hk for hk, _, zz in part] == [first + i % w for i in range(w * n_kb)]
                 assert [nb for _, nb, _ in part] == [i // w for i in range(w * n_kb)]
+                first += w
             table = cb.order_table(items, 3)  # as bwd_item unpacks it, then 3 blocks' ends
             assert table.dtype == torch.int32 and table.shape == (len(seen) + 3, 2)
             x, y = table[:, 0].tolist(), table[:, 1].tolist()
@@ -722,16 +727,16 @@ def test_persistent_items_cover_every_key_block_once():
 def test_sections_fit_l2_and_a_wave_and_causal_tails():
     """section_pairs at 132 SMs and 50 MiB of L2: without the mask, the fewer of the pairs whose
     query side (Q and dO 16-bit, the fp32 dQ accumulator) fits L2_SHARE of L2 and of the
-    pairs whose key blocks all fit one wave of blocks; under causal masking at least the pairs
-    of two waves of items; always 1 .. H_kv x Z pairs."""
+    pairs whose key blocks fill half a wave of blocks; under causal masking with 4 or more key
+    blocks a pair, at least the pairs of two waves of items; always 1 .. H_kv x Z pairs."""
     l2, sms = 50 * 2**20, 132
     cases = {  # (h_kv, z, group, s_q, d, n_kb): (full, causal)
-        (28, 2, 1, 4096, 128, 32): (4, 9),  # 4 MiB a pair: 6 fit; a wave takes 4 pairs' 32 blocks
-        (32, 1, 1, 8192, 128, 64): (2, 5),
+        (28, 2, 1, 4096, 128, 32): (2, 9),  # 4 MiB a pair: 6 fit; half a wave takes 2 pairs' 32 blocks
+        (32, 1, 1, 8192, 128, 64): (1, 5),
         (8, 1, 4, 8192, 128, 64): (1, 5),  # GQA: 32 MiB a k/v head
-        (32, 4, 1, 2048, 128, 16): (8, 17),
-        (12, 8, 1, 1024, 64, 8): (16, 33),
-        (12, 256, 1, 197, 64, 2): (66, 132),
+        (32, 4, 1, 2048, 128, 16): (4, 17),
+        (12, 8, 1, 1024, 64, 8): (8, 33),
+        (12, 256, 1, 197, 64, 2): (33, 33),  # 2 key blocks: no causal floor
         (2, 1, 1, 300, 64, 3): (2, 2),  # every pair
         (4, 1, 8, 32768, 256, 512): (1, 1),
     }
@@ -739,8 +744,9 @@ def test_sections_fit_l2_and_a_wave_and_causal_tails():
         got = tuple(cb.section_pairs(h_kv, z, g, s_q, d, 2, n_kb, c, l2, sms) for c in (False, True))
         assert got == want, (h_kv, z, g, s_q, d, n_kb)
         per = g * s_q * d * 8
-        assert got[0] == 1 or (got[0] * per <= l2 * cb.L2_SHARE and got[0] * n_kb <= sms)
-        assert got[1] == min(h_kv * z, max(got[0], -(-2 * sms // n_kb)))
+        assert got[0] == 1 or (got[0] * per <= l2 * cb.L2_SHARE and 2 * got[0] * n_kb <= sms)
+        floor = -(-2 * sms // n_kb) if n_kb >= 4 else 1
+        assert got[1] == min(h_kv * z, max(got[0], floor))
 
 
 def test_named_barriers_and_proxy_fence_in_the_source():
@@ -855,8 +861,8 @@ def test_launcher_arguments(recorder):
     big = torch.randn(140, 2, 260, 80, dtype=torch.bfloat16)
     cb.backward(big, big, big, big, big, torch.zeros(140, 2, 260), False, 0.3)
     assert recorder[1][1] == (132, 1, 1) and recorder[1][3][-3] == 140  # Z
-    assert cb.section_pairs(2, 140, 1, 260, 80, 2, 3, False, 50 * 2**20, 132) == 44  # of 280 pairs: a wave
-    assert recorder[1][3][-2].tolist() == cb.order_table(cb.item_order(2, 3, 140, 44), 132).tolist()
+    assert cb.section_pairs(2, 140, 1, 260, 80, 2, 3, False, 50 * 2**20, 132) == 22  # of 280: half a wave
+    assert recorder[1][3][-2].tolist() == cb.order_table(cb.item_order(2, 3, 140, 22), 132).tolist()
 
 
 def test_launcher_v9(recorder):
@@ -1192,8 +1198,8 @@ def test_gpu_dk_dv_bitwise_reproducible(variant):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_item_sections_change_nothing_but_the_order(d, causal):
-    """Sections of 1, 3 and all 10 (k/v head, batch) pairs (the last section of 3 holding one),
-    with more items than blocks at work: dK and dV bitwise equal to the default's (each item's
+    """Sections of at most 1, 3 (four of 2-3 pairs) and all 10 (k/v head, batch) pairs, with
+    more items than blocks at work: dK and dV bitwise equal to the default's (each item's
     arithmetic is the same whichever block takes it, when), dQ within its atomics' reordering."""
     _sm90()
     q, k, v = SPEC.make_inputs((2, 10, 5, 700, 3000, d), torch.bfloat16, "cuda", 13)  # 240 items

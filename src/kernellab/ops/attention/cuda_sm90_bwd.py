@@ -308,20 +308,21 @@ L2_SHARE = 0.5  # the share of L2 a section's Q, dO and dQ accumulator may fill 
 
 def section_pairs(h_kv: int, z: int, group: int, s_q: int, d: int, elem_bytes: int, n_kb: int, causal: bool,
                   l2: int, sms: int) -> int:  # fmt: skip
-    """(k/v head, batch) pairs a section of the persistent item order holds (``item_order``'s
-    sw), at least one, at most H_kv x Z:
+    """(k/v head, batch) pairs a section of the persistent item order holds at most
+    (``item_order``'s sw), at least one, at most H_kv x Z:
     - no more than keep their query side (``group`` heads of Q and dO at ``elem_bytes`` an
       element and of the fp32 dQ accumulator, S_q x D each) within L2_SHARE of ``l2`` bytes
       of L2: the blocks at work at once walk the section's pairs, so these are the bytes they
       read and reduce-add into meanwhile;
-    - no more than ``sms`` blocks take at once (``n_kb`` key blocks a pair): a pair's key
-      blocks then run side by side, reading its Q and dO once from DRAM;
-    - under causal masking, at least two waves of items (2 ``sms``): a section's first key
-      blocks see every query, and the last section's must start early enough to end with
-      the rest (sections of one 8-head GQA pair left its heavy items to the launch's end)."""
+    - no more than half the ``sms`` blocks take at once (``n_kb`` key blocks a pair): a
+      pair's key blocks then run side by side, reading its Q and dO once from DRAM;
+    - under causal masking with 4 or more key blocks a pair (items whose work differs
+      4x and more), at least two waves of items (2 ``sms``): a section's first key blocks
+      see every query, and the last section's must start early enough to end with the rest.
+    (lab/probe_bwd_builds.py --pairs on an H200, benchmarks/NOTES.md.)"""
     fit = int(l2 * L2_SHARE) // (group * s_q * d * (2 * elem_bytes + 4))
-    sw = min(fit, sms // n_kb)
-    if causal:
+    sw = min(fit, sms // (2 * n_kb))
+    if causal and n_kb >= 4:
         sw = max(sw, ceil_div(2 * sms, n_kb))
     return max(1, min(h_kv * z, sw))
 
@@ -336,17 +337,22 @@ def _l2_bytes(device_index: int) -> int:
 
 def item_order(h_kv: int, n_kb: int, z: int, sw: int) -> Tensor:
     """The persistent kernel's items, rows (k/v head, key block, batch), in the order it hands
-    them out: sections of ``sw`` pairs hb = z H_kv + hk (the last section holds the rest), in
-    a section the pair fastest, then the key block; sw = H_kv is the block-per-item grid's
+    them out: the pairs hb = z H_kv + hk in ceil(H_kv Z / sw) sections of consecutive pairs,
+    as even as they divide (section k: pairs [k H_kv Z // n, (k + 1) H_kv Z // n), so that
+    no short last section leaves heavy causal items to the end), section by section; in a
+    section the pair fastest, then the key block. sw = H_kv is the block-per-item grid's
     launch order (the k/v head fastest, then the key block, then the batch). The kernel
     reads it as a table (``order_table``)."""
-    i = torch.arange(h_kv * n_kb * z, dtype=torch.int64)
-    first = i // (sw * n_kb) * sw  # the section's first pair
-    r = i - first * n_kb
-    w = (h_kv * z - first).clamp(max=sw)  # the section's pairs
-    nb = r // w
-    hb = first + r - nb * w
-    return torch.stack((hb % h_kv, nb, hb // h_kv), 1)
+    pairs = h_kv * z
+    n = ceil_div(pairs, sw)  # sections
+    hb = torch.arange(pairs, dtype=torch.int64).repeat_interleave(n_kb)
+    nb = torch.arange(n_kb, dtype=torch.int64).repeat(pairs)
+    k = ((hb + 1) * n - 1) // pairs  # hb's section
+    first, end = k * pairs // n, (k + 1) * pairs // n
+    pos = first * n_kb + nb * (end - first) + hb - first
+    out = torch.empty(pairs * n_kb, 3, dtype=torch.int64)
+    out[pos] = torch.stack((hb % h_kv, nb, hb // h_kv), 1)
+    return out
 
 
 def order_table(items: Tensor, blocks: int) -> Tensor:
