@@ -865,6 +865,19 @@ def test_launcher_arguments(recorder):
     assert recorder[1][3][-2].tolist() == cb.order_table(cb.item_order(2, 3, 140, 22), 132).tolist()
 
 
+def test_first_backward_inside_graph_capture_is_refused_by_name(recorder, monkeypatch):
+    """A persistent plan copies its item table to the GPU, which CUDA-graph capture forbids:
+    the first backward at a shape inside a capture says so (and what to do) instead of
+    invalidating the capture with a driver error."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(cb, "_l2_bytes", lambda dev: 50 * 2**20)
+    q = torch.randn(1, 2, 96, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="CUDA-graph capture; run it once before capturing"):
+        cb.backward(q, q, q, q, q, torch.zeros(1, 2, 96), False, 0.3, "v9")
+    assert not recorder
+
+
 def test_launcher_v9(recorder):
     """v9: the same preprocess and main-kernel arguments as v8 (its own kernel, its shared
     memory with the dQ staging tiles), and the blocked postprocess with NQ (D = 128: the

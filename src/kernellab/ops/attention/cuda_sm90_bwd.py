@@ -479,6 +479,11 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
                  *dk4.stride()[:3], *dv4.stride()[:3], z)  # fmt: skip
     order = 0  # the persistent grid's item table (kept by the plan), else none
     if (opts or BWD_DEFAULTS[d]).persist:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"attention/cuda_{variant}: the first backward at these shapes ran inside CUDA-graph capture; "
+                "run it once before capturing (its plan copies an item table to the GPU)"
+            )
         n_kb = ceil_div(s_k, bn)
         sw = (opts or BWD_DEFAULTS[d]).pairs or section_pairs(
             h_kv, z, h // h_kv, s_q, d, q.element_size(), n_kb, causal, _l2_bytes(dev), sm_count(dev)
