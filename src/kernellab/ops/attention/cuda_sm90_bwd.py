@@ -482,8 +482,7 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 f"attention/cuda_{variant}: the first backward at these shapes ran inside CUDA-graph "
-                "capture; "
-                "run it once before capturing (its plan copies an item table to the GPU)"
+                "capture; run it once before capturing (its plan copies an item table to the GPU)"
             )
         n_kb = ceil_div(s_k, bn)
         sw = (opts or BWD_DEFAULTS[d]).pairs or section_pairs(
