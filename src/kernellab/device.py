@@ -68,10 +68,12 @@ def arch() -> str | None:
     return f"sm_{cap[0]}{cap[1]}" if cap else None
 
 
-def l2_bytes() -> int:
+def l2_bytes(index: int | None = None) -> int:
+    """L2 bytes of CUDA device ``index`` (None: the current one; 50 MiB where torch cannot
+    say); 0 without a GPU."""
     if not has_cuda():
         return 0
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index)
     return int(getattr(props, "L2_cache_size", 0) or 50 * 2**20)
 
 

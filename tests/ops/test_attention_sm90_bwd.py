@@ -871,7 +871,7 @@ def test_first_backward_inside_graph_capture_is_refused_by_name(recorder, monkey
     invalidating the capture with a driver error."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(cb, "_l2_bytes", lambda dev: 50 * 2**20)
+    monkeypatch.setattr(cb, "l2_bytes", lambda dev: 50 * 2**20)
     q = torch.randn(1, 2, 96, 64, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="CUDA-graph capture; run it once before capturing"):
         cb.backward(q, q, q, q, q, torch.zeros(1, 2, 96), False, 0.3, "v9")

@@ -47,7 +47,6 @@ kernel sums it, ``splits_dq``): the CPU tests hold it against the float64 refere
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -63,6 +62,7 @@ from kernellab.cuda.runtime import (
     sm90_unavailable,
     sm_count,
 )
+from kernellab.device import l2_bytes
 from kernellab.ops.attention import cuda_sm90 as cs
 from kernellab.ops.attention import triton as at
 from kernellab.triton_support import kept_plan
@@ -327,14 +327,6 @@ def section_pairs(h_kv: int, z: int, group: int, s_q: int, d: int, elem_bytes: i
     return max(1, min(h_kv * z, sw))
 
 
-@functools.cache
-def _l2_bytes(device_index: int) -> int:
-    """The L2 bytes of the device (H100 / H200: 50 MiB where torch cannot say, or without a GPU)."""
-    if torch.cuda.is_available():
-        return int(getattr(torch.cuda.get_device_properties(device_index), "L2_cache_size", 0) or 50 * 2**20)
-    return 50 * 2**20
-
-
 def item_order(h_kv: int, n_kb: int, z: int, sw: int) -> Tensor:
     """The persistent kernel's items, rows (k/v head, key block, batch), in the order it hands
     them out: the pairs hb = z H_kv + hk in ceil(H_kv Z / sw) sections of consecutive pairs,
@@ -470,7 +462,8 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
     if shared > main.max_dynamic_shared:
         main.set_max_dynamic_shared(shared)
     g_pre, pre_args = (s_pad // PRE_ROWS, h, z), (s_q, s_pad, h, d, *o4.stride()[:3], *do4.stride()[:3])
-    if (opts or BWD_DEFAULTS[d]).persist:  # items (key block, k/v head, batch), one block an SM at most
+    build = opts or BWD_DEFAULTS[d]
+    if build.persist:  # items (key block, k/v head, batch), one block an SM at most
         g_main = (min(h_kv * ceil_div(s_k, bn) * z, sm_count(dev)), 1, 1)
     else:
         g_main = (h_kv, ceil_div(s_k, bn), z)  # heads fastest: heavy causal blocks first
@@ -478,18 +471,17 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
     main_args = (s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E, int(causal),
                  *dk4.stride()[:3], *dv4.stride()[:3], z)  # fmt: skip
     order = 0  # the persistent grid's item table (kept by the plan), else none
-    if (opts or BWD_DEFAULTS[d]).persist:
+    if build.persist:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
                 f"attention/cuda_{variant}: the first backward at these shapes ran inside CUDA-graph "
                 "capture; run it once before capturing (its plan copies an item table to the GPU)"
             )
         n_kb = ceil_div(s_k, bn)
-        sw = (opts or BWD_DEFAULTS[d]).pairs or section_pairs(
-            h_kv, z, h // h_kv, s_q, d, q.element_size(), n_kb, causal, _l2_bytes(dev), sm_count(dev)
-        )
-        items = item_order(h_kv, n_kb, z, min(sw, h_kv * z))
-        order = order_table(items, g_main[0]).to(q.device)
+        l2 = l2_bytes(dev) or 50 * 2**20  # (no GPU: the CPU tests' plans, an H100 / H200's)
+        sw = build.pairs or section_pairs(h_kv, z, h // h_kv, s_q, d, q.element_size(), n_kb, causal, l2,
+                                          sm_count(dev))  # fmt: skip
+        order = order_table(item_order(h_kv, n_kb, z, sw), g_main[0]).to(q.device)
     nq = dq_chunk(d, variant)
     if nq:  # the accumulator in the blocked order (dq_frag_offset): a float4 a thread
         post = mod.kernel(f"attn_bwd_post_blk_{sfx}", SIG_POST_BLK, dev)
