@@ -54,6 +54,10 @@ def main() -> int:
     ap.add_argument("--dtypes", default="fp32,bf16")
     ap.add_argument("--rows", default=None, help="ROWS values, comma-separated (default: 1,2,4)")
     ap.add_argument("--warps", default=None, help="num_warps values, comma-separated (default: 1,2,4,8)")
+    ap.add_argument("--w-first", default="0", help="norms: fwd_w_first_per_sm values (0: weight after the "
+                    "reductions; 1e9: always first), comma-separated")
+    ap.add_argument("--shift", default=None, help="norms: shift_fwd_min_cols values, comma-separated")
+    ap.add_argument("--no-bwd", action="store_true", help="norms: time the forward configs only")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,6 +71,7 @@ def main() -> int:
         rows_out.write(json.dumps(r) + "\n")
         rows_out.flush()
 
+    from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
     from liger_kernel.ops.layer_norm import LigerLayerNormFunction
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
     from liger_kernel.ops.softmax import LigerSoftmaxFunction
@@ -89,13 +94,18 @@ def main() -> int:
             w = (1 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(dt)
             b = (0.1 * torch.randn(d, device="cuda", generator=g)).to(dt)
             dy = torch.randn(n, d, device="cuda", generator=g).to(dt)
-            rms = op == "rms_norm"
+            rms = op in ("rms_norm", "add_rms_norm")
+            res = torch.randn(n, d, device="cuda", generator=g).to(dt) if op == "add_rms_norm" else None
             name = f"{op} {n}x{d} {str(dt)[6:]}"
             peers = {}
             if op == "softmax":
                 peers["torch"] = lambda z: torch.softmax(z, -1)
                 peers["liger"] = lambda z: LigerSoftmaxFunction.apply(z)
                 ref = torch.softmax(x.double(), -1)
+            elif res is not None:
+                peers["liger"] = lambda z: LigerFusedAddRMSNormFunction.apply(
+                    z, res, w, 1e-6, 0.0, "gemma", False)[0]  # fmt: skip
+                ref = F.rms_norm((x.double() + res.double()).to(dt).double(), (d,), w.double(), 1e-6)
             elif rms:
                 peers["torch"] = lambda z: F.rms_norm(z, (d,), w, 1e-6)
                 peers["liger"] = lambda z: LigerRMSNormFunction.apply(z, w, 1e-6, 0.0, "gemma", False)
@@ -133,33 +143,48 @@ def main() -> int:
                 dflt_b = t(lambda: sm._bwd(dy, y))
             else:
                 bb = None if rms else b
-                for r, wp in itertools.product(rows_set, warps_set):
-                    cfg = replace(nk.CONFIG, row_elems=r * nk._row_block(d), fwd_warps=wp, fwd_row_1d=False)
-                    y = nk.norm_fwd(x, w, bb, 1e-5 if not rms else 1e-6, rms, cfg=cfg)[0]
-                    fwd_times[(r, wp)] = (t(lambda: nk.norm_fwd(x, w, bb, 1e-5, rms, cfg=cfg)), ok(y))
+                eps = 1e-6 if rms else 1e-5
+                kw = dict(res=res, h=torch.empty_like(x) if res is not None else None)
+
+                def fwd(cfg=nk.CONFIG):
+                    return nk.norm_fwd(x, w, bb, eps, rms, cfg=cfg, **kw)
+
+                wf_set = [float(v) for v in a.w_first.split(",")]
+                for r, wp, wf in itertools.product(rows_set, warps_set, wf_set):
+                    cfg = replace(nk.CONFIG, row_elems=r * nk._row_block(d), fwd_warps=wp, fwd_row_1d=False,
+                                  fwd_w_first_per_sm=wf, fwd_min_per_sm=0)  # fmt: skip
+                    y = nk.norm_fwd(x, w, bb, eps, rms, cfg=cfg, **kw)[0]
+                    fwd_times[(r, wp, wf)] = (t(lambda: fwd(cfg)), ok(y))
                 if dt != torch.float32:
-                    cfg = replace(nk.CONFIG, fwd_row_1d=True, row_elems=nk._row_block(d))
-                    fwd_times[("row1d", nk._fwd_config(d, cfg)[2])] = (
-                        t(lambda: nk.norm_fwd(x, w, bb, 1e-5, rms, cfg=cfg)), True)  # fmt: skip
-                dflt_f = t(lambda: nk.norm_fwd(x, w, bb, 1e-5, rms))
-                _, mean, rstd = nk.norm_fwd(x, w, bb, 1e-5, rms)
-                for strip, step, wp in SMALL_BWD:
+                    for wp in warps_set:
+                        cfg = replace(nk.CONFIG, fwd_row_1d=True, row_elems=nk._row_block(d), fwd_warps=wp)
+                        y = nk.norm_fwd(x, w, bb, eps, rms, cfg=cfg, **kw)[0]
+                        fwd_times[("row1d", wp)] = (t(lambda: fwd(cfg)), ok(y))
+                for sc in [int(v) for v in a.shift.split(",")] if a.shift else []:
+                    cfg = replace(nk.CONFIG, shift_fwd_min_cols=sc)
+                    y = nk.norm_fwd(x, w, bb, eps, rms, cfg=cfg, **kw)[0]
+                    fwd_times[("shift", sc)] = (t(lambda: fwd(cfg)), ok(y))
+                dflt_f = t(lambda: nk.norm_fwd(x, w, bb, eps, rms, **kw))
+                fwd_times[("default",)] = (dflt_f, ok(nk.norm_fwd(x, w, bb, eps, rms, **kw)[0]))
+                _, mean, rstd = nk.norm_fwd(x, w, bb, eps, rms, **kw)
+                for strip, step, wp in [] if a.no_bwd else SMALL_BWD:
                     big = 1 << 20
                     cfg = replace(nk.CONFIG, small_strip=strip, small_step_elems=step, small_warps=wp,
                                   small_fp32_elems=big, small_fp32_rows=big, bwd_small_elems=big)
                     bwd_times[("small", strip, step, wp)] = (
                         t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)), True)  # fmt: skip
                 cfg = replace(nk.CONFIG, bwd_small_elems=0)
-                bwd_times[("partials",)] = (
-                    t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)), True)  # fmt: skip
-                dflt_b = t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms))
+                if not a.no_bwd:
+                    bwd_times[("partials",)] = (
+                        t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)), True)  # fmt: skip
+                dflt_b = 0.0 if a.no_bwd else t(lambda: nk.norm_bwd(dy, x, w, mean, rstd, rms, not rms))
             for k, (us, good) in fwd_times.items():
                 emit(case=name, kind="fwd", config=list(k), us=us, ok=good)
             for k, (us, good) in bwd_times.items():
                 emit(case=name, kind="bwd", config=list(k), us=us, ok=good)
             emit(case=name, kind="default", fwd_us=dflt_f, bwd_us=dflt_b)
             bf = min(((v[0], k) for k, v in fwd_times.items() if v[1]), key=lambda r: r[0])
-            bb_ = min(((v[0], k) for k, v in bwd_times.items()), key=lambda r: r[0])
+            bb_ = min(((v[0], k) for k, v in bwd_times.items()), key=lambda r: r[0], default=(0.0, ()))
             lf = min(v[0] for v in best_peer.values())
             lfb = min(v[1] for v in best_peer.values())
             print(f"{name:28s} fwd: default {dflt_f:5.2f} best {bf[0]:5.2f} {bf[1]} peers {lf:5.2f} | "

@@ -286,6 +286,52 @@ def test_triton_short_inputs_run_a_row_per_program():
     assert lt._cols_config(64, 256, lt.Config(small_warps=2))[2] == 2
 
 
+@pytest.mark.parametrize("rms,bias,res", [(False, True, False), (True, False, False), (True, False, True)])
+@pytest.mark.parametrize("shape,dtype", [((6, 40), torch.float32), ((70, 33), torch.bfloat16),
+                                         ((3, 64), torch.float32)])
+def test_triton_weight_first_forward_is_the_same_arithmetic(rms, bias, res, shape, dtype):
+    """The 2-D forward loading weight and bias before the row (small grids) gives the same
+    bits as loading them after the reductions, and both match float64."""
+    from kernellab.ops.norm_kernels import triton_kernels as lt
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(shape, generator=g) * 3 + 1).to(dtype)
+    w = (1 + 0.3 * torch.randn(shape[-1], generator=g)).to(dtype)
+    b = (0.2 * torch.randn(shape[-1], generator=g)).to(dtype) if bias else None
+    r = torch.randn(shape, generator=g).to(dtype) if res else None
+    outs = []
+    for per_sm in (0, 1e9):
+        cfg = lt.Config(fwd_w_first_per_sm=per_sm, fwd_row_1d=False)
+        plan = lt._fwd_plan(x, rms, bias, res, cfg)
+        assert plan.launch.kw["W_FIRST"] is (per_sm > 0)
+        h = torch.empty_like(x) if res else None
+        outs.append((lt.norm_fwd(x, w, b, 1e-5, rms, res=r, h=h, cfg=cfg), h))
+    (y0, m0, s0), h0 = outs[0]
+    (y1, m1, s1), h1 = outs[1]
+    assert torch.equal(y0, y1) and torch.equal(s0, s1)
+    assert (m0 is None) == rms and (rms or torch.equal(m0, m1))
+    xin = (x.double() + r.double()).to(dtype).double() if res else x.double()
+    if res:
+        assert torch.equal(h0, h1) and torch.equal(h1.double(), xin)
+    if rms:
+        ref = xin * torch.rsqrt(xin.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    else:
+        ref = F.layer_norm(xin, shape[-1:], w.double(), b.double() if b is not None else None, 1e-5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (y1.double() - ref).abs().max().item() <= tol * max(1.0, ref.abs().max().item())
+
+
+def test_triton_weight_first_only_on_small_grids():
+    from kernellab.ops.norm_kernels import triton_kernels as lt
+
+    cfg = lt.Config(fwd_row_1d=False)
+    assert lt._fwd_plan(torch.zeros(1, 64), True, False, False, cfg).launch.kw["W_FIRST"]  # one program
+    # off the GPU the rule counts one SM: 4096 rows of 64 are 64 programs of 64 rows
+    assert not lt._fwd_plan(torch.zeros(4096, 64), True, False, False, cfg).launch.kw["W_FIRST"]
+    off = lt.Config(fwd_w_first_per_sm=0)
+    assert not lt._fwd_plan(torch.zeros(1, 64), True, False, False, off).launch.kw["W_FIRST"]
+
+
 def test_triton_fp32_small_backward_choice():
     from kernellab.ops.norm_kernels import triton_kernels as lt
 

@@ -85,7 +85,10 @@ class Config:
     shift_fwd_min_cols, shift_bwd_min_cols: rows of at least this many columns whose width
         is not a multiple of 16 bytes take the shifted forward (``_norm_fwd_shift_kernel``)
         and backward (0: never).
-    shift_fwd_per_sm, shift_fwd_warps: programs per SM and warps of the shifted forward."""
+    shift_fwd_per_sm, shift_fwd_warps: programs per SM and warps of the shifted forward.
+    fwd_w_first_per_sm: ``_norm_fwd_kernel`` loads the weight and bias before the row when
+        its grid has at most this many programs per SM (a grid that small waits on each
+        load in turn; 0: never; off the GPU, per one SM)."""
 
     row_elems: int = 4096
     fwd_min_per_sm: int = 4
@@ -116,6 +119,7 @@ class Config:
     shift_bwd_min_cols: int = 2048
     shift_fwd_per_sm: int = 4
     shift_fwd_warps: int = 4
+    fwd_w_first_per_sm: float = 1.0
 
 
 CONFIG = Config()
@@ -142,6 +146,7 @@ def _norm_fwd_kernel(
     EVICT: tl.constexpr,  # eviction policy of the x load and the y store
     EVEN: tl.constexpr,  # n_cols == BLOCK and ROWS divides n_rows: no masks
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
+    W_FIRST: tl.constexpr,  # load weight and bias before the row (grids too small to hide latency)
 ):
     pid = tl.program_id(0)
     if WIDE:
@@ -152,6 +157,15 @@ def _norm_fwd_kernel(
     cmask = cols < n_cols
     mask = rmask[:, None] & cmask[None, :]
     offs = rows[:, None] * n_cols + cols[None, :]
+    if W_FIRST:
+        if EVEN:
+            w = tl.load(w_ptr + cols).to(tl.float32)
+            if HAS_BIAS:
+                b = tl.load(b_ptr + cols).to(tl.float32)
+        else:
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     if EVEN:
         x = tl.load(x_ptr + offs, eviction_policy=EVICT)
     else:
@@ -198,20 +212,23 @@ def _norm_fwd_kernel(
             tl.store(mean_ptr + rows, mean, mask=rmask)
     var = tl.sum(xc * xc, axis=1) / n_cols
     rstd = 1.0 / tl.sqrt_rn((var + eps).to(tl.float32))  # Inductor passes eps as fp64
-    # weight and bias after the reductions: loading them first (so their latency would
-    # hide under the row's) is ~4% slower.
+    # Weight and bias after the reductions where the grid hides latency: loading them
+    # first there is ~4% slower (registers held across the reductions).
     if EVEN:
         tl.store(rstd_ptr + rows, rstd)
-        w = tl.load(w_ptr + cols).to(tl.float32)
     else:
         tl.store(rstd_ptr + rows, rstd, mask=rmask)
-        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    if not W_FIRST:
+        if EVEN:
+            w = tl.load(w_ptr + cols).to(tl.float32)
+            if HAS_BIAS:
+                b = tl.load(b_ptr + cols).to(tl.float32)
+        else:
+            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
-        if EVEN:
-            b = tl.load(b_ptr + cols).to(tl.float32)
-        else:
-            b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         y = y + b[None, :]
     if EVEN:
         tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), eviction_policy=EVICT)
@@ -839,10 +856,11 @@ def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
         kw = dict(BLOCK=block, RMS=rms, HAS_BIAS=has_bias, RES=has_res, EVEN=block == n_cols,
                   WIDE=not (cfg.fwd_narrow and x.numel() < 2**31), num_warps=warps)  # fmt: skip
         return FwdPlan(n_rows, n_cols, triton_support.Bound(_norm_fwd_row_kernel, (n_rows,), kw, (0, 1, 2, 3, 4)), True)
+    grid = (triton_support.cdiv(n_rows, rows),)
     kw = dict(BLOCK=block, ROWS=rows, RMS=rms, HAS_BIAS=has_bias, RES=has_res, EVICT=cfg.fwd_evict,
               EVEN=cfg.fwd_even and block == n_cols and n_rows % rows == 0,
-              WIDE=not (cfg.fwd_narrow and x.numel() < 2**31), num_warps=warps)  # fmt: skip
-    grid = (triton_support.cdiv(n_rows, rows),)
+              WIDE=not (cfg.fwd_narrow and x.numel() < 2**31),
+              W_FIRST=grid[0] <= cfg.fwd_w_first_per_sm * max(sms, 1), num_warps=warps)  # fmt: skip
     return FwdPlan(n_rows, n_cols, triton_support.Bound(_norm_fwd_kernel, grid, kw, (0, 1, 2, 3, 4)), False)
 
 
