@@ -56,7 +56,8 @@ def main() -> int:
     ap.add_argument("--warps", default=None, help="num_warps values, comma-separated (default: 1,2,4,8)")
     ap.add_argument("--w-first", default="0", help="norms: fwd_w_first_per_sm values (0: weight after the "
                     "reductions; 1e9: always first), comma-separated")
-    ap.add_argument("--shift", default=None, help="norms: shift_fwd_min_cols values, comma-separated")
+    ap.add_argument("--shift", default=None, help="norms: shift_fwd_min_cols values, comma-separated (also "
+                    "swept with rows, warps and --w-first)")
     ap.add_argument("--no-bwd", action="store_true", help="norms: time the forward configs only")
     a = ap.parse_args()
     out = Path(a.out)
@@ -150,11 +151,12 @@ def main() -> int:
                     return nk.norm_fwd(x, w, bb, eps, rms, cfg=cfg, **kw)
 
                 wf_set = [float(v) for v in a.w_first.split(",")]
-                for r, wp, wf in itertools.product(rows_set, warps_set, wf_set):
+                sc_set = [int(v) for v in a.shift.split(",")] if a.shift else [nk.CONFIG.shift_fwd_min_cols]
+                for r, wp, wf, sc in itertools.product(rows_set, warps_set, wf_set, sc_set):
                     cfg = replace(nk.CONFIG, row_elems=r * nk._row_block(d), fwd_warps=wp, fwd_row_1d=False,
-                                  fwd_w_first_per_sm=wf, fwd_min_per_sm=0)  # fmt: skip
+                                  fwd_w_first_per_sm=wf, fwd_min_per_sm=0, shift_fwd_min_cols=sc)  # fmt: skip
                     y = nk.norm_fwd(x, w, bb, eps, rms, cfg=cfg, **kw)[0]
-                    fwd_times[(r, wp, wf)] = (t(lambda: fwd(cfg)), ok(y))
+                    fwd_times[(r, wp, wf) if len(sc_set) == 1 else (r, wp, wf, sc)] = (t(lambda: fwd(cfg)), ok(y))
                 if dt != torch.float32:
                     for wp in warps_set:
                         cfg = replace(nk.CONFIG, fwd_row_1d=True, row_elems=nk._row_block(d), fwd_warps=wp)

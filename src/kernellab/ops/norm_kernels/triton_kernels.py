@@ -119,7 +119,7 @@ class Config:
     shift_bwd_min_cols: int = 2048
     shift_fwd_per_sm: int = 4
     shift_fwd_warps: int = 4
-    fwd_w_first_per_sm: float = 1.0
+    fwd_w_first_per_sm: float = 8.0
 
 
 CONFIG = Config()
