@@ -277,9 +277,13 @@ def test_triton_short_inputs_run_a_row_per_program():
     assert lt._fwd_config(256, n_rows=64, sms=132, elem=4) == (256, 1, 2)
     assert lt._fwd_config(256, n_rows=64, sms=132, elem=2) == (256, 1, 4)
     # enough rows to fill the SMs (GPT-2's 8192), no SM count (the interpreter), or the knob off
-    assert lt._fwd_config(768, n_rows=8192, sms=132) == lt._fwd_config(768) == (1024, 4, 8)
-    assert lt._fwd_config(768, n_rows=128, sms=0) == (1024, 4, 8)
-    assert lt._fwd_config(768, lt.Config(fwd_min_per_sm=0), n_rows=128, sms=132) == (1024, 4, 8)
+    assert lt._fwd_config(768, n_rows=8192, sms=132, elem=4) == lt._fwd_config(768, elem=4) == (1024, 4, 8)
+    assert lt._fwd_config(768, n_rows=128, sms=0, elem=4) == (1024, 4, 8)
+    assert lt._fwd_config(768, lt.Config(fwd_min_per_sm=0), n_rows=128, sms=132, elem=4) == (1024, 4, 8)
+    # 16-bit rows of 768 four a program take 4 warps; one a program (or fp32) as before
+    assert lt._fwd_config(768, n_rows=8192, sms=132) == (1024, 4, 4)
+    assert lt._fwd_config(768, n_rows=128, sms=132) == (1024, 1, 4)
+    assert lt._fwd_config(2048, n_rows=8192, sms=132) == (2048, 2, 8)
     # the one-launch backward: 16 column strips of 8 warps at 256 columns; 4096-wide rows as before
     assert lt._cols_config(64, 256) == (16, 64, 8)
     assert lt._cols_config(16, 4096) == (256, 4, 16)
