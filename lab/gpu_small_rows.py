@@ -58,6 +58,8 @@ def main() -> int:
                     "reductions; 1e9: always first), comma-separated")
     ap.add_argument("--shift", default=None, help="norms: shift_fwd_min_cols values, comma-separated (also "
                     "swept with rows, warps and --w-first)")
+    ap.add_argument("--shift-per-sm", default="4", help="norms: shift_fwd_per_sm values (with --shift)")
+    ap.add_argument("--corr", default="2", help="norms: shift_fwd_corr values (with --shift)")
     ap.add_argument("--no-bwd", action="store_true", help="norms: time the forward configs only")
     a = ap.parse_args()
     out = Path(a.out)
@@ -162,10 +164,14 @@ def main() -> int:
                         cfg = replace(nk.CONFIG, fwd_row_1d=True, row_elems=nk._row_block(d), fwd_warps=wp)
                         y = nk.norm_fwd(x, w, bb, eps, rms, cfg=cfg, **kw)[0]
                         fwd_times[("row1d", wp)] = (t(lambda: fwd(cfg)), ok(y))
-                for sc in [int(v) for v in a.shift.split(",")] if a.shift else []:
-                    cfg = replace(nk.CONFIG, shift_fwd_min_cols=sc)
+                shift_grid = itertools.product([int(v) for v in a.shift.split(",")] if a.shift else [],
+                                               [int(v) for v in a.shift_per_sm.split(",")],
+                                               [int(v) for v in a.corr.split(",")], warps_set)  # fmt: skip
+                for sc, ps, cr, wp in shift_grid:
+                    cfg = replace(nk.CONFIG, shift_fwd_min_cols=sc, shift_fwd_per_sm=ps, shift_fwd_corr=cr,
+                                  shift_fwd_warps=wp)  # fmt: skip
                     y = nk.norm_fwd(x, w, bb, eps, rms, cfg=cfg, **kw)[0]
-                    fwd_times[("shift", sc)] = (t(lambda: fwd(cfg)), ok(y))
+                    fwd_times[("shift", sc, ps, cr, wp)] = (t(lambda: fwd(cfg)), ok(y))
                 dflt_f = t(lambda: nk.norm_fwd(x, w, bb, eps, rms, **kw))
                 fwd_times[("default",)] = (dflt_f, ok(nk.norm_fwd(x, w, bb, eps, rms, **kw)[0]))
                 _, mean, rstd = nk.norm_fwd(x, w, bb, eps, rms, **kw)

@@ -390,17 +390,19 @@ def _norm64(x, w, b, rms, eps=1e-5):
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
-@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
+@pytest.mark.parametrize("rms,corr", [(False, 1), (False, 2), (True, 1)], ids=["layer", "layer-corr2", "rms"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_triton_shifted_rows_forward_and_gradients(rms, dtype):
+def test_triton_shifted_rows_forward_and_gradients(rms, corr, dtype):
     """The shifted kernels (their least widths lowered so that the interpreter reaches them)
     against float64 at widths whose rows start at every shift: fewer rows than classes,
     a tensor whose end is not on a 16-byte boundary (its last row read apart), and a view
     one element into a buffer (its base off a boundary). y, mean and rstd, dx, dweight
-    and dbias judged with torch's own as the peer."""
+    and dbias judged with torch's own as the peer; fp32 means both ways (shift_fwd_corr)."""
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
-    cfg = lt.Config(shift_fwd_min_cols=8, shift_bwd_min_cols=8, bwd_small_elems=0)
+    if corr == 2 and dtype != torch.float32:
+        pytest.skip("shift_fwd_corr is fp32's")
+    cfg = lt.Config(shift_fwd_min_cols=8, shift_bwd_min_cols=8, bwd_small_elems=0, shift_fwd_corr=corr)
     for rows, cols, off in ((13, 101, 0), (3, 37, 0), (9, 66, 0), (6, 45, 1)):
         g = torch.Generator().manual_seed(rows * cols + off)
         buf = (torch.randn(rows * cols + off, generator=g) * 2 + 1).to(dtype)
@@ -433,6 +435,28 @@ def test_triton_shifted_rows_forward_and_gradients(rms, dtype):
         for name, got, ref, tor in checks:
             v = judge(got, ref.detach(), dtype, tor.detach())
             assert v.ok, (rows, cols, off, name, v.detail)
+
+
+def test_triton_shifted_fp32_rows_far_from_zero():
+    """fp32 rows of nearly equal values far from zero: rstd and y from the shifted forward
+    (the default mean, of x - x[0]) stay at float64's to fp32 rounding, the ends of a row
+    (its elements before and after its 16-byte interior) included. (The corrected
+    two-pass mean, shift_fwd_corr=1, rounds mean + corr at x's magnitude and misses this
+    at the ends by ~0.08.)"""
+    from kernellab.ops.norm_kernels import triton_kernels as lt
+
+    cfg = lt.Config(shift_fwd_min_cols=8)
+    g = torch.Generator().manual_seed(5)
+    for rows, cols in ((7, 37), (5, 45)):
+        x = 3e4 + 0.01 * torch.randn(rows, cols, generator=g)
+        w, b = torch.ones(cols), torch.zeros(cols)
+        assert lt._shift(cols, 4, cfg, fwd=True) is not None
+        y, mean, rstd = lt.norm_fwd(x, w, b, 1e-12, False, cfg=cfg)
+        xd = x.double()
+        want_rstd = (xd.var(-1, unbiased=False) + 1e-12).rsqrt()
+        torch.testing.assert_close(rstd.double(), want_rstd, rtol=2e-4, atol=0)
+        want = (xd - xd.mean(-1, keepdim=True)) * want_rstd[:, None]
+        assert (y.double() - want).abs().max().item() < 2e-3
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

@@ -88,7 +88,11 @@ class Config:
     shift_fwd_per_sm, shift_fwd_warps: programs per SM and warps of the shifted forward.
     fwd_w_first_per_sm: ``_norm_fwd_kernel`` loads the weight and bias before the row when
         its grid has at most this many programs per SM (a grid that small waits on each
-        load in turn; 0: never; off the GPU, per one SM)."""
+        load in turn; 0: never; off the GPU, per one SM).
+    shift_fwd_corr: how the shifted forward takes an fp32 row's mean: 2 the mean of x less
+        the row's first element (two reductions in series, as ``_norm_fwd_kernel``); 1 a
+        second pass over x - mean (three; its mean + correction rounds at x's magnitude,
+        which the row's ends then pay)."""
 
     row_elems: int = 4096
     fwd_min_per_sm: int = 4
@@ -120,6 +124,7 @@ class Config:
     shift_fwd_per_sm: int = 4
     shift_fwd_warps: int = 4
     fwd_w_first_per_sm: float = 8.0
+    shift_fwd_corr: int = 2
 
 
 CONFIG = Config()
@@ -523,7 +528,7 @@ def _norm_fwd_shift_kernel(
     C: tl.constexpr,  # row classes
     RMS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    CORR: tl.constexpr,  # fp32 x: the corrected two-pass mean (as _norm_fwd_kernel)
+    CORR: tl.constexpr,  # fp32 x's mean (Config.shift_fwd_corr): 1 corrected two-pass, 2 of x - x[0]
 ):
     pid = tl.program_id(0)
     cls = pid % C
@@ -554,6 +559,8 @@ def _norm_fwd_shift_kernel(
     # reductions
     a0, lim = row_start((cls + C * m0).to(tl.int64), n_cols, total, hi, A)
     x_nx, x0_nx, x1_nx = _span_loads(x_ptr, a0, lim, cols, e0, e0m, e1, e1m, m0, m1)
+    if CORR == 2:
+        s_nx = tl.load(x_ptr + (cls + C * m0).to(tl.int64) * n_cols, mask=m0 < m1, other=0.0)
     for m in range(m0, m1):
         x = x_nx.to(tl.float32)
         x0 = x0_nx.to(tl.float32)
@@ -562,25 +569,36 @@ def _norm_fwd_shift_kernel(
         a0, lim = row_start(row, n_cols, total, hi, A)
         na0, nlim = row_start(row + C, n_cols, total, hi, A)
         x_nx, x0_nx, x1_nx = _span_loads(x_ptr, na0, nlim, cols, e0, e0m, e1, e1m, m + 1, m1)
+        sub = 0.0
+        if CORR == 2:
+            sub = s_nx.to(tl.float32)
+            s_nx = tl.load(x_ptr + (row + C) * n_cols, mask=m + 1 < m1, other=0.0)
         if lim < r1:  # the tensor's last row: its last partial chunk, one element at a time
             x += tl.load(x_ptr + a0 + cols, mask=(cols >= lim) & (cols < r1), other=0.0).to(tl.float32)
         x = tl.where(inside, x, 0.0)
         if RMS:
             xc = x
             mean = 0.0
+            mc = 0.0
         else:
-            mean = tl.sum(x, axis=0) / n_cols
-            xc = tl.where(inside, x - mean, 0.0)
-            if CORR:
+            if CORR == 2:
+                # the mean of x - x[0] (exact for nearly equal values), as _norm_fwd_kernel
+                x = tl.where(inside, x - sub, 0.0)
+                x0 = x0 - sub
+                x1 = x1 - sub
+            mc = tl.sum(x, axis=0) / n_cols
+            xc = tl.where(inside, x - mc, 0.0)
+            if CORR == 1:
                 corr = tl.sum(xc, axis=0) / n_cols
-                mean = mean + corr
+                mc = mc + corr
                 xc = tl.where(inside, xc - corr, 0.0)
+            mean = mc + sub
             tl.store(mean_ptr + row, mean)
         rstd = 1.0 / tl.sqrt_rn((tl.sum(xc * xc, axis=0) / n_cols + eps).to(tl.float32))
         tl.store(rstd_ptr + row, rstd)
         y = xc * rstd * w
-        y0 = (x0 - mean) * rstd * w0
-        y1 = (x1 - mean) * rstd * w1
+        y0 = (x0 - mc) * rstd * w0
+        y1 = (x1 - mc) * rstd * w1
         if HAS_BIAS:
             y = y + b
             y0 = y0 + bb0
@@ -847,7 +865,8 @@ def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
         on_gpu = x.device.type == "cuda"
         target = cfg.shift_fwd_per_sm * triton_support.sm_count(x.device.index) if on_gpu else 4
         programs, per = _class_split(n_rows, c, target)
-        kw = dict(BLOCK=block, A=a, C=c, RMS=rms, HAS_BIAS=has_bias, CORR=x.dtype == torch.float32,
+        corr = cfg.shift_fwd_corr if x.dtype == torch.float32 else 0
+        kw = dict(BLOCK=block, A=a, C=c, RMS=rms, HAS_BIAS=has_bias, CORR=corr,
                   num_warps=cfg.fwd_warps or cfg.shift_fwd_warps)  # fmt: skip
         launch = triton_support.Bound(_norm_fwd_shift_kernel, (programs,), kw, (0, 1, 2, 3, 4))
         return FwdPlan(n_rows, n_cols, launch, False, per)
