@@ -365,6 +365,10 @@ def test_triton_shifted_rows_config():
     assert lt._shift(1025, 2, fwd=True) == (2048, 8, 8)  # the forward's is lower
     assert lt._shift(lt.MAX_D - 1, 2) is None  # its span needs a 2 * MAX_D block
     assert lt._shift(37, 2, lt.Config(shift_bwd_min_cols=8)) == (64, 8, 8)
+    # the shifted forward's programs per SM and warps: fp32 layer norms by width, else 4 x 4
+    assert lt._shift_fwd_shape(2048, False, True) == (8, 4) and lt._shift_fwd_shape(8192, False, True) == (4, 8)
+    assert lt._shift_fwd_shape(2048, True, True) == lt._shift_fwd_shape(8192, False, False) == (4, 4)
+    assert lt._shift_fwd_shape(2048, False, True, lt.Config(shift_fwd_per_sm=2, shift_fwd_warps=16)) == (2, 16)
     # whole classes of programs, every row walked once
     for n_rows, classes, programs in ((4096, 8, 264), (5, 8, 264), (70, 4, 3), (1, 2, 132)):
         progs, per = lt._class_split(n_rows, classes, programs)

@@ -85,7 +85,8 @@ class Config:
     shift_fwd_min_cols, shift_bwd_min_cols: rows of at least this many columns whose width
         is not a multiple of 16 bytes take the shifted forward (``_norm_fwd_shift_kernel``)
         and backward (0: never).
-    shift_fwd_per_sm, shift_fwd_warps: programs per SM and warps of the shifted forward.
+    shift_fwd_per_sm, shift_fwd_warps: programs per SM and warps of the shifted forward
+        (None: ``_shift_fwd_shape``).
     fwd_w_first_per_sm: ``_norm_fwd_kernel`` loads the weight and bias before the row when
         its grid has at most this many programs per SM (a grid that small waits on each
         load in turn; 0: never; off the GPU, per one SM).
@@ -121,8 +122,8 @@ class Config:
     bwd_max_rows: int = 64
     shift_fwd_min_cols: int = 1024
     shift_bwd_min_cols: int = 2048
-    shift_fwd_per_sm: int = 4
-    shift_fwd_warps: int = 4
+    shift_fwd_per_sm: int | None = None
+    shift_fwd_warps: int | None = None
     fwd_w_first_per_sm: float = 8.0
     shift_fwd_corr: int = 2
 
@@ -855,6 +856,17 @@ class BwdPlan(NamedTuple):
     part_dtype: torch.dtype = torch.float32  # the partials' (ACC)
 
 
+def _shift_fwd_shape(block: int, rms: bool, fp32: bool, cfg: Config = CONFIG) -> tuple[int, int]:
+    """(programs per SM, warps) of the shifted forward: 4 programs of 4 warps, but fp32
+    layer norms (two reductions a row in series) 8 programs up to 2048-wide blocks and 8
+    warps past them (`small_rows-H200-af61f62-shift.jsonl`: 4099 x 1025 22.7 -> 20.5 us,
+    4096 x 4097 63.6 -> 56.4); cfg's values when set."""
+    per_sm, warps = 4, 4
+    if fp32 and not rms:
+        per_sm, warps = (8, 4) if block <= 2048 else (4, 8)
+    return cfg.shift_fwd_per_sm or per_sm, cfg.shift_fwd_warps or warps
+
+
 def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
     n_rows, n_cols = plumbing.rows_of(x)
     if not (n_rows and n_cols):
@@ -863,11 +875,12 @@ def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
     if shift is not None:
         block, a, c = shift
         on_gpu = x.device.type == "cuda"
-        target = cfg.shift_fwd_per_sm * triton_support.sm_count(x.device.index) if on_gpu else 4
+        per_sm, warps = _shift_fwd_shape(block, rms, x.dtype == torch.float32, cfg)
+        target = per_sm * triton_support.sm_count(x.device.index) if on_gpu else 4
         programs, per = _class_split(n_rows, c, target)
         corr = cfg.shift_fwd_corr if x.dtype == torch.float32 else 0
         kw = dict(BLOCK=block, A=a, C=c, RMS=rms, HAS_BIAS=has_bias, CORR=corr,
-                  num_warps=cfg.fwd_warps or cfg.shift_fwd_warps)  # fmt: skip
+                  num_warps=cfg.fwd_warps or warps)  # fmt: skip
         launch = triton_support.Bound(_norm_fwd_shift_kernel, (programs,), kw, (0, 1, 2, 3, 4))
         return FwdPlan(n_rows, n_cols, launch, False, per)
     sms = triton_support.sm_count(x.device.index) if x.device.type == "cuda" else 0
