@@ -211,7 +211,10 @@ __device__ __forceinline__ Block block_of(int S_q, int S_k, int causal) {
 // P in place and returns the factor alpha by which O must be rescaled (it does not touch O,
 // so v5 runs it while the previous tile's P V is still in flight); ``rescale`` applies it.
 // FAST: the exponentials by ex2.approx.ftz.f32 (v7's; softmax_exp2 in attention_sm90_common.cuh).
-template <int D, int BN, bool FAST = false>
+// POLY (v7's lab tilings, V7Tiles' POLY): the exponentials of every fourth group of 8 columns
+// by exp2_poly on the FMA pipes. COLMASK (V7Tiles' COLMASK): a masked tile that needs no
+// causal compare for any row of this thread's warp tests each column once against S_k.
+template <int D, int BN, bool FAST = false, bool POLY = false, bool COLMASK = false>
 struct Softmax {
     float m[2];  // running max of the row's scaled scores (log2 units); -inf: no key yet
     float l[2];  // this thread's share of the running sum of 2^(x - m)
@@ -224,7 +227,16 @@ struct Softmax {
     // s: raw scores of key columns n0 .. n0 + BN - 1 for rows row_lo (h = 0) and row_lo + 8.
     __device__ __forceinline__ void scores(float (&s)[BN / 2], float (&alpha)[2], float scale_log2, bool masked,
                                            int n0, int row_lo, int S_k, int causal, int off, int q) {
-        if (masked) {
+        // the warp's rows are row_lo - g .. row_lo - g + 15 (g = lane / 4)
+        const int warp_row = row_lo - (int)((threadIdx.x & 31) >> 2);
+        const bool cols_only = COLMASK && !(causal && n0 + BN - 1 > warp_row + off);
+        if (masked && cols_only) {
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    if (n0 + 8 * j + 2 * q + e >= S_k) s[4 * j + e] = s[4 * j + 2 + e] = neg_inf();
+        } else if (masked) {
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -253,7 +265,8 @@ struct Softmax {
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float x = softmax_exp2<FAST>(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
+                    const float a = fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use);
+                    const float x = POLY && j % 4 == 0 ? exp2_poly(a) : softmax_exp2<FAST>(a);
                     s[4 * j + 2 * h + e] = x;
                     sum += x;
                 }
@@ -485,6 +498,25 @@ struct V7Tiles {
     static constexpr int WG = KL_ATTN_V7_WG;
 #else
     static constexpr int WG = 2;
+#endif
+    // POLY, COLMASK, LEAN_EPI (-DKL_ATTN_V7_POLY=1 / _COLMASK=1 / _LEAN_EPI=1 in a lab module):
+    // Softmax's exponentials of every fourth group of 8 columns on the FMA pipes; masked tiles
+    // that need no causal compare for a warp's rows masking by column alone; the epilogue's
+    // 1 / l and log2(l) by rcp / lg2.approx.
+#if defined(KL_ATTN_V7_POLY)
+    static constexpr bool POLY = KL_ATTN_V7_POLY;
+#else
+    static constexpr bool POLY = false;
+#endif
+#if defined(KL_ATTN_V7_COLMASK)
+    static constexpr bool COLMASK = KL_ATTN_V7_COLMASK;
+#else
+    static constexpr bool COLMASK = false;
+#endif
+#if defined(KL_ATTN_V7_LEAN_EPI)
+    static constexpr bool LEAN_EPI = KL_ATTN_V7_LEAN_EPI;
+#else
+    static constexpr bool LEAN_EPI = false;
 #endif
     static_assert(WG == 2 || WG == 3, "two or three consumer warpgroups");
     static constexpr int BM = 64 * WG;  // query rows a block
@@ -906,10 +938,11 @@ __device__ __forceinline__ void tma_store_drain() {
 // writes it (0 and -inf for a row with no key). sQ: the Q tile, whose rows 64 cw .. 64 cw
 // + 63 this warpgroup alone has read (its wgmmas are all done) and now overwrites (or, with
 // V7Tiles' PERSIST 2, o's own buffer, laid out as the Q tile).
-template <bool BF16, int D, int BN, bool FAST, int WG = 2>
-__device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST>& sm, const float (&o)[D / 2], unsigned sQ,
-                                             const TensorMap* to, float* __restrict__ lse_b, int m0, int cw,
-                                             int row_lo, int S_q, int h_q, int z, int t) {
+template <bool BF16, int D, int BN, bool FAST, int WG = 2, bool POLY = false, bool COLMASK = false,
+          bool LEAN = false>
+__device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST, POLY, COLMASK>& sm, const float (&o)[D / 2],
+                                             unsigned sQ, const TensorMap* to, float* __restrict__ lse_b, int m0,
+                                             int cw, int row_lo, int S_q, int h_q, int z, int t) {
     using L = Layout<D>;
     constexpr int R = 64 * WG;  // the tile's rows
     const int q = t % 4, r_lo = row_lo - m0;  // r_lo: the thread's first row within the tile
@@ -918,14 +951,15 @@ __device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST>& sm, con
         float l = sm.l[h];
         l += __shfl_xor_sync(0xffffffff, l, 1);
         l += __shfl_xor_sync(0xffffffff, l, 2);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
+        // LEAN (V7Tiles' LEAN_EPI): 1 / l and log2(l) by the MUFU alone (l >= 1 where > 0)
+        const float inv = l > 0.f ? (LEAN ? rcp_approx(l) : 1.f / l) : 0.f;
         const int r = r_lo + 8 * h;
 #pragma unroll
         for (int j = 0; j < D / 8; ++j)  // columns 8j + 2q, 8j + 2q + 1: bytes 4q of chunk j
             st_shared_u32(sQ + tile_offset<D, R>(r, j) + 4 * q,
                           pack2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv, BF16));
         const int row = row_lo + 8 * h;
-        if (row < S_q && q == 0) lse_b[row] = l > 0.f ? sm.m[h] + log2f(l) : neg_inf();
+        if (row < S_q && q == 0) lse_b[row] = l > 0.f ? sm.m[h] + (LEAN ? lg2_approx(l) : log2f(l)) : neg_inf();
     }
     fence_proxy_async();  // these st.shared (generic proxy) before the TMA's reads (async proxy)
     named_sync_wg(epi_bar<WG>(cw));
@@ -962,7 +996,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     constexpr bool DADD = V7Tiles<D>::DESC_ADD;
     constexpr int PERSIST = V7Tiles<D>::PERSIST;
     constexpr int WG = V7Tiles<D>::WG, R = V7Tiles<D>::BM;
-    using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP>;
+    using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP, V7Tiles<D>::POLY, V7Tiles<D>::COLMASK>;
     const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t, r0);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     // turns go round: warpgroup cw hands over to the next one (1 - cw with two)
@@ -1055,7 +1089,8 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     // PERSIST 2: the item before's store has read sO (its drain, by this warpgroup's first
     // thread, before it reached this barrier)
     if constexpr (PERSIST == 2) named_sync_wg(epi_bar<WG>(cw));
-    epilogue_tma<BF16, D, BN, V7Tiles<D>::FAST_EXP, WG>(sm, acc, sO, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
+    epilogue_tma<BF16, D, BN, V7Tiles<D>::FAST_EXP, WG, V7Tiles<D>::POLY, V7Tiles<D>::COLMASK, V7Tiles<D>::LEAN_EPI>(
+        sm, acc, sO, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
     if constexpr (PERSIST == 1) {
         // every thread of the warpgroup wrote its o rows before the store (epilogue_tma's
         // named sync), and the store has read them (its drain): Q's buffer is free

@@ -80,6 +80,23 @@ __device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int ro
 // two predicated multiplies around every MUFU; flushed to 0 such a value changes nothing a
 // 16-bit P or an fp32 row sum can hold.
 // 2^-inf = 0 either way.
+// 2^x for x <= 0 on the FMA and integer pipes rather than the MUFU one (the trick of
+// FlashAttention-4 at head dim 64, where the exponentials' quarter-rate pipe is busier than the
+// tensor cores): k = round(x) from adding 1.5 * 2^23 (k sits in the sum's low mantissa bits),
+// 2^(x - k) by a cubic on [-0.5, 0.5] (its constant exactly 1; relative error 1.0e-4, below a
+// 16-bit P's rounding), then k added to the result's exponent field. x at or below -127 (-inf:
+// a masked key) gives +0 exactly: k = -127 and 1.0's exponent field minus 127 is 0. Eight
+// FMA / ALU instructions in place of one MUFU (V7Tiles' POLY: a quarter of a row's columns).
+__device__ __forceinline__ float exp2_poly(float x) {
+    x = fmaxf(x, -127.f);
+    const float t = x + 12582912.f;
+    const float f = x - (t - 12582912.f);
+    float p = fmaf(0.05500858f, f, 0.24221037f);
+    p = fmaf(p, f, 0.6932829f);
+    p = fmaf(p, f, 1.f);
+    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
+}
+
 template <bool FAST>
 __device__ __forceinline__ float softmax_exp2(float x) {
     if constexpr (FAST) {
@@ -118,6 +135,19 @@ __device__ __forceinline__ void store2(__half* p, float x, float y) {
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// 1 / x and log2(x) by the MUFU alone (rcp / lg2.approx.ftz: about an ulp, and 2^-22 absolute),
+// without the refinement and range checks of 1.f / x and log2f: for a softmax row sum (>= 1).
+__device__ __forceinline__ float rcp_approx(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float lg2_approx(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 
 // The launcher passes the dynamic shared memory each variant needs (cuda_sm90.py,
 // smem_bytes); a block given less traps rather than write past it.

@@ -111,7 +111,11 @@ class Tiles:
     would be scheduled (QUEUE), "q". ``free``: the consumer warpgroups issue their wgmma
     groups whenever ready rather than in turns (TURNS 0), "f". ``three_wg``: three consumer
     warpgroups, 192 query rows a block, taking their turns round (WG 3; setmaxnreg 24 / 160:
-    head dim 64 and at most 128 keys a tile), FlashAttention-3's block at head dim 64, "w"."""
+    head dim 64 and at most 128 keys a tile), FlashAttention-3's block at head dim 64, "w".
+    ``col_mask``: a masked tile that needs no causal compare for a warp's rows masks by column
+    alone (COLMASK), "m". ``poly_exp``: the softmax's exponentials of every fourth group of 8
+    columns by a cubic on the FMA pipes (POLY, attention_sm90_common.cuh's exp2_poly), "x".
+    ``lean_epi``: the epilogue's 1 / l and log2(l) by rcp / lg2.approx (LEAN_EPI), "l"."""
 
     bn: int
     stages: int
@@ -123,6 +127,9 @@ class Tiles:
     queue: bool = False
     free: bool = False
     three_wg: bool = False
+    col_mask: bool = False
+    poly_exp: bool = False
+    lean_epi: bool = False
 
     @property
     def rows(self) -> int:
@@ -160,6 +167,9 @@ _TILE_FLAGS = (  # Tiles' flags as str writes them, in order
     ("queue", "q"),
     ("free", "f"),
     ("three_wg", "w"),
+    ("col_mask", "m"),
+    ("poly_exp", "x"),
+    ("lean_epi", "l"),
 )
 
 
@@ -177,6 +187,7 @@ _TILE_FLAGS = (  # Tiles' flags as str writes them, in order
 _ED = dict(fast_exp=True, desc_add=True)
 _EDP = dict(_ED, persistent=True)
 _EDPO = dict(_EDP, o_buffer=True)
+_MXL = dict(col_mask=True, poly_exp=True, lean_epi=True)
 V7_TILES = {
     **{d: Tiles(128, 3, **_EDPO) for d in HEAD_DIMS if d <= 96},
     128: Tiles(128, 3, **_ED),
@@ -198,7 +209,11 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # the persistent tiling whose one tile holds all of a short sequence's keys (V7_SHORT), and
 # both persistent ones without the warpgroups' turns ("f"); at D = 64 three consumer
 # warpgroups ("w": 192 query rows a block, FlashAttention-3's block there), persistent with o's
-# own tile at three and four stages and one block a (query block, head).
+# own tile at three and four stages and one block a (query block, head); at D = 64 the short
+# tilings and the default with masks by column where no causal compare is needed ("m"), a
+# quarter of the exponentials on the FMA pipes ("x") and the epilogue's 1 / l and log2(l) by
+# the MUFU alone ("l"): Nsight found v7's ViT and GPT-2 forwards waiting on the MUFU pipe and
+# on the mask's compares where cuDNN's do not (NOTES.md (ao)).
 V7_TILINGS = {
     64: (
         Tiles(128, 3, **_EDPO, three_wg=True),
@@ -214,6 +229,12 @@ V7_TILINGS = {
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
         Tiles(128, 3, **_EDPO, queue=True),
+        Tiles(208, 3, **_EDPO, free=True, col_mask=True),
+        Tiles(208, 3, **_EDPO, free=True, poly_exp=True),
+        Tiles(208, 3, **_EDPO, free=True, lean_epi=True),
+        Tiles(208, 3, **_EDPO, free=True, **_MXL),
+        Tiles(128, 3, **_EDPO, free=True, **_MXL),
+        Tiles(128, 3, **_EDPO, **_MXL),
     ),
     80: (
         Tiles(128, 3, fast_exp=True),
@@ -271,6 +292,9 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_V7_QUEUE={int(tiles.queue)}",
             f"-DKL_ATTN_V7_TURNS={int(not tiles.free)}",
         ) + ((f"-DKL_ATTN_V7_WG={tiles.rows // 64}",) if tiles.three_wg else ())
+        opts += ("-DKL_ATTN_V7_COLMASK=1",) if tiles.col_mask else ()
+        opts += ("-DKL_ATTN_V7_POLY=1",) if tiles.poly_exp else ()
+        opts += ("-DKL_ATTN_V7_LEAN_EPI=1",) if tiles.lean_epi else ()
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
 
