@@ -3,13 +3,18 @@ table: layer_norm fp32 1024x768 forward 0.84x, softmax fp32 128x1024 fwd+bwd 0.8
 
     python lab/gpu_small_rows.py [--out DIR] [--budget 0.15] [--ops softmax --softmax-shapes 4096x4097
                                  --dtypes fp32 --rows 1 --warps 8,16,32]
+    python lab/gpu_small_rows.py --ops layer_norm,rms_norm,add_rms_norm --norm-shapes 4099x1025
+                                 --rows 1,2 --warps 4,8 --w-first 0,1e9 [--shift 1024,0
+                                 --shift-per-sm 4,8 --corr 1,2] --no-bwd
 
 Our row kernels pack several short rows into a program (~4096 elements; softmax ~1024 at
 rows of 256 or fewer), so at 64-1024 rows they launch 16-256 programs where Liger launches
 one per row. Here, per (op, shape, dtype), device time (harness.timer.time_cuda, L2
 flushed) of:
 - the peers' forward and forward+backward (torch, liger) through autograd;
-- our Triton forward over ROWS x num_warps, and our backward (norms: the one-launch
+- our Triton forward over ROWS x num_warps (norms also x where the weight loads,
+  --w-first, and with --shift the shifted forward's threshold x programs per SM x fp32
+  mean x warps), and our backward (norms: the one-launch
   small backward over strip x step x warps, and the partials path; softmax: ROWS x warps),
   each kernel alone, checked against float64.
 Rows go to DIR/small_rows.jsonl; the best config of each kernel is printed beside the
