@@ -356,7 +356,7 @@ def test_exp2_poly_arithmetic():
     """attention_sm90_common.cuh's exp2_poly (v7's "x" tilings), step by step in float32 with
     the constants read from the source: relative error <= 1.05e-4 against 2^x over the normal
     range and at x slightly above 0, +0 exactly at x <= -127 and at -inf (a masked key), and
-    below 2^-126 in between."""
+    below 2^-126 in between; NaN stays NaN."""
     import re
 
     import numpy as np
@@ -366,7 +366,9 @@ def test_exp2_poly_arithmetic():
     calls = [[a.strip() for a in c.split(",")] for c in re.findall(r"fmaf\(([^)]*)\)", body)]
     assert [c[1] for c in calls] == ["f"] * 3 and [c[0] for c in calls[1:]] == ["p", "p"]
     c3, c2, c1, c0 = (np.float32(v.rstrip("f")) for v in (calls[0][0], calls[0][2], calls[1][2], calls[2][2]))
-    assert c0 == 1.0 and "fmaxf(x, -127.f)" in body and "12582912.f" in body and "<< 23" in body
+    assert c0 == 1.0 and "max.NaN.f32 %0, %0, 0fC2FE0000" in body  # max(x, -127)
+    assert np.float32(-127).view(np.uint32) == 0xC2FE0000
+    assert "12582912.f" in body and "<< 23" in body
     f32 = np.float32
 
     def fma(a, b, c):  # fp32 fused multiply-add (the product is exact in float64)
@@ -388,6 +390,7 @@ def test_exp2_poly_arithmetic():
     assert np.abs(got / want - 1).max() <= 1.05e-4
     low = np.array([-np.inf, -1e30, -200, -127.5, -127], f32)
     assert (model(low) == 0).all() and not np.signbit(model(low)).any()
+    assert np.isnan(model(np.array([np.nan], f32))).all()  # a NaN score stays NaN (np.maximum keeps it)
     mid = np.linspace(-127, -126, 1001, dtype=f32)
     assert (model(mid) >= 0).all() and (model(mid) < 2.0**-126 * 1.001).all()
 

@@ -85,10 +85,11 @@ __device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int ro
 // tensor cores): k = round(x) from adding 1.5 * 2^23 (k sits in the sum's low mantissa bits),
 // 2^(x - k) by a cubic on [-0.5, 0.5] (its constant exactly 1; relative error 1.0e-4, below a
 // 16-bit P's rounding), then k added to the result's exponent field. x at or below -127 (-inf:
-// a masked key) gives +0 exactly: k = -127 and 1.0's exponent field minus 127 is 0. Eight
-// FMA / ALU instructions in place of one MUFU (V7Tiles' POLY: a quarter of a row's columns).
+// a masked key) gives +0 exactly: k = -127 and 1.0's exponent field minus 127 is 0; a NaN
+// stays NaN (max.NaN, as the MUFU's ex2 keeps it). Eight FMA / ALU instructions in place of
+// one MUFU (V7Tiles' POLY: a quarter of a row's columns).
 __device__ __forceinline__ float exp2_poly(float x) {
-    x = fmaxf(x, -127.f);
+    asm("max.NaN.f32 %0, %0, 0fC2FE0000;\n" : "+f"(x));  // max(x, -127), NaN kept
     const float t = x + 12582912.f;
     const float f = x - (t - 12582912.f);
     float p = fmaf(0.05500858f, f, 0.24221037f);
