@@ -5,7 +5,7 @@ table: layer_norm fp32 1024x768 forward 0.84x, softmax fp32 128x1024 fwd+bwd 0.8
                                  --dtypes fp32 --rows 1 --warps 8,16,32]
     python lab/gpu_small_rows.py --ops layer_norm,rms_norm,add_rms_norm --norm-shapes 4099x1025
                                  --rows 1,2 --warps 4,8 --w-first 0,1e9 [--shift 1024,0
-                                 --shift-per-sm 4,8 --corr 1,2] --no-bwd
+                                 --shift-per-sm 4,8] --no-bwd
 
 Our row kernels pack several short rows into a program (~4096 elements; softmax ~1024 at
 rows of 256 or fewer), so at 64-1024 rows they launch 16-256 programs where Liger launches
@@ -13,8 +13,8 @@ one per row. Here, per (op, shape, dtype), device time (harness.timer.time_cuda,
 flushed) of:
 - the peers' forward and forward+backward (torch, liger) through autograd;
 - our Triton forward over ROWS x num_warps (norms also x where the weight loads,
-  --w-first, and with --shift the shifted forward's threshold x programs per SM x fp32
-  mean x warps), and our backward (norms: the one-launch
+  --w-first, and with --shift the shifted forward's threshold x programs per SM x
+  warps), and our backward (norms: the one-launch
   small backward over strip x step x warps, and the partials path; softmax: ROWS x warps),
   each kernel alone, checked against float64.
 Rows go to DIR/small_rows.jsonl; the best config of each kernel is printed beside the
@@ -64,7 +64,6 @@ def main() -> int:
     ap.add_argument("--shift", default=None, help="norms: shift_fwd_min_cols values, comma-separated (also "
                     "swept with rows, warps and --w-first)")
     ap.add_argument("--shift-per-sm", default="4", help="norms: shift_fwd_per_sm values (with --shift)")
-    ap.add_argument("--corr", default="2", help="norms: shift_fwd_corr values (with --shift)")
     ap.add_argument("--no-bwd", action="store_true", help="norms: time the forward configs only")
     a = ap.parse_args()
     out = Path(a.out)
@@ -169,14 +168,12 @@ def main() -> int:
                         cfg = replace(nk.CONFIG, fwd_row_1d=True, row_elems=nk._row_block(d), fwd_warps=wp)
                         y = nk.norm_fwd(x, w, bb, eps, rms, cfg=cfg, **kw)[0]
                         fwd_times[("row1d", wp)] = (t(lambda: fwd(cfg)), ok(y))
-                shift_grid = itertools.product([int(v) for v in a.shift.split(",")] if a.shift else [],
-                                               [int(v) for v in a.shift_per_sm.split(",")],
-                                               [int(v) for v in a.corr.split(",")], warps_set)  # fmt: skip
-                for sc, ps, cr, wp in shift_grid:
-                    cfg = replace(nk.CONFIG, shift_fwd_min_cols=sc, shift_fwd_per_sm=ps, shift_fwd_corr=cr,
-                                  shift_fwd_warps=wp)  # fmt: skip
+                shifts = [int(v) for v in a.shift.split(",")] if a.shift else []
+                shift_grid = itertools.product(shifts, [int(v) for v in a.shift_per_sm.split(",")], warps_set)
+                for sc, ps, wp in shift_grid:
+                    cfg = replace(nk.CONFIG, shift_fwd_min_cols=sc, shift_fwd_per_sm=ps, shift_fwd_warps=wp)
                     y = nk.norm_fwd(x, w, bb, eps, rms, cfg=cfg, **kw)[0]
-                    fwd_times[("shift", sc, ps, cr, wp)] = (t(lambda: fwd(cfg)), ok(y))
+                    fwd_times[("shift", sc, ps, wp)] = (t(lambda: fwd(cfg)), ok(y))
                 dflt_f = t(lambda: nk.norm_fwd(x, w, bb, eps, rms, **kw))
                 fwd_times[("default",)] = (dflt_f, ok(nk.norm_fwd(x, w, bb, eps, rms, **kw)[0]))
                 _, mean, rstd = nk.norm_fwd(x, w, bb, eps, rms, **kw)

@@ -394,19 +394,17 @@ def _norm64(x, w, b, rms, eps=1e-5):
     return F.layer_norm(x, (x.shape[-1],), w, b, eps)
 
 
-@pytest.mark.parametrize("rms,corr", [(False, 1), (False, 2), (True, 1)], ids=["layer", "layer-corr2", "rms"])
+@pytest.mark.parametrize("rms", [False, True], ids=["layer", "rms"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
-def test_triton_shifted_rows_forward_and_gradients(rms, corr, dtype):
+def test_triton_shifted_rows_forward_and_gradients(rms, dtype):
     """The shifted kernels (their least widths lowered so that the interpreter reaches them)
     against float64 at widths whose rows start at every shift: fewer rows than classes,
     a tensor whose end is not on a 16-byte boundary (its last row read apart), and a view
     one element into a buffer (its base off a boundary). y, mean and rstd, dx, dweight
-    and dbias judged with torch's own as the peer; fp32 means both ways (shift_fwd_corr)."""
+    and dbias judged with torch's own as the peer."""
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
-    if corr == 2 and dtype != torch.float32:
-        pytest.skip("shift_fwd_corr is fp32's")
-    cfg = lt.Config(shift_fwd_min_cols=8, shift_bwd_min_cols=8, bwd_small_elems=0, shift_fwd_corr=corr)
+    cfg = lt.Config(shift_fwd_min_cols=8, shift_bwd_min_cols=8, bwd_small_elems=0)
     for rows, cols, off in ((13, 101, 0), (3, 37, 0), (9, 66, 0), (6, 45, 1)):
         g = torch.Generator().manual_seed(rows * cols + off)
         buf = (torch.randn(rows * cols + off, generator=g) * 2 + 1).to(dtype)
@@ -443,10 +441,8 @@ def test_triton_shifted_rows_forward_and_gradients(rms, corr, dtype):
 
 def test_triton_shifted_fp32_rows_far_from_zero():
     """fp32 rows of nearly equal values far from zero: rstd and y from the shifted forward
-    (the default mean, of x - x[0]) stay at float64's to fp32 rounding, the ends of a row
-    (its elements before and after its 16-byte interior) included. (The corrected
-    two-pass mean, shift_fwd_corr=1, rounds mean + corr at x's magnitude and misses this
-    at the ends by ~0.08.)"""
+    (its mean of x - x[0]) stay at float64's to fp32 rounding, the ends of a row (its
+    elements before and after its 16-byte interior) included."""
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
     cfg = lt.Config(shift_fwd_min_cols=8)
@@ -467,9 +463,10 @@ def test_triton_shifted_fp32_rows_far_from_zero():
 def test_triton_shifted_rows_ptx_is_16_bytes_wide(dtype):
     """Compiled for sm_90 (no GPU needed): the shifted kernels read a row 16 bytes at a
     time and write its interior 16 bytes at a time; one element at a time are only the
-    weight and bias (once per program), the tensor's last partial chunk, the ends, and
-    the backward's partial sums (once per program). Both also compile for one row (n_rows
-    the constant 1, as Triton specializes it)."""
+    weight and bias (once per program), the tensor's last partial chunk, the ends, an fp32
+    row's first element (the forward's mean of x - x[0]), and the backward's partial sums
+    (once per program). Both also compile for one row (n_rows the constant 1, as Triton
+    specializes it)."""
     from kltest import sm90_global_accesses
 
     a = 16 // (4 if dtype == "fp32" else 2)
@@ -501,8 +498,9 @@ def test_triton_shifted_rows_ptx_is_16_bytes_wide(dtype):
     # forward: x 16 bytes at a time (the first row, then the next in the loop); y's interior
     assert fw == 2 * vec and fws == vec
     # one element at a time: w and b once, the last partial chunk, the ends (w and b once,
-    # x for the first row and in the loop); stored so: the ends, mean and rstd
-    assert fn - fw == 3 * per_thread + 8 and fs - fws == 4
+    # x for the first row and in the loop; fp32: each row's first x, likewise); stored so:
+    # the ends, mean and rstd
+    assert fn - fw == 3 * per_thread + 8 + (2 if dtype == "fp32" else 0) and fs - fws == 4
     # backward: x and dy 16 bytes at a time, twice each; dx's interior
     assert bw == 4 * vec and bws == vec
     # w once, x and dy's last partial chunk, the ends (w once, x and dy for the first row

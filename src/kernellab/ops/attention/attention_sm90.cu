@@ -448,6 +448,16 @@ struct WsStages {
     static constexpr int value = (Tiles<D>::Q_BYTES + 3 * 2 * Tiles<D>::KV_BYTES + 1024 <= 227 * 1024) ? 3 : 2;
 };
 
+#ifndef KL_ATTN_V7_POLY  // V7Tiles' lab flags, off unless a lab module sets them
+#define KL_ATTN_V7_POLY 0
+#endif
+#ifndef KL_ATTN_V7_COLMASK
+#define KL_ATTN_V7_COLMASK 0
+#endif
+#ifndef KL_ATTN_V7_LEAN_EPI
+#define KL_ATTN_V7_LEAN_EPI 0
+#endif
+
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
 // -DKL_ATTN_FAST_EXP, -DKL_ATTN_DESC_ADD, -DKL_ATTN_V7_QUEUE (each 0 or 1),
@@ -503,21 +513,7 @@ struct V7Tiles {
     // Softmax's exponentials of every fourth group of 8 columns on the FMA pipes; masked tiles
     // that need no causal compare for a warp's rows masking by column alone; the epilogue's
     // 1 / l and log2(l) by rcp / lg2.approx.
-#if defined(KL_ATTN_V7_POLY)
-    static constexpr bool POLY = KL_ATTN_V7_POLY;
-#else
-    static constexpr bool POLY = false;
-#endif
-#if defined(KL_ATTN_V7_COLMASK)
-    static constexpr bool COLMASK = KL_ATTN_V7_COLMASK;
-#else
-    static constexpr bool COLMASK = false;
-#endif
-#if defined(KL_ATTN_V7_LEAN_EPI)
-    static constexpr bool LEAN_EPI = KL_ATTN_V7_LEAN_EPI;
-#else
-    static constexpr bool LEAN_EPI = false;
-#endif
+    static constexpr bool POLY = KL_ATTN_V7_POLY, COLMASK = KL_ATTN_V7_COLMASK, LEAN_EPI = KL_ATTN_V7_LEAN_EPI;
     static_assert(WG == 2 || WG == 3, "two or three consumer warpgroups");
     static constexpr int BM = 64 * WG;  // query rows a block
     static constexpr int THREADS = 128 * (WG + 1);
@@ -938,11 +934,11 @@ __device__ __forceinline__ void tma_store_drain() {
 // writes it (0 and -inf for a row with no key). sQ: the Q tile, whose rows 64 cw .. 64 cw
 // + 63 this warpgroup alone has read (its wgmmas are all done) and now overwrites (or, with
 // V7Tiles' PERSIST 2, o's own buffer, laid out as the Q tile).
-template <bool BF16, int D, int BN, bool FAST, int WG = 2, bool POLY = false, bool COLMASK = false,
-          bool LEAN = false>
-__device__ __forceinline__ void epilogue_tma(const Softmax<D, BN, FAST, POLY, COLMASK>& sm, const float (&o)[D / 2],
-                                             unsigned sQ, const TensorMap* to, float* __restrict__ lse_b, int m0,
-                                             int cw, int row_lo, int S_q, int h_q, int z, int t) {
+// SM: the consumer's Softmax (its m and l).
+template <bool BF16, int D, int WG, bool LEAN, class SM>
+__device__ __forceinline__ void epilogue_tma(const SM& sm, const float (&o)[D / 2], unsigned sQ, const TensorMap* to,
+                                             float* __restrict__ lse_b, int m0, int cw, int row_lo, int S_q, int h_q,
+                                             int z, int t) {
     using L = Layout<D>;
     constexpr int R = 64 * WG;  // the tile's rows
     const int q = t % 4, r_lo = row_lo - m0;  // r_lo: the thread's first row within the tile
@@ -1089,8 +1085,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     // PERSIST 2: the item before's store has read sO (its drain, by this warpgroup's first
     // thread, before it reached this barrier)
     if constexpr (PERSIST == 2) named_sync_wg(epi_bar<WG>(cw));
-    epilogue_tma<BF16, D, BN, V7Tiles<D>::FAST_EXP, WG, V7Tiles<D>::POLY, V7Tiles<D>::COLMASK, V7Tiles<D>::LEAN_EPI>(
-        sm, acc, sO, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
+    epilogue_tma<BF16, D, WG, V7Tiles<D>::LEAN_EPI>(sm, acc, sO, to, lse_b, blk.m0, cw, row_lo, S_q, h_q, z, t);
     if constexpr (PERSIST == 1) {
         // every thread of the warpgroup wrote its o rows before the store (epilogue_tma's
         // named sync), and the store has read them (its drain): Q's buffer is free

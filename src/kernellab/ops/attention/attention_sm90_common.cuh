@@ -80,6 +80,17 @@ __device__ __forceinline__ unsigned long long desc_mnmajor(unsigned tile, int ro
 // two predicated multiplies around every MUFU; flushed to 0 such a value changes nothing a
 // 16-bit P or an fp32 row sum can hold.
 // 2^-inf = 0 either way.
+template <bool FAST>
+__device__ __forceinline__ float softmax_exp2(float x) {
+    if constexpr (FAST) {
+        float y;
+        asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+        return y;
+    } else {
+        return exp2f(x);
+    }
+}
+
 // 2^x for x <= 0 on the FMA and integer pipes rather than the MUFU one (the trick of
 // FlashAttention-4 at head dim 64, where the exponentials' quarter-rate pipe is busier than the
 // tensor cores): k = round(x) from adding 1.5 * 2^23 (k sits in the sum's low mantissa bits),
@@ -96,17 +107,6 @@ __device__ __forceinline__ float exp2_poly(float x) {
     p = fmaf(p, f, 0.6932829f);
     p = fmaf(p, f, 1.f);
     return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
-template <bool FAST>
-__device__ __forceinline__ float softmax_exp2(float x) {
-    if constexpr (FAST) {
-        float y;
-        asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-        return y;
-    } else {
-        return exp2f(x);
-    }
 }
 
 

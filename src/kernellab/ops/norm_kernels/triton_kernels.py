@@ -89,11 +89,7 @@ class Config:
         (None: ``_shift_fwd_shape``).
     fwd_w_first_per_sm: ``_norm_fwd_kernel`` loads the weight and bias before the row when
         its grid has at most this many programs per SM (a grid that small waits on each
-        load in turn; 0: never; off the GPU, per one SM).
-    shift_fwd_corr: how the shifted forward takes an fp32 row's mean: 2 the mean of x less
-        the row's first element (two reductions in series, as ``_norm_fwd_kernel``); 1 a
-        second pass over x - mean (three; its mean + correction rounds at x's magnitude,
-        which the row's ends then pay)."""
+        load in turn; 0: never; off the GPU, per one SM)."""
 
     row_elems: int = 4096
     fwd_min_per_sm: int = 4
@@ -125,10 +121,25 @@ class Config:
     shift_fwd_per_sm: int | None = None
     shift_fwd_warps: int | None = None
     fwd_w_first_per_sm: float = 8.0
-    shift_fwd_corr: int = 2
 
 
 CONFIG = Config()
+
+
+@triton_support.jit
+def _weight_bias(w_ptr, b_ptr, cols, cmask, EVEN: tl.constexpr, HAS_BIAS: tl.constexpr):
+    # A forward's weight and bias in fp32 (b: w's again when there is none)
+    if EVEN:
+        w = tl.load(w_ptr + cols).to(tl.float32)
+    else:
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    b = w
+    if HAS_BIAS:
+        if EVEN:
+            b = tl.load(b_ptr + cols).to(tl.float32)
+        else:
+            b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    return w, b
 
 
 @triton_support.jit
@@ -164,14 +175,7 @@ def _norm_fwd_kernel(
     mask = rmask[:, None] & cmask[None, :]
     offs = rows[:, None] * n_cols + cols[None, :]
     if W_FIRST:
-        if EVEN:
-            w = tl.load(w_ptr + cols).to(tl.float32)
-            if HAS_BIAS:
-                b = tl.load(b_ptr + cols).to(tl.float32)
-        else:
-            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            if HAS_BIAS:
-                b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        w, b = _weight_bias(w_ptr, b_ptr, cols, cmask, EVEN, HAS_BIAS)
     if EVEN:
         x = tl.load(x_ptr + offs, eviction_policy=EVICT)
     else:
@@ -225,14 +229,7 @@ def _norm_fwd_kernel(
     else:
         tl.store(rstd_ptr + rows, rstd, mask=rmask)
     if not W_FIRST:
-        if EVEN:
-            w = tl.load(w_ptr + cols).to(tl.float32)
-            if HAS_BIAS:
-                b = tl.load(b_ptr + cols).to(tl.float32)
-        else:
-            w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-            if HAS_BIAS:
-                b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        w, b = _weight_bias(w_ptr, b_ptr, cols, cmask, EVEN, HAS_BIAS)
     y = xc * rstd[:, None] * w[None, :]
     if HAS_BIAS:
         y = y + b[None, :]
@@ -269,19 +266,14 @@ def _norm_fwd_row_kernel(
         row = row.to(tl.int64)
     cols = tl.arange(0, BLOCK)
     cmask = cols < n_cols
+    w, b = _weight_bias(w_ptr, b_ptr, cols, cmask, EVEN, HAS_BIAS)
     if EVEN:
-        w = tl.load(w_ptr + cols).to(tl.float32)
-        if HAS_BIAS:
-            b = tl.load(b_ptr + cols).to(tl.float32)
         x = tl.load(x_ptr + row * n_cols + cols)
         if RES:
             r = tl.load(r_ptr + row * n_cols + cols)
             x = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
             tl.store(h_ptr + row * n_cols + cols, x)
     else:
-        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
         x = tl.load(x_ptr + row * n_cols + cols, mask=cmask, other=0.0)
         if RES:
             r = tl.load(r_ptr + row * n_cols + cols, mask=cmask, other=0.0)
@@ -529,7 +521,7 @@ def _norm_fwd_shift_kernel(
     C: tl.constexpr,  # row classes
     RMS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    CORR: tl.constexpr,  # fp32 x's mean (Config.shift_fwd_corr): 1 corrected two-pass, 2 of x - x[0]
+    CORR: tl.constexpr,  # fp32 x: the mean of x - x[0] (as _norm_fwd_kernel)
 ):
     pid = tl.program_id(0)
     cls = pid % C
@@ -560,7 +552,7 @@ def _norm_fwd_shift_kernel(
     # reductions
     a0, lim = row_start((cls + C * m0).to(tl.int64), n_cols, total, hi, A)
     x_nx, x0_nx, x1_nx = _span_loads(x_ptr, a0, lim, cols, e0, e0m, e1, e1m, m0, m1)
-    if CORR == 2:
+    if CORR:
         s_nx = tl.load(x_ptr + (cls + C * m0).to(tl.int64) * n_cols, mask=m0 < m1, other=0.0)
     for m in range(m0, m1):
         x = x_nx.to(tl.float32)
@@ -571,7 +563,7 @@ def _norm_fwd_shift_kernel(
         na0, nlim = row_start(row + C, n_cols, total, hi, A)
         x_nx, x0_nx, x1_nx = _span_loads(x_ptr, na0, nlim, cols, e0, e0m, e1, e1m, m + 1, m1)
         sub = 0.0
-        if CORR == 2:
+        if CORR:
             sub = s_nx.to(tl.float32)
             s_nx = tl.load(x_ptr + (row + C) * n_cols, mask=m + 1 < m1, other=0.0)
         if lim < r1:  # the tensor's last row: its last partial chunk, one element at a time
@@ -582,17 +574,14 @@ def _norm_fwd_shift_kernel(
             mean = 0.0
             mc = 0.0
         else:
-            if CORR == 2:
-                # the mean of x - x[0] (exact for nearly equal values), as _norm_fwd_kernel
+            if CORR:
+                # the mean of x - x[0] (exact for nearly equal values, and the row's ends
+                # as exact as its interior), as _norm_fwd_kernel
                 x = tl.where(inside, x - sub, 0.0)
                 x0 = x0 - sub
                 x1 = x1 - sub
             mc = tl.sum(x, axis=0) / n_cols
             xc = tl.where(inside, x - mc, 0.0)
-            if CORR == 1:
-                corr = tl.sum(xc, axis=0) / n_cols
-                mc = mc + corr
-                xc = tl.where(inside, xc - corr, 0.0)
             mean = mc + sub
             tl.store(mean_ptr + row, mean)
         rstd = 1.0 / tl.sqrt_rn((tl.sum(xc * xc, axis=0) / n_cols + eps).to(tl.float32))
@@ -878,8 +867,7 @@ def _fwd_plan(x, rms, has_bias, has_res, cfg) -> FwdPlan:
         per_sm, warps = _shift_fwd_shape(block, rms, x.dtype == torch.float32, cfg)
         target = per_sm * triton_support.sm_count(x.device.index) if on_gpu else 4
         programs, per = _class_split(n_rows, c, target)
-        corr = cfg.shift_fwd_corr if x.dtype == torch.float32 else 0
-        kw = dict(BLOCK=block, A=a, C=c, RMS=rms, HAS_BIAS=has_bias, CORR=corr,
+        kw = dict(BLOCK=block, A=a, C=c, RMS=rms, HAS_BIAS=has_bias, CORR=x.dtype == torch.float32,
                   num_warps=cfg.fwd_warps or warps)  # fmt: skip
         launch = triton_support.Bound(_norm_fwd_shift_kernel, (programs,), kw, (0, 1, 2, 3, 4))
         return FwdPlan(n_rows, n_cols, launch, False, per)
