@@ -935,11 +935,12 @@ def test_tiles_parse_reads_what_str_writes():
 def test_v7_short_sequences_take_their_own_tilings(recorder, monkeypatch):
     """v7's default at D = 64 where every key fits one 208-key tile and not one of V7_TILES'
     (128 < S_k <= 208: ViT-B/16's 197): V7_SHORT's, without the mask one 208-key tile, under
-    causal 128-key tiles, both persistent and without the warpgroups' turns ("f");
+    causal 128-key tiles, both persistent and without the warpgroups' turns ("f"), the wide one
+    masked by column ("m") with the lean epilogue ("l");
     V7_TILES' elsewhere and at the other head dims; an explicit tiling wins over both. The
     launch uses the chosen tiling's module, K / V boxes of its keys and its shared memory."""
     wide, causal_t = cs.V7_SHORT[64]
-    assert (str(wide), str(causal_t)) == ("208x3edpof", "128x3edpof")
+    assert (str(wide), str(causal_t)) == ("208x3edpofml", "128x3edpof")
     assert wide in cs.V7_TILINGS[64] and causal_t in cs.V7_TILINGS[64]
     own = cs.V7_TILES[64]
     for s_k, want, want_c in ((1, own, own), (128, own, own), (129, wide, causal_t), (197, wide, causal_t),

@@ -213,7 +213,7 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # tilings and the default with masks by column where no causal compare is needed ("m"), a
 # quarter of the exponentials on the FMA pipes ("x") and the epilogue's 1 / l and log2(l) by
 # the MUFU alone ("l"): Nsight found v7's ViT and GPT-2 forwards waiting on the MUFU pipe and
-# on the mask's compares where cuDNN's do not (NOTES.md (ao)).
+# on the mask's compares where cuDNN's do not (NOTES.md (ao), timed in (ap)).
 V7_TILINGS = {
     64: (
         Tiles(128, 3, **_EDPO, three_wg=True),
@@ -229,9 +229,7 @@ V7_TILINGS = {
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
         Tiles(128, 3, **_EDPO, queue=True),
-        Tiles(208, 3, **_EDPO, free=True, col_mask=True),
-        Tiles(208, 3, **_EDPO, free=True, poly_exp=True),
-        Tiles(208, 3, **_EDPO, free=True, lean_epi=True),
+        Tiles(208, 3, **_EDPO, free=True, col_mask=True, lean_epi=True),
         Tiles(208, 3, **_EDPO, free=True, **_MXL),
         Tiles(128, 3, **_EDPO, free=True, **_MXL),
         Tiles(128, 3, **_EDPO, **_MXL),
@@ -265,10 +263,13 @@ V7_TILINGS = {
 # two of 128, the second 69 keys wide; under causal the 128-key tiles (with 208 the first
 # query block's 128 rows would compute all 208 keys). Both without the warpgroups' turns
 # ("f"): an item is one or two key tiles, too few for the turns to overlap one warpgroup's
-# softmax with the other's GEMMs. On an H200 (x cuDNN, 256x12x197x64): 0.885 against the
-# long-sequence default's 0.825, causal 0.855 against 0.789; the free warpgroups lose up to
-# 6% at 1023-1024 keys (benchmarks/NOTES.md (ak)).
-V7_SHORT = {64: (Tiles(208, 3, **_EDPO, free=True), Tiles(128, 3, **_EDPO, free=True))}
+# softmax with the other's GEMMs. The 208-key tile's 11 masked keys by column alone ("m":
+# no causal compare per element) and its epilogue by the MUFU alone ("l"). On an H200
+# (x cuDNN, 256x12x197x64): 1.06 against 0.90 without "ml" and the long-sequence default's
+# 0.825; causal 0.86 against 0.79 (benchmarks/NOTES.md (ak), (ap)).
+V7_SHORT = {
+    64: (Tiles(208, 3, **_EDPO, free=True, col_mask=True, lean_epi=True), Tiles(128, 3, **_EDPO, free=True))
+}
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
 
