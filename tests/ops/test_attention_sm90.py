@@ -475,6 +475,7 @@ def test_v7_tilings_are_what_the_modules_build():
             col_mask=bool(got.get("COLMASK", 0)),
             poly_exp=bool(got.get("POLY", 0)),
             lean_epi=bool(got.get("LEAN_EPI", 0)),
+            chain=bool(got.get("CHAIN", 0)),
         )
 
     def v7_bars(ptx: str) -> set[int]:

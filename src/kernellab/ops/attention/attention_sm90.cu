@@ -457,6 +457,9 @@ struct WsStages {
 #ifndef KL_ATTN_V7_LEAN_EPI
 #define KL_ATTN_V7_LEAN_EPI 0
 #endif
+#ifndef KL_ATTN_V7_CHAIN
+#define KL_ATTN_V7_CHAIN 0
+#endif
 
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
@@ -514,6 +517,12 @@ struct V7Tiles {
     // that need no causal compare for a warp's rows masking by column alone; the epilogue's
     // 1 / l and log2(l) by rcp / lg2.approx.
     static constexpr bool POLY = KL_ATTN_V7_POLY, COLMASK = KL_ATTN_V7_COLMASK, LEAN_EPI = KL_ATTN_V7_LEAN_EPI;
+    // CHAIN (-DKL_ATTN_V7_CHAIN=1, persistent with turns and two warpgroups): the turns run on
+    // from one item to the next; the second warpgroup hands the turn back right after issuing
+    // an item's last P V, so the first one's next S = Q K^T runs under that P V and the epilogue
+    // (without, it waits for the second warpgroup to start the next item).
+    static constexpr bool CHAIN = KL_ATTN_V7_CHAIN;
+    static_assert(!CHAIN || (PERSIST && TURNS && WG == 2), "CHAIN: persistent, turns, two warpgroups");
     static_assert(WG == 2 || WG == 3, "two or three consumer warpgroups");
     static constexpr int BM = 64 * WG;  // query rows a block
     static constexpr int THREADS = 128 * (WG + 1);
@@ -1021,7 +1030,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     if constexpr (PERSIST) mbar_wait(b.q_full, q_phase);
     q_done(n == 0);
     if (n > 0) {
-        if (cw == WG - 1) hand_over();  // warpgroup 0 takes the first turn
+        if (!V7Tiles<D>::CHAIN && cw == WG - 1) hand_over();  // warpgroup 0 takes the first turn
         if constexpr (!PERSIST) mbar_wait(b.q_full, 0);
         unsigned p[BN / 4];  // P of the tile before the current one
         float alpha[2];      // O's factor for that tile's max
@@ -1073,7 +1082,8 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             c.wait_v_full(n - 1);
         }
         issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(n - 1) + KV_BYTES);
-        if (cw != WG - 1) hand_over();  // the next warpgroup's last turn follows; the last one's is the end
+        // the next warpgroup's last turn follows; the last one's is the end (CHAIN: the next item's first)
+        if (V7Tiles<D>::CHAIN || cw != WG - 1) hand_over();
         wgmma_wait<0>();
         fence_pv<D, BN>(acc, p);
         if constexpr (SPLIT) {
@@ -1187,6 +1197,10 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(V7::CONSUMER_REGS));
         const int n_mb = (S_q + R - 1) / R, items = n_mb * H * Z;
+        const int cw = (t - 128) / 128;
+        // CHAIN: warpgroup 0 takes the block's first turn; the last item's last hand-over
+        // (to warpgroup 0) is taken after the loop, so that no arrival is left on the barrier
+        if (V7::CHAIN && cw == 1) named_arrive(PP_BAR);
         int r = 0;
         for (int i = blockIdx.x, k = 0; V7::QUEUE || i < items; ++k) {
             if constexpr (V7::QUEUE) {  // the producer's item (or the end) in item_slot
@@ -1201,6 +1215,7 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
             r += blk.n_tiles;
             if constexpr (!V7::QUEUE) i += gridDim.x;
         }
+        if (V7::CHAIN && cw == 0) named_sync(PP_BAR);
     } else {
         const Bars<STAGES, SPLIT> b(bars, 1, WARPS);
         const Block blk = block_of<BN, R>(S_q, S_k, causal);

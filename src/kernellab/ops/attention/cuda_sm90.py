@@ -115,7 +115,9 @@ class Tiles:
     ``col_mask``: a masked tile that needs no causal compare for a warp's rows masks by column
     alone (COLMASK), "m". ``poly_exp``: the softmax's exponentials of every fourth group of 8
     columns by a cubic on the FMA pipes (POLY, attention_sm90_common.cuh's exp2_poly), "x".
-    ``lean_epi``: the epilogue's 1 / l and log2(l) by rcp / lg2.approx (LEAN_EPI), "l"."""
+    ``lean_epi``: the epilogue's 1 / l and log2(l) by rcp / lg2.approx (LEAN_EPI), "l".
+    ``chain`` (persistent with turns, two warpgroups): the turns run on across items, so the
+    first warpgroup's next S = Q K^T runs under the second's last P V and epilogue (CHAIN), "c"."""
 
     bn: int
     stages: int
@@ -130,6 +132,7 @@ class Tiles:
     col_mask: bool = False
     poly_exp: bool = False
     lean_epi: bool = False
+    chain: bool = False
 
     @property
     def rows(self) -> int:
@@ -170,6 +173,7 @@ _TILE_FLAGS = (  # Tiles' flags as str writes them, in order
     ("col_mask", "m"),
     ("poly_exp", "x"),
     ("lean_epi", "l"),
+    ("chain", "c"),
 )
 
 
@@ -233,6 +237,8 @@ V7_TILINGS = {
         Tiles(208, 3, **_EDPO, free=True, **_MXL),
         Tiles(128, 3, **_EDPO, free=True, **_MXL),
         Tiles(128, 3, **_EDPO, **_MXL),
+        Tiles(128, 3, **_EDPO, chain=True),
+        Tiles(128, 3, **_EDPO, col_mask=True, chain=True),
     ),
     80: (
         Tiles(128, 3, fast_exp=True),
@@ -296,6 +302,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
         opts += ("-DKL_ATTN_V7_COLMASK=1",) if tiles.col_mask else ()
         opts += ("-DKL_ATTN_V7_POLY=1",) if tiles.poly_exp else ()
         opts += ("-DKL_ATTN_V7_LEAN_EPI=1",) if tiles.lean_epi else ()
+        opts += ("-DKL_ATTN_V7_CHAIN=1",) if tiles.chain else ()
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
 
@@ -314,6 +321,11 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: o's own buffer (o) is the persistent v7's (p)")
     if tiles.queue and not tiles.persistent:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the item queue (q) feeds the persistent v7 (p)")
+    if tiles.chain and (not tiles.persistent or tiles.free or tiles.three_wg):
+        raise ValueError(
+            f"attention/cuda_v7: tiling {tiles}: turns across items (c) need the persistent v7 (p) with turns "
+            "(no f) and two consumer warpgroups (no w)"
+        )
     if tiles.three_wg and (d != 64 or tiles.bn > 128 or tiles.split_kv):
         raise ValueError(
             f"attention/cuda_v7: tiling {tiles}: three consumer warpgroups (w) have 160 registers a thread: "
