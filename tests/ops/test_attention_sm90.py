@@ -476,6 +476,7 @@ def test_v7_tilings_are_what_the_modules_build():
             poly_exp=bool(got.get("POLY", 0)),
             lean_epi=bool(got.get("LEAN_EPI", 0)),
             chain=bool(got.get("CHAIN", 0)),
+            tree=bool(got.get("TREE", 0)),
         )
 
     def v7_bars(ptx: str) -> set[int]:

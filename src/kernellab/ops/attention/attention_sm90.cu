@@ -214,7 +214,9 @@ __device__ __forceinline__ Block block_of(int S_q, int S_k, int causal) {
 // POLY (v7's lab tilings, V7Tiles' POLY): the exponentials of every fourth group of 8 columns
 // by exp2_poly on the FMA pipes. COLMASK (V7Tiles' COLMASK): a masked tile that needs no
 // causal compare for any row of this thread's warp tests each column once against S_k.
-template <int D, int BN, bool FAST = false, bool POLY = false, bool COLMASK = false>
+// TREE (V7Tiles' TREE): the row's max and sum over four partial results rather than one
+// running one, so that the exponentials wait on a chain of BN / 32 maxima rather than BN / 8.
+template <int D, int BN, bool FAST = false, bool POLY = false, bool COLMASK = false, bool TREE = false>
 struct Softmax {
     float m[2];  // running max of the row's scaled scores (log2 units); -inf: no key yet
     float l[2];  // this thread's share of the running sum of 2^(x - m)
@@ -251,8 +253,15 @@ struct Softmax {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float mx = neg_inf();
+            if constexpr (TREE) {
+                float mq[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+                for (int j = 0; j < BN / 8; ++j) mq[j % 4] = fmaxf(mq[j % 4], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+                mx = fmaxf(fmaxf(mq[0], mq[1]), fmaxf(mq[2], mq[3]));
+            } else {
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+            }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
             const float m_new = fmaxf(m[h], mx * scale_log2);
@@ -260,7 +269,7 @@ struct Softmax {
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
             alpha[h] = softmax_exp2<FAST>(m[h] - m_use);  // 0 when m[h] = -inf
             m[h] = m_new;
-            float sum = 0.f;
+            float sq[4] = {0.f, 0.f, 0.f, 0.f};  // (without TREE only sq[0])
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -268,8 +277,9 @@ struct Softmax {
                     const float a = fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use);
                     const float x = POLY && j % 4 == 0 ? exp2_poly(a) : softmax_exp2<FAST>(a);
                     s[4 * j + 2 * h + e] = x;
-                    sum += x;
+                    sq[TREE ? (2 * j + e) % 4 : 0] += x;
                 }
+            const float sum = TREE ? (sq[0] + sq[1]) + (sq[2] + sq[3]) : sq[0];
             l[h] = fmaf(l[h], alpha[h], sum);
         }
     }
@@ -460,6 +470,9 @@ struct WsStages {
 #ifndef KL_ATTN_V7_CHAIN
 #define KL_ATTN_V7_CHAIN 0
 #endif
+#ifndef KL_ATTN_V7_TREE
+#define KL_ATTN_V7_TREE 0
+#endif
 
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
@@ -523,6 +536,8 @@ struct V7Tiles {
     // (without, it waits for the second warpgroup to start the next item).
     static constexpr bool CHAIN = KL_ATTN_V7_CHAIN;
     static_assert(!CHAIN || (PERSIST && TURNS && WG == 2), "CHAIN: persistent, turns, two warpgroups");
+    // TREE (-DKL_ATTN_V7_TREE=1): Softmax's row max and sum as four partial ones (Softmax's TREE).
+    static constexpr bool TREE = KL_ATTN_V7_TREE;
     static_assert(WG == 2 || WG == 3, "two or three consumer warpgroups");
     static constexpr int BM = 64 * WG;  // query rows a block
     static constexpr int THREADS = 128 * (WG + 1);
@@ -1001,7 +1016,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     constexpr bool DADD = V7Tiles<D>::DESC_ADD;
     constexpr int PERSIST = V7Tiles<D>::PERSIST;
     constexpr int WG = V7Tiles<D>::WG, R = V7Tiles<D>::BM;
-    using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP, V7Tiles<D>::POLY, V7Tiles<D>::COLMASK>;
+    using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP, V7Tiles<D>::POLY, V7Tiles<D>::COLMASK, V7Tiles<D>::TREE>;
     const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t, r0);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     // turns go round: warpgroup cw hands over to the next one (1 - cw with two)

@@ -117,7 +117,9 @@ class Tiles:
     columns by a cubic on the FMA pipes (POLY, attention_sm90_common.cuh's exp2_poly), "x".
     ``lean_epi``: the epilogue's 1 / l and log2(l) by rcp / lg2.approx (LEAN_EPI), "l".
     ``chain`` (persistent with turns, two warpgroups): the turns run on across items, so the
-    first warpgroup's next S = Q K^T runs under the second's last P V and epilogue (CHAIN), "c"."""
+    first warpgroup's next S = Q K^T runs under the second's last P V and epilogue (CHAIN), "c".
+    ``tree``: the softmax's row max and sum as four partial ones, a shorter chain before the
+    exponentials (TREE), "r"."""
 
     bn: int
     stages: int
@@ -133,6 +135,7 @@ class Tiles:
     poly_exp: bool = False
     lean_epi: bool = False
     chain: bool = False
+    tree: bool = False
 
     @property
     def rows(self) -> int:
@@ -174,6 +177,7 @@ _TILE_FLAGS = (  # Tiles' flags as str writes them, in order
     ("poly_exp", "x"),
     ("lean_epi", "l"),
     ("chain", "c"),
+    ("tree", "r"),
 )
 
 
@@ -239,6 +243,9 @@ V7_TILINGS = {
         Tiles(128, 3, **_EDPO, **_MXL),
         Tiles(128, 3, **_EDPO, chain=True),
         Tiles(128, 3, **_EDPO, col_mask=True, chain=True),
+        Tiles(128, 3, **_EDPO, tree=True),
+        Tiles(128, 3, **_EDPO, free=True, tree=True),
+        Tiles(208, 3, **_EDPO, free=True, col_mask=True, lean_epi=True, tree=True),
     ),
     80: (
         Tiles(128, 3, fast_exp=True),
@@ -303,6 +310,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
         opts += ("-DKL_ATTN_V7_POLY=1",) if tiles.poly_exp else ()
         opts += ("-DKL_ATTN_V7_LEAN_EPI=1",) if tiles.lean_epi else ()
         opts += ("-DKL_ATTN_V7_CHAIN=1",) if tiles.chain else ()
+        opts += ("-DKL_ATTN_V7_TREE=1",) if tiles.tree else ()
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
 
