@@ -973,6 +973,39 @@ def test_v7_short_sequences_take_their_own_tilings(recorder, monkeypatch):
     assert modules[0] is not cs.MODULES[64] and modules[1] is not modules[0] and modules[-1] is cs.MODULES[64]
 
 
+def test_v7_many_items_take_their_own_tiling(recorder, monkeypatch):
+    """v7's default at D = 64 past V7_SHORT's keys with at least V7_MANY_PER_SM items (query
+    blocks x heads x batches) an SM: V7_MANY's tiling (persistent, no turns, the softmax's
+    max and sum in four parts); below that V7_TILES'; V7_SHORT's keys and the other head dims
+    keep theirs; an explicit tiling wins. The launch uses that tiling's module."""
+    many = cs.V7_MANY[64]
+    assert str(many) == "128x3edpofr" and many in cs.V7_TILINGS[64] and cs.V7_MANY_PER_SM == 3
+    own, sms = cs.V7_TILES[64], 132
+    assert cs.v7_tiles(64, 1024, False, 3 * sms, sms) == many
+    assert cs.v7_tiles(64, 1024, True, 3 * sms, sms) == many
+    assert cs.v7_tiles(64, 1024, False, 3 * sms - 1, sms) == own
+    assert cs.v7_tiles(64, 1024, False, 10**6, 0) == own  # (no SM count: the default)
+    assert cs.v7_tiles(64, 197, False, 10**6, sms) == cs.V7_SHORT[64][0]
+    for d in (80, 96, 128, 256):
+        assert cs.v7_tiles(d, 1024, False, 10**6, sms) == cs.V7_TILES[d], d
+    assert cs.tiles_of("v7", 64, cs.Tiles(128, 3), 1024, False, 10**6, sms) == cs.Tiles(128, 3)
+    modules = []
+    kernel = cs.Module.kernel
+    monkeypatch.setattr(
+        cs.Module, "kernel", lambda self, *a, **k: modules.append(self) or kernel(self, *a, **k)
+    )
+    monkeypatch.setattr(cs, "sm_count", lambda dev: 4)
+    # 3 query blocks x 2 heads x 2 batches = 12 items: 3 an SM of 4; one batch fewer, 6
+    for z, t in ((2, many), (1, own)):
+        q, k, v = (torch.randn(z, 2, 300, 64, dtype=torch.bfloat16) for _ in range(3))
+        cs.forward(q, k, v, False, 0.125, "v7")
+        grid, block, args, shared = recorder.calls[-1]
+        assert grid == (4, 1, 1) and block == 384
+        assert shared == cs.smem_bytes("v7", 64, t)
+        assert modules[-1] is cs.v7_module(64, t)
+    assert modules[0] is not cs.MODULES[64] and modules[-1] is cs.MODULES[64]
+
+
 def _simulate_queue(n_tiles: list[int], stages: int, seed: int) -> None:
     """A model of a persistent v7 block with V7Tiles' QUEUE taking items of n_tiles K/V tiles
     each (0: a query block that sees no key), then the end. Per item k the producer fills the
@@ -1352,6 +1385,22 @@ GPU_SHAPES = [
     (2, 4, 1, 384, 130, 80),  # MQA
     (1, 4, 2048, 64),
 ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_v7_many_items_default(causal):
+    """v7's default at D = 64 with at least V7_MANY_PER_SM items an SM (V7_MANY's tiling):
+    against its emulation and the reference, odd lengths, GQA, S_q != S_k."""
+    _sm90()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n, shape in enumerate([(8, 12, 520, 64), (4, 32, 8, 400, 333, 64)]):
+        q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cuda", 90 + n)
+        items = -(-q.shape[-2] // cs.BM) * q.shape[1] * q.shape[0]
+        assert items >= cs.V7_MANY_PER_SM * sms, shape
+        t = cs.v7_tiles(64, k.shape[-2], causal, items, sms)
+        assert t == cs.V7_MANY[64]
+        _check_v7(q, k, v, causal, 1 / math.sqrt(64), None, t.bn)
 
 
 @pytest.mark.gpu

@@ -283,6 +283,16 @@ V7_TILINGS = {
 V7_SHORT = {
     64: (Tiles(208, 3, **_EDPO, free=True, col_mask=True, lean_epi=True), Tiles(128, 3, **_EDPO, free=True))
 }
+# v7's tiling where S_k is past V7_SHORT's and there are at least V7_MANY_PER_SM items
+# (query block, head, batch) an SM: at D = 64 without the warpgroups' turns ("f") and with the
+# softmax's row max and sum in four parts ("r"). With several items an SM a block's items
+# overlap one another without the turns, and the shorter max chain lets the exponentials
+# start sooner; with about one item an SM the turns are what overlaps the softmax with the
+# GEMMs. On an H200 (x cuDNN): 8x12x1024x64 0.90 against 0.88, causal 0.92 against 0.91
+# (768 items: 5.8 an SM), 4x16x1024x64 0.94 against 0.93 (3.9 an SM); without the turns
+# 2x8x1023x64 causal (1 an SM) lost 5% and 4x12x256x64 3% (benchmarks/NOTES.md (ap)).
+V7_MANY = {64: Tiles(128, 3, **_EDPO, free=True, tree=True)}
+V7_MANY_PER_SM = 3
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
 
 
@@ -352,23 +362,34 @@ def swizzle_bytes(d: int) -> int:
     return 128 if d % 64 == 0 else 64 if d % 32 == 0 else 32
 
 
-def v7_tiles(d: int, s_k: int | None = None, causal: bool = False) -> Tiles:
+def v7_tiles(d: int, s_k: int | None = None, causal: bool = False, items: int = 0, sms: int = 0) -> Tiles:
     """v7's default tiling at head dim d, s_k keys and ``causal``: V7_SHORT[d]'s (without the
-    mask, causal) where s_k keys fill one tile of its first and not one of V7_TILES[d]'s, else
-    V7_TILES[d] (s_k None: V7_TILES[d])."""
+    mask, causal) where s_k keys fill one tile of its first and not one of V7_TILES[d]'s;
+    else V7_MANY[d] where there are at least V7_MANY_PER_SM ``items`` (query blocks x heads x
+    batches) for each of ``sms`` SMs; else V7_TILES[d] (s_k None: V7_TILES[d])."""
     short = V7_SHORT.get(d)
     if short is not None and s_k is not None and V7_TILES[d].bn < s_k <= short[0].bn:
         return short[1] if causal else short[0]
+    many = V7_MANY.get(d)
+    if many is not None and s_k is not None and sms > 0 and items >= V7_MANY_PER_SM * sms:
+        return many
     return V7_TILES[d]
 
 
 def tiles_of(
-    variant: str, d: int, tiles: Tiles | None = None, s_k: int | None = None, causal: bool = False
+    variant: str,
+    d: int,
+    tiles: Tiles | None = None,
+    s_k: int | None = None,
+    causal: bool = False,
+    items: int = 0,
+    sms: int = 0,
 ) -> Tiles:
     """(keys per tile, K/V stages) of a variant's kernel: v2 block_n x 2; v3-v6 block_n x
-    three where they fit (WsStages), else two; v7 ``tiles`` or v7_tiles(d, s_k, causal)."""
+    three where they fit (WsStages), else two; v7 ``tiles`` or v7_tiles(d, s_k, causal,
+    items, sms)."""
     if variant == "v7":
-        return tiles or v7_tiles(d, s_k, causal)
+        return tiles or v7_tiles(d, s_k, causal, items, sms)
     if tiles is not None:
         raise ValueError(f"attention/cuda_{variant}: only v7 takes another tiling, got {tiles}")
     if variant == "v2":
@@ -500,6 +521,8 @@ def _plan_forward(q, k, v, causal, scale, variant, tiles) -> Plan:
     if not all(in_place(x, tma) for x in (q, k, v)):
         return Plan(out, lse, copy=True, tma=tma)
     dev = _device_index(q)
+    if variant == "v7" and tiles is None:  # items at the default's 128 query rows a block
+        t = v7_tiles(d, s_k, bool(causal), ceil_div(s_q, BM) * h * z, sm_count(dev))
     name = f"attn_fwd_{variant}_d{d}_{DTYPE_SUFFIX[q.dtype]}"
     mod = v7_module(d, t) if variant == "v7" else MODULES[d]
     kern = mod.kernel(name, signature(variant), dev)
