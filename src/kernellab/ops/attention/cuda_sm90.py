@@ -341,8 +341,8 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the item queue (q) feeds the persistent v7 (p)")
     if tiles.chain and (not tiles.persistent or tiles.free or tiles.three_wg):
         raise ValueError(
-            f"attention/cuda_v7: tiling {tiles}: turns across items (c) need the persistent v7 (p) with turns "
-            "(no f) and two consumer warpgroups (no w)"
+            f"attention/cuda_v7: tiling {tiles}: turns across items (c) need the persistent v7 (p) "
+            "with turns (no f) and two consumer warpgroups (no w)"
         )
     if tiles.three_wg and (d != 64 or tiles.bn > 128 or tiles.split_kv):
         raise ValueError(
