@@ -211,12 +211,11 @@ __device__ __forceinline__ Block block_of(int S_q, int S_k, int causal) {
 // P in place and returns the factor alpha by which O must be rescaled (it does not touch O,
 // so v5 runs it while the previous tile's P V is still in flight); ``rescale`` applies it.
 // FAST: the exponentials by ex2.approx.ftz.f32 (v7's; softmax_exp2 in attention_sm90_common.cuh).
-// POLY (v7's lab tilings, V7Tiles' POLY): the exponentials of every fourth group of 8 columns
-// by exp2_poly on the FMA pipes. COLMASK (V7Tiles' COLMASK): a masked tile that needs no
-// causal compare for any row of this thread's warp tests each column once against S_k.
+// COLMASK (V7Tiles' COLMASK): a masked tile that needs no causal compare for any row of this
+// thread's warp tests each column once against S_k.
 // TREE (V7Tiles' TREE): the row's max and sum over four partial results rather than one
 // running one, so that the exponentials wait on a chain of BN / 32 maxima rather than BN / 8.
-template <int D, int BN, bool FAST = false, bool POLY = false, bool COLMASK = false, bool TREE = false>
+template <int D, int BN, bool FAST = false, bool COLMASK = false, bool TREE = false>
 struct Softmax {
     float m[2];  // running max of the row's scaled scores (log2 units); -inf: no key yet
     float l[2];  // this thread's share of the running sum of 2^(x - m)
@@ -275,7 +274,7 @@ struct Softmax {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float a = fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use);
-                    const float x = POLY && j % 4 == 0 ? exp2_poly(a) : softmax_exp2<FAST>(a);
+                    const float x = softmax_exp2<FAST>(a);
                     s[4 * j + 2 * h + e] = x;
                     sq[TREE ? (2 * j + e) % 4 : 0] += x;
                 }
@@ -458,17 +457,11 @@ struct WsStages {
     static constexpr int value = (Tiles<D>::Q_BYTES + 3 * 2 * Tiles<D>::KV_BYTES + 1024 <= 227 * 1024) ? 3 : 2;
 };
 
-#ifndef KL_ATTN_V7_POLY  // V7Tiles' lab flags, off unless a lab module sets them
-#define KL_ATTN_V7_POLY 0
-#endif
-#ifndef KL_ATTN_V7_COLMASK
+#ifndef KL_ATTN_V7_COLMASK  // V7Tiles' flags, off unless a module of another tiling sets them
 #define KL_ATTN_V7_COLMASK 0
 #endif
 #ifndef KL_ATTN_V7_LEAN_EPI
 #define KL_ATTN_V7_LEAN_EPI 0
-#endif
-#ifndef KL_ATTN_V7_CHAIN
-#define KL_ATTN_V7_CHAIN 0
 #endif
 #ifndef KL_ATTN_V7_TREE
 #define KL_ATTN_V7_TREE 0
@@ -525,18 +518,12 @@ struct V7Tiles {
 #else
     static constexpr int WG = 2;
 #endif
-    // POLY, COLMASK, LEAN_EPI (-DKL_ATTN_V7_POLY=1 / _COLMASK=1 / _LEAN_EPI=1 in a lab module):
-    // Softmax's exponentials of every fourth group of 8 columns on the FMA pipes; masked tiles
-    // that need no causal compare for a warp's rows masking by column alone; the epilogue's
-    // 1 / l and log2(l) by rcp / lg2.approx.
-    static constexpr bool POLY = KL_ATTN_V7_POLY, COLMASK = KL_ATTN_V7_COLMASK, LEAN_EPI = KL_ATTN_V7_LEAN_EPI;
-    // CHAIN (-DKL_ATTN_V7_CHAIN=1, persistent with turns and two warpgroups): the turns run on
-    // from one item to the next; the second warpgroup hands the turn back right after issuing
-    // an item's last P V, so the first one's next S = Q K^T runs under that P V and the epilogue
-    // (without, it waits for the second warpgroup to start the next item).
-    static constexpr bool CHAIN = KL_ATTN_V7_CHAIN;
-    static_assert(!CHAIN || (PERSIST && TURNS && WG == 2), "CHAIN: persistent, turns, two warpgroups");
-    // TREE (-DKL_ATTN_V7_TREE=1): Softmax's row max and sum as four partial ones (Softmax's TREE).
+    // COLMASK, LEAN_EPI (-DKL_ATTN_V7_COLMASK=1 / _LEAN_EPI=1 in a module of another tiling:
+    // cuda_sm90.py's V7_SHORT, the lab's): masked tiles that need no causal compare for a warp's
+    // rows masking by column alone; the epilogue's 1 / l and log2(l) by rcp / lg2.approx.
+    static constexpr bool COLMASK = KL_ATTN_V7_COLMASK, LEAN_EPI = KL_ATTN_V7_LEAN_EPI;
+    // TREE (-DKL_ATTN_V7_TREE=1, cuda_sm90.py's V7_MANY): Softmax's row max and sum as four
+    // partial ones (Softmax's TREE).
     static constexpr bool TREE = KL_ATTN_V7_TREE;
     static_assert(WG == 2 || WG == 3, "two or three consumer warpgroups");
     static constexpr int BM = 64 * WG;  // query rows a block
@@ -1016,7 +1003,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     constexpr bool DADD = V7Tiles<D>::DESC_ADD;
     constexpr int PERSIST = V7Tiles<D>::PERSIST;
     constexpr int WG = V7Tiles<D>::WG, R = V7Tiles<D>::BM;
-    using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP, V7Tiles<D>::POLY, V7Tiles<D>::COLMASK, V7Tiles<D>::TREE>;
+    using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP, V7Tiles<D>::COLMASK, V7Tiles<D>::TREE>;
     const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t, r0);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     // turns go round: warpgroup cw hands over to the next one (1 - cw with two)
@@ -1045,7 +1032,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     if constexpr (PERSIST) mbar_wait(b.q_full, q_phase);
     q_done(n == 0);
     if (n > 0) {
-        if (!V7Tiles<D>::CHAIN && cw == WG - 1) hand_over();  // warpgroup 0 takes the first turn
+        if (cw == WG - 1) hand_over();  // warpgroup 0 takes the first turn
         if constexpr (!PERSIST) mbar_wait(b.q_full, 0);
         unsigned p[BN / 4];  // P of the tile before the current one
         float alpha[2];      // O's factor for that tile's max
@@ -1097,8 +1084,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             c.wait_v_full(n - 1);
         }
         issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(n - 1) + KV_BYTES);
-        // the next warpgroup's last turn follows; the last one's is the end (CHAIN: the next item's first)
-        if (V7Tiles<D>::CHAIN || cw != WG - 1) hand_over();
+        if (cw != WG - 1) hand_over();  // the next warpgroup's last turn follows; the last one's is the end
         wgmma_wait<0>();
         fence_pv<D, BN>(acc, p);
         if constexpr (SPLIT) {
@@ -1212,10 +1198,6 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
         }
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(V7::CONSUMER_REGS));
         const int n_mb = (S_q + R - 1) / R, items = n_mb * H * Z;
-        const int cw = (t - 128) / 128;
-        // CHAIN: warpgroup 0 takes the block's first turn; the last item's last hand-over
-        // (to warpgroup 0) is taken after the loop, so that no arrival is left on the barrier
-        if (V7::CHAIN && cw == 1) named_arrive(PP_BAR);
         int r = 0;
         for (int i = blockIdx.x, k = 0; V7::QUEUE || i < items; ++k) {
             if constexpr (V7::QUEUE) {  // the producer's item (or the end) in item_slot
@@ -1230,7 +1212,6 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
             r += blk.n_tiles;
             if constexpr (!V7::QUEUE) i += gridDim.x;
         }
-        if (V7::CHAIN && cw == 0) named_sync(PP_BAR);
     } else {
         const Bars<STAGES, SPLIT> b(bars, 1, WARPS);
         const Block blk = block_of<BN, R>(S_q, S_k, causal);

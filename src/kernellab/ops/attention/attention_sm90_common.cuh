@@ -91,25 +91,6 @@ __device__ __forceinline__ float softmax_exp2(float x) {
     }
 }
 
-// 2^x for x <= 0 on the FMA and integer pipes rather than the MUFU one (the trick of
-// FlashAttention-4 at head dim 64, where the exponentials' quarter-rate pipe is busier than the
-// tensor cores): k = round(x) from adding 1.5 * 2^23 (k sits in the sum's low mantissa bits),
-// 2^(x - k) by a cubic on [-0.5, 0.5] (its constant exactly 1; relative error 1.0e-4, below a
-// 16-bit P's rounding), then k added to the result's exponent field. x at or below -127 (-inf:
-// a masked key) gives +0 exactly: k = -127 and 1.0's exponent field minus 127 is 0; a NaN
-// stays NaN (max.NaN, as the MUFU's ex2 keeps it). Eight FMA / ALU instructions in place of
-// one MUFU (V7Tiles' POLY: a quarter of a row's columns).
-__device__ __forceinline__ float exp2_poly(float x) {
-    asm("max.NaN.f32 %0, %0, 0fC2FE0000;\n" : "+f"(x));  // max(x, -127), NaN kept
-    const float t = x + 12582912.f;
-    const float f = x - (t - 12582912.f);
-    float p = fmaf(0.05500858f, f, 0.24221037f);
-    p = fmaf(p, f, 0.6932829f);
-    p = fmaf(p, f, 1.f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
-
 // Byte offset of 16-byte chunk gc (columns 8gc..8gc+7) of row r in a swizzled tile of R rows.
 template <int D, int R>
 __device__ __forceinline__ unsigned tile_offset(int r, int gc) {

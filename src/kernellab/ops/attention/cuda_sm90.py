@@ -113,11 +113,8 @@ class Tiles:
     warpgroups, 192 query rows a block, taking their turns round (WG 3; setmaxnreg 24 / 160:
     head dim 64 and at most 128 keys a tile), FlashAttention-3's block at head dim 64, "w".
     ``col_mask``: a masked tile that needs no causal compare for a warp's rows masks by column
-    alone (COLMASK), "m". ``poly_exp``: the softmax's exponentials of every fourth group of 8
-    columns by a cubic on the FMA pipes (POLY, attention_sm90_common.cuh's exp2_poly), "x".
+    alone (COLMASK), "m".
     ``lean_epi``: the epilogue's 1 / l and log2(l) by rcp / lg2.approx (LEAN_EPI), "l".
-    ``chain`` (persistent with turns, two warpgroups): the turns run on across items, so the
-    first warpgroup's next S = Q K^T runs under the second's last P V and epilogue (CHAIN), "c".
     ``tree``: the softmax's row max and sum as four partial ones, a shorter chain before the
     exponentials (TREE), "r"."""
 
@@ -132,9 +129,7 @@ class Tiles:
     free: bool = False
     three_wg: bool = False
     col_mask: bool = False
-    poly_exp: bool = False
     lean_epi: bool = False
-    chain: bool = False
     tree: bool = False
 
     @property
@@ -174,9 +169,7 @@ _TILE_FLAGS = (  # Tiles' flags as str writes them, in order
     ("free", "f"),
     ("three_wg", "w"),
     ("col_mask", "m"),
-    ("poly_exp", "x"),
     ("lean_epi", "l"),
-    ("chain", "c"),
     ("tree", "r"),
 )
 
@@ -195,7 +188,7 @@ _TILE_FLAGS = (  # Tiles' flags as str writes them, in order
 _ED = dict(fast_exp=True, desc_add=True)
 _EDP = dict(_ED, persistent=True)
 _EDPO = dict(_EDP, o_buffer=True)
-_MXL = dict(col_mask=True, poly_exp=True, lean_epi=True)
+_ML = dict(col_mask=True, lean_epi=True)
 V7_TILES = {
     **{d: Tiles(128, 3, **_EDPO) for d in HEAD_DIMS if d <= 96},
     128: Tiles(128, 3, **_ED),
@@ -218,10 +211,11 @@ V7_TILES_FIRST = {d: Tiles(block_n(d), 3 if d <= 128 else 2) for d in HEAD_DIMS}
 # both persistent ones without the warpgroups' turns ("f"); at D = 64 three consumer
 # warpgroups ("w": 192 query rows a block, FlashAttention-3's block there), persistent with o's
 # own tile at three and four stages and one block a (query block, head); at D = 64 the short
-# tilings and the default with masks by column where no causal compare is needed ("m"), a
-# quarter of the exponentials on the FMA pipes ("x") and the epilogue's 1 / l and log2(l) by
-# the MUFU alone ("l"): Nsight found v7's ViT and GPT-2 forwards waiting on the MUFU pipe and
-# on the mask's compares where cuDNN's do not (NOTES.md (ao), timed in (ap)).
+# tilings and the default with masks by column where no causal compare is needed ("m") and
+# the epilogue's 1 / l and log2(l) by the MUFU alone ("l"): Nsight found v7's ViT and GPT-2
+# forwards waiting on the MUFU pipe and on the mask's compares where cuDNN's do not (NOTES.md
+# (ao), timed in (ap)); and the default and the free one with the softmax's max and sum in
+# four parts ("r", V7_MANY).
 V7_TILINGS = {
     64: (
         Tiles(128, 3, **_EDPO, three_wg=True),
@@ -237,15 +231,12 @@ V7_TILINGS = {
         Tiles(128, 3, **_ED),
         Tiles(128, 3, **_EDP),
         Tiles(128, 3, **_EDPO, queue=True),
-        Tiles(208, 3, **_EDPO, free=True, col_mask=True, lean_epi=True),
-        Tiles(208, 3, **_EDPO, free=True, **_MXL),
-        Tiles(128, 3, **_EDPO, free=True, **_MXL),
-        Tiles(128, 3, **_EDPO, **_MXL),
-        Tiles(128, 3, **_EDPO, chain=True),
-        Tiles(128, 3, **_EDPO, col_mask=True, chain=True),
+        Tiles(208, 3, **_EDPO, free=True, **_ML),
+        Tiles(128, 3, **_EDPO, free=True, **_ML),
+        Tiles(128, 3, **_EDPO, **_ML),
         Tiles(128, 3, **_EDPO, tree=True),
         Tiles(128, 3, **_EDPO, free=True, tree=True),
-        Tiles(208, 3, **_EDPO, free=True, col_mask=True, lean_epi=True, tree=True),
+        Tiles(208, 3, **_EDPO, free=True, **_ML, tree=True),
     ),
     80: (
         Tiles(128, 3, fast_exp=True),
@@ -281,7 +272,7 @@ V7_TILINGS = {
 # (x cuDNN, 256x12x197x64): 1.06 against 0.90 without "ml" and the long-sequence default's
 # 0.825; causal 0.86 against 0.79 (benchmarks/NOTES.md (ak), (ap)).
 V7_SHORT = {
-    64: (Tiles(208, 3, **_EDPO, free=True, col_mask=True, lean_epi=True), Tiles(128, 3, **_EDPO, free=True))
+    64: (Tiles(208, 3, **_EDPO, free=True, **_ML), Tiles(128, 3, **_EDPO, free=True))
 }
 # v7's tiling where S_k is past V7_SHORT's and there are at least V7_MANY_PER_SM items
 # (query block, head, batch) an SM: at D = 64 without the warpgroups' turns ("f") and with the
@@ -317,9 +308,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
             f"-DKL_ATTN_V7_TURNS={int(not tiles.free)}",
         ) + ((f"-DKL_ATTN_V7_WG={tiles.rows // 64}",) if tiles.three_wg else ())
         opts += ("-DKL_ATTN_V7_COLMASK=1",) if tiles.col_mask else ()
-        opts += ("-DKL_ATTN_V7_POLY=1",) if tiles.poly_exp else ()
         opts += ("-DKL_ATTN_V7_LEAN_EPI=1",) if tiles.lean_epi else ()
-        opts += ("-DKL_ATTN_V7_CHAIN=1",) if tiles.chain else ()
         opts += ("-DKL_ATTN_V7_TREE=1",) if tiles.tree else ()
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
@@ -339,11 +328,6 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: o's own buffer (o) is the persistent v7's (p)")
     if tiles.queue and not tiles.persistent:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the item queue (q) feeds the persistent v7 (p)")
-    if tiles.chain and (not tiles.persistent or tiles.free or tiles.three_wg):
-        raise ValueError(
-            f"attention/cuda_v7: tiling {tiles}: turns across items (c) need the persistent v7 (p) "
-            "with turns (no f) and two consumer warpgroups (no w)"
-        )
     if tiles.three_wg and (d != 64 or tiles.bn > 128 or tiles.split_kv):
         raise ValueError(
             f"attention/cuda_v7: tiling {tiles}: three consumer warpgroups (w) have 160 registers a thread: "
