@@ -271,9 +271,7 @@ V7_TILINGS = {
 # no causal compare per element) and its epilogue by the MUFU alone ("l"). On an H200
 # (x cuDNN, 256x12x197x64): 1.06 against 0.90 without "ml" and the long-sequence default's
 # 0.825; causal 0.86 against 0.79 (benchmarks/NOTES.md (ak), (ap)).
-V7_SHORT = {
-    64: (Tiles(208, 3, **_EDPO, free=True, **_ML), Tiles(128, 3, **_EDPO, free=True))
-}
+V7_SHORT = {64: (Tiles(208, 3, **_EDPO, free=True, **_ML), Tiles(128, 3, **_EDPO, free=True))}
 # v7's tiling where S_k is past V7_SHORT's and there are at least V7_MANY_PER_SM items
 # (query block, head, batch) an SM: at D = 64 without the warpgroups' turns ("f") and with the
 # softmax's row max and sum in four parts ("r"). With several items an SM a block's items
