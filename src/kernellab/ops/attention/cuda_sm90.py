@@ -277,8 +277,8 @@ V7_SHORT = {64: (Tiles(208, 3, **_EDPO, free=True, **_ML), Tiles(128, 3, **_EDPO
 # softmax's row max and sum in four parts ("r"). With several items an SM a block's items
 # overlap one another without the turns, and the shorter max chain lets the exponentials
 # start sooner; with about one item an SM the turns are what overlaps the softmax with the
-# GEMMs. On an H200 (x cuDNN): 8x12x1024x64 0.90 against 0.88, causal 0.92 against 0.91
-# (768 items: 5.8 an SM), 4x16x1024x64 0.94 against 0.93 (3.9 an SM); without the turns
+# GEMMs. On an H200 (x cuDNN): 8x12x1024x64 causal 0.90 against 0.88, non-causal 0.92
+# against 0.91 (768 items: 5.8 an SM), 4x16x1024x64 0.94 against 0.93 (3.9 an SM); without the turns
 # 2x8x1023x64 causal (1 an SM) lost 5% and 4x12x256x64 3% (benchmarks/NOTES.md (ap)).
 V7_MANY = {64: Tiles(128, 3, **_EDPO, free=True, tree=True)}
 V7_MANY_PER_SM = 3
