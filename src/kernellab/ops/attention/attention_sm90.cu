@@ -207,6 +207,17 @@ __device__ __forceinline__ Block block_of(int S_q, int S_k, int causal) {
     return block_at<BN, R>(causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x, S_q, S_k, causal);
 }
 
+// A row's partial results as one: v[0] alone, or (v[0] op v[1]) op (v[2] op v[3]).
+template <int P, class Op>
+__device__ __forceinline__ float combine_parts(const float (&v)[P], Op op) {
+    static_assert(P == 1 || P == 4, "one part or four");
+    if constexpr (P == 4) {
+        return op(op(v[0], v[1]), op(v[2], v[3]));
+    } else {
+        return v[0];
+    }
+}
+
 // Per-warpgroup online-softmax state and its math on one key tile: ``scores`` turns S into
 // P in place and returns the factor alpha by which O must be rescaled (it does not touch O,
 // so v5 runs it while the previous tile's P V is still in flight); ``rescale`` applies it.
@@ -249,18 +260,17 @@ struct Softmax {
                         if (col >= S_k || (causal && col > row + off)) s[4 * j + 2 * h + e] = neg_inf();
                     }
         }
+        constexpr int P = TREE ? 4 : 1;  // partial maxima and sums a row
+        const auto add = [](float a, float b) { return a + b; };
+        const auto max = [](float a, float b) { return fmaxf(a, b); };
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            float mx = neg_inf();
-            if constexpr (TREE) {
-                float mq[4] = {neg_inf(), neg_inf(), neg_inf(), neg_inf()};
+            float mq[P], sq[P];
 #pragma unroll
-                for (int j = 0; j < BN / 8; ++j) mq[j % 4] = fmaxf(mq[j % 4], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-                mx = fmaxf(fmaxf(mq[0], mq[1]), fmaxf(mq[2], mq[3]));
-            } else {
+            for (int i = 0; i < P; ++i) mq[i] = neg_inf(), sq[i] = 0.f;
 #pragma unroll
-                for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-            }
+            for (int j = 0; j < BN / 8; ++j) mq[j % P] = fmaxf(mq[j % P], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+            float mx = combine_parts(mq, max);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
             const float m_new = fmaxf(m[h], mx * scale_log2);
@@ -268,17 +278,15 @@ struct Softmax {
             const float m_use = m_new == neg_inf() ? 0.f : m_new;
             alpha[h] = softmax_exp2<FAST>(m[h] - m_use);  // 0 when m[h] = -inf
             m[h] = m_new;
-            float sq[4] = {0.f, 0.f, 0.f, 0.f};  // (without TREE only sq[0])
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float a = fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use);
-                    const float x = softmax_exp2<FAST>(a);
+                    const float x = softmax_exp2<FAST>(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
                     s[4 * j + 2 * h + e] = x;
-                    sq[TREE ? (2 * j + e) % 4 : 0] += x;
+                    sq[(2 * j + e) % P] += x;
                 }
-            const float sum = TREE ? (sq[0] + sq[1]) + (sq[2] + sq[3]) : sq[0];
+            const float sum = combine_parts(sq, add);
             l[h] = fmaf(l[h], alpha[h], sum);
         }
     }
