@@ -268,18 +268,15 @@ V7_TILINGS = {
 # query block's 128 rows would compute all 208 keys). Both without the warpgroups' turns
 # ("f"): an item is one or two key tiles, too few for the turns to overlap one warpgroup's
 # softmax with the other's GEMMs. The 208-key tile's 11 masked keys by column alone ("m":
-# no causal compare per element) and its epilogue by the MUFU alone ("l"). On an H200
-# (x cuDNN, 256x12x197x64): 1.06 against 0.90 without "ml" and the long-sequence default's
-# 0.825; causal 0.86 against 0.79 (benchmarks/NOTES.md (ak), (ap)).
+# no causal compare per element) and its epilogue by the MUFU alone ("l"). Measurements:
+# benchmarks/NOTES.md (ak), (ap).
 V7_SHORT = {64: (Tiles(208, 3, **_EDPO, free=True, **_ML), Tiles(128, 3, **_EDPO, free=True))}
 # v7's tiling where S_k is past V7_SHORT's and there are at least V7_MANY_PER_SM items
 # (query block, head, batch) an SM: at D = 64 without the warpgroups' turns ("f") and with the
 # softmax's row max and sum in four parts ("r"). With several items an SM a block's items
 # overlap one another without the turns, and the shorter max chain lets the exponentials
 # start sooner; with about one item an SM the turns are what overlaps the softmax with the
-# GEMMs. On an H200 (x cuDNN): 8x12x1024x64 causal 0.90 against 0.88, non-causal 0.92
-# against 0.91 (768 items: 5.8 an SM), 4x16x1024x64 0.94 against 0.93 (3.9 an SM); without the turns
-# 2x8x1023x64 causal (1 an SM) lost 5% and 4x12x256x64 3% (benchmarks/NOTES.md (ap)).
+# GEMMs. Measurements: benchmarks/NOTES.md (ap).
 V7_MANY = {64: Tiles(128, 3, **_EDPO, free=True, tree=True)}
 V7_MANY_PER_SM = 3
 _V7_MODULES: dict[tuple[int, Tiles], Module] = {}
