@@ -376,7 +376,7 @@ def test_v7_lean_tilings_use_the_exponential_and_descriptors_they_name():
         in src
     )
     assert "make_desc(tile + row0 * L::W, 16, 8 * L::W, L::MODE) + (step >> 4)" in src
-    assert "desc_mnmajor<D, BN, DADD>(sV, 16 * kk)" in cs.CU.read_text()
+    assert "desc_mnmajor<D, TR, DADD>(sV, 16 * kk)" in cs.CU.read_text()
     assert str(cs.Tiles(128, 3, fast_exp=True, desc_add=True)) == "128x3ed"
     assert str(cs.Tiles(80, 2, split_kv=True, fast_exp=True)) == "80x2se"
     for d in cs.HEAD_DIMS:
@@ -432,6 +432,7 @@ def test_v7_tilings_are_what_the_modules_build():
             col_mask=bool(got.get("COLMASK", 0)),
             lean_epi=bool(got.get("LEAN_EPI", 0)),
             tree=bool(got.get("TREE", 0)),
+            narrow=bool(got.get("NARROW", 0)),
         )
 
     def v7_bars(ptx: str) -> set[int]:

@@ -190,14 +190,18 @@ struct Block {
 };
 
 // Query block mb's rows and key tiles; R query rows a block (v7 with three consumer warpgroups: 192).
+// The keys query block mb's rows see: 0 .. key_end - 1.
+template <int R = BM>
+__device__ __forceinline__ int key_end(int mb, int S_q, int S_k, int causal) {
+    return causal ? max(0, min(S_k, (mb + 1) * R + S_k - S_q)) : S_k;  // past the block's last row's limit
+}
+
 template <int BN, int R = BM>
 __device__ __forceinline__ Block block_at(int mb, int S_q, int S_k, int causal) {
     Block b;
     b.m0 = mb * R;
     b.off = S_k - S_q;
-    int n_end = S_k;
-    if (causal) n_end = max(0, min(S_k, b.m0 + R + b.off));  // past the block's last row's limit
-    b.n_tiles = (n_end + BN - 1) / BN;
+    b.n_tiles = (key_end<R>(mb, S_q, S_k, causal) + BN - 1) / BN;
     return b;
 }
 
@@ -249,16 +253,18 @@ struct Softmax {
                 for (int e = 0; e < 2; ++e)
                     if (n0 + 8 * j + 2 * q + e >= S_k) s[4 * j + e] = s[4 * j + 2 + e] = neg_inf();
         } else if (masked) {
+            // row h keeps columns n0 + 8 j + 2 q + e <= its last key: one compare an element
+            // against a constant, the row's limit taken once
 #pragma unroll
-            for (int j = 0; j < BN / 8; ++j)
+            for (int h = 0; h < 2; ++h) {
+                const int last = causal ? min(S_k - 1, row_lo + 8 * h + off) : S_k - 1;
+                const int lim = last - n0 - 2 * q;
 #pragma unroll
-                for (int h = 0; h < 2; ++h)
+                for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const int col = n0 + 8 * j + 2 * q + e;
-                        const int row = row_lo + 8 * h;
-                        if (col >= S_k || (causal && col > row + off)) s[4 * j + 2 * h + e] = neg_inf();
-                    }
+                    for (int e = 0; e < 2; ++e)
+                        if (8 * j + e > lim) s[4 * j + 2 * h + e] = neg_inf();
+            }
         }
         constexpr int P = TREE ? 4 : 1;  // partial maxima and sums a row
         const auto add = [](float a, float b) { return a + b; };
@@ -318,26 +324,26 @@ __device__ __forceinline__ void pack_p(const float (&s)[BN / 2], unsigned (&p)[B
 // Issue S = Q K^T for one warpgroup's 64 rows (sQ: the Q tile, rows 64 wg..; sK: the K
 // tile) as one wgmma group; s is not readable before a wait (and fence_s). DADD: each k step
 // added to the tile's descriptor (v7's; desc_kmajor in attention_sm90_common.cuh). R: the Q
-// tile's rows.
-template <bool BF16, int D, int BN, bool DADD = false, int R = BM>
+// tile's rows; TR: the K tile's rows (BN, or more where the BN keys are its first rows).
+template <bool BF16, int D, int BN, bool DADD = false, int R = BM, int TR = BN>
 __device__ __forceinline__ void issue_qk(float (&s)[BN / 2], unsigned sQ, unsigned sK, int wg) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-        kl_wgmma_ss<BN, BF16>(s, desc_kmajor<D, R, DADD>(sQ, 64 * wg, kk), desc_kmajor<D, BN, DADD>(sK, 0, kk),
+        kl_wgmma_ss<BN, BF16>(s, desc_kmajor<D, R, DADD>(sQ, 64 * wg, kk), desc_kmajor<D, TR, DADD>(sK, 0, kk),
                               kk > 0);
     wgmma_commit();
 }
 
 // Issue O += P V (P from registers, V: the tile at sV) as one wgmma group; neither o nor p
-// may be touched before a wait (and fence_pv).
-template <bool BF16, int D, int BN, bool DADD = false>
+// may be touched before a wait (and fence_pv). TR: the V tile's rows (issue_qk's).
+template <bool BF16, int D, int BN, bool DADD = false, int TR = BN>
 __device__ __forceinline__ void issue_pv(float (&o)[D / 2], unsigned (&p)[BN / 4], unsigned sV) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
         kl_wgmma_rs<D, BF16>(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3],
-                             desc_mnmajor<D, BN, DADD>(sV, 16 * kk), 1);
+                             desc_mnmajor<D, TR, DADD>(sV, 16 * kk), 1);
     wgmma_commit();
 }
 
@@ -474,6 +480,9 @@ struct WsStages {
 #ifndef KL_ATTN_V7_TREE
 #define KL_ATTN_V7_TREE 0
 #endif
+#ifndef KL_ATTN_V7_NARROW
+#define KL_ATTN_V7_NARROW 0
+#endif
 
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
@@ -533,6 +542,13 @@ struct V7Tiles {
     // TREE (-DKL_ATTN_V7_TREE=1, cuda_sm90.py's V7_MANY): Softmax's row max and sum as four
     // partial ones (Softmax's TREE).
     static constexpr bool TREE = KL_ATTN_V7_TREE;
+    // NARROW (-DKL_ATTN_V7_NARROW=1, persistent, BN past Tiles<D>::BN; cuda_sm90.py's V7_SHORT
+    // under causal): an item whose keys all fit in Tiles<D>::BN (128) computes that many, the
+    // first rows of the ring's wider tile, rather than BN: under causal at 129-208 keys the
+    // first query block's one tile is 128 keys wide, the second's one tile BN wide.
+    static constexpr bool NARROW = KL_ATTN_V7_NARROW;
+    static constexpr int NB = Tiles<D>::BN;  // a narrow item's keys
+    static_assert(!NARROW || (PERSIST && BN > NB), "a narrow item is a persistent v7's, narrower than its ring");
     static_assert(WG == 2 || WG == 3, "two or three consumer warpgroups");
     static constexpr int BM = 64 * WG;  // query rows a block
     static constexpr int THREADS = 128 * (WG + 1);
@@ -772,9 +788,11 @@ struct Consumer {
         __syncwarp();
         if (lane == 0) mbar_arrive(b.v_empty(r0 + it));  // this warp is done with V_it
     }
+    // NB: the keys a tile computes (BN, or fewer of a wider ring's tile: v7's NARROW)
+    template <int NB = BN>
     __device__ __forceinline__ bool masked(int it) const {
-        const int n0 = it * BN;
-        return n0 + BN > S_k || (causal && n0 + BN - 1 > blk.m0 + blk.off);
+        const int n0 = it * NB;
+        return n0 + NB > S_k || (causal && n0 + NB - 1 > blk.m0 + blk.off);
     }
 };
 
@@ -1002,7 +1020,7 @@ __device__ __forceinline__ void epilogue_tma(const SM& sm, const float (&o)[D / 
 // and Q's buffer goes back by q_empty: at PERSIST 1 once the epilogue's store has read o out
 // of it (an arrival a warpgroup), at PERSIST 2 (o staged at sO) once the item's last S is
 // done (an arrival a warp).
-template <bool BF16, int D, int STAGES, int BN, bool SPLIT>
+template <bool BF16, int D, int STAGES, int BN, bool SPLIT, int NB = BN>
 __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, SPLIT>& b, unsigned sQ, unsigned sKV,
                                            unsigned sO, const TensorMap* to, float* __restrict__ lse_b, int S_q,
                                            int S_k, float scale_log2, int causal, int h_q, int z, int t, int r0 = 0,
@@ -1011,7 +1029,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     constexpr bool DADD = V7Tiles<D>::DESC_ADD;
     constexpr int PERSIST = V7Tiles<D>::PERSIST;
     constexpr int WG = V7Tiles<D>::WG, R = V7Tiles<D>::BM;
-    using SM = Softmax<D, BN, V7Tiles<D>::FAST_EXP, V7Tiles<D>::COLMASK, V7Tiles<D>::TREE>;
+    using SM = Softmax<D, NB, V7Tiles<D>::FAST_EXP, V7Tiles<D>::COLMASK, V7Tiles<D>::TREE>;
     const Consumer<D, STAGES, BN, SPLIT> c(blk, b, sKV, S_k, causal, t, r0);
     const int cw = c.cw, qd = c.qd, row_lo = c.row_lo;
     // turns go round: warpgroup cw hands over to the next one (1 - cw with two)
@@ -1042,59 +1060,59 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
     if (n > 0) {
         if (cw == WG - 1) hand_over();  // warpgroup 0 takes the first turn
         if constexpr (!PERSIST) mbar_wait(b.q_full, 0);
-        unsigned p[BN / 4];  // P of the tile before the current one
+        unsigned p[NB / 4];  // P of the tile before the current one
         float alpha[2];      // O's factor for that tile's max
         {
             c.wait_full(0);
-            float s[BN / 2];
+            float s[NB / 2];
             turn();  // turn 0: S_0
-            issue_qk<BF16, D, BN, DADD, R>(s, sQ, c.stage(0), cw);
+            issue_qk<BF16, D, NB, DADD, R, BN>(s, sQ, c.stage(0), cw);
             hand_over();  // (n >= 1 turns remain for both)
             wgmma_wait<0>();
             q_done(n == 1);
             if constexpr (SPLIT) {
                 c.release(0);  // K_0
             }
-            fence_s<BN>(s);
-            sm.scores(s, alpha, scale_log2, c.masked(0), 0, row_lo, S_k, causal, blk.off, qd);
-            pack_p<BF16, BN>(s, p);
+            fence_s<NB>(s);
+            sm.scores(s, alpha, scale_log2, c.template masked<NB>(0), 0, row_lo, S_k, causal, blk.off, qd);
+            pack_p<BF16, NB>(s, p);
         }
         for (int it = 1; it < n; ++it) {
             c.wait_full(it);
-            float s[BN / 2];
+            float s[NB / 2];
             turn();  // turn it: S_it, then O = alpha O + P V_{it-1}
-            issue_qk<BF16, D, BN, DADD, R>(s, sQ, c.stage(it), cw);
+            issue_qk<BF16, D, NB, DADD, R, BN>(s, sQ, c.stage(it), cw);
             SM::rescale(acc, alpha);
             if constexpr (SPLIT) {
                 c.wait_v_full(it - 1);
             }
-            issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(it - 1) + KV_BYTES);
+            issue_pv<BF16, D, NB, DADD, BN>(acc, p, c.stage(it - 1) + KV_BYTES);
             hand_over();
             wgmma_wait<1>();  // the older group, S_it, is done; the P V runs on
             q_done(it == n - 1);
             if constexpr (SPLIT) {
                 c.release(it);  // K_it
             }
-            fence_s<BN>(s);
-            sm.scores(s, alpha, scale_log2, c.masked(it), it * BN, row_lo, S_k, causal, blk.off, qd);
+            fence_s<NB>(s);
+            sm.scores(s, alpha, scale_log2, c.template masked<NB>(it), it * NB, row_lo, S_k, causal, blk.off, qd);
             wgmma_wait<0>();
-            fence_pv<D, BN>(acc, p);
+            fence_pv<D, NB>(acc, p);
             if constexpr (SPLIT) {
                 c.release_v(it - 1);
             } else {
                 c.release(it - 1);
             }
-            pack_p<BF16, BN>(s, p);
+            pack_p<BF16, NB>(s, p);
         }
         SM::rescale(acc, alpha);  // (nothing in flight: before the turn)
         turn();  // turn n: the last P V
         if constexpr (SPLIT) {
             c.wait_v_full(n - 1);
         }
-        issue_pv<BF16, D, BN, DADD>(acc, p, c.stage(n - 1) + KV_BYTES);
+        issue_pv<BF16, D, NB, DADD, BN>(acc, p, c.stage(n - 1) + KV_BYTES);
         if (cw != WG - 1) hand_over();  // the next warpgroup's last turn follows; the last one's is the end
         wgmma_wait<0>();
-        fence_pv<D, BN>(acc, p);
+        fence_pv<D, NB>(acc, p);
         if constexpr (SPLIT) {
             c.release_v(n - 1);
         } else {
@@ -1168,6 +1186,11 @@ __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk
                                                     t);
 }
 
+template <int N>
+struct Width {
+    static constexpr int value = N;
+};
+
 // v7: v4-v6's block (producer thread, ring, setmaxnreg 40 / 232) with consume_v7, tiled by
 // V7Tiles<D> (BN keys, STAGES); o is written through the tensor map `to` (dims (D, S_q, H,
 // Z), box E columns x 64 rows); the K / V maps' boxes are E columns x BN rows. With
@@ -1215,8 +1238,20 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
             }
             const Item w = item_of<D>(i, n_mb, H, Z, causal, S_k);
             const Block blk = block_at<BN, R>(w.mb, S_q, S_k, causal);
-            consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sO, to, lse + ((long long)w.z * H + w.h) * S_q, S_q,
-                                            S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
+            // the item, its tiles nb_ (a Width) keys wide
+            auto consume = [&](auto nb_) {
+                consume_v7<BF16, D, STAGES, BN, false, decltype(nb_)::value>(
+                    blk, b, sQ, sKV, sO, to, lse + ((long long)w.z * H + w.h) * S_q, S_q, S_k, scale_log2, causal,
+                    w.h, w.z, t, r, k & 1, q_empty);
+            };
+            if constexpr (V7::NARROW) {
+                if (key_end<R>(w.mb, S_q, S_k, causal) <= V7::NB)  // (then one tile)
+                    consume(Width<V7::NB>{});
+                else
+                    consume(Width<BN>{});
+            } else {
+                consume(Width<BN>{});
+            }
             r += blk.n_tiles;
             if constexpr (!V7::QUEUE) i += gridDim.x;
         }

@@ -116,7 +116,9 @@ class Tiles:
     alone (COLMASK), "m".
     ``lean_epi``: the epilogue's 1 / l and log2(l) by rcp / lg2.approx (LEAN_EPI), "l".
     ``tree``: the softmax's row max and sum as four partial ones, a shorter chain before the
-    exponentials (TREE), "r"."""
+    exponentials (TREE), "r". ``narrow`` (persistent, more than block_n(d) keys a tile): an
+    item whose keys all fit in block_n(d) computes only those, the first rows of its one tile
+    (NARROW), "n"."""
 
     bn: int
     stages: int
@@ -131,6 +133,7 @@ class Tiles:
     col_mask: bool = False
     lean_epi: bool = False
     tree: bool = False
+    narrow: bool = False
 
     @property
     def rows(self) -> int:
@@ -171,6 +174,7 @@ _TILE_FLAGS = (  # Tiles' flags as str writes them, in order
     ("col_mask", "m"),
     ("lean_epi", "l"),
     ("tree", "r"),
+    ("narrow", "n"),
 )
 
 
@@ -237,6 +241,7 @@ V7_TILINGS = {
         Tiles(128, 3, **_EDPO, tree=True),
         Tiles(128, 3, **_EDPO, free=True, tree=True),
         Tiles(208, 3, **_EDPO, free=True, **_ML, tree=True),
+        Tiles(208, 3, **_EDPO, free=True, **_ML, narrow=True),
     ),
     80: (
         Tiles(128, 3, fast_exp=True),
@@ -305,6 +310,7 @@ def v7_module(d: int, tiles: Tiles) -> Module:
         opts += ("-DKL_ATTN_V7_COLMASK=1",) if tiles.col_mask else ()
         opts += ("-DKL_ATTN_V7_LEAN_EPI=1",) if tiles.lean_epi else ()
         opts += ("-DKL_ATTN_V7_TREE=1",) if tiles.tree else ()
+        opts += ("-DKL_ATTN_V7_NARROW=1",) if tiles.narrow else ()
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
 
@@ -321,6 +327,11 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the persistent v7 has one K/V ring (no s)")
     if tiles.o_buffer and not tiles.persistent:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: o's own buffer (o) is the persistent v7's (p)")
+    if tiles.narrow and not (tiles.persistent and tiles.bn > block_n(d)):
+        raise ValueError(
+            f"attention/cuda_v7: tiling {tiles}: a narrow item (n) is a persistent v7's (p) whose tiles "
+            f"are wider than {block_n(d)} keys"
+        )
     if tiles.queue and not tiles.persistent:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the item queue (q) feeds the persistent v7 (p)")
     if tiles.three_wg and (d != 64 or tiles.bn > 128 or tiles.split_kv):
