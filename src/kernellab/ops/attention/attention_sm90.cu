@@ -1186,11 +1186,6 @@ __device__ __forceinline__ void fwd_tma(const TensorMap* tq, const TensorMap* tk
                                                     t);
 }
 
-template <int N>
-struct Width {
-    static constexpr int value = N;
-};
-
 // v7: v4-v6's block (producer thread, ring, setmaxnreg 40 / 232) with consume_v7, tiled by
 // V7Tiles<D> (BN keys, STAGES); o is written through the tensor map `to` (dims (D, S_q, H,
 // Z), box E columns x 64 rows); the K / V maps' boxes are E columns x BN rows. With
@@ -1238,20 +1233,14 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
             }
             const Item w = item_of<D>(i, n_mb, H, Z, causal, S_k);
             const Block blk = block_at<BN, R>(w.mb, S_q, S_k, causal);
-            // the item, its tiles nb_ (a Width) keys wide
-            auto consume = [&](auto nb_) {
-                consume_v7<BF16, D, STAGES, BN, false, decltype(nb_)::value>(
-                    blk, b, sQ, sKV, sO, to, lse + ((long long)w.z * H + w.h) * S_q, S_q, S_k, scale_log2, causal,
-                    w.h, w.z, t, r, k & 1, q_empty);
-            };
-            if constexpr (V7::NARROW) {
-                if (key_end<R>(w.mb, S_q, S_k, causal) <= V7::NB)  // (then one tile)
-                    consume(Width<V7::NB>{});
-                else
-                    consume(Width<BN>{});
-            } else {
-                consume(Width<BN>{});
-            }
+            float* lse_b = lse + ((long long)w.z * H + w.h) * S_q;
+            // V7's NARROW: an item whose keys fit in NB computes NB keys of its one tile
+            if (V7::NARROW && key_end<R>(w.mb, S_q, S_k, causal) <= V7::NB)
+                consume_v7<BF16, D, STAGES, BN, false, V7::NARROW ? V7::NB : BN>(
+                    blk, b, sQ, sKV, sO, to, lse_b, S_q, S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
+            else
+                consume_v7<BF16, D, STAGES, BN>(blk, b, sQ, sKV, sO, to, lse_b, S_q, S_k, scale_log2, causal, w.h,
+                                                w.z, t, r, k & 1, q_empty);
             r += blk.n_tiles;
             if constexpr (!V7::QUEUE) i += gridDim.x;
         }
