@@ -892,21 +892,20 @@ def test_tiles_parse_reads_what_str_writes():
 
 def test_v7_short_sequences_take_their_own_tilings(recorder, monkeypatch):
     """v7's default at D = 64 where every key fits one 208-key tile and not one of V7_TILES'
-    (128 < S_k <= 208: ViT-B/16's 197): V7_SHORT's, without the mask one 208-key tile, under
-    causal 128-key tiles, both persistent and without the warpgroups' turns ("f"), the wide one
-    masked by column ("m") with the lean epilogue ("l");
+    (128 < S_k <= 208: ViT-B/16's 197): V7_SHORT's one 208-key tile, persistent, without the
+    warpgroups' turns ("f"), masked by column where it can ("m"), the lean epilogue ("l"), and
+    under causal a first query block that computes only the 128 keys it sees ("n");
     V7_TILES' elsewhere and at the other head dims; an explicit tiling wins over both. The
     launch uses the chosen tiling's module, K / V boxes of its keys and its shared memory."""
-    wide, causal_t = cs.V7_SHORT[64]
-    assert (str(wide), str(causal_t)) == ("208x3edpofml", "128x3edpof")
-    assert wide in cs.V7_TILINGS[64] and causal_t in cs.V7_TILINGS[64]
+    short = cs.V7_SHORT[64]
+    assert str(short) == "208x3edpofmln" and short in cs.V7_TILINGS[64]
     own = cs.V7_TILES[64]
-    for s_k, want, want_c in ((1, own, own), (128, own, own), (129, wide, causal_t), (197, wide, causal_t),
-                              (208, wide, causal_t), (209, own, own), (1024, own, own)):  # fmt: skip
+    for s_k in (1, 128, 129, 197, 208, 209, 1024):
+        want = short if 128 < s_k <= 208 else own
         assert cs.v7_tiles(64, s_k) == want, s_k
         assert cs.tiles_of("v7", 64, None, s_k) == want, s_k
-        assert cs.v7_tiles(64, s_k, causal=True) == want_c, s_k
-        assert cs.tiles_of("v7", 64, None, s_k, True) == want_c, s_k
+        assert cs.v7_tiles(64, s_k, causal=True) == want, s_k
+        assert cs.tiles_of("v7", 64, None, s_k, True) == want, s_k
     assert cs.v7_tiles(64) == own
     for d in (80, 96, 128, 256):
         assert cs.v7_tiles(d, 197) == cs.v7_tiles(d, 197, True) == cs.V7_TILES[d], d
@@ -918,7 +917,7 @@ def test_v7_short_sequences_take_their_own_tilings(recorder, monkeypatch):
         cs.Module, "kernel", lambda self, *a, **k: modules.append(self) or kernel(self, *a, **k)
     )
     monkeypatch.setattr(cs, "sm_count", lambda dev: 132)
-    for s, causal, t in ((197, False, wide), (197, True, causal_t), (256, False, own)):
+    for s, causal, t in ((197, False, short), (197, True, short), (256, False, own)):
         q, k, v = (torch.randn(3, 2, s, 64, dtype=torch.bfloat16) for _ in range(3))
         cs.forward(q, k, v, causal, 0.125, "v7")
         grid, block, args, shared = recorder.calls[-1]
@@ -926,7 +925,7 @@ def test_v7_short_sequences_take_their_own_tilings(recorder, monkeypatch):
         assert args[1][5] == args[2][5] == (64, t.bn, 1, 1)
         assert shared == cs.smem_bytes("v7", 64, t)
         assert modules[-1] is cs.v7_module(64, t)
-    assert modules[0] is not cs.MODULES[64] and modules[1] is not modules[0] and modules[-1] is cs.MODULES[64]
+    assert modules[0] is modules[1] is not cs.MODULES[64] and modules[-1] is cs.MODULES[64]
 
 
 def test_v7_many_items_take_their_own_tiling(recorder, monkeypatch):
@@ -941,7 +940,7 @@ def test_v7_many_items_take_their_own_tiling(recorder, monkeypatch):
     assert cs.v7_tiles(64, 1024, True, 3 * sms, sms) == many
     assert cs.v7_tiles(64, 1024, False, 3 * sms - 1, sms) == own
     assert cs.v7_tiles(64, 1024, False, 10**6, 0) == own  # (no SM count: the default)
-    assert cs.v7_tiles(64, 197, False, 10**6, sms) == cs.V7_SHORT[64][0]
+    assert cs.v7_tiles(64, 197, False, 10**6, sms) == cs.V7_SHORT[64]
     for d in (80, 96, 128, 256):
         assert cs.v7_tiles(d, 1024, False, 10**6, sms) == cs.V7_TILES[d], d
     assert cs.tiles_of("v7", 64, cs.Tiles(128, 3), 1024, False, 10**6, sms) == cs.Tiles(128, 3)
@@ -1418,7 +1417,7 @@ def test_gpu_v7_at_every_tiling_the_lab_times(d, tiles, causal):
 @pytest.mark.parametrize("dtype", HALF, ids=dtype_id)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_v7_short_sequences_default(dtype, causal):
-    """v7's default at D = 64 and 129-208 keys (V7_SHORT's tilings: ViT-B/16's 197 tokens):
+    """v7's default at D = 64 and 129-208 keys (V7_SHORT's tiling: ViT-B/16's 197 tokens):
     against its emulation at the tiling's keys a tile and the reference, with S_q below, at
     and above S_k, GQA, and more items than SMs."""
     _sm90()
@@ -1426,7 +1425,7 @@ def test_gpu_v7_short_sequences_default(dtype, causal):
                                (300, 2, 160, 64)]):  # fmt: skip
         q, k, v = SPEC.make_inputs(shape, dtype, "cuda", 70 + n)
         t = cs.v7_tiles(64, k.shape[-2], causal)
-        assert t == cs.V7_SHORT[64][int(causal)]
+        assert t == cs.V7_SHORT[64]
         scale = 1 / math.sqrt(64)
         _check_v7(q, k, v, causal, scale, None, t.bn)
 

@@ -266,16 +266,15 @@ V7_TILINGS = {
     ),
     256: (Tiles(80, 2), Tiles(80, 2, split_kv=True), Tiles(80, 2, split_kv=True, fast_exp=True)),
 }
-# v7's tilings at short sequences, (without the mask, causal), where every key fits one tile
-# of the first and not one of V7_TILES' (V7_TILES[d].bn < S_k <= bn): at D = 64, ViT-B/16's
-# 197 keys. Without the mask one 208-key tile (S = 104 registers beside O's 32) rather than
-# two of 128, the second 69 keys wide; under causal the 128-key tiles (with 208 the first
-# query block's 128 rows would compute all 208 keys). Both without the warpgroups' turns
-# ("f"): an item is one or two key tiles, too few for the turns to overlap one warpgroup's
-# softmax with the other's GEMMs. The 208-key tile's 11 masked keys by column alone ("m":
-# no causal compare per element) and its epilogue by the MUFU alone ("l"). Measurements:
-# benchmarks/NOTES.md (ak), (ap).
-V7_SHORT = {64: (Tiles(208, 3, **_EDPO, free=True, **_ML), Tiles(128, 3, **_EDPO, free=True))}
+# v7's tiling at short sequences, where every key fits one of its tiles and not one of
+# V7_TILES' (V7_TILES[d].bn < S_k <= bn): at D = 64, ViT-B/16's 197 keys. One 208-key tile
+# (S = 104 registers beside O's 32) rather than two of 128, the second 69 keys wide; under
+# causal the first query block, whose keys fit in 128, computes only those ("n": else its 128
+# rows would compute all 208). Without the warpgroups' turns ("f"): an item is one key tile,
+# too little for the turns to overlap one warpgroup's softmax with the other's GEMMs. The
+# tile's 11 masked keys by column alone where no row needs the causal compare ("m") and the
+# epilogue by the MUFU alone ("l"). Measurements: benchmarks/NOTES.md (ak), (ap), (aq).
+V7_SHORT = {64: Tiles(208, 3, **_EDPO, free=True, **_ML, narrow=True)}
 # v7's tiling where S_k is past V7_SHORT's and there are at least V7_MANY_PER_SM items
 # (query block, head, batch) an SM: at D = 64 without the warpgroups' turns ("f") and with the
 # softmax's row max and sum in four parts ("r"). With several items an SM a block's items
@@ -353,13 +352,13 @@ def swizzle_bytes(d: int) -> int:
 
 
 def v7_tiles(d: int, s_k: int | None = None, causal: bool = False, items: int = 0, sms: int = 0) -> Tiles:
-    """v7's default tiling at head dim d, s_k keys and ``causal``: V7_SHORT[d]'s (without the
-    mask, causal) where s_k keys fill one tile of its first and not one of V7_TILES[d]'s;
-    else V7_MANY[d] where there are at least V7_MANY_PER_SM ``items`` (query blocks x heads x
-    batches) for each of ``sms`` SMs; else V7_TILES[d] (s_k None: V7_TILES[d])."""
+    """v7's default tiling at head dim d, s_k keys and ``causal``: V7_SHORT[d] where s_k keys
+    fill one of its tiles and not one of V7_TILES[d]'s; else V7_MANY[d] where there are at
+    least V7_MANY_PER_SM ``items`` (query blocks x heads x batches) for each of ``sms`` SMs;
+    else V7_TILES[d] (s_k None: V7_TILES[d])."""
     short = V7_SHORT.get(d)
-    if short is not None and s_k is not None and V7_TILES[d].bn < s_k <= short[0].bn:
-        return short[1] if causal else short[0]
+    if short is not None and s_k is not None and V7_TILES[d].bn < s_k <= short.bn:
+        return short
     many = V7_MANY.get(d)
     if many is not None and s_k is not None and sms > 0 and items >= V7_MANY_PER_SM * sms:
         return many
