@@ -196,14 +196,6 @@ def test_v7_barrier_ids_and_schedule_in_the_source():
         assert text in v7
         v7 = v7.replace(text, "")
     v7 = v7.replace("turn()", "named_sync(mine)").replace("hand_over()", "named_arrive(other)")
-    # V7Tiles' HALF_LAST: the loop's last turn and the last P V peeled at half width, the same
-    # barrier operations as a turn of the loop and the last P V that it stands in for
-    half_at = v7.index("        if (half) {")
-    else_at = v7.index("        } else {", half_at)
-    half = v7[half_at:else_at].replace("if (cw != WG - 1)", "if (cw == 0)")
-    sync, arrive = ("sync", "mine", ""), ("arrive", "other", "")
-    assert barrier_ops(half) == [sync, arrive, sync, ("", "", "if (cw == 0)"), arrive]
-    v7 = v7[:half_at] + v7[else_at:]
     assert v7.count("if (cw == WG - 1)") == 1 and v7.count("if (cw != WG - 1)") == 1
     at_two = v7.replace("if (cw == WG - 1)", "if (cw == 1)").replace("if (cw != WG - 1)", "if (cw == 0)")
     assert barrier_ops(at_two) == barrier_ops(body("consume_pingpong"))
@@ -406,10 +398,7 @@ def test_v7_lean_tilings_use_the_exponential_and_descriptors_they_name():
             ]
             assert "ex2.approx.ftz.f32" in ptx and "ex2.approx.f32" not in ptx, (d, t)
             if t.bn == cs.V7_TILES[d].bn:
-                # a half last tile (h) adds its S (d / 16 k steps), the P V before it (128 / 16)
-                # and its own (64 / 16)
-                extra = d // 16 + 8 + 4 if t.half_last else 0
-                assert ptx.count("wgmma.mma_async") == base.count("wgmma.mma_async") + extra, (d, t)
+                assert ptx.count("wgmma.mma_async") == base.count("wgmma.mma_async"), (d, t)
 
 
 def test_v7_tilings_are_what_the_modules_build():
@@ -444,7 +433,6 @@ def test_v7_tilings_are_what_the_modules_build():
             lean_epi=bool(got.get("LEAN_EPI", 0)),
             tree=bool(got.get("TREE", 0)),
             narrow=bool(got.get("NARROW", 0)),
-            half_last=bool(got.get("HALF_LAST", 0)),
         )
 
     def v7_bars(ptx: str) -> set[int]:
@@ -891,12 +879,6 @@ def test_launcher_v7_persistent(recorder, monkeypatch):
         cs.check_tiles(64, cs.Tiles(128, 3, persistent=True, narrow=True))
     with pytest.raises(ValueError, match="narrow item"):
         cs.check_tiles(64, cs.Tiles(208, 3, narrow=True))
-    for bad in (
-        cs.Tiles(208, 3, persistent=True, half_last=True),
-        cs.Tiles(128, 3, split_kv=True, half_last=True),
-    ):
-        with pytest.raises(ValueError, match="half last tile"):
-            cs.check_tiles(64, bad)
     to = cs.Tiles(128, 3, fast_exp=True, desc_add=True, persistent=True, o_buffer=True)
     assert str(to) == "128x3edpo" and cs.smem_bytes("v7", 64, to) == cs.smem_bytes("v7", 64, t) + 128 * 64 * 2
 

@@ -240,17 +240,15 @@ struct Softmax {
         l[0] = l[1] = 0.f;
     }
 
-    // s: raw scores of key columns n0 .. n0 + W - 1 for rows row_lo (h = 0) and row_lo + 8
-    // (W: the tile's keys, BN but for v7's HALF_LAST tile).
-    template <int W = BN>
-    __device__ __forceinline__ void scores(float (&s)[W / 2], float (&alpha)[2], float scale_log2, bool masked,
+    // s: raw scores of key columns n0 .. n0 + BN - 1 for rows row_lo (h = 0) and row_lo + 8.
+    __device__ __forceinline__ void scores(float (&s)[BN / 2], float (&alpha)[2], float scale_log2, bool masked,
                                            int n0, int row_lo, int S_k, int causal, int off, int q) {
         // the warp's rows are row_lo - g .. row_lo - g + 15 (g = lane / 4)
         const int warp_row = row_lo - (int)((threadIdx.x & 31) >> 2);
-        const bool cols_only = COLMASK && !(causal && n0 + W - 1 > warp_row + off);
+        const bool cols_only = COLMASK && !(causal && n0 + BN - 1 > warp_row + off);
         if (masked && cols_only) {
 #pragma unroll
-            for (int j = 0; j < W / 8; ++j)
+            for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
                     if (n0 + 8 * j + 2 * q + e >= S_k) s[4 * j + e] = s[4 * j + 2 + e] = neg_inf();
@@ -262,7 +260,7 @@ struct Softmax {
                 const int last = causal ? min(S_k - 1, row_lo + 8 * h + off) : S_k - 1;
                 const int lim = last - n0 - 2 * q;
 #pragma unroll
-                for (int j = 0; j < W / 8; ++j)
+                for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                     for (int e = 0; e < 2; ++e)
                         if (8 * j + e > lim) s[4 * j + 2 * h + e] = neg_inf();
@@ -277,7 +275,7 @@ struct Softmax {
 #pragma unroll
             for (int i = 0; i < P; ++i) mq[i] = neg_inf(), sq[i] = 0.f;
 #pragma unroll
-            for (int j = 0; j < W / 8; ++j) mq[j % P] = fmaxf(mq[j % P], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+            for (int j = 0; j < BN / 8; ++j) mq[j % P] = fmaxf(mq[j % P], fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
             float mx = combine_parts(mq, max);
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
@@ -287,7 +285,7 @@ struct Softmax {
             alpha[h] = softmax_exp2<FAST>(m[h] - m_use);  // 0 when m[h] = -inf
             m[h] = m_new;
 #pragma unroll
-            for (int j = 0; j < W / 8; ++j)
+            for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const float x = softmax_exp2<FAST>(fmaf(s[4 * j + 2 * h + e], scale_log2, -m_use));
@@ -485,9 +483,6 @@ struct WsStages {
 #ifndef KL_ATTN_V7_NARROW
 #define KL_ATTN_V7_NARROW 0
 #endif
-#ifndef KL_ATTN_V7_HALF_LAST
-#define KL_ATTN_V7_HALF_LAST 0
-#endif
 
 // v7's tiling per head dim (cuda_sm90.py's V7_TILES mirrors it; a test reads it back from the
 // PTX). A module built with -DKL_ATTN_V7_BN=n -DKL_ATTN_V7_STAGES=s and -DKL_ATTN_V7_SPLIT_KV,
@@ -554,11 +549,6 @@ struct V7Tiles {
     static constexpr bool NARROW = KL_ATTN_V7_NARROW;
     static constexpr int NB = Tiles<D>::BN;  // a narrow item's keys
     static_assert(!NARROW || (PERSIST && BN > NB), "a narrow item is a persistent v7's, narrower than its ring");
-    // HALF_LAST (-DKL_ATTN_V7_HALF_LAST=1, one K/V ring, 128-key tiles): a consumer warpgroup
-    // whose rows see none of its item's last tile's second half (under causal the first
-    // warpgroup on the diagonal tile) computes that tile 64 keys wide, after the others.
-    static constexpr bool HALF_LAST = KL_ATTN_V7_HALF_LAST;
-    static_assert(!HALF_LAST || (!SPLIT_KV && BN == 128), "a half last tile: one K/V ring, 128-key tiles");
     static_assert(WG == 2 || WG == 3, "two or three consumer warpgroups");
     static constexpr int BM = 64 * WG;  // query rows a block
     static constexpr int THREADS = 128 * (WG + 1);
@@ -1087,15 +1077,7 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             sm.scores(s, alpha, scale_log2, c.template masked<NB>(0), 0, row_lo, S_k, causal, blk.off, qd);
             pack_p<BF16, NB>(s, p);
         }
-        // HALF_LAST: this warpgroup's rows see no key past the first half of the last tile
-        constexpr int HB = NB / 2;
-        bool half = false;
-        if constexpr (V7Tiles<D>::HALF_LAST) {
-            const int wg_end = causal ? max(0, min(S_k, blk.m0 + 64 * (cw + 1) + blk.off)) : S_k;
-            half = n >= 2 && wg_end <= (n - 1) * NB + HB;
-        }
-        const int n_full = half ? n - 1 : n;
-        for (int it = 1; it < n_full; ++it) {
+        for (int it = 1; it < n; ++it) {
             c.wait_full(it);
             float s[NB / 2];
             turn();  // turn it: S_it, then O = alpha O + P V_{it-1}
@@ -1122,48 +1104,19 @@ __device__ __forceinline__ void consume_v7(const Block& blk, const Bars<STAGES, 
             }
             pack_p<BF16, NB>(s, p);
         }
-        if (half) {
-            if constexpr (V7Tiles<D>::HALF_LAST) {  // the loop's last turn at HB keys, then its P V
-                const int it = n - 1;
-                c.wait_full(it);
-                float s[HB / 2];
-                turn();
-                issue_qk<BF16, D, HB, DADD, R, BN>(s, sQ, c.stage(it), cw);
-                SM::rescale(acc, alpha);
-                issue_pv<BF16, D, NB, DADD, BN>(acc, p, c.stage(it - 1) + KV_BYTES);
-                hand_over();
-                wgmma_wait<1>();
-                q_done(true);
-                fence_s<HB>(s);
-                sm.template scores<HB>(s, alpha, scale_log2, true, it * NB, row_lo, S_k, causal, blk.off, qd);
-                wgmma_wait<0>();
-                fence_pv<D, NB>(acc, p);
-                c.release(it - 1);
-                unsigned ph[HB / 4];
-                pack_p<BF16, HB>(s, ph);
-                SM::rescale(acc, alpha);
-                turn();
-                issue_pv<BF16, D, HB, DADD, BN>(acc, ph, c.stage(it) + KV_BYTES);
-                if (cw != WG - 1) hand_over();
-                wgmma_wait<0>();
-                fence_pv<D, HB>(acc, ph);
-                c.release(it);
-            }
+        SM::rescale(acc, alpha);  // (nothing in flight: before the turn)
+        turn();  // turn n: the last P V
+        if constexpr (SPLIT) {
+            c.wait_v_full(n - 1);
+        }
+        issue_pv<BF16, D, NB, DADD, BN>(acc, p, c.stage(n - 1) + KV_BYTES);
+        if (cw != WG - 1) hand_over();  // the next warpgroup's last turn follows; the last one's is the end
+        wgmma_wait<0>();
+        fence_pv<D, NB>(acc, p);
+        if constexpr (SPLIT) {
+            c.release_v(n - 1);
         } else {
-            SM::rescale(acc, alpha);  // (nothing in flight: before the turn)
-            turn();  // turn n: the last P V
-            if constexpr (SPLIT) {
-                c.wait_v_full(n - 1);
-            }
-            issue_pv<BF16, D, NB, DADD, BN>(acc, p, c.stage(n - 1) + KV_BYTES);
-            if (cw != WG - 1) hand_over();  // the next warpgroup's last turn follows; the last one's is the end
-            wgmma_wait<0>();
-            fence_pv<D, NB>(acc, p);
-            if constexpr (SPLIT) {
-                c.release_v(n - 1);
-            } else {
-                c.release(n - 1);
-            }
+            c.release(n - 1);
         }
     }
     // PERSIST 2: the item before's store has read sO (its drain, by this warpgroup's first

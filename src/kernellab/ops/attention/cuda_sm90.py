@@ -118,9 +118,7 @@ class Tiles:
     ``tree``: the softmax's row max and sum as four partial ones, a shorter chain before the
     exponentials (TREE), "r". ``narrow`` (persistent, more than block_n(d) keys a tile): an
     item whose keys all fit in block_n(d) computes only those, the first rows of its one tile
-    (NARROW), "n". ``half_last`` (128-key tiles, one ring): a consumer warpgroup whose rows see
-    none of its item's last tile's second half (the first one on a causal diagonal) computes
-    that tile 64 keys wide (HALF_LAST), "h"."""
+    (NARROW), "n"."""
 
     bn: int
     stages: int
@@ -136,7 +134,6 @@ class Tiles:
     lean_epi: bool = False
     tree: bool = False
     narrow: bool = False
-    half_last: bool = False
 
     @property
     def rows(self) -> int:
@@ -178,7 +175,6 @@ _TILE_FLAGS = (  # Tiles' flags as str writes them, in order
     ("lean_epi", "l"),
     ("tree", "r"),
     ("narrow", "n"),
-    ("half_last", "h"),
 )
 
 
@@ -246,8 +242,6 @@ V7_TILINGS = {
         Tiles(128, 3, **_EDPO, free=True, tree=True),
         Tiles(208, 3, **_EDPO, free=True, **_ML, tree=True),
         Tiles(208, 3, **_EDPO, free=True, **_ML, narrow=True),
-        Tiles(128, 3, **_EDPO, free=True, tree=True, half_last=True),
-        Tiles(128, 3, **_EDPO, half_last=True),
     ),
     80: (
         Tiles(128, 3, fast_exp=True),
@@ -262,7 +256,6 @@ V7_TILINGS = {
         Tiles(128, 3, **_EDPO, queue=True),
     ),
     128: (
-        Tiles(128, 3, **_ED, half_last=True),
         Tiles(128, 3, **_EDP),
         Tiles(128, 3, **_EDP, queue=True),
         Tiles(128, 2, **_EDPO),
@@ -317,7 +310,6 @@ def v7_module(d: int, tiles: Tiles) -> Module:
         opts += ("-DKL_ATTN_V7_LEAN_EPI=1",) if tiles.lean_epi else ()
         opts += ("-DKL_ATTN_V7_TREE=1",) if tiles.tree else ()
         opts += ("-DKL_ATTN_V7_NARROW=1",) if tiles.narrow else ()
-        opts += ("-DKL_ATTN_V7_HALF_LAST=1",) if tiles.half_last else ()
         _V7_MODULES[key] = Module(CU, options=opts, archs=("sm_90a",))
     return _V7_MODULES[key]
 
@@ -338,10 +330,6 @@ def check_tiles(d: int, tiles: Tiles) -> None:
         raise ValueError(
             f"attention/cuda_v7: tiling {tiles}: a narrow item (n) is a persistent v7's (p) whose tiles "
             f"are wider than {block_n(d)} keys"
-        )
-    if tiles.half_last and (tiles.bn != 128 or tiles.split_kv):
-        raise ValueError(
-            f"attention/cuda_v7: tiling {tiles}: a half last tile (h) needs 128-key tiles in one ring"
         )
     if tiles.queue and not tiles.persistent:
         raise ValueError(f"attention/cuda_v7: tiling {tiles}: the item queue (q) feeds the persistent v7 (p)")
