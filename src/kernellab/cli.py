@@ -916,6 +916,7 @@ def cmd_train_mnist(args) -> int:
 
 
 HF_CONFIGS = ("gpt2", "llama", "qwen2", "mistral", "gemma2", "phi")
+COMPARE_CONFIGS = (*HF_CONFIGS, "vit")  # --compare also times ViT-B/16 (an image classifier)
 
 
 def _several_gpus(args, kw: dict) -> int:
@@ -948,10 +949,11 @@ def cmd_train_user_model(args) -> int:
         return 2
     if args.model == "hf":
         config = args.config or "llama"
-        if config not in HF_CONFIGS:
-            console.print(f"[red]--config {config}: train hf takes {', '.join(HF_CONFIGS)}[/]")
+        if config not in COMPARE_CONFIGS:
+            console.print(f"[red]--config {config}: train hf takes {', '.join(COMPARE_CONFIGS)}[/]")
             return 2
-        name, seq, bsz = f"hf-{config}", args.seq_len or 2048, args.batch_size or 2
+        bsz = args.batch_size or (64 if config == "vit" else 2)
+        name, seq = f"hf-{config}", args.seq_len or 2048
         modes = "eager,compile"
     else:
         name, seq, bsz = "nanogpt", args.seq_len or 1024, args.batch_size or 8
@@ -1406,8 +1408,9 @@ def _train_user_parsers(models) -> None:
                               description=f"Training steps of {what}, each variant in its own process, "
                               "timed with --compare (tokens/s, peak memory).")  # fmt: skip
         if name == "hf":
-            t.add_argument("--config", default=None, help=" | ".join(HF_CONFIGS) + " (default llama)")
-        _train_common(t, "default 2 (hf) / 8 (nanogpt)", cmd_train_user_model)
+            configs = " | ".join(COMPARE_CONFIGS) + " (default llama; vit with --compare only)"
+            t.add_argument("--config", default=None, help=configs)
+        _train_common(t, "default 2 (hf; 64 images for vit) / 8 (nanogpt)", cmd_train_user_model)
         t.add_argument("--seq-len", type=int, default=None, help="default 2048 (hf) / 1024 (nanogpt)")
         t.add_argument("--mode", default=None, help="eager | compile | compile-cudagraphs (default: every one)")
         t.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")

@@ -246,6 +246,8 @@ def _rule_gelu(path, parent, name, m, ctx):
     if cls in _HF_TANH_GELU:
         _replace_child(parent, name, klnn.GELU("tanh", backend=ctx.backend_for("gelu")), ctx)
         return "kernellab.nn.GELU('tanh')"
+    if cls == "GELUActivation":  # transformers' exact GELU (BERT's, ViT's)
+        ctx.report.left.append(("gelu", path, "GELUActivation (erf): kernellab.gelu is tanh only"))
     return None
 
 

@@ -97,6 +97,30 @@ def test_hf_phi_builds_at_head_dim_80_and_patches(tmp_path):
     assert abs(rows[0]["loss"] - rows[1]["loss"]) < 1e-2 * abs(rows[0]["loss"])
 
 
+def test_hf_vit_trains_on_images_and_patches(tmp_path, capsys):
+    """hf-vit: ViT-B/16's shape at a tiny width, trained on images and class labels (one
+    sequence of patches + the class token an image); kernellab's patch swaps its layer norms
+    and attention, says why its exact GELU stays, and gives the unpatched model's loss; no
+    decode task (it is not a language model)."""
+    from kernellab.models import user_models
+
+    full = user_models.HF_SIZES["hf-vit"][0]
+    assert (full["image_size"] // full["patch_size"]) ** 2 + 1 == 197
+    out_path = tmp_path / "rows.jsonl"
+    code = user_models.main(["--model", "hf-vit", "--small", "--batch", "2", "--modes", "eager",
+                             "--variants", "hf,kernellab", "--steps", "1", "--rounds", "1", "--warmup", "1",
+                             "--dtype", "fp32", "--json", str(out_path)])  # fmt: skip
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "attention      vit.layers.*.attention (x2)" in err and "layer_norm x5" in err
+    assert "GELUActivation (erf): kernellab.gelu is tanh only" in err
+    rows = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert [r["variant"] for r in rows] == ["hf", "kernellab"]
+    assert all(r["seq"] == 17 and r["tokens_per_s"] > 0 for r in rows)  # (32 / 8)^2 patches + 1
+    assert abs(rows[0]["loss"] - rows[1]["loss"]) < 1e-4 * abs(rows[0]["loss"])
+    assert user_models.main(["--model", "hf-vit", "--task", "decode", "--small"]) == 2
+
+
 def test_decode_task_times_generation_and_compares_tokens(tmp_path, capsys):
     """--task decode: greedy generation of a patched and an unpatched hf-llama from the
     same weights and prompt; fp32 gives the same tokens; one row per (variant, mode)."""

@@ -6,7 +6,8 @@ Models:
   nanogpt   a nanoGPT-style GPT-2 written as a user writes it (F.layer_norm, tanh GeLU,
             F.scaled_dot_product_attention, F.cross_entropy); variant "kernellab" swaps those
             four calls for kernellab's by hand (backend=None).
-  hf-gpt2, hf-llama, hf-qwen2, hf-mistral, hf-gemma2, hf-phi (Phi-2's widths: head dim 80)
+  hf-gpt2, hf-llama, hf-qwen2, hf-mistral, hf-gemma2, hf-phi (Phi-2's widths: head dim 80),
+  hf-vit    (ViT-B/16: 224 x 224 images, 197 tokens, a classification loss; --seq unused)
             Hugging Face transformers models built from configs (no weights downloaded);
             variants "hf" (as is, SDPA), "liger" (Liger-Kernel's patch, when installed) and
             "kernellab" (kernellab.patch, when present).
@@ -145,7 +146,14 @@ HF_SIZES = {
                     vocab_size=51200, partial_rotary_factor=0.4, max_position_embeddings=4096),
                dict(hidden_size=80, intermediate_size=160, num_hidden_layers=2, num_attention_heads=1,
                     vocab_size=256, partial_rotary_factor=0.4)),
+    # ViT-B/16 (ImageNet's 1000 classes)
+    "hf-vit": (dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                    image_size=224, patch_size=16, num_labels=1000),
+               dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                    image_size=32, patch_size=8, num_labels=10)),
 }  # fmt: skip
+# The image models among them: inputs pixel_values (B, 3, S, S) and one label an image.
+HF_IMAGE = ("hf-vit",)
 
 
 def hf_model(name: str, small: bool):
@@ -153,7 +161,8 @@ def hf_model(name: str, small: bool):
 
     cls = {"hf-gpt2": (tf.GPT2Config, tf.GPT2LMHeadModel), "hf-llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
            "hf-qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM), "hf-mistral": (tf.MistralConfig, tf.MistralForCausalLM),
-           "hf-gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM), "hf-phi": (tf.PhiConfig, tf.PhiForCausalLM)}[name]  # fmt: skip
+           "hf-gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM), "hf-phi": (tf.PhiConfig, tf.PhiForCausalLM),
+           "hf-vit": (tf.ViTConfig, tf.ViTForImageClassification)}[name]  # fmt: skip
     cfg = cls[0](**HF_SIZES[name][1 if small else 0])
     cfg._attn_implementation = "sdpa"
     return cls[1](cfg)
@@ -167,7 +176,7 @@ def liger_patch(name: str, model) -> str | None:
         return "liger-kernel is not installed"
     fn = {"hf-gpt2": None, "hf-llama": "apply_liger_kernel_to_llama", "hf-qwen2": "apply_liger_kernel_to_qwen2",
           "hf-mistral": "apply_liger_kernel_to_mistral", "hf-gemma2": "apply_liger_kernel_to_gemma2",
-          "hf-phi": None}[name]  # fmt: skip
+          "hf-phi": None, "hf-vit": None}[name]  # fmt: skip
     if fn is None or not hasattr(lk, fn):
         return f"Liger has no patch for {name}"
     getattr(lk, fn)(model=model)
@@ -229,8 +238,9 @@ def decode_main(a, backends: dict) -> int:
     --rounds; and how many generated tokens equal the first variant's. Modes: eager, and
     compile (a static cache and ``torch.compile`` of the forward, as transformers'
     generation docs advise)."""
-    if not a.model.startswith("hf-"):
-        print(f"--task decode needs a Hugging Face model (hf-...), not {a.model!r}", file=sys.stderr)
+    if not a.model.startswith("hf-") or a.model in HF_IMAGE:
+        print(f"--task decode needs a Hugging Face model (hf-..., a language model), not {a.model!r}",
+              file=sys.stderr)  # fmt: skip
         return 2
     if a.new_tokens < 2:
         print(f"--new-tokens must be at least 2, got {a.new_tokens}", file=sys.stderr)
@@ -363,8 +373,10 @@ def _isolated_decode(a, argv: list[str]) -> int:
 # --------------------------------------------------------------------------- timing
 
 
-def make_step(model, opt, mode: str, hf: bool):
+def make_step(model, opt, mode: str, hf: bool, image: bool = False):
     def loss_of(idx, tgt):
+        if image:  # idx: pixel_values
+            return model(pixel_values=idx, labels=tgt).loss
         if hf:
             return model(input_ids=idx, labels=tgt).loss
         return model(idx, tgt)
@@ -613,14 +625,15 @@ def main(argv: list[str] | None = None) -> int:
 
     dev, dtype = _device_dtype(a)
     nodes_in_use = _settle_nodes(dev)
-    hf = a.model.startswith("hf-")
+    hf, image = a.model.startswith("hf-"), a.model in HF_IMAGE
     variants = _variants(a)
     modes = a.modes.split(",")
     torch.manual_seed(0)
     if hf:
         with torch.device(dev):  # initialised where it runs (a 1B model's init takes ~20 s on a CPU)
             base = hf_model(a.model, a.small)
-        vocab = base.config.vocab_size
+        base_cfg = base.config
+        vocab = getattr(base_cfg, "vocab_size", None)
     else:
         d, layers, heads, vocab = (64, 2, 4, 256) if a.small else (768, 12, 12, 50304)
         base = NanoGPT(vocab, a.seq, d, layers, heads, nano_ops("torch"))
@@ -643,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             m.train()
             opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=dev == "cuda")
-            step = make_step(m, opt, mode, hf)
+            step = make_step(m, opt, mode, hf, image)
             if v in RULE_VARIANTS:
                 step = _under_rule(step, RULE_VARIANTS[v])
             elif v == "kernellab" and any(r in variants for r in RULE_VARIANTS):
@@ -654,8 +667,14 @@ def main(argv: list[str] | None = None) -> int:
     param_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
     del base
     gen = torch.Generator(device="cpu").manual_seed(1)
-    idx = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
-    tgt = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
+    if image:  # random images and labels; seq: the tokens an image makes (patches + the class token)
+        side, patch, labels = base_cfg.image_size, base_cfg.patch_size, base_cfg.num_labels
+        a.seq = (side // patch) ** 2 + 1
+        idx = torch.randn(a.batch, 3, side, side, generator=gen).to(dev, dtype)
+        tgt = torch.randint(0, labels, (a.batch,), generator=gen).to(dev)
+    else:
+        idx = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
+        tgt = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     peak, losses = {}, {}
     for key, (_, step, _) in runs.items():  # warm-up: compiles, autotuning, allocator
