@@ -1,0 +1,90 @@
+"""Which SDPA kernels a torch.compile'd training step runs at ViT-B/16's attention
+(64 x 12 heads x 197 tokens x 64, bf16, q/k/v as HF's ViT makes them: a linear's output
+viewed as heads and transposed), called several ways: F.scaled_dot_product_attention
+plain, with scale=, with dropout_p=0.0, through transformers' sdpa_attention_forward, and
+kernellab.attention with backend="cuda" (an opaque custom op). Per case: the top kernels of
+one forward+backward under the profiler and its time (CUDA events, median of 20).
+
+    python lab/probe_compile_sdpa.py [--out FILE.jsonl]"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--batch", type=int, default=64)
+    a = ap.parse_args(argv)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    import kernellab
+
+    b, h, s, d = a.batch, 12, 197, 64
+    lin = torch.nn.Linear(h * d, 3 * h * d, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(b, s, h * d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    class Mod(torch.nn.Module):
+        is_causal = False
+
+    mod = Mod()
+
+    def qkv():
+        t = lin(x)
+        return [t[..., i * h * d : (i + 1) * h * d].view(b, s, h, d).transpose(1, 2) for i in range(3)]
+
+    cases = {
+        "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+        "sdpa_scale": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.125),
+        "sdpa_dropout0": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, scale=0.125),
+        "hf_sdpa": lambda q, k, v: sdpa_attention_forward(mod, q, k, v, None, dropout=0.0, scaling=0.125)[0],
+        "kernellab_cuda": lambda q, k, v: kernellab.attention(q, k, v, scale=0.125, backend="cuda"),
+    }
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from kernellab.harness import timer
+
+    for name, fn in cases.items():
+        for mode in ("eager", "compile"):
+            torch._dynamo.reset()
+
+            def step(fn=fn):
+                q, k, v = qkv()
+                out = fn(q, k, v)
+                out.float().sum().backward()
+
+            run = torch.compile(step) if mode == "compile" else step
+            row = dict(case=name, mode=mode, gpu=torch.cuda.get_device_name(), torch=torch.__version__)
+            try:
+                for _ in range(3):
+                    run()
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    run()
+                    torch.cuda.synchronize()
+                kern = {}
+                for e in prof.events():
+                    if e.device_type == DeviceType.CUDA:
+                        kern[e.name] = kern.get(e.name, 0.0) + e.time_range.elapsed_us()
+                top = sorted(kern.items(), key=lambda kv: -kv[1])[:6]
+                row["top_kernels_us"] = {k[:90]: round(v, 1) for k, v in top}
+                row["ms"] = round(timer.time_cuda(run, min_time_s=0.1, budget_s=0.6).median_ms, 4)
+            except Exception as e:  # noqa: BLE001 (a case that fails is a row's note)
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            print(json.dumps(row), flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
