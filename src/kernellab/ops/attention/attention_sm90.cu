@@ -189,13 +189,13 @@ struct Block {
     int off;      // S_k - S_q: query i sees keys j <= i + off (causal)
 };
 
-// Query block mb's rows and key tiles; R query rows a block (v7 with three consumer warpgroups: 192).
-// The keys query block mb's rows see: 0 .. key_end - 1.
+// The keys query block mb's rows see: 0 .. key_end - 1 (under causal, past its last row's limit).
 template <int R = BM>
 __device__ __forceinline__ int key_end(int mb, int S_q, int S_k, int causal) {
-    return causal ? max(0, min(S_k, (mb + 1) * R + S_k - S_q)) : S_k;  // past the block's last row's limit
+    return causal ? max(0, min(S_k, (mb + 1) * R + S_k - S_q)) : S_k;
 }
 
+// Query block mb's rows and key tiles; R query rows a block (v7 with three consumer warpgroups: 192).
 template <int BN, int R = BM>
 __device__ __forceinline__ Block block_at(int mb, int S_q, int S_k, int causal) {
     Block b;
@@ -1234,7 +1234,8 @@ __device__ __forceinline__ void fwd_v7(const TensorMap* tq, const TensorMap* tk,
             const Item w = item_of<D>(i, n_mb, H, Z, causal, S_k);
             const Block blk = block_at<BN, R>(w.mb, S_q, S_k, causal);
             float* lse_b = lse + ((long long)w.z * H + w.h) * S_q;
-            // V7's NARROW: an item whose keys fit in NB computes NB keys of its one tile
+            // V7's NARROW: an item whose keys fit in NB computes NB keys of its one tile (without
+            // NARROW both calls are the BN-wide consume_v7, the first one dead)
             if (V7::NARROW && key_end<R>(w.mb, S_q, S_k, causal) <= V7::NB)
                 consume_v7<BF16, D, STAGES, BN, false, V7::NARROW ? V7::NB : BN>(
                     blk, b, sQ, sKV, sO, to, lse_b, S_q, S_k, scale_log2, causal, w.h, w.z, t, r, k & 1, q_empty);
