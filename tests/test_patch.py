@@ -564,6 +564,52 @@ def test_patch_attention_fallback_keeps_is_causal(monkeypatch):
     assert seen and all(mask is None and causal for mask, causal in seen), seen
 
 
+def _tiny_vit():
+    cfg = transformers.ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 image_size=32, patch_size=8, num_labels=10, attn_implementation="sdpa")  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.ViTForImageClassification(cfg).float()
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "vit"])
+def test_patch_hf_makes_no_mask_shapes_show_unneeded_while_tracing(family, monkeypatch):
+    """transformers skips its SDPA masks only when not tracing, and with torch before 2.14
+    Dynamo reads every torch.compile as an export, so a compiled model carries a mask
+    (ViT's sends SDPA to its math path). Emulated here by is_torchdynamo_exporting -> True:
+    the unpatched model then gets masks; the patched one none where shapes alone show none
+    is needed (no padding; Mistral's plain window prefill), with the same step. A padding
+    mask is still made and applied."""
+    from transformers import masking_utils
+
+    monkeypatch.setattr(masking_utils, "is_torchdynamo_exporting", lambda: True)
+    seen = []
+    real = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("attn_mask", args[3] if len(args) > 3 else None))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    if family == "vit":
+        ref = _tiny_vit()
+        x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 7])
+        run = lambda m: (lambda o: (o.logits, o.loss))(m(pixel_values=x, labels=y))  # noqa: E731
+    else:
+        ref = _tiny(family)
+        run = _hf_run(torch.randint(0, 256, (2, 11)))
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    run(ref)
+    assert len(seen) == 2 and all(m is not None for m in seen), "the emulation makes masks"
+    _assert_same_step(ref, pat, run)
+    assert report.attention_calls == {"kernellab": 2} and not report.attention_fallbacks, report
+    if family == "llama":
+        ids, mask = torch.randint(0, 256, (2, 9)), torch.ones(2, 9, dtype=torch.long)
+        mask[1, :3] = 0
+        _assert_same_step(ref, pat, _hf_run(ids, mask))
+        assert report.attention_fallbacks == {"attention mask (padding or custom) given": 2}, report
+
+
 def test_patch_functions_traced_under_compile_import_nothing():
     """The attention, mask, rope and loss functions the patch puts in a model run inside
     torch.compile's trace; an import there breaks the graph where the imported package is

@@ -507,19 +507,36 @@ def _hf_fallback(
 
 
 def _hf_mask(*args, local_size=None, allow_is_causal_skip=True, **kwargs):
-    """transformers' SDPA mask, plus: a sliding-window causal mask with no padding is not
-    materialized either in a plain prefill (no cache offset, S_q == S_k) or a one-token
-    decode step, since the attention function passes the window to the kernel (aligned
-    bottom-right: the query is the last key of the cache)."""
+    """transformers' SDPA mask, except where shapes and Python values alone show that no
+    mask is needed; then None, as transformers itself returns in eager mode:
+
+    - no padding mask and the cache offsets plain integers: a causal mask SDPA's is_causal
+      stands for (S_q == 1, S_q == S_k or no query offset; no window that bites), or a
+      bidirectional one with nothing to mask;
+    - a sliding-window causal mask with no padding, in a plain prefill (no cache offset,
+      S_q == S_k) or a one-token decode step: the attention function passes the window to
+      the kernel (aligned bottom-right: the query is the last key of the cache).
+
+    transformers skips only when not tracing, and with torch before 2.14 Dynamo answers
+    every torch.compile as an export: the compiled model carries a materialized mask,
+    which keeps SDPA off flash and cuDNN (ViT's falls to the math path) and kernellab's
+    attention on its fallback. The tests above read no tensor, so they hold under
+    torch.compile, whose guards cover the shapes they read."""
     mu = _HF["masking_utils"]
     bound = dict(zip(("batch_size", "q_length", "kv_length", "q_offset", "kv_offset"), args))
     bound.update(kwargs)
     config = kwargs.get("config")
     q_len, kv_len = bound["q_length"], bound["kv_length"]
     q_off, kv_off = bound.get("q_offset", 0), bound.get("kv_offset", 0)
-    plain = isinstance(q_off, int) and isinstance(kv_off, int) and (
-        q_len == 1 or (q_off == 0 and kv_off == 0 and q_len == kv_len)
-    )
+    ints = isinstance(q_off, int) and isinstance(kv_off, int)
+    unpadded = bound.get("attention_mask") is None
+    window_free = local_size is None or kv_len < local_size
+    if unpadded and ints and window_free:
+        if allow_is_causal_skip and (q_len == 1 or kv_len == q_len or q_off == 0):
+            return None
+        if kwargs.get("allow_is_bidirectional_skip", False):
+            return None
+    plain = ints and (q_len == 1 or (q_off == 0 and kv_off == 0 and q_len == kv_len))
     if (
         plain
         and allow_is_causal_skip
@@ -528,6 +545,8 @@ def _hf_mask(*args, local_size=None, allow_is_causal_skip=True, **kwargs):
         and getattr(config, "sliding_window", None) == local_size
         and getattr(config, "attention_chunk_size", None) is None
     ):
+        if unpadded:
+            return None
         pad = mu.prepare_padding_mask(bound.get("attention_mask"), kv_len, kv_off)
         if mu._ignore_causal_mask_sdpa(pad, q_len, kv_len, q_off, kv_off, None):
             return None
