@@ -565,8 +565,10 @@ def test_patch_attention_fallback_keeps_is_causal(monkeypatch):
 
 
 def _tiny_vit():
-    cfg = transformers.ViTConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                 image_size=32, patch_size=8, num_labels=10, attn_implementation="sdpa")  # fmt: skip
+    cfg = transformers.ViTConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+        patch_size=8, num_labels=10, attn_implementation="sdpa",
+    )  # fmt: skip
     torch.manual_seed(0)
     return transformers.ViTForImageClassification(cfg).float()
 
