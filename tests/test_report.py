@@ -45,6 +45,14 @@ def _files(tmp_path):
     return paths + [p]
 
 
+def test_model_groups_keep_each_variants_last_row():
+    row = lambda v, ms, mode="compile": dict(model="hf-vit", variant=v, mode=mode, batch=64, seq=197, ms=ms)  # noqa: E731
+    rows = [row("hf", 32.4), row("kernellab", 32.5), row("hf", 32.7), row("kernellab", 19.6), row("hf", 21.4, "eager")]
+    groups = report.model_groups(rows)
+    assert list(groups) == [("hf-vit", "compile", 64, 197)]  # the eager key has one variant
+    assert [(r["variant"], r["ms"]) for r in groups[("hf-vit", "compile", 64, 197)]] == [("hf", 32.7), ("kernellab", 19.6)]
+
+
 def test_speedups_and_ladders_from_rows(tmp_path):
     kinds = report.load(_files(tmp_path))
     assert [len(kinds[k]) for k in ("bench", "models", "host", "check")] == [9, 3, 1, 2]

@@ -39,7 +39,9 @@ Under torch.compile, a patched piece whose op has no backend named runs the mode
 code (its RMSNorm, MLP, rotary function, SDPA attention, head and loss): PyTorch's ops,
 which Inductor fuses with their neighbours, so the compiled patched model is the compiled
 unpatched one (``registry.compiled_backend``: no kernellab backend is declared faster in a
-compiled graph). ``backend=`` puts kernellab's op in the graph; ``kernellab.nn`` modules
+compiled graph) but for the attention mask: a Hugging Face model's mask is made only where
+one is needed (``_hf_mask``), where transformers with torch before 2.14 makes it in every
+compiled step. ``backend=`` puts kernellab's op in the graph; ``kernellab.nn`` modules
 and the class-swapped norms and activations take their op's compiled default.
 
 Hugging Face's RMSNorm rounds ``x * rstd`` to the storage dtype before the weight multiply

@@ -80,11 +80,17 @@ def _save(fig, out: Path, name: str) -> str:
     return name
 
 
-def plot_models(rows, out: Path) -> str | None:
-    groups = defaultdict(list)  # (model, mode, batch, seq) -> rows in file order
+def model_groups(rows) -> dict[tuple, list[dict]]:
+    """(model, mode, batch, seq) -> one row per variant, the last in file order (a re-run
+    replaces the earlier row); only groups of two variants or more."""
+    latest = defaultdict(dict)
     for r in rows:
-        groups[(r["model"], r["mode"], r.get("batch"), r.get("seq"))].append(r)
-    groups = {k: v for k, v in groups.items() if len(v) > 1}
+        latest[(r["model"], r["mode"], r.get("batch"), r.get("seq"))][r["variant"]] = r
+    return {k: list(v.values()) for k, v in latest.items() if len(v) > 1}
+
+
+def plot_models(rows, out: Path) -> str | None:
+    groups = model_groups(rows)
     if not groups:
         return None
     plt = _plt()
