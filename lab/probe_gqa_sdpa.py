@@ -48,7 +48,8 @@ def main(argv=None) -> int:
         return t[:, :, None].expand(b, hk, g, s, d).reshape(b, h, s, d)
 
     cases = {
-        "enable_gqa_no_mask": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        "enable_gqa_no_mask": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                     enable_gqa=True),
         "repeat_kv_mask": lambda: F.scaled_dot_product_attention(q, rep(k), rep(v), attn_mask=mask),
         "repeat_kv_is_causal": lambda: F.scaled_dot_product_attention(q, rep(k), rep(v), is_causal=True),
         "kernellab_cuda": lambda: kernellab.attention(q, k, v, causal=True, backend="cuda"),
@@ -58,8 +59,8 @@ def main(argv=None) -> int:
 
     dout = torch.randn(b, h, s, d, device=dev, dtype=dt)
     for name, fn in cases.items():
-        row = dict(case=name, shape=f"{b}x{h}/{hk}x{s}x{d}", gpu=torch.cuda.get_device_name() if dev == "cuda" else "cpu",
-                   torch=torch.__version__)  # fmt: skip
+        gpu = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
+        row = dict(case=name, shape=f"{b}x{h}/{hk}x{s}x{d}", gpu=gpu, torch=torch.__version__)
 
         def step(fn=fn):
             q.grad = k.grad = v.grad = None
