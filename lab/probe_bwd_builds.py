@@ -3,13 +3,16 @@ cuDNN at Gemma-2's head-dim-256 GQA shape, small enough for the tail of a device
 
     python lab/probe_bwd_builds.py [--out FILE.jsonl] [--causal both|true|false] [--shape B,Hq,Hkv,S,D[;...]]
                                    [--grid-only] [--flip OPTION[,OPTION...]] [--pairs N[,N...]]
+                                   [--split N[,N...]]
     python lab/probe_bwd_builds.py --precompile 64,80,96,128,256
 
 --grid-only times the default beside the default with the other grid only (persistent or a
 block an item: ``BwdOpts.persist``), at each of the ;-separated shapes; --flip q128 the
 default beside the default with that option (a ``BwdOpts`` field) flipped, each on its own;
 --pairs 1,4,28 the default (sections of pairs by the L2 budget) beside the default with
-sections of each count of (k/v head, batch) pairs (``BwdOpts.pairs``; no build of its own).
+sections of each count of (k/v head, batch) pairs (``BwdOpts.pairs``; no build of its own);
+--split 2,4,7 the default beside the default with each key block's items split over runs of
+the group's q heads (``BwdOpts.split``; one build for every count).
 
 The builds' modules are first compiled in parallel processes into the disk cache (a build
 takes 5-20 s of NVRTC and ptxas; a head dim has six).
@@ -42,13 +45,15 @@ def _compile_one(job) -> None:
     cb.bwd_module(d, opts).compile("sm_90")
 
 
-def builds(d: int, grid_only: bool = False, flip: tuple = (), pairs: tuple = ()) -> tuple:
+def builds(d: int, grid_only: bool = False, flip: tuple = (), pairs: tuple = (), split: tuple = ()) -> tuple:
     """The builds timed at head dim d: the default, then BWD_LAB[d] (grid_only: the default
     with the other grid alone; flip: the default with each named option flipped; pairs: the
-    default with each section size)."""
+    default with each section size; split: with each split count)."""
     default = cb.BWD_DEFAULTS[d]
     if pairs:
         return (default, *(dataclasses.replace(default, pairs=n) for n in pairs))
+    if split:
+        return (default, *(dataclasses.replace(default, split=n) for n in split))
     if grid_only:
         flip = ("persist",)
     if flip:
@@ -79,9 +84,11 @@ def main() -> int:
     ap.add_argument("--grid-only", action="store_true", help="the default and its other grid only")
     ap.add_argument("--flip", default="", help="the default and the default with these options flipped")
     ap.add_argument("--pairs", default="", help="the default and the default with these section sizes")
+    ap.add_argument("--split", default="", help="the default and the default with these split counts")
     a = ap.parse_args()
     a.flip = tuple(f for f in a.flip.split(",") if f)
     a.pairs = tuple(int(n) for n in a.pairs.split(",") if n)
+    a.split = tuple(int(n) for n in a.split.split(",") if n)
     if a.precompile:
         precompile(*(int(x) for x in a.precompile.split(",")), grid_only=a.grid_only, flip=a.flip)
         return 0
@@ -116,7 +123,7 @@ def probe(shape: tuple, a) -> None:
 
         row["bwd_ms"]["cudnn"] = round(timer.time_cuda(cudnn_bwd, **tkw).median_ms, 4)
         o, lse = cs.forward(q, k, v, causal, scale, "v7")
-        for opts in builds(d, a.grid_only, a.flip, a.pairs):
+        for opts in builds(d, a.grid_only, a.flip, a.pairs, a.split):
             name = "default" if opts == cb.BWD_DEFAULTS[d] else str(opts)
 
             def bwd(opts=opts):

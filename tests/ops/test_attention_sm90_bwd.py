@@ -688,15 +688,20 @@ def test_persistent_items_cover_every_key_block_once():
     = H_kv is the block-per-item grid's order. The producer hands each item to the consumers
     through item_slot and kv_full, and both count the ring's uses on across items."""
     src = cb.CU.read_text()
-    assert "const int2 e = __ldg(order + i);\n    return BwdItem{e.x & 0xffff, e.x >> 16, e.y};" in src
+    assert "const int2 e = __ldg(order + i);\n#if KL_ATTN_BWD_PARTS" in src
+    assert "#else\n    return BwdItem{e.x & 0xffff, e.x >> 16, e.y};\n#endif" in src
     assert "return PERSIST ? bwd_item(order, i) :" in src
-    assert src.count("const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, group, causal);") == 2
+    assert src.count("const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, heads, causal);") == 2
+    assert src.count("const int heads = group, h_first = w.hk * group;") == 2  # (not split)
+    assert src.count("const int h = h_first + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM;") == 2
     assert "if (uses > 0) mbar_wait(kv_empty, (uses - 1) & 1);" in src
     # the producer decodes the item
-    assert "item_slot[2] = w.z;\n                if (w.z < 0) {  // the end" in src
+    assert "item_slot[2] = w.z;\n#if KL_ATTN_BWD_PARTS" in src
+    assert "#endif\n                if (w.z < 0) {  // the end" in src
+    assert "mbar_wait(kv_full, uses & 1);\n#if KL_ATTN_BWD_PARTS" in src
     assert (
-        "mbar_wait(kv_full, uses & 1);\n        const BwdItem w{item_slot[0], item_slot[1], item_slot[2]};\n"
-        "        if (w.z < 0) break;"
+        "        const BwdItem w{item_slot[0], item_slot[1], item_slot[2]};\n"
+        "        const int heads = group, h_first = w.hk * group;\n#endif\n        if (w.z < 0) break;"
     ) in src
     assert "auto claim = [&]() { return PERSIST ? (int)gridDim.x + atomicAdd(sched, 1) : 1; };" in src
     assert src.count("i = claim();") == 2  # after an item's last copy is issued, or at once for an empty one
@@ -722,6 +727,38 @@ def test_persistent_items_cover_every_key_block_once():
             x, y = table[:, 0].tolist(), table[:, 1].tolist()
             assert [(e & 0xFFFF, e >> 16, zz) for e, zz in zip(x, y)][: len(seen)] == seen
             assert y[len(seen) :] == [-1] * 3
+
+
+def test_split_items_cover_every_q_head_once():
+    """A split build's items (``split_items``, packed by ``order_table``, unpacked by bwd_item's
+    PARTS branch as written in the .cu): each (k/v head, key block, batch) becomes ``parts``
+    consecutive items whose runs of q heads cover its group once, in order, as even as they
+    divide; the end entries stay {0, -1}. Bad counts are refused, naming the split."""
+    src = cb.CU.read_text()
+    assert "if (e.y < 0) return BwdItem{0, 0, -1, 0, 0};" in src
+    assert "return BwdItem{e.x & 0xffff, e.x >> 16, e.y & 0xffff, (e.y >> 16) & 0xff, e.y >> 24};" in src
+    assert src.count("const int heads = w.nh, h_first = w.hk * group + w.h0;") == 2
+    for h_kv, n_kb, z, group in ((2, 16, 2, 7), (1, 3, 1, 1), (3, 2, 5, 4), (2, 1, 1, 127)):
+        items = cb.item_order(h_kv, n_kb, z, h_kv)
+        for parts in sorted({1, 2, 3, 4, group}):
+            if parts > group:
+                continue
+            rows = cb.split_items(items, group, parts)
+            assert rows.shape == (len(items) * parts, 5)
+            runs = rows.view(len(items), parts, 5)
+            assert torch.equal(runs[:, :, :3], items[:, None, :].expand(-1, parts, -1))
+            h0, nh = runs[:, :, 3], runs[:, :, 4]
+            assert (nh >= 1).all() and nh.max() - nh.min() <= 1 and (nh.sum(1) == group).all()
+            assert torch.equal(h0[:, 1:], (h0 + nh)[:, :-1]) and (h0[:, 0] == 0).all()
+            table = cb.order_table(rows, 2)
+            x, y = table[:, 0].tolist(), table[:, 1].tolist()
+            got = [(e & 0xFFFF, e >> 16, f & 0xFFFF, (f >> 16) & 0xFF, f >> 24) for e, f in zip(x, y)]
+            assert got[: len(rows)] == [tuple(r) for r in rows.tolist()] and y[len(rows) :] == [-1, -1]
+    for group, parts in ((4, 5), (4, 0), (128, 2)):
+        with pytest.raises(ValueError, match="split"):
+            cb.split_items(cb.item_order(1, 1, 1, 1), group, parts)
+    with pytest.raises(ValueError, match="split builds are persistent"):
+        cb.bwd_module(64, cb.BwdOpts(split=2))
 
 
 def test_sections_fit_l2_and_a_wave_and_causal_tails():
@@ -857,6 +894,18 @@ def test_launcher_arguments(recorder):
     cb.backward(do, q, k, v, o, lse, True, 0.3, opts=dataclasses.replace(cb.BWD_DEFAULTS[80], persist=False))
     assert recorder[1][1] == (2, 3, 2) and recorder[1][3][9:-2] == a[9:-2]
     assert recorder[1][3][-2] == 0  # no item table
+    recorder.clear()  # the group split over 3 items a key block: fp32 dK, dV buffers, rounded after
+    split = dataclasses.replace(cb.BWD_DEFAULTS[80], split=3)
+    dq3, dk3, dv3 = cb.backward(do, q, k, v, o, lse, True, 0.3, opts=split)
+    g3, a3 = recorder[1][1], recorder[1][3]
+    assert g3 == (36, 1, 1)  # 12 items x 3 runs of the group's 4 q heads
+    dk32, dv32 = a3[7], a3[8]
+    assert dk32.dtype == dv32.dtype == torch.float32 and dk32.shape == dv32.shape == (2, 2, 260, 80)
+    assert a3[9:17] == a[9:17] and a3[17:23] == (2 * 260 * 80, 260 * 80, 80) * 2
+    items = cb.split_items(cb.item_order(2, 3, 2, 4), 4, 3)
+    assert a3[24].tolist() == cb.order_table(items, 36).tolist()
+    assert dk3.shape == k.shape and dk3.dtype == k.dtype and dv3.shape == v.shape
+    assert (dk3 == 0).all() and (dv3 == 0).all()  # the buffers as the (recorded, not run) kernel left them
     recorder.clear()  # more items than SMs: one block an SM
     big = torch.randn(140, 2, 260, 80, dtype=torch.bfloat16)
     cb.backward(big, big, big, big, big, torch.zeros(140, 2, 260), False, 0.3)
@@ -1071,6 +1120,25 @@ def test_emulated_backward_matches_the_reference(shape, dtype, causal):
     _check_grads(got, q, k, v, do, causal, scale, str(shape))
 
 
+@pytest.mark.parametrize("shape", [(1, 6, 2, 65, 200, 64), (2, 7, 1, 130, 130, 64), (1, 4, 2, 257, 129, 96)],
+                         ids=lambda s: "x".join(map(str, s)))  # fmt: skip
+@pytest.mark.parametrize("split", [2, 4])
+def test_emulated_split_backward_matches_the_reference_and_the_whole_group(shape, split):
+    """A split build's arithmetic (``emulate_backward(split=)``): dK and dV per run of q heads,
+    summed in fp32 after; against the float64 reference, and within a rounding of the
+    unsplit emulation (only the order of the fp32 sums differs), dq equal."""
+    q, k, v = SPEC.make_inputs(shape, torch.bfloat16, "cpu", 5)
+    scale = 1 / math.sqrt(q.shape[-1])
+    o, lse = cs.emulate(q, k, v, True, scale)
+    do = torch.randn(o.shape, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    got = cb.emulate_backward(do, q, k, v, o, lse, True, scale, split=split)
+    _check_grads(got, q, k, v, do, True, scale, f"{shape} split {split}")
+    whole = cb.emulate_backward(do, q, k, v, o, lse, True, scale)
+    assert torch.equal(got[0], whole[0])
+    for g, w in zip(got[1:], whole[1:]):
+        torch.testing.assert_close(g.float(), w.float(), rtol=1e-2, atol=1e-2)
+
+
 def test_emulated_backward_survives_large_scores():
     q, k, v = SPEC.make_inputs((1, 2, 200, 333, 128), torch.bfloat16, "cpu", 4)
     q[..., 0, :] *= 30
@@ -1273,7 +1341,7 @@ def test_loop_builds_compile_clean(d, opts):
     mod = cb.bwd_module(d, opts)
     _assert_build_clean(d, mod, *opts.flags)
     ptx = mod.compile("sm_90", target="ptx").decode()
-    assert _bwd_build(ptx, d) == dataclasses.replace(opts, no_dq_red=False)  # the flags set BwdBuild
+    assert _bwd_build(ptx, d) == dataclasses.replace(opts, no_dq_red=False, split=0)  # the flags set BwdBuild
     built = asm.split_ptx(ptx)
     plain = asm.split_ptx(cb.bwd_module(d, cb.BwdOpts()).compile("sm_90", target="ptx").decode())
     assert set(built) == set(plain) == _names(d)

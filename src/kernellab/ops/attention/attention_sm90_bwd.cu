@@ -133,6 +133,16 @@
 #define KL_ATTN_BWD_NO_DQ_RED 0
 #endif
 
+// -DKL_ATTN_BWD_PARTS=1 (a lab build, cuda_sm90_bwd.BwdOpts.split; persistent builds only): an
+// item is a key block of a k/v head and batch for a run of its group's q heads (the table
+// entry's h0, nh), so that where H_kv x key blocks x Z is below the SM count the group's
+// heads fill the grid. Several items then sum into the same keys' dK and dV: their fp32
+// partials go to fp32 buffers by red.global.add (dk, dv point at them; dK already scaled),
+// and the host rounds them to the 16-bit gradients.
+#ifndef KL_ATTN_BWD_PARTS
+#define KL_ATTN_BWD_PARTS 0
+#endif
+
 // Options of the loop, per head dim (BwdBuild<D>; cuda_sm90_bwd.BWD_DEFAULTS is the same table,
 // which a test reads back from the PTX): FAST_EXP computes P = exp2(S scale log2 e - lse) with
 // ex2.approx.ftz.f32 (softmax_exp2 in attention_sm90_common.cuh) instead of exp2f's
@@ -369,14 +379,23 @@ __device__ __forceinline__ KeyBlock key_block(int nb, int S_q, int S_k, int grou
 // A block's work: key block nb of k/v head hk in batch z. One block each (grid (H_kv,
 // n_kb, Z)), or with BwdBuild's PERSIST item i of H_kv x n_kb x Z, entry i of the order
 // table {hk | nb << 16, z}; after the last item one entry a block {0, -1} (the end). (A table:
-// the producer's 24 registers hold no divisions.)
+// the producer's 24 registers hold no divisions.) PARTS: the entry's second word is
+// z | h0 << 16 | nh << 24, the item's q heads h0 .. h0 + nh - 1 of the group (-1: the end).
 struct BwdItem {
     int hk, nb, z;
+#if KL_ATTN_BWD_PARTS
+    int h0, nh;
+#endif
 };
 
 __device__ __forceinline__ BwdItem bwd_item(const int2* __restrict__ order, int i) {
     const int2 e = __ldg(order + i);
+#if KL_ATTN_BWD_PARTS
+    if (e.y < 0) return BwdItem{0, 0, -1, 0, 0};
+    return BwdItem{e.x & 0xffff, e.x >> 16, e.y & 0xffff, (e.y >> 16) & 0xff, e.y >> 24};
+#else
     return BwdItem{e.x & 0xffff, e.x >> 16, e.y};
+#endif
 }
 
 // --------------------------------------------------------------------------------------- kernel
@@ -408,7 +427,10 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     constexpr bool DADD = BwdBuild<D>::DESC_ADD, FAST = BwdBuild<D>::FAST_EXP, PERSIST = BwdBuild<D>::PERSIST;
     extern __shared__ unsigned char smem[];
     __shared__ __align__(8) unsigned long long bars[2 * STAGES + 2];
-    __shared__ int item_slot[3];  // the item kv_full's phase announces: hk, nb, z (-1: the end)
+    constexpr bool PARTS = KL_ATTN_BWD_PARTS;
+    static_assert(!PARTS || PERSIST, "a split group's items come from the persistent order table");
+    // the item kv_full's phase announces: hk, nb, z (-1: the end); PARTS: and h0, nh
+    __shared__ int item_slot[PARTS ? 5 : 3];
     check_smem(1024 + S::BYTES);
     const unsigned base = (smem_u32(smem) + 1023u) & ~1023u;
     const unsigned full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[STAGES]), kv_full = smem_u32(&bars[2 * STAGES]);
@@ -449,11 +471,18 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                 item_slot[0] = w.hk;
                 item_slot[1] = w.nb;
                 item_slot[2] = w.z;
+#if KL_ATTN_BWD_PARTS
+                item_slot[3] = w.h0;
+                item_slot[4] = w.nh;
+                const int heads = w.nh, h_first = w.hk * group + w.h0;
+#else
+                const int heads = group, h_first = w.hk * group;
+#endif
                 if (w.z < 0) {  // the end
                     mbar_arrive(kv_full);
                     break;
                 }
-                const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, group, causal);
+                const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, heads, causal);
                 if (kb.n_it == 0) {  // nothing to load: dK = dV = 0
                     mbar_arrive(kv_full);
                     i = claim();
@@ -465,7 +494,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                 for (int it = 0; it < kb.n_it; ++it) {
                     const int u = it0 + it, st = u % STAGES;
                     if (u >= STAGES) mbar_wait(empty0 + 8 * st, (u / STAGES - 1) & 1);  // use u - STAGES done
-                    const int h = w.hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM;
+                    const int h = h_first + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM;
                     const unsigned bar = full0 + 8 * st;
                     mbar_expect_tx(bar, 2 * S::QT_BYTES + S::LD_BYTES);
                     tma_tile<D, BM>(base + S::Q + st * S::QT_BYTES, tq, bar, m0, h, w.z);
@@ -562,11 +591,17 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
     for (int uses = 0;; ++uses) {
         if (!PERSIST && uses == 1) break;
         mbar_wait(kv_full, uses & 1);
+#if KL_ATTN_BWD_PARTS
+        const BwdItem w{item_slot[0], item_slot[1], item_slot[2], item_slot[3], item_slot[4]};
+        const int heads = w.nh, h_first = w.hk * group + w.h0;
+#else
         const BwdItem w{item_slot[0], item_slot[1], item_slot[2]};
+        const int heads = group, h_first = w.hk * group;
+#endif
         if (w.z < 0) break;
         const int hk = w.hk;
         z = w.z;
-        const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, group, causal);
+        const KeyBlock kb = key_block<BN, BM>(w.nb, S_q, S_k, heads, causal);
         const int kw0 = kb.n0 + kofs;            // the warpgroup's first key in the sequence
         const int key_lo = kw0 + 16 * warp + g;  // this thread's keys: key_lo, key_lo + 8
         float dk_acc[NV / 2], dv_acc[NV / 2];
@@ -574,7 +609,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         for (int r = 0; r < NV / 2; ++r) dk_acc[r] = dv_acc[r] = 0.f;
         for (int it = 0; it < kb.n_it; ++it) {
             const int u = it0 + it, st = u % STAGES;  // the ring's use
-            const int h = hk * group + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM;
+            const int h = h_first + it / kb.per, m0 = (kb.m_begin + it % kb.per) * BM;
             const unsigned sQ = base + S::Q + st * S::QT_BYTES, sdO = base + S::DO + st * S::QT_BYTES;
             const unsigned sdS = base + S::DS + (2 * cw + (u & 1)) * S::DS_BYTES;
             mbar_wait(full0 + 8 * st, (u / STAGES) & 1);
@@ -752,6 +787,16 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
         for (int hh = 0; hh < 2; ++hh) {
             const int key = key_lo + 8 * hh;
             if (key < S_k) {
+#if KL_ATTN_BWD_PARTS
+                // fp32 partials of this run of the group's heads (dk, dv: the fp32 buffers)
+                float* dkr = reinterpret_cast<float*>(dk) + z * sdkz + hk * sdkh + key * sdks + c_kv + 2 * qd;
+                float* dvr = reinterpret_cast<float*>(dv) + z * sdvz + hk * sdvh + key * sdvs + c_kv + 2 * qd;
+#pragma unroll
+                for (int j = 0; j < NV / 8; ++j) {
+                    red_add2(dkr + 8 * j, dk_acc[4 * j + 2 * hh] * scale, dk_acc[4 * j + 2 * hh + 1] * scale);
+                    red_add2(dvr + 8 * j, dv_acc[4 * j + 2 * hh], dv_acc[4 * j + 2 * hh + 1]);
+                }
+#else
                 T* dkr = dk + z * sdkz + hk * sdkh + key * sdks + c_kv + 2 * qd;
                 T* dvr = dv + z * sdvz + hk * sdvh + key * sdvs + c_kv + 2 * qd;
 #pragma unroll
@@ -759,6 +804,7 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
                     store2(dkr + 8 * j, dk_acc[4 * j + 2 * hh] * scale, dk_acc[4 * j + 2 * hh + 1] * scale);
                     store2(dvr + 8 * j, dv_acc[4 * j + 2 * hh], dv_acc[4 * j + 2 * hh + 1]);
                 }
+#endif
             }
         }
     }

@@ -95,8 +95,12 @@ class BwdOpts:
     (-DKL_ATTN_BWD_Q128=1, head dim 64 only) steps through the queries 128 rows at a time
     instead of 64 (``query_rows``), the warpgroups splitting dQ by rows; ``pairs`` (no -D
     option: a launch argument) the (k/v head, batch) pairs a section of the persistent item
-    order holds (0: ``section_pairs``'s). Written as the options
-    set, joined by "+" (pairs as "pairs-N")."""
+    order holds (0: ``section_pairs``'s); ``split`` (persistent builds; -DKL_ATTN_BWD_PARTS=1
+    above 1, the count itself a launch argument) the items a (key block, k/v head, batch)
+    becomes, each for a run of the group's q heads (``split_items``), their dK and dV partials
+    summed into fp32 buffers and rounded after: where H_kv x key blocks x Z leaves SMs idle
+    (Qwen2.5-0.5B's 2 k/v heads). Written as the options set, joined by "+" (pairs as
+    "pairs-N", split as "split-N")."""
 
     no_dq_red: bool = False
     fast_exp: bool = False
@@ -105,19 +109,25 @@ class BwdOpts:
     persist: bool = False
     q128: bool = False
     pairs: int = 0
+    split: int = 0
 
     def __str__(self) -> str:
-        on = [f.replace("_", "-") for f in self.__dataclass_fields__ if f != "pairs" and getattr(self, f)]
-        on += [f"pairs-{self.pairs}"] * bool(self.pairs)
+        counts = ("pairs", "split")
+        on = [f.replace("_", "-") for f in self.__dataclass_fields__ if f not in counts and getattr(self, f)]
+        on += [f"{f}-{getattr(self, f)}" for f in counts if getattr(self, f)]
         return "+".join(on) or "base"
 
     @property
     def flags(self) -> tuple[str, ...]:
         """The -D options of the build: each loop option set to 0 or 1 (for every head dim in
         the module, in place of BwdBuild<D>'s), no_dq_red where it is on."""
-        return ("-DKL_ATTN_BWD_NO_DQ_RED=1",) * self.no_dq_red + tuple(
-            f"-DKL_ATTN_BWD_{f.upper()}={int(getattr(self, f))}"
-            for f in ("fast_exp", "mask_branch", "desc_add", "persist", "q128")
+        return (
+            ("-DKL_ATTN_BWD_NO_DQ_RED=1",) * self.no_dq_red
+            + tuple(
+                f"-DKL_ATTN_BWD_{f.upper()}={int(getattr(self, f))}"
+                for f in ("fast_exp", "mask_branch", "desc_add", "persist", "q128")
+            )
+            + ("-DKL_ATTN_BWD_PARTS=1",) * (self.split > 1)
         )
 
     @property
@@ -160,7 +170,11 @@ _LOOP_BUILDS = (
 # is the kernel with no option at all; where the default is persistent, the default with one
 # block an item comes last. (A persistent base build spills at D = 64, a persistent D = 256
 # build too: neither is timed.)
-# At D = 64 the default with the other query-block height (``q128``) too.
+# At D = 64 the default with the other query-block height (``q128``) too; where the default is
+# persistent, the default with its items split over the group's q heads (``split``).
+
+
+LAB_SPLIT = 4  # the split count of the lab's split builds (at most a group's q heads run)
 
 
 def _lab_builds(d: int) -> tuple[BwdOpts, ...]:
@@ -171,6 +185,7 @@ def _lab_builds(d: int) -> tuple[BwdOpts, ...]:
         *(o for o in loop if o != default),
         *((replace(default, persist=False),) if default.persist else ()),
         *((replace(default, q128=not default.q128),) if d == Q128_HEAD_DIM else ()),
+        *((replace(default, split=LAB_SPLIT),) if default.persist else ()),
     )
     return tuple(dict.fromkeys(builds))  # (each once: at D = 64 the flip is a loop build)
 
@@ -182,13 +197,16 @@ _LAB_MODULES: dict[tuple[int, BwdOpts], Module] = {}
 def bwd_module(d: int, opts: BwdOpts | None = None) -> Module:
     """The module of head dim d built with ``opts``: MODULES[d] for its default (None or
     BWD_DEFAULTS[d]), else one with the options' -D flags (``BwdOpts.flags``; kept per
-    (d, opts)). ``pairs`` is a launch argument: it takes no module of its own."""
+    (d, opts)). ``pairs`` is a launch argument: it takes no module of its own; ``split``
+    one for every count above 1."""
     if opts is not None:
-        opts = replace(opts, pairs=0)
+        opts = replace(opts, pairs=0, split=2 if opts.split > 1 else 0)
     if opts is None or opts == BWD_DEFAULTS[d]:
         return MODULES[d]
     if opts.q128 and d != Q128_HEAD_DIM:
         raise ValueError(f"attention/cuda: q128 builds are head dim {Q128_HEAD_DIM} only, not {d}")
+    if opts.split and not opts.persist:
+        raise ValueError("attention/cuda: split builds are persistent (the order table holds their items)")
     key = (d, opts)
     if key not in _LAB_MODULES:
         _LAB_MODULES[key] = Module(CU, options=(f"-DKL_ATTN_D={d}", *opts.flags), archs=("sm_90a",))
@@ -347,11 +365,33 @@ def item_order(h_kv: int, n_kb: int, z: int, sw: int) -> Tensor:
     return out
 
 
+SPLIT_GROUP_LIMIT = 127  # q heads a k/v head's group may have in a split build (nh's 7 bits)
+
+
+def split_items(items: Tensor, group: int, parts: int) -> Tensor:
+    """Each of ``item_order``'s rows (k/v head, key block, batch) as ``parts`` consecutive
+    items (k/v head, key block, batch, h0, nh), the group's q heads cut into runs as even as
+    they divide (run p: [p group // parts, (p + 1) group // parts)); ``parts`` at most
+    ``group``. A split build's kernel reads the rows as its table (``order_table``)."""
+    if not 1 <= parts <= group <= SPLIT_GROUP_LIMIT:
+        raise ValueError(
+            f"attention/cuda: split {parts} of a group of {group} q heads "
+            f"(1 <= split <= group <= {SPLIT_GROUP_LIMIT})"
+        )
+    p = torch.arange(parts, dtype=torch.int64)
+    h0 = p * group // parts
+    nh = (p + 1) * group // parts - h0
+    rows = items.repeat_interleave(parts, 0)
+    return torch.cat((rows, h0.repeat(len(items))[:, None], nh.repeat(len(items))[:, None]), 1)
+
+
 def order_table(items: Tensor, blocks: int) -> Tensor:
     """``item_order``'s rows as the kernel's int32 pairs {hk | nb << 16, z} (bwd_item in the
-    .cu; hk and nb are below GRID_LIMIT, 2^16), then ``blocks`` end entries {0, -1} (each
-    block of the grid claims one item past the last), shape (items + blocks, 2)."""
-    table = torch.stack((items[:, 0] | items[:, 1] << 16, items[:, 2]), 1)
+    .cu; hk and nb are below GRID_LIMIT, 2^16), or ``split_items``' as {hk | nb << 16, z |
+    h0 << 16 | nh << 24}, then ``blocks`` end entries {0, -1} (each block of the grid claims
+    one item past the last), shape (items + blocks, 2)."""
+    second = items[:, 2] if items.shape[1] == 3 else items[:, 2] | items[:, 3] << 16 | items[:, 4] << 24
+    table = torch.stack((items[:, 0] | items[:, 1] << 16, second), 1)
     end = torch.tensor([[0, -1]], dtype=table.dtype).expand(blocks, 2)
     return torch.cat((table, end)).to(torch.int32)
 
@@ -401,6 +441,13 @@ def backward(
     lse_p = torch.empty(p.pad, dtype=torch.float32, device=dev)
     delta_p = torch.empty(p.pad[0] * p.pad[1] + 1, dtype=torch.float32, device=dev)  # + the item counter
     dq_acc = torch.empty(p.acc, dtype=torch.float32, device=dev)
+    if p.kv_acc:  # a split group: the items add fp32 partials, rounded here
+        dk32 = torch.zeros(p.kv_acc, dtype=torch.float32, device=dev)
+        dv32 = torch.zeros(p.kv_acc, dtype=torch.float32, device=dev)
+        p.launch(do, q, k, v, o, lse, dq, dk32, dv32, lse_p, delta_p, dq_acc)
+        dk.copy_(dk32.view(dk.shape))
+        dv.copy_(dv32.view(dv.shape))
+        return dq, dk, dv
     p.launch(do, q, k, v, o, lse, dq, dk, dv, lse_p, delta_p, dq_acc)
     return dq, dk, dv
 
@@ -413,7 +460,9 @@ class BwdPlan:
     which the preprocess zeroes), ``acc`` of the fp32 dQ accumulator; ``launch(do, q, k, v, o, lse,
     dq, dk, dv, lse_p, delta_p, dq_acc)`` the three kernels with everything but the addresses
     bound (None: nothing to sum); ``copy``: an input must be copied first; ``triton``: the
-    head dim has no CUDA backward (``backward_kernel``)."""
+    head dim has no CUDA backward (``backward_kernel``); ``kv_acc`` (a split build) the size
+    (Z, H_kv, S_k, D) of the fp32 dK and dV buffers its items add into, which the launch
+    takes in dk's and dv's place."""
 
     grads: tuple = ()
     pad: tuple = ()
@@ -421,6 +470,7 @@ class BwdPlan:
     launch: object = None
     copy: bool = False
     triton: bool = False
+    kv_acc: tuple = ()
 
 
 PLANS: dict = {}  # backward plans by (shapes, strides, dtype, device, options): kept_plan's
@@ -463,13 +513,16 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
         main.set_max_dynamic_shared(shared)
     g_pre, pre_args = (s_pad // PRE_ROWS, h, z), (s_q, s_pad, h, d, *o4.stride()[:3], *do4.stride()[:3])
     build = opts or BWD_DEFAULTS[d]
-    if build.persist:  # items (key block, k/v head, batch), one block an SM at most
-        g_main = (min(h_kv * ceil_div(s_k, bn) * z, sm_count(dev)), 1, 1)
+    parts = min(build.split, h // h_kv) if build.split > 1 else 1
+    if build.persist:  # items (key block, k/v head, batch[, run of q heads]), one block an SM at most
+        g_main = (min(h_kv * ceil_div(s_k, bn) * z * parts, sm_count(dev)), 1, 1)
     else:
         g_main = (h_kv, ceil_div(s_k, bn), z)  # heads fastest: heavy causal blocks first
     mq, mk, mv, mdo = cs._map_args(q4, bm), cs._map_args(k4, bn), cs._map_args(v4, bn), cs._map_args(do4, bm)
+    kv_acc = (z, h_kv, s_k, d) if build.split > 1 else ()
+    kv_strides = (h_kv * s_k * d, s_k * d, d) * 2 if kv_acc else (*dk4.stride()[:3], *dv4.stride()[:3])
     main_args = (s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E, int(causal),
-                 *dk4.stride()[:3], *dv4.stride()[:3], z)  # fmt: skip
+                 *kv_strides, z)  # fmt: skip
     order = 0  # the persistent grid's item table (kept by the plan), else none
     if build.persist:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -481,7 +534,10 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
         l2 = l2_bytes(dev) or 50 * 2**20  # (no GPU: the CPU tests' plans, an H100 / H200's)
         sw = build.pairs or section_pairs(h_kv, z, h // h_kv, s_q, d, q.element_size(), n_kb, causal, l2,
                                           sm_count(dev))  # fmt: skip
-        order = order_table(item_order(h_kv, n_kb, z, sw), g_main[0]).to(q.device)
+        items = item_order(h_kv, n_kb, z, sw)
+        if kv_acc:
+            items = split_items(items, h // h_kv, parts)
+        order = order_table(items, g_main[0]).to(q.device)
     nq = dq_chunk(d, variant)
     if nq:  # the accumulator in the blocked order (dq_frag_offset): a float4 a thread
         post = mod.kernel(f"attn_bwd_post_blk_{sfx}", SIG_POST_BLK, dev)
@@ -506,7 +562,7 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
         )  # fmt: skip
         post(g_post, POST_THREADS, dq_acc, dq, *post_args, device_index=dev)
 
-    return BwdPlan(grads, (z * h, s_pad), (z * h, s_pad, d), launch)
+    return BwdPlan(grads, (z * h, s_pad), (z * h, s_pad, d), launch, kv_acc=kv_acc)
 
 
 # --------------------------------------------------------------------------- the kernel's math in PyTorch
@@ -550,6 +606,7 @@ def emulate_backward(
     causal: bool,
     scale: float,
     bm: int | None = None,
+    split: int = 1,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(dq, dk, dv) computed as the kernels compute them, in PyTorch: delta = rowsum(dO *
     O) in fp32 from the 16-bit o and dO; lse = +inf for rows that see no key; per block of
@@ -558,7 +615,10 @@ def emulate_backward(
     rounded to the input dtype before dV += P^T dO, dS^T = P^T (dP^T - delta) (P in fp32)
     rounded before dK += dS^T Q and dQ += dS K (fp32 accumulators; dQ per warpgroup or, where
     ``splits_dq`` or the query blocks are 128 rows, per block); dK scaled once, dQ scaled and
-    rounded once. ``bm``: query rows a step (None: the default build's, ``query_rows``)."""
+    rounded once. ``bm``: query rows a step (None: the default build's, ``query_rows``);
+    ``split`` (a split build's count, ``BwdOpts.split``): dK and dV summed per run of the
+    group's q heads (``split_items``), each run's dK scaled, the runs added in fp32 in run
+    order (the kernel's fp32 reductions add them in any order), then rounded."""
     lead, s_q, s_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
     q4, k4, v4, do4, o4 = (at._split(t) for t in (q, k, v, do, o))
     z, h, h_kv = q4.shape[0], q4.shape[1], k4.shape[1]
@@ -582,8 +642,10 @@ def emulate_backward(
     vp = torch.zeros_like(kp)
     kp[:, :, :s_k], vp[:, :, :s_k] = k4.float(), v4.float()
     dq_acc = torch.zeros((z, h, s_pad, d), device=dev)
-    dk = torch.zeros((z, h_kv, n_pad, d), device=dev)
-    dv = torch.zeros_like(dk)
+    parts = min(split, group) if split > 1 else 1
+    run_of = [p for p in range(parts) for _ in range((p + 1) * group // parts - p * group // parts)]
+    dk_runs = torch.zeros((parts, z, h_kv, n_pad, d), device=dev)
+    dv_runs = torch.zeros_like(dk_runs)
     heads = torch.arange(h_kv, device=dev) * group
     split = splits_dq(d) or bm != BM
     for n0, steps in schedule(s_q, s_k, causal, group, d, bm):
@@ -605,6 +667,7 @@ def emulate_backward(
                     if causal:
                         bad = bad | (key > col + off)
                     pt = pt.masked_fill(bad, 0.0)
+                dk, dv = dk_runs[run_of[g]], dv_runs[run_of[g]]
                 dv[:, :, k0 : k0 + 64] += pt.to(dt).float() @ dob
                 dst = (pt * (dpt - db[:, :, None, :])).to(dt).float()
                 dk[:, :, k0 : k0 + 64] += dst @ qb
@@ -616,7 +679,10 @@ def emulate_backward(
                 dst = torch.cat(ds_block, dim=-2)
                 dq_acc[:, hq, m0 : m0 + bm] += dst.transpose(-1, -2) @ kp[:, :, n0 : n0 + bn]
     dq = (dq_acc[:, :, :s_q] * scale).to(dt).reshape(tuple(lead) + (s_q, d))
-    dk = (dk[:, :, :s_k] * scale).to(k.dtype).reshape(tuple(k.shape[:-2]) + (s_k, d))
+    dk, dv = dk_runs[0] * scale, dv_runs[0]
+    for r in range(1, parts):
+        dk, dv = dk + dk_runs[r] * scale, dv + dv_runs[r]
+    dk = dk[:, :, :s_k].to(k.dtype).reshape(tuple(k.shape[:-2]) + (s_k, d))
     dv = dv[:, :, :s_k].to(v.dtype).reshape(tuple(v.shape[:-2]) + (s_k, d))
     return dq, dk, dv
 
