@@ -80,6 +80,10 @@ FAMILIES: dict[str, dict[str, list[tuple]]] = {
         "attention": [(2, 28, 4096, 128)],
         "rope": [(2, 28, 4, 4096, 128, 128)],
     },
+    "qwen2.5-0.5b": {  # hidden 896, MLP 4864, vocab 151936, 14 q / 2 kv heads of 64
+        "rms_norm": [(4096, 896)],
+        "attention": [(2, 14, 2, 2048, 2048, 64)],
+    },
     "mistral-7b": {  # hidden 4096, MLP 14336, vocab 32000, 32 q / 8 kv heads of 128, window 4096
         "rms_norm": [(8192, 4096)],
         "add_rms_norm": [(8192, 4096)],
