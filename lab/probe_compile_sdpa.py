@@ -47,8 +47,7 @@ def main(argv=None) -> int:
         "hf_sdpa": lambda q, k, v: sdpa_attention_forward(mod, q, k, v, None, dropout=0.0, scaling=0.125)[0],
         "kernellab_cuda": lambda q, k, v: kernellab.attention(q, k, v, scale=0.125, backend="cuda"),
     }
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from profiled import top_kernels_us  # (lab/, this script's folder)
 
     from kernellab.harness import timer
 
@@ -66,16 +65,7 @@ def main(argv=None) -> int:
             try:
                 for _ in range(3):
                     run()
-                torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    run()
-                    torch.cuda.synchronize()
-                kern = {}
-                for e in prof.events():
-                    if e.device_type == DeviceType.CUDA:
-                        kern[e.name] = kern.get(e.name, 0.0) + e.time_range.elapsed_us()
-                top = sorted(kern.items(), key=lambda kv: -kv[1])[:6]
-                row["top_kernels_us"] = {k[:90]: round(v, 1) for k, v in top}
+                row["top_kernels_us"] = top_kernels_us(run)
                 row["ms"] = round(timer.time_cuda(run, min_time_s=0.1, budget_s=0.6).median_ms, 4)
             except Exception as e:  # noqa: BLE001 (a case that fails is a row's note)
                 row["error"] = f"{type(e).__name__}: {e}"[:300]

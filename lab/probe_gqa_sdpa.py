@@ -54,8 +54,7 @@ def main(argv=None) -> int:
         "repeat_kv_is_causal": lambda: F.scaled_dot_product_attention(q, rep(k), rep(v), is_causal=True),
         "kernellab_cuda": lambda: kernellab.attention(q, k, v, causal=True, backend="cuda"),
     }
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+    from profiled import top_kernels_us  # (lab/, this script's folder)
 
     dout = torch.randn(b, h, s, d, device=dev, dtype=dt)
     for name, fn in cases.items():
@@ -70,16 +69,7 @@ def main(argv=None) -> int:
             for _ in range(3):
                 step()
             if dev == "cuda":
-                torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    step()
-                    torch.cuda.synchronize()
-                kern = {}
-                for e in prof.events():
-                    if e.device_type == DeviceType.CUDA:
-                        kern[e.name] = kern.get(e.name, 0.0) + e.time_range.elapsed_us()
-                top = sorted(kern.items(), key=lambda kv: -kv[1])[:5]
-                row["top_kernels_us"] = {n[:90]: round(t, 1) for n, t in top}
+                row["top_kernels_us"] = top_kernels_us(step, 5)
                 row["ms"] = round(timer.time_cuda(step, min_time_s=0.1, budget_s=0.6).median_ms, 4)
         except Exception as e:  # noqa: BLE001 (a case that fails is a row's note)
             row["error"] = f"{type(e).__name__}: {e}"[:300]
