@@ -610,6 +610,11 @@ def test_patch_hf_makes_no_mask_shapes_show_unneeded_while_tracing(family, monke
         mask[1, :3] = 0
         _assert_same_step(ref, pat, _hf_run(ids, mask))
         assert report.attention_fallbacks == {"attention mask (padding or custom) given": 2}, report
+        # called with more than the five leading arguments positional: left to transformers
+        hf_mask = sys.modules["kernellab.patch"]._hf_mask
+        made = hf_mask(2, 9, 9, 0, 0, masking_utils.causal_mask_function, mask.bool())
+        assert not made[1, 0, :, :3].any() and torch.equal(made[0, 0], torch.ones(9, 9, dtype=torch.bool).tril())
+        assert hf_mask(2, 9, 9, 0, 0) is None
 
 
 def test_patch_functions_traced_under_compile_import_nothing():

@@ -525,6 +525,8 @@ def _hf_mask(*args, local_size=None, allow_is_causal_skip=True, **kwargs):
     attention on its fallback. The tests above read no tensor, so they hold under
     torch.compile, whose guards cover the shapes they read."""
     mu = _HF["masking_utils"]
+    if len(args) > 5:  # (transformers passes keywords; a call that does not is left to it)
+        return mu.sdpa_mask(*args, local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
     bound = dict(zip(("batch_size", "q_length", "kv_length", "q_offset", "kv_offset"), args))
     bound.update(kwargs)
     config = kwargs.get("config")
