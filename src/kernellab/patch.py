@@ -522,7 +522,7 @@ def _hf_mask(*args, local_size=None, allow_is_causal_skip=True, **kwargs):
     transformers skips only when not tracing, and with torch before 2.14 Dynamo answers
     every torch.compile as an export: the compiled model carries a materialized mask,
     which keeps SDPA off flash and cuDNN (ViT's falls to the math path) and kernellab's
-    attention on its fallback. The tests above read no tensor, so they hold under
+    attention on its fallback. These conditions read no tensor, so they hold under
     torch.compile, whose guards cover the shapes they read."""
     mu = _HF["masking_utils"]
     if len(args) > 5:  # (transformers passes keywords; a call that does not is left to it)
