@@ -8,7 +8,6 @@ one forward+backward under the profiler and its time (CUDA events, median of 20)
     python lab/probe_compile_sdpa.py [--out FILE.jsonl]"""
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -47,7 +46,7 @@ def main(argv=None) -> int:
         "hf_sdpa": lambda q, k, v: sdpa_attention_forward(mod, q, k, v, None, dropout=0.0, scaling=0.125)[0],
         "kernellab_cuda": lambda q, k, v: kernellab.attention(q, k, v, scale=0.125, backend="cuda"),
     }
-    from profiled import top_kernels_us  # (lab/, this script's folder)
+    from profiled import emit_row, top_kernels_us  # (lab/, this script's folder)
 
     from kernellab.harness import timer
 
@@ -69,10 +68,7 @@ def main(argv=None) -> int:
                 row["ms"] = round(timer.time_cuda(run, min_time_s=0.1, budget_s=0.6).median_ms, 4)
             except Exception as e:  # noqa: BLE001 (a case that fails is a row's note)
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
-            print(json.dumps(row), flush=True)
-            if a.out:
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit_row(row, a.out)
     return 0
 
 

@@ -71,9 +71,7 @@ def main(argv=None) -> int:
     image = a.model in um.HF_IMAGE
     cfg = model.config
     if image:
-        side = cfg.image_size
-        x = torch.randn(a.batch, 3, side, side, device=dev, dtype=dtype)
-        y = torch.randint(0, cfg.num_labels, (a.batch,), device=dev)
+        x, y, _ = um.image_batch(cfg, a.batch, dev, dtype)
     else:
         x = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device=dev)
         y = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device=dev)
@@ -90,11 +88,7 @@ def main(argv=None) -> int:
         return aot_module_simplified(gm, example_inputs, fw_compiler=aot_compiler("aot_forward"),
                                      bw_compiler=aot_compiler("aot_backward"))  # fmt: skip
 
-    def loss_of(x, y):
-        if image:
-            return model(pixel_values=x, labels=y).loss
-        return model(input_ids=x, labels=y).loss
-
+    loss_of = um.loss_fn(model, True, image)
     for _ in range(2):  # (HF's loss sets config.problem_type on its first call: one recompile)
         torch.compile(loss_of, backend=aot_backend)(x, y).backward()
     if a.inductor:

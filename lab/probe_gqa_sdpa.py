@@ -12,7 +12,6 @@ Why: HF Qwen2's compiled step read 0.92x with kernellab.patch's mask-free path a
 masked one (two machines; benchmarks/NOTES.md (ar))."""
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -54,7 +53,7 @@ def main(argv=None) -> int:
         "repeat_kv_is_causal": lambda: F.scaled_dot_product_attention(q, rep(k), rep(v), is_causal=True),
         "kernellab_cuda": lambda: kernellab.attention(q, k, v, causal=True, backend="cuda"),
     }
-    from profiled import top_kernels_us  # (lab/, this script's folder)
+    from profiled import emit_row, top_kernels_us  # (lab/, this script's folder)
 
     dout = torch.randn(b, h, s, d, device=dev, dtype=dt)
     for name, fn in cases.items():
@@ -73,10 +72,7 @@ def main(argv=None) -> int:
                 row["ms"] = round(timer.time_cuda(step, min_time_s=0.1, budget_s=0.6).median_ms, 4)
         except Exception as e:  # noqa: BLE001 (a case that fails is a row's note)
             row["error"] = f"{type(e).__name__}: {e}"[:300]
-        print(json.dumps(row), flush=True)
-        if a.out:
-            with open(a.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        emit_row(row, a.out)
     return 0
 
 

@@ -1,4 +1,7 @@
-"""The CUDA kernels of one call under torch.profiler, for the lab's probes."""
+"""The lab probes' shared pieces: the CUDA kernels of one call under torch.profiler, and a
+row printed and appended to a JSON-lines file."""
+
+import json
 
 import torch
 from torch.autograd import DeviceType
@@ -17,3 +20,12 @@ def top_kernels_us(fn, n: int = 6, width: int = 90) -> dict[str, float]:
         if e.device_type == DeviceType.CUDA:
             kern[e.name] = kern.get(e.name, 0.0) + e.time_range.elapsed_us()
     return {k[:width]: round(v, 1) for k, v in sorted(kern.items(), key=lambda kv: -kv[1])[:n]}
+
+
+def emit_row(row: dict, out: str | None) -> None:
+    """A probe's row: printed, and appended to ``out`` as one JSON line (as measured, so a
+    run cut by a time limit keeps what it did)."""
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")

@@ -373,7 +373,10 @@ def _isolated_decode(a, argv: list[str]) -> int:
 # --------------------------------------------------------------------------- timing
 
 
-def make_step(model, opt, mode: str, hf: bool, image: bool = False):
+def loss_fn(model, hf: bool, image: bool = False):
+    """``model``'s training loss of a batch (idx, tgt): an HF image model's of pixel values
+    and labels, an HF language model's of token ids, nanoGPT's of (idx, targets)."""
+
     def loss_of(idx, tgt):
         if image:  # idx: pixel_values
             return model(pixel_values=idx, labels=tgt).loss
@@ -381,6 +384,20 @@ def make_step(model, opt, mode: str, hf: bool, image: bool = False):
             return model(input_ids=idx, labels=tgt).loss
         return model(idx, tgt)
 
+    return loss_of
+
+
+def image_batch(cfg, batch: int, dev, dtype, gen=None):
+    """Random images (batch, 3, S, S) and one label an image for an image model's ``cfg``, and
+    the tokens an image makes (its patches and the class token)."""
+    side, patch = cfg.image_size, cfg.patch_size
+    idx = torch.randn(batch, 3, side, side, generator=gen).to(dev, dtype)
+    tgt = torch.randint(0, cfg.num_labels, (batch,), generator=gen).to(dev)
+    return idx, tgt, (side // patch) ** 2 + 1
+
+
+def make_step(model, opt, mode: str, hf: bool, image: bool = False):
+    loss_of = loss_fn(model, hf, image)
     fwd = loss_of
     if mode == "compile":
         fwd = torch.compile(loss_of)
@@ -667,11 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     param_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
     del base
     gen = torch.Generator(device="cpu").manual_seed(1)
-    if image:  # random images and labels; seq: the tokens an image makes (patches + the class token)
-        side, patch, labels = base_cfg.image_size, base_cfg.patch_size, base_cfg.num_labels
-        a.seq = (side // patch) ** 2 + 1
-        idx = torch.randn(a.batch, 3, side, side, generator=gen).to(dev, dtype)
-        tgt = torch.randint(0, labels, (a.batch,), generator=gen).to(dev)
+    if image:  # seq: the tokens an image makes
+        idx, tgt, a.seq = image_batch(base_cfg, a.batch, dev, dtype, gen)
     else:
         idx = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)
         tgt = torch.randint(0, vocab, (a.batch, a.seq), generator=gen).to(dev)

@@ -352,10 +352,11 @@ def swizzle_bytes(d: int) -> int:
 
 
 def v7_tiles(d: int, s_k: int | None = None, causal: bool = False, items: int = 0, sms: int = 0) -> Tiles:
-    """v7's default tiling at head dim d, s_k keys and ``causal``: V7_SHORT[d] where s_k keys
-    fill one of its tiles and not one of V7_TILES[d]'s; else V7_MANY[d] where there are at
-    least V7_MANY_PER_SM ``items`` (query blocks x heads x batches) for each of ``sms`` SMs;
-    else V7_TILES[d] (s_k None: V7_TILES[d])."""
+    """v7's default tiling at head dim d and s_k keys: V7_SHORT[d] where s_k keys fill one
+    of its tiles and not one of V7_TILES[d]'s; else V7_MANY[d] where there are at least
+    V7_MANY_PER_SM ``items`` (query blocks x heads x batches) for each of ``sms`` SMs; else
+    V7_TILES[d] (s_k None: V7_TILES[d]). ``causal`` chooses nothing: every default tiling
+    takes both masks (the plan passes it, as the tests that hold it do)."""
     short = V7_SHORT.get(d)
     if short is not None and s_k is not None and V7_TILES[d].bn < s_k <= short.bn:
         return short

@@ -368,21 +368,23 @@ def item_order(h_kv: int, n_kb: int, z: int, sw: int) -> Tensor:
 SPLIT_GROUP_LIMIT = 127  # q heads a k/v head's group may have in a split build (nh's 7 bits)
 
 
+def group_runs(group: int, parts: int) -> list[tuple[int, int]]:
+    """The group's q heads cut into ``parts`` runs (first head h0, heads nh) as even as they
+    divide: run p is [p group // parts, (p + 1) group // parts)."""
+    return [(p * group // parts, (p + 1) * group // parts - p * group // parts) for p in range(parts)]
+
+
 def split_items(items: Tensor, group: int, parts: int) -> Tensor:
     """Each of ``item_order``'s rows (k/v head, key block, batch) as ``parts`` consecutive
-    items (k/v head, key block, batch, h0, nh), the group's q heads cut into runs as even as
-    they divide (run p: [p group // parts, (p + 1) group // parts)); ``parts`` at most
-    ``group``. A split build's kernel reads the rows as its table (``order_table``)."""
+    items (k/v head, key block, batch, h0, nh), one a run of ``group_runs``; ``parts`` at
+    most ``group``. A split build's kernel reads the rows as its table (``order_table``)."""
     if not 1 <= parts <= group <= SPLIT_GROUP_LIMIT:
         raise ValueError(
             f"attention/cuda: split {parts} of a group of {group} q heads "
             f"(1 <= split <= group <= {SPLIT_GROUP_LIMIT})"
         )
-    p = torch.arange(parts, dtype=torch.int64)
-    h0 = p * group // parts
-    nh = (p + 1) * group // parts - h0
-    rows = items.repeat_interleave(parts, 0)
-    return torch.cat((rows, h0.repeat(len(items))[:, None], nh.repeat(len(items))[:, None]), 1)
+    runs = torch.tensor(group_runs(group, parts), dtype=torch.int64).repeat(len(items), 1)
+    return torch.cat((items.repeat_interleave(parts, 0), runs), 1)
 
 
 def order_table(items: Tensor, blocks: int) -> Tensor:
@@ -441,14 +443,12 @@ def backward(
     lse_p = torch.empty(p.pad, dtype=torch.float32, device=dev)
     delta_p = torch.empty(p.pad[0] * p.pad[1] + 1, dtype=torch.float32, device=dev)  # + the item counter
     dq_acc = torch.empty(p.acc, dtype=torch.float32, device=dev)
-    if p.kv_acc:  # a split group: the items add fp32 partials, rounded here
-        dk32 = torch.zeros(p.kv_acc, dtype=torch.float32, device=dev)
-        dv32 = torch.zeros(p.kv_acc, dtype=torch.float32, device=dev)
-        p.launch(do, q, k, v, o, lse, dq, dk32, dv32, lse_p, delta_p, dq_acc)
-        dk.copy_(dk32.view(dk.shape))
-        dv.copy_(dv32.view(dv.shape))
-        return dq, dk, dv
-    p.launch(do, q, k, v, o, lse, dq, dk, dv, lse_p, delta_p, dq_acc)
+    # a split group: the items add fp32 partials into buffers, rounded into dk, dv after
+    kv = [torch.zeros(p.kv_acc, dtype=torch.float32, device=dev) for _ in range(2)] if p.kv_acc else [dk, dv]
+    p.launch(do, q, k, v, o, lse, dq, *kv, lse_p, delta_p, dq_acc)
+    if p.kv_acc:
+        dk.copy_(kv[0].view(dk.shape))
+        dv.copy_(kv[1].view(dv.shape))
     return dq, dk, dv
 
 
@@ -643,11 +643,11 @@ def emulate_backward(
     kp[:, :, :s_k], vp[:, :, :s_k] = k4.float(), v4.float()
     dq_acc = torch.zeros((z, h, s_pad, d), device=dev)
     parts = min(split, group) if split > 1 else 1
-    run_of = [p for p in range(parts) for _ in range((p + 1) * group // parts - p * group // parts)]
+    run_of = [p for p, (_, nh) in enumerate(group_runs(group, parts)) for _ in range(nh)]
     dk_runs = torch.zeros((parts, z, h_kv, n_pad, d), device=dev)
     dv_runs = torch.zeros_like(dk_runs)
     heads = torch.arange(h_kv, device=dev) * group
-    split = splits_dq(d) or bm != BM
+    dq_by_block = splits_dq(d) or bm != BM
     for n0, steps in schedule(s_q, s_k, causal, group, d, bm):
         for g, m0, masked in steps:
             hq = heads + g  # the q head of each k/v head at this step
@@ -671,11 +671,11 @@ def emulate_backward(
                 dv[:, :, k0 : k0 + 64] += pt.to(dt).float() @ dob
                 dst = (pt * (dpt - db[:, :, None, :])).to(dt).float()
                 dk[:, :, k0 : k0 + 64] += dst @ qb
-                if split:
+                if dq_by_block:
                     ds_block.append(dst)
                 else:
                     dq_acc[:, hq, m0 : m0 + bm] += dst.transpose(-1, -2) @ kw
-            if split:  # one sum over the block's 128 keys (each warpgroup's half of the columns)
+            if dq_by_block:  # one sum over the block's 128 keys (each warpgroup's half of the columns)
                 dst = torch.cat(ds_block, dim=-2)
                 dq_acc[:, hq, m0 : m0 + bm] += dst.transpose(-1, -2) @ kp[:, :, n0 : n0 + bn]
     dq = (dq_acc[:, :, :s_q] * scale).to(dt).reshape(tuple(lead) + (s_q, d))
