@@ -46,9 +46,7 @@ def main(argv=None) -> int:
         "hf_sdpa": lambda q, k, v: sdpa_attention_forward(mod, q, k, v, None, dropout=0.0, scaling=0.125)[0],
         "kernellab_cuda": lambda q, k, v: kernellab.attention(q, k, v, scale=0.125, backend="cuda"),
     }
-    from profiled import emit_row, top_kernels_us  # (lab/, this script's folder)
-
-    from kernellab.harness import timer
+    from profiled import emit_row, measure  # (lab/, this script's folder)
 
     for name, fn in cases.items():
         for mode in ("eager", "compile"):
@@ -61,13 +59,7 @@ def main(argv=None) -> int:
 
             run = torch.compile(step) if mode == "compile" else step
             row = dict(case=name, mode=mode, gpu=torch.cuda.get_device_name(), torch=torch.__version__)
-            try:
-                for _ in range(3):
-                    run()
-                row["top_kernels_us"] = top_kernels_us(run)
-                row["ms"] = round(timer.time_cuda(run, min_time_s=0.1, budget_s=0.6).median_ms, 4)
-            except Exception as e:  # noqa: BLE001 (a case that fails is a row's note)
-                row["error"] = f"{type(e).__name__}: {e}"[:300]
+            measure(row, run)
             emit_row(row, a.out)
     return 0
 

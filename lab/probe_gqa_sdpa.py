@@ -31,7 +31,6 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     import kernellab
-    from kernellab.harness import timer
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
@@ -53,7 +52,7 @@ def main(argv=None) -> int:
         "repeat_kv_is_causal": lambda: F.scaled_dot_product_attention(q, rep(k), rep(v), is_causal=True),
         "kernellab_cuda": lambda: kernellab.attention(q, k, v, causal=True, backend="cuda"),
     }
-    from profiled import emit_row, top_kernels_us  # (lab/, this script's folder)
+    from profiled import emit_row, measure  # (lab/, this script's folder)
 
     dout = torch.randn(b, h, s, d, device=dev, dtype=dt)
     for name, fn in cases.items():
@@ -64,14 +63,7 @@ def main(argv=None) -> int:
             q.grad = k.grad = v.grad = None
             fn().backward(dout)
 
-        try:
-            for _ in range(3):
-                step()
-            if dev == "cuda":
-                row["top_kernels_us"] = top_kernels_us(step, 5)
-                row["ms"] = round(timer.time_cuda(step, min_time_s=0.1, budget_s=0.6).median_ms, 4)
-        except Exception as e:  # noqa: BLE001 (a case that fails is a row's note)
-            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        measure(row, step, 5)
         emit_row(row, a.out)
     return 0
 

@@ -1,5 +1,6 @@
-"""The lab probes' shared pieces: the CUDA kernels of one call under torch.profiler, and a
-row printed and appended to a JSON-lines file."""
+"""The lab probes' shared pieces: the CUDA kernels of one call under torch.profiler, a case
+warmed up, profiled and timed into its row, and a row printed and appended to a JSON-lines
+file."""
 
 import json
 
@@ -29,3 +30,18 @@ def emit_row(row: dict, out: str | None) -> None:
     if out:
         with open(out, "a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def measure(row: dict, fn, top: int = 6) -> None:
+    """Three warm-up calls of ``fn``; on a GPU its ``top`` kernels (``top_kernels_us``) and its
+    median time (harness.timer, L2 flushed) into ``row``; an exception becomes the row's note."""
+    from kernellab.harness import timer
+
+    try:
+        for _ in range(3):
+            fn()
+        if torch.cuda.is_available():
+            row["top_kernels_us"] = top_kernels_us(fn, top)
+            row["ms"] = round(timer.time_cuda(fn, min_time_s=0.1, budget_s=0.6).median_ms, 4)
+    except Exception as e:  # noqa: BLE001 (a case that fails is a row's note)
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
