@@ -761,6 +761,36 @@ def test_split_items_cover_every_q_head_once():
         cb.bwd_module(64, cb.BwdOpts(split=2))
 
 
+def test_split_count_where_items_leave_sms_idle():
+    """The default's split count at 132 SMs (``split_count``) is the fastest measured on an
+    H200 (lab/probe_bwd_builds.py --split 2,4,7, attn_bwd_builds-H200-e2c24f0-split.jsonl) at
+    each case: Qwen2.5-0.5B's 64 items split in 2 (3 / 4 and 7 within 5%), causal in 4; 128
+    items of D = 128 not split (a wave already: every split was slower), causal in 4 (the long
+    causal items end late); 256 items (two waves) never. No group, no split; nor at
+    two waves or more. Each count it returns is a count its items can take."""
+
+    def count(z, h, hkv, s, d, causal, sms=132):
+        n_kb = -(-s // cb.block_n(d))
+        sw = cb.section_pairs(hkv, z, h // hkv, s, d, 2, n_kb, causal, 50 * 2**20, sms)
+        items = cb.item_order(hkv, n_kb, z, sw)
+        return cb.split_count(items, h // hkv, s, s, d, cb.query_rows(d), causal, sms)
+
+    measured = {  # (z, h, h_kv, s, d): (full, causal)
+        (2, 14, 2, 2048, 64): (2, 4),
+        (1, 28, 4, 4096, 128): (1, 4),
+        (2, 32, 8, 2048, 64): (1, 1),
+    }
+    for shape, want in measured.items():
+        assert (count(*shape, False), count(*shape, True)) == want, shape
+    assert count(1, 12, 12, 1024, 64, True) == 1  # MHA: a group of one
+    assert count(4, 32, 8, 4096, 128, True) == 1  # 1024 items
+    assert count(2, 14, 2, 2048, 64, True, sms=16) == 1  # 64 items: four waves of 16
+    for s, d in ((300, 80), (4096, 96), (129, 128)):
+        for g in (2, 3, 7, 12):
+            assert 1 <= count(1, 2 * g, 2, s, d, True) <= min(g, cb.SPLIT_MAX)
+    assert cb.makespan([5, 1, 1, 1, 1, 1], 2) == 5 and cb.makespan([1, 1, 1, 1], 8) == 1 and cb.makespan([], 4) == 0
+
+
 def test_sections_fit_l2_and_a_wave_and_causal_tails():
     """section_pairs at 132 SMs and 50 MiB of L2: without the mask, the fewer of the pairs whose
     query side (Q and dO 16-bit, the fp32 dQ accumulator) fits L2_SHARE of L2 and of the
@@ -866,7 +896,8 @@ def test_launcher_arguments(recorder):
     do = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
     o = torch.randn(2, 8, 300, 80, dtype=torch.bfloat16)
     lse = torch.randn(2, 8, 300)
-    dq, dk, dv = cb.backward(do, q, k, v, o, lse, True, 0.3)
+    unsplit = dataclasses.replace(cb.BWD_DEFAULTS[80], split=1)  # (the default splits 12 items: below)
+    dq, dk, dv = cb.backward(do, q, k, v, o, lse, True, 0.3, opts=unsplit)
     assert [c[0] for c in recorder] == ["attn_bwd_pre_bf16", "attn_bwd_v8_d80_bf16", "attn_bwd_post_bf16"]
     (_, g_pre, b_pre, a_pre, _), (_, g, b, a, shared), (_, g_post, b_post, a_post, _) = recorder
     assert g_pre == (320 // 8, 8, 2) and b_pre == 256
@@ -906,6 +937,20 @@ def test_launcher_arguments(recorder):
     assert a3[24].tolist() == cb.order_table(items, 36).tolist()
     assert dk3.shape == k.shape and dk3.dtype == k.dtype and dv3.shape == v.shape
     assert (dk3 == 0).all() and (dv3 == 0).all()  # the buffers as the (recorded, not run) kernel left them
+    recorder.clear()  # the default: split_count's count of the 12 items
+    parts = cb.split_count(cb.item_order(2, 3, 2, 4), 4, 300, 260, 80, 64, True, 132)
+    assert parts > 1
+    cb.backward(do, q, k, v, o, lse, True, 0.3)
+    items = cb.split_items(cb.item_order(2, 3, 2, 4), 4, parts)
+    assert recorder[1][1] == (12 * parts, 1, 1) and recorder[1][3][7].dtype == torch.float32
+    assert recorder[1][3][24].tolist() == cb.order_table(items, 12 * parts).tolist()
+    recorder.clear()  # under torch.use_deterministic_algorithms: never split (dK, dV reproducible)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        cb.backward(do, q, k, v, o, lse, True, 0.3)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert recorder[1][1] == g and recorder[1][3][24].tolist() == a[24].tolist() and recorder[1][3][7].dtype == k.dtype
     recorder.clear()  # more items than SMs: one block an SM
     big = torch.randn(140, 2, 260, 80, dtype=torch.bfloat16)
     cb.backward(big, big, big, big, big, torch.zeros(140, 2, 260), False, 0.3)
@@ -933,7 +978,8 @@ def test_launcher_v9(recorder):
     warpgroups' halves, 64); at D = 256 v8's postprocess (v9 keeps the atomics there)."""
     q = torch.randn(1, 4, 300, 128, dtype=torch.bfloat16)
     kv = torch.randn(1, 2, 260, 128, dtype=torch.bfloat16)
-    cb.backward(q, q, kv, kv, q, torch.zeros(1, 4, 300), True, 0.3, "v9")
+    unsplit = dataclasses.replace(cb.BWD_DEFAULTS[128], split=1)  # (6 items: the default splits them)
+    cb.backward(q, q, kv, kv, q, torch.zeros(1, 4, 300), True, 0.3, "v9", unsplit)
     assert [c[0] for c in recorder] == [
         "attn_bwd_pre_bf16",
         "attn_bwd_v9_d128_bf16",
@@ -1264,15 +1310,42 @@ def test_gpu_forward_and_grads_every_head_dim(dtype, d, backend):
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", cb.VARIANTS)
 def test_gpu_dk_dv_bitwise_reproducible(variant):
-    """dK and dV take no atomics: reruns are bitwise equal (dQ's atomics may reorder)."""
+    """Unsplit, dK and dV take no atomics: reruns are bitwise equal (dQ's atomics may reorder).
+    At this shape's 36 items the default splits (``split_count``); under
+    torch.use_deterministic_algorithms it does not."""
     _sm90()
     q, k, v = SPEC.make_inputs((2, 8, 2, 1025, 1025, 128), torch.bfloat16, "cuda", 12)
     o, lse = cs.forward(q, k, v, True, 0.1, cb.FWD_VARIANT)
     do = torch.randn(o.shape, device="cuda").to(torch.bfloat16)
-    _, dk0, dv0 = cb.backward(do, q, k, v, o, lse, True, 0.1, variant)
-    for _ in range(10):
-        _, dk, dv = cb.backward(do, q, k, v, o, lse, True, 0.1, variant)
-        assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
+    assert cb._plan_backward(do, q, k, v, o, lse, True, 0.1, variant).kv_acc  # the default splits here
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        assert not cb._plan_backward(do, q, k, v, o, lse, True, 0.1, variant).kv_acc
+        _, dk0, dv0 = cb.backward(do, q, k, v, o, lse, True, 0.1, variant)
+        for _ in range(10):
+            _, dk, dv = cb.backward(do, q, k, v, o, lse, True, 0.1, variant)
+            assert torch.equal(dk, dk0) and torch.equal(dv, dv0)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_default_split_matches_the_unsplit_build(causal):
+    """Qwen2.5-0.5B's 2 k/v heads of 7 q heads, 2 x 1024: 32 items, which the default splits
+    (``split_count``): its gradients against the float64 reference and, within the fp32 sums'
+    order, the unsplit build's."""
+    _sm90()
+    q, k, v = SPEC.make_inputs((2, 14, 2, 1024, 1024, 64), torch.bfloat16, "cuda", 14)
+    o, lse = cs.forward(q, k, v, causal, 0.125, cb.FWD_VARIANT)
+    do = torch.randn(o.shape, device="cuda").to(torch.bfloat16)
+    assert cb._plan_backward(do, q, k, v, o, lse, causal, 0.125, "v9").kv_acc == (2, 2, 1024, 64)
+    torch.empty(64 << 20, device="cuda").fill_(float("nan"))
+    got = cb.backward(do, q, k, v, o, lse, causal, 0.125, "v9")
+    one = cb.backward(do, q, k, v, o, lse, causal, 0.125, "v9", dataclasses.replace(cb.BWD_DEFAULTS[64], split=1))
+    _check_grads(got, q, k, v, do, causal, 0.125, "split default")
+    for name, g, e in zip(("dq", "dk", "dv"), got, one):
+        torch.testing.assert_close(g.float(), e.float(), rtol=1e-2, atol=1e-2, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.gpu
@@ -1286,7 +1359,8 @@ def test_gpu_item_sections_change_nothing_but_the_order(d, causal):
     q, k, v = SPEC.make_inputs((2, 10, 5, 700, 3000, d), torch.bfloat16, "cuda", 13)  # 240 items
     o, lse = cs.forward(q, k, v, causal, 0.1, cb.FWD_VARIANT)
     do = torch.randn(o.shape, device="cuda").to(torch.bfloat16)
-    dq0, dk0, dv0 = cb.backward(do, q, k, v, o, lse, causal, 0.1, "v9")
+    unsplit = dataclasses.replace(cb.BWD_DEFAULTS[d], split=1)
+    dq0, dk0, dv0 = cb.backward(do, q, k, v, o, lse, causal, 0.1, "v9", unsplit)
     for pairs in (1, 3, 10):
         opts = dataclasses.replace(cb.BWD_DEFAULTS[d], pairs=pairs)
         dq, dk, dv = cb.backward(do, q, k, v, o, lse, causal, 0.1, "v9", opts)

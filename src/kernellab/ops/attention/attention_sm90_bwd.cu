@@ -19,7 +19,7 @@
 //       this item's (barrier kv_empty): a producer warpgroup (one thread issues TMA
 //       copies; setmaxnreg 24) and two consumer warpgroups (setmaxnreg 240), each owning 64 of the block's keys. K and V
 //       stay in shared memory; the block loops over its group's q heads (GQA: dK, dV sum
-//       the group in registers: deterministic, no atomics on them) and, per head, over the
+//       the group in registers: no atomics on them, but for PARTS) and, per head, over the
 //       query blocks of BM rows that see its keys (BM = 64; 128 at D = 64, BwdBuild's
 //       Q128). A query block's Q, dO (TMA, swizzled tiles) and its BM lse and delta (1-D
 //       bulk copies) come through a ring of 2-3 stages (mbarriers full / empty, as the
@@ -133,7 +133,8 @@
 #define KL_ATTN_BWD_NO_DQ_RED 0
 #endif
 
-// -DKL_ATTN_BWD_PARTS=1 (a lab build, cuda_sm90_bwd.BwdOpts.split; persistent builds only): an
+// -DKL_ATTN_BWD_PARTS=1 (cuda_sm90_bwd.BwdOpts.split, the default's where split_count splits;
+// persistent builds only): an
 // item is a key block of a k/v head and batch for a run of its group's q heads (the table
 // entry's h0, nh), so that where H_kv x key blocks x Z is below the SM count the group's
 // heads fill the grid. Several items then sum into the same keys' dK and dV: their fp32

@@ -33,8 +33,11 @@ lengths, no window or softcap (ValueError naming the option); head dims 64, 80, 
 FlashAttention-2 backward for any head dim left out of it). The autograd node saves q, k, v,
 o and the one lse (..., S_q) fp32 in log2 units, as every attention backend does. Gradients
 come back in ``empty_bshd``'s layout. dQ is summed with atomics, so it is not bitwise
-reproducible run to run; dK and dV are (no atomics: a block owns its keys and loops over its
-group's q heads itself).
+reproducible run to run; dK and dV are where the item is unsplit (no atomics: a block owns its
+keys and loops over its group's q heads itself). Where the (key block, k/v head, batch) items
+are too few for the SMs, the default splits the group's q heads over several items
+(``split_count``), whose fp32 dK / dV partials are summed by atomics; under
+``torch.use_deterministic_algorithms(True)`` it never splits.
 
 Availability: sm_90 GPUs only; without a GPU the module compiles ("compiled, not run").
 The default backend never picks it until a committed tuning table names it.
@@ -99,8 +102,9 @@ class BwdOpts:
     above 1, the count itself a launch argument) the items a (key block, k/v head, batch)
     becomes, each for a run of the group's q heads (``split_items``), their dK and dV partials
     summed into fp32 buffers and rounded after: where H_kv x key blocks x Z leaves SMs idle
-    (Qwen2.5-0.5B's 2 k/v heads). Written as the options set, joined by "+" (pairs as
-    "pairs-N", split as "split-N")."""
+    (Qwen2.5-0.5B's 2 k/v heads). 0 on the head dim's default build: ``split_count``'s
+    count at the call's shapes; 1: never split. Written as the options set, joined by "+"
+    (pairs as "pairs-N", split as "split-N")."""
 
     no_dq_red: bool = False
     fast_exp: bool = False
@@ -387,6 +391,61 @@ def split_items(items: Tensor, group: int, parts: int) -> Tensor:
     return torch.cat((items.repeat_interleave(parts, 0), runs), 1)
 
 
+# split_count's cost model, in 64-row query steps of one q head (an item of nh heads and nq
+# query blocks of bm rows is nh x nq x bm / 64 steps): an item's fixed work (its K and V
+# loaded, dK and dV written), a split item's more (its partials added into fp32), and the
+# gain a split must promise. Fitted to lab/probe_bwd_builds.py --split on an H200 at 64-256
+# items (attn_bwd_builds-H200-e2c24f0-split.jsonl): it picks the fastest count measured at each.
+SPLIT_ITEM_STEPS = 2.0
+SPLIT_ADD_STEPS = 2.0
+SPLIT_GAIN = 0.85
+SPLIT_MAX = 8  # counts tried: 1 .. min(group, SPLIT_MAX)
+
+
+def item_steps(items: Tensor, s_q: int, s_k: int, bn: int, bm: int, causal: bool) -> list[float]:
+    """Each of ``item_order``'s or ``split_items``' rows' work in 64-row steps of one q head
+    (``schedule``'s query blocks a key block visits, times the run's heads: all the group's,
+    which the caller passes as the run where unsplit)."""
+    off, nq_all = s_k - s_q, ceil_div(s_q, bm)
+    out = []
+    for nb, nh in zip(items[:, 1].tolist(), items[:, 4].tolist()):
+        first = max(0, nb * bn - off) if causal else 0
+        out.append(nh * (nq_all - first // bm if first < s_q else 0) * bm / 64)
+    return out
+
+
+def makespan(work: list[float], sms: int) -> float:
+    """The persistent grid's end, items taken in order by whichever of min(items, sms) blocks
+    is free first (the kernel's counter)."""
+    import heapq
+
+    free = [0.0] * max(1, min(len(work), sms))
+    for w in work:
+        heapq.heapreplace(free, free[0] + w)
+    return max(free)
+
+
+def split_count(items: Tensor, group: int, s_q: int, s_k: int, d: int, bm: int, causal: bool, sms: int) -> int:
+    """The split count (``BwdOpts.split``) the default build runs at: where the (key block,
+    k/v head, batch) ``items`` (``item_order``'s) number fewer than two waves of ``sms``, the
+    count of 1 .. min(group, SPLIT_MAX) whose items' ``makespan`` (SPLIT_ITEM_STEPS an item,
+    SPLIT_ADD_STEPS more a split one) is least, if it is below SPLIT_GAIN of the unsplit
+    grid's; else 1. Few k/v heads (Qwen2.5-0.5B's 2) or short causal sequences, whose items
+    leave SMs idle or end on the long causal ones."""
+    if len(items) >= 2 * sms or group < 2:
+        return 1
+    bn = block_n(d)
+
+    def span(parts: int) -> float:
+        rows = split_items(items, group, parts)
+        extra = SPLIT_ITEM_STEPS + SPLIT_ADD_STEPS * (parts > 1)
+        return makespan([w + extra for w in item_steps(rows, s_q, s_k, bn, bm, causal)], sms)
+
+    spans = {parts: span(parts) for parts in range(1, min(group, SPLIT_MAX) + 1)}
+    best = min(spans, key=spans.get)
+    return best if spans[best] < SPLIT_GAIN * spans[1] else 1
+
+
 def order_table(items: Tensor, blocks: int) -> Tensor:
     """``item_order``'s rows as the kernel's int32 pairs {hk | nb << 16, z} (bwd_item in the
     .cu; hk and nb are below GRID_LIMIT, 2^16), or ``split_items``' as {hk | nb << 16, z |
@@ -423,7 +482,7 @@ def backward(
     ``BwdPlan`` (``_plan_backward``, cached in ``PLANS``)."""
     key = (do.shape, do.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
            o.shape, o.stride(), lse.shape, lse.stride(), q.dtype, q.device, causal, scale, variant,
-           opts)  # fmt: skip
+           opts, torch.are_deterministic_algorithms_enabled())  # fmt: skip
     p = kept_plan(PLANS, key, lambda: _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts))
     if p.triton:
         return at.backward(do, q, k, v, o, lse, causal, scale)
@@ -443,8 +502,8 @@ def backward(
     lse_p = torch.empty(p.pad, dtype=torch.float32, device=dev)
     delta_p = torch.empty(p.pad[0] * p.pad[1] + 1, dtype=torch.float32, device=dev)  # + the item counter
     dq_acc = torch.empty(p.acc, dtype=torch.float32, device=dev)
-    # a split group: the items add fp32 partials into buffers, rounded into dk, dv after
-    kv = [torch.zeros(p.kv_acc, dtype=torch.float32, device=dev) for _ in range(2)] if p.kv_acc else [dk, dv]
+    # a split group: the items add fp32 partials into buffers (one zeroing), rounded into dk, dv after
+    kv = torch.zeros((2, *p.kv_acc), dtype=torch.float32, device=dev).unbind() if p.kv_acc else [dk, dv]
     p.launch(do, q, k, v, o, lse, dq, *kv, lse_p, delta_p, dq_acc)
     if p.kv_acc:
         dk.copy_(kv[0].view(dk.shape))
@@ -476,6 +535,10 @@ class BwdPlan:
 PLANS: dict = {}  # backward plans by (shapes, strides, dtype, device, options): kept_plan's
 
 
+def _l2(dev: int) -> int:
+    return l2_bytes(dev) or 50 * 2**20  # (no GPU: the CPU tests' plans, an H100 / H200's)
+
+
 def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> BwdPlan:
     """The ``BwdPlan`` of ``backward`` at these tensors' shapes and strides (and its
     refusals, ValueError naming the argument)."""
@@ -505,21 +568,27 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
     s_pad = padded(s_q, bm)
     dev = cs._device_index(q)
     sfx = DTYPE_SUFFIX[q.dtype]
-    mod = bwd_module(d, opts)
+    build, group = opts or BWD_DEFAULTS[d], h // h_kv
+    n_kb = ceil_div(s_k, bn)
+    if build == BWD_DEFAULTS[d] and build.persist and not torch.are_deterministic_algorithms_enabled():
+        # the default's split count (split_count; 1: the default module)
+        sw = section_pairs(h_kv, z, group, s_q, d, q.element_size(), n_kb, causal, _l2(dev), sm_count(dev))
+        items = item_order(h_kv, n_kb, z, sw)
+        build = replace(build, split=split_count(items, group, s_q, s_k, d, bm, causal, sm_count(dev)))
+    mod = bwd_module(d, build)
     pre = mod.kernel(f"attn_bwd_pre_{sfx}", SIG_PRE, dev)
     main = mod.kernel(f"attn_bwd_{variant}_d{d}_{sfx}", SIG_MAIN, dev)
     shared = smem_bytes(d, variant, bm)
     if shared > main.max_dynamic_shared:
         main.set_max_dynamic_shared(shared)
     g_pre, pre_args = (s_pad // PRE_ROWS, h, z), (s_q, s_pad, h, d, *o4.stride()[:3], *do4.stride()[:3])
-    build = opts or BWD_DEFAULTS[d]
-    parts = min(build.split, h // h_kv) if build.split > 1 else 1
+    parts = min(build.split, group) if build.split > 1 else 1
     if build.persist:  # items (key block, k/v head, batch[, run of q heads]), one block an SM at most
-        g_main = (min(h_kv * ceil_div(s_k, bn) * z * parts, sm_count(dev)), 1, 1)
+        g_main = (min(h_kv * n_kb * z * parts, sm_count(dev)), 1, 1)
     else:
         g_main = (h_kv, ceil_div(s_k, bn), z)  # heads fastest: heavy causal blocks first
     mq, mk, mv, mdo = cs._map_args(q4, bm), cs._map_args(k4, bn), cs._map_args(v4, bn), cs._map_args(do4, bm)
-    kv_acc = (z, h_kv, s_k, d) if build.split > 1 else ()
+    kv_acc = (z, h_kv, s_k, d) if parts > 1 else ()
     kv_strides = (h_kv * s_k * d, s_k * d, d) * 2 if kv_acc else (*dk4.stride()[:3], *dv4.stride()[:3])
     main_args = (s_q, s_k, s_pad, h, h // h_kv, float(scale), float(scale) * LOG2E, int(causal),
                  *kv_strides, z)  # fmt: skip
@@ -530,13 +599,11 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
                 f"attention/cuda_{variant}: the first backward at these shapes ran inside CUDA-graph "
                 "capture; run it once before capturing (its plan copies an item table to the GPU)"
             )
-        n_kb = ceil_div(s_k, bn)
-        l2 = l2_bytes(dev) or 50 * 2**20  # (no GPU: the CPU tests' plans, an H100 / H200's)
-        sw = build.pairs or section_pairs(h_kv, z, h // h_kv, s_q, d, q.element_size(), n_kb, causal, l2,
+        sw = build.pairs or section_pairs(h_kv, z, group, s_q, d, q.element_size(), n_kb, causal, _l2(dev),
                                           sm_count(dev))  # fmt: skip
         items = item_order(h_kv, n_kb, z, sw)
         if kv_acc:
-            items = split_items(items, h // h_kv, parts)
+            items = split_items(items, group, parts)
         order = order_table(items, g_main[0]).to(q.device)
     nq = dq_chunk(d, variant)
     if nq:  # the accumulator in the blocked order (dq_frag_offset): a float4 a thread
