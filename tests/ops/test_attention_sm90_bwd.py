@@ -959,6 +959,24 @@ def test_launcher_arguments(recorder):
     assert recorder[1][3][-2].tolist() == cb.order_table(cb.item_order(2, 3, 140, 22), 132).tolist()
 
 
+def test_split_build_of_a_group_of_one_runs_unsplit(recorder, monkeypatch):
+    """A split build asked for where the group has one q head (MHA) has nothing to split: the
+    plan takes the unsplit module, its 3-column item table and the 16-bit dK, dV themselves
+    (the split module would read a run of no heads and add fp32 into 16-bit memory)."""
+    built = []
+    real = cb.bwd_module
+    monkeypatch.setattr(cb, "bwd_module", lambda d, opts=None: built.append(opts) or real(d, opts))
+    q = torch.randn(1, 3, 200, 64, dtype=torch.bfloat16)
+    split4 = dataclasses.replace(cb.BWD_DEFAULTS[64], split=4)
+    _, dk, dv = cb.backward(q, q, q, q, q, torch.zeros(1, 3, 200), True, 0.3, "v9", split4)
+    assert built == [dataclasses.replace(cb.BWD_DEFAULTS[64], split=1)]
+    assert real(64, built[0]) is cb.MODULES[64]
+    a = recorder[1][3]
+    assert recorder[1][1] == (6, 1, 1) and a[7].dtype == a[8].dtype == torch.bfloat16
+    assert a[24].tolist() == cb.order_table(cb.item_order(3, 2, 1, 3), 6).tolist()
+    assert cb._plan_backward(q, q, q, q, q, torch.zeros(1, 3, 200), True, 0.3, "v9", split4).kv_acc == ()
+
+
 def test_first_backward_inside_graph_capture_is_refused_by_name(recorder, monkeypatch):
     """A persistent plan copies its item table to the GPU, which CUDA-graph capture forbids:
     the first backward at a shape inside a capture says so (and what to do) instead of

@@ -575,14 +575,14 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
         sw = section_pairs(h_kv, z, group, s_q, d, q.element_size(), n_kb, causal, _l2(dev), sm_count(dev))
         items = item_order(h_kv, n_kb, z, sw)
         build = replace(build, split=split_count(items, group, s_q, s_k, d, bm, causal, sm_count(dev)))
-    mod = bwd_module(d, build)
+    parts = min(build.split, group) if build.split > 1 else 1
+    mod = bwd_module(d, replace(build, split=parts))  # (a group of one: the unsplit module)
     pre = mod.kernel(f"attn_bwd_pre_{sfx}", SIG_PRE, dev)
     main = mod.kernel(f"attn_bwd_{variant}_d{d}_{sfx}", SIG_MAIN, dev)
     shared = smem_bytes(d, variant, bm)
     if shared > main.max_dynamic_shared:
         main.set_max_dynamic_shared(shared)
     g_pre, pre_args = (s_pad // PRE_ROWS, h, z), (s_q, s_pad, h, d, *o4.stride()[:3], *do4.stride()[:3])
-    parts = min(build.split, group) if build.split > 1 else 1
     if build.persist:  # items (key block, k/v head, batch[, run of q heads]), one block an SM at most
         g_main = (min(h_kv * n_kb * z * parts, sm_count(dev)), 1, 1)
     else:
