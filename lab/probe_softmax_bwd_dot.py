@@ -87,7 +87,7 @@ def main() -> int:
                 cases.append((f"lab-{name}", warps, run))
         if liger is not None:
             bs, warps = liger.calculate_settings(n_cols)
-            cases.append(("liger", warps, lambda bs=bs, w=warps: liger._softmax_backward(dy, y, bs, w, False)))
+            cases.append(("liger", warps, lambda b=bs, w=warps: liger._softmax_backward(dy, y, b, w, False)))
         for name, warps, fn in cases:
             row = dict(base, variant=name, warps=warps)
             try:
