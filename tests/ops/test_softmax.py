@@ -176,6 +176,45 @@ def test_streamed_rows_off_16_byte_boundaries(dtype, waves):
         assert v.ok, (rows, cols, off, "bwd", v.detail)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_whole_rows_off_16_byte_boundaries(dtype):
+    # rows held whole one a program (1025 and 4097 fp32 columns, 1025 16-bit) at every offset
+    # within a 16-byte chunk: read once as the aligned chunks that hold them, written as the
+    # interior and the ends apart (ALIGN with SINGLE); the tensor's last partial chunk read
+    # apart; also from a base one element off. Without Config.whole_shifted: one element a
+    # load (ALIGN 1), the same values.
+    from kernellab.ops.softmax import triton as st
+
+    per16 = 16 // torch.tensor([], dtype=dtype).element_size()
+    cases = [(9, 1025, 0), (5, 1025, 1), (3, 1025, 3), (1, 1025, 2)]
+    if dtype == torch.float32:
+        cases += [(5, 4097, 0), (2, 4097, 1)]
+    for rows, cols, off in cases:
+        g = torch.Generator().manual_seed(cols + off)
+        buf = (torch.randn(rows * cols + off, generator=g) * 4).to(dtype)
+        x = buf[off:].view(rows, cols)
+        dy = torch.randn(rows, cols, generator=g).to(dtype)
+        block, r, single, _ = st._config(cols, st.CONFIG, x.element_size(), n_rows=rows, sms=132)
+        assert single and r == 1 and st._align(cols, single, x.element_size(), r, block) == per16
+        off_cfg = st.Config(whole_shifted=False)
+        assert st._align(cols, single, x.element_size(), r, block, off_cfg) == 1
+        y = st._fwd(x)
+        v = judge(y, SPEC.ref(x), dtype, torch.softmax(x, -1))
+        assert v.ok, (rows, cols, off, v.detail)
+        torch.testing.assert_close(y, st._fwd(x, off_cfg))  # (sums in another order)
+        dx = st._bwd(dy, y)
+        y64, dy64 = y.double(), dy.double()
+        ref = y64 * (dy64 - (dy64 * y64).sum(-1, keepdim=True))
+        tor = torch._softmax_backward_data(dy.float(), y.float(), -1, torch.float32).to(dtype)
+        v = judge(dx, ref, dtype, tor)
+        assert v.ok, (rows, cols, off, "bwd", v.detail)
+        torch.testing.assert_close(dx, st._bwd(dy, y, off_cfg))
+    # rows several a program, or whose chunks pass the block (2047 fp32 at a shift of 3:
+    # 2052 columns in a 2048 block), keep one element a load
+    assert st._align(999, True, 4, 4, 1024) == 1 and st._align(2047, True, 4, 1, 2048) == 1
+    assert st._align(1024, True, 4, 1, 1024) == 1  # aligned rows: nothing to shift
+
+
 def _sm90_spec(which, dtype, cx, align, hints=True):
     """A softmax kernel's compile spec for kltest.sm90_global_accesses: 8192-column blocks,
     one row per program, 16 warps, the pointers 16-byte aligned; ``cx`` sets SINGLE and VEC
@@ -192,14 +231,16 @@ def _sm90_spec(which, dtype, cx, align, hints=True):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("which", ["fwd", "bwd"])
-def test_triton_shifted_rows_load_16_bytes_at_a_time(which, dtype):
-    """Streamed rows off 16-byte boundaries (ALIGN): the row's body is read and written
-    16 bytes at a time; only the ends and the tensor's last partial chunk go one element at
-    a time. Compiled for sm_90 (no GPU) at 8192-column steps, VEC = 1 (an odd width); also
-    with n_rows a constant 1, as Triton specializes a one-row launch."""
+@pytest.mark.parametrize("single", [False, True], ids=["streamed", "whole"])
+def test_triton_shifted_rows_load_16_bytes_at_a_time(which, dtype, single):
+    """Rows off 16-byte boundaries (ALIGN), streamed or whole one a program: the row's body
+    is read and written 16 bytes at a time; only the ends and the tensor's last partial
+    chunk go one element at a time. Compiled for sm_90 (no GPU) at 8192-column blocks,
+    VEC = 1 (an odd width); also with n_rows a constant 1, as Triton specializes a one-row
+    launch."""
     a = 16 // (4 if dtype == "fp32" else 2)
-    specs = [_sm90_spec(which, dtype, dict(SINGLE=False, VEC=1), align) for align in (1, a)]
-    specs.append(_sm90_spec(which, dtype, dict(SINGLE=False, VEC=1, n_rows=1), a))  # a one-row launch
+    specs = [_sm90_spec(which, dtype, dict(SINGLE=single, VEC=1), align) for align in (1, a)]
+    specs.append(_sm90_spec(which, dtype, dict(SINGLE=single, VEC=1, n_rows=1), a))  # a one-row launch
     lines = [(align, len(ld), sum(".v4" in i for i in ld), len(st), sum(".v4" in i for i in st))
              for align, (ld, st) in zip((1, a), sm90_global_accesses(specs))]  # fmt: skip
     (a1, n1, w1, s1, ws1), (a, n, w, s, ws) = lines

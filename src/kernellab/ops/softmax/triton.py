@@ -10,7 +10,9 @@ in base 2 with m an integer, so that the rescale when m grows is an exact power 
 (_stream_step); the second writes 2^(x log2(e) - m) / s: 2 reads + 1 write per element
 instead of the 3 reads + 1 write of max / sum / write passes. Rows whose width is not a
 multiple of 16 bytes start off 16-byte boundaries; they are streamed as the aligned chunks
-that hold them (_fwd_row_shifted), so that reads and writes stay 16 bytes wide.
+that hold them (_fwd_row_shifted), so that reads and writes stay 16 bytes wide, and a whole
+row one a program is read once as those chunks (_fwd_row_whole_shifted) where they fit its
+block.
 
 Backward, dx = y * (dy - sum(dy * y)), has the same two shapes (one block, or a sum pass and
 a write pass). For fp32 rows the sum is compensated fp32 (a pair hi + lo, see
@@ -56,7 +58,10 @@ class Config:
         up to max_whole are held whole).
     max_whole, whole_warps: rows wider than max_single up to a block of max_whole held
         whole, one per program of whole_warps warps (None: one per 1024 columns), never
-        re-read: fp32 both ways, 16-bit in the backward (the 16-bit forward streams them)."""
+        re-read: fp32 both ways, 16-bit in the backward (the 16-bit forward streams them).
+    whole_shifted: whole rows one a program off 16-byte boundaries read and written as the
+        aligned chunks that hold them, 16 bytes at a time (_align); False: one element at a
+        time."""
 
     fwd_even: bool = True
     fwd_narrow: bool = True
@@ -73,6 +78,7 @@ class Config:
     max_single: int = MAX_SINGLE
     max_whole: int = MAX_WHOLE
     whole_warps: int | None = None
+    whole_shifted: bool = True
 
 
 CONFIG = Config()
@@ -140,6 +146,33 @@ def _fwd_row_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.cons
 
 
 @triton_support.jit
+def _fwd_row_whole_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr):
+    # _fwd_row_shifted for a row whose aligned chunks fit one BLOCK: read once, 16 bytes a
+    # load, kept in registers for the write (the ends and the tensor's last partial chunk
+    # one element at a time, as there).
+    cols = tl.arange(0, BLOCK)
+    ends = tl.arange(0, A)
+    a0, lo, r1, hi, lim, b0, b1 = shifted_span(r0, n, total, A)
+    xp = x_ptr + a0
+    yp = y_ptr + a0
+    x = tl.load(xp + cols, mask=cols < lim, other=-float("inf"))
+    x = tl.where((cols >= lo) & (cols < r1), x.to(tl.float32), -float("inf"))
+    tj = lim + ends  # (only the tensor's last row has elements here)
+    t = tl.load(xp + tj, mask=(tj >= lo) & (tj < r1), other=-float("inf")).to(tl.float32)
+    m = tl.maximum(tl.max(x, axis=0), tl.max(t, axis=0))
+    e = tl.exp(x - m)
+    s = tl.sum(e, axis=0) + tl.sum(tl.exp(t - m), axis=0)
+    tl.store(yp + cols, (e / s).to(y_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
+    emask = (ends >= lo) & (ends < b0)  # the ends: [lo, b0), then [b1, r1)
+    xe = tl.load(xp + ends, mask=emask, other=0.0).to(tl.float32)
+    tl.store(yp + ends, (tl.exp(xe - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
+    ej = b1 + ends
+    emask = ej < r1
+    xe = tl.load(xp + ej, mask=emask, other=0.0).to(tl.float32)
+    tl.store(yp + ej, (tl.exp(xe - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
+
+
+@triton_support.jit
 def _softmax_fwd_kernel(
     x_ptr,
     y_ptr,
@@ -152,7 +185,7 @@ def _softmax_fwd_kernel(
     WIDE: tl.constexpr,  # 64-bit offsets (2^31 elements or more)
     REREAD: tl.constexpr,  # SINGLE: the output from x read again (L2), not from registers
     VEC: tl.constexpr,  # a power of two dividing n_cols (see _vec)
-    ALIGN: tl.constexpr,  # streamed rows off 16-byte boundaries: elements per 16 bytes, else 1
+    ALIGN: tl.constexpr,  # rows off 16-byte boundaries (_align): elements per 16 bytes, else 1
 ):
     # x, y: contiguous [n_rows, n_cols]; math in fp32. SINGLE: ROWS whole rows per program
     # (short rows share a program: one 3-wide row per program would leave it idle);
@@ -162,7 +195,11 @@ def _softmax_fwd_kernel(
         pid = pid.to(tl.int64)
     n_cols = (n_cols // VEC) * VEC  # == n_cols; Triton now knows it divides by VEC
     cols = tl.arange(0, BLOCK)
-    if SINGLE:
+    if SINGLE and ALIGN > 1:  # one whole row a program, its aligned chunks in one block
+        n_cols64 = n_cols.to(tl.int64)
+        r0 = pid.to(tl.int64) * n_cols64
+        _fwd_row_whole_shifted(x_ptr, y_ptr, r0, n_cols, n_cols64 * n_rows, BLOCK, ALIGN)
+    elif SINGLE:
         rows = pid * ROWS + tl.arange(0, ROWS)
         mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
         offs = rows[:, None] * n_cols + cols[None, :]
@@ -312,6 +349,52 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
 
 
 @triton_support.jit
+def _bwd_row_whole_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr,
+                           COMP: tl.constexpr):  # fmt: skip
+    # _bwd_row_shifted for a row whose aligned chunks fit one BLOCK: y and dy read once, 16
+    # bytes a load, kept in registers for the write.
+    cols = tl.arange(0, BLOCK)
+    ends = tl.arange(0, A)
+    a0, lo, r1, hi, lim, b0, b1 = shifted_span(r0, n, total, A)
+    yp = y_ptr + a0
+    dyp = dy_ptr + a0
+    dxp = dx_ptr + a0
+    inside = (cols >= lo) & (cols < r1)
+    y = tl.load(yp + cols, mask=cols < lim, other=0.0)
+    dy = tl.load(dyp + cols, mask=cols < lim, other=0.0)
+    y = tl.where(inside, y.to(tl.float32), 0.0)
+    dy = tl.where(inside, dy.to(tl.float32), 0.0)
+    tj = lim + ends  # the tensor's last partial chunk (its last row only)
+    tmask = (tj >= lo) & (tj < r1)
+    ty = tl.load(yp + tj, mask=tmask, other=0.0).to(tl.float32)
+    tdy = tl.load(dyp + tj, mask=tmask, other=0.0).to(tl.float32)
+    if COMP:
+        p, ep = _dot2_terms(y, dy)
+        hi_, lo_ = tl.reduce((p, ep), 0, _dot2_combine)
+        tp, tep = _dot2_terms(ty, tdy)
+        th, tlo = tl.reduce((tp, tep), 0, _dot2_combine)
+        hi_, lo_ = _dot2_combine(hi_, lo_, th, tlo)
+        lo_ = tl.where(tl.abs(hi_) <= 3.4028234663852886e38, lo_, 0.0)  # as _dot2_reduce
+        dx = _dot2_dx(y, dy, hi_, lo_)
+    else:
+        hi_ = tl.sum(y * dy, axis=0) + tl.sum(ty * tdy, axis=0)
+        lo_ = 0.0
+        dx = y * (dy - hi_)
+    tl.store(dxp + cols, dx.to(dx_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
+    emask = (ends >= lo) & (ends < b0)  # the ends: [lo, b0), then [b1, r1)
+    y = tl.load(yp + ends, mask=emask, other=0.0).to(tl.float32)
+    dy = tl.load(dyp + ends, mask=emask, other=0.0).to(tl.float32)
+    dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
+    tl.store(dxp + ends, dx.to(dx_ptr.dtype.element_ty), mask=emask)
+    ej = b1 + ends
+    emask = ej < r1
+    y = tl.load(yp + ej, mask=emask, other=0.0).to(tl.float32)
+    dy = tl.load(dyp + ej, mask=emask, other=0.0).to(tl.float32)
+    dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
+    tl.store(dxp + ej, dx.to(dx_ptr.dtype.element_ty), mask=emask)
+
+
+@triton_support.jit
 def _softmax_bwd_kernel(
     y_ptr,
     dy_ptr,
@@ -324,7 +407,7 @@ def _softmax_bwd_kernel(
     COMP: tl.constexpr,  # fp32 rows: the dot compensated
     VEC: tl.constexpr,  # a power of two dividing n_cols (see _vec)
     HINTS: tl.constexpr,  # streamed: the sum pass evict_last, the write pass evict_first
-    ALIGN: tl.constexpr,  # streamed rows off 16-byte boundaries: elements per 16 bytes, else 1
+    ALIGN: tl.constexpr,  # rows off 16-byte boundaries (_align): elements per 16 bytes, else 1
 ):
     # y, dy, dx: contiguous [n_rows, n_cols]; dx = y * (dy - sum(dy * y)) per row. COMP (fp32
     # rows): the dot as a pair hi + lo (Ogita, Rump and Oishi's Dot2: each product split
@@ -336,7 +419,11 @@ def _softmax_bwd_kernel(
     cols = tl.arange(0, BLOCK)
     FIRST: tl.constexpr = "evict_last" if HINTS else ""
     SECOND: tl.constexpr = "evict_first" if HINTS else ""
-    if SINGLE:
+    if SINGLE and ALIGN > 1:  # one whole row a program, its aligned chunks in one block
+        n_cols64 = n_cols.to(tl.int64)
+        total = n_cols64 * n_rows
+        _bwd_row_whole_shifted(y_ptr, dy_ptr, dx_ptr, pid * n_cols64, n_cols, total, BLOCK, ALIGN, COMP)
+    elif SINGLE:
         rows = pid * ROWS + tl.arange(0, ROWS)
         mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
         offs = rows[:, None] * n_cols + cols[None, :]
@@ -422,11 +509,20 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool 
     return step, 1, False, cfg.stream_warps if step >= cfg.stream_block else 8
 
 
-def _align(n_cols: int, single: bool, element_size: int) -> int:
-    """ALIGN: for streamed rows whose starts are off 16-byte boundaries (n_cols not a
-    multiple of 16 bytes' elements), the elements per 16 bytes; else 1."""
+def _align(n_cols: int, single: bool, element_size: int, rows: int = 1, block: int = 0,
+           cfg: Config = CONFIG) -> int:  # fmt: skip
+    """ALIGN: for rows whose starts are off 16-byte boundaries (n_cols not a multiple of 16
+    bytes' elements), streamed or whole one a program (``rows`` 1, ``cfg.whole_shifted``)
+    with the aligned chunks that hold them within ``block`` columns, the elements per 16
+    bytes; else 1 (whole rows several a program, or wider than their block's chunks: one
+    element a load)."""
     per16 = 16 // element_size
-    return per16 if not single and n_cols % per16 else 1
+    if not n_cols % per16:
+        return 1
+    if not single:
+        return per16
+    span = -(-(per16 - 1 + n_cols) // per16) * per16  # the chunks of a row at the worst shift
+    return per16 if cfg.whole_shifted and rows == 1 and span <= block else 1
 
 
 def _grid(n_rows: int, rows: int, single: bool, device: torch.device, cfg: Config = CONFIG) -> int:
@@ -479,7 +575,7 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
             extra = dict(EVEN=even, WIDE=not (cfg.fwd_narrow and out.numel() < 2**31), REREAD=reread)
         else:  # the backward: fp32 rows compensated
             extra = {"COMP": out.dtype == torch.float32, "HINTS": cfg.bwd_hints and not single}
-        extra["ALIGN"] = _align(n_cols, single, out.element_size())
+        extra["ALIGN"] = _align(n_cols, single, out.element_size(), rows, block, cfg)
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, VEC=_vec(n_cols),
             num_warps=warps, **extra,
