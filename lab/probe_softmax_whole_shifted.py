@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from profiled import emit_row  # noqa: E402
 
 from kernellab.harness import timer  # noqa: E402
 from kernellab.harness.bench import git_sha  # noqa: E402
 from kernellab.ops.softmax import triton as st  # noqa: E402
-from profiled import emit_row  # noqa: E402
 
 CASES = {
     torch.float32: ("4096x4097", "4099x1025", "16384x1025", "8x4097", "1024x3001"),
