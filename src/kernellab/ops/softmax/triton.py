@@ -60,8 +60,8 @@ class Config:
         whole, one per program of whole_warps warps (None: one per 1024 columns), never
         re-read: fp32 both ways, 16-bit in the backward (the 16-bit forward streams them).
     whole_shifted: whole rows one a program off 16-byte boundaries read and written as the
-        aligned chunks that hold them, 16 bytes at a time (_align); False: one element at a
-        time."""
+        aligned chunks that hold them, 16 bytes at a time (_align; not the fp32 backward's);
+        False: one element at a time."""
 
     fwd_even: bool = True
     fwd_narrow: bool = True
@@ -349,10 +349,10 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
 
 
 @triton_support.jit
-def _bwd_row_whole_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr,
-                           COMP: tl.constexpr):  # fmt: skip
-    # _bwd_row_shifted for a row whose aligned chunks fit one BLOCK: y and dy read once, 16
-    # bytes a load, kept in registers for the write.
+def _bwd_row_whole_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr):
+    # _bwd_row_shifted for a 16-bit row whose aligned chunks fit one BLOCK: y and dy read
+    # once, 16 bytes a load, kept in registers for the write; the dot a plain fp32 sum, as
+    # 16-bit whole rows take it (_align leaves fp32 rows, whose dot is compensated, out).
     cols = tl.arange(0, BLOCK)
     ends = tl.arange(0, A)
     a0, lo, r1, hi, lim, b0, b1 = shifted_span(r0, n, total, A)
@@ -368,30 +368,17 @@ def _bwd_row_whole_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.conste
     tmask = (tj >= lo) & (tj < r1)
     ty = tl.load(yp + tj, mask=tmask, other=0.0).to(tl.float32)
     tdy = tl.load(dyp + tj, mask=tmask, other=0.0).to(tl.float32)
-    if COMP:
-        p, ep = _dot2_terms(y, dy)
-        hi_, lo_ = tl.reduce((p, ep), 0, _dot2_combine)
-        tp, tep = _dot2_terms(ty, tdy)
-        th, tlo = tl.reduce((tp, tep), 0, _dot2_combine)
-        hi_, lo_ = _dot2_combine(hi_, lo_, th, tlo)
-        lo_ = tl.where(tl.abs(hi_) <= 3.4028234663852886e38, lo_, 0.0)  # as _dot2_reduce
-        dx = _dot2_dx(y, dy, hi_, lo_)
-    else:
-        hi_ = tl.sum(y * dy, axis=0) + tl.sum(ty * tdy, axis=0)
-        lo_ = 0.0
-        dx = y * (dy - hi_)
-    tl.store(dxp + cols, dx.to(dx_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
+    dot = tl.sum(y * dy, axis=0) + tl.sum(ty * tdy, axis=0)
+    tl.store(dxp + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
     emask = (ends >= lo) & (ends < b0)  # the ends: [lo, b0), then [b1, r1)
     y = tl.load(yp + ends, mask=emask, other=0.0).to(tl.float32)
     dy = tl.load(dyp + ends, mask=emask, other=0.0).to(tl.float32)
-    dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
-    tl.store(dxp + ends, dx.to(dx_ptr.dtype.element_ty), mask=emask)
+    tl.store(dxp + ends, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=emask)
     ej = b1 + ends
     emask = ej < r1
     y = tl.load(yp + ej, mask=emask, other=0.0).to(tl.float32)
     dy = tl.load(dyp + ej, mask=emask, other=0.0).to(tl.float32)
-    dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
-    tl.store(dxp + ej, dx.to(dx_ptr.dtype.element_ty), mask=emask)
+    tl.store(dxp + ej, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=emask)
 
 
 @triton_support.jit
@@ -419,10 +406,11 @@ def _softmax_bwd_kernel(
     cols = tl.arange(0, BLOCK)
     FIRST: tl.constexpr = "evict_last" if HINTS else ""
     SECOND: tl.constexpr = "evict_first" if HINTS else ""
-    if SINGLE and ALIGN > 1:  # one whole row a program, its aligned chunks in one block
+    if SINGLE and ALIGN > 1:  # one whole 16-bit row a program, its aligned chunks in one block
+        tl.static_assert(not COMP, "fp32 whole rows are read one element a load (_align)")
         n_cols64 = n_cols.to(tl.int64)
         total = n_cols64 * n_rows
-        _bwd_row_whole_shifted(y_ptr, dy_ptr, dx_ptr, pid * n_cols64, n_cols, total, BLOCK, ALIGN, COMP)
+        _bwd_row_whole_shifted(y_ptr, dy_ptr, dx_ptr, pid * n_cols64, n_cols, total, BLOCK, ALIGN)
     elif SINGLE:
         rows = pid * ROWS + tl.arange(0, ROWS)
         mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
@@ -510,19 +498,26 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool 
 
 
 def _align(n_cols: int, single: bool, element_size: int, rows: int = 1, block: int = 0,
-           cfg: Config = CONFIG) -> int:  # fmt: skip
+           cfg: Config = CONFIG, comp: bool = False, n_rows: int | None = None,
+           sms: int = 0) -> int:  # fmt: skip
     """ALIGN: for rows whose starts are off 16-byte boundaries (n_cols not a multiple of 16
     bytes' elements), streamed or whole one a program (``rows`` 1, ``cfg.whole_shifted``)
     with the aligned chunks that hold them within ``block`` columns, the elements per 16
     bytes; else 1 (whole rows several a program, or wider than their block's chunks: one
-    element a load)."""
+    element a load). Whole rows stay one element a load in the fp32 backward (``comp``: its
+    compensated dot) and where ``n_rows`` are fewer than ``sms``: shifted, those took
+    1.07-1.47x as long on an H200 (fp32 backward 4096x4097 92 against 62 us; the forward of
+    8 rows of 4097 5.8 against 5.5 us), where the forward's and the 16-bit backward's at
+    1024-16384 rows were up to 1.10x faster (4096x4097 fp32 forward 46.5 against 51.4 us)
+    (lab/probe_softmax_whole_shifted.py, softmax_whole_shifted-H200-cdbe8f8.jsonl)."""
     per16 = 16 // element_size
     if not n_cols % per16:
         return 1
     if not single:
         return per16
     span = -(-(per16 - 1 + n_cols) // per16) * per16  # the chunks of a row at the worst shift
-    return per16 if cfg.whole_shifted and rows == 1 and span <= block else 1
+    few = n_rows is not None and n_rows < sms
+    return per16 if cfg.whole_shifted and not comp and not few and rows == 1 and span <= block else 1
 
 
 def _grid(n_rows: int, rows: int, single: bool, device: torch.device, cfg: Config = CONFIG) -> int:
@@ -575,7 +570,8 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
             extra = dict(EVEN=even, WIDE=not (cfg.fwd_narrow and out.numel() < 2**31), REREAD=reread)
         else:  # the backward: fp32 rows compensated
             extra = {"COMP": out.dtype == torch.float32, "HINTS": cfg.bwd_hints and not single}
-        extra["ALIGN"] = _align(n_cols, single, out.element_size(), rows, block, cfg)
+        comp = not fwd and out.dtype == torch.float32
+        extra["ALIGN"] = _align(n_cols, single, out.element_size(), rows, block, cfg, comp, n_rows, sms)
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, VEC=_vec(n_cols),
             num_warps=warps, **extra,
