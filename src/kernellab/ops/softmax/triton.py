@@ -110,6 +110,23 @@ def _stream_out(x, m, s):
 
 
 @triton_support.jit
+def _fwd_write_end(xp, yp, j, emask, m, s, STREAM: tl.constexpr):
+    # elements j (emask) of a row read and written one at a time from its statistics:
+    # STREAM, _stream_step's (base 2); else the max and the sum of exp(x - max)
+    x = tl.load(xp + j, mask=emask, other=0.0).to(tl.float32)
+    y = _stream_out(x, m, s) if STREAM else tl.exp(x - m) / s
+    tl.store(yp + j, y.to(yp.dtype.element_ty), mask=emask)
+
+
+@triton_support.jit
+def _fwd_write_ends(xp, yp, lo, r1, b0, b1, m, s, A: tl.constexpr, STREAM: tl.constexpr):
+    # the < A elements at each end of a shifted row (offsets from its aligned start)
+    ends = tl.arange(0, A)
+    _fwd_write_end(xp, yp, ends, (ends >= lo) & (ends < b0), m, s, STREAM)  # [lo, b0)
+    _fwd_write_end(xp, yp, b1 + ends, b1 + ends < r1, m, s, STREAM)  # [b1, r1)
+
+
+@triton_support.jit
 def _fwd_row_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr):
     # The softmax of one row whose rows do not start on 16-byte boundaries (shifted_span).
     # It is read as the aligned chunks that hold it, 16 bytes a load (the neighbours'
@@ -136,13 +153,7 @@ def _fwd_row_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.cons
         x = tl.load(xp + j, mask=j < lim, other=0.0, eviction_policy="evict_first")
         y = _stream_out(x.to(tl.float32), m, s).to(y_ptr.dtype.element_ty)
         tl.store(yp + j, y, mask=(j >= b0) & (j < b1))
-    emask = (ends >= lo) & (ends < b0)  # the ends: [lo, b0), then [b1, r1)
-    x = tl.load(xp + ends, mask=emask, other=0.0).to(tl.float32)
-    tl.store(yp + ends, _stream_out(x, m, s).to(y_ptr.dtype.element_ty), mask=emask)
-    ej = b1 + ends
-    emask = ej < r1
-    x = tl.load(xp + ej, mask=emask, other=0.0).to(tl.float32)
-    tl.store(yp + ej, _stream_out(x, m, s).to(y_ptr.dtype.element_ty), mask=emask)
+    _fwd_write_ends(xp, yp, lo, r1, b0, b1, m, s, A, True)
 
 
 @triton_support.jit
@@ -163,13 +174,7 @@ def _fwd_row_whole_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: t
     e = tl.exp(x - m)
     s = tl.sum(e, axis=0) + tl.sum(tl.exp(t - m), axis=0)
     tl.store(yp + cols, (e / s).to(y_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
-    emask = (ends >= lo) & (ends < b0)  # the ends: [lo, b0), then [b1, r1)
-    xe = tl.load(xp + ends, mask=emask, other=0.0).to(tl.float32)
-    tl.store(yp + ends, (tl.exp(xe - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
-    ej = b1 + ends
-    emask = ej < r1
-    xe = tl.load(xp + ej, mask=emask, other=0.0).to(tl.float32)
-    tl.store(yp + ej, (tl.exp(xe - m) / s).to(y_ptr.dtype.element_ty), mask=emask)
+    _fwd_write_ends(xp, yp, lo, r1, b0, b1, m, s, A, False)
 
 
 @triton_support.jit
@@ -291,6 +296,24 @@ def _dot2_dx(y, dy, hi, lo):
 
 
 @triton_support.jit
+def _bwd_write_end(yp, dyp, dxp, j, emask, hi_, lo_, COMP: tl.constexpr):
+    # dx at elements j (emask) of a row, read and written one at a time, from its dot
+    # (COMP: the pair hi_ + lo_)
+    y = tl.load(yp + j, mask=emask, other=0.0).to(tl.float32)
+    dy = tl.load(dyp + j, mask=emask, other=0.0).to(tl.float32)
+    dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
+    tl.store(dxp + j, dx.to(dxp.dtype.element_ty), mask=emask)
+
+
+@triton_support.jit
+def _bwd_write_ends(yp, dyp, dxp, lo, r1, b0, b1, hi_, lo_, A: tl.constexpr, COMP: tl.constexpr):
+    # the < A elements at each end of a shifted row (offsets from its aligned start)
+    ends = tl.arange(0, A)
+    _bwd_write_end(yp, dyp, dxp, ends, (ends >= lo) & (ends < b0), hi_, lo_, COMP)  # [lo, b0)
+    _bwd_write_end(yp, dyp, dxp, b1 + ends, b1 + ends < r1, hi_, lo_, COMP)  # [b1, r1)
+
+
+@triton_support.jit
 def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.constexpr,
                      COMP: tl.constexpr, FIRST: tl.constexpr, SECOND: tl.constexpr):  # fmt: skip
     # The backward of one row off 16-byte boundaries, read and written as _fwd_row_shifted
@@ -335,17 +358,7 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
         dy = tl.load(dyp + j, mask=j < lim, other=0.0, eviction_policy=SECOND).to(tl.float32)
         dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
         tl.store(dxp + j, dx.to(dx_ptr.dtype.element_ty), mask=(j >= b0) & (j < b1))
-    emask = (ends >= lo) & (ends < b0)  # the ends: [lo, b0), then [b1, r1)
-    y = tl.load(yp + ends, mask=emask, other=0.0).to(tl.float32)
-    dy = tl.load(dyp + ends, mask=emask, other=0.0).to(tl.float32)
-    dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
-    tl.store(dxp + ends, dx.to(dx_ptr.dtype.element_ty), mask=emask)
-    ej = b1 + ends
-    emask = ej < r1
-    y = tl.load(yp + ej, mask=emask, other=0.0).to(tl.float32)
-    dy = tl.load(dyp + ej, mask=emask, other=0.0).to(tl.float32)
-    dx = _dot2_dx(y, dy, hi_, lo_) if COMP else y * (dy - hi_)
-    tl.store(dxp + ej, dx.to(dx_ptr.dtype.element_ty), mask=emask)
+    _bwd_write_ends(yp, dyp, dxp, lo, r1, b0, b1, hi_, lo_, A, COMP)
 
 
 @triton_support.jit
@@ -370,15 +383,7 @@ def _bwd_row_whole_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.conste
     tdy = tl.load(dyp + tj, mask=tmask, other=0.0).to(tl.float32)
     dot = tl.sum(y * dy, axis=0) + tl.sum(ty * tdy, axis=0)
     tl.store(dxp + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
-    emask = (ends >= lo) & (ends < b0)  # the ends: [lo, b0), then [b1, r1)
-    y = tl.load(yp + ends, mask=emask, other=0.0).to(tl.float32)
-    dy = tl.load(dyp + ends, mask=emask, other=0.0).to(tl.float32)
-    tl.store(dxp + ends, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=emask)
-    ej = b1 + ends
-    emask = ej < r1
-    y = tl.load(yp + ej, mask=emask, other=0.0).to(tl.float32)
-    dy = tl.load(dyp + ej, mask=emask, other=0.0).to(tl.float32)
-    tl.store(dxp + ej, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=emask)
+    _bwd_write_ends(yp, dyp, dxp, lo, r1, b0, b1, dot, 0.0, A, False)
 
 
 @triton_support.jit
