@@ -50,6 +50,7 @@ kernel sums it, ``splits_dq``): the CPU tests hold it against the float64 refere
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -417,15 +418,14 @@ def item_steps(items: Tensor, s_q: int, s_k: int, bn: int, bm: int, causal: bool
 def makespan(work: list[float], sms: int) -> float:
     """The persistent grid's end, items taken in order by whichever of min(items, sms) blocks
     is free first (the kernel's counter)."""
-    import heapq
-
     free = [0.0] * max(1, min(len(work), sms))
     for w in work:
         heapq.heapreplace(free, free[0] + w)
     return max(free)
 
 
-def split_count(items: Tensor, group: int, s_q: int, s_k: int, d: int, bm: int, causal: bool, sms: int) -> int:
+def split_count(items: Tensor, group: int, s_q: int, s_k: int, d: int, bm: int, causal: bool,
+                sms: int) -> int:  # fmt: skip
     """The split count (``BwdOpts.split``) the default build runs at: where the (key block,
     k/v head, batch) ``items`` (``item_order``'s) number fewer than two waves of ``sms``, the
     count of 1 .. min(group, SPLIT_MAX) whose items' ``makespan`` (SPLIT_ITEM_STEPS an item,
@@ -570,11 +570,14 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
     sfx = DTYPE_SUFFIX[q.dtype]
     build, group = opts or BWD_DEFAULTS[d], h // h_kv
     n_kb = ceil_div(s_k, bn)
-    if build == BWD_DEFAULTS[d] and build.persist and not torch.are_deterministic_algorithms_enabled():
-        # the default's split count (split_count; 1: the default module)
-        sw = section_pairs(h_kv, z, group, s_q, d, q.element_size(), n_kb, causal, _l2(dev), sm_count(dev))
+    items = None  # the persistent grid's (key block, k/v head, batch) items, in order
+    if build.persist:
+        sw = build.pairs or section_pairs(h_kv, z, group, s_q, d, q.element_size(), n_kb, causal, _l2(dev),
+                                          sm_count(dev))  # fmt: skip
         items = item_order(h_kv, n_kb, z, sw)
-        build = replace(build, split=split_count(items, group, s_q, s_k, d, bm, causal, sm_count(dev)))
+        if build == BWD_DEFAULTS[d] and not torch.are_deterministic_algorithms_enabled():
+            # the default's split count (split_count; 1: the default module)
+            build = replace(build, split=split_count(items, group, s_q, s_k, d, bm, causal, sm_count(dev)))
     parts = min(build.split, group) if build.split > 1 else 1
     mod = bwd_module(d, replace(build, split=parts))  # (a group of one: the unsplit module)
     pre = mod.kernel(f"attn_bwd_pre_{sfx}", SIG_PRE, dev)
@@ -599,9 +602,6 @@ def _plan_backward(do, q, k, v, o, lse, causal, scale, variant, opts=None) -> Bw
                 f"attention/cuda_{variant}: the first backward at these shapes ran inside CUDA-graph "
                 "capture; run it once before capturing (its plan copies an item table to the GPU)"
             )
-        sw = build.pairs or section_pairs(h_kv, z, group, s_q, d, q.element_size(), n_kb, causal, _l2(dev),
-                                          sm_count(dev))  # fmt: skip
-        items = item_order(h_kv, n_kb, z, sw)
         if kv_acc:
             items = split_items(items, group, parts)
         order = order_table(items, g_main[0]).to(q.device)

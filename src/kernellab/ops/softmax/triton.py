@@ -110,6 +110,14 @@ def _stream_out(x, m, s):
 
 
 @triton_support.jit
+def _tail_chunk(p, lim, lo, r1, A: tl.constexpr, other):
+    # the tensor's last partial chunk of a shifted row, past lim (only the tensor's last row
+    # has elements there), read apart so that no load passes the tensor; fp32
+    tj = lim + tl.arange(0, A)
+    return tl.load(p + tj, mask=(tj >= lo) & (tj < r1), other=other).to(tl.float32)
+
+
+@triton_support.jit
 def _fwd_write_end(xp, yp, j, emask, m, s, STREAM: tl.constexpr):
     # elements j (emask) of a row read and written one at a time from its statistics:
     # STREAM, _stream_step's (base 2); else the max and the sum of exp(x - max)
@@ -134,7 +142,6 @@ def _fwd_row_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.cons
     # the < A elements at each end one at a time. The tensor's last partial chunk (the last
     # row's end, past lim) is read apart, so that no load passes the tensor.
     cols = tl.arange(0, BLOCK)
-    ends = tl.arange(0, A)
     a0, lo, r1, hi, lim, b0, b1 = shifted_span(r0, n, total, A)
     xp = x_ptr + a0
     yp = y_ptr + a0
@@ -145,9 +152,7 @@ def _fwd_row_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: tl.cons
         x = tl.load(xp + j, mask=j < lim, other=-float("inf"), eviction_policy="evict_last")
         x = tl.where((j >= lo) & (j < r1), x.to(tl.float32), -float("inf"))
         m, s = _stream_step(m, s, x)
-    tj = lim + ends  # (only the tensor's last row has elements here)
-    t = tl.load(xp + tj, mask=(tj >= lo) & (tj < r1), other=-float("inf")).to(tl.float32)
-    m, s = _stream_step(m, s, t)
+    m, s = _stream_step(m, s, _tail_chunk(xp, lim, lo, r1, A, -float("inf")))
     for start in range(0, hi, BLOCK):
         j = start + cols
         x = tl.load(xp + j, mask=j < lim, other=0.0, eviction_policy="evict_first")
@@ -162,14 +167,12 @@ def _fwd_row_whole_shifted(x_ptr, y_ptr, r0, n, total, BLOCK: tl.constexpr, A: t
     # load, kept in registers for the write (the ends and the tensor's last partial chunk
     # one element at a time, as there).
     cols = tl.arange(0, BLOCK)
-    ends = tl.arange(0, A)
     a0, lo, r1, hi, lim, b0, b1 = shifted_span(r0, n, total, A)
     xp = x_ptr + a0
     yp = y_ptr + a0
     x = tl.load(xp + cols, mask=cols < lim, other=-float("inf"))
     x = tl.where((cols >= lo) & (cols < r1), x.to(tl.float32), -float("inf"))
-    tj = lim + ends  # (only the tensor's last row has elements here)
-    t = tl.load(xp + tj, mask=(tj >= lo) & (tj < r1), other=-float("inf")).to(tl.float32)
+    t = _tail_chunk(xp, lim, lo, r1, A, -float("inf"))
     m = tl.maximum(tl.max(x, axis=0), tl.max(t, axis=0))
     e = tl.exp(x - m)
     s = tl.sum(e, axis=0) + tl.sum(tl.exp(t - m), axis=0)
@@ -319,7 +322,6 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
     # The backward of one row off 16-byte boundaries, read and written as _fwd_row_shifted
     # does (the neighbours' y and dy taken as 0).
     cols = tl.arange(0, BLOCK)
-    ends = tl.arange(0, A)
     a0, lo, r1, hi, lim, b0, b1 = shifted_span(r0, n, total, A)
     yp = y_ptr + a0
     dyp = dy_ptr + a0
@@ -339,10 +341,7 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
             acc_lo += ep + e
         else:
             acc += y * dy
-    tj = lim + ends  # the tensor's last partial chunk (its last row only)
-    tmask = (tj >= lo) & (tj < r1)
-    ty = tl.load(yp + tj, mask=tmask, other=0.0).to(tl.float32)
-    tdy = tl.load(dyp + tj, mask=tmask, other=0.0).to(tl.float32)
+    ty, tdy = _tail_chunk(yp, lim, lo, r1, A, 0.0), _tail_chunk(dyp, lim, lo, r1, A, 0.0)
     if COMP:
         hi_, lo_ = tl.reduce((acc, acc_lo), 0, _dot2_combine)
         tp, tep = _dot2_terms(ty, tdy)
@@ -367,7 +366,6 @@ def _bwd_row_whole_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.conste
     # once, 16 bytes a load, kept in registers for the write; the dot a plain fp32 sum, as
     # 16-bit whole rows take it (_align leaves fp32 rows, whose dot is compensated, out).
     cols = tl.arange(0, BLOCK)
-    ends = tl.arange(0, A)
     a0, lo, r1, hi, lim, b0, b1 = shifted_span(r0, n, total, A)
     yp = y_ptr + a0
     dyp = dy_ptr + a0
@@ -377,10 +375,7 @@ def _bwd_row_whole_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.conste
     dy = tl.load(dyp + cols, mask=cols < lim, other=0.0)
     y = tl.where(inside, y.to(tl.float32), 0.0)
     dy = tl.where(inside, dy.to(tl.float32), 0.0)
-    tj = lim + ends  # the tensor's last partial chunk (its last row only)
-    tmask = (tj >= lo) & (tj < r1)
-    ty = tl.load(yp + tj, mask=tmask, other=0.0).to(tl.float32)
-    tdy = tl.load(dyp + tj, mask=tmask, other=0.0).to(tl.float32)
+    ty, tdy = _tail_chunk(yp, lim, lo, r1, A, 0.0), _tail_chunk(dyp, lim, lo, r1, A, 0.0)
     dot = tl.sum(y * dy, axis=0) + tl.sum(ty * tdy, axis=0)
     tl.store(dxp + cols, (y * (dy - dot)).to(dx_ptr.dtype.element_ty), mask=(cols >= b0) & (cols < b1))
     _bwd_write_ends(yp, dyp, dxp, lo, r1, b0, b1, dot, 0.0, A, False)
@@ -510,11 +505,8 @@ def _align(n_cols: int, single: bool, element_size: int, rows: int = 1, block: i
     with the aligned chunks that hold them within ``block`` columns, the elements per 16
     bytes; else 1 (whole rows several a program, or wider than their block's chunks: one
     element a load). Whole rows stay one element a load in the fp32 backward (``comp``: its
-    compensated dot) and where ``n_rows`` are fewer than ``sms``: shifted, those took
-    1.07-1.47x as long on an H200 (fp32 backward 4096x4097 92 against 62 us; the forward of
-    8 rows of 4097 5.8 against 5.5 us), where the forward's and the 16-bit backward's at
-    1024-16384 rows were up to 1.10x faster (4096x4097 fp32 forward 46.5 against 51.4 us)
-    (lab/probe_softmax_whole_shifted.py, softmax_whole_shifted-H200-cdbe8f8.jsonl)."""
+    compensated dot) and where ``n_rows`` are fewer than ``sms``: shifted, those were slower
+    on an H200 (lab/probe_softmax_whole_shifted.py; benchmarks/NOTES.md (as))."""
     per16 = 16 // element_size
     if not n_cols % per16:
         return 1
@@ -575,7 +567,7 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
             extra = dict(EVEN=even, WIDE=not (cfg.fwd_narrow and out.numel() < 2**31), REREAD=reread)
         else:  # the backward: fp32 rows compensated
             extra = {"COMP": out.dtype == torch.float32, "HINTS": cfg.bwd_hints and not single}
-        comp = not fwd and out.dtype == torch.float32
+        comp = extra.get("COMP", False)
         extra["ALIGN"] = _align(n_cols, single, out.element_size(), rows, block, cfg, comp, n_rows, sms)
         kernel[grid](
             *inputs, out, n_rows, n_cols, BLOCK=block, ROWS=rows, SINGLE=single, VEC=_vec(n_cols),
