@@ -9,7 +9,13 @@ and a lab copy of its one-block-a-row kernel with the row dot as Dot2 (the defau
 fp64 sum, or as a plain fp32 sum (Liger's arithmetic: a bound, not a candidate: it misses the
 check's bound where one y is near 1), each at 8, 16 and 32 warps; then Liger's backward
 kernel where liger-kernel is installed. Each variant's largest |dx| error against an fp64
-backward is in its row ("err")."""
+backward is in its row ("err"), and on hostile rows (one y near 1, where a plain fp32 dot
+cancels against dy) "err_peak" beside the check's bound there (2x PyTorch's error plus one
+ulp of the largest |dx|, "bound_peak"). Variants 3-4 sum the dot in fp64 and keep it as the
+pair hi + lo of the default's dx: "fp64pair" (products exact in fp64: two conversions an
+element), "fp64p" (fp32 products converted, their fma errors summed in fp32: one). The
+streamed two-pass form of each ("loop-*", 8192 columns a step) is timed at rows wider than
+8192."""
 
 from __future__ import annotations
 
@@ -43,12 +49,100 @@ def _row_bwd(y_ptr, dy_ptr, dx_ptr, n_cols, BLOCK: tl.constexpr, DOT: tl.constex
         p, ep = st._dot2_terms(y, dy)
         hi, lo = st._dot2_reduce(p, ep, 0)
         dx = st._dot2_dx(y, dy, hi, lo)
+    elif DOT == 3 or DOT == 4:
+        if DOT == 3:
+            s = tl.sum(y.to(tl.float64) * dy.to(tl.float64), axis=0)
+            e = 0.0
+        else:
+            p, ep = st._dot2_terms(y, dy)
+            s = tl.sum(p.to(tl.float64), axis=0)
+            e = tl.sum(ep, axis=0)
+        hi = s.to(tl.float32)
+        lo = (s - hi.to(tl.float64)).to(tl.float32) + e
+        lo = tl.where(tl.abs(hi) <= 3.4028234663852886e38, lo, 0.0)
+        dx = st._dot2_dx(y, dy, hi, lo)
     elif DOT == 1:
         s = tl.sum(y.to(tl.float64) * dy.to(tl.float64), axis=0)
         dx = (y.to(tl.float64) * (dy.to(tl.float64) - s)).to(tl.float32)
     else:
         dx = y * (dy - tl.sum(y * dy, axis=0))
     tl.store(dx_ptr + offs, dx, mask=mask)
+
+
+@triton_support.jit
+def _row_bwd_loop(y_ptr, dy_ptr, dx_ptr, n_cols, BLOCK: tl.constexpr, DOT: tl.constexpr):
+    # one row a program in BLOCK-column steps, two passes; DOT as _row_bwd (0, 2, 3, 4)
+    base = tl.program_id(0).to(tl.int64) * n_cols
+    cols = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    acc_lo = tl.zeros([BLOCK], tl.float32)
+    acc64 = tl.zeros([BLOCK], tl.float64)
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+        dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+        if DOT == 0:
+            p, ep = st._dot2_terms(y, dy)
+            acc, e = st._two_sum(acc, p)
+            acc_lo += ep + e
+        elif DOT == 3:
+            acc64 += y.to(tl.float64) * dy.to(tl.float64)
+        elif DOT == 4:
+            p, ep = st._dot2_terms(y, dy)
+            acc64 += p.to(tl.float64)
+            acc_lo += ep
+        else:
+            acc += y * dy
+    if DOT == 0:
+        hi, lo = st._dot2_reduce(acc, acc_lo, 0)
+    elif DOT == 2:
+        hi = tl.sum(acc, axis=0)
+        lo = 0.0
+    else:
+        s = tl.sum(acc64, axis=0)
+        hi = s.to(tl.float32)
+        lo = (s - hi.to(tl.float64)).to(tl.float32) + tl.sum(acc_lo, axis=0)
+        lo = tl.where(tl.abs(hi) <= 3.4028234663852886e38, lo, 0.0)
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+        dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+        tl.store(dx_ptr + base + start + cols, st._dot2_dx(y, dy, hi, lo), mask=mask)
+
+
+@triton_support.jit
+def _row_bwd_shifted(y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, BLOCK: tl.constexpr, DOT: tl.constexpr):
+    # an fp32 row off 16-byte boundaries read as its aligned chunks (the library's
+    # _bwd_row_whole_shifted, there 16-bit only), the dot by DOT 3 or 4 (fp64), or 2 (fp32)
+    n64 = n_cols.to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    a0, lo, r1, hi, lim, b0, b1 = st.shifted_span(
+        tl.program_id(0).to(tl.int64) * n64, n_cols, n64 * n_rows, 4
+    )
+    yp = y_ptr + a0
+    dyp = dy_ptr + a0
+    dxp = dx_ptr + a0
+    inside = (cols >= lo) & (cols < r1)
+    y = tl.where(inside, tl.load(yp + cols, mask=cols < lim, other=0.0), 0.0)
+    dy = tl.where(inside, tl.load(dyp + cols, mask=cols < lim, other=0.0), 0.0)
+    ty, tdy = st._tail_chunk(yp, lim, lo, r1, 4, 0.0), st._tail_chunk(dyp, lim, lo, r1, 4, 0.0)
+    if DOT == 2:
+        hi_ = tl.sum(y * dy, axis=0) + tl.sum(ty * tdy, axis=0)
+        lo_ = 0.0
+    else:
+        if DOT == 3:
+            s = tl.sum(y.to(tl.float64) * dy.to(tl.float64), axis=0)
+            e = 0.0
+        else:
+            p, ep = st._dot2_terms(y, dy)
+            s = tl.sum(p.to(tl.float64), axis=0)
+            e = tl.sum(ep, axis=0)
+        s += tl.sum(ty.to(tl.float64) * tdy.to(tl.float64), axis=0)
+        hi_ = s.to(tl.float32)
+        lo_ = (s - hi_.to(tl.float64)).to(tl.float32) + e
+        lo_ = tl.where(tl.abs(hi_) <= 3.4028234663852886e38, lo_, 0.0)
+    tl.store(dxp + cols, st._dot2_dx(y, dy, hi_, lo_), mask=(cols >= b0) & (cols < b1))
+    st._bwd_write_ends(yp, dyp, dxp, lo, r1, b0, b1, hi_, lo_, 4, True)
 
 
 def main() -> int:
@@ -68,6 +162,16 @@ def main() -> int:
         dy = torch.randn(n_rows, n_cols, device="cuda", generator=gen)
         y64, dy64 = y.double(), dy.double()
         ref = y64 * (dy64 - (y64 * dy64).sum(-1, keepdim=True))
+        # hostile rows: one y near 1 a row, so that dot ~ dy there and dx cancels
+        xp = x.clone()
+        xp[:, n_cols // 3] += 40.0
+        yp = torch.softmax(xp, -1)
+        yp64 = yp.double()
+        refp = yp64 * (dy64 - (yp64 * dy64).sum(-1, keepdim=True))
+        torch_err = float(
+            (torch._softmax_backward_data(dy, yp, -1, torch.float32).double() - refp).abs().max()
+        )
+        bound_peak = 2 * torch_err + torch.finfo(torch.float32).eps * float(refp.abs().max())
         block = triton.next_power_of_2(n_cols)
         base = dict(gpu=torch.cuda.get_device_name(), git_sha=git_sha(), shape=shape, dtype="fp32",
                     block=block)  # fmt: skip
@@ -75,16 +179,42 @@ def main() -> int:
         def err(dx):
             return float((dx.double() - ref).abs().max())
 
-        cases = [("default", None, lambda: st._bwd(dy, y))]
-        for dot, name in ((0, "dot2"), (1, "fp64"), (2, "fp32")):
-            for warps in (8, 16, 32):
+        cases = [("default", None, lambda yy=y: st._bwd(dy, yy))]
+        names = ((0, "dot2"), (1, "fp64"), (2, "fp32"), (3, "fp64pair"), (4, "fp64p"))
+        for dot, name in names if block <= 32768 else ():
+            for warps in (8, 16, 32) if block <= 8192 else (32,):
                 out = torch.empty_like(y)
 
-                def run(dot=dot, warps=warps, out=out):
-                    _row_bwd[(n_rows,)](y, dy, out, n_cols, BLOCK=block, DOT=dot, num_warps=warps)
+                def run(dot=dot, warps=warps, out=out, yy=y):
+                    _row_bwd[(n_rows,)](yy, dy, out, n_cols, BLOCK=block, DOT=dot, num_warps=warps)
                     return out
 
                 cases.append((f"lab-{name}", warps, run))
+        span = -(-(3 + n_cols) // 4) * 4
+        for dot, name in names if n_cols % 4 and span <= block and block <= 8192 else ():
+            if dot in (0, 1):
+                continue
+            for warps in (8, 16, 32):
+                out = torch.empty_like(y)
+
+                def run(dot=dot, warps=warps, out=out, yy=y):
+                    _row_bwd_shifted[(n_rows,)](
+                        yy, dy, out, n_rows, n_cols, BLOCK=block, DOT=dot, num_warps=warps
+                    )
+                    return out
+
+                cases.append((f"shifted-{name}", warps, run))
+        for dot, name in names if n_cols > 8192 else ():
+            if dot == 1:
+                continue
+            for warps in (8, 16):
+                out = torch.empty_like(y)
+
+                def run(dot=dot, warps=warps, out=out, yy=y):
+                    _row_bwd_loop[(n_rows,)](yy, dy, out, n_cols, BLOCK=8192, DOT=dot, num_warps=warps)
+                    return out
+
+                cases.append((f"loop-{name}", warps, run))
         if liger is not None:
             bs, warps = liger.calculate_settings(n_cols)
             cases.append(("liger", warps, lambda b=bs, w=warps: liger._softmax_backward(dy, y, b, w, False)))
@@ -92,6 +222,11 @@ def main() -> int:
             row = dict(base, variant=name, warps=warps)
             try:
                 row["err"] = err(fn())
+                ya = y.clone()  # every call reads this y: the hostile rows put in its place
+                y.copy_(yp)
+                row["err_peak"] = float((fn().double() - refp).abs().max())
+                row["bound_peak"] = bound_peak
+                y.copy_(ya)
             except Exception as e:  # noqa: BLE001 (a variant that fails is a row's note)
                 row["error"] = f"{type(e).__name__}: {e}"[:300]
                 emit_row(row, a.out)
