@@ -145,10 +145,23 @@ def _row_bwd_shifted(y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, BLOCK: tl.constexpr,
     st._bwd_write_ends(yp, dyp, dxp, lo, r1, b0, b1, hi_, lo_, 4, True)
 
 
+def _dot2_bwd(dy, y, cfg):
+    # the library's backward with its fp32 dot as Dot2 pairs everywhere (COMP 1)
+    comp = st._comp
+    st._comp = lambda dtype, *args, **kw: min(comp(dtype, *args, **kw), 1)
+    try:
+        return st._bwd(dy, y, cfg)
+    finally:
+        st._comp = comp
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default="4096x4097,4099x1025,4096x4096,8192x1024")
+    ap.add_argument("--defaults", action="store_true",
+                    help="only the default backward, its Dot2 form (COMP 1 and, at 1024-wide "
+                    "blocks, 4 rows a program as before (at)) and Liger")  # fmt: skip
     a = ap.parse_args()
     try:
         from liger_kernel.ops import softmax as liger
@@ -180,8 +193,11 @@ def main() -> int:
             return float((dx.double() - ref).abs().max())
 
         cases = [("default", None, lambda yy=y: st._bwd(dy, yy))]
+        if a.defaults:
+            old = st.Config(rows=4) if block == 1024 else st.CONFIG
+            cases.append(("default-dot2", None, lambda yy=y, c=old: _dot2_bwd(dy, yy, c)))
         names = ((0, "dot2"), (1, "fp64"), (2, "fp32"), (3, "fp64pair"), (4, "fp64p"))
-        for dot, name in names if block <= 32768 else ():
+        for dot, name in names if block <= 32768 and not a.defaults else ():
             for warps in (8, 16, 32) if block <= 8192 else (32,):
                 out = torch.empty_like(y)
 
@@ -191,7 +207,7 @@ def main() -> int:
 
                 cases.append((f"lab-{name}", warps, run))
         span = -(-(3 + n_cols) // 4) * 4
-        for dot, name in names if n_cols % 4 and span <= block and block <= 8192 else ():
+        for dot, name in names if n_cols % 4 and span <= block and block <= 8192 and not a.defaults else ():
             if dot in (0, 1):
                 continue
             for warps in (8, 16, 32):
@@ -204,7 +220,7 @@ def main() -> int:
                     return out
 
                 cases.append((f"shifted-{name}", warps, run))
-        for dot, name in names if n_cols > 8192 else ():
+        for dot, name in names if n_cols > 8192 and not a.defaults else ():
             if dot == 1:
                 continue
             for warps in (8, 16):

@@ -94,7 +94,14 @@ def test_long_rows_take_the_streaming_path():
     assert st._config(1024, fwd=True, n_rows=128, sms=132) == (1024, 1, True, 4)
     assert st._config(1024, element_size=2, n_rows=128, sms=132)[3] == 4
     assert st._config(256, n_rows=64, sms=132) == (256, 1, True, 1)
-    assert st._config(1024, n_rows=4096, sms=132) == st._config(1024) == (1024, 4, True, 8)
+    # the fp32 backward's rows of 513-1024: one a program, 8 warps, however many rows
+    assert st._config(1024, n_rows=4096, sms=132) == st._config(1024) == (1024, 1, True, 8)
+    assert st._config(1024, fwd=True, n_rows=4096, sms=132) == (1024, 4, True, 8)
+    assert st._config(1024, element_size=2, n_rows=4096, sms=132) == (1024, 4, True, 8)
+    # the fp32 backward's dot: summed in fp64, but Dot2 pairs in whole rows past max_single
+    assert st._comp(torch.bfloat16, True, 1024) == 0
+    assert st._comp(torch.float32, True, 8192) == 2 and st._comp(torch.float32, False, 8192) == 2
+    assert st._comp(torch.float32, True, 16384) == 1 and st._comp(torch.float32, True, 32768) == 1
     # an fp32 backward of 8192-wide blocks: 32 warps (8 elements a thread); its forward 16
     assert st._config(4097) == (8192, 1, True, 32) and st._config(4097, element_size=2)[3] == 8
     block, _, single, warps = st._config(4097, fwd=True)
@@ -368,10 +375,12 @@ def _judge_hostile(dx, y, dy):
         assert v.ok and v.err <= ulp, (r, v.err / ulp, v.detail)
 
 
-# widths: one element, odd, a program of several rows, one block, past one block (streamed)
-@pytest.mark.parametrize("width", [1, 2, 3, 7, 64, 1025, 4096, 8192, 8193, 3 * 4096 + 17])
+# widths: one element, odd, a program of several rows, one block, whole rows past one block
+# (Dot2 pairs), streamed (aligned and off 16-byte boundaries: the fp64 sum per lane)
+@pytest.mark.parametrize("width", [1, 2, 3, 7, 64, 1025, 4096, 8192, 8193, 3 * 4096 + 17, 32800, 32801])
 def test_triton_fp32_backward_on_hostile_rows(width):
-    """The compensated fp32 dot (hi + lo) under the interpreter, against float64."""
+    """The compensated fp32 dot (hi + lo: summed in fp64, or Dot2 pairs) under the
+    interpreter, against float64."""
     from kernellab.ops.softmax import triton as st
 
     y, dy = _hostile_rows(width, width)
@@ -470,7 +479,9 @@ def test_gpu_forward_and_gradient(backend, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["triton", "cuda_v3", "cuda"])
-@pytest.mark.parametrize("width", [7, 64, 1025, 3001, 4096, 4097, 7000, 8193, 16384, 3 * 4096 + 17, 20000])
+@pytest.mark.parametrize(
+    "width", [7, 64, 1025, 3001, 4096, 4097, 7000, 8193, 16384, 3 * 4096 + 17, 20000, 40001]
+)
 def test_gpu_fp32_backward_on_hostile_rows(backend, width):
     """The compensated fp32 dot on the GPU (every CUDA row kind: w, r, l, o, vector and
     scalar) on the hostile rows, as under the interpreter."""

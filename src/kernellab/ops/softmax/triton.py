@@ -292,6 +292,15 @@ def _dot2_reduce(hi, lo, axis: tl.constexpr):
 
 
 @triton_support.jit
+def _dot64_pair(s, e):
+    # an fp64 sum s (plus the fp32 sum e of its terms' rounding errors) as the fp32 pair
+    # hi + lo that _dot2_dx takes; lo = 0 where hi is inf or NaN, as _dot2_reduce
+    hi = s.to(tl.float32)
+    lo = (s - hi.to(tl.float64)).to(tl.float32) + e
+    return hi, tl.where(tl.abs(hi) <= 3.4028234663852886e38, lo, 0.0)
+
+
+@triton_support.jit
 def _dot2_dx(y, dy, hi, lo):
     # y * (dy - (hi + lo)), rounded twice; dy - hi is exact where it cancels (Sterbenz):
     # within one ulp of the row's largest |dx| (an fp64 dx: half), the check's floor
@@ -328,6 +337,7 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
     dxp = dx_ptr + a0
     acc = tl.zeros([BLOCK], tl.float32)
     acc_lo = tl.zeros([BLOCK], tl.float32)
+    acc64 = tl.zeros([BLOCK], tl.float64)
     for start in range(0, hi, BLOCK):
         j = start + cols
         inside = (j >= lo) & (j < r1)
@@ -335,14 +345,21 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
         dy = tl.load(dyp + j, mask=j < lim, other=0.0, eviction_policy=FIRST)
         y = tl.where(inside, y.to(tl.float32), 0.0)
         dy = tl.where(inside, dy.to(tl.float32), 0.0)
-        if COMP:
+        if COMP == 2:  # per lane the products in fp64, their errors in fp32
+            p, ep = _dot2_terms(y, dy)
+            acc64 += p.to(tl.float64)
+            acc_lo += ep
+        elif COMP:
             p, ep = _dot2_terms(y, dy)
             acc, e = _two_sum(acc, p)
             acc_lo += ep + e
         else:
             acc += y * dy
     ty, tdy = _tail_chunk(yp, lim, lo, r1, A, 0.0), _tail_chunk(dyp, lim, lo, r1, A, 0.0)
-    if COMP:
+    if COMP == 2:
+        s = tl.sum(acc64, axis=0) + tl.sum(ty.to(tl.float64) * tdy.to(tl.float64), axis=0)
+        hi_, lo_ = _dot64_pair(s, tl.sum(acc_lo, axis=0))
+    elif COMP:
         hi_, lo_ = tl.reduce((acc, acc_lo), 0, _dot2_combine)
         tp, tep = _dot2_terms(ty, tdy)
         th, tlo = tl.reduce((tp, tep), 0, _dot2_combine)
@@ -391,16 +408,18 @@ def _softmax_bwd_kernel(
     BLOCK: tl.constexpr,
     ROWS: tl.constexpr,
     SINGLE: tl.constexpr,
-    COMP: tl.constexpr,  # fp32 rows: the dot compensated
+    COMP: tl.constexpr,  # fp32 rows: the dot compensated (1: Dot2 pairs, 2: summed in fp64)
     VEC: tl.constexpr,  # a power of two dividing n_cols (see _vec)
     HINTS: tl.constexpr,  # streamed: the sum pass evict_last, the write pass evict_first
     ALIGN: tl.constexpr,  # rows off 16-byte boundaries (_align): elements per 16 bytes, else 1
 ):
     # y, dy, dx: contiguous [n_rows, n_cols]; dx = y * (dy - sum(dy * y)) per row. COMP (fp32
-    # rows): the dot as a pair hi + lo (Ogita, Rump and Oishi's Dot2: each product split
-    # exactly by an fma, each sum by two_sum, the errors added in lo), as accurate as an fp64
-    # sum; a plain fp32 dot's rounding, cancelled against dy where one y is near 1, puts dx
-    # past the check's bound (2x PyTorch's error). 16-bit rows keep fp32.
+    # rows): the dot as a pair hi + lo, dx from both (_dot2_dx). A plain fp32 dot's rounding,
+    # cancelled against dy where one y is near 1, puts dx past the check's bound (2x
+    # PyTorch's error). COMP 1: Ogita, Rump and Oishi's Dot2 (each product split exactly by
+    # an fma, each sum by two_sum, the errors added in lo); COMP 2: the sum in fp64 (whole
+    # rows: the products exact in fp64; streamed: the fp32 products in fp64, their fma errors
+    # in fp32), split into the pair once. 16-bit rows keep fp32.
     pid = tl.program_id(0).to(tl.int64)
     n_cols = (n_cols // VEC) * VEC  # == n_cols; Triton now knows it divides by VEC
     cols = tl.arange(0, BLOCK)
@@ -417,7 +436,10 @@ def _softmax_bwd_kernel(
         offs = rows[:, None] * n_cols + cols[None, :]
         y = tl.load(y_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        if COMP:
+        if COMP == 2:
+            hi, lo = _dot64_pair(tl.sum(y.to(tl.float64) * dy.to(tl.float64), axis=1), 0.0)
+            dx = _dot2_dx(y, dy, hi[:, None], lo[:, None])
+        elif COMP:
             p, ep = _dot2_terms(y, dy)
             hi, lo = _dot2_reduce(p, ep, 1)
             dx = _dot2_dx(y, dy, hi[:, None], lo[:, None])
@@ -437,19 +459,26 @@ def _softmax_bwd_kernel(
                 # fp32: per lane a running pair (two_sum of the his), one reduction after the sweep
                 acc = tl.zeros([BLOCK], tl.float32)
                 acc_lo = tl.zeros([BLOCK], tl.float32)
+                acc64 = tl.zeros([BLOCK], tl.float64)
                 for start in range(0, n_cols, BLOCK):
                     mask = start + cols < n_cols
                     y = tl.load(y_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=FIRST)
                     dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=FIRST)
                     y = y.to(tl.float32)
                     dy = dy.to(tl.float32)
-                    if COMP:
+                    if COMP == 2:
+                        p, ep = _dot2_terms(y, dy)
+                        acc64 += p.to(tl.float64)
+                        acc_lo += ep
+                    elif COMP:
                         p, ep = _dot2_terms(y, dy)
                         acc, e = _two_sum(acc, p)
                         acc_lo += ep + e
                     else:
                         acc += y * dy
-                if COMP:
+                if COMP == 2:
+                    hi, lo = _dot64_pair(tl.sum(acc64, axis=0), tl.sum(acc_lo, axis=0))
+                elif COMP:
                     hi, lo = _dot2_reduce(acc, acc_lo, 0)
                 else:
                     hi = tl.sum(acc, axis=0)
@@ -473,8 +502,8 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool 
     256 or fewer ~1024 at 2 warps; rows of 1025-2048 one each), one row per program up to
     max_whole (not the 16-bit forward), else streamed. Short rows that would fill fewer
     than cfg.min_per_sm programs per SM of ``sms`` run one row a program (1 warp up to 256
-    columns, 2 at 512, 4 at 1024, 8 in the fp32 backward). The fp32 backward of an
-    8192-wide block takes 32 warps."""
+    columns, 2 at 512, 4 at 1024, 8 in the fp32 backward, whose rows of 513-1024 always run
+    so). The fp32 backward of an 8192-wide block takes 32 warps."""
     block = triton_support.next_pow2(max(n_cols, 1))
     # a 16-bit row of 4097-6144 columns would leave a quarter or more of its 8192-wide
     # block idle: it streams, in quarter-block steps; fp32 ones stay whole
@@ -484,6 +513,7 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool 
             return block, cfg.rows or 1, True, cfg.warps or (8 if element_size >= 4 and not fwd else 4)
         rows = cfg.rows or max(1, min(64, (1024 if block <= 256 else 4096) // block))
         few = n_rows is not None and triton_support.cdiv(n_rows, rows) < cfg.min_per_sm * sms
+        few = few or (block == 1024 and element_size >= 4 and not fwd)  # fp32 backward: always
         if few and block <= 1024 and not cfg.rows:
             warps = 1 if block <= 256 else 2 if block == 512 else 8 if element_size >= 4 and not fwd else 4
             return block, 1, True, cfg.warps or warps
@@ -495,6 +525,15 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool 
         return block, 1, True, cfg.whole_warps or max(1, block // 1024)
     step = min(cfg.stream_block, max(block // 4, 1024))
     return step, 1, False, cfg.stream_warps if step >= cfg.stream_block else 8
+
+
+def _comp(dtype: torch.dtype, single: bool, block: int, cfg: Config = CONFIG) -> int:
+    """COMP of the backward: 0 for 16-bit rows (an fp32 dot); fp32 rows 2 (the dot summed in
+    fp64), but 1 (Dot2 pairs) for whole rows wider than max_single, where the fp64 sum was
+    slower on an H200 (lab/probe_softmax_bwd_dot.py; benchmarks/NOTES.md (at))."""
+    if dtype != torch.float32:
+        return 0
+    return 1 if single and block > cfg.max_single else 2
 
 
 def _align(n_cols: int, single: bool, element_size: int, rows: int = 1, block: int = 0,
@@ -566,7 +605,7 @@ def _launch(kernel, inputs, fwd=False, cfg: Config = CONFIG):
             reread, warps = _fwd_choice(n_cols, block, single, out.element_size(), warps, cfg)
             extra = dict(EVEN=even, WIDE=not (cfg.fwd_narrow and out.numel() < 2**31), REREAD=reread)
         else:  # the backward: fp32 rows compensated
-            extra = {"COMP": out.dtype == torch.float32, "HINTS": cfg.bwd_hints and not single}
+            extra = {"COMP": _comp(out.dtype, single, block, cfg), "HINTS": cfg.bwd_hints and not single}
         comp = extra.get("COMP", False)
         extra["ALIGN"] = _align(n_cols, single, out.element_size(), rows, block, cfg, comp, n_rows, sms)
         kernel[grid](
@@ -615,7 +654,7 @@ def _kernel_specs(dtype: str):
     fcx = dict(cx, EVEN=CONFIG.fwd_even and single, WIDE=not CONFIG.fwd_narrow, REREAD=reread, ALIGN=1)
     return [
         (_softmax_fwd_kernel, fwd, fcx, fwarps),
-        (_softmax_bwd_kernel, bwd, dict(cx, COMP=dtype == "fp32", HINTS=False, ALIGN=1), warps),
+        (_softmax_bwd_kernel, bwd, dict(cx, COMP=2 if dtype == "fp32" else 0, HINTS=False, ALIGN=1), warps),
     ]
 
 
