@@ -96,8 +96,10 @@ def test_long_rows_take_the_streaming_path():
     assert st._config(256, n_rows=64, sms=132) == (256, 1, True, 1)
     # the fp32 backward's rows of 513-1024: one a program, 8 warps, however many rows
     assert st._config(1024, n_rows=4096, sms=132) == st._config(1024) == (1024, 1, True, 8)
-    assert st._config(1024, fwd=True, n_rows=4096, sms=132) == (1024, 4, True, 8)
     assert st._config(1024, element_size=2, n_rows=4096, sms=132) == (1024, 4, True, 8)
+    # their forward: 4 warps, 32 bytes of a row a thread (fp32 one row a program, 16-bit two)
+    assert st._config(1024, fwd=True, n_rows=4096, sms=132) == (1024, 1, True, 4)
+    assert st._config(1000, element_size=2, fwd=True, n_rows=4096, sms=132) == (1024, 2, True, 4)
     # the fp32 backward's dot: summed in fp64, but Dot2 pairs in whole rows past max_single
     assert st._comp(torch.bfloat16, True, 1024) == 0
     assert st._comp(torch.float32, True, 8192) == 2 and st._comp(torch.float32, False, 8192) == 2

@@ -503,7 +503,8 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool 
     max_whole (not the 16-bit forward), else streamed. Short rows that would fill fewer
     than cfg.min_per_sm programs per SM of ``sms`` run one row a program (1 warp up to 256
     columns, 2 at 512, 4 at 1024, 8 in the fp32 backward, whose rows of 513-1024 always run
-    so). The fp32 backward of an 8192-wide block takes 32 warps."""
+    so). The forward of rows of 513-1024 takes 4 warps, one fp32 row or two 16-bit ones a
+    program. The fp32 backward of an 8192-wide block takes 32 warps."""
     block = triton_support.next_pow2(max(n_cols, 1))
     # a 16-bit row of 4097-6144 columns would leave a quarter or more of its 8192-wide
     # block idle: it streams, in quarter-block steps; fp32 ones stay whole
@@ -517,6 +518,8 @@ def _config(n_cols: int, cfg: Config = CONFIG, element_size: int = 4, fwd: bool 
         if few and block <= 1024 and not cfg.rows:
             warps = 1 if block <= 256 else 2 if block == 512 else 8 if element_size >= 4 and not fwd else 4
             return block, 1, True, cfg.warps or warps
+        if fwd and block == 1024 and not cfg.rows:  # 32 bytes a thread: fp32 rows one a
+            return block, 1 if element_size >= 4 else 2, True, cfg.warps or 4  # program, 16-bit two
         per = block * rows
         if block == 8192 and element_size >= 4 and not fwd:  # the fp32 backward's dot pair
             return block, rows, True, cfg.warps or 32  # in registers: 8 elements a thread
