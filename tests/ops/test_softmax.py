@@ -573,6 +573,8 @@ def test_triton_rows_off_16_byte_boundaries_do_not_reread(dtype):
         assert single and st._fwd_choice(4097, block, single, es, warps) == (False, 16)
     assert st._fwd_choice(4096, 4096, True, es, 8)[0] is True
     assert st._fwd_choice(2049, 4096, True, es, 8)[0] is False
+    # 8192-wide blocks: fp32 re-reads, 16-bit rows do not
+    assert st._fwd_choice(8192, 8192, True, es, 8)[0] is (dtype == torch.float32)
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(3, 9001, generator=g) * 4).to(dtype)
     dy = torch.randn(3, 9001, generator=g).to(dtype)

@@ -581,12 +581,17 @@ def _vec(n_cols: int) -> int:
 
 def _fwd_choice(n_cols: int, block: int, single: bool, elem_size: int, warps: int, cfg: Config = CONFIG):
     """(REREAD, num_warps) of the forward. Rows off 16-byte boundaries never re-read
-    (their loads are one element wide: a second read costs more than it saves); fp32
-    whole rows of 2048 columns and more take 16 warps or more."""
+    (their loads are one element wide: a second read costs more than it saves), nor do
+    16-bit rows of 8192-wide blocks (bf16 4096x8192 on an H200: 36.4 us at 8 warps against
+    40.2 re-reading, lab/probe_softmax_fwd_reread.py); fp32 whole rows of 2048 columns and
+    more take 16 warps or more."""
     reread = cfg.fwd_reread
     if reread is None:
         aligned = n_cols % (16 // elem_size) == 0
-        reread = single and cfg.reread_min_cols <= n_cols and block <= cfg.max_single and aligned
+        wide16 = elem_size < 4 and block >= 8192
+        reread = (
+            single and cfg.reread_min_cols <= n_cols and block <= cfg.max_single and aligned and not wide16
+        )
     if cfg.fwd_warps:
         return bool(reread), cfg.fwd_warps
     if single and elem_size == 4 and block >= 2048 and (reread or block >= 8192):
