@@ -1448,13 +1448,18 @@ def test_loop_builds_compile_clean(d, opts):
             assert "ex2.approx.ftz.f32" in main and "ex2.approx.f32" not in main
         else:
             assert "ex2.approx.f32" in main and "ex2.approx.ftz.f32" not in main
+        # the dS^T tiles: BM / 16 stmatrix x4 a thread (stsm) in place of BM / 4 4-byte shared
+        # stores (the kernel's only ones)
+        bm = 128 if opts.q128 else 64
+        stsm = main.count("stmatrix.sync.aligned.m8n8.x4.shared.b16"), main.count("st.shared.b32")
+        assert stsm == ((bm // 16, 0) if opts.stsm else (0, bm // 4)), stsm
 
 
 def _bwd_build(ptx: str, d: int) -> cb.BwdOpts:
     """attention_sm90_bwd.cu's BwdBuild<d> as NVRTC's PTX lists its members (.global .u8
     <mangled name> [= 1])."""
     got = dict(re.findall(rf"\.global \.align 1 \.u8 _ZN8BwdBuildILi{d}EE\d+(\w+?)E(?: = (\d))?;", ptx))
-    assert set(got) == {"FAST_EXP", "MASK_BRANCH", "DESC_ADD", "PERSIST", "Q128"}, got
+    assert set(got) == {"FAST_EXP", "MASK_BRANCH", "DESC_ADD", "PERSIST", "Q128", "STSM"}, got
     return cb.BwdOpts(**{k.lower(): v == "1" for k, v in got.items()})
 
 
@@ -1521,6 +1526,7 @@ def test_lab_builds_named_and_built_beside_the_default():
         "-DKL_ATTN_BWD_DESC_ADD=1",
         "-DKL_ATTN_BWD_PERSIST=0",
         "-DKL_ATTN_BWD_Q128=0",
+        "-DKL_ATTN_BWD_STSM=0",
     )
     assert cb.BwdOpts(no_dq_red=True).flags[0] == "-DKL_ATTN_BWD_NO_DQ_RED=1"
     assert set(cb.BWD_DEFAULTS) == set(cb.BWD_HEAD_DIMS) and all(o.exact for o in cb.BWD_DEFAULTS.values())

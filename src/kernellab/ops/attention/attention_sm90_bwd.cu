@@ -153,8 +153,8 @@
 // wgmma k step to its tile's descriptor (desc_kmajor / desc_mnmajor: the same descriptors,
 // which ptxas otherwise builds with ~5 instructions a wgmma). Each head dim has the ones that
 // made its loop fastest on an H200; at D = 256 none did. The lab's builds set each of them for
-// every head dim with -DKL_ATTN_BWD_FAST_EXP=0|1, -DKL_ATTN_BWD_MASK_BRANCH=0|1 and
-// -DKL_ATTN_BWD_DESC_ADD=0|1 (cuda_sm90_bwd.BwdOpts).
+// every head dim with -DKL_ATTN_BWD_FAST_EXP=0|1, -DKL_ATTN_BWD_MASK_BRANCH=0|1,
+// -DKL_ATTN_BWD_DESC_ADD=0|1 and -DKL_ATTN_BWD_STSM=0|1 (cuda_sm90_bwd.BwdOpts).
 template <int D>
 struct BwdBuild {
 #ifdef KL_ATTN_BWD_FAST_EXP
@@ -191,6 +191,14 @@ struct BwdBuild {
     static constexpr bool Q128 = D == 64;
 #endif
     static constexpr int BM = Q128 ? 128 : 64;  // query rows per step of the loop (S^T's wgmma N)
+    // STSM: the dS^T tiles go to shared memory by stmatrix, four 8 x 8 matrices (a pair of
+    // 8-query column groups of the thread's two key rows) an instruction, in place of one
+    // 4-byte st.shared a register: a quarter of the shared-store instructions.
+#ifdef KL_ATTN_BWD_STSM
+    static constexpr bool STSM = KL_ATTN_BWD_STSM;
+#else
+    static constexpr bool STSM = true;
+#endif
     // without exp2f's longer sequence the two copies of the loop make ptxas serialize the
     // wgmmas at D <= 128 (C7511)
     static_assert(FAST_EXP || !MASK_BRANCH, "mask-branch builds take fast-exp too");
@@ -696,14 +704,31 @@ __device__ __forceinline__ void bwd_main(const TensorMap* tq, const TensorMap* t
             // dS^T to shared memory (64 keys x BM queries, in slabs of 64 queries: 128-byte rows
             // swizzled as a D = 64 tile): row key, the pair of queries (8j + 2q, + 1) as one
             // 4-byte word
+            if constexpr (BwdBuild<D>::STSM) {
+                // stmatrix x4: matrix i is (key rows 8 (i % 2) .. + 7 of the warp's 16, query
+                // columns 8 (j + i / 2) .. + 7), register i of lane l its row l / 4, columns
+                // 2 (l % 4), + 1: the accumulator fragment as it lies (ds16[2 j + i]); lane l
+                // gives the address of row l % 8 of matrix l / 8, one 16-byte chunk of the tile
+                const int mi = lane >> 3, hh = mi & 1;
 #pragma unroll
-            for (int j = 0; j < BM / 8; ++j)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
+                for (int j = 0; j < BM / 8; j += 2) {
+                    const int jj = j + (mi >> 1);
                     const unsigned addr =
-                        sdS + (j / 8) * (64 * 64 * 2) + tile_offset<64, 64>(16 * warp + g + 8 * hh, j % 8) + 4 * qd;
-                    asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds16[2 * j + hh]) : "memory");
+                        sdS + (jj / 8) * (64 * 64 * 2) + tile_offset<64, 64>(16 * warp + (lane & 7) + 8 * hh, jj % 8);
+                    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                                 "r"(ds16[2 * j]), "r"(ds16[2 * j + 1]), "r"(ds16[2 * j + 2]), "r"(ds16[2 * j + 3])
+                                 : "memory");
                 }
+            } else {
+#pragma unroll
+                for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const unsigned addr =
+                            sdS + (j / 8) * (64 * 64 * 2) + tile_offset<64, 64>(16 * warp + g + 8 * hh, j % 8) + 4 * qd;
+                        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(ds16[2 * j + hh]) : "memory");
+                    }
+            }
             fence_proxy_async();  // the generic-proxy stores before wgmma's (async-proxy) reads
             if (SPLIT || RSPLIT) {
                 // both warpgroups' tiles are written: warpgroup cw computes columns

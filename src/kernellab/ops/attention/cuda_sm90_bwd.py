@@ -104,8 +104,10 @@ class BwdOpts:
     becomes, each for a run of the group's q heads (``split_items``), their dK and dV partials
     summed into fp32 buffers and rounded after: where H_kv x key blocks x Z leaves SMs idle
     (Qwen2.5-0.5B's 2 k/v heads). 0 on the head dim's default build: ``split_count``'s
-    count at the call's shapes; 1: never split. Written as the options set, joined by "+"
-    (pairs as "pairs-N", split as "split-N")."""
+    count at the call's shapes; 1: never split. ``stsm`` (-DKL_ATTN_BWD_STSM=1) writes the
+    dS^T tiles to shared memory by stmatrix (four 8 x 8 matrices an instruction) instead of
+    a 4-byte st.shared a register. Written as the options set, joined by "+" (pairs as
+    "pairs-N", split as "split-N")."""
 
     no_dq_red: bool = False
     fast_exp: bool = False
@@ -113,6 +115,7 @@ class BwdOpts:
     desc_add: bool = False
     persist: bool = False
     q128: bool = False
+    stsm: bool = False
     pairs: int = 0
     split: int = 0
 
@@ -130,7 +133,7 @@ class BwdOpts:
             ("-DKL_ATTN_BWD_NO_DQ_RED=1",) * self.no_dq_red
             + tuple(
                 f"-DKL_ATTN_BWD_{f.upper()}={int(getattr(self, f))}"
-                for f in ("fast_exp", "mask_branch", "desc_add", "persist", "q128")
+                for f in ("fast_exp", "mask_branch", "desc_add", "persist", "q128", "stsm")
             )
             + ("-DKL_ATTN_BWD_PARTS=1",) * (self.split > 1)
         )
@@ -141,7 +144,7 @@ class BwdOpts:
         return not self.no_dq_red
 
 
-_LEAN = BwdOpts(fast_exp=True, mask_branch=True, desc_add=True, persist=True)
+_LEAN = BwdOpts(fast_exp=True, mask_branch=True, desc_add=True, persist=True, stsm=True)
 Q128_HEAD_DIM = 64  # the head dim whose loop can take 128 query rows a step (BwdOpts.q128)
 # The build each head dim runs, attention_sm90_bwd.cu's BwdBuild<D> (a test reads it back from
 # the PTX), the fastest in lab/probe_bwd_builds.py on an H200 (benchmarks/NOTES.md): every
@@ -152,10 +155,10 @@ Q128_HEAD_DIM = 64  # the head dim whose loop can take 128 query rows a step (Bw
 # (attn_bwd_builds-H200-362869f-q128.jsonl).
 BWD_DEFAULTS = {
     64: replace(_LEAN, q128=True),
-    80: BwdOpts(fast_exp=True, mask_branch=True, persist=True),
+    80: BwdOpts(fast_exp=True, mask_branch=True, persist=True, stsm=True),
     96: _LEAN,
     128: _LEAN,
-    256: BwdOpts(),
+    256: BwdOpts(stsm=True),
 }
 MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in BWD_HEAD_DIMS}
 MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
@@ -184,7 +187,8 @@ LAB_SPLIT = 4  # the split count of the lab's split builds (at most a group's q 
 
 def _lab_builds(d: int) -> tuple[BwdOpts, ...]:
     default = BWD_DEFAULTS[d]
-    loop = (b if b == BwdOpts() else replace(b, persist=default.persist) for b in _LOOP_BUILDS)
+    keep = dict(persist=default.persist, stsm=default.stsm)
+    loop = (b if b == BwdOpts() else replace(b, **keep) for b in _LOOP_BUILDS)
     builds = (
         replace(default, no_dq_red=True),
         *(o for o in loop if o != default),
