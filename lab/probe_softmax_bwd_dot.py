@@ -37,6 +37,16 @@ from kernellab.ops.softmax import triton as st  # noqa: E402
 
 
 @triton_support.jit
+def _fp64_sum(y, dy, DOT: tl.constexpr):
+    # the row dot in fp64 (s) and the fp32 sum of its terms' rounding errors (e): DOT 3 the
+    # products exact in fp64 (e = 0), DOT 4 the fp32 products converted, their fma errors in e
+    if DOT == 3:
+        return tl.sum(y.to(tl.float64) * dy.to(tl.float64), axis=0), 0.0
+    p, ep = st._dot2_terms(y, dy)
+    return tl.sum(p.to(tl.float64), axis=0), tl.sum(ep, axis=0)
+
+
+@triton_support.jit
 def _row_bwd(y_ptr, dy_ptr, dx_ptr, n_cols, BLOCK: tl.constexpr, DOT: tl.constexpr):
     # one row a program; DOT 0: Dot2 pairs (the default's arithmetic), 1: fp64 sum, 2: fp32 sum
     row = tl.program_id(0).to(tl.int64)
@@ -50,16 +60,8 @@ def _row_bwd(y_ptr, dy_ptr, dx_ptr, n_cols, BLOCK: tl.constexpr, DOT: tl.constex
         hi, lo = st._dot2_reduce(p, ep, 0)
         dx = st._dot2_dx(y, dy, hi, lo)
     elif DOT == 3 or DOT == 4:
-        if DOT == 3:
-            s = tl.sum(y.to(tl.float64) * dy.to(tl.float64), axis=0)
-            e = 0.0
-        else:
-            p, ep = st._dot2_terms(y, dy)
-            s = tl.sum(p.to(tl.float64), axis=0)
-            e = tl.sum(ep, axis=0)
-        hi = s.to(tl.float32)
-        lo = (s - hi.to(tl.float64)).to(tl.float32) + e
-        lo = tl.where(tl.abs(hi) <= 3.4028234663852886e38, lo, 0.0)
+        s, e = _fp64_sum(y, dy, DOT)
+        hi, lo = st._dot64_pair(s, e)
         dx = st._dot2_dx(y, dy, hi, lo)
     elif DOT == 1:
         s = tl.sum(y.to(tl.float64) * dy.to(tl.float64), axis=0)
@@ -130,17 +132,8 @@ def _row_bwd_shifted(y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, BLOCK: tl.constexpr,
         hi_ = tl.sum(y * dy, axis=0) + tl.sum(ty * tdy, axis=0)
         lo_ = 0.0
     else:
-        if DOT == 3:
-            s = tl.sum(y.to(tl.float64) * dy.to(tl.float64), axis=0)
-            e = 0.0
-        else:
-            p, ep = st._dot2_terms(y, dy)
-            s = tl.sum(p.to(tl.float64), axis=0)
-            e = tl.sum(ep, axis=0)
-        s += tl.sum(ty.to(tl.float64) * tdy.to(tl.float64), axis=0)
-        hi_ = s.to(tl.float32)
-        lo_ = (s - hi_.to(tl.float64)).to(tl.float32) + e
-        lo_ = tl.where(tl.abs(hi_) <= 3.4028234663852886e38, lo_, 0.0)
+        s, e = _fp64_sum(y, dy, DOT)
+        hi_, lo_ = st._dot64_pair(s + tl.sum(ty.to(tl.float64) * tdy.to(tl.float64), axis=0), e)
     tl.store(dxp + cols, st._dot2_dx(y, dy, hi_, lo_), mask=(cols >= b0) & (cols < b1))
     st._bwd_write_ends(yp, dyp, dxp, lo, r1, b0, b1, hi_, lo_, 4, True)
 
