@@ -456,7 +456,8 @@ def _softmax_bwd_kernel(
                                  FIRST, SECOND)  # fmt: skip
             else:
                 base = row * n_cols64
-                # fp32: per lane a running pair (two_sum of the his), one reduction after the sweep
+                # fp32: per lane a running fp64 sum (COMP 2) or pair (two_sum of the his), one
+                # reduction after the sweep
                 acc = tl.zeros([BLOCK], tl.float32)
                 acc_lo = tl.zeros([BLOCK], tl.float32)
                 acc64 = tl.zeros([BLOCK], tl.float64)
