@@ -301,6 +301,24 @@ def _dot64_pair(s, e):
 
 
 @triton_support.jit
+def _dot_step(acc, acc_lo, acc64, y, dy, COMP: tl.constexpr):
+    # one step of a streamed row's per-lane dot: COMP 2 the products in fp64 (acc64), their
+    # fma errors in fp32 (acc_lo); COMP 1 a running pair (two_sum of the his in acc, the
+    # errors in acc_lo); 0 a plain fp32 sum (acc)
+    if COMP == 2:
+        p, ep = _dot2_terms(y, dy)
+        acc64 += p.to(tl.float64)
+        acc_lo += ep
+    elif COMP:
+        p, ep = _dot2_terms(y, dy)
+        acc, e = _two_sum(acc, p)
+        acc_lo += ep + e
+    else:
+        acc += y * dy
+    return acc, acc_lo, acc64
+
+
+@triton_support.jit
 def _dot2_dx(y, dy, hi, lo):
     # y * (dy - (hi + lo)), rounded twice; dy - hi is exact where it cancels (Sterbenz):
     # within one ulp of the row's largest |dx| (an fp64 dx: half), the check's floor
@@ -345,16 +363,7 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
         dy = tl.load(dyp + j, mask=j < lim, other=0.0, eviction_policy=FIRST)
         y = tl.where(inside, y.to(tl.float32), 0.0)
         dy = tl.where(inside, dy.to(tl.float32), 0.0)
-        if COMP == 2:  # per lane the products in fp64, their errors in fp32
-            p, ep = _dot2_terms(y, dy)
-            acc64 += p.to(tl.float64)
-            acc_lo += ep
-        elif COMP:
-            p, ep = _dot2_terms(y, dy)
-            acc, e = _two_sum(acc, p)
-            acc_lo += ep + e
-        else:
-            acc += y * dy
+        acc, acc_lo, acc64 = _dot_step(acc, acc_lo, acc64, y, dy, COMP)
     ty, tdy = _tail_chunk(yp, lim, lo, r1, A, 0.0), _tail_chunk(dyp, lim, lo, r1, A, 0.0)
     if COMP == 2:
         s = tl.sum(acc64, axis=0) + tl.sum(ty.to(tl.float64) * tdy.to(tl.float64), axis=0)
@@ -467,16 +476,7 @@ def _softmax_bwd_kernel(
                     dy = tl.load(dy_ptr + base + start + cols, mask=mask, other=0.0, eviction_policy=FIRST)
                     y = y.to(tl.float32)
                     dy = dy.to(tl.float32)
-                    if COMP == 2:
-                        p, ep = _dot2_terms(y, dy)
-                        acc64 += p.to(tl.float64)
-                        acc_lo += ep
-                    elif COMP:
-                        p, ep = _dot2_terms(y, dy)
-                        acc, e = _two_sum(acc, p)
-                        acc_lo += ep + e
-                    else:
-                        acc += y * dy
+                    acc, acc_lo, acc64 = _dot_step(acc, acc_lo, acc64, y, dy, COMP)
                 if COMP == 2:
                     hi, lo = _dot64_pair(tl.sum(acc64, axis=0), tl.sum(acc_lo, axis=0))
                 elif COMP:
