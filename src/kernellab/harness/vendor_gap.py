@@ -3,7 +3,7 @@ against the fastest backend there (issue 43's measure).
 
     python -m kernellab.harness.vendor_gap --out DIR [--ops matmul attention ...] [--only SHAPE ...]
     python -m kernellab.harness.vendor_gap --summarize RUN1.jsonl RUN2.jsonl ...   (no GPU)
-    python -m kernellab.harness.vendor_gap --table [GPU ...] [--ops ...] [--lines]   (no GPU)
+    python -m kernellab.harness.vendor_gap --table [GPU ...] [--ops ...] [--lines] [--floor F]  (no GPU)
 
 Every case of ``CASES`` (op, shape, dtype, mode, options) is timed by ``harness.bench``
 for every backend of the op that runs here (device time, L2 flushed, outputs checked
@@ -28,6 +28,8 @@ side by side by ``tune``, device times kept), per op and in all (``table_rows``)
 the issue's bar (ours >= 1.0x the best vendor at 80% of the model-family cases, none below
 0.9x); the default's side of it is ``harness.choice_cv``. Rows made from a verify run
 (``from_verify``: torch and one choice timed) and rows without device times are left out.
+``--floor`` adds how many of the losses ``harness.floor`` runs found to be ties at the
+copy floor (memory-bound cases where the vendor already moves the bytes as fast as a copy).
 """
 
 from __future__ import annotations
@@ -181,7 +183,7 @@ def op_totals(lines) -> dict:
     return {op: {"cases": len(r), **_own_counts(r), "worst": min(r)} for op, r in sorted(by.items())}
 
 
-def _table_report(gpus, ops, all_lines: bool) -> str:
+def _table_report(gpus, ops, all_lines: bool, floor_files=()) -> str:
     from kernellab.core import tables
 
     known = tables.table_gpus()
@@ -202,9 +204,27 @@ def _table_report(gpus, ops, all_lines: bool) -> str:
             out.append(f"  {op:22s} {o['own_at_least_vendor']:3d}/{o['cases']:<3d} "
                        f"below 0.9x {o['own_below_0.9']:3d}  geomean {o['own_geomean']:.2f}  "
                        f"worst {o['worst']:.2f}")  # fmt: skip
+        if floor_files:
+            out.append("  " + _floor_line(lines, gpu, floor_files))
         if all_lines:
             out += ["  " + ln for ln in format_lines(lines, totals).splitlines()[:-1]]
     return "\n".join(out)
+
+
+def _floor_line(lines, gpu: str, floor_files) -> str:
+    """How many of the table's losses the floor runs (``harness.floor``) on ``gpu`` found
+    to be ties at the copy floor, and how many they measured."""
+    from kernellab.harness import floor
+
+    rows = [r for f in floor_files for r in map(json.loads, open(f)) if r.get("gpu") == gpu]
+    classes = floor.summarize(rows)
+    losses = [_case(ln) for ln in lines if ln["own_vs_vendor"] < 1.0]
+    measured = [classes[c][0] for c in losses if c in classes]
+    ties = measured.count("floor tie")
+    tols = f"the vendor within {floor.FLOOR_TOL:.0%} of the copy, ours within {floor.TIE_TOL:.0%} of it"
+    return (f"of the {len(losses)} cases below 1.0x, {len(measured)} memory-bound ones timed beside a copy "
+            f"of their bytes: {ties} ties at the copy floor ({tols}), {measured.count('win')} wins in the "
+            f"paired rounds, {measured.count('loss')} losses")  # fmt: skip
 
 
 def _resolved(op, shape, dtype, mode, opts) -> dict:
@@ -286,9 +306,11 @@ def main(argv=None) -> int:
                    help="time nothing: ours against the vendors at the model-family shapes, from these GPU "
                         "models' tuning tables (none named: every table here)")  # fmt: skip
     p.add_argument("--lines", action="store_true", help="with --table: every case's line too")
+    p.add_argument("--floor", nargs="+", default=(), metavar="FLOOR_JSONL",
+                   help="with --table: count the losses these harness.floor runs found tied at the copy floor")  # fmt: skip
     args = p.parse_args(argv)
     if args.table is not None:
-        print(_table_report(args.table, args.ops, args.lines))
+        print(_table_report(args.table, args.ops, args.lines, args.floor))
         return 0
     if args.summarize:
         runs = [[r for r in map(json.loads, open(f)) if not args.ops or r.get("op") in args.ops]
