@@ -283,7 +283,10 @@ def test_triton_short_inputs_run_a_row_per_program():
     # 16-bit rows of 768 four a program take 4 warps; one a program (or fp32) as before
     assert lt._fwd_config(768, n_rows=8192, sms=132) == (1024, 4, 4)
     assert lt._fwd_config(768, n_rows=128, sms=132) == (1024, 1, 4)
-    assert lt._fwd_config(2048, n_rows=8192, sms=132) == (2048, 2, 8)
+    # 16-bit rows of 1025-2048 one a program at 4 warps (the 1-D row kernel); fp32 two a program
+    assert lt._fwd_config(2048, n_rows=8192, sms=132) == (2048, 1, 4)
+    assert lt._fwd_config(1536, n_rows=8192, sms=132) == (2048, 1, 4)
+    assert lt._fwd_config(2048, n_rows=8192, sms=132, elem=4) == (2048, 2, 8)
     # the one-launch backward: 16 column strips of 8 warps at 256 columns; 4096-wide rows as before
     assert lt._cols_config(64, 256) == (16, 64, 8)
     assert lt._cols_config(16, 4096) == (256, 4, 16)

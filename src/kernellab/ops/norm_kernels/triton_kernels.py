@@ -726,9 +726,14 @@ def _fwd_config(n_cols: int, cfg: Config = CONFIG, n_rows: int | None = None, sm
     or one row a program where ``n_rows`` rows would fill fewer than cfg.fwd_min_per_sm
     programs per SM of ``sms`` (fp32 rows of 256 or fewer then take 2 warps); num_warps:
     cfg.fwd_warps when set. 16-bit rows of 513-1024 columns, four a program, take 4 warps
-    (`small_rows-H200-8854ae8-ffa21cc-norm-fwd.jsonl`: bf16 16384 x 768 22.5 -> 18.9 us)."""
+    (`small_rows-H200-8854ae8-ffa21cc-norm-fwd.jsonl`: bf16 16384 x 768 22.5 -> 18.9 us);
+    16-bit rows of 1025-2048 columns run one a program at 4 warps
+    (`small_rows-H200-2a98a44bd3ee-norm-2048.jsonl`: add_rms_norm bf16 16384 x 2048 70.2 ->
+    68.6 us, rms_norm 38.2 -> 37.7)."""
     block = _row_block(n_cols)
     rows = max(1, min(64, cfg.row_elems // block))
+    if elem == 2 and block == 2048:
+        rows = 1
     if n_rows is not None and triton_support.cdiv(n_rows, rows) < cfg.fwd_min_per_sm * sms:
         rows = 1
     elems = block * rows
