@@ -287,6 +287,13 @@ def test_triton_short_inputs_run_a_row_per_program():
     assert lt._fwd_config(2048, n_rows=8192, sms=132) == (2048, 1, 4)
     assert lt._fwd_config(1536, n_rows=8192, sms=132) == (2048, 1, 4)
     assert lt._fwd_config(2048, n_rows=8192, sms=132, elem=4) == (2048, 2, 8)
+    # 4096-wide rows: fp32 16 warps past small grids; 16-bit 8 warps, 4 with a residual
+    assert lt._fwd_config(4096, n_rows=8192, sms=132, elem=4) == (4096, 1, 16)
+    assert lt._fwd_config(4096, n_rows=128, sms=132, elem=4) == (4096, 1, 8)
+    assert lt._fwd_config(4096, n_rows=8192, sms=132) == (4096, 1, 8)
+    assert lt._fwd_config(4096, n_rows=8192, sms=132, res=True) == (4096, 1, 4)
+    assert lt._fwd_config(4096, n_rows=128, sms=132, res=True) == (4096, 1, 4)
+    assert lt._fwd_config(4096, n_rows=8192, sms=132, elem=4, res=True) == (4096, 1, 16)
     # the one-launch backward: 16 column strips of 8 warps at 256 columns; 4096-wide rows as before
     assert lt._cols_config(64, 256) == (16, 64, 8)
     assert lt._cols_config(16, 4096) == (256, 4, 16)
