@@ -29,6 +29,7 @@ def test_row_takes_the_median_of_paired_ratios():
         ([10.05], [10.0], [9.0], "loss"),  # the vendor 11% above the copy: room left
         ([10.5], [10.0], [10.0], "loss"),  # at the floor, but ours 5% behind
         ([4.7], [4.6], [2.5], "loss"),  # launch-bound small case: far above the copy
+        ([10.05], [10.0], [10.5], "loss"),  # the vendor beats the copy: the copy is no floor there
     ],
 )
 def test_classify(own, vendor, copy, want):

@@ -221,7 +221,7 @@ def _floor_line(lines, gpu: str, floor_files) -> str:
     losses = [_case(ln) for ln in lines if ln["own_vs_vendor"] < 1.0]
     measured = [classes[c][0] for c in losses if c in classes]
     ties = measured.count("floor tie")
-    tols = f"the vendor within {floor.FLOOR_TOL:.0%} of the copy, ours within {floor.TIE_TOL:.0%} of it"
+    tols = f"the vendor at most {floor.FLOOR_TOL:.0%} above the copy, ours within {floor.TIE_TOL:.0%} of it"
     return (f"of the {len(losses)} cases below 1.0x, {len(measured)} memory-bound ones timed beside a copy "
             f"of their bytes: {ties} ties at the copy floor ({tols}), {measured.count('win')} wins in the "
             f"paired rounds, {measured.count('loss')} losses")  # fmt: skip
