@@ -727,16 +727,12 @@ def _fwd_config(
     """(BLOCK, ROWS, num_warps): whole rows in registers, ~cfg.row_elems elements per program,
     or one row a program where ``n_rows`` rows would fill fewer than cfg.fwd_min_per_sm
     programs per SM of ``sms`` (fp32 rows of 256 or fewer then take 2 warps); num_warps:
-    cfg.fwd_warps when set. Measured exceptions (H200, forward alone):
-    - 16-bit rows of 513-1024 columns, four a program, take 4 warps
-      (`small_rows-H200-8854ae8-ffa21cc-norm-fwd.jsonl`: bf16 16384 x 768 22.5 -> 18.9 us);
-    - 16-bit rows of 1025-2048 columns run one a program at 4 warps
-      (`small_rows-H200-2a98a44bd3ee-norm-2048.jsonl`: add_rms_norm bf16 16384 x 2048 70.2
-      -> 68.6 us, rms_norm 38.2 -> 37.7);
-    - fp32 rows of 2049-4096 columns take 16 warps where the grid is not small, and 16-bit
-      ones with a residual (``res``: two loads and two stores an element) 4 warps
-      (`small_rows-H200-b4635a7-norm-4096.jsonl`: add_rms_norm fp32 16384 x 4096 267.3 ->
-      261.7 us, bf16 4096 x 4096 37.9 -> 37.2; rms_norm fp32 8192 x 4096 70.6 -> 69.9)."""
+    cfg.fwd_warps when set. Where sweeps on an H200 found better (lab/gpu_small_rows.py; the
+    rows and numbers: benchmarks/NOTES.md, sessions (ao) and (au)):
+    - 16-bit rows of 513-1024 columns, four a program, take 4 warps;
+    - 16-bit rows of 1025-2048 columns run one a program at 4 warps;
+    - 4096-wide blocks: fp32 rows take 16 warps unless the grid is small, and 16-bit rows
+      with a residual (``res``: two loads and two stores an element) 4 warps."""
     block = _row_block(n_cols)
     rows = max(1, min(64, cfg.row_elems // block))
     if elem == 2 and block == 2048:
@@ -747,7 +743,7 @@ def _fwd_config(
     elems = block * rows
     warps = 2 if elems <= 256 and elem >= 4 else 4 if elems <= 2048 else 8 if elems <= 8192 else 16
     if elem == 2 and block == 1024 and rows > 1 and elems <= 4096:
-        warps = 4  # 16-bit rows of 513-1024 columns shared by a program: 4 warps ~12% faster
+        warps = 4
     if block == 4096 and rows == 1:
         if elem >= 4 and not small:
             warps = 16
