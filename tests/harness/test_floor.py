@@ -123,3 +123,13 @@ def test_gpu_copy_floor_is_below_a_norm_and_both_sides_are_checked():
     # the copy moves the same bytes with no arithmetic and one launch: not slower than a norm
     # (a 10% margin for the rounds' noise)
     assert r["copy_median_ms"] <= 1.1 * min(r["own_median_ms"], r["vendor_median_ms"])
+
+
+def test_options_from_str_inverts_options_str():
+    from kernellab.core.spec import options_from_str, options_str
+
+    opts = {"b_t": True, "causal": False, "eps": 1e-05, "n": 3, "reduction": "sum", "x": None}
+    assert options_from_str(options_str(opts)) == opts
+    assert options_from_str("") == {}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        options_from_str("causal")

@@ -776,6 +776,30 @@ def options_str(options: dict | None) -> str:
     return ",".join(f"{k}={options[k]}" for k in sorted(options)) if options else ""
 
 
+def options_from_str(text: str) -> dict:
+    """``options_str``'s inverse: 'b_t=True,eps=1e-05' -> {'b_t': True, 'eps': 1e-05}; values
+    that read as a bool, None, int or float become one, the rest stay strings."""
+    out = {}
+    for item in filter(None, (text or "").split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"options: {item!r} is not KEY=VALUE (in {text!r})")
+        out[key.strip()] = _option_value(value.strip())
+    return out
+
+
+def _option_value(v: str):
+    low = v.lower()
+    if low in ("true", "false", "none"):
+        return None if low == "none" else low == "true"
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
+
+
 def define(spec: OpSpec) -> OpSpec:
     SPECS[spec.name] = spec
     return spec

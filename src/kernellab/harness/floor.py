@@ -21,8 +21,9 @@ bytes cost) and ours is within ``TIE_TOL`` of the vendor by the median of the ro
 ratios. The copy (``copy_``: cudaMemcpy device to device) is a reference, not a proof: a
 kernel can beat it (on an H200 norms of 30-130 MB did, and kernels on small grids finish
 before its fixed cost is paid), and a vendor faster than the copy is never called a tie.
-``classify`` and ``summarize`` are pure functions of the rows (tested); ``vendor_gap --table
---floor FILE`` counts them beside the table's cases.
+``classify`` and ``summarize`` (``vendor_gap.floor_class`` / ``floor_classes``) are pure
+functions of the rows (tested); ``vendor_gap --table --floor FILE`` counts them beside the
+table's cases.
 """
 
 from __future__ import annotations
@@ -32,31 +33,13 @@ import json
 import math
 import statistics
 
-FLOOR_TOL = 0.02  # the vendor within 2% of the copy
-TIE_TOL = 0.01  # ours within 1% of the vendor
+# The classification is the scoreboard's (vendor_gap), which imports nothing from here.
+from kernellab.harness.vendor_gap import FLOOR_TOL, TIE_TOL, table_rows
+from kernellab.harness.vendor_gap import floor_class as classify
+from kernellab.harness.vendor_gap import floor_classes as summarize
+from kernellab.harness.vendor_gap import summarize as summarize_table
 
-
-def case_key(r) -> tuple:
-    return (r["op"], r["shape"], r["dtype"], r["mode"], r.get("options") or "")
-
-
-def classify(row, floor_tol: float = FLOOR_TOL, tie_tol: float = TIE_TOL) -> str:
-    """'floor tie', 'win' (ours >= the vendor in the paired rounds), or 'loss' for a floor row."""
-    ratio = row["own_vs_vendor"]
-    if ratio >= 1.0:
-        return "win"
-    if 1.0 <= row["vendor_over_copy"] <= 1.0 + floor_tol and ratio >= 1.0 - tie_tol:
-        return "floor tie"
-    return "loss"
-
-
-def summarize(rows, floor_tol: float = FLOOR_TOL, tie_tol: float = TIE_TOL) -> dict:
-    """{case key: (class, row)} of the ok rows, the last row of a case winning."""
-    out = {}
-    for r in rows:
-        if r.get("bench") == "floor" and r.get("status") == "ok":
-            out[case_key(r)] = (classify(r, floor_tol, tie_tol), r)
-    return out
+__all__ = ["FLOOR_TOL", "TIE_TOL", "classify", "summarize"]
 
 
 def _median_ratio(num: list, den: list) -> float:
@@ -88,10 +71,9 @@ def table_cases(gpu: str, ops=None, losing: bool = True) -> list[dict]:
     backends (``vendor_gap.summarize`` of its rows); with ``losing``, those below 1.0x."""
     from kernellab.core import tables
     from kernellab.core.spec import get_spec
-    from kernellab.harness import vendor_gap
 
-    rows = vendor_gap.table_rows(tables.read_table(tables.table_path(gpu)))
-    lines, _ = vendor_gap.summarize([r for r in rows if not ops or r["op"] in ops])
+    rows = table_rows(tables.read_table(tables.table_path(gpu)))
+    lines, _ = summarize_table([r for r in rows if not ops or r["op"] in ops])
     out = []
     for ln in lines:
         if "own_vs_vendor" not in ln or get_spec(ln["op"]).metric != "gbps":
@@ -103,12 +85,6 @@ def table_cases(gpu: str, ops=None, losing: bool = True) -> list[dict]:
     return out
 
 
-def _parse_options(text: str) -> dict:
-    from kernellab.cli import _parse_options as parse
-
-    return parse([text]) or {} if text else {}
-
-
 def measure(case: dict, rounds: int, budget_s: float, device: str = "cuda", seed: int = 0) -> dict:
     """Time ``case``'s own and vendor backends and the copy of its bytes in ``rounds``
     rounds (the order rotated each round) and return its floor row; a backend whose
@@ -116,13 +92,13 @@ def measure(case: dict, rounds: int, budget_s: float, device: str = "cuda", seed
     import torch
 
     from kernellab.core import registry
-    from kernellab.core.spec import get_spec, parse_shape
+    from kernellab.core.spec import get_spec, options_from_str, parse_shape
     from kernellab.harness import bench, timer
 
     spec = get_spec(case["op"])
     shape = parse_shape(case["shape"])
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[case["dtype"]]
-    options = _parse_options(case.get("options") or "")
+    options = options_from_str(case.get("options") or "")
     prob = bench.Problem(spec, shape, dtype, case["mode"], device, seed, options)
     nbytes = spec.count_bytes(shape, dtype, case["mode"], options)
     n = max(1, nbytes // 8)  # fp32 elements read, and as many written

@@ -91,6 +91,8 @@ CASES: list[tuple] = [
 
 WITHIN = 0.97  # the default within 3% of the fastest backend
 NONE_BELOW = 0.9
+FLOOR_TOL = 0.02  # harness.floor: the vendor at most 2% above a copy of the bytes ...
+TIE_TOL = 0.01  # ... and ours within 1% of the vendor: a tie at the copy floor
 
 
 def summarize(rows) -> tuple[list[dict], dict]:
@@ -211,17 +213,35 @@ def _table_report(gpus, ops, all_lines: bool, floor_files=()) -> str:
     return "\n".join(out)
 
 
+def floor_class(row, floor_tol: float = FLOOR_TOL, tie_tol: float = TIE_TOL) -> str:
+    """'floor tie', 'win' (ours >= the vendor in the paired rounds), or 'loss' for a row of
+    ``harness.floor`` (its docstring says why a vendor faster than the copy is no tie)."""
+    ratio = row["own_vs_vendor"]
+    if ratio >= 1.0:
+        return "win"
+    if 1.0 <= row["vendor_over_copy"] <= 1.0 + floor_tol and ratio >= 1.0 - tie_tol:
+        return "floor tie"
+    return "loss"
+
+
+def floor_classes(rows, floor_tol: float = FLOOR_TOL, tie_tol: float = TIE_TOL) -> dict:
+    """{case: (class, row)} of ``harness.floor``'s ok rows, the last row of a case winning."""
+    out = {}
+    for r in rows:
+        if r.get("bench") == "floor" and r.get("status") == "ok":
+            out[_case(r)] = (floor_class(r, floor_tol, tie_tol), r)
+    return out
+
+
 def _floor_line(lines, gpu: str, floor_files) -> str:
     """How many of the table's losses the floor runs (``harness.floor``) on ``gpu`` found
     to be ties at the copy floor, and how many they measured."""
-    from kernellab.harness import floor
-
     rows = [r for f in floor_files for r in map(json.loads, open(f)) if r.get("gpu") == gpu]
-    classes = floor.summarize(rows)
+    classes = floor_classes(rows)
     losses = [_case(ln) for ln in lines if ln["own_vs_vendor"] < 1.0]
     measured = [classes[c][0] for c in losses if c in classes]
     ties = measured.count("floor tie")
-    tols = f"the vendor at most {floor.FLOOR_TOL:.0%} above the copy, ours within {floor.TIE_TOL:.0%} of it"
+    tols = f"the vendor at most {FLOOR_TOL:.0%} above the copy, ours within {TIE_TOL:.0%} of it"
     return (f"of the {len(losses)} cases below 1.0x, {len(measured)} memory-bound ones timed beside a copy "
             f"of their bytes: {ties} ties at the copy floor ({tols}), {measured.count('win')} wins in the "
             f"paired rounds, {measured.count('loss')} losses")  # fmt: skip
