@@ -62,6 +62,8 @@ def test_measure_times_both_backends_and_the_copy_on_the_cpu():
     r = floor.measure(case, rounds=2, budget_s=0.01, device="cpu")
     assert r["status"] == "ok", r
     assert len(r["own_ms"]) == len(r["vendor_ms"]) == len(r["copy_ms"]) == 2
+    # the round's copy is the faster of the two references
+    assert r["copy_ms"] == [min(a, b) for a, b in zip(r["memcpy_ms"], r["elementwise_ms"])]
     assert r["bytes"] > 8 * 64 * 4  # x read and y written at least
     assert floor.classify(r) in ("win", "floor tie", "loss")
 

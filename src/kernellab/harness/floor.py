@@ -12,15 +12,17 @@ by one timer (CUDA events, L2 flushed, as the tune):
 
 - our best own backend and the best vendor backend of the table's row (outputs checked
   against float64 once), and
-- a device-to-device copy of ``count_bytes`` / 2 bytes (that many read, as many written):
-  the time the same traffic takes with no arithmetic at all.
+- a copy of ``count_bytes`` / 2 bytes (that many read, as many written) two ways: ``copy_``
+  (cudaMemcpy device to device) and PyTorch's elementwise kernel (``torch.mul(src, 1.0,
+  out=dst)``, 16-byte loads and stores); the faster of the two in each round is the round's
+  copy: the time the same traffic takes with no arithmetic at all.
 
 A case is a **tie at the floor** when the vendor's median is at most ``FLOOR_TOL`` above the
 copy's (nothing, ours included, can be much faster than the vendor: the copy is what the
 bytes cost) and ours is within ``TIE_TOL`` of the vendor by the median of the rounds' paired
-ratios. The copy (``copy_``: cudaMemcpy device to device) is a reference, not a proof: a
-kernel can beat it (on an H200 norms of 30-130 MB did, and kernels on small grids finish
-before its fixed cost is paid), and a vendor faster than the copy is never called a tie.
+ratios. The copy is a reference, not a proof: a kernel can beat it (on an H200 norms of
+30-130 MB beat cudaMemcpy, and kernels on small grids finish before its fixed cost is
+paid), and a vendor faster than the copy is never called a tie.
 ``classify`` and ``summarize`` (``vendor_gap.floor_class`` / ``floor_classes``) are pure
 functions of the rows (tested); ``vendor_gap --table --floor FILE`` counts them beside the
 table's cases.
@@ -46,8 +48,9 @@ def _median_ratio(num: list, den: list) -> float:
     return statistics.median(a / b for a, b in zip(num, den))
 
 
-def row_from_rounds(case: dict, own_ms: list, vendor_ms: list, copy_ms: list) -> dict:
-    """The floor row of one case from its rounds' medians (ms, one per round each)."""
+def row_from_rounds(case: dict, own_ms: list, vendor_ms: list, copy_ms: list, **copies: list) -> dict:
+    """The floor row of one case from its rounds' medians (ms, one per round each); ``copies``:
+    each copy reference's own rounds, kept beside ``copy_ms`` (their per-round minimum)."""
     own, ven, cp = (statistics.median(x) for x in (own_ms, vendor_ms, copy_ms))
     return {
         **case,
@@ -56,6 +59,7 @@ def row_from_rounds(case: dict, own_ms: list, vendor_ms: list, copy_ms: list) ->
         "own_ms": own_ms,
         "vendor_ms": vendor_ms,
         "copy_ms": copy_ms,
+        **{f"{k}_ms": v for k, v in copies.items()},
         "own_median_ms": own,
         "vendor_median_ms": ven,
         "copy_median_ms": cp,
@@ -104,7 +108,7 @@ def measure(case: dict, rounds: int, budget_s: float, device: str = "cuda", seed
     n = max(1, nbytes // 8)  # fp32 elements read, and as many written
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    fns = {"copy": lambda: dst.copy_(src)}
+    fns = {"memcpy": lambda: dst.copy_(src), "elementwise": lambda: torch.mul(src, 1.0, out=dst)}
     boxes = {}
     for side in ("own", "vendor"):
         fns[side], boxes[side] = prob.call(registry.get(case["op"], case[side]))
@@ -127,9 +131,11 @@ def measure(case: dict, rounds: int, budget_s: float, device: str = "cuda", seed
     times: dict[str, list] = {k: [] for k in fns}
     order = list(fns)
     for i in range(rounds):
-        for k in order[i % 3 :] + order[: i % 3]:
+        for k in order[i % len(order) :] + order[: i % len(order)]:
             times[k].append(once(fns[k]))
-    return {**row_from_rounds(base, times["own"], times["vendor"], times["copy"])}
+    copy_ms = [min(a, b) for a, b in zip(times["memcpy"], times["elementwise"])]
+    return row_from_rounds(base, times["own"], times["vendor"], copy_ms,
+                           memcpy=times["memcpy"], elementwise=times["elementwise"])  # fmt: skip
 
 
 def format_summary(classes: dict) -> str:
