@@ -107,6 +107,18 @@ def test_triton_kernels_compile_ahead_of_time_with_16_byte_accesses(op, n_kernel
             assert k.registers and k.counts["LDG_128"] >= 1
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_rms_norm"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_norm_kernels_all_compile_ahead_of_time(op, dtype):
+    # the forward (2-D or row kernel), the partials backward and the one-launch backward:
+    # a constexpr the launcher passes and the spec lacks fails the compile, and the report
+    # then lists fewer kernels
+    kernels, note = asm.triton_report(kernellab.get(op, "triton"), dtype, "sm_90")
+    assert len(kernels) == 3, note
+    fwd = [k for k in kernels if "fwd" in k.name]
+    assert len(fwd) == 1 and fwd[0].counts["ptx_ld_global_v4"] >= 1, note
+
+
 def test_asm_cli_triton(cli_run):
     code, out = cli_run("asm", "gelu", "-b", "triton", "--dtype", "fp16", "--arch", "sm_80", "--sass")
     assert code == 0, out

@@ -1083,10 +1083,10 @@ def _partials_sum_kernel(
 
 
 def kernel_specs(rms: bool):
-    """For `kernellab asm`: both kernels as launched for 4096-wide rows."""
+    """For `kernellab asm`: the kernels as launched for many 4096-wide rows."""
 
     def specs(dtype: str):
-        block, rows, warps = _fwd_config(4096)
+        block, rows, warps = _fwd_config(4096, elem=4 if dtype == "fp32" else 2)
         fwd = {
             "x_ptr": f"*{dtype}",
             "w_ptr": f"*{dtype}",
@@ -1107,6 +1107,7 @@ def kernel_specs(rms: bool):
             "EVICT": "constexpr",
             "EVEN": "constexpr",
             "WIDE": "constexpr",
+            "W_FIRST": "constexpr",
         }
         bwd = {
             "dy_ptr": f"*{dtype}",
@@ -1136,6 +1137,7 @@ def kernel_specs(rms: bool):
             "EVICT": CONFIG.fwd_evict,
             "EVEN": CONFIG.fwd_even,
             "WIDE": not CONFIG.fwd_narrow,
+            "W_FIRST": False,  # (a grid of many rows)
         }
         bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": CONFIG.bwd_prefetch, "RES": False,
                "ACC": _bwd_acc(4096, torch.float32 if dtype == "fp32" else torch.bfloat16)[0]}  # fmt: skip
