@@ -8,6 +8,12 @@ PyTorch's own backward kernel, on a GPU: device time per call of
 - ``kernel``: the row kernel alone and ``psum``: the partial sum alone, at the shipped knobs.
 
     PYTHONPATH=src python lab/probe_norm_bwd.py --out DIR [--shapes 1024x768 ...] [--dtype bf16]
+        [--prefetch 1,0] [--acc64 4096,2048] [--ops layer_norm,rms_norm]
+
+``--prefetch`` and ``--acc64`` sweep Config.bwd_prefetch and acc64_max_block too (fp32 rows of
+4096 at 16 warps hold fp64 partials and a prefetched row: `kernellab asm rms_norm -b triton
+--dtype fp32` counts 67 LDL/STL there; 2048 makes their partials fp32, at most bwd_max_rows
+rows a program).
 
 Device time is CUDA-graph replay (``harness.timer.time_cuda_graph``: 20 calls a graph,
 no L2 flush, as inside a model step). The first run (d3b8e12) used ``do_bench``, whose
@@ -38,7 +44,13 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--shapes", nargs="+", default=SHAPES)
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--prefetch", default="1", help="Config.bwd_prefetch values (1 / 0), comma-separated")
+    ap.add_argument("--acc64", default=str(lt.CONFIG.acc64_max_block),
+                    help="Config.acc64_max_block values, comma-separated")  # fmt: skip
+    ap.add_argument("--ops", default="layer_norm,rms_norm")
     args = ap.parse_args()
+    prefetches = [bool(int(v)) for v in args.prefetch.split(",")]
+    acc64s = [int(v) for v in args.acc64.split(",")]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,6 +77,8 @@ def main() -> int:
         b = (0.1 * torch.randn(d, device="cuda", generator=gen)).to(dtype)
         for rms in (False, True):
             op = "rms_norm" if rms else "layer_norm"
+            if op not in args.ops.split(","):
+                continue
             bias = None if rms else b
             _, mean, rstd = lt.norm_fwd(x, w, bias, 1e-5, rms)
             try:
@@ -86,11 +100,17 @@ def main() -> int:
                 record(op=op, shape=shape, impl="torch", ms=bench(tb))
             except Exception as e:  # noqa: BLE001 - reported in its row
                 record(op=op, shape=shape, impl="torch", error=f"{type(e).__name__}: {e}"[:200])
-            for per_sm, warps in itertools.product((1, 2, 4, 8), (None, 4, 8)):
-                cfg = lt.Config(bwd_programs_per_sm=per_sm, bwd_warps=warps)
+            knobs = itertools.product((1, 2, 4, 8), (None, 4, 8), prefetches, acc64s)
+            for per_sm, warps, prefetch, acc64 in knobs:
+                cfg = lt.Config(bwd_programs_per_sm=per_sm, bwd_warps=warps, bwd_prefetch=prefetch,
+                                acc64_max_block=acc64)  # fmt: skip
                 ms = bench(lambda cfg=cfg: lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg))
-                record(op=op, shape=shape, impl="norm_bwd", per_sm=per_sm, warps=warps,
-                       shipped=(per_sm, warps) == shipped, ms=ms)  # fmt: skip
+                dwx = lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg)[1]
+                dw0 = lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms)[1]
+                record(op=op, shape=shape, impl="norm_bwd", per_sm=per_sm, warps=warps, prefetch=prefetch,
+                       acc64_max_block=acc64, ms=ms, dw_diff_from_default=float((dwx.float() - dw0.float()).abs().max()),
+                       shipped=(per_sm, warps) == shipped and prefetch == lt.CONFIG.bwd_prefetch
+                       and acc64 == lt.CONFIG.acc64_max_block)  # fmt: skip
             # the partial sum alone, at the shipped knobs
             programs = lt._bwd_programs(n, lt._row_block(x.shape[-1]), x.device)
             programs = triton.cdiv(n, triton.cdiv(n, programs))
