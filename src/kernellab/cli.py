@@ -299,30 +299,18 @@ def _is_kernellab_or_user(op: str, backend: str) -> bool:
 # --------------------------------------------------------------------------- bench
 
 
-def _parse_value(v: str):
-    low = v.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low == "none":
-        return None
-    for conv in (int, float):
-        try:
-            return conv(v)
-        except ValueError:
-            pass
-    return v
-
-
 def _parse_options(items) -> dict | None:
     """['causal=true', 'reduction=sum'] -> {'causal': True, 'reduction': 'sum'}; None if none given."""
     if not items:
         return None
+    from kernellab.core.spec import option_value
+
     out = {}
     for item in _split(items):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--opt {item!r} not understood; write KEY=VALUE, e.g. causal=true")
-        out[key.strip()] = _parse_value(value.strip())
+        out[key.strip()] = option_value(value.strip())
     return out
 
 

@@ -784,11 +784,13 @@ def options_from_str(text: str) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"options: {item!r} is not KEY=VALUE (in {text!r})")
-        out[key.strip()] = _option_value(value.strip())
+        out[key.strip()] = option_value(value.strip())
     return out
 
 
-def _option_value(v: str):
+def option_value(v: str):
+    """An option's value as written ('True', 'none', '3', '1e-05', 'sum'): a bool, None, an
+    int or a float where it reads as one, else the string."""
     low = v.lower()
     if low in ("true", "false", "none"):
         return None if low == "none" else low == "true"
