@@ -119,6 +119,24 @@ def test_triton_norm_kernels_all_compile_ahead_of_time(op, dtype):
     assert len(fwd) == 1 and fwd[0].counts["ptx_ld_global_v4"] >= 1, note
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+@pytest.mark.parametrize("dtype, elem", [("fp32", 4), ("bf16", 2)])
+def test_triton_norm_backward_compiles_as_its_plan_launches_it(op, dtype, elem):
+    # The partials backward for many 4096-wide rows, compiled with the warps its launch plan
+    # gives it: a spec with other warps (4 instead of fp32's 16) reported 255 registers and
+    # spills that the launched kernel does not have. As launched it keeps all in registers.
+    import re
+
+    from kernellab.ops.norm_kernels import triton_kernels as tk
+
+    kernels, note = asm.triton_report(kernellab.get(op, "triton"), dtype, "sm_90")
+    (bwd,) = [k for k in kernels if k.name == "_norm_bwd_kernel"]
+    (threads,) = re.findall(r"\.reqntid (\d+)", bwd.ptx)
+    assert int(threads) == 32 * tk._bwd_warps(4096, elem=elem), note
+    if HAS_CUOBJDUMP:
+        assert bwd.stack_bytes == 0 and bwd.counts["LDL_STL"] == 0, (bwd.registers, bwd.counts)
+
+
 def test_asm_cli_triton(cli_run):
     code, out = cli_run("asm", "gelu", "-b", "triton", "--dtype", "fp16", "--arch", "sm_80", "--sass")
     assert code == 0, out

@@ -284,7 +284,9 @@ def compile_triton_kernels(op: str, backend: str, dtype_name: str, arch: str, ou
     impl = registry.get(op, backend)
     cap = int(arch.removeprefix("sm_").rstrip("a"))
     errors = []
-    for kernel, signature, constexprs, num_warps in impl.triton_kernels(_TRITON_TYPES[dtype_name]):
+    for kernel, signature, constexprs, launch in impl.triton_kernels(_TRITON_TYPES[dtype_name]):
+        # launch: the warps, or the compile options the launcher passes (num_warps, ...)
+        options = dict(launch) if isinstance(launch, dict) else {"num_warps": launch}
         fn = _jit(kernel)
         # in the kernel's parameter order: older Triton (3.6) keys constexprs by that index
         signature = {n: signature[n] for n in fn.arg_names if n in signature}
@@ -298,9 +300,7 @@ def compile_triton_kernels(op: str, backend: str, dtype_name: str, arch: str, ou
         for cx in attempts:  # constexpr keys by name (Triton 3.9) or by index (older)
             try:
                 src = ASTSource(fn=fn, signature=signature, constexprs=cx, attrs=attrs)
-                compiled = triton.compile(
-                    src, target=GPUTarget("cuda", cap, 32), options={"num_warps": num_warps}
-                )
+                compiled = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=options)
                 break
             except Exception as e:  # noqa: BLE001 - reported to the caller
                 err = e

@@ -1082,6 +1082,15 @@ def _partials_sum_kernel(
         tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(tl.float32).to(db_ptr.dtype.element_ty), mask=cmask)
 
 
+_ASM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _asm_launch(bound: triton_support.Bound) -> tuple[dict, dict]:
+    """(constexprs, compile options) of a plan's launch, for `kernellab asm`."""
+    options = {k: v for k, v in bound.kw.items() if k in ("num_warps", "num_stages", "enable_fp_fusion")}
+    return {k: v for k, v in bound.kw.items() if k not in options}, options
+
+
 def kernel_specs(rms: bool):
     """For `kernellab asm`: the kernels as launched for many 4096-wide rows."""
 
@@ -1139,9 +1148,13 @@ def kernel_specs(rms: bool):
             "WIDE": not CONFIG.fwd_narrow,
             "W_FIRST": False,  # (a grid of many rows)
         }
-        bcx = {"BLOCK": 4096, "RMS": rms, "PREFETCH": CONFIG.bwd_prefetch, "RES": False,
-               "ACC": _bwd_acc(4096, torch.float32 if dtype == "fp32" else torch.bfloat16)[0]}  # fmt: skip
-        # the one-launch backward as 16 rows of 4096 launch it
+        # the backwards as their launch plans launch them: the partials kernel for many rows
+        # of 4096, the one-launch kernel for 16 (constexprs, warps and the partials' dtype)
+        t = _ASM_DTYPES[dtype]
+        w = torch.empty(4096, dtype=t, device="meta")
+        big = _bwd_plan(torch.empty(4096, 4096, dtype=t, device="meta"), w, rms, not rms, False, CONFIG)
+        bwd["dw_part_ptr"] = bwd["db_part_ptr"] = "*fp64" if big.part_dtype == torch.float64 else "*fp32"
+        bcx, bopts = _asm_launch(big.launch)
         ins = ("dy_ptr", "x_ptr", "w_ptr", "mean_ptr", "rstd_ptr", "dx_ptr", "dres_ptr")
         cols = {**{k: bwd[k] for k in ins},
                 "dw_ptr": f"*{dtype}", "db_ptr": f"*{dtype}", "n_rows": "i32", "n_cols": "i32",
@@ -1149,10 +1162,8 @@ def kernel_specs(rms: bool):
                 "BLOCK": "constexpr", "BLOCK_C": "constexpr", "ROWS": "constexpr", "RMS": "constexpr",
                 "RES": "constexpr", "HAS_DB": "constexpr", "MATH": "constexpr",
                 "EXACT": "constexpr"}  # fmt: skip
-        block_c, crows, cwarps = _cols_config(16, 4096)
-        ccx = {"BLOCK": 4096, "BLOCK_C": block_c, "ROWS": crows, "RMS": rms, "RES": False, "HAS_DB": not rms,
-               "MATH": tl.float64 if dtype == "fp32" else tl.float32,
-               "EXACT": dtype == "fp32" and 4096 <= CONFIG.exact_max_block}  # fmt: skip
+        small = _bwd_plan(torch.empty(16, 4096, dtype=t, device="meta"), w, rms, not rms, False, CONFIG)
+        ccx, copts = _asm_launch(small.launch)
         if _row_1d(rows, torch.float32 if dtype == "fp32" else torch.bfloat16):
             names = (
                 "x_ptr",
@@ -1177,13 +1188,13 @@ def kernel_specs(rms: bool):
             fcx = {"BLOCK": block, "RMS": rms, "HAS_BIAS": not rms, "RES": False, "EVEN": True, "WIDE": not CONFIG.fwd_narrow}
             return [
                 (_norm_fwd_row_kernel, fwd, fcx, warps),
-                (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
-                (_norm_bwd_cols_kernel, cols, ccx, cwarps),
+                (_norm_bwd_kernel, bwd, bcx, bopts),
+                (_norm_bwd_cols_kernel, cols, ccx, copts),
             ]
         return [
             (_norm_fwd_kernel, fwd, fcx, warps),
-            (_norm_bwd_kernel, bwd, bcx, _bwd_warps(4096)),
-            (_norm_bwd_cols_kernel, cols, ccx, cwarps),
+            (_norm_bwd_kernel, bwd, bcx, bopts),
+            (_norm_bwd_cols_kernel, cols, ccx, copts),
         ]
 
     return specs
