@@ -509,6 +509,93 @@ def test_patch_hf_rope_swaps_the_family_function_while_patched(monkeypatch):
     assert kernellab.patch(_tiny("gpt2"), ops=["rope"], verbose=False).left[0][2].startswith("GPT2LMHeadModel")
 
 
+def test_rope_swap_takes_the_familys_layout_or_nothing():
+    """Families share the name apply_rotary_pos_emb, not its formula: patch reads which of
+    kernellab.rope's rotations the family's function computes for HF's call form (Llama: the
+    head dim's halves; Cohere: adjacent pairs; Helium: pairs, angles from cos's first half)
+    and leaves any other rotation or signature, with its reason."""
+    import transformers.models.llama.modeling_llama as modeling
+
+    from kernellab.patch import _rope_form
+
+    original = getattr(modeling.apply_rotary_pos_emb, "_kernellab_original", modeling.apply_rotary_pos_emb)
+    assert _rope_form(original) == ("neox", False, "")  # (q * cos: cos of q's width only)
+
+    def pairs(q, k, cos, sin, unsqueeze_dim=1):
+        def rot(x):
+            return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+        c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * c + rot(q) * s, k * c + rot(k) * s
+
+    def pairs_from_half(q, k, cos, sin, unsqueeze_dim=1):  # Helium's
+        return pairs(q, k, *(t[..., : t.shape[-1] // 2].repeat_interleave(2, -1) for t in (cos, sin)))
+
+    def swapped_halves(q, k, cos, sin, unsqueeze_dim=1):  # sin on the other side
+        h = q.shape[-1] // 2
+        c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return tuple(x * c + torch.cat((x[..., h:], -x[..., :h]), -1) * s for x in (q, k))
+
+    def gptj_form(x, sin, cos):
+        return x * cos + x * sin
+
+    def pairs_partial(q, k, cos, sin, unsqueeze_dim=1):  # GLM's: the first cos.shape[-1] columns
+        r = cos.shape[-1]
+        rot = pairs(q[..., :r], k[..., :r], cos, sin)
+        return tuple(torch.cat((a, x[..., r:]), -1) for a, x in zip(rot, (q, k)))
+
+    assert _rope_form(pairs) == ("interleaved", False, "")
+    assert _rope_form(pairs_from_half) == ("interleaved-half", False, "")
+    assert _rope_form(pairs_partial) == ("interleaved", True, "")
+    assert "none that kernellab.rope computes" in _rope_form(swapped_halves)[2]
+    assert "call" in _rope_form(gptj_form)[2]
+
+
+def _tiny_of(model_type, **extra):
+    """A 2-layer model of ``model_type`` from transformers' registry, fp32, or a skip where
+    this transformers lacks it."""
+    try:
+        cfg = transformers.AutoConfig.for_model(
+            model_type, vocab_size=256, num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+            num_attention_heads=4, num_key_value_heads=2, initializer_range=0.2, pad_token_id=0,
+            max_position_embeddings=64, attn_implementation="sdpa", **extra)  # fmt: skip
+    except (KeyError, ValueError) as e:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type}: {e}")
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+@pytest.mark.parametrize("model_type, extra, rope", [
+    ("cohere", {}, "interleaved"), ("helium", {"head_dim": 16}, "interleaved"),
+    ("ernie4_5", {}, "interleaved"),
+    ("llama", {}, "neox"),
+    ("gptj", {"n_embd": 64, "n_layer": 2, "n_head": 4, "rotary_dim": 8}, None),  # (x, sin, cos)
+    ("glm", {"head_dim": 16}, "interleaved"),  # pairs over part of the head dim, from half of cos
+])  # fmt: skip
+def test_patch_hf_other_rotations_keep_the_models_answer(model_type, extra, rope, monkeypatch):
+    # Cohere's, Helium's and ERNIE's apply_rotary_pos_emb rotate adjacent pairs: run as
+    # Llama's their logits were off by 0.3-7; GPT-J's takes (x, sin, cos), and its forward
+    # raised. Each runs kernellab.rope in its own layout, or its own function.
+    from kernellab.ops import public
+
+    ref = _tiny_of(model_type, **extra)
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    layouts = []
+    real = public.rope
+    monkeypatch.setattr(public, "rope", lambda *a, **kw: layouts.append(kw["layout"]) or real(*a, **kw))
+    ids = torch.randint(1, 256, (2, 11))
+    _assert_same_step(ref, pat, _hf_run(ids))
+    if rope is None:
+        assert "rope" not in report.counts(), report
+        assert any(op == "rope" and "apply_rotary_pos_emb" in why for op, _, why in report.left), report
+        assert not layouts
+    else:
+        assert report.counts()["rope"] == 1, report
+        assert layouts and set(layouts) == {rope}
+    kernellab.unpatch(pat)
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_patch_under_compile_runs_the_models_own_code(fused, monkeypatch):
     """Under torch.compile with no backend named, every patched piece runs the model's own

@@ -27,6 +27,9 @@ do not change):
   its attention forward calls) is swapped for one that runs kernellab.rope for HF's own
   call form inside a patched model's forward (forward hooks count them) and HF's
   function anywhere else; unpatch, or collecting the last patched model, restores it.
+  Families rotate differently under one function name (Llama the head dim's halves,
+  Cohere adjacent pairs, GPT-J another signature), so the function is first run on
+  random inputs: the rope layout it matches is used, and one that matches none is left.
 - Attention in a plain module: its ``F.scaled_dot_product_attention`` calls, intercepted
   while the model's forward runs (a torch function mode entered by the model's forward,
   not a global swap); calls kernellab.attention cannot compute exactly run PyTorch's.
@@ -337,33 +340,100 @@ def _rope_exit(module, args, kwargs, output):
     _ROPE_ACTIVE[0] -= 1
 
 
-def _hf_rope(original: Callable, backend: str | None) -> Callable:
-    """``apply_rotary_pos_emb`` on kernellab.rope for the call HF's attention makes (q and k
-    (B, H, S, D), cos and sin (B or 1, S, D), unsqueeze_dim=1); any other call, or one
-    kernellab.rope refuses, runs the family's own function."""
+def _hf_rope(original: Callable, backend: str | None, form: str = "neox", partial: bool = False) -> Callable:
+    """``apply_rotary_pos_emb`` on kernellab.rope, rotating as ``form`` (ROPE_FORMS) says,
+    for the call HF's attention makes (q and k (B, H, S, D), cos and sin (B or 1, S, D), or
+    (B or 1, S, R < D) where ``partial``: the family's function rotates the first R columns and
+    passes the rest, unsqueeze_dim=1); any other call, or one kernellab.rope refuses, runs
+    the family's own function."""
     try:
         names = list(inspect.signature(original).parameters)[4:]
     except (TypeError, ValueError):
         names = []
 
-    def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        if _model_code(backend):
-            return original(q, k, cos, sin, *args, **kwargs)
+    def apply_rotary_pos_emb(*args, **kwargs):
+        if _model_code(backend) or len(args) < 4:
+            return original(*args, **kwargs)
+        q, k, cos, sin, *args = args
         extra = dict(zip(names, args), **kwargs) if args else kwargs
         plain = len(args) <= len(names) and all(
             (n == "unsqueeze_dim" and v == 1) or (n == "position_ids" and v is None) for n, v in extra.items()
         )
         if (plain and _ROPE_ACTIVE[0] > 0 and q.dim() == 4 and k.dim() == 4 and cos.dim() == 3
-                and cos.shape == sin.shape and cos.shape[-1] == q.shape[-1] == k.shape[-1]
+                and cos.shape == sin.shape and q.shape[-1] == k.shape[-1]
+                and (cos.shape[-1] == q.shape[-1] or (partial and cos.shape[-1] < q.shape[-1]))
                 and cos.shape[1] == q.shape[2]):  # fmt: skip
             try:
-                return kl_ops.rope(q, k, cos, sin, backend=backend)
+                if form == "interleaved-half":
+                    cos, sin = (_pairs_from_half(t) for t in (cos, sin))
+                return kl_ops.rope(q, k, cos, sin, layout=form.split("-")[0], backend=backend)
             except ValueError:
                 pass
         return original(q, k, cos, sin, *args, **kwargs)
 
     apply_rotary_pos_emb._kernellab_original = original
     return apply_rotary_pos_emb
+
+
+# The rotations of HF's call form that kernellab.rope computes (``_rope_form``): its neox
+# layout (the head dim's halves: Llama's ``rotate_half``), its interleaved one (adjacent
+# pairs: Cohere's ``rotate_half``), and the interleaved one with each pair's angle taken from
+# the first half of cos and sin (Helium's, ERNIE's: ``cos[..., :D/2].repeat_interleave(2)``).
+ROPE_FORMS = ("neox", "interleaved", "interleaved-half")
+
+
+def _pairs_from_half(t: torch.Tensor) -> torch.Tensor:
+    return t[..., : t.shape[-1] // 2].repeat_interleave(2, dim=-1)
+
+
+def _rotation(q, k, cos, sin, form: str):
+    """HF's call form (q, k (B, H, S, D), cos, sin (B, S, R <= D)) rotated as ``form`` says:
+    the first R columns, the rest passed through (kernellab.rope's partial rotary)."""
+
+    def rot(x):
+        if form != "neox":
+            return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+    r = cos.shape[-1]
+    if form == "interleaved-half":
+        cos, sin = _pairs_from_half(cos), _pairs_from_half(sin)
+    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+    return tuple(torch.cat((x[..., :r] * c + rot(x[..., :r]) * s, x[..., r:]), dim=-1) for x in (q, k))
+
+
+def _same(out, want) -> bool:
+    pairs = list(out) if isinstance(out, (tuple, list)) and len(out) == 2 else []
+    close = [  # (values of order 1: another rotation is off by order 1)
+        isinstance(o, torch.Tensor) and o.shape == w.shape and torch.allclose(o.double(), w, atol=1e-5)
+        for o, w in zip(pairs, want)
+    ]
+    return bool(close) and all(close)
+
+
+def _rope_form(fn: Callable) -> tuple[str | None, bool, str]:
+    """(the one of ROPE_FORMS the family's ``apply_rotary_pos_emb`` computes, whether it
+    rotates a partial width as kernellab.rope does, "") or (None, False, why it computes
+    none). Families share the function's name, not its formula, and GPT-J's takes (x, sin,
+    cos): so it is called on HF's call form with random fp32 q, k (1, 2, 3, 8) and cos, sin
+    (1, 3, 8), then (1, 3, 4), and must return one form's rotation of both."""
+    g = torch.Generator().manual_seed(0)
+    shapes = ((1, 2, 3, 8), (1, 2, 3, 8), (1, 3, 8), (1, 3, 8))
+    q, k, cos, sin = (torch.randn(*shape, generator=g) for shape in shapes)
+    try:
+        out = fn(q, k, cos, sin)
+    except Exception as e:  # noqa: BLE001 - any failure: another call form
+        return None, False, f"it does not take HF's (q, k, cos, sin) call ({type(e).__name__})"
+    wide = [t.double() for t in (q, k, cos, sin)]
+    form = next((f for f in ROPE_FORMS if _same(out, _rotation(*wide, f))), None)
+    if form is None:
+        return None, False, "its rotation is none that kernellab.rope computes (halves of the head dim, pairs)"
+    try:
+        part = fn(q, k, cos[..., :4], sin[..., :4])
+    except Exception:  # noqa: BLE001 - full-width calls only
+        return form, False, ""
+    return form, _same(part, _rotation(*wide[:2], wide[2][..., :4], wide[3][..., :4], form)), ""
 
 
 def _patch_hf_rope(model, ctx: _Ctx) -> None:
@@ -379,8 +449,13 @@ def _patch_hf_rope(model, ctx: _Ctx) -> None:
         return
     entry = _ROPE_SWAPS.get(name)
     if entry is None:
+        form, partial, why = _rope_form(fn)
+        if form is None:
+            short = name.rsplit(".", 1)[-1]
+            ctx.report.left.append(("rope", "", f"{short}.apply_rotary_pos_emb: {why}"))
+            return
         entry = _ROPE_SWAPS[name] = [fn, 0]
-        mod.apply_rotary_pos_emb = _hf_rope(fn, ctx.backend_for("rope"))
+        mod.apply_rotary_pos_emb = _hf_rope(fn, ctx.backend_for("rope"), form, partial)
     entry[1] += 1
     done = []
     hooks = (model.register_forward_pre_hook(_rope_enter, with_kwargs=True),
