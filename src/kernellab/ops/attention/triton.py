@@ -1718,10 +1718,14 @@ _ASM_GQA = False  # (the kernels as plain attention launches them; True: as GQA 
 
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: the forward and both backward kernels as launched at the bench's
-    B=4 H=16 S=4096 D=128 bf16 causal problem, contiguous (unit head-dim strides, which
-    Triton specializes as constants at run time), with the first config of each list (the
-    Hopper default; the autotuner may pick another)."""
+    B=4 H=16 S=4096 D=128 causal problem, contiguous (unit head-dim strides, which
+    Triton specializes as constants at run time), with the first config of each list that
+    the tuner's pruning keeps for the dtype (the Hopper default; the autotuner may pick
+    another), and the launch's dot precision."""
     ptr = f"*{dtype}"
+    t = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    bd, bd2 = _d_tiles(128, t, config.attn_split_d)
+    nargs = {"Q": torch.empty(0, dtype=t, device="meta"), "S_Q_KEY": 4096, "S_K_KEY": 4096}
 
     def strides(names, out_names):
         sig, cx = {}, {}
@@ -1742,8 +1746,9 @@ def _kernel_specs(dtype: str):
         st_sig, st_cx = strides(stride_names, out_strides)
         sig.update(st_sig)
         sig.update({k: "i32" for k in ("NH", "GROUP", "S_q", "S_k", "S_Q_KEY", "S_K_KEY", "WIN_L", "WIN_R")})
-        cx = dict(st_cx, HEAD_D=128, BLOCK_D=128, BLOCK_D2=0, CAUSAL=True, PREC="tf32", F32_DOTS=False,
-                  WINDOW=False, SOFTCAP=0, **cfg.kwargs)  # fmt: skip
+        cfg = kernel.early_config_prune(cfg, nargs, BLOCK_D=bd, BLOCK_D2=bd2)[0]  # the tuner's pruning
+        cx = dict(st_cx, HEAD_D=128, BLOCK_D=bd, BLOCK_D2=bd2, CAUSAL=True, PREC=_prec(t, False),
+                  F32_DOTS=_f32_dots(t, False), WINDOW=False, SOFTCAP=0, **cfg.kwargs)  # fmt: skip
         cx_names = ("HEAD_D", "BLOCK_D", "BLOCK_D2", "CAUSAL", "PREC", "F32_DOTS", "WINDOW", "SOFTCAP")
         cx_names += ("GQA", "RAW_M", "BLOCK_M", "BLOCK_N")
         cx["GQA"], cx["RAW_M"] = _ASM_GQA, dtype == "fp32"
@@ -1754,13 +1759,13 @@ def _kernel_specs(dtype: str):
             cx_names += ("STATS",)
             cx["STATS"] = False
         sig.update({k: "constexpr" for k in cx_names})
-        return (kernel.fn, sig, cx, cfg.num_warps)
+        return (kernel.fn, sig, cx, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
     return [
         spec(
             _attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale", "cap_in", "cap_out"),
             ("q", "k", "v"), ("o",),
-            fwd_configs()[0],
+            fwd_configs(),
         ),  # fmt: skip
         spec(
             _attn_bwd_dkdv,
@@ -1768,7 +1773,7 @@ def _kernel_specs(dtype: str):
             ("qk_scale", "sm_scale", "cap_in", "cap_out"),
             ("q", "k", "v", "do"),
             ("dk", "dv"),
-            bwd_dkdv_configs()[0],
+            bwd_dkdv_configs(),
         ),
         spec(
             _attn_bwd_dq,
@@ -1776,7 +1781,7 @@ def _kernel_specs(dtype: str):
             ("qk_scale", "sm_scale", "cap_in", "cap_out"),
             ("q", "k", "v", "do"),
             ("dq",),
-            bwd_dq_configs()[0],
+            bwd_dq_configs(),
         ),
     ]
 

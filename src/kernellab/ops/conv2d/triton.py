@@ -296,12 +296,19 @@ conv2d_triton = conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, t
 
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: the three kernels as they run at the MNIST model's second layer
-    (C 32 -> K 64, 3x3: forward BLOCK_N 64, BLOCK_K 32)."""
+    (C 32 -> K 64, 3x3, batch 256 at 14x14), each with its GEMM's tiles from gemm_config."""
     geom = ("C", "H", "W", "K", "P", "Q", "R", "S")
     xs = ("sxn", "sxc", "sxh", "sxw")
     conv = ("SH", "SW", "PH", "PW")
-    tiles = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)
-    cx = dict(PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False, **tiles)
+    n, c, k, hw, rs = 256, 32, 64, 14, 9
+    gpu = torch.device("cuda")
+    cx = dict(PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False)
+    cx.update(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)  # (names for the signatures; values per launch below)
+    # tiles and warps of the forward (M x K over C R S), dgrad (N H W x C over K R S) and
+    # wgrad (K x C R S over N P Q, BLOCK_K 32) launches
+    fwd_t = gemm_config(n * hw * hw, k, c * rs, gpu)
+    dgrad_t = gemm_config(n * hw * hw, c, k * rs, gpu)
+    wgrad_t = dict(gemm_config(k, c * rs, n * hw * hw, gpu), BLOCK_K=32)
 
     def sig(ptrs, ints, consts):
         out = {p: t for p, t in ptrs}
@@ -316,10 +323,16 @@ def _kernel_specs(dtype: str):
     dgrad = sig([("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)], geom + ("M",) + conv, tuple(wcx))
     wgrad = sig([("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp64"), ("db_part_ptr", "*fp64")],
                 geom + ("NPQ", "CHUNK") + xs + conv, tuple(wcx))  # fmt: skip
+
+    def launch(consts, tiles):  # (constexprs, compile options)
+        tiles = dict(tiles)
+        options = {"num_warps": tiles.pop("num_warps")}
+        return dict(consts, **tiles), options
+
     return [
-        (_conv_fwd_kernel, fwd, dict(cx, HAS_BIAS=True, ACC64=dtype == "fp32"), 4),
-        (_conv_dgrad_kernel, dgrad, wcx, 4),
-        (_conv_wgrad_kernel, wgrad, wcx, 4),
+        (_conv_fwd_kernel, fwd, *launch(dict(cx, HAS_BIAS=True, ACC64=dtype == "fp32"), fwd_t)),
+        (_conv_dgrad_kernel, dgrad, *launch(wcx, dgrad_t)),
+        (_conv_wgrad_kernel, wgrad, *launch(wcx, wgrad_t)),
     ]
 
 

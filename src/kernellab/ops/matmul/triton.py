@@ -1003,14 +1003,18 @@ def _kernel_specs(dtype: str):
     for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"):
         sig[p] = "constexpr"
     skinny = _skinny_spec(dtype)
-    return [(_matmul_kernel, sig, cx, 8 if half else 4), skinny]
+    # warps and stages of the first candidate config with this tile
+    tile = {k: cx[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
+    warps = 8 if half else 4
+    c = next(c for c in matmul_configs() if c.kwargs == tile and c.num_warps == warps)
+    return [(_matmul_kernel, sig, cx, {"num_warps": c.num_warps, "num_stages": c.num_stages}), skinny]
 
 
 def _skinny_spec(dtype: str):
     """The skinny kernel as ``skinny_config`` picks it for decode, [1, 4096] @ [4096, 4096]
     with b = weight.t() (unit stride along K) on 132 SMs: BLOCK_M 16, 8 K slices."""
     elem = 4 if dtype == "fp32" else 2
-    bn, bk, split, warps, _ = skinny_config(1, 4096, 4096, 132, elem)
+    bn, bk, split, warps, stages = skinny_config(1, 4096, 4096, 132, elem)
     cx = {"HAS_BIAS": False, "ACT": 0, "PRECISION": "tf32" if elem == 2 else "ieee", "UPCAST": False}
     cx.update({"SPLIT_K": split, "BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": min(bk, 32) if elem == 4 else bk})
     cx.update({"s_ak": 1, "s_bk": 1, "s_cn": 1})
@@ -1020,7 +1024,7 @@ def _skinny_spec(dtype: str):
         sig[p] = "constexpr" if p in cx else "i32"
     for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "SPLIT_K", "BLOCK_M", "BLOCK_N", "BLOCK_K"):
         sig[p] = "constexpr"
-    return (_skinny_kernel, sig, cx, warps)
+    return (_skinny_kernel, sig, cx, {"num_warps": warps, "num_stages": stages})
 
 
 register_builtin(

@@ -609,7 +609,11 @@ def _kernel_specs_for(bits):
             "EVEN_K": True,
         }
         dsig = {**ptrs, "M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32", **{c: "constexpr" for c in dc}}
-        return [(_wo_gemv_kernel, gsig, gc, g.warps), (_wo_dot_kernel, dsig, dc, d.warps)]
+        # warps and stages as the launcher passes them (WoConfig)
+        return [
+            (_wo_gemv_kernel, gsig, gc, {"num_warps": g.warps, "num_stages": g.stages}),
+            (_wo_dot_kernel, dsig, dc, {"num_warps": d.warps, "num_stages": d.stages}),
+        ]
 
     return specs
 

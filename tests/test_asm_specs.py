@@ -1,0 +1,101 @@
+"""What `kernellab asm` compiles is what the launchers launch: each op's Triton kernel
+specs (``Impl.triton_kernels``) against the launch config of the shape the spec names
+(constexprs, warps, stages, dot precision)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import kernellab
+from kernellab.inspect import asm
+
+TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _specs(op: str, dtype: str, backend: str = "triton") -> dict:
+    """kernel name -> (constexprs, compile options) of the op's specs."""
+    out = {}
+    for kernel, _sig, cx, launch in kernellab.get(op, backend).triton_kernels(dtype):
+        name = getattr(kernel, "__name__", None) or getattr(kernel, "fn", kernel).__name__
+        out[name] = (cx, launch if isinstance(launch, dict) else {"num_warps": launch})
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_attention_specs_take_the_pruned_first_config_and_the_launch_precision(dtype):
+    # fp32 keeps only tiles of at most 64 x 64 and 2 stages (_fit): the first config of the
+    # unpruned list (64 x 64, 3 stages) is not what runs; its dots are "ieee" with TF32 off.
+    from kernellab.ops.attention import triton as at
+
+    t = TORCH[dtype]
+    specs = _specs("attention", dtype)
+    nargs = {"Q": torch.empty(0, dtype=t, device="meta"), "S_Q_KEY": 4096, "S_K_KEY": 4096}
+    for tuner in (at._attn_fwd, at._attn_bwd_dkdv, at._attn_bwd_dq):
+        cx, options = specs[tuner.fn.__name__]
+        (cfg, *_) = tuner.early_config_prune(list(tuner.configs), nargs, BLOCK_D=128, BLOCK_D2=0)
+        assert {k: cx[k] for k in cfg.kwargs} == cfg.kwargs, tuner.fn.__name__
+        assert options == {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        assert cx["PREC"] == at._prec(t, False)
+
+
+def test_attention_fp32_compiles_without_tf32_dots():
+    # PREC "ieee" (TF32 off, the launch's default): no TF32 MMA in the compiled forward.
+    kernels, note = asm.triton_report(kernellab.get("attention", "triton"), "fp32", "sm_90")
+    (fwd,) = [k for k in kernels if k.name == "_attn_fwd"]
+    assert ".tf32" not in fwd.ptx, note
+    (threads,) = re.findall(r"\.reqntid (\d+)", fwd.ptx)
+    assert int(threads) == 32 * 4
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_conv2d_specs_take_each_gemms_tiles(dtype):
+    # The dgrad GEMM's N is C (32 at the spec's layer): BLOCK_N 32, not the forward's 64.
+    from kernellab.ops.conv2d.triton import gemm_config
+
+    specs = _specs("conv2d", dtype)
+    gpu = torch.device("cuda")
+    n, c, k, hw, rs = 256, 32, 64, 14, 9
+    want = {
+        "_conv_fwd_kernel": gemm_config(n * hw * hw, k, c * rs, gpu),
+        "_conv_dgrad_kernel": gemm_config(n * hw * hw, c, k * rs, gpu),
+        "_conv_wgrad_kernel": dict(gemm_config(k, c * rs, n * hw * hw, gpu), BLOCK_K=32),
+    }
+    for name, cfg in want.items():
+        cx, options = specs[name]
+        assert options["num_warps"] == cfg["num_warps"], name
+        assert {b: cx[b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K")} == {
+            b: cfg[b] for b in ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+        }, name
+    assert specs["_conv_dgrad_kernel"][0]["BLOCK_N"] == 32
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_matmul_specs_take_their_configs_stages(dtype):
+    # fp32's 128 x 128 x 32 tile with 4 warps is a 4-stage config; Triton's default is 3.
+    from kernellab.ops.matmul.triton import matmul_configs, skinny_config
+
+    specs = _specs("matmul", dtype)
+    cx, options = specs["_matmul_kernel"]
+    tile = {k: cx[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
+    cfg = next(c for c in matmul_configs() if c.kwargs == tile and c.num_warps == options["num_warps"])
+    assert options["num_stages"] == cfg.num_stages
+    if dtype == "fp32":
+        assert options["num_stages"] == 4
+    *_, warps, stages = skinny_config(1, 4096, 4096, 132, 4 if dtype == "fp32" else 2)
+    assert specs["_skinny_kernel"][1] == {"num_warps": warps, "num_stages": stages}
+
+
+@pytest.mark.parametrize("op, bits", [("int8_weight_only_matmul", 8), ("int4_weight_only_matmul", 4)])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_weight_only_specs_take_the_configs_stages(op, bits, dtype):
+    # The M = 16 dot kernel launches with wo_config's 4 stages (Triton's default is 3).
+    from kernellab.ops.weight_only_matmul.triton import wo_config
+
+    specs = _specs(op, dtype)
+    for name, m in (("_wo_gemv_kernel", 1), ("_wo_dot_kernel", 16)):
+        cfg = wo_config(m, 14336, 4096, bits, 132)
+        assert specs[name][1] == {"num_warps": cfg.warps, "num_stages": cfg.stages}, name
+    assert specs["_wo_dot_kernel"][1]["num_stages"] == 4
