@@ -596,6 +596,70 @@ def test_patch_hf_other_rotations_keep_the_models_answer(model_type, extra, rope
     kernellab.unpatch(pat)
 
 
+def test_rms_norm_classes_outside_the_list_are_checked_by_running_them():
+    """An HF norm class patch does not know by name is replaced only where a CPU copy with a
+    random weight computes x * rsqrt(mean(x^2) + eps) * (offset + weight), offset 0 or 1, and
+    its forward takes x alone."""
+    from kernellab.patch import _rms_offset
+
+    class PlainRMSNorm(nn.Module):
+        def __init__(self, d, eps=1e-6):
+            super().__init__()
+            self.weight, self.variance_epsilon = nn.Parameter(torch.ones(d)), eps
+
+        def forward(self, x):
+            v = x.float().pow(2).mean(-1, keepdim=True)
+            return self.weight * (x.float() * torch.rsqrt(v + self.variance_epsilon)).to(x.dtype)
+
+    class OffsetRMSNorm(PlainRMSNorm):  # Gemma's: zero-initialized, scaled by 1 + weight
+        def __init__(self, d):
+            super().__init__(d)
+            self.eps = 1e-6
+            del self.variance_epsilon
+            nn.init.zeros_(self.weight)
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * (1 + self.weight)
+
+    class CenteredRMSNorm(PlainRMSNorm):  # a LayerNorm by another name
+        def forward(self, x):
+            return super().forward(x - x.mean(-1, keepdim=True))
+
+    class GatedRMSNorm(PlainRMSNorm):
+        def forward(self, x, gate=None):
+            return super().forward(x if gate is None else x * gate)
+
+    assert _rms_offset(PlainRMSNorm(16), 1e-6) == (0.0, "")
+    assert _rms_offset(OffsetRMSNorm(16), 1e-6) == (1.0, "")
+    assert "formula" in _rms_offset(CenteredRMSNorm(16), 1e-6)[1]
+    assert "more than x" in _rms_offset(GatedRMSNorm(16), 1e-6)[1]
+    assert "1-D weight" in _rms_offset(PlainRMSNorm(16), None)[1]
+    model = nn.Sequential(nn.Linear(16, 16), PlainRMSNorm(16), CenteredRMSNorm(16), OffsetRMSNorm(16))
+    with torch.no_grad():
+        model[3].weight.normal_()
+    ref = copy.deepcopy(model)
+    report = kernellab.patch(model, verbose=False)
+    assert report.counts().get("rms_norm") == 2, report
+    assert any(op == "rms_norm" and "CenteredRMSNorm" in why for op, _, why in report.left), report
+    x = torch.randn(4, 16)
+    _assert_same_step(ref, model, lambda m: (lambda y: (y, y.square().sum()))(m(x)))
+
+
+@pytest.mark.parametrize("model_type, norms", [("gemma", 5), ("phi3", 5), ("olmo2", 9), ("mixtral", 5)])
+def test_patch_hf_norms_found_by_running_them(model_type, norms):
+    # RMSNorm classes of families outside _HF_RMSNORM (Gemma's 1 + weight among them)
+    extra = {"head_dim": 16} if model_type == "gemma" else {}
+    ref = _tiny_of(model_type, **extra)
+    with torch.no_grad():  # Gemma's zero-initialized (1 + w) norms would hide the offset
+        for n, p in ref.named_parameters():
+            if "norm" in n:
+                p.add_(0.1 * torch.randn_like(p))
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    assert report.counts()["rms_norm"] == norms, report
+    _assert_same_step(ref, pat, _hf_run(torch.randint(1, 256, (2, 11))))
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_patch_under_compile_runs_the_models_own_code(fused, monkeypatch):
     """Under torch.compile with no backend named, every patched piece runs the model's own

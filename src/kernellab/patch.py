@@ -10,8 +10,10 @@ do not change):
 - ``nn.LayerNorm``, ``nn.RMSNorm``, ``nn.GELU(approximate="tanh")``, ``nn.CrossEntropyLoss``:
   their class becomes the kernellab.nn drop-in subclass (hooks and attributes stay).
 - Hugging Face norms (``LlamaRMSNorm``, Mistral/Qwen2/Qwen3's, ``Gemma2RMSNorm`` whose
-  scale is ``1 + weight``) and tanh GeLU activations (``gelu_new``,
-  ``gelu_pytorch_tanh``): replaced by kernellab modules holding the same weight.
+  scale is ``1 + weight``, and any other ``*RMSNorm`` whose forward takes x alone and
+  whose CPU copy, run with a random weight, computes the same formula with an offset of 0
+  or 1) and tanh GeLU activations (``gelu_new``, ``gelu_pytorch_tanh``): replaced by
+  kernellab modules holding the same weight.
 - Gated MLPs (``gate_proj``/``up_proj``/``down_proj`` with SiLU or tanh GeLU): the MLP's
   forward calls kernellab.swiglu / geglu, when the build has them, with
   ``inplace_backward=True`` (the projections are the forward's own intermediates), and
@@ -54,6 +56,7 @@ one rounding in fp16/bf16.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import re
@@ -236,8 +239,47 @@ def _rule_rms_norm(path, parent, name, m, ctx):
         _replace_child(parent, name, new, ctx)
         return "kernellab.patch.HFRMSNorm"
     if cls.endswith("RMSNorm"):
-        ctx.report.left.append(("rms_norm", path, f"{cls}: formula not verified against kernellab.rms_norm"))
+        eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+        offset, why = _rms_offset(m, eps)
+        if offset is None:
+            ctx.report.left.append(("rms_norm", path, f"{cls}: {why}"))
+            return None
+        _replace_child(parent, name, HFRMSNorm(m, eps, offset, ctx.backend_for("rms_norm")), ctx)
+        return "kernellab.patch.HFRMSNorm"
     return None
+
+
+def _rms_offset(m: nn.Module, eps) -> tuple[float | None, str]:
+    """(the offset of the scale, 0 or 1, "") where a norm class not in _HF_RMSNORM computes
+    kernellab.rms_norm's x * rsqrt(mean(x^2) + eps) * (offset + weight), or (None, why not).
+    Its forward must take x alone, its weight be 1-D and its eps a float; then a float32 CPU
+    copy with a random weight is run on random rows and compared with both formulas."""
+    w = getattr(m, "weight", None)
+    if not isinstance(w, nn.Parameter) or w.dim() != 1 or not isinstance(eps, float):
+        return None, "no 1-D weight Parameter and float eps (variance_epsilon or eps)"
+    try:
+        params = list(inspect.signature(m.forward).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    if len(params) != 1 or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        return None, "its forward takes more than x"
+    g = torch.Generator().manual_seed(0)
+    try:
+        probe = copy.deepcopy(m).to("cpu", torch.float32)
+        with torch.no_grad():
+            probe.weight.copy_(torch.randn(w.shape, generator=g))
+            x = torch.randn(3, w.shape[0], generator=g)
+            y = probe(x)
+    except Exception as e:  # noqa: BLE001 - weights on the meta device, a forward that needs more
+        return None, f"its forward could not be checked on a CPU copy ({type(e).__name__})"
+    xd, wd = x.double(), probe.weight.detach().double()
+    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    for offset in (0.0, 1.0):
+        want = normed * (offset + wd)
+        same = isinstance(y, torch.Tensor) and y.shape == x.shape
+        if same and torch.allclose(y.double(), want, rtol=1e-5, atol=1e-5):
+            return offset, ""
+    return None, "its formula is not x * rsqrt(mean(x^2) + eps) * weight (or * (1 + weight))"
 
 
 def _rule_gelu(path, parent, name, m, ctx):
