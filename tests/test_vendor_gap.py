@@ -163,6 +163,26 @@ def test_table_rows_score_ours_against_the_vendors():
                                  "own_geomean": 1.0, "worst": 0.8}}  # fmt: skip
 
 
+def test_unscored_family_shapes_are_those_no_scored_line_covers(monkeypatch):
+    from kernellab.core import shapes
+
+    monkeypatch.setattr(shapes, "FAMILIES", {
+        "a": {"matmul": [(64, 64, 64), (128, 64, 64)], "gelu": [(1024,)]},
+        "b": {"matmul": [(64, 64, 64), (256, 64, 64)]},
+        "heldout": {"matmul": [(512, 64, 64)]},  # not a model-family bar
+    })  # fmt: skip
+    assert vendor_gap.family_shapes() == {"matmul": ["64x64x64", "128x64x64", "256x64x64"], "gelu": ["1024"]}
+    table = {"rows": [
+        _trow((64, 64, 64), {"torch": 1.0, "triton": 0.8}),
+        _trow((128, 64, 64), {"torch": 1.0}),  # no kernel of ours timed: not scored
+    ]}  # fmt: skip
+    lines, _ = vendor_gap.summarize(vendor_gap.table_rows(table))
+    want = {"matmul": ["128x64x64", "256x64x64"], "gelu": ["1024"]}
+    assert vendor_gap.unscored_family_shapes(lines) == want
+    unscored = vendor_gap.unscored_family_shapes(lines, ops=["matmul"])
+    assert unscored == {"matmul": ["128x64x64", "256x64x64"]}
+
+
 def test_table_report_over_the_committed_tables(capsys):
     from kernellab.core import tables
 

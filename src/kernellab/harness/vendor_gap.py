@@ -28,6 +28,8 @@ side by side by ``tune``, device times kept), per op and in all (``table_rows``)
 the issue's bar (ours >= 1.0x the best vendor at 80% of the model-family cases, none below
 0.9x); the default's side of it is ``harness.choice_cv``. Rows made from a verify run
 (``from_verify``: torch and one choice timed) and rows without device times are left out.
+The report also counts the model-family shapes (``core.shapes.FAMILIES``) that no row of
+the table scores (``unscored_family_shapes``): the ops and shapes the bar does not yet see.
 ``--floor`` adds how many of the losses ``harness.floor`` runs found to be ties at the
 copy floor (memory-bound cases where the vendor already moves the bytes as fast as a copy).
 """
@@ -185,6 +187,38 @@ def op_totals(lines) -> dict:
     return {op: {"cases": len(r), **_own_counts(r), "worst": min(r)} for op, r in sorted(by.items())}
 
 
+# Families whose shapes are not the model-family bar: the CPU's tiny shapes, and the
+# held-out shapes kept out of tuning to test the default's choice where no row is.
+NOT_SCORED_FAMILIES = ("cpu-tiny", "heldout")
+
+
+def family_shapes(ops=None) -> dict[str, list[str]]:
+    """op -> the model families' shapes of it ("AxB"), first seen first (core.shapes.FAMILIES
+    less NOT_SCORED_FAMILIES; only ``ops`` where given)."""
+    from kernellab.core import shapes
+
+    out: dict[str, list[str]] = {}
+    for fam, by_op in shapes.FAMILIES.items():
+        if fam in NOT_SCORED_FAMILIES:
+            continue
+        for op, shape_list in by_op.items():
+            if ops and op not in ops:
+                continue
+            for shape in shape_list:
+                key = "x".join(map(str, shape))
+                if key not in out.setdefault(op, []):
+                    out[op].append(key)
+    return out
+
+
+def unscored_family_shapes(lines, ops=None) -> dict[str, list[str]]:
+    """op -> its model-family shapes that no scored line (ours and a vendor timed, any dtype,
+    mode or options) covers: the scoreboard's blind spots on this table."""
+    scored = {(ln["op"], ln["shape"]) for ln in lines if "own_vs_vendor" in ln}
+    out = {op: [s for s in shapes if (op, s) not in scored] for op, shapes in family_shapes(ops).items()}
+    return {op: v for op, v in out.items() if v}
+
+
 def _table_report(gpus, ops, all_lines: bool, floor_files=()) -> str:
     from kernellab.core import tables
 
@@ -206,6 +240,13 @@ def _table_report(gpus, ops, all_lines: bool, floor_files=()) -> str:
             out.append(f"  {op:22s} {o['own_at_least_vendor']:3d}/{o['cases']:<3d} "
                        f"below 0.9x {o['own_below_0.9']:3d}  geomean {o['own_geomean']:.2f}  "
                        f"worst {o['worst']:.2f}")  # fmt: skip
+        unscored = unscored_family_shapes(lines, ops)
+        if unscored:
+            n_fam = sum(len(v) for v in family_shapes(ops).values())
+            n_un = sum(len(v) for v in unscored.values())
+            by_op = ", ".join(f"{op} {len(v)}" for op, v in unscored.items())
+            out.append(f"  not scored here: {n_un} of the {n_fam} model-family shapes (no row of this table "
+                       f"timing ours and a vendor): {by_op}")  # fmt: skip
         if floor_files:
             out.append("  " + _floor_line(lines, gpu, floor_files))
         if all_lines:
