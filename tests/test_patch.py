@@ -596,6 +596,38 @@ def test_patch_hf_other_rotations_keep_the_models_answer(model_type, extra, rope
     kernellab.unpatch(pat)
 
 
+@pytest.mark.parametrize("model_type, extra, fused", [
+    ("cohere", {}, False),  # logits * logit_scale
+    ("granite", {"logits_scaling": 8.0}, False),  # logits / logits_scaling
+    ("granite", {"logits_scaling": 1.0}, True),
+    ("phi3", {}, True),
+])  # fmt: skip
+def test_patch_hf_fused_linear_cross_entropy_only_where_logits_are_the_head(model_type, extra, fused):
+    # Fused, Cohere's loss was 7.06 against its own 5.57: the fused path computed the loss of
+    # head(hidden) and dropped the logit scale. The model's forward is now run once at patch
+    # time beside head(base(x)); where they differ the head and loss are left, and the model's
+    # train / eval flags are as they were.
+    if not hasattr(kernellab, "linear_cross_entropy"):
+        pytest.skip("kernellab.linear_cross_entropy not in this build")
+    ref = _tiny_of(model_type, **extra).train()
+    ref.model.layers[0].eval()  # a mixed state, kept
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, fused_linear_cross_entropy=True, verbose=False)
+    assert [m.training for m in pat.modules()] == [m.training for m in ref.modules()]
+    if fused:
+        assert report.counts()["linear_cross_entropy"] == 1, report
+    else:
+        assert "linear_cross_entropy" not in report.counts(), report
+        assert any(op == "linear_cross_entropy" and "not head(hidden states)" in why
+                   for op, _, why in report.left), report  # fmt: skip
+    ref.eval(), pat.eval()
+    ids = torch.randint(1, 256, (2, 11))
+    labels = ids.clone()
+    labels[0, :2] = -100
+    losses = [m(input_ids=ids, labels=labels).loss for m in (ref, pat)]
+    _close(losses[1], losses[0], "loss")
+
+
 def test_rms_norm_classes_outside_the_list_are_checked_by_running_them():
     """An HF norm class patch does not know by name is replaced only where a CPU copy with a
     random weight computes x * rsqrt(mean(x^2) + eps) * (offset + weight), offset 0 or 1, and

@@ -38,7 +38,9 @@ do not change):
 - The causal-LM loss of Hugging Face models: ``model.loss_function`` on kernellab.cross_entropy;
   with ``fused_linear_cross_entropy=True``, a forward that, given labels, feeds the hidden
   states and the head's weight to kernellab.linear_cross_entropy (the logits are never
-  stored; the output's ``logits`` is None) where the model fits (``_fused_lce_reason``).
+  stored; the output's ``logits`` is None) where the model fits (``_fused_lce_reason``)
+  and its own forward, run once at patch time on 4 tokens, gives logits = head(hidden
+  states) (``_head_mismatch``: Cohere's logit scale, Granite's divisor are left).
 
 Under torch.compile, a patched piece whose op has no backend named runs the model's own
 code (its RMSNorm, MLP, rotary function, SDPA attention, head and loss): PyTorch's ops,
@@ -828,13 +830,41 @@ def _fused_lce_reason(model) -> str | None:
     return None
 
 
+def _head_mismatch(model) -> str | None:
+    """Why the fused loss would not be the model's, or None: the model's own forward must
+    give logits = head(last hidden state). Families put steps between them under other
+    names (Cohere multiplies by ``logit_scale``, Granite divides by ``logits_scaling``,
+    HyperCLOVA X multiplies by it), so the forward is run once, in eval mode, on 4 tokens,
+    beside the base model and the head; a model that cannot run here is not fused either."""
+    head = model.get_output_embeddings()
+    flags = [(m, m.training) for m in model.modules()]
+    ids = torch.arange(1, 5, device=head.weight.device).clamp(max=head.weight.shape[0] - 1)[None]
+    try:
+        model.eval()
+        with torch.no_grad():
+            logits = type(model).forward(model, input_ids=ids).logits
+            h = getattr(model, model.base_model_prefix)(input_ids=ids).last_hidden_state
+            mine = head(h)
+    except Exception as e:  # noqa: BLE001 - weights on the meta device, a forward that needs more
+        return f"the model's logits could not be checked against head(hidden states) ({type(e).__name__})"
+    finally:
+        for m, training in flags:
+            m.training = training
+    if logits is None or logits.shape != mine.shape:
+        return "the model's forward returns no logits of head(hidden states)'s shape"
+    scale = mine.float().abs().max().item()
+    if not (logits.float() - mine.float()).abs().max().item() <= 1e-3 * scale + 1e-6:
+        return "the model's logits are not head(hidden states) (a scale or cap between them): not fused"
+    return None
+
+
 def _patch_hf_fused_lce(model, ctx: _Ctx) -> bool:
     """A causal LM's forward that, given labels, runs the base model and then
     kernellab.linear_cross_entropy on the hidden states and the head's weight: the (B, T, V)
     logits are never stored, and the output carries the loss with ``logits=None``. Without
     labels it is the model's own forward. Returns False (reported as left) where the
     model does not fit (``_fused_lce_reason``)."""
-    why = _fused_lce_reason(model)
+    why = _fused_lce_reason(model) or _head_mismatch(model)
     if why is not None:
         ctx.report.left.append(("linear_cross_entropy", "", why))
         return False
