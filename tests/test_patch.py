@@ -628,6 +628,62 @@ def test_patch_hf_fused_linear_cross_entropy_only_where_logits_are_the_head(mode
     _close(losses[1], losses[0], "loss")
 
 
+def test_patch_hf_attention_keywords_it_does_not_read_run_the_familys_eager_attention():
+    # gpt-oss passes its attention sinks as s_aux: kernellab.attention ignored them and the
+    # patched logits were off by 6 (the sinks took no gradient); SDPA's path ignores them too.
+    from kernellab.patch import _unread_kwargs
+
+    assert _unread_kwargs({"position_ids": 1, "use_cache": True, "s_aux": 2, "head_mask": None}) == ["s_aux"]
+    assert _unread_kwargs({"output_attentions": False, "cu_seq_lens_q": 3}) == ["cu_seq_lens_q"]
+    # a causal LM's loss token count reaches the attention calls: read by nothing there
+    llama = _tiny("llama")
+    report = kernellab.patch(llama, verbose=False)
+    ids = torch.randint(0, 256, (2, 11))
+    llama(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(20))
+    assert report.attention_calls == {"kernellab": 2} and not report.attention_fallbacks, report
+    try:
+        cfg = transformers.AutoConfig.for_model(
+            "gpt_oss", vocab_size=256, num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4,
+            num_experts_per_tok=2, sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+            initializer_range=0.2,
+            pad_token_id=0, max_position_embeddings=64, attn_implementation="eager")  # fmt: skip
+    except (KeyError, ValueError) as e:
+        pytest.skip(f"transformers {transformers.__version__} has no gpt_oss: {e}")
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    with torch.no_grad():
+        for layer in ref.model.layers:
+            layer.self_attn.sinks.normal_()
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    _assert_same_step(ref, pat, _hf_run(torch.randint(1, 256, (2, 11))))
+    assert report.attention_fallbacks == {"keywords kernellab attention does not take (s_aux)": 2}, report
+
+
+def test_attention_keywords_it_does_not_read_go_to_the_models_flash_attention(monkeypatch):
+    # a model that ran a FlashAttention before the patch gets it back for such calls (it
+    # reads packed sequences' cu_seq_lens and sinks); any other, the family's eager attention
+    import importlib
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    kpatch = importlib.import_module("kernellab.patch")  # (kernellab.patch is the function)
+    calls = []
+
+    def fake_flash(module, q, k, v, mask, **kw):
+        calls.append(sorted(kw))
+        return q.transpose(1, 2), None
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "flash_attention_fake", fake_flash)
+    kpatch._register_hf_attention()
+    q = torch.randn(1, 2, 3, 8)
+    opts = dict(scaling=0.5, dropout=0.0, sliding_window=None, softcap=None, is_causal=True)
+    cu = torch.tensor([0, 3])
+    kpatch._hf_fallback(nn.Module(), q, q, q, None, original="flash_attention_fake", cu_seq_lens_q=cu, **opts)
+    assert calls == [["cu_seq_lens_q", "dropout", "is_causal", "scaling", "sliding_window", "softcap"]]
+
+
 def test_rms_norm_classes_outside_the_list_are_checked_by_running_them():
     """An HF norm class patch does not know by name is replaced only where a CPU copy with a
     random weight computes x * rsqrt(mean(x^2) + eps) * (offset + weight), offset 0 or 1, and

@@ -21,10 +21,12 @@ do not change):
   (``kernellab.nn._gated``).
 - Attention in Hugging Face models: transformers' attention-function registry (name
   ``"kernellab"``); per call, kernellab.attention runs the plain causal mask (with GQA,
-  sliding window, softcap); a padding or custom mask, dropout in training, or a
-  top-left-aligned causal prefill into a longer cache runs transformers' SDPA (eager for
-  a softcap, which SDPA ignores) and is counted in ``report.attention_fallbacks``, or
-  raises with ``on_unsupported="raise"``. Never a silently different answer.
+  sliding window, softcap); a padding or custom mask, dropout in training, a
+  top-left-aligned causal prefill into a longer cache, or a keyword it does not read
+  (gpt-oss's sinks) runs transformers' SDPA (eager for a softcap, which SDPA ignores, and
+  for such a keyword, or the model's FlashAttention where it ran one) and is counted in
+  ``report.attention_fallbacks``, or raises with ``on_unsupported="raise"``. Never a
+  silently different answer.
 - RoPE in Hugging Face models: the family's module-level ``apply_rotary_pos_emb`` (what
   its attention forward calls) is swapped for one that runs kernellab.rope for HF's own
   call form inside a patched model's forward (forward hooks count them) and HF's
@@ -531,9 +533,31 @@ class _AttnPolicy:
     backend: str | None
     on_unsupported: str
     report: PatchReport
+    original: str | None = None  # the model's attention implementation before the patch
 
 
-def _fallback_reason(module, query, key, value, attention_mask, dropout, sliding_window, is_causal):
+# Keywords transformers' attention modules pass along that do not change the result (the
+# cache's bookkeeping, what the layer returns, the loss's token count). Any other keyword
+# with a value (gpt-oss's sinks ``s_aux``, a ``head_mask``, packed sequences'
+# ``cu_seq_lens_q``) sends the call to the attention the model ran before the patch where
+# that was a kernel library's (FlashAttention), else to the family's eager attention.
+_ATTN_INERT_KWARGS = frozenset((
+    "position_ids", "cache_position", "use_cache", "past_key_value", "past_key_values", "position_embeddings",
+    "output_attentions", "output_hidden_states", "output_router_logits", "return_dict", "layer_idx",
+    "num_items_in_batch",
+))  # fmt: skip
+
+
+def _unread_kwargs(kwargs) -> list[str]:
+    """The keywords of an attention call that kernellab.attention would ignore."""
+    given = (k for k, v in kwargs.items() if v is not None and v is not False)
+    return sorted(k for k in given if k not in _ATTN_INERT_KWARGS)
+
+
+def _fallback_reason(module, query, key, value, attention_mask, dropout, sliding_window, is_causal, kw=()):
+    unread = _unread_kwargs(dict(kw))
+    if unread:
+        return f"keywords kernellab attention does not take ({', '.join(unread)})"
     if attention_mask is not None:
         return "attention mask (padding or custom) given"
     if dropout:
@@ -566,7 +590,8 @@ def _hf_attention(
     policy = getattr(module, "_kernellab_attention", None)
     is_causal = kwargs.pop("is_causal", None)
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    why = _fallback_reason(module, query, key, value, attention_mask, dropout, sliding_window, is_causal)
+    why = _fallback_reason(module, query, key, value, attention_mask, dropout, sliding_window, is_causal,
+                           kwargs)  # fmt: skip
     counting = policy is not None and not torch.compiler.is_compiling()
     if why is not None or _model_code(policy.backend if policy is not None else None):
         if why is not None and policy is not None and policy.on_unsupported == "raise":
@@ -575,7 +600,9 @@ def _hf_attention(
             policy.report.attention_fallbacks[why] += 1
             policy.report.attention_calls["fallback"] += 1
         opts = dict(scaling=scaling, dropout=dropout, sliding_window=sliding_window, softcap=softcap)
-        return _hf_fallback(module, query, key, value, attention_mask, is_causal=is_causal, **opts, **kwargs)
+        original = policy.original if policy is not None else None
+        return _hf_fallback(module, query, key, value, attention_mask, is_causal=is_causal, original=original,
+                            **opts, **kwargs)  # fmt: skip
     if counting:
         policy.report.attention_calls["kernellab"] += 1
     window = (sliding_window - 1, 0) if sliding_window else None
@@ -604,20 +631,27 @@ def _causal_mask(query, key, sliding_window):
     return keep[None, None]
 
 
-def _hf_fallback(
-    module, query, key, value, mask, *, scaling, dropout, sliding_window, softcap, is_causal, **kw
-):
+def _hf_fallback(module, query, key, value, mask, *, scaling, dropout, sliding_window, softcap, is_causal,
+                 original=None, **kw):  # fmt: skip
     """transformers' own path: SDPA; the family's eager attention where a softcap is set
-    (SDPA has no softcap), with a boolean mask made additive as eager expects. A None mask
+    (SDPA has no softcap) or a keyword SDPA's path ignores is given (``_unread_kwargs``;
+    the model's own FlashAttention there where ``original``, its implementation before the
+    patch, was one), with a boolean mask made additive as eager expects. A None mask
     is made only where a window or the eager path needs one: a plain causal call goes to
     SDPA with is_causal, as transformers' own mask function leaves it (a materialized mask
     keeps SDPA off its causal kernels)."""
-    if mask is None and is_causal and query.shape[2] > 1 and (sliding_window or softcap):
+    eager_only = softcap or _unread_kwargs(kw)  # what SDPA's path would drop
+    own = _HF["functions"].get(original) if original and "flash" in original else None
+    if _unread_kwargs(kw) and own is not None:  # the model's FlashAttention: it reads them
+        opts = dict(dropout=dropout, scaling=scaling, sliding_window=sliding_window, softcap=softcap)
+        return own(module, query, key, value, mask, is_causal=is_causal, **opts, **kw)
+    if mask is None and is_causal and query.shape[2] > 1 and (sliding_window or eager_only):
         mask = _causal_mask(query, key, sliding_window)
-    if softcap:
+    if eager_only:
         eager = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
         if eager is None:
-            raise ValueError(f"no eager attention for {type(module).__name__} to apply softcap={softcap}")
+            what = f"softcap={softcap}" if softcap else ", ".join(_unread_kwargs(kw))
+            raise ValueError(f"no eager attention for {type(module).__name__} to apply {what}")
         if mask is not None and mask.dtype == torch.bool:
             neg = torch.finfo(query.dtype).min
             mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, neg)
@@ -686,8 +720,10 @@ def _register_hf_attention():
     from transformers import AttentionInterface, masking_utils
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    _HF.update(masking_utils=masking_utils, sdpa_attention_forward=sdpa_attention_forward)
+    _HF.update(masking_utils=masking_utils, sdpa_attention_forward=sdpa_attention_forward,
+               functions=ALL_ATTENTION_FUNCTIONS)  # fmt: skip
 
     AttentionInterface.register("kernellab", _hf_attention)
     AttentionMaskInterface.register("kernellab", _hf_mask)
@@ -702,7 +738,7 @@ def _patch_hf_attention(model, ctx: _Ctx) -> None:
         ctx.report.left.append(("attention", "", why))
         return
     _register_hf_attention()
-    policy = _AttnPolicy(ctx.backend_for("attention"), ctx.on_unsupported, ctx.report)
+    policy = _AttnPolicy(ctx.backend_for("attention"), ctx.on_unsupported, ctx.report, before)
     tagged = [m for m in model.modules() if type(m).__name__.endswith("Attention")]
     for m in tagged:
         m._kernellab_attention = policy
