@@ -661,6 +661,25 @@ def test_patch_hf_attention_keywords_it_does_not_read_run_the_familys_eager_atte
     assert report.attention_fallbacks == {"keywords kernellab attention does not take (s_aux)": 2}, report
 
 
+def test_patch_hf_t5_relative_position_bias_runs_t5s_attention():
+    # T5 adds its relative position bias inside attention (position_bias): dropped, the
+    # patched T5's logits were off by 0.19. Its calls now run T5's own attention.
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                dropout_rate=0.0, attn_implementation="sdpa")  # fmt: skip
+    ref = transformers.T5ForConditionalGeneration(cfg).float().eval()
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    ids = torch.randint(3, 256, (2, 11))
+
+    def run(m):
+        out = m(input_ids=ids, decoder_input_ids=ids[:, :5].contiguous(), labels=ids[:, 1:6].contiguous())
+        return out.logits, out.loss
+
+    _assert_same_step(ref, pat, run)
+    assert set(report.attention_fallbacks) == {"keywords kernellab attention does not take (position_bias)"}
+
+
 def test_attention_keywords_it_does_not_read_go_to_the_models_flash_attention(monkeypatch):
     # a model that ran a FlashAttention before the patch gets it back for such calls (it
     # reads packed sequences' cu_seq_lens and sinks); any other, the family's eager attention
