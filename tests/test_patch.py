@@ -395,6 +395,33 @@ def test_patch_gated_mlp_triton_backward_in_place(op, family, monkeypatch):
     assert all(a._version > 0 and b._version > 0 for a, b, _ in seen)
 
 
+def test_patch_fused_gate_up_mlp_runs_swiglu_on_its_halves():
+    """Phi-3's MLP projects gate and up in one gate_up_proj and chunks it: patched, swiglu
+    runs on the two halves (a class whose forward is checked once against the formula),
+    with the Triton backend writing the gradients into them; an MLP of that shape computing
+    something else is left."""
+    if not hasattr(kernellab, "swiglu"):
+        pytest.skip("kernellab.swiglu not in this build")
+    ref = _tiny_of("phi3")
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, ops=["swiglu"], backend="triton", verbose=False)
+    assert report.counts() == {"swiglu": 2}, report
+    _assert_same_step(ref, pat, _hf_run(torch.randint(1, 256, (2, 7))))
+
+    class UpActivated(nn.Module):  # act on the up half: not swiglu(gate, up)
+        def __init__(self):
+            super().__init__()
+            self.gate_up_proj, self.down_proj = nn.Linear(16, 64, bias=False), nn.Linear(32, 16, bias=False)
+            self.activation_fn = nn.SiLU()
+
+        def forward(self, x):
+            g, u = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(g * self.activation_fn(u))
+
+    plain = nn.Sequential(UpActivated())
+    assert "swiglu" not in kernellab.patch(plain, verbose=False).counts()
+
+
 def test_patch_reports_ops_missing_from_build():
     m = _tiny("llama")
     report = kernellab.patch(m, verbose=False)

@@ -14,7 +14,9 @@ do not change):
   whose CPU copy, run with a random weight, computes the same formula with an offset of 0
   or 1) and tanh GeLU activations (``gelu_new``, ``gelu_pytorch_tanh``): replaced by
   kernellab modules holding the same weight.
-- Gated MLPs (``gate_proj``/``up_proj``/``down_proj`` with SiLU or tanh GeLU): the MLP's
+- Gated MLPs (``gate_proj``/``up_proj``/``down_proj`` with SiLU or tanh GeLU, or one
+  ``gate_up_proj`` whose halves are gate and up, as Phi-3's and GLM's, where the class's
+  forward, run once on random rows, is that formula): the MLP's
   forward calls kernellab.swiglu / geglu, when the build has them, with
   ``inplace_backward=True`` (the projections are the forward's own intermediates), and
   the down projection's saved input is made again in its backward rather than kept
@@ -76,7 +78,7 @@ from torch import nn
 
 from kernellab import nn as klnn
 from kernellab.nn import functional as klF
-from kernellab.nn._gated import gated_mlp
+from kernellab.nn._gated import gated_down, gated_mlp
 from kernellab.ops import public as kl_ops
 
 _compiling = torch.compiler.is_compiling
@@ -312,15 +314,55 @@ def _rule_cross_entropy(path, parent, name, m, ctx):
     return None
 
 
-def _gated_mlp_kind(m) -> tuple[str, dict] | None:
-    if not all(isinstance(getattr(m, a, None), nn.Linear) for a in ("gate_proj", "up_proj", "down_proj")):
-        return None
-    act = type(getattr(m, "act_fn", None)).__name__
-    if act in _SILU:
+def _act_kind(act) -> tuple[str, dict] | None:
+    """(op, options) of a gated MLP's activation module: SiLU -> swiglu, tanh GeLU -> geglu."""
+    name = type(act).__name__
+    if name in _SILU:
         return "swiglu", {}
-    if act in _HF_TANH_GELU or (act == "GELU" and getattr(m.act_fn, "approximate", "") == "tanh"):
+    if name in _HF_TANH_GELU or (name == "GELU" and getattr(act, "approximate", "") == "tanh"):
         return "geglu", {"approximate": "tanh"}
     return None
+
+
+def _gated_mlp_kind(m) -> tuple[str, dict, bool] | None:
+    """(op, options, fused) of a gated MLP: ``gate_proj``, ``up_proj``, ``down_proj`` and
+    ``act_fn`` (fused False), or one ``gate_up_proj`` whose output's halves are the gate and
+    the up projections (Phi-3's, GLM's; fused True, where ``_fused_gated_verified``)."""
+    linear = lambda *names: all(isinstance(getattr(m, a, None), nn.Linear) for a in names)  # noqa: E731
+    if linear("gate_proj", "up_proj", "down_proj"):
+        kind = _act_kind(getattr(m, "act_fn", None))
+        return None if kind is None else (*kind, False)
+    if linear("gate_up_proj", "down_proj") and m.gate_up_proj.out_features == 2 * m.down_proj.in_features:
+        act = getattr(m, "activation_fn", getattr(m, "act_fn", None))
+        kind = _act_kind(act)
+        if kind is not None and _fused_gated_verified(m, act):
+            return (*kind, True)
+    return None
+
+
+_FUSED_GATED_CHECKED: dict[type, bool] = {}
+
+
+def _fused_gated_verified(m, act) -> bool:
+    """Whether the MLP class's forward is down(act(g) * u) with (g, u) =
+    gate_up_proj(x).chunk(2, -1): its forward takes x alone and, run once per class without
+    gradients on 2 random rows, gives that formula."""
+    cls = type(m)
+    if cls not in _FUSED_GATED_CHECKED:
+        ok = False
+        try:
+            if len(inspect.signature(m.forward).parameters) == 1:
+                w = m.gate_up_proj.weight
+                with torch.no_grad():
+                    x = torch.randn(2, m.gate_up_proj.in_features, device=w.device, dtype=w.dtype)
+                    g, u = m.gate_up_proj(x).chunk(2, dim=-1)
+                    want, got = m.down_proj(act(g) * u).float(), m(x).float()
+                tol = 1e-3 * want.abs().max().item()
+                ok = got.shape == want.shape and torch.allclose(got, want, rtol=1e-2, atol=tol)
+        except Exception:  # noqa: BLE001 - weights on the meta device, a forward that needs more
+            ok = False
+        _FUSED_GATED_CHECKED[cls] = ok
+    return _FUSED_GATED_CHECKED[cls]
 
 
 def _gated_rule(op):
@@ -328,7 +370,7 @@ def _gated_rule(op):
         kind = _gated_mlp_kind(m)
         if kind is None or kind[0] != op:
             return None
-        opts, backend, own = kind[1], ctx.backend_for(op), type(m).forward
+        opts, fused, backend, own = kind[1], kind[2], ctx.backend_for(op), type(m).forward
 
         # The gate and up projections are made here and read by nothing else: their
         # buffers take the gradients, and their product is made again in the backward
@@ -336,10 +378,13 @@ def _gated_rule(op):
         def forward(self, x):
             if _model_code(backend):
                 return own(self, x)
+            if fused:
+                a, b = self.gate_up_proj(x).chunk(2, dim=-1)
+                return gated_down(a, b, self.down_proj, op, opts, backend)
             return gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, op, opts, backend)
 
         _set_forward(m, forward, ctx)
-        return f"forward on kernellab.{op}"
+        return f"forward on kernellab.{op}" + (" (fused gate_up_proj)" if fused else "")
 
     return rule
 

@@ -64,7 +64,14 @@ def gated_mlp(x: torch.Tensor, gate, up, down, op: str, opts: dict, backend: str
     keeping ``a = gate(x)`` and ``b = up(x)`` but not their product for the backward (the
     module docstring). ``inplace_backward``: the op's flag (a and b are this forward's own
     intermediates, so by default their buffers take the gradients)."""
-    a, b = gate(x), up(x)
+    return gated_down(gate(x), up(x), down, op, opts, backend, inplace_backward)
+
+
+def gated_down(a: torch.Tensor, b: torch.Tensor, down, op: str, opts: dict, backend: str | None = None,
+               inplace_backward: bool = True) -> torch.Tensor:  # fmt: skip
+    """``down(op(a, b, **opts))``, keeping a and b but not their product for the backward:
+    ``gated_mlp`` after its projections (a and b may be the two halves of one fused
+    gate-up projection's output, as Phi-3's MLP makes them)."""
     kw = dict(opts, inplace_backward=True) if inplace_backward else dict(opts)
 
     def composed():  # c kept by down, as in a plain module
