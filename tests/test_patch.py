@@ -705,6 +705,7 @@ def test_patch_hf_t5_relative_position_bias_runs_t5s_attention():
 
     _assert_same_step(ref, pat, run)
     assert set(report.attention_fallbacks) == {"keywords kernellab attention does not take (position_bias)"}
+    assert report.counts()["rms_norm"] == 12  # T5LayerNorm: an RMSNorm, found by running it
 
 
 def test_attention_keywords_it_does_not_read_go_to_the_models_flash_attention(monkeypatch):
@@ -775,6 +776,41 @@ def test_rms_norm_classes_outside_the_list_are_checked_by_running_them():
     report = kernellab.patch(model, verbose=False)
     assert report.counts().get("rms_norm") == 2, report
     assert any(op == "rms_norm" and "CenteredRMSNorm" in why for op, _, why in report.left), report
+    x = torch.randn(4, 16)
+    _assert_same_step(ref, model, lambda m: (lambda y: (y, y.square().sum()))(m(x)))
+
+
+def test_layer_norm_classes_by_name_are_checked_by_running_them():
+    """A class named *LayerNorm that is not nn.LayerNorm: replaced by kernellab.layer_norm
+    where it computes a LayerNorm (Cohere's, without a bias), by kernellab.rms_norm where it
+    computes an RMSNorm (T5's), and left, with its reason, where neither."""
+
+    class BiasFreeLayerNorm(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.weight, self.variance_epsilon = nn.Parameter(torch.ones(d)), 1e-5
+
+        def forward(self, x):
+            c = x - x.mean(-1, keepdim=True)
+            return self.weight * c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+    class RootLayerNorm(BiasFreeLayerNorm):  # T5's: an RMSNorm by another name
+        def forward(self, x):
+            return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+
+    class ClampedLayerNorm(BiasFreeLayerNorm):
+        def forward(self, x):
+            return super().forward(x).clamp(-1, 1)
+
+    model = nn.Sequential(nn.Linear(16, 16), BiasFreeLayerNorm(16), RootLayerNorm(16), ClampedLayerNorm(16))
+    with torch.no_grad():
+        for m in model[1:]:
+            m.weight.normal_()
+    ref = copy.deepcopy(model)
+    report = kernellab.patch(model, verbose=False)
+    assert report.counts() == {"layer_norm": 1, "rms_norm": 1, "attention": 1}, report
+    left = [(op, why) for op, _, why in report.left if "ClampedLayerNorm" in why]
+    assert len(left) == 1 and left[0][0] == "layer_norm" and "formula" in left[0][1], report.left
     x = torch.randn(4, 16)
     _assert_same_step(ref, model, lambda m: (lambda y: (y, y.square().sum()))(m(x)))
 

@@ -12,7 +12,8 @@ do not change):
 - Hugging Face norms (``LlamaRMSNorm``, Mistral/Qwen2/Qwen3's, ``Gemma2RMSNorm`` whose
   scale is ``1 + weight``, and any other ``*RMSNorm`` whose forward takes x alone and
   whose CPU copy, run with a random weight, computes the same formula with an offset of 0
-  or 1) and tanh GeLU activations (``gelu_new``, ``gelu_pytorch_tanh``): replaced by
+  or 1; a ``*LayerNorm`` class that is not nn.LayerNorm, checked the same way, becomes
+  kernellab.layer_norm (Cohere's) or kernellab.rms_norm (T5's)) and tanh GeLU activations (``gelu_new``, ``gelu_pytorch_tanh``): replaced by
   kernellab modules holding the same weight.
 - Gated MLPs (``gate_proj``/``up_proj``/``down_proj`` with SiLU or tanh GeLU, or one
   ``gate_up_proj`` whose halves are gate and up, as Phi-3's and GLM's, where the class's
@@ -224,10 +225,46 @@ class HFRMSNorm(nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self.eps}, offset={self.offset}"
 
 
+class HFLayerNorm(nn.Module):
+    """A model's own LayerNorm class (Cohere's, without a bias) on kernellab.layer_norm,
+    holding its weight and bias Parameters; a weight of another dtype than the input runs
+    the original module (as HFRMSNorm)."""
+
+    def __init__(self, original: nn.Module, eps: float, backend: str | None = None):
+        super().__init__()
+        self.weight, self.bias, self.eps, self.backend = original.weight, _bias(original), eps, backend
+        self._original = (original,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight.dtype != x.dtype or _model_code(self.backend):
+            return self._original[0](x)
+        return kl_ops.layer_norm(x, self.weight, self.bias, eps=self.eps, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}, bias={self.bias is not None}"
+
+
+def _bias(m: nn.Module):
+    b = getattr(m, "bias", None)
+    return b if isinstance(b, nn.Parameter) else None
+
+
+def _eps(m: nn.Module):
+    return getattr(m, "variance_epsilon", getattr(m, "eps", None))
+
+
 def _rule_layer_norm(path, parent, name, m, ctx):
     if type(m) is nn.LayerNorm:
         _swap_class(m, klnn.LayerNorm, ctx, "layer_norm")
         return "kernellab.nn.LayerNorm"
+    cls = type(m).__name__
+    if cls.endswith("LayerNorm") and not isinstance(m, nn.LayerNorm):
+        why = _norm_mismatch(m, _eps(m), "layer_norm")
+        if why is None:
+            _replace_child(parent, name, HFLayerNorm(m, _eps(m), ctx.backend_for("layer_norm")), ctx)
+            return "kernellab.patch.HFLayerNorm"
+        if _rms_offset(m, _eps(m))[0] is None:  # (an RMS formula by this name: the rms_norm rule's)
+            ctx.report.left.append(("layer_norm", path, f"{cls}: {why}"))
     return None
 
 
@@ -244,11 +281,13 @@ def _rule_rms_norm(path, parent, name, m, ctx):
         new = HFRMSNorm(m, eps, _HF_RMSNORM[cls], ctx.backend_for("rms_norm"))
         _replace_child(parent, name, new, ctx)
         return "kernellab.patch.HFRMSNorm"
-    if cls.endswith("RMSNorm"):
-        eps = getattr(m, "variance_epsilon", getattr(m, "eps", None))
+    named_ln = cls.endswith("LayerNorm") and not isinstance(m, nn.LayerNorm)  # T5's is an RMSNorm
+    if cls.endswith("RMSNorm") or named_ln:
+        eps = _eps(m)
         offset, why = _rms_offset(m, eps)
         if offset is None:
-            ctx.report.left.append(("rms_norm", path, f"{cls}: {why}"))
+            if not named_ln:  # (a LayerNorm formula by that name: the layer_norm rule's)
+                ctx.report.left.append(("rms_norm", path, f"{cls}: {why}"))
             return None
         _replace_child(parent, name, HFRMSNorm(m, eps, offset, ctx.backend_for("rms_norm")), ctx)
         return "kernellab.patch.HFRMSNorm"
@@ -257,35 +296,55 @@ def _rule_rms_norm(path, parent, name, m, ctx):
 
 def _rms_offset(m: nn.Module, eps) -> tuple[float | None, str]:
     """(the offset of the scale, 0 or 1, "") where a norm class not in _HF_RMSNORM computes
-    kernellab.rms_norm's x * rsqrt(mean(x^2) + eps) * (offset + weight), or (None, why not).
-    Its forward must take x alone, its weight be 1-D and its eps a float; then a float32 CPU
-    copy with a random weight is run on random rows and compared with both formulas."""
+    kernellab.rms_norm's x * rsqrt(mean(x^2) + eps) * (offset + weight), or (None, why not)
+    (``_norm_mismatch``)."""
+    why = {}
+    for offset in (0.0, 1.0):
+        why[offset] = _norm_mismatch(m, eps, "rms_norm", offset)
+        if why[offset] is None:
+            return offset, ""
+    return None, why[0.0]
+
+
+def _norm_mismatch(m: nn.Module, eps, op: str, offset: float = 0.0) -> str | None:
+    """Why a norm module does not compute ``op``'s formula, or None where it does: rms_norm's
+    x * rsqrt(mean(x^2) + eps) * (offset + weight), layer_norm's (x - mean) * rsqrt(var +
+    eps) * weight (+ bias). Its forward must take x alone, its weight be 1-D and its eps a
+    float; then a float32 CPU copy with a random weight (and bias) is run on random rows."""
     w = getattr(m, "weight", None)
     if not isinstance(w, nn.Parameter) or w.dim() != 1 or not isinstance(eps, float):
-        return None, "no 1-D weight Parameter and float eps (variance_epsilon or eps)"
+        return "no 1-D weight Parameter and float eps (variance_epsilon or eps)"
     try:
         params = list(inspect.signature(m.forward).parameters.values())
     except (TypeError, ValueError):
         params = []
     if len(params) != 1 or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-        return None, "its forward takes more than x"
+        return "its forward takes more than x"
     g = torch.Generator().manual_seed(0)
     try:
         probe = copy.deepcopy(m).to("cpu", torch.float32)
         with torch.no_grad():
             probe.weight.copy_(torch.randn(w.shape, generator=g))
-            x = torch.randn(3, w.shape[0], generator=g)
+            if _bias(probe) is not None:
+                probe.bias.copy_(torch.randn(w.shape, generator=g))
+            x = torch.randn(3, w.shape[0], generator=g) + 0.5  # (a mean to subtract)
             y = probe(x)
     except Exception as e:  # noqa: BLE001 - weights on the meta device, a forward that needs more
-        return None, f"its forward could not be checked on a CPU copy ({type(e).__name__})"
+        return f"its forward could not be checked on a CPU copy ({type(e).__name__})"
     xd, wd = x.double(), probe.weight.detach().double()
-    normed = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
-    for offset in (0.0, 1.0):
-        want = normed * (offset + wd)
-        same = isinstance(y, torch.Tensor) and y.shape == x.shape
-        if same and torch.allclose(y.double(), want, rtol=1e-5, atol=1e-5):
-            return offset, ""
-    return None, "its formula is not x * rsqrt(mean(x^2) + eps) * weight (or * (1 + weight))"
+    if op == "rms_norm":
+        want = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * (offset + wd)
+        formula = "x * rsqrt(mean(x^2) + eps) * weight (or * (1 + weight))"
+    else:
+        c = xd - xd.mean(-1, keepdim=True)
+        want = c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + eps) * wd
+        if _bias(probe) is not None:
+            want = want + probe.bias.detach().double()
+        formula = "(x - mean) * rsqrt(var + eps) * weight (+ bias)"
+    same = isinstance(y, torch.Tensor) and y.shape == x.shape
+    if same and torch.allclose(y.double(), want, rtol=1e-5, atol=1e-5):
+        return None
+    return f"its formula is not {formula}"
 
 
 def _rule_gelu(path, parent, name, m, ctx):
