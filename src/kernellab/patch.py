@@ -13,8 +13,9 @@ do not change):
   scale is ``1 + weight``, and any other ``*RMSNorm`` whose forward takes x alone and
   whose CPU copy, run with a random weight, computes the same formula with an offset of 0
   or 1; a ``*LayerNorm`` class that is not nn.LayerNorm, checked the same way, becomes
-  kernellab.layer_norm (Cohere's) or kernellab.rms_norm (T5's)) and tanh GeLU activations (``gelu_new``, ``gelu_pytorch_tanh``): replaced by
-  kernellab modules holding the same weight.
+  kernellab.layer_norm (Cohere's) or kernellab.rms_norm (T5's)) and tanh GeLU activations
+  (``gelu_new``, ``gelu_pytorch_tanh``): replaced by kernellab modules holding the same
+  weight.
 - Gated MLPs (``gate_proj``/``up_proj``/``down_proj`` with SiLU or tanh GeLU, or one
   ``gate_up_proj`` whose halves are gate and up, as Phi-3's and GLM's, where the class's
   forward, run once on random rows, is that formula): the MLP's
@@ -578,7 +579,7 @@ def _rope_form(fn: Callable) -> tuple[str | None, bool, str]:
     wide = [t.double() for t in (q, k, cos, sin)]
     form = next((f for f in ROPE_FORMS if _same(out, _rotation(*wide, f))), None)
     if form is None:
-        return None, False, "its rotation is none that kernellab.rope computes (halves of the head dim, pairs)"
+        return None, False, "its rotation is none of kernellab.rope's (halves of the head dim, pairs)"
     try:
         part = fn(q, k, cos[..., :4], sin[..., :4])
     except Exception:  # noqa: BLE001 - full-width calls only
