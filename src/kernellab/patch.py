@@ -260,11 +260,11 @@ def _rule_layer_norm(path, parent, name, m, ctx):
         return "kernellab.nn.LayerNorm"
     cls = type(m).__name__
     if cls.endswith("LayerNorm") and not isinstance(m, nn.LayerNorm):
-        why = _norm_mismatch(m, _eps(m), "layer_norm")
-        if why is None:
+        op, _, why = _norm_formula_of(m)
+        if op == "layer_norm":
             _replace_child(parent, name, HFLayerNorm(m, _eps(m), ctx.backend_for("layer_norm")), ctx)
             return "kernellab.patch.HFLayerNorm"
-        if _rms_offset(m, _eps(m))[0] is None:  # (an RMS formula by this name: the rms_norm rule's)
+        if op is None:  # (an RMS formula by this name is the rms_norm rule's: T5's)
             ctx.report.left.append(("layer_norm", path, f"{cls}: {why}"))
     return None
 
@@ -284,43 +284,55 @@ def _rule_rms_norm(path, parent, name, m, ctx):
         return "kernellab.patch.HFRMSNorm"
     named_ln = cls.endswith("LayerNorm") and not isinstance(m, nn.LayerNorm)  # T5's is an RMSNorm
     if cls.endswith("RMSNorm") or named_ln:
-        eps = _eps(m)
-        offset, why = _rms_offset(m, eps)
-        if offset is None:
-            if not named_ln:  # (a LayerNorm formula by that name: the layer_norm rule's)
-                ctx.report.left.append(("rms_norm", path, f"{cls}: {why}"))
+        op, offset, why = _norm_formula_of(m)
+        if op != "rms_norm":
+            if not named_ln:  # (a LayerNorm formula by that name is the layer_norm rule's)
+                ctx.report.left.append(("rms_norm", path, f"{cls}: {why or 'its formula is a LayerNorm'}"))
             return None
-        _replace_child(parent, name, HFRMSNorm(m, eps, offset, ctx.backend_for("rms_norm")), ctx)
+        _replace_child(parent, name, HFRMSNorm(m, _eps(m), offset, ctx.backend_for("rms_norm")), ctx)
         return "kernellab.patch.HFRMSNorm"
     return None
+
+
+_RMS_FORMULA = "x * rsqrt(mean(x^2) + eps) * weight (or * (1 + weight))"
+_LN_FORMULA = "(x - mean) * rsqrt(var + eps) * weight (+ bias)"
 
 
 def _rms_offset(m: nn.Module, eps) -> tuple[float | None, str]:
     """(the offset of the scale, 0 or 1, "") where a norm class not in _HF_RMSNORM computes
     kernellab.rms_norm's x * rsqrt(mean(x^2) + eps) * (offset + weight), or (None, why not)
-    (``_norm_mismatch``)."""
-    why = {}
-    for offset in (0.0, 1.0):
-        why[offset] = _norm_mismatch(m, eps, "rms_norm", offset)
-        if why[offset] is None:
-            return offset, ""
-    return None, why[0.0]
+    (``_norm_formula``)."""
+    op, offset, why = _norm_formula(m, eps)
+    if op == "rms_norm":
+        return offset, ""
+    return None, why or f"its formula is not {_RMS_FORMULA}"
 
 
-def _norm_mismatch(m: nn.Module, eps, op: str, offset: float = 0.0) -> str | None:
-    """Why a norm module does not compute ``op``'s formula, or None where it does: rms_norm's
-    x * rsqrt(mean(x^2) + eps) * (offset + weight), layer_norm's (x - mean) * rsqrt(var +
-    eps) * weight (+ bias). Its forward must take x alone, its weight be 1-D and its eps a
-    float; then a float32 CPU copy with a random weight (and bias) is run on random rows."""
+# module -> _norm_formula's answer, so the layer_norm and rms_norm rules run a module once
+_NORM_FORMULAS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _norm_formula_of(m: nn.Module) -> tuple[str | None, float, str]:
+    if m not in _NORM_FORMULAS:
+        _NORM_FORMULAS[m] = _norm_formula(m, _eps(m))
+    return _NORM_FORMULAS[m]
+
+
+def _norm_formula(m: nn.Module, eps) -> tuple[str | None, float, str]:
+    """Which of kernellab's norms a norm module computes: ("rms_norm", offset, "") for
+    x * rsqrt(mean(x^2) + eps) * (offset + weight), offset 0 or 1; ("layer_norm", 0, "") for
+    (x - mean) * rsqrt(var + eps) * weight (+ bias); else (None, 0, why not). Its forward must
+    take x alone, its weight be 1-D and its eps a float; then a float32 CPU copy with a random
+    weight (and bias) is run once on random rows and compared with each formula."""
     w = getattr(m, "weight", None)
     if not isinstance(w, nn.Parameter) or w.dim() != 1 or not isinstance(eps, float):
-        return "no 1-D weight Parameter and float eps (variance_epsilon or eps)"
+        return None, 0.0, "no 1-D weight Parameter and float eps (variance_epsilon or eps)"
     try:
         params = list(inspect.signature(m.forward).parameters.values())
     except (TypeError, ValueError):
         params = []
     if len(params) != 1 or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
-        return "its forward takes more than x"
+        return None, 0.0, "its forward takes more than x"
     g = torch.Generator().manual_seed(0)
     try:
         probe = copy.deepcopy(m).to("cpu", torch.float32)
@@ -331,21 +343,20 @@ def _norm_mismatch(m: nn.Module, eps, op: str, offset: float = 0.0) -> str | Non
             x = torch.randn(3, w.shape[0], generator=g) + 0.5  # (a mean to subtract)
             y = probe(x)
     except Exception as e:  # noqa: BLE001 - weights on the meta device, a forward that needs more
-        return f"its forward could not be checked on a CPU copy ({type(e).__name__})"
-    xd, wd = x.double(), probe.weight.detach().double()
-    if op == "rms_norm":
-        want = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * (offset + wd)
-        formula = "x * rsqrt(mean(x^2) + eps) * weight (or * (1 + weight))"
-    else:
-        c = xd - xd.mean(-1, keepdim=True)
-        want = c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + eps) * wd
-        if _bias(probe) is not None:
-            want = want + probe.bias.detach().double()
-        formula = "(x - mean) * rsqrt(var + eps) * weight (+ bias)"
-    same = isinstance(y, torch.Tensor) and y.shape == x.shape
-    if same and torch.allclose(y.double(), want, rtol=1e-5, atol=1e-5):
-        return None
-    return f"its formula is not {formula}"
+        return None, 0.0, f"its forward could not be checked on a CPU copy ({type(e).__name__})"
+    if not (isinstance(y, torch.Tensor) and y.shape == x.shape):
+        return None, 0.0, "its forward does not return a tensor of x's shape"
+    xd, wd, yd = x.double(), probe.weight.detach().double(), y.double()
+    rms = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps)
+    c = xd - xd.mean(-1, keepdim=True)
+    ln = c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + eps) * wd
+    if _bias(probe) is not None:
+        ln = ln + probe.bias.detach().double()
+    formulas = (("rms_norm", 0.0, rms * wd), ("rms_norm", 1.0, rms * (1 + wd)), ("layer_norm", 0.0, ln))
+    for op, offset, want in formulas:
+        if torch.allclose(yd, want, rtol=1e-5, atol=1e-5):
+            return op, offset, ""
+    return None, 0.0, f"its formula is neither {_RMS_FORMULA} nor {_LN_FORMULA}"
 
 
 def _rule_gelu(path, parent, name, m, ctx):
@@ -501,6 +512,7 @@ def _hf_rope(original: Callable, backend: str | None, form: str = "neox", partia
         names = list(inspect.signature(original).parameters)[4:]
     except (TypeError, ValueError):
         names = []
+    layout, from_half = form.split("-")[0], form == "interleaved-half"
 
     def apply_rotary_pos_emb(*args, **kwargs):
         if _model_code(backend) or len(args) < 4:
@@ -515,9 +527,9 @@ def _hf_rope(original: Callable, backend: str | None, form: str = "neox", partia
                 and (cos.shape[-1] == q.shape[-1] or (partial and cos.shape[-1] < q.shape[-1]))
                 and cos.shape[1] == q.shape[2]):  # fmt: skip
             try:
-                if form == "interleaved-half":
-                    cos, sin = (_pairs_from_half(t) for t in (cos, sin))
-                return kl_ops.rope(q, k, cos, sin, layout=form.split("-")[0], backend=backend)
+                if from_half:
+                    cos, sin = _pairs_from_half(cos), _pairs_from_half(sin)
+                return kl_ops.rope(q, k, cos, sin, layout=layout, backend=backend)
             except ValueError:
                 pass
         return original(q, k, cos, sin, *args, **kwargs)

@@ -83,6 +83,7 @@ from triton.language.extra import libdevice
 from kernellab import device as _device
 from kernellab import triton_support
 from kernellab.core.kit import OpDecl, build
+from kernellab.core.spec import parse_dtype
 from kernellab.ops._register import register_triton
 from kernellab.ops._triton_dots import dot, dot_precision, two_level
 from kernellab.ops.attention.args import resolve_scale
@@ -1723,7 +1724,7 @@ def _kernel_specs(dtype: str):
     the tuner's pruning keeps for the dtype (the Hopper default; the autotuner may pick
     another), and the launch's dot precision."""
     ptr = f"*{dtype}"
-    t = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    t = parse_dtype(dtype)
     bd, bd2 = _d_tiles(128, t, config.attn_split_d)
     nargs = {"Q": torch.empty(0, dtype=t, device="meta"), "S_Q_KEY": 4096, "S_K_KEY": 4096}
 

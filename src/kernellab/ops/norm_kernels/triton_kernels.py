@@ -33,6 +33,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.core.spec import parse_dtype
 from kernellab.ops._triton_rows import class_span, row_start
 from kernellab.ops.norm_kernels import plumbing, wide
 
@@ -1082,9 +1083,6 @@ def _partials_sum_kernel(
         tl.store(db_ptr + cols, tl.sum(acc_b, axis=0).to(tl.float32).to(db_ptr.dtype.element_ty), mask=cmask)
 
 
-_ASM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
 def _asm_launch(bound: triton_support.Bound) -> tuple[dict, dict]:
     """(constexprs, compile options) of a plan's launch, for `kernellab asm`."""
     options = {k: v for k, v in bound.kw.items() if k in ("num_warps", "num_stages", "enable_fp_fusion")}
@@ -1150,7 +1148,7 @@ def kernel_specs(rms: bool):
         }
         # the backwards as their launch plans launch them: the partials kernel for many rows
         # of 4096, the one-launch kernel for 16 (constexprs, warps and the partials' dtype)
-        t = _ASM_DTYPES[dtype]
+        t = parse_dtype(dtype)
         w = torch.empty(4096, dtype=t, device="meta")
         big = _bwd_plan(torch.empty(4096, 4096, dtype=t, device="meta"), w, rms, not rms, False, CONFIG)
         bwd["dw_part_ptr"] = bwd["db_part_ptr"] = "*fp64" if big.part_dtype == torch.float64 else "*fp32"
