@@ -422,6 +422,23 @@ def test_patch_fused_gate_up_mlp_runs_swiglu_on_its_halves():
     assert "swiglu" not in kernellab.patch(plain, verbose=False).counts()
 
 
+def test_patch_gated_mlp_runs_each_mlp_before_replacing_it():
+    # Gemma-3n's first layers keep only the top 5% of the gate's activations, behind the same
+    # gate_proj / up_proj / down_proj names: replaced by geglu, its logits were off by 3.3.
+    # Each MLP is now run once against the formula; that layer keeps its own forward.
+    if not hasattr(kernellab, "geglu"):
+        pytest.skip("kernellab.geglu not in this build")
+    ref = _tiny_of(
+        "gemma3n_text", head_dim=16, hidden_size_per_layer_input=16, vocab_size_per_layer_input=256,
+        laurel_rank=8, altup_num_inputs=2, num_kv_shared_layers=0, sliding_window=4,
+        activation_sparsity_pattern=[0.95, 0.0], layer_types=["sliding_attention", "full_attention"],
+    )
+    pat = copy.deepcopy(ref)
+    report = kernellab.patch(pat, verbose=False)
+    assert report.counts()["geglu"] == 1, report
+    _assert_same_step(ref, pat, _hf_run(torch.randint(1, 256, (2, 11))))
+
+
 def test_patch_reports_ops_missing_from_build():
     m = _tiny("llama")
     report = kernellab.patch(m, verbose=False)

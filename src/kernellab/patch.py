@@ -17,7 +17,7 @@ do not change):
   (``gelu_new``, ``gelu_pytorch_tanh``): replaced by kernellab modules holding the same
   weight.
 - Gated MLPs (``gate_proj``/``up_proj``/``down_proj`` with SiLU or tanh GeLU, or one
-  ``gate_up_proj`` whose halves are gate and up, as Phi-3's and GLM's, where the class's
+  ``gate_up_proj`` whose halves are gate and up, as Phi-3's and GLM's, where the MLP's
   forward, run once on random rows, is that formula): the MLP's
   forward calls kernellab.swiglu / geglu, when the build has them, with
   ``inplace_backward=True`` (the projections are the forward's own intermediates), and
@@ -398,42 +398,38 @@ def _act_kind(act) -> tuple[str, dict] | None:
 def _gated_mlp_kind(m) -> tuple[str, dict, bool] | None:
     """(op, options, fused) of a gated MLP: ``gate_proj``, ``up_proj``, ``down_proj`` and
     ``act_fn`` (fused False), or one ``gate_up_proj`` whose output's halves are the gate and
-    the up projections (Phi-3's, GLM's; fused True, where ``_fused_gated_verified``)."""
+    the up projections (Phi-3's, GLM's; fused True), where ``_gated_verified``."""
     linear = lambda *names: all(isinstance(getattr(m, a, None), nn.Linear) for a in names)  # noqa: E731
     if linear("gate_proj", "up_proj", "down_proj"):
-        kind = _act_kind(getattr(m, "act_fn", None))
-        return None if kind is None else (*kind, False)
-    if linear("gate_up_proj", "down_proj") and m.gate_up_proj.out_features == 2 * m.down_proj.in_features:
-        act = getattr(m, "activation_fn", getattr(m, "act_fn", None))
-        kind = _act_kind(act)
-        if kind is not None and _fused_gated_verified(m, act):
-            return (*kind, True)
-    return None
+        act, fused = getattr(m, "act_fn", None), False
+    elif linear("gate_up_proj", "down_proj") and m.gate_up_proj.out_features == 2 * m.down_proj.in_features:
+        act, fused = getattr(m, "activation_fn", getattr(m, "act_fn", None)), True
+    else:
+        return None
+    kind = _act_kind(act)
+    return (*kind, fused) if kind is not None and _gated_verified(m, act, fused) else None
 
 
-_FUSED_GATED_CHECKED: dict[type, bool] = {}
-
-
-def _fused_gated_verified(m, act) -> bool:
-    """Whether the MLP class's forward is down(act(g) * u) with (g, u) =
-    gate_up_proj(x).chunk(2, -1): its forward takes x alone and, run once per class without
-    gradients on 2 random rows, gives that formula."""
-    cls = type(m)
-    if cls not in _FUSED_GATED_CHECKED:
-        ok = False
-        try:
-            if len(inspect.signature(m.forward).parameters) == 1:
-                w = m.gate_up_proj.weight
-                with torch.no_grad():
-                    x = torch.randn(2, m.gate_up_proj.in_features, device=w.device, dtype=w.dtype)
-                    g, u = m.gate_up_proj(x).chunk(2, dim=-1)
-                    want, got = m.down_proj(act(g) * u).float(), m(x).float()
-                tol = 1e-3 * want.abs().max().item()
-                ok = got.shape == want.shape and torch.allclose(got, want, rtol=1e-2, atol=tol)
-        except Exception:  # noqa: BLE001 - weights on the meta device, a forward that needs more
-            ok = False
-        _FUSED_GATED_CHECKED[cls] = ok
-    return _FUSED_GATED_CHECKED[cls]
+def _gated_verified(m, act, fused: bool) -> bool:
+    """Whether the MLP's forward is down(act(g) * u), (g, u) its gate and up projections (the
+    halves of gate_up_proj's output where ``fused``): its forward takes x alone and, run
+    without gradients on 2 random rows, gives that formula. A layer's own variations hide
+    behind the same module names (Gemma-3n's first layers keep the top 5% of the gate's
+    activations). Weights on the meta device cannot run: the names alone decide there."""
+    if any(p.is_meta for p in m.parameters()):
+        return True
+    try:
+        if len(inspect.signature(m.forward).parameters) != 1:
+            return False
+        w = m.down_proj.weight
+        with torch.no_grad():
+            x = torch.randn(2, m.down_proj.out_features, device=w.device, dtype=w.dtype)
+            g, u = m.gate_up_proj(x).chunk(2, dim=-1) if fused else (m.gate_proj(x), m.up_proj(x))
+            want, got = m.down_proj(act(g) * u).float(), m(x).float()
+        tol = 1e-3 * want.abs().max().item()
+        return got.shape == want.shape and torch.allclose(got, want, rtol=1e-2, atol=tol)
+    except Exception:  # noqa: BLE001 - a forward that needs more than x
+        return False
 
 
 def _gated_rule(op):
