@@ -41,7 +41,7 @@ import json
 import math
 import os
 
-from kernellab.core.spec import options_str
+from kernellab.core.spec import options_str, shape_str
 from kernellab.harness.results import VENDOR, is_ours
 
 # (op, shape, dtype, mode, options). Model-family shapes absent from the tuning families,
@@ -205,7 +205,7 @@ def family_shapes(ops=None) -> dict[str, list[str]]:
             if ops and op not in ops:
                 continue
             for shape in shape_list:
-                key = "x".join(map(str, shape))
+                key = shape_str(shape)
                 if key not in out.setdefault(op, []):
                     out[op].append(key)
     return out
