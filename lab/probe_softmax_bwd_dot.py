@@ -139,9 +139,14 @@ def _row_bwd_shifted(y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, BLOCK: tl.constexpr,
 
 
 def _dot2_bwd(dy, y, cfg):
-    # the library's backward with its fp32 dot as Dot2 pairs everywhere (COMP 1)
+    # the library's backward with its fp32 dot as Dot2 pairs in whole rows (COMP 1; streamed
+    # rows keep the fp64 sum, the only form their kernel has)
     comp = st._comp
-    st._comp = lambda dtype, *args, **kw: min(comp(dtype, *args, **kw), 1)
+    def dot2(dtype, single, *args, **kw):
+        c = comp(dtype, single, *args, **kw)
+        return min(c, 1) if single else c
+
+    st._comp = dot2
     try:
         return st._bwd(dy, y, cfg)
     finally:

@@ -780,14 +780,52 @@ def test_triton_launch_knobs_are_a_config_not_module_state(monkeypatch):
     assert lt._psum_config(264, 768, lt.Config(psum_elems=8192)) == (512, 16)
     assert lt._psum_config(264, 768, acc_bytes=8) == (512, 8)  # fp64 sums: up to 512 partials a step
     assert lt._psum_config(1056, 768, acc_bytes=8) == (512, 8)
-    # a config reaches the kernels: the same answer through every backward program count
-    x, w, b = SPEC.make_inputs((37, 40), torch.float32, "cpu", 4)
-    dy = torch.randn(37, 40, generator=torch.Generator().manual_seed(1))
-    _, mean, rstd = lt.norm_fwd(x, w, b, 1e-5, False)
-    ref = lt.norm_bwd(dy, x, w, mean, rstd, False, True)
-    got = lt.norm_bwd(dy, x, w, mean, rstd, False, True, cfg=lt.Config(bwd_prefetch=False))
-    for g, r in zip(got, ref):
-        torch.testing.assert_close(g, r, rtol=1e-6, atol=1e-6)
+    # a config reaches the kernels: the partials backward (_norm_bwd_kernel, not the one-launch
+    # one these few elements would take) with and without the next row prefetched, both
+    # norms, against the float64 reference
+    for dtype, rms in ((torch.float32, False), (torch.bfloat16, True), (torch.float32, True)):
+        x, w, b = SPEC.make_inputs((37, 40), dtype, "cpu", 4)
+        dy = torch.randn(37, 40, generator=torch.Generator().manual_seed(1)).to(dtype)
+        _, mean, rstd = lt.norm_fwd(x, w, b, 1e-5, rms)
+        outs = []
+        for prefetch in (True, False):
+            cfg = lt.Config(bwd_small_elems=0, bwd_prefetch=prefetch)
+            plan = lt._bwd_plan(x, w, rms, not rms, False, cfg)
+            assert not plan.small and plan.launch.kernel is lt._norm_bwd_kernel
+            assert plan.launch.kw["PREFETCH"] is prefetch and plan.rows_per_program > 1
+            outs.append(lt.norm_bwd(dy, x, w, mean, rstd, rms, not rms, cfg=cfg))
+        for g, r in zip(*outs):
+            assert (g is None and r is None) or torch.equal(g, r)  # same order of sums: same bits
+        x64, w64, dy64 = x.double().requires_grad_(), w.double().requires_grad_(), dy.double()
+        y64 = (x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-5) * w64 if rms
+               else torch.nn.functional.layer_norm(x64, (40,), w64, b.double(), 1e-5))  # fmt: skip
+        dx64, dw64 = torch.autograd.grad(y64, (x64, w64), dy64)
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(outs[1][0].double(), dx64, rtol=tol, atol=tol)
+        torch.testing.assert_close(outs[1][1].double(), dw64, rtol=tol, atol=tol)
+
+
+def test_norm_forward_with_64_bit_offsets():
+    # WIDE (2^31 elements or more) takes int64 offsets: forced on small inputs (fwd_narrow
+    # off), both forward kernels (several rows a program; one 16-bit row a program) give
+    # the 32-bit launch's bits, with and without a residual
+    from kernellab.ops.norm_kernels import triton_kernels as lt
+
+    wide_cfg = lt.Config(fwd_narrow=False)
+    kernels = set()
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in ((5, 40), (3, 2048)):
+            x, w, b = SPEC.make_inputs(shape, dtype, "cpu", 2)
+            res = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+            for rms, r in ((False, None), (True, None), (True, res)):
+                plan = lt._fwd_plan(x, rms, not rms, r is not None, wide_cfg)
+                assert plan.launch.kw["WIDE"] is True
+                kernels.add(plan.launch.kernel)
+                narrow = lt.norm_fwd(x, w, None if rms else b, 1e-5, rms, r)
+                wide = lt.norm_fwd(x, w, None if rms else b, 1e-5, rms, r, cfg=wide_cfg)
+                for a, c in zip(wide, narrow):
+                    assert (a is None and c is None) or torch.equal(a, c)
+    assert kernels == {lt._norm_fwd_kernel, lt._norm_fwd_row_kernel}
 
 
 @pytest.fixture

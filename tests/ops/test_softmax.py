@@ -3,6 +3,7 @@ the float64 reference; dim handling; fully masked rows; the streamed (online) lo
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import pytest
@@ -186,6 +187,48 @@ def test_streamed_rows_off_16_byte_boundaries(dtype, waves):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_streamed_aligned_rows_backward(dtype):
+    # streamed rows whose starts are 16-byte aligned (ALIGN 1): the backward's two sweeps,
+    # the dot in fp64 (fp32 rows, COMP 2) or a plain fp32 sum (16-bit rows, COMP 0); one
+    # program per row and fewer programs walking rows
+    from kernellab.ops.softmax import triton as st
+
+    for waves in (0, 1):
+        cfg = st.Config(stream_block=512, stream_waves=waves, max_whole=0)
+        rows, cols = 4, 9000
+        g = torch.Generator().manual_seed(waves)
+        x = (torch.randn(rows, cols, generator=g) * 4).to(dtype)
+        dy = torch.randn(rows, cols, generator=g).to(dtype)
+        block, _, single, _ = st._config(cols, cfg, x.element_size())
+        assert not single and st._align(cols, single, x.element_size()) == 1
+        assert st._comp(dtype, single, block, cfg) == (2 if dtype == torch.float32 else 0)
+        y = st._fwd(x, cfg)
+        v = judge(y, SPEC.ref(x), dtype, torch.softmax(x, -1))
+        assert v.ok, (waves, v.detail)
+        dx = st._bwd(dy, y, cfg)
+        y64, dy64 = y.double(), dy.double()
+        ref = y64 * (dy64 - (dy64 * y64).sum(-1, keepdim=True))
+        tor = torch._softmax_backward_data(dy.float(), y.float(), -1, torch.float32).to(dtype)
+        v = judge(dx, ref, dtype, tor)
+        assert v.ok, (waves, "bwd", v.detail)
+
+
+@pytest.mark.parametrize("cols", [1000, 4097, 9000])
+def test_forward_with_64_bit_offsets(cols):
+    # WIDE (rows past 2^31 elements in all) computes its offsets in int64: forced on a small
+    # tensor (fwd_narrow off), whole and streamed rows give the 32-bit launch's very bits
+    from kernellab.ops.softmax import triton as st
+
+    x = torch.randn(3, cols, generator=torch.Generator().manual_seed(cols)) * 4
+    for cfg in (st.Config(), st.Config(stream_block=512, max_whole=0)):
+        narrow = st._fwd(x, cfg)
+        wide = st._fwd(x, dataclasses.replace(cfg, fwd_narrow=False))
+        assert torch.equal(wide, narrow)
+        v = judge(wide, SPEC.ref(x), torch.float32, torch.softmax(x, -1))
+        assert v.ok, v.detail
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_whole_rows_off_16_byte_boundaries(dtype):
     # rows held whole one a program (1025 and 4097 fp32 columns, 1025 16-bit) at every offset
     # within a 16-byte chunk: read once as the aligned chunks that hold them, written as the
@@ -236,7 +279,7 @@ def _sm90_spec(which, dtype, cx, align, hints=True):
     fwd = which == "fwd"
     ptrs = ["x_ptr", "y_ptr"] if fwd else ["y_ptr", "dy_ptr", "dx_ptr"]
     extra = (dict(EVEN=False, WIDE=False, REREAD=False, ALIGN=align) if fwd
-             else dict(COMP=dtype == "fp32", HINTS=hints, ALIGN=align))  # fmt: skip
+             else dict(COMP=2 if dtype == "fp32" else 0, HINTS=hints, ALIGN=align))  # fmt: skip
     cx = dict(BLOCK=8192, ROWS=1, **extra) | cx
     sig = dict(dict.fromkeys(ptrs, f"*{dtype}"), n_rows="i32", n_cols="i32") | dict.fromkeys(cx, "constexpr")
     kernel = "kernellab.ops.softmax.triton." + ("_softmax_fwd_kernel" if fwd else "_softmax_bwd_kernel")

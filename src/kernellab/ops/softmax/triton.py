@@ -303,16 +303,13 @@ def _dot64_pair(s, e):
 @triton_support.jit
 def _dot_step(acc, acc_lo, acc64, y, dy, COMP: tl.constexpr):
     # one step of a streamed row's per-lane dot: COMP 2 the products in fp64 (acc64), their
-    # fma errors in fp32 (acc_lo); COMP 1 a running pair (two_sum of the his in acc, the
-    # errors in acc_lo); 0 a plain fp32 sum (acc)
+    # fma errors in fp32 (acc_lo); 0 a plain fp32 sum (acc). (Dot2 pairs, COMP 1, serve
+    # whole rows only: _comp.)
+    tl.static_assert(COMP != 1, "streamed rows take COMP 0 or 2 (_comp)")
     if COMP == 2:
         p, ep = _dot2_terms(y, dy)
         acc64 += p.to(tl.float64)
         acc_lo += ep
-    elif COMP:
-        p, ep = _dot2_terms(y, dy)
-        acc, e = _two_sum(acc, p)
-        acc_lo += ep + e
     else:
         acc += y * dy
     return acc, acc_lo, acc64
@@ -368,12 +365,6 @@ def _bwd_row_shifted(y_ptr, dy_ptr, dx_ptr, r0, n, total, BLOCK: tl.constexpr, A
     if COMP == 2:
         s = tl.sum(acc64, axis=0) + tl.sum(ty.to(tl.float64) * tdy.to(tl.float64), axis=0)
         hi_, lo_ = _dot64_pair(s, tl.sum(acc_lo, axis=0))
-    elif COMP:
-        hi_, lo_ = tl.reduce((acc, acc_lo), 0, _dot2_combine)
-        tp, tep = _dot2_terms(ty, tdy)
-        th, tlo = tl.reduce((tp, tep), 0, _dot2_combine)
-        hi_, lo_ = _dot2_combine(hi_, lo_, th, tlo)
-        lo_ = tl.where(tl.abs(hi_) <= 3.4028234663852886e38, lo_, 0.0)  # as _dot2_reduce
     else:
         hi_ = tl.sum(acc, axis=0) + tl.sum(ty * tdy, axis=0)
         lo_ = 0.0
@@ -417,7 +408,7 @@ def _softmax_bwd_kernel(
     BLOCK: tl.constexpr,
     ROWS: tl.constexpr,
     SINGLE: tl.constexpr,
-    COMP: tl.constexpr,  # fp32 rows: the dot compensated (1: Dot2 pairs, 2: summed in fp64)
+    COMP: tl.constexpr,  # fp32 rows: the dot compensated (1: Dot2 pairs, whole rows; 2: in fp64)
     VEC: tl.constexpr,  # a power of two dividing n_cols (see _vec)
     HINTS: tl.constexpr,  # streamed: the sum pass evict_last, the write pass evict_first
     ALIGN: tl.constexpr,  # rows off 16-byte boundaries (_align): elements per 16 bytes, else 1
@@ -479,8 +470,6 @@ def _softmax_bwd_kernel(
                     acc, acc_lo, acc64 = _dot_step(acc, acc_lo, acc64, y, dy, COMP)
                 if COMP == 2:
                     hi, lo = _dot64_pair(tl.sum(acc64, axis=0), tl.sum(acc_lo, axis=0))
-                elif COMP:
-                    hi, lo = _dot2_reduce(acc, acc_lo, 0)
                 else:
                     hi = tl.sum(acc, axis=0)
                 for start in range(0, n_cols, BLOCK):

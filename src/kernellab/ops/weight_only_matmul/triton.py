@@ -155,7 +155,7 @@ def _wo_dot_kernel(
     BITS: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PARTIAL: tl.constexpr,
-    UPCAST: tl.constexpr,  # interpreter: fp32 dots (it has no bf16 dot)
+    UPCAST: tl.constexpr,  # interpreter, bf16 x: fp32 dots (its bf16 dot is wrong)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -237,7 +237,7 @@ def _wo_tma_kernel(
     K_SPLIT,  # K per slice, a multiple of BLOCK_K
     HAS_BIAS: tl.constexpr,
     PARTIAL: tl.constexpr,
-    UPCAST: tl.constexpr,  # interpreter: fp32 dots (it has no bf16 dot)
+    UPCAST: tl.constexpr,  # interpreter, bf16 x: fp32 dots (its bf16 dot is wrong)
     TMA: tl.constexpr,  # weight tiles through a tensor descriptor (else pointer loads)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -512,6 +512,7 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
         EVEN_K=even,
     )
     gpu = {} if interpreted else dict(num_warps=cfg.warps, num_stages=cfg.stages)
+    upcast = interpreted and x.dtype == torch.bfloat16  # the interpreter's bf16 dot is wrong
     if acc64 or (cfg.kernel == "gemv" and m == 1):
         # fp32 x: the GEMV kernel row by row, fp64 products and sums (exact products, one
         # rounding at the end; an fp32 dot's long FMA chains miss the check's bound)
@@ -535,7 +536,7 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
             k_split,
             HAS_BIAS=b is not None,
             PARTIAL=split > 1,
-            UPCAST=interpreted,
+            UPCAST=upcast,
             TMA=tma,
             BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n,
@@ -557,7 +558,7 @@ def triton_wo_fwd(x, w_q, scales, bias=None, bits: int = 8, config: WoConfig | N
             k,
             k_split,
             **common,
-            UPCAST=interpreted,
+            UPCAST=upcast,
             BLOCK_M=cfg.block_m,
             **gpu,
         )
