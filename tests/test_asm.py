@@ -43,6 +43,53 @@ def test_parsers_on_small_samples():
     assert c["ptx_ld_global_v4"] == 1 and c["ptx_local"] == 1 and c["LDG_128"] == 1 and c["LDL_STL"] == 1
 
 
+def test_tma_and_cp_async_copies_are_counted():
+    # Hopper's bulk tile copies and cp.async's 16-byte global -> shared copies are how the
+    # tensor-core kernels read memory: counted, not reported as "no 16-byte global loads"
+    ptx = (
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%r1], [%rd1, {%r2, %r3}], [%r4];\n"
+        "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%rd2, {%r5, %r6}], [%r7];\n"
+        "cp.async.cg.shared.global [%r364], [%rd1536], 16, %r365;\n"
+        "cp.async.ca.shared.global [%r1], [%rd2], 4;\n"
+    )
+    sass = (
+        "/*0100*/ UTMALDG.2D [UR8], [UR4] ;\n/*0110*/ UTMASTG.2D [UR4], [UR8] ;\n"
+        "/*0120*/ UTMAREDG.2D.ADD [UR4], [UR8] ;\n/*0130*/ UTMACCTL.PF [UR4] ;\n"
+        "/*0140*/ LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;\n/*0150*/ LDGSTS.E [R1], desc[UR4][R2.64] ;\n"
+    )
+    c = asm.count_instructions(ptx, sass)
+    assert (c["ptx_tma"], c["TMA"], c["ptx_cp_async_16"], c["LDGSTS_128"]) == (2, 3, 1, 1)
+
+
+def test_alias_backends_show_the_kernels_they_launch_on_each_arch():
+    # matmul's cuda runs v7 (fp32) and, at 16 bits, v15 on sm_90 but v9 elsewhere; attention's
+    # cuda runs cuda_v7's forward and its backward variant with the pre / post kernels
+    from kernellab.ops.attention import cuda_sm90 as cs
+    from kernellab.ops.attention import cuda_sm90_bwd as cb
+    from kernellab.ops.matmul import cuda as mc
+
+    mm = kernellab.get("matmul", "cuda").module
+    assert asm.cuda_parts(mm, "sm_90", "cuda") == [(mc.MODULE, ("cuda_v7",)), (mc.MODULE_SM90, ("cuda_v15",))]
+    assert asm.cuda_parts(mm, "sm_80", "cuda") == [(mc.MODULE, ("cuda_v7", "cuda_v9"))]
+    assert asm.cuda_parts(mm, "sm_90", "cuda_v3") == [(mc.MODULE, ("cuda_v3",))]
+    at = kernellab.get("attention", "cuda").module
+    assert asm.cuda_parts(at, "sm_90", "cuda") == [
+        (cs.MODULE, ("cuda_v7",)), (cb.MODULE, (f"cuda_{cb.CUDA_VARIANT}", "cuda"))
+    ]  # fmt: skip
+    v8 = [(cs.MODULE, ("cuda_v7",)), (cb.MODULE, ("cuda_v8", "cuda"))]
+    assert asm.cuda_parts(at, "sm_90", "cuda_v8") == v8
+
+
+def test_matmul_cuda_report_on_sm90_is_v15_at_16_bits_and_v7_in_fp32():
+    mm = kernellab.get("matmul", "cuda").module
+    half, _ = asm.cuda_report(mm, "sm_90", "cuda", "bf16", "mk_kn")
+    assert half and all(k.name.startswith("matmul_v15_") for k in half)
+    assert all(k.counts["ptx_tma"] > 0 and "wgmma" in k.ptx for k in half)
+    fp32, note = asm.cuda_report(mm, "sm_90", "cuda", "f32")
+    assert [k.name for k in fp32] == ["matmul_v7_f32"], note
+
+
 @pytest.mark.parametrize("op", ["gelu", "add"])
 def test_vectorized_cuda_kernels_use_16_byte_accesses_and_no_local_memory(op):
     """16-byte accesses in every vectorized kernel; 8-byte ones in the w8 kernels (two-input

@@ -41,6 +41,39 @@ def test_attention_specs_take_the_pruned_first_config_and_the_launch_precision(d
         assert cx["PREC"] == at._prec(t, False)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_attention_specs_on_hopper_are_the_warp_specialized_backward(dtype):
+    # At the spec's problem (S = 4096, D = 128, causal) a Hopper GPU runs the 16-bit backward
+    # as _attn_bwd_pre + the warp-specialized dK/dV and dQ passes with their one tile each
+    # (_ws_bwd_fits); fp32, and other archs, the autotuned ones after the same pre pass.
+    from kernellab.ops.attention import triton as at
+
+    impl = kernellab.get("attention", "triton")
+    assert 4096 >= at.WS_BWD_MIN_S and 4096 % 128 == 0
+    hopper = {getattr(k, "__name__", None) or k.fn.__name__: (cx, o) for k, _s, cx, o in
+              asm.kernel_specs(impl, dtype, "sm_90")}  # fmt: skip
+    other = _specs("attention", dtype)
+    assert set(other) == {"_attn_fwd", "_attn_bwd_pre", "_attn_bwd_dkdv", "_attn_bwd_dq"}
+    assert other["_attn_bwd_pre"][0]["BLOCK_M"] == 64  # the launcher's pre_m on a GPU
+    if dtype == "fp32":
+        assert hopper.keys() == other.keys()
+        return
+    assert set(hopper) == {"_attn_fwd", "_attn_bwd_pre", "_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws"}
+    for name, tile in (("_attn_bwd_dkdv_ws", at._WS_BWD_DKDV), ("_attn_bwd_dq_ws", at._WS_BWD_DQ)):
+        cx, options = hopper[name]
+        assert (cx["BLOCK_M"], cx["BLOCK_N"]) == (tile["BLOCK_M"], tile["BLOCK_N"])
+        assert (cx["HEAD_D"], cx["CAUSAL"]) == (128, True)
+        assert options == {"num_warps": tile["num_warps"], "num_stages": tile["num_stages"]}
+
+
+def test_attention_ws_backward_compiles_for_sm90_with_tma():
+    kernels, note = asm.triton_report(kernellab.get("attention", "triton"), "bf16", "sm_90")
+    by = {k.name: k for k in kernels}
+    assert {"_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws", "_attn_bwd_pre", "_attn_fwd"} <= set(by), note
+    for name in ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws"):
+        assert by[name].counts["ptx_tma"] > 0 and "wgmma" in by[name].ptx, name
+
+
 def test_attention_fp32_compiles_without_tf32_dots():
     # PREC "ieee" (TF32 off, the launch's default): no TF32 MMA in the compiled forward.
     kernels, note = asm.triton_report(kernellab.get("attention", "triton"), "fp32", "sm_90")

@@ -1094,7 +1094,8 @@ def cmd_asm(args) -> int:
         except Exception as e:  # noqa: BLE001 - an NVRTC failure is reported
             console.print(f"[red]{e}[/]")
             return 1
-        where = f"{impl.module.label} for {arch} (NVRTC)"
+        labels = dict.fromkeys(m.label for m, _ in asm.cuda_parts(impl.module, arch, impl.backend))
+        where = f"{' + '.join(labels)} for {arch} (NVRTC)"
     elif impl.triton_kernels is not None:
         from kernellab.core.spec import dtype_name
 
@@ -1124,6 +1125,7 @@ def cmd_asm(args) -> int:
         "LDG.128",
         "STG.128",
         "LDL/STL",
+        "TMA",
         "HMMA",
         "HGMMA",
         "MUFU",
@@ -1147,6 +1149,7 @@ def cmd_asm(args) -> int:
             f(c["LDG_128"]) if k.sass else "-",
             f(c["STG_128"]) if k.sass else "-",
             f(c["LDL_STL"]) if k.sass else "-",
+            f(c["TMA"]) if k.sass else "-",
             f(c["HMMA"]) if k.sass else "-",
             f(c["HGMMA"]) if k.sass else "-",
             f(c["MUFU"]) if k.sass else "-",
@@ -1155,11 +1158,15 @@ def cmd_asm(args) -> int:
     show(t)
     for k in kernels:
         verdict = []
+        if k.counts["ptx_tma"] or k.counts["TMA"]:
+            verdict.append(f"TMA copies ({k.counts['TMA'] if k.sass else k.counts['ptx_tma']})")
         if k.counts["ptx_ld_global_v4"] or k.counts["LDG_128"]:
             verdict.append("16-byte global loads")
+        elif k.counts["ptx_cp_async_16"] or k.counts["LDGSTS_128"]:
+            verdict.append("16-byte global loads (cp.async into shared memory)")
         elif k.counts["ptx_ld_global_v2"] or k.counts["LDG_64"]:
             verdict.append("8-byte global loads")
-        else:
+        elif not (k.counts["ptx_tma"] or k.counts["TMA"]):
             verdict.append("no 16-byte global loads")
         if k.counts["LDL_STL"] or k.counts["ptx_local"] or (k.local_bytes or 0) > 0:
             verdict.append(

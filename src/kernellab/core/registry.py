@@ -70,7 +70,8 @@ class Impl:
     description: str = ""
     dtypes: tuple | None = None  # what it accepts; None: the op's spec's (which check judges)
     module: object = None  # the cuda.runtime.Module of a CUDA backend (for `kernellab asm`)
-    triton_kernels: Callable | None = None  # dtype -> [(kernel, signature, constexprs, warps or options)]
+    # dtype[, arch=] -> [(kernel, signature, constexprs, warps or options)]
+    triton_kernels: Callable | None = None
     limits: Callable[..., str | None] | None = None
     double_backward: bool = False
     builds_per_shape: bool = False

@@ -14,7 +14,9 @@ process with a private TRITON_CACHE_DIR and reads what Triton wrote.
 The summary counts what usually decides speed: 16-byte global accesses (``ld.global.v4`` /
 ``LDG.E.128``), local-memory traffic (spills: ``LDL``/``STL``), tensor-core instructions
 (``HMMA``, ``HGMMA``), special-function instructions (``MUFU``), shared-memory loads and
-stores (``LDS`` / ``STS``).
+stores (``LDS`` / ``STS``), tensor-memory-accelerator copies (``UTMALDG`` / ``UTMASTG`` /
+``UTMAREDG``: Hopper's bulk tile loads, stores and reductions, which take the place of
+per-thread global loads).
 """
 
 from __future__ import annotations
@@ -129,6 +131,11 @@ _PATTERNS = {
     "ptx_shared": (r"\b(?:ld|st)\.shared\b", "ptx"),
     "LDS": (r"\bLDS\b", "sass"),  # shared-memory loads and stores (LDS.U16, LDS.128 too; not LDSM)
     "STS": (r"\bSTS\b", "sass"),
+    "ptx_cp_async_16": (r"\bcp\.async\.c[ag]\.shared\.global(?:\.[\w:]+)*\s+\[[^]]*\],\s*\[[^]]*\],\s*16\b",
+                        "ptx"),
+    "LDGSTS_128": (r"\bLDGSTS\.E(?:\.\w+)*\.128\b", "sass"),  # cp.async: global -> shared, 16 bytes
+    "ptx_tma": (r"\bcp\.(?:async\.bulk|reduce\.async\.bulk)\.tensor\b", "ptx"),  # TMA copies
+    "TMA": (r"\bUTMA(?:LDG|STG|REDG)\b", "sass"),
     "HMMA": (r"\bHMMA\b", "sass"),
     "HGMMA": (r"\bHGMMA\b", "sass"),
     "MUFU": (r"\bMUFU\b", "sass"),
@@ -198,13 +205,21 @@ def cuda_backend_filter(backend: str, dtype_suffix: str | None):
     return keep
 
 
-def cuda_report(module, arch: str, backend: str, dtype_suffix: str | None, kernel_regex: str | None = None):
+def cuda_parts(module, arch: str, backend: str) -> list[tuple]:
+    """(module, backends) pairs whose kernels ``backend`` launches on ``arch``. A module may
+    name the variants an alias backend runs: ``module.asm_aliases = {"cuda": ("cuda_v7",
+    "cuda_v9")}`` (matmul's ``cuda`` is v7 for fp32 and v9 for fp16/bf16), or, where they
+    live in several modules or depend on the arch, ``module.asm_parts = {backend: [(module,
+    backends), ...]}`` or a callable of the arch giving that list."""
+    parts = getattr(module, "asm_parts", {}).get(backend)
+    if parts is None:
+        return [(module, getattr(module, "asm_aliases", {}).get(backend, (backend,)))]
+    return list(parts(arch) if callable(parts) else parts)
+
+
+def _module_report(module, arch, targets, dtype_suffix, rx, fallback=True):
     ptx = module.compile(arch, target="ptx").decode()
     cubin = module.compile(arch)
-    # A module may name the variants an alias backend runs (matmul's ``cuda`` is v7 for
-    # fp32 and v8 for fp16/bf16): ``module.asm_aliases = {"cuda": ("cuda_v7", "cuda_v8")}``.
-    targets = getattr(module, "asm_aliases", {}).get(backend, (backend,))
-    rx = re.compile(kernel_regex) if kernel_regex else None
     names = list(split_ptx(ptx))
 
     def chooser(suffix):
@@ -212,12 +227,30 @@ def cuda_report(module, arch: str, backend: str, dtype_suffix: str | None, kerne
         return lambda n: any(k(n) for k in keeps) and (rx is None or rx.search(n) is not None)
 
     keep = chooser(dtype_suffix)
-    if dtype_suffix and not any(keep(n) for n in names) and any(chooser(None)(n) for n in names):
+    if fallback and dtype_suffix and not any(keep(n) for n in names) and any(chooser(None)(n) for n in names):
         # e.g. a tensor-core variant asked for fp32: show its kernels for the dtypes it has
         kernels, note = analyze(ptx, cubin, chooser(None))
-        extra = f"{backend} has no {dtype_suffix} kernel; showing its other dtypes"
+        extra = f"{'/'.join(targets)} has no {dtype_suffix} kernel; showing its other dtypes"
         return kernels, f"{note}; {extra}" if note else extra
     return analyze(ptx, cubin, keep)
+
+
+def cuda_report(module, arch: str, backend: str, dtype_suffix: str | None, kernel_regex: str | None = None):
+    """The kernels ``backend`` launches (``cuda_parts``), compiled for ``arch`` with NVRTC."""
+    rx = re.compile(kernel_regex) if kernel_regex else None
+    parts = cuda_parts(module, arch, backend)
+    # several parts: those with kernels of the dtype (fp32 matmul on sm_90 runs v7, not v15);
+    # none has any: every part's other dtypes, as one part shows them
+    for fallback in (len(parts) == 1, True):
+        kernels, notes = [], []
+        for part, targets in parts:
+            k, note = _module_report(part, arch, targets, dtype_suffix, rx, fallback)
+            kernels += k
+            if note:
+                notes.append(note)
+        if kernels or fallback:
+            break
+    return kernels, "; ".join(dict.fromkeys(notes))
 
 
 def triton_artifacts(op: str, shape, dtype: str) -> tuple[list[KernelAsm], str]:
@@ -269,6 +302,16 @@ def _jit(kernel):
     return kernel if isinstance(kernel, JITFunction) else JITFunction(kernel.fn)
 
 
+def kernel_specs(impl, dtype: str, arch: str | None = None) -> list:
+    """The backend's declared kernels for ``dtype``; a spec function that takes ``arch``
+    (where the launcher picks other kernels on some GPUs) is given it."""
+    import inspect
+
+    if "arch" in inspect.signature(impl.triton_kernels).parameters:
+        return impl.triton_kernels(dtype, arch=arch)
+    return impl.triton_kernels(dtype)
+
+
 def compile_triton_kernels(op: str, backend: str, dtype_name: str, arch: str, out_dir: str) -> list[str]:
     """Compile the backend's declared kernels with triton.compile for ``arch`` and write
     ``<kernel>.ptx`` / ``<kernel>.cubin`` into ``out_dir``; returns error lines. Runs in a
@@ -284,7 +327,7 @@ def compile_triton_kernels(op: str, backend: str, dtype_name: str, arch: str, ou
     impl = registry.get(op, backend)
     cap = int(arch.removeprefix("sm_").rstrip("a"))
     errors = []
-    for kernel, signature, constexprs, launch in impl.triton_kernels(_TRITON_TYPES[dtype_name]):
+    for kernel, signature, constexprs, launch in kernel_specs(impl, _TRITON_TYPES[dtype_name], arch):
         # launch: the warps, or the compile options the launcher passes (num_warps, ...)
         options = dict(launch) if isinstance(launch, dict) else {"num_warps": launch}
         fn = _jit(kernel)

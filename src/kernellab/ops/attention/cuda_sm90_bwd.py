@@ -162,6 +162,7 @@ BWD_DEFAULTS = {
 }
 MODULES = {d: Module(CU, options=(f"-DKL_ATTN_D={d}",), archs=("sm_90a",)) for d in BWD_HEAD_DIMS}
 MODULE = Module(CU, archs=("sm_90a",))  # every head dim: "compiled, not run", `kernellab asm`
+MODULE.asm_parts = {}  # backend -> the modules and variants it launches (filled at registration)
 # The builds lab/gpu_attn_bwd_sm90.py and lab/probe_bwd_builds.py time beside each head dim's
 # default: the default without dQ sums (a bound), the base and the other loop options. (mask_branch
 # alone is left out: with exp2f's longer sequence in both copies of the loop ptxas serializes
@@ -817,6 +818,10 @@ for _backend, _fn, _desc in (
         + ")",
     ),
 ):
+    # `kernellab asm`: the forward (cuda_v7's, in attention_sm90.cu) beside the backward's
+    # variant and its pre / post kernels
+    variant = CUDA_VARIANT if _backend == "cuda" else _backend.removeprefix("cuda_")
+    MODULE.asm_parts[_backend] = [(cs.MODULE, ("cuda_v7",)), (MODULE, (f"cuda_{variant}", "cuda"))]
     register(
         "attention",
         _backend,

@@ -1717,12 +1717,14 @@ triton_attention.custom_ops, triton_attention.ops = _attention.custom_ops, _atte
 _ASM_GQA = False  # (the kernels as plain attention launches them; True: as GQA does)
 
 
-def _kernel_specs(dtype: str):
-    """For `kernellab asm`: the forward and both backward kernels as launched at the bench's
-    B=4 H=16 S=4096 D=128 causal problem, contiguous (unit head-dim strides, which
-    Triton specializes as constants at run time), with the first config of each list that
-    the tuner's pruning keeps for the dtype (the Hopper default; the autotuner may pick
-    another), and the launch's dot precision."""
+def _kernel_specs(dtype: str, arch: str | None = None):
+    """For `kernellab asm`: the kernels launched at the bench's B=4 H=16 S=4096 D=128 causal
+    problem, contiguous (unit head-dim strides, which Triton specializes as constants at
+    run time): the forward, the backward's delta pass, and its dK/dV and dQ passes - on
+    Hopper (``arch`` sm_90) at 16 bits the warp-specialized ones with their one tile
+    (_ws_bwd_fits), else the autotuned ones with the first config of each list that the
+    tuner's pruning keeps for the dtype (the autotuner may pick another) and the launch's
+    dot precision."""
     ptr = f"*{dtype}"
     t = parse_dtype(dtype)
     bd, bd2 = _d_tiles(128, t, config.attn_split_d)
@@ -1762,12 +1764,30 @@ def _kernel_specs(dtype: str):
         sig.update({k: "constexpr" for k in cx_names})
         return (kernel.fn, sig, cx, {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
+    def pre():
+        sig = {"O": ptr, "DO": ptr, "DELTA": "*fp32"}
+        sig.update({k: "i32" for k in ("stride_oz", "stride_oh", "stride_os", "stride_doz", "stride_doh",
+                                       "stride_dos", "NH", "S_q", "num_m")})  # fmt: skip
+        sig.update(dict.fromkeys(("stride_dod", "HEAD_D", "BLOCK_D", "BLOCK_M"), "constexpr"))
+        cx = {"stride_dod": 1, "HEAD_D": 128, "BLOCK_D": _block_d(128), "BLOCK_M": 64}
+        return (_attn_bwd_pre, sig, cx, {"num_warps": 4})
+
+    def ws(kernel, tile):
+        names = kernel.arg_names
+        ptrs = names[: names.index("qk_scale")]
+        sig = {n: ("*fp32" if n in ("LSE", "DELTA") else ptr) for n in ptrs}
+        cx = {"HEAD_D": 128, "BLOCK_M": tile["BLOCK_M"], "BLOCK_N": tile["BLOCK_N"], "CAUSAL": True}
+        for n in names[len(ptrs) :]:
+            sig[n] = "fp32" if n.endswith("scale") else "constexpr" if n in cx else "i32"
+        return (kernel, sig, cx, {"num_warps": tile["num_warps"], "num_stages": tile["num_stages"]})
+
+    fwd_ptrs = ("Q", "K", "V", "O", "LSE")
+    fwd = spec(_attn_fwd, fwd_ptrs, ("qk_scale", "cap_in", "cap_out"), ("q", "k", "v"), ("o",), fwd_configs())
+    if dtype != "fp32" and arch in ("sm_90", "sm_90a"):  # (S = 4096 >= WS_BWD_MIN_S)
+        return [fwd, pre(), ws(_attn_bwd_dkdv_ws, _WS_BWD_DKDV), ws(_attn_bwd_dq_ws, _WS_BWD_DQ)]
     return [
-        spec(
-            _attn_fwd, ("Q", "K", "V", "O", "LSE"), ("qk_scale", "cap_in", "cap_out"),
-            ("q", "k", "v"), ("o",),
-            fwd_configs(),
-        ),  # fmt: skip
+        fwd,
+        pre(),
         spec(
             _attn_bwd_dkdv,
             ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV"),

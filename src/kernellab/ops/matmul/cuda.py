@@ -45,6 +45,14 @@ MODULE.asm_aliases = {"cuda": ("cuda_v7", "cuda_v9")}  # `kernellab asm matmul -
 # wgmma is an arch-specific (sm_90a) instruction: this module compiles only for sm_90a, also
 # in the CPU check ("compiled, not run"), and runs only on sm_90 GPUs (H100, H200).
 MODULE_SM90 = Module(Path(__file__).with_name("matmul_sm90.cu"), archs=("sm_90a",))
+# `kernellab asm matmul --backend cuda` on sm_90: fp32 v7, fp16/bf16 v15 (as _best_fwd)
+MODULE.asm_parts = {
+    "cuda": lambda arch: (
+        [(MODULE, ("cuda_v7",)), (MODULE_SM90, ("cuda_v15",))]
+        if arch.startswith("sm_90")
+        else [(MODULE, ("cuda_v7", "cuda_v9"))]
+    )
+}
 _FP32 = (torch.float32,)
 _HALF = (torch.float16, torch.bfloat16)
 
