@@ -132,3 +132,21 @@ def test_weight_only_specs_take_the_configs_stages(op, bits, dtype):
         cfg = wo_config(m, 14336, 4096, bits, 132)
         assert specs[name][1] == {"num_warps": cfg.warps, "num_stages": cfg.stages}, name
     assert specs["_wo_dot_kernel"][1]["num_stages"] == 4
+
+
+def test_batch_norm_specs_split_as_the_launch_on_132_sms(monkeypatch):
+    # SPLIT_P2 (the partials a channel's statistics reduce) follows the SM count: at the
+    # specs' layer (C = 32 over 256 x 28 x 28) a 132-SM GPU cuts a channel in 33, so 64.
+    from kernellab.ops.batch_norm_kernels import triton_kernels as bk
+
+    monkeypatch.setattr(bk.triton_support, "sm_count", lambda index=None: 132)
+    gpu = torch.device("cuda", 0)  # grid_of's GPU branch: nothing is allocated there
+    c, m = bk.SPEC_C, bk.SPEC_M
+    stats = bk.triton_support.next_pow2(bk.grid_of(c, m, gpu)[1])
+    pooled = bk.triton_support.next_pow2(bk.grid_of(c, m // 4, gpu)[1])
+    assert stats == 64
+    assert pooled == 32  # bn_relu_pool2d's dx pass reads the pooled gradient's 25 partials
+    want = {"_bn_fwd_apply_kernel": stats, "_bn_bwd_apply_kernel": stats, "_fwd_kernel": stats}
+    want["_bwd_dx_kernel"] = pooled
+    got = {**_specs("batch_norm2d", "fp32"), **_specs("bn_relu_pool2d", "fp32")}
+    assert {name: got[name][0]["SPLIT_P2"] for name in want} == want

@@ -498,17 +498,25 @@ def _bwd_dx_kernel(
 # --------------------------------------------------------------------------- launchers
 
 
+def split_grid(m: int, block: int, split: int) -> tuple[int, int, int]:
+    """(BLOCK, SPLIT, chunk) of m elements cut in about ``split`` chunks of whole blocks."""
+    chunk = triton_support.cdiv(triton_support.cdiv(m, split), block) * block
+    return block, triton_support.cdiv(m, chunk), chunk
+
+
+def gpu_grid(c: int, m: int, sms: int, cfg: Config = CONFIG) -> tuple[int, int, int]:
+    """grid_of on a GPU of ``sms`` SMs: ~programs_per_sm x SMs programs over c channels, at
+    most one per block of a channel's m elements."""
+    split = max(1, min(triton_support.cdiv(cfg.programs_per_sm * sms, c), triton_support.cdiv(m, cfg.block)))
+    return split_grid(m, cfg.block, split)
+
+
 def grid_of(c: int, m: int, dev: torch.device, cfg: Config = CONFIG) -> tuple[int, int, int]:
     """(BLOCK, SPLIT, chunk): chunks of whole blocks, ~programs_per_sm x SMs programs."""
     if dev.type == "cuda":
-        block = cfg.block
-        target = cfg.programs_per_sm * triton_support.sm_count(dev.index)
-        split = max(1, min(triton_support.cdiv(target, c), triton_support.cdiv(m, block)))
-    else:
-        block = cfg.interp_block
-        split = max(1, min(cfg.interp_split, triton_support.cdiv(m, block)))
-    chunk = triton_support.cdiv(triton_support.cdiv(m, split), block) * block
-    return block, triton_support.cdiv(m, chunk), chunk
+        return gpu_grid(c, m, triton_support.sm_count(dev.index), cfg)
+    split = max(1, min(cfg.interp_split, triton_support.cdiv(m, cfg.interp_block)))
+    return split_grid(m, cfg.interp_block, split)
 
 
 def _warps(dev, cfg: Config = CONFIG) -> int:
@@ -596,12 +604,18 @@ def brp_bwd(dz, x, w, code, mean, rstd, cfg: Config = CONFIG):
 # --------------------------------------------------------------------------- kernel specs
 
 
+# The layer the specs compile for: the MNIST CNN's first BatchNorm (C = 32 over 256 x 28 x 28)
+# on a GPU of 132 SMs (H100 SXM, H200); SPLIT_P2 follows the launch's split there.
+SPEC_C, SPEC_M, SPEC_SMS = 32, 256 * 28 * 28, 132
+SPEC_SPLIT_P2 = triton_support.next_pow2(gpu_grid(SPEC_C, SPEC_M, SPEC_SMS)[1])
+
+
 def batch_norm_kernel_specs(dtype: str):
-    """For `kernellab asm`: the four kernels as launched on a GPU."""
+    """For `kernellab asm`: the four kernels as launched on a GPU (SPEC_C, SPEC_M, SPEC_SMS)."""
     t, f = f"*{dtype}", "*fp32"
     i = "i32"
     block = {"BLOCK": CONFIG.block}
-    both = {"SPLIT_P2": 32, **block, "RELU": True}
+    both = {"SPLIT_P2": SPEC_SPLIT_P2, **block, "RELU": True}
     sums = {**block, "RELU": True}
     return [
         (_bn_stats_kernel, {"x_ptr": t, "part_ptr": "*fp64", "C": i, "HW": i, "M": i, "chunk": i, "BLOCK": "constexpr"},
@@ -622,18 +636,19 @@ def batch_norm_kernel_specs(dtype: str):
 
 def bn_relu_pool_kernel_specs(dtype: str):
     """For `kernellab asm`: bn_relu_pool2d's own three kernels as launched on a GPU (its
-    statistics kernel is batch_norm2d's)."""
+    statistics kernel is batch_norm2d's), at batch_norm_kernel_specs's layer."""
     t, f, i = f"*{dtype}", "*fp32", "i32"
     geo = {"C": i, "H": i, "W": i, "P": i, "Q": i}
+    pooled_p2 = triton_support.next_pow2(gpu_grid(SPEC_C, SPEC_M // 4, SPEC_SMS)[1])  # dx: the pooled sums'
     return [
         (_fwd_kernel, {"x_ptr": t, "w_ptr": t, "b_ptr": t, "z_ptr": t, "code_ptr": "*i8", "part_ptr": "*fp64",
                        "mean_ptr": f, "rstd_ptr": f, **geo, "split_s": i, "MO": i, "chunk": i, "eps": "fp32",
                        "SPLIT_P2": "constexpr", "BLOCK": "constexpr"},
-         {"SPLIT_P2": 32, "BLOCK": CONFIG.block}, CONFIG.warps),
+         {"SPLIT_P2": SPEC_SPLIT_P2, "BLOCK": CONFIG.block}, CONFIG.warps),
         (_bwd_sums_kernel, {"dz_ptr": t, "code_ptr": "*i8", "x_ptr": t, "mean_ptr": f, "part_ptr": "*fp64", **geo,
                             "MO": i, "chunk": i, "BLOCK": "constexpr"}, {"BLOCK": CONFIG.block}, CONFIG.warps),
         (_bwd_dx_kernel, {"dz_ptr": t, "code_ptr": "*i8", "x_ptr": t, "w_ptr": t, "mean_ptr": f, "rstd_ptr": f,
                           "part_ptr": "*fp64", "dx_ptr": t, "dw_ptr": t, "db_ptr": t, **geo, "split_g": i, "M": i,
                           "chunk": i, "SPLIT_P2": "constexpr", "BLOCK": "constexpr"},
-         {"SPLIT_P2": 32, "BLOCK": CONFIG.block}, CONFIG.warps),
+         {"SPLIT_P2": pooled_p2, "BLOCK": CONFIG.block}, CONFIG.warps),
     ]  # fmt: skip
