@@ -65,7 +65,11 @@ def _nearest(rows, key, exact=(), bands=()):
     return best
 
 
-NEAR = 4.0  # a row this far (summed log2 ratios: 16x in one dim) or nearer is used
+# A row this far (summed log2 ratios: 64x in one dim) or nearer is used. Left out in turn, each
+# table row's choice from the others (harness.choice_cv) was within 3% of its fastest at
+# NEAR 3 / 4 / 5 / 6 / 8: H200 364 / 367 / 376 / 376 / 374 of 472 rows, H100 413 / 414 / 415 /
+# 421 / 421 of 514: a farther row of the same class spoke better than the op's vote.
+NEAR = 6.0
 BY = ("queued", "loop", "device")  # what a choice ranks by (``choose``)
 
 
