@@ -170,6 +170,22 @@ def test_a_far_shape_hears_the_rows_of_its_alignment_class():
     assert _vote(rows, (3001 * 64 + 1, 7001 * 64 + 1))[0] == "torch"  # odd in both dims: the 4 odd rows
 
 
+def test_the_alignment_class_is_the_widths_not_the_row_count():
+    # the first dim counts rows (products, heads): 4097 rows of 4096 columns are aligned like
+    # 4096 rows; a product is odd when any width (N, K) is, whatever M is
+    assert choice._distance((4097, 4096), (4096, 4096)) < 0.01
+    assert choice._distance((8192, 50257, 768), (4097, 4095, 1023)) < choice.NEAR
+    assert choice._distance((8192, 50304, 768), (8192, 50257, 768)) == float("inf")
+    assert choice._distance((7,), (8,)) == float("inf")  # a 1-D key is its own width
+    # a GPT-2 LM head (odd vocabulary) with no near row hears the odd-width products
+    odd = ((4097, 4095, 1023), (4095, 1023, 4097), (1000, 3000, 4999))
+    aligned = ((1024, 3072, 768), (8192, 4096, 4096), (4096, 14336, 4096), (64, 256, 512))
+    rows = [_vote_row(s, "cuda") for s in odd] + [_vote_row(s, "torch") for s in aligned]
+    backend, why = _vote(rows, (65536, 50257, 768))
+    assert backend == "cuda" and "3 of its 3 gelu fp32 fwd rows of its alignment class" in why
+    assert _vote(rows, (65536, 50304, 768))[0] == "torch"
+
+
 def test_a_row_speaks_only_for_calls_of_its_exact_dims():
     # attention-like keys (batch x heads, S_q, S_k, head dim): a near row at head dim 80
     # names cuda, a farther one at head dim 128 names torch; with the head dim exact, a

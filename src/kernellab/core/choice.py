@@ -7,7 +7,7 @@ runnable on the device, the op's preferred backend and its small-size rule) and 
 the answer per call shape.
 
 - The row of the nearest shape (same op, dtype, mode and option key; distance = summed
-  |log2| ratios of the dims, infinite across alignment classes, across the bands the op
+  |log2| ratios of the dims, infinite across alignment classes (``_aligned``), across the bands the op
   names in ``OpSpec.key_bands``, and across the values of the dims the op names in
   ``OpSpec.key_exact``, unless no row of the call's values is near) names the backend when it
   lies within ``NEAR`` (where that backend is not in ``usable``, the fastest of the row's
@@ -34,17 +34,29 @@ def _band(x: int, edges) -> int:
     return sum(x > e for e in edges)
 
 
+def _aligned(key) -> bool:
+    """A key's alignment class: every dim past the first (the widths: a row's columns,
+    matmul's N and K, attention's sequence lengths and head dim) a multiple of 8. The first
+    dim counts rows, products or heads, which no kernel vectorizes over; a 1-D key is its
+    own width."""
+    return all(x % 8 == 0 for x in (key[1:] if len(key) > 1 else key))
+
+
 def _distance(a, b, exact=(), bands=()) -> float:
-    """Summed |log2| ratios of the dims; infinite across alignment classes (a dim that is a
-    multiple of 8 in one key and not in the other): libraries choose other kernels for
-    odd sizes (cuBLAS at 4097x4095x1023 is slower than our CUDA matmul, at 1024x3072x768
-    it is the fastest), so an odd row does not speak for an aligned call, nor the reverse.
+    """Summed |log2| ratios of the dims; infinite across alignment classes (``_aligned``:
+    every width a multiple of 8 in one key, not in the other): libraries choose other
+    kernels where a width is odd (cuBLAS at 4097x4095x1023 and 8192x50257x768 is 1.8-4.4x
+    slower than our CUDA matmul, at 1024x3072x768 it is the fastest), so an odd row does not
+    speak for an aligned call, nor the reverse. (Classes per dim, the first included, split
+    the rows finer than the kernels do: left out in turn (harness.choice_cv), the rows'
+    choices were within 3% of the fastest at 376 of 472 H200 rows and 421 of 514 H100 rows,
+    with these classes at 384 and 432.)
     Infinite too across the bands of ``bands`` ((dim index, upper bounds) pairs, the op's
     ``OpSpec.key_bands``: matmul's M <= 16 runs GEMV kernels, launch-bound, and above it
     tile kernels), and where a dim listed in ``exact`` (indices into the key, the op's
     ``OpSpec.key_exact``) differs: attention's kernels are built per head dim, and the
     fastest at head dim 80 says nothing of head dim 128."""
-    if len(a) != len(b) or any((x % 8 == 0) != (y % 8 == 0) for x, y in zip(a, b)):
+    if len(a) != len(b) or _aligned(a) != _aligned(b):
         return math.inf
     for i, edges in bands:
         if _band(a[i], edges) != _band(b[i], edges):
