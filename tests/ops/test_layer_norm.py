@@ -557,10 +557,13 @@ def test_triton_one_row_forward(rms, width):
     kernel. Checked against float64, mean and rstd included."""
     from kernellab.ops.norm_kernels import triton_kernels as lt
 
-    block, rows, _ = lt._fwd_config(width)
-    assert lt._row_1d(rows, torch.bfloat16) and not lt._row_1d(rows, torch.float32)
     g = torch.Generator().manual_seed(width + rms)
     x = (torch.randn(3, width, generator=g) * 2 + 1).to(torch.bfloat16)
+    # the launches compared below: the 1-D row kernel by default, the 2-D one with
+    # fwd_row_1d off and for fp32 rows
+    launches = ((x, lt.CONFIG), (x, lt.Config(fwd_row_1d=False)), (x.float(), lt.CONFIG))
+    kernels = [lt._fwd_plan(t, rms, not rms, False, c).launch.kernel for t, c in launches]
+    assert kernels == [lt._norm_fwd_row_kernel, lt._norm_fwd_kernel, lt._norm_fwd_kernel]
     w = (1 + 0.1 * torch.randn(width, generator=g)).to(torch.bfloat16)
     b = None if rms else (0.1 * torch.randn(width, generator=g)).to(torch.bfloat16)
     y, mean, rstd = lt.norm_fwd(x, w, b, 1e-5, rms)

@@ -22,6 +22,20 @@ CPU_BACKENDS = [
 SHAPES = [(1,), (41,), (3, 123), (5, 1025), (2, 3, 257), (300, 3), (2, 9000)]
 
 
+def _recorded_launches(monkeypatch, st, name):
+    """The constexprs and options (a dict per launch) that _launch passes to st.<name>, as
+    kernel[grid](..., **kw): what ran, not what a helper says would."""
+    launched = []
+    kernel = getattr(st, name)
+
+    class Recorded:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: (launched.append(dict(kw, grid=grid)), kernel[grid](*args, **kw))[1]
+
+    monkeypatch.setattr(st, name, Recorded())
+    return launched
+
+
 def _inputs(shape, dtype, seed):
     return SPEC.make_inputs(shape, dtype, "cpu", seed)
 
@@ -118,15 +132,18 @@ def test_long_rows_take_the_streaming_path():
 
 
 @pytest.mark.parametrize("waves", [1, 2])
-def test_streamed_rows_walked_by_fewer_programs(waves):
+def test_streamed_rows_walked_by_fewer_programs(waves, monkeypatch):
     # Config.stream_waves: fewer programs than rows, each walking rows (under the
-    # interpreter one "SM"): every row written once, forward and backward
+    # interpreter one "SM"): every row written once, forward and backward. (max_single and
+    # max_whole lowered: rows of 785 columns would otherwise be held whole, one a program.)
     from kernellab.ops.softmax import triton as st
 
-    cfg = st.Config(stream_block=256, stream_waves=waves, bwd_hints=True)
+    cfg = st.Config(stream_block=256, stream_waves=waves, bwd_hints=True, max_single=512, max_whole=0)
     x = torch.randn(5, 3 * 256 + 17) * 5
     dy = torch.randn_like(x)
     assert st._grid(5, 1, False, x.device, cfg) == waves
+    fwd = _recorded_launches(monkeypatch, st, "_softmax_fwd_kernel")
+    bwd = _recorded_launches(monkeypatch, st, "_softmax_bwd_kernel")
     y = st._fwd(x, cfg)
     v = judge(y, SPEC.ref(x), torch.float32, torch.softmax(x, -1))
     assert v.ok, v.detail
@@ -135,21 +152,28 @@ def test_streamed_rows_walked_by_fewer_programs(waves):
     ref = y.double() * (dy.double() - (dy.double() * y.double()).sum(-1, keepdim=True))
     torch.testing.assert_close(dx.double(), ref, rtol=1e-5, atol=1e-7)
     assert y64.shape == dx.shape
+    # both streamed, in 256-column steps, on `waves` programs (the backward's hints on)
+    for kw in fwd + bwd:
+        assert not kw["SINGLE"] and kw["BLOCK"] == 256 and kw["grid"] == (waves,)
+    assert len(fwd) == len(bwd) == 1 and bwd[0]["HINTS"]
 
 
 @pytest.mark.parametrize("cols", [3 * 512, 3 * 512 + 3])
-def test_streamed_row_opening_with_masked_steps(cols):
+def test_streamed_row_opening_with_masked_steps(cols, monkeypatch):
     # a streamed row whose first steps are all -inf (a mask's prefix): the running sum
     # stays 0 until a finite value arrives, then the answer is torch's; a row of -inf
-    # only is NaN, as torch
+    # only is NaN, as torch. (max_single and max_whole lowered: these rows would otherwise
+    # be held whole.)
     from kernellab.ops.softmax import triton as st
 
-    cfg = st.Config(stream_block=512)
+    cfg = st.Config(stream_block=512, max_single=1024, max_whole=0)
     g = torch.Generator().manual_seed(cols)
     x = torch.randn(3, cols, generator=g) * 4
     x[0, : 2 * 512 + 1] = float("-inf")
     x[1] = float("-inf")
+    launched = _recorded_launches(monkeypatch, st, "_softmax_fwd_kernel")
     y = st._fwd(x, cfg)
+    assert [(kw["SINGLE"], kw["BLOCK"]) for kw in launched] == [(False, 512)]  # streamed, 512 a step
     assert torch.isnan(y[1]).all()
     ref = torch.softmax(x.double(), -1).float()
     assert (y[0, : 2 * 512 + 1] == 0).all()
@@ -214,18 +238,29 @@ def test_streamed_aligned_rows_backward(dtype):
 
 
 @pytest.mark.parametrize("cols", [1000, 4097, 9000])
-def test_forward_with_64_bit_offsets(cols):
+def test_forward_with_64_bit_offsets(cols, monkeypatch):
     # WIDE (rows past 2^31 elements in all) computes its offsets in int64: forced on a small
-    # tensor (fwd_narrow off), whole and streamed rows give the 32-bit launch's very bits
+    # tensor (fwd_narrow off), whole rows give the 32-bit launch's very bits. Only whole rows
+    # read one element a load (SINGLE, ALIGN 1) read WIDE: streamed and shifted rows take
+    # int64 offsets either way, so their two launches are the same code and are not compared
+    # (whole_shifted off: 4097 columns, unaligned, read one element a load too)
     from kernellab.ops.softmax import triton as st
 
+    launched = _recorded_launches(monkeypatch, st, "_softmax_fwd_kernel")
     x = torch.randn(3, cols, generator=torch.Generator().manual_seed(cols)) * 4
-    for cfg in (st.Config(), st.Config(stream_block=512, max_whole=0)):
+    compared = 0
+    for cfg in (st.Config(), st.Config(stream_block=512, max_whole=0, whole_shifted=False)):
+        launched.clear()
         narrow = st._fwd(x, cfg)
         wide = st._fwd(x, dataclasses.replace(cfg, fwd_narrow=False))
-        assert torch.equal(wide, narrow)
+        (kw, kw_wide) = launched
+        assert kw["WIDE"] is False and kw_wide["WIDE"] is True
+        if kw["SINGLE"] and kw["ALIGN"] == 1:
+            compared += 1
+            assert torch.equal(wide, narrow)
         v = judge(wide, SPEC.ref(x), torch.float32, torch.softmax(x, -1))
         assert v.ok, v.detail
+    assert compared  # at least one launch whose offsets WIDE changes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
@@ -582,15 +617,12 @@ def test_gpu_liger_peer_forward(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("width", [1024, 2048, 3000])
-def test_triton_forward_rereads_wide_rows(dtype, width):
+def test_triton_forward_rereads_wide_rows(dtype, width, monkeypatch):
     """Rows of Config.reread_min_cols columns and more: the statistics from registers, the output
     from a second read of x; fp32 at 16 warps. Same answer as float64 either way."""
     from kernellab.ops.softmax import triton as st
 
-    block, rows, single, warps = st._config(width)
-    reread, fwarps = st._fwd_choice(width, block, single, torch.tensor([], dtype=dtype).element_size(), warps)
-    assert reread == (width >= st.CONFIG.reread_min_cols)
-    assert fwarps == (16 if reread and dtype == torch.float32 else warps)
+    launched = _recorded_launches(monkeypatch, st, "_softmax_fwd_kernel")
     g = torch.Generator().manual_seed(width)
     x = (torch.randn(5, width, generator=g) * 4).to(dtype)
     x[1, 7] = 60.0  # one dominant element
@@ -598,8 +630,17 @@ def test_triton_forward_rereads_wide_rows(dtype, width):
     y = st._fwd(x)
     want = torch.softmax(x.double(), -1)
     y2 = st._fwd(x, st.Config(fwd_reread=False))  # the output from registers
+    # what ran: the default re-reads from reread_min_cols columns up (fp32 at 16 warps), the
+    # knob turns it off; below reread_min_cols both calls are the same launch, the same bits
+    reread = width >= st.CONFIG.reread_min_cols
+    (kw, kw2) = launched
+    assert kw["REREAD"] is reread and kw2["REREAD"] is False
+    assert kw["num_warps"] == (16 if reread and dtype == torch.float32 else kw2["num_warps"])
     err, err2 = (y.double() - want).abs().max(), (y2.double() - want).abs().max()
-    assert 0 < err <= 2 * err2, (err, err2)
+    if reread:
+        assert 0 < err <= 2 * err2, (err, err2)
+    else:
+        assert kw == kw2 and torch.equal(y, y2)
     assert torch.isfinite(y).all() and (y[2, : width // 2] == 0).all()
 
 
