@@ -155,6 +155,18 @@ def test_fused_relu(backend, dtype, shape):
 
 
 @pytest.mark.parametrize("backend", CPU)
+def test_fused_relu_keeps_nan(backend):
+    # relu(NaN) is NaN, as torch.relu's: a NaN in x makes its channel's statistics and every
+    # output of the channel NaN, a NaN bias the whole channel; the other channels stay finite
+    x, w, b = torch.randn(2, 3, 2, 2), torch.ones(3), torch.zeros(3)
+    x[0, 0, 0, 0] = float("nan")
+    b[2] = float("nan")
+    y = kernellab.batch_norm2d(x, w, b, relu=True, backend=backend)
+    assert torch.isnan(y[:, 0]).all() and torch.isnan(y[:, 2]).all()
+    torch.testing.assert_close(y[:, 1], _torch(x, w, b, relu=True)[:, 1], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_other_eps_and_default(backend):
     x, w, b = SPEC.make_inputs((2, 3, 4, 5), torch.bfloat16, "cpu", 3)
     _assert_fwd_bwd(backend, (x, w, b), torch.bfloat16, eps=1e-1)

@@ -1799,8 +1799,14 @@ def test_v12_launcher_maps_grid_and_padding(monkeypatch):
 
 
 def test_asm_alias_backend_shows_the_best_variant_per_dtype():
+    # what _best_fwd launches: v7 in fp32; at 16 bits v15 on sm_90 (wgmma), else v9
+    from kernellab.inspect import asm
+
     names = {sfx: [k.name for k in _ptx_of("cuda", sfx)] for sfx in ("f32", "bf16")}
-    assert names == {"f32": ["matmul_v7_f32"], "bf16": ["matmul_v9_bf16"]}
+    assert names["f32"] == ["matmul_v7_f32"]
+    assert names["bf16"] and all(n.startswith("matmul_v15_") and n.endswith("_bf16") for n in names["bf16"])
+    module = kernellab.registry.get("matmul", "cuda").module
+    assert [k.name for k in asm.cuda_report(module, "sm_80", "cuda", "bf16")[0]] == ["matmul_v9_bf16"]
 
 
 def test_triton_kernels_compile_for_sm90_ahead_of_time(tmp_path):
@@ -2243,3 +2249,23 @@ def test_check_engine_fuzz_cancellation_seeds():
             stages=("fuzz",),
         )  # fmt: skip
         assert rep.status == "pass", (seed, [(c.name, c.detail) for c in rep.failures])
+
+
+@pytest.mark.parametrize("backend", cpu_backends("matmul"))
+def test_fused_relu_keeps_nan(backend):
+    # relu(NaN) is NaN forward and passes the gradient backward, as torch.relu's: a NaN in
+    # a's row 0 and in bias[1] reach the output, and da / dbias match PyTorch's there
+    g = torch.Generator().manual_seed(5)
+    a, b, bias = torch.randn(3, 4, generator=g), torch.randn(4, 2, generator=g), torch.randn(2, generator=g)
+    a[0, 1] = float("nan")
+    bias[1] = float("nan")
+    leaves = [t.clone().requires_grad_() for t in (a, b, bias)]
+    refs = [t.clone().requires_grad_() for t in (a, b, bias)]
+    y = kernellab.matmul(*leaves[:2], bias=leaves[2], activation="relu", backend=backend)
+    want = torch.relu(refs[0] @ refs[1] + refs[2])
+    torch.testing.assert_close(y, want, equal_nan=True)
+    dy = torch.randn(3, 2, generator=g)
+    y.backward(dy)
+    want.backward(dy)
+    for got, ref in zip(leaves, refs):
+        torch.testing.assert_close(got.grad, ref.grad, equal_nan=True)

@@ -10,7 +10,7 @@
 //                elements of the chunk shifted by the chunk's first value in fp64; the
 //                block merges the (count, mean, M2) triples (Chan's formula, fp64);
 //                thread 0 writes the chunk's triple to part[3][C][split] (fp64).
-// relu (an int argument): y = max(y, 0) forward; backward, dy counts where the forward's
+// relu (an int argument): y = max(y, 0) forward (NaN kept); backward, dy counts where the forward's
 // pre-activation (recomputed with the same fp32 expression) was > 0.
 //
 //   bn_fwd_apply every thread merges the channel's `split` triples in fp64 (a few dozen
@@ -40,7 +40,7 @@ constexpr int THREADS = 256;
 // g where relu is off or the forward's pre-activation (x - mean) * scale + shift,
 // recomputed with the forward's expression (so the same sign), is > 0; else 0.
 __device__ __forceinline__ float relu_grad(float g, float xv, float mean, float scale, float shift, int relu) {
-    if (relu && !((xv - mean) * scale + shift > 0.0f)) g = 0.0f;
+    if (relu && (xv - mean) * scale + shift <= 0.0f) g = 0.0f;  // (a NaN passes g, as torch.relu's)
     return g;
 }
 
@@ -56,7 +56,7 @@ __device__ void bn_fwd_apply(const T* __restrict__ x, const T* __restrict__ w, c
     for (int i = start + threadIdx.x; i < end; i += THREADS) {
         const long long o = bn_offset(i, c, C, HW);
         const float v = (kl::to_f(x[o]) - mean) * scale + shift;
-        y[o] = kl::from_f<T>(relu ? fmaxf(v, 0.0f) : v);
+        y[o] = kl::from_f<T>(relu && v <= 0.0f ? 0.0f : v);  // NaN passes (fmaxf(NaN, 0) is 0)
     }
 }
 

@@ -248,8 +248,8 @@ def _bn_fwd_apply_kernel(
         mask, n, r, off = channel_block(i0, end, c, C, HW, BLOCK)
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         y = (x - mean) * scale + shift
-        if RELU:
-            y = tl.maximum(y, 0.0)
+        if RELU:  # NaN passes, as torch.relu's (tl.maximum(NaN, 0) is 0)
+            y = tl.where(y <= 0.0, 0.0, y)
         tl.store(y_ptr + off, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -285,7 +285,7 @@ def _bn_bwd_sums_kernel(
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         if RELU:  # the forward's expression: the same fp32 value, the same sign
-            dy = tl.where((x - mean) * scale + shift > 0.0, dy, 0.0)
+            dy = tl.where((x - mean) * scale + shift <= 0.0, 0.0, dy)  # (NaN passes dy)
         # The terms and their sums in fp64 (an fp32 product and difference are exact
         # there), rstd applied once to the channel's sum: dweight and dbias are the exact
         # sums rounded once. fp32 lanes lost up to a few ulps to cancellation at small
@@ -329,7 +329,7 @@ def _bn_bwd_apply_kernel(
         x = tl.load(x_ptr + off, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + off, mask=mask, other=0.0).to(tl.float32)
         if RELU:
-            dy = tl.where((x - mean) * k + shift > 0.0, dy, 0.0)
+            dy = tl.where((x - mean) * k + shift <= 0.0, 0.0, dy)
         xhat = (x - mean) * rstd
         dx = k * (dy - mdb - xhat * mdw)
         tl.store(dx_ptr + off, dx.to(dx_ptr.dtype.element_ty), mask=mask)

@@ -41,7 +41,7 @@ def _backward(mm: Callable, saved, activation, dy, need):
     dy = dy.contiguous()
     dz32 = None
     if activation == "relu":
-        dz = dy * (y > 0).to(dy.dtype)
+        dz = dy * (~(y <= 0)).to(dy.dtype)  # NaN outputs pass dy, as torch.relu's backward
     elif activation == "gelu":
         z = mm(a, b, bias, None)
         dz32 = dy.float() * _gelu_grad(z.float())

@@ -72,8 +72,8 @@ def epilogue(acc, bias_ptr, rn, N, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
     # fp32 accumulator before its one store.
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    if ACT == 1:
-        acc = tl.maximum(acc, 0.0)
+    if ACT == 1:  # NaN passes, as torch.relu's (tl.maximum(NaN, 0) is 0)
+        acc = tl.where(acc <= 0.0, 0.0, acc)
     elif ACT == 2:
         # tanh(u) = 1 - 2 / (1 + exp(2u)): exact limits +-1 when exp over/underflows.
         u = 0.7978845608028654 * (acc + 0.044715 * acc * acc * acc)
