@@ -87,6 +87,49 @@ def test_functional_sdpa_causal_gqa_and_mask():
     _close(KF.scaled_dot_product_attention(q, kk, vv, mask), want, "mask")
 
 
+def test_functional_bad_arguments_are_refused_naming_them():
+    # as PyTorch refuses them, each naming the argument (a flattened or transposed weight
+    # of a (3, 2) norm would pass the op's own (6,) check and be applied in another order)
+    x = torch.randn(4, 3, 2)
+    for w in (torch.randn(2, 3), torch.randn(6)):
+        with pytest.raises(ValueError, match="weight of shape"):
+            KF.layer_norm(x, (3, 2), w)
+        with pytest.raises(ValueError, match="weight of shape"):
+            KF.rms_norm(x, (3, 2), w)
+    with pytest.raises(ValueError, match="bias of shape"):
+        KF.layer_norm(x, (3, 2), torch.ones(3, 2), torch.zeros(6))
+    _close(KF.layer_norm(x, (3, 2)), F.layer_norm(x, (3, 2)), "2 dims, no weight")
+    with pytest.raises(TypeError, match="input must be a floating-point"):
+        KF.rms_norm(torch.ones(2, 3, dtype=torch.int64), (3,))
+    with pytest.raises(ValueError, match="target of shape"):
+        KF.cross_entropy(torch.randn(5), torch.tensor([1, 2, 3]))
+    with pytest.raises(ValueError, match="input must have at least one dim"):
+        KF.cross_entropy(torch.tensor(1.0), torch.tensor(0))
+    with pytest.raises(TypeError, match="target must be a torch.Tensor"):
+        KF.cross_entropy(torch.randn(2, 5), [1, 2])
+    # a scale kernellab.attention refuses (not positive and finite) runs PyTorch's SDPA
+    q = torch.randn(1, 2, 4, 8)
+    for scale in (0.0, -0.5):
+        assert not KF.sdpa_supported(q, q, q, scale=scale)
+        _close(KF.scaled_dot_product_attention(q, q, q, scale=scale),
+               F.scaled_dot_product_attention(q, q, q, scale=scale), f"scale {scale}")  # fmt: skip
+
+
+def test_patch_refuses_unknown_backends_and_a_str_of_ops_at_patch_time():
+    m = nn.Sequential(nn.LayerNorm(8))
+    with pytest.raises(ValueError, match="backend: layer_norm has no backend 'nope'"):
+        kernellab.patch(m, backend={"layer_norm": "nope"}, verbose=False)
+    with pytest.raises(ValueError, match="backend: unknown op 'layernorm'"):
+        kernellab.patch(m, backend={"layernorm": "triton"}, verbose=False)
+    with pytest.raises(ValueError, match="no op patched has a backend 'nope'"):
+        kernellab.patch(m, backend="nope", verbose=False)
+    with pytest.raises(TypeError, match="ops must be a list or tuple"):
+        kernellab.patch(m, ops="layer_norm", verbose=False)
+    assert "_kernellab_patch" not in m.__dict__  # nothing was patched
+    kernellab.patch(m, backend={"layer_norm": "manual", "gelu": None}, verbose=False)
+    kernellab.unpatch(m)
+
+
 def test_dropin_modules_keep_torch_state():
     ln = kernellab.nn.LayerNorm(8, eps=1e-4)
     assert isinstance(ln, nn.LayerNorm) and list(ln.state_dict()) == ["weight", "bias"]

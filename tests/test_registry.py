@@ -558,3 +558,21 @@ def test_compiled_default_traces_pytorchs_op_not_the_eager_choice(monkeypatch):
     assert torch.nn.functional.gelu in targets or torch._C._nn.gelu in targets, targets
     assert torch.erf not in targets and torch.tanh not in targets, targets
     registry._forget_choices()
+
+
+@pytest.mark.parametrize("op", ["gelu", "relu", "softmax", "sum"])
+def test_the_default_refuses_a_numpy_array_naming_x(op):
+    # a numpy array's .device is a str: the default's device lookup must not trip on it,
+    # so the validator's TypeError naming x is what the caller sees (as with a backend named)
+    import numpy as np
+
+    from kernellab.core import registry
+
+    with pytest.raises(TypeError, match=r"\bx must be a torch.Tensor"):
+        registry.call(op, None, np.ones((2, 3), np.float32))
+
+
+def test_softmax_refuses_a_bool_dim():
+    for dim in (False, True):
+        with pytest.raises(ValueError, match="dim must be an int"):
+            kernellab.softmax(torch.randn(3, 4), dim)

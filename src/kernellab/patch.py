@@ -891,6 +891,7 @@ class _SDPAMode(torch.overrides.TorchFunctionMode):
             ok = klF.sdpa_supported(
                 bound["query"], bound["key"], bound["value"], bound.get("attn_mask"),
                 bound.get("dropout_p", 0.0), bound.get("is_causal", False), bound.get("enable_gqa", False),
+                bound.get("scale"),
             )
             if ok:
                 if counting:
@@ -1061,6 +1062,25 @@ def _is_hf(model) -> bool:
     return mod is not None and isinstance(model, mod.PreTrainedModel)
 
 
+def _check_backends(backend, wanted) -> None:
+    """A ValueError naming ``backend`` where it names a backend no op it applies to has (a
+    dict: per op; a str: across the ops patched), at patch time rather than at the first
+    forward."""
+    from kernellab.core import registry
+
+    def names(op):
+        return {i.backend for i in registry.impls(op)} if op in registry.op_names() else set()
+
+    if isinstance(backend, dict):
+        for op, b in backend.items():
+            if op not in OPS:
+                raise ValueError(f"backend: unknown op {op!r}; known: {list(OPS)}")
+            if b is not None and (not isinstance(b, str) or b not in names(op)):  # None: the default
+                raise ValueError(f"backend: {op} has no backend {b!r}; it has {sorted(names(op))}")
+    elif isinstance(backend, str) and not any(backend in names(op) for op in wanted):
+        raise ValueError(f"backend: no op patched has a backend {backend!r}")
+
+
 def patch(
     model: nn.Module,
     ops: list[str] | tuple[str, ...] | None = None,
@@ -1084,10 +1104,13 @@ def patch(
         raise ValueError(f"on_unsupported must be 'fallback' or 'raise', got {on_unsupported!r}")
     if backend is not None and not isinstance(backend, (str, dict)):
         raise TypeError(f"backend must be a str, a dict op -> str or None, got {type(backend).__name__}")
+    if isinstance(ops, str):
+        raise TypeError(f"ops must be a list or tuple of op names, got the str {ops!r} (write [{ops!r}])")
     wanted = list(OPS) if ops is None else list(ops)
     unknown = [op for op in wanted if op not in OPS]
     if unknown:
         raise ValueError(f"ops: unknown {unknown}; known: {list(OPS)}")
+    _check_backends(backend, wanted)
     if ops is not None:
         missing = [op for op in wanted if op != "attention" and op not in kl_ops.FUNCTIONS]
         if missing:

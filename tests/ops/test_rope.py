@@ -376,6 +376,12 @@ def test_inplace_refusals(backend):
                        backend=backend)  # fmt: skip
     with pytest.raises(ValueError, match=r"\bk\b.*overlap"):
         kernellab.rope(q.clone(), k[:, :1].expand(k.shape), cos, sin, inplace=True, backend=backend)
+    # a flag that is not a bool is refused naming inplace, and q and k are left as they were
+    for flag in ("False", 0, 1, None):
+        q2, k2 = q.clone(), k.clone()
+        with pytest.raises(TypeError, match="inplace must be a bool"):
+            kernellab.rope(q2, k2, cos, sin, inplace=flag, backend=backend)
+        assert torch.equal(q2, q) and torch.equal(k2, k)
     # under no_grad a leaf that requires grad may be rotated in place (an explicit choice)
     ql = q.clone().requires_grad_()
     with torch.no_grad():

@@ -221,10 +221,17 @@ def test_gradient_wrt_x_and_bias(bits, backend):
     torch.testing.assert_close(db.double(), rb, rtol=1e-5, atol=1e-5)
 
 
-def test_scales_requiring_grad_are_refused_by_the_kernels():
-    x, w_q, s, _ = _case(8, (2, 8, 32), torch.float32, "cpu", 0)
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("backend", ["manual", "torch", "triton", None])
+def test_scales_requiring_grad_are_refused_by_every_backend(bits, backend):
+    # the op's contract (its docstring): no backend gives scales a gradient, the reference
+    # compositions included; under no_grad such scales are read as constants
+    x, w_q, s, _ = _case(bits, (2, 8, 32), torch.float32, "cpu", 0)
     with pytest.raises(RuntimeError, match="scales requires grad"):
-        kernellab.int8_weight_only_matmul(x, w_q, s.requires_grad_(), backend="triton")
+        FN[bits](x, w_q, s.clone().requires_grad_(), backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(FN[bits](x, w_q, s.clone().requires_grad_(), backend=backend),
+                                   FN[bits](x, w_q, s, backend=backend))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- bad inputs

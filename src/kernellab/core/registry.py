@@ -417,8 +417,8 @@ def _choose_and_call(op: str, args, kwargs, ck, dev):
     then ``dev`` is None): choose for both modes, remember, record, run."""
     x = args[0] if args else None
     if dev is None:
-        dev = getattr(x, "device", None)
-        dev = dev.type if dev is not None else "cpu"
+        dev = getattr(x, "device", None)  # (numpy arrays have a str device: the validator refuses them)
+        dev = dev.type if isinstance(dev, torch.device) else "cpu"
     wants = _wants_grad(args)
     pick = _CHOSEN.get(ck) if ck is not None else None
     if pick.__class__ is _Trusted:  # (recording: every call comes here)

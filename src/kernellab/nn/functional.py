@@ -11,6 +11,8 @@ The kernellab ops themselves keep their own documented signatures
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as _F
 
@@ -31,6 +33,16 @@ def _flat(t: torch.Tensor | None, k: int) -> torch.Tensor | None:
     return None if t is None else t.reshape(*t.shape[: t.dim() - k], -1) if k > 1 else t
 
 
+def _affine(t, input: torch.Tensor, k: int, name: str):
+    """``t`` (weight or bias) flattened as the rows are; a ValueError naming it when its shape
+    is not normalized_shape (PyTorch's rule; a flattened (6,) weight would pass the op's own
+    check for (3, 2) rows and be applied in another order)."""
+    shape = tuple(input.shape[input.dim() - k :])
+    if isinstance(t, torch.Tensor) and tuple(t.shape) != shape:
+        raise ValueError(f"{name} of shape {tuple(t.shape)} must have normalized_shape {shape}")
+    return _flat(t, k)
+
+
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, backend=None):
     """``torch.nn.functional.layer_norm``: over the trailing ``normalized_shape`` (several
     trailing dims are flattened into one row, which is the same normalization).
@@ -38,8 +50,9 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, bac
     k = _normalized_dims(normalized_shape, input)
     x = _flat(input, k)
     if weight is None:
-        weight = torch.ones(x.shape[-1], device=input.device, dtype=input.dtype)
-    y = _kl.layer_norm(x, _flat(weight, k), _flat(bias, k), eps=eps, backend=backend)
+        weight = torch.ones(input.shape[input.dim() - k :], device=input.device, dtype=input.dtype)
+    y = _kl.layer_norm(x, _affine(weight, input, k, "weight"), _affine(bias, input, k, "bias"), eps=eps,
+                       backend=backend)  # fmt: skip
     return y.view(input.shape) if k > 1 else y
 
 
@@ -49,10 +62,12 @@ def rms_norm(input, normalized_shape, weight=None, eps=None, *, backend=None):
     k = _normalized_dims(normalized_shape, input)
     x = _flat(input, k)
     if eps is None:
+        if not input.is_floating_point():
+            raise TypeError(f"input must be a floating-point tensor, got dtype {input.dtype}")
         eps = torch.finfo(input.dtype).eps
     if weight is None:
-        weight = torch.ones(x.shape[-1], device=input.device, dtype=input.dtype)
-    y = _kl.rms_norm(x, _flat(weight, k), eps=eps, backend=backend)
+        weight = torch.ones(input.shape[input.dim() - k :], device=input.device, dtype=input.dtype)
+    y = _kl.rms_norm(x, _affine(weight, input, k, "weight"), eps=eps, backend=backend)
     return y.view(input.shape) if k > 1 else y
 
 
@@ -88,6 +103,11 @@ def cross_entropy(
     ``label_smoothing`` > 0, probability targets and the legacy ``size_average`` /
     ``reduce`` run PyTorch's function (kernellab.cross_entropy implements none of them).
     """
+    for name, t in (("input", input), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if input.dim() == 0:
+        raise ValueError("input must have at least one dim (the classes), got a 0-d tensor")
     if (
         weight is not None
         or label_smoothing != 0.0
@@ -99,6 +119,10 @@ def cross_entropy(
             input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing
         )
     if input.dim() == 1:
+        if target.dim() != 0:
+            raise ValueError(
+                f"target of shape {tuple(target.shape)} must be 0-d for a 1-d input (one sample)"
+            )
         logits, tgt = input.unsqueeze(0), target.reshape(1)
     elif input.dim() == 2:
         logits, tgt = input, target
@@ -134,8 +158,9 @@ def scaled_dot_product_attention(
     no mask, causal with ``S_q == S_k`` (PyTorch's causal mask is aligned top-left,
     kernellab's bottom-right: the same square), and GQA with ``enable_gqa=True``. An
     ``attn_mask``, ``dropout_p > 0``, causal with ``S_q != S_k``, differing head counts
-    without ``enable_gqa`` (PyTorch's error) or 4-D shapes kernellab refuses run PyTorch's."""
-    if not sdpa_supported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+    without ``enable_gqa`` (PyTorch's error), a scale that is not positive and finite, or
+    4-D shapes kernellab refuses run PyTorch's."""
+    if not sdpa_supported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, scale):
         gqa = {"enable_gqa": True} if enable_gqa else {}  # (the keyword is torch >= 2.5)
         return _F.scaled_dot_product_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, **gqa
@@ -144,12 +169,14 @@ def scaled_dot_product_attention(
 
 
 def sdpa_supported(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, enable_gqa=False, scale=None
 ) -> bool:
     """Whether kernellab.attention computes this SDPA call exactly (see
     scaled_dot_product_attention)."""
     if attn_mask is not None or dropout_p != 0.0 or query.dim() < 3 or query.dim() != key.dim():
         return False
+    if scale is not None and not (isinstance(scale, (int, float)) and 0 < scale < math.inf):
+        return False  # kernellab.attention takes a positive finite scale; PyTorch any
     if key.shape != value.shape or query.shape[-1] != key.shape[-1]:
         return False
     if is_causal and query.shape[-2] != key.shape[-2]:

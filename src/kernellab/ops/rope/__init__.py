@@ -558,8 +558,8 @@ def rope(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(q_rot, k_rot): q and k rotated by cos / sin (module docstring) with the chosen
     backend (default: the fastest available here)."""
-    if inplace:
-        return registry.call(_OP, backend, q, k, cos, sin, position_ids, layout=layout, inplace=True)
+    if inplace is not False:  # True, or a value the validator refuses (naming inplace)
+        return registry.call(_OP, backend, q, k, cos, sin, position_ids, layout=layout, inplace=inplace)
     if layout != "neox":
         return registry.call(_OP, backend, q, k, cos, sin, position_ids, layout=layout)
     return registry.call(_OP, backend, q, k, cos, sin, position_ids)

@@ -71,7 +71,7 @@ def softmax(x: torch.Tensor, dim: int = -1, *, backend: str | None = None) -> to
         return registry.call("softmax", backend, x)  # the registry's validation names x
     if x.dim() == 0:
         raise ValueError("softmax: x must have at least one dimension, got a 0-d tensor")
-    if not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
         raise ValueError(f"softmax: dim must be an int in [{-x.dim()}, {x.dim() - 1}], got {dim!r}")
     if dim % x.dim() != x.dim() - 1:
         return registry.call("softmax", backend, x.movedim(dim, -1)).movedim(-1, dim)

@@ -147,6 +147,7 @@ def validate_wo(args, kwargs, devices=("cuda", "cpu"), dtypes=X_DTYPES, *, bits=
             and x.layout is torch.strided
             and w_q.layout is torch.strided
             and s.layout is torch.strided
+            and not s.requires_grad
         ):
             return
     if len(args) != 3:
@@ -187,6 +188,11 @@ def validate_wo(args, kwargs, devices=("cuda", "cpu"), dtypes=X_DTYPES, *, bits=
         raise ValueError(
             f"{op}: scales must have shape ({w_q.shape[0]},) (one per output channel, N), "
             f"got {tuple(s.shape)}"
+        )
+    if s.requires_grad and torch.is_grad_enabled():  # every backend, as the kernels' autograd
+        raise RuntimeError(
+            f"{op}: scales requires grad, but the weight-only matmuls differentiate x and bias only; "
+            "pass scales.detach()"
         )
     if kwargs:
         unknown = sorted(set(kwargs) - {"bias"})
