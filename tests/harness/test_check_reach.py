@@ -61,6 +61,25 @@ def test_matmul_ignoring_bias_fails_the_bias_options(planted):
     assert ("recall", "inputs modified in place bias=tensor") in failed
 
 
+def test_matmul_relu_that_drops_nan_fails_the_option_specials(planted):
+    # relu as max(z, 0) turns a NaN into 0 (as tl.maximum / fmaxf do): every plain case and
+    # the relu option with plain inputs pass; NaN planted in that option's inputs fails it
+    mm = _correct("matmul")
+
+    def relu_max(a, b, bias=None, activation=None):
+        if activation != "relu":
+            return mm(a, b, bias, activation)
+        z = mm(a, b, bias, None)
+        return torch.where(torch.isnan(z), torch.zeros_like(z), torch.relu(z))
+
+    rep = _run(planted("matmul", "planted_relu_max", relu_max))
+    assert rep.status == FAIL
+    failed = _failed(rep)
+    relu = [name for kind, name in failed if kind == "option"]
+    assert relu and all("relu" in n and n.endswith("nan/inf/extremes") for n in relu), failed
+    assert _failed_kinds(rep) == {"option"}, rep.failures
+
+
 def test_attention_ignoring_scale_fails_the_scale_options(planted):
     attn = _correct("attention")
 

@@ -16,7 +16,9 @@ For one implementation and one dtype it runs:
                 cases run in the implementation's first dtype);
 - ``option``    each of the op's option cases (``OpSpec.option_sets``: keywords at
                 non-default values, tensor options, positional overrides such as
-                ``bias=None``), forward and gradient;
+                ``bias=None``), forward and gradient, and the forward again with NaN /
+                +-inf / extremes planted as in ``special`` (``<options> nan/inf/extremes``:
+                a fused epilogue such as matmul's relu has code of its own);
 - ``boundary``  each of the op's regime-boundary problems (``OpSpec.boundary_cases``:
                 a vocabulary past two chunks, a row past one block, more rows than one
                 program reduces, head dim 128, causal x window x GQA, ties in a max),
@@ -445,6 +447,9 @@ class _Runner:
             label = options_str(opts)
             args, kwargs = self.option_inputs(opts)
             yield self.run_forward("option", label, args, kwargs)
+            if spec.specials:  # NaN / inf through the option's own code (a fused epilogue)
+                planted = spec.plant_specials(args, self.next_seed())
+                yield self.run_forward("option", f"{label} nan/inf/extremes", planted, kwargs)
             if self.differentiable:
                 args, kwargs = self.option_inputs(opts)
                 yield self.fwd_bwd("grad", f"grad {label}", args, kwargs, judge_out=False)
