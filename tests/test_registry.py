@@ -576,3 +576,23 @@ def test_softmax_refuses_a_bool_dim():
     for dim in (False, True):
         with pytest.raises(ValueError, match="dim must be an int"):
             kernellab.softmax(torch.randn(3, 4), dim)
+
+
+@pytest.mark.parametrize("op", kernellab.op_names())
+def test_a_nested_tensor_is_refused_naming_the_argument(op):
+    """A nested tensor of strided layout reports ``torch.strided`` but has no sizes: every
+    CPU backend, named or chosen by default, refuses it with a TypeError naming the
+    argument (PyTorch's own "NestedTensorImpl doesn't support sizes" was what users got)."""
+    from kernellab.harness.check import check_bad_input
+
+    spec = kernellab.get_spec(op)
+    (case,) = [c for c in spec.bad_inputs() if c.name == "a nested tensor"]
+    dtype = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
+    for impl in kernellab.impls(op):
+        if "cpu" in impl.devices:
+            res = check_bad_input(impl, case, "cpu", dtype)
+            assert res.status == "pass", (impl.backend, res.detail)
+    args, kwargs = case.build("cpu", dtype)
+    for _ in range(2):  # the default: its first call at a key, then the cached path
+        with pytest.raises(TypeError, match=rf"\b{spec.arg_names[0]}\b.*nested"):
+            registry.call(op, None, *args, **kwargs)

@@ -268,6 +268,7 @@ BAD = [
     ("NaN label_smoothing", lambda x, w, t: ((x, w, t), {"label_smoothing": float("nan")}), ValueError,
      "label_smoothing"),
     ("negative z_loss", lambda x, w, t: ((x, w, t), {"z_loss": -1.0}), ValueError, "z_loss"),
+    ("infinite z_loss", lambda x, w, t: ((x, w, t), {"z_loss": float("inf")}), ValueError, "z_loss"),
     ("string z_loss", lambda x, w, t: ((x, w, t), {"z_loss": "1e-4"}), TypeError, "z_loss"),
     ("float ignore_index", lambda x, w, t: ((x, w, t), {"ignore_index": -100.0}), TypeError, "ignore_index"),
     ("chunk 0", lambda x, w, t: ((x, w, t), {"chunk": 0}), ValueError, "chunk"),

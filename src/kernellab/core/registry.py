@@ -103,7 +103,11 @@ class Impl:
         validate = self._validate
         if validate is None:
             validate = self._validate = self._validator()
-        validate(args, kwargs, self.devices)
+        try:
+            validate(args, kwargs, self.devices)
+        except RuntimeError:  # (zero-cost until raised) a nested tensor has no sizes to read
+            _refuse_nested(self.op, args, kwargs)
+            raise
         return self.fn(*args, **kwargs)
 
     def _validator(self):
@@ -304,6 +308,14 @@ _STRIDED = torch.strided
 _TENSOR = torch.Tensor
 
 
+def _refuse_nested(op: str, args, kwargs) -> None:
+    try:
+        names = _spec.get_spec(op).arg_names
+    except KeyError:
+        names = ()
+    _spec.refuse_nested(op, names, args, kwargs)
+
+
 def _signature(args, kwargs, op: str | None = None) -> list:
     """What a validation reads of a call, flat: per positional argument a tensor's class,
     dtype, shape, device and layout, or any other value's class and the value (``causal=1``
@@ -364,7 +376,11 @@ def call(op: str, backend: str | None, *args, **kwargs):
         validate = impl._validate if not _is_compiling() else None  # (traced: Impl.__call__)
         if validate is None:
             return impl(*args, **kwargs)
-        validate(args, kwargs, impl.devices)  # Impl.__call__ inlined (one frame fewer)
+        try:
+            validate(args, kwargs, impl.devices)  # Impl.__call__ inlined (one frame fewer)
+        except RuntimeError:  # a nested tensor has no sizes to read
+            _refuse_nested(op, args, kwargs)
+            raise
         return impl.fn(*args, **kwargs)
     trusted = None
     try:
@@ -387,7 +403,8 @@ def call(op: str, backend: str | None, *args, **kwargs):
             pick = _CHOSEN.get(ck)
             if pick.__class__ is _Trusted and x.layout is _STRIDED and len(args) == 1 and _RECORD is None:
                 trusted = pick  # one tensor, no keywords: the key holds its facts but the layout
-    except (AttributeError, IndexError, TypeError):  # not tensors, or an unhashable option:
+    except (AttributeError, IndexError, TypeError, RuntimeError):  # not tensors, an unhashable
+        # option, or a nested tensor (no sizes):
         return _choose_and_call(op, args, kwargs, None, None)  # the op's own validation says why
     if trusted is not None:
         grad = trusted.grad_fn is not None and _wants_grad(args)
@@ -415,6 +432,8 @@ def call(op: str, backend: str | None, *args, **kwargs):
 def _choose_and_call(op: str, args, kwargs, ck, dev):
     """The default's first call at a choice key (or every call where none can be built, and
     then ``dev`` is None): choose for both modes, remember, record, run."""
+    if dev is None:
+        _refuse_nested(op, args, kwargs)
     x = args[0] if args else None
     if dev is None:
         dev = getattr(x, "device", None)  # (numpy arrays have a str device: the validator refuses them)

@@ -12,6 +12,7 @@ import functools
 import importlib
 import math
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -116,6 +117,8 @@ def check_float_tensor(op: str, name: str, t, devices, dtypes=FLOAT_DTYPES) -> N
     check_dtype(op, name, t, dtypes)
     if t.layout is not torch.strided:
         raise TypeError(f"{op}: {name} has layout {t.layout}; only strided (dense) tensors are supported")
+    if t.is_nested:
+        refuse_nested(op, (name,), (t,))
     if t.device.type not in devices:
         raise ValueError(
             f"{op}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only"
@@ -128,6 +131,20 @@ def check_like(op: str, name: str, t, like_name: str, like, devices, dtypes=FLOA
     tensor is the first one's twin (a GLU's up projection, a residual)."""
     check_float_tensor(op, name, t, devices, dtypes)
     check_twin(op, name, t, like_name, like, "; they must match")
+
+
+def refuse_nested(op: str, arg_names, args, kwargs=None) -> None:
+    """TypeError naming the first nested tensor among the arguments (a nested tensor of
+    strided layout reports ``torch.strided`` but has no sizes: every backend reads one
+    dense shape)."""
+    named = [(arg_names[i] if i < len(arg_names) else f"arg {i}", a) for i, a in enumerate(args)]
+    named += list((kwargs or {}).items())
+    for name, a in named:
+        if isinstance(a, torch.Tensor) and a.is_nested:
+            raise TypeError(
+                f"{op}: {name} is a nested tensor; only dense tensors are supported "
+                "(pad it, e.g. with torch.nested.to_padded_tensor, or call per sequence)"
+            )
 
 
 def check_twin(op: str, name: str, t, like_name: str, like, dtype_hint: str = "") -> None:
@@ -639,11 +656,19 @@ class OpSpec:
         def cpu_tensor(device, dtype):
             return self.make_inputs(bad, dtype, "cpu", 0), {}
 
+        def nested(device, dtype):
+            args = self.make_inputs(bad, dtype, device, 0)
+            with warnings.catch_warnings():  # (the strided nested layout is a prototype)
+                warnings.simplefilter("ignore")
+                x = torch.nested.nested_tensor([args[0], args[0]])
+            return (x,) + args[1:], {}
+
         cases = [
             BadInput("integer dtype", wrong_dtype, first),
             BadInput("float64 (unsupported dtype)", float64, first, dtype=torch.float64),
             BadInput("a list instead of a tensor", not_a_tensor, first),
             BadInput("CPU tensor to a GPU-only backend", cpu_tensor, first, gpu_only=True),
+            BadInput("a nested tensor", nested, first),
         ]
         if len(self.arg_names) > 1 and self.same_shape:
             second = self.arg_names[1]

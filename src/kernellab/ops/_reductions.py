@@ -28,7 +28,7 @@ from torch import Tensor
 
 from kernellab import triton_support
 from kernellab.core.kit import OpDecl, build
-from kernellab.core.spec import FLOAT_DTYPES, BadInput, Boundary, check_dtype, fuzz_rows
+from kernellab.core.spec import FLOAT_DTYPES, BadInput, Boundary, check_dtype, fuzz_rows, refuse_nested
 
 # --------------------------------------------------------------------------- validation
 
@@ -37,6 +37,8 @@ def check_x(x, devices, op: str, dtypes=FLOAT_DTYPES) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
     check_dtype(op, "x", x, dtypes)
+    if x.is_nested:
+        refuse_nested(op, ("x",), (x,))
     if x.device.type not in devices:
         raise ValueError(
             f"{op}: x is on {x.device}, but this backend runs on {' or '.join(devices)} tensors only"

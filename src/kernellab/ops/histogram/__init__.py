@@ -23,10 +23,12 @@ Inputs for benchmarks (``make_keys``): ``uniform`` (every bin equally likely), `
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from kernellab.core import registry
-from kernellab.core.spec import BadInput, OpSpec, check_dtype, define, fuzz_dim, relayout
+from kernellab.core.spec import BadInput, OpSpec, check_dtype, define, fuzz_dim, refuse_nested, relayout
 
 KEY_DTYPES = (torch.uint8, torch.int32, torch.int64)
 MAX_BINS = 2**31 - 1
@@ -58,6 +60,8 @@ def _validate(args, kwargs, devices, dtypes=KEY_DTYPES) -> None:
         raise TypeError(f"histogram: x must be a torch.Tensor, got {type(x).__name__}")
     if x.layout is not torch.strided:
         raise TypeError(f"histogram: x has layout {x.layout}; only strided (dense) tensors are supported")
+    if x.is_nested:
+        refuse_nested("histogram", ("x",), (x,))
     check_dtype("histogram", "x", x, dtypes)
     if x.dim() != 1:
         raise ValueError(f"histogram: x must be 1-D (flatten it first), got shape {tuple(x.shape)}")
@@ -164,6 +168,13 @@ def _x_list(device, dtype):
     return ([0, 1, 2], 8), {}
 
 
+def _x_nested(device, dtype):
+    with warnings.catch_warnings():  # (the strided nested layout is a prototype)
+        warnings.simplefilter("ignore")
+        x = torch.nested.nested_tensor([torch.arange(3, device=device), torch.arange(5, device=device)])
+    return (x, 8), {}
+
+
 def _x_int16(device, dtype):
     return (torch.zeros(33, dtype=torch.int16, device=device), 8), {}
 
@@ -234,6 +245,7 @@ SPEC = define(
             BadInput("int16 x", _x_int16, "x", exc=(TypeError,)),
             BadInput("a list instead of a tensor", _x_list, "x", exc=(TypeError,)),
             BadInput("2-D x", _x_2d, "x", exc=(ValueError,)),
+            BadInput("a nested tensor", _x_nested, "x", exc=(TypeError,)),
             BadInput("bins a float", _bins_float, "bins", exc=(TypeError,)),
             BadInput("bins a tensor", _bins_tensor, "bins", exc=(TypeError,)),
             BadInput("bins negative", _bins_negative, "bins", exc=(ValueError,)),

@@ -163,8 +163,8 @@ BIAS = TensorOption(_bias)
 def _number(name, value, lo, hi=None):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{OP}: {name} must be a float, got {value!r}")
-    if not (value >= lo and (hi is None or value <= hi)):  # NaN fails both
-        where = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if not (value >= lo and (value <= hi if hi is not None else math.isfinite(value))):  # NaN fails
+        where = f"in [{lo}, {hi}]" if hi is not None else f"finite and >= {lo}"
         raise ValueError(f"{OP}: {name} must be {where}, got {value!r}")
 
 
@@ -326,6 +326,7 @@ EXTRA_BAD = [
     BadInput("negative label_smoothing", _with(label_smoothing=-0.1), "label_smoothing"),
     BadInput("label_smoothing > 1", _with(label_smoothing=1.5), "label_smoothing"),
     BadInput("negative z_loss", _with(z_loss=-1e-4), "z_loss"),
+    BadInput("infinite z_loss", _with(z_loss=float("inf")), "z_loss"),
     BadInput("float ignore_index", _with(ignore_index=-100.0), "ignore_index"),
     BadInput("chunk of 0 rows", _with(chunk=0), "chunk"),
 ]  # fmt: skip
