@@ -126,6 +126,8 @@ MODULE_COMMANDS = [
     ("docs/guide.md:740", "kernellab.harness.floor", "--summarize F.jsonl"),
     ("docs/guide.md:571", "kernellab.harness.tune_all", "--out DIR"),
     ("docs/guide.md:584,678", "kernellab.harness.tune_all", "--out DIR --phases verify --paired-rounds 11"),
+    ("docs/guide.md:592", "kernellab.harness.tune_all",
+     "--out B --ops all --phases tune --limit-s 540 --resume A/tune.jsonl"),
     ("docs/guide.md:668", "kernellab.harness.rebuild_table", "rows.jsonl --verify V.jsonl"),
     ("docs/guide.md:701", "kernellab.harness.rebuild_table", "rows.jsonl --rows-from-verify V.jsonl"),
     ("docs/guide.md:536", "kernellab.harness.check_seeds", "--seeds 20"),

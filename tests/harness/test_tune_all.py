@@ -65,3 +65,52 @@ def test_shapes_are_checked(tmp_path):
                 ["--shapes", "3x5", "--families", "gpt2", "--phases", "tune"]):  # fmt: skip
         with pytest.raises(SystemExit):
             mod.main(["--out", str(tmp_path), "--ops", "add", *bad])
+
+
+def test_a_cut_off_tune_resumes_where_it_stopped(tmp_path, monkeypatch, capsys):
+    """``--limit-s`` stops starting cases (not ops) at the limit and lists the rest in
+    tune_left.json; ``--resume`` with the first run's rows times only those."""
+    import itertools
+    import time
+
+    from kernellab.harness import bench
+
+    monkeypatch.setenv("KERNELLAB_TABLES", str(tmp_path / "tables"))
+    ticks = itertools.count()
+
+    class Clock:  # bench's clock: 10 s more at each case it starts
+        @staticmethod
+        def perf_counter():
+            return time.perf_counter() + 10 * next(ticks)
+
+    monkeypatch.setattr(bench, "time", Clock)
+    common = ["--ops", "add", "--dtypes", "fp32", "--modes", "fwd", "--phases", "tune", "--budget", "0.02",
+              "--shapes", "3x5", "7x9", "11x13"]  # fmt: skip
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert mod.main(["--out", str(first), "--limit-s", "15", *common]) == 0
+    rows = [json.loads(line) for line in (first / "tune.jsonl").read_text().splitlines()]
+    assert {r["shape"] for r in rows} == {"3x5", "7x9"}
+    left = json.loads((first / "tune_left.json").read_text())
+    assert left == {"planned": 3, "left": [["add", "fp32", "fwd", "11x13", ""]]}
+    assert "2 of 3 cases done, 1 left" in capsys.readouterr().out
+
+    monkeypatch.setattr(bench, "time", time)
+    assert mod.main(["--out", str(second), "--resume", str(first / "tune.jsonl"), *common]) == 0
+    rows = [json.loads(line) for line in (second / "tune.jsonl").read_text().splitlines()]
+    assert {r["shape"] for r in rows} == {"11x13"}
+    assert json.loads((second / "tune_left.json").read_text())["left"] == []
+    assert "3 of 3 cases done, 0 left" in capsys.readouterr().out
+
+
+def test_all_ops_and_the_plan(tmp_path):
+    import pytest
+    import torch
+
+    ops = mod.all_ops()
+    assert ops[: len(mod.ORDER)] == mod.ORDER and {"conv2d", "rope", "linear_cross_entropy"} <= set(ops)
+    plan = mod.planned_cases(["attention"], [None], [torch.bfloat16], ["fwd", "fwdbwd"])
+    assert len(plan) == len(set(plan)) and {c[4] for c in plan} == {"causal=False", "causal=True"}
+    assert ("attention", "bf16", "fwdbwd", "4x32x2048x80", "causal=True") in plan
+    for bad in (["--resume", str(tmp_path / "missing.jsonl")], ["--dtypes", "fp8"]):
+        with pytest.raises(SystemExit):  # (refused before any timing: one tiny case if not)
+            mod.main(["--out", str(tmp_path), "--ops", "add", "--phases", "tune", "--shapes", "3", *bad])

@@ -28,6 +28,7 @@ import functools
 import itertools
 import os
 import subprocess
+import time
 
 import torch
 
@@ -181,11 +182,16 @@ def bench(
     options: dict | None = None,
     admitted: dict | None = None,
     paired_rounds: int = 0,
+    skip=None,
+    deadline: float | None = None,
 ) -> list[dict]:
     """Time ``op`` for every backend x shape x dtype x mode (x keyword-option case: the
     spec's ``bench_options``, or ``options`` when given); returns result rows (measured
     or rejected; unavailable backends appear with status "unavailable" and no timing).
-    ``paired_rounds``: see the module docstring (0: off)."""
+    ``paired_rounds``: see the module docstring (0: off). ``skip(case)``: True for a case
+    not to time (``case_ident``'s tuple: what an earlier, cut-off run already timed);
+    ``deadline``: a ``time.perf_counter()`` value past which no new case starts (the one
+    under way finishes)."""
     spec = get_spec(op)
     dev = device or _device.default_device()
     impls = [i for i in registry.impls(op) if not backends or i.backend in backends]
@@ -215,6 +221,10 @@ def bench(
 
     cases = [dict(options)] if options is not None else [dict(o) for o in spec.bench_options]
     for dtype, shape, opts, mode in itertools.product(dtypes, shapes, cases, modes):
+        if skip is not None and skip(case_ident(op, dtype, mode, shape, opts)):
+            continue
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         prob = Problem(spec, shape, dtype, mode, dev, seed, opts)
         base_fn, base_box = prob.call(torch_impl) if torch_impl else (None, None)
         if base_fn:
@@ -261,6 +271,24 @@ def bench(
         rows.extend(group)
         del prob, baseline, base_box
     return rows
+
+
+def case_ident(op: str, dtype, mode: str, shape, options=None) -> tuple:
+    """One timed case as the rows of it spell it: (op, dtype name, mode, shape string,
+    options string). ``dtype``: a torch dtype or its name; ``shape``: a tuple or its
+    string; ``options``: a dict or its string."""
+    if not isinstance(dtype, str):
+        dtype = dtype_name(dtype)
+    if not isinstance(shape, str):
+        shape = shape_str(shape)
+    if options is not None and not isinstance(options, str):
+        options = options_str(options)
+    return (op, dtype, mode, shape, options or "")
+
+
+def row_ident(row: dict) -> tuple:
+    """``case_ident`` of a bench row."""
+    return (row["op"], row["dtype"], row["mode"], row["shape"], row.get("options") or "")
 
 
 PAIRED_SECONDS = 0.02  # plain-loop time per backend per paired round

@@ -93,12 +93,14 @@ def table_rows(op: str, rows, by_shape: dict | None = None) -> list[dict]:
 
 
 def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, backends=None,
-         budget_s: float = 1.0, on_row=None, admitted: dict | None = None, shapes=None) -> dict:  # fmt: skip
+         budget_s: float = 1.0, on_row=None, admitted: dict | None = None, shapes=None, skip=None,
+         deadline: float | None = None) -> dict:  # fmt: skip
     """Time the backends of ``op`` (default: ``candidates(op)``) over the family's shapes, or
     over ``shapes`` (problem shapes, e.g. a model's own; then no family is read)
     (harness.bench: admission check, re-checked outputs, device and loop time) and merge
     the winners into this GPU's table; returns the table written. ``on_row`` sees every
-    measured row (the raw timings behind the table)."""
+    measured row (the raw timings behind the table); ``skip`` and ``deadline`` as
+    ``bench`` takes them (a cut-off tune resumed)."""
     spec = get_spec(op)
     dev = device or _device.default_device()
     if shapes is not None:
@@ -119,8 +121,9 @@ def tune(op: str, family: str | None, dtypes, modes, device: str | None = None, 
     # TF32 kernel judged against that baseline fails admission at one shape and passes at
     # the next.
     with _tf32_off():
-        rows = _bench.bench(op, backends, shapes, dtypes, tuple(modes), device=dev, budget_s=budget_s, on_row=on_row,
-                            admitted=admitted, paired_rounds=PAIRED_ROUNDS)  # fmt: skip
+        rows = _bench.bench(op, backends, shapes, dtypes, tuple(modes), device=dev, budget_s=budget_s,
+                            on_row=on_row, admitted=admitted, paired_rounds=PAIRED_ROUNDS, skip=skip,
+                            deadline=deadline)  # fmt: skip
     gpu = tables.gpu_of(dev)
     path = tables.table_path(gpu, write=True)
     # A first tune into the user's tables starts from the package's table of this GPU model:

@@ -24,8 +24,11 @@ verify: the same shapes plus the ``heldout`` family (shapes never tuned at), tim
         to 2x on a shared host, so unpaired ratios would judge the host's minute, not the
         default.
 
-With ``--limit-s`` the script starts no new op past that many seconds (the device call's
-limit), and says which ops it left out.
+With ``--limit-s`` the script starts no new case past that many seconds (the device
+call's limit). The tune phase then says how many of its cases are done and writes the rest
+to ``DIR/tune_left.json``; ``--resume FILE ...`` (earlier runs' ``tune.jsonl``) skips the
+cases those files hold, so one command, run again with its earlier output, finishes a
+sweep longer than one call (``--ops all``: every op with model-family shapes).
 """
 
 from __future__ import annotations
@@ -65,7 +68,22 @@ def main(argv=None) -> int:
     p.add_argument("--paired-rounds", type=int, default=11, help="paired loop rounds per verify case (0: off)")
     p.add_argument("--summarize", nargs="+", default=None, metavar="VERIFY_JSONL",
                    help="only rebuild the verify summary from these files' rows (into --out)")
+    p.add_argument("--resume", nargs="+", default=(), metavar="TUNE_JSONL",
+                   help="tune: skip the cases these earlier runs' rows hold")
     a = p.parse_args(argv)
+    if a.ops == ["all"]:
+        a.ops = all_ops()
+    unknown = [d for d in a.dtypes if d not in DTYPES]
+    if unknown:
+        p.error(f"--dtypes: unknown {unknown}; choose from {', '.join(DTYPES)}")
+    done = set()
+    for f in a.resume:
+        if not os.path.isfile(f):
+            p.error(f"--resume: no file {f}")
+        try:
+            done |= done_cases(f)
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"--resume: cannot read {f}: {e}")
     only = None
     if a.shapes:
         if a.families:
@@ -103,6 +121,7 @@ def main(argv=None) -> int:
     def over() -> bool:
         return a.limit_s is not None and time.perf_counter() - t0 > a.limit_s
 
+    deadline = t0 + a.limit_s if a.limit_s is not None else None
     if "tune" in a.phases:
         with open(f"{a.out}/tune.jsonl", "a") as raw:
 
@@ -123,7 +142,8 @@ def main(argv=None) -> int:
                     t = time.perf_counter()
                     try:
                         tuner.tune(op, fam, dtypes, a.modes, device=dev, budget_s=a.budget, on_row=keep,
-                                    admitted=admitted, shapes=only)  # fmt: skip
+                                   admitted=admitted, shapes=only, skip=done.__contains__,
+                                   deadline=deadline)  # fmt: skip
                     except Exception as e:  # noqa: BLE001 - one op's failure must not lose the others
                         left_out.append(f"tune {op}: {type(e).__name__}: {str(e)[:160]}")
                     what = fam or ("the shapes given" if only else "all families")
@@ -131,6 +151,15 @@ def main(argv=None) -> int:
                     if torch.cuda.is_available():
                         torch.cuda.empty_cache()
         registry.clear_cache()
+        fams = [None] if only else (a.families or [None])
+        planned = planned_cases(a.ops, fams, dtypes, a.modes, only)
+        have = done | done_cases(f"{a.out}/tune.jsonl")
+        left = [c for c in planned if c not in have]
+        with open(f"{a.out}/tune_left.json", "w") as fh:
+            json.dump({"planned": len(planned), "left": [list(c) for c in left]}, fh, indent=0)
+        again = f" (run again with --resume {a.out}/tune.jsonl ...)" if left else ""
+        n_done = len(planned) - len(left)
+        print(f"tune: {n_done} of {len(planned)} cases done, {len(left)} left{again}", flush=True)
 
     if "verify" in a.phases:
         cases = []
@@ -190,6 +219,55 @@ def main(argv=None) -> int:
         print("left out (time limit):", ", ".join(left_out))
     print(f"done in {time.perf_counter() - t0:.0f} s")
     return 0
+
+
+def all_ops() -> list[str]:
+    """Every op some model family has shapes of (``ORDER``'s first), for ``--ops all``."""
+    from kernellab.core import shapes
+
+    seen = list(ORDER)
+    for fam, by_op in shapes.FAMILIES.items():
+        if fam in ("cpu-tiny", "heldout"):
+            continue
+        seen += [op for op in by_op if op not in seen]
+    return [op for op in seen if any(by_op.get(op) for by_op in shapes.FAMILIES.values())]
+
+
+def done_cases(path: str) -> set:
+    """The cases (``bench.case_ident``) an earlier tune's JSONL holds a row of; none where
+    the file does not exist yet."""
+    from kernellab.harness.bench import row_ident
+
+    if not os.path.exists(path):
+        return set()
+    with open(path) as fh:
+        return {row_ident(json.loads(line)) for line in fh if line.strip()}
+
+
+def planned_cases(ops, families, dtypes, modes, only=None) -> list[tuple]:
+    """The cases a tune of ``ops`` over ``families`` (None: every tuned family; or the
+    shapes ``only``) times, in its order: ``bench.case_ident`` tuples."""
+    from kernellab.core import shapes
+    from kernellab.core.spec import get_spec
+    from kernellab.harness.bench import case_ident
+
+    out, seen = [], set()
+    for op in ops:
+        spec = get_spec(op)
+        op_modes = [m for m in modes if m in spec.modes]
+        for fam in families:
+            op_shapes = only if only else shapes.family_shapes(op, fam)
+            for dtype in dtypes:
+                if dtype not in spec.dtypes:
+                    continue
+                for shape in op_shapes:
+                    for opts in spec.bench_options:
+                        for mode in op_modes:
+                            c = case_ident(op, dtype, mode, tuple(shape), dict(opts))
+                            if c not in seen:
+                                seen.add(c)
+                                out.append(c)
+    return out
 
 
 def _paired(spec, shape, dtype, mode, dev, opts, rows, rounds: int, chosen: str | None = None) -> dict | None:
