@@ -47,7 +47,8 @@ else:  # torch < 2.4: the same constructor and attributes, written out
 
 
 class RMSNorm(_RMSNormBase):
-    """``torch.nn.RMSNorm`` on kernellab.rms_norm (``eps=None``: ``finfo(dtype).eps``)."""
+    """``torch.nn.RMSNorm`` on kernellab.rms_norm (``eps=None``: PyTorch's default,
+    ``kernellab.nn.functional.rms_norm``)."""
 
     def __init__(self, *args, backend: str | None = None, **kwargs):
         super().__init__(*args, **kwargs)

@@ -22,7 +22,14 @@ from kernellab.ops import public as _kl
 def _normalized_dims(normalized_shape, x: torch.Tensor, name: str = "normalized_shape") -> int:
     """How many trailing dims of x the norm covers; a ValueError naming the argument when
     normalized_shape is not x's trailing shape."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"input must be a torch.Tensor, got {type(x).__name__}")
+    if isinstance(normalized_shape, int):
+        shape = (normalized_shape,)
+    elif isinstance(normalized_shape, (tuple, list, torch.Size)):
+        shape = tuple(normalized_shape)
+    else:
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {type(normalized_shape).__name__}")
     k = len(shape)
     if k == 0 or k > x.dim() or tuple(x.shape[x.dim() - k :]) != shape:
         raise ValueError(f"{name}={shape} must be the trailing shape of input {tuple(x.shape)}")
@@ -57,14 +64,16 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *, bac
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None, *, backend=None):
-    """``torch.nn.functional.rms_norm``: ``eps=None`` is ``torch.finfo(input.dtype).eps``
-    (PyTorch's default); ``weight=None`` is a weight of ones."""
+    """``torch.nn.functional.rms_norm``: ``eps=None`` is PyTorch's default, the machine
+    epsilon of the dtype it computes in (``torch.finfo(torch.float32).eps`` for fp16 and
+    bf16 input, ``torch.finfo(input.dtype).eps`` otherwise); ``weight=None`` is a weight of
+    ones."""
     k = _normalized_dims(normalized_shape, input)
     x = _flat(input, k)
     if eps is None:
         if not input.is_floating_point():
             raise TypeError(f"input must be a floating-point tensor, got dtype {input.dtype}")
-        eps = torch.finfo(input.dtype).eps
+        eps = torch.finfo(torch.float32 if input.element_size() < 4 else input.dtype).eps
     if weight is None:
         weight = torch.ones(input.shape[input.dim() - k :], device=input.device, dtype=input.dtype)
     y = _kl.rms_norm(x, _affine(weight, input, k, "weight"), eps=eps, backend=backend)
