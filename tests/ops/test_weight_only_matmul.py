@@ -90,6 +90,9 @@ def test_int4_packing_is_exact_both_ways():
     assert torch.equal(pack_int4(unpack_int4(every_byte)), every_byte)
 
 
+_Q8 = torch.zeros(4, 8, dtype=torch.int8)
+
+
 @pytest.mark.parametrize(
     "call,arg,exc",
     [
@@ -107,6 +110,17 @@ def test_int4_packing_is_exact_both_ways():
             ValueError,
         ),
         (lambda: pack_int4(torch.full((2, 2), 8, dtype=torch.int8)), "outside", ValueError),
+        # a weight quantized with the other bits, the float weight itself, a scale per row
+        # shaped (N, 1) or of another length: refused, not broadcast into a wrong weight
+        (lambda: dequantize_weight(*quantize_weight(torch.randn(4, 8), bits=4)), "w_q must be torch.int8",
+         TypeError),
+        (lambda: dequantize_weight(*quantize_weight(torch.randn(4, 8)), bits=4), "w_q must be torch.uint8",
+         TypeError),
+        (lambda: dequantize_weight(torch.randn(4, 8), torch.ones(4)), "w_q must be", TypeError),
+        (lambda: dequantize_weight(_Q8, torch.ones(4, 1)), "scales", ValueError),
+        (lambda: dequantize_weight(_Q8, torch.ones(1)), "scales", ValueError),
+        (lambda: dequantize_weight(_Q8, [1.0] * 4), "scales", TypeError),
+        (lambda: dequantize_weight(_Q8, torch.ones(4), dtype=torch.int8), "dtype", TypeError),
     ],
 )
 def test_quantize_refuses_bad_arguments(call, arg, exc):

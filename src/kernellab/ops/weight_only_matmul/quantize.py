@@ -93,8 +93,21 @@ def dequantize_weight(
     w_q: torch.Tensor, scales: torch.Tensor, bits: int = 8, dtype=torch.float32
 ) -> torch.Tensor:
     """``w_q * scales[:, None]`` in ``dtype`` (``(N, K)``), computed in fp32 (float64 for a
-    float64 ``dtype``)."""
+    float64 ``dtype``). ``w_q`` and ``scales`` as ``quantize_weight(w, bits)`` returned them."""
     _check_bits(bits, "dequantize_weight")
+    want = torch.int8 if bits == 8 else torch.uint8
+    for name, t in (("w_q", w_q), ("scales", scales)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"dequantize_weight: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if w_q.dtype != want:
+        raise TypeError(f"dequantize_weight: w_q must be {want} for bits={bits}, got {w_q.dtype}")
+    if w_q.dim() != 2:
+        raise ValueError(f"dequantize_weight: w_q must be 2-d, got shape {tuple(w_q.shape)}")
+    if not scales.is_floating_point() or tuple(scales.shape) != (w_q.shape[0],):
+        raise ValueError(f"dequantize_weight: scales must be floating-point of shape ({w_q.shape[0]},) "
+                         f"(one per row of w_q), got {scales.dtype} {tuple(scales.shape)}")  # fmt: skip
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dequantize_weight: dtype must be a floating-point torch.dtype, got {dtype!r}")
     wide = torch.float64 if dtype == torch.float64 else torch.float32
     return (int_values(w_q, bits).to(wide) * scales.to(wide)[:, None]).to(dtype)
 
