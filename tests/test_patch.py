@@ -210,6 +210,28 @@ def test_patch_rejects_bad_arguments():
         kernellab.patch(m, verbose=False)
 
 
+def test_deepcopy_of_a_patched_module_is_patched_on_its_own():
+    # the copy runs its own weights (not the original's forward) and unpatch(copy)
+    # restores the copy, leaving the original patched
+    torch.manual_seed(0)
+    pat = _Block()
+    kernellab.patch(pat, verbose=False)
+    cp = copy.deepcopy(pat)
+    with torch.no_grad():
+        cp.qkv.weight.mul_(2.0)
+    idx, tgt = torch.randint(0, 64, (2, 6)), torch.randint(0, 64, (2, 6))
+    cp.zero_grad(set_to_none=True)
+    pat.zero_grad(set_to_none=True)
+    _close(cp(idx, tgt)[1], _Block.forward(cp, idx, tgt)[1], "the copy's loss")
+    cp(idx, tgt)[1].backward()
+    assert cp.qkv.weight.grad is not None and pat.qkv.weight.grad is None
+    kernellab.unpatch(cp)
+    assert type(cp.ln1) is nn.LayerNorm and "forward" not in cp.__dict__
+    assert type(pat.ln1) is kernellab.nn.LayerNorm and "forward" in pat.__dict__
+    kernellab.unpatch(pat)
+    assert type(pat.ln1) is nn.LayerNorm and "forward" not in pat.__dict__
+
+
 def test_patch_plain_sdpa_with_mask_falls_back_or_raises():
     class M(nn.Module):
         def forward(self, q, k, v, mask):
@@ -594,6 +616,37 @@ def test_patch_hf_rope_swaps_the_family_function_while_patched(monkeypatch):
     gc.collect()
     assert modeling.apply_rotary_pos_emb is original  # patched, then dropped: given back
     assert kernellab.patch(_tiny("gpt2"), ops=["rope"], verbose=False).left[0][2].startswith("GPT2LMHeadModel")
+
+
+def test_deepcopy_of_a_patched_hf_model_unpatches_on_its_own():
+    import gc
+
+    import transformers.models.llama.modeling_llama as modeling
+
+    gc.collect()
+    original = modeling.apply_rotary_pos_emb
+    ref = _tiny("llama")
+    pat = copy.deepcopy(ref)
+    kernellab.patch(pat, verbose=False)
+    cp = copy.deepcopy(pat)
+    ids = torch.randint(0, 256, (2, 7))
+    _assert_same_step(ref, cp, _hf_run(ids))
+    kernellab.unpatch(cp)
+    assert [type(m) for m in cp.modules()] == [type(m) for m in ref.modules()]
+    assert cp.config._attn_implementation == ref.config._attn_implementation
+    assert pat.config._attn_implementation == "kernellab" and isinstance(pat.model.norm, HFRMSNorm)
+    assert modeling.apply_rotary_pos_emb is not original  # the original model holds its share
+    _assert_same_step(ref, pat, _hf_run(ids))
+    kernellab.unpatch(pat)
+    assert [type(m) for m in pat.modules()] == [type(m) for m in ref.modules()]
+    assert modeling.apply_rotary_pos_emb is original
+    kernellab.patch(pat, verbose=False)
+    cp = copy.deepcopy(pat)
+    kernellab.unpatch(pat)
+    assert modeling.apply_rotary_pos_emb is not original  # the copy's share
+    del cp
+    gc.collect()
+    assert modeling.apply_rotary_pos_emb is original  # a patched copy, dropped: given back
 
 
 def test_rope_swap_takes_the_familys_layout_or_nothing():

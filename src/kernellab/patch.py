@@ -148,12 +148,30 @@ def _fold(path: str) -> str:
 class _Ctx:
     report: PatchReport
     backend: str | dict | None
-    undo: list[Callable[[], None]]
+    undo: list[_Undo]
     on_unsupported: str
     hf: bool
+    sdpa: _AttnPolicy | None = None  # a plain module's attention policy (its patched forward reads it)
 
     def backend_for(self, op: str) -> str | None:
         return self.backend.get(op) if isinstance(self.backend, dict) else self.backend
+
+
+class _Undo:
+    """One step of unpatch, ``fn(*args)``, kept as data rather than a closure: a deep copy
+    of a patched model copies its args with the model, so the copy's unpatch restores the
+    copy's modules (and the original's its own)."""
+
+    def __init__(self, fn: Callable, *args):
+        self.fn, self.args = fn, args
+
+    def __call__(self) -> None:
+        self.fn(*self.args)
+
+
+def _unswap_class(module: nn.Module, before: type) -> None:
+    module.__class__ = before
+    del module.backend
 
 
 def _swap_class(module: nn.Module, cls: type, ctx: _Ctx, op: str) -> None:
@@ -161,34 +179,31 @@ def _swap_class(module: nn.Module, cls: type, ctx: _Ctx, op: str) -> None:
     before = type(module)
     module.__class__ = cls
     module.backend = ctx.backend_for(op)
-
-    def undo():
-        module.__class__ = before
-        del module.backend
-
-    ctx.undo.append(undo)
+    ctx.undo.append(_Undo(_unswap_class, module, before))
 
 
 def _replace_child(parent: nn.Module, name: str, new: nn.Module, ctx: _Ctx) -> None:
     old = getattr(parent, name)
     new.train(old.training)
     setattr(parent, name, new)
-    ctx.undo.append(lambda: setattr(parent, name, old))
+    ctx.undo.append(_Undo(setattr, parent, name, old))
+
+
+def _unset_forward(module: nn.Module, had: bool, old) -> None:
+    if had:
+        module.forward = old
+    else:
+        del module.forward
 
 
 def _set_forward(module: nn.Module, forward: Callable, ctx: _Ctx) -> None:
-    """An instance forward (nn.Module.__call__ finds it first); undone by deleting it."""
+    """An instance forward (nn.Module.__call__ finds it first); undone by deleting it.
+    ``forward`` reaches the module's own state through ``self`` only (a deep copy of the
+    module rebinds it to the copy)."""
     had = "forward" in module.__dict__
     old = module.__dict__.get("forward")
     module.forward = types.MethodType(forward, module)
-
-    def undo():
-        if had:
-            module.forward = old
-        else:
-            del module.forward
-
-    ctx.undo.append(undo)
+    ctx.undo.append(_Undo(_unset_forward, module, had, old))
 
 
 # ----------------------------------------------------------------------------- module rules
@@ -595,6 +610,37 @@ def _rope_form(fn: Callable) -> tuple[str | None, bool, str]:
     return form, _same(part, _rotation(*wide[:2], wide[2][..., :4], wide[3][..., :4], form)), ""
 
 
+class _RopeUndo:
+    """A patched model's share of the family's swapped ``apply_rotary_pos_emb``: undone by
+    unpatch, or when the model is garbage-collected still patched (the last share restores
+    HF's function). A deep copy of the patched model holds a share of its own."""
+
+    def __init__(self, name: str, model: nn.Module, hooks: tuple):
+        self.name, self.model, self.hooks, self.done = name, weakref.ref(model), hooks, False
+        _ROPE_SWAPS[name][1] += 1
+        weakref.finalize(model, self)
+
+    def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        for h in self.hooks:
+            h.remove()
+        entry = _ROPE_SWAPS[self.name]
+        entry[1] -= 1
+        if entry[1] == 0:
+            sys.modules[self.name].apply_rotary_pos_emb = entry[0]
+            del _ROPE_SWAPS[self.name]
+
+    def __deepcopy__(self, memo):
+        model = memo.get(id(self.model()))  # the model's copy (a deep copy of the patched model)
+        if self.done or model is None:
+            new = object.__new__(_RopeUndo)
+            new.name, new.model, new.hooks, new.done = self.name, self.model, (), True
+            return new
+        return _RopeUndo(self.name, model, copy.deepcopy(self.hooks, memo))  # (handles on the copy's hooks)
+
+
 def _patch_hf_rope(model, ctx: _Ctx) -> None:
     """The family's module-level ``apply_rotary_pos_emb`` (what its attention forward
     calls) swapped while at least one patched model of the family exists; the swap runs
@@ -615,24 +661,9 @@ def _patch_hf_rope(model, ctx: _Ctx) -> None:
             return
         entry = _ROPE_SWAPS[name] = [fn, 0]
         mod.apply_rotary_pos_emb = _hf_rope(fn, ctx.backend_for("rope"), form, partial)
-    entry[1] += 1
-    done = []
     hooks = (model.register_forward_pre_hook(_rope_enter, with_kwargs=True),
              model.register_forward_hook(_rope_exit, with_kwargs=True, always_call=True))  # fmt: skip
-
-    def undo():  # by unpatch, or when the model is garbage-collected still patched
-        if done:
-            return
-        done.append(True)
-        for h in hooks:
-            h.remove()
-        entry[1] -= 1
-        if entry[1] == 0:
-            mod.apply_rotary_pos_emb = entry[0]
-            del _ROPE_SWAPS[name]
-
-    ctx.undo.append(undo)
-    weakref.finalize(model, undo)
+    ctx.undo.append(_RopeUndo(name, model, hooks))
     short = name.rsplit(".", 1)[-1]
     ctx.report.replaced.append(("rope", "", f"{short}.apply_rotary_pos_emb in this model's forward",
                                 "kernellab.rope"))  # fmt: skip
@@ -842,6 +873,15 @@ def _register_hf_attention():
     AttentionMaskInterface.register("kernellab", _hf_mask)
 
 
+def _unpatch_hf_attention(model, tagged: list, before) -> None:
+    for m in tagged:
+        del m._kernellab_attention
+    if hasattr(model, "set_attn_implementation") and before is not None:
+        model.set_attn_implementation(before)
+    else:
+        model.config._attn_implementation = before
+
+
 def _patch_hf_attention(model, ctx: _Ctx) -> None:
     config = model.config
     before = getattr(config, "_attn_implementation", None)
@@ -860,15 +900,7 @@ def _patch_hf_attention(model, ctx: _Ctx) -> None:
     else:
         config._attn_implementation = "kernellab"
 
-    def undo():
-        for m in tagged:
-            del m._kernellab_attention
-        if hasattr(model, "set_attn_implementation") and before is not None:
-            model.set_attn_implementation(before)
-        else:
-            config._attn_implementation = before
-
-    ctx.undo.append(undo)
+    ctx.undo.append(_Undo(_unpatch_hf_attention, model, tagged, before))
     for path, m in model.named_modules():
         if m in tagged:
             ctx.report.replaced.append(("attention", path, f"{before} attention", "kernellab.attention"))
@@ -907,12 +939,12 @@ class _SDPAMode(torch.overrides.TorchFunctionMode):
 
 
 def _patch_sdpa_calls(model, ctx: _Ctx) -> None:
-    policy = _AttnPolicy(ctx.backend_for("attention"), ctx.on_unsupported, ctx.report)
-    inner = model.forward
+    ctx.sdpa = _AttnPolicy(ctx.backend_for("attention"), ctx.on_unsupported, ctx.report)
+    inner, own = model.__dict__.get("forward"), type(model).forward  # (an instance forward set before)
 
     def forward(self, *args, **kwargs):
-        with _SDPAMode(policy):
-            return inner(*args, **kwargs)
+        with _SDPAMode(self.__dict__["_kernellab_patch"].sdpa):
+            return own(self, *args, **kwargs) if inner is None else inner(*args, **kwargs)
 
     _set_forward(model, forward, ctx)
     what = ("attention", "", "F.scaled_dot_product_attention calls", "kernellab.attention")
@@ -949,6 +981,11 @@ def _hf_causal_lm_loss(backend, own):
     return loss
 
 
+def _unpatch_hf_loss(model, had: bool) -> None:
+    if not had:
+        del model._loss_function
+
+
 def _patch_hf_loss(model, ctx: _Ctx) -> None:
     from transformers.loss.loss_utils import LOSS_MAPPING
 
@@ -957,12 +994,7 @@ def _patch_hf_loss(model, ctx: _Ctx) -> None:
         return
     had = "_loss_function" in model.__dict__
     model.loss_function = _hf_causal_lm_loss(ctx.backend_for("cross_entropy"), causal_lm)
-
-    def undo():
-        if not had:
-            del model._loss_function
-
-    ctx.undo.append(undo)
+    ctx.undo.append(_Undo(_unpatch_hf_loss, model, had))
     ctx.report.replaced.append(("cross_entropy", "", "ForCausalLMLoss", "kernellab.cross_entropy"))
 
 
