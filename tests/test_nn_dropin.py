@@ -34,3 +34,8 @@ def test_norms_refuse_a_non_tensor_input_or_shape_naming_it():
         with pytest.raises(TypeError, match="normalized_shape must be an int or a sequence"):
             fn(torch.randn(3, 5), 5.0)
     torch.testing.assert_close(KF.layer_norm(torch.ones(2, 5), torch.Size([5])), torch.zeros(2, 5))
+
+
+def test_linear_cross_entropy_loss_repr_shows_every_option():
+    r = repr(knn.LinearCrossEntropyLoss(ignore_index=0, reduction="sum", label_smoothing=0.1, z_loss=1e-4))
+    assert r == "LinearCrossEntropyLoss(ignore_index=0, reduction='sum', label_smoothing=0.1, z_loss=0.0001)"

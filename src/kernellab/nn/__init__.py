@@ -112,7 +112,8 @@ class LinearCrossEntropyLoss(nn.Module):
         )  # fmt: skip
 
     def extra_repr(self) -> str:
-        return f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}"
+        return (f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
+                f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}")
 
 
 def _positive_int(name: str, value) -> int:
