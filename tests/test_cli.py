@@ -374,3 +374,81 @@ def test_op_arguments_list_the_valid_ops():
     for name in ("check", "bench", "profile", "asm", "tune", "explain"):
         text = " ".join(subs.choices[name].format_help().split())  # (help lines wrap)
         assert ", ".join(registry.op_names()) in text, name
+
+
+def _refused(capsys, argv) -> tuple[int, str]:
+    """Run the CLI on ``argv``; (exit code, everything printed). A parser refusal's
+    SystemExit becomes its code."""
+    from kernellab import cli
+
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    cap = capsys.readouterr()
+    return code, cap.out + cap.err
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (("bench", "add", "--budget", "nan"), "argument --budget: must be a finite number of seconds > 0"),
+        (("bench", "add", "--budget", "-1"), "argument --budget: must be a finite"),
+        (("tune", "add", "--budget", "0"), "argument --budget: must be a finite"),
+        (("profile", "add", "--iters", "0"), "argument --iters: must be >= 1, got 0"),
+        (("demo", "mlp", "--steps", "0"), "argument --steps: must be >= 1, got 0"),
+        (("demo", "mlp", "--batch", "0"), "argument --batch: must be >= 1, got 0"),
+        (("train", "gpt", "--batch-size", "0"), "argument --batch-size: must be >= 1, got 0"),
+        (("train", "gpt", "--seq-len", "0"), "argument --seq-len: must be >= 1, got 0"),
+        (("train", "mnist", "--batch-size", "0"), "argument --batch-size: must be >= 1, got 0"),
+        (("train", "mnist", "--compare", "--steps-timed", "0"), "argument --steps-timed: must be >= 1"),
+        (("train", "mnist", "--compare", "--warmup", "-1"), "argument --warmup: must be >= 0"),
+        (("train", "mnist", "--compare", "--batch-sizes", "a,b"), "argument --batch-sizes: 'a,b' is not"),
+        (("train", "mnist", "--compare", "--batch-sizes", "64,0"), "argument --batch-sizes: each size must"),
+        (("train", "hf", "--compare", "--batch-size", "0"), "argument --batch-size: must be >= 1"),
+        (("train", "nanogpt", "--compare", "--seq-len", "0"), "argument --seq-len: must be >= 1"),
+    ],
+)
+def test_counts_and_budgets_out_of_range_are_refused_by_the_parser(capsys, argv, needle):
+    # a zero batch or length is not "the default"; zero iterations or steps, a NaN or
+    # negative budget are refused before anything runs
+    code, text = _refused(capsys, argv)
+    assert code == 2 and needle in text and "Traceback" not in text, text
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (("bench", "add", "-s", ""), "--shape: no value in ''"),
+        (("bench", "add", "-b", ","), "--backend: no value in ','"),
+        (("bench", "add", "--opt", ","), "--opt: no value in ','"),
+        (("check", "add", "--dtype", ","), "--dtype: no value in ','"),
+        (("check", "add", "-b", ""), "--backend: no value in ''"),
+        (("profile", "add", "-s", ""), "--shape: no value in ''"),
+    ],
+)
+def test_an_option_given_only_empty_values_is_refused(capsys, argv, needle):
+    # an empty value (an unset shell variable, say) does not mean "every one"
+    code, text = _refused(capsys, argv)
+    assert code == 2 and needle in text and "Traceback" not in text, text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("tune", "add", "-s", "16", "--device", "nope"), ("train", "mnist", "--device", "nope"),
+     ("explain", "add", "-s", "16", "--device", "nope")],
+)  # fmt: skip
+def test_an_unknown_device_is_refused(capsys, tables, argv):
+    code, text = _refused(capsys, argv)
+    assert code == 2 and "--device nope: give cpu or cuda" in text and "Traceback" not in text, text
+
+
+def test_tune_refuses_a_mode_the_op_does_not_have(capsys, tables):
+    code, text = _refused(capsys, ("tune", "add", "-s", "16", "--budget", "0.01", "--mode", "nope"))
+    assert code == 2 and "--mode nope: not a mode of add; its modes: fwd" in text, text
+    assert not list(tables.iterdir())  # no table written
+
+
+def test_asm_refuses_a_kernel_pattern_that_is_not_a_regex(cli_run):
+    code, out = cli_run("asm", "add", "-b", "cuda", "--kernel", "(")
+    assert code == 2 and "--kernel '(': not a regular expression" in out, out

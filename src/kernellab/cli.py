@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 from rich.console import Console
@@ -66,12 +67,50 @@ def _dtypes(arg):
     return [parse_dtype(d) for d in arg] if arg else None
 
 
-def _split(values):
-    """--backend a,b --backend c -> [a, b, c]"""
+def _split(values, name: str = "an option"):
+    """--backend a,b --backend c -> [a, b, c]; None when the option was not given. An
+    option given only empty values (``--dtype ''``, ``-b ,``) is refused, naming ``name``."""
     out = []
     for v in values or []:
-        out += [p for p in v.split(",") if p]
+        out += [p for p in v.split(",") if p.strip()]
+    if values and not out:
+        raise ValueError(f"{name}: no value in {', '.join(map(repr, values))}")
     return out or None
+
+
+def _at_least(low: int):
+    """An argparse type: an integer >= ``low`` (argparse names the option in its refusal)."""
+
+    def parse(text: str) -> int:
+        value = int(text)  # (a ValueError: argparse says "invalid int value")
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = "int"
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0."""
+    value = float(text)
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text}")
+    return value
+
+
+_seconds.__name__ = "float"
+
+
+def _sizes(text: str) -> list[int]:
+    """An argparse type: a comma list of integers >= 1, e.g. 64,256,1024."""
+    try:
+        sizes = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers, e.g. 64,256") from None
+    if min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"each size must be >= 1, got {text}")
+    return sizes
 
 
 # --------------------------------------------------------------------------- list
@@ -158,14 +197,14 @@ def cmd_check(args) -> int:
         if op not in registry.op_names():
             console.print(f"[red]unknown op {op!r}[/]; known: {', '.join(registry.op_names())}")
             return 2
-    backends = _split(args.backend)
+    backends = _split(args.backend, "--backend")
     known = {i.backend for i in registry.impls()}
     for b in backends or []:
         if b not in known:
             console.print(f"[red]unknown backend {b!r}[/]; known: {', '.join(sorted(known))}")
             return 2
     try:
-        dtypes = _dtypes(_split(args.dtype))
+        dtypes = _dtypes(_split(args.dtype, "--dtype"))
     except ValueError as e:
         console.print(f"[red]{e}[/]")
         return 2
@@ -306,7 +345,7 @@ def _parse_options(items) -> dict | None:
     from kernellab.core.spec import option_value
 
     out = {}
-    for item in _split(items):
+    for item in _split(items, "--opt"):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--opt {item!r} not understood; write KEY=VALUE, e.g. causal=true")
@@ -324,14 +363,14 @@ def cmd_bench(args) -> int:
         console.print(f"[red]unknown op {args.op!r}[/]; known: {', '.join(registry.op_names())}")
         return 2
     spec = get_spec(args.op)
-    backends = _split(args.backend)
     try:
-        shapes = [parse_shape(s) for s in _split(args.shape)] if args.shape else None
-        dtypes = _dtypes(_split(args.dtype))
+        backends = _split(args.backend, "--backend")
+        shapes = [parse_shape(s) for s in _split(args.shape, "--shape")] if args.shape else None
+        dtypes = _dtypes(_split(args.dtype, "--dtype"))
+        modes = _split(args.mode, "--mode") or ["fwd"]
     except ValueError as e:
         console.print(f"[red]{e}[/]")
         return 2
-    modes = _split(args.mode) or ["fwd"]
     try:
         options = _parse_options(args.opt)
     except ValueError as e:
@@ -512,7 +551,7 @@ def cmd_report(args) -> int:
     for path in args.files:
         rows += results.read_jsonl(path)
     if args.pivot:
-        print(results.pivot_table(rows, ops=args.op or None, shapes=_split(args.shape)))
+        print(results.pivot_table(rows, ops=args.op or None, shapes=_split(args.shape, "--shape")))
     else:
         print(results.markdown_table(rows, ops=args.op or None))
     return 0
@@ -556,7 +595,7 @@ def cmd_info(args) -> int:
 
 
 def _one(values, what, default=None):
-    vals = _split(values)
+    vals = _split(values, f"--{what}")
     if not vals:
         return default
     if len(vals) > 1:
@@ -811,7 +850,7 @@ def cmd_train_mnist(args) -> int:
         return 2
     console.print(f"data: {data.source}: {len(data.train_y)} train, {len(data.test_y)} test images on {device}")
     if args.compare:
-        sizes = [int(v) for v in args.batch_sizes.split(",")] if args.batch_sizes else [args.batch_size or 64]
+        sizes = args.batch_sizes or [args.batch_size or 64]
         variants = args.variants.split(",") if args.variants else list(mnist.COMPARE)
         unknown = set(variants) - set(mnist.COMPARE)
         if unknown:
@@ -1078,6 +1117,11 @@ def cmd_asm(args) -> int:
     except (KeyError, ValueError) as e:
         console.print(f"[red]{_msg(e)}[/]")
         return 2
+    try:
+        re.compile(args.kernel or "")
+    except re.error as e:
+        console.print(f"[red]--kernel {args.kernel!r}: not a regular expression ({e})[/]")
+        return 2
     arch = args.arch or device.arch() or "sm_90"
     if isinstance(impl.module, Kernels):  # a Numba backend: PTX through NVVM, no GPU needed
         from kernellab.core.spec import dtype_name
@@ -1272,16 +1316,20 @@ def cmd_tune(args) -> int:
     """Sweep every backend of OP over a shape family; write this GPU's tuning table."""
     from kernellab import device as _device
     from kernellab.core import tables
-    from kernellab.core.spec import parse_shape
+    from kernellab.core.spec import get_spec, parse_shape
     from kernellab.harness import tune as tuner
 
     dtypes = _dtypes(args.dtype)
     dev = args.device or _device.default_device()
-    backends = _split(args.backend) if args.backend else None
+    backends = _split(args.backend, "--backend") if args.backend else None
     try:
         if args.shape and args.family:
             raise ValueError("--shape and --family: give one (a family's shapes, or your own)")
         shapes = [parse_shape(s) for s in args.shape] if args.shape else None
+        modes = get_spec(args.op).modes
+        for mode in args.mode:
+            if mode not in modes:
+                raise ValueError(f"--mode {mode}: not a mode of {args.op}; its modes: {', '.join(modes)}")
         notice = tuner.not_timed_notice(args.op, dev, backends)
         if notice:
             print(notice, flush=True)
@@ -1332,7 +1380,7 @@ MNIST_VARIANTS = ("pytorch_eager", "pytorch_compile", "pytorch_graph", "kernella
 
 
 def _train_common(t, batch_default: str, func) -> None:
-    t.add_argument("--batch-size", type=int, default=None, help=batch_default)
+    t.add_argument("--batch-size", type=_at_least(1), default=None, help=batch_default)
     t.add_argument("--compare", action="store_true", help="PyTorch's ops against kernellab's, every mode, timed")
     t.add_argument("--out", help="--compare: append JSONL rows to this file")
     t.set_defaults(func=func)
@@ -1344,7 +1392,7 @@ def _train_gpt_parser(models) -> None:
                           "against kernellab's in every mode.")  # fmt: skip
     t.add_argument("--config", default=None, help="gpt2 (124M) or tiny (default: gpt2 on a GPU, tiny here)")
     _train_common(t, "default 8 (gpt2) / 4 (tiny)", cmd_train_gpt)
-    t.add_argument("--seq-len", type=int, default=None, help="default: the config's context")
+    t.add_argument("--seq-len", type=_at_least(1), default=None, help="default: the config's context")
     t.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
     t.add_argument("--backend", "-b", default=None,
                    help="kernellab backend for every op, 'default', or 'pytorch' (default: triton)")  # fmt: skip
@@ -1383,9 +1431,10 @@ def _train_mnist_parser(models) -> None:
     t.add_argument("--seed", type=int, default=0, help="the seed of the weights and the batch order "
                    "(the same seed gives every op set the same start)")  # fmt: skip
     t.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
-    t.add_argument("--steps-timed", type=int, default=100, help="--compare: steps timed per variant")
-    t.add_argument("--warmup", type=int, default=10, help="--compare: warm-up steps per variant")
-    t.add_argument("--batch-sizes", default=None, help="--compare: e.g. 64,256,1024 (default: --batch-size)")
+    t.add_argument("--steps-timed", type=_at_least(1), default=100, help="--compare: steps timed per variant")
+    t.add_argument("--warmup", type=_at_least(0), default=10, help="--compare: warm-up steps per variant")
+    t.add_argument("--batch-sizes", type=_sizes, default=None,
+                   help="--compare: e.g. 64,256,1024 (default: --batch-size)")
     t.add_argument("--variants", default=None, help="--compare: a comma list of " + ", ".join(MNIST_VARIANTS))
     t.add_argument("--profile", action="store_true", help="--compare: a torch.profiler table per variant")
     t.add_argument("--fuse-pool", default="auto", choices=("auto", "on", "off"),
@@ -1406,7 +1455,8 @@ def _train_user_parsers(models) -> None:
             configs = " | ".join(COMPARE_CONFIGS) + " (default llama; vit with --compare only)"
             t.add_argument("--config", default=None, help=configs)
         _train_common(t, "default 2 (hf; 64 images for vit) / 8 (nanogpt)", cmd_train_user_model)
-        t.add_argument("--seq-len", type=int, default=None, help="default 2048 (hf) / 1024 (nanogpt)")
+        t.add_argument("--seq-len", type=_at_least(1), default=None,
+                       help="default 2048 (hf) / 1024 (nanogpt)")
         t.add_argument("--mode", default=None, help="eager | compile | compile-cudagraphs (default: every one)")
         t.add_argument("--dtype", default=None, help="fp32 | bf16 (default: bf16 on a GPU, fp32 here)")
         t.add_argument("--variants", default=None, help=f"comma list (default {variants})")
@@ -1476,7 +1526,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--tf32", action="store_true", help="allow TF32 matmuls and cuDNN convolutions (every backend alike)"
     )
-    s.add_argument("--budget", type=float, default=1.5, help="seconds of timing per measurement (max)")
+    s.add_argument("--budget", type=_seconds, default=1.5, help="seconds of timing per measurement (max)")
     s.add_argument("--opt", action="append", help="keyword option KEY=VALUE, e.g. causal=true (repeatable)")
     s.add_argument("--json", help="append result rows to this JSONL file")
     s.add_argument("--plot", help="draw the sweep to this PNG file")
@@ -1540,7 +1590,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shape", "-s", action="append", help="e.g. 2^28, 4096x4096 (repeatable)")
     s.add_argument("--dtype", action="append", help="fp32, fp16, bf16")
     s.add_argument("--mode", action="append", help="fwd, bwd, fwdbwd (default fwd)")
-    s.add_argument("--iters", type=int, default=10, help="calls profiled per backend (default 10)")
+    s.add_argument("--iters", type=_at_least(1), default=10, help="calls profiled per backend (default 10)")
     s.add_argument("--trace", help="write a Chrome/Perfetto trace here")
     s.add_argument("--ncu", action="store_true", help="also profile the kernels with Nsight Compute")
     s.add_argument("--ncu-target", action="store_true", help=argparse.SUPPRESS)
@@ -1554,8 +1604,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dtype", default="fp32", help="gelu: fp32, fp16, bf16")
     s.add_argument("--dim", type=int, default=128, help="mlp: width of each layer")
     s.add_argument("--layers", type=int, default=16, help="mlp: number of layers")
-    s.add_argument("--batch", type=int, default=128, help="mlp: rows of the input")
-    s.add_argument("--steps", type=int, default=5, help="mlp: profiled steps")
+    s.add_argument("--batch", type=_at_least(1), default=128, help="mlp: rows of the input")
+    s.add_argument("--steps", type=_at_least(1), default=5, help="mlp: profiled steps")
     s.add_argument("--backend", "-b", help="mlp: GeLU backend (default: the fastest here)")
     s.add_argument("--trace-dir", help="mlp: where the two profiler traces go")
     s.add_argument("--json", help="write the result as JSON")
@@ -1593,7 +1643,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", "-b", action="append",
                    help="only these backends (default: ours and the peers)")  # fmt: skip
     s.add_argument("--device", default=None, help="cuda or cpu (default: cuda when present)")
-    s.add_argument("--budget", type=float, default=1.0, help="seconds of timing per backend and case")
+    s.add_argument("--budget", type=_seconds, default=1.0, help="seconds of timing per backend and case")
     s.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("explain", help="which backend the default picks for a shape, and why")
@@ -1663,6 +1713,9 @@ def main(argv=None) -> int:
         parser.print_help()
         return 0
     dev = getattr(args, "device", None)
+    if isinstance(dev, str) and dev != "cpu" and not re.fullmatch(r"cuda(:\d+)?", dev):
+        print(f"kernellab {args.cmd}: error: --device {dev}: give cpu or cuda", file=sys.stderr)
+        return 2
     if isinstance(dev, str) and dev.startswith("cuda") and args.cmd != "explain":
         import torch
 
