@@ -265,3 +265,33 @@ def test_kineto_links_reads_a_real_profile():
         torch.ones(8).sum()
     # a CPU-only profile has no kernels; the call exercises the Kineto accessors it relies on
     assert user_models.kineto_links(prof) == {}
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--model", "nope"], "--model nope: one of nanogpt, hf-gpt2"),
+        (["--dtype", "fp7"], "--dtype fp7: one of bf16, fp16, fp32"),
+        (["--steps", "0"], "--steps must be >= 1, got 0"),
+        (["--rounds", "0"], "--rounds must be >= 1, got 0"),
+        (["--batch", "0"], "--batch must be >= 1, got 0"),
+        (["--modes", "eager,nope"], "--modes 'nope': one of eager, compile, reduce-overhead"),
+        (["--variants", "torch,nope"], "--variants 'nope': nanogpt has torch, kernellab"),
+        (["--model", "hf-llama", "--variants", "torch"], "--variants 'torch': hf-llama has hf, liger"),
+    ],
+)
+def test_user_models_refuses_bad_arguments_before_building_a_model(capsys, argv, needle):
+    from kernellab.models import user_models
+
+    with pytest.raises(SystemExit) as e:
+        user_models.main(["--small", *argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err and "Traceback" not in err, err
+
+
+def test_train_nanogpt_refuses_an_unknown_variant(capsys):
+    from kernellab import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "nanogpt", "--compare", "--variants", "nope"])
+    assert e.value.code == 2 and "--variants 'nope'" in capsys.readouterr().err

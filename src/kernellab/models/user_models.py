@@ -629,6 +629,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="the kernellab variant runs OP on backend NAME (repeatable; default: kernellab's choice)")
     argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
+    if a.model != "nanogpt" and a.model not in HF_SIZES:
+        p.error(f"--model {a.model}: one of nanogpt, {', '.join(HF_SIZES)}")
+    if a.dtype not in ("bf16", "fp16", "fp32"):
+        p.error(f"--dtype {a.dtype}: one of bf16, fp16, fp32")
+    for name in ("batch", "seq", "steps", "rounds"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(a, name)}")
+    bad = [m for m in a.modes.split(",") if m not in ("eager", "compile", "reduce-overhead")]
+    if bad:
+        p.error(f"--modes {bad[0]!r}: one of eager, compile, reduce-overhead")
+    known = ("hf", "liger", *KL_VARIANTS) if a.model in HF_SIZES else ("torch", *KL_VARIANTS)
+    bad = [v for v in (a.variants.split(",") if a.variants else []) if v not in known]
+    if bad:
+        p.error(f"--variants {bad[0]!r}: {a.model} has {', '.join(known)}")
     backends = {}
     for item in a.backend:
         op, sep, name = item.partition("=")
