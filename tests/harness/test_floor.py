@@ -135,3 +135,14 @@ def test_options_from_str_inverts_options_str():
     assert options_from_str("") == {}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         options_from_str("causal")
+
+
+@pytest.mark.parametrize("module", ["floor", "vendor_gap"])
+def test_summarize_names_a_missing_file(module, tmp_path, capsys):
+    import importlib
+
+    main = importlib.import_module(f"kernellab.harness.{module}").main
+    with pytest.raises(SystemExit) as e:
+        main(["--summarize", str(tmp_path / "none.jsonl")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--summarize: no such file: " in err and "none.jsonl" in err, err

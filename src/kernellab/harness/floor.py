@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 
 # The classification is the scoreboard's (vendor_gap), which imports nothing from here.
@@ -159,6 +160,9 @@ def main(argv=None) -> int:
     p.add_argument("--summarize", nargs="+", default=None, metavar="FLOOR_JSONL", help="time nothing")
     args = p.parse_args(argv)
     if args.summarize:
+        missing = [f for f in args.summarize if not os.path.isfile(f)]
+        if missing:
+            p.error(f"--summarize: no such file: {missing[0]}")
         rows = [json.loads(line) for f in args.summarize for line in open(f) if line.strip()]
         print(format_summary(summarize(rows)))
         return 0

@@ -374,6 +374,9 @@ def main(argv=None) -> int:
         print(_table_report(args.table, args.ops, args.lines, args.floor))
         return 0
     if args.summarize:
+        missing = [f for f in args.summarize if not os.path.isfile(f)]
+        if missing:
+            p.error(f"--summarize: no such file: {missing[0]}")
         runs = [[r for r in map(json.loads, open(f)) if not args.ops or r.get("op") in args.ops]
                 for f in args.summarize]  # fmt: skip
         lines, totals = summarize(latest_rows(runs))
