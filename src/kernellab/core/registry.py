@@ -310,10 +310,10 @@ _TENSOR = torch.Tensor
 
 def _refuse_nested(op: str, args, kwargs) -> None:
     try:
-        names = _spec.get_spec(op).arg_names
+        named = _spec.get_spec(op).tensor_args(args, kwargs)
     except KeyError:
-        names = ()
-    _spec.refuse_nested(op, names, args, kwargs)
+        return
+    _spec.refuse_nested(op, named)
 
 
 def _signature(args, kwargs, op: str | None = None) -> list:

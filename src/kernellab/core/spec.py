@@ -118,7 +118,7 @@ def check_float_tensor(op: str, name: str, t, devices, dtypes=FLOAT_DTYPES) -> N
     if t.layout is not torch.strided:
         raise TypeError(f"{op}: {name} has layout {t.layout}; only strided (dense) tensors are supported")
     if t.is_nested:
-        refuse_nested(op, (name,), (t,))
+        refuse_nested(op, [(name, t)])
     if t.device.type not in devices:
         raise ValueError(
             f"{op}: {name} is on {t.device}, but this backend runs on {' or '.join(devices)} tensors only"
@@ -133,12 +133,10 @@ def check_like(op: str, name: str, t, like_name: str, like, devices, dtypes=FLOA
     check_twin(op, name, t, like_name, like, "; they must match")
 
 
-def refuse_nested(op: str, arg_names, args, kwargs=None) -> None:
-    """TypeError naming the first nested tensor among the arguments (a nested tensor of
-    strided layout reports ``torch.strided`` but has no sizes: every backend reads one
-    dense shape)."""
-    named = [(arg_names[i] if i < len(arg_names) else f"arg {i}", a) for i, a in enumerate(args)]
-    named += list((kwargs or {}).items())
+def refuse_nested(op: str, named) -> None:
+    """TypeError naming the first nested tensor of ``named`` ((name, value) pairs, as
+    ``OpSpec.tensor_args`` gives them): a nested tensor of strided layout reports
+    ``torch.strided`` but has no sizes, and every backend reads one dense shape."""
     for name, a in named:
         if isinstance(a, torch.Tensor) and a.is_nested:
             raise TypeError(

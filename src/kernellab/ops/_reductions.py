@@ -38,7 +38,7 @@ def check_x(x, devices, op: str, dtypes=FLOAT_DTYPES) -> None:
         raise TypeError(f"{op}: x must be a torch.Tensor, got {type(x).__name__}")
     check_dtype(op, "x", x, dtypes)
     if x.is_nested:
-        refuse_nested(op, ("x",), (x,))
+        refuse_nested(op, [("x", x)])
     if x.device.type not in devices:
         raise ValueError(
             f"{op}: x is on {x.device}, but this backend runs on {' or '.join(devices)} tensors only"

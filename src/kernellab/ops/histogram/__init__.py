@@ -61,7 +61,7 @@ def _validate(args, kwargs, devices, dtypes=KEY_DTYPES) -> None:
     if x.layout is not torch.strided:
         raise TypeError(f"histogram: x has layout {x.layout}; only strided (dense) tensors are supported")
     if x.is_nested:
-        refuse_nested("histogram", ("x",), (x,))
+        refuse_nested("histogram", [("x", x)])
     check_dtype("histogram", "x", x, dtypes)
     if x.dim() != 1:
         raise ValueError(f"histogram: x must be 1-D (flatten it first), got shape {tuple(x.shape)}")
