@@ -232,6 +232,28 @@ def test_deepcopy_of_a_patched_module_is_patched_on_its_own():
     assert type(pat.ln1) is nn.LayerNorm and "forward" not in pat.__dict__
 
 
+def test_pickle_of_a_patched_module_loads_patched():
+    # a patched forward is data, not a method of a closure: pickled, a bound method came
+    # back as the class's forward (the SDPA patch silently gone)
+    import pickle
+
+    torch.manual_seed(0)
+    ref = _Block()
+    pat = copy.deepcopy(ref)
+    kernellab.patch(pat, verbose=False)
+    loaded = pickle.loads(pickle.dumps(pat))
+    assert type(loaded.ln1) is kernellab.nn.LayerNorm
+    report = loaded._kernellab_patch.report
+    before = report.attention_calls["kernellab"]
+    idx, tgt = torch.randint(0, 64, (2, 6)), torch.randint(0, 64, (2, 6))
+    _assert_same_step(ref, loaded, lambda m: m(idx, tgt))
+    assert report.attention_calls["kernellab"] == before + 1
+    assert pat._kernellab_patch.report.attention_calls["kernellab"] == 0  # (the loaded copy's own report)
+    kernellab.unpatch(loaded)
+    assert type(loaded.ln1) is nn.LayerNorm and "forward" not in loaded.__dict__
+    assert type(pat.ln1) is kernellab.nn.LayerNorm
+
+
 def test_patch_plain_sdpa_with_mask_falls_back_or_raises():
     class M(nn.Module):
         def forward(self, q, k, v, mask):
@@ -649,6 +671,64 @@ def test_deepcopy_of_a_patched_hf_model_unpatches_on_its_own():
     assert modeling.apply_rotary_pos_emb is original  # a patched copy, dropped: given back
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_torch_save_of_a_patched_hf_model_loads_patched(fused, tmp_path):
+    """torch.save(model) of a patched model and torch.load: every patched piece (gated MLP
+    forwards, norms, attention, the rope swap, the loss or the fused head) comes back,
+    here and in a fresh process (the rope swap and the attention function registered
+    again), and unpatch restores the loaded model."""
+    import gc
+    import io
+    import subprocess
+
+    import transformers.models.llama.modeling_llama as modeling
+
+    gc.collect()
+    original = modeling.apply_rotary_pos_emb
+    ref = _tiny("llama")
+    pat = copy.deepcopy(ref)
+    want = kernellab.patch(pat, verbose=False, fused_linear_cross_entropy=fused).counts()
+    buf = io.BytesIO()
+    torch.save(pat, buf)
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=False)
+    assert loaded._kernellab_patch.report.counts() == want
+    assert "forward" in loaded.model.layers[0].mlp.__dict__
+    ids = torch.randint(0, 256, (2, 7))
+    if fused:  # (no logits: the loss alone)
+        loss = loaded(input_ids=ids, labels=ids)
+        assert loss.logits is None
+        _close(loss.loss, ref(input_ids=ids, labels=ids).loss, "loss")
+    else:
+        _assert_same_step(ref, loaded, _hf_run(ids))
+    del pat
+    gc.collect()
+    assert modeling.apply_rotary_pos_emb is not original  # the loaded model's share
+    kernellab.unpatch(loaded)
+    assert [type(m) for m in loaded.modules()] == [type(m) for m in ref.modules()]
+    assert modeling.apply_rotary_pos_emb is original
+    path, ref_path = tmp_path / "patched.pt", tmp_path / "ref.pt"
+    path.write_bytes(buf.getvalue())
+    torch.save(ref, ref_path)
+    code = f"""
+import torch, kernellab
+import transformers.models.llama.modeling_llama as modeling
+original = modeling.apply_rotary_pos_emb
+m, ref = torch.load({str(path)!r}, weights_only=False), torch.load({str(ref_path)!r}, weights_only=False)
+assert modeling.apply_rotary_pos_emb is not original
+ids = torch.randint(0, 256, (2, 7))
+calls = m._kernellab_patch.report.attention_calls
+before = calls["kernellab"]
+got, want = m(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
+torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+assert calls["kernellab"] == before + 2, calls
+kernellab.unpatch(m)
+assert modeling.apply_rotary_pos_emb is original and m.config._attn_implementation == "sdpa"
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
 def test_rope_swap_takes_the_familys_layout_or_nothing():
     """Families share the name apply_rotary_pos_emb, not its formula: patch reads which of
     kernellab.rope's rotations the family's function computes for HF's call form (Llama: the
@@ -1060,7 +1140,9 @@ def test_patch_functions_traced_under_compile_import_nothing():
 
     mod = sys.modules["kernellab.patch"]
     fns = [mod._hf_attention, mod._hf_fallback, mod._hf_mask, mod._causal_mask, mod._fallback_reason,
-           mod._hf_causal_lm_loss(None, None), mod._hf_rope(None, None), mod._model_code]  # fmt: skip
+           mod._HFCausalLMLoss.__call__, mod._hf_rope(None, None), mod._model_code,
+           mod._BoundForward.__call__, mod._GatedForward.__call__, mod._SDPAForward.__call__,
+           mod._FusedLCEForward.__call__]  # fmt: skip
     for fn in fns:
         ops = {i.opname for i in dis.get_instructions(fn)}
         assert not ops & {"IMPORT_NAME", "IMPORT_FROM"}, f"{fn.__qualname__} imports at call time"

@@ -57,6 +57,11 @@ one is needed (``_hf_mask``), where transformers with torch before 2.14 makes it
 compiled step. ``backend=`` puts kernellab's op in the graph; ``kernellab.nn`` modules
 and the class-swapped norms and activations take their op's compiled default.
 
+A patched model deep-copies and pickles (``torch.save(model)``, ``torch.load(...,
+weights_only=False)``) as a patched model, in another process too: every patched forward and
+loss is an object holding its choices, not a closure; a loaded model takes its share of the
+rope swap and registers the attention function again.
+
 Hugging Face's RMSNorm rounds ``x * rstd`` to the storage dtype before the weight multiply
 (Gemma-2 does not); kernellab.rms_norm rounds once at the end: identical in fp32, within
 one rounding in fp16/bf16.
@@ -196,13 +201,32 @@ def _unset_forward(module: nn.Module, had: bool, old) -> None:
         del module.forward
 
 
+class _BoundForward:
+    """A patched module's instance forward: ``fn(module, *args, **kwargs)``, kept as data
+    (``fn`` a picklable callable object holding the patch's choices) rather than a method
+    bound to a closure. A deep copy rebinds it to the copy, and ``pickle`` / ``torch.save``
+    store it: a bound method pickles as ``getattr(module, "forward")``, which loads as the
+    class's forward, the patch silently gone (and a closure does not pickle at all)."""
+
+    def __init__(self, fn: Callable, module: nn.Module):
+        self.fn, self.module = fn, module
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(self.module, *args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:  # fn's, less the module (as a bound method's)
+        sig = inspect.signature(self.fn)
+        return sig.replace(parameters=list(sig.parameters.values())[1:])
+
+
 def _set_forward(module: nn.Module, forward: Callable, ctx: _Ctx) -> None:
     """An instance forward (nn.Module.__call__ finds it first); undone by deleting it.
-    ``forward`` reaches the module's own state through ``self`` only (a deep copy of the
-    module rebinds it to the copy)."""
+    ``forward(module, ...)`` reaches the module's own state through its first argument
+    only (a deep copy or a pickled copy of the module passes the copy)."""
     had = "forward" in module.__dict__
     old = module.__dict__.get("forward")
-    module.forward = types.MethodType(forward, module)
+    module.forward = _BoundForward(forward, module)
     ctx.undo.append(_Undo(_unset_forward, module, had, old))
 
 
@@ -447,25 +471,32 @@ def _gated_verified(m, act, fused: bool) -> bool:
         return False
 
 
+class _GatedForward:
+    """A gated MLP's forward on kernellab.swiglu / geglu (``_gated_rule``). The gate and up
+    projections are made here and read by nothing else: their buffers take the gradients,
+    and their product is made again in the backward instead of kept (three [N, I] tensors
+    fewer at the step's peak; nn._gated)."""
+
+    def __init__(self, op: str, opts: dict, fused: bool, backend: str | None, own: Callable):
+        self.op, self.opts, self.fused, self.backend, self.own = op, opts, fused, backend, own
+
+    def __call__(self, module, x):
+        op, opts, backend = self.op, self.opts, self.backend
+        if _model_code(backend):
+            return self.own(module, x)
+        if self.fused:
+            a, b = module.gate_up_proj(x).chunk(2, dim=-1)
+            return gated_down(a, b, module.down_proj, op, opts, backend)
+        return gated_mlp(x, module.gate_proj, module.up_proj, module.down_proj, op, opts, backend)
+
+
 def _gated_rule(op):
     def rule(path, parent, name, m, ctx):
         kind = _gated_mlp_kind(m)
         if kind is None or kind[0] != op:
             return None
         opts, fused, backend, own = kind[1], kind[2], ctx.backend_for(op), type(m).forward
-
-        # The gate and up projections are made here and read by nothing else: their
-        # buffers take the gradients, and their product is made again in the backward
-        # instead of kept (three [N, I] tensors fewer at the step's peak; nn._gated).
-        def forward(self, x):
-            if _model_code(backend):
-                return own(self, x)
-            if fused:
-                a, b = self.gate_up_proj(x).chunk(2, dim=-1)
-                return gated_down(a, b, self.down_proj, op, opts, backend)
-            return gated_mlp(x, self.gate_proj, self.up_proj, self.down_proj, op, opts, backend)
-
-        _set_forward(m, forward, ctx)
+        _set_forward(m, _GatedForward(op, opts, fused, backend, own), ctx)
         return f"forward on kernellab.{op}" + (" (fused gate_up_proj)" if fused else "")
 
     return rule
@@ -615,8 +646,9 @@ class _RopeUndo:
     unpatch, or when the model is garbage-collected still patched (the last share restores
     HF's function). A deep copy of the patched model holds a share of its own."""
 
-    def __init__(self, name: str, model: nn.Module, hooks: tuple):
+    def __init__(self, name: str, model: nn.Module, hooks: tuple, backend: str | None = None):
         self.name, self.model, self.hooks, self.done = name, weakref.ref(model), hooks, False
+        self.backend = backend
         _ROPE_SWAPS[name][1] += 1
         weakref.finalize(model, self)
 
@@ -636,9 +668,80 @@ class _RopeUndo:
         model = memo.get(id(self.model()))  # the model's copy (a deep copy of the patched model)
         if self.done or model is None:
             new = object.__new__(_RopeUndo)
-            new.name, new.model, new.hooks, new.done = self.name, self.model, (), True
+            new.name, new.model, new.hooks, new.done, new.backend = self.name, self.model, (), True, None
             return new
-        return _RopeUndo(self.name, model, copy.deepcopy(self.hooks, memo))  # (handles on the copy's hooks)
+        hooks = copy.deepcopy(self.hooks, memo)  # (handles on the copy's hooks)
+        return _RopeUndo(self.name, model, hooks, self.backend)
+
+    def __reduce__(self):
+        """Pickled with its model (``torch.save(model)``): loaded, it takes a share of the
+        family's swap again, swapping the function in where the loading process has not."""
+        model = None if self.done else self.model()
+        if model is None:
+            return _spent_rope_undo, (self.name,)
+        return _rope_share, (self.name, model, self.hooks, self.backend)
+
+
+def _no_model() -> None:
+    return None
+
+
+def _spent_rope_undo(name: str) -> _RopeUndo:
+    """A loaded share that was given back before its model was saved."""
+    new = object.__new__(_RopeUndo)
+    new.name, new.model, new.hooks, new.done, new.backend = name, _no_model, (), True, None
+    return new
+
+
+def _rope_share(name: str, model: nn.Module, hooks: tuple, backend: str | None) -> _RopeUndo:
+    """A loaded patched model's share of the swap of module ``name``'s function."""
+    import importlib
+
+    why = _swap_rope(importlib.import_module(name), name, backend)
+    if why is not None:  # (the family's function changed since the model was saved)
+        raise ValueError(f"a patched model's rope: {name}.apply_rotary_pos_emb: {why}; save the "
+                         "state_dict, and patch the model built again")  # fmt: skip
+    return _RopeUndo(name, model, hooks, backend)
+
+
+def _swap_rope(mod, name: str, backend: str | None) -> str | None:
+    """Swap ``mod.apply_rotary_pos_emb`` for kernellab's (``_ROPE_SWAPS``), once per
+    module; None, or why its rotation is none kernellab.rope computes."""
+    if name in _ROPE_SWAPS:
+        return None
+    fn = mod.apply_rotary_pos_emb
+    form, partial, why = _rope_form(fn)
+    if form is None:
+        return why
+    _ROPE_SWAPS[name] = [fn, 0]
+    swap = _hf_rope(fn, backend, form, partial)
+    if not isinstance(fn, types.FunctionType):  # (transformers with `kernels`: an nn.Module)
+        swap = type("apply_rotary_pos_emb", (_RopeSwap,), {"_rebuild": type(fn)})(swap)
+    mod.apply_rotary_pos_emb = swap
+    return None
+
+
+class _RopeSwap:
+    """The swap of a family's function that the ``kernels`` package wraps (transformers'
+    ``use_kernel_forward_from_hub``: an nn.Module per function, each attention module holding
+    a private instance of its class). ``kernels`` pickles a private instance as the module
+    name and rebuilds it as ``type(module.apply_rotary_pos_emb)()``; while the function is
+    swapped that is this class, whose call without arguments makes the wrapped class's
+    instance (``_rebuild``), so that a patched model loads while the swap is in place."""
+
+    _rebuild: type
+
+    def __new__(cls, fn: Callable | None = None):
+        if fn is None:  # (kernels' _rebuild_kernel_func)
+            return cls._rebuild()
+        return super().__new__(cls)
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self._kernellab_original = fn._kernellab_original
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
 
 
 def _patch_hf_rope(model, ctx: _Ctx) -> None:
@@ -652,18 +755,14 @@ def _patch_hf_rope(model, ctx: _Ctx) -> None:
     if not callable(fn):
         ctx.report.left.append(("rope", "", f"{type(model).__name__}: no apply_rotary_pos_emb (no rotary embedding)"))
         return
-    entry = _ROPE_SWAPS.get(name)
-    if entry is None:
-        form, partial, why = _rope_form(fn)
-        if form is None:
-            short = name.rsplit(".", 1)[-1]
-            ctx.report.left.append(("rope", "", f"{short}.apply_rotary_pos_emb: {why}"))
-            return
-        entry = _ROPE_SWAPS[name] = [fn, 0]
-        mod.apply_rotary_pos_emb = _hf_rope(fn, ctx.backend_for("rope"), form, partial)
+    why = _swap_rope(mod, name, ctx.backend_for("rope"))
+    if why is not None:
+        short = name.rsplit(".", 1)[-1]
+        ctx.report.left.append(("rope", "", f"{short}.apply_rotary_pos_emb: {why}"))
+        return
     hooks = (model.register_forward_pre_hook(_rope_enter, with_kwargs=True),
              model.register_forward_hook(_rope_exit, with_kwargs=True, always_call=True))  # fmt: skip
-    ctx.undo.append(_RopeUndo(name, model, hooks))
+    ctx.undo.append(_RopeUndo(name, model, hooks, ctx.backend_for("rope")))
     short = name.rsplit(".", 1)[-1]
     ctx.report.replaced.append(("rope", "", f"{short}.apply_rotary_pos_emb in this model's forward",
                                 "kernellab.rope"))  # fmt: skip
@@ -678,6 +777,14 @@ class _AttnPolicy:
     on_unsupported: str
     report: PatchReport
     original: str | None = None  # the model's attention implementation before the patch
+    hf: bool = False  # a Hugging Face model's (its config names the "kernellab" attention function)
+
+    def __setstate__(self, state) -> None:
+        """A patched Hugging Face model loaded in another process (``torch.load``) finds
+        the "kernellab" attention function registered with transformers."""
+        self.__dict__.update(state)
+        if self.hf:
+            _register_hf_attention()
 
 
 # Keywords transformers' attention modules pass along that do not change the result (the
@@ -891,7 +998,7 @@ def _patch_hf_attention(model, ctx: _Ctx) -> None:
         ctx.report.left.append(("attention", "", why))
         return
     _register_hf_attention()
-    policy = _AttnPolicy(ctx.backend_for("attention"), ctx.on_unsupported, ctx.report, before)
+    policy = _AttnPolicy(ctx.backend_for("attention"), ctx.on_unsupported, ctx.report, before, hf=True)
     tagged = [m for m in model.modules() if type(m).__name__.endswith("Attention")]
     for m in tagged:
         m._kernellab_attention = policy
@@ -938,15 +1045,22 @@ class _SDPAMode(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class _SDPAForward:
+    """A plain module's forward, its SDPA calls under ``_SDPAMode``: ``inner``, an instance
+    forward set before the patch, or else the class's forward ``own``."""
+
+    def __init__(self, inner: Callable | None, own: Callable):
+        self.inner, self.own = inner, own
+
+    def __call__(self, module, *args, **kwargs):
+        with _SDPAMode(module.__dict__["_kernellab_patch"].sdpa):
+            return self.own(module, *args, **kwargs) if self.inner is None else self.inner(*args, **kwargs)
+
+
 def _patch_sdpa_calls(model, ctx: _Ctx) -> None:
     ctx.sdpa = _AttnPolicy(ctx.backend_for("attention"), ctx.on_unsupported, ctx.report)
     inner, own = model.__dict__.get("forward"), type(model).forward  # (an instance forward set before)
-
-    def forward(self, *args, **kwargs):
-        with _SDPAMode(self.__dict__["_kernellab_patch"].sdpa):
-            return own(self, *args, **kwargs) if inner is None else inner(*args, **kwargs)
-
-    _set_forward(model, forward, ctx)
+    _set_forward(model, _SDPAForward(inner, own), ctx)
     what = ("attention", "", "F.scaled_dot_product_attention calls", "kernellab.attention")
     ctx.report.replaced.append(what)
 
@@ -954,13 +1068,19 @@ def _patch_sdpa_calls(model, ctx: _Ctx) -> None:
 # ----------------------------------------------------------------------------- loss
 
 
-def _hf_causal_lm_loss(backend, own):
-    def loss(
-        logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, shift_labels=None, **kwargs
-    ):
+class _HFCausalLMLoss:
+    """transformers' ForCausalLMLoss (``own``) on kernellab.cross_entropy; an object, not a
+    closure, so that a patched model pickles (``_BoundForward``)."""
+
+    def __init__(self, backend: str | None, own: Callable):
+        self.backend, self.own = backend, own
+
+    def __call__(self, logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100,
+                 shift_labels=None, **kwargs):  # fmt: skip
+        backend = self.backend
         if _model_code(backend):
-            return own(logits, labels, vocab_size, num_items_in_batch=num_items_in_batch,
-                       ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)  # fmt: skip
+            return self.own(logits, labels, vocab_size, num_items_in_batch=num_items_in_batch,
+                            ignore_index=ignore_index, shift_labels=shift_labels, **kwargs)  # fmt: skip
         # transformers' ForCausalLMLoss with kernellab.cross_entropy: fp32 logits, labels
         # shifted left with ignore_index padding, sum / num_items_in_batch or mean.
         logits = logits.float()
@@ -978,8 +1098,6 @@ def _hf_causal_lm_loss(backend, own):
             out = out / num_items_in_batch
         return out
 
-    return loss
-
 
 def _unpatch_hf_loss(model, had: bool) -> None:
     if not had:
@@ -993,7 +1111,7 @@ def _patch_hf_loss(model, ctx: _Ctx) -> None:
     if not hasattr(type(model), "loss_function") or model.loss_function is not causal_lm:
         return
     had = "_loss_function" in model.__dict__
-    model.loss_function = _hf_causal_lm_loss(ctx.backend_for("cross_entropy"), causal_lm)
+    model.loss_function = _HFCausalLMLoss(ctx.backend_for("cross_entropy"), causal_lm)
     ctx.undo.append(_Undo(_unpatch_hf_loss, model, had))
     ctx.report.replaced.append(("cross_entropy", "", "ForCausalLMLoss", "kernellab.cross_entropy"))
 
@@ -1040,6 +1158,43 @@ def _head_mismatch(model) -> str | None:
     return None
 
 
+# keywords of a causal LM's forward that its base model does not take
+_LM_OWN_KWARGS = ("labels", "logits_to_keep", "num_items_in_batch", "shift_labels", "return_dict")
+
+
+class _FusedLCEForward:
+    """A causal LM's forward that, given labels, feeds the hidden states and the head's
+    weight to kernellab.linear_cross_entropy (``_patch_hf_fused_lce``); ``original``: the
+    model class's forward; ``output``: transformers' CausalLMOutputWithPast."""
+
+    def __init__(self, backend: str | None, original: Callable, output: type):
+        self.backend, self.original, self.output = backend, original, output
+
+    def __call__(self, module, input_ids=None, labels=None, **kwargs):
+        backend, original = self.backend, self.original
+        shift = kwargs.get("shift_labels")
+        if labels is None and shift is None:
+            return original(module, input_ids=input_ids, **kwargs)
+        if _model_code(backend):
+            return original(module, input_ids=input_ids, labels=labels, **kwargs)
+        n_items = kwargs.get("num_items_in_batch")
+        base_kw = {k: v for k, v in kwargs.items() if k not in _LM_OWN_KWARGS}
+        out = getattr(module, module.base_model_prefix)(input_ids=input_ids, **base_kw)
+        h = out.last_hidden_state
+        if shift is None:  # transformers' ForCausalLMLoss: labels shifted left, -100 padded
+            shift = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        head = module.get_output_embeddings()
+        reduction = "sum" if n_items is not None else "mean"
+        loss = kl_ops.linear_cross_entropy(h.reshape(-1, h.shape[-1]), head.weight,
+                                           shift.reshape(-1).to(h.device), head.bias, ignore_index=-100,
+                                           reduction=reduction, backend=backend)  # fmt: skip
+        if n_items is not None:
+            loss = loss / (n_items.to(loss.device) if torch.is_tensor(n_items) else n_items)
+        return self.output(loss=loss, logits=None, past_key_values=getattr(out, "past_key_values", None),
+                           hidden_states=getattr(out, "hidden_states", None),
+                           attentions=getattr(out, "attentions", None))  # fmt: skip
+
+
 def _patch_hf_fused_lce(model, ctx: _Ctx) -> bool:
     """A causal LM's forward that, given labels, runs the base model and then
     kernellab.linear_cross_entropy on the hidden states and the head's weight: the (B, T, V)
@@ -1053,34 +1208,7 @@ def _patch_hf_fused_lce(model, ctx: _Ctx) -> bool:
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     backend = ctx.backend_for("linear_cross_entropy")
-    original = type(model).forward
-    # keywords of the causal LM's forward that the base model does not take
-    own = ("labels", "logits_to_keep", "num_items_in_batch", "shift_labels", "return_dict")
-
-    def forward(self, input_ids=None, labels=None, **kwargs):
-        shift = kwargs.get("shift_labels")
-        if labels is None and shift is None:
-            return original(self, input_ids=input_ids, **kwargs)
-        if _model_code(backend):
-            return original(self, input_ids=input_ids, labels=labels, **kwargs)
-        n_items = kwargs.get("num_items_in_batch")
-        base_kw = {k: v for k, v in kwargs.items() if k not in own}
-        out = getattr(self, self.base_model_prefix)(input_ids=input_ids, **base_kw)
-        h = out.last_hidden_state
-        if shift is None:  # transformers' ForCausalLMLoss: labels shifted left, -100 padded
-            shift = F.pad(labels, (0, 1), value=-100)[..., 1:]
-        head = self.get_output_embeddings()
-        reduction = "sum" if n_items is not None else "mean"
-        loss = kl_ops.linear_cross_entropy(h.reshape(-1, h.shape[-1]), head.weight,
-                                              shift.reshape(-1).to(h.device), head.bias,
-                                              ignore_index=-100, reduction=reduction, backend=backend)  # fmt: skip
-        if n_items is not None:
-            loss = loss / (n_items.to(loss.device) if torch.is_tensor(n_items) else n_items)
-        return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=getattr(out, "past_key_values", None),
-                                      hidden_states=getattr(out, "hidden_states", None),
-                                      attentions=getattr(out, "attentions", None))  # fmt: skip
-
-    _set_forward(model, forward, ctx)
+    _set_forward(model, _FusedLCEForward(backend, type(model).forward, CausalLMOutputWithPast), ctx)
     ctx.report.replaced.append(("linear_cross_entropy", "", "lm_head + ForCausalLMLoss",
                                 "kernellab.linear_cross_entropy (logits not stored)"))  # fmt: skip
     return True
