@@ -82,9 +82,13 @@ def test_bad_arguments_name_the_argument(capsys):
     with pytest.raises(SystemExit) as e:
         choice_cv.main(["--gpu", "NVIDIA Z9"])
     assert e.value.code == 2 and "--gpu: no table for 'NVIDIA Z9'" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        choice_cv.main(["--within", "-1"])
-    assert "--within must be >= 0" in capsys.readouterr().err
+    for bad in ("-1", "nan", "inf", "-inf"):  # (nan: no pick is ever a hit; inf: every pick is)
+        with pytest.raises(SystemExit) as e:
+            choice_cv.main([f"--within={bad}"])
+        assert e.value.code == 2 and "--within must be a finite number >= 0" in capsys.readouterr().err, bad
+    with pytest.raises(SystemExit) as e:
+        choice_cv.main(["--worst", "-1"])
+    assert e.value.code == 2 and "--worst must be >= 0" in capsys.readouterr().err
 
 
 def test_explain_says_how_the_choice_did_where_no_row_is(tmp_path, monkeypatch, capsys):

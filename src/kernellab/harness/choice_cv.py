@@ -116,12 +116,15 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", nargs="*", default=None, help="GPU models (default: every table here)")
     ap.add_argument("--by", default="queued", choices=("queued", "loop"),
                     help="the rule's ranking (choice.BY)")  # fmt: skip
-    ap.add_argument("--within", type=float, default=WITHIN, help="a hit: the pick within this of the fastest")
-    ap.add_argument("--worst", type=int, default=15, help="list this many of the worst misses")
+    ap.add_argument("--within", type=float, default=WITHIN,
+                    help="a hit: the pick within this fraction of the fastest (finite, >= 0)")  # fmt: skip
+    ap.add_argument("--worst", type=int, default=15, help="list this many of the worst misses (>= 0)")
     ap.add_argument("--json", action="store_true", help="print every result as JSON lines")
     a = ap.parse_args(argv)
-    if a.within < 0:
-        ap.error(f"--within must be >= 0, got {a.within}")
+    if not math.isfinite(a.within) or a.within < 0:  # (nan compares False with anything: a hit never)
+        ap.error(f"--within must be a finite number >= 0, got {a.within}")
+    if a.worst < 0:  # (a negative count would slice from the end: all but the last misses)
+        ap.error(f"--worst must be >= 0, got {a.worst}")
     known = tables.table_gpus()
     gpus = a.gpu or known
     for g in gpus:
