@@ -178,6 +178,29 @@ def test_bench_table_json_plot_and_report(cli_run, tmp_path):
     assert {r["mode"] for r in rows} == {"fwd", "fwdbwd"} and {r["shape"] for r in rows} == {"1024", "3000"}
     code, out = cli_run("report", str(js))
     assert code == 0 and out.count("| gelu |") == 12
+    code, out = cli_run("report", str(js), "--op", "gelu")
+    assert code == 0 and out.count("| gelu |") == 12
+    code, out = cli_run("report", str(js), "-s", "3000")  # (the markdown table ignored --shape)
+    assert code == 0 and out.count("| gelu | 3000 |") == 6 and "| 1024 |" not in out, out
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (("--op", "nope"), "--op nope: unknown op; the files' ops: gelu"),
+        (("--op", "softmax"), "--op softmax: no rows of that op in {}; the files' ops: gelu"),
+        (("--op", "gelu", "--html", "{dir}"), "--op: the markdown table's options; --html makes the page"),
+        (("--shape", "4096"), "--shape 4096: no rows of that shape (as the rows write it); theirs: 1024"),
+    ],
+)
+def test_report_refuses_an_op_its_files_do_not_hold(capsys, tmp_path, extra, needle):
+    # an op the files do not hold (a typo) printed an empty table and exit 0
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"op": "gelu", "backend": "torch", "shape": "1024"}) + "\n")
+    argv = ["report", str(rows), *(a.replace("{dir}", str(tmp_path / "page")) for a in extra)]
+    code, text = _refused(capsys, argv)
+    assert code == 2 and needle.format(rows) in text and "Traceback" not in text, text
+    assert not (tmp_path / "page").exists()
 
 
 def test_bench_rejected_backend_sets_exit_code(cli_run, planted):
@@ -202,6 +225,113 @@ def test_bench_bad_arguments(cli_run, argv, msg):
     code, out = cli_run(*argv)
     assert code == 2
     assert msg in out.replace("\n", " ")
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        # more memory than the machine has: refused before anything is allocated
+        (("bench", "gelu", "-s", "10^12", "-b", "torch"),
+         "-s/--shape 10^12: too large: its inputs and outputs"),
+        (("profile", "gelu", "-s", "10^12", "-b", "torch"), "-s/--shape 10^12: too large"),
+        (("tune", "gelu", "-s", "10^12", "-b", "torch", "--device", "cpu"), "-s/--shape 10^12: too large"),
+        (("demo", "gelu", "-s", "2^40"), "-s/--shape 2^40: too large"),
+        # a power too large to compute is refused unevaluated
+        (("bench", "gelu", "-s", "2^100000000"), "dimension 2^100000000 is larger than 2^63 - 1"),
+        (("bench", "gelu", "-s", "1<<100000000"), "dimension 1<<100000000 is larger than 2^63 - 1"),
+        (("bench", "gelu", "-s", "-4"), "-s/--shape -4: shape '-4': dimension -4 is negative"),
+        # an empty problem: nothing to time (the check runs the ops on empty inputs)
+        (("bench", "softmax", "-s", "8x0"),
+         "-s/--shape 8x0: dim 2 is 0: an empty problem has nothing to time"),
+        (("bench", "max", "-s", "0x8"), "-s/--shape 0x8: dim 1 is 0"),
+        (("profile", "gelu", "-s", "0"), "-s/--shape 0: dim 1 is 0"),
+        # a problem the op's inputs or PyTorch's op refuse: named, not a traceback
+        (("bench", "max_pool2d", "-s", "1x1x1x1", "-b", "torch", "--dtype", "fp32"),
+         "max_pool2d 1x1x1x1 fp32 fwd: its inputs or reference cannot be made: RuntimeError"),
+        (("bench", "rope", "-s", "1x4x2x8x8x7"), "R = 7 must be even and at most D = 8"),
+    ],
+)  # fmt: skip
+def test_bench_refuses_shapes_it_cannot_run_before_running(capsys, tables, argv, needle):
+    code, text = _refused(capsys, argv)
+    assert code == 2 and needle in text and "Traceback" not in text, text
+    assert "median ms" not in text  # no table: nothing was timed
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (("explain", "matmul", "-s", "16"),
+         "-s/--shape 16: 16 has 1 dim; matmul takes 3 or 4 dims, (M, N, K) or (Bt, M, N, K) "
+         "(e.g. 4096x4096x4096)"),
+        (("explain", "conv2d", "-s", "4x4"), "conv2d takes 7 dims, (N, C, H, W, K, R, S)"),
+        (("explain", "attention", "-s", "2x16"), "attention takes 3 to 6 dims"),
+        (("explain", "attention", "-s", "1x3x2x8x8x16"), "H_q = 3 must be a multiple of H_kv = 2"),
+        (("explain", "max_pool2d", "-s", "64x28x28"), "max_pool2d takes 4 dims, (N, C, H, W)"),
+        (("bench", "matmul", "-s", "16"), "-s/--shape 16: 16 has 1 dim; matmul takes 3 or 4 dims"),
+        (("profile", "cross_entropy", "-s", "8"), "cross_entropy takes 2 dims, (N, V)"),
+        (("tune", "matmul", "-s", "16", "--device", "cpu"), "matmul takes 3 or 4 dims"),
+        (("asm", "matmul", "-b", "triton", "-s", "16"), "matmul takes 3 or 4 dims"),
+    ],
+)  # fmt: skip
+def test_a_shape_of_the_wrong_rank_for_the_op_is_refused(capsys, tables, argv, needle):
+    # explain answered for any number of dims (matmul -s 16 read as a 16 x ? x ? problem)
+    code, text = _refused(capsys, argv)
+    assert code == 2 and needle in text and "Traceback" not in text, text
+
+
+def test_explain_takes_every_rank_the_op_does(capsys, tables):
+    for argv in (("explain", "attention", "-s", "2x16x64"), ("explain", "softmax", "-s", "2x3x4x5"),
+                 ("explain", "softmax", "-s", "0x16"), ("explain", "transpose", "-s", "2x3x4")):  # fmt: skip
+        code, text = _refused(capsys, argv)
+        assert code == 0 and "why:" in text, (argv, text)
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (("bench", "gelu", "-s", "1024", "--opt", "foo=1"),
+         "--opt foo: not an option of gelu; its options: none"),
+        (("bench", "attention", "-s", "1x2x64x32", "--opt", "casual=true"),
+         "--opt casual: not an option of attention; its options: causal, scale, softcap, window"),
+        (("explain", "attention", "-s", "1x2x64x32", "--opt", "causal=true,casual=true"),
+         "--opt casual: not an option of attention"),
+        (("explain", "matmul", "-s", "64x64x64", "--opt", "bt=true"),
+         "--opt bt: not an option of matmul; its options: activation, b_t, bias"),
+    ],
+)  # fmt: skip
+def test_unknown_opt_keys_are_refused_naming_the_known_ones(capsys, tables, argv, needle):
+    # explain ignored an unknown key (casual=true answered for causal=False); bench failed
+    # inside the reference with "unexpected keyword argument"
+    code, text = _refused(capsys, argv)
+    assert code == 2 and needle in text and "Traceback" not in text, text
+
+
+def test_known_opt_keys_still_pass(capsys, tables):
+    code, text = _refused(capsys, ("explain", "matmul", "-s", "64x64x64", "--opt", "b_t=true"))
+    assert code == 0 and "b_t=True" in text, text
+
+
+def test_output_paths_are_checked_before_the_run(cli_run, capsys, tmp_path):
+    # a --json under a file, or a folder given for a file, failed only after the run
+    afile = tmp_path / "a.txt"
+    afile.write_text("")
+    for argv, needle in (
+        (("bench", "gelu", "-s", "1024", "-b", "torch", "--json", str(afile / "rows.jsonl")),
+         f"--json {afile / 'rows.jsonl'}: {afile} is a file, not a folder"),
+        (("bench", "gelu", "-s", "1024", "-b", "torch", "--plot", str(tmp_path)),
+         f"--plot {tmp_path}: is a folder"),
+        (("check", "add", "-b", "torch", "--json", str(tmp_path)),
+         f"--json {tmp_path}: is a folder; give a file"),
+        (("report", str(afile), "--html", str(afile)), f"--html {afile}: is a file; give a folder"),
+        (("train", "gpt", "--compare", "--out", str(afile / "x.jsonl")), "--out"),
+    ):  # fmt: skip
+        code, text = _refused(capsys, argv)
+        assert code == 2 and needle in text and "Traceback" not in text, text
+        assert "median ms" not in text and "estimated: ~" not in text  # nothing ran (no table, no plan)
+    # a folder that does not exist yet is made: the file lands there after the run
+    path = tmp_path / "new" / "dir" / "check.json"
+    code, out = cli_run("check", "add", "-b", "torch", "--dtype", "fp32", "--json", str(path))
+    assert code == 0 and json.loads(path.read_text())[0]["op"] == "add", out
 
 
 def test_peaks_and_info(cli_run):
@@ -407,6 +537,11 @@ def _refused(capsys, argv) -> tuple[int, str]:
         (("train", "mnist", "--compare", "--batch-sizes", "64,0"), "argument --batch-sizes: each size must"),
         (("train", "hf", "--compare", "--batch-size", "0"), "argument --batch-size: must be >= 1"),
         (("train", "nanogpt", "--compare", "--seq-len", "0"), "argument --seq-len: must be >= 1"),
+        # a negative seed: Python's random reads -1 as 1 (the fuzz problems of another seed)
+        (("check", "add", "--seed", "-1"),
+         "argument --seed: a seed is an integer from 0 to 2^64 - 1, got -1"),
+        (("check", "add", "--seed", str(2**64)), "argument --seed: a seed is an integer from 0 to 2^64 - 1"),
+        (("train", "mnist", "--seed", "-1"), "argument --seed: a seed is an integer from 0 to 2^64 - 1"),
     ],
 )
 def test_counts_and_budgets_out_of_range_are_refused_by_the_parser(capsys, argv, needle):

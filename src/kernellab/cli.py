@@ -113,6 +113,139 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _seed(text: str) -> int:
+    """An argparse type: a seed, an integer from 0 to 2^64 - 1 (what torch.manual_seed
+    takes without wrapping; Python's random reads -1 as 1, so a negative seed would replay
+    another's problems)."""
+    value = int(text)  # (a ValueError: argparse says "invalid int value")
+    if not 0 <= value < 2**64:
+        raise argparse.ArgumentTypeError(f"a seed is an integer from 0 to 2^64 - 1, got {value}")
+    return value
+
+
+_seed.__name__ = "int"
+
+
+def _refuse(args, message: str) -> int:
+    """A usage error: one line on stderr, ``kernellab CMD: error: ...``, exit status 2."""
+    print(f"kernellab {args.cmd}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _problem_shapes(op: str, texts, timed: bool = True) -> list[tuple[int, ...]]:
+    """-s/--shape values read as problem shapes of ``op`` (``OpSpec.check_problem_shape``:
+    the number of dims its convention has), or a ValueError naming -s/--shape and what the
+    op wants. ``timed`` (bench, profile, tune, demo): a dim of 0 is refused too, an empty
+    problem has nothing to time (``kernellab check`` runs the ops on empty inputs)."""
+    from kernellab.core.spec import get_spec, parse_shape
+
+    spec = get_spec(op)
+    shapes = []
+    for text in texts:
+        try:
+            shape = parse_shape(text)
+            spec.check_problem_shape(shape)
+        except ValueError as e:
+            raise ValueError(f"-s/--shape {text}: {e}") from None
+        if timed and 0 in shape:
+            raise ValueError(f"-s/--shape {text}: dim {shape.index(0) + 1} is 0: an empty problem has "
+                             "nothing to time; give dims >= 1 (`kernellab check` runs the op on empty "
+                             "inputs)")  # fmt: skip
+        shapes.append(shape)
+    return shapes
+
+
+def _shapes_fit(op: str, shapes, texts, dtypes, dev: str) -> None:
+    """A ValueError naming -s/--shape where a shape cannot fit this device's memory in one
+    of ``dtypes`` (``harness.bench.problem_too_large``), before anything is allocated."""
+    from kernellab.core.spec import get_spec
+    from kernellab.harness.bench import problem_too_large
+
+    spec = get_spec(op)
+    for shape, text in zip(shapes, texts):
+        for dtype in dtypes or spec.dtypes:
+            why = problem_too_large(spec, shape, dtype, dev)
+            if why:
+                raise ValueError(f"-s/--shape {text}: too large: {why}")
+
+
+def _option_names(op: str) -> list[str] | None:
+    """The keyword options --opt may name for ``op``: its public function's keywords (not
+    its tensor arguments, not ``backend``), its input options (``OpSpec.input_options``)
+    and the keys its option cases vary; None for an op with no public function (a user's
+    op: its implementations are handed the options as they are)."""
+    import inspect
+
+    from kernellab.core.spec import get_spec
+    from kernellab.ops.public import FUNCTIONS
+
+    spec = get_spec(op)
+    fn = FUNCTIONS.get(op)
+    if fn is None:
+        return None
+    names = {p for p in inspect.signature(fn).parameters if p != "backend"} | set(spec.input_options)
+    for case in [*spec.option_sets, *spec.bench_options]:
+        names |= set(case)
+    return sorted(names - set(spec.arg_names))
+
+
+def _check_options(op: str, options) -> None:
+    """A ValueError naming the first --opt key ``op`` does not take, with the ones it does."""
+    known = _option_names(op)
+    for key in options or {}:
+        if known is not None and key not in known:
+            raise ValueError(f"--opt {key}: not an option of {op}; its options: {', '.join(known) or 'none'}")
+
+
+# Options naming a file or a folder a command writes: checked before the command runs.
+_OUTPUTS = {"json": ("--json", False), "plot": ("--plot", False), "trace": ("--trace", False),
+            "out": ("--out", False), "html": ("--html", True),
+            "trace_dir": ("--trace-dir", True)}  # fmt: skip
+
+
+def _check_outputs(args, made: list) -> str | None:
+    """Why an output path the command was given cannot be written (a folder where a file
+    goes, a file where a folder goes, an unwritable folder), or None. The missing folders
+    on its way are made now (appended to ``made``: ``main`` removes those left empty), so
+    that a long run does not end on a path it cannot write."""
+    from pathlib import Path
+
+    for dest, (option, is_dir) in _OUTPUTS.items():
+        path = getattr(args, dest, None)
+        if not isinstance(path, str):  # (unset, or a flag: ladder's --json)
+            continue
+        p = Path(path)
+        if p.exists() and p.is_dir() != is_dir:
+            have, want = ("a file", "a folder") if is_dir else ("a folder", "a file")
+            return f"{option} {path}: is {have}; give {want}"
+        folder = p if is_dir else p.parent
+        missing = []
+        up = folder
+        while not up.exists() and up != up.parent:
+            missing.append(up)
+            up = up.parent
+        if not up.is_dir():
+            return f"{option} {path}: {up} is a file, not a folder"
+        if not os.access(up, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            return f"{option} {path}: not writable ({p if p.exists() else up} is not)"
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except OSError as e:
+                return f"{option} {path}: cannot make {d}: {e.strerror}"
+            made.append(d)
+    return None
+
+
+def _remove_empty(folders) -> None:
+    """The folders ``_check_outputs`` made that nothing was written to, innermost first."""
+    for d in reversed(folders):
+        try:
+            d.rmdir()  # (only an empty one)
+        except OSError:
+            pass
+
+
 # --------------------------------------------------------------------------- list
 
 
@@ -355,7 +488,7 @@ def _parse_options(items) -> dict | None:
 
 def cmd_bench(args) -> int:
     from kernellab.core import registry
-    from kernellab.core.spec import get_spec, parse_shape
+    from kernellab.core.spec import get_spec
     from kernellab.harness import bench as bn
     from kernellab.harness import results
 
@@ -363,16 +496,22 @@ def cmd_bench(args) -> int:
         console.print(f"[red]unknown op {args.op!r}[/]; known: {', '.join(registry.op_names())}")
         return 2
     spec = get_spec(args.op)
+    from kernellab import device as _device
+
     try:
         backends = _split(args.backend, "--backend")
-        shapes = [parse_shape(s) for s in _split(args.shape, "--shape")] if args.shape else None
         dtypes = _dtypes(_split(args.dtype, "--dtype"))
+        shape_texts = _split(args.shape, "--shape") if args.shape else None
+        shapes = _problem_shapes(args.op, shape_texts) if shape_texts else None
         modes = _split(args.mode, "--mode") or ["fwd"]
     except ValueError as e:
         console.print(f"[red]{e}[/]")
         return 2
     try:
         options = _parse_options(args.opt)
+        _check_options(args.op, options)
+        if shapes:  # (before anything is allocated)
+            _shapes_fit(args.op, shapes, shape_texts, dtypes, _device.default_device())
     except ValueError as e:
         console.print(f"[red]{e}[/]")
         return 2
@@ -415,7 +554,9 @@ def cmd_bench(args) -> int:
                 options=options,
             )
     except (KeyError, ValueError) as e:
-        console.print(f"[red]{_msg(e)}[/]")
+        given = [o for o, v in (("-s/--shape", shapes), ("--opt", options)) if v]
+        hint = f" (check {' and '.join(given)})" if given and isinstance(e, bn.ProblemError) else ""
+        console.print(f"[red]{_msg(e)}{hint}[/]")
         return 2
     print_bench_table(rows)
     if args.json:
@@ -535,6 +676,10 @@ def cmd_report(args) -> int:
     from kernellab.harness import results
 
     if args.html:
+        ignored = [o for o, v in (("--op", args.op), ("--pivot", args.pivot), ("--shape", args.shape)) if v]
+        if ignored:  # (the page shows every row)
+            return _refuse(args, f"{', '.join(ignored)}: the markdown table's options; --html makes the "
+                                 "page of every row")  # fmt: skip
         from kernellab.core import tables
         from kernellab.harness import report
 
@@ -550,8 +695,27 @@ def cmd_report(args) -> int:
     rows = []
     for path in args.files:
         rows += results.read_jsonl(path)
+    if args.op:
+        from kernellab.core import registry
+
+        present = sorted({r["op"] for r in rows if r.get("op")})
+        for op in args.op:
+            if op not in present:
+                known = op in registry.op_names()
+                what = f"no rows of that op in {', '.join(args.files)}" if known else "unknown op"
+                return _refuse(args, f"--op {op}: {what}; the files' ops: {', '.join(present) or 'none'}")
+    shapes = _split(args.shape, "--shape")
+    if shapes:  # (the markdown table too, not only --pivot's)
+        mine = [r for r in rows if not args.op or r.get("op") in args.op]
+        present = list(dict.fromkeys(str(r.get("shape")) for r in mine))
+        for shape in shapes:
+            if shape not in present:
+                more = ", ..." if len(present) > 12 else ""
+                return _refuse(args, f"--shape {shape}: no rows of that shape (as the rows write it); "
+                                     f"theirs: {', '.join(present[:12]) or 'none'}{more}")  # fmt: skip
+        rows = [r for r in rows if str(r.get("shape")) in shapes]
     if args.pivot:
-        print(results.pivot_table(rows, ops=args.op or None, shapes=_split(args.shape, "--shape")))
+        print(results.pivot_table(rows, ops=args.op or None, shapes=shapes))
     else:
         print(results.markdown_table(rows, ops=args.op or None))
     return 0
@@ -606,7 +770,7 @@ def _one(values, what, default=None):
 def cmd_profile(args) -> int:
     from kernellab import device
     from kernellab.core import registry
-    from kernellab.core.spec import dtype_name, get_spec, parse_dtype, parse_shape, shape_str
+    from kernellab.core.spec import dtype_name, get_spec, parse_dtype, shape_str
     from kernellab.profile import ncu
     from kernellab.profile.torchprof import op_call, profile_call
 
@@ -619,11 +783,13 @@ def cmd_profile(args) -> int:
         backend = _one(args.backend, "backend") or registry.default_backend(args.op, dev)
         shape_s = _one(args.shape, "shape")
         shape = (
-            parse_shape(shape_s)
+            _problem_shapes(args.op, [shape_s])[0]
             if shape_s
             else (spec.bench_shapes if dev == "cuda" else spec.cpu_bench_shapes)[-1]
         )
         dtype = parse_dtype(_one(args.dtype, "dtype", "fp32"))
+        if shape_s:  # (before anything is allocated)
+            _shapes_fit(args.op, [shape], [shape_s], [dtype], dev)
         mode = _one(args.mode, "mode", "fwd")
         fn = op_call(args.op, backend, shape, dtype, mode)
     except (KeyError, ValueError) as e:
@@ -735,12 +901,16 @@ def print_ncu(kernels) -> None:
 
 def cmd_demo(args) -> int:
     from kernellab import demos
-    from kernellab.core.spec import parse_dtype, parse_shape
+    from kernellab.core.spec import parse_dtype
 
     if args.which == "gelu":
         try:
-            shape = parse_shape(args.shape) if args.shape else None
+            shape = _problem_shapes("gelu", [args.shape])[0] if args.shape else None
             dtype = parse_dtype(args.dtype)
+            if shape:
+                from kernellab import device
+
+                _shapes_fit("gelu", [shape], [args.shape], [dtype], device.default_device())
         except ValueError as e:
             console.print(f"[red]{e}[/]")
             return 2
@@ -1102,7 +1272,7 @@ def cmd_train_gpt(args) -> int:
 def cmd_asm(args) -> int:
     from kernellab import device
     from kernellab.core import registry
-    from kernellab.core.spec import parse_dtype, parse_shape
+    from kernellab.core.spec import parse_dtype
     from kernellab.inspect import asm
     from kernellab.numba_support import Kernels
     from kernellab.ops._elementwise_cuda import SUFFIX
@@ -1113,7 +1283,7 @@ def cmd_asm(args) -> int:
     try:
         impl = registry.get(args.op, args.backend)
         dtype = parse_dtype(args.dtype)
-        shape = parse_shape(args.shape) if args.shape else (4096,)
+        shape = _problem_shapes(args.op, [args.shape], timed=False)[0] if args.shape else (4096,)
     except (KeyError, ValueError) as e:
         console.print(f"[red]{_msg(e)}[/]")
         return 2
@@ -1242,18 +1412,20 @@ def cmd_explain(args) -> int:
     """Which backend ``backend=None`` picks for OP at a shape and dtype, and why."""
     from kernellab import device as _device
     from kernellab.core import registry, shapes, tables
-    from kernellab.core.spec import get_spec, parse_dtype, parse_shape
+    from kernellab.core.spec import get_spec, parse_dtype
 
     try:
         spec = get_spec(args.op)
-        shape, dtype = parse_shape(args.shape), parse_dtype(args.dtype)
+        shape, dtype = _problem_shapes(args.op, [args.shape], timed=False)[0], parse_dtype(args.dtype)
     except (KeyError, ValueError) as e:
         print(f"error: {_msg(e)}", file=sys.stderr)
         return 2
     dev = args.device or _device.default_device()
     key = shapes.key_of_shape(args.op, shape)
     try:
-        opts = shapes.option_key(args.op, _parse_options(args.opt) or {})
+        options = _parse_options(args.opt) or {}
+        _check_options(args.op, options)
+        opts = shapes.option_key(args.op, options)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -1316,7 +1488,7 @@ def cmd_tune(args) -> int:
     """Sweep every backend of OP over a shape family; write this GPU's tuning table."""
     from kernellab import device as _device
     from kernellab.core import tables
-    from kernellab.core.spec import get_spec, parse_shape
+    from kernellab.core.spec import get_spec
     from kernellab.harness import tune as tuner
 
     dtypes = _dtypes(args.dtype)
@@ -1325,7 +1497,9 @@ def cmd_tune(args) -> int:
     try:
         if args.shape and args.family:
             raise ValueError("--shape and --family: give one (a family's shapes, or your own)")
-        shapes = [parse_shape(s) for s in args.shape] if args.shape else None
+        shapes = _problem_shapes(args.op, args.shape) if args.shape else None
+        if shapes:  # (before anything is allocated)
+            _shapes_fit(args.op, shapes, args.shape, dtypes, dev)
         modes = get_spec(args.op).modes
         for mode in args.mode:
             if mode not in modes:
@@ -1428,7 +1602,7 @@ def _train_mnist_parser(models) -> None:
     t.add_argument("--data", default=None, help="a directory of MNIST's IDX files (default: the shipped digits)")
     t.add_argument("--lr", type=float, default=None, help="SGD's learning rate (default 0.05)")
     t.add_argument("--epochs", type=int, default=2, help="training epochs")
-    t.add_argument("--seed", type=int, default=0, help="the seed of the weights and the batch order "
+    t.add_argument("--seed", type=_seed, default=0, help="the seed of the weights and the batch order "
                    "(the same seed gives every op set the same start)")  # fmt: skip
     t.add_argument("--device", default=None, help="cuda or cpu (default: cuda where there is one)")
     t.add_argument("--steps-timed", type=_at_least(1), default=100, help="--compare: steps timed per variant")
@@ -1498,7 +1672,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--full", dest="quick", action="store_false",
                    help="the long sweep: every test shape and gradient shape (several times longer)")  # fmt: skip
-    s.add_argument("--seed", type=int, default=None, help="base seed (default: fresh each run)")
+    s.add_argument("--seed", type=_seed, default=None,
+                   help="base seed, 0 to 2^64 - 1 (default: fresh each run)")  # fmt: skip
     s.add_argument("--fuzz", type=int, default=0, metavar="N",
                    help="N problems drawn at random per implementation and dtype (odd sizes, option sets, "
                    "GQA, strides; model-sized on a GPU) instead of the 2 small draws every run makes; the "
@@ -1723,6 +1898,11 @@ def main(argv=None) -> int:
             print(f"kernellab {args.cmd}: error: --device {dev}: no CUDA GPU here "
                   "(torch.cuda.is_available() is False)", file=sys.stderr)  # fmt: skip
             return 2
+    made: list = []
+    why = _check_outputs(args, made)  # (before a long run, not after it)
+    if why is not None:
+        _remove_empty(made)
+        return _refuse(args, why)
     _FORMAT["value"], out = args.format, console._file  # (None: whatever sys.stdout is then)
     if args.format == "json":  # the tables alone on stdout
         console.file = sys.stderr
@@ -1750,6 +1930,7 @@ def main(argv=None) -> int:
         return 2
     finally:
         _FORMAT["value"], console._file = "auto", out
+        _remove_empty(made)
 
 
 if __name__ == "__main__":

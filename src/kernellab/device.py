@@ -25,6 +25,17 @@ def default_device() -> str:
     return "cuda" if has_cuda() else "cpu"
 
 
+def memory_bytes(dev: str) -> int | None:
+    """The memory tensors on ``dev`` live in: the current GPU's (cuda), the machine's
+    physical memory (cpu); None where it cannot be read."""
+    try:
+        if dev.startswith("cuda"):
+            return torch.cuda.get_device_properties(torch.device(dev)).total_memory if has_cuda() else None
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError, RuntimeError):
+        return None
+
+
 def triton_interpret_forced() -> bool:
     """Whether the user set Triton's own ``TRITON_INTERPRET``: Triton then builds every
     kernel, its own library functions included, for the interpreter, GPU tensors too."""

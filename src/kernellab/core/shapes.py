@@ -315,6 +315,9 @@ def key_of_shape(op: str, shape) -> tuple:
     """The shape key (``shape_key``) of the inputs the op's spec makes for ``shape``."""
     shape = tuple(shape)
     if op == "attention":
+        if len(shape) == 3:  # (B, S, D): keyed as calls with 3-D q and k are
+            b, s, d = shape
+            return (b, s, s, d)
         if len(shape) == 4:
             b, h, sq, d = shape
             return (b * h, sq, sq, d)

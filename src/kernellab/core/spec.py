@@ -166,23 +166,42 @@ def parse_dtype(s: str) -> torch.dtype:
         raise ValueError(f"dtype {s!r} not understood; use one of fp32, fp16, bf16") from None
 
 
+# The largest dimension a shape may name: a tensor's sizes are int64.
+MAX_DIM = 2**63 - 1
+
+
 def parse_shape(s: str) -> tuple[int, ...]:
-    """'4096x1024', '2^28', '1<<20', '268435456' -> tuple of ints."""
+    """'4096x1024', '2^28', '1<<20', '268435456' -> tuple of ints, each in [0, MAX_DIM]
+    (ValueError otherwise, before a power is computed: '10^10^9' is refused, not evaluated)."""
     dims = []
     for part in re.split(r"[x,]", s.strip()):
         part = part.strip()
+        if re.fullmatch(r"-\s*\d.*", part):
+            raise ValueError(f"shape {s!r}: dimension {part} is negative; each must be >= 0")
         m = re.fullmatch(r"(\d+)\s*(?:\^|\*\*)\s*(\d+)", part)
         if m:
-            dims.append(int(m.group(1)) ** int(m.group(2)))
-            continue
-        m = re.fullmatch(r"(\d+)\s*<<\s*(\d+)", part)
-        if m:
-            dims.append(int(m.group(1)) << int(m.group(2)))
-            continue
-        if not part.isdigit():
+            base, exp = int(m.group(1)), int(m.group(2))
+            if base > 1 and exp * math.log2(base) > 64:  # (a bound, not the value: no huge power)
+                raise ValueError(f"shape {s!r}: dimension {part} is larger than 2^63 - 1")
+            dims.append(base**exp)
+        elif m := re.fullmatch(r"(\d+)\s*<<\s*(\d+)", part):
+            base, shift = int(m.group(1)), int(m.group(2))
+            dims.append(base << shift if base == 0 or shift <= 64 else MAX_DIM + 1)
+        elif part.isdigit():
+            dims.append(int(part))
+        else:
             raise ValueError(f"shape {s!r} not understood; write e.g. 4096x1024 or 2^28")
-        dims.append(int(part))
+        if dims[-1] > MAX_DIM:
+            raise ValueError(f"shape {s!r}: dimension {part} is larger than 2^63 - 1")
     return tuple(dims)
+
+
+def ranks_text(ranks) -> str:
+    """(3, 4) -> '3 or 4'; (2, 3, 4, 5) -> '2 to 5'; (4,) -> '4'."""
+    ranks = sorted(ranks)
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]} to {ranks[-1]}"
+    return ", ".join(map(str, ranks[:-1])) + (" or " if len(ranks) > 1 else "") + str(ranks[-1])
 
 
 def shape_str(shape: Sequence[int]) -> str:
@@ -475,6 +494,12 @@ class OpSpec:
     perturbation_floor: bool = False
     # Problems at the kernels' regime boundaries (``Boundary``), checked in quick mode too.
     boundary_cases: list = field(default_factory=list)
+    # -- what a problem shape is (``check_problem_shape``) -----------------------------
+    # The numbers of dims a problem shape of the op may have, and how they read (matmul:
+    # (3, 4), "(M, N, K) or (Bt, M, N, K)"); (): any number from 1 (elementwise and
+    # row-wise ops: the last dim is the row, the others are rows).
+    problem_ranks: tuple[int, ...] = ()
+    problem_dims: str = ""
 
     # -- inputs ---------------------------------------------------------------------
     @property
@@ -553,6 +578,26 @@ class OpSpec:
 
     def ref(self, *args, **options):
         return self.reference(*[to64(a) for a in args], **{k: to64(v) for k, v in options.items()})
+
+    def check_problem_shape(self, shape) -> None:
+        """ValueError unless ``shape`` is a problem shape of this op: as many dims as its
+        convention has (``problem_ranks``), and dims its counts accept (attention's H_q a
+        multiple of H_kv, rope's R even and <= D); the message says what the op wants."""
+        shape = tuple(shape)
+        n = len(shape)
+        want = f"{self.name} takes {ranks_text(self.problem_ranks)} dims" if self.problem_ranks else ""
+        if self.problem_dims:
+            want += f", {self.problem_dims}"
+        example = f"e.g. {shape_str(self.bench_shapes[0])}" if self.bench_shapes else ""
+        if n == 0 or (self.problem_ranks and n not in self.problem_ranks):
+            has = f"{n} dim{'' if n == 1 else 's'}"
+            raise ValueError(f"{shape_str(shape)} has {has}; {want or self.name + ' takes 1 or more dims'}"
+                             + (f" ({example})" if example else ""))  # fmt: skip
+        try:
+            self.count_bytes(shape, torch.float32, "fwd")
+        except (ValueError, TypeError, IndexError, ZeroDivisionError) as e:
+            raise ValueError(f"{shape_str(shape)} is not a problem shape of {self.name}: {e}"
+                             + (f" ({want}; {example})" if want else "")) from None  # fmt: skip
 
     @property
     def reach(self) -> tuple:

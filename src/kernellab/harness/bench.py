@@ -151,6 +151,45 @@ class Problem:
         self.expected = self._expected()
 
 
+class ProblemError(ValueError):
+    """A problem (shape, dtype, mode, options) the op's inputs, its reference or PyTorch's
+    op cannot take: a usage error naming the problem."""
+
+
+def make_problem(spec, shape, dtype, mode, dev, seed, options=None) -> Problem:
+    """``Problem(...)``, or a ProblemError naming the problem where its inputs or the float64
+    reference cannot be made (a shape the op's inputs refuse, e.g. a conv2d filter larger
+    than the image; memory run out): a usage error, not a traceback."""
+    try:
+        return Problem(spec, shape, dtype, mode, dev, seed, options)
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        what = problem_label(spec.name, shape, dtype, mode, options)
+        raise ProblemError(f"{what}: its inputs or reference cannot be made: {type(e).__name__}: {e}") from e
+
+
+def problem_label(op, shape, dtype, mode, options=None) -> str:
+    opts = options_str(options) if options else ""
+    return f"{op} {shape_str(shape)} {dtype_name(dtype)} {mode}" + (f" {opts}" if opts else "")
+
+
+def problem_too_large(spec, shape, dtype, dev) -> str | None:
+    """Why ``shape`` cannot be benchmarked in ``dtype`` on ``dev`` at all, or None: its
+    inputs and outputs (``OpSpec.count_bytes``) and their float64 copies for the reference
+    take more than the device's memory (a lower bound: workspace, gradients come on top)."""
+    cap = _device.memory_bytes(dev)
+    if cap is None:
+        return None
+    need = spec.count_bytes(shape, dtype, "fwd") * (1 + 8 / torch.empty((), dtype=dtype).element_size())
+    if need <= cap:
+        return None
+    return (f"its inputs and outputs in {dtype_name(dtype)} and their float64 copies for the reference take "
+            f"at least {_gib(need)}, more than the {_gib(cap)} of memory of this {dev}")  # fmt: skip
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.3g} GiB" if n < 2**40 else f"{n / 2**40:.4g} TiB"
+
+
 def _judge_all(outs, expected, dtype, baseline) -> tuple[bool, float, str]:
     if outs is None:
         return False, float("inf"), "no output"
@@ -225,10 +264,14 @@ def bench(
             continue
         if deadline is not None and time.perf_counter() > deadline:
             break
-        prob = Problem(spec, shape, dtype, mode, dev, seed, opts)
+        prob = make_problem(spec, shape, dtype, mode, dev, seed, opts)
         base_fn, base_box = prob.call(torch_impl) if torch_impl else (None, None)
         if base_fn:
-            base_fn()
+            try:
+                base_fn()
+            except (RuntimeError, ValueError, TypeError, IndexError) as e:  # (not a problem PyTorch takes)
+                raise ProblemError(f"{problem_label(op, shape, dtype, mode, opts)}: PyTorch's op refuses it: "
+                                   f"{type(e).__name__}: {e}") from e  # fmt: skip
         baseline = base_box[0] if base_box else None
         group, timed = [], []
         for impl in impls:

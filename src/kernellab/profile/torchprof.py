@@ -121,7 +121,7 @@ def op_call(op: str, backend: str, shape, dtype, mode: str = "fwd", device: str 
     from kernellab import device as _device
     from kernellab.core import registry
     from kernellab.core.spec import get_spec
-    from kernellab.harness.bench import Problem
+    from kernellab.harness.bench import make_problem
 
     spec = get_spec(op)
     dev = device or _device.default_device()
@@ -131,7 +131,7 @@ def op_call(op: str, backend: str, shape, dtype, mode: str = "fwd", device: str 
         raise ValueError(f"{op}/{backend} cannot run here: {why}")
     if mode not in spec.modes:
         raise ValueError(f"mode {mode!r} not available for {op}; choose from {', '.join(spec.modes)}")
-    prob = Problem(spec, tuple(shape), dtype, mode, dev, seed)
+    prob = make_problem(spec, tuple(shape), dtype, mode, dev, seed)
     fn, _ = prob.call(impl)
     return fn
 

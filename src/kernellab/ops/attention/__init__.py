@@ -435,6 +435,8 @@ def _fuzz(rng, big):
 
 _COMMON = dict(
     name="attention",
+    problem_ranks=(3, 4, 5, 6),
+    problem_dims="(B, S, D), (B, H, S, D), (B, H, S_q, S_k, D) or (B, H_q, H_kv, S_q, S_k, D)",
     arg_names=("q", "k", "v"),
     reference=attention_reference,
     flops=_flops,

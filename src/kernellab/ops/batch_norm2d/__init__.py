@@ -67,6 +67,7 @@ CHANNEL_BAD_INPUTS = [
 
 SPEC = declare(
     "batch_norm2d", ("x", "weight", "bias"), batch_norm2d_reference, _op.count_flops, _op.count_bytes,
+    problem_ranks=(4,), problem_dims="(N, C, H, W)",
     grad_args=(0, 1, 2),
     # 1x1 images, batch 1 with 1x1 (variance 0), odd sizes, channels not a multiple of 8,
     # an empty batch, the model's layers (32 channels at 28x28, 64 at 14x14).

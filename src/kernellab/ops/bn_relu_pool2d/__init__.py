@@ -54,6 +54,7 @@ def bn_relu_pool2d_reference(x, weight, bias, eps=1e-5):
 
 SPEC = declare(
     "bn_relu_pool2d", ("x", "weight", "bias"), bn_relu_pool2d_reference, _op.count_flops, _op.count_bytes,
+    problem_ranks=(4,), problem_dims="(N, C, H, W)",
     grad_args=(0, 1, 2),
     # the smallest image (2x2), batch 1, odd sizes (the dropped row / column), channels
     # not a multiple of 8, an empty batch, the model's layers (32 at 28x28, 64 at 14x14)

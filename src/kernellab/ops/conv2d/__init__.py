@@ -195,6 +195,7 @@ def _fuzz(rng, big):
 
 SPEC = declare(
     "conv2d", ("x", "w", "bias"), conv2d_reference, _flops, _bytes,
+    problem_ranks=(7,), problem_dims="(N, C, H, W, K, R, S): x N x C x H x W, K filters of R x S",
     # (N, C, H, W, K, R, S): a 1x1 image, odd sizes, batch 1, channels not a multiple
     # of 8, kernels 1, 3 and 5, an empty batch (stride and padding: option_sets)
     test_shapes=[

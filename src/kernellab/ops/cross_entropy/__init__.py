@@ -225,6 +225,7 @@ EXTRA_BAD = [
 
 SPEC = declare(
     "cross_entropy", ("logits", "target"), cross_entropy_reference, _flops, _bytes,
+    problem_ranks=(2,), problem_dims="(N, V): N rows of V logits",
     test_shapes=[(0, 7), (1, 1), (3, 1000), (7, 1023), (5, 4097), (2, 32001), (65537, 3), (2, 50304)],
     quick_shapes=[(0, 7), (1, 1), (3, 1000), (2, 4099)],
     bench_shapes=[(8192, 50304), (8192, 128256)],

@@ -204,6 +204,7 @@ def _fuzz(rng, big):
 SPEC = define(
     HistogramSpec(
         name="histogram",
+        problem_ranks=(2,), problem_dims="(N, bins): N keys in [0, bins)",
         arg_names=("x",),
         reference=histogram_reference,
         flops=_flops,

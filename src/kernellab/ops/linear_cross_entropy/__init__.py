@@ -333,6 +333,7 @@ EXTRA_BAD = [
 
 SPEC = declare(
     OP, ("x", "weight", "target"), linear_cross_entropy_reference, _flops, _bytes,
+    problem_ranks=(3, 4), problem_dims="(N, H, V) or (B, T, H, V)",
     test_shapes=[(0, 8, 7), (1, 1, 1), (37, 24, 300), (2, 5, 16, 129), (3, 16, 4099)],
     quick_shapes=[(0, 8, 7), (1, 1, 1), (37, 24, 300), (2, 5, 16, 129)],
     bench_shapes=[(8192, 768, 50304), (8192, 2048, 128256), (16384, 896, 151936)],

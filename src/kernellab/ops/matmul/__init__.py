@@ -220,6 +220,7 @@ def _fuzz(rng, big):
 
 SPEC = declare(
     "matmul", ("a", "b"), matmul_reference, _flops, _bytes,
+    problem_ranks=(3, 4), problem_dims="(M, N, K) or (Bt, M, N, K)",
     test_shapes=[
         (1, 1, 1),
         (0, 5, 7),

@@ -111,6 +111,7 @@ def _fuzz(rng, big):
 
 SPEC = declare(
     "max_pool2d", ("x",), max_pool2d_reference, _flops, _bytes,
+    problem_ranks=(4,), problem_dims="(N, C, H, W)",
     # (N, C, H, W): the smallest image a 2x2 window takes, odd sizes (floor), batch 1,
     # channels not a multiple of 8, an empty batch (1x1 images: kernel_size=1 below)
     test_shapes=[(1, 1, 2, 2), (2, 3, 5, 7), (1, 17, 28, 28), (0, 2, 4, 4), (1, 1, 2, 9), (4, 5, 13, 3)],

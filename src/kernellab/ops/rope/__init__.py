@@ -467,6 +467,7 @@ def _key_of_shape(shape) -> tuple:
 SPEC = define(
     OpSpec(
         name="rope",
+        problem_ranks=(4, 6), problem_dims="(B, H, S, D) or (B, H, H_k, S, D, R)",
         arg_names=("q", "k", "cos", "sin", "position_ids"),
         key_of_shape=_key_of_shape,
         reference=rope_reference,

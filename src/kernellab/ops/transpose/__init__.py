@@ -93,6 +93,7 @@ def _fuzz(rng, big: bool):
 
 SPEC = declare(
     "transpose", ("x",), transpose_reference, _flops, _bytes,
+    problem_ranks=tuple(range(2, 9)), problem_dims="(..., R, C): the last two dims swapped",
     test_shapes=[
         (0, 5),
         (5, 0),

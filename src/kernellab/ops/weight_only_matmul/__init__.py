@@ -311,6 +311,7 @@ def _declare(bits):
         lambda *a, **kw: wo_reference(*a, **kw, bits=bits),
         _flops,
         _bytes_for(bits),
+        problem_ranks=(3, 4), problem_dims="(M, N, K) or (B, M, N, K)",
         dtypes=X_DTYPES,
         test_shapes=test_shapes,
         # decode's GEMV path (M = 1, 4), the tiled path (M = 33), a split-K weight (N small,
