@@ -27,8 +27,9 @@ from kernellab.harness import bench as _bench
 
 # Backends a default may pick: ours and the peers; never the naive baseline, a
 # torch.compile of it (a recompile per shape: the user's own choice to make), the numbered
-# teaching variants (``cuda`` is the best of them) or the pure-PyTorch tiling demo.
-_NOT_DEFAULT = re.compile(r"manual|compile|tiled|fft|cuda_v\d+")  # (fft: conv2d's teaching backend)
+# teaching variants (``cuda`` and ``numba`` are the best of theirs) or the pure-PyTorch tiling
+# demo.
+_NOT_DEFAULT = re.compile(r"manual|compile|tiled|fft|(cuda|numba)_v\d+")  # (fft: conv2d's teaching backend)
 
 
 def candidates(op: str) -> list[str]:
