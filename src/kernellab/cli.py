@@ -192,8 +192,10 @@ def _option_names(op: str) -> list[str] | None:
 def _check_options(op: str, options) -> None:
     """A ValueError naming the first --opt key ``op`` does not take, with the ones it does."""
     known = _option_names(op)
+    if known is None:
+        return
     for key in options or {}:
-        if known is not None and key not in known:
+        if key not in known:
             raise ValueError(f"--opt {key}: not an option of {op}; its options: {', '.join(known) or 'none'}")
 
 
@@ -1889,15 +1891,12 @@ def main(argv=None) -> int:
         return 0
     dev = getattr(args, "device", None)
     if isinstance(dev, str) and dev != "cpu" and not re.fullmatch(r"cuda(:\d+)?", dev):
-        print(f"kernellab {args.cmd}: error: --device {dev}: give cpu or cuda", file=sys.stderr)
-        return 2
+        return _refuse(args, f"--device {dev}: give cpu or cuda")
     if isinstance(dev, str) and dev.startswith("cuda") and args.cmd != "explain":
         import torch
 
         if not torch.cuda.is_available():
-            print(f"kernellab {args.cmd}: error: --device {dev}: no CUDA GPU here "
-                  "(torch.cuda.is_available() is False)", file=sys.stderr)  # fmt: skip
-            return 2
+            return _refuse(args, f"--device {dev}: no CUDA GPU here (torch.cuda.is_available() is False)")
     made: list = []
     why = _check_outputs(args, made)  # (before a long run, not after it)
     if why is not None:

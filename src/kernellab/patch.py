@@ -667,9 +667,7 @@ class _RopeUndo:
     def __deepcopy__(self, memo):
         model = memo.get(id(self.model()))  # the model's copy (a deep copy of the patched model)
         if self.done or model is None:
-            new = object.__new__(_RopeUndo)
-            new.name, new.model, new.hooks, new.done, new.backend = self.name, self.model, (), True, None
-            return new
+            return _spent_rope_undo(self.name)
         hooks = copy.deepcopy(self.hooks, memo)  # (handles on the copy's hooks)
         return _RopeUndo(self.name, model, hooks, self.backend)
 
@@ -687,7 +685,7 @@ def _no_model() -> None:
 
 
 def _spent_rope_undo(name: str) -> _RopeUndo:
-    """A loaded share that was given back before its model was saved."""
+    """A share already given back (or whose model is gone), as a copy or a load of one."""
     new = object.__new__(_RopeUndo)
     new.name, new.model, new.hooks, new.done, new.backend = name, _no_model, (), True, None
     return new

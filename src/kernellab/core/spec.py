@@ -186,7 +186,9 @@ def parse_shape(s: str) -> tuple[int, ...]:
             dims.append(base**exp)
         elif m := re.fullmatch(r"(\d+)\s*<<\s*(\d+)", part):
             base, shift = int(m.group(1)), int(m.group(2))
-            dims.append(base << shift if base == 0 or shift <= 64 else MAX_DIM + 1)
+            if base and shift > 64:  # (no huge shift computed)
+                raise ValueError(f"shape {s!r}: dimension {part} is larger than 2^63 - 1")
+            dims.append(base << shift)
         elif part.isdigit():
             dims.append(int(part))
         else:

@@ -179,7 +179,7 @@ def problem_too_large(spec, shape, dtype, dev) -> str | None:
     cap = _device.memory_bytes(dev)
     if cap is None:
         return None
-    need = spec.count_bytes(shape, dtype, "fwd") * (1 + 8 / torch.empty((), dtype=dtype).element_size())
+    need = spec.count_bytes(shape, dtype, "fwd") * (1 + 8 / dtype.itemsize)
     if need <= cap:
         return None
     return (f"its inputs and outputs in {dtype_name(dtype)} and their float64 copies for the reference take "
