@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Pack the committed tree for a device call: lab/pack_clean.sh [REV]
 # The device copies the working tree as it is, a helper's uncommitted edits included; this
-# writes `git archive REV` (default HEAD) of src, tests, lab and pyproject.toml, the
-# committed tune rows (--resume reads them) and the wheels of .whl/ into .clean/ (ignored).
+# writes `git archive REV` (default HEAD) of src, tests, lab and pyproject.toml and the
+# wheels of .whl/ into .clean/ (ignored). The committed results travel with the tree
+# (the call's limit is 64 MiB in all): --resume reads them as ../benchmarks/results/...
 # Then: run(command="cd .clean && KERNELLAB_GIT_SHA=<sha> bash lab/gpu_call.sh ...",
 # carry=[".clean"]). Prints the short SHA the rows should carry.
 set -eu
@@ -10,7 +11,6 @@ rev=${1:-HEAD}
 cd "$(git rev-parse --show-toplevel)"
 rm -rf .clean && mkdir .clean
 git archive "$rev" src tests lab pyproject.toml | tar -x -C .clean
-git archive "$rev" benchmarks/results | tar -x -C .clean --wildcards 'benchmarks/results/tune-*'
 [ -d .whl ] && cp -r .whl .clean/
 du -sh .clean >&2
 git rev-parse --short=7 "$rev"
