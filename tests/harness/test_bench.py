@@ -125,6 +125,29 @@ def test_unavailable_backends_are_reported_not_timed():
         assert rows["cuda"]["reason"] == "no GPU"
 
 
+def test_cases_outside_a_backends_declared_limits_are_reported_not_timed(planted):
+    """A backend's documented limits (``Impl.limits``) leave a case out as unavailable,
+    with the reason, before anything runs (not as a timed error row)."""
+    ran = []
+
+    def narrow(x):
+        ran.append(x.shape)
+        return GELU(x)
+
+    def limits(x):
+        return f"at most 1024 elements, got {x.numel()}" if x.numel() > 1024 else None
+
+    planted("gelu", "pl_narrow", narrow, devices=("cpu", "cuda"), limits=limits)
+    rows = bench("gelu", backends=["pl_narrow"], shapes=[(1024,), (4096,)], dtypes=[torch.float32],
+                 budget_s=0.05)  # fmt: skip
+    by_shape = {r["shape"]: r for r in rows}
+    assert by_shape["1024"]["status"] == "ok", by_shape["1024"]
+    wide = by_shape["4096"]
+    assert wide["status"] == "unavailable" and wide["median_ms"] is None
+    assert wide["reason"] == "outside its limits: at most 1024 elements, got 4096"
+    assert (4096,) not in ran  # (the admission check runs it at its own small shapes)
+
+
 def test_bad_arguments_are_refused_clearly():
     with pytest.raises(KeyError, match="no_such_backend"):
         bench("gelu", backends=["no_such_backend"], shapes=SMALL)

@@ -226,7 +226,8 @@ def bench(
 ) -> list[dict]:
     """Time ``op`` for every backend x shape x dtype x mode (x keyword-option case: the
     spec's ``bench_options``, or ``options`` when given); returns result rows (measured
-    or rejected; unavailable backends appear with status "unavailable" and no timing).
+    or rejected; backends that cannot run here, or whose declared limits (``Impl.limits``)
+    leave the case out, appear with status "unavailable", the reason and no timing).
     ``paired_rounds``: see the module docstring (0: off). ``skip(case)``: True for a case
     not to time (``case_ident``'s tuple: what an earlier, cut-off run already timed);
     ``deadline``: a ``time.perf_counter()`` value past which no new case starts (the one
@@ -281,6 +282,9 @@ def bench(
             why = impl.why_unavailable(dev)
             if why is None and dtype not in (impl.dtypes or spec.dtypes):
                 why = f"{dtype_name(dtype)} not supported"
+            if why is None:  # a documented limit (Impl.limits): refused by design, not an error
+                limit = impl.outside_limits(prob.args, prob.options)
+                why = f"outside its limits: {limit}" if limit else None
             if why:
                 row.update(status="unavailable", reason=why)
                 group.append(row)

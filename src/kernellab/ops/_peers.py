@@ -1,6 +1,9 @@
 """Peer libraries as optional backends (installed separately; compared in the same run).
 
-``liger``: liger-kernel's Triton kernels (``pip install liger-kernel``), GPU only.
+``liger``: liger-kernel's Triton kernels (``pip install liger-kernel``), GPU only. Its row
+kernels (norms, softmax, GLUs) take rows of at most 65536 elements: wider ones are outside
+the backend's declared limits (``Impl.limits``) and refused with a ValueError naming the
+argument, before liger's launch would raise.
 """
 
 from __future__ import annotations
@@ -22,14 +25,37 @@ def liger_unavailable() -> str | None:
     return None
 
 
-def register_liger(op: str, fn, description: str) -> None:
+# liger's row kernels (norms, softmax, GLUs) run a row as one Triton block of
+# next_power_of_2(width) elements and refuse blocks above this (liger_kernel.ops.utils)
+LIGER_MAX_ROW = 65536
+
+
+def liger_row_limits(x, *args, **options) -> str | None:
+    """``Impl.limits`` of a liger backend that runs each row of its first argument as one
+    Triton block: rows wider than ``LIGER_MAX_ROW`` elements are outside them."""
+    shape = getattr(x, "shape", None)
+    width = (shape[-1] if len(shape) else 1) if shape is not None else 0
+    if width > LIGER_MAX_ROW and x.numel():
+        return f"rows of {width} elements; liger runs a row as one Triton block of at most {LIGER_MAX_ROW}"
+    return None
+
+
+def refuse_wide_rows(label: str, name: str, x) -> None:
+    """Raise a ValueError naming ``name`` where ``liger_row_limits`` puts ``x`` outside
+    (before liger's own RuntimeError from inside its launch)."""
+    why = liger_row_limits(x)
+    if why:
+        raise ValueError(f"{label}: {name} has {why} (backend='triton' or 'torch' takes such rows)")
+
+
+def register_liger(op: str, fn, description: str, limits=liger_row_limits) -> None:
     """Register ``fn`` (a wrapper around a liger-kernel function) as backend ``liger`` of
-    ``op``: GPU only, available when liger-kernel imports."""
+    ``op``: GPU only, available when liger-kernel imports; ``limits``: ``Impl.limits``
+    (default: rows of at most ``LIGER_MAX_ROW`` elements; None: none)."""
     from kernellab.core.registry import register
 
-    register(
-        op, "liger", devices=("cuda",), available=liger_unavailable, builtin=True, description=description
-    )(fn)
+    register(op, "liger", devices=("cuda",), available=liger_unavailable, builtin=True, limits=limits,
+             description=description)(fn)  # fmt: skip
 
 
 class _FirstOrderOnly(torch.autograd.Function):

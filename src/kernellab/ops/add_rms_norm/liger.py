@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import torch
 
-from kernellab.ops._peers import first_order_only, register_liger
+from kernellab.ops._peers import first_order_only, refuse_wide_rows, register_liger
 
 
 def liger_add_rms_norm(x, residual, weight, eps=1e-6):
     """liger-kernel LigerFusedAddRMSNormFunction (Triton, casting mode gemma, offset 0)."""
+    refuse_wide_rows("add_rms_norm (liger)", "x", x)
     from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 
     if x.numel() == 0:

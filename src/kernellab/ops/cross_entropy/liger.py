@@ -58,4 +58,5 @@ register_liger(
     "cross_entropy",
     liger_cross_entropy,
     "liger-kernel LigerCrossEntropyFunction (gradient in the forward, in the logits buffer)",
+    limits=None,  # (its kernel walks a row's vocabulary in blocks)
 )

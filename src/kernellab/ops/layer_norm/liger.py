@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from kernellab.ops._peers import first_order_only, register_liger
+from kernellab.ops._peers import first_order_only, refuse_wide_rows, register_liger
 
 
 def liger_layer_norm(x, weight, bias=None, eps=1e-5):
     """liger-kernel LigerLayerNormFunction (Triton)."""
+    refuse_wide_rows("layer_norm (liger)", "x", x)
     from liger_kernel.ops.layer_norm import LigerLayerNormFunction
 
     if x.numel() == 0:

@@ -43,5 +43,6 @@ def liger_linear_cross_entropy(x, weight, target, bias=None, ignore_index=DEFAUL
 
 
 register_liger(
-    OP, liger_linear_cross_entropy, "liger-kernel fused linear cross-entropy (gradients in the forward)"
+    OP, liger_linear_cross_entropy, "liger-kernel fused linear cross-entropy (gradients in the forward)",
+    limits=None,  # (chunked: its cross-entropy walks the vocabulary in blocks)
 )

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from kernellab.ops._peers import first_order_only, register_liger
+from kernellab.ops._peers import first_order_only, refuse_wide_rows, register_liger
 
 
 def liger_rms_norm(x, weight, eps=1e-6):
     """liger-kernel LigerRMSNormFunction (Triton, casting mode gemma, offset 0)."""
+    refuse_wide_rows("rms_norm (liger)", "x", x)
     from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
     if x.numel() == 0:

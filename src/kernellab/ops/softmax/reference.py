@@ -6,7 +6,7 @@ import torch
 
 from kernellab.core.spec import upcast
 from kernellab.ops._baselines import compiled, register_baseline
-from kernellab.ops._peers import first_order_only, register_liger
+from kernellab.ops._peers import first_order_only, refuse_wide_rows, register_liger
 
 
 def manual_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -30,6 +30,7 @@ register_baseline("softmax", manual_softmax, torch_softmax, compiled(manual_soft
 def liger_softmax(x: torch.Tensor) -> torch.Tensor:
     """liger-kernel's softmax (Triton; peer backend). Liger takes contiguous 2-D rows: other
     inputs are packed and reshaped around the call, as a user of it would."""
+    refuse_wide_rows("softmax (liger)", "x", x)
     from liger_kernel.ops.softmax import LigerSoftmaxFunction
 
     if x.numel() == 0:

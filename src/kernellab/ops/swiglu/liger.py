@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import torch.nn.functional as F
 
-from kernellab.ops._peers import first_order_only, owned_inputs, register_liger
+from kernellab.ops._peers import first_order_only, owned_inputs, refuse_wide_rows, register_liger
 
 
 def liger_swiglu(a, b, inplace_backward=False):
     """liger-kernel LigerSiLUMulFunction (Triton)."""
+    refuse_wide_rows("swiglu (liger)", "a", a)
     from liger_kernel.ops.swiglu import LigerSiLUMulFunction
 
     if a.numel() == 0:
