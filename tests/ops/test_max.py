@@ -79,6 +79,34 @@ def test_ties_nan_and_inf_rows(backend, dtype):
     _assert_like_torch(backend, ints)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("width", [4097, 4103, 8190, 12289])
+def test_triton_streamed_rows_off_16_byte_boundaries(dtype, width):
+    """Rows of one a program, streamed with per-lane bests; widths that are not a multiple
+    of 16 bytes' elements start off 16-byte boundaries and are read as the aligned chunks
+    holding them: the neighbours' elements (planted larger, and NaN) must not leak in, the
+    tensor's last partial chunk (read apart) counts, and ties across lanes and steps break
+    to the first column."""
+    from kernellab.ops.max.triton import _launch_config
+
+    _, rows, _, a, shifted = _launch_config(width, torch.empty((), dtype=dtype).element_size())
+    assert rows == 1 and shifted == (width % a != 0)
+    nan, inf = float("nan"), float("inf")
+    x = torch.randn(6, width).to(dtype)
+    x[0, 0] = 90.0
+    x[1, 5] = x[1, width // 2] = x[1, width - 2] = 80.0  # ties across lanes and steps
+    x[2, -1] = nan  # next to row 3, all -inf but its end
+    x[3, :] = -inf
+    x[3, -1] = 95.0  # next to row 4's start
+    x[4, -1] = 70.0
+    x[5, -1] = nan  # in the tensor's last partial chunk (only the last row has elements past lim)
+    _assert_like_torch("triton", x)
+    assert kernellab.get("argmax", "triton")(x).tolist() == [0, 5] + [width - 1] * 4
+    y = torch.full((3, width), -inf).to(dtype)  # all -inf: index 0
+    y[1, -3:] = 0.0
+    _assert_like_torch("triton", y)
+
+
 @pytest.mark.parametrize("backend", CPU)
 def test_dim_argument(backend):
     x = torch.randn(6, 7, 5)

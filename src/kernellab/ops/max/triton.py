@@ -1,14 +1,19 @@
 """max over the last dim in Triton: kernel, launcher, custom op, registration.
 
 One kernel for max and argmax (ops/argmax/triton.py launches it without the values
-store). A program owns ROWS rows (short rows share a program, ~4096 elements per step)
-and streams them BLOCK columns at a time, keeping per row the running best value, its
-index and the index of the first NaN. Per step: the block's max with NaN
-replaced by -inf, the first column equal to it, the first NaN column (three register
-reductions); a block replaces the running best only when strictly larger, so the earlier
-index wins ties. NaN is handled by hand: ``tl.max`` drops NaN on the GPU (fmaxf) while
-the interpreter's numpy propagates it, and Triton's argmax never prefers NaN; torch.max
-does (value NaN, index of the first NaN).
+store). NaN is handled by hand: ``tl.max`` drops NaN on the GPU (fmaxf) while the
+interpreter's numpy propagates it, and Triton's argmax never prefers NaN; torch.max does
+(value NaN, index of the first NaN). Ties break to the first index, as torch's.
+
+- Short rows (several a program, ``ROWS`` > 1, each row one step of at most BLOCK
+  columns): the block's max with NaN replaced by -inf, the first column equal to it and
+  the first NaN column, three register reductions.
+- Long rows (one a program, streamed BLOCK columns a step): each lane keeps its own
+  running best value, its column and its first NaN column, elementwise (a lane takes a
+  later column only when strictly larger, so it keeps its first); the lanes are reduced
+  once, at the end. A row whose start is off a 16-byte boundary (``SHIFTED``: the width is
+  not a multiple of 16 bytes' elements) is read as the aligned chunks that hold it, 16
+  bytes a load, the neighbours' elements masked out (``_triton_rows.shifted_span``).
 """
 
 from __future__ import annotations
@@ -19,43 +24,98 @@ import triton.language as tl
 from kernellab import triton_support
 from kernellab.ops._reductions import max_backend, rows_config
 from kernellab.ops._register import register_triton
+from kernellab.ops._triton_rows import shifted_span
 
 NO_INDEX = tl.constexpr(2**31 - 1)  # "no index yet" (a global used in a kernel: constexpr)
 
 
 @triton_support.jit
+def _lane_step(x, ok, col, best_v, best_i, nan_i):
+    # one step of per-lane running bests: x fp32, ok the lanes inside the row, col their
+    # columns (int32, increasing from step to step). A lane's first in-row element is taken
+    # whatever it is (a row of -inf has index 0), NaN never (its first column is kept apart).
+    isnan = (x != x) & ok
+    nan_i = tl.where(isnan & (nan_i == NO_INDEX), col, nan_i)
+    take = ok & ~isnan & ((x > best_v) | (best_i == NO_INDEX))
+    return tl.where(take, x, best_v), tl.where(take, col, best_i), nan_i
+
+
+@triton_support.jit
 def _max_rows_kernel(
-    x_ptr, val_ptr, idx_ptr, n_rows, n_cols, BLOCK: tl.constexpr, ROWS: tl.constexpr, WRITE_VALS: tl.constexpr
-):
-    # x: contiguous [n_rows, n_cols], n_cols >= 1; val: [n_rows] x's dtype (unused unless
-    # WRITE_VALS); idx: [n_rows] int64.
+    x_ptr, val_ptr, idx_ptr, n_rows, n_cols, total,
+    BLOCK: tl.constexpr, ROWS: tl.constexpr, WRITE_VALS: tl.constexpr,
+    A: tl.constexpr,  # elements per 16 bytes
+    SHIFTED: tl.constexpr,  # ROWS == 1 and n_cols not a multiple of A
+):  # fmt: skip
+    # x: contiguous [n_rows, n_cols] (total elements), n_cols >= 1; val: [n_rows] x's
+    # dtype (unused unless WRITE_VALS); idx: [n_rows] int64.
     pid = tl.program_id(0).to(tl.int64)
-    rows = pid * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
-    rmask = rows < n_rows
-    best_v = tl.full([ROWS], float("-inf"), tl.float32)
-    best_i = tl.full([ROWS], NO_INDEX, tl.int32)
-    nan_i = tl.full([ROWS], NO_INDEX, tl.int32)
-    for start in range(0, n_cols, BLOCK):
-        cc = start + cols
-        mask = rmask[:, None] & (cc[None, :] < n_cols)
-        x = tl.load(x_ptr + rows[:, None] * n_cols + cc[None, :], mask=mask, other=float("-inf")).to(
-            tl.float32
-        )
+    if ROWS == 1:
+        best_v = tl.full([BLOCK], float("-inf"), tl.float32)
+        best_i = tl.full([BLOCK], NO_INDEX, tl.int32)
+        nan_i = tl.full([BLOCK], NO_INDEX, tl.int32)
+        if SHIFTED:
+            a0, lo, r1, hi, lim, b0, b1 = shifted_span(pid * n_cols, n_cols, total, A)
+            xp = x_ptr + a0
+            for start in range(0, hi, BLOCK):
+                j = start + cols
+                x = tl.load(xp + j, mask=j < lim, other=float("-inf")).to(tl.float32)
+                best_v, best_i, nan_i = _lane_step(x, (j >= lo) & (j < r1), j - lo, best_v, best_i, nan_i)
+            # the tensor's last partial chunk (only the last row has elements there), read
+            # apart so that no load passes the tensor; its columns follow every other
+            tj = lim + tl.arange(0, A)
+            tok = (tj >= lo) & (tj < r1)
+            t = tl.load(xp + tj, mask=tok, other=float("-inf")).to(tl.float32)
+            none = tl.full([A], NO_INDEX, tl.int32)
+            tv, ti, tn = _lane_step(t, tok, tj - lo, tl.full([A], float("-inf"), tl.float32), none, none)
+            t_best = tl.max(tv, axis=0)
+            t_idx = tl.min(tl.where(tv == t_best, ti, NO_INDEX), axis=0)
+            t_nan = tl.min(tn, axis=0)
+        else:
+            n = (n_cols // A) * A  # (= n_cols: Triton sees it divides by A, 16-byte loads)
+            xp = x_ptr + pid * n
+            for start in range(0, n, BLOCK):
+                j = start + cols
+                ok = j < n
+                x = tl.load(xp + j, mask=ok, other=float("-inf")).to(tl.float32)
+                best_v, best_i, nan_i = _lane_step(x, ok, j, best_v, best_i, nan_i)
+        bm = tl.max(best_v, axis=0)
+        bi = tl.min(tl.where(best_v == bm, best_i, NO_INDEX), axis=0)  # (no-index lanes: NO_INDEX)
+        ni = tl.min(nan_i, axis=0)
+        if SHIFTED:
+            tail = (t_idx < NO_INDEX) & ((bi == NO_INDEX) | (t_best > bm))
+            bm = tl.where(tail, t_best, bm)
+            bi = tl.where(tail, t_idx, bi)
+            ni = tl.minimum(ni, t_nan)
+        has_nan = ni < NO_INDEX
+        tl.store(idx_ptr + pid, tl.where(has_nan, ni, bi).to(tl.int64))
+        if WRITE_VALS:
+            tl.store(val_ptr + pid, tl.where(has_nan, float("nan"), bm).to(val_ptr.dtype.element_ty))
+    else:
+        rows = pid * ROWS + tl.arange(0, ROWS)
+        rmask = rows < n_rows
+        mask = rmask[:, None] & (cols[None, :] < n_cols)
+        x = tl.load(x_ptr + rows[:, None] * n_cols + cols[None, :], mask=mask, other=float("-inf"))
+        x = x.to(tl.float32)
         isnan = (x != x) & mask
         xs = tl.where(isnan, float("-inf"), x)
         bm = tl.max(xs, axis=1)
-        ci = cc[None, :].to(tl.int32)
+        ci = cols[None, :].to(tl.int32)
         bi = tl.min(tl.where(mask & (xs == bm[:, None]), ci, NO_INDEX), axis=1)
-        nan_i = tl.minimum(nan_i, tl.min(tl.where(isnan, ci, NO_INDEX), axis=1))
-        take = (bm > best_v) | (best_i == NO_INDEX)
-        best_i = tl.where(take, bi, best_i)
-        best_v = tl.where(take, bm, best_v)
-    has_nan = nan_i < NO_INDEX
-    tl.store(idx_ptr + rows, tl.where(has_nan, nan_i, best_i).to(tl.int64), mask=rmask)
-    if WRITE_VALS:
-        val = tl.where(has_nan, float("nan"), best_v)
-        tl.store(val_ptr + rows, val.to(val_ptr.dtype.element_ty), mask=rmask)
+        ni = tl.min(tl.where(isnan, ci, NO_INDEX), axis=1)
+        has_nan = ni < NO_INDEX
+        tl.store(idx_ptr + rows, tl.where(has_nan, ni, bi).to(tl.int64), mask=rmask)
+        if WRITE_VALS:
+            val = tl.where(has_nan, float("nan"), bm)
+            tl.store(val_ptr + rows, val.to(val_ptr.dtype.element_ty), mask=rmask)
+
+
+def _launch_config(n_cols: int, element_size: int):
+    """(BLOCK, ROWS, num_warps, A, SHIFTED) for rows of ``n_cols`` elements."""
+    block, rows, warps = rows_config(n_cols)
+    a = 16 // element_size
+    return block, rows, warps, a, rows == 1 and n_cols % a != 0
 
 
 def max_rows(x: torch.Tensor, want_values: bool):
@@ -67,7 +127,9 @@ def max_rows(x: torch.Tensor, want_values: bool):
     vals = torch.empty(x.shape[:-1], dtype=x.dtype, device=x.device) if want_values else None
     n_rows = idx.numel()
     if n_rows:
-        block, rows, warps = rows_config(n_cols)
+        block, rows, warps, a, shifted = _launch_config(n_cols, x.element_size())
+        if rows > 1:
+            assert n_cols <= block, (n_cols, block)  # (short rows are one step: the kernel's 2-D path)
         grid = (triton_support.cdiv(n_rows, rows),)
         _max_rows_kernel[grid](
             x,
@@ -75,9 +137,12 @@ def max_rows(x: torch.Tensor, want_values: bool):
             idx,
             n_rows,
             n_cols,
+            x.numel(),
             BLOCK=block,
             ROWS=rows,
             WRITE_VALS=want_values,
+            A=a,
+            SHIFTED=shifted,
             num_warps=warps,
         )
     return vals, idx
@@ -86,15 +151,18 @@ def max_rows(x: torch.Tensor, want_values: bool):
 max_triton = max_backend("triton", max_rows, triton=True)
 
 
-def kernel_specs(dtype: str, write_vals: bool = True):
-    """For `kernellab asm`: the kernel as launched for 4096-wide rows."""
-    block, rows, warps = rows_config(4096)
-    sig = {"x_ptr": f"*{dtype}", "val_ptr": f"*{dtype}", "idx_ptr": "*i64", "n_rows": "i32", "n_cols": "i32"}
-    sig.update(BLOCK="constexpr", ROWS="constexpr", WRITE_VALS="constexpr")
-    cx = {"BLOCK": block, "ROWS": rows, "WRITE_VALS": write_vals}
+def kernel_specs(dtype: str, write_vals: bool = True, n_cols: int = 4096):
+    """For `kernellab asm`: the kernel as launched for rows of ``n_cols`` elements (4096:
+    one row a program, 16-byte loads)."""
+    elem = {"fp32": 4, "fp16": 2, "bf16": 2}[dtype]
+    block, rows, warps, a, shifted = _launch_config(n_cols, elem)
+    sig = {"x_ptr": f"*{dtype}", "val_ptr": f"*{dtype}", "idx_ptr": "*i64", "n_rows": "i32", "n_cols": "i32",
+           "total": "i64"}  # fmt: skip
+    sig.update({k: "constexpr" for k in ("BLOCK", "ROWS", "WRITE_VALS", "A", "SHIFTED")})
+    cx = {"BLOCK": block, "ROWS": rows, "WRITE_VALS": write_vals, "A": a, "SHIFTED": shifted}
     return [(_max_rows_kernel, sig, cx, warps)]
 
 
-DESCRIPTION = "Triton: rows per program, running (value, index, first NaN)"
+DESCRIPTION = "Triton: long rows streamed with per-lane running (value, index, first NaN), 16-byte loads"
 
 register_triton("max", max_triton, kernel_specs, DESCRIPTION)
