@@ -148,6 +148,28 @@ def test_cases_outside_a_backends_declared_limits_are_reported_not_timed(planted
     assert (4096,) not in ran  # (the admission check runs it at its own small shapes)
 
 
+def test_vendors_are_timed_as_their_users_call_them():
+    """cross_entropy's peer_options: kernellab's forms of F.cross_entropy and Liger's run a
+    target check that waits for the device; the vendors are timed without it (as their
+    users call them), ours as the default runs them, and a case's own option wins."""
+    import kernellab
+    from kernellab.harness.bench import make_problem
+
+    spec = kernellab.get_spec("cross_entropy")
+    assert spec.peer_options == {"check_targets": False}
+    prob = make_problem(spec, (8, 50), torch.float32, "fwd", "cpu", 0)
+    assert prob.call_options("torch") == prob.call_options("liger") == {"check_targets": False}
+    assert prob.call_options("triton") == {} and prob.call_options("manual") == {}
+    checked = make_problem(spec, (8, 50), torch.float32, "fwd", "cpu", 0, {"check_targets": True})
+    assert checked.call_options("torch") == {"check_targets": True}
+    gelu = make_problem(kernellab.get_spec("gelu"), (64,), torch.float32, "fwd", "cpu", 0)
+    assert gelu.call_options("torch") == {}  # (no peer_options)
+    rows = {r["backend"]: r for r in bench("cross_entropy", backends=["torch", "triton"], shapes=[(8, 50)],
+                                           dtypes=[torch.float32], budget_s=0.05)}  # fmt: skip
+    assert rows["torch"]["status"] == "ok" and rows["torch"]["peer_options"] == "check_targets=False"
+    assert rows["triton"]["status"] == "ok" and "peer_options" not in rows["triton"]
+
+
 def test_bad_arguments_are_refused_clearly():
     with pytest.raises(KeyError, match="no_such_backend"):
         bench("gelu", backends=["no_such_backend"], shapes=SMALL)

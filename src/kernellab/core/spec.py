@@ -452,6 +452,11 @@ class OpSpec:
     # existed read as its default); ``input_facts`` reads them from a call's arguments.
     input_options: dict = field(default_factory=dict)
     input_facts: Callable | None = None  # args -> input_options' values (a tuple, in their order)
+    # Keyword options the harness times the vendors' backends (``harness.results.VENDOR``)
+    # with, where kernellab's form of a vendor op adds work its users do not pay (the
+    # synchronizing target check kernellab puts in front of F.cross_entropy); a case's own
+    # option of the same name wins.
+    peer_options: dict = field(default_factory=dict)
     grad_shapes: list | None = None  # problem shapes of the gradient stage
     # how many of the first outputs the gradient stages differentiate, each with a grad_output
     # of its own (rope: q_rot and k_rot)

@@ -38,6 +38,7 @@ from kernellab.core.choice import decided_by_device
 from kernellab.core.spec import dtype_name, get_spec, options_str, shape_str, split_options, to64
 from kernellab.harness import timer
 from kernellab.harness.compare import judge
+from kernellab.harness.results import VENDOR
 from kernellab.profile.nvtx import nvtx_range
 
 MODES = ("fwd", "bwd", "fwdbwd")
@@ -113,9 +114,10 @@ class Problem:
 
     def call(self, impl):
         """A zero-argument function doing one timed unit of work, and a box holding its
-        last result."""
+        last result. A vendor's backend is called with the spec's ``peer_options`` (as its
+        users call the op) under the case's own options."""
         box = [None]
-        args, wrt, kw = self.args, self.wrt, self.options
+        args, wrt, kw = self.args, self.wrt, self.call_options(getattr(impl, "backend", None))
         if self.mode == "fwd":
 
             def fn():
@@ -136,6 +138,14 @@ class Problem:
                 box[0] = torch.autograd.grad(_outputs(impl(*args, **kw))[: len(self.dy)], leaves, self.dy)
 
         return fn, box
+
+    def call_options(self, backend: str | None) -> dict:
+        """The keyword options ``backend`` is called with in this problem (None: a bare
+        callable, not a registered backend: the case's options)."""
+        peer = self.spec.peer_options
+        if not peer or backend not in VENDOR:
+            return self.options
+        return {**peer, **self.options}
 
     def refresh(self):
         """New random values written in place into the same input tensors."""
@@ -296,6 +306,9 @@ def bench(
                 row.update(status="rejected", reason=gate)
                 group.append(row)
                 continue
+            called = prob.call_options(impl.backend)
+            if called != prob.options:  # a vendor timed as its users call it (OpSpec.peer_options)
+                row["peer_options"] = options_str({k: v for k, v in called.items() if k not in prob.options})
             with nvtx_range(f"bench {op}/{impl.backend} {mode} {shape_str(shape)} {dtype_name(dtype)}"):
                 row.update(_measure(impl, prob, baseline, dev, graph, flush, budget_s))
             _rates(row, spec, shape, dtype, mode, peaks, opts)
