@@ -272,7 +272,35 @@ BAD = [
     ("string z_loss", lambda x, w, t: ((x, w, t), {"z_loss": "1e-4"}), TypeError, "z_loss"),
     ("float ignore_index", lambda x, w, t: ((x, w, t), {"ignore_index": -100.0}), TypeError, "ignore_index"),
     ("chunk 0", lambda x, w, t: ((x, w, t), {"chunk": 0}), ValueError, "chunk"),
+    ("str check_targets", lambda x, w, t: ((x, w, t), {"check_targets": "n"}), TypeError, "check_targets"),
 ]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_check_targets_false_skips_the_check(backend, monkeypatch):
+    """check_targets=False (opt-in; the harness times the vendors with it): no target
+    check, hence no wait for the device; the default checks, and the loss is the same."""
+    import kernellab.ops.linear_cross_entropy._chunked as chunked
+    import kernellab.ops.linear_cross_entropy.reference as ref
+    from kernellab.ops.linear_cross_entropy import targets
+
+    calls = []
+
+    def counted(*a, **k):
+        calls.append(1)
+        return targets.check_targets(*a, **k)
+
+    monkeypatch.setattr(ref, "_check", counted)
+    monkeypatch.setattr(chunked, "_check_targets", counted)
+    x, w, t = _good()
+    checked = registry.call(OP, backend, x, w, t)
+    assert len(calls) == 1
+    unchecked = registry.call(OP, backend, x, w, t, check_targets=False)
+    assert len(calls) == 1
+    torch.testing.assert_close(unchecked, checked, rtol=0, atol=0)
+    registry.call(OP, backend, x, w, t, check_targets=True)
+    assert len(calls) == 2
+    assert kernellab.get_spec(OP).peer_options == {"check_targets": False}
 
 
 @pytest.mark.parametrize("backend", CPU)

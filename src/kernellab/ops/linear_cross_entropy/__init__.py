@@ -67,7 +67,10 @@ Targets: int64, each in [0, V) or equal to ``ignore_index``; anything else raise
 ValueError naming ``target`` (every backend checks in eager mode: one small reduction and
 a device-to-host read per call, before the compute; under torch.compile the check is
 skipped and a bad target gives a NaN loss row for the triton backends, PyTorch's index
-error for the others).
+error for the others). ``check_targets=False`` (opt-in) skips the check in eager mode too: no
+wait for the device; a bad target then does what it does under torch.compile (undefined for
+liger). The harness times the vendors' backends (torch, compile, liger) with it, as their
+users call PyTorch's and Liger's ops (``OpSpec.peer_options``).
 
 Double backward (create_graph=True): manual and torch (PyTorch ops) support it; the
 chunked backends raise a RuntimeError (their backward is a scale of saved gradients).
@@ -96,12 +99,12 @@ from kernellab.core.spec import (
 from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, logits_loss
 
 REDUCTIONS = ("mean", "sum", "none")
-OPTIONS = ("bias", "ignore_index", "reduction", "label_smoothing", "z_loss", "chunk")
+OPTIONS = ("bias", "ignore_index", "reduction", "label_smoothing", "z_loss", "chunk", "check_targets")
 
 
 def linear_cross_entropy_reference(
     x, weight, target, bias=None, ignore_index=DEFAULT_IGNORE, reduction="mean", label_smoothing=0.0,
-    z_loss=0.0, chunk=None,
+    z_loss=0.0, chunk=None, check_targets=None,
 ):  # fmt: skip
     """PyTorch ops in the inputs' dtype (float64 for the check): full logits, F.cross_entropy."""
     logits = F.linear(x, weight, bias).reshape(-1, weight.shape[0])
@@ -224,6 +227,9 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
     chunk = kwargs.get("chunk")
     if chunk is not None and (not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1):
         raise ValueError(f"{OP}: chunk must be None or a positive int (rows per chunk), got {chunk!r}")
+    ct = kwargs.get("check_targets")
+    if ct is not None and not isinstance(ct, bool):
+        raise TypeError(f"{OP}: check_targets must be a bool or None, got {ct!r}")
 
 
 
@@ -356,8 +362,12 @@ SPEC = declare(
         {"bias": BIAS, "reduction": "none", "z_loss": 1e-2},
         {"chunk": 5},
         {"chunk": 1000},
+        {"check_targets": False},
     ],
     option_inputs=_option_inputs,
+    # timed as PyTorch's and Liger's users call them: without the target check kernellab's
+    # forms of them run (it reads a result on the host, a wait for the device)
+    peer_options={"check_targets": False},
     fuzz=_fuzz,
     # dx_i = sum_j dlogits_ij W_j is a dot with cancellation (sum_j dlogits_ij = 0 up to
     # smoothing): its rounding is at the scale of the terms, not of the result, as for
@@ -395,6 +405,7 @@ def linear_cross_entropy(
     label_smoothing: float = 0.0,
     z_loss: float = 0.0,
     chunk: int | None = None,
+    check_targets: bool | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of ``x @ weight.T + bias`` against ``target`` without storing the logits
@@ -408,6 +419,8 @@ def linear_cross_entropy(
         opts["z_loss"] = z_loss
     if chunk is not None:
         opts["chunk"] = chunk
+    if check_targets is not None:
+        opts["check_targets"] = check_targets
     return registry.call(OP, backend, x, weight, target, **opts)
 
 

@@ -14,16 +14,18 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._peers import first_order_only, register_liger
-from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, check_targets
+from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP
+from kernellab.ops.linear_cross_entropy.targets import check_targets as _check
 
 
 def liger_linear_cross_entropy(x, weight, target, bias=None, ignore_index=DEFAULT_IGNORE, reduction="mean",
-                               label_smoothing=0.0, z_loss=0.0, chunk=None):  # fmt: skip
+                               label_smoothing=0.0, z_loss=0.0, chunk=None, check_targets=None):  # fmt: skip
     """liger_fused_linear_cross_entropy (chunked, gradients in the forward)."""
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
     v, h = weight.shape
-    check_targets(target, v, ignore_index)
+    if check_targets is not False:
+        _check(target, v, ignore_index)
     t = target.reshape(-1)
     x2 = x.reshape(t.shape[0], h)
     if t.shape[0] == 0:
