@@ -12,7 +12,7 @@ variable is read again).
 | ``attn_ws`` | KERNELLAB_ATTN_WS | "1" | attention's warp-specialized forward on Hopper ("0": the plain kernel) |
 | ``attn_ws_bwd`` | KERNELLAB_ATTN_WS_BWD | "1" | its backward: "1" head-major layouts, "views" a fused projection's views too, "0" off |
 | ``attn_split_d`` | KERNELLAB_ATTN_SPLIT_D | True | attention head dims 80, 96, ... in two tiles |
-| ``check_targets`` | KERNELLAB_CHECK_TARGETS | False | cross_entropy checks target values on the GPU too (one host sync a call) |
+| ``check_targets`` | KERNELLAB_CHECK_TARGETS | False | cross_entropy's fused and linear_cross_entropy's triton backends check target values on the GPU too (one host sync a call) |
 | ``triton_launch`` | KERNELLAB_TRITON_LAUNCH | "" | "jit": plain ``kernel[grid]`` launches instead of the lean launcher |
 | ``matmul_plans`` | KERNELLAB_MATMUL_PLANS | True | matmul's Triton forward keeps per-shape launch plans (False: derives every launch per call) |
 | ``cuda_launch`` | KERNELLAB_LAUNCH | "" | "core": CUDA kernels launch through ``cuda.core`` instead of ``cuLaunchKernel`` |

@@ -427,6 +427,44 @@ def _peak_extra(backend, x, w, t):
     return torch.cuda.max_memory_allocated() - before
 
 
+def test_which_calls_check_their_targets():
+    """The default checks (a wait for the device) except in the triton backends on a GPU,
+    whose kernels clamp targets (a bad one: a NaN row); config.check_targets asks for it
+    there too; an explicit True or False decides."""
+    from kernellab.ops.linear_cross_entropy._chunked import wants_check
+
+    assert wants_check(None, False, True) and wants_check(None, True, False)
+    assert wants_check(None, False, False)
+    assert not wants_check(None, True, True)
+    with kernellab.config.override(check_targets=True):
+        assert wants_check(None, True, True)
+    for on_gpu, clamped in ((True, True), (False, False)):
+        assert wants_check(True, on_gpu, clamped) and not wants_check(False, on_gpu, clamped)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "triton_rows"])
+def test_gpu_default_never_waits_and_a_bad_target_is_a_nan_row(backend):
+    """On a GPU the triton backends' default does not check: no device-to-host read (the
+    sync debug mode raises on one), and an out-of-range target gives a NaN loss row; with
+    check_targets=True the ValueError naming target."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(64, 32, device="cuda", generator=g, dtype=torch.bfloat16)
+    w = torch.randn(1000, 32, device="cuda", generator=g, dtype=torch.bfloat16)
+    t = torch.randint(0, 1000, (64,), device="cuda", generator=g)
+    t[5] = 1000
+    lce.linear_cross_entropy(x, w, t, backend=backend, reduction="none")  # (compiles, loads)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rows = lce.linear_cross_entropy(x, w, t, backend=backend, reduction="none")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.isnan(rows[5]) and torch.isfinite(rows[torch.arange(64, device="cuda") != 5]).all()
+    with pytest.raises(ValueError, match=r"target \(flattened\) \[5\] = 1000"):
+        lce.linear_cross_entropy(x, w, t, backend=backend, check_targets=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", CHUNKED)
 def test_gpu_peak_memory_is_far_below_the_logits(backend):

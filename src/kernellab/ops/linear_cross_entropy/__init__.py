@@ -64,12 +64,15 @@ for the dx and dweight matmuls (as PyTorch's autograd does); sums over chunks ar
 rounded once at the end.
 
 Targets: int64, each in [0, V) or equal to ``ignore_index``; anything else raises
-ValueError naming ``target`` (every backend checks in eager mode: one small reduction and
-a device-to-host read per call, before the compute; under torch.compile the check is
-skipped and a bad target gives a NaN loss row for the triton backends, PyTorch's index
-error for the others). ``check_targets=False`` (opt-in) skips the check in eager mode too: no
-wait for the device; a bad target then does what it does under torch.compile (undefined for
-liger). The harness times the vendors' backends (torch, compile, liger) with it, as their
+ValueError naming ``target`` where the call checks: one small reduction and a device-to-host
+read per call, before the compute, a wait for the device. ``check_targets=None`` (the
+default) checks in eager mode, except in the triton backends on a GPU, whose kernels clamp a
+target before using it as an address: there a bad target gives a NaN loss row (and NaN
+gradients) and the call never waits, as cross_entropy's fused backends
+(``kernellab.config.check_targets = True`` checks there too). ``check_targets=True`` always
+checks; ``False`` (opt-in) never does, and a bad target does what it does under
+torch.compile, where the check is skipped: a NaN row for the triton backends, PyTorch's
+index error for the others, undefined for liger. The harness times the vendors' backends (torch, compile, liger) with it, as their
 users call PyTorch's and Liger's ops (``OpSpec.peer_options``).
 
 Double backward (create_graph=True): manual and torch (PyTorch ops) support it; the
