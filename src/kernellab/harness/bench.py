@@ -117,7 +117,8 @@ class Problem:
         last result. A vendor's backend is called with the spec's ``peer_options`` (as its
         users call the op) under the case's own options."""
         box = [None]
-        args, wrt, kw = self.args, self.wrt, self.call_options(getattr(impl, "backend", None))
+        args, wrt = self.args, self.wrt
+        kw = {**self.options, **self.peer_extra(getattr(impl, "backend", None))}
         if self.mode == "fwd":
 
             def fn():
@@ -139,13 +140,17 @@ class Problem:
 
         return fn, box
 
+    def peer_extra(self, backend: str | None) -> dict:
+        """The options ``backend`` is called with beyond the case's own: the spec's
+        ``peer_options`` the case does not set, for a vendor's backend; else none (also for
+        None, a bare callable)."""
+        if backend not in VENDOR:
+            return {}
+        return {k: v for k, v in self.spec.peer_options.items() if k not in self.options}
+
     def call_options(self, backend: str | None) -> dict:
-        """The keyword options ``backend`` is called with in this problem (None: a bare
-        callable, not a registered backend: the case's options)."""
-        peer = self.spec.peer_options
-        if not peer or backend not in VENDOR:
-            return self.options
-        return {**peer, **self.options}
+        """The keyword options ``backend`` is called with in this problem."""
+        return {**self.options, **self.peer_extra(backend)}
 
     def refresh(self):
         """New random values written in place into the same input tensors."""
@@ -306,9 +311,9 @@ def bench(
                 row.update(status="rejected", reason=gate)
                 group.append(row)
                 continue
-            called = prob.call_options(impl.backend)
-            if called != prob.options:  # a vendor timed as its users call it (OpSpec.peer_options)
-                row["peer_options"] = options_str({k: v for k, v in called.items() if k not in prob.options})
+            extra = prob.peer_extra(impl.backend)
+            if extra:  # a vendor timed as its users call it (OpSpec.peer_options)
+                row["peer_options"] = options_str(extra)
             with nvtx_range(f"bench {op}/{impl.backend} {mode} {shape_str(shape)} {dtype_name(dtype)}"):
                 row.update(_measure(impl, prob, baseline, dev, graph, flush, budget_s))
             _rates(row, spec, shape, dtype, mode, peaks, opts)

@@ -33,8 +33,7 @@ LIGER_MAX_ROW = 65536
 def liger_row_limits(x, *args, **options) -> str | None:
     """``Impl.limits`` of a liger backend that runs each row of its first argument as one
     Triton block: rows wider than ``LIGER_MAX_ROW`` elements are outside them."""
-    shape = getattr(x, "shape", None)
-    width = (shape[-1] if len(shape) else 1) if shape is not None else 0
+    width = x.shape[-1] if getattr(x, "ndim", 0) else 0
     if width > LIGER_MAX_ROW and x.numel():
         return f"rows of {width} elements; liger runs a row as one Triton block of at most {LIGER_MAX_ROW}"
     return None

@@ -22,18 +22,17 @@ from kernellab.ops._peers import (
     refuse_wide_rows,
 )
 
+TANH_ONLY = "liger's GeGLU computes the tanh approximation only"
+
 
 def _geglu_limits(a, b, approximate="none", inplace_backward=False):
-    if approximate != "tanh":
-        return "liger's GeGLU computes the tanh approximation only"
-    return liger_row_limits(a)
+    return TANH_ONLY if approximate != "tanh" else liger_row_limits(a)
 
 
 def liger_geglu(a, b, approximate="none", inplace_backward=False):
     """liger-kernel LigerGELUMulFunction (Triton, tanh GeLU only)."""
     if approximate != "tanh":
-        raise ValueError(f"geglu (liger): approximate={approximate!r}: {_geglu_limits(a, b, approximate)}; "
-                         "pass approximate='tanh'")  # fmt: skip
+        raise ValueError(f"geglu (liger): approximate={approximate!r}: {TANH_ONLY}; pass approximate='tanh'")
     refuse_wide_rows("geglu (liger)", "a", a)
     from liger_kernel.ops.geglu import LigerGELUMulFunction
 

@@ -72,8 +72,9 @@ gradients) and the call never waits, as cross_entropy's fused backends
 (``kernellab.config.check_targets = True`` checks there too). ``check_targets=True`` always
 checks; ``False`` (opt-in) never does, and a bad target does what it does under
 torch.compile, where the check is skipped: a NaN row for the triton backends, PyTorch's
-index error for the others, undefined for liger. The harness times the vendors' backends (torch, compile, liger) with it, as their
-users call PyTorch's and Liger's ops (``OpSpec.peer_options``).
+index error for the others, undefined for liger. The harness times the vendors' backends
+(torch, compile, liger) with it, as their users call PyTorch's and Liger's ops
+(``OpSpec.peer_options``).
 
 Double backward (create_graph=True): manual and torch (PyTorch ops) support it; the
 chunked backends raise a RuntimeError (their backward is a scale of saved gradients).

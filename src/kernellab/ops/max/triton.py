@@ -128,8 +128,7 @@ def max_rows(x: torch.Tensor, want_values: bool):
     n_rows = idx.numel()
     if n_rows:
         block, rows, warps, a, shifted = _launch_config(n_cols, x.element_size())
-        if rows > 1:
-            assert n_cols <= block, (n_cols, block)  # (short rows are one step: the kernel's 2-D path)
+        assert rows == 1 or n_cols <= block, (n_cols, block)  # (short rows: one step, the 2-D path)
         grid = (triton_support.cdiv(n_rows, rows),)
         _max_rows_kernel[grid](
             x,
