@@ -637,12 +637,37 @@ def test_a_shape_no_row_is_near_takes_the_tables_majority_not_the_fixed_preferen
     backend, why = registry.choose_key("gelu", far, torch.float32, "cpu", "fwd")
     assert backend == "torch" and "no backend won most of its 4 gelu fp32 fwd rows" in why
     assert "torch was nearest the best over them" in why and "manual 1.73" in why
-    # a backend not timed at every row (a row made from a verify run) is not ranked
+    # a row that timed one backend alone (a verify run's) does not vote where others compare
     rows = [timed(1 << 20, 0.01, 0.0101), timed(1 << 22, 0.01, 0.0101), timed(1 << 24, 0.03, 0.01),
             {**timed(1 << 26, 0.03, 0.01), "times": {"torch": 0.01}}]  # fmt: skip
     _write(tables, rows)
     backend, why = registry.choose_key("gelu", far, torch.float32, "cpu", "fwd")
-    assert backend == "torch" and "torch is the only backend timed at every one of them" in why
+    assert backend == "manual" and "manual was fastest at 2 of its 3 gelu fp32 fwd rows" in why
+    # where no row compares, those rows speak
+    _write(tables, [{**timed(1 << k, 0.03, 0.01), "times": {"torch": 0.01}} for k in (20, 22, 24)])
+    backend, why = registry.choose_key("gelu", far, torch.float32, "cpu", "fwd")
+    assert backend == "torch" and "torch was fastest at 3 of its 3 gelu fp32 fwd rows" in why
+
+
+def test_a_row_of_one_backend_speaks_only_at_its_own_shape(tables):
+    """A verify run's row holds only the backends it timed (torch alone where the default
+    was torch): it names torch at its own shape, but at a shape near it the nearest row
+    that compared backends speaks (H100 bn_relu_pool2d bf16: torch's lone row at
+    256x64x14x14 named torch for 1024x64x14x14, where triton was 6.7x faster)."""
+
+    def row(n, times):
+        return {"op": "gelu", "dtype": "fp32", "mode": "fwd", "shape": [n], "key": [n],
+                "best": min(times, key=times.get), "times": times}  # fmt: skip
+
+    _write(tables, [row(1 << 20, {"torch": 0.01}), row(1 << 23, {"manual": 0.01, "torch": 0.05})])
+    backend, why = registry.choose_key("gelu", (1 << 20,), torch.float32, "cpu", "fwd")
+    assert backend == "torch" and "nearest row [1048576] (distance 0.00)" in why
+    backend, why = registry.choose_key("gelu", (1 << 21,), torch.float32, "cpu", "fwd")
+    assert backend == "manual" and "nearest row [8388608] (distance 2.00)" in why
+    # with no row that compares, the lone rows speak as before
+    _write(tables, [row(1 << 20, {"torch": 0.01})])
+    backend, why = registry.choose_key("gelu", (1 << 21,), torch.float32, "cpu", "fwd")
+    assert backend == "torch" and "nearest row [1048576] (distance 1.00)" in why
 
 
 def test_a_16_bit_dtype_without_rows_takes_its_siblings_rows(tables):

@@ -49,6 +49,15 @@ def test_a_pick_the_row_did_not_time_is_unscored():
     assert s["rows"] == 2 and s["scored"] == 1 and s["worst"] == 2.0
 
 
+def test_a_row_of_one_backend_is_neither_scored_nor_a_neighbour():
+    """A verify run's row (one backend timed) compares nothing: it is not scored, and the
+    row that compares backends speaks for its neighbours instead of it."""
+    rows = [_row(1024, {"a": 1.0}), _row(2048, {"a": 2.0, "b": 1.0}), _row(8192, {"a": 8.0, "b": 4.0})]
+    res = choice_cv.cross_validate(rows, _cands())
+    assert [r["shape"] for r in res] == [[2048], [8192]]
+    assert res[0]["pick"] == "b" and "nearest row [8192]" in res[0]["why"]
+
+
 def test_device_time_decides_where_the_rows_kernels_are_long():
     long = {"a": 1.0, "b": 0.9}  # effective times: b ahead; device times: a ahead
     rows = [
@@ -66,7 +75,8 @@ def test_committed_tables(gpu, capsys):
     rows = tables.read_table(tables.table_path(gpu))["rows"]
     assert choice_cv.main(["--gpu", gpu, "--json"]) == 0
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert len(out) == len(rows) and {r["gpu"] for r in out} == {gpu}
+    # every row that compares backends is scored; a row of one backend alone is not
+    assert len(out) == sum(len(r["times"]) > 1 for r in rows) and {r["gpu"] for r in out} == {gpu}
     scored = [r["ratio"] for r in out if r["ratio"] is not None]
     # most picks are timed by their row, and no pick beats the row's fastest
     assert len(scored) > 0.9 * len(rows) and min(scored) >= 1.0

@@ -12,7 +12,8 @@ the answer per call shape.
   ``OpSpec.key_exact``, unless no row of the call's values is near) names the backend when it
   lies within ``NEAR`` (where that backend is not in ``usable``, the fastest of the row's
   usable ones); a 16-bit call with no rows of its dtype reads a sibling dtype's
-  (``SIBLING_DTYPES``). ``usable`` is what runs here less what the op excludes for the
+  (``SIBLING_DTYPES``). A row that timed one backend alone speaks only at its own shape
+  where other rows compare backends (``_comparing``). ``usable`` is what runs here less what the op excludes for the
   shape (``OpSpec.default_excludes``).
 - No row near: the backend that won a strict majority of the op's rows (``_table_vote``),
   else the one nearest the best over them by geometric mean.
@@ -112,7 +113,7 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
     out = None
     if table is not None and key is not None and dn is not None:
         dn, src = _row_dtype(table, op, dn, mode, options)
-        rows = list(_rows(table, op, dn, mode, options))
+        rows = _comparing(list(_rows(table, op, dn, mode, options)), key)
         best, any_dims = _nearest(rows, key, exact, bands), ""
         if exact and (best is None or best[0] > NEAR):
             # no row of the call's exact dims near: the nearest of any is the best evidence
@@ -199,6 +200,18 @@ def _rows(table, op, dn, mode, options):
             yield row
 
 
+def _comparing(rows, key=None):
+    """The rows that speak for a call at ``key``: a row that timed one backend alone (a
+    verify run's, ``rows_from_verify``: torch where the default was torch) compares nothing,
+    so where other rows compare backends it speaks only at its own shape; where no row
+    compares, all of them do. (bn_relu_pool2d bf16 at 1024x64x14x14: triton 6.7x faster
+    than torch, whose lone row at 256x64x14x14 would otherwise name it.)"""
+    if not any(len(r["times"]) > 1 for r in rows):
+        return rows
+    own = None if key is None else tuple(key)
+    return [r for r in rows if len(r["times"]) > 1 or tuple(r["key"]) == own]
+
+
 VOTE_MIN_ROWS = 3  # rows of an op / dtype / mode before they speak for far shapes
 # Without a majority, the backend nearest the best on average speaks only when its geometric
 # mean of time over each row's best leads the next backend's by more than this
@@ -214,7 +227,7 @@ def _table_vote(table, table_name, op, dn, mode, options, usable, key=None, by="
     has the least geometric mean (NEAREST_LEAD ahead of the next). Where VOTE_MIN_ROWS rows
     share the call's alignment class, bands and exact dims (``_distance`` finite), only they
     vote: a kernel's speed at odd widths says little about aligned ones, as ``_distance`` says."""
-    rows = list(_rows(table, op, dn, mode, options))
+    rows = _comparing(list(_rows(table, op, dn, mode, options)), key)
     alike = [r for r in rows if key is not None and _distance(tuple(r["key"]), key, exact, bands) < math.inf]
     alike_note = ""
     if len(alike) >= VOTE_MIN_ROWS and len(alike) < len(rows):

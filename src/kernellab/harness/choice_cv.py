@@ -9,7 +9,8 @@ its shape (key, dtype, mode, options) made from the other rows, as ``choose_for_
 it (every backend of the op that runs on CUDA counts as usable, less ``default_excludes``).
 The row's own times then score the pick: its time over the row's fastest, by the times
 the rule ranks by (``choice.deciding_times``). A pick the row did not time is counted as
-unscored. Only the table's own rows are used (not rows borrowed from another GPU model).
+unscored; a row that timed one backend alone (``rows_from_verify``) is not scored. Only
+the table's own rows are used (not rows borrowed from another GPU model).
 
 ``cross_validate`` is a pure function of the rows (tested); the numbers come from real GPU
 rows, so they estimate the default's miss rate at new shapes without a GPU. The real
@@ -38,8 +39,8 @@ def cross_validate(rows: list[dict], candidates, by: str = "queued", score=None)
 
     out = []
     for i, row in enumerate(rows):
-        if score is not None and not score(row):
-            continue
+        if len(row["times"]) < 2 or (score is not None and not score(row)):
+            continue  # (a row of one backend, a verify run's, compares nothing to score a pick by)
         key = tuple(row["key"])
         usable, preferred, small, exact, bands = candidates(row["op"], key)
         rest = {"rows": rows[:i] + rows[i + 1 :]}
