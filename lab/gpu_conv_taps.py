@@ -72,7 +72,8 @@ def _conv_fwd_taps_kernel(
         for c0 in range(0, C, BLOCK_K):
             c = c0 + tl.arange(0, BLOCK_K)
             c_ok = c < C
-            a = tl.load(x_ptr + a_row[:, None] + c[None, :] * sxc, mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            a_ok = row_ok[:, None] & c_ok[None, :]
+            a = tl.load(x_ptr + a_row[:, None] + c[None, :] * sxc, mask=a_ok, other=0.0)
             b = tl.load(w_ptr + offs_n[None, :] * CRS + c[:, None] * RS + rs,
                         mask=c_ok[:, None] & n_ok[None, :], other=0.0)  # fmt: skip
             if UPCAST:
@@ -158,8 +159,8 @@ def gpu(out: str) -> int:
         runs = {"cudnn": (cudnn, e_cudnn),
                 "registered": (lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1), None)}  # fmt: skip
         for t in TILES:
-            runs["taps %dx%dx%d w%d %s" % (*t[:4], "acc64" if t[4] else "fp32")] = (
-                lambda t=t: taps_fwd(x, w, b, (1, 1), (1, 1), t), None)
+            name = f"taps {t[0]}x{t[1]}x{t[2]} w{t[3]} {'acc64' if t[4] else 'fp32'}"
+            runs[name] = (lambda t=t: taps_fwd(x, w, b, (1, 1), (1, 1), t), None)
         base = None
         for name, (fn, err) in runs.items():
             try:
@@ -172,12 +173,15 @@ def gpu(out: str) -> int:
             if ratio <= 2.0 or name == "cudnn":
                 ms = timer.time_cuda(fn, budget_s=0.4).median_ms
                 base = ms if name == "cudnn" else base
-            row = {"shape": list(shape), "variant": name, "error": err, "error_over_cudnn": ratio, "median_ms": ms,
-                   "tflops": flops / ms / 1e9 if ms else None, "vs_cudnn": base / ms if ms and base else None}
+            row = {"shape": list(shape), "variant": name, "error": err, "error_over_cudnn": ratio,
+                   "median_ms": ms, "tflops": flops / ms / 1e9 if ms else None,
+                   "vs_cudnn": base / ms if ms and base else None}  # fmt: skip
             fh.write(json.dumps({**row, **meta}) + "\n")
             fh.flush()
-            print(f"{'x'.join(map(str, shape)):22s} {name:28s} err/cuDNN {ratio:5.2f} "
-                  + (f"{ms:8.4f} ms {row['tflops']:6.1f} TFLOP/s {row['vs_cudnn']:.2f}x cuDNN" if ms else "not timed"))
+            timed = "not timed"
+            if ms:
+                timed = f"{ms:8.4f} ms {row['tflops']:6.1f} TFLOP/s {row['vs_cudnn']:.2f}x cuDNN"
+            print(f"{'x'.join(map(str, shape)):22s} {name:28s} err/cuDNN {ratio:5.2f} {timed}")
     return 0
 
 
