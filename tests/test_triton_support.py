@@ -463,3 +463,64 @@ def test_interpreter_custom_reduce_runs_over_whole_arrays():
     assert torch.equal(v, want_v) and torch.equal(i, want_i.int())
     first = [r[r != 0][0].item() if (r != 0).any() else 0.0 for r in x]
     assert f.tolist() == first and s.item() == first[0]
+
+
+class _Recorder:
+    """A streaming kernel stand-in: records each launch's grid and n, and writes
+    ``out = in0 + in1 ...`` for the first n elements (as the kernels do, masked)."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, BLOCK, num_warps):
+            *ins, out, n = args
+            self.launches.append((grid, n, BLOCK, out.data_ptr()))
+            assert grid[0] * BLOCK >= n
+            out[:n] = sum(t[:n] for t in ins)
+
+        return launch
+
+
+@pytest.mark.parametrize("n", [5, (1 << 16) + 3, 3 * 8192, 5 * 8192 + 7])
+def test_launch_streaming_takes_whole_blocks_apart_from_the_tail(n):
+    """Counts of SPLIT_TAIL_MIN or more that are not whole blocks run as a launch of whole
+    blocks (n divisible by 16: 16-byte accesses) and one of the tail, written at its
+    offset; smaller or whole counts run as one launch."""
+    k = _Recorder()
+    a, b = torch.randn(n).to(torch.bfloat16), torch.randn(n).to(torch.bfloat16)
+    y = triton_support.launch_streaming(k, [a, b[:n]])
+    assert torch.equal(y, a + b)
+    block = triton_support.block_for(2)
+    if n < triton_support.SPLIT_TAIL_MIN or n % block == 0:
+        assert [(g, m) for g, m, *_ in k.launches] == [((-(-n // block),), n)]
+    else:
+        body = n - n % block
+        assert [(g, m) for g, m, *_ in k.launches] == [((body // block,), body), ((1,), n - body)]
+        assert body % 16 == 0 and k.launches[1][3] == y.data_ptr() + 2 * body
+
+
+@pytest.mark.parametrize("op", ["gelu", "relu", "add", "swiglu"])
+def test_streaming_triton_ops_right_at_a_count_with_a_tail(op):
+    """The Triton elementwise ops through both launches (interpreted), forward and backward,
+    against torch in float64."""
+    import kernellab
+
+    n = triton_support.SPLIT_TAIL_MIN + 4099
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, generator=g, requires_grad=True)
+    if op == "add":
+        z = torch.randn(n, generator=g)
+        y, ref = kernellab.add(x, z, backend="triton"), x.double() + z.double()
+    elif op == "swiglu":
+        z = torch.randn(n, generator=g)
+        y, ref = kernellab.swiglu(x, z, backend="triton"), torch.nn.functional.silu(x.double()) * z.double()
+    else:
+        y = getattr(kernellab, op)(x, backend="triton")
+        kw = {"approximate": "tanh"} if op == "gelu" else {}
+        ref = getattr(torch.nn.functional, op)(x.double(), **kw)
+    assert torch.allclose(y.double(), ref, atol=1e-5, rtol=1e-5)
+    dy = torch.randn(n, generator=g)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    (dref,) = torch.autograd.grad(ref, x, dy.double())
+    assert torch.allclose(dx.double(), dref.double(), atol=1e-5, rtol=1e-5)

@@ -69,16 +69,37 @@ def block_for(element_size: int, warps: int = 8, accesses: int = 4) -> int:
     return warps * 32 * accesses * (16 // element_size)
 
 
+# From this many elements on, a count that is not a whole number of blocks is launched as
+# two: the whole blocks, then the tail. The kernels mask ``offs < n``, and Triton proves a
+# mask constant over a 16-byte access only where it knows n divisible by 16; an odd n
+# makes every access one element wide (H100, Triton 3.6, bf16 GeLU at 16777215
+# elements: 0.0995 ms against 0.0279 for the CUDA kernel and torch). Below it the second
+# launch's host cost outweighs the narrower accesses.
+SPLIT_TAIL_MIN = 1 << 16
+
+
 def launch_streaming(kernel, inputs) -> torch.Tensor:
     """Run an elementwise ``kernel(*inputs, out, n, BLOCK=...)`` over contiguous copies
-    of ``inputs`` (same shape and dtype) into a fresh contiguous output."""
+    of ``inputs`` (same shape and dtype) into a fresh contiguous output (``launch_flat``)."""
     inputs = [t if t.is_contiguous() else t.contiguous() for t in inputs]
     y = torch.empty_like(inputs[0])
-    n = y.numel()
-    if n:
-        block = block_for(y.element_size())
-        kernel[(-(-n // block),)](*inputs, y, n, BLOCK=block, num_warps=8)
+    if y.numel():
+        launch_flat(kernel, [*inputs, y], y.numel(), block_for(y.element_size()), num_warps=8)
     return y
+
+
+def launch_flat(kernel, tensors, n: int, block: int, **meta) -> None:
+    """``kernel[grid](*tensors, n, BLOCK=block, **meta)`` over n elements of contiguous
+    ``tensors`` (inputs and outputs, one element size), programs of ``block`` elements;
+    from ``SPLIT_TAIL_MIN`` elements on, a count that is not whole blocks as two launches:
+    the whole blocks, then the tail from views at a whole block's offset (as aligned as
+    the bases), except while torch.compile traces (one launch, as Inductor records it)."""
+    body = n - n % block
+    if n < SPLIT_TAIL_MIN or body == n or any(type(t) is not torch.Tensor for t in tensors):
+        kernel[(-(-n // block),)](*tensors, n, BLOCK=block, **meta)
+        return
+    kernel[(body // block,)](*tensors, body, BLOCK=block, **meta)
+    kernel[(1,)](*[t.view(-1)[body:] for t in tensors], n - body, BLOCK=block, **meta)
 
 
 def streaming_kernels(*kernels):

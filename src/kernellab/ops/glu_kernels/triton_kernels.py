@@ -120,7 +120,7 @@ def _launch(kernel, inputs, n_out: int, act: int, outs=None) -> list[Tensor]:
     n = inputs[0].numel()
     if n:
         block, warps = launch_shape(n, inputs[0].element_size())
-        kernel[(triton_support.cdiv(n, block),)](*inputs, *outs, n, ACT=act, BLOCK=block, num_warps=warps)
+        triton_support.launch_flat(kernel, [*inputs, *outs], n, block, ACT=act, num_warps=warps)
     return outs
 
 
