@@ -110,6 +110,7 @@ def _matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    ALIGN: tl.constexpr = 1,  # M, N, K and the strides are multiples of it (``align_of``)
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     bz = tl.program_id(1).to(tl.int64)
@@ -118,20 +119,42 @@ def _matmul_kernel(
     rk = tl.arange(0, BLOCK_K)
     am = rm % M  # wrapped rows / columns: always in bounds, never stored
     bn = rn % N
-    a_ptrs = a_ptr + bz * s_ab + am[:, None] * s_am + rk[None, :] * s_ak
-    b_ptrs = b_ptr + bz * s_bb + rk[:, None] * s_bk + bn[None, :] * s_bn
+    a_base = bz * s_ab
+    b_base = bz * s_bb
+    a_rows = am * s_am
+    b_rows = rk * s_bk
+    if ALIGN > 1:
+        # Triton knows an int argument's divisibility by 16 only: with 3000 or 1000 in a
+        # dim it loads one element at a time and does not pipeline. Dims and strides that
+        # are multiples of ALIGN (16 bytes) keep every run of ALIGN elements contiguous
+        # and 16-byte aligned, the wrap (% M, % N) included.
+        am = tl.max_contiguous(tl.multiple_of(am, ALIGN), ALIGN)
+        bn = tl.max_contiguous(tl.multiple_of(bn, ALIGN), ALIGN)
+        a_rows = tl.multiple_of(am * s_am, ALIGN)
+        b_rows = tl.multiple_of(b_rows, ALIGN)
+        a_base = tl.multiple_of(a_base, ALIGN)
+        b_base = tl.multiple_of(b_base, ALIGN)
+    a_ptrs = a_ptr + a_base + a_rows[:, None] + rk[None, :] * s_ak
+    b_ptrs = b_ptr + b_base + b_rows[:, None] + bn[None, :] * s_bn
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+    for _ in range(0, K // BLOCK_K):  # whole K blocks unmasked, then the tail
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
         if UPCAST:
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = mma(a, b, acc, PRECISION)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
+    k_left = K % BLOCK_K
+    if k_left > 0:
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = mma(a, b, acc, PRECISION)
 
     acc = epilogue(acc, bias_ptr, rn, N, HAS_BIAS, ACT)
     c_ptrs = c_ptr + bz * s_cb + rm[:, None] * s_cm + rn[None, :] * s_cn
@@ -829,6 +852,16 @@ def _as_3d(t, shape):
     return t3.stride(), None if view else shape
 
 
+def align_of(element_size: int, dims, strides) -> int:
+    """``_matmul_kernel``'s ALIGN: the elements in 16 bytes where every one of ``dims`` (M,
+    N, K) and every stride other than a unit one is a multiple of that many, else 1.
+    (Where they are multiples of 16 Triton sees it itself; at 3000 or 1000 it does not,
+    and the hint turns one-element loads into 16-byte cp.async copies, sm_90 PTX.)"""
+    v = max(1, 16 // element_size)
+    ok = all(d % v == 0 for d in dims) and all(s == 1 or s % v == 0 for s in strides)
+    return v if ok else 1
+
+
 def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     """The launch of ``triton_general_fwd`` for a's and b's shapes, strides and dtype."""
     batch = tuple(a.shape[:-2])
@@ -847,7 +880,8 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     check = (0, 1, 3)  # a, b, bias: the caller's; c is fresh
     if a.device.type == "cuda":
         check_batch_grid(bt)
-        consts.update(PRECISION=_precision(a.dtype, "cuda"), UPCAST=False)
+        consts.update(PRECISION=_precision(a.dtype, "cuda"), UPCAST=False,
+                      ALIGN=align_of(a.element_size(), (m, n, k), (*sa, *sb)))  # fmt: skip
 
         def grid(meta):
             return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)
@@ -1000,8 +1034,9 @@ def _kernel_specs(dtype: str):
         "s_cn",
     ):
         sig[p] = "constexpr" if p in cx else "i32"
-    for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"):
+    for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "ALIGN"):
         sig[p] = "constexpr"
+    cx["ALIGN"] = 1  # (every dim and stride a multiple of 16 here: Triton's own specialization)
     skinny = _skinny_spec(dtype)
     # warps and stages of the first candidate config with this tile
     tile = {k: cx[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
