@@ -129,3 +129,22 @@ def test_explain_says_how_the_choice_did_where_no_row_is(tmp_path, monkeypatch, 
     finally:
         tables.clear()
         registry.clear_cache()
+
+
+def test_readme_states_the_committed_tables_scores():
+    """The README's leave-one-out figures are those of the committed tables (a table
+    re-tuned without the README following fails here)."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    pattern = (r"fastest at (\d+) of (\d+) H100 rows that compare backends \(\d+%\) "
+               r"and (\d+) of (\d+) H200 rows")
+    said = re.search(pattern, re.sub(r"\s+", " ", readme))
+    assert said, "README: the choice_cv sentence moved or changed its wording"
+    got = []
+    for gpu in ("NVIDIA H100 80GB HBM3", "NVIDIA H200"):
+        rows = tables.read_table(tables.table_path(gpu))["rows"]
+        s = choice_cv.summarize(choice_cv.cross_validate(rows, choice_cv.registry_candidates))["all"]
+        got += [s["hits"], s["scored"]]
+    assert [int(x) for x in said.groups()] == got
