@@ -470,6 +470,33 @@ for align in (1, 8):
     assert "cp.async.cg.shared.global" in hinted
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=dtype_id)
+def test_gpu_triton_matmul_at_dims_of_8_not_16(dtype):
+    """On the GPU, the hinted path (ALIGN: dims and strides multiples of 8, none of 16)
+    against float64, forward and both gradients, b as [K, N] and as W.t(), with a bias."""
+    m, n, k = 264, 392, 1000  # 8 mod 16, 8 mod 16, 8 mod 16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for b_t in (False, True):
+        a = torch.randn(m, k, generator=g, device="cuda").to(dtype).requires_grad_(True)
+        w = torch.randn((n, k) if b_t else (k, n), generator=g, device="cuda").to(dtype)
+        w.requires_grad_(True)
+        bias = torch.randn(n, generator=g, device="cuda").to(dtype)
+        b = w.t() if b_t else w
+        y = kernellab.matmul(a, b, bias, backend="triton")
+        dy = torch.randn(m, n, generator=g, device="cuda").to(dtype)
+        da, dw = torch.autograd.grad(y, (a, w), dy)
+        a64, b64 = a.detach().double(), b.detach().double()
+        ref = a64 @ b64 + bias.double()
+        scale = 1e-2 if dtype != torch.float32 else 1e-4
+        assert float((y.double() - ref).abs().max()) <= scale * float(ref.abs().max()), b_t
+        da_ref = dy.double() @ b64.t()
+        db_ref = a64.t() @ dy.double()
+        dw_ref = db_ref.t() if b_t else db_ref
+        assert float((da.double() - da_ref).abs().max()) <= scale * float(da_ref.abs().max()), b_t
+        assert float((dw.double() - dw_ref).abs().max()) <= scale * float(dw_ref.abs().max()), b_t
+
+
 def test_tma_small_products_take_64x64_tiles_and_their_split(monkeypatch):
     """Below TUNE_MIN_WORK the TMA kernel runs SMALL_TMA's 64x64x128 tiles, its K slices
     counted on those tiles: 64x128x3136 (two tiles) in 8 slices; 48 KB of shared memory
