@@ -435,7 +435,7 @@ def test_the_tiled_kernel_copies_16_bytes_at_dims_of_3000(tmp_path):
     """sm_90 PTX of the tiled kernel where M, N, K and the row strides are 3000 (multiples
     of 8, not of 16: Triton specializes neither): without ALIGN every load is one bf16
     element and nothing is pipelined (the H100 rows: 9.7x cuBLAS's time at 3000^3); with
-    ALIGN=8 the operands travel by 16-byte cp.async copies."""
+    ALIGN=8 the operands travel by 16-byte cp.async copies, b as [K, N] and as W.t()."""
     import os
     import subprocess
     import sys
@@ -447,27 +447,28 @@ from triton.compiler import ASTSource
 from kernellab.inspect import asm
 from kernellab.ops.matmul import triton as tm
 fn = asm._jit(tm._matmul_kernel)
-for align in (1, 8):
-    sig = {{n: ("*bf16" if n.endswith("_ptr") else "i32") for n in fn.arg_names}}
+for align, b_t in ((1, False), (8, False), (8, True)):
+    unit = dict(s_ak=1, s_bk=1, s_cn=1) if b_t else dict(s_ak=1, s_bn=1, s_cn=1)
     cx = dict(HAS_BIAS=False, ACT=0, PRECISION="tf32", UPCAST=False, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64,
-              GROUP_M=8, ALIGN=align, s_ak=1, s_bn=1, s_cn=1)
-    for k in cx:
-        sig[k] = "constexpr"
+              GROUP_M=8, ALIGN=align, A_K_INNER=True, B_N_INNER=not b_t, **unit)
+    sig = {{n: ("*bf16" if n.endswith("_ptr") else "constexpr" if n in cx else "i32") for n in fn.arg_names}}
     ptrs = [i for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")]
     attrs = {{(i,): [["tt.divisibility", 16]] for i in ptrs}}
     cxi = {{(fn.arg_names.index(k),): v for k, v in cx.items()}}
     src = ASTSource(fn=fn, signature=sig, constexprs=cxi, attrs=attrs)
     opts = {{"num_warps": 8, "num_stages": 3}}
     ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
-    open({str(tmp_path)!r} + f"/a{{align}}.ptx", "w").write(ptx)
+    open({str(tmp_path)!r} + f"/a{{align}}{{'t' if b_t else ''}}.ptx", "w").write(ptx)
 """
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    plain, hinted = ((tmp_path / f"a{a}.ptx").read_text() for a in (1, 8))
+    plain, hinted, hinted_t = ((tmp_path / f"{name}.ptx").read_text() for name in ("a1", "a8", "a8t"))
     assert "cp.async" not in plain and "ld.global.b16" in plain
-    assert plain.count("wgmma.mma_async") and hinted.count("wgmma.mma_async")
-    assert "cp.async.cg.shared.global" in hinted
+    for ptx in (plain, hinted, hinted_t):
+        assert "wgmma.mma_async" in ptx
+    # the main loop's copies: both operands' tiles by 16-byte cp.async, whichever b's layout
+    assert hinted.count("cp.async.cg.shared.global") == hinted_t.count("cp.async.cg.shared.global") >= 24
 
 
 @pytest.mark.gpu

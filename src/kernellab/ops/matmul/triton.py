@@ -111,6 +111,8 @@ def _matmul_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     ALIGN: tl.constexpr = 1,  # M, N, K and the strides are multiples of it (``align_of``)
+    A_K_INNER: tl.constexpr = True,  # with ALIGN: s_ak == 1 (else a's rows are its inner dim)
+    B_N_INNER: tl.constexpr = True,  # with ALIGN: s_bn == 1 (else b's K is its inner dim)
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     bz = tl.program_id(1).to(tl.int64)
@@ -121,21 +123,31 @@ def _matmul_kernel(
     bn = rn % N
     a_base = bz * s_ab
     b_base = bz * s_bb
-    a_rows = am * s_am
-    b_rows = rk * s_bk
     if ALIGN > 1:
         # Triton knows an int argument's divisibility by 16 only: with 3000 or 1000 in a
         # dim it loads one element at a time and does not pipeline. Dims and strides that
         # are multiples of ALIGN (16 bytes) keep every run of ALIGN elements contiguous
-        # and 16-byte aligned, the wrap (% M, % N) included.
+        # and 16-byte aligned, the wrap (% M, % N) included. The hint goes on each
+        # operand's outer offsets only (multiple_of drops a contiguity Triton had).
         am = tl.max_contiguous(tl.multiple_of(am, ALIGN), ALIGN)
         bn = tl.max_contiguous(tl.multiple_of(bn, ALIGN), ALIGN)
-        a_rows = tl.multiple_of(am * s_am, ALIGN)
-        b_rows = tl.multiple_of(b_rows, ALIGN)
+    a_rows = am * s_am
+    a_cols = rk * s_ak
+    b_rows = rk * s_bk
+    b_cols = bn * s_bn
+    if ALIGN > 1:
+        if A_K_INNER:
+            a_rows = tl.multiple_of(a_rows, ALIGN)
+        else:
+            a_cols = tl.multiple_of(a_cols, ALIGN)
+        if B_N_INNER:
+            b_rows = tl.multiple_of(b_rows, ALIGN)
+        else:
+            b_cols = tl.multiple_of(b_cols, ALIGN)
         a_base = tl.multiple_of(a_base, ALIGN)
         b_base = tl.multiple_of(b_base, ALIGN)
-    a_ptrs = a_ptr + a_base + a_rows[:, None] + rk[None, :] * s_ak
-    b_ptrs = b_ptr + b_base + b_rows[:, None] + bn[None, :] * s_bn
+    a_ptrs = a_ptr + a_base + a_rows[:, None] + a_cols[None, :]
+    b_ptrs = b_ptr + b_base + b_rows[:, None] + b_cols[None, :]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(0, K // BLOCK_K):  # whole K blocks unmasked, then the tail
@@ -881,7 +893,8 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     if a.device.type == "cuda":
         check_batch_grid(bt)
         consts.update(PRECISION=_precision(a.dtype, "cuda"), UPCAST=False,
-                      ALIGN=align_of(a.element_size(), (m, n, k), (*sa, *sb)))  # fmt: skip
+                      ALIGN=align_of(a.element_size(), (m, n, k), (*sa, *sb)),
+                      A_K_INNER=sa[2] == 1, B_N_INNER=sb[2] == 1)  # fmt: skip
 
         def grid(meta):
             return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)
@@ -1034,9 +1047,11 @@ def _kernel_specs(dtype: str):
         "s_cn",
     ):
         sig[p] = "constexpr" if p in cx else "i32"
-    for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "ALIGN"):
+    for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "ALIGN",
+              "A_K_INNER", "B_N_INNER"):  # fmt: skip
         sig[p] = "constexpr"
-    cx["ALIGN"] = 1  # (every dim and stride a multiple of 16 here: Triton's own specialization)
+    # (every dim and stride a multiple of 16 here: Triton's own specialization, no hints)
+    cx.update(ALIGN=1, A_K_INNER=True, B_N_INNER=True)
     skinny = _skinny_spec(dtype)
     # warps and stages of the first candidate config with this tile
     tile = {k: cx[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
