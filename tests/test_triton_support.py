@@ -500,6 +500,15 @@ def test_launch_streaming_takes_whole_blocks_apart_from_the_tail(n):
         assert body % 16 == 0 and k.launches[1][3] == y.data_ptr() + 2 * body
 
 
+def test_launch_streaming_splits_parameters_too():
+    """A parameter is a real tensor (not a traced one): its launches split as a tensor's."""
+    k = _Recorder()
+    n = triton_support.SPLIT_TAIL_MIN + 5
+    a = torch.nn.Parameter(torch.randn(n), requires_grad=False)
+    y = triton_support.launch_streaming(k, [a])
+    assert torch.equal(y, a.detach()) and len(k.launches) == 2
+
+
 @pytest.mark.parametrize("op", ["gelu", "relu", "add", "swiglu"])
 def test_streaming_triton_ops_right_at_a_count_with_a_tail(op):
     """The Triton elementwise ops through both launches (interpreted), forward and backward,

@@ -95,7 +95,7 @@ def launch_flat(kernel, tensors, n: int, block: int, **meta) -> None:
     the whole blocks, then the tail from views at a whole block's offset (as aligned as
     the bases), except while torch.compile traces (one launch, as Inductor records it)."""
     body = n - n % block
-    if n < SPLIT_TAIL_MIN or body == n or any(type(t) is not torch.Tensor for t in tensors):
+    if n < SPLIT_TAIL_MIN or body == n or any(type(t) not in _REAL_TENSORS for t in tensors):
         kernel[(-(-n // block),)](*tensors, n, BLOCK=block, **meta)
         return
     kernel[(body // block,)](*tensors, body, BLOCK=block, **meta)

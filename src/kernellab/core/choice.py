@@ -13,8 +13,8 @@ the answer per call shape.
   lies within ``NEAR`` (where that backend is not in ``usable``, the fastest of the row's
   usable ones); a 16-bit call with no rows of its dtype reads a sibling dtype's
   (``SIBLING_DTYPES``). A row that timed one backend alone speaks only at its own shape
-  where other rows compare backends (``_comparing``). ``usable`` is what runs here less what the op excludes for the
-  shape (``OpSpec.default_excludes``).
+  where other rows compare backends (``_comparing``). ``usable`` is what runs here less
+  what the op excludes for the shape (``OpSpec.default_excludes``).
 - No row near: the backend that won a strict majority of the op's rows (``_table_vote``),
   else the one nearest the best over them by geometric mean.
 - No table or no evidence: the op's small-size rule, else its preferred backend.
