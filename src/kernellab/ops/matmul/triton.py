@@ -82,6 +82,22 @@ def epilogue(acc, bias_ptr, rn, N, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
 
 
 @triton_support.jit
+def k_block(a_ptrs, b_ptrs, acc, k_left, rk,
+            PRECISION: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
+    # acc + the product of one K block's tiles; MASKED: only its first k_left of rk are in K
+    if MASKED:
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+    else:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return mma(a, b, acc, PRECISION)
+
+
+@triton_support.jit
 def _matmul_kernel(
     a_ptr,
     b_ptr,
@@ -151,22 +167,12 @@ def _matmul_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(0, K // BLOCK_K):  # whole K blocks unmasked, then the tail
-        a = tl.load(a_ptrs)
-        b = tl.load(b_ptrs)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = mma(a, b, acc, PRECISION)
+        acc = k_block(a_ptrs, b_ptrs, acc, BLOCK_K, rk, PRECISION, UPCAST, False)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
     k_left = K % BLOCK_K
     if k_left > 0:
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = mma(a, b, acc, PRECISION)
+        acc = k_block(a_ptrs, b_ptrs, acc, k_left, rk, PRECISION, UPCAST, True)
 
     acc = epilogue(acc, bias_ptr, rn, N, HAS_BIAS, ACT)
     c_ptrs = c_ptr + bz * s_cb + rm[:, None] * s_cm + rn[None, :] * s_cn
@@ -219,12 +225,7 @@ def _skinny_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(0, steps):
         k_left = K - k_lo - i * BLOCK_K  # only the last block of K is partial
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        if UPCAST:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = mma(a, b, acc, PRECISION)
+        acc = k_block(a_ptrs, b_ptrs, acc, k_left, rk, PRECISION, UPCAST, True)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
 
