@@ -118,7 +118,7 @@ class Problem:
         users call the op) under the case's own options."""
         box = [None]
         args, wrt = self.args, self.wrt
-        kw = {**self.options, **self.peer_extra(getattr(impl, "backend", None))}
+        kw = self.call_options(getattr(impl, "backend", None))
         if self.mode == "fwd":
 
             def fn():

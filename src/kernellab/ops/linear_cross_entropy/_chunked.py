@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from kernellab.core.kit import OpDecl, build
-from kernellab.options import config
 from kernellab.ops.linear_cross_entropy.targets import check_targets as _check_targets
+from kernellab.ops.linear_cross_entropy.targets import wants_check
 from kernellab.triton_support import cdiv, next_pow2
 
 _F32 = torch.float32
@@ -359,17 +359,6 @@ def torch_scale(dx: Tensor, dw: Tensor, db: Tensor | None, dy: Tensor, scale: Te
     g = dy.to(_F32) * scale
     for t in (dx, dw) if db is None else (dx, dw, db):
         t.mul_(g)
-
-
-def wants_check(check_targets: bool | None, on_gpu: bool, clamped: bool) -> bool:
-    """Whether a call checks its targets (a read on the host: a wait for the device).
-    ``check_targets`` True or False decides; None (the default) checks, except on a GPU in
-    the Triton backends (``clamped``: their kernels clamp a target before using it as an
-    address, and a bad one gives a NaN loss row), unless ``kernellab.config.check_targets``
-    asks for it, as cross_entropy's fused backends do."""
-    if check_targets is not None:
-        return check_targets
-    return not (clamped and on_gpu) or config.check_targets
 
 
 def chunked_backend(name: str, rows, triton: bool = False, blocks=None, chunk_rule=None, check=None,

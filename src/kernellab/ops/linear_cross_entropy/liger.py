@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from kernellab.ops._peers import first_order_only, register_liger
-from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP
+from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, wants_check
 from kernellab.ops.linear_cross_entropy.targets import check_targets as _check
 
 
@@ -24,7 +24,7 @@ def liger_linear_cross_entropy(x, weight, target, bias=None, ignore_index=DEFAUL
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
     v, h = weight.shape
-    if check_targets is not False:
+    if wants_check(check_targets, x.is_cuda, False):
         _check(target, v, ignore_index)
     t = target.reshape(-1)
     x2 = x.reshape(t.shape[0], h)

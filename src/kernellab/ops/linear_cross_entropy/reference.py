@@ -12,7 +12,7 @@ from kernellab.core.registry import register
 from kernellab.core.spec import upcast
 from kernellab.ops._baselines import compiled, register_baseline
 from kernellab.ops.linear_cross_entropy._chunked import chunked_backend, torch_rows
-from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, logits_loss
+from kernellab.ops.linear_cross_entropy.targets import DEFAULT_IGNORE, OP, logits_loss, wants_check
 from kernellab.ops.linear_cross_entropy.targets import check_targets as _check
 
 
@@ -22,7 +22,7 @@ def _checked(fn):
     @functools.wraps(fn)
     def wrapper(x, weight, target, bias=None, ignore_index=DEFAULT_IGNORE, reduction="mean",
                 label_smoothing=0.0, z_loss=0.0, chunk=None, check_targets=None):  # fmt: skip
-        if check_targets is not False and not torch.compiler.is_compiling():
+        if wants_check(check_targets, x.is_cuda, False) and not torch.compiler.is_compiling():
             _check(target, weight.shape[0], ignore_index)
         return fn(x, weight, target, bias, ignore_index, reduction, label_smoothing, z_loss)
 

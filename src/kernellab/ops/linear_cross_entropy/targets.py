@@ -1,10 +1,12 @@
-"""linear_cross_entropy's targets: the ignore index, the check of target values every
-backend runs, and the loss of full logits against them (the reference's and PyTorch's)."""
+"""linear_cross_entropy's targets: the ignore index, the check of target values (and when
+a call runs it), and the loss of full logits against them (the reference's and PyTorch's)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from kernellab.options import config
 
 DEFAULT_IGNORE = -100
 
@@ -28,6 +30,17 @@ def check_targets(target: torch.Tensor, v: int, ignore_index: int, first_bad=Non
     if lo < 0 or hi >= v:
         first = int((((t < 0) | (t >= v)) & (t != ignore_index)).nonzero()[0, 0])
         _raise_bad_target(t, first, v, ignore_index)
+
+
+def wants_check(check_targets: bool | None, on_gpu: bool, clamped: bool) -> bool:
+    """Whether a call checks its targets (a read on the host: a wait for the device), for
+    every backend. ``check_targets`` True or False decides; None (the default) checks,
+    except on a GPU in the Triton backends (``clamped``: their kernels clamp a target before using it as an
+    address, and a bad one gives a NaN loss row), unless ``kernellab.config.check_targets``
+    asks for it, as cross_entropy's fused backends do."""
+    if check_targets is not None:
+        return check_targets
+    return not (clamped and on_gpu) or config.check_targets
 
 
 def _raise_bad_target(t: torch.Tensor, first: int, v: int, ignore_index: int):
