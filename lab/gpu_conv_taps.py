@@ -2,7 +2,11 @@
 cuDNN at the MNIST layers with C = 32 and the 56x56x64 layer; ours 13 TFLOP/s, cuDNN's
 without TF32 27-30).
 
-The registered kernel (ops/conv2d/triton.py ``_conv_fwd_kernel``) reduces over (c, r, s)
+The tap kernel is now src's (``ops/conv2d/triton.py`` ``_conv_fwd_taps_kernel``, planned
+by ``fwd_plan``: 128x64x16, 4 warps, fp32 two-level sums at C >= 16, fp32 only); this
+times it at other tiles and in bf16 (``--dtype bf16``) beside the GEMM kernel and cuDNN.
+
+The GEMM kernel (ops/conv2d/triton.py ``_conv_fwd_kernel``) reduces over (c, r, s)
 in that order: every A element's address needs the index split j -> (c, r, s) and its own
 bounds test. Here the reduction runs a tap (r, s) at a time with channels innermost: each
 output row's input position and bounds are computed once a tap, a tile's addresses are
@@ -16,7 +20,7 @@ more error). Each is judged first: its max error against float64 over cuDNN's ow
 TF32 off), the check's rule (<= 2x); a wrong or too-inaccurate variant is reported, not
 timed.
 
-    python lab/gpu_conv_taps.py OUT.jsonl          # GPU: every shape, variant, and cuDNN
+    python lab/gpu_conv_taps.py OUT.jsonl [--dtype bf16]   # GPU: every shape, variant, cuDNN
     python lab/gpu_conv_taps.py --cpu-check        # the interpreter: arithmetic only
 """
 
@@ -31,10 +35,8 @@ if "--cpu-check" in sys.argv:
     os.environ["TRITON_INTERPRET"] = "1"
 
 import torch
-import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops._triton_dots import dot, mma
 from kernellab.ops.conv2d import triton as kt
 from kernellab.ops.conv2d.geometry import out_size
 
@@ -43,51 +45,6 @@ SHAPES += [(b, 1, 28, 28, 32, 3, 3) for b in (64, 1024)]  # C = 1: the tap kerne
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, ACC64)
 TILES = [(64, 64, 32, 4, True), (64, 64, 32, 8, True), (128, 64, 32, 8, True), (128, 64, 16, 8, True),
          (64, 64, 16, 4, True), (128, 64, 16, 4, False), (128, 128, 16, 8, False), (64, 64, 32, 4, False)]
-
-
-@triton_support.jit
-def _conv_fwd_taps_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr,  # as _conv_fwd_kernel's
-    C, H, W, K, P, Q, R, S, M,
-    sxn, sxc, sxh, sxw,
-    SH, SW, PH, PW,
-    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    offs_m, offs_n, m_ok, n_ok = kt._tile(M, K, BLOCK_M, BLOCK_N)
-    pq = P * Q
-    nb, rem = offs_m // pq, offs_m % pq
-    ih0 = (rem // Q) * SH - PH
-    iw0 = (rem % Q) * SW - PW
-    x_row = nb * sxn
-    RS = R * S
-    CRS = C * RS
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
-    for rs in range(0, RS):
-        ih = ih0 + rs // S
-        iw = iw0 + rs % S
-        row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        a_row = x_row + ih * sxh + iw * sxw
-        for c0 in range(0, C, BLOCK_K):
-            c = c0 + tl.arange(0, BLOCK_K)
-            c_ok = c < C
-            a_ok = row_ok[:, None] & c_ok[None, :]
-            a = tl.load(x_ptr + a_row[:, None] + c[None, :] * sxc, mask=a_ok, other=0.0)
-            b = tl.load(w_ptr + offs_n[None, :] * CRS + c[:, None] * RS + rs,
-                        mask=c_ok[:, None] & n_ok[None, :], other=0.0)  # fmt: skip
-            if UPCAST:
-                a, b = a.to(tl.float32), b.to(tl.float32)
-            if ACC64:
-                acc64 += dot(a, b, PRECISION).to(tl.float64)
-            else:
-                acc = mma(a, b, acc, PRECISION)
-    if ACC64:
-        acc = acc64.to(tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    y_off = nb[:, None] * (K * pq) + offs_n[None, :] * pq + rem[:, None]
-    tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 def taps_fwd(x, w, bias, stride, padding, tiles):
@@ -102,7 +59,7 @@ def taps_fwd(x, w, bias, stride, padding, tiles):
         bm, bn, bk = min(bm, 32), min(bn, 32), min(bk, 16)
     grid = (triton_support.cdiv(m, bm) * triton_support.cdiv(k, bn),)
     consts = kt._consts(x)
-    _conv_fwd_taps_kernel[grid](
+    kt._conv_fwd_taps_kernel[grid](
         x, w, bias if bias is not None else y, y, c, h, wd, k, p, q, r, s, m, *x.stride(), sh, sw, ph, pw,
         HAS_BIAS=bias is not None, ACC64=acc64 and x.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn,
         BLOCK_K=bk, num_warps=warps, **consts,
@@ -141,7 +98,7 @@ def cpu_check() -> int:
     return 1 if bad else 0
 
 
-def gpu(out: str) -> int:
+def gpu(out: str, dtype: torch.dtype = torch.float32) -> int:
     from kernellab.harness import timer
     from kernellab.harness.bench import git_sha, versions
 
@@ -150,10 +107,11 @@ def gpu(out: str) -> int:
     meta = {"git_sha": git_sha(), **versions(), "gpu": torch.cuda.get_device_name()}
     fh = open(out, "a")
     for shape in SHAPES:
-        x, w, b = _inputs(shape, "cuda")
+        x, w, b = _inputs(shape, "cuda", dtype)
         n, c, h, wd, k, r, s = shape
         flops = 2 * n * k * h * wd * c * r * s
         ref = torch.nn.functional.conv2d(x.double(), w.double(), b.double(), 1, 1)
+        tag = "" if dtype == torch.float32 else f" {dtype}"
         cudnn = lambda: torch.nn.functional.conv2d(x, w, b, 1, 1)  # noqa: E731
         e_cudnn = float((cudnn().double() - ref).abs().max())
         runs = {"cudnn": (cudnn, e_cudnn),
@@ -173,7 +131,8 @@ def gpu(out: str) -> int:
             if ratio <= 2.0 or name == "cudnn":
                 ms = timer.time_cuda(fn, budget_s=0.4).median_ms
                 base = ms if name == "cudnn" else base
-            row = {"shape": list(shape), "variant": name, "error": err, "error_over_cudnn": ratio,
+            row = {"shape": list(shape), "dtype": str(dtype).split(".")[-1], "variant": name, "error": err,
+                   "error_over_cudnn": ratio,
                    "median_ms": ms, "tflops": flops / ms / 1e9 if ms else None,
                    "vs_cudnn": base / ms if ms and base else None}  # fmt: skip
             fh.write(json.dumps({**row, **meta}) + "\n")
@@ -181,7 +140,7 @@ def gpu(out: str) -> int:
             timed = "not timed"
             if ms:
                 timed = f"{ms:8.4f} ms {row['tflops']:6.1f} TFLOP/s {row['vs_cudnn']:.2f}x cuDNN"
-            print(f"{'x'.join(map(str, shape)):22s} {name:28s} err/cuDNN {ratio:5.2f} {timed}")
+            print(f"{'x'.join(map(str, shape)):22s}{tag} {name:28s} err/cuDNN {ratio:5.2f} {timed}")
     return 0
 
 
@@ -189,9 +148,10 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?")
     ap.add_argument("--cpu-check", action="store_true")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     a = ap.parse_args()
     if a.cpu_check:
         raise SystemExit(cpu_check())
     if not a.out:
         ap.error("OUT.jsonl is needed on the GPU")
-    raise SystemExit(gpu(a.out))
+    raise SystemExit(gpu(a.out, torch.float32 if a.dtype == "fp32" else torch.bfloat16))

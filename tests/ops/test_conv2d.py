@@ -312,6 +312,25 @@ def test_triton_under_torch_compile_fullgraph():
         torch.testing.assert_close(a.grad, r.grad, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "case,layout",
+    [
+        (((2, 20, 6, 6, 5, 5, 5), 1, 2), "contiguous"),  # the tap forward, fp32 block sums
+        (((1, 16, 9, 8, 6, 3, 3), (2, 1), (1, 2)), "channels_last"),
+        (((1, 130, 4, 3, 3, 3, 3), 1, 1), "contiguous"),  # C R S 1170: fp64 block sums
+        (((2, 4, 7, 9, 3, 3, 1), (3, 2), (0, 1)), "contiguous"),  # the stencil dgrad, strided
+    ],
+    ids=["taps", "taps-nhwc", "taps-acc64", "stencil"],
+)
+def test_triton_tap_forward_and_stencil_dgrad(case, layout):
+    """The kernels fwd_plan and dgrad_plan pick at these shapes (test_triton_config), fp32
+    against float64."""
+    shape, stride, padding = case
+    x, w, b = SPEC.make_inputs(shape, torch.float32, "cpu", 3)
+    x = x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else x
+    assert_fwd_bwd("triton", (x, w, b), torch.float32, stride, padding, seed=4)
+
+
 def test_wgrad_split_covers_the_reduction():
     from kernellab.ops.conv2d import cuda as kc
     from kernellab.ops.conv2d import triton as kt
@@ -340,9 +359,25 @@ def test_triton_wgrad_split_on_a_gpu_down_to_one_tile(monkeypatch):
 def test_triton_config():
     from kernellab.ops.conv2d import triton as kt
 
-    cfg = kt.gemm_config(64 * 28 * 28, 32, 9, torch.device("cuda"))  # MNIST layer 1
+    gpu, cpu, f32, bf16 = torch.device("cuda"), torch.device("cpu"), torch.float32, torch.bfloat16
+    # the tap forward: fp32 at C >= 16, two-level fp32 sums up to C R S = 1152, fp64 above
+    assert kt.fwd_plan(32, 3, 3, 64, f32, gpu) == ("taps", dict(ACC64=False, BLOCK_M=128, BLOCK_N=64,
+                                                                BLOCK_K=16, num_warps=4))  # fmt: skip
+    assert kt.fwd_plan(129, 3, 3, 64, f32, gpu)[1]["ACC64"]  # C R S 1161
+    assert not kt.fwd_plan(128, 3, 3, 64, f32, gpu)[1]["ACC64"]  # 1152
+    assert kt.fwd_plan(16, 3, 3, 8, f32, cpu)[0] == "taps"
+    assert kt.fwd_plan(15, 3, 3, 64, f32, gpu)[0] == "gemm"
+    assert kt.fwd_plan(32, 3, 3, 64, bf16, gpu)[0] == "gemm"
+    # the stencil dgrad at C <= 4
+    assert kt.dgrad_plan(1, 3, 3, 32, f32, gpu)[0] == "stencil" == kt.dgrad_plan(4, 5, 5, 8, bf16, cpu)[0]
+    assert kt.dgrad_plan(5, 3, 3, 32, f32, gpu) == ("gemm", dict(ACC64=True, **kt.gemm_config(5, 288, gpu)))
+    # wgrad's rows fit K on a GPU
+    assert kt.wgrad_config(32, 9, gpu)["BLOCK_M"] == 32 and kt.wgrad_config(200, 9, gpu)["BLOCK_M"] == 64
+    assert kt.wgrad_config(3, 9, gpu)["BLOCK_M"] == 16 and kt.wgrad_config(32, 9, gpu)["BLOCK_K"] == 32
+
+    cfg = kt.gemm_config(32, 9, torch.device("cuda"))  # MNIST layer 1
     assert (cfg["BLOCK_N"], cfg["BLOCK_K"]) == (32, 16)
-    cfg = kt.gemm_config(64 * 14 * 14, 64, 288, torch.device("cuda"))
+    cfg = kt.gemm_config(64, 288, torch.device("cuda"))
     assert (cfg["BLOCK_N"], cfg["BLOCK_K"]) == (64, 32)
 
 
@@ -453,7 +488,10 @@ def test_triton_kernels_compile_for_sm90_ahead_of_time():
 
     for dtype in ("fp32", "bf16"):
         kernels, note = asm.triton_report(kernellab.get(OP, "triton"), dtype, "sm_90")
-        assert len(kernels) == 3, note
+        names = {k.name for k in kernels}
+        taps = {"_conv_fwd_taps_kernel"} if dtype == "fp32" else set()  # (the tap forward: fp32 only)
+        assert names == {"_conv_fwd_kernel", "_conv_dgrad_kernel", "_conv_dgrad_stencil_kernel",
+                         "_conv_wgrad_kernel"} | taps, note  # fmt: skip
         assert all(k.counts["ptx_local"] == 0 for k in kernels), [k.name for k in kernels]
         wgrad = next(k for k in kernels if k.name == "_conv_wgrad_kernel")
         # fp32 dw through fp64 tensor-core dots (exact products, fp64 sums): fp32 dots summed

@@ -18,6 +18,16 @@ wgrad's output is tiny (K x C R S: 64 x 288 at the MNIST model's second layer) a
 reduction long (N P Q = 50,176 at batch 256): the reduction is split over programs, each
 writing an fp32 partial that one torch sum reduces (SPLIT x K x C R S x 4 B, a few MB).
 
+Two other kernels where the GEMM form wastes work:
+- the forward with C >= 16 runs a filter tap (r, s) at a time with channels innermost
+  (``_conv_fwd_taps_kernel``): a row's input position and bounds are computed once a tap,
+  not once an element; fp32 blocks are summed two-level (``mma``) up to C R S = 1152, in
+  fp64 above, where one chain's error grows;
+- dgrad with C <= 4 (a network's first layer) is a stencil (``_conv_dgrad_stencil_kernel``):
+  the GEMM's C columns would pad to a 16-wide tile, 15 of 16 wasted at C = 1.
+Which kernel and tiles run is ``fwd_plan`` / ``dgrad_plan`` / ``wgrad_config``, pure
+functions of the shape, dtype and device type.
+
 x may have any strides (channels_last included, no copy); w and dy are read contiguous.
 fp32 accumulation; fp32 dots follow ``torch.backends.cudnn.allow_tf32`` as cuDNN does.
 Under the CPU interpreter (no real 16-bit dots) the operands are upcast to fp32.
@@ -48,6 +58,16 @@ def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     return offs_m, offs_n, offs_m < M, offs_n < N
+
+
+@triton_support.jit
+def _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, KPQ, PQ, HAS_BIAS: tl.constexpr):
+    """The forwards' epilogue: + bias[k], one rounding, y[n, k, p, q] (contiguous) for the
+    tile's output pixels (image nb, pixel rem) and channels offs_n."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    y_off = nb[:, None] * KPQ + offs_n[None, :] * PQ + rem[:, None]
+    tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton_support.jit
@@ -86,10 +106,50 @@ def _conv_fwd_kernel(
             acc = mma(a, b, acc, PRECISION)
     if ACC64:
         acc = acc64.to(tl.float32)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    y_off = nb[:, None] * (K * pq) + offs_n[None, :] * pq + rem[:, None]
-    tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, K * pq, pq, HAS_BIAS)
+
+
+@triton_support.jit
+def _conv_fwd_taps_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,  # as _conv_fwd_kernel's
+    C, H, W, K, P, Q, R, S, M,
+    sxn, sxc, sxh, sxw,
+    SH, SW, PH, PW,
+    HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # the reduction as taps (r, s) outside, channels c inside: A(m, c) of one tap is
+    # x[n, c, ih0 + r, iw0 + s], one row offset and one bounds test per output pixel
+    offs_m, offs_n, m_ok, n_ok = _tile(M, K, BLOCK_M, BLOCK_N)
+    pq = P * Q
+    nb, rem = offs_m // pq, offs_m % pq
+    ih0 = (rem // Q) * SH - PH
+    iw0 = (rem % Q) * SW - PW
+    RS = R * S
+    w_col = offs_n * (C * RS)  # w[k, 0, 0, 0]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    for rs in range(0, RS):
+        ih = ih0 + rs // S
+        iw = iw0 + rs % S
+        row_ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        a_row = nb * sxn + ih * sxh + iw * sxw
+        for c0 in range(0, C, BLOCK_K):
+            c = c0 + tl.arange(0, BLOCK_K)
+            c_ok = c < C
+            a_ok = row_ok[:, None] & c_ok[None, :]
+            a = tl.load(x_ptr + a_row[:, None] + c[None, :] * sxc, mask=a_ok, other=0.0)
+            b_off = w_col[None, :] + c[:, None] * RS + rs
+            b = tl.load(w_ptr + b_off, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
+            if UPCAST:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            if ACC64:
+                acc64 += dot(a, b, PRECISION).to(tl.float64)
+            else:
+                acc = mma(a, b, acc, PRECISION)
+    if ACC64:
+        acc = acc64.to(tl.float32)
+    _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, K * pq, pq, HAS_BIAS)
 
 
 @triton_support.jit
@@ -136,6 +196,43 @@ def _conv_dgrad_kernel(
     dx_off = nb[:, None] * (C * hw) + offs_n[None, :] * hw + rem[:, None]
     out = acc64 if ACC64 else acc
     tl.store(dx_ptr + dx_off, out.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton_support.jit
+def _conv_dgrad_stencil_kernel(
+    dy_ptr, w_ptr, dx_ptr,  # dy [N, K, P, Q], w [K, C, R, S], dx [N, C, H, W]: contiguous
+    C, H, W, K, P, Q, R, S, NHW,
+    SH, SW, PH, PW,
+    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # dx[n, c, h, w] = sum_{k, r, s} dy[n, k, (h + PH - r) / SH, (w + PW - s) / SW] w[k, c, r, s]
+    # (exact divisions inside the output only). Program (pixel block, channel c); each
+    # BLOCK_K-deep slice of k summed in fp32, the slices in fp64.
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    c = tl.program_id(1)
+    ok = offs < NHW
+    hw = H * W
+    nb, rem = offs // hw, offs % hw
+    h, w = rem // W, rem % W
+    pq = P * Q
+    RS = R * S
+    acc = tl.zeros((BLOCK,), dtype=tl.float64)
+    for rs in range(0, RS):
+        hn = h + PH - rs // S
+        wn = w + PW - rs % S
+        hn_c, wn_c = tl.maximum(hn, 0), tl.maximum(wn, 0)  # (no division of negatives)
+        p, q = hn_c // SH, wn_c // SW
+        px_ok = ok & (hn >= 0) & (wn >= 0) & (hn_c == p * SH) & (wn_c == q * SW) & (p < P) & (q < Q)
+        dy_px = nb * (K * pq) + p * Q + q
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = k < K
+            d_ok = k_ok[:, None] & px_ok[None, :]
+            d = tl.load(dy_ptr + k[:, None] * pq + dy_px[None, :], mask=d_ok, other=0.0)
+            wv = tl.load(w_ptr + k * (C * RS) + c * RS + rs, mask=k_ok, other=0.0)
+            acc += tl.sum(d.to(tl.float32) * wv.to(tl.float32)[:, None], axis=0).to(tl.float64)
+    # (through fp32: the interpreter's fp64 -> bf16 conversion is wrong)
+    tl.store(dx_ptr + nb * (C * hw) + c * hw + rem, acc.to(tl.float32).to(dx_ptr.dtype.element_ty), mask=ok)
 
 
 @triton_support.jit
@@ -210,14 +307,53 @@ def _clamp_pow2(n: int, lo: int, hi: int) -> int:
     return max(lo, min(hi, triton_support.next_pow2(n)))
 
 
-def gemm_config(m: int, n: int, k: int, dev) -> dict:
-    """Tiles of one implicit GEMM (M x N, reduction k): N and K tiles sized to the
+def gemm_config(n: int, k: int, dev) -> dict:
+    """Tiles of one implicit GEMM (N columns, reduction k): N and K tiles sized to the
     problem (tl.dot needs 16 or more each way), M tiles of 64 (the interpreter: 32, it
     pays per program and per element alike). Not autotuned: the MNIST layers have
     N = K of 32 / 64 and reductions of 9 to 576; a tuned table is future work."""
     if dev.type != "cuda":
         return dict(BLOCK_M=32, BLOCK_N=_clamp_pow2(n, 16, 32), BLOCK_K=_clamp_pow2(k, 16, 32), num_warps=4)
     return dict(BLOCK_M=64, BLOCK_N=_clamp_pow2(n, 16, 64), BLOCK_K=_clamp_pow2(k, 16, 32), num_warps=4)
+
+
+# fp32 only: the tap forward was measured against the GEMM one in fp32 (H100: 1.19-1.61x at
+# C 32 / 64, lab/gpu_conv_taps.py); C R S past which its fp32 block sums become fp64 ones
+TAPS_MIN_C = 16
+TAPS_TWO_LEVEL_MAX_CRS = 1152
+STENCIL_MAX_C = 4
+
+
+def fwd_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
+    """("taps" or "gemm", the launch's ACC64 and tiles) for a forward with C input and K
+    output channels and an R x S filter."""
+    if c >= TAPS_MIN_C and dtype == torch.float32:
+        acc64 = c * r * s > TAPS_TWO_LEVEL_MAX_CRS
+        if dev.type != "cuda":
+            tiles = dict(BLOCK_M=32, BLOCK_N=_clamp_pow2(k, 16, 32), BLOCK_K=16, num_warps=4)
+        elif acc64:  # (fp64 accumulators: the GEMM kernel's tiles, in registers)
+            tiles = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4)
+        else:
+            tiles = dict(BLOCK_M=128, BLOCK_N=_clamp_pow2(k, 16, 64), BLOCK_K=16, num_warps=4)
+        return "taps", dict(ACC64=acc64, **tiles)
+    return "gemm", dict(ACC64=dtype == torch.float32, **gemm_config(k, c * r * s, dev))
+
+
+def dgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
+    """("stencil" or "gemm", the launch's constexprs and tiles) for dx with C channels."""
+    if c <= STENCIL_MAX_C:
+        block = 256 if dev.type == "cuda" else 64
+        return "stencil", dict(BLOCK=block, BLOCK_K=16, num_warps=4)
+    return "gemm", dict(ACC64=dtype == torch.float32, **gemm_config(c, k * r * s, dev))
+
+
+def wgrad_config(k: int, crs: int, dev) -> dict:
+    """wgrad's tiles: K rows (a 64-row tile at K = 32 idled half its rows: 1.3-1.7x slower
+    at the MNIST first layer), C R S columns, 32 reduction indices a step."""
+    cfg = gemm_config(crs, 32, dev)
+    if dev.type == "cuda":
+        cfg["BLOCK_M"] = _clamp_pow2(k, 16, 64)
+    return dict(cfg, BLOCK_K=32)
 
 
 def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
@@ -229,14 +365,15 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     m = n * p * q
     if m == 0:
         return y
-    cfg = gemm_config(m, k, c * r * s, x.device)
+    kind, cfg = fwd_plan(c, r, s, k, x.dtype, x.device)
+    kernel = _conv_fwd_taps_kernel if kind == "taps" else _conv_fwd_kernel
     grid = (triton_support.cdiv(m, cfg["BLOCK_M"]) * triton_support.cdiv(k, cfg["BLOCK_N"]),)
-    _conv_fwd_kernel[grid](
+    kernel[grid](
         x, w, bias if bias is not None else y, y,
         c, h, wd, k, p, q, r, s, m,
         *x.stride(),
         sh, sw, ph, pw,
-        HAS_BIAS=bias is not None, ACC64=x.dtype == torch.float32, **_consts(x), **cfg,
+        HAS_BIAS=bias is not None, **_consts(x), **cfg,
     )  # fmt: skip
     return y
 
@@ -264,17 +401,18 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     dx = torch.empty((n, c, h, wd) if need_dx else (0,), dtype=x.dtype, device=x.device)
     crs, npq = c * r * s, n * p * q
     consts = _consts(x)
-    if need_dx and n * h * wd:
-        cfg = gemm_config(n * h * wd, c, k * r * s, x.device)
-        grid = (triton_support.cdiv(n * h * wd, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
-        _conv_dgrad_kernel[grid](
-            dy, w, dx, c, h, wd, k, p, q, r, s, n * h * wd, sh, sw, ph, pw,
-            ACC64=x.dtype == torch.float32, **consts, **cfg,
-        )  # fmt: skip
+    nhw = n * h * wd
+    if need_dx and nhw:
+        kind, cfg = dgrad_plan(c, r, s, k, x.dtype, x.device)
+        geom = (c, h, wd, k, p, q, r, s, nhw, sh, sw, ph, pw)
+        if kind == "stencil":
+            _conv_dgrad_stencil_kernel[(triton_support.cdiv(nhw, cfg["BLOCK"]), c)](dy, w, dx, *geom, **cfg)
+        else:
+            grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
+            _conv_dgrad_kernel[grid](dy, w, dx, *geom, **consts, **cfg)
     if npq == 0:
         return dx, torch.zeros_like(w), w.new_zeros(k)
-    cfg = gemm_config(k, crs, npq, x.device)
-    cfg["BLOCK_K"] = 32
+    cfg = wgrad_config(k, crs, x.device)
     tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
     dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
@@ -295,20 +433,16 @@ conv2d_triton = conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, t
 
 
 def _kernel_specs(dtype: str):
-    """For `kernellab asm`: the three kernels as they run at the MNIST model's second layer
-    (C 32 -> K 64, 3x3, batch 256 at 14x14), each with its GEMM's tiles from gemm_config."""
+    """For `kernellab asm`: the kernels as the launchers plan them at the MNIST model's
+    layers (1: C 1 -> K 32 at 28x28; 2: C 32 -> K 64 at 14x14; 3x3, batch 256): the GEMM
+    forward (layer 1), the tap forward (layer 2, fp32 only), the GEMM dgrad and the wgrad
+    (layer 2), the stencil dgrad (layer 1)."""
     geom = ("C", "H", "W", "K", "P", "Q", "R", "S")
     xs = ("sxn", "sxc", "sxh", "sxw")
     conv = ("SH", "SW", "PH", "PW")
-    n, c, k, hw, rs = 256, 32, 64, 14, 9
     gpu = torch.device("cuda")
+    tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
     cx = dict(PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False)
-    cx.update(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32)  # (names for the signatures; values per launch below)
-    # tiles and warps of the forward (M x K over C R S), dgrad (N H W x C over K R S) and
-    # wgrad (K x C R S over N P Q, BLOCK_K 32) launches
-    fwd_t = gemm_config(n * hw * hw, k, c * rs, gpu)
-    dgrad_t = gemm_config(n * hw * hw, c, k * rs, gpu)
-    wgrad_t = dict(gemm_config(k, c * rs, n * hw * hw, gpu), BLOCK_K=32)
 
     def sig(ptrs, ints, consts):
         out = {p: t for p, t in ptrs}
@@ -316,29 +450,39 @@ def _kernel_specs(dtype: str):
         out.update({n: "constexpr" for n in consts})
         return out
 
+    def launch(kernel, ptrs, ints, consts):  # (kernel, signature, constexprs, compile options)
+        consts = dict(consts)
+        options = {"num_warps": consts.pop("num_warps")}
+        return kernel, sig(ptrs, ints, consts), consts, options
+
     p = f"*{dtype}"
-    fwd = sig([("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)], geom + ("M",) + xs + conv,
-              ("HAS_BIAS", "ACC64") + tuple(cx))  # fmt: skip
-    wcx = dict(cx, ACC64=dtype == "fp32")
-    dgrad = sig([("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)], geom + ("M",) + conv, tuple(wcx))
-    wgrad = sig([("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp64"), ("db_part_ptr", "*fp64")],
-                geom + ("NPQ", "CHUNK") + xs + conv, tuple(wcx))  # fmt: skip
-
-    def launch(consts, tiles):  # (constexprs, compile options)
-        tiles = dict(tiles)
-        options = {"num_warps": tiles.pop("num_warps")}
-        return dict(consts, **tiles), options
-
-    return [
-        (_conv_fwd_kernel, fwd, *launch(dict(cx, HAS_BIAS=True, ACC64=dtype == "fp32"), fwd_t)),
-        (_conv_dgrad_kernel, dgrad, *launch(wcx, dgrad_t)),
-        (_conv_wgrad_kernel, wgrad, *launch(wcx, wgrad_t)),
-    ]
+    fwd_ptrs = [("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)]
+    fwd_ints = geom + ("M",) + xs + conv
+    d_ptrs = [("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)]
+    out = []
+    kinds = set()
+    for c, k in ((1, 32), (32, 64)):
+        kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
+        kernel = _conv_fwd_taps_kernel if kind == "taps" else _conv_fwd_kernel
+        if kind not in kinds:  # (bf16: the GEMM forward at both layers, listed once)
+            out.append(launch(kernel, fwd_ptrs, fwd_ints, dict(cx, HAS_BIAS=True, **cfg)))
+        kinds.add(kind)
+    for c, k in ((32, 64), (1, 32)):
+        kind, cfg = dgrad_plan(c, 3, 3, k, tdt, gpu)
+        if kind == "stencil":
+            out.append(launch(_conv_dgrad_stencil_kernel, d_ptrs, geom + ("NHW",) + conv, cfg))
+        else:
+            out.append(launch(_conv_dgrad_kernel, d_ptrs, geom + ("M",) + conv, dict(cx, **cfg)))
+    w_ptrs = [("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp64"), ("db_part_ptr", "*fp64")]
+    wcfg = dict(cx, ACC64=dtype == "fp32", **wgrad_config(64, 32 * 9, gpu))
+    out.append(launch(_conv_wgrad_kernel, w_ptrs, geom + ("NPQ", "CHUNK") + xs + conv, wcfg))
+    return out
 
 
 register_triton(
     "conv2d",
     conv2d_triton,
     _kernel_specs,
-    "Triton implicit GEMM (no im2col copy): forward, dgrad, split wgrad with fused dbias",
+    "Triton implicit GEMM (no im2col copy): forward (tap-major at C >= 16, fp32), dgrad "
+    "(a stencil at C <= 4), split wgrad with fused dbias",
 )
