@@ -24,9 +24,11 @@ REDUCTIONS = ["mean", "sum", "none"]
 
 
 def _case(
-    backend, dtype, shape, reduction, device="cpu", ignore_index=-100, target=None, seed=0, inplace=False
-):
-    """Forward and dlogits of ``backend`` judged against float64 (2 x PyTorch's error)."""
+    backend, dtype, shape, reduction, device="cpu", ignore_index=-100, target=None, seed=0, inplace=False,
+    check=None,
+):  # fmt: skip
+    """Forward and dlogits of ``backend`` judged against float64 (2 x PyTorch's error);
+    ``check``: the call's check_targets."""
     logits, t = SPEC.make_inputs(shape, dtype, device, seed)
     if target is not None:
         t = target
@@ -34,14 +36,15 @@ def _case(
     ref = F.cross_entropy(logits.double(), t, **kw)
     with torch.no_grad():
         base = F.cross_entropy(logits, t, **kw)
-        y = ce.cross_entropy(logits, t, **kw, backend=backend)
+        y = ce.cross_entropy(logits, t, **kw, backend=backend, check_targets=check)
     v = judge(y, ref, dtype, base)
     assert v.ok, ("forward", v.detail)
 
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     dy = torch.randn(ref.shape, generator=gen, device=device).to(dtype)
     x = logits.detach().clone().requires_grad_()
-    (g,) = torch.autograd.grad(ce.cross_entropy(x, t, **kw, backend=backend, inplace_backward=inplace), x, dy)
+    out = ce.cross_entropy(x, t, **kw, backend=backend, inplace_backward=inplace, check_targets=check)
+    (g,) = torch.autograd.grad(out, x, dy)
     x64 = logits.detach().double().requires_grad_()
     (g_ref,) = torch.autograd.grad(F.cross_entropy(x64, t, **kw), x64, dy.double())
     xt = logits.detach().clone().requires_grad_()
@@ -301,6 +304,48 @@ def test_check_targets_false_skips_the_check(backend):
         _fused.start_check = real
     with pytest.raises(TypeError, match=r"\bcheck_targets\b"):
         ce.cross_entropy(logits, t, backend=backend, check_targets=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_unchecked_sum_and_mean_take_one_node(dtype, reduction, monkeypatch):
+    """Without a range check to wait for (check_targets=False; the GPU default) the Triton
+    backend's "sum" and "mean" come from one reduction kernel after the forward, under one
+    autograd node: right values and gradients against float64, ignored rows, more rows
+    than the kernel's block, all rows ignored, an empty batch, a strided input, no
+    double backward."""
+    from kernellab.ops.cross_entropy import triton as ce_triton
+
+    monkeypatch.setattr(ce_triton, "REDUCE_BLOCK", 16)  # (several steps over few rows)
+    for shape in [(3, 1000), (37, 3)]:
+        _case("triton", dtype, shape, reduction, check=False, seed=seed_for(dtype, reduction, shape))
+    t = torch.randint(0, 40, (50,), generator=torch.Generator().manual_seed(2))
+    t[::7] = -100
+    _case("triton", dtype, (50, 40), reduction, target=t, check=False, seed=5)
+
+    x = torch.randn(6, 30).to(dtype).requires_grad_()
+    none = torch.full((6,), -100)
+    y = ce.cross_entropy(x, none, reduction=reduction, backend="triton", check_targets=False)
+    assert "_Reduced" in type(y.grad_fn).__name__ and y.dtype == dtype and y.shape == ()
+    assert torch.isnan(y) if reduction == "mean" else y == 0  # 0 / 0, as PyTorch
+    y.backward()
+    assert (x.grad == 0).all()
+    e = ce.cross_entropy(torch.randn(0, 9).to(dtype), torch.zeros(0, dtype=torch.int64), reduction=reduction,
+                         backend="triton", check_targets=False)  # fmt: skip
+    assert torch.isnan(e) if reduction == "mean" else e == 0
+
+    logits = torch.randn(40, 7).t()  # [7, 40], strides (1, 7)
+    t = torch.randint(0, 40, (7,))
+    a = logits.clone().requires_grad_()
+    b = logits.contiguous().requires_grad_()
+    ya = ce.cross_entropy(a, t, reduction=reduction, backend="triton", check_targets=False)
+    yb = ce.cross_entropy(b, t, reduction=reduction, backend="triton", check_targets=False)
+    (ga,) = torch.autograd.grad(ya, a, create_graph=False)
+    (gb,) = torch.autograd.grad(yb, b)
+    assert torch.equal(ya, yb) and torch.equal(ga, gb)
+    y = ce.cross_entropy(a, t, reduction=reduction, backend="triton", check_targets=False)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(y, a, create_graph=True)
 
 
 def test_inplace_backward_reuses_the_logits_buffer():

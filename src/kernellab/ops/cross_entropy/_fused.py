@@ -33,7 +33,9 @@ The reduction ("none" / "sum" / "mean") is done by PyTorch on the N per-row loss
 per-row scale of the backward comes out of autograd for every reduction (dy, dy broadcast,
 dy / count) and one backward kernel serves all three; its cost is a few tiny kernels on N
 floats. The row count for "mean" is the stats kernel's (on the device, no sync; under
-torch.compile a PyTorch sum that Inductor fuses).
+torch.compile a PyTorch sum that Inductor fuses). A backend with a reduction kernel
+(``reduce_fn``, Triton's) does "sum" and "mean" in that kernel instead wherever no check
+is waited for (see fused_backend): the eager call is then two launches, as PyTorch's.
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ def reduce_rows(
     return (loss_rows.sum() / count).to(dtype)  # all ignored: 0 / 0 = NaN, as PyTorch
 
 
-def fused_backend(name: str, fwd, bwd, stats_fn, triton: bool = False):
+def fused_backend(name: str, fwd, bwd, stats_fn, triton: bool = False, reduce_fn=None):
     """The registry callable of a fused backend, around its launchers declared once to the
     op kit (kit.build): the ops ``kernellab::<name>`` (logits, target, ignore_index,
     inplace_backward) -> (loss_rows, lse) and ``kernellab::<name>_backward`` (logits,
@@ -196,7 +198,15 @@ def fused_backend(name: str, fwd, bwd, stats_fn, triton: bool = False):
 
     ``inplace_backward`` is in both schemas but only the eager path acts on it (the kit's
     ``eager_bwd``): the backward op never writes into its input, it declares no mutation.
-    Under torch.compile the callable passes False."""
+    Under torch.compile the callable passes False.
+
+    ``reduce_fn(target, loss_rows, out, count, ignore_index, mean) -> None`` (optional): one
+    kernel after the forward that writes the "sum" or "mean" loss into ``out`` (0-d, the
+    logits' dtype) and the row count into ``count`` (fp32 [1]). Where no range check is
+    waited for (the GPU default) and the backward is not in place, "sum" and "mean" then
+    take two launches and one autograd node (``_Reduced``) instead of the stats kernel,
+    the forward and three PyTorch ops with a node each: at small N V the call's host cost
+    is its time."""
 
     def _fwd(
         logits: Tensor, target: Tensor, ignore_index: int, inplace_backward: bool
@@ -292,6 +302,39 @@ def fused_backend(name: str, fwd, bwd, stats_fn, triton: bool = False):
         )
     )
     is_compiling = torch.compiler.is_compiling
+    grad_enabled = torch.is_grad_enabled
+
+    def reduced_fwd(logits, tc, ignore_index, mean):
+        loss_rows, saved = rows.forward_saving(logits, tc, ignore_index, False)
+        out = torch.empty((), dtype=logits.dtype, device=logits.device)
+        count = torch.empty(1, dtype=torch.float32, device=logits.device)
+        reduce_fn(tc, loss_rows, out, count, ignore_index, mean)
+        return out, count, saved
+
+    class _Reduced(torch.autograd.Function):
+        # "sum" / "mean" of the fused rows as one node: its backward scales dy by 1 / count
+        # ("mean") and hands it, broadcast (stride 0), to the backend's backward.
+        @staticmethod
+        def forward(ctx, logits, tc, ignore_index, mean):
+            out, count, (tensors, extra) = reduced_fwd(logits, tc, ignore_index, mean)
+            ctx.save_for_backward(count, *tensors)
+            ctx.extra, ctx.mean, ctx.n = extra, mean, logits.shape[0]
+            return out
+
+        @staticmethod
+        def backward(ctx, dy):
+            if grad_enabled():  # create_graph=True: the fused backward has no derivative
+                raise RuntimeError(
+                    f"cross_entropy ({name.removeprefix('cross_entropy_')}): double backward "
+                    "(create_graph=True) is not supported by this backend; use backend='torch' or 'manual'"
+                )
+            count, *tensors = ctx.saved_tensors
+            g = dy.float() / count if ctx.mean else dy.float().reshape(1)
+            dlogits = rows.backward_from((tensors, ctx.extra), g.expand(ctx.n))[0]
+            return dlogits, None, None, None
+
+    reduced_apply = super(torch.autograd.Function, _Reduced).apply
+    functorch_active = torch._C._are_functorch_transforms_active
 
     def call(logits, target, ignore_index=-100, reduction="mean", inplace_backward=False, check_targets=None):
         if is_compiling():  # traced: no range check (no wait), in-place is eager only
@@ -303,6 +346,12 @@ def fused_backend(name: str, fwd, bwd, stats_fn, triton: bool = False):
         if check_targets is None:
             check_targets = not logits.is_cuda or config.check_targets
         tc = target.contiguous()
+        if reduce_fn is not None and not check_targets and reduction != "none" and not inplace_backward:
+            logits, mean = logits.contiguous(), reduction == "mean"
+            if not (grad_enabled() and logits.requires_grad):
+                return reduced_fwd(logits, tc, ignore_index, mean)[0]
+            apply = _Reduced.apply if functorch_active() else reduced_apply
+            return apply(logits, tc, ignore_index, mean)
         stats = None
         pending = start_check(tc) if check_targets and tc.shape[0] else None
         if pending is not None or reduction == "mean":

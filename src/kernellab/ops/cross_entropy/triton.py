@@ -23,6 +23,7 @@ from kernellab.ops._register import register_triton
 from kernellab.ops.cross_entropy._fused import fused_backend, lse_rows
 
 BLOCK_MAX = 4096  # columns per chunk: 16 fp32 / 8-16 elements per thread at 8 warps
+REDUCE_BLOCK = 1024  # rows per step of the "sum" / "mean" kernel
 
 
 @triton_support.jit
@@ -85,6 +86,28 @@ def _stats_kernel(
     tl.store(out_ptr + 1, tl.sum(count, axis=0))
     if FLAG:
         tl.store(flag_ptr, flag)
+
+
+@triton_support.jit
+def _reduce_kernel(t_ptr, loss_ptr, out_ptr, count_ptr, n_rows, ignore_index, BLOCK: tl.constexpr,
+                   MEAN: tl.constexpr):  # fmt: skip
+    # One program, after the forward: out[0] = sum of the row losses, / the number of
+    # targets != ignore_index with MEAN (0 / 0 = NaN when all are ignored), rounded once to
+    # out's dtype; count_ptr[0] = that number as fp32 (the backward's divisor).
+    offs = tl.arange(0, BLOCK)
+    total = tl.zeros([BLOCK], tl.float32)
+    count = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, n_rows, BLOCK):
+        ok = start + offs < n_rows
+        total += tl.load(loss_ptr + start + offs, mask=ok, other=0.0)
+        t = tl.load(t_ptr + start + offs, mask=ok, other=ignore_index)
+        count += (t != ignore_index).to(tl.int32)
+    s = tl.sum(total, axis=0)
+    n = tl.sum(count, axis=0).to(tl.float32)
+    if MEAN:
+        s = s / n
+    tl.store(out_ptr, s.to(out_ptr.dtype.element_ty))
+    tl.store(count_ptr, n)
 
 
 @triton_support.jit
@@ -176,10 +199,17 @@ def _stats(target: torch.Tensor, n_cols: int, ignore_index: int, out: torch.Tens
     )
 
 
+def _reduce(target, loss_rows, out, count, ignore_index: int, mean: bool) -> None:
+    _reduce_kernel[(1,)](target, loss_rows, out, count, target.shape[0], ignore_index, BLOCK=REDUCE_BLOCK,
+                         MEAN=mean, num_warps=4)  # fmt: skip
+
+
 # On a GPU the ops are triton_ops: under torch.compile Inductor traces _fwd / _bwd and
 # launches _ce_fwd_kernel / _ce_bwd_kernel itself. _stats (the range check's kernel,
-# which writes a raw host address) runs only in eager mode, outside the ops (_fused).
-cross_entropy_triton = fused_backend("cross_entropy_triton", _fwd, _bwd, _stats, triton=True)
+# which writes a raw host address) and _reduce run only in eager mode, outside the ops (_fused).
+cross_entropy_triton = fused_backend(
+    "cross_entropy_triton", _fwd, _bwd, _stats, triton=True, reduce_fn=_reduce
+)
 
 
 def _kernel_specs(dtype: str):
