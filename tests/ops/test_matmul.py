@@ -4,6 +4,7 @@ float64 autograd; operand layouts; the fused epilogue; bad input; the CUDA ladde
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import pytest
@@ -178,8 +179,11 @@ def test_triton_tunes_only_big_problems_by_size_bucket():
     assert 1000 * 1023 * 997 < tm.TUNE_MIN_WORK <= 4096**3
     assert tm._tune_keys(3000, 4000, 4096) == (4096, 4096, 4096)
     assert tm._tune_keys(4097, 1, 17) == (8192, 1, 32)
-    # the autotuner is keyed on the buckets (and precision), not on the exact M, N, K
-    assert list(tm._matmul_tuned.keys) == ["M_KEY", "N_KEY", "K_KEY", "PRECISION"]
+    # the autotuner is keyed on the buckets, precision and layout, not on the exact M, N, K
+    keys = ["M_KEY", "N_KEY", "K_KEY", "PRECISION", "ALIGN", "A_K_INNER", "B_N_INNER"]
+    assert list(tm._matmul_tuned.keys) == keys
+    params = inspect.signature(tm._matmul_kernel.fn).parameters
+    assert all(k in params for k in keys)  # (a key that is no argument would be ignored)
     for elem, prec in ((2, "tf32"), (4, "tf32"), (4, "ieee")):
         cfg = tm.fixed_config(elem, prec, 232448)
         smem = (cfg["BLOCK_M"] + cfg["BLOCK_N"]) * cfg["BLOCK_K"] * elem * cfg["num_stages"]

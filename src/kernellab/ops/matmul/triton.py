@@ -344,12 +344,16 @@ def prune_configs(configs, named_args, **kwargs):
     return kept
 
 
-# Autotune key: size buckets of M, N, K (see _tune_keys) and the precision; Triton adds the
-# argument dtypes to the key itself. So one tuning run (a dozen configs, each compiled and
-# timed: ~5-10 s) serves every big problem of one bucket and dtype, not every exact shape.
+# Autotune key: size buckets of M, N, K (see _tune_keys), the precision and the operands'
+# layout (ALIGN, which stride of a and b is the unit one); Triton adds the argument dtypes
+# to the key itself. So one tuning run (a dozen configs, each compiled and timed: ~5-10 s)
+# serves every big problem of one bucket, dtype and layout, not every exact shape. A
+# config tuned for one layout is no guide to another: a b = W.t() forward, or the
+# backward's transposed operands, ran 3-3.3x slower than the plain product (H100, bf16,
+# 3000^3 and 1000x3000x5000) on the config tuned for the plain one.
 _matmul_tuned = triton.autotune(
     configs=matmul_configs(),
-    key=["M_KEY", "N_KEY", "K_KEY", "PRECISION"],
+    key=["M_KEY", "N_KEY", "K_KEY", "PRECISION", "ALIGN", "A_K_INNER", "B_N_INNER"],
     prune_configs_by={"early_config_prune": prune_configs},
 )(_matmul_kernel)
 
