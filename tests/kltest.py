@@ -25,6 +25,10 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ODD_SHAPES = [(1,), (17,), (1023,), (1025,), (3, 0, 5), (129, 1000)]
 # Layouts every input is tried in besides contiguous (see OpSpec.make_inputs).
 LAYOUTS = ("transposed", "sliced", "offset", "expanded")
+# Element counts around a streaming kernel's program size B, as (whole blocks, extra):
+# one partial program only, one short of a block, one whole block, one over, and three
+# whole blocks before a partial one (``block_edge``).
+BLOCK_EDGES = {"1": (0, 1), "B-1": (1, -1), "B": (1, 0), "B+1": (1, 1), "3B+7": (3, 7)}
 
 # torch.compile takes seconds per dtype and shape on the CPU: it is tested on its own,
 # sparingly, not in the big matrix.
@@ -35,6 +39,12 @@ def _own_file(backend: str) -> bool:
     """Numba backends (fp32/fp16 only; on the CPU only under Numba's simulator, which must be
     on before numba is imported) are tested in tests/ops/test_numba.py, not in the matrices."""
     return backend.startswith("numba")
+
+
+def block_edge(edge: str, block: int) -> int:
+    """The element count ``BLOCK_EDGES[edge]`` for programs of ``block`` elements."""
+    whole, extra = BLOCK_EDGES[edge]
+    return whole * block + extra
 
 
 def dtype_id(dtype) -> str:

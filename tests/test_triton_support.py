@@ -10,6 +10,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kltest import BLOCK_EDGES, block_edge
 
 
 class _FakeLean:
@@ -467,7 +468,7 @@ def test_interpreter_custom_reduce_runs_over_whole_arrays():
 
 class _Recorder:
     """A streaming kernel stand-in: records each launch's grid and n, and writes
-    ``out = in0 + in1 ...`` for the first n elements (as the kernels do, masked)."""
+    ``out = in0 + in1 ...`` for the first n elements (as the kernels do)."""
 
     def __init__(self):
         self.launches = []
@@ -482,40 +483,157 @@ class _Recorder:
         return launch
 
 
+@pytest.mark.parametrize("param", [False, True], ids=["tensor", "parameter"])
 @pytest.mark.parametrize("n", [5, (1 << 16) + 3, 3 * 8192, 5 * 8192 + 7])
-def test_launch_streaming_takes_whole_blocks_apart_from_the_tail(n):
-    """Counts of SPLIT_TAIL_MIN or more that are not whole blocks run as a launch of whole
-    blocks (n divisible by 16: 16-byte accesses) and one of the tail, written at its
-    offset; smaller or whole counts run as one launch."""
+def test_launch_streaming_is_one_launch_for_any_count(n, param):
+    """One launch of ceil(n / BLOCK) programs over the whole count, whole blocks or not (the
+    kernels' last program takes the partial block: stream_blocks), parameters as tensors."""
     k = _Recorder()
     a, b = torch.randn(n).to(torch.bfloat16), torch.randn(n).to(torch.bfloat16)
-    y = triton_support.launch_streaming(k, [a, b[:n]])
-    assert torch.equal(y, a + b)
+    if param:
+        a = torch.nn.Parameter(a, requires_grad=False)
+    y = triton_support.launch_streaming(k, [a, b])
+    assert torch.equal(y, a.detach() + b)
     block = triton_support.block_for(2)
-    if n < triton_support.SPLIT_TAIL_MIN or n % block == 0:
-        assert [(g, m) for g, m, *_ in k.launches] == [((-(-n // block),), n)]
-    else:
-        body = n - n % block
-        assert [(g, m) for g, m, *_ in k.launches] == [((body // block,), body), ((1,), n - body)]
-        assert body % 16 == 0 and k.launches[1][3] == y.data_ptr() + 2 * body
+    assert k.launches == [((-(-n // block),), n, block, y.data_ptr())]
 
 
-def test_launch_streaming_splits_parameters_too():
-    """A parameter is a real tensor (not a traced one): its launches split as a tensor's."""
-    k = _Recorder()
-    n = triton_support.SPLIT_TAIL_MIN + 5
-    a = torch.nn.Parameter(torch.randn(n), requires_grad=False)
-    y = triton_support.launch_streaming(k, [a])
-    assert torch.equal(y, a.detach()) and len(k.launches) == 2
+def _streaming_kernels() -> dict:
+    """Every kernel launched through launch_flat: name -> (kernel, inputs, outputs,
+    constexprs); its pointers are the inputs, then the outputs."""
+    from kernellab.ops.add import triton as add
+    from kernellab.ops.gelu import triton as gelu
+    from kernellab.ops.glu_kernels import triton_kernels as glu
+    from kernellab.ops.relu import triton as relu
+
+    return {
+        "gelu_fwd": (gelu._gelu_fwd_kernel, 1, 1, {}),
+        "gelu_bwd": (gelu._gelu_bwd_kernel, 2, 1, {}),
+        "relu_fwd": (relu._relu_fwd_kernel, 1, 1, {}),
+        "relu_bwd": (relu._relu_bwd_kernel, 2, 1, {}),
+        "add": (add._add_kernel, 2, 1, {}),
+        **{f"glu_fwd_{a}": (glu._glu_fwd_kernel, 2, 1, {"ACT": v}) for a, v in glu.ACT.items()},
+        **{f"glu_bwd_{a}": (glu._glu_bwd_kernel, 3, 2, {"ACT": v}) for a, v in glu.ACT.items()},
+    }
+
+
+STREAMING = _streaming_kernels()
+
+
+def test_the_streaming_table_holds_every_kernel_the_ops_declare():
+    """STREAMING (the tests below) covers every kernel the streaming ops declare."""
+    import kernellab
+
+    declared = {spec[0] for op in ("gelu", "relu", "add", "swiglu", "geglu")
+                for spec in kernellab.get(op, "triton").triton_kernels("bf16")}  # fmt: skip
+    assert declared == {k for k, *_ in STREAMING.values()}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int32 if t.element_size() == 4 else torch.int16)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("edge", list(BLOCK_EDGES))
+@pytest.mark.parametrize("name", list(STREAMING))
+def test_streaming_kernels_at_counts_around_a_block(name, edge, dtype):
+    """Each streaming kernel through launch_flat (interpreted) at n around its program size:
+    the first n outputs are bit for bit those of the same inputs run as whole blocks only
+    (the masked path computes what the unmasked one does), and nothing past n is written."""
+    kernel, ins, outs, cx = STREAMING[name]
+    block = triton_support.block_for(dtype.itemsize)
+    n = block_edge(edge, block)
+    whole = triton_support.cdiv(n, block) * block
+    g = torch.Generator().manual_seed(n)
+    xs = [(torch.randn(whole, generator=g) * 4).to(dtype) for _ in range(ins)]
+    fill = torch.full((whole + 16,), -7.0, dtype=dtype)
+
+    def run(count):
+        ys = [fill.clone() for _ in range(outs)]
+        triton_support.launch_flat(kernel, [*xs, *ys], count, block, **cx, num_warps=8)
+        return ys
+
+    for got, want in zip(run(n), run(whole)):
+        assert torch.equal(_bits(got[:n]), _bits(want[:n])), f"{name}: the partial block differs"
+        assert torch.equal(_bits(got[n:]), _bits(fill[n:])), f"{name}: written past n"
+
+
+def test_streaming_kernels_take_16_byte_accesses_at_an_odd_n():
+    """No GPU needed: sm_90 PTX of each streaming kernel with n an i32 not known to be a
+    multiple of 16 (as at an odd count). The whole-block path loads and stores 16 bytes at
+    a time, 4 per thread and pointer (BLOCK = 256 threads x 4 x 16 bytes); only the
+    partial block's path takes narrower ones. (A mask offs < n there would make every
+    access one element wide.)"""
+    from kltest import sm90_global_accesses
+
+    specs, shapes = [], []
+    for name, (kernel, ins, outs, cx) in STREAMING.items():
+        for dtype, size in (("bf16", 2), ("fp32", 4)):
+            ptrs = kernel.arg_names[: ins + outs]
+            sig = {p: f"*{dtype}" for p in ptrs} | {"n": "i32"} | {c: "constexpr" for c in [*cx, "BLOCK"]}
+            specs.append(dict(kernel=f"{kernel.fn.__module__}.{kernel.fn.__name__}", signature=sig,
+                              constexprs={**cx, "BLOCK": triton_support.block_for(size)},
+                              options={"num_warps": 8}, aligned_args=ptrs))  # fmt: skip
+            shapes.append((f"{name} {dtype}", ins, outs))
+    for (what, ins, outs), (loads, stores) in zip(shapes, sm90_global_accesses(specs)):
+        wide = [
+            sum(i.startswith(f"{kind}.global.v4.") for i in acc)
+            for kind, acc in (("ld", loads), ("st", stores))
+        ]
+        assert wide == [4 * ins, 4 * outs], (what, loads, stores)
+        assert len(loads) > wide[0] and len(stores) > wide[1], (what, "no masked path")
+
+
+def test_streaming_kernels_compile_from_the_source_inductor_copies():
+    """Under torch.compile on a GPU, Inductor launches a triton_op's kernel from source it
+    writes: the kernel's, then each @jit function and constexpr that the kernel's module
+    globals name, transitively (a helper reached as a module attribute would be missing:
+    the kernels import stream_blocks, load_block and store_block by name). No GPU needed:
+    that source compiled for sm_90, with its 16-byte accesses."""
+    import os
+    import subprocess
+    import sys
+
+    wrapper = pytest.importorskip("torch._inductor.codegen.wrapper")
+    if not hasattr(wrapper, "user_defined_triton_kernel_transitive_closure_source_code"):
+        pytest.skip("this torch's Inductor copies user kernels another way")
+    code = """
+import importlib, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from torch._inductor.codegen import wrapper
+from kernellab.ops.add import triton as add
+from kernellab.ops.gelu import triton as gelu
+from kernellab.ops.glu_kernels import triton_kernels as glu
+d = tempfile.mkdtemp()
+sys.path.insert(0, d)
+head = "import triton\\nimport triton.language as tl\\n\\n@triton.jit\\n"  # as Inductor writes it
+for i, (k, ins, ptrs, cx) in enumerate(((gelu._gelu_fwd_kernel, 1, 2, {}), (add._add_kernel, 2, 3, {}),
+                                        (glu._glu_bwd_kernel, 3, 5, {"ACT": 2}))):
+    src = wrapper.user_defined_triton_kernel_transitive_closure_source_code(k)
+    open(f"{d}/copied{i}.py", "w").write(head + src)
+    fn = getattr(importlib.import_module(f"copied{i}"), k.fn.__name__)
+    sig = {p: "*bf16" for p in fn.arg_names[:ptrs]} | {"n": "i32"} | {c: "constexpr" for c in [*cx, "BLOCK"]}
+    attrs = {(j,): [["tt.divisibility", 16]] for j in range(ptrs)}
+    src = ASTSource(fn=fn, signature=sig, constexprs={**cx, "BLOCK": 8192}, attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
+    assert ptx.count("ld.global.v4.") == 4 * ins, k.fn.__name__
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("ok")
 
 
 @pytest.mark.parametrize("op", ["gelu", "relu", "add", "swiglu"])
 def test_streaming_triton_ops_right_at_a_count_with_a_tail(op):
-    """The Triton elementwise ops through both launches (interpreted), forward and backward,
-    against torch in float64."""
+    """The Triton elementwise ops at a count whose last program is partial (interpreted),
+    forward and backward, against torch in float64."""
     import kernellab
 
-    n = triton_support.SPLIT_TAIL_MIN + 4099
+    n = 16 * 4096 + 4099
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, generator=g, requires_grad=True)
     if op == "add":
@@ -539,16 +657,21 @@ def test_streaming_triton_ops_right_at_a_count_with_a_tail(op):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("op", ["gelu", "relu", "add", "swiglu"])
 def test_gpu_streaming_triton_ops_at_odd_counts(op, dtype):
-    """On the GPU, where the whole blocks take 16-byte accesses and the tail another launch:
-    the Triton ops equal the CUDA backend's (same formula, one rounding) at odd counts, and
-    their gradients too."""
+    """On the GPU, at odd counts: one kernel launch per pass (whole blocks unmasked with
+    16-byte accesses, the last, partial one masked), and the Triton ops equal the CUDA
+    backend's (same formula, one rounding), gradients too."""
     import kernellab
+    from kltest import launched_cuda_kernels
 
-    for n in (triton_support.SPLIT_TAIL_MIN + 1, 1_000_003):
+    fwd_kernel = {"gelu": "_gelu_fwd_kernel", "relu": "_relu_fwd_kernel", "add": "_add_kernel",
+                  "swiglu": "_glu_fwd_kernel"}[op]  # fmt: skip
+    for n in ((1 << 16) + 1, 1_000_003):
         g = torch.Generator(device="cuda").manual_seed(n)
         x = torch.randn(n, generator=g, device="cuda").to(dtype).requires_grad_(True)
         z = torch.randn(n, generator=g, device="cuda").to(dtype)
         args = (x, z) if op in ("add", "swiglu") else (x,)
+        ran = launched_cuda_kernels(lambda: getattr(kernellab, op)(*args, backend="triton"), fwd_kernel)
+        assert len(ran) == 1, ran
         outs = []
         for backend in ("triton", "cuda" if op != "swiglu" else "torch"):
             y = getattr(kernellab, op)(*args, backend=backend)

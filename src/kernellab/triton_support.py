@@ -17,6 +17,7 @@ import itertools
 import threading
 
 import torch
+import triton.language as tl
 
 from kernellab import device
 from kernellab.options import config
@@ -69,15 +70,6 @@ def block_for(element_size: int, warps: int = 8, accesses: int = 4) -> int:
     return warps * 32 * accesses * (16 // element_size)
 
 
-# From this many elements on, a count that is not a whole number of blocks is launched as
-# two: the whole blocks, then the tail. The kernels mask ``offs < n``, and Triton proves a
-# mask constant over a 16-byte access only where it knows n divisible by 16; an odd n
-# makes every access one element wide (H100, Triton 3.6, bf16 GeLU at 16777215
-# elements: 0.0995 ms against 0.0279 for the CUDA kernel and torch). Below it the second
-# launch's host cost outweighs the narrower accesses.
-SPLIT_TAIL_MIN = 1 << 16
-
-
 def launch_streaming(kernel, inputs) -> torch.Tensor:
     """Run an elementwise ``kernel(*inputs, out, n, BLOCK=...)`` over contiguous copies
     of ``inputs`` (same shape and dtype) into a fresh contiguous output (``launch_flat``)."""
@@ -90,16 +82,11 @@ def launch_streaming(kernel, inputs) -> torch.Tensor:
 
 def launch_flat(kernel, tensors, n: int, block: int, **meta) -> None:
     """``kernel[grid](*tensors, n, BLOCK=block, **meta)`` over n elements of contiguous
-    ``tensors`` (inputs and outputs, one element size), programs of ``block`` elements;
-    from ``SPLIT_TAIL_MIN`` elements on, a count that is not whole blocks as two launches:
-    the whole blocks, then the tail from views at a whole block's offset (as aligned as
-    the bases), except while torch.compile traces (one launch, as Inductor records it)."""
-    body = n - n % block
-    if n < SPLIT_TAIL_MIN or body == n or any(type(t) not in _REAL_TENSORS for t in tensors):
-        kernel[(-(-n // block),)](*tensors, n, BLOCK=block, **meta)
-        return
-    kernel[(body // block,)](*tensors, body, BLOCK=block, **meta)
-    kernel[(1,)](*[t.view(-1)[body:] for t in tensors], n - body, BLOCK=block, **meta)
+    ``tensors`` (inputs and outputs, one element size): one launch of ceil(n / block)
+    programs of ``block`` elements, whatever n. The kernels run their programs through
+    ``stream_blocks``: every whole block without a mask (16-byte accesses however odd n
+    is), only the last, partial one masked."""
+    kernel[(cdiv(n, block),)](*tensors, n, BLOCK=block, **meta)
 
 
 def streaming_kernels(*kernels):
@@ -415,6 +402,69 @@ def jit(fn=None, **kwargs):
     if _LEAN_JIT is None:
         _LEAN_JIT = _make_lean_jit()
     return _LEAN_JIT(fn, **kwargs)
+
+
+# --------------------------------------------------------------------------- streaming blocks
+#
+# The programs of a streaming kernel ``k(ptrs..., n, BLOCK)`` (``launch_flat``): program p
+# takes elements [p BLOCK, (p + 1) BLOCK) of every pointer. A mask ``offs < n`` keeps every
+# access one element wide unless Triton knows n divisible by 16 (it cannot prove the mask
+# constant over 16 bytes otherwise), so ``stream_blocks`` gives a program whose block is
+# whole its offsets with no mask: BLOCK-aligned and contiguous (BLOCK a constexpr), which
+# with the pointers' 16-byte alignment makes 16-byte loads and stores. Only the program
+# where n ends inside its block masks.
+#
+# FULL is a constexpr, so the two cases are two separate code paths behind one uniform
+# branch on the program id. A runtime flag tested at each load and store instead (one
+# path, a branch per access) compiles to more registers for every program (sm_90, Triton
+# 3.9, bf16 SwiGLU backward: 127 against 77 for the unmasked path alone). The masked path
+# works in pieces of TAIL_PIECE elements (2 per thread at 8 warps): a kernel's register
+# count is its costliest path's, paid by every program, and one-element accesses over a
+# whole block cost far more than 16-byte ones (that kernel with a masked whole block: 149
+# registers; in pieces: 64, no more than its unmasked path).
+#
+# Kernels import these three by name, not as ``triton_support.<name>``: under torch.compile
+# Inductor launches a triton_op's kernel from source it writes out, the kernel's and that
+# of each @jit function and constexpr its module's globals name; an attribute of a module
+# is not followed.
+
+TAIL_PIECE = tl.constexpr(512)
+
+
+@jit
+def load_block(ptr, offs, n, FULL: tl.constexpr):
+    # ptr[offs]: every offset taken where FULL, else those below n (the others undefined:
+    # store_block drops them).
+    if FULL:
+        x = tl.load(ptr + offs)
+    else:
+        x = tl.load(ptr + offs, mask=offs < n)
+    return x
+
+
+@jit
+def store_block(ptr, offs, value, n, FULL: tl.constexpr):
+    # ptr[offs] = value in ptr's element type: every offset where FULL, else those below n.
+    value = value.to(ptr.dtype.element_ty)
+    if FULL:
+        tl.store(ptr + offs, value)
+    else:
+        tl.store(ptr + offs, value, mask=offs < n)
+
+
+@jit
+def stream_blocks(body, args, n, BLOCK: tl.constexpr):
+    # This program's block of n elements, as ``body(args, offs, n, FULL)`` calls (body: a
+    # @jit function; args: a tuple of its pointers and constexprs): one call with the whole
+    # block's offsets and FULL true, or for the block n ends in, calls of TAIL_PIECE offsets
+    # each with FULL false. Offsets int64: n may exceed 2^31.
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    if start + BLOCK <= n:
+        body(args, start + tl.arange(0, BLOCK), n, True)
+    else:
+        PIECE: tl.constexpr = min(BLOCK, TAIL_PIECE)
+        for i in range(0, BLOCK // PIECE):
+            body(args, start + i * PIECE + tl.arange(0, PIECE), n, False)
 
 
 _LEAN_MISSES: dict[str, str] = {}  # kernel name -> why launch_tuned could not go lean

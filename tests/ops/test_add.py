@@ -12,12 +12,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernellab
+from kernellab import triton_support
 from kernellab.harness.compare import judge
 from kltest import (
+    BLOCK_EDGES,
     DTYPES,
     LAYOUTS,
     ODD_SHAPES,
     backend_matrix,
+    block_edge,
     dtype_id,
     gpu_only_backends,
     impl_grads,
@@ -94,6 +97,18 @@ def test_forward_overflow_to_inf(dev, backend, dtype):
     b[1::2] = -big
     y = kernellab.add(a, b, backend=backend)
     assert torch.isposinf(y[0::2]).all() and (y[1::2] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("edge", list(BLOCK_EDGES))
+def test_triton_counts_around_a_block(device, edge, dtype):
+    """The Triton backend at counts around its program size (fp32 4096, 16-bit 8192): a
+    partial program alone, whole ones (unmasked), whole ones then a partial one; judged as
+    test_forward judges it (bit-identical to torch.add where it rounds as torch does).
+    The gradient runs no kernel (test_grad)."""
+    if kernellab.get(OP, "triton").why_unavailable(device):
+        pytest.skip("triton does not run here")
+    test_forward(device, "triton", (block_edge(edge, triton_support.block_for(dtype.itemsize)),), dtype)
 
 
 # --------------------------------------------------------------------------- gradients

@@ -16,12 +16,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernellab
+from kernellab import triton_support
 from kernellab.harness.compare import judge
 from kltest import (
+    BLOCK_EDGES,
     DTYPES,
     LAYOUTS,
     ODD_SHAPES,
     backend_matrix,
+    block_edge,
     dtype_id,
     gpu_only_backends,
     impl_grads,
@@ -151,6 +154,19 @@ def test_grad_strided_dy_and_second_backward(dev, backend):
         kernellab.gelu(leaf, backend=backend).backward(dy)
     v = judge(leaf.grad / 2, ref_dx, dtype, base)
     assert v.ok, f"{backend}: {v.detail}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("edge", list(BLOCK_EDGES))
+def test_triton_counts_around_a_block(device, edge, dtype):
+    """The Triton backend at counts around its program size (fp32 4096, 16-bit 8192): a
+    partial program alone, whole ones (unmasked), whole ones then a partial one; forward
+    and gradient judged as test_forward and test_grad judge them."""
+    if kernellab.get(OP, "triton").why_unavailable(device):
+        pytest.skip("triton does not run here")
+    n = block_edge(edge, triton_support.block_for(dtype.itemsize))
+    test_forward(device, "triton", (n,), dtype)
+    test_grad(device, "triton", (n,), dtype)
 
 
 # --------------------------------------------------------------------------- layouts

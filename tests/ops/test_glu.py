@@ -16,9 +16,11 @@ from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
 from kernellab.harness.compare import judge
 from kltest import (
+    BLOCK_EDGES,
     DTYPES,
     LAYOUTS,
     backend_matrix,
+    block_edge,
     check_planted,
     compile_grads_match,
     cpu_backends,
@@ -171,6 +173,25 @@ def test_triton_launch_shapes_either_side_of_small_n(n):
     spec = kernellab.get_spec("swiglu")
     a, b = spec.make_inputs((n,), torch.bfloat16, "cpu", 4)
     _assert_fwd_bwd("swiglu", "triton", a, b, {})
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("edge", list(BLOCK_EDGES))
+@pytest.mark.parametrize("op,opts", CASES, ids=CASE_IDS)
+def test_triton_counts_around_a_block(device, op, opts, edge, dtype):
+    """The Triton backend at counts around its program size (SMALL_BLOCK, what these counts
+    take): a partial program alone, whole ones (unmasked), whole ones then a partial one;
+    forward and both gradients against the float64 formula. (block_for's programs, from
+    SMALL_N elements: test_triton_launch_shapes_either_side_of_small_n and
+    tests/test_triton_support.py.)"""
+    from kernellab.ops.glu_kernels import triton_kernels as gk
+
+    if kernellab.get(op, "triton").why_unavailable(device):
+        pytest.skip("triton does not run here")
+    n = block_edge(edge, gk.SMALL_BLOCK)
+    assert gk.launch_shape(n, dtype.itemsize)[0] == gk.SMALL_BLOCK
+    a, b = kernellab.get_spec(op).make_inputs((n,), dtype, device, seed_for(op, n, dtype))
+    _assert_fwd_bwd(op, "triton", a, b, opts)
 
 
 # --------------------------------------------------------------------------- bad inputs

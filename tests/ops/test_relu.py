@@ -8,9 +8,21 @@ import pytest
 import torch
 
 import kernellab
+from kernellab import triton_support
 from kernellab.core import registry
 from kernellab.harness.check import FAIL, PASS, check_impl
-from kltest import DTYPES, LAYOUTS, ODD_SHAPES, backend_matrix, check_planted, dtype_id, seed_for, shape_id
+from kltest import (
+    BLOCK_EDGES,
+    DTYPES,
+    LAYOUTS,
+    ODD_SHAPES,
+    backend_matrix,
+    block_edge,
+    check_planted,
+    dtype_id,
+    seed_for,
+    shape_id,
+)
 
 OP = "relu"
 SPEC = kernellab.get_spec(OP)
@@ -46,6 +58,18 @@ def test_forward_and_grad_exact(dev, backend, shape, dtype):
     x64 = x.double().requires_grad_()
     (g64,) = torch.autograd.grad(SPEC.reference(x64), x64, dy.double())
     assert torch.equal(dx.double(), g64)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("edge", list(BLOCK_EDGES))
+def test_triton_counts_around_a_block(device, edge, dtype):
+    """The Triton backend at counts around its program size (fp32 4096, 16-bit 8192): a
+    partial program alone, whole ones (unmasked), whole ones then a partial one; exact,
+    forward and gradient, as test_forward_and_grad_exact checks."""
+    if kernellab.get(OP, "triton").why_unavailable(device):
+        pytest.skip("triton does not run here")
+    n = block_edge(edge, triton_support.block_for(dtype.itemsize))
+    test_forward_and_grad_exact(device, "triton", (n,), dtype)
 
 
 @pytest.mark.parametrize("dev,backend", MATRIX)

@@ -12,17 +12,21 @@ import triton.language as tl
 from kernellab import triton_support
 from kernellab.ops._elementwise import binary_op
 from kernellab.ops._register import register_triton
+from kernellab.triton_support import load_block, store_block, stream_blocks
+
+
+@triton_support.jit
+def _add(args, offs, n, FULL: tl.constexpr):
+    # One block (stream_blocks): a, b, y contiguous, one storage dtype; math in fp32.
+    a_ptr, b_ptr, y_ptr = args
+    a = load_block(a_ptr, offs, n, FULL).to(tl.float32)
+    b = load_block(b_ptr, offs, n, FULL).to(tl.float32)
+    store_block(y_ptr, offs, a + b, n, FULL)
 
 
 @triton_support.jit
 def _add_kernel(a_ptr, b_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    # a, b, y: contiguous, n elements each, same storage dtype; math in fp32.
-    pid = tl.program_id(0).to(tl.int64)  # int64: n may exceed 2^31
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    a = tl.load(a_ptr + offs, mask=mask).to(tl.float32)
-    b = tl.load(b_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(y_ptr + offs, (a + b).to(y_ptr.dtype.element_ty), mask=mask)
+    stream_blocks(_add, (a_ptr, b_ptr, y_ptr), n, BLOCK)
 
 
 def _fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -13,35 +13,37 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._elementwise import register_streaming_unary
+from kernellab.triton_support import load_block, store_block, stream_blocks
 
 _K = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
 _C = tl.constexpr(0.044715)
 
 
 @triton_support.jit
-def _gelu_fwd_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    # x_ptr, y_ptr: contiguous, n elements, fp32/fp16/bf16 storage.
-    pid = tl.program_id(0).to(tl.int64)  # int64: n may exceed 2^31
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+def _gelu_fwd(args, offs, n, FULL: tl.constexpr):
+    # One block of the forward (stream_blocks): x, y contiguous, fp32/fp16/bf16 storage.
+    x_ptr, y_ptr = args
+    x = load_block(x_ptr, offs, n, FULL).to(tl.float32)
     # s = sigmoid(2u) without overflow: t = exp(-2|u|) <= 1, q = 1 / (1 + t),
     # s = q (u >= 0) or t q (u < 0).
     u = _K * (x + _C * x * x * x)
     t = tl.exp(-2.0 * tl.abs(u))
     q = 1.0 / (1.0 + t)
     s = tl.where(u >= 0, q, t * q)
-    tl.store(y_ptr + offs, (x * s).to(y_ptr.dtype.element_ty), mask=mask)
+    store_block(y_ptr, offs, x * s, n, FULL)
 
 
 @triton_support.jit
-def _gelu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
+def _gelu_fwd_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    stream_blocks(_gelu_fwd, (x_ptr, y_ptr), n, BLOCK)
+
+
+@triton_support.jit
+def _gelu_bwd(args, offs, n, FULL: tl.constexpr):
     # dx = dy * gelu'(x); gelu'(x) = s + 2 x s (1 - s) du/dx, s = sigmoid(2u).
-    pid = tl.program_id(0).to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    dy = tl.load(dy_ptr + offs, mask=mask).to(tl.float32)
+    dy_ptr, x_ptr, dx_ptr = args
+    x = load_block(x_ptr, offs, n, FULL).to(tl.float32)
+    dy = load_block(dy_ptr, offs, n, FULL).to(tl.float32)
     u = _K * (x + _C * x * x * x)
     t = tl.exp(-2.0 * tl.abs(u))
     q = 1.0 / (1.0 + t)
@@ -54,7 +56,12 @@ def _gelu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
     # At x = +-inf the formula's derivative is inf * 0 = NaN (PyTorch's too), not the
     # limits 1 and 0 computed above: NaN, as the forward follows the formula to NaN at -inf.
     dx = tl.where(tl.abs(x) == float("inf"), float("nan"), dx)
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    store_block(dx_ptr, offs, dx, n, FULL)
+
+
+@triton_support.jit
+def _gelu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
+    stream_blocks(_gelu_bwd, (dy_ptr, x_ptr, dx_ptr), n, BLOCK)
 
 
 register_streaming_unary(

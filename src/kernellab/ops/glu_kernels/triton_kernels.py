@@ -22,6 +22,7 @@ from torch import Tensor
 
 from kernellab import triton_support
 from kernellab.core.kit import empty_like_contig
+from kernellab.triton_support import load_block, store_block, stream_blocks
 
 ACT = {"silu": 0, "none": 1, "tanh": 2}  # the ACT constexpr: silu, erf-GeLU, tanh-GeLU
 _K = tl.constexpr(0.7978845608028654)  # sqrt(2/pi)
@@ -84,28 +85,35 @@ def _act_and_grad(a, ACT: tl.constexpr):
 
 
 @triton_support.jit
+def _glu_fwd(args, offs, n, FULL: tl.constexpr):
+    # One block (stream_blocks) of y = act(a) * b: every pointer contiguous, one
+    # fp32/fp16/bf16 dtype.
+    a_ptr, b_ptr, y_ptr, ACT = args
+    a = load_block(a_ptr, offs, n, FULL).to(tl.float32)
+    b = load_block(b_ptr, offs, n, FULL).to(tl.float32)
+    store_block(y_ptr, offs, _act(a, ACT) * b, n, FULL)
+
+
+@triton_support.jit
 def _glu_fwd_kernel(a_ptr, b_ptr, y_ptr, n, ACT: tl.constexpr, BLOCK: tl.constexpr):
-    # a_ptr, b_ptr, y_ptr: contiguous, n elements, one fp32/fp16/bf16 dtype.
-    pid = tl.program_id(0).to(tl.int64)  # int64: n may exceed 2^31
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    a = tl.load(a_ptr + offs, mask=mask).to(tl.float32)
-    b = tl.load(b_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(y_ptr + offs, (_act(a, ACT) * b).to(y_ptr.dtype.element_ty), mask=mask)
+    stream_blocks(_glu_fwd, (a_ptr, b_ptr, y_ptr, ACT), n, BLOCK)
+
+
+@triton_support.jit
+def _glu_bwd(args, offs, n, FULL: tl.constexpr):
+    # One block of da = dy * b * act'(a), db = dy * act(a); every pointer contiguous.
+    dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, ACT = args
+    dy = load_block(dy_ptr, offs, n, FULL).to(tl.float32)
+    a = load_block(a_ptr, offs, n, FULL).to(tl.float32)
+    b = load_block(b_ptr, offs, n, FULL).to(tl.float32)
+    y, d = _act_and_grad(a, ACT)
+    store_block(da_ptr, offs, dy * b * d, n, FULL)
+    store_block(db_ptr, offs, dy * y, n, FULL)
 
 
 @triton_support.jit
 def _glu_bwd_kernel(dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, n, ACT: tl.constexpr, BLOCK: tl.constexpr):
-    # da = dy * b * act'(a), db = dy * act(a); every pointer contiguous, n elements.
-    pid = tl.program_id(0).to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    dy = tl.load(dy_ptr + offs, mask=mask).to(tl.float32)
-    a = tl.load(a_ptr + offs, mask=mask).to(tl.float32)
-    b = tl.load(b_ptr + offs, mask=mask).to(tl.float32)
-    y, d = _act_and_grad(a, ACT)
-    tl.store(da_ptr + offs, (dy * b * d).to(da_ptr.dtype.element_ty), mask=mask)
-    tl.store(db_ptr + offs, (dy * y).to(db_ptr.dtype.element_ty), mask=mask)
+    stream_blocks(_glu_bwd, (dy_ptr, a_ptr, b_ptr, da_ptr, db_ptr, ACT), n, BLOCK)
 
 
 # --------------------------------------------------------------------------- launcher

@@ -12,30 +12,36 @@ import triton.language as tl
 
 from kernellab import triton_support
 from kernellab.ops._elementwise import register_streaming_unary
+from kernellab.triton_support import load_block, store_block, stream_blocks
+
+
+@triton_support.jit
+def _relu_fwd(args, offs, n, FULL: tl.constexpr):
+    # One block of the forward (stream_blocks): x, y contiguous, fp32/fp16/bf16 storage.
+    x_ptr, y_ptr = args
+    # compared in fp32: exact for fp16/bf16 (the interpreter compares bf16 as raw bits)
+    x = load_block(x_ptr, offs, n, FULL).to(tl.float32)
+    # x != x: NaN passes through (tl.maximum(x, 0) may return 0 for NaN)
+    store_block(y_ptr, offs, tl.where((x > 0) | (x != x), x, 0.0), n, FULL)
 
 
 @triton_support.jit
 def _relu_fwd_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    # x_ptr, y_ptr: contiguous, n elements, fp32/fp16/bf16 storage (no conversion needed).
-    pid = tl.program_id(0).to(tl.int64)  # int64: n may exceed 2^31
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    # compared in fp32: exact for fp16/bf16 (the interpreter compares bf16 as raw bits)
-    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    # x != x: NaN passes through (tl.maximum(x, 0) may return 0 for NaN)
-    y = tl.where((x > 0) | (x != x), x, 0.0)
-    tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+    stream_blocks(_relu_fwd, (x_ptr, y_ptr), n, BLOCK)
+
+
+@triton_support.jit
+def _relu_bwd(args, offs, n, FULL: tl.constexpr):
+    # dx = 0 where x <= 0 else dy (PyTorch's threshold_backward: dy passes at NaN x)
+    dy_ptr, x_ptr, dx_ptr = args
+    x = load_block(x_ptr, offs, n, FULL).to(tl.float32)
+    dy = load_block(dy_ptr, offs, n, FULL).to(tl.float32)
+    store_block(dx_ptr, offs, tl.where(x <= 0, 0.0, dy), n, FULL)
 
 
 @triton_support.jit
 def _relu_bwd_kernel(dy_ptr, x_ptr, dx_ptr, n, BLOCK: tl.constexpr):
-    # dx = 0 where x <= 0 else dy (PyTorch's threshold_backward: dy passes at NaN x)
-    pid = tl.program_id(0).to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-    dy = tl.load(dy_ptr + offs, mask=mask).to(tl.float32)
-    tl.store(dx_ptr + offs, tl.where(x <= 0, 0.0, dy).to(dx_ptr.dtype.element_ty), mask=mask)
+    stream_blocks(_relu_bwd, (dy_ptr, x_ptr, dx_ptr), n, BLOCK)
 
 
 register_streaming_unary("relu", _relu_fwd_kernel, _relu_bwd_kernel, "Triton, one pass, 16-byte accesses")
