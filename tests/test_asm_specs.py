@@ -97,9 +97,8 @@ def test_conv2d_specs_take_each_gemms_tiles(dtype):
         "_conv_dgrad_kernel": kt.dgrad_plan(32, 3, 3, 64, tdt, gpu)[1],
         "_conv_dgrad_stencil_kernel": kt.dgrad_plan(1, 3, 3, 32, tdt, gpu)[1],
         "_conv_wgrad_kernel": kt.wgrad_config(64, 32 * 9, gpu),
+        "_conv_fwd_taps_kernel": kt.fwd_plan(32, 3, 3, 64, tdt, gpu)[1],
     }
-    if dtype == "fp32":
-        want["_conv_fwd_taps_kernel"] = kt.fwd_plan(32, 3, 3, 64, tdt, gpu)[1]
     assert set(specs) == set(want)
     for name, cfg in want.items():
         cx, options = specs[name]

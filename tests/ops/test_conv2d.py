@@ -366,8 +366,13 @@ def test_triton_config():
     assert kt.fwd_plan(129, 3, 3, 64, f32, gpu)[1]["ACC64"]  # C R S 1161
     assert not kt.fwd_plan(128, 3, 3, 64, f32, gpu)[1]["ACC64"]  # 1152
     assert kt.fwd_plan(16, 3, 3, 8, f32, cpu)[0] == "taps"
-    assert kt.fwd_plan(15, 3, 3, 64, f32, gpu)[0] == "gemm"
-    assert kt.fwd_plan(32, 3, 3, 64, bf16, gpu)[0] == "gemm"
+    assert kt.fwd_plan(15, 3, 3, 64, f32, gpu)[0] == "gemm" == kt.fwd_plan(15, 3, 3, 64, bf16, gpu)[0]
+    # 16-bit: the tap forward at C >= 16, no fp64 sums at any C R S
+    assert kt.fwd_plan(32, 3, 3, 64, bf16, gpu) == ("taps", dict(ACC64=False, BLOCK_M=128, BLOCK_N=64,
+                                                                 BLOCK_K=32, num_warps=8))  # fmt: skip
+    assert kt.fwd_plan(20, 5, 5, 8, torch.float16, gpu)[1]["BLOCK_K"] == 32
+    assert kt.fwd_plan(16, 9, 9, 8, bf16, gpu)[1]["BLOCK_K"] == 16
+    assert not kt.fwd_plan(512, 3, 3, 8, bf16, gpu)[1]["ACC64"]
     # the stencil dgrad at C <= 4
     assert kt.dgrad_plan(1, 3, 3, 32, f32, gpu)[0] == "stencil" == kt.dgrad_plan(4, 5, 5, 8, bf16, cpu)[0]
     assert kt.dgrad_plan(5, 3, 3, 32, f32, gpu) == ("gemm", dict(ACC64=True, **kt.gemm_config(5, 288, gpu)))
@@ -489,9 +494,8 @@ def test_triton_kernels_compile_for_sm90_ahead_of_time():
     for dtype in ("fp32", "bf16"):
         kernels, note = asm.triton_report(kernellab.get(OP, "triton"), dtype, "sm_90")
         names = {k.name for k in kernels}
-        taps = {"_conv_fwd_taps_kernel"} if dtype == "fp32" else set()  # (the tap forward: fp32 only)
-        assert names == {"_conv_fwd_kernel", "_conv_dgrad_kernel", "_conv_dgrad_stencil_kernel",
-                         "_conv_wgrad_kernel"} | taps, note  # fmt: skip
+        assert names == {"_conv_fwd_kernel", "_conv_fwd_taps_kernel", "_conv_dgrad_kernel",
+                         "_conv_dgrad_stencil_kernel", "_conv_wgrad_kernel"}, note  # fmt: skip
         assert all(k.counts["ptx_local"] == 0 for k in kernels), [k.name for k in kernels]
         wgrad = next(k for k in kernels if k.name == "_conv_wgrad_kernel")
         # fp32 dw through fp64 tensor-core dots (exact products, fp64 sums): fp32 dots summed

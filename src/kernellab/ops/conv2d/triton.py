@@ -317,8 +317,9 @@ def gemm_config(n: int, k: int, dev) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=_clamp_pow2(n, 16, 64), BLOCK_K=_clamp_pow2(k, 16, 32), num_warps=4)
 
 
-# fp32 only: the tap forward was measured against the GEMM one in fp32 (H100: 1.19-1.61x at
-# C 32 / 64, lab/gpu_conv_taps.py); C R S past which its fp32 block sums become fp64 ones
+# The tap forward against the GEMM one (H100, lab/gpu_conv_taps.py): fp32 1.19-1.61x at C
+# 32 / 64; bf16 2.3-3.3x (1.24-2.13x cuDNN) at 128x64x32, 8 warps. C R S past which its
+# fp32 block sums become fp64 ones:
 TAPS_MIN_C = 16
 TAPS_TWO_LEVEL_MAX_CRS = 1152
 STENCIL_MAX_C = 4
@@ -327,7 +328,14 @@ STENCIL_MAX_C = 4
 def fwd_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
     """("taps" or "gemm", the launch's ACC64 and tiles) for a forward with C input and K
     output channels and an R x S filter."""
-    if c >= TAPS_MIN_C and dtype == torch.float32:
+    if c >= TAPS_MIN_C and dtype != torch.float32:  # 16-bit: tensor-core dots, fp32 accumulator
+        if dev.type != "cuda":
+            tiles = dict(BLOCK_M=32, BLOCK_N=_clamp_pow2(k, 16, 32), BLOCK_K=16, num_warps=4)
+        else:
+            bn, bk = _clamp_pow2(k, 16, 64), _clamp_pow2(c, 16, 32)
+            tiles = dict(BLOCK_M=128, BLOCK_N=bn, BLOCK_K=bk, num_warps=8)
+        return "taps", dict(ACC64=False, **tiles)
+    if c >= TAPS_MIN_C:
         acc64 = c * r * s > TAPS_TWO_LEVEL_MAX_CRS
         if dev.type != "cuda":
             tiles = dict(BLOCK_M=32, BLOCK_N=_clamp_pow2(k, 16, 32), BLOCK_K=16, num_warps=4)
@@ -435,8 +443,8 @@ conv2d_triton = conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, t
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: the kernels as the launchers plan them at the MNIST model's
     layers (1: C 1 -> K 32 at 28x28; 2: C 32 -> K 64 at 14x14; 3x3, batch 256): the GEMM
-    forward (layer 1), the tap forward (layer 2, fp32 only), the GEMM dgrad and the wgrad
-    (layer 2), the stencil dgrad (layer 1)."""
+    forward (layer 1), the tap forward (layer 2), the GEMM dgrad and the wgrad (layer 2),
+    the stencil dgrad (layer 1)."""
     geom = ("C", "H", "W", "K", "P", "Q", "R", "S")
     xs = ("sxn", "sxc", "sxh", "sxw")
     conv = ("SH", "SW", "PH", "PW")
@@ -464,7 +472,7 @@ def _kernel_specs(dtype: str):
     for c, k in ((1, 32), (32, 64)):
         kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
         kernel = _conv_fwd_taps_kernel if kind == "taps" else _conv_fwd_kernel
-        if kind not in kinds:  # (bf16: the GEMM forward at both layers, listed once)
+        if kind not in kinds:
             out.append(launch(kernel, fwd_ptrs, fwd_ints, dict(cx, HAS_BIAS=True, **cfg)))
         kinds.add(kind)
     for c, k in ((32, 64), (1, 32)):
@@ -483,6 +491,6 @@ register_triton(
     "conv2d",
     conv2d_triton,
     _kernel_specs,
-    "Triton implicit GEMM (no im2col copy): forward (tap-major at C >= 16, fp32), dgrad "
+    "Triton implicit GEMM (no im2col copy): forward (tap-major at C >= 16), dgrad "
     "(a stencil at C <= 4), split wgrad with fused dbias",
 )
