@@ -61,6 +61,31 @@ def _tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton_support.jit
+def _accumulate(a, b, acc, acc64, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr):
+    """(acc, acc64) + a @ b for the GEMM kernels' K loops: with ACC64 the block's fp32 dot
+    added to the fp64 sum, else the fp32 accumulator (``mma``); UPCAST: fp32 operands
+    first (the interpreter has no 16-bit dots)."""
+    if UPCAST:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    if ACC64:
+        acc64 += dot(a, b, PRECISION).to(tl.float64)
+    else:
+        acc = mma(a, b, acc, PRECISION)
+    return acc, acc64
+
+
+@triton_support.jit
+def _dy_source(hn, wn, SH, SW, P, Q):
+    """dgrad's gather: the output pixel (p, q) = (hn / SH, wn / SW) that reads input pixel
+    (h, w) through a filter tap, where hn = h + PH - r and wn = w + PW - s, and whether it
+    exists (both divisions exact, inside the output)."""
+    hn_c, wn_c = tl.maximum(hn, 0), tl.maximum(wn, 0)  # (no division of negatives)
+    p, q = hn_c // SH, wn_c // SW
+    ok = (hn >= 0) & (wn >= 0) & (hn_c == p * SH) & (wn_c == q * SW) & (p < P) & (q < Q)
+    return p, q, ok
+
+
+@triton_support.jit
 def _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, KPQ, PQ, HAS_BIAS: tl.constexpr):
     """The forwards' epilogue: + bias[k], one rounding, y[n, k, p, q] (contiguous) for the
     tile's output pixels (image nb, pixel rem) and channels offs_n."""
@@ -98,12 +123,8 @@ def _conv_fwd_kernel(
         a_ok = m_ok[:, None] & j_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         a = tl.load(x_ptr + x_row[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw, mask=a_ok, other=0.0)
         b = tl.load(w_ptr + offs_n[None, :] * CRS + j[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        if ACC64:  # fp32: each block's fp32 product added in fp64, as the backward kernels do
-            acc64 += dot(a, b, PRECISION).to(tl.float64)
-        else:
-            acc = mma(a, b, acc, PRECISION)
+        # (ACC64, fp32: each block's fp32 product added in fp64, as the backward kernels do)
+        acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
     if ACC64:
         acc = acc64.to(tl.float32)
     _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, K * pq, pq, HAS_BIAS)
@@ -141,12 +162,7 @@ def _conv_fwd_taps_kernel(
             a = tl.load(x_ptr + a_row[:, None] + c[None, :] * sxc, mask=a_ok, other=0.0)
             b_off = w_col[None, :] + c[:, None] * RS + rs
             b = tl.load(w_ptr + b_off, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
-            if UPCAST:
-                a, b = a.to(tl.float32), b.to(tl.float32)
-            if ACC64:
-                acc64 += dot(a, b, PRECISION).to(tl.float64)
-            else:
-                acc = mma(a, b, acc, PRECISION)
+            acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
     if ACC64:
         acc = acc64.to(tl.float32)
     _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, K * pq, pq, HAS_BIAS)
@@ -178,21 +194,12 @@ def _conv_dgrad_kernel(
         r, s = rs // S, rs % S
         hn = ih[:, None] + PH - r[None, :]  # = p sh when output row p reads input row h
         wn = iw[:, None] + PW - s[None, :]
-        hn_c, wn_c = tl.maximum(hn, 0), tl.maximum(wn, 0)  # (no division of negatives)
-        p, q = hn_c // SH, wn_c // SW
-        a_ok = (
-            m_ok[:, None] & j_ok[None, :] & (hn >= 0) & (wn >= 0)
-            & (hn_c == p * SH) & (wn_c == q * SW) & (p < P) & (q < Q)
-        )
+        p, q, src_ok = _dy_source(hn, wn, SH, SW, P, Q)
+        a_ok = m_ok[:, None] & j_ok[None, :] & src_ok
         a = tl.load(dy_ptr + nb[:, None] * (K * pq) + k[None, :] * pq + p * Q + q, mask=a_ok, other=0.0)
         b_off = k[:, None] * (C * RS) + offs_n[None, :] * RS + rs[:, None]
         b = tl.load(w_ptr + b_off, mask=j_ok[:, None] & n_ok[None, :], other=0.0)
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        if ACC64:
-            acc64 += dot(a, b, PRECISION).to(tl.float64)
-        else:
-            acc = mma(a, b, acc, PRECISION)
+        acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
     dx_off = nb[:, None] * (C * hw) + offs_n[None, :] * hw + rem[:, None]
     out = acc64 if ACC64 else acc
     tl.store(dx_ptr + dx_off, out.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -220,9 +227,8 @@ def _conv_dgrad_stencil_kernel(
     for rs in range(0, RS):
         hn = h + PH - rs // S
         wn = w + PW - rs % S
-        hn_c, wn_c = tl.maximum(hn, 0), tl.maximum(wn, 0)  # (no division of negatives)
-        p, q = hn_c // SH, wn_c // SW
-        px_ok = ok & (hn >= 0) & (wn >= 0) & (hn_c == p * SH) & (wn_c == q * SW) & (p < P) & (q < Q)
+        p, q, src_ok = _dy_source(hn, wn, SH, SW, P, Q)
+        px_ok = ok & src_ok
         dy_px = nb * (K * pq) + p * Q + q
         for k0 in range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
