@@ -86,7 +86,7 @@ def test_attention_fp32_compiles_without_tf32_dots():
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_conv2d_specs_take_each_gemms_tiles(dtype):
     # Each kernel with the tiles its launcher plans at the spec's layers (1: C 1 -> K 32,
-    # 2: C 32 -> K 64, 3x3): the dgrad GEMM's N is C (BLOCK_N 32, not the forward's 64).
+    # 2: C 32 -> K 64, and C 8 -> K 16; 3x3): dgrad's N is C (BLOCK_N 32, not the forward's 64).
     from kernellab.ops.conv2d import triton as kt
 
     specs = _specs("conv2d", dtype)
@@ -94,10 +94,12 @@ def test_conv2d_specs_take_each_gemms_tiles(dtype):
     tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
     want = {
         "_conv_fwd_kernel": kt.fwd_plan(1, 3, 3, 32, tdt, gpu)[1],
-        "_conv_dgrad_kernel": kt.dgrad_plan(32, 3, 3, 64, tdt, gpu)[1],
         "_conv_dgrad_stencil_kernel": kt.dgrad_plan(1, 3, 3, 32, tdt, gpu)[1],
-        "_conv_wgrad_kernel": kt.wgrad_config(64, 32 * 9, gpu),
+        "_conv_dgrad_kernel": kt.dgrad_plan(8, 3, 3, 16, tdt, gpu)[1],
+        "_conv_wgrad_kernel": kt.wgrad_plan(1, 3, 3, 32, tdt, gpu)[1],
         "_conv_fwd_taps_kernel": kt.fwd_plan(32, 3, 3, 64, tdt, gpu)[1],
+        "_conv_dgrad_taps_kernel": kt.dgrad_plan(32, 3, 3, 64, tdt, gpu)[1],
+        "_conv_wgrad_taps_kernel": kt.wgrad_plan(32, 3, 3, 64, tdt, gpu)[1],
     }
     assert set(specs) == set(want)
     for name, cfg in want.items():
@@ -105,7 +107,7 @@ def test_conv2d_specs_take_each_gemms_tiles(dtype):
         assert options["num_warps"] == cfg["num_warps"], name
         tiles = [b for b in ("BLOCK", "BLOCK_M", "BLOCK_N", "BLOCK_K", "ACC64") if b in cfg]
         assert {b: cx[b] for b in tiles} == {b: cfg[b] for b in tiles}, name
-    assert specs["_conv_dgrad_kernel"][0]["BLOCK_N"] == 32
+    assert specs["_conv_dgrad_taps_kernel"][0]["BLOCK_N"] == 32
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])

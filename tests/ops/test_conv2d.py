@@ -319,12 +319,15 @@ def test_triton_under_torch_compile_fullgraph():
         (((1, 16, 9, 8, 6, 3, 3), (2, 1), (1, 2)), "channels_last"),
         (((1, 130, 4, 3, 3, 3, 3), 1, 1), "contiguous"),  # C R S 1170: fp64 block sums
         (((2, 4, 7, 9, 3, 3, 1), (3, 2), (0, 1)), "contiguous"),  # the stencil dgrad, strided
+        (((2, 17, 7, 6, 35, 3, 2), (2, 3), (1, 0)), "contiguous"),  # taps, C and K past a tile, strided
+        (((1, 16, 5, 9, 4, 5, 3), (1, 2), (2, 1)), "channels_last"),
     ],
-    ids=["taps", "taps-nhwc", "taps-acc64", "stencil"],
+    ids=["taps", "taps-nhwc", "taps-acc64", "stencil", "taps-strided", "taps-strided-nhwc"],
 )
 def test_triton_tap_forward_and_stencil_dgrad(case, layout):
-    """The kernels fwd_plan and dgrad_plan pick at these shapes (test_triton_config), fp32
-    against float64."""
+    """The kernels fwd_plan, dgrad_plan and wgrad_plan pick at these shapes
+    (test_triton_config), fp32 against float64: the tap kernels at C >= 16 (every
+    direction), the stencil dgrad at C <= 4."""
     shape, stride, padding = case
     x, w, b = SPEC.make_inputs(shape, torch.float32, "cpu", 3)
     x = x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else x
@@ -373,12 +376,21 @@ def test_triton_config():
     assert kt.fwd_plan(20, 5, 5, 8, torch.float16, gpu)[1]["BLOCK_K"] == 32
     assert kt.fwd_plan(16, 9, 9, 8, bf16, gpu)[1]["BLOCK_K"] == 16
     assert not kt.fwd_plan(512, 3, 3, 8, bf16, gpu)[1]["ACC64"]
-    # the stencil dgrad at C <= 4
+    # the stencil dgrad at C <= 4, the GEMM one up to C 15, taps from C 16
     assert kt.dgrad_plan(1, 3, 3, 32, f32, gpu)[0] == "stencil" == kt.dgrad_plan(4, 5, 5, 8, bf16, cpu)[0]
     assert kt.dgrad_plan(5, 3, 3, 32, f32, gpu) == ("gemm", dict(ACC64=True, **kt.gemm_config(5, 288, gpu)))
-    # wgrad's rows fit K on a GPU
+    assert kt.dgrad_plan(15, 3, 3, 32, bf16, gpu)[0] == "gemm"
+    assert kt.dgrad_plan(32, 3, 3, 64, f32, gpu) == ("taps", dict(ACC64=True, BLOCK_M=64, BLOCK_N=32,
+                                                                  BLOCK_K=32, num_warps=4))  # fmt: skip
+    assert kt.dgrad_plan(64, 3, 3, 64, bf16, gpu) == ("taps", dict(ACC64=False, BLOCK_M=128, BLOCK_N=64,
+                                                                   BLOCK_K=32, num_warps=8))  # fmt: skip
+    # wgrad: C R S columns below C 16 (rows fit K on a GPU), a tap's C columns from C 16
     assert kt.wgrad_config(32, 9, gpu)["BLOCK_M"] == 32 and kt.wgrad_config(200, 9, gpu)["BLOCK_M"] == 64
     assert kt.wgrad_config(3, 9, gpu)["BLOCK_M"] == 16 and kt.wgrad_config(32, 9, gpu)["BLOCK_K"] == 32
+    assert kt.wgrad_plan(1, 3, 3, 32, f32, gpu) == ("gemm", kt.wgrad_config(32, 9, gpu))
+    assert kt.wgrad_plan(32, 3, 3, 64, bf16, gpu) == ("taps", dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=64,
+                                                                   num_warps=4))  # fmt: skip
+    assert kt.wgrad_plan(32, 3, 3, 64, f32, gpu)[1]["BLOCK_K"] == 32
 
     cfg = kt.gemm_config(32, 9, torch.device("cuda"))  # MNIST layer 1
     assert (cfg["BLOCK_N"], cfg["BLOCK_K"]) == (32, 16)
@@ -495,9 +507,11 @@ def test_triton_kernels_compile_for_sm90_ahead_of_time():
         kernels, note = asm.triton_report(kernellab.get(OP, "triton"), dtype, "sm_90")
         names = {k.name for k in kernels}
         assert names == {"_conv_fwd_kernel", "_conv_fwd_taps_kernel", "_conv_dgrad_kernel",
-                         "_conv_dgrad_stencil_kernel", "_conv_wgrad_kernel"}, note  # fmt: skip
+                         "_conv_dgrad_taps_kernel", "_conv_dgrad_stencil_kernel", "_conv_wgrad_kernel",
+                         "_conv_wgrad_taps_kernel"}, note  # fmt: skip
         assert all(k.counts["ptx_local"] == 0 for k in kernels), [k.name for k in kernels]
-        wgrad = next(k for k in kernels if k.name == "_conv_wgrad_kernel")
-        # fp32 dw through fp64 tensor-core dots (exact products, fp64 sums): fp32 dots summed
-        # in fp64 failed the check's bound (2x cuDNN's error) on 7 of 27 seeds on the H100
-        assert ("mma.sync.aligned" in wgrad.ptx and ".f64.f64.f64.f64" in wgrad.ptx) == (dtype == "fp32")
+        for name in ("_conv_wgrad_kernel", "_conv_wgrad_taps_kernel"):
+            wgrad = next(k for k in kernels if k.name == name)
+            # fp32 dw through fp64 tensor-core dots (exact products, fp64 sums): fp32 dots summed
+            # in fp64 failed the check's bound (2x cuDNN's error) on 7 of 27 seeds on the H100
+            assert ("mma.sync.aligned" in wgrad.ptx and ".f64.f64.f64.f64" in wgrad.ptx) == (dtype == "fp32")

@@ -18,14 +18,15 @@ wgrad's output is tiny (K x C R S: 64 x 288 at the MNIST model's second layer) a
 reduction long (N P Q = 50,176 at batch 256): the reduction is split over programs, each
 writing an fp32 partial that one torch sum reduces (SPLIT x K x C R S x 4 B, a few MB).
 
-Two other kernels where the GEMM form wastes work:
-- the forward with C >= 16 runs a filter tap (r, s) at a time with channels innermost
-  (``_conv_fwd_taps_kernel``): a row's input position and bounds are computed once a tap,
-  not once an element; fp32 blocks are summed two-level (``mma``) up to C R S = 1152, in
-  fp64 above, where one chain's error grows;
+Where the GEMM form wastes work, other kernels:
+- with C >= 16 all three run a filter tap (r, s) at a time with channels innermost
+  (``_conv_fwd_taps_kernel``, ``_conv_dgrad_taps_kernel``, ``_conv_wgrad_taps_kernel``):
+  a pixel's source position and bounds are computed once a tap, not once an element of
+  every operand tile; the forward's fp32 blocks are summed two-level (``mma``) up to
+  C R S = 1152, in fp64 above, where one chain's error grows;
 - dgrad with C <= 4 (a network's first layer) is a stencil (``_conv_dgrad_stencil_kernel``):
   the GEMM's C columns would pad to a 16-wide tile, 15 of 16 wasted at C = 1.
-Which kernel and tiles run is ``fwd_plan`` / ``dgrad_plan`` / ``wgrad_config``, pure
+Which kernel and tiles run is ``fwd_plan`` / ``dgrad_plan`` / ``wgrad_plan``, pure
 functions of the shape, dtype and device type.
 
 x may have any strides (channels_last included, no copy); w and dy are read contiguous.
@@ -206,6 +207,43 @@ def _conv_dgrad_kernel(
 
 
 @triton_support.jit
+def _conv_dgrad_taps_kernel(
+    dy_ptr, w_ptr, dx_ptr,  # as _conv_dgrad_kernel's
+    C, H, W, K, P, Q, R, S, M,
+    SH, SW, PH, PW,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # the reduction as taps (r, s) outside, output channels k inside: A(m, k) of one tap is
+    # dy[n, k, p, q] with (p, q) the output pixel that reads input pixel m through the tap,
+    # found once per pixel and tap
+    offs_m, offs_n, m_ok, n_ok = _tile(M, C, BLOCK_M, BLOCK_N)
+    hw = H * W
+    nb, rem = offs_m // hw, offs_m % hw
+    ih, iw = rem // W, rem % W
+    RS = R * S
+    pq = P * Q
+    w_col = offs_n * RS  # w[0, c, 0, 0]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    for rs in range(0, RS):
+        p, q, src_ok = _dy_source(ih + PH - rs // S, iw + PW - rs % S, SH, SW, P, Q)
+        row_ok = m_ok & src_ok
+        a_row = nb * (K * pq) + p * Q + q
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = k < K
+            a_ok = row_ok[:, None] & k_ok[None, :]
+            a = tl.load(dy_ptr + a_row[:, None] + k[None, :] * pq, mask=a_ok, other=0.0)
+            b_off = k[:, None] * (C * RS) + w_col[None, :] + rs
+            b = tl.load(w_ptr + b_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
+    dx_off = nb[:, None] * (C * hw) + offs_n[None, :] * hw + rem[:, None]
+    out = (acc64 if ACC64 else acc).to(tl.float32)
+    tl.store(dx_ptr + dx_off, out.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton_support.jit
 def _conv_dgrad_stencil_kernel(
     dy_ptr, w_ptr, dx_ptr,  # dy [N, K, P, Q], w [K, C, R, S], dx [N, C, H, W]: contiguous
     C, H, W, K, P, Q, R, S, NHW,
@@ -297,6 +335,62 @@ def _conv_wgrad_kernel(
     tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
 
+@triton_support.jit
+def _conv_wgrad_taps_kernel(
+    dy_ptr, x_ptr, dw_part_ptr, db_part_ptr,  # as _conv_wgrad_kernel's
+    C, H, W, K, P, Q, R, S, NPQ, CHUNK,
+    sxn, sxc, sxh, sxw,
+    SH, SW, PH, PW,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # one filter tap (r, s) a program: dw[k, c, r, s] for a [BLOCK_M (k), BLOCK_N (c)] tile,
+    # B(j, c) = x[n, c, p sh - ph + r, q sw - pw + s]: the input position and its bounds
+    # are computed once per reduction index j, not once per (j, c)
+    split = tl.program_id(1)
+    RS = R * S
+    tile, rs = tl.program_id(0) // RS, tl.program_id(0) % RS
+    r, s = rs // S, rs % S
+    n_tiles = tl.cdiv(C, BLOCK_N)
+    offs_m = (tile // n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # output channels k
+    offs_n = (tile % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)  # input channels c
+    m_ok, n_ok = offs_m < K, offs_n < C
+    pq = P * Q
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    db = tl.zeros((BLOCK_M,), dtype=tl.float64)
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, NPQ)
+    for j0 in range(start, end, BLOCK_K):
+        j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
+        j_ok = j < end
+        nb, rem = j // pq, j % pq
+        a_off = offs_m[:, None] * pq + (nb * (K * pq) + rem)[None, :]
+        a = tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+        ih = (rem // Q) * SH - PH + r
+        iw = (rem % Q) * SW - PW + s
+        row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        b_row = nb * sxn + ih * sxh + iw * sxw
+        b_ok = row_ok[:, None] & n_ok[None, :]
+        b = tl.load(x_ptr + b_row[:, None] + offs_n[None, :] * sxc, mask=b_ok, other=0.0)
+        db += tl.sum(a.to(tl.float64), axis=1)
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        if ACC64 and PRECISION == "ieee":  # fp32 products are exact in fp64: fp64 dots
+            acc64 = tl.dot(a.to(tl.float64), b.to(tl.float64), acc64, out_dtype=tl.float64)
+        elif ACC64:
+            acc64 += dot(a, b, PRECISION).to(tl.float64)
+        else:
+            acc = mma(a, b, acc, PRECISION)
+    if not ACC64:
+        acc64 = acc.to(tl.float64)
+    CRS = C * RS
+    out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :] * RS + rs
+    tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
+    first = (offs_m * 0 + (tile % n_tiles) + rs) == 0  # the first c tile of the first tap
+    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
+
+
 # --------------------------------------------------------------------------- launchers
 
 
@@ -353,12 +447,27 @@ def fwd_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[s
     return "gemm", dict(ACC64=dtype == torch.float32, **gemm_config(k, c * r * s, dev))
 
 
+def _taps_tiles(n: int, k: int, dtype: torch.dtype, dev, acc64: bool) -> dict:
+    """Tiles of a tap kernel with n output columns and k reduction channels a tap."""
+    if dev.type != "cuda":
+        return dict(BLOCK_M=32, BLOCK_N=_clamp_pow2(n, 16, 32), BLOCK_K=16, num_warps=4)
+    if dtype != torch.float32:
+        return dict(BLOCK_M=128, BLOCK_N=_clamp_pow2(n, 16, 64), BLOCK_K=_clamp_pow2(k, 16, 32), num_warps=8)
+    if acc64:  # (fp64 accumulators in registers)
+        return dict(BLOCK_M=64, BLOCK_N=_clamp_pow2(n, 16, 64), BLOCK_K=_clamp_pow2(k, 16, 32), num_warps=4)
+    return dict(BLOCK_M=128, BLOCK_N=_clamp_pow2(n, 16, 64), BLOCK_K=16, num_warps=4)
+
+
 def dgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
-    """("stencil" or "gemm", the launch's constexprs and tiles) for dx with C channels."""
+    """("stencil", "taps" or "gemm", the launch's constexprs and tiles) for dx with C
+    channels: a stencil at C <= 4, a tap at a time (the forward's order) at C >= 16."""
     if c <= STENCIL_MAX_C:
         block = 256 if dev.type == "cuda" else 64
         return "stencil", dict(BLOCK=block, BLOCK_K=16, num_warps=4)
-    return "gemm", dict(ACC64=dtype == torch.float32, **gemm_config(c, k * r * s, dev))
+    acc64 = dtype == torch.float32
+    if c >= TAPS_MIN_C:
+        return "taps", dict(ACC64=acc64, **_taps_tiles(c, k, dtype, dev, acc64))
+    return "gemm", dict(ACC64=acc64, **gemm_config(c, k * r * s, dev))
 
 
 def wgrad_config(k: int, crs: int, dev) -> dict:
@@ -368,6 +477,18 @@ def wgrad_config(k: int, crs: int, dev) -> dict:
     if dev.type == "cuda":
         cfg["BLOCK_M"] = _clamp_pow2(k, 16, 64)
     return dict(cfg, BLOCK_K=32)
+
+
+def wgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
+    """("taps" or "gemm", tiles) for dw [K, C, R, S]: one filter tap a program with C
+    columns at C >= 16, else C R S columns (``wgrad_config``)."""
+    if c < TAPS_MIN_C:
+        return "gemm", wgrad_config(k, c * r * s, dev)
+    if dev.type != "cuda":
+        bm, bn, bk = _clamp_pow2(k, 16, 32), _clamp_pow2(c, 16, 32), 16
+    else:
+        bm, bn, bk = _clamp_pow2(k, 16, 64), _clamp_pow2(c, 16, 64), 64 if dtype != torch.float32 else 32
+    return "taps", dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
 
 
 def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
@@ -422,16 +543,22 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         if kind == "stencil":
             _conv_dgrad_stencil_kernel[(triton_support.cdiv(nhw, cfg["BLOCK"]), c)](dy, w, dx, *geom, **cfg)
         else:
+            kernel = _conv_dgrad_taps_kernel if kind == "taps" else _conv_dgrad_kernel
             grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
-            _conv_dgrad_kernel[grid](dy, w, dx, *geom, **consts, **cfg)
+            kernel[grid](dy, w, dx, *geom, **consts, **cfg)
     if npq == 0:
         return dx, torch.zeros_like(w), w.new_zeros(k)
-    cfg = wgrad_config(k, crs, x.device)
-    tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
+    kind, cfg = wgrad_plan(c, r, s, k, x.dtype, x.device)
+    if kind == "taps":
+        kernel = _conv_wgrad_taps_kernel
+        tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]) * r * s
+    else:
+        kernel = _conv_wgrad_kernel
+        tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
     dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
     db_part = torch.empty((splits, k), dtype=torch.float64, device=x.device)
-    _conv_wgrad_kernel[(tiles, splits)](
+    kernel[(tiles, splits)](
         dy, x, dw_part, db_part,
         c, h, wd, k, p, q, r, s, npq, chunk,
         *x.stride(),
@@ -448,9 +575,9 @@ conv2d_triton = conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, t
 
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: the kernels as the launchers plan them at the MNIST model's
-    layers (1: C 1 -> K 32 at 28x28; 2: C 32 -> K 64 at 14x14; 3x3, batch 256): the GEMM
-    forward (layer 1), the tap forward (layer 2), the GEMM dgrad and the wgrad (layer 2),
-    the stencil dgrad (layer 1)."""
+    layers (1: C 1 -> K 32 at 28x28; 2: C 32 -> K 64 at 14x14; 3x3, batch 256) and a
+    narrow one (C 8 -> K 16): the GEMM forward and wgrad and the stencil dgrad (layer 1),
+    the GEMM dgrad (C 8), the tap forward, dgrad and wgrad (layer 2)."""
     geom = ("C", "H", "W", "K", "P", "Q", "R", "S")
     xs = ("sxn", "sxc", "sxh", "sxw")
     conv = ("SH", "SW", "PH", "PW")
@@ -473,24 +600,25 @@ def _kernel_specs(dtype: str):
     fwd_ptrs = [("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)]
     fwd_ints = geom + ("M",) + xs + conv
     d_ptrs = [("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)]
-    out = []
-    kinds = set()
-    for c, k in ((1, 32), (32, 64)):
+    w_ptrs = [("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp64"), ("db_part_ptr", "*fp64")]
+    w_ints = geom + ("NPQ", "CHUNK") + xs + conv
+    fwd = {"taps": _conv_fwd_taps_kernel, "gemm": _conv_fwd_kernel}
+    dgrad = {"taps": _conv_dgrad_taps_kernel, "gemm": _conv_dgrad_kernel}
+    wgrad = {"taps": _conv_wgrad_taps_kernel, "gemm": _conv_wgrad_kernel}
+    out = {}
+    for c, k in ((1, 32), (8, 16), (32, 64)):
         kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
-        kernel = _conv_fwd_taps_kernel if kind == "taps" else _conv_fwd_kernel
-        if kind not in kinds:
-            out.append(launch(kernel, fwd_ptrs, fwd_ints, dict(cx, HAS_BIAS=True, **cfg)))
-        kinds.add(kind)
-    for c, k in ((32, 64), (1, 32)):
+        out.setdefault(fwd[kind], launch(fwd[kind], fwd_ptrs, fwd_ints, dict(cx, HAS_BIAS=True, **cfg)))
         kind, cfg = dgrad_plan(c, 3, 3, k, tdt, gpu)
         if kind == "stencil":
-            out.append(launch(_conv_dgrad_stencil_kernel, d_ptrs, geom + ("NHW",) + conv, cfg))
+            spec = launch(_conv_dgrad_stencil_kernel, d_ptrs, geom + ("NHW",) + conv, cfg)
+            out.setdefault(_conv_dgrad_stencil_kernel, spec)
         else:
-            out.append(launch(_conv_dgrad_kernel, d_ptrs, geom + ("M",) + conv, dict(cx, **cfg)))
-    w_ptrs = [("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp64"), ("db_part_ptr", "*fp64")]
-    wcfg = dict(cx, ACC64=dtype == "fp32", **wgrad_config(64, 32 * 9, gpu))
-    out.append(launch(_conv_wgrad_kernel, w_ptrs, geom + ("NPQ", "CHUNK") + xs + conv, wcfg))
-    return out
+            out.setdefault(dgrad[kind], launch(dgrad[kind], d_ptrs, geom + ("M",) + conv, dict(cx, **cfg)))
+        kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
+        spec = launch(wgrad[kind], w_ptrs, w_ints, dict(cx, ACC64=dtype == "fp32", **cfg))
+        out.setdefault(wgrad[kind], spec)
+    return list(out.values())
 
 
 register_triton(
