@@ -87,6 +87,33 @@ def _dy_source(hn, wn, SH, SW, P, Q):
 
 
 @triton_support.jit
+def _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq):
+    """wgrad's A tile dy[n, k, p, q] for output channels offs_m and reduction indices j
+    (n, p, q), with j's image nb and pixel rem."""
+    nb, rem = j // pq, j % pq
+    a_off = offs_m[:, None] * pq + (nb * (K * pq) + rem)[None, :]
+    a = tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+    return a, nb, rem
+
+
+@triton_support.jit
+def _wgrad_step(a, b, acc, acc64, db, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr):
+    """(acc, acc64, db) after one reduction step of wgrad: db += the dy tile's row sums (fp64),
+    and the product a @ b: with ACC64, fp32-level operands ("ieee") through fp64 dots (exact
+    products, fp64 sums), TF32 dots summed in fp64; else the fp32 accumulator (``mma``)."""
+    db += tl.sum(a.to(tl.float64), axis=1)
+    if UPCAST:
+        a, b = a.to(tl.float32), b.to(tl.float32)
+    if ACC64 and PRECISION == "ieee":
+        acc64 = tl.dot(a.to(tl.float64), b.to(tl.float64), acc64, out_dtype=tl.float64)
+    elif ACC64:
+        acc64 += dot(a, b, PRECISION).to(tl.float64)
+    else:
+        acc = mma(a, b, acc, PRECISION)
+    return acc, acc64, db
+
+
+@triton_support.jit
 def _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, KPQ, PQ, HAS_BIAS: tl.constexpr):
     """The forwards' epilogue: + bias[k], one rounding, y[n, k, p, q] (contiguous) for the
     tile's output pixels (image nb, pixel rem) and channels offs_n."""
@@ -309,23 +336,13 @@ def _conv_wgrad_kernel(
     for j0 in range(start, end, BLOCK_K):
         j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
         j_ok = j < end
-        nb, rem = j // pq, j % pq
-        a_off = offs_m[:, None] * pq + (nb * (K * pq) + rem)[None, :]
-        a = tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+        a, nb, rem = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq)
         ih = ((rem // Q) * SH - PH)[:, None] + r[None, :]
         iw = ((rem % Q) * SW - PW)[:, None] + s[None, :]
         b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
         b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
-        db += tl.sum(a.to(tl.float64), axis=1)
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        if ACC64 and PRECISION == "ieee":  # fp32 products are exact in fp64: fp64 dots
-            acc64 = tl.dot(a.to(tl.float64), b.to(tl.float64), acc64, out_dtype=tl.float64)
-        elif ACC64:
-            acc64 += dot(a, b, PRECISION).to(tl.float64)
-        else:
-            acc = mma(a, b, acc, PRECISION)
+        acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64)
     if not ACC64:
         acc64 = acc.to(tl.float64)
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
@@ -364,24 +381,14 @@ def _conv_wgrad_taps_kernel(
     for j0 in range(start, end, BLOCK_K):
         j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
         j_ok = j < end
-        nb, rem = j // pq, j % pq
-        a_off = offs_m[:, None] * pq + (nb * (K * pq) + rem)[None, :]
-        a = tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+        a, nb, rem = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq)
         ih = (rem // Q) * SH - PH + r
         iw = (rem % Q) * SW - PW + s
         row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         b_row = nb * sxn + ih * sxh + iw * sxw
         b_ok = row_ok[:, None] & n_ok[None, :]
         b = tl.load(x_ptr + b_row[:, None] + offs_n[None, :] * sxc, mask=b_ok, other=0.0)
-        db += tl.sum(a.to(tl.float64), axis=1)
-        if UPCAST:
-            a, b = a.to(tl.float32), b.to(tl.float32)
-        if ACC64 and PRECISION == "ieee":  # fp32 products are exact in fp64: fp64 dots
-            acc64 = tl.dot(a.to(tl.float64), b.to(tl.float64), acc64, out_dtype=tl.float64)
-        elif ACC64:
-            acc64 += dot(a, b, PRECISION).to(tl.float64)
-        else:
-            acc = mma(a, b, acc, PRECISION)
+        acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64)
     if not ACC64:
         acc64 = acc.to(tl.float64)
     CRS = C * RS
@@ -425,28 +432,6 @@ TAPS_TWO_LEVEL_MAX_CRS = 1152
 STENCIL_MAX_C = 4
 
 
-def fwd_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
-    """("taps" or "gemm", the launch's ACC64 and tiles) for a forward with C input and K
-    output channels and an R x S filter."""
-    if c >= TAPS_MIN_C and dtype != torch.float32:  # 16-bit: tensor-core dots, fp32 accumulator
-        if dev.type != "cuda":
-            tiles = dict(BLOCK_M=32, BLOCK_N=_clamp_pow2(k, 16, 32), BLOCK_K=16, num_warps=4)
-        else:
-            bn, bk = _clamp_pow2(k, 16, 64), _clamp_pow2(c, 16, 32)
-            tiles = dict(BLOCK_M=128, BLOCK_N=bn, BLOCK_K=bk, num_warps=8)
-        return "taps", dict(ACC64=False, **tiles)
-    if c >= TAPS_MIN_C:
-        acc64 = c * r * s > TAPS_TWO_LEVEL_MAX_CRS
-        if dev.type != "cuda":
-            tiles = dict(BLOCK_M=32, BLOCK_N=_clamp_pow2(k, 16, 32), BLOCK_K=16, num_warps=4)
-        elif acc64:  # (fp64 accumulators: the GEMM kernel's tiles, in registers)
-            tiles = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4)
-        else:
-            tiles = dict(BLOCK_M=128, BLOCK_N=_clamp_pow2(k, 16, 64), BLOCK_K=16, num_warps=4)
-        return "taps", dict(ACC64=acc64, **tiles)
-    return "gemm", dict(ACC64=dtype == torch.float32, **gemm_config(k, c * r * s, dev))
-
-
 def _taps_tiles(n: int, k: int, dtype: torch.dtype, dev, acc64: bool) -> dict:
     """Tiles of a tap kernel with n output columns and k reduction channels a tap."""
     if dev.type != "cuda":
@@ -456,6 +441,19 @@ def _taps_tiles(n: int, k: int, dtype: torch.dtype, dev, acc64: bool) -> dict:
     if acc64:  # (fp64 accumulators in registers)
         return dict(BLOCK_M=64, BLOCK_N=_clamp_pow2(n, 16, 64), BLOCK_K=_clamp_pow2(k, 16, 32), num_warps=4)
     return dict(BLOCK_M=128, BLOCK_N=_clamp_pow2(n, 16, 64), BLOCK_K=16, num_warps=4)
+
+
+def fwd_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
+    """("taps" or "gemm", the launch's ACC64 and tiles) for a forward with C input and K
+    output channels and an R x S filter."""
+    if c >= TAPS_MIN_C:  # (16-bit: tensor-core dots, an fp32 accumulator at any C R S)
+        acc64 = dtype == torch.float32 and c * r * s > TAPS_TWO_LEVEL_MAX_CRS
+        if acc64 and dev.type == "cuda":  # (fp64 accumulators: the GEMM kernel's tiles, in registers)
+            tiles = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, num_warps=4)
+        else:
+            tiles = _taps_tiles(k, c, dtype, dev, False)
+        return "taps", dict(ACC64=acc64, **tiles)
+    return "gemm", dict(ACC64=dtype == torch.float32, **gemm_config(k, c * r * s, dev))
 
 
 def dgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
