@@ -113,7 +113,7 @@ def test_conv2d_specs_take_each_gemms_tiles(dtype):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_matmul_specs_take_their_configs_stages(dtype):
     # fp32's 128 x 128 x 32 tile with 4 warps is a 4-stage config; Triton's default is 3.
-    from kernellab.ops.matmul.triton import matmul_configs, skinny_config
+    from kernellab.ops.matmul.triton import fma_config, matmul_configs, skinny_config
 
     specs = _specs("matmul", dtype)
     cx, options = specs["_matmul_kernel"]
@@ -122,8 +122,13 @@ def test_matmul_specs_take_their_configs_stages(dtype):
     assert options["num_stages"] == cfg.num_stages
     if dtype == "fp32":
         assert options["num_stages"] == 4
-    *_, warps, stages = skinny_config(1, 4096, 4096, 132, 4 if dtype == "fp32" else 2)
-    assert specs["_skinny_kernel"][1] == {"num_warps": warps, "num_stages": stages}
+    if dtype == "fp32":  # TF32 off: the FMA kernel, M = 1 in a block of 1 row
+        *_, warps, stages = fma_config(1, 4096, 4096, 132)
+        assert specs["_skinny_fma_kernel"][0]["BLOCK_M"] == 1 and "_skinny_kernel" not in specs
+        assert specs["_skinny_fma_kernel"][1] == {"num_warps": warps, "num_stages": stages}
+    else:
+        *_, warps, stages = skinny_config(1, 4096, 4096, 132, 2)
+        assert specs["_skinny_kernel"][1] == {"num_warps": warps, "num_stages": stages}
 
 
 @pytest.mark.parametrize("op, bits", [("int8_weight_only_matmul", 8), ("int4_weight_only_matmul", 4)])

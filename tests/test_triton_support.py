@@ -182,6 +182,12 @@ def test_dot_precision_follows_the_dtype_the_flag_and_the_interpreter():
         assert dot_precision(torch.float32, True, interpreted) == tf32_fp32
         for dt in (torch.bfloat16, torch.float16):
             assert dot_precision(dt, False, interpreted) == dot_precision(dt, True, interpreted) == "tf32"
+        # fp32_dots picks fp32's dots with TF32 off; TF32 on and 16-bit operands ignore it
+        assert dot_precision(torch.float32, False, interpreted, "x3") == "x3"
+        assert dot_precision(torch.float32, True, interpreted, "x3") == tf32_fp32
+        assert dot_precision(torch.bfloat16, False, interpreted, "x3") == "tf32"
+    with pytest.raises(ValueError, match="fp32_dots"):
+        dot_precision(torch.float32, False, False, "tf32x3")
 
 
 # --------------------------------------------------------------------------- no_autotune

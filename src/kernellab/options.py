@@ -14,6 +14,7 @@ variable is read again).
 | ``attn_split_d`` | KERNELLAB_ATTN_SPLIT_D | True | attention head dims 80, 96, ... in two tiles |
 | ``check_targets`` | KERNELLAB_CHECK_TARGETS | False | cross_entropy's fused and linear_cross_entropy's triton backends check target values on the GPU too (one host sync a call) |
 | ``triton_launch`` | KERNELLAB_TRITON_LAUNCH | "" | "jit": plain ``kernel[grid]`` launches instead of the lean launcher |
+| ``fp32_dots`` | KERNELLAB_FP32_DOTS | "ieee" | matmul's Triton kernels with fp32 operands and TF32 off: "ieee" FMA products, "x3" three TF32 tensor-core dots a product (``ops/_triton_dots.py``) |
 | ``matmul_plans`` | KERNELLAB_MATMUL_PLANS | True | matmul's Triton forward keeps per-shape launch plans (False: derives every launch per call) |
 | ``cuda_launch`` | KERNELLAB_LAUNCH | "" | "core": CUDA kernels launch through ``cuda.core`` instead of ``cuLaunchKernel`` |
 | ``cpp_nodes`` | KERNELLAB_CPP_NODES | "auto" | C++ autograd nodes (cuda/nodes.py): "auto" when built (on a GPU built in a background process), "build" at first use, "off" |
@@ -41,6 +42,7 @@ _OPTIONS = {
     "attn_split_d": ("KERNELLAB_ATTN_SPLIT_D", _flag, True),
     "check_targets": ("KERNELLAB_CHECK_TARGETS", _flag, False),
     "triton_launch": ("KERNELLAB_TRITON_LAUNCH", str, ""),
+    "fp32_dots": ("KERNELLAB_FP32_DOTS", str, "ieee"),
     "matmul_plans": ("KERNELLAB_MATMUL_PLANS", _flag, True),
     "cuda_launch": ("KERNELLAB_LAUNCH", str, ""),
     "cpp_nodes": ("KERNELLAB_CPP_NODES", str, "auto"),

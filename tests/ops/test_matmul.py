@@ -9,11 +9,14 @@ import re
 
 import pytest
 import torch
+import triton.language as tl
 
 import kernellab
 import kernellab.ops.matmul as mm  # registers the op (not yet in OP_MODULES)
+from kernellab import triton_support
 from kernellab.core import spec as spec_mod
 from kernellab.harness.compare import judge
+from kernellab.ops._triton_dots import dot, tf32_round
 from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
 
 SPEC = kernellab.get_spec("matmul")
@@ -572,6 +575,63 @@ def test_triton_fp32_precision_follows_tf32_flag():
         assert tm._precision(torch.float32) == "ieee"
         torch.backends.cuda.matmul.allow_tf32 = True
         assert tm._precision(torch.float32) == "tf32"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@triton_support.jit
+def _x3_kernel(a_ptr, b_ptr, c_ptr, r_ptr, N: tl.constexpr, PREC: tl.constexpr):
+    # c = dot(a, b, PREC) and r = tf32_round(a), for N x N row-major a, b
+    i = tl.arange(0, N)
+    a = tl.load(a_ptr + i[:, None] * N + i[None, :])
+    b = tl.load(b_ptr + i[:, None] * N + i[None, :])
+    tl.store(c_ptr + i[:, None] * N + i[None, :], dot(a, b, PREC))
+    tl.store(r_ptr + i[:, None] * N + i[None, :], tf32_round(a))
+
+
+def test_x3_dots_split_and_round_like_cvt_rna():
+    """tf32_round rounds to the nearest TF32 (11 significant bits), ties away from zero,
+    keeps inf and NaN; an "x3" dot errs ~2^-22 a product: within twice fp32's own matmul
+    error against float64, and far below the error of TF32 rounding."""
+    n = 32
+    gen = torch.Generator().manual_seed(11)
+    a = torch.randn(n, n, generator=gen) * torch.logspace(-3, 3, n)[:, None]
+    b = torch.randn(n, n, generator=gen)
+    a[0, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 1.0 + 2.0**-11])
+    c, r = torch.empty(n, n), torch.empty(n, n)
+    _x3_kernel[(1,)](a, b, c, r, N=n, PREC="x3")
+    bits = a.view(torch.int32).numpy().astype("int64")
+    want = ((bits + 0x1000) & 0xFFFFE000).astype("uint32").view("float32")
+    finite = torch.isfinite(a)
+    assert torch.equal(r[finite], torch.from_numpy(want).reshape(n, n)[finite])
+    assert r[0, 0] == float("inf") and r[0, 1] == float("-inf") and r[0, 2].isnan()
+    assert r[0, 3] == 1.0 + 2.0**-10  # a tie rounds away from zero
+    a[0, :4] = 1.0
+    _x3_kernel[(1,)](a, b, c, r, N=n, PREC="x3")
+    ref = a.double() @ b.double()
+    scale = a.double().abs() @ b.double().abs()
+    err = ((c.double() - ref).abs() / scale).max().item()
+    err32 = ((a @ b).double() - ref).abs().div(scale).max().item()
+    err_tf32 = ((r.double() @ b.double()) - ref).abs().div(scale).max().item()
+    assert err <= 2 * err32 + 2.0**-22, (err, err32)
+    assert err < err_tf32 / 50, (err, err_tf32)
+
+
+def test_x3_matmul_matches_float64_under_the_interpreter():
+    from kernellab import config
+    from kernellab.harness.compare import judge
+    from kernellab.ops.matmul import triton as tm
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        with config.override(fp32_dots="x3"):
+            assert tm._precision(torch.float32) == "x3"
+            a, b = _inputs((37, 45, 70), torch.float32, seed=3)
+            assert tm._general_setup(a, b, False, None).main.kw["PRECISION"] == "x3"
+            y = tm.triton_general_fwd(a, b)
+        v = judge(y, a.double() @ b.double(), torch.float32, a @ b)
+        assert v.ok, v.detail
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 

@@ -93,6 +93,57 @@ def test_skinny_empty_slice_writes_zeros():
     _check(c, a, b, bias, "relu", torch.float32)
 
 
+def test_fma_empty_slice_writes_zeros():
+    # the FMA kernel's slices as _skinny_kernel's: a slice past K stores zeros
+    m, n, k = 3, 40, 129
+    a, b, bias = _operands(m, n, k, torch.float32, "kn", seed=6, bias=True)
+    w = torch.full((4, m, n), float("nan"))
+    c = torch.full((m, n), float("nan"))
+    args = (a, b, c, w, bias, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), n, 1)
+    consts = dict(HAS_BIAS=True, ACT=2, SPLIT_K=4, BLOCK_M=4, BLOCK_N=32, BLOCK_K=32)
+    tm._skinny_fma_kernel[(2, 4)](*args, **consts)
+    assert torch.equal(w[3], torch.zeros(m, n))
+    tm._split_sum_kernel[(1,)](w, c, bias, m * n, n, HAS_BIAS=True, ACT=2, SPLIT_K=4, BLOCK=512)
+    _check(c, a, b, bias, "gelu", torch.float32)
+
+
+def test_fma_path_taken_for_fp32_without_tf32():
+    # fp32, M <= FMA_M_MAX: the FMA kernel (BLOCK_M the power of two at or above M, 1 for
+    # M = 1); 16-bit operands and M past FMA_M_MAX: the tl.dot kernel
+    def kernel(m, dtype, k=300):
+        a, b, _ = _operands(m, 50, k, dtype, "wt")
+        return tm._skinny_setup(a, b, False, None, None, None).main
+
+    for m, bm in ((1, 1), (3, 4), (64, 64)):
+        launch = kernel(m, torch.float32)
+        assert launch.kernel is tm._skinny_fma_kernel and launch.kw["BLOCK_M"] == bm
+    assert kernel(65, torch.float32).kernel is tm._skinny_kernel
+    assert kernel(3, torch.bfloat16).kernel is tm._skinny_kernel
+    a, b, _ = _operands(1, 50, 4000, torch.float32, "kn", seed=7)
+    for config in (None, ONE_SLICE, SLICES):
+        _check(tm.triton_skinny_fwd(a, b, config=config), a, b, None, None, torch.float32)
+
+
+@pytest.mark.parametrize("n_sm", [132, 20])
+def test_fma_config_invariants(n_sm):
+    for m, (n, k) in itertools.product([1, 2, 3, 7, 16, 17, 33, 64], SHAPES):
+        bn, bk, split, warps, stages = cfg = tm.fma_config(m, n, k, n_sm)
+        bm = triton_support.next_pow2(m)
+        where = (m, n, k, n_sm, cfg)
+        assert bm * bk * bn <= tm.FMA_TERMS * 32 * warps, where  # the sums a thread holds
+        assert bk <= max(1, triton_support.next_pow2(k)) and bn in (32, 64, 128), where
+        kb = triton_support.cdiv(k, bk)
+        per = triton_support.cdiv(kb, split)
+        assert (split - 1) * per < kb, where  # no empty slice
+        assert split == 1 or per >= tm.FMA_MIN_STEPS, where
+        assert split * m * n * 8 <= max(n * k, 1 << 21) or split == 1, where
+    # decode against a 64 MB fp32 weight: 33 tiles of 128, K in slices for ~4 waves
+    assert tm.fma_config(1, 4097, 4095, 132) == (128, 32, 16, 4, tm.FMA_STAGES)
+    # MNIST's fc1 (64x128x3136): 4 tiles of 32, K in 32 slices
+    assert tm.fma_config(64, 128, 3136, 132)[:3] == (32, 2, 32)
+    assert tm.fma_config(16, 1024, 1024, 132)[2] == 1  # 4 MB: one launch
+
+
 def test_skinny_layouts_and_leading_dims():
     a, b, _ = _operands(7, 40, 129, torch.float32, "wt", seed=4)
     # leading dims of size 1; a wider N tile than N; BLOCK_K past K

@@ -4,8 +4,10 @@ tree's error.
 
 PREC, a constexpr string, names the dot: "ieee" (fp32 FMAs), "tf32" (16-bit operands,
 where it has no effect; or fp32 operands the tensor cores truncate), "tf32rn" (fp32
-operands rounded to nearest TF32 first, then TF32 dots). ``dot_precision`` gives the
-launchers' value.
+operands rounded to nearest TF32 first, then TF32 dots), "x3" (fp32 operands as a TF32
+head and a TF32 rest, both rounded to nearest, in three TF32 dots: head x head, and
+apart from it head x rest + rest x head; the rest x rest term, ~2^-22 of a product, is
+dropped). ``dot_precision`` gives the launchers' value.
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ import triton.language as tl
 from kernellab import triton_support
 
 
-def dot_precision(dtype: torch.dtype, tf32: bool, interpreted: bool) -> str:
-    """PREC for operands of ``dtype`` with TF32 allowed or not: fp32 is "ieee", or with TF32
-    "tf32rn" on a GPU ("tf32" when the launch is ``interpreted``: the interpreter has no
-    PTX and computes fp32 dots exactly); 16-bit operands "tf32" (the setting does not
-    apply to them)."""
+def dot_precision(dtype: torch.dtype, tf32: bool, interpreted: bool, fp32_dots: str = "ieee") -> str:
+    """PREC for operands of ``dtype`` with TF32 allowed or not: fp32 is ``fp32_dots``
+    ("ieee" or "x3"), or with TF32 "tf32rn" on a GPU ("tf32" when the launch is
+    ``interpreted``: the interpreter has no PTX and computes fp32 dots exactly); 16-bit
+    operands "tf32" (the setting does not apply to them)."""
     if dtype != torch.float32:
         return "tf32"
     if not tf32:
-        return "ieee"
+        if fp32_dots not in ("ieee", "x3"):
+            raise ValueError(f"fp32_dots: 'ieee' or 'x3', got {fp32_dots!r}")
+        return fp32_dots
     return "tf32" if interpreted else "tf32rn"
 
 
@@ -40,10 +44,38 @@ def tf32_rn(x):
 
 
 @triton_support.jit
+def tf32_round(x):
+    # fp32 -> TF32 rounded to nearest, ties away from zero (cvt.rna's rounding) in integer
+    # arithmetic, so the interpreter runs it too: add half of the 13 dropped bits, clear
+    # them. NaN stays NaN (a NaN of low payload bits alone would round to inf).
+    bits = x.to(tl.uint32, bitcast=True)
+    r = ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return tl.where(x == x, r, x)
+
+
+@triton_support.jit
+def dot_x3(a, b, c=None):
+    # c + a @ b as "x3" (module docstring). The rest terms are summed apart from the head
+    # product and added once (their own rounding is ~2^-11 of the head's); a NaN among them
+    # where head x head is finite (an inf operand: inf - inf) is dropped, as the head
+    # product alone then carries the inf.
+    a_hi = tf32_round(a)
+    b_hi = tf32_round(b)
+    a_lo = tf32_round(a - a_hi)
+    b_lo = tf32_round(b - b_hi)
+    rest = tl.dot(a_lo, b_hi, input_precision="tf32")
+    rest = tl.dot(a_hi, b_lo, acc=rest, input_precision="tf32")
+    rest = tl.where(rest == rest, rest, 0.0)
+    return tl.dot(a_hi, b_hi, acc=c, input_precision="tf32") + rest
+
+
+@triton_support.jit
 def dot(a, b, PREC: tl.constexpr, c=None):
     """c + a @ b in fp32 (c None: 0) with the dot PREC names (module docstring)."""
     if PREC == "tf32rn":
         return tl.dot(tf32_rn(a), tf32_rn(b), acc=c, input_precision="tf32")
+    elif PREC == "x3":
+        return dot_x3(a, b, c)
     else:
         return tl.dot(a, b, acc=c, input_precision=PREC)
 
@@ -64,9 +96,10 @@ def two_level(a, b, acc, PREC: tl.constexpr):
 
 @triton_support.jit
 def mma(a, b, acc, PREC: tl.constexpr):
-    """acc + a @ b for a K loop: IEEE fp32 dots summed a K block at a time (``two_level``),
-    TF32 and 16-bit dots accumulated in the MMA (their operand rounding dominates)."""
-    if PREC == "ieee":
+    """acc + a @ b for a K loop: fp32-level dots ("ieee", "x3") summed a K block at a time
+    (``two_level``), TF32 and 16-bit dots accumulated in the MMA (their operand rounding
+    dominates)."""
+    if PREC == "ieee" or PREC == "x3":
         return two_level(a, b, acc, PREC)
     else:
         return dot(a, b, PREC, acc)

@@ -240,6 +240,65 @@ def _skinny_kernel(
 
 
 @triton_support.jit
+def _skinny_fma_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    w_ptr,
+    bias_ptr,  # as _skinny_kernel's
+    M,
+    N,
+    K,
+    s_am,
+    s_ak,
+    s_bk,
+    s_bn,
+    s_cm,
+    s_cn,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # >= M, a power of two (1 for M = 1: no padded rows)
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    # fp32 without TF32: _skinny_kernel's programs and slices, the products on the FMA
+    # units without tl.dot (whose tiles start at 16 rows). Each (m, k, n) of the block keeps
+    # its own running sum over the slice's K steps, summed over k once at the end: one
+    # rounding walk of steps-long per term, then a tree of BLOCK_K.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(k_blocks, SPLIT_K)
+    k_lo = pid_k * per * BLOCK_K
+    steps = tl.minimum(per, k_blocks - pid_k * per)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    am = rm % M
+    bn = rn % N
+    a_ptrs = a_ptr + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
+    b_ptrs = b_ptr + (k_lo + rk)[:, None].to(tl.int64) * s_bk + bn[None, :].to(tl.int64) * s_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
+    for i in range(0, steps):
+        k_left = K - k_lo - i * BLOCK_K
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        acc += a[:, :, None] * b[None, :, :]
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+    out = tl.sum(acc, axis=1)
+
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        out = epilogue(out, bias_ptr, rn, N, HAS_BIAS, ACT)
+        tl.store(c_ptr + rm[:, None] * s_cm + rn[None, :] * s_cn, out.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(w_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], out, mask=mask)
+
+
+@triton_support.jit
 def _split_sum_kernel(
     w_ptr,
     c_ptr,
@@ -339,6 +398,9 @@ def prune_configs(configs, named_args, **kwargs):
             for c in kept
             if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 128 * 128 and c.kwargs["BLOCK_K"] <= 32
         ]
+    elif kwargs.get("PRECISION") == "x3":
+        # each K block is split into four TF32 tiles in registers first: 32 deep at most
+        kept = [c for c in kept if c.kwargs["BLOCK_K"] <= 32]
     if not kept:
         kept = [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.num_stages)]
     return kept
@@ -548,6 +610,44 @@ def _one_wave(m_rows: int, bm: int, n: int, k: int, n_sm: int, elem: int):
     return bn, bk, 1, 4, stages
 
 
+# fp32 with TF32 off, M <= FMA_M_MAX: ``_skinny_fma_kernel`` (FMA products, no tl.dot). A
+# program holds BLOCK_M x BLOCK_K x BLOCK_N running sums, FMA_TERMS a thread at 4 warps;
+# FMA_WAVES waves of these small programs keep the weight's loads in flight, each K slice
+# at least FMA_MIN_STEPS blocks long.
+FMA_M_MAX = 64
+FMA_TERMS = 32
+FMA_WAVES = 4
+FMA_MIN_STEPS = 4
+FMA_STAGES = 3
+
+
+def fma_config(m: int, n: int, k: int, n_sm: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) of ``_skinny_fma_kernel`` for
+    [M, K] @ [K, N] fp32, M <= FMA_M_MAX: BLOCK_N 128 to 32 as M grows, BLOCK_K filling
+    FMA_TERMS sums a thread; K split (``_whole_slices``) for FMA_WAVES waves of programs
+    where the weight is SKINNY_SPLIT_MIN_BYTES or more or K is long over a small output,
+    the fp32 partials (8 S M N bytes) kept under a quarter of the weight or 2 MB.
+    Pure: a function of its arguments."""
+    bm = triton_support.next_pow2(m)
+    warps = 4
+    bn = 128 if bm <= 4 else 64 if bm <= 16 else 32
+    bk = max(1, min(64, FMA_TERMS * 32 * warps // (bm * bn), triton_support.next_pow2(k)))
+    split = 1
+    if n * k * 4 >= SKINNY_SPLIT_MIN_BYTES or long_k_small_output(m, n, k):
+        kb = triton_support.cdiv(k, bk)
+        wanted = triton_support.cdiv(FMA_WAVES * n_sm, triton_support.cdiv(n, bn))
+        partials = max(n * k, 1 << 21) // (8 * max(m, 1) * n)
+        split = _whole_slices(kb, min(SKINNY_SPLIT_MAX, kb // FMA_MIN_STEPS, wanted, partials))
+    return bn, bk, split, warps, FMA_STAGES
+
+
+def _fma_fit(config: tuple, bm: int) -> tuple:
+    """A forced config for ``_skinny_fma_kernel``: BLOCK_K cut so the block's sums stay
+    within FMA_TERMS a thread (at least 1)."""
+    bn, bk, split, warps, stages = config
+    return bn, max(1, min(bk, FMA_TERMS * 32 * warps // (bm * bn))), split, warps, stages
+
+
 def skinny_candidates(m: int, n: int, k: int, n_sm: int, elem_size: int) -> list[tuple]:
     """Autotune candidates around ``skinny_config`` (first), at most 12: BLOCK_N and
     BLOCK_K halved and doubled, the other warp count, one stage more and fewer. SPLIT_K stays
@@ -633,7 +733,8 @@ _SKINNY_CPU_BLOCK = 32
 
 def _precision(dtype: torch.dtype, where=None) -> str:
     """PRECISION for operands of ``dtype`` launched on ``where`` (device.triton_interpreted)."""
-    return dot_precision(dtype, torch.backends.cuda.matmul.allow_tf32, _device.triton_interpreted(where))
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    return dot_precision(dtype, tf32, _device.triton_interpreted(where), _options.fp32_dots)
 
 
 def check_batch_grid(bt: int) -> None:
@@ -714,13 +815,14 @@ def plan_key(kind: str, a, b, bias, activation, extra=()) -> tuple:
         None if bias is None else bias.dtype,
         activation,
         # PRECISION of fp32 operands (16-bit ones ignore it; the read costs ~2 us)
-        torch.backends.cuda.matmul.allow_tf32 if a.dtype == torch.float32 else None,
+        (torch.backends.cuda.matmul.allow_tf32, _options.fp32_dots) if a.dtype == torch.float32 else None,
         _options.triton_launch,  # Bound reads it when made
         TUNE_MIN_WORK,
         SKINNY_TUNE_MIN_BYTES,
         SKINNY_M_MAX,
         SKINNY_MIN_NK,
         SKINNY_LONG_K,
+        FMA_M_MAX,
         extra,
     )
 
@@ -797,6 +899,8 @@ def _skinny_setup(a, b, has_bias: bool, activation, config, tune) -> _SkinnyPlan
         return _SkinnyPlan(out_shape, m, n, 1, a.dtype, a.device, (), None, None, ())
     elem = a.element_size()
     tuned = False
+    if a.dtype == torch.float32 and m <= FMA_M_MAX and _precision(a.dtype, a.device.type) in ("ieee", "x3"):
+        return _fma_setup(a2, b2, m, n, k, out_shape, a, has_bias, activation, config)
     consts = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], BLOCK_M=skinny_block_m(m))
     if a.is_cuda:
         dev = a.device.index
@@ -834,6 +938,25 @@ def _skinny_setup(a, b, has_bias: bool, activation, config, tune) -> _SkinnyPlan
         kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4)
         sum_ = _Launch(_split_sum_kernel, (triton_support.cdiv(mn, block),), kw, False, (2,))
     return _SkinnyPlan(out_shape, m, n, split, a.dtype, a.device, ints, main, sum_, (mn, n))
+
+
+def _fma_setup(a2, b2, m, n, k, out_shape, a, has_bias: bool, activation, config) -> _SkinnyPlan:
+    """``_skinny_setup`` for fp32 without TF32 at M <= FMA_M_MAX: ``_skinny_fma_kernel``
+    with ``fma_config``'s tiles and slices (a forced ``config`` through ``_fma_fit``), then
+    the slices' sum."""
+    n_sm = triton_support.sm_count(a.device.index) if a.is_cuda else _SKINNY_CPU_SMS
+    bm = triton_support.next_pow2(m)
+    bn, bk, split, warps, stages = fma_config(m, n, k, n_sm) if config is None else _fma_fit(config, bm)
+    kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+              num_warps=warps, num_stages=stages)  # fmt: skip
+    ints = (m, n, k, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), n, 1)
+    main = _Launch(_skinny_fma_kernel, (triton_support.cdiv(n, bn), split), kw, False, (0, 1, 4))
+    sum_ = None
+    if split > 1:
+        block = split_sum_block(m * n, n_sm, a.is_cuda)
+        kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4)
+        sum_ = _Launch(_split_sum_kernel, (triton_support.cdiv(m * n, block),), kw, False, (2,))
+    return _SkinnyPlan(out_shape, m, n, split, a.dtype, a.device, ints, main, sum_, (m * n, n))
 
 
 class _GeneralPlan:
@@ -912,7 +1035,9 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
             kw = dict(consts, **cfg)
             main = _Launch(_matmul_kernel, tuple(grid(kw)), kw, False, check)
     else:
-        consts.update(PRECISION="ieee", UPCAST=a.dtype == torch.bfloat16)
+        # the interpreter's fp32 dots are exact: "x3" (fp32_dots) runs its split arithmetic
+        prec = "x3" if _precision(a.dtype, "cpu") == "x3" else "ieee"
+        consts.update(PRECISION=prec, UPCAST=a.dtype == torch.bfloat16)
         kw = dict(consts, **_CPU_CONFIG, num_warps=4)
         grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt)
         main = _Launch(_matmul_kernel, grid, kw, False, check)
@@ -1066,20 +1191,27 @@ def _kernel_specs(dtype: str):
 
 
 def _skinny_spec(dtype: str):
-    """The skinny kernel as ``skinny_config`` picks it for decode, [1, 4096] @ [4096, 4096]
-    with b = weight.t() (unit stride along K) on 132 SMs: BLOCK_M 16, 8 K slices."""
-    elem = 4 if dtype == "fp32" else 2
-    bn, bk, split, warps, stages = skinny_config(1, 4096, 4096, 132, elem)
-    cx = {"HAS_BIAS": False, "ACT": 0, "PRECISION": "tf32" if elem == 2 else "ieee", "UPCAST": False}
-    cx.update({"SPLIT_K": split, "BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": min(bk, 32) if elem == 4 else bk})
-    cx.update({"s_ak": 1, "s_bk": 1, "s_cn": 1})
+    """The skinny kernel as it runs for decode, [1, 4096] @ [4096, 4096] with b = weight.t()
+    (unit stride along K) on 132 SMs: 16-bit, ``_skinny_kernel`` as ``skinny_config`` picks
+    it (BLOCK_M 16); fp32 (TF32 off), ``_skinny_fma_kernel`` as ``fma_config`` does."""
     sig = {n: f"*{dtype}" for n in ("a_ptr", "b_ptr", "c_ptr", "bias_ptr")}
     sig["w_ptr"] = "*fp32"
+    if dtype == "fp32":
+        bn, bk, split, warps, stages = fma_config(1, 4096, 4096, 132)
+        cx = {"HAS_BIAS": False, "ACT": 0, "SPLIT_K": split, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk}
+        kernel = _skinny_fma_kernel
+    else:
+        bn, bk, split, warps, stages = skinny_config(1, 4096, 4096, 132, 2)
+        cx = {"HAS_BIAS": False, "ACT": 0, "PRECISION": "tf32", "UPCAST": False}
+        cx.update({"SPLIT_K": split, "BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk})
+        kernel = _skinny_kernel
+    cx.update({"s_ak": 1, "s_bk": 1, "s_cn": 1})
     for p in ("M", "N", "K", "s_am", "s_ak", "s_bk", "s_bn", "s_cm", "s_cn"):
         sig[p] = "constexpr" if p in cx else "i32"
     for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "SPLIT_K", "BLOCK_M", "BLOCK_N", "BLOCK_K"):
-        sig[p] = "constexpr"
-    return (_skinny_kernel, sig, cx, {"num_warps": warps, "num_stages": stages})
+        if p in cx:
+            sig[p] = "constexpr"
+    return (kernel, sig, cx, {"num_warps": warps, "num_stages": stages})
 
 
 register_builtin(

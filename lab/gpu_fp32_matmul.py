@@ -1,0 +1,197 @@
+"""fp32 matmul with TF32 off in the Triton backend, beside cuBLAS (torch, TF32 off). Needs a GPU.
+
+    PYTHONPATH=src python lab/gpu_fp32_matmul.py [--json F] [--parts skinny,sweep,dots]
+
+skinny  M <= 64 products against a weight: the FMA kernel (``_skinny_fma_kernel``, the
+        library's path) against the tl.dot skinny kernel it replaced (FMA_M_MAX = 0) and
+        torch; b as W.t() ("wt") and as a contiguous [K, N] ("kn"). Error against float64
+        as a ratio to torch's, and do_bench medians (ms).
+sweep   forced FMA configs (BLOCK_N, BLOCK_K, warps, stages; K slices as ``fma_config``
+        makes them) at three shapes, FMA_TERMS raised to 64 so larger blocks can run.
+dots    large products through the tiled kernel with fp32_dots "ieee" and "x3", each in a
+        child process (the option is read once): forward and forward+backward times,
+        and the error of y, da, db against float64 as a ratio to torch's.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+SKINNY = [
+    (1, 4097, 4095),
+    (1, 4096, 4096),
+    (1, 14336, 4096),
+    (4, 4096, 4096),
+    (16, 4096, 4096),
+    (32, 4096, 4096),
+    (64, 4096, 4096),
+    (64, 128, 3136),
+    (16, 1024, 1024),
+]
+SWEEP = [(1, 4097, 4095), (16, 4096, 4096), (64, 128, 3136)]
+DOTS = [(8192, 768, 3072), (8192, 768, 768), (4097, 4095, 1023), (256, 10, 128)]
+
+
+def _setup():
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+def _err(o, r):
+    return float((o.double() - r).abs().max())
+
+
+def _operands(m, n, k, layout, seed):
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(m, k, device="cuda", generator=g)
+    if layout == "wt":
+        b = torch.randn(n, k, device="cuda", generator=g).t()
+    else:
+        b = torch.randn(k, n, device="cuda", generator=g)
+    return a, b
+
+
+def skinny(out):
+    from triton.testing import do_bench
+
+    from kernellab.ops.matmul import triton as tm
+
+    for (m, n, k), layout in [(s, l_) for s in SKINNY for l_ in ("wt", "kn")]:
+        a, b = _operands(m, n, k, layout, m + n + k)
+        ref = a.double() @ b.double()
+        e_t = _err(a @ b, ref)
+        row = dict(part="skinny", shape=f"{m}x{n}x{k}", layout=layout, config=tm.fma_config(m, n, k, 132))
+        row["torch_ms"] = do_bench(lambda: a @ b, warmup=25, rep=100)
+        y = tm.triton_skinny_fwd(a, b)
+        row["fma_err_ratio"] = round(_err(y, ref) / max(e_t, 1e-30), 3)
+        row["fma_ms"] = do_bench(lambda: tm.triton_skinny_fwd(a, b), warmup=25, rep=100)
+        old = tm.FMA_M_MAX
+        tm.FMA_M_MAX = 0
+        try:
+            y = tm.triton_skinny_fwd(a, b, tune=False)
+            row["dot_err_ratio"] = round(_err(y, ref) / max(e_t, 1e-30), 3)
+            row["dot_ms"] = do_bench(lambda: tm.triton_skinny_fwd(a, b, tune=False), warmup=25, rep=100)
+        finally:
+            tm.FMA_M_MAX = old
+        row["fma_vs_torch"] = round(row["torch_ms"] / row["fma_ms"], 3)
+        out(row)
+
+
+def sweep(out):
+    from triton.testing import do_bench
+
+    from kernellab import triton_support
+    from kernellab.ops.matmul import triton as tm
+
+    tm.FMA_TERMS = 64
+    for m, n, k in SWEEP:
+        a, b = _operands(m, n, k, "wt", 7)
+        bm = triton_support.next_pow2(m)
+        best = None
+        for bn in (32, 64, 128, 256):
+            for bk in (1, 2, 4, 8, 16, 32, 64):
+                for warps in (4, 8):
+                    terms = bm * bk * bn // (32 * warps)
+                    if not 16 <= terms <= 64 or bk > k:
+                        continue
+                    for stages in (2,):
+                        kb = triton_support.cdiv(k, bk)
+                        wanted = triton_support.cdiv(tm.FMA_WAVES * 132, triton_support.cdiv(n, bn))
+                        parts = max(n * k, 1 << 21) // (8 * m * n)
+                        split = 1
+                        if n * k * 4 >= tm.SKINNY_SPLIT_MIN_BYTES or tm.long_k_small_output(m, n, k):
+                            cap = min(tm.SKINNY_SPLIT_MAX, kb // tm.FMA_MIN_STEPS, wanted, parts)
+                            split = tm._whole_slices(kb, cap)
+                        cfg = (bn, bk, split, warps, stages)
+                        try:
+                            ms = do_bench(
+                                lambda cfg=cfg: tm.triton_skinny_fwd(a, b, config=cfg), warmup=10, rep=40
+                            )
+                        except Exception as e:  # noqa: BLE001
+                            out(dict(part="sweep", shape=f"{m}x{n}x{k}", config=cfg, error=str(e)[:120]))
+                            continue
+                        if best is None or ms < best[0]:
+                            best = (ms, cfg)
+                        out(
+                            dict(part="sweep", shape=f"{m}x{n}x{k}", config=cfg, terms=terms, ms=round(ms, 5))
+                        )
+        out(
+            dict(
+                part="sweep_best",
+                shape=f"{m}x{n}x{k}",
+                config=best[1],
+                ms=round(best[0], 5),
+                heuristic=tm.fma_config(m, n, k, 132),
+            )
+        )
+
+
+def dots(out, variant):
+    import torch
+    from triton.testing import do_bench
+
+    from kernellab.core import registry
+
+    mm = {i.backend: i for i in registry.impls("matmul")}["triton"].fn
+    for m, n, k in DOTS:
+        a, b = _operands(m, n, k, "wt", m + n)
+        dz = torch.randn(m, n, device="cuda")
+
+        def run(fn, dt, a=a, b=b, dz=dz):
+            aa = a.to(dt).requires_grad_()
+            wt = b.t().to(dt).requires_grad_()
+            z = fn(aa, wt.t())
+            return [z, *torch.autograd.grad(z, (aa, wt), dz.to(dt))]
+
+        ref = run(torch.matmul, torch.float64)
+        e_t = [_err(o, r) for o, r in zip(run(torch.matmul, torch.float32), ref)]
+        e_o = [_err(o, r) for o, r in zip(run(mm, torch.float32), ref)]
+        aa = a.clone().requires_grad_()
+        wt = b.t().clone().requires_grad_()
+        row = dict(part="dots", variant=variant, shape=f"{m}x{n}x{k}",
+                   err_ratio=[round(o / max(r, 1e-30), 3) for o, r in zip(e_o, e_t)])  # fmt: skip
+        for name, fn in (("torch", torch.matmul), ("triton", mm)):
+            row[name + "_fwd"] = round(do_bench(lambda fn=fn: fn(a, b), warmup=25, rep=100), 5)
+            row[name + "_fwdbwd"] = round(
+                do_bench(lambda fn=fn: fn(aa, wt.t()).backward(dz), warmup=25, rep=100), 5
+            )
+        out(row)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--parts", default="skinny,sweep,dots")
+    ap.add_argument("--child")
+    args = ap.parse_args()
+
+    def out(row):
+        print(json.dumps(row), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    _setup()
+    if args.child:
+        dots(out, args.child)
+        return
+    parts = args.parts.split(",")
+    if "skinny" in parts:
+        skinny(out)
+    if "sweep" in parts:
+        sweep(out)
+    if "dots" in parts:
+        for v in ("ieee", "x3"):
+            env = dict(os.environ, KERNELLAB_FP32_DOTS=v)
+            cmd = [sys.executable, __file__, "--child", v] + (["--json", args.json] if args.json else [])
+            subprocess.run(cmd, check=False, env=env)
+
+
+if __name__ == "__main__":
+    main()
