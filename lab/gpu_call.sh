@@ -31,5 +31,6 @@ for s in "$@"; do
   line="step $i rc=$rc $(($(date +%s) - t0))s: $cmd"
   echo "$line" | tee -a "${OUT:-$W}/$NAME-steps.txt"
   tail -n 4 "$f"
+  # after every step: a call cut short by the device's limit still brings back the steps done
+  tar czf "${OUT:-/tmp}/$NAME.tgz" -C "$W" .
 done
-tar czf "${OUT:-/tmp}/$NAME.tgz" -C "$W" .

@@ -261,11 +261,14 @@ def _skinny_fma_kernel(
     BLOCK_M: tl.constexpr,  # >= M, a power of two (1 for M = 1: no padded rows)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    FLUSH: tl.constexpr,  # K steps of running sums between additions into the output's
 ):
     # fp32 without TF32: _skinny_kernel's programs and slices, the products on the FMA
     # units without tl.dot (whose tiles start at 16 rows). Each (m, k, n) of the block keeps
-    # its own running sum over the slice's K steps, summed over k once at the end: one
-    # rounding walk of steps-long per term, then a tree of BLOCK_K.
+    # a running sum over FLUSH K steps, then the block's sums are added over k (a tree of
+    # BLOCK_K) into the output's: rounding walks of FLUSH and steps / FLUSH, not of steps.
+    # One row (BLOCK_M 1, decode) is a plain vector-matrix product on [BLOCK_K, BLOCK_N]
+    # tiles, the vector broadcast along N.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     k_blocks = tl.cdiv(K, BLOCK_K)
@@ -277,18 +280,35 @@ def _skinny_fma_kernel(
     rk = tl.arange(0, BLOCK_K)
     am = rm % M
     bn = rn % N
-    a_ptrs = a_ptr + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
     b_ptrs = b_ptr + (k_lo + rk)[:, None].to(tl.int64) * s_bk + bn[None, :].to(tl.int64) * s_bn
 
-    acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
-    for i in range(0, steps):
-        k_left = K - k_lo - i * BLOCK_K
-        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        acc += a[:, :, None] * b[None, :, :]
-        a_ptrs += BLOCK_K * s_ak
-        b_ptrs += BLOCK_K * s_bk
-    out = tl.sum(acc, axis=1)
+    if BLOCK_M == 1:
+        a_ptrs = a_ptr + (k_lo + rk) * s_ak
+        out1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for j in range(0, steps, FLUSH):
+            acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+            for i in range(j, tl.minimum(j + FLUSH, steps)):
+                k_left = K - k_lo - i * BLOCK_K
+                a = tl.load(a_ptrs, mask=rk < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+                acc += a[:, None] * b
+                a_ptrs += BLOCK_K * s_ak
+                b_ptrs += BLOCK_K * s_bk
+            out1 += tl.sum(acc, axis=0)
+        out = out1[None, :]
+    else:
+        a_ptrs = a_ptr + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
+        out = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j in range(0, steps, FLUSH):
+            acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
+            for i in range(j, tl.minimum(j + FLUSH, steps)):
+                k_left = K - k_lo - i * BLOCK_K
+                a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+                acc += a[:, :, None] * b[None, :, :]
+                a_ptrs += BLOCK_K * s_ak
+                b_ptrs += BLOCK_K * s_bk
+            out += tl.sum(acc, axis=1)
 
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     if SPLIT_K == 1:
@@ -613,12 +633,14 @@ def _one_wave(m_rows: int, bm: int, n: int, k: int, n_sm: int, elem: int):
 # fp32 with TF32 off, M <= FMA_M_MAX: ``_skinny_fma_kernel`` (FMA products, no tl.dot). A
 # program holds BLOCK_M x BLOCK_K x BLOCK_N running sums, FMA_TERMS a thread at 4 warps;
 # FMA_WAVES waves of these small programs keep the weight's loads in flight, each K slice
-# at least FMA_MIN_STEPS blocks long.
-FMA_M_MAX = 64
+# at least FMA_MIN_STEPS blocks long. From 16 rows up the tl.dot kernel is 1.2-3x faster
+# (H100, lab/gpu_fp32_matmul.py), at 4 rows about even.
+FMA_M_MAX = 4
 FMA_TERMS = 32
 FMA_WAVES = 4
 FMA_MIN_STEPS = 4
-FMA_STAGES = 3
+FMA_STAGES = 2
+FMA_FLUSH = 8  # K steps of running sums before they are added into the output's
 
 
 def fma_config(m: int, n: int, k: int, n_sm: int) -> tuple[int, int, int, int, int]:
@@ -948,7 +970,7 @@ def _fma_setup(a2, b2, m, n, k, out_shape, a, has_bias: bool, activation, config
     bm = triton_support.next_pow2(m)
     bn, bk, split, warps, stages = fma_config(m, n, k, n_sm) if config is None else _fma_fit(config, bm)
     kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-              num_warps=warps, num_stages=stages)  # fmt: skip
+              FLUSH=FMA_FLUSH, num_warps=warps, num_stages=stages)  # fmt: skip
     ints = (m, n, k, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), n, 1)
     main = _Launch(_skinny_fma_kernel, (triton_support.cdiv(n, bn), split), kw, False, (0, 1, 4))
     sum_ = None
@@ -1198,7 +1220,8 @@ def _skinny_spec(dtype: str):
     sig["w_ptr"] = "*fp32"
     if dtype == "fp32":
         bn, bk, split, warps, stages = fma_config(1, 4096, 4096, 132)
-        cx = {"HAS_BIAS": False, "ACT": 0, "SPLIT_K": split, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk}
+        cx = {"HAS_BIAS": False, "ACT": 0, "SPLIT_K": split, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk,
+              "FLUSH": FMA_FLUSH}  # fmt: skip
         kernel = _skinny_fma_kernel
     else:
         bn, bk, split, warps, stages = skinny_config(1, 4096, 4096, 132, 2)
@@ -1208,7 +1231,7 @@ def _skinny_spec(dtype: str):
     cx.update({"s_ak": 1, "s_bk": 1, "s_cn": 1})
     for p in ("M", "N", "K", "s_am", "s_ak", "s_bk", "s_bn", "s_cm", "s_cn"):
         sig[p] = "constexpr" if p in cx else "i32"
-    for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "SPLIT_K", "BLOCK_M", "BLOCK_N", "BLOCK_K"):
+    for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "SPLIT_K", "BLOCK_M", "BLOCK_N", "BLOCK_K", "FLUSH"):
         if p in cx:
             sig[p] = "constexpr"
     return (kernel, sig, cx, {"num_warps": warps, "num_stages": stages})
