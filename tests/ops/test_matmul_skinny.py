@@ -120,7 +120,7 @@ def test_fma_path_taken_for_fp32_without_tf32():
     assert kernel(5, torch.float32).kernel is tm._skinny_kernel
     assert kernel(3, torch.bfloat16).kernel is tm._skinny_kernel
     # K steps past FLUSH (running sums added into the output's more than once), one row
-    # (the vector-matrix branch) and three, both layouts, one slice and several
+    # and three, both layouts, one slice and several
     for m, layout in itertools.product((1, 3), ("kn", "wt")):
         a, b, _ = _operands(m, 50, 4000, torch.float32, layout, seed=seed_for(m, layout))
         for config in (None, ONE_SLICE, SLICES, (32, 8, 2, 4, 1)):

@@ -267,8 +267,6 @@ def _skinny_fma_kernel(
     # units without tl.dot (whose tiles start at 16 rows). Each (m, k, n) of the block keeps
     # a running sum over FLUSH K steps, then the block's sums are added over k (a tree of
     # BLOCK_K) into the output's: rounding walks of FLUSH and steps / FLUSH, not of steps.
-    # One row (BLOCK_M 1, decode) is a plain vector-matrix product on [BLOCK_K, BLOCK_N]
-    # tiles, the vector broadcast along N.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     k_blocks = tl.cdiv(K, BLOCK_K)
@@ -282,33 +280,18 @@ def _skinny_fma_kernel(
     bn = rn % N
     b_ptrs = b_ptr + (k_lo + rk)[:, None].to(tl.int64) * s_bk + bn[None, :].to(tl.int64) * s_bn
 
-    if BLOCK_M == 1:
-        a_ptrs = a_ptr + (k_lo + rk) * s_ak
-        out1 = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for j in range(0, steps, FLUSH):
-            acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
-            for i in range(j, tl.minimum(j + FLUSH, steps)):
-                k_left = K - k_lo - i * BLOCK_K
-                a = tl.load(a_ptrs, mask=rk < k_left, other=0.0)
-                b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-                acc += a[:, None] * b
-                a_ptrs += BLOCK_K * s_ak
-                b_ptrs += BLOCK_K * s_bk
-            out1 += tl.sum(acc, axis=0)
-        out = out1[None, :]
-    else:
-        a_ptrs = a_ptr + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
-        out = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for j in range(0, steps, FLUSH):
-            acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
-            for i in range(j, tl.minimum(j + FLUSH, steps)):
-                k_left = K - k_lo - i * BLOCK_K
-                a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-                b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-                acc += a[:, :, None] * b[None, :, :]
-                a_ptrs += BLOCK_K * s_ak
-                b_ptrs += BLOCK_K * s_bk
-            out += tl.sum(acc, axis=1)
+    a_ptrs = a_ptr + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
+    out = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for j in range(0, steps, FLUSH):
+        acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
+        for i in range(j, tl.minimum(j + FLUSH, steps)):
+            k_left = K - k_lo - i * BLOCK_K
+            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            acc += a[:, :, None] * b[None, :, :]
+            a_ptrs += BLOCK_K * s_ak
+            b_ptrs += BLOCK_K * s_bk
+        out += tl.sum(acc, axis=1)
 
     mask = (rm[:, None] < M) & (rn[None, :] < N)
     if SPLIT_K == 1:
