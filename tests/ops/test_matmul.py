@@ -182,8 +182,9 @@ def test_triton_tunes_only_big_problems_by_size_bucket():
     assert 1000 * 1023 * 997 < tm.TUNE_MIN_WORK <= 4096**3
     assert tm._tune_keys(3000, 4000, 4096) == (4096, 4096, 4096)
     assert tm._tune_keys(4097, 1, 17) == (8192, 1, 32)
-    # the autotuner is keyed on the buckets, precision and layout, not on the exact M, N, K
-    keys = ["M_KEY", "N_KEY", "K_KEY", "PRECISION", "ALIGN", "A_K_INNER", "B_N_INNER"]
+    # the autotuner is keyed on the buckets, precision, layout and K slices, not on the
+    # exact M, N, K
+    keys = ["M_KEY", "N_KEY", "K_KEY", "PRECISION", "ALIGN", "A_K_INNER", "B_N_INNER", "SPLIT_K"]
     assert list(tm._matmul_tuned.keys) == keys
     params = inspect.signature(tm._matmul_kernel.fn).parameters
     assert all(k in params for k in keys)  # (a key that is no argument would be ignored)
@@ -422,6 +423,53 @@ def test_small_config_tiles_under_the_interpreter(m, n, k, a_t, b_t):
                             0, n, 1, 1, 1, 1, HAS_BIAS=False, ACT=0, PRECISION="ieee", UPCAST=False,
                             **cfg)  # fmt: skip
     torch.testing.assert_close(c.double(), a.double() @ b.double(), rtol=1e-5, atol=1e-4)
+
+
+def test_general_split_takes_k_slices_only_for_few_tiles_over_a_long_k():
+    from kernellab.ops.matmul import triton as tm
+
+    # GPT-2's [768, 768] weight gradient over 8192 rows: 36 tiles on 132 SMs, 3 slices
+    assert tm.general_split(768, 768, 8192, 1, 132) == 3
+    assert tm.general_split(3072, 768, 8192, 1, 132) == 1  # 144 tiles: more than half the SMs
+    assert tm.general_split(768, 768, 1000, 1, 132) == 1  # a short K
+    assert tm.general_split(128, 128, 1 << 20, 1, 132) == tm.SKINNY_SPLIT_MAX
+    assert tm.general_split(256, 256, 1536, 1, 132) == 3  # slices of 512 or more
+    assert tm.general_split(128, 128, 4096, 40, 132) == 3  # a batch counts its tiles
+    assert tm.general_split(0, 128, 4096, 1, 132) == 1
+    for m, n, k, bt in ((1, 1, 1024, 1), (700, 300, 5000, 2), (128, 4096, 2048, 1)):
+        s = tm.general_split(m, n, k, bt, 132)
+        tiles = bt * -(-m // 128) * -(-n // 128)
+        assert s == 1 or (s * tiles <= 132 and k // s >= tm.GENERAL_SLICE_K)
+
+
+@pytest.mark.parametrize("bias, activation", [(False, None), (True, "gelu")])
+def test_general_split_matches_float64_under_the_interpreter(bias, activation):
+    """K slices of the tiled kernel (the interpreter counts 4 SMs: one 128x128 tile of a
+    40 x 70 product over K = 1100 takes 2 slices; the last holds K's tail), a batch of
+    two, transposed a, a bias and gelu added by the sum of the partials."""
+    from kernellab.ops.matmul import triton as tm
+
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(2, 1100, 40, generator=g).transpose(1, 2)
+    b = torch.randn(2, 1100, 70, generator=g)
+    c = torch.randn(70, generator=g) if bias else None
+    assert tm.general_split(40, 70, 1100, 2, tm._SKINNY_CPU_SMS) == 2
+    plan = tm._general_setup(a, b, bias, activation)
+    assert plan.split == 2 and plan.sum is not None and plan.main.kw["HAS_BIAS"] is False
+    y = tm.triton_general_fwd(a, b, c, activation)
+    ref = mm.matmul_reference(a.double(), b.double(), None if c is None else c.double(), activation)
+    v = judge(y, ref, torch.float32, mm.apply_epilogue(a @ b, c, activation))
+    assert v.ok, v.detail
+    # a slice past K's blocks stores zeros: K = 1100 is 5 blocks of 256; 4 slices of 2
+    # leave the last none
+    m, n, k = 5, 6, 1100
+    a2, b2 = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+    w = torch.full((4, 1, m, n), float("nan"))
+    tm._matmul_kernel[(1, 1, 4)](a2, b2, w, w, m, n, k, 0, k, 1, 0, n, 1, m * n, n, 1, 1, 1, 1,
+                                 HAS_BIAS=False, ACT=0, PRECISION="ieee", UPCAST=False, BLOCK_M=16,
+                                 BLOCK_N=16, BLOCK_K=256, GROUP_M=1, SPLIT_K=4)  # fmt: skip
+    assert torch.equal(w[3], torch.zeros(1, m, n))
+    torch.testing.assert_close(w.sum(0)[0].double(), a2.double() @ b2.double(), rtol=1e-5, atol=1e-4)
 
 
 def test_align_of_names_16_bytes_where_every_dim_and_stride_allows():

@@ -10,7 +10,9 @@ programs resident at one time share GROUP_M rows of A and a few columns of B in 
 of sweeping a whole row of C (which touches all of B). Triton tutorial 03 measures ~10%.
 
 Any M, N, K: rows and columns past the edge are wrapped (``% M``) for the loads, so the inner
-loop masks only K; the store is masked. Any strides (transposed, sliced, expanded operands
+loop masks only K; the store is masked. A product of few tiles over a long K (``general_split``:
+a small layer's weight gradient, [768, 768] over 8192 rows) runs its tiles x K slices, the
+fp32 partials added in slice order by ``_split_sum_kernel`` with the bias and activation. Any strides (transposed, sliced, expanded operands
 go straight in; no copy); batch over program_id(1).
 
 fp32: the dots follow ``torch.backends.cuda.matmul.allow_tf32``: on, TF32 tensor cores with
@@ -129,6 +131,7 @@ def _matmul_kernel(
     ALIGN: tl.constexpr = 1,  # M, N, K and the strides are multiples of it (``align_of``)
     A_K_INNER: tl.constexpr = True,  # with ALIGN: s_ak == 1 (else a's rows are its inner dim)
     B_N_INNER: tl.constexpr = True,  # with ALIGN: s_bn == 1 (else b's K is its inner dim)
+    SPLIT_K: tl.constexpr = 1,  # > 1: K slices over program_id(2), fp32 partials into c (below)
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     bz = tl.program_id(1).to(tl.int64)
@@ -166,16 +169,30 @@ def _matmul_kernel(
     b_ptrs = b_ptr + b_base + b_rows[:, None] + b_cols[None, :]
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for _ in range(0, K // BLOCK_K):  # whole K blocks unmasked, then the tail
+    c_base = bz * s_cb
+    if SPLIT_K == 1:
+        first = 0
+        steps = tl.cdiv(K, BLOCK_K)
+    else:
+        # Slice program_id(2) of K: blocks [first, first + steps) of cdiv(K, BLOCK_K); c is
+        # then the fp32 partials [SPLIT_K, Bt, M, N] (a slice past K stores zeros), which
+        # _split_sum_kernel adds in slice order with the bias and activation.
+        per = tl.cdiv(tl.cdiv(K, BLOCK_K), SPLIT_K)
+        first = tl.program_id(2) * per
+        steps = tl.maximum(tl.minimum(per, tl.cdiv(K, BLOCK_K) - first), 0)
+        a_ptrs += first * BLOCK_K * s_ak
+        b_ptrs += first * BLOCK_K * s_bk
+        c_base += tl.program_id(2).to(tl.int64) * tl.num_programs(1) * s_cb
+    whole = tl.minimum(steps, tl.maximum(K // BLOCK_K - first, 0))
+    for _ in range(0, whole):  # whole K blocks unmasked, then the tail
         acc = k_block(a_ptrs, b_ptrs, acc, BLOCK_K, rk, PRECISION, UPCAST, False)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
-    k_left = K % BLOCK_K
-    if k_left > 0:
-        acc = k_block(a_ptrs, b_ptrs, acc, k_left, rk, PRECISION, UPCAST, True)
+    if steps > whole:
+        acc = k_block(a_ptrs, b_ptrs, acc, K % BLOCK_K, rk, PRECISION, UPCAST, True)
 
     acc = epilogue(acc, bias_ptr, rn, N, HAS_BIAS, ACT)
-    c_ptrs = c_ptr + bz * s_cb + rm[:, None] * s_cm + rn[None, :] * s_cn
+    c_ptrs = c_ptr + c_base + rm[:, None] * s_cm + rn[None, :] * s_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
@@ -418,7 +435,7 @@ def prune_configs(configs, named_args, **kwargs):
 # 3000^3 and 1000x3000x5000) on the config tuned for the plain one.
 _matmul_tuned = triton.autotune(
     configs=matmul_configs(),
-    key=["M_KEY", "N_KEY", "K_KEY", "PRECISION", "ALIGN", "A_K_INNER", "B_N_INNER"],
+    key=["M_KEY", "N_KEY", "K_KEY", "PRECISION", "ALIGN", "A_K_INNER", "B_N_INNER", "SPLIT_K"],
     prune_configs_by={"early_config_prune": prune_configs},
 )(_matmul_kernel)
 
@@ -478,6 +495,25 @@ def small_config(m: int, n: int, k: int, bt: int, elem: int, precision: str, max
     if pipeline_bytes(bm, bn, bk, elem, 3) > max_shared:
         cfg.update(BLOCK_K=32, num_stages=2)
     return cfg
+
+
+# K slices for the tiled kernel: a product whose 128x128 tiles fill at most half the SMs
+# (a weight gradient of a small layer: [768, 768] over K = 8192 rows is 36 tiles on 132
+# SMs) with K of GENERAL_SPLIT_MIN_K or more runs as that many tiles x slices of at least
+# GENERAL_SLICE_K, fp32 partials added in slice order (deterministic).
+GENERAL_SPLIT_MIN_K = 1024
+GENERAL_SLICE_K = 512
+
+
+def general_split(m: int, n: int, k: int, bt: int, n_sm: int) -> int:
+    """SPLIT_K of ``_matmul_kernel`` for [bt] x [m, k] @ [k, n] on n_sm SMs: 1, or where
+    2 x the 128x128 tiles fit in n_sm and K >= GENERAL_SPLIT_MIN_K, slices for about one
+    wave (n_sm // tiles), each GENERAL_SLICE_K or more, at most SKINNY_SPLIT_MAX.
+    Pure: a function of its arguments."""
+    tiles = bt * triton_support.cdiv(m, 128) * triton_support.cdiv(n, 128)
+    if k < GENERAL_SPLIT_MIN_K or tiles == 0 or 2 * tiles > n_sm:
+        return 1
+    return max(1, min(SKINNY_SPLIT_MAX, n_sm // tiles, k // GENERAL_SLICE_K))
 
 
 # The CPU interpreter runs programs one by one: one small config, no tuning.
@@ -965,19 +1001,21 @@ def _fma_setup(a2, b2, m, n, k, out_shape, a, has_bias: bool, activation, config
 
 
 class _GeneralPlan:
-    """``triton_general_fwd`` derived for one call shape (``_general_setup``)."""
+    """``triton_general_fwd`` derived for one call shape (``_general_setup``). With ``split``
+    > 1 the tiled kernel writes fp32 partials [split, Bt, M, N] and ``sum`` adds them."""
 
-    __slots__ = ("out_shape", "shape", "dtype", "device", "a3", "b3", "ints", "main")
+    __slots__ = ("out_shape", "shape", "dtype", "device", "a3", "b3", "ints", "main", "split", "sum")
 
-    def __init__(self, out_shape, shape, dtype, device, a3, b3, ints, main):
+    def __init__(self, out_shape, shape, dtype, device, a3, b3, ints, main, split=1, sum_=None):
         self.out_shape, self.shape, self.dtype, self.device = out_shape, shape, dtype, device
         self.a3, self.b3, self.ints, self.main = a3, b3, ints, main
+        self.split, self.sum = split, sum_
 
     def bound(self) -> _GeneralPlan:
         main = self.main.bind() if self.main is not None else None
-        return _GeneralPlan(
-            self.out_shape, self.shape, self.dtype, self.device, self.a3, self.b3, self.ints, main
-        )
+        sum_ = self.sum.bind() if self.sum is not None else None
+        return _GeneralPlan(self.out_shape, self.shape, self.dtype, self.device, self.a3, self.b3, self.ints,
+                            main, self.split, sum_)  # fmt: skip
 
     def __call__(self, a, b, bias):
         c = torch.empty(self.shape, dtype=self.dtype, device=self.device)
@@ -986,7 +1024,13 @@ class _GeneralPlan:
             # the strides passed are the view's), else the copy reshape makes
             a3 = a if self.a3 is None else a.reshape(self.a3)
             b3 = b if self.b3 is None else b.reshape(self.b3)
-            self.main(a3, b3, c, bias if bias is not None else c, *self.ints)
+            if self.sum is None:
+                self.main(a3, b3, c, bias if bias is not None else c, *self.ints)
+            else:
+                w = torch.empty((self.split, *self.shape), dtype=torch.float32, device=self.device)
+                self.main(a3, b3, w, w, *self.ints)
+                mn = c.numel()
+                self.sum(w, c, bias if bias is not None else c, mn, self.shape[2])
         return c if self.out_shape is None else c.view(self.out_shape)
 
 
@@ -1021,7 +1065,10 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     # c: fresh [bt, M, N], contiguous strides as torch makes them (sizes of 0 count as 1)
     sc = (max(m, 1) * max(n, 1), max(n, 1), 1)
     ints = (m, n, k, *sa, *sb, *sc, *_tune_keys(m, n, k))
-    consts = dict(HAS_BIAS=has_bias, ACT=_ACT[activation])
+    n_sm = triton_support.sm_count(a.device.index) if a.device.type == "cuda" else _SKINNY_CPU_SMS
+    split = general_split(m, n, k, bt, n_sm)
+    # with K slices the epilogue runs in the sum of the partials
+    consts = dict(HAS_BIAS=has_bias and split == 1, ACT=_ACT[activation] if split == 1 else 0, SPLIT_K=split)
     check = (0, 1, 3)  # a, b, bias: the caller's; c is fresh
     if a.device.type == "cuda":
         check_batch_grid(bt)
@@ -1030,7 +1077,8 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
                       A_K_INNER=sa[2] == 1, B_N_INNER=sb[2] == 1)  # fmt: skip
 
         def grid(meta):
-            return (triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"]), bt)
+            tiles = triton_support.cdiv(m, meta["BLOCK_M"]) * triton_support.cdiv(n, meta["BLOCK_N"])
+            return (tiles, bt, split)
 
         if bt * m * n * k >= TUNE_MIN_WORK:
             main = _Launch(_matmul_tuned, grid, consts, True, check)
@@ -1044,9 +1092,14 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
         prec = "x3" if _precision(a.dtype, "cpu") == "x3" else "ieee"
         consts.update(PRECISION=prec, UPCAST=a.dtype == torch.bfloat16)
         kw = dict(consts, **_CPU_CONFIG, num_warps=4)
-        grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt)
+        grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt, split)
         main = _Launch(_matmul_kernel, grid, kw, False, check)
-    return _GeneralPlan(out_shape, (bt, m, n), a.dtype, a.device, a3, b3, ints, main)
+    sum_ = None
+    if split > 1:
+        block = split_sum_block(bt * m * n, n_sm, a.device.type == "cuda")
+        kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4)
+        sum_ = _Launch(_split_sum_kernel, (triton_support.cdiv(bt * m * n, block),), kw, False, (2,))
+    return _GeneralPlan(out_shape, (bt, m, n), a.dtype, a.device, a3, b3, ints, main, split, sum_)
 
 
 def triton_matmul_fwd(
@@ -1183,10 +1236,10 @@ def _kernel_specs(dtype: str):
     ):
         sig[p] = "constexpr" if p in cx else "i32"
     for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "ALIGN",
-              "A_K_INNER", "B_N_INNER"):  # fmt: skip
+              "A_K_INNER", "B_N_INNER", "SPLIT_K"):  # fmt: skip
         sig[p] = "constexpr"
     # (every dim and stride a multiple of 16 here: Triton's own specialization, no hints)
-    cx.update(ALIGN=1, A_K_INNER=True, B_N_INNER=True)
+    cx.update(ALIGN=1, A_K_INNER=True, B_N_INNER=True, SPLIT_K=1)
     skinny = _skinny_spec(dtype)
     # warps and stages of the first candidate config with this tile
     tile = {k: cx[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
