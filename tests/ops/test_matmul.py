@@ -436,6 +436,9 @@ def test_general_split_takes_k_slices_only_for_few_tiles_over_a_long_k():
     assert tm.general_split(256, 256, 1536, 1, 132) == 3  # slices of 512 or more
     assert tm.general_split(128, 128, 4096, 40, 132) == 3  # a batch counts its tiles
     assert tm.general_split(0, 128, 4096, 1, 132) == 1
+    # tensor-core dots: a K loop 4x as long before a split pays for the partials' launch
+    assert tm.general_split(768, 768, 2048, 1, 132, fma=False) == 1
+    assert tm.general_split(768, 768, 8192, 1, 132, fma=False) == 3
     for m, n, k, bt in ((1, 1, 1024, 1), (700, 300, 5000, 2), (128, 4096, 2048, 1)):
         s = tm.general_split(m, n, k, bt, 132)
         tiles = bt * -(-m // 128) * -(-n // 128)

@@ -10,10 +10,11 @@ programs resident at one time share GROUP_M rows of A and a few columns of B in 
 of sweeping a whole row of C (which touches all of B). Triton tutorial 03 measures ~10%.
 
 Any M, N, K: rows and columns past the edge are wrapped (``% M``) for the loads, so the inner
-loop masks only K; the store is masked. A product of few tiles over a long K (``general_split``:
-a small layer's weight gradient, [768, 768] over 8192 rows) runs its tiles x K slices, the
-fp32 partials added in slice order by ``_split_sum_kernel`` with the bias and activation. Any strides (transposed, sliced, expanded operands
-go straight in; no copy); batch over program_id(1).
+loop masks only K; the store is masked. Any strides (transposed, sliced, expanded operands
+go straight in; no copy); batch over program_id(1). A product of few tiles over a long K
+(``general_split``: a small layer's weight gradient, [768, 768] over 8192 rows) runs its
+tiles x K slices over program_id(2), the fp32 partials added in slice order by
+``_split_sum_kernel`` with the bias and activation.
 
 fp32: the dots follow ``torch.backends.cuda.matmul.allow_tf32``: on, TF32 tensor cores with
 the operands rounded to nearest first ("tf32rn", as cuBLAS rounds them); off, exact fp32 FMA
@@ -499,19 +500,21 @@ def small_config(m: int, n: int, k: int, bt: int, elem: int, precision: str, max
 
 # K slices for the tiled kernel: a product whose 128x128 tiles fill at most half the SMs
 # (a weight gradient of a small layer: [768, 768] over K = 8192 rows is 36 tiles on 132
-# SMs) with K of GENERAL_SPLIT_MIN_K or more runs as that many tiles x slices of at least
-# GENERAL_SLICE_K, fp32 partials added in slice order (deterministic).
+# SMs) with a long K runs as that many tiles x slices of at least GENERAL_SLICE_K, fp32
+# partials added in slice order (deterministic). Long: GENERAL_SPLIT_MIN_K for fp32 FMA
+# dots, 4x that on tensor cores, where a tile's K loop is that much shorter than the
+# partials' second launch.
 GENERAL_SPLIT_MIN_K = 1024
 GENERAL_SLICE_K = 512
 
 
-def general_split(m: int, n: int, k: int, bt: int, n_sm: int) -> int:
+def general_split(m: int, n: int, k: int, bt: int, n_sm: int, fma: bool = True) -> int:
     """SPLIT_K of ``_matmul_kernel`` for [bt] x [m, k] @ [k, n] on n_sm SMs: 1, or where
-    2 x the 128x128 tiles fit in n_sm and K >= GENERAL_SPLIT_MIN_K, slices for about one
-    wave (n_sm // tiles), each GENERAL_SLICE_K or more, at most SKINNY_SPLIT_MAX.
-    Pure: a function of its arguments."""
+    2 x the 128x128 tiles fit in n_sm and K is long (GENERAL_SPLIT_MIN_K with ``fma``
+    dots, 4x that without), slices for about one wave (n_sm // tiles), each
+    GENERAL_SLICE_K or more, at most SKINNY_SPLIT_MAX. Pure: a function of its arguments."""
     tiles = bt * triton_support.cdiv(m, 128) * triton_support.cdiv(n, 128)
-    if k < GENERAL_SPLIT_MIN_K or tiles == 0 or 2 * tiles > n_sm:
+    if k < GENERAL_SPLIT_MIN_K * (1 if fma else 4) or tiles == 0 or 2 * tiles > n_sm:
         return 1
     return max(1, min(SKINNY_SPLIT_MAX, n_sm // tiles, k // GENERAL_SLICE_K))
 
@@ -1065,8 +1068,10 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     # c: fresh [bt, M, N], contiguous strides as torch makes them (sizes of 0 count as 1)
     sc = (max(m, 1) * max(n, 1), max(n, 1), 1)
     ints = (m, n, k, *sa, *sb, *sc, *_tune_keys(m, n, k))
-    n_sm = triton_support.sm_count(a.device.index) if a.device.type == "cuda" else _SKINNY_CPU_SMS
-    split = general_split(m, n, k, bt, n_sm)
+    on_gpu = a.device.type == "cuda"
+    n_sm = triton_support.sm_count(a.device.index) if on_gpu else _SKINNY_CPU_SMS
+    fma = a.dtype == torch.float32 and (not on_gpu or _precision(a.dtype, "cuda") == "ieee")
+    split = general_split(m, n, k, bt, n_sm, fma)
     # with K slices the epilogue runs in the sum of the partials
     consts = dict(HAS_BIAS=has_bias and split == 1, ACT=_ACT[activation] if split == 1 else 0, SPLIT_K=split)
     check = (0, 1, 3)  # a, b, bias: the caller's; c is fresh
