@@ -198,6 +198,43 @@ def _matmul_kernel(
 
 
 @triton_support.jit
+def _skinny_slice(a_ptr, b_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, SPLIT_K: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    # Program (pid_n, pid_k) of the skinny kernels: columns [pid_n * BLOCK_N, +BLOCK_N) of
+    # all M rows, over K blocks [pid_k * per, +per) of the cdiv(K, BLOCK_K) blocks (a slice
+    # past the end has none). Returns the slice, its first k and block count, the row,
+    # column and k offsets, and a's and b's tile pointers at the slice's first block.
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    per = tl.cdiv(k_blocks, SPLIT_K)
+    k_lo = pid_k * per * BLOCK_K
+    steps = tl.minimum(per, k_blocks - pid_k * per)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    am = rm % M  # wrapped rows / columns: always in bounds, never stored
+    bn = rn % N
+    # 64-bit offsets into b: a weight past 2^31 elements, or k_lo * s_bk past 2^31
+    a_ptrs = a_ptr + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
+    b_ptrs = b_ptr + (k_lo + rk)[:, None].to(tl.int64) * s_bk + bn[None, :].to(tl.int64) * s_bn
+    return pid_k, k_lo, steps, rm, rn, rk, a_ptrs, b_ptrs
+
+
+@triton_support.jit
+def _skinny_store(out, pid_k, rm, rn, M, N, c_ptr, w_ptr, bias_ptr, s_cm, s_cn,
+                  HAS_BIAS: tl.constexpr, ACT: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+    # One slice: the epilogue and the output; several: the fp32 partial of slice pid_k
+    # (zeros for a slice past K), which _split_sum_kernel adds.
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if SPLIT_K == 1:
+        out = epilogue(out, bias_ptr, rn, N, HAS_BIAS, ACT)
+        tl.store(c_ptr + rm[:, None] * s_cm + rn[None, :] * s_cn, out.to(c_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.store(w_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], out, mask=mask)
+
+
+@triton_support.jit
 def _skinny_kernel(
     a_ptr,
     b_ptr,
@@ -222,39 +259,18 @@ def _skinny_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    # Program (pid_n, pid_k): columns [pid_n * BLOCK_N, +BLOCK_N) of all M rows, over K
-    # blocks [pid_k * per, +per) of the cdiv(K, BLOCK_K) blocks. A slice past the end has no
-    # block and stores zeros, so the sum over slices never reads an unwritten partial.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(k_blocks, SPLIT_K)
-    k_lo = pid_k * per * BLOCK_K
-    steps = tl.minimum(per, k_blocks - pid_k * per)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    am = rm % M  # wrapped rows / columns: always in bounds, never stored
-    bn = rn % N
-    # 64-bit offsets into b: a weight past 2^31 elements, or k_lo * s_bk past 2^31
-    a_ptrs = a_ptr + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
-    b_ptrs = b_ptr + (k_lo + rk)[:, None].to(tl.int64) * s_bk + bn[None, :].to(tl.int64) * s_bn
-
+    # _skinny_slice's program; a slice past the end has no block and stores zeros, so the
+    # sum over slices never reads an unwritten partial.
+    pid_k, k_lo, steps, rm, rn, rk, a_ptrs, b_ptrs = _skinny_slice(
+        a_ptr, b_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(0, steps):
         k_left = K - k_lo - i * BLOCK_K  # only the last block of K is partial
         acc = k_block(a_ptrs, b_ptrs, acc, k_left, rk, PRECISION, UPCAST, True)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
-
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    if SPLIT_K == 1:
-        acc = epilogue(acc, bias_ptr, rn, N, HAS_BIAS, ACT)
-        c_ptrs = c_ptr + rm[:, None] * s_cm + rn[None, :] * s_cn
-        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
-    else:
-        w_ptrs = w_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :]
-        tl.store(w_ptrs, acc, mask=mask)
+    _skinny_store(acc, pid_k, rm, rn, M, N, c_ptr, w_ptr, bias_ptr, s_cm, s_cn, HAS_BIAS, ACT, SPLIT_K)
 
 
 @triton_support.jit
@@ -285,20 +301,9 @@ def _skinny_fma_kernel(
     # units without tl.dot (whose tiles start at 16 rows). Each (m, k, n) of the block keeps
     # a running sum over FLUSH K steps, then the block's sums are added over k (a tree of
     # BLOCK_K) into the output's: rounding walks of FLUSH and steps / FLUSH, not of steps.
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    k_blocks = tl.cdiv(K, BLOCK_K)
-    per = tl.cdiv(k_blocks, SPLIT_K)
-    k_lo = pid_k * per * BLOCK_K
-    steps = tl.minimum(per, k_blocks - pid_k * per)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    am = rm % M
-    bn = rn % N
-    b_ptrs = b_ptr + (k_lo + rk)[:, None].to(tl.int64) * s_bk + bn[None, :].to(tl.int64) * s_bn
-
-    a_ptrs = a_ptr + am[:, None] * s_am + (k_lo + rk)[None, :] * s_ak
+    pid_k, k_lo, steps, rm, rn, rk, a_ptrs, b_ptrs = _skinny_slice(
+        a_ptr, b_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K
+    )
     out = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for j in range(0, steps, FLUSH):
         acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
@@ -310,13 +315,7 @@ def _skinny_fma_kernel(
             a_ptrs += BLOCK_K * s_ak
             b_ptrs += BLOCK_K * s_bk
         out += tl.sum(acc, axis=1)
-
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    if SPLIT_K == 1:
-        out = epilogue(out, bias_ptr, rn, N, HAS_BIAS, ACT)
-        tl.store(c_ptr + rm[:, None] * s_cm + rn[None, :] * s_cn, out.to(c_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.store(w_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], out, mask=mask)
+    _skinny_store(out, pid_k, rm, rn, M, N, c_ptr, w_ptr, bias_ptr, s_cm, s_cn, HAS_BIAS, ACT, SPLIT_K)
 
 
 @triton_support.jit
