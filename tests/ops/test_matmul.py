@@ -678,7 +678,10 @@ def test_x3_matmul_matches_float64_under_the_interpreter():
         torch.backends.cuda.matmul.allow_tf32 = False
         with config.override(fp32_dots="x3"):
             assert tm._precision(torch.float32) == "x3"
-            a, b = _inputs((37, 45, 70), torch.float32, seed=3)
+            # a short K keeps IEEE dots (x3's per-product error shows there)
+            short = _inputs((37, 45, tm.X3_MIN_K - 1), torch.float32, seed=2)
+            assert tm._general_setup(*short, False, None).main.kw["PRECISION"] == "ieee"
+            a, b = _inputs((37, 45, tm.X3_MIN_K + 44), torch.float32, seed=3)
             assert tm._general_setup(a, b, False, None).main.kw["PRECISION"] == "x3"
             y = tm.triton_general_fwd(a, b)
         v = judge(y, a.double() @ b.double(), torch.float32, a @ b)

@@ -774,10 +774,18 @@ _SKINNY_CPU_BLOCK = 32
 # --------------------------------------------------------------------------- launcher
 
 
-def _precision(dtype: torch.dtype, where=None) -> str:
-    """PRECISION for operands of ``dtype`` launched on ``where`` (device.triton_interpreted)."""
+# "x3" dots only from this K up: each product errs ~2^-22 of itself, ~4x one fp32 rounding;
+# over a short K no summation error hides that (the check's fuzz fails at K = 1-31, a
+# weight gradient over one row among them), and a short K is not where tensor cores pay.
+X3_MIN_K = 256
+
+
+def _precision(dtype: torch.dtype, where=None, k: int | None = None) -> str:
+    """PRECISION for operands of ``dtype`` launched on ``where`` (device.triton_interpreted)
+    over a K of ``k`` (None: any): "x3" below X3_MIN_K falls back to "ieee"."""
     tf32 = torch.backends.cuda.matmul.allow_tf32
-    return dot_precision(dtype, tf32, _device.triton_interpreted(where), _options.fp32_dots)
+    prec = dot_precision(dtype, tf32, _device.triton_interpreted(where), _options.fp32_dots)
+    return "ieee" if prec == "x3" and k is not None and k < X3_MIN_K else prec
 
 
 def check_batch_grid(bt: int) -> None:
@@ -947,7 +955,7 @@ def _skinny_setup(a, b, has_bias: bool, activation, config, tune) -> _SkinnyPlan
     consts = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], BLOCK_M=skinny_block_m(m))
     if a.is_cuda:
         dev = a.device.index
-        precision = _precision(a.dtype, "cuda")
+        precision = _precision(a.dtype, "cuda", k)
         consts.update(PRECISION=precision, UPCAST=False)
         n_sm = triton_support.sm_count(dev)
         if config is None:
@@ -1069,14 +1077,14 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     ints = (m, n, k, *sa, *sb, *sc, *_tune_keys(m, n, k))
     on_gpu = a.device.type == "cuda"
     n_sm = triton_support.sm_count(a.device.index) if on_gpu else _SKINNY_CPU_SMS
-    fma = a.dtype == torch.float32 and (not on_gpu or _precision(a.dtype, "cuda") == "ieee")
+    fma = a.dtype == torch.float32 and (not on_gpu or _precision(a.dtype, "cuda", k) == "ieee")
     split = general_split(m, n, k, bt, n_sm, fma)
     # with K slices the epilogue runs in the sum of the partials
     consts = dict(HAS_BIAS=has_bias and split == 1, ACT=_ACT[activation] if split == 1 else 0, SPLIT_K=split)
     check = (0, 1, 3)  # a, b, bias: the caller's; c is fresh
     if a.device.type == "cuda":
         check_batch_grid(bt)
-        consts.update(PRECISION=_precision(a.dtype, "cuda"), UPCAST=False,
+        consts.update(PRECISION=_precision(a.dtype, "cuda", k), UPCAST=False,
                       ALIGN=align_of(a.element_size(), (m, n, k), (*sa, *sb)),
                       A_K_INNER=sa[2] == 1, B_N_INNER=sb[2] == 1)  # fmt: skip
 
@@ -1093,7 +1101,7 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
             main = _Launch(_matmul_kernel, tuple(grid(kw)), kw, False, check)
     else:
         # the interpreter's fp32 dots are exact: "x3" (fp32_dots) runs its split arithmetic
-        prec = "x3" if _precision(a.dtype, "cpu") == "x3" else "ieee"
+        prec = "x3" if _precision(a.dtype, "cpu", k) == "x3" else "ieee"
         consts.update(PRECISION=prec, UPCAST=a.dtype == torch.bfloat16)
         kw = dict(consts, **_CPU_CONFIG, num_warps=4)
         grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt, split)
