@@ -98,13 +98,7 @@ def sweep(out):
                     if not 16 <= terms <= 64 or bk > k:
                         continue
                     for stages in (2,):
-                        kb = triton_support.cdiv(k, bk)
-                        wanted = triton_support.cdiv(tm.FMA_WAVES * 132, triton_support.cdiv(n, bn))
-                        parts = max(n * k, 1 << 21) // (8 * m * n)
-                        split = 1
-                        if n * k * 4 >= tm.SKINNY_SPLIT_MIN_BYTES or tm.long_k_small_output(m, n, k):
-                            cap = min(tm.SKINNY_SPLIT_MAX, kb // tm.FMA_MIN_STEPS, wanted, parts)
-                            split = tm._whole_slices(kb, cap)
+                        split = tm.fma_split(m, n, k, bn, bk, 132)
                         cfg = (bn, bk, split, warps, stages)
                         try:
                             ms = do_bench(

@@ -50,8 +50,8 @@ def child(variant: str) -> list[dict]:
     torch.backends.cuda.matmul.allow_tf32 = False
     orig = td.dot_precision
     if variant != "ieee":
-        def prec(dtype, tf32, interp):
-            p = orig(dtype, tf32, interp)
+        def prec(dtype, tf32, interp, *rest):
+            p = orig(dtype, tf32, interp, *rest)
             return "tf32x3" if p == "ieee" else p
         mt.dot_precision = prec
         ct.dot_precision = prec

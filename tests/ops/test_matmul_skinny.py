@@ -78,33 +78,28 @@ def test_skinny_long_k_slices_under_the_interpreter(layout):
     _check(tm.triton_skinny_fwd(a, b, config=config), a, b, None, None, torch.bfloat16)
 
 
-def test_skinny_empty_slice_writes_zeros():
-    # K = 129 in 32-blocks is 5 blocks; 4 slices of 2 leave the last slice none: it must
-    # store zeros into its partial (poisoned here), which the sum then adds.
-    m, n, k = 7, 40, 129
-    a, b, bias = _operands(m, n, k, torch.float32, "wt", seed=3, bias=True)
+def _empty_last_slice(kernel, m, layout, seed, activation, **consts):
+    """``kernel`` over K = 129 in 32-blocks (5 blocks) as 4 slices of 2: the last has none
+    and must store zeros into its partial (poisoned here), which the sum then adds."""
+    n, k = 40, 129
+    a, b, bias = _operands(m, n, k, torch.float32, layout, seed=seed, bias=True)
     w = torch.full((4, m, n), float("nan"))
     c = torch.full((m, n), float("nan"))
     args = (a, b, c, w, bias, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), n, 1)
-    consts = dict(HAS_BIAS=True, ACT=1, PRECISION="ieee", UPCAST=False, SPLIT_K=4, BLOCK_M=16)
-    tm._skinny_kernel[(2, 4)](*args, **consts, BLOCK_N=32, BLOCK_K=32)
+    act = tm._ACT[activation]
+    kernel[(2, 4)](*args, HAS_BIAS=True, ACT=act, SPLIT_K=4, BLOCK_N=32, BLOCK_K=32, **consts)
     assert torch.equal(w[3], torch.zeros(m, n))
-    tm._split_sum_kernel[(1,)](w, c, bias, m * n, n, HAS_BIAS=True, ACT=1, SPLIT_K=4, BLOCK=512)
-    _check(c, a, b, bias, "relu", torch.float32)
+    tm._split_sum_kernel[(1,)](w, c, bias, m * n, n, HAS_BIAS=True, ACT=act, SPLIT_K=4, BLOCK=512)
+    _check(c, a, b, bias, activation, torch.float32)
+
+
+def test_skinny_empty_slice_writes_zeros():
+    _empty_last_slice(tm._skinny_kernel, 7, "wt", 3, "relu", PRECISION="ieee", UPCAST=False, BLOCK_M=16)
 
 
 def test_fma_empty_slice_writes_zeros():
-    # the FMA kernel's slices as _skinny_kernel's: a slice past K stores zeros
-    m, n, k = 3, 40, 129
-    a, b, bias = _operands(m, n, k, torch.float32, "kn", seed=6, bias=True)
-    w = torch.full((4, m, n), float("nan"))
-    c = torch.full((m, n), float("nan"))
-    args = (a, b, c, w, bias, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), n, 1)
-    consts = dict(HAS_BIAS=True, ACT=2, SPLIT_K=4, BLOCK_M=4, BLOCK_N=32, BLOCK_K=32, FLUSH=1)
-    tm._skinny_fma_kernel[(2, 4)](*args, **consts)
-    assert torch.equal(w[3], torch.zeros(m, n))
-    tm._split_sum_kernel[(1,)](w, c, bias, m * n, n, HAS_BIAS=True, ACT=2, SPLIT_K=4, BLOCK=512)
-    _check(c, a, b, bias, "gelu", torch.float32)
+    # the FMA kernel's slices as _skinny_kernel's
+    _empty_last_slice(tm._skinny_fma_kernel, 3, "kn", 6, "gelu", BLOCK_M=4, FLUSH=1)
 
 
 def test_fma_path_taken_for_fp32_without_tf32():

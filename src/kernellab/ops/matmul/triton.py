@@ -675,13 +675,19 @@ def fma_config(m: int, n: int, k: int, n_sm: int) -> tuple[int, int, int, int, i
     warps = 4
     bn = 128 if bm <= 4 else 64 if bm <= 16 else 32
     bk = max(1, min(64, FMA_TERMS * 32 * warps // (bm * bn), triton_support.next_pow2(k)))
-    split = 1
-    if n * k * 4 >= SKINNY_SPLIT_MIN_BYTES or long_k_small_output(m, n, k):
-        kb = triton_support.cdiv(k, bk)
-        wanted = triton_support.cdiv(FMA_WAVES * n_sm, triton_support.cdiv(n, bn))
-        partials = max(n * k, 1 << 21) // (8 * max(m, 1) * n)
-        split = _whole_slices(kb, min(SKINNY_SPLIT_MAX, kb // FMA_MIN_STEPS, wanted, partials))
-    return bn, bk, split, warps, FMA_STAGES
+    return bn, bk, fma_split(m, n, k, bn, bk, n_sm), warps, FMA_STAGES
+
+
+def fma_split(m: int, n: int, k: int, bn: int, bk: int, n_sm: int) -> int:
+    """``fma_config``'s K slices for tiles of ``bn`` x ``bk``: 1 unless the weight is
+    SKINNY_SPLIT_MIN_BYTES or more or K is long over a small output; then slices for
+    FMA_WAVES waves, each FMA_MIN_STEPS blocks or more, the partials bounded."""
+    if n * k * 4 < SKINNY_SPLIT_MIN_BYTES and not long_k_small_output(m, n, k):
+        return 1
+    kb = triton_support.cdiv(k, bk)
+    wanted = triton_support.cdiv(FMA_WAVES * n_sm, triton_support.cdiv(n, bn))
+    partials = max(n * k, 1 << 21) // (8 * max(m, 1) * n)
+    return _whole_slices(kb, min(SKINNY_SPLIT_MAX, kb // FMA_MIN_STEPS, wanted, partials))
 
 
 def _fma_fit(config: tuple, bm: int) -> tuple:
@@ -887,6 +893,16 @@ def _on_device(a) -> bool:
     return a.is_cuda and _current_device is not None and a.device.index != _current_device()
 
 
+def _sum_launch(split: int, mn: int, n_sm: int, on_gpu: bool, has_bias: bool, activation):
+    """``_split_sum_kernel`` over mn outputs of ``split`` fp32 partials (None for one slice):
+    the second launch of every split-K path (skinny, FMA skinny, tiled)."""
+    if split == 1:
+        return None
+    block = split_sum_block(mn, n_sm, on_gpu)
+    kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4)
+    return _Launch(_split_sum_kernel, (triton_support.cdiv(mn, block),), kw, False, (2,))
+
+
 def split_sum_block(mn: int, n_sm: int, on_gpu: bool) -> int:
     """Outputs per program of ``_split_sum_kernel`` over mn outputs: ~n_sm programs or more,
     128 to 1024 outputs each (the interpreter: 1024)."""
@@ -982,13 +998,8 @@ def _skinny_setup(a, b, has_bias: bool, activation, config, tune) -> _SkinnyPlan
     else:
         kw = dict(consts, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
         main = _Launch(_skinny_kernel, (triton_support.cdiv(n, bn), split), kw, False, check)
-    sum_ = None
-    mn = m * n
-    if split > 1:
-        block = split_sum_block(mn, n_sm, a.is_cuda)
-        kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4)
-        sum_ = _Launch(_split_sum_kernel, (triton_support.cdiv(mn, block),), kw, False, (2,))
-    return _SkinnyPlan(out_shape, m, n, split, a.dtype, a.device, ints, main, sum_, (mn, n))
+    sum_ = _sum_launch(split, m * n, n_sm, a.is_cuda, has_bias, activation)
+    return _SkinnyPlan(out_shape, m, n, split, a.dtype, a.device, ints, main, sum_, (m * n, n))
 
 
 def _fma_setup(a2, b2, m, n, k, out_shape, a, has_bias: bool, activation, config) -> _SkinnyPlan:
@@ -1002,11 +1013,7 @@ def _fma_setup(a2, b2, m, n, k, out_shape, a, has_bias: bool, activation, config
               FLUSH=FMA_FLUSH, num_warps=warps, num_stages=stages)  # fmt: skip
     ints = (m, n, k, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), n, 1)
     main = _Launch(_skinny_fma_kernel, (triton_support.cdiv(n, bn), split), kw, False, (0, 1, 4))
-    sum_ = None
-    if split > 1:
-        block = split_sum_block(m * n, n_sm, a.is_cuda)
-        kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4)
-        sum_ = _Launch(_split_sum_kernel, (triton_support.cdiv(m * n, block),), kw, False, (2,))
+    sum_ = _sum_launch(split, m * n, n_sm, a.is_cuda, has_bias, activation)
     return _SkinnyPlan(out_shape, m, n, split, a.dtype, a.device, ints, main, sum_, (m * n, n))
 
 
@@ -1077,14 +1084,16 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     ints = (m, n, k, *sa, *sb, *sc, *_tune_keys(m, n, k))
     on_gpu = a.device.type == "cuda"
     n_sm = triton_support.sm_count(a.device.index) if on_gpu else _SKINNY_CPU_SMS
-    fma = a.dtype == torch.float32 and (not on_gpu or _precision(a.dtype, "cuda", k) == "ieee")
+    prec = _precision(a.dtype, a.device.type, k)
+    # the interpreter's fp32 dots are exact (FMA-like in cost): "x3" runs its split arithmetic
+    fma = a.dtype == torch.float32 and (not on_gpu or prec == "ieee")
     split = general_split(m, n, k, bt, n_sm, fma)
     # with K slices the epilogue runs in the sum of the partials
     consts = dict(HAS_BIAS=has_bias and split == 1, ACT=_ACT[activation] if split == 1 else 0, SPLIT_K=split)
     check = (0, 1, 3)  # a, b, bias: the caller's; c is fresh
-    if a.device.type == "cuda":
+    if on_gpu:
         check_batch_grid(bt)
-        consts.update(PRECISION=_precision(a.dtype, "cuda", k), UPCAST=False,
+        consts.update(PRECISION=prec, UPCAST=False,
                       ALIGN=align_of(a.element_size(), (m, n, k), (*sa, *sb)),
                       A_K_INNER=sa[2] == 1, B_N_INNER=sb[2] == 1)  # fmt: skip
 
@@ -1100,17 +1109,11 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
             kw = dict(consts, **cfg)
             main = _Launch(_matmul_kernel, tuple(grid(kw)), kw, False, check)
     else:
-        # the interpreter's fp32 dots are exact: "x3" (fp32_dots) runs its split arithmetic
-        prec = "x3" if _precision(a.dtype, "cpu", k) == "x3" else "ieee"
-        consts.update(PRECISION=prec, UPCAST=a.dtype == torch.bfloat16)
+        consts.update(PRECISION="x3" if prec == "x3" else "ieee", UPCAST=a.dtype == torch.bfloat16)
         kw = dict(consts, **_CPU_CONFIG, num_warps=4)
         grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt, split)
         main = _Launch(_matmul_kernel, grid, kw, False, check)
-    sum_ = None
-    if split > 1:
-        block = split_sum_block(bt * m * n, n_sm, a.device.type == "cuda")
-        kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK=block, num_warps=4)
-        sum_ = _Launch(_split_sum_kernel, (triton_support.cdiv(bt * m * n, block),), kw, False, (2,))
+    sum_ = _sum_launch(split, bt * m * n, n_sm, on_gpu, has_bias, activation)
     return _GeneralPlan(out_shape, (bt, m, n), a.dtype, a.device, a3, b3, ints, main, split, sum_)
 
 
@@ -1164,9 +1167,11 @@ def triton_skinny_fwd(
     ``config``: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) to launch (a benchmark
     or a test forcing one); None: ``skinny_config``'s, autotuned among
     ``skinny_candidates`` for weights of SKINNY_TUNE_MIN_BYTES and up unless ``tune`` is
-    False (``tune`` True tunes any size); fp32 with TF32 off takes BLOCK_K <= 32 and no
-    tuning (FMA dots, as the tiled kernel). A given config launches as given. CPU tensors
-    run under the interpreter with 32 x 32 tiles and the splits of a 4-SM device.
+    False (``tune`` True tunes any size); fp32 with TF32 off takes ``_skinny_fma_kernel``
+    up to FMA_M_MAX rows (``fma_config``; a given config through ``_fma_fit``), past it
+    BLOCK_K <= 32 and no tuning (FMA dots, as the tiled kernel). A given config launches as
+    given. CPU tensors run under the interpreter with 32 x 32 tiles and the splits of a
+    4-SM device.
     ``plan``: as ``triton_matmul_fwd``'s."""
     if _on_device(a):  # launch in the tensors' device context
         with torch.cuda.device(a.device.index):
