@@ -1,6 +1,6 @@
 """fp32 matmul with TF32 off in the Triton backend, beside cuBLAS (torch, TF32 off). Needs a GPU.
 
-    PYTHONPATH=src python lab/gpu_fp32_matmul.py [--json F] [--parts skinny,sweep,dots]
+    PYTHONPATH=src python lab/gpu_fp32_matmul.py [--json F] [--parts skinny,layouts,flush,sweep,dots]
 
 skinny  M <= 8 products against a weight, and MNIST's fc1: the library's path (the FMA
         kernel up to FMA_M_MAX rows) against the tl.dot skinny kernel (FMA_M_MAX = 0) and
@@ -8,6 +8,10 @@ skinny  M <= 8 products against a weight, and MNIST's fc1: the library's path (t
         as a ratio to torch's, and do_bench medians (ms).
 sweep   forced FMA configs (BLOCK_N, BLOCK_K, warps, stages; K slices as ``fma_config``
         makes them) at three shapes, FMA_TERMS raised to 64 so larger blocks can run.
+layouts the tiled kernel (FMA dots) with a M-inner or K-inner ("cm" / "rm") and b N-inner
+        or K-inner ("kn" / "wt"); K-inner b with and without the copy FMA_COPY_MIN_M makes.
+flush   the FMA skinny kernel with one running sum a slice where FMA_WALK_MAX allows it
+        (the library's) and flushed every FMA_FLUSH steps (FMA_WALK_MAX 0).
 dots    large products through the tiled kernel with fp32_dots "ieee" and "x3", each in a
         child process (the option is read once): forward and forward+backward times,
         and the error of y, da, db against float64 as a ratio to torch's.
@@ -78,6 +82,70 @@ def skinny(out):
             tm.FMA_M_MAX = old
         row["fma_vs_torch"] = round(row["torch_ms"] / row["fma_ms"], 3)
         out(row)
+
+
+LAYOUTS = [
+    ((8192, 768, 768), "rm", "kn"),
+    ((8192, 768, 768), "rm", "wt"),
+    ((8192, 768, 768), "cm", "kn"),
+    ((768, 768, 8192), "cm", "kn"),
+    ((768, 768, 8192), "rm", "kn"),
+    ((4097, 4095, 1023), "rm", "wt"),
+    ((8192, 3072, 768), "rm", "wt"),
+]
+
+
+def layouts(out):
+    import torch
+    from triton.testing import do_bench
+
+    from kernellab.ops.matmul import triton as tm
+
+    for (m, n, k), la, lb in LAYOUTS:
+        a = torch.randn(m, k, device="cuda") if la == "rm" else torch.randn(k, m, device="cuda").t()
+        b = torch.randn(k, n, device="cuda") if lb == "kn" else torch.randn(n, k, device="cuda").t()
+        ref = a.double() @ b.double()
+        e_t = _err(a @ b, ref)
+        row = dict(part="layouts", shape=f"{m}x{n}x{k}", a=la, b=lb)
+        row["torch_ms"] = round(do_bench(lambda: a @ b, warmup=25, rep=100), 5)
+        old = tm.FMA_COPY_MIN_M
+        for name, copy_min in (("lib", old), ("nocopy", 1 << 30)):
+            if name == "nocopy" and lb == "kn":
+                continue
+            tm.FMA_COPY_MIN_M = copy_min
+            try:
+                y = tm.triton_general_fwd(a, b)
+                row[name + "_err_ratio"] = round(_err(y, ref) / max(e_t, 1e-30), 3)
+                ms = do_bench(lambda: tm.triton_general_fwd(a, b), warmup=25, rep=100)
+                row[name + "_ms"] = round(ms, 5)
+            finally:
+                tm.FMA_COPY_MIN_M = old
+        out(row)
+
+
+def flush(out):
+    from triton.testing import do_bench
+
+    from kernellab.ops.matmul import triton as tm
+
+    for m, n, k in SKINNY[:4]:
+        for layout in ("wt", "kn"):
+            a, b = _operands(m, n, k, layout, m + n + k)
+            ref = a.double() @ b.double()
+            e_t = _err(a @ b, ref)
+            row = dict(part="flush", shape=f"{m}x{n}x{k}", layout=layout, config=tm.fma_config(m, n, k, 132))
+            row["torch_ms"] = round(do_bench(lambda: a @ b, warmup=25, rep=100), 5)
+            old = tm.FMA_WALK_MAX
+            for name, walk in (("lib", old), ("flushed", 0)):
+                tm.FMA_WALK_MAX = walk
+                try:
+                    y = tm.triton_skinny_fwd(a, b)
+                    row[name + "_err_ratio"] = round(_err(y, ref) / max(e_t, 1e-30), 3)
+                    ms = do_bench(lambda: tm.triton_skinny_fwd(a, b), warmup=25, rep=100)
+                    row[name + "_ms"] = round(ms, 5)
+                finally:
+                    tm.FMA_WALK_MAX = old
+            out(row)
 
 
 def sweep(out):
@@ -176,6 +244,10 @@ def main():
     parts = args.parts.split(",")
     if "skinny" in parts:
         skinny(out)
+    if "layouts" in parts:
+        layouts(out)
+    if "flush" in parts:
+        flush(out)
     if "sweep" in parts:
         sweep(out)
     if "dots" in parts:

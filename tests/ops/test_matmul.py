@@ -445,6 +445,58 @@ def test_general_split_takes_k_slices_only_for_few_tiles_over_a_long_k():
         assert s == 1 or (s * tiles <= 132 and k // s >= tm.GENERAL_SLICE_K)
 
 
+def test_fma_dots_copy_a_k_inner_b_from_fma_copy_min_m_rows():
+    """fp32 FMA dots with b = W.t() (K-inner): from FMA_COPY_MIN_M rows the plan copies b
+    N-inner (the kernel then sees unit N strides); below, b goes in as it is. Both match
+    float64 under the interpreter, batched, with a bias and gelu."""
+    from kernellab.ops.matmul import triton as tm
+
+    g = torch.Generator().manual_seed(11)
+    for m, copied in ((tm.FMA_COPY_MIN_M, True), (tm.FMA_COPY_MIN_M - 1, False)):
+        a = torch.randn(2, m, 40, generator=g)
+        b = torch.randn(2, 24, 40, generator=g).transpose(1, 2)  # [2, K=40, N=24], K-inner
+        c = torch.randn(24, generator=g)
+        plan = tm._general_setup(a, b, True, "gelu")
+        assert (plan.b3 is not None) is copied, m
+        assert plan.ints[6:9] == ((40 * 24, 24, 1) if copied else b.stride()), m
+        y = plan(a, b, c)
+        ref = mm.matmul_reference(a.double(), b.double(), c.double(), "gelu")
+        v = judge(y, ref, torch.float32, mm.apply_epilogue(a @ b, c, "gelu"))
+        assert v.ok, (m, v.detail)
+    # an N-inner b and 16-bit operands are never copied
+    a = torch.randn(256, 40, generator=g)
+    assert tm._general_setup(a, torch.randn(40, 24, generator=g), False, None).b3 is None
+    bt = torch.randn(24, 40, generator=g).t()
+    assert tm._general_setup(a.bfloat16(), bt.bfloat16(), False, None).b3 is None
+
+
+def test_fma_flush_keeps_one_running_sum_over_short_slices():
+    from kernellab.ops.matmul import triton as tm
+
+    assert tm.fma_flush(4096, 32, 16) == 0  # 8 steps a slice
+    assert tm.fma_flush(4096, 32, 8) == 0  # 16
+    assert tm.fma_flush(4096, 32, 7) == tm.FMA_FLUSH  # 19
+    assert tm.fma_flush(4096, 8, 1) == tm.FMA_FLUSH
+    assert tm.fma_flush(1, 64, 1) == 0
+
+
+@pytest.mark.parametrize("walk_max", [0, 1 << 20])
+def test_fma_skinny_kernel_with_and_without_flushes_under_the_interpreter(monkeypatch, walk_max):
+    """``_skinny_fma_kernel`` flushing every FMA_FLUSH steps (FMA_WALK_MAX 0) and keeping
+    one running sum a slice (FLUSH 0), against float64: 3 x 700 @ 700 x 50, b K-inner."""
+    from kernellab.ops.matmul import triton as tm
+
+    monkeypatch.setattr(tm, "FMA_WALK_MAX", walk_max)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(3, 700, generator=g)
+    b = torch.randn(50, 700, generator=g).t()
+    plan = tm._skinny_setup(a, b, False, None, (32, 8, 2, 4, 1), False)
+    assert plan.main.kw["FLUSH"] == (tm.FMA_FLUSH if walk_max == 0 else 0)
+    y = plan(a, b, None)
+    v = judge(y, a.double() @ b.double(), torch.float32, a @ b)
+    assert v.ok, v.detail
+
+
 @pytest.mark.parametrize("bias, activation", [(False, None), (True, "gelu")])
 def test_general_split_matches_float64_under_the_interpreter(bias, activation):
     """K slices of the tiled kernel (the interpreter counts 4 SMs: one 128x128 tile of a
@@ -2374,6 +2426,16 @@ def test_gpu_fp32_ladder_accuracy_over_seeds(backend):
 def test_gpu_small_problems_are_not_autotuned():
     from kernellab.ops.matmul import triton as tm
 
+    # an empty tuning cache (other tests on this worker may have tuned 1024^3 already)
+    kept = dict(tm._matmul_tuned.cache)
+    tm._matmul_tuned.cache.clear()
+    try:
+        _small_problems_are_not_autotuned(tm)
+    finally:
+        tm._matmul_tuned.cache.update(kept)
+
+
+def _small_problems_are_not_autotuned(tm):
     before = len(tm._matmul_tuned.cache)
     for shape in ((17, 33, 65), (1000, 1023, 997), (2, 264, 392, 136)):
         a, b = _inputs(shape, torch.bfloat16, "cuda")

@@ -11,7 +11,8 @@ of sweeping a whole row of C (which touches all of B). Triton tutorial 03 measur
 
 Any M, N, K: rows and columns past the edge are wrapped (``% M``) for the loads, so the inner
 loop masks only K; the store is masked. Any strides (transposed, sliced, expanded operands
-go straight in; no copy); batch over program_id(1). A product of few tiles over a long K
+go straight in; no copy, but for fp32 FMA dots with b K-inner: FMA_COPY_MIN_M); batch over
+program_id(1). A product of few tiles over a long K
 (``general_split``: a small layer's weight gradient, [768, 768] over 8192 rows) runs its
 tiles x K slices over program_id(2), the fp32 partials added in slice order by
 ``_split_sum_kernel`` with the bias and activation.
@@ -295,27 +296,42 @@ def _skinny_fma_kernel(
     BLOCK_M: tl.constexpr,  # >= M, a power of two (1 for M = 1: no padded rows)
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    FLUSH: tl.constexpr,  # K steps of running sums between additions into the output's
+    FLUSH: tl.constexpr,  # K steps of running sums between additions into the output's; 0: none
 ):
     # fp32 without TF32: _skinny_kernel's programs and slices, the products on the FMA
     # units without tl.dot (whose tiles start at 16 rows). Each (m, k, n) of the block keeps
     # a running sum over FLUSH K steps, then the block's sums are added over k (a tree of
     # BLOCK_K) into the output's: rounding walks of FLUSH and steps / FLUSH, not of steps.
+    # FLUSH 0 (slices of few steps): one walk over the slice, one loop to pipeline.
     pid_k, k_lo, steps, rm, rn, rk, a_ptrs, b_ptrs = _skinny_slice(
         a_ptr, b_ptr, M, N, K, s_am, s_ak, s_bk, s_bn, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K
     )
-    out = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for j in range(0, steps, FLUSH):
+    if FLUSH == 0:
         acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
-        for i in range(j, tl.minimum(j + FLUSH, steps)):
-            k_left = K - k_lo - i * BLOCK_K
-            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-            acc += a[:, :, None] * b[None, :, :]
-            a_ptrs += BLOCK_K * s_ak
-            b_ptrs += BLOCK_K * s_bk
-        out += tl.sum(acc, axis=1)
+        acc, a_ptrs, b_ptrs = _fma_walk(acc, a_ptrs, b_ptrs, 0, steps, K - k_lo, rk, s_ak, s_bk, BLOCK_K)
+        out = tl.sum(acc, axis=1)
+    else:
+        out = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j in range(0, steps, FLUSH):
+            acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
+            hi = tl.minimum(j + FLUSH, steps)
+            acc, a_ptrs, b_ptrs = _fma_walk(acc, a_ptrs, b_ptrs, j, hi, K - k_lo, rk, s_ak, s_bk, BLOCK_K)
+            out += tl.sum(acc, axis=1)
     _skinny_store(out, pid_k, rm, rn, M, N, c_ptr, w_ptr, bias_ptr, s_cm, s_cn, HAS_BIAS, ACT, SPLIT_K)
+
+
+@triton_support.jit
+def _fma_walk(acc, a_ptrs, b_ptrs, lo, hi, k_rest, rk, s_ak, s_bk, BLOCK_K: tl.constexpr):
+    # K steps [lo, hi) of _skinny_fma_kernel's slice (k_rest: K past the slice's start)
+    # into the running sums acc [BLOCK_M, BLOCK_K, BLOCK_N]; returns them and the pointers.
+    for i in range(lo, hi):
+        k_left = k_rest - i * BLOCK_K
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        acc += a[:, :, None] * b[None, :, :]
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+    return acc, a_ptrs, b_ptrs
 
 
 @triton_support.jit
@@ -446,6 +462,12 @@ _matmul_tuned = triton.autotune(
 # ~0.1 ms or more, is called many times (training, benchmarks), and the tile choice is worth
 # 10-30%.
 TUNE_MIN_WORK = 1 << 30
+
+# fp32 FMA dots (TF32 off) with b K-inner (b = W.t(), a linear's forward; W^T in the
+# backward's dz @ W^T): Triton's FMA dot reads such a b tile at about half the speed of an
+# N-inner one (H100, tuned: 8192x768x768 0.545 ms against 0.256). From this many rows the
+# product is worth a contiguous copy of b first (the copy costs about 64/M of the product).
+FMA_COPY_MIN_M = 128
 
 
 def _tune_keys(m: int, n: int, k: int) -> tuple[int, int, int]:
@@ -662,6 +684,7 @@ FMA_WAVES = 4
 FMA_MIN_STEPS = 4
 FMA_STAGES = 2
 FMA_FLUSH = 8  # K steps of running sums before they are added into the output's
+FMA_WALK_MAX = 16  # slices of at most this many K steps keep one running sum (FLUSH 0)
 
 
 def fma_config(m: int, n: int, k: int, n_sm: int) -> tuple[int, int, int, int, int]:
@@ -688,6 +711,13 @@ def fma_split(m: int, n: int, k: int, bn: int, bk: int, n_sm: int) -> int:
     wanted = triton_support.cdiv(FMA_WAVES * n_sm, triton_support.cdiv(n, bn))
     partials = max(n * k, 1 << 21) // (8 * max(m, 1) * n)
     return _whole_slices(kb, min(SKINNY_SPLIT_MAX, kb // FMA_MIN_STEPS, wanted, partials))
+
+
+def fma_flush(k: int, bk: int, split: int) -> int:
+    """``_skinny_fma_kernel``'s FLUSH for K in ``split`` slices of ``bk`` steps: 0 (one
+    running sum a slice) where a slice walks at most FMA_WALK_MAX steps, else FMA_FLUSH."""
+    steps = triton_support.cdiv(triton_support.cdiv(k, bk), split)
+    return 0 if steps <= FMA_WALK_MAX else FMA_FLUSH
 
 
 def _fma_fit(config: tuple, bm: int) -> tuple:
@@ -880,6 +910,8 @@ def plan_key(kind: str, a, b, bias, activation, extra=()) -> tuple:
         SKINNY_MIN_NK,
         SKINNY_LONG_K,
         FMA_M_MAX,
+        FMA_WALK_MAX,
+        FMA_COPY_MIN_M,
         extra,
     )
 
@@ -1010,7 +1042,7 @@ def _fma_setup(a2, b2, m, n, k, out_shape, a, has_bias: bool, activation, config
     bm = triton_support.next_pow2(m)
     bn, bk, split, warps, stages = fma_config(m, n, k, n_sm) if config is None else _fma_fit(config, bm)
     kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-              FLUSH=FMA_FLUSH, num_warps=warps, num_stages=stages)  # fmt: skip
+              FLUSH=fma_flush(k, bk, split), num_warps=warps, num_stages=stages)  # fmt: skip
     ints = (m, n, k, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), n, 1)
     main = _Launch(_skinny_fma_kernel, (triton_support.cdiv(n, bn), split), kw, False, (0, 1, 4))
     sum_ = _sum_launch(split, m * n, n_sm, a.is_cuda, has_bias, activation)
@@ -1038,9 +1070,10 @@ class _GeneralPlan:
         c = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         if self.main is not None:
             # a [..., M, K] as [bt, M, K]: a itself where that is a view (the same address;
-            # the strides passed are the view's), else the copy reshape makes
+            # the strides passed are the view's), else a contiguous copy (reshape's, or
+            # b's made N-inner for FMA dots)
             a3 = a if self.a3 is None else a.reshape(self.a3)
-            b3 = b if self.b3 is None else b.reshape(self.b3)
+            b3 = b if self.b3 is None else b.reshape(self.b3).contiguous()
             if self.sum is None:
                 self.main(a3, b3, c, bias if bias is not None else c, *self.ints)
             else:
@@ -1081,12 +1114,14 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     sb, b3 = _as_3d(b, (bt, k, n))
     # c: fresh [bt, M, N], contiguous strides as torch makes them (sizes of 0 count as 1)
     sc = (max(m, 1) * max(n, 1), max(n, 1), 1)
-    ints = (m, n, k, *sa, *sb, *sc, *_tune_keys(m, n, k))
     on_gpu = a.device.type == "cuda"
     n_sm = triton_support.sm_count(a.device.index) if on_gpu else _SKINNY_CPU_SMS
     prec = _precision(a.dtype, a.device.type, k)
     # the interpreter's fp32 dots are exact (FMA-like in cost): "x3" runs its split arithmetic
     fma = a.dtype == torch.float32 and (not on_gpu or prec == "ieee")
+    if fma and sb[2] != 1 and m >= FMA_COPY_MIN_M:
+        sb, b3 = (k * n, n, 1), (bt, k, n)  # b copied N-inner: see FMA_COPY_MIN_M
+    ints = (m, n, k, *sa, *sb, *sc, *_tune_keys(m, n, k))
     split = general_split(m, n, k, bt, n_sm, fma)
     # with K slices the epilogue runs in the sum of the partials
     consts = dict(HAS_BIAS=has_bias and split == 1, ACT=_ACT[activation] if split == 1 else 0, SPLIT_K=split)
@@ -1274,7 +1309,7 @@ def _skinny_spec(dtype: str):
     if dtype == "fp32":
         bn, bk, split, warps, stages = fma_config(1, 4096, 4096, 132)
         cx = {"HAS_BIAS": False, "ACT": 0, "SPLIT_K": split, "BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk,
-              "FLUSH": FMA_FLUSH}  # fmt: skip
+              "FLUSH": fma_flush(4096, bk, split)}  # fmt: skip
         kernel = _skinny_fma_kernel
     else:
         bn, bk, split, warps, stages = skinny_config(1, 4096, 4096, 132, 2)
