@@ -324,14 +324,38 @@ def test_triton_under_torch_compile_fullgraph():
     ],
     ids=["taps", "taps-nhwc", "taps-acc64", "stencil", "taps-strided", "taps-strided-nhwc"],
 )
-def test_triton_tap_forward_and_stencil_dgrad(case, layout):
+@pytest.mark.parametrize("tap_major", [True, False], ids=["tap-major-w", "w-as-given"])
+def test_triton_tap_forward_and_stencil_dgrad(case, layout, tap_major, monkeypatch):
     """The kernels fwd_plan, dgrad_plan and wgrad_plan pick at these shapes
     (test_triton_config), fp32 against float64: the tap kernels at C >= 16 (every
-    direction), the stencil dgrad at C <= 4."""
+    direction; the weight copied tap-major as fp32's default, and as given), the stencil
+    dgrad at C <= 4."""
+    from kernellab.ops.conv2d import triton as kt
+
+    if not tap_major:
+        monkeypatch.setattr(kt, "TAP_MAJOR_DTYPES", ())
     shape, stride, padding = case
     x, w, b = SPEC.make_inputs(shape, torch.float32, "cpu", 3)
     x = x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else x
     assert_fwd_bwd("triton", (x, w, b), torch.float32, stride, padding, seed=4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tap_weight_strides_address_w(dtype):
+    """tap_weight's copy and strides: w[k, c, r, s] at k swk + c swc + (r S + s) swt, the
+    output channels (forward) or input channels (dgrad) at unit stride for fp32."""
+    from kernellab.ops.conv2d import triton as kt
+
+    w = torch.randn(5, 3, 2, 4).to(dtype)
+    k, c, t = torch.meshgrid(torch.arange(5), torch.arange(3), torch.arange(8), indexing="ij")
+    for out_inner in (True, False):
+        wt, (swk, swc, swt) = kt.tap_weight(w, out_inner)
+        got = wt.flatten()[k * swk + c * swc + t * swt]
+        assert torch.equal(got, w.reshape(5, 3, 8)), out_inner
+        if dtype == torch.float32:
+            assert (swk if out_inner else swc) == 1 and wt.is_contiguous()
+        else:
+            assert wt is w
 
 
 def test_wgrad_split_covers_the_reduction():

@@ -160,9 +160,10 @@ def _conv_fwd_kernel(
 
 @triton_support.jit
 def _conv_fwd_taps_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr,  # as _conv_fwd_kernel's
+    x_ptr, w_ptr, b_ptr, y_ptr,  # as _conv_fwd_kernel's, but w [K, C, R S] at any strides
     C, H, W, K, P, Q, R, S, M,
     sxn, sxc, sxh, sxw,
+    swk, swc, swt,  # w's strides along k, c and the tap r S + s (``tap_weight``)
     SH, SW, PH, PW,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -175,7 +176,7 @@ def _conv_fwd_taps_kernel(
     ih0 = (rem // Q) * SH - PH
     iw0 = (rem % Q) * SW - PW
     RS = R * S
-    w_col = offs_n * (C * RS)  # w[k, 0, 0, 0]
+    w_col = offs_n * swk  # w[k, 0, 0, 0]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     for rs in range(0, RS):
@@ -188,7 +189,7 @@ def _conv_fwd_taps_kernel(
             c_ok = c < C
             a_ok = row_ok[:, None] & c_ok[None, :]
             a = tl.load(x_ptr + a_row[:, None] + c[None, :] * sxc, mask=a_ok, other=0.0)
-            b_off = w_col[None, :] + c[:, None] * RS + rs
+            b_off = w_col[None, :] + c[:, None] * swc + rs * swt
             b = tl.load(w_ptr + b_off, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
             acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
     if ACC64:
@@ -235,8 +236,9 @@ def _conv_dgrad_kernel(
 
 @triton_support.jit
 def _conv_dgrad_taps_kernel(
-    dy_ptr, w_ptr, dx_ptr,  # as _conv_dgrad_kernel's
+    dy_ptr, w_ptr, dx_ptr,  # as _conv_dgrad_kernel's, but w [K, C, R S] at any strides
     C, H, W, K, P, Q, R, S, M,
+    swk, swc, swt,  # w's strides along k, c and the tap (``tap_weight``)
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -250,7 +252,7 @@ def _conv_dgrad_taps_kernel(
     ih, iw = rem // W, rem % W
     RS = R * S
     pq = P * Q
-    w_col = offs_n * RS  # w[0, c, 0, 0]
+    w_col = offs_n * swc  # w[0, c, 0, 0]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     for rs in range(0, RS):
@@ -262,7 +264,7 @@ def _conv_dgrad_taps_kernel(
             k_ok = k < K
             a_ok = row_ok[:, None] & k_ok[None, :]
             a = tl.load(dy_ptr + a_row[:, None] + k[None, :] * pq, mask=a_ok, other=0.0)
-            b_off = k[:, None] * (C * RS) + w_col[None, :] + rs
+            b_off = k[:, None] * swk + w_col[None, :] + rs * swt
             b = tl.load(w_ptr + b_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
     dx_off = nb[:, None] * (C * hw) + offs_n[None, :] * hw + rem[:, None]
@@ -443,6 +445,27 @@ def _taps_tiles(n: int, k: int, dtype: torch.dtype, dev, acc64: bool) -> dict:
     return dict(BLOCK_M=128, BLOCK_N=_clamp_pow2(n, 16, 64), BLOCK_K=16, num_warps=4)
 
 
+# The tap kernels' B tile is w[k, c, tap] over (c, k) in the forward and (k, c) in dgrad:
+# with w as given (contiguous [K, C, R, S]) neither direction has unit stride. For these
+# dtypes w is first copied tap-major, its B tile's columns contiguous ([R, S, C, K] for
+# the forward, [R, S, K, C] for dgrad): fp32's FMA dots read a tile that is not
+# contiguous along its columns through extra shared-memory traffic (sm_90 PTX of the
+# matmul kernel: a K-inner B tile takes ~1.7x the shared loads of an N-inner one).
+TAP_MAJOR_DTYPES = (torch.float32,)
+
+
+def tap_weight(w: torch.Tensor, out_channels_inner: bool) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """(w or its tap-major copy, its strides along k, c and the tap) for a tap kernel:
+    ``out_channels_inner`` (the forward) puts k innermost, else c (dgrad); dtypes outside
+    TAP_MAJOR_DTYPES keep w as it is."""
+    k, c, r, s = w.shape
+    if w.dtype not in TAP_MAJOR_DTYPES:
+        return w, (w.stride(0), w.stride(1), w.stride(3))
+    if out_channels_inner:
+        return w.permute(2, 3, 1, 0).contiguous(), (1, k, c * k)
+    return w.permute(2, 3, 0, 1).contiguous(), (c, 1, k * c)
+
+
 def fwd_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
     """("taps" or "gemm", the launch's ACC64 and tiles) for a forward with C input and K
     output channels and an R x S filter."""
@@ -499,15 +522,15 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     if m == 0:
         return y
     kind, cfg = fwd_plan(c, r, s, k, x.dtype, x.device)
-    kernel = _conv_fwd_taps_kernel if kind == "taps" else _conv_fwd_kernel
     grid = (triton_support.cdiv(m, cfg["BLOCK_M"]) * triton_support.cdiv(k, cfg["BLOCK_N"]),)
-    kernel[grid](
-        x, w, bias if bias is not None else y, y,
-        c, h, wd, k, p, q, r, s, m,
-        *x.stride(),
-        sh, sw, ph, pw,
-        HAS_BIAS=bias is not None, **_consts(x), **cfg,
-    )  # fmt: skip
+    bias_arg = bias if bias is not None else y
+    consts = dict(HAS_BIAS=bias is not None, **_consts(x), **cfg)
+    geom = (c, h, wd, k, p, q, r, s, m, *x.stride())
+    if kind == "taps":
+        wt, ws = tap_weight(w, True)
+        _conv_fwd_taps_kernel[grid](x, wt, bias_arg, y, *geom, *ws, sh, sw, ph, pw, **consts)
+    else:
+        _conv_fwd_kernel[grid](x, w, bias_arg, y, *geom, sh, sw, ph, pw, **consts)
     return y
 
 
@@ -541,9 +564,12 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         if kind == "stencil":
             _conv_dgrad_stencil_kernel[(triton_support.cdiv(nhw, cfg["BLOCK"]), c)](dy, w, dx, *geom, **cfg)
         else:
-            kernel = _conv_dgrad_taps_kernel if kind == "taps" else _conv_dgrad_kernel
             grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
-            kernel[grid](dy, w, dx, *geom, **consts, **cfg)
+            if kind == "taps":
+                wt, ws = tap_weight(w, False)
+                _conv_dgrad_taps_kernel[grid](dy, wt, dx, *geom[:9], *ws, *geom[9:], **consts, **cfg)
+            else:
+                _conv_dgrad_kernel[grid](dy, w, dx, *geom, **consts, **cfg)
     if npq == 0:
         return dx, torch.zeros_like(w), w.new_zeros(k)
     kind, cfg = wgrad_plan(c, r, s, k, x.dtype, x.device)
@@ -604,15 +630,27 @@ def _kernel_specs(dtype: str):
     dgrad = {"taps": _conv_dgrad_taps_kernel, "gemm": _conv_dgrad_kernel}
     wgrad = {"taps": _conv_wgrad_taps_kernel, "gemm": _conv_wgrad_kernel}
     out = {}
+
+    def w_strides(kind, out_inner):
+        # the tap kernels' weight strides (tap_weight's): the unit one as Triton specializes it
+        if kind != "taps":
+            return (), {}
+        unit = ("swk" if out_inner else "swc") if tdt in TAP_MAJOR_DTYPES else "swt"
+        return tuple(n for n in ("swk", "swc", "swt") if n != unit), {unit: 1}
+
     for c, k in ((1, 32), (8, 16), (32, 64)):
         kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
-        out.setdefault(fwd[kind], launch(fwd[kind], fwd_ptrs, fwd_ints, dict(cx, HAS_BIAS=True, **cfg)))
+        ws, unit = w_strides(kind, True)
+        spec = launch(fwd[kind], fwd_ptrs, fwd_ints + ws, dict(cx, HAS_BIAS=True, **unit, **cfg))
+        out.setdefault(fwd[kind], spec)
         kind, cfg = dgrad_plan(c, 3, 3, k, tdt, gpu)
         if kind == "stencil":
             spec = launch(_conv_dgrad_stencil_kernel, d_ptrs, geom + ("NHW",) + conv, cfg)
             out.setdefault(_conv_dgrad_stencil_kernel, spec)
         else:
-            out.setdefault(dgrad[kind], launch(dgrad[kind], d_ptrs, geom + ("M",) + conv, dict(cx, **cfg)))
+            ws, unit = w_strides(kind, False)
+            spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + ws + conv, dict(cx, **unit, **cfg))
+            out.setdefault(dgrad[kind], spec)
         kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
         spec = launch(wgrad[kind], w_ptrs, w_ints, dict(cx, ACC64=dtype == "fp32", **cfg))
         out.setdefault(wgrad[kind], spec)
