@@ -99,6 +99,21 @@ LAYOUTS = [
 ]
 
 
+def _with_knob(row, tm, knob, choices, fn, ref, e_t):
+    """Time ``fn`` (and its error as a ratio to torch's) with the module constant ``knob``
+    of ``tm`` at each (name, value) of ``choices``, restored after."""
+    from triton.testing import do_bench
+
+    old = getattr(tm, knob)
+    for name, value in choices:
+        setattr(tm, knob, old if value is None else value)
+        try:
+            row[name + "_err_ratio"] = round(_err(fn(), ref) / max(e_t, 1e-30), 3)
+            row[name + "_ms"] = round(do_bench(fn, warmup=25, rep=100), 5)
+        finally:
+            setattr(tm, knob, old)
+
+
 def layouts(out):
     import torch
     from triton.testing import do_bench
@@ -109,21 +124,12 @@ def layouts(out):
         a = torch.randn(m, k, device="cuda") if la == "rm" else torch.randn(k, m, device="cuda").t()
         b = torch.randn(k, n, device="cuda") if lb == "kn" else torch.randn(n, k, device="cuda").t()
         ref = a.double() @ b.double()
-        e_t = _err(a @ b, ref)
         row = dict(part="layouts", shape=f"{m}x{n}x{k}", a=la, b=lb)
         row["torch_ms"] = round(do_bench(lambda: a @ b, warmup=25, rep=100), 5)
-        old = tm.FMA_COPY_MIN_M
-        for name, copy_min in (("lib", old), ("nocopy", 1 << 30)):
-            if name == "nocopy" and lb == "kn":
-                continue
-            tm.FMA_COPY_MIN_M = copy_min
-            try:
-                y = tm.triton_general_fwd(a, b)
-                row[name + "_err_ratio"] = round(_err(y, ref) / max(e_t, 1e-30), 3)
-                ms = do_bench(lambda: tm.triton_general_fwd(a, b), warmup=25, rep=100)
-                row[name + "_ms"] = round(ms, 5)
-            finally:
-                tm.FMA_COPY_MIN_M = old
+        choices = (("lib", None),) + ((("nocopy", 1 << 30),) if lb == "wt" else ())
+        _with_knob(
+            row, tm, "FMA_COPY_MIN_M", choices, lambda: tm.triton_general_fwd(a, b), ref, _err(a @ b, ref)
+        )
         out(row)
 
 
@@ -136,19 +142,12 @@ def flush(out):
         for layout in ("wt", "kn"):
             a, b = _operands(m, n, k, layout, m + n + k)
             ref = a.double() @ b.double()
-            e_t = _err(a @ b, ref)
             row = dict(part="flush", shape=f"{m}x{n}x{k}", layout=layout, config=tm.fma_config(m, n, k, 132))
             row["torch_ms"] = round(do_bench(lambda: a @ b, warmup=25, rep=100), 5)
-            old = tm.FMA_WALK_MAX
-            for name, walk in (("lib", old), ("flushed", 0)):
-                tm.FMA_WALK_MAX = walk
-                try:
-                    y = tm.triton_skinny_fwd(a, b)
-                    row[name + "_err_ratio"] = round(_err(y, ref) / max(e_t, 1e-30), 3)
-                    ms = do_bench(lambda: tm.triton_skinny_fwd(a, b), warmup=25, rep=100)
-                    row[name + "_ms"] = round(ms, 5)
-                finally:
-                    tm.FMA_WALK_MAX = old
+            choices = (("lib", None), ("flushed", 0))
+            _with_knob(
+                row, tm, "FMA_WALK_MAX", choices, lambda: tm.triton_skinny_fwd(a, b), ref, _err(a @ b, ref)
+            )
             out(row)
 
 
