@@ -463,11 +463,15 @@ def test_fma_dots_copy_a_k_inner_b_from_fma_copy_min_m_rows():
         ref = mm.matmul_reference(a.double(), b.double(), c.double(), "gelu")
         v = judge(y, ref, torch.float32, mm.apply_epilogue(a @ b, c, "gelu"))
         assert v.ok, (m, v.detail)
-    # an N-inner b and 16-bit operands are never copied
+    # an N-inner b, 16-bit operands and a b expanded over the batch are never copied
     a = torch.randn(256, 40, generator=g)
     assert tm._general_setup(a, torch.randn(40, 24, generator=g), False, None).b3 is None
     bt = torch.randn(24, 40, generator=g).t()
     assert tm._general_setup(a.bfloat16(), bt.bfloat16(), False, None).b3 is None
+    a3, b3 = torch.randn(3, 256, 40, generator=g), bt.expand(3, 40, 24)
+    plan = tm._general_setup(a3, b3, False, None)
+    assert plan.b3 is None and plan.ints[6] == 0
+    torch.testing.assert_close(plan(a3, b3, None), a3 @ b3, rtol=1e-5, atol=1e-4)
 
 
 def test_fma_flush_keeps_one_running_sum_over_short_slices():

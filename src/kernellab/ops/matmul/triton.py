@@ -1119,8 +1119,10 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     prec = _precision(a.dtype, a.device.type, k)
     # the interpreter's fp32 dots are exact (FMA-like in cost): "x3" runs its split arithmetic
     fma = a.dtype == torch.float32 and (not on_gpu or prec == "ieee")
-    if fma and sb[2] != 1 and m >= FMA_COPY_MIN_M:
-        sb, b3 = (k * n, n, 1), (bt, k, n)  # b copied N-inner: see FMA_COPY_MIN_M
+    if fma and sb[2] != 1 and m >= FMA_COPY_MIN_M and (bt == 1 or sb[0] != 0):
+        # b copied N-inner (see FMA_COPY_MIN_M); not a b expanded over the batch, whose
+        # copy would hold the batch's worth of one weight
+        sb, b3 = (k * n, n, 1), (bt, k, n)
     ints = (m, n, k, *sa, *sb, *sc, *_tune_keys(m, n, k))
     split = general_split(m, n, k, bt, n_sm, fma)
     # with K slices the epilogue runs in the sum of the partials
