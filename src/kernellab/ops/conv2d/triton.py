@@ -526,12 +526,12 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     grid = (triton_support.cdiv(m, cfg["BLOCK_M"]) * triton_support.cdiv(k, cfg["BLOCK_N"]),)
     bias_arg = bias if bias is not None else y
     consts = dict(HAS_BIAS=bias is not None, **_consts(x), **cfg)
-    geom = (c, h, wd, k, p, q, r, s, m, *x.stride())
+    dims, conv = (c, h, wd, k, p, q, r, s, m, *x.stride()), (sh, sw, ph, pw)
     if kind == "taps":
         wt, ws = tap_weight(w, True)
-        _conv_fwd_taps_kernel[grid](x, wt, bias_arg, y, *geom, *ws, sh, sw, ph, pw, **consts)
+        _conv_fwd_taps_kernel[grid](x, wt, bias_arg, y, *dims, *ws, *conv, **consts)
     else:
-        _conv_fwd_kernel[grid](x, w, bias_arg, y, *geom, sh, sw, ph, pw, **consts)
+        _conv_fwd_kernel[grid](x, w, bias_arg, y, *dims, *conv, **consts)
     return y
 
 
@@ -561,16 +561,17 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     nhw = n * h * wd
     if need_dx and nhw:
         kind, cfg = dgrad_plan(c, r, s, k, x.dtype, x.device)
-        geom = (c, h, wd, k, p, q, r, s, nhw, sh, sw, ph, pw)
+        dims, conv = (c, h, wd, k, p, q, r, s, nhw), (sh, sw, ph, pw)
         if kind == "stencil":
-            _conv_dgrad_stencil_kernel[(triton_support.cdiv(nhw, cfg["BLOCK"]), c)](dy, w, dx, *geom, **cfg)
+            grid = (triton_support.cdiv(nhw, cfg["BLOCK"]), c)
+            _conv_dgrad_stencil_kernel[grid](dy, w, dx, *dims, *conv, **cfg)
         else:
             grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
             if kind == "taps":
                 wt, ws = tap_weight(w, False)
-                _conv_dgrad_taps_kernel[grid](dy, wt, dx, *geom[:9], *ws, *geom[9:], **consts, **cfg)
+                _conv_dgrad_taps_kernel[grid](dy, wt, dx, *dims, *ws, *conv, **consts, **cfg)
             else:
-                _conv_dgrad_kernel[grid](dy, w, dx, *geom, **consts, **cfg)
+                _conv_dgrad_kernel[grid](dy, w, dx, *dims, *conv, **consts, **cfg)
     if npq == 0:
         return dx, torch.zeros_like(w), w.new_zeros(k)
     kind, cfg = wgrad_plan(c, r, s, k, x.dtype, x.device)
