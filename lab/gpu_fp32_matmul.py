@@ -151,15 +151,15 @@ def flush(out):
             out(row)
 
 
-def sweep(out):
+def sweep(out, layouts=("wt",), shapes=SWEEP):
     from triton.testing import do_bench
 
     from kernellab import triton_support
     from kernellab.ops.matmul import triton as tm
 
     tm.FMA_TERMS = 64
-    for m, n, k in SWEEP:
-        a, b = _operands(m, n, k, "wt", 7)
+    for (m, n, k), layout in [(s, lay) for s in shapes for lay in layouts]:
+        a, b = _operands(m, n, k, layout, 7)
         bm = triton_support.next_pow2(m)
         best = None
         for bn in (32, 64, 128, 256):
@@ -176,17 +176,18 @@ def sweep(out):
                                 lambda cfg=cfg: tm.triton_skinny_fwd(a, b, config=cfg), warmup=10, rep=40
                             )
                         except Exception as e:  # noqa: BLE001
-                            out(dict(part="sweep", shape=f"{m}x{n}x{k}", config=cfg, error=str(e)[:120]))
+                            row = dict(part="sweep", shape=f"{m}x{n}x{k}", layout=layout, config=cfg)
+                            out(dict(row, error=str(e)[:120]))
                             continue
                         if best is None or ms < best[0]:
                             best = (ms, cfg)
-                        out(
-                            dict(part="sweep", shape=f"{m}x{n}x{k}", config=cfg, terms=terms, ms=round(ms, 5))
-                        )
+                        row = dict(part="sweep", shape=f"{m}x{n}x{k}", layout=layout, config=cfg)
+                        out(dict(row, terms=terms, ms=round(ms, 5)))
         out(
             dict(
                 part="sweep_best",
                 shape=f"{m}x{n}x{k}",
+                layout=layout,
                 config=best[1],
                 ms=round(best[0], 5),
                 heuristic=tm.fma_config(m, n, k, 132),
@@ -232,6 +233,8 @@ def main():
     ap.add_argument("--parts", default="skinny,sweep,dots")
     ap.add_argument("--child")
     ap.add_argument("--dots-variants", default="ieee,x3")
+    ap.add_argument("--sweep-layouts", default="wt", help="wt,kn: b as W.t() and/or [K, N]")
+    ap.add_argument("--sweep-shapes", nargs="*", help="MxNxK; default SWEEP")
     args = ap.parse_args()
 
     def out(row):
@@ -252,7 +255,8 @@ def main():
     if "flush" in parts:
         flush(out)
     if "sweep" in parts:
-        sweep(out)
+        shapes = [tuple(map(int, x.split("x"))) for x in args.sweep_shapes] if args.sweep_shapes else SWEEP
+        sweep(out, args.sweep_layouts.split(","), shapes)
     if "dots" in parts:
         for v in args.dots_variants.split(","):
             env = dict(os.environ, KERNELLAB_FP32_DOTS=v)
