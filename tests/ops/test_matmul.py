@@ -474,6 +474,46 @@ def test_fma_dots_copy_a_k_inner_b_from_fma_copy_min_m_rows():
     torch.testing.assert_close(plan(a3, b3, None), a3 @ b3, rtol=1e-5, atol=1e-4)
 
 
+def test_fma_pad_rounds_dims_up_where_loads_would_be_one_element():
+    from kernellab.ops.matmul import triton as tm
+
+    work = tm.FMA_PAD_MIN_WORK
+    odd = (4097, 4095, 1023)
+    strides = (4095 * 1023, 1023, 1, 0, 1, 1023)  # a row-major, b = W.t()
+    assert tm.fma_pad(4, 1, *odd, strides, True) == (4100, 4096, 1024)
+    assert tm.fma_pad(4, 1, *odd, strides, False) is None  # tensor-core dots: as given
+    assert tm.fma_pad(4, 1, 4096, 4096, 1024, (0, 1024, 1, 0, 4096, 1), True) is None  # aligned
+    # aligned dims, a row stride off 4 (a slice of a wider tensor): padded to a copy
+    assert tm.fma_pad(4, 1, 2048, 2048, 1024, (0, 1025, 1, 0, 2048, 1), True) == (2048, 2048, 1024)
+    assert tm.fma_pad(4, 1, 1023, 1023, 1023, strides, True) is None  # below FMA_PAD_MIN_WORK
+    assert work <= 1024**3
+
+
+@pytest.mark.parametrize("split_k", [False, True])
+def test_fma_padded_product_matches_float64(monkeypatch, split_k):
+    """The padded plan (FMA_PAD_MIN_WORK lowered so small shapes take it) under the
+    interpreter: odd M, N, K, a batch, b K-inner, a bias and gelu; with a long K the tiled
+    kernel's K slices and their sum run on the padded operands too."""
+    from kernellab.ops.matmul import triton as tm
+
+    monkeypatch.setattr(tm, "FMA_PAD_MIN_WORK", 0)
+    g = torch.Generator().manual_seed(21)
+    k = 1030 if split_k else 37
+    a = torch.randn(2, 33, k, generator=g)
+    b = torch.randn(2, 29, k, generator=g).transpose(1, 2)  # [2, K, 29], K-inner
+    c = torch.randn(29, generator=g)
+    plan = tm._general_setup(a, b, True, "gelu")
+    assert plan.pad == (36, 32, -(-k // 4) * 4) and (plan.split > 1) is split_k
+    assert plan.ints[:3] == plan.pad and plan.ints[3:6] == (36 * plan.pad[2], plan.pad[2], 1)
+    y = plan(a, b, c)
+    assert y.shape == (2, 33, 29) and y.is_contiguous()
+    ref = mm.matmul_reference(a.double(), b.double(), c.double(), "gelu")
+    v = judge(y, ref, torch.float32, mm.apply_epilogue(a @ b, c, "gelu"))
+    assert v.ok, v.detail
+    # 16-bit operands are never padded
+    assert tm._general_setup(a.bfloat16(), b.bfloat16(), False, None).pad is None
+
+
 def test_fma_flush_keeps_one_running_sum_over_short_slices():
     from kernellab.ops.matmul import triton as tm
 
@@ -610,6 +650,27 @@ def test_gpu_triton_matmul_at_dims_of_8_not_16(dtype):
         dw_ref = db_ref.t() if b_t else db_ref
         assert float((da.double() - da_ref).abs().max()) <= scale * float(da_ref.abs().max()), b_t
         assert float((dw.double() - dw_ref).abs().max()) <= scale * float(dw_ref.abs().max()), b_t
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_odd_products_run_padded():
+    """fp32 with TF32 off at odd M, N, K and 2^30 multiply-adds or more: the plan pads
+    (FMA_PAD_MIN_WORK), and the forward (b = W.t(), bias, gelu) and both gradients (their
+    products odd too) match float64 as every backend is judged."""
+    from kernellab.ops.matmul import triton as tm
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        g = torch.Generator(device="cuda").manual_seed(5)
+        m, n, k = 1025, 1023, 1025
+        a = torch.randn(m, k, generator=g, device="cuda")
+        b = torch.randn(n, k, generator=g, device="cuda").t()
+        assert tm._general_setup(a, b, True, "gelu").pad == (1028, 1024, 1028)
+        bias = torch.randn(n, generator=g, device="cuda")
+        _run_and_judge("triton", a, b, torch.float32, bias=bias, activation="gelu")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def test_tma_small_products_take_64x64_tiles_and_their_split(monkeypatch):

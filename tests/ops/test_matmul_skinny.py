@@ -122,22 +122,43 @@ def test_fma_path_taken_for_fp32_without_tf32():
             _check(tm.triton_skinny_fwd(a, b, config=config), a, b, None, None, torch.float32)
 
 
+def test_fma_one_row_against_n_inner_b_takes_the_wide_tile():
+    """One row against a [K, N] row-major b: FMA_ROW_KN's 256 x 8 tile, with a bias and
+    relu, matches float64 under the interpreter; the same b as W.t() keeps fma_config's."""
+    a, b, bias = _operands(1, 300, 2000, torch.float32, "kn", seed=5, bias=True)
+    plan = tm._skinny_setup(a, b, True, "relu", None, None)
+    assert (plan.main.kw["BLOCK_N"], plan.main.kw["BLOCK_K"]) == tm.FMA_ROW_KN
+    _check(plan(a, b, bias), a, b, bias, "relu", torch.float32)
+    wt = b.t().contiguous().t()
+    kw = tm._skinny_setup(a, wt, True, "relu", None, None).main.kw
+    assert (kw["BLOCK_N"], kw["BLOCK_K"]) == tm.fma_config(1, 300, 2000, tm._SKINNY_CPU_SMS)[:2]
+
+
 @pytest.mark.parametrize("n_sm", [132, 20])
 def test_fma_config_invariants(n_sm):
     for m, (n, k) in itertools.product(range(1, tm.FMA_M_MAX + 1), SHAPES):
-        bn, bk, split, warps, stages = cfg = tm.fma_config(m, n, k, n_sm)
-        bm = triton_support.next_pow2(m)
-        where = (m, n, k, n_sm, cfg)
-        assert bm * bk * bn <= tm.FMA_TERMS * 32 * warps, where  # the sums a thread holds
-        assert bk <= max(1, triton_support.next_pow2(k)) and bn in (32, 64, 128), where
-        kb = triton_support.cdiv(k, bk)
-        per = triton_support.cdiv(kb, split)
-        assert (split - 1) * per < kb, where  # no empty slice
-        assert split == 1 or per >= tm.FMA_MIN_STEPS, where
-        assert split * m * n * 8 <= max(n * k, 1 << 21) or split == 1, where
+        for kn in (False, True):
+            _fma_config_ok(m, n, k, n_sm, kn)
     # decode against a 64 MB fp32 weight: 33 tiles of 128, K in slices for ~4 waves
     assert tm.fma_config(1, 4097, 4095, 132) == (128, 32, 16, 4, tm.FMA_STAGES)
     assert tm.fma_config(4, 1024, 1024, 132)[2] == 1  # 4 MB: one launch
+    # one row against an N-inner b: FMA_ROW_KN's wide, short tiles (more rows: as before)
+    assert tm.fma_config(1, 4097, 4095, 132, True) == (256, 8, 32, 4, tm.FMA_STAGES)
+    assert tm.fma_config(1, 50, 70000, 132, True)[:2] == (64, 32)  # N tile cut to N
+    assert tm.fma_config(2, 4097, 4095, 132, True) == tm.fma_config(2, 4097, 4095, 132)
+
+
+def _fma_config_ok(m, n, k, n_sm, kn):
+    bn, bk, split, warps, stages = cfg = tm.fma_config(m, n, k, n_sm, kn)
+    bm = triton_support.next_pow2(m)
+    where = (m, n, k, n_sm, kn, cfg)
+    assert bm * bk * bn <= tm.FMA_TERMS * 32 * warps, where  # the sums a thread holds
+    assert bk <= max(1, triton_support.next_pow2(k)) and bn in (32, 64, 128, 256), where
+    kb = triton_support.cdiv(k, bk)
+    per = triton_support.cdiv(kb, split)
+    assert (split - 1) * per < kb, where  # no empty slice
+    assert split == 1 or per >= tm.FMA_MIN_STEPS, where
+    assert split * m * n * 8 <= max(n * k, 1 << 21) or split == 1, where
 
 
 def test_skinny_layouts_and_leading_dims():

@@ -687,15 +687,26 @@ FMA_FLUSH = 8  # K steps of running sums before they are added into the output's
 FMA_WALK_MAX = 16  # slices of at most this many K steps keep one running sum (FLUSH 0)
 
 
-def fma_config(m: int, n: int, k: int, n_sm: int) -> tuple[int, int, int, int, int]:
+# One row against an N-inner b ([K, N] row-major): wide N tiles, short K steps (256 x 8 at
+# 4 warps, 16 sums a thread). H100, 1x4097x4095: 0.044 ms against 0.058 at the 128 x 32
+# of other layouts; 1x14336x4096: 0.098 against 0.103 (lab/gpu_fp32_matmul.py sweep).
+FMA_ROW_KN = (256, 8)
+
+
+def fma_config(m: int, n: int, k: int, n_sm: int, b_n_inner: bool = False) -> tuple[int, int, int, int, int]:
     """(BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) of ``_skinny_fma_kernel`` for
     [M, K] @ [K, N] fp32, M <= FMA_M_MAX: BLOCK_N 128 to 32 as M grows, BLOCK_K filling
-    FMA_TERMS sums a thread; K split (``_whole_slices``) for FMA_WAVES waves of programs
-    where the weight is SKINNY_SPLIT_MIN_BYTES or more or K is long over a small output,
-    the fp32 partials (8 S M N bytes) kept under a quarter of the weight or 2 MB.
+    FMA_TERMS sums a thread (one row with ``b_n_inner``: FMA_ROW_KN, BLOCK_N cut to N);
+    K split (``_whole_slices``) for FMA_WAVES waves of programs where the weight is
+    SKINNY_SPLIT_MIN_BYTES or more or K is long over a small output, the fp32 partials
+    (8 S M N bytes) kept under a quarter of the weight or 2 MB.
     Pure: a function of its arguments."""
     bm = triton_support.next_pow2(m)
     warps = 4
+    if bm == 1 and b_n_inner:
+        bn = min(FMA_ROW_KN[0], max(32, triton_support.next_pow2(n)))
+        bk = max(1, min(FMA_ROW_KN[0] * FMA_ROW_KN[1] // bn, triton_support.next_pow2(k)))
+        return bn, bk, fma_split(m, n, k, bn, bk, n_sm), warps, FMA_STAGES
     bn = 128 if bm <= 4 else 64 if bm <= 16 else 32
     bk = max(1, min(64, FMA_TERMS * 32 * warps // (bm * bn), triton_support.next_pow2(k)))
     return bn, bk, fma_split(m, n, k, bn, bk, n_sm), warps, FMA_STAGES
@@ -912,6 +923,8 @@ def plan_key(kind: str, a, b, bias, activation, extra=()) -> tuple:
         FMA_M_MAX,
         FMA_WALK_MAX,
         FMA_COPY_MIN_M,
+        FMA_PAD_MIN_WORK,
+        FMA_ROW_KN,
         extra,
     )
 
@@ -1040,7 +1053,10 @@ def _fma_setup(a2, b2, m, n, k, out_shape, a, has_bias: bool, activation, config
     the slices' sum."""
     n_sm = triton_support.sm_count(a.device.index) if a.is_cuda else _SKINNY_CPU_SMS
     bm = triton_support.next_pow2(m)
-    bn, bk, split, warps, stages = fma_config(m, n, k, n_sm) if config is None else _fma_fit(config, bm)
+    if config is None:
+        bn, bk, split, warps, stages = fma_config(m, n, k, n_sm, b2.stride(1) == 1 and n > 1)
+    else:
+        bn, bk, split, warps, stages = _fma_fit(config, bm)
     kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
               FLUSH=fma_flush(k, bk, split), num_warps=warps, num_stages=stages)  # fmt: skip
     ints = (m, n, k, a2.stride(0), a2.stride(1), b2.stride(0), b2.stride(1), n, 1)
@@ -1051,22 +1067,26 @@ def _fma_setup(a2, b2, m, n, k, out_shape, a, has_bias: bool, activation, config
 
 class _GeneralPlan:
     """``triton_general_fwd`` derived for one call shape (``_general_setup``). With ``split``
-    > 1 the tiled kernel writes fp32 partials [split, Bt, M, N] and ``sum`` adds them."""
+    > 1 the tiled kernel writes fp32 partials [split, Bt, M, N] and ``sum`` adds them. With
+    ``pad`` (Mp, Np, Kp) it runs on zero-padded copies of a, b (and the bias) and returns
+    the [M, N] corner of its [Mp, Np] output (see FMA_PAD_MIN_WORK)."""
 
-    __slots__ = ("out_shape", "shape", "dtype", "device", "a3", "b3", "ints", "main", "split", "sum")
+    __slots__ = ("out_shape", "shape", "dtype", "device", "a3", "b3", "ints", "main", "split", "sum", "pad")
 
-    def __init__(self, out_shape, shape, dtype, device, a3, b3, ints, main, split=1, sum_=None):
+    def __init__(self, out_shape, shape, dtype, device, a3, b3, ints, main, split=1, sum_=None, pad=None):
         self.out_shape, self.shape, self.dtype, self.device = out_shape, shape, dtype, device
         self.a3, self.b3, self.ints, self.main = a3, b3, ints, main
-        self.split, self.sum = split, sum_
+        self.split, self.sum, self.pad = split, sum_, pad
 
     def bound(self) -> _GeneralPlan:
         main = self.main.bind() if self.main is not None else None
         sum_ = self.sum.bind() if self.sum is not None else None
         return _GeneralPlan(self.out_shape, self.shape, self.dtype, self.device, self.a3, self.b3, self.ints,
-                            main, self.split, sum_)  # fmt: skip
+                            main, self.split, sum_, self.pad)  # fmt: skip
 
     def __call__(self, a, b, bias):
+        if self.pad is not None:
+            return self._padded(a, b, bias)
         c = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         if self.main is not None:
             # a [..., M, K] as [bt, M, K]: a itself where that is a view (the same address;
@@ -1074,14 +1094,47 @@ class _GeneralPlan:
             # b's made N-inner for FMA dots)
             a3 = a if self.a3 is None else a.reshape(self.a3)
             b3 = b if self.b3 is None else b.reshape(self.b3).contiguous()
-            if self.sum is None:
-                self.main(a3, b3, c, bias if bias is not None else c, *self.ints)
-            else:
-                w = torch.empty((self.split, *self.shape), dtype=torch.float32, device=self.device)
-                self.main(a3, b3, w, w, *self.ints)
-                mn = c.numel()
-                self.sum(w, c, bias if bias is not None else c, mn, self.shape[2])
+            self._run(a3, b3, c, bias)
         return c if self.out_shape is None else c.view(self.out_shape)
+
+    def _run(self, a3, b3, c, bias):
+        if self.sum is None:
+            self.main(a3, b3, c, bias if bias is not None else c, *self.ints)
+        else:
+            w = torch.empty((self.split, *c.shape), dtype=torch.float32, device=self.device)
+            self.main(a3, b3, w, w, *self.ints)
+            self.sum(w, c, bias if bias is not None else c, c.numel(), c.shape[2])
+
+    def _padded(self, a, b, bias):
+        bt, m, n = self.shape
+        mp, np_, kp = self.pad
+        k = a.shape[-1]
+        a3 = torch.nn.functional.pad(a.reshape(bt, m, k), (0, kp - k, 0, mp - m))
+        b3 = torch.nn.functional.pad(b.reshape(bt, k, n), (0, np_ - n, 0, kp - k))
+        if bias is not None:
+            bias = torch.nn.functional.pad(bias, (0, np_ - n))
+        cp = torch.empty((bt, mp, np_), dtype=self.dtype, device=self.device)
+        self._run(a3, b3, cp, bias)
+        c = cp[:, :m, :n].contiguous() if (mp, np_) != (m, n) else cp
+        return c if self.out_shape is None else c.view(self.out_shape)
+
+
+# fp32 FMA dots (TF32 off) where some dim or stride is off a multiple of 4 elements (ALIGN 1:
+# every load one element wide, no cp.async pipeline): from this much work (bt*M*N*K) the
+# product runs on zero-padded copies (every dim rounded up to 4, contiguous) and the output
+# is cut back. H100: 4097x4095x1023 2.05 ms -> 0.99 with the copies (the padded product
+# alone 0.89), 4097x4095x4096 7.85 -> 3.69.
+FMA_PAD_MIN_WORK = TUNE_MIN_WORK
+
+
+def fma_pad(elem: int, bt: int, m: int, n: int, k: int, strides, fma: bool) -> tuple | None:
+    """(Mp, Np, Kp) the tiled kernel's fp32 FMA product pads to (each a multiple of
+    16 // elem), or None: not ``fma``, below FMA_PAD_MIN_WORK, or already aligned
+    (``align_of`` > 1). Pure: a function of its arguments."""
+    v = max(1, 16 // elem)
+    if not fma or bt * m * n * k < FMA_PAD_MIN_WORK or align_of(elem, (m, n, k), strides) > 1:
+        return None
+    return tuple(-(-d // v) * v for d in (m, n, k))
 
 
 def _as_3d(t, shape):
@@ -1119,7 +1172,14 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     prec = _precision(a.dtype, a.device.type, k)
     # the interpreter's fp32 dots are exact (FMA-like in cost): "x3" runs its split arithmetic
     fma = a.dtype == torch.float32 and (not on_gpu or prec == "ieee")
-    if fma and sb[2] != 1 and m >= FMA_COPY_MIN_M and (bt == 1 or sb[0] != 0):
+    pad = fma_pad(a.element_size(), bt, m, n, k, (*sa, *sb), fma)
+    if pad is not None:
+        # the kernel runs on contiguous zero-padded copies: their dims and strides
+        m0, n0 = m, n
+        m, n, k = pad
+        sa, sb = (m * k, k, 1), (k * n, n, 1)
+        sc = (m * n, n, 1)
+    elif fma and sb[2] != 1 and m >= FMA_COPY_MIN_M and (bt == 1 or sb[0] != 0):
         # b copied N-inner (see FMA_COPY_MIN_M); not a b expanded over the batch, whose
         # copy would hold the batch's worth of one weight
         sb, b3 = (k * n, n, 1), (bt, k, n)
@@ -1151,6 +1211,9 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
         grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt, split)
         main = _Launch(_matmul_kernel, grid, kw, False, check)
     sum_ = _sum_launch(split, bt * m * n, n_sm, on_gpu, has_bias, activation)
+    if pad is not None:
+        shape = (bt, m0, n0)
+        return _GeneralPlan(out_shape, shape, a.dtype, a.device, None, None, ints, main, split, sum_, pad)
     return _GeneralPlan(out_shape, (bt, m, n), a.dtype, a.device, a3, b3, ints, main, split, sum_)
 
 
