@@ -5,7 +5,8 @@
 fp32 (TF32 off): the wgrad kernel with fp64 dots (WGRAD_DOT64, the library's) and with
 an fp32 dot a BLOCK_K step summed in fp64, each at the plan's tiles and a few others
 (wgrad_plan patched); error of dw against float64 as a ratio to cuDNN's, the worst of
-three seeds. bf16: the plan's wgrad, dgrad + wgrad and cuDNN's backward.
+three seeds. bf16: the plan's wgrad, dgrad + wgrad and cuDNN's backward; the wgrad with
+x channels_last (its B tile channel-contiguous) and at a few other tiles.
 do_bench medians (ms), L2 flushed by do_bench.
 """
 
@@ -18,6 +19,7 @@ from triton.testing import do_bench
 
 DEV = "cuda"
 SHAPES = [(32, 64, 56, 56, 64), (64, 32, 14, 14, 64), (256, 32, 14, 14, 64), (1024, 32, 14, 14, 64)]
+BF16_TILES = [(64, 64, 32, 4), (128, 64, 32, 8), (64, 64, 64, 8), (128, 32, 64, 4)]
 TILES = [(32, 32, 32, 4), (64, 64, 16, 4), (64, 64, 32, 8), (32, 64, 32, 4), (64, 32, 32, 4), (32, 32, 16, 2)]
 
 
@@ -98,6 +100,21 @@ def bf16(out):
         row["triton_fwd_ms"] = do_bench(lambda: kt.triton_conv2d_fwd(x, w, None, 1, 1, 1, 1))
         row["dgrad_and_wgrad_ms"] = do_bench(lambda: kt.triton_conv2d_bwd(dy, x, w, True, 1, 1, 1, 1))
         row["wgrad_ms"] = do_bench(lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1))
+        xc = x.contiguous(memory_format=torch.channels_last)
+        row["wgrad_x_channels_last_ms"] = do_bench(lambda: kt.triton_conv2d_bwd(dy, xc, w, False, 1, 1, 1, 1))
+        row["copy_channels_last_ms"] = do_bench(lambda: x.contiguous(memory_format=torch.channels_last))
+        plan0 = kt.wgrad_plan
+        for t in BF16_TILES:
+            cfg = dict(BLOCK_M=t[0], BLOCK_N=t[1], BLOCK_K=t[2], num_warps=t[3])
+            kt.wgrad_plan = lambda *a, cfg=cfg: ("taps", cfg)
+            try:
+                name = "x".join(map(str, t))
+                row["wgrad_" + name] = do_bench(lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1))
+                row["wgrad_cl_" + name] = do_bench(lambda: kt.triton_conv2d_bwd(dy, xc, w, False, 1, 1, 1, 1))
+            except Exception as e:  # noqa: BLE001
+                row["error_" + "x".join(map(str, t))] = str(e)[:120]
+            finally:
+                kt.wgrad_plan = plan0
         row["plans"] = [kt.fwd_plan(shape[1], 3, 3, shape[4], torch.bfloat16, x.device),
                         kt.dgrad_plan(shape[1], 3, 3, shape[4], torch.bfloat16, x.device),
                         kt.wgrad_plan(shape[1], 3, 3, shape[4], torch.bfloat16, x.device)]  # fmt: skip

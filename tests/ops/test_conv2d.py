@@ -340,6 +340,18 @@ def test_triton_tap_forward_and_stencil_dgrad(case, layout, tap_major, monkeypat
     assert_fwd_bwd("triton", (x, w, b), torch.float32, stride, padding, seed=4)
 
 
+@pytest.mark.parametrize("dot64", [True, False], ids=["fp64-dots", "fp32-dots"])
+def test_triton_fp32_wgrad_both_sums(dot64, monkeypatch):
+    """fp32 wgrad (both kernels: taps at C 16, GEMM at C 3) with fp64 dots (WGRAD_DOT64,
+    the default) and with an fp32 dot a step summed in fp64, against float64."""
+    from kernellab.ops.conv2d import triton as kt
+
+    monkeypatch.setattr(kt, "WGRAD_DOT64", dot64)
+    for shape in ((2, 16, 7, 6, 5, 3, 3), (2, 3, 9, 8, 6, 3, 3)):
+        x, w, b = SPEC.make_inputs(shape, torch.float32, "cpu", 5)
+        assert_fwd_bwd("triton", (x, w, b), torch.float32, 1, 1, seed=6)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_tap_weight_strides_address_w(dtype):
     """tap_weight's copy and strides: w[k, c, r, s] at k swk + c swc + (r S + s) swt, the
@@ -414,7 +426,10 @@ def test_triton_config():
     assert kt.wgrad_plan(1, 3, 3, 32, f32, gpu) == ("gemm", kt.wgrad_config(32, 9, gpu))
     assert kt.wgrad_plan(32, 3, 3, 64, bf16, gpu) == ("taps", dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=64,
                                                                    num_warps=4))  # fmt: skip
-    assert kt.wgrad_plan(32, 3, 3, 64, f32, gpu)[1]["BLOCK_K"] == 32
+    # fp32 (fp64 dots): 16 reduction indices a step, 64 C columns even at C 32 (measured)
+    assert kt.wgrad_plan(32, 3, 3, 64, f32, gpu) == ("taps", dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=16,
+                                                                  num_warps=4))  # fmt: skip
+    assert kt.wgrad_plan(16, 3, 3, 16, f32, gpu)[1]["BLOCK_N"] == 64
 
     cfg = kt.gemm_config(32, 9, torch.device("cuda"))  # MNIST layer 1
     assert (cfg["BLOCK_N"], cfg["BLOCK_K"]) == (32, 16)
