@@ -1,6 +1,6 @@
 """The pointer matmul kernel's tiles at the small family, where cuBLAS leads by 1.4-1.6x.
 
-    python lab/gpu_mm_small.py --out DIR [--cpu-dry-run]
+    python lab/gpu_mm_small.py --out DIR [--cpu-dry-run] [--dtype fp32]
 
 H200 table (device time): 256x10x128 bf16 forward 9.8 us in triton against cuBLAS 6.4
 (N = 10: rows of 20 bytes, no TMA), 64x128x3136 13.7 (triton_tma, 8 K slices) against 10.0.
@@ -46,6 +46,9 @@ CASES = {
 }
 TILES = [(16, 16, 64), (16, 32, 64), (16, 64, 64), (32, 16, 64), (32, 32, 64), (64, 16, 64), (64, 32, 32),
          (64, 64, 64), (32, 64, 128), (64, 64, 128), (64, 128, 64), (128, 64, 64), (128, 128, 64)]
+# fp32 FMA dots: K steps of at most 32 (prune_configs' rule), tiles from 16x16
+FP32_TILES = [(16, 16, 32), (32, 16, 32), (16, 32, 32), (32, 32, 32), (64, 16, 32), (16, 64, 32),
+              (64, 32, 32), (32, 64, 32), (64, 64, 32), (32, 32, 16), (64, 64, 16)]  # fmt: skip
 WARPS = (4, 8)
 STAGES = (1, 2, 3)
 
@@ -57,6 +60,7 @@ def main() -> int:
     ap.add_argument("--cases", default=None, help="comma-separated names (default: all)")
     ap.add_argument("--budget", type=float, default=0.3, help="timing budget per config, s")
     ap.add_argument("--no-grid", action="store_true", help="cuBLAS and the launchers only (and --skinny)")
+    ap.add_argument("--dtype", default="bf16", help="bf16 or fp32 (TF32 off: FMA dots, tiles up to 32 deep)")
     ap.add_argument("--skinny", action="store_true",
                     help="also the skinny kernel (M <= 128) over its tiles and K slices")  # fmt: skip
     args = ap.parse_args()
@@ -64,7 +68,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     dry = args.cpu_dry_run
     dev = "cpu" if dry else "cuda"
-    dtype = torch.float32 if dry else torch.bfloat16
+    fp32 = args.dtype == "fp32"
+    dtype = torch.float32 if dry or fp32 else torch.bfloat16
+    torch.backends.cuda.matmul.allow_tf32 = False
     from kernellab.harness import timer
 
     def timed(fn):
@@ -78,7 +84,11 @@ def main() -> int:
     rows = open(out / "mm_small.jsonl", "w")
     lines = []
     grid_cfgs = (
-        [(16, 16, 16, 4, 1)] if dry else [t + (w, s) for t, w, s in itertools.product(TILES, WARPS, STAGES)]
+        [(16, 16, 16, 4, 1)]
+        if dry
+        else [t + (w, s) for t, w, s in itertools.product(FP32_TILES, (2, 4), (2,))]
+        if fp32
+        else [t + (w, s) for t, w, s in itertools.product(TILES, WARPS, STAGES)]
     )
     if args.no_grid:
         grid_cfgs = []
@@ -97,7 +107,8 @@ def main() -> int:
         base = dict(case=name, m=m, n=n, k=k, a_t=a_t, b_t=b_t, git_sha=sha)
         res = {}
         paths = [("cublas", lambda: torch.matmul(a, b)), ("triton", lambda: tm.triton_matmul_fwd(a, b))]
-        if not dry:  # the TMA launcher's choice, and its config before SMALL_TMA (128x128x64, 8 warps)
+        # the TMA launcher's choice, and its config before SMALL_TMA (128x128x64, 8 warps); 16-bit only
+        if not dry and not fp32:
             n_sm = torch.cuda.get_device_properties(0).multi_processor_count
             old = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_stages=3, num_warps=8,
                        split=tt.tma_split(m, n, k, 1, n_sm))  # fmt: skip
