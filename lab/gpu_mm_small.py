@@ -35,6 +35,7 @@ CASES = {
     "fc2_dA_256x128x10": (256, 128, 10, False, True),
     "fc2_dB_128x10x256": (128, 10, 256, True, False),
     "fc1_64x128x3136": (64, 128, 3136, False, False),
+    "fc1_bt_64x128x3136": (64, 128, 3136, False, True),
     "fc1_dA_64x3136x128": (64, 3136, 128, False, True),
     "fc1_dB_3136x128x64": (3136, 128, 64, True, False),
     # other products below TUNE_MIN_WORK (the fixed config's domain), to check a rule on
