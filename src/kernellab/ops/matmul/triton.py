@@ -501,17 +501,28 @@ SMALL_MIN_PROGRAMS = 8
 SMALL_SHRINK_MAX_K = 1024
 
 
+# fp32 FMA dots (TF32 off) below TUNE_MIN_WORK: the same narrowing as 16-bit operands, down
+# to SMALL_FMA_MIN_PROGRAMS programs, K steps as fixed_config's (32). H100 (lab/gpu_mm_small.py
+# --dtype fp32): 256x10x128 17.2 us at the fixed 64x64 tiles, 8.8 at 16x16 (cuBLAS 10.0);
+# 256x128x10 (its backward's dz @ W) 9.9 -> 6.4 at 32x32 (cuBLAS 11.9).
+SMALL_FMA_MIN_PROGRAMS = 32
+
+
 def small_config(m: int, n: int, k: int, bt: int, elem: int, precision: str, max_shared: int) -> dict:
     """The untuned config of a [bt] x [m, k] @ [k, n] product below TUNE_MIN_WORK."""
-    if elem != 2:
+    fma = elem == 4 and precision == "ieee"
+    if elem != 2 and not fma:
         return fixed_config(elem, precision, max_shared)
     bm, bn = SMALL_TILE, min(SMALL_TILE, max(16, triton_support.next_pow2(n)))
     cdiv = triton_support.cdiv
-    while k <= SMALL_SHRINK_MAX_K and bm * bn > 256 and bt * cdiv(m, bm) * cdiv(n, bn) < SMALL_MIN_PROGRAMS:
+    want = SMALL_FMA_MIN_PROGRAMS if fma else SMALL_MIN_PROGRAMS
+    while k <= SMALL_SHRINK_MAX_K and bm * bn > 256 and bt * cdiv(m, bm) * cdiv(n, bn) < want:
         if bm >= bn and bm > 16:
             bm //= 2
         else:
             bn //= 2
+    if fma:  # fixed_config's K steps, stages and warps (64x64 where nothing narrowed)
+        return dict(fixed_config(elem, precision, max_shared), BLOCK_M=bm, BLOCK_N=bn)
     bk = 128 if bm == bn == SMALL_TILE and k >= 128 else 64
     cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_stages": 3, "num_warps": 4}
     if pipeline_bytes(bm, bn, bk, elem, 3) > max_shared:
