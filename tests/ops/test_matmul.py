@@ -830,6 +830,43 @@ def test_x3_matmul_matches_float64_under_the_interpreter():
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
+def test_x3_copies_an_n_inner_b_k_inner_from_x3_copy_min_m_rows():
+    """x3 dots with b N-inner ([K, N] row-major, the backward's dz @ W): from X3_COPY_MIN_M
+    rows the plan copies b K-inner (strides (K N, 1, K)); below, and with b = W.t(), b
+    goes in as it is. Batched with a bias and gelu, against float64 under the interpreter."""
+    from kernellab import config
+    from kernellab.harness.compare import judge
+    from kernellab.ops.matmul import triton as tm
+
+    k = tm.X3_MIN_K + 20
+    g = torch.Generator().manual_seed(12)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        with config.override(fp32_dots="x3"):
+            for m, copied in ((tm.X3_COPY_MIN_M, True), (tm.X3_COPY_MIN_M - 1, False)):
+                a = torch.randn(2, m, k, generator=g)
+                b = torch.randn(2, k, 24, generator=g)
+                c = torch.randn(24, generator=g)
+                plan = tm._general_setup(a, b, True, "gelu")
+                assert plan.main.kw["PRECISION"] == "x3" and plan.b_k_inner is copied, m
+                assert plan.ints[6:9] == ((k * 24, 1, k) if copied else b.stride()), m
+                y = plan(a, b, c)
+                ref = mm.matmul_reference(a.double(), b.double(), c.double(), "gelu")
+                v = judge(y, ref, torch.float32, mm.apply_epilogue(a @ b, c, "gelu"))
+                assert v.ok, (m, v.detail)
+            a = torch.randn(tm.X3_COPY_MIN_M, k, generator=g)
+            wt = torch.randn(24, k, generator=g).t()  # K-inner already
+            plan = tm._general_setup(a, wt, False, None)
+            assert not plan.b_k_inner and plan.b3 is None
+            b3 = torch.randn(k, 24, generator=g).expand(3, k, 24)  # expanded over the batch
+            assert not tm._general_setup(a.expand(3, *a.shape), b3, False, None).b_k_inner
+        # IEEE dots never copy b K-inner
+        assert not tm._general_setup(a, torch.randn(k, 24, generator=g), False, None).b_k_inner
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
 def test_compile_backend_quick():
     a, b = _inputs((19, 23, 17), torch.float32, seed=1)
     bias = torch.randn(23)

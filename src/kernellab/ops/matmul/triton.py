@@ -469,6 +469,13 @@ TUNE_MIN_WORK = 1 << 30
 # product is worth a contiguous copy of b first (the copy costs about 64/M of the product).
 FMA_COPY_MIN_M = 128
 
+# "x3" dots (fp32 as three TF32 wgmma dots, ``kernellab.config.fp32_dots``): the other way
+# round. wgmma takes TF32 operands K-major only, so an N-inner b tile is split and stored
+# back transposed through shared memory (sm_90 PTX: 84 st.shared against 36 for a K-inner
+# b), and ran 1.5-1.8x slower (H100, 8192x768x768: 0.304 ms against 0.198 with b = W.t()).
+# From this many rows an N-inner b is copied K-inner first.
+X3_COPY_MIN_M = 128
+
 
 def _tune_keys(m: int, n: int, k: int) -> tuple[int, int, int]:
     """Bucket a dimension to its power of two at or above it: 3000 and 4000 share a tuning."""
@@ -934,6 +941,7 @@ def plan_key(kind: str, a, b, bias, activation, extra=()) -> tuple:
         FMA_M_MAX,
         FMA_WALK_MAX,
         FMA_COPY_MIN_M,
+        X3_COPY_MIN_M,
         FMA_PAD_MIN_WORK,
         FMA_ROW_KN,
         extra,
@@ -1082,18 +1090,20 @@ class _GeneralPlan:
     ``pad`` (Mp, Np, Kp) it runs on zero-padded copies of a, b (and the bias) and returns
     the [M, N] corner of its [Mp, Np] output (see FMA_PAD_MIN_WORK)."""
 
-    __slots__ = ("out_shape", "shape", "dtype", "device", "a3", "b3", "ints", "main", "split", "sum", "pad")
+    __slots__ = ("out_shape", "shape", "dtype", "device", "a3", "b3", "ints", "main", "split", "sum", "pad",
+                 "b_k_inner")  # fmt: skip
 
-    def __init__(self, out_shape, shape, dtype, device, a3, b3, ints, main, split=1, sum_=None, pad=None):
+    def __init__(self, out_shape, shape, dtype, device, a3, b3, ints, main, split=1, sum_=None, pad=None,
+                 b_k_inner=False):  # fmt: skip
         self.out_shape, self.shape, self.dtype, self.device = out_shape, shape, dtype, device
         self.a3, self.b3, self.ints, self.main = a3, b3, ints, main
-        self.split, self.sum, self.pad = split, sum_, pad
+        self.split, self.sum, self.pad, self.b_k_inner = split, sum_, pad, b_k_inner
 
     def bound(self) -> _GeneralPlan:
         main = self.main.bind() if self.main is not None else None
         sum_ = self.sum.bind() if self.sum is not None else None
         return _GeneralPlan(self.out_shape, self.shape, self.dtype, self.device, self.a3, self.b3, self.ints,
-                            main, self.split, sum_, self.pad)  # fmt: skip
+                            main, self.split, sum_, self.pad, self.b_k_inner)  # fmt: skip
 
     def __call__(self, a, b, bias):
         if self.pad is not None:
@@ -1102,9 +1112,12 @@ class _GeneralPlan:
         if self.main is not None:
             # a [..., M, K] as [bt, M, K]: a itself where that is a view (the same address;
             # the strides passed are the view's), else a contiguous copy (reshape's, or
-            # b's made N-inner for FMA dots)
+            # b's made N-inner for FMA dots, K-inner for x3 dots)
             a3 = a if self.a3 is None else a.reshape(self.a3)
-            b3 = b if self.b3 is None else b.reshape(self.b3).contiguous()
+            if self.b_k_inner:  # b [bt, K, N] copied K-inner (X3_COPY_MIN_M)
+                b3 = b.reshape(self.b3).transpose(1, 2).contiguous().transpose(1, 2)
+            else:
+                b3 = b if self.b3 is None else b.reshape(self.b3).contiguous()
             self._run(a3, b3, c, bias)
         return c if self.out_shape is None else c.view(self.out_shape)
 
@@ -1182,7 +1195,10 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     n_sm = triton_support.sm_count(a.device.index) if on_gpu else _SKINNY_CPU_SMS
     prec = _precision(a.dtype, a.device.type, k)
     # the interpreter's fp32 dots are exact (FMA-like in cost): "x3" runs its split arithmetic
-    fma = a.dtype == torch.float32 and (not on_gpu or prec == "ieee")
+    # and plans as on a GPU
+    fma = a.dtype == torch.float32 and prec != "x3" and (not on_gpu or prec == "ieee")
+    # (not a b expanded over the batch, whose copy would hold the batch's worth of one weight)
+    x3_copy = prec == "x3" and sb[2] == 1 and n > 1 and m >= X3_COPY_MIN_M and (bt == 1 or sb[0] != 0)
     pad = fma_pad(a.element_size(), bt, m, n, k, (*sa, *sb), fma)
     if pad is not None:
         # the kernel runs on contiguous zero-padded copies: their dims and strides
@@ -1190,6 +1206,9 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
         m, n, k = pad
         sa, sb = (m * k, k, 1), (k * n, n, 1)
         sc = (m * n, n, 1)
+    elif x3_copy:
+        # b copied K-inner (see X3_COPY_MIN_M)
+        sb, b3 = (k * n, 1, k), (bt, k, n)
     elif fma and sb[2] != 1 and m >= FMA_COPY_MIN_M and (bt == 1 or sb[0] != 0):
         # b copied N-inner (see FMA_COPY_MIN_M); not a b expanded over the batch, whose
         # copy would hold the batch's worth of one weight
@@ -1225,7 +1244,8 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     if pad is not None:
         shape = (bt, m0, n0)
         return _GeneralPlan(out_shape, shape, a.dtype, a.device, None, None, ints, main, split, sum_, pad)
-    return _GeneralPlan(out_shape, (bt, m, n), a.dtype, a.device, a3, b3, ints, main, split, sum_)
+    shape = (bt, m, n)
+    return _GeneralPlan(out_shape, shape, a.dtype, a.device, a3, b3, ints, main, split, sum_, None, x3_copy)
 
 
 def triton_matmul_fwd(
