@@ -506,9 +506,9 @@ def wgrad_config(k: int, crs: int, dev) -> dict:
 
 
 # fp32 tap wgrad (fp64 dots): 16 reduction indices a step and C tiles of 64 columns even at
-# C = 32. H100 (lab/gpu_conv_wgrad.py, K 64): 32x64x56x56 1.00 ms -> 0.70 against the
-# 64 x 64 x 32 before; C 32 at 14x14, batch 64 / 256 / 1024: 0.132 / 0.419 / 1.711 -> 0.101
-# / 0.320 / 1.203 against 64 x 32 x 32.
+# C = 32. H100 (lab/gpu_conv_wgrad.py, K 64): 32x64x56x56 0.70 ms against 1.00 at 64 x 64 x
+# 32; C 32 at 14x14, batch 64 / 256 / 1024: 0.101 / 0.320 / 1.203 against 0.132 / 0.419 /
+# 1.711 at 64 x 32 x 32.
 WGRAD_FP32_MIN_N = 64
 
 def wgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:

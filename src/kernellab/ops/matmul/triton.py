@@ -511,7 +511,7 @@ SMALL_SHRINK_MAX_K = 1024
 # fp32 FMA dots (TF32 off) below TUNE_MIN_WORK: the same narrowing as 16-bit operands, down
 # to SMALL_FMA_MIN_PROGRAMS programs, K steps as fixed_config's (32). H100 (lab/gpu_mm_small.py
 # --dtype fp32): 256x10x128 17.2 us at the fixed 64x64 tiles, 8.8 at 16x16 (cuBLAS 10.0);
-# 256x128x10 (its backward's dz @ W) 9.9 -> 6.4 at 32x32 (cuBLAS 11.9).
+# 256x128x10 (its backward's dz @ W) 6.4 at 32x32 against 9.9 at 64x64 (cuBLAS 11.9).
 SMALL_FMA_MIN_PROGRAMS = 32
 
 
@@ -1146,8 +1146,8 @@ class _GeneralPlan:
 # fp32 FMA dots (TF32 off) where some dim or stride is off a multiple of 4 elements (ALIGN 1:
 # every load one element wide, no cp.async pipeline): from this much work (bt*M*N*K) the
 # product runs on zero-padded copies (every dim rounded up to 4, contiguous) and the output
-# is cut back. H100: 4097x4095x1023 2.05 ms -> 0.99 with the copies (the padded product
-# alone 0.89), 4097x4095x4096 7.85 -> 3.69.
+# is cut back. H100: 4097x4095x1023 0.99 ms with the copies (the padded product alone
+# 0.89) against 2.05 as given; 4097x4095x4096 3.69 against 7.85.
 FMA_PAD_MIN_WORK = TUNE_MIN_WORK
 
 
