@@ -1,6 +1,7 @@
 """fp32 matmul with TF32 off in the Triton backend, beside cuBLAS (torch, TF32 off). Needs a GPU.
 
-    PYTHONPATH=src python lab/gpu_fp32_matmul.py [--json F] [--parts skinny,layouts,flush,sweep,dots]
+    PYTHONPATH=src python lab/gpu_fp32_matmul.py [--json F]
+        [--parts skinny,layouts,flush,sweep,dots,skinny_copy]
 
 skinny  M <= 8 products against a weight, and MNIST's fc1: the library's path (the FMA
         kernel up to FMA_M_MAX rows) against the tl.dot skinny kernel (FMA_M_MAX = 0) and
@@ -10,6 +11,8 @@ sweep   forced FMA configs (BLOCK_N, BLOCK_K, warps, stages; K slices as ``fma_c
         makes them) at three shapes, FMA_TERMS raised to 64 so larger blocks can run.
 layouts the tiled kernel (FMA dots) with a M-inner or K-inner ("cm" / "rm") and b N-inner
         or K-inner ("kn" / "wt"); K-inner b with and without the copy FMA_COPY_MIN_M makes.
+skinny_copy  the tl.dot skinny kernel (5-128 rows) with b = W.t() as given and copied
+        N-inner first (the copy counted), beside torch.
 flush   the FMA skinny kernel with one running sum a slice where FMA_WALK_MAX allows it
         (the library's) and flushed every FMA_FLUSH steps (FMA_WALK_MAX 0).
 dots    large products through the tiled kernel with fp32_dots "ieee" and "x3", each in a
@@ -130,6 +133,32 @@ def layouts(out):
         _with_knob(
             row, tm, "FMA_COPY_MIN_M", choices, lambda: tm.triton_general_fwd(a, b), ref, _err(a @ b, ref)
         )
+        out(row)
+
+
+SKINNY_COPY = [(64, 128, 3136), (16, 1024, 1024), (32, 1024, 1024), (16, 4096, 4096), (64, 4096, 4096)]
+
+
+def skinny_copy(out):
+    """The tl.dot skinny kernel (fp32 past FMA_M_MAX rows) with b = W.t() as given against
+    b copied N-inner first (the copy counted, and alone), beside torch."""
+    from triton.testing import do_bench
+
+    from kernellab.ops.matmul import triton as tm
+
+    for m, n, k in SKINNY_COPY:
+        a, b = _operands(m, n, k, "wt", m + n + k)
+        ref = a.double() @ b.double()
+        e_t = _err(a @ b, ref)
+        row = dict(part="skinny_copy", shape=f"{m}x{n}x{k}", weight_mb=round(n * k * 4 / 2**20, 2))
+        row["torch_ms"] = round(do_bench(lambda: a @ b, warmup=25, rep=100), 5)
+        row["as_given_ms"] = round(do_bench(lambda: tm.triton_skinny_fwd(a, b), warmup=25, rep=100), 5)
+        row["copied_ms"] = round(
+            do_bench(lambda: tm.triton_skinny_fwd(a, b.contiguous()), warmup=25, rep=100), 5
+        )
+        row["copy_alone_ms"] = round(do_bench(lambda: b.contiguous(), warmup=25, rep=100), 5)
+        y = tm.triton_skinny_fwd(a, b.contiguous())
+        row["copied_err_ratio"] = round(_err(y, ref) / max(e_t, 1e-30), 3)
         out(row)
 
 
@@ -254,6 +283,8 @@ def main():
         layouts(out)
     if "flush" in parts:
         flush(out)
+    if "skinny_copy" in parts:
+        skinny_copy(out)
     if "sweep" in parts:
         shapes = [tuple(map(int, x.split("x"))) for x in args.sweep_shapes] if args.sweep_shapes else SWEEP
         sweep(out, args.sweep_layouts.split(","), shapes)
