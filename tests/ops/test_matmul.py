@@ -509,6 +509,9 @@ def test_fma_pad_rounds_dims_up_where_loads_would_be_one_element():
     # aligned dims, a row stride off 4 (a slice of a wider tensor): padded to a copy
     assert tm.fma_pad(4, 1, 2048, 2048, 1024, (0, 1025, 1, 0, 2048, 1), True) == (2048, 2048, 1024)
     assert tm.fma_pad(4, 1, 1023, 1023, 1023, strides, True) is None  # below FMA_PAD_MIN_WORK
+    # a b expanded over a batch (batch stride 0) is not copied once per product
+    assert tm.fma_pad(4, 2, *odd, (4095 * 1023, 1023, 1, 0, 1, 1023), True) is None
+    assert tm.fma_pad(4, 2, *odd, (4095 * 1023, 1023, 1, 1023 * 4097, 1, 1023), True) == (4100, 4096, 1024)
     assert work <= 1024**3
 
 

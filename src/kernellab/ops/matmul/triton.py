@@ -1153,10 +1153,14 @@ FMA_PAD_MIN_WORK = TUNE_MIN_WORK
 
 def fma_pad(elem: int, bt: int, m: int, n: int, k: int, strides, fma: bool) -> tuple | None:
     """(Mp, Np, Kp) the tiled kernel's fp32 FMA product pads to (each a multiple of
-    16 // elem), or None: not ``fma``, below FMA_PAD_MIN_WORK, or already aligned
-    (``align_of`` > 1). Pure: a function of its arguments."""
+    16 // elem), or None: not ``fma``, below FMA_PAD_MIN_WORK, already aligned
+    (``align_of`` > 1), or an operand expanded over the batch (``strides`` are a's and b's
+    (batch, row, column) strides: a batch stride of 0 would be copied bt times).
+    Pure: a function of its arguments."""
     v = max(1, 16 // elem)
     if not fma or bt * m * n * k < FMA_PAD_MIN_WORK or align_of(elem, (m, n, k), strides) > 1:
+        return None
+    if bt > 1 and 0 in (strides[0], strides[3]):
         return None
     return tuple(-(-d // v) * v for d in (m, n, k))
 
