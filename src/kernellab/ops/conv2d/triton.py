@@ -509,7 +509,7 @@ def wgrad_config(k: int, crs: int, dev) -> dict:
 # C = 32. H100 (lab/gpu_conv_wgrad.py, K 64): 32x64x56x56 0.70 ms against 1.00 at 64 x 64 x
 # 32; C 32 at 14x14, batch 64 / 256 / 1024: 0.101 / 0.320 / 1.203 against 0.132 / 0.419 /
 # 1.711 at 64 x 32 x 32.
-WGRAD_FP32_MIN_N = 64
+WGRAD_FP32_N = 64
 
 def wgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
     """("taps" or "gemm", tiles) for dw [K, C, R, S]: one filter tap a program with C
@@ -519,7 +519,7 @@ def wgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple
     if dev.type != "cuda":
         bm, bn, bk = _clamp_pow2(k, 16, 32), _clamp_pow2(c, 16, 32), 16
     elif dtype == torch.float32:
-        bm, bn, bk = _clamp_pow2(k, 16, 64), _clamp_pow2(c, WGRAD_FP32_MIN_N, 64), 16
+        bm, bn, bk = _clamp_pow2(k, 16, 64), WGRAD_FP32_N, 16
     else:
         bm, bn, bk = _clamp_pow2(k, 16, 64), _clamp_pow2(c, 16, 64), 64
     return "taps", dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)

@@ -1201,8 +1201,10 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     # the interpreter's fp32 dots are exact (FMA-like in cost): "x3" runs its split arithmetic
     # and plans as on a GPU
     fma = a.dtype == torch.float32 and prec != "x3" and (not on_gpu or prec == "ieee")
-    # (not a b expanded over the batch, whose copy would hold the batch's worth of one weight)
-    x3_copy = prec == "x3" and sb[2] == 1 and n > 1 and m >= X3_COPY_MIN_M and (bt == 1 or sb[0] != 0)
+    # b's layout copies (x3: K-inner, FMA: N-inner) skip a b expanded over the batch, whose
+    # copy would hold the batch's worth of one weight
+    b_copyable = bt == 1 or sb[0] != 0
+    x3_copy = prec == "x3" and sb[2] == 1 and n > 1 and m >= X3_COPY_MIN_M and b_copyable
     pad = fma_pad(a.element_size(), bt, m, n, k, (*sa, *sb), fma)
     if pad is not None:
         # the kernel runs on contiguous zero-padded copies: their dims and strides
@@ -1213,9 +1215,8 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     elif x3_copy:
         # b copied K-inner (see X3_COPY_MIN_M)
         sb, b3 = (k * n, 1, k), (bt, k, n)
-    elif fma and sb[2] != 1 and m >= FMA_COPY_MIN_M and (bt == 1 or sb[0] != 0):
-        # b copied N-inner (see FMA_COPY_MIN_M); not a b expanded over the batch, whose
-        # copy would hold the batch's worth of one weight
+    elif fma and sb[2] != 1 and m >= FMA_COPY_MIN_M and b_copyable:
+        # b copied N-inner (see FMA_COPY_MIN_M)
         sb, b3 = (k * n, n, 1), (bt, k, n)
     ints = (m, n, k, *sa, *sb, *sc, *_tune_keys(m, n, k))
     split = general_split(m, n, k, bt, n_sm, fma)
