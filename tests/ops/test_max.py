@@ -107,6 +107,31 @@ def test_triton_streamed_rows_off_16_byte_boundaries(dtype, width):
     _assert_like_torch("triton", y)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_triton_one_pass_gradient_across_blocks(dtype):
+    from kernellab.ops._reductions import _zeros_scatter
+    from kernellab.ops.max import triton as mt
+
+    for width, hits in [(4096, [0, 4095]), (4097, [4096, 1]), (9000, [4096, 8999, 5000]), (7, [6, 0, 3])]:
+        idx = torch.tensor(hits)
+        dv = torch.randn(len(hits)).to(dtype)
+        shape = (len(hits), width)
+        assert torch.equal(mt.max_grad(idx, dv, shape), _zeros_scatter(idx, dv, shape)), width
+
+
+@pytest.mark.parametrize("backend", CPU)
+def test_double_backward_through_max(backend):
+    # the one-pass backward is for plain gradients; differentiated again (create_graph with a
+    # dy that needs its gradient) the backward is torch's, so the second derivative is exact
+    x = torch.randn(4, 9, requires_grad=True)
+    dy = torch.randn(4, requires_grad=True)
+    vals, idx = kernellab.get("max", backend)(x)
+    (g,) = torch.autograd.grad(vals, x, dy, create_graph=True)
+    w = torch.randn(4, 9)
+    (gg,) = torch.autograd.grad((g * w).sum(), dy)
+    assert torch.equal(gg, w.gather(-1, idx.unsqueeze(-1)).squeeze(-1))
+
+
 @pytest.mark.parametrize("backend", CPU)
 def test_dim_argument(backend):
     x = torch.randn(6, 7, 5)
@@ -202,7 +227,7 @@ def test_cuda_kernels_compile_and_export():
 
     if nvrtc_unavailable():
         pytest.skip(nvrtc_unavailable())
-    names = ["max_rows_v1", "max_rows_warp", "max_rows_warp_vec", "max_rows_block", "max_rows_block_vec"]
+    names = ["max_rows_v1", "max_rows_warp", "max_rows_block", "max_grad_warp", "max_grad_block"]
     for arch in ("sm_80", "sm_90"):
         ptx = mcuda.MODULE.compile(arch, target="ptx").decode()
         entries = set(re.findall(r"\.entry\s+(\w+)", ptx))
@@ -227,15 +252,23 @@ def test_gpu_like_torch(backend, dtype):
     ints[7, 100] = ints[7, 3000] = float("nan")
     ints[8] = float("-inf")
     _assert_like_torch(backend, ints)
-    flat = torch.randn(37 * 1025 + 1, device="cuda").to(dtype)  # misaligned: scalar path
+    flat = torch.randn(37 * 1025 + 1, device="cuda").to(dtype)  # misaligned base
     _assert_like_torch(backend, flat[1:].view(37, 1025))
-    x = _x((33, 2048), dtype, 1, "cuda").requires_grad_()
-    vals, _ = kernellab.get("max", backend)(x)
-    dy = torch.randn_like(vals)
-    (g,) = torch.autograd.grad(vals, x, dy)
-    t = x.detach().clone().requires_grad_()
-    (gt,) = torch.autograd.grad(torch.max(t, -1)[0], t, dy)
-    assert torch.equal(g, gt)
+    # odd widths: each row starts at a different offset from a 16-byte boundary; the max
+    # among a row's first elements (read one a lane) and its last (the partial pack)
+    for width in (1025, 4097, 50257):
+        odd = _x((19, width), dtype, width, "cuda")
+        odd[0::3, 1] = odd[1::3, -1] = odd[2::3, 5] = 1000
+        _assert_like_torch(backend, odd)
+    # gradients: short and long rows, odd widths, few long rows (split into chunks)
+    for shape in [(33, 2048), (65, 1025), (7, 4097), (2, 100003), (1, 262144), (300, 3)]:
+        x = _x(shape, dtype, 1, "cuda").requires_grad_()
+        vals, _ = kernellab.get("max", backend)(x)
+        dy = torch.randn_like(vals)
+        (g,) = torch.autograd.grad(vals, x, dy)
+        t = x.detach().clone().requires_grad_()
+        (gt,) = torch.autograd.grad(torch.max(t, -1)[0], t, dy)
+        assert torch.equal(g, gt), shape
 
 
 @pytest.mark.gpu

@@ -226,22 +226,29 @@ def sum_backend(name: str, fwd_all: Callable, fwd_rows: Callable, triton: bool =
     return call
 
 
-def _max_grad(mm, saved, shape, dy, need):
-    """dv (dy[0]; the indices have no gradient) at the saved argmax positions, zeros elsewhere."""
-    (idx,) = saved
-    dv = dy[0]
-    if len(shape) == 0:
-        return (dv.clone(),)
+def _zeros_scatter(idx: Tensor, dv: Tensor, shape) -> Tensor:
+    """dx of max as torch's backward builds it: zeros, then dv scattered to the argmax."""
     dx = torch.zeros(shape, dtype=dv.dtype, device=dv.device)
-    return (dx.scatter_(-1, idx.unsqueeze(-1), dv.unsqueeze(-1)),)
+    return dx.scatter_(-1, idx.unsqueeze(-1), dv.unsqueeze(-1))
 
 
-def max_backend(name: str, rows: Callable, triton: bool = False):
-    """The registry callable ``fn(x) -> (values, indices)`` of a max backend."""
+def max_backend(name: str, rows: Callable, triton: bool = False, grad: Callable = _zeros_scatter):
+    """The registry callable ``fn(x) -> (values, indices)`` of a max backend. ``grad(idx,
+    dv, shape) -> dx`` writes the backward (dv at the argmax positions, zeros elsewhere)."""
 
     def _max(x: Tensor) -> tuple[Tensor, Tensor]:
         v, i = rows(x, True)
         return v, i
+
+    def _max_grad(fwd, saved, shape, dy, need):
+        (idx,) = saved
+        dv = dy[0]  # (the indices have no gradient)
+        if len(shape) == 0:
+            return (dv.clone(),)
+        if dv.requires_grad or torch.compiler.is_compiling():
+            # differentiated again, or traced: torch's ops (Inductor fuses them itself)
+            return (_zeros_scatter(idx, dv, shape),)
+        return (grad(idx, dv, shape),)
 
     call = build(
         OpDecl(

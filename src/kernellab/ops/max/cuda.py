@@ -1,6 +1,7 @@
 """max over the last dim in CUDA C++ (max.cu, NVRTC): launchers, custom ops,
 registrations. ``cuda_v1``: one thread per row (naive); ``cuda``: a warp or a block per
-row with 16-byte loads and shuffles (see the top of max.cu). argmax's CUDA backends
+row with 16-byte loads and shuffles (see the top of max.cu). Both take the one-pass
+backward ``max_grad``. argmax's CUDA backends
 (ops/argmax/cuda.py) are these launchers without the values store."""
 
 from __future__ import annotations
@@ -49,14 +50,39 @@ def max_rows(x: torch.Tensor, want_values: bool, variant: str):
     if variant == "v1":
         _kernel("max_rows_v1", x.dtype, dev)(-(-n_rows // THREADS), THREADS, x, vptr, idx, n_rows, n_cols)
         return vals, idx
-    vec = (x.data_ptr() & 15) == 0 and (n_cols * x.element_size()) % 16 == 0
-    sfx = "_vec" if vec else ""
     if n_cols <= WARP_ROW_MAX:
         grid = -(-n_rows // (THREADS // 32))
-        _kernel("max_rows_warp" + sfx, x.dtype, dev)(grid, THREADS, x, vptr, idx, n_rows, n_cols)
+        _kernel("max_rows_warp", x.dtype, dev)(grid, THREADS, x, vptr, idx, n_rows, n_cols)
     else:
-        _kernel("max_rows_block" + sfx, x.dtype, dev)(n_rows, THREADS, x, vptr, idx, n_rows, n_cols)
+        _kernel("max_rows_block", x.dtype, dev)(n_rows, THREADS, x, vptr, idx, n_rows, n_cols)
     return vals, idx
+
+
+GRAD_MIN_BLOCKS = 512  # a long-row backward splits rows into chunks until this many blocks run
+GRAD_MIN_CHUNK = 4096  # ... of at least this many columns
+
+
+def max_grad(idx: torch.Tensor, dv: torch.Tensor, shape) -> torch.Tensor:
+    """dx of ``max`` in one pass: zeros but ``dv`` at each row's argmax ``idx``."""
+    dx = torch.empty(shape, dtype=dv.dtype, device=dv.device)
+    n_cols = shape[-1]
+    n_rows = idx.numel()
+    if n_rows == 0 or n_cols == 0:
+        return dx.zero_()
+    dev = dv.device.index
+    if dev != _get_device():
+        with torch.cuda.device(dev):
+            return max_grad(idx, dv, shape)
+    idx, dv = idx.contiguous(), dv.contiguous()
+    if n_cols <= WARP_ROW_MAX:
+        k = MODULE.kernel(f"max_grad_warp_{SUFFIX[dv.dtype]}", _SIG, dev)
+        k(-(-n_rows // (THREADS // 32)), THREADS, dv, idx, dx, n_rows, n_cols)
+    else:
+        chunks = max(1, min(-(-GRAD_MIN_BLOCKS // n_rows), n_cols // GRAD_MIN_CHUNK))
+        chunk = -(-n_cols // chunks)
+        k = MODULE.kernel(f"max_grad_block_{SUFFIX[dv.dtype]}", _SIG + ("i32",), dev)
+        k((n_rows, chunks), THREADS, dv, idx, dx, n_rows, n_cols, chunk)
+    return dx
 
 
 VARIANTS = [
@@ -71,4 +97,4 @@ def launcher(variant: str):
 
 
 for _backend, _variant, _what in VARIANTS:
-    register_cuda("max", _backend, max_backend(_backend, launcher(_variant)), MODULE, _what)
+    register_cuda("max", _backend, max_backend(_backend, launcher(_variant), grad=max_grad), MODULE, _what)

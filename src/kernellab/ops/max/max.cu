@@ -11,9 +11,12 @@
 //                          addresses a row apart: uncoalesced) - the naive baseline.
 //   cuda max_rows_warp_* / max_rows_block_*: a warp per row (rows <= 1024 columns) or a
 //                          256-thread block per row; each thread keeps U 16-byte loads in
-//                          flight (`_vec`, when every row is 16-byte aligned; scalar loads
-//                          otherwise) and a running (value, index); warp shuffles, then one
-//                          shared-memory step across warps. Read once, 12 bytes written per row.
+//                          flight and a running (value, index); warp shuffles, then one
+//                          shared-memory step across warps. A row that starts off a 16-byte
+//                          boundary (odd widths) reads its first few elements one a lane and
+//                          the rest in 16-byte packs. Read once, 12 bytes written per row.
+//        max_grad_*        the backward (both CUDA variants): dx written in one pass, zero
+//                          but dy at the argmax, 16-byte stores the same way.
 // vals may be null (argmax): only indices are written.
 #include "common.cuh"
 #include "reduce.cuh"
@@ -68,53 +71,55 @@ __device__ void max_rows_v1(const T* __restrict__ x, T* vals, long long* __restr
     write(vals, idx, r, b);
 }
 
-// The running best of one thread of a G-thread group that owns the row.
-template <typename T, bool VEC>
+// The running best of one thread of a G-thread group (G >= 32) that owns the row. The
+// elements before the row's first 16-byte aligned address (`head`, fewer than 16 bytes'
+// worth) are read one each by the first lanes, the rest as 16-byte packs, U in flight per
+// thread, and the last partial pack one element a lane: every row gets 16-byte loads,
+// whatever its width.
+template <typename T>
 __device__ __forceinline__ Best group_row_best(const T* __restrict__ row, int cols, int lane, int G) {
     using V = kl::Vec16<T>;
     Best b;
-    int done = 0;
-    if (VEC) {
-        const int npacks = cols / V::N;
-        const int4* p = reinterpret_cast<const int4*>(row);
-        for (int base = lane; base < npacks; base += G * U) {
-            V r[U];
+    const int head = min(cols, (int)(((16 - ((unsigned long long)row & 15)) & 15) / sizeof(T)));
+    if (lane < head) b.take(kl::to_f(row[lane]), lane);
+    const int npacks = (cols - head) / V::N;
+    const int4* p = reinterpret_cast<const int4*>(row + head);
+    for (int base = lane; base < npacks; base += G * U) {
+        V r[U];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int q = base + u * G;
-                if (q < npacks) r[u].raw = kl::load16(p + q);
-            }
+        for (int u = 0; u < U; ++u) {
+            const int q = base + u * G;
+            if (q < npacks) r[u].raw = kl::load16(p + q);
+        }
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int q = base + u * G;
-                if (q < npacks) {
+        for (int u = 0; u < U; ++u) {
+            const int q = base + u * G;
+            if (q < npacks) {
 #pragma unroll
-                    for (int j = 0; j < V::N; ++j) b.take(kl::to_f(r[u].e[j]), q * V::N + j);
-                }
+                for (int j = 0; j < V::N; ++j) b.take(kl::to_f(r[u].e[j]), head + q * V::N + j);
             }
         }
-        done = npacks * V::N;
     }
-    for (int j = done + lane; j < cols; j += G) b.take(kl::to_f(row[j]), j);
+    for (int j = head + npacks * V::N + lane; j < cols; j += G) b.take(kl::to_f(row[j]), j);
     return b;
 }
 
-template <typename T, bool VEC>
+template <typename T>
 __device__ void max_rows_warp(const T* __restrict__ x, T* vals, long long* __restrict__ idx, long long rows, int cols) {
     const long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (r >= rows) return;  // whole warps leave together
     const int lane = threadIdx.x & 31;
-    const Best b = warp_best(group_row_best<T, VEC>(x + r * cols, cols, lane, 32));
+    const Best b = warp_best(group_row_best<T>(x + r * cols, cols, lane, 32));
     if (lane == 0) write(vals, idx, r, b);
 }
 
-template <typename T, bool VEC>
+template <typename T>
 __device__ void max_rows_block(const T* __restrict__ x, T* vals, long long* __restrict__ idx, long long rows, int cols) {
     __shared__ float sv[32];
     __shared__ int si[32];
     const long long r = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    Best b = warp_best(group_row_best<T, VEC>(x + r * cols, cols, threadIdx.x, blockDim.x));
+    Best b = warp_best(group_row_best<T>(x + r * cols, cols, threadIdx.x, blockDim.x));
     if (lane == 0) {
         sv[warp] = b.v;
         si[warp] = b.i;
@@ -131,6 +136,50 @@ __device__ void max_rows_block(const T* __restrict__ x, T* vals, long long* __re
     }
 }
 
+// Gradient of max: a segment of n elements of dx (a row, or a chunk of a long row) that is
+// zero but for g at `hit` (its argmax, relative to the segment; outside [0, n) when the
+// argmax lies in another chunk). Stored as the forward reads: the elements before the first
+// 16-byte aligned address one a lane, then 16-byte packs, then the last partial pack. One
+// pass: torch's backward writes zeros and then scatters (two launches).
+template <typename T>
+__device__ __forceinline__ void group_seg_grad(T* __restrict__ seg, int n, int hit, T g, int lane, int G) {
+    using V = kl::Vec16<T>;
+    const T zero = kl::from_f<T>(0.0f);
+    const int head = min(n, (int)(((16 - ((unsigned long long)seg & 15)) & 15) / sizeof(T)));
+    if (lane < head) seg[lane] = lane == hit ? g : zero;
+    const int npacks = (n - head) / V::N;
+    int4* p = reinterpret_cast<int4*>(seg + head);
+    for (int q = lane; q < npacks; q += G) {
+        const int k = hit - head - q * V::N;
+        V v;
+#pragma unroll
+        for (int j = 0; j < V::N; ++j) v.e[j] = j == k ? g : zero;
+        kl::store16(p + q, v.raw);
+    }
+    for (int j = head + npacks * V::N + lane; j < n; j += G) seg[j] = j == hit ? g : zero;
+}
+
+// A warp per row (rows up to WARP_ROW_MAX columns).
+template <typename T>
+__device__ void max_grad_warp(const T* __restrict__ dv, const long long* __restrict__ idx, T* dx, long long rows,
+                              int cols) {
+    const long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (r >= rows) return;
+    group_seg_grad<T>(dx + r * cols, cols, (int)idx[r], dv[r], threadIdx.x & 31, 32);
+}
+
+// A block per chunk of `chunk` columns: row blockIdx.x, chunk blockIdx.y (gridDim.y > 1 when
+// there are too few rows to fill the device).
+template <typename T>
+__device__ void max_grad_block(const T* __restrict__ dv, const long long* __restrict__ idx, T* dx, long long rows,
+                               int cols, int chunk) {
+    const long long r = blockIdx.x;
+    const int c0 = blockIdx.y * chunk;
+    const int n = min(chunk, cols - c0);
+    if (n <= 0) return;
+    group_seg_grad<T>(dx + r * cols + c0, n, (int)idx[r] - c0, dv[r], threadIdx.x, blockDim.x);
+}
+
 }  // namespace
 
 // One entry point NAME_S(x, vals, idx, rows, cols) around the kernel template given last.
@@ -139,11 +188,17 @@ __device__ void max_rows_block(const T* __restrict__ x, T* vals, long long* __re
         __VA_ARGS__(x, vals, idx, rows, cols);                                                            \
     }
 
-#define KL_MAX_KERNELS(S, T)                                        \
-    KL_MAX_ENTRY(max_rows_v1, S, T, max_rows_v1<T>)                 \
-    KL_MAX_ENTRY(max_rows_warp, S, T, max_rows_warp<T, false>)      \
-    KL_MAX_ENTRY(max_rows_warp_vec, S, T, max_rows_warp<T, true>)   \
-    KL_MAX_ENTRY(max_rows_block, S, T, max_rows_block<T, false>)    \
-    KL_MAX_ENTRY(max_rows_block_vec, S, T, max_rows_block<T, true>)
+#define KL_MAX_KERNELS(S, T)                                                                                  \
+    KL_MAX_ENTRY(max_rows_v1, S, T, max_rows_v1<T>)                                                           \
+    KL_MAX_ENTRY(max_rows_warp, S, T, max_rows_warp<T>)                                                       \
+    KL_MAX_ENTRY(max_rows_block, S, T, max_rows_block<T>)                                                     \
+    extern "C" __global__ void max_grad_warp_##S(const T* dv, const long long* idx, T* dx, long long rows,   \
+                                                 int cols) {                                                  \
+        max_grad_warp<T>(dv, idx, dx, rows, cols);                                                            \
+    }                                                                                                         \
+    extern "C" __global__ void max_grad_block_##S(const T* dv, const long long* idx, T* dx, long long rows,  \
+                                                  int cols, int chunk) {                                      \
+        max_grad_block<T>(dv, idx, dx, rows, cols, chunk);                                                    \
+    }
 
 KL_FOR_EACH_DTYPE(KL_MAX_KERNELS)

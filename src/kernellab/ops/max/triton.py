@@ -147,7 +147,37 @@ def max_rows(x: torch.Tensor, want_values: bool):
     return vals, idx
 
 
-max_triton = max_backend("triton", max_rows, triton=True)
+@triton_support.jit
+def _max_grad_kernel(dv_ptr, idx_ptr, dx_ptr, n_cols, BLOCK: tl.constexpr):
+    # dx [rows, n_cols] contiguous: BLOCK columns of row program_id(0), zero but dv at the
+    # row's argmax (one pass; torch writes zeros, then scatters)
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    hit = tl.load(idx_ptr + r)
+    g = tl.load(dv_ptr + r).to(tl.float32)
+    val = tl.where(c == hit, g, 0.0).to(dx_ptr.dtype.element_ty)
+    tl.store(dx_ptr + r * n_cols + c, val, mask=c < n_cols)
+
+
+GRAD_BLOCK = 4096
+_MAX_GRID_Y = 65535
+
+
+def max_grad(idx: torch.Tensor, dv: torch.Tensor, shape) -> torch.Tensor:
+    """dx of ``max`` in one pass: zeros but ``dv`` at each row's argmax ``idx``."""
+    dx = torch.empty(shape, dtype=dv.dtype, device=dv.device)
+    n_cols, n_rows = shape[-1], idx.numel()
+    if n_rows == 0 or n_cols == 0:
+        return dx.zero_()
+    block = max(min(GRAD_BLOCK, 1 << (n_cols - 1).bit_length()), 16)
+    while triton_support.cdiv(n_cols, block) > _MAX_GRID_Y:
+        block *= 2
+    grid = (n_rows, triton_support.cdiv(n_cols, block))
+    _max_grad_kernel[grid](dv.contiguous(), idx.contiguous(), dx, n_cols, BLOCK=block, num_warps=4)
+    return dx
+
+
+max_triton = max_backend("triton", max_rows, triton=True, grad=max_grad)
 
 
 def kernel_specs(dtype: str, write_vals: bool = True, n_cols: int = 4096):
