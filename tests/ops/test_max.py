@@ -109,14 +109,16 @@ def test_triton_streamed_rows_off_16_byte_boundaries(dtype, width):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 def test_triton_one_pass_gradient_across_blocks(dtype):
-    from kernellab.ops._reductions import _zeros_scatter
+    from kernellab.ops._reductions import max_grad_torch
     from kernellab.ops.max import triton as mt
 
-    for width, hits in [(4096, [0, 4095]), (4097, [4096, 1]), (9000, [4096, 8999, 5000]), (7, [6, 0, 3])]:
+    cases = [(4096, [0, 4095]), (4097, [4096, 1]), (9000, [4096, 8999, 5000]), (7, [6, 0, 3])]
+    cases += [(1025, [1024, 1024, 0, 1024]), (9, [8, 0, 8, 8, 1]), (8, [7, 0, 7])]
+    for width, hits in cases:
         idx = torch.tensor(hits)
         dv = torch.randn(len(hits)).to(dtype)
         shape = (len(hits), width)
-        assert torch.equal(mt.max_grad(idx, dv, shape), _zeros_scatter(idx, dv, shape)), width
+        assert torch.equal(mt.max_grad(idx, dv, shape), max_grad_torch(idx, dv, shape)), width
 
 
 @pytest.mark.parametrize("backend", CPU)

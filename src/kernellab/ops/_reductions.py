@@ -226,13 +226,13 @@ def sum_backend(name: str, fwd_all: Callable, fwd_rows: Callable, triton: bool =
     return call
 
 
-def _zeros_scatter(idx: Tensor, dv: Tensor, shape) -> Tensor:
+def max_grad_torch(idx: Tensor, dv: Tensor, shape) -> Tensor:
     """dx of max as torch's backward builds it: zeros, then dv scattered to the argmax."""
     dx = torch.zeros(shape, dtype=dv.dtype, device=dv.device)
     return dx.scatter_(-1, idx.unsqueeze(-1), dv.unsqueeze(-1))
 
 
-def max_backend(name: str, rows: Callable, triton: bool = False, grad: Callable = _zeros_scatter):
+def max_backend(name: str, rows: Callable, triton: bool = False, grad: Callable = max_grad_torch):
     """The registry callable ``fn(x) -> (values, indices)`` of a max backend. ``grad(idx,
     dv, shape) -> dx`` writes the backward (dv at the argmax positions, zeros elsewhere)."""
 
@@ -245,9 +245,10 @@ def max_backend(name: str, rows: Callable, triton: bool = False, grad: Callable 
         dv = dy[0]  # (the indices have no gradient)
         if len(shape) == 0:
             return (dv.clone(),)
-        if dv.requires_grad or torch.compiler.is_compiling():
-            # differentiated again, or traced: torch's ops (Inductor fuses them itself)
-            return (_zeros_scatter(idx, dv, shape),)
+        if fwd is not _max:
+            # the custom op (traced, or the backward differentiated again): torch's ops,
+            # which tracing sees through and autograd differentiates
+            return (max_grad_torch(idx, dv, shape),)
         return (grad(idx, dv, shape),)
 
     call = build(

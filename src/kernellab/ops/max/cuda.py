@@ -78,10 +78,11 @@ def max_grad(idx: torch.Tensor, dv: torch.Tensor, shape) -> torch.Tensor:
         k = MODULE.kernel(f"max_grad_warp_{SUFFIX[dv.dtype]}", _SIG, dev)
         k(-(-n_rows // (THREADS // 32)), THREADS, dv, idx, dx, n_rows, n_cols)
     else:
+        assert dx.data_ptr() % 16 == 0  # (the flat packs of max_grad_block)
         chunks = max(1, min(-(-GRAD_MIN_BLOCKS // n_rows), n_cols // GRAD_MIN_CHUNK))
-        chunk = -(-n_cols // chunks)
+        packs = -(-n_cols * dx.element_size() // 16) + 1  # the most packs a row owns
         k = MODULE.kernel(f"max_grad_block_{SUFFIX[dv.dtype]}", _SIG + ("i32",), dev)
-        k((n_rows, chunks), THREADS, dv, idx, dx, n_rows, n_cols, chunk)
+        k((n_rows, chunks), THREADS, dv, idx, dx, n_rows, n_cols, -(-packs // chunks))
     return dx
 
 

@@ -136,11 +136,10 @@ __device__ void max_rows_block(const T* __restrict__ x, T* vals, long long* __re
     }
 }
 
-// Gradient of max: a segment of n elements of dx (a row, or a chunk of a long row) that is
-// zero but for g at `hit` (its argmax, relative to the segment; outside [0, n) when the
-// argmax lies in another chunk). Stored as the forward reads: the elements before the first
-// 16-byte aligned address one a lane, then 16-byte packs, then the last partial pack. One
-// pass: torch's backward writes zeros and then scatters (two launches).
+// Gradient of max: one pass over dx (torch's backward writes zeros, then scatters: two
+// launches). Short rows: a row of n elements that is zero but for g at `hit`, stored as the
+// forward reads (the elements before the first 16-byte aligned address one a lane, then
+// 16-byte packs, then the last partial pack).
 template <typename T>
 __device__ __forceinline__ void group_seg_grad(T* __restrict__ seg, int n, int hit, T g, int lane, int G) {
     using V = kl::Vec16<T>;
@@ -168,16 +167,41 @@ __device__ void max_grad_warp(const T* __restrict__ dv, const long long* __restr
     group_seg_grad<T>(dx + r * cols, cols, (int)idx[r], dv[r], threadIdx.x & 31, 32);
 }
 
-// A block per chunk of `chunk` columns: row blockIdx.x, chunk blockIdx.y (gridDim.y > 1 when
-// there are too few rows to fill the device).
+// Long rows (more columns than a pack has elements): dx seen as the flat run of 16-byte
+// packs it is (a fresh allocation, so its base is aligned). Row r owns the packs from the
+// one holding its first element up to the one holding row r + 1's first: every store is a
+// whole aligned pack, even at odd widths (a row's block writing its own partial first and
+// last packs, its neighbours writing the rest of them at other times, ran ~15% slower than
+// torch's zero fill at fp32 8191x50257). The first of a row's packs may end the previous
+// row: its dy at the previous row's argmax is written there. A block per `chunk_packs` packs
+// of a row (blockIdx.y > 0 when there are too few rows to fill the device); the last row's
+// last block also writes the tensor's last partial pack, one element a thread.
 template <typename T>
 __device__ void max_grad_block(const T* __restrict__ dv, const long long* __restrict__ idx, T* dx, long long rows,
-                               int cols, int chunk) {
-    const long long r = blockIdx.x;
-    const int c0 = blockIdx.y * chunk;
-    const int n = min(chunk, cols - c0);
-    if (n <= 0) return;
-    group_seg_grad<T>(dx + r * cols + c0, n, (int)idx[r] - c0, dv[r], threadIdx.x, blockDim.x);
+                               int cols, int chunk_packs) {
+    using V = kl::Vec16<T>;
+    const T zero = kl::from_f<T>(0.0f);
+    const long long r = blockIdx.x, total = rows * cols;
+    const long long first = r * cols / V::N;
+    const long long end = r + 1 < rows ? (r + 1) * cols / V::N : total / V::N;
+    const long long q0 = first + (long long)blockIdx.y * chunk_packs;
+    const long long q1 = min(q0 + chunk_packs, end);
+    const long long hit = r * cols + idx[r];
+    const long long prev_hit = r > 0 ? (r - 1) * cols + idx[r - 1] : -1;
+    const T g = dv[r], prev_g = r > 0 ? dv[r - 1] : zero;
+    int4* p = reinterpret_cast<int4*>(dx);
+    for (long long q = q0 + threadIdx.x; q < q1; q += blockDim.x) {
+        V v;
+#pragma unroll
+        for (int j = 0; j < V::N; ++j) {
+            const long long e = q * V::N + j;
+            v.e[j] = e == hit ? g : (e == prev_hit ? prev_g : zero);
+        }
+        kl::store16(p + q, v.raw);
+    }
+    if (r + 1 == rows && blockIdx.y + 1 == gridDim.y) {
+        for (long long e = total / V::N * V::N + threadIdx.x; e < total; e += blockDim.x) dx[e] = e == hit ? g : zero;
+    }
 }
 
 }  // namespace
@@ -197,8 +221,8 @@ __device__ void max_grad_block(const T* __restrict__ dv, const long long* __rest
         max_grad_warp<T>(dv, idx, dx, rows, cols);                                                            \
     }                                                                                                         \
     extern "C" __global__ void max_grad_block_##S(const T* dv, const long long* idx, T* dx, long long rows,  \
-                                                  int cols, int chunk) {                                      \
-        max_grad_block<T>(dv, idx, dx, rows, cols, chunk);                                                    \
+                                                  int cols, int chunk_packs) {                                \
+        max_grad_block<T>(dv, idx, dx, rows, cols, chunk_packs);                                              \
     }
 
 KL_FOR_EACH_DTYPE(KL_MAX_KERNELS)

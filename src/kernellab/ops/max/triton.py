@@ -22,7 +22,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
-from kernellab.ops._reductions import max_backend, rows_config
+from kernellab.ops._reductions import max_backend, max_grad_torch, rows_config
 from kernellab.ops._register import register_triton
 from kernellab.ops._triton_rows import shifted_span
 
@@ -148,15 +148,27 @@ def max_rows(x: torch.Tensor, want_values: bool):
 
 
 @triton_support.jit
-def _max_grad_kernel(dv_ptr, idx_ptr, dx_ptr, n_cols, BLOCK: tl.constexpr):
-    # dx [rows, n_cols] contiguous: BLOCK columns of row program_id(0), zero but dv at the
-    # row's argmax (one pass; torch writes zeros, then scatters)
+def _max_grad_kernel(dv_ptr, idx_ptr, dx_ptr, n_rows, n_cols, BLOCK: tl.constexpr, A: tl.constexpr):
+    # dx: contiguous [n_rows, n_cols], 16-byte aligned, n_cols >= A (A elements per 16 bytes).
+    # Seen flat, row program_id(0) owns the elements from the multiple of A at or below its
+    # first to the one at or below the next row's first (so every store is whole 16-byte
+    # packs at any width; the first of them may end the previous row, whose dy lands there
+    # at its argmax); program_id(1) picks BLOCK of them. The last row's last program also
+    # writes the tensor's last partial pack.
     r = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    hit = tl.load(idx_ptr + r)
+    total = n_rows.to(tl.int64) * n_cols
+    first = r * n_cols // A * A
+    end = tl.where(r + 1 < n_rows, (r + 1) * n_cols, total) // A * A
+    hit = r * n_cols + tl.load(idx_ptr + r)
     g = tl.load(dv_ptr + r).to(tl.float32)
-    val = tl.where(c == hit, g, 0.0).to(dx_ptr.dtype.element_ty)
-    tl.store(dx_ptr + r * n_cols + c, val, mask=c < n_cols)
+    prev_hit = tl.where(r > 0, (r - 1) * n_cols + tl.load(idx_ptr + r - 1, mask=r > 0, other=0), -1)
+    prev_g = tl.load(dv_ptr + r - 1, mask=r > 0, other=0.0).to(tl.float32)
+    e = first + tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    val = tl.where(e == hit, g, tl.where(e == prev_hit, prev_g, 0.0))
+    tl.store(dx_ptr + e, val.to(dx_ptr.dtype.element_ty), mask=e < end)
+    if (r + 1 == n_rows) & (tl.program_id(1) == tl.num_programs(1) - 1):
+        t = total // A * A + tl.arange(0, A)
+        tl.store(dx_ptr + t, tl.where(t == hit, g, 0.0).to(dx_ptr.dtype.element_ty), mask=t < total)
 
 
 GRAD_BLOCK = 4096
@@ -164,16 +176,21 @@ _MAX_GRID_Y = 65535
 
 
 def max_grad(idx: torch.Tensor, dv: torch.Tensor, shape) -> torch.Tensor:
-    """dx of ``max`` in one pass: zeros but ``dv`` at each row's argmax ``idx``."""
-    dx = torch.empty(shape, dtype=dv.dtype, device=dv.device)
+    """dx of ``max`` in one pass: zeros but ``dv`` at each row's argmax ``idx``. Rows
+    narrower than 16 bytes take torch's zeros and scatter."""
     n_cols, n_rows = shape[-1], idx.numel()
-    if n_rows == 0 or n_cols == 0:
-        return dx.zero_()
+    a = 16 // dv.element_size()
+    if n_rows == 0 or n_cols < a:
+        return max_grad_torch(idx, dv, shape)
+    dx = torch.empty(shape, dtype=dv.dtype, device=dv.device)
+    assert dx.data_ptr() % 16 == 0  # (whole 16-byte packs)
     block = max(min(GRAD_BLOCK, 1 << (n_cols - 1).bit_length()), 16)
-    while triton_support.cdiv(n_cols, block) > _MAX_GRID_Y:
+    while triton_support.cdiv(n_cols + a, block) > _MAX_GRID_Y:
         block *= 2
-    grid = (n_rows, triton_support.cdiv(n_cols, block))
-    _max_grad_kernel[grid](dv.contiguous(), idx.contiguous(), dx, n_cols, BLOCK=block, num_warps=4)
+    grid = (n_rows, triton_support.cdiv(n_cols + a, block))
+    _max_grad_kernel[grid](
+        dv.contiguous(), idx.contiguous(), dx, n_rows, n_cols, BLOCK=block, A=a, num_warps=4
+    )
     return dx
 
 
