@@ -69,10 +69,16 @@ def _run_and_judge(backend, a, b, dtype, bias=None, activation=None, grads=True)
         assert v.ok, f"{name}: {v.detail}"
 
 
+def _skip_unless_taken(backend, dtype):
+    if dtype not in (kernellab.registry.get("matmul", backend).dtypes or (dtype,)):
+        pytest.skip(f"{backend} takes {kernellab.registry.get('matmul', backend).dtypes} only")
+
+
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 def test_forward_and_gradients(backend, dtype, shape):
+    _skip_unless_taken(backend, dtype)
     a, b = _inputs(shape, dtype, seed=seed_for(backend, shape))
     _run_and_judge(backend, a, b, dtype)
 
@@ -89,6 +95,7 @@ def test_layouts(backend, layout):
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 def test_epilogue_bias_and_activation(backend, activation, dtype):
+    _skip_unless_taken(backend, dtype)
     a, b = _inputs((2, 21, 35, 19), dtype, seed=seed_for(backend, activation))
     bias = torch.randn(35).to(dtype)
     _run_and_judge(backend, a, b, dtype, bias=bias, activation=activation)
@@ -695,6 +702,7 @@ def test_gpu_fp32_odd_products_run_padded():
         assert tm._general_setup(a, b, True, "gelu").pad == (1028, 1024, 1028)
         bias = torch.randn(n, generator=g, device="cuda")
         _run_and_judge("triton", a, b, torch.float32, bias=bias, activation="gelu")
+        _run_and_judge("triton_x3", a, b, torch.float32, bias=bias, activation="gelu")  # b padded K-inner
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
@@ -829,6 +837,44 @@ def test_x3_matmul_matches_float64_under_the_interpreter():
             y = tm.triton_general_fwd(a, b)
         v = judge(y, a.double() @ b.double(), torch.float32, a @ b)
         assert v.ok, v.detail
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_triton_x3_backend_runs_x3_dots_and_pads_b_k_inner(monkeypatch):
+    """The triton_x3 backend: x3 dots for its own calls only (the option and the plain
+    triton backend untouched), odd fp32 products on zero-padded copies with b padded
+    K-inner (FMA_PAD_MIN_WORK lowered), fp32 only."""
+    from kernellab import config
+    from kernellab.ops.matmul import triton as tm
+
+    monkeypatch.setattr(tm, "FMA_PAD_MIN_WORK", 0)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        k = tm.X3_MIN_K + 45
+        g = torch.Generator().manual_seed(31)
+        a = torch.randn(2, 33, k, generator=g)
+        b = torch.randn(2, 29, k, generator=g).transpose(1, 2)  # [2, K, 29], K-inner
+        c = torch.randn(29, generator=g)
+        token = tm._FP32_DOTS.set("x3")
+        try:
+            assert tm.fp32_dots() == "x3" and config.fp32_dots == "ieee"
+            plan = tm._general_setup(a, b, True, "gelu")
+        finally:
+            tm._FP32_DOTS.reset(token)
+        kp = -(-k // 4) * 4
+        assert plan.main.kw["PRECISION"] == "x3" and plan.pad == (36, 32, kp) and plan.b_k_inner
+        assert plan.ints[6:9] == (kp * 32, 1, kp)
+        assert tm.fp32_dots() == "ieee"
+        assert tm._general_setup(a, b, True, "gelu").main.kw["PRECISION"] == "ieee"
+        y = mm.matmul(a, b, c, "gelu", backend="triton_x3")
+        assert tm.fp32_dots() == "ieee"
+        ref = mm.matmul_reference(a.double(), b.double(), c.double(), "gelu")
+        v = judge(y, ref, torch.float32, mm.apply_epilogue(a @ b, c, "gelu"))
+        assert v.ok, v.detail
+        with pytest.raises(TypeError, match="a has dtype"):
+            mm.matmul(a.bfloat16(), b.bfloat16(), backend="triton_x3")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
@@ -2218,6 +2264,8 @@ def test_check_engine_quick(backend):
     from kernellab.harness.check import check_impl
 
     for dtype in (torch.float32, torch.bfloat16):  # fp16: the forward/gradient matrix above
+        if dtype not in (kernellab.registry.get("matmul", backend).dtypes or (dtype,)):
+            continue  # (triton_x3: fp32 only)
         rep = check_impl(kernellab.registry.get("matmul", backend), dtype, device="cpu", quick=True, seed=11)
         assert rep.status == "pass", (backend, dtype, rep.reason, [(c.name, c.detail) for c in rep.failures])
 
@@ -2231,7 +2279,7 @@ def _gpu_dtypes(backend):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("backend", CUDA_VARIANTS + ["triton", "triton_tma", "torch", "manual"])
+@pytest.mark.parametrize("backend", CUDA_VARIANTS + ["triton", "triton_x3", "triton_tma", "torch", "manual"])
 def test_gpu_forward_and_gradients(backend):
     why = kernellab.registry.get("matmul", backend).why_unavailable("cuda")
     if backend in ("cuda_v10", "cuda_v11", "cuda_v12", "cuda_v13", "cuda_v14") and why:

@@ -38,6 +38,7 @@ warps, stages; the slices stay the heuristic's), keyed on M's bucket and the exa
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 
@@ -845,11 +846,21 @@ _SKINNY_CPU_BLOCK = 32
 X3_MIN_K = 256
 
 
+# The fp32 dots of the call in progress where a backend fixes its own (triton_x3: "x3");
+# None: ``kernellab.config.fp32_dots``.
+_FP32_DOTS: contextvars.ContextVar[str | None] = contextvars.ContextVar("kernellab_fp32_dots", default=None)
+
+
+def fp32_dots() -> str:
+    """The fp32 dots in effect: the calling backend's own, else ``kernellab.config.fp32_dots``."""
+    return _FP32_DOTS.get() or _options.fp32_dots
+
+
 def _precision(dtype: torch.dtype, where=None, k: int | None = None) -> str:
     """PRECISION for operands of ``dtype`` launched on ``where`` (device.triton_interpreted)
     over a K of ``k`` (None: any): "x3" below X3_MIN_K falls back to "ieee"."""
     tf32 = torch.backends.cuda.matmul.allow_tf32
-    prec = dot_precision(dtype, tf32, _device.triton_interpreted(where), _options.fp32_dots)
+    prec = dot_precision(dtype, tf32, _device.triton_interpreted(where), fp32_dots())
     return "ieee" if prec == "x3" and k is not None and k < X3_MIN_K else prec
 
 
@@ -931,7 +942,7 @@ def plan_key(kind: str, a, b, bias, activation, extra=()) -> tuple:
         None if bias is None else bias.dtype,
         activation,
         # PRECISION of fp32 operands (16-bit ones ignore it; the read costs ~2 us)
-        (torch.backends.cuda.matmul.allow_tf32, _options.fp32_dots) if a.dtype == torch.float32 else None,
+        (torch.backends.cuda.matmul.allow_tf32, fp32_dots()) if a.dtype == torch.float32 else None,
         _options.triton_launch,  # Bound reads it when made
         TUNE_MIN_WORK,
         SKINNY_TUNE_MIN_BYTES,
@@ -1134,7 +1145,11 @@ class _GeneralPlan:
         mp, np_, kp = self.pad
         k = a.shape[-1]
         a3 = torch.nn.functional.pad(a.reshape(bt, m, k), (0, kp - k, 0, mp - m))
-        b3 = torch.nn.functional.pad(b.reshape(bt, k, n), (0, np_ - n, 0, kp - k))
+        if self.b_k_inner:  # [bt, Kp, Np] with K the unit stride
+            b3 = torch.nn.functional.pad(b.reshape(bt, k, n).transpose(1, 2), (0, kp - k, 0, np_ - n))
+            b3 = b3.transpose(1, 2)
+        else:
+            b3 = torch.nn.functional.pad(b.reshape(bt, k, n), (0, np_ - n, 0, kp - k))
         if bias is not None:
             bias = torch.nn.functional.pad(bias, (0, np_ - n))
         cp = torch.empty((bt, mp, np_), dtype=self.dtype, device=self.device)
@@ -1147,13 +1162,14 @@ class _GeneralPlan:
 # every load one element wide, no cp.async pipeline): from this much work (bt*M*N*K) the
 # product runs on zero-padded copies (every dim rounded up to 4, contiguous) and the output
 # is cut back. H100: 4097x4095x1023 0.99 ms with the copies (the padded product alone
-# 0.89) against 2.05 as given; 4097x4095x4096 3.69 against 7.85.
+# 0.89) against 2.05 as given; 4097x4095x4096 3.69 against 7.85. x3 dots likewise (1.43 ms
+# as given at 4097x4095x1023), b padded K-inner.
 FMA_PAD_MIN_WORK = TUNE_MIN_WORK
 
 
 def fma_pad(elem: int, bt: int, m: int, n: int, k: int, strides, fma: bool) -> tuple | None:
-    """(Mp, Np, Kp) the tiled kernel's fp32 FMA product pads to (each a multiple of
-    16 // elem), or None: not ``fma``, below FMA_PAD_MIN_WORK, already aligned
+    """(Mp, Np, Kp) the tiled kernel's fp32 product (FMA or x3 dots: ``fma``) pads to (each
+    a multiple of 16 // elem), or None: not ``fma``, below FMA_PAD_MIN_WORK, already aligned
     (``align_of`` > 1), or an operand expanded over the batch (``strides`` are a's and b's
     (batch, row, column) strides: a batch stride of 0 would be copied bt times).
     Pure: a function of its arguments."""
@@ -1205,12 +1221,13 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     # copy would hold the batch's worth of one weight
     b_copyable = bt == 1 or sb[0] != 0
     x3_copy = prec == "x3" and sb[2] == 1 and n > 1 and m >= X3_COPY_MIN_M and b_copyable
-    pad = fma_pad(a.element_size(), bt, m, n, k, (*sa, *sb), fma)
+    pad = fma_pad(a.element_size(), bt, m, n, k, (*sa, *sb), fma or prec == "x3")
     if pad is not None:
-        # the kernel runs on contiguous zero-padded copies: their dims and strides
+        # the kernel runs on zero-padded copies (a row-major, b N-inner for FMA dots and
+        # K-inner for x3 ones, see X3_COPY_MIN_M): their dims and strides
         m0, n0 = m, n
         m, n, k = pad
-        sa, sb = (m * k, k, 1), (k * n, n, 1)
+        sa, sb = (m * k, k, 1), ((k * n, 1, k) if prec == "x3" else (k * n, n, 1))
         sc = (m * n, n, 1)
     elif x3_copy:
         # b copied K-inner (see X3_COPY_MIN_M)
@@ -1248,7 +1265,10 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     sum_ = _sum_launch(split, bt * m * n, n_sm, on_gpu, has_bias, activation)
     if pad is not None:
         shape = (bt, m0, n0)
-        return _GeneralPlan(out_shape, shape, a.dtype, a.device, None, None, ints, main, split, sum_, pad)
+        b_k_inner = prec == "x3"
+        return _GeneralPlan(
+            out_shape, shape, a.dtype, a.device, None, None, ints, main, split, sum_, pad, b_k_inner
+        )
     shape = (bt, m, n)
     return _GeneralPlan(out_shape, shape, a.dtype, a.device, a3, b3, ints, main, split, sum_, None, x3_copy)
 
@@ -1356,6 +1376,19 @@ def triton_general_fwd(
 matmul_triton = matmul_op("matmul_triton", triton_matmul_fwd, triton=True)
 
 
+def triton_x3_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
+    """``triton_matmul_fwd`` with fp32 products as three TF32 tensor-core dots ("x3", from
+    K = X3_MIN_K) whatever ``kernellab.config.fp32_dots`` says: the triton_x3 backend."""
+    token = _FP32_DOTS.set("x3")
+    try:
+        return triton_matmul_fwd(a, b, bias, activation)
+    finally:
+        _FP32_DOTS.reset(token)
+
+
+matmul_triton_x3 = matmul_op("matmul_triton_x3", triton_x3_matmul_fwd, triton=True)
+
+
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: the tiled kernel as the tuner usually picks it at 4096^3 on an
     H100 (fp16/bf16: 128x256x64, 8 warps; fp32 with TF32 off: 128x128x32, 4 warps),
@@ -1401,6 +1434,19 @@ def _kernel_specs(dtype: str):
     return [(_matmul_kernel, sig, cx, {"num_warps": c.num_warps, "num_stages": c.num_stages}), skinny]
 
 
+def _x3_kernel_specs(dtype: str):
+    """For `kernellab asm`: triton_x3's tiled kernel at 4096^3 (fp32, 128x128x32, 4 warps)
+    with "x3" dots and b K-inner (as it copies an N-inner b); other dtypes as triton's."""
+    specs = _kernel_specs(dtype)
+    if dtype != "fp32":
+        return specs
+    kernel, sig, cx, launch = specs[0]
+    sig = dict(sig, s_bn="i32", s_bk="constexpr")
+    cx = {k: v for k, v in cx.items() if k != "s_bn"}
+    cx.update(PRECISION="x3", s_bk=1, B_N_INNER=False)
+    return [(kernel, sig, cx, launch)]
+
+
 def _skinny_spec(dtype: str):
     """The skinny kernel as it runs for decode, [1, 4096] @ [4096, 4096] with b = weight.t()
     (unit stride along K) on 132 SMs: 16-bit, ``_skinny_kernel`` as ``skinny_config`` picks
@@ -1433,4 +1479,13 @@ register_builtin(
     "Triton: autotuned tiles, grouped program order, fused bias/activation",
     triton_kernels=_kernel_specs,
     double_backward=True,  # _autograd.matmul_op: the backward's matmuls are the custom op
+)
+register_builtin(
+    "matmul",
+    "triton_x3",
+    matmul_triton_x3,
+    "Triton, fp32 as three TF32 tensor-core dots (3xTF32): fp32 accuracy at tensor-core speed",
+    triton_kernels=_x3_kernel_specs,
+    dtypes=(torch.float32,),
+    double_backward=True,
 )
