@@ -156,9 +156,9 @@ def _max_grad_kernel(dv_ptr, idx_ptr, dx_ptr, n_rows, n_cols, BLOCK: tl.constexp
     # at its argmax); program_id(1) picks BLOCK of them. The last row's last program also
     # writes the tensor's last partial pack.
     r = tl.program_id(0).to(tl.int64)
-    total = n_rows.to(tl.int64) * n_cols
     first = r * n_cols // A * A
-    end = tl.where(r + 1 < n_rows, (r + 1) * n_cols, total) // A * A
+    stop = (r + 1) * n_cols  # the next row's first element (the last row's: the tensor's end)
+    end = stop // A * A
     hit = r * n_cols + tl.load(idx_ptr + r)
     g = tl.load(dv_ptr + r).to(tl.float32)
     prev_hit = tl.where(r > 0, (r - 1) * n_cols + tl.load(idx_ptr + r - 1, mask=r > 0, other=0), -1)
@@ -167,8 +167,8 @@ def _max_grad_kernel(dv_ptr, idx_ptr, dx_ptr, n_rows, n_cols, BLOCK: tl.constexp
     val = tl.where(e == hit, g, tl.where(e == prev_hit, prev_g, 0.0))
     tl.store(dx_ptr + e, val.to(dx_ptr.dtype.element_ty), mask=e < end)
     if (r + 1 == n_rows) & (tl.program_id(1) == tl.num_programs(1) - 1):
-        t = total // A * A + tl.arange(0, A)
-        tl.store(dx_ptr + t, tl.where(t == hit, g, 0.0).to(dx_ptr.dtype.element_ty), mask=t < total)
+        t = end + tl.arange(0, A)
+        tl.store(dx_ptr + t, tl.where(t == hit, g, 0.0).to(dx_ptr.dtype.element_ty), mask=t < stop)
 
 
 GRAD_BLOCK = 4096
