@@ -121,6 +121,29 @@ def test_triton_one_pass_gradient_across_blocks(dtype):
         assert torch.equal(mt.max_grad(idx, dv, shape), max_grad_torch(idx, dv, shape)), width
 
 
+def test_eager_backward_takes_the_one_pass_kernel():
+    # a backend's ``grad`` serves the eager backward; the custom op's (traced, or
+    # differentiated again) is torch's zeros and scatter
+    from kernellab.ops._reductions import max_backend, max_grad_torch
+    from kernellab.ops.max import triton as mt
+
+    calls = []
+
+    def spy(idx, dv, shape):
+        calls.append(tuple(shape))
+        return max_grad_torch(idx, dv, shape)
+
+    fn = max_backend("spy_test", mt.max_rows, grad=spy)
+    x = torch.randn(3, 20, requires_grad=True)
+    vals, _ = fn(x)
+    vals.sum().backward()
+    assert calls == [(3, 20)]
+    dy = torch.ones(3, requires_grad=True)
+    (g,) = torch.autograd.grad(fn(x)[0], x, dy, create_graph=True)
+    assert calls == [(3, 20)] and g.requires_grad
+    assert torch.equal(x.grad, g.detach())
+
+
 @pytest.mark.parametrize("backend", CPU)
 def test_double_backward_through_max(backend):
     # the one-pass backward is for plain gradients; differentiated again (create_graph with a
