@@ -1378,7 +1378,10 @@ matmul_triton = matmul_op("matmul_triton", triton_matmul_fwd, triton=True)
 
 def triton_x3_matmul_fwd(a: torch.Tensor, b: torch.Tensor, bias=None, activation=None) -> torch.Tensor:
     """``triton_matmul_fwd`` with fp32 products as three TF32 tensor-core dots ("x3", from
-    K = X3_MIN_K) whatever ``kernellab.config.fp32_dots`` says: the triton_x3 backend."""
+    K = X3_MIN_K) whatever ``kernellab.config.fp32_dots`` says: the triton_x3 backend.
+    fp32 only (x3 dots are a way of computing fp32 products)."""
+    if a.dtype != torch.float32:
+        raise TypeError(f"matmul (triton_x3): a has dtype {a.dtype}; expected fp32 (x3 dots are fp32's)")
     token = _FP32_DOTS.set("x3")
     try:
         return triton_matmul_fwd(a, b, bias, activation)
