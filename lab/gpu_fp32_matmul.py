@@ -1,7 +1,7 @@
 """fp32 matmul with TF32 off in the Triton backend, beside cuBLAS (torch, TF32 off). Needs a GPU.
 
     PYTHONPATH=src python lab/gpu_fp32_matmul.py [--json F]
-        [--parts skinny,layouts,flush,sweep,dots,skinny_copy]
+        [--parts skinny,layouts,flush,sweep,dots,skinny_copy,smallk]
 
 skinny  M <= 8 products against a weight, and MNIST's fc1: the library's path (the FMA
         kernel up to FMA_M_MAX rows) against the tl.dot skinny kernel (FMA_M_MAX = 0) and
@@ -15,6 +15,10 @@ skinny_copy  the tl.dot skinny kernel (5-128 rows) with b = W.t() as given and c
         N-inner first (the copy counted), beside torch.
 flush   the FMA skinny kernel with one running sum a slice where FMA_WALK_MAX allows it
         (the library's) and flushed every FMA_FLUSH steps (FMA_WALK_MAX 0).
+smallk  the error of short-K products (K 16-100, the check's 37x45 outputs and the
+        backward's transposes) as a ratio to cuBLAS's, over many seeds, per backend
+        (triton, triton_x3, cuda): the worst and the share of draws past 1.5x and 2x. The
+        check's bound is about 2x cuBLAS's error: a backend near it fails some seeds.
 dots    large products through the tiled kernel with fp32_dots "ieee" and "x3", each in a
         child process (the option is read once): forward and forward+backward times,
         and the error of y, da, db against float64 as a ratio to torch's.
@@ -256,6 +260,32 @@ def dots(out, variant):
         out(row)
 
 
+SMALLK = [(37, 45, 16), (37, 45, 29), (37, 29, 45), (29, 45, 37), (37, 45, 63), (64, 64, 100)]
+
+
+def smallk(out, seeds=200):
+    import torch
+
+    from kernellab.core import registry
+
+    fns = {i.backend: i.fn for i in registry.impls("matmul") if i.backend in ("triton", "triton_x3", "cuda")}
+    for m, n, k in SMALLK:
+        ratios = {b: [] for b in fns}
+        for seed in range(seeds):
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            a = torch.randn(m, k, device="cuda", generator=g)
+            b = torch.randn(k, n, device="cuda", generator=g)
+            ref = a.double() @ b.double()
+            base = max(_err(a @ b, ref), 1e-30)
+            for name, fn in fns.items():
+                ratios[name].append(_err(fn(a, b), ref) / base)
+        for name, r in ratios.items():
+            r.sort()
+            out(dict(part="smallk", shape=f"{m}x{n}x{k}", backend=name, seeds=seeds,
+                     median=round(r[len(r) // 2], 3), worst=round(r[-1], 3),
+                     over_1_5=sum(x > 1.5 for x in r), over_2=sum(x > 2 for x in r)))  # fmt: skip
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -288,6 +318,8 @@ def main():
     if "sweep" in parts:
         shapes = [tuple(map(int, x.split("x"))) for x in args.sweep_shapes] if args.sweep_shapes else SWEEP
         sweep(out, args.sweep_layouts.split(","), shapes)
+    if "smallk" in parts:
+        smallk(out)
     if "dots" in parts:
         for v in args.dots_variants.split(","):
             env = dict(os.environ, KERNELLAB_FP32_DOTS=v)
