@@ -69,8 +69,14 @@ def _run_and_judge(backend, a, b, dtype, bias=None, activation=None, grads=True)
         assert v.ok, f"{name}: {v.detail}"
 
 
+def _takes(backend, dtype) -> bool:
+    """Whether ``backend`` takes ``dtype`` (its own dtypes, else every one; triton_x3: fp32)."""
+    dtypes = kernellab.registry.get("matmul", backend).dtypes
+    return dtypes is None or dtype in dtypes
+
+
 def _skip_unless_taken(backend, dtype):
-    if dtype not in (kernellab.registry.get("matmul", backend).dtypes or (dtype,)):
+    if not _takes(backend, dtype):
         pytest.skip(f"{backend} takes {kernellab.registry.get('matmul', backend).dtypes} only")
 
 
@@ -2264,8 +2270,8 @@ def test_check_engine_quick(backend):
     from kernellab.harness.check import check_impl
 
     for dtype in (torch.float32, torch.bfloat16):  # fp16: the forward/gradient matrix above
-        if dtype not in (kernellab.registry.get("matmul", backend).dtypes or (dtype,)):
-            continue  # (triton_x3: fp32 only)
+        if not _takes(backend, dtype):
+            continue
         rep = check_impl(kernellab.registry.get("matmul", backend), dtype, device="cpu", quick=True, seed=11)
         assert rep.status == "pass", (backend, dtype, rep.reason, [(c.name, c.detail) for c in rep.failures])
 
@@ -2274,8 +2280,7 @@ def test_check_engine_quick(backend):
 
 
 def _gpu_dtypes(backend):
-    impl = kernellab.registry.get("matmul", backend)
-    return [d for d in DTYPES if impl.dtypes is None or d in impl.dtypes]
+    return [d for d in DTYPES if _takes(backend, d)]
 
 
 @pytest.mark.gpu

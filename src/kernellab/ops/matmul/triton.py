@@ -1216,18 +1216,19 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     prec = _precision(a.dtype, a.device.type, k)
     # the interpreter's fp32 dots are exact (FMA-like in cost): "x3" runs its split arithmetic
     # and plans as on a GPU
-    fma = a.dtype == torch.float32 and prec != "x3" and (not on_gpu or prec == "ieee")
+    x3 = prec == "x3"
+    fma = a.dtype == torch.float32 and not x3 and (not on_gpu or prec == "ieee")
     # b's layout copies (x3: K-inner, FMA: N-inner) skip a b expanded over the batch, whose
     # copy would hold the batch's worth of one weight
     b_copyable = bt == 1 or sb[0] != 0
-    x3_copy = prec == "x3" and sb[2] == 1 and n > 1 and m >= X3_COPY_MIN_M and b_copyable
-    pad = fma_pad(a.element_size(), bt, m, n, k, (*sa, *sb), fma or prec == "x3")
+    x3_copy = x3 and sb[2] == 1 and n > 1 and m >= X3_COPY_MIN_M and b_copyable
+    pad = fma_pad(a.element_size(), bt, m, n, k, (*sa, *sb), fma or x3)
     if pad is not None:
         # the kernel runs on zero-padded copies (a row-major, b N-inner for FMA dots and
         # K-inner for x3 ones, see X3_COPY_MIN_M): their dims and strides
         m0, n0 = m, n
         m, n, k = pad
-        sa, sb = (m * k, k, 1), ((k * n, 1, k) if prec == "x3" else (k * n, n, 1))
+        sa, sb = (m * k, k, 1), ((k * n, 1, k) if x3 else (k * n, n, 1))
         sc = (m * n, n, 1)
     elif x3_copy:
         # b copied K-inner (see X3_COPY_MIN_M)
@@ -1258,17 +1259,14 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
             kw = dict(consts, **cfg)
             main = _Launch(_matmul_kernel, tuple(grid(kw)), kw, False, check)
     else:
-        consts.update(PRECISION="x3" if prec == "x3" else "ieee", UPCAST=a.dtype == torch.bfloat16)
+        consts.update(PRECISION="x3" if x3 else "ieee", UPCAST=a.dtype == torch.bfloat16)
         kw = dict(consts, **_CPU_CONFIG, num_warps=4)
         grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt, split)
         main = _Launch(_matmul_kernel, grid, kw, False, check)
     sum_ = _sum_launch(split, bt * m * n, n_sm, on_gpu, has_bias, activation)
     if pad is not None:
         shape = (bt, m0, n0)
-        b_k_inner = prec == "x3"
-        return _GeneralPlan(
-            out_shape, shape, a.dtype, a.device, None, None, ints, main, split, sum_, pad, b_k_inner
-        )
+        return _GeneralPlan(out_shape, shape, a.dtype, a.device, None, None, ints, main, split, sum_, pad, x3)
     shape = (bt, m, n)
     return _GeneralPlan(out_shape, shape, a.dtype, a.device, a3, b3, ints, main, split, sum_, None, x3_copy)
 

@@ -22,11 +22,11 @@ _SIG = ("ptr", "ptr", "ptr", "i64", "i32")
 _KERNELS: dict = {}
 
 
-def _kernel(name: str, dtype, dev: int):
+def _kernel(name: str, dtype, dev: int, sig=_SIG):
     key = (name, dtype, dev)
     k = _KERNELS.get(key)
     if k is None:
-        k = _KERNELS[key] = MODULE.kernel(f"{name}_{SUFFIX[dtype]}", _SIG, dev)
+        k = _KERNELS[key] = MODULE.kernel(f"{name}_{SUFFIX[dtype]}", sig, dev)
     return k
 
 
@@ -75,13 +75,13 @@ def max_grad(idx: torch.Tensor, dv: torch.Tensor, shape) -> torch.Tensor:
             return max_grad(idx, dv, shape)
     idx, dv = idx.contiguous(), dv.contiguous()
     if n_cols <= WARP_ROW_MAX:
-        k = MODULE.kernel(f"max_grad_warp_{SUFFIX[dv.dtype]}", _SIG, dev)
+        k = _kernel("max_grad_warp", dv.dtype, dev)
         k(-(-n_rows // (THREADS // 32)), THREADS, dv, idx, dx, n_rows, n_cols)
     else:
         assert dx.data_ptr() % 16 == 0  # (the flat packs of max_grad_block)
         chunks = max(1, min(-(-GRAD_MIN_BLOCKS // n_rows), n_cols // GRAD_MIN_CHUNK))
         packs = -(-n_cols * dx.element_size() // 16) + 1  # the most packs a row owns
-        k = MODULE.kernel(f"max_grad_block_{SUFFIX[dv.dtype]}", _SIG + ("i32",), dev)
+        k = _kernel("max_grad_block", dv.dtype, dev, _SIG + ("i32",))
         k((n_rows, chunks), THREADS, dv, idx, dx, n_rows, n_cols, -(-packs // chunks))
     return dx
 

@@ -71,6 +71,12 @@ __device__ void max_rows_v1(const T* __restrict__ x, T* vals, long long* __restr
     write(vals, idx, r, b);
 }
 
+// Of the n elements at p, how many come before the first 16-byte aligned address.
+template <typename T>
+__device__ __forceinline__ int head_elems(const T* p, int n) {
+    return min(n, (int)(((16 - ((unsigned long long)p & 15)) & 15) / sizeof(T)));
+}
+
 // The running best of one thread of a G-thread group (G >= 32) that owns the row. The
 // elements before the row's first 16-byte aligned address (`head`, fewer than 16 bytes'
 // worth) are read one each by the first lanes, the rest as 16-byte packs, U in flight per
@@ -80,7 +86,7 @@ template <typename T>
 __device__ __forceinline__ Best group_row_best(const T* __restrict__ row, int cols, int lane, int G) {
     using V = kl::Vec16<T>;
     Best b;
-    const int head = min(cols, (int)(((16 - ((unsigned long long)row & 15)) & 15) / sizeof(T)));
+    const int head = head_elems(row, cols);
     if (lane < head) b.take(kl::to_f(row[lane]), lane);
     const int npacks = (cols - head) / V::N;
     const int4* p = reinterpret_cast<const int4*>(row + head);
@@ -144,7 +150,7 @@ template <typename T>
 __device__ __forceinline__ void group_seg_grad(T* __restrict__ seg, int n, int hit, T g, int lane, int G) {
     using V = kl::Vec16<T>;
     const T zero = kl::from_f<T>(0.0f);
-    const int head = min(n, (int)(((16 - ((unsigned long long)seg & 15)) & 15) / sizeof(T)));
+    const int head = head_elems(seg, n);
     if (lane < head) seg[lane] = lane == hit ? g : zero;
     const int npacks = (n - head) / V::N;
     int4* p = reinterpret_cast<int4*>(seg + head);
@@ -181,9 +187,10 @@ __device__ void max_grad_block(const T* __restrict__ dv, const long long* __rest
                                int cols, int chunk_packs) {
     using V = kl::Vec16<T>;
     const T zero = kl::from_f<T>(0.0f);
-    const long long r = blockIdx.x, total = rows * cols;
+    const long long r = blockIdx.x;
     const long long first = r * cols / V::N;
-    const long long end = r + 1 < rows ? (r + 1) * cols / V::N : total / V::N;
+    const long long stop = (r + 1) * cols;  // the next row's first element (the last row's: the end)
+    const long long end = stop / V::N;
     const long long q0 = first + (long long)blockIdx.y * chunk_packs;
     const long long q1 = min(q0 + chunk_packs, end);
     const long long hit = r * cols + idx[r];
@@ -200,7 +207,7 @@ __device__ void max_grad_block(const T* __restrict__ dv, const long long* __rest
         kl::store16(p + q, v.raw);
     }
     if (r + 1 == rows && blockIdx.y + 1 == gridDim.y) {
-        for (long long e = total / V::N * V::N + threadIdx.x; e < total; e += blockDim.x) dx[e] = e == hit ? g : zero;
+        for (long long e = end * V::N + threadIdx.x; e < stop; e += blockDim.x) dx[e] = e == hit ? g : zero;
     }
 }
 

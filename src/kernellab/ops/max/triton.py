@@ -22,6 +22,7 @@ import torch
 import triton.language as tl
 
 from kernellab import triton_support
+from kernellab.core.spec import GRID_YZ_LIMIT
 from kernellab.ops._reductions import max_backend, max_grad_torch, rows_config
 from kernellab.ops._register import register_triton
 from kernellab.ops._triton_rows import shifted_span
@@ -172,7 +173,6 @@ def _max_grad_kernel(dv_ptr, idx_ptr, dx_ptr, n_rows, n_cols, BLOCK: tl.constexp
 
 
 GRAD_BLOCK = 4096
-_MAX_GRID_Y = 65535
 
 
 def max_grad(idx: torch.Tensor, dv: torch.Tensor, shape) -> torch.Tensor:
@@ -184,8 +184,8 @@ def max_grad(idx: torch.Tensor, dv: torch.Tensor, shape) -> torch.Tensor:
         return max_grad_torch(idx, dv, shape)
     dx = torch.empty(shape, dtype=dv.dtype, device=dv.device)
     assert dx.data_ptr() % 16 == 0  # (whole 16-byte packs)
-    block = max(min(GRAD_BLOCK, 1 << (n_cols - 1).bit_length()), 16)
-    while triton_support.cdiv(n_cols + a, block) > _MAX_GRID_Y:
+    block = max(min(GRAD_BLOCK, triton_support.next_pow2(n_cols)), 16)
+    while triton_support.cdiv(n_cols + a, block) > GRID_YZ_LIMIT:
         block *= 2
     grid = (n_rows, triton_support.cdiv(n_cols + a, block))
     _max_grad_kernel[grid](
