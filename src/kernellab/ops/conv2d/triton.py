@@ -99,13 +99,17 @@ def _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq):
 @triton_support.jit
 def _wgrad_step(
     a, b, acc, acc64, db, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
-    DOT64: tl.constexpr = True,
+    DOT64: tl.constexpr = True, DB: tl.constexpr = 1,
 ):
-    """(acc, acc64, db) after one reduction step of wgrad: db += the dy tile's row sums (fp64),
-    and the product a @ b: with ACC64, fp32-level operands ("ieee") through fp64 dots (exact
-    products, fp64 sums; without DOT64 an fp32 dot a step, summed in fp64), TF32 dots
-    summed in fp64; else the fp32 accumulator (``mma``)."""
-    db += tl.sum(a.to(tl.float64), axis=1)
+    """(acc, acc64, db) after one reduction step of wgrad: db += the dy tile's row sums (DB 1:
+    each element in fp64; 2: the step's BLOCK_K elements in fp32, the steps in fp64; 0:
+    none), and the product a @ b: with ACC64, fp32-level operands ("ieee") through fp64
+    dots (exact products, fp64 sums; without DOT64 an fp32 dot a step, summed in fp64),
+    TF32 dots summed in fp64; else the fp32 accumulator (``mma``)."""
+    if DB == 1:
+        db += tl.sum(a.to(tl.float64), axis=1)
+    elif DB == 2:
+        db += tl.sum(a.to(tl.float32), axis=1).to(tl.float64)
     if UPCAST:
         a, b = a.to(tl.float32), b.to(tl.float32)
     if ACC64 and DOT64 and PRECISION == "ieee":
@@ -321,6 +325,7 @@ def _conv_wgrad_kernel(
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT64: tl.constexpr = True,
+    DB: tl.constexpr = 1,
 ):
     # ACC64 (fp32 storage): IEEE fp32 operands through fp64 dots (the products are exact and
     # the sums fp64: each BLOCK_K-deep fp32 dot summed in fp64 misses the check's bound, 2x
@@ -348,7 +353,7 @@ def _conv_wgrad_kernel(
         b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
         b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
-        acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64)
+        acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
     if not ACC64:
         acc64 = acc.to(tl.float64)
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
@@ -366,6 +371,7 @@ def _conv_wgrad_taps_kernel(
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT64: tl.constexpr = True,
+    DB: tl.constexpr = 1,
 ):
     # one filter tap (r, s) a program: dw[k, c, r, s] for a [BLOCK_M (k), BLOCK_N (c)] tile,
     # B(j, c) = x[n, c, p sh - ph + r, q sw - pw + s]: the input position and its bounds
@@ -394,7 +400,7 @@ def _conv_wgrad_taps_kernel(
         b_row = nb * sxn + ih * sxh + iw * sxw
         b_ok = row_ok[:, None] & n_ok[None, :]
         b = tl.load(x_ptr + b_row[:, None] + offs_n[None, :] * sxc, mask=b_ok, other=0.0)
-        acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64)
+        acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
     if not ACC64:
         acc64 = acc.to(tl.float64)
     CRS = C * RS
@@ -551,6 +557,8 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
 # fp32 wgrad (TF32 off): fp64 dots (exact products, fp64 sums) where True; else each
 # BLOCK_K-deep fp32 dot summed in fp64.
 WGRAD_DOT64 = True
+# How wgrad sums dbias, by dtype (``_wgrad_step``'s DB; 1 where not listed).
+WGRAD_DB: dict[torch.dtype, int] = {}
 
 
 def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
@@ -607,7 +615,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         c, h, wd, k, p, q, r, s, npq, chunk,
         *x.stride(),
         sh, sw, ph, pw,
-        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, **consts, **cfg,
+        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(x.dtype, 1), **consts, **cfg,
     )  # fmt: skip
     dw = dw_part.sum(0).to(w.dtype).view(w.shape)
     db = db_part.sum(0).to(w.dtype)
@@ -672,7 +680,8 @@ def _kernel_specs(dtype: str):
             spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + ws + conv, dict(cx, **unit, **cfg))
             out.setdefault(dgrad[kind], spec)
         kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
-        spec = launch(wgrad[kind], w_ptrs, w_ints, dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, **cfg))
+        wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1))
+        spec = launch(wgrad[kind], w_ptrs, w_ints, dict(wcx, **cfg))
         out.setdefault(wgrad[kind], spec)
     return list(out.values())
 

@@ -1,0 +1,194 @@
+"""conv2d's forward, dgrad and wgrad timed apart, beside cuDNN's, on a GPU.
+
+    PYTHONPATH=src python lab/gpu_conv_parts.py [--json F] [--dtypes bf16,fp32] [--parts ...]
+
+parts:
+  split   per shape: cuDNN's forward, its backward with all three gradients, with dx only,
+          dw only, and db (dy.sum); ours: the forward, the dgrad kernel alone (at the
+          plan's tiles), the wgrad launch (dw and db) with each dbias mode (WGRAD_DB: 1 fp64
+          per element, 2 fp32 a step, 0 none) and dw / db error against float64 as a ratio
+          to cuDNN's
+  dgrad   the dgrad and forward tap kernels at other tiles and stage counts (16-bit)
+  once    the forward and dgrad tap kernels once each at 32x64x56x56 (plan tiles), for ncu
+Shapes: the table's conv2d layers with C >= 16 (padding 1, bias). do_bench medians (ms),
+L2 flushed by do_bench, TF32 off.
+"""
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from triton.testing import do_bench
+
+from kernellab import triton_support
+from kernellab.ops.conv2d import triton as kt
+
+DEV = "cuda"
+SHAPES = [(32, 64, 56, 56, 64), (64, 32, 14, 14, 64), (256, 32, 14, 14, 64), (1024, 32, 14, 14, 64)]
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
+DGRAD_TILES = [(128, 64, 32, 8, 3), (128, 64, 64, 8, 3), (128, 64, 32, 4, 3), (64, 64, 64, 4, 3),
+               (128, 64, 32, 8, 2), (128, 64, 32, 8, 4), (256, 64, 32, 8, 3),
+               (128, 32, 32, 4, 3)]  # fmt: skip
+
+
+def _inputs(n, c, h, w_, k, dtype, seed=1):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = torch.randn(n, c, h, w_, device=DEV, generator=g).to(dtype)
+    w = (torch.randn(k, c, 3, 3, device=DEV, generator=g) / (3 * c**0.5)).to(dtype)
+    b = torch.randn(k, device=DEV, generator=g).to(dtype)
+    dy = torch.randn(n, k, h, w_, device=DEV, generator=g).to(dtype)
+    return x, w, b, dy
+
+
+def _ms(fn):
+    return round(do_bench(fn), 5)
+
+
+def _ratio(got, ref, base):
+    return round(float((got.double() - ref).abs().max()) / max(base, 1e-30), 3)
+
+
+def _dgrad(dy, x, w, cfg, stages=None):
+    """The tap dgrad kernel alone (the launcher's lines) at tiles cfg."""
+    n, c, h, wd = x.shape
+    k = w.shape[0]
+    dx = torch.empty_like(x)
+    nhw = n * h * wd
+    grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
+    wt, ws = kt.tap_weight(w, False)
+    extra = {} if stages is None else {"num_stages": stages}
+    cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
+    acc64 = x.dtype == torch.float32
+
+    def run():
+        kt._conv_dgrad_taps_kernel[grid](
+            dy, wt, dx, c, h, wd, k, h, wd, 3, 3, nhw, *ws, 1, 1, 1, 1,
+            ACC64=acc64, **kt._consts(x), **cfg, **extra,
+        )  # fmt: skip
+
+    return run
+
+
+def _fwd(x, w, b, cfg, stages=None):
+    n, c, h, wd = x.shape
+    k = w.shape[0]
+    y = torch.empty((n, k, h, wd), dtype=x.dtype, device=x.device)
+    m = n * h * wd
+    grid = (triton_support.cdiv(m, cfg["BLOCK_M"]) * triton_support.cdiv(k, cfg["BLOCK_N"]),)
+    wt, ws = kt.tap_weight(w, True)
+    extra = {} if stages is None else {"num_stages": stages}
+    cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
+    acc64 = x.dtype == torch.float32 and c * 9 > kt.TAPS_TWO_LEVEL_MAX_CRS
+
+    def run():
+        kt._conv_fwd_taps_kernel[grid](
+            x, wt, b, y, c, h, wd, k, h, wd, 3, 3, m, *x.stride(), *ws, 1, 1, 1, 1,
+            HAS_BIAS=True, ACC64=acc64, **kt._consts(x), **cfg, **extra,
+        )  # fmt: skip
+
+    return run
+
+
+def split(out, dtypes):
+    db0 = dict(kt.WGRAD_DB)
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        for shape in SHAPES:
+            x, w, b, dy = _inputs(*shape, dtype)
+            row = dict(part="split", dtype=dname, shape="x".join(map(str, shape)) + "x3x3")
+            k = shape[4]
+
+            def cbwd(mask):
+                return lambda: torch.ops.aten.convolution_backward(
+                    dy, x, w, [k], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask
+                )
+
+            row["cudnn_fwd"] = _ms(lambda: F.conv2d(x, w, b, padding=1))
+            row["cudnn_bwd"] = _ms(cbwd([True, True, True]))
+            row["cudnn_dx"] = _ms(cbwd([True, False, False]))
+            row["cudnn_dw"] = _ms(cbwd([False, True, False]))
+            row["torch_db"] = _ms(lambda: dy.sum((0, 2, 3), dtype=torch.float32))
+            row["ours_fwd"] = _ms(lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1))
+            cfg = kt.dgrad_plan(shape[1], 3, 3, k, dtype, x.device)[1]
+            row["dgrad_plan"] = cfg
+            row["ours_dgrad"] = _ms(_dgrad(dy, x, w, cfg))
+            row["ours_bwd"] = _ms(lambda: kt.triton_conv2d_bwd(dy, x, w, True, 1, 1, 1, 1))
+            # float64 references of dw and db, and cuDNN's errors
+            xr, wr, br = x.double(), w.double().requires_grad_(), b.double().requires_grad_()
+            rdw, rdb = torch.autograd.grad(F.conv2d(xr, wr, br, padding=1), (wr, br), dy.double())
+            _, cdw, cdb = cbwd([False, True, True])()
+            e_dw = float((cdw.double() - rdw).abs().max())
+            e_db = float((cdb.double() - rdb).abs().max())
+            for mode in (1, 2, 0):
+                try:
+                    kt.WGRAD_DB[dtype] = mode
+                    wgrad = lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1)  # noqa: E731
+                    row[f"ours_wgrad_db{mode}"] = _ms(wgrad)
+                    _, dw, db = wgrad()
+                    row[f"dw_err_ratio_db{mode}"] = _ratio(dw, rdw, e_dw)
+                    if mode:
+                        row[f"db_err_ratio_db{mode}"] = _ratio(db, rdb, e_db)
+                except Exception as e:  # noqa: BLE001
+                    row[f"error_db{mode}"] = str(e)[:200]
+                finally:
+                    kt.WGRAD_DB.clear()
+                    kt.WGRAD_DB.update(db0)
+            out(row)
+
+
+def dgrad(out, dtypes):
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        if dtype == torch.float32:
+            continue
+        for shape in SHAPES:
+            x, w, b, dy = _inputs(*shape, dtype)
+            row = dict(part="dgrad", dtype=dname, shape="x".join(map(str, shape)) + "x3x3")
+            for t in DGRAD_TILES:
+                cfg = dict(BLOCK_M=t[0], BLOCK_N=t[1], BLOCK_K=t[2], num_warps=t[3])
+                name = "x".join(map(str, t))
+                try:
+                    row["dgrad_" + name] = _ms(_dgrad(dy, x, w, cfg, t[4]))
+                    row["fwd_" + name] = _ms(_fwd(x, w, b, cfg, t[4]))
+                except Exception as e:  # noqa: BLE001
+                    row["error_" + name] = str(e)[:200]
+            out(row)
+
+
+def once(dtypes):
+    dtype = DTYPES[dtypes[0]]
+    x, w, b, dy = _inputs(*SHAPES[0], dtype)
+    c, k = SHAPES[0][1], SHAPES[0][4]
+    _fwd(x, w, b, kt.fwd_plan(c, 3, 3, k, dtype, x.device)[1])()
+    _dgrad(dy, x, w, kt.dgrad_plan(c, 3, 3, k, dtype, x.device)[1])()
+    torch.cuda.synchronize()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--parts", default="split,dgrad")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+    def out(row):
+        print(json.dumps(row, default=str), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(row, default=str) + "\n")
+
+    dtypes = args.dtypes.split(",")
+    if "split" in args.parts:
+        split(out, dtypes)
+    if "dgrad" in args.parts:
+        dgrad(out, dtypes)
+    if "once" in args.parts:
+        once(dtypes)
+
+
+if __name__ == "__main__":
+    main()
