@@ -267,10 +267,12 @@ def smallk(out, seeds=200):
     import torch
 
     from kernellab.core import registry
+    from kernellab.ops.matmul import triton as tm
 
     fns = {i.backend: i.fn for i in registry.impls("matmul") if i.backend in ("triton", "triton_x3", "cuda")}
+    work0 = tm.FMA64_MAX_WORK
     for m, n, k in SMALLK:
-        ratios = {b: [] for b in fns}
+        ratios = {b: [] for b in (*fns, "triton_chain")}
         for seed in range(seeds):
             g = torch.Generator(device="cuda").manual_seed(seed)
             a = torch.randn(m, k, device="cuda", generator=g)
@@ -279,6 +281,10 @@ def smallk(out, seeds=200):
             base = max(_err(a @ b, ref), 1e-30)
             for name, fn in fns.items():
                 ratios[name].append(_err(fn(a, b), ref) / base)
+            # the plain fp32 FMA chain (before "ieee64" dots): the same plan at FMA64_MAX_WORK 0
+            tm.FMA64_MAX_WORK, tm._PLANS = 0, {}
+            ratios["triton_chain"].append(_err(fns["triton"](a, b), ref) / base)
+            tm.FMA64_MAX_WORK, tm._PLANS = work0, {}
         for name, r in ratios.items():
             r.sort()
             out(dict(part="smallk", shape=f"{m}x{n}x{k}", backend=name, seeds=seeds,

@@ -5,6 +5,7 @@ float64 autograd; operand layouts; the fused epilogue; bad input; the CUDA ladde
 from __future__ import annotations
 
 import inspect
+import math
 import re
 
 import pytest
@@ -692,6 +693,30 @@ def test_gpu_triton_matmul_at_dims_of_8_not_16(dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", range(4))
+def test_gpu_short_k_fp32_products_sum_in_fp64(case):
+    """On the GPU, "ieee64" dots (fp64 tensor-core dots of widened fp32 operands): with K in
+    one block, float64's product rounded to fp32 element for element, through the backend
+    (TF32 off)."""
+    from kernellab.ops.matmul import triton as tm
+
+    shape, seed, fp64 = _fp64_dots_cases()[case]
+    a, b = _inputs(shape, torch.float32, device="cuda", seed=seed)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert fp64 and tm._general_setup(a, b, False, None).main.kw["PRECISION"] == "ieee64"
+        y = kernellab.matmul(a, b, backend="triton")
+        ref = a.double() @ b.double()
+        if shape[-1] <= 32:
+            assert torch.equal(y, ref.float())
+        v = judge(y, ref, torch.float32, a @ b)
+        assert v.ok, v.detail
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.gpu
 def test_gpu_fp32_odd_products_run_padded():
     """fp32 with TF32 off at odd M, N, K and 2^30 multiply-adds or more: the plan pads
     (FMA_PAD_MIN_WORK), and the forward (b = W.t(), bias, gelu) and both gradients (their
@@ -842,6 +867,88 @@ def test_x3_matmul_matches_float64_under_the_interpreter():
             assert tm._general_setup(a, b, False, None).main.kw["PRECISION"] == "x3"
             y = tm.triton_general_fwd(a, b)
         v = judge(y, a.double() @ b.double(), torch.float32, a @ b)
+        assert v.ok, v.detail
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _fp64_dots_cases():
+    from kernellab.ops.matmul import triton as tm
+
+    # (shape, seed, runs "ieee64"): short K in small products, and where each limit ends
+    return [
+        ((37, 29, 29), 1, True),
+        ((37, 29, 45), 2, True),
+        ((2, 5, 7, 3), 3, True),
+        ((16, 16, tm.FMA64_MAX_K), 4, True),
+        ((16, 16, tm.FMA64_MAX_K + 1), 5, False),
+        ((tm.FMA64_MAX_WORK // (64 * 128), 128, 64), 6, True),
+        ((tm.FMA64_MAX_WORK // (64 * 128) + 1, 128, 64), 7, False),
+    ]
+
+
+def test_ieee64_dots_compile_to_fp64_mma_for_sm90(tmp_path):
+    """sm_90 PTX of the tiled kernel as a small short-K fp32 product launches it ("ieee64",
+    fixed_config's tiles): fp64 tensor-core MMAs (products exact, sums fp64), no local
+    memory; the plain "ieee" launch has none of them."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernellab.inspect import asm
+from kernellab.ops.matmul import triton as tm
+fn = asm._jit(tm._matmul_kernel)
+cfg = tm.fixed_config(4, "ieee", 1 << 30)
+opts = {{"num_warps": cfg.pop("num_warps"), "num_stages": cfg.pop("num_stages")}}
+for prec in ("ieee64", "ieee"):
+    cx = dict(HAS_BIAS=True, ACT=0, PRECISION=prec, UPCAST=False, ALIGN=1, A_K_INNER=True, B_N_INNER=True,
+              SPLIT_K=1, s_ak=1, s_bn=1, s_cn=1, **cfg)
+    sig = {{n: ("*fp32" if n.endswith("_ptr") else "constexpr" if n in cx else "i32") for n in fn.arg_names}}
+    ptrs = [i for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")]
+    attrs = {{(i,): [["tt.divisibility", 16]] for i in ptrs}}
+    cxi = {{(fn.arg_names.index(k),): v for k, v in cx.items()}}
+    src = ASTSource(fn=fn, signature=sig, constexprs=cxi, attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts).asm["ptx"]
+    open({str(tmp_path)!r} + f"/{{prec}}.ptx", "w").write(ptx)
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    fp64, plain = ((tmp_path / f"{name}.ptx").read_text() for name in ("ieee64", "ieee"))
+    assert re.search(r"mma\.sync\.aligned\.m8n8k4\.row\.col\.f64\.f64\.f64\.f64", fp64)
+    assert "mma.sync" not in plain and "fma.rn.f32" in plain
+    assert ".local" not in fp64
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_short_k_fp32_products_sum_in_fp64_where_small(case):
+    """fp32 FMA products of K <= FMA64_MAX_K and at most FMA64_MAX_WORK multiply-adds run
+    "ieee64" dots (exact products, fp64 sums, one rounding a K block): with K in one block
+    the output is float64's rounded to fp32, element for element; past either limit the
+    fp32 dots stay; x3 dots keep their own."""
+    from kernellab import config
+    from kernellab.ops.matmul import triton as tm
+
+    shape, seed, fp64 = _fp64_dots_cases()[case]
+    a, b = _inputs(shape, torch.float32, seed=seed)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert tm._general_setup(a, b, False, None).main.kw["PRECISION"] == ("ieee64" if fp64 else "ieee")
+        with config.override(fp32_dots="x3"):
+            if shape[-1] >= tm.X3_MIN_K:
+                assert tm._general_setup(a, b, False, None).main.kw["PRECISION"] == "x3"
+        if math.prod(shape) > 1 << 21:  # (the limits' cases: their plans are the point)
+            return
+        y = tm.triton_general_fwd(a, b)
+        ref = a.double() @ b.double()
+        if fp64 and shape[-1] <= 32:
+            assert torch.equal(y, ref.float())
+        v = judge(y, ref, torch.float32, a @ b)
         assert v.ok, v.detail
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old

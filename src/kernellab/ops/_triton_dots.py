@@ -7,7 +7,8 @@ where it has no effect; or fp32 operands the tensor cores truncate), "tf32rn" (f
 operands rounded to nearest TF32 first, then TF32 dots), "x3" (fp32 operands as a TF32
 head and a TF32 rest, both rounded to nearest, in three TF32 dots: head x head, and
 apart from it head x rest + rest x head; the rest x rest term, ~2^-22 of a product, is
-dropped). ``dot_precision`` gives the launchers' value.
+dropped), "ieee64" (fp32 operands widened to fp64, an fp64 dot, rounded to fp32 once: the
+products exact and their sum fp64). ``dot_precision`` gives the launchers' value.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def dot(a, b, PREC: tl.constexpr, c=None):
         return tl.dot(tf32_rn(a), tf32_rn(b), acc=c, input_precision="tf32")
     elif PREC == "x3":
         return dot_x3(a, b, c)
+    elif PREC == "ieee64":
+        r = tl.dot(a.to(tl.float64), b.to(tl.float64), out_dtype=tl.float64).to(tl.float32)
+        return r if c is None else c + r
     else:
         return tl.dot(a, b, acc=c, input_precision=PREC)
 
@@ -96,10 +100,10 @@ def two_level(a, b, acc, PREC: tl.constexpr):
 
 @triton_support.jit
 def mma(a, b, acc, PREC: tl.constexpr):
-    """acc + a @ b for a K loop: fp32-level dots ("ieee", "x3") summed a K block at a time
-    (``two_level``), TF32 and 16-bit dots accumulated in the MMA (their operand rounding
-    dominates)."""
-    if PREC == "ieee" or PREC == "x3":
+    """acc + a @ b for a K loop: fp32-level dots ("ieee", "x3", "ieee64") summed a K block at
+    a time (``two_level``), TF32 and 16-bit dots accumulated in the MMA (their operand
+    rounding dominates)."""
+    if PREC == "ieee" or PREC == "x3" or PREC == "ieee64":
         return two_level(a, b, acc, PREC)
     else:
         return dot(a, b, PREC, acc)

@@ -538,6 +538,20 @@ def small_config(m: int, n: int, k: int, bt: int, elem: int, precision: str, max
     return cfg
 
 
+# fp32 FMA products this small (bt*M*N*K multiply-adds) with a K this short run "ieee64"
+# dots: each K block's products exact and summed in fp64, rounded once. They are bound by
+# the launch, not the arithmetic, and one fp32 FMA chain over K = 16-100 erred up to ~2x
+# cuBLAS's error there (the check's bound: 2x cuBLAS's, plus an ulp). Longer K takes the
+# two-level sums of fp32 blocks.
+FMA64_MAX_WORK = 1 << 24
+FMA64_MAX_K = 128
+
+
+def fma64_applies(bt: int, m: int, n: int, k: int) -> bool:
+    """Whether an fp32 FMA product of these dims runs "ieee64" dots (FMA64_MAX_WORK)."""
+    return k <= FMA64_MAX_K and bt * m * n * k <= FMA64_MAX_WORK
+
+
 # K slices for the tiled kernel: a product whose 128x128 tiles fill at most half the SMs
 # (a weight gradient of a small layer: [768, 768] over K = 8192 rows is 36 tiles on 132
 # SMs) with a long K runs as that many tiles x slices of at least GENERAL_SLICE_K, fp32
@@ -1257,9 +1271,12 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
             shared = _max_shared(a.device.index)
             cfg = small_config(m, n, k, bt, a.element_size(), consts["PRECISION"], shared)
             kw = dict(consts, **cfg)
+            if fma and fma64_applies(bt, m, n, k):
+                kw["PRECISION"] = "ieee64"
             main = _Launch(_matmul_kernel, tuple(grid(kw)), kw, False, check)
     else:
-        consts.update(PRECISION="x3" if x3 else "ieee", UPCAST=a.dtype == torch.bfloat16)
+        ieee = "ieee64" if fma and fma64_applies(bt, m, n, k) else "ieee"
+        consts.update(PRECISION="x3" if x3 else ieee, UPCAST=a.dtype == torch.bfloat16)
         kw = dict(consts, **_CPU_CONFIG, num_warps=4)
         grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt, split)
         main = _Launch(_matmul_kernel, grid, kw, False, check)
