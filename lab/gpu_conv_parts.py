@@ -5,9 +5,9 @@
 parts:
   split   per shape: cuDNN's forward, its backward with all three gradients, with dx only,
           dw only, and db (dy.sum); ours: the forward, the dgrad kernel alone (at the
-          plan's tiles), the wgrad launch (dw and db) with each dbias mode (WGRAD_DB: 1 fp64
-          per element, 2 fp32 a step, 0 none) and dw / db error against float64 as a ratio
-          to cuDNN's
+          plan's tiles), the wgrad launch (dw and db) with each dbias mode (WGRAD_DB: 1
+          fp64 per element, 2 fp32 a step, 3 in programs of its own, 0 none) and dw / db
+          error against float64 as a ratio to cuDNN's
   dgrad   the dgrad and forward tap kernels at other tiles and stage counts (16-bit)
   once    the forward and dgrad tap kernels once each at 32x64x56x56 (plan tiles), for ncu
 Shapes: the table's conv2d layers with C >= 16 (padding 1, bias). do_bench medians (ms),
@@ -121,7 +121,7 @@ def split(out, dtypes):
             _, cdw, cdb = cbwd([False, True, True])()
             e_dw = float((cdw.double() - rdw).abs().max())
             e_db = float((cdb.double() - rdb).abs().max())
-            for mode in (1, 2, 0):
+            for mode in (1, 2, 3, 0):
                 try:
                     kt.WGRAD_DB[dtype] = mode
                     wgrad = lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1)  # noqa: E731

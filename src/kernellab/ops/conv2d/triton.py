@@ -102,10 +102,11 @@ def _wgrad_step(
     DOT64: tl.constexpr = True, DB: tl.constexpr = 1,
 ):
     """(acc, acc64, db) after one reduction step of wgrad: db += the dy tile's row sums (DB 1:
-    each element in fp64; 2: the step's BLOCK_K elements in fp32, the steps in fp64; 0:
-    none), and the product a @ b: with ACC64, fp32-level operands ("ieee") through fp64
-    dots (exact products, fp64 sums; without DOT64 an fp32 dot a step, summed in fp64),
-    TF32 dots summed in fp64; else the fp32 accumulator (``mma``)."""
+    each element in fp64; 2: the step's BLOCK_K elements in fp32, the steps in fp64; 0 or
+    3: none, 3 summing it in programs of its own, ``_wgrad_db``), and the product a @ b:
+    with ACC64, fp32-level operands ("ieee") through fp64 dots (exact products, fp64
+    sums; without DOT64 an fp32 dot a step, summed in fp64), TF32 dots summed in fp64;
+    else the fp32 accumulator (``mma``)."""
     if DB == 1:
         db += tl.sum(a.to(tl.float64), axis=1)
     elif DB == 2:
@@ -119,6 +120,26 @@ def _wgrad_step(
     else:
         acc = mma(a, b, acc, PRECISION)
     return acc, acc64, db
+
+
+@triton_support.jit
+def _wgrad_db(dy_ptr, db_part_ptr, k_tile, split, K, pq, NPQ, CHUNK,
+              FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """A wgrad program of dbias alone (DB 3): rows k_tile of db over split's chunk of the
+    reduction, each element in fp64 with FP64, else a step's BLOCK_K elements in fp32."""
+    offs_m = k_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = offs_m < K
+    db = tl.zeros((BLOCK_M,), dtype=tl.float64)
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, NPQ)
+    for j0 in range(start, end, BLOCK_K):
+        j = j0 + tl.arange(0, BLOCK_K)
+        a, nb, rem = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j < end, K, pq)
+        if FP64:
+            db += tl.sum(a.to(tl.float64), axis=1)
+        else:
+            db += tl.sum(a.to(tl.float32), axis=1).to(tl.float64)
+    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok)
 
 
 @triton_support.jit
@@ -334,33 +355,40 @@ def _conv_wgrad_kernel(
     split = tl.program_id(1)
     RS = R * S
     CRS = C * RS
-    offs_m, offs_n, m_ok, n_ok = _tile(K, CRS, BLOCK_M, BLOCK_N)  # output channels k, filter taps (c, r, s)
-    c, rs = offs_n // RS, offs_n % RS
-    r, s = rs // S, rs % S
-    pq = P * Q
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
-    # dbias in fp64 (an fp32 running sum, or fp32 tile sums, go over the check's bound)
-    db = tl.zeros((BLOCK_M,), dtype=tl.float64)
-    start = split * CHUNK
-    end = tl.minimum(start + CHUNK, NPQ)
-    for j0 in range(start, end, BLOCK_K):
-        j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
-        j_ok = j < end
-        a, nb, rem = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq)
-        ih = ((rem // Q) * SH - PH)[:, None] + r[None, :]
-        iw = ((rem % Q) * SW - PW)[:, None] + s[None, :]
-        b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
-        b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
-        acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
-    if not ACC64:
-        acc64 = acc.to(tl.float64)
-    out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
-    tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
-    pid_n = tl.program_id(0) % tl.cdiv(CRS, BLOCK_N)  # the tile's column, as _tile takes it
-    first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)
-    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
+    tiles = tl.cdiv(K, BLOCK_M) * tl.cdiv(CRS, BLOCK_N)
+    if tl.program_id(0) >= tiles:  # (DB 3 only: dbias programs past the dw tiles)
+        _wgrad_db(dy_ptr, db_part_ptr, tl.program_id(0) - tiles, split, K, P * Q, NPQ, CHUNK,
+                  ACC64, BLOCK_M, BLOCK_K)  # fmt: skip
+    else:
+        # output channels k, filter taps (c, r, s)
+        offs_m, offs_n, m_ok, n_ok = _tile(K, CRS, BLOCK_M, BLOCK_N)
+        c, rs = offs_n // RS, offs_n % RS
+        r, s = rs // S, rs % S
+        pq = P * Q
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+        # dbias in fp64 (an fp32 running sum, or fp32 tile sums, go over the check's bound)
+        db = tl.zeros((BLOCK_M,), dtype=tl.float64)
+        start = split * CHUNK
+        end = tl.minimum(start + CHUNK, NPQ)
+        for j0 in range(start, end, BLOCK_K):
+            j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
+            j_ok = j < end
+            a, nb, rem = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq)
+            ih = ((rem // Q) * SH - PH)[:, None] + r[None, :]
+            iw = ((rem % Q) * SW - PW)[:, None] + s[None, :]
+            b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
+            b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
+            acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
+        if not ACC64:
+            acc64 = acc.to(tl.float64)
+        out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
+        tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
+        pid_n = tl.program_id(0) % tl.cdiv(CRS, BLOCK_N)  # the tile's column, as _tile takes it
+        first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)
+        if DB != 3:
+            tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
 
 @triton_support.jit
@@ -378,36 +406,42 @@ def _conv_wgrad_taps_kernel(
     # are computed once per reduction index j, not once per (j, c)
     split = tl.program_id(1)
     RS = R * S
-    tile, rs = tl.program_id(0) // RS, tl.program_id(0) % RS
-    r, s = rs // S, rs % S
-    n_tiles = tl.cdiv(C, BLOCK_N)
-    offs_m = (tile // n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # output channels k
-    offs_n = (tile % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)  # input channels c
-    m_ok, n_ok = offs_m < K, offs_n < C
-    pq = P * Q
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
-    db = tl.zeros((BLOCK_M,), dtype=tl.float64)
-    start = split * CHUNK
-    end = tl.minimum(start + CHUNK, NPQ)
-    for j0 in range(start, end, BLOCK_K):
-        j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
-        j_ok = j < end
-        a, nb, rem = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq)
-        ih = (rem // Q) * SH - PH + r
-        iw = (rem % Q) * SW - PW + s
-        row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        b_row = nb * sxn + ih * sxh + iw * sxw
-        b_ok = row_ok[:, None] & n_ok[None, :]
-        b = tl.load(x_ptr + b_row[:, None] + offs_n[None, :] * sxc, mask=b_ok, other=0.0)
-        acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
-    if not ACC64:
-        acc64 = acc.to(tl.float64)
-    CRS = C * RS
-    out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :] * RS + rs
-    tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
-    first = (offs_m * 0 + (tile % n_tiles) + rs) == 0  # the first c tile of the first tap
-    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
+    tiles = tl.cdiv(K, BLOCK_M) * tl.cdiv(C, BLOCK_N) * RS
+    if tl.program_id(0) >= tiles:  # (DB 3 only: dbias programs past the dw tiles)
+        _wgrad_db(dy_ptr, db_part_ptr, tl.program_id(0) - tiles, split, K, P * Q, NPQ, CHUNK,
+                  ACC64, BLOCK_M, BLOCK_K)  # fmt: skip
+    else:
+        tile, rs = tl.program_id(0) // RS, tl.program_id(0) % RS
+        r, s = rs // S, rs % S
+        n_tiles = tl.cdiv(C, BLOCK_N)
+        offs_m = (tile // n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # output channels k
+        offs_n = (tile % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)  # input channels c
+        m_ok, n_ok = offs_m < K, offs_n < C
+        pq = P * Q
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+        db = tl.zeros((BLOCK_M,), dtype=tl.float64)
+        start = split * CHUNK
+        end = tl.minimum(start + CHUNK, NPQ)
+        for j0 in range(start, end, BLOCK_K):
+            j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
+            j_ok = j < end
+            a, nb, rem = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq)
+            ih = (rem // Q) * SH - PH + r
+            iw = (rem % Q) * SW - PW + s
+            row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            b_row = nb * sxn + ih * sxh + iw * sxw
+            b_ok = row_ok[:, None] & n_ok[None, :]
+            b = tl.load(x_ptr + b_row[:, None] + offs_n[None, :] * sxc, mask=b_ok, other=0.0)
+            acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
+        if not ACC64:
+            acc64 = acc.to(tl.float64)
+        CRS = C * RS
+        out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :] * RS + rs
+        tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
+        first = (offs_m * 0 + (tile % n_tiles) + rs) == 0  # the first c tile of the first tap
+        if DB != 3:
+            tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -610,12 +644,14 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
     dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
     db_part = torch.empty((splits, k), dtype=torch.float64, device=x.device)
-    kernel[(tiles, splits)](
+    db_mode = WGRAD_DB.get(x.dtype, 1)
+    db_programs = triton_support.cdiv(k, cfg["BLOCK_M"]) if db_mode == 3 else 0
+    kernel[(tiles + db_programs, splits)](
         dy, x, dw_part, db_part,
         c, h, wd, k, p, q, r, s, npq, chunk,
         *x.stride(),
         sh, sw, ph, pw,
-        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(x.dtype, 1), **consts, **cfg,
+        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, **consts, **cfg,
     )  # fmt: skip
     dw = dw_part.sum(0).to(w.dtype).view(w.shape)
     db = db_part.sum(0).to(w.dtype)
