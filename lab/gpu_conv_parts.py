@@ -28,9 +28,8 @@ DEV = "cuda"
 SHAPES = [(32, 64, 56, 56, 64), (64, 32, 14, 14, 64), (256, 32, 14, 14, 64), (1024, 32, 14, 14, 64)]
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
-DGRAD_TILES = [(128, 64, 32, 8, 3), (128, 64, 64, 8, 3), (128, 64, 32, 4, 3), (64, 64, 64, 4, 3),
-               (128, 64, 32, 8, 2), (128, 64, 32, 8, 4), (256, 64, 32, 8, 3),
-               (128, 32, 32, 4, 3)]  # fmt: skip
+DGRAD_TILES = [(128, 64, 32, 8, 3), (128, 64, 32, 4, 3), (64, 64, 32, 4, 3), (256, 64, 32, 8, 3),
+               (128, 32, 32, 4, 3), (128, 64, 64, 8, 3)]  # fmt: skip
 
 
 def _inputs(n, c, h, w_, k, dtype, seed=1):
@@ -62,6 +61,8 @@ def _dgrad(dy, x, w, cfg, stages=None):
     cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
     acc64 = x.dtype == torch.float32
 
+    extra["LOAD_T"] = kt.TAPS_LOAD_T.get(x.dtype, False)
+
     def run():
         kt._conv_dgrad_taps_kernel[grid](
             dy, wt, dx, c, h, wd, k, h, wd, 3, 3, nhw, *ws, 1, 1, 1, 1,
@@ -82,6 +83,8 @@ def _fwd(x, w, b, cfg, stages=None):
     cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
     acc64 = x.dtype == torch.float32 and c * 9 > kt.TAPS_TWO_LEVEL_MAX_CRS
 
+    extra["LOAD_T"] = kt.TAPS_LOAD_T.get(x.dtype, False)
+
     def run():
         kt._conv_fwd_taps_kernel[grid](
             x, wt, b, y, c, h, wd, k, h, wd, 3, 3, m, *x.stride(), *ws, 1, 1, 1, 1,
@@ -92,7 +95,7 @@ def _fwd(x, w, b, cfg, stages=None):
 
 
 def split(out, dtypes):
-    db0 = dict(kt.WGRAD_DB)
+    db0, lt0 = dict(kt.WGRAD_DB), dict(kt.TAPS_LOAD_T)
     for dname in dtypes:
         dtype = DTYPES[dname]
         for shape in SHAPES:
@@ -110,31 +113,34 @@ def split(out, dtypes):
             row["cudnn_dx"] = _ms(cbwd([True, False, False]))
             row["cudnn_dw"] = _ms(cbwd([False, True, False]))
             row["torch_db"] = _ms(lambda: dy.sum((0, 2, 3), dtype=torch.float32))
-            row["ours_fwd"] = _ms(lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1))
-            cfg = kt.dgrad_plan(shape[1], 3, 3, k, dtype, x.device)[1]
-            row["dgrad_plan"] = cfg
-            row["ours_dgrad"] = _ms(_dgrad(dy, x, w, cfg))
-            row["ours_bwd"] = _ms(lambda: kt.triton_conv2d_bwd(dy, x, w, True, 1, 1, 1, 1))
             # float64 references of dw and db, and cuDNN's errors
             xr, wr, br = x.double(), w.double().requires_grad_(), b.double().requires_grad_()
             rdw, rdb = torch.autograd.grad(F.conv2d(xr, wr, br, padding=1), (wr, br), dy.double())
             _, cdw, cdb = cbwd([False, True, True])()
             e_dw = float((cdw.double() - rdw).abs().max())
             e_db = float((cdb.double() - rdb).abs().max())
-            for mode in (1, 2, 3, 0):
-                try:
-                    kt.WGRAD_DB[dtype] = mode
-                    wgrad = lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1)  # noqa: E731
-                    row[f"ours_wgrad_db{mode}"] = _ms(wgrad)
-                    _, dw, db = wgrad()
-                    row[f"dw_err_ratio_db{mode}"] = _ratio(dw, rdw, e_dw)
-                    if mode:
-                        row[f"db_err_ratio_db{mode}"] = _ratio(db, rdb, e_db)
-                except Exception as e:  # noqa: BLE001
-                    row[f"error_db{mode}"] = str(e)[:200]
-                finally:
-                    kt.WGRAD_DB.clear()
-                    kt.WGRAD_DB.update(db0)
+            cfg = kt.dgrad_plan(shape[1], 3, 3, k, dtype, x.device)[1]
+            row["dgrad_plan"] = cfg
+            for lt in (0, 1):
+                kt.TAPS_LOAD_T[dtype] = bool(lt)
+                row[f"ours_fwd_lt{lt}"] = _ms(lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1))
+                row[f"ours_dgrad_lt{lt}"] = _ms(_dgrad(dy, x, w, cfg))
+                for mode in (1, 3, 0):
+                    name = f"db{mode}_lt{lt}"
+                    try:
+                        kt.WGRAD_DB[dtype] = mode
+                        wgrad = lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1)  # noqa: E731
+                        row["ours_wgrad_" + name] = _ms(wgrad)
+                        _, dw, db = wgrad()
+                        row["dw_err_ratio_" + name] = _ratio(dw, rdw, e_dw)
+                        row["db_err_ratio_" + name] = _ratio(db, rdb, e_db)
+                    except Exception as e:  # noqa: BLE001
+                        row["error_" + name] = str(e)[:200]
+                    finally:
+                        kt.WGRAD_DB.clear()
+                        kt.WGRAD_DB.update(db0)
+                kt.TAPS_LOAD_T.clear()
+                kt.TAPS_LOAD_T.update(lt0)
             out(row)
 
 
@@ -148,12 +154,16 @@ def dgrad(out, dtypes):
             row = dict(part="dgrad", dtype=dname, shape="x".join(map(str, shape)) + "x3x3")
             for t in DGRAD_TILES:
                 cfg = dict(BLOCK_M=t[0], BLOCK_N=t[1], BLOCK_K=t[2], num_warps=t[3])
-                name = "x".join(map(str, t))
-                try:
-                    row["dgrad_" + name] = _ms(_dgrad(dy, x, w, cfg, t[4]))
-                    row["fwd_" + name] = _ms(_fwd(x, w, b, cfg, t[4]))
-                except Exception as e:  # noqa: BLE001
-                    row["error_" + name] = str(e)[:200]
+                for lt in (0, 1):
+                    kt.TAPS_LOAD_T[dtype] = bool(lt)
+                    name = "x".join(map(str, t)) + f"_lt{lt}"
+                    try:
+                        row["dgrad_" + name] = _ms(_dgrad(dy, x, w, cfg, t[4]))
+                        row["fwd_" + name] = _ms(_fwd(x, w, b, cfg, t[4]))
+                    except Exception as e:  # noqa: BLE001
+                        row["error_" + name] = str(e)[:200]
+                    finally:
+                        kt.TAPS_LOAD_T.pop(dtype, None)
             out(row)
 
 

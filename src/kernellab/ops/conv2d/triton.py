@@ -87,6 +87,19 @@ def _dy_source(hn, wn, SH, SW, P, Q):
 
 
 @triton_support.jit
+def _gather(ptr, rows, cols, row_ok, col_ok, LOAD_T: tl.constexpr):
+    """The tap kernels' gathered operand tile [rows, cols] at ptr + rows[:, None] +
+    cols[None, :] (masked, zeros outside). LOAD_T: loaded as [cols, rows] and transposed,
+    so a warp's lanes run along the rows (pixels, contiguous in memory where the
+    channels are a plane apart)."""
+    if LOAD_T:
+        t = tl.load(ptr + rows[None, :] + cols[:, None], mask=row_ok[None, :] & col_ok[:, None], other=0.0)
+        return tl.trans(t)
+    else:
+        return tl.load(ptr + rows[:, None] + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+
+
+@triton_support.jit
 def _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq):
     """wgrad's A tile dy[n, k, p, q] for output channels offs_m and reduction indices j
     (n, p, q), with j's image nb and pixel rem."""
@@ -196,6 +209,7 @@ def _conv_fwd_taps_kernel(
     SH, SW, PH, PW,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    LOAD_T: tl.constexpr = False,
 ):
     # the reduction as taps (r, s) outside, channels c inside: A(m, c) of one tap is
     # x[n, c, ih0 + r, iw0 + s], one row offset and one bounds test per output pixel
@@ -216,8 +230,7 @@ def _conv_fwd_taps_kernel(
         for c0 in range(0, C, BLOCK_K):
             c = c0 + tl.arange(0, BLOCK_K)
             c_ok = c < C
-            a_ok = row_ok[:, None] & c_ok[None, :]
-            a = tl.load(x_ptr + a_row[:, None] + c[None, :] * sxc, mask=a_ok, other=0.0)
+            a = _gather(x_ptr, a_row, c * sxc, row_ok, c_ok, LOAD_T)
             b_off = w_col[None, :] + c[:, None] * swc + rs * swt
             b = tl.load(w_ptr + b_off, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
             acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
@@ -271,6 +284,7 @@ def _conv_dgrad_taps_kernel(
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    LOAD_T: tl.constexpr = False,
 ):
     # the reduction as taps (r, s) outside, output channels k inside: A(m, k) of one tap is
     # dy[n, k, p, q] with (p, q) the output pixel that reads input pixel m through the tap,
@@ -291,8 +305,7 @@ def _conv_dgrad_taps_kernel(
         for k0 in range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < K
-            a_ok = row_ok[:, None] & k_ok[None, :]
-            a = tl.load(dy_ptr + a_row[:, None] + k[None, :] * pq, mask=a_ok, other=0.0)
+            a = _gather(dy_ptr, a_row, k * pq, row_ok, k_ok, LOAD_T)
             b_off = k[:, None] * swk + w_col[None, :] + rs * swt
             b = tl.load(w_ptr + b_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
@@ -399,7 +412,7 @@ def _conv_wgrad_taps_kernel(
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT64: tl.constexpr = True,
-    DB: tl.constexpr = 1,
+    DB: tl.constexpr = 1, LOAD_T: tl.constexpr = False,
 ):
     # one filter tap (r, s) a program: dw[k, c, r, s] for a [BLOCK_M (k), BLOCK_N (c)] tile,
     # B(j, c) = x[n, c, p sh - ph + r, q sw - pw + s]: the input position and its bounds
@@ -431,8 +444,7 @@ def _conv_wgrad_taps_kernel(
             iw = (rem % Q) * SW - PW + s
             row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             b_row = nb * sxn + ih * sxh + iw * sxw
-            b_ok = row_ok[:, None] & n_ok[None, :]
-            b = tl.load(x_ptr + b_row[:, None] + offs_n[None, :] * sxc, mask=b_ok, other=0.0)
+            b = _gather(x_ptr, b_row, offs_n * sxc, row_ok, n_ok, LOAD_T)
             acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
         if not ACC64:
             acc64 = acc.to(tl.float64)
@@ -582,7 +594,8 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     dims, conv = (c, h, wd, k, p, q, r, s, m, *x.stride()), (sh, sw, ph, pw)
     if kind == "taps":
         wt, ws = tap_weight(w, True)
-        _conv_fwd_taps_kernel[grid](x, wt, bias_arg, y, *dims, *ws, *conv, **consts)
+        load_t = TAPS_LOAD_T.get(x.dtype, False)
+        _conv_fwd_taps_kernel[grid](x, wt, bias_arg, y, *dims, *ws, *conv, LOAD_T=load_t, **consts)
     else:
         _conv_fwd_kernel[grid](x, w, bias_arg, y, *dims, *conv, **consts)
     return y
@@ -591,8 +604,11 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
 # fp32 wgrad (TF32 off): fp64 dots (exact products, fp64 sums) where True; else each
 # BLOCK_K-deep fp32 dot summed in fp64.
 WGRAD_DOT64 = True
-# How wgrad sums dbias, by dtype (``_wgrad_step``'s DB; 1 where not listed).
+# How wgrad sums dbias, by dtype (``_wgrad_step``'s DB, 1 where not listed; 0: torch sums
+# dy's rows in fp64 after the kernel).
 WGRAD_DB: dict[torch.dtype, int] = {}
+# The tap kernels' gathered tile (x or dy) loaded transposed (``_gather``), by dtype.
+TAPS_LOAD_T: dict[torch.dtype, bool] = {}
 
 
 def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
@@ -629,7 +645,8 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
             grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
             if kind == "taps":
                 wt, ws = tap_weight(w, False)
-                _conv_dgrad_taps_kernel[grid](dy, wt, dx, *dims, *ws, *conv, **consts, **cfg)
+                load_t = TAPS_LOAD_T.get(x.dtype, False)
+                _conv_dgrad_taps_kernel[grid](dy, wt, dx, *dims, *ws, *conv, LOAD_T=load_t, **consts, **cfg)
             else:
                 _conv_dgrad_kernel[grid](dy, w, dx, *dims, *conv, **consts, **cfg)
     if npq == 0:
@@ -646,15 +663,19 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     db_part = torch.empty((splits, k), dtype=torch.float64, device=x.device)
     db_mode = WGRAD_DB.get(x.dtype, 1)
     db_programs = triton_support.cdiv(k, cfg["BLOCK_M"]) if db_mode == 3 else 0
+    extra = dict(LOAD_T=TAPS_LOAD_T.get(x.dtype, False)) if kind == "taps" else {}
     kernel[(tiles + db_programs, splits)](
         dy, x, dw_part, db_part,
         c, h, wd, k, p, q, r, s, npq, chunk,
         *x.stride(),
         sh, sw, ph, pw,
-        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, **consts, **cfg,
+        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, **extra, **consts, **cfg,
     )  # fmt: skip
     dw = dw_part.sum(0).to(w.dtype).view(w.shape)
-    db = db_part.sum(0).to(w.dtype)
+    if db_mode == 0:  # dy's rows summed in fp64, then the images (contiguous: inner sums)
+        db = dy.view(n, k, p * q).sum(2, dtype=torch.float64).sum(0).to(w.dtype)
+    else:
+        db = db_part.sum(0).to(w.dtype)
     return dx, dw, db
 
 
@@ -695,12 +716,14 @@ def _kernel_specs(dtype: str):
     wgrad = {"taps": _conv_wgrad_taps_kernel, "gemm": _conv_wgrad_kernel}
     out = {}
 
+    load_t = TAPS_LOAD_T.get(tdt, False)
+
     def w_strides(kind, out_inner):
         # the tap kernels' weight strides (tap_weight's): the unit one as Triton specializes it
         if kind != "taps":
             return (), {}
         unit = ("swk" if out_inner else "swc") if tdt in TAP_MAJOR_DTYPES else "swt"
-        return tuple(n for n in ("swk", "swc", "swt") if n != unit), {unit: 1}
+        return tuple(n for n in ("swk", "swc", "swt") if n != unit), {unit: 1, "LOAD_T": load_t}
 
     for c, k in ((1, 32), (8, 16), (32, 64)):
         kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
@@ -717,6 +740,8 @@ def _kernel_specs(dtype: str):
             out.setdefault(dgrad[kind], spec)
         kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
         wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1))
+        if kind == "taps":
+            wcx["LOAD_T"] = load_t
         spec = launch(wgrad[kind], w_ptrs, w_ints, dict(wcx, **cfg))
         out.setdefault(wgrad[kind], spec)
     return list(out.values())
