@@ -45,6 +45,19 @@ def _ms(fn):
     return round(do_bench(fn), 5)
 
 
+def _set_load_t(dtype, on):
+    """TAPS_LOAD_T of all three tap kernels for dtype (None: the library's setting back)."""
+    for kernel in ("fwd", "dgrad", "wgrad"):
+        if on is None:
+            kt.TAPS_LOAD_T.pop((kernel, dtype), None)
+            kt.TAPS_LOAD_T.update({k: v for k, v in _LT0.items() if k == (kernel, dtype)})
+        else:
+            kt.TAPS_LOAD_T[(kernel, dtype)] = on
+
+
+_LT0 = dict(kt.TAPS_LOAD_T)
+
+
 def _ratio(got, ref, base):
     return round(float((got.double() - ref).abs().max()) / max(base, 1e-30), 3)
 
@@ -61,7 +74,7 @@ def _dgrad(dy, x, w, cfg, stages=None):
     cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
     acc64 = x.dtype == torch.float32
 
-    extra["LOAD_T"] = kt.TAPS_LOAD_T.get(x.dtype, False)
+    extra["LOAD_T"] = kt.TAPS_LOAD_T.get(("dgrad", x.dtype), False)
 
     def run():
         kt._conv_dgrad_taps_kernel[grid](
@@ -83,7 +96,7 @@ def _fwd(x, w, b, cfg, stages=None):
     cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
     acc64 = x.dtype == torch.float32 and c * 9 > kt.TAPS_TWO_LEVEL_MAX_CRS
 
-    extra["LOAD_T"] = kt.TAPS_LOAD_T.get(x.dtype, False)
+    extra["LOAD_T"] = kt.TAPS_LOAD_T.get(("fwd", x.dtype), False)
 
     def run():
         kt._conv_fwd_taps_kernel[grid](
@@ -122,7 +135,7 @@ def split(out, dtypes):
             cfg = kt.dgrad_plan(shape[1], 3, 3, k, dtype, x.device)[1]
             row["dgrad_plan"] = cfg
             for lt in (0, 1):
-                kt.TAPS_LOAD_T[dtype] = bool(lt)
+                _set_load_t(dtype, bool(lt))
                 row[f"ours_fwd_lt{lt}"] = _ms(lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1))
                 row[f"ours_dgrad_lt{lt}"] = _ms(_dgrad(dy, x, w, cfg))
                 for mode in (1, 3, 0):
@@ -155,7 +168,7 @@ def dgrad(out, dtypes):
             for t in DGRAD_TILES:
                 cfg = dict(BLOCK_M=t[0], BLOCK_N=t[1], BLOCK_K=t[2], num_warps=t[3])
                 for lt in (0, 1):
-                    kt.TAPS_LOAD_T[dtype] = bool(lt)
+                    _set_load_t(dtype, bool(lt))
                     name = "x".join(map(str, t)) + f"_lt{lt}"
                     try:
                         row["dgrad_" + name] = _ms(_dgrad(dy, x, w, cfg, t[4]))
@@ -163,7 +176,7 @@ def dgrad(out, dtypes):
                     except Exception as e:  # noqa: BLE001
                         row["error_" + name] = str(e)[:200]
                     finally:
-                        kt.TAPS_LOAD_T.pop(dtype, None)
+                        _set_load_t(dtype, None)
             out(row)
 
 

@@ -594,7 +594,7 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     dims, conv = (c, h, wd, k, p, q, r, s, m, *x.stride()), (sh, sw, ph, pw)
     if kind == "taps":
         wt, ws = tap_weight(w, True)
-        load_t = TAPS_LOAD_T.get(x.dtype, False)
+        load_t = TAPS_LOAD_T.get(("fwd", x.dtype), False)
         _conv_fwd_taps_kernel[grid](x, wt, bias_arg, y, *dims, *ws, *conv, LOAD_T=load_t, **consts)
     else:
         _conv_fwd_kernel[grid](x, w, bias_arg, y, *dims, *conv, **consts)
@@ -607,8 +607,9 @@ WGRAD_DOT64 = True
 # How wgrad sums dbias, by dtype (``_wgrad_step``'s DB, 1 where not listed; 0: torch sums
 # dy's rows in fp64 after the kernel).
 WGRAD_DB: dict[torch.dtype, int] = {}
-# The tap kernels' gathered tile (x or dy) loaded transposed (``_gather``), by dtype.
-TAPS_LOAD_T: dict[torch.dtype, bool] = {}
+# The tap kernels' gathered tile (x or dy) loaded transposed (``_gather``), by kernel
+# ("fwd", "dgrad", "wgrad") and dtype; False where not listed.
+TAPS_LOAD_T: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
@@ -645,7 +646,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
             grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
             if kind == "taps":
                 wt, ws = tap_weight(w, False)
-                load_t = TAPS_LOAD_T.get(x.dtype, False)
+                load_t = TAPS_LOAD_T.get(("dgrad", x.dtype), False)
                 _conv_dgrad_taps_kernel[grid](dy, wt, dx, *dims, *ws, *conv, LOAD_T=load_t, **consts, **cfg)
             else:
                 _conv_dgrad_kernel[grid](dy, w, dx, *dims, *conv, **consts, **cfg)
@@ -663,7 +664,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     db_part = torch.empty((splits, k), dtype=torch.float64, device=x.device)
     db_mode = WGRAD_DB.get(x.dtype, 1)
     db_programs = triton_support.cdiv(k, cfg["BLOCK_M"]) if db_mode == 3 else 0
-    extra = dict(LOAD_T=TAPS_LOAD_T.get(x.dtype, False)) if kind == "taps" else {}
+    extra = dict(LOAD_T=TAPS_LOAD_T.get(("wgrad", x.dtype), False)) if kind == "taps" else {}
     kernel[(tiles + db_programs, splits)](
         dy, x, dw_part, db_part,
         c, h, wd, k, p, q, r, s, npq, chunk,
@@ -716,13 +717,12 @@ def _kernel_specs(dtype: str):
     wgrad = {"taps": _conv_wgrad_taps_kernel, "gemm": _conv_wgrad_kernel}
     out = {}
 
-    load_t = TAPS_LOAD_T.get(tdt, False)
-
     def w_strides(kind, out_inner):
         # the tap kernels' weight strides (tap_weight's): the unit one as Triton specializes it
         if kind != "taps":
             return (), {}
         unit = ("swk" if out_inner else "swc") if tdt in TAP_MAJOR_DTYPES else "swt"
+        load_t = TAPS_LOAD_T.get(("fwd" if out_inner else "dgrad", tdt), False)
         return tuple(n for n in ("swk", "swc", "swt") if n != unit), {unit: 1, "LOAD_T": load_t}
 
     for c, k in ((1, 32), (8, 16), (32, 64)):
@@ -741,7 +741,7 @@ def _kernel_specs(dtype: str):
         kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
         wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1))
         if kind == "taps":
-            wcx["LOAD_T"] = load_t
+            wcx["LOAD_T"] = TAPS_LOAD_T.get(("wgrad", tdt), False)
         spec = launch(wgrad[kind], w_ptrs, w_ints, dict(wcx, **cfg))
         out.setdefault(wgrad[kind], spec)
     return list(out.values())
