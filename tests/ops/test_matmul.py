@@ -884,6 +884,7 @@ def _fp64_dots_cases():
         ((16, 16, tm.FMA64_MAX_K + 1), 5, False),
         ((tm.FMA64_MAX_WORK // (64 * 128), 128, 64), 6, True),
         ((tm.FMA64_MAX_WORK // (64 * 128) + 1, 128, 64), 7, False),
+        ((40, 24, 1), 8, False),
     ]
 
 
@@ -924,12 +925,12 @@ for prec in ("ieee64", "ieee"):
     assert ".local" not in fp64
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(8))
 def test_short_k_fp32_products_sum_in_fp64_where_small(case):
     """fp32 FMA products of K <= FMA64_MAX_K and at most FMA64_MAX_WORK multiply-adds run
     "ieee64" dots (exact products, fp64 sums, one rounding a K block): with K in one block
-    the output is float64's rounded to fp32, element for element; past either limit the
-    fp32 dots stay; x3 dots keep their own."""
+    the output is float64's rounded to fp32, element for element; past either limit, and
+    at K = 1, the fp32 dots stay; x3 dots keep their own."""
     from kernellab import config
     from kernellab.ops.matmul import triton as tm
 

@@ -542,14 +542,14 @@ def small_config(m: int, n: int, k: int, bt: int, elem: int, precision: str, max
 # dots: each K block's products exact and summed in fp64, rounded once. They are bound by
 # the launch, not the arithmetic, and one fp32 FMA chain over K = 16-100 erred up to ~2x
 # cuBLAS's error there (the check's bound: 2x cuBLAS's, plus an ulp). Longer K takes the
-# two-level sums of fp32 blocks.
+# two-level sums of fp32 blocks; K = 1 (an outer product) is one rounding either way.
 FMA64_MAX_WORK = 1 << 24
 FMA64_MAX_K = 128
 
 
 def fma64_applies(bt: int, m: int, n: int, k: int) -> bool:
     """Whether an fp32 FMA product of these dims runs "ieee64" dots (FMA64_MAX_WORK)."""
-    return k <= FMA64_MAX_K and bt * m * n * k <= FMA64_MAX_WORK
+    return 1 < k <= FMA64_MAX_K and bt * m * n * k <= FMA64_MAX_WORK
 
 
 # K slices for the tiled kernel: a product whose 128x128 tiles fill at most half the SMs
