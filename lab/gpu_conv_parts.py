@@ -6,9 +6,10 @@ parts:
   split   per shape: cuDNN's forward, its backward with all three gradients, with dx only,
           dw only, and db (dy.sum); ours: the forward, the dgrad kernel alone (at the
           plan's tiles), the wgrad launch (dw and db) with each dbias mode (WGRAD_DB: 1
-          fp64 per element, 2 fp32 a step, 3 in programs of its own, 0 none) and dw / db
-          error against float64 as a ratio to cuDNN's
+          fp64 per element, 2 fp32 a step, 3 in programs of its own, 0 by torch) and dw /
+          db error against float64 as a ratio to cuDNN's
   dgrad   the dgrad and forward tap kernels at other tiles and stage counts (16-bit)
+  wgrad   the bf16 tap wgrad at other tiles, dbias by torch and fp32 a step
   once    the forward and dgrad tap kernels once each at 32x64x56x56 (plan tiles), for ncu
 Shapes: the table's conv2d layers with C >= 16 (padding 1, bias). do_bench medians (ms),
 L2 flushed by do_bench, TF32 off.
@@ -43,6 +44,37 @@ def _inputs(n, c, h, w_, k, dtype, seed=1):
 
 def _ms(fn):
     return round(do_bench(fn), 5)
+
+
+LOAD_T_CHOICES = (0,)  # (0, 1): also with TAPS_LOAD_T (3-5x slower at bf16, 1dac38f..1874d9f)
+# wgrad tiles of the bf16 sweep: (BLOCK_M, BLOCK_N, BLOCK_K, warps)
+WGRAD_TILES = [(64, 64, 64, 4), (64, 64, 32, 4), (64, 64, 128, 4), (128, 64, 64, 8), (64, 64, 64, 8),
+               (64, 32, 64, 4)]  # fmt: skip
+
+
+def wgrad(out, dtypes):
+    """bf16 tap wgrad at other tiles, dbias by torch (0) and fp32 a step (2)."""
+    plan0, db0 = kt.wgrad_plan, dict(kt.WGRAD_DB)
+    for shape in SHAPES:
+        x, w, b, dy = _inputs(*shape, torch.bfloat16)
+        row = dict(part="wgrad", dtype="bf16", shape="x".join(map(str, shape)) + "x3x3")
+        for t in WGRAD_TILES:
+            if t[1] > 2 * shape[1]:
+                continue
+            cfg = dict(BLOCK_M=t[0], BLOCK_N=t[1], BLOCK_K=t[2], num_warps=t[3])
+            kt.wgrad_plan = lambda *a, cfg=cfg: ("taps", cfg)
+            for mode in (0, 2):
+                kt.WGRAD_DB[torch.bfloat16] = mode
+                name = "x".join(map(str, t)) + f"_db{mode}"
+                try:
+                    row["wgrad_" + name] = _ms(lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1))
+                except Exception as e:  # noqa: BLE001
+                    row["error_" + name] = str(e)[:200]
+                finally:
+                    kt.wgrad_plan = plan0
+                    kt.WGRAD_DB.clear()
+                    kt.WGRAD_DB.update(db0)
+        out(row)
 
 
 def _set_load_t(dtype, on):
@@ -134,11 +166,11 @@ def split(out, dtypes):
             e_db = float((cdb.double() - rdb).abs().max())
             cfg = kt.dgrad_plan(shape[1], 3, 3, k, dtype, x.device)[1]
             row["dgrad_plan"] = cfg
-            for lt in (0, 1):
+            for lt in LOAD_T_CHOICES:
                 _set_load_t(dtype, bool(lt))
                 row[f"ours_fwd_lt{lt}"] = _ms(lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1))
                 row[f"ours_dgrad_lt{lt}"] = _ms(_dgrad(dy, x, w, cfg))
-                for mode in (1, 3, 0):
+                for mode in (1, 2, 0):
                     name = f"db{mode}_lt{lt}"
                     try:
                         kt.WGRAD_DB[dtype] = mode
@@ -209,6 +241,8 @@ def main():
         split(out, dtypes)
     if "dgrad" in args.parts:
         dgrad(out, dtypes)
+    if "wgrad" in args.parts:
+        wgrad(out, dtypes)
     if "once" in args.parts:
         once(dtypes)
 

@@ -104,9 +104,42 @@ def _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq):
     """wgrad's A tile dy[n, k, p, q] for output channels offs_m and reduction indices j
     (n, p, q), with j's image nb and pixel rem."""
     nb, rem = j // pq, j % pq
+    return _wgrad_dy_at(dy_ptr, offs_m, m_ok, nb, rem, j_ok, K, pq), nb, rem
+
+
+@triton_support.jit
+def _wgrad_dy_at(dy_ptr, offs_m, m_ok, nb, rem, j_ok, K, pq):
+    """wgrad's A tile dy[n, k, p, q] at images nb and pixels rem (= p Q + q)."""
     a_off = offs_m[:, None] * pq + (nb * (K * pq) + rem)[None, :]
-    a = tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
-    return a, nb, rem
+    return tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+
+
+@triton_support.jit
+def _pixels(j, P, Q):
+    """Reduction indices j of wgrad as (image nb, output row p, output column q)."""
+    rem = j % (P * Q)
+    return j // (P * Q), rem // Q, rem % Q
+
+
+@triton_support.jit
+def _pixel_steps(P, Q, BLOCK_K: tl.constexpr):
+    """BLOCK_K reduction indices as (images, rows, columns): ``_pixels_next``'s steps."""
+    return BLOCK_K // (P * Q), (BLOCK_K % (P * Q)) // Q, BLOCK_K % Q
+
+
+@triton_support.jit
+def _pixels_next(nb, p, q, P, Q, step_n, step_p, step_q):
+    """(nb, p, q) of the reduction indices BLOCK_K further on (``_pixel_steps``), by
+    carries, not divisions: the K loop's divisions (four a reduction index, each a long
+    instruction sequence, and a thread holds many indices of the gathered tile) cost
+    wgrad several times its dots."""
+    q += step_q
+    carry = q >= Q
+    q = tl.where(carry, q - Q, q)
+    p += step_p + carry.to(tl.int32)
+    carry = p >= P
+    p = tl.where(carry, p - P, p)
+    return nb + step_n + carry.to(tl.int32), p, q
 
 
 @triton_support.jit
@@ -384,16 +417,20 @@ def _conv_wgrad_kernel(
         db = tl.zeros((BLOCK_M,), dtype=tl.float64)
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, NPQ)
-        for j0 in range(start, end, BLOCK_K):
-            j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
+        j = start + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
+        nb, op, oq = _pixels(j, P, Q)
+        step_n, step_p, step_q = _pixel_steps(P, Q, BLOCK_K)
+        for _ in range(start, end, BLOCK_K):
             j_ok = j < end
-            a, nb, rem = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq)
-            ih = ((rem // Q) * SH - PH)[:, None] + r[None, :]
-            iw = ((rem % Q) * SW - PW)[:, None] + s[None, :]
+            a = _wgrad_dy_at(dy_ptr, offs_m, m_ok, nb, op * Q + oq, j_ok, K, pq)
+            ih = (op * SH - PH)[:, None] + r[None, :]
+            iw = (oq * SW - PW)[:, None] + s[None, :]
             b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
             b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
             acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
+            j += BLOCK_K
+            nb, op, oq = _pixels_next(nb, op, oq, P, Q, step_n, step_p, step_q)
         if not ACC64:
             acc64 = acc.to(tl.float64)
         out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
@@ -436,16 +473,20 @@ def _conv_wgrad_taps_kernel(
         db = tl.zeros((BLOCK_M,), dtype=tl.float64)
         start = split * CHUNK
         end = tl.minimum(start + CHUNK, NPQ)
-        for j0 in range(start, end, BLOCK_K):
-            j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
+        j = start + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
+        nb, op, oq = _pixels(j, P, Q)
+        step_n, step_p, step_q = _pixel_steps(P, Q, BLOCK_K)
+        for _ in range(start, end, BLOCK_K):
             j_ok = j < end
-            a, nb, rem = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq)
-            ih = (rem // Q) * SH - PH + r
-            iw = (rem % Q) * SW - PW + s
+            a = _wgrad_dy_at(dy_ptr, offs_m, m_ok, nb, op * Q + oq, j_ok, K, pq)
+            ih = op * SH - PH + r
+            iw = oq * SW - PW + s
             row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             b_row = nb * sxn + ih * sxh + iw * sxw
             b = _gather(x_ptr, b_row, offs_n * sxc, row_ok, n_ok, LOAD_T)
             acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
+            j += BLOCK_K
+            nb, op, oq = _pixels_next(nb, op, oq, P, Q, step_n, step_p, step_q)
         if not ACC64:
             acc64 = acc.to(tl.float64)
         CRS = C * RS
@@ -605,8 +646,10 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
 # BLOCK_K-deep fp32 dot summed in fp64.
 WGRAD_DOT64 = True
 # How wgrad sums dbias, by dtype (``_wgrad_step``'s DB, 1 where not listed; 0: torch sums
-# dy's rows in fp64 after the kernel).
-WGRAD_DB: dict[torch.dtype, int] = {}
+# dy's rows in fp64 after the kernel). fp32 (H100, lab/gpu_conv_parts.py): the kernel's
+# fp64 row sums took wgrad from 0.76 to 1.71 ms at 1024x32x14x14 (0.56 / 0.91 at
+# 32x64x56x56), the same error (0.24-0.47 of cuDNN's dbias error).
+WGRAD_DB: dict[torch.dtype, int] = {torch.float32: 0}
 # The tap kernels' gathered tile (x or dy) loaded transposed (``_gather``), by kernel
 # ("fwd", "dgrad", "wgrad") and dtype; False where not listed.
 TAPS_LOAD_T: dict[tuple[str, torch.dtype], bool] = {}
