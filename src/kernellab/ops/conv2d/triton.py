@@ -648,8 +648,10 @@ WGRAD_DOT64 = True
 # How wgrad sums dbias, by dtype (``_wgrad_step``'s DB, 1 where not listed; 0: torch sums
 # dy's rows in fp64 after the kernel). fp32 (H100, lab/gpu_conv_parts.py): the kernel's
 # fp64 row sums took wgrad from 0.76 to 1.71 ms at 1024x32x14x14 (0.56 / 0.91 at
-# 32x64x56x56), the same error (0.24-0.47 of cuDNN's dbias error).
-WGRAD_DB: dict[torch.dtype, int] = {torch.float32: 0}
+# 32x64x56x56), the same error (0.24-0.47 of cuDNN's dbias error). 16-bit: fp32 sums a
+# step (sm_90 PTX of the bf16 64x64x64 loop: 192 fp32 adds a thread a step against 224
+# fp64 ones and 32 conversions).
+WGRAD_DB: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 2, torch.float16: 2}
 # The tap kernels' gathered tile (x or dy) loaded transposed (``_gather``), by kernel
 # ("fwd", "dgrad", "wgrad") and dtype; False where not listed.
 TAPS_LOAD_T: dict[tuple[str, torch.dtype], bool] = {}
