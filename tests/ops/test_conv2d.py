@@ -418,8 +418,10 @@ def test_triton_config():
     assert kt.dgrad_plan(15, 3, 3, 32, bf16, gpu)[0] == "gemm"
     assert kt.dgrad_plan(32, 3, 3, 64, f32, gpu) == ("taps", dict(ACC64=True, BLOCK_M=64, BLOCK_N=32,
                                                                   BLOCK_K=32, num_warps=4))  # fmt: skip
-    assert kt.dgrad_plan(64, 3, 3, 64, bf16, gpu) == ("taps", dict(ACC64=False, BLOCK_M=128, BLOCK_N=64,
+    assert kt.dgrad_plan(64, 3, 3, 64, bf16, gpu) == ("taps", dict(ACC64=False, BLOCK_M=256, BLOCK_N=64,
                                                                    BLOCK_K=32, num_warps=8))  # fmt: skip
+    assert kt.dgrad_plan(32, 3, 3, 64, bf16, gpu) == ("taps", dict(ACC64=False, BLOCK_M=128, BLOCK_N=32,
+                                                                   BLOCK_K=32, num_warps=4))  # fmt: skip
     # wgrad: C R S columns below C 16 (rows fit K on a GPU), a tap's C columns from C 16
     assert kt.wgrad_config(32, 9, gpu)["BLOCK_M"] == 32 and kt.wgrad_config(200, 9, gpu)["BLOCK_M"] == 64
     assert kt.wgrad_config(3, 9, gpu)["BLOCK_M"] == 16 and kt.wgrad_config(32, 9, gpu)["BLOCK_K"] == 32

@@ -585,7 +585,16 @@ def dgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple
         return "stencil", dict(BLOCK=block, BLOCK_K=16, num_warps=4)
     acc64 = dtype == torch.float32
     if c >= TAPS_MIN_C:
-        return "taps", dict(ACC64=acc64, **_taps_tiles(c, k, dtype, dev, acc64))
+        tiles = _taps_tiles(c, k, dtype, dev, acc64)
+        if dev.type == "cuda" and dtype != torch.float32:
+            # H100, bf16 (lab/gpu_conv_parts.py): 256-pixel tiles at C 64 (0.123 ms against
+            # 0.178 at 32x64x56x56), 4 warps for 32-channel tiles (0.040 / 0.138 against
+            # 0.043 / 0.143 at C 32, batch 256 / 1024)
+            if tiles["BLOCK_N"] >= 64:
+                tiles.update(BLOCK_M=256)
+            elif tiles["BLOCK_N"] <= 32:
+                tiles.update(num_warps=4)
+        return "taps", dict(ACC64=acc64, **tiles)
     return "gemm", dict(ACC64=acc64, **gemm_config(c, k * r * s, dev))
 
 
