@@ -6,8 +6,9 @@ parts:
   split   per shape: cuDNN's forward, its backward with all three gradients, with dx only,
           dw only, and db (dy.sum); ours: the forward, the dgrad kernel alone (at the
           plan's tiles), the wgrad launch (dw and db) with each dbias mode (WGRAD_DB: 1
-          fp64 per element, 2 fp32 a step, 3 in programs of its own, 0 by torch) and dw /
-          db error against float64 as a ratio to cuDNN's
+          fp64 per element, 2 fp32 a step, 0 by torch) and dw / db error against float64
+          as a ratio to cuDNN's. (Tried and dropped, H100 2026-12-06: dbias in programs of
+          their own, and the gathered tile loaded transposed, 3-5x slower at bf16.)
   dgrad   the dgrad and forward tap kernels at other tiles and stage counts (16-bit)
   wgrad   the bf16 tap wgrad at other tiles, dbias by torch and fp32 a step
   once    the forward and dgrad tap kernels once each at 32x64x56x56 (plan tiles), for ncu
@@ -46,7 +47,6 @@ def _ms(fn):
     return round(do_bench(fn), 5)
 
 
-LOAD_T_CHOICES = (0,)  # (0, 1): also with TAPS_LOAD_T (3-5x slower at bf16, 1dac38f..1874d9f)
 # wgrad tiles of the bf16 sweep: (BLOCK_M, BLOCK_N, BLOCK_K, warps)
 WGRAD_TILES = [(64, 64, 64, 4), (64, 64, 32, 4), (64, 64, 128, 4), (128, 64, 64, 8), (64, 64, 64, 8),
                (64, 32, 64, 4)]  # fmt: skip
@@ -77,17 +77,6 @@ def wgrad(out, dtypes):
         out(row)
 
 
-def _set_load_t(dtype, on):
-    """TAPS_LOAD_T of all three tap kernels for dtype (None: the library's setting back)."""
-    for kernel in ("fwd", "dgrad", "wgrad"):
-        if on is None:
-            kt.TAPS_LOAD_T.pop((kernel, dtype), None)
-            kt.TAPS_LOAD_T.update({k: v for k, v in _LT0.items() if k == (kernel, dtype)})
-        else:
-            kt.TAPS_LOAD_T[(kernel, dtype)] = on
-
-
-_LT0 = dict(kt.TAPS_LOAD_T)
 
 
 def _ratio(got, ref, base):
@@ -105,8 +94,6 @@ def _dgrad(dy, x, w, cfg, stages=None):
     extra = {} if stages is None else {"num_stages": stages}
     cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
     acc64 = x.dtype == torch.float32
-
-    extra["LOAD_T"] = kt.TAPS_LOAD_T.get(("dgrad", x.dtype), False)
 
     def run():
         kt._conv_dgrad_taps_kernel[grid](
@@ -128,8 +115,6 @@ def _fwd(x, w, b, cfg, stages=None):
     cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
     acc64 = x.dtype == torch.float32 and c * 9 > kt.TAPS_TWO_LEVEL_MAX_CRS
 
-    extra["LOAD_T"] = kt.TAPS_LOAD_T.get(("fwd", x.dtype), False)
-
     def run():
         kt._conv_fwd_taps_kernel[grid](
             x, wt, b, y, c, h, wd, k, h, wd, 3, 3, m, *x.stride(), *ws, 1, 1, 1, 1,
@@ -140,7 +125,7 @@ def _fwd(x, w, b, cfg, stages=None):
 
 
 def split(out, dtypes):
-    db0, lt0 = dict(kt.WGRAD_DB), dict(kt.TAPS_LOAD_T)
+    db0 = dict(kt.WGRAD_DB)
     for dname in dtypes:
         dtype = DTYPES[dname]
         for shape in SHAPES:
@@ -166,26 +151,22 @@ def split(out, dtypes):
             e_db = float((cdb.double() - rdb).abs().max())
             cfg = kt.dgrad_plan(shape[1], 3, 3, k, dtype, x.device)[1]
             row["dgrad_plan"] = cfg
-            for lt in LOAD_T_CHOICES:
-                _set_load_t(dtype, bool(lt))
-                row[f"ours_fwd_lt{lt}"] = _ms(lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1))
-                row[f"ours_dgrad_lt{lt}"] = _ms(_dgrad(dy, x, w, cfg))
-                for mode in (1, 2, 0):
-                    name = f"db{mode}_lt{lt}"
-                    try:
-                        kt.WGRAD_DB[dtype] = mode
-                        wgrad = lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1)  # noqa: E731
-                        row["ours_wgrad_" + name] = _ms(wgrad)
-                        _, dw, db = wgrad()
-                        row["dw_err_ratio_" + name] = _ratio(dw, rdw, e_dw)
-                        row["db_err_ratio_" + name] = _ratio(db, rdb, e_db)
-                    except Exception as e:  # noqa: BLE001
-                        row["error_" + name] = str(e)[:200]
-                    finally:
-                        kt.WGRAD_DB.clear()
-                        kt.WGRAD_DB.update(db0)
-                kt.TAPS_LOAD_T.clear()
-                kt.TAPS_LOAD_T.update(lt0)
+            row["ours_fwd"] = _ms(lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1))
+            row["ours_dgrad"] = _ms(_dgrad(dy, x, w, cfg))
+            for mode in (1, 2, 0):
+                name = f"db{mode}"
+                try:
+                    kt.WGRAD_DB[dtype] = mode
+                    wgrad = lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1)  # noqa: E731
+                    row["ours_wgrad_" + name] = _ms(wgrad)
+                    _, dw, db = wgrad()
+                    row["dw_err_ratio_" + name] = _ratio(dw, rdw, e_dw)
+                    row["db_err_ratio_" + name] = _ratio(db, rdb, e_db)
+                except Exception as e:  # noqa: BLE001
+                    row["error_" + name] = str(e)[:200]
+                finally:
+                    kt.WGRAD_DB.clear()
+                    kt.WGRAD_DB.update(db0)
             out(row)
 
 
@@ -199,16 +180,12 @@ def dgrad(out, dtypes):
             row = dict(part="dgrad", dtype=dname, shape="x".join(map(str, shape)) + "x3x3")
             for t in DGRAD_TILES:
                 cfg = dict(BLOCK_M=t[0], BLOCK_N=t[1], BLOCK_K=t[2], num_warps=t[3])
-                for lt in (0, 1):
-                    _set_load_t(dtype, bool(lt))
-                    name = "x".join(map(str, t)) + f"_lt{lt}"
-                    try:
-                        row["dgrad_" + name] = _ms(_dgrad(dy, x, w, cfg, t[4]))
-                        row["fwd_" + name] = _ms(_fwd(x, w, b, cfg, t[4]))
-                    except Exception as e:  # noqa: BLE001
-                        row["error_" + name] = str(e)[:200]
-                    finally:
-                        _set_load_t(dtype, None)
+                name = "x".join(map(str, t))
+                try:
+                    row["dgrad_" + name] = _ms(_dgrad(dy, x, w, cfg, t[4]))
+                    row["fwd_" + name] = _ms(_fwd(x, w, b, cfg, t[4]))
+                except Exception as e:  # noqa: BLE001
+                    row["error_" + name] = str(e)[:200]
             out(row)
 
 

@@ -87,28 +87,7 @@ def _dy_source(hn, wn, SH, SW, P, Q):
 
 
 @triton_support.jit
-def _gather(ptr, rows, cols, row_ok, col_ok, LOAD_T: tl.constexpr):
-    """The tap kernels' gathered operand tile [rows, cols] at ptr + rows[:, None] +
-    cols[None, :] (masked, zeros outside). LOAD_T: loaded as [cols, rows] and transposed,
-    so a warp's lanes run along the rows (pixels, contiguous in memory where the
-    channels are a plane apart)."""
-    if LOAD_T:
-        t = tl.load(ptr + rows[None, :] + cols[:, None], mask=row_ok[None, :] & col_ok[:, None], other=0.0)
-        return tl.trans(t)
-    else:
-        return tl.load(ptr + rows[:, None] + cols[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-
-
-@triton_support.jit
-def _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, K, pq):
-    """wgrad's A tile dy[n, k, p, q] for output channels offs_m and reduction indices j
-    (n, p, q), with j's image nb and pixel rem."""
-    nb, rem = j // pq, j % pq
-    return _wgrad_dy_at(dy_ptr, offs_m, m_ok, nb, rem, j_ok, K, pq), nb, rem
-
-
-@triton_support.jit
-def _wgrad_dy_at(dy_ptr, offs_m, m_ok, nb, rem, j_ok, K, pq):
+def _wgrad_dy(dy_ptr, offs_m, m_ok, nb, rem, j_ok, K, pq):
     """wgrad's A tile dy[n, k, p, q] at images nb and pixels rem (= p Q + q)."""
     a_off = offs_m[:, None] * pq + (nb * (K * pq) + rem)[None, :]
     return tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
@@ -148,8 +127,8 @@ def _wgrad_step(
     DOT64: tl.constexpr = True, DB: tl.constexpr = 1,
 ):
     """(acc, acc64, db) after one reduction step of wgrad: db += the dy tile's row sums (DB 1:
-    each element in fp64; 2: the step's BLOCK_K elements in fp32, the steps in fp64; 0 or
-    3: none, 3 summing it in programs of its own, ``_wgrad_db``), and the product a @ b:
+    each element in fp64; 2: the step's BLOCK_K elements in fp32, the steps in fp64; 0:
+    none), and the product a @ b:
     with ACC64, fp32-level operands ("ieee") through fp64 dots (exact products, fp64
     sums; without DOT64 an fp32 dot a step, summed in fp64), TF32 dots summed in fp64;
     else the fp32 accumulator (``mma``)."""
@@ -166,26 +145,6 @@ def _wgrad_step(
     else:
         acc = mma(a, b, acc, PRECISION)
     return acc, acc64, db
-
-
-@triton_support.jit
-def _wgrad_db(dy_ptr, db_part_ptr, k_tile, split, K, pq, NPQ, CHUNK,
-              FP64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-    """A wgrad program of dbias alone (DB 3): rows k_tile of db over split's chunk of the
-    reduction, each element in fp64 with FP64, else a step's BLOCK_K elements in fp32."""
-    offs_m = k_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < K
-    db = tl.zeros((BLOCK_M,), dtype=tl.float64)
-    start = split * CHUNK
-    end = tl.minimum(start + CHUNK, NPQ)
-    for j0 in range(start, end, BLOCK_K):
-        j = j0 + tl.arange(0, BLOCK_K)
-        a, nb, rem = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j < end, K, pq)
-        if FP64:
-            db += tl.sum(a.to(tl.float64), axis=1)
-        else:
-            db += tl.sum(a.to(tl.float32), axis=1).to(tl.float64)
-    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok)
 
 
 @triton_support.jit
@@ -242,7 +201,6 @@ def _conv_fwd_taps_kernel(
     SH, SW, PH, PW,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    LOAD_T: tl.constexpr = False,
 ):
     # the reduction as taps (r, s) outside, channels c inside: A(m, c) of one tap is
     # x[n, c, ih0 + r, iw0 + s], one row offset and one bounds test per output pixel
@@ -263,7 +221,8 @@ def _conv_fwd_taps_kernel(
         for c0 in range(0, C, BLOCK_K):
             c = c0 + tl.arange(0, BLOCK_K)
             c_ok = c < C
-            a = _gather(x_ptr, a_row, c * sxc, row_ok, c_ok, LOAD_T)
+            a_ok = row_ok[:, None] & c_ok[None, :]
+            a = tl.load(x_ptr + a_row[:, None] + c[None, :] * sxc, mask=a_ok, other=0.0)
             b_off = w_col[None, :] + c[:, None] * swc + rs * swt
             b = tl.load(w_ptr + b_off, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
             acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
@@ -317,7 +276,6 @@ def _conv_dgrad_taps_kernel(
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    LOAD_T: tl.constexpr = False,
 ):
     # the reduction as taps (r, s) outside, output channels k inside: A(m, k) of one tap is
     # dy[n, k, p, q] with (p, q) the output pixel that reads input pixel m through the tap,
@@ -338,7 +296,8 @@ def _conv_dgrad_taps_kernel(
         for k0 in range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < K
-            a = _gather(dy_ptr, a_row, k * pq, row_ok, k_ok, LOAD_T)
+            a_ok = row_ok[:, None] & k_ok[None, :]
+            a = tl.load(dy_ptr + a_row[:, None] + k[None, :] * pq, mask=a_ok, other=0.0)
             b_off = k[:, None] * swk + w_col[None, :] + rs * swt
             b = tl.load(w_ptr + b_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
@@ -401,44 +360,39 @@ def _conv_wgrad_kernel(
     split = tl.program_id(1)
     RS = R * S
     CRS = C * RS
-    tiles = tl.cdiv(K, BLOCK_M) * tl.cdiv(CRS, BLOCK_N)
-    if tl.program_id(0) >= tiles:  # (DB 3 only: dbias programs past the dw tiles)
-        _wgrad_db(dy_ptr, db_part_ptr, tl.program_id(0) - tiles, split, K, P * Q, NPQ, CHUNK,
-                  ACC64, BLOCK_M, BLOCK_K)  # fmt: skip
-    else:
-        # output channels k, filter taps (c, r, s)
-        offs_m, offs_n, m_ok, n_ok = _tile(K, CRS, BLOCK_M, BLOCK_N)
-        c, rs = offs_n // RS, offs_n % RS
-        r, s = rs // S, rs % S
-        pq = P * Q
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
-        # dbias in fp64 (an fp32 running sum, or fp32 tile sums, go over the check's bound)
-        db = tl.zeros((BLOCK_M,), dtype=tl.float64)
-        start = split * CHUNK
-        end = tl.minimum(start + CHUNK, NPQ)
-        j = start + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
-        nb, op, oq = _pixels(j, P, Q)
-        step_n, step_p, step_q = _pixel_steps(P, Q, BLOCK_K)
-        for _ in range(start, end, BLOCK_K):
-            j_ok = j < end
-            a = _wgrad_dy_at(dy_ptr, offs_m, m_ok, nb, op * Q + oq, j_ok, K, pq)
-            ih = (op * SH - PH)[:, None] + r[None, :]
-            iw = (oq * SW - PW)[:, None] + s[None, :]
-            b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
-            b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
-            acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
-            j += BLOCK_K
-            nb, op, oq = _pixels_next(nb, op, oq, P, Q, step_n, step_p, step_q)
-        if not ACC64:
-            acc64 = acc.to(tl.float64)
-        out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
-        tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
-        pid_n = tl.program_id(0) % tl.cdiv(CRS, BLOCK_N)  # the tile's column, as _tile takes it
-        first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)
-        if DB != 3:
-            tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
+    # output channels k, filter taps (c, r, s)
+    offs_m, offs_n, m_ok, n_ok = _tile(K, CRS, BLOCK_M, BLOCK_N)
+    c, rs = offs_n // RS, offs_n % RS
+    r, s = rs // S, rs % S
+    pq = P * Q
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    # dbias as DB says (fp32 storage: an fp32 running sum, or fp32 tile sums, went over the
+    # check's bound; the launcher sums it with torch in fp64 instead, WGRAD_DB)
+    db = tl.zeros((BLOCK_M,), dtype=tl.float64)
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, NPQ)
+    j = start + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
+    nb, op, oq = _pixels(j, P, Q)
+    step_n, step_p, step_q = _pixel_steps(P, Q, BLOCK_K)
+    for _ in range(start, end, BLOCK_K):
+        j_ok = j < end
+        a = _wgrad_dy(dy_ptr, offs_m, m_ok, nb, op * Q + oq, j_ok, K, pq)
+        ih = (op * SH - PH)[:, None] + r[None, :]
+        iw = (oq * SW - PW)[:, None] + s[None, :]
+        b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
+        b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
+        acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
+        j += BLOCK_K
+        nb, op, oq = _pixels_next(nb, op, oq, P, Q, step_n, step_p, step_q)
+    if not ACC64:
+        acc64 = acc.to(tl.float64)
+    out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
+    tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
+    pid_n = tl.program_id(0) % tl.cdiv(CRS, BLOCK_N)  # the tile's column, as _tile takes it
+    first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)
+    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
 
 @triton_support.jit
@@ -449,52 +403,47 @@ def _conv_wgrad_taps_kernel(
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT64: tl.constexpr = True,
-    DB: tl.constexpr = 1, LOAD_T: tl.constexpr = False,
+    DB: tl.constexpr = 1,
 ):
     # one filter tap (r, s) a program: dw[k, c, r, s] for a [BLOCK_M (k), BLOCK_N (c)] tile,
     # B(j, c) = x[n, c, p sh - ph + r, q sw - pw + s]: the input position and its bounds
     # are computed once per reduction index j, not once per (j, c)
     split = tl.program_id(1)
     RS = R * S
-    tiles = tl.cdiv(K, BLOCK_M) * tl.cdiv(C, BLOCK_N) * RS
-    if tl.program_id(0) >= tiles:  # (DB 3 only: dbias programs past the dw tiles)
-        _wgrad_db(dy_ptr, db_part_ptr, tl.program_id(0) - tiles, split, K, P * Q, NPQ, CHUNK,
-                  ACC64, BLOCK_M, BLOCK_K)  # fmt: skip
-    else:
-        tile, rs = tl.program_id(0) // RS, tl.program_id(0) % RS
-        r, s = rs // S, rs % S
-        n_tiles = tl.cdiv(C, BLOCK_N)
-        offs_m = (tile // n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # output channels k
-        offs_n = (tile % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)  # input channels c
-        m_ok, n_ok = offs_m < K, offs_n < C
-        pq = P * Q
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
-        db = tl.zeros((BLOCK_M,), dtype=tl.float64)
-        start = split * CHUNK
-        end = tl.minimum(start + CHUNK, NPQ)
-        j = start + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
-        nb, op, oq = _pixels(j, P, Q)
-        step_n, step_p, step_q = _pixel_steps(P, Q, BLOCK_K)
-        for _ in range(start, end, BLOCK_K):
-            j_ok = j < end
-            a = _wgrad_dy_at(dy_ptr, offs_m, m_ok, nb, op * Q + oq, j_ok, K, pq)
-            ih = op * SH - PH + r
-            iw = oq * SW - PW + s
-            row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            b_row = nb * sxn + ih * sxh + iw * sxw
-            b = _gather(x_ptr, b_row, offs_n * sxc, row_ok, n_ok, LOAD_T)
-            acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
-            j += BLOCK_K
-            nb, op, oq = _pixels_next(nb, op, oq, P, Q, step_n, step_p, step_q)
-        if not ACC64:
-            acc64 = acc.to(tl.float64)
-        CRS = C * RS
-        out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :] * RS + rs
-        tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
-        first = (offs_m * 0 + (tile % n_tiles) + rs) == 0  # the first c tile of the first tap
-        if DB != 3:
-            tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
+    tile, rs = tl.program_id(0) // RS, tl.program_id(0) % RS
+    r, s = rs // S, rs % S
+    n_tiles = tl.cdiv(C, BLOCK_N)
+    offs_m = (tile // n_tiles) * BLOCK_M + tl.arange(0, BLOCK_M)  # output channels k
+    offs_n = (tile % n_tiles) * BLOCK_N + tl.arange(0, BLOCK_N)  # input channels c
+    m_ok, n_ok = offs_m < K, offs_n < C
+    pq = P * Q
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
+    db = tl.zeros((BLOCK_M,), dtype=tl.float64)
+    start = split * CHUNK
+    end = tl.minimum(start + CHUNK, NPQ)
+    j = start + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
+    nb, op, oq = _pixels(j, P, Q)
+    step_n, step_p, step_q = _pixel_steps(P, Q, BLOCK_K)
+    for _ in range(start, end, BLOCK_K):
+        j_ok = j < end
+        a = _wgrad_dy(dy_ptr, offs_m, m_ok, nb, op * Q + oq, j_ok, K, pq)
+        ih = op * SH - PH + r
+        iw = oq * SW - PW + s
+        row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        b_row = nb * sxn + ih * sxh + iw * sxw
+        b_ok = row_ok[:, None] & n_ok[None, :]
+        b = tl.load(x_ptr + b_row[:, None] + offs_n[None, :] * sxc, mask=b_ok, other=0.0)
+        acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
+        j += BLOCK_K
+        nb, op, oq = _pixels_next(nb, op, oq, P, Q, step_n, step_p, step_q)
+    if not ACC64:
+        acc64 = acc.to(tl.float64)
+    CRS = C * RS
+    out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :] * RS + rs
+    tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
+    first = (offs_m * 0 + (tile % n_tiles) + rs) == 0  # the first c tile of the first tap
+    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -644,8 +593,7 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     dims, conv = (c, h, wd, k, p, q, r, s, m, *x.stride()), (sh, sw, ph, pw)
     if kind == "taps":
         wt, ws = tap_weight(w, True)
-        load_t = TAPS_LOAD_T.get(("fwd", x.dtype), False)
-        _conv_fwd_taps_kernel[grid](x, wt, bias_arg, y, *dims, *ws, *conv, LOAD_T=load_t, **consts)
+        _conv_fwd_taps_kernel[grid](x, wt, bias_arg, y, *dims, *ws, *conv, **consts)
     else:
         _conv_fwd_kernel[grid](x, w, bias_arg, y, *dims, *conv, **consts)
     return y
@@ -661,9 +609,6 @@ WGRAD_DOT64 = True
 # step (sm_90 PTX of the bf16 64x64x64 loop: 192 fp32 adds a thread a step against 224
 # fp64 ones and 32 conversions).
 WGRAD_DB: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 2, torch.float16: 2}
-# The tap kernels' gathered tile (x or dy) loaded transposed (``_gather``), by kernel
-# ("fwd", "dgrad", "wgrad") and dtype; False where not listed.
-TAPS_LOAD_T: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
@@ -700,8 +645,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
             grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
             if kind == "taps":
                 wt, ws = tap_weight(w, False)
-                load_t = TAPS_LOAD_T.get(("dgrad", x.dtype), False)
-                _conv_dgrad_taps_kernel[grid](dy, wt, dx, *dims, *ws, *conv, LOAD_T=load_t, **consts, **cfg)
+                _conv_dgrad_taps_kernel[grid](dy, wt, dx, *dims, *ws, *conv, **consts, **cfg)
             else:
                 _conv_dgrad_kernel[grid](dy, w, dx, *dims, *conv, **consts, **cfg)
     if npq == 0:
@@ -717,14 +661,12 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
     db_part = torch.empty((splits, k), dtype=torch.float64, device=x.device)
     db_mode = WGRAD_DB.get(x.dtype, 1)
-    db_programs = triton_support.cdiv(k, cfg["BLOCK_M"]) if db_mode == 3 else 0
-    extra = dict(LOAD_T=TAPS_LOAD_T.get(("wgrad", x.dtype), False)) if kind == "taps" else {}
-    kernel[(tiles + db_programs, splits)](
+    kernel[(tiles, splits)](
         dy, x, dw_part, db_part,
         c, h, wd, k, p, q, r, s, npq, chunk,
         *x.stride(),
         sh, sw, ph, pw,
-        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, **extra, **consts, **cfg,
+        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, **consts, **cfg,
     )  # fmt: skip
     dw = dw_part.sum(0).to(w.dtype).view(w.shape)
     if db_mode == 0:  # dy's rows summed in fp64, then the images (contiguous: inner sums)
@@ -776,8 +718,7 @@ def _kernel_specs(dtype: str):
         if kind != "taps":
             return (), {}
         unit = ("swk" if out_inner else "swc") if tdt in TAP_MAJOR_DTYPES else "swt"
-        load_t = TAPS_LOAD_T.get(("fwd" if out_inner else "dgrad", tdt), False)
-        return tuple(n for n in ("swk", "swc", "swt") if n != unit), {unit: 1, "LOAD_T": load_t}
+        return tuple(n for n in ("swk", "swc", "swt") if n != unit), {unit: 1}
 
     for c, k in ((1, 32), (8, 16), (32, 64)):
         kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
@@ -794,8 +735,6 @@ def _kernel_specs(dtype: str):
             out.setdefault(dgrad[kind], spec)
         kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
         wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1))
-        if kind == "taps":
-            wcx["LOAD_T"] = TAPS_LOAD_T.get(("wgrad", tdt), False)
         spec = launch(wgrad[kind], w_ptrs, w_ints, dict(wcx, **cfg))
         out.setdefault(wgrad[kind], spec)
     return list(out.values())
