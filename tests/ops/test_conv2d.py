@@ -7,6 +7,8 @@ inputs; the check engine passes our backends and rejects planted mistakes; custo
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -556,3 +558,25 @@ def test_triton_kernels_compile_for_sm90_ahead_of_time():
             # fp32 dw through fp64 tensor-core dots (exact products, fp64 sums): fp32 dots summed
             # in fp64 failed the check's bound (2x cuDNN's error) on 7 of 27 seeds on the H100
             assert ("mma.sync.aligned" in wgrad.ptx and ".f64.f64.f64.f64" in wgrad.ptx) == (dtype == "fp32")
+            # the reduction loop advances its pixel indices by carries: no integer division
+            # in it (there were ~130 a thread a step, each a long instruction sequence)
+            loops = _ptx_loops(wgrad.ptx)
+            assert loops and any("ld.global" in body or "cp.async" in body for body in loops), name
+            assert not any(re.search(r"\b(div|rem)\.[su]32", body) for body in loops), (dtype, name)
+
+
+def _ptx_loops(ptx: str) -> list[str]:
+    """The bodies of the PTX's loops: from each label LLVM marks a loop header to the last
+    branch back to it."""
+    lines = ptx.split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        if "Loop Header" not in line and "Loop Header" not in (lines[i + 1] if i + 1 < len(lines) else ""):
+            continue
+        m = re.match(r"^(\$L__BB\d+_\d+):", line)
+        if not m:
+            continue
+        back = [j for j in range(i + 1, len(lines)) if "bra" in lines[j] and (m.group(1) + ";") in lines[j]]
+        if back:
+            out.append("\n".join(lines[i : back[-1]]))
+    return out
