@@ -392,7 +392,8 @@ def _conv_wgrad_kernel(
     tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
     pid_n = tl.program_id(0) % tl.cdiv(CRS, BLOCK_N)  # the tile's column, as _tile takes it
     first = (offs_m * 0 + pid_n) == 0  # (a tensor, not a scalar: the interpreter's masks)
-    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
+    if DB != 0:
+        tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
 
 @triton_support.jit
@@ -443,7 +444,8 @@ def _conv_wgrad_taps_kernel(
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :] * RS + rs
     tl.store(dw_part_ptr + out, acc64, mask=m_ok[:, None] & n_ok[None, :])
     first = (offs_m * 0 + (tile % n_tiles) + rs) == 0  # the first c tile of the first tap
-    tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
+    if DB != 0:
+        tl.store(db_part_ptr + split * K + offs_m, db, mask=m_ok & first)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -659,8 +661,9 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
     dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
-    db_part = torch.empty((splits, k), dtype=torch.float64, device=x.device)
     db_mode = WGRAD_DB.get(x.dtype, 1)
+    # (DB 0: the kernel writes no dbias partials; dw_part only fills the argument)
+    db_part = dw_part if db_mode == 0 else torch.empty((splits, k), dtype=torch.float64, device=x.device)
     kernel[(tiles, splits)](
         dy, x, dw_part, db_part,
         c, h, wd, k, p, q, r, s, npq, chunk,

@@ -1232,6 +1232,7 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     # and plans as on a GPU
     x3 = prec == "x3"
     fma = a.dtype == torch.float32 and not x3 and (not on_gpu or prec == "ieee")
+    fma64 = fma and fma64_applies(bt, m, n, k)  # (below TUNE_MIN_WORK: the untuned launch)
     # b's layout copies (x3: K-inner, FMA: N-inner) skip a b expanded over the batch, whose
     # copy would hold the batch's worth of one weight
     b_copyable = bt == 1 or sb[0] != 0
@@ -1271,12 +1272,12 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
             shared = _max_shared(a.device.index)
             cfg = small_config(m, n, k, bt, a.element_size(), consts["PRECISION"], shared)
             kw = dict(consts, **cfg)
-            if fma and fma64_applies(bt, m, n, k):
+            if fma64:  # (small_config picks FMA tiles by "ieee")
                 kw["PRECISION"] = "ieee64"
             main = _Launch(_matmul_kernel, tuple(grid(kw)), kw, False, check)
     else:
-        ieee = "ieee64" if fma and fma64_applies(bt, m, n, k) else "ieee"
-        consts.update(PRECISION="x3" if x3 else ieee, UPCAST=a.dtype == torch.bfloat16)
+        prec_cpu = "x3" if x3 else "ieee64" if fma64 else "ieee"
+        consts.update(PRECISION=prec_cpu, UPCAST=a.dtype == torch.bfloat16)
         kw = dict(consts, **_CPU_CONFIG, num_warps=4)
         grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt, split)
         main = _Launch(_matmul_kernel, grid, kw, False, check)
