@@ -12,6 +12,9 @@ parts:
   dgrad   the dgrad and forward tap kernels at other tiles and stage counts (16-bit)
   wgrad   the bf16 tap wgrad at other tiles, dbias by torch and fp32 a step
   once    the forward and dgrad tap kernels once each at 32x64x56x56 (plan tiles), for ncu
+  layout  every tap kernel on NCHW operands against channels-innermost ones (TAPS_NHWC,
+          the channels_last copies timed with the kernels), cuDNN on both layouts
+  wgrad_cl  the channels-innermost bf16 tap wgrad at other tiles and dbias modes
 Shapes: the table's conv2d layers with C >= 16 (padding 1, bias). do_bench medians (ms),
 L2 flushed by do_bench, TF32 off.
 """
@@ -77,29 +80,30 @@ def wgrad(out, dtypes):
         out(row)
 
 
-
-
 def _ratio(got, ref, base):
     return round(float((got.double() - ref).abs().max()) / max(base, 1e-30), 3)
 
 
-def _dgrad(dy, x, w, cfg, stages=None):
-    """The tap dgrad kernel alone (the launcher's lines) at tiles cfg."""
+def _dgrad(dy, x, w, cfg, stages=None, nhwc=False):
+    """The tap dgrad kernel alone (the launcher's lines) at tiles cfg; nhwc: dy copied to
+    channels_last (the copy timed with it) and w tap-major."""
     n, c, h, wd = x.shape
     k = w.shape[0]
     dx = torch.empty_like(x)
     nhw = n * h * wd
     grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
-    wt, ws = kt.tap_weight(w, False)
+    wt, ws = kt.tap_weight(w, False, nhwc)
     extra = {} if stages is None else {"num_stages": stages}
     cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
     acc64 = x.dtype == torch.float32
 
     def run():
+        dy_t = kt._channels_last(dy) if nhwc else dy
         kt._conv_dgrad_taps_kernel[grid](
-            dy, wt, dx, c, h, wd, k, h, wd, 3, 3, nhw, *ws, 1, 1, 1, 1,
+            dy_t, wt, dx, c, h, wd, k, h, wd, 3, 3, nhw, *dy_t.stride(), *dx.stride(), *ws, 1, 1, 1, 1,
             ACC64=acc64, **kt._consts(x), **cfg, **extra,
         )  # fmt: skip
+        return dx
 
     return run
 
@@ -170,6 +174,108 @@ def split(out, dtypes):
             out(row)
 
 
+class _nhwc:
+    """kt.TAPS_NHWC set for the given kernels and dtype inside the block."""
+
+    def __init__(self, dtype, kernels):
+        self.dtype, self.kernels = dtype, kernels
+
+    def __enter__(self):
+        self.saved = dict(kt.TAPS_NHWC)
+        for kern in ("fwd", "dgrad", "wgrad"):
+            kt.TAPS_NHWC[(kern, self.dtype)] = kern in self.kernels
+
+    def __exit__(self, *exc):
+        kt.TAPS_NHWC.clear()
+        kt.TAPS_NHWC.update(self.saved)
+
+
+def layout(out, dtypes):
+    """Each tap kernel reading its gathered operand as given (NCHW) or channels-innermost
+    (TAPS_NHWC: channels_last copies, timed with the kernel), beside cuDNN on NCHW and
+    channels_last tensors; errors against float64 as a ratio to cuDNN's."""
+    db0 = dict(kt.WGRAD_DB)
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        for shape in SHAPES:
+            x, w, b, dy = _inputs(*shape, dtype)
+            row = dict(part="layout", dtype=dname, shape="x".join(map(str, shape)) + "x3x3")
+            k = shape[4]
+
+            def cbwd(mask, dy=dy, x=x):
+                return lambda: torch.ops.aten.convolution_backward(
+                    dy, x, w, [k], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask
+                )
+
+            xc, dyc = kt._channels_last(x), kt._channels_last(dy)
+            row["cudnn_fwd"] = _ms(lambda: F.conv2d(x, w, b, padding=1))
+            row["cudnn_bwd"] = _ms(cbwd([True, True, True]))
+            row["cudnn_dx"] = _ms(cbwd([True, False, False]))
+            row["cudnn_dw"] = _ms(cbwd([False, True, True]))
+            row["cudnn_cl_fwd"] = _ms(lambda: F.conv2d(xc, w, b, padding=1))
+            row["cudnn_cl_bwd"] = _ms(cbwd([True, True, True], dyc, xc))
+            row["copy_x_cl"] = _ms(lambda: kt._channels_last(x))
+            xr, wr, br = x.double().requires_grad_(), w.double().requires_grad_(), b.double().requires_grad_()
+            ry = F.conv2d(xr, wr, br, padding=1)
+            rdx, rdw, rdb = torch.autograd.grad(ry, (xr, wr, br), dy.double())
+            cdx, cdw, cdb = cbwd([True, True, True])()
+            e_y = float((F.conv2d(x, w, b, padding=1).double() - ry.detach()).abs().max())
+            e = [float((g.double() - r).abs().max()) for g, r in ((cdx, rdx), (cdw, rdw), (cdb, rdb))]
+            cfg = kt.dgrad_plan(shape[1], 3, 3, k, dtype, x.device)[1]
+            for nhwc in (False, True):
+                tag = "_cl" if nhwc else ""
+                with _nhwc(dtype, ("fwd", "dgrad", "wgrad") if nhwc else ()):
+                    fwd = lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1)  # noqa: E731
+                    row["ours_fwd" + tag] = _ms(fwd)
+                    row["y_err_ratio" + tag] = _ratio(fwd(), ry.detach(), e_y)
+                    row["ours_dgrad" + tag] = _ms(_dgrad(dy, x, w, cfg, nhwc=nhwc))
+                    row["dx_err_ratio" + tag] = _ratio(_dgrad(dy, x, w, cfg, nhwc=nhwc)(), rdx, e[0])
+                    for mode in (0, 1, 2):
+                        name = f"db{mode}" + tag
+                        try:
+                            kt.WGRAD_DB[dtype] = mode
+                            wgrad = lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1)  # noqa: E731
+                            row["ours_wgrad_" + name] = _ms(wgrad)
+                            _, dw, db = wgrad()
+                            row["dw_err_ratio_" + name] = _ratio(dw, rdw, e[1])
+                            row["db_err_ratio_" + name] = _ratio(db, rdb, e[2])
+                        except Exception as ex:  # noqa: BLE001
+                            row["error_" + name] = str(ex)[:200]
+                        finally:
+                            kt.WGRAD_DB.clear()
+                            kt.WGRAD_DB.update(db0)
+                    row["ours_bwd" + tag] = _ms(lambda: kt.triton_conv2d_bwd(dy, x, w, True, 1, 1, 1, 1))
+            out(row)
+
+
+def wgrad_cl(out, dtypes):
+    """The channels-innermost tap wgrad (bf16) at other tiles and dbias modes."""
+    plan0, db0 = kt.wgrad_plan, dict(kt.WGRAD_DB)
+    for shape in SHAPES:
+        x, w, b, dy = _inputs(*shape, torch.bfloat16)
+        row = dict(part="wgrad_cl", dtype="bf16", shape="x".join(map(str, shape)) + "x3x3")
+        for t in WGRAD_TILES + [(64, 64, 64, 4, 4), (64, 64, 32, 4, 4), (64, 64, 128, 8, 3)]:
+            if t[1] > 2 * shape[1]:
+                continue
+            cfg = dict(BLOCK_M=t[0], BLOCK_N=t[1], BLOCK_K=t[2], num_warps=t[3])
+            if len(t) > 4:
+                cfg["num_stages"] = t[4]
+            kt.wgrad_plan = lambda *a, cfg=cfg: ("taps", cfg)
+            for mode in (0, 2):
+                kt.WGRAD_DB[torch.bfloat16] = mode
+                name = "x".join(map(str, t)) + f"_db{mode}"
+                try:
+                    with _nhwc(torch.bfloat16, ("wgrad",)):
+                        row["wgrad_" + name] = _ms(lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1))
+                except Exception as ex:  # noqa: BLE001
+                    row["error_" + name] = str(ex)[:200]
+                finally:
+                    kt.wgrad_plan = plan0
+                    kt.WGRAD_DB.clear()
+                    kt.WGRAD_DB.update(db0)
+        out(row)
+
+
 def dgrad(out, dtypes):
     for dname in dtypes:
         dtype = DTYPES[dname]
@@ -220,6 +326,10 @@ def main():
         dgrad(out, dtypes)
     if "wgrad" in args.parts:
         wgrad(out, dtypes)
+    if "layout" in args.parts:
+        layout(out, dtypes)
+    if "wgrad_cl" in args.parts:
+        wgrad_cl(out, dtypes)
     if "once" in args.parts:
         once(dtypes)
 

@@ -29,7 +29,8 @@ Where the GEMM form wastes work, other kernels:
 Which kernel and tiles run is ``fwd_plan`` / ``dgrad_plan`` / ``wgrad_plan``, pure
 functions of the shape, dtype and device type.
 
-x may have any strides (channels_last included, no copy); w and dy are read contiguous.
+x may have any strides (channels_last included, no copy); w and dy are read contiguous,
+except where ``TAPS_NHWC`` reads the tap kernels' operands channels-innermost.
 fp32 accumulation; fp32 dots follow ``torch.backends.cudnn.allow_tf32`` as cuDNN does.
 Under the CPU interpreter (no real 16-bit dots) the operands are upcast to fp32.
 """
@@ -87,38 +88,14 @@ def _dy_source(hn, wn, SH, SW, P, Q):
 
 
 @triton_support.jit
-def _wgrad_dy(dy_ptr, offs_m, m_ok, nb, rem, j_ok, K, pq):
-    """wgrad's A tile dy[n, k, p, q] at images nb and pixels rem (= p Q + q)."""
-    a_off = offs_m[:, None] * pq + (nb * (K * pq) + rem)[None, :]
-    return tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
-
-
-@triton_support.jit
-def _pixels(j, P, Q):
-    """Reduction indices j of wgrad as (image nb, output row p, output column q)."""
-    rem = j % (P * Q)
-    return j // (P * Q), rem // Q, rem % Q
-
-
-@triton_support.jit
-def _pixel_steps(P, Q, BLOCK_K: tl.constexpr):
-    """BLOCK_K reduction indices as (images, rows, columns): ``_pixels_next``'s steps."""
-    return BLOCK_K // (P * Q), (BLOCK_K % (P * Q)) // Q, BLOCK_K % Q
-
-
-@triton_support.jit
-def _pixels_next(nb, p, q, P, Q, step_n, step_p, step_q):
-    """(nb, p, q) of the reduction indices BLOCK_K further on (``_pixel_steps``), by
-    carries, not divisions: the K loop's divisions (four a reduction index, each a long
-    instruction sequence, and a thread holds many indices of the gathered tile) cost
-    wgrad several times its dots."""
-    q += step_q
-    carry = q >= Q
-    q = tl.where(carry, q - Q, q)
-    p += step_p + carry.to(tl.int32)
-    carry = p >= P
-    p = tl.where(carry, p - P, p)
-    return nb + step_n + carry.to(tl.int32), p, q
+def _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, pq, Q, sdn, sdk, sdp, sdq):
+    """wgrad's A tile dy[n, k, p, q] (strides sdn, sdk, sdp, sdq) for output channels
+    offs_m and reduction indices j = (n, p, q), with j's image nb, row p and column q."""
+    nb, rem = j // pq, j % pq
+    op, oq = rem // Q, rem % Q
+    a_off = offs_m[:, None] * sdk + (nb * sdn + op * sdp + oq * sdq)[None, :]
+    a = tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+    return a, nb, op, oq
 
 
 @triton_support.jit
@@ -270,8 +247,10 @@ def _conv_dgrad_kernel(
 
 @triton_support.jit
 def _conv_dgrad_taps_kernel(
-    dy_ptr, w_ptr, dx_ptr,  # as _conv_dgrad_kernel's, but w [K, C, R S] at any strides
+    dy_ptr, w_ptr, dx_ptr,  # dy [N, K, P, Q] and dx [N, C, H, W] strided, w [K, C, R S] at any strides
     C, H, W, K, P, Q, R, S, M,
+    sdn, sdk, sdp, sdq,  # dy's strides
+    sxn, sxc, sxh, sxw,  # dx's strides
     swk, swc, swt,  # w's strides along k, c and the tap (``tap_weight``)
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
@@ -285,23 +264,22 @@ def _conv_dgrad_taps_kernel(
     nb, rem = offs_m // hw, offs_m % hw
     ih, iw = rem // W, rem % W
     RS = R * S
-    pq = P * Q
     w_col = offs_n * swc  # w[0, c, 0, 0]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc64 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float64)
     for rs in range(0, RS):
         p, q, src_ok = _dy_source(ih + PH - rs // S, iw + PW - rs % S, SH, SW, P, Q)
         row_ok = m_ok & src_ok
-        a_row = nb * (K * pq) + p * Q + q
+        a_row = nb * sdn + p * sdp + q * sdq
         for k0 in range(0, K, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < K
             a_ok = row_ok[:, None] & k_ok[None, :]
-            a = tl.load(dy_ptr + a_row[:, None] + k[None, :] * pq, mask=a_ok, other=0.0)
+            a = tl.load(dy_ptr + a_row[:, None] + k[None, :] * sdk, mask=a_ok, other=0.0)
             b_off = k[:, None] * swk + w_col[None, :] + rs * swt
             b = tl.load(w_ptr + b_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
-    dx_off = nb[:, None] * (C * hw) + offs_n[None, :] * hw + rem[:, None]
+    dx_off = (nb * sxn + ih * sxh + iw * sxw)[:, None] + offs_n[None, :] * sxc
     out = (acc64 if ACC64 else acc).to(tl.float32)
     tl.store(dx_ptr + dx_off, out.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -344,10 +322,11 @@ def _conv_dgrad_stencil_kernel(
 
 @triton_support.jit
 def _conv_wgrad_kernel(
-    dy_ptr, x_ptr, dw_part_ptr, db_part_ptr,  # dy [N, K, P, Q] contiguous; x strided;
+    dy_ptr, x_ptr, dw_part_ptr, db_part_ptr,  # dy [N, K, P, Q], x [N, C, H, W] strided;
     # dw_part [SPLIT, K, C R S] and db_part [SPLIT, K] fp64
     C, H, W, K, P, Q, R, S, NPQ, CHUNK,  # CHUNK: reduction indices per split (multiple of BLOCK_K)
     sxn, sxc, sxh, sxw,
+    sdn, sdk, sdp, sdq,  # dy's strides
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT64: tl.constexpr = True,
@@ -372,20 +351,16 @@ def _conv_wgrad_kernel(
     db = tl.zeros((BLOCK_M,), dtype=tl.float64)
     start = split * CHUNK
     end = tl.minimum(start + CHUNK, NPQ)
-    j = start + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
-    nb, op, oq = _pixels(j, P, Q)
-    step_n, step_p, step_q = _pixel_steps(P, Q, BLOCK_K)
-    for _ in range(start, end, BLOCK_K):
+    for j0 in range(start, end, BLOCK_K):
+        j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
         j_ok = j < end
-        a = _wgrad_dy(dy_ptr, offs_m, m_ok, nb, op * Q + oq, j_ok, K, pq)
+        a, nb, op, oq = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, pq, Q, sdn, sdk, sdp, sdq)
         ih = (op * SH - PH)[:, None] + r[None, :]
         iw = (oq * SW - PW)[:, None] + s[None, :]
         b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
         b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
         acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
-        j += BLOCK_K
-        nb, op, oq = _pixels_next(nb, op, oq, P, Q, step_n, step_p, step_q)
     if not ACC64:
         acc64 = acc.to(tl.float64)
     out = split * (K * CRS) + offs_m[:, None] * CRS + offs_n[None, :]
@@ -401,6 +376,7 @@ def _conv_wgrad_taps_kernel(
     dy_ptr, x_ptr, dw_part_ptr, db_part_ptr,  # as _conv_wgrad_kernel's
     C, H, W, K, P, Q, R, S, NPQ, CHUNK,
     sxn, sxc, sxh, sxw,
+    sdn, sdk, sdp, sdq,
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT64: tl.constexpr = True,
@@ -423,12 +399,10 @@ def _conv_wgrad_taps_kernel(
     db = tl.zeros((BLOCK_M,), dtype=tl.float64)
     start = split * CHUNK
     end = tl.minimum(start + CHUNK, NPQ)
-    j = start + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
-    nb, op, oq = _pixels(j, P, Q)
-    step_n, step_p, step_q = _pixel_steps(P, Q, BLOCK_K)
-    for _ in range(start, end, BLOCK_K):
+    for j0 in range(start, end, BLOCK_K):
+        j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
         j_ok = j < end
-        a = _wgrad_dy(dy_ptr, offs_m, m_ok, nb, op * Q + oq, j_ok, K, pq)
+        a, nb, op, oq = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, pq, Q, sdn, sdk, sdp, sdq)
         ih = op * SH - PH + r
         iw = oq * SW - PW + s
         row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -436,8 +410,6 @@ def _conv_wgrad_taps_kernel(
         b_ok = row_ok[:, None] & n_ok[None, :]
         b = tl.load(x_ptr + b_row[:, None] + offs_n[None, :] * sxc, mask=b_ok, other=0.0)
         acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
-        j += BLOCK_K
-        nb, op, oq = _pixels_next(nb, op, oq, P, Q, step_n, step_p, step_q)
     if not ACC64:
         acc64 = acc.to(tl.float64)
     CRS = C * RS
@@ -503,16 +475,33 @@ def _taps_tiles(n: int, k: int, dtype: torch.dtype, dev, acc64: bool) -> dict:
 TAP_MAJOR_DTYPES = (torch.float32,)
 
 
-def tap_weight(w: torch.Tensor, out_channels_inner: bool) -> tuple[torch.Tensor, tuple[int, int, int]]:
+def tap_weight(
+    w: torch.Tensor, out_channels_inner: bool, tap_major: bool = False
+) -> tuple[torch.Tensor, tuple[int, int, int]]:
     """(w or its tap-major copy, its strides along k, c and the tap) for a tap kernel:
     ``out_channels_inner`` (the forward) puts k innermost, else c (dgrad); dtypes outside
-    TAP_MAJOR_DTYPES keep w as it is."""
+    TAP_MAJOR_DTYPES keep w as it is unless ``tap_major``."""
     k, c, r, s = w.shape
-    if w.dtype not in TAP_MAJOR_DTYPES:
+    if w.dtype not in TAP_MAJOR_DTYPES and not tap_major:
         return w, (w.stride(0), w.stride(1), w.stride(3))
     if out_channels_inner:
         return w.permute(2, 3, 1, 0).contiguous(), (1, k, c * k)
     return w.permute(2, 3, 0, 1).contiguous(), (c, 1, k * c)
+
+
+# The tap kernels' gathered operand read channels-innermost, by kernel ("fwd", "dgrad",
+# "wgrad") and dtype: x and dy copied to channels_last (a copy only where they are not
+# already), so a warp's loads run along contiguous channels, and w tap-major; the outputs
+# keep their layouts. False where not listed.
+TAPS_NHWC: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def _nhwc(kernel: str, t: torch.Tensor) -> bool:
+    return TAPS_NHWC.get((kernel, t.dtype), False)
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
 
 
 def fwd_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
@@ -564,6 +553,7 @@ def wgrad_config(k: int, crs: int, dev) -> dict:
 # 1.711 at 64 x 32 x 32.
 WGRAD_FP32_N = 64
 
+
 def wgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
     """("taps" or "gemm", tiles) for dw [K, C, R, S]: one filter tap a program with C
     columns at C >= 16, else C R S columns (``wgrad_config``)."""
@@ -576,7 +566,6 @@ def wgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple
     else:
         bm, bn, bk = _clamp_pow2(k, 16, 64), _clamp_pow2(c, 16, 64), 64
     return "taps", dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
-
 
 
 def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
@@ -594,7 +583,11 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     consts = dict(HAS_BIAS=bias is not None, **_consts(x), **cfg)
     dims, conv = (c, h, wd, k, p, q, r, s, m, *x.stride()), (sh, sw, ph, pw)
     if kind == "taps":
-        wt, ws = tap_weight(w, True)
+        nhwc = _nhwc("fwd", x)
+        if nhwc:
+            x = _channels_last(x)
+            dims = (c, h, wd, k, p, q, r, s, m, *x.stride())
+        wt, ws = tap_weight(w, True, nhwc)
         _conv_fwd_taps_kernel[grid](x, wt, bias_arg, y, *dims, *ws, *conv, **consts)
     else:
         _conv_fwd_kernel[grid](x, w, bias_arg, y, *dims, *conv, **consts)
@@ -608,8 +601,7 @@ WGRAD_DOT64 = True
 # dy's rows in fp64 after the kernel). fp32 (H100, lab/gpu_conv_parts.py): the kernel's
 # fp64 row sums took wgrad from 0.76 to 1.71 ms at 1024x32x14x14 (0.56 / 0.91 at
 # 32x64x56x56), the same error (0.24-0.47 of cuDNN's dbias error). 16-bit: fp32 sums a
-# step (sm_90 PTX of the bf16 64x64x64 loop: 192 fp32 adds a thread a step against 224
-# fp64 ones and 32 conversions).
+# step.
 WGRAD_DB: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 2, torch.float16: 2}
 
 
@@ -637,6 +629,13 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     crs, npq = c * r * s, n * p * q
     consts = _consts(x)
     nhw = n * h * wd
+    dy_cl = None  # dy as channels_last, made once for both kernels that want it
+
+    def dy_nhwc():
+        nonlocal dy_cl
+        dy_cl = _channels_last(dy) if dy_cl is None else dy_cl
+        return dy_cl
+
     if need_dx and nhw:
         kind, cfg = dgrad_plan(c, r, s, k, x.dtype, x.device)
         dims, conv = (c, h, wd, k, p, q, r, s, nhw), (sh, sw, ph, pw)
@@ -646,16 +645,22 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         else:
             grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
             if kind == "taps":
-                wt, ws = tap_weight(w, False)
-                _conv_dgrad_taps_kernel[grid](dy, wt, dx, *dims, *ws, *conv, **consts, **cfg)
+                nhwc = _nhwc("dgrad", x)
+                dy_t = dy_nhwc() if nhwc else dy
+                wt, ws = tap_weight(w, False, nhwc)
+                strides = (*dy_t.stride(), *dx.stride(), *ws)
+                _conv_dgrad_taps_kernel[grid](dy_t, wt, dx, *dims, *strides, *conv, **consts, **cfg)
             else:
                 _conv_dgrad_kernel[grid](dy, w, dx, *dims, *conv, **consts, **cfg)
     if npq == 0:
         return dx, torch.zeros_like(w), w.new_zeros(k)
     kind, cfg = wgrad_plan(c, r, s, k, x.dtype, x.device)
+    x_t, dy_t = x, dy
     if kind == "taps":
         kernel = _conv_wgrad_taps_kernel
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]) * r * s
+        if _nhwc("wgrad", x):
+            x_t, dy_t = _channels_last(x), dy_nhwc()
     else:
         kernel = _conv_wgrad_kernel
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
@@ -665,9 +670,9 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     # (DB 0: the kernel writes no dbias partials; dw_part only fills the argument)
     db_part = dw_part if db_mode == 0 else torch.empty((splits, k), dtype=torch.float64, device=x.device)
     kernel[(tiles, splits)](
-        dy, x, dw_part, db_part,
+        dy_t, x_t, dw_part, db_part,
         c, h, wd, k, p, q, r, s, npq, chunk,
-        *x.stride(),
+        *x_t.stride(), *dy_t.stride(),
         sh, sw, ph, pw,
         ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, **consts, **cfg,
     )  # fmt: skip
@@ -710,7 +715,7 @@ def _kernel_specs(dtype: str):
     fwd_ints = geom + ("M",) + xs + conv
     d_ptrs = [("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)]
     w_ptrs = [("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp64"), ("db_part_ptr", "*fp64")]
-    w_ints = geom + ("NPQ", "CHUNK") + xs + conv
+    w_ints = geom + ("NPQ", "CHUNK") + xs + ("sdn", "sdk", "sdp", "sdq") + conv
     fwd = {"taps": _conv_fwd_taps_kernel, "gemm": _conv_fwd_kernel}
     dgrad = {"taps": _conv_dgrad_taps_kernel, "gemm": _conv_dgrad_kernel}
     wgrad = {"taps": _conv_wgrad_taps_kernel, "gemm": _conv_wgrad_kernel}
@@ -734,7 +739,8 @@ def _kernel_specs(dtype: str):
             out.setdefault(_conv_dgrad_stencil_kernel, spec)
         else:
             ws, unit = w_strides(kind, False)
-            spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + ws + conv, dict(cx, **unit, **cfg))
+            strides = ("sdn", "sdk", "sdp", "sdq") + xs if kind == "taps" else ()
+            spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + strides + ws + conv, dict(cx, **unit, **cfg))
             out.setdefault(dgrad[kind], spec)
         kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
         wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1))
