@@ -712,38 +712,54 @@ def _kernel_specs(dtype: str):
 
     p = f"*{dtype}"
     fwd_ptrs = [("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)]
-    fwd_ints = geom + ("M",) + xs + conv
     d_ptrs = [("dy_ptr", p), ("w_ptr", p), ("dx_ptr", p)]
     w_ptrs = [("dy_ptr", p), ("x_ptr", p), ("dw_part_ptr", "*fp64"), ("db_part_ptr", "*fp64")]
-    w_ints = geom + ("NPQ", "CHUNK") + xs + ("sdn", "sdk", "sdp", "sdq") + conv
     fwd = {"taps": _conv_fwd_taps_kernel, "gemm": _conv_fwd_kernel}
     dgrad = {"taps": _conv_dgrad_taps_kernel, "gemm": _conv_dgrad_kernel}
     wgrad = {"taps": _conv_wgrad_taps_kernel, "gemm": _conv_wgrad_kernel}
     out = {}
 
-    def w_strides(kind, out_inner):
+    def w_strides(kind, out_inner, tap_major):
         # the tap kernels' weight strides (tap_weight's): the unit one as Triton specializes it
         if kind != "taps":
             return (), {}
-        unit = ("swk" if out_inner else "swc") if tdt in TAP_MAJOR_DTYPES else "swt"
+        unit = ("swk" if out_inner else "swc") if tdt in TAP_MAJOR_DTYPES or tap_major else "swt"
         return tuple(n for n in ("swk", "swc", "swt") if n != unit), {unit: 1}
 
+    def unit(names, inner):
+        # x or dy strides as the launcher passes them, the unit one (channels when read
+        # channels-innermost, else columns) as Triton specializes it
+        one = names[1] if inner else names[3]
+        return tuple(n for n in names if n != one), {one: 1}
+
+    ds = ("sdn", "sdk", "sdp", "sdq")
     for c, k in ((1, 32), (8, 16), (32, 64)):
         kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
-        ws, unit = w_strides(kind, True)
-        spec = launch(fwd[kind], fwd_ptrs, fwd_ints + ws, dict(cx, HAS_BIAS=True, **unit, **cfg))
+        nhwc = kind == "taps" and TAPS_NHWC.get(("fwd", tdt), False)
+        ws, wu = w_strides(kind, True, nhwc)
+        xi, xu = unit(xs, nhwc)
+        consts = dict(cx, HAS_BIAS=True, **xu, **wu, **cfg)
+        spec = launch(fwd[kind], fwd_ptrs, geom + ("M",) + xi + ws + conv, consts)
         out.setdefault(fwd[kind], spec)
         kind, cfg = dgrad_plan(c, 3, 3, k, tdt, gpu)
         if kind == "stencil":
             spec = launch(_conv_dgrad_stencil_kernel, d_ptrs, geom + ("NHW",) + conv, cfg)
             out.setdefault(_conv_dgrad_stencil_kernel, spec)
+        elif kind == "taps":
+            nhwc = TAPS_NHWC.get(("dgrad", tdt), False)
+            ws, wu = w_strides(kind, False, nhwc)
+            (di, du), (xi, xu) = unit(ds, nhwc), unit(xs, False)
+            consts = dict(cx, **du, **xu, **wu, **cfg)
+            spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + di + xi + ws + conv, consts)
+            out.setdefault(dgrad[kind], spec)
         else:
-            ws, unit = w_strides(kind, False)
-            strides = ("sdn", "sdk", "sdp", "sdq") + xs if kind == "taps" else ()
-            spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + strides + ws + conv, dict(cx, **unit, **cfg))
+            spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + conv, dict(cx, **cfg))
             out.setdefault(dgrad[kind], spec)
         kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
-        wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1))
+        nhwc = kind == "taps" and TAPS_NHWC.get(("wgrad", tdt), False)
+        (xi, xu), (di, du) = unit(xs, nhwc), unit(ds, nhwc)
+        wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1), **xu, **du)
+        w_ints = geom + ("NPQ", "CHUNK") + xi + di + conv
         spec = launch(wgrad[kind], w_ptrs, w_ints, dict(wcx, **cfg))
         out.setdefault(wgrad[kind], spec)
     return list(out.values())
