@@ -148,6 +148,23 @@ def test_strided_grad_output(backend):
     assert_fwd_bwd(backend, (x, w, b), torch.float32, padding=1, dy=dy)
 
 
+@pytest.mark.parametrize("nhwc", [False, True], ids=["as-given", "nhwc-copies"])
+def test_triton_taps_read_dy_at_its_strides(nhwc, monkeypatch):
+    """The tap kernels (C 16) take dy at any strides, no contiguous copy first: a sliced dy
+    and a channels_last one, read as they are and through TAPS_NHWC's copies."""
+    from kernellab.ops.conv2d import triton as kt
+
+    for kern in ("fwd", "dgrad", "wgrad"):
+        monkeypatch.setitem(kt.TAPS_NHWC, (kern, torch.float32), nhwc)
+    x, w, b = SPEC.make_inputs((2, 16, 5, 6, 5, 3, 3), torch.float32, "cpu", 8)
+    gen = torch.Generator().manual_seed(9)
+    sliced = torch.randn(2, 5, 5, 12, generator=gen)[..., ::2]
+    cl = torch.randn(2, 5, 5, 6, generator=gen).contiguous(memory_format=torch.channels_last)
+    for dy in (sliced, cl):
+        assert not dy.is_contiguous()
+        assert_fwd_bwd("triton", (x, w, b), torch.float32, padding=1, dy=dy)
+
+
 @pytest.mark.parametrize("backend", ["triton", "manual"])
 def test_nan_and_inf_propagate_like_the_reference(backend):
     x, w, b = SPEC.make_inputs((1, 2, 6, 6, 3, 3, 3), torch.float32, "cpu", 3)

@@ -7,9 +7,10 @@ Contract of a backend's launchers:
         x [N, C, H, W] (strides as the backend accepts them, see each file), w [K, C, R, S]
         contiguous, bias [K] or None, same dtype. y [N, K, P, Q] contiguous.
     bwd(dy, x, w, need_dx, sh, sw, ph, pw) -> (dx, dw, dbias)
-        dy [N, K, P, Q] contiguous. dx like x (contiguous) when need_dx, else an empty
-        tensor (a network's first layer: its input needs no gradient, and the dgrad GEMM is
-        the backward's largest part there); dw like w, dbias [K] (computed even without a
+        dy [N, K, P, Q] contiguous (any strides where the backend says ``strided_dy``).
+        dx like x (contiguous) when need_dx, else an empty tensor (a network's first
+        layer: its input needs no gradient, and the dgrad GEMM is the backward's largest
+        part there); dw like w, dbias [K] (computed even without a
         bias: a row sum of dy, cheap beside the two GEMMs; the autograd drops it).
 """
 
@@ -54,10 +55,11 @@ def _out_shape(x, w, sh, sw, ph, pw):
     return (x.shape[0], w.shape[0], p, q)
 
 
-def conv_op(name: str, fwd, bwd, triton: bool = False, label: str | None = None):
+def conv_op(name: str, fwd, bwd, triton: bool = False, label: str | None = None, strided_dy: bool = False):
     """Custom ops ``kernellab::<name>`` (x, w, bias?, sh, sw, ph, pw) -> y and
     ``kernellab::<name>_backward``; returns the registry callable
-    ``(x, w, bias=None, stride=1, padding=0)`` (see kit.build for the eager path)."""
+    ``(x, w, bias=None, stride=1, padding=0)`` (see kit.build for the eager path).
+    ``strided_dy``: bwd takes dy at any strides (no contiguous copy first)."""
 
     def _fwd(x: Tensor, w: Tensor, bias: Tensor | None, sh: int, sw: int, ph: int, pw: int) -> Tensor:
         return fwd(x, w, bias, sh, sw, ph, pw)
@@ -65,7 +67,7 @@ def conv_op(name: str, fwd, bwd, triton: bool = False, label: str | None = None)
     def _bwd(
         dy: Tensor, x: Tensor, w: Tensor, need_dx: bool, sh: int, sw: int, ph: int, pw: int
     ) -> tuple[Tensor, Tensor, Tensor]:
-        return bwd(_contig(dy), x, w, need_dx, sh, sw, ph, pw)
+        return bwd(dy if strided_dy else _contig(dy), x, w, need_dx, sh, sw, ph, pw)
 
     def _bwd_sample(make):
         x, w, _ = make.args(False)

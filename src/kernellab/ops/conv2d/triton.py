@@ -29,8 +29,9 @@ Where the GEMM form wastes work, other kernels:
 Which kernel and tiles run is ``fwd_plan`` / ``dgrad_plan`` / ``wgrad_plan``, pure
 functions of the shape, dtype and device type.
 
-x may have any strides (channels_last included, no copy); w and dy are read contiguous,
-except where ``TAPS_NHWC`` reads the tap kernels' operands channels-innermost.
+x and dy may have any strides (channels_last included: the tap kernels read them as
+they are, the others through a contiguous copy of dy), or ``TAPS_NHWC`` has the tap
+kernels read channels_last copies; w is read contiguous.
 fp32 accumulation; fp32 dots follow ``torch.backends.cudnn.allow_tf32`` as cuDNN does.
 Under the CPU interpreter (no real 16-bit dots) the operands are upcast to fp32.
 """
@@ -629,29 +630,31 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     crs, npq = c * r * s, n * p * q
     consts = _consts(x)
     nhw = n * h * wd
-    dy_cl = None  # dy as channels_last, made once for both kernels that want it
+    # dy comes at any strides: the tap kernels read it through its strides (or a
+    # channels_last copy, TAPS_NHWC), the others contiguous; each copy made once
+    copies = {}
 
-    def dy_nhwc():
-        nonlocal dy_cl
-        dy_cl = _channels_last(dy) if dy_cl is None else dy_cl
-        return dy_cl
+    def dy_as(fmt):
+        if fmt not in copies:
+            copies[fmt] = dy.contiguous(memory_format=fmt)
+        return copies[fmt]
 
     if need_dx and nhw:
         kind, cfg = dgrad_plan(c, r, s, k, x.dtype, x.device)
         dims, conv = (c, h, wd, k, p, q, r, s, nhw), (sh, sw, ph, pw)
         if kind == "stencil":
             grid = (triton_support.cdiv(nhw, cfg["BLOCK"]), c)
-            _conv_dgrad_stencil_kernel[grid](dy, w, dx, *dims, *conv, **cfg)
+            _conv_dgrad_stencil_kernel[grid](dy_as(torch.contiguous_format), w, dx, *dims, *conv, **cfg)
         else:
             grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
             if kind == "taps":
                 nhwc = _nhwc("dgrad", x)
-                dy_t = dy_nhwc() if nhwc else dy
+                dy_t = dy_as(torch.channels_last) if nhwc else dy
                 wt, ws = tap_weight(w, False, nhwc)
                 strides = (*dy_t.stride(), *dx.stride(), *ws)
                 _conv_dgrad_taps_kernel[grid](dy_t, wt, dx, *dims, *strides, *conv, **consts, **cfg)
             else:
-                _conv_dgrad_kernel[grid](dy, w, dx, *dims, *conv, **consts, **cfg)
+                _conv_dgrad_kernel[grid](dy_as(torch.contiguous_format), w, dx, *dims, *conv, **consts, **cfg)
     if npq == 0:
         return dx, torch.zeros_like(w), w.new_zeros(k)
     kind, cfg = wgrad_plan(c, r, s, k, x.dtype, x.device)
@@ -660,7 +663,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         kernel = _conv_wgrad_taps_kernel
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]) * r * s
         if _nhwc("wgrad", x):
-            x_t, dy_t = _channels_last(x), dy_nhwc()
+            x_t, dy_t = _channels_last(x), dy_as(torch.channels_last)
     else:
         kernel = _conv_wgrad_kernel
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
@@ -677,14 +680,14 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, **consts, **cfg,
     )  # fmt: skip
     dw = dw_part.sum(0).to(w.dtype).view(w.shape)
-    if db_mode == 0:  # dy's rows summed in fp64, then the images (contiguous: inner sums)
-        db = dy.view(n, k, p * q).sum(2, dtype=torch.float64).sum(0).to(w.dtype)
+    if db_mode == 0:  # dy summed in fp64
+        db = dy.sum((0, 2, 3), dtype=torch.float64).to(w.dtype)
     else:
         db = db_part.sum(0).to(w.dtype)
     return dx, dw, db
 
 
-conv2d_triton = conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, triton=True)
+conv2d_triton = conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, triton=True, strided_dy=True)
 
 
 def _kernel_specs(dtype: str):
