@@ -7,6 +7,8 @@ inputs; the check engine passes our backends and rejects planted mistakes; custo
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -598,3 +600,11 @@ def test_triton_kernels_compile_for_sm90_ahead_of_time():
             # fp32 dw through fp64 tensor-core dots (exact products, fp64 sums): fp32 dots summed
             # in fp64 failed the check's bound (2x cuDNN's error) on 7 of 27 seeds on the H100
             assert ("mma.sync.aligned" in wgrad.ptx and ".f64.f64.f64.f64" in wgrad.ptx) == (dtype == "fp32")
+        if dtype == "bf16":
+            # 16-bit dgrad and wgrad read channels-innermost (TAPS_NHWC): their gathered
+            # tiles load as 16-byte cp.async, not 2 bytes a lane (ncu: 8 of 32 bytes of
+            # a sector used with lanes a channel plane apart)
+            for name in ("_conv_dgrad_taps_kernel", "_conv_wgrad_taps_kernel"):
+                ptx = next(k for k in kernels if k.name == name).ptx
+                assert re.search(r"cp\.async\.c[ag]\.shared\.global[^;]*0x10", ptx), name
+                assert "ld.global.b16" not in ptx, name

@@ -492,13 +492,25 @@ def tap_weight(
 
 # The tap kernels' gathered operand read channels-innermost, by kernel ("fwd", "dgrad",
 # "wgrad") and dtype: x and dy copied to channels_last (a copy only where they are not
-# already), so a warp's loads run along contiguous channels, and w tap-major; the outputs
-# keep their layouts. False where not listed.
-TAPS_NHWC: dict[tuple[str, torch.dtype], bool] = {}
+# already), so a warp's loads run along contiguous channels (16-byte cp.async in the
+# sm_90 PTX, against 2-byte loads a lane with lanes a channel plane apart), and w
+# tap-major; the outputs keep their layouts. False where not listed. H100
+# (lab/gpu_conv_parts.py --parts layout, copies timed with the kernels, C 32-64): 16-bit
+# dgrad 0.124 -> 0.080 ms and wgrad 0.51 -> 0.19 at 32x64x56x56, the backward 0.77 ->
+# 0.33 at 1024x32x14x14 (cuDNN 0.32); the forward 0.065 -> 0.079 (its copy of x) and
+# fp32 dgrad 0.25 -> 0.36 slower; fp32 wgrad 0.62 -> 0.40 at 32x64x56x56 and 0.90 ->
+# 0.66 at 1024x32x14x14 but 0.083 -> 0.21 at 64x32x14x14, so there only from
+# NHWC_MIN_NPQ reduction indices (N P Q) on.
+TAPS_NHWC: dict[tuple[str, torch.dtype], bool] = {
+    ("dgrad", torch.bfloat16): True, ("wgrad", torch.bfloat16): True,
+    ("dgrad", torch.float16): True, ("wgrad", torch.float16): True,
+    ("wgrad", torch.float32): True,
+}  # fmt: skip
+NHWC_MIN_NPQ: dict[torch.dtype, int] = {torch.float32: 32768}
 
 
-def _nhwc(kernel: str, t: torch.Tensor) -> bool:
-    return TAPS_NHWC.get((kernel, t.dtype), False)
+def _nhwc(kernel: str, t: torch.Tensor, npq: int = 0) -> bool:
+    return TAPS_NHWC.get((kernel, t.dtype), False) and npq >= NHWC_MIN_NPQ.get(t.dtype, 0)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -602,7 +614,8 @@ WGRAD_DOT64 = True
 # dy's rows in fp64 after the kernel). fp32 (H100, lab/gpu_conv_parts.py): the kernel's
 # fp64 row sums took wgrad from 0.76 to 1.71 ms at 1024x32x14x14 (0.56 / 0.91 at
 # 32x64x56x56), the same error (0.24-0.47 of cuDNN's dbias error). 16-bit: fp32 sums a
-# step.
+# step (with channels-innermost reads 0.19 ms against 0.22-0.23 for modes 0 and 1 at
+# 32x64x56x56).
 WGRAD_DB: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 2, torch.float16: 2}
 
 
@@ -620,6 +633,18 @@ def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
         splits = 2 if steps >= 2 else 1
     chunk = triton_support.cdiv(steps, splits) * block_k
     return triton_support.cdiv(npq, chunk), chunk
+
+
+def _channel_sums(dy: torch.Tensor) -> torch.Tensor:
+    """dy [N, K, P, Q] summed over all but K in fp64, the inner sums along its unit stride
+    (H100, fp32 1024x32x14x14: wgrad 0.90 ms with one sum over dims (0, 2, 3) of NCHW dy,
+    0.64 with the rows first)."""
+    n, k, p, q = dy.shape
+    if dy.is_contiguous():
+        return dy.view(n, k, p * q).sum(2, dtype=torch.float64).sum(0)
+    if dy.is_contiguous(memory_format=torch.channels_last):
+        return dy.permute(0, 2, 3, 1).reshape(n * p * q, k).sum(0, dtype=torch.float64)
+    return dy.sum((0, 2, 3), dtype=torch.float64)
 
 
 def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
@@ -662,7 +687,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     if kind == "taps":
         kernel = _conv_wgrad_taps_kernel
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]) * r * s
-        if _nhwc("wgrad", x):
+        if _nhwc("wgrad", x, npq):
             x_t, dy_t = _channels_last(x), dy_as(torch.channels_last)
     else:
         kernel = _conv_wgrad_kernel
@@ -680,8 +705,8 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, **consts, **cfg,
     )  # fmt: skip
     dw = dw_part.sum(0).to(w.dtype).view(w.shape)
-    if db_mode == 0:  # dy summed in fp64
-        db = dy.sum((0, 2, 3), dtype=torch.float64).to(w.dtype)
+    if db_mode == 0:  # dy summed in fp64, inner sums along unit stride
+        db = _channel_sums(dy).to(w.dtype)
     else:
         db = db_part.sum(0).to(w.dtype)
     return dx, dw, db
