@@ -14,7 +14,6 @@ parts:
   once    the forward and dgrad tap kernels once each at 32x64x56x56 (plan tiles), for ncu
   layout  every tap kernel on NCHW operands against channels-innermost ones (TAPS_NHWC,
           the channels_last copies timed with the kernels), cuDNN on both layouts
-  wgrad_cl  the channels-innermost bf16 tap wgrad at other tiles and dbias modes
 Shapes: the table's conv2d layers with C >= 16 (padding 1, bias). do_bench medians (ms),
 L2 flushed by do_bench, TF32 off.
 """
@@ -50,13 +49,14 @@ def _ms(fn):
     return round(do_bench(fn), 5)
 
 
-# wgrad tiles of the bf16 sweep: (BLOCK_M, BLOCK_N, BLOCK_K, warps)
+# wgrad tiles of the bf16 sweep: (BLOCK_M, BLOCK_N, BLOCK_K, warps[, stages])
 WGRAD_TILES = [(64, 64, 64, 4), (64, 64, 32, 4), (64, 64, 128, 4), (128, 64, 64, 8), (64, 64, 64, 8),
-               (64, 32, 64, 4)]  # fmt: skip
+               (64, 32, 64, 4), (64, 64, 64, 4, 4), (64, 64, 32, 4, 4), (64, 64, 128, 8, 3)]  # fmt: skip
 
 
 def wgrad(out, dtypes):
-    """bf16 tap wgrad at other tiles, dbias by torch (0) and fp32 a step (2)."""
+    """bf16 tap wgrad (as TAPS_NHWC says: channels-innermost by default) at other tiles
+    and stage counts, dbias by torch (0) and fp32 a step (2)."""
     plan0, db0 = kt.wgrad_plan, dict(kt.WGRAD_DB)
     for shape in SHAPES:
         x, w, b, dy = _inputs(*shape, torch.bfloat16)
@@ -65,6 +65,8 @@ def wgrad(out, dtypes):
             if t[1] > 2 * shape[1]:
                 continue
             cfg = dict(BLOCK_M=t[0], BLOCK_N=t[1], BLOCK_K=t[2], num_warps=t[3])
+            if len(t) > 4:
+                cfg["num_stages"] = t[4]
             kt.wgrad_plan = lambda *a, cfg=cfg: ("taps", cfg)
             for mode in (0, 2):
                 kt.WGRAD_DB[torch.bfloat16] = mode
@@ -248,34 +250,6 @@ def layout(out, dtypes):
             out(row)
 
 
-def wgrad_cl(out, dtypes):
-    """The channels-innermost tap wgrad (bf16) at other tiles and dbias modes."""
-    plan0, db0 = kt.wgrad_plan, dict(kt.WGRAD_DB)
-    for shape in SHAPES:
-        x, w, b, dy = _inputs(*shape, torch.bfloat16)
-        row = dict(part="wgrad_cl", dtype="bf16", shape="x".join(map(str, shape)) + "x3x3")
-        for t in WGRAD_TILES + [(64, 64, 64, 4, 4), (64, 64, 32, 4, 4), (64, 64, 128, 8, 3)]:
-            if t[1] > 2 * shape[1]:
-                continue
-            cfg = dict(BLOCK_M=t[0], BLOCK_N=t[1], BLOCK_K=t[2], num_warps=t[3])
-            if len(t) > 4:
-                cfg["num_stages"] = t[4]
-            kt.wgrad_plan = lambda *a, cfg=cfg: ("taps", cfg)
-            for mode in (0, 2):
-                kt.WGRAD_DB[torch.bfloat16] = mode
-                name = "x".join(map(str, t)) + f"_db{mode}"
-                try:
-                    with _nhwc(torch.bfloat16, ("wgrad",)):
-                        row["wgrad_" + name] = _ms(lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1))
-                except Exception as ex:  # noqa: BLE001
-                    row["error_" + name] = str(ex)[:200]
-                finally:
-                    kt.wgrad_plan = plan0
-                    kt.WGRAD_DB.clear()
-                    kt.WGRAD_DB.update(db0)
-        out(row)
-
-
 def dgrad(out, dtypes):
     for dname in dtypes:
         dtype = DTYPES[dname]
@@ -328,8 +302,7 @@ def main():
         wgrad(out, dtypes)
     if "layout" in args.parts:
         layout(out, dtypes)
-    if "wgrad_cl" in args.parts:
-        wgrad_cl(out, dtypes)
+
     if "once" in args.parts:
         once(dtypes)
 
