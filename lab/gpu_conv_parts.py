@@ -3,17 +3,16 @@
     PYTHONPATH=src python lab/gpu_conv_parts.py [--json F] [--dtypes bf16,fp32] [--parts ...]
 
 parts:
-  split   per shape: cuDNN's forward, its backward with all three gradients, with dx only,
-          dw only, and db (dy.sum); ours: the forward, the dgrad kernel alone (at the
-          plan's tiles), the wgrad launch (dw and db) with each dbias mode (WGRAD_DB: 1
-          fp64 per element, 2 fp32 a step, 0 by torch) and dw / db error against float64
-          as a ratio to cuDNN's. (Tried and dropped, H100 2026-12-06: dbias in programs of
-          their own, and the gathered tile loaded transposed, 3-5x slower at bf16.)
+  layout  per shape: cuDNN's forward, backward (all three gradients), dx alone, dw + db, on
+          NCHW and channels_last tensors; ours: the forward, the dgrad kernel alone (the
+          plan's tiles), the wgrad launch (dw and db) at each dbias mode (WGRAD_DB: 1 fp64
+          per element, 2 fp32 a step, 0 by torch) and the whole backward, each with the
+          tap kernels' operands as given and channels-innermost (TAPS_NHWC, the
+          channels_last copies timed with the kernels); errors against float64 as a
+          ratio to cuDNN's. (The split part it replaced: rows conv-parts-*.)
   dgrad   the dgrad and forward tap kernels at other tiles and stage counts (16-bit)
   wgrad   the bf16 tap wgrad at other tiles, dbias by torch and fp32 a step
   once    the forward and dgrad tap kernels once each at 32x64x56x56 (plan tiles), for ncu
-  layout  every tap kernel on NCHW operands against channels-innermost ones (TAPS_NHWC,
-          the channels_last copies timed with the kernels), cuDNN on both layouts
 Shapes: the table's conv2d layers with C >= 16 (padding 1, bias). do_bench medians (ms),
 L2 flushed by do_bench, TF32 off.
 """
@@ -86,9 +85,10 @@ def _ratio(got, ref, base):
     return round(float((got.double() - ref).abs().max()) / max(base, 1e-30), 3)
 
 
-def _dgrad(dy, x, w, cfg, stages=None, nhwc=False):
-    """The tap dgrad kernel alone (the launcher's lines) at tiles cfg; nhwc: dy copied to
-    channels_last (the copy timed with it) and w tap-major."""
+def _dgrad(dy, x, w, cfg, stages=None, nhwc=None):
+    """The tap dgrad kernel alone (the launcher's lines) at tiles cfg; nhwc (None: as
+    TAPS_NHWC says): dy copied to channels_last (the copy timed with it), w tap-major."""
+    nhwc = kt._nhwc("dgrad", x) if nhwc is None else nhwc
     n, c, h, wd = x.shape
     k = w.shape[0]
     dx = torch.empty_like(x)
@@ -128,52 +128,6 @@ def _fwd(x, w, b, cfg, stages=None):
         )  # fmt: skip
 
     return run
-
-
-def split(out, dtypes):
-    db0 = dict(kt.WGRAD_DB)
-    for dname in dtypes:
-        dtype = DTYPES[dname]
-        for shape in SHAPES:
-            x, w, b, dy = _inputs(*shape, dtype)
-            row = dict(part="split", dtype=dname, shape="x".join(map(str, shape)) + "x3x3")
-            k = shape[4]
-
-            def cbwd(mask):
-                return lambda: torch.ops.aten.convolution_backward(
-                    dy, x, w, [k], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, mask
-                )
-
-            row["cudnn_fwd"] = _ms(lambda: F.conv2d(x, w, b, padding=1))
-            row["cudnn_bwd"] = _ms(cbwd([True, True, True]))
-            row["cudnn_dx"] = _ms(cbwd([True, False, False]))
-            row["cudnn_dw"] = _ms(cbwd([False, True, False]))
-            row["torch_db"] = _ms(lambda: dy.sum((0, 2, 3), dtype=torch.float32))
-            # float64 references of dw and db, and cuDNN's errors
-            xr, wr, br = x.double(), w.double().requires_grad_(), b.double().requires_grad_()
-            rdw, rdb = torch.autograd.grad(F.conv2d(xr, wr, br, padding=1), (wr, br), dy.double())
-            _, cdw, cdb = cbwd([False, True, True])()
-            e_dw = float((cdw.double() - rdw).abs().max())
-            e_db = float((cdb.double() - rdb).abs().max())
-            cfg = kt.dgrad_plan(shape[1], 3, 3, k, dtype, x.device)[1]
-            row["dgrad_plan"] = cfg
-            row["ours_fwd"] = _ms(lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1))
-            row["ours_dgrad"] = _ms(_dgrad(dy, x, w, cfg))
-            for mode in (1, 2, 0):
-                name = f"db{mode}"
-                try:
-                    kt.WGRAD_DB[dtype] = mode
-                    wgrad = lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1)  # noqa: E731
-                    row["ours_wgrad_" + name] = _ms(wgrad)
-                    _, dw, db = wgrad()
-                    row["dw_err_ratio_" + name] = _ratio(dw, rdw, e_dw)
-                    row["db_err_ratio_" + name] = _ratio(db, rdb, e_db)
-                except Exception as e:  # noqa: BLE001
-                    row["error_" + name] = str(e)[:200]
-                finally:
-                    kt.WGRAD_DB.clear()
-                    kt.WGRAD_DB.update(db0)
-            out(row)
 
 
 class _nhwc:
@@ -282,7 +236,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--dtypes", default="bf16,fp32")
-    ap.add_argument("--parts", default="split,dgrad")
+    ap.add_argument("--parts", default="layout,dgrad")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -294,8 +248,6 @@ def main():
                 f.write(json.dumps(row, default=str) + "\n")
 
     dtypes = args.dtypes.split(",")
-    if "split" in args.parts:
-        split(out, dtypes)
     if "dgrad" in args.parts:
         dgrad(out, dtypes)
     if "wgrad" in args.parts:
