@@ -88,7 +88,7 @@ def _ratio(got, ref, base):
 def _dgrad(dy, x, w, cfg, stages=None, nhwc=None):
     """The tap dgrad kernel alone (the launcher's lines) at tiles cfg; nhwc (None: as
     TAPS_NHWC says): dy copied to channels_last (the copy timed with it), w tap-major."""
-    nhwc = kt._nhwc("dgrad", x) if nhwc is None else nhwc
+    nhwc = kt._nhwc("dgrad", x.dtype, x.shape[0] * x.shape[2] * x.shape[3]) if nhwc is None else nhwc
     n, c, h, wd = x.shape
     k = w.shape[0]
     dx = torch.empty_like(x)
@@ -131,19 +131,21 @@ def _fwd(x, w, b, cfg, stages=None):
 
 
 class _nhwc:
-    """kt.TAPS_NHWC set for the given kernels and dtype inside the block."""
+    """kt.TAPS_NHWC set for the given kernels and dtype inside the block, at every size."""
 
     def __init__(self, dtype, kernels):
         self.dtype, self.kernels = dtype, kernels
 
     def __enter__(self):
-        self.saved = dict(kt.TAPS_NHWC)
+        self.saved = dict(kt.TAPS_NHWC), dict(kt.NHWC_MIN_NPQ)
+        kt.NHWC_MIN_NPQ.clear()  # (at every size)
         for kern in ("fwd", "dgrad", "wgrad"):
             kt.TAPS_NHWC[(kern, self.dtype)] = kern in self.kernels
 
     def __exit__(self, *exc):
-        kt.TAPS_NHWC.clear()
-        kt.TAPS_NHWC.update(self.saved)
+        for table, saved in zip((kt.TAPS_NHWC, kt.NHWC_MIN_NPQ), self.saved):
+            table.clear()
+            table.update(saved)
 
 
 def layout(out, dtypes):

@@ -156,6 +156,7 @@ def test_triton_taps_read_dy_at_its_strides(nhwc, monkeypatch):
     and a channels_last one, read as they are and through TAPS_NHWC's copies."""
     from kernellab.ops.conv2d import triton as kt
 
+    monkeypatch.setattr(kt, "NHWC_MIN_NPQ", {})
     for kern in ("fwd", "dgrad", "wgrad"):
         monkeypatch.setitem(kt.TAPS_NHWC, (kern, torch.float32), nhwc)
     x, w, b = SPEC.make_inputs((2, 16, 5, 6, 5, 3, 3), torch.float32, "cpu", 8)
@@ -374,6 +375,7 @@ def test_triton_taps_read_channels_innermost(case, layout, dtype, monkeypatch):
     w tap-major, the outputs in their usual layouts; against float64 at both dtypes."""
     from kernellab.ops.conv2d import triton as kt
 
+    monkeypatch.setattr(kt, "NHWC_MIN_NPQ", {})  # (at these small sizes too)
     for kern in ("fwd", "dgrad", "wgrad"):
         monkeypatch.setitem(kt.TAPS_NHWC, (kern, dtype), True)
     shape, stride, padding = case

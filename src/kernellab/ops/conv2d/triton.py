@@ -500,17 +500,18 @@ def tap_weight(
 # 0.33 at 1024x32x14x14 (cuDNN 0.32); the forward 0.065 -> 0.079 (its copy of x) and
 # fp32 dgrad 0.25 -> 0.36 slower; fp32 wgrad 0.62 -> 0.40 at 32x64x56x56 and 0.90 ->
 # 0.66 at 1024x32x14x14 but 0.083 -> 0.21 at 64x32x14x14, so there only from
-# NHWC_MIN_NPQ reduction indices (N P Q) on.
+# NHWC_MIN_NPQ output pixels (N P Q) on.
 TAPS_NHWC: dict[tuple[str, torch.dtype], bool] = {
     ("dgrad", torch.bfloat16): True, ("wgrad", torch.bfloat16): True,
     ("dgrad", torch.float16): True, ("wgrad", torch.float16): True,
     ("wgrad", torch.float32): True,
 }  # fmt: skip
-NHWC_MIN_NPQ: dict[torch.dtype, int] = {torch.float32: 32768}
+NHWC_MIN_NPQ: dict[tuple[str, torch.dtype], int] = {("wgrad", torch.float32): 32768}
 
 
-def _nhwc(kernel: str, t: torch.Tensor, npq: int = 0) -> bool:
-    return TAPS_NHWC.get((kernel, t.dtype), False) and npq >= NHWC_MIN_NPQ.get(t.dtype, 0)
+def _nhwc(kernel: str, dtype: torch.dtype, npq: int) -> bool:
+    """Whether ``kernel`` reads channels-innermost at this dtype and N P Q output pixels."""
+    return TAPS_NHWC.get((kernel, dtype), False) and npq >= NHWC_MIN_NPQ.get((kernel, dtype), 0)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -594,12 +595,11 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     grid = (triton_support.cdiv(m, cfg["BLOCK_M"]) * triton_support.cdiv(k, cfg["BLOCK_N"]),)
     bias_arg = bias if bias is not None else y
     consts = dict(HAS_BIAS=bias is not None, **_consts(x), **cfg)
+    nhwc = kind == "taps" and _nhwc("fwd", x.dtype, m)
+    if nhwc:
+        x = _channels_last(x)
     dims, conv = (c, h, wd, k, p, q, r, s, m, *x.stride()), (sh, sw, ph, pw)
     if kind == "taps":
-        nhwc = _nhwc("fwd", x)
-        if nhwc:
-            x = _channels_last(x)
-            dims = (c, h, wd, k, p, q, r, s, m, *x.stride())
         wt, ws = tap_weight(w, True, nhwc)
         _conv_fwd_taps_kernel[grid](x, wt, bias_arg, y, *dims, *ws, *conv, **consts)
     else:
@@ -673,7 +673,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         else:
             grid = (triton_support.cdiv(nhw, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]),)
             if kind == "taps":
-                nhwc = _nhwc("dgrad", x)
+                nhwc = _nhwc("dgrad", x.dtype, npq)
                 dy_t = dy_as(torch.channels_last) if nhwc else dy
                 wt, ws = tap_weight(w, False, nhwc)
                 strides = (*dy_t.stride(), *dx.stride(), *ws)
@@ -687,7 +687,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     if kind == "taps":
         kernel = _conv_wgrad_taps_kernel
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(c, cfg["BLOCK_N"]) * r * s
-        if _nhwc("wgrad", x, npq):
+        if _nhwc("wgrad", x.dtype, npq):
             x_t, dy_t = _channels_last(x), dy_as(torch.channels_last)
     else:
         kernel = _conv_wgrad_kernel
@@ -763,7 +763,8 @@ def _kernel_specs(dtype: str):
     ds = ("sdn", "sdk", "sdp", "sdq")
     for c, k in ((1, 32), (8, 16), (32, 64)):
         kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
-        nhwc = kind == "taps" and TAPS_NHWC.get(("fwd", tdt), False)
+        npq = 256 * 14 * 14  # (the tap kernels run at layer 2 only)
+        nhwc = kind == "taps" and _nhwc("fwd", tdt, npq)
         ws, wu = w_strides(kind, True, nhwc)
         xi, xu = unit(xs, nhwc)
         consts = dict(cx, HAS_BIAS=True, **xu, **wu, **cfg)
@@ -774,7 +775,7 @@ def _kernel_specs(dtype: str):
             spec = launch(_conv_dgrad_stencil_kernel, d_ptrs, geom + ("NHW",) + conv, cfg)
             out.setdefault(_conv_dgrad_stencil_kernel, spec)
         elif kind == "taps":
-            nhwc = TAPS_NHWC.get(("dgrad", tdt), False)
+            nhwc = _nhwc("dgrad", tdt, npq)
             ws, wu = w_strides(kind, False, nhwc)
             (di, du), (xi, xu) = unit(ds, nhwc), unit(xs, False)
             consts = dict(cx, **du, **xu, **wu, **cfg)
@@ -784,7 +785,7 @@ def _kernel_specs(dtype: str):
             spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + conv, dict(cx, **cfg))
             out.setdefault(dgrad[kind], spec)
         kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
-        nhwc = kind == "taps" and TAPS_NHWC.get(("wgrad", tdt), False)
+        nhwc = kind == "taps" and _nhwc("wgrad", tdt, npq)
         (xi, xu), (di, du) = unit(xs, nhwc), unit(ds, nhwc)
         wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1), **xu, **du)
         w_ints = geom + ("NPQ", "CHUNK") + xi + di + conv
