@@ -1,0 +1,47 @@
+"""conv2d forward+backward at the table's layers, ours (triton) beside cuDNN (torch), with the
+kernels each one's step launches (torch.profiler) and its median (L2 flushed), TF32 off.
+
+    PYTHONPATH=src:lab python lab/gpu_conv_profile.py [--json F] [--dtypes bf16,fp32]
+
+Shows which of forward / dgrad / wgrad / copies carries the gap at each layer.
+"""
+
+import argparse
+
+import torch
+
+from kernellab.ops.conv2d import conv2d
+from profiled import emit_row, measure
+
+SHAPES = [(32, 64, 56, 56, 64), (64, 1, 28, 28, 32), (64, 32, 14, 14, 64), (256, 1, 28, 28, 32),
+          (256, 32, 14, 14, 64), (1024, 1, 28, 28, 32), (1024, 32, 14, 14, 64)]  # fmt: skip
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--dtypes", default="bf16,fp32")
+    args = ap.parse_args()
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dname in args.dtypes.split(","):
+        dtype = DTYPES[dname]
+        for n, c, h, wd, k in SHAPES:
+            x = torch.randn(n, c, h, wd, device="cuda", generator=g).to(dtype).requires_grad_()
+            w = (torch.randn(k, c, 3, 3, device="cuda", generator=g) / (3 * c**0.5)).to(dtype).requires_grad_()
+            b = torch.randn(k, device="cuda", generator=g).to(dtype).requires_grad_()
+            dy = torch.randn(n, k, h, wd, device="cuda", generator=g).to(dtype)
+            for backend in ("torch", "triton"):
+
+                def step(backend=backend):
+                    y = conv2d(x, w, b, padding=1, backend=backend)
+                    return torch.autograd.grad(y, (x, w, b), dy)
+
+                row = dict(shape=f"{n}x{c}x{h}x{wd}x{k}x3x3", dtype=dname, backend=backend, mode="fwdbwd")
+                measure(row, step, top=8)
+                emit_row(row, args.json)
+
+
+if __name__ == "__main__":
+    main()
