@@ -9,9 +9,9 @@ Shows which of forward / dgrad / wgrad / copies carries the gap at each layer.
 import argparse
 
 import torch
+from profiled import emit_row, measure
 
 from kernellab.ops.conv2d import conv2d
-from profiled import emit_row, measure
 
 SHAPES = [(32, 64, 56, 56, 64), (64, 1, 28, 28, 32), (64, 32, 14, 14, 64), (256, 1, 28, 28, 32),
           (256, 32, 14, 14, 64), (1024, 1, 28, 28, 32), (1024, 32, 14, 14, 64)]  # fmt: skip
@@ -29,7 +29,8 @@ def main():
         dtype = DTYPES[dname]
         for n, c, h, wd, k in SHAPES:
             x = torch.randn(n, c, h, wd, device="cuda", generator=g).to(dtype).requires_grad_()
-            w = (torch.randn(k, c, 3, 3, device="cuda", generator=g) / (3 * c**0.5)).to(dtype).requires_grad_()
+            w = torch.randn(k, c, 3, 3, device="cuda", generator=g) / (3 * c**0.5)
+            w = w.to(dtype).requires_grad_()
             b = torch.randn(k, device="cuda", generator=g).to(dtype).requires_grad_()
             dy = torch.randn(n, k, h, wd, device="cuda", generator=g).to(dtype)
             for backend in ("torch", "triton"):
