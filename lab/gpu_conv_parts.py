@@ -5,10 +5,10 @@
 parts:
   layout  per shape: cuDNN's forward, backward (all three gradients), dx alone, dw + db, on
           NCHW and channels_last tensors; ours: the forward, the dgrad kernel alone (the
-          plan's tiles), the wgrad launch (dw and db) at each dbias mode (WGRAD_DB: 1 fp64
-          per element, 2 fp32 a step, 0 by torch) and the whole backward, each with the
-          tap kernels' operands as given and channels-innermost (TAPS_NHWC, the
-          channels_last copies timed with the kernels); errors against float64 as a
+          plan's tiles), the wgrad launch (dw and db) at dbias modes (WGRAD_DB: 2 fp32 a
+          step, 0 by torch) and the whole backward, each with the tap kernels' operands
+          as given (no suffix: PIXEL_RUNS off; _runs: on) and channels-innermost (_cl:
+          TAPS_NHWC, the channels_last copies timed with the kernels); errors against float64 as a
           ratio to cuDNN's. (The split part it replaced: rows conv-parts-*.)
   dgrad   the dgrad and forward tap kernels at other tiles and stage counts (16-bit)
   wgrad   the bf16 tap wgrad at other tiles, dbias by torch and fp32 a step
@@ -99,6 +99,9 @@ def _dgrad(dy, x, w, cfg, stages=None, nhwc=None):
     cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
     acc64 = x.dtype == torch.float32
 
+    runs = "dgrad" in kt.PIXEL_RUNS
+    cfg = dict(cfg, DYRUN=kt._run(wd, x, runs and not nhwc), XRUN=kt._run(h * wd, x, runs))
+
     def run():
         dy_t = kt._channels_last(dy) if nhwc else dy
         kt._conv_dgrad_taps_kernel[grid](
@@ -131,19 +134,23 @@ def _fwd(x, w, b, cfg, stages=None):
 
 
 class _nhwc:
-    """kt.TAPS_NHWC set for the given kernels and dtype inside the block, at every size."""
+    """kt.TAPS_NHWC set for the given kernels and dtype inside the block, at every size;
+    kt.PIXEL_RUNS on for every kernel or (runs=False) none."""
 
-    def __init__(self, dtype, kernels):
-        self.dtype, self.kernels = dtype, kernels
+    def __init__(self, dtype, kernels, runs=True):
+        self.dtype, self.kernels, self.runs = dtype, kernels, runs
 
     def __enter__(self):
-        self.saved = dict(kt.TAPS_NHWC), dict(kt.NHWC_MIN_NPQ)
+        self.saved = dict(kt.TAPS_NHWC), dict(kt.NHWC_MIN_NPQ), set(kt.PIXEL_RUNS)
         kt.NHWC_MIN_NPQ.clear()  # (at every size)
         for kern in ("fwd", "dgrad", "wgrad"):
             kt.TAPS_NHWC[(kern, self.dtype)] = kern in self.kernels
+        kt.PIXEL_RUNS.clear()
+        if self.runs:
+            kt.PIXEL_RUNS.update(("fwd", "dgrad", "wgrad"))
 
     def __exit__(self, *exc):
-        for table, saved in zip((kt.TAPS_NHWC, kt.NHWC_MIN_NPQ), self.saved):
+        for table, saved in zip((kt.TAPS_NHWC, kt.NHWC_MIN_NPQ, kt.PIXEL_RUNS), self.saved):
             table.clear()
             table.update(saved)
 
@@ -180,15 +187,14 @@ def layout(out, dtypes):
             e_y = float((F.conv2d(x, w, b, padding=1).double() - ry.detach()).abs().max())
             e = [float((g.double() - r).abs().max()) for g, r in ((cdx, rdx), (cdw, rdw), (cdb, rdb))]
             cfg = kt.dgrad_plan(shape[1], 3, 3, k, dtype, x.device)[1]
-            for nhwc in (False, True):
-                tag = "_cl" if nhwc else ""
-                with _nhwc(dtype, ("fwd", "dgrad", "wgrad") if nhwc else ()):
+            for tag, nhwc, runs in (("", False, False), ("_runs", False, True), ("_cl", True, True)):
+                with _nhwc(dtype, ("fwd", "dgrad", "wgrad") if nhwc else (), runs):
                     fwd = lambda: kt.triton_conv2d_fwd(x, w, b, 1, 1, 1, 1)  # noqa: E731
                     row["ours_fwd" + tag] = _ms(fwd)
                     row["y_err_ratio" + tag] = _ratio(fwd(), ry.detach(), e_y)
                     row["ours_dgrad" + tag] = _ms(_dgrad(dy, x, w, cfg, nhwc=nhwc))
                     row["dx_err_ratio" + tag] = _ratio(_dgrad(dy, x, w, cfg, nhwc=nhwc)(), rdx, e[0])
-                    for mode in (0, 1, 2):
+                    for mode in (0, 2):
                         name = f"db{mode}" + tag
                         try:
                             kt.WGRAD_DB[dtype] = mode

@@ -12,6 +12,7 @@ import torch
 from profiled import emit_row, measure
 
 from kernellab.ops.conv2d import conv2d
+from kernellab.ops.conv2d import triton as kt
 
 SHAPES = [(32, 64, 56, 56, 64), (64, 1, 28, 28, 32), (64, 32, 14, 14, 64), (256, 1, 28, 28, 32),
           (256, 32, 14, 14, 64), (1024, 1, 28, 28, 32), (1024, 32, 14, 14, 64)]  # fmt: skip
@@ -22,7 +23,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--dtypes", default="bf16,fp32")
+    ap.add_argument("--no-runs", action="store_true", help="kernels not told their pixel runs (PIXEL_RUNS)")
     args = ap.parse_args()
+    if args.no_runs:
+        kt.PIXEL_RUNS.clear()
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator(device="cuda").manual_seed(0)
     for dname in args.dtypes.split(","):
@@ -40,6 +44,7 @@ def main():
                     return torch.autograd.grad(y, (x, w, b), dy)
 
                 row = dict(shape=f"{n}x{c}x{h}x{wd}x{k}x3x3", dtype=dname, backend=backend, mode="fwdbwd")
+                row["pixel_runs"] = sorted(kt.PIXEL_RUNS)
                 measure(row, step, top=8)
                 emit_row(row, args.json)
 

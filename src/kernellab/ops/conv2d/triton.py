@@ -126,12 +126,31 @@ def _wgrad_step(
 
 
 @triton_support.jit
-def _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, KPQ, PQ, HAS_BIAS: tl.constexpr):
+def _runs(rows, cols, RUN: tl.constexpr, ALIGNED: tl.constexpr = False):
+    """rows[:, None] + cols[None, :]: a tile's offsets with pixels along dim 0, told to
+    Triton as runs of RUN consecutive elements along dim 0 (ALIGNED: each run's first a
+    multiple of RUN) where the launcher has found them so. Triton cannot see the runs
+    through the divisions that give the pixel index; without them the lanes of a warp go
+    along dim 1, a channel plane apart. (The hint must sit on an op made here: on a
+    helper's argument it is lost.)"""
+    off = rows[:, None] + cols[None, :]
+    if RUN > 1:
+        off = tl.max_contiguous(off, [RUN, 1])
+        if ALIGNED:
+            off = tl.multiple_of(off, [RUN, 1])
+    return off
+
+
+@triton_support.jit
+def _store_y(
+    acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, KPQ, PQ, HAS_BIAS: tl.constexpr, YRUN: tl.constexpr = 1
+):
     """The forwards' epilogue: + bias[k], one rounding, y[n, k, p, q] (contiguous) for the
-    tile's output pixels (image nb, pixel rem) and channels offs_n."""
+    tile's output pixels (image nb, pixel rem) and channels offs_n; YRUN (> 1 when P Q is a
+    multiple of it) as ``_runs`` takes it."""
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    y_off = nb[:, None] * KPQ + offs_n[None, :] * PQ + rem[:, None]
+    y_off = _runs(nb * KPQ + rem, offs_n * PQ, YRUN, True)
     tl.store(y_ptr + y_off, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -143,13 +162,14 @@ def _conv_fwd_kernel(
     SH, SW, PH, PW,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    XRUN: tl.constexpr = 1, YRUN: tl.constexpr = 1,  # pixel runs of x's window rows and of y (``_runs``)
 ):
     offs_m, offs_n, m_ok, n_ok = _tile(M, K, BLOCK_M, BLOCK_N)  # output pixels (n, p, q), channels k
     pq = P * Q
     nb, rem = offs_m // pq, offs_m % pq
     ih0 = (rem // Q) * SH - PH  # top-left input row / column of each output's window
     iw0 = (rem % Q) * SW - PW
-    x_row = nb * sxn
+    x_row = nb * sxn + ih0 * sxh + iw0 * sxw  # x[n, 0, ih0, iw0]
     RS = R * S
     CRS = C * RS
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -161,13 +181,14 @@ def _conv_fwd_kernel(
         ih = ih0[:, None] + (rs // S)[None, :]
         iw = iw0[:, None] + (rs % S)[None, :]
         a_ok = m_ok[:, None] & j_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        a = tl.load(x_ptr + x_row[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw, mask=a_ok, other=0.0)
+        a_col = c * sxc + (rs // S) * sxh + (rs % S) * sxw
+        a = tl.load(x_ptr + _runs(x_row, a_col, XRUN), mask=a_ok, other=0.0)
         b = tl.load(w_ptr + offs_n[None, :] * CRS + j[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
         # (ACC64, fp32: each block's fp32 product added in fp64, as the backward kernels do)
         acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
     if ACC64:
         acc = acc64.to(tl.float32)
-    _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, K * pq, pq, HAS_BIAS)
+    _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, K * pq, pq, HAS_BIAS, YRUN)
 
 
 @triton_support.jit
@@ -179,6 +200,7 @@ def _conv_fwd_taps_kernel(
     SH, SW, PH, PW,
     HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    XRUN: tl.constexpr = 1, YRUN: tl.constexpr = 1,  # pixel runs of x's tap rows and of y (``_runs``)
 ):
     # the reduction as taps (r, s) outside, channels c inside: A(m, c) of one tap is
     # x[n, c, ih0 + r, iw0 + s], one row offset and one bounds test per output pixel
@@ -200,13 +222,13 @@ def _conv_fwd_taps_kernel(
             c = c0 + tl.arange(0, BLOCK_K)
             c_ok = c < C
             a_ok = row_ok[:, None] & c_ok[None, :]
-            a = tl.load(x_ptr + a_row[:, None] + c[None, :] * sxc, mask=a_ok, other=0.0)
+            a = tl.load(x_ptr + _runs(a_row, c * sxc, XRUN), mask=a_ok, other=0.0)
             b_off = w_col[None, :] + c[:, None] * swc + rs * swt
             b = tl.load(w_ptr + b_off, mask=c_ok[:, None] & n_ok[None, :], other=0.0)
             acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
     if ACC64:
         acc = acc64.to(tl.float32)
-    _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, K * pq, pq, HAS_BIAS)
+    _store_y(acc, b_ptr, y_ptr, offs_n, n_ok, nb, rem, m_ok, K * pq, pq, HAS_BIAS, YRUN)
 
 
 @triton_support.jit
@@ -256,6 +278,7 @@ def _conv_dgrad_taps_kernel(
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DYRUN: tl.constexpr = 1, XRUN: tl.constexpr = 1,  # pixel runs of dy's tap rows and of dx (``_runs``)
 ):
     # the reduction as taps (r, s) outside, output channels k inside: A(m, k) of one tap is
     # dy[n, k, p, q] with (p, q) the output pixel that reads input pixel m through the tap,
@@ -276,11 +299,11 @@ def _conv_dgrad_taps_kernel(
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < K
             a_ok = row_ok[:, None] & k_ok[None, :]
-            a = tl.load(dy_ptr + a_row[:, None] + k[None, :] * sdk, mask=a_ok, other=0.0)
+            a = tl.load(dy_ptr + _runs(a_row, k * sdk, DYRUN), mask=a_ok, other=0.0)
             b_off = k[:, None] * swk + w_col[None, :] + rs * swt
             b = tl.load(w_ptr + b_off, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             acc, acc64 = _accumulate(a, b, acc, acc64, PRECISION, UPCAST, ACC64)
-    dx_off = (nb * sxn + ih * sxh + iw * sxw)[:, None] + offs_n[None, :] * sxc
+    dx_off = _runs(nb * sxn + ih * sxh + iw * sxw, offs_n * sxc, XRUN, True)
     out = (acc64 if ACC64 else acc).to(tl.float32)
     tl.store(dx_ptr + dx_off, out.to(dx_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
@@ -331,7 +354,7 @@ def _conv_wgrad_kernel(
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT64: tl.constexpr = True,
-    DB: tl.constexpr = 1,
+    DB: tl.constexpr = 1, XRUN: tl.constexpr = 1,  # pixel runs of x's window rows (``_runs``)
 ):
     # ACC64 (fp32 storage): IEEE fp32 operands through fp64 dots (the products are exact and
     # the sums fp64: each BLOCK_K-deep fp32 dot summed in fp64 misses the check's bound, 2x
@@ -356,10 +379,11 @@ def _conv_wgrad_kernel(
         j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
         j_ok = j < end
         a, nb, op, oq = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, pq, Q, sdn, sdk, sdp, sdq)
-        ih = (op * SH - PH)[:, None] + r[None, :]
-        iw = (oq * SW - PW)[:, None] + s[None, :]
+        ih0, iw0 = op * SH - PH, oq * SW - PW
+        ih = ih0[:, None] + r[None, :]
+        iw = iw0[:, None] + s[None, :]
         b_ok = j_ok[:, None] & n_ok[None, :] & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        b_off = (nb * sxn)[:, None] + c[None, :] * sxc + ih * sxh + iw * sxw
+        b_off = _runs(nb * sxn + ih0 * sxh + iw0 * sxw, c * sxc + r * sxh + s * sxw, XRUN)
         b = tl.load(x_ptr + b_off, mask=b_ok, other=0.0)
         acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
     if not ACC64:
@@ -381,7 +405,7 @@ def _conv_wgrad_taps_kernel(
     SH, SW, PH, PW,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT64: tl.constexpr = True,
-    DB: tl.constexpr = 1,
+    DB: tl.constexpr = 1, XRUN: tl.constexpr = 1,  # pixel runs of x's tap rows (``_runs``)
 ):
     # one filter tap (r, s) a program: dw[k, c, r, s] for a [BLOCK_M (k), BLOCK_N (c)] tile,
     # B(j, c) = x[n, c, p sh - ph + r, q sw - pw + s]: the input position and its bounds
@@ -409,7 +433,7 @@ def _conv_wgrad_taps_kernel(
         row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         b_row = nb * sxn + ih * sxh + iw * sxw
         b_ok = row_ok[:, None] & n_ok[None, :]
-        b = tl.load(x_ptr + b_row[:, None] + offs_n[None, :] * sxc, mask=b_ok, other=0.0)
+        b = tl.load(x_ptr + _runs(b_row, offs_n * sxc, XRUN), mask=b_ok, other=0.0)
         acc, acc64, db = _wgrad_step(a, b, acc, acc64, db, PRECISION, UPCAST, ACC64, DOT64, DB)
     if not ACC64:
         acc64 = acc.to(tl.float64)
@@ -518,6 +542,22 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
 
+# The kernels ("fwd", "dgrad", "wgrad") told where their pixel-indexed loads and stores
+# run contiguously (``_runs``): y and dx (contiguous NCHW) in runs that divide P Q / H W,
+# and the gathered rows of x / dy (NCHW, unit column stride, column stride 1 of the
+# convolution) in runs that divide a row. Without it a warp's lanes go along channels.
+PIXEL_RUNS = {"fwd", "dgrad", "wgrad"}
+
+
+def _run(n: int, t: torch.Tensor, on: bool = True) -> int:
+    """The longest run of t's elements, a power of two up to 16 bytes, that divides n (1
+    where ``on`` is false)."""
+    run, cap = 1, 16 // t.element_size()
+    while on and run < cap and n % (2 * run) == 0:
+        run *= 2
+    return run
+
+
 def fwd_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
     """("taps" or "gemm", the launch's ACC64 and tiles) for a forward with C input and K
     output channels and an R x S filter."""
@@ -598,6 +638,8 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     nhwc = kind == "taps" and _nhwc("fwd", x.dtype, m)
     if nhwc:
         x = _channels_last(x)
+    runs = "fwd" in PIXEL_RUNS
+    consts.update(XRUN=_run(q, x, runs and sw == 1 and x.stride(3) == 1), YRUN=_run(p * q, x, runs))
     dims, conv = (c, h, wd, k, p, q, r, s, m, *x.stride()), (sh, sw, ph, pw)
     if kind == "taps":
         wt, ws = tap_weight(w, True, nhwc)
@@ -677,7 +719,10 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
                 dy_t = dy_as(torch.channels_last) if nhwc else dy
                 wt, ws = tap_weight(w, False, nhwc)
                 strides = (*dy_t.stride(), *dx.stride(), *ws)
-                _conv_dgrad_taps_kernel[grid](dy_t, wt, dx, *dims, *strides, *conv, **consts, **cfg)
+                runs = "dgrad" in PIXEL_RUNS
+                dyrun = _run(wd, x, runs and sw == 1 and dy_t.stride(3) == 1)
+                rcfg = dict(cfg, DYRUN=dyrun, XRUN=_run(h * wd, x, runs))
+                _conv_dgrad_taps_kernel[grid](dy_t, wt, dx, *dims, *strides, *conv, **consts, **rcfg)
             else:
                 _conv_dgrad_kernel[grid](dy_as(torch.contiguous_format), w, dx, *dims, *conv, **consts, **cfg)
     if npq == 0:
@@ -693,6 +738,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         kernel = _conv_wgrad_kernel
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
+    xrun = _run(q, x, "wgrad" in PIXEL_RUNS and sw == 1 and x_t.stride(3) == 1)
     dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
     db_mode = WGRAD_DB.get(x.dtype, 1)
     # (DB 0: the kernel writes no dbias partials; dw_part only fills the argument)
@@ -702,7 +748,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         c, h, wd, k, p, q, r, s, npq, chunk,
         *x_t.stride(), *dy_t.stride(),
         sh, sw, ph, pw,
-        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, **consts, **cfg,
+        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, XRUN=xrun, **consts, **cfg,
     )  # fmt: skip
     dw = dw_part.sum(0).to(w.dtype).view(w.shape)
     if db_mode == 0:  # dy summed in fp64, inner sums along unit stride
@@ -761,13 +807,16 @@ def _kernel_specs(dtype: str):
         return tuple(n for n in names if n != one), {one: 1}
 
     ds = ("sdn", "sdk", "sdp", "sdq")
+    elt = torch.empty((), dtype=tdt)
     for c, k in ((1, 32), (8, 16), (32, 64)):
         kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
         npq = 256 * 14 * 14  # (the tap kernels run at layer 2 only)
+        side = 28 if c == 1 else 14  # (the image's height and width)
         nhwc = kind == "taps" and _nhwc("fwd", tdt, npq)
         ws, wu = w_strides(kind, True, nhwc)
         xi, xu = unit(xs, nhwc)
-        consts = dict(cx, HAS_BIAS=True, **xu, **wu, **cfg)
+        runs = dict(XRUN=_run(side, elt, not nhwc), YRUN=_run(side * side, elt))
+        consts = dict(cx, HAS_BIAS=True, **xu, **wu, **runs, **cfg)
         spec = launch(fwd[kind], fwd_ptrs, geom + ("M",) + xi + ws + conv, consts)
         out.setdefault(fwd[kind], spec)
         kind, cfg = dgrad_plan(c, 3, 3, k, tdt, gpu)
@@ -778,7 +827,8 @@ def _kernel_specs(dtype: str):
             nhwc = _nhwc("dgrad", tdt, npq)
             ws, wu = w_strides(kind, False, nhwc)
             (di, du), (xi, xu) = unit(ds, nhwc), unit(xs, False)
-            consts = dict(cx, **du, **xu, **wu, **cfg)
+            runs = dict(DYRUN=_run(side, elt, not nhwc), XRUN=_run(side * side, elt))
+            consts = dict(cx, **du, **xu, **wu, **runs, **cfg)
             spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + di + xi + ws + conv, consts)
             out.setdefault(dgrad[kind], spec)
         else:
@@ -788,6 +838,7 @@ def _kernel_specs(dtype: str):
         nhwc = kind == "taps" and _nhwc("wgrad", tdt, npq)
         (xi, xu), (di, du) = unit(xs, nhwc), unit(ds, nhwc)
         wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1), **xu, **du)
+        wcx["XRUN"] = _run(side, elt, not nhwc)
         w_ints = geom + ("NPQ", "CHUNK") + xi + di + conv
         spec = launch(wgrad[kind], w_ptrs, w_ints, dict(wcx, **cfg))
         out.setdefault(wgrad[kind], spec)
