@@ -610,3 +610,100 @@ def test_triton_kernels_compile_for_sm90_ahead_of_time():
                 ptx = next(k for k in kernels if k.name == name).ptx
                 assert re.search(r"cp\.async\.c[ag]\.shared\.global[^;]*0x10", ptx), name
                 assert "ld.global.b16" not in ptx, name
+
+
+# Compiles (sm_90, no GPU) the fp32 and bf16 tap forward and dgrad as a launch at
+# 64x32x14x14 -> 64 specializes them: only arguments that are multiples of 16 marked so
+# (14, 196 are not), with the runs the launcher passes (or none); prints per kernel the
+# TTGIR layouts of its global loads / stores and its vector (8- or 16-byte) global stores.
+_RUNS_SCRIPT = r"""
+import json, re, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernellab.inspect.asm import _jit
+from kernellab.ops.conv2d import triton as kt
+
+dt, on = sys.argv[1], sys.argv[2] == "on"
+tdt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dt]
+N, C, HW, K = 64, 32, 14, 64
+e = torch.empty((), dtype=tdt)
+gpu, p = torch.device("cuda"), "*" + dt
+tm = tdt in kt.TAP_MAJOR_DTYPES
+geom = dict(C=C, H=HW, W=HW, K=K, P=HW, Q=HW, R=3, S=3, M=N * HW * HW, SH=1, SW=1, PH=1, PW=1)
+xs = dict(sxn=C * HW * HW, sxc=HW * HW, sxh=HW, sxw=1)
+fwd_w = dict(swk=1, swc=K, swt=C * K) if tm else dict(swk=C * 9, swc=9, swt=1)
+dg_w = dict(swk=C, swc=1, swt=K * C) if tm else dict(swk=C * 9, swc=9, swt=1)
+cases = {
+    "fwd": (kt._conv_fwd_taps_kernel, dict(x_ptr=p, w_ptr=p, b_ptr=p, y_ptr=p, **geom, **xs, **fwd_w),
+            dict(kt.fwd_plan(C, 3, 3, K, tdt, gpu)[1], HAS_BIAS=True,
+                 XRUN=kt._run(HW, e, on), YRUN=kt._run(HW * HW, e, on))),
+    "dgrad": (kt._conv_dgrad_taps_kernel,
+              dict(dy_ptr=p, w_ptr=p, dx_ptr=p, **geom, sdn=K * HW * HW, sdk=HW * HW, sdp=HW, sdq=1,
+                   **xs, **dg_w),
+              dict(kt.dgrad_plan(C, 3, 3, K, tdt, gpu)[1], DYRUN=kt._run(HW, e, on),
+                   XRUN=kt._run(HW * HW, e, on))),
+}
+out = {}
+for name, (kernel, args, consts) in cases.items():
+    consts = dict(consts, PRECISION="ieee" if dt == "fp32" else "tf32", UPCAST=False)
+    warps = consts.pop("num_warps")
+    fn = _jit(kernel)
+    sig, cx, attrs = {}, dict(consts), {}
+    for a in fn.arg_names:
+        v = args.get(a)
+        if a in consts:
+            sig[a] = "constexpr"
+        elif v == 1:
+            sig[a], cx[a] = "constexpr", 1
+        else:
+            sig[a] = v if isinstance(v, str) else "i32"
+    for i, a in enumerate(sig):
+        v = args.get(a)
+        if sig[a] != "constexpr" and (isinstance(v, str) or v % 16 == 0):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs)
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    ttgir = c.asm["ttgir"]
+    lay = dict(re.findall(r"^(#\w+) = #ttg\.blocked<(.*)>$", ttgir, re.M))
+    ops = []
+    for line in ttgir.splitlines():
+        for op in ("tt.store", "async_copy_global_to_local", "tt.load"):
+            if op + " " in line and "tensor<" in line and "x" in line.split("tensor<")[1].split(">")[0]:
+                ops.append([op, [lay.get(b, b) for b in sorted(set(re.findall(r"#blocked\d*", line)))]])
+    out[name] = dict(ops=ops, vst=len(re.findall(r"st\.global\.v[24]\.b32", c.asm["ptx"])))
+print(json.dumps(out))
+"""
+
+
+def _run_layouts(dtype, on):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", _RUNS_SCRIPT, dtype, on], env=env, capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_triton_taps_go_along_pixels_when_told_their_runs(dtype):
+    """With PIXEL_RUNS (the default), the NCHW tap forward's gathered x tile and dgrad's
+    gathered dy tile put a warp's lanes along pixels (dim 0 first in the layout's order),
+    and y / dx go out as vector stores (196 pixels a plane: 16 bytes fp32, 8 bf16);
+    without the runs Triton, blind to the pixel divisions, puts the lanes along channels
+    (the case this guards against). bf16 dgrad
+    reads dy channels-innermost by default (TAPS_NHWC); its gather is compiled here as
+    the NCHW launch would be."""
+    told, blind = _run_layouts(dtype, "on"), _run_layouts(dtype, "off")
+    for kernel in ("fwd", "dgrad"):
+        # the gathered operand: the first [pixels, channels] load of the loop
+        first = lambda ops: next(lay for op, lay in ops if op != "tt.store")[0]  # noqa: E731
+        assert "order = [0, 1]" in first(told[kernel]["ops"]), (kernel, told[kernel])
+        assert "order = [1, 0]" in first(blind[kernel]["ops"]), (kernel, blind[kernel])
+        store = next(lay for op, lay in told[kernel]["ops"] if op == "tt.store")[0]
+        assert "order = [0, 1]" in store, (kernel, store)
+        assert told[kernel]["vst"] > 0 and blind[kernel]["vst"] == 0, (kernel, told[kernel], blind[kernel])
