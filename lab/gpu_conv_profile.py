@@ -23,10 +23,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--dtypes", default="bf16,fp32")
-    ap.add_argument("--no-runs", action="store_true", help="kernels not told their pixel runs (PIXEL_RUNS)")
+    ap.add_argument(
+        "--runs",
+        choices=("default", "on", "off"),
+        default="default",
+        help="the kernels told their pixel runs (PIXEL_RUNS): as the library says, all, none",
+    )
     args = ap.parse_args()
-    if args.no_runs:
+    if args.runs != "default":
         kt.PIXEL_RUNS.clear()
+    if args.runs == "on":
+        kt.PIXEL_RUNS.update(("fwd", "dgrad", "wgrad"))
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator(device="cuda").manual_seed(0)
     for dname in args.dtypes.split(","):
