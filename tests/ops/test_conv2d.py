@@ -386,6 +386,32 @@ def test_triton_taps_read_channels_innermost(case, layout, dtype, monkeypatch):
     assert y.is_contiguous()  # (the documented output layout, whatever the operands' copies)
 
 
+@pytest.mark.parametrize(
+    "case",
+    [
+        ((2, 16, 8, 8, 8, 3, 3), 1, 1),  # taps: rows of 8, planes of 64
+        ((2, 1, 12, 12, 8, 3, 3), 1, 1),  # the GEMM forward and wgrad, the stencil dgrad
+        ((2, 16, 6, 10, 4, 3, 3), (1, 2), 1),  # stride 2 along rows: no load runs, y runs of 5 -> 1
+        ((1, 16, 4, 6, 8, 1, 1), 1, 0),  # rows of 6: runs of 2
+    ],
+    ids=["taps", "gemm", "strided", "rows-of-6"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_triton_told_pixel_runs(case, dtype, monkeypatch):
+    """PIXEL_RUNS on for every kernel (the hints are no-ops under the interpreter; the
+    arithmetic around them runs): against float64, and the runs the launcher finds."""
+    from kernellab.ops.conv2d import triton as kt
+
+    monkeypatch.setattr(kt, "PIXEL_RUNS", {"fwd", "dgrad", "wgrad"})
+    shape, stride, padding = case
+    x, w, b = SPEC.make_inputs(shape, dtype, "cpu", 4)
+    assert_fwd_bwd("triton", (x, w, b), dtype, stride, padding, seed=8)
+    e32, e16 = torch.empty((), dtype=torch.float32), torch.empty((), dtype=torch.bfloat16)
+    assert [kt._run(n, e32) for n in (8, 64, 6, 5, 784)] == [4, 4, 2, 1, 4]
+    assert [kt._run(n, e16) for n in (8, 64, 6, 5, 784)] == [8, 8, 2, 1, 8]
+    assert kt._run(64, e16, on=False) == 1
+
+
 @pytest.mark.parametrize("dot64", [True, False], ids=["fp64-dots", "fp32-dots"])
 def test_triton_fp32_wgrad_both_sums(dot64, monkeypatch):
     """fp32 wgrad (both kernels: taps at C 16, GEMM at C 3) with fp64 dots (WGRAD_DOT64,
@@ -691,8 +717,8 @@ def _run_layouts(dtype, on):
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_triton_taps_go_along_pixels_when_told_their_runs(dtype):
-    """With PIXEL_RUNS (the default), the NCHW tap forward's gathered x tile and dgrad's
-    gathered dy tile put a warp's lanes along pixels (dim 0 first in the layout's order),
+    """Told their runs (PIXEL_RUNS, lab/conv_runs.py), the NCHW tap forward's gathered x
+    tile and dgrad's gathered dy tile put a warp's lanes along pixels (dim 0 first in the layout's order),
     and y / dx go out as vector stores (196 pixels a plane: 16 bytes fp32, 8 bf16);
     without the runs Triton, blind to the pixel divisions, puts the lanes along channels
     (the case this guards against). bf16 dgrad

@@ -546,7 +546,10 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
 # run contiguously (``_runs``): y and dx (contiguous NCHW) in runs that divide P Q / H W,
 # and the gathered rows of x / dy (NCHW, unit column stride, column stride 1 of the
 # convolution) in runs that divide a row. Without it a warp's lanes go along channels.
-PIXEL_RUNS = {"fwd", "dgrad", "wgrad"}
+# None by default until a GPU run has checked and timed them (lab/conv_runs.py turns
+# them on for a check or the tests; lab/gpu_conv_parts.py and gpu_conv_profile.py time
+# both ways).
+PIXEL_RUNS: set[str] = set()
 
 
 def _run(n: int, t: torch.Tensor, on: bool = True) -> int:
