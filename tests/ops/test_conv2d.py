@@ -628,6 +628,12 @@ def test_triton_kernels_compile_for_sm90_ahead_of_time():
             # fp32 dw through fp64 tensor-core dots (exact products, fp64 sums): fp32 dots summed
             # in fp64 failed the check's bound (2x cuDNN's error) on 7 of 27 seeds on the H100
             assert ("mma.sync.aligned" in wgrad.ptx and ".f64.f64.f64.f64" in wgrad.ptx) == (dtype == "fp32")
+        # compiled as launched at 14x14 (P Q = 196, not a multiple of 16): y's stores are
+        # vectors only where the forward is told its pixel runs
+        from kernellab.ops.conv2d import triton as kt
+
+        fwd_ptx = next(k for k in kernels if k.name == "_conv_fwd_taps_kernel").ptx
+        assert bool(re.search(r"st\.global\.v[24]", fwd_ptx)) == ("fwd" in kt.PIXEL_RUNS), dtype
         if dtype == "bf16":
             # 16-bit dgrad and wgrad read channels-innermost (TAPS_NHWC): their gathered
             # tiles load as 16-byte cp.async, not 2 bytes a lane (ncu: 8 of 32 bytes of

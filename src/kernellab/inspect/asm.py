@@ -328,16 +328,28 @@ def compile_triton_kernels(op: str, backend: str, dtype_name: str, arch: str, ou
     cap = int(arch.removeprefix("sm_").rstrip("a"))
     errors = []
     for kernel, signature, constexprs, launch in kernel_specs(impl, _TRITON_TYPES[dtype_name], arch):
-        # launch: the warps, or the compile options the launcher passes (num_warps, ...)
+        # launch: the warps, or the compile options the launcher passes (num_warps, ...),
+        # with "values": the integer arguments at the spec's shape where it gives them
         options = dict(launch) if isinstance(launch, dict) else {"num_warps": launch}
+        values = options.pop("values", {})
         fn = _jit(kernel)
+        # an integer of value 1 is a constant of the compiled kernel, as at a launch
+        ones = {n: 1 for n, v in values.items() if v == 1 and signature.get(n, "constexpr") != "constexpr"}
+        signature = dict(signature, **dict.fromkeys(ones, "constexpr"))
+        constexprs = dict(constexprs, **ones)
         # in the kernel's parameter order: older Triton (3.6) keys constexprs by that index
         signature = {n: signature[n] for n in fn.arg_names if n in signature}
         names = list(signature)
         # The specialization Triton makes at run time for our launches: every pointer is
-        # 16-byte aligned (the allocator) and so are the sizes at benchmark shapes. Without
-        # it the compiled code has no 16-byte accesses - not what runs.
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if signature[n] != "constexpr"}
+        # 16-byte aligned (the allocator); an integer is marked a multiple of 16 where its
+        # value at the spec's shape is one, or, with no value given, as at benchmark
+        # shapes. (Without the marks the compiled code has no 16-byte accesses; with a
+        # mark the launch would not get - 14, 28 - it shows accesses that do not run.)
+        attrs = {
+            (i,): [["tt.divisibility", 16]]
+            for i, n in enumerate(names)
+            if signature[n] != "constexpr" and values.get(n, 16) % 16 == 0
+        }
         attempts = (constexprs, {(fn.arg_names.index(k),): v for k, v in constexprs.items()})
         compiled, err = None, None
         for cx in attempts:  # constexpr keys by name (Triton 3.9) or by index (older)

@@ -767,8 +767,9 @@ conv2d_triton = conv_op("conv2d_triton", triton_conv2d_fwd, triton_conv2d_bwd, t
 def _kernel_specs(dtype: str):
     """For `kernellab asm`: the kernels as the launchers plan them at the MNIST model's
     layers (1: C 1 -> K 32 at 28x28; 2: C 32 -> K 64 at 14x14; 3x3, batch 256) and a
-    narrow one (C 8 -> K 16): the GEMM forward and wgrad and the stencil dgrad (layer 1),
-    the GEMM dgrad (C 8), the tap forward, dgrad and wgrad (layer 2)."""
+    narrow one (C 8 -> K 16 at 14x14): the GEMM forward and wgrad and the stencil dgrad
+    (layer 1), the GEMM dgrad (C 8), the tap forward, dgrad and wgrad (layer 2); with the
+    integer arguments' values there, so the compile specializes them as the launch does."""
     geom = ("C", "H", "W", "K", "P", "Q", "R", "S")
     xs = ("sxn", "sxc", "sxh", "sxw")
     conv = ("SH", "SW", "PH", "PW")
@@ -784,8 +785,17 @@ def _kernel_specs(dtype: str):
 
     def launch(kernel, ptrs, ints, consts):  # (kernel, signature, constexprs, compile options)
         consts = dict(consts)
-        options = {"num_warps": consts.pop("num_warps")}
+        options = {"num_warps": consts.pop("num_warps"), "values": {n: vals[n] for n in ints}}
         return kernel, sig(ptrs, ints, consts), consts, options
+
+    def strides(names, channels, cl):  # an [N, channels, side, side] tensor's, by name
+        t = torch.empty(256, channels, side, side, device="meta")
+        t = t.contiguous(memory_format=torch.channels_last) if cl else t
+        return dict(zip(names, t.stride()))
+
+    def w_values(out_inner, tap_major):
+        _, ws = tap_weight(torch.empty(k, c, 3, 3, dtype=tdt, device="meta"), out_inner, tap_major)
+        return dict(zip(("swk", "swc", "swt"), ws))
 
     p = f"*{dtype}"
     fwd_ptrs = [("x_ptr", p), ("w_ptr", p), ("b_ptr", p), ("y_ptr", p)]
@@ -815,10 +825,15 @@ def _kernel_specs(dtype: str):
         kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
         npq = 256 * 14 * 14  # (the tap kernels run at layer 2 only)
         side = 28 if c == 1 else 14  # (the image's height and width)
+        m = 256 * side * side
+        vals = dict(C=c, H=side, W=side, K=k, P=side, Q=side, R=3, S=3, M=m, NHW=m, NPQ=m)
+        vals.update(SH=1, SW=1, PH=1, PW=1)
         nhwc = kind == "taps" and _nhwc("fwd", tdt, npq)
         ws, wu = w_strides(kind, True, nhwc)
         xi, xu = unit(xs, nhwc)
-        runs = dict(XRUN=_run(side, elt, not nhwc), YRUN=_run(side * side, elt))
+        vals.update(strides(xs, c, nhwc), **w_values(True, nhwc))
+        on = "fwd" in PIXEL_RUNS
+        runs = dict(XRUN=_run(side, elt, on and not nhwc), YRUN=_run(side * side, elt, on))
         consts = dict(cx, HAS_BIAS=True, **xu, **wu, **runs, **cfg)
         spec = launch(fwd[kind], fwd_ptrs, geom + ("M",) + xi + ws + conv, consts)
         out.setdefault(fwd[kind], spec)
@@ -830,7 +845,9 @@ def _kernel_specs(dtype: str):
             nhwc = _nhwc("dgrad", tdt, npq)
             ws, wu = w_strides(kind, False, nhwc)
             (di, du), (xi, xu) = unit(ds, nhwc), unit(xs, False)
-            runs = dict(DYRUN=_run(side, elt, not nhwc), XRUN=_run(side * side, elt))
+            vals.update(strides(ds, k, nhwc), **strides(xs, c, False), **w_values(False, nhwc))
+            on = "dgrad" in PIXEL_RUNS
+            runs = dict(DYRUN=_run(side, elt, on and not nhwc), XRUN=_run(side * side, elt, on))
             consts = dict(cx, **du, **xu, **wu, **runs, **cfg)
             spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + di + xi + ws + conv, consts)
             out.setdefault(dgrad[kind], spec)
@@ -841,7 +858,8 @@ def _kernel_specs(dtype: str):
         nhwc = kind == "taps" and _nhwc("wgrad", tdt, npq)
         (xi, xu), (di, du) = unit(xs, nhwc), unit(ds, nhwc)
         wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1), **xu, **du)
-        wcx["XRUN"] = _run(side, elt, not nhwc)
+        wcx["XRUN"] = _run(side, elt, "wgrad" in PIXEL_RUNS and not nhwc)
+        vals.update(strides(xs, c, nhwc), **strides(ds, k, nhwc), CHUNK=4 * cfg["BLOCK_K"])
         w_ints = geom + ("NPQ", "CHUNK") + xi + di + conv
         spec = launch(wgrad[kind], w_ptrs, w_ints, dict(wcx, **cfg))
         out.setdefault(wgrad[kind], spec)
