@@ -675,6 +675,11 @@ cases = {
                    **xs, **dg_w),
               dict(kt.dgrad_plan(C, 3, 3, K, tdt, gpu)[1], DYRUN=kt._run(HW, e, on),
                    XRUN=kt._run(HW * HW, e, on))),
+    "wgrad": (kt._conv_wgrad_taps_kernel,
+              dict(dy_ptr=p, x_ptr=p, dw_part_ptr="*fp64", db_part_ptr="*fp64", **geom, NPQ=N * HW * HW,
+                   CHUNK=192, **xs, sdn=K * HW * HW, sdk=HW * HW, sdp=HW, sdq=1),
+              dict(kt.wgrad_plan(C, 3, 3, K, tdt, gpu)[1], ACC64=dt == "fp32", DOT64=True,
+                   DB=kt.WGRAD_DB[tdt], XRUN=kt._run(HW, e, on), DYRUN=kt._run(HW * HW, e, on))),
 }
 out = {}
 for name, (kernel, args, consts) in cases.items():
@@ -703,7 +708,9 @@ for name, (kernel, args, consts) in cases.items():
         for op in ("tt.store", "async_copy_global_to_local", "tt.load"):
             if op + " " in line and "tensor<" in line and "x" in line.split("tensor<")[1].split(">")[0]:
                 ops.append([op, [lay.get(b, b) for b in sorted(set(re.findall(r"#blocked\d*", line)))]])
-    out[name] = dict(ops=ops, vst=len(re.findall(r"st\.global\.v[24]\.b32", c.asm["ptx"])))
+    ptx = c.asm["ptx"]
+    loads = len(re.findall(r"(?:ld\.global|cp\.async\.c[ag]\.shared\.global)[.\w]* ", ptx))
+    out[name] = dict(ops=ops, vst=len(re.findall(r"st\.global\.v[24]\.b32", ptx)), loads=loads)
 print(json.dumps(out))
 """
 
@@ -739,3 +746,9 @@ def test_triton_taps_go_along_pixels_when_told_their_runs(dtype):
         store = next(lay for op, lay in told[kernel]["ops"] if op == "tt.store")[0]
         assert "order = [0, 1]" in store, (kernel, store)
         assert told[kernel]["vst"] > 0 and blind[kernel]["vst"] == 0, (kernel, told[kernel], blind[kernel])
+    # wgrad: the gathered x tile along pixels, and dy's [k, pixels] tile in vectors (runs
+    # of 4 along its planes of 196): fewer load instructions than one element a lane
+    along = [lay for op, lay in told["wgrad"]["ops"] + blind["wgrad"]["ops"] if op != "tt.store"]
+    assert any("order = [0, 1]" in lay[0] for op, lay in told["wgrad"]["ops"] if op != "tt.store"), along
+    assert not any("order = [0, 1]" in lay[0] for op, lay in blind["wgrad"]["ops"] if op != "tt.store"), along
+    assert told["wgrad"]["loads"] < blind["wgrad"]["loads"], (told["wgrad"], blind["wgrad"])

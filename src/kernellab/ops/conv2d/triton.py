@@ -38,6 +38,8 @@ Under the CPU interpreter (no real 16-bit dots) the operands are upcast to fp32.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton.language as tl
 
@@ -89,12 +91,16 @@ def _dy_source(hn, wn, SH, SW, P, Q):
 
 
 @triton_support.jit
-def _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, pq, Q, sdn, sdk, sdp, sdq):
+def _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, pq, Q, sdn, sdk, sdp, sdq, DYRUN: tl.constexpr = 1):
     """wgrad's A tile dy[n, k, p, q] (strides sdn, sdk, sdp, sdq) for output channels
-    offs_m and reduction indices j = (n, p, q), with j's image nb, row p and column q."""
+    offs_m and reduction indices j = (n, p, q), with j's image nb, row p and column q;
+    DYRUN > 1: j's offsets in runs of DYRUN, each run's first a multiple of it (the
+    launcher's promise: dy's planes contiguous, P Q and dy's strides multiples of it)."""
     nb, rem = j // pq, j % pq
     op, oq = rem // Q, rem % Q
     a_off = offs_m[:, None] * sdk + (nb * sdn + op * sdp + oq * sdq)[None, :]
+    if DYRUN > 1:
+        a_off = tl.multiple_of(tl.max_contiguous(a_off, [1, DYRUN]), [1, DYRUN])
     a = tl.load(dy_ptr + a_off, mask=m_ok[:, None] & j_ok[None, :], other=0.0)
     return a, nb, op, oq
 
@@ -355,6 +361,7 @@ def _conv_wgrad_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT64: tl.constexpr = True,
     DB: tl.constexpr = 1, XRUN: tl.constexpr = 1,  # pixel runs of x's window rows (``_runs``)
+    DYRUN: tl.constexpr = 1,  # runs of dy's planes (``_wgrad_dy``)
 ):
     # ACC64 (fp32 storage): IEEE fp32 operands through fp64 dots (the products are exact and
     # the sums fp64: each BLOCK_K-deep fp32 dot summed in fp64 misses the check's bound, 2x
@@ -378,7 +385,9 @@ def _conv_wgrad_kernel(
     for j0 in range(start, end, BLOCK_K):
         j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
         j_ok = j < end
-        a, nb, op, oq = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, pq, Q, sdn, sdk, sdp, sdq)
+        if DYRUN > 1:  # (chunks end on whole runs: CHUNK, BLOCK_K and N P Q multiples of it)
+            j_ok = tl.max_constancy(j_ok, DYRUN)
+        a, nb, op, oq = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, pq, Q, sdn, sdk, sdp, sdq, DYRUN)
         ih0, iw0 = op * SH - PH, oq * SW - PW
         ih = ih0[:, None] + r[None, :]
         iw = iw0[:, None] + s[None, :]
@@ -406,6 +415,7 @@ def _conv_wgrad_taps_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ACC64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT64: tl.constexpr = True,
     DB: tl.constexpr = 1, XRUN: tl.constexpr = 1,  # pixel runs of x's tap rows (``_runs``)
+    DYRUN: tl.constexpr = 1,  # runs of dy's planes (``_wgrad_dy``)
 ):
     # one filter tap (r, s) a program: dw[k, c, r, s] for a [BLOCK_M (k), BLOCK_N (c)] tile,
     # B(j, c) = x[n, c, p sh - ph + r, q sw - pw + s]: the input position and its bounds
@@ -427,7 +437,9 @@ def _conv_wgrad_taps_kernel(
     for j0 in range(start, end, BLOCK_K):
         j = j0 + tl.arange(0, BLOCK_K)  # reduction index (n, p, q)
         j_ok = j < end
-        a, nb, op, oq = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, pq, Q, sdn, sdk, sdp, sdq)
+        if DYRUN > 1:  # (chunks end on whole runs: CHUNK, BLOCK_K and N P Q multiples of it)
+            j_ok = tl.max_constancy(j_ok, DYRUN)
+        a, nb, op, oq = _wgrad_dy(dy_ptr, offs_m, m_ok, j, j_ok, pq, Q, sdn, sdk, sdp, sdq, DYRUN)
         ih = op * SH - PH + r
         iw = oq * SW - PW + s
         row_ok = j_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
@@ -741,7 +753,11 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         kernel = _conv_wgrad_kernel
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
-    xrun = _run(q, x, "wgrad" in PIXEL_RUNS and sw == 1 and x_t.stride(3) == 1)
+    runs = "wgrad" in PIXEL_RUNS
+    xrun = _run(q, x, runs and sw == 1 and x_t.stride(3) == 1)
+    # dy's planes contiguous (rows of Q at unit stride), runs whole within each and aligned
+    plane = dy_t.stride(3) == 1 and dy_t.stride(2) == q
+    dyrun = _run(math.gcd(p * q, dy_t.stride(1), dy_t.stride(0)), x, runs and plane)
     dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
     db_mode = WGRAD_DB.get(x.dtype, 1)
     # (DB 0: the kernel writes no dbias partials; dw_part only fills the argument)
@@ -751,7 +767,8 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         c, h, wd, k, p, q, r, s, npq, chunk,
         *x_t.stride(), *dy_t.stride(),
         sh, sw, ph, pw,
-        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, XRUN=xrun, **consts, **cfg,
+        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, XRUN=xrun, DYRUN=dyrun,
+        **consts, **cfg,
     )  # fmt: skip
     dw = dw_part.sum(0).to(w.dtype).view(w.shape)
     if db_mode == 0:  # dy summed in fp64, inner sums along unit stride
@@ -858,7 +875,8 @@ def _kernel_specs(dtype: str):
         nhwc = kind == "taps" and _nhwc("wgrad", tdt, npq)
         (xi, xu), (di, du) = unit(xs, nhwc), unit(ds, nhwc)
         wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1), **xu, **du)
-        wcx["XRUN"] = _run(side, elt, "wgrad" in PIXEL_RUNS and not nhwc)
+        on = "wgrad" in PIXEL_RUNS and not nhwc
+        wcx.update(XRUN=_run(side, elt, on), DYRUN=_run(side * side, elt, on))
         vals.update(strides(xs, c, nhwc), **strides(ds, k, nhwc), CHUNK=4 * cfg["BLOCK_K"])
         w_ints = geom + ("NPQ", "CHUNK") + xi + di + conv
         spec = launch(wgrad[kind], w_ptrs, w_ints, dict(wcx, **cfg))
