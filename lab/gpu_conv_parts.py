@@ -99,8 +99,7 @@ def _dgrad(dy, x, w, cfg, stages=None, nhwc=None):
     cfg = {kk: v for kk, v in cfg.items() if kk != "ACC64"}
     acc64 = x.dtype == torch.float32
 
-    runs = "dgrad" in kt.PIXEL_RUNS
-    cfg = dict(cfg, DYRUN=kt._run(wd, x, runs and not nhwc), XRUN=kt._run(h * wd, x, runs))
+    cfg = dict(cfg, **kt.dgrad_runs(kt._channels_last(dy) if nhwc else dy, x, 1))
 
     def run():
         dy_t = kt._channels_last(dy) if nhwc else dy
@@ -262,7 +261,6 @@ def main():
         wgrad(out, dtypes)
     if "layout" in args.parts:
         layout(out, dtypes)
-
     if "once" in args.parts:
         once(dtypes)
 

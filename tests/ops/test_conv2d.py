@@ -644,71 +644,35 @@ def test_triton_kernels_compile_for_sm90_ahead_of_time():
                 assert "ld.global.b16" not in ptx, name
 
 
-# Compiles (sm_90, no GPU) the fp32 and bf16 tap forward and dgrad as a launch at
-# 64x32x14x14 -> 64 specializes them: only arguments that are multiples of 16 marked so
-# (14, 196 are not), with the runs the launcher passes (or none); prints per kernel the
-# TTGIR layouts of its global loads / stores and its vector (8- or 16-byte) global stores.
+# Compiles (sm_90, no GPU) the backend's declared kernels as `kernellab asm` does (at the
+# MNIST layers, integers specialized by their values: 14, 196 are not multiples of 16),
+# every tap kernel reading NCHW, with the runs the launchers pass (or none); prints per
+# tap kernel the TTGIR layouts of its global loads / stores, its vector (8- or 16-byte)
+# global stores and its global load instructions.
 _RUNS_SCRIPT = r"""
-import json, re, sys
-import torch, triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernellab.inspect.asm import _jit
+import json, re, sys, tempfile
+from pathlib import Path
+from kernellab.inspect.asm import compile_triton_kernels
 from kernellab.ops.conv2d import triton as kt
 
 dt, on = sys.argv[1], sys.argv[2] == "on"
-tdt = {"fp32": torch.float32, "bf16": torch.bfloat16}[dt]
-N, C, HW, K = 64, 32, 14, 64
-e = torch.empty((), dtype=tdt)
-gpu, p = torch.device("cuda"), "*" + dt
-tm = tdt in kt.TAP_MAJOR_DTYPES
-geom = dict(C=C, H=HW, W=HW, K=K, P=HW, Q=HW, R=3, S=3, M=N * HW * HW, SH=1, SW=1, PH=1, PW=1)
-xs = dict(sxn=C * HW * HW, sxc=HW * HW, sxh=HW, sxw=1)
-fwd_w = dict(swk=1, swc=K, swt=C * K) if tm else dict(swk=C * 9, swc=9, swt=1)
-dg_w = dict(swk=C, swc=1, swt=K * C) if tm else dict(swk=C * 9, swc=9, swt=1)
-cases = {
-    "fwd": (kt._conv_fwd_taps_kernel, dict(x_ptr=p, w_ptr=p, b_ptr=p, y_ptr=p, **geom, **xs, **fwd_w),
-            dict(kt.fwd_plan(C, 3, 3, K, tdt, gpu)[1], HAS_BIAS=True,
-                 XRUN=kt._run(HW, e, on), YRUN=kt._run(HW * HW, e, on))),
-    "dgrad": (kt._conv_dgrad_taps_kernel,
-              dict(dy_ptr=p, w_ptr=p, dx_ptr=p, **geom, sdn=K * HW * HW, sdk=HW * HW, sdp=HW, sdq=1,
-                   **xs, **dg_w),
-              dict(kt.dgrad_plan(C, 3, 3, K, tdt, gpu)[1], DYRUN=kt._run(HW, e, on),
-                   XRUN=kt._run(HW * HW, e, on))),
-    "wgrad": (kt._conv_wgrad_taps_kernel,
-              dict(dy_ptr=p, x_ptr=p, dw_part_ptr="*fp64", db_part_ptr="*fp64", **geom, NPQ=N * HW * HW,
-                   CHUNK=192, **xs, sdn=K * HW * HW, sdk=HW * HW, sdp=HW, sdq=1),
-              dict(kt.wgrad_plan(C, 3, 3, K, tdt, gpu)[1], ACC64=dt == "fp32", DOT64=True,
-                   DB=kt.WGRAD_DB[tdt], XRUN=kt._run(HW, e, on), DYRUN=kt._run(HW * HW, e, on))),
-}
+kt.TAPS_NHWC.clear()
+kt.PIXEL_RUNS.clear()
+if on:
+    kt.PIXEL_RUNS.update(("fwd", "dgrad", "wgrad"))
+d = tempfile.mkdtemp()
+errors = compile_triton_kernels("conv2d", "triton", dt, "sm_90", d)
+assert not errors, errors
 out = {}
-for name, (kernel, args, consts) in cases.items():
-    consts = dict(consts, PRECISION="ieee" if dt == "fp32" else "tf32", UPCAST=False)
-    warps = consts.pop("num_warps")
-    fn = _jit(kernel)
-    sig, cx, attrs = {}, dict(consts), {}
-    for a in fn.arg_names:
-        v = args.get(a)
-        if a in consts:
-            sig[a] = "constexpr"
-        elif v == 1:
-            sig[a], cx[a] = "constexpr", 1
-        else:
-            sig[a] = v if isinstance(v, str) else "i32"
-    for i, a in enumerate(sig):
-        v = args.get(a)
-        if sig[a] != "constexpr" and (isinstance(v, str) or v % 16 == 0):
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs)
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    ttgir = c.asm["ttgir"]
+for name in ("fwd", "dgrad", "wgrad"):
+    base = Path(d, f"_conv_{name}_taps_kernel")
+    ttgir, ptx = base.with_suffix(".ttgir").read_text(), base.with_suffix(".ptx").read_text()
     lay = dict(re.findall(r"^(#\w+) = #ttg\.blocked<(.*)>$", ttgir, re.M))
     ops = []
     for line in ttgir.splitlines():
         for op in ("tt.store", "async_copy_global_to_local", "tt.load"):
             if op + " " in line and "tensor<" in line and "x" in line.split("tensor<")[1].split(">")[0]:
                 ops.append([op, [lay.get(b, b) for b in sorted(set(re.findall(r"#blocked\d*", line)))]])
-    ptx = c.asm["ptx"]
     loads = len(re.findall(r"(?:ld\.global|cp\.async\.c[ag]\.shared\.global)[.\w]* ", ptx))
     out[name] = dict(ops=ops, vst=len(re.findall(r"st\.global\.v[24]\.b32", ptx)), loads=loads)
 print(json.dumps(out))

@@ -365,6 +365,8 @@ def compile_triton_kernels(op: str, backend: str, dtype_name: str, arch: str, ou
         base = os.path.join(out_dir, fn.__name__)
         with open(base + ".ptx", "w") as f:
             f.write(compiled.asm["ptx"])
+        with open(base + ".ttgir", "w") as f:  # (the layouts Triton chose for each access)
+            f.write(compiled.asm["ttgir"])
         if compiled.asm.get("cubin"):
             with open(base + ".cubin", "wb") as f:
                 f.write(compiled.asm["cubin"])

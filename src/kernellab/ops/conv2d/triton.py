@@ -529,14 +529,10 @@ def tap_weight(
 # The tap kernels' gathered operand read channels-innermost, by kernel ("fwd", "dgrad",
 # "wgrad") and dtype: x and dy copied to channels_last (a copy only where they are not
 # already), so a warp's loads run along contiguous channels (16-byte cp.async in the
-# sm_90 PTX, against 2-byte loads a lane with lanes a channel plane apart), and w
-# tap-major; the outputs keep their layouts. False where not listed. H100
-# (lab/gpu_conv_parts.py --parts layout, copies timed with the kernels, C 32-64): 16-bit
-# dgrad 0.124 -> 0.080 ms and wgrad 0.51 -> 0.19 at 32x64x56x56, the backward 0.77 ->
-# 0.33 at 1024x32x14x14 (cuDNN 0.32); the forward 0.065 -> 0.079 (its copy of x) and
-# fp32 dgrad 0.25 -> 0.36 slower; fp32 wgrad 0.62 -> 0.40 at 32x64x56x56 and 0.90 ->
-# 0.66 at 1024x32x14x14 but 0.083 -> 0.21 at 64x32x14x14, so there only from
-# NHWC_MIN_NPQ output pixels (N P Q) on.
+# sm_90 PTX), and w tap-major; the outputs keep their layouts. False where not listed;
+# where listed, only from NHWC_MIN_NPQ output pixels (N P Q) on. Chosen from the H100
+# rows of lab/gpu_conv_parts.py --parts layout, the copies timed with the kernels
+# (benchmarks/NOTES.md, session bj): the forward and fp32 dgrad are slower so.
 TAPS_NHWC: dict[tuple[str, torch.dtype], bool] = {
     ("dgrad", torch.bfloat16): True, ("wgrad", torch.bfloat16): True,
     ("dgrad", torch.float16): True, ("wgrad", torch.float16): True,
@@ -571,6 +567,34 @@ def _run(n: int, t: torch.Tensor, on: bool = True) -> int:
     while on and run < cap and n % (2 * run) == 0:
         run *= 2
     return run
+
+
+def fwd_runs(x: torch.Tensor, p: int, q: int, sw: int) -> dict:
+    """The forwards' runs: x's window rows (unit column stride, column stride 1) and y's
+    planes (contiguous y), as PIXEL_RUNS says."""
+    on = "fwd" in PIXEL_RUNS
+    return dict(XRUN=_run(q, x, on and sw == 1 and x.stride(3) == 1), YRUN=_run(p * q, x, on))
+
+
+def dgrad_runs(dy: torch.Tensor, x: torch.Tensor, sw: int) -> dict:
+    """The tap dgrad's runs: dy's tap rows (dy as the kernel reads it: unit column stride,
+    column stride 1) and dx's planes (contiguous dx, x's shape)."""
+    on = "dgrad" in PIXEL_RUNS
+    h, w = x.shape[2], x.shape[3]
+    return dict(DYRUN=_run(w, x, on and sw == 1 and dy.stride(3) == 1), XRUN=_run(h * w, x, on))
+
+
+def wgrad_runs(dy: torch.Tensor, x: torch.Tensor, sw: int) -> dict:
+    """wgrad's runs (x and dy as the kernel reads them): x's window rows, and dy's planes
+    where they are contiguous (rows of Q at unit stride), the runs whole within each and
+    aligned (dividing P Q and dy's strides)."""
+    on = "wgrad" in PIXEL_RUNS
+    p, q = dy.shape[2], dy.shape[3]
+    plane = dy.stride(3) == 1 and dy.stride(2) == q
+    return dict(
+        XRUN=_run(q, x, on and sw == 1 and x.stride(3) == 1),
+        DYRUN=_run(math.gcd(p * q, dy.stride(1), dy.stride(0)), x, on and plane),
+    )
 
 
 def fwd_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
@@ -653,8 +677,7 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     nhwc = kind == "taps" and _nhwc("fwd", x.dtype, m)
     if nhwc:
         x = _channels_last(x)
-    runs = "fwd" in PIXEL_RUNS
-    consts.update(XRUN=_run(q, x, runs and sw == 1 and x.stride(3) == 1), YRUN=_run(p * q, x, runs))
+    consts.update(fwd_runs(x, p, q, sw))
     dims, conv = (c, h, wd, k, p, q, r, s, m, *x.stride()), (sh, sw, ph, pw)
     if kind == "taps":
         wt, ws = tap_weight(w, True, nhwc)
@@ -671,8 +694,7 @@ WGRAD_DOT64 = True
 # dy's rows in fp64 after the kernel). fp32 (H100, lab/gpu_conv_parts.py): the kernel's
 # fp64 row sums took wgrad from 0.76 to 1.71 ms at 1024x32x14x14 (0.56 / 0.91 at
 # 32x64x56x56), the same error (0.24-0.47 of cuDNN's dbias error). 16-bit: fp32 sums a
-# step (with channels-innermost reads 0.19 ms against 0.22-0.23 for modes 0 and 1 at
-# 32x64x56x56).
+# step (the fastest mode with channels-innermost reads).
 WGRAD_DB: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 2, torch.float16: 2}
 
 
@@ -694,8 +716,7 @@ def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
 
 def _channel_sums(dy: torch.Tensor) -> torch.Tensor:
     """dy [N, K, P, Q] summed over all but K in fp64, the inner sums along its unit stride
-    (H100, fp32 1024x32x14x14: wgrad 0.90 ms with one sum over dims (0, 2, 3) of NCHW dy,
-    0.64 with the rows first)."""
+    (one sum over dims (0, 2, 3) of NCHW dy was a third slower on the H100)."""
     n, k, p, q = dy.shape
     if dy.is_contiguous():
         return dy.view(n, k, p * q).sum(2, dtype=torch.float64).sum(0)
@@ -734,10 +755,8 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
                 dy_t = dy_as(torch.channels_last) if nhwc else dy
                 wt, ws = tap_weight(w, False, nhwc)
                 strides = (*dy_t.stride(), *dx.stride(), *ws)
-                runs = "dgrad" in PIXEL_RUNS
-                dyrun = _run(wd, x, runs and sw == 1 and dy_t.stride(3) == 1)
-                rcfg = dict(cfg, DYRUN=dyrun, XRUN=_run(h * wd, x, runs))
-                _conv_dgrad_taps_kernel[grid](dy_t, wt, dx, *dims, *strides, *conv, **consts, **rcfg)
+                runs = dgrad_runs(dy_t, x, sw)
+                _conv_dgrad_taps_kernel[grid](dy_t, wt, dx, *dims, *strides, *conv, **consts, **cfg, **runs)
             else:
                 _conv_dgrad_kernel[grid](dy_as(torch.contiguous_format), w, dx, *dims, *conv, **consts, **cfg)
     if npq == 0:
@@ -753,11 +772,6 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         kernel = _conv_wgrad_kernel
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
-    runs = "wgrad" in PIXEL_RUNS
-    xrun = _run(q, x, runs and sw == 1 and x_t.stride(3) == 1)
-    # dy's planes contiguous (rows of Q at unit stride), runs whole within each and aligned
-    plane = dy_t.stride(3) == 1 and dy_t.stride(2) == q
-    dyrun = _run(math.gcd(p * q, dy_t.stride(1), dy_t.stride(0)), x, runs and plane)
     dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
     db_mode = WGRAD_DB.get(x.dtype, 1)
     # (DB 0: the kernel writes no dbias partials; dw_part only fills the argument)
@@ -767,7 +781,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         c, h, wd, k, p, q, r, s, npq, chunk,
         *x_t.stride(), *dy_t.stride(),
         sh, sw, ph, pw,
-        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, XRUN=xrun, DYRUN=dyrun,
+        ACC64=x.dtype == torch.float32, DOT64=WGRAD_DOT64, DB=db_mode, **wgrad_runs(dy_t, x_t, sw),
         **consts, **cfg,
     )  # fmt: skip
     dw = dw_part.sum(0).to(w.dtype).view(w.shape)
@@ -805,9 +819,11 @@ def _kernel_specs(dtype: str):
         options = {"num_warps": consts.pop("num_warps"), "values": {n: vals[n] for n in ints}}
         return kernel, sig(ptrs, ints, consts), consts, options
 
-    def strides(names, channels, cl):  # an [N, channels, side, side] tensor's, by name
-        t = torch.empty(256, channels, side, side, device="meta")
-        t = t.contiguous(memory_format=torch.channels_last) if cl else t
+    def act(channels, cl):  # an [N, channels, side, side] activation as the launcher has it
+        t = torch.empty(256, channels, side, side, dtype=tdt, device="meta")
+        return _channels_last(t) if cl else t
+
+    def strides(names, t):
         return dict(zip(names, t.stride()))
 
     def w_values(out_inner, tap_major):
@@ -837,7 +853,6 @@ def _kernel_specs(dtype: str):
         return tuple(n for n in names if n != one), {one: 1}
 
     ds = ("sdn", "sdk", "sdp", "sdq")
-    elt = torch.empty((), dtype=tdt)
     for c, k in ((1, 32), (8, 16), (32, 64)):
         kind, cfg = fwd_plan(c, 3, 3, k, tdt, gpu)
         npq = 256 * 14 * 14  # (the tap kernels run at layer 2 only)
@@ -848,10 +863,9 @@ def _kernel_specs(dtype: str):
         nhwc = kind == "taps" and _nhwc("fwd", tdt, npq)
         ws, wu = w_strides(kind, True, nhwc)
         xi, xu = unit(xs, nhwc)
-        vals.update(strides(xs, c, nhwc), **w_values(True, nhwc))
-        on = "fwd" in PIXEL_RUNS
-        runs = dict(XRUN=_run(side, elt, on and not nhwc), YRUN=_run(side * side, elt, on))
-        consts = dict(cx, HAS_BIAS=True, **xu, **wu, **runs, **cfg)
+        x = act(c, nhwc)
+        vals.update(strides(xs, x), **w_values(True, nhwc))
+        consts = dict(cx, HAS_BIAS=True, **xu, **wu, **fwd_runs(x, side, side, 1), **cfg)
         spec = launch(fwd[kind], fwd_ptrs, geom + ("M",) + xi + ws + conv, consts)
         out.setdefault(fwd[kind], spec)
         kind, cfg = dgrad_plan(c, 3, 3, k, tdt, gpu)
@@ -862,10 +876,9 @@ def _kernel_specs(dtype: str):
             nhwc = _nhwc("dgrad", tdt, npq)
             ws, wu = w_strides(kind, False, nhwc)
             (di, du), (xi, xu) = unit(ds, nhwc), unit(xs, False)
-            vals.update(strides(ds, k, nhwc), **strides(xs, c, False), **w_values(False, nhwc))
-            on = "dgrad" in PIXEL_RUNS
-            runs = dict(DYRUN=_run(side, elt, on and not nhwc), XRUN=_run(side * side, elt, on))
-            consts = dict(cx, **du, **xu, **wu, **runs, **cfg)
+            dy, x = act(k, nhwc), act(c, False)
+            vals.update(strides(ds, dy), **strides(xs, x), **w_values(False, nhwc))
+            consts = dict(cx, **du, **xu, **wu, **dgrad_runs(dy, x, 1), **cfg)
             spec = launch(dgrad[kind], d_ptrs, geom + ("M",) + di + xi + ws + conv, consts)
             out.setdefault(dgrad[kind], spec)
         else:
@@ -875,9 +888,9 @@ def _kernel_specs(dtype: str):
         nhwc = kind == "taps" and _nhwc("wgrad", tdt, npq)
         (xi, xu), (di, du) = unit(xs, nhwc), unit(ds, nhwc)
         wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1), **xu, **du)
-        on = "wgrad" in PIXEL_RUNS and not nhwc
-        wcx.update(XRUN=_run(side, elt, on), DYRUN=_run(side * side, elt, on))
-        vals.update(strides(xs, c, nhwc), **strides(ds, k, nhwc), CHUNK=4 * cfg["BLOCK_K"])
+        x, dy = act(c, nhwc), act(k, nhwc)
+        wcx.update(wgrad_runs(dy, x, 1))
+        vals.update(strides(xs, x), **strides(ds, dy), CHUNK=4 * cfg["BLOCK_K"])
         w_ints = geom + ("NPQ", "CHUNK") + xi + di + conv
         spec = launch(wgrad[kind], w_ptrs, w_ints, dict(wcx, **cfg))
         out.setdefault(wgrad[kind], spec)
