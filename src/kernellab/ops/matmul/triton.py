@@ -336,6 +336,39 @@ def _fma_walk(acc, a_ptrs, b_ptrs, lo, hi, k_rest, rk, s_ak, s_bk, BLOCK_K: tl.c
 
 
 @triton_support.jit
+def _outer_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    bias_ptr,  # a [Bt, M, 1], b [Bt, 1, N] (any strides), c [Bt, M, N] contiguous, bias [N]
+    M,
+    N,
+    s_ab,
+    s_am,
+    s_bb,
+    s_bn,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    # K = 1, an outer product (the backward's a^T @ dz of a one-row product): c[z, m, n] =
+    # act(a[z, m] * b[z, n] + bias[n]). Nothing to accumulate: the store of c is the work,
+    # so a program writes BLOCK_M rows x BLOCK_N columns with lanes along n (whole runs of
+    # a row per warp at any N) instead of the tiled kernel's dot-shaped tile.
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    rm = (pid // num_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (pid % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bz = tl.program_id(1).to(tl.int64)
+    x = tl.load(a_ptr + bz * s_ab + rm * s_am, mask=rm < M, other=0.0).to(tl.float32)
+    y = tl.load(b_ptr + bz * s_bb + rn * s_bn, mask=rn < N, other=0.0).to(tl.float32)
+    acc = epilogue(x[:, None] * y[None, :], bias_ptr, rn, N, HAS_BIAS, ACT)
+    c_ptrs = c_ptr + bz * M * N + rm.to(tl.int64)[:, None] * N + rn[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@triton_support.jit
 def _split_sum_kernel(
     w_ptr,
     c_ptr,
@@ -1223,9 +1256,11 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
         return _GeneralPlan(out_shape, (bt, m, n), a.dtype, a.device, None, None, (), None)
     sa, a3 = _as_3d(a, (bt, m, k))
     sb, b3 = _as_3d(b, (bt, k, n))
+    on_gpu = a.device.type == "cuda"
+    if k == 1:
+        return _outer_setup(a, out_shape, (bt, m, n), sa, sb, a3, b3, has_bias, activation, on_gpu)
     # c: fresh [bt, M, N], contiguous strides as torch makes them (sizes of 0 count as 1)
     sc = (max(m, 1) * max(n, 1), max(n, 1), 1)
-    on_gpu = a.device.type == "cuda"
     n_sm = triton_support.sm_count(a.device.index) if on_gpu else _SKINNY_CPU_SMS
     prec = _precision(a.dtype, a.device.type, k)
     # the interpreter's fp32 dots are exact (FMA-like in cost): "x3" runs its split arithmetic
@@ -1289,13 +1324,32 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     return _GeneralPlan(out_shape, shape, a.dtype, a.device, a3, b3, ints, main, split, sum_, None, x3_copy)
 
 
+# ``_outer_kernel``'s tile: 4096 outputs a program (32 a thread at 4 warps), rows of 512
+# so that a warp's stores cover 128 contiguous bytes of a row or more in any dtype.
+OUTER_BLOCK_M, OUTER_BLOCK_N = 8, 512
+
+
+def _outer_setup(a, out_shape, shape, sa, sb, a3, b3, has_bias: bool, activation, on_gpu: bool):
+    """The launch of a K = 1 product (``_outer_kernel``): exact products, one rounding, as
+    any dot of one term; the bias and activation as the tiled kernel's epilogue."""
+    bt, m, n = shape
+    if on_gpu:
+        check_batch_grid(bt)
+    bm, bn = (OUTER_BLOCK_M, OUTER_BLOCK_N) if on_gpu else (16, 64)
+    kw = dict(HAS_BIAS=has_bias, ACT=_ACT[activation], BLOCK_M=bm, BLOCK_N=bn, num_warps=4)
+    grid = (triton_support.cdiv(m, bm) * triton_support.cdiv(n, bn), bt)
+    main = _Launch(_outer_kernel, grid, kw, False, (0, 1, 3))
+    return _GeneralPlan(out_shape, shape, a.dtype, a.device, a3, b3, (m, n, sa[0], sa[1], sb[0], sb[2]), main)
+
+
 def triton_matmul_fwd(
     a: torch.Tensor, b: torch.Tensor, bias=None, activation=None, *, plan=None
 ) -> torch.Tensor:
     """act(a @ b + bias) for [..., M, K] @ [..., K, N] (any strides); a fresh contiguous output.
     On a GPU, one product of at most SKINNY_M_MAX rows against a weight of SKINNY_MIN_NK
-    elements or more takes the skinny kernels (``triton_skinny_fwd``); everything else,
-    and every CPU launch, the tiled kernel (``triton_general_fwd``). ``plan``: take a
+    elements or more takes the skinny kernels (``triton_skinny_fwd``); K = 1 the outer
+    product kernel; everything else, and every other CPU launch, the tiled kernel
+    (``triton_general_fwd``). ``plan``: take a
     launch plan (True), derive every launch per call (False), or None: plans for CUDA
     tensors when ``kernellab.config.matmul_plans`` (the default)."""
     if _planned(a, plan):
@@ -1325,7 +1379,7 @@ def skinny_applies(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether ``triton_matmul_fwd`` gives a @ b to the skinny kernels (device aside)."""
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     weight = n * k >= SKINNY_MIN_NK or long_k_small_output(m, n, k)
-    return 0 < m <= SKINNY_M_MAX and weight and math.prod(a.shape[:-2]) == 1
+    return 0 < m <= SKINNY_M_MAX and k > 1 and weight and math.prod(a.shape[:-2]) == 1
 
 
 def triton_skinny_fwd(
