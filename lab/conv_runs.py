@@ -1,4 +1,5 @@
-"""PIXEL_RUNS on for every conv2d kernel (a candidate default, before it is one), then a
+"""PIXEL_RUNS on for every conv2d kernel, dtype and size (the default has them where they
+pay), then a
 module run as a script with the remaining arguments:
 
     PYTHONPATH=src:lab python lab/conv_runs.py kernellab check conv2d -b triton
@@ -14,7 +15,7 @@ import sys
 from kernellab.harness import parallel
 from kernellab.ops.conv2d import triton as kt
 
-kt.PIXEL_RUNS.update(("fwd", "dgrad", "wgrad"))
+kt.PIXEL_RUNS.update(kt.runs_everywhere())
 _init = parallel._init_worker
 
 

@@ -33,7 +33,7 @@ def main():
     if args.runs != "default":
         kt.PIXEL_RUNS.clear()
     if args.runs == "on":
-        kt.PIXEL_RUNS.update(("fwd", "dgrad", "wgrad"))
+        kt.PIXEL_RUNS.update(kt.runs_everywhere())
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     g = torch.Generator(device="cuda").manual_seed(0)
     for dname in args.dtypes.split(","):
@@ -51,7 +51,8 @@ def main():
                     return torch.autograd.grad(y, (x, w, b), dy)
 
                 row = dict(shape=f"{n}x{c}x{h}x{wd}x{k}x3x3", dtype=dname, backend=backend, mode="fwdbwd")
-                row["pixel_runs"] = sorted(kt.PIXEL_RUNS)
+                runs = kt.PIXEL_RUNS.items()
+                row["pixel_runs"] = sorted(f"{kern}/{str(d).split('.')[-1]}>={at}" for (kern, d), at in runs)
                 measure(row, step, top=8)
                 emit_row(row, args.json)
 

@@ -402,7 +402,7 @@ def test_triton_told_pixel_runs(case, dtype, monkeypatch):
     arithmetic around them runs): against float64, and the runs the launcher finds."""
     from kernellab.ops.conv2d import triton as kt
 
-    monkeypatch.setattr(kt, "PIXEL_RUNS", {"fwd", "dgrad", "wgrad"})
+    monkeypatch.setattr(kt, "PIXEL_RUNS", kt.runs_everywhere())
     shape, stride, padding = case
     x, w, b = SPEC.make_inputs(shape, dtype, "cpu", 4)
     assert_fwd_bwd("triton", (x, w, b), dtype, stride, padding, seed=8)
@@ -410,6 +410,31 @@ def test_triton_told_pixel_runs(case, dtype, monkeypatch):
     assert [kt._run(n, e32) for n in (8, 64, 6, 5, 784)] == [4, 4, 2, 1, 4]
     assert [kt._run(n, e16) for n in (8, 64, 6, 5, 784)] == [8, 8, 2, 1, 8]
     assert kt._run(64, e16, on=False) == 1
+
+
+def test_pixel_runs_follow_the_table_by_kernel_dtype_and_size():
+    """The launchers' runs as PIXEL_RUNS says: the GEMM forward always, the tap forward in
+    16 bits and wgrad from its N P Q floor on, dgrad and the fp32 tap forward never; a run
+    of 1 is no hint."""
+    from kernellab.ops.conv2d import triton as kt
+
+    def fwd(n, dtype, kind):
+        return kt.fwd_runs(torch.empty(n, 32, 14, 14, dtype=dtype, device="meta"), 14, 14, 1, kind)
+
+    def wgrad(n, dtype):
+        x = torch.empty(n, 32, 14, 14, dtype=dtype, device="meta")
+        return kt.wgrad_runs(torch.empty(n, 64, 14, 14, dtype=dtype, device="meta"), x, 1)
+
+    def dgrad(n, dtype):
+        x = torch.empty(n, 32, 14, 14, dtype=dtype, device="meta")
+        return kt.dgrad_runs(torch.empty(n, 64, 14, 14, dtype=dtype, device="meta"), x, 1)
+
+    bf, f32 = torch.bfloat16, torch.float32
+    assert fwd(256, bf, "taps") == dict(XRUN=2, YRUN=4) and fwd(64, bf, "taps") == dict(XRUN=1, YRUN=1)
+    assert fwd(256, f32, "taps") == dict(XRUN=1, YRUN=1) and fwd(1, f32, "gemm") == dict(XRUN=2, YRUN=4)
+    assert wgrad(256, f32) == dict(XRUN=2, DYRUN=4) and wgrad(64, f32) == dict(XRUN=1, DYRUN=1)
+    assert dgrad(1024, bf) == dict(DYRUN=1, XRUN=1)
+    assert not any(kt._runs_on(k, d, 1 << 30) for k in ("dgrad",) for d in (f32, bf, torch.float16))
 
 
 @pytest.mark.parametrize("dot64", [True, False], ids=["fp64-dots", "fp32-dots"])
@@ -633,15 +658,15 @@ def test_triton_kernels_compile_for_sm90_ahead_of_time():
         from kernellab.ops.conv2d import triton as kt
 
         fwd_ptx = next(k for k in kernels if k.name == "_conv_fwd_taps_kernel").ptx
-        assert bool(re.search(r"st\.global\.v[24]", fwd_ptx)) == ("fwd" in kt.PIXEL_RUNS), dtype
+        told = kt._runs_on("fwd", torch.float32 if dtype == "fp32" else torch.bfloat16, 256 * 14 * 14)
+        assert bool(re.search(r"st\.global\.v[24]", fwd_ptx)) == told, dtype
         if dtype == "bf16":
-            # 16-bit dgrad and wgrad read channels-innermost (TAPS_NHWC): their gathered
-            # tiles load as 16-byte cp.async, not 2 bytes a lane (ncu: 8 of 32 bytes of
-            # a sector used with lanes a channel plane apart)
-            for name in ("_conv_dgrad_taps_kernel", "_conv_wgrad_taps_kernel"):
-                ptx = next(k for k in kernels if k.name == name).ptx
-                assert re.search(r"cp\.async\.c[ag]\.shared\.global[^;]*0x10", ptx), name
-                assert "ld.global.b16" not in ptx, name
+            # 16-bit dgrad reads channels-innermost (TAPS_NHWC): its gathered tile loads
+            # as 16-byte cp.async, not 2 bytes a lane (ncu: 8 of 32 bytes of a sector
+            # used with lanes a channel plane apart)
+            ptx = next(k for k in kernels if k.name == "_conv_dgrad_taps_kernel").ptx
+            assert re.search(r"cp\.async\.c[ag]\.shared\.global[^;]*0x10", ptx)
+            assert "ld.global.b16" not in ptx
 
 
 # Compiles (sm_90, no GPU) the backend's declared kernels as `kernellab asm` does (at the
@@ -659,7 +684,7 @@ dt, on = sys.argv[1], sys.argv[2] == "on"
 kt.TAPS_NHWC.clear()
 kt.PIXEL_RUNS.clear()
 if on:
-    kt.PIXEL_RUNS.update(("fwd", "dgrad", "wgrad"))
+    kt.PIXEL_RUNS.update(kt.runs_everywhere())
 d = tempfile.mkdtemp()
 errors = compile_triton_kernels("conv2d", "triton", dt, "sm_90", d)
 assert not errors, errors

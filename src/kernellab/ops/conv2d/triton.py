@@ -31,7 +31,8 @@ functions of the shape, dtype and device type.
 
 x and dy may have any strides (channels_last included: the tap kernels read them as
 they are, the others through a contiguous copy of dy), or ``TAPS_NHWC`` has the tap
-kernels read channels_last copies; w is read contiguous.
+kernels read channels_last copies; w is read contiguous. ``PIXEL_RUNS`` tells the
+kernels where their pixel-indexed accesses run contiguously.
 fp32 accumulation; fp32 dots follow ``torch.backends.cudnn.allow_tf32`` as cuDNN does.
 Under the CPU interpreter (no real 16-bit dots) the operands are upcast to fp32.
 """
@@ -532,13 +533,12 @@ def tap_weight(
 # sm_90 PTX), and w tap-major; the outputs keep their layouts. False where not listed;
 # where listed, only from NHWC_MIN_NPQ output pixels (N P Q) on. Chosen from the H100
 # rows of lab/gpu_conv_parts.py --parts layout, the copies timed with the kernels
-# (benchmarks/NOTES.md, session bj): the forward and fp32 dgrad are slower so.
+# (benchmarks/NOTES.md): the forward and fp32 dgrad are slower so, and wgrad is faster
+# reading NCHW told its runs (PIXEL_RUNS).
 TAPS_NHWC: dict[tuple[str, torch.dtype], bool] = {
-    ("dgrad", torch.bfloat16): True, ("wgrad", torch.bfloat16): True,
-    ("dgrad", torch.float16): True, ("wgrad", torch.float16): True,
-    ("wgrad", torch.float32): True,
+    ("dgrad", torch.bfloat16): True, ("dgrad", torch.float16): True,
 }  # fmt: skip
-NHWC_MIN_NPQ: dict[tuple[str, torch.dtype], int] = {("wgrad", torch.float32): 32768}
+NHWC_MIN_NPQ: dict[tuple[str, torch.dtype], int] = {}
 
 
 def _nhwc(kernel: str, dtype: torch.dtype, npq: int) -> bool:
@@ -550,14 +550,33 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
 
-# The kernels ("fwd", "dgrad", "wgrad") told where their pixel-indexed loads and stores
-# run contiguously (``_runs``): y and dx (contiguous NCHW) in runs that divide P Q / H W,
-# and the gathered rows of x / dy (NCHW, unit column stride, column stride 1 of the
-# convolution) in runs that divide a row. Without it a warp's lanes go along channels.
-# None by default until a GPU run has checked and timed them (lab/conv_runs.py turns
-# them on for a check or the tests; lab/gpu_conv_parts.py and gpu_conv_profile.py time
-# both ways).
-PIXEL_RUNS: set[str] = set()
+# The kernels told where their pixel-indexed loads and stores run contiguously
+# (``_runs``): y and dx (contiguous NCHW) in runs that divide P Q / H W, and the gathered
+# rows of x / dy (NCHW, unit column stride, column stride 1 of the convolution) in runs
+# that divide a row. Without it a warp's lanes go along channels. By kernel ("fwd": the
+# tap forward, "fwd_gemm": the forward at C < TAPS_MIN_C, "dgrad": the tap dgrad,
+# "wgrad": both wgrad kernels) and dtype, from this many output pixels (N P Q) on; off
+# where not listed. Chosen from the H100 rows of lab/gpu_conv_parts.py --parts layout and
+# the conv2d tune with the runs on and off (benchmarks/NOTES.md): wgrad 1.5-3.2x faster
+# from N P Q = 50176 on and ~8% slower at 12544; the GEMM forward 2-10% faster; the tap
+# forward 2-5% faster in 16 bits, and in fp32 even or slower; dgrad even or slower.
+RUN_KERNELS = ("fwd", "fwd_gemm", "dgrad", "wgrad")
+PIXEL_RUNS: dict[tuple[str, torch.dtype], int] = {
+    **{("fwd_gemm", dt): 0 for dt in (torch.float32, torch.bfloat16, torch.float16)},
+    **{("fwd", dt): 32768 for dt in (torch.bfloat16, torch.float16)},
+    **{("wgrad", dt): 32768 for dt in (torch.float32, torch.bfloat16, torch.float16)},
+}
+
+
+def runs_everywhere() -> dict[tuple[str, torch.dtype], int]:
+    """A PIXEL_RUNS that turns the runs on for every kernel, dtype and size."""
+    return {(k, dt): 0 for k in RUN_KERNELS for dt in (torch.float32, torch.bfloat16, torch.float16)}
+
+
+def _runs_on(kernel: str, dtype: torch.dtype, npq: int) -> bool:
+    """Whether ``kernel`` is told its pixel runs at this dtype and N P Q (PIXEL_RUNS)."""
+    at = PIXEL_RUNS.get((kernel, dtype))
+    return at is not None and npq >= at
 
 
 def _run(n: int, t: torch.Tensor, on: bool = True) -> int:
@@ -569,17 +588,17 @@ def _run(n: int, t: torch.Tensor, on: bool = True) -> int:
     return run
 
 
-def fwd_runs(x: torch.Tensor, p: int, q: int, sw: int) -> dict:
-    """The forwards' runs: x's window rows (unit column stride, column stride 1) and y's
-    planes (contiguous y), as PIXEL_RUNS says."""
-    on = "fwd" in PIXEL_RUNS
+def fwd_runs(x: torch.Tensor, p: int, q: int, sw: int, kind: str) -> dict:
+    """The forwards' runs (``kind``: fwd_plan's): x's window rows (unit column stride,
+    column stride 1) and y's planes (contiguous y), as PIXEL_RUNS says."""
+    on = _runs_on("fwd" if kind == "taps" else "fwd_gemm", x.dtype, x.shape[0] * p * q)
     return dict(XRUN=_run(q, x, on and sw == 1 and x.stride(3) == 1), YRUN=_run(p * q, x, on))
 
 
 def dgrad_runs(dy: torch.Tensor, x: torch.Tensor, sw: int) -> dict:
     """The tap dgrad's runs: dy's tap rows (dy as the kernel reads it: unit column stride,
     column stride 1) and dx's planes (contiguous dx, x's shape)."""
-    on = "dgrad" in PIXEL_RUNS
+    on = _runs_on("dgrad", x.dtype, dy.shape[0] * dy.shape[2] * dy.shape[3])
     h, w = x.shape[2], x.shape[3]
     return dict(DYRUN=_run(w, x, on and sw == 1 and dy.stride(3) == 1), XRUN=_run(h * w, x, on))
 
@@ -588,8 +607,8 @@ def wgrad_runs(dy: torch.Tensor, x: torch.Tensor, sw: int) -> dict:
     """wgrad's runs (x and dy as the kernel reads them): x's window rows, and dy's planes
     where they are contiguous (rows of Q at unit stride), the runs whole within each and
     aligned (dividing P Q and dy's strides)."""
-    on = "wgrad" in PIXEL_RUNS
     p, q = dy.shape[2], dy.shape[3]
+    on = _runs_on("wgrad", x.dtype, dy.shape[0] * p * q)
     plane = dy.stride(3) == 1 and dy.stride(2) == q
     return dict(
         XRUN=_run(q, x, on and sw == 1 and x.stride(3) == 1),
@@ -677,7 +696,7 @@ def triton_conv2d_fwd(x, w, bias, sh, sw, ph, pw):
     nhwc = kind == "taps" and _nhwc("fwd", x.dtype, m)
     if nhwc:
         x = _channels_last(x)
-    consts.update(fwd_runs(x, p, q, sw))
+    consts.update(fwd_runs(x, p, q, sw, kind))
     dims, conv = (c, h, wd, k, p, q, r, s, m, *x.stride()), (sh, sw, ph, pw)
     if kind == "taps":
         wt, ws = tap_weight(w, True, nhwc)
@@ -865,7 +884,7 @@ def _kernel_specs(dtype: str):
         xi, xu = unit(xs, nhwc)
         x = act(c, nhwc)
         vals.update(strides(xs, x), **w_values(True, nhwc))
-        consts = dict(cx, HAS_BIAS=True, **xu, **wu, **fwd_runs(x, side, side, 1), **cfg)
+        consts = dict(cx, HAS_BIAS=True, **xu, **wu, **fwd_runs(x, side, side, 1, kind), **cfg)
         spec = launch(fwd[kind], fwd_ptrs, geom + ("M",) + xi + ws + conv, consts)
         out.setdefault(fwd[kind], spec)
         kind, cfg = dgrad_plan(c, 3, 3, k, tdt, gpu)
