@@ -140,16 +140,17 @@ class _nhwc:
         self.dtype, self.kernels, self.runs = dtype, kernels, runs
 
     def __enter__(self):
-        self.saved = dict(kt.TAPS_NHWC), dict(kt.NHWC_MIN_NPQ), dict(kt.PIXEL_RUNS)
-        kt.NHWC_MIN_NPQ.clear()  # (at every size)
+        self.saved = dict(kt.TAPS_NHWC), dict(kt.PIXEL_RUNS)
         for kern in ("fwd", "dgrad", "wgrad"):
-            kt.TAPS_NHWC[(kern, self.dtype)] = kern in self.kernels
+            kt.TAPS_NHWC.pop((kern, self.dtype), None)
+            if kern in self.kernels:
+                kt.TAPS_NHWC[(kern, self.dtype)] = 0  # (at every size)
         kt.PIXEL_RUNS.clear()
         if self.runs:
             kt.PIXEL_RUNS.update(kt.runs_everywhere())
 
     def __exit__(self, *exc):
-        for table, saved in zip((kt.TAPS_NHWC, kt.NHWC_MIN_NPQ, kt.PIXEL_RUNS), self.saved):
+        for table, saved in zip((kt.TAPS_NHWC, kt.PIXEL_RUNS), self.saved):
             table.clear()
             table.update(saved)
 

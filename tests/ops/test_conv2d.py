@@ -156,9 +156,8 @@ def test_triton_taps_read_dy_at_its_strides(nhwc, monkeypatch):
     and a channels_last one, read as they are and through TAPS_NHWC's copies."""
     from kernellab.ops.conv2d import triton as kt
 
-    monkeypatch.setattr(kt, "NHWC_MIN_NPQ", {})
-    for kern in ("fwd", "dgrad", "wgrad"):
-        monkeypatch.setitem(kt.TAPS_NHWC, (kern, torch.float32), nhwc)
+    on = {(kern, torch.float32): 0 for kern in ("fwd", "dgrad", "wgrad")}
+    monkeypatch.setattr(kt, "TAPS_NHWC", on if nhwc else {})
     x, w, b = SPEC.make_inputs((2, 16, 5, 6, 5, 3, 3), torch.float32, "cpu", 8)
     gen = torch.Generator().manual_seed(9)
     sliced = torch.randn(2, 5, 5, 12, generator=gen)[..., ::2]
@@ -375,9 +374,8 @@ def test_triton_taps_read_channels_innermost(case, layout, dtype, monkeypatch):
     w tap-major, the outputs in their usual layouts; against float64 at both dtypes."""
     from kernellab.ops.conv2d import triton as kt
 
-    monkeypatch.setattr(kt, "NHWC_MIN_NPQ", {})  # (at these small sizes too)
     for kern in ("fwd", "dgrad", "wgrad"):
-        monkeypatch.setitem(kt.TAPS_NHWC, (kern, dtype), True)
+        monkeypatch.setitem(kt.TAPS_NHWC, (kern, dtype), 0)  # (at these small sizes too)
     shape, stride, padding = case
     x, w, b = SPEC.make_inputs(shape, dtype, "cpu", 3)
     x = x.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else x

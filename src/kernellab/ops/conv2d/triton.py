@@ -530,20 +530,25 @@ def tap_weight(
 # The tap kernels' gathered operand read channels-innermost, by kernel ("fwd", "dgrad",
 # "wgrad") and dtype: x and dy copied to channels_last (a copy only where they are not
 # already), so a warp's loads run along contiguous channels (16-byte cp.async in the
-# sm_90 PTX), and w tap-major; the outputs keep their layouts. False where not listed;
-# where listed, only from NHWC_MIN_NPQ output pixels (N P Q) on. Chosen from the H100
+# sm_90 PTX), and w tap-major; the outputs keep their layouts. From this many output
+# pixels (N P Q) on; off where not listed (``_on``). Chosen from the H100
 # rows of lab/gpu_conv_parts.py --parts layout, the copies timed with the kernels
 # (benchmarks/NOTES.md): the forward and fp32 dgrad are slower so, and wgrad is faster
 # reading NCHW told its runs (PIXEL_RUNS).
-TAPS_NHWC: dict[tuple[str, torch.dtype], bool] = {
-    ("dgrad", torch.bfloat16): True, ("dgrad", torch.float16): True,
-}  # fmt: skip
-NHWC_MIN_NPQ: dict[tuple[str, torch.dtype], int] = {}
+TAPS_NHWC: dict[tuple[str, torch.dtype], int] = {("dgrad", torch.bfloat16): 0, ("dgrad", torch.float16): 0}
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _on(table: dict, kernel: str, dtype: torch.dtype, npq: int) -> bool:
+    """Whether a (kernel, dtype) -> N P Q floor table (TAPS_NHWC, PIXEL_RUNS) has
+    ``kernel`` on at this dtype and N P Q output pixels."""
+    at = table.get((kernel, dtype))
+    return at is not None and npq >= at
 
 
 def _nhwc(kernel: str, dtype: torch.dtype, npq: int) -> bool:
-    """Whether ``kernel`` reads channels-innermost at this dtype and N P Q output pixels."""
-    return TAPS_NHWC.get((kernel, dtype), False) and npq >= NHWC_MIN_NPQ.get((kernel, dtype), 0)
+    """Whether ``kernel`` reads channels-innermost at this dtype and N P Q (TAPS_NHWC)."""
+    return _on(TAPS_NHWC, kernel, dtype, npq)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -555,28 +560,25 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
 # rows of x / dy (NCHW, unit column stride, column stride 1 of the convolution) in runs
 # that divide a row. Without it a warp's lanes go along channels. By kernel ("fwd": the
 # tap forward, "fwd_gemm": the forward at C < TAPS_MIN_C, "dgrad": the tap dgrad,
-# "wgrad": both wgrad kernels) and dtype, from this many output pixels (N P Q) on; off
-# where not listed. Chosen from the H100 rows of lab/gpu_conv_parts.py --parts layout and
-# the conv2d tune with the runs on and off (benchmarks/NOTES.md): wgrad 1.5-3.2x faster
-# from N P Q = 50176 on and ~8% slower at 12544; the GEMM forward 2-10% faster; the tap
-# forward 2-5% faster in 16 bits, and in fp32 even or slower; dgrad even or slower.
+# "wgrad": both wgrad kernels) and dtype, as TAPS_NHWC; chosen where the H100 rows of
+# lab/gpu_conv_parts.py --parts layout and the conv2d tune with the runs on and off found
+# them faster (benchmarks/NOTES.md).
 RUN_KERNELS = ("fwd", "fwd_gemm", "dgrad", "wgrad")
 PIXEL_RUNS: dict[tuple[str, torch.dtype], int] = {
-    **{("fwd_gemm", dt): 0 for dt in (torch.float32, torch.bfloat16, torch.float16)},
+    **{("fwd_gemm", dt): 0 for dt in _FLOATS},
     **{("fwd", dt): 32768 for dt in (torch.bfloat16, torch.float16)},
-    **{("wgrad", dt): 32768 for dt in (torch.float32, torch.bfloat16, torch.float16)},
+    **{("wgrad", dt): 32768 for dt in _FLOATS},
 }
 
 
 def runs_everywhere() -> dict[tuple[str, torch.dtype], int]:
     """A PIXEL_RUNS that turns the runs on for every kernel, dtype and size."""
-    return {(k, dt): 0 for k in RUN_KERNELS for dt in (torch.float32, torch.bfloat16, torch.float16)}
+    return {(k, dt): 0 for k in RUN_KERNELS for dt in _FLOATS}
 
 
 def _runs_on(kernel: str, dtype: torch.dtype, npq: int) -> bool:
     """Whether ``kernel`` is told its pixel runs at this dtype and N P Q (PIXEL_RUNS)."""
-    at = PIXEL_RUNS.get((kernel, dtype))
-    return at is not None and npq >= at
+    return _on(PIXEL_RUNS, kernel, dtype, npq)
 
 
 def _run(n: int, t: torch.Tensor, on: bool = True) -> int:
