@@ -642,6 +642,13 @@ def test_k1_products_take_the_outer_kernel_and_match_float64(dtype, bias, activa
     # the one-row product's gradients through the op: db = a^T @ dz is the K = 1 product
     x, w = torch.randn(1, 70, generator=g).to(dtype), torch.randn(70, 45, generator=g).to(dtype)
     _run_and_judge("triton", x, w, dtype, c[:45] if bias else None, activation)
+    # a b row expanded over the batch (batch stride 0), bias as a strided view
+    b1 = torch.randn(1, 1, 131, generator=g).to(dtype).expand(2, 1, 131)
+    c1 = torch.randn(262, generator=g).to(dtype)[::2] if bias else None
+    y1 = kernellab.matmul(a, b1, c1, activation, backend="triton")
+    r1 = mm.matmul_reference(a.double(), b1.double(), None if c1 is None else c1.double(), activation)
+    v = judge(y1, r1, dtype, mm.apply_epilogue(a.float() @ b1.float(), c1, activation).to(dtype))
+    assert v.ok, v.detail
 
 
 @pytest.mark.gpu
