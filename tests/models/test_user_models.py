@@ -295,3 +295,34 @@ def test_train_nanogpt_refuses_an_unknown_variant(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["train", "nanogpt", "--compare", "--variants", "nope"])
     assert e.value.code == 2 and "--variants 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("task", "variants", "isolated"),
+    [("train", None, True), ("train", "hf,liger", True), ("decode", "liger,kernellab", True),
+     ("train", "hf,kernellab", False), ("train", "liger", False)],
+)  # fmt: skip
+def test_liger_beside_another_variant_always_runs_isolated(monkeypatch, capsys, task, variants, isolated):
+    """Liger's patch assigns functions of the model's transformers module (rope, the causal
+    LM's forward): beside another variant in one process it would run in theirs too, so such
+    a run takes a process per variant whether or not --isolate was given."""
+    from kernellab.models import user_models
+
+    class Ran(Exception):
+        pass
+
+    def record(how):
+        def fn(*args, **kwargs):
+            raise Ran(how)
+
+        return fn
+
+    monkeypatch.setattr(user_models, "_isolated", record("isolated"))
+    monkeypatch.setattr(user_models, "_isolated_decode", record("isolated"))
+    monkeypatch.setattr(user_models, "decode_main", record("one process"))
+    monkeypatch.setattr(user_models, "_device_dtype", record("one process"))
+    argv = ["--model", "hf-llama", "--small", "--task", task, *(["--variants", variants] if variants else [])]
+    with pytest.raises(Ran) as ran:
+        user_models.main(argv)
+    assert str(ran.value) == ("isolated" if isolated else "one process")
+    assert ("Liger's patch replaces functions" in capsys.readouterr().err) == (isolated and "--isolate" not in argv)

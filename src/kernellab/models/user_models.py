@@ -32,7 +32,9 @@ reported with the ratio to the first variant in the same mode. ``--isolate`` run
 variant in a process of its own instead (no interleaving): torch.compile's cache is per
 code object, so compiled variants of one model class in one process recompile each
 other's graphs (an HF Llama step takes seconds under compile that way), and a patch's
-module-level swaps stay out of the other variants.
+module-level swaps stay out of the other variants. Liger's patch is such a swap (it
+assigns the rope function and the causal LM's forward of the transformers module), so a
+run of Liger beside any other variant is always isolated.
 """
 
 from __future__ import annotations
@@ -539,6 +541,14 @@ def profile_steps(key, step, idx, tgt, n: int, sync, top: int = 18) -> None:
         print(f"  {t / n / 1e3:8.3f} ms {c // n:5d}x  {name[:110]}")
 
 
+# Liger's patch functions assign to the model's transformers module (its rope function, the
+# causal-LM class's forward with the fused loss), not only to the instance: in one process
+# the other variants would run them too.
+LIGER_ISOLATES = ("user_models: Liger's patch replaces functions of the model's transformers module "
+                  "(rope, the causal LM's forward), which would reach the other variants in this "
+                  "process: each variant runs in a process of its own (as --isolate)")
+
+
 def _variants(a) -> list[str]:
     if a.variants:
         return a.variants.split(",")
@@ -649,6 +659,9 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not op or not name:
             p.error(f"--backend {item!r}: expected OP=NAME, e.g. linear_cross_entropy=triton")
         backends[op] = name
+    if not a.isolate and "liger" in _variants(a) and len(_variants(a)) > 1:
+        print(LIGER_ISOLATES, file=sys.stderr)
+        a.isolate = True
     if a.task == "decode":
         return _isolated_decode(a, argv) if a.isolate else decode_main(a, backends)
     if a.isolate:
