@@ -325,4 +325,5 @@ def test_liger_beside_another_variant_always_runs_isolated(monkeypatch, capsys, 
     with pytest.raises(Ran) as ran:
         user_models.main(argv)
     assert str(ran.value) == ("isolated" if isolated else "one process")
-    assert ("Liger's patch replaces functions" in capsys.readouterr().err) == (isolated and "--isolate" not in argv)
+    noted = "Liger's patch replaces functions" in capsys.readouterr().err
+    assert noted == (isolated and "--isolate" not in argv)
