@@ -52,7 +52,7 @@ def dgrad_direct(dy, w, x_shape, stride, padding, cfg):
         block, bk = min(block, 64), min(bk, 16)
     grid = (triton_support.cdiv(n * h * wd, block), c)
     kt._conv_dgrad_stencil_kernel[grid](dy, w, dx, c, h, wd, k, p, q, r, s, n * h * wd, *stride, *padding,
-                        BLOCK=block, BLOCK_K=bk, KOUTER=kt.STENCIL_K_OUTER, num_warps=warps)  # fmt: skip
+                        BLOCK=block, BLOCK_K=bk, num_warps=warps)  # fmt: skip
     return dx
 
 

@@ -9,7 +9,7 @@ Rows (one per dtype and batch; ms, do_bench medians, L2 flushed):
   ours_dbias (torch's fp64 channel sums, the fp32 dbias); pps{P}: ours_bwd_nodx with
   WGRAD_PROGRAMS_PER_SM = P; wk{B}pps{P}: also wgrad's BLOCK_K = B; db{M}: with WGRAD_DB = M; st{BLOCK}x{BLOCK_K}x{warps}{k|t}: ours_bwd
   with the stencil at those tiles
-  (k: the k slices outer, t: the taps outer). err_*: the max error of dw / dx against float64 as a
+  (k: the k slices outer, lab/conv_stencil_kouter.py; t: src's, the taps outer). err_*: the max error of dw / dx against float64 as a
   ratio to cuDNN's (the check's bound is about 2).
 """
 
@@ -19,6 +19,7 @@ import json
 import torch
 from triton.testing import do_bench
 
+import conv_stencil_kouter
 from kernellab.ops.conv2d import triton as kt
 
 DEV = "cuda"
@@ -110,8 +111,9 @@ def main():
             plan0 = kt.dgrad_plan
             for blk, bk, warps, kouter in STENCILS:
                 tag = f"st{blk}x{bk}x{warps}{'k' if kouter else 't'}"
-                cfg = dict(BLOCK=blk, BLOCK_K=bk, KOUTER=kouter, num_warps=warps)
+                cfg = dict(BLOCK=blk, BLOCK_K=bk, num_warps=warps)
                 kt.dgrad_plan = lambda *_, cfg=cfg: ("stencil", cfg)
+                conv_stencil_kouter.install(kouter)
                 try:
                     row[tag] = ms(lambda: kt.triton_conv2d_bwd(dy, x, w, True, 1, 1, 1, 1))
                     errs(tag)
@@ -119,6 +121,7 @@ def main():
                     row["error_" + tag] = str(e)[:200]
                 finally:
                     kt.dgrad_plan = plan0
+                    conv_stencil_kouter.install(False)
             print(json.dumps(row), flush=True)
             rows.append(row)
     if a.json:

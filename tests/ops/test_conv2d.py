@@ -360,27 +360,6 @@ def test_triton_tap_forward_and_stencil_dgrad(case, layout, tap_major, monkeypat
 
 
 @pytest.mark.parametrize(
-    "case",
-    [((2, 1, 7, 9, 35, 3, 3), 1, 1), ((2, 3, 8, 7, 20, 3, 2), (2, 3), (1, 0))],
-    ids=["mnist-like", "strided"],
-)
-@pytest.mark.parametrize("k_outer", [True, False], ids=["k-outer", "taps-outer"])
-def test_triton_stencil_dgrad_either_loop_order(case, k_outer, monkeypatch):
-    """The stencil dgrad (C <= 4) with its k slices outer or its taps outer (STENCIL_K_OUTER),
-    K past a slice of 16: fp32 and bf16 against float64."""
-    from kernellab.ops.conv2d import triton as kt
-
-    monkeypatch.setattr(kt, "STENCIL_K_OUTER", k_outer)
-    shape, stride, padding = case
-    assert kt.dgrad_plan(shape[1], shape[5], shape[6], shape[4], torch.float32, torch.device("cpu"))[1][
-        "KOUTER"
-    ] is k_outer
-    for dtype in (torch.float32, torch.bfloat16):
-        x, w, b = SPEC.make_inputs(shape, dtype, "cpu", 5)
-        assert_fwd_bwd("triton", (x, w, b), dtype, stride, padding, seed=5)
-
-
-@pytest.mark.parametrize(
     "case,layout",
     [
         (((2, 20, 6, 6, 5, 5, 5), 1, 2), "contiguous"),

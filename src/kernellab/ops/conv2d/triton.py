@@ -320,13 +320,11 @@ def _conv_dgrad_stencil_kernel(
     dy_ptr, w_ptr, dx_ptr,  # dy [N, K, P, Q], w [K, C, R, S], dx [N, C, H, W]: contiguous
     C, H, W, K, P, Q, R, S, NHW,
     SH, SW, PH, PW,
-    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, KOUTER: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     # dx[n, c, h, w] = sum_{k, r, s} dy[n, k, (h + PH - r) / SH, (w + PW - s) / SW] w[k, c, r, s]
     # (exact divisions inside the output only). Program (pixel block, channel c); each
-    # BLOCK_K-deep slice of k summed in fp32, the slices in fp64. KOUTER: the k slices outer
-    # and the taps inner, so that the R S shifted reads of a slice come from the same few
-    # dy rows while they are in L1; else the taps outer (each tap reads every plane of k).
+    # BLOCK_K-deep slice of k summed in fp32, the slices in fp64.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     c = tl.program_id(1)
     ok = offs < NHW
@@ -336,21 +334,19 @@ def _conv_dgrad_stencil_kernel(
     pq = P * Q
     RS = R * S
     acc = tl.zeros((BLOCK,), dtype=tl.float64)
-    NK = tl.cdiv(K, BLOCK_K)
-    for i in range(0, NK * RS):
-        if KOUTER:
-            k0, rs = (i // RS) * BLOCK_K, i % RS
-        else:
-            k0, rs = (i % NK) * BLOCK_K, i // NK
+    for rs in range(0, RS):
         hn = h + PH - rs // S
         wn = w + PW - rs % S
         p, q, src_ok = _dy_source(hn, wn, SH, SW, P, Q)
-        k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
-        d_ok = k_ok[:, None] & (ok & src_ok)[None, :]
-        d = tl.load(dy_ptr + k[:, None] * pq + (nb * (K * pq) + p * Q + q)[None, :], mask=d_ok, other=0.0)
-        wv = tl.load(w_ptr + k * (C * RS) + c * RS + rs, mask=k_ok, other=0.0)
-        acc += tl.sum(d.to(tl.float32) * wv.to(tl.float32)[:, None], axis=0).to(tl.float64)
+        px_ok = ok & src_ok
+        dy_px = nb * (K * pq) + p * Q + q
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            k_ok = k < K
+            d_ok = k_ok[:, None] & px_ok[None, :]
+            d = tl.load(dy_ptr + k[:, None] * pq + dy_px[None, :], mask=d_ok, other=0.0)
+            wv = tl.load(w_ptr + k * (C * RS) + c * RS + rs, mask=k_ok, other=0.0)
+            acc += tl.sum(d.to(tl.float32) * wv.to(tl.float32)[:, None], axis=0).to(tl.float64)
     # (through fp32: the interpreter's fp64 -> bf16 conversion is wrong)
     tl.store(dx_ptr + nb * (C * hw) + c * hw + rem, acc.to(tl.float32).to(dx_ptr.dtype.element_ty), mask=ok)
 
@@ -494,8 +490,6 @@ def gemm_config(n: int, k: int, dev) -> dict:
 TAPS_MIN_C = 16
 TAPS_TWO_LEVEL_MAX_CRS = 1152
 STENCIL_MAX_C = 4
-# the stencil dgrad's loop order (``_conv_dgrad_stencil_kernel``'s KOUTER)
-STENCIL_K_OUTER = True
 
 
 def _taps_tiles(n: int, k: int, dtype: torch.dtype, dev, acc64: bool) -> dict:
@@ -642,7 +636,7 @@ def dgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple
     channels: a stencil at C <= 4, a tap at a time (the forward's order) at C >= 16."""
     if c <= STENCIL_MAX_C:
         block = 256 if dev.type == "cuda" else 64
-        return "stencil", dict(BLOCK=block, BLOCK_K=16, KOUTER=STENCIL_K_OUTER, num_warps=4)
+        return "stencil", dict(BLOCK=block, BLOCK_K=16, num_warps=4)
     acc64 = dtype == torch.float32
     if c >= TAPS_MIN_C:
         tiles = _taps_tiles(c, k, dtype, dev, acc64)
