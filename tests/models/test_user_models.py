@@ -162,6 +162,8 @@ def test_decode_task_profiles_each_variant(capsys):
     (["--model", "nanogpt", "--task", "decode"], "needs a Hugging Face model"),
     (["--model", "hf-llama", "--task", "decode", "--new-tokens", "1", "--small"],
      "--new-tokens must be at least 2"),
+    (["--model", "hf-llama", "--task", "decode", "--new-tokens", "1", "--small", "--isolate"],
+     "--new-tokens must be at least 2"),  # (by the parent, before any process starts)
     (["--model", "hf-llama", "--task", "decode", "--modes", "reduce-overhead", "--small", "--variants", "hf"],
      "is not one of eager, compile"),
 ])  # fmt: skip

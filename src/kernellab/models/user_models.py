@@ -233,6 +233,18 @@ def _append_rows(path: str | None, rows: list[dict]) -> None:
 # --------------------------------------------------------------------------- decode
 
 
+def decode_refusal(a) -> str | None:
+    """Why ``--task decode`` cannot time these arguments, or None."""
+    if not a.model.startswith("hf-") or a.model in HF_IMAGE:
+        return f"--task decode needs a Hugging Face model (hf-..., a language model), not {a.model!r}"
+    if a.new_tokens < 2:
+        return f"--new-tokens must be at least 2, got {a.new_tokens}"
+    for mode in a.modes.split(","):
+        if mode not in ("eager", "compile"):
+            return f"--task decode: mode {mode!r} is not one of eager, compile"
+    return None
+
+
 def decode_main(a, backends: dict) -> int:
     """``--task decode``: greedy generation with a KV cache (``model.generate``), as a user
     serves a model, per variant: time to the first token (the prompt's prefill) and each
@@ -240,18 +252,11 @@ def decode_main(a, backends: dict) -> int:
     --rounds; and how many generated tokens equal the first variant's. Modes: eager, and
     compile (a static cache and ``torch.compile`` of the forward, as transformers'
     generation docs advise)."""
-    if not a.model.startswith("hf-") or a.model in HF_IMAGE:
-        print(f"--task decode needs a Hugging Face model (hf-..., a language model), not {a.model!r}",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    if a.new_tokens < 2:
-        print(f"--new-tokens must be at least 2, got {a.new_tokens}", file=sys.stderr)
+    why = decode_refusal(a)
+    if why:
+        print(why, file=sys.stderr)
         return 2
     modes = a.modes.split(",")
-    for mode in modes:
-        if mode not in ("eager", "compile"):
-            print(f"--task decode: mode {mode!r} is not one of eager, compile", file=sys.stderr)
-            return 2
     dev, dtype = _device_dtype(a)
     _settle_nodes(dev)
     torch.manual_seed(0)
@@ -659,6 +664,9 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not op or not name:
             p.error(f"--backend {item!r}: expected OP=NAME, e.g. linear_cross_entropy=triton")
         backends[op] = name
+    if a.task == "decode" and decode_refusal(a):  # (refused here, not in each isolated process)
+        print(decode_refusal(a), file=sys.stderr)
+        return 2
     if not a.isolate and "liger" in _variants(a) and len(_variants(a)) > 1:
         print(LIGER_ISOLATES, file=sys.stderr)
         a.isolate = True
