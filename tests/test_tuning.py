@@ -984,3 +984,60 @@ def test_rebuild_table_keeps_the_provenance_of_the_rows_it_keeps(tmp_path):
     assert rebuild_table.main([first, "--out", out]) == 0  # given again: named once, last
     prov = json.loads(open(out).read())["provenance"]
     assert prov["rebuilt_from"] == ["b.jsonl", "a.jsonl"]
+
+
+def test_rebuild_table_passes_over_verify_runs_older_than_the_tune(tmp_path):
+    """--verify: paired rounds timed before the tune rows of the same case (or with no
+    date, beside a dated tune) timed other code: their verdict is not applied; a newer run's
+    is."""
+
+    def tune_row(shape, b, d, e):
+        return {"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": shape, "status": "ok", "gpu": "Fake GPU",
+                "git_sha": "abc", "backend": b, "median_ms": d, "effective_ms": e,
+                "time": "2026-12-05T10:00:00+00:00"}  # fmt: skip
+
+    rows = [tune_row(s, b, d, e) for s in ("4096", "8192", "16384")
+            for b, d, e in (("torch", 0.01, 0.03), ("triton", 0.008, 0.0301))]  # fmt: skip
+
+    def verify_row(shape, b, rounds, time):
+        row = {**tune_row(shape, b, 0.008, 0.03), "family": "small", "paired_rounds_ms": rounds}
+        return {**row, "time": time} if time else {k: v for k, v in row.items() if k != "time"}
+
+    slow, fast = [0.030, 0.040, 0.031], [0.024, 0.032, 0.025]  # torch 1.25x ahead each time
+    vrows = [verify_row(shape, b, rounds, time)
+             for shape, time in (("4096", "2026-12-06T09:00:00+00:00"), ("8192", "2026-11-27T03:28:00+00:00"),
+                                 ("16384", None))
+             for b, rounds in (("triton", slow), ("torch", fast))]  # fmt: skip
+    table = _rebuild_with_verify(tmp_path, rows, vrows, "verify.jsonl")
+    best = {r["shape"][0]: r for r in table["rows"]}
+    assert best[4096]["best"] == "torch" and best[4096]["verified"]["was"] == "triton"
+    assert best[8192]["best"] == "triton" and "verified" not in best[8192]
+    assert best[16384]["best"] == "triton" and "verified" not in best[16384]
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+def test_committed_table_is_what_rebuild_table_makes_of_its_provenance(tmp_path, gpu):
+    """A committed tuning table is `rebuild_table` of the files its provenance names
+    (rebuilt_from, verified_by, rows_from_verify): no row edited by hand, none left behind
+    by a rule that has since changed."""
+    import pathlib
+
+    from kernellab.core import tables
+    from kernellab.harness import rebuild_table
+
+    committed = json.loads(pathlib.Path(tables.table_path(gpu)).read_text())
+    prov = committed["provenance"]
+    res = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    out = tmp_path / "table.json"
+    argv = [str(res / f) for f in prov["rebuilt_from"]] + ["--out", str(out)]
+    if prov.get("verified_by"):
+        argv += ["--verify", *(str(res / f) for f in prov["verified_by"])]
+    if prov.get("rows_from_verify"):
+        argv += ["--rows-from-verify", *(str(res / f) for f in prov["rows_from_verify"])]
+    if prov.get("family_shapes_only"):
+        argv.append("--family-shapes-only")
+    assert rebuild_table.main(argv) == 0
+    rebuilt = json.loads(out.read_text())
+    assert len(rebuilt["rows"]) == len(committed["rows"])
+    for got, want in zip(rebuilt["rows"], committed["rows"]):
+        assert got == want, f"{want['op']} {want['dtype']} {want['mode']} {want['shape']}"

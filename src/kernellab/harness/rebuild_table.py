@@ -85,8 +85,9 @@ def main(argv=None) -> int:
         new_rows += added
         print(f"{os.path.basename(f)}: {len(added)} rows of untuned op/dtype/modes")
     if a.verify:
+        tuned_at = _latest(rows)
         for f in a.verify:  # one run's paired rounds at a time; a later file has the last word
-            _apply_verify(kept + new_rows, [json.loads(line) for line in open(f) if line.strip()])
+            _apply_verify(kept + new_rows, [json.loads(line) for line in open(f) if line.strip()], tuned_at)
     first = rows[-1]
     given = [os.path.basename(f) for f in a.files]
     was = old.get("provenance", {}) if kept else {}  # rows kept: their sources stay named
@@ -175,20 +176,46 @@ def _paired_cases(vrows) -> dict:
     return cases
 
 
-def _apply_verify(table_rows, vrows) -> None:
+def _when(r):
+    """When a row was measured (its ``time``, an aware datetime), or None."""
+    import datetime
+
+    return datetime.datetime.fromisoformat(r["time"]) if r.get("time") else None
+
+
+def _latest(rows) -> dict:
+    """(op, dtype, mode, shape, options) -> the latest ``_when`` of its rows (cases whose
+    rows say nothing of when are left out)."""
+    at: dict = {}
+    for r in rows:
+        when = _when(r)
+        if when is not None:
+            key = _case_key(r)
+            at[key] = max(at[key], when) if key in at else when
+    return at
+
+
+def _apply_verify(table_rows, vrows, tuned_at: dict | None = None) -> None:
     """Where a tuned shape's paired rounds (one run's, ``_paired_cases``) put another of
     the row's measured backends more than MARGIN ahead of its choice, the fastest of them
     becomes the choice and the row keeps the paired medians under ``verified``; in place.
     Only backends the row measured (those the tune admitted) are candidates: PyTorch's
-    bf16 rms_norm, refused by the admission check, never becomes a choice this way."""
+    bf16 rms_norm, refused by the admission check, never becomes a choice this way.
+    Where the row's tune rows are dated (``tuned_at``), a verify run older than them, or
+    of no date (host_cost rows), timed other code than the row did, or may have: it is
+    passed over."""
     import statistics
 
     cases = _paired_cases(vrows)
+    timed = _latest(vrows)
     for t in table_rows:
         key = (t["op"], t["dtype"], t["mode"], "x".join(map(str, t["shape"])), t.get("options", ""))
         got = cases.get(key)
         if not got or t["best"] not in got:
             continue
+        tuned, verified = (tuned_at or {}).get(key), timed.get(key)
+        if tuned is not None and (verified is None or verified < tuned):
+            continue  # (stale, or of unknown date beside a dated tune)
         cands = [b for b in got if b != t["best"] and b in t.get("times", {})]
         ratios = {b: timer.paired_ratio(got[t["best"]], got[b]) for b in cands}
         if not ratios:
