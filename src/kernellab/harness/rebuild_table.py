@@ -27,6 +27,7 @@ edited after its tune run), from the files and from the table being rebuilt.
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
 import os
@@ -178,8 +179,6 @@ def _paired_cases(vrows) -> dict:
 
 def _when(r):
     """When a row was measured (its ``time``, an aware datetime), or None."""
-    import datetime
-
     return datetime.datetime.fromisoformat(r["time"]) if r.get("time") else None
 
 

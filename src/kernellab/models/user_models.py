@@ -252,11 +252,7 @@ def decode_main(a, backends: dict) -> int:
     --rounds; and how many generated tokens equal the first variant's. Modes: eager, and
     compile (a static cache and ``torch.compile`` of the forward, as transformers'
     generation docs advise)."""
-    why = decode_refusal(a)
-    if why:
-        print(why, file=sys.stderr)
-        return 2
-    modes = a.modes.split(",")
+    modes = a.modes.split(",")  # (the arguments: refused in main, ``decode_refusal``)
     dev, dtype = _device_dtype(a)
     _settle_nodes(dev)
     torch.manual_seed(0)
@@ -664,10 +660,12 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not op or not name:
             p.error(f"--backend {item!r}: expected OP=NAME, e.g. linear_cross_entropy=triton")
         backends[op] = name
-    if a.task == "decode" and decode_refusal(a):  # (refused here, not in each isolated process)
-        print(decode_refusal(a), file=sys.stderr)
+    why = decode_refusal(a) if a.task == "decode" else None
+    if why:  # (here, not in each isolated process)
+        print(why, file=sys.stderr)
         return 2
-    if not a.isolate and "liger" in _variants(a) and len(_variants(a)) > 1:
+    variants = _variants(a)
+    if not a.isolate and "liger" in variants and len(variants) > 1:
         print(LIGER_ISOLATES, file=sys.stderr)
         a.isolate = True
     if a.task == "decode":
@@ -678,7 +676,6 @@ def main(argv: list[str] | None = None) -> int:
     dev, dtype = _device_dtype(a)
     nodes_in_use = _settle_nodes(dev)
     hf, image = a.model.startswith("hf-"), a.model in HF_IMAGE
-    variants = _variants(a)
     modes = a.modes.split(",")
     torch.manual_seed(0)
     if hf:
