@@ -726,9 +726,10 @@ WGRAD_PROGRAMS_PER_SM = 2
 def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
     """(splits, chunk): enough programs to fill the GPU (WGRAD_PROGRAMS_PER_SM a
     multiprocessor), down to one reduction tile per chunk; on the CPU two splits when the
-    reduction allows, so the partial-sum path is exercised by the tests. Short chunks also shorten each fp32 running sum (the
-    partials are added in fp64): with chunks of at least 8 tiles a small problem would be
-    one chain of up to 255 products, and its fp32 dw over the check's bound."""
+    reduction allows, so the partial-sum path is exercised by the tests. Short chunks also
+    shorten each fp32 running sum (the partials are added in fp64): with chunks of at
+    least 8 tiles a small problem would be one chain of up to 255 products, and its fp32
+    dw over the check's bound."""
     steps = triton_support.cdiv(npq, block_k)
     if dev.type == "cuda":
         want = triton_support.cdiv(WGRAD_PROGRAMS_PER_SM * triton_support.sm_count(dev.index), tiles)
