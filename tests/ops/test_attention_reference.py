@@ -78,47 +78,48 @@ CUDA_NONFINITE_KNOWN = frozenset(
     """
     k-inf-causal-4x9-bf16-cuda-cuda k-inf-causal-4x9-bf16-cuda-torch k-inf-causal-4x9-fp32-cuda-torch
     k-inf-causal-4x9-fp32-cuda-triton k-inf-causal-5x5-fp32-cuda-torch k-inf-causal-70x133-fp32-cuda-torch
-    k-inf-causal-9x4-bf16-cuda-torch k-inf-causal-9x4-fp32-cuda-torch k-inf-full-4x9-fp32-cuda-torch
-    k-inf-full-5x5-fp32-cuda-torch k-inf-full-70x133-fp32-cuda-torch k-inf-full-9x4-fp32-cuda-torch
-    kinf-causal-4x9-fp32-cuda-torch kinf-causal-5x5-bf16-cuda-cuda kinf-causal-5x5-bf16-cuda-torch
-    kinf-causal-5x5-fp32-cuda-torch kinf-causal-5x5-fp32-cuda-triton kinf-causal-70x133-bf16-cuda-cuda
-    kinf-causal-70x133-bf16-cuda-torch kinf-causal-70x133-fp32-cuda-torch
+    k-inf-causal-9x4-bf16-cuda-cuda k-inf-causal-9x4-bf16-cuda-torch k-inf-causal-9x4-fp32-cuda-torch
+    k-inf-full-4x9-fp32-cuda-torch k-inf-full-5x5-fp32-cuda-torch k-inf-full-70x133-fp32-cuda-torch
+    k-inf-full-9x4-fp32-cuda-torch kinf-causal-4x9-fp32-cuda-torch kinf-causal-5x5-bf16-cuda-cuda
+    kinf-causal-5x5-bf16-cuda-torch kinf-causal-5x5-fp32-cuda-torch kinf-causal-5x5-fp32-cuda-triton
+    kinf-causal-70x133-bf16-cuda-cuda kinf-causal-70x133-bf16-cuda-torch kinf-causal-70x133-fp32-cuda-torch
     kinf-causal-70x133-fp32-cuda-triton kinf-causal-9x4-bf16-cuda-cuda kinf-causal-9x4-bf16-cuda-torch
     kinf-causal-9x4-fp32-cuda-torch kinf-causal-9x4-fp32-cuda-triton kinf-full-4x9-fp32-cuda-torch
     kinf-full-5x5-fp32-cuda-torch kinf-full-70x133-fp32-cuda-torch kinf-full-9x4-fp32-cuda-torch
-    knan-causal-9x4-bf16-cuda-torch knan-causal-9x4-fp32-cuda-torch q-inf-causal-4x9-bf16-cuda-cuda
-    q-inf-causal-4x9-bf16-cuda-torch q-inf-causal-4x9-fp32-cuda-torch q-inf-causal-4x9-fp32-cuda-triton
-    q-inf-causal-5x5-bf16-cuda-cuda q-inf-causal-5x5-bf16-cuda-torch q-inf-causal-5x5-fp32-cuda-torch
-    q-inf-causal-5x5-fp32-cuda-triton q-inf-causal-70x133-bf16-cuda-cuda q-inf-causal-70x133-bf16-cuda-torch
-    q-inf-causal-70x133-fp32-cuda-torch q-inf-causal-70x133-fp32-cuda-triton
-    q-inf-causal-9x4-bf16-cuda-torch q-inf-causal-9x4-fp32-cuda-torch qinf-causal-4x9-bf16-cuda-cuda
-    qinf-causal-4x9-bf16-cuda-torch qinf-causal-4x9-fp32-cuda-torch qinf-causal-4x9-fp32-cuda-triton
-    qinf-causal-5x5-bf16-cuda-cuda qinf-causal-5x5-bf16-cuda-torch qinf-causal-5x5-fp32-cuda-torch
-    qinf-causal-5x5-fp32-cuda-triton qinf-causal-70x133-bf16-cuda-cuda qinf-causal-70x133-bf16-cuda-torch
-    qinf-causal-70x133-fp32-cuda-torch qinf-causal-70x133-fp32-cuda-triton qinf-causal-9x4-bf16-cuda-torch
+    knan-causal-9x4-bf16-cuda-cuda knan-causal-9x4-bf16-cuda-torch knan-causal-9x4-fp32-cuda-torch
+    q-inf-causal-4x9-bf16-cuda-cuda q-inf-causal-4x9-bf16-cuda-torch q-inf-causal-4x9-fp32-cuda-torch
+    q-inf-causal-4x9-fp32-cuda-triton q-inf-causal-5x5-bf16-cuda-cuda q-inf-causal-5x5-bf16-cuda-torch
+    q-inf-causal-5x5-fp32-cuda-torch q-inf-causal-5x5-fp32-cuda-triton q-inf-causal-70x133-bf16-cuda-cuda
+    q-inf-causal-70x133-bf16-cuda-torch q-inf-causal-70x133-fp32-cuda-torch
+    q-inf-causal-70x133-fp32-cuda-triton q-inf-causal-9x4-bf16-cuda-cuda q-inf-causal-9x4-bf16-cuda-torch
+    q-inf-causal-9x4-fp32-cuda-torch qinf-causal-4x9-bf16-cuda-cuda qinf-causal-4x9-bf16-cuda-torch
+    qinf-causal-4x9-fp32-cuda-torch qinf-causal-4x9-fp32-cuda-triton qinf-causal-5x5-bf16-cuda-cuda
+    qinf-causal-5x5-bf16-cuda-torch qinf-causal-5x5-fp32-cuda-torch qinf-causal-5x5-fp32-cuda-triton
+    qinf-causal-70x133-bf16-cuda-cuda qinf-causal-70x133-bf16-cuda-torch qinf-causal-70x133-fp32-cuda-torch
+    qinf-causal-70x133-fp32-cuda-triton qinf-causal-9x4-bf16-cuda-cuda qinf-causal-9x4-bf16-cuda-torch
     qinf-causal-9x4-fp32-cuda-torch qnan-causal-4x9-bf16-cuda-cuda qnan-causal-4x9-bf16-cuda-torch
     qnan-causal-4x9-fp32-cuda-torch qnan-causal-4x9-fp32-cuda-triton qnan-causal-5x5-bf16-cuda-cuda
     qnan-causal-5x5-bf16-cuda-torch qnan-causal-5x5-fp32-cuda-torch qnan-causal-5x5-fp32-cuda-triton
     qnan-causal-70x133-bf16-cuda-cuda qnan-causal-70x133-bf16-cuda-torch qnan-causal-70x133-fp32-cuda-torch
-    qnan-causal-70x133-fp32-cuda-triton qnan-causal-9x4-bf16-cuda-torch qnan-causal-9x4-fp32-cuda-torch
-    v-inf-causal-4x9-bf16-cuda-cuda v-inf-causal-4x9-bf16-cuda-torch v-inf-causal-4x9-fp32-cuda-torch
-    v-inf-causal-4x9-fp32-cuda-triton v-inf-causal-5x5-bf16-cuda-cuda v-inf-causal-5x5-bf16-cuda-torch
-    v-inf-causal-5x5-fp32-cuda-torch v-inf-causal-5x5-fp32-cuda-triton v-inf-causal-70x133-bf16-cuda-cuda
-    v-inf-causal-70x133-bf16-cuda-torch v-inf-causal-70x133-fp32-cuda-torch
-    v-inf-causal-70x133-fp32-cuda-triton v-inf-causal-9x4-bf16-cuda-cuda v-inf-causal-9x4-bf16-cuda-torch
-    v-inf-causal-9x4-fp32-cuda-torch v-inf-causal-9x4-fp32-cuda-triton v-inf-full-4x9-bf16-cuda-torch
-    v-inf-full-4x9-fp32-cuda-torch v-inf-full-5x5-bf16-cuda-torch v-inf-full-5x5-fp32-cuda-torch
-    v-inf-full-70x133-bf16-cuda-torch v-inf-full-70x133-fp32-cuda-torch v-inf-full-9x4-bf16-cuda-torch
-    v-inf-full-9x4-fp32-cuda-torch vinf-causal-4x9-bf16-cuda-cuda vinf-causal-4x9-bf16-cuda-torch
-    vinf-causal-4x9-fp32-cuda-torch vinf-causal-4x9-fp32-cuda-triton vinf-causal-5x5-bf16-cuda-cuda
-    vinf-causal-5x5-bf16-cuda-torch vinf-causal-5x5-fp32-cuda-torch vinf-causal-5x5-fp32-cuda-triton
-    vinf-causal-70x133-bf16-cuda-cuda vinf-causal-70x133-bf16-cuda-torch vinf-causal-70x133-fp32-cuda-torch
-    vinf-causal-70x133-fp32-cuda-triton vinf-causal-9x4-bf16-cuda-cuda vinf-causal-9x4-bf16-cuda-torch
-    vinf-causal-9x4-fp32-cuda-torch vinf-causal-9x4-fp32-cuda-triton vinf-full-4x9-bf16-cuda-torch
-    vinf-full-4x9-fp32-cuda-torch vinf-full-5x5-bf16-cuda-torch vinf-full-5x5-fp32-cuda-torch
-    vinf-full-70x133-bf16-cuda-torch vinf-full-70x133-fp32-cuda-torch vinf-full-9x4-bf16-cuda-torch
-    vinf-full-9x4-fp32-cuda-torch vnan-causal-9x4-bf16-cuda-cuda vnan-causal-9x4-bf16-cuda-torch
-    vnan-causal-9x4-fp32-cuda-torch vnan-causal-9x4-fp32-cuda-triton
+    qnan-causal-70x133-fp32-cuda-triton qnan-causal-9x4-bf16-cuda-cuda qnan-causal-9x4-bf16-cuda-torch
+    qnan-causal-9x4-fp32-cuda-torch v-inf-causal-4x9-bf16-cuda-cuda v-inf-causal-4x9-bf16-cuda-torch
+    v-inf-causal-4x9-fp32-cuda-torch v-inf-causal-4x9-fp32-cuda-triton v-inf-causal-5x5-bf16-cuda-cuda
+    v-inf-causal-5x5-bf16-cuda-torch v-inf-causal-5x5-fp32-cuda-torch v-inf-causal-5x5-fp32-cuda-triton
+    v-inf-causal-70x133-bf16-cuda-cuda v-inf-causal-70x133-bf16-cuda-torch
+    v-inf-causal-70x133-fp32-cuda-torch v-inf-causal-70x133-fp32-cuda-triton v-inf-causal-9x4-bf16-cuda-cuda
+    v-inf-causal-9x4-bf16-cuda-torch v-inf-causal-9x4-fp32-cuda-torch v-inf-causal-9x4-fp32-cuda-triton
+    v-inf-full-4x9-bf16-cuda-torch v-inf-full-4x9-fp32-cuda-torch v-inf-full-5x5-bf16-cuda-torch
+    v-inf-full-5x5-fp32-cuda-torch v-inf-full-70x133-bf16-cuda-torch v-inf-full-70x133-fp32-cuda-torch
+    v-inf-full-9x4-bf16-cuda-torch v-inf-full-9x4-fp32-cuda-torch vinf-causal-4x9-bf16-cuda-cuda
+    vinf-causal-4x9-bf16-cuda-torch vinf-causal-4x9-fp32-cuda-torch vinf-causal-4x9-fp32-cuda-triton
+    vinf-causal-5x5-bf16-cuda-cuda vinf-causal-5x5-bf16-cuda-torch vinf-causal-5x5-fp32-cuda-torch
+    vinf-causal-5x5-fp32-cuda-triton vinf-causal-70x133-bf16-cuda-cuda vinf-causal-70x133-bf16-cuda-torch
+    vinf-causal-70x133-fp32-cuda-torch vinf-causal-70x133-fp32-cuda-triton vinf-causal-9x4-bf16-cuda-cuda
+    vinf-causal-9x4-bf16-cuda-torch vinf-causal-9x4-fp32-cuda-torch vinf-causal-9x4-fp32-cuda-triton
+    vinf-full-4x9-bf16-cuda-torch vinf-full-4x9-fp32-cuda-torch vinf-full-5x5-bf16-cuda-torch
+    vinf-full-5x5-fp32-cuda-torch vinf-full-70x133-bf16-cuda-torch vinf-full-70x133-fp32-cuda-torch
+    vinf-full-9x4-bf16-cuda-torch vinf-full-9x4-fp32-cuda-torch vnan-causal-9x4-bf16-cuda-cuda
+    vnan-causal-9x4-bf16-cuda-torch vnan-causal-9x4-fp32-cuda-torch vnan-causal-9x4-fp32-cuda-triton
     """.split()
 )
 DEVICE_BACKENDS = [
