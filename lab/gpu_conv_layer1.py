@@ -9,19 +9,17 @@ Rows (one per dtype and batch; ms, do_bench medians, L2 flushed):
   ours_dbias (torch's fp64 channel sums, the fp32 dbias); pps{P}: ours_bwd_nodx with
   WGRAD_PROGRAMS_PER_SM = P; wk{B}pps{P}: also wgrad's BLOCK_K = B; db{M}: with WGRAD_DB = M; st{BLOCK}x{BLOCK_K}x{warps}{k|t}: ours_bwd
   with the stencil at those tiles
-  (k: the k slices outer, lab/conv_stencil_kouter.py; t: src's, the taps outer); px{BLOCK}x{P}x{warps}:
-  lab/conv_wgrad_pixels.py's one-pass dw and db (its own launcher) beside ours_bwd_nodx. err_*: the max error of dw / dx against float64 as a
+  (k: the k slices outer, lab/conv_stencil_kouter.py; t: src's, the taps outer). err_*: the max error of dw / dx against float64 as a
   ratio to cuDNN's (the check's bound is about 2).
 """
 
 import argparse
 import json
 
+import conv_stencil_kouter
 import torch
 from triton.testing import do_bench
 
-import conv_stencil_kouter
-import conv_wgrad_pixels
 from kernellab.ops.conv2d import triton as kt
 
 DEV = "cuda"
@@ -29,8 +27,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # (BLOCK, BLOCK_K, warps, KOUTER)
 STENCILS = [(256, 16, 4, False), (256, 16, 4, True), (512, 16, 4, True), (1024, 16, 8, True), (256, 32, 4, True),
             (512, 32, 8, True), (128, 32, 4, True), (128, 16, 4, True)]  # fmt: skip
-# lab/conv_wgrad_pixels.py (BLOCK, programs per SM, warps)
-PIXELS = [(128, 2, 4), (128, 4, 4), (128, 8, 4), (64, 8, 4), (256, 4, 8), (64, 16, 2)]
 
 
 def _inputs(n, dtype):
@@ -126,17 +122,6 @@ def main():
                 finally:
                     kt.dgrad_plan = plan0
                     conv_stencil_kouter.install(False)
-            for blk, pps, warps in PIXELS:
-                tag = f"px{blk}x{pps}x{warps}"
-                try:
-                    f = lambda blk=blk, pps=pps, warps=warps: conv_wgrad_pixels.wgrad(  # noqa: E731
-                        dy, x, w.shape, 1, 1, 1, 1, block=blk, programs_per_sm=pps, warps=warps
-                    )
-                    row[tag] = ms(f)
-                    dw, _ = f()
-                    row[f"err_dw_{tag}"] = _err(dw, dw64, base_dw)
-                except Exception as e:  # noqa: BLE001
-                    row["error_" + tag] = str(e)[:200]
             print(json.dumps(row), flush=True)
             rows.append(row)
     if a.json:

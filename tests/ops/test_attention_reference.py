@@ -55,8 +55,14 @@ def _same_nonfinite(got, ref, what):
 # no key (S_q > S_k, where v's NaN/inf must still reach them as 0 * NaN); and one past
 # the CPU kernel's 64-row blocks, where SDPA skipped masked blocks differently.
 LENGTHS = [(5, 5), (4, 9), (9, 4), (70, 133)]
+
+
+def _case_id(which, val, causal, lengths):
+    return f"{which}{val}-{'causal' if causal else 'full'}-{lengths[0]}x{lengths[1]}"
+
+
 CASES = [
-    pytest.param(which, val, causal, s, id=f"{which}{val}-{'causal' if causal else 'full'}-{s[0]}x{s[1]}")
+    pytest.param(which, val, causal, s, id=_case_id(which, val, causal, s))
     for which, val, causal, s in itertools.product("qkv", NONFINITE, (False, True), LENGTHS)
 ]
 
@@ -155,7 +161,7 @@ def test_triton_nonfinite_cases_under_the_interpreter_are_the_known_ones(which, 
     """The Triton kernel (fp32) under the CPU interpreter misses the reference at exactly the
     causal cases CUDA_NONFINITE_KNOWN lists for it on a GPU, so its triton entries are
     checked here without one."""
-    case = f"{which}{val}-causal-{lengths[0]}x{lengths[1]}-fp32-cuda-triton"
+    case = _case_id(which, val, causal, lengths) + "-fp32-cuda-triton"
     try:
         _nonfinite_case("cpu", "triton", torch.float32, which, val, causal, lengths)
     except AssertionError:

@@ -208,7 +208,7 @@ def _apply_verify(table_rows, vrows, tuned_at: dict | None = None) -> None:
     cases = _paired_cases(vrows)
     timed = _latest(vrows)
     for t in table_rows:
-        key = (t["op"], t["dtype"], t["mode"], "x".join(map(str, t["shape"])), t.get("options", ""))
+        key = _case_key(t)
         got = cases.get(key)
         if not got or t["best"] not in got:
             continue
