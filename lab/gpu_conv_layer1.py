@@ -1,22 +1,21 @@
 """The MNIST first layer (C 1, K 32, 3x3, padding 1, 28x28) timed in parts beside cuDNN, and
-the backward's launch knobs swept: wgrad's programs per SM, dbias mode, the dgrad stencil's
-tiles.
+the backward's launch knobs swept: wgrad's programs per SM, BLOCK_K and dbias mode, the dgrad's
+spread / stencil tiles.
 
     PYTHONPATH=src python lab/gpu_conv_layer1.py [--json F] [--dtypes fp32,bf16] [--batches 64,256,1024]
 
 Rows (one per dtype and batch; ms, do_bench medians, L2 flushed):
   cudnn_fwd, cudnn_bwd (dx, dw, db), cudnn_dwdb; ours_fwd, ours_bwd, ours_bwd_nodx (dw, db),
-  ours_dbias (torch's fp64 channel sums, the fp32 dbias); pps{P}: ours_bwd_nodx with
-  WGRAD_PROGRAMS_PER_SM = P; wk{B}pps{P}: also wgrad's BLOCK_K = B; db{M}: with WGRAD_DB = M; st{BLOCK}x{BLOCK_K}x{warps}{k|t}: ours_bwd
-  with the stencil at those tiles
-  (k: the k slices outer, lab/conv_stencil_kouter.py; t: src's, the taps outer). err_*: the max error of dw / dx against float64 as a
-  ratio to cuDNN's (the check's bound is about 2).
+  ours_dbias (torch's fp64 channel sums); pps{P}: ours_bwd_nodx with WGRAD_PROGRAMS_PER_SM = P;
+  wk{B}pps{P}: also wgrad's BLOCK_K = B; db{M}: the GEMM wgrad with dbias mode M;
+  sp{BLOCK}x{GATHER}: ours_bwd with the spread dgrad at those blocks; st{BLOCK}x{BLOCK_K}x{warps}:
+  ours_bwd with the stencil dgrad. err_*: the max error of dw / dx against float64 as a ratio
+  to cuDNN's (the check's bound is about 2).
 """
 
 import argparse
 import json
 
-import conv_stencil_kouter
 import torch
 from triton.testing import do_bench
 
@@ -24,9 +23,9 @@ from kernellab.ops.conv2d import triton as kt
 
 DEV = "cuda"
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-# (BLOCK, BLOCK_K, warps, KOUTER)
-STENCILS = [(256, 16, 4, False), (256, 16, 4, True), (512, 16, 4, True), (1024, 16, 8, True), (256, 32, 4, True),
-            (512, 32, 8, True), (128, 32, 4, True), (128, 16, 4, True)]  # fmt: skip
+# the stencil's (BLOCK, BLOCK_K, warps) and the spread's (BLOCK, GATHER)
+STENCILS = [(128, 16, 4), (256, 16, 4), (128, 32, 4)]
+SPREADS = [(128, 256), (64, 256), (256, 256), (128, 128), (128, 512)]
 
 
 def _inputs(n, dtype):
@@ -100,20 +99,20 @@ def main():
                         row[f"error_wk{bk}pps{pps}"] = str(e)[:200]
                     finally:
                         kt.wgrad_config, kt.WGRAD_PROGRAMS_PER_SM = cfg0, pps0
-            db0 = dict(kt.WGRAD_DB)
+            db0 = dict(kt.WGRAD_DB_GEMM)
             for mode in (0, 1, 2):
-                kt.WGRAD_DB[dtype] = mode
+                kt.WGRAD_DB_GEMM[dtype] = mode
                 try:
                     row[f"db{mode}"] = ms(lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1))
                 finally:
-                    kt.WGRAD_DB.clear()
-                    kt.WGRAD_DB.update(db0)
+                    kt.WGRAD_DB_GEMM.clear()
+                    kt.WGRAD_DB_GEMM.update(db0)
             plan0 = kt.dgrad_plan
-            for blk, bk, warps, kouter in STENCILS:
-                tag = f"st{blk}x{bk}x{warps}{'k' if kouter else 't'}"
-                cfg = dict(BLOCK=blk, BLOCK_K=bk, num_warps=warps)
-                kt.dgrad_plan = lambda *_, cfg=cfg: ("stencil", cfg)
-                conv_stencil_kouter.install(kouter)
+            variants = [(f"st{b}x{k}x{nw}", ("stencil", dict(BLOCK=b, BLOCK_K=k, num_warps=nw))) for b, k, nw in STENCILS]
+            spread = plan0(1, 3, 3, 32, dtype, x.device)[1]
+            variants += [(f"sp{b}x{g}", ("spread", dict(spread, BLOCK=b, GATHER=g))) for b, g in SPREADS]
+            for tag, plan in variants:
+                kt.dgrad_plan = lambda *_, plan=plan: plan
                 try:
                     row[tag] = ms(lambda: kt.triton_conv2d_bwd(dy, x, w, True, 1, 1, 1, 1))
                     errs(tag)
@@ -121,7 +120,6 @@ def main():
                     row["error_" + tag] = str(e)[:200]
                 finally:
                     kt.dgrad_plan = plan0
-                    conv_stencil_kouter.install(False)
             print(json.dumps(row), flush=True)
             rows.append(row)
     if a.json:

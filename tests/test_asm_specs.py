@@ -94,7 +94,10 @@ def test_conv2d_specs_take_each_gemms_tiles(dtype):
     tdt = torch.float32 if dtype == "fp32" else torch.bfloat16
     want = {
         "_conv_fwd_kernel": kt.fwd_plan(1, 3, 3, 32, tdt, gpu)[1],
-        "_conv_dgrad_stencil_kernel": kt.dgrad_plan(1, 3, 3, 32, tdt, gpu)[1],
+        "_conv_dgrad_spread_kernel": kt.dgrad_plan(1, 3, 3, 32, tdt, gpu)[1],
+        "_conv_dgrad_gather_kernel": dict(BLOCK=kt.dgrad_plan(1, 3, 3, 32, tdt, gpu)[1]["GATHER"],
+                                          num_warps=4),  # fmt: skip
+        "_conv_dgrad_stencil_kernel": kt.stencil_config(gpu),
         "_conv_dgrad_kernel": kt.dgrad_plan(8, 3, 3, 16, tdt, gpu)[1],
         "_conv_wgrad_kernel": kt.wgrad_plan(1, 3, 3, 32, tdt, gpu)[1],
         "_conv_fwd_taps_kernel": kt.fwd_plan(32, 3, 3, 64, tdt, gpu)[1],

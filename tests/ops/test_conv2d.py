@@ -337,11 +337,12 @@ def test_triton_under_torch_compile_fullgraph():
         (((2, 20, 6, 6, 5, 5, 5), 1, 2), "contiguous"),  # the tap forward, fp32 block sums
         (((1, 16, 9, 8, 6, 3, 3), (2, 1), (1, 2)), "channels_last"),
         (((1, 130, 4, 3, 3, 3, 3), 1, 1), "contiguous"),  # C R S 1170: fp64 block sums
-        (((2, 4, 7, 9, 3, 3, 1), (3, 2), (0, 1)), "contiguous"),  # the stencil dgrad, strided
+        (((2, 4, 7, 9, 3, 3, 1), (3, 2), (0, 1)), "contiguous"),  # the spread dgrad, strided
+        (((2, 3, 9, 8, 5, 7, 7), (2, 1), (3, 2)), "contiguous"),  # the stencil dgrad (49 taps), strided
         (((2, 17, 7, 6, 35, 3, 2), (2, 3), (1, 0)), "contiguous"),  # taps, C and K past a tile, strided
         (((1, 16, 5, 9, 4, 5, 3), (1, 2), (2, 1)), "channels_last"),
     ],
-    ids=["taps", "taps-nhwc", "taps-acc64", "stencil", "taps-strided", "taps-strided-nhwc"],
+    ids=["taps", "taps-nhwc", "taps-acc64", "spread", "stencil", "taps-strided", "taps-strided-nhwc"],
 )
 @pytest.mark.parametrize("tap_major", [True, False], ids=["tap-major-w", "w-as-given"])
 def test_triton_tap_forward_and_stencil_dgrad(case, layout, tap_major, monkeypatch):
@@ -384,11 +385,37 @@ def test_triton_taps_read_channels_innermost(case, layout, dtype, monkeypatch):
     assert y.is_contiguous()  # (the documented output layout, whatever the operands' copies)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+def test_triton_spread_dgrad_falls_back_to_the_stencil_past_its_size(dtype, monkeypatch):
+    """At C <= 4 dx is the spread dgrad (t = w^T dy, then a gather) unless t would hold
+    more than SPREAD_MAX_ELEMS values: then the stencil, as accurate. Which one ran is told
+    by the kernels launched."""
+    from kernellab.ops.conv2d import triton as kt
+
+    ran = []
+    for name in ("_conv_dgrad_spread_kernel", "_conv_dgrad_stencil_kernel"):
+        kernel = getattr(kt, name)
+
+        class Spy:
+            def __getitem__(self, grid, kernel=kernel, name=name):
+                ran.append(name)
+                return kernel[grid]
+
+        monkeypatch.setattr(kt, name, Spy())
+    x, w, b = SPEC.make_inputs((2, 2, 9, 7, 6, 3, 3), dtype, "cpu", 5)
+    for limit, want in ((kt.SPREAD_MAX_ELEMS, "_conv_dgrad_spread_kernel"),
+                        (100, "_conv_dgrad_stencil_kernel")):  # fmt: skip
+        monkeypatch.setattr(kt, "SPREAD_MAX_ELEMS", limit)
+        ran.clear()
+        assert_fwd_bwd("triton", (x, w, b), dtype, (1, 2), (1, 0), seed=9)
+        assert set(ran) == {want}, (limit, ran)
+
+
 @pytest.mark.parametrize(
     "case",
     [
         ((2, 16, 8, 8, 8, 3, 3), 1, 1),  # taps: rows of 8, planes of 64
-        ((2, 1, 12, 12, 8, 3, 3), 1, 1),  # the GEMM forward and wgrad, the stencil dgrad
+        ((2, 1, 12, 12, 8, 3, 3), 1, 1),  # the GEMM forward and wgrad, the spread dgrad
         ((2, 16, 6, 10, 4, 3, 3), (1, 2), 1),  # stride 2 along rows: no load runs, y runs of 5 -> 1
         ((1, 16, 4, 6, 8, 1, 1), 1, 0),  # rows of 6: runs of 2
     ],
@@ -507,8 +534,12 @@ def test_triton_config():
     assert kt.fwd_plan(20, 5, 5, 8, torch.float16, gpu)[1]["BLOCK_K"] == 32
     assert kt.fwd_plan(16, 9, 9, 8, bf16, gpu)[1]["BLOCK_K"] == 16
     assert not kt.fwd_plan(512, 3, 3, 8, bf16, gpu)[1]["ACC64"]
-    # the stencil dgrad at C <= 4, the GEMM one up to C 15, taps from C 16
-    assert kt.dgrad_plan(1, 3, 3, 32, f32, gpu)[0] == "stencil" == kt.dgrad_plan(4, 5, 5, 8, bf16, cpu)[0]
+    # the spread dgrad at C <= 4 (the stencil past SPREAD_MAX_RS taps), the GEMM one up to
+    # C 15, taps from C 16
+    assert kt.dgrad_plan(1, 3, 3, 32, f32, gpu)[0] == "spread" == kt.dgrad_plan(4, 5, 5, 8, bf16, cpu)[0]
+    assert kt.dgrad_plan(1, 3, 3, 32, f32, gpu)[1] == dict(BLOCK=128, BLOCK_K=32, RS_PAD=16, num_warps=4,
+                                                           GATHER=256)  # fmt: skip
+    assert kt.dgrad_plan(3, 7, 7, 64, bf16, gpu) == ("stencil", dict(BLOCK=128, BLOCK_K=16, num_warps=4))
     assert kt.dgrad_plan(5, 3, 3, 32, f32, gpu) == ("gemm", dict(ACC64=True, **kt.gemm_config(5, 288, gpu)))
     assert kt.dgrad_plan(15, 3, 3, 32, bf16, gpu)[0] == "gemm"
     assert kt.dgrad_plan(32, 3, 3, 64, f32, gpu) == ("taps", dict(ACC64=True, BLOCK_M=64, BLOCK_N=32,
@@ -643,7 +674,8 @@ def test_triton_kernels_compile_for_sm90_ahead_of_time():
         kernels, note = asm.triton_report(kernellab.get(OP, "triton"), dtype, "sm_90")
         names = {k.name for k in kernels}
         assert names == {"_conv_fwd_kernel", "_conv_fwd_taps_kernel", "_conv_dgrad_kernel",
-                         "_conv_dgrad_taps_kernel", "_conv_dgrad_stencil_kernel", "_conv_wgrad_kernel",
+                         "_conv_dgrad_taps_kernel", "_conv_dgrad_stencil_kernel", "_conv_dgrad_spread_kernel",
+                         "_conv_dgrad_gather_kernel", "_conv_wgrad_kernel",
                          "_conv_wgrad_taps_kernel"}, note  # fmt: skip
         assert all(k.counts["ptx_local"] == 0 for k in kernels), [k.name for k in kernels]
         for name in ("_conv_wgrad_kernel", "_conv_wgrad_taps_kernel"):

@@ -24,8 +24,11 @@ Where the GEMM form wastes work, other kernels:
   a pixel's source position and bounds are computed once a tap, not once an element of
   every operand tile; the forward's fp32 blocks are summed two-level (``mma``) up to
   C R S = 1152, in fp64 above, where one chain's error grows;
-- dgrad with C <= 4 (a network's first layer) is a stencil (``_conv_dgrad_stencil_kernel``):
-  the GEMM's C columns would pad to a 16-wide tile, 15 of 16 wasted at C = 1.
+- dgrad with C <= 4 (a network's first layer), where the GEMM's C columns would pad to a
+  16-wide tile (15 of 16 wasted at C = 1), runs in two passes: t = w^T dy for every filter
+  tap (``_conv_dgrad_spread_kernel``, a dot over K that reads dy once), then each input
+  pixel sums its taps' t (``_conv_dgrad_gather_kernel``); past SPREAD_MAX_RS taps, or
+  where t would be too big, a stencil (``_conv_dgrad_stencil_kernel``).
 Which kernel and tiles run is ``fwd_plan`` / ``dgrad_plan`` / ``wgrad_plan``, pure
 functions of the shape, dtype and device type.
 
@@ -324,7 +327,9 @@ def _conv_dgrad_stencil_kernel(
 ):
     # dx[n, c, h, w] = sum_{k, r, s} dy[n, k, (h + PH - r) / SH, (w + PW - s) / SW] w[k, c, r, s]
     # (exact divisions inside the output only). Program (pixel block, channel c); each
-    # BLOCK_K-deep slice of k summed in fp32, the slices in fp64.
+    # BLOCK_K-deep slice of k summed in fp32, the slices in fp64. The k slices are the outer
+    # loop: the R S shifted reads of one slice hit the same few rows of dy while they are
+    # in L1.
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     c = tl.program_id(1)
     ok = offs < NHW
@@ -334,20 +339,74 @@ def _conv_dgrad_stencil_kernel(
     pq = P * Q
     RS = R * S
     acc = tl.zeros((BLOCK,), dtype=tl.float64)
-    for rs in range(0, RS):
-        hn = h + PH - rs // S
-        wn = w + PW - rs % S
-        p, q, src_ok = _dy_source(hn, wn, SH, SW, P, Q)
-        px_ok = ok & src_ok
-        dy_px = nb * (K * pq) + p * Q + q
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < K
-            d_ok = k_ok[:, None] & px_ok[None, :]
-            d = tl.load(dy_ptr + k[:, None] * pq + dy_px[None, :], mask=d_ok, other=0.0)
-            wv = tl.load(w_ptr + k * (C * RS) + c * RS + rs, mask=k_ok, other=0.0)
-            acc += tl.sum(d.to(tl.float32) * wv.to(tl.float32)[:, None], axis=0).to(tl.float64)
+    for i in range(0, tl.cdiv(K, BLOCK_K) * RS):
+        k0, rs = (i // RS) * BLOCK_K, i % RS
+        p, q, src_ok = _dy_source(h + PH - rs // S, w + PW - rs % S, SH, SW, P, Q)
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        d_ok = k_ok[:, None] & (ok & src_ok)[None, :]
+        d = tl.load(dy_ptr + k[:, None] * pq + (nb * (K * pq) + p * Q + q)[None, :], mask=d_ok, other=0.0)
+        wv = tl.load(w_ptr + k * (C * RS) + c * RS + rs, mask=k_ok, other=0.0)
+        acc += tl.sum(d.to(tl.float32) * wv.to(tl.float32)[:, None], axis=0).to(tl.float64)
     # (through fp32: the interpreter's fp64 -> bf16 conversion is wrong)
+    tl.store(dx_ptr + nb * (C * hw) + c * hw + rem, acc.to(tl.float32).to(dx_ptr.dtype.element_ty), mask=ok)
+
+
+@triton_support.jit
+def _conv_dgrad_spread_kernel(
+    dy_ptr, w_ptr, t_ptr,  # dy [N, K, P, Q], w [K, C, R S] contiguous; t [C, R S, N P Q]
+    C, K, PQ, NPQ, RS,
+    RS_PAD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr,
+    WIDE: tl.constexpr,
+):
+    # dgrad at few channels, first half: t[c, rs, j] = sum_k w[k, c, rs] dy[k, j] over the
+    # output pixels j = (n, p, q), one [RS_PAD, K] @ [K, BLOCK] dot a pixel block (dy read
+    # once). WIDE (fp32): fp64 operands and sums, t in fp64; else 16-bit dots, t in fp32.
+    j = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    c = tl.program_id(1)
+    j_ok = j < NPQ
+    px = (j // PQ) * (K * PQ) + j % PQ
+    taps = tl.arange(0, RS_PAD)
+    t_ok = taps < RS
+    if WIDE:
+        acc = tl.zeros((RS_PAD, BLOCK), dtype=tl.float64)
+    else:
+        acc = tl.zeros((RS_PAD, BLOCK), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        a_ok = t_ok[:, None] & k_ok[None, :]
+        a = tl.load(w_ptr + k[None, :] * (C * RS) + c * RS + taps[:, None], mask=a_ok, other=0.0)
+        b = tl.load(dy_ptr + k[:, None] * PQ + px[None, :], mask=k_ok[:, None] & j_ok[None, :], other=0.0)
+        if WIDE:
+            acc = tl.dot(a.to(tl.float64), b.to(tl.float64), acc, out_dtype=tl.float64)
+        elif UPCAST:
+            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+    tl.store(t_ptr + (c * RS + taps[:, None]) * NPQ + j[None, :], acc, mask=t_ok[:, None] & j_ok[None, :])
+
+
+@triton_support.jit
+def _conv_dgrad_gather_kernel(
+    t_ptr, dx_ptr,  # t [C, R S, N P Q] (``_conv_dgrad_spread_kernel``'s), dx [N, C, H, W] contiguous
+    C, H, W, P, Q, S, RS, NHW, NPQ,
+    SH, SW, PH, PW,
+    BLOCK: tl.constexpr,
+):
+    # dgrad at few channels, second half: dx[n, c, h, w] = sum_{r, s} t[c, rs, (n, p, q)] with
+    # (p, q) the output pixel that reads (h, w) through tap (r, s) (``_dy_source``), summed
+    # in t's dtype (fp64 for fp32 x).
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    c = tl.program_id(1)
+    ok = offs < NHW
+    hw = H * W
+    nb, rem = offs // hw, offs % hw
+    h, w = rem // W, rem % W
+    acc = tl.zeros((BLOCK,), dtype=t_ptr.dtype.element_ty)
+    for rs in range(0, RS):
+        p, q, src_ok = _dy_source(h + PH - rs // S, w + PW - rs % S, SH, SW, P, Q)
+        acc += tl.load(t_ptr + (c * RS + rs) * NPQ + nb * (P * Q) + p * Q + q, mask=ok & src_ok, other=0.0)
     tl.store(dx_ptr + nb * (C * hw) + c * hw + rem, acc.to(tl.float32).to(dx_ptr.dtype.element_ty), mask=ok)
 
 
@@ -631,12 +690,33 @@ def fwd_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[s
     return "gemm", dict(ACC64=dtype == torch.float32, **gemm_config(k, c * r * s, dev))
 
 
+# dgrad at C <= STENCIL_MAX_C with at most this many filter taps: the two-pass "spread"
+# (``_conv_dgrad_spread_kernel``: t = w^T dy per tap, dy read once; then
+# ``_conv_dgrad_gather_kernel``), where t holds at most SPREAD_MAX_ELEMS values (fp64 for
+# fp32: 1 GiB); else the one-pass stencil. H100, MNIST's first layer (lab/gpu_conv_layer1.py):
+# the stencil took 0.37 ms of dx at batch 1024 fp32 (cuDNN's whole backward 0.42), reading
+# each dy element once per tap.
+SPREAD_MAX_RS = 32
+SPREAD_MAX_ELEMS = 2**27
+
+
+def stencil_config(dev) -> dict:
+    """The stencil dgrad's tiles (H100, k slices outer: 128-pixel blocks the fastest of
+    128-1024 at MNIST's first layer, fp32 and bf16)."""
+    return dict(BLOCK=128 if dev.type == "cuda" else 64, BLOCK_K=16, num_warps=4)
+
+
 def dgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
-    """("stencil", "taps" or "gemm", the launch's constexprs and tiles) for dx with C
-    channels: a stencil at C <= 4, a tap at a time (the forward's order) at C >= 16."""
+    """("spread", "stencil", "taps" or "gemm", the launch's constexprs and tiles) for dx
+    with C channels: at C <= 4 the two-pass spread (a stencil past SPREAD_MAX_RS taps), a
+    tap at a time (the forward's order) at C >= 16."""
     if c <= STENCIL_MAX_C:
-        block = 256 if dev.type == "cuda" else 64
-        return "stencil", dict(BLOCK=block, BLOCK_K=16, num_warps=4)
+        if r * s <= SPREAD_MAX_RS:
+            cuda = dev.type == "cuda"
+            return "spread", dict(BLOCK=128 if cuda else 32, BLOCK_K=_clamp_pow2(k, 16, 32),
+                                  RS_PAD=_clamp_pow2(r * s, 16, SPREAD_MAX_RS), num_warps=4,
+                                  GATHER=256 if cuda else 64)  # fmt: skip
+        return "stencil", stencil_config(dev)
     acc64 = dtype == torch.float32
     if c >= TAPS_MIN_C:
         tiles = _taps_tiles(c, k, dtype, dev, acc64)
@@ -717,6 +797,10 @@ WGRAD_DOT64 = True
 # 32x64x56x56), the same error (0.24-0.47 of cuDNN's dbias error). 16-bit: fp32 sums a
 # step (the fastest mode with channels-innermost reads).
 WGRAD_DB: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 2, torch.float16: 2}
+# The GEMM wgrad's (C < 16) dbias by dtype: fp32 in-kernel fp64 sums (DB 1). H100, MNIST's
+# first layer, dw and db: 0.137 ms against 0.315 with torch's sums at batch 1024 (0.054 /
+# 0.101 at 256), the same error.
+WGRAD_DB_GEMM: dict[torch.dtype, int] = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 2}
 
 
 # wgrad's programs per SM (tiles x splits), the splits' target
@@ -771,7 +855,20 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
     if need_dx and nhw:
         kind, cfg = dgrad_plan(c, r, s, k, x.dtype, x.device)
         dims, conv = (c, h, wd, k, p, q, r, s, nhw), (sh, sw, ph, pw)
-        if kind == "stencil":
+        if kind == "spread" and c * r * s * npq > SPREAD_MAX_ELEMS:
+            kind, cfg = "stencil", stencil_config(x.device)
+        if kind == "spread":
+            cfg = dict(cfg)
+            gather = cfg.pop("GATHER")
+            wide = x.dtype == torch.float32
+            t = torch.empty((c, r * s, npq), dtype=torch.float64 if wide else torch.float32, device=x.device)
+            grid = (triton_support.cdiv(npq, cfg["BLOCK"]), c)
+            dy_c, w_c = dy_as(torch.contiguous_format), w.contiguous()
+            _conv_dgrad_spread_kernel[grid](dy_c, w_c, t, c, k, p * q, npq, r * s, UPCAST=consts["UPCAST"],
+                                            WIDE=wide, **cfg)  # fmt: skip
+            grid = (triton_support.cdiv(nhw, gather), c)
+            _conv_dgrad_gather_kernel[grid](t, dx, c, h, wd, p, q, s, r * s, nhw, npq, *conv, BLOCK=gather)
+        elif kind == "stencil":
             grid = (triton_support.cdiv(nhw, cfg["BLOCK"]), c)
             _conv_dgrad_stencil_kernel[grid](dy_as(torch.contiguous_format), w, dx, *dims, *conv, **cfg)
         else:
@@ -799,7 +896,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
     dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
-    db_mode = WGRAD_DB.get(x.dtype, 1)
+    db_mode = (WGRAD_DB_GEMM if kind == "gemm" else WGRAD_DB).get(x.dtype, 1)
     # (DB 0: the kernel writes no dbias partials; dw_part only fills the argument)
     db_part = dw_part if db_mode == 0 else torch.empty((splits, k), dtype=torch.float64, device=x.device)
     kernel[(tiles, splits)](
@@ -895,6 +992,20 @@ def _kernel_specs(dtype: str):
         spec = launch(fwd[kind], fwd_ptrs, geom + ("M",) + xi + ws + conv, consts)
         out.setdefault(fwd[kind], spec)
         kind, cfg = dgrad_plan(c, 3, 3, k, tdt, gpu)
+        if kind == "spread":  # (and the stencil it falls back to past SPREAD_MAX_ELEMS)
+            cfg = dict(cfg)
+            gather = cfg.pop("GATHER")
+            t = "*fp64" if dtype == "fp32" else "*fp32"
+            vals.update(PQ=side * side, RS=9)
+            spread = dict(cfg, UPCAST=False, WIDE=dtype == "fp32")
+            spec = launch(_conv_dgrad_spread_kernel, [("dy_ptr", p), ("w_ptr", p), ("t_ptr", t)],
+                          ("C", "K", "PQ", "NPQ", "RS"), spread)  # fmt: skip
+            out.setdefault(_conv_dgrad_spread_kernel, spec)
+            g_ints = ("C", "H", "W", "P", "Q", "S", "RS", "NHW", "NPQ") + conv
+            spec = launch(_conv_dgrad_gather_kernel, [("t_ptr", t), ("dx_ptr", p)], g_ints,
+                          dict(BLOCK=gather, num_warps=4))  # fmt: skip
+            out.setdefault(_conv_dgrad_gather_kernel, spec)
+            kind, cfg = "stencil", stencil_config(gpu)
         if kind == "stencil":
             spec = launch(_conv_dgrad_stencil_kernel, d_ptrs, geom + ("NHW",) + conv, cfg)
             out.setdefault(_conv_dgrad_stencil_kernel, spec)
@@ -913,7 +1024,8 @@ def _kernel_specs(dtype: str):
         kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
         nhwc = kind == "taps" and _nhwc("wgrad", tdt, npq)
         (xi, xu), (di, du) = unit(xs, nhwc), unit(ds, nhwc)
-        wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=WGRAD_DB.get(tdt, 1), **xu, **du)
+        db = (WGRAD_DB_GEMM if kind == "gemm" else WGRAD_DB).get(tdt, 1)
+        wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=db, **xu, **du)
         x, dy = act(c, nhwc), act(k, nhwc)
         wcx.update(wgrad_runs(dy, x, 1))
         vals.update(strides(xs, x), **strides(ds, dy), CHUNK=4 * cfg["BLOCK_K"])
