@@ -319,6 +319,16 @@ def _conv_dgrad_taps_kernel(
 
 
 @triton_support.jit
+def _dx_pixels(NHW, H, W, BLOCK: tl.constexpr):
+    """The dgrad stencil's and gather's program: (pixel offsets, channel c, in range,
+    image, offset in the image, row, column) of this program's block of input pixels."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    hw = H * W
+    nb, rem = offs // hw, offs % hw
+    return offs, tl.program_id(1), offs < NHW, nb, rem, rem // W, rem % W
+
+
+@triton_support.jit
 def _conv_dgrad_stencil_kernel(
     dy_ptr, w_ptr, dx_ptr,  # dy [N, K, P, Q], w [K, C, R, S], dx [N, C, H, W]: contiguous
     C, H, W, K, P, Q, R, S, NHW,
@@ -330,12 +340,8 @@ def _conv_dgrad_stencil_kernel(
     # BLOCK_K-deep slice of k summed in fp32, the slices in fp64. The k slices are the outer
     # loop: the R S shifted reads of one slice hit the same few rows of dy while they are
     # in L1.
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    c = tl.program_id(1)
-    ok = offs < NHW
+    offs, c, ok, nb, rem, h, w = _dx_pixels(NHW, H, W, BLOCK)
     hw = H * W
-    nb, rem = offs // hw, offs % hw
-    h, w = rem // W, rem % W
     pq = P * Q
     RS = R * S
     acc = tl.zeros((BLOCK,), dtype=tl.float64)
@@ -397,12 +403,8 @@ def _conv_dgrad_gather_kernel(
     # dgrad at few channels, second half: dx[n, c, h, w] = sum_{r, s} t[c, rs, (n, p, q)] with
     # (p, q) the output pixel that reads (h, w) through tap (r, s) (``_dy_source``), summed
     # in t's dtype (fp64 for fp32 x).
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    c = tl.program_id(1)
-    ok = offs < NHW
+    offs, c, ok, nb, rem, h, w = _dx_pixels(NHW, H, W, BLOCK)
     hw = H * W
-    nb, rem = offs // hw, offs % hw
-    h, w = rem // W, rem % W
     acc = tl.zeros((BLOCK,), dtype=t_ptr.dtype.element_ty)
     for rs in range(0, RS):
         p, q, src_ok = _dy_source(h + PH - rs // S, w + PW - rs % S, SH, SW, P, Q)
