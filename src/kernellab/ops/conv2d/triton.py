@@ -708,12 +708,13 @@ def stencil_config(dev) -> dict:
     return dict(BLOCK=128 if dev.type == "cuda" else 64, BLOCK_K=16, num_warps=4)
 
 
-def dgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev) -> tuple[str, dict]:
+def dgrad_plan(c: int, r: int, s: int, k: int, dtype: torch.dtype, dev, npq: int = 0) -> tuple[str, dict]:
     """("spread", "stencil", "taps" or "gemm", the launch's constexprs and tiles) for dx
-    with C channels: at C <= 4 the two-pass spread (a stencil past SPREAD_MAX_RS taps), a
-    tap at a time (the forward's order) at C >= 16."""
+    with C channels and N P Q output pixels: at C <= 4 the two-pass spread (a stencil past
+    SPREAD_MAX_RS taps or where its t would exceed SPREAD_MAX_ELEMS values), a tap at a
+    time (the forward's order) at C >= 16."""
     if c <= STENCIL_MAX_C:
-        if r * s <= SPREAD_MAX_RS:
+        if r * s <= SPREAD_MAX_RS and c * r * s * npq <= SPREAD_MAX_ELEMS:
             cuda = dev.type == "cuda"
             return "spread", dict(BLOCK=128 if cuda else 32, BLOCK_K=_clamp_pow2(k, 16, 32),
                                   RS_PAD=_clamp_pow2(r * s, 16, SPREAD_MAX_RS), num_warps=4,
@@ -805,6 +806,11 @@ WGRAD_DB: dict[torch.dtype, int] = {torch.float32: 0, torch.bfloat16: 2, torch.f
 WGRAD_DB_GEMM: dict[torch.dtype, int] = {torch.float32: 1, torch.bfloat16: 2, torch.float16: 2}
 
 
+def _wgrad_db(kind: str, dtype: torch.dtype) -> int:
+    """The dbias mode (``_wgrad_step``'s DB) of the ``kind`` wgrad at ``dtype``."""
+    return (WGRAD_DB_GEMM if kind == "gemm" else WGRAD_DB).get(dtype, 1)
+
+
 # wgrad's programs per SM (tiles x splits), the splits' target
 WGRAD_PROGRAMS_PER_SM = 2
 
@@ -855,10 +861,8 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         return copies[fmt]
 
     if need_dx and nhw:
-        kind, cfg = dgrad_plan(c, r, s, k, x.dtype, x.device)
+        kind, cfg = dgrad_plan(c, r, s, k, x.dtype, x.device, npq)
         dims, conv = (c, h, wd, k, p, q, r, s, nhw), (sh, sw, ph, pw)
-        if kind == "spread" and c * r * s * npq > SPREAD_MAX_ELEMS:
-            kind, cfg = "stencil", stencil_config(x.device)
         if kind == "spread":
             cfg = dict(cfg)
             gather = cfg.pop("GATHER")
@@ -898,7 +902,7 @@ def triton_conv2d_bwd(dy, x, w, need_dx, sh, sw, ph, pw):
         tiles = triton_support.cdiv(k, cfg["BLOCK_M"]) * triton_support.cdiv(crs, cfg["BLOCK_N"])
     splits, chunk = _wgrad_split(tiles, npq, cfg["BLOCK_K"], x.device)
     dw_part = torch.empty((splits, k, crs), dtype=torch.float64, device=x.device)
-    db_mode = (WGRAD_DB_GEMM if kind == "gemm" else WGRAD_DB).get(x.dtype, 1)
+    db_mode = _wgrad_db(kind, x.dtype)
     # (DB 0: the kernel writes no dbias partials; dw_part only fills the argument)
     db_part = dw_part if db_mode == 0 else torch.empty((splits, k), dtype=torch.float64, device=x.device)
     kernel[(tiles, splits)](
@@ -1026,8 +1030,7 @@ def _kernel_specs(dtype: str):
         kind, cfg = wgrad_plan(c, 3, 3, k, tdt, gpu)
         nhwc = kind == "taps" and _nhwc("wgrad", tdt, npq)
         (xi, xu), (di, du) = unit(xs, nhwc), unit(ds, nhwc)
-        db = (WGRAD_DB_GEMM if kind == "gemm" else WGRAD_DB).get(tdt, 1)
-        wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=db, **xu, **du)
+        wcx = dict(cx, ACC64=dtype == "fp32", DOT64=WGRAD_DOT64, DB=_wgrad_db(kind, tdt), **xu, **du)
         x, dy = act(c, nhwc), act(k, nhwc)
         wcx.update(wgrad_runs(dy, x, 1))
         vals.update(strides(xs, x), **strides(ds, dy), CHUNK=4 * cfg["BLOCK_K"])
