@@ -12,6 +12,10 @@ parts:
           ratio to cuDNN's. (The split part it replaced: rows conv-parts-*.)
   dgrad   the dgrad and forward tap kernels at other tiles and stage counts (16-bit)
   wgrad   the bf16 tap wgrad at other tiles, dbias by torch and fp32 a step
+  sums    the wgrad launch (dw and db: the kernel, then torch's sums of its fp64 split
+          partials) at WGRAD_PROGRAMS_PER_SM 1-8 and each dbias mode, the default wgrad and
+          backward, cuDNN's dw + db and backward beside; errors against float64 as a ratio to
+          cuDNN's. Also MNIST's first layer (C 1, the GEMM wgrad).
   once    the forward and dgrad tap kernels once each at 32x64x56x56 (plan tiles), for ncu
 Shapes: the table's conv2d layers with C >= 16 (padding 1, bias). do_bench medians (ms),
 L2 flushed by do_bench, TF32 off.
@@ -212,6 +216,54 @@ def layout(out, dtypes):
             out(row)
 
 
+SUMS_SHAPES = SHAPES[1:] + [(64, 1, 28, 28, 32), (1024, 1, 28, 28, 32)]
+
+
+def sums(out, dtypes):
+    """The wgrad launch at programs per SM 1-8 (at every size) and each dbias mode."""
+    saved = (kt.WGRAD_PROGRAMS_PER_SM, kt.WGRAD_LARGE_NPQ, dict(kt.WGRAD_DB), dict(kt.WGRAD_DB_GEMM))
+    for dname in dtypes:
+        dtype = DTYPES[dname]
+        for shape in SUMS_SHAPES:
+            x, w, b, dy = _inputs(*shape, dtype)
+            k = shape[4]
+            row = dict(part="sums", dtype=dname, shape="x".join(map(str, shape)) + "x3x3")
+            row["cudnn_dw"] = _ms(lambda: torch.ops.aten.convolution_backward(
+                dy, x, w, [k], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, True]))  # fmt: skip
+            row["cudnn_bwd"] = _ms(lambda: torch.ops.aten.convolution_backward(
+                dy, x, w, [k], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, True]))  # fmt: skip
+            _, cdw, cdb = torch.ops.aten.convolution_backward(
+                dy, x, w, [k], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, True])  # fmt: skip
+            xr, wr, br = x.double(), w.double().requires_grad_(), b.double().requires_grad_()
+            rdw, rdb = torch.autograd.grad(F.conv2d(xr, wr, br, padding=1), (wr, br), dy.double())
+            e_w, e_b = float((cdw.double() - rdw).abs().max()), float((cdb.double() - rdb).abs().max())
+            kind = kt.wgrad_plan(shape[1], 3, 3, k, dtype, x.device)[0]
+            table = kt.WGRAD_DB_GEMM if kind == "gemm" else kt.WGRAD_DB
+            row["default_wgrad"] = _ms(lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1))
+            row["default_bwd"] = _ms(lambda: kt.triton_conv2d_bwd(dy, x, w, True, 1, 1, 1, 1))
+            try:
+                kt.WGRAD_LARGE_NPQ = 2**62  # (WGRAD_PROGRAMS_PER_SM at every size)
+                for pps in (1, 2, 4, 8):
+                    kt.WGRAD_PROGRAMS_PER_SM = pps
+                    for mode in (0, 1, 2):
+                        table[dtype] = mode
+                        name = f"pps{pps}_db{mode}"
+                        try:
+                            run = lambda: kt.triton_conv2d_bwd(dy, x, w, False, 1, 1, 1, 1)  # noqa: E731
+                            row["wgrad_" + name] = _ms(run)
+                            _, dw, db = run()
+                            row["dw_err_" + name] = _ratio(dw, rdw, e_w)
+                            row["db_err_" + name] = _ratio(db, rdb, e_b)
+                        except Exception as ex:  # noqa: BLE001
+                            row["error_" + name] = str(ex)[:200]
+            finally:
+                kt.WGRAD_PROGRAMS_PER_SM, kt.WGRAD_LARGE_NPQ = saved[:2]
+                for t, v in zip((kt.WGRAD_DB, kt.WGRAD_DB_GEMM), saved[2:]):
+                    t.clear()
+                    t.update(v)
+            out(row)
+
+
 def dgrad(out, dtypes):
     for dname in dtypes:
         dtype = DTYPES[dname]
@@ -262,6 +314,8 @@ def main():
         wgrad(out, dtypes)
     if "layout" in args.parts:
         layout(out, dtypes)
+    if "sums" in args.parts:
+        sums(out, dtypes)
     if "once" in args.parts:
         once(dtypes)
 

@@ -507,7 +507,8 @@ def test_wgrad_split_covers_the_reduction():
 
 def test_triton_wgrad_split_on_a_gpu_down_to_one_tile(monkeypatch):
     """On a GPU (132 SMs here by monkeypatch) a small reduction splits down to one tile a
-    chunk (short fp32 running sums), a large one stops at ~2 programs per SM."""
+    chunk (short fp32 running sums), a larger one stops at ~2 programs per SM, and from
+    WGRAD_LARGE_NPQ at ~4."""
     from kernellab.ops.conv2d import triton as kt
 
     monkeypatch.setattr(kt.triton_support, "sm_count", lambda index=None: 132)
@@ -515,6 +516,11 @@ def test_triton_wgrad_split_on_a_gpu_down_to_one_tile(monkeypatch):
     assert kt._wgrad_split(1, 144, 32, gpu) == (5, 32)
     splits, chunk = kt._wgrad_split(5, 64 * 196, 32, gpu)
     assert 40 < splits <= 53 and chunk % 32 == 0 and (splits - 1) * chunk < 64 * 196 <= splits * chunk
+    # from WGRAD_LARGE_NPQ reduction indices, ~4 programs per SM
+    npq = 1024 * 196
+    assert npq >= kt.WGRAD_LARGE_NPQ
+    splits, chunk = kt._wgrad_split(9, npq, 16, gpu)
+    assert 53 < splits <= 59 and (splits - 1) * chunk < npq <= splits * chunk
 
 
 def test_triton_config():

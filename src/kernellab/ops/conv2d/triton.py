@@ -811,20 +811,28 @@ def _wgrad_db(kind: str, dtype: torch.dtype) -> int:
     return (WGRAD_DB_GEMM if kind == "gemm" else WGRAD_DB).get(dtype, 1)
 
 
-# wgrad's programs per SM (tiles x splits), the splits' target
+# wgrad's programs per SM (tiles x splits), the splits' target: WGRAD_PROGRAMS_PER_SM below
+# WGRAD_LARGE_NPQ reduction indices N P Q, WGRAD_PROGRAMS_PER_SM_LARGE from there. H100
+# (lab/gpu_conv_parts.py --parts sums), wgrad at batch 1024, 2 -> 4 programs an SM: fp32
+# 0.572 -> 0.545 ms (C 32 at 14x14), 0.139 -> 0.115 (C 1 at 28x28); bf16 0.175 -> 0.142,
+# 0.124 -> 0.103. At batch 64 (N P Q 12544 and 50176) 2 or 4 by shape and dtype.
 WGRAD_PROGRAMS_PER_SM = 2
+WGRAD_PROGRAMS_PER_SM_LARGE = 4
+WGRAD_LARGE_NPQ = 2**17
 
 
 def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
     """(splits, chunk): enough programs to fill the GPU (WGRAD_PROGRAMS_PER_SM a
-    multiprocessor), down to one reduction tile per chunk; on the CPU two splits when the
-    reduction allows, so the partial-sum path is exercised by the tests. Short chunks also
+    multiprocessor, or _LARGE from WGRAD_LARGE_NPQ), down to one reduction tile per chunk;
+    on the CPU two splits when the reduction allows, so the partial-sum path is exercised
+    by the tests. Short chunks also
     shorten each fp32 running sum (the partials are added in fp64): with chunks of at
     least 8 tiles a small problem would be one chain of up to 255 products, and its fp32
     dw over the check's bound."""
     steps = triton_support.cdiv(npq, block_k)
     if dev.type == "cuda":
-        want = triton_support.cdiv(WGRAD_PROGRAMS_PER_SM * triton_support.sm_count(dev.index), tiles)
+        per_sm = WGRAD_PROGRAMS_PER_SM if npq < WGRAD_LARGE_NPQ else WGRAD_PROGRAMS_PER_SM_LARGE
+        want = triton_support.cdiv(per_sm * triton_support.sm_count(dev.index), tiles)
         splits = max(1, min(want, steps))
     else:
         splits = 2 if steps >= 2 else 1
