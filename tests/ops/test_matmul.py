@@ -1048,6 +1048,57 @@ def test_triton_x3_backend_runs_x3_dots_and_pads_b_k_inner(monkeypatch):
         torch.backends.cuda.matmul.allow_tf32 = old
 
 
+@pytest.mark.parametrize("layout", ["nn", "nt", "batched"])
+def test_x3_split_ahead_equals_x3_split_in_the_kernel(monkeypatch, layout):
+    """From X3_SPLIT_MIN_WORK (lowered here) the triton_x3 backend splits a and b into TF32
+    heads and rests ahead of the product ("x3s": one pass each, padded to multiples of 4,
+    b K-inner) and the kernel runs the same three dots on them: its output equals the
+    in-kernel split's bit for bit, odd dims, a transposed b, a batch and an epilogue
+    included, and is within the fp32 bound against float64."""
+    from kernellab.ops.matmul import triton as tm
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        g = torch.Generator().manual_seed(7)
+        k = tm.X3_MIN_K + 37
+        bt = 2 if layout == "batched" else 1
+        a = torch.randn(bt, 35, k, generator=g)
+        if layout == "nt":
+            b = torch.randn(bt, 30, k, generator=g).transpose(1, 2)
+        else:
+            b = torch.randn(bt, k, 30, generator=g)
+        a[0, 3, 5] = float("inf")  # an inf operand: its rest is NaN, dropped as in-kernel
+        c = torch.randn(30, generator=g)
+        token = tm._FP32_DOTS.set("x3")
+        try:
+            monkeypatch.setattr(tm, "X3_SPLIT_MIN_WORK", 1 << 62)
+            y_in = tm.triton_general_fwd(a, b, c, "gelu", plan=False)
+            assert tm._general_setup(a, b, True, "gelu").main.kw["PRECISION"] == "x3"
+            monkeypatch.setattr(tm, "X3_SPLIT_MIN_WORK", 0)
+            plan = tm._general_setup(a, b, True, "gelu")
+            kp = -(-k // 4) * 4
+            assert plan.presplit and plan.main.kw["PRECISION"] == "x3s" and plan.pad == (36, 32, kp)
+            assert plan.main.kw["A_LO"] == bt * 36 * kp and plan.main.kw["B_LO"] == bt * 32 * kp
+            assert plan.ints[3:9] == (36 * kp, kp, 1, 32 * kp, 1, kp)  # a row-major, b K-inner
+            y = tm.triton_general_fwd(a, b, c, "gelu", plan=False)
+        finally:
+            tm._FP32_DOTS.reset(token)
+        assert y.shape == y_in.shape == (bt, 35, 30)
+        assert torch.equal(y.isnan(), y_in.isnan()) and torch.equal(y.nan_to_num(), y_in.nan_to_num())
+        a[0, 3, 5] = 1.0
+        token = tm._FP32_DOTS.set("x3")
+        try:
+            y = tm.triton_general_fwd(a, b, c, "gelu", plan=False)
+        finally:
+            tm._FP32_DOTS.reset(token)
+        ref = mm.matmul_reference(a.double(), b.double(), c.double(), "gelu")
+        v = judge(y, ref, torch.float32, mm.apply_epilogue(a @ b, c, "gelu"))
+        assert v.ok, v.detail
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
 def test_x3_copies_an_n_inner_b_k_inner_from_x3_copy_min_m_rows():
     """x3 dots with b N-inner ([K, N] row-major, the backward's dz @ W): from X3_COPY_MIN_M
     rows the plan copies b K-inner (strides (K N, 1, K)); below, and with b = W.t(), b

@@ -7,7 +7,8 @@ where it has no effect; or fp32 operands the tensor cores truncate), "tf32rn" (f
 operands rounded to nearest TF32 first, then TF32 dots), "x3" (fp32 operands as a TF32
 head and a TF32 rest, both rounded to nearest, in three TF32 dots: head x head, and
 apart from it head x rest + rest x head; the rest x rest term, ~2^-22 of a product, is
-dropped), "ieee64" (fp32 operands widened to fp64, an fp64 dot, rounded to fp32 once: the
+dropped), "x3s" (the same three dots on operands split into head and rest ahead of the
+kernel, ``mma_x3_split``), "ieee64" (fp32 operands widened to fp64, an fp64 dot, rounded to fp32 once: the
 products exact and their sum fp64). ``dot_precision`` gives the launchers' value.
 """
 
@@ -107,3 +108,15 @@ def mma(a, b, acc, PREC: tl.constexpr):
         return two_level(a, b, acc, PREC)
     else:
         return dot(a, b, PREC, acc)
+
+
+@triton_support.jit
+def mma_x3_split(a_hi, a_lo, b_hi, b_lo, acc):
+    """acc + a @ b as "x3" (and summed as ``two_level``) for operands split ahead into
+    TF32 heads and rests (a = a_hi + a_lo, each TF32-valued, as ``dot_x3`` splits them):
+    the same three dots, bit for bit, with the tiles going to the tensor cores as loaded."""
+    zero = tl.where(tl.abs(acc) < float("inf"), acc * 0.0, 0.0)
+    rest = tl.dot(a_lo, b_hi, input_precision="tf32")
+    rest = tl.dot(a_hi, b_lo, acc=rest, input_precision="tf32")
+    rest = tl.where(rest == rest, rest, 0.0)
+    return acc + (tl.dot(a_hi, b_hi, acc=zero, input_precision="tf32") + rest)

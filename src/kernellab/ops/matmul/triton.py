@@ -50,7 +50,7 @@ from kernellab import device as _device
 from kernellab import triton_support
 from kernellab.core.spec import GRID_YZ_LIMIT
 from kernellab.ops._register import register_builtin
-from kernellab.ops._triton_dots import dot_precision, mma
+from kernellab.ops._triton_dots import dot_precision, mma, mma_x3_split, tf32_round
 from kernellab.ops.matmul._autograd import matmul_op
 from kernellab.options import config as _options
 
@@ -87,19 +87,55 @@ def epilogue(acc, bias_ptr, rn, N, HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
 
 
 @triton_support.jit
-def k_block(a_ptrs, b_ptrs, acc, k_left, rk,
+def k_block(a_ptrs, b_ptrs, acc, k_left, rk, A_LO, B_LO,
             PRECISION: tl.constexpr, UPCAST: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    # acc + the product of one K block's tiles; MASKED: only its first k_left of rk are in K
+    # acc + the product of one K block's tiles; MASKED: only its first k_left of rk are in K.
+    # "x3s": a and b are split ahead (``_tf32_split_kernel``), their rests A_LO and B_LO
+    # elements past the heads.
     if MASKED:
         a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
     else:
         a = tl.load(a_ptrs)
         b = tl.load(b_ptrs)
-    if UPCAST:
-        a = a.to(tl.float32)
-        b = b.to(tl.float32)
-    return mma(a, b, acc, PRECISION)
+    if PRECISION == "x3s":
+        if MASKED:
+            a_lo = tl.load(a_ptrs + A_LO, mask=rk[None, :] < k_left, other=0.0)
+            b_lo = tl.load(b_ptrs + B_LO, mask=rk[:, None] < k_left, other=0.0)
+        else:
+            a_lo = tl.load(a_ptrs + A_LO)
+            b_lo = tl.load(b_ptrs + B_LO)
+        acc = mma_x3_split(a, a_lo, b, b_lo, acc)
+    else:
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = mma(a, b, acc, PRECISION)
+    return acc
+
+
+@triton_support.jit
+def _tf32_split_kernel(
+    x_ptr, out_ptr,  # x [Bt, R, C] (any strides); out: heads, then the rests LO elements on
+    R, C, RP, CP,  # x's rows and columns; out's (RP >= R, CP >= C: zeros past x's)
+    s_xb, s_xr, s_xc, s_ob, s_or, s_oc, LO,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    # x split into a TF32 head and a TF32 rest (``dot_x3``'s split), written at out's
+    # strides: the "x3s" matmul's operands, padded and laid out as its tiles load them
+    pid = tl.program_id(0)
+    bz = tl.program_id(1).to(tl.int64)
+    n_c = tl.cdiv(CP, BLOCK_C)
+    r = (pid // n_c) * BLOCK_R + tl.arange(0, BLOCK_R)
+    c = (pid % n_c) * BLOCK_C + tl.arange(0, BLOCK_C)
+    x = tl.load(x_ptr + bz * s_xb + r[:, None] * s_xr + c[None, :] * s_xc,
+                mask=(r[:, None] < R) & (c[None, :] < C), other=0.0)  # fmt: skip
+    hi = tf32_round(x)
+    lo = tf32_round(x - hi)
+    o = out_ptr + bz * s_ob + r[:, None] * s_or + c[None, :] * s_oc
+    ok = (r[:, None] < RP) & (c[None, :] < CP)
+    tl.store(o, hi, mask=ok)
+    tl.store(o + LO, lo, mask=ok)
 
 
 @triton_support.jit
@@ -135,6 +171,8 @@ def _matmul_kernel(
     A_K_INNER: tl.constexpr = True,  # with ALIGN: s_ak == 1 (else a's rows are its inner dim)
     B_N_INNER: tl.constexpr = True,  # with ALIGN: s_bn == 1 (else b's K is its inner dim)
     SPLIT_K: tl.constexpr = 1,  # > 1: K slices over program_id(2), fp32 partials into c (below)
+    A_LO=0,  # "x3s": the rests of a and b, these many elements past their heads
+    B_LO=0,
 ):
     pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     bz = tl.program_id(1).to(tl.int64)
@@ -188,11 +226,11 @@ def _matmul_kernel(
         c_base += tl.program_id(2).to(tl.int64) * tl.num_programs(1) * s_cb
     whole = tl.minimum(steps, tl.maximum(K // BLOCK_K - first, 0))
     for _ in range(0, whole):  # whole K blocks unmasked, then the tail
-        acc = k_block(a_ptrs, b_ptrs, acc, BLOCK_K, rk, PRECISION, UPCAST, False)
+        acc = k_block(a_ptrs, b_ptrs, acc, BLOCK_K, rk, A_LO, B_LO, PRECISION, UPCAST, False)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
     if steps > whole:
-        acc = k_block(a_ptrs, b_ptrs, acc, K % BLOCK_K, rk, PRECISION, UPCAST, True)
+        acc = k_block(a_ptrs, b_ptrs, acc, K % BLOCK_K, rk, A_LO, B_LO, PRECISION, UPCAST, True)
 
     acc = epilogue(acc, bias_ptr, rn, N, HAS_BIAS, ACT)
     c_ptrs = c_ptr + c_base + rm[:, None] * s_cm + rn[None, :] * s_cn
@@ -269,7 +307,7 @@ def _skinny_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for i in range(0, steps):
         k_left = K - k_lo - i * BLOCK_K  # only the last block of K is partial
-        acc = k_block(a_ptrs, b_ptrs, acc, k_left, rk, PRECISION, UPCAST, True)
+        acc = k_block(a_ptrs, b_ptrs, acc, k_left, rk, 0, 0, PRECISION, UPCAST, True)
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
     _skinny_store(acc, pid_k, rm, rn, M, N, c_ptr, w_ptr, bias_ptr, s_cm, s_cn, HAS_BIAS, ACT, SPLIT_K)
@@ -458,7 +496,9 @@ def prune_configs(configs, named_args, **kwargs):
     a = named_args["a_ptr"]
     m, n, k = named_args["M"], named_args["N"], named_args["K"]
     limit = _max_shared(a.device.index or 0) if a.is_cuda else 232448  # H100's opt-in limit
-    kept = [c for c in configs if _fits(c, m, n, k, a.element_size(), limit)]
+    # ("x3s": a head and a rest tile of each operand a stage)
+    elem = a.element_size() * (2 if kwargs.get("PRECISION") == "x3s" else 1)
+    kept = [c for c in configs if _fits(c, m, n, k, elem, limit)]
     if kwargs.get("PRECISION") == "ieee" and a.element_size() == 4:
         # fp32 without TF32 runs on FMA units, not tensor cores: a thread holds its share of
         # the accumulator in registers, and past 128x128 (64 fp32 per thread at 8 warps,
@@ -468,8 +508,8 @@ def prune_configs(configs, named_args, **kwargs):
             for c in kept
             if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 128 * 128 and c.kwargs["BLOCK_K"] <= 32
         ]
-    elif kwargs.get("PRECISION") == "x3":
-        # each K block is split into four TF32 tiles in registers first: 32 deep at most
+    elif kwargs.get("PRECISION") in ("x3", "x3s"):
+        # each K block is four TF32 tiles (x3: split in registers first): 32 deep at most
         kept = [c for c in kept if c.kwargs["BLOCK_K"] <= 32]
     if not kept:
         kept = [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] * c.num_stages)]
@@ -509,6 +549,13 @@ FMA_COPY_MIN_M = 128
 # b), and ran 1.5-1.8x slower (H100, 8192x768x768: 0.304 ms against 0.198 with b = W.t()).
 # From this many rows an N-inner b is copied K-inner first.
 X3_COPY_MIN_M = 128
+
+
+# "x3" dots from this much work (bt*M*N*K) on a GPU: a and b split into TF32 heads and rests
+# ahead of the product ("x3s": ``_tf32_split_kernel``, a pass over each operand writing
+# twice its bytes, padded to multiples of 4 and with b K-inner), so that the kernel's tiles
+# go from memory to the tensor cores as loaded instead of through registers to be split.
+X3_SPLIT_MIN_WORK = TUNE_MIN_WORK
 
 
 def _tune_keys(m: int, n: int, k: int) -> tuple[int, int, int]:
@@ -1000,6 +1047,7 @@ def plan_key(kind: str, a, b, bias, activation, extra=()) -> tuple:
         FMA_WALK_MAX,
         FMA_COPY_MIN_M,
         X3_COPY_MIN_M,
+        X3_SPLIT_MIN_WORK,
         FMA_PAD_MIN_WORK,
         FMA_ROW_KN,
         extra,
@@ -1149,21 +1197,24 @@ class _GeneralPlan:
     the [M, N] corner of its [Mp, Np] output (see FMA_PAD_MIN_WORK)."""
 
     __slots__ = ("out_shape", "shape", "dtype", "device", "a3", "b3", "ints", "main", "split", "sum", "pad",
-                 "b_k_inner")  # fmt: skip
+                 "b_k_inner", "presplit")  # fmt: skip
 
     def __init__(self, out_shape, shape, dtype, device, a3, b3, ints, main, split=1, sum_=None, pad=None,
-                 b_k_inner=False):  # fmt: skip
+                 b_k_inner=False, presplit=False):  # fmt: skip
         self.out_shape, self.shape, self.dtype, self.device = out_shape, shape, dtype, device
         self.a3, self.b3, self.ints, self.main = a3, b3, ints, main
         self.split, self.sum, self.pad, self.b_k_inner = split, sum_, pad, b_k_inner
+        self.presplit = presplit
 
     def bound(self) -> _GeneralPlan:
         main = self.main.bind() if self.main is not None else None
         sum_ = self.sum.bind() if self.sum is not None else None
         return _GeneralPlan(self.out_shape, self.shape, self.dtype, self.device, self.a3, self.b3, self.ints,
-                            main, self.split, sum_, self.pad, self.b_k_inner)  # fmt: skip
+                            main, self.split, sum_, self.pad, self.b_k_inner, self.presplit)  # fmt: skip
 
     def __call__(self, a, b, bias):
+        if self.presplit:
+            return self._presplit(a, b, bias)
         if self.pad is not None:
             return self._padded(a, b, bias)
         c = torch.empty(self.shape, dtype=self.dtype, device=self.device)
@@ -1186,6 +1237,25 @@ class _GeneralPlan:
             w = torch.empty((self.split, *c.shape), dtype=torch.float32, device=self.device)
             self.main(a3, b3, w, w, *self.ints)
             self.sum(w, c, bias if bias is not None else c, c.numel(), c.shape[2])
+
+    def _presplit(self, a, b, bias):
+        """"x3s": a and b split into heads and rests (``_tf32_split_kernel``) in buffers
+        [2, bt, Mp, Kp] and [2, bt, Np, Kp] (b K-inner), the product of the padded
+        [bt, Mp, Np], its [M, N] corner returned."""
+        bt, m, n = self.shape
+        mp, np_, kp = self.pad
+        k = a.shape[-1]
+        a3, b3 = a.reshape(bt, m, k), b.reshape(bt, k, n)
+        abuf = torch.empty((2, bt, mp, kp), dtype=torch.float32, device=self.device)
+        bbuf = torch.empty((2, bt, np_, kp), dtype=torch.float32, device=self.device)
+        _split_tf32(a3, abuf[0], mp, kp)
+        _split_tf32(b3, bbuf[0].transpose(1, 2), kp, np_)
+        if bias is not None and np_ != n:
+            bias = torch.nn.functional.pad(bias, (0, np_ - n))
+        cp = torch.empty((bt, mp, np_), dtype=self.dtype, device=self.device)
+        self._run(abuf[0], bbuf[0].transpose(1, 2), cp, bias)
+        c = cp[:, :m, :n].contiguous() if (mp, np_) != (m, n) else cp
+        return c if self.out_shape is None else c.view(self.out_shape)
 
     def _padded(self, a, b, bias):
         bt, m, n = self.shape
@@ -1212,6 +1282,22 @@ class _GeneralPlan:
 # 0.89) against 2.05 as given; 4097x4095x4096 3.69 against 7.85. x3 dots likewise (1.43 ms
 # as given at 4097x4095x1023), b padded K-inner.
 FMA_PAD_MIN_WORK = TUNE_MIN_WORK
+
+
+# ``_tf32_split_kernel``'s tile
+SPLIT_BLOCK = 64
+
+
+def _split_tf32(x3: torch.Tensor, head: torch.Tensor, rp: int, cp: int) -> None:
+    """Write x3 [bt, R, C] split into TF32 heads at ``head`` (a [bt, RP, CP] view, any
+    strides; zeros past R, C) and rests one operand's buffer further (``_GeneralPlan``'s
+    [2, ...] buffers: head is their [0])."""
+    bt, r, c = x3.shape
+    lo = head[0].numel() * bt if bt else 0
+    blk = SPLIT_BLOCK if x3.is_cuda else 16
+    grid = (triton_support.cdiv(rp, blk) * triton_support.cdiv(cp, blk), bt)
+    _tf32_split_kernel[grid](x3, head, r, c, rp, cp, *x3.stride(), *head.stride(), lo,
+                             BLOCK_R=blk, BLOCK_C=blk, num_warps=4)  # fmt: skip
 
 
 def fma_pad(elem: int, bt: int, m: int, n: int, k: int, strides, fma: bool) -> tuple | None:
@@ -1272,8 +1358,15 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     # copy would hold the batch's worth of one weight
     b_copyable = bt == 1 or sb[0] != 0
     x3_copy = x3 and sb[2] == 1 and n > 1 and m >= X3_COPY_MIN_M and b_copyable
+    presplit = x3 and bt * m * n * k >= X3_SPLIT_MIN_WORK and b_copyable and (bt == 1 or sa[0] != 0)
     pad = fma_pad(a.element_size(), bt, m, n, k, (*sa, *sb), fma or x3)
-    if pad is not None:
+    if presplit:
+        # "x3s": the kernel runs on split copies, padded to multiples of 4, b K-inner
+        m0, n0 = m, n
+        m, n, k = pad = tuple(-(-d // 4) * 4 for d in (m, n, k))
+        sa, sb, sc = (m * k, k, 1), (k * n, 1, k), (m * n, n, 1)
+        prec = "x3s"
+    elif pad is not None:
         # the kernel runs on zero-padded copies (a row-major, b N-inner for FMA dots and
         # K-inner for x3 ones, see X3_COPY_MIN_M): their dims and strides
         m0, n0 = m, n
@@ -1290,6 +1383,8 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     split = general_split(m, n, k, bt, n_sm, fma)
     # with K slices the epilogue runs in the sum of the partials
     consts = dict(HAS_BIAS=has_bias and split == 1, ACT=_ACT[activation] if split == 1 else 0, SPLIT_K=split)
+    if presplit:  # (the rests: the second half of each [2, ...] buffer)
+        consts.update(A_LO=bt * m * k, B_LO=bt * n * k)
     check = (0, 1, 3)  # a, b, bias: the caller's; c is fresh
     if on_gpu:
         check_batch_grid(bt)
@@ -1311,7 +1406,7 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
                 kw["PRECISION"] = "ieee64"
             main = _Launch(_matmul_kernel, tuple(grid(kw)), kw, False, check)
     else:
-        prec_cpu = "x3" if x3 else "ieee64" if fma64 else "ieee"
+        prec_cpu = prec if presplit else "x3" if x3 else "ieee64" if fma64 else "ieee"
         consts.update(PRECISION=prec_cpu, UPCAST=a.dtype == torch.bfloat16)
         kw = dict(consts, **_CPU_CONFIG, num_warps=4)
         grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt, split)
@@ -1319,7 +1414,8 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     sum_ = _sum_launch(split, bt * m * n, n_sm, on_gpu, has_bias, activation)
     if pad is not None:
         shape = (bt, m0, n0)
-        return _GeneralPlan(out_shape, shape, a.dtype, a.device, None, None, ints, main, split, sum_, pad, x3)
+        return _GeneralPlan(out_shape, shape, a.dtype, a.device, None, None, ints, main, split, sum_, pad, x3,
+                            presplit)  # fmt: skip
     shape = (bt, m, n)
     return _GeneralPlan(out_shape, shape, a.dtype, a.device, a3, b3, ints, main, split, sum_, None, x3_copy)
 
@@ -1500,6 +1596,7 @@ def _kernel_specs(dtype: str):
     for p in ("HAS_BIAS", "ACT", "PRECISION", "UPCAST", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "ALIGN",
               "A_K_INNER", "B_N_INNER", "SPLIT_K"):  # fmt: skip
         sig[p] = "constexpr"
+    sig.update(A_LO="i32", B_LO="i32")  # ("x3s" only: 0 in every other launch)
     # (every dim and stride a multiple of 16 here: Triton's own specialization, no hints)
     cx.update(ALIGN=1, A_K_INNER=True, B_N_INNER=True, SPLIT_K=1)
     skinny = _skinny_spec(dtype)
@@ -1512,7 +1609,9 @@ def _kernel_specs(dtype: str):
 
 def _x3_kernel_specs(dtype: str):
     """For `kernellab asm`: triton_x3's tiled kernel at 4096^3 (fp32, 128x128x32, 4 warps)
-    with "x3" dots and b K-inner (as it copies an N-inner b); other dtypes as triton's."""
+    with b K-inner, as it runs there: on operands split ahead ("x3s", from
+    X3_SPLIT_MIN_WORK) by ``_tf32_split_kernel``, and below that work with "x3" dots
+    splitting in registers; other dtypes as triton's."""
     specs = _kernel_specs(dtype)
     if dtype != "fp32":
         return specs
@@ -1520,7 +1619,13 @@ def _x3_kernel_specs(dtype: str):
     sig = dict(sig, s_bn="i32", s_bk="constexpr")
     cx = {k: v for k, v in cx.items() if k != "s_bn"}
     cx.update(PRECISION="x3", s_bk=1, B_N_INNER=False)
-    return [(kernel, sig, cx, launch)]
+    split_cx = dict(cx, PRECISION="x3s", ALIGN=4)
+    tf32 = {"x_ptr": "*fp32", "out_ptr": "*fp32", "s_xc": "constexpr", "s_oc": "constexpr"}
+    tf32.update({n: "i32" for n in ("R", "C", "RP", "CP", "s_xb", "s_xr", "s_ob", "s_or", "LO")})
+    tf32.update(BLOCK_R="constexpr", BLOCK_C="constexpr")
+    tf32_cx = dict(s_xc=1, s_oc=1, BLOCK_R=SPLIT_BLOCK, BLOCK_C=SPLIT_BLOCK)
+    return [(kernel, sig, split_cx, launch), (_tf32_split_kernel, tf32, tf32_cx, {"num_warps": 4}),
+            (kernel, sig, cx, launch)]  # fmt: skip
 
 
 def _skinny_spec(dtype: str):
