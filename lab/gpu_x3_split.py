@@ -1,6 +1,7 @@
 """triton_x3's fp32 products with the operands split into TF32 heads and rests ahead of the
-kernel ("x3s", the default from X3_SPLIT_MIN_WORK) against the split in registers ("x3"),
-beside torch (cuBLAS, TF32 off). Needs a GPU.
+kernel ("x3s", forced at every shape here; the library's choice: X3_SPLIT_MIN_WORK and
+X3_SPLIT_MIN_MN) against the split in registers ("x3"), beside torch (cuBLAS, TF32 off).
+Needs a GPU.
 
     PYTHONPATH=src python lab/gpu_x3_split.py [--json F] [--fwdbwd]
 
@@ -24,8 +25,19 @@ SHAPES = [(4097, 4095, 1023), (8192, 768, 768), (8192, 768, 3072), (8192, 2304, 
 FWDBWD = [(4097, 4095, 1023), (8192, 768, 3072)]
 
 
-def _variant(name: str) -> int:
-    return 1 << 62 if name == "x3" else tm.X3_SPLIT_MIN_WORK
+class _variant:
+    """x3 (no split ahead) or x3s (split ahead at every shape of TUNE_MIN_WORK and up)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.saved = tm.X3_SPLIT_MIN_WORK, tm.X3_SPLIT_MIN_MN
+        tm.X3_SPLIT_MIN_WORK = 1 << 62 if self.name == "x3" else tm.TUNE_MIN_WORK
+        tm.X3_SPLIT_MIN_MN = 0
+
+    def __exit__(self, *exc):
+        tm.X3_SPLIT_MIN_WORK, tm.X3_SPLIT_MIN_MN = self.saved
 
 
 def main():
@@ -34,7 +46,6 @@ def main():
     ap.add_argument("--fwdbwd", action="store_true")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    default = tm.X3_SPLIT_MIN_WORK
 
     def out(row):
         print(json.dumps(row), flush=True)
@@ -54,14 +65,11 @@ def main():
             row["ms"]["torch"] = round(do_bench(lambda: a @ b), 5)
             ys = {}
             for name in ("x3", "x3s"):
-                tm.X3_SPLIT_MIN_WORK = _variant(name)
-                try:
+                with _variant(name):
                     run = lambda: kernellab.matmul(a, b, backend="triton_x3")  # noqa: E731
                     ys[name] = run()
                     row["ms"][name] = round(do_bench(run), 5)
                     row["err_ratio"][name] = round(float((ys[name].double() - ref).abs().max()) / e_t, 3)
-                finally:
-                    tm.X3_SPLIT_MIN_WORK = default
             row["same_bits"] = bool(torch.equal(ys["x3"], ys["x3s"]))
             row["tflops"] = {v: round(2 * m * n * k / t / 1e9, 1) for v, t in row["ms"].items()}
             out(row)
@@ -80,11 +88,8 @@ def main():
 
         row["ms"]["torch"] = round(do_bench(lambda: step(None), grad_to_none=[a, w]), 5)
         for name in ("x3", "x3s"):
-            tm.X3_SPLIT_MIN_WORK = _variant(name)
-            try:
+            with _variant(name):
                 row["ms"][name] = round(do_bench(lambda: step("triton_x3"), grad_to_none=[a, w]), 5)
-            finally:
-                tm.X3_SPLIT_MIN_WORK = default
         out(row)
 
 

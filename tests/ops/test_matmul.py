@@ -1076,6 +1076,7 @@ def test_x3_split_ahead_equals_x3_split_in_the_kernel(monkeypatch, layout):
             y_in = tm.triton_general_fwd(a, b, c, "gelu", plan=False)
             assert tm._general_setup(a, b, True, "gelu").main.kw["PRECISION"] == "x3"
             monkeypatch.setattr(tm, "X3_SPLIT_MIN_WORK", 0)
+            monkeypatch.setattr(tm, "X3_SPLIT_MIN_MN", 0)
             plan = tm._general_setup(a, b, True, "gelu")
             kp = -(-k // 4) * 4
             assert plan.presplit and plan.main.kw["PRECISION"] == "x3s" and plan.pad == (36, 32, kp)
@@ -1096,6 +1097,35 @@ def test_x3_split_ahead_equals_x3_split_in_the_kernel(monkeypatch, layout):
         v = judge(y, ref, torch.float32, mm.apply_epilogue(a @ b, c, "gelu"))
         assert v.ok, v.detail
     finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_x3_splits_ahead_where_the_operands_are_padded_or_the_output_is_wide():
+    """"x3s" from X3_SPLIT_MIN_WORK where x3 pads the operands anyway (odd dims) or M N / (M
+    + N) >= X3_SPLIT_MIN_MN; else the split stays in the kernel: (M, N, K) as the tiled
+    kernel sees each product (a forward, or the backward's dz @ W and x^T @ dz)."""
+    from kernellab.ops.matmul import triton as tm
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    cases = {
+        (4097, 4095, 1023): True,  # padded
+        (4097, 1023, 4095): True,  # its backward's dz @ W, padded
+        (8192, 2304, 768): True,  # GPT-2's qkv: wide
+        (8192, 768, 768): False,  # GPT-2's proj, and its backward's products
+        (768, 768, 8192): False,
+        (8192, 768, 3072): False,
+        (3000, 3000, 3000): False,  # M N / (M + N) 1500
+    }
+    token = tm._FP32_DOTS.set("x3")
+    try:
+        for (m, n, k), want in cases.items():
+            a, b = torch.empty(m, k), torch.empty(k, n)
+            plan = tm._general_setup(a, b, False, None)
+            assert plan.presplit == want, (m, n, k)
+            assert plan.main.kw["PRECISION"] == ("x3s" if want else "x3"), (m, n, k)
+    finally:
+        tm._FP32_DOTS.reset(token)
         torch.backends.cuda.matmul.allow_tf32 = old
 
 

@@ -551,11 +551,20 @@ FMA_COPY_MIN_M = 128
 X3_COPY_MIN_M = 128
 
 
-# "x3" dots from this much work (bt*M*N*K) on a GPU: a and b split into TF32 heads and rests
-# ahead of the product ("x3s": ``_tf32_split_kernel``, a pass over each operand writing
-# twice its bytes, padded to multiples of 4 and with b K-inner), so that the kernel's tiles
-# go from memory to the tensor cores as loaded instead of through registers to be split.
+# "x3" dots from this much work (bt*M*N*K): a and b split into TF32 heads and rests ahead of
+# the product ("x3s": ``_tf32_split_kernel``, a pass over each operand writing twice its
+# bytes, padded to multiples of 4 and with b K-inner), so that the kernel's tiles go from
+# memory to the tensor cores as loaded instead of through registers to be split. Where the
+# x3 path pads the operands anyway (a dim or stride off a multiple of 4), or where the output
+# is wide enough that the pass costs little beside the product (M N / (M + N) of at least
+# X3_SPLIT_MIN_MN: the pass is ~12 (M + N) K bytes against M N K multiply-adds). H100
+# (lab/gpu_x3_split.py, forward, ms x3 -> x3s, cuBLAS): 4097x4095x1023 0.781 -> 0.667
+# (0.688), forward+backward 2.56 -> 2.06 (2.10); 8192x2304x768 0.571 -> 0.528 (0.632);
+# 8192x3072x768 0.760 -> 0.689; 4096^3 2.67 -> 2.15. Slower: 3000^3 1.115 -> 1.184 (M N / (M +
+# N) 1500) and the GPT-2 backward's products with 768 wide outputs (8192x768x768 forward +
+# backward 0.623 -> 0.687).
 X3_SPLIT_MIN_WORK = TUNE_MIN_WORK
+X3_SPLIT_MIN_MN = 1536
 
 
 def _tune_keys(m: int, n: int, k: int) -> tuple[int, int, int]:
@@ -1048,6 +1057,7 @@ def plan_key(kind: str, a, b, bias, activation, extra=()) -> tuple:
         FMA_COPY_MIN_M,
         X3_COPY_MIN_M,
         X3_SPLIT_MIN_WORK,
+        X3_SPLIT_MIN_MN,
         FMA_PAD_MIN_WORK,
         FMA_ROW_KN,
         extra,
@@ -1358,8 +1368,10 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     # copy would hold the batch's worth of one weight
     b_copyable = bt == 1 or sb[0] != 0
     x3_copy = x3 and sb[2] == 1 and n > 1 and m >= X3_COPY_MIN_M and b_copyable
-    presplit = x3 and bt * m * n * k >= X3_SPLIT_MIN_WORK and b_copyable and (bt == 1 or sa[0] != 0)
     pad = fma_pad(a.element_size(), bt, m, n, k, (*sa, *sb), fma or x3)
+    wide = m * n >= X3_SPLIT_MIN_MN * (m + n)
+    presplit = x3 and bt * m * n * k >= X3_SPLIT_MIN_WORK and (pad is not None or wide)
+    presplit = presplit and b_copyable and (bt == 1 or sa[0] != 0)
     if presplit:
         # "x3s": the kernel runs on split copies, padded to multiples of 4, b K-inner
         m0, n0 = m, n
