@@ -8,8 +8,9 @@ operands rounded to nearest TF32 first, then TF32 dots), "x3" (fp32 operands as 
 head and a TF32 rest, both rounded to nearest, in three TF32 dots: head x head, and
 apart from it head x rest + rest x head; the rest x rest term, ~2^-22 of a product, is
 dropped), "x3s" (the same three dots on operands split into head and rest ahead of the
-kernel, ``mma_x3_split``), "ieee64" (fp32 operands widened to fp64, an fp64 dot, rounded to fp32 once: the
-products exact and their sum fp64). ``dot_precision`` gives the launchers' value.
+kernel, ``mma_x3_split``), "ieee64" (fp32 operands widened to fp64, an fp64 dot, rounded
+to fp32 once: the products exact and their sum fp64). ``dot_precision`` gives the
+launchers' value.
 """
 
 from __future__ import annotations

@@ -825,10 +825,9 @@ def _wgrad_split(tiles: int, npq: int, block_k: int, dev) -> tuple[int, int]:
     """(splits, chunk): enough programs to fill the GPU (WGRAD_PROGRAMS_PER_SM a
     multiprocessor, or _LARGE from WGRAD_LARGE_NPQ), down to one reduction tile per chunk;
     on the CPU two splits when the reduction allows, so the partial-sum path is exercised
-    by the tests. Short chunks also
-    shorten each fp32 running sum (the partials are added in fp64): with chunks of at
-    least 8 tiles a small problem would be one chain of up to 255 products, and its fp32
-    dw over the check's bound."""
+    by the tests. Short chunks also shorten each fp32 running sum (the partials are added
+    in fp64): with chunks of at least 8 tiles a small problem would be one chain of up to
+    255 products, and its fp32 dw over the check's bound."""
     steps = triton_support.cdiv(npq, block_k)
     if dev.type == "cuda":
         per_sm = WGRAD_PROGRAMS_PER_SM if npq < WGRAD_LARGE_NPQ else WGRAD_PROGRAMS_PER_SM_LARGE

@@ -1303,7 +1303,7 @@ def _split_tf32(x3: torch.Tensor, head: torch.Tensor, rp: int, cp: int) -> None:
     strides; zeros past R, C) and rests one operand's buffer further (``_GeneralPlan``'s
     [2, ...] buffers: head is their [0])."""
     bt, r, c = x3.shape
-    lo = head[0].numel() * bt if bt else 0
+    lo = bt * rp * cp
     blk = SPLIT_BLOCK if x3.is_cuda else 16
     grid = (triton_support.cdiv(rp, blk) * triton_support.cdiv(cp, blk), bt)
     _tf32_split_kernel[grid](x3, head, r, c, rp, cp, *x3.stride(), *head.stride(), lo,
