@@ -1223,8 +1223,6 @@ class _GeneralPlan:
                             main, self.split, sum_, self.pad, self.b_k_inner, self.presplit)  # fmt: skip
 
     def __call__(self, a, b, bias):
-        if self.presplit:
-            return self._presplit(a, b, bias)
         if self.pad is not None:
             return self._padded(a, b, bias)
         c = torch.empty(self.shape, dtype=self.dtype, device=self.device)
@@ -1248,36 +1246,27 @@ class _GeneralPlan:
             self.main(a3, b3, w, w, *self.ints)
             self.sum(w, c, bias if bias is not None else c, c.numel(), c.shape[2])
 
-    def _presplit(self, a, b, bias):
-        """"x3s": a and b split into heads and rests (``_tf32_split_kernel``) in buffers
-        [2, bt, Mp, Kp] and [2, bt, Np, Kp] (b K-inner), the product of the padded
-        [bt, Mp, Np], its [M, N] corner returned."""
-        bt, m, n = self.shape
-        mp, np_, kp = self.pad
-        k = a.shape[-1]
-        a3, b3 = a.reshape(bt, m, k), b.reshape(bt, k, n)
-        abuf = torch.empty((2, bt, mp, kp), dtype=torch.float32, device=self.device)
-        bbuf = torch.empty((2, bt, np_, kp), dtype=torch.float32, device=self.device)
-        _split_tf32(a3, abuf[0], mp, kp)
-        _split_tf32(b3, bbuf[0].transpose(1, 2), kp, np_)
-        if bias is not None and np_ != n:
-            bias = torch.nn.functional.pad(bias, (0, np_ - n))
-        cp = torch.empty((bt, mp, np_), dtype=self.dtype, device=self.device)
-        self._run(abuf[0], bbuf[0].transpose(1, 2), cp, bias)
-        c = cp[:, :m, :n].contiguous() if (mp, np_) != (m, n) else cp
-        return c if self.out_shape is None else c.view(self.out_shape)
-
     def _padded(self, a, b, bias):
+        """The product on [bt, Mp, Kp] and [bt, Kp, Np] operands, its [M, N] corner
+        returned: zero-padded copies of a and b, or with ``presplit`` ("x3s") their heads
+        and rests (``_tf32_split_kernel``) in buffers [2, bt, Mp, Kp] and [2, bt, Np, Kp]."""
         bt, m, n = self.shape
         mp, np_, kp = self.pad
         k = a.shape[-1]
-        a3 = torch.nn.functional.pad(a.reshape(bt, m, k), (0, kp - k, 0, mp - m))
-        if self.b_k_inner:  # [bt, Kp, Np] with K the unit stride
-            b3 = torch.nn.functional.pad(b.reshape(bt, k, n).transpose(1, 2), (0, kp - k, 0, np_ - n))
-            b3 = b3.transpose(1, 2)
+        if self.presplit:  # (b K-inner)
+            abuf = torch.empty((2, bt, mp, kp), dtype=torch.float32, device=self.device)
+            bbuf = torch.empty((2, bt, np_, kp), dtype=torch.float32, device=self.device)
+            a3, b3 = abuf[0], bbuf[0].transpose(1, 2)
+            _split_tf32(a.reshape(bt, m, k), a3, mp, kp)
+            _split_tf32(b.reshape(bt, k, n), b3, kp, np_)
         else:
-            b3 = torch.nn.functional.pad(b.reshape(bt, k, n), (0, np_ - n, 0, kp - k))
-        if bias is not None:
+            a3 = torch.nn.functional.pad(a.reshape(bt, m, k), (0, kp - k, 0, mp - m))
+            if self.b_k_inner:  # [bt, Kp, Np] with K the unit stride
+                b3 = torch.nn.functional.pad(b.reshape(bt, k, n).transpose(1, 2), (0, kp - k, 0, np_ - n))
+                b3 = b3.transpose(1, 2)
+            else:
+                b3 = torch.nn.functional.pad(b.reshape(bt, k, n), (0, np_ - n, 0, kp - k))
+        if bias is not None and np_ != n:
             bias = torch.nn.functional.pad(bias, (0, np_ - n))
         cp = torch.empty((bt, mp, np_), dtype=self.dtype, device=self.device)
         self._run(a3, b3, cp, bias)
