@@ -57,19 +57,23 @@ def tf32_round(x):
 
 
 @triton_support.jit
-def dot_x3(a, b, c=None):
-    # c + a @ b as "x3" (module docstring). The rest terms are summed apart from the head
-    # product and added once (their own rounding is ~2^-11 of the head's); a NaN among them
-    # where head x head is finite (an inf operand: inf - inf) is dropped, as the head
-    # product alone then carries the inf.
-    a_hi = tf32_round(a)
-    b_hi = tf32_round(b)
-    a_lo = tf32_round(a - a_hi)
-    b_lo = tf32_round(b - b_hi)
+def x3_dots(a_hi, a_lo, b_hi, b_lo, c=None):
+    # c + a @ b from TF32 heads and rests (a = a_hi + a_lo): the head product accumulated on
+    # c, the rest terms summed apart from it and added once (their own rounding is ~2^-11 of
+    # the head's). A NaN among them where head x head is finite (an inf operand: inf - inf)
+    # is dropped, as the head product alone then carries the inf.
     rest = tl.dot(a_lo, b_hi, input_precision="tf32")
     rest = tl.dot(a_hi, b_lo, acc=rest, input_precision="tf32")
     rest = tl.where(rest == rest, rest, 0.0)
     return tl.dot(a_hi, b_hi, acc=c, input_precision="tf32") + rest
+
+
+@triton_support.jit
+def dot_x3(a, b, c=None):
+    # c + a @ b as "x3" (module docstring): split in registers, then ``x3_dots``.
+    a_hi = tf32_round(a)
+    b_hi = tf32_round(b)
+    return x3_dots(a_hi, tf32_round(a - a_hi), b_hi, tf32_round(b - b_hi), c)
 
 
 @triton_support.jit
@@ -117,7 +121,4 @@ def mma_x3_split(a_hi, a_lo, b_hi, b_lo, acc):
     TF32 heads and rests (a = a_hi + a_lo, each TF32-valued, as ``dot_x3`` splits them):
     the same three dots, bit for bit, with the tiles going to the tensor cores as loaded."""
     zero = tl.where(tl.abs(acc) < float("inf"), acc * 0.0, 0.0)
-    rest = tl.dot(a_lo, b_hi, input_precision="tf32")
-    rest = tl.dot(a_hi, b_lo, acc=rest, input_precision="tf32")
-    rest = tl.where(rest == rest, rest, 0.0)
-    return acc + (tl.dot(a_hi, b_hi, acc=zero, input_precision="tf32") + rest)
+    return acc + x3_dots(a_hi, a_lo, b_hi, b_lo, zero)
