@@ -1,12 +1,15 @@
 """conv2d's Triton weight gradient at the table's shapes, timed apart from dgrad. Needs a GPU.
 
     PYTHONPATH=src python lab/gpu_conv_wgrad.py [--json F] [--dtypes fp32,bf16]
+        [--fp32-modes dot64,fp32,x3] [--fp32-shapes 0,1,2,3]
 
-fp32 (TF32 off): the wgrad kernel with fp64 dots (WGRAD_DOT64, the library's) and with
-an fp32 dot a BLOCK_K step summed in fp64, each at the plan's tiles and a few others
-(wgrad_plan patched); error of dw against float64 as a ratio to cuDNN's, the worst of
-three seeds. bf16: the plan's wgrad, dgrad + wgrad and cuDNN's backward; the wgrad with
-x channels_last (its B tile channel-contiguous) and at a few other tiles.
+fp32 (TF32 off): the wgrad kernel with fp64 dots (WGRAD_DOT64, the library's: mode
+"dot64"), with an fp32 dot a BLOCK_K step summed in fp64 ("fp32") and with a 3xTF32 dot
+("x3", ``dot_x3``) a step summed in fp64, each at the plan's tiles and a few others
+(wgrad_plan patched; --fp32-modes, --fp32-shapes pick); error of dw against float64 as
+a ratio to cuDNN's, the worst of three seeds. bf16: the plan's wgrad, dgrad + wgrad and
+cuDNN's backward; the wgrad with x channels_last (its B tile channel-contiguous) and at a
+few other tiles.
 do_bench medians (ms), L2 flushed by do_bench.
 """
 
@@ -20,7 +23,8 @@ from triton.testing import do_bench
 DEV = "cuda"
 SHAPES = [(32, 64, 56, 56, 64), (64, 32, 14, 14, 64), (256, 32, 14, 14, 64), (1024, 32, 14, 14, 64)]
 BF16_TILES = [(64, 64, 32, 4), (128, 64, 32, 8), (64, 64, 64, 8), (128, 32, 64, 4)]
-TILES = [(32, 32, 32, 4), (64, 64, 16, 4), (64, 64, 32, 8), (32, 64, 32, 4), (64, 32, 32, 4), (32, 32, 16, 2)]
+TILES = [(32, 32, 32, 4), (64, 64, 16, 4), (64, 64, 32, 8), (32, 64, 32, 4), (64, 32, 32, 4), (32, 32, 16, 2),
+         (64, 32, 16, 4), (64, 64, 32, 4)]  # fmt: skip
 
 
 def _inputs(n, c, h, w_, k, dtype, seed):
@@ -49,11 +53,11 @@ def _dw_error(kt, x, w, dy, ref, e_t):
     return float((dw.double() - ref).abs().max()) / max(e_t, 1e-30)
 
 
-def fp32(out):
+def fp32(out, modes, shapes):
     from kernellab.ops.conv2d import triton as kt
 
-    plan0, dot0 = kt.wgrad_plan, kt.WGRAD_DOT64
-    for shape in SHAPES:
+    plan0, dot0, consts0 = kt.wgrad_plan, kt.WGRAD_DOT64, kt._consts
+    for shape in shapes:
         x, w, dy = _inputs(*shape, torch.float32, 1)
         base = dict(part="fp32", shape="x".join(map(str, shape)) + "x3x3")
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -68,11 +72,13 @@ def fp32(out):
         refs = _refs(shape, torch.float32)
         plan_cfg = kt.wgrad_plan(shape[1], 3, 3, shape[4], torch.float32, x.device)[1]
         tiles = [None] + TILES
-        for dot64 in (True, False):
+        for mode in modes:
             for t in tiles:
-                row = dict(base, dot64=dot64, tiles=t or "plan", plan=plan_cfg)
+                row = dict(base, mode=mode, tiles=t or "plan", plan=plan_cfg)
                 try:
-                    kt.WGRAD_DOT64 = dot64
+                    kt.WGRAD_DOT64 = mode == "dot64"
+                    if mode == "x3":  # (need_dx False below: only wgrad reads the precision)
+                        kt._consts = lambda t: dict(consts0(t), PRECISION="x3")
                     if t is not None:
                         cfg = dict(BLOCK_M=t[0], BLOCK_N=t[1], BLOCK_K=t[2], num_warps=t[3])
                         kt.wgrad_plan = lambda *a, cfg=cfg: ("taps", cfg)
@@ -84,7 +90,7 @@ def fp32(out):
                 except Exception as e:  # noqa: BLE001
                     row["error"] = str(e)[:160]
                 finally:
-                    kt.wgrad_plan, kt.WGRAD_DOT64 = plan0, dot0
+                    kt.wgrad_plan, kt.WGRAD_DOT64, kt._consts = plan0, dot0, consts0
                 out(row)
 
 
@@ -125,6 +131,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--fp32-modes", default="dot64,fp32")
+    ap.add_argument("--fp32-shapes", default=",".join(str(i) for i in range(len(SHAPES))))
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -136,7 +144,10 @@ def main():
                 f.write(json.dumps(row, default=str) + "\n")
 
     if "fp32" in args.dtypes:
-        fp32(out)
+        modes = args.fp32_modes.split(",")
+        if not set(modes) <= {"dot64", "fp32", "x3"}:
+            ap.error(f"--fp32-modes: dot64, fp32, x3; got {modes}")
+        fp32(out, modes, [SHAPES[int(i)] for i in args.fp32_shapes.split(",")])
     if "bf16" in args.dtypes:
         bf16(out)
 
