@@ -1195,6 +1195,32 @@ def test_triton_opcheck():
     torch.library.opcheck(op, (a, b, bias, "gelu"))
 
 
+@pytest.mark.parametrize("case", ["fp32", "bf16", "x3", "x3s"])
+def test_tiled_launch_passes_every_runtime_argument(monkeypatch, case):
+    """The tiled kernel's launch names each of its runtime (non-constexpr) parameters,
+    those with defaults included: a traced launch (wrap_triton, under torch.compile and
+    opcheck on a GPU) takes no defaults, and one missing ("x3s"'s A_LO / B_LO) made its
+    traced outputs differ from eager ones."""
+    from kernellab.ops.matmul import triton as tm
+
+    if case == "x3s":
+        monkeypatch.setattr(tm, "X3_SPLIT_MIN_WORK", 0)
+        monkeypatch.setattr(tm, "X3_SPLIT_MIN_MN", 0)
+    dtype = torch.bfloat16 if case == "bf16" else torch.float32
+    a = torch.randn(40, tm.X3_MIN_K + 8, dtype=dtype)
+    b = torch.randn(tm.X3_MIN_K + 8, 24, dtype=dtype)
+    token = tm._FP32_DOTS.set("x3" if case.startswith("x3") else "ieee")
+    try:
+        plan = tm._general_setup(a, b, True, None)
+    finally:
+        tm._FP32_DOTS.reset(token)
+    assert plan.presplit == (case == "x3s")
+    kernel = tm._matmul_kernel
+    passed = set(kernel.arg_names[: 4 + len(plan.ints)]) | set(plan.main.kw)
+    missing = [p.name for p in kernel.params if not p.is_constexpr and p.name not in passed]
+    assert missing == []
+
+
 # --------------------------------------------------------------------------- CUDA, no GPU
 
 

@@ -1384,8 +1384,9 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     split = general_split(m, n, k, bt, n_sm, fma)
     # with K slices the epilogue runs in the sum of the partials
     consts = dict(HAS_BIAS=has_bias and split == 1, ACT=_ACT[activation] if split == 1 else 0, SPLIT_K=split)
-    if presplit:  # (the rests: the second half of each [2, ...] buffer)
-        consts.update(A_LO=bt * m * k, B_LO=bt * n * k)
+    # "x3s": the rests, the second half of each [2, ...] buffer; 0 elsewhere, passed all the
+    # same (a traced launch, wrap_triton under torch.compile, takes no argument defaults)
+    consts.update(A_LO=bt * m * k if presplit else 0, B_LO=bt * n * k if presplit else 0)
     check = (0, 1, 3)  # a, b, bias: the caller's; c is fresh
     if on_gpu:
         check_batch_grid(bt)
