@@ -1230,7 +1230,7 @@ class _GeneralPlan:
             # a [..., M, K] as [bt, M, K]: a itself where that is a view (the same address;
             # the strides passed are the view's), else a contiguous copy (reshape's, or
             # b's made N-inner for FMA dots, K-inner for x3 dots)
-            a3 = a if self.a3 is None else a.reshape(self.a3)
+            a3 = a if self.a3 is None else a.reshape(self.a3).contiguous()
             if self.b_k_inner:  # b [bt, K, N] copied K-inner (X3_COPY_MIN_M)
                 b3 = b.reshape(self.b3).transpose(1, 2).contiguous().transpose(1, 2)
             else:
@@ -1314,10 +1314,16 @@ def fma_pad(elem: int, bt: int, m: int, n: int, k: int, strides, fma: bool) -> t
 
 
 def _as_3d(t, shape):
-    """(strides of t as ``shape``, None when that is a view of t, else the shape to copy to)."""
-    t3 = t.reshape(shape)
-    view = t3._is_view() and t3.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
-    return t3.stride(), None if view else shape
+    """(strides of t as ``shape``, None) where t views as ``shape``, else (the strides of
+    a contiguous copy, ``shape``: the launch copies it so). Decided by ``view`` itself, from
+    shape and strides alone: under tracing (torch.compile's functional tensors) a reshape
+    that views in eager did not look like a view, and the launch passed the view's strides
+    with the copy's data."""
+    try:
+        return t.view(shape).stride(), None
+    except RuntimeError:
+        _, r, c = shape
+        return (max(r, 1) * max(c, 1), max(c, 1), 1), shape
 
 
 def align_of(element_size: int, dims, strides) -> int:
@@ -1409,7 +1415,9 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
             main = _Launch(_matmul_kernel, tuple(grid(kw)), kw, False, check)
     else:
         prec_cpu = prec if presplit else "x3" if x3 else "ieee64" if fma64 else "ieee"
-        consts.update(PRECISION=prec_cpu, UPCAST=a.dtype == torch.bfloat16)
+        # (ALIGN 1: no alignment assumed, the layout flags then unread)
+        consts.update(PRECISION=prec_cpu, UPCAST=a.dtype == torch.bfloat16, ALIGN=1, A_K_INNER=True,
+                      B_N_INNER=True)  # fmt: skip
         kw = dict(consts, **_CPU_CONFIG, num_warps=4)
         grid = (triton_support.cdiv(m, kw["BLOCK_M"]) * triton_support.cdiv(n, kw["BLOCK_N"]), bt, split)
         main = _Launch(_matmul_kernel, grid, kw, False, check)
