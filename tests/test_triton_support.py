@@ -687,3 +687,20 @@ def test_gpu_streaming_triton_ops_at_odd_counts(op, dtype):
         tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(y0, y1, **tol)
         torch.testing.assert_close(dx0, dx1, **tol)
+
+
+def test_with_defaults_fills_what_a_traced_launch_leaves_out():
+    """A traced launch (wrap_triton) fills no parameter defaults: ``with_defaults`` adds
+    each one the launch leaves out, and none it passes positionally, by keyword or through
+    an autotuner's configs (``given``)."""
+    from kernellab.ops.matmul import triton as tm
+
+    kernel = tm._matmul_kernel
+    n_args = 19  # a, b, c, bias, M, N, K, nine strides, three tuning keys
+    args = tuple(range(n_args))
+    kw = {"HAS_BIAS": False, "ACT": 0, "PRECISION": "tf32", "UPCAST": False, "ALIGN": 8}
+    tuned = {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"}
+    full = triton_support.with_defaults(kernel, args, kw, tuned)
+    assert full == {**kw, "A_K_INNER": True, "B_N_INNER": True, "SPLIT_K": 1, "A_LO": 0, "B_LO": 0}
+    assert set(kernel.arg_names) == set(kernel.arg_names[:n_args]) | set(full) | tuned
+    assert triton_support.with_defaults(kernel, args, full, tuned) is full

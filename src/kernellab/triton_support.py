@@ -177,7 +177,8 @@ def _make_lean_jit():
             if type(a0) not in _REAL_TENSORS:
                 from torch.library import wrap_triton
 
-                return wrap_triton(self)[grid](*args, **kw)  # traced: Inductor launches it
+                # traced: Inductor launches it
+                return wrap_triton(self)[grid](*args, **with_defaults(self, args, kw))
             if type(grid) is not tuple:
                 try:  # our grids read only constexprs: meta["BLOCK_M"]
                     grid = tuple(grid(kw))
@@ -589,6 +590,16 @@ def _launch_untuned(tuner, grid, args, kw):
     return tuner.fn[grid(cfg) if callable(grid) else grid](*args, **cfg)
 
 
+def with_defaults(fn, args, kw: dict, given=()) -> dict:
+    """``kw`` and the default of every parameter of ``fn`` (a JITFunction) that ``args``
+    (positionally), ``kw`` and ``given`` leave out. A traced launch (``wrap_triton``) fills
+    no defaults, and torch reads which tensors a kernel writes from its TTIR, built from
+    every parameter: with one missing it takes every input as written."""
+    named = set(kw).union(given)
+    extra = {p.name: p.default for p in fn.params[len(args) :] if p.has_default and p.name not in named}
+    return {**kw, **extra} if extra else kw
+
+
 def launch_tuned(tuner, grid, *args, **kw):
     """``tuner[grid](*args, **kw)`` for a ``triton.autotune`` kernel whose inner function is
     a ``jit`` (lean) kernel: once the autotuner has picked a config for this call's key (the
@@ -602,7 +613,8 @@ def launch_tuned(tuner, grid, *args, **kw):
     if type(a0) not in _REAL_TENSORS:  # traced (a triton_op under torch.compile)
         from torch.library import wrap_triton
 
-        return wrap_triton(tuner)[grid](*args, **kw)
+        tuned = {k for c in tuner.configs for k in c.kwargs}  # (the configs give these)
+        return wrap_triton(tuner)[grid](*args, **with_defaults(tuner.fn, args, kw, tuned))
     if device.triton_interpreted(a0):
         return tuner[grid](*args, **kw)
     fn = tuner.fn

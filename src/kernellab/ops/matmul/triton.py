@@ -1315,10 +1315,8 @@ def fma_pad(elem: int, bt: int, m: int, n: int, k: int, strides, fma: bool) -> t
 
 def _as_3d(t, shape):
     """(strides of t as ``shape``, None) where t views as ``shape``, else (the strides of
-    a contiguous copy, ``shape``: the launch copies it so). Decided by ``view`` itself, from
-    shape and strides alone: under tracing (torch.compile's functional tensors) a reshape
-    that views in eager did not look like a view, and the launch passed the view's strides
-    with the copy's data."""
+    a contiguous copy, ``shape``: the launch copies it so). ``view`` decides, from shape and
+    strides alone, so eager and traced calls (torch.compile's functional tensors) agree."""
     try:
         return t.view(shape).stride(), None
     except RuntimeError:
@@ -1390,8 +1388,7 @@ def _general_setup(a, b, has_bias: bool, activation) -> _GeneralPlan:
     split = general_split(m, n, k, bt, n_sm, fma)
     # with K slices the epilogue runs in the sum of the partials
     consts = dict(HAS_BIAS=has_bias and split == 1, ACT=_ACT[activation] if split == 1 else 0, SPLIT_K=split)
-    # "x3s": the rests, the second half of each [2, ...] buffer; 0 elsewhere, passed all the
-    # same (a traced launch, wrap_triton under torch.compile, takes no argument defaults)
+    # "x3s": the rests, the second half of each [2, ...] buffer; 0 elsewhere
     consts.update(A_LO=bt * m * k if presplit else 0, B_LO=bt * n * k if presplit else 0)
     check = (0, 1, 3)  # a, b, bias: the caller's; c is fresh
     if on_gpu:
