@@ -445,6 +445,33 @@ def test_triton_under_torch_compile_fullgraph():
     compile_grads_match(fn, ref, (q, k))
 
 
+@pytest.mark.parametrize("backend", ["manual", "triton"])
+def test_inplace_under_torch_compile_fullgraph(backend):
+    """inplace=True traces whole (the shared-storage check once read storage pointers,
+    which Dynamo cannot trace: fullgraph failed), writes what eager writes, and still
+    refuses q and k taken from one qkv buffer."""
+    q, k, cos, sin, pos, layout = make_case("positions interleaved gqa partial", seed=20)
+
+    def fn(q, k):
+        q, k = q * 2, k * 3  # intermediates, as a model's projections are
+        kernellab.rope(q, k, cos, sin, pos, layout=layout, inplace=True, backend=backend)
+        return q, k
+
+    def shared(qkv):
+        return kernellab.rope(qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2), cos, sin, pos,
+                              layout=layout, inplace=True, backend=backend)  # fmt: skip
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        got = torch.compile(fn, backend="aot_eager", fullgraph=True)(q, k)
+        want = fn(q, k)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+        with pytest.raises(ValueError, match=r"\bk\b.*shares storage"):
+            b, hk, t, d = k.shape
+            torch.compile(shared, backend="aot_eager")(torch.randn(b, t, 3, hk, d))
+
+
 def test_opcheck_of_the_triton_custom_ops():
     fn = registry.get(OP, "triton").fn
     shape = (1, 2, 1, 3, 8, 8)

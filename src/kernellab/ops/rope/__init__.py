@@ -40,6 +40,8 @@ memory): for inference only. Refused with a ValueError naming the argument when 
 requires grad (with grad mode on: the in-place op has no autograd), when q and k share
 storage (views of one fused qkv buffer: their rows could alias, rotate out of place), or
 when q or k may overlap itself (an expanded view: one element written by several rows).
+Under torch.compile, which cannot trace storages, "share storage" means views of one
+tensor (``_base``).
 
 Problem shapes (OpSpec): ``(B, H, S, D)`` -> k with H heads, R = D; ``(B, H, H_k, S, D,
 R)`` -> GQA and partial rotary. cos / sin ``(1, S, R)`` unless an option set says
@@ -301,7 +303,7 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
                         name,
                         "requires grad; inplace=True has no autograd (rotate out of place, or under no_grad)",
                     )
-        if q.numel() and k.numel() and q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr():
+        if q.numel() and k.numel() and _share_storage(q, k):
             raise _bad(
                 "k",
                 "shares storage with q (views of one buffer, e.g. a fused qkv projection); inplace=True "
@@ -314,6 +316,16 @@ def validate(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) -> None
                     f"may overlap itself (strides {t.stride()}, e.g. expanded); inplace=True would write one "
                     "element from several rows",
                 )
+
+
+def _share_storage(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether q and k are views of one storage: its pointer in eager mode; under
+    torch.compile, which cannot trace storages, the tensors the views were taken of."""
+    if torch.compiler.is_compiling():
+        qb = q if q._base is None else q._base
+        kb = k if k._base is None else k._base
+        return qb is kb
+    return q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()
 
 
 validate.checks_layouts = True  # (layout_checking: every tensor's layout is checked above)
