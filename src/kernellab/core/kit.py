@@ -111,6 +111,11 @@ class OpDecl:
     inplace_hint: str | None = None
 
 
+# Every declaration ``build`` was given, by name: what a test needs to build a backend's
+# custom ops again the way another machine would (``triton_op`` on a GPU).
+DECLS: dict[str, OpDecl] = {}
+
+
 def _use_triton_op(decl: OpDecl) -> bool:
     return (
         decl.triton
@@ -131,6 +136,7 @@ def build(decl: OpDecl) -> Callable:
     if (composed is None) == (grads is None) or (composed is not None and bwd is not None):
         raise ValueError(f"{decl.name}: declare a backward launcher (bwd, bwd_args, grads) or a backward")
     qual = f"kernellab::{decl.name}"
+    DECLS[decl.name] = decl
     bop = None
     if _use_triton_op(decl):
         op = torch.library.triton_op(qual, fwd, mutates_args=())
