@@ -31,6 +31,45 @@ def test_the_nearest_rows_best_when_it_is_usable():
     assert _choose(key=(8192,))[0] == "triton"  # one doubling away: near enough
 
 
+def _gelu_row(n, times, best=None):
+    return {"op": "gelu", "dtype": "bf16", "mode": "fwd", "shape": [n], "key": [n],
+            "best": best or min(times, key=times.get), "times": times}  # fmt: skip
+
+
+def test_away_from_a_tuned_shape_the_nearest_rows_decide_together():
+    """The nearest row says triton by a hair; the two rows past it say cuda by far: cuda,
+    and the why names each row used and the ranking. At a tuned shape its row alone
+    decides."""
+    rows = [_gelu_row(4096, {"triton": 1.00, "cuda": 1.01}),
+            _gelu_row(2048, {"triton": 2.0, "cuda": 1.0}),
+            _gelu_row(16384, {"triton": 8.0, "cuda": 4.0})]  # fmt: skip
+    backend, why = _choose({"rows": rows}, key=(5000,))
+    assert backend == "cuda"
+    assert "nearest row [4096]" in why and "triton was fastest there" in why
+    assert "[2048] (distance" in why and "[16384] (distance" in why and "cuda ranks first" in why
+    assert _choose({"rows": rows}, key=(4096,))[0] == "triton"  # its own row
+    # one near row: it decides alone (a row beyond NEAR never speaks)
+    far = [rows[0], _gelu_row(4096 << 7, {"triton": 2.0, "cuda": 1.0})]
+    backend, why = _choose({"rows": far}, key=(5000,))
+    assert backend == "triton" and "ranks first" not in why
+
+
+def test_the_neighbours_respect_each_rows_own_choice_and_their_coverage():
+    # a paired verify made torch the 2048 row's choice though its times favour triton: that
+    # row counts for torch, and with the nearest row's torch, torch wins
+    rows = [_gelu_row(4096, {"triton": 1.02, "torch": 1.0}),
+            _gelu_row(2048, {"triton": 0.95, "torch": 1.0}, best="torch")]  # fmt: skip
+    assert _choose({"rows": rows}, key=(3000,))[0] == "torch"
+    # cuda timed only at the farthest, lightest row: under half the weight, not ranked
+    rows = [_gelu_row(4096, {"triton": 1.0, "torch": 1.5}),
+            _gelu_row(2048, {"triton": 1.0, "torch": 1.5}),
+            _gelu_row(65536, {"triton": 3.0, "torch": 4.0, "cuda": 1.0})]  # fmt: skip
+    backend, why = _choose({"rows": rows}, key=(3000,))
+    assert backend == "triton" and "cuda" not in why.split("weighted geomean")[1]
+    # by device time among some backends, the neighbours rank those alone
+    assert _choose({"rows": rows}, key=(3000,), by="device", among=("torch",))[0] == "torch"
+
+
 def test_by_device_picks_the_least_device_time_among_the_allowed():
     assert _choose(by="device")[0] == "cuda"
     assert _choose(by="device", among=("torch", "triton"))[0] == "triton"
