@@ -317,7 +317,6 @@ def main() -> int:
     ]
     print(lines[0], flush=True)
     ok = True
-    from kernellab.ops.attention import triton as at
 
     print("== benchmarks", flush=True)
     skipped: list = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+
 import pytest
 import torch
 

@@ -296,7 +296,7 @@ def test_gpu_graphed_blocks_match_plain_and_guard_their_buffers(backends):
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (a, b)]
     for idx, tgt in batches:  # plain first call, capture at the second, replays after
         losses = []
-        for m, opt in zip((a, b), opts):
+        for m in (a, b):
             loss = m(idx, tgt)
             loss.backward()
             losses.append(loss.item())

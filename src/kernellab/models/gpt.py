@@ -90,7 +90,6 @@ def _kl_op(slot: str, be):
 
 def op_set(backends="pytorch", matmul="pytorch") -> dict:
     """The op slots of the model (see the module docstring)."""
-    ops = _torch_ops()
     if isinstance(backends, dict):
         unknown = set(backends) - set(SLOTS)
         if unknown:

@@ -118,7 +118,7 @@ def validate_conv2d(args, kwargs, devices=("cuda", "cpu"), dtypes=FLOAT_DTYPES) 
     unknown = sorted(set(kwargs) - {"stride", "padding"})
     if unknown:
         raise TypeError(f"conv2d() got unexpected keyword arguments {unknown}")
-    stride = as_pair(kwargs.get("stride", 1), "stride", 1)
+    as_pair(kwargs.get("stride", 1), "stride", 1)  # (refuses a bad stride, naming it)
     padding = as_pair(kwargs.get("padding", 0), "padding", 0)
     r, s = w.shape[2], w.shape[3]
     h, wd = x.shape[2] + 2 * padding[0], x.shape[3] + 2 * padding[1]

@@ -16,7 +16,6 @@ Problem shape for the harness: (N, C, H, W); kernel_size and stride are options.
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
@@ -28,7 +27,6 @@ from kernellab.core.spec import (
     Boundary,
     check_dtype,
     declare,
-    dtype_name,
     fuzz_nchw,
     make_tensor,
 )

@@ -50,8 +50,6 @@ otherwise.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from kernellab.core import registry
