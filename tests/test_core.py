@@ -54,6 +54,20 @@ def test_away_from_a_tuned_shape_the_nearest_rows_decide_together():
     assert backend == "triton" and "ranks first" not in why
 
 
+def test_the_other_alignment_class_speaks_only_where_the_calls_is_not_near():
+    """An odd width's call reads odd rows; with none near it, the aligned rows near it
+    speak before the vote over far rows (said in the why)."""
+    rows = [_gelu_row(4096, {"triton": 2.0, "cuda": 1.0}),  # aligned, near 4095
+            _gelu_row(1 << 22, {"triton": 1.0, "cuda": 2.0}),  # aligned, beyond NEAR
+            _gelu_row(1 << 23, {"triton": 1.0, "cuda": 2.0})]  # (the vote: triton)  # fmt: skip
+    backend, why = _choose({"rows": rows}, key=(4095,))
+    assert backend == "cuda" and "nearest row [4096]" in why and "the other class's" in why
+    # an odd row near: it speaks, and the aligned rows do not
+    rows.append(_gelu_row(4099, {"triton": 1.0, "cuda": 3.0}))
+    backend, why = _choose({"rows": rows}, key=(4095,))
+    assert backend == "triton" and "nearest row [4099]" in why and "other class" not in why
+
+
 def test_the_neighbours_respect_each_rows_own_choice_and_their_coverage():
     # a paired verify made torch the 2048 row's choice though its times favour triton: that
     # row counts for torch, and with the nearest row's torch, torch wins

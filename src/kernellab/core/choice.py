@@ -7,15 +7,16 @@ runnable on the device, the op's preferred backend and its small-size rule) and 
 the answer per call shape.
 
 - The row of the nearest shape (same op, dtype, mode and option key; distance = summed
-  |log2| ratios of the dims, infinite across alignment classes (``_aligned``), across the bands the op
-  names in ``OpSpec.key_bands``, and across the values of the dims the op names in
-  ``OpSpec.key_exact``, unless no row of the call's values is near) names the backend when it
-  lies within ``NEAR`` (where that backend is not in ``usable``, the fastest of the row's
-  usable ones): alone at its own shape, else together with the next nearest within
-  ``NEAR`` (``NEIGHBOURS`` in all, ``_blend``); a 16-bit call with no rows of its dtype reads a sibling dtype's
-  (``SIBLING_DTYPES``). A row that timed one backend alone speaks only at its own shape
-  where other rows compare backends (``_comparing``). ``usable`` is what runs here less
-  what the op excludes for the shape (``OpSpec.default_excludes``).
+  |log2| ratios of the dims, infinite across the bands the op names in
+  ``OpSpec.key_bands``, and across alignment classes (``_aligned``) and the values of the
+  dims the op names in ``OpSpec.key_exact`` unless no row of the call's class and values is
+  near) names the backend when it lies within ``NEAR`` (where that backend is not in
+  ``usable``, the fastest of the row's usable ones): alone at its own shape, else together
+  with the next nearest within ``NEAR`` (``NEIGHBOURS`` in all, ``_blend``); a 16-bit call
+  with no rows of its dtype reads a sibling dtype's (``SIBLING_DTYPES``). A row that timed
+  one backend alone speaks only at its own shape where other rows compare backends
+  (``_comparing``). ``usable`` is what runs here less what the op excludes for the shape
+  (``OpSpec.default_excludes``).
 - No row near: the backend that won a strict majority of the op's rows (``_table_vote``),
   else the one nearest the best over them by geometric mean.
 - No table or no evidence: the op's small-size rule, else its preferred backend.
@@ -44,21 +45,22 @@ def _aligned(key) -> bool:
     return all(x % 8 == 0 for x in (key[1:] if len(key) > 1 else key))
 
 
-def _distance(a, b, exact=(), bands=()) -> float:
+def _distance(a, b, exact=(), bands=(), classes: bool = True) -> float:
     """Summed |log2| ratios of the dims; infinite across alignment classes (``_aligned``:
-    every width a multiple of 8 in one key, not in the other): libraries choose other
-    kernels where a width is odd (cuBLAS at 4097x4095x1023 and 8192x50257x768 is 1.8-4.4x
-    slower than our CUDA matmul, at 1024x3072x768 it is the fastest), so an odd row does not
-    speak for an aligned call, nor the reverse. (Classes per dim, the first included, split
-    the rows finer than the kernels do: left out in turn (harness.choice_cv), the rows'
-    choices were within 3% of the fastest at 376 of 472 H200 rows and 421 of 514 H100 rows,
-    with these classes at 384 and 432.)
+    every width a multiple of 8 in one key, not in the other; ``classes=False``: not):
+    libraries choose other kernels where a width is odd (cuBLAS at 4097x4095x1023 and
+    8192x50257x768 is 1.8-4.4x slower than our CUDA matmul, at 1024x3072x768 it is the
+    fastest), so an odd row does not speak for an aligned call where a row of the call's
+    class is near (``choose``). (Classes per dim, the first included, split the rows finer
+    than the kernels do: left out in turn (harness.choice_cv), the rows' choices were within
+    3% of the fastest at 376 of 472 H200 rows and 421 of 514 H100 rows, with these classes
+    at 384 and 432.)
     Infinite too across the bands of ``bands`` ((dim index, upper bounds) pairs, the op's
     ``OpSpec.key_bands``: matmul's M <= 16 runs GEMV kernels, launch-bound, and above it
     tile kernels), and where a dim listed in ``exact`` (indices into the key, the op's
     ``OpSpec.key_exact``) differs: attention's kernels are built per head dim, and the
     fastest at head dim 80 says nothing of head dim 128."""
-    if len(a) != len(b) or _aligned(a) != _aligned(b):
+    if len(a) != len(b) or (classes and _aligned(a) != _aligned(b)):
         return math.inf
     for i, edges in bands:
         if _band(a[i], edges) != _band(b[i], edges):
@@ -69,10 +71,10 @@ def _distance(a, b, exact=(), bands=()) -> float:
     return sum(abs(math.log2(max(x, 1)) - math.log2(max(y, 1))) for x, y in zip(a, b))
 
 
-def _nearest(rows, key, exact=(), bands=(), k: int = 1) -> list:
+def _nearest(rows, key, exact=(), bands=(), k: int = 1, classes: bool = True) -> list:
     """The ``k`` rows nearest ``key`` (``_distance``) as (distance, row) pairs, nearest
     first (the table's order among equals); infinitely far rows left out."""
-    dists = [(_distance(tuple(row["key"]), key, exact, bands), i) for i, row in enumerate(rows)]
+    dists = [(_distance(tuple(row["key"]), key, exact, bands, classes), i) for i, row in enumerate(rows)]
     return [(d, rows[i]) for d, i in sorted(dists)[:k] if d != math.inf]
 
 
@@ -122,12 +124,20 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
     if table is not None and key is not None and dn is not None:
         dn, src = _row_dtype(table, op, dn, mode, options)
         rows = _comparing(list(_rows(table, op, dn, mode, options)), key)
-        near, any_dims = _within_near(rows, key, exact, bands), ""
-        if exact and not near:
+        near, any_dims = [], ""
+        for classes in (True, False):
             # no row of the call's exact dims near: the nearest of any is the best evidence
-            # left (a vote over far shapes would be weaker), and the why says so
-            near = _within_near(rows, key, (), bands)
-            any_dims = " (no row near with the call's exact key dims, OpSpec.key_exact: the nearest of any)"
+            # left (a vote over far shapes would be weaker); none of its alignment class
+            # near: the other class's near rows (left out in turn, they named a backend
+            # within 3% of the fastest at 72 of 84 rows where the vote spoke before). The
+            # why says which.
+            other = "" if classes else OTHER_CLASS
+            near, any_dims = _within_near(rows, key, exact, bands, classes), other
+            if exact and not near:
+                near = _within_near(rows, key, (), bands, classes)
+                any_dims = other + ANY_DIMS
+            if near:
+                break
         if near:
             dist, row = near[0]
             times, metric = _row_times(row, by)
@@ -174,9 +184,13 @@ def choose(table: dict | None, table_name: str, op: str, key, dn: str | None, mo
     return out
 
 
-def _within_near(rows, key, exact, bands) -> list:
+OTHER_CLASS = " (no row of the call's alignment class near: the other class's)"
+ANY_DIMS = " (no row near with the call's exact key dims, OpSpec.key_exact: the nearest of any)"
+
+
+def _within_near(rows, key, exact, bands, classes: bool = True) -> list:
     """The NEIGHBOURS rows nearest ``key`` within NEAR, as (distance, row), nearest first."""
-    return [(d, r) for d, r in _nearest(rows, key, exact, bands, NEIGHBOURS) if d <= NEAR]
+    return [(d, r) for d, r in _nearest(rows, key, exact, bands, NEIGHBOURS, classes) if d <= NEAR]
 
 
 def _row_times(row: dict, by: str) -> tuple[dict, str]:
