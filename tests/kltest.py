@@ -155,6 +155,24 @@ def launched_cuda_kernels(fn, prefix: str = "") -> list[str]:
 KEEP_ALIVE: list = []
 
 
+def register_as_on_a_gpu(monkeypatch) -> None:
+    """Make ``kit.build`` register Triton backends as it does on a GPU (``triton_op``, each
+    launch traced through ``wrap_triton``), run here by the interpreter. Triton's driver is
+    stood in for by an sm_90 target: torch reads a kernel's TTIR to see which tensors it
+    writes. Only ops built after this call are registered so."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from kernellab.core import kit
+
+    class _Target:
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", _Target())
+    monkeypatch.setattr(kit, "_use_triton_op", lambda decl: decl.triton)
+
+
 def opcheck_custom_ops(custom_ops, spec, shape, seed: int = 9) -> None:
     """``torch.library.opcheck`` of every custom op a kit-built callable carries
     (``fn.custom_ops``: (op, sample builder, _)), on CPU fp32 samples: the builders take

@@ -22,6 +22,7 @@ import torch
 from kernellab.core import kit, registry
 from kernellab.core.spec import dtype_name
 from kernellab.harness import check
+from kltest import register_as_on_a_gpu
 
 pytest.importorskip("triton")
 
@@ -47,15 +48,7 @@ def _dtype(impl) -> torch.dtype:
 
 @pytest.fixture
 def as_on_a_gpu(monkeypatch):
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    class _Target:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-    monkeypatch.setattr(triton.runtime.driver, "_active", _Target())
-    monkeypatch.setattr(kit, "_use_triton_op", lambda decl: decl.triton)
+    register_as_on_a_gpu(monkeypatch)
     traced = collections.Counter()
     wrap = torch.library.wrap_triton
 

@@ -18,7 +18,7 @@ from kernellab import triton_support
 from kernellab.core import spec as spec_mod
 from kernellab.harness.compare import judge
 from kernellab.ops._triton_dots import dot, tf32_round
-from kltest import DTYPES, cpu_backends, dtype_id, seed_for, shape_id
+from kltest import DTYPES, cpu_backends, dtype_id, register_as_on_a_gpu, seed_for, shape_id
 
 SPEC = kernellab.get_spec("matmul")
 CPU_BACKENDS = cpu_backends("matmul")  # manual, torch, triton (interpreter); compile on its own
@@ -1204,19 +1204,10 @@ def test_triton_op_traced_matches_eager_with_strided_operands(monkeypatch, dtype
     The launch once passed a view's strides with a contiguous copy's data there (garbage
     gradients in opcheck on an H100). Triton's driver is stood in for by an sm_90 target:
     torch reads the kernel's TTIR to see which tensors it writes."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    from kernellab.core import kit
     from kernellab.ops.matmul import _autograd
     from kernellab.ops.matmul import triton as tm
 
-    class _Target:
-        def get_current_target(self):
-            return GPUTarget("cuda", 90, 32)
-
-    monkeypatch.setattr(triton.runtime.driver, "_active", _Target())
-    monkeypatch.setattr(kit, "_use_triton_op", lambda decl: True)
+    register_as_on_a_gpu(monkeypatch)
     op = _autograd.matmul_op(f"matmul_traced_probe_{str(dtype)[6:]}", tm.triton_matmul_fwd, triton=True).op
     g = torch.Generator().manual_seed(5)
     a0, b0 = torch.randn(37, 29, generator=g).to(dtype), torch.randn(29, 45, generator=g).to(dtype)

@@ -71,13 +71,6 @@ def _distance(a, b, exact=(), bands=(), classes: bool = True) -> float:
     return sum(abs(math.log2(max(x, 1)) - math.log2(max(y, 1))) for x, y in zip(a, b))
 
 
-def _nearest(rows, key, exact=(), bands=(), k: int = 1, classes: bool = True) -> list:
-    """The ``k`` rows nearest ``key`` (``_distance``) as (distance, row) pairs, nearest
-    first (the table's order among equals); infinitely far rows left out."""
-    dists = [(_distance(tuple(row["key"]), key, exact, bands, classes), i) for i, row in enumerate(rows)]
-    return [(d, rows[i]) for d, i in sorted(dists)[:k] if d != math.inf]
-
-
 # A row this far (summed log2 ratios: 64x in one dim) or nearer is used. Left out in turn, each
 # table row's choice from the others (harness.choice_cv) was within 3% of its fastest at
 # NEAR 3 / 4 / 5 / 6 / 8: H200 364 / 367 / 376 / 376 / 374 of 472 rows, H100 413 / 414 / 415 /
@@ -189,8 +182,10 @@ ANY_DIMS = " (no row near with the call's exact key dims, OpSpec.key_exact: the 
 
 
 def _within_near(rows, key, exact, bands, classes: bool = True) -> list:
-    """The NEIGHBOURS rows nearest ``key`` within NEAR, as (distance, row), nearest first."""
-    return [(d, r) for d, r in _nearest(rows, key, exact, bands, NEIGHBOURS, classes) if d <= NEAR]
+    """The NEIGHBOURS rows nearest ``key`` (``_distance``) within NEAR, as (distance, row),
+    nearest first (the table's order among equals)."""
+    dists = [(_distance(tuple(row["key"]), key, exact, bands, classes), i) for i, row in enumerate(rows)]
+    return [(d, rows[i]) for d, i in sorted(dists)[:NEIGHBOURS] if d <= NEAR]
 
 
 def _row_times(row: dict, by: str) -> tuple[dict, str]:
@@ -208,9 +203,13 @@ def _row_pick(row: dict, by: str, usable, among) -> str | None:
     row_best = row_choice(row, by)
     if by != "device" and among is None and row_best in usable:
         return row_best
-    times, _ = _row_times(row, by)
-    avail = {b: t for b, t in times.items() if (among is None or b in among) and b in usable}
+    avail = _serving(_row_times(row, by)[0], usable, among)
     return min(avail, key=avail.get) if avail else None
+
+
+def _serving(times: dict, usable, among) -> dict:
+    """The times of the backends that may serve the call: usable, and of ``among`` if given."""
+    return {b: t for b, t in times.items() if b in usable and (among is None or b in among)}
 
 
 def _blend(near: list, by: str, usable, among, nearest_pick: str) -> tuple[str, str]:
@@ -231,8 +230,8 @@ def _blend(near: list, by: str, usable, among, nearest_pick: str) -> tuple[str, 
             continue
         w = 1.0 / (dist + WEIGHT_OFFSET) ** 2
         total += w
-        for b, t in times.items():
-            if b not in usable or (among is not None and b not in among) or not t or t <= 0:
+        for b, t in _serving(times, usable, among).items():
+            if not t or t <= 0:
                 continue
             rel = 0.0 if b == mine else max(math.log(t / base), 1e-3)
             score[b] = score.get(b, 0.0) + w * rel
