@@ -312,6 +312,21 @@ def test_bad_inputs_raise_naming_the_argument(backend, case):
         registry.call(OP, backend, *args, **kw)
 
 
+def test_the_checks_bad_target_values_ask_for_the_range_check():
+    """The check engine's bad target values pass check_targets=True: on a GPU the Triton
+    backends skip the range check by default (a NaN row), so without it `kernellab check`
+    fails them there for accepting bad input."""
+    names = ("target >= V", "negative target that is not ignore_index")
+    cases = [c for c in lce.EXTRA_BAD if c.name in names]
+    assert len(cases) == 2
+    for c in cases:
+        args, kw = c.build("cpu", torch.float32)
+        assert kw == {"check_targets": True}
+        assert args[2].dtype == torch.int64
+        with pytest.raises(ValueError, match="target"):
+            registry.call(OP, "chunked", *args, **kw)
+
+
 def test_public_signature():
     x, w, t = _good()
     b = torch.zeros(5)

@@ -316,7 +316,15 @@ def _swap(i, make):
 
 
 def _targets(values):
-    return _swap(2, lambda a, d, t: torch.tensor(values, dtype=torch.int64, device=d))
+    """Bad target values, with ``check_targets=True``: on a GPU the Triton backends skip the
+    range check by default (a bad target gives a NaN row there), as cross_entropy's do."""
+    swapped = _swap(2, lambda a, d, t: torch.tensor(values, dtype=torch.int64, device=d))
+
+    def build(device, dtype):
+        args, _ = swapped(device, dtype)
+        return args, {"check_targets": True}
+
+    return build
 
 
 def _other_dtype(w, dtype):
