@@ -6,7 +6,9 @@ this measures it on the GPU, at shapes of model families outside the table (Qwen
 
     python lab/gpu_heldout_default.py --out heldout.jsonl [--budget 0.3] [--ops matmul,rms_norm]
 
-Rows go to ``--out`` (bench rows, the "default" backend among them); the summary prints,
+The backends timed are those a tune times for the default (``harness.tune.candidates``:
+no naive PyTorch, torch.compile or teaching rungs), paired at launch-bound cases as a tune
+pairs them. Rows go to ``--out`` (bench rows, the "default" backend among them); the summary prints,
 per case, the default's pick and why, and its time over the fastest by the times the
 choice ranks by (device time where the fastest kernel takes DEVICE_BOUND_MS or more, else
 the larger of device and loop time). A case that has a row in this GPU's table is skipped
@@ -60,6 +62,7 @@ def main() -> int:
     from kernellab.core import choice, registry, tables
     from kernellab.core.shapes import key_of_shape
     from kernellab.core.spec import options_str
+    from kernellab.harness import tune
     from kernellab.harness.bench import bench
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -87,9 +90,11 @@ def main() -> int:
             if (op, dn, mode, key, options_str(opts)) in held:
                 lines.append(f"{op} {dn} {mode} {shape} {opts}: in the table, not held out (skipped)")
                 continue
-            backends = [i.backend for i in registry.impls(op) if a.device in i.devices] + ["default"]
-            rows = bench(op, backends=backends, shapes=[shape], dtypes=[dtypes[dn]], modes=(mode,),
-                         device=a.device, budget_s=a.budget, options=dict(opts))  # fmt: skip
+            # the backends a tune times for the default (no naive, torch.compile or teaching rungs)
+            backends = [b for b in tune.candidates(op) if a.device in registry.get(op, b).devices]
+            rows = bench(op, backends=backends + ["default"], shapes=[shape], dtypes=[dtypes[dn]],
+                         modes=(mode,), device=a.device, budget_s=a.budget, options=dict(opts),
+                         paired_rounds=tune.PAIRED_ROUNDS)  # fmt: skip
             with open(a.out, "a") as f:
                 for r in rows:
                     f.write(json.dumps({**r, "heldout": True}) + "\n")
