@@ -264,28 +264,22 @@ def assert_per_channel_refusals(f, backend: str) -> None:
 
 
 def nvrtc_log(cu_path, options, arch: str = "sm_90a") -> tuple[int, str]:
-    """(NVRTC's error code, its log with ptxas's verbose output) for the .cu file at
-    ``cu_path`` compiled for ``arch`` with ``options`` (the runtime's compile keeps only the
-    cubin): what a test reads registers, spills and ptxas warnings from."""
+    """(0, NVRTC's log with ptxas's verbose output) for the .cu file at ``cu_path`` compiled
+    for ``arch`` with ``options``, or (1, the error with the log) when it fails: what a test
+    reads registers, spills and ptxas warnings from. The runtime's compile, so the log, PTX
+    and cubin of one build come from one NVRTC run (cached on disk)."""
     from pathlib import Path
-
-    from cuda.bindings import nvrtc
 
     from kernellab.cuda import runtime
 
     cu_path = Path(cu_path)
-    dirs = (str(cu_path.parent), str(runtime.HERE), *runtime.include_dirs())
-    opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v"]
-    opts += [str(x).encode() for x in options] + [f"-I{x}".encode() for x in dirs]
-    _, prog = nvrtc.nvrtcCreateProgram(cu_path.read_text().encode(), cu_path.name.encode(), 0, [], [])
     try:
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        log = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, log)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-    return int(err), log.decode(errors="replace").replace("\0", "")
+        log = runtime.compile_source(cu_path.read_text(), arch, options=tuple(options), base_dir=cu_path.parent,
+                                     target="log", name=cu_path.name)  # fmt: skip
+    except runtime.CudaError as e:
+        return 1, str(e)
+    return 0, log.decode(errors="replace").replace("\0", "")
+
 
 _SM90_COMPILE = """
 import importlib, json, sys

@@ -141,48 +141,55 @@ def test_ptx_scalar_kernels_do_plain_accesses():
 # --------------------------------------------------------------------------- disk cache
 
 
-def test_disk_cache_is_written_and_hit(kl_cache, monkeypatch):
-    import cuda.core
+def _no_nvrtc(*a, **k):
+    raise AssertionError("NVRTC was called although the build is cached")
 
+
+def test_disk_cache_is_written_and_hit(kl_cache, monkeypatch):
     first = compile_source(SCALE_SRC, "sm_80", name="scale")
     files = list((kl_cache / "cuda").glob("*.cubin"))
     assert len(files) == 1 and files[0].read_bytes() == first
     assert first[:4] == ELF_MAGIC
 
     # The second compile must not reach NVRTC at all.
-    class NoCompile:
-        def __init__(self, *a, **k):
-            raise AssertionError("NVRTC was called although the cubin is cached")
-
-    monkeypatch.setattr(cuda.core, "Program", NoCompile)
+    monkeypatch.setattr(runtime, "_nvrtc_compile", _no_nvrtc)
     assert compile_source(SCALE_SRC, "sm_80", name="scale") == first
-    # use_cache=False compiles again (here: reaches the patched Program).
-    with pytest.raises(CudaError, match="NVRTC was called"):
+    # use_cache=False compiles again (here: reaches the patched compile).
+    with pytest.raises(AssertionError, match="NVRTC was called"):
         compile_source(SCALE_SRC, "sm_80", name="scale", use_cache=False)
 
 
-def test_ptx_cache_is_hit(kl_cache, monkeypatch):
-    first = compile_source(SCALE_SRC, "sm_90", target="ptx")
-    assert (kl_cache / "cuda").glob("*.ptx")
-    assert len(list((kl_cache / "cuda").glob("*.ptx"))) == 1
+def test_one_compile_gives_cubin_ptx_and_ptxas_log(kl_cache, monkeypatch):
+    """The cubin, the PTX and ptxas's verbose log of one build come from one NVRTC run:
+    after any one of them, the other two are read from the cache."""
+    cubin = compile_source(SCALE_SRC, "sm_90", name="scale")
+    cache = kl_cache / "cuda"
+    assert [len(list(cache.glob(f"*.{t}"))) for t in ("cubin", "ptx", "log")] == [1, 1, 1]
+    monkeypatch.setattr(runtime, "_nvrtc_compile", _no_nvrtc)
+    ptx = compile_source(SCALE_SRC, "sm_90", target="ptx").decode()
+    log = compile_source(SCALE_SRC, "sm_90", target="log").decode()
+    assert cubin[:4] == ELF_MAGIC and ".entry scale_add" in ptx and ".target sm_90" in ptx
+    assert "Compiling entry function 'scale_add' for 'sm_90'" in log and "Used " in log and "spill" in log
+    assert not ptx.endswith("\0") and not log.endswith("\0")
 
-    def no_ptx(*a, **k):
-        raise AssertionError("NVRTC was called although the PTX is cached")
 
-    monkeypatch.setattr(runtime, "_nvrtc_ptx", no_ptx)
-    assert compile_source(SCALE_SRC, "sm_90", target="ptx") == first
+def test_virtual_arch_gives_ptx_and_no_cubin(kl_cache):
+    assert ".target sm_90" in compile_source(SCALE_SRC, "compute_90", target="ptx").decode()
+    with pytest.raises(CudaError, match="no cubin for compute_90"):
+        compile_source(SCALE_SRC, "compute_90")
+    with pytest.raises(ValueError, match="target"):
+        compile_source(SCALE_SRC, "sm_90", target="sass")
 
 
-def test_cache_key_covers_source_arch_target_and_options(kl_cache):
+def test_cache_key_covers_source_arch_and_options(kl_cache):
     compile_source(SCALE_SRC, "sm_80")
     compile_source(SCALE_SRC, "sm_90")
     compile_source(SCALE_SRC + "\n// changed\n", "sm_80")
     compile_source(SCALE_SRC, "sm_80", options=("--use_fast_math",))
-    compile_source(SCALE_SRC, "sm_80", target="ptx")
+    compile_source(SCALE_SRC, "sm_80", target="ptx")  # a hit: the first compile wrote it
     compile_source(SCALE_SRC, "sm_80")  # a hit: no new file
     cache = kl_cache / "cuda"
-    assert len(list(cache.glob("*.cubin"))) == 4
-    assert len(list(cache.glob("*.ptx"))) == 1
+    assert len(list(cache.glob("*.cubin"))) == len(list(cache.glob("*.ptx"))) == 4
     assert not list(cache.glob("*.tmp*")), "temporary files left behind"
 
 

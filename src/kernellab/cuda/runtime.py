@@ -131,6 +131,9 @@ def _cache_path(key: str) -> Path:
     return d / f"{key}.cubin"
 
 
+TARGETS = ("cubin", "ptx", "log")
+
+
 def compile_source(
     source: str,
     arch: str,
@@ -141,90 +144,70 @@ def compile_source(
     name: str = "kernellab",
     use_cache: bool = True,
 ) -> bytes:
-    """Compile CUDA C++ ``source`` with NVRTC for ``arch`` ("sm_90"); returns cubin
-    (or PTX text as bytes when target == "ptx"). Raises CudaError with the NVRTC log."""
+    """Compile CUDA C++ ``source`` with NVRTC for ``arch`` ("sm_90"); returns ``target``:
+    the cubin, the PTX text, or NVRTC's log with ptxas's verbose report (registers, spills,
+    warnings) as bytes. One NVRTC compile gives all three, and all three are cached on disk
+    together: asking for the PTX of a build whose cubin was made compiles nothing. Raises
+    CudaError with the NVRTC log."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
     reason = nvrtc_unavailable()
     if reason:
         raise CudaError(f"cannot compile {name}: {reason}")
     base_dir = base_dir or HERE
     opts = tuple(DEFAULT_OPTIONS) + tuple(options)
     full = _expand_local_includes(source, base_dir)
-    key = hashlib.sha256(
-        "\0".join([full, arch, target, " ".join(opts), nvrtc_version()]).encode()
-    ).hexdigest()[:32]
-    path = _cache_path(key).with_suffix("." + target)
+    key = hashlib.sha256("\0".join([full, arch, " ".join(opts), nvrtc_version()]).encode()).hexdigest()[:32]
+    base = _cache_path(key)
+    path = base.with_suffix("." + target)
     if use_cache and path.exists():
         return path.read_bytes()
+    outputs = _nvrtc_compile(source, name, arch, _option_bytes(opts, arch, [str(base_dir), str(HERE), *include_dirs()]))
+    if target not in outputs:
+        raise CudaError(f"{name}: NVRTC gives no {target} for {arch} (a cubin needs a real arch, sm_XX)")
+    for t, code in outputs.items():
+        dest = base.with_suffix("." + t)
+        tmp = dest.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_bytes(code)
+        os.replace(tmp, dest)  # atomic: concurrent processes never read half a file
+    return outputs[target]
 
-    from cuda.core import Program, ProgramOptions
 
-    kw = dict(
-        name=name,
-        arch=arch,
-        std="c++17",
-        include_path=[str(base_dir), str(HERE), *include_dirs()],
-    )
-    # ProgramOptions has no free-form field; the few flags we use map to its fields.
-    macros = []
+def _option_bytes(opts: Sequence[str], arch: str, include_path: list[str]) -> list[bytes]:
+    """NVRTC's command line for ``opts`` (the few flags the modules use), ``arch`` and the
+    include directories, with ptxas's verbose report in the log."""
+    out = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v"]
     for o in opts:
         if o == "-std=c++17":
             continue
-        if o == "--use_fast_math":
-            kw["use_fast_math"] = True
-        elif o == "-lineinfo":
-            kw["lineinfo"] = True
-        elif o.startswith("-maxrregcount="):
-            kw["max_register_count"] = int(o.split("=", 1)[1])
-        elif o.startswith("-D"):
-            k, _, v = o[2:].partition("=")
-            macros.append((k, v) if v else k)
+        if o in ("--use_fast_math", "-lineinfo") or o.startswith(("-maxrregcount=", "-D")):
+            out.append(o.encode())
         else:
             raise ValueError(f"compile option {o!r} is not supported")
-    if macros:
-        kw["define_macro"] = macros
-    po = ProgramOptions(**kw)
-    try:
-        if target == "ptx":
-            # cuda.core asks the driver about PTX compatibility, and there is no driver
-            # on a CPU machine; PTX comes straight from NVRTC instead.
-            code = _nvrtc_ptx(source, name, po.as_bytes("nvrtc") if hasattr(po, "as_bytes") else None, kw)
-        else:
-            obj = Program(source, code_type="c++", options=po).compile(target)
-            code = obj.code if isinstance(obj.code, bytes) else str(obj.code).encode()
-    except CudaError:
-        raise
-    except Exception as e:
-        raise CudaError(f"NVRTC failed to compile {name} for {arch}:\n{e}") from None
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_bytes(code)
-    os.replace(tmp, path)  # atomic: concurrent processes never read half a file
-    return code
+    return out + [f"-I{d}".encode() for d in include_path]
 
 
-def _nvrtc_ptx(source: str, name: str, option_bytes, kw: dict) -> bytes:
+def _nvrtc_compile(source: str, name: str, arch: str, option_bytes: list[bytes]) -> dict[str, bytes]:
+    """One NVRTC compile: {"ptx", "log"} and, for a real arch (sm_XX), "cubin". Raises
+    CudaError with the log when it fails."""
     from cuda.bindings import nvrtc
 
-    if option_bytes is None:
-        option_bytes = [f"--gpu-architecture={kw['arch']}".encode(), b"-std=c++17"]
-        option_bytes += [f"-I{d}".encode() for d in kw["include_path"]]
-        if kw.get("use_fast_math"):
-            option_bytes.append(b"--use_fast_math")
-        if kw.get("lineinfo"):
-            option_bytes.append(b"-lineinfo")
-        for m in kw.get("define_macro", []):
-            option_bytes.append(("-D" + (f"{m[0]}={m[1]}" if isinstance(m, tuple) else m)).encode())
+    def read(get_size, get, strip=True):
+        _, size = get_size(prog)
+        buf = b" " * size
+        get(prog, buf)
+        return buf.rstrip(b"\0") if strip else buf  # text ends in a NUL; a cubin is binary
+
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(option_bytes), list(option_bytes))
+        log = read(nvrtc.nvrtcGetProgramLogSize, nvrtc.nvrtcGetProgramLog)
         if int(err) != 0:
-            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-            log = b" " * size
-            nvrtc.nvrtcGetProgramLog(prog, log)
-            raise CudaError(f"NVRTC failed to compile {name}:\n{log.decode(errors='replace')}")
-        _, size = nvrtc.nvrtcGetPTXSize(prog)
-        buf = b" " * size
-        nvrtc.nvrtcGetPTX(prog, buf)
-        return buf.rstrip(b"\0")
+            raise CudaError(f"NVRTC failed to compile {name} for {arch}:\n{log.decode(errors='replace')}")
+        out = {"ptx": read(nvrtc.nvrtcGetPTXSize, nvrtc.nvrtcGetPTX), "log": log}
+        if arch.startswith("sm_"):
+            out["cubin"] = read(nvrtc.nvrtcGetCUBINSize, nvrtc.nvrtcGetCUBIN, strip=False)
+        return out
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 
