@@ -278,7 +278,7 @@ def nvrtc_log(cu_path, options, arch: str = "sm_90a") -> tuple[int, str]:
                                      target="log", name=cu_path.name)  # fmt: skip
     except runtime.CudaError as e:
         return 1, str(e)
-    return 0, log.decode(errors="replace").replace("\0", "")
+    return 0, log.decode(errors="replace")
 
 
 _SM90_COMPILE = """

@@ -176,11 +176,9 @@ def compile_source(
 def _option_bytes(opts: Sequence[str], arch: str, include_path: list[str]) -> list[bytes]:
     """NVRTC's command line for ``opts`` (the few flags the modules use), ``arch`` and the
     include directories, with ptxas's verbose report in the log."""
-    out = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v"]
+    out = [f"--gpu-architecture={arch}".encode(), b"--ptxas-options=-v"]
     for o in opts:
-        if o == "-std=c++17":
-            continue
-        if o in ("--use_fast_math", "-lineinfo") or o.startswith(("-maxrregcount=", "-D")):
+        if o in ("-std=c++17", "--use_fast_math", "-lineinfo") or o.startswith(("-maxrregcount=", "-D")):
             out.append(o.encode())
         else:
             raise ValueError(f"compile option {o!r} is not supported")

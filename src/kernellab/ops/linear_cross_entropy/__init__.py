@@ -304,13 +304,14 @@ def _with(**kw):
     return lambda d, t: (_pack(d, t), kw)
 
 
-def _swap(i, make):
-    """The good pack with argument ``i`` replaced by ``make(pack, device, dtype)``."""
+def _swap(i, make, **kwargs):
+    """The good pack with argument ``i`` replaced by ``make(pack, device, dtype)``, called
+    with ``kwargs``."""
 
     def build(device, dtype):
         args = list(_pack(device, dtype))
         args[i] = make(args, device, dtype)
-        return tuple(args), {}
+        return tuple(args), dict(kwargs)
 
     return build
 
@@ -318,13 +319,7 @@ def _swap(i, make):
 def _targets(values):
     """Bad target values, with ``check_targets=True``: on a GPU the Triton backends skip the
     range check by default (a bad target gives a NaN row there), as cross_entropy's do."""
-    swapped = _swap(2, lambda a, d, t: torch.tensor(values, dtype=torch.int64, device=d))
-
-    def build(device, dtype):
-        args, _ = swapped(device, dtype)
-        return args, {"check_targets": True}
-
-    return build
+    return _swap(2, lambda a, d, t: torch.tensor(values, dtype=torch.int64, device=d), check_targets=True)
 
 
 def _other_dtype(w, dtype):
