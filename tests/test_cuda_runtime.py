@@ -181,6 +181,26 @@ def test_virtual_arch_gives_ptx_and_no_cubin(kl_cache):
         compile_source(SCALE_SRC, "sm_90", target="sass")
 
 
+def test_an_empty_nvrtc_log_leaves_python_bytes_alone(tmp_path):
+    """A virtual-arch build has an empty log (1 byte: its NUL). Read into ``b" " * 1``,
+    CPython's shared one-byte object, it turned every b" " in the process into b"\\0" (torch.save
+    and pickle then failed at random). Run in a fresh process: a failure would poison this one."""
+    import os
+    import subprocess
+    import sys
+
+    code = f"""
+from kernellab.cuda.runtime import compile_source
+log = compile_source({SCALE_SRC!r}, "compute_90", target="log")
+assert log == b"", log
+assert bytes([32])[0] == 32 and b" ".join([b"a", b"b"]) == bytes([97, 32, 98]), bytes([32])
+print("ok")
+"""
+    env = dict(os.environ, KERNELLAB_CACHE=str(tmp_path / "klcache"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 def test_cache_key_covers_source_arch_and_options(kl_cache):
     compile_source(SCALE_SRC, "sm_80")
     compile_source(SCALE_SRC, "sm_90")

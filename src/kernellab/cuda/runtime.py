@@ -192,9 +192,10 @@ def _nvrtc_compile(source: str, name: str, arch: str, option_bytes: list[bytes])
 
     def read(get_size, get, strip=True):
         _, size = get_size(prog)
-        buf = b" " * size
+        buf = bytearray(size)  # (never an immutable bytes: b" " * 1 is CPython's shared b" ")
         get(prog, buf)
-        return buf.rstrip(b"\0") if strip else buf  # text ends in a NUL; a cubin is binary
+        out = bytes(buf)
+        return out.rstrip(b"\0") if strip else out  # text ends in a NUL; a cubin is binary
 
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     try:
