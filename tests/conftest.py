@@ -195,6 +195,21 @@ def _quiet_numpy_in_triton_interpreter():
         yield
 
 
+_BYTE_VALUES = list(range(256))
+
+
+@pytest.fixture(autouse=True)
+def _one_byte_objects_intact():
+    """CPython shares one object per one-byte bytes value; native code handed one as an
+    output buffer (``b" " * 1``) rewrites it for the whole process, and unrelated tests fail
+    later (pickle, torch.save). Fails the test that did it, at its teardown."""
+    yield
+    bad = [i for i in _BYTE_VALUES if bytes([i])[0] != i]  # (a list: the shared objects)
+    if bad:
+        pytest.fail(f"this test overwrote CPython's shared one-byte bytes objects {bad[:8]} "
+                    "(native code wrote into an immutable bytes buffer)", pytrace=False)  # fmt: skip
+
+
 @pytest.fixture
 def device() -> str:
     """The best device here: "cuda" on the GPU machines, "cpu" elsewhere."""
