@@ -654,7 +654,7 @@ def _choose(op, key, dtype, gpu, device, mode, options, by, among) -> tuple[str,
 
 def resolve_rule(by: str | None = None) -> str:
     """The ranking rule ``by`` names, checked (``core.choice.BY``); None: the default rule,
-    ``config.default_by`` ("queued" or "loop"). "call" is "queued"'s name of one session."""
+    ``config.default_by`` ("queued" or "loop"). "call" is an alias of "queued"."""
     from_config = by is None
     if from_config:
         by = config.default_by
