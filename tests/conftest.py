@@ -198,12 +198,33 @@ def _quiet_numpy_in_triton_interpreter():
 _BYTE_VALUES = list(range(256))
 
 
+def _process_state() -> dict:
+    """What a test may change for the rest of its worker process and must put back."""
+    return {
+        "default dtype": torch.get_default_dtype(),
+        "grad mode": torch.is_grad_enabled(),
+        "inference mode": torch.is_inference_mode_enabled(),
+        "autocast (cpu)": torch.is_autocast_enabled("cpu"),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "torch function modes": torch._C._len_torch_function_stack(),
+        "torch dispatch modes": torch._C._len_torch_dispatch_stack(),
+        "threads": torch.get_num_threads(),
+    }
+
+
 @pytest.fixture(autouse=True)
-def _one_byte_objects_intact():
-    """CPython shares one object per one-byte bytes value; native code handed one as an
-    output buffer (``b" " * 1``) rewrites it for the whole process, and unrelated tests fail
-    later (pickle, torch.save). Fails the test that did it, at its teardown."""
+def _process_left_as_found():
+    """A test that leaves process-wide state changed makes later tests of its worker fail
+    at random (which tests follow it depends on the xdist schedule): it fails here, at its
+    own teardown. Checked: torch's global modes and settings (``_process_state``), and
+    CPython's shared one-byte bytes objects, which native code handed one as an output
+    buffer (``b" " * 1``) rewrites for the whole process (pickle and torch.save then broke)."""
+    before = _process_state()
     yield
+    after = _process_state()
+    changed = [f"{k}: {before[k]} -> {after[k]}" for k in before if after[k] != before[k]]
+    if changed:
+        pytest.fail("this test left process-wide state changed: " + "; ".join(changed), pytrace=False)
     bad = [i for i in _BYTE_VALUES if bytes([i])[0] != i]  # (a list: the shared objects)
     if bad:
         pytest.fail(f"this test overwrote CPython's shared one-byte bytes objects {bad[:8]} "
