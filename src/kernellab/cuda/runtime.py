@@ -123,12 +123,13 @@ def _expand_local_includes(source: str, base: Path, seen=None) -> str:
     return "\n".join(out)
 
 
-def _cache_path(key: str) -> Path:
+def _cache_base(key: str) -> Path:
+    """The disk cache's path of build ``key`` without a suffix (its files: .cubin, .ptx, .log)."""
     from kernellab.device import cache_dir
 
     d = cache_dir() / "cuda"
     d.mkdir(parents=True, exist_ok=True)
-    return d / f"{key}.cubin"
+    return d / key
 
 
 TARGETS = ("cubin", "ptx", "log")
@@ -158,11 +159,12 @@ def compile_source(
     opts = tuple(DEFAULT_OPTIONS) + tuple(options)
     full = _expand_local_includes(source, base_dir)
     key = hashlib.sha256("\0".join([full, arch, " ".join(opts), nvrtc_version()]).encode()).hexdigest()[:32]
-    base = _cache_path(key)
+    base = _cache_base(key)
     path = base.with_suffix("." + target)
     if use_cache and path.exists():
         return path.read_bytes()
-    outputs = _nvrtc_compile(source, name, arch, _option_bytes(opts, arch, [str(base_dir), str(HERE), *include_dirs()]))
+    include = [str(base_dir), str(HERE), *include_dirs()]
+    outputs = _nvrtc_compile(source, name, arch, _option_bytes(opts, arch, include))
     if target not in outputs:
         raise CudaError(f"{name}: NVRTC gives no {target} for {arch} (a cubin needs a real arch, sm_XX)")
     for t, code in outputs.items():
