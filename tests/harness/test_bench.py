@@ -165,8 +165,12 @@ def test_vendors_are_timed_as_their_users_call_them():
     assert checked.call_options("torch") == {"check_targets": True}
     gelu = make_problem(kernellab.get_spec("gelu"), (64,), torch.float32, "fwd", "cpu", 0)
     assert gelu.call_options("torch") == {}  # (no peer_options)
+    # (triton admitted as passed: the admission check draws a random seed, and under the CPU
+    # interpreter Triton's fp32 cross_entropy fails it at a few seeds in a hundred; the
+    # admission check has tests of its own above)
+    admitted = {("cross_entropy", "triton", torch.float32): ""}
     rows = {r["backend"]: r for r in bench("cross_entropy", backends=["torch", "triton"], shapes=[(8, 50)],
-                                           dtypes=[torch.float32], budget_s=0.05)}  # fmt: skip
+                                           dtypes=[torch.float32], budget_s=0.05, admitted=admitted)}  # fmt: skip
     assert rows["torch"]["status"] == "ok", rows
     assert rows["torch"]["peer_options"] == "check_targets=False"
     assert rows["triton"]["status"] == "ok" and "peer_options" not in rows["triton"], rows
