@@ -175,11 +175,14 @@ def reduce_rows(
 ) -> Tensor:
     if reduction == "none":
         return loss_rows.to(dtype)
+    # The sum in fp64: in fp32 its partial sums (up to N x the mean) round at N times the
+    # mean's ulp, and the "mean" would carry a few of its own ulps of that error.
+    total = loss_rows.sum(dtype=torch.float64)
     if reduction == "sum":
-        return loss_rows.sum().to(dtype)
+        return total.to(dtype)
     if count is None:
         count = (target != ignore_index).sum()
-    return (loss_rows.sum() / count).to(dtype)  # all ignored: 0 / 0 = NaN, as PyTorch
+    return (total / count).to(dtype)  # all ignored: 0 / 0 = NaN, as PyTorch
 
 
 def fused_backend(name: str, fwd, bwd, stats_fn, triton: bool = False, reduce_fn=None):

@@ -93,21 +93,23 @@ def _reduce_kernel(t_ptr, loss_ptr, out_ptr, count_ptr, n_rows, ignore_index, BL
                    MEAN: tl.constexpr):  # fmt: skip
     # One program, after the forward: out[0] = sum of the row losses, / the number of
     # targets != ignore_index with MEAN (0 / 0 = NaN when all are ignored), rounded once to
-    # out's dtype; count_ptr[0] = that number as fp32 (the backward's divisor).
+    # out's dtype; count_ptr[0] = that number as fp32 (the backward's divisor). The sum is
+    # kept in fp64: in fp32 its partial sums (N x the mean) round at N times the mean's
+    # ulp, which the division carries into the mean as an error of a few of its ulps.
     offs = tl.arange(0, BLOCK)
-    total = tl.zeros([BLOCK], tl.float32)
+    total = tl.zeros([BLOCK], tl.float64)
     count = tl.zeros([BLOCK], tl.int32)
     for start in range(0, n_rows, BLOCK):
         ok = start + offs < n_rows
-        total += tl.load(loss_ptr + start + offs, mask=ok, other=0.0)
+        total += tl.load(loss_ptr + start + offs, mask=ok, other=0.0).to(tl.float64)
         t = tl.load(t_ptr + start + offs, mask=ok, other=ignore_index)
         count += (t != ignore_index).to(tl.int32)
     s = tl.sum(total, axis=0)
-    n = tl.sum(count, axis=0).to(tl.float32)
+    n = tl.sum(count, axis=0)
     if MEAN:
-        s = s / n
-    tl.store(out_ptr, s.to(out_ptr.dtype.element_ty))
-    tl.store(count_ptr, n)
+        s = s / n.to(tl.float64)
+    tl.store(out_ptr, s.to(tl.float32).to(out_ptr.dtype.element_ty))  # 16-bit: rounded through fp32
+    tl.store(count_ptr, n.to(tl.float32))
 
 
 @triton_support.jit
