@@ -184,7 +184,8 @@ def flush(out):
             out(row)
 
 
-def sweep(out, layouts=("wt",), shapes=SWEEP):
+def sweep(out, layouts=("wt",), shapes=SWEEP, splits=None):
+    """``splits``: K slice counts to try at every config (None: fma_split's own)."""
     from triton.testing import do_bench
 
     from kernellab import triton_support
@@ -194,6 +195,10 @@ def sweep(out, layouts=("wt",), shapes=SWEEP):
     for (m, n, k), layout in [(s, lay) for s in shapes for lay in layouts]:
         a, b = _operands(m, n, k, layout, 7)
         bm = triton_support.next_pow2(m)
+        ref = a.double() @ b.double()
+        e_t = _err(a @ b, ref)
+        torch_ms = do_bench(lambda: a @ b, warmup=10, rep=40)
+        out(dict(part="sweep_torch", shape=f"{m}x{n}x{k}", layout=layout, ms=round(torch_ms, 5)))
         best = None
         for bn in (32, 64, 128, 256):
             for bk in (1, 2, 4, 8, 16, 32, 64):
@@ -201,10 +206,12 @@ def sweep(out, layouts=("wt",), shapes=SWEEP):
                     terms = bm * bk * bn // (32 * warps)
                     if not 16 <= terms <= 64 or bk > k:
                         continue
-                    for stages in (2,):
-                        split = tm.fma_split(m, n, k, bn, bk, 132)
+                    for stages, split in [(2, sp) for sp in (splits or [tm.fma_split(m, n, k, bn, bk, 132)])]:
+                        if split > triton_support.cdiv(k, bk):
+                            continue
                         cfg = (bn, bk, split, warps, stages)
                         try:
+                            err = _err(tm.triton_skinny_fwd(a, b, config=cfg), ref) / max(e_t, 1e-30)
                             ms = do_bench(
                                 lambda cfg=cfg: tm.triton_skinny_fwd(a, b, config=cfg), warmup=10, rep=40
                             )
@@ -215,7 +222,7 @@ def sweep(out, layouts=("wt",), shapes=SWEEP):
                         if best is None or ms < best[0]:
                             best = (ms, cfg)
                         row = dict(part="sweep", shape=f"{m}x{n}x{k}", layout=layout, config=cfg)
-                        out(dict(row, terms=terms, ms=round(ms, 5)))
+                        out(dict(row, terms=terms, ms=round(ms, 5), err_ratio=round(err, 3)))
         out(
             dict(
                 part="sweep_best",
@@ -223,7 +230,8 @@ def sweep(out, layouts=("wt",), shapes=SWEEP):
                 layout=layout,
                 config=best[1],
                 ms=round(best[0], 5),
-                heuristic=tm.fma_config(m, n, k, 132),
+                torch_ms=round(torch_ms, 5),
+                heuristic=tm.fma_config(m, n, k, 132, layout == "kn" and n > 1),
             )
         )
 
@@ -300,6 +308,7 @@ def main():
     ap.add_argument("--dots-variants", default="ieee,x3")
     ap.add_argument("--sweep-layouts", default="wt", help="wt,kn: b as W.t() and/or [K, N]")
     ap.add_argument("--sweep-shapes", nargs="*", help="MxNxK; default SWEEP")
+    ap.add_argument("--sweep-splits", default=None, help="comma list of K slice counts (default: fma_split's)")
     args = ap.parse_args()
 
     def out(row):
@@ -323,7 +332,8 @@ def main():
         skinny_copy(out)
     if "sweep" in parts:
         shapes = [tuple(map(int, x.split("x"))) for x in args.sweep_shapes] if args.sweep_shapes else SWEEP
-        sweep(out, args.sweep_layouts.split(","), shapes)
+        splits = [int(x) for x in args.sweep_splits.split(",")] if args.sweep_splits else None
+        sweep(out, args.sweep_layouts.split(","), shapes, splits)
     if "smallk" in parts:
         smallk(out)
     if "dots" in parts:
