@@ -283,14 +283,19 @@ def _cols_odd_model(x, w, woff, ldw, cfg, kchunk):
 
 def test_cols_odd_strides_fill_one_wave_of_block_slots():
     """At odd row strides (aligned False) the cols kernel's K slices fill the blocks x SMs
-    slots in one wave, never past it (1x4097x4095 on 132 SMs, two blocks an SM: 17 runs of
-    248 outputs x 15 slices = 255 blocks of 264); an explicit count, the aligned kernel and
-    the tile kernel keep split_k's; the slices stay within SPLIT_MAX and MIN_SLICE_K."""
+    slots in one wave, never past it (1x4097x4095 on 132 SMs: two blocks an SM, 17 runs of
+    248 outputs x 15 slices = 255 blocks of 264; TABLE's odd row, one block an SM, 17 x 7 =
+    119 of 132); an explicit count, the aligned kernel and the tile kernel keep split_k's;
+    the slices stay within SPLIT_MAX and MIN_SLICE_K."""
     cfg = cs.choose_config(1, "nn")
     assert cfg.kind == "cols" and cfg.blocks == 2
-    p = cs.plan(1, 4097, 4095, "nn", torch.bfloat16, 132, aligned=False)
+    p = cs.plan(1, 4097, 4095, "nn", torch.bfloat16, 132, cfg, aligned=False)
     assert p.grid == (17, 1, 15) and 17 * 15 <= 2 * 132 < 17 * 16
     assert p.kchunk * 14 < 4095 <= p.kchunk * 15
+    odd = cs.choose_config(1, "nn", aligned=False)
+    assert odd.kind == "cols" and odd.blocks == 1
+    p = cs.plan(1, 4097, 4095, "nn", torch.bfloat16, 132, aligned=False)
+    assert p.grid == (17, 1, 7) and 17 * 7 <= 132 < 17 * 8
     aligned = cs.plan(1, 4096, 4096, "nn", torch.bfloat16, 132)
     assert aligned.grid == (16, 1, cs.split_k(16, 4096, cfg.granule, 132, cfg.waves, cfg.max_chunk())[0])
     assert cs.plan(1, 4097, 4095, "nn", torch.bfloat16, 132, splits=12, aligned=False).grid[2] == 12
@@ -300,9 +305,9 @@ def test_cols_odd_strides_fill_one_wave_of_block_slots():
         assert 1 <= s <= min(cs.SPLIT_MAX, max(1, k // cs.MIN_SLICE_K))
         assert tiles * s <= blocks * sms or s == 1
     assert cs.odd_splits(1, 100000, 2, 132) == cs.SPLIT_MAX and cs.odd_splits(5, 600, 3, 78) == 2
-    tile = cs.plan(8, 4097, 4095, "nn", torch.bfloat16, 132, aligned=False)
+    tile = cs.plan(9, 4097, 4095, "nn", torch.bfloat16, 132, aligned=False)
     assert tile.config.kind == "tile"
-    assert tile.grid == cs.plan(8, 4097, 4095, "nn", torch.bfloat16, 132).grid
+    assert tile.grid == cs.plan(9, 4097, 4095, "nn", torch.bfloat16, 132).grid
 
 
 @pytest.mark.parametrize(
@@ -365,6 +370,31 @@ def test_table_covers_every_m_and_layout():
     custom = ((8, ("nt",), cs.GemvConfig(warps=8)), (128, ("nt", "nn"), cs.TileConfig()))
     assert cs.choose_config(8, "nt", custom).warps == 8
     assert cs.choose_config(9, "nt", custom).kind == "tile"
+
+
+def test_unaligned_nn_takes_the_odd_rows_first():
+    """An nn product that is not 16-byte aligned takes TABLE's "nn-odd" rows (the cols
+    kernel up to their bound), the plain nn rows past it; nt and aligned nn never do."""
+    odd = [row for row in cs.TABLE if "nn-odd" in row[1]]
+    assert odd and all(cfg.kind == "cols" for _, _, cfg in odd)
+    bound = max(b for b, _, _ in odd)
+    for m in range(1, cs.M_MAX + 1):
+        cfg = cs.choose_config(m, "nn", aligned=False)
+        if m <= bound:
+            assert cfg in [c for b, _, c in odd if m <= b]
+        else:
+            assert cfg == cs.choose_config(m, "nn")
+        assert cs.choose_config(m, "nt", aligned=False) == cs.choose_config(m, "nt")
+    # the plan follows it: 4097 x 4095 (odd K, odd row stride) at M = 4
+    p = cs.plan(4, 4097, 4095, "nn", torch.bfloat16, 132, aligned=False)
+    assert p.config.kind == "cols" and p.kernel == "skinny_cols_m4_bf16"
+    assert cs.plan(4, 4096, 4096, "nn", torch.bfloat16, 132).config == cs.choose_config(4, "nn")
+    # a table without odd rows: unaligned nn falls back to the nn rows
+    custom = ((128, ("nt", "nn"), cs.TileConfig()),)
+    assert cs.choose_config(4, "nn", custom, aligned=False).kind == "tile"
+    # every odd row's kernels are among those TABLE builds, under the nn names
+    names = {k for _, k in cs.table_kernels()}
+    assert {"skinny_cols_m4_bf16", "skinny_cols_m8_f16"} <= names
 
 
 def test_configs_refuse_bad_shapes():

@@ -350,9 +350,17 @@ class TileConfig:
 
 
 # The config per M bucket and weight layout: the first row with M <= its bound and the
-# layout wins. lab/gpu_skinny_cuda.py prints a replacement from its sweep.
+# layout wins. "nn-odd" is the nn layout where the launch is not 16-byte aligned (an odd
+# row stride, K or N not a multiple of 8, a misaligned base): rows tagged so are tried
+# first there, the plain "nn" rows after them. lab/gpu_skinny_cuda.py prints a replacement
+# from its sweep.
 TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | RowsConfig | ColsConfig | TileConfig], ...] = (
     (1, ("nt",), RowsConfig(warps=16, chunks=1, rows=16, unroll=4, waves=1.0, prefetch=0)),
+    # nn, not aligned, M = 1-8: the cols kernel reads odd row strides in place where the
+    # tile kernel's shifted chunk loads do not keep up. H100, 4097 x 4095 bf16, M = 1 / 2 /
+    # 4 / 8: 0.96 / 1.56 / 1.37 / 1.04x cuBLAS; the tile kernel 0.69x at M = 4 and 0.67x
+    # at 8, the aligned M = 1 row 0.93x (skinny_cuda-H100-b9aaf6d-nn.jsonl)
+    (8, ("nn-odd",), ColsConfig(warps=16, chunks=1, unroll=4, kc=1024, waves=1.0, prefetch=0, blocks=1)),
     # nn (a row-major [K, N] b) at M = 1-2: the cols kernel, the sweep's best geomean x cuBLAS
     # (skinny_cuda-H200-99869f8-nn.jsonl); from M = 3 on its fp32 FMAs cost more than the
     # tile kernel's MMAs
@@ -371,11 +379,14 @@ TABLE: tuple[tuple[int, tuple[str, ...], GemvConfig | RowsConfig | ColsConfig | 
 )
 
 
-def choose_config(m: int, layout: str, table=TABLE):
-    """The config ``table`` gives an [M, K] @ b product in ``layout``."""
-    for bound, layouts, cfg in table:
-        if m <= bound and layout in layouts:
-            return cfg
+def choose_config(m: int, layout: str, table=TABLE, aligned: bool = True):
+    """The config ``table`` gives an [M, K] @ b product in ``layout`` ("nt" or "nn");
+    ``aligned`` False (see ``plan``): an nn product takes "nn-odd" rows first."""
+    tags = ("nn-odd", "nn") if layout == "nn" and not aligned else (layout,)
+    for tag in tags:
+        for bound, layouts, cfg in table:
+            if m <= bound and tag in layouts:
+                return cfg
     raise ValueError(f"cuda_skinny: no config for M = {m}, layout {layout!r} (M <= {M_MAX})")
 
 
@@ -444,7 +455,7 @@ def plan(m: int, n: int, k: int, layout: str, dtype: torch.dtype, sms: int, conf
         raise ValueError(f"cuda_skinny: layout is 'nt' or 'nn', got {layout!r}")
     if dtype not in HALF:
         raise TypeError(f"cuda_skinny: takes float16 / bfloat16, got {dtype}")
-    cfg = config if config is not None else choose_config(m, layout)
+    cfg = config if config is not None else choose_config(m, layout, aligned=aligned)
     name = cfg.kernel(m, layout, dtype)
     odd = not aligned and cfg.kind == "cols"
     block_n = cfg.block_n_odd if odd else cfg.block_n
@@ -588,7 +599,7 @@ def table_kernels(table=TABLE) -> list[tuple[GemvConfig | RowsConfig | ColsConfi
     """(config, kernel name) for every kernel TABLE can launch."""
     out = []
     for bound, layouts, cfg in table:
-        for layout in layouts:
+        for layout in dict.fromkeys(tag.removesuffix("-odd") for tag in layouts):
             for dtype in HALF:
                 ms = {"gemv": (8, 16), "rows": ROWS_M, "cols": COLS_M}.get(cfg.kind, (1,))
                 for i, m in enumerate(ms):
