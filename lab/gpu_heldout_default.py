@@ -4,7 +4,7 @@ tuned? ``python -m kernellab.harness.choice_cv`` estimates it from the table's o
 this measures it on the GPU, at shapes of model families outside the table (Qwen2-0.5B and
 1.5B, Phi-2, Gemma-2B, TinyLlama, Llama-3.2-3B).
 
-    python lab/gpu_heldout_default.py --out heldout.jsonl [--budget 0.3] [--ops matmul,rms_norm]
+    python lab/gpu_heldout_default.py --out heldout.jsonl [--budget 0.3] [--ops matmul,rms_norm] [--start N]
 
 The backends timed are those a tune times for the default (``harness.tune.candidates``:
 no naive PyTorch, torch.compile or teaching rungs), paired at launch-bound cases as a tune
@@ -71,6 +71,7 @@ def main() -> int:
     ap.add_argument("--ops", default=None, help="comma list (default: every case's op)")
     ap.add_argument("--device", default="cuda", help="cuda (default); cpu: a smoke run of the flow")
     ap.add_argument("--gpu", default=None, help="the table to hold out from (default: this GPU's)")
+    ap.add_argument("--start", type=int, default=0, help="skip CASES before this index (resume a cut run)")
     a = ap.parse_args()
     if a.device == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -82,7 +83,7 @@ def main() -> int:
     only = set(a.ops.split(",")) if a.ops else None
     hits = scored = 0
     lines = []
-    for op, shape, dn, modes, opts in CASES:
+    for op, shape, dn, modes, opts in CASES[a.start :]:
         if only and op not in only:
             continue
         key = tuple(key_of_shape(op, shape))
