@@ -19,7 +19,20 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_fp32_gemv import COLS, ROWS, SLICES, _cdiv, slices_for  # noqa: E402
+from gpu_fp32_gemv import COLS, ROWS, SLICES, _cdiv, rows_of, rows_pitch, slices_for  # noqa: E402
+
+
+def stage_x(x, m, k0, klen, mr, pitch, k_major):
+    """stage_x of the .cu: x's rows k0 .. k0 + klen as [pitch][MR] (k_major, cols) or
+    [MR][pitch] (rows), zeros past klen and past M."""
+    xs = np.zeros(mr * pitch)
+    for i in range(mr * pitch):
+        if k_major:
+            kk, mm = divmod(i, mr)
+        else:
+            mm, kk = divmod(i, pitch)
+        xs[i] = x[mm, k0 + kk] if mm < m and kk < klen else 0.0
+    return xs
 
 
 def cols(x, w, ldw, m, n, k, threads, u, s_kc, mr, reads):
@@ -29,10 +42,7 @@ def cols(x, w, ldw, m, n, k, threads, u, s_kc, mr, reads):
     for s in range(s_count):
         k0 = s * kc
         klen = min(k - k0, kc)
-        xs = np.zeros(kc * mr)
-        for i in range(mr * kc):
-            kk, mm = divmod(i, mr)
-            xs[i] = x[mm, k0 + kk] if mm < m and kk < klen else 0.0
+        xs = stage_x(x, m, k0, klen, mr, kc, True)
         for bx in range(_cdiv(n, threads)):
             for t in range(threads):
                 col = bx * threads + t
@@ -59,17 +69,14 @@ def cols(x, w, ldw, m, n, k, threads, u, s_kc, mr, reads):
 def rows(x, w_nk, ldw, m, n, k, threads, u, r, s_kc, mr, reads):
     s_count, kc = s_kc
     step = 32 * u
-    pitch = _cdiv(kc, step) * step
+    pitch = rows_pitch(kc, u)
     out = np.zeros((s_count, m, n))
     wflat = w_nk.reshape(-1)
     warps = threads // 32
     for s in range(s_count):
         k0 = s * kc
         klen = min(k - k0, kc)
-        xs = np.zeros(mr * pitch)
-        for i in range(mr * pitch):
-            mm, kk = divmod(i, pitch)
-            xs[i] = x[mm, k0 + kk] if mm < m and kk < klen else 0.0
+        xs = stage_x(x, m, k0, klen, mr, pitch, False)
         for bx in range(_cdiv(n, warps * r)):
             for warp in range(warps):
                 n0 = (bx * warps + warp) * r
@@ -98,7 +105,7 @@ def main() -> int:
     bad = 0
     cases = 0
     for m, n, k, pad in [(1, 37, 53, 3), (3, 70, 301, 0), (4, 33, 700, 5), (2, 129, 64, 1)]:
-        mr = 1 if m == 1 else 2 if m == 2 else 4
+        mr = rows_of(m)
         x = rng.standard_normal((m, k))
         # [K, N] with row stride n + pad (cols) and [N, K] with row stride k + pad (rows)
         w_kn = rng.standard_normal((k, n + pad))

@@ -61,23 +61,35 @@ def module(threads: int, u: int, r: int) -> Module:
     return _MODULES[key]
 
 
+def rows_pitch(kc: int, u: int) -> int:
+    """gv_rows' x row pitch in shared memory: kc rounded up to a whole 32 x U step."""
+    return _cdiv(kc, 32 * u) * 32 * u
+
+
+def shared_bytes(kind: str, kc: int, u: int, mr: int) -> int:
+    """Dynamic shared memory of one block: x's K slice, ``mr`` rows of it."""
+    return 4 * mr * (kc if kind == "cols" else rows_pitch(kc, u))
+
+
+def rows_of(m: int) -> int:
+    """The build (MR) that serves M rows of x."""
+    return 1 if m == 1 else 2 if m == 2 else 4
+
+
 def slices_for(kind: str, k: int, s: int, u: int, mr: int) -> tuple[int, int] | None:
     """(S, kc) for ``s`` asked-for slices, or None where a slice would be too short or x's
     slice (``mr`` rows) too long for SHARED_MAX."""
     kc = _cdiv(k, s)
-    if kind == "cols":
-        kc = _cdiv(kc, u) * u
-        shared = 4 * kc * mr
-    else:
-        kc = _cdiv(kc, 32) * 32
-        shared = 4 * mr * _cdiv(kc, 32 * u) * 32 * u
-    if shared > SHARED_MAX or kc < 32:
+    kc = _cdiv(kc, u) * u if kind == "cols" else _cdiv(kc, 32) * 32
+    if shared_bytes(kind, kc, u, mr) > SHARED_MAX or kc < 32:
         return None
     return _cdiv(k, kc), kc
 
 
-def launch(cand, s_kc, a, b, layout):
-    """y = a @ b through one candidate: a [M, K] contiguous, b as the layout gives it."""
+def prepare(cand, s_kc, a, b, layout):
+    """A callable computing y = a @ b through one candidate (a [M, K] contiguous, b as the
+    layout gives it): kernels, grid and shared memory resolved once, so that the timed
+    call allocates its outputs and launches, as a library call would."""
     kind, threads, u, r = cand
     s, kc = s_kc
     m, k = a.shape
@@ -86,23 +98,23 @@ def launch(cand, s_kc, a, b, layout):
         w, ldw = b, b.stride(0)
     else:
         w, ldw = b.t(), b.stride(1)  # W [N, K]
-    mr = 1 if m == 1 else 2 if m == 2 else 4
-    kern = module(threads, u, r).kernel(f"gv_{kind}_m{mr}", SIG, a.device.index)
-    if kind == "cols":
-        shared = 4 * kc * mr
-        grid = (_cdiv(n, threads), s, 1)
-    else:
-        pitch = _cdiv(kc, 32 * u) * 32 * u
-        shared = 4 * mr * pitch
-        grid = (_cdiv(n, threads // 32 * r), s, 1)
+    mr = rows_of(m)
+    dev = a.device.index
+    kern = module(threads, u, r).kernel(f"gv_{kind}_m{mr}", SIG, dev)
+    shared = shared_bytes(kind, kc, u, mr)
     kern.set_max_dynamic_shared(shared)
-    y = torch.empty((m, n), dtype=torch.float32, device=a.device)
-    out = y if s == 1 else torch.empty((s, m, n), dtype=torch.float32, device=a.device)
-    kern(grid, threads, a, w, out, m, n, k, a.stride(0), ldw, kc, shared=shared)
-    if s > 1:
-        summ = module(threads, u, r).kernel("gv_sum", SUM_SIG, a.device.index)
-        summ(_cdiv(m * n, 256), 256, out, y, m * n, s)
-    return y
+    grid = (_cdiv(n, threads if kind == "cols" else threads // 32 * r), s, 1)
+    summ = module(threads, u, r).kernel("gv_sum", SUM_SIG, dev) if s > 1 else None
+
+    def call():
+        y = torch.empty((m, n), dtype=torch.float32, device=a.device)
+        out = y if s == 1 else torch.empty((s, m, n), dtype=torch.float32, device=a.device)
+        kern(grid, threads, a, w, out, m, n, k, a.stride(0), ldw, kc, shared=shared)
+        if summ is not None:
+            summ(_cdiv(m * n, 256), 256, out, y, m * n, s)
+        return y
+
+    return call
 
 
 def compile_all(arch: str | None = None) -> int:
@@ -179,12 +191,13 @@ def main() -> int:
         for cand in COLS + ROWS:
             kind = cand[0]
             for s_req in SLICES[kind]:
-                s_kc = slices_for(kind, k, s_req, cand[2], 1 if m == 1 else 2 if m == 2 else 4)
+                s_kc = slices_for(kind, k, s_req, cand[2], rows_of(m))
                 if s_kc is None:
                     continue
                 label = f"{kind} t{cand[1]} u{cand[2]} r{cand[3]} S{s_kc[0]} kc{s_kc[1]}"
                 try:
-                    y = launch(cand, s_kc, a, b, layout)
+                    call = prepare(cand, s_kc, a, b, layout)
+                    y = call()
                     torch.cuda.synchronize()
                 except Exception as exc:  # noqa: BLE001
                     print(f"  {label}: {str(exc)[:160]}", flush=True)
@@ -194,7 +207,7 @@ def main() -> int:
                     print(f"  {label}: WRONG, error {e:.2f}x cuBLAS's", flush=True)
                     record("gv_wrong", None, e, label)
                     continue
-                ms = do_bench(lambda cand=cand, s_kc=s_kc: launch(cand, s_kc, a, b, layout), warmup=10, rep=50)
+                ms = do_bench(call, warmup=10, rep=50)
                 record("gv", ms, e, label)
                 if best is None or ms < best[0]:
                     best = (ms, e, label)
